@@ -1,0 +1,10 @@
+"""eqfuse: a fusion compiler for tensor graphs on the CPU.
+
+    parse -> build -> load into the e-graph -> saturate -> extract -> lower -> emit C -> build -> Module
+"""
+
+from .errors import ArgumentError, CheckFailed, EqfuseError
+from .reference import reference
+
+__version__ = "0.1.0"
+__all__ = ["reference", "EqfuseError", "CheckFailed", "ArgumentError", "__version__"]

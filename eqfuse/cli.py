@@ -1,0 +1,209 @@
+"""The `eqfuse` command line. Bad input: one clear message on stderr and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import CheckFailed, EqfuseError
+
+
+class UsageError(EqfuseError):
+    pass
+
+
+class ArgParser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors: same format and exit status as ours
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def parse_dims(items: list[str] | None) -> dict[str, int]:
+    dims = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier() or not value.strip().isdigit() or int(value) <= 0:
+            raise UsageError(f"--dim expects NAME=POSITIVE_INT, got '{item}'")
+        dims[name] = int(value)
+    return dims
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = ArgParser(prog="eqfuse", description="A fusion compiler for tensor graphs on the CPU.")
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command", parser_class=ArgParser, metavar="COMMAND")
+
+    def model_cmd(name, help):
+        c = sub.add_parser(name, help=help)
+        c.add_argument("model", help="a .g file (or .onnx)")
+        c.add_argument("--dim", action="append", metavar="NAME=INT", help="bind a named dimension")
+        c.add_argument("--graph", help="which graph of the file (default: the first)")
+        return c
+
+    c = model_cmd("opt", "optimize: print the fused graph and a report")
+    c.add_argument("--cost", choices=["memory", "launches", "time"], default="memory")
+    c.add_argument("--rules", action="append", default=[], metavar="F.rw", help="add a rule file")
+    c.add_argument("--disable", action="append", default=[], metavar="NAME", help="turn a rule off by name")
+    c.add_argument("--iter-limit", type=int, default=None)
+    c.add_argument("--node-limit", type=int, default=None)
+    c.add_argument("--time-limit", type=float, default=None)
+    c.add_argument("-o", "--output", metavar="OUT.g")
+    c.add_argument("--report", choices=["text", "json"], default="text")
+    c.add_argument("--dot", metavar="OUT.dot")
+
+    model_cmd("check", "parse and shape-check; print each graph's signature")
+
+    c = model_cmd("run", "run a model on inputs from an .npz file")
+    c.add_argument("--inputs", required=True, metavar="IN.npz")
+    c.add_argument("-o", "--output", metavar="OUT.npz")
+    c.add_argument("--verify", action="store_true", help="compare with the numpy reference")
+    c.add_argument("--reference", action="store_true", help="run the numpy reference only (no C)")
+
+    c = model_cmd("emit", "write the generated C sources")
+    c.add_argument("-o", "--output", metavar="DIR", default="eqfuse_c")
+
+    c = model_cmd("lower", "print the tile-level micro-op schedule of every kernel")
+    c.add_argument("--uops", action="store_true", default=True)
+
+    c = model_cmd("bench", "numpy op by op vs compiled unfused vs compiled fused")
+    c.add_argument("--repeat", type=int, default=20)
+    c.add_argument("--threads", type=int, action="append", help="thread counts to measure (repeatable)")
+
+    c = sub.add_parser("rules", help="list every active rule")
+    c.add_argument("--rules", action="append", default=[], metavar="F.rw")
+    c.add_argument("--disable", action="append", default=[], metavar="NAME")
+
+    c = sub.add_parser("check-rules", help="test each rule's soundness on random inputs")
+    c.add_argument("files", nargs="+", metavar="F.rw")
+    c.add_argument("--trials", type=int, default=5)
+    return p
+
+
+def pick_graph(graphs, name):
+    if name is None:
+        return graphs[0]
+    for g in graphs:
+        if g.name == name:
+            return g
+    raise UsageError(f"no graph named '{name}' (the file has: {', '.join(g.name for g in graphs)})")
+
+
+def cmd_check(args) -> int:
+    from .frontend import load
+    from .graph import bind_dims
+
+    dims = parse_dims(args.dim)
+    for g in load(args.model):
+        if dims:
+            g = bind_dims(g, {k: v for k, v in dims.items() if k in g.dims()})
+        print(g.signature())
+    return 0
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    from .frontend import load
+    from .reference import bind_arrays, evaluate
+
+    graphs = load(args.model)
+    g = pick_graph(graphs, args.graph)
+    path = Path(args.inputs)
+    if not path.exists():
+        raise UsageError(f"{path}: no such file")
+    try:
+        npz = np.load(path)
+    except Exception as e:  # numpy raises many types for a bad file
+        raise EqfuseError(f"{path}: not a readable .npz file ({e})") from None
+    missing = [n for n, _ in g.params if n not in npz.files]
+    if missing:
+        raise EqfuseError(f"{path} has no array for parameter{'s' * (len(missing) > 1)} {', '.join(missing)} "
+                          f"(it has: {', '.join(npz.files) or 'nothing'})")
+    arrays = [npz[n] for n, _ in g.params]
+    bind_arrays(g, arrays, parse_dims(args.dim))
+    if args.reference:
+        outs = evaluate(g, arrays)
+    else:
+        from . import compile as eq_compile
+
+        mod = eq_compile(args.model, dims=parse_dims(args.dim) or None)
+        res = getattr(mod, g.name)(*arrays)
+        outs = list(res) if isinstance(res, tuple) else [res]
+        if args.verify:
+            from .verify import compare
+
+            bad = compare(outs, evaluate(g, arrays))
+            if bad:
+                raise CheckFailed("verification failed: " + "; ".join(bad))
+            print("verified: every output matches the numpy reference", file=sys.stderr)
+    names = output_names(g)
+    if args.output:
+        np.savez(args.output, **dict(zip(names, outs)))
+    for name, o in zip(names, outs):
+        print(f"{name}: f32{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}  mean {o.mean():.6g}")
+    return 0
+
+
+def output_names(g) -> list[str]:
+    names = []
+    for i, o in enumerate(g.outputs):
+        n = g.nodes[o].name
+        names.append(n if n and n not in names else f"out{i}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = make_parser().parse_args(argv)
+        if args.version:
+            from . import __version__
+
+            print(f"eqfuse {__version__}")
+            return 0
+        if args.command is None:
+            raise UsageError("a command is needed (see 'eqfuse --help')")
+        handler = COMMANDS[args.command]
+        return handler(args)
+    except EqfuseError as e:
+        print(str(e), file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except RecursionError:
+        print("error: the input is nested too deeply to process", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # an eqfuse bug: still one line, with a way to get the traceback
+        if os.environ.get("EQFUSE_DEBUG"):
+            raise
+        print(f"eqfuse: internal error: {type(e).__name__}: {e} (set EQFUSE_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return 3
+
+
+def _lazy(module: str, func: str):
+    def run(args):
+        import importlib
+
+        return getattr(importlib.import_module(f"eqfuse.{module}"), func)(args)
+
+    return run
+
+
+COMMANDS = {
+    "check": cmd_check,
+    "run": cmd_run,
+    "opt": _lazy("cli_opt", "cmd_opt"),
+    "rules": _lazy("cli_opt", "cmd_rules"),
+    "check-rules": _lazy("cli_opt", "cmd_check_rules"),
+    "emit": _lazy("cli_backend", "cmd_emit"),
+    "lower": _lazy("cli_backend", "cmd_lower"),
+    "bench": _lazy("cli_backend", "cmd_bench"),
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Errors a user sees. Every bad input becomes one EqfuseError with a position when there is one.
+
+The command line prints `str(err)` and exits 2; nothing here ever shows a Python traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Pos:
+    """A position in a source text: 1-based line and column, plus the text of that line."""
+
+    file: str
+    line: int
+    col: int
+    text: str = ""  # the whole source line, for the caret display
+    width: int = 1  # how many characters the caret underlines
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+class EqfuseError(Exception):
+    """Bad input or usage (exit status 2 on the command line)."""
+
+    exit_status = 2
+
+    def __init__(self, message: str, pos: Pos | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.pos = pos
+        self.hint = hint
+
+    def __str__(self) -> str:
+        head = f"{self.pos}: error: {self.message}" if self.pos else f"error: {self.message}"
+        lines = [head]
+        if self.pos and self.pos.text:
+            src = self.pos.text.rstrip("\n").expandtabs(1)
+            lines.append("    " + src)
+            lines.append("    " + " " * (self.pos.col - 1) + "^" * max(1, self.pos.width))
+        if self.hint:
+            lines.append(f"note: {self.hint}")
+        return "\n".join(lines)
+
+
+class ShapeError(Exception):
+    """Raised by an op's shape rule; the graph builder turns it into an EqfuseError at the op."""
+
+
+class CheckFailed(EqfuseError):
+    """A check ran and failed: a verification mismatch or an unsound rule (exit status 1)."""
+
+    exit_status = 1
+
+
+class ArgumentError(EqfuseError, TypeError):
+    """A compiled or reference function was called with the wrong arrays."""

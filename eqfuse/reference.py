@@ -1,0 +1,86 @@
+"""The numpy reference interpreter: the oracle every compiled result is checked against."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .errors import ArgumentError
+from .graph import Graph
+from .ops import OPS
+
+
+def bind_arrays(graph: Graph, arrays: Sequence, fixed: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Check a call's arrays against the graph's parameters; return the named dims they bind.
+
+    Errors name the parameter, what was expected and what was given.
+    """
+    params = graph.params
+    if len(arrays) != len(params):
+        names = ", ".join(n for n, _ in params)
+        raise ArgumentError(f"{graph.name}() takes {len(params)} arrays ({names}), got {len(arrays)}")
+    dims: dict[str, int] = dict(fixed or {})
+    for (name, t), a in zip(params, arrays):
+        if not isinstance(a, np.ndarray):
+            raise ArgumentError(f"{graph.name}(): parameter '{name}' expects a numpy array of {t}, "
+                                f"got {type(a).__name__}")
+        if a.dtype != np.float32:
+            raise ArgumentError(f"{graph.name}(): parameter '{name}' expects dtype float32 ({t}), got {a.dtype}")
+        if a.ndim != t.rank:
+            raise ArgumentError(f"{graph.name}(): parameter '{name}' expects {t} (rank {t.rank}), "
+                                f"got shape {list(a.shape)}")
+        for axis, (want, got) in enumerate(zip(t.shape, a.shape)):
+            if isinstance(want, str):
+                want = dims.setdefault(want, got)
+            if want != got:
+                raise ArgumentError(f"{graph.name}(): parameter '{name}' expects {t}, got shape {list(a.shape)} "
+                                    f"(axis {axis} is {got}, expected {want})")
+    return dims
+
+
+def evaluate(graph: Graph, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Run the graph in numpy, op by op, in float32."""
+    vals: list[np.ndarray | None] = [None] * len(graph.nodes)
+    for i, a in zip(graph.inputs, arrays):
+        vals[i] = a
+    with np.errstate(all="ignore"):  # inf/nan follow numpy's semantics silently, as in C
+        for i, n in enumerate(graph.nodes):
+            if n.op == "input":
+                continue
+            if n.op == "const":
+                vals[i] = np.float32(n.value)
+            elif n.op == "kernel":
+                vals[i] = evaluate(n.body, [vals[a] for a in n.args])[0]
+            else:
+                out = OPS[n.op].numpy([vals[a] for a in n.args], n.attr)
+                vals[i] = np.asarray(out, dtype=np.float32)
+    return [np.asarray(vals[o], dtype=np.float32) for o in graph.outputs]
+
+
+class Reference:
+    """eqfuse.reference(src): callables that run each graph in numpy (the unoptimized semantics)."""
+
+    def __init__(self, graphs: list[Graph]):
+        self.graphs = {g.name: g for g in graphs}
+        self.default = graphs[0]
+
+    def run(self, graph: Graph, *arrays):
+        bind_arrays(graph, arrays)
+        outs = evaluate(graph, arrays)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def __call__(self, *arrays):
+        return self.run(self.default, *arrays)
+
+    def __getattr__(self, name: str):
+        graphs = self.__dict__.get("graphs", {})
+        if name in graphs:
+            return lambda *arrays: self.run(graphs[name], *arrays)
+        raise AttributeError(name)
+
+
+def reference(src) -> Reference:
+    from .frontend import load
+
+    return Reference(load(src))
