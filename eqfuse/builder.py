@@ -8,6 +8,7 @@ from dataclasses import replace
 from . import syntax as S
 from .errors import EqfuseError, Pos, ShapeError
 from .graph import Graph, Node
+from .kernels import SUPPORTED, Unsupported, classify
 from .ops import INFIX, OPS, complete_attrs
 from .shapes import DTYPES, TType
 
@@ -129,6 +130,11 @@ class GraphBuilder:
         if body.nodes[out].op == "input" and not any(n.op != "input" for n in body.nodes):
             raise EqfuseError("a kernel block must compute something", e.pos)
         body.outputs = [out]
+        try:
+            classify(body)
+        except Unsupported as why:
+            raise EqfuseError(f"this kernel block cannot be lowered: {why}", e.pos,
+                              f"supported kernel shapes: {SUPPORTED}") from None
         t = body.nodes[out].type
         return self.graph.add(Node("kernel", tuple(inner.outer_args), (), t, pos=e.pos, body=body))
 

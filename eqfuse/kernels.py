@@ -1,0 +1,171 @@
+"""Which fused kernel bodies the C backend can lower: the kernel shapes of SPEC section 1.
+
+The optimizer asks `classify` whether a candidate kernel is legal; the backend asks it how to
+lower one; the graph builder asks it to refuse a hand-written kernel block it cannot lower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .graph import Graph, Node
+from .ops import OPS
+
+SUPPORTED = (
+    "pointwise (a tree of pointwise ops over tensors and scalar constants); "
+    "contraction with epilogue (one matmul or conv2d over kernel inputs, its result flowing through "
+    "pointwise ops); row-wise (one softmax, layernorm, rmsnorm or sum/mean/max over the trailing axes, "
+    "with a pointwise prologue and epilogue); reduction (one sum/mean/max over any axes, with a "
+    "pointwise prologue and epilogue); attention (softmax(q @ transpose(k) * scale [+ mask]) @ v); "
+    "layout (one transpose, reshape, slice or concat of kernel inputs)"
+)
+
+
+class Unsupported(Exception):
+    """The body is not a kernel shape the backend lowers; the message says why."""
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    kind: str  # pointwise | contraction | row | reduce | attention | layout
+    anchor: int | None = None  # the body node of the matmul/conv2d, row/reduce op, or attention's last matmul
+    # attention only: body node ids of q, k, v (inputs, k possibly under a transpose), scores
+    # matmul, softmax, and the mask input (or None); kT_input: k is given already transposed
+    parts: tuple = ()
+
+
+def _kind(n: Node) -> str:
+    if n.op in ("input", "const"):
+        return n.op
+    if n.op == "kernel":
+        return "kernel"
+    k = OPS[n.op].kind
+    return "pointwise" if k == "channel" else k
+
+
+def _swaps_last_two(n: Node) -> bool:
+    if n.op != "transpose" or n.type.rank < 2:
+        return False
+    perm = n.attr["perm"] or tuple(reversed(range(n.type.rank)))
+    r = n.type.rank
+    return tuple(perm) == tuple(range(r - 2)) + (r - 1, r - 2)
+
+
+def _ancestors(body: Graph, i: int) -> set[int]:
+    seen, stack = set(), [i]
+    while stack:
+        j = stack.pop()
+        if j not in seen:
+            seen.add(j)
+            stack.extend(body.nodes[j].args)
+    return seen
+
+
+def classify(body: Graph) -> KernelShape:
+    """The kernel shape of a kernel body, or Unsupported with the reason."""
+    ops = [(i, n) for i, n in enumerate(body.nodes) if n.op not in ("input", "const")]
+    if not ops:
+        raise Unsupported("the kernel computes nothing")
+    kinds = {i: _kind(n) for i, n in ops}
+    if "kernel" in kinds.values():
+        raise Unsupported("kernel blocks cannot be nested")
+    heavy = [i for i, k in kinds.items() if k != "pointwise"]
+    out = body.outputs[0]
+    if not heavy:
+        return KernelShape("pointwise")
+
+    inputs = set(body.inputs)
+    if len(heavy) == 1:
+        a = heavy[0]
+        n = body.nodes[a]
+        k = kinds[a]
+        if k == "layout":
+            if a != out or not all(x in inputs for x in n.args):
+                raise Unsupported(f"a layout op ({n.op}) must be the whole kernel, over kernel inputs")
+            return KernelShape("layout", a)
+        _check_epilogue(body, a, out)
+        if k == "contraction":
+            if not all(x in inputs for x in n.args):
+                raise Unsupported(f"the operands of {n.op} must be kernel inputs (tensors in memory), "
+                                  "not values computed inside the kernel")
+            return KernelShape("contraction", a)
+        if k in ("row", "reduction"):
+            for x in n.args[1:]:
+                if x not in inputs:
+                    raise Unsupported(f"the parameters of {n.op} must be kernel inputs")
+            return KernelShape("row" if k == "row" or _trailing(body, a) else "reduce", a)
+    # Contraction whose B operand is a transposed input: x @ transpose(w).
+    if len(heavy) == 2:
+        t, m = sorted(heavy, key=lambda i: kinds[i] != "layout")
+        tn, mn = body.nodes[t], body.nodes[m]
+        if (mn.op == "matmul" and _swaps_last_two(tn) and tn.args[0] in inputs and mn.args[1] == t
+                and mn.args[0] in inputs and body.users()[t] == 1):
+            _check_epilogue(body, m, out)
+            return KernelShape("contraction", m)
+    att = _attention(body)
+    if att is not None:
+        return att
+    names = ", ".join(body.nodes[i].op for i in heavy)
+    raise Unsupported(f"the kernel mixes {names}; it must have at most one non-pointwise op")
+
+
+def _trailing(body: Graph, a: int) -> bool:
+    n = body.nodes[a]
+    if OPS[n.op].kind != "reduction":
+        return True
+    rank = body.nodes[n.args[0]].type.rank
+    axes = n.attr["axis"]
+    axes = tuple(range(rank)) if axes is None else tuple(sorted(x % rank for x in axes))
+    return axes == tuple(range(rank - len(axes), rank))
+
+
+def _check_epilogue(body: Graph, anchor: int, out: int) -> None:
+    """Every op after the anchor must be pointwise and lie on the way to the output."""
+    if anchor not in _ancestors(body, out):
+        raise Unsupported("the kernel's result does not depend on its main op")
+
+
+def _attention(body: Graph) -> KernelShape | None:
+    """softmax(q @ transpose(k) * scale [+ mask]) @ v, with pointwise ops allowed around the scores."""
+    nodes, inputs = body.nodes, set(body.inputs)
+    out = body.outputs[0]
+    pv = next((i for i in _ancestors(body, out) if nodes[i].op == "matmul" and nodes[nodes[i].args[0]].op == "softmax"),
+              None)
+    if pv is None:
+        return None
+    sm, v = nodes[pv].args
+    if v not in inputs:
+        return None
+    smn = nodes[sm]
+    if smn.attr["axis"] % smn.type.rank != smn.type.rank - 1:
+        return None
+    # Walk the score expression down to the q @ k^T matmul; only pointwise ops with one
+    # score-dependent operand on the way (scale, mask, bias).
+    cur = smn.args[0]
+    mask = None
+    while nodes[cur].op != "matmul":
+        n = nodes[cur]
+        if _kind(n) != "pointwise":
+            return None
+        dep = [a for a in n.args if nodes[a].op not in ("input", "const")]
+        other = [a for a in n.args if a not in dep]
+        if len(dep) != 1:
+            return None
+        for o in other:
+            if nodes[o].op == "input" and nodes[o].type.rank >= 2:
+                mask = o
+        cur = dep[0]
+    qk = cur
+    q, kt = nodes[qk].args
+    if q not in inputs:
+        return None
+    if kt in inputs:
+        k, k_transposed = kt, True  # k given as k^T already
+    elif _swaps_last_two(nodes[kt]) and nodes[kt].args[0] in inputs:
+        k, k_transposed = nodes[kt].args[0], False
+    else:
+        return None
+    heavy = {i for i, n in enumerate(nodes) if _kind(n) not in ("pointwise", "input", "const")}
+    if heavy - {pv, sm, qk, kt}:
+        return None
+    return KernelShape("attention", pv, parts=(q, k, v, qk, sm, mask, k_transposed))
