@@ -4,7 +4,8 @@
 """
 
 from .errors import ArgumentError, CheckFailed, EqfuseError
+from .compiler import compile
 from .reference import reference
 
 __version__ = "0.1.0"
-__all__ = ["reference", "EqfuseError", "CheckFailed", "ArgumentError", "__version__"]
+__all__ = ["compile", "reference", "EqfuseError", "CheckFailed", "ArgumentError", "__version__"]

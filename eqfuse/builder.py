@@ -103,7 +103,8 @@ class GraphBuilder:
         n = len(e.args)
         if n < lo or (hi >= 0 and n > hi):
             want = f"{lo}" if lo == hi else (f"at least {lo}" if hi < 0 else f"{lo} to {hi}")
-            raise EqfuseError(f"{e.op} takes {want} tensor argument{'s' if hi != 1 else ''}, got {n}", e.pos)
+            raise EqfuseError(f"{e.op} takes {want} tensor argument{'s' * (want[-2:] != ' 1' and want != '1')}, "
+                              f"got {n}", e.pos)
         given: dict = {}
         for kw in e.kwargs:
             if op.attr_spec(kw.name) is None:

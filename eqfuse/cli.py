@@ -81,6 +81,15 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_dim_names(graphs, dims: dict[str, int], model: str) -> None:
+    """A --dim for a name no graph has is a typo, not something to ignore silently."""
+    have = [d for g in graphs for d in g.dims()]
+    for name in dims:
+        if name not in have:
+            known = ", ".join(dict.fromkeys(have)) or "none"
+            raise UsageError(f"--dim {name}: {model} has no dimension named '{name}' (its named dimensions: {known})")
+
+
 def pick_graph(graphs, name):
     if name is None:
         return graphs[0]
@@ -95,7 +104,9 @@ def cmd_check(args) -> int:
     from .graph import bind_dims
 
     dims = parse_dims(args.dim)
-    for g in load(args.model):
+    graphs = load(args.model)
+    check_dim_names(graphs, dims, args.model)
+    for g in graphs:
         if dims:
             g = bind_dims(g, {k: v for k, v in dims.items() if k in g.dims()})
         print(g.signature())
@@ -110,6 +121,7 @@ def cmd_run(args) -> int:
 
     graphs = load(args.model)
     g = pick_graph(graphs, args.graph)
+    check_dim_names([g], parse_dims(args.dim), args.model)
     path = Path(args.inputs)
     if not path.exists():
         raise UsageError(f"{path}: no such file")
@@ -198,8 +210,8 @@ COMMANDS = {
     "check": cmd_check,
     "run": cmd_run,
     "opt": _lazy("cli_opt", "cmd_opt"),
-    "rules": _lazy("cli_opt", "cmd_rules"),
-    "check-rules": _lazy("cli_opt", "cmd_check_rules"),
+    "rules": _lazy("cli_rules", "cmd_rules"),
+    "check-rules": _lazy("cli_rules", "cmd_check_rules"),
     "emit": _lazy("cli_backend", "cmd_emit"),
     "lower": _lazy("cli_backend", "cmd_lower"),
     "bench": _lazy("cli_backend", "cmd_bench"),

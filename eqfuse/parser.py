@@ -6,13 +6,14 @@ import functools
 from pathlib import Path
 
 from lark import Lark, Token
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 from lark.visitors import Transformer_NonRecursive
 
 from . import syntax as S
 from .errors import EqfuseError, Pos
 
 MAX_DEPTH = 200  # expression nesting; deeper input is refused with a clear error, not a crash
+F32_MAX = 3.4028234663852886e38
 
 
 def data_dir(name: str) -> Path:
@@ -39,8 +40,12 @@ class NewlinePostLexer:
     # RBRACE too: the contextual lexer would refuse a "}" where the grammar wants the _NL we insert.
     always_accept = ("_NL", "RBRACE")
 
+    def __init__(self):
+        self.open: list[Token] = []  # the brackets still open where lexing stopped, for error hints
+
     def process(self, stream):
         stack: list[str] = []
+        self.open = []
         prev = None
         for tok in stream:
             t = tok.type
@@ -49,9 +54,11 @@ class NewlinePostLexer:
                     continue
             elif t in ("LPAR", "LSQB", "LBRACE"):
                 stack.append({"LPAR": "(", "LSQB": "[", "LBRACE": "{"}[t])
+                self.open.append(tok)
             elif t in ("RPAR", "RSQB", "RBRACE"):
                 if stack:
                     stack.pop()
+                    self.open.pop()
                 if t == "RBRACE" and prev not in ("_NL", "LBRACE"):
                     yield Token.new_borrow_pos("_NL", "\n", tok)
             prev = t
@@ -104,10 +111,20 @@ def decode_source(data: bytes | str, file: str) -> str:
             raise EqfuseError(f"{file} is not UTF-8 text (byte {e.start} cannot be decoded)") from None
     if "\0" in data:
         raise EqfuseError(f"{file} contains NUL characters; it is not a text file")
-    return data
+    return data.removeprefix("\ufeff")  # a UTF-8 byte order mark, as some editors write
 
 
-def syntax_error(e: UnexpectedInput, src: SourceText) -> EqfuseError:
+def unclosed_hint(open_brackets, line: int) -> str | None:
+    """A note about the innermost '(' or '[' left open on an earlier line than the error."""
+    for tok in reversed(open_brackets):
+        if tok.type in ("LPAR", "LSQB"):
+            if tok.line < line:
+                return f"the '{tok.value}' at line {tok.line}, column {tok.column} is never closed"
+            return None
+    return None
+
+
+def syntax_error(e: UnexpectedInput, src: SourceText, open_brackets=()) -> EqfuseError:
     if isinstance(e, UnexpectedToken):
         tok = e.token
         expected = e.expected
@@ -116,9 +133,14 @@ def syntax_error(e: UnexpectedInput, src: SourceText) -> EqfuseError:
         if tok.type == "$END":
             return EqfuseError(f"unexpected end of file, expected {describe_expected(expected)}", src.end())
         shown = "end of line" if tok.type == "_NL" else repr(str(tok))
-        return EqfuseError(f"unexpected {shown}, expected {describe_expected(expected)}", src.at(tok))
+        hint = unclosed_hint(open_brackets, tok.line)
+        if tok.type in ("KERNEL", "RETURN") and "NAME" in expected:
+            hint = f"'{tok}' is a keyword; it cannot be used as a name"
+        return EqfuseError(f"unexpected {shown}, expected {describe_expected(expected)}", src.at(tok), hint)
     if isinstance(e, UnexpectedCharacters):
         ch = src.lines[e.line - 1][e.column - 1] if e.line <= len(src.lines) else "?"
+        if ch in "\"'":
+            return EqfuseError(f"unterminated string: no closing {ch} on this line", src.pos(e.line, e.column))
         return EqfuseError(f"unexpected character {ch!r}", src.pos(e.line, e.column))
     if isinstance(e, UnexpectedEOF):
         return EqfuseError(f"unexpected end of file, expected {describe_expected(e.expected)}", src.end())
@@ -139,8 +161,14 @@ class ToAst(Transformer_NonRecursive):
         return type(node)(**{**node.__dict__, "depth": depth})
 
     # expressions
+    def _finite(self, text: str, tok: Token) -> float:
+        v = float(text)
+        if abs(v) > F32_MAX:
+            raise EqfuseError(f"number {text} is too large for f32", self.src.at(tok))
+        return v
+
     def number(self, c):
-        return S.Num(float(c[0]), self.src.at(c[0]))
+        return S.Num(self._finite(str(c[0]), c[0]), self.src.at(c[0]))
 
     def name(self, c):
         return S.Name(str(c[0]), self.src.at(c[0]))
@@ -167,7 +195,7 @@ class ToAst(Transformer_NonRecursive):
     # attribute values
     def signed(self, c):
         text = "".join(str(t) for t in c)
-        v = float(text)
+        v = self._finite(text, c[-1])
         return int(v) if v.is_integer() and not any(ch in text for ch in ".eE") else v
 
     def attr_num(self, c):
@@ -235,9 +263,15 @@ def parse(text: str | bytes, file: str = "<string>") -> S.ModuleAst:
     if not text.strip() or all(not ln.strip() or ln.lstrip().startswith("#") for ln in src.lines):
         raise EqfuseError(f"{file} is empty: expected at least one 'graph NAME(...) {{ ... }}'",
                           src.pos(1, 1) if text else None)
+    parser = lark_parser("graph.lark")
     try:
-        tree = lark_parser("graph.lark").parse(text)
+        tree = parser.parse(text)
     except UnexpectedInput as e:
-        raise syntax_error(e, src) from None
-    graphs = ToAst(src).transform(tree)
+        raise syntax_error(e, src, parser.options.postlex.open) from None
+    try:
+        graphs = ToAst(src).transform(tree)
+    except VisitError as e:  # lark wraps what a callback raises; ours are already user-facing
+        if isinstance(e.orig_exc, EqfuseError):
+            raise e.orig_exc from None
+        raise
     return S.ModuleAst(tuple(graphs), file)

@@ -6,6 +6,8 @@ read by another kernel, or would nest too deeply; everything else is inlined int
 
 from __future__ import annotations
 
+import math
+
 from .graph import Graph, Node
 from .ops import OPS
 
@@ -18,6 +20,8 @@ PREC = {"+": SUM, "-": SUM, "*": PRODUCT, "/": PRODUCT, "@": PRODUCT, "**": POWE
 
 
 def fmt_number(v: float) -> str:
+    if v == 0 and math.copysign(1, v) < 0:
+        return "-0"  # not "0": 1 / -0 is -inf
     if float(v).is_integer() and abs(v) < 1e16:
         return str(int(v))
     return repr(float(v))
@@ -44,6 +48,7 @@ class _Printer:
         self.lines: list[str] = []
         self.depth: dict[int, int] = {}
         self.counter = 0
+        self.indent = ""  # of the lines being printed, so a kernel inlined into a return nests under it
 
     def fresh(self, base: str) -> str:
         while True:
@@ -72,10 +77,12 @@ class _Printer:
             text = fmt_number(n.value)
             return text, (UNARY if text.startswith("-") else ATOM)
         if n.op == "kernel":
-            return kernel_text(n, self.names, self.taken, indent=None), ATOM
+            return kernel_text(n, self.names, self.taken, indent=self.indent), ATOM
         op = OPS[n.op]
-        if op.infix == "-" and n.op == "neg":
+        if n.op == "neg":
             a, pa = self.expr(n.args[0])
+            if pa == ATOM and a[0].isdigit():  # "-2" would be read back as the constant -2, not neg(2)
+                return f"neg({a})", ATOM
             return "-" + (a if pa >= UNARY else f"({a})"), UNARY
         if op.infix:
             p = PREC[op.infix]
@@ -93,6 +100,7 @@ class _Printer:
 
     def body(self, indent: str) -> None:
         """Emit the assignment lines of every node that needs one."""
+        self.indent = indent
         for i, n in enumerate(self.g.nodes):
             self.depth[i] = 1 + max((self.depth[a] for a in n.args if a not in self.names), default=0)
             if n.op == "input" or not self.needs_line(i, n):

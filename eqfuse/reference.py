@@ -66,6 +66,7 @@ class Reference:
         self.default = graphs[0]
 
     def run(self, graph: Graph, *arrays):
+        arrays = tuple(np.asarray(a) if isinstance(a, np.generic) else a for a in arrays)  # np.float32(2.0)
         bind_arrays(graph, arrays)
         outs = evaluate(graph, arrays)
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -72,9 +72,9 @@ def broadcast(*shapes: tuple[Dim, ...]) -> tuple[Dim, ...]:
 
 
 def norm_axis(axis: int, rank: int) -> int:
-    if not -rank <= axis < max(rank, 1):
+    if not -rank <= axis < rank:  # a scalar has no axis at all
         raise ShapeError(f"axis {axis} is out of range for rank {rank}")
-    return axis % rank if rank else 0
+    return axis % rank
 
 
 def dim_product(dims: tuple[Dim, ...]) -> tuple[int, tuple[str, ...]]:

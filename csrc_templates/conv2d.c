@@ -1,0 +1,37 @@
+/* {{NAME}}: conv2d NCHW x OIHW, {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}},
+ * padding {{PH}}x{{PW}} -> {{N}}x{{O}}x{{OH}}x{{OW}}: im2col, then {{GEMM}} (batched over images,
+ * the epilogue fused into its store). */
+void {{NAME}}({{PARAMS}})
+{
+    enum { C = {{C}}, H = {{H}}, W = {{W}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}}, OW = {{OW}} };
+    const long K = (long)C * KH * KW, P = (long)OH * OW;
+    (void)K;
+    (void)P;
+#if {{DIRECT}}
+    const float* col = {{X}};  /* 1x1, stride 1, no padding: the image already is the column matrix */
+#else
+    float* colbuf = (float*)malloc(sizeof(float) * {{N}} * K * P);
+    if (!colbuf)
+        abort();
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (long n = 0; n < {{N}}; n++)
+        for (long c = 0; c < C; c++)
+            for (long kh = 0; kh < KH; kh++)
+                for (long kw = 0; kw < KW; kw++) {
+                    float* restrict dst = colbuf + ((n * K) + (c * KH + kh) * KW + kw) * P;
+                    const float* restrict src = {{X}} + (n * C + c) * (long)H * W;
+                    for (long oh = 0; oh < OH; oh++) {
+                        const long ih = oh * {{SH}} - {{PH}} + kh;
+                        for (long ow = 0; ow < OW; ow++) {
+                            const long iw = ow * {{SW}} - {{PW}} + kw;
+                            dst[oh * OW + ow] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? src[ih * W + iw] : 0.0f;
+                        }
+                    }
+                }
+    const float* col = colbuf;
+#endif
+    {{GEMM}}({{ARGS}});
+#if !{{DIRECT}}
+    free(colbuf);
+#endif
+}

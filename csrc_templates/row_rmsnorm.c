@@ -1,0 +1,24 @@
+/* {{NAME}}: rmsnorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused. */
+void {{NAME}}({{PARAMS}})
+{
+    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+    for (long r = 0; r < {{ROWS}}; r++) {
+        float* restrict y = out + r * {{L}};
+{{OFFSETS}}
+        float s = 0.0f;
+        #pragma omp simd reduction(+:s)
+        for (long j = 0; j < {{L}}; j++) {
+{{PRO_BODY}}
+            const float x = {{X}};
+            y[j] = x;
+            s += x * x;
+        }
+        const float rstd = 1.0f / sqrtf(s * (1.0f / {{L}}) + {{EPS}});
+        #pragma omp simd
+        for (long j = 0; j < {{L}}; j++) {
+            const float v = y[j] * rstd * {{GAMMA}}[j];
+{{EPI_BODY}}
+            y[j] = {{EPI}};
+        }
+    }
+}

@@ -1,0 +1,32 @@
+/* {{NAME}}: softmax over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
+ * One thread owns a row; the output row is the scratch buffer (three passes in cache). */
+void {{NAME}}({{PARAMS}})
+{
+    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+    for (long r = 0; r < {{ROWS}}; r++) {
+        float* restrict y = out + ({{YBASE}});
+{{OFFSETS}}
+        float m = -INFINITY;
+        #pragma omp simd reduction(max:m)
+        for (long j = 0; j < {{L}}; j++) {
+{{PRO_BODY}}
+            const float x = {{X}};
+            y[j * {{YS}}] = x;
+            m = x > m ? x : m;
+        }
+        float s = 0.0f;
+        #pragma omp simd reduction(+:s)
+        for (long j = 0; j < {{L}}; j++) {
+            const float e = eqf_exp(y[j * {{YS}}] - m);
+            y[j * {{YS}}] = e;
+            s += e;
+        }
+        const float inv = 1.0f / s;
+        #pragma omp simd
+        for (long j = 0; j < {{L}}; j++) {
+            const float v = y[j * {{YS}}] * inv;
+{{EPI_BODY}}
+            y[j * {{YS}}] = {{EPI}};
+        }
+    }
+}

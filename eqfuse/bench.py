@@ -1,0 +1,133 @@
+"""Benchmarks: numpy op by op vs compiled unfused vs compiled fused (vs peers when installed).
+
+Times are medians over repeats; every ratio compares runs made in the same process, one
+after another, at the same thread count.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import time
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+
+def median_time(fn: Callable[[], object], repeat: int, warmup: int = 2, min_time: float = 0.0) -> float:
+    """Median seconds of fn() over `repeat` runs (after warm-up)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    t_end = time.perf_counter() + min_time
+    while len(times) < repeat or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 10 * repeat:
+            break
+    return statistics.median(times)
+
+
+_blas_setter = None
+
+
+def blas_threads(n: int) -> bool:
+    """Set numpy's BLAS (OpenBLAS) thread count for this process; False if it cannot be found."""
+    global _blas_setter
+    if _blas_setter is None:
+        _blas_setter = False
+        try:
+            with open("/proc/self/maps") as f:
+                libs = {line.split()[-1] for line in f if "openblas" in line.lower() and line.strip().endswith(".so")
+                        or ("openblas" in line.lower() and ".so" in line)}
+        except OSError:
+            libs = set()
+        for path in libs:
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for sym in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
+                        "openblas_set_num_threads", "scipy_openblas_set_num_threads"):
+                if hasattr(lib, sym):
+                    _blas_setter = getattr(lib, sym)
+                    break
+            if _blas_setter:
+                break
+    if not _blas_setter:
+        return False
+    _blas_setter(ctypes.c_int(n))
+    return True
+
+
+def random_inputs(graph, dims: Mapping[str, int], seed: int = 0) -> list[np.ndarray]:
+    from .shapes import resolve
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _, t in graph.params:
+        shape = tuple(resolve(d, dims) for d in t.shape)
+        out.append(rng.standard_normal(shape).astype(np.float32))
+    return out
+
+
+def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = None, repeat: int = 20,
+                threads: Sequence[int] = (1, 2)) -> str:
+    """The table `eqfuse bench` prints."""
+    from . import compile as eq_compile
+    from .frontend import load
+    from .reference import evaluate
+
+    graphs = load(src)
+    g = graphs[0] if graph is None else next(x for x in graphs if x.name == graph)
+    dims = dict(dims or {})
+    missing = [d for d in g.dims() if d not in dims]
+    for d in missing:
+        dims[d] = 64
+    arrays = random_inputs(g, dims)
+    fused = eq_compile(src, dims=dims)
+    unfused = eq_compile(src, dims=dims, fuse=False)
+    f_fn, u_fn = getattr(fused, g.name), getattr(unfused, g.name)
+    f_fn(*arrays)
+    u_fn(*arrays)
+    nk_f = len([k for k in f_fn.last.kernels if k.kind != "view"])
+    nk_u = len([k for k in u_fn.last.kernels if k.kind != "view"])
+    rows: list[tuple[str, list[float]]] = [("numpy op by op", []), (f"eqfuse unfused ({nk_u} kernels)", []),
+                                          (f"eqfuse fused ({nk_f} kernels)", [])]
+    peers = _peers(g, arrays)
+    for name, _ in peers:
+        rows.append((name, []))
+    for t in threads:
+        blas_threads(t)
+        f_fn.threads = u_fn.threads = t
+        rows[0][1].append(median_time(lambda: evaluate(g, arrays), repeat))
+        rows[1][1].append(median_time(lambda: u_fn(*arrays), repeat))
+        rows[2][1].append(median_time(lambda: f_fn(*arrays), repeat))
+        for k, (_, fn) in enumerate(peers):
+            rows[3 + k][1].append(median_time(fn, repeat))
+    blas_threads(max(threads))
+    head = f"{g.name} ({', '.join(f'{k}={v}' for k, v in dims.items()) or 'static shapes'}), median of {repeat}"
+    lines = [head, f"{'':34}" + "".join(f"{'threads=' + str(t):>24}" for t in threads)]
+    for name, ts in rows:
+        cells = "".join(f"{t * 1e3:>12.3f} ms {rows[0][1][k] / t:>6.2f}x  " for k, t in enumerate(ts))
+        lines.append(f"{name:<34}{cells}")
+    lines.append("ratio = numpy time / this time (higher is faster), measured in this run")
+    if not peers:
+        lines.append(peer_note())
+    return "\n".join(lines)
+
+
+def _peers(g, arrays) -> list[tuple[str, Callable]]:
+    """Peer runtimes to compare with; none yet (no torch/onnx exporter for eqfuse graphs)."""
+    return []
+
+
+def peer_note() -> str:
+    import importlib.util
+
+    notes = []
+    for pkg, label in (("torch", "torch.compile"), ("onnxruntime", "onnxruntime")):
+        state = "installed, but eqfuse has no exporter to it yet" if importlib.util.find_spec(pkg) else "not installed"
+        notes.append(f"{label}: {state}")
+    return "; ".join(notes) + " (not measured)"

@@ -1,0 +1,137 @@
+"""`eqfuse.compile`: the whole pipeline, top to bottom.
+
+    load -> bind params and dims -> optimize -> (per dims binding) lower -> emit -> build C -> Module
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import progress
+from .errors import ArgumentError, EqfuseError
+from .frontend import load
+from .graph import Graph, bind_dims
+from .lower import format_uops, lower_graph
+from .module import Compiled, GraphFunction, Kernel, Module
+from .printer import graph_text, kernel_text, module_text
+from .reference import bind_arrays
+
+
+def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
+            dims: Mapping[str, int] | None = None, params: Mapping[str, np.ndarray] | None = None,
+            threads: int | None = None, verify: bool = False, fuse: bool = True) -> Module:
+    """Compile every graph of a model to C kernels; see SPEC section 4.
+
+    fuse=False compiles every op as its own kernel (the "unfused" baseline of `eqfuse bench`).
+    """
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ArgumentError(f"threads= expects a positive integer, got {threads!r}")
+    graphs = load(src)
+    params = dict(params or {})
+    _check_param_names(graphs, params)
+    functions, reports, optimized = [], {}, []
+    for g in graphs:
+        gp = {k: v for k, v in params.items() if k in dict(g.params)}
+        gdims = {k: v for k, v in (dims or {}).items() if k in g.dims()}
+        gdims = _bind_params(g, gp, gdims)
+        opt, report = optimize(g, cost=cost, rules=rules, disable=disable, dims=gdims, fuse=fuse)
+        reports[g.name] = report
+        optimized.append((opt, gdims))
+        f = GraphFunction(g, opt, gp, gdims, _builder(fuse), verify, threads)
+        if all(d in gdims for d in g.dims()):
+            f.compiled(gdims)  # everything is known: compile now, so errors show here
+        functions.append(f)
+
+    def text() -> str:
+        return module_text([bind_dims(o, d) if d else o for o, d in optimized])
+
+    report = reports[graphs[0].name] if len(graphs) == 1 else reports
+    return Module(functions, report, text)
+
+
+def _check_param_names(graphs: list[Graph], params: Mapping[str, Any]) -> None:
+    names = {n for g in graphs for n, _ in g.params}
+    for k in params:
+        if k not in names:
+            raise ArgumentError(f"params= names '{k}', which is not a parameter (parameters: {', '.join(sorted(names))})")
+
+
+def _bind_params(g: Graph, params: Mapping[str, np.ndarray], dims: dict[str, int]) -> dict[str, int]:
+    """Check bound arrays against their parameters; the dims they fix join `dims`."""
+    if not params:
+        return dims
+    names = [n for n, _ in g.params]
+    sub = Graph(g.name, list(g.nodes), [i for i, n in zip(g.inputs, names) if n in params], [])
+    arrays = [params[n] for n in names if n in params]
+    for n, a in zip([n for n in names if n in params], arrays):
+        if not isinstance(a, np.ndarray):
+            raise ArgumentError(f"params=: '{n}' expects a numpy array, got {type(a).__name__}")
+    return bind_arrays(sub, arrays, dims)
+
+
+def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse=True) -> tuple[Graph, Any]:
+    """The optimizer's fused graph (eqfuse.optimize when present; else the graph as written)."""
+    if not fuse:
+        return g, {"optimized": False, "reason": "fuse=False: every op is its own kernel"}
+    try:
+        from .optimize import optimize_graph
+    except ImportError:
+        return g, {"optimized": False, "reason": "the optimizer is not available; kernel blocks as written"}
+    with progress.step(f"optimizing {g.name}"):
+        res = optimize_graph(g, cost=cost, rules=rules, disable=disable, dims=dims or None)
+    return res.graph, res.report
+
+
+def lower(g: Graph, dims: Mapping[str, int], fuse: bool = True):
+    """(kernelized graph, plans) for one dims binding."""
+    bound = bind_dims(g, dims) if g.dims() else g
+    return bound, *lower_graph(bound, fuse=fuse)
+
+
+def _builder(fuse: bool):
+    def build(g: Graph, dims: dict) -> Compiled:
+        from .cbuild import build as build_c
+        from .emit import emit_graph
+
+        bound, kg, plans = lower(g, dims, fuse)
+        emitted = emit_graph(plans)
+        lib = ffi = None
+        if emitted.kernel_sources:
+            with progress.step(f"compiling {len(emitted.kernel_sources)} kernels of {g.name}"):
+                built = build_c(emitted.source, emitted.cdef, f"eqf_{g.name}")
+            lib, ffi = built.lib, built.ffi
+        return Compiled(bound, kg, plans, lib, ffi, kernel_infos(kg, plans, emitted.kernel_sources))
+    return build
+
+
+def kernel_infos(kg: Graph, plans, sources: Mapping[str, str]) -> list[Kernel]:
+    names = {i: (n.name or f"t{i}") for i, n in enumerate(kg.nodes)}
+    taken = set(names.values())
+    out = []
+    for p in plans:
+        body = kernel_text(kg.nodes[p.node], names, set(taken), indent="")
+        out.append(Kernel(p.name, p.kind, body, sources.get(p.name, ""), p.bytes, p.flops, dict(p.tiles), kg.name))
+    return out
+
+
+def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = None, **opts) -> str:
+    """The tile-level schedule of every kernel (`eqfuse lower --uops`)."""
+    out = []
+    for g in load(src):
+        if graph is not None and g.name != graph:
+            continue
+        gd = {k: v for k, v in (dims or {}).items() if k in g.dims()}
+        missing = [d for d in g.dims() if d not in gd]
+        if missing:
+            raise EqfuseError(f"graph {g.name} has unbound dimension{'s' * (len(missing) > 1)} "
+                              f"{', '.join(missing)}; bind with --dim NAME=INT")
+        opt, _ = optimize(g, dims=gd, **opts)
+        _, kg, plans = lower(opt, gd)
+        out.append(f"# graph {g.name}: {len([p for p in plans if p.kind != 'view'])} kernels\n" + format_uops(plans))
+    return "\n\n".join(out)
+
+
+__all__ = ["compile", "optimize", "lower", "uops_text", "graph_text"]

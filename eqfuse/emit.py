@@ -1,0 +1,605 @@
+"""Stage `emit`: kernel plans -> C source, from the skeletons in csrc_templates/.
+
+Templates hold the loop nests; the op table supplies each pointwise op's C expression; this
+module computes index expressions (numpy broadcasting as strides) and fills the placeholders.
+Generated names are deterministic: eqf_<graph>_k<counter>_<kind>, values v<node id>.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import count
+
+from .graph import Graph
+from .lower import KernelPlan, Split
+from .ops import OPS, reduce_axes
+
+PARALLEL_MIN = 1 << 15  # elements below which a kernel runs on one thread
+
+
+# ------------------------------------------------------------------ index arithmetic
+
+
+def contiguous(shape) -> tuple[int, ...]:
+    st, acc = [], 1
+    for d in reversed(shape):
+        st.append(acc)
+        acc *= d
+    return tuple(reversed(st))
+
+
+def bstrides(view, space) -> tuple[int, ...]:
+    """Element strides of a contiguous tensor of shape `view` read at each index of `space`
+    (right-aligned, numpy broadcasting: stride 0 along broadcast dims)."""
+    view = (1,) * (len(space) - len(view)) + tuple(view)
+    return tuple(0 if v == 1 else s for v, s in zip(view, contiguous(view)))
+
+
+def coalesce(sizes, strides) -> tuple[list[int], list[int]]:
+    """Merge adjacent dims that one linear index walks with one stride; drop size-1 dims."""
+    out_n: list[int] = []
+    out_s: list[int] = []
+    for n, s in zip(sizes, strides):
+        if n == 1:
+            continue
+        if out_n and out_s[-1] == s * n:
+            out_n[-1] *= n
+            out_s[-1] = s
+        else:
+            out_n.append(n)
+            out_s.append(s)
+    return out_n, out_s
+
+
+def offset(var: str, sizes, strides) -> str:
+    """C expression: the element offset of linear index `var` over dims `sizes` with `strides`."""
+    n, s = coalesce(sizes, strides)
+    terms = []
+    for d in range(len(n)):
+        if s[d] == 0:
+            continue
+        after = math.prod(n[d + 1:])
+        idx = var if after == 1 else f"{var} / {after}"
+        if d > 0:
+            idx = f"({idx}) % {n[d]}" if after != 1 else f"{var} % {n[d]}"
+        terms.append(idx if s[d] == 1 else f"({idx}) * {s[d]}")
+    return " + ".join(terms) or "0"
+
+
+def joint_groups(shape, stride_sets) -> list[list[int]]:
+    """Groups of adjacent non-1 dims that every stride vector walks as one linear index."""
+    groups: list[list[int]] = []
+    for d, n in enumerate(shape):
+        if n == 1:
+            continue
+        if groups and all(s[groups[-1][-1]] == s[d] * n for s in stride_sets):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    return groups
+
+
+def flit(v: float) -> str:
+    v = float(v)
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    return f"({float.__repr__(v)}f)" if v < 0 else f"{float.__repr__(v)}f"
+
+
+class Space:
+    """An index space (a shape) walked by C loop variables, each over a set of its dims.
+
+    Hoisted variables are fixed in an enclosing loop: their part of each offset is declared
+    once (in `decls`); the others are computed where the element is read.
+    """
+
+    def __init__(self, shape, groups: list[tuple[str, list[int], bool]], indent: str):
+        self.shape = tuple(shape)
+        self.groups = groups
+        self.indent = indent
+        self.decls: list[str] = []
+        self._names: dict[tuple, str] = {}
+        self._ids = count()
+
+    def access(self, ptr: str, view) -> str:
+        st = bstrides(view, self.shape)
+        parts = []
+        hoisted = []
+        for var, dims, hoist in self.groups:
+            off = offset(var, [self.shape[d] for d in dims], [st[d] for d in dims])
+            if off == "0":
+                continue
+            (hoisted if hoist else parts).append(off)
+        if hoisted:
+            key = (ptr, tuple(hoisted))
+            if key not in self._names:
+                name = f"off{next(self._ids)}"
+                self._names[key] = name
+                self.decls.append(f"{self.indent}const long {name} = {' + '.join(hoisted)};")
+            parts.insert(0, self._names[key])
+        return f"{ptr}[{' + '.join(parts) or '0'}]"
+
+
+CHANNEL_C = {  # ops of kind "channel": parameters broadcast along axis 1
+    "batchnorm": lambda a: "(({0} - {1}) / sqrtf({2} + " + flit(a["eps"]) + ") * {3} + {4})",
+}
+
+
+class Exprs:
+    """Statements computing body values at one element of a Space (one `const float` per node)."""
+
+    def __init__(self, body: Graph, space: Space, ptrs: dict[int, str], preset: dict[int, str],
+                 indent: str, forbid: set[int] = frozenset()):
+        self.body, self.space, self.ptrs, self.preset = body, space, ptrs, preset
+        self.indent, self.forbid = indent, forbid
+        self.stmts: list[str] = []
+        self.memo: dict[tuple, str] = {}
+
+    def value(self, i: int, chan: int | None = None) -> str:
+        if i in self.preset:
+            return self.preset[i]
+        key = (i, chan)
+        if key in self.memo:
+            return self.memo[key]
+        if i in self.forbid:
+            raise Split("the epilogue reads a value of the prologue's index space")
+        n = self.body.nodes[i]
+        if n.op == "const":
+            return flit(n.value)
+        var = f"v{i}" + (f"_c{chan}" if chan is not None else "")
+        if n.op == "input":
+            view = tuple(n.type.shape)
+            if chan is not None and len(view) == 1:
+                view = view + (1,) * (chan - 2)
+            expr = self.space.access(self.ptrs[i], view)
+        else:
+            op = OPS[n.op]
+            if op.kind == "channel":
+                xr = self.body.nodes[n.args[0]].type.rank
+                args = [self.value(n.args[0], chan)] + [self.value(a, xr) for a in n.args[1:]]
+                expr = CHANNEL_C[n.op](n.attr).format(*args)
+            elif op.kind == "pointwise":
+                expr = op.c_expr(n.attr).format(*(self.value(a, chan) for a in n.args))
+            else:
+                raise Split(f"{n.op} cannot be computed inside this kernel's loop")
+        self.stmts.append(f"{self.indent}const float {var} = {expr};")
+        self.memo[key] = var
+        return var
+
+    def text(self) -> str:
+        return "\n".join(self.stmts)
+
+    def expression(self, i: int) -> str:
+        """One C expression (a GNU statement expression when statements are needed)."""
+        v = self.value(i)
+        if not self.stmts:
+            return v
+        return "({ " + " ".join(s.strip() for s in self.stmts) + f" {v}; }})"
+
+
+def leaf_views(body: Graph, root: int, stop: set[int] = frozenset()) -> list[tuple]:
+    """Shapes (as read in the output space) of every input leaf below root."""
+    seen, out = set(), []
+
+    def walk(i, chan):
+        if (i, chan) in seen or i in stop:
+            return
+        seen.add((i, chan))
+        n = body.nodes[i]
+        if n.op == "input":
+            v = tuple(n.type.shape)
+            out.append(v + (1,) * (chan - 2) if chan is not None and len(v) == 1 else v)
+            return
+        if n.op in OPS and OPS[n.op].kind == "channel":
+            walk(n.args[0], chan)
+            for a in n.args[1:]:
+                walk(a, body.nodes[n.args[0]].type.rank)
+            return
+        for a in n.args:
+            walk(a, chan)
+
+    walk(root, None)
+    return out
+
+
+# ------------------------------------------------------------------ rendering
+
+
+def render(template: str, **values) -> str:
+    from .cbuild import render as cb_render
+
+    return cb_render(template, **{k: str(v) for k, v in values.items()})
+
+
+def _params(plan: KernelPlan) -> tuple[str, dict[int, str]]:
+    ptrs = {i: f"in{k}" for k, i in enumerate(plan.body.inputs)}
+    ps = [f"const float* restrict in{k}" for k in range(len(plan.body.inputs))] + ["float* restrict out"]
+    return ", ".join(ps), ptrs
+
+
+def prototype(plan: KernelPlan) -> str:
+    ps = [f"const float* in{k}" for k in range(len(plan.body.inputs))] + ["float* out"]
+    return f"void {plan.name}({', '.join(ps)});"
+
+
+def _size(shape) -> int:
+    return math.prod(shape) if shape else 1
+
+
+I1, I2, I3, I4 = " " * 8, " " * 12, " " * 16, " " * 20
+
+
+def emit_pointwise(plan: KernelPlan) -> str:
+    body, root = plan.body, plan.body.outputs[0]
+    shape = plan.out_shape
+    sets = [bstrides(v, shape) for v in leaf_views(body, root)] + [contiguous(shape)]
+    groups = joint_groups(shape, sets)
+    inner_dims = groups[-1] if groups else []
+    outer_dims = [d for g in groups[:-1] for d in g]
+    inner = _size([shape[d] for d in inner_dims])
+    outer = _size(shape) // inner
+    tile = min(plan.tiles["tile"], inner)
+    params, ptrs = _params(plan)
+    space = Space(shape, [("o", outer_dims, True), ("j", inner_dims, False)], I1)
+    ex = Exprs(body, space, ptrs, {}, I2)
+    res = ex.value(root)
+    stream = int(_size(shape) * 4 >= plan.tiles.get("stream_bytes", 1 << 62))
+    return render("pointwise.c", NAME=plan.name, SPACE=list(shape), PARAMS=params, INNER=inner, TILE=tile,
+                  STREAM=stream,
+                  NTILES=-(-inner // tile), OUTER=outer, PARALLEL=int(_size(shape) >= PARALLEL_MIN),
+                  OFFSETS="\n".join(space.decls), BODY=ex.text(), RESULT=res)
+
+
+def emit_row(plan: KernelPlan) -> str:
+    body, a = plan.body, plan.shape.anchor
+    an = body.nodes[a]
+    xshape = tuple(body.nodes[an.args[0]].type.shape)
+    axis0, rows, L = plan.detail["axis0"], plan.detail["rows"], plan.detail["L"]
+    if an.op == "softmax":
+        col_dims = [axis0]
+        row_dims = [d for d in range(len(xshape)) if d != axis0]
+    else:
+        col_dims = list(range(axis0, len(xshape)))
+        row_dims = list(range(axis0))
+    params, ptrs = _params(plan)
+    space = Space(xshape, [("r", row_dims, True), ("j", col_dims, False)], I1)
+    pro = Exprs(body, space, ptrs, {}, I2)
+    x = pro.value(an.args[0])
+    common = dict(NAME=plan.name, PARAMS=params, ROWS=rows, L=L,
+                  PARALLEL=int(rows > 1 and rows * L >= PARALLEL_MIN // 4), PRO_BODY=pro.text(), X=x)
+    if an.op in ("softmax", "layernorm", "rmsnorm"):
+        epi = Exprs(body, space, ptrs, {a: "v"}, I2)
+        e = epi.value(body.outputs[0])
+        cs = contiguous(xshape)
+        common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e)
+        if an.op == "softmax":
+            return render("row_softmax.c", YBASE=offset("r", [xshape[d] for d in row_dims], [cs[d] for d in row_dims]),
+                          YS=cs[axis0], **common)
+        g = ptrs[an.args[1]]
+        extra = {"GAMMA": g, "EPS": flit(an.attr["eps"])}
+        if an.op == "layernorm":
+            extra["BETA"] = ptrs[an.args[2]]
+        return render(f"row_{an.op}.c", **common, **extra)
+    # sum / mean / max over trailing axes: one value per row
+    espace = Space(plan.out_shape, [("r", list(range(len(plan.out_shape))), True)], I1)
+    forbid = _ancestors(body, an.args[0])
+    epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=forbid)
+    e = epi.value(body.outputs[0])
+    red = _REDUCE[an.op]
+    return render("row_reduce.c", OP=an.op, OFFSETS="\n".join(space.decls), EPI_OFFSETS="\n".join(espace.decls),
+                  EPI_BODY=epi.text(), EPI=e, INIT=red[0], RED=red[1], COMBINE=red[2],
+                  SCALE=flit(1.0 / L) if an.op == "mean" else "1.0f", **common)
+
+
+_REDUCE = {  # init, omp reduction identifier, combine(a, x)
+    "sum": ("0.0f", "+", "a + x"),
+    "mean": ("0.0f", "+", "a + x"),
+    "max": ("-INFINITY", "max", "(x > a ? x : a)"),
+}
+
+
+def _ancestors(body: Graph, i: int) -> set[int]:
+    seen, stack = set(), [i]
+    while stack:
+        j = stack.pop()
+        if j not in seen:
+            seen.add(j)
+            stack.extend(body.nodes[j].args)
+    return {j for j in seen if body.nodes[j].op not in ("input", "const")}
+
+
+def emit_reduce(plan: KernelPlan) -> str:
+    body, a = plan.body, plan.shape.anchor
+    an = body.nodes[a]
+    xshape = tuple(body.nodes[an.args[0]].type.shape)
+    axes = set(reduce_axes(an.attr, len(xshape)))
+    params, ptrs = _params(plan)
+    dims = [d for d in range(len(xshape)) if xshape[d] != 1]
+    kept = [d for d in dims if d not in axes]
+    # the output's strides along the input's dims (0 along reduced ones)
+    ocs = contiguous(tuple(1 if d in axes else n for d, n in enumerate(xshape)))
+    ost = [0 if d in axes else ocs[d] for d in range(len(xshape))]
+    depth = 2 + len(dims)
+    ind = " " * (4 * depth)
+    space = Space(xshape, [(f"i{d}", [d], False) for d in dims], ind + "    ")
+    pro = Exprs(body, space, ptrs, {}, ind + "    ")
+    x = pro.value(an.args[0])
+    init, _, combine = _REDUCE[an.op]
+    outoff = " + ".join(f"i{d}" if ost[d] == 1 else f"i{d} * {ost[d]}" for d in kept) or "0"
+    lines = []
+    for k, d in enumerate(dims):
+        pad = " " * (4 * (2 + k))
+        last = k == len(dims) - 1
+        if kept and d == kept[0]:
+            lines.append(f"{pad}#pragma omp for schedule(static) nowait")
+        elif last and d not in axes:
+            lines.append(f"{pad}#pragma omp simd")
+        if last and d in axes:
+            lines.append(f"{pad}float a = out[{outoff}];")
+            lines.append(f"{pad}#pragma omp simd reduction({_REDUCE[an.op][1]}:a)")
+        lines.append(f"{pad}for (long i{d} = 0; i{d} < {xshape[d]}; i{d}++) {{")
+    inner = " " * (4 * depth)
+    body_lines = [pro.text()] if pro.stmts else []
+    body_lines.append(f"{inner}const float x = {x};")
+    if dims and dims[-1] in axes:
+        body_lines.append(f"{inner}a = {combine};")
+    else:
+        body_lines.append(f"{inner}{{ const float a = out[{outoff}]; out[{outoff}] = {combine}; }}")
+    lines += body_lines
+    for k in reversed(range(len(dims))):
+        pad = " " * (4 * (2 + k))
+        lines.append(f"{pad}}}")
+        if k == len(dims) - 1 and dims[-1] in axes:
+            lines.append(f"{pad}out[{outoff}] = a;")
+    if not dims:  # a reduction of a single element
+        lines = [f"        {{ const float x = {x}; const float a = out[0]; out[0] = {combine}; }}"]
+        lines[0:0] = [pro.text()] if pro.stmts else []
+    espace = Space(plan.out_shape, [("o", list(range(len(plan.out_shape))), True)], I1)
+    epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=_ancestors(body, an.args[0]))
+    e = epi.value(body.outputs[0])
+    count_red = _size([xshape[d] for d in axes])
+    return render("reduce.c", NAME=plan.name, OP=an.op, AXES=sorted(axes), SPACE=list(xshape),
+                  OUT_SPACE=list(plan.out_shape), PARAMS=params, OUT_SIZE=_size(plan.out_shape), INIT=init,
+                  PARALLEL=int(bool(kept) and _size(xshape) >= PARALLEL_MIN), NEST="\n".join(lines),
+                  SCALE=flit(1.0 / count_red) if an.op == "mean" else "1.0f",
+                  EPI_OFFSETS="\n".join(espace.decls), EPI_BODY=epi.text(), EPI=e)
+
+
+def emit_attention(plan: KernelPlan) -> str:
+    body = plan.body
+    q, k, v, qk, sm, mask, kT = plan.shape.parts
+    pv = plan.shape.anchor
+    out = tuple(plan.out_shape)
+    nb = len(out) - 2
+    bdims = list(range(nb))
+    d = plan.detail
+    Sq, Sk, D, Dv = d["Sq"], d["Sk"], d["D"], d["Dv"]
+    batch = out[:-2]
+    params, ptrs = _params(plan)
+
+    def boff(i, tail):
+        st = bstrides(body.nodes[i].type.shape, batch + tail)
+        return offset("b", list(batch), st[:nb])
+
+    kshape_tail = (D, Sk) if kT else (Sk, D)
+    sspace = Space(batch + (Sq, Sk), [("b", bdims, True), ("i", [nb], False), ("j", [nb + 1], False)], I1)
+    sc = Exprs(body, sspace, ptrs, {qk: "acc_s"}, I4)
+    score = sc.value(body.nodes[sm].args[0])
+    ospace = Space(out, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1)
+    epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={qk, sm})
+    e = epi.value(body.outputs[0])
+    kload = "kp[d * %d + j0 + jj]" % Sk if kT else "kp[(j0 + jj) * D + d]"
+    return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=_size(batch), SQ=Sq, SK=Sk, D=D, DV=Dv,
+                  BQ=plan.tiles["bq"], BK=plan.tiles["bk"], PARALLEL=int(_size(batch) * Sq > 1),
+                  Q=ptrs[q], K=ptrs[k], V=ptrs[v], QOFF=boff(q, (Sq, D)), KOFF=boff(k, kshape_tail),
+                  VOFF=boff(v, (Sk, Dv)), OFFSETS="\n".join(sspace.decls + ospace.decls), KLOAD=kload,
+                  SCORE_BODY=sc.text(), SCORE=score, EPI_OFFSETS="", EPI_BODY=epi.text(), EPI=e,
+                  OUT_OFF=f"b * {Sq * Dv}")
+
+
+# ------------------------------------------------------------------ contractions
+
+
+def _epilogue(plan: KernelPlan, groups, preset: dict[int, str]):
+    """The GEMM epilogue expression and the tensors it reads (extra parameters e<k>)."""
+    body = plan.body
+    eptrs = {i: f"e{k}" for k, i in enumerate(body.inputs)}
+    space = Space(plan.out_shape, groups, "")
+    ex = Exprs(body, space, eptrs, preset, "")
+    expr = ex.expression(body.outputs[0])
+    return expr, [(i, eptrs[i]) for i in body.inputs if f"{eptrs[i]}[" in expr]
+
+
+def _gemm(name: str, **kw) -> tuple[str, str]:
+    from .gemm import emit_gemm
+
+    return emit_gemm(name, **kw)
+
+
+def emit_contraction(plan: KernelPlan) -> str:
+    body, a = plan.body, plan.shape.anchor
+    mm = body.nodes[a]
+    params, ptrs = _params(plan)
+    out = tuple(plan.out_shape)
+    nb = len(out) - 2
+    M, N, K = plan.detail["M"], plan.detail["N"], plan.detail["K"]
+    A, B = mm.args
+    bt = plan.detail["b_transposed"]
+    Bsrc = body.nodes[B].args[0] if bt else B
+    batch = out[:-2]
+    ast = bstrides(body.nodes[A].type.shape, batch + (M, K))[:nb]
+    bst = bstrides(body.nodes[Bsrc].type.shape, batch + ((N, K) if bt else (K, N)))[:nb]
+    cst = contiguous(out)[:nb]
+    nbatch = _size(batch)
+    acont = list(ast) == list(contiguous(batch + (M, K))[:nb])
+    if nbatch == 1 or (all(s == 0 for s in bst) and acont):
+        mode, gb = "fold", 1  # B shared by every batch: one GEMM with M' = batch * M
+        groups = [("i", bdims_plus(nb, [nb]), False), ("j", [nb + 1], False)]
+        gM = nbatch * M
+        strides = (0, 0, 0)
+    else:
+        jg = joint_groups(batch, [ast, bst, cst])
+        if len(jg) <= 1:
+            mode, gb, gM = "batch", nbatch, M
+            g0 = jg[0][-1] if jg else 0
+            strides = (ast[g0], bst[g0], cst[g0]) if jg else (0, 0, 0)
+            groups = [("b", list(range(nb)), False), ("i", [nb], False), ("j", [nb + 1], False)]
+        else:
+            mode, gb, gM, strides = "loop", 1, M, (0, 0, 0)
+            groups = [("i", [nb], False), ("j", [nb + 1], False)]
+    expr, extras = _epilogue(plan, groups, {a: "acc"})
+    if mode == "loop":  # the wrapper offsets every pointer for batch g; the epilogue sees one matrix
+        eparts = []
+        for i, pn in extras:
+            st = bstrides(body.nodes[i].type.shape, out)
+            eparts.append(f"{ptrs[i]} + ({offset('g', list(batch), st[:nb])})")
+        outer = nbatch
+        aoff = f"{ptrs[A]} + ({offset('g', list(batch), ast)})"
+        boff_ = f"{ptrs[Bsrc]} + ({offset('g', list(batch), bst)})"
+        coff = f"out + (g * {M * N})"
+    else:
+        eparts = [ptrs[i] for i, _ in extras]
+        outer, aoff, boff_, coff = 1, ptrs[A], ptrs[Bsrc], "out"
+    gname = f"{plan.name}_gemm"
+    extra_params = "".join(f", const float* restrict {pn}" for _, pn in extras)
+    src, _ = _gemm(gname, M=gM, N=N, K=K, batch=gb, a_batch_stride=strides[0], b_batch_stride=strides[1],
+                   c_batch_stride=strides[2], lda=K, ldb=K if bt else N, ldc=N, b_transposed=bt,
+                   epilogue=expr, extra_params=extra_params,
+                   extra_args_cdef="".join(f", const float* {pn}" for _, pn in extras))
+    wrapper = render("matmul.c", NAME=plan.name, SHAPES=f"{mode} batch={nbatch} M={M} N={N} K={K}"
+                     + (" (B transposed)" if bt else ""), GEMM=gname, PARAMS=params, OUTER=outer,
+                     OFFSETS="        (void)g;", ARGS=", ".join([aoff, boff_, coff] + eparts))
+    return src + "\n" + wrapper
+
+
+def bdims_plus(nb: int, tail: list[int]) -> list[int]:
+    return list(range(nb)) + tail
+
+
+def emit_conv2d(plan: KernelPlan) -> str:
+    body, a = plan.body, plan.shape.anchor
+    cv = body.nodes[a]
+    params, ptrs = _params(plan)
+    (N, C, H, W) = body.nodes[cv.args[0]].type.shape
+    (O, _, KH, KW) = body.nodes[cv.args[1]].type.shape
+    (_, _, OH, OW) = plan.out_shape
+    sh, sw = _pair(cv.attr["stride"])
+    ph, pw = _pair(cv.attr["padding"])
+    direct = KH == 1 and KW == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
+    groups = [("b", [0], False), ("i", [1], False), ("j", [2, 3], False)]
+    # the conv's own bias belongs to the anchor value: acc + bias[o]
+    anchor = f"(acc + {'e%d' % plan.body.inputs.index(cv.args[2])}[i])" if len(cv.args) == 3 else "acc"
+    expr, extras = _epilogue(plan, groups, {a: anchor})
+    if len(cv.args) == 3 and cv.args[2] not in dict(extras):
+        extras.append((cv.args[2], "e%d" % plan.body.inputs.index(cv.args[2])))
+        extras.sort(key=lambda t: plan.body.inputs.index(t[0]))
+    K, P = C * KH * KW, OH * OW
+    gname = f"{plan.name}_gemm"
+    extra_params = "".join(f", const float* restrict {pn}" for _, pn in extras)
+    src, _ = _gemm(gname, M=O, N=P, K=K, batch=N, a_batch_stride=0, b_batch_stride=K * P, c_batch_stride=O * P,
+                   lda=K, ldb=P, ldc=P, b_transposed=False, epilogue=expr, extra_params=extra_params,
+                   extra_args_cdef="".join(f", const float* {pn}" for _, pn in extras))
+    args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
+    wrapper = render("conv2d.c", NAME=plan.name, PARAMS=params, X=ptrs[cv.args[0]],
+                     N=N, C=C, H=H, W=W, O=O, KH=KH, KW=KW, OH=OH, OW=OW, SH=sh, SW=sw, PH=ph, PW=pw,
+                     DIRECT=int(direct), GEMM=gname, ARGS=", ".join(args))
+    return src + "\n" + wrapper
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+# ------------------------------------------------------------------ layout
+
+
+def emit_layout(plan: KernelPlan) -> str:
+    body, a = plan.body, plan.shape.anchor
+    an = body.nodes[a]
+    params, ptrs = _params(plan)
+    out = tuple(plan.out_shape)
+    blocks = []
+
+    def block(src: str, src_shape, src_strides_in_out_space, dst_base: str, dst_space, dst_strides, base_src="0"):
+        # walk `dst_space` (a shape); inner loop over its last non-1 group
+        sets = [src_strides_in_out_space, dst_strides]
+        groups = joint_groups(dst_space, sets) or [[]]
+        inner_dims, outer_dims = groups[-1], [d for g in groups[:-1] for d in g]
+        inner = _size([dst_space[d] for d in inner_dims])
+        outer = _size(dst_space) // inner
+        so = offset("o", [dst_space[d] for d in outer_dims], [src_strides_in_out_space[d] for d in outer_dims])
+        do = offset("o", [dst_space[d] for d in outer_dims], [dst_strides[d] for d in outer_dims])
+        ssi = coalesce([dst_space[d] for d in inner_dims], [src_strides_in_out_space[d] for d in inner_dims])[1]
+        dsi = coalesce([dst_space[d] for d in inner_dims], [dst_strides[d] for d in inner_dims])[1]
+        decl = (f"        const long src_off = {base_src} + {so};\n"
+                f"        const long dst_off = {dst_base} + {do};\n        (void)o;")
+        blocks.append(render("copy_block.c", PARALLEL=int(_size(dst_space) >= PARALLEL_MIN), OUTER=outer,
+                             OFFSETS=decl, INNER=inner, DST="out", DST_STRIDE=dsi[0] if dsi else 0,
+                             SRC=src, SRC_STRIDE=ssi[0] if ssi else 0))
+
+    if an.op == "transpose":
+        x = an.args[0]
+        xs = body.nodes[x].type.shape
+        perm = an.attr["perm"] or tuple(reversed(range(len(xs))))
+        cs = contiguous(xs)
+        block(ptrs[x], xs, [cs[p] for p in perm], "0", out, contiguous(out))
+    elif an.op == "slice":
+        x = an.args[0]
+        xs = body.nodes[x].type.shape
+        ax = an.attr["axis"] % len(xs)
+        start = range(xs[ax])[an.attr["start"]:an.attr["stop"]].start
+        cs = contiguous(xs)
+        block(ptrs[x], xs, list(cs), "0", out, contiguous(out), base_src=str(start * cs[ax]))
+    elif an.op == "concat":
+        ax = an.attr["axis"] % len(out)
+        ocs = contiguous(out)
+        pos = 0
+        for x in an.args:
+            xs = body.nodes[x].type.shape
+            block(ptrs[x], xs, list(contiguous(xs)), str(pos * ocs[ax]), xs, list(ocs))
+            pos += xs[ax]
+    else:
+        raise Split(f"layout op {an.op} has no copy kernel")
+    return render("layout.c", NAME=plan.name, OP=an.op, SPACE=list(out), PARAMS=params, BLOCKS="\n".join(blocks))
+
+
+EMITTERS = {"pointwise": emit_pointwise, "row": emit_row, "reduce": emit_reduce, "attention": emit_attention,
+            "contraction": emit_contraction, "conv2d": emit_conv2d, "layout": emit_layout}
+
+
+@dataclass
+class Emitted:
+    source: str  # the whole translation unit
+    cdef: str
+    kernel_sources: dict[str, str]  # plan name -> its C
+
+
+def emit_kernel(plan: KernelPlan) -> str:
+    return EMITTERS[plan.kind](plan)
+
+
+def emit_graph(plans: list[KernelPlan]) -> Emitted:
+    from .cbuild import COMMON_C, COMMON_CDEF
+
+    header = _template_text("common.h")
+    parts, cdefs, per = [COMMON_C, header], [COMMON_CDEF], {}
+    for p in plans:
+        if p.kind == "view":
+            continue
+        c = emit_kernel(p)
+        per[p.name] = c
+        parts.append(c)
+        cdefs.append(prototype(p))
+    return Emitted("\n".join(parts), "\n".join(cdefs), per)
+
+
+def _template_text(name: str) -> str:
+    from pathlib import Path
+
+    for base in (Path(__file__).parent / "csrc_templates", Path(__file__).parent.parent / "csrc_templates"):
+        if (base / name).exists():
+            return (base / name).read_text()
+    raise FileNotFoundError(f"csrc_templates/{name}")

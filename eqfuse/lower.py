@@ -1,0 +1,458 @@
+"""Stage `lower`: fused graph -> kernel plans, as data.
+
+A plan says how one kernel runs: its kind (the kernel shape of SPEC 1), the index spaces and
+loop nest, the tile sizes chosen from this machine's caches (and checked against them), the
+tile-level micro-op schedule (Load / Exec / Store with counts, printed by `eqfuse lower --uops`)
+and its bytes moved and FLOPs. `emit` turns plans into C; nothing here writes C.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import EqfuseError
+from .graph import Graph, Node
+from .kernels import SUPPORTED, KernelShape, Unsupported, classify
+from .ops import OPS, reduce_axes
+from .shapes import TType, broadcast
+
+F32 = 4  # bytes per element
+
+
+class Split(Exception):
+    """A body classify accepts but this backend lowers only as separate single-op kernels."""
+
+
+@dataclass(frozen=True)
+class UOp:
+    depth: int  # nesting level in the printed schedule
+    op: str  # Loop | Load | Exec | Store
+    what: str
+    count: int = 1  # how many times it runs in one call
+
+
+@dataclass
+class KernelPlan:
+    name: str
+    kind: str  # pointwise | contraction | conv2d | row | reduce | attention | layout | view
+    node: int  # the kernel node at the graph's top level
+    args: tuple[int, ...]  # top-level node ids read, one per body input
+    body: Graph
+    shape: KernelShape
+    out_shape: tuple[int, ...]
+    tiles: dict[str, int] = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
+    uops: list[UOp] = field(default_factory=list)
+    bytes: int = 0
+    flops: int = 0
+    cache_check: str = ""
+
+
+# ------------------------------------------------------------------ the machine
+
+
+@dataclass(frozen=True)
+class Caches:
+    l1: int
+    l2: int
+    l3: int
+    simd: int  # float lanes per vector
+    cores: int
+
+
+def machine_caches() -> Caches:
+    """This machine's caches (eqfuse.machine reads them from the system; defaults otherwise)."""
+    import os
+
+    try:
+        from . import machine
+
+        m = machine.machine() if hasattr(machine, "machine") else machine
+        get = lambda *names, default: next((getattr(m, n) for n in names if hasattr(m, n)), default)  # noqa: E731
+        return Caches(int(get("l1", "l1d", "l1_bytes", "l1d_bytes", default=48 << 10)),
+                      int(get("l2", "l2_bytes", default=2 << 20)),
+                      int(get("l3", "l3_bytes", default=32 << 20)),
+                      int(get("simd_floats", "simd_width", "simd_lanes", default=16)),
+                      int(get("cores", "ncores", default=os.cpu_count() or 1)))
+    except Exception:  # machine.py missing or mid-edit: conservative defaults
+        return Caches(48 << 10, 2 << 20, 32 << 20, 16, os.cpu_count() or 1)
+
+
+# ------------------------------------------------------------------ graph -> kernels only
+
+
+def _single_op_kernel(out: Graph, ids: dict[int, int], n: Node) -> int:
+    """Add op n (its args given as ids of nodes already in `out`) as a one-op kernel of `out`."""
+    body = Graph("kernel")
+    args: list[int] = []
+    body_args = []
+    seen: dict[int, int] = {}
+    for a in (ids[x] for x in n.args):
+        an = out.nodes[a]
+        if an.op == "const":
+            body_args.append(body.add(Node("const", attrs=an.attrs, type=an.type)))
+        elif a not in seen:
+            seen[a] = body.add(Node("input", type=an.type, name=an.name or f"t{a}"))
+            body.inputs.append(seen[a])
+            args.append(a)
+            body_args.append(seen[a])
+        else:
+            body_args.append(seen[a])
+    body.outputs = [body.add(Node(n.op, tuple(body_args), n.attrs, n.type, pos=n.pos))]
+    return out.add(Node("kernel", tuple(args), (), n.type, name=n.name, pos=n.pos, body=body))
+
+
+def kernelize(g: Graph, fuse: bool = True, split: frozenset[int] = frozenset()) -> Graph:
+    """The graph with only input/const/kernel nodes at top level.
+
+    Kernel blocks stay (unless fuse=False or their id is in `split`: then their bodies are
+    inlined); every other op becomes a kernel of its own.
+    """
+    out = Graph(g.name, pos=g.pos)
+    mapping: dict[int, int] = {}
+    for i, n in enumerate(g.nodes):
+        if n.op in ("input", "const"):
+            mapping[i] = out.add(n)
+        elif n.op == "kernel" and fuse and i not in split:
+            mapping[i] = out.add(replace(n, args=tuple(mapping[a] for a in n.args)))
+        elif n.op == "kernel":
+            inner = {bi: mapping[a] for bi, a in zip(n.body.inputs, n.args)}
+            for bi, bn in enumerate(n.body.nodes):
+                if bn.op == "const":
+                    inner[bi] = out.add(bn)
+                elif bn.op != "input":
+                    inner[bi] = _single_op_kernel(out, inner, bn)
+            mapping[i] = inner[n.body.outputs[0]]
+        else:
+            mapping[i] = _single_op_kernel(out, mapping, n)
+    out.inputs = [mapping[i] for i in g.inputs]
+    out.outputs = [mapping[o] for o in g.outputs]
+    return out
+
+
+# ------------------------------------------------------------------ planning
+
+
+def _size(shape) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def _reads(plan_body: Graph) -> int:
+    return sum(_size(plan_body.nodes[i].type.shape) for i in plan_body.inputs)
+
+
+def _pointwise_flops(body: Graph, skip: set[int] = frozenset()) -> int:
+    total = 0
+    for i, n in enumerate(body.nodes):
+        if n.op in ("input", "const") or i in skip or n.op not in OPS:
+            continue
+        op = OPS[n.op]
+        if op.kind in ("pointwise", "channel"):
+            total += op.flops * _size(n.type.shape)
+    return total
+
+
+def _vec(n: int, simd: int) -> int:
+    return max(1, -(-n // simd))
+
+
+def plan_kernel(g: Graph, node_id: int, name: str, caches: Caches) -> KernelPlan:
+    n = g.nodes[node_id]
+    body = n.body
+    for _, _, bn in body.walk():
+        if not bn.type.concrete:
+            raise EqfuseError(f"kernel {name} has unbound dimensions ({bn.type}); bind them with dims=", n.pos)
+    try:
+        ks = classify(body)
+    except Unsupported as why:
+        raise EqfuseError(f"this kernel block cannot be lowered: {why}", n.pos,
+                          f"supported kernel shapes: {SUPPORTED}") from None
+    out_shape = tuple(body.nodes[body.outputs[0]].type.shape)
+    plan = KernelPlan(name, ks.kind, node_id, tuple(n.args), body, ks, out_shape)
+    plan.bytes = F32 * (_reads(body) + _size(out_shape))
+    {"pointwise": _plan_pointwise, "contraction": _plan_contraction, "row": _plan_row,
+     "reduce": _plan_reduce, "attention": _plan_attention, "layout": _plan_layout}[ks.kind](plan, caches)
+    return plan
+
+
+def _ins(plan: KernelPlan) -> list[str]:
+    return [plan.body.nodes[i].name or f"in{k}" for k, i in enumerate(plan.body.inputs)]
+
+
+def _ops_text(body: Graph, skip=()) -> str:
+    names = [n.op for i, n in enumerate(body.nodes) if n.op not in ("input", "const") and i not in skip]
+    return ", ".join(names)
+
+
+def _plan_pointwise(plan: KernelPlan, c: Caches) -> None:
+    total = _size(plan.out_shape)
+    streams = len(plan.body.inputs) + 1
+    # Each tile of the inner dim streams through L1: `streams` arrays of `tile` floats, half of L1.
+    tile = 1 << max(8, min(14, int(math.log2(max(1, c.l1 // 2 // (F32 * streams))))))
+    # Outputs beyond half the last-level cache bypass it (non-temporal stores).
+    plan.tiles = {"tile": tile, "stream_bytes": c.l3 // 2}
+    plan.flops = _pointwise_flops(plan.body)
+    ws = tile * F32 * streams
+    plan.cache_check = f"tile working set {ws} B <= L1 {c.l1} B: {'ok' if ws <= c.l1 else 'NO'}"
+    if ws > c.l1:
+        raise EqfuseError(f"pointwise tile of {tile} does not fit L1")
+    ntiles = -(-total // tile)
+    ops = _ops_text(plan.body)
+    plan.uops = [UOp(0, "Loop", f"t over {ntiles} tiles of {min(tile, total)} elements (parallel)", ntiles)]
+    for nm, i in zip(_ins(plan), plan.body.inputs):
+        plan.uops.append(UOp(1, "Load", f"{nm} tile [{min(tile, total)}] (broadcast {list(plan.body.nodes[i].type.shape)})", ntiles))
+    plan.uops.append(UOp(1, "Exec", f"{ops} on {_vec(min(tile, total), c.simd)} vectors", ntiles))
+    plan.uops.append(UOp(1, "Store", f"out tile [{min(tile, total)}]", ntiles))
+
+
+def _gemm_blocking(M: int, N: int, K: int, c: Caches) -> dict[str, int]:
+    try:
+        from . import machine
+
+        b = machine.gemm_blocking(M, N, K) if _takes_args(machine.gemm_blocking) else machine.gemm_blocking()
+        if isinstance(b, dict):
+            return {k: int(v) for k, v in b.items()}
+        return {k: int(getattr(b, k)) for k in ("mc", "nc", "kc", "mr", "nr") if hasattr(b, k)}
+    except Exception:
+        kc = 256
+        return {"mr": 8, "nr": 32, "kc": kc, "mc": max(8, min(M, c.l2 // 2 // (kc * F32)) // 8 * 8 or 8),
+                "nc": max(32, min(N, c.l3 // 4 // (kc * F32)) // 32 * 32 or 32)}
+
+
+def _takes_args(fn) -> bool:
+    import inspect
+
+    try:
+        return len(inspect.signature(fn).parameters) >= 3
+    except (TypeError, ValueError):
+        return False
+
+
+def _plan_contraction(plan: KernelPlan, c: Caches) -> None:
+    body, a = plan.body, plan.shape.anchor
+    mm = body.nodes[a]
+    if mm.type.shape != plan.out_shape:
+        raise Split("the epilogue broadcasts the contraction's result to a larger shape")
+    if mm.op == "conv2d":
+        plan.kind = "conv2d"
+        x, w = (body.nodes[i].type.shape for i in mm.args[:2])
+        N, C, H, W = x
+        O, _, KH, KW = w
+        _, _, OH, OW = mm.type.shape
+        M, Nn, K, batch = O, OH * OW, C * KH * KW, N
+        plan.detail = {"M": M, "N": Nn, "K": K, "batch": batch}
+        plan.flops = 2 * N * O * OH * OW * K + _pointwise_flops(body)
+    else:
+        A, B = mm.args
+        bnode = body.nodes[B]
+        transposed = bnode.op == "transpose"
+        ashape = body.nodes[A].type.shape
+        bshape = body.nodes[bnode.args[0]].type.shape if transposed else bnode.type.shape
+        M, K = ashape[-2], ashape[-1]
+        Nn = bshape[-2] if transposed else bshape[-1]
+        batch = _size(mm.type.shape[:-2])
+        plan.detail = {"M": M, "N": Nn, "K": K, "batch": batch, "b_transposed": transposed}
+        plan.flops = 2 * batch * M * Nn * K + _pointwise_flops(body)
+    blk = _gemm_blocking(M, Nn, K, c)
+    plan.tiles = blk
+    mc, nc, kc = blk.get("mc", 0), blk.get("nc", 0), blk.get("kc", 0)
+    mr, nr = blk.get("mr", 1), blk.get("nr", 1)
+    a_blk, b_pan = mc * kc * F32, kc * nc * F32
+    ok = a_blk <= c.l2 and kr_fits(kc, nr, c)
+    plan.cache_check = (f"A block mc x kc = {a_blk} B <= L2 {c.l2} B; B micro-panel kc x nr = {kc * nr * F32} B "
+                        f"<= L1 {c.l1} B; B panel kc x nc = {b_pan} B <= L3 {c.l3} B: {'ok' if ok else 'NO'}")
+    epi = _ops_text(body, skip={a} | set(mm.args) | ({mm.args[1]} if plan.detail.get("b_transposed") else set()))
+    nb, njc, npc = plan.detail["batch"], -(-Nn // max(nc, 1)), -(-K // max(kc, 1))
+    nic = -(-M // max(mc, 1))
+    nmr, nnr = -(-min(mc, M) // max(mr, 1)), -(-min(nc, Nn) // max(nr, 1))
+    u = plan.uops
+    if plan.kind == "conv2d":
+        u.append(UOp(0, "Exec", f"im2col {K} x {Nn} per image", nb))
+    u += [UOp(0, "Loop", f"batch {nb} x jc over N={Nn} step nc={nc} x pc over K={K} step kc={kc}", nb * njc * npc),
+          UOp(1, "Load", f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]", nb * njc * npc),
+          UOp(1, "Loop", f"ic over M={M} step mc={mc} (parallel)", nb * njc * npc * nic),
+          UOp(2, "Load", f"pack A block [{min(mc, M)} x {min(kc, K)}]", nb * njc * npc * nic),
+          UOp(2, "Exec", f"micro-kernel {mr} x {nr} x {min(kc, K)} FMA", nb * njc * npc * nic * nmr * nnr),
+          UOp(2, "Store", f"C tile {mr} x {nr} with epilogue ({epi or 'none'}) on the last kc step",
+              nb * njc * nic * nmr * nnr)]
+
+
+def kr_fits(kc: int, nr: int, c: Caches) -> bool:
+    return kc * nr * F32 <= c.l1
+
+
+def _row_split(xshape: tuple[int, ...], axis0: int) -> tuple[int, int]:
+    return _size(xshape[:axis0]), _size(xshape[axis0:])
+
+
+def _plan_row(plan: KernelPlan, c: Caches) -> None:
+    body, a = plan.body, plan.shape.anchor
+    an = body.nodes[a]
+    xshape = tuple(body.nodes[an.args[0]].type.shape)
+    if tuple(an.type.shape) != plan.out_shape:
+        raise Split("the epilogue broadcasts the row op's result to a larger shape")
+    if an.op == "softmax":
+        axis0 = an.attr["axis"] % len(xshape)  # rows run along this axis (strided when not the last)
+    elif an.op == "layernorm":
+        axis0 = an.attr["axis"] % len(xshape)
+    elif an.op == "rmsnorm":
+        axis0 = len(xshape) - 1
+    else:  # sum / mean / max over trailing axes
+        axes = reduce_axes(an.attr, len(xshape))
+        axis0 = min(axes) if axes else len(xshape)
+    rows, L = _row_split(xshape, axis0)
+    if an.op == "softmax":
+        rows, L = _size(xshape) // xshape[axis0], xshape[axis0]
+    plan.detail = {"rows": rows, "L": L, "axis0": axis0, "op": an.op}
+    plan.flops = OPS[an.op].flops * _size(xshape) + _pointwise_flops(body, skip={a})
+    row_bytes = L * F32 * (len(body.inputs) + 1)
+    plan.cache_check = f"row working set {row_bytes} B <= L2 {c.l2} B: {'ok' if row_bytes <= c.l2 else 'no (streams from L3)'}"
+    passes = {"softmax": 3, "layernorm": 3, "rmsnorm": 2}.get(an.op, 1)
+    pro = _ops_text(body, skip=_not_ancestors(body, an.args[0]))
+    u = plan.uops
+    u.append(UOp(0, "Loop", f"r over {rows} rows (parallel)", rows))
+    for nm, i in zip(_ins(plan), body.inputs):
+        u.append(UOp(1, "Load", f"{nm} row [{L}]" if _size(body.nodes[i].type.shape) > 1 else f"{nm} scalar", rows))
+    u.append(UOp(1, "Exec", f"prologue ({pro or 'none'}) + {an.op} in {passes} passes over the row in cache "
+                            f"({_vec(L, c.simd)} vectors each)", rows))
+    u.append(UOp(1, "Store", f"out row [{L if an.op in ('softmax', 'layernorm', 'rmsnorm') else 1}] after the epilogue", rows))
+
+
+def _not_ancestors(body: Graph, i: int) -> set[int]:
+    seen, stack = set(), [i]
+    while stack:
+        j = stack.pop()
+        if j not in seen:
+            seen.add(j)
+            stack.extend(body.nodes[j].args)
+    return set(range(len(body.nodes))) - seen
+
+
+def _plan_reduce(plan: KernelPlan, c: Caches) -> None:
+    body, a = plan.body, plan.shape.anchor
+    an = body.nodes[a]
+    if tuple(an.type.shape) != plan.out_shape:
+        raise Split("the epilogue broadcasts the reduction's result to a larger shape")
+    xshape = tuple(body.nodes[an.args[0]].type.shape)
+    axes = reduce_axes(an.attr, len(xshape))
+    plan.detail = {"axes": axes, "op": an.op}
+    plan.flops = _size(xshape) + _pointwise_flops(body, skip={a})
+    out_bytes = _size(plan.out_shape) * F32
+    plan.cache_check = f"accumulators {out_bytes} B (the output) vs L2 {c.l2} B: {'ok' if out_bytes <= c.l2 else 'streams'}"
+    u = plan.uops
+    u.append(UOp(0, "Exec", f"init {_size(plan.out_shape)} accumulators", 1))
+    u.append(UOp(0, "Loop", f"walk {list(xshape)} in memory order, kept axes split over threads", 1))
+    u.append(UOp(1, "Load", f"input element vectors [{xshape[-1] if xshape else 1}]", _size(xshape[:-1])))
+    u.append(UOp(1, "Exec", f"prologue + {an.op} into accumulators over axes {list(axes)}", _size(xshape[:-1])))
+    u.append(UOp(0, "Store", f"out [{_size(plan.out_shape)}] after the epilogue", 1))
+
+
+def _plan_attention(plan: KernelPlan, c: Caches) -> None:
+    body = plan.body
+    q, k, v, qk, sm, mask, kT = plan.shape.parts
+    qs, vs = body.nodes[q].type.shape, body.nodes[v].type.shape
+    ks = body.nodes[k].type.shape
+    pv = body.nodes[plan.shape.anchor]
+    if tuple(pv.type.shape) != plan.out_shape:
+        raise Split("the epilogue broadcasts the attention result to a larger shape")
+    Sq, D = qs[-2], qs[-1]
+    Sk = ks[-1] if kT else ks[-2]
+    Dv = vs[-1]
+    batch = _size(plan.out_shape[:-2])
+    bk = 64 if D * 64 * F32 <= c.l1 // 2 else 16
+    bq = 32
+    while bq > 4 and (bq * D + D * bk + bq * bk + bq * Dv) * F32 > c.l1 * 3 // 4:
+        bq //= 2
+    ws = (bq * D + D * bk + bq * bk + bq * Dv) * F32
+    plan.tiles = {"bq": bq, "bk": bk}
+    plan.detail = {"batch": batch, "Sq": Sq, "Sk": Sk, "D": D, "Dv": Dv}
+    plan.flops = batch * (2 * Sq * Sk * D + 2 * Sq * Sk * Dv + 6 * Sq * Sk)
+    plan.cache_check = (f"tile working set (q block, k tile, score tile, accumulators) {ws} B <= L1 {c.l1} B: "
+                        f"{'ok' if ws <= c.l1 else 'NO'}; largest buffer {bq} x {bk} scores, never {Sq} x {Sk}")
+    nqb, nkt = -(-Sq // bq), -(-Sk // bk)
+    u = plan.uops
+    u += [UOp(0, "Loop", f"batch {batch} x query blocks of {bq} (parallel)", batch * nqb),
+          UOp(1, "Load", f"q block [{bq} x {D}]", batch * nqb),
+          UOp(1, "Loop", f"key tiles of {bk} over {Sk}", batch * nqb * nkt),
+          UOp(2, "Load", f"k tile [{bk} x {D}] transposed", batch * nqb * nkt),
+          UOp(2, "Exec", f"scores {bq} x {bk} = q k^T ({bq * bk * D} FMA) + score ops"
+                         f"{' + mask' if mask is not None else ''}", batch * nqb * nkt),
+          UOp(2, "Exec", "online softmax: row max, rescale, exp", batch * nqb * nkt),
+          UOp(2, "Load", f"v tile [{bk} x {Dv}]", batch * nqb * nkt),
+          UOp(2, "Exec", f"acc [{bq} x {Dv}] += p v ({bq * bk * Dv} FMA)", batch * nqb * nkt),
+          UOp(1, "Store", f"out block [{bq} x {Dv}] / row sums, epilogue", batch * nqb)]
+
+
+def _plan_layout(plan: KernelPlan, c: Caches) -> None:
+    body, a = plan.body, plan.shape.anchor
+    an = body.nodes[a]
+    plan.detail = {"op": an.op}
+    if an.op == "reshape":
+        plan.kind = "view"
+        plan.bytes = 0
+        plan.uops = [UOp(0, "Exec", f"reshape {list(body.nodes[an.args[0]].type.shape)} -> {list(plan.out_shape)}: "
+                                    "zero-copy view of a contiguous buffer", 1)]
+        plan.cache_check = "no data moved"
+        return
+    total = _size(plan.out_shape)
+    inner = plan.out_shape[-1] if plan.out_shape else 1
+    plan.cache_check = "streaming copy"
+    u = plan.uops
+    u.append(UOp(0, "Loop", f"{total // max(inner, 1)} output rows of {inner} (parallel)", total // max(inner, 1)))
+    u.append(UOp(1, "Load", f"{an.op} source row [{inner}] (strided gather)", total // max(inner, 1)))
+    u.append(UOp(1, "Store", f"out row [{inner}]", total // max(inner, 1)))
+
+
+# ------------------------------------------------------------------ the whole graph
+
+
+def lower_graph(g: Graph, fuse: bool = True) -> tuple[Graph, list[KernelPlan]]:
+    """(the kernelized graph, one plan per kernel) for a graph with concrete shapes."""
+    caches = machine_caches()
+    split: set[int] = set()
+    while True:
+        kg = kernelize(g, fuse=fuse, split=frozenset(split))
+        plans: list[KernelPlan] = []
+        retry = False
+        count = 0
+        for i, n in enumerate(kg.nodes):
+            if n.op != "kernel":
+                continue
+            try:
+                plan = plan_kernel(kg, i, "", caches)
+            except Split:
+                orig = _origin(g, kg, i)
+                if orig is None or orig in split:
+                    raise
+                split.add(orig)
+                retry = True
+                break
+            plan.name = f"eqf_{g.name}_k{count}_{plan.kind}"
+            count += 1
+            plans.append(plan)
+        if not retry:
+            return kg, plans
+
+
+def _origin(g: Graph, kg: Graph, i: int) -> int | None:
+    """The kernel node of g that became node i of kg (kernels keep their order and body)."""
+    body = kg.nodes[i].body
+    for j, n in enumerate(g.nodes):
+        if n.op == "kernel" and n.body is body:
+            return j
+    return None
+
+
+def format_uops(plans: list[KernelPlan]) -> str:
+    lines = []
+    for p in plans:
+        lines.append(f"{p.name}: {p.kind} -> {list(p.out_shape)}  bytes {p.bytes}  flops {p.flops}")
+        if p.tiles:
+            lines.append("  tiles: " + ", ".join(f"{k}={v}" for k, v in p.tiles.items()))
+        if p.cache_check:
+            lines.append(f"  cache: {p.cache_check}")
+        for u in p.uops:
+            lines.append(f"  {'  ' * u.depth}{u.op:<5} {u.what}  x{u.count}")
+    return "\n".join(lines)

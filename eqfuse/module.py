@@ -1,0 +1,189 @@
+"""The compiled Module: callables that take and return numpy arrays (SPEC 4).
+
+A graph with named dimensions is compiled once per binding of them (at compile time when
+`dims=`/`params=` fix them all, else at the first call that binds them), and cached.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .errors import ArgumentError, CheckFailed
+from .graph import Graph
+from .lower import KernelPlan
+from .reference import bind_arrays, evaluate
+from .verify import compare
+
+
+_POOL_ONLY = 3  # references to a pooled buffer held by the pool itself, a local and getrefcount
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One compiled kernel as a user sees it."""
+
+    name: str
+    kind: str
+    body: str  # the kernel block's text, `kernel { ... }`
+    c_source: str  # its C (empty for zero-copy views)
+    bytes: int  # bytes read and written by one call
+    flops: int
+    tiles: Mapping[str, int] = field(default_factory=dict)
+    graph: str = ""
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.name} {self.kind}: {self.bytes} bytes, {self.flops} flops>"
+
+
+def env_threads() -> int | None:
+    v = os.environ.get("EQFUSE_NUM_THREADS", "").strip()
+    return int(v) if v.isdigit() and int(v) > 0 else None
+
+
+class Compiled:
+    """One graph at one binding of its dimensions: plans, the C library and the call sequence."""
+
+    def __init__(self, graph: Graph, kgraph: Graph, plans: list[KernelPlan], lib, ffi, kernels: list[Kernel]):
+        self.graph, self.kgraph, self.plans, self.lib, self.ffi = graph, kgraph, plans, lib, ffi
+        self.kernels = kernels
+        self.steps: list[Callable[[list, dict], None]] = [self._step(p) for p in plans]
+        self._local = threading.local()  # per-thread buffer pool: concurrent calls never share one
+
+    def _step(self, p: KernelPlan):
+        args, node, shape = p.args, p.node, p.out_shape
+        if p.kind == "view":
+            def view(bufs, pool):
+                bufs[node] = bufs[args[0]].reshape(shape)
+            return view
+        fn = getattr(self.lib, p.name)
+        cast = self.ffi.cast
+        getrefcount = sys.getrefcount
+
+        def run(bufs, pool):
+            # Reuse last call's buffer when nobody else holds it (a fresh one costs page faults).
+            out = pool.get(node)
+            if out is None or getrefcount(out) > _POOL_ONLY:
+                out = pool[node] = np.empty(shape, dtype=np.float32)
+            fn(*[cast("float *", bufs[a].ctypes.data) for a in args], cast("float *", out.ctypes.data))
+            bufs[node] = out
+        return run
+
+    def run(self, arrays: list[np.ndarray], threads: int | None) -> list[np.ndarray]:
+        kg = self.kgraph
+        bufs: list[Any] = [None] * len(kg.nodes)
+        for i, a in zip(kg.inputs, arrays):
+            bufs[i] = np.ascontiguousarray(a, dtype=np.float32)
+        for i, n in enumerate(kg.nodes):
+            if n.op == "const":
+                bufs[i] = np.array(n.value, dtype=np.float32)
+        if threads is not None and self.lib is not None:
+            self.lib.eqf_set_threads(threads)
+        pool = self._local.__dict__.setdefault("pool", {})
+        for step in self.steps:
+            step(bufs, pool)
+        del step
+        outs, seen = [], set()
+        inputs = {id(bufs[i]) for i in kg.inputs}
+        for o in kg.outputs:
+            a = bufs[o]
+            root = a if a.base is None else a.base
+            if id(root) in seen or id(root) in inputs or id(a) in inputs or kg.nodes[o].op == "const":
+                a = a.copy()  # never hand back a caller's array or one buffer twice
+            seen.add(id(root))
+            outs.append(a)
+        return outs
+
+
+class GraphFunction:
+    """`mod.<graph>`: checks arguments, binds dims, runs the compiled kernels, verifies."""
+
+    def __init__(self, source: Graph, optimized: Graph, params: Mapping[str, np.ndarray],
+                 dims: Mapping[str, int], build: Callable[[Graph, dict], Compiled], verify: bool,
+                 threads: int | None):
+        self.name = source.name
+        self.source, self.optimized = source, optimized
+        self.params = dict(params)
+        self.dims = dict(dims)
+        self._build = build
+        self.verify = verify
+        self.threads = threads
+        self.free = [n for n, _ in source.params if n not in self.params]
+        self.cache: dict[tuple, Compiled] = {}
+        self.last: Compiled | None = None
+        self._lock = threading.Lock()
+
+    def compiled(self, dims: Mapping[str, int]) -> Compiled:
+        key = tuple(sorted((k, v) for k, v in dims.items() if k in self.source.dims()))
+        with self._lock:
+            c = self.cache.get(key)
+            if c is None:
+                c = self.cache[key] = self._build(self.optimized, dict(key))
+            self.last = c
+        return c
+
+    def full_arrays(self, arrays) -> list:
+        if len(arrays) != len(self.free):
+            bound = f"; {', '.join(self.params)} bound by params=" if self.params else ""
+            raise ArgumentError(f"{self.name}() takes {len(self.free)} array{'s' * (len(self.free) != 1)} "
+                                f"({', '.join(self.free)}), got {len(arrays)}{bound}")
+        given = dict(zip(self.free, arrays))
+        return [given[n] if n in given else self.params[n] for n, _ in self.source.params]
+
+    def __call__(self, *arrays):
+        full = self.full_arrays(arrays)
+        dims = bind_arrays(self.source, full, self.dims)
+        c = self.compiled(dims)
+        outs = c.run(full, self.threads if self.threads is not None else env_threads())
+        if self.verify:
+            bad = compare(outs, evaluate(self.source, full))
+            if bad:
+                raise CheckFailed(f"{self.name}: compiled result differs from the numpy reference: " + "; ".join(bad))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def __repr__(self) -> str:
+        return f"<eqfuse function {self.name}({', '.join(self.free)})>"
+
+
+class Module:
+    """What eqfuse.compile returns: call it (the first graph) or use `mod.<graph name>`."""
+
+    def __init__(self, functions: list[GraphFunction], report: Any, graph_text: Callable[[], str]):
+        self.functions = {f.name: f for f in functions}
+        self.default = functions[0]
+        self.report = report
+        self._graph_text = graph_text
+
+    def __call__(self, *arrays):
+        return self.default(*arrays)
+
+    def __getattr__(self, name: str):
+        fns = self.__dict__.get("functions", {})
+        if name in fns:
+            return fns[name]
+        raise AttributeError(f"the module has no graph named '{name}' (it has: {', '.join(fns)})")
+
+    def __dir__(self):
+        return list(super().__dir__()) + list(self.functions)
+
+    @property
+    def graph(self) -> str:
+        """The optimized graphs as text (kernel blocks), dims bound where known."""
+        return self._graph_text()
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        """Every kernel of the latest compiled binding of each graph (empty until dims are bound)."""
+        out: list[Kernel] = []
+        for f in self.functions.values():
+            if f.last is not None:
+                out += f.last.kernels
+        return out
+
+    def __repr__(self) -> str:
+        return f"<eqfuse Module: {', '.join(repr(f) for f in self.functions.values())}>"

@@ -1,0 +1,3 @@
+# expect: 2:7: graph 'g' has no return statement
+graph g(x: f32[4]) -> f32[4] {
+}

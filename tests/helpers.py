@@ -1,0 +1,89 @@
+"""Small helpers shared by the test files: loading graphs from text, random inputs, running them.
+
+    g = one_graph("graph f(x: f32[B, 3]) -> f32[B, 3] { return relu(x) }")
+    xs = rand_inputs(g, {"B": 5}, seed=0)
+    (y,) = run(g, xs)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from eqfuse.builder import build_module
+from eqfuse.graph import Graph
+from eqfuse.parser import parse
+from eqfuse.printer import module_text
+from eqfuse.reference import evaluate
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.g"))
+GOOD = sorted((ROOT / "tests" / "good").glob("*.g"))
+BAD = sorted((ROOT / "tests" / "bad").glob("*.g"))
+DEFAULT_DIM = 3  # the size given to a named dimension that a test does not bind
+
+
+def load_text(text: str, file: str = "<test>") -> list[Graph]:
+    """Parse and check every graph of a source text."""
+    return build_module(parse(text, file))
+
+
+def one_graph(text: str) -> Graph:
+    graphs = load_text(text)
+    assert len(graphs) == 1, f"expected one graph, got {len(graphs)}"
+    return graphs[0]
+
+
+def reprint(text: str) -> str:
+    """print(parse(text)): the canonical text of a source."""
+    return module_text(load_text(text))
+
+
+def shape_of(t, dims: Mapping[str, int] | None = None) -> tuple[int, ...]:
+    """A TType's shape with named dimensions looked up in dims (DEFAULT_DIM when absent)."""
+    dims = dims or {}
+    return tuple(d if isinstance(d, int) else dims.get(d, DEFAULT_DIM) for d in t.shape)
+
+
+def rand_inputs(graph: Graph, dims: Mapping[str, int] | None = None, seed: int = 0,
+                low: float | None = None, high: float | None = None) -> list[np.ndarray]:
+    """float32 arrays for every parameter of graph: standard normal, or uniform in [low, high)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _, t in graph.params:
+        shape = shape_of(t, dims)
+        a = rng.standard_normal(shape) if low is None else rng.uniform(low, high, shape)
+        out.append(np.asarray(a, dtype=np.float32))
+    return out
+
+
+def run(graph: Graph, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The reference outputs of graph (always a list)."""
+    return evaluate(graph, list(arrays))
+
+
+def assert_same_values(got: Sequence[np.ndarray], want: Sequence[np.ndarray], exact: bool = False) -> None:
+    """Equal shapes and values (NaN equals NaN); exact, or within the SPEC tolerance."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        assert g.dtype == np.float32
+        if exact:
+            np.testing.assert_array_equal(g, w)
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def tree(graph: Graph, i: int | None = None):
+    """A node as a nested tuple: ("add", "x", ("neg", 2.0)); params by name, constants as floats."""
+    i = graph.outputs[0] if i is None else i
+    n = graph.nodes[i]
+    if n.op == "input":
+        return n.name
+    if n.op == "const":
+        return float(n.value)
+    kids = tuple(tree(graph, a) for a in n.args)
+    attrs = tuple((k, v) for k, v in n.attrs)
+    return (n.op, *kids, *((dict(attrs),) if attrs else ()))

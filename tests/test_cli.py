@@ -1,0 +1,186 @@
+"""The `eqfuse` command: check and run (with --reference), their options and their bad inputs."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import eqfuse
+from eqfuse.cli import main
+from helpers import GOOD, ROOT, load_text
+
+MLP = str(ROOT / "examples" / "mlp.g")
+MULTI = str(GOOD[0].parent / "multi.g")
+
+
+def cli(capsys, *args) -> tuple[int, str, str]:
+    status = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return status, out, err
+
+
+def mlp_arrays(batch=3, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    shapes = {"x": (batch, 784), "w1": (784, 1024), "b1": (1024,), "w2": (1024, 10), "b2": (10,)}
+    return {k: (rng.standard_normal(s) / 8).astype(dtype) for k, s in shapes.items()}
+
+
+# ---------------------------------------------------------------- check
+
+
+def test_check_prints_every_signature(capsys):
+    status, out, err = cli(capsys, "check", MULTI)
+    assert status == 0 and err == ""
+    assert out.splitlines() == [g.signature() for g in load_text(open(MULTI).read())]
+
+
+def test_check_binds_named_dims(capsys):
+    status, out, _ = cli(capsys, "check", MLP, "--dim", "B=4")
+    assert status == 0
+    assert out == ("mlp(x: f32[4, 784], w1: f32[784, 1024], b1: f32[1024], w2: f32[1024, 10], b2: f32[10]) "
+                   "-> f32[4, 10]\n")
+
+
+def test_check_binds_dims_through_reshape(capsys):
+    status, out, _ = cli(capsys, "check", ROOT / "examples" / "transformer.g", "--dim", "B=2")
+    assert status == 0 and out.startswith("encoder(x: f32[2, 128, 256],") and out.endswith("-> f32[2, 128, 256]\n")
+
+
+def test_check_binds_several_dims_in_several_graphs(capsys, tmp_path):
+    model = tmp_path / "two.g"
+    model.write_text("graph a(x: f32[B, T]) -> f32[B, T] { return x }\n"
+                     "graph b(x: f32[T]) -> f32[T] { return x }\n")
+    status, out, _ = cli(capsys, "check", model, "--dim", "B=2", "--dim", "T=5")
+    assert status == 0
+    assert out == "a(x: f32[2, 5]) -> f32[2, 5]\nb(x: f32[5]) -> f32[5]\n"
+
+
+@pytest.mark.parametrize("dim", ["B", "B=", "=4", "B=0", "B=-1", "B=x", "3=4", "B=2.5", "B 4"])
+def test_a_bad_dim_is_a_usage_error(capsys, dim):
+    status, out, err = cli(capsys, "check", MLP, "--dim", dim)
+    assert status == 2 and out == ""
+    assert err == f"error: --dim expects NAME=POSITIVE_INT, got '{dim}'\n"
+
+
+def test_a_dim_the_model_does_not_have_is_a_usage_error(capsys):
+    status, _, err = cli(capsys, "check", MLP, "--dim", "b=4")
+    assert status == 2
+    assert "has no dimension named 'b' (its named dimensions: B)" in err
+
+
+def test_version(capsys):
+    assert cli(capsys, "--version") == (0, f"eqfuse {eqfuse.__version__}\n", "")
+
+
+# ---------------------------------------------------------------- run --reference
+
+
+@pytest.fixture
+def mlp_npz(tmp_path):
+    arrays = mlp_arrays()
+    path = tmp_path / "in.npz"
+    np.savez(path, **arrays)
+    return path, arrays
+
+
+def test_run_reference_writes_the_reference_outputs(capsys, tmp_path, mlp_npz):
+    inputs, arrays = mlp_npz
+    out_path = tmp_path / "out.npz"
+    status, out, err = cli(capsys, "run", MLP, "--inputs", inputs, "--reference", "-o", out_path)
+    assert status == 0, err
+    want = eqfuse.reference(MLP)(*arrays.values())
+    with np.load(out_path) as got:
+        assert got.files == ["out0"]
+        np.testing.assert_array_equal(got["out0"], want)
+    assert out.startswith("out0: f32[3, 10]  min ")
+
+
+def test_run_names_outputs_and_picks_the_graph(capsys, tmp_path):
+    inputs, out_path = tmp_path / "in.npz", tmp_path / "out.npz"
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.savez(inputs, x=x, unused=np.zeros(1))
+    status, out, err = cli(capsys, "run", MULTI, "--graph", "two", "--inputs", inputs, "--reference", "-o", out_path)
+    assert status == 0, err
+    with np.load(out_path) as got:
+        assert got.files == ["out0", "out1"]
+        np.testing.assert_array_equal(got["out0"], x)
+        np.testing.assert_array_equal(got["out1"], x.T)
+    np.savez(inputs, x=x[0, :2])
+    status, out, err = cli(capsys, "run", MULTI, "--graph", "same_twice", "--inputs", inputs, "--reference", "-o", out_path)
+    assert status == 0, err
+    with np.load(out_path) as got:  # a named result keeps its name; the same value twice gets two
+        assert got.files == ["y", "out1"]
+
+
+def test_run_reference_checks_dims_given_on_the_command_line(capsys, mlp_npz):
+    inputs, _ = mlp_npz
+    status, _, err = cli(capsys, "run", MLP, "--inputs", inputs, "--reference", "--dim", "B=4")
+    assert status == 2
+    assert "parameter 'x' expects f32[B, 784], got shape [3, 784] (axis 0 is 3, expected 4)" in err
+
+
+def test_run_with_a_missing_input_array(capsys, tmp_path):
+    inputs = tmp_path / "in.npz"
+    arrays = mlp_arrays()
+    del arrays["w2"], arrays["b1"]
+    np.savez(inputs, **arrays)
+    status, out, err = cli(capsys, "run", MLP, "--inputs", inputs, "--reference")
+    assert status == 2 and out == ""
+    assert err == f"error: {inputs} has no array for parameters b1, w2 (it has: x, w1, b2)\n"
+
+
+@pytest.mark.parametrize("param, dtype", [("x", np.float64), ("b2", np.int64), ("w1", np.float16)])
+def test_run_with_a_wrong_dtype_names_the_parameter(capsys, tmp_path, param, dtype):
+    inputs = tmp_path / "in.npz"
+    arrays = mlp_arrays()
+    arrays[param] = arrays[param].astype(dtype)
+    np.savez(inputs, **arrays)
+    status, _, err = cli(capsys, "run", MLP, "--inputs", inputs, "--reference")
+    assert status == 2
+    assert f"parameter '{param}' expects dtype float32" in err and f"got {np.dtype(dtype).name}" in err
+
+
+def test_run_with_a_wrong_shape_names_the_parameter(capsys, tmp_path):
+    inputs = tmp_path / "in.npz"
+    arrays = mlp_arrays()
+    arrays["b1"] = arrays["b1"][:100]
+    np.savez(inputs, **arrays)
+    status, _, err = cli(capsys, "run", MLP, "--inputs", inputs, "--reference")
+    assert status == 2
+    assert "parameter 'b1' expects f32[1024], got shape [100]" in err
+
+
+def test_run_with_inputs_that_are_not_there_or_not_npz(capsys, tmp_path):
+    status, _, err = cli(capsys, "run", MLP, "--inputs", tmp_path / "nope.npz", "--reference")
+    assert status == 2 and err == f"error: {tmp_path / 'nope.npz'}: no such file\n"
+    bad = tmp_path / "bad.npz"
+    bad.write_text("not an archive")
+    status, _, err = cli(capsys, "run", MLP, "--inputs", bad, "--reference")
+    assert status == 2 and err.startswith(f"error: {bad}: not a readable .npz file")
+
+
+def test_run_needs_inputs_and_a_known_graph(capsys, mlp_npz):
+    status, _, err = cli(capsys, "run", MLP)
+    assert status == 2 and "--inputs" in err
+    status, _, err = cli(capsys, "run", MLP, "--inputs", mlp_npz[0], "--reference", "--graph", "nope")
+    assert status == 2 and "no graph named 'nope' (the file has: mlp)" in err
+
+
+def test_run_with_a_bad_model_reports_the_model_error(capsys, mlp_npz):
+    bad = ROOT / "tests" / "bad" / "unknown_op.g"
+    status, _, err = cli(capsys, "run", bad, "--inputs", mlp_npz[0], "--reference")
+    assert status == 2 and err.startswith(f"{bad}:3:12: error: unknown op 'relux'")
+
+
+def test_run_in_a_subprocess_exits_2_without_a_traceback(tmp_path):
+    inputs = tmp_path / "in.npz"
+    arrays = mlp_arrays()
+    arrays["x"] = arrays["x"].astype(np.float64)
+    np.savez(inputs, **arrays)
+    r = subprocess.run([sys.executable, "-m", "eqfuse.cli", "run", MLP, "--inputs", str(inputs), "--reference"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("error: mlp(): parameter 'x' expects dtype float32 (f32[B, 784]), got float64")

@@ -1,0 +1,242 @@
+"""Every kernel shape, compiled to C, against the numpy reference.
+
+To keep C builds few, each test module is one graph with many outputs (one kernel block per
+case, odd sizes included); the parametrized tests read their case from the shared result.
+"""
+
+import os
+import tempfile
+
+os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
+
+import numpy as np
+import pytest
+
+import eqfuse
+from eqfuse.ops import OPS
+from eqfuse.reference import evaluate
+from eqfuse.frontend import load
+from eqfuse.verify import compare
+
+RNG = np.random.default_rng(1234)
+POSITIVE = {"log", "sqrt", "rsqrt", "pow"}  # ops whose first operand must be positive here
+
+
+def run_cases(name: str, params: dict[str, tuple], cases: list[tuple[str, str]]):
+    """Compile one graph returning every case's kernel; return {case id: (got, want)}."""
+    sig = ", ".join(f"{p}: f32[{', '.join(map(str, s))}]" if s else f"{p}: f32" for p, s in params.items())
+    lines = [f"    out_{i} = kernel {{ {expr} }}" for i, (_, expr) in enumerate(cases)]
+    rets = ", ".join(f"out_{i}" for i in range(len(cases)))
+    src = f"graph {name}({sig}) {{\n" + "\n".join(lines) + f"\n    return {rets}\n}}\n"
+    arrays = []
+    for p, s in params.items():
+        a = RNG.standard_normal(s).astype(np.float32)
+        arrays.append(np.abs(a) + np.float32(0.5) if p.startswith("p") else a)
+    mod = eqfuse.compile(src)
+    got = mod(*arrays)
+    got = got if isinstance(got, tuple) else (got,)
+    want = evaluate(load(src)[0], arrays)
+    return {cid: (g, w) for (cid, _), g, w in zip(cases, got, want)}, mod
+
+
+def check(results, cid):
+    g, w = results[cid]
+    assert compare([g], [w]) == [], cid
+
+
+# ------------------------------------------------------------------ every pointwise op
+
+POINTWISE = sorted(n for n, op in OPS.items() if op.kind in ("pointwise", "channel"))
+
+
+def _pointwise_cases():
+    cases = []
+    for name in POINTWISE:
+        op = OPS[name]
+        choices = [dict()]
+        for a in op.attrs:
+            if a.choices:
+                choices = [{a.name: c} for c in a.choices]
+        for attrs in choices:
+            at = "".join(f', {k}="{v}"' for k, v in attrs.items())
+            x = "p" if name in POSITIVE else "x"
+            if op.kind == "channel":
+                cases.append((f"{name}", f"{name}(c, m, pv, g, b)"))
+            elif op.arity == (1, 1):
+                cases.append((f"{name}{at}", f"{name}({x}{at})"))
+                cases.append((f"{name}{at}-odd", f"{name}({x}1{at})"))
+            else:
+                cases.append((f"{name}-bcast", f"{name}({x}, y)"))  # [7, 33] with [33]
+                cases.append((f"{name}-scalar", f"{name}({x}, 2)"))
+                cases.append((f"{name}-col", f"{name}(y2, {x})"))  # [7, 1] with [7, 33]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def pointwise_results():
+    params = {"x": (7, 33), "p": (7, 33), "y": (33,), "y2": (7, 1), "x1": (1,), "p1": (1,),
+              "c": (2, 3, 5, 7), "m": (3,), "pv": (3,), "g": (3,), "b": (3,)}
+    res, _ = run_cases("pointwise_ops", params, _pointwise_cases())
+    return res
+
+
+@pytest.mark.parametrize("cid", [c for c, _ in _pointwise_cases()])
+def test_pointwise_op(pointwise_results, cid):
+    check(pointwise_results, cid)
+
+
+# ------------------------------------------------------------------ pointwise trees, broadcasting
+
+TREE_CASES = [
+    ("chain", "relu(a * b + c)"),
+    ("shared", "exp(-(a * b) * (a * b)) / (1 + abs(a))"),
+    ("bcast-row", "a * r + 0.5"),
+    ("bcast-col", "sigmoid(a) - col"),
+    ("bcast-3d", "t3 * t3b + t3c"),
+    ("scalar-param", "a * s"),
+    ("odd-1d", "tanh(v127) * v127"),
+]
+
+
+@pytest.fixture(scope="module")
+def tree_results():
+    params = {"a": (33, 127), "b": (33, 127), "c": (33, 127), "r": (127,), "col": (33, 1),
+              "t3": (5, 1, 7), "t3b": (1, 3, 1), "t3c": (7,), "s": (), "v127": (127,)}
+    res, _ = run_cases("trees", params, TREE_CASES)
+    return res
+
+
+@pytest.mark.parametrize("cid", [c for c, _ in TREE_CASES])
+def test_pointwise_tree(tree_results, cid):
+    check(tree_results, cid)
+
+
+# ------------------------------------------------------------------ contractions
+
+MM_CASES = [
+    ("1x1x1", "m1 @ n1"),
+    ("7x33x127-bias-relu", "relu(x7 @ w33 + b127)"),
+    ("odd-residual", "x7 @ w33 + r7"),
+    ("transposed-b", "x7 @ transpose(wt) * 0.5"),
+    ("batched-shared-b", "xb @ w33 + b127"),
+    ("batched-both", "qb @ kb"),
+    ("batched-bcast", "x4 @ w4"),
+    ("batched-bcast-epi", "gelu(x4 @ w4 + e4)"),
+]
+
+
+@pytest.fixture(scope="module")
+def mm_results():
+    params = {"m1": (1, 1), "n1": (1, 1), "x7": (7, 33), "w33": (33, 127), "b127": (127,), "r7": (7, 127),
+              "wt": (65, 33), "xb": (3, 5, 33), "qb": (3, 9, 17), "kb": (3, 17, 12),
+              "x4": (2, 3, 5, 7), "w4": (3, 7, 6), "e4": (2, 1, 5, 1)}
+    res, _ = run_cases("contractions", params, MM_CASES)
+    return res
+
+
+@pytest.mark.parametrize("cid", [c for c, _ in MM_CASES])
+def test_contraction(mm_results, cid):
+    check(mm_results, cid)
+
+
+CONV_CASES = [
+    ("3x3-pad1-bias-relu", "relu(conv2d(x, w3, b, padding=1))"),
+    ("3x3-stride2", "conv2d(x, w3, stride=2, padding=1) * 2"),
+    ("1x1-direct", "conv2d(x, w1) + b2"),
+    ("5x3-asym", "conv2d(x, w53, stride=[2, 1], padding=[2, 0])"),
+    ("bn-relu-epilogue", "relu(batchnorm(conv2d(x, w3, padding=1), m, pv, g, b))"),
+]
+
+
+@pytest.fixture(scope="module")
+def conv_results():
+    params = {"x": (2, 3, 9, 7), "w3": (5, 3, 3, 3), "b": (5,), "w1": (5, 3, 1, 1), "b2": (5, 1, 1),
+              "w53": (5, 3, 5, 3), "m": (5,), "pv": (5,), "g": (5,)}
+    res, _ = run_cases("convs", params, CONV_CASES)
+    return res
+
+
+@pytest.mark.parametrize("cid", [c for c, _ in CONV_CASES])
+def test_conv2d(conv_results, cid):
+    check(conv_results, cid)
+
+
+# ------------------------------------------------------------------ row, reduce, attention, layout
+
+ROW_CASES = [
+    ("softmax", "softmax(x)"),
+    ("softmax-prologue-epilogue", "softmax(x * 0.5 + r) * 3"),
+    ("softmax-axis0", "softmax(x, axis=0)"),
+    ("softmax-1", "softmax(one)"),
+    ("layernorm-residual", "layernorm(x + r, g, bt)"),
+    ("layernorm-2axes", "layernorm(x3, g2, b2, axis=-2)"),
+    ("rmsnorm-epilogue", "relu(rmsnorm(x, g)) + x"),
+    ("sum-last", "sum(x, axis=-1)"),
+    ("mean-keepdims", "mean(x * x, axis=-1, keepdims=true)"),
+    ("max-2axes", "max(x3, axis=[1, 2]) + 1"),
+    ("sum-all", "sum(x)"),
+    ("reduce-axis0", "sum(x3, axis=0)"),
+    ("reduce-middle", "mean(exp(x3), axis=1)"),
+    ("reduce-outer-inner", "max(x3, axis=[0, 2], keepdims=true)"),
+]
+
+
+@pytest.fixture(scope="module")
+def row_results():
+    params = {"x": (7, 127), "r": (127,), "one": (5, 1), "g": (127,), "bt": (127,),
+              "x3": (3, 33, 5), "g2": (33, 5), "b2": (33, 5)}
+    res, mod = run_cases("rows", params, ROW_CASES)
+    kinds = {k.kind for k in mod.kernels}
+    assert {"row", "reduce"} <= kinds
+    return res
+
+
+@pytest.mark.parametrize("cid", [c for c, _ in ROW_CASES])
+def test_row_and_reduce(row_results, cid):
+    check(row_results, cid)
+
+
+ATT_CASES = [
+    ("plain", "softmax(q @ transpose(k, perm=[0, 1, 3, 2]) * 0.125) @ v"),
+    ("mask-epilogue", "relu(softmax(q @ transpose(k, perm=[0, 1, 3, 2]) * 0.125 + mask) @ v) + 1"),
+    ("odd-kT-given", "softmax(q2 @ kt2) @ v2"),
+    ("broadcast-kv", "softmax(q @ transpose(k1, perm=[0, 1, 3, 2])) @ v1"),
+]
+
+
+@pytest.fixture(scope="module")
+def att_results():
+    params = {"q": (2, 3, 33, 16), "k": (2, 3, 70, 16), "v": (2, 3, 70, 8), "mask": (33, 70),
+              "q2": (1, 7), "kt2": (7, 129), "v2": (129, 5), "k1": (2, 1, 70, 16), "v1": (1, 1, 70, 8)}
+    res, mod = run_cases("attention", params, ATT_CASES)
+    assert all(k.kind == "attention" for k in mod.kernels)
+    return res
+
+
+@pytest.mark.parametrize("cid", [c for c, _ in ATT_CASES])
+def test_attention(att_results, cid):
+    check(att_results, cid)
+
+
+LAYOUT_CASES = [
+    ("transpose-2d", "transpose(a)"),
+    ("transpose-4d", "transpose(x, perm=[3, 1, 0, 2])"),
+    ("transpose-heads", "transpose(x, perm=[0, 2, 1, 3])"),
+    ("reshape", "reshape(x, shape=[6, -1])"),
+    ("slice", "slice(x, axis=2, start=1, stop=3)"),
+    ("slice-neg", "slice(a, axis=-1, start=-5)"),
+    ("concat", "concat(x, y, axis=2)"),
+    ("concat-0", "concat(a, a, axis=0)"),
+]
+
+
+@pytest.fixture(scope="module")
+def layout_results():
+    params = {"a": (7, 33), "x": (2, 3, 4, 5), "y": (2, 3, 1, 5)}
+    res, _ = run_cases("layouts", params, LAYOUT_CASES)
+    return res
+
+
+@pytest.mark.parametrize("cid", [c for c, _ in LAYOUT_CASES])
+def test_layout(layout_results, cid):
+    check(layout_results, cid)

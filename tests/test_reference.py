@@ -1,0 +1,292 @@
+"""The numpy reference against hand-written numpy: every example model, every op, and its API.
+
+The hand-written versions compute in float64 from the textbook formulas, so they share no code
+with eqfuse.ops; the reference (float32) must agree within a float32-sized tolerance.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import eqfuse
+from eqfuse.errors import ArgumentError
+from eqfuse.ops import OPS
+from helpers import ROOT, one_graph, rand_inputs, run
+
+RTOL, ATOL = 1e-4, 1e-4
+erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def close(got, want, rtol=RTOL, atol=ATOL):
+    assert got.dtype == np.float32
+    assert got.shape == np.shape(want)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def f64(arrays):
+    return [a.astype(np.float64) for a in arrays]
+
+
+def scaled_inputs(graph, dims, seed):
+    """Random inputs with weights scaled by 1/sqrt(fan_in), and positive variances, as in a real model."""
+    xs = rand_inputs(graph, dims, seed)
+    for i, (name, t) in enumerate(graph.params):
+        if name == "var":
+            xs[i] = np.abs(xs[i]) + np.float32(0.5)
+        elif t.rank >= 2 and name != "x":
+            fan_in = int(np.prod(xs[i].shape[1:])) if t.rank == 4 else xs[i].shape[0]
+            xs[i] = (xs[i] / np.float32(math.sqrt(fan_in))).astype(np.float32)
+    return xs
+
+
+# ---------------------------------------------------------------- the example models by hand
+
+
+def relu(x):
+    return np.maximum(x, 0)
+
+
+def layernorm(x, g, b, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(x.var(-1, keepdims=True) + eps) * g + b
+
+
+def mlp(x, w1, b1, w2, b2):
+    return relu(x @ w1 + b1) @ w2 + b2
+
+
+def encoder(x, wq, bq, wk, bk, wv, bv, wo, bo, g1, be1, w1, b1, w2, b2, g2, be2, heads=4):
+    batch, seq, width = x.shape
+    d = width // heads
+
+    def split(t):  # [B, S, H*D] -> [B, H, S, D]
+        return t.reshape(batch, seq, heads, d).transpose(0, 2, 1, 3)
+
+    q, k, v = split(x @ wq + bq), split(x @ wk + bk), split(x @ wv + bv)
+    scores = np.einsum("bhsd,bhtd->bhst", q, k) / math.sqrt(d)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    attn = np.einsum("bhst,bhtd->bhsd", p, v).transpose(0, 2, 1, 3).reshape(batch, seq, width)
+    h = layernorm(x + attn @ wo + bo, g1, be1)
+    u = h @ w1 + b1
+    f = (0.5 * u * (1 + erf(u / math.sqrt(2)))) @ w2 + b2
+    return layernorm(h + f, g2, be2)
+
+
+def conv2d_loops(x, w, bias=None, stride=(1, 1), padding=(0, 0)):
+    """Direct convolution: one shifted, strided window of the padded input per kernel tap."""
+    (sh, sw), (ph, pw) = stride, padding
+    n, c, hh, ww = x.shape
+    o, _, kh, kw = w.shape
+    ho, wo = (hh + 2 * ph - kh) // sh + 1, (ww + 2 * pw - kw) // sw + 1
+    xp = np.zeros((n, c, hh + 2 * ph, ww + 2 * pw))
+    xp[:, :, ph:ph + hh, pw:pw + ww] = x
+    out = np.zeros((n, o, ho, wo))
+    for i in range(kh):
+        for j in range(kw):
+            window = xp[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw]
+            out += np.einsum("nchw,oc->nohw", window, w[:, :, i, j])
+    return out if bias is None else out + bias[None, :, None, None]
+
+
+def conv_bn_relu(x, w, mean, var, gamma, beta):
+    y = conv2d_loops(x, w, padding=(1, 1))
+    c = (slice(None), None, None)
+    return relu((y - mean[c]) / np.sqrt(var[c] + 1e-5) * gamma[c] + beta[c])
+
+
+def chain(a, b, c):
+    t = relu(a * b + c)
+    u = 1 / (1 + np.exp(-t)) * np.tanh(c) - 0.5
+    return np.exp(-u * u) / (1 + np.abs(t))
+
+
+MODELS = [("mlp.g", mlp, {"B": 3}), ("transformer.g", encoder, {"B": 2}),
+          ("conv_bn_relu.g", conv_bn_relu, {"N": 2}), ("elementwise.g", chain, {"N": 1000})]
+
+
+@pytest.mark.parametrize("file, by_hand, dims", MODELS, ids=[m[0] for m in MODELS])
+def test_example_models_match_numpy_written_by_hand(file, by_hand, dims):
+    ref = eqfuse.reference(str(ROOT / "examples" / file))
+    xs = scaled_inputs(ref.default, dims, seed=7)
+    close(ref(*xs), by_hand(*f64(xs)))
+
+
+def test_every_example_is_covered():
+    assert sorted(m[0] for m in MODELS) == sorted(p.name for p in (ROOT / "examples").glob("*.g"))
+
+
+# ---------------------------------------------------------------- every op by hand
+
+SQRT_2_PI = math.sqrt(2 / math.pi)
+OP_SEMANTICS = {
+    # op: (parameter types, call text, float64 numpy by hand); x, y are standard normal, p is positive
+    "neg": ("x: f32[3, 4]", "neg(x)", lambda x: -x),
+    "abs": ("x: f32[3, 4]", "abs(x)", np.abs),
+    "relu": ("x: f32[3, 4]", "relu(x)", lambda x: np.where(x > 0, x, 0)),
+    "sigmoid": ("x: f32[3, 4]", "sigmoid(x)", lambda x: 1 / (1 + np.exp(-x))),
+    "tanh": ("x: f32[3, 4]", "tanh(x)", lambda x: (np.exp(2 * x) - 1) / (np.exp(2 * x) + 1)),
+    "exp": ("x: f32[3, 4]", "exp(x)", lambda x: np.e ** x),
+    "log": ("p: f32[3, 4]", "log(p)", np.log),
+    "sqrt": ("p: f32[3, 4]", "sqrt(p)", lambda p: p ** 0.5),
+    "rsqrt": ("p: f32[3, 4]", "rsqrt(p)", lambda p: p ** -0.5),
+    "erf": ("x: f32[3, 4]", "erf(x)", erf),
+    "silu": ("x: f32[3, 4]", "silu(x)", lambda x: x / (1 + np.exp(-x))),
+    "gelu": ("x: f32[3, 4]", "gelu(x) - gelu(x, approximate=\"tanh\")",
+             lambda x: 0.5 * x * (1 + erf(x / math.sqrt(2))) - 0.5 * x * (1 + np.tanh(SQRT_2_PI * (x + 0.044715 * x ** 3)))),
+    "add": ("x: f32[3, 4], y: f32[4]", "add(x, y)", lambda x, y: x + y),
+    "sub": ("x: f32[3, 4], y: f32[3, 1]", "sub(x, y)", lambda x, y: x - y),
+    "mul": ("x: f32[3, 4], y: f32", "mul(x, y)", lambda x, y: x * y),
+    "div": ("x: f32[3, 4], p: f32[4]", "div(x, p)", lambda x, p: x / p),
+    "pow": ("p: f32[3, 4], y: f32[4]", "pow(p, y)", lambda p, y: np.exp(y * np.log(p))),
+    "maximum": ("x: f32[3, 4], y: f32[4]", "maximum(x, y)", lambda x, y: np.where(x > y, x, y)),
+    "minimum": ("x: f32[3, 4], y: f32[4]", "minimum(x, y)", lambda x, y: np.where(x < y, x, y)),
+    "matmul": ("x: f32[2, 3, 4], y: f32[4, 5]", "matmul(x, y)",
+               lambda x, y: np.array([[[sum(x[b, i, k] * y[k, j] for k in range(4)) for j in range(5)]
+                                       for i in range(3)] for b in range(2)])),
+    "conv2d": ("x: f32[2, 3, 7, 6], y: f32[4, 3, 3, 2], p: f32[4]", "conv2d(x, y, p, stride=[2, 1], padding=[1, 0])",
+               lambda x, y, p: conv2d_loops(x, y, p, stride=(2, 1), padding=(1, 0))),
+    "sum": ("x: f32[3, 4, 5]", "sum(x, axis=[0, 2])", lambda x: np.einsum("ijk->j", x)),
+    "mean": ("x: f32[3, 4, 5]", "mean(x, axis=-1, keepdims=true)", lambda x: x.sum(-1, keepdims=True) / 5),
+    "max": ("x: f32[3, 4, 5]", "max(x, axis=1)", lambda x: np.maximum(np.maximum(x[:, 0], x[:, 1]), np.maximum(x[:, 2], x[:, 3]))),
+    "softmax": ("x: f32[3, 4]", "softmax(x, axis=0)", lambda x: np.exp(x) / np.exp(x).sum(0)),
+    "layernorm": ("x: f32[2, 3, 4], y: f32[3, 4], p: f32[3, 4]", "layernorm(x, y, p, axis=1, eps=0.01)",
+                  lambda x, y, p: (x - x.mean((1, 2), keepdims=True)) / np.sqrt(x.var((1, 2), keepdims=True) + 0.01) * y + p),
+    "rmsnorm": ("x: f32[3, 4], y: f32[4]", "rmsnorm(x, y, eps=0.01)",
+                lambda x, y: x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 0.01) * y),
+    "batchnorm": ("x: f32[2, 3, 4], y: f32[3], p: f32[3]", "batchnorm(x, y, p, y, p, eps=0.1)",
+                  lambda x, y, p: (x - y[:, None]) / np.sqrt(p[:, None] + 0.1) * y[:, None] + p[:, None]),
+    "transpose": ("x: f32[2, 3, 4]", "transpose(x) + transpose(transpose(x, perm=[2, 0, 1]), perm=[0, 2, 1])",
+                  lambda x: 2 * np.einsum("ijk->kji", x)),
+    "reshape": ("x: f32[2, 3, 4]", "reshape(x, shape=[4, -1])", lambda x: x.ravel().reshape(4, 6)),
+    "slice": ("x: f32[6, 4]", "slice(x, axis=0, start=-4, stop=-1)", lambda x: x[2:5]),
+    "concat": ("x: f32[2, 3], y: f32[2, 1]", "concat(x, y, x, axis=1)", lambda x, y: np.hstack([x, y, x])),
+}
+
+
+def test_every_op_has_hand_written_semantics():
+    assert set(OP_SEMANTICS) == set(OPS)
+
+
+@pytest.mark.parametrize("op", sorted(OP_SEMANTICS))
+def test_op_reference_matches_its_textbook_formula(op):
+    params, call, by_hand = OP_SEMANTICS[op]
+    g = one_graph(f"graph g({params}) {{\n    return {call}\n}}\n")
+    xs = rand_inputs(g, seed=11)
+    for i, (name, _) in enumerate(g.params):
+        if name == "p":
+            xs[i] = np.abs(xs[i]) + np.float32(0.25)
+    (got,) = run(g, xs)
+    close(got, by_hand(*f64(xs)))
+
+
+@pytest.mark.parametrize("stride, padding", [((1, 1), (0, 0)), ((2, 2), (1, 1)), ((3, 1), (2, 0)), ((1, 2), (0, 3))])
+def test_conv2d_matches_direct_convolution(stride, padding):
+    g = one_graph("graph c(x: f32[2, 3, 9, 8], w: f32[5, 3, 3, 4], b: f32[5]) {\n"
+                  f"    return conv2d(x, w, b, stride={list(stride)}, padding={list(padding)})\n}}\n")
+    xs = rand_inputs(g, seed=2)
+    (got,) = run(g, xs)
+    close(got, conv2d_loops(*f64(xs), stride=stride, padding=padding))
+
+
+def test_softmax_is_stable_for_large_inputs():
+    g = one_graph("graph s(x: f32[4]) -> f32[4] { return softmax(x) }")
+    (got,) = run(g, [np.array([1000, 1001, 1002, -1000], np.float32)])
+    e = np.exp([-2.0, -1.0, 0.0])
+    close(got, np.concatenate([e / e.sum(), [0.0]]))
+
+
+# ---------------------------------------------------------------- the Python API
+
+MLP = ROOT / "examples" / "mlp.g"
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return eqfuse.reference(str(MLP))
+
+
+def mlp_inputs(batch=3, seed=0):
+    rng = np.random.default_rng(seed)
+    shapes = [(batch, 784), (784, 1024), (1024,), (1024, 10), (10,)]
+    return [rng.standard_normal(s).astype(np.float32) / np.float32(8) for s in shapes]
+
+
+def test_reference_from_a_path_from_text_and_by_graph_name(ref):
+    xs = mlp_inputs()
+    want = ref(*xs)
+    assert want.shape == (3, 10) and want.dtype == np.float32
+    np.testing.assert_array_equal(eqfuse.reference(MLP)(*xs), want)
+    np.testing.assert_array_equal(eqfuse.reference(MLP.read_text()).mlp(*xs), want)
+    with pytest.raises(AttributeError):
+        ref.nothing
+
+
+def test_several_outputs_come_back_as_a_tuple():
+    ref = eqfuse.reference("graph a(x: f32[2]) -> f32[2] { return x }\n"
+                           "graph b(x: f32[2]) -> (f32[2], f32) { return -x, sum(x) }\n")
+    x = np.array([1, 2], np.float32)
+    out = ref.b(x)
+    assert isinstance(out, tuple) and len(out) == 2
+    np.testing.assert_array_equal(out[0], -x)
+    assert out[1].shape == () and out[1] == 3
+    np.testing.assert_array_equal(ref(x), x)  # the first graph by default
+
+
+def test_a_numpy_scalar_is_accepted_for_a_scalar_parameter():
+    ref = eqfuse.reference("graph s(x: f32[2], s: f32) -> f32[2] { return x * s }")
+    np.testing.assert_array_equal(ref(np.ones(2, np.float32), np.float32(3)), [3, 3])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda xs: xs[:-1], "mlp() takes 5 arrays (x, w1, b1, w2, b2), got 4"),
+    (lambda xs: xs + xs[:1], "takes 5 arrays (x, w1, b1, w2, b2), got 6"),
+    (lambda xs: [xs[0].astype(np.float64)] + xs[1:], "parameter 'x' expects dtype float32 (f32[B, 784]), got float64"),
+    (lambda xs: xs[:2] + [xs[2].astype(np.int32)] + xs[3:], "parameter 'b1' expects dtype float32 (f32[1024]), got int32"),
+    (lambda xs: xs[:1] + [xs[1][:, :512]] + xs[2:], "parameter 'w1' expects f32[784, 1024], got shape [784, 512] (axis 1 is 512, expected 1024)"),
+    (lambda xs: xs[:4] + [xs[4][None]], "parameter 'b2' expects f32[10] (rank 1), got shape [1, 10]"),
+    (lambda xs: [xs[0].tolist()] + xs[1:], "parameter 'x' expects a numpy array of f32[B, 784], got list"),
+])
+def test_argument_errors_name_the_parameter_the_expected_and_the_actual(ref, change, message):
+    with pytest.raises(ArgumentError) as info:
+        ref(*change(mlp_inputs()))
+    assert message in str(info.value)
+    assert isinstance(info.value, TypeError)  # a wrong call is a TypeError to Python code
+
+
+def test_a_named_dim_must_agree_across_parameters():
+    ref = eqfuse.reference("graph g(x: f32[B, 2], y: f32[B, 2]) -> f32[B, 2] { return x + y }")
+    with pytest.raises(ArgumentError, match=r"parameter 'y' expects f32\[B, 2\], got shape \[4, 2\] \(axis 0 is 4, expected 3\)"):
+        ref(np.ones((3, 2), np.float32), np.ones((4, 2), np.float32))
+
+
+def test_a_named_dim_takes_its_size_from_each_call(ref):
+    for batch in (1, 5):
+        assert ref(*mlp_inputs(batch)).shape == (batch, 10)
+
+
+def test_non_contiguous_inputs_give_the_same_results(ref):
+    x, w1, b1, w2, b2 = mlp_inputs(batch=6, seed=4)
+    want = ref(x, w1, b1, w2, b2)
+    views = [
+        np.asfortranarray(x),                              # column-major
+        np.ascontiguousarray(w1.T).T,                      # a transposed view
+        np.repeat(b1, 2)[::2],                             # a strided slice
+        np.ascontiguousarray(w2[::-1])[::-1],              # negative strides
+        np.tile(b2, (3, 1))[1],                            # a row of a bigger array
+    ]
+    for v, a in zip(views, (x, w1, b1, w2, b2)):
+        np.testing.assert_array_equal(v, a)
+    assert not any(v.flags.c_contiguous for v in views[1:4])
+    np.testing.assert_array_equal(ref(*views), want)
+    rows = np.concatenate([x, x])[::2]                     # strided rows of the batch
+    np.testing.assert_array_equal(ref(rows, w1, b1, w2, b2), ref(np.ascontiguousarray(rows), w1, b1, w2, b2))
+
+
+def test_inputs_are_not_modified(ref):
+    xs = mlp_inputs()
+    copies = [a.copy() for a in xs]
+    ref(*xs)
+    for a, c in zip(xs, copies):
+        np.testing.assert_array_equal(a, c)

@@ -1,0 +1,244 @@
+"""Shape inference, one table of cases per op: the inferred type must be the shape numpy produces.
+
+Each case is (parameter types, attributes); the test builds `return op(x0, x1, ..., attrs)`,
+binds the named dimensions to sizes, runs the numpy reference on random arrays and compares.
+An op added to the table without cases here fails test_every_op_has_shape_cases.
+"""
+
+import pytest
+
+from eqfuse.errors import EqfuseError, ShapeError
+from eqfuse.ops import OPS
+from eqfuse.shapes import TType, broadcast, dim_product, norm_axis
+from helpers import one_graph, rand_inputs, run, shape_of
+
+DIMS = {"B": 5, "T": 7, "H": 6, "W": 9}
+UNARY_CASES = [(["B, 3"], ""), ([""], ""), (["2, 1, 4"], ""), (["1"], "")]
+BINARY_CASES = [
+    (["B, 1, 4", "3, 1"], ""),      # both sides stretch
+    (["4", ""], ""),                # scalar on the right
+    (["", "2, 3"], ""),             # scalar on the left
+    (["", ""], ""),
+    (["1", "2, 3"], ""),
+    (["B, 3", "B, 1"], ""),         # a named dim meets itself
+    (["B, T, 1", "1, T, 4"], ""),
+]
+
+CASES = {
+    **{name: UNARY_CASES for name in
+       ("neg", "abs", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "erf", "silu")},
+    "gelu": UNARY_CASES + [(["B, 3"], 'approximate="tanh"'), (["4"], 'approximate="none"')],
+    **{name: BINARY_CASES for name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum")},
+    "matmul": [
+        (["3, 4", "4, 5"], ""),
+        (["B, 3, 4", "4, 5"], ""),             # batch on the left only
+        (["4, 5", "2, 3, 5, 6"], ""),          # batch on the right only
+        (["2, 1, 3, 4", "5, 4, 6"], ""),       # batch dims broadcast
+        (["B, T, 4", "B, 4, T"], ""),
+        (["1, 1", "1, 1"], ""),
+    ],
+    "conv2d": [
+        (["1, 3, 8, 8", "4, 3, 3, 3"], ""),
+        (["2, 3, 8, 8", "4, 3, 3, 3", "4"], "padding=1"),
+        (["1, 3, 9, 8", "4, 3, 3, 3"], "stride=2, padding=1"),
+        (["1, 2, 7, 6", "3, 2, 3, 2"], "stride=[2, 1], padding=[0, 2]"),
+        (["B, 2, 5, 7", "3, 2, 5, 1"], ""),
+        (["1, 2, H, W", "3, 2, 1, 1"], ""),    # 1x1: named spatial dims pass through
+        (["1, 1, 4, 4", "1, 1, 4, 4"], ""),    # the window covers the whole input
+        (["1, 1, 5, 5", "1, 1, 2, 2"], "stride=3"),
+    ],
+    **{name: [
+        (["B, 4, 6"], ""),
+        (["B, 4, 6"], "axis=1"),
+        (["B, 4, 6"], "axis=-1"),
+        (["B, 4, 6"], "axis=[0, 2]"),
+        (["B, 4, 6"], "axis=[2, -3], keepdims=true"),
+        (["B, 4, 6"], "keepdims=true"),
+        (["B, 4, 6"], "axis=0, keepdims=false"),
+        (["3"], "axis=0"),
+        ([""], ""),
+    ] for name in ("sum", "mean", "max")},
+    "softmax": [(["B, 4, 6"], ""), (["B, 4, 6"], "axis=0"), (["B, 4, 6"], "axis=-2"), (["5"], "")],
+    "layernorm": [
+        (["B, 4, 6", "6", "6"], ""),
+        (["B, 4, 6", "4, 6", "4, 6"], "axis=-2"),
+        (["B, 4, 6", "4, 6", "4, 6"], "axis=1, eps=0.1"),
+        (["B, 4, 6", "B, 4, 6", "B, 4, 6"], "axis=0"),
+    ],
+    "rmsnorm": [(["B, 5", "5"], ""), (["2, 3, 4", "4"], "eps=1e-3"), (["7", "7"], "")],
+    "batchnorm": [
+        (["B, 3, 4, 4", "3", "3", "3", "3"], ""),
+        (["2, 3", "3", "3", "3", "3"], "eps=0.5"),
+        (["2, 3, 5", "3", "3", "3", "3"], ""),
+    ],
+    "transpose": [
+        (["B, 3, 4"], ""),
+        (["B, 3, 4"], "perm=[1, 0, 2]"),
+        (["2, 3, 4, 5"], "perm=[0, 2, 3, 1]"),
+        (["4"], ""),
+        ([""], ""),
+        ([""], "perm=[]"),
+    ],
+    "reshape": [
+        (["4, 6"], "shape=[24]"),
+        (["4, 6"], "shape=[-1]"),
+        (["4, 6"], "shape=[2, -1, 3]"),
+        (["B, 4, 6"], "shape=[-1, 24]"),        # -1 absorbs the named dim
+        (["B, 4, 6"], "shape=[-1, 2, 2, 6]"),
+        (["4, B"], "shape=[2, 2, -1]"),
+        (["1"], "shape=[1, 1, 1]"),
+        ([""], "shape=[1, 1]"),
+        (["2, 3"], "shape=[3, 2]"),
+    ],
+    "slice": [
+        (["10, 3"], "axis=0, start=2, stop=5"),
+        (["10, 3"], "axis=0, start=-3, stop=-1"),     # negative indices count from the end
+        (["10, 3"], "axis=0, start=-3"),
+        (["10, 3"], "axis=1, stop=2"),
+        (["10, 3"], "axis=-1, start=1"),
+        (["10, 3"], "axis=0, start=4, stop=100"),     # stop clamps, as in numpy
+        (["10, 3"], "axis=0, start=-100, stop=2"),
+        (["10, 3"], "axis=0, stop=-9"),
+        (["B, 3"], "axis=0, start=1, stop=3"),      # named dim: non-negative bounds
+        (["B, 3"], "axis=1, start=-2"),
+    ],
+    "concat": [
+        (["2, 3"], "axis=0"),
+        (["2, 3", "4, 3"], ""),
+        (["2, 3", "2, 1", "2, 5"], "axis=1"),
+        (["2, 3", "2, 1", "2, 5"], "axis=-1"),
+        (["B, 3, 2", "B, 3, 4"], "axis=2"),         # named dims elsewhere are fine
+        (["3", "3", "3", "3"], ""),
+    ],
+}
+
+
+def call_text(op: str, types: list[str], attrs: str) -> str:
+    params = ", ".join(f"x{i}: f32[{t}]" for i, t in enumerate(types))
+    args = ", ".join([f"x{i}" for i in range(len(types))] + ([attrs] if attrs else []))
+    return f"graph g({params}) {{\n    return {op}({args})\n}}\n"
+
+
+def test_every_op_has_shape_cases():
+    assert set(CASES) == set(OPS)
+
+
+@pytest.mark.parametrize("op, types, attrs",
+                         [(op, types, attrs) for op, cases in CASES.items() for types, attrs in cases],
+                         ids=lambda v: v if isinstance(v, str) else "/".join(f"[{t}]" for t in v))
+def test_inferred_shape_is_the_shape_numpy_computes(op, types, attrs):
+    g = one_graph(call_text(op, types, attrs))
+    (inferred,) = g.result_types
+    xs = rand_inputs(g, DIMS, seed=1, low=0.5, high=1.5)
+    (out,) = run(g, xs)
+    assert shape_of(inferred, DIMS) == out.shape
+    assert inferred.dtype == "f32" and out.dtype == "float32"
+
+
+@pytest.mark.parametrize("op", sorted(n for n, o in OPS.items() if o.kind == "pointwise"))
+def test_pointwise_ops_keep_named_dims(op):
+    types = ["B, T", "1, T"][: OPS[op].arity[0]]
+    (t,) = one_graph(call_text(op, types, "")).result_types
+    assert t == TType(("B", "T"))
+
+
+def test_reshape_minus_one_keeps_the_named_dim():
+    (t,) = one_graph(call_text("reshape", ["B, 4, 6"], "shape=[-1, 24]")).result_types
+    assert t.shape == ("B", 24)
+
+
+def test_slice_of_a_named_dim_has_the_slice_length():
+    (t,) = one_graph(call_text("slice", ["B, 3"], "axis=0, start=1, stop=3")).result_types
+    assert t.shape == (2, 3)
+
+
+def test_conv2d_output_size_follows_the_formula():
+    # out = (in + 2 * padding - kernel) // stride + 1, per spatial axis
+    (t,) = one_graph(call_text("conv2d", ["1, 3, 32, 20", "8, 3, 5, 3"], "stride=[3, 2], padding=[2, 1]")).result_types
+    assert t.shape == (1, 8, (32 + 4 - 5) // 3 + 1, (20 + 2 - 3) // 2 + 1)
+
+
+# ---------------------------------------------------------------- shapes an op refuses
+
+REFUSED = [
+    ("add", ["4, 3", "5"], "", "cannot broadcast [4, 3] with [5]: dimension 3 vs 5"),
+    ("mul", ["B", "T"], "", "dimension B vs T"),
+    ("sub", ["B", "4"], "", "dimension B vs 4"),
+    ("matmul", ["4, 3", "4, 3"], "", "inner dimensions differ"),
+    ("matmul", ["4", "4, 3"], "", "rank >= 2"),
+    ("matmul", ["2, 4, 3", "5, 3, 2"], "", "cannot broadcast [2] with [5]"),
+    ("conv2d", ["1, 3, 8, 8", "4, 2, 3, 3"], "", "channels differ"),
+    ("conv2d", ["1, 3, 8, 8", "4, 3, 3, 3", "3"], "", "bias must have shape [4]"),
+    ("conv2d", ["1, 3, 2, 2", "4, 3, 3, 3"], "", "does not fit"),
+    ("conv2d", ["3, 8, 8", "4, 3, 3, 3"], "", "rank 4"),
+    ("conv2d", ["1, 3, 8, 8", "4, 3, 3, 3"], "stride=0", "stride must be >= 1"),
+    ("conv2d", ["1, 3, H, 8", "4, 3, 3, 3"], "", "concrete spatial dimensions"),
+    ("sum", ["2, 3"], "axis=2", "axis 2 is out of range for rank 2"),
+    ("mean", ["2, 3"], "axis=-3", "axis -3 is out of range"),
+    ("max", ["2, 3"], "axis=[1, -1]", "repeats an axis"),
+    ("softmax", ["2, 3"], "axis=5", "out of range"),
+    ("layernorm", ["2, 3", "2", "3"], "", "gamma must have shape [3]"),
+    ("layernorm", ["2, 3", "2, 3", "3"], "axis=0", "beta must have shape [2, 3]"),
+    ("rmsnorm", ["2, 3", "2"], "", "gamma must have shape [3]"),
+    ("batchnorm", ["4", "4", "4", "4", "4"], "", "rank >= 2"),
+    ("batchnorm", ["2, 3", "2", "3", "3", "3"], "", "mean must have shape [3]"),
+    ("transpose", ["2, 3"], "perm=[0, 0]", "not a permutation"),
+    ("transpose", ["2, 3"], "perm=[0, 1, 2]", "not a permutation"),
+    ("reshape", ["4, 6"], "shape=[5, 5]", "sizes differ"),
+    ("reshape", ["4, 6"], "shape=[-1, 5]", "cannot reshape [4, 6] (24 elements)"),
+    ("reshape", ["4, 6"], "shape=[-1, -1]", "at most one -1"),
+    ("reshape", ["4, 6"], "shape=[0, 24]", "positive or -1"),
+    ("reshape", ["B, T"], "shape=[-1]", "cannot infer -1"),
+    ("reshape", ["B, 4"], "shape=[4, 4]", "sizes differ"),
+    ("slice", ["10"], "axis=0, start=5, stop=5", "is empty"),
+    ("slice", ["10"], "axis=0, start=20", "is empty"),
+    ("slice", ["10"], "axis=1", "out of range"),
+    ("slice", ["B"], "axis=0, start=-2", "non-negative start and stop"),
+    ("concat", ["2, 3", "2, 4"], "axis=0", "shapes [2, 3], [2, 4] differ"),
+    ("concat", ["2, 3", "2"], "axis=0", "differ"),
+    ("concat", ["B, 3", "B, 3"], "axis=0", "named dimension"),
+]
+
+
+@pytest.mark.parametrize("op, types, attrs, message", REFUSED, ids=[f"{r[0]}:{r[3][:30]}" for r in REFUSED])
+def test_bad_shapes_are_refused_at_the_op(op, types, attrs, message):
+    text = call_text(op, types, attrs)
+    with pytest.raises(EqfuseError) as info:
+        one_graph(text)
+    err = info.value
+    assert message in err.message
+    assert (err.pos.line, err.pos.col) == (2, len("    return ") + 1)
+
+
+# ---------------------------------------------------------------- shape arithmetic
+
+
+@pytest.mark.parametrize("shapes, out", [
+    (((2, 3), (3,)), (2, 3)),
+    (((2, 1), (1, 3)), (2, 3)),
+    (((), (4,)), (4,)),
+    (((), ()), ()),
+    ((("B", 1), (1, "T")), ("B", "T")),
+    ((("B", 3), ("B", 1), (3,)), ("B", 3)),
+    (((1, 1, 1), (2,)), (1, 1, 2)),
+])
+def test_broadcast(shapes, out):
+    assert broadcast(*shapes) == out
+
+
+@pytest.mark.parametrize("shapes", [((2,), (3,)), (("B",), ("T",)), (("B",), (2,)), ((2, 3), (3, 3), (1, 3))])
+def test_broadcast_refuses(shapes):
+    with pytest.raises(ShapeError, match="cannot broadcast"):
+        broadcast(*shapes)
+
+
+def test_axes_and_sizes():
+    assert [norm_axis(a, 3) for a in (-3, -1, 0, 2)] == [0, 2, 0, 2]
+    with pytest.raises(ShapeError):
+        norm_axis(3, 3)
+    assert dim_product((4, "T", 2, "B")) == (8, ("B", "T"))
+    t = TType(("B", 4))
+    assert str(t) == "f32[B, 4]" and str(TType()) == "f32"
+    assert t.bind({"B": 3}) == TType((3, 4)) and t.size({"B": 3}) == 12
+    with pytest.raises(ShapeError, match="dimension B is not bound"):
+        t.size()
