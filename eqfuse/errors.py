@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_SHOWN = 100  # characters of a source line shown above the caret
+
 
 @dataclass(frozen=True)
 class Pos:
@@ -38,8 +40,14 @@ class EqfuseError(Exception):
         lines = [head]
         if self.pos and self.pos.text:
             src = self.pos.text.rstrip("\n").expandtabs(1)
+            col, width = self.pos.col - 1, max(1, self.pos.width)
+            if len(src) > MAX_SHOWN:  # show a window around the caret, not a 10k-character line
+                start = max(0, min(col - MAX_SHOWN // 2, len(src) - MAX_SHOWN))
+                src = ("..." if start else "") + src[start:start + MAX_SHOWN] + "..."
+                col = col - start + (3 if start else 0)
+                width = min(width, MAX_SHOWN)
             lines.append("    " + src)
-            lines.append("    " + " " * (self.pos.col - 1) + "^" * max(1, self.pos.width))
+            lines.append("    " + " " * col + "^" * width)
         if self.hint:
             lines.append(f"note: {self.hint}")
         return "\n".join(lines)
