@@ -1,20 +1,40 @@
 /* {{NAME}}: flash attention, {{BATCH}} x [{{SQ}} x {{D}}] queries against {{SK}} keys, Dv = {{DV}}.
  * Blocks of {{BQ}} queries run against tiles of {{BK}} keys with an online softmax: only a
- * {{BQ}} x {{BK}} score tile exists at any time, never the {{SQ}} x {{SK}} matrix. */
+ * {{BQ}} x {{BK}} score tile exists at any time, never the {{SQ}} x {{SK}} matrix.
+ * K is first transposed once per head to [D][SKP] (keys padded to whole tiles with zeros). */
+EQF_WIDE_BEGIN
+/* {{NAME}}: flash attention, {{BATCH}} x [{{SQ}} x {{D}}] queries against {{SK}} keys, Dv = {{DV}}.
+ * Blocks of {{BQ}} queries run against tiles of {{BK}} keys with an online softmax: only a
+ * {{BQ}} x {{BK}} score tile exists at any time, never the {{SQ}} x {{SK}} matrix.
+ * K is first transposed once per head to [D][SKP] (keys padded to whole tiles with zeros). */
 void {{NAME}}({{PARAMS}})
 {
-    enum { BQ = {{BQ}}, BK = {{BK}}, D = {{D}}, DV = {{DV}} };
+    enum { BQ = {{BQ}}, BK = {{BK}}, D = {{D}}, DV = {{DV}}, SKP = {{SKP}} };
     const long nqb = ({{SQ}} + BQ - 1) / BQ;
+    float* ktall = (float*)malloc(sizeof(float) * {{NKB}} * D * SKP);
+    if (!ktall)
+        abort();
+    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+    for (long kb = 0; kb < {{NKB}}; kb++) {
+        const float* restrict kp = {{K}} + kb * (long){{SK}} * D;
+        float* restrict kt = ktall + kb * (long)D * SKP;
+        for (long d = 0; d < D; d++) {
+            for (long j = 0; j < {{SK}}; j++)
+                kt[d * SKP + j] = {{KLOAD}};
+            for (long j = {{SK}}; j < SKP; j++)
+                kt[d * SKP + j] = 0.0f;
+        }
+    }
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
     for (long t = 0; t < {{BATCH}} * nqb; t++) {
         const long b = t / nqb;
         const long i0 = (t % nqb) * BQ;
         const long nq = eqf_minl(BQ, {{SQ}} - i0);
         const float* restrict qp = {{Q}} + ({{QOFF}}) + i0 * D;
-        const float* restrict kp = {{K}} + ({{KOFF}});
+        const float* restrict ktp = ktall + (({{KOFF}}) / ((long){{SK}} * D)) * D * SKP;
         const float* restrict vp = {{V}} + ({{VOFF}});
 {{OFFSETS}}
-        float qb[BQ][D], kt[D][BK], s[BQ][BK], acc[BQ][DV], m[BQ], l[BQ];
+        float qb[BQ][D], s[BQ][BK], acc[BQ][DV], m[BQ], l[BQ];
         for (long ii = 0; ii < BQ; ii++) {
             for (long d = 0; d < D; d++)
                 qb[ii][d] = ii < nq ? qp[ii * D + d] : 0.0f;
@@ -25,10 +45,11 @@ void {{NAME}}({{PARAMS}})
         }
         for (long j0 = 0; j0 < {{SK}}; j0 += BK) {
             const long nk = eqf_minl(BK, {{SK}} - j0);
-            /* the key tile, transposed to [D][BK] so the score loop runs along keys */
-            for (long jj = 0; jj < BK; jj++)
-                for (long d = 0; d < D; d++)
-                    kt[d][jj] = jj < nk ? {{KLOAD}} : 0.0f;
+            /* scores s = q k^T for this tile */
+#if defined(__AVX512F__) && {{VEC}}
+            for (long ii = 0; ii < BQ; ii += 4)
+                eqf_qk_4x64(&qb[ii][0], D, ktp + j0, SKP, D, &s[ii][0]);
+#else
             for (long ii = 0; ii < BQ; ii++) {
                 float sr[BK];
                 #pragma omp simd
@@ -38,14 +59,21 @@ void {{NAME}}({{PARAMS}})
                     const float qv = qb[ii][d];
                     #pragma omp simd
                     for (long jj = 0; jj < BK; jj++)
-                        sr[jj] += qv * kt[d][jj];
+                        sr[jj] += qv * ktp[d * SKP + j0 + jj];
                 }
+                for (long jj = 0; jj < BK; jj++)
+                    s[ii][jj] = sr[jj];
+            }
+#endif
+            /* score ops (scale, mask), then the online softmax update of each row */
+            for (long ii = 0; ii < BQ; ii++) {
                 const long i = i0 + (ii < nq ? ii : 0);
+                (void)i;
                 float mt = m[ii];
+                #pragma omp simd reduction(max:mt)
                 for (long jj = 0; jj < BK; jj++) {
-                    const long j = j0 + jj;
-                    const float acc_s = sr[jj];
-                    (void)i;
+                    const long j = j0 + (jj < nk ? jj : 0);
+                    const float acc_s = s[ii][jj];
                     (void)j;
 {{SCORE_BODY}}
                     const float sc = jj < nk ? {{SCORE}} : -INFINITY;
@@ -66,6 +94,12 @@ void {{NAME}}({{PARAMS}})
                 for (long e = 0; e < DV; e++)
                     acc[ii][e] *= alpha;
             }
+            /* acc += p v */
+#if defined(__AVX512F__) && {{VEC}}
+            for (long ii = 0; ii < BQ; ii += 4)
+                for (long e0 = 0; e0 < DV; e0 += 64)
+                    eqf_pv_4x64(&s[ii][0], BK, vp + j0 * DV + e0, DV, nk, &acc[ii][e0], DV);
+#else
             for (long jj = 0; jj < nk; jj++) {
                 const float* restrict vr = vp + (j0 + jj) * DV;
                 for (long ii = 0; ii < BQ; ii++) {
@@ -75,6 +109,7 @@ void {{NAME}}({{PARAMS}})
                         acc[ii][e] += p * vr[e];
                 }
             }
+#endif
         }
         for (long ii = 0; ii < nq; ii++) {
             const long i = i0 + ii;
@@ -87,4 +122,6 @@ void {{NAME}}({{PARAMS}})
             }
         }
     }
+    free(ktall);
 }
+EQF_WIDE_END

@@ -18,27 +18,42 @@ static inline float eqf_gelu_tanh(float x)
 }
 static inline float eqf_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); }
 
-/* exp for softmax and attention: Cephes-style range reduction and a degree-6 polynomial,
- * plain arithmetic so that `omp simd` loops vectorize it (libm's expf does not without
- * -ffast-math). Relative error ~2 ulp on [-87, 88]; inputs below -87 give ~1e-38, not 0. */
+/* exp for softmax and attention: round-to-nearest by the 1.5 * 2^23 trick, Cephes' degree-6
+ * polynomial, 2^n built in the exponent bits. Plain arithmetic and memcpy bit casts, so `omp simd`
+ * loops vectorize it (libm's expf does not without -ffast-math). Relative error < 1e-7 on
+ * [-87, 88]; inputs below -87 give ~1e-38 rather than 0. */
 static inline float eqf_exp(float x)
 {
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    const float t = x * 1.44269504088896341f + 12582912.0f;
+    const float n = t - 12582912.0f;
+    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
-    union { int32_t i; float f; } s;
-    s.i = ((int32_t)n + 127) << 23;
-    return y * s.f;
+    const float y = p * r * r + r + 1.0f;
+    int32_t ti, si;
+    memcpy(&ti, &t, sizeof ti);
+    si = (ti - 0x4B400000 + 127) * (1 << 23);
+    float s;
+    memcpy(&s, &si, sizeof s);
+    return y * s;
 }
 
 static inline long eqf_minl(long a, long b) { return a < b ? a : b; }
+
+/* Compute-bound templates open with EQF_WIDE_BEGIN and close with EQF_WIDE_END: gcc prefers
+ * 256-bit vectors on these cores by default; full 512-bit ones pay off inside cache-resident tiles. */
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#define EQF_WIDE_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"prefer-vector-width=512\")")
+#define EQF_WIDE_END _Pragma("GCC pop_options")
+#else
+#define EQF_WIDE_BEGIN
+#define EQF_WIDE_END
+#endif
 
 /* Copy a tile to memory with non-temporal stores (no read-for-ownership of the destination):
  * for outputs much larger than the caches. Callers end the kernel with eqf_sfence(). */
@@ -61,4 +76,57 @@ static inline void eqf_stream(float* restrict dst, const float* restrict src, lo
     memcpy(dst, src, sizeof(float) * (size_t)n);
 }
 static inline void eqf_sfence(void) {}
+#endif
+
+#if defined(__AVX512F__)
+/* Attention micro-kernels: 4 rows at a time, 16 zmm accumulators.
+ * s[4][64] = q[4][D] . kt[D][64]  (q rows at stride ldq, kt rows at stride ldk, s rows at 64) */
+__attribute__((noinline, unused)) static void eqf_qk_4x64(const float* restrict q, long ldq, const float* restrict kt, long ldk, long D,
+                               float* restrict s)
+{
+    __m512 c[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int u = 0; u < 4; u++)
+            c[r][u] = _mm512_setzero_ps();
+    for (long d = 0; d < D; d++) {
+        const float* k = kt + d * ldk;
+        __m512 k0 = _mm512_loadu_ps(k), k1 = _mm512_loadu_ps(k + 16);
+        __m512 k2 = _mm512_loadu_ps(k + 32), k3 = _mm512_loadu_ps(k + 48);
+        for (int r = 0; r < 4; r++) {
+            __m512 a = _mm512_set1_ps(q[r * ldq + d]);
+            c[r][0] = _mm512_fmadd_ps(a, k0, c[r][0]);
+            c[r][1] = _mm512_fmadd_ps(a, k1, c[r][1]);
+            c[r][2] = _mm512_fmadd_ps(a, k2, c[r][2]);
+            c[r][3] = _mm512_fmadd_ps(a, k3, c[r][3]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int u = 0; u < 4; u++)
+            _mm512_storeu_ps(s + r * 64 + u * 16, c[r][u]);
+}
+
+/* acc[4][64] += p[4][nk] . v[nk][64]  (p rows at stride ldp, v rows at ldv, acc rows at ldacc) */
+__attribute__((noinline, unused)) static void eqf_pv_4x64(const float* restrict p, long ldp, const float* restrict v, long ldv, long nk,
+                               float* restrict acc, long ldacc)
+{
+    __m512 c[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int u = 0; u < 4; u++)
+            c[r][u] = _mm512_loadu_ps(acc + r * ldacc + u * 16);
+    for (long j = 0; j < nk; j++) {
+        const float* w = v + j * ldv;
+        __m512 v0 = _mm512_loadu_ps(w), v1 = _mm512_loadu_ps(w + 16);
+        __m512 v2 = _mm512_loadu_ps(w + 32), v3 = _mm512_loadu_ps(w + 48);
+        for (int r = 0; r < 4; r++) {
+            __m512 a = _mm512_set1_ps(p[r * ldp + j]);
+            c[r][0] = _mm512_fmadd_ps(a, v0, c[r][0]);
+            c[r][1] = _mm512_fmadd_ps(a, v1, c[r][1]);
+            c[r][2] = _mm512_fmadd_ps(a, v2, c[r][2]);
+            c[r][3] = _mm512_fmadd_ps(a, v3, c[r][3]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int u = 0; u < 4; u++)
+            _mm512_storeu_ps(acc + r * ldacc + u * 16, c[r][u]);
+}
 #endif

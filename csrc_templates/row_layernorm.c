@@ -1,5 +1,8 @@
 /* {{NAME}}: layernorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
  * Two-pass mean and variance over the row held in the output row (in cache). */
+EQF_WIDE_BEGIN
+/* {{NAME}}: layernorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
+ * Two-pass mean and variance over the row held in the output row (in cache). */
 void {{NAME}}({{PARAMS}})
 {
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
@@ -30,3 +33,4 @@ void {{NAME}}({{PARAMS}})
         }
     }
 }
+EQF_WIDE_END

@@ -1,4 +1,6 @@
 /* {{NAME}}: rmsnorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused. */
+EQF_WIDE_BEGIN
+/* {{NAME}}: rmsnorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused. */
 void {{NAME}}({{PARAMS}})
 {
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
@@ -22,3 +24,4 @@ void {{NAME}}({{PARAMS}})
         }
     }
 }
+EQF_WIDE_END

@@ -1,5 +1,8 @@
 /* {{NAME}}: softmax over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
  * One thread owns a row; the output row is the scratch buffer (three passes in cache). */
+EQF_WIDE_BEGIN
+/* {{NAME}}: softmax over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
+ * One thread owns a row; the output row is the scratch buffer (three passes in cache). */
 void {{NAME}}({{PARAMS}})
 {
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
@@ -30,3 +33,4 @@ void {{NAME}}({{PARAMS}})
         }
     }
 }
+EQF_WIDE_END

@@ -132,8 +132,9 @@ class Exprs:
     """Statements computing body values at one element of a Space (one `const float` per node)."""
 
     def __init__(self, body: Graph, space: Space, ptrs: dict[int, str], preset: dict[int, str],
-                 indent: str, forbid: set[int] = frozenset()):
+                 indent: str, forbid: set[int] = frozenset(), prefix: str = "v"):
         self.body, self.space, self.ptrs, self.preset = body, space, ptrs, preset
+        self.prefix = prefix
         self.indent, self.forbid = indent, forbid
         self.stmts: list[str] = []
         self.memo: dict[tuple, str] = {}
@@ -149,7 +150,7 @@ class Exprs:
         n = self.body.nodes[i]
         if n.op == "const":
             return flit(n.value)
-        var = f"v{i}" + (f"_c{chan}" if chan is not None else "")
+        var = f"{self.prefix}{i}" + (f"_c{chan}" if chan is not None else "")
         if n.op == "input":
             view = tuple(n.type.shape)
             if chan is not None and len(view) == 1:
@@ -391,9 +392,12 @@ def emit_attention(plan: KernelPlan) -> str:
     ospace = Space(out, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1)
     epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={qk, sm})
     e = epi.value(body.outputs[0])
-    kload = "kp[d * %d + j0 + jj]" % Sk if kT else "kp[(j0 + jj) * D + d]"
+    kload = f"kp[d * {Sk} + j]" if kT else "kp[j * D + d]"
+    bk, bq = plan.tiles["bk"], plan.tiles["bq"]
+    nkb = _size(body.nodes[k].type.shape) // (Sk * D)
+    vec = int(bk == 64 and bq % 4 == 0 and Dv % 64 == 0)
     return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=_size(batch), SQ=Sq, SK=Sk, D=D, DV=Dv,
-                  BQ=plan.tiles["bq"], BK=plan.tiles["bk"], PARALLEL=int(_size(batch) * Sq > 1),
+                  BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, NKB=nkb, VEC=vec, PARALLEL=int(_size(batch) * Sq > 1),
                   Q=ptrs[q], K=ptrs[k], V=ptrs[v], QOFF=boff(q, (Sq, D)), KOFF=boff(k, kshape_tail),
                   VOFF=boff(v, (Sk, Dv)), OFFSETS="\n".join(sspace.decls + ospace.decls), KLOAD=kload,
                   SCORE_BODY=sc.text(), SCORE=score, EPI_OFFSETS="", EPI_BODY=epi.text(), EPI=e,
@@ -406,9 +410,9 @@ def emit_attention(plan: KernelPlan) -> str:
 def _epilogue(plan: KernelPlan, groups, preset: dict[int, str]):
     """The GEMM epilogue expression and the tensors it reads (extra parameters e<k>)."""
     body = plan.body
-    eptrs = {i: f"e{k}" for k, i in enumerate(body.inputs)}
+    eptrs = {i: f"eqf_e{k}" for k, i in enumerate(body.inputs)}  # names unlikely to meet the GEMM's own
     space = Space(plan.out_shape, groups, "")
-    ex = Exprs(body, space, eptrs, preset, "")
+    ex = Exprs(body, space, eptrs, preset, "", prefix="eqf_v")
     expr = ex.expression(body.outputs[0])
     return expr, [(i, eptrs[i]) for i in body.inputs if f"{eptrs[i]}[" in expr]
 
@@ -491,10 +495,10 @@ def emit_conv2d(plan: KernelPlan) -> str:
     direct = KH == 1 and KW == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
     groups = [("b", [0], False), ("i", [1], False), ("j", [2, 3], False)]
     # the conv's own bias belongs to the anchor value: acc + bias[o]
-    anchor = f"(acc + {'e%d' % plan.body.inputs.index(cv.args[2])}[i])" if len(cv.args) == 3 else "acc"
+    anchor = f"(acc + {'eqf_e%d' % plan.body.inputs.index(cv.args[2])}[i])" if len(cv.args) == 3 else "acc"
     expr, extras = _epilogue(plan, groups, {a: anchor})
     if len(cv.args) == 3 and cv.args[2] not in dict(extras):
-        extras.append((cv.args[2], "e%d" % plan.body.inputs.index(cv.args[2])))
+        extras.append((cv.args[2], "eqf_e%d" % plan.body.inputs.index(cv.args[2])))
         extras.sort(key=lambda t: plan.body.inputs.index(t[0]))
     K, P = C * KH * KW, OH * OW
     gname = f"{plan.name}_gemm"

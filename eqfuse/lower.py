@@ -361,9 +361,11 @@ def _plan_attention(plan: KernelPlan, c: Caches) -> None:
     Sk = ks[-1] if kT else ks[-2]
     Dv = vs[-1]
     batch = _size(plan.out_shape[:-2])
+    # A key tile of 64 is four 16-lane vectors (the micro-kernels' width); the query block is
+    # the largest whose q block, score tile, accumulators and key tile share L1.
     bk = 64 if D * 64 * F32 <= c.l1 // 2 else 16
     bq = 32
-    while bq > 4 and (bq * D + D * bk + bq * bk + bq * Dv) * F32 > c.l1 * 3 // 4:
+    while bq > 4 and (bq * D + D * bk + bq * bk + bq * Dv) * F32 > c.l1:
         bq //= 2
     ws = (bq * D + D * bk + bq * bk + bq * Dv) * F32
     plan.tiles = {"bq": bq, "bk": bk}

@@ -87,7 +87,6 @@ class Compiled:
         pool = self._local.__dict__.setdefault("pool", {})
         for step in self.steps:
             step(bufs, pool)
-        del step
         outs, seen = [], set()
         inputs = {id(bufs[i]) for i in kg.inputs}
         for o in kg.outputs:
