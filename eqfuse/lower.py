@@ -63,21 +63,11 @@ class Caches:
 
 
 def machine_caches() -> Caches:
-    """This machine's caches (eqfuse.machine reads them from the system; defaults otherwise)."""
-    import os
+    """This machine's caches, read from the system by eqfuse.machine (EQFUSE_L1/L2/L3 override)."""
+    from . import machine
 
-    try:
-        from . import machine
-
-        m = machine.machine() if hasattr(machine, "machine") else machine
-        get = lambda *names, default: next((getattr(m, n) for n in names if hasattr(m, n)), default)  # noqa: E731
-        return Caches(int(get("l1", "l1d", "l1_bytes", "l1d_bytes", default=48 << 10)),
-                      int(get("l2", "l2_bytes", default=2 << 20)),
-                      int(get("l3", "l3_bytes", default=32 << 20)),
-                      int(get("simd_floats", "simd_width", "simd_lanes", default=16)),
-                      int(get("cores", "ncores", default=os.cpu_count() or 1)))
-    except Exception:  # machine.py missing or mid-edit: conservative defaults
-        return Caches(48 << 10, 2 << 20, 32 << 20, 16, os.cpu_count() or 1)
+    m = machine.machine()
+    return Caches(m.l1, m.l2, m.l3, m.simd_floats, m.cores)
 
 
 # ------------------------------------------------------------------ graph -> kernels only
@@ -208,26 +198,12 @@ def _plan_pointwise(plan: KernelPlan, c: Caches) -> None:
 
 
 def _gemm_blocking(M: int, N: int, K: int, c: Caches) -> dict[str, int]:
-    try:
-        from . import machine
+    """BLIS blocking from eqfuse.machine, each block no larger than the problem needs."""
+    from . import machine
 
-        b = machine.gemm_blocking(M, N, K) if _takes_args(machine.gemm_blocking) else machine.gemm_blocking()
-        if isinstance(b, dict):
-            return {k: int(v) for k, v in b.items()}
-        return {k: int(getattr(b, k)) for k in ("mc", "nc", "kc", "mr", "nr") if hasattr(b, k)}
-    except Exception:
-        kc = 256
-        return {"mr": 8, "nr": 32, "kc": kc, "mc": max(8, min(M, c.l2 // 2 // (kc * F32)) // 8 * 8 or 8),
-                "nc": max(32, min(N, c.l3 // 4 // (kc * F32)) // 32 * 32 or 32)}
-
-
-def _takes_args(fn) -> bool:
-    import inspect
-
-    try:
-        return len(inspect.signature(fn).parameters) >= 3
-    except (TypeError, ValueError):
-        return False
+    mc, nc, kc, mr, nr = machine.gemm_blocking()
+    up = lambda x, q: -(-x // q) * q  # noqa: E731
+    return {"mc": min(mc, up(M, mr)), "nc": min(nc, up(N, nr)), "kc": min(kc, K), "mr": mr, "nr": nr}
 
 
 def _plan_contraction(plan: KernelPlan, c: Caches) -> None:

@@ -10,6 +10,7 @@ os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-c
 
 import pytest
 
+from eqfuse.cbuild import FLAGS
 from eqfuse.cli import main
 from eqfuse.compiler import lower
 from eqfuse.emit import bstrides, coalesce, emit_graph, offset
@@ -64,6 +65,7 @@ def test_plans_cover_every_kind_and_fit_caches():
 
 
 def test_emitted_c_is_deterministic_and_compiles_without_warnings(tmp_path):
+    assert "-Wall" in FLAGS
     _, plans = plans_of(EVERY_KIND)
     e1 = emit_graph(plans)
     e2 = emit_graph(plans_of(EVERY_KIND)[1])
@@ -76,7 +78,7 @@ def test_emitted_c_is_deterministic_and_compiles_without_warnings(tmp_path):
         pytest.skip("no C compiler")
     src = tmp_path / "every.c"
     src.write_text(e1.source)
-    r = subprocess.run([cc, "-Wall", "-O1", "-fopenmp", "-c", str(src), "-o", str(tmp_path / "every.o")],
+    r = subprocess.run([cc, *FLAGS, "-c", str(src), "-o", str(tmp_path / "every.o")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "warning" not in r.stderr, r.stderr

@@ -1,0 +1,193 @@
+"""Stage: C source -> loaded extension module, through cffi's API mode, cached on disk.
+
+The cache key is a hash of the source, the cdef, the compiler's version and the flags, so a
+second compile of the same model never runs the C compiler. Builds are safe when several
+processes compile at once (a per-key file lock) and when a process is killed mid-compile
+(each build happens in a private temporary directory and is renamed into place at the end,
+so a half-written library is never visible under its final name).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import cffi
+
+from .errors import EqfuseError
+from .parser import data_dir
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-std=gnu11")
+LINK_FLAGS = ("-fopenmp",)
+
+# Every generated module exports these, so the Module can set the OpenMP thread count.
+COMMON_C = """
+#include <omp.h>
+void eqf_set_threads(int n) { if (n > 0) omp_set_num_threads(n); }
+int eqf_get_threads(void) { return omp_get_max_threads(); }
+"""
+COMMON_CDEF = "void eqf_set_threads(int n);\nint eqf_get_threads(void);"
+
+
+class CompileError(EqfuseError):
+    """The C compiler refused generated code: an eqfuse bug, reported with the compiler's words."""
+
+    exit_status = 3
+
+
+@dataclass(frozen=True)
+class Built:
+    ffi: object
+    lib: object
+    path: Path
+    cached: bool  # True when loaded from the cache without running the compiler
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("EQFUSE_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "eqfuse"
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version() -> str:
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    try:
+        out = subprocess.run(cc.split() + ["--version"], capture_output=True, text=True, timeout=30)
+        return cc + " " + out.stdout.splitlines()[0] if out.stdout else cc
+    except (OSError, subprocess.SubprocessError):
+        return cc
+
+
+def compiler_flags() -> tuple[str, ...]:
+    return FLAGS
+
+
+def cache_key(source: str, cdef: str, extra_flags: tuple[str, ...] = ()) -> str:
+    h = hashlib.sha256()
+    for part in (source, cdef, compiler_version(), " ".join(FLAGS + tuple(extra_flags)),
+                 sys.implementation.cache_tag or "", cffi.__version__):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _suffix() -> str:
+    return importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules[name] = mod
+    return mod
+
+
+def build(source: str, cdef: str, name_hint: str = "k", extra_flags: tuple[str, ...] = ()) -> Built:
+    """Compile (or fetch from the cache) a C translation unit exposing the functions in cdef."""
+    key = cache_key(source, cdef, extra_flags)
+    hint = re.sub(r"[^A-Za-z0-9_]", "_", name_hint)[:24] or "k"
+    name = f"_eqf_{hint}_{key[:16]}"
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / (name + _suffix())
+    cached = True
+    if not final.exists():
+        with open(root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
+            if not final.exists():
+                _compile(name, source, cdef, root, final, extra_flags)
+                cached = False
+    mod = _load(name, final)
+    return Built(mod.ffi, mod.lib, final, cached)
+
+
+def _compile(name: str, source: str, cdef: str, root: Path, final: Path, extra_flags) -> None:
+    ffi = cffi.FFI()
+    ffi.cdef(cdef)
+    ffi.set_source(name, source, extra_compile_args=list(FLAGS + tuple(extra_flags)),
+                   extra_link_args=list(LINK_FLAGS))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=root))
+    try:
+        import contextlib
+        import io
+
+        log = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                built = ffi.compile(tmpdir=str(tmp), verbose=False)
+        except Exception as e:  # cffi wraps the compiler's failure in several exception types
+            msg = _compiler_message(tmp, name, extra_flags) or str(e)
+            raise CompileError("the C compiler failed on generated code:\n" + msg) from None
+        os.replace(built, final)  # atomic: a reader sees no library or the whole library
+        (root / f"{name}.c").write_text(source)  # kept for `eqfuse emit` and for debugging
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _compiler_message(tmp: Path, name: str, extra_flags) -> str:
+    """Run the compiler again on the generated .c by hand to capture its diagnostics."""
+    c_file = tmp / f"{name}.c"
+    if not c_file.exists():
+        return ""
+    inc = sysconfig.get_paths()["include"]
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
+    out = subprocess.run(cc + list(FLAGS + tuple(extra_flags)) + ["-I", inc, "-fsyntax-only", str(c_file)],
+                         capture_output=True, text=True)
+    return "\n".join(out.stderr.splitlines()[:40])
+
+
+def warnings_for(source: str, extra_flags: tuple[str, ...] = ()) -> str:
+    """The compiler's warnings for a C source (empty when clean): for tests of generated code."""
+    with tempfile.TemporaryDirectory() as d:
+        c_file = Path(d) / "check.c"
+        c_file.write_text(source)
+        cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
+        out = subprocess.run(cc + list(FLAGS + tuple(extra_flags)) + ["-fsyntax-only", str(c_file)],
+                             capture_output=True, text=True)
+        return out.stderr
+
+
+# ------------------------------------------------------------------ templates
+
+PLACEHOLDER = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
+
+
+@functools.lru_cache(maxsize=None)
+def template(name: str) -> str:
+    path = data_dir("csrc_templates") / name
+    if not path.exists():
+        raise FileNotFoundError(f"csrc_templates/{name}")
+    return path.read_text()
+
+
+def render(template_name: str, **values) -> str:
+    """Fill the {{NAME}} placeholders of csrc_templates/<template_name>; every one, and only those."""
+    text = template(template_name)
+    wanted = set(PLACEHOLDER.findall(text))
+    missing = wanted - set(values)
+    unused = set(values) - wanted
+    if missing or unused:
+        raise KeyError(f"template {template_name}: "
+                       + (f"unfilled placeholders {sorted(missing)}" if missing else "")
+                       + ("; " if missing and unused else "")
+                       + (f"values not used {sorted(unused)}" if unused else ""))
+    return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), text)
