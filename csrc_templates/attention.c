@@ -48,7 +48,8 @@ void {{NAME}}({{PARAMS}})
             /* scores s = q k^T for this tile */
 #if defined(__AVX512F__) && {{VEC}}
             for (long ii = 0; ii < BQ; ii += 4)
-                eqf_qk_4x64(&qb[ii][0], D, ktp + j0, SKP, D, &s[ii][0]);
+                for (long jb = 0; jb < BK; jb += 64)
+                    eqf_qk_4x64(&qb[ii][0], D, ktp + j0 + jb, SKP, D, &s[ii][jb], BK);
 #else
             for (long ii = 0; ii < BQ; ii++) {
                 float sr[BK];

@@ -79,10 +79,12 @@ static inline void eqf_sfence(void) {}
 #endif
 
 #if defined(__AVX512F__)
-/* Attention micro-kernels: 4 rows at a time, 16 zmm accumulators.
- * s[4][64] = q[4][D] . kt[D][64]  (q rows at stride ldq, kt rows at stride ldk, s rows at 64) */
-__attribute__((noinline, unused)) static void eqf_qk_4x64(const float* restrict q, long ldq, const float* restrict kt, long ldk, long D,
-                               float* restrict s)
+/* Attention micro-kernels: 4 rows at a time, 16 zmm accumulators. Kept out of line: inlined
+ * into the attention loop nest, gcc merges two calls' accumulators and spills them.
+ * s[4][64] = q[4][D] . kt[D][64]  (q rows at stride ldq, kt rows at stride ldk, s rows at lds) */
+__attribute__((noinline, unused)) static void eqf_qk_4x64(const float* restrict q, long ldq,
+                                                         const float* restrict kt, long ldk, long D,
+                                                         float* restrict s, long lds)
 {
     __m512 c[4][4];
     for (int r = 0; r < 4; r++)
@@ -102,12 +104,13 @@ __attribute__((noinline, unused)) static void eqf_qk_4x64(const float* restrict 
     }
     for (int r = 0; r < 4; r++)
         for (int u = 0; u < 4; u++)
-            _mm512_storeu_ps(s + r * 64 + u * 16, c[r][u]);
+            _mm512_storeu_ps(s + r * lds + u * 16, c[r][u]);
 }
 
 /* acc[4][64] += p[4][nk] . v[nk][64]  (p rows at stride ldp, v rows at ldv, acc rows at ldacc) */
-__attribute__((noinline, unused)) static void eqf_pv_4x64(const float* restrict p, long ldp, const float* restrict v, long ldv, long nk,
-                               float* restrict acc, long ldacc)
+__attribute__((noinline, unused)) static void eqf_pv_4x64(const float* restrict p, long ldp,
+                                                         const float* restrict v, long ldv, long nk,
+                                                         float* restrict acc, long ldacc)
 {
     __m512 c[4][4];
     for (int r = 0; r < 4; r++)

@@ -16,7 +16,7 @@ from .frontend import load
 from .graph import Graph, bind_dims
 from .lower import format_uops, lower_graph
 from .module import Compiled, GraphFunction, Kernel, Module
-from .printer import graph_text, kernel_text, module_text
+from .printer import kernel_text, module_text
 from .reference import bind_arrays
 
 
@@ -134,4 +134,4 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
     return "\n\n".join(out)
 
 
-__all__ = ["compile", "optimize", "lower", "uops_text", "graph_text"]
+__all__ = ["compile", "optimize", "lower", "uops_text"]

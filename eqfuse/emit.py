@@ -395,7 +395,7 @@ def emit_attention(plan: KernelPlan) -> str:
     kload = f"kp[d * {Sk} + j]" if kT else "kp[j * D + d]"
     bk, bq = plan.tiles["bk"], plan.tiles["bq"]
     nkb = _size(body.nodes[k].type.shape) // (Sk * D)
-    vec = int(bk == 64 and bq % 4 == 0 and Dv % 64 == 0)
+    vec = int(bk % 64 == 0 and bq % 4 == 0 and Dv % 64 == 0)
     return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=_size(batch), SQ=Sq, SK=Sk, D=D, DV=Dv,
                   BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, NKB=nkb, VEC=vec, PARALLEL=int(_size(batch) * Sq > 1),
                   Q=ptrs[q], K=ptrs[k], V=ptrs[v], QOFF=boff(q, (Sq, D)), KOFF=boff(k, kshape_tail),

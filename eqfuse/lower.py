@@ -16,7 +16,6 @@ from .errors import EqfuseError
 from .graph import Graph, Node
 from .kernels import SUPPORTED, KernelShape, Unsupported, classify
 from .ops import OPS, reduce_axes
-from .shapes import TType, broadcast
 
 F32 = 4  # bytes per element
 
@@ -200,8 +199,9 @@ def _plan_pointwise(plan: KernelPlan, c: Caches) -> None:
 def _gemm_blocking(M: int, N: int, K: int, c: Caches) -> dict[str, int]:
     """BLIS blocking from eqfuse.machine, each block no larger than the problem needs."""
     from . import machine
+    from .gemm import MR, NR
 
-    mc, nc, kc, mr, nr = machine.gemm_blocking()
+    mc, nc, kc, mr, nr = machine.gemm_blocking(mr=MR, nr=NR)
     up = lambda x, q: -(-x // q) * q  # noqa: E731
     return {"mc": min(mc, up(M, mr)), "nc": min(nc, up(N, nr)), "kc": min(kc, K), "mr": mr, "nr": nr}
 
@@ -230,6 +230,9 @@ def _plan_contraction(plan: KernelPlan, c: Caches) -> None:
         Nn = bshape[-2] if transposed else bshape[-1]
         batch = _size(mm.type.shape[:-2])
         plan.detail = {"M": M, "N": Nn, "K": K, "batch": batch, "b_transposed": transposed}
+        if batch > 1 and _size(bshape[:-2]) == 1 and tuple(ashape[:-2]) == tuple(mm.type.shape[:-2]):
+            M, batch = M * batch, 1  # B shared by every batch: one GEMM over all rows (see emit)
+        plan.detail["gemm"] = {"M": M, "batch": batch}
         plan.flops = 2 * batch * M * Nn * K + _pointwise_flops(body)
     blk = _gemm_blocking(M, Nn, K, c)
     plan.tiles = blk
@@ -240,7 +243,7 @@ def _plan_contraction(plan: KernelPlan, c: Caches) -> None:
     plan.cache_check = (f"A block mc x kc = {a_blk} B <= L2 {c.l2} B; B micro-panel kc x nr = {kc * nr * F32} B "
                         f"<= L1 {c.l1} B; B panel kc x nc = {b_pan} B <= L3 {c.l3} B: {'ok' if ok else 'NO'}")
     epi = _ops_text(body, skip={a} | set(mm.args) | ({mm.args[1]} if plan.detail.get("b_transposed") else set()))
-    nb, njc, npc = plan.detail["batch"], -(-Nn // max(nc, 1)), -(-K // max(kc, 1))
+    nb, njc, npc = batch, -(-Nn // max(nc, 1)), -(-K // max(kc, 1))
     nic = -(-M // max(mc, 1))
     nmr, nnr = -(-min(mc, M) // max(mr, 1)), -(-min(nc, Nn) // max(nr, 1))
     u = plan.uops

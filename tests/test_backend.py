@@ -107,3 +107,18 @@ def test_cli_bench_prints_table(capsys):
                  "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "numpy op by op" in out and "eqfuse fused (" in out and "eqfuse unfused" in out
+
+
+def test_cli_run_compiles_and_verifies(tmp_path, capsys):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.standard_normal((3, 784)), "w1": rng.standard_normal((784, 1024)) * 0.05,
+              "b1": rng.standard_normal(1024), "w2": rng.standard_normal((1024, 10)) * 0.05,
+              "b2": rng.standard_normal(10)}
+    np.savez(tmp_path / "in.npz", **{k: v.astype(np.float32) for k, v in arrays.items()})
+    assert main(["run", str(EXAMPLES / "mlp.g"), "--inputs", str(tmp_path / "in.npz"), "--verify",
+                 "-o", str(tmp_path / "out.npz")]) == 0
+    captured = capsys.readouterr()
+    assert "verified" in captured.err
+    assert np.load(tmp_path / "out.npz")["out0"].shape == (3, 10)
