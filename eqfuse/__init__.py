@@ -6,6 +6,7 @@
 from .errors import ArgumentError, CheckFailed, EqfuseError
 from .compiler import compile
 from .reference import reference
+from .optimize import optimize
 
 __version__ = "0.1.0"
-__all__ = ["compile", "reference", "EqfuseError", "CheckFailed", "ArgumentError", "__version__"]
+__all__ = ["compile", "optimize", "reference", "EqfuseError", "CheckFailed", "ArgumentError", "__version__"]

@@ -29,36 +29,35 @@ def median_time(fn: Callable[[], object], repeat: int, warmup: int = 2, min_time
     return statistics.median(times)
 
 
-_blas_setter = None
+_blas_setters: dict[str, object] = {}  # library path -> its set_num_threads (None: has none)
 
 
 def blas_threads(n: int) -> bool:
-    """Set numpy's BLAS (OpenBLAS) thread count for this process; False if it cannot be found."""
-    global _blas_setter
-    if _blas_setter is None:
-        _blas_setter = False
+    """Set the BLAS (OpenBLAS) thread count of this process; False if none can be found.
+
+    Every OpenBLAS mapped in gets the count: numpy's and scipy's each bring their own (scipy
+    is loaded by the optimizer), and setting only one of them leaves numpy's at all cores.
+    """
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if "openblas" in line.lower() and ".so" in line.split()[-1]}
+    except OSError:
+        libs = set()
+    for path in sorted(libs - set(_blas_setters)):
+        _blas_setters[path] = None
         try:
-            with open("/proc/self/maps") as f:
-                libs = {line.split()[-1] for line in f if "openblas" in line.lower() and line.strip().endswith(".so")
-                        or ("openblas" in line.lower() and ".so" in line)}
+            lib = ctypes.CDLL(path)
         except OSError:
-            libs = set()
-        for path in libs:
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                continue
-            for sym in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
-                        "openblas_set_num_threads", "scipy_openblas_set_num_threads"):
-                if hasattr(lib, sym):
-                    _blas_setter = getattr(lib, sym)
-                    break
-            if _blas_setter:
+            continue
+        for sym in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
+                    "openblas_set_num_threads", "scipy_openblas_set_num_threads"):
+            if hasattr(lib, sym):
+                _blas_setters[path] = getattr(lib, sym)
                 break
-    if not _blas_setter:
-        return False
-    _blas_setter(ctypes.c_int(n))
-    return True
+    setters = [s for s in _blas_setters.values() if s is not None]
+    for setter in setters:
+        setter(ctypes.c_int(n))
+    return bool(setters)
 
 
 def random_inputs(graph, dims: Mapping[str, int], seed: int = 0) -> list[np.ndarray]:

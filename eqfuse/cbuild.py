@@ -21,6 +21,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -28,8 +29,11 @@ from types import ModuleType
 import cffi
 
 from .errors import EqfuseError
-from .parser import data_dir
 
+# No -ffast-math: it lets gcc assume no NaN/inf (breaking relu/max of NaN) and reassociate
+# freely. -fno-math-errno lets sqrtf/fmaxf become instructions; -fno-trapping-math lets gcc
+# if-convert and vectorize conditional code; neither changes a result. gnu11 for _Thread_local
+# and restrict.
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-std=gnu11")
 LINK_FLAGS = ("-fopenmp",)
 
@@ -81,7 +85,7 @@ def compiler_flags() -> tuple[str, ...]:
 def cache_key(source: str, cdef: str, extra_flags: tuple[str, ...] = ()) -> str:
     h = hashlib.sha256()
     for part in (source, cdef, compiler_version(), " ".join(FLAGS + tuple(extra_flags)),
-                 sys.implementation.cache_tag or "", cffi.__version__):
+                 sys.implementation.cache_tag or "", _suffix(), cffi.__version__):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -101,7 +105,7 @@ def _load(name: str, path: Path) -> ModuleType:
     return mod
 
 
-def build(source: str, cdef: str, name_hint: str = "k", extra_flags: tuple[str, ...] = ()) -> Built:
+def build(source: str, cdef: str, name_hint: str = "k", *, extra_flags: tuple[str, ...] = ()) -> Built:
     """Compile (or fetch from the cache) a C translation unit exposing the functions in cdef."""
     key = cache_key(source, cdef, extra_flags)
     hint = re.sub(r"[^A-Za-z0-9_]", "_", name_hint)[:24] or "k"
@@ -114,10 +118,19 @@ def build(source: str, cdef: str, name_hint: str = "k", extra_flags: tuple[str, 
         with open(root / f"{name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
             if not final.exists():
+                # Holding the lock, any temporary directory of this key is a killed build's debris.
+                for debris in root.glob(f"{name}.*"):
+                    if debris.is_dir():
+                        shutil.rmtree(debris, ignore_errors=True)
                 _compile(name, source, cdef, root, final, extra_flags)
                 cached = False
     mod = _load(name, final)
     return Built(mod.ffi, mod.lib, final, cached)
+
+
+# ffi.compile() changes the process's working directory while it runs, so two threads of one
+# process must not compile at once (other processes are fine: each has its own cwd).
+_COMPILE_IN_PROCESS = threading.Lock()
 
 
 def _compile(name: str, source: str, cdef: str, root: Path, final: Path, extra_flags) -> None:
@@ -133,12 +146,15 @@ def _compile(name: str, source: str, cdef: str, root: Path, final: Path, extra_f
         log = io.StringIO()
         try:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-                built = ffi.compile(tmpdir=str(tmp), verbose=False)
+                with _COMPILE_IN_PROCESS:
+                    built = ffi.compile(tmpdir=str(tmp), verbose=False)
         except Exception as e:  # cffi wraps the compiler's failure in several exception types
             msg = _compiler_message(tmp, name, extra_flags) or str(e)
             raise CompileError("the C compiler failed on generated code:\n" + msg) from None
+        # the source is kept beside the library, for `eqfuse emit` and for debugging
+        (tmp / "source.c").write_text(source)
+        os.replace(tmp / "source.c", root / f"{name}.c")
         os.replace(built, final)  # atomic: a reader sees no library or the whole library
-        (root / f"{name}.c").write_text(source)  # kept for `eqfuse emit` and for debugging
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -156,12 +172,15 @@ def _compiler_message(tmp: Path, name: str, extra_flags) -> str:
 
 
 def warnings_for(source: str, extra_flags: tuple[str, ...] = ()) -> str:
-    """The compiler's warnings for a C source (empty when clean): for tests of generated code."""
+    """The compiler's diagnostics for a C source (empty when clean): for tests of generated code.
+    A full compile to an object file, not -fsyntax-only: some -Wall warnings (uninitialized
+    values, array bounds) come from the optimizer."""
     with tempfile.TemporaryDirectory() as d:
         c_file = Path(d) / "check.c"
         c_file.write_text(source)
         cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
-        out = subprocess.run(cc + list(FLAGS + tuple(extra_flags)) + ["-fsyntax-only", str(c_file)],
+        out = subprocess.run(cc + list(FLAGS + tuple(extra_flags)) + ["-c", "-o", str(Path(d) / "check.o"),
+                                                                     str(c_file)],
                              capture_output=True, text=True)
         return out.stderr
 
@@ -171,9 +190,17 @@ def warnings_for(source: str, extra_flags: tuple[str, ...] = ()) -> str:
 PLACEHOLDER = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
 
 
+def templates_dir() -> Path:
+    """csrc_templates/ inside the package when installed (the wheel maps it there), else at the
+    top of a source checkout."""
+    here = Path(__file__).parent
+    installed = here / "csrc_templates"
+    return installed if installed.is_dir() else here.parent / "csrc_templates"
+
+
 @functools.lru_cache(maxsize=None)
 def template(name: str) -> str:
-    path = data_dir("csrc_templates") / name
+    path = templates_dir() / name
     if not path.exists():
         raise FileNotFoundError(f"csrc_templates/{name}")
     return path.read_text()

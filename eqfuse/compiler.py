@@ -22,11 +22,15 @@ from .reference import bind_arrays
 
 def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
             dims: Mapping[str, int] | None = None, params: Mapping[str, np.ndarray] | None = None,
-            threads: int | None = None, verify: bool = False, fuse: bool = True) -> Module:
+            threads: int | None = None, verify: bool = False, fuse: bool | str = True) -> Module:
     """Compile every graph of a model to C kernels; see SPEC section 4.
 
-    fuse=False compiles every op as its own kernel (the "unfused" baseline of `eqfuse bench`).
+    fuse=True runs the optimizer; fuse="manual" keeps the graph as written (hand-written kernel
+    blocks are kernels, every other op its own kernel); fuse=False compiles every op as its own
+    kernel, kernel blocks inlined (the "unfused" baseline of `eqfuse bench`).
     """
+    if fuse not in FUSE_MODES:
+        raise ArgumentError(f"fuse= expects True, False or \"manual\", got {fuse!r}")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ArgumentError(f"threads= expects a positive integer, got {threads!r}")
     graphs = load(src)
@@ -72,10 +76,15 @@ def _bind_params(g: Graph, params: Mapping[str, np.ndarray], dims: dict[str, int
     return bind_arrays(sub, arrays, dims)
 
 
-def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse=True) -> tuple[Graph, Any]:
+FUSE_MODES = (True, False, "manual")
+
+
+def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse: bool | str = True) -> tuple[Graph, Any]:
     """The optimizer's fused graph (eqfuse.optimize when present; else the graph as written)."""
-    if not fuse:
+    if fuse is False:
         return g, {"optimized": False, "reason": "fuse=False: every op is its own kernel"}
+    if fuse == "manual":
+        return g, {"optimized": False, "reason": "fuse=\"manual\": kernel blocks as written"}
     try:
         from .optimize import optimize_graph
     except ImportError:
@@ -85,10 +94,10 @@ def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse=True
     return res.graph, res.report
 
 
-def lower(g: Graph, dims: Mapping[str, int], fuse: bool = True):
+def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True):
     """(kernelized graph, plans) for one dims binding."""
     bound = bind_dims(g, dims) if g.dims() else g
-    return bound, *lower_graph(bound, fuse=fuse)
+    return bound, *lower_graph(bound, fuse=fuse is not False)
 
 
 def _builder(fuse: bool):

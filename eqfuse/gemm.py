@@ -1,30 +1,70 @@
 """C for one GEMM with a fused epilogue, from csrc_templates/gemm.c.
 
 C[b] = epilogue(A[b] @ B[b]); the epilogue is a C expression over `acc` (the dot product),
-`i`, `j` (row and column), `b` (batch) and any extra parameters it names.
+`i`, `j` (global row and column, long), `b` (batch index), the sizes `M`, `N`, `K`, and any
+extra parameters it names (declared by `extra_params`, e.g. ", const float* restrict bias").
 """
 
 from __future__ import annotations
 
-from .cbuild import render
-from .machine import gemm_blocking
+import re
 
-MR, NR = 12, 32  # the micro-kernel's register tile: 12 x 2 AVX-512 accumulators
+from .cbuild import render
+from .machine import gemm_blocking, machine, register_tile
+
+# The micro-kernel's register tile for this machine (see machine.gemm_blocking for the choice).
+_, _, _, MR, NR = gemm_blocking()
+
+
+def param_names(extra_params: str) -> list[str]:
+    """The names declared by ", const float* restrict bias, const float* res": ['bias', 'res']."""
+    names = []
+    for decl in extra_params.split(","):
+        decl = decl.strip()
+        if not decl:
+            continue
+        m = re.search(r"([A-Za-z_]\w*)\s*(\[[^\]]*\]\s*)*$", decl)
+        if not m:
+            raise ValueError(f"cannot find the parameter name in {decl!r}")
+        names.append(m.group(1))
+    return names
 
 
 def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stride: int = 0,
               b_batch_stride: int = 0, c_batch_stride: int = 0, lda: int, ldb: int, ldc: int,
               b_transposed: bool = False, epilogue: str = "acc", extra_params: str = "",
-              extra_args_cdef: str = "") -> tuple[str, str]:
-    """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`."""
-    mc, nc, kc, _, _ = gemm_blocking(mr=MR, nr=NR)
-    nc = min(nc, (N + NR - 1) // NR * NR)
-    kc = min(kc, K)
-    # B is K x N (row stride ldb), or given transposed as N x K (row stride ldb).
-    b_at = "B[(jc + jr + j) * %d + pc + k]" % ldb if b_transposed else "B[(pc + k) * %d + jc + jr + j]" % ldb
-    src = render("gemm.c", NAME=name, M=M, N=N, K=K, BATCH=batch, MR=MR, NR=NR, MC=mc, NC=nc, KC=kc,
-                 LDA=lda, LDC=ldc, B_AT=b_at, B_LAYOUT="transposed (N x K)" if b_transposed else "K x N",
+              extra_args_cdef: str = "",
+              blocking: tuple[int, int, int, int, int] | None = None) -> tuple[str, str]:
+    """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
+
+    A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
+    (row stride ldb); C is M x N (row stride ldc); batch b starts at b * <x>_batch_stride.
+    `blocking` (MC, NC, KC, MR, NR) overrides the machine's choice (for tuning and tests).
+    """
+    if min(M, N, K, batch) < 1:
+        raise ValueError(f"GEMM sizes must be positive: M={M} N={N} K={K} batch={batch}")
+    if extra_params and not extra_params.lstrip().startswith(","):
+        extra_params = ", " + extra_params
+    if extra_args_cdef and not extra_args_cdef.lstrip().startswith(","):
+        extra_args_cdef = ", " + extra_args_cdef
+    if blocking:
+        mc, nc, kc, mr, nr = blocking
+    else:
+        m = machine()
+        mr, nr = register_tile(m.simd_floats, N)
+        kc = gemm_blocking(m, mr, nr)[2]
+        # A K a little deeper than KC is done in one slice, and a deeper one in equal slices:
+        # every slice but the last costs a pass over C, a thin last slice would be almost all cost.
+        kc = K if K <= kc * 5 // 4 else -(-K // -(-K // kc))
+        mc, nc, kc, mr, nr = gemm_blocking(m, mr, nr, kc)
+    # No block larger than the problem: smaller packing buffers.
+    up = lambda x, q: -(-x // q) * q  # noqa: E731
+    mc, nc, kc = min(mc, up(M, mr)), min(nc, up(N, nr)), min(kc, K)
+    b_at = f"B[(jc + jr + j) * {ldb}L + pc + k]" if b_transposed else f"B[(pc + k) * {ldb}L + jc + jr + j]"
+    src = render("gemm.c", NAME=name, M=M, N=N, K=K, BATCH=batch, MR=mr, NR=nr, MC=mc, NC=nc, KC=kc,
+                 LDA=lda, LDC=ldc, B_AT=b_at, B_TRANSPOSED=int(b_transposed), B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
                  A_BATCH_STRIDE=a_batch_stride, B_BATCH_STRIDE=b_batch_stride, C_BATCH_STRIDE=c_batch_stride,
-                 EPILOGUE=epilogue, EXTRA_PARAMS=extra_params)
+                 EPILOGUE=epilogue, EXTRA_PARAMS=extra_params,
+                 EXTRA_ARGS="".join(", " + n for n in param_names(extra_params)))
     cdef = f"void {name}(const float* A, const float* B, float* C{extra_args_cdef});"
     return src, cdef

@@ -49,15 +49,49 @@ def test_concurrent_builds_of_one_source(cache):
 
 
 def test_killed_compile_leaves_no_library(cache):
-    # A leftover temporary directory (as after a kill) is ignored; the build still succeeds.
-    (cache / "_eqf_x_0000.tmpjunk").mkdir()
-    b = build(COMMON_C + "int one(void) { return 1; }", COMMON_CDEF + "\nint one(void);", "x")
-    assert b.lib.one() == 1
+    # A process killed mid-compile leaves its private temporary directory and no library under the
+    # final name; the next build of that key ignores the debris, succeeds and clears it.
+    src, cdef = COMMON_C + "int one(void) { return 1; }", COMMON_CDEF + "\nint one(void);"
+    name = f"_eqf_x_{cbuild.cache_key(src, cdef)[:16]}"
+    (cache / f"{name}.killed").mkdir()
+    (cache / f"{name}.killed" / f"{name}.o").write_bytes(b"half an object file")
+    b = build(src, cdef, "x")
+    assert b.lib.one() == 1 and not b.cached
+    assert not [d for d in cache.iterdir() if d.is_dir()]
+
+
+def test_threads_of_one_process_build_at_once(cache):
+    # cffi changes the working directory while compiling: builds from threads must not interfere
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(k):
+        return build(COMMON_C + f"int k{k}(void) {{ return {k}; }}", COMMON_CDEF + f"\nint k{k}(void);", "thr")
+
+    with ThreadPoolExecutor(3) as pool:
+        built = list(pool.map(one, range(3)))
+    assert [getattr(b.lib, f"k{k}")() for k, b in enumerate(built)] == [0, 1, 2]
+
+
+def test_threads_helper(cache):
+    b = build(COMMON_C, COMMON_CDEF, "threads")
+    b.lib.eqf_set_threads(1)
+    assert b.lib.eqf_get_threads() == 1
+    b.lib.eqf_set_threads(2)
+    assert b.lib.eqf_get_threads() == 2
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("EQFUSE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cbuild.cache_dir() == tmp_path / "eqfuse"
+    monkeypatch.setenv("EQFUSE_CACHE_DIR", str(tmp_path / "x"))
+    assert cbuild.cache_dir() == tmp_path / "x"
 
 
 def test_compile_error_carries_the_compiler_message(cache):
-    with pytest.raises(CompileError, match="expected"):
+    with pytest.raises(CompileError, match="expected") as err:
         build("int broken( {", "int broken(void);", "bad")
+    assert "error" in str(err.value) and len(str(err.value).splitlines()) <= 42
 
 
 def test_render_refuses_missing_and_unused_placeholders():
@@ -67,3 +101,21 @@ def test_render_refuses_missing_and_unused_placeholders():
     assert "{{" not in src
     with pytest.raises(KeyError, match="not used"):
         render("gemm.c", BOGUS=1, **{k: "1" for k in cbuild.PLACEHOLDER.findall(cbuild.template("gemm.c"))})
+
+
+def test_machine_description_and_blocking(monkeypatch):
+    from eqfuse import machine
+
+    m = machine.machine()
+    assert m.l1 > 0 and m.l2 > m.l1 and m.simd_floats in (4, 8, 16) and m.cores >= 1
+    mc, nc, kc, mr, nr = machine.gemm_blocking(m)
+    assert mc % mr == 0 and nc % nr == 0 and kc > 0
+    assert mr * kc * 4 <= m.l1 and kc * nc * 4 <= m.l2  # the A micro-panel in L1, the B panel in L2
+    monkeypatch.setenv("EQFUSE_L2", str(256 << 10))
+    machine.machine.cache_clear()
+    try:
+        assert machine.machine().l2 == 256 << 10
+        assert machine.gemm_blocking()[1] < nc  # a smaller L2, a narrower B panel
+    finally:
+        monkeypatch.undo()
+        machine.machine.cache_clear()

@@ -163,3 +163,14 @@ def test_fuse_false_makes_one_kernel_per_op(weights):
     np.testing.assert_allclose(m(x, *weights.values()), eqfuse.reference(MLP)(x, *weights.values()),
                                rtol=1e-4, atol=1e-5)
     assert [k.kind for k in m.kernels[:3]] == ["contraction", "pointwise", "pointwise"]
+
+
+def test_fuse_manual_keeps_kernel_blocks_as_written():
+    src = ("graph f(q: f32[3, 9, 8], k: f32[3, 11, 8], v: f32[3, 11, 4]) -> f32[3, 9, 4] {\n"
+           "    return kernel { relu(softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.3) @ v) + 1 }\n}")
+    m = eqfuse.compile(src, fuse="manual")
+    q, k, v = arr(3, 9, 8), arr(3, 11, 8), arr(3, 11, 4)
+    np.testing.assert_allclose(m(q, k, v), eqfuse.reference(src)(q, k, v), rtol=1e-4, atol=1e-5)
+    assert [k.kind for k in m.kernels] == ["attention"]
+    with pytest.raises(ArgumentError, match="fuse="):
+        eqfuse.compile(src, fuse="yes")

@@ -1,0 +1,50 @@
+"""Optimizer speed and results: `python benchmarks/bench_opt.py [--repeat N] [--layers 12]`.
+
+Prints one table row per model (medians over N runs in one process, after one warm-up run):
+kernels before/after, MB moved before/after, e-graph size, iterations, stop reason, extraction
+method and optimize seconds (saturation + extraction + rescoring, as in the report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from make_bert import bert_text  # noqa: E402
+
+from eqfuse.frontend import load  # noqa: E402
+from eqfuse.optimize import optimize_graph  # noqa: E402
+
+
+def models(layers: int):
+    for p in sorted((ROOT / "examples").glob("*.g")):
+        yield p.stem, load(p)[0], {d: 8 for d in load(p)[0].dims()}
+    yield f"bert-base x{layers}", load(bert_text(layers))[0], {"B": 8}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--cost", default="memory")
+    a = ap.parse_args()
+    head = f"| model | kernels | MB moved | e-graph nodes | iters | stop | extraction | optimize s (median of {a.repeat}) |"
+    print(head)
+    print("|" + "---|" * 8)
+    for name, g, dims in models(a.layers):
+        optimize_graph(g, cost=a.cost, dims=dims)  # warm-up: imports, machine measurement
+        runs = [optimize_graph(g, cost=a.cost, dims=dims) for _ in range(a.repeat)]
+        r = runs[-1].report
+        t = statistics.median(x.report["optimize_seconds"] for x in runs)
+        print(f"| {name} | {r['kernels_before']} -> {r['kernels_after']} | {r['bytes_before'] / 1e6:.1f} -> "
+              f"{r['bytes_after'] / 1e6:.1f} | {r['egraph_nodes']} | {r['iterations']} | {r['stop_reason']} | "
+              f"{r['extraction']} | {t:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""`eqfuse opt MODEL`: print the fused graph (kernel blocks) and the optimization report."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .cli import UsageError, check_dim_names, parse_dims, pick_graph
+from .errors import EqfuseError
+
+
+def cmd_opt(args) -> int:
+    from . import progress
+    from .frontend import load
+    from .optimize import optimize_graph, report_text
+    from .printer import module_text
+
+    dims = parse_dims(args.dim)
+    for flag, v in (("--iter-limit", args.iter_limit), ("--node-limit", args.node_limit),
+                    ("--time-limit", args.time_limit)):
+        if v is not None and v <= 0:
+            raise UsageError(f"{flag} expects a positive number, got {v}")
+    graphs = load(args.model)
+    check_dim_names(graphs, dims, args.model)
+    if args.graph is not None:
+        graphs = [pick_graph(graphs, args.graph)]
+    results = []
+    for g in graphs:
+        with progress.step(f"optimizing {g.name}"):
+            results.append(optimize_graph(
+                g, cost=args.cost, rules=args.rules, disable=args.disable,
+                dims={k: v for k, v in dims.items() if k in g.dims()}, iter_limit=args.iter_limit,
+                node_limit=args.node_limit, time_limit=args.time_limit))
+    text = module_text([r.graph for r in results])
+    if args.output:
+        try:
+            with open(args.output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise EqfuseError(f"{args.output}: cannot write ({e.strerror})") from None
+    if args.dot:
+        _write_dot(args.dot, results)
+    if args.report == "json":
+        reports = [r.report for r in results]
+        json.dump(reports[0] if len(reports) == 1 else reports, sys.stdout, indent=2)
+        print()
+        return 0
+    if not args.output:
+        sys.stdout.write(text)
+    print()
+    print("\n\n".join(report_text(r.report) for r in results))
+    return 0
+
+
+def _write_dot(path: str, results) -> None:
+    """The fused graph as Graphviz: one box per kernel (its body as the label), edges = tensors."""
+    lines = ["digraph eqfuse {", "  rankdir=TB; node [fontname=monospace, fontsize=10];"]
+    from .printer import kernel_text
+
+    for r in results:
+        g = r.graph
+        names = {i: g.nodes[i].name or f"t{i}" for i in range(len(g.nodes))}
+        lines.append(f'  subgraph "cluster_{g.name}" {{ label="{g.name}";')
+        for i, n in enumerate(g.nodes):
+            nid = f'"{g.name}_{i}"'
+            if n.op == "input":
+                lines.append(f'    {nid} [shape=ellipse, label="{n.name}: {n.type}"];')
+            elif n.op == "const":
+                lines.append(f'    {nid} [shape=plaintext, label="{n.value}"];')
+            else:
+                body = kernel_text(n, names, set(names.values()), indent="").replace('"', '\\"')
+                lines.append(f'    {nid} [shape=box, label="{names[i]} = {body}\\l"];'.replace("\n", "\\l"))
+            for a in n.args:
+                lines.append(f'    "{g.name}_{a}" -> {nid};')
+        lines.append("  }")
+    lines.append("}")
+    try:
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    except OSError as e:
+        raise EqfuseError(f"{path}: cannot write ({e.strerror})") from None

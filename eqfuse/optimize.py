@@ -1,0 +1,155 @@
+"""The optimizer, top to bottom:
+
+    unfuse -> load into the e-graph -> saturate (bounded) -> serialize -> extract (greedy, ILP)
+           -> rescore every candidate exactly -> fused Graph (kernel blocks) + report
+
+Fusion decisions live in eqfuse/rules/fusion.rw; this module only runs the stages.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from . import cost as C
+from . import extract as X
+from .egraph import EGraph
+from .errors import EqfuseError
+from .graph import Graph, retype
+from .kernels import classify
+from .printer import graph_text, module_text
+from .rules import load_rules
+
+
+@dataclass
+class OptResult:
+    graph: Graph
+    report: dict
+
+
+def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
+                   dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
+                   node_limit: int | None = None, time_limit: float | None = None,
+                   progress=None) -> OptResult:
+    """Fuse one graph; see SPEC 3 for the report's keys."""
+    if cost not in C.MODELS:
+        raise EqfuseError(f"unknown cost model '{cost}' (known: {', '.join(C.MODELS)})")
+    t0 = time.perf_counter()
+    dims = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
+    rule_list = load_rules(extra_files=[r for r in rules], disable=disable)
+    src = C.unfused(graph)
+    perf = C.perf() if cost == "time" else None
+
+    eg = EGraph(src, rule_list)
+    st = eg.saturate(iter_limit, node_limit, time_limit, progress=progress)
+    data = eg.serialize()
+    pb = X.build_problem(data, src, cost, dims, perf)
+
+    candidates: list[tuple[str, dict]] = [("greedy", X.greedy(pb))]
+    ilp_status = "skipped (e-graph too large)"
+    if data.num_nodes <= X.ILP_MAX_NODES:
+        sel, ilp_status = X.ilp(pb, warm=candidates[0][1])
+        if sel is not None:
+            candidates.append(("ilp", sel))
+    best = None
+    for how, sel in candidates:
+        g = X.to_graph(pb, sel, src)
+        v = C.graph_value(g, cost, dims, perf)
+        if best is None or v < best[0] - 1e-9:
+            best = (v, how, g)
+    _, how, out = best
+    check(out)
+    before, after = C.graph_kernels(src, dims), C.graph_kernels(out, dims)
+    p = C.perf()
+    unbound = [d for d in graph.dims() if d not in dims]
+    text = graph_text(out)
+    report = {
+        "graph_name": graph.name,
+        "cost": cost,
+        "kernels_before": before.launches - before.views,
+        "kernels_after": after.launches - after.views,
+        "bytes_before": before.bytes,
+        "bytes_after": after.bytes,
+        "est_time_before_s": C.graph_value(src, "time", dims, p),
+        "est_time_after_s": C.graph_value(out, "time", dims, p),
+        "rules_fired": dict(sorted(st.rules_fired.items())),
+        "egraph_nodes": data.num_nodes,
+        "egraph_classes": data.num_classes,
+        "iterations": st.iterations,
+        "stop_reason": st.stop_reason,
+        "extraction": how,
+        "ilp": ilp_status,
+        "unbound_dims": {d: C.DEFAULT_DIM for d in unbound},
+        "skipped_rules": st.skipped_rules,
+        "optimize_seconds": time.perf_counter() - t0,
+        "graph": text,
+    }
+    return OptResult(out, report)
+
+
+def check(g: Graph) -> None:
+    """The optimizer's own contract: kernels only at the top level, each one lowerable, types consistent."""
+    for n in g.nodes:
+        if n.op not in ("input", "const", "kernel"):
+            raise AssertionError(f"unfused op {n.op} at the top level")
+        if n.op == "kernel":
+            classify(n.body)
+    retype(g, [t for _, t in g.params])
+
+
+@dataclass
+class Optimized:
+    graphs: list[Graph]
+    reports: dict[str, dict]
+
+    @property
+    def text(self) -> str:
+        return module_text(self.graphs)
+
+    @property
+    def report(self) -> dict:
+        return next(iter(self.reports.values())) if len(self.reports) == 1 else self.reports
+
+
+def optimize(src, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
+             dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
+             node_limit: int | None = None, time_limit: float | None = None) -> Optimized:
+    """eqfuse.optimize: optimize every graph of a model (a .g path or source text), no C."""
+    from .frontend import load
+
+    graphs = load(src)
+    outs, reports = [], {}
+    for g in graphs:
+        r = optimize_graph(g, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
+                           node_limit=node_limit, time_limit=time_limit)
+        outs.append(r.graph)
+        reports[g.name] = r.report
+    return Optimized(outs, reports)
+
+
+def report_text(r: dict) -> str:
+    """The report as printed after the graph by `eqfuse opt`."""
+    def mb(b):
+        return f"{b / 1e6:.3f} MB"
+
+    def us(s):
+        return f"{s * 1e6:.1f} us"
+
+    fired = ", ".join(f"{k} x{v}" for k, v in sorted(r["rules_fired"].items(), key=lambda kv: (-kv[1], kv[0])))
+    lines = [
+        f"# report for graph {r['graph_name']} (cost: {r['cost']})",
+        f"#   kernels:    {r['kernels_before']} -> {r['kernels_after']}",
+        f"#   bytes:      {mb(r['bytes_before'])} -> {mb(r['bytes_after'])}",
+        f"#   est. time:  {us(r['est_time_before_s'])} -> {us(r['est_time_after_s'])}",
+        f"#   rules fired: {fired or 'none'}",
+        f"#   e-graph:    {r['egraph_nodes']} nodes, {r['egraph_classes']} classes, {r['iterations']} iterations, "
+        f"stopped: {r['stop_reason']}",
+        f"#   extraction: {r['extraction']} (ILP: {r['ilp']}), {r['optimize_seconds']:.3f} s",
+    ]
+    if r["unbound_dims"]:
+        lines.append("#   unbound dims costed as " + ", ".join(f"{k}={v}" for k, v in r["unbound_dims"].items())
+                     + " (bind with --dim)")
+    if r["skipped_rules"]:
+        lines.append("#   rules the e-graph cannot express (skipped): " + ", ".join(sorted(r["skipped_rules"])))
+    return "\n".join(lines)

@@ -1,0 +1,367 @@
+"""ONNX import: how ONNX nodes map onto eqfuse ops, checked against onnx's reference evaluator.
+
+Models are built in memory with onnx.helper; each `check` imports one, runs the numpy reference
+of the imported graph (weights bound from `params`) and compares with onnx.reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+import eqfuse  # noqa: E402
+from eqfuse.errors import EqfuseError  # noqa: E402
+from eqfuse.frontend import load  # noqa: E402
+from eqfuse.onnx_import import import_model, import_onnx, onnx_params, sanitize  # noqa: E402
+from eqfuse.printer import graph_text  # noqa: E402
+from eqfuse.reference import evaluate  # noqa: E402
+
+F = TensorProto.FLOAT
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def model(nodes, inputs, outputs, inits=(), opset=18, name="g"):
+    """inputs/outputs: (name, shape) pairs (shape None: unknown); inits: (name, array) pairs."""
+    g = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info(n, F, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, F, s) for n, s in outputs],
+        [numpy_helper.from_array(np.asarray(a), n) for n, a in inits])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def run(m, feeds, **kw):
+    imp = import_model(m, **kw)
+    it = iter(feeds[n] for n in imp.inputs)
+    args = [imp.params[n] if n in imp.params else next(it) for n, _ in imp.graph.params]
+    return imp, evaluate(imp.graph, args)
+
+
+def check(m, feeds, rtol=1e-5, atol=1e-6, **kw):
+    """Import, run the reference, compare with onnx's evaluator; returns the Imported model."""
+    imp, got = run(m, feeds, **kw)
+    want = ReferenceEvaluator(m).run(None, feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+    # the imported graph always prints as valid .g text that reads back to the same text
+    text = graph_text(imp.graph)
+    assert graph_text(load(text)[0]) == text
+    return imp
+
+
+# ---------------------------------------------------------------- op mapping
+
+
+@pytest.mark.parametrize("alpha,beta,ta,tb,cshape", [
+    (1.0, 1.0, 0, 0, (5,)), (0.5, 2.0, 1, 0, (3, 5)), (1.0, 0.25, 0, 1, (1, 5)), (2.0, 1.0, 1, 1, ()),
+])
+def test_gemm_attributes(alpha, beta, ta, tb, cshape):
+    a = rand(4, 3) if ta else rand(3, 4)
+    b = rand(5, 4) if tb else rand(4, 5)
+    node = helper.make_node("Gemm", ["a", "b", "c"], ["y"], alpha=alpha, beta=beta, transA=ta, transB=tb)
+    m = model([node], [("a", a.shape)], [("y", None)], [("b", b), ("c", rand(*cshape))])
+    imp = check(m, {"a": a})
+    assert list(imp.params) == (["b", "c"] if cshape else ["b"])  # a scalar weight is a constant
+
+
+def test_gemm_without_bias_and_zero_beta():
+    node = helper.make_node("Gemm", ["a", "b", "c"], ["y"], beta=0.0)
+    m = model([node], [("a", (2, 3)), ("b", (3, 4)), ("c", (4,))], [("y", None)])
+    imp = check(m, {"a": rand(2, 3), "b": rand(3, 4), "c": rand(4)})
+    assert "add" not in [n.op for n in imp.graph.nodes]
+
+
+@pytest.mark.parametrize("sa,sb", [((3,), (3, 4)), ((2, 3, 4), (4,)), ((4,), (4,)), ((2, 1, 3, 4), (5, 4, 2))])
+def test_matmul_ranks(sa, sb):
+    m = model([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", sa), ("b", sb)], [("y", None)])
+    check(m, {"a": rand(*sa), "b": rand(*sb)})
+
+
+def test_pointwise_chain_with_scalar_constants():
+    nodes = [
+        helper.make_node("Constant", [], ["half"], value_float=0.5),
+        helper.make_node("Constant", [], ["three"], value=numpy_helper.from_array(np.array([3.0], np.float32))),
+        helper.make_node("Pow", ["x", "three"], ["p"]),
+        helper.make_node("Mul", ["p", "half"], ["m"]),
+        helper.make_node("Sub", ["m", "x"], ["s"]),
+        helper.make_node("Div", ["s", "y"], ["d"]),
+        helper.make_node("Tanh", ["d"], ["t"]),
+        helper.make_node("Sigmoid", ["t"], ["u"]),
+        helper.make_node("Erf", ["u"], ["e"]),
+        helper.make_node("Exp", ["e"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["w"]),
+        helper.make_node("Relu", ["w"], ["z"]),
+        helper.make_node("Gelu", ["z"], ["out"], approximate="tanh"),
+    ]
+    m = model(nodes, [("x", (2, 3)), ("y", (3,))], [("out", None)], opset=20)
+    imp = check(m, {"x": rand(2, 3), "y": rand(3) + 3})
+    assert imp.params == {}  # size-1 constants became scalars, not parameters
+    assert "x ** 3 * 0.5 - x" in graph_text(imp.graph)
+
+
+def test_softmax_and_reductions():
+    nodes = [
+        helper.make_node("Softmax", ["x"], ["s"], axis=1),
+        helper.make_node("ReduceMean", ["s", "ax"], ["m"], keepdims=1),
+        helper.make_node("ReduceSum", ["x"], ["t"], keepdims=0),
+        helper.make_node("ReduceMax", ["x", "ax2"], ["u"], keepdims=0),
+    ]
+    m = model(nodes, [("x", (2, 3, 4))], [("m", None), ("t", None), ("u", None)],
+              [("ax", np.array([-1], np.int64)), ("ax2", np.array([0, 2], np.int64))])
+    imp = check(m, {"x": rand(2, 3, 4)})
+    assert imp.params == {}  # integer initializers steer shapes and are folded
+
+
+def test_reduce_axes_as_attribute_in_old_opsets():
+    node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=0)
+    check(model([node], [("x", (2, 3, 4))], [("y", None)], opset=13), {"x": rand(2, 3, 4)})
+
+
+def test_softmax_before_opset_13_flattens_the_trailing_dims():
+    # onnx.reference applies the opset-13 semantics here; the spec (and onnxruntime) flatten.
+    node = helper.make_node("Softmax", ["x"], ["y"], axis=1)
+    x = rand(2, 3, 4)
+    _, (got,) = run(model([node], [("x", (2, 3, 4))], [("y", None)], opset=11), {"x": x})
+    e = np.exp(x - x.max(axis=(1, 2), keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=(1, 2), keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_layernorm_with_mean_and_inv_std_outputs_and_no_bias():
+    node = helper.make_node("LayerNormalization", ["x", "g"], ["y", "mean", "inv"], axis=-2, epsilon=1e-3)
+    m = model([node], [("x", (2, 3, 4))], [("y", None), ("mean", None), ("inv", None)], [("g", rand(3, 4))])
+    imp = check(m, {"x": rand(2, 3, 4)})
+    assert "layernorm(x, g, y_bias, axis=-2, eps=0.001)" in graph_text(imp.graph).replace("\n", "")
+
+
+def test_unused_optional_outputs_are_pruned():
+    node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y", "mean"], axis=-1)
+    m = model([node], [("x", (2, 4))], [("y", None)], [("g", rand(4)), ("b", rand(4))])
+    imp = check(m, {"x": rand(2, 4)})
+    assert [n.op for n in imp.graph.nodes if n.op != "input"] == ["layernorm"]
+
+
+def test_layout_ops():
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("Reshape", ["t", "shape"], ["r"]),
+        helper.make_node("Slice", ["r", "starts", "ends", "axes"], ["s"]),
+        helper.make_node("Concat", ["s", "s"], ["c"], axis=-1),
+        helper.make_node("Flatten", ["c"], ["f"], axis=1),
+        helper.make_node("Unsqueeze", ["f", "uax"], ["u"]),
+        helper.make_node("Squeeze", ["u", "uax"], ["q"]),
+        helper.make_node("Identity", ["q"], ["out"]),
+    ]
+    inits = [("shape", np.array([0, -1, 2], np.int64)), ("starts", np.array([1, -1], np.int64)),
+             ("ends", np.array([2**63 - 1, 2**63 - 1], np.int64)), ("axes", np.array([1, 2], np.int64)),
+             ("uax", np.array([0], np.int64))]
+    check(model(nodes, [("x", (2, 4, 3))], [("out", None)], inits), {"x": rand(2, 4, 3)})
+
+
+def test_split_into_equal_and_given_parts():
+    nodes = [helper.make_node("Split", ["x"], ["a", "b", "c"], axis=1, num_outputs=3),
+             helper.make_node("Split", ["x", "sizes"], ["d", "e"], axis=-1)]
+    m = model(nodes, [("x", (2, 9, 5))], [(n, None) for n in "abcde"], [("sizes", np.array([2, 3], np.int64))])
+    check(m, {"x": rand(2, 9, 5)})
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(pads=[1, 1, 1, 1]),
+    dict(strides=[2, 2], pads=[1, 0, 1, 0]),
+    dict(pads=[0, 1, 2, 1]),  # asymmetric: pad by the larger side, slice the extra outputs off
+    dict(auto_pad="SAME_UPPER", strides=[2, 2]),
+    dict(auto_pad="SAME_LOWER"),
+    dict(auto_pad="VALID", strides=[1, 2]),
+])
+def test_conv_padding(attrs):
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)
+    m = model([node], [("x", (1, 3, 7, 6))], [("y", None)], [("w", rand(4, 3, 3, 3)), ("b", rand(4))])
+    check(m, {"x": rand(1, 3, 7, 6)}, rtol=1e-4, atol=1e-5)
+
+
+def test_batchnorm_inference():
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "mean", "var"], ["y"], epsilon=1e-3)
+    inits = [("s", rand(3)), ("b", rand(3)), ("mean", rand(3)), ("var", np.abs(rand(3)) + 0.5)]
+    imp = check(model([node], [("x", (2, 3, 4, 4))], [("y", None)], inits), {"x": rand(2, 3, 4, 4)})
+    assert "batchnorm(x, mean, var, s, b, eps=0.001)" in graph_text(imp.graph)
+
+
+def test_max_min_sum_mean_are_pairwise():
+    nodes = [helper.make_node("Max", ["a", "b", "c"], ["m"]), helper.make_node("Min", ["m", "a"], ["n"]),
+             helper.make_node("Sum", ["n", "b"], ["s"]), helper.make_node("Mean", ["s", "c", "a"], ["y"])]
+    check(model(nodes, [("a", (2, 3)), ("b", (3,)), ("c", (2, 1))], [("y", None)]),
+          {"a": rand(2, 3), "b": rand(3), "c": rand(2, 1)})
+
+
+# ---------------------------------------------------------------- constants and folding
+
+
+def test_shape_arithmetic_is_folded_when_shapes_are_concrete():
+    """The TorchScript exporter's Shape -> Gather -> Unsqueeze -> Concat -> Reshape chains."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Gather", ["shp", "zero"], ["b"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "ax0"], ["b1"]),
+        helper.make_node("Concat", ["b1", "rest"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    inits = [("zero", np.array(0, np.int64)), ("ax0", np.array([0], np.int64)), ("rest", np.array([-1], np.int64))]
+    m = model(nodes, [("x", ("B", 3, 4))], [("y", None)], inits)
+    with pytest.raises(EqfuseError, match=r"Shape of a tensor with named dims \['B', 3, 4\].*in node 'shp'"):
+        import_onnx(m)
+    imp = check(m, {"x": rand(2, 3, 4)}, dims={"B": 2})
+    assert [n.op for n in imp.graph.nodes] == ["input", "reshape"]
+
+
+def test_tensor_constants_become_parameters():
+    mask = np.triu(np.full((3, 3), -1e9, np.float32), 1)
+    nodes = [helper.make_node("Constant", [], ["mask"], value=numpy_helper.from_array(mask)),
+             helper.make_node("Add", ["x", "mask"], ["s"]), helper.make_node("Softmax", ["s"], ["y"])]
+    imp = check(model(nodes, [("x", (2, 3, 3))], [("y", None)]), {"x": rand(2, 3, 3)})
+    assert [n for n, _ in imp.graph.params] == ["x", "mask"]
+    np.testing.assert_array_equal(imp.params["mask"], mask)
+
+
+def test_a_weight_read_twice_is_one_parameter():
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("MatMul", ["a", "w"], ["y"])]
+    imp = check(model(nodes, [("x", (2, 4))], [("y", None)], [("w", rand(4, 4))]), {"x": rand(2, 4)})
+    assert list(imp.params) == ["w"]
+
+
+def test_values_fix_runtime_inputs():
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, (2, 6)),
+                                        helper.make_tensor_value_info("shape", TensorProto.INT64, (2,))],
+                          [helper.make_tensor_value_info("y", F, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(EqfuseError, match="input 'shape' has dtype INT64"):
+        import_onnx(m)
+    imp = check(m, {"x": rand(2, 6), "shape": np.array([3, -1], np.int64)}, values={"shape": np.array([3, -1])})
+    assert imp.inputs == ["x"]
+
+
+# ---------------------------------------------------------------- names and dims
+
+
+def test_names_are_sanitized_into_identifiers():
+    nodes = [helper.make_node("MatMul", ["input.1", "/layer.0/weight:0"], ["/layer.0/MatMul_output_0"]),
+             helper.make_node("Relu", ["/layer.0/MatMul_output_0"], ["return"])]
+    m = model(nodes, [("input.1", ("batch size", 4))], [("return", None)], [("/layer.0/weight:0", rand(4, 2))],
+              name="torch-jit-export")
+    imp = check(m, {"input.1": rand(3, 4)})
+    text = graph_text(imp.graph)
+    assert text.startswith("graph torch_jit_export(input_1: f32[batch_size, 4],")
+    assert [n for n, _ in imp.graph.params] == ["input_1", "layer_0_weight_0"]
+    assert text.endswith("    return_ = relu(input_1 @ layer_0_weight_0)\n    return return_\n}\n")
+    assert sanitize("0abc") == "v_0abc" and sanitize("kernel") == "kernel_" and sanitize("::") == "v"
+
+
+def test_dims_bind_named_dimensions():
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [("x", ("N", "seq", 4))], [("y", None)])
+    assert import_onnx(m).params[0][1].shape == ("N", "seq", 4)
+    assert import_onnx(m, dims={"N": 2}).params[0][1].shape == (2, "seq", 4)
+
+
+def test_reshape_keeps_a_named_batch_dim():
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"])
+    m = model([node], [("x", ("B", 8, 32))], [("y", None)], [("shape", np.array([0, 8, 4, 8], np.int64))])
+    imp = check(m, {"x": rand(2, 8, 32)})
+    assert imp.graph.result_types[0].shape == ("B", 8, 4, 8)
+    assert "reshape(x, shape=[-1, 8, 4, 8])" in graph_text(imp.graph)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_unsupported_op_names_the_op_and_node():
+    node = helper.make_node("Where", ["c", "x", "x"], ["y"], name="Where_12")
+    m = model([node], [("c", (2,)), ("x", (2,))], [("y", None)])
+    with pytest.raises(EqfuseError) as e:
+        import_onnx(m)
+    assert e.value.message == "unsupported ONNX op 'Where' in node 'Where_12'"
+
+
+@pytest.mark.parametrize("node,msg", [
+    (helper.make_node("Conv", ["x", "w"], ["y"], group=2, name="c1"), r"group=2 .*'Conv' in node 'c1'"),
+    (helper.make_node("Conv", ["x", "w"], ["y"], dilations=[2, 2], name="c2"), r"dilations .*in node 'c2'"),
+    (helper.make_node("Relu", ["x"], ["y"], foo=1, name="r"), r"unsupported attribute 'foo' of ONNX op 'Relu' in node 'r'"),
+    (helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"], name="s"), r"steps \[2\].*in node 's'"),
+])
+def test_unsupported_attributes_name_the_op_and_node(node, msg):
+    inits = [("w", rand(4, 4, 1, 1)), ("s", np.array([0])), ("e", np.array([4])), ("a", np.array([1])),
+             ("st", np.array([2]))]
+    m = model([node], [("x", (1, 4, 4, 4))], [("y", None)], [i for i in inits if i[0] in node.input])
+    with pytest.raises(EqfuseError, match=msg):
+        import_onnx(m)
+
+
+def test_unsupported_dtype_and_custom_domain():
+    node = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.INT32, name="cast")
+    with pytest.raises(EqfuseError, match="cast to a non-float dtype of ONNX op 'Cast' in node 'cast'"):
+        import_onnx(model([node], [("x", (2,))], [("y", None)]))
+    node = helper.make_node("FusedGemm", ["x"], ["y"], domain="com.microsoft", name="fg")
+    with pytest.raises(EqfuseError, match="unsupported ONNX op 'com.microsoft.FusedGemm' in node 'fg'"):
+        import_onnx(model([node], [("x", (2,))], [("y", None)]))
+
+
+def test_shape_errors_name_the_node():
+    node = helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")
+    with pytest.raises(EqfuseError, match="MatMul: matmul inner dimensions differ.* in node 'mm'"):
+        import_onnx(model([node], [("a", (2, 3)), ("b", (4, 5))], [("y", None)]))
+
+
+def test_unreadable_file(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(EqfuseError, match="not a readable ONNX model"):
+        load(str(bad))
+    with pytest.raises(EqfuseError, match="no such file"):
+        load(str(tmp_path / "missing.onnx"))
+
+
+# ---------------------------------------------------------------- the .onnx path through the API
+
+
+def test_onnx_path_through_reference_and_compile(tmp_path):
+    w, b = rand(4, 3), rand(3)
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    path = tmp_path / "m.onnx"
+    onnx.save(model(nodes, [("x", ("B", 4))], [("y", None)], [("w", w), ("b", b)]), path)
+    x = rand(5, 4)
+    want = np.maximum(x @ w + b, 0)
+    np.testing.assert_allclose(eqfuse.reference(str(path))(x, w, b), want, rtol=1e-5, atol=1e-6)
+    assert list(onnx_params(path)) == ["w", "b"]
+    if hasattr(eqfuse, "compile"):
+        mod = eqfuse.compile(str(path), params=onnx_params(path))
+        np.testing.assert_allclose(mod(x), want, rtol=1e-4, atol=1e-5)
+
+
+def test_small_decompositions():
+    """Ops without an eqfuse op of their own: Reciprocal, ReduceSumSquare, ReduceMin, an int exponent."""
+    nodes = [helper.make_node("Reciprocal", ["x"], ["r"]),
+             helper.make_node("ReduceSumSquare", ["r", "ax"], ["s"], keepdims=1),
+             helper.make_node("ReduceMin", ["x", "ax0"], ["m"], keepdims=0),
+             helper.make_node("Pow", ["x", "two"], ["p"]),
+             helper.make_node("Dropout", ["p"], ["d"]),
+             helper.make_node("Cast", ["d"], ["y"], to=TensorProto.FLOAT)]
+    m = model(nodes, [("x", (2, 3))], [("s", None), ("m", None), ("y", None)],
+              [("ax", np.array([1], np.int64)), ("ax0", np.array([0], np.int64)), ("two", np.array([2], np.int64))])
+    check(m, {"x": rand(2, 3) + 3})
+
+
+def test_only_weights_read_as_data_are_parameters():
+    """A weight that only Shape reads is folded away; an unused runtime input stays in the signature."""
+    nodes = [helper.make_node("Shape", ["w"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["y"])]
+    imp = check(model(nodes, [("x", (6,)), ("unused", (2,))], [("y", None)], [("w", rand(2, 3))]),
+                {"x": rand(6), "unused": rand(2)})
+    assert [n for n, _ in imp.graph.params] == ["x", "unused"] and imp.params == {}

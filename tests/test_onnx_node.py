@@ -1,0 +1,82 @@
+"""onnx's own backend node tests, run through eqfuse's ONNX backend, for every supported op.
+
+Every node test of a supported op runs (onnx builds them in memory from onnx.backend.test.case),
+through eqfuse.compile when it works (eqfuse.onnx_backend.engine()); the cases excluded below
+are outside what eqfuse supports, each for the reason given next to it.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+import onnx.backend.test  # noqa: E402
+
+from eqfuse.onnx_backend import EqfuseBackend  # noqa: E402
+
+SUPPORTED = [
+    "add", "sub", "mul", "div", "pow", "matmul", "gemm", "relu", "gelu", "sigmoid", "tanh", "erf",
+    "exp", "sqrt", "softmax", "layer_normalization", "reduce_mean", "reduce_sum", "reduce_max",
+    "transpose", "reshape", "slice", "concat", "conv", "batchnorm", "constant", "identity",
+]
+
+EXCLUDED = {
+    # integer, unsigned and bool tensors: eqfuse computes in float32 only
+    r"_u?int(8|16|32|64)": "integer dtype",
+    r"_int32_trunc": "integer dtype",
+    r"test_pow_types_": "integer operands",
+    r"_bool": "bool dtype",
+    r"test_matmulinteger|test_convinteger": "integer ops (different ONNX ops)",
+    # empty tensors: eqfuse dimensions are positive
+    r"_empty_set": "empty tensor (a 0-sized dimension)",
+    r"test_reshape_allowzero_reordered": "empty tensor (a 0-sized dimension)",
+    r"test_slice_start_out_of_bounds|test_slice_end_out_of_bounds": "empty slice result",
+    r"test_slice_neg_steps": "Slice with step != 1",
+    # training-mode batchnorm computes batch statistics and extra outputs
+    r"test_batchnorm_.*_training_mode": "training mode",
+    # other ops that share a prefix with a supported one
+    r"test_convtranspose": "ConvTranspose",
+    r"test_constant_pad": "Pad",
+    r"test_constantofshape": "ConstantOfShape of a runtime shape",
+    r"test_reduce_sum_square": "ReduceSumSquare",
+    r"test_layer_normalization_.*_expanded": "the function expansion uses Reciprocal (not a supported op)",
+    r"test_identity_sequence|test_identity_opt": "sequence / optional values",
+    r"test_conv_with_strides_and_asymmetric_padding": "asymmetric padding (pads=[1,0,1,0])",
+}
+
+INCLUDE = re.compile(rf"^test_({'|'.join(SUPPORTED)})(_.*)?_cpu$")
+EXCLUDE = re.compile("|".join(EXCLUDED))
+
+with warnings.catch_warnings():  # onnx's case generators overflow casts on purpose
+    warnings.simplefilter("ignore")
+    backend_test = onnx.backend.test.BackendTest(EqfuseBackend, __name__)
+backend_test.include(INCLUDE.pattern)
+for pattern in EXCLUDED:
+    backend_test.exclude(pattern)
+
+
+def _selected(name: str) -> bool:
+    return bool(INCLUDE.match(name)) and not EXCLUDE.search(name)
+
+
+# Only the selected cases become tests (not thousands of skipped ones).
+for _name, _case in backend_test.test_cases.items():
+    for _attr in [a for a in vars(_case) if a.startswith("test_") and not _selected(a)]:
+        delattr(_case, _attr)
+    if any(a.startswith("test_") for a in vars(_case)):
+        globals()[_name] = _case
+
+
+def selected_names() -> list[str]:
+    return [a for v in list(globals().values()) if isinstance(v, type) and v.__name__.startswith("OnnxBackend")
+            for a in vars(v) if a.startswith("test_")]
+
+
+def test_selection_covers_every_supported_op():
+    names = selected_names()
+    for op in SUPPORTED:
+        assert any(re.match(rf"test_{op}(_.*)?_cpu$", n) for n in names), op
