@@ -34,7 +34,7 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ArgumentError(f"threads= expects a positive integer, got {threads!r}")
     graphs = load(src)
-    params = dict(params or {})
+    params = {**_onnx_weights(src), **(params or {})}
     _check_param_names(graphs, params)
     functions, reports, optimized = [], {}, []
     for g in graphs:
@@ -54,6 +54,15 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
 
     report = reports[graphs[0].name] if len(graphs) == 1 else reports
     return Module(functions, report, text)
+
+
+def _onnx_weights(src) -> dict[str, np.ndarray]:
+    """An .onnx model's initializers, bound as params by default (the user's params= win)."""
+    if isinstance(src, (str, os.PathLike)) and str(src).endswith(".onnx") and "\n" not in str(src):
+        from .onnx_import import onnx_params
+
+        return onnx_params(src)
+    return {}
 
 
 def _check_param_names(graphs: list[Graph], params: Mapping[str, Any]) -> None:

@@ -40,6 +40,17 @@ def test_compile_onnx_path_with_params(tmp_path):
     np.testing.assert_allclose(mod(a), 0.5 * a.T @ b.T + 2.0 * c, rtol=1e-4, atol=1e-5)
 
 
+def test_compile_onnx_path_binds_initializers_by_default(tmp_path):
+    """compile("model.onnx") binds the initializers itself; params= overrides one of them."""
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((4, 3), (3, 5), (5,)))
+    path = tmp_path / "gemm.onnx"
+    onnx.save(model([helper.make_node("Gemm", ["a", "b", "c"], ["y"])],
+                    [("a", [4, 3])], [("y", [4, 5])], {"b": b, "c": c}), path)
+    np.testing.assert_allclose(eqfuse.compile(str(path))(a), a @ b + c, rtol=1e-4, atol=1e-5)
+    c2 = np.ones(5, np.float32)
+    np.testing.assert_allclose(eqfuse.compile(path, params={"c": c2})(a), a @ b + c2, rtol=1e-4, atol=1e-5)
+
+
 def test_compiled_conv_batchnorm_softmax(tmp_path):
     x, w = rng.standard_normal((2, 3, 6, 6)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
     mean, var = rng.standard_normal(4).astype(np.float32), (np.abs(rng.standard_normal(4)) + 0.5).astype(np.float32)
