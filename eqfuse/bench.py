@@ -109,7 +109,7 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
         rows[1][1].append(t_u)
         rows[2][1].append(t_f)
         for k, (_, fn) in enumerate(peers):
-            rows[3 + k][1].append(median_time(fn, repeat))
+            rows[3 + k][1].append(median_time(lambda: fn(t), repeat) if fn else float("nan"))
     blas_threads(max(threads))
     head = f"{g.name} ({', '.join(f'{k}={v}' for k, v in dims.items()) or 'static shapes'}), median of {repeat}"
     lines = [head, f"{'':34}" + "".join(f"{'threads=' + str(t):>24}" for t in threads)]
@@ -117,21 +117,30 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
         cells = "".join(f"{t * 1e3:>12.3f} ms {rows[0][1][k] / t:>6.2f}x  " for k, t in enumerate(ts))
         lines.append(f"{name:<34}{cells}")
     lines.append("ratio = numpy time / this time (higher is faster), measured in this run")
-    if not peers:
-        lines.append(peer_note())
+    lines.append(peer_note() if not peers else
+                 "torch rows: the same graph op by op in torch (eager) and through torch.compile; onnxruntime: "
+                 + ("installed, not measured" if _has("onnxruntime") else "not installed"))
     return "\n".join(lines)
 
 
-def _peers(g, arrays) -> list[tuple[str, Callable]]:
-    """Peer runtimes to compare with; none yet (no torch/onnx exporter for eqfuse graphs)."""
-    return []
+def _peers(g, arrays) -> list[tuple[str, Callable | None]]:
+    """Peer runtimes on the same graph and inputs: torch eager and torch.compile when torch is installed."""
+    from .peers import torch_peers
+
+    return torch_peers(g, arrays)
+
+
+def _has(pkg: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(pkg) is not None
 
 
 def peer_note() -> str:
     import importlib.util
 
     notes = []
-    for pkg, label in (("torch", "torch.compile"), ("onnxruntime", "onnxruntime")):
-        state = "installed, but eqfuse has no exporter to it yet" if importlib.util.find_spec(pkg) else "not installed"
+    for pkg, label in (("torch", "torch eager / torch.compile"), ("onnxruntime", "onnxruntime")):
+        state = "no exporter from eqfuse graphs yet" if importlib.util.find_spec(pkg) else "not installed"
         notes.append(f"{label}: {state}")
     return "; ".join(notes) + " (not measured)"
