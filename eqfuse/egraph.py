@@ -239,7 +239,7 @@ def graph_program(g: Graph) -> list[str]:
     """One `let` per node (a DAG stays a DAG), its shape facts, and the outputs."""
     lines = []
     for i, n in enumerate(g.nodes):
-        v = f"$n{i}"
+        v = _let_name(i)
         if n.op == "input":
             e = f"(In {q(n.name)})"
         elif n.op == "const":
@@ -248,15 +248,22 @@ def graph_program(g: Graph) -> list[str]:
             raise EqfuseError("internal: kernel blocks are inlined before loading the e-graph")
         else:
             op = OPS[n.op]
-            args = " ".join(f"$n{a}" for a in n.args)
+            args = " ".join(_let_name(a) for a in n.args)
             attrs = " ".join(q(attr_text(s.kind, n.attr[s.name])) for s in op.attrs)
             e = f"({t_ctor(n.op, len(n.args))} {args} {attrs})".replace(" )", ")")
         lines.append(f"(let {v} {e})")
         lines.append(f"(set (orig {v}) {i})")
         lines += fact_lines(v, n.type.shape)
     for k, o in enumerate(g.outputs):
-        lines.append(f"(Out {k} $n{o})")
+        lines.append(f"(Out {k} {_let_name(o)})")
     return lines
+
+
+def _let_name(i: int) -> str:
+    """The egglog global of node i. No name may be a prefix of another: with `$n1` and `$n11`,
+    egglog 13.2 resolved `$n1` to the value of `$n11` once enough `set` facts were loaded
+    (tests/test_random_compile.py::test_unused_parameters_do_not_change_the_result reproduces it)."""
+    return f"$n{i}_"
 
 
 def fact_lines(v: str, shape) -> list[str]:
