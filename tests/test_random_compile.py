@@ -73,3 +73,71 @@ def test_unused_parameters_do_not_change_the_result():
     got = run(optimize_graph(g).graph, xs)
     for o, w in zip(got, want):
         np.testing.assert_allclose(o, w, rtol=1e-6)
+
+
+@st.composite
+def random_typed_model(draw):
+    """Graphs over rank-3 tensors whose ops change shapes: batched and transposed contractions,
+    attention, layout ops (transpose, slice, concat, reshape), reductions, row ops."""
+    B, n, m = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 4, 9])), draw(st.sampled_from([3, 8, 17]))
+    vals = {"a": (B, n, m), "b": (B, n, m), "c": (m,), "w": (m, m), "g": (m,), "be": (m,)}
+    lines = []
+    for i in range(draw(st.integers(2, 6))):
+        x = draw(st.sampled_from([k for k, s in vals.items() if len(s) == 3]))
+        s = vals[x]
+        same = [k for k, t in vals.items() if t == s or t == (s[-1],)] + ["0.5"]
+        options = ["unary", "binary", "reduce", "transpose", "concat", "reshape"]
+        if s[-1] == m:
+            options += ["matmul", "row", "row"]
+        if s[-1] > 2:
+            options.append("slice")
+        if sum(t == s for t in vals.values()) >= 2:
+            options += ["bmm_t", "attention"]
+        kind = draw(st.sampled_from(options))
+        if kind == "unary":
+            u = draw(st.sampled_from(UNARY))
+            e, t = (u.format(x=x) if "{x}" in u else f"{u}({x})"), s
+        elif kind == "binary":
+            e, t = f"{x} {draw(st.sampled_from(['+', '-', '*']))} {draw(st.sampled_from(same))}", s
+        elif kind == "reduce":
+            ax = draw(st.sampled_from([1, 2]))
+            e, t = f"{x} - mean({x}, axis={ax}, keepdims=true)", s
+        elif kind == "transpose":
+            e, t = f"transpose({x}, perm=[0, 2, 1])", (s[0], s[2], s[1])
+        elif kind == "concat":
+            e, t = f"concat({x}, {x}, axis=1)", (s[0], 2 * s[1], s[2])
+        elif kind == "reshape":
+            e, t = f"reshape({x}, shape=[{s[0]}, {s[2]}, {s[1]}])", (s[0], s[2], s[1])
+        elif kind == "slice":
+            e, t = f"slice({x}, axis=2, start=1, stop={s[2] - 1})", (s[0], s[1], s[2] - 2)
+        elif kind == "matmul":
+            e, t = draw(st.sampled_from(["{x} @ w + c", "relu({x} @ transpose(w))"])).format(x=x), s
+        elif kind == "row":
+            e, t = draw(st.sampled_from(["layernorm({x} + b, g, be)" if s == vals["b"] else "layernorm({x}, g, be)",
+                                         "softmax({x})", "rmsnorm({x}, g)"])).format(x=x), s
+        else:
+            y = draw(st.sampled_from([k for k, t in vals.items() if t == s]))
+            if kind == "bmm_t":
+                e, t = f"{x} @ transpose({y}, perm=[0, 2, 1])", (s[0], s[1], s[1])
+            else:
+                e, t = f"softmax({x} @ transpose({y}, perm=[0, 2, 1]) * 0.25, axis=-1) @ {y}", s
+        lines.append(f"    t{i} = {e}")
+        vals[f"t{i}"] = t
+    names = [k for k in vals if k.startswith("t")]
+    outs = sorted(set(draw(st.lists(st.sampled_from(names), min_size=0, max_size=1))) | {names[-1]})
+    sig = ", ".join("f32[" + ", ".join(map(str, vals[o])) + "]" for o in outs)
+    params = ", ".join(f"{k}: f32[{', '.join(map(str, s))}]" for k, s in vals.items() if not k.startswith("t"))
+    return f"graph r({params}) -> ({sig}) {{\n" + "\n".join(lines) + f"\n    return {', '.join(outs)}\n}}\n"
+
+
+@settings(max_examples=12, deadline=None)
+@given(random_typed_model(), st.sampled_from([True, False]))
+def test_random_shape_changing_graphs_compile_and_match_the_reference(src, fuse):
+    g = one_graph(src)
+    xs = rand_inputs(g, seed=7)
+    want = run(g, xs)
+    got = eqfuse.compile(src, fuse=fuse)(*xs)
+    got = [got] if isinstance(got, np.ndarray) else list(got)
+    for o, w in zip(got, want):
+        assert o.shape == w.shape and o.dtype == np.float32
+        np.testing.assert_allclose(o, w, rtol=1e-3, atol=1e-4, err_msg=src)
