@@ -1,12 +1,10 @@
-/* {{NAME}}: flash attention, {{BATCH}} x [{{SQ}} x {{D}}] queries against {{SK}} keys, Dv = {{DV}}.
- * Blocks of {{BQ}} queries run against tiles of {{BK}} keys with an online softmax: only a
- * {{BQ}} x {{BK}} score tile exists at any time, never the {{SQ}} x {{SK}} matrix.
- * K is first transposed once per head to [D][SKP] (keys padded to whole tiles with zeros). */
 EQF_WIDE_BEGIN
 /* {{NAME}}: flash attention, {{BATCH}} x [{{SQ}} x {{D}}] queries against {{SK}} keys, Dv = {{DV}}.
  * Blocks of {{BQ}} queries run against tiles of {{BK}} keys with an online softmax: only a
  * {{BQ}} x {{BK}} score tile exists at any time, never the {{SQ}} x {{SK}} matrix.
- * K is first transposed once per head to [D][SKP] (keys padded to whole tiles with zeros). */
+ * K is first transposed once per head to [D][SKP] (keys padded to whole tiles with zeros).
+ * q, k^T and v are read through strides (row, column) and the result is written through
+ * strides, so head split and merge transposes cost nothing. */
 void {{NAME}}({{PARAMS}})
 {
     enum { BQ = {{BQ}}, BK = {{BK}}, D = {{D}}, DV = {{DV}}, SKP = {{SKP}} };
@@ -16,11 +14,11 @@ void {{NAME}}({{PARAMS}})
         abort();
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
     for (long kb = 0; kb < {{NKB}}; kb++) {
-        const float* restrict kp = {{K}} + kb * (long){{SK}} * D;
+        const float* restrict kp = {{K}} + ({{KSRC}});
         float* restrict kt = ktall + kb * (long)D * SKP;
         for (long d = 0; d < D; d++) {
             for (long j = 0; j < {{SK}}; j++)
-                kt[d * SKP + j] = {{KLOAD}};
+                kt[d * SKP + j] = kp[d * {{KD}} + j * {{KJ}}];
             for (long j = {{SK}}; j < SKP; j++)
                 kt[d * SKP + j] = 0.0f;
         }
@@ -30,14 +28,14 @@ void {{NAME}}({{PARAMS}})
         const long b = t / nqb;
         const long i0 = (t % nqb) * BQ;
         const long nq = eqf_minl(BQ, {{SQ}} - i0);
-        const float* restrict qp = {{Q}} + ({{QOFF}}) + i0 * D;
-        const float* restrict ktp = ktall + (({{KOFF}}) / ((long){{SK}} * D)) * D * SKP;
+        const float* restrict qp = {{Q}} + ({{QOFF}}) + i0 * {{QR}};
+        const float* restrict ktp = ktall + ({{KBI}}) * D * SKP;
         const float* restrict vp = {{V}} + ({{VOFF}});
 {{OFFSETS}}
         float qb[BQ][D], s[BQ][BK], acc[BQ][DV], m[BQ], l[BQ];
         for (long ii = 0; ii < BQ; ii++) {
             for (long d = 0; d < D; d++)
-                qb[ii][d] = ii < nq ? qp[ii * D + d] : 0.0f;
+                qb[ii][d] = ii < nq ? qp[ii * {{QR}} + d * {{QC}}] : 0.0f;
             for (long e = 0; e < DV; e++)
                 acc[ii][e] = 0.0f;
             m[ii] = -INFINITY;
@@ -99,15 +97,15 @@ void {{NAME}}({{PARAMS}})
 #if defined(__AVX512F__) && {{VEC}}
             for (long ii = 0; ii < BQ; ii += 4)
                 for (long e0 = 0; e0 < DV; e0 += 64)
-                    eqf_pv_4x64(&s[ii][0], BK, vp + j0 * DV + e0, DV, nk, &acc[ii][e0], DV);
+                    eqf_pv_4x64(&s[ii][0], BK, vp + j0 * {{VR}} + e0, {{VR}}, nk, &acc[ii][e0], DV);
 #else
             for (long jj = 0; jj < nk; jj++) {
-                const float* restrict vr = vp + (j0 + jj) * DV;
+                const float* restrict vr = vp + (j0 + jj) * {{VR}};
                 for (long ii = 0; ii < BQ; ii++) {
                     const float p = s[ii][jj];
                     #pragma omp simd
                     for (long e = 0; e < DV; e++)
-                        acc[ii][e] += p * vr[e];
+                        acc[ii][e] += p * vr[e * {{VC}}];
                 }
             }
 #endif
@@ -117,9 +115,8 @@ void {{NAME}}({{PARAMS}})
             const float inv = 1.0f / l[ii];
             for (long e = 0; e < DV; e++) {
                 const float v = acc[ii][e] * inv;
-{{EPI_OFFSETS}}
 {{EPI_BODY}}
-                out[({{OUT_OFF}}) + i * DV + e] = {{EPI}};
+                out[({{OUT_OFF}}) + i * {{OR}} + e * {{OC}}] = {{EPI}};
             }
         }
     }

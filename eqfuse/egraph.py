@@ -42,6 +42,7 @@ from .rules import AttrVar, Cond, PKernel, PNum, POp, PVar, Rule, Test
 
 RULESET = "eqf"
 FACTS = ("rank", "dim", "dimn", "shape", "size", "sizen")
+ANALYSES = ("orig", "hv", "vw")  # bookkeeping functions on classes, never e-nodes of the graph
 
 
 # ---------------------------------------------------------------- canonical text of values
@@ -145,6 +146,7 @@ def declarations(concat_arities: Iterable[int] = ()) -> str:
         "(function size (T) String :merge old)",
         "(function sizen (T) i64 :merge old)",
         "(function hv (S) i64 :merge (min old new))",
+        "(relation vw (S))",
         f"(ruleset {RULESET})",
         "(ruleset facts)",
     ]
@@ -167,16 +169,17 @@ def heavy_weight(op: str) -> int:
 
 
 # A candidate kernel body may hold at most one heavy op, except on the way to attention
-# (softmax(q @ k^T ...) @ v holds three). A layout op reading a tensor in memory is a way of
-# reading it (x @ transpose(w)), not a heavy op. These are the backend's kernel shapes
+# (softmax(q @ k^T ...) @ v holds three). A view -- a tensor in memory read through transposes
+# and reshapes (vw) -- is a way of reading it (x @ transpose(w)), not a heavy op. These are the backend's kernel shapes
 # (eqfuse.kernels.classify), applied while rules grow kernels so illegal bodies are not grown
 # further; extraction checks every candidate with classify itself.
 HEAVY_LIMIT = 1
 HEAVY_LIMIT_ATTENTION = 3  # when the kernel's root op is softmax or matmul
+VIEW_OPS = ("transpose", "reshape")
 
 
 def _heavy_rules(concat_arities) -> list[str]:
-    out = ["(rule ((= ?e (L ?t))) ((set (hv ?e) 0)) :ruleset facts)",
+    out = ["(rule ((= ?e (L ?t))) ((set (hv ?e) 0) (vw ?e)) :ruleset facts)",
            "(rule ((= ?e (Cs ?c))) ((set (hv ?e) 0)) :ruleset facts)"]
     for op in OPS.values():
         na = len(op.attrs)
@@ -199,9 +202,9 @@ def _heavy_rules(concat_arities) -> list[str]:
             else:
                 total = f"(+ {w} (+ {hs[0]} {hs[1]}))"
             out.append(f"(rule ((= ?e {pat}) {facts}) ((set (hv ?e) {total})) :ruleset facts)")
-            if op.kind == "layout" and n == 1:
-                lp = f"({s_ctor(op.name, n)} (L ?t) {' '.join(attrs)})".replace(" )", ")")
-                out.append(f"(rule ((= ?e {lp})) ((set (hv ?e) 0)) :ruleset facts)")
+            if op.name in VIEW_OPS:
+                lp = f"({s_ctor(op.name, n)} ?x {' '.join(attrs)})".replace(" )", ")")
+                out.append(f"(rule ((= ?e {lp}) (vw ?x)) ((set (hv ?e) 0) (vw ?e)) :ruleset facts)")
     return out
 
 
@@ -452,17 +455,22 @@ def _heavy_guard(p, tvars: set[str]) -> list[str]:
                 if x.name not in tvars and x.name not in svars:
                     svars.append(x.name)
             elif isinstance(x, POp):
-                w = heavy_weight(x.op)
-                if OPS[x.op].kind == "layout" and all(isinstance(a, PVar) and a.name in tvars for a in x.args):
-                    w = 0
-                written += w
+                written += 0 if is_view(x) else heavy_weight(x.op)
                 for a in x.args:
                     walk(a)
 
-        walk(k.result)
+        def is_view(x) -> bool:  # a tensor variable under transposes and reshapes
+            if isinstance(x, PVar):
+                return x.name in tvars
+            return isinstance(x, POp) and x.op in VIEW_OPS and is_view(x.args[0])
+
+        top = k.result
+        while isinstance(top, POp) and top.op in VIEW_OPS and not is_view(top):
+            top = top.args[0]  # layout ops over the result write it in another layout: not heavy
+        walk(top)
         if not svars and written <= HEAVY_LIMIT:
             continue
-        root = k.result.op if isinstance(k.result, POp) else ""
+        root = top.op if isinstance(top, POp) else ""
         limit = HEAVY_LIMIT_ATTENTION if root in ("softmax", "matmul") else HEAVY_LIMIT
         total = str(written)
         for v in svars:
@@ -530,7 +538,7 @@ class EGraph:
     def size(self) -> int:
         out = self._run("(print-size)")[0]
         sizes = _sizes(out)
-        return sum(v for k, v in sizes.items() if k not in FACTS and k not in ("orig", "hv"))
+        return sum(v for k, v in sizes.items() if k not in FACTS and k not in ANALYSES)
 
     def saturate(self, iter_limit: int | None = None, node_limit: int | None = None,
                  time_limit: float | None = None, progress=None) -> SaturationStats:
@@ -640,7 +648,7 @@ class EData:
             if op == "Out":
                 outputs[int(pval(ch[0]))] = cid(raw[ch[1]]["eclass"])
                 continue
-            if op in FACTS or op == "hv":
+            if op in FACTS or op in ANALYSES:
                 continue
             c = cid(ec)
             s = ec.split("-")[0]

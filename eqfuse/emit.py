@@ -29,11 +29,45 @@ def contiguous(shape) -> tuple[int, ...]:
     return tuple(reversed(st))
 
 
-def bstrides(view, space) -> tuple[int, ...]:
-    """Element strides of a contiguous tensor of shape `view` read at each index of `space`
-    (right-aligned, numpy broadcasting: stride 0 along broadcast dims)."""
-    view = (1,) * (len(space) - len(view)) + tuple(view)
-    return tuple(0 if v == 1 else s for v, s in zip(view, contiguous(view)))
+def bstrides(view, space, strides=None) -> tuple[int, ...]:
+    """Element strides of a tensor of shape `view` (contiguous unless `strides` are given) read
+    at each index of `space` (right-aligned, numpy broadcasting: stride 0 along broadcast dims)."""
+    strides = contiguous(view) if strides is None else tuple(strides)
+    pad = len(space) - len(view)
+    return (0,) * pad + tuple(0 if v == 1 else s for v, s in zip(view, strides))
+
+
+def view_strides(body: Graph, i: int) -> tuple[int, tuple[int, ...]]:
+    """(the input, the element strides of node i's shape in that input's buffer) for a node that
+    reads an input in place through reshapes and transposes (kernels.view_source)."""
+    n = body.nodes[i]
+    if n.op == "input":
+        return i, contiguous(n.type.shape)
+    src, st = view_strides(body, n.args[0])
+    if n.op == "transpose":
+        perm = n.attr["perm"] or tuple(reversed(range(n.type.rank)))
+        return src, tuple(st[p] for p in perm)
+    return src, contiguous(n.type.shape)  # a reshape, only ever of a contiguous buffer
+
+
+def result_strides(body: Graph, result: int) -> tuple[int, ...]:
+    """The element strides in the (contiguous) output buffer at which node `result` is written
+    when the body's output is `result` under reshapes, then transposes (the head merge)."""
+    i = body.outputs[0]
+    st = contiguous(body.nodes[i].type.shape)
+    while i != result:
+        n = body.nodes[i]
+        a = n.args[0]
+        if n.op == "transpose":  # out dim k is dim perm[k] of the operand
+            perm = n.attr["perm"] or tuple(reversed(range(n.type.rank)))
+            inv = [0] * len(perm)
+            for k, p in enumerate(perm):
+                inv[p] = st[k]
+            st = tuple(inv)
+        else:  # a reshape above every transpose: the operand is still contiguous
+            st = contiguous(body.nodes[a].type.shape)
+        i = a
+    return st
 
 
 def coalesce(sizes, strides) -> tuple[list[int], list[int]]:
@@ -370,38 +404,52 @@ def emit_reduce(plan: KernelPlan) -> str:
 
 
 def emit_attention(plan: KernelPlan) -> str:
+    """q, k^T and v are read in place through their views (strides), the result is written
+    through its output transposes (strides); k^T is first copied per head into a padded tile."""
     body = plan.body
-    q, k, v, qk, sm, mask, kT = plan.shape.parts
+    q, kt, v, qk, sm, mask, result = plan.shape.parts
     pv = plan.shape.anchor
-    out = tuple(plan.out_shape)
-    nb = len(out) - 2
+    res = tuple(body.nodes[result].type.shape)
+    nb = len(res) - 2
     bdims = list(range(nb))
     d = plan.detail
     Sq, Sk, D, Dv = d["Sq"], d["Sk"], d["D"], d["Dv"]
-    batch = out[:-2]
+    batch = res[:-2]
     params, ptrs = _params(plan)
 
-    def boff(i, tail):
-        st = bstrides(body.nodes[i].type.shape, batch + tail)
-        return offset("b", list(batch), st[:nb])
+    def strided(i, tail):  # (input pointer, strides over batch + tail) of the view node i
+        src, st = view_strides(body, i)
+        return ptrs[src], bstrides(body.nodes[i].type.shape, batch + tail, st)
 
-    kshape_tail = (D, Sk) if kT else (Sk, D)
+    Q, qs = strided(q, (Sq, D))
+    K, ks = strided(kt, (D, Sk))
+    V, vs = strided(v, (Sk, Dv))
+    os_ = result_strides(body, result)
+    # k^T is transposed once per distinct head: the batch dims along which it does not broadcast
+    kdims = [i for i in bdims if ks[i] != 0]
+    kb_index = [0] * nb
+    acc = 1
+    for i in reversed(kdims):
+        kb_index[i] = acc
+        acc *= batch[i]
     sspace = Space(batch + (Sq, Sk), [("b", bdims, True), ("i", [nb], False), ("j", [nb + 1], False)], I1)
     sc = Exprs(body, sspace, ptrs, {qk: "acc_s"}, I4)
     score = sc.value(body.nodes[sm].args[0])
-    ospace = Space(out, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1)
+    ospace = Space(res, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1)
     epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={qk, sm})
-    e = epi.value(body.outputs[0])
-    kload = f"kp[d * {Sk} + j]" if kT else "kp[j * D + d]"
+    e = epi.value(result)
     bk, bq = plan.tiles["bk"], plan.tiles["bq"]
-    nkb = _size(body.nodes[k].type.shape) // (Sk * D)
-    vec = int(bk % 64 == 0 and bq % 4 == 0 and Dv % 64 == 0)
+    vec = int(bk % 64 == 0 and bq % 4 == 0 and Dv % 64 == 0 and vs[nb + 1] == 1)
     return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=_size(batch), SQ=Sq, SK=Sk, D=D, DV=Dv,
-                  BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, NKB=nkb, VEC=vec, PARALLEL=int(_size(batch) * Sq > 1),
-                  Q=ptrs[q], K=ptrs[k], V=ptrs[v], QOFF=boff(q, (Sq, D)), KOFF=boff(k, kshape_tail),
-                  VOFF=boff(v, (Sk, Dv)), OFFSETS="\n".join(sspace.decls + ospace.decls), KLOAD=kload,
-                  SCORE_BODY=sc.text(), SCORE=score, EPI_OFFSETS="", EPI_BODY=epi.text(), EPI=e,
-                  OUT_OFF=f"b * {Sq * Dv}")
+                  BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, NKB=_size([batch[i] for i in kdims]), VEC=vec,
+                  PARALLEL=int(_size(batch) * Sq > 1),
+                  Q=Q, QOFF=offset("b", batch, qs[:nb]), QR=qs[nb], QC=qs[nb + 1],
+                  K=K, KSRC=offset("kb", [batch[i] for i in kdims], [ks[i] for i in kdims]),
+                  KBI=offset("b", batch, kb_index), KD=ks[nb], KJ=ks[nb + 1],
+                  V=V, VOFF=offset("b", batch, vs[:nb]), VR=vs[nb], VC=vs[nb + 1],
+                  OUT_OFF=offset("b", batch, os_[:nb]), OR=os_[nb], OC=os_[nb + 1],
+                  OFFSETS="\n".join(sspace.decls + ospace.decls),
+                  SCORE_BODY=sc.text(), SCORE=score, EPI_BODY=epi.text(), EPI=e)
 
 
 # ------------------------------------------------------------------ contractions

@@ -149,7 +149,8 @@ def _check_shape(body: Graph, ks) -> None:
     (the backend would split the kernel again)."""
     if ks.kind in ("contraction", "row", "attention", "reduce") and ks.anchor is not None:
         a = body.nodes[ks.anchor].type.shape
-        o = body.nodes[body.outputs[0]].type.shape
+        result = ks.parts[-1] if ks.kind == "attention" else body.outputs[0]  # before output transposes
+        o = body.nodes[result].type.shape
         if tuple(a) != tuple(o):
             raise _Skip()
 

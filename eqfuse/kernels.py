@@ -125,19 +125,55 @@ def _check_epilogue(body: Graph, anchor: int, out: int) -> None:
         raise Unsupported("the kernel's result does not depend on its main op")
 
 
+def view_source(body: Graph, i: int) -> int | None:
+    """The kernel input that node i reads in place through layout ops, or None.
+
+    A view is an input under reshapes and transposes, the reshapes first (a reshape of a
+    contiguous buffer is free; a transpose only permutes strides), e.g. the head split
+    transpose(reshape(x, shape=[-1, S, H, D]), perm=[0, 2, 1, 3]).
+    """
+    n = body.nodes[i]
+    if n.op == "input":
+        return i
+    if n.op == "transpose":
+        return view_source(body, n.args[0])
+    if n.op == "reshape":
+        src = n.args[0]
+        return view_source(body, src) if body.nodes[src].op in ("input", "reshape") else None
+    return None
+
+
+def _output_tail(body: Graph, out: int) -> int:
+    """The node below the transposes and reshapes that write a kernel's result in another
+    layout (the head merge reshape(transpose(a, perm=[0, 2, 1, 3]))); out itself if none."""
+    seen_transpose = False
+    while body.nodes[out].op in ("transpose", "reshape"):
+        n = body.nodes[out]
+        if n.op == "reshape" and seen_transpose:
+            break  # a reshape below a transpose is not a strided write
+        seen_transpose |= n.op == "transpose"
+        out = n.args[0]
+    return out
+
+
 def _attention(body: Graph) -> KernelShape | None:
-    """softmax(q @ transpose(k) * scale [+ mask]) @ v, with pointwise ops allowed around the scores."""
-    nodes, inputs = body.nodes, set(body.inputs)
-    out = body.outputs[0]
-    pv = next((i for i in _ancestors(body, out) if nodes[i].op == "matmul" and nodes[nodes[i].args[0]].op == "softmax"),
-              None)
+    """softmax(q @ k^T * scale [+ mask]) @ v, with pointwise ops allowed around the scores.
+
+    q, k^T and v are kernel inputs read in place, possibly through layout views (view_source),
+    and the result may be written through transposes (the head merge). parts holds the body
+    ids (q, kT, v, scores matmul, softmax, mask or None, result) where kT is k^T as the scores
+    matmul reads it and result is the attention value (with its epilogue) before the output
+    transposes.
+    """
+    nodes = body.nodes
+    result = _output_tail(body, body.outputs[0])
+    pv = next((i for i in _ancestors(body, result)
+               if nodes[i].op == "matmul" and nodes[nodes[i].args[0]].op == "softmax"), None)
     if pv is None:
         return None
     sm, v = nodes[pv].args
-    if v not in inputs:
-        return None
     smn = nodes[sm]
-    if smn.attr["axis"] % smn.type.rank != smn.type.rank - 1:
+    if view_source(body, v) is None or smn.attr["axis"] % smn.type.rank != smn.type.rank - 1:
         return None
     # Walk the score expression down to the q @ k^T matmul; only pointwise ops with one
     # score-dependent operand on the way (scale, mask, bias).
@@ -157,15 +193,11 @@ def _attention(body: Graph) -> KernelShape | None:
         cur = dep[0]
     qk = cur
     q, kt = nodes[qk].args
-    if q not in inputs:
+    if view_source(body, q) is None or view_source(body, kt) is None:
         return None
-    if kt in inputs:
-        k, k_transposed = kt, True  # k given as k^T already
-    elif _swaps_last_two(nodes[kt]) and nodes[kt].args[0] in inputs:
-        k, k_transposed = nodes[kt].args[0], False
-    else:
-        return None
+    views = _ancestors(body, q) | _ancestors(body, kt) | _ancestors(body, v)
+    tail = _ancestors(body, body.outputs[0]) - _ancestors(body, result)
     heavy = {i for i, n in enumerate(nodes) if _kind(n) not in ("pointwise", "input", "const")}
-    if heavy - {pv, sm, qk, kt}:
+    if heavy - {pv, sm, qk} - views - tail:
         return None
-    return KernelShape("attention", pv, parts=(q, k, v, qk, sm, mask, k_transposed))
+    return KernelShape("attention", pv, parts=(q, kt, v, qk, sm, mask, result))

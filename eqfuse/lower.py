@@ -332,16 +332,15 @@ def _plan_reduce(plan: KernelPlan, c: Caches) -> None:
 
 def _plan_attention(plan: KernelPlan, c: Caches) -> None:
     body = plan.body
-    q, k, v, qk, sm, mask, kT = plan.shape.parts
-    qs, vs = body.nodes[q].type.shape, body.nodes[v].type.shape
-    ks = body.nodes[k].type.shape
+    q, kt, v, qk, sm, mask, result = plan.shape.parts
+    qs, kts, vs = (body.nodes[i].type.shape for i in (q, kt, v))
     pv = body.nodes[plan.shape.anchor]
-    if tuple(pv.type.shape) != plan.out_shape:
+    if tuple(pv.type.shape) != tuple(body.nodes[result].type.shape):
         raise Split("the epilogue broadcasts the attention result to a larger shape")
     Sq, D = qs[-2], qs[-1]
-    Sk = ks[-1] if kT else ks[-2]
+    Sk = kts[-1]
     Dv = vs[-1]
-    batch = _size(plan.out_shape[:-2])
+    batch = _size(pv.type.shape[:-2])
     # A key tile of 64 is four 16-lane vectors (the micro-kernels' width); the query block is
     # the largest whose q block, score tile, accumulators and key tile share L1.
     bk = 64 if D * 64 * F32 <= c.l1 // 2 else 16

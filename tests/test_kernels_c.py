@@ -201,13 +201,28 @@ ATT_CASES = [
     ("mask-epilogue", "relu(softmax(q @ transpose(k, perm=[0, 1, 3, 2]) * 0.125 + mask) @ v) + 1"),
     ("odd-kT-given", "softmax(q2 @ kt2) @ v2"),
     ("broadcast-kv", "softmax(q @ transpose(k1, perm=[0, 1, 3, 2])) @ v1"),
+    # multi-head layouts read and written in place: head split views in, head merge out
+    ("heads-split-merge", "transpose(softmax(transpose(xq, perm=[0, 2, 1, 3]) @ transpose(transpose(xk, "
+                          "perm=[0, 2, 1, 3]), perm=[0, 1, 3, 2]) * 0.25) @ transpose(xv, perm=[0, 2, 1, 3]), "
+                          "perm=[0, 2, 1, 3])"),
+    ("heads-reshape-kT", "reshape(transpose(softmax(transpose(reshape(fq, shape=[2, 33, 3, 16]), perm=[0, 2, 1, 3]) "
+                         "@ transpose(reshape(fk, shape=[2, 70, 3, 16]), perm=[0, 2, 3, 1])) "
+                         "@ transpose(reshape(fv, shape=[2, 70, 3, 8]), perm=[0, 2, 1, 3]), perm=[0, 2, 1, 3]), "
+                         "shape=[2, 33, 24])"),
+    ("heads-mask-epilogue", "transpose(relu(softmax(transpose(xq, perm=[0, 2, 1, 3]) @ transpose(k, perm=[0, 1, 3, 2]) "
+                            "+ mask) @ v) * 2, perm=[0, 2, 1, 3])"),
+    ("heads-vector", "transpose(softmax(transpose(wq, perm=[0, 2, 1, 3]) @ transpose(transpose(wk, perm=[0, 2, 1, 3]), "
+                     "perm=[0, 1, 3, 2])) @ transpose(wv, perm=[0, 2, 1, 3]), perm=[0, 2, 1, 3])"),
 ]
 
 
 @pytest.fixture(scope="module")
 def att_results():
     params = {"q": (2, 3, 33, 16), "k": (2, 3, 70, 16), "v": (2, 3, 70, 8), "mask": (33, 70),
-              "q2": (1, 7), "kt2": (7, 129), "v2": (129, 5), "k1": (2, 1, 70, 16), "v1": (1, 1, 70, 8)}
+              "q2": (1, 7), "kt2": (7, 129), "v2": (129, 5), "k1": (2, 1, 70, 16), "v1": (1, 1, 70, 8),
+              "xq": (2, 33, 3, 16), "xk": (2, 70, 3, 16), "xv": (2, 70, 3, 8),
+              "fq": (2, 33, 48), "fk": (2, 70, 48), "fv": (2, 70, 24),
+              "wq": (1, 128, 2, 64), "wk": (1, 192, 2, 64), "wv": (1, 192, 2, 64)}
     res, mod = run_cases("attention", params, ATT_CASES)
     assert all(k.kind == "attention" for k in mod.kernels)
     return res
