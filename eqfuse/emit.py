@@ -337,13 +337,8 @@ _REDUCE = {  # init, omp reduction identifier, combine(a, x)
 
 
 def _ancestors(body: Graph, i: int) -> set[int]:
-    seen, stack = set(), [i]
-    while stack:
-        j = stack.pop()
-        if j not in seen:
-            seen.add(j)
-            stack.extend(body.nodes[j].args)
-    return {j for j in seen if body.nodes[j].op not in ("input", "const")}
+    """The computed nodes (not inputs or constants) that node i depends on, i included."""
+    return {j for j in body.ancestors(i) if body.nodes[j].op not in ("input", "const")}
 
 
 def emit_reduce(plan: KernelPlan) -> str:

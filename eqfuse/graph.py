@@ -81,6 +81,16 @@ class Graph:
             seen += [d for d in t.shape if isinstance(d, str) and d not in seen]
         return seen
 
+    def ancestors(self, i: int) -> set[int]:
+        """Node i and every node it depends on (inputs and constants included)."""
+        seen, stack = set(), [i]
+        while stack:
+            j = stack.pop()
+            if j not in seen:
+                seen.add(j)
+                stack.extend(self.nodes[j].args)
+        return seen
+
     def walk(self) -> Iterable[tuple["Graph", int, Node]]:
         """Every node, kernel bodies included (body nodes after their kernel)."""
         for i, n in enumerate(self.nodes):

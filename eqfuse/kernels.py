@@ -51,16 +51,6 @@ def _swaps_last_two(n: Node) -> bool:
     return tuple(perm) == tuple(range(r - 2)) + (r - 1, r - 2)
 
 
-def _ancestors(body: Graph, i: int) -> set[int]:
-    seen, stack = set(), [i]
-    while stack:
-        j = stack.pop()
-        if j not in seen:
-            seen.add(j)
-            stack.extend(body.nodes[j].args)
-    return seen
-
-
 def classify(body: Graph) -> KernelShape:
     """The kernel shape of a kernel body, or Unsupported with the reason."""
     ops = [(i, n) for i, n in enumerate(body.nodes) if n.op not in ("input", "const")]
@@ -121,7 +111,7 @@ def _trailing(body: Graph, a: int) -> bool:
 
 def _check_epilogue(body: Graph, anchor: int, out: int) -> None:
     """Every op after the anchor must be pointwise and lie on the way to the output."""
-    if anchor not in _ancestors(body, out):
+    if anchor not in body.ancestors(out):
         raise Unsupported("the kernel's result does not depend on its main op")
 
 
@@ -167,7 +157,7 @@ def _attention(body: Graph) -> KernelShape | None:
     """
     nodes = body.nodes
     result = _output_tail(body, body.outputs[0])
-    pv = next((i for i in _ancestors(body, result)
+    pv = next((i for i in body.ancestors(result)
                if nodes[i].op == "matmul" and nodes[nodes[i].args[0]].op == "softmax"), None)
     if pv is None:
         return None
@@ -195,8 +185,8 @@ def _attention(body: Graph) -> KernelShape | None:
     q, kt = nodes[qk].args
     if view_source(body, q) is None or view_source(body, kt) is None:
         return None
-    views = _ancestors(body, q) | _ancestors(body, kt) | _ancestors(body, v)
-    tail = _ancestors(body, body.outputs[0]) - _ancestors(body, result)
+    views = body.ancestors(q) | body.ancestors(kt) | body.ancestors(v)
+    tail = body.ancestors(body.outputs[0]) - body.ancestors(result)
     heavy = {i for i, n in enumerate(nodes) if _kind(n) not in ("pointwise", "input", "const")}
     if heavy - {pv, sm, qk} - views - tail:
         return None

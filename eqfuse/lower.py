@@ -302,13 +302,7 @@ def _plan_row(plan: KernelPlan, c: Caches) -> None:
 
 
 def _not_ancestors(body: Graph, i: int) -> set[int]:
-    seen, stack = set(), [i]
-    while stack:
-        j = stack.pop()
-        if j not in seen:
-            seen.add(j)
-            stack.extend(body.nodes[j].args)
-    return set(range(len(body.nodes))) - seen
+    return set(range(len(body.nodes))) - body.ancestors(i)
 
 
 def _plan_reduce(plan: KernelPlan, c: Caches) -> None:
