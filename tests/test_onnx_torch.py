@@ -197,3 +197,22 @@ def test_cli_check(exported):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"main_graph(x: f32[{', '.join(map(str, x.shape))}]")
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("name", ["bert_layer", "gpt2_block"])
+def test_exported_layers_fuse_to_nine_kernels(name, tmp_path):
+    """The exported encoder / decoder layers fuse like examples/transformer.g: three projections,
+    one attention kernel reading and writing the heads in place (no layout kernel), the output
+    projection with the residual, two FFN GEMMs and the two layernorms."""
+    torch.manual_seed(0)
+    cls, shape = MODELS[name]
+    model = cls().eval()
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        want = model(x).numpy()
+    path = tmp_path / f"{name}.onnx"
+    path.write_bytes(export(model, x))
+    mod = eqfuse.compile(str(path))
+    kinds = [k.kind for k in mod.kernels if k.kind != "view"]
+    assert len(kinds) == 9 and kinds.count("attention") == 1 and "layout" not in kinds, kinds
+    np.testing.assert_allclose(mod(x.numpy()), want, rtol=RTOL, atol=ATOL)
