@@ -348,17 +348,22 @@ def _plan_attention(plan: KernelPlan, c: Caches) -> None:
     plan.cache_check = (f"tile working set (q block, k tile, score tile, accumulators) {ws} B <= L1 {c.l1} B: "
                         f"{'ok' if ws <= c.l1 else 'NO'}; largest buffer {bq} x {bk} scores, never {Sq} x {Sk}")
     nqb, nkt = -(-Sq // bq), -(-Sk // bk)
+
+    def via(i):  # q, k^T and v may be read in place through transposes / reshapes
+        return "" if body.nodes[i].op == "input" else " (strided, through its layout view)"
+
+    out_via = "" if result == body.outputs[0] else " (strided, through the output transpose)"
     u = plan.uops
     u += [UOp(0, "Loop", f"batch {batch} x query blocks of {bq} (parallel)", batch * nqb),
-          UOp(1, "Load", f"q block [{bq} x {D}]", batch * nqb),
+          UOp(1, "Load", f"q block [{bq} x {D}]{via(q)}", batch * nqb),
           UOp(1, "Loop", f"key tiles of {bk} over {Sk}", batch * nqb * nkt),
-          UOp(2, "Load", f"k tile [{bk} x {D}] transposed", batch * nqb * nkt),
+          UOp(2, "Load", f"k^T tile [{D} x {bk}] of the per-head padded copy of k^T{via(kt)}", batch * nqb * nkt),
           UOp(2, "Exec", f"scores {bq} x {bk} = q k^T ({bq * bk * D} FMA) + score ops"
                          f"{' + mask' if mask is not None else ''}", batch * nqb * nkt),
           UOp(2, "Exec", "online softmax: row max, rescale, exp", batch * nqb * nkt),
-          UOp(2, "Load", f"v tile [{bk} x {Dv}]", batch * nqb * nkt),
+          UOp(2, "Load", f"v tile [{bk} x {Dv}]{via(v)}", batch * nqb * nkt),
           UOp(2, "Exec", f"acc [{bq} x {Dv}] += p v ({bq * bk * Dv} FMA)", batch * nqb * nkt),
-          UOp(1, "Store", f"out block [{bq} x {Dv}] / row sums, epilogue", batch * nqb)]
+          UOp(1, "Store", f"out block [{bq} x {Dv}] / row sums, epilogue{out_via}", batch * nqb)]
 
 
 def _plan_layout(plan: KernelPlan, c: Caches) -> None:
