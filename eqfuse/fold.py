@@ -28,6 +28,7 @@ from typing import Mapping
 
 import numpy as np
 
+from .cost import unfused
 from .graph import Graph, Node
 from .shapes import TType
 
@@ -52,6 +53,7 @@ class _ConvBN:
 
 def fold_params(g: Graph, params: Mapping[str, np.ndarray]) -> Folded:
     """Fold every batchnorm after a conv2d whose constants are all bound (repeated: bn(bn(conv)) folds too)."""
+    g = unfused(g)  # see through hand-written kernel blocks, as the optimizer that runs next does
     params, notes = dict(params), []
     while (m := _find_conv_bn(g, params)) is not None:
         g, note = _fold(g, params, m)

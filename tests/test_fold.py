@@ -136,6 +136,18 @@ def test_batchnorm_of_batchnorm_folds_twice():
     assert [n for n, _ in f.graph.params] == ["x", "w_bn_bn", "w_bn_bn_bias"]
 
 
+def test_folds_inside_a_hand_written_kernel_block():
+    rng = np.random.default_rng(6)
+    p = conv_bn_params(rng, 4, 2)
+    src = """graph f(x: f32[1, 2, 5, 5], w: f32[4, 2, 3, 3], mean: f32[4], var: f32[4], gamma: f32[4], beta: f32[4]) {
+        y = kernel { relu(batchnorm(conv2d(x, w, padding=1), mean, var, gamma, beta)) }
+        return y
+    }"""
+    got, want, f = fold_and_evaluate(src, p, rng.standard_normal((1, 2, 5, 5)).astype(np.float32))
+    assert_same_values(got, want)
+    assert [n.op for n in f.graph.nodes] == ["input", "input", "input", "conv2d", "relu"]
+
+
 @pytest.mark.parametrize("body", [
     "c = conv2d(x, w)\n return batchnorm(c, mean, var, gamma, beta) + c",   # the conv is read twice
     "return batchnorm(conv2d(x, w) + beta, mean, var, gamma, beta)",         # beta [C] adds along W, not C
