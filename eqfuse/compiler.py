@@ -1,6 +1,7 @@
 """`eqfuse.compile`: the whole pipeline, top to bottom.
 
-    load -> bind params and dims -> optimize -> (per dims binding) lower -> emit -> build C -> Module
+    load -> bind params and dims -> fold constants -> optimize -> (per dims binding) lower -> emit
+         -> build C -> Module
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 
 from . import progress
 from .errors import ArgumentError, EqfuseError
+from .fold import Folded, fold_params
 from .frontend import load
 from .graph import Graph, bind_dims
 from .lower import format_uops, lower_graph
@@ -41,10 +43,12 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         gp = {k: v for k, v in params.items() if k in dict(g.params)}
         gdims = {k: v for k, v in (dims or {}).items() if k in g.dims()}
         gdims = _bind_params(g, gp, gdims)
-        opt, report = optimize(g, cost=cost, rules=rules, disable=disable, dims=gdims, fuse=fuse)
+        folded = fold_params(g, gp) if fuse is True else Folded(g, gp, [])
+        opt, report = optimize(folded.graph, cost=cost, rules=rules, disable=disable, dims=gdims, fuse=fuse)
+        report["folded"] = folded.notes
         reports[g.name] = report
         optimized.append((opt, gdims))
-        f = GraphFunction(g, opt, gp, gdims, _builder(fuse), verify, threads)
+        f = GraphFunction(g, opt, folded.params, gdims, _builder(fuse), verify, threads)
         if all(d in gdims for d in g.dims()):
             f.compiled(gdims)  # everything is known: compile now, so errors show here
         functions.append(f)

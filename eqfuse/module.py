@@ -107,7 +107,7 @@ class GraphFunction:
                  threads: int | None):
         self.name = source.name
         self.source, self.optimized = source, optimized
-        self.params = dict(params)
+        self.params = dict(params)  # bound arrays, by name: the source's and those folding made
         self.dims = dict(dims)
         self._build = build
         self.verify = verify
@@ -126,19 +126,23 @@ class GraphFunction:
             self.last = c
         return c
 
-    def full_arrays(self, arrays) -> list:
+    def named_arrays(self, arrays) -> dict[str, np.ndarray]:
+        """The call's arrays and the bound params, by parameter name."""
         if len(arrays) != len(self.free):
-            bound = f"; {', '.join(self.params)} bound by params=" if self.params else ""
+            bound = f"; {', '.join(n for n, _ in self.source.params if n in self.params)} bound by params=" \
+                if len(self.free) < len(self.source.params) else ""
             raise ArgumentError(f"{self.name}() takes {len(self.free)} array{'s' * (len(self.free) != 1)} "
                                 f"({', '.join(self.free)}), got {len(arrays)}{bound}")
-        given = dict(zip(self.free, arrays))
-        return [given[n] if n in given else self.params[n] for n, _ in self.source.params]
+        return {**self.params, **dict(zip(self.free, arrays))}
 
     def __call__(self, *arrays):
-        full = self.full_arrays(arrays)
+        named = self.named_arrays(arrays)
+        full = [named[n] for n, _ in self.source.params]
         dims = bind_arrays(self.source, full, self.dims)
         c = self.compiled(dims)
-        outs = c.run(full, self.threads if self.threads is not None else env_threads())
+        # The optimized graph's params may differ from the source's: folding replaces bound ones.
+        outs = c.run([named[n] for n, _ in self.optimized.params],
+                     self.threads if self.threads is not None else env_threads())
         if self.verify:
             bad = compare(outs, evaluate(self.source, full))
             if bad:

@@ -150,6 +150,8 @@ def report_text(r: dict) -> str:
     if r["unbound_dims"]:
         lines.append("#   unbound dims costed as " + ", ".join(f"{k}={v}" for k, v in r["unbound_dims"].items())
                      + " (bind with --dim)")
+    for note in r.get("folded", ()):  # set by eqfuse.compile, which folds bound params first
+        lines.append(f"#   folded: {note}")
     if r["skipped_rules"]:
         lines.append("#   rules the e-graph cannot express (skipped): " + ", ".join(sorted(r["skipped_rules"])))
     return "\n".join(lines)

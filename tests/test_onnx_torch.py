@@ -147,6 +147,8 @@ def test_compiled_matches_torch(exported):
     name, path, x, want = exported
     mod = eqfuse.compile(str(path), params=onnx_params(path))
     np.testing.assert_allclose(mod(x), want, rtol=RTOL, atol=ATOL)
+    if name == "resnet_block":  # both batchnorms folded into their convs' weights (eqfuse/fold.py)
+        assert len(mod.report["folded"]) == 2 and "batchnorm" not in mod.graph
 
 
 def test_graph_text_is_valid_g(exported):
