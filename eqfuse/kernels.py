@@ -16,8 +16,9 @@ SUPPORTED = (
     "contraction with epilogue (one matmul or conv2d over kernel inputs, its result flowing through "
     "pointwise ops); row-wise (one softmax, layernorm, rmsnorm or sum/mean/max over the trailing axes, "
     "with a pointwise prologue and epilogue); reduction (one sum/mean/max over any axes, with a "
-    "pointwise prologue and epilogue); attention (softmax(q @ transpose(k) * scale [+ mask]) @ v); "
-    "layout (one transpose, reshape, slice or concat of kernel inputs)"
+    "pointwise prologue and epilogue); attention (softmax(q @ transpose(k) * scale [+ mask]) @ v, "
+    "q, k and v possibly read through transposes and reshapes of kernel inputs, the result possibly "
+    "written through transposes); layout (one transpose, reshape, slice or concat of kernel inputs)"
 )
 
 
