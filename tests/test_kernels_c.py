@@ -201,13 +201,16 @@ ATT_CASES = [
     ("mask-epilogue", "relu(softmax(q @ transpose(k, perm=[0, 1, 3, 2]) * 0.125 + mask) @ v) + 1"),
     ("odd-kT-given", "softmax(q2 @ kt2) @ v2"),
     ("broadcast-kv", "softmax(q @ transpose(k1, perm=[0, 1, 3, 2])) @ v1"),
+    # a per-head mask and residual: score and output offsets share one C scope (once both off0)
+    ("head-mask-residual", "softmax(q @ transpose(k, perm=[0, 1, 3, 2]) + hmask) @ v + res"),
 ]
 
 
 @pytest.fixture(scope="module")
 def att_results():
     params = {"q": (2, 3, 33, 16), "k": (2, 3, 70, 16), "v": (2, 3, 70, 8), "mask": (33, 70),
-              "q2": (1, 7), "kt2": (7, 129), "v2": (129, 5), "k1": (2, 1, 70, 16), "v1": (1, 1, 70, 8)}
+              "q2": (1, 7), "kt2": (7, 129), "v2": (129, 5), "k1": (2, 1, 70, 16), "v1": (1, 1, 70, 8),
+              "hmask": (2, 3, 1, 70), "res": (2, 3, 33, 8)}
     res, mod = run_cases("attention", params, ATT_CASES)
     assert all(k.kind == "attention" for k in mod.kernels)
     return res
