@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import count
+from typing import Iterator
 
 from .graph import Graph
 from .lower import KernelPlan, Split
@@ -127,16 +128,19 @@ class Space:
     """An index space (a shape) walked by C loop variables, each over a set of its dims.
 
     Hoisted variables are fixed in an enclosing loop: their part of each offset is declared
-    once (in `decls`); the others are computed where the element is read.
+    once (in `decls`, as off<k>); the others are computed where the element is read.
+    `ids` numbers those declarations: one counter per kernel, shared by all of the kernel's
+    spaces, because templates put the declarations of several spaces (a row reduction's
+    prologue and epilogue, attention's scores and output) in one C scope.
     """
 
-    def __init__(self, shape, groups: list[tuple[str, list[int], bool]], indent: str):
+    def __init__(self, shape, groups: list[tuple[str, list[int], bool]], indent: str, ids: Iterator[int]):
         self.shape = tuple(shape)
         self.groups = groups
         self.indent = indent
         self.decls: list[str] = []
         self._names: dict[tuple, str] = {}
-        self._ids = count()
+        self._ids = ids
 
     def access(self, ptr: str, view) -> str:
         st = bstrides(view, self.shape)
@@ -278,7 +282,7 @@ def emit_pointwise(plan: KernelPlan) -> str:
     outer = _size(shape) // inner
     tile = min(plan.tiles["tile"], inner)
     params, ptrs = _params(plan)
-    space = Space(shape, [("o", outer_dims, True), ("j", inner_dims, False)], I1)
+    space = Space(shape, [("o", outer_dims, True), ("j", inner_dims, False)], I1, count())
     ex = Exprs(body, space, ptrs, {}, I2)
     res = ex.value(root)
     stream = int(_size(shape) * 4 >= plan.tiles.get("stream_bytes", 1 << 62))
@@ -300,7 +304,8 @@ def emit_row(plan: KernelPlan) -> str:
         col_dims = list(range(axis0, len(xshape)))
         row_dims = list(range(axis0))
     params, ptrs = _params(plan)
-    space = Space(xshape, [("r", row_dims, True), ("j", col_dims, False)], I1)
+    ids = count()
+    space = Space(xshape, [("r", row_dims, True), ("j", col_dims, False)], I1, ids)
     pro = Exprs(body, space, ptrs, {}, I2)
     x = pro.value(an.args[0])
     common = dict(NAME=plan.name, PARAMS=params, ROWS=rows, L=L,
@@ -319,7 +324,7 @@ def emit_row(plan: KernelPlan) -> str:
             extra["BETA"] = ptrs[an.args[2]]
         return render(f"row_{an.op}.c", **common, **extra)
     # sum / mean / max over trailing axes: one value per row
-    espace = Space(plan.out_shape, [("r", list(range(len(plan.out_shape))), True)], I1)
+    espace = Space(plan.out_shape, [("r", list(range(len(plan.out_shape))), True)], I1, ids)
     forbid = _ancestors(body, an.args[0])
     epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=forbid)
     e = epi.value(body.outputs[0])
@@ -354,7 +359,8 @@ def emit_reduce(plan: KernelPlan) -> str:
     ost = [0 if d in axes else ocs[d] for d in range(len(xshape))]
     depth = 2 + len(dims)
     ind = " " * (4 * depth)
-    space = Space(xshape, [(f"i{d}", [d], False) for d in dims], ind + "    ")
+    ids = count()
+    space = Space(xshape, [(f"i{d}", [d], False) for d in dims], ind + "    ", ids)
     pro = Exprs(body, space, ptrs, {}, ind + "    ")
     x = pro.value(an.args[0])
     init, _, combine = _REDUCE[an.op]
@@ -387,7 +393,7 @@ def emit_reduce(plan: KernelPlan) -> str:
     if not dims:  # a reduction of a single element
         lines = [f"        {{ const float x = {x}; const float a = out[0]; out[0] = {combine}; }}"]
         lines[0:0] = [pro.text()] if pro.stmts else []
-    espace = Space(plan.out_shape, [("o", list(range(len(plan.out_shape))), True)], I1)
+    espace = Space(plan.out_shape, [("o", list(range(len(plan.out_shape))), True)], I1, ids)
     epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=_ancestors(body, an.args[0]))
     e = epi.value(body.outputs[0])
     count_red = _size([xshape[d] for d in axes])
@@ -427,10 +433,11 @@ def emit_attention(plan: KernelPlan) -> str:
     for i in reversed(kdims):
         kb_index[i] = acc
         acc *= batch[i]
-    sspace = Space(batch + (Sq, Sk), [("b", bdims, True), ("i", [nb], False), ("j", [nb + 1], False)], I1)
+    ids = count()
+    sspace = Space(batch + (Sq, Sk), [("b", bdims, True), ("i", [nb], False), ("j", [nb + 1], False)], I1, ids)
     sc = Exprs(body, sspace, ptrs, {qk: "acc_s"}, I4)
     score = sc.value(body.nodes[sm].args[0])
-    ospace = Space(res, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1)
+    ospace = Space(res, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1, ids)
     epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={qk, sm})
     e = epi.value(result)
     bk, bq = plan.tiles["bk"], plan.tiles["bq"]
@@ -454,7 +461,7 @@ def _epilogue(plan: KernelPlan, groups, preset: dict[int, str]):
     """The GEMM epilogue expression and the tensors it reads (extra parameters e<k>)."""
     body = plan.body
     eptrs = {i: f"eqf_e{k}" for k, i in enumerate(body.inputs)}  # names unlikely to meet the GEMM's own
-    space = Space(plan.out_shape, groups, "")
+    space = Space(plan.out_shape, groups, "", count())
     ex = Exprs(body, space, eptrs, preset, "", prefix="eqf_v")
     expr = ex.expression(body.outputs[0])
     return expr, [(i, eptrs[i]) for i in body.inputs if f"{eptrs[i]}[" in expr]

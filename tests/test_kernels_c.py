@@ -213,6 +213,8 @@ ATT_CASES = [
                             "+ mask) @ v) * 2, perm=[0, 2, 1, 3])"),
     ("heads-vector", "transpose(softmax(transpose(wq, perm=[0, 2, 1, 3]) @ transpose(transpose(wk, perm=[0, 2, 1, 3]), "
                      "perm=[0, 1, 3, 2])) @ transpose(wv, perm=[0, 2, 1, 3]), perm=[0, 2, 1, 3])"),
+    # a per-head mask and residual: score and output offsets share one C scope (once both off0)
+    ("head-mask-residual", "softmax(q @ transpose(k, perm=[0, 1, 3, 2]) + hmask) @ v + res"),
 ]
 
 
@@ -222,7 +224,8 @@ def att_results():
               "q2": (1, 7), "kt2": (7, 129), "v2": (129, 5), "k1": (2, 1, 70, 16), "v1": (1, 1, 70, 8),
               "xq": (2, 33, 3, 16), "xk": (2, 70, 3, 16), "xv": (2, 70, 3, 8),
               "fq": (2, 33, 48), "fk": (2, 70, 48), "fv": (2, 70, 24),
-              "wq": (1, 128, 2, 64), "wk": (1, 192, 2, 64), "wv": (1, 192, 2, 64)}
+              "wq": (1, 128, 2, 64), "wk": (1, 192, 2, 64), "wv": (1, 192, 2, 64),
+              "hmask": (2, 3, 1, 70), "res": (2, 3, 33, 8)}
     res, mod = run_cases("attention", params, ATT_CASES)
     assert all(k.kind == "attention" for k in mod.kernels)
     return res

@@ -20,7 +20,7 @@ from eqfuse.onnx_backend import EqfuseBackend  # noqa: E402
 
 SUPPORTED = [
     "add", "sub", "mul", "div", "pow", "matmul", "gemm", "relu", "gelu", "sigmoid", "tanh", "erf",
-    "exp", "sqrt", "softmax", "layer_normalization", "reduce_mean", "reduce_sum", "reduce_max",
+    "exp", "sqrt", "softmax", "layer_normalization", "reduce_mean", "reduce_sum", "reduce_sum_square", "reduce_max",
     "transpose", "reshape", "slice", "concat", "conv", "batchnorm", "constant", "identity",
 ]
 
@@ -42,10 +42,7 @@ EXCLUDED = {
     r"test_convtranspose": "ConvTranspose",
     r"test_constant_pad": "Pad",
     r"test_constantofshape": "ConstantOfShape of a runtime shape",
-    r"test_reduce_sum_square": "ReduceSumSquare",
-    r"test_layer_normalization_.*_expanded": "the function expansion uses Reciprocal (not a supported op)",
     r"test_identity_sequence|test_identity_opt": "sequence / optional values",
-    r"test_conv_with_strides_and_asymmetric_padding": "asymmetric padding (pads=[1,0,1,0])",
 }
 
 INCLUDE = re.compile(rf"^test_({'|'.join(SUPPORTED)})(_.*)?_cpu$")
