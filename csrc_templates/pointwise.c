@@ -1,6 +1,9 @@
 /* {{NAME}}: pointwise kernel over {{SPACE}}.
- * Outer dims x tiles of the inner dim are spread over threads (static schedule: each thread
- * gets one contiguous run of tiles); the inner loops are SIMD loops.
+ * Outer dims x tiles of the inner dim are spread over threads in contiguous runs of tiles,
+ * schedule {{SCHEDULE}}: static for ordinary kernels (a thread keeps the same data, in its
+ * caches, from call to call), guided for streaming ones (their data is in no cache; the
+ * shrinking runs let one thread take over the work of another that the shared machine has
+ * descheduled). The inner loops are SIMD loops.
  * STREAM ({{STREAM}}): the output is far larger than the caches, so it is written with
  * non-temporal stores (no read-for-ownership of the output, no eviction of the inputs). Tiles
  * start on the output's 64-byte lines; a row's partial first and last lines [j0, jh) and
@@ -11,7 +14,7 @@ void {{NAME}}({{PARAMS}})
     const long inner = {{INNER}}, tile = {{TILE}}, ntiles = {{NTILES}};
     #pragma omp parallel if ({{PARALLEL}})
     {
-    #pragma omp for schedule(static) nowait
+    #pragma omp for schedule({{SCHEDULE}}) nowait
     for (long t = 0; t < {{OUTER}} * ntiles; t++) {
         const long o = t / ntiles;
         float* restrict dst = out + o * inner;
@@ -37,9 +40,10 @@ void {{NAME}}({{PARAMS}})
         for (long jl = jh; jl < jt; jl += 16) {
             float line[16] __attribute__((aligned(64)));
             #pragma omp simd
-            for (long j = jl; j < jl + 16; j++) {
+            for (int k = 0; k < 16; k++) {
+                const long j = jl + k;
 {{LINE_BODY}}
-                line[j - jl] = {{RESULT}};
+                line[k] = {{RESULT}};
             }
             eqf_stream_line(dst + jl, line);
         }
