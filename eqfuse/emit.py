@@ -252,7 +252,8 @@ def emit_pointwise(plan: KernelPlan) -> str:
     # Streaming tiles start on the output's 64-byte lines: up to 15 more elements per row to cover.
     ntiles = -(-(inner + 15 * stream) // tile)
     return render("pointwise.c", NAME=plan.name, SPACE=list(shape), PARAMS=params, INNER=inner, TILE=tile,
-                  STREAM=stream, SCHEDULE="guided" if stream else "static", NTILES=ntiles, OUTER=outer, PARALLEL=int(_size(shape) >= PARALLEL_MIN),
+                  STREAM=stream, SCHEDULE="guided" if stream else "static", NTILES=ntiles, OUTER=outer,
+                  PARALLEL=int(_size(shape) >= PARALLEL_MIN),
                   OFFSETS="\n".join(space.decls), BODY=ex.text(), RESULT=res,
                   LINE_BODY="\n".join("    " + ln for ln in ex.text().splitlines()))
 
