@@ -55,26 +55,30 @@ static inline long eqf_minl(long a, long b) { return a < b ? a : b; }
 #define EQF_WIDE_END
 #endif
 
-/* Copy a tile to memory with non-temporal stores (no read-for-ownership of the destination):
- * for outputs much larger than the caches. Callers end the kernel with eqf_sfence(). */
-#if defined(__AVX512F__)
+/* Store one 64-byte line (16 floats, dst 64-byte aligned, src aligned) with a non-temporal
+ * store: no read-for-ownership of the destination, for outputs much larger than the caches.
+ * gcc keeps `src` (a line computed by a 16-iteration SIMD loop) in a register. Each thread that
+ * streams ends with eqf_sfence(). */
+#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE__)
 #include <immintrin.h>
-static inline void eqf_stream(float* restrict dst, const float* restrict src, long n)
+#endif
+static inline void eqf_stream_line(float* restrict dst, const float* restrict src)
 {
-    long k = 0;
-    for (; k < n && ((uintptr_t)(dst + k) & 63); k++)
-        dst[k] = src[k];
-    for (; k + 16 <= n; k += 16)
-        _mm512_stream_ps(dst + k, _mm512_loadu_ps(src + k));
-    for (; k < n; k++)
-        dst[k] = src[k];
+#if defined(__AVX512F__)
+    _mm512_stream_ps(dst, _mm512_load_ps(src));
+#elif defined(__AVX__)
+    _mm256_stream_ps(dst, _mm256_load_ps(src));
+    _mm256_stream_ps(dst + 8, _mm256_load_ps(src + 8));
+#elif defined(__SSE__)
+    for (int k = 0; k < 16; k += 4)
+        _mm_stream_ps(dst + k, _mm_load_ps(src + k));
+#else
+    memcpy(dst, src, 16 * sizeof(float));
+#endif
 }
+#if defined(__SSE__)
 static inline void eqf_sfence(void) { _mm_sfence(); }
 #else
-static inline void eqf_stream(float* restrict dst, const float* restrict src, long n)
-{
-    memcpy(dst, src, sizeof(float) * (size_t)n);
-}
 static inline void eqf_sfence(void) {}
 #endif
 

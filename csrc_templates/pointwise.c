@@ -1,32 +1,61 @@
 /* {{NAME}}: pointwise kernel over {{SPACE}}.
- * Outer dims x tiles of the inner dim are spread over threads; the inner loop is one SIMD loop.
- * STREAM ({{STREAM}}): the output is far larger than the caches, so each tile is computed in L1
- * and written with non-temporal stores. */
+ * Outer dims x tiles of the inner dim are spread over threads in contiguous runs of tiles,
+ * schedule {{SCHEDULE}}: static for ordinary kernels (a thread keeps the same data, in its
+ * caches, from call to call), guided for streaming ones (their data is in no cache; the
+ * shrinking runs let one thread take over the work of another that the shared machine has
+ * descheduled). The inner loops are SIMD loops.
+ * STREAM ({{STREAM}}): the output is far larger than the caches, so it is written with
+ * non-temporal stores (no read-for-ownership of the output, no eviction of the inputs). Tiles
+ * start on the output's 64-byte lines; a row's partial first and last lines [j0, jh) and
+ * [jt, j1) get ordinary stores, every whole line in [jh, jt) is computed as one 16-float
+ * vector and streamed, so no line is written both ways. */
 void {{NAME}}({{PARAMS}})
 {
     const long inner = {{INNER}}, tile = {{TILE}}, ntiles = {{NTILES}};
-    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+    #pragma omp parallel if ({{PARALLEL}})
+    {
+    #pragma omp for schedule({{SCHEDULE}}) nowait
     for (long t = 0; t < {{OUTER}} * ntiles; t++) {
         const long o = t / ntiles;
+        float* restrict dst = out + o * inner;
+#if {{STREAM}}
+        const long skew = (long)(((uintptr_t)dst & 63) / sizeof(float));
+        const long ts = (t % ntiles) * tile;
+        const long j0 = ts > skew ? ts - skew : 0;
+        const long j1 = eqf_minl(ts + tile - skew, inner);
+        const long jh = eqf_minl(j0 + ((-(j0 + skew)) & 15), j1);
+        const long jt = jh + (j1 - jh) / 16 * 16;
+#else
         const long j0 = (t % ntiles) * tile;
         const long j1 = eqf_minl(j0 + tile, inner);
-#if {{STREAM}}
-        float buf[{{TILE}}];
-        float* restrict dst = buf - j0;
-#else
-        float* restrict dst = out + o * inner;
+        const long jh = j1;
 #endif
 {{OFFSETS}}
         #pragma omp simd
-        for (long j = j0; j < j1; j++) {
+        for (long j = j0; j < jh; j++) {
 {{BODY}}
             dst[j] = {{RESULT}};
         }
 #if {{STREAM}}
-        eqf_stream(out + o * inner + j0, buf, j1 - j0);
+        for (long jl = jh; jl < jt; jl += 16) {
+            float line[16] __attribute__((aligned(64)));
+            #pragma omp simd
+            for (int k = 0; k < 16; k++) {
+                const long j = jl + k;
+{{LINE_BODY}}
+                line[k] = {{RESULT}};
+            }
+            eqf_stream_line(dst + jl, line);
+        }
+        #pragma omp simd
+        for (long j = jt; j < j1; j++) {
+{{BODY}}
+            dst[j] = {{RESULT}};
+        }
 #endif
     }
 #if {{STREAM}}
-    eqf_sfence();
+    eqf_sfence(); /* each thread orders its own streaming stores before the closing barrier */
 #endif
+    }
 }

@@ -174,13 +174,15 @@ def _compiler_message(tmp: Path, name: str, extra_flags) -> str:
 def warnings_for(source: str, extra_flags: tuple[str, ...] = ()) -> str:
     """The compiler's diagnostics for a C source (empty when clean): for tests of generated code.
     A full compile to an object file, not -fsyntax-only: some -Wall warnings (uninitialized
-    values, array bounds) come from the optimizer."""
+    values, array bounds) come from the optimizer. Python's own CFLAGS come first, as in the
+    real (setuptools) build: its -fwrapv alone once turned a clean kernel into a warning."""
     with tempfile.TemporaryDirectory() as d:
         c_file = Path(d) / "check.c"
         c_file.write_text(source)
         cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
-        out = subprocess.run(cc + list(FLAGS + tuple(extra_flags)) + ["-c", "-o", str(Path(d) / "check.o"),
-                                                                     str(c_file)],
+        py = (sysconfig.get_config_var("CFLAGS") or "").split() + (sysconfig.get_config_var("CCSHARED") or "").split()
+        out = subprocess.run(cc + py + list(FLAGS + tuple(extra_flags)) + ["-c", "-o", str(Path(d) / "check.o"),
+                                                                          str(c_file)],
                              capture_output=True, text=True)
         return out.stderr
 

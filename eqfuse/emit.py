@@ -280,16 +280,20 @@ def emit_pointwise(plan: KernelPlan) -> str:
     outer_dims = [d for g in groups[:-1] for d in g]
     inner = _size([shape[d] for d in inner_dims])
     outer = _size(shape) // inner
-    tile = min(plan.tiles["tile"], inner)
+    stream = int(plan.tiles.get("stream", 0))
+    # A streaming tile stays a multiple of 16 (its start is a 64-byte line of the output).
+    tile = plan.tiles["tile"] if stream else min(plan.tiles["tile"], inner)
     params, ptrs = _params(plan)
     space = Space(shape, [("o", outer_dims, True), ("j", inner_dims, False)], I1, count())
     ex = Exprs(body, space, ptrs, {}, I2)
     res = ex.value(root)
-    stream = int(_size(shape) * 4 >= plan.tiles.get("stream_bytes", 1 << 62))
+    # Streaming tiles start on the output's 64-byte lines: up to 15 more elements per row to cover.
+    ntiles = -(-(inner + 15 * stream) // tile)
     return render("pointwise.c", NAME=plan.name, SPACE=list(shape), PARAMS=params, INNER=inner, TILE=tile,
-                  STREAM=stream,
-                  NTILES=-(-inner // tile), OUTER=outer, PARALLEL=int(_size(shape) >= PARALLEL_MIN),
-                  OFFSETS="\n".join(space.decls), BODY=ex.text(), RESULT=res)
+                  STREAM=stream, SCHEDULE="guided" if stream else "static", NTILES=ntiles, OUTER=outer,
+                  PARALLEL=int(_size(shape) >= PARALLEL_MIN),
+                  OFFSETS="\n".join(space.decls), BODY=ex.text(), RESULT=res,
+                  LINE_BODY="\n".join("    " + ln for ln in ex.text().splitlines()))
 
 
 def emit_row(plan: KernelPlan) -> str:

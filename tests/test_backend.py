@@ -84,6 +84,25 @@ def test_emitted_c_is_deterministic_and_compiles_without_warnings(tmp_path):
     assert "warning" not in r.stderr, r.stderr
 
 
+def test_streaming_pointwise_c_compiles_without_warnings(monkeypatch):
+    """The non-temporal pointwise path (outputs beyond the cache share), at -Wall and -Wextra."""
+    import eqfuse.lower as lower_mod
+    from eqfuse.cbuild import warnings_for
+
+    monkeypatch.setattr(lower_mod, "machine_caches",
+                        lambda: lower_mod.Caches(l1=32 << 10, l2=256 << 10, l3=1 << 20, simd=16, cores=2))
+    _, plans = plans_of("graph big(x: f32[300, 1027], r: f32[1027], v: f32[140001], w: f32[140001]) {\n"
+                        "    a = kernel { relu(x * r + 1) }\n    b = kernel { exp(v) - v }\n"
+                        "    c = kernel { relu(v * w + w) }\n    return a, b, c\n}\n")
+    assert [p.tiles["stream"] for p in plans] == [1, 1, 1]
+    assert all("non-temporal" in p.cache_check for p in plans)
+    src = emit_graph(plans).source
+    if not (shutil.which("gcc") or shutil.which("cc")):
+        pytest.skip("no C compiler")
+    assert warnings_for(src) == ""
+    assert warnings_for(src, ("-Werror", "-Wextra", "-Wno-unused-parameter")) == ""
+
+
 def test_cli_emit_writes_c(tmp_path, capsys):
     assert main(["emit", str(EXAMPLES / "mlp.g"), "--dim", "B=16", "-o", str(tmp_path / "c")]) == 0
     out = (tmp_path / "c" / "mlp.c").read_text()

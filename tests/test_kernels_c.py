@@ -16,6 +16,7 @@ import eqfuse
 from eqfuse.ops import OPS
 from eqfuse.reference import evaluate
 from eqfuse.frontend import load
+from eqfuse.lower import Caches
 from eqfuse.verify import compare
 
 RNG = np.random.default_rng(1234)
@@ -258,3 +259,69 @@ def layout_results():
 @pytest.mark.parametrize("cid", [c for c, _ in LAYOUT_CASES])
 def test_layout(layout_results, cid):
     check(layout_results, cid)
+
+
+# ------------------------------------------------------------------ streaming (non-temporal) pointwise
+
+# Caches patched small so that outputs from 512 KiB (STREAM_MIN floats) on stream: the same code
+# path as 64 MiB outputs on this machine, at test-sized arrays, on any machine.
+STREAM_CACHES = Caches(l1=32 << 10, l2=256 << 10, l3=1 << 20, simd=16, cores=2)
+STREAM_MIN = min(STREAM_CACHES.l3 // 2, 8 * STREAM_CACHES.l2 * STREAM_CACHES.cores) // 4
+
+STREAM_CASES = [  # (id, expression, streams?)
+    ("just-over-odd-tail", "relu(a * b + c)", 1),  # 1-D, STREAM_MIN + 37 elements
+    ("at-threshold", "sigmoid(e) * s - 1", 1),  # exactly STREAM_MIN, scalar parameter broadcast
+    ("just-below", "relu(d * d + 1)", 0),  # STREAM_MIN - 37: ordinary stores
+    ("rows-misaligned-bcast", "m * r + col", 1),  # rows of 1027: every row starts at another skew
+    ("bcast-middle", "t * u + 0.5", 1),  # (43, 3, 1031) * (43, 1, 1031): inner 1031, outer 129
+    ("coalesced-3d", "exp(-(v3 * v3)) + v3", 1),  # (7, 11, 1709) all walked as one inner loop
+    ("short-rows", "abs(w65) * 2 + w65r", 1),  # rows of 65: a partial line each side, few whole ones
+    ("narrow-rows", "n40 * 3 + n40r", 0),  # rows of 40 < STREAM_MIN_INNER: ordinary stores
+]
+
+
+@pytest.fixture(scope="module")
+def stream_results():
+    import eqfuse.lower as lower_mod
+
+    big = STREAM_MIN + 37
+    params = {"a": (big,), "b": (big,), "c": (big,), "e": (STREAM_MIN,), "s": (), "d": (STREAM_MIN - 37,),
+              "m": (131, 1027), "r": (1027,), "col": (131, 1), "t": (43, 3, 1031), "u": (43, 1, 1031),
+              "v3": (7, 11, 1709), "w65": (2049, 65), "w65r": (65,), "n40": (3280, 40), "n40r": (40,)}
+    for name, shape in params.items():
+        assert name in ("s", "d", "r", "col", "u", "w65r", "n40r") or np.prod(shape) >= STREAM_MIN, name
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lower_mod, "machine_caches", lambda: STREAM_CACHES)
+        res, mod = run_cases("streaming", params, [(cid, expr) for cid, expr, _ in STREAM_CASES])
+    return res, mod
+
+
+@pytest.mark.parametrize("cid", [c for c, _, _ in STREAM_CASES])
+def test_streaming_pointwise(stream_results, cid):
+    res, mod = stream_results
+    check(res, cid)
+    k = mod.kernels[[c for c, _, _ in STREAM_CASES].index(cid)]
+    want = dict((c, s) for c, _, s in STREAM_CASES)[cid]
+    assert k.kind == "pointwise" and k.tiles["stream"] == want, (cid, k.tiles)
+    assert f"STREAM ({want})" in k.c_source
+
+
+def test_streaming_pointwise_non_contiguous_inputs_and_threads():
+    """Strided and transposed views as arguments, 1 and 2 threads, just over the threshold."""
+    import eqfuse.lower as lower_mod
+
+    rows, cols = 129, 1031  # 133 k elements >= STREAM_MIN
+    src = (f"graph nc(x: f32[{rows}, {cols}], y: f32[{rows}, {cols}], z: f32[{cols}]) -> f32[{rows}, {cols}] "
+           "{ return kernel { relu(x * y + z) } }")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lower_mod, "machine_caches", lambda: STREAM_CACHES)
+        mod = eqfuse.compile(src, fuse="manual")
+        x = RNG.standard_normal((rows, 2 * cols)).astype(np.float32)[:, ::2]  # strided
+        y = np.ascontiguousarray(RNG.standard_normal((cols, rows)).astype(np.float32)).T  # transposed
+        z = RNG.standard_normal(2 * cols + 1).astype(np.float32)[1::2]  # odd offset, stride 2
+        assert not (x.flags.c_contiguous or y.flags.c_contiguous or z.flags.c_contiguous)
+        want = evaluate(load(src)[0], [x, y, z])
+        for threads in (1, 2):
+            mod.nc.threads = threads
+            assert compare([mod(x, y, z)], want) == [], threads
+    assert mod.kernels[0].tiles["stream"] == 1
