@@ -2,7 +2,9 @@ EQF_WIDE_BEGIN
 /* {{NAME}}: flash attention, {{BATCH}} x [{{SQ}} x {{D}}] queries against {{SK}} keys, Dv = {{DV}}.
  * Blocks of {{BQ}} queries run against tiles of {{BK}} keys with an online softmax: only a
  * {{BQ}} x {{BK}} score tile exists at any time, never the {{SQ}} x {{SK}} matrix.
- * K is first transposed once per head to [D][SKP] (keys padded to whole tiles with zeros).
+ * K is first transposed once per head into tiles [SKP / BK][D][BK] (keys padded to whole tiles
+ * with zeros): each key tile is one contiguous block, so it stays in L1 (rows SKP apart would
+ * fall into a few cache sets and evict each other).
  * q, k^T and v are read through strides (row, column) and the result is written through
  * strides, so head split and merge transposes cost nothing. */
 void {{NAME}}({{PARAMS}})
@@ -16,11 +18,22 @@ void {{NAME}}({{PARAMS}})
     for (long kb = 0; kb < {{NKB}}; kb++) {
         const float* restrict kp = {{K}} + ({{KSRC}});
         float* restrict kt = ktall + kb * (long)D * SKP;
-        for (long d = 0; d < D; d++) {
-            for (long j = 0; j < {{SK}}; j++)
-                kt[d * SKP + j] = kp[d * {{KD}} + j * {{KJ}}];
-            for (long j = {{SK}}; j < SKP; j++)
-                kt[d * SKP + j] = 0.0f;
+        /* read k in its memory order: the inner loop runs along the smaller stride */
+        for (long t = 0; t < SKP / BK; t++) {
+            float* restrict tile = kt + t * D * BK;
+            const long nk = eqf_minl(BK, {{SK}} - t * BK);
+            if ({{KD}} <= {{KJ}}) {
+                for (long jj = 0; jj < nk; jj++)
+                    for (long d = 0; d < D; d++)
+                        tile[d * BK + jj] = kp[d * {{KD}} + (t * BK + jj) * {{KJ}}];
+            } else {
+                for (long d = 0; d < D; d++)
+                    for (long jj = 0; jj < nk; jj++)
+                        tile[d * BK + jj] = kp[d * {{KD}} + (t * BK + jj) * {{KJ}}];
+            }
+            for (long d = 0; d < D; d++)
+                for (long jj = nk; jj < BK; jj++)
+                    tile[d * BK + jj] = 0.0f;
         }
     }
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
@@ -47,7 +60,7 @@ void {{NAME}}({{PARAMS}})
 #if defined(__AVX512F__) && {{VEC}}
             for (long ii = 0; ii < BQ; ii += 4)
                 for (long jb = 0; jb < BK; jb += 64)
-                    eqf_qk_4x64(&qb[ii][0], D, ktp + j0 + jb, SKP, D, &s[ii][jb], BK);
+                    eqf_qk_4x64(&qb[ii][0], D, ktp + j0 * D + jb, BK, D, &s[ii][jb], BK);
 #else
             for (long ii = 0; ii < BQ; ii++) {
                 float sr[BK];
@@ -58,7 +71,7 @@ void {{NAME}}({{PARAMS}})
                     const float qv = qb[ii][d];
                     #pragma omp simd
                     for (long jj = 0; jj < BK; jj++)
-                        sr[jj] += qv * ktp[d * SKP + j0 + jj];
+                        sr[jj] += qv * ktp[j0 * D + d * BK + jj];
                 }
                 for (long jj = 0; jj < BK; jj++)
                     s[ii][jj] = sr[jj];

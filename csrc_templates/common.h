@@ -83,6 +83,10 @@ static inline void eqf_sfence(void) {}
 #endif
 
 #if defined(__AVX512F__)
+/* Keep four loaded vectors in registers: without this gcc folds each load into the FMAs that
+ * use it (one memory operand per FMA: 16 loads + 4 broadcasts per 16 FMAs, load-bound). */
+#define EQF_IN_REGISTERS(a, b, c, d) __asm__("" : "+v"(a), "+v"(b), "+v"(c), "+v"(d))
+
 /* Attention micro-kernels: 4 rows at a time, 16 zmm accumulators. Kept out of line: inlined
  * into the attention loop nest, gcc merges two calls' accumulators and spills them.
  * s[4][64] = q[4][D] . kt[D][64]  (q rows at stride ldq, kt rows at stride ldk, s rows at lds) */
@@ -98,6 +102,7 @@ __attribute__((noinline, unused)) static void eqf_qk_4x64(const float* restrict 
         const float* k = kt + d * ldk;
         __m512 k0 = _mm512_loadu_ps(k), k1 = _mm512_loadu_ps(k + 16);
         __m512 k2 = _mm512_loadu_ps(k + 32), k3 = _mm512_loadu_ps(k + 48);
+        EQF_IN_REGISTERS(k0, k1, k2, k3);
         for (int r = 0; r < 4; r++) {
             __m512 a = _mm512_set1_ps(q[r * ldq + d]);
             c[r][0] = _mm512_fmadd_ps(a, k0, c[r][0]);
@@ -124,6 +129,7 @@ __attribute__((noinline, unused)) static void eqf_pv_4x64(const float* restrict 
         const float* w = v + j * ldv;
         __m512 v0 = _mm512_loadu_ps(w), v1 = _mm512_loadu_ps(w + 16);
         __m512 v2 = _mm512_loadu_ps(w + 32), v3 = _mm512_loadu_ps(w + 48);
+        EQF_IN_REGISTERS(v0, v1, v2, v3);
         for (int r = 0; r < 4; r++) {
             __m512 a = _mm512_set1_ps(p[r * ldp + j]);
             c[r][0] = _mm512_fmadd_ps(a, v0, c[r][0]);
