@@ -217,3 +217,15 @@ def test_hand_written_kernel_blocks_are_reoptimized():
     r = optimize_graph(g)
     assert kernels(r.graph) == ["return kernel { relu(x @ w + b) }"]
     assert_same(g, r.graph, {})
+
+
+def test_attention_takes_a_pointwise_epilogue():
+    """A residual add after attention joins the flash kernel instead of a kernel of its own."""
+    g = one_graph("""graph ar(q: f32[2, 3, 33, 16], k: f32[2, 3, 70, 16], v: f32[2, 3, 70, 8],
+                             r: f32[2, 3, 33, 8]) -> f32[2, 3, 33, 8] {
+        return relu(softmax(q @ transpose(k, perm=[0, 1, 3, 2]) * 0.25) @ v + r)
+    }""")
+    r = optimize_graph(g)
+    assert r.report["kernels_after"] == 1
+    (k,) = kernels(r.graph)
+    assert "softmax(" in k and "+ r" in k and "relu(" in k
