@@ -115,6 +115,19 @@ class Problem:
     roots: list[int]
     cands: dict[int, list[Cand]] = field(default_factory=dict)  # class -> legal candidates
     const_of: dict[int, str] = field(default_factory=dict)  # T class -> constant text, if it holds one
+    _options: dict[int, list[Cand]] = field(default_factory=dict)  # cache of `options`
+
+    def options(self, c: int) -> list[Cand]:
+        """Class c's candidates without those another one dominates (no dearer, reads a subset of
+        the classes): swapping in the dominating one never costs more nor closes a cycle, so the
+        ILP never needs them. (Many K e-nodes are the same kernel written differently.)"""
+        if c not in self._options:
+            kept: list[Cand] = []
+            for cd in sorted(self.cands.get(c, []), key=lambda x: (x.cost, len(set(x.reads)), x.node)):
+                if not any(o.cost <= cd.cost and set(o.reads) <= set(cd.reads) for o in kept):
+                    kept.append(cd)
+            self._options[c] = kept
+        return self._options[c]
 
 
 def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None) -> Problem:
@@ -336,8 +349,7 @@ def _solve(pb: Problem, region: list[int], fixed: dict[int, Cand], deadline: flo
     from scipy.sparse import coo_matrix
 
     inside = set(region)
-    cands = [cd for c in region
-             for cd in _undominated([cd for cd in pb.cands.get(c, []) if all(r in inside or r in fixed for r in cd.reads)])]
+    cands = [cd for c in region for cd in pb.options(c) if all(r in inside or r in fixed for r in cd.reads)]
     if not cands:
         return None, "empty"
     required = {c for c in pb.roots if c in inside}
@@ -408,21 +420,11 @@ def _solve(pb: Problem, region: list[int], fixed: dict[int, Cand], deadline: flo
     return None, "too many cycles"
 
 
-def _undominated(cands: list[Cand]) -> list[Cand]:
-    """One class's candidates without those another one dominates (no dearer, reads a subset of
-    the classes): swapping in the dominating one never costs more nor closes a cycle."""
-    kept: list[Cand] = []
-    for cd in sorted(cands, key=lambda x: (x.cost, len(set(x.reads)), x.node)):
-        if not any(o.cost <= cd.cost and set(o.reads) <= set(cd.reads) for o in kept):
-            kept.append(cd)
-    return kept
-
-
 # ---------------------------------------------------------------- ILP by regions
 
 
 def regions(pb: Problem, size: int, offset: int = 0) -> list[list[int]]:
-    """The live classes cut into topological slabs of about `size` ILP variables (candidates).
+    """The live classes cut into topological slabs of about `size` ILP variables (`Problem.options`).
 
     Picture the live e-graph as a graph of classes, an edge from a class to every class that one
     of its candidates reads. Classes on a cycle of that graph (x = transpose(transpose(x)), ...)
@@ -447,7 +449,7 @@ def regions(pb: Problem, size: int, offset: int = 0) -> list[list[int]]:
     budget = size - offset
     for i in sorted(range(len(comps)), key=lambda i: (level[i], i)):
         part.extend(comps[i])
-        budget -= sum(len(pb.cands.get(c, ())) for c in comps[i])
+        budget -= sum(len(pb.options(c)) for c in comps[i])
         if budget <= 0:
             out.append(part)
             part, budget = [], size
@@ -526,6 +528,7 @@ def region_ilp(pb: Problem, sel: dict[int, Cand], value, size: int = REGION_SIZE
             if time.perf_counter() >= deadline:
                 skipped += 1
                 continue
+            part = _widened(pb, best, part)
             inside = set(part)
             fixed = {**leaves, **{c: cd for c, cd in best.items() if c not in inside}}
             new, status = _solve(pb, part, fixed, deadline)
@@ -541,6 +544,24 @@ def region_ilp(pb: Problem, sel: dict[int, Cand], value, size: int = REGION_SIZE
     if skipped:
         text += f", {skipped} skipped (time limit)"
     return best, text
+
+
+def _widened(pb: Problem, sel: dict[int, Cand], part: list[int]) -> list[int]:
+    """A slab plus the classes just below it whose choice only matters to the slab:
+    - tensors that only the slab's kernels read (not outputs): held fixed, such a kernel would
+      be paid for even when the slab stops reading it, so fusing it into its readers would never
+      look profitable;
+    - tensors a candidate of the slab reads that `sel` does not materialize: held fixed, they
+      would be unavailable, so the slab could never start sharing a new intermediate.
+    """
+    inside = set(part)
+    readers: dict[int, set[int]] = {}
+    for c, cd in sel.items():
+        for r in cd.reads:
+            readers.setdefault(r, set()).add(c)
+    extra = {f for f, rs in readers.items() if f not in inside and rs <= inside and f not in pb.roots}
+    extra |= {r for c in part for cd in pb.cands.get(c, []) for r in cd.reads if r not in inside and r not in sel}
+    return part + sorted(f for f in extra if not _leaf_only(pb, f))
 
 
 def _live_classes(pb: Problem) -> list[int]:
