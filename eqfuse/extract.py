@@ -540,7 +540,8 @@ def region_ilp(pb: Problem, sel: dict[int, Cand], value, size: int = REGION_SIZE
             if v <= best_v + 1e-9 * max(1.0, abs(best_v)):
                 improved += v < best_v - 1e-9 * max(1.0, abs(best_v))
                 best, best_v = new, v
-    text = f"by {solved} regions in {len(passes)} passes: optimal in {optimal}/{solved}, {improved} improved"
+    text = (f"by {solved} region{'s' * (solved != 1)} in {len(passes)} pass{'es' * (len(passes) != 1)}: "
+            f"optimal in {optimal}/{solved}, {improved} improved")
     if skipped:
         text += f", {skipped} skipped (time limit)"
     return best, text
@@ -682,13 +683,18 @@ class Extraction:
     how: str  # the method whose selection won: "greedy", "ilp" or "ilp by regions"
     ilp: str  # what the ILP did, for the report
     value: float  # cost.graph_value of graph
+    greedy: Graph  # the greedy extraction, for comparison
 
 
-def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, max_nodes: int = ILP_MAX_NODES,
-            region_size: int = REGION_SIZE, time_limit: float = ILP_TIME_LIMIT) -> Extraction:
+def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, max_nodes: int | None = None,
+            region_size: int | None = None, time_limit: float | None = None) -> Extraction:
     """Greedy, then the exact ILP: over the whole e-graph when it has at most `max_nodes` e-nodes,
     else region by region (`region_ilp`). Every selection is rescored exactly (`cost.graph_value`
-    of its Graph) and the cheapest wins, greedy on ties; any ILP failure leaves the greedy result."""
+    of its Graph) and the cheapest wins, greedy on ties; any ILP failure leaves the greedy result.
+    Unset limits are the module's ILP_MAX_NODES, REGION_SIZE and ILP_TIME_LIMIT."""
+    max_nodes = ILP_MAX_NODES if max_nodes is None else max_nodes
+    region_size = REGION_SIZE if region_size is None else region_size
+    time_limit = ILP_TIME_LIMIT if time_limit is None else time_limit
     graphs: dict[tuple, tuple[Graph, float]] = {}
 
     def rescore(sel: dict[int, Cand]) -> tuple[Graph, float]:
@@ -700,7 +706,7 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
 
     sel0 = greedy(pb)
     g, v = rescore(sel0)
-    best = Extraction(g, "greedy", "", v)
+    best = Extraction(g, "greedy", "", v, g)
     try:
         if pb.d.num_nodes <= max_nodes:
             sel, best.ilp = ilp(pb, time_limit)
@@ -713,5 +719,5 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
     if sel is not None and sel is not sel0:
         g, v = rescore(sel)
         if v < best.value - 1e-9 * max(1.0, abs(best.value)):
-            best = Extraction(g, how, best.ilp, v)
+            best = Extraction(g, how, best.ilp, v, best.greedy)
     return best

@@ -51,6 +51,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     out = ex.graph
     check(out)
     before, after = C.graph_kernels(src, dims), C.graph_kernels(out, dims)
+    greedy = C.graph_kernels(ex.greedy, dims)
     p = C.perf()
     unbound = [d for d in graph.dims() if d not in dims]
     text = graph_text(out)
@@ -70,6 +71,8 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         "stop_reason": st.stop_reason,
         "extraction": ex.how,
         "ilp": ex.ilp,
+        "kernels_greedy": greedy.launches - greedy.views,  # what greedy extraction alone gives
+        "bytes_greedy": greedy.bytes,
         "unbound_dims": {d: C.DEFAULT_DIM for d in unbound},
         "skipped_rules": st.skipped_rules,
         "optimize_seconds": time.perf_counter() - t0,
