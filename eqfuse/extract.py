@@ -255,20 +255,22 @@ def _refine(pb: Problem, pick: dict[int, Cand], best: dict[int, float], rounds: 
     the tree cost of the operands not yet materialized is lower (a tensor some kernel already
     writes is free to read again, at the cost of its read)."""
     sel = _reachable(pb, pick)
+    readers = _reader_counts(sel)
     for _ in range(rounds):
         improved = False
         for c in list(sel):
             if c not in sel:
                 continue
             cur = sel[c]
-            others = set(sel) - {c}
-            freed = sum(best[r] for r in set(cur.reads) if _only_reader(sel, r, c))
+            own = set(cur.reads)
+            only = {r for r in own if readers[r] == 1}  # tensors no other kernel reads
+            freed = sum(best[r] for r in only)
             choice, gain = None, -1e-9
             for cd in pb.cands.get(c, []):
                 if cd is cur or any(r not in best for r in cd.reads):
                     continue
-                delta = cd.cost - cur.cost + sum(best[r] for r in set(cd.reads) if r not in others)
-                delta -= freed - sum(best[r] for r in set(cur.reads) if r in cd.reads and _only_reader(sel, r, c))
+                delta = cd.cost - cur.cost + sum(best[r] for r in set(cd.reads) if r not in sel or r == c)
+                delta -= freed - sum(best[r] for r in only if r in cd.reads)
                 if delta < gain and not _reaches(pb, pick, cd, c):
                     choice, gain = cd, delta
             if choice is not None:
@@ -279,13 +281,19 @@ def _refine(pb: Problem, pick: dict[int, Cand], best: dict[int, float], rounds: 
                 except ExtractError:
                     pick[c] = cur
                     sel = _reachable(pb, pick)
+                readers = _reader_counts(sel)
         if not improved:
             break
     return sel
 
 
-def _only_reader(sel: dict[int, Cand], r: int, c: int) -> bool:
-    return all(r not in cd.reads for k, cd in sel.items() if k != c)
+def _reader_counts(sel: dict[int, Cand]) -> dict[int, int]:
+    """How many selected kernels read each class."""
+    n: dict[int, int] = {}
+    for cd in sel.values():
+        for r in set(cd.reads):
+            n[r] = n.get(r, 0) + 1
+    return n
 
 
 def _reaches(pb: Problem, pick: dict[int, Cand], cd: Cand, target: int) -> bool:
