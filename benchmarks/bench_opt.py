@@ -45,7 +45,8 @@ def main() -> None:
         t = statistics.median(x.report["optimize_seconds"] for x in runs)
         print(f"| {name} | {r['kernels_before']} -> {r['kernels_greedy']} -> {r['kernels_after']} | "
               f"{r['bytes_before'] / 1e6:.1f} -> {r['bytes_greedy'] / 1e6:.1f} -> {r['bytes_after'] / 1e6:.1f} | "
-              f"{r['egraph_nodes']} | {r['iterations']} | {r['stop_reason']} | {r['extraction']} | {r['ilp']} | {t:.3f} |")
+              f"{r['egraph_nodes']} | {r['iterations']} | {r['stop_reason']} | {r['extraction']} | {r['ilp']} | "
+              f"{t:.3f} |")
 
 if __name__ == "__main__":
     main()

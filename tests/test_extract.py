@@ -91,19 +91,22 @@ def test_illegal_candidates_are_dropped():
 
 # Graphs where greedy is not optimal (found by random search), and one transformer layer.
 REGIONS = {
-    "share_matmul": """graph g(a: f32[16, 32], b: f32[16, 32], c: f32[32], w: f32[32, 32], g: f32[32]) -> (f32[16, 32], f32[16, 32], f32[16, 32]) {
+    "share_matmul": """graph g(a: f32[16, 32], b: f32[16, 32], c: f32[32],
+                                   w: f32[32, 32], g: f32[32]) -> (f32[16, 32], f32[16, 32], f32[16, 32]) {
         t0 = b @ w
         t1 = a - b
         t2 = a - t1
         t4 = tanh(rmsnorm(b, g)) @ w * 0.5
         return t2, softmax(t2 + t0), sqrt(abs(t0) + 1)
     }""",
-    "fuse_into_shared": """graph g(a: f32[16, 16], b: f32[16, 16], c: f32[16], w: f32[16, 16]) -> (f32[16, 16], f32[16, 16], f32[16, 16]) {
+    "fuse_into_shared": """graph g(a: f32[16, 16], b: f32[16, 16], c: f32[16],
+                                       w: f32[16, 16]) -> (f32[16, 16], f32[16, 16], f32[16, 16]) {
         t0 = a - b
         t5 = sqrt(abs(abs(t0 @ transpose(w) - c)) + 1)
         return softmax(t5), t5, t5 + c
     }""",
-    "row_and_max": """graph g(a: f32[4, 16], b: f32[4, 16], c: f32[16], w: f32[16, 16], g: f32[16], be: f32[16]) -> (f32[4, 16], f32[4, 16]) {
+    "row_and_max": """graph g(a: f32[4, 16], b: f32[4, 16], c: f32[16], w: f32[16, 16],
+                                  g: f32[16], be: f32[16]) -> (f32[4, 16], f32[4, 16]) {
         t0 = a + b
         t2 = a @ transpose(w)
         t5 = a / (sum(abs(a), axis=0, keepdims=true) + 1) + a
