@@ -16,10 +16,10 @@ recomputes) and it ran out of memory at 8 transformer layers. Here:
    Cycles are cut lazily (a chosen cycle gets a constraint and the ILP runs again).
    - e-graphs of at most ILP_MAX_NODES e-nodes: one ILP over the whole live e-graph;
    - larger ones: by regions (`region_ilp`): the live classes are cut into topological slabs of
-     about REGION_SIZE candidates (`regions`); each slab is solved exactly with every class
-     outside it held at the best selection so far, in two passes (the second shifted by half a
-     slab, so no cut stays a cut), and a slab's result is kept only if the exact whole-graph
-     cost does not get worse.
+     about REGION_SIZE candidates (`regions`); each slab, with the operands only it reads or
+     could newly materialize, is solved exactly with every class outside it held at the best
+     selection so far, in two passes (the second shifted by half a slab, so no cut stays a
+     cut), and a slab's result is kept only if the exact whole-graph cost does not get worse.
    A time limit bounds either; any failure leaves the greedy result.
 4. Each candidate selection becomes a Graph and is rescored by `cost.graph_value`; the cheapest
    wins, greedy on ties (`extract` runs steps 2-4).
@@ -519,8 +519,9 @@ def region_ilp(pb: Problem, sel: dict[int, Cand], value, size: int = REGION_SIZE
     """Improve `sel` region by region; (best selection, status text for the report).
 
     Two passes over `regions` (the second shifted by half a slab, so a fusion across a cut of
-    the first pass is inside a slab of the second). Each region is solved exactly by `_solve`
-    with every class outside it held at the current best selection, and its result replaces the
+    the first pass is inside a slab of the second). Each slab, `_widened` by the operands whose
+    choice only matters to it, is solved exactly by `_solve` with every class outside it held at
+    the current best selection, and its result replaces the
     best only if the exact whole-graph cost `value(selection)` does not get worse. Regions left
     when `time_limit` runs out are skipped (and reported).
     """
