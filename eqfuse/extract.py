@@ -9,12 +9,20 @@ recomputes) and it ran out of memory at 8 transformer layers. Here:
    contraction, row or attention result to a larger shape) -- illegal candidates are dropped.
    Its cost is `cost.kernel_cost` of that body: exact per kernel.
 2. Greedy: bottom-up, each class takes its node of least tree cost (fast, any size).
-3. ILP (scipy.optimize.milp / HiGHS) when the e-graph is small enough: a binary per node, one
-   node per reachable class, every chosen node's operand classes chosen, minimizing the sum of
-   kernel costs -- exactly the DAG cost (a shared tensor is written once, read by each reader).
-   Cycles are cut lazily (a chosen cycle gets a constraint and the ILP runs again); a time
-   limit bounds it and the greedy result is the fallback.
-4. Each candidate selection becomes a Graph and is rescored by `cost.graph_value`; the best wins.
+3. ILP (scipy.optimize.milp / HiGHS): a binary per candidate, at most one per class (exactly one
+   for the roots), a chosen candidate's operand classes chosen too, minimizing the sum of kernel
+   costs -- exactly the DAG cost (a shared tensor is written once, read by each reader).
+   Candidates another one of the class dominates (no dearer, reads a subset) are left out.
+   Cycles are cut lazily (a chosen cycle gets a constraint and the ILP runs again).
+   - e-graphs of at most ILP_MAX_NODES e-nodes: one ILP over the whole live e-graph;
+   - larger ones: by regions (`region_ilp`): the live classes are cut into topological slabs of
+     about REGION_SIZE candidates (`regions`); each slab, with the operands only it reads or
+     could newly materialize, is solved exactly with every class outside it held at the best
+     selection so far, in two passes (the second shifted by half a slab, so no cut stays a
+     cut), and a slab's result is kept only if the exact whole-graph cost does not get worse.
+   A time limit bounds either; any failure leaves the greedy result.
+4. Each candidate selection becomes a Graph and is rescored by `cost.graph_value`; the cheapest
+   wins, greedy on ties (`extract` runs steps 2-4).
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from .shapes import TType
 
 ILP_MAX_NODES = 2000
 ILP_TIME_LIMIT = 1.0
+MIP_GAP = 1e-6  # HiGHS's default 1e-4 is 140 kB on BERT-base: not exact enough to compare with greedy
+REGION_SIZE = 150  # ILP variables (candidates) per region
 INF = float("inf")
 
 
@@ -105,6 +115,19 @@ class Problem:
     roots: list[int]
     cands: dict[int, list[Cand]] = field(default_factory=dict)  # class -> legal candidates
     const_of: dict[int, str] = field(default_factory=dict)  # T class -> constant text, if it holds one
+    _options: dict[int, list[Cand]] = field(default_factory=dict)  # cache of `options`
+
+    def options(self, c: int) -> list[Cand]:
+        """Class c's candidates without those another one dominates (no dearer, reads a subset of
+        the classes): swapping in the dominating one never costs more nor closes a cycle, so the
+        ILP never needs them. (Many K e-nodes are the same kernel written differently.)"""
+        if c not in self._options:
+            kept: list[Cand] = []
+            for cd in sorted(self.cands.get(c, []), key=lambda x: (x.cost, len(set(x.reads)), x.node)):
+                if not any(o.cost <= cd.cost and set(o.reads) <= set(cd.reads) for o in kept):
+                    kept.append(cd)
+            self._options[c] = kept
+        return self._options[c]
 
 
 def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None) -> Problem:
@@ -232,20 +255,22 @@ def _refine(pb: Problem, pick: dict[int, Cand], best: dict[int, float], rounds: 
     the tree cost of the operands not yet materialized is lower (a tensor some kernel already
     writes is free to read again, at the cost of its read)."""
     sel = _reachable(pb, pick)
+    readers = _reader_counts(sel)
     for _ in range(rounds):
         improved = False
         for c in list(sel):
             if c not in sel:
                 continue
             cur = sel[c]
-            others = set(sel) - {c}
-            freed = sum(best[r] for r in set(cur.reads) if _only_reader(sel, r, c))
+            own = set(cur.reads)
+            only = {r for r in own if readers[r] == 1}  # tensors no other kernel reads
+            freed = sum(best[r] for r in only)
             choice, gain = None, -1e-9
             for cd in pb.cands.get(c, []):
                 if cd is cur or any(r not in best for r in cd.reads):
                     continue
-                delta = cd.cost - cur.cost + sum(best[r] for r in set(cd.reads) if r not in others)
-                delta -= freed - sum(best[r] for r in set(cur.reads) if r in cd.reads and _only_reader(sel, r, c))
+                delta = cd.cost - cur.cost + sum(best[r] for r in set(cd.reads) if r not in sel or r == c)
+                delta -= freed - sum(best[r] for r in only if r in cd.reads)
                 if delta < gain and not _reaches(pb, pick, cd, c):
                     choice, gain = cd, delta
             if choice is not None:
@@ -256,13 +281,19 @@ def _refine(pb: Problem, pick: dict[int, Cand], best: dict[int, float], rounds: 
                 except ExtractError:
                     pick[c] = cur
                     sel = _reachable(pb, pick)
+                readers = _reader_counts(sel)
         if not improved:
             break
     return sel
 
 
-def _only_reader(sel: dict[int, Cand], r: int, c: int) -> bool:
-    return all(r not in cd.reads for k, cd in sel.items() if k != c)
+def _reader_counts(sel: dict[int, Cand]) -> dict[int, int]:
+    """How many selected kernels read each class."""
+    n: dict[int, int] = {}
+    for cd in sel.values():
+        for r in set(cd.reads):
+            n[r] = n.get(r, 0) + 1
+    return n
 
 
 def _reaches(pb: Problem, pick: dict[int, Cand], cd: Cand, target: int) -> bool:
@@ -304,20 +335,39 @@ def selection_cost(sel: dict[int, Cand]) -> float:
 # ---------------------------------------------------------------- ILP
 
 
-def ilp(pb: Problem, time_limit: float = ILP_TIME_LIMIT, warm: dict[int, Cand] | None = None
-        ) -> tuple[dict[int, Cand] | None, str]:
-    """Exact DAG extraction with lazy cycle cuts; (selection or None, status text)."""
+def ilp(pb: Problem, time_limit: float = ILP_TIME_LIMIT) -> tuple[dict[int, Cand] | None, str]:
+    """Exact DAG extraction of the whole e-graph with lazy cycle cuts; (selection or None, status)."""
+    return _solve(pb, _live_classes(pb), {}, time.perf_counter() + time_limit)
+
+
+def _solve(pb: Problem, region: list[int], fixed: dict[int, Cand], deadline: float
+           ) -> tuple[dict[int, Cand] | None, str]:
+    """The ILP over the classes of `region`, every other class held at its `fixed` kernel.
+
+    A binary per candidate of a region class whose reads are all in the region or in `fixed`
+    (a fixed tensor is materialized anyway: reading it costs only the read, already in the
+    candidate's cost). At most one candidate per region class, exactly one for the roots and for
+    the region classes a fixed kernel reads; a chosen candidate's region operands are chosen too.
+    Minimizes the sum of the region's kernel costs, which with `fixed` constant is the DAG cost.
+    A cycle through the chosen and fixed kernels cuts its region candidates (not all of them
+    together) and the ILP runs again. Returns the combined selection reachable from the roots.
+    With `fixed` empty and the region all live classes, this is the whole-graph ILP.
+    """
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
-    live = _live_classes(pb)
-    cands = [cd for c in live for cd in pb.cands.get(c, [])]
+    inside = set(region)
+    cands = [cd for c in region for cd in pb.options(c) if all(r in inside or r in fixed for r in cd.reads)]
     if not cands:
         return None, "empty"
+    required = {c for c in pb.roots if c in inside}
+    required |= {r for cd in fixed.values() for r in cd.reads if r in inside}
     idx = {id(cd): i for i, cd in enumerate(cands)}
     by_class: dict[int, list[int]] = {}
     for i, cd in enumerate(cands):
         by_class.setdefault(cd.cls, []).append(i)
+    if any(c not in by_class for c in required):
+        return None, "infeasible"
     rows, cols, vals, lo, hi = [], [], [], [], []
     r = 0
 
@@ -332,14 +382,16 @@ def ilp(pb: Problem, time_limit: float = ILP_TIME_LIMIT, warm: dict[int, Cand] |
         r += 1
 
     for c, js in by_class.items():
-        row([(j, 1.0) for j in js], 1.0 if c in pb.roots else 0.0, 1.0)
+        row([(j, 1.0) for j in js], 1.0 if c in required else 0.0, 1.0)
+    readers: dict[tuple[int, int], list[int]] = {}  # (class, operand class) -> its candidates reading it
     for i, cd in enumerate(cands):
-        for rc in cd.reads:
-            row([(i, 1.0)] + [(j, -1.0) for j in by_class.get(rc, [])], -np.inf, 0.0)
+        for rc in set(cd.reads) & inside:
+            readers.setdefault((cd.cls, rc), []).append(i)
+    for (_, rc), js in readers.items():  # one row per pair: tighter than one per candidate
+        row([(i, 1.0) for i in js] + [(j, -1.0) for j in by_class.get(rc, [])], -np.inf, 0.0)
     costs = np.array([max(cd.cost, 0.0) for cd in cands]) + 1e-6  # a positive cost: no free cycles
     scale = max(costs.max(), 1.0)
     costs = costs / scale
-    deadline = time.perf_counter() + time_limit
     cuts: list[tuple[list[tuple[int, float]], float]] = []
     for _ in range(50):
         all_rows = list(zip(rows, cols, vals))
@@ -357,19 +409,169 @@ def ilp(pb: Problem, time_limit: float = ILP_TIME_LIMIT, warm: dict[int, Cand] |
         if left <= 0:
             return None, "time_limit"
         res = milp(costs, constraints=LinearConstraint(A, lo2, hi2), integrality=np.ones(len(cands)),
-                   bounds=Bounds(0, 1), options={"time_limit": left, "disp": False})
+                   bounds=Bounds(0, 1), options={"time_limit": left, "disp": False, "mip_rel_gap": MIP_GAP})
         if res.x is None:
             return None, f"no solution ({res.message})"
         chosen = {cands[i].cls: cands[i] for i in np.flatnonzero(res.x > 0.5)}
-        cyc = _find_cycle(pb, chosen)
+        combined = {**fixed, **chosen}
+        cyc = _find_cycle(pb, combined)
         if cyc is None:
             status = "optimal" if res.status == 0 else "feasible"
             try:
-                return _reachable(pb, chosen), status
+                return _reachable(pb, combined), status
             except ExtractError:
                 return None, "incomplete"
-        cuts.append(([(idx[id(cd)], 1.0) for cd in cyc], len(cyc) - 1.0))
+        cut = [(idx[id(cd)], 1.0) for cd in cyc if cd.cls in inside]
+        if not cut:  # the fixed part alone is acyclic: cannot happen
+            return None, "cycle outside the region"
+        cuts.append((cut, len(cut) - 1.0))
     return None, "too many cycles"
+
+
+# ---------------------------------------------------------------- ILP by regions
+
+
+def regions(pb: Problem, size: int, offset: int = 0) -> list[list[int]]:
+    """The live classes cut into topological slabs of about `size` ILP variables (`Problem.options`).
+
+    Picture the live e-graph as a graph of classes, an edge from a class to every class that one
+    of its candidates reads. Classes on a cycle of that graph (x = transpose(transpose(x)), ...)
+    stay together: the strongly connected components are the units. Each unit gets a level, the
+    longest path from it down to the graph inputs, and the units, sorted by level (inputs first,
+    outputs last), are cut into consecutive slabs: a slab is a band of the network's depth, e.g.
+    part of a transformer layer. Classes holding only inputs or constants are in no slab (they
+    are always available). `offset` makes the first slab that many variables smaller, so that a
+    second pass with offset size // 2 puts every cut of the first pass inside a slab.
+    """
+    live = [c for c in _live_classes(pb) if not _leaf_only(pb, c)]
+    keep = set(live)
+    succ = {c: sorted({r for cd in pb.cands.get(c, []) for r in cd.reads if r in keep}) for c in live}
+    comps = _sccs(live, succ)  # every component after the components it reaches
+    comp_of = {c: i for i, comp in enumerate(comps) for c in comp}
+    level: list[int] = []
+    for i, comp in enumerate(comps):
+        below = [level[comp_of[r]] for c in comp for r in succ[c] if comp_of[r] != i]
+        level.append(1 + max(below, default=-1))
+    out: list[list[int]] = []
+    part: list[int] = []
+    budget = size - offset
+    for i in sorted(range(len(comps)), key=lambda i: (level[i], i)):
+        part.extend(comps[i])
+        budget -= sum(len(pb.options(c)) for c in comps[i])
+        if budget <= 0:
+            out.append(part)
+            part, budget = [], size
+    if part:
+        out.append(part)
+    return out
+
+
+def _leaf_only(pb: Problem, c: int) -> bool:
+    return all(cd.body is None for cd in pb.cands.get(c, ()))
+
+
+def _sccs(nodes: list[int], succ: dict[int, list[int]]) -> list[list[int]]:
+    """Strongly connected components (Tarjan, iterative), each listed after every one it reaches."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    out: list[list[int]] = []
+
+    def visit(v: int) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+
+    for root in nodes:
+        if root in index:
+            continue
+        visit(root)
+        work = [(root, iter(succ[root]))]
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    visit(w)
+                    work.append((w, iter(succ[w])))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:  # v's successors are done
+                work.pop()
+                if work:
+                    u = work[-1][0]
+                    low[u] = min(low[u], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    out.append(comp)
+    return out
+
+
+def region_ilp(pb: Problem, sel: dict[int, Cand], value, size: int = REGION_SIZE,
+               time_limit: float = ILP_TIME_LIMIT) -> tuple[dict[int, Cand], str]:
+    """Improve `sel` region by region; (best selection, status text for the report).
+
+    Two passes over `regions` (the second shifted by half a slab, so a fusion across a cut of
+    the first pass is inside a slab of the second). Each slab, `_widened` by the operands whose
+    choice only matters to it, is solved exactly by `_solve` with every class outside it held at
+    the current best selection, and its result replaces the
+    best only if the exact whole-graph cost `value(selection)` does not get worse. Regions left
+    when `time_limit` runs out are skipped (and reported).
+    """
+    deadline = time.perf_counter() + time_limit
+    best, best_v = sel, value(sel)
+    leaves = {c: cds[0] for c, cds in pb.cands.items() if cds and _leaf_only(pb, c)}
+    solved = optimal = improved = skipped = 0
+    passes = [regions(pb, size)]
+    if len(passes[0]) > 1:  # (one region is the whole graph: nothing to shift)
+        passes.append(regions(pb, size, size // 2))
+    for parts in passes:
+        for part in parts:
+            if time.perf_counter() >= deadline:
+                skipped += 1
+                continue
+            part = _widened(pb, best, part)
+            inside = set(part)
+            fixed = {**leaves, **{c: cd for c, cd in best.items() if c not in inside}}
+            new, status = _solve(pb, part, fixed, deadline)
+            solved += 1
+            optimal += status == "optimal"
+            if new is None or selection_cost(new) >= selection_cost(best) - 1e-9 * selection_cost(best):
+                continue  # no better in the ILP's own terms: keep the current selection as it is
+            v = value(new)
+            if v <= best_v + 1e-9 * max(1.0, abs(best_v)):
+                improved += v < best_v - 1e-9 * max(1.0, abs(best_v))
+                best, best_v = new, v
+    text = (f"by {solved} region{'s' * (solved != 1)} in {len(passes)} pass{'es' * (len(passes) != 1)}: "
+            f"optimal in {optimal}/{solved}, {improved} improved")
+    if skipped:
+        text += f", {skipped} skipped (time limit)"
+    return best, text
+
+
+def _widened(pb: Problem, sel: dict[int, Cand], part: list[int]) -> list[int]:
+    """A slab plus the classes just below it whose choice only matters to the slab:
+    - tensors that only the slab's kernels read (not outputs): held fixed, such a kernel would
+      be paid for even when the slab stops reading it, so fusing it into its readers would never
+      look profitable;
+    - tensors a candidate of the slab reads that `sel` does not materialize: held fixed, they
+      would be unavailable, so the slab could never start sharing a new intermediate.
+    """
+    inside = set(part)
+    readers: dict[int, set[int]] = {}
+    for c, cd in sel.items():
+        for r in cd.reads:
+            readers.setdefault(r, set()).add(c)
+    extra = {f for f, rs in readers.items() if f not in inside and rs <= inside and f not in pb.roots}
+    extra |= {r for c in part for cd in pb.cands.get(c, []) for r in cd.reads if r not in inside and r not in sel}
+    return part + sorted(f for f in extra if not _leaf_only(pb, f))
 
 
 def _live_classes(pb: Problem) -> list[int]:
@@ -479,3 +681,52 @@ def _renamed(body: Graph, reads, g: Graph, ids) -> Graph:
         outer = g.nodes[ids[r]]
         nodes[inp] = replace(nodes[inp], name=outer.name)
     return Graph("kernel", nodes, list(body.inputs), list(body.outputs))
+
+
+# ---------------------------------------------------------------- the stage
+
+
+@dataclass
+class Extraction:
+    graph: Graph
+    how: str  # the method whose selection won: "greedy", "ilp" or "ilp by regions"
+    ilp: str  # what the ILP did, for the report
+    value: float  # cost.graph_value of graph
+    greedy: Graph  # the greedy extraction, for comparison
+
+
+def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, max_nodes: int | None = None,
+            region_size: int | None = None, time_limit: float | None = None) -> Extraction:
+    """Greedy, then the exact ILP: over the whole e-graph when it has at most `max_nodes` e-nodes,
+    else region by region (`region_ilp`). Every selection is rescored exactly (`cost.graph_value`
+    of its Graph) and the cheapest wins, greedy on ties; any ILP failure leaves the greedy result.
+    Unset limits are the module's ILP_MAX_NODES, REGION_SIZE and ILP_TIME_LIMIT."""
+    max_nodes = ILP_MAX_NODES if max_nodes is None else max_nodes
+    region_size = REGION_SIZE if region_size is None else region_size
+    time_limit = ILP_TIME_LIMIT if time_limit is None else time_limit
+    graphs: dict[tuple, tuple[Graph, float]] = {}
+
+    def rescore(sel: dict[int, Cand]) -> tuple[Graph, float]:
+        key = tuple(sorted((c, cd.node) for c, cd in sel.items()))
+        if key not in graphs:
+            g = to_graph(pb, sel, original)
+            graphs[key] = (g, C.graph_value(g, model, dims, perf))
+        return graphs[key]
+
+    sel0 = greedy(pb)
+    g, v = rescore(sel0)
+    best = Extraction(g, "greedy", "", v, g)
+    try:
+        if pb.d.num_nodes <= max_nodes:
+            sel, best.ilp = ilp(pb, time_limit)
+            how = "ilp"
+        else:
+            sel, best.ilp = region_ilp(pb, sel0, lambda s: rescore(s)[1], region_size, time_limit)
+            how = "ilp by regions"
+    except Exception as e:  # noqa: BLE001 -- the greedy result stands; the report says why
+        sel, best.ilp = None, f"failed ({type(e).__name__}: {e})"
+    if sel is not None and sel is not sel0:
+        g, v = rescore(sel)
+        if v < best.value - 1e-9 * max(1.0, abs(best.value)):
+            best = Extraction(g, how, best.ilp, v, best.greedy)
+    return best

@@ -1,6 +1,7 @@
 """The optimizer, top to bottom:
 
-    unfuse -> load into the e-graph -> saturate (bounded) -> serialize -> extract (greedy, ILP)
+    unfuse -> load into the e-graph -> saturate (bounded) -> serialize
+           -> extract (greedy, then an exact ILP: whole, or region by region on large e-graphs)
            -> rescore every candidate exactly -> fused Graph (kernel blocks) + report
 
 Fusion decisions live in eqfuse/rules/fusion.rw; this module only runs the stages.
@@ -46,21 +47,11 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     data = eg.serialize()
     pb = X.build_problem(data, src, cost, dims, perf)
 
-    candidates: list[tuple[str, dict]] = [("greedy", X.greedy(pb))]
-    ilp_status = "skipped (e-graph too large)"
-    if data.num_nodes <= X.ILP_MAX_NODES:
-        sel, ilp_status = X.ilp(pb, warm=candidates[0][1])
-        if sel is not None:
-            candidates.append(("ilp", sel))
-    best = None
-    for how, sel in candidates:
-        g = X.to_graph(pb, sel, src)
-        v = C.graph_value(g, cost, dims, perf)
-        if best is None or v < best[0] - 1e-9:
-            best = (v, how, g)
-    _, how, out = best
+    ex = X.extract(pb, src, cost, dims, perf)
+    out = ex.graph
     check(out)
     before, after = C.graph_kernels(src, dims), C.graph_kernels(out, dims)
+    greedy = C.graph_kernels(ex.greedy, dims)
     p = C.perf()
     unbound = [d for d in graph.dims() if d not in dims]
     text = graph_text(out)
@@ -78,8 +69,10 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         "egraph_classes": data.num_classes,
         "iterations": st.iterations,
         "stop_reason": st.stop_reason,
-        "extraction": how,
-        "ilp": ilp_status,
+        "extraction": ex.how,
+        "ilp": ex.ilp,
+        "kernels_greedy": greedy.launches - greedy.views,  # what greedy extraction alone gives
+        "bytes_greedy": greedy.bytes,
         "unbound_dims": {d: C.DEFAULT_DIM for d in unbound},
         "skipped_rules": st.skipped_rules,
         "optimize_seconds": time.perf_counter() - t0,

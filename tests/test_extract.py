@@ -1,4 +1,5 @@
-"""Extraction: greedy and ILP against brute force on small e-graphs; the cost models."""
+"""Extraction: greedy and ILP against brute force on small e-graphs; the ILP by regions against the
+whole ILP and greedy (its threshold lowered so small graphs take that path); the cost models."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 from eqfuse import cost as C
 from eqfuse import extract as X
 from eqfuse.egraph import EGraph
+from eqfuse.optimize import check
 from eqfuse.rules import load_rules
 
-from helpers import one_graph
+from helpers import ROOT, assert_same_values, one_graph, rand_inputs, run
 
 SMALL = {
     "recompute": """graph g(a: f32[256], b: f32[256]) -> (f32[256], f32[256]) {
@@ -83,6 +85,105 @@ def test_illegal_candidates_are_dropped():
         for cd in cands:
             if cd.body is not None:
                 classify(cd.body)  # never raises: only legal kernels are candidates
+
+
+# ---- ILP by regions (the path of e-graphs above ILP_MAX_NODES, forced here with max_nodes=0)
+
+# Graphs where greedy is not optimal (found by random search), and one transformer layer.
+REGIONS = {
+    "share_matmul": """graph g(a: f32[16, 32], b: f32[16, 32], c: f32[32],
+                                   w: f32[32, 32], g: f32[32]) -> (f32[16, 32], f32[16, 32], f32[16, 32]) {
+        t0 = b @ w
+        t1 = a - b
+        t2 = a - t1
+        t4 = tanh(rmsnorm(b, g)) @ w * 0.5
+        return t2, softmax(t2 + t0), sqrt(abs(t0) + 1)
+    }""",
+    "fuse_into_shared": """graph g(a: f32[16, 16], b: f32[16, 16], c: f32[16],
+                                       w: f32[16, 16]) -> (f32[16, 16], f32[16, 16], f32[16, 16]) {
+        t0 = a - b
+        t5 = sqrt(abs(abs(t0 @ transpose(w) - c)) + 1)
+        return softmax(t5), t5, t5 + c
+    }""",
+    "row_and_max": """graph g(a: f32[4, 16], b: f32[4, 16], c: f32[16], w: f32[16, 16],
+                                  g: f32[16], be: f32[16]) -> (f32[4, 16], f32[4, 16]) {
+        t0 = a + b
+        t2 = a @ transpose(w)
+        t5 = a / (sum(abs(a), axis=0, keepdims=true) + 1) + a
+        t6 = maximum(t5, t2)
+        return t6, layernorm(t6, g, be)
+    }""",
+    "transformer": (ROOT / "examples" / "transformer.g").read_text(),
+}
+
+
+def extracted(src, model="memory", **kw):
+    g = one_graph(src)
+    u = C.unfused(g)
+    eg = EGraph(u, load_rules())
+    eg.saturate()
+    pb = X.build_problem(eg.serialize(), u, model, {"B": 2})
+    greedy_value = C.graph_value(X.to_graph(pb, X.greedy(pb), u), model, {"B": 2})
+    return g, pb, greedy_value, X.extract(pb, u, model, {"B": 2}, **kw)
+
+
+@pytest.mark.parametrize("name", REGIONS)
+@pytest.mark.parametrize("model", ["memory", "launches"])
+def test_region_ilp_equals_whole_ilp_and_is_never_worse_than_greedy(name, model):
+    g, pb, greedy_value, ex = extracted(REGIONS[name], model, max_nodes=0, region_size=15, time_limit=20)
+    n = int(ex.ilp.split()[1])
+    assert ex.ilp.startswith("by ") and n > 1 and f"optimal in {n}/{n}" in ex.ilp  # several regions, all exact
+    whole = X.extract(pb, C.unfused(g), model, {"B": 2}, max_nodes=10**9, time_limit=20)
+    assert whole.ilp == "optimal"
+    assert ex.value <= greedy_value
+    assert ex.value == pytest.approx(whole.value, rel=1e-9)
+    if ex.value < greedy_value:
+        assert ex.how == "ilp by regions" and "0 improved" not in ex.ilp
+    check(ex.graph)  # only kernels, each lowerable, types consistent
+    xs = rand_inputs(g, {"B": 2}, seed=1)
+    assert_same_values(run(ex.graph, xs), run(g, xs))
+
+
+def test_greedy_is_beaten_by_regions():
+    _, _, greedy_value, ex = extracted(REGIONS["fuse_into_shared"], max_nodes=0, region_size=15)
+    assert ex.value < greedy_value and ex.how == "ilp by regions"
+
+
+def test_regions_are_topological_slabs():
+    pb = problem(REGIONS["transformer"])
+    live = {c for c in X._live_classes(pb) if not X._leaf_only(pb, c)}
+    for offset in (0, 10):
+        parts = X.regions(pb, 20, offset)
+        assert len(parts) > 2
+        slab = {c: i for i, part in enumerate(parts) for c in part}
+        assert sorted(slab) == sorted(live) and sum(map(len, parts)) == len(live)  # a partition
+        for c, i in slab.items():  # reads go to the same or an earlier slab (cycles stay in one slab)
+            assert all(slab.get(r, -1) <= i for cd in pb.cands[c] for r in cd.reads)
+
+
+def test_regions_fall_back_to_greedy(monkeypatch):
+    _, _, greedy_value, ex = extracted(REGIONS["share_matmul"], max_nodes=0, region_size=15, time_limit=0)
+    assert ex.how == "greedy" and ex.value == greedy_value and "skipped (time limit)" in ex.ilp
+
+    def broken(*a):
+        raise RuntimeError("solver gone")
+
+    monkeypatch.setattr(X, "_solve", broken)
+    _, _, greedy_value, ex = extracted(REGIONS["share_matmul"], max_nodes=0, region_size=15)
+    assert ex.how == "greedy" and ex.value == greedy_value and ex.ilp == "failed (RuntimeError: solver gone)"
+
+
+def test_report_says_how_the_ilp_ran(monkeypatch):
+    from eqfuse.optimize import optimize_graph
+
+    g = one_graph(REGIONS["fuse_into_shared"])
+    r = optimize_graph(g).report
+    assert (r["extraction"], r["ilp"]) == ("ilp", "optimal")  # small: one whole ILP
+    monkeypatch.setattr(X, "ILP_MAX_NODES", 0)
+    monkeypatch.setattr(X, "REGION_SIZE", 15)
+    r = optimize_graph(g).report
+    assert r["extraction"] == "ilp by regions" and r["ilp"].startswith("by ") and "regions" in r["ilp"]
+    assert r["kernels_after"] < r["kernels_greedy"] and r["bytes_after"] < r["bytes_greedy"]
 
 
 # ---- cost models
