@@ -13,13 +13,14 @@ static inline float eqf_min(float a, float b) { return (a != a || a < b) ? a : b
 static inline float eqf_relu(float x) { return (x != x || x > 0.0f) ? x : 0.0f; }
 static inline float eqf_pow(float a, float b) { return powf(a, b); }
 
-/* exp for softmax and attention: round-to-nearest by the 1.5 * 2^23 trick, Cephes' degree-6
- * polynomial, 2^n built in the exponent bits. Plain arithmetic and memcpy bit casts, so `omp simd`
- * loops vectorize it (libm's expf does not without -ffast-math). Relative error < 1e-7 on
- * [-87, 88]; inputs below -87 give ~1e-38 rather than 0. */
+/* exp on [-87.33, 88.72] (x clamped to it): round-to-nearest by the 1.5 * 2^23 trick, Cephes'
+ * degree-6 polynomial, 2^n built in the exponent bits as 2^k1 * 2^(n - k1) (no overflow at
+ * n = 128). Plain arithmetic and memcpy bit casts, so `omp simd` loops and GEMM epilogues
+ * vectorize it (libm's expf does not without -ffast-math). Relative error < 3e-7. Softmax and
+ * attention call it directly (their inputs are <= 0; below -87.33 it gives ~1e-38, not 0). */
 static inline float eqf_exp(float x)
 {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    x = x < -87.33f ? -87.33f : (x > 88.7228394f ? 88.7228394f : x);
     const float t = x * 1.44269504088896341f + 12582912.0f;
     const float n = t - 12582912.0f;
     const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
@@ -30,43 +31,26 @@ static inline float eqf_exp(float x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     const float y = p * r * r + r + 1.0f;
-    int32_t ti, si;
-    memcpy(&ti, &t, sizeof ti);
-    si = (ti - 0x4B400000 + 127) * (1 << 23);
-    float s;
-    memcpy(&s, &si, sizeof s);
-    return y * s;
-}
-
-/* exp, tanh and erf of the op table (and sigmoid, silu, gelu built on them), written so that gcc
- * vectorizes them inside kernel loops and GEMM epilogues: libm's expf / tanhf / erff are scalar
- * calls without -ffast-math (a gelu epilogue cost 11 ns per element, twice the GEMM before it).
- * Branch-free: both sides of each select are computed. Errors (float32, checked against numpy
- * in tests/test_kernels_c.py, over [-120, 120] and the special values): relative error < 1e-6. */
-static inline float eqf_expf(float x)
-{
-    /* full range: inf above 88.72, 0 below -87.33 (where the result would be subnormal) */
-    const float xc = x < -87.33f ? -87.33f : (x > 88.7228394f ? 88.7228394f : x);
-    const float t = xc * 1.44269504088896341f + 12582912.0f;
-    const float n = t - 12582912.0f;
-    const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.0f;
     int32_t ti, s1i, s2i;
     memcpy(&ti, &t, sizeof ti);
-    const int32_t k = ti - 0x4B400000, k1 = k / 2;  /* 2^n as 2^k1 * 2^(n - k1): no overflow at n = 128 */
+    const int32_t k = ti - 0x4B400000, k1 = k / 2;
     s1i = (k1 + 127) * (1 << 23);
     s2i = (k - k1 + 127) * (1 << 23);
     float s1, s2;
     memcpy(&s1, &s1i, sizeof s1);
     memcpy(&s2, &s2i, sizeof s2);
-    const float e = y * s1 * s2;
-    return x > 88.7228394f ? INFINITY : (x < -87.33f ? 0.0f : e);
+    return y * s1 * s2;
+}
+
+/* exp, tanh and erf of the op table (and sigmoid, silu, gelu built on them), written so that gcc
+ * vectorizes them inside kernel loops and GEMM epilogues: libm's expf / tanhf / erff are scalar
+ * calls without -ffast-math (a gelu epilogue cost 11 ns per element, twice the GEMM before it).
+ * Branch-free: both sides of each select are computed. Errors (float32, checked against float64
+ * in tests/test_kernels_c.py, over [-120, 120] and the special values): relative < 1e-6. */
+static inline float eqf_expf(float x)
+{
+    /* the exp op over its full range: inf above 88.72, 0 below -87.33 (a subnormal result) */
+    return x > 88.7228394f ? INFINITY : (x < -87.33f ? 0.0f : eqf_exp(x));
 }
 
 static inline float eqf_tanhf(float x)

@@ -113,6 +113,16 @@ MODELS = {
 }
 
 
+def make_model(name: str):
+    """(model in eval mode, a random input, torch's output as numpy), seeded."""
+    torch.manual_seed(0)
+    cls, shape = MODELS[name]
+    model = cls().eval()
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        return model, x, model(x).numpy()
+
+
 def export(model: nn.Module, x: torch.Tensor, **kw) -> bytes:
     f = io.BytesIO()
     with warnings.catch_warnings():
@@ -164,12 +174,7 @@ def test_graph_text_is_valid_g(exported):
 def test_default_export_with_constant_folding(name):
     """torch's default export pre-transposes weights (initializers named 'onnx::MatMul_123')
     and folds batchnorm into conv weights."""
-    torch.manual_seed(0)
-    cls, shape = MODELS[name]
-    model = cls().eval()
-    x = torch.randn(*shape)
-    with torch.no_grad():
-        want = model(x).numpy()
+    model, x, want = make_model(name)
     m = onnx.load_from_string(export(model, x))
     g, params = import_onnx(m), onnx_params(m)
     assert all(n.isidentifier() for n, _ in g.params)
@@ -206,12 +211,7 @@ def test_exported_layers_fuse_to_nine_kernels(name, tmp_path):
     """The exported encoder / decoder layers fuse like examples/transformer.g: three projections,
     one attention kernel reading and writing the heads in place (no layout kernel), the output
     projection with the residual, two FFN GEMMs and the two layernorms."""
-    torch.manual_seed(0)
-    cls, shape = MODELS[name]
-    model = cls().eval()
-    x = torch.randn(*shape)
-    with torch.no_grad():
-        want = model(x).numpy()
+    model, x, want = make_model(name)
     path = tmp_path / f"{name}.onnx"
     path.write_bytes(export(model, x))
     mod = eqfuse.compile(str(path))
