@@ -94,22 +94,21 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     nk_u = len([k for k in u_fn.last.kernels if k.kind != "view"])
     rows: list[tuple[str, list[float]]] = [("numpy op by op", []), (f"eqfuse unfused ({nk_u} kernels)", []),
                                           (f"eqfuse fused ({nk_f} kernels)", [])]
-    peers = _peers(g, arrays)
-    for name, _ in peers:
-        rows.append((name, []))
+    # eqfuse first, for every thread count, with numpy's BLAS threads parked (their spin-wait
+    # would take a core); then numpy; torch last: once its OpenMP threads have run they keep
+    # spinning between calls and halved eqfuse's 2-thread speed when measured after them.
+    blas_threads(1)
+    time.sleep(0.2)
     for t in threads:
-        # eqfuse first, with numpy's BLAS threads parked: their spin-wait would take a core
-        blas_threads(1)
-        time.sleep(0.2)
         f_fn.threads = u_fn.threads = t
-        t_u = median_time(lambda: u_fn(*arrays), repeat)
-        t_f = median_time(lambda: f_fn(*arrays), repeat)
+        rows[1][1].append(median_time(lambda: u_fn(*arrays), repeat))
+        rows[2][1].append(median_time(lambda: f_fn(*arrays), repeat))
+    for t in threads:
         blas_threads(t)
         rows[0][1].append(median_time(lambda: evaluate(g, arrays), repeat))
-        rows[1][1].append(t_u)
-        rows[2][1].append(t_f)
-        for k, (_, fn) in enumerate(peers):
-            rows[3 + k][1].append(median_time(lambda: fn(t), repeat) if fn else float("nan"))
+    peers = _peers(g, arrays)
+    for name, fn in peers:
+        rows.append((name, [median_time(lambda: fn(t), repeat) if fn else float("nan") for t in threads]))
     blas_threads(max(threads))
     head = f"{g.name} ({', '.join(f'{k}={v}' for k, v in dims.items()) or 'static shapes'}), median of {repeat}"
     lines = [head, f"{'':34}" + "".join(f"{'threads=' + str(t):>24}" for t in threads)]
@@ -137,10 +136,6 @@ def _has(pkg: str) -> bool:
 
 
 def peer_note() -> str:
-    import importlib.util
-
-    notes = []
-    for pkg, label in (("torch", "torch eager / torch.compile"), ("onnxruntime", "onnxruntime")):
-        state = "no exporter from eqfuse graphs yet" if importlib.util.find_spec(pkg) else "not installed"
-        notes.append(f"{label}: {state}")
-    return "; ".join(notes) + " (not measured)"
+    """Why there are no peer rows."""
+    return ("torch eager / torch.compile: " + ("unavailable" if _has("torch") else "not installed")
+            + "; onnxruntime: " + ("installed, not measured" if _has("onnxruntime") else "not installed"))
