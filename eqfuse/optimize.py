@@ -140,6 +140,8 @@ def report_text(r: dict) -> str:
         f"stopped: {r['stop_reason']}",
         f"#   extraction: {r['extraction']} (ILP: {r['ilp']}), {r['optimize_seconds']:.3f} s",
     ]
+    if r["extraction"] != "greedy":  # what the ILP improved on
+        lines.append(f"#   greedy alone: {r['kernels_greedy']} kernels, {mb(r['bytes_greedy'])}")
     if r["unbound_dims"]:
         lines.append("#   unbound dims costed as " + ", ".join(f"{k}={v}" for k, v in r["unbound_dims"].items())
                      + " (bind with --dim)")
