@@ -14,8 +14,10 @@
  * of the final value, so the epilogue runs exactly once per element.
  *
  * Threads: when there are at least as many batches as threads, each thread computes whole
- * batches (no synchronisation at all); otherwise each thread takes an equal share of the rows
- * and the threads pack each B panel together (two barriers per panel). */
+ * batches (no synchronisation at all); otherwise the threads split each batch, either by rows
+ * (each an equal share of the MR tiles; the threads pack each B panel together, two barriers per
+ * panel) or, when M is small against N, by columns (each its own NR panels, its own packed B
+ * and A, no synchronisation); {{NAME}}_split has the rule. */
 #include <stdlib.h>
 #include <omp.h>
 #if defined(__AVX512F__)
@@ -222,14 +224,15 @@ static float* eqf_gemm_scratch(int slot, long floats)
 }
 #endif
 
-/* Rows [m0, m1) of batch b: C = epilogue(A @ B). With `shared`, the nt threads of the enclosing
- * parallel region call this together (same b, each its own rows) and pack each B panel
- * together: every thread must then take the same number of steps, hence `nchunks` (of MC rows)
- * is given. */
-static void {{NAME}}_rows(const float* A, const float* B, float* C, long b, long m0, long m1, long nchunks, long MC,
-                          float* restrict ap, float* restrict bp, int shared, int me, int nt{{EXTRA_PARAMS}})
+/* Rows [m0, m1) x columns [n0, n1) of batch b: C = epilogue(A @ B), in row chunks of MC and
+ * column panels of NCB. With `shared`, the nt threads of the enclosing parallel region call this
+ * together (same b and columns, each its own rows) and pack each B panel together: every thread
+ * must then take the same number of steps, hence `nchunks` (of MC rows) is given. */
+static void {{NAME}}_block(const float* A, const float* B, float* C, long b, long m0, long m1, long nchunks, long MC,
+                           long n0, long n1, long NCB, float* restrict ap, float* restrict bp, int shared, int me,
+                           int nt{{EXTRA_PARAMS}})
 {
-    const long N = {{NAME}}_N, K = {{NAME}}_K, KC = {{NAME}}_KC, NC = {{NAME}}_NC;
+    const long K = {{NAME}}_K, KC = {{NAME}}_KC;
     for (long pc = 0; pc < K; pc += KC) {
         const long kc = K - pc < KC ? K - pc : KC;
         for (long chunk = 0; chunk < nchunks; chunk++) {
@@ -237,8 +240,8 @@ static void {{NAME}}_rows(const float* A, const float* B, float* C, long b, long
             const long ic = m0 + chunk * MC;
             const long mc = ic >= m1 ? 0 : (m1 - ic < MC ? m1 - ic : MC);
             {{NAME}}_pack_a(A, ic, mc, pc, kc, ap);
-            for (long jc = 0; jc < N; jc += NC) {
-                const long nc = N - jc < NC ? N - jc : NC;
+            for (long jc = n0; jc < n1; jc += NCB) {
+                const long nc = n1 - jc < NCB ? n1 - jc : NCB;
                 const long npanels = (nc + {{NAME}}_NR - 1) / {{NAME}}_NR;
                 if (shared) {
                     /* each thread packs its share of the panel once the last one is no longer read */
@@ -256,20 +259,47 @@ static void {{NAME}}_rows(const float* A, const float* B, float* C, long b, long
     }
 }
 
+/* How nt threads share one batch: 1 = each takes whole MR-row tiles and they pack every B panel
+ * together (barriers); 2 = each takes whole NR-column panels, packs its own B panels and all of
+ * A (no synchronisation). {{SPLIT}} fixes the choice (0: decide here, at run time).
+ * The rule: columns when every thread gets a column panel (panels >= nt) and M <= N / 2.
+ * Then B, the larger operand, is read and packed once in total and each thread reads only its
+ * share, while the redundant packing of A (M x K per thread) costs at most half of what B did;
+ * a row split would make every thread read all of the packed B across cores, with two barriers
+ * per panel. Larger M keeps the row split, whose A packing is not repeated. */
+static int {{NAME}}_split(int nt)
+{
+    const long M = {{NAME}}_M, N = {{NAME}}_N;
+    const long panels = (N + {{NAME}}_NR - 1) / {{NAME}}_NR;
+    if ({{SPLIT}}) return {{SPLIT}};
+    (void)M;
+    return nt > 1 && panels >= nt && 2 * M <= N ? 2 : 1;
+}
+
 void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
 {
-    const long M = {{NAME}}_M, BATCH = {{BATCH}};
+    const long M = {{NAME}}_M, N = {{NAME}}_N, BATCH = {{BATCH}};
     const long KC = {{NAME}}_KC, NC = {{NAME}}_NC, MC = {{NAME}}_MC;
     const long NCP = (NC + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR; /* NC padded to whole panels */
     /* Enough batches: each thread computes whole batches, with no synchronisation at all.
-     * Otherwise the threads split the rows of each batch and share the packed B panels. */
+     * Otherwise the threads split the rows or the columns of each batch (see _split). */
     const int by_batch = BATCH >= omp_get_max_threads() && BATCH > 1;
-    float* bp_shared = by_batch ? NULL : eqf_gemm_scratch(1, KC * NCP);
+    const int by_cols = !by_batch && {{NAME}}_split(omp_get_max_threads()) == 2;
+    float* bp_shared = by_batch || by_cols ? NULL : eqf_gemm_scratch(1, KC * NCP);
 #pragma omp parallel
     {
         const int nt = omp_get_num_threads(), me = omp_get_thread_num();
-        long m0 = 0, m1 = M, rows = M;
-        if (!by_batch) { /* whole MR tiles per thread */
+        long m0 = 0, m1 = M, rows = M, n0 = 0, n1 = N, ncb = NCP;
+        if (by_cols) { /* whole NR panels per thread, in equal column chunks of at most NC */
+            const long panels = (N + {{NAME}}_NR - 1) / {{NAME}}_NR;
+            n0 = panels * me / nt * {{NAME}}_NR;
+            n1 = panels * (me + 1) / nt * {{NAME}}_NR;
+            n1 = n1 < N ? n1 : N;
+            n0 = n0 < N ? n0 : N;
+            const long cols = (panels + nt - 1) / nt * {{NAME}}_NR; /* the most columns any thread has */
+            const long ncs = (cols + NCP - 1) / NCP;
+            ncb = ((cols + ncs - 1) / ncs + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR;
+        } else if (!by_batch) { /* whole MR tiles per thread */
             const long tiles = (M + {{NAME}}_MR - 1) / {{NAME}}_MR;
             m0 = tiles * me / nt * {{NAME}}_MR;
             m1 = tiles * (me + 1) / nt * {{NAME}}_MR;
@@ -280,10 +310,11 @@ void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
         /* equal chunks of at most MC rows: a thin last chunk would repack all of B for a few rows */
         const long nchunks = (rows + MC - 1) / MC;
         const long mcb = ((rows + nchunks - 1) / nchunks + {{NAME}}_MR - 1) / {{NAME}}_MR * {{NAME}}_MR;
-        float* ap = eqf_gemm_scratch(0, KC * ((mcb + {{NAME}}_MR - 1) / {{NAME}}_MR * {{NAME}}_MR));
-        float* bp = by_batch ? eqf_gemm_scratch(1, KC * NCP) : bp_shared;
+        float* ap = eqf_gemm_scratch(0, KC * mcb);
+        float* bp = by_batch || by_cols ? eqf_gemm_scratch(1, KC * ncb) : bp_shared;
         for (long b = by_batch ? me : 0; b < BATCH; b += by_batch ? nt : 1)
-            {{NAME}}_rows(A0 + b * {{A_BATCH_STRIDE}}L, B0 + b * {{B_BATCH_STRIDE}}L, C0 + b * {{C_BATCH_STRIDE}}L,
-                          b, m0, m1, nchunks, mcb, ap, bp, !by_batch, me, nt{{EXTRA_ARGS}});
+            {{NAME}}_block(A0 + b * {{A_BATCH_STRIDE}}L, B0 + b * {{B_BATCH_STRIDE}}L, C0 + b * {{C_BATCH_STRIDE}}L,
+                           b, m0, m1, nchunks, mcb, n0, n1, ncb, ap, bp, !by_batch && !by_cols, me,
+                           nt{{EXTRA_ARGS}});
     }
 }

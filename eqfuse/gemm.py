@@ -14,6 +14,8 @@ from .machine import gemm_blocking, machine, register_tile
 
 # The micro-kernel's register tile for this machine (see machine.gemm_blocking for the choice).
 _, _, _, MR, NR = gemm_blocking()
+# How threads share one GEMM when there are fewer batches than threads (the template's SPLIT).
+SPLITS = {"auto": 0, "rows": 1, "cols": 2}
 
 
 def param_names(extra_params: str) -> list[str]:
@@ -34,13 +36,18 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
               b_batch_stride: int = 0, c_batch_stride: int = 0, lda: int, ldb: int, ldc: int,
               b_transposed: bool = False, epilogue: str = "acc", extra_params: str = "",
               extra_args_cdef: str = "",
-              blocking: tuple[int, int, int, int, int] | None = None) -> tuple[str, str]:
+              blocking: tuple[int, int, int, int, int] | None = None,
+              split: str = "auto") -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
     (row stride ldb); C is M x N (row stride ldc); batch b starts at b * <x>_batch_stride.
     `blocking` (MC, NC, KC, MR, NR) overrides the machine's choice (for tuning and tests).
+    `split` is how threads share one batch: "rows", "cols", or "auto" (decided in the C at run
+    time from the thread count, see `_split` in csrc_templates/gemm.c).
     """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {sorted(SPLITS)}, not {split!r}")
     if min(M, N, K, batch) < 1:
         raise ValueError(f"GEMM sizes must be positive: M={M} N={N} K={K} batch={batch}")
     if extra_params and not extra_params.lstrip().startswith(","):
@@ -64,7 +71,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     src = render("gemm.c", NAME=name, M=M, N=N, K=K, BATCH=batch, MR=mr, NR=nr, MC=mc, NC=nc, KC=kc,
                  LDA=lda, LDC=ldc, B_AT=b_at, B_TRANSPOSED=int(b_transposed), B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
                  A_BATCH_STRIDE=a_batch_stride, B_BATCH_STRIDE=b_batch_stride, C_BATCH_STRIDE=c_batch_stride,
-                 EPILOGUE=epilogue, EXTRA_PARAMS=extra_params,
+                 EPILOGUE=epilogue, SPLIT=SPLITS[split], EXTRA_PARAMS=extra_params,
                  EXTRA_ARGS="".join(", " + n for n in param_names(extra_params)))
     cdef = f"void {name}(const float* A, const float* B, float* C{extra_args_cdef});"
     return src, cdef
