@@ -262,18 +262,20 @@ static void {{NAME}}_block(const float* A, const float* B, float* C, long b, lon
 /* How nt threads share one batch: 1 = each takes whole MR-row tiles and they pack every B panel
  * together (barriers); 2 = each takes whole NR-column panels, packs its own B panels and all of
  * A (no synchronisation). {{SPLIT}} fixes the choice (0: decide here, at run time).
- * The rule: columns when every thread gets a column panel (panels >= nt) and M <= N / 2.
- * Then B, the larger operand, is read and packed once in total and each thread reads only its
- * share, while the redundant packing of A (M x K per thread) costs at most half of what B did;
- * a row split would make every thread read all of the packed B across cores, with two barriers
- * per panel. Larger M keeps the row split, whose A packing is not repeated. */
+ * The rule: columns when every thread gets a column panel (panels >= nt) and either M <= N / 2,
+ * or M <= N and M <= 64 MR. With few rows B, the larger operand, dominates the traffic: split by
+ * columns it is read and packed once in total and each thread reads only its own share, with no
+ * barrier; split by rows each thread reads all of the packed B (half of it from the other core's
+ * cache) once per row chunk, with two barriers per panel, which also stall both threads whenever
+ * one is preempted. The price of the column split is A packed by every thread (M x K each): at
+ * M = N it was ahead up to 384 rows (2 threads, 1.00-1.03x) and behind from 512 (0.94-0.98x,
+ * 1024^3 0.94x), so larger M keeps the row split, as does M > N (300 x 512 x 128: 0.98x). */
 static int {{NAME}}_split(int nt)
 {
     const long M = {{NAME}}_M, N = {{NAME}}_N;
     const long panels = (N + {{NAME}}_NR - 1) / {{NAME}}_NR;
     if ({{SPLIT}}) return {{SPLIT}};
-    (void)M;
-    return nt > 1 && panels >= nt && 2 * M <= N ? 2 : 1;
+    return nt > 1 && panels >= nt && (2 * M <= N || (M <= N && M <= 64 * {{NAME}}_MR)) ? 2 : 1;
 }
 
 void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
