@@ -6,7 +6,9 @@
  * stays in L1) > jr (NR-column micro-panel of B) > register-blocked MR x NR micro-kernel. Sizes
  * are compile-time constants: the backend knows every shape, and constant trip counts let gcc
  * unroll the micro-kernel. Edge tiles are computed in full on zero-padded panels and stored in
- * part.
+ * part. With DIRECT_B ({{DIRECT_B}}; few rows, B not transposed, see eqfuse.gemm.direct) the
+ * micro-kernel reads the full NR-column panels of B in place (row stride {{LDB}}) and only a
+ * partial last panel is packed.
  *
  * The epilogue: a KC slice that is not the last one adds its partial sums into C; the last one
  * leaves the finished MR x NR tile in a buffer in L1, from where it reaches C through
@@ -36,7 +38,7 @@
 /* tile[MR][NR] = a_panel (kc x MR, k-major) . b_panel (kc x NR, k-major); both zero padded. */
 #if defined(__AVX512F__) && {{NR}} % 16 == 0
 static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    float* restrict tile)
+                                    long ldb, float* restrict tile)
 {
     /* MR x NR/16 zmm accumulators; with the B row (NR/16 zmm) they must fit the 32 registers,
      * and the A element is broadcast straight from memory into each FMA. */
@@ -52,7 +54,7 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
         __m512 bv[V];
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
-            bv[v] = _mm512_load_ps(b + 16 * v);
+            bv[v] = _mm512_loadu_ps(b + 16 * v);
         /* the next A micro-panel rows come from L2: ask for them ahead of use */
         _mm_prefetch((const char*)(a + 8 * {{NAME}}_MR), _MM_HINT_T0);
 #pragma GCC unroll 64
@@ -63,7 +65,7 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
                 c[r][v] = _mm512_fmadd_ps(ar, bv[v], c[r][v]);
         }
         a += {{NAME}}_MR;
-        b += {{NAME}}_NR;
+        b += ldb;
     }
 #pragma GCC unroll 64
     for (int r = 0; r < {{NAME}}_MR; r++)
@@ -74,7 +76,7 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
 #else
 /* Portable micro-kernel: plain loops over a register-sized tile, left to the auto-vectorizer. */
 static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    float* restrict tile)
+                                    long ldb, float* restrict tile)
 {
     float c[{{NAME}}_MR][{{NAME}}_NR];
     for (int r = 0; r < {{NAME}}_MR; r++)
@@ -83,7 +85,7 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
     for (long k = 0; k < kc; k++)
         for (int r = 0; r < {{NAME}}_MR; r++)
             for (int j = 0; j < {{NAME}}_NR; j++)
-                c[r][j] += a[k * {{NAME}}_MR + r] * b[k * {{NAME}}_NR + j];
+                c[r][j] += a[k * {{NAME}}_MR + r] * b[k * ldb + j];
     for (int r = 0; r < {{NAME}}_MR; r++)
         for (int j = 0; j < {{NAME}}_NR; j++)
             tile[r * {{NAME}}_NR + j] = c[r][j];
@@ -149,8 +151,8 @@ static void {{NAME}}_pack_a(const float* restrict A, long ic, long mc, long pc, 
 
 /* C[ic:ic+mc, jc:jc+nc] (+)= packed A block . packed B panel; the epilogue on the last K slice.
  * ir outer: one MR x kc micro-panel of A stays in L1 while the B panel streams from L2. */
-static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, float* restrict C, long b,
-                           long ic, long mc, long jc, long nc, long pc, long kc{{EXTRA_PARAMS}})
+static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, const float* restrict B, float* restrict C,
+                           long b, long ic, long mc, long jc, long nc, long pc, long kc{{EXTRA_PARAMS}})
 {
     const long M = {{NAME}}_M, N = {{NAME}}_N, K = {{NAME}}_K;
     const int first = pc == 0, last = pc + kc >= K;
@@ -166,7 +168,13 @@ static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, f
             for (long r = 0; r < mr; r++)
                 for (long jj = 0; jj < nr; jj += 16)
                     __builtin_prefetch(C + (ic + ir + r) * {{LDC}}L + jc + jr + jj, 1, 3);
-            {{NAME}}_ukernel(kc, ap + ir * kc, bp + jr * kc, tile);
+#if {{DIRECT_B}}
+            if (nr == {{NAME}}_NR)
+                {{NAME}}_ukernel(kc, ap + ir * kc, B + pc * {{LDB}}L + jc + jr, {{LDB}}L, tile);
+            else
+#endif
+                {{NAME}}_ukernel(kc, ap + ir * kc, bp + jr * kc, {{NAME}}_NR, tile);
+            (void)B;
             for (long r = 0; r < mr; r++) {
                 const long i = ic + ir + r;
                 float* restrict crow = C + i * {{LDC}}L + jc + jr;
@@ -243,17 +251,19 @@ static void {{NAME}}_block(const float* A, const float* B, float* C, long b, lon
             for (long jc = n0; jc < n1; jc += NCB) {
                 const long nc = n1 - jc < NCB ? n1 - jc : NCB;
                 const long npanels = (nc + {{NAME}}_NR - 1) / {{NAME}}_NR;
+                /* with DIRECT_B only a partial last panel is packed, the others are read from B */
+                const long q0 = {{DIRECT_B}} ? nc / {{NAME}}_NR : 0, q = npanels - q0;
                 if (shared) {
                     /* each thread packs its share of the panel once the last one is no longer read */
 #pragma omp barrier
-                    {{NAME}}_pack_b(B, pc, kc, jc, npanels * me / nt * {{NAME}}_NR,
-                                    npanels * (me + 1) / nt * {{NAME}}_NR, nc, bp);
+                    {{NAME}}_pack_b(B, pc, kc, jc, (q0 + q * me / nt) * {{NAME}}_NR,
+                                    (q0 + q * (me + 1) / nt) * {{NAME}}_NR, nc, bp);
 #pragma omp barrier
                 } else {
-                    {{NAME}}_pack_b(B, pc, kc, jc, 0, npanels * {{NAME}}_NR, nc, bp);
+                    {{NAME}}_pack_b(B, pc, kc, jc, q0 * {{NAME}}_NR, npanels * {{NAME}}_NR, nc, bp);
                 }
                 if (mc > 0)
-                    {{NAME}}_macro(ap, bp, C, b, ic, mc, jc, nc, pc, kc{{EXTRA_ARGS}});
+                    {{NAME}}_macro(ap, bp, B, C, b, ic, mc, jc, nc, pc, kc{{EXTRA_ARGS}});
             }
         }
     }

@@ -36,14 +36,16 @@ BLOCKINGS = [(12, 64, 16, 6, 64), (14, 32, 8, 14, 16), (24, 64, 24, 12, 32)]
 COL_SHAPES = [(5, 101, 61), (3, 50, 61), (13, 200, 37), (53, 101, 61)]
 COL_BLOCKINGS = [None, (12, 64, 16, 6, 64), (14, 32, 8, 14, 16)]
 
-# (M, N, K, batch, b_transposed, epilogue, blocking, split)
+# B read in place (direct_b, the default for small M and B not transposed: only a partial last
+# panel packed) or packed (direct=False); a transposed B is always packed.
+# (M, N, K, batch, b_transposed, epilogue, blocking, split, direct)
 VARIANTS = sorted(
-    {(M, N, K, 1, bt, epi, None, "auto") for M, N, K in SHAPES for bt in (False, True) for epi in EPILOGUES}
-    | {(37, 71, 29, 3, bt, "residual", None, "auto") for bt in (False, True)}
-    | {(53, 101, 61, b, bt, epi, blk, "rows") for blk in BLOCKINGS for bt in (False, True)
-       for b, epi in ((2, "bias_relu"), (1, "residual"))}
-    | {(M, N, K, b, bt, "bias_res", blk, "cols") for M, N, K in COL_SHAPES for blk in COL_BLOCKINGS
-       for bt, b in ((False, 2), (True, 1))},
+    {(M, N, K, 1, bt, epi, None, "auto", None) for M, N, K in SHAPES for bt in (False, True) for epi in EPILOGUES}
+    | {(37, 71, 29, 3, bt, "residual", None, "auto", None) for bt in (False, True)}
+    | {(53, 101, 61, b, bt, epi, blk, "rows", d) for blk in BLOCKINGS for bt in (False, True)
+       for b, epi in ((2, "bias_relu"), (1, "residual")) for d in (None, False)}
+    | {(M, N, K, b, bt, "bias_res", blk, "cols", d) for M, N, K in COL_SHAPES for blk in COL_BLOCKINGS
+       for bt, b in ((False, 2), (True, 1)) for d in (None, False)},
     key=repr)
 
 
@@ -51,12 +53,12 @@ def kernel_name(variant) -> str:
     return f"g{VARIANTS.index(variant)}"
 
 
-def gemm_source(M, N, K, batch, bt, epi, blocking=None, split="auto", name="g"):
+def gemm_source(M, N, K, batch, bt, epi, blocking=None, split="auto", direct=None, name="g"):
     expr, params, cdef_params = EPILOGUES[epi]
     return emit_gemm(name, M=M, N=N, K=K, batch=batch, a_batch_stride=M * K, b_batch_stride=K * N,
                      c_batch_stride=M * N, lda=K, ldb=K if bt else N, ldc=N, b_transposed=bt,
                      epilogue=expr, extra_params=params, extra_args_cdef=cdef_params, blocking=blocking,
-                     split=split)
+                     split=split, direct_b=direct)
 
 
 def build_many(variants, hint):
@@ -86,7 +88,7 @@ def modules(tmp_path_factory):
 
 
 def run(modules, variant, threads=2, seed=0):
-    M, N, K, batch, bt, epi, _, _ = variant
+    M, N, K, batch, bt, epi, _, _, _ = variant
     built = modules[variant]
     built.lib.eqf_set_threads(threads)
     rng = np.random.default_rng(seed + M * 1000 + N + K)
@@ -112,35 +114,37 @@ def run(modules, variant, threads=2, seed=0):
 @pytest.mark.parametrize("bt", [False, True])
 @pytest.mark.parametrize("epi", sorted(EPILOGUES))
 def test_gemm_matches_numpy(modules, M, N, K, bt, epi):
-    run(modules, (M, N, K, 1, bt, epi, None, "auto"))
+    run(modules, (M, N, K, 1, bt, epi, None, "auto", None))
 
 
 @pytest.mark.parametrize("threads", [2, 1])  # 3 batches on 2 threads: by batch; on 1: serial
 @pytest.mark.parametrize("bt", [False, True])
 def test_batched(modules, threads, bt):
-    run(modules, (37, 71, 29, 3, bt, "residual", None, "auto"), threads=threads)
+    run(modules, (37, 71, 29, 3, bt, "residual", None, "auto", None), threads=threads)
 
 
 @pytest.mark.parametrize("blocking", BLOCKINGS)
 @pytest.mark.parametrize("bt", [False, True])
 @pytest.mark.parametrize("threads", [2, 1])
-def test_small_blocks(modules, blocking, bt, threads):
-    run(modules, (53, 101, 61, 2, bt, "bias_relu", blocking, "rows"), threads)
-    run(modules, (53, 101, 61, 1, bt, "residual", blocking, "rows"), threads)  # 1 batch, 2 threads: rows split
+@pytest.mark.parametrize("direct", [None, False])
+def test_small_blocks(modules, blocking, bt, threads, direct):
+    run(modules, (53, 101, 61, 2, bt, "bias_relu", blocking, "rows", direct), threads)
+    run(modules, (53, 101, 61, 1, bt, "residual", blocking, "rows", direct), threads)  # 1 batch, 2 threads: rows split
 
 
 @pytest.mark.parametrize("M,N,K", COL_SHAPES)
 @pytest.mark.parametrize("blocking", COL_BLOCKINGS)
 @pytest.mark.parametrize("bt,batch", [(False, 2), (True, 1)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_column_split(modules, M, N, K, blocking, bt, batch, threads):
+@pytest.mark.parametrize("direct", [None, False])
+def test_column_split(modules, M, N, K, blocking, bt, batch, threads, direct):
     """Threads that split the columns: each its own B panels and packed A, the epilogue reading
     a per-column bias and a full residual; 3 threads on 2 batches split each batch."""
-    run(modules, (M, N, K, batch, bt, "bias_res", blocking, "cols"), threads)
+    run(modules, (M, N, K, batch, bt, "bias_res", blocking, "cols", direct), threads)
 
 
 def test_nan_and_inf_propagate_through_the_epilogue(modules):
-    v = (7, 13, 5, 1, False, "acc", None, "auto")
+    v = (7, 13, 5, 1, False, "acc", None, "auto", None)
     built = modules[v]
     A = np.ones((7, 5), np.float32)
     A[0, 0], A[1, 0] = np.nan, np.inf
@@ -158,8 +162,9 @@ def test_param_names():
 
 
 def test_generated_gemm_compiles_without_warnings(modules):
-    src = HEADER + "\n".join(gemm_source(33, 17, 65, 2, bt, epi, split=split, name=f"w{bt:d}{epi}{split}")[0]
-                             for bt in (False, True) for epi in EPILOGUES for split in ("auto", "cols"))
+    src = HEADER + "\n".join(gemm_source(33, 17, 65, 2, bt, epi, split=split, direct=d, name=f"w{bt:d}{epi}{split}{d}")[0]
+                             for bt in (False, True) for epi in EPILOGUES for split in ("auto", "cols")
+                             for d in (None, False))
     assert warnings_for(src) == ""
     assert warnings_for(src, ("-Werror", "-Wextra", "-Wno-unused-parameter")) == ""
 
