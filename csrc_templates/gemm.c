@@ -6,7 +6,9 @@
  * stays in L1) > jr (NR-column micro-panel of B) > register-blocked MR x NR micro-kernel. Sizes
  * are compile-time constants: the backend knows every shape, and constant trip counts let gcc
  * unroll the micro-kernel. Edge tiles are computed in full on zero-padded panels and stored in
- * part.
+ * part. With DIRECT_B ({{DIRECT_B}}; few rows, B not transposed, see eqfuse.gemm.direct) the
+ * micro-kernel reads the full NR-column panels of B in place (row stride {{LDB}}) and only a
+ * partial last panel is packed.
  *
  * The epilogue: a KC slice that is not the last one adds its partial sums into C; the last one
  * leaves the finished MR x NR tile in a buffer in L1, from where it reaches C through
@@ -14,8 +16,10 @@
  * of the final value, so the epilogue runs exactly once per element.
  *
  * Threads: when there are at least as many batches as threads, each thread computes whole
- * batches (no synchronisation at all); otherwise each thread takes an equal share of the rows
- * and the threads pack each B panel together (two barriers per panel). */
+ * batches (no synchronisation at all); otherwise the threads split each batch, either by rows
+ * (each an equal share of the MR tiles; the threads pack each B panel together, two barriers per
+ * panel) or, when M is small against N, by columns (each its own NR panels, its own packed B
+ * and A, no synchronisation); {{NAME}}_split has the rule. */
 #include <stdlib.h>
 #include <omp.h>
 #if defined(__AVX512F__)
@@ -34,7 +38,7 @@
 /* tile[MR][NR] = a_panel (kc x MR, k-major) . b_panel (kc x NR, k-major); both zero padded. */
 #if defined(__AVX512F__) && {{NR}} % 16 == 0
 static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    float* restrict tile)
+                                    long ldb, float* restrict tile)
 {
     /* MR x NR/16 zmm accumulators; with the B row (NR/16 zmm) they must fit the 32 registers,
      * and the A element is broadcast straight from memory into each FMA. */
@@ -50,7 +54,7 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
         __m512 bv[V];
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
-            bv[v] = _mm512_load_ps(b + 16 * v);
+            bv[v] = _mm512_loadu_ps(b + 16 * v);
         /* the next A micro-panel rows come from L2: ask for them ahead of use */
         _mm_prefetch((const char*)(a + 8 * {{NAME}}_MR), _MM_HINT_T0);
 #pragma GCC unroll 64
@@ -61,7 +65,7 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
                 c[r][v] = _mm512_fmadd_ps(ar, bv[v], c[r][v]);
         }
         a += {{NAME}}_MR;
-        b += {{NAME}}_NR;
+        b += ldb;
     }
 #pragma GCC unroll 64
     for (int r = 0; r < {{NAME}}_MR; r++)
@@ -72,7 +76,7 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
 #else
 /* Portable micro-kernel: plain loops over a register-sized tile, left to the auto-vectorizer. */
 static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    float* restrict tile)
+                                    long ldb, float* restrict tile)
 {
     float c[{{NAME}}_MR][{{NAME}}_NR];
     for (int r = 0; r < {{NAME}}_MR; r++)
@@ -81,7 +85,7 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
     for (long k = 0; k < kc; k++)
         for (int r = 0; r < {{NAME}}_MR; r++)
             for (int j = 0; j < {{NAME}}_NR; j++)
-                c[r][j] += a[k * {{NAME}}_MR + r] * b[k * {{NAME}}_NR + j];
+                c[r][j] += a[k * {{NAME}}_MR + r] * b[k * ldb + j];
     for (int r = 0; r < {{NAME}}_MR; r++)
         for (int j = 0; j < {{NAME}}_NR; j++)
             tile[r * {{NAME}}_NR + j] = c[r][j];
@@ -147,8 +151,8 @@ static void {{NAME}}_pack_a(const float* restrict A, long ic, long mc, long pc, 
 
 /* C[ic:ic+mc, jc:jc+nc] (+)= packed A block . packed B panel; the epilogue on the last K slice.
  * ir outer: one MR x kc micro-panel of A stays in L1 while the B panel streams from L2. */
-static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, float* restrict C, long b,
-                           long ic, long mc, long jc, long nc, long pc, long kc{{EXTRA_PARAMS}})
+static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, const float* restrict B, float* restrict C,
+                           long b, long ic, long mc, long jc, long nc, long pc, long kc{{EXTRA_PARAMS}})
 {
     const long M = {{NAME}}_M, N = {{NAME}}_N, K = {{NAME}}_K;
     const int first = pc == 0, last = pc + kc >= K;
@@ -164,7 +168,13 @@ static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, f
             for (long r = 0; r < mr; r++)
                 for (long jj = 0; jj < nr; jj += 16)
                     __builtin_prefetch(C + (ic + ir + r) * {{LDC}}L + jc + jr + jj, 1, 3);
-            {{NAME}}_ukernel(kc, ap + ir * kc, bp + jr * kc, tile);
+#if {{DIRECT_B}}
+            if (nr == {{NAME}}_NR)
+                {{NAME}}_ukernel(kc, ap + ir * kc, B + pc * {{LDB}}L + jc + jr, {{LDB}}L, tile);
+            else
+#endif
+                {{NAME}}_ukernel(kc, ap + ir * kc, bp + jr * kc, {{NAME}}_NR, tile);
+            (void)B;
             for (long r = 0; r < mr; r++) {
                 const long i = ic + ir + r;
                 float* restrict crow = C + i * {{LDC}}L + jc + jr;
@@ -222,14 +232,15 @@ static float* eqf_gemm_scratch(int slot, long floats)
 }
 #endif
 
-/* Rows [m0, m1) of batch b: C = epilogue(A @ B). With `shared`, the nt threads of the enclosing
- * parallel region call this together (same b, each its own rows) and pack each B panel
- * together: every thread must then take the same number of steps, hence `nchunks` (of MC rows)
- * is given. */
-static void {{NAME}}_rows(const float* A, const float* B, float* C, long b, long m0, long m1, long nchunks, long MC,
-                          float* restrict ap, float* restrict bp, int shared, int me, int nt{{EXTRA_PARAMS}})
+/* Rows [m0, m1) x columns [n0, n1) of batch b: C = epilogue(A @ B), in row chunks of MC and
+ * column panels of NCB. With `shared`, the nt threads of the enclosing parallel region call this
+ * together (same b and columns, each its own rows) and pack each B panel together: every thread
+ * must then take the same number of steps, hence `nchunks` (of MC rows) is given. */
+static void {{NAME}}_block(const float* A, const float* B, float* C, long b, long m0, long m1, long nchunks, long MC,
+                           long n0, long n1, long NCB, float* restrict ap, float* restrict bp, int shared, int me,
+                           int nt{{EXTRA_PARAMS}})
 {
-    const long N = {{NAME}}_N, K = {{NAME}}_K, KC = {{NAME}}_KC, NC = {{NAME}}_NC;
+    const long K = {{NAME}}_K, KC = {{NAME}}_KC;
     for (long pc = 0; pc < K; pc += KC) {
         const long kc = K - pc < KC ? K - pc : KC;
         for (long chunk = 0; chunk < nchunks; chunk++) {
@@ -237,39 +248,70 @@ static void {{NAME}}_rows(const float* A, const float* B, float* C, long b, long
             const long ic = m0 + chunk * MC;
             const long mc = ic >= m1 ? 0 : (m1 - ic < MC ? m1 - ic : MC);
             {{NAME}}_pack_a(A, ic, mc, pc, kc, ap);
-            for (long jc = 0; jc < N; jc += NC) {
-                const long nc = N - jc < NC ? N - jc : NC;
+            for (long jc = n0; jc < n1; jc += NCB) {
+                const long nc = n1 - jc < NCB ? n1 - jc : NCB;
                 const long npanels = (nc + {{NAME}}_NR - 1) / {{NAME}}_NR;
+                /* with DIRECT_B only a partial last panel is packed, the others are read from B */
+                const long q0 = {{DIRECT_B}} ? nc / {{NAME}}_NR : 0, q = npanels - q0;
                 if (shared) {
                     /* each thread packs its share of the panel once the last one is no longer read */
 #pragma omp barrier
-                    {{NAME}}_pack_b(B, pc, kc, jc, npanels * me / nt * {{NAME}}_NR,
-                                    npanels * (me + 1) / nt * {{NAME}}_NR, nc, bp);
+                    {{NAME}}_pack_b(B, pc, kc, jc, (q0 + q * me / nt) * {{NAME}}_NR,
+                                    (q0 + q * (me + 1) / nt) * {{NAME}}_NR, nc, bp);
 #pragma omp barrier
                 } else {
-                    {{NAME}}_pack_b(B, pc, kc, jc, 0, npanels * {{NAME}}_NR, nc, bp);
+                    {{NAME}}_pack_b(B, pc, kc, jc, q0 * {{NAME}}_NR, npanels * {{NAME}}_NR, nc, bp);
                 }
                 if (mc > 0)
-                    {{NAME}}_macro(ap, bp, C, b, ic, mc, jc, nc, pc, kc{{EXTRA_ARGS}});
+                    {{NAME}}_macro(ap, bp, B, C, b, ic, mc, jc, nc, pc, kc{{EXTRA_ARGS}});
             }
         }
     }
 }
 
+/* How nt threads share one batch: 1 = each takes whole MR-row tiles and they pack every B panel
+ * together (barriers); 2 = each takes whole NR-column panels, packs its own B panels and all of
+ * A (no synchronisation). {{SPLIT}} fixes the choice (0: decide here, at run time).
+ * The rule: columns when every thread gets a column panel (panels >= nt) and either M <= N / 2,
+ * or M <= N and M <= 64 MR. With few rows B, the larger operand, dominates the traffic: split by
+ * columns it is read and packed once in total and each thread reads only its own share, with no
+ * barrier; split by rows each thread reads all of the packed B (half of it from the other core's
+ * cache) once per row chunk, with two barriers per panel, which also stall both threads whenever
+ * one is preempted. The price of the column split is A packed by every thread (M x K each): at
+ * M = N it was ahead up to 384 rows (2 threads, 1.00-1.03x) and behind from 512 (0.94-0.98x,
+ * 1024^3 0.94x), so larger M keeps the row split, as does M > N (300 x 512 x 128: 0.98x). */
+static int {{NAME}}_split(int nt)
+{
+    const long M = {{NAME}}_M, N = {{NAME}}_N;
+    const long panels = (N + {{NAME}}_NR - 1) / {{NAME}}_NR;
+    if ({{SPLIT}}) return {{SPLIT}};
+    return nt > 1 && panels >= nt && (2 * M <= N || (M <= N && M <= 64 * {{NAME}}_MR)) ? 2 : 1;
+}
+
 void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
 {
-    const long M = {{NAME}}_M, BATCH = {{BATCH}};
+    const long M = {{NAME}}_M, N = {{NAME}}_N, BATCH = {{BATCH}};
     const long KC = {{NAME}}_KC, NC = {{NAME}}_NC, MC = {{NAME}}_MC;
     const long NCP = (NC + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR; /* NC padded to whole panels */
     /* Enough batches: each thread computes whole batches, with no synchronisation at all.
-     * Otherwise the threads split the rows of each batch and share the packed B panels. */
+     * Otherwise the threads split the rows or the columns of each batch (see _split). */
     const int by_batch = BATCH >= omp_get_max_threads() && BATCH > 1;
-    float* bp_shared = by_batch ? NULL : eqf_gemm_scratch(1, KC * NCP);
+    const int by_cols = !by_batch && {{NAME}}_split(omp_get_max_threads()) == 2;
+    float* bp_shared = by_batch || by_cols ? NULL : eqf_gemm_scratch(1, KC * NCP);
 #pragma omp parallel
     {
         const int nt = omp_get_num_threads(), me = omp_get_thread_num();
-        long m0 = 0, m1 = M, rows = M;
-        if (!by_batch) { /* whole MR tiles per thread */
+        long m0 = 0, m1 = M, rows = M, n0 = 0, n1 = N, ncb = NCP;
+        if (by_cols) { /* whole NR panels per thread, in equal column chunks of at most NC */
+            const long panels = (N + {{NAME}}_NR - 1) / {{NAME}}_NR;
+            n0 = panels * me / nt * {{NAME}}_NR;
+            n1 = panels * (me + 1) / nt * {{NAME}}_NR;
+            n1 = n1 < N ? n1 : N;
+            n0 = n0 < N ? n0 : N;
+            const long cols = (panels + nt - 1) / nt * {{NAME}}_NR; /* the most columns any thread has */
+            const long ncs = (cols + NCP - 1) / NCP;
+            ncb = ((cols + ncs - 1) / ncs + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR;
+        } else if (!by_batch) { /* whole MR tiles per thread */
             const long tiles = (M + {{NAME}}_MR - 1) / {{NAME}}_MR;
             m0 = tiles * me / nt * {{NAME}}_MR;
             m1 = tiles * (me + 1) / nt * {{NAME}}_MR;
@@ -280,10 +322,11 @@ void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
         /* equal chunks of at most MC rows: a thin last chunk would repack all of B for a few rows */
         const long nchunks = (rows + MC - 1) / MC;
         const long mcb = ((rows + nchunks - 1) / nchunks + {{NAME}}_MR - 1) / {{NAME}}_MR * {{NAME}}_MR;
-        float* ap = eqf_gemm_scratch(0, KC * ((mcb + {{NAME}}_MR - 1) / {{NAME}}_MR * {{NAME}}_MR));
-        float* bp = by_batch ? eqf_gemm_scratch(1, KC * NCP) : bp_shared;
+        float* ap = eqf_gemm_scratch(0, KC * mcb);
+        float* bp = by_batch || by_cols ? eqf_gemm_scratch(1, KC * ncb) : bp_shared;
         for (long b = by_batch ? me : 0; b < BATCH; b += by_batch ? nt : 1)
-            {{NAME}}_rows(A0 + b * {{A_BATCH_STRIDE}}L, B0 + b * {{B_BATCH_STRIDE}}L, C0 + b * {{C_BATCH_STRIDE}}L,
-                          b, m0, m1, nchunks, mcb, ap, bp, !by_batch, me, nt{{EXTRA_ARGS}});
+            {{NAME}}_block(A0 + b * {{A_BATCH_STRIDE}}L, B0 + b * {{B_BATCH_STRIDE}}L, C0 + b * {{C_BATCH_STRIDE}}L,
+                           b, m0, m1, nchunks, mcb, n0, n1, ncb, ap, bp, !by_batch && !by_cols, me,
+                           nt{{EXTRA_ARGS}});
     }
 }

@@ -237,6 +237,8 @@ def _gemm_blocking(M: int, N: int, K: int, c: Caches) -> dict[str, int]:
 
 
 def _plan_contraction(plan: KernelPlan, c: Caches) -> None:
+    from .gemm import direct as gemm_direct
+
     body, a = plan.body, plan.shape.anchor
     mm = body.nodes[a]
     if mm.type.shape != plan.out_shape:
@@ -279,9 +281,15 @@ def _plan_contraction(plan: KernelPlan, c: Caches) -> None:
     u = plan.uops
     if plan.kind == "conv2d":
         u.append(UOp(0, "Exec", f"im2col {K} x {Nn} per image", nb))
+    # Threads (decided in the C at run time, csrc_templates/gemm.c `_split`): whole batches when
+    # there are at least as many as threads; else columns (NR panels, no barriers) when every
+    # thread gets a panel and M <= N / 2, or M <= N and M <= 64 MR; else rows (MR tiles).
+    direct = gemm_direct(M, bool(plan.detail.get("b_transposed")), mr)
+    split = "columns" if Nn > nr and (2 * M <= Nn or (M <= Nn and M <= 64 * mr)) else "rows"
     u += [UOp(0, "Loop", f"batch {nb} x jc over N={Nn} step nc={nc} x pc over K={K} step kc={kc}", nb * njc * npc),
-          UOp(1, "Load", f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]", nb * njc * npc),
-          UOp(1, "Loop", f"ic over M={M} step mc={mc} (parallel)", nb * njc * npc * nic),
+          UOp(1, "Load", ("B read in place" + (f", its last {Nn % nr} columns packed" if Nn % nr else ""))
+              if direct else f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]", nb * njc * npc),
+          UOp(1, "Loop", f"ic over M={M} step mc={mc} (parallel: batches, else {split})", nb * njc * npc * nic),
           UOp(2, "Load", f"pack A block [{min(mc, M)} x {min(kc, K)}]", nb * njc * npc * nic),
           UOp(2, "Exec", f"micro-kernel {mr} x {nr} x {min(kc, K)} FMA", nb * njc * npc * nic * nmr * nnr),
           UOp(2, "Store", f"C tile {mr} x {nr} with epilogue ({epi or 'none'}) on the last kc step",

@@ -21,6 +21,8 @@ EPILOGUES = {
     "acc": ("acc", "", ""),
     "bias_relu": ("fmaxf(acc + bias[j], 0.0f)", ", const float* restrict bias", ", const float* bias"),
     "residual": ("acc * 0.5f + res[b * M * N + i * N + j]", ", const float* restrict res", ", const float* res"),
+    "bias_res": ("fmaxf(acc + bias[j], 0.0f) + res[b * M * N + i * N + j]",
+                 ", const float* restrict bias, const float* restrict res", ", const float* bias, const float* res"),
 }
 
 SHAPES = [(1, 1, 1), (7, 13, 5), (33, 17, 65), (100, 257, 129), (128, 128, 128), (13, 40, 400), (5, 70, 3)]
@@ -28,12 +30,22 @@ SHAPES = [(1, 1, 1), (7, 13, 5), (33, 17, 65), (100, 257, 129), (128, 128, 128),
 # kept in C, the epilogue on the last slice only), row chunks, B panels, threads sharing a panel.
 BLOCKINGS = [(12, 64, 16, 6, 64), (14, 32, 8, 14, 16), (24, 64, 24, 12, 32)]
 
-# (M, N, K, batch, b_transposed, epilogue, blocking)
+# The threads splitting the columns (split="cols"): M < MR, N not a multiple of NR, N < NR x
+# threads (a thread with no panel at all), K not a multiple of KC (tiny blocks: several K slices
+# and B panels per thread), batches fewer than the threads (3 threads, 2 batches: each batch split).
+COL_SHAPES = [(5, 101, 61), (3, 50, 61), (13, 200, 37), (53, 101, 61)]
+COL_BLOCKINGS = [None, (12, 64, 16, 6, 64), (14, 32, 8, 14, 16)]
+
+# B read in place (direct_b, the default for small M and B not transposed: only a partial last
+# panel packed) or packed (direct=False); a transposed B is always packed.
+# (M, N, K, batch, b_transposed, epilogue, blocking, split, direct)
 VARIANTS = sorted(
-    {(M, N, K, 1, bt, epi, None) for M, N, K in SHAPES for bt in (False, True) for epi in EPILOGUES}
-    | {(37, 71, 29, 3, bt, "residual", None) for bt in (False, True)}
-    | {(53, 101, 61, b, bt, epi, blk) for blk in BLOCKINGS for bt in (False, True)
-       for b, epi in ((2, "bias_relu"), (1, "residual"))},
+    {(M, N, K, 1, bt, epi, None, "auto", None) for M, N, K in SHAPES for bt in (False, True) for epi in EPILOGUES}
+    | {(37, 71, 29, 3, bt, "residual", None, "auto", None) for bt in (False, True)}
+    | {(53, 101, 61, b, bt, epi, blk, "rows", d) for blk in BLOCKINGS for bt in (False, True)
+       for b, epi in ((2, "bias_relu"), (1, "residual")) for d in (None, False)}
+    | {(M, N, K, b, bt, "bias_res", blk, "cols", d) for M, N, K in COL_SHAPES for blk in COL_BLOCKINGS
+       for bt, b in ((False, 2), (True, 1)) for d in (None, False)},
     key=repr)
 
 
@@ -41,11 +53,12 @@ def kernel_name(variant) -> str:
     return f"g{VARIANTS.index(variant)}"
 
 
-def gemm_source(M, N, K, batch, bt, epi, blocking=None, name="g"):
+def gemm_source(M, N, K, batch, bt, epi, blocking=None, split="auto", direct=None, name="g"):
     expr, params, cdef_params = EPILOGUES[epi]
     return emit_gemm(name, M=M, N=N, K=K, batch=batch, a_batch_stride=M * K, b_batch_stride=K * N,
                      c_batch_stride=M * N, lda=K, ldb=K if bt else N, ldc=N, b_transposed=bt,
-                     epilogue=expr, extra_params=params, extra_args_cdef=cdef_params, blocking=blocking)
+                     epilogue=expr, extra_params=params, extra_args_cdef=cdef_params, blocking=blocking,
+                     split=split, direct_b=direct)
 
 
 def build_many(variants, hint):
@@ -75,22 +88,23 @@ def modules(tmp_path_factory):
 
 
 def run(modules, variant, threads=2, seed=0):
-    M, N, K, batch, bt, epi, _ = variant
+    M, N, K, batch, bt, epi, _, _, _ = variant
     built = modules[variant]
     built.lib.eqf_set_threads(threads)
     rng = np.random.default_rng(seed + M * 1000 + N + K)
     A = rng.standard_normal((batch, M, K), dtype=np.float32)
     B = rng.standard_normal((batch, K, N), dtype=np.float32)
-    extra = {"bias_relu": rng.standard_normal(N, dtype=np.float32),
-             "residual": rng.standard_normal((batch, M, N), dtype=np.float32)}.get(epi)
+    bias = rng.standard_normal(N, dtype=np.float32)
+    res = rng.standard_normal((batch, M, N), dtype=np.float32)
+    extra = {"acc": [], "bias_relu": [bias], "residual": [res], "bias_res": [bias, res]}[epi]
     C = np.full((batch, M, N), np.nan, np.float32)  # every element must be written
     Bin = np.ascontiguousarray(B.transpose(0, 2, 1)) if bt else B
     ffi = built.ffi
     ptr = lambda a: ffi.cast("float*", ffi.from_buffer(a))  # noqa: E731
-    getattr(built.lib, kernel_name(variant))(*[ptr(A), ptr(Bin), ptr(C)] + ([ptr(extra)] if extra is not None else []))
+    getattr(built.lib, kernel_name(variant))(*[ptr(A), ptr(Bin), ptr(C)] + [ptr(e) for e in extra])
     acc = A.astype(np.float64) @ B
-    want = {"acc": acc, "bias_relu": np.maximum(acc + (extra if extra is not None else 0), 0),
-            "residual": acc * 0.5 + (extra if extra is not None else 0)}[epi]
+    want = {"acc": acc, "bias_relu": np.maximum(acc + bias, 0), "residual": acc * 0.5 + res,
+            "bias_res": np.maximum(acc + bias, 0) + res}[epi]
     # float32 accumulation of K products: the error grows like sqrt(K) times the size of the terms
     tol = 1e-4 * np.sqrt(K) * max(1.0, float(np.abs(want).max()))
     np.testing.assert_allclose(C, want, rtol=1e-4, atol=tol)
@@ -100,25 +114,37 @@ def run(modules, variant, threads=2, seed=0):
 @pytest.mark.parametrize("bt", [False, True])
 @pytest.mark.parametrize("epi", sorted(EPILOGUES))
 def test_gemm_matches_numpy(modules, M, N, K, bt, epi):
-    run(modules, (M, N, K, 1, bt, epi, None))
+    run(modules, (M, N, K, 1, bt, epi, None, "auto", None))
 
 
 @pytest.mark.parametrize("threads", [2, 1])  # 3 batches on 2 threads: by batch; on 1: serial
 @pytest.mark.parametrize("bt", [False, True])
 def test_batched(modules, threads, bt):
-    run(modules, (37, 71, 29, 3, bt, "residual", None), threads=threads)
+    run(modules, (37, 71, 29, 3, bt, "residual", None, "auto", None), threads=threads)
 
 
 @pytest.mark.parametrize("blocking", BLOCKINGS)
 @pytest.mark.parametrize("bt", [False, True])
 @pytest.mark.parametrize("threads", [2, 1])
-def test_small_blocks(modules, blocking, bt, threads):
-    run(modules, (53, 101, 61, 2, bt, "bias_relu", blocking), threads)
-    run(modules, (53, 101, 61, 1, bt, "residual", blocking), threads)  # 1 batch, 2 threads: rows split
+@pytest.mark.parametrize("direct", [None, False])
+def test_small_blocks(modules, blocking, bt, threads, direct):
+    run(modules, (53, 101, 61, 2, bt, "bias_relu", blocking, "rows", direct), threads)
+    run(modules, (53, 101, 61, 1, bt, "residual", blocking, "rows", direct), threads)  # 1 batch, 2 threads: rows split
+
+
+@pytest.mark.parametrize("M,N,K", COL_SHAPES)
+@pytest.mark.parametrize("blocking", COL_BLOCKINGS)
+@pytest.mark.parametrize("bt,batch", [(False, 2), (True, 1)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("direct", [None, False])
+def test_column_split(modules, M, N, K, blocking, bt, batch, threads, direct):
+    """Threads that split the columns: each its own B panels and packed A, the epilogue reading
+    a per-column bias and a full residual; 3 threads on 2 batches split each batch."""
+    run(modules, (M, N, K, batch, bt, "bias_res", blocking, "cols", direct), threads)
 
 
 def test_nan_and_inf_propagate_through_the_epilogue(modules):
-    v = (7, 13, 5, 1, False, "acc", None)
+    v = (7, 13, 5, 1, False, "acc", None, "auto", None)
     built = modules[v]
     A = np.ones((7, 5), np.float32)
     A[0, 0], A[1, 0] = np.nan, np.inf
@@ -136,8 +162,9 @@ def test_param_names():
 
 
 def test_generated_gemm_compiles_without_warnings(modules):
-    src = HEADER + "\n".join(gemm_source(33, 17, 65, 2, bt, epi, name=f"w{bt:d}{epi}")[0]
-                             for bt in (False, True) for epi in EPILOGUES)
+    src = HEADER + "\n".join(gemm_source(33, 17, 65, 2, bt, epi, split=split, direct=d, name=f"w{bt:d}{epi}{split}{d}")[0]
+                             for bt in (False, True) for epi in EPILOGUES for split in ("auto", "cols")
+                             for d in (None, False))
     assert warnings_for(src) == ""
     assert warnings_for(src, ("-Werror", "-Wextra", "-Wno-unused-parameter")) == ""
 
@@ -145,3 +172,5 @@ def test_generated_gemm_compiles_without_warnings(modules):
 def test_emit_gemm_refuses_empty_sizes():
     with pytest.raises(ValueError, match="positive"):
         emit_gemm("g", M=0, N=1, K=1, lda=1, ldb=1, ldc=1)
+    with pytest.raises(ValueError, match="split"):
+        emit_gemm("g", M=1, N=1, K=1, lda=1, ldb=1, ldc=1, split="diagonal")
