@@ -252,6 +252,10 @@ static void {{NAME}}_rows(const float* A, const float* B, float* C, long b, long
                 if (mc > 0)
                     {{NAME}}_macro(ap, bp, C, b, ic, mc, jc, nc, pc, kc{{EXTRA_ARGS}});
             }
+            /* the row epilogue (a row op over whole rows of C) on the rows just finished, in cache */
+            if (pc + kc >= K && mc > 0) {
+                {{ROW_EPILOGUE}}
+            }
         }
     }
 }

@@ -34,12 +34,16 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
               b_batch_stride: int = 0, c_batch_stride: int = 0, lda: int, ldb: int, ldc: int,
               b_transposed: bool = False, epilogue: str = "acc", extra_params: str = "",
               extra_args_cdef: str = "",
-              blocking: tuple[int, int, int, int, int] | None = None) -> tuple[str, str]:
+              blocking: tuple[int, int, int, int, int] | None = None,
+              row_epilogue: str = "") -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
     (row stride ldb); C is M x N (row stride ldc); batch b starts at b * <x>_batch_stride.
     `blocking` (MC, NC, KC, MR, NR) overrides the machine's choice (for tuning and tests).
+    `row_epilogue` is a C statement run on the rows [ic, ic + mc) of batch b's C (C, b, ic, mc
+    and the extra parameters in scope) once the last K slice has finished them: a second pass
+    over whole rows, which one thread always owns (threads split batches or rows, never columns).
     """
     if min(M, N, K, batch) < 1:
         raise ValueError(f"GEMM sizes must be positive: M={M} N={N} K={K} batch={batch}")
@@ -64,7 +68,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     src = render("gemm.c", NAME=name, M=M, N=N, K=K, BATCH=batch, MR=mr, NR=nr, MC=mc, NC=nc, KC=kc,
                  LDA=lda, LDC=ldc, B_AT=b_at, B_TRANSPOSED=int(b_transposed), B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
                  A_BATCH_STRIDE=a_batch_stride, B_BATCH_STRIDE=b_batch_stride, C_BATCH_STRIDE=c_batch_stride,
-                 EPILOGUE=epilogue, EXTRA_PARAMS=extra_params,
+                 EPILOGUE=epilogue, EXTRA_PARAMS=extra_params, ROW_EPILOGUE=row_epilogue or "(void)0;",
                  EXTRA_ARGS="".join(", " + n for n in param_names(extra_params)))
     cdef = f"void {name}(const float* A, const float* B, float* C{extra_args_cdef});"
     return src, cdef
