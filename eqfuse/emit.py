@@ -478,8 +478,8 @@ def _epilogue(plan: KernelPlan, groups, preset: dict[int, str], root: int | None
 
 def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
     """(C of `void fname(long b, long r0, long r1, float* out, extras...)`, the extras (input,
-    name) that it and the GEMM epilogue read, the call the GEMM makes on the rows [ic, ic + mc)
-    of C it has just finished). The function is a row template (row_layernorm.c, row_rmsnorm.c,
+    name) that it and the GEMM epilogue read, the call the GEMM makes on the rows [eqf_r0,
+    eqf_r1) of C it has just finished). The function is a row template (row_layernorm.c, row_rmsnorm.c,
     row_softmax.c) whose input row is the row of C itself (the GEMM epilogue stored the row op's
     input there); `groups` are the GEMM epilogue's index groups, "i" (the GEMM's row) becoming
     the template's row r."""
@@ -507,7 +507,11 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
         if rn.op == "layernorm":
             extra["BETA"] = eptrs[rn.args[2]]
         src = render(f"row_{rn.op}.c", **common, **extra)
-    call = f"{fname}(b, ic, ic + mc, C{''.join(', ' + pn for _, pn in extras)});"
+    # called by one GEMM thread on rows it owns: no parallel region of its own
+    pragma = "#pragma omp parallel for schedule(static) if (0)\n"
+    assert pragma in src, "the row template's loop pragma changed"
+    src = src.replace(pragma, "")
+    call = f"{fname}(b, eqf_r0, eqf_r1, C{''.join(', ' + pn for _, pn in extras)});"
     return src, extras, call
 
 

@@ -41,9 +41,10 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
     (row stride ldb); C is M x N (row stride ldc); batch b starts at b * <x>_batch_stride.
     `blocking` (MC, NC, KC, MR, NR) overrides the machine's choice (for tuning and tests).
-    `row_epilogue` is a C statement run on the rows [ic, ic + mc) of batch b's C (C, b, ic, mc
-    and the extra parameters in scope) once the last K slice has finished them: a second pass
-    over whole rows, which one thread always owns (threads split batches or rows, never columns).
+    `row_epilogue` is a C statement run on the rows [eqf_r0, eqf_r1) of batch b's C (C, b and
+    the extra parameters in scope) once the last K slice has finished them: each MR-row tile
+    while it is in L1 when the whole row is one NC block, else each chunk of rows after its last
+    B panel. One thread always owns whole rows (threads split batches or rows, never columns).
     """
     if min(M, N, K, batch) < 1:
         raise ValueError(f"GEMM sizes must be positive: M={M} N={N} K={K} batch={batch}")
@@ -68,7 +69,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     src = render("gemm.c", NAME=name, M=M, N=N, K=K, BATCH=batch, MR=mr, NR=nr, MC=mc, NC=nc, KC=kc,
                  LDA=lda, LDC=ldc, B_AT=b_at, B_TRANSPOSED=int(b_transposed), B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
                  A_BATCH_STRIDE=a_batch_stride, B_BATCH_STRIDE=b_batch_stride, C_BATCH_STRIDE=c_batch_stride,
-                 EPILOGUE=epilogue, EXTRA_PARAMS=extra_params, ROW_EPILOGUE=row_epilogue or "(void)0;",
+                 EPILOGUE=epilogue, EXTRA_PARAMS=extra_params, ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
                  EXTRA_ARGS="".join(", " + n for n in param_names(extra_params)))
     cdef = f"void {name}(const float* A, const float* B, float* C{extra_args_cdef});"
     return src, cdef
