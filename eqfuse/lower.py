@@ -282,8 +282,8 @@ def _plan_contraction(plan: KernelPlan, c: Caches) -> None:
         u.append(UOp(0, "Exec", f"im2col {K} x {Nn} per image", nb))
     row = _plan_row_epilogue(plan, c, Nn) if plan.kind == "contraction_row" else None
     if row is not None:
-        epi = _ops_text(body, skip=set(range(len(body.nodes))) - body.ancestors(body.nodes[row].args[0])
-                        - {a} - set(mm.args) - ({mm.args[1]} if plan.detail.get("b_transposed") else set()))
+        epi = _ops_text(body, skip=(set(range(len(body.nodes))) - body.ancestors(body.nodes[row].args[0]))
+                        | {a} | set(mm.args) | ({mm.args[1]} if plan.detail.get("b_transposed") else set()))
     u += [UOp(0, "Loop", f"batch {nb} x jc over N={Nn} step nc={nc} x pc over K={K} step kc={kc}", nb * njc * npc),
           UOp(1, "Load", f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]", nb * njc * npc),
           UOp(1, "Loop", f"ic over M={M} step mc={mc} (parallel)", nb * njc * npc * nic),
@@ -294,8 +294,11 @@ def _plan_contraction(plan: KernelPlan, c: Caches) -> None:
     if row is not None:
         rn = body.nodes[row]
         post = _ops_text(body, skip=_not_ancestors(body, body.outputs[0]) | body.ancestors(row))
-        u.append(UOp(1, "Exec", f"after the last kc step of a chunk of rows: {rn.op} over each finished row of "
-                                f"C [{Nn}] in cache, then ({post or 'none'}), stored in place", nb * nic))
+        what = f"{rn.op} over each finished row of C [{Nn}], then ({post or 'none'}), stored in place"
+        if Nn <= nc:  # whole rows in one NC block: each MR-row tile as soon as it is finished
+            u.append(UOp(2, "Exec", f"on the last kc step, per {mr}-row tile in L1: {what}", nb * nic * nmr))
+        else:
+            u.append(UOp(1, "Exec", f"after the last kc step of a chunk of rows, in L2: {what}", nb * nic))
 
 
 def row_epilogue_fits(N: int, nparams: int, l1: int) -> bool:
