@@ -175,7 +175,11 @@ def heavy_weight(op: str) -> int:
 # further; extraction checks every candidate with classify itself.
 HEAVY_LIMIT = 1
 HEAVY_LIMIT_ATTENTION = 3  # when the kernel's root op is softmax or matmul
-HEAVY_LIMIT_ROW = 2  # layernorm / rmsnorm at the root: a matmul may be its prologue (GEMM + row epilogue)
+# layernorm / rmsnorm at the root: a matmul may be its prologue (a GEMM with a row epilogue). Such
+# a kernel still weighs two, so pointwise ops after the row op do not join it here (letting a row
+# op over a GEMM weigh one grew BERT-base x12's e-graph from 3.5k e-nodes to the node limit);
+# they do in a hand-written kernel block.
+HEAVY_LIMIT_ROW = 2
 VIEW_OPS = ("transpose", "reshape")
 
 
@@ -185,16 +189,6 @@ def _heavy_rules(concat_arities) -> list[str]:
            f"(rule ((= ?e ({s_ctor('matmul', 2)} ?p ?v)) (= ?p ({s_ctor('softmax', 1)} ?x ?a)) (vw ?v)) "
            "((set (hv ?e) 1)) :ruleset facts)",
            "(rule ((= ?e (Cs ?c))) ((set (hv ?e) 0)) :ruleset facts)"]
-    # a row op over the last axis of a one-heavy-op value (a GEMM with a row epilogue) weighs one,
-    # so a pointwise epilogue may join it after the row op
-    for name in ("softmax", "layernorm", "rmsnorm"):
-        op = OPS[name]
-        n = op.arity[1]
-        xs = " ".join(f"?x{i}" for i in range(n))
-        attrs = " ".join(f"?a{i}" for i in range(len(op.attrs)))
-        params = " ".join(f"(= (hv ?x{i}) 0)" for i in range(1, n))
-        out.append(f"(rule ((= ?e ({s_ctor(name, n)} {xs} {attrs})) (= (hv ?x0) 1) {params}) "
-                   "((set (hv ?e) 1)) :ruleset facts)")
     for op in OPS.values():
         na = len(op.attrs)
         arities = sorted(set(concat_arities) | {1, 2}) if op.name == "concat" else \
