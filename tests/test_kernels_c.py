@@ -364,22 +364,24 @@ def test_contraction_row_epilogue(row_epi_results, cid):
 
 def test_contraction_row_epilogue_small_blocks(monkeypatch):
     """Tiny GEMM blocks: several K slices (the row op only after the last), row chunks per
-    thread, B panels (N = 130 over 64-wide NC blocks) and, on 2 threads, threads sharing a panel."""
+    thread, B panels (N = 130 over 64-wide NC blocks: the row op per chunk of rows; N = 37 in one
+    NC block: per MR-row tile) and, on 2 threads, threads sharing a panel."""
     import eqfuse.emit as emit_mod
 
     real = emit_mod._gemm
     monkeypatch.setattr(emit_mod, "_gemm", lambda name, **kw: real(name, **kw, blocking=(12, 64, 16, 6, 64)))
     src = ("graph sb(x: f32[2, 53, 40], w: f32[40, 130], b: f32[130], g: f32[130], be: f32[130], "
-           "r: f32[2, 53, 130]) -> (f32[2, 53, 130], f32[2, 53, 130]) {\n"
+           "r: f32[2, 53, 130], v: f32[40, 37], h: f32[37]) -> (f32[2, 53, 130], f32[2, 53, 130], f32[2, 53, 37]) {\n"
            "    y = kernel { relu(layernorm(x @ w + r, g, be)) + b }\n"
            "    z = kernel { softmax(x @ w + b) * r }\n"
-           "    return y, z\n}")
+           "    u = kernel { rmsnorm(x @ v + h, h) - 1 }\n"
+           "    return y, z, u\n}")
     arrays = [RNG.standard_normal(s).astype(np.float32) for s in [(2, 53, 40), (40, 130), (130,), (130,), (130,),
-                                                                   (2, 53, 130)]]
+                                                                   (2, 53, 130), (40, 37), (37,)]]
     want = evaluate(load(src)[0], arrays)
     for threads in (1, 2):
         mod = eqfuse.compile(src, fuse="manual", threads=threads)
-        assert [k.kind for k in mod.kernels] == ["contraction_row"] * 2
+        assert [k.kind for k in mod.kernels] == ["contraction_row"] * 3
         assert "KC 16L" in mod.kernels[0].c_source.replace("_KC ", "KC ")
         assert compare(list(mod(*arrays)), want) == [], threads
 
