@@ -208,6 +208,11 @@ static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, c
                 }
             }
         }
+        /* whole rows in one NC block: the row epilogue on these MR rows while they are in L1 */
+        if (last && nc == N) {
+            const long eqf_r0 = ic + ir, eqf_r1 = ic + ir + mr;
+            {{ROW_EPILOGUE}}
+        }
     }
 }
 
@@ -264,6 +269,12 @@ static void {{NAME}}_block(const float* A, const float* B, float* C, long b, lon
                 }
                 if (mc > 0)
                     {{NAME}}_macro(ap, bp, B, C, b, ic, mc, jc, nc, pc, kc{{EXTRA_ARGS}});
+            }
+            /* the row epilogue (a row op over whole rows of C) on the rows just finished, when
+             * the macro kernel could not (rows wider than one NC block) */
+            if (pc + kc >= K && mc > 0 && N > NC) {
+                const long eqf_r0 = ic, eqf_r1 = ic + mc;
+                {{ROW_EPILOGUE}}
             }
         }
     }

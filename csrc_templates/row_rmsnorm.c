@@ -4,7 +4,7 @@ EQF_WIDE_BEGIN
 void {{NAME}}({{PARAMS}})
 {
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
-    for (long r = 0; r < {{ROWS}}; r++) {
+    for (long r = {{R0}}; r < {{ROWS}}; r++) {
         float* restrict y = out + r * {{L}};
 {{OFFSETS}}
         float s = 0.0f;

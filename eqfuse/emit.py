@@ -318,7 +318,7 @@ def emit_row(plan: KernelPlan) -> str:
         epi = Exprs(body, space, ptrs, {a: "v"}, I2)
         e = epi.value(body.outputs[0])
         cs = contiguous(xshape)
-        common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e)
+        common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0)
         if an.op == "softmax":
             return render("row_softmax.c", YBASE=offset("r", [xshape[d] for d in row_dims], [cs[d] for d in row_dims]),
                           YS=cs[axis0], **common)
@@ -461,14 +461,58 @@ def emit_attention(plan: KernelPlan) -> str:
 # ------------------------------------------------------------------ contractions
 
 
-def _epilogue(plan: KernelPlan, groups, preset: dict[int, str]):
-    """The GEMM epilogue expression and the tensors it reads (extra parameters e<k>)."""
+def _eptrs(body: Graph) -> dict[int, str]:
+    return {i: f"eqf_e{k}" for k, i in enumerate(body.inputs)}  # names unlikely to meet the GEMM's own
+
+
+def _epilogue(plan: KernelPlan, groups, preset: dict[int, str], root: int | None = None):
+    """The GEMM epilogue expression (the value of `root`, by default the body's output) and the
+    tensors it reads (extra parameters e<k>)."""
     body = plan.body
-    eptrs = {i: f"eqf_e{k}" for k, i in enumerate(body.inputs)}  # names unlikely to meet the GEMM's own
+    eptrs = _eptrs(body)
     space = Space(plan.out_shape, groups, "", count())
     ex = Exprs(body, space, eptrs, preset, "", prefix="eqf_v")
-    expr = ex.expression(body.outputs[0])
+    expr = ex.expression(body.outputs[0] if root is None else root)
     return expr, [(i, eptrs[i]) for i in body.inputs if f"{eptrs[i]}[" in expr]
+
+
+def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
+    """(C of `void fname(long b, long r0, long r1, float* out, extras...)`, the extras (input,
+    name) that it and the GEMM epilogue read, the call the GEMM makes on the rows [eqf_r0,
+    eqf_r1) of C it has just finished). The function is a row template (row_layernorm.c, row_rmsnorm.c,
+    row_softmax.c) whose input row is the row of C itself (the GEMM epilogue stored the row op's
+    input there); `groups` are the GEMM epilogue's index groups, "i" (the GEMM's row) becoming
+    the template's row r."""
+    body = plan.body
+    row = plan.shape.parts[0]
+    rn = body.nodes[row]
+    out = tuple(plan.out_shape)
+    N = out[-1]
+    eptrs = _eptrs(body)
+    rgroups = [("r" if v == "i" else v, dims, v != "j") for v, dims, _ in groups]
+    space = Space(out, rgroups, I1, count())
+    epi = Exprs(body, space, eptrs, {row: "v"}, I2, forbid=_ancestors(body, rn.args[0]), prefix="eqf_v")
+    e = epi.value(body.outputs[0])
+    text = "\n".join(space.decls) + epi.text() + e
+    used = {i for i, _ in pre_extras} | {i for i in body.inputs if f"{eptrs[i]}[" in text} | set(rn.args[1:])
+    extras = [(i, eptrs[i]) for i in body.inputs if i in used]
+    params = ", ".join(["long b", "long r0", "long r1", "float* restrict out"]
+                       + [f"const float* restrict {pn}" for _, pn in extras])
+    common = dict(NAME=fname, PARAMS=params, R0="r0", ROWS="r1", L=N, PARALLEL=0, PRO_BODY="", X="y[j]",
+                  OFFSETS="\n".join(space.decls + [f"{I1}(void)b;"]), EPI_BODY=epi.text(), EPI=e)
+    if rn.op == "softmax":
+        src = render("row_softmax.c", YBASE=f"r * {N}L", YS=1, **common)
+    else:
+        extra = {"GAMMA": eptrs[rn.args[1]], "EPS": flit(rn.attr["eps"])}
+        if rn.op == "layernorm":
+            extra["BETA"] = eptrs[rn.args[2]]
+        src = render(f"row_{rn.op}.c", **common, **extra)
+    # called by one GEMM thread on rows it owns: no parallel region of its own
+    pragma = "#pragma omp parallel for schedule(static) if (0)\n"
+    assert pragma in src, "the row template's loop pragma changed"
+    src = src.replace(pragma, "")
+    call = f"{fname}(b, eqf_r0, eqf_r1, C{''.join(', ' + pn for _, pn in extras)});"
+    return src, extras, call
 
 
 def _gemm(name: str, **kw) -> tuple[str, str]:
@@ -508,7 +552,12 @@ def emit_contraction(plan: KernelPlan) -> str:
         else:
             mode, gb, gM, strides = "loop", 1, M, (0, 0, 0)
             groups = [("i", [nb], False), ("j", [nb + 1], False)]
-    expr, extras = _epilogue(plan, groups, {a: "acc"})
+    row_src, row_call = "", ""
+    if plan.kind == "contraction_row":
+        expr, extras = _epilogue(plan, groups, {a: "acc"}, root=body.nodes[plan.shape.parts[0]].args[0])
+        row_src, extras, row_call = _row_epilogue(plan, groups, f"{plan.name}_rowop", extras)
+    else:
+        expr, extras = _epilogue(plan, groups, {a: "acc"})
     if mode == "loop":  # the wrapper offsets every pointer for batch g; the epilogue sees one matrix
         eparts = []
         for i, pn in extras:
@@ -526,11 +575,14 @@ def emit_contraction(plan: KernelPlan) -> str:
     src, _ = _gemm(gname, M=gM, N=N, K=K, batch=gb, a_batch_stride=strides[0], b_batch_stride=strides[1],
                    c_batch_stride=strides[2], lda=K, ldb=K if bt else N, ldc=N, b_transposed=bt,
                    epilogue=expr, extra_params=extra_params,
-                   extra_args_cdef="".join(f", const float* {pn}" for _, pn in extras))
-    wrapper = render("matmul.c", NAME=plan.name, SHAPES=f"{mode} batch={nbatch} M={M} N={N} K={K}"
-                     + (" (B transposed)" if bt else ""), GEMM=gname, PARAMS=params, OUTER=outer,
+                   extra_args_cdef="".join(f", const float* {pn}" for _, pn in extras),
+                   **({"row_epilogue": row_call} if row_call else {}))
+    shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (B transposed)" if bt else "")
+    if row_call:
+        shapes += f", then {plan.detail['row_op']} over each finished row of C"
+    wrapper = render("matmul.c", NAME=plan.name, SHAPES=shapes, GEMM=gname, PARAMS=params, OUTER=outer,
                      OFFSETS="        (void)g;", ARGS=", ".join([aoff, boff_, coff] + eparts))
-    return src + "\n" + wrapper
+    return (row_src + "\n" if row_src else "") + src + "\n" + wrapper
 
 
 def bdims_plus(nb: int, tail: list[int]) -> list[int]:
@@ -625,7 +677,8 @@ def emit_layout(plan: KernelPlan) -> str:
 
 
 EMITTERS = {"pointwise": emit_pointwise, "row": emit_row, "reduce": emit_reduce, "attention": emit_attention,
-            "contraction": emit_contraction, "conv2d": emit_conv2d, "layout": emit_layout}
+            "contraction": emit_contraction, "contraction_row": emit_contraction, "conv2d": emit_conv2d,
+            "layout": emit_layout}
 
 
 @dataclass

@@ -170,11 +170,18 @@ class _Skip(Exception):
 def _check_shape(body: Graph, ks) -> None:
     """An epilogue must not broadcast a contraction, row or attention result to a larger shape
     (the backend would split the kernel again)."""
-    if ks.kind in ("contraction", "row", "attention", "reduce") and ks.anchor is not None:
+    if ks.kind in ("contraction", "contraction_row", "row", "attention", "reduce") and ks.anchor is not None:
         a = body.nodes[ks.anchor].type.shape
         result = ks.parts[-1] if ks.kind == "attention" else body.outputs[0]  # before output transposes
         o = body.nodes[result].type.shape
         if tuple(a) != tuple(o):
+            raise _Skip()
+    if ks.kind == "contraction_row":  # a row too long for the row epilogue: the backend would split it
+        from .lower import machine_caches, row_epilogue_fits
+
+        rn = body.nodes[ks.parts[0]]
+        N = rn.type.shape[-1]
+        if isinstance(N, int) and not row_epilogue_fits(N, len(rn.args) - 1, machine_caches().l1):
             raise _Skip()
 
 

@@ -51,7 +51,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
               b_transposed: bool = False, epilogue: str = "acc", extra_params: str = "",
               extra_args_cdef: str = "",
               blocking: tuple[int, int, int, int, int] | None = None,
-              split: str = "auto", direct_b: bool | None = None) -> tuple[str, str]:
+              split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "") -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
@@ -61,9 +61,16 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     time from the thread count, see `_split` in csrc_templates/gemm.c). `direct_b` has the
     micro-kernel read B in place rather than from packed panels (None: the rule of `direct`;
     never with a transposed B).
+    `row_epilogue` is a C statement run on the rows [eqf_r0, eqf_r1) of batch b's C (C, b and
+    the extra parameters in scope) once the last K slice has finished them: each MR-row tile
+    while it is in L1 when the whole row is one NC block, else each chunk of rows after its last
+    B panel. A row epilogue makes the threads split batches or rows, never columns
+    (one thread must own whole rows).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {sorted(SPLITS)}, not {split!r}")
+    if row_epilogue:
+        split = "rows"
     if min(M, N, K, batch) < 1:
         raise ValueError(f"GEMM sizes must be positive: M={M} N={N} K={K} batch={batch}")
     if extra_params and not extra_params.lstrip().startswith(","):
@@ -89,7 +96,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
                  A_BATCH_STRIDE=a_batch_stride, B_BATCH_STRIDE=b_batch_stride, C_BATCH_STRIDE=c_batch_stride,
                  EPILOGUE=epilogue, SPLIT=SPLITS[split], LDB=ldb,
                  DIRECT_B=int(direct(M, b_transposed, mr) if direct_b is None else direct_b and not b_transposed),
-                 EXTRA_PARAMS=extra_params,
+                 EXTRA_PARAMS=extra_params, ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
                  EXTRA_ARGS="".join(", " + n for n in param_names(extra_params)))
     cdef = f"void {name}(const float* A, const float* B, float* C{extra_args_cdef});"
     return src, cdef

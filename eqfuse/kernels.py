@@ -14,7 +14,9 @@ from .ops import OPS
 SUPPORTED = (
     "pointwise (a tree of pointwise ops over tensors and scalar constants); "
     "contraction with epilogue (one matmul or conv2d over kernel inputs, its result flowing through "
-    "pointwise ops); row-wise (one softmax, layernorm, rmsnorm or sum/mean/max over the trailing axes, "
+    "pointwise ops); contraction with row epilogue (one matmul whose result flows through pointwise ops "
+    "into a softmax, layernorm or rmsnorm over its last axis, then pointwise ops); row-wise (one softmax, "
+    "layernorm, rmsnorm or sum/mean/max over the trailing axes, "
     "with a pointwise prologue and epilogue); reduction (one sum/mean/max over any axes, with a "
     "pointwise prologue and epilogue); attention (softmax(q @ transpose(k) * scale [+ mask]) @ v, "
     "q, k and v possibly read through transposes and reshapes of kernel inputs, the result possibly "
@@ -28,8 +30,9 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class KernelShape:
-    kind: str  # pointwise | contraction | row | reduce | attention | layout
+    kind: str  # pointwise | contraction | contraction_row | row | reduce | attention | layout
     anchor: int | None = None  # the body node of the matmul/conv2d, row/reduce op, or attention's last matmul
+    # contraction_row: (the row op,); anchor is the matmul
     # attention only: body node ids of q, k, v (inputs, k possibly under a transpose), scores
     # matmul, softmax, and the mask input (or None); kT_input: k is given already transposed
     parts: tuple = ()
@@ -93,11 +96,60 @@ def classify(body: Graph) -> KernelShape:
                 and mn.args[0] in inputs and body.users()[t] == 1):
             _check_epilogue(body, m, out)
             return KernelShape("contraction", m)
+    crow = _contraction_row(body, heavy, inputs)
+    if crow is not None:
+        return crow
     att = _attention(body)
     if att is not None:
         return att
     names = ", ".join(body.nodes[i].op for i in heavy)
     raise Unsupported(f"the kernel mixes {names}; it must have at most one non-pointwise op")
+
+
+ROW_EPILOGUE_OPS = ("softmax", "layernorm", "rmsnorm")
+
+
+def _contraction_row(body: Graph, heavy: list[int], inputs: set[int]) -> KernelShape | None:
+    """rowop(pointwise(A @ B), params...) followed by pointwise ops: a GEMM whose finished rows
+    of C go through a softmax, layernorm or rmsnorm over the last axis (the GEMM's N) before the
+    store. A and B are kernel inputs (B possibly under a swap of its last two axes), the row op's
+    parameters are kernel inputs, and the ops after the row op read only it, each other, kernel
+    inputs and constants (the pre-row-op values are gone by then: C holds the row op's input)."""
+    nodes = body.nodes
+    rows = [i for i in heavy if nodes[i].op in ROW_EPILOGUE_OPS]
+    mms = [i for i in heavy if nodes[i].op == "matmul"]
+    if len(rows) != 1 or len(mms) != 1:
+        return None
+    r, m = rows[0], mms[0]
+    rest = set(heavy) - {r, m}
+    rn, mn = nodes[r], nodes[m]
+    a, b = mn.args
+    if rest:  # only the transposed B operand: x @ transpose(w)
+        t = next(iter(rest))
+        if len(rest) != 1 or b != t or not _swaps_last_two(nodes[t]) or nodes[t].args[0] not in inputs \
+                or body.users()[t] != 1:
+            return None
+    elif b not in inputs:
+        return None
+    if a not in inputs or mn.type.rank < 2:
+        return None
+    rank = rn.type.rank
+    if rn.op in ("softmax", "layernorm") and rn.attr["axis"] % rank != rank - 1:
+        return None
+    if any(x not in inputs for x in rn.args[1:]):
+        return None
+    pro = body.ancestors(rn.args[0])
+    if m not in pro:
+        return None
+    out = body.outputs[0]
+    after = {i for i in body.ancestors(out) if r in body.ancestors(i)}
+    if r not in after:
+        return None
+    for i in after - {r}:
+        for x in nodes[i].args:
+            if x not in after and nodes[x].op not in ("input", "const"):
+                return None
+    return KernelShape("contraction_row", m, parts=(r,))
 
 
 def _trailing(body: Graph, a: int) -> bool:

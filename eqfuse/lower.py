@@ -161,7 +161,8 @@ def plan_kernel(g: Graph, node_id: int, name: str, caches: Caches) -> KernelPlan
     out_shape = tuple(body.nodes[body.outputs[0]].type.shape)
     plan = KernelPlan(name, ks.kind, node_id, tuple(n.args), body, ks, out_shape)
     plan.bytes = F32 * (_reads(body) + _size(out_shape))
-    {"pointwise": _plan_pointwise, "contraction": _plan_contraction, "row": _plan_row,
+    {"pointwise": _plan_pointwise, "contraction": _plan_contraction, "contraction_row": _plan_contraction,
+     "row": _plan_row,
      "reduce": _plan_reduce, "attention": _plan_attention, "layout": _plan_layout}[ks.kind](plan, caches)
     return plan
 
@@ -286,6 +287,11 @@ def _plan_contraction(plan: KernelPlan, c: Caches) -> None:
     # thread gets a panel and M <= N / 2, or M <= N and M <= 64 MR; else rows (MR tiles).
     direct = gemm_direct(M, bool(plan.detail.get("b_transposed")), mr)
     split = "columns" if Nn > nr and (2 * M <= Nn or (M <= Nn and M <= 64 * mr)) else "rows"
+    row = _plan_row_epilogue(plan, c, Nn) if plan.kind == "contraction_row" else None
+    if row is not None:
+        split = "rows"  # a row epilogue needs whole rows in one thread (emit_gemm forces it too)
+        epi = _ops_text(body, skip=(set(range(len(body.nodes))) - body.ancestors(body.nodes[row].args[0]))
+                        | {a} | set(mm.args) | ({mm.args[1]} if plan.detail.get("b_transposed") else set()))
     u += [UOp(0, "Loop", f"batch {nb} x jc over N={Nn} step nc={nc} x pc over K={K} step kc={kc}", nb * njc * npc),
           UOp(1, "Load", ("B read in place" + (f", its last {Nn % nr} columns packed" if Nn % nr else ""))
               if direct else f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]", nb * njc * npc),
@@ -294,6 +300,43 @@ def _plan_contraction(plan: KernelPlan, c: Caches) -> None:
           UOp(2, "Exec", f"micro-kernel {mr} x {nr} x {min(kc, K)} FMA", nb * njc * npc * nic * nmr * nnr),
           UOp(2, "Store", f"C tile {mr} x {nr} with epilogue ({epi or 'none'}) on the last kc step",
               nb * njc * nic * nmr * nnr)]
+    if row is not None:
+        rn = body.nodes[row]
+        post = _ops_text(body, skip=_not_ancestors(body, body.outputs[0]) | body.ancestors(row))
+        what = f"{rn.op} over each finished row of C [{Nn}], then ({post or 'none'}), stored in place"
+        if Nn <= nc:  # whole rows in one NC block: each MR-row tile as soon as it is finished
+            u.append(UOp(2, "Exec", f"on the last kc step, per {mr}-row tile in L1: {what}", nb * nic * nmr))
+        else:
+            u.append(UOp(1, "Exec", f"after the last kc step of a chunk of rows, in L2: {what}", nb * nic))
+
+
+def row_epilogue_fits(N: int, nparams: int, l1: int) -> bool:
+    """Whether a GEMM's row epilogue handles rows of N: the row op walks a row of C in passes,
+    which must stay in L1 next to its nparams parameter vectors (extraction asks this too, so
+    that the optimizer does not choose a kernel that the backend would split)."""
+    return N * F32 * (1 + nparams) <= l1
+
+
+def _plan_row_epilogue(plan: KernelPlan, c: Caches, N: int) -> int:
+    """Checks for a GEMM with a row epilogue (kernels.ROW_EPILOGUE_OPS over the last axis);
+    Split (two kernels: GEMM + epilogue, row op) when this backend does not do it."""
+    body = plan.body
+    row = plan.shape.parts[0]
+    rn = body.nodes[row]
+    if plan.kind != "contraction_row" or body.nodes[plan.shape.anchor].op != "matmul":
+        raise Split("a row epilogue needs a matmul")
+    if tuple(rn.type.shape) != plan.out_shape:
+        raise Split("the epilogue broadcasts the row op's result to a larger shape")
+    if not row_epilogue_fits(N, len(rn.args) - 1, c.l1):
+        raise Split(f"a row of {N} (with the row op's parameters) does not fit L1 {c.l1} B")
+    for p in rn.args[1:]:
+        ps = tuple(body.nodes[p].type.shape)
+        if not ps or ps[-1] != N or _size(ps) != N:
+            raise Split(f"the parameters of {rn.op} must be vectors of the row's length {N}")
+    plan.detail["row_op"] = rn.op
+    plan.flops += OPS[rn.op].flops * _size(plan.out_shape)
+    plan.cache_check += (f"; row epilogue: a row of C {N * F32} B (+ parameters) <= L1 {c.l1} B: ok")
+    return row
 
 
 def kr_fits(kc: int, nr: int, c: Caches) -> bool:

@@ -99,11 +99,12 @@ REGIONS = {
         t4 = tanh(rmsnorm(b, g)) @ w * 0.5
         return t2, softmax(t2 + t0), sqrt(abs(t0) + 1)
     }""",
+    # softmax over axis 0: not a row epilogue of the GEMM (which would make greedy's choice optimal)
     "fuse_into_shared": """graph g(a: f32[16, 16], b: f32[16, 16], c: f32[16],
                                        w: f32[16, 16]) -> (f32[16, 16], f32[16, 16], f32[16, 16]) {
         t0 = a - b
         t5 = sqrt(abs(abs(t0 @ transpose(w) - c)) + 1)
-        return softmax(t5), t5, t5 + c
+        return softmax(t5, axis=0), t5, t5 + c
     }""",
     "row_and_max": """graph g(a: f32[4, 16], b: f32[4, 16], c: f32[16], w: f32[16, 16],
                                   g: f32[16], be: f32[16]) -> (f32[4, 16], f32[4, 16]) {

@@ -23,7 +23,7 @@ RNG = np.random.default_rng(1234)
 POSITIVE = {"log", "sqrt", "rsqrt", "pow"}  # ops whose first operand must be positive here
 
 
-def run_cases(name: str, params: dict[str, tuple], cases: list[tuple[str, str]]):
+def run_cases(name: str, params: dict[str, tuple], cases: list[tuple[str, str]], threads: int | None = None):
     """Compile one graph returning every case's kernel; return {case id: (got, want)}."""
     sig = ", ".join(f"{p}: f32[{', '.join(map(str, s))}]" if s else f"{p}: f32" for p, s in params.items())
     lines = [f"    out_{i} = kernel {{ {expr} }}" for i, (_, expr) in enumerate(cases)]
@@ -33,7 +33,7 @@ def run_cases(name: str, params: dict[str, tuple], cases: list[tuple[str, str]])
     for p, s in params.items():
         a = RNG.standard_normal(s).astype(np.float32)
         arrays.append(np.abs(a) + np.float32(0.5) if p.startswith("p") else a)
-    mod = eqfuse.compile(src, fuse="manual")  # the kernel blocks as written, not the optimizer's choice
+    mod = eqfuse.compile(src, fuse="manual", threads=threads)  # the kernel blocks as written, not the optimizer's choice
     got = mod(*arrays)
     got = got if isinstance(got, tuple) else (got,)
     want = evaluate(load(src)[0], arrays)
@@ -325,6 +325,87 @@ def test_streaming_pointwise_non_contiguous_inputs_and_threads():
             mod.nc.threads = threads
             assert compare([mod(x, y, z)], want) == [], threads
     assert mod.kernels[0].tiles["stream"] == 1
+
+
+# ------------------------------------------------------------------ contraction with row epilogue
+
+# rowop(pointwise(A @ B), params) + pointwise: M not a multiple of the 6-row register tile, N odd
+# (37) and over two 64-wide panels (130), B shared by a 3-D batch (folded into M), both operands
+# batched, broadcast batches (a GEMM per batch), B transposed, K in two KC slices.
+ROW_EPI_CASES = [
+    ("ln-residual-epi", "relu(layernorm(r7 + (xa @ w37 + b37), g37, be37)) * 2 + r7"),
+    ("ln-batched-3d", "layernorm(xb3 @ w37 + rb, g37, be37) + b37"),
+    ("ln-130-gelu", "gelu(layernorm(xa @ w130 + b130, g130, be130))"),
+    ("ln-transposed-b", "layernorm(xa @ transpose(wt) + r7, g37, be37)"),
+    ("ln-k-slices", "layernorm(xk @ wk + b37, g37, be37) + 1"),
+    ("rms-residual-epi", "rmsnorm(r7 + xa @ w37, g37) * 0.5 - r7"),
+    ("rms-batched-both", "sigmoid(rmsnorm(qb @ kb, g37))"),
+    ("softmax-epi", "softmax(xa @ w37 * 0.125 + b37) * 3 + r7"),
+    ("softmax-batched-bcast", "softmax(x4 @ w4) + b37"),
+    ("softmax-130-batched", "softmax(xb3 @ w130)"),
+]
+ROW_EPI_PARAMS = {"xa": (7, 40), "w37": (40, 37), "b37": (37,), "r7": (7, 37), "g37": (37,), "be37": (37,),
+                  "xb3": (3, 5, 40), "rb": (3, 5, 37), "w130": (40, 130), "b130": (130,), "g130": (130,),
+                  "be130": (130,), "wt": (37, 40), "xk": (13, 700), "wk": (700, 37), "qb": (3, 11, 17),
+                  "kb": (3, 17, 37), "x4": (2, 3, 5, 7), "w4": (3, 7, 37)}
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1thread", "2threads"])
+def row_epi_results(request):
+    res, mod = run_cases("rowepi", ROW_EPI_PARAMS, ROW_EPI_CASES, threads=request.param)
+    assert {k.kind for k in mod.kernels} == {"contraction_row"}, [(k.name, k.kind) for k in mod.kernels]
+    return res
+
+
+@pytest.mark.parametrize("cid", [c for c, _ in ROW_EPI_CASES])
+def test_contraction_row_epilogue(row_epi_results, cid):
+    check(row_epi_results, cid)
+
+
+def test_contraction_row_epilogue_small_blocks(monkeypatch):
+    """Tiny GEMM blocks: several K slices (the row op only after the last), row chunks per
+    thread, B panels (N = 130 over 64-wide NC blocks: the row op per chunk of rows; N = 37 in one
+    NC block: per MR-row tile) and, on 2 threads, threads sharing a panel."""
+    import eqfuse.emit as emit_mod
+
+    real = emit_mod._gemm
+    monkeypatch.setattr(emit_mod, "_gemm", lambda name, **kw: real(name, **kw, blocking=(12, 64, 16, 6, 64)))
+    src = ("graph sb(x: f32[2, 53, 40], w: f32[40, 130], b: f32[130], g: f32[130], be: f32[130], "
+           "r: f32[2, 53, 130], v: f32[40, 37], h: f32[37]) -> (f32[2, 53, 130], f32[2, 53, 130], f32[2, 53, 37]) {\n"
+           "    y = kernel { relu(layernorm(x @ w + r, g, be)) + b }\n"
+           "    z = kernel { softmax(x @ w + b) * r }\n"
+           "    u = kernel { rmsnorm(x @ v + h, h) - 1 }\n"
+           "    return y, z, u\n}")
+    arrays = [RNG.standard_normal(s).astype(np.float32) for s in [(2, 53, 40), (40, 130), (130,), (130,), (130,),
+                                                                   (2, 53, 130), (40, 37), (37,)]]
+    want = evaluate(load(src)[0], arrays)
+    for threads in (1, 2):
+        mod = eqfuse.compile(src, fuse="manual", threads=threads)
+        assert [k.kind for k in mod.kernels] == ["contraction_row"] * 3
+        assert "KC 16L" in mod.kernels[0].c_source.replace("_KC ", "KC ")
+        assert compare(list(mod(*arrays)), want) == [], threads
+
+
+def test_contraction_row_epilogue_too_wide_is_split():
+    """A row too long for the row epilogue (N floats and the row op's parameters beyond L1): the
+    backend computes the kernel block as a GEMM and a row kernel, with the same result."""
+    N = 3000
+    src = (f"graph wide(x: f32[5, 8], w: f32[8, {N}], g: f32[{N}], be: f32[{N}]) -> f32[5, {N}] "
+           "{ return kernel { layernorm(x @ w, g, be) * 2 } }")
+    arrays = [RNG.standard_normal(s).astype(np.float32) for s in [(5, 8), (8, N), (N,), (N,)]]
+    mod = eqfuse.compile(src, fuse="manual")
+    assert sorted(k.kind for k in mod.kernels) != ["contraction_row"]
+    assert compare([mod(*arrays)], evaluate(load(src)[0], arrays)) == []
+
+
+def test_contraction_row_epilogue_needs_the_row_op_before_its_epilogue():
+    """The epilogue after the row op may not read the values before it (C holds them no more)."""
+    from eqfuse.errors import EqfuseError
+
+    src = ("graph bad(x: f32[5, 8], w: f32[8, 16], g: f32[16], be: f32[16]) -> f32[5, 16] {\n"
+           "    return kernel { t = x @ w\n layernorm(t, g, be) + t }\n}")
+    with pytest.raises(EqfuseError, match="supported kernel shapes"):
+        eqfuse.compile(src, fuse="manual")
 
 
 # ------------------------------------------------------------------ transcendental accuracy

@@ -206,15 +206,18 @@ def test_cli_check(exported):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("name", ["bert_layer", "gpt2_block"])
-def test_exported_layers_fuse_to_nine_kernels(name, tmp_path):
+@pytest.mark.parametrize("name,count,rows", [("bert_layer", 7, 2), ("gpt2_block", 9, 0)])
+def test_exported_layers_fuse_like_the_example(name, count, rows, tmp_path):
     """The exported encoder / decoder layers fuse like examples/transformer.g: three projections,
     one attention kernel reading and writing the heads in place (no layout kernel), the output
-    projection with the residual, two FFN GEMMs and the two layernorms."""
+    projection with the residual, two FFN GEMMs and the two layernorms. Post-norm (BERT): each
+    layernorm is the row epilogue of the GEMM before it (7 kernels); pre-norm (GPT-2): the
+    layernorms come before their GEMMs, kernels of their own (9)."""
     model, x, want = make_model(name)
     path = tmp_path / f"{name}.onnx"
     path.write_bytes(export(model, x))
     mod = eqfuse.compile(str(path))
     kinds = [k.kind for k in mod.kernels if k.kind != "view"]
-    assert len(kinds) == 9 and kinds.count("attention") == 1 and "layout" not in kinds, kinds
+    assert len(kinds) == count and kinds.count("attention") == 1 and "layout" not in kinds, kinds
+    assert kinds.count("contraction_row") == rows, kinds
     np.testing.assert_allclose(mod(x.numpy()), want, rtol=RTOL, atol=ATOL)

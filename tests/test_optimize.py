@@ -79,8 +79,27 @@ def test_transformer_attention_is_one_kernel():
     # through the head-merge transpose: no layout kernel is left
     assert len(att) == 1 and att[0].count("transpose(") == 5
     assert not [k for k in kernels(r.graph) if "softmax" not in k and "transpose(" in k]
-    # QKV projections, attention, output projection + residual, layernorm, FFN (2), layernorm
-    assert r.report["kernels_after"] <= 9
+    # QKV projections, attention, output projection + residual + layernorm, FFN GEMM + GELU,
+    # FFN GEMM + residual + layernorm: both layernorms are their GEMM's row epilogue
+    assert r.report["kernels_after"] == 7
+    ln = [k for k in kernels(r.graph) if "layernorm(" in k]
+    assert len(ln) == 2 and all(" @ " in k for k in ln)
+
+
+ROW_EPI = """graph re(x: f32[B, 64], w: f32[64, {N}], b: f32[{N}], r: f32[B, {N}], g: f32[{N}], be: f32[{N}]) -> f32[B, {N}] {{
+    return layernorm(r + (x @ w + b), g, be)
+}}"""
+
+
+def test_row_op_joins_its_gemm_when_the_row_fits():
+    """A layernorm over a GEMM's rows (its residual prologue included) is the GEMM's row epilogue;
+    with rows too long for it (N floats and the two parameter vectors beyond L1) it is not chosen."""
+    g = one_graph(ROW_EPI.format(N=96))
+    r = optimize_graph(g, dims={"B": 8})
+    assert r.report["kernels_after"] == 1, graph_text(r.graph)
+    assert_same(g, r.graph, {"B": 8})
+    wide = optimize_graph(one_graph(ROW_EPI.format(N=4096)), dims={"B": 8})
+    assert wide.report["kernels_after"] == 2, graph_text(wide.graph)
 
 
 SHARED = """graph shared(a: f32[64, 64], b: f32[64, 64], w: f32[64, 64]) -> (f32[64, 64], f32[64, 64]) {
