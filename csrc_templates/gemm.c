@@ -272,7 +272,7 @@ static void {{NAME}}_block(const float* A, const float* B, float* C, long b, lon
             }
             /* the row epilogue (a row op over whole rows of C) on the rows just finished, when
              * the macro kernel could not (rows wider than one NC block) */
-            if (pc + kc >= K && mc > 0 && N > NC) {
+            if (pc + kc >= K && mc > 0 && {{NAME}}_N > NCB) { /* rows split: [n0, n1) is all of N */
                 const long eqf_r0 = ic, eqf_r1 = ic + mc;
                 {{ROW_EPILOGUE}}
             }
