@@ -8,7 +8,6 @@ from pathlib import Path
 
 os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
 
-import pytest
 
 from eqfuse.cbuild import FLAGS
 from eqfuse.cli import main
