@@ -33,8 +33,9 @@ class KernelShape:
     kind: str  # pointwise | contraction | contraction_row | row | reduce | attention | layout
     anchor: int | None = None  # the body node of the matmul/conv2d, row/reduce op, or attention's last matmul
     # contraction_row: (the row op,); anchor is the matmul
-    # attention only: body node ids of q, k, v (inputs, k possibly under a transpose), scores
-    # matmul, softmax, and the mask input (or None); kT_input: k is given already transposed
+    # attention: body node ids (q, k^T, v, scores matmul, softmax, mask input or None, result),
+    # q, k^T and v being inputs or views of inputs (view_source), result the value before any
+    # output transposes (see _attention)
     parts: tuple = ()
 
 
