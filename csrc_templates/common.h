@@ -13,14 +13,11 @@ static inline float eqf_min(float a, float b) { return (a != a || a < b) ? a : b
 static inline float eqf_relu(float x) { return (x != x || x > 0.0f) ? x : 0.0f; }
 static inline float eqf_pow(float a, float b) { return powf(a, b); }
 
-/* exp on [-87.33, 88.72] (x clamped to it): round-to-nearest by the 1.5 * 2^23 trick, Cephes'
- * degree-6 polynomial, 2^n built in the exponent bits as 2^k1 * 2^(n - k1) (no overflow at
- * n = 128). Plain arithmetic and memcpy bit casts, so `omp simd` loops and GEMM epilogues
- * vectorize it (libm's expf does not without -ffast-math). Relative error < 3e-7. Softmax and
- * attention call it directly (their inputs are <= 0; below -87.33 it gives ~1e-38, not 0). */
-static inline float eqf_exp(float x)
+/* e^x = 2^k * y: k = round(x / ln 2) by the 1.5 * 2^23 trick, y = Cephes' degree-6 polynomial of
+ * the remainder (relative error < 2e-7). Plain arithmetic and memcpy bit casts, so `omp simd`
+ * loops and GEMM epilogues vectorize it (libm's expf does not without -ffast-math). */
+static inline float eqf_exp_parts(float x, int32_t* k)
 {
-    x = x < -87.33f ? -87.33f : (x > 88.7228394f ? 88.7228394f : x);
     const float t = x * 1.44269504088896341f + 12582912.0f;
     const float n = t - 12582912.0f;
     const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
@@ -30,16 +27,27 @@ static inline float eqf_exp(float x)
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.0f;
-    int32_t ti, s1i, s2i;
+    int32_t ti;
     memcpy(&ti, &t, sizeof ti);
-    const int32_t k = ti - 0x4B400000, k1 = k / 2;
-    s1i = (k1 + 127) * (1 << 23);
-    s2i = (k - k1 + 127) * (1 << 23);
-    float s1, s2;
-    memcpy(&s1, &s1i, sizeof s1);
-    memcpy(&s2, &s2i, sizeof s2);
-    return y * s1 * s2;
+    *k = ti - 0x4B400000;
+    return p * r * r + r + 1.0f;
+}
+
+static inline float eqf_pow2i(int32_t k)  /* 2^k for -126 <= k <= 127 */
+{
+    const int32_t si = (k + 127) * (1 << 23);
+    float s;
+    memcpy(&s, &si, sizeof s);
+    return s;
+}
+
+/* exp for softmax and attention (inputs <= 0 there): x clamped to [-87, 88], so below -87 it
+ * gives ~1e-38 rather than 0; one scale multiply (the op table's exp is eqf_expf). */
+static inline float eqf_exp(float x)
+{
+    int32_t k;
+    const float y = eqf_exp_parts(x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x), &k);
+    return y * eqf_pow2i(k);
 }
 
 /* exp, tanh and erf of the op table (and sigmoid, silu, gelu built on them), written so that gcc
@@ -49,8 +57,12 @@ static inline float eqf_exp(float x)
  * in tests/test_kernels_c.py, over [-120, 120] and the special values): relative < 1e-6. */
 static inline float eqf_expf(float x)
 {
-    /* the exp op over its full range: inf above 88.72, 0 below -87.33 (a subnormal result) */
-    return x > 88.7228394f ? INFINITY : (x < -87.33f ? 0.0f : eqf_exp(x));
+    /* the exp op over its full range: inf above 88.72, 0 below -87.33 (a subnormal result);
+     * 2^k as 2^(k/2) * 2^(k - k/2), as k reaches 128 */
+    int32_t k;
+    const float y = eqf_exp_parts(x < -87.33f ? -87.33f : (x > 88.7228394f ? 88.7228394f : x), &k);
+    const float e = y * eqf_pow2i(k / 2) * eqf_pow2i(k - k / 2);
+    return x > 88.7228394f ? INFINITY : (x < -87.33f ? 0.0f : e);
 }
 
 static inline float eqf_tanhf(float x)
