@@ -5,7 +5,7 @@ EQF_WIDE_BEGIN
  * Two-pass mean and variance over the row held in the output row (in cache). */
 void {{NAME}}({{PARAMS}})
 {
-    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+{{ROW_LOOP_PRAGMA}}
     for (long r = {{R0}}; r < {{ROWS}}; r++) {
         float* restrict y = out + r * {{L}};
 {{OFFSETS}}

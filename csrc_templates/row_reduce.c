@@ -1,7 +1,7 @@
 /* {{NAME}}: {{OP}} over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused. */
 void {{NAME}}({{PARAMS}})
 {
-    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+{{ROW_LOOP_PRAGMA}}
     for (long r = 0; r < {{ROWS}}; r++) {
 {{OFFSETS}}
         float a = {{INIT}};

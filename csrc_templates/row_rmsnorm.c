@@ -3,7 +3,7 @@ EQF_WIDE_BEGIN
 /* {{NAME}}: rmsnorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused. */
 void {{NAME}}({{PARAMS}})
 {
-    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+{{ROW_LOOP_PRAGMA}}
     for (long r = {{R0}}; r < {{ROWS}}; r++) {
         float* restrict y = out + r * {{L}};
 {{OFFSETS}}

@@ -5,7 +5,7 @@ EQF_WIDE_BEGIN
  * One thread owns a row; the output row is the scratch buffer (three passes in cache). */
 void {{NAME}}({{PARAMS}})
 {
-    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+{{ROW_LOOP_PRAGMA}}
     for (long r = {{R0}}; r < {{ROWS}}; r++) {
         float* restrict y = out + ({{YBASE}});
 {{OFFSETS}}

@@ -296,6 +296,11 @@ def emit_pointwise(plan: KernelPlan) -> str:
                   LINE_BODY="\n".join("    " + ln for ln in ex.text().splitlines()))
 
 
+def row_loop_pragma(parallel: int) -> str:
+    """The row templates' loop over rows: split over threads (when `parallel`), or plain."""
+    return f"    #pragma omp parallel for schedule(static) if ({parallel})"
+
+
 def emit_row(plan: KernelPlan) -> str:
     body, a = plan.body, plan.shape.anchor
     an = body.nodes[a]
@@ -313,7 +318,8 @@ def emit_row(plan: KernelPlan) -> str:
     pro = Exprs(body, space, ptrs, {}, I2)
     x = pro.value(an.args[0])
     common = dict(NAME=plan.name, PARAMS=params, ROWS=rows, L=L,
-                  PARALLEL=int(rows > 1 and rows * L >= PARALLEL_MIN // 4), PRO_BODY=pro.text(), X=x)
+                  ROW_LOOP_PRAGMA=row_loop_pragma(int(rows > 1 and rows * L >= PARALLEL_MIN // 4)),
+                  PRO_BODY=pro.text(), X=x)
     if an.op in ("softmax", "layernorm", "rmsnorm"):
         epi = Exprs(body, space, ptrs, {a: "v"}, I2)
         e = epi.value(body.outputs[0])
@@ -498,7 +504,8 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
     extras = [(i, eptrs[i]) for i in body.inputs if i in used]
     params = ", ".join(["long b", "long r0", "long r1", "float* restrict out"]
                        + [f"const float* restrict {pn}" for _, pn in extras])
-    common = dict(NAME=fname, PARAMS=params, R0="r0", ROWS="r1", L=N, PARALLEL=0, PRO_BODY="", X="y[j]",
+    # called by one GEMM thread on rows it owns: no parallel region of its own
+    common = dict(NAME=fname, PARAMS=params, R0="r0", ROWS="r1", L=N, ROW_LOOP_PRAGMA="", PRO_BODY="", X="y[j]",
                   OFFSETS="\n".join(space.decls + [f"{I1}(void)b;"]), EPI_BODY=epi.text(), EPI=e)
     if rn.op == "softmax":
         src = render("row_softmax.c", YBASE=f"r * {N}L", YS=1, **common)
@@ -507,10 +514,6 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
         if rn.op == "layernorm":
             extra["BETA"] = eptrs[rn.args[2]]
         src = render(f"row_{rn.op}.c", **common, **extra)
-    # called by one GEMM thread on rows it owns: no parallel region of its own
-    pragma = "#pragma omp parallel for schedule(static) if (0)\n"
-    assert pragma in src, "the row template's loop pragma changed"
-    src = src.replace(pragma, "")
     call = f"{fname}(b, eqf_r0, eqf_r1, C{''.join(', ' + pn for _, pn in extras)});"
     return src, extras, call
 
