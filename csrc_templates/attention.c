@@ -45,14 +45,15 @@ void {{NAME}}({{PARAMS}})
         const float* restrict ktp = ktall + ({{KBI}}) * D * SKP;
         const float* restrict vp = {{V}} + ({{VOFF}});
 {{OFFSETS}}
-        float qb[BQ][D], s[BQ][BK], acc[BQ][DV], m[BQ], l[BQ];
+        float qb[BQ][D], s[BQ][BK], acc[BQ][DV], m[BQ], l[BQ][16];
         for (long ii = 0; ii < BQ; ii++) {
             for (long d = 0; d < D; d++)
-                qb[ii][d] = ii < nq ? qp[ii * {{QR}} + d * {{QC}}] : 0.0f;
+                qb[ii][d] = ii < nq ? qp[ii * {{QR}} + d * {{QC}}] * {{QSCALE}} : 0.0f;
             for (long e = 0; e < DV; e++)
                 acc[ii][e] = 0.0f;
             m[ii] = -INFINITY;
-            l[ii] = 0.0f;
+            for (int u = 0; u < 16; u++)
+                l[ii][u] = 0.0f;
         }
         for (long j0 = 0; j0 < {{SK}}; j0 += BK) {
             const long nk = eqf_minl(BK, {{SK}} - j0);
@@ -77,35 +78,28 @@ void {{NAME}}({{PARAMS}})
                     s[ii][jj] = sr[jj];
             }
 #endif
-            /* score ops (scale, mask), then the online softmax update of each row */
-            for (long ii = 0; ii < BQ; ii++) {
+            /* score ops (scale, mask), in base 2: times log2 e; keys past the end get -inf.
+             * A score that is only q k^T times a constant was folded into the q block. */
+            for (long ii = 0; ii < BQ && ({{SCORE_OPS}} || nk < BK); ii++) {
                 const long i = i0 + (ii < nq ? ii : 0);
                 (void)i;
-                float mt = m[ii];
-                #pragma omp simd reduction(max:mt)
+                #pragma omp simd
                 for (long jj = 0; jj < BK; jj++) {
                     const long j = j0 + (jj < nk ? jj : 0);
                     const float acc_s = s[ii][jj];
                     (void)j;
 {{SCORE_BODY}}
-                    const float sc = jj < nk ? {{SCORE}} : -INFINITY;
-                    s[ii][jj] = sc;
-                    mt = sc > mt ? sc : mt;
+                    s[ii][jj] = jj < nk ? ({{SCORE}}) * {{SCORE_LOG2E}} : -INFINITY;
                 }
-                const float alpha = eqf_exp(m[ii] - mt);
-                float ps = 0.0f;
-                #pragma omp simd reduction(+:ps)
-                for (long jj = 0; jj < BK; jj++) {
-                    const float p = eqf_exp(s[ii][jj] - mt);
-                    s[ii][jj] = p;
-                    ps += p;
-                }
-                m[ii] = mt;
-                l[ii] = l[ii] * alpha + ps;
-                #pragma omp simd
-                for (long e = 0; e < DV; e++)
-                    acc[ii][e] *= alpha;
             }
+            /* the online softmax: s becomes p = 2^(s - m) */
+#if defined(__AVX512F__) && {{VEC}}
+            for (long ii = 0; ii < BQ; ii += 4)
+                eqf_softmax2_4x64(&s[ii][0], BK, &m[ii], &l[ii][0], &acc[ii][0], DV, DV);
+#else
+            for (long ii = 0; ii < BQ; ii++)
+                eqf_softmax2_row(s[ii], BK, &m[ii], l[ii], acc[ii], DV);
+#endif
             /* acc += p v */
 #if defined(__AVX512F__) && {{VEC}}
             for (long ii = 0; ii < BQ; ii += 4)
@@ -125,7 +119,10 @@ void {{NAME}}({{PARAMS}})
         }
         for (long ii = 0; ii < nq; ii++) {
             const long i = i0 + ii;
-            const float inv = 1.0f / l[ii];
+            float lsum = 0.0f;
+            for (int u = 0; u < 16; u++)
+                lsum += l[ii][u];
+            const float inv = 1.0f / lsum;
             for (long e = 0; e < DV; e++) {
                 const float v = acc[ii][e] * inv;
 {{EPI_BODY}}

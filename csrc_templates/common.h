@@ -115,6 +115,46 @@ static inline float eqf_gelu_erf(float x)
     return 0.5f * x * (x < 0.0f ? c : 2.0f - c);
 }
 
+/* Online softmax step of flash attention, in base 2 (scores arrive multiplied by log2 e), for one
+ * row of n scores s (in place: s becomes p = 2^(s - m)). m is the row's running maximum; it is
+ * raised only when the tile's maximum passes it by more than EQF_LAZY (so p stays below 2^8),
+ * and raising it rescales the row's accumulators acc[dv] and sum by 2^(m_old - m_new): after the
+ * first tiles that is rare (the lazy rescale of FlashAttention-4). While the row has seen only
+ * -inf (masked keys), the base is 0. The sum l is kept in 16 lanes (the AVX-512 version adds one
+ * vector per tile and reduces once at the end; this portable one uses lane 0). */
+#define EQF_LAZY 8.0f
+#define EQF_LOG2E 1.44269504088896341f
+static inline float eqf_exp2(float x)  /* 2^x for x <= 0 in softmax; below -126 gives 2^-126 */
+{
+    return eqf_exp((x < -126.0f ? -126.0f : x) * 0.693147180559945309f);
+}
+static inline void eqf_softmax2_row(float* restrict s, long n, float* restrict m, float* restrict l,
+                                    float* restrict acc, long dv)
+{
+    float tm = -INFINITY;
+    #pragma omp simd reduction(max:tm)
+    for (long j = 0; j < n; j++)
+        tm = s[j] > tm ? s[j] : tm;
+    if (tm > *m + EQF_LAZY) {
+        const float alpha = *m == -INFINITY ? 0.0f : eqf_exp2(*m - tm);
+        #pragma omp simd
+        for (long e = 0; e < dv; e++)
+            acc[e] *= alpha;
+        for (int u = 0; u < 16; u++)
+            l[u] *= alpha;
+        *m = tm;
+    }
+    const float base = *m == -INFINITY ? 0.0f : *m;
+    float ps = 0.0f;
+    #pragma omp simd reduction(+:ps)
+    for (long j = 0; j < n; j++) {
+        const float p = eqf_exp2(s[j] - base);
+        s[j] = p;
+        ps += p;
+    }
+    l[0] += ps;
+}
+
 static inline long eqf_minl(long a, long b) { return a < b ? a : b; }
 
 /* Compute-bound templates open with EQF_WIDE_BEGIN and close with EQF_WIDE_END: gcc prefers
@@ -186,6 +226,57 @@ __attribute__((noinline, unused)) static void eqf_qk_4x64(const float* restrict 
     for (int r = 0; r < 4; r++)
         for (int u = 0; u < 4; u++)
             _mm512_storeu_ps(s + r * lds + u * 16, c[r][u]);
+}
+
+/* 2^x, 16 lanes: x = floor(x) + f with 0 <= f < 1 (vreduceps), 2^f by a degree-5 fit (relative
+ * error < 2e-7), times 2^floor(x) by vscalefps, which gives 0 below the float range and for -inf,
+ * inf above it, and keeps NaN: no clamps needed. */
+static inline __m512 eqf_exp2_ps(__m512 x)
+{
+    const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_set1_ps(1.8775766948238015e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.989340625703335e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.582631751894951e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4015361070632935e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931530833244324e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999999403953552e-1f));
+    return _mm512_scalef_ps(p, x);
+}
+
+/* eqf_softmax2_row for 4 rows of 64 scores (s rows at lds, l rows of 16 lanes, acc rows at ldacc
+ * of dv, a multiple of 16), in registers. The four maxima are taken first and the 16 exps follow
+ * with no dependence between them: row after row, each exp waited on its row's reduction. */
+__attribute__((noinline, unused)) static void eqf_softmax2_4x64(float* restrict s, long lds,
+                                                               float* restrict m, float* restrict l,
+                                                               float* restrict acc, long ldacc, long dv)
+{
+    __m512 x[4][4];
+    float tm[4];
+    for (int r = 0; r < 4; r++) {
+        for (int u = 0; u < 4; u++)
+            x[r][u] = _mm512_loadu_ps(s + r * lds + 16 * u);
+        tm[r] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(x[r][0], x[r][1]),
+                                                   _mm512_max_ps(x[r][2], x[r][3])));
+    }
+    for (int r = 0; r < 4; r++)
+        if (tm[r] > m[r] + EQF_LAZY) {
+            const float a = m[r] == -INFINITY ? 0.0f : eqf_exp2(m[r] - tm[r]);
+            const __m512 alpha = _mm512_set1_ps(a);
+            for (long e = 0; e < dv; e += 16)
+                _mm512_storeu_ps(acc + r * ldacc + e, _mm512_mul_ps(alpha, _mm512_loadu_ps(acc + r * ldacc + e)));
+            _mm512_storeu_ps(l + 16 * r, _mm512_mul_ps(alpha, _mm512_loadu_ps(l + 16 * r)));
+            m[r] = tm[r];
+        }
+    for (int r = 0; r < 4; r++) {
+        const __m512 base = _mm512_set1_ps(m[r] == -INFINITY ? 0.0f : m[r]);
+        __m512 sum = _mm512_loadu_ps(l + 16 * r);
+        for (int u = 0; u < 4; u++) {
+            const __m512 p = eqf_exp2_ps(_mm512_sub_ps(x[r][u], base));
+            _mm512_storeu_ps(s + r * lds + 16 * u, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        _mm512_storeu_ps(l + 16 * r, sum);
+    }
 }
 
 /* acc[4][64] += p[4][nk] . v[nk][64]  (p rows at stride ldp, v rows at ldv, acc rows at ldacc) */

@@ -414,6 +414,22 @@ def emit_reduce(plan: KernelPlan) -> str:
                   EPI_OFFSETS="\n".join(espace.decls), EPI_BODY=epi.text(), EPI=e)
 
 
+def _score_scale(body: Graph, score: int, qk: int) -> float | None:
+    """c when the attention score is q k^T * c, c * q k^T or q k^T / c with c a constant (1.0 for
+    q k^T itself); None when it has other ops (masks, biases)."""
+    if score == qk:
+        return 1.0
+    n = body.nodes[score]
+    if n.op not in ("mul", "div") or len(n.args) != 2:
+        return None
+    a, b = (body.nodes[x] for x in n.args)
+    if n.op == "mul" and a.op == "const" and n.args[1] == qk:
+        return float(a.value)
+    if n.args[0] == qk and b.op == "const":
+        return float(b.value) if n.op == "mul" else 1.0 / float(b.value)
+    return None
+
+
 def emit_attention(plan: KernelPlan) -> str:
     """q, k^T and v are read in place through their views (strides), the result is written
     through its output transposes (strides); k^T is first copied per head into a padded tile."""
@@ -447,6 +463,14 @@ def emit_attention(plan: KernelPlan) -> str:
     sspace = Space(batch + (Sq, Sk), [("b", bdims, True), ("i", [nb], False), ("j", [nb + 1], False)], I1, ids)
     sc = Exprs(body, sspace, ptrs, {qk: "acc_s"}, I4)
     score = sc.value(body.nodes[sm].args[0])
+    # The softmax works in base 2. A score q k^T * c (or / c, or plain q k^T) is folded into the
+    # q block as a factor c log2 e, and the score pass then only masks the keys past the end.
+    scale = _score_scale(body, body.nodes[sm].args[0], qk)
+    if scale is not None:
+        score, qscale, slog2e, score_ops = "acc_s", flit(scale * math.log2(math.e)), "1.0f", 0
+        sc = Exprs(body, sspace, ptrs, {qk: "acc_s"}, I4)  # nothing emitted for the folded scale
+    else:
+        qscale, slog2e, score_ops = "1.0f", "EQF_LOG2E", 1
     ospace = Space(res, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1, ids)
     epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={qk, sm})
     e = epi.value(result)
@@ -461,7 +485,8 @@ def emit_attention(plan: KernelPlan) -> str:
                   V=V, VOFF=offset("b", batch, vs[:nb]), VR=vs[nb], VC=vs[nb + 1],
                   OUT_OFF=offset("b", batch, os_[:nb]), OR=os_[nb], OC=os_[nb + 1],
                   OFFSETS="\n".join(sspace.decls + ospace.decls),
-                  SCORE_BODY=sc.text(), SCORE=score, EPI_BODY=epi.text(), EPI=e)
+                  SCORE_BODY=sc.text(), SCORE=score, QSCALE=qscale, SCORE_LOG2E=slog2e, SCORE_OPS=score_ops,
+                  EPI_BODY=epi.text(), EPI=e)
 
 
 # ------------------------------------------------------------------ contractions

@@ -439,7 +439,8 @@ def _plan_attention(plan: KernelPlan, c: Caches) -> None:
           UOp(2, "Load", f"k^T tile [{D} x {bk}] of the per-head padded copy of k^T{via(kt)}", batch * nqb * nkt),
           UOp(2, "Exec", f"scores {bq} x {bk} = q k^T ({bq * bk * D} FMA) + score ops"
                          f"{' + mask' if mask is not None else ''}", batch * nqb * nkt),
-          UOp(2, "Exec", "online softmax: row max, rescale, exp", batch * nqb * nkt),
+          UOp(2, "Exec", "online softmax in base 2: row max, lazy rescale (only when the max rises "
+                         "by more than 2^8), exp2", batch * nqb * nkt),
           UOp(2, "Load", f"v tile [{bk} x {Dv}]{via(v)}", batch * nqb * nkt),
           UOp(2, "Exec", f"acc [{bq} x {Dv}] += p v ({bq * bk * Dv} FMA)", batch * nqb * nkt),
           UOp(1, "Store", f"out block [{bq} x {Dv}] / row sums, epilogue{out_via}", batch * nqb)]

@@ -216,6 +216,11 @@ ATT_CASES = [
                      "perm=[0, 1, 3, 2])) @ transpose(wv, perm=[0, 2, 1, 3]), perm=[0, 2, 1, 3])"),
     # a per-head mask and residual: score and output offsets share one C scope (once both off0)
     ("head-mask-residual", "softmax(q @ transpose(k, perm=[0, 1, 3, 2]) + hmask) @ v + res"),
+    # the AVX-512 path (head size 64) with partial query blocks and key tiles; the constant scale
+    # is folded into q in all three spellings, the mask takes the general score pass
+    ("vec-partial-div", "softmax(wq2 @ transpose(wk2, perm=[0, 2, 1]) / 8.0) @ wv2"),
+    ("vec-partial-left-scale", "softmax(0.125 * (wq2 @ transpose(wk2, perm=[0, 2, 1]))) @ wv2"),
+    ("vec-partial-mask", "softmax(wq2 @ transpose(wk2, perm=[0, 2, 1]) * 0.125 + wmask) @ wv2"),
 ]
 
 
@@ -226,7 +231,8 @@ def att_results():
               "xq": (2, 33, 3, 16), "xk": (2, 70, 3, 16), "xv": (2, 70, 3, 8),
               "fq": (2, 33, 48), "fk": (2, 70, 48), "fv": (2, 70, 24),
               "wq": (1, 128, 2, 64), "wk": (1, 192, 2, 64), "wv": (1, 192, 2, 64),
-              "hmask": (2, 3, 1, 70), "res": (2, 3, 33, 8)}
+              "hmask": (2, 3, 1, 70), "res": (2, 3, 33, 8),
+              "wq2": (2, 37, 64), "wk2": (2, 100, 64), "wv2": (2, 100, 64), "wmask": (37, 100)}
     res, mod = run_cases("attention", params, ATT_CASES)
     assert all(k.kind == "attention" for k in mod.kernels)
     return res
@@ -235,6 +241,37 @@ def att_results():
 @pytest.mark.parametrize("cid", [c for c, _ in ATT_CASES])
 def test_attention(att_results, cid):
     check(att_results, cid)
+
+
+@pytest.mark.parametrize("d", [64, 24])  # the AVX-512 path and the portable one
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_rising_scores_and_masked_tiles(d, threads):
+    """The online softmax raises a row's maximum lazily (only when a key tile passes it by more
+    than 2^8) and rescales what it has summed: here the scores grow tile after tile, so every row
+    is rescaled several times. A -inf mask hides the whole first key tile from rows 60 and up (their
+    maximum starts at -inf) and a causal-like tail from the rest."""
+    sq, sk = 70, 150
+    q = RNG.standard_normal((2, sq, d)).astype(np.float32)
+    growth = np.linspace(0.2, 3.0, sk, dtype=np.float32)[:, None]
+    k = (RNG.standard_normal((2, sk, d)) * growth).astype(np.float32)
+    v = RNG.standard_normal((2, sk, d)).astype(np.float32)
+    i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    mask = np.where((j > i + 70) | ((j < 64) & (i >= 60)), -np.inf, 0).astype(np.float32)
+    src = (f"graph att(q: f32[2, {sq}, {d}], k: f32[2, {sk}, {d}], v: f32[2, {sk}, {d}], m: f32[{sq}, {sk}]) "
+           f"-> (f32[2, {sq}, {d}], f32[2, {sq}, {d}]) {{\n"
+           "    a = kernel { softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.5) @ v }\n"
+           "    b = kernel { softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.5 + m) @ v }\n"
+           "    return a, b\n}\n")
+    mod = eqfuse.compile(src, fuse="manual", threads=threads)
+    assert [kn.kind for kn in mod.kernels] == ["attention", "attention"]
+    s = np.einsum("bid,bjd->bij", q.astype(np.float64), k.astype(np.float64)) * 0.5
+    assert np.all(np.diff(s.max(-1)) != 0)  # sanity: scores are not constant
+    got = mod(q, k, v, mask)
+    for g, scores in zip(got, (s, s + mask)):
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        want = (e / e.sum(-1, keepdims=True)) @ v.astype(np.float64)
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, want, rtol=2e-5, atol=2e-5)
 
 
 LAYOUT_CASES = [
