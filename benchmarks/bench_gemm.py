@@ -35,7 +35,7 @@ def measure(threads: int, repeat: int) -> list[dict]:
         threadpool_limits(threads)
     except ImportError:
         pass  # OPENBLAS_NUM_THREADS was set by the parent before numpy was imported
-    from eqfuse.cbuild import COMMON_C, COMMON_CDEF, build
+    from eqfuse.cbuild import COMMON_C, COMMON_CDEF, build, template
     from eqfuse.gemm import emit_gemm
 
     def median(fn) -> float:
@@ -61,7 +61,7 @@ def measure(threads: int, repeat: int) -> list[dict]:
         src, cdef = emit_gemm("bench_gemm", M=M, N=N, K=K, lda=K, ldb=N, ldc=N,
                               epilogue="fmaxf(acc + bias[j], 0.0f)",
                               extra_params=", const float* restrict bias", extra_args_cdef=", const float* bias")
-        built = build("#include <math.h>\n" + COMMON_C + src, COMMON_CDEF + "\n" + cdef, "bench_gemm")
+        built = build(template("common.h") + COMMON_C + src, COMMON_CDEF + "\n" + cdef, "bench_gemm")
         ffi, lib = built.ffi, built.lib
         lib.eqf_set_threads(threads)
         pa, pb, pc, pbias = (ffi.cast("float*", ffi.from_buffer(x)) for x in (a, b, c, bias))

@@ -2,47 +2,57 @@ EQF_WIDE_BEGIN
 /* {{NAME}}: flash attention, {{BATCH}} x [{{SQ}} x {{D}}] queries against {{SK}} keys, Dv = {{DV}}.
  * Blocks of {{BQ}} queries run against tiles of {{BK}} keys with an online softmax: only a
  * {{BQ}} x {{BK}} score tile exists at any time, never the {{SQ}} x {{SK}} matrix.
- * K is first transposed once per head into tiles [SKP / BK][D][BK] (keys padded to whole tiles
- * with zeros): each key tile is one contiguous block, so it stays in L1 (rows SKP apart would
- * fall into a few cache sets and evict each other).
+ * K is transposed per head into tiles [SKP / BK][D][BK] (keys padded to whole tiles with
+ * zeros), in a per-thread buffer: each key tile is one contiguous block, so it stays in L1 (rows
+ * SKP apart would fall into a few cache sets and evict each other).
  * q, k^T and v are read through strides (row, column) and the result is written through
  * strides, so head split and merge transposes cost nothing. */
 void {{NAME}}({{PARAMS}})
 {
     enum { BQ = {{BQ}}, BK = {{BK}}, D = {{D}}, DV = {{DV}}, SKP = {{SKP}} };
     const long nqb = ({{SQ}} + BQ - 1) / BQ;
-    float* ktall = (float*)malloc(sizeof(float) * {{NKB}} * D * SKP);
-    if (!ktall)
-        abort();
-    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
-    for (long kb = 0; kb < {{NKB}}; kb++) {
-        const float* restrict kp = {{K}} + ({{KSRC}});
-        float* restrict kt = ktall + kb * (long)D * SKP;
-        /* read k in its memory order: the inner loop runs along the smaller stride */
-        for (long t = 0; t < SKP / BK; t++) {
-            float* restrict tile = kt + t * D * BK;
-            const long nk = eqf_minl(BK, {{SK}} - t * BK);
-            if ({{KD}} <= {{KJ}}) {
-                for (long jj = 0; jj < nk; jj++)
-                    for (long d = 0; d < D; d++)
-                        tile[d * BK + jj] = kp[d * {{KD}} + (t * BK + jj) * {{KJ}}];
-            } else {
-                for (long d = 0; d < D; d++)
-                    for (long jj = 0; jj < nk; jj++)
-                        tile[d * BK + jj] = kp[d * {{KD}} + (t * BK + jj) * {{KJ}}];
-            }
-            for (long d = 0; d < D; d++)
-                for (long jj = nk; jj < BK; jj++)
-                    tile[d * BK + jj] = 0.0f;
-        }
-    }
-    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+    #pragma omp parallel if ({{PARALLEL}})
+    {
+    /* each thread's copy of one head's k^T, made when its blocks reach a new head (threads take
+     * consecutive blocks, so each head is copied about once) */
+    float* restrict ktp = eqf_scratch(EQF_SCRATCH_ATTENTION_KT, (long)D * SKP);
+    long packed = -1;
+    #pragma omp for schedule(static)
     for (long t = 0; t < {{BATCH}} * nqb; t++) {
         const long b = t / nqb;
         const long i0 = (t % nqb) * BQ;
         const long nq = eqf_minl(BQ, {{SQ}} - i0);
+        const long kb = {{KBI}};
+        if (kb != packed) {
+            const float* restrict kp = {{K}} + ({{KSRC}});
+            /* read k in its memory order: the inner loop runs along the smaller stride */
+            for (long kt = 0; kt < SKP / BK; kt++) {
+                float* restrict tile = ktp + kt * D * BK;
+                const long nk = eqf_minl(BK, {{SK}} - kt * BK);
+                long done = 0;  /* keys already copied */
+#if defined(__AVX512F__)
+                if ({{KD}} == 1 && D % 16 == 0) {  /* k rows contiguous: 16 x 16 register transposes */
+                    for (; done + 16 <= nk; done += 16)
+                        for (long d = 0; d < D; d += 16)
+                            eqf_transpose_16x16(kp + d + (kt * BK + done) * {{KJ}}, {{KJ}}, tile + d * BK + done, BK);
+                }
+#endif
+                if ({{KD}} <= {{KJ}}) {
+                    for (long jj = done; jj < nk; jj++)
+                        for (long d = 0; d < D; d++)
+                            tile[d * BK + jj] = kp[d * {{KD}} + (kt * BK + jj) * {{KJ}}];
+                } else {
+                    for (long d = 0; d < D; d++)
+                        for (long jj = done; jj < nk; jj++)
+                            tile[d * BK + jj] = kp[d * {{KD}} + (kt * BK + jj) * {{KJ}}];
+                }
+                for (long d = 0; d < D; d++)
+                    for (long jj = nk; jj < BK; jj++)
+                        tile[d * BK + jj] = 0.0f;
+            }
+            packed = kb;
+        }
         const float* restrict qp = {{Q}} + ({{QOFF}}) + i0 * {{QR}};
-        const float* restrict ktp = ktall + ({{KBI}}) * D * SKP;
         const float* restrict vp = {{V}} + ({{VOFF}});
 {{OFFSETS}}
         float qb[BQ][D], s[BQ][BK], acc[BQ][DV], m[BQ], l[BQ][16];
@@ -130,6 +140,6 @@ void {{NAME}}({{PARAMS}})
             }
         }
     }
-    free(ktall);
+    }
 }
 EQF_WIDE_END

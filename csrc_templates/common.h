@@ -155,6 +155,27 @@ static inline void eqf_softmax2_row(float* restrict s, long n, float* restrict m
     l[0] += ps;
 }
 
+/* Scratch buffer `slot` of the calling thread, at least `floats` long, 64-byte aligned. Kept from
+ * call to call: a fresh buffer of a few MB is a fresh mmap, and its page faults cost more than
+ * packing a small problem. A slot is shared by every kernel of its kind in the module (kernels
+ * run one after another); thread-local, so concurrent callers (cffi releases the GIL) and the
+ * threads of a parallel region never share one. Never freed: one buffer per slot and thread,
+ * the size of the largest use. */
+enum { EQF_SCRATCH_GEMM_A, EQF_SCRATCH_GEMM_B, EQF_SCRATCH_ATTENTION_KT, EQF_SCRATCH_SLOTS };
+__attribute__((unused)) static float* eqf_scratch(int slot, long floats)
+{
+    static _Thread_local float* buf[EQF_SCRATCH_SLOTS];
+    static _Thread_local long cap[EQF_SCRATCH_SLOTS];
+    if (cap[slot] < floats) {
+        free(buf[slot]);
+        cap[slot] = (floats + 15) / 16 * 16; /* aligned_alloc wants a multiple of the alignment */
+        buf[slot] = aligned_alloc(64, sizeof(float) * (size_t)cap[slot]);
+        if (!buf[slot])
+            abort(); /* nothing sensible to compute without it */
+    }
+    return buf[slot];
+}
+
 static inline long eqf_minl(long a, long b) { return a < b ? a : b; }
 
 /* Compute-bound templates open with EQF_WIDE_BEGIN and close with EQF_WIDE_END: gcc prefers
@@ -277,6 +298,37 @@ __attribute__((noinline, unused)) static void eqf_softmax2_4x64(float* restrict 
         }
         _mm512_storeu_ps(l + 16 * r, sum);
     }
+}
+
+/* dst[c][r] = src[r][c] for a 16 x 16 block (src rows at lds, dst rows at ldd): four rounds of
+ * shuffles in registers, 64 for 256 floats, instead of 256 strided scalar stores. */
+static inline void eqf_transpose_16x16(const float* restrict src, long lds, float* restrict dst, long ldd)
+{
+    __m512 a[16], b[16];
+    for (int r = 0; r < 16; r++)
+        a[r] = _mm512_loadu_ps(src + r * lds);
+    for (int r = 0; r < 16; r += 2) {  /* interleave pairs of rows: 32-bit elements */
+        b[r] = _mm512_unpacklo_ps(a[r], a[r + 1]);
+        b[r + 1] = _mm512_unpackhi_ps(a[r], a[r + 1]);
+    }
+    for (int r = 0; r < 16; r += 4)    /* then pairs of pairs: 64-bit elements */
+        for (int u = 0; u < 2; u++) {
+            a[r + u] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(b[r + u]), _mm512_castps_pd(b[r + u + 2])));
+            a[r + u + 2] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(b[r + u]), _mm512_castps_pd(b[r + u + 2])));
+        }
+    for (int r = 0; r < 16; r += 8)    /* 128-bit lanes, rows 4 apart */
+        for (int u = 0; u < 4; u++) {
+            b[r + u] = _mm512_shuffle_f32x4(a[r + u], a[r + u + 4], 0x88);
+            b[r + u + 4] = _mm512_shuffle_f32x4(a[r + u], a[r + u + 4], 0xdd);
+        }
+    for (int u = 0; u < 8; u++) {      /* 128-bit lanes, rows 8 apart */
+        a[u] = _mm512_shuffle_f32x4(b[u], b[u + 8], 0x88);
+        a[u + 8] = _mm512_shuffle_f32x4(b[u], b[u + 8], 0xdd);
+    }
+    /* a[k] now holds column c of the block for the permutation below */
+    static const int col[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
+    for (int k = 0; k < 16; k++)
+        _mm512_storeu_ps(dst + col[k] * ldd, a[k]);
 }
 
 /* acc[4][64] += p[4][nk] . v[nk][64]  (p rows at stride ldp, v rows at ldv, acc rows at ldacc) */

@@ -216,26 +216,6 @@ static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, c
     }
 }
 
-/* Packing buffer `slot` of the calling thread, at least `floats` long, 64-byte aligned. Kept from
- * call to call: a fresh buffer of a few MB is a fresh mmap, and its page faults cost more than
- * packing a small problem. Shared by every GEMM of the module (kernels run one after another);
- * thread-local, so concurrent callers (cffi releases the GIL) never share one. Never freed: one
- * buffer per slot and thread, the size of the largest use. */
-#ifndef EQF_GEMM_SCRATCH
-#define EQF_GEMM_SCRATCH
-static float* eqf_gemm_scratch(int slot, long floats)
-{
-    static _Thread_local float* buf[2];
-    static _Thread_local long cap[2];
-    if (cap[slot] < floats) {
-        free(buf[slot]);
-        cap[slot] = (floats + 15) / 16 * 16; /* aligned_alloc wants a multiple of the alignment */
-        buf[slot] = aligned_alloc(64, sizeof(float) * (size_t)cap[slot]);
-        if (!buf[slot]) abort(); /* nothing sensible to compute without it */
-    }
-    return buf[slot];
-}
-#endif
 
 /* Rows [m0, m1) x columns [n0, n1) of batch b: C = epilogue(A @ B), in row chunks of MC and
  * column panels of NCB. With `shared`, the nt threads of the enclosing parallel region call this
@@ -308,7 +288,7 @@ void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
      * Otherwise the threads split the rows or the columns of each batch (see _split). */
     const int by_batch = BATCH >= omp_get_max_threads() && BATCH > 1;
     const int by_cols = !by_batch && {{NAME}}_split(omp_get_max_threads()) == 2;
-    float* bp_shared = by_batch || by_cols ? NULL : eqf_gemm_scratch(1, KC * NCP);
+    float* bp_shared = by_batch || by_cols ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, KC * NCP);
 #pragma omp parallel
     {
         const int nt = omp_get_num_threads(), me = omp_get_thread_num();
@@ -333,8 +313,8 @@ void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
         /* equal chunks of at most MC rows: a thin last chunk would repack all of B for a few rows */
         const long nchunks = (rows + MC - 1) / MC;
         const long mcb = ((rows + nchunks - 1) / nchunks + {{NAME}}_MR - 1) / {{NAME}}_MR * {{NAME}}_MR;
-        float* ap = eqf_gemm_scratch(0, KC * mcb);
-        float* bp = by_batch || by_cols ? eqf_gemm_scratch(1, KC * ncb) : bp_shared;
+        float* ap = eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
+        float* bp = by_batch || by_cols ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb) : bp_shared;
         for (long b = by_batch ? me : 0; b < BATCH; b += by_batch ? nt : 1)
             {{NAME}}_block(A0 + b * {{A_BATCH_STRIDE}}L, B0 + b * {{B_BATCH_STRIDE}}L, C0 + b * {{C_BATCH_STRIDE}}L,
                            b, m0, m1, nchunks, mcb, n0, n1, ncb, ap, bp, !by_batch && !by_cols, me,

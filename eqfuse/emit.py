@@ -477,7 +477,7 @@ def emit_attention(plan: KernelPlan) -> str:
     bk, bq = plan.tiles["bk"], plan.tiles["bq"]
     vec = int(bk % 64 == 0 and bq % 4 == 0 and Dv % 64 == 0 and vs[nb + 1] == 1)
     return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=_size(batch), SQ=Sq, SK=Sk, D=D, DV=Dv,
-                  BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, NKB=_size([batch[i] for i in kdims]), VEC=vec,
+                  BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=vec,
                   PARALLEL=int(_size(batch) * Sq > 1),
                   Q=Q, QOFF=offset("b", batch, qs[:nb]), QR=qs[nb], QC=qs[nb + 1],
                   K=K, KSRC=offset("kb", [batch[i] for i in kdims], [ks[i] for i in kdims]),
@@ -721,9 +721,9 @@ def emit_kernel(plan: KernelPlan) -> str:
 
 
 def emit_graph(plans: list[KernelPlan]) -> Emitted:
-    from .cbuild import COMMON_C, COMMON_CDEF
+    from .cbuild import COMMON_C, COMMON_CDEF, template
 
-    header = _template_text("common.h")
+    header = template("common.h")
     parts, cdefs, per = [COMMON_C, header], [COMMON_CDEF], {}
     for p in plans:
         if p.kind == "view":
@@ -733,12 +733,3 @@ def emit_graph(plans: list[KernelPlan]) -> Emitted:
         parts.append(c)
         cdefs.append(prototype(p))
     return Emitted("\n".join(parts), "\n".join(cdefs), per)
-
-
-def _template_text(name: str) -> str:
-    from pathlib import Path
-
-    for base in (Path(__file__).parent / "csrc_templates", Path(__file__).parent.parent / "csrc_templates"):
-        if (base / name).exists():
-            return (base / name).read_text()
-    raise FileNotFoundError(f"csrc_templates/{name}")

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eqfuse.cbuild import COMMON_C, COMMON_CDEF, build, warnings_for
+from eqfuse.cbuild import COMMON_C, COMMON_CDEF, build, template, warnings_for
 from eqfuse.gemm import emit_gemm, param_names
 
-HEADER = "#include <stdlib.h>\n#include <math.h>\n" + COMMON_C
+HEADER = template("common.h") + COMMON_C  # as emit_graph puts it before every kernel
 # name -> (epilogue, extra_params, extra_args_cdef); the residual one uses the kernel's own M, N
 EPILOGUES = {
     "acc": ("acc", "", ""),
