@@ -23,27 +23,28 @@ void {{NAME}}({{PARAMS}})
         const long i0 = (t % nqb) * BQ;
         const long nq = eqf_minl(BQ, {{SQ}} - i0);
         const long kb = {{KBI}};
+        (void)b;
         if (kb != packed) {
             const float* restrict kp = {{K}} + ({{KSRC}});
             /* read k in its memory order: the inner loop runs along the smaller stride */
             for (long kt = 0; kt < SKP / BK; kt++) {
                 float* restrict tile = ktp + kt * D * BK;
                 const long nk = eqf_minl(BK, {{SK}} - kt * BK);
-                long done = 0;  /* keys already copied */
 #if defined(__AVX512F__)
-                if ({{KD}} == 1 && D % 16 == 0) {  /* k rows contiguous: 16 x 16 register transposes */
-                    for (; done + 16 <= nk; done += 16)
+                if ({{KD}} == 1 && D % 16 == 0 && nk == BK) {  /* whole tile, k rows contiguous: */
+                    for (long jj = 0; jj < BK; jj += 16)           /* 16 x 16 register transposes */
                         for (long d = 0; d < D; d += 16)
-                            eqf_transpose_16x16(kp + d + (kt * BK + done) * {{KJ}}, {{KJ}}, tile + d * BK + done, BK);
+                            eqf_transpose_16x16(kp + d + (kt * BK + jj) * {{KJ}}, {{KJ}}, tile + d * BK + jj, BK);
+                    continue;
                 }
 #endif
                 if ({{KD}} <= {{KJ}}) {
-                    for (long jj = done; jj < nk; jj++)
+                    for (long jj = 0; jj < nk; jj++)
                         for (long d = 0; d < D; d++)
                             tile[d * BK + jj] = kp[d * {{KD}} + (kt * BK + jj) * {{KJ}}];
                 } else {
                     for (long d = 0; d < D; d++)
-                        for (long jj = done; jj < nk; jj++)
+                        for (long jj = 0; jj < nk; jj++)
                             tile[d * BK + jj] = kp[d * {{KD}} + (kt * BK + jj) * {{KJ}}];
                 }
                 for (long d = 0; d < D; d++)

@@ -78,13 +78,17 @@ def compiler_version() -> str:
         return cc
 
 
-def compiler_flags() -> tuple[str, ...]:
-    return FLAGS
+def compiler_flags(extra_flags: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """FLAGS, then extra_flags; with EQFUSE_WERROR=1 in the environment (the test suite sets it)
+    also -Werror: generated C must compile cleanly at -Wall, and a warning printed during an
+    ordinary build would otherwise go unnoticed."""
+    werror = ("-Werror",) if os.environ.get("EQFUSE_WERROR") == "1" else ()
+    return FLAGS + tuple(extra_flags) + werror
 
 
 def cache_key(source: str, cdef: str, extra_flags: tuple[str, ...] = ()) -> str:
     h = hashlib.sha256()
-    for part in (source, cdef, compiler_version(), " ".join(FLAGS + tuple(extra_flags)),
+    for part in (source, cdef, compiler_version(), " ".join(compiler_flags(extra_flags)),
                  sys.implementation.cache_tag or "", _suffix(), cffi.__version__):
         h.update(part.encode())
         h.update(b"\0")
@@ -136,7 +140,7 @@ _COMPILE_IN_PROCESS = threading.Lock()
 def _compile(name: str, source: str, cdef: str, root: Path, final: Path, extra_flags) -> None:
     ffi = cffi.FFI()
     ffi.cdef(cdef)
-    ffi.set_source(name, source, extra_compile_args=list(FLAGS + tuple(extra_flags)),
+    ffi.set_source(name, source, extra_compile_args=list(compiler_flags(extra_flags)),
                    extra_link_args=list(LINK_FLAGS))
     tmp = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=root))
     try:
@@ -166,7 +170,7 @@ def _compiler_message(tmp: Path, name: str, extra_flags) -> str:
         return ""
     inc = sysconfig.get_paths()["include"]
     cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
-    out = subprocess.run(cc + list(FLAGS + tuple(extra_flags)) + ["-I", inc, "-fsyntax-only", str(c_file)],
+    out = subprocess.run(cc + list(compiler_flags(extra_flags)) + ["-I", inc, "-fsyntax-only", str(c_file)],
                          capture_output=True, text=True)
     return "\n".join(out.stderr.splitlines()[:40])
 

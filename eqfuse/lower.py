@@ -389,6 +389,12 @@ def _plan_reduce(plan: KernelPlan, c: Caches) -> None:
     an = body.nodes[a]
     if tuple(an.type.shape) != plan.out_shape:
         raise Split("the epilogue broadcasts the reduction's result to a larger shape")
+    # The epilogue runs over the output's index space: it cannot read a value computed in the
+    # prologue (x / sum(x) is a row kernel's shape, or two kernels)
+    prologue = {j for j in body.ancestors(an.args[0]) if body.nodes[j].op not in ("input", "const")}
+    epilogue = body.ancestors(body.outputs[0]) - body.ancestors(a)
+    if any(arg in prologue for j in epilogue for arg in body.nodes[j].args):
+        raise Split("the epilogue reads a value of the prologue's index space")
     xshape = tuple(body.nodes[an.args[0]].type.shape)
     axes = reduce_axes(an.attr, len(xshape))
     plan.detail = {"axes": axes, "op": an.op}
