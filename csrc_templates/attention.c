@@ -68,49 +68,59 @@ void {{NAME}}({{PARAMS}})
         }
         for (long j0 = 0; j0 < {{SK}}; j0 += BK) {
             const long nk = eqf_minl(BK, {{SK}} - j0);
-            /* scores s = q k^T for this tile */
 #if defined(__AVX512F__) && {{VEC}}
-            for (long ii = 0; ii < BQ; ii += 4)
-                for (long jb = 0; jb < BK; jb += 64)
-                    eqf_qk_4x64(&qb[ii][0], D, ktp + j0 * D + jb, BK, D, &s[ii][jb], BK);
+            if (!{{SCORE_OPS}} && nk == BK && BK == 64) {
+                /* scores and their softmax step in registers (the score scale is in the q block) */
+                for (long ii = 0; ii < BQ; ii += 4)
+                    eqf_qk_softmax2_4x64(&qb[ii][0], D, ktp + j0 * D, BK, D, &s[ii][0], BK, &m[ii], &l[ii][0],
+                                         &acc[ii][0], DV, DV);
+            } else
+#endif
+            {
+                /* scores s = q k^T for this tile */
+#if defined(__AVX512F__) && {{VEC}}
+                for (long ii = 0; ii < BQ; ii += 4)
+                    for (long jb = 0; jb < BK; jb += 64)
+                        eqf_qk_4x64(&qb[ii][0], D, ktp + j0 * D + jb, BK, D, &s[ii][jb], BK);
 #else
-            for (long ii = 0; ii < BQ; ii++) {
-                float sr[BK];
-                #pragma omp simd
-                for (long jj = 0; jj < BK; jj++)
-                    sr[jj] = 0.0f;
-                for (long d = 0; d < D; d++) {
-                    const float qv = qb[ii][d];
+                for (long ii = 0; ii < BQ; ii++) {
+                    float sr[BK];
                     #pragma omp simd
                     for (long jj = 0; jj < BK; jj++)
-                        sr[jj] += qv * ktp[j0 * D + d * BK + jj];
+                        sr[jj] = 0.0f;
+                    for (long d = 0; d < D; d++) {
+                        const float qv = qb[ii][d];
+                        #pragma omp simd
+                        for (long jj = 0; jj < BK; jj++)
+                            sr[jj] += qv * ktp[j0 * D + d * BK + jj];
+                    }
+                    for (long jj = 0; jj < BK; jj++)
+                        s[ii][jj] = sr[jj];
                 }
-                for (long jj = 0; jj < BK; jj++)
-                    s[ii][jj] = sr[jj];
-            }
 #endif
-            /* score ops (scale, mask), in base 2: times log2 e; keys past the end get -inf.
-             * A score that is only q k^T times a constant was folded into the q block. */
-            for (long ii = 0; ii < BQ && ({{SCORE_OPS}} || nk < BK); ii++) {
-                const long i = i0 + (ii < nq ? ii : 0);
-                (void)i;
-                #pragma omp simd
-                for (long jj = 0; jj < BK; jj++) {
-                    const long j = j0 + (jj < nk ? jj : 0);
-                    const float acc_s = s[ii][jj];
-                    (void)j;
+                /* score ops (scale, mask), in base 2: times log2 e; keys past the end get -inf.
+                 * A score that is only q k^T times a constant was folded into the q block. */
+                for (long ii = 0; ii < BQ && ({{SCORE_OPS}} || nk < BK); ii++) {
+                    const long i = i0 + (ii < nq ? ii : 0);
+                    (void)i;
+                    #pragma omp simd
+                    for (long jj = 0; jj < BK; jj++) {
+                        const long j = j0 + (jj < nk ? jj : 0);
+                        const float acc_s = s[ii][jj];
+                        (void)j;
 {{SCORE_BODY}}
-                    s[ii][jj] = jj < nk ? ({{SCORE}}) * {{SCORE_LOG2E}} : -INFINITY;
+                        s[ii][jj] = jj < nk ? ({{SCORE}}) * {{SCORE_LOG2E}} : -INFINITY;
+                    }
                 }
-            }
-            /* the online softmax: s becomes p = 2^(s - m) */
+                /* the online softmax: s becomes p = 2^(s - m) */
 #if defined(__AVX512F__) && {{VEC}}
-            for (long ii = 0; ii < BQ; ii += 4)
-                eqf_softmax2_4x64(&s[ii][0], BK, &m[ii], &l[ii][0], &acc[ii][0], DV, DV);
+                for (long ii = 0; ii < BQ; ii += 4)
+                    eqf_softmax2_4x64(&s[ii][0], BK, &m[ii], &l[ii][0], &acc[ii][0], DV, DV);
 #else
-            for (long ii = 0; ii < BQ; ii++)
-                eqf_softmax2_row(s[ii], BK, &m[ii], l[ii], acc[ii], DV);
+                for (long ii = 0; ii < BQ; ii++)
+                    eqf_softmax2_row(s[ii], BK, &m[ii], l[ii], acc[ii], DV);
 #endif
+            }
             /* acc += p v */
 #if defined(__AVX512F__) && {{VEC}}
             for (long ii = 0; ii < BQ; ii += 4)

@@ -222,12 +222,11 @@ static inline void eqf_sfence(void) {}
 
 /* Attention micro-kernels: 4 rows at a time, 16 zmm accumulators. Kept out of line: inlined
  * into the attention loop nest, gcc merges two calls' accumulators and spills them.
- * s[4][64] = q[4][D] . kt[D][64]  (q rows at stride ldq, kt rows at stride ldk, s rows at lds) */
-__attribute__((noinline, unused)) static void eqf_qk_4x64(const float* restrict q, long ldq,
-                                                         const float* restrict kt, long ldk, long D,
-                                                         float* restrict s, long lds)
+ * c[4][4 x 16] = q[4][D] . kt[D][64]  (q rows at stride ldq, kt rows at stride ldk) */
+static inline __attribute__((always_inline)) void eqf_qk_regs(const float* restrict q, long ldq,
+                                                              const float* restrict kt, long ldk, long D,
+                                                              __m512 c[4][4])
 {
-    __m512 c[4][4];
     for (int r = 0; r < 4; r++)
         for (int u = 0; u < 4; u++)
             c[r][u] = _mm512_setzero_ps();
@@ -244,6 +243,15 @@ __attribute__((noinline, unused)) static void eqf_qk_4x64(const float* restrict 
             c[r][3] = _mm512_fmadd_ps(a, k3, c[r][3]);
         }
     }
+}
+
+/* s[4][64] = q k^T (s rows at lds) */
+__attribute__((noinline, unused)) static void eqf_qk_4x64(const float* restrict q, long ldq,
+                                                         const float* restrict kt, long ldk, long D,
+                                                         float* restrict s, long lds)
+{
+    __m512 c[4][4];
+    eqf_qk_regs(q, ldq, kt, ldk, D, c);
     for (int r = 0; r < 4; r++)
         for (int u = 0; u < 4; u++)
             _mm512_storeu_ps(s + r * lds + u * 16, c[r][u]);
@@ -264,21 +272,17 @@ static inline __m512 eqf_exp2_ps(__m512 x)
     return _mm512_scalef_ps(p, x);
 }
 
-/* eqf_softmax2_row for 4 rows of 64 scores (s rows at lds, l rows of 16 lanes, acc rows at ldacc
- * of dv, a multiple of 16), in registers. The four maxima are taken first and the 16 exps follow
- * with no dependence between them: row after row, each exp waited on its row's reduction. */
-__attribute__((noinline, unused)) static void eqf_softmax2_4x64(float* restrict s, long lds,
-                                                               float* restrict m, float* restrict l,
-                                                               float* restrict acc, long ldacc, long dv)
+/* eqf_softmax2_row for 4 rows of 64 scores held in registers x (s rows at lds receive p, l rows
+ * of 16 lanes, acc rows at ldacc of dv, a multiple of 16). The four maxima are taken first and
+ * the 16 exps follow with no dependence between them. */
+static inline __attribute__((always_inline)) void eqf_softmax2_regs(__m512 x[4][4], float* restrict s, long lds,
+                                                                    float* restrict m, float* restrict l,
+                                                                    float* restrict acc, long ldacc, long dv)
 {
-    __m512 x[4][4];
     float tm[4];
-    for (int r = 0; r < 4; r++) {
-        for (int u = 0; u < 4; u++)
-            x[r][u] = _mm512_loadu_ps(s + r * lds + 16 * u);
+    for (int r = 0; r < 4; r++)
         tm[r] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(x[r][0], x[r][1]),
                                                    _mm512_max_ps(x[r][2], x[r][3])));
-    }
     for (int r = 0; r < 4; r++)
         if (tm[r] > m[r] + EQF_LAZY) {
             const float a = m[r] == -INFINITY ? 0.0f : eqf_exp2(m[r] - tm[r]);
@@ -298,6 +302,31 @@ __attribute__((noinline, unused)) static void eqf_softmax2_4x64(float* restrict 
         }
         _mm512_storeu_ps(l + 16 * r, sum);
     }
+}
+
+/* The softmax step of 4 score rows of 64 already in s (after the general score pass). */
+__attribute__((noinline, unused)) static void eqf_softmax2_4x64(float* restrict s, long lds,
+                                                               float* restrict m, float* restrict l,
+                                                               float* restrict acc, long ldacc, long dv)
+{
+    __m512 x[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int u = 0; u < 4; u++)
+            x[r][u] = _mm512_loadu_ps(s + r * lds + 16 * u);
+    eqf_softmax2_regs(x, s, lds, m, l, acc, ldacc, dv);
+}
+
+/* eqf_qk_4x64 and the softmax step in one, for scores that are q k^T (a constant scale folded
+ * into q): the scores go from the accumulators to the exps without a trip through s. */
+__attribute__((noinline, unused)) static void eqf_qk_softmax2_4x64(const float* restrict q, long ldq,
+                                                                  const float* restrict kt, long ldk, long D,
+                                                                  float* restrict s, long lds, float* restrict m,
+                                                                  float* restrict l, float* restrict acc,
+                                                                  long ldacc, long dv)
+{
+    __m512 c[4][4];
+    eqf_qk_regs(q, ldq, kt, ldk, D, c);
+    eqf_softmax2_regs(c, s, lds, m, l, acc, ldacc, dv);
 }
 
 /* dst[c][r] = src[r][c] for a 16 x 16 block (src rows at lds, dst rows at ldd): four rounds of
