@@ -1,23 +1,25 @@
 """The backend's performance targets (issue 4), measured against numpy in one run.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_kernels.py [--repeat N]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_kernels.py [--repeat N] [--rounds R]
 
 (Those two variables, when set, slow numpy's OpenBLAS; unset them for this command only.)
 Each row: median over repeats of numpy and of the compiled eqfuse kernel at the same thread
-count (numpy's BLAS threads are set to match), their ratio, and the target.
+count (numpy's BLAS threads are set to match), their ratio, and the target. The repeats are split
+into rounds alternating eqfuse and numpy, so both sides see the same spells of a shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
 import numpy as np
 
 import eqfuse
-from eqfuse.bench import blas_threads, median_time
+from eqfuse.bench import blas_threads, sample_times
 
 F32 = np.float32
 
@@ -61,7 +63,8 @@ def cases(rng):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--repeat", type=int, default=15, help="runs of each side per case and thread count")
+    ap.add_argument("--rounds", type=int, default=3, help="alternations of eqfuse and numpy the runs are split into")
     ap.add_argument("--threads", type=int, action="append")
     args = ap.parse_args(argv)
     threads = args.threads or [1, 2]
@@ -82,13 +85,19 @@ def main(argv=None) -> int:
         if k.kind == "attention":
             note = f"largest score buffer {k.tiles['bq']}x{k.tiles['bk']}"
         for t in threads:
-            # eqfuse first, with numpy's BLAS threads parked (their spin-wait would take a core)
-            blas_threads(1)
-            time.sleep(0.2)
-            fn.threads = t
-            t_eq = median_time(lambda: fn(*arrays), args.repeat)
-            blas_threads(t)
-            t_np = median_time(np_fn, args.repeat)
+            # Rounds of eqfuse then numpy, the medians over all of each side's runs: a slow spell
+            # of this shared machine then falls on both sides. eqfuse runs with numpy's BLAS
+            # threads parked (their spin-wait would take a core).
+            eq, npt = [], []
+            per = max(1, -(-args.repeat // args.rounds))
+            for _ in range(args.rounds):
+                blas_threads(1)
+                time.sleep(0.2)
+                fn.threads = t
+                eq += sample_times(lambda: fn(*arrays), per)
+                blas_threads(t)
+                npt += sample_times(np_fn, per)
+            t_eq, t_np = statistics.median(eq), statistics.median(npt)
             rows.append((name, t, t_np, t_eq, t_np / t_eq, target, err, note))
     print(f"{'case':<44}{'thr':>4}{'numpy ms':>11}{'eqfuse ms':>11}{'ratio':>8}{'target':>8}  met  max rel err")
     for name, t, t_np, t_eq, r, target, err, note in rows:

@@ -68,6 +68,17 @@ void {{NAME}}({{PARAMS}})
         }
         for (long j0 = 0; j0 < {{SK}}; j0 += BK) {
             const long nk = eqf_minl(BK, {{SK}} - j0);
+            /* Spread over the key tiles: prefetch the next query block's rows of q and this block's
+             * rows of the output, so neither waits on memory when its turn comes. */
+            enum { NT = ({{SK}} + BK - 1) / BK, PF = (BQ + NT - 1) / NT };
+            for (long ii = j0 / BK * PF; ii < eqf_minl(BQ, (j0 / BK + 1) * PF); ii++) {
+                if ({{QC}} == 1 && i0 + BQ + ii < {{SQ}})
+                    for (long d = 0; d < D; d += 16)
+                        __builtin_prefetch(qp + (BQ + ii) * {{QR}} + d, 0, 3);
+                if ({{OC}} == 1 && ii < nq)
+                    for (long e = 0; e < DV; e += 16)
+                        __builtin_prefetch(out + ({{OUT_OFF}}) + (i0 + ii) * {{OR}} + e, 1, 3);
+            }
 #if defined(__AVX512F__) && {{VEC}}
             if (!{{SCORE_OPS}} && nk == BK && BK == 64) {
                 /* scores and their softmax step in registers (the score scale is in the q block) */

@@ -16,6 +16,12 @@ import numpy as np
 
 def median_time(fn: Callable[[], object], repeat: int, warmup: int = 2, min_time: float = 0.0) -> float:
     """Median seconds of fn() over `repeat` runs (after warm-up)."""
+    return statistics.median(sample_times(fn, repeat, warmup, min_time))
+
+
+def sample_times(fn: Callable[[], object], repeat: int, warmup: int = 2, min_time: float = 0.0) -> list[float]:
+    """Seconds of each of `repeat` runs of fn() (after warm-up; more while min_time has not passed,
+    up to 10 x repeat)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -26,7 +32,7 @@ def median_time(fn: Callable[[], object], repeat: int, warmup: int = 2, min_time
         times.append(time.perf_counter() - t0)
         if len(times) >= 10 * repeat:
             break
-    return statistics.median(times)
+    return times
 
 
 _blas_setters: dict[str, object] = {}  # library path -> its set_num_threads (None: has none)
