@@ -8,7 +8,9 @@
  * unroll the micro-kernel. Edge tiles are computed in full on zero-padded panels and stored in
  * part. With DIRECT_B ({{DIRECT_B}}; few rows, B not transposed, see eqfuse.gemm.direct) the
  * micro-kernel reads the full NR-column panels of B in place (row stride {{LDB}}) and only a
- * partial last panel is packed.
+ * partial last panel is packed. With PREPACKED_B ({{PREPACKED_B}}; B bound by params=) the B argument
+ * is not B but its panels, packed once by {{NAME}}_prepack: for each KC slice of K, the NR-column
+ * panels of all of N, so every thread reads the panels it needs and nothing is packed per call.
  *
  * The epilogue: a KC slice that is not the last one adds its partial sums into C; the last one
  * leaves the finished MR x NR tile in a buffer in L1, from where it reaches C through
@@ -34,6 +36,7 @@
 #define {{NAME}}_MC {{MC}}L
 #define {{NAME}}_NC {{NC}}L
 #define {{NAME}}_KC {{KC}}L
+#define {{NAME}}_NPAD (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR) /* N in whole panels */
 
 /* tile[MR][NR] = a_panel (kc x MR, k-major) . b_panel (kc x NR, k-major); both zero padded. */
 #if defined(__AVX512F__) && {{NR}} % 16 == 0
@@ -238,6 +241,12 @@ static void {{NAME}}_block(const float* A, const float* B, float* C, long b, lon
                 const long npanels = (nc + {{NAME}}_NR - 1) / {{NAME}}_NR;
                 /* with DIRECT_B only a partial last panel is packed, the others are read from B */
                 const long q0 = {{DIRECT_B}} ? nc / {{NAME}}_NR : 0, q = npanels - q0;
+#if {{PREPACKED_B}}
+                (void)q; (void)shared; (void)me; (void)nt;
+                if (mc > 0)
+                    {{NAME}}_macro(ap, B + pc * {{NAME}}_NPAD + jc * kc, B, C, b, ic, mc, jc, nc, pc, kc{{EXTRA_ARGS}});
+                continue;
+#endif
                 if (shared) {
                     /* each thread packs its share of the panel once the last one is no longer read */
 #pragma omp barrier
@@ -288,7 +297,7 @@ void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
      * Otherwise the threads split the rows or the columns of each batch (see _split). */
     const int by_batch = BATCH >= omp_get_max_threads() && BATCH > 1;
     const int by_cols = !by_batch && {{NAME}}_split(omp_get_max_threads()) == 2;
-    float* bp_shared = by_batch || by_cols ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, KC * NCP);
+    float* bp_shared = by_batch || by_cols || {{PREPACKED_B}} ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, KC * NCP);
 #pragma omp parallel
     {
         const int nt = omp_get_num_threads(), me = omp_get_thread_num();
@@ -314,10 +323,24 @@ void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
         const long nchunks = (rows + MC - 1) / MC;
         const long mcb = ((rows + nchunks - 1) / nchunks + {{NAME}}_MR - 1) / {{NAME}}_MR * {{NAME}}_MR;
         float* ap = eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
-        float* bp = by_batch || by_cols ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb) : bp_shared;
+        float* bp = (by_batch || by_cols) && !{{PREPACKED_B}} ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb) : bp_shared;
         for (long b = by_batch ? me : 0; b < BATCH; b += by_batch ? nt : 1)
             {{NAME}}_block(A0 + b * {{A_BATCH_STRIDE}}L, B0 + b * {{B_BATCH_STRIDE}}L, C0 + b * {{C_BATCH_STRIDE}}L,
                            b, m0, m1, nchunks, mcb, n0, n1, ncb, ap, bp, !by_batch && !by_cols, me,
                            nt{{EXTRA_ARGS}});
     }
 }
+
+#if {{PREPACKED_B}}
+/* The panels the kernel reads in place of B: for each KC slice of K (the slice at pc starts at
+ * pc * NPAD), the NR-column panels of all of N, k-major, zero padded. */
+long {{NAME}}_prepack_floats(void) { return {{NAME}}_K * {{NAME}}_NPAD; }
+
+void {{NAME}}_prepack(const float* B, float* P)
+{
+    for (long pc = 0; pc < {{NAME}}_K; pc += {{NAME}}_KC) {
+        const long kc = {{NAME}}_K - pc < {{NAME}}_KC ? {{NAME}}_K - pc : {{NAME}}_KC;
+        {{NAME}}_pack_b(B, pc, kc, 0, 0, {{NAME}}_NPAD, {{NAME}}_N, P + pc * {{NAME}}_NPAD);
+    }
+}
+#endif

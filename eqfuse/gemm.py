@@ -51,7 +51,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
               b_transposed: bool = False, epilogue: str = "acc", extra_params: str = "",
               extra_args_cdef: str = "",
               blocking: tuple[int, int, int, int, int] | None = None,
-              split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "") -> tuple[str, str]:
+              split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "",
+              prepacked_b: bool = False) -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
@@ -66,7 +67,12 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     while it is in L1 when the whole row is one NC block, else each chunk of rows after its last
     B panel. A row epilogue makes the threads split batches or rows, never columns
     (one thread must own whole rows).
+    `prepacked_b`: the B argument is the panels made once by `NAME_prepack(B, P)` (P of
+    `NAME_prepack_floats()` floats, both in the cdef), for a B bound by params= and shared by
+    every batch (b_batch_stride 0).
     """
+    if prepacked_b and b_batch_stride and batch > 1:
+        raise ValueError("a prepacked B is one matrix shared by every batch")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {sorted(SPLITS)}, not {split!r}")
     if row_epilogue:
@@ -95,8 +101,12 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
                  LDA=lda, LDC=ldc, B_AT=b_at, B_TRANSPOSED=int(b_transposed), B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
                  A_BATCH_STRIDE=a_batch_stride, B_BATCH_STRIDE=b_batch_stride, C_BATCH_STRIDE=c_batch_stride,
                  EPILOGUE=epilogue, SPLIT=SPLITS[split], LDB=ldb,
-                 DIRECT_B=int(direct(M, b_transposed, mr) if direct_b is None else direct_b and not b_transposed),
+                 DIRECT_B=0 if prepacked_b else int(direct(M, b_transposed, mr) if direct_b is None
+                                                    else direct_b and not b_transposed),
+                 PREPACKED_B=int(prepacked_b),
                  EXTRA_PARAMS=extra_params, ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
                  EXTRA_ARGS="".join(", " + n for n in param_names(extra_params)))
     cdef = f"void {name}(const float* A, const float* B, float* C{extra_args_cdef});"
+    if prepacked_b:
+        cdef += f"\nlong {name}_prepack_floats(void);\nvoid {name}_prepack(const float* B, float* P);"
     return src, cdef

@@ -45,7 +45,11 @@ VARIANTS = sorted(
     | {(53, 101, 61, b, bt, epi, blk, "rows", d) for blk in BLOCKINGS for bt in (False, True)
        for b, epi in ((2, "bias_relu"), (1, "residual")) for d in (None, False)}
     | {(M, N, K, b, bt, "bias_res", blk, "cols", d) for M, N, K in COL_SHAPES for blk in COL_BLOCKINGS
-       for bt, b in ((False, 2), (True, 1)) for d in (None, False)},
+       for bt, b in ((False, 2), (True, 1)) for d in (None, False)}
+    # B bound by params=: packed once by NAME_prepack, shared by every batch ("prepacked")
+    | {(M, N, K, 1, bt, "bias_relu", None, "auto", "prepacked") for M, N, K in SHAPES for bt in (False, True)}
+    | {(53, 101, 61, 2, bt, "bias_res", blk, split, "prepacked") for blk in BLOCKINGS for bt in (False, True)
+       for split in ("rows", "cols")},
     key=repr)
 
 
@@ -54,11 +58,14 @@ def kernel_name(variant) -> str:
 
 
 def gemm_source(M, N, K, batch, bt, epi, blocking=None, split="auto", direct=None, name="g"):
+    """direct: None (the rule), False (B packed), True (read in place) or "prepacked" (B shared by
+    the batches and packed once by NAME_prepack)."""
     expr, params, cdef_params = EPILOGUES[epi]
-    return emit_gemm(name, M=M, N=N, K=K, batch=batch, a_batch_stride=M * K, b_batch_stride=K * N,
+    pre = direct == "prepacked"
+    return emit_gemm(name, M=M, N=N, K=K, batch=batch, a_batch_stride=M * K, b_batch_stride=0 if pre else K * N,
                      c_batch_stride=M * N, lda=K, ldb=K if bt else N, ldc=N, b_transposed=bt,
                      epilogue=expr, extra_params=params, extra_args_cdef=cdef_params, blocking=blocking,
-                     split=split, direct_b=direct)
+                     split=split, direct_b=None if pre else direct, prepacked_b=pre)
 
 
 def build_many(variants, hint):
@@ -88,12 +95,12 @@ def modules(tmp_path_factory):
 
 
 def run(modules, variant, threads=2, seed=0):
-    M, N, K, batch, bt, epi, _, _, _ = variant
+    M, N, K, batch, bt, epi, _, _, direct = variant
     built = modules[variant]
     built.lib.eqf_set_threads(threads)
     rng = np.random.default_rng(seed + M * 1000 + N + K)
     A = rng.standard_normal((batch, M, K), dtype=np.float32)
-    B = rng.standard_normal((batch, K, N), dtype=np.float32)
+    B = rng.standard_normal((1 if direct == "prepacked" else batch, K, N), dtype=np.float32)
     bias = rng.standard_normal(N, dtype=np.float32)
     res = rng.standard_normal((batch, M, N), dtype=np.float32)
     extra = {"acc": [], "bias_relu": [bias], "residual": [res], "bias_res": [bias, res]}[epi]
@@ -101,6 +108,12 @@ def run(modules, variant, threads=2, seed=0):
     Bin = np.ascontiguousarray(B.transpose(0, 2, 1)) if bt else B
     ffi = built.ffi
     ptr = lambda a: ffi.cast("float*", ffi.from_buffer(a))  # noqa: E731
+    if direct == "prepacked":  # the panels, packed once, stand in for B; NaN where nothing is written
+        name = kernel_name(variant)
+        P = np.full(getattr(built.lib, f"{name}_prepack_floats")(), np.nan, np.float32)
+        getattr(built.lib, f"{name}_prepack")(ptr(Bin), ptr(P))
+        assert not np.isnan(P).any()
+        Bin = P
     getattr(built.lib, kernel_name(variant))(*[ptr(A), ptr(Bin), ptr(C)] + [ptr(e) for e in extra])
     acc = A.astype(np.float64) @ B
     want = {"acc": acc, "bias_relu": np.maximum(acc + bias, 0), "residual": acc * 0.5 + res,
@@ -141,6 +154,23 @@ def test_column_split(modules, M, N, K, blocking, bt, batch, threads, direct):
     """Threads that split the columns: each its own B panels and packed A, the epilogue reading
     a per-column bias and a full residual; 3 threads on 2 batches split each batch."""
     run(modules, (M, N, K, batch, bt, "bias_res", blocking, "cols", direct), threads)
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("bt", [False, True])
+def test_prepacked_b(modules, M, N, K, bt):
+    """B bound by params=: the kernel reads panels packed once by NAME_prepack."""
+    run(modules, (M, N, K, 1, bt, "bias_relu", None, "auto", "prepacked"))
+
+
+@pytest.mark.parametrize("blocking", BLOCKINGS)
+@pytest.mark.parametrize("bt", [False, True])
+@pytest.mark.parametrize("split", ["rows", "cols"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_prepacked_b_small_blocks(modules, blocking, bt, split, threads):
+    """Prepacked panels with several K slices and column blocks, shared by 2 batches, with the
+    threads splitting rows or columns (3 threads on 2 batches split each batch)."""
+    run(modules, (53, 101, 61, 2, bt, "bias_res", blocking, split, "prepacked"), threads)
 
 
 def test_nan_and_inf_propagate_through_the_epilogue(modules):
