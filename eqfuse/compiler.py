@@ -48,7 +48,7 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         report["folded"] = folded.notes
         reports[g.name] = report
         optimized.append((opt, gdims))
-        f = GraphFunction(g, opt, folded.params, gdims, _builder(fuse), verify, threads)
+        f = GraphFunction(g, opt, folded.params, gdims, _builder(fuse, frozenset(folded.params)), verify, threads)
         if all(d in gdims for d in g.dims()):
             f.compiled(gdims)  # everything is known: compile now, so errors show here
         functions.append(f)
@@ -107,18 +107,19 @@ def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse: boo
     return res.graph, res.report
 
 
-def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True):
-    """(kernelized graph, plans) for one dims binding."""
+def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: frozenset[str] = frozenset()):
+    """(kernelized graph, plans) for one dims binding; `params` names the inputs bound by params=
+    (a GEMM prepacks such a B operand once)."""
     bound = bind_dims(g, dims) if g.dims() else g
-    return bound, *lower_graph(bound, fuse=fuse is not False)
+    return bound, *lower_graph(bound, fuse=fuse is not False, params=params)
 
 
-def _builder(fuse: bool):
+def _builder(fuse: bool, params: frozenset[str] = frozenset()):
     def build(g: Graph, dims: dict) -> Compiled:
         from .cbuild import build as build_c
         from .emit import emit_graph
 
-        bound, kg, plans = lower(g, dims, fuse)
+        bound, kg, plans = lower(g, dims, fuse, params)
         emitted = emit_graph(plans)
         lib = ffi = None
         if emitted.kernel_sources:

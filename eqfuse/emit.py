@@ -260,8 +260,13 @@ def _params(plan: KernelPlan) -> tuple[str, dict[int, str]]:
 
 
 def prototype(plan: KernelPlan) -> str:
+    """The kernel's cdef (and its B prepacking functions when it has them; call after emitting)."""
     ps = [f"const float* in{k}" for k in range(len(plan.body.inputs))] + ["float* out"]
-    return f"void {plan.name}({', '.join(ps)});"
+    cdef = f"void {plan.name}({', '.join(ps)});"
+    pre = plan.detail.get("prepack")
+    if pre:
+        cdef += f"\nlong {pre['floats']}(void);\nvoid {pre['fn']}(const float* B, float* P);"
+    return cdef
 
 
 def _size(shape) -> int:
@@ -600,11 +605,19 @@ def emit_contraction(plan: KernelPlan) -> str:
         outer, aoff, boff_, coff = 1, ptrs[A], ptrs[Bsrc], "out"
     gname = f"{plan.name}_gemm"
     extra_params = "".join(f", const float* restrict {pn}" for _, pn in extras)
+    # A B bound by params= (lower marks it only when it is one matrix for every batch, the
+    # "fold" mode) is packed once: the kernel's B argument is then the panels of {gname}_prepack,
+    # which the runtime makes on the first call (plan.detail["prepack"] tells it how).
+    prepacked = bool(plan.detail.get("b_bound"))
+    if prepacked:
+        assert mode == "fold", "lower marks b_bound only for a B shared by every batch"
+        plan.detail["prepack"] = {"arg": body.inputs.index(Bsrc), "fn": f"{gname}_prepack",
+                                  "floats": f"{gname}_prepack_floats"}
     src, _ = _gemm(gname, M=gM, N=N, K=K, batch=gb, a_batch_stride=strides[0], b_batch_stride=strides[1],
                    c_batch_stride=strides[2], lda=K, ldb=K if bt else N, ldc=N, b_transposed=bt,
                    epilogue=expr, extra_params=extra_params,
                    extra_args_cdef="".join(f", const float* {pn}" for _, pn in extras),
-                   **({"row_epilogue": row_call} if row_call else {}))
+                   prepacked_b=prepacked, **({"row_epilogue": row_call} if row_call else {}))
     shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (B transposed)" if bt else "")
     if row_call:
         shapes += f", then {plan.detail['row_op']} over each finished row of C"

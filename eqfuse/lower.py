@@ -475,8 +475,10 @@ def _plan_layout(plan: KernelPlan, c: Caches) -> None:
 # ------------------------------------------------------------------ the whole graph
 
 
-def lower_graph(g: Graph, fuse: bool = True) -> tuple[Graph, list[KernelPlan]]:
-    """(the kernelized graph, one plan per kernel) for a graph with concrete shapes."""
+def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset()) -> tuple[Graph, list[KernelPlan]]:
+    """(the kernelized graph, one plan per kernel) for a graph with concrete shapes. `params`
+    names the inputs bound by params=: a GEMM whose B is one of them is marked b_bound (emit
+    then prepacks it, when B is one matrix shared by every batch)."""
     caches = machine_caches()
     split: set[int] = set()
     while True:
@@ -498,9 +500,30 @@ def lower_graph(g: Graph, fuse: bool = True) -> tuple[Graph, list[KernelPlan]]:
                 break
             plan.name = f"eqf_{g.name}_k{count}_{plan.kind}"
             count += 1
+            _mark_bound_b(plan, kg, params)
             plans.append(plan)
         if not retry:
             return kg, plans
+
+
+def _mark_bound_b(plan: KernelPlan, kg: Graph, params: frozenset[str]) -> None:
+    """detail["b_bound"] for a matmul GEMM whose B (or the matrix its transpose reads) is a kernel
+    input bound by params=, read by nothing else in the kernel, and one matrix for every batch."""
+    if plan.kind not in ("contraction", "contraction_row") or not params or plan.detail["gemm"]["batch"] != 1:
+        return  # (a GEMM batch > 1 here: B differs between batches)
+    body = plan.body
+    mm = body.nodes[plan.shape.anchor]
+    b = mm.args[1]
+    src = body.nodes[b].args[0] if plan.detail.get("b_transposed") else b
+    if body.nodes[src].op != "input":
+        return
+    readers = [n for n in body.nodes if src in n.args]
+    arg = plan.args[body.inputs.index(src)]
+    if len(readers) == 1 and kg.nodes[arg].op == "input" and kg.nodes[arg].name in params:
+        plan.detail["b_bound"] = True
+        plan.uops = [replace(u, what="B panels packed once when bound (params=), read in place")
+                     if u.op == "Load" and ("pack B panel" in u.what or u.what.startswith("B read in place")) else u
+                     for u in plan.uops]  # the tile schedule says so
 
 
 def _origin(g: Graph, kg: Graph, i: int) -> int | None:

@@ -64,13 +64,27 @@ class Compiled:
         fn = getattr(self.lib, p.name)
         cast = self.ffi.cast
         getrefcount = sys.getrefcount
+        pre = p.detail.get("prepack")
+        packed: list = []  # (the bound B array, its panels), made on the first call
+
+        def panels(b: np.ndarray) -> np.ndarray:
+            # A B bound by params= is the same array at every call: pack it once (kept with the
+            # array it came from, and redone should a different array ever arrive).
+            if not packed or packed[0][0] is not b:
+                P = np.empty(getattr(self.lib, pre["floats"])(), dtype=np.float32)
+                getattr(self.lib, pre["fn"])(cast("float *", b.ctypes.data), cast("float *", P.ctypes.data))
+                packed[:] = [(b, P)]
+            return packed[0][1]
 
         def run(bufs, pool):
             # Reuse last call's buffer when nobody else holds it (a fresh one costs page faults).
             out = pool.get(node)
             if out is None or getrefcount(out) > _POOL_ONLY:
                 out = pool[node] = np.empty(shape, dtype=np.float32)
-            fn(*[cast("float *", bufs[a].ctypes.data) for a in args], cast("float *", out.ctypes.data))
+            ins = [bufs[a] for a in args]
+            if pre:
+                ins[pre["arg"]] = panels(ins[pre["arg"]])
+            fn(*[cast("float *", a.ctypes.data) for a in ins], cast("float *", out.ctypes.data))
             bufs[node] = out
         return run
 
@@ -107,7 +121,9 @@ class GraphFunction:
                  threads: int | None):
         self.name = source.name
         self.source, self.optimized = source, optimized
-        self.params = dict(params)  # bound arrays, by name: the source's and those folding made
+        # bound arrays, by name: the source's and those folding made; contiguous once here, so
+        # each call passes the same arrays (a prepacked weight is packed at the first call only)
+        self.params = {k: np.ascontiguousarray(v) for k, v in params.items()}
         self.dims = dict(dims)
         self._build = build
         self.verify = verify
