@@ -467,15 +467,13 @@ def emit_attention(plan: KernelPlan) -> str:
     ids = count()
     sspace = Space(batch + (Sq, Sk), [("b", bdims, True), ("i", [nb], False), ("j", [nb + 1], False)], I1, ids)
     sc = Exprs(body, sspace, ptrs, {qk: "acc_s"}, I4)
-    score = sc.value(body.nodes[sm].args[0])
     # The softmax works in base 2. A score q k^T * c (or / c, or plain q k^T) is folded into the
     # q block as a factor c log2 e, and the score pass then only masks the keys past the end.
     scale = _score_scale(body, body.nodes[sm].args[0], qk)
-    if scale is not None:
-        score, qscale, slog2e, score_ops = "acc_s", flit(scale * math.log2(math.e)), "1.0f", 0
-        sc = Exprs(body, sspace, ptrs, {qk: "acc_s"}, I4)  # nothing emitted for the folded scale
+    if scale is None:
+        score, qscale, slog2e, score_ops = sc.value(body.nodes[sm].args[0]), "1.0f", "EQF_LOG2E", 1
     else:
-        qscale, slog2e, score_ops = "1.0f", "EQF_LOG2E", 1
+        score, qscale, slog2e, score_ops = "acc_s", flit(scale * math.log2(math.e)), "1.0f", 0
     ospace = Space(res, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1, ids)
     epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={qk, sm})
     e = epi.value(result)
