@@ -64,6 +64,24 @@ def test_random_graphs_compile_and_match_the_reference(src, fuse):
         np.testing.assert_allclose(o, w, rtol=1e-3, atol=1e-4, err_msg=src)
 
 
+@settings(max_examples=8, deadline=None)
+@given(random_model(), st.sets(st.sampled_from(["w", "b", "c", "g", "be"]), min_size=1))
+def test_random_graphs_with_bound_params_match_the_reference(src, bound):
+    """Some parameters bound by params= (constants: folded, and a bound GEMM weight prepacked);
+    two calls, the second reusing what the first packed."""
+    g = one_graph(src)
+    xs = rand_inputs(g, seed=9)
+    names = [n for n, _ in g.params]
+    want = run(g, xs)
+    mod = eqfuse.compile(src, params={n: x for n, x in zip(names, xs) if n in bound})
+    free = [x for n, x in zip(names, xs) if n not in bound]
+    for _ in range(2):
+        got = mod(*free)
+        got = [got] if isinstance(got, np.ndarray) else list(got)
+        for o, w in zip(got, want):
+            np.testing.assert_allclose(o, w, rtol=1e-3, atol=1e-4, err_msg=f"{src} bound={sorted(bound)}")
+
+
 def test_unused_parameters_do_not_change_the_result():
     """Found by the property above: with four unused parameters the e-graph loaded `b + 0.5` as
     `0.5 + 0.5` (egglog resolved the global `$n1` to `$n11`); the names are now prefix-free."""
