@@ -420,17 +420,23 @@ def _plan_attention(plan: KernelPlan, c: Caches) -> None:
     Sk = kts[-1]
     Dv = vs[-1]
     batch = _size(pv.type.shape[:-2])
-    # A key tile of 64 is four 16-lane vectors (the micro-kernels' width); the query block is
-    # the largest whose q block, score tile, accumulators and key tile share L1.
-    bk = 64 if D * 64 * F32 <= c.l1 // 2 else 16
+    # A key tile of 64 is four 16-lane vectors (the micro-kernels' width). The query block is
+    # the largest whose q block, score tile and accumulators share L1 with the key tile, when
+    # the key tile takes at most half of L1; a larger one (head size 128: 32 KiB) streams from
+    # L2 row by row, each row used by 4 query rows x 64 keys of FMAs, and is left out of the
+    # count (counted, it forced blocks of 4 queries: every key tile read again per 4 rows).
+    bk = 64 if D * 64 * F32 <= c.l2 // 4 else 16
+    kt_l1 = D * bk * F32 if D * bk * F32 <= c.l1 // 2 else 0
     bq = 32
-    while bq > 4 and (bq * D + D * bk + bq * bk + bq * Dv) * F32 > c.l1:
+    while bq > 4 and (bq * D + bq * bk + bq * Dv) * F32 + kt_l1 > c.l1:
         bq //= 2
-    ws = (bq * D + D * bk + bq * bk + bq * Dv) * F32
+    ws = (bq * D + bq * bk + bq * Dv) * F32 + kt_l1
     plan.tiles = {"bq": bq, "bk": bk}
     plan.detail = {"batch": batch, "Sq": Sq, "Sk": Sk, "D": D, "Dv": Dv}
     plan.flops = batch * (2 * Sq * Sk * D + 2 * Sq * Sk * Dv + 6 * Sq * Sk)
-    plan.cache_check = (f"tile working set (q block, k tile, score tile, accumulators) {ws} B <= L1 {c.l1} B: "
+    held = "q block, k tile, score tile, accumulators" if kt_l1 else \
+        f"q block, score tile, accumulators; the {D * bk * F32} B k tile streams from L2"
+    plan.cache_check = (f"tile working set ({held}) {ws} B <= L1 {c.l1} B: "
                         f"{'ok' if ws <= c.l1 else 'NO'}; largest buffer {bq} x {bk} scores, never {Sq} x {Sk}")
     nqb, nkt = -(-Sq // bq), -(-Sk // bk)
 

@@ -221,6 +221,8 @@ ATT_CASES = [
     ("vec-partial-div", "softmax(wq2 @ transpose(wk2, perm=[0, 2, 1]) / 8.0) @ wv2"),
     ("vec-partial-left-scale", "softmax(0.125 * (wq2 @ transpose(wk2, perm=[0, 2, 1]))) @ wv2"),
     ("vec-partial-mask", "softmax(wq2 @ transpose(wk2, perm=[0, 2, 1]) * 0.125 + wmask) @ wv2"),
+    # head size 128: the 32 KiB key tile streams from L2 (still tiles of 64 keys, blocks of 16 queries)
+    ("vec-head-128", "softmax(hq @ transpose(hk, perm=[0, 2, 1]) * 0.088) @ hv"),
 ]
 
 
@@ -232,9 +234,12 @@ def att_results():
               "fq": (2, 33, 48), "fk": (2, 70, 48), "fv": (2, 70, 24),
               "wq": (1, 128, 2, 64), "wk": (1, 192, 2, 64), "wv": (1, 192, 2, 64),
               "hmask": (2, 3, 1, 70), "res": (2, 3, 33, 8),
-              "wq2": (2, 37, 64), "wk2": (2, 100, 64), "wv2": (2, 100, 64), "wmask": (37, 100)}
+              "wq2": (2, 37, 64), "wk2": (2, 100, 64), "wv2": (2, 100, 64), "wmask": (37, 100),
+              "hq": (2, 21, 128), "hk": (2, 130, 128), "hv": (2, 130, 128)}
     res, mod = run_cases("attention", params, ATT_CASES)
     assert all(k.kind == "attention" for k in mod.kernels)
+    head128 = mod.kernels[-1].tiles  # vec-head-128 keeps the vectorized tiles, blocks of >= 16 queries
+    assert head128["bk"] == 64 and head128["bq"] >= 16
     return res
 
 
