@@ -134,9 +134,17 @@ void {{NAME}}({{PARAMS}})
             }
             /* acc += p v */
 #if defined(__AVX512F__) && {{VEC}}
-            for (long ii = 0; ii < BQ; ii += 4)
-                for (long e0 = 0; e0 < DV; e0 += 64)
+            for (long ii = 0; ii < BQ; ii += 4) {  /* DV a multiple of 16: 64 columns at a time, then 32, 16 */
+                long e0 = 0;
+                for (; e0 + 64 <= DV; e0 += 64)
                     eqf_pv_4x64(&s[ii][0], BK, vp + j0 * {{VR}} + e0, {{VR}}, nk, &acc[ii][e0], DV);
+                if (e0 + 32 <= DV) {
+                    eqf_pv_4x32(&s[ii][0], BK, vp + j0 * {{VR}} + e0, {{VR}}, nk, &acc[ii][e0], DV);
+                    e0 += 32;
+                }
+                if (e0 + 16 <= DV)
+                    eqf_pv_4x16(&s[ii][0], BK, vp + j0 * {{VR}} + e0, {{VR}}, nk, &acc[ii][e0], DV);
+            }
 #else
             for (long jj = 0; jj < nk; jj++) {
                 const float* restrict vr = vp + (j0 + jj) * {{VR}};

@@ -360,30 +360,53 @@ static inline void eqf_transpose_16x16(const float* restrict src, long lds, floa
         _mm512_storeu_ps(dst + col[k] * ldd, a[k]);
 }
 
-/* acc[4][64] += p[4][nk] . v[nk][64]  (p rows at stride ldp, v rows at ldv, acc rows at ldacc) */
-__attribute__((noinline, unused)) static void eqf_pv_4x64(const float* restrict p, long ldp,
-                                                         const float* restrict v, long ldv, long nk,
-                                                         float* restrict acc, long ldacc)
+/* acc[4][16 V] += p[4][nk] . v[nk][16 V]  (p rows at stride ldp, v rows at ldv, acc rows at ldacc);
+ * V (1, 2 or 4 vectors) is a constant once inlined into the wrappers below. */
+static inline __attribute__((always_inline)) void eqf_pv_rows(const float* restrict p, long ldp,
+                                                              const float* restrict v, long ldv, long nk,
+                                                              float* restrict acc, long ldacc, const int V)
 {
     __m512 c[4][4];
     for (int r = 0; r < 4; r++)
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < V; u++)
             c[r][u] = _mm512_loadu_ps(acc + r * ldacc + u * 16);
     for (long j = 0; j < nk; j++) {
         const float* w = v + j * ldv;
-        __m512 v0 = _mm512_loadu_ps(w), v1 = _mm512_loadu_ps(w + 16);
-        __m512 v2 = _mm512_loadu_ps(w + 32), v3 = _mm512_loadu_ps(w + 48);
+        __m512 v0 = _mm512_loadu_ps(w), v1 = V > 1 ? _mm512_loadu_ps(w + 16) : v0;
+        __m512 v2 = V > 2 ? _mm512_loadu_ps(w + 32) : v0, v3 = V > 2 ? _mm512_loadu_ps(w + 48) : v0;
         EQF_IN_REGISTERS(v0, v1, v2, v3);
         for (int r = 0; r < 4; r++) {
             __m512 a = _mm512_set1_ps(p[r * ldp + j]);
             c[r][0] = _mm512_fmadd_ps(a, v0, c[r][0]);
-            c[r][1] = _mm512_fmadd_ps(a, v1, c[r][1]);
-            c[r][2] = _mm512_fmadd_ps(a, v2, c[r][2]);
-            c[r][3] = _mm512_fmadd_ps(a, v3, c[r][3]);
+            if (V > 1)
+                c[r][1] = _mm512_fmadd_ps(a, v1, c[r][1]);
+            if (V > 2) {
+                c[r][2] = _mm512_fmadd_ps(a, v2, c[r][2]);
+                c[r][3] = _mm512_fmadd_ps(a, v3, c[r][3]);
+            }
         }
     }
     for (int r = 0; r < 4; r++)
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < V; u++)
             _mm512_storeu_ps(acc + r * ldacc + u * 16, c[r][u]);
+}
+
+__attribute__((noinline, unused)) static void eqf_pv_4x64(const float* restrict p, long ldp,
+                                                         const float* restrict v, long ldv, long nk,
+                                                         float* restrict acc, long ldacc)
+{
+    eqf_pv_rows(p, ldp, v, ldv, nk, acc, ldacc, 4);
+}
+__attribute__((noinline, unused)) static void eqf_pv_4x32(const float* restrict p, long ldp,
+                                                         const float* restrict v, long ldv, long nk,
+                                                         float* restrict acc, long ldacc)
+{
+    eqf_pv_rows(p, ldp, v, ldv, nk, acc, ldacc, 2);
+}
+__attribute__((noinline, unused)) static void eqf_pv_4x16(const float* restrict p, long ldp,
+                                                         const float* restrict v, long ldv, long nk,
+                                                         float* restrict acc, long ldacc)
+{
+    eqf_pv_rows(p, ldp, v, ldv, nk, acc, ldacc, 1);
 }
 #endif

@@ -478,7 +478,7 @@ def emit_attention(plan: KernelPlan) -> str:
     epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={qk, sm})
     e = epi.value(result)
     bk, bq = plan.tiles["bk"], plan.tiles["bq"]
-    vec = int(bk % 64 == 0 and bq % 4 == 0 and Dv % 64 == 0 and vs[nb + 1] == 1)
+    vec = int(bk % 64 == 0 and bq % 4 == 0 and Dv % 16 == 0 and vs[nb + 1] == 1)
     return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=_size(batch), SQ=Sq, SK=Sk, D=D, DV=Dv,
                   BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=vec,
                   PARALLEL=int(_size(batch) * Sq > 1),

@@ -223,6 +223,9 @@ ATT_CASES = [
     ("vec-partial-mask", "softmax(wq2 @ transpose(wk2, perm=[0, 2, 1]) * 0.125 + wmask) @ wv2"),
     # head size 128: the 32 KiB key tile streams from L2 (still tiles of 64 keys, blocks of 16 queries)
     ("vec-head-128", "softmax(hq @ transpose(hk, perm=[0, 2, 1]) * 0.088) @ hv"),
+    # value widths that are multiples of 16 but not of 64: 32 + 16 and 64 + 32 + 16 columns
+    ("vec-dv-48", "softmax(sq @ transpose(sk, perm=[0, 2, 1]) * 0.2) @ sv"),
+    ("vec-dv-112", "softmax(sq @ transpose(sk, perm=[0, 2, 1]) + wmask2) @ sv2"),
 ]
 
 
@@ -235,10 +238,11 @@ def att_results():
               "wq": (1, 128, 2, 64), "wk": (1, 192, 2, 64), "wv": (1, 192, 2, 64),
               "hmask": (2, 3, 1, 70), "res": (2, 3, 33, 8),
               "wq2": (2, 37, 64), "wk2": (2, 100, 64), "wv2": (2, 100, 64), "wmask": (37, 100),
-              "hq": (2, 21, 128), "hk": (2, 130, 128), "hv": (2, 130, 128)}
+              "hq": (2, 21, 128), "hk": (2, 130, 128), "hv": (2, 130, 128),
+              "sq": (2, 21, 32), "sk": (2, 70, 32), "sv": (2, 70, 48), "sv2": (2, 70, 112), "wmask2": (21, 70)}
     res, mod = run_cases("attention", params, ATT_CASES)
     assert all(k.kind == "attention" for k in mod.kernels)
-    head128 = mod.kernels[-1].tiles  # vec-head-128 keeps the vectorized tiles, blocks of >= 16 queries
+    head128 = mod.kernels[-3].tiles  # vec-head-128 keeps the vectorized tiles, blocks of >= 16 queries
     assert head128["bk"] == 64 and head128["bq"] >= 16
     return res
 
