@@ -1,5 +1,5 @@
 /* {{NAME}}: C[b] = epilogue(A[b] @ B[b]) for b < {{BATCH}}; M={{M}} N={{N}} K={{K}}, row-major,
- * B {{B_LAYOUT}}.
+ * B {{B_LAYOUT}}, A {{A_LAYOUT}}.
  *
  * BLIS-style, loop order pc (KC slices of K) > chunk (MC rows of A, packed once) > jc (NC
  * columns of B, packed into a KC x NC panel that stays in L2) > ir (MR-row micro-panel of A,
@@ -135,6 +135,17 @@ static void {{NAME}}_pack_a(const float* restrict A, long ic, long mc, long pc, 
     for (long ir = 0; ir < mc; ir += {{NAME}}_MR) {
         float* restrict dst = ap + ir * kc;
         long mr = mc - ir < {{NAME}}_MR ? mc - ir : {{NAME}}_MR;
+#if {{A_TRANSPOSED}}
+        /* A given transposed (K x M, row stride LDA): the MR rows of one k are contiguous */
+        const float* restrict srct = A + pc * {{LDA}}L + ic + ir;
+        for (long k = 0; k < kc; k++) {
+            for (long r = 0; r < mr; r++)
+                dst[k * {{NAME}}_MR + r] = srct[k * {{LDA}}L + r];
+            for (long r = mr; r < {{NAME}}_MR; r++)
+                dst[k * {{NAME}}_MR + r] = 0.0f;
+        }
+        continue;
+#endif
         const float* restrict src = A + (ic + ir) * {{LDA}}L + pc;
         if (mr == {{NAME}}_MR) {
             for (long k = 0; k < kc; k++)

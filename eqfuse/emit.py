@@ -560,14 +560,17 @@ def emit_contraction(plan: KernelPlan) -> str:
     nb = len(out) - 2
     M, N, K = plan.detail["M"], plan.detail["N"], plan.detail["K"]
     A, B = mm.args
-    bt = plan.detail["b_transposed"]
+    bt, at = plan.detail["b_transposed"], plan.detail.get("a_transposed", False)
     Bsrc = body.nodes[B].args[0] if bt else B
+    Asrc = body.nodes[A].args[0] if at else A
     batch = out[:-2]
-    ast = bstrides(body.nodes[A].type.shape, batch + (M, K))[:nb]
+    ast = bstrides(body.nodes[Asrc].type.shape, batch + ((K, M) if at else (M, K)))[:nb]
     bst = bstrides(body.nodes[Bsrc].type.shape, batch + ((N, K) if bt else (K, N)))[:nb]
     cst = contiguous(out)[:nb]
     nbatch = _size(batch)
-    acont = list(ast) == list(contiguous(batch + (M, K))[:nb])
+    # rows of A follow one another across batches (so B shared by all folds them into one GEMM)
+    # only when A is not given transposed
+    acont = not at and list(ast) == list(contiguous(batch + (M, K))[:nb])
     if nbatch == 1 or (all(s == 0 for s in bst) and acont):
         mode, gb = "fold", 1  # B shared by every batch: one GEMM with M' = batch * M
         groups = [("i", bdims_plus(nb, [nb]), False), ("j", [nb + 1], False)]
@@ -595,12 +598,12 @@ def emit_contraction(plan: KernelPlan) -> str:
             st = bstrides(body.nodes[i].type.shape, out)
             eparts.append(f"{ptrs[i]} + ({offset('g', list(batch), st[:nb])})")
         outer = nbatch
-        aoff = f"{ptrs[A]} + ({offset('g', list(batch), ast)})"
+        aoff = f"{ptrs[Asrc]} + ({offset('g', list(batch), ast)})"
         boff_ = f"{ptrs[Bsrc]} + ({offset('g', list(batch), bst)})"
         coff = f"out + (g * {M * N})"
     else:
         eparts = [ptrs[i] for i, _ in extras]
-        outer, aoff, boff_, coff = 1, ptrs[A], ptrs[Bsrc], "out"
+        outer, aoff, boff_, coff = 1, ptrs[Asrc], ptrs[Bsrc], "out"
     gname = f"{plan.name}_gemm"
     extra_params = "".join(f", const float* restrict {pn}" for _, pn in extras)
     # A B bound by params= (lower marks it only when it is one matrix for every batch, the
@@ -612,11 +615,13 @@ def emit_contraction(plan: KernelPlan) -> str:
         plan.detail["prepack"] = {"arg": body.inputs.index(Bsrc), "fn": f"{gname}_prepack",
                                   "floats": f"{gname}_prepack_floats"}
     src, _ = _gemm(gname, M=gM, N=N, K=K, batch=gb, a_batch_stride=strides[0], b_batch_stride=strides[1],
-                   c_batch_stride=strides[2], lda=K, ldb=K if bt else N, ldc=N, b_transposed=bt,
+                   c_batch_stride=strides[2], lda=M if at else K, ldb=K if bt else N, ldc=N, b_transposed=bt,
+                   a_transposed=at,
                    epilogue=expr, extra_params=extra_params,
                    extra_args_cdef="".join(f", const float* {pn}" for _, pn in extras),
                    prepacked_b=prepacked, **({"row_epilogue": row_call} if row_call else {}))
-    shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (B transposed)" if bt else "")
+    shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (A transposed)" if at else "") + \
+        (" (B transposed)" if bt else "")
     if row_call:
         shapes += f", then {plan.detail['row_op']} over each finished row of C"
     wrapper = render("matmul.c", NAME=plan.name, SHAPES=shapes, GEMM=gname, PARAMS=params, OUTER=outer,

@@ -52,7 +52,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
               extra_args_cdef: str = "",
               blocking: tuple[int, int, int, int, int] | None = None,
               split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "",
-              prepacked_b: bool = False) -> tuple[str, str]:
+              prepacked_b: bool = False, a_transposed: bool = False) -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
@@ -67,6 +67,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     while it is in L1 when the whole row is one NC block, else each chunk of rows after its last
     B panel. A row epilogue makes the threads split batches or rows, never columns
     (one thread must own whole rows).
+    `a_transposed`: A is given as its transpose, K x M (row stride lda), packed to the same panels.
     `prepacked_b`: the B argument is the panels made once by `NAME_prepack(B, P)` (P of
     `NAME_prepack_floats()` floats, both in the cdef), for a B bound by params= and shared by
     every batch (b_batch_stride 0).
@@ -103,7 +104,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
                  EPILOGUE=epilogue, SPLIT=SPLITS[split], LDB=ldb,
                  DIRECT_B=0 if prepacked_b else int(direct(M, b_transposed, mr) if direct_b is None
                                                     else direct_b and not b_transposed),
-                 PREPACKED_B=int(prepacked_b),
+                 PREPACKED_B=int(prepacked_b), A_TRANSPOSED=int(a_transposed),
+                 A_LAYOUT="given transposed (K x M)" if a_transposed else "M x K",
                  EXTRA_PARAMS=extra_params, ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
                  EXTRA_ARGS="".join(", " + n for n in param_names(extra_params)))
     cdef = f"void {name}(const float* A, const float* B, float* C{extra_args_cdef});"

@@ -89,12 +89,21 @@ def classify(body: Graph) -> KernelShape:
                 if x not in inputs:
                     raise Unsupported(f"the parameters of {n.op} must be kernel inputs")
             return KernelShape("row" if k == "row" or _trailing(body, a) else "reduce", a)
-    # Contraction whose B operand is a transposed input: x @ transpose(w).
-    if len(heavy) == 2:
-        t, m = sorted(heavy, key=lambda i: kinds[i] != "layout")
-        tn, mn = body.nodes[t], body.nodes[m]
-        if (mn.op == "matmul" and _swaps_last_two(tn) and tn.args[0] in inputs and mn.args[1] == t
-                and mn.args[0] in inputs and body.users()[t] == 1):
+    # Contraction whose operands are inputs read through a swap of their last two axes:
+    # x @ transpose(w), transpose(x) @ w, transpose(x) @ transpose(w) (the GEMM packs them so).
+    mms = [i for i in heavy if body.nodes[i].op == "matmul"]
+    if len(mms) == 1 and len(heavy) in (2, 3):
+        m = mms[0]
+        mn, users = body.nodes[m], body.users()
+        swaps = set(heavy) - {m}
+
+        def operand_ok(x: int) -> bool:
+            if x in inputs:
+                return True
+            xn = body.nodes[x]
+            return x in swaps and _swaps_last_two(xn) and xn.args[0] in inputs and users[x] == 1
+
+        if swaps <= set(mn.args) and all(operand_ok(x) for x in mn.args):
             _check_epilogue(body, m, out)
             return KernelShape("contraction", m)
     crow = _contraction_row(body, heavy, inputs)

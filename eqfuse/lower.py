@@ -255,15 +255,17 @@ def _plan_contraction(plan: KernelPlan, c: Caches) -> None:
         plan.flops = 2 * N * O * OH * OW * K + _pointwise_flops(body)
     else:
         A, B = mm.args
-        bnode = body.nodes[B]
-        transposed = bnode.op == "transpose"
-        ashape = body.nodes[A].type.shape
+        anode, bnode = body.nodes[A], body.nodes[B]
+        transposed, a_transposed = bnode.op == "transpose", anode.op == "transpose"
+        ashape = anode.type.shape  # (the transpose's shape when A is read through one)
         bshape = body.nodes[bnode.args[0]].type.shape if transposed else bnode.type.shape
         M, K = ashape[-2], ashape[-1]
         Nn = bshape[-2] if transposed else bshape[-1]
         batch = _size(mm.type.shape[:-2])
-        plan.detail = {"M": M, "N": Nn, "K": K, "batch": batch, "b_transposed": transposed}
-        if batch > 1 and _size(bshape[:-2]) == 1 and tuple(ashape[:-2]) == tuple(mm.type.shape[:-2]):
+        plan.detail = {"M": M, "N": Nn, "K": K, "batch": batch, "b_transposed": transposed,
+                       "a_transposed": a_transposed}
+        if batch > 1 and _size(bshape[:-2]) == 1 and tuple(ashape[:-2]) == tuple(mm.type.shape[:-2]) \
+                and not a_transposed:
             M, batch = M * batch, 1  # B shared by every batch: one GEMM over all rows (see emit)
         plan.detail["gemm"] = {"M": M, "batch": batch}
         plan.flops = 2 * batch * M * Nn * K + _pointwise_flops(body)
@@ -296,7 +298,9 @@ def _plan_contraction(plan: KernelPlan, c: Caches) -> None:
           UOp(1, "Load", ("B read in place" + (f", its last {Nn % nr} columns packed" if Nn % nr else ""))
               if direct else f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]", nb * njc * npc),
           UOp(1, "Loop", f"ic over M={M} step mc={mc} (parallel: batches, else {split})", nb * njc * npc * nic),
-          UOp(2, "Load", f"pack A block [{min(mc, M)} x {min(kc, K)}]", nb * njc * npc * nic),
+          UOp(2, "Load", f"pack A block [{min(mc, M)} x {min(kc, K)}]"
+                         f"{' from A given transposed' if plan.detail.get('a_transposed') else ''}",
+              nb * njc * npc * nic),
           UOp(2, "Exec", f"micro-kernel {mr} x {nr} x {min(kc, K)} FMA", nb * njc * npc * nic * nmr * nnr),
           UOp(2, "Store", f"C tile {mr} x {nr} with epilogue ({epi or 'none'}) on the last kc step",
               nb * njc * nic * nmr * nnr)]

@@ -49,6 +49,10 @@ VARIANTS = sorted(
     # B bound by params=: packed once by NAME_prepack, shared by every batch ("prepacked")
     | {(M, N, K, 1, bt, "bias_relu", None, "auto", "prepacked") for M, N, K in SHAPES for bt in (False, True)}
     | {(53, 101, 61, 2, bt, "bias_res", blk, split, "prepacked") for blk in BLOCKINGS for bt in (False, True)
+       for split in ("rows", "cols")}
+    # A given transposed (K x M), packed from there ("a_transposed")
+    | {(M, N, K, 1, bt, "bias_relu", None, "auto", "a_transposed") for M, N, K in SHAPES for bt in (False, True)}
+    | {(53, 101, 61, 2, bt, "bias_res", blk, split, "a_transposed") for blk in BLOCKINGS for bt in (False, True)
        for split in ("rows", "cols")},
     key=repr)
 
@@ -58,14 +62,14 @@ def kernel_name(variant) -> str:
 
 
 def gemm_source(M, N, K, batch, bt, epi, blocking=None, split="auto", direct=None, name="g"):
-    """direct: None (the rule), False (B packed), True (read in place) or "prepacked" (B shared by
-    the batches and packed once by NAME_prepack)."""
+    """direct: None (the rule), False (B packed), True (read in place), "prepacked" (B shared by
+    the batches and packed once by NAME_prepack) or "a_transposed" (A given as K x M)."""
     expr, params, cdef_params = EPILOGUES[epi]
-    pre = direct == "prepacked"
+    pre, at = direct == "prepacked", direct == "a_transposed"
     return emit_gemm(name, M=M, N=N, K=K, batch=batch, a_batch_stride=M * K, b_batch_stride=0 if pre else K * N,
-                     c_batch_stride=M * N, lda=K, ldb=K if bt else N, ldc=N, b_transposed=bt,
+                     c_batch_stride=M * N, lda=M if at else K, ldb=K if bt else N, ldc=N, b_transposed=bt,
                      epilogue=expr, extra_params=params, extra_args_cdef=cdef_params, blocking=blocking,
-                     split=split, direct_b=None if pre else direct, prepacked_b=pre)
+                     split=split, direct_b=None if pre or at else direct, prepacked_b=pre, a_transposed=at)
 
 
 def build_many(variants, hint):
@@ -106,6 +110,7 @@ def run(modules, variant, threads=2, seed=0):
     extra = {"acc": [], "bias_relu": [bias], "residual": [res], "bias_res": [bias, res]}[epi]
     C = np.full((batch, M, N), np.nan, np.float32)  # every element must be written
     Bin = np.ascontiguousarray(B.transpose(0, 2, 1)) if bt else B
+    Ain = np.ascontiguousarray(A.transpose(0, 2, 1)) if direct == "a_transposed" else A
     ffi = built.ffi
     ptr = lambda a: ffi.cast("float*", ffi.from_buffer(a))  # noqa: E731
     if direct == "prepacked":  # the panels, packed once, stand in for B; NaN where nothing is written
@@ -114,7 +119,7 @@ def run(modules, variant, threads=2, seed=0):
         getattr(built.lib, f"{name}_prepack")(ptr(Bin), ptr(P))
         assert not np.isnan(P).any()
         Bin = P
-    getattr(built.lib, kernel_name(variant))(*[ptr(A), ptr(Bin), ptr(C)] + [ptr(e) for e in extra])
+    getattr(built.lib, kernel_name(variant))(*[ptr(Ain), ptr(Bin), ptr(C)] + [ptr(e) for e in extra])
     acc = A.astype(np.float64) @ B
     want = {"acc": acc, "bias_relu": np.maximum(acc + bias, 0), "residual": acc * 0.5 + res,
             "bias_res": np.maximum(acc + bias, 0) + res}[epi]
@@ -171,6 +176,21 @@ def test_prepacked_b_small_blocks(modules, blocking, bt, split, threads):
     """Prepacked panels with several K slices and column blocks, shared by 2 batches, with the
     threads splitting rows or columns (3 threads on 2 batches split each batch)."""
     run(modules, (53, 101, 61, 2, bt, "bias_res", blocking, split, "prepacked"), threads)
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("bt", [False, True])
+def test_transposed_a(modules, M, N, K, bt):
+    """A given transposed (K x M in memory): packed from there into the same panels."""
+    run(modules, (M, N, K, 1, bt, "bias_relu", None, "auto", "a_transposed"))
+
+
+@pytest.mark.parametrize("blocking", BLOCKINGS)
+@pytest.mark.parametrize("bt", [False, True])
+@pytest.mark.parametrize("split", ["rows", "cols"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_transposed_a_small_blocks(modules, blocking, bt, split, threads):
+    run(modules, (53, 101, 61, 2, bt, "bias_res", blocking, split, "a_transposed"), threads)
 
 
 def test_nan_and_inf_propagate_through_the_epilogue(modules):

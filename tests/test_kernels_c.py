@@ -123,6 +123,11 @@ MM_CASES = [
     ("batched-both", "qb @ kb"),
     ("batched-bcast", "x4 @ w4"),
     ("batched-bcast-epi", "gelu(x4 @ w4 + e4)"),
+    # A read through a swap of its last two axes (packed from K x M), alone and with a transposed B
+    ("transposed-a", "relu(transpose(xt) @ w33 + b127)"),
+    ("transposed-a-b", "transpose(xt, perm=[1, 0]) @ transpose(wt) - 1"),
+    ("batched-transposed-a", "transpose(xbt, perm=[0, 2, 1]) @ w33 + b127"),
+    ("batched-transposed-a-both", "transpose(qbt, perm=[0, 2, 1]) @ kb"),
 ]
 
 
@@ -130,8 +135,10 @@ MM_CASES = [
 def mm_results():
     params = {"m1": (1, 1), "n1": (1, 1), "x7": (7, 33), "w33": (33, 127), "b127": (127,), "r7": (7, 127),
               "wt": (65, 33), "xb": (3, 5, 33), "qb": (3, 9, 17), "kb": (3, 17, 12),
-              "x4": (2, 3, 5, 7), "w4": (3, 7, 6), "e4": (2, 1, 5, 1)}
-    res, _ = run_cases("contractions", params, MM_CASES)
+              "x4": (2, 3, 5, 7), "w4": (3, 7, 6), "e4": (2, 1, 5, 1),
+              "xt": (33, 7), "xbt": (3, 33, 5), "qbt": (3, 17, 9)}
+    res, mod = run_cases("contractions", params, MM_CASES)
+    assert all(k.kind == "contraction" for k in mod.kernels)  # no layout kernel for the transposes
     return res
 
 

@@ -248,3 +248,14 @@ def test_attention_takes_a_pointwise_epilogue():
     assert r.report["kernels_after"] == 1
     (k,) = kernels(r.graph)
     assert "softmax(" in k and "+ r" in k and "relu(" in k
+
+
+def test_transposed_operands_are_read_in_place():
+    """transpose(x) @ w and transpose(x) @ transpose(w): the GEMM packs A from its transpose and
+    B from its transpose, so neither becomes a layout kernel."""
+    for body in ("relu(transpose(x) @ w + b)", "transpose(x, perm=[1, 0]) @ transpose(v) * 2"):
+        src = (f"graph f(x: f32[64, 24], w: f32[64, 48], v: f32[48, 64], b: f32[48]) -> f32[24, 48] "
+               f"{{ return {body} }}")
+        r = optimize_graph(load_text(src)[0])
+        ks = kernels(r.graph)
+        assert len(ks) == 1 and ks[0].count("transpose(") == body.count("transpose("), ks
