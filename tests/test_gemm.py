@@ -161,36 +161,27 @@ def test_column_split(modules, M, N, K, blocking, bt, batch, threads, direct):
     run(modules, (M, N, K, batch, bt, "bias_res", blocking, "cols", direct), threads)
 
 
+MODES = ["prepacked", "a_transposed"]
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("M,N,K", SHAPES)
 @pytest.mark.parametrize("bt", [False, True])
-def test_prepacked_b(modules, M, N, K, bt):
-    """B bound by params=: the kernel reads panels packed once by NAME_prepack."""
-    run(modules, (M, N, K, 1, bt, "bias_relu", None, "auto", "prepacked"))
+def test_operand_modes(modules, mode, M, N, K, bt):
+    """prepacked: B bound by params=, the kernel reads panels packed once by NAME_prepack.
+    a_transposed: A given transposed (K x M in memory), packed from there into the same panels."""
+    run(modules, (M, N, K, 1, bt, "bias_relu", None, "auto", mode))
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("blocking", BLOCKINGS)
 @pytest.mark.parametrize("bt", [False, True])
 @pytest.mark.parametrize("split", ["rows", "cols"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_prepacked_b_small_blocks(modules, blocking, bt, split, threads):
-    """Prepacked panels with several K slices and column blocks, shared by 2 batches, with the
-    threads splitting rows or columns (3 threads on 2 batches split each batch)."""
-    run(modules, (53, 101, 61, 2, bt, "bias_res", blocking, split, "prepacked"), threads)
-
-
-@pytest.mark.parametrize("M,N,K", SHAPES)
-@pytest.mark.parametrize("bt", [False, True])
-def test_transposed_a(modules, M, N, K, bt):
-    """A given transposed (K x M in memory): packed from there into the same panels."""
-    run(modules, (M, N, K, 1, bt, "bias_relu", None, "auto", "a_transposed"))
-
-
-@pytest.mark.parametrize("blocking", BLOCKINGS)
-@pytest.mark.parametrize("bt", [False, True])
-@pytest.mark.parametrize("split", ["rows", "cols"])
-@pytest.mark.parametrize("threads", [1, 2])
-def test_transposed_a_small_blocks(modules, blocking, bt, split, threads):
-    run(modules, (53, 101, 61, 2, bt, "bias_res", blocking, split, "a_transposed"), threads)
+def test_operand_modes_small_blocks(modules, mode, blocking, bt, split, threads):
+    """Several K slices and column blocks, 2 batches (sharing the prepacked B), the threads
+    splitting rows or columns (3 threads on 2 batches split each batch)."""
+    run(modules, (53, 101, 61, 2, bt, "bias_res", blocking, split, mode), threads)
 
 
 def test_nan_and_inf_propagate_through_the_epilogue(modules):
