@@ -13,8 +13,8 @@ from .ops import OPS
 
 SUPPORTED = (
     "pointwise (a tree of pointwise ops over tensors and scalar constants); "
-    "contraction with epilogue (one matmul or conv2d over kernel inputs, its result flowing through "
-    "pointwise ops); contraction with row epilogue (one matmul whose result flows through pointwise ops "
+    "contraction with epilogue (one matmul or conv2d over kernel inputs, a matmul's operands possibly "
+    "read through a swap of their last two axes, its result flowing through pointwise ops); contraction with row epilogue (one matmul whose result flows through pointwise ops "
     "into a softmax, layernorm or rmsnorm over its last axis, then pointwise ops); row-wise (one softmax, "
     "layernorm, rmsnorm or sum/mean/max over the trailing axes, "
     "with a pointwise prologue and epilogue); reduction (one sum/mean/max over any axes, with a "
