@@ -144,8 +144,7 @@ static void {{NAME}}_pack_a(const float* restrict A, long ic, long mc, long pc, 
             for (long r = mr; r < {{NAME}}_MR; r++)
                 dst[k * {{NAME}}_MR + r] = 0.0f;
         }
-        continue;
-#endif
+#else
         const float* restrict src = A + (ic + ir) * {{LDA}}L + pc;
         if (mr == {{NAME}}_MR) {
             for (long k = 0; k < kc; k++)
@@ -160,6 +159,7 @@ static void {{NAME}}_pack_a(const float* restrict A, long ic, long mc, long pc, 
                     dst[k * {{NAME}}_MR + r] = 0.0f;
             }
         }
+#endif
     }
 }
 
@@ -253,11 +253,11 @@ static void {{NAME}}_block(const float* A, const float* B, float* C, long b, lon
                 /* with DIRECT_B only a partial last panel is packed, the others are read from B */
                 const long q0 = {{DIRECT_B}} ? nc / {{NAME}}_NR : 0, q = npanels - q0;
 #if {{PREPACKED_B}}
+                /* the panels _prepack made once: nothing to pack, nothing to wait for */
+                const float* restrict panel = B + pc * {{NAME}}_NPAD + jc * kc;
                 (void)q; (void)shared; (void)me; (void)nt;
-                if (mc > 0)
-                    {{NAME}}_macro(ap, B + pc * {{NAME}}_NPAD + jc * kc, B, C, b, ic, mc, jc, nc, pc, kc{{EXTRA_ARGS}});
-                continue;
-#endif
+#else
+                const float* restrict panel = bp;
                 if (shared) {
                     /* each thread packs its share of the panel once the last one is no longer read */
 #pragma omp barrier
@@ -267,8 +267,9 @@ static void {{NAME}}_block(const float* A, const float* B, float* C, long b, lon
                 } else {
                     {{NAME}}_pack_b(B, pc, kc, jc, q0 * {{NAME}}_NR, npanels * {{NAME}}_NR, nc, bp);
                 }
+#endif
                 if (mc > 0)
-                    {{NAME}}_macro(ap, bp, B, C, b, ic, mc, jc, nc, pc, kc{{EXTRA_ARGS}});
+                    {{NAME}}_macro(ap, panel, B, C, b, ic, mc, jc, nc, pc, kc{{EXTRA_ARGS}});
             }
             /* the row epilogue (a row op over whole rows of C) on the rows just finished, when
              * the macro kernel could not (rows wider than one NC block) */
