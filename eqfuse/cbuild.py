@@ -34,7 +34,8 @@ from .errors import EqfuseError
 # freely. -fno-math-errno lets sqrtf/fmaxf become instructions; -fno-trapping-math lets gcc
 # if-convert and vectorize conditional code; neither changes a result. gnu11 for _Thread_local
 # and restrict.
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-std=gnu11")
+# The -march flags come from the machine model (eqfuse.machine), see compiler_flags.
+FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-std=gnu11")
 LINK_FLAGS = ("-fopenmp",)
 
 # Every generated module exports these, so the Module can set the OpenMP thread count.
@@ -79,11 +80,13 @@ def compiler_version() -> str:
 
 
 def compiler_flags(extra_flags: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """FLAGS, then extra_flags; with EQFUSE_WERROR=1 in the environment (the test suite sets it)
+    """FLAGS, the machine model's -march, then extra_flags; with EQFUSE_WERROR=1 in the environment (the test suite sets it)
     also -Werror: generated C must compile cleanly at -Wall, and a warning printed during an
     ordinary build would otherwise go unnoticed."""
+    from .machine import machine
+
     werror = ("-Werror",) if os.environ.get("EQFUSE_WERROR") == "1" else ()
-    return FLAGS + tuple(extra_flags) + werror
+    return FLAGS + machine().march + tuple(extra_flags) + werror
 
 
 def cache_key(source: str, cdef: str, extra_flags: tuple[str, ...] = ()) -> str:
@@ -185,7 +188,7 @@ def warnings_for(source: str, extra_flags: tuple[str, ...] = ()) -> str:
         c_file.write_text(source)
         cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
         py = (sysconfig.get_config_var("CFLAGS") or "").split() + (sysconfig.get_config_var("CCSHARED") or "").split()
-        out = subprocess.run(cc + py + list(FLAGS + tuple(extra_flags)) + ["-c", "-o", str(Path(d) / "check.o"),
+        out = subprocess.run(cc + py + list(compiler_flags(tuple(extra_flags))) + ["-c", "-o", str(Path(d) / "check.o"),
                                                                           str(c_file)],
                              capture_output=True, text=True)
         return out.stderr

@@ -1,13 +1,17 @@
-"""What this machine is: cache sizes, SIMD width and cores, read from the system.
+"""What this machine is: cache sizes, SIMD width, the ISA kernels are built for, and cores.
 
-Overridable with EQFUSE_L1 / EQFUSE_L2 / EQFUSE_L3 (bytes) and EQFUSE_SIMD (floats per vector).
+Read from the system, overridable with EQFUSE_L1 / EQFUSE_L2 / EQFUSE_L3 (bytes) and EQFUSE_SIMD
+(floats per vector). `pin(model)` replaces the whole description, for tests: every planning
+decision and the compiler's -march then follow the pinned model, not the host (MODELS holds
+the machines the project has run on).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -18,6 +22,23 @@ class Machine:
     l3: int  # bytes, shared
     simd_floats: int  # float32 lanes per vector register
     cores: int
+
+    @property
+    def march(self) -> tuple[str, ...]:
+        """The compiler's target flags: the host's own ISA when it is the vector width planned
+        for, else the x86-64 level of that width (AVX2 kernels on an AVX-512 host really run
+        the AVX2 code paths)."""
+        if self.simd_floats >= host_simd_floats():
+            return ("-march=native",)
+        return ("-march=x86-64-v3", "-mtune=native") if self.simd_floats == 8 else ("-march=x86-64-v2",)
+
+
+# The machines eqfuse has run on (2 vCPUs each), for tests that pin what the planner sees.
+MODELS: dict[str, Machine] = {
+    "zen4": Machine(l1=32 << 10, l2=1 << 20, l3=32 << 20, simd_floats=16, cores=2),
+    "xeon-spr": Machine(l1=48 << 10, l2=2 << 20, l3=105 << 20, simd_floats=16, cores=2),
+    "avx2": Machine(l1=32 << 10, l2=512 << 10, l3=16 << 20, simd_floats=8, cores=2),
+}
 
 
 def _size(text: str) -> int:
@@ -39,6 +60,11 @@ def cache_sizes() -> dict[int, int]:
     return sizes
 
 
+@functools.lru_cache(maxsize=None)
+def host_simd_floats() -> int:
+    return simd_width_floats()
+
+
 def simd_width_floats() -> int:
     try:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
@@ -55,8 +81,38 @@ def num_cores() -> int:
         return os.cpu_count() or 1
 
 
-@functools.lru_cache(maxsize=None)
+_PINNED: list[Machine] = []
+
+
+def pin(model: Machine | str | None) -> None:
+    """Make `machine()` return this model (a name of MODELS or a Machine) instead of the host;
+    None unpins. A model wider than the host's vectors is refused: its kernels could not run."""
+    _PINNED.clear()
+    if model is None:
+        return
+    m = MODELS[model] if isinstance(model, str) else model
+    if m.simd_floats > host_simd_floats():
+        m = replace(m, simd_floats=host_simd_floats())
+    _PINNED.append(m)
+
+
+@contextmanager
+def pinned(model: Machine | str):
+    """`with pinned("xeon-spr"): ...` plans for that machine, then restores the previous one."""
+    before = list(_PINNED)
+    pin(model)
+    try:
+        yield machine()
+    finally:
+        _PINNED[:] = before
+
+
 def machine() -> Machine:
+    return _PINNED[0] if _PINNED else host_machine()
+
+
+@functools.lru_cache(maxsize=None)
+def host_machine() -> Machine:
     c = cache_sizes()
     env = lambda name, default: int(os.environ.get(name, default))  # noqa: E731
     return Machine(l1=env("EQFUSE_L1", c.get(1, 32 << 10)), l2=env("EQFUSE_L2", c.get(2, 1 << 20)),

@@ -104,6 +104,8 @@ def test_render_refuses_missing_and_unused_placeholders():
 
 
 def test_machine_description_and_blocking(monkeypatch):
+    from dataclasses import replace
+
     from eqfuse import machine
 
     m = machine.machine()
@@ -111,11 +113,26 @@ def test_machine_description_and_blocking(monkeypatch):
     mc, nc, kc, mr, nr = machine.gemm_blocking(m)
     assert mc % mr == 0 and nc % nr == 0 and kc > 0
     assert mr * kc * 4 <= m.l1 and kc * nc * 4 <= m.l2  # the A micro-panel in L1, the B panel in L2
+    assert machine.gemm_blocking(replace(m, l2=m.l2 // 4))[1] < nc  # a smaller L2, a narrower B panel
+
+
+def test_host_machine_reads_the_environment_overrides(monkeypatch):
+    from eqfuse import machine
+
     monkeypatch.setenv("EQFUSE_L2", str(256 << 10))
-    machine.machine.cache_clear()
+    machine.host_machine.cache_clear()
     try:
-        assert machine.machine().l2 == 256 << 10
-        assert machine.gemm_blocking()[1] < nc  # a smaller L2, a narrower B panel
+        assert machine.host_machine().l2 == 256 << 10
     finally:
         monkeypatch.undo()
-        machine.machine.cache_clear()
+        machine.host_machine.cache_clear()
+
+
+def test_a_pinned_machine_is_what_the_planner_and_the_compiler_see():
+    from eqfuse import cbuild, machine
+
+    with machine.pinned("xeon-spr") as m:
+        assert machine.machine().l1 == 48 << 10 and m.l1 == 48 << 10
+    with machine.pinned("avx2"):
+        assert machine.machine().simd_floats == 8
+        assert "-march=x86-64-v3" in cbuild.compiler_flags() or machine.host_simd_floats() == 8

@@ -439,10 +439,10 @@ def test_contraction_row_epilogue_small_blocks(monkeypatch):
         assert compare(list(mod(*arrays)), want) == [], threads
 
 
-def test_contraction_row_epilogue_too_wide_is_split():
+def test_contraction_row_epilogue_too_wide_is_split(machine_model):
     """A row too long for the row epilogue (N floats and the row op's parameters beyond L1): the
     backend computes the kernel block as a GEMM and a row kernel, with the same result."""
-    N = 3000
+    N = machine_model.l1 // (4 * 3) + 100  # a row of C and the two parameter vectors: past L1
     src = (f"graph wide(x: f32[5, 8], w: f32[8, {N}], g: f32[{N}], be: f32[{N}]) -> f32[5, {N}] "
            "{ return kernel { layernorm(x @ w, g, be) * 2 } }")
     arrays = [RNG.standard_normal(s).astype(np.float32) for s in [(5, 8), (8, N), (N,), (N,)]]
