@@ -102,6 +102,17 @@ static inline float eqf_sigmoid(float x)
     return (x < 0.0f ? e : 1.0f) / (1.0f + e);
 }
 static inline float eqf_silu(float x) { return x * eqf_sigmoid(x); }
+/* clip(alpha x + beta, 0, 1); NaN passes through (both comparisons are false) */
+static inline float eqf_hard_sigmoid(float x, float alpha, float beta)
+{
+    const float y = alpha * x + beta;
+    return y < 0.0f ? 0.0f : (y > 1.0f ? 1.0f : y);
+}
+/* log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): never overflows */
+static inline float eqf_softplus(float x)
+{
+    return (x > 0.0f ? x : 0.0f) + log1pf(eqf_expf(-fabsf(x)));
+}
 /* gelu's 1 + tanh(u) and 1 + erf(z) written without the cancellation of 1 + (-0.99999...) */
 static inline float eqf_gelu_tanh(float x)
 {

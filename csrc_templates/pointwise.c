@@ -17,7 +17,7 @@ void {{NAME}}({{PARAMS}})
     #pragma omp for schedule({{SCHEDULE}}) nowait
     for (long t = 0; t < {{OUTER}} * ntiles; t++) {
         const long o = t / ntiles;
-        float* restrict dst = out + o * inner;
+        {{OTYPE}}* restrict dst = out + o * inner;
 #if {{STREAM}}
         const long skew = (long)(((uintptr_t)dst & 63) / sizeof(float));
         const long ts = (t % ntiles) * tile;

@@ -10,6 +10,7 @@ from .errors import EqfuseError, Pos, ShapeError
 from .graph import Graph, Node
 from .kernels import SUPPORTED, Unsupported, classify
 from .ops import INFIX, OPS, complete_attrs
+from .ops_index import canonical
 from .shapes import DTYPES, TType
 
 
@@ -20,7 +21,7 @@ def did_you_mean(word: str, options) -> str | None:
 
 def build_type(t: S.TypeAst) -> TType:
     if t.dtype not in DTYPES:
-        hint = "f64 and other dtypes are not supported yet" if t.dtype in ("f64", "f16", "bf16", "i32") else None
+        hint = "f64 and other dtypes are not supported yet" if t.dtype in ("f64", "f16", "bf16", "i8", "u8") else None
         raise EqfuseError(f"unknown dtype '{t.dtype}': eqfuse supports {', '.join(DTYPES)}", t.pos, hint)
     dims = t.dims or ()
     for d in dims:
@@ -69,11 +70,13 @@ class GraphBuilder:
         raise EqfuseError(f"unknown name '{name.id}'", name.pos, did_you_mean(name.id, known))
 
     def add_op(self, op: str, args: list[int], attrs: dict, pos: Pos) -> int:
-        node = Node(op, tuple(args), tuple(attrs.items()), pos=pos)
+        types = [self.graph.nodes[a].type for a in args]
         try:
-            t = OPS[op].infer([self.graph.nodes[a].type for a in args], attrs)
+            t = OPS[op].infer(types, attrs)
+            op, attrs = canonical(op, types, attrs)
         except ShapeError as e:
             raise EqfuseError(str(e), pos) from None
+        node = Node(op, tuple(args), tuple(attrs.items()), pos=pos)
         return self.graph.add(Node(op, node.args, node.attrs, t, pos=pos))
 
     def expr(self, e: S.Expr) -> int:

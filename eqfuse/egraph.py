@@ -220,16 +220,22 @@ def _copy_facts(dst: str, src: str) -> str:
     return f"(set (rank {dst}) (rank {src})) (set (shape {dst}) (shape {src})) (set (size {dst}) (size {src}))"
 
 
+SHAPE_CHANGING = ("expand",)  # pointwise ops whose result is not their operand's shape
+
+
 def _fact_rules() -> list[str]:
     """Shape facts for classes that rules create: pointwise ops keep their operand's shape."""
     out = []
     for op in OPS.values():
-        if op.kind != "pointwise":
+        if op.kind != "pointwise" or op.name in SHAPE_CHANGING:
             continue
         na = len(op.attrs)
         attrs = " ".join(f"?a{i}" for i in range(na))
         if op.arity == (1, 1):
             pats = [(f"(o_{op.name} ?x {attrs})".replace("  ", " ").replace(" )", ")"), "?x", "")]
+        elif op.arity == (3, 3):  # where(c, x, y): x's shape when nothing broadcasts
+            pats = [(f"(o_{op.name} ?c ?x ?y)", "?x", "(= (shape ?x) (shape ?y)) (= (shape ?x) (shape ?c))"),
+                    (f"(o_{op.name} ?c ?x (Cn ?k))", "?x", "(= (shape ?x) (shape ?c))")]
         else:
             pats = [(f"(o_{op.name} ?x ?y)", "?x", "(= (shape ?x) (shape ?y))"),
                     (f"(o_{op.name} ?x (Cn ?c))", "?x", ""),

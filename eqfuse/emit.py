@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from itertools import count
 from typing import Iterator
 
-from .graph import Graph
+from .graph import Graph, Node
 from .lower import KernelPlan, Split
 from .ops import OPS, reduce_axes
+from .shapes import C_TYPE, INT_DTYPES
 
 PARALLEL_MIN = 1 << 15  # elements below which a kernel runs on one thread
 
@@ -187,7 +188,7 @@ class Exprs:
             raise Split("the epilogue reads a value of the prologue's index space")
         n = self.body.nodes[i]
         if n.op == "const":
-            return flit(n.value)
+            return flit(n.value)  # the one literal form: C's conversions give it each use's type
         var = f"{self.prefix}{i}" + (f"_c{chan}" if chan is not None else "")
         if n.op == "input":
             view = tuple(n.type.shape)
@@ -201,12 +202,22 @@ class Exprs:
                 args = [self.value(n.args[0], chan)] + [self.value(a, xr) for a in n.args[1:]]
                 expr = CHANNEL_C[n.op](n.attr).format(*args)
             elif op.kind == "pointwise":
-                expr = op.c_expr(n.attr).format(*(self.value(a, chan) for a in n.args))
+                expr = op.c_expr(n.attr).format(*(self._operand(n, a, chan) for a in n.args))
             else:
                 raise Split(f"{n.op} cannot be computed inside this kernel's loop")
-        self.stmts.append(f"{self.indent}const float {var} = {expr};")
+        self.stmts.append(f"{self.indent}const {C_TYPE[n.type.dtype]} {var} = {expr};")
         self.memo[key] = var
         return var
+
+    def _operand(self, n: Node, a: int, chan: int | None) -> str:
+        """Operand a of op n: a literal next to integer operands is written as an integer (so
+        that `ids + 1` is integer arithmetic in C, exact beyond 2^24)."""
+        an = self.body.nodes[a]
+        if an.op == "const" and float(an.value).is_integer() and abs(an.value) < 2 ** 62:
+            others = [self.body.nodes[b].type.dtype for b in n.args if self.body.nodes[b].op != "const"]
+            if others and all(d in INT_DTYPES or d == "bool" for d in others):
+                return f"((int64_t){int(an.value)})"
+        return self.value(a, chan)
 
     def text(self) -> str:
         return "\n".join(self.stmts)
@@ -253,15 +264,23 @@ def render(template: str, **values) -> str:
     return cb_render(template, **{k: str(v) for k, v in values.items()})
 
 
+def ctypes_of(plan: KernelPlan) -> tuple[list[str], str]:
+    """The C element types of the kernel's inputs and of its output."""
+    body = plan.body
+    return [C_TYPE[body.nodes[i].type.dtype] for i in body.inputs], C_TYPE[body.nodes[body.outputs[0]].type.dtype]
+
+
 def _params(plan: KernelPlan) -> tuple[str, dict[int, str]]:
     ptrs = {i: f"in{k}" for k, i in enumerate(plan.body.inputs)}
-    ps = [f"const float* restrict in{k}" for k in range(len(plan.body.inputs))] + ["float* restrict out"]
+    ins, out = ctypes_of(plan)
+    ps = [f"const {t}* restrict in{k}" for k, t in enumerate(ins)] + [f"{out}* restrict out"]
     return ", ".join(ps), ptrs
 
 
 def prototype(plan: KernelPlan) -> str:
     """The kernel's cdef (and its B prepacking functions when it has them; call after emitting)."""
-    ps = [f"const float* in{k}" for k in range(len(plan.body.inputs))] + ["float* out"]
+    ins, out = ctypes_of(plan)
+    ps = [f"const {t}* in{k}" for k, t in enumerate(ins)] + [f"{out}* out"]
     cdef = f"void {plan.name}({', '.join(ps)});"
     pre = plan.detail.get("prepack")
     if pre:
@@ -295,6 +314,7 @@ def emit_pointwise(plan: KernelPlan) -> str:
     # Streaming tiles start on the output's 64-byte lines: up to 15 more elements per row to cover.
     ntiles = -(-(inner + 15 * stream) // tile)
     return render("pointwise.c", NAME=plan.name, SPACE=list(shape), PARAMS=params, INNER=inner, TILE=tile,
+                  OTYPE=ctypes_of(plan)[1],
                   STREAM=stream, SCHEDULE="guided" if stream else "static", NTILES=ntiles, OUTER=outer,
                   PARALLEL=int(_size(shape) >= PARALLEL_MIN),
                   OFFSETS="\n".join(space.decls), BODY=ex.text(), RESULT=res,
@@ -705,8 +725,10 @@ def emit_layout(plan: KernelPlan) -> str:
         xs = body.nodes[x].type.shape
         ax = an.attr["axis"] % len(xs)
         start = range(xs[ax])[an.attr["start"]:an.attr["stop"]].start
-        cs = contiguous(xs)
-        block(ptrs[x], xs, list(cs), "0", out, contiguous(out), base_src=str(start * cs[ax]))
+        cs = list(contiguous(xs))
+        src = list(cs)
+        src[ax] *= an.attr["step"]
+        block(ptrs[x], xs, src, "0", out, contiguous(out), base_src=str(start * cs[ax]))
     elif an.op == "concat":
         ax = an.attr["axis"] % len(out)
         ocs = contiguous(out)

@@ -201,7 +201,8 @@ def _plan_pointwise(plan: KernelPlan, c: Caches) -> None:
     # hosts), so the share is capped at 8 L2s per core.
     stream_bytes = min(c.l3 // 2, 8 * c.l2 * c.cores)
     inner = _inner_extent(plan)
-    stream = total * F32 >= stream_bytes and inner >= STREAM_MIN_INNER
+    f32_out = plan.body.nodes[plan.body.outputs[0]].type.dtype == "f32"  # streamed lines are 16 floats
+    stream = f32_out and total * F32 >= stream_bytes and inner >= STREAM_MIN_INNER
     if stream:
         # Each whole output line is computed in registers and streamed out (4 input/output
         # streams overlapped; the earlier 1024-element L1 buffer copied out afterwards ran

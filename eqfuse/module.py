@@ -18,6 +18,7 @@ from .errors import ArgumentError, CheckFailed
 from .graph import Graph
 from .lower import KernelPlan
 from .reference import bind_arrays, evaluate
+from .shapes import C_TYPE, NUMPY_DTYPE
 from .verify import compare
 
 
@@ -76,15 +77,20 @@ class Compiled:
                 packed[:] = [(b, P)]
             return packed[0][1]
 
+        # each argument's C pointer type, from the kernel's dtypes (float*, int64_t*, _Bool*)
+        in_ctypes = [C_TYPE[p.body.nodes[i].type.dtype] + " *" for i in p.body.inputs]
+        out_dtype = p.body.nodes[p.body.outputs[0]].type.dtype
+        out_ctype, out_np = C_TYPE[out_dtype] + " *", NUMPY_DTYPE[out_dtype]
+
         def run(bufs, pool):
             # Reuse last call's buffer when nobody else holds it (a fresh one costs page faults).
             out = pool.get(node)
             if out is None or getrefcount(out) > _POOL_ONLY:
-                out = pool[node] = np.empty(shape, dtype=np.float32)
+                out = pool[node] = np.empty(shape, dtype=out_np)
             ins = [bufs[a] for a in args]
             if pre:
                 ins[pre["arg"]] = panels(ins[pre["arg"]])
-            fn(*[cast("float *", a.ctypes.data) for a in ins], cast("float *", out.ctypes.data))
+            fn(*[cast(ct, a.ctypes.data) for ct, a in zip(in_ctypes, ins)], cast(out_ctype, out.ctypes.data))
             bufs[node] = out
         return run
 
@@ -92,7 +98,7 @@ class Compiled:
         kg = self.kgraph
         bufs: list[Any] = [None] * len(kg.nodes)
         for i, a in zip(kg.inputs, arrays):
-            bufs[i] = np.ascontiguousarray(a, dtype=np.float32)
+            bufs[i] = np.ascontiguousarray(a, dtype=NUMPY_DTYPE[kg.nodes[i].type.dtype])
         for i, n in enumerate(kg.nodes):
             if n.op == "const":
                 bufs[i] = np.array(n.value, dtype=np.float32)

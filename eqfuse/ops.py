@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from .dtypes import result_dtype
 from .errors import ShapeError
 from .shapes import Dim, TType, broadcast, dim_product, fmt, norm_axis
 
@@ -44,6 +45,7 @@ class Op:
     c: str | Callable[[Mapping[str, Any]], str] | None = None  # pointwise: C expr over {0}, {1}
     infix: str | None = None  # binary infix symbol, or "-" prefix for neg
     flops: int = 1  # per output element (pointwise and row ops)
+    dtype: str = "float"  # the dtype rule of eqfuse.dtypes.result_dtype
 
     def attr_spec(self, name: str) -> Attr | None:
         return next((a for a in self.attrs if a.name == name), None)
@@ -58,7 +60,13 @@ OPS: dict[str, Op] = {}
 
 
 def _op(**kw) -> None:
-    op = Op(**kw)
+    """Register an op; its `infer` is the shape rule, wrapped so that it also gives the dtype."""
+    shape_rule, name, rule = kw["infer"], kw["name"], kw.get("dtype", "float")
+
+    def infer(ts, attrs):
+        return TType(shape_rule(ts, attrs).shape, result_dtype(rule, name, ts, attrs))
+
+    op = Op(**{**kw, "infer": infer})
     OPS[op.name] = op
 
 
@@ -109,7 +117,7 @@ _UNARY = [
 ]
 for _name, _np, _c, _fl in _UNARY:
     _op(name=_name, kind="pointwise", arity=(1, 1), infer=_same, numpy=_np, c=_c, flops=_fl,
-        infix="-" if _name == "neg" else None)
+        infix="-" if _name == "neg" else None, dtype="numeric" if _name in ("neg", "abs") else "float")
 _op(name="gelu", kind="pointwise", arity=(1, 1), infer=_same, numpy=_gelu_np, c=_gelu_c, flops=10,
     attrs=(Attr("approximate", "str", "none", ("none", "tanh")),))
 
@@ -125,7 +133,7 @@ _BINARY = [
 for _name, _ufunc, _c, _infix in _BINARY:
     _op(name=_name, kind="pointwise", arity=(2, 2), infer=_bcast,
         numpy=(lambda u: lambda a, _: u(a[0], a[1]))(_ufunc), c=_c, infix=_infix,
-        flops=4 if _name == "pow" else 1)
+        flops=4 if _name == "pow" else 1, dtype="float" if _name == "pow" else "numeric")
 
 # ---------------------------------------------------------------- contraction
 
@@ -214,6 +222,7 @@ def _reduce_infer(ts, attrs):
 _RED_ATTRS = (Attr("axis", "axes", None), Attr("keepdims", "bool", False))
 for _name, _fn in (("sum", np.sum), ("mean", np.mean), ("max", np.max)):
     _op(name=_name, kind="reduction", arity=(1, 1), infer=_reduce_infer, attrs=_RED_ATTRS,
+        dtype="float" if _name == "mean" else "numeric",
         numpy=(lambda fn: lambda a, at: fn(a[0], axis=reduce_axes(at, a[0].ndim), keepdims=at["keepdims"]))(_fn))
 
 # ---------------------------------------------------------------- row ops
@@ -326,30 +335,34 @@ def _reshape_infer(ts, attrs):
     return TType(tuple(shape))
 
 
-def _slice_bounds(n: Dim, attrs) -> tuple[int, int]:
-    start, stop = attrs["start"], attrs["stop"]
+def _slice_bounds(n: Dim, attrs) -> tuple[int, int, int]:
+    """(first index, end, count) of a slice; negative start/stop count from the end (numpy)."""
+    start, stop, step = attrs["start"], attrs["stop"], attrs["step"]
+    if step < 1:
+        raise ShapeError(f"slice step must be positive, got {step}")
     if not isinstance(n, int):
-        if start < 0 or stop is None or stop < 0:
-            raise ShapeError(f"slice of named dimension {n} needs non-negative start and stop")
-        return start, stop
-    return range(n)[start:stop].start, range(n)[start:stop].stop
+        if start < 0 or stop is None or stop < 0 or step != 1:
+            raise ShapeError(f"slice of named dimension {n} needs non-negative start and stop and step 1")
+        return start, stop, stop - start
+    r = range(n)[start:stop:step]
+    return r.start, r.stop, len(r)
 
 
 def _slice_infer(ts, attrs):
     x = ts[0]
     ax = norm_axis(attrs["axis"], x.rank)
-    lo, hi = _slice_bounds(x.shape[ax], attrs)
-    if hi <= lo:
+    lo, hi, count = _slice_bounds(x.shape[ax], attrs)
+    if count <= 0:
         raise ShapeError(f"slice [{attrs['start']}:{attrs['stop']}] of dimension {x.shape[ax]} is empty")
-    return TType(x.shape[:ax] + (hi - lo,) + x.shape[ax + 1:])
+    return TType(x.shape[:ax] + (count,) + x.shape[ax + 1:])
 
 
 def _slice_np(args, attrs):
     x = args[0]
     ax = norm_axis(attrs["axis"], x.ndim)
-    lo, hi = _slice_bounds(x.shape[ax], attrs)
+    lo, hi, _ = _slice_bounds(x.shape[ax], attrs)
     idx = [slice(None)] * x.ndim
-    idx[ax] = slice(lo, hi)
+    idx[ax] = slice(lo, hi, attrs["step"])
     return x[tuple(idx)]
 
 
@@ -366,14 +379,16 @@ def _concat_infer(ts, attrs):
     return TType(ts[0].shape[:ax] + (total,) + ts[0].shape[ax + 1:])
 
 
-_op(name="transpose", kind="layout", arity=(1, 1), infer=_transpose_infer,
+_op(name="transpose", kind="layout", dtype="any", arity=(1, 1), infer=_transpose_infer,
     numpy=lambda a, at: np.transpose(a[0], _perm(at, a[0].ndim)), attrs=(Attr("perm", "ints", None),))
-_op(name="reshape", kind="layout", arity=(1, 1), infer=_reshape_infer,
+_op(name="reshape", kind="layout", dtype="any", arity=(1, 1), infer=_reshape_infer,
     numpy=lambda a, at: np.reshape(a[0], at["shape"]), attrs=(Attr("shape", "ints"),))
-_op(name="slice", kind="layout", arity=(1, 1), infer=_slice_infer, numpy=_slice_np,
-    attrs=(Attr("axis", "int"), Attr("start", "int", 0), Attr("stop", "int", None)))
-_op(name="concat", kind="layout", arity=(1, -1), infer=_concat_infer,
+_op(name="slice", kind="layout", dtype="any", arity=(1, 1), infer=_slice_infer, numpy=_slice_np,
+    attrs=(Attr("axis", "int"), Attr("start", "int", 0), Attr("stop", "int", None), Attr("step", "int", 1)))
+_op(name="concat", kind="layout", dtype="any", arity=(1, -1), infer=_concat_infer,
     numpy=lambda a, at: np.concatenate(a, axis=at["axis"]), attrs=(Attr("axis", "int", 0),))
+
+from . import ops_index  # noqa: E402,F401  (registers the mask, index and pooling ops)
 
 INFIX = {op.infix: op.name for op in OPS.values() if op.infix and op.arity == (2, 2)}
 

@@ -69,7 +69,7 @@ TOKEN_NAMES = {
     "NAME": "a name", "NUMBER": "a number", "INT": "an integer", "STRING": "a string", "_NL": "end of line",
     "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LBRACE": "'{'", "RBRACE": "'}'",
     "COMMA": "','", "COLON": "':'", "EQUAL": "'='", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'",
-    "SLASH": "'/'", "AT": "'@'", "POW": "'**'", "RETURN": "'return'", "KERNEL": "'kernel'",
+    "SLASH": "'/'", "AT": "'@'", "POW": "'**'", "CMP": "a comparison", "RETURN": "'return'", "KERNEL": "'kernel'",
     "GRAPH": "'graph'", "__ANON_0": "'->'", "$END": "end of file", "TRUE": "'true'", "FALSE": "'false'",
     "QMARK": "'?'", "VAR": "a ?variable", "RULE": "'rule'", "ARROW": "'=>'", "BIARROW": "'<=>'",
 }
@@ -172,6 +172,14 @@ class ToAst(Transformer_NonRecursive):
 
     def name(self, c):
         return S.Name(str(c[0]), self.src.at(c[0]))
+
+    # true and false are the scalar literals 1 and 0, weakly typed like every literal: next to a
+    # bool tensor they are bool (eqfuse/dtypes.py)
+    def true(self, c):
+        return S.Num(1.0, self.src.at(c[0])) if c else S.Num(1.0, None)
+
+    def false(self, c):
+        return S.Num(0.0, self.src.at(c[0])) if c else S.Num(0.0, None)
 
     def binop(self, c):
         lhs, op, rhs = c

@@ -54,8 +54,8 @@ def _conv2d(t, a, at):
 def _slice(t, a, at):
     x = a[0]
     ax = norm_axis(at["axis"], x.ndim)
-    lo, hi = _slice_bounds(x.shape[ax], at)
-    return x.narrow(ax, lo, hi - lo)
+    lo, hi, _ = _slice_bounds(x.shape[ax], at)
+    return x[(slice(None),) * ax + (slice(lo, hi, at["step"]),)]
 
 
 # op name -> (torch module, argument tensors, attributes) -> tensor

@@ -14,9 +14,10 @@ from .ops import OPS
 MAX_INLINE_DEPTH = 24
 WRAP = 100
 
-# Precedence levels, as in the grammar: sum < product < unary < power < atom.
-SUM, PRODUCT, UNARY, POWER, ATOM = 1, 2, 3, 4, 5
-PREC = {"+": SUM, "-": SUM, "*": PRODUCT, "/": PRODUCT, "@": PRODUCT, "**": POWER}
+# Precedence levels, as in the grammar: compare < sum < product < unary < power < atom.
+COMPARE, SUM, PRODUCT, UNARY, POWER, ATOM = 0, 1, 2, 3, 4, 5
+PREC = {"+": SUM, "-": SUM, "*": PRODUCT, "/": PRODUCT, "@": PRODUCT, "**": POWER,
+        **{c: COMPARE for c in ("==", "!=", "<", "<=", ">", ">=")}}
 
 
 def fmt_number(v: float) -> str:
@@ -90,8 +91,8 @@ class _Printer:
             if p == POWER:  # right-associative; the left side must be an atom
                 a = a if pa == ATOM else f"({a})"
                 b = b if pb >= UNARY else f"({b})"
-            else:
-                a = a if pa >= p else f"({a})"
+            else:  # left-associative; comparisons do not chain at all
+                a = a if pa > p or (pa == p and p != COMPARE) else f"({a})"
                 b = b if pb > p else f"({b})"
             return f"{a} {op.infix} {b}", p
         args = [self.expr(a)[0] for a in n.args]

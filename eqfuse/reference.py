@@ -9,6 +9,7 @@ import numpy as np
 from .errors import ArgumentError
 from .graph import Graph
 from .ops import OPS
+from .shapes import NUMPY_DTYPE
 
 
 def bind_arrays(graph: Graph, arrays: Sequence, fixed: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -25,8 +26,9 @@ def bind_arrays(graph: Graph, arrays: Sequence, fixed: Mapping[str, int] | None 
         if not isinstance(a, np.ndarray):
             raise ArgumentError(f"{graph.name}(): parameter '{name}' expects a numpy array of {t}, "
                                 f"got {type(a).__name__}")
-        if a.dtype != np.float32:
-            raise ArgumentError(f"{graph.name}(): parameter '{name}' expects dtype float32 ({t}), got {a.dtype}")
+        want_dt = NUMPY_DTYPE[t.dtype]
+        if a.dtype != want_dt:
+            raise ArgumentError(f"{graph.name}(): parameter '{name}' expects dtype {want_dt} ({t}), got {a.dtype}")
         if a.ndim != t.rank:
             raise ArgumentError(f"{graph.name}(): parameter '{name}' expects {t} (rank {t.rank}), "
                                 f"got shape {list(a.shape)}")
@@ -40,7 +42,7 @@ def bind_arrays(graph: Graph, arrays: Sequence, fixed: Mapping[str, int] | None 
 
 
 def evaluate(graph: Graph, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Run the graph in numpy, op by op, in float32."""
+    """Run the graph in numpy, op by op, each value in its node's dtype (float32 for floats)."""
     vals: list[np.ndarray | None] = [None] * len(graph.nodes)
     for i, a in zip(graph.inputs, arrays):
         vals[i] = a
@@ -54,8 +56,8 @@ def evaluate(graph: Graph, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
                 vals[i] = evaluate(n.body, [vals[a] for a in n.args])[0]
             else:
                 out = OPS[n.op].numpy([vals[a] for a in n.args], n.attr)
-                vals[i] = np.asarray(out, dtype=np.float32)
-    return [np.asarray(vals[o], dtype=np.float32) for o in graph.outputs]
+                vals[i] = np.asarray(out, dtype=NUMPY_DTYPE[n.type.dtype])
+    return [np.asarray(vals[o], dtype=NUMPY_DTYPE[graph.nodes[o].type.dtype]) for o in graph.outputs]
 
 
 class Reference:

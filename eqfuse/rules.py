@@ -24,6 +24,7 @@ from typing import Iterable
 
 import numpy as np
 from lark.exceptions import UnexpectedInput, VisitError
+from lark import Token
 
 from . import syntax as S
 from .errors import EqfuseError, Pos
@@ -139,6 +140,19 @@ class RuleAst:
     text: str
 
 
+def _where_calls(stream):
+    """`where(` is the where op, not the keyword that starts a rule's guard."""
+    prev = None
+    for tok in stream:
+        if prev is not None:
+            if prev.type == "WHERE" and tok.type == "LPAR":
+                prev = Token.new_borrow_pos("NAME", str(prev), prev)
+            yield prev
+        prev = tok
+    if prev is not None:
+        yield prev
+
+
 class RulesPostLexer(NewlinePostLexer):
     """The graph language's newline handling, plus continuation lines.
 
@@ -154,7 +168,7 @@ class RulesPostLexer(NewlinePostLexer):
         pending = None
         prev = None
         depth = 0  # kernel braces
-        for tok in super().process(stream):
+        for tok in super().process(_where_calls(stream)):
             if tok.type == "_NL":
                 if depth and prev in self.AFTER:
                     continue

@@ -13,7 +13,15 @@ from typing import Mapping, Union
 from .errors import ShapeError
 
 Dim = Union[int, str]
-DTYPES = ("f32",)
+DTYPES = ("f32", "i64", "i32", "bool")
+INT_DTYPES = ("i64", "i32")
+NUMPY_DTYPE = {"f32": "float32", "i64": "int64", "i32": "int32", "bool": "bool"}
+C_TYPE = {"f32": "float", "i64": "int64_t", "i32": "int32_t", "bool": "_Bool"}
+
+
+def dtype_of_numpy(dt) -> str | None:
+    """The eqfuse dtype of a numpy dtype, or None when eqfuse has none for it."""
+    return {v: k for k, v in NUMPY_DTYPE.items()}.get(str(dt))
 
 
 @dataclass(frozen=True)

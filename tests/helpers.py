@@ -17,6 +17,7 @@ from eqfuse.graph import Graph
 from eqfuse.parser import parse
 from eqfuse.printer import module_text
 from eqfuse.reference import evaluate
+from eqfuse.shapes import NUMPY_DTYPE
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.g"))
@@ -49,13 +50,19 @@ def shape_of(t, dims: Mapping[str, int] | None = None) -> tuple[int, ...]:
 
 def rand_inputs(graph: Graph, dims: Mapping[str, int] | None = None, seed: int = 0,
                 low: float | None = None, high: float | None = None) -> list[np.ndarray]:
-    """float32 arrays for every parameter of graph: standard normal, or uniform in [low, high)."""
+    """Arrays for every parameter of graph: f32 standard normal, or uniform in [low, high);
+    integers in [0, 4) (valid indices of any axis of 4 or more); bools half true."""
     rng = np.random.default_rng(seed)
     out = []
     for _, t in graph.params:
         shape = shape_of(t, dims)
-        a = rng.standard_normal(shape) if low is None else rng.uniform(low, high, shape)
-        out.append(np.asarray(a, dtype=np.float32))
+        if t.dtype in ("i64", "i32"):
+            out.append(rng.integers(0, 4, shape).astype(NUMPY_DTYPE[t.dtype]))
+        elif t.dtype == "bool":
+            out.append(rng.random(shape) < 0.5)
+        else:
+            a = rng.standard_normal(shape) if low is None else rng.uniform(low, high, shape)
+            out.append(np.asarray(a, dtype=np.float32))
     return out
 
 
@@ -69,8 +76,8 @@ def assert_same_values(got: Sequence[np.ndarray], want: Sequence[np.ndarray], ex
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert g.shape == w.shape
-        assert g.dtype == np.float32
-        if exact:
+        assert g.dtype == w.dtype
+        if exact or g.dtype != np.float32:
             np.testing.assert_array_equal(g, w)
         else:
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, equal_nan=True)

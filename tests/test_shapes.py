@@ -9,7 +9,7 @@ import pytest
 
 from eqfuse.errors import EqfuseError, ShapeError
 from eqfuse.ops import OPS
-from eqfuse.shapes import TType, broadcast, dim_product, norm_axis
+from eqfuse.shapes import NUMPY_DTYPE, TType, broadcast, dim_product, norm_axis
 from helpers import one_graph, rand_inputs, run, shape_of
 
 DIMS = {"B": 5, "T": 7, "H": 6, "W": 9}
@@ -110,11 +110,37 @@ CASES = {
         (["B, 3, 2", "B, 3, 4"], "axis=2"),         # named dims elsewhere are fine
         (["3", "3", "3", "3"], ""),
     ],
+    # masks and indices
+    **{name: [(["B, 3", "1, 3"], ""), (["i64: B, 3", "i64: 3"], ""), (["4", ""], "")]
+       for name in ("eq", "ne", "lt", "le", "gt", "ge")},
+    **{name: [(["bool: B, 3", "bool: 1, 3"], ""), (["bool: 4", "bool: "], "")] for name in ("logical_and", "logical_or")},
+    "logical_not": [(["bool: B, 3"], "")],
+    "isnan": UNARY_CASES,
+    "where": [(["bool: B, 3", "B, 3", ""], ""), (["bool: 3", "2, 3", "1"], ""), (["bool: B, 1", "i64: 4", "i64: 1"], "")],
+    "cast": [(["i64: B, 3"], 'to="f32"'), (["B, 3"], 'to="i64"'), (["bool: 4"], 'to="i32"'), (["i32: 4"], 'to="bool"')],
+    "expand": [(["3"], "shape=[2, 3]"), (["B, 1"], "shape=[1, 5]"), ([""], "shape=[4]")],
+    "clip": [(["B, 3"], "min=0"), (["i64: 4"], "min=0, max=2"), (["4"], "")],
+    **{name: UNARY_CASES for name in ("leaky_relu", "hard_sigmoid", "hard_swish", "softplus")},
+    **{name: [(["B, 4, 6"], "axis=1"), (["B, 4, 6"], "axis=[0, 2], keepdims=true"), (["3"], "")] for name in ("min", "prod")},
+    "gather": [(["10, 4", "i64: B, 3"], ""), (["3, 10, 4", "i64: 5"], "axis=1"), (["10", "i32: "], "")],
+    "gather_elements": [(["4, 5", "i64: 4, 2"], "axis=1"), (["4, 5", "i64: 2, 5"], "")],
+    "cumsum": [(["B, 5"], "axis=1"), (["i64: 3, 4"], "axis=0, exclusive=true"), (["6"], "axis=0, reverse=true")],
+    "argmax": [(["B, 5"], "axis=1"), (["3, 4"], "axis=0, keepdims=true"), (["6"], "")],
+    "tril": [(["4, 4"], ""), (["B, 3, 5"], "k=1")],
+    "triu": [(["4, 4"], ""), (["2, 3, 5"], "k=-1")],
+    "pad": [(["B, 3"], "pads=[0, 1, 0, 2]"), (["2, 3"], "pads=[1, 1, 1, 1], value=-1")],
+    "max_pool2d": [(["1, 2, 8, 8"], "kernel_size=2"), (["B, 2, 7, 7"], "kernel_size=3, stride=2, padding=1")],
+    "avg_pool2d": [(["1, 2, 8, 8"], "kernel_size=2"), (["B, 2, 7, 7"], "kernel_size=3, stride=2, padding=1")],
+    "squeeze": [(["B, 1, 3"], "axis=1"), (["1, 3, 1"], "")],
+    "unsqueeze": [(["B, 3"], "axis=0"), (["3"], "axis=[0, -1]")],
+    "flatten": [(["B, 3, 4"], ""), (["2, 3, 4"], "axis=0"), (["2, 3, 4"], "axis=-1")],
 }
 
 
 def call_text(op: str, types: list[str], attrs: str) -> str:
-    params = ", ".join(f"x{i}: f32[{t}]" for i, t in enumerate(types))
+    """A one-op graph; a type is "dims" (f32) or "dtype: dims"."""
+    typed = [t.split(":") if ":" in t else ("f32", t) for t in types]
+    params = ", ".join(f"x{i}: {dt.strip()}[{d.strip()}]" for i, (dt, d) in enumerate(typed))
     args = ", ".join([f"x{i}" for i in range(len(types))] + ([attrs] if attrs else []))
     return f"graph g({params}) {{\n    return {op}({args})\n}}\n"
 
@@ -132,10 +158,11 @@ def test_inferred_shape_is_the_shape_numpy_computes(op, types, attrs):
     xs = rand_inputs(g, DIMS, seed=1, low=0.5, high=1.5)
     (out,) = run(g, xs)
     assert shape_of(inferred, DIMS) == out.shape
-    assert inferred.dtype == "f32" and out.dtype == "float32"
+    assert out.dtype == NUMPY_DTYPE[inferred.dtype]
 
 
-@pytest.mark.parametrize("op", sorted(n for n, o in OPS.items() if o.kind == "pointwise"))
+@pytest.mark.parametrize("op", sorted(n for n, o in OPS.items() if o.kind == "pointwise"
+                                       and o.dtype in ("float", "numeric") and n != "expand"))
 def test_pointwise_ops_keep_named_dims(op):
     types = ["B, T", "1, T"][: OPS[op].arity[0]]
     (t,) = one_graph(call_text(op, types, "")).result_types

@@ -26,7 +26,7 @@ graph alias(x: f32[2]) -> f32[2] {
     return z
 }
 
-graph names_like_keywords(kernels: f32[2], returned: f32[2], graph: f32[2], true: f32[2]) -> f32[2] {
+graph names_like_keywords(kernels: f32[2], returned: f32[2], graph: f32[2], true_: f32[2]) -> f32[2] {
     kernel_ = kernels + returned
-    return kernel_ * graph - true
+    return kernel_ * graph - true_
 }

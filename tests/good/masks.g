@@ -1,0 +1,31 @@
+# Index and mask arithmetic as exported models write it: i64 ids, bool masks, and the ops
+# that build them.
+graph embed(ids: i64[B, S], table: f32[100, 16], pos: f32[32, 16], mask: i64[B, S]) -> f32[B, S, 16] {
+    keep = mask != 0
+    positions = cumsum(cast(keep, to="i64"), axis=1) * mask - 1
+    x = gather(table, ids) + gather(pos, clip(positions, min=0))
+    return where(unsqueeze(keep, axis=2), x, 0.0)
+}
+
+graph scores(s: f32[B, 8, 8], ids: i64[B, 8]) -> (f32[B, 8, 8], i64[B, 8]) {
+    causal = tril(expand(cast(true, to="bool"), shape=[8, 8]))
+    pad = logical_not(ids == 0)
+    allowed = logical_and(causal, unsqueeze(pad, axis=1))
+    m = where(logical_or(allowed, isnan(s)), s, -1000000000.0)
+    return m, argmax(m, axis=2)
+}
+
+graph compare(a: f32[4, 4], b: f32[4, 4]) -> f32[4, 4] {
+    lt_ = cast(a < b, to="f32") + cast(a <= b, to="f32") + cast(a > b, to="f32")
+    return lt_ * cast(a >= b, to="f32") - cast(a == b, to="f32") + triu(a, k=1)
+}
+
+graph activations(x: f32[2, 3, 8, 8]) -> f32[2, 3, 4, 4] {
+    y = leaky_relu(x, alpha=0.1) + hard_sigmoid(x) + hard_swish(x) + softplus(x)
+    p = pad(y, pads=[0, 0, 1, 1, 0, 0, 1, 1])
+    return max_pool2d(p, kernel_size=3, stride=2) + avg_pool2d(y, kernel_size=2)
+}
+
+graph reduce_more(x: f32[4, 6], i: i64[4, 6]) -> (f32[4], f32[4], i64[4, 6], f32[1, 24]) {
+    return min(x, axis=1), prod(x, axis=1), gather_elements(i, clip(i, min=0, max=5), axis=1), flatten(squeeze(unsqueeze(x, axis=0), axis=0), axis=0)
+}
