@@ -281,7 +281,8 @@ def prototype(plan: KernelPlan) -> str:
     """The kernel's cdef (and its B prepacking functions when it has them; call after emitting)."""
     ins, out = ctypes_of(plan)
     ps = [f"const {t}* in{k}" for k, t in enumerate(ins)] + [f"{out}* out"]
-    cdef = f"void {plan.name}({', '.join(ps)});"
+    ret = "long" if plan.kind == "index" else "void"  # index kernels count bad indices
+    cdef = f"{ret} {plan.name}({', '.join(ps)});"
     pre = plan.detail.get("prepack")
     if pre:
         cdef += f"\nlong {pre['floats']}(void);\nvoid {pre['fn']}(const float* B, float* P);"
@@ -373,6 +374,8 @@ _REDUCE = {  # init, omp reduction identifier, combine(a, x)
     "sum": ("0.0f", "+", "a + x"),
     "mean": ("0.0f", "+", "a + x"),
     "max": ("-INFINITY", "max", "(x > a ? x : a)"),
+    "min": ("INFINITY", "min", "(x < a ? x : a)"),
+    "prod": ("1.0f", "*", "a * x"),
 }
 
 
@@ -742,9 +745,11 @@ def emit_layout(plan: KernelPlan) -> str:
     return render("layout.c", NAME=plan.name, OP=an.op, SPACE=list(out), PARAMS=params, BLOCKS="\n".join(blocks))
 
 
+from .emit_index import emit_index  # noqa: E402  (it imports from this module lazily)
+
 EMITTERS = {"pointwise": emit_pointwise, "row": emit_row, "reduce": emit_reduce, "attention": emit_attention,
             "contraction": emit_contraction, "contraction_row": emit_contraction, "conv2d": emit_conv2d,
-            "layout": emit_layout}
+            "layout": emit_layout, "index": emit_index}
 
 
 @dataclass

@@ -20,7 +20,8 @@ SUPPORTED = (
     "with a pointwise prologue and epilogue); reduction (one sum/mean/max over any axes, with a "
     "pointwise prologue and epilogue); attention (softmax(q @ transpose(k) * scale [+ mask]) @ v, "
     "q, k and v possibly read through transposes and reshapes of kernel inputs, the result possibly "
-    "written through transposes); layout (one transpose, reshape, slice or concat of kernel inputs)"
+    "written through transposes); layout (one transpose, reshape, slice or concat of kernel inputs); "
+    "index (one gather, gather_elements, cumsum, argmax, tril, triu, pad or pooling op over kernel inputs)"
 )
 
 
@@ -74,10 +75,10 @@ def classify(body: Graph) -> KernelShape:
         a = heavy[0]
         n = body.nodes[a]
         k = kinds[a]
-        if k == "layout":
+        if k in ("layout", "index"):
             if a != out or not all(x in inputs for x in n.args):
-                raise Unsupported(f"a layout op ({n.op}) must be the whole kernel, over kernel inputs")
-            return KernelShape("layout", a)
+                raise Unsupported(f"a {k} op ({n.op}) must be the whole kernel, over kernel inputs")
+            return KernelShape(k, a)
         _check_epilogue(body, a, out)
         if k == "contraction":
             if not all(x in inputs for x in n.args):

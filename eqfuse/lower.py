@@ -163,7 +163,8 @@ def plan_kernel(g: Graph, node_id: int, name: str, caches: Caches) -> KernelPlan
     plan.bytes = F32 * (_reads(body) + _size(out_shape))
     {"pointwise": _plan_pointwise, "contraction": _plan_contraction, "contraction_row": _plan_contraction,
      "row": _plan_row,
-     "reduce": _plan_reduce, "attention": _plan_attention, "layout": _plan_layout}[ks.kind](plan, caches)
+     "reduce": _plan_reduce, "attention": _plan_attention, "layout": _plan_layout,
+     "index": _plan_index}[ks.kind](plan, caches)
     return plan
 
 
@@ -463,11 +464,17 @@ def _plan_attention(plan: KernelPlan, c: Caches) -> None:
           UOp(1, "Store", f"out block [{bq} x {Dv}] / row sums, epilogue{out_via}", batch * nqb)]
 
 
+def _plan_index(plan: KernelPlan, c: Caches) -> None:
+    from .emit_index import plan_index
+
+    plan_index(plan, c)
+
+
 def _plan_layout(plan: KernelPlan, c: Caches) -> None:
     body, a = plan.body, plan.shape.anchor
     an = body.nodes[a]
     plan.detail = {"op": an.op}
-    if an.op == "reshape":
+    if an.op in ("reshape", "squeeze", "unsqueeze", "flatten"):
         plan.kind = "view"
         plan.bytes = 0
         plan.uops = [UOp(0, "Exec", f"reshape {list(body.nodes[an.args[0]].type.shape)} -> {list(plan.out_shape)}: "

@@ -81,6 +81,7 @@ class Compiled:
         in_ctypes = [C_TYPE[p.body.nodes[i].type.dtype] + " *" for i in p.body.inputs]
         out_dtype = p.body.nodes[p.body.outputs[0]].type.dtype
         out_ctype, out_np = C_TYPE[out_dtype] + " *", NUMPY_DTYPE[out_dtype]
+        checked = p.detail.get("op") if p.kind == "index" else None
 
         def run(bufs, pool):
             # Reuse last call's buffer when nobody else holds it (a fresh one costs page faults).
@@ -90,7 +91,9 @@ class Compiled:
             ins = [bufs[a] for a in args]
             if pre:
                 ins[pre["arg"]] = panels(ins[pre["arg"]])
-            fn(*[cast(ct, a.ctypes.data) for ct, a in zip(in_ctypes, ins)], cast(out_ctype, out.ctypes.data))
+            bad = fn(*[cast(ct, a.ctypes.data) for ct, a in zip(in_ctypes, ins)], cast(out_ctype, out.ctypes.data))
+            if bad:  # an index kernel met indices outside the axis it reads
+                raise ArgumentError(f"{bad} index value(s) out of range in {checked} (kernel {p.name})")
             bufs[node] = out
         return run
 
