@@ -518,6 +518,11 @@ def emit_attention(plan: KernelPlan) -> str:
 # ------------------------------------------------------------------ contractions
 
 
+def _ct(body: Graph, i: int) -> str:
+    """The C element type of body value i (an epilogue may read masks and integers)."""
+    return C_TYPE[body.nodes[i].type.dtype]
+
+
 def _eptrs(body: Graph) -> dict[int, str]:
     return {i: f"eqf_e{k}" for k, i in enumerate(body.inputs)}  # names unlikely to meet the GEMM's own
 
@@ -554,7 +559,7 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
     used = {i for i, _ in pre_extras} | {i for i in body.inputs if f"{eptrs[i]}[" in text} | set(rn.args[1:])
     extras = [(i, eptrs[i]) for i in body.inputs if i in used]
     params = ", ".join(["long b", "long r0", "long r1", "float* restrict out"]
-                       + [f"const float* restrict {pn}" for _, pn in extras])
+                       + [f"const {_ct(body, i)}* restrict {pn}" for i, pn in extras])
     # called by one GEMM thread on rows it owns: no parallel region of its own
     common = dict(NAME=fname, PARAMS=params, R0="r0", ROWS="r1", L=N, ROW_LOOP_PRAGMA="", PRO_BODY="", X="y[j]",
                   OFFSETS="\n".join(space.decls + [f"{I1}(void)b;"]), EPI_BODY=epi.text(), EPI=e)
@@ -628,7 +633,7 @@ def emit_contraction(plan: KernelPlan) -> str:
         eparts = [ptrs[i] for i, _ in extras]
         outer, aoff, boff_, coff = 1, ptrs[Asrc], ptrs[Bsrc], "out"
     gname = f"{plan.name}_gemm"
-    extra_params = "".join(f", const float* restrict {pn}" for _, pn in extras)
+    extra_params = "".join(f", const {_ct(plan.body, i)}* restrict {pn}" for i, pn in extras)
     # A B bound by params= (lower marks it only when it is one matrix for every batch, the
     # "fold" mode) is packed once: the kernel's B argument is then the panels of {gname}_prepack,
     # which the runtime makes on the first call (plan.detail["prepack"] tells it how).
@@ -641,7 +646,7 @@ def emit_contraction(plan: KernelPlan) -> str:
                    c_batch_stride=strides[2], lda=M if at else K, ldb=K if bt else N, ldc=N, b_transposed=bt,
                    a_transposed=at,
                    epilogue=expr, extra_params=extra_params,
-                   extra_args_cdef="".join(f", const float* {pn}" for _, pn in extras),
+                   extra_args_cdef="".join(f", const {_ct(plan.body, i)}* {pn}" for i, pn in extras),
                    prepacked_b=prepacked, **({"row_epilogue": row_call} if row_call else {}))
     shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (A transposed)" if at else "") + \
         (" (B transposed)" if bt else "")
@@ -675,10 +680,10 @@ def emit_conv2d(plan: KernelPlan) -> str:
         extras.sort(key=lambda t: plan.body.inputs.index(t[0]))
     K, P = C * KH * KW, OH * OW
     gname = f"{plan.name}_gemm"
-    extra_params = "".join(f", const float* restrict {pn}" for _, pn in extras)
+    extra_params = "".join(f", const {_ct(plan.body, i)}* restrict {pn}" for i, pn in extras)
     src, _ = _gemm(gname, M=O, N=P, K=K, batch=N, a_batch_stride=0, b_batch_stride=K * P, c_batch_stride=O * P,
                    lda=K, ldb=P, ldc=P, b_transposed=False, epilogue=expr, extra_params=extra_params,
-                   extra_args_cdef="".join(f", const float* {pn}" for _, pn in extras))
+                   extra_args_cdef="".join(f", const {_ct(plan.body, i)}* {pn}" for i, pn in extras))
     args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
     wrapper = render("conv2d.c", NAME=plan.name, PARAMS=params, X=ptrs[cv.args[0]],
                      N=N, C=C, H=H, W=W, O=O, KH=KH, KW=KW, OH=OH, OW=OW, SH=sh, SW=sw, PH=ph, PW=pw,

@@ -31,7 +31,7 @@ import numpy as np
 from .errors import EqfuseError, ShapeError
 from .graph import Graph, Node
 from .ops import OPS, complete_attrs
-from .shapes import Dim, TType, dim_product
+from .shapes import NUMPY_DTYPE, Dim, TType, dim_product, dtype_of_numpy
 
 try:
     import onnx
@@ -42,6 +42,7 @@ except ImportError:  # pragma: no cover - exercised only without the optional de
 F32 = np.float32
 RESERVED = {"graph", "kernel", "return", "true", "false", "f32"}
 BIG = 2**31  # ONNX writes "to the end" as INT64_MAX (or INT32_MAX)
+ONNX_DTYPES = {1: "f32", 7: "i64", 6: "i32", 9: "bool"}  # TensorProto element types eqfuse computes in
 
 
 @dataclass
@@ -170,9 +171,10 @@ class _Importer:
         tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
         if tt is None:
             raise EqfuseError(f"input '{vi.name}' is not a tensor; eqfuse imports tensor inputs only")
-        if tt.elem_type != onnx.TensorProto.FLOAT:
+        dtype = ONNX_DTYPES.get(tt.elem_type)
+        if dtype is None:
             raise EqfuseError(f"input '{vi.name}' has dtype {_dtype_name(tt.elem_type)}; "
-                              "eqfuse supports float32 tensors", hint="bind non-float inputs with values=")
+                              "eqfuse supports float32, int64, int32 and bool tensors")
         if not tt.HasField("shape"):
             raise EqfuseError(f"input '{vi.name}' has no shape; eqfuse needs every input's rank")
         shape: list[Dim] = []
@@ -182,7 +184,7 @@ class _Importer:
             else:
                 name = sanitize(d.dim_param) if d.dim_param else f"{sanitize(vi.name)}_{axis}"
                 shape.append(self.dims.get(d.dim_param, self.dims.get(name, name)))
-        return self.add_input(vi.name, TType(tuple(shape)))
+        return self.add_input(vi.name, TType(tuple(shape), dtype))
 
     def add_input(self, onnx_name: str, t: TType) -> int:
         return self.graph.add(Node("input", type=t, name=self.names(onnx_name)))
@@ -208,9 +210,14 @@ class _Importer:
                 raise self.error(f"input '{name}' is not defined before its use")
         ins = [self.env[n] if n else None for n in node.input]
         try:
+            outs = None
             if self.foldable(node, ins):
-                outs = self.fold(node, ins)
-            else:
+                try:
+                    outs = self.fold(node, ins)
+                except EqfuseError:
+                    if node.op_type not in HANDLERS:
+                        raise  # else import it as an op over constants, which the optimizer folds or computes
+            if outs is None:
                 handler = HANDLERS.get(node.op_type)
                 if handler is None:
                     raise self.error(f"unsupported ONNX op '{node.op_type}'")
@@ -269,8 +276,10 @@ class _Importer:
         if not self.is_const(v):
             return v
         arr = np.asarray(v)
-        if arr.dtype != F32:
-            raise Unsupported(f"dtype {arr.dtype} of '{name}' (eqfuse computes in float32)")
+        if dtype_of_numpy(arr.dtype) is None:
+            if arr.dtype.kind != "f":
+                raise Unsupported(f"dtype {arr.dtype} of '{name}'")
+            arr = arr.astype(F32)  # float64 / float16 constants compute in float32
         if arr.ndim == 0:
             return self.graph.add(Node("const", attrs=(("value", _f32(arr)),), type=TType(())))
         key = name if name is not None and name in self.env and self.env[name] is v else None
@@ -282,10 +291,11 @@ class _Importer:
         return i
 
     def new_param(self, base: str, arr: np.ndarray) -> int:
-        i = self.add_input(base, TType(tuple(int(d) for d in arr.shape)))
+        dtype = dtype_of_numpy(arr.dtype) or "f32"
+        i = self.add_input(base, TType(tuple(int(d) for d in arr.shape), dtype))
         if 0 in arr.shape:
             raise Unsupported(f"zero-size tensor '{base}'")
-        self.params[self.graph.nodes[i].name] = np.ascontiguousarray(arr, dtype=F32)
+        self.params[self.graph.nodes[i].name] = np.ascontiguousarray(arr, dtype=NUMPY_DTYPE[dtype])
         self.param_ids.append(i)
         return i
 
@@ -302,6 +312,10 @@ class _Importer:
         full = complete_attrs(spec, attrs)
         t = spec.infer([self.graph.nodes[a].type for a in args], full)
         return self.graph.add(Node(name, tuple(args), tuple(full.items()), t))
+
+    def const(self, v: float) -> int:
+        """A scalar literal (weakly typed: it takes the dtype of the tensor it meets)."""
+        return self.graph.add(Node("const", attrs=(("value", float(v)),), type=TType(())))
 
     def type(self, i: int) -> TType:
         return self.graph.nodes[i].type
@@ -448,16 +462,16 @@ def _constant(imp, ins, at):
 def _cast(imp, ins, at):
     if imp.node.op_type == "CastLike":
         target = ins[1]
-        is_float = (not imp.is_const(target)) or target.dtype == F32
+        to = dtype_of_numpy(target.dtype) if imp.is_const(target) else imp.type(target).dtype
     else:
-        is_float = at.get("to") == onnx.TensorProto.FLOAT
+        to = ONNX_DTYPES.get(at.get("to"), "f32" if at.get("to") in (10, 11, 16) else None)  # f16/f64/bf16 -> f32
+    if to is None:
+        raise Unsupported(f"cast to {_dtype_name(at.get('to'))}")
     if imp.is_const(ins[0]):
-        if is_float:
-            return np.asarray(ins[0]).astype(F32)
-        raise Unsupported("cast to a non-float dtype")
-    if not is_float:
-        raise Unsupported("cast to a non-float dtype")
-    return ins[0]
+        return np.asarray(ins[0]).astype(NUMPY_DTYPE[to])
+    if imp.type(ins[0]).dtype == to:
+        return ins[0]
+    return imp.op("cast", [ins[0]], to=to)
 
 
 @handles("Shape", attrs=("start", "end"))
@@ -610,9 +624,7 @@ def _reduce(imp, ins, at):
             return x
         axes = None
     axis = None if axes is None else tuple(axes)
-    if t == "ReduceMin":  # min(x) = -max(-x)
-        return imp.op("neg", [imp.op("max", [imp.op("neg", [x])], axis=axis, keepdims=keep)])
-    name = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max"}[t]
+    name = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}[t]
     return imp.op(name, [x], axis=axis, keepdims=keep)
 
 
@@ -688,23 +700,24 @@ def _slice(imp, ins, at):
         steps = imp.ints(ins[4], "steps") if len(ins) > 4 and ins[4] is not None else None
     rank = imp.type(x).rank
     axes = list(range(len(starts))) if axes is None else [a % rank for a in axes]
-    if steps is not None and any(s != 1 for s in steps):
-        raise Unsupported(f"steps {steps} (only step 1 is supported)")
-    for axis, lo, hi in zip(axes, starts, ends):
+    steps = steps or [1] * len(starts)
+    if any(s < 1 for s in steps):
+        raise Unsupported(f"steps {steps} (negative steps: reversing a tensor)")
+    for axis, lo, hi, step in zip(axes, starts, ends, steps):
         n = imp.type(x).shape[axis]
         if isinstance(n, str):
             if lo == 0 and hi >= BIG:
                 continue
-            if lo < 0 or hi < 0 or hi >= BIG:
-                raise Unsupported(f"slice [{lo}:{hi}] of named dim {n} (bind it with dims=)")
+            if lo < 0 or hi < 0 or hi >= BIG or step != 1:
+                raise Unsupported(f"slice [{lo}:{hi}:{step}] of named dim {n} (bind it with dims=)")
         else:
-            r = range(n)[lo:min(hi, BIG)]
+            r = range(n)[lo:min(hi, BIG):step]
             lo, hi = r.start, r.stop
-            if hi <= lo:
+            if len(r) == 0:
                 raise Unsupported(f"empty slice on axis {axis} (zero-size tensors)")
-            if lo == 0 and hi == n:
+            if lo == 0 and hi == n and step == 1:
                 continue
-        x = imp.op("slice", [x], axis=axis, start=lo, stop=hi)
+        x = imp.op("slice", [x], axis=axis, start=lo, stop=hi, step=step)
     return x
 
 
@@ -792,3 +805,6 @@ def _split(imp, ins, at):
         res.append(x if s == n else imp.op("slice", [x], axis=axis, start=lo, stop=lo + s))
         lo += s
     return res
+
+
+from . import onnx_ops  # noqa: E402,F401  (registers the handlers of the mask, index and pooling ops)
