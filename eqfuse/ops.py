@@ -46,6 +46,7 @@ class Op:
     infix: str | None = None  # binary infix symbol, or "-" prefix for neg
     flops: int = 1  # per output element (pointwise and row ops)
     dtype: str = "float"  # the dtype rule of eqfuse.dtypes.result_dtype
+    shape_rule: Callable | None = None  # `infer` without the dtype rule (the rule checker draws f64 values)
 
     def attr_spec(self, name: str) -> Attr | None:
         return next((a for a in self.attrs if a.name == name), None)
@@ -66,7 +67,7 @@ def _op(**kw) -> None:
     def infer(ts, attrs):
         return TType(shape_rule(ts, attrs).shape, result_dtype(rule, name, ts, attrs))
 
-    op = Op(**{**kw, "infer": infer})
+    op = Op(**{**kw, "infer": infer, "shape_rule": shape_rule})
     OPS[op.name] = op
 
 

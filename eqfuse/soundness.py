@@ -232,7 +232,8 @@ def evaluate(p, env: Env, fail=Reject) -> np.ndarray:
         attrs = {k: env.attr(v.name, p.op, k, args) if isinstance(v, AttrVar) else v for k, v in p.attrs}
         op = OPS[p.op]
         try:
-            op.infer([TType(tuple(a.shape)) for a in args], attrs)
+            # shapes only: every value here is a float64 (a mask is "nonzero", an index is truncated)
+            op.shape_rule([TType(tuple(a.shape)) for a in args], attrs)
         except (ShapeError, TypeError, ValueError, IndexError) as e:
             raise fail(f"{p.op}: {e}") from None
         with np.errstate(all="ignore"):
