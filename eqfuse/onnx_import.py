@@ -156,6 +156,7 @@ class _Importer:
             self.env[vi.name] = self.input(vi)
             runtime.append(vi.name)
         inputs = [self.env[n] for n in runtime]
+        self.check_ops(g, set(inits) | {n for n in self.values})
         for node in g.node:
             self.node = node
             self.import_node(node)
@@ -166,6 +167,27 @@ class _Importer:
         used = {graph.nodes[i].name for i in graph.inputs}
         params = {k: v for k, v in self.params.items() if k in used}
         return Imported(graph, params, runtime, [vi.name for vi in g.output])
+
+    def check_ops(self, g, consts: set[str]) -> None:
+        """One error listing every op eqfuse cannot import, with its count and first node: a node
+        with no handler is fine only when all its inputs are constants (it is folded)."""
+        consts = consts - self.weights
+        missing: dict[str, list[str]] = {}
+        for node in g.node:
+            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            all_const = all(n in consts for n in node.input if n) and node.domain in ("", "ai.onnx")
+            if all_const and node.op_type not in ("Identity",):
+                consts.update(o for o in node.output if o)
+            elif node.op_type not in HANDLERS or node.domain not in ("", "ai.onnx"):
+                missing.setdefault(key, []).append(node.name or (node.output[0] if node.output else key))
+        if not missing:
+            return
+        if len(missing) == 1 and len(next(iter(missing.values()))) == 1:
+            (op, (first,)), = missing.items()
+            raise EqfuseError(f"unsupported ONNX op '{op}' in node '{first}'")
+        parts = [f"'{op}' ({len(nodes)} node{'s' * (len(nodes) > 1)}, first '{nodes[0]}')" for op, nodes in missing.items()]
+        raise EqfuseError(f"unsupported ONNX ops: {', '.join(parts)}",
+                          hint="eqfuse ops lists what eqfuse computes; `eqfuse check MODEL.onnx` lists these again")
 
     def input(self, vi) -> int:
         tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None

@@ -15,6 +15,7 @@ import numpy as np
 
 from .graph import Graph
 from .ops import _pair, _perm, _slice_bounds, norm_axis, reduce_axes
+from .shapes import NUMPY_DTYPE
 
 
 def _gelu(t, a, at):
@@ -58,6 +59,47 @@ def _slice(t, a, at):
     return x[(slice(None),) * ax + (slice(lo, hi, at["step"]),)]
 
 
+def _prod(t, a, at):
+    x = a[0]
+    for ax in sorted(reduce_axes(at, x.ndim), reverse=True):
+        x = t.prod(x, dim=ax, keepdim=at["keepdims"])
+    return x
+
+
+def _gather(t, a, at):
+    data, idx = a
+    ax = at["axis"] % data.ndim
+    idx = t.where(idx < 0, idx + data.shape[ax], idx)
+    return t.index_select(data, ax, idx.reshape(-1)).reshape(data.shape[:ax] + idx.shape + data.shape[ax + 1:])
+
+
+def _cumsum(t, a, at):
+    x, ax = a[0], at["axis"]
+    x = t.flip(x, [ax]) if at["reverse"] else x
+    out = t.cumsum(x, dim=ax, dtype=x.dtype)
+    out = out - x if at["exclusive"] else out
+    return t.flip(out, [ax]) if at["reverse"] else out
+
+
+def _torch_pads(pads, rank):  # eqfuse: begins then ends, first axis first; torch: last axis first, pairs
+    out = []
+    for d in reversed(range(rank)):
+        out += [pads[d], pads[rank + d]]
+    return out
+
+
+def _pool_kw(at):
+    return dict(kernel_size=_pair(at["kernel_size"]), stride=_pair(at["stride"] or at["kernel_size"]),
+                padding=_pair(at["padding"]))
+
+
+def _reshaped(op, x, at):
+    from .ops_index import RESHAPES
+    from .shapes import TType
+
+    return RESHAPES[op](TType(tuple(x.shape)), at)
+
+
 # op name -> (torch module, argument tensors, attributes) -> tensor
 TORCH: dict[str, Callable] = {
     "neg": lambda t, a, at: -a[0],
@@ -92,6 +134,34 @@ TORCH: dict[str, Callable] = {
     "reshape": lambda t, a, at: a[0].reshape(*at["shape"]),
     "slice": _slice,
     "concat": lambda t, a, at: t.cat(list(a), dim=at["axis"]),
+    # masks and indices
+    **{op: (lambda f: lambda t, a, at: getattr(t, f)(a[0], a[1]))(f)
+       for op, f in (("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"),
+                     ("logical_and", "logical_and"), ("logical_or", "logical_or"))},
+    "logical_not": lambda t, a, at: t.logical_not(a[0]),
+    "isnan": lambda t, a, at: t.isnan(a[0]),
+    "where": lambda t, a, at: t.where(a[0], a[1], a[2]),
+    "cast": lambda t, a, at: a[0].to(getattr(t, NUMPY_DTYPE[at["to"]])),
+    "expand": lambda t, a, at: t.broadcast_to(a[0], t.broadcast_shapes(a[0].shape, tuple(at["shape"]))),
+    "clip": lambda t, a, at: t.clamp(a[0], at["min"], at["max"]),
+    "leaky_relu": lambda t, a, at: t.nn.functional.leaky_relu(a[0], at["alpha"]),
+    "hard_sigmoid": lambda t, a, at: t.clamp(a[0] * at["alpha"] + at["beta"], 0, 1),
+    "hard_swish": lambda t, a, at: t.nn.functional.hardswish(a[0]),
+    "softplus": lambda t, a, at: t.nn.functional.softplus(a[0]),
+    "min": lambda t, a, at: t.amin(a[0], dim=reduce_axes(at, a[0].ndim), keepdim=at["keepdims"]),
+    "prod": _prod,
+    "gather": lambda t, a, at: _gather(t, a, at),
+    "gather_elements": lambda t, a, at: t.gather(a[0], at["axis"], t.where(a[1] < 0, a[1] + a[0].shape[at["axis"]], a[1])),
+    "cumsum": _cumsum,
+    "argmax": lambda t, a, at: t.argmax(a[0], dim=at["axis"], keepdim=at["keepdims"]),
+    "tril": lambda t, a, at: t.tril(a[0], at["k"]),
+    "triu": lambda t, a, at: t.triu(a[0], at["k"]),
+    "pad": lambda t, a, at: t.nn.functional.pad(a[0], _torch_pads(at["pads"], a[0].ndim), value=at["value"]),
+    "max_pool2d": lambda t, a, at: t.nn.functional.max_pool2d(a[0], **_pool_kw(at)),
+    "avg_pool2d": lambda t, a, at: t.nn.functional.avg_pool2d(a[0], count_include_pad=at["count_include_pad"], **_pool_kw(at)),
+    "squeeze": lambda t, a, at: a[0].reshape(_reshaped("squeeze", a[0], at)),
+    "unsqueeze": lambda t, a, at: a[0].reshape(_reshaped("unsqueeze", a[0], at)),
+    "flatten": lambda t, a, at: a[0].reshape(_reshaped("flatten", a[0], at)),
 }
 
 
@@ -115,7 +185,12 @@ def torch_function(graph: Graph) -> Callable:
             elif n.op == "kernel":
                 vals[i] = run(n.body, [vals[a] for a in n.args])[0]
             else:
-                vals[i] = TORCH[n.op](torch, [vals[a] for a in n.args], n.attr)
+                # a literal takes the dtype of the tensors it meets (eqfuse/dtypes.py)
+                strong = [g.nodes[a].type.dtype for a in n.args if g.nodes[a].op != "const"]
+                dt = getattr(torch, NUMPY_DTYPE[strong[0]]) if strong else torch.float32
+                args = [torch.tensor(g.nodes[a].value, dtype=dt) if g.nodes[a].op == "const" else vals[a]
+                        for a in n.args]
+                vals[i] = TORCH[n.op](torch, args, n.attr)
         return [vals[o] for o in g.outputs]
 
     def fn(*tensors):

@@ -1,0 +1,184 @@
+"""Real models exported to ONNX inside the tests: Hugging Face BERT, GPT-2 and ViT from small
+configs with random weights (no download), a ResNet-18 and an MLP-Mixer written in torch, each
+through the TorchScript exporter (opset 17) and the dynamo exporter (opset 18).
+
+Exports are cached on disk (EQFUSE_EXPORT_CACHE, default ~/.cache/eqfuse/exports), keyed by
+model, exporter and the torch and transformers versions, since an export takes seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+B, S, VOCAB = 2, 16, 100
+
+
+def _cache() -> Path:
+    root = os.environ.get("EQFUSE_EXPORT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "eqfuse", "exports")
+    return Path(root)
+
+
+def _hf(name: str):
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    if name == "bert":
+        cfg = T.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                           vocab_size=VOCAB, max_position_embeddings=64)
+        m = T.BertModel(cfg, add_pooling_layer=False).eval()
+
+        class Wrap(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+
+            def forward(self, input_ids, attention_mask):
+                return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return Wrap().eval(), ("input_ids", "attention_mask")
+    if name == "gpt2":
+        cfg = T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64,
+                           bos_token_id=0, eos_token_id=0)
+        m = T.GPT2Model(cfg).eval()
+
+        class Wrap(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+
+            def forward(self, input_ids, attention_mask):
+                return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return Wrap().eval(), ("input_ids", "attention_mask")
+    cfg = T.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                      image_size=32, patch_size=8)
+    m = T.ViTModel(cfg, add_pooling_layer=False).eval()
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def forward(self, pixel_values):
+            return self.m(pixel_values=pixel_values).last_hidden_state
+    return Wrap().eval(), ("pixel_values",)
+
+
+def _resnet18():
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.down = None if stride == 1 and cin == cout else nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = torch.relu(self.b1(self.c1(x)))
+            y = self.b2(self.c2(y))
+            return torch.relu(y + (x if self.down is None else self.down(x)))
+
+    class ResNet18(nn.Module):  # torchvision's resnet18 layout, narrower (16..128 channels)
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 16, 7, 2, 3, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                                      nn.MaxPool2d(3, 2, 1))
+            chans, layers, cin = [16, 32, 64, 128], [], 16
+            for i, c in enumerate(chans):
+                layers += [Block(cin, c, 1 if i == 0 else 2), Block(c, c, 1)]
+                cin = c
+            self.layers = nn.Sequential(*layers)
+            self.fc = nn.Linear(128, 10)
+
+        def forward(self, x):
+            x = self.layers(self.stem(x))
+            return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+    torch.manual_seed(0)
+    m = ResNet18().eval()
+    with torch.no_grad():  # non-trivial batchnorm statistics
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.running_mean.uniform_(-0.5, 0.5)
+                mod.running_var.uniform_(0.5, 2.0)
+    return m, ("x",)
+
+
+def _mixer():
+    import torch
+    from torch import nn
+
+    class MixerBlock(nn.Module):
+        def __init__(self, tokens, dim):
+            super().__init__()
+            self.n1, self.n2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+            self.tok = nn.Sequential(nn.Linear(tokens, 32), nn.GELU(), nn.Linear(32, tokens))
+            self.ch = nn.Sequential(nn.Linear(dim, 128), nn.GELU(), nn.Linear(128, dim))
+
+        def forward(self, x):
+            x = x + self.tok(self.n1(x).transpose(1, 2)).transpose(1, 2)
+            return x + self.ch(self.n2(x))
+
+    class Mixer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch = nn.Conv2d(3, 64, 8, 8)
+            self.blocks = nn.Sequential(MixerBlock(16, 64), MixerBlock(16, 64))
+            self.norm = nn.LayerNorm(64)
+            self.head = nn.Linear(64, 10)
+
+        def forward(self, x):
+            x = self.patch(x).flatten(2).transpose(1, 2)
+            return self.head(self.norm(self.blocks(x)).mean(dim=1))
+
+    torch.manual_seed(0)
+    return Mixer().eval(), ("x",)
+
+
+MODELS = ("bert", "gpt2", "vit", "resnet18", "mixer")
+EXPORTERS = ("torchscript", "dynamo")
+
+
+def inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if name in ("bert", "gpt2"):
+        mask = np.ones((B, S), np.int64)
+        mask[1, S - 5:] = 0  # padding at the end of the second sequence
+        return {"input_ids": rng.integers(1, VOCAB, (B, S)).astype(np.int64), "attention_mask": mask}
+    if name == "vit" or name == "mixer":
+        return {("pixel_values" if name == "vit" else "x"): rng.standard_normal((B, 3, 32, 32)).astype(np.float32)}
+    return {"x": rng.standard_normal((B, 3, 64, 64)).astype(np.float32)}
+
+
+def export(name: str, exporter: str) -> Path:
+    """The path of the model's ONNX export (made once, then taken from the cache)."""
+    import torch
+    import transformers
+
+    path = _cache() / f"{name}-{exporter}-torch{torch.__version__}-tf{transformers.__version__}.onnx"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model, names = _hf(name) if name in ("bert", "gpt2", "vit") else (_resnet18() if name == "resnet18" else _mixer())
+    args = tuple(torch.from_numpy(v) for v in inputs(name).values())
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            torch.onnx.export(model, args, str(tmp), input_names=list(names), output_names=["y"], opset_version=17,
+                              dynamo=False)
+        else:
+            torch.onnx.export(model, args, str(tmp), input_names=list(names), output_names=["y"], opset_version=18,
+                              dynamo=True, external_data=False)
+    os.replace(tmp, path)
+    return path
