@@ -4,7 +4,8 @@ The cache key is a hash of the source, the cdef, the compiler's version and the 
 second compile of the same model never runs the C compiler. Builds are safe when several
 processes compile at once (a per-key file lock) and when a process is killed mid-compile
 (each build happens in a private temporary directory and is renamed into place at the end,
-so a half-written library is never visible under its final name).
+so a half-written library is never visible under its final name). The sha256 of each library
+is stored beside it and checked before it is loaded: a damaged entry is rebuilt.
 """
 
 from __future__ import annotations
@@ -112,6 +113,19 @@ def _load(name: str, path: Path) -> ModuleType:
     return mod
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(final: Path, digest: Path) -> bool:
+    """The library is there and has the digest recorded when it was stored (a truncated, emptied
+    or bit-flipped library would crash or misbehave when loaded, on every later run)."""
+    try:
+        return digest.read_text().strip() == _digest(final)
+    except OSError:
+        return False
+
+
 def build(source: str, cdef: str, name_hint: str = "k", *, extra_flags: tuple[str, ...] = ()) -> Built:
     """Compile (or fetch from the cache) a C translation unit exposing the functions in cdef."""
     key = cache_key(source, cdef, extra_flags)
@@ -120,16 +134,17 @@ def build(source: str, cdef: str, name_hint: str = "k", *, extra_flags: tuple[st
     root = cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     final = root / (name + _suffix())
+    digest = root / f"{name}.sha256"
     cached = True
-    if not final.exists():
+    if name not in sys.modules and not _intact(final, digest):
         with open(root / f"{name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
-            if not final.exists():
+            if not _intact(final, digest):
                 # Holding the lock, any temporary directory of this key is a killed build's debris.
                 for debris in root.glob(f"{name}.*"):
                     if debris.is_dir():
                         shutil.rmtree(debris, ignore_errors=True)
-                _compile(name, source, cdef, root, final, extra_flags)
+                _compile(name, source, cdef, root, final, digest, extra_flags)
                 cached = False
     mod = _load(name, final)
     return Built(mod.ffi, mod.lib, final, cached)
@@ -140,7 +155,7 @@ def build(source: str, cdef: str, name_hint: str = "k", *, extra_flags: tuple[st
 _COMPILE_IN_PROCESS = threading.Lock()
 
 
-def _compile(name: str, source: str, cdef: str, root: Path, final: Path, extra_flags) -> None:
+def _compile(name: str, source: str, cdef: str, root: Path, final: Path, digest: Path, extra_flags) -> None:
     ffi = cffi.FFI()
     ffi.cdef(cdef)
     ffi.set_source(name, source, extra_compile_args=list(compiler_flags(extra_flags)),
@@ -161,6 +176,9 @@ def _compile(name: str, source: str, cdef: str, root: Path, final: Path, extra_f
         # the source is kept beside the library, for `eqfuse emit` and for debugging
         (tmp / "source.c").write_text(source)
         os.replace(tmp / "source.c", root / f"{name}.c")
+        # the digest first: a reader that sees the new library sees its digest
+        (tmp / "sha256").write_text(_digest(Path(built)) + "\n")
+        os.replace(tmp / "sha256", digest)
         os.replace(built, final)  # atomic: a reader sees no library or the whole library
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -136,3 +136,34 @@ def test_a_pinned_machine_is_what_the_planner_and_the_compiler_see():
     with machine.pinned("avx2"):
         assert machine.machine().simd_floats == 8
         assert "-march=x86-64-v3" in cbuild.compiler_flags() or machine.host_simd_floats() == 8
+
+
+def _truncate(b: bytes) -> bytes:
+    return b[:1000]
+
+
+def _flip_bit(b: bytes) -> bytes:
+    return b[:len(b) // 2] + bytes([b[len(b) // 2] ^ 0x10]) + b[len(b) // 2 + 1:]
+
+
+@pytest.mark.parametrize("damage", [_truncate, lambda b: b"", lambda b: __import__("os").urandom(len(b)), _flip_bit],
+                         ids=["truncated", "empty", "random", "bit-flipped"])
+def test_a_damaged_library_in_the_cache_is_rebuilt(cache, damage):
+    # Each run is a fresh process, as a later run of eqfuse would be: loading a damaged library
+    # can crash the process (a truncated one gave SIGBUS), so it must be caught before loading.
+    script = textwrap.dedent("""
+        from eqfuse.cbuild import build
+        b = build("int twice(int a) { return 2 * a; }", "int twice(int a);", "damaged")
+        print(b.cached, b.lib.twice(21))
+    """)
+
+    def run():
+        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                           env={**__import__("os").environ, "EQFUSE_CACHE_DIR": str(cache)})
+        return p.returncode, p.stdout.strip()
+
+    assert run() == (0, "False 42")
+    (lib,) = cache.glob("_eqf_damaged_*.so")
+    lib.write_bytes(damage(lib.read_bytes()))
+    assert run() == (0, "False 42")  # rebuilt
+    assert run() == (0, "True 42")
