@@ -17,6 +17,7 @@ import importlib.machinery
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -70,29 +71,101 @@ def cache_dir() -> Path:
     return Path(base) / "eqfuse"
 
 
+def compiler() -> str:
+    """The C compiler setuptools runs: $CC, else the one Python was built with."""
+    return os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+
+
+def compiler_version(cc: str | None = None) -> str:
+    """The compiler's command, the path it resolves to and its version line."""
+    return _compiler_version(cc or compiler())
+
+
 @functools.lru_cache(maxsize=None)
-def compiler_version() -> str:
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+def _compiler_version(cc: str) -> str:
+    exe = shutil.which(cc.split()[0]) if cc.split() else None
+    path = os.path.realpath(exe) if exe else "?"
     try:
         out = subprocess.run(cc.split() + ["--version"], capture_output=True, text=True, timeout=30)
-        return cc + " " + out.stdout.splitlines()[0] if out.stdout else cc
+        return f"{cc} {path} " + (out.stdout.splitlines()[0] if out.stdout else "")
     except (OSError, subprocess.SubprocessError):
-        return cc
+        return f"{cc} {path}"
+
+
+@functools.lru_cache(maxsize=None)
+def target_isa(cc: str, flags: tuple[str, ...]) -> str:
+    """What the target flags mean on this host: -march=native names a different instruction set
+    on each CPU, so the compiler's own expansion of it (gcc's and clang's cc1 command line, with
+    every -m feature spelled out) goes into the cache key."""
+    try:
+        out = subprocess.run(cc.split() + list(flags) + ["-E", "-v", "-"], input="", capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return " ".join(flags)
+    return "\n".join(ln.strip() for ln in out.stderr.splitlines() if "cc1" in ln) or " ".join(flags)
+
+
+SANITIZERS = ("address", "undefined")
+
+
+def sanitizers() -> tuple[str, ...]:
+    """EQFUSE_SANITIZE=address,undefined (either or both): kernels built with those sanitizers."""
+    names = tuple(n.strip() for n in os.environ.get("EQFUSE_SANITIZE", "").split(",") if n.strip())
+    bad = [n for n in names if n not in SANITIZERS]
+    if bad:
+        raise EqfuseError(f"EQFUSE_SANITIZE: unknown sanitizer '{bad[0]}' (known: {', '.join(SANITIZERS)})")
+    return names
+
+
+def _sanitize_flags() -> tuple[str, ...]:
+    names = sanitizers()
+    if not names:
+        return ()
+    # any finding stops the process, so a test run cannot miss it; frame pointers for the reports
+    return (f"-fsanitize={','.join(names)}", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g")
+
+
+def _user_flags() -> tuple[str, ...]:
+    """EQFUSE_CFLAGS: extra flags for every kernel build, after eqfuse's own."""
+    try:
+        return tuple(shlex.split(os.environ.get("EQFUSE_CFLAGS", "")))
+    except ValueError as e:
+        raise EqfuseError(f"EQFUSE_CFLAGS: {e}") from None
 
 
 def compiler_flags(extra_flags: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """FLAGS, the machine model's -march, then extra_flags; with EQFUSE_WERROR=1 in the environment (the test suite sets it)
+    """FLAGS, the machine model's -march, then extra_flags, EQFUSE_CFLAGS and the sanitizers'; with EQFUSE_WERROR=1 in the environment (the test suite sets it)
     also -Werror: generated C must compile cleanly at -Wall, and a warning printed during an
     ordinary build would otherwise go unnoticed."""
     from .machine import machine
 
     werror = ("-Werror",) if os.environ.get("EQFUSE_WERROR") == "1" else ()
-    return FLAGS + machine().march + tuple(extra_flags) + werror
+    return FLAGS + machine().march + tuple(extra_flags) + _user_flags() + _sanitize_flags() + werror
+
+
+def link_flags() -> tuple[str, ...]:
+    names = sanitizers()
+    return LINK_FLAGS + ((f"-fsanitize={','.join(names)}",) if names else ())
+
+
+# The environment variables setuptools reads when it compiles and links an extension.
+BUILD_ENV = ("CC", "CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED", "ARCHFLAGS")
 
 
 def cache_key(source: str, cdef: str, extra_flags: tuple[str, ...] = ()) -> str:
+    """A hash of everything that changes the library: the source, the compiler (command, path,
+    version), every flag (eqfuse's, EQFUSE_CFLAGS, the sanitizers', the build environment's and
+    Python's own), what the target flags mean on this CPU, and the versions of eqfuse, Python
+    and cffi. A cache shared by machines with different CPUs never loads another ISA's binary."""
+    from . import __version__
+    from .machine import machine
+
+    cc = compiler()
+    env = [f"{v}={os.environ.get(v, '')}" for v in BUILD_ENV]
+    py = [str(sysconfig.get_config_var(v) or "") for v in ("CC", "CFLAGS", "CCSHARED", "LDSHARED")]
     h = hashlib.sha256()
-    for part in (source, cdef, compiler_version(), " ".join(compiler_flags(extra_flags)),
+    for part in (source, cdef, compiler_version(cc), " ".join(compiler_flags(extra_flags)), " ".join(link_flags()),
+                 target_isa(cc, machine().march), *env, *py, __version__,
                  sys.implementation.cache_tag or "", _suffix(), cffi.__version__):
         h.update(part.encode())
         h.update(b"\0")
@@ -113,6 +186,15 @@ def _load(name: str, path: Path) -> ModuleType:
     return mod
 
 
+def _asan_loaded() -> bool:
+    """A library built with ASan loads only into a process that started with its runtime
+    (else ASan stops the whole process)."""
+    try:
+        return "libasan" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+
+
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -128,6 +210,9 @@ def _intact(final: Path, digest: Path) -> bool:
 
 def build(source: str, cdef: str, name_hint: str = "k", *, extra_flags: tuple[str, ...] = ()) -> Built:
     """Compile (or fetch from the cache) a C translation unit exposing the functions in cdef."""
+    if "address" in sanitizers() and not _asan_loaded():
+        raise EqfuseError("EQFUSE_SANITIZE=address: the ASan runtime must be loaded before Python starts: run with "
+                          "LD_PRELOAD=$(gcc -print-file-name=libasan.so) and ASAN_OPTIONS=detect_leaks=0")
     key = cache_key(source, cdef, extra_flags)
     hint = re.sub(r"[^A-Za-z0-9_]", "_", name_hint)[:24] or "k"
     name = f"_eqf_{hint}_{key[:16]}"
@@ -159,7 +244,7 @@ def _compile(name: str, source: str, cdef: str, root: Path, final: Path, digest:
     ffi = cffi.FFI()
     ffi.cdef(cdef)
     ffi.set_source(name, source, extra_compile_args=list(compiler_flags(extra_flags)),
-                   extra_link_args=list(LINK_FLAGS))
+                   extra_link_args=list(link_flags()))
     tmp = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=root))
     try:
         import contextlib
@@ -190,7 +275,7 @@ def _compiler_message(tmp: Path, name: str, extra_flags) -> str:
     if not c_file.exists():
         return ""
     inc = sysconfig.get_paths()["include"]
-    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
+    cc = compiler().split()
     out = subprocess.run(cc + list(compiler_flags(extra_flags)) + ["-I", inc, "-fsyntax-only", str(c_file)],
                          capture_output=True, text=True)
     return "\n".join(out.stderr.splitlines()[:40])
@@ -204,7 +289,7 @@ def warnings_for(source: str, extra_flags: tuple[str, ...] = ()) -> str:
     with tempfile.TemporaryDirectory() as d:
         c_file = Path(d) / "check.c"
         c_file.write_text(source)
-        cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
+        cc = compiler().split()
         py = (sysconfig.get_config_var("CFLAGS") or "").split() + (sysconfig.get_config_var("CCSHARED") or "").split()
         out = subprocess.run(cc + py + list(compiler_flags(tuple(extra_flags))) + ["-c", "-o", str(Path(d) / "check.o"),
                                                                           str(c_file)],

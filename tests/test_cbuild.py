@@ -167,3 +167,43 @@ def test_a_damaged_library_in_the_cache_is_rebuilt(cache, damage):
     lib.write_bytes(damage(lib.read_bytes()))
     assert run() == (0, "False 42")  # rebuilt
     assert run() == (0, "True 42")
+
+
+@pytest.mark.parametrize("var, value", [("CC", "gcc -DX"), ("CFLAGS", "-fsanitize=address"), ("LDFLAGS", "-lm"),
+                                        ("CPPFLAGS", "-DX"), ("EQFUSE_CFLAGS", "-DX"),
+                                        ("EQFUSE_SANITIZE", "undefined")])
+def test_key_depends_on_the_build_environment(monkeypatch, var, value):
+    monkeypatch.delenv(var, raising=False)
+    before = cbuild.cache_key("a", "b")
+    monkeypatch.setenv(var, value)
+    assert cbuild.cache_key("a", "b") != before
+
+
+def test_key_depends_on_the_eqfuse_version_and_the_target_isa(monkeypatch):
+    import eqfuse
+
+    before = cbuild.cache_key("a", "b")
+    monkeypatch.setattr(eqfuse, "__version__", eqfuse.__version__ + ".post1")
+    assert cbuild.cache_key("a", "b") != before
+    monkeypatch.undo()
+    # another CPU: the same -march=native flag, another instruction set
+    monkeypatch.setattr(cbuild, "target_isa", lambda cc, flags: "-march=another-cpu")
+    assert cbuild.cache_key("a", "b") != before
+
+
+def test_target_isa_spells_out_native():
+    isa = cbuild.target_isa(cbuild.compiler(), ("-march=native",))
+    assert "-march=native" not in isa and "-m" in isa
+
+
+def test_eqfuse_cflags_reach_the_kernel_build(cache, monkeypatch):
+    monkeypatch.setenv("EQFUSE_CFLAGS", "-DEQF_TEST_VALUE=7")
+    assert build("int value(void) { return EQF_TEST_VALUE; }", "int value(void);", "cflags").lib.value() == 7
+
+
+def test_unknown_sanitizer_is_a_clear_error(monkeypatch):
+    from eqfuse.errors import EqfuseError
+
+    monkeypatch.setenv("EQFUSE_SANITIZE", "address,memory")
+    with pytest.raises(EqfuseError, match="unknown sanitizer 'memory'"):
+        cbuild.compiler_flags()
