@@ -10,6 +10,7 @@ is stored beside it and checked before it is loaded: a damaged entry is rebuilt.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import functools
 import hashlib
@@ -19,11 +20,13 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -61,6 +64,10 @@ class Built:
     lib: object
     path: Path
     cached: bool  # True when loaded from the cache without running the compiler
+
+
+class CacheWarning(UserWarning):
+    """The kernel cache directory cannot be used safely: a private temporary one is used instead."""
 
 
 def cache_dir() -> Path:
@@ -186,6 +193,44 @@ def _load(name: str, path: Path) -> ModuleType:
     return mod
 
 
+_FALLBACK: list[Path] = []  # this process's temporary cache, made at the first need
+
+
+def usable_cache_dir() -> Path:
+    """cache_dir(), created 0700 if missing, when it is safe to load libraries from: a directory
+    of this user that no one else can write to (else another user could plant a library under
+    a predictable name). Otherwise, or when it cannot be created, a private temporary directory
+    for this process, with a warning."""
+    root = cache_dir()
+    try:
+        try:
+            root.mkdir(mode=0o700, parents=True)
+            os.chmod(root, 0o700)  # whatever the umask
+        except FileExistsError:
+            pass
+        st = root.stat()
+        problem = ("not a directory" if not stat.S_ISDIR(st.st_mode)
+                   else "owned by another user" if st.st_uid != os.getuid()
+                   else "writable by other users" if st.st_mode & 0o022
+                   else "not writable" if not os.access(root, os.W_OK | os.X_OK) else None)
+    except OSError as e:
+        problem = f"cannot be created ({e.strerror or e})"
+    if problem is None:
+        return root
+    if not _FALLBACK:
+        _FALLBACK.append(Path(tempfile.mkdtemp(prefix="eqfuse-cache-")))
+        atexit.register(shutil.rmtree, _FALLBACK[0], True)
+    warnings.warn(f"the kernel cache {root} is {problem}; using {_FALLBACK[0]} for this process "
+                  "(set EQFUSE_CACHE_DIR to a directory of your own)", CacheWarning, stacklevel=3)
+    return _FALLBACK[0]
+
+
+def _ours(path: Path) -> bool:
+    """Owned by this user and writable by no one else."""
+    st = path.stat()
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 def _asan_loaded() -> bool:
     """A library built with ASan loads only into a process that started with its runtime
     (else ASan stops the whole process)."""
@@ -203,7 +248,7 @@ def _intact(final: Path, digest: Path) -> bool:
     """The library is there and has the digest recorded when it was stored (a truncated, emptied
     or bit-flipped library would crash or misbehave when loaded, on every later run)."""
     try:
-        return digest.read_text().strip() == _digest(final)
+        return _ours(final) and _ours(digest) and digest.read_text().strip() == _digest(final)
     except OSError:
         return False
 
@@ -216,13 +261,12 @@ def build(source: str, cdef: str, name_hint: str = "k", *, extra_flags: tuple[st
     key = cache_key(source, cdef, extra_flags)
     hint = re.sub(r"[^A-Za-z0-9_]", "_", name_hint)[:24] or "k"
     name = f"_eqf_{hint}_{key[:16]}"
-    root = cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    root = usable_cache_dir()
     final = root / (name + _suffix())
     digest = root / f"{name}.sha256"
     cached = True
     if name not in sys.modules and not _intact(final, digest):
-        with open(root / f"{name}.lock", "w") as lock:
+        with open(os.open(root / f"{name}.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
             if not _intact(final, digest):
                 # Holding the lock, any temporary directory of this key is a killed build's debris.
@@ -260,9 +304,11 @@ def _compile(name: str, source: str, cdef: str, root: Path, final: Path, digest:
             raise CompileError("the C compiler failed on generated code:\n" + msg) from None
         # the source is kept beside the library, for `eqfuse emit` and for debugging
         (tmp / "source.c").write_text(source)
-        os.replace(tmp / "source.c", root / f"{name}.c")
         # the digest first: a reader that sees the new library sees its digest
         (tmp / "sha256").write_text(_digest(Path(built)) + "\n")
+        for f in (tmp / "source.c", tmp / "sha256", Path(built)):
+            os.chmod(f, 0o644)  # whatever the umask: nobody else may change what is loaded
+        os.replace(tmp / "source.c", root / f"{name}.c")
         os.replace(tmp / "sha256", digest)
         os.replace(built, final)  # atomic: a reader sees no library or the whole library
     finally:

@@ -151,22 +151,23 @@ def _flip_bit(b: bytes) -> bytes:
 def test_a_damaged_library_in_the_cache_is_rebuilt(cache, damage):
     # Each run is a fresh process, as a later run of eqfuse would be: loading a damaged library
     # can crash the process (a truncated one gave SIGBUS), so it must be caught before loading.
+    assert _run_twice(cache) == (0, "False 42")
+    (lib,) = cache.glob("_eqf_twice_*.so")
+    lib.write_bytes(damage(lib.read_bytes()))
+    assert _run_twice(cache) == (0, "False 42")  # rebuilt
+    assert _run_twice(cache) == (0, "True 42")
+
+
+def _run_twice(cache):
+    """A fresh process builds (or loads) a small library from the cache: (exit status, 'cached? 42')."""
     script = textwrap.dedent("""
         from eqfuse.cbuild import build
-        b = build("int twice(int a) { return 2 * a; }", "int twice(int a);", "damaged")
+        b = build("int twice(int a) { return 2 * a; }", "int twice(int a);", "twice")
         print(b.cached, b.lib.twice(21))
     """)
-
-    def run():
-        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                           env={**__import__("os").environ, "EQFUSE_CACHE_DIR": str(cache)})
-        return p.returncode, p.stdout.strip()
-
-    assert run() == (0, "False 42")
-    (lib,) = cache.glob("_eqf_damaged_*.so")
-    lib.write_bytes(damage(lib.read_bytes()))
-    assert run() == (0, "False 42")  # rebuilt
-    assert run() == (0, "True 42")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "EQFUSE_CACHE_DIR": str(cache)})
+    return p.returncode, p.stdout.strip()
 
 
 @pytest.mark.parametrize("var, value", [("CC", "gcc -DX"), ("CFLAGS", "-fsanitize=address"), ("LDFLAGS", "-lm"),
@@ -207,3 +208,52 @@ def test_unknown_sanitizer_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("EQFUSE_SANITIZE", "address,memory")
     with pytest.raises(EqfuseError, match="unknown sanitizer 'memory'"):
         cbuild.compiler_flags()
+
+
+def test_a_library_others_can_write_is_rebuilt(cache):
+    assert _run_twice(cache) == (0, "False 42")
+    (lib,) = cache.glob("_eqf_twice_*.so")
+    lib.chmod(0o666)  # anyone could have replaced its code
+    assert _run_twice(cache) == (0, "False 42")
+    assert lib.stat().st_mode & 0o777 == 0o644
+
+
+def test_cache_entries_are_private_whatever_the_umask(tmp_path, monkeypatch):
+    import os
+
+    root = tmp_path / "new" / "cache"
+    monkeypatch.setenv("EQFUSE_CACHE_DIR", str(root))
+    old = os.umask(0)
+    try:
+        build("int umask0(void) { return 0; }", "int umask0(void);", "umask0")
+    finally:
+        os.umask(old)
+    assert root.stat().st_mode & 0o777 == 0o700
+    modes = {p.suffix: p.stat().st_mode & 0o777 for p in root.iterdir()}
+    assert modes == {".so": 0o644, ".c": 0o644, ".sha256": 0o644, ".lock": 0o600}, modes
+
+
+def _unsafe_cache(tmp_path, monkeypatch, kind):
+    import os
+
+    root = tmp_path / "cache"
+    if kind == "a file":
+        root.write_text("not a directory")
+    elif kind == "writable by others":
+        root.mkdir()
+        root.chmod(0o777)
+    else:  # another user's: seen from a process of another uid
+        root.mkdir(mode=0o700)
+        uid = os.getuid() + 1
+        monkeypatch.setattr(os, "getuid", lambda: uid)
+    return root
+
+
+@pytest.mark.parametrize("kind", ["a file", "writable by others", "another user's"])
+def test_an_unusable_cache_dir_falls_back_to_a_temporary_one(tmp_path, monkeypatch, kind):
+    root = _unsafe_cache(tmp_path, monkeypatch, kind)
+    monkeypatch.setenv("EQFUSE_CACHE_DIR", str(root))
+    with pytest.warns(cbuild.CacheWarning, match=f"kernel cache {root} is"):
+        b = build(f"int fb(void) {{ return {len(kind)}; }}", "int fb(void);", "fallback")
+    assert b.lib.fb() == len(kind)
+    assert root not in b.path.parents
