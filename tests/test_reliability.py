@@ -60,3 +60,13 @@ def test_run_to_an_unwritable_output_exits_2(tmp_path, capsys, where):
     err = capsys.readouterr().err
     assert status == 2 and err.startswith(f"error: {out}: cannot write ("), err
     assert "Traceback" not in err
+
+
+def test_a_huge_tensor_type_is_refused_at_check(capsys, tmp_path):
+    from eqfuse.cli import main
+
+    model = tmp_path / "huge.g"
+    model.write_text("graph g(x: f32[100000000000, 100000000000]) -> f32 {\n return sum(x)\n}\n")
+    assert main(["check", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{model}:1:12: error: a tensor of 10000000000000000000000 elements is too large"), err
