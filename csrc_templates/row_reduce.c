@@ -5,13 +5,15 @@ void {{NAME}}({{PARAMS}})
     for (long r = 0; r < {{ROWS}}; r++) {
 {{OFFSETS}}
         float a = {{INIT}};
-        #pragma omp simd reduction({{RED}}:a)
+        int nan = 0; /* a NaN was seen (the simd max reduction drops NaN) */
+        #pragma omp simd reduction({{RED}}:a) reduction(|:nan)
         for (long j = 0; j < {{L}}; j++) {
 {{PRO_BODY}}
             const float x = {{X}};
             a = {{COMBINE}};
+            {{NAN_TRACK}}
         }
-        const float v = a * {{SCALE}};
+        const float v = (nan ? NAN : a) * {{SCALE}};
 {{EPI_OFFSETS}}
 {{EPI_BODY}}
         out[r] = {{EPI}};

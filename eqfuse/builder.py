@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import replace
 
 from . import syntax as S
@@ -27,7 +28,13 @@ def build_type(t: S.TypeAst) -> TType:
     for d in dims:
         if isinstance(d, int) and d <= 0:
             raise EqfuseError(f"dimension {d} must be positive", t.pos)
+    size = math.prod(d for d in dims if isinstance(d, int))
+    if size > MAX_ELEMENTS:  # beyond any memory; sizes and costs would overflow 64-bit integers
+        raise EqfuseError(f"a tensor of {size} elements is too large (at most 2^40 elements)", t.pos)
     return TType(tuple(dims), t.dtype)
+
+
+MAX_ELEMENTS = 1 << 40
 
 
 class GraphBuilder:

@@ -152,7 +152,10 @@ def cmd_run(args) -> int:
             print("verified: every output matches the numpy reference", file=sys.stderr)
     names = output_names(g)
     if args.output:
-        np.savez(args.output, **dict(zip(names, outs)))
+        try:
+            np.savez(args.output, **dict(zip(names, outs)))
+        except OSError as e:
+            raise EqfuseError(f"{args.output}: cannot write ({e.strerror or e})") from None
     for name, o in zip(names, outs):
         print(f"{name}: f32{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}  mean {o.mean():.6g}")
     return 0

@@ -35,6 +35,9 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         raise ArgumentError(f"fuse= expects True, False or \"manual\", got {fuse!r}")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ArgumentError(f"threads= expects a positive integer, got {threads!r}")
+    for k, v in (dims or {}).items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ArgumentError(f"dims= expects a positive integer for '{k}', got {v!r}")
     graphs = load(src)
     params = {**_onnx_weights(src), **(params or {})}
     _check_param_names(graphs, params)

@@ -367,16 +367,22 @@ def emit_row(plan: KernelPlan) -> str:
     red = _REDUCE[an.op]
     return render("row_reduce.c", OP=an.op, OFFSETS="\n".join(space.decls), EPI_OFFSETS="\n".join(espace.decls),
                   EPI_BODY=epi.text(), EPI=e, INIT=red[0], RED=red[1], COMBINE=red[2],
+                  NAN_TRACK=_NAN_TRACK.get(an.op, ""),
                   SCALE=flit(1.0 / L) if an.op == "mean" else "1.0f", **common)
 
 
-_REDUCE = {  # init, omp reduction identifier, combine(a, x)
-    "sum": ("0.0f", "+", "a + x"),
-    "mean": ("0.0f", "+", "a + x"),
-    "max": ("-INFINITY", "max", "(x > a ? x : a)"),
-    "min": ("INFINITY", "min", "(x < a ? x : a)"),
-    "prod": ("1.0f", "*", "a * x"),
+# init, omp reduction identifier, combine(a, x) inside an `omp simd reduction`, and combine(a, x)
+# elsewhere. numpy's max propagates NaN; `x > a ? x : a` does not, but it is the form gcc
+# vectorizes as a max reduction, so a simd reduction of max tracks NaN in a flag of its own
+# (_NAN_TRACK) and the result becomes NaN at the end; elsewhere eqf_max propagates NaN itself.
+_REDUCE = {
+    "sum": ("0.0f", "+", "a + x", "a + x"),
+    "mean": ("0.0f", "+", "a + x", "a + x"),
+    "max": ("-INFINITY", "max", "(x > a ? x : a)", "eqf_max(x, a)"),
+    "min": ("INFINITY", "min", "(x < a ? x : a)", "eqf_min(x, a)"),
+    "prod": ("1.0f", "*", "a * x", "a * x"),
 }
+_NAN_TRACK = {"max": "nan |= x != x;", "min": "nan |= x != x;"}
 
 
 def _ancestors(body: Graph, i: int) -> set[int]:
@@ -401,7 +407,7 @@ def emit_reduce(plan: KernelPlan) -> str:
     space = Space(xshape, [(f"i{d}", [d], False) for d in dims], ind + "    ", ids)
     pro = Exprs(body, space, ptrs, {}, ind + "    ")
     x = pro.value(an.args[0])
-    init, _, combine = _REDUCE[an.op]
+    init, _, combine, combine_nan = _REDUCE[an.op]
     outoff = " + ".join(f"i{d}" if ost[d] == 1 else f"i{d} * {ost[d]}" for d in kept) or "0"
     lines = []
     for k, d in enumerate(dims):
@@ -413,23 +419,26 @@ def emit_reduce(plan: KernelPlan) -> str:
             lines.append(f"{pad}#pragma omp simd")
         if last and d in axes:
             lines.append(f"{pad}float a = out[{outoff}];")
-            lines.append(f"{pad}#pragma omp simd reduction({_REDUCE[an.op][1]}:a)")
+            lines.append(f"{pad}int nan = a != a;")
+            lines.append(f"{pad}#pragma omp simd reduction({_REDUCE[an.op][1]}:a) reduction(|:nan)")
         lines.append(f"{pad}for (long i{d} = 0; i{d} < {xshape[d]}; i{d}++) {{")
     inner = " " * (4 * depth)
     body_lines = [pro.text()] if pro.stmts else []
     body_lines.append(f"{inner}const float x = {x};")
     if dims and dims[-1] in axes:
         body_lines.append(f"{inner}a = {combine};")
+        if an.op in _NAN_TRACK:
+            body_lines.append(f"{inner}{_NAN_TRACK[an.op]}")
     else:
-        body_lines.append(f"{inner}{{ const float a = out[{outoff}]; out[{outoff}] = {combine}; }}")
+        body_lines.append(f"{inner}{{ const float a = out[{outoff}]; out[{outoff}] = {combine_nan}; }}")
     lines += body_lines
     for k in reversed(range(len(dims))):
         pad = " " * (4 * (2 + k))
         lines.append(f"{pad}}}")
         if k == len(dims) - 1 and dims[-1] in axes:
-            lines.append(f"{pad}out[{outoff}] = a;")
+            lines.append(f"{pad}out[{outoff}] = nan ? NAN : a;")
     if not dims:  # a reduction of a single element
-        lines = [f"        {{ const float x = {x}; const float a = out[0]; out[0] = {combine}; }}"]
+        lines = [f"        {{ const float x = {x}; const float a = out[0]; out[0] = {combine_nan}; }}"]
         lines[0:0] = [pro.text()] if pro.stmts else []
     espace = Space(plan.out_shape, [("o", list(range(len(plan.out_shape))), True)], I1, ids)
     epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=_ancestors(body, an.args[0]))

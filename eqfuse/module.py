@@ -110,14 +110,15 @@ class Compiled:
         pool = self._local.__dict__.setdefault("pool", {})
         for step in self.steps:
             step(bufs, pool)
-        outs, seen = [], set()
-        inputs = {id(bufs[i]) for i in kg.inputs}
+        # Never hand back memory of a caller's array (an output may be a view of an input, and
+        # a.base names only the owner of the memory, not the array it was viewed from) nor one
+        # buffer twice.
+        outs: list[np.ndarray] = []
+        theirs = [bufs[i] for i in kg.inputs]
         for o in kg.outputs:
             a = bufs[o]
-            root = a if a.base is None else a.base
-            if id(root) in seen or id(root) in inputs or id(a) in inputs or kg.nodes[o].op == "const":
-                a = a.copy()  # never hand back a caller's array or one buffer twice
-            seen.add(id(root))
+            if kg.nodes[o].op == "const" or any(np.shares_memory(a, b) for b in theirs + outs):
+                a = a.copy()
             outs.append(a)
         return outs
 

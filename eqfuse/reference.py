@@ -38,6 +38,9 @@ def bind_arrays(graph: Graph, arrays: Sequence, fixed: Mapping[str, int] | None 
             if want != got:
                 raise ArgumentError(f"{graph.name}(): parameter '{name}' expects {t}, got shape {list(a.shape)} "
                                     f"(axis {axis} is {got}, expected {want})")
+        if a.size == 0:  # as in the .g language, where a dimension must be positive
+            raise ArgumentError(f"{graph.name}(): parameter '{name}' is empty (shape {list(a.shape)}); "
+                                f"every dimension must be positive")
     return dims
 
 

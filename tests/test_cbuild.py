@@ -136,3 +136,124 @@ def test_a_pinned_machine_is_what_the_planner_and_the_compiler_see():
     with machine.pinned("avx2"):
         assert machine.machine().simd_floats == 8
         assert "-march=x86-64-v3" in cbuild.compiler_flags() or machine.host_simd_floats() == 8
+
+
+def _truncate(b: bytes) -> bytes:
+    return b[:1000]
+
+
+def _flip_bit(b: bytes) -> bytes:
+    return b[:len(b) // 2] + bytes([b[len(b) // 2] ^ 0x10]) + b[len(b) // 2 + 1:]
+
+
+@pytest.mark.parametrize("damage", [_truncate, lambda b: b"", lambda b: __import__("os").urandom(len(b)), _flip_bit],
+                         ids=["truncated", "empty", "random", "bit-flipped"])
+def test_a_damaged_library_in_the_cache_is_rebuilt(cache, damage):
+    # Each run is a fresh process, as a later run of eqfuse would be: loading a damaged library
+    # can crash the process (a truncated one gave SIGBUS), so it must be caught before loading.
+    assert _run_twice(cache) == (0, "False 42")
+    (lib,) = cache.glob("_eqf_twice_*.so")
+    lib.write_bytes(damage(lib.read_bytes()))
+    assert _run_twice(cache) == (0, "False 42")  # rebuilt
+    assert _run_twice(cache) == (0, "True 42")
+
+
+def _run_twice(cache):
+    """A fresh process builds (or loads) a small library from the cache: (exit status, 'cached? 42')."""
+    script = textwrap.dedent("""
+        from eqfuse.cbuild import build
+        b = build("int twice(int a) { return 2 * a; }", "int twice(int a);", "twice")
+        print(b.cached, b.lib.twice(21))
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "EQFUSE_CACHE_DIR": str(cache)})
+    return p.returncode, p.stdout.strip()
+
+
+@pytest.mark.parametrize("var, value", [("CC", "gcc -DX"), ("CFLAGS", "-fsanitize=address"), ("LDFLAGS", "-lm"),
+                                        ("CPPFLAGS", "-DX"), ("EQFUSE_CFLAGS", "-DX"),
+                                        ("EQFUSE_SANITIZE", "undefined")])
+def test_key_depends_on_the_build_environment(monkeypatch, var, value):
+    monkeypatch.delenv(var, raising=False)
+    before = cbuild.cache_key("a", "b")
+    monkeypatch.setenv(var, value)
+    assert cbuild.cache_key("a", "b") != before
+
+
+def test_key_depends_on_the_eqfuse_version_and_the_target_isa(monkeypatch):
+    import eqfuse
+
+    before = cbuild.cache_key("a", "b")
+    monkeypatch.setattr(eqfuse, "__version__", eqfuse.__version__ + ".post1")
+    assert cbuild.cache_key("a", "b") != before
+    monkeypatch.undo()
+    # another CPU: the same -march=native flag, another instruction set
+    monkeypatch.setattr(cbuild, "target_isa", lambda cc, flags: "-march=another-cpu")
+    assert cbuild.cache_key("a", "b") != before
+
+
+def test_target_isa_spells_out_native():
+    isa = cbuild.target_isa(cbuild.compiler(), ("-march=native",))
+    assert "-march=native" not in isa and "-m" in isa
+
+
+def test_eqfuse_cflags_reach_the_kernel_build(cache, monkeypatch):
+    monkeypatch.setenv("EQFUSE_CFLAGS", "-DEQF_TEST_VALUE=7")
+    assert build("int value(void) { return EQF_TEST_VALUE; }", "int value(void);", "cflags").lib.value() == 7
+
+
+def test_unknown_sanitizer_is_a_clear_error(monkeypatch):
+    from eqfuse.errors import EqfuseError
+
+    monkeypatch.setenv("EQFUSE_SANITIZE", "address,memory")
+    with pytest.raises(EqfuseError, match="unknown sanitizer 'memory'"):
+        cbuild.compiler_flags()
+
+
+def test_a_library_others_can_write_is_rebuilt(cache):
+    assert _run_twice(cache) == (0, "False 42")
+    (lib,) = cache.glob("_eqf_twice_*.so")
+    lib.chmod(0o666)  # anyone could have replaced its code
+    assert _run_twice(cache) == (0, "False 42")
+    assert lib.stat().st_mode & 0o777 == 0o644
+
+
+def test_cache_entries_are_private_whatever_the_umask(tmp_path, monkeypatch):
+    import os
+
+    root = tmp_path / "new" / "cache"
+    monkeypatch.setenv("EQFUSE_CACHE_DIR", str(root))
+    old = os.umask(0)
+    try:
+        build("int umask0(void) { return 0; }", "int umask0(void);", "umask0")
+    finally:
+        os.umask(old)
+    assert root.stat().st_mode & 0o777 == 0o700
+    modes = {p.suffix: p.stat().st_mode & 0o777 for p in root.iterdir()}
+    assert modes == {".so": 0o644, ".c": 0o644, ".sha256": 0o644, ".lock": 0o600}, modes
+
+
+def _unsafe_cache(tmp_path, monkeypatch, kind):
+    import os
+
+    root = tmp_path / "cache"
+    if kind == "a file":
+        root.write_text("not a directory")
+    elif kind == "writable by others":
+        root.mkdir()
+        root.chmod(0o777)
+    else:  # another user's: seen from a process of another uid
+        root.mkdir(mode=0o700)
+        uid = os.getuid() + 1
+        monkeypatch.setattr(os, "getuid", lambda: uid)
+    return root
+
+
+@pytest.mark.parametrize("kind", ["a file", "writable by others", "another user's"])
+def test_an_unusable_cache_dir_falls_back_to_a_temporary_one(tmp_path, monkeypatch, kind):
+    root = _unsafe_cache(tmp_path, monkeypatch, kind)
+    monkeypatch.setenv("EQFUSE_CACHE_DIR", str(root))
+    with pytest.warns(cbuild.CacheWarning, match=f"kernel cache {root} is"):
+        b = build(f"int fb(void) {{ return {len(kind)}; }}", "int fb(void);", "fallback")
+    assert b.lib.fb() == len(kind)
+    assert root not in b.path.parents

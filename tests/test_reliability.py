@@ -1,0 +1,72 @@
+"""Reliability: results never alias a caller's memory; bad input gets a clear error."""
+
+import os
+import tempfile
+
+os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
+
+import numpy as np
+import pytest
+
+import eqfuse
+
+RESHAPE = "graph g(x: f32[4, 4]) -> f32[16] {\n return reshape(x, shape=[16])\n}\n"
+
+
+def test_output_never_aliases_a_view_of_the_callers_array():
+    base = np.zeros(32, np.float32)
+    y = eqfuse.compile(RESHAPE)(base[:16].reshape(4, 4))
+    assert not np.shares_memory(y, base)
+    y[0] = 1
+    assert base[0] == 0
+
+
+def test_output_never_aliases_the_callers_array_or_another_output():
+    mod = eqfuse.compile("graph g(x: f32[4, 4]) -> (f32[16], f32[4, 4], f32[16]) {\n"
+                         " y = reshape(x, shape=[16])\n return y, x, y\n}\n")
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    outs = mod(x)
+    for i, a in enumerate(outs):
+        assert not np.shares_memory(a, x), i
+        for b in outs[i + 1:]:
+            assert not np.shares_memory(a, b), i
+    np.testing.assert_array_equal(outs[1], x)
+
+
+
+RELU = "graph g(x: f32[B, 4], w: f32[4, 3]) -> f32[B, 3] {\n return relu(x @ w)\n}\n"
+
+
+def test_an_empty_array_is_a_clear_error_naming_the_parameter():
+    mod = eqfuse.compile(RELU)
+    with pytest.raises(eqfuse.ArgumentError, match=r"parameter 'x' is empty \(shape \[0, 4\]\)"):
+        mod(np.zeros((0, 4), np.float32), np.ones((4, 3), np.float32))
+
+
+def test_a_zero_dim_binding_is_a_clear_error():
+    with pytest.raises(eqfuse.ArgumentError, match="dims= expects a positive integer for 'B', got 0"):
+        eqfuse.compile(RELU, dims={"B": 0})
+
+
+@pytest.mark.parametrize("where", ["/nonexistent/o.npz", "{tmp}/model.g/o.npz"])
+def test_run_to_an_unwritable_output_exits_2(tmp_path, capsys, where):
+    from eqfuse.cli import main
+
+    model = tmp_path / "model.g"
+    model.write_text(RELU)
+    np.savez(tmp_path / "in.npz", x=np.ones((2, 4), np.float32), w=np.ones((4, 3), np.float32))
+    out = where.format(tmp=tmp_path)
+    status = main(["run", str(model), "--inputs", str(tmp_path / "in.npz"), "--reference", "-o", out])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith(f"error: {out}: cannot write ("), err
+    assert "Traceback" not in err
+
+
+def test_a_huge_tensor_type_is_refused_at_check(capsys, tmp_path):
+    from eqfuse.cli import main
+
+    model = tmp_path / "huge.g"
+    model.write_text("graph g(x: f32[100000000000, 100000000000]) -> f32 {\n return sum(x)\n}\n")
+    assert main(["check", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{model}:1:12: error: a tensor of 10000000000000000000000 elements is too large"), err
