@@ -184,3 +184,12 @@ def test_run_in_a_subprocess_exits_2_without_a_traceback(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert "Traceback" not in r.stderr
     assert r.stderr.strip() == ("error: mlp(): parameter 'x' expects dtype float32 (f32[B, 784]), got float64")
+
+
+def test_python_dash_m_eqfuse_is_the_eqfuse_command():
+    r = subprocess.run([sys.executable, "-m", "eqfuse", "--version"], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"eqfuse {eqfuse.__version__}\n", "")
+    r = subprocess.run([sys.executable, "-m", "eqfuse", "check", MLP, "--dim", "B=0"], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "error: --dim expects NAME=POSITIVE_INT, got 'B=0'\n")
