@@ -75,6 +75,9 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--rules", action="append", default=[], metavar="F.rw")
     c.add_argument("--disable", action="append", default=[], metavar="NAME")
 
+    c = sub.add_parser("ops", help="the op reference: every op's signature, attributes, kind and meaning")
+    c.add_argument("name", nargs="?", metavar="NAME", help="show one op in full (default: list every op)")
+
     c = sub.add_parser("check-rules", help="test each rule's soundness on random inputs")
     c.add_argument("files", nargs="+", metavar="F.rw")
     c.add_argument("--trials", type=int, default=5)
@@ -110,6 +113,21 @@ def cmd_check(args) -> int:
         if dims:
             g = bind_dims(g, {k: v for k, v in dims.items() if k in g.dims()})
         print(g.signature())
+    return 0
+
+
+def cmd_ops(args) -> int:
+    from . import opdocs
+    from .builder import did_you_mean
+    from .ops import OPS
+
+    if args.name is None:
+        print(opdocs.summary())
+    elif args.name in OPS:
+        print(opdocs.detail(args.name))
+    else:
+        raise UsageError(f"unknown op '{args.name}' (see 'eqfuse ops' for the list)",
+                         hint=did_you_mean(args.name, OPS))
     return 0
 
 
@@ -209,6 +227,7 @@ def _lazy(module: str, func: str):
 COMMANDS = {
     "check": cmd_check,
     "run": cmd_run,
+    "ops": cmd_ops,
     "opt": _lazy("cli_opt", "cmd_opt"),
     "rules": _lazy("cli_rules", "cmd_rules"),
     "check-rules": _lazy("cli_rules", "cmd_check_rules"),

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .errors import ShapeError
+from .opdocs import DOCS
 from .shapes import Dim, TType, broadcast, dim_product, fmt, norm_axis
 
 F32 = np.float32
@@ -44,6 +45,7 @@ class Op:
     c: str | Callable[[Mapping[str, Any]], str] | None = None  # pointwise: C expr over {0}, {1}
     infix: str | None = None  # binary infix symbol, or "-" prefix for neg
     flops: int = 1  # per output element (pointwise and row ops)
+    doc: str = ""  # one line of meaning, from eqfuse/opdocs.py (`eqfuse ops`)
 
     def attr_spec(self, name: str) -> Attr | None:
         return next((a for a in self.attrs if a.name == name), None)
@@ -58,7 +60,7 @@ OPS: dict[str, Op] = {}
 
 
 def _op(**kw) -> None:
-    op = Op(**kw)
+    op = Op(**{"doc": DOCS.get(kw["name"], ("", ""))[1], **kw})
     OPS[op.name] = op
 
 
