@@ -35,11 +35,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="store_true", help="print the version and exit")
     sub = p.add_subparsers(dest="command", parser_class=ArgParser, metavar="COMMAND")
 
-    def model_cmd(name, help):
+    def model_cmd(name, help, one_graph=False):
         c = sub.add_parser(name, help=help)
         c.add_argument("model", help="a .g file (or .onnx)")
-        c.add_argument("--dim", action="append", metavar="NAME=INT", help="bind a named dimension")
-        c.add_argument("--graph", help="which graph of the file (default: the first)")
+        c.add_argument("--dim", action="append", metavar="NAME=INT",
+                       help="bind a named dimension of the graphs processed, e.g. --dim B=256 (repeatable)")
+        c.add_argument("--graph", metavar="NAME", help="the graph of the file to " + (
+            "use (default: the first)" if one_graph else "process (default: every graph)"))
         return c
 
     c = model_cmd("opt", "optimize: print the fused graph and a report")
@@ -55,7 +57,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     model_cmd("check", "parse and shape-check; print each graph's signature")
 
-    c = model_cmd("run", "run a model on inputs from an .npz file")
+    c = model_cmd("run", "run a model on inputs from an .npz file", one_graph=True)
     c.add_argument("--inputs", required=True, metavar="IN.npz")
     c.add_argument("-o", "--output", metavar="OUT.npz")
     c.add_argument("--verify", action="store_true", help="compare with the numpy reference")
@@ -67,7 +69,7 @@ def make_parser() -> argparse.ArgumentParser:
     c = model_cmd("lower", "print the tile-level micro-op schedule of every kernel")
     c.add_argument("--uops", action="store_true", default=True)
 
-    c = model_cmd("bench", "numpy op by op vs compiled unfused vs compiled fused")
+    c = model_cmd("bench", "numpy op by op vs compiled unfused vs compiled fused", one_graph=True)
     c.add_argument("--repeat", type=int, default=20)
     c.add_argument("--threads", type=int, action="append", help="thread counts to measure (repeatable)")
 
@@ -99,16 +101,43 @@ def pick_graph(graphs, name):
     for g in graphs:
         if g.name == name:
             return g
-    raise UsageError(f"no graph named '{name}' (the file has: {', '.join(g.name for g in graphs)})")
+    raise UsageError(f"--graph {name}: no graph named '{name}' (the file has: {', '.join(g.name for g in graphs)})",
+                     hint=_did_you_mean(name, [g.name for g in graphs]))
+
+
+def _did_you_mean(word, options):
+    from .builder import did_you_mean
+
+    return did_you_mean(word, options)
+
+
+def selected_graphs(args, one_graph: bool = False):
+    """(the graphs a command processes, the --dim bindings): every graph of the model (the first
+    for run and bench) or the one --graph names; each --dim must name a dimension of them."""
+    from .frontend import load
+
+    graphs = load(args.model)
+    if one_graph or args.graph is not None:
+        graphs = [pick_graph(graphs, args.graph)]
+    dims = parse_dims(args.dim)
+    check_dim_names(graphs, dims, args.model)
+    return graphs, dims
+
+
+def require_dims(graphs, dims: dict[str, int]) -> None:
+    """Lowering needs sizes: every named dimension of the graphs processed must be bound."""
+    for g in graphs:
+        missing = [d for d in g.dims() if d not in dims]
+        if missing:
+            raise UsageError(f"graph {g.name} has unbound dimension{'s' * (len(missing) > 1)} "
+                             f"{', '.join(missing)}: bind {'them' if len(missing) > 1 else 'it'} with "
+                             + " ".join(f"--dim {d}=INT" for d in missing))
 
 
 def cmd_check(args) -> int:
-    from .frontend import load
     from .graph import bind_dims
 
-    dims = parse_dims(args.dim)
-    graphs = load(args.model)
-    check_dim_names(graphs, dims, args.model)
+    graphs, dims = selected_graphs(args)
     for g in graphs:
         if dims:
             g = bind_dims(g, {k: v for k, v in dims.items() if k in g.dims()})
@@ -134,12 +163,9 @@ def cmd_ops(args) -> int:
 def cmd_run(args) -> int:
     import numpy as np
 
-    from .frontend import load
     from .reference import bind_arrays, evaluate
 
-    graphs = load(args.model)
-    g = pick_graph(graphs, args.graph)
-    check_dim_names([g], parse_dims(args.dim), args.model)
+    (g,), dims = selected_graphs(args, one_graph=True)
     path = Path(args.inputs)
     if not path.exists():
         raise UsageError(f"{path}: no such file")
@@ -152,13 +178,13 @@ def cmd_run(args) -> int:
         raise EqfuseError(f"{path} has no array for parameter{'s' * (len(missing) > 1)} {', '.join(missing)} "
                           f"(it has: {', '.join(npz.files) or 'nothing'})")
     arrays = [npz[n] for n, _ in g.params]
-    bind_arrays(g, arrays, parse_dims(args.dim))
+    bind_arrays(g, arrays, dims)
     if args.reference:
         outs = evaluate(g, arrays)
     else:
         from . import compile as eq_compile
 
-        mod = eq_compile(args.model, dims=parse_dims(args.dim) or None)
+        mod = eq_compile(args.model, dims=dims or None)
         res = getattr(mod, g.name)(*arrays)
         outs = list(res) if isinstance(res, tuple) else [res]
         if args.verify:

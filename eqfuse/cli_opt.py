@@ -5,25 +5,20 @@ from __future__ import annotations
 import json
 import sys
 
-from .cli import UsageError, check_dim_names, parse_dims, pick_graph
+from .cli import UsageError, selected_graphs
 from .errors import EqfuseError
 
 
 def cmd_opt(args) -> int:
     from . import progress
-    from .frontend import load
     from .optimize import optimize_graph, report_text
     from .printer import module_text
 
-    dims = parse_dims(args.dim)
     for flag, v in (("--iter-limit", args.iter_limit), ("--node-limit", args.node_limit),
                     ("--time-limit", args.time_limit)):
         if v is not None and v <= 0:
             raise UsageError(f"{flag} expects a positive number, got {v}")
-    graphs = load(args.model)
-    check_dim_names(graphs, dims, args.model)
-    if args.graph is not None:
-        graphs = [pick_graph(graphs, args.graph)]
+    graphs, dims = selected_graphs(args)
     results = []
     for g in graphs:
         with progress.step(f"optimizing {g.name}"):
