@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
+from .cli_args import ArgParser, UsageError, make_parser, parse  # noqa: F401 (used by the cli_* modules)
 from .errors import CheckFailed, EqfuseError
-
-
-class UsageError(EqfuseError):
-    pass
-
-
-class ArgParser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's own errors: same format and exit status as ours
-        raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
 def parse_dims(items: list[str] | None) -> dict[str, int]:
@@ -28,62 +19,6 @@ def parse_dims(items: list[str] | None) -> dict[str, int]:
             raise UsageError(f"--dim expects NAME=POSITIVE_INT, got '{item}'")
         dims[name] = int(value)
     return dims
-
-
-def make_parser() -> argparse.ArgumentParser:
-    p = ArgParser(prog="eqfuse", description="A fusion compiler for tensor graphs on the CPU.")
-    p.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = p.add_subparsers(dest="command", parser_class=ArgParser, metavar="COMMAND")
-
-    def model_cmd(name, help, one_graph=False):
-        c = sub.add_parser(name, help=help)
-        c.add_argument("model", help="a .g file (or .onnx)")
-        c.add_argument("--dim", action="append", metavar="NAME=INT",
-                       help="bind a named dimension of the graphs processed, e.g. --dim B=256 (repeatable)")
-        c.add_argument("--graph", metavar="NAME", help="the graph of the file to " + (
-            "use (default: the first)" if one_graph else "process (default: every graph)"))
-        return c
-
-    c = model_cmd("opt", "optimize: print the fused graph and a report")
-    c.add_argument("--cost", choices=["memory", "launches", "time"], default="memory")
-    c.add_argument("--rules", action="append", default=[], metavar="F.rw", help="add a rule file")
-    c.add_argument("--disable", action="append", default=[], metavar="NAME", help="turn a rule off by name")
-    c.add_argument("--iter-limit", type=int, default=None)
-    c.add_argument("--node-limit", type=int, default=None)
-    c.add_argument("--time-limit", type=float, default=None)
-    c.add_argument("-o", "--output", metavar="OUT.g")
-    c.add_argument("--report", choices=["text", "json"], default="text")
-    c.add_argument("--dot", metavar="OUT.dot")
-
-    model_cmd("check", "parse and shape-check; print each graph's signature")
-
-    c = model_cmd("run", "run a model on inputs from an .npz file", one_graph=True)
-    c.add_argument("--inputs", required=True, metavar="IN.npz")
-    c.add_argument("-o", "--output", metavar="OUT.npz")
-    c.add_argument("--verify", action="store_true", help="compare with the numpy reference")
-    c.add_argument("--reference", action="store_true", help="run the numpy reference only (no C)")
-
-    c = model_cmd("emit", "write the generated C sources")
-    c.add_argument("-o", "--output", metavar="DIR", default="eqfuse_c")
-
-    c = model_cmd("lower", "print the tile-level micro-op schedule of every kernel")
-    c.add_argument("--uops", action="store_true", default=True)
-
-    c = model_cmd("bench", "numpy op by op vs compiled unfused vs compiled fused", one_graph=True)
-    c.add_argument("--repeat", type=int, default=20)
-    c.add_argument("--threads", type=int, action="append", help="thread counts to measure (repeatable)")
-
-    c = sub.add_parser("rules", help="list every active rule")
-    c.add_argument("--rules", action="append", default=[], metavar="F.rw")
-    c.add_argument("--disable", action="append", default=[], metavar="NAME")
-
-    c = sub.add_parser("ops", help="the op reference: every op's signature, attributes, kind and meaning")
-    c.add_argument("name", nargs="?", metavar="NAME", help="show one op in full (default: list every op)")
-
-    c = sub.add_parser("check-rules", help="test each rule's soundness on random inputs")
-    c.add_argument("files", nargs="+", metavar="F.rw")
-    c.add_argument("--trials", type=int, default=5)
-    return p
 
 
 def check_dim_names(graphs, dims: dict[str, int], model: str) -> None:
@@ -212,7 +147,7 @@ def output_names(g) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = make_parser().parse_args(argv)
+        args = parse(argv)
         if args.version:
             from . import __version__
 
