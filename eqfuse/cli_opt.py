@@ -36,8 +36,9 @@ def cmd_opt(args) -> int:
     if args.dot:
         _write_dot(args.dot, results)
     if args.report == "json":
-        reports = [r.report for r in results]
-        json.dump(reports[0] if len(reports) == 1 else reports, sys.stdout, indent=2)
+        # one graph: its report (SPEC 3); several: {graph name: report}, the shape of mod.report
+        reports = {r.report["graph_name"]: r.report for r in results}
+        json.dump(results[0].report if len(results) == 1 else reports, sys.stdout, indent=2)
         print()
         return 0
     if not args.output:
