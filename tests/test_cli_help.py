@@ -80,3 +80,10 @@ def test_a_misspelt_option_suggests_the_right_one(capsys, args, message, note):
     status, out, err = cli(capsys, *args)
     assert status == 2 and out == ""
     assert err.splitlines() == [message] + ([note] if note else [])
+
+
+def test_pytest_keeps_its_summary_line_visible():
+    import re
+
+    addopts = re.search(r'^addopts = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert addopts and "-q" not in addopts.group(1).split(), "pyproject's addopts must not hide the 'N passed' line"
