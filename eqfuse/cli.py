@@ -105,9 +105,13 @@ def cmd_run(args) -> int:
     if not path.exists():
         raise UsageError(f"{path}: no such file")
     try:
-        npz = np.load(path)
-    except Exception as e:  # numpy raises many types for a bad file
-        raise EqfuseError(f"{path}: not a readable .npz file ({e})") from None
+        npz = np.load(path, allow_pickle=False)
+    except Exception:  # numpy raises many types (and pickle advice) for a file that is not an archive
+        npz = None
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        example = ", ".join([f"{n}={n}" for n, _ in g.params[:2]] + ["..."] * (len(g.params) > 2))
+        raise EqfuseError(f"{path}: not a readable .npz file: --inputs expects a numpy .npz archive with one "
+                          f"array per parameter, named like it (numpy.savez('in.npz', {example}))")
     missing = [n for n, _ in g.params if n not in npz.files]
     if missing:
         raise EqfuseError(f"{path} has no array for parameter{'s' * (len(missing) > 1)} {', '.join(missing)} "

@@ -21,11 +21,11 @@ def cmd_opt(args) -> int:
     graphs, dims = selected_graphs(args)
     results = []
     for g in graphs:
-        with progress.step(f"optimizing {g.name}"):
+        with progress.step(f"optimizing {g.name}") as line:
             results.append(optimize_graph(
                 g, cost=args.cost, rules=args.rules, disable=args.disable,
                 dims={k: v for k, v in dims.items() if k in g.dims()}, iter_limit=args.iter_limit,
-                node_limit=args.node_limit, time_limit=args.time_limit))
+                node_limit=args.node_limit, time_limit=args.time_limit, progress=saturation_line(line)))
     text = module_text([r.graph for r in results])
     if args.output:
         try:
@@ -46,6 +46,11 @@ def cmd_opt(args) -> int:
     print()
     print("\n\n".join(report_text(r.report) for r in results))
     return 0
+
+
+def saturation_line(line):
+    """The progress line while the e-graph saturates: rounds, e-nodes, elapsed seconds."""
+    return lambda st: line.update(f"saturating, iteration {st.iterations}, {st.egraph_nodes} e-nodes")
 
 
 def _write_dot(path: str, results) -> None:

@@ -2,6 +2,7 @@
 is a usage error that names the nearest option and the command's --help."""
 
 import argparse
+import re
 
 import pytest
 
@@ -87,3 +88,15 @@ def test_pytest_keeps_its_summary_line_visible():
 
     addopts = re.search(r'^addopts = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.M)
     assert addopts and "-q" not in addopts.group(1).split(), "pyproject's addopts must not hide the 'N passed' line"
+
+
+def test_opt_shows_iterations_e_nodes_and_elapsed_time_on_a_terminal(capsys, monkeypatch):
+    from eqfuse import progress
+
+    monkeypatch.setattr(progress, "enabled", lambda: True)
+    assert main(["opt", MLP, "--report", "json"]) == 0
+    err = capsys.readouterr().err
+    lines = err.split("\r\x1b[2K")
+    assert lines[1] == "optimizing mlp ..."
+    assert re.fullmatch(r"optimizing mlp: saturating, iteration 1, \d+ e-nodes, \d+\.\d s", lines[2]), lines[2]
+    assert re.fullmatch(r"optimizing mlp: \d+\.\d\d s\n", lines[-1])
