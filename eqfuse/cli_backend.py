@@ -49,6 +49,20 @@ def cmd_bench(args) -> int:
     threads = args.threads or [1, 2]
     if any(t < 1 for t in threads) or args.repeat < 1:
         raise UsageError("--threads and --repeat must be positive")
+    peers = _peer_list(args.peers)
     (g,), dims = _bound_graphs(args, one_graph=True)
-    print(bench_model(args.model, dims=dims, graph=g.name, repeat=args.repeat, threads=threads))
+    print(bench_model(args.model, dims=dims, graph=g.name, repeat=args.repeat, threads=threads, peers=peers))
     return 0
+
+
+def _peer_list(text: str) -> list[str]:
+    from .bench import PEERS
+    from .builder import did_you_mean
+
+    peers = [p.strip() for p in text.split(",") if p.strip()]
+    for p in peers:
+        if p == "onnxruntime":
+            raise UsageError(f"--peers: onnxruntime is not measured by eqfuse bench yet (known: {', '.join(PEERS)})")
+        if p not in PEERS:
+            raise UsageError(f"--peers: unknown peer '{p}' (known: {', '.join(PEERS)})", hint=did_you_mean(p, PEERS))
+    return peers

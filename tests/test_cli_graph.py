@@ -76,3 +76,39 @@ def test_bench_measures_the_first_graph_and_needs_only_its_dims(capsys, two, mon
     assert [(c["graph"], c["dims"]) for c in calls] == [("a", {"B": 8}), ("b", {"T": 5})]
     status, _, err = cli(capsys, "bench", two, "--graph", "b")
     assert status == 2 and "graph b has unbound dimension T" in err
+
+
+def test_bench_peers_are_chosen_and_checked(capsys, two, monkeypatch):
+    import eqfuse.bench
+
+    calls = []
+    monkeypatch.setattr(eqfuse.bench, "bench_model", lambda src, **kw: calls.append(kw["peers"]) or "table")
+    assert cli(capsys, "bench", two, "--dim", "B=8")[0] == 0
+    assert cli(capsys, "bench", two, "--dim", "B=8", "--peers", "numpy, torch.compile")[0] == 0
+    assert calls == [["numpy", "torch", "torch.compile"], ["numpy", "torch.compile"]]
+    status, _, err = cli(capsys, "bench", two, "--dim", "B=8", "--peers", "numpy,troch")
+    assert status == 2 and err == ("error: --peers: unknown peer 'troch' (known: numpy, torch, torch.compile)\n"
+                                   "note: did you mean 'torch'?\n")
+    status, _, err = cli(capsys, "bench", two, "--dim", "B=8", "--peers", "onnxruntime")
+    assert status == 2 and "onnxruntime is not measured by eqfuse bench yet" in err
+
+
+@pytest.mark.parametrize("chosen, compiled, labels", [
+    (("numpy",), None, []),
+    (("numpy", "torch"), False, ["torch eager"]),
+    (("torch.compile",), True, ["torch.compile (inductor)"]),
+    (("torch", "torch.compile"), True, ["torch eager", "torch.compile (inductor)"]),
+])
+def test_bench_measures_only_the_chosen_peers(monkeypatch, chosen, compiled, labels):
+    import eqfuse.bench
+    import eqfuse.peers
+
+    asked = []
+
+    def fake(g, arrays, compiled=True):
+        asked.append(compiled)
+        return [("torch eager", None)] + ([("torch.compile (inductor)", None)] if compiled else [])
+
+    monkeypatch.setattr(eqfuse.peers, "torch_peers", fake)
+    assert [label for label, _ in eqfuse.bench._peers(None, [], chosen)] == labels
+    assert asked == ([] if compiled is None else [compiled])
