@@ -207,3 +207,13 @@ def test_run_says_what_an_inputs_file_must_be(capsys, tmp_path, content):
     assert status == 2 and out == "" and "allow_pickle" not in err
     assert err == (f"error: {bad}: not a readable .npz file: --inputs expects a numpy .npz archive with one array "
                    "per parameter, named like it (numpy.savez('in.npz', x=x, w1=w1, ...))\n")
+
+
+def test_the_mlp3_demo_lowers_to_three_kernels_with_a_total_uop_count(capsys):
+    import re
+
+    status, out, err = cli(capsys, "lower", ROOT / "examples" / "mlp3.g", "--uops", "--dim", "B=64")
+    assert status == 0, err
+    assert out.startswith("# graph mlp3: 3 kernels\n")
+    counts = [int(c) for c in re.findall(r"  x(\d+)$", out, re.M)]
+    assert counts and out.rstrip().endswith(f"total: {sum(counts)} uops (the x counts above, summed)")
