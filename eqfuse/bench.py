@@ -77,8 +77,11 @@ def random_inputs(graph, dims: Mapping[str, int], seed: int = 0) -> list[np.ndar
     return out
 
 
+PEERS = ("numpy", "torch", "torch.compile")  # numpy op by op is always measured: the ratios' baseline
+
+
 def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = None, repeat: int = 20,
-                threads: Sequence[int] = (1, 2)) -> str:
+                threads: Sequence[int] = (1, 2), peers: Sequence[str] = PEERS) -> str:
     """The table `eqfuse bench` prints."""
     from . import compile as eq_compile
     from .frontend import load
@@ -112,7 +115,7 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     for t in threads:
         blas_threads(t)
         rows[0][1].append(median_time(lambda: evaluate(g, arrays), repeat))
-    peers = _peers(g, arrays)
+    chosen, peers = peers, _peers(g, arrays, peers)
     for name, fn in peers:
         rows.append((name, [median_time(lambda: fn(t), repeat) if fn else float("nan") for t in threads]))
     blas_threads(max(threads))
@@ -122,17 +125,25 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
         cells = "".join(f"{t * 1e3:>12.3f} ms {rows[0][1][k] / t:>6.2f}x  " for k, t in enumerate(ts))
         lines.append(f"{name:<34}{cells}")
     lines.append("ratio = numpy time / this time (higher is faster), measured in this run")
-    lines.append(peer_note() if not peers else
+    lines.append("peers: numpy only (--peers)" if not set(chosen) & {"torch", "torch.compile"} else
+                 peer_note() if not peers else
                  "torch rows: the same graph op by op in torch (eager) and through torch.compile; onnxruntime: "
                  + ("installed, not measured" if _has("onnxruntime") else "not installed"))
     return "\n".join(lines)
 
 
-def _peers(g, arrays) -> list[tuple[str, Callable | None]]:
-    """Peer runtimes on the same graph and inputs: torch eager and torch.compile when torch is installed."""
+def _peers(g, arrays, chosen: Sequence[str] = PEERS) -> list[tuple[str, Callable | None]]:
+    """The chosen peer runtimes on the same graph and inputs (torch eager, torch.compile) when torch
+    is installed; torch.compile compiles here, under a progress line."""
+    if "torch" not in chosen and "torch.compile" not in chosen:
+        return []
+    from . import progress
     from .peers import torch_peers
 
-    return torch_peers(g, arrays)
+    compiled = "torch.compile" in chosen
+    with progress.step("compiling the graph with torch.compile" if compiled else "preparing torch"):
+        peers = torch_peers(g, arrays, compiled=compiled)
+    return [p for p in peers if "torch" in chosen or p[0] != "torch eager"]
 
 
 def _has(pkg: str) -> bool:

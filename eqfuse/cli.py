@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
+from .cli_args import ArgParser, UsageError, make_parser, parse  # noqa: F401 (used by the cli_* modules)
 from .errors import CheckFailed, EqfuseError
-
-
-class UsageError(EqfuseError):
-    pass
-
-
-class ArgParser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's own errors: same format and exit status as ours
-        raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
 def parse_dims(items: list[str] | None) -> dict[str, int]:
@@ -28,57 +19,6 @@ def parse_dims(items: list[str] | None) -> dict[str, int]:
             raise UsageError(f"--dim expects NAME=POSITIVE_INT, got '{item}'")
         dims[name] = int(value)
     return dims
-
-
-def make_parser() -> argparse.ArgumentParser:
-    p = ArgParser(prog="eqfuse", description="A fusion compiler for tensor graphs on the CPU.")
-    p.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = p.add_subparsers(dest="command", parser_class=ArgParser, metavar="COMMAND")
-
-    def model_cmd(name, help):
-        c = sub.add_parser(name, help=help)
-        c.add_argument("model", help="a .g file (or .onnx)")
-        c.add_argument("--dim", action="append", metavar="NAME=INT", help="bind a named dimension")
-        c.add_argument("--graph", help="which graph of the file (default: the first)")
-        return c
-
-    c = model_cmd("opt", "optimize: print the fused graph and a report")
-    c.add_argument("--cost", choices=["memory", "launches", "time"], default="memory")
-    c.add_argument("--rules", action="append", default=[], metavar="F.rw", help="add a rule file")
-    c.add_argument("--disable", action="append", default=[], metavar="NAME", help="turn a rule off by name")
-    c.add_argument("--iter-limit", type=int, default=None)
-    c.add_argument("--node-limit", type=int, default=None)
-    c.add_argument("--time-limit", type=float, default=None)
-    c.add_argument("-o", "--output", metavar="OUT.g")
-    c.add_argument("--report", choices=["text", "json"], default="text")
-    c.add_argument("--dot", metavar="OUT.dot")
-
-    model_cmd("check", "parse and shape-check; print each graph's signature")
-
-    c = model_cmd("run", "run a model on inputs from an .npz file")
-    c.add_argument("--inputs", required=True, metavar="IN.npz")
-    c.add_argument("-o", "--output", metavar="OUT.npz")
-    c.add_argument("--verify", action="store_true", help="compare with the numpy reference")
-    c.add_argument("--reference", action="store_true", help="run the numpy reference only (no C)")
-
-    c = model_cmd("emit", "write the generated C sources")
-    c.add_argument("-o", "--output", metavar="DIR", default="eqfuse_c")
-
-    c = model_cmd("lower", "print the tile-level micro-op schedule of every kernel")
-    c.add_argument("--uops", action="store_true", default=True)
-
-    c = model_cmd("bench", "numpy op by op vs compiled unfused vs compiled fused")
-    c.add_argument("--repeat", type=int, default=20)
-    c.add_argument("--threads", type=int, action="append", help="thread counts to measure (repeatable)")
-
-    c = sub.add_parser("rules", help="list every active rule")
-    c.add_argument("--rules", action="append", default=[], metavar="F.rw")
-    c.add_argument("--disable", action="append", default=[], metavar="NAME")
-
-    c = sub.add_parser("check-rules", help="test each rule's soundness on random inputs")
-    c.add_argument("files", nargs="+", metavar="F.rw")
-    c.add_argument("--trials", type=int, default=5)
-    return p
 
 
 def check_dim_names(graphs, dims: dict[str, int], model: str) -> None:
@@ -96,16 +36,43 @@ def pick_graph(graphs, name):
     for g in graphs:
         if g.name == name:
             return g
-    raise UsageError(f"no graph named '{name}' (the file has: {', '.join(g.name for g in graphs)})")
+    raise UsageError(f"--graph {name}: no graph named '{name}' (the file has: {', '.join(g.name for g in graphs)})",
+                     hint=_did_you_mean(name, [g.name for g in graphs]))
+
+
+def _did_you_mean(word, options):
+    from .builder import did_you_mean
+
+    return did_you_mean(word, options)
+
+
+def selected_graphs(args, one_graph: bool = False):
+    """(the graphs a command processes, the --dim bindings): every graph of the model (the first
+    for run and bench) or the one --graph names; each --dim must name a dimension of them."""
+    from .frontend import load
+
+    graphs = load(args.model)
+    if one_graph or args.graph is not None:
+        graphs = [pick_graph(graphs, args.graph)]
+    dims = parse_dims(args.dim)
+    check_dim_names(graphs, dims, args.model)
+    return graphs, dims
+
+
+def require_dims(graphs, dims: dict[str, int]) -> None:
+    """Lowering needs sizes: every named dimension of the graphs processed must be bound."""
+    for g in graphs:
+        missing = [d for d in g.dims() if d not in dims]
+        if missing:
+            raise UsageError(f"graph {g.name} has unbound dimension{'s' * (len(missing) > 1)} "
+                             f"{', '.join(missing)}: bind {'them' if len(missing) > 1 else 'it'} with "
+                             + " ".join(f"--dim {d}=INT" for d in missing))
 
 
 def cmd_check(args) -> int:
-    from .frontend import load
     from .graph import bind_dims
 
-    dims = parse_dims(args.dim)
-    graphs = load(args.model)
-    check_dim_names(graphs, dims, args.model)
+    graphs, dims = selected_graphs(args)
     for g in graphs:
         if dims:
             g = bind_dims(g, {k: v for k, v in dims.items() if k in g.dims()})
@@ -113,34 +80,50 @@ def cmd_check(args) -> int:
     return 0
 
 
+def cmd_ops(args) -> int:
+    from . import opdocs
+    from .builder import did_you_mean
+    from .ops import OPS
+
+    if args.name is None:
+        print(opdocs.summary())
+    elif args.name in OPS:
+        print(opdocs.detail(args.name))
+    else:
+        raise UsageError(f"unknown op '{args.name}' (see 'eqfuse ops' for the list)",
+                         hint=did_you_mean(args.name, OPS))
+    return 0
+
+
 def cmd_run(args) -> int:
     import numpy as np
 
-    from .frontend import load
     from .reference import bind_arrays, evaluate
 
-    graphs = load(args.model)
-    g = pick_graph(graphs, args.graph)
-    check_dim_names([g], parse_dims(args.dim), args.model)
+    (g,), dims = selected_graphs(args, one_graph=True)
     path = Path(args.inputs)
     if not path.exists():
         raise UsageError(f"{path}: no such file")
     try:
-        npz = np.load(path)
-    except Exception as e:  # numpy raises many types for a bad file
-        raise EqfuseError(f"{path}: not a readable .npz file ({e})") from None
+        npz = np.load(path, allow_pickle=False)
+    except Exception:  # numpy raises many types (and pickle advice) for a file that is not an archive
+        npz = None
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        example = ", ".join([f"{n}={n}" for n, _ in g.params[:2]] + ["..."] * (len(g.params) > 2))
+        raise EqfuseError(f"{path}: not a readable .npz file: --inputs expects a numpy .npz archive with one "
+                          f"array per parameter, named like it (numpy.savez('in.npz', {example}))")
     missing = [n for n, _ in g.params if n not in npz.files]
     if missing:
         raise EqfuseError(f"{path} has no array for parameter{'s' * (len(missing) > 1)} {', '.join(missing)} "
                           f"(it has: {', '.join(npz.files) or 'nothing'})")
     arrays = [npz[n] for n, _ in g.params]
-    bind_arrays(g, arrays, parse_dims(args.dim))
+    bind_arrays(g, arrays, dims)
     if args.reference:
         outs = evaluate(g, arrays)
     else:
         from . import compile as eq_compile
 
-        mod = eq_compile(args.model, dims=parse_dims(args.dim) or None)
+        mod = eq_compile(args.model, dims=dims or None)
         res = getattr(mod, g.name)(*arrays)
         outs = list(res) if isinstance(res, tuple) else [res]
         if args.verify:
@@ -171,7 +154,7 @@ def output_names(g) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = make_parser().parse_args(argv)
+        args = parse(argv)
         if args.version:
             from . import __version__
 
@@ -212,6 +195,7 @@ def _lazy(module: str, func: str):
 COMMANDS = {
     "check": cmd_check,
     "run": cmd_run,
+    "ops": cmd_ops,
     "opt": _lazy("cli_opt", "cmd_opt"),
     "rules": _lazy("cli_rules", "cmd_rules"),
     "check-rules": _lazy("cli_rules", "cmd_check_rules"),

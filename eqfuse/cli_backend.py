@@ -4,23 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .cli import UsageError, parse_dims, pick_graph
+from .cli import UsageError, require_dims, selected_graphs
 from .errors import EqfuseError
 
 
-def _bound_graphs(args):
-    from .frontend import load
-
-    graphs = load(args.model)
-    if args.graph is not None:
-        graphs = [pick_graph(graphs, args.graph)]
-    dims = parse_dims(args.dim)
-    for g in graphs:
-        missing = [d for d in g.dims() if d not in dims]
-        if missing:
-            raise UsageError(f"graph {g.name} has unbound dimension{'s' * (len(missing) > 1)} "
-                             f"{', '.join(missing)}: bind {'them' if len(missing) > 1 else 'it'} with "
-                             + " ".join(f"--dim {d}=INT" for d in missing))
+def _bound_graphs(args, one_graph: bool = False):
+    graphs, dims = selected_graphs(args, one_graph)
+    require_dims(graphs, dims)
     return graphs, dims
 
 
@@ -56,11 +46,23 @@ def cmd_lower(args) -> int:
 def cmd_bench(args) -> int:
     from .bench import bench_model
 
-    graphs, dims = _bound_graphs(args)
     threads = args.threads or [1, 2]
     if any(t < 1 for t in threads) or args.repeat < 1:
         raise UsageError("--threads and --repeat must be positive")
-    for g in graphs if args.graph else graphs[:1]:
-        print(bench_model(args.model, dims={k: v for k, v in dims.items() if k in g.dims()}, graph=g.name,
-                          repeat=args.repeat, threads=threads))
+    peers = _peer_list(args.peers)
+    (g,), dims = _bound_graphs(args, one_graph=True)
+    print(bench_model(args.model, dims=dims, graph=g.name, repeat=args.repeat, threads=threads, peers=peers))
     return 0
+
+
+def _peer_list(text: str) -> list[str]:
+    from .bench import PEERS
+    from .builder import did_you_mean
+
+    peers = [p.strip() for p in text.split(",") if p.strip()]
+    for p in peers:
+        if p == "onnxruntime":
+            raise UsageError(f"--peers: onnxruntime is not measured by eqfuse bench yet (known: {', '.join(PEERS)})")
+        if p not in PEERS:
+            raise UsageError(f"--peers: unknown peer '{p}' (known: {', '.join(PEERS)})", hint=did_you_mean(p, PEERS))
+    return peers

@@ -35,12 +35,10 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         raise ArgumentError(f"fuse= expects True, False or \"manual\", got {fuse!r}")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ArgumentError(f"threads= expects a positive integer, got {threads!r}")
-    for k, v in (dims or {}).items():
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ArgumentError(f"dims= expects a positive integer for '{k}', got {v!r}")
     graphs = load(src)
     params = {**_onnx_weights(src), **(params or {})}
     _check_param_names(graphs, params)
+    _check_dims(graphs, dims)
     functions, reports, optimized = [], {}, []
     for g in graphs:
         gp = {k: v for k, v in params.items() if k in dict(g.params)}
@@ -77,6 +75,17 @@ def _check_param_names(graphs: list[Graph], params: Mapping[str, Any]) -> None:
     for k in params:
         if k not in names:
             raise ArgumentError(f"params= names '{k}', which is not a parameter (parameters: {', '.join(sorted(names))})")
+
+
+def _check_dims(graphs: list[Graph], dims: Mapping[str, int] | None) -> None:
+    """dims= as strict as --dim: a known dimension name, a positive integer."""
+    names = list(dict.fromkeys(d for g in graphs for d in g.dims()))
+    for k, v in (dims or {}).items():
+        if k not in names:
+            raise ArgumentError(f"dims= names '{k}', which is not a dimension of the model "
+                                f"(its named dimensions: {', '.join(names) or 'none'})")
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+            raise ArgumentError(f"dims=: '{k}' expects a positive integer, got {v!r}")
 
 
 def _bind_params(g: Graph, params: Mapping[str, np.ndarray], dims: dict[str, int]) -> dict[str, int]:

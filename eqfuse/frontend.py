@@ -13,6 +13,8 @@ from .parser import parse
 
 def read_source(src: str | os.PathLike) -> tuple[str | bytes, str]:
     """(text, file name) from a path or from source text itself."""
+    if isinstance(src, str) and not src.strip():
+        raise EqfuseError("the model is empty: give a .g or .onnx path, or the text of a .g model")
     if isinstance(src, os.PathLike) or (isinstance(src, str) and "\n" not in src and "{" not in src):
         path = Path(src)
         if not path.exists():

@@ -563,4 +563,5 @@ def format_uops(plans: list[KernelPlan]) -> str:
             lines.append(f"  cache: {p.cache_check}")
         for u in p.uops:
             lines.append(f"  {'  ' * u.depth}{u.op:<5} {u.what}  x{u.count}")
+    lines.append(f"total: {sum(u.count for p in plans for u in p.uops)} uops (the x counts above, summed)")
     return "\n".join(lines)

@@ -152,17 +152,39 @@ class GraphFunction:
             self.last = c
         return c
 
-    def named_arrays(self, arrays) -> dict[str, np.ndarray]:
-        """The call's arrays and the bound params, by parameter name."""
-        if len(arrays) != len(self.free):
+    def named_arrays(self, arrays, keywords: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """The call's arrays (positional in parameter order, then by keyword) and the bound params, by name."""
+        keywords = keywords or {}
+        if not keywords and len(arrays) != len(self.free):
             bound = f"; {', '.join(n for n, _ in self.source.params if n in self.params)} bound by params=" \
                 if len(self.free) < len(self.source.params) else ""
             raise ArgumentError(f"{self.name}() takes {len(self.free)} array{'s' * (len(self.free) != 1)} "
                                 f"({', '.join(self.free)}), got {len(arrays)}{bound}")
-        return {**self.params, **dict(zip(self.free, arrays))}
+        if len(arrays) > len(self.free):
+            raise ArgumentError(f"{self.name}() takes {len(self.free)} positional array{'s' * (len(self.free) != 1)} "
+                                f"({', '.join(self.free)}), got {len(arrays)}")
+        given = dict(zip(self.free, arrays))
+        for k in keywords:
+            if k in self.params:
+                raise ArgumentError(f"{self.name}(): parameter '{k}' is bound by params= and cannot be passed")
+            if k not in self.free:
+                from .builder import did_you_mean
 
-    def __call__(self, *arrays):
-        named = self.named_arrays(arrays)
+                hint = did_you_mean(k, self.free)
+                raise ArgumentError(f"{self.name}() has no parameter '{k}' (parameters: {', '.join(self.free)})"
+                                    + (f"; {hint}" if hint else ""))
+            if k in given:
+                raise ArgumentError(f"{self.name}(): parameter '{k}' given twice, by position and by keyword")
+        given.update(keywords)
+        missing = [n for n in self.free if n not in given]
+        if missing:
+            raise ArgumentError(f"{self.name}() is missing the array{'s' * (len(missing) > 1)} for "
+                                f"{', '.join(missing)}")
+        return {**self.params, **given}
+
+    def __call__(self, *arrays, **keywords):
+        """Arrays by position (parameter order), by keyword (`mod(x=x, w1=w1)`), or both."""
+        named = self.named_arrays(arrays, keywords)
         full = [named[n] for n, _ in self.source.params]
         dims = bind_arrays(self.source, full, self.dims)
         c = self.compiled(dims)
@@ -176,11 +198,19 @@ class GraphFunction:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def __repr__(self) -> str:
-        return f"<eqfuse function {self.name}({', '.join(self.free)})>"
+        sig = f"{self.name}({', '.join(self.free)})"
+        if self.last is not None:
+            n = len([k for k in self.last.kernels if k.kind != "view"])
+            return f"<eqfuse function {sig}: {n} kernel{'s' * (n != 1)}>"
+        unbound = [d for d in self.source.dims() if d not in self.dims]
+        return f"<eqfuse function {sig}: compiled at the first call ({', '.join(unbound)} unbound)>"
 
 
 class Module:
-    """What eqfuse.compile returns: call it (the first graph) or use `mod.<graph name>`."""
+    """What eqfuse.compile returns: call it (the first graph) or use `mod.<graph name>`, with arrays
+    by position or keyword. `mod.report` is one graph's report, or {graph name: report} for several
+    graphs (the shape of `eqfuse opt --report json`); `mod.kernels` is empty for a graph with
+    unbound dims until its first call."""
 
     def __init__(self, functions: list[GraphFunction], report: Any, graph_text: Callable[[], str]):
         self.functions = {f.name: f for f in functions}
@@ -188,8 +218,8 @@ class Module:
         self.report = report
         self._graph_text = graph_text
 
-    def __call__(self, *arrays):
-        return self.default(*arrays)
+    def __call__(self, *arrays, **keywords):
+        return self.default(*arrays, **keywords)
 
     def __getattr__(self, name: str):
         fns = self.__dict__.get("functions", {})
@@ -207,7 +237,12 @@ class Module:
 
     @property
     def kernels(self) -> list[Kernel]:
-        """Every kernel of the latest compiled binding of each graph (empty until dims are bound)."""
+        """Every kernel of the latest compiled binding of each graph.
+
+        A graph is compiled when `eqfuse.compile` returns if dims= and params= bind all its named
+        dimensions; otherwise at its first call, which binds them from the arrays. Until then it has
+        no kernels here (its repr says "compiled at the first call").
+        """
         out: list[Kernel] = []
         for f in self.functions.values():
             if f.last is not None:

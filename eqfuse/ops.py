@@ -16,6 +16,7 @@ import numpy as np
 
 from .dtypes import result_dtype
 from .errors import ShapeError
+from .opdocs import DOCS
 from .shapes import Dim, TType, broadcast, dim_product, fmt, norm_axis
 
 F32 = np.float32
@@ -47,6 +48,7 @@ class Op:
     flops: int = 1  # per output element (pointwise and row ops)
     dtype: str = "float"  # the dtype rule of eqfuse.dtypes.result_dtype
     shape_rule: Callable | None = None  # `infer` without the dtype rule (the rule checker draws f64 values)
+    doc: str = ""  # one line of meaning, from eqfuse/opdocs.py (`eqfuse ops`)
 
     def attr_spec(self, name: str) -> Attr | None:
         return next((a for a in self.attrs if a.name == name), None)
@@ -67,7 +69,7 @@ def _op(**kw) -> None:
     def infer(ts, attrs):
         return TType(shape_rule(ts, attrs).shape, result_dtype(rule, name, ts, attrs))
 
-    op = Op(**{**kw, "infer": infer, "shape_rule": shape_rule})
+    op = Op(**{"doc": DOCS.get(name, ("", ""))[1], **kw, "infer": infer, "shape_rule": shape_rule})
     OPS[op.name] = op
 
 

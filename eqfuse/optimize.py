@@ -47,7 +47,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     data = eg.serialize()
     pb = X.build_problem(data, src, cost, dims, perf)
 
-    ex = X.extract(pb, src, cost, dims, perf)
+    ex = X.extract(pb, src, cost, dims, perf, time_limit=_ilp_time(time_limit, t0))
     out = ex.graph
     check(out)
     before, after = C.graph_kernels(src, dims), C.graph_kernels(out, dims)
@@ -79,6 +79,13 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         "graph": text,
     }
     return OptResult(out, report)
+
+
+def _ilp_time(time_limit: float | None, t0: float) -> float | None:
+    """A time limit covers the whole optimize: the ILP gets what saturation left (at most its own limit)."""
+    if time_limit is None:
+        return None
+    return max(0.0, min(X.ILP_TIME_LIMIT, time_limit - (time.perf_counter() - t0)))
 
 
 def check(g: Graph) -> None:

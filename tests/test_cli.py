@@ -184,3 +184,36 @@ def test_run_in_a_subprocess_exits_2_without_a_traceback(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert "Traceback" not in r.stderr
     assert r.stderr.strip() == ("error: mlp(): parameter 'x' expects dtype float32 (f32[B, 784]), got float64")
+
+
+def test_python_dash_m_eqfuse_is_the_eqfuse_command():
+    r = subprocess.run([sys.executable, "-m", "eqfuse", "--version"], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"eqfuse {eqfuse.__version__}\n", "")
+    r = subprocess.run([sys.executable, "-m", "eqfuse", "check", MLP, "--dim", "B=0"], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "error: --dim expects NAME=POSITIVE_INT, got 'B=0'\n")
+
+
+@pytest.mark.parametrize("content", ["graph", "npy"])
+def test_run_says_what_an_inputs_file_must_be(capsys, tmp_path, content):
+    bad = tmp_path / "in.x"
+    if content == "npy":
+        np.save(tmp_path / "one.npy", np.zeros(3))
+        bad = tmp_path / "one.npy"
+    else:
+        bad.write_text(open(MLP).read())
+    status, out, err = cli(capsys, "run", MLP, "--inputs", bad, "--reference")
+    assert status == 2 and out == "" and "allow_pickle" not in err
+    assert err == (f"error: {bad}: not a readable .npz file: --inputs expects a numpy .npz archive with one array "
+                   "per parameter, named like it (numpy.savez('in.npz', x=x, w1=w1, ...))\n")
+
+
+def test_the_mlp3_demo_lowers_to_three_kernels_with_a_total_uop_count(capsys):
+    import re
+
+    status, out, err = cli(capsys, "lower", ROOT / "examples" / "mlp3.g", "--uops", "--dim", "B=64")
+    assert status == 0, err
+    assert out.startswith("# graph mlp3: 3 kernels\n")
+    counts = [int(c) for c in re.findall(r"  x(\d+)$", out, re.M)]
+    assert counts and out.rstrip().endswith(f"total: {sum(counts)} uops (the x counts above, summed)")

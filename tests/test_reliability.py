@@ -44,7 +44,7 @@ def test_an_empty_array_is_a_clear_error_naming_the_parameter():
 
 
 def test_a_zero_dim_binding_is_a_clear_error():
-    with pytest.raises(eqfuse.ArgumentError, match="dims= expects a positive integer for 'B', got 0"):
+    with pytest.raises(eqfuse.ArgumentError, match="dims=: 'B' expects a positive integer, got 0"):
         eqfuse.compile(RELU, dims={"B": 0})
 
 

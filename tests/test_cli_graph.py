@@ -1,0 +1,114 @@
+"""`--graph NAME` selects one graph in every model command, is validated, and only the graphs
+processed need their dimensions bound."""
+
+import pytest
+
+from eqfuse.cli import main
+
+TWO = """\
+graph a(x: f32[B, 4]) -> f32[B, 4] {
+    return relu(x)
+}
+graph b(y: f32[T]) -> f32[T] {
+    return exp(y) + 1
+}
+"""
+
+
+@pytest.fixture
+def two(tmp_path):
+    path = tmp_path / "two.g"
+    path.write_text(TWO)
+    return str(path)
+
+
+def cli(capsys, *args):
+    status = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return status, out, err
+
+
+def test_check_processes_every_graph_or_the_one_named(capsys, two):
+    assert cli(capsys, "check", two) == (0, "a(x: f32[B, 4]) -> f32[B, 4]\nb(y: f32[T]) -> f32[T]\n", "")
+    assert cli(capsys, "check", two, "--graph", "b", "--dim", "T=3") == (0, "b(y: f32[3]) -> f32[3]\n", "")
+
+
+@pytest.mark.parametrize("command", ["check", "opt", "emit", "lower", "run", "bench"])
+def test_an_unknown_graph_is_a_usage_error_listing_the_graphs(capsys, two, tmp_path, command):
+    extra = ["--inputs", tmp_path / "none.npz"] if command == "run" else []
+    status, out, err = cli(capsys, command, two, "--graph", "aa", *extra)
+    assert status == 2 and out == ""
+    assert err == "error: --graph aa: no graph named 'aa' (the file has: a, b)\nnote: did you mean 'a'?\n"
+
+
+def test_a_dim_of_a_graph_not_processed_is_refused(capsys, two):
+    status, _, err = cli(capsys, "check", two, "--graph", "a", "--dim", "T=3")
+    assert status == 2 and "has no dimension named 'T' (its named dimensions: B)" in err
+
+
+def test_opt_prints_only_the_selected_graph(capsys, two):
+    status, out, err = cli(capsys, "opt", two, "--graph", "b")
+    assert status == 0, err
+    assert "graph b(" in out and "graph a(" not in out and "report for graph b" in out
+
+
+@pytest.mark.parametrize("command", ["emit", "lower"])
+def test_only_the_graphs_processed_need_bound_dims(capsys, two, tmp_path, command):
+    extra = ["-o", tmp_path / "c"] if command == "emit" else []
+    status, _, err = cli(capsys, command, two, "--dim", "B=8", *extra)
+    assert status == 2 and err == "error: graph b has unbound dimension T: bind it with --dim T=INT\n"
+    status, out, err = cli(capsys, command, two, "--dim", "B=8", "--graph", "a", *extra)
+    assert status == 0, err
+    if command == "emit":
+        assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["a.c", "a.cdef.h"]
+    else:
+        assert out.startswith("# graph a: 1 kernels") and "# graph b" not in out
+
+
+def test_bench_measures_the_first_graph_and_needs_only_its_dims(capsys, two, monkeypatch):
+    import eqfuse.bench
+
+    calls = []
+    monkeypatch.setattr(eqfuse.bench, "bench_model", lambda src, **kw: calls.append(kw) or "table")
+    assert cli(capsys, "bench", two, "--dim", "B=8") == (0, "table\n", "")
+    assert cli(capsys, "bench", two, "--graph", "b", "--dim", "T=5") == (0, "table\n", "")
+    assert [(c["graph"], c["dims"]) for c in calls] == [("a", {"B": 8}), ("b", {"T": 5})]
+    status, _, err = cli(capsys, "bench", two, "--graph", "b")
+    assert status == 2 and "graph b has unbound dimension T" in err
+
+
+def test_bench_peers_are_chosen_and_checked(capsys, two, monkeypatch):
+    import eqfuse.bench
+
+    calls = []
+    monkeypatch.setattr(eqfuse.bench, "bench_model", lambda src, **kw: calls.append(kw["peers"]) or "table")
+    assert cli(capsys, "bench", two, "--dim", "B=8")[0] == 0
+    assert cli(capsys, "bench", two, "--dim", "B=8", "--peers", "numpy, torch.compile")[0] == 0
+    assert calls == [["numpy", "torch", "torch.compile"], ["numpy", "torch.compile"]]
+    status, _, err = cli(capsys, "bench", two, "--dim", "B=8", "--peers", "numpy,troch")
+    assert status == 2 and err == ("error: --peers: unknown peer 'troch' (known: numpy, torch, torch.compile)\n"
+                                   "note: did you mean 'torch'?\n")
+    status, _, err = cli(capsys, "bench", two, "--dim", "B=8", "--peers", "onnxruntime")
+    assert status == 2 and "onnxruntime is not measured by eqfuse bench yet" in err
+
+
+@pytest.mark.parametrize("chosen, compiled, labels", [
+    (("numpy",), None, []),
+    (("numpy", "torch"), False, ["torch eager"]),
+    (("torch.compile",), True, ["torch.compile (inductor)"]),
+    (("torch", "torch.compile"), True, ["torch eager", "torch.compile (inductor)"]),
+])
+def test_bench_measures_only_the_chosen_peers(monkeypatch, chosen, compiled, labels):
+    import eqfuse.bench
+    import eqfuse.peers
+
+    asked = []
+
+    def fake(g, arrays, compiled=True):
+        asked.append(compiled)
+        return [("torch eager", None)] + ([("torch.compile (inductor)", None)] if compiled else [])
+
+    monkeypatch.setattr(eqfuse.peers, "torch_peers", fake)
+    assert [label for label, _ in eqfuse.bench._peers(None, [], chosen)] == labels
+    assert asked == ([] if compiled is None else [compiled])
