@@ -43,7 +43,7 @@ DOCS: dict[str, tuple[str, str]] = {
                                                "(x - mean) / sqrt(var + eps) * gamma + beta"),
     "transpose": ("x", "permute the axes by `perm` (omitted: reverse them)"),
     "reshape": ("x", "the same elements in a new shape; one -1 is inferred (free: a view)"),
-    "slice": ("x", "x[start:stop] along `axis`, Python's rules for negative bounds (stop omitted: the end)"),
+    "slice": ("x", "x[start:stop:step] along `axis`, Python's rules for negative bounds (stop omitted: the end; step >= 1)"),
     "concat": ("x0, x1, ...", "join the inputs along `axis`; every other dimension must agree"),
     # masks, indices and the ops exporters write
     "eq": ("a, b", "a == b elementwise (bool); also written a == b"),
