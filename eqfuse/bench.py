@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import statistics
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -73,11 +73,16 @@ def random_inputs(graph, dims: Mapping[str, int], seed: int = 0) -> list[np.ndar
     out = []
     for _, t in graph.params:
         shape = tuple(resolve(d, dims) for d in t.shape)
-        out.append(rng.standard_normal(shape).astype(np.float32))
+        if t.dtype == "bool":
+            out.append(rng.random(shape) < 0.5)
+        elif t.dtype in ("i64", "i32"):  # 0 and 1: a valid index of any axis, a mask of both kinds
+            out.append(rng.integers(0, 2, shape).astype(np.int64 if t.dtype == "i64" else np.int32))
+        else:
+            out.append(rng.standard_normal(shape).astype(np.float32))
     return out
 
 
-PEERS = ("numpy", "torch", "torch.compile")  # numpy op by op is always measured: the ratios' baseline
+PEERS = ("numpy", "torch", "torch.compile", "onnxruntime")  # numpy op by op is always measured: the ratios' baseline
 
 
 def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = None, repeat: int = 20,
@@ -93,12 +98,16 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     missing = [d for d in g.dims() if d not in dims]
     for d in missing:
         dims[d] = 64
-    arrays = random_inputs(g, dims)
+    from .compiler import model_weights
+
+    weights = model_weights(src)  # an .onnx model's initializers: bound, as compile binds them
+    arrays = [weights.get(n, a) for (n, _), a in zip(g.params, random_inputs(g, dims))]
+    runtime = [a for (n, _), a in zip(g.params, arrays) if n not in weights]
     fused = eq_compile(src, dims=dims)
     unfused = eq_compile(src, dims=dims, fuse=False)
     f_fn, u_fn = getattr(fused, g.name), getattr(unfused, g.name)
-    f_fn(*arrays)
-    u_fn(*arrays)
+    f_fn(*runtime)
+    u_fn(*runtime)
     nk_f = len([k for k in f_fn.last.kernels if k.kind != "view"])
     nk_u = len([k for k in u_fn.last.kernels if k.kind != "view"])
     rows: list[tuple[str, list[float]]] = [("numpy op by op", []), (f"eqfuse unfused ({nk_u} kernels)", []),
@@ -110,12 +119,13 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     time.sleep(0.2)
     for t in threads:
         f_fn.threads = u_fn.threads = t
-        rows[1][1].append(median_time(lambda: u_fn(*arrays), repeat))
-        rows[2][1].append(median_time(lambda: f_fn(*arrays), repeat))
+        rows[1][1].append(median_time(lambda: u_fn(*runtime), repeat))
+        rows[2][1].append(median_time(lambda: f_fn(*runtime), repeat))
     for t in threads:
         blas_threads(t)
         rows[0][1].append(median_time(lambda: evaluate(g, arrays), repeat))
-    chosen, peers = peers, _peers(g, arrays, peers)
+    rt_names = [n for n, _ in g.params if n not in weights]
+    chosen, peers = peers, _peers(g, arrays, peers) + _ort_peer(src, dict(zip(rt_names, runtime)), peers)
     for name, fn in peers:
         rows.append((name, [median_time(lambda: fn(t), repeat) if fn else float("nan") for t in threads]))
     blas_threads(max(threads))
@@ -125,10 +135,10 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
         cells = "".join(f"{t * 1e3:>12.3f} ms {rows[0][1][k] / t:>6.2f}x  " for k, t in enumerate(ts))
         lines.append(f"{name:<34}{cells}")
     lines.append("ratio = numpy time / this time (higher is faster), measured in this run")
-    lines.append("peers: numpy only (--peers)" if not set(chosen) & {"torch", "torch.compile"} else
+    lines.append("peers: numpy only (--peers)" if not set(chosen) & {"torch", "torch.compile", "onnxruntime"} else
                  peer_note() if not peers else
                  "torch rows: the same graph op by op in torch (eager) and through torch.compile; onnxruntime: "
-                 + ("installed, not measured" if _has("onnxruntime") else "not installed"))
+                 + _ort_note(src, chosen))
     return "\n".join(lines)
 
 
@@ -144,6 +154,39 @@ def _peers(g, arrays, chosen: Sequence[str] = PEERS) -> list[tuple[str, Callable
     with progress.step("compiling the graph with torch.compile" if compiled else "preparing torch"):
         peers = torch_peers(g, arrays, compiled=compiled)
     return [p for p in peers if "torch" in chosen or p[0] != "torch eager"]
+
+
+def _ort_peer(src, runtime: dict[str, np.ndarray], chosen: Sequence[str]) -> list[tuple[str, Callable]]:
+    """onnxruntime on the .onnx model itself (all graph optimizations, intra-op threads = the row's)."""
+    from .compiler import _is_onnx, input_aliases
+
+    if "onnxruntime" not in chosen or not _is_onnx(src) or not _has("onnxruntime"):
+        return []
+    import onnxruntime as ort
+
+    aliases = input_aliases(src)
+    feeds = {aliases.get(n, n): a for n, a in runtime.items()}
+    sessions: dict[int, Any] = {}
+
+    def run(t: int):
+        if t not in sessions:
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            so.intra_op_num_threads, so.inter_op_num_threads = t, 1
+            sessions[t] = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+            sessions[t].run(None, feeds)
+        return sessions[t].run(None, feeds)
+    return [("onnxruntime (ORT_ENABLE_ALL)", run)]
+
+
+def _ort_note(src, chosen) -> str:
+    from .compiler import _is_onnx
+
+    if not _has("onnxruntime"):
+        return "not installed"
+    if "onnxruntime" not in chosen:
+        return "not chosen (--peers)"
+    return "measured on the .onnx model" if _is_onnx(src) else "runs .onnx models only (this is a .g model)"
 
 
 def _has(pkg: str) -> bool:

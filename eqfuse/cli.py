@@ -99,6 +99,7 @@ def cmd_run(args) -> int:
     import numpy as np
 
     from .reference import bind_arrays, evaluate
+    from .shapes import dtype_of_numpy
 
     (g,), dims = selected_graphs(args, one_graph=True)
     path = Path(args.inputs)
@@ -112,11 +113,20 @@ def cmd_run(args) -> int:
         example = ", ".join([f"{n}={n}" for n, _ in g.params[:2]] + ["..."] * (len(g.params) > 2))
         raise EqfuseError(f"{path}: not a readable .npz file: --inputs expects a numpy .npz archive with one "
                           f"array per parameter, named like it (numpy.savez('in.npz', {example}))")
-    missing = [n for n, _ in g.params if n not in npz.files]
+    # An .onnx model's initializers are bound as compile binds them: --inputs holds the runtime
+    # inputs only, each under the model's own input name (or the parameter name it became).
+    from .compiler import input_aliases, model_weights
+
+    weights = model_weights(args.model)
+    aliases = input_aliases(args.model)
+    runtime = [n for n, _ in g.params if n not in weights]
+    key = {n: aliases.get(n, n) if aliases.get(n, n) in npz.files else n for n in runtime}
+    missing = [aliases.get(n, n) for n in runtime if key[n] not in npz.files]
     if missing:
-        raise EqfuseError(f"{path} has no array for parameter{'s' * (len(missing) > 1)} {', '.join(missing)} "
+        raise EqfuseError(f"{path} has no array for input{'s' * (len(missing) > 1)} {', '.join(missing)} "
                           f"(it has: {', '.join(npz.files) or 'nothing'})")
-    arrays = [npz[n] for n, _ in g.params]
+    given = {n: npz[key[n]] for n in runtime}
+    arrays = [given[n] if n in given else weights[n] for n, _ in g.params]
     bind_arrays(g, arrays, dims)
     if args.reference:
         outs = evaluate(g, arrays)
@@ -124,7 +134,7 @@ def cmd_run(args) -> int:
         from . import compile as eq_compile
 
         mod = eq_compile(args.model, dims=dims or None)
-        res = getattr(mod, g.name)(*arrays)
+        res = getattr(mod, g.name)(**given)
         outs = list(res) if isinstance(res, tuple) else [res]
         if args.verify:
             from .verify import compare
@@ -140,7 +150,8 @@ def cmd_run(args) -> int:
         except OSError as e:
             raise EqfuseError(f"{args.output}: cannot write ({e.strerror or e})") from None
     for name, o in zip(names, outs):
-        print(f"{name}: f32{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}  mean {o.mean():.6g}")
+        dt = dtype_of_numpy(o.dtype) or str(o.dtype)
+        print(f"{name}: {dt}{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}  mean {o.astype(np.float64).mean():.6g}")
     return 0
 
 

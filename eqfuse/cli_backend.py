@@ -61,8 +61,6 @@ def _peer_list(text: str) -> list[str]:
 
     peers = [p.strip() for p in text.split(",") if p.strip()]
     for p in peers:
-        if p == "onnxruntime":
-            raise UsageError(f"--peers: onnxruntime is not measured by eqfuse bench yet (known: {', '.join(PEERS)})")
         if p not in PEERS:
             raise UsageError(f"--peers: unknown peer '{p}' (known: {', '.join(PEERS)})", hint=did_you_mean(p, PEERS))
     return peers

@@ -18,14 +18,23 @@ def cmd_opt(args) -> int:
                     ("--time-limit", args.time_limit)):
         if v is not None and v <= 0:
             raise UsageError(f"{flag} expects a positive number, got {v}")
+    from .compiler import model_weights
+    from .fold import fold_params
+
     graphs, dims = selected_graphs(args)
-    results = []
+    weights = model_weights(args.model)  # an .onnx model's initializers are bound, as compile binds them
+    results, folds = [], []
     for g in graphs:
+        folded = fold_params(g, {k: v for k, v in weights.items() if k in dict(g.params)})
+        g = folded.graph
+        folds.append(folded.notes)
         with progress.step(f"optimizing {g.name}") as line:
             results.append(optimize_graph(
                 g, cost=args.cost, rules=args.rules, disable=args.disable,
                 dims={k: v for k, v in dims.items() if k in g.dims()}, iter_limit=args.iter_limit,
                 node_limit=args.node_limit, time_limit=args.time_limit, progress=saturation_line(line)))
+    for r, notes in zip(results, folds):
+        r.report["folded"] = notes
     text = module_text([r.graph for r in results])
     if args.output:
         try:

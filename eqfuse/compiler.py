@@ -61,13 +61,31 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     return Module(functions, report, text)
 
 
+def _is_onnx(src) -> bool:
+    return isinstance(src, (str, os.PathLike)) and str(src).endswith(".onnx") and "\n" not in str(src)
+
+
 def _onnx_weights(src) -> dict[str, np.ndarray]:
     """An .onnx model's initializers, bound as params by default (the user's params= win)."""
-    if isinstance(src, (str, os.PathLike)) and str(src).endswith(".onnx") and "\n" not in str(src):
+    if _is_onnx(src):
         from .onnx_import import onnx_params
 
         return onnx_params(src)
     return {}
+
+
+model_weights = _onnx_weights  # what the command line binds too (run, bench, opt)
+
+
+def input_aliases(src) -> dict[str, str]:
+    """{parameter name: the model's own input name} where they differ (ONNX names such as
+    "input.1" are sanitized into parameter names); empty for .g models."""
+    if not _is_onnx(src):
+        return {}
+    from .onnx_import import import_model
+
+    imp = import_model(src)
+    return {imp.graph.nodes[i].name: onnx for i, onnx in zip(imp.graph.inputs, imp.inputs)}
 
 
 def _check_param_names(graphs: list[Graph], params: Mapping[str, Any]) -> None:

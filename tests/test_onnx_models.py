@@ -42,3 +42,34 @@ def test_integer_ids_and_the_mask_stay_runtime_inputs(exporter):
     a, b = mod(**feeds), mod(**full)
     assert not np.allclose(a[1], b[1])  # the padded positions of the second sequence change
     np.testing.assert_allclose(b, sess.run(None, full)[0], rtol=1e-4, atol=1e-5)
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "eqfuse", *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+def test_the_command_line_binds_the_initializers_and_takes_inputs_by_onnx_name(tmp_path):
+    path = me.export("bert", "torchscript")
+    feeds = me.inputs("bert")
+    np.savez(tmp_path / "in.npz", **feeds)
+    r = _cli("run", path, "--inputs", tmp_path / "in.npz", "--verify", "-o", tmp_path / "out.npz")
+    assert r.returncode == 0, r.stderr
+    assert "verified" in r.stderr
+    (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = np.load(tmp_path / "out.npz")
+    np.testing.assert_allclose(got[got.files[0]], want, rtol=1e-4, atol=1e-5)
+    np.savez(tmp_path / "short.npz", input_ids=feeds["input_ids"])
+    r = _cli("run", path, "--inputs", tmp_path / "short.npz")
+    assert r.returncode == 2 and "no array for input attention_mask" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("opt", path)
+    assert r.returncode == 0, r.stderr
+    assert "kernel {" in r.stdout
+
+
+def test_bench_measures_onnxruntime_on_the_onnx_model():
+    r = _cli("bench", me.export("mixer", "dynamo"), "--repeat", "2", "--peers", "numpy,onnxruntime")
+    assert r.returncode == 0, r.stderr
+    assert "onnxruntime (ORT_ENABLE_ALL)" in r.stdout and "eqfuse fused" in r.stdout
