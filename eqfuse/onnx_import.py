@@ -156,9 +156,12 @@ class _Importer:
             self.env[vi.name] = self.input(vi)
             runtime.append(vi.name)
         inputs = [self.env[n] for n in runtime]
-        self.check_ops(g, set(inits) | {n for n in self.values})
-        for node in g.node:
+        for k, node in enumerate(g.node):
             self.node = node
+            if node.op_type not in HANDLERS or node.domain not in ("", "ai.onnx"):
+                # before the first error, look ahead: the message lists every op missing
+                consts = {n for n, v in self.env.items() if self.is_const(v)}
+                self.check_ops(list(g.node)[k:], consts)
             self.import_node(node)
         self.node = None
         outputs = [self.output(vi) for vi in g.output]
@@ -168,15 +171,16 @@ class _Importer:
         params = {k: v for k, v in self.params.items() if k in used}
         return Imported(graph, params, runtime, [vi.name for vi in g.output])
 
-    def check_ops(self, g, consts: set[str]) -> None:
+    def check_ops(self, nodes, consts: set[str]) -> None:
         """One error listing every op eqfuse cannot import, with its count and first node: a node
-        with no handler is fine only when all its inputs are constants (it is folded)."""
+        with no handler is fine when all its inputs are constants (it is folded); a Shape or Size
+        is taken as a constant (it is one when the shapes are known)."""
         consts = consts - self.weights
         missing: dict[str, list[str]] = {}
-        for node in g.node:
+        for node in nodes:
             key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
             all_const = all(n in consts for n in node.input if n) and node.domain in ("", "ai.onnx")
-            if all_const and node.op_type not in ("Identity",):
+            if node.op_type in ("Shape", "Size") or (all_const and node.op_type != "Identity"):
                 consts.update(o for o in node.output if o)
             elif node.op_type not in HANDLERS or node.domain not in ("", "ai.onnx"):
                 missing.setdefault(key, []).append(node.name or (node.output[0] if node.output else key))
