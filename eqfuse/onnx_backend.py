@@ -3,9 +3,9 @@
     rep = EqfuseBackend.prepare(model)      # import (initializers bound as params) and compile
     outputs = rep.run([x, ...])             # numpy in, numpy out, in the model's output order
 
-ENGINE is the one switch: "compile" runs eqfuse.compile (C kernels), "reference" the numpy
-reference of the imported graph. The default is "compile" when eqfuse.compile exists and
-compiles a one-op graph; EQFUSE_ONNX_ENGINE=reference|compile overrides it.
+ENGINE is the one switch: "compile" (the default) runs eqfuse.compile (C kernels), "reference"
+the numpy reference of the imported graph, only when asked for with EQFUSE_ONNX_ENGINE=reference
+or engine("reference"): a model that does not compile is an error, never a silent fallback.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def engine() -> str:
         forced = os.environ.get("EQFUSE_ONNX_ENGINE", "").strip()
         if forced not in ("", "compile", "reference"):
             raise EqfuseError(f"EQFUSE_ONNX_ENGINE must be 'compile' or 'reference', got '{forced}'")
-        _ENGINE = forced or ("compile" if _compile_works() else "reference")
+        _ENGINE = forced or "compile"  # the reference runs only when asked for: never a silent fallback
     return _ENGINE
 
 
@@ -43,19 +43,6 @@ def set_engine(name: str | None) -> None:
     if name not in (None, "compile", "reference"):
         raise ValueError(f"engine must be 'compile' or 'reference', got {name!r}")
     _ENGINE = name
-
-
-def _compile_works() -> bool:
-    import eqfuse
-
-    if not hasattr(eqfuse, "compile"):
-        return False
-    try:
-        mod = eqfuse.compile("graph t(x: f32[4]) -> f32[4] {\n    return relu(x)\n}\n")
-        x = np.array([-1, 0, 1, 2], np.float32)
-        return np.array_equal(mod(x), np.maximum(x, 0))
-    except Exception:  # noqa: BLE001 - any failure means: not usable yet, use the reference
-        return False
 
 
 class _Prepared:

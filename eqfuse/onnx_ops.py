@@ -142,7 +142,11 @@ def _pad(imp, ins, at):
     x = imp.data(ins[0], imp.node.input[0])
     rank = imp.type(x).rank
     pads = list(at["pads"]) if "pads" in at else imp.ints(ins[1], "pads")
-    value = float(np.asarray(ins[2]).reshape(())) if len(ins) > 2 and ins[2] is not None else at.get("value", 0.0)
+    value = at.get("value", 0.0)
+    if len(ins) > 2 and ins[2] is not None:
+        if not imp.is_const(ins[2]):
+            raise Unsupported("non-constant constant_value")
+        value = float(np.asarray(ins[2]).reshape(()))
     if len(ins) > 3 and ins[3] is not None:  # axes: pads only for those
         axes = [a % rank for a in imp.ints(ins[3], "axes")]
         full = [0] * (2 * rank)
@@ -183,13 +187,15 @@ def _global_pool(imp, ins, at):
 
 @handles("Clip", attrs=("min", "max"))
 def _clip(imp, ins, at):
-    def bound(k, name):
-        if len(ins) > k and ins[k] is not None:
-            if not imp.is_const(ins[k]):
-                raise Unsupported(f"non-constant {name}")
-            return float(np.asarray(ins[k]).reshape(()))
-        return at.get(name)
-    return imp.op("clip", [imp.data(ins[0], imp.node.input[0])], min=bound(1, "min"), max=bound(2, "max"))
+    x = imp.data(ins[0], imp.node.input[0])
+    given = [ins[k] if len(ins) > k else None for k in (1, 2)]
+    if any(v is not None and not imp.is_const(v) for v in given):  # bounds computed at run time
+        for k, (v, name) in enumerate(zip(given, ("maximum", "minimum"))):
+            if v is not None:
+                x = imp.binary(name, x, v, ("", imp.node.input[k + 1]))
+        return x
+    lo, hi = (float(np.asarray(v).reshape(())) if v is not None else at.get(n) for v, n in zip(given, ("min", "max")))
+    return imp.op("clip", [x], min=lo, max=hi)
 
 
 @handles("LeakyRelu", attrs=("alpha",))
