@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -404,7 +403,7 @@ def _cond(c, ctx: _Ctx, consts: set[str]) -> list[str]:
     return [f"({_CMP[c.op]} {lhs} {rhs})"]
 
 
-def compile_rule(rule: Rule) -> str:
+def compile_rule(rule: Rule, ruleset: str = RULESET) -> str:
     """The egglog text of one rule (raises RuleError for what the e-graph cannot express)."""
     if not isinstance(rule.lhs, (POp, PKernel)):
         raise RuleError("the left side must be an operation")
@@ -431,7 +430,7 @@ def compile_rule(rule: Rule) -> str:
             raise RuleError(f"?{name} is a tensor used as an attribute without const(?{name})")
     query += _heavy_guard(rule.rhs, ctx.tvars)
     name = rule_key(rule)
-    return f"(rule ({' '.join(query)}) ((union ?root__ {rhs})) :ruleset {RULESET} :name {q(name)})"
+    return f"(rule ({' '.join(query)}) ((union ?root__ {rhs})) :ruleset {ruleset} :name {q(name)})"
 
 
 def _heavy_guard(p, tvars: set[str]) -> list[str]:
@@ -497,6 +496,8 @@ class SaturationStats:
     egraph_nodes: int = 0
     seconds: float = 0.0
     skipped_rules: dict[str, str] = field(default_factory=dict)
+    grown_by: dict[str, float] = field(default_factory=dict)  # rule -> e-nodes its matches added (estimated)
+    limit_note: str = ""  # when a limit stopped the search: which, and the rules that grew the e-graph most
 
 
 DEFAULT_ITER_LIMIT = 30
@@ -507,21 +508,29 @@ DEFAULT_TIME_LIMIT = 10.0
 class EGraph:
     """An egglog e-graph holding one Graph, with the rules compiled into it."""
 
-    def __init__(self, graph: Graph, rules: Iterable[Rule]):
+    def __init__(self, graph: Graph, rules: Iterable[Rule], phase_of=None):
+        """`phase_of(rule)` names the ruleset each rule goes into (default: all in one, RULESET)."""
         from egglog import bindings
 
         self._b = bindings
         self.eg = bindings.EGraph()
         self.graph = graph
+        rules = list(rules)
         arities = {len(n.args) for n in graph.nodes if n.op == "concat"}
         self._run(declarations(arities))
         self.skipped: dict[str, str] = {}
+        self.rulesets: dict[str, list[str]] = {}  # ruleset -> rule keys in it
         texts = []
         for r in rules:
+            rs = phase_of(r) if phase_of else RULESET
+            if rs not in self.rulesets and rs != RULESET:
+                self._run(f"(ruleset {rs})")
             try:
-                texts.append(compile_rule(r))
+                texts.append(compile_rule(r, rs))
             except RuleError as e:
                 self.skipped[rule_key(r)] = str(e)
+                continue
+            self.rulesets.setdefault(rs, []).append(rule_key(r))
         self.rule_names = {rule_key(r): r.name for r in rules}
         for t in texts:
             try:
@@ -542,37 +551,32 @@ class EGraph:
         sizes = _sizes(out)
         return sum(v for k, v in sizes.items() if k not in FACTS and k not in ANALYSES)
 
+    def step(self, ruleset: str = RULESET, match_limit: int | None = None) -> tuple[bool, dict[str, int]]:
+        """One iteration of `ruleset`, then the shape facts to saturation. With `match_limit`, a
+        rule with more matches than that in this iteration is not applied in it (egglog's back-off
+        scheduler, created inside the one run-schedule call): this bounds what one iteration adds.
+        Returns (whether anything changed, matches per rule name)."""
+        if match_limit is None:
+            prog = f"(run-schedule (seq (run {ruleset}) (saturate (run facts))))"
+        else:
+            prog = (f"(run-schedule (let-scheduler bo (back-off :match-limit {int(match_limit)})) "
+                    f"(run-with bo {ruleset}) (saturate (run facts)))")
+        rep = self._run(prog)[-1].report
+        fired: dict[str, int] = {}
+        for k, v in rep.num_matches_per_rule.items():
+            if v and k in self.rule_names:
+                name = self.rule_names[k]
+                fired[name] = fired.get(name, 0) + v
+        return bool(rep.updated), fired
+
     def saturate(self, iter_limit: int | None = None, node_limit: int | None = None,
                  time_limit: float | None = None, progress=None) -> SaturationStats:
-        iter_limit = DEFAULT_ITER_LIMIT if iter_limit is None else iter_limit
-        node_limit = DEFAULT_NODE_LIMIT if node_limit is None else node_limit
-        time_limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
+        """Every rule in one ruleset, to saturation or a limit (eqfuse.schedule runs the phases)."""
+        from .schedule import Limits, run_phase
+
         st = SaturationStats(skipped_rules=dict(self.skipped))
-        t0 = time.perf_counter()
-        st.egraph_nodes = self.size()
-        if st.egraph_nodes > node_limit:
-            st.stop_reason = "node_limit"
-        while st.stop_reason == "saturated":
-            if st.iterations >= iter_limit:
-                st.stop_reason = "iter_limit"
-                break
-            if time.perf_counter() - t0 > time_limit:
-                st.stop_reason = "time_limit"
-                break
-            rep = self._run(f"(run-schedule (seq (run {RULESET}) (saturate (run facts))))")[-1].report
-            st.iterations += 1
-            for k, v in rep.num_matches_per_rule.items():
-                if v and k in self.rule_names:
-                    name = self.rule_names.get(k, k)
-                    st.rules_fired[name] = st.rules_fired.get(name, 0) + v
-            st.egraph_nodes = self.size()
-            if progress:
-                progress(st)
-            if not rep.updated:
-                break
-            if st.egraph_nodes > node_limit:
-                st.stop_reason = "node_limit"
-        st.seconds = time.perf_counter() - t0
+        lim = Limits.make(iter_limit, node_limit, time_limit)
+        run_phase(self, RULESET, st, lim, progress=progress)
         return st
 
     def serialize(self) -> "EData":

@@ -1,10 +1,14 @@
 """The optimizer, top to bottom:
 
-    unfuse -> load into the e-graph -> saturate (bounded) -> serialize
-           -> extract (greedy, then an exact ILP: whole, or region by region on large e-graphs)
-           -> rescore every candidate exactly -> fused Graph (kernel blocks) + report
+    unfuse, fold constants
+      -> recognition e-graph: algebra and pattern rules (no kernels) saturate, growing rules in
+         bounded rounds -> the smallest term, constants folded (eqfuse.schedule, eqfuse.simplify)
+      -> fusion e-graph: fusion rules to saturation or a limit -> serialize
+      -> extract (greedy, then an exact ILP: whole, or region by region on large e-graphs)
+      -> rescore every candidate exactly -> fused Graph (kernel blocks) + report
 
-Fusion decisions live in eqfuse/rules/fusion.rw; this module only runs the stages.
+Fusion decisions live in eqfuse/rules/fusion.rw; this module only runs the stages. The limits
+(iterations, e-nodes, seconds) hold for the whole run: see eqfuse.schedule.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ from typing import Mapping, Sequence
 
 from . import cost as C
 from . import extract as X
-from .egraph import EGraph
+from .egraph import EGraph, SaturationStats
 from .errors import EqfuseError
 from .graph import Graph, retype
 from .kernels import classify
 from .printer import graph_text, module_text
 from .rules import load_rules
+from .schedule import EXTRACT_SECONDS_PER_NODE, FUSE, Limits, recognize, rule_phase, run_phase
+from .simplify import fold_constants, smallest
 
 
 @dataclass
@@ -37,17 +43,33 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     if cost not in C.MODELS:
         raise EqfuseError(f"unknown cost model '{cost}' (known: {', '.join(C.MODELS)})")
     t0 = time.perf_counter()
+    lim = Limits.make(iter_limit, node_limit, time_limit, t0)
     dims = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
     rule_list = load_rules(extra_files=[r for r in rules], disable=disable)
-    src = C.unfused(graph)
+    src = fold_constants(C.unfused(graph))
     perf = C.perf() if cost == "time" else None
 
-    eg = EGraph(src, rule_list)
-    st = eg.saturate(iter_limit, node_limit, time_limit, progress=progress)
+    st = SaturationStats()
+    pre = [r for r in rule_list if rule_phase(r) != FUSE]
+    recognition = {"egraph_nodes": 0, "iterations": 0}
+    if pre:  # the recognition e-graph
+        eg = EGraph(src, pre, phase_of=rule_phase)
+        st.skipped_rules.update(eg.skipped)
+        recognize(eg, st, lim, progress=progress)
+        recognition = {"egraph_nodes": st.egraph_nodes, "iterations": st.iterations}
+        st.iterations = 0  # the iteration limit holds for each e-graph
+        if st.rules_fired:
+            src = smallest(eg.serialize(), src)
+        del eg
+    eg = EGraph(src, [r for r in rule_list if rule_phase(r) == FUSE], phase_of=rule_phase)
+    st.skipped_rules.update(eg.skipped)
+    run_phase(eg, FUSE, st, lim, progress=progress)
     data = eg.serialize()
+    del eg
     pb = X.build_problem(data, src, cost, dims, perf)
 
-    ex = X.extract(pb, src, cost, dims, perf)
+    left = lim.left() - EXTRACT_SECONDS_PER_NODE * data.num_nodes
+    ex = X.extract(pb, src, cost, dims, perf, time_limit=max(0.0, min(X.ILP_TIME_LIMIT, left)))
     out = ex.graph
     check(out)
     before, after = C.graph_kernels(src, dims), C.graph_kernels(out, dims)
@@ -75,6 +97,9 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         "bytes_greedy": greedy.bytes,
         "unbound_dims": {d: C.DEFAULT_DIM for d in unbound},
         "skipped_rules": st.skipped_rules,
+        "limit": st.limit_note or None,  # e.g. "node limit: 50000 e-nodes, 81% from rule my_assoc"
+        "recognition": recognition,  # the recognition e-graph's size and iterations
+
         "optimize_seconds": time.perf_counter() - t0,
         "graph": text,
     }
@@ -137,7 +162,7 @@ def report_text(r: dict) -> str:
         f"#   est. time:  {us(r['est_time_before_s'])} -> {us(r['est_time_after_s'])}",
         f"#   rules fired: {fired or 'none'}",
         f"#   e-graph:    {r['egraph_nodes']} nodes, {r['egraph_classes']} classes, {r['iterations']} iterations, "
-        f"stopped: {r['stop_reason']}",
+        f"stopped: {r['stop_reason']}" + (f" ({r['limit']})" if r.get("limit") else ""),
         f"#   extraction: {r['extraction']} (ILP: {r['ilp']}), {r['optimize_seconds']:.3f} s",
     ]
     if r["extraction"] != "greedy":  # what the ILP improved on
