@@ -27,6 +27,7 @@ from .printer import graph_text, module_text
 from .rules import load_rules
 from .schedule import EXTRACT_SECONDS_PER_NODE, FUSE, Limits, recognize, rule_phase, run_phase
 from .simplify import fold_constants, smallest
+from .wide import cut_wide, stitch
 
 
 @dataclass
@@ -46,7 +47,10 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     lim = Limits.make(iter_limit, node_limit, time_limit, t0)
     dims = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
     rule_list = load_rules(extra_files=[r for r in rules], disable=disable)
-    src = fold_constants(C.unfused(graph))
+    src0 = src = fold_constants(C.unfused(graph))
+    cut = cut_wide(src)  # wide concats stay out of the e-graphs (eqfuse.wide)
+    if cut:
+        src = cut.graph
     perf = C.perf() if cost == "time" else None
 
     st = SaturationStats()
@@ -70,10 +74,12 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
 
     left = lim.left() - EXTRACT_SECONDS_PER_NODE * data.num_nodes
     ex = X.extract(pb, src, cost, dims, perf, time_limit=max(0.0, min(X.ILP_TIME_LIMIT, left)))
-    out = ex.graph
+    out, greedy_g = ex.graph, ex.greedy
+    if cut:
+        out, greedy_g = stitch(cut, out, src0), stitch(cut, greedy_g, src0)
     check(out)
-    before, after = C.graph_kernels(src, dims), C.graph_kernels(out, dims)
-    greedy = C.graph_kernels(ex.greedy, dims)
+    before, after = C.graph_kernels(src0, dims), C.graph_kernels(out, dims)
+    greedy = C.graph_kernels(greedy_g, dims)
     p = C.perf()
     unbound = [d for d in graph.dims() if d not in dims]
     text = graph_text(out)
@@ -84,7 +90,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         "kernels_after": after.launches - after.views,
         "bytes_before": before.bytes,
         "bytes_after": after.bytes,
-        "est_time_before_s": C.graph_value(src, "time", dims, p),
+        "est_time_before_s": C.graph_value(src0, "time", dims, p),
         "est_time_after_s": C.graph_value(out, "time", dims, p),
         "rules_fired": dict(sorted(st.rules_fired.items())),
         "egraph_nodes": data.num_nodes,
