@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .ops import OPS
 
 FACTS = ("rank", "dim", "dimn", "shape", "size", "sizen")
-ANALYSES = ("orig", "hv", "vw")  # bookkeeping functions on classes, never e-nodes of the graph
+ANALYSES = ("orig", "hv", "vw", "nd")  # bookkeeping functions on classes, never e-nodes of the graph
 
 
 def ctor_op(name: str) -> tuple[str, str]:

@@ -131,6 +131,7 @@ def declarations(concat_arities: Iterable[int] = ()) -> str:
         "(constructor K (S) T)",
         "(datatype R (Out i64 T))",
         "(function orig (T) i64 :merge (min old new))",
+        "(function nd (i64) T :merge old)",
         "(function rank (T) i64 :merge old)",
         "(function dim (T i64) String :merge old)",
         "(function dimn (T i64) i64 :merge old)",
@@ -245,7 +246,7 @@ def _fact_rules() -> list[str]:
 
 
 def graph_program(g: Graph) -> list[str]:
-    """One `let` per node (a DAG stays a DAG), its shape facts, and the outputs."""
+    """One `(set (nd i) ...)` per node (a DAG stays a DAG), its shape facts, and the outputs."""
     lines = []
     for i, n in enumerate(g.nodes):
         v = _let_name(i)
@@ -260,7 +261,7 @@ def graph_program(g: Graph) -> list[str]:
             args = " ".join(_let_name(a) for a in n.args)
             attrs = " ".join(q(attr_text(s.kind, n.attr[s.name])) for s in op.attrs)
             e = f"({t_ctor(n.op, len(n.args))} {args} {attrs})".replace(" )", ")")
-        lines.append(f"(let {v} {e})")
+        lines.append(f"(set {v} {e})")
         lines.append(f"(set (orig {v}) {i})")
         lines += fact_lines(v, n.type.shape)
     for k, o in enumerate(g.outputs):
@@ -269,10 +270,10 @@ def graph_program(g: Graph) -> list[str]:
 
 
 def _let_name(i: int) -> str:
-    """The egglog global of node i. No name may be a prefix of another: with `$n1` and `$n11`,
-    egglog 13.2 resolved `$n1` to the value of `$n11` once enough `set` facts were loaded
-    (tests/test_random_compile.py::test_unused_parameters_do_not_change_the_result reproduces it)."""
-    return f"$n{i}_"
+    """Node i of the graph: `(nd i)`, a function from the node index to its e-class. (Not one
+    egglog global per node: loading those took time quadratic in their number, ~2 s for 5000
+    nodes; and with `$n1` and `$n11`, egglog 13.2 resolved `$n1` to the value of `$n11`.)"""
+    return f"(nd {i})"
 
 
 def fact_lines(v: str, shape) -> list[str]:

@@ -42,7 +42,7 @@ SIMPLIFY, GROW, FUSE = "simplify", "grow", "fuse"
 GROW_ROUNDS = 2
 GROW_NODE_SHARE = 0.25  # of the node limit, for the recognition e-graph
 BUDGET_SHARE = 8  # a step's match limit: the remaining node budget / this
-MIN_MATCH_LIMIT = 1000
+MIN_MATCH_LIMIT = 16
 EXTRACT_SECONDS_PER_NODE = 60e-6  # serialize + extract, per e-node (measured: ~45-90 us on 200k e-nodes)
 
 
