@@ -512,26 +512,22 @@ DEFAULT_NODE_LIMIT = 200_000
 DEFAULT_TIME_LIMIT = 10.0
 
 
-class EGraph:
-    """An egglog e-graph holding one Graph, with the rules compiled into it."""
+class _Base:
+    """An egglog e-graph with the declarations and the compiled rules, and no graph."""
 
-    def __init__(self, graph: Graph, rules: Iterable[Rule], phase_of=None):
-        """`phase_of(rule)` names the ruleset each rule goes into (default: all in one, RULESET)."""
+    def __init__(self, rules: list[Rule], phase_of, arities):
         from egglog import bindings
 
-        self._b = bindings
         self.eg = bindings.EGraph()
-        self.graph = graph
-        rules = list(rules)
-        arities = {len(n.args) for n in graph.nodes if n.op == "concat"}
-        self._run(declarations(arities))
+        self.in_use = False
+        self.eg.run_program(*self.eg.parse_program(declarations(arities)))
         self.skipped: dict[str, str] = {}
         self.rulesets: dict[str, list[str]] = {}  # ruleset -> rule keys in it
         texts = []
         for r in rules:
             rs = phase_of(r) if phase_of else RULESET
             if rs not in self.rulesets and rs != RULESET:
-                self._run(f"(ruleset {rs})")
+                self.eg.run_program(*self.eg.parse_program(f"(ruleset {rs})"))
             try:
                 texts.append(compile_rule(r, rs))
             except RuleError as e:
@@ -541,14 +537,48 @@ class EGraph:
         self.rule_names = {rule_key(r): r.name for r in rules}
         for t in texts:
             try:
-                self._run(t)
+                self.eg.run_program(*self.eg.parse_program(t))
             except bindings.EggSmolError as e:  # a rule egglog refuses: skipped, reported
                 name = t.rsplit(":name ", 1)[-1].rstrip(")").strip('"')
                 self.skipped[name] = str(e).splitlines()[0]
+
+
+_BASES: dict[tuple, _Base] = {}
+
+
+class EGraph:
+    """An egglog e-graph holding one Graph, with the rules compiled into it."""
+
+    def __init__(self, graph: Graph, rules: Iterable[Rule], phase_of=None):
+        """`phase_of(rule)` names the ruleset each rule goes into (default: all in one, RULESET).
+        The declarations and compiled rules are kept (_BASES) and reused for the next graph with
+        the same rules: the graph goes in above an egglog `push`, and `close()` pops it."""
+        rules = list(rules)
+        arities = frozenset(len(n.args) for n in graph.nodes if n.op == "concat")
+        key = (tuple((rule_key(r), r.text, phase_of(r) if phase_of else RULESET) for r in rules), arities)
+        base = _BASES.get(key)
+        if base is None or base.in_use:
+            base = _Base(rules, phase_of, arities)
+            if key not in _BASES or not _BASES[key].in_use:
+                _BASES[key] = base
+                while len(_BASES) > 8:
+                    _BASES.pop(next(iter(_BASES)))
+        base.in_use = True
+        self._base = base
+        self.eg = base.eg
+        self.graph = graph
+        self.skipped, self.rulesets, self.rule_names = dict(base.skipped), base.rulesets, base.rule_names
+        self._run("(push)")
         lines = graph_program(graph)
-        for i in range(0, len(lines), 100):  # egglog parses a long program in quadratic time
+        for i in range(0, len(lines), 100):
             self._run("\n".join(lines[i:i + 100]))
         self._run("(run facts 1)")
+
+    def close(self) -> None:
+        """Drop the graph, keep the rules for the next one."""
+        if self._base.in_use:
+            self._run("(pop)")
+            self._base.in_use = False
 
     def _run(self, text: str):
         return self.eg.run_program(*self.eg.parse_program(text))

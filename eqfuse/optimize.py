@@ -46,7 +46,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     t0 = time.perf_counter()
     lim = Limits.make(iter_limit, node_limit, time_limit, t0)
     dims = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
-    rule_list = load_rules(extra_files=[r for r in rules], disable=disable)
+    rule_list = _rules(tuple(str(r) for r in rules), tuple(disable))
     src0 = src = fold_constants(C.unfused(graph))
     cut = cut_wide(src)  # wide concats stay out of the e-graphs (eqfuse.wide)
     if cut:
@@ -64,12 +64,12 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         st.iterations = 0  # the iteration limit holds for each e-graph
         if st.rules_fired:
             src = smallest(eg.serialize(), src)
-        del eg
+        eg.close()
     eg = EGraph(src, [r for r in rule_list if rule_phase(r) == FUSE], phase_of=rule_phase)
     st.skipped_rules.update(eg.skipped)
     run_phase(eg, FUSE, st, lim, progress=progress)
     data = eg.serialize()
-    del eg
+    eg.close()
     pb = X.build_problem(data, src, cost, dims, perf)
 
     left = lim.left() - EXTRACT_SECONDS_PER_NODE * data.num_nodes
@@ -110,6 +110,20 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         "graph": text,
     }
     return OptResult(out, report)
+
+
+def _rules(files: tuple[str, ...], disable: tuple[str, ...]) -> list:
+    """load_rules, kept while the rule files are unchanged (a file of 5000 graphs reads them once)."""
+    from pathlib import Path
+
+    key = (files, disable, tuple(Path(f).read_bytes() if Path(f).is_file() else b"" for f in files))
+    if key not in _RULES:
+        _RULES.clear()
+        _RULES[key] = load_rules(extra_files=list(files), disable=disable)
+    return _RULES[key]
+
+
+_RULES: dict[tuple, list] = {}
 
 
 def check(g: Graph) -> None:
