@@ -188,7 +188,7 @@ def _heavy_rules(concat_arities) -> list[str]:
             range(op.arity[0], op.arity[1] + 1)
         w = heavy_weight(op.name)
         for n in arities:
-            if n > 2:  # a wide concat: no join over n hv facts (slow to plan, huge for n in the thousands);
+            if op.name == "concat" and n > 2:  # a wide concat: no join over n hv facts (slow to plan, huge for n in the thousands);
                 # it weighs more than any kernel may hold, so no kernel grows over it
                 args = " ".join(f"?x{i}" for i in range(n + na))
                 out.append(f"(rule ((= ?e ({s_ctor(op.name, n)} {args}))) ((set (hv ?e) {HEAVY_LIMIT_ATTENTION + 1})) "

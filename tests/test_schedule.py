@@ -95,3 +95,9 @@ def test_wide_concat_is_one_layout_kernel():
     kinds = sorted(n.body.nodes[n.body.outputs[0]].op for n in r.graph.nodes if n.op == "kernel")
     assert kinds.count("concat") == 1 and r.report["kernels_after"] == len(kinds)
     assert_same(g, r.graph, {})
+
+
+def test_ops_of_more_than_two_operands_still_fuse():
+    g = one_graph((ROOT / "examples" / "conv_bn_relu.g").read_text())
+    r = optimize_graph(g, dims={"N": 2})
+    assert r.report["kernels_after"] == 1  # relu(batchnorm(conv2d(...))): a 5-operand op inside
