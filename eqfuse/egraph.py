@@ -570,7 +570,7 @@ class EGraph:
         self.skipped, self.rulesets, self.rule_names = dict(base.skipped), base.rulesets, base.rule_names
         self._run("(push)")
         lines = graph_program(graph)
-        for i in range(0, len(lines), 100):
+        for i in range(0, len(lines), 100):  # egglog parses a long program in superlinear time
             self._run("\n".join(lines[i:i + 100]))
         self._run("(run facts 1)")
 

@@ -25,7 +25,8 @@ from .graph import Graph, retype
 from .kernels import classify
 from .printer import graph_text, module_text
 from .rules import load_rules
-from .schedule import EXTRACT_SECONDS_PER_NODE, FUSE, Limits, recognize, rule_phase, run_phase
+from .schedule import (EXTRACT_SECONDS_PER_NODE, FUSE, Limits, fusion_seconds, load_seconds, recognize, rule_phase,
+                       run_phase)
 from .simplify import fold_constants, smallest
 from .wide import cut_wide, stitch
 
@@ -54,29 +55,76 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     perf = C.perf() if cost == "time" else None
 
     st = SaturationStats()
+    stages: dict[str, float] = {}
+    mark = [time.perf_counter()]
+
+    def stage(name: str) -> None:  # seconds since the last mark, for the report
+        now = time.perf_counter()
+        stages[name] = stages.get(name, 0.0) + now - mark[0]
+        mark[0] = now
+
+    stage("load")
     pre = [r for r in rule_list if rule_phase(r) != FUSE]
     recognition = {"egraph_nodes": 0, "iterations": 0}
-    if pre:  # the recognition e-graph
+    if pre and lim.left() < load_seconds(src):
+        st.stop_reason, st.limit_note = "time_limit", "time limit: no time for the recognition e-graph"
+    elif pre:  # the recognition e-graph
         eg = EGraph(src, pre, phase_of=rule_phase)
         st.skipped_rules.update(eg.skipped)
-        recognize(eg, st, lim, progress=progress)
+        stage("recognition e-graph load")
+        recognize(eg, st, lim, progress=progress)  # if fusion has no time left after it, its result stands
+        stage("recognition")
         recognition = {"egraph_nodes": st.egraph_nodes, "iterations": st.iterations}
         st.iterations = 0  # the iteration limit holds for each e-graph
         if st.rules_fired:
             src = smallest(eg.serialize(), src)
         eg.close()
+        stage("smallest term")
+    if lim.left() < fusion_seconds(src):  # the best so far: every op its own kernel
+        st.stop_reason, st.limit_note = "time_limit", "time limit: no time for the fusion e-graph"
+        one = stitch(cut, singletons(src), src0) if cut else singletons(src)
+        return _report(graph, src0, one, one, "none (time limit)", "", None, st, recognition, stages, cost, dims, t0)
     eg = EGraph(src, [r for r in rule_list if rule_phase(r) == FUSE], phase_of=rule_phase)
     st.skipped_rules.update(eg.skipped)
+    stage("fusion e-graph load")
     run_phase(eg, FUSE, st, lim, progress=progress)
+    stage("fusion")
     data = eg.serialize()
     eg.close()
+    stage("serialize")
     pb = X.build_problem(data, src, cost, dims, perf)
+    stage("candidates")
 
     left = lim.left() - EXTRACT_SECONDS_PER_NODE * data.num_nodes
     ex = X.extract(pb, src, cost, dims, perf, time_limit=max(0.0, min(X.ILP_TIME_LIMIT, left)))
     out, greedy_g = ex.graph, ex.greedy
     if cut:
         out, greedy_g = stitch(cut, out, src0), stitch(cut, greedy_g, src0)
+    stage("extraction")
+    return _report(graph, src0, out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, cost, dims, t0)
+
+
+def singletons(g: Graph) -> Graph:
+    """Every op its own kernel (what optimizing gives when a limit leaves no time for fusion)."""
+    from dataclasses import replace
+
+    from .graph import Node
+
+    nodes = list(g.nodes)
+    for i, n in enumerate(nodes):
+        if n.op in ("input", "const", "kernel"):
+            continue
+        body = Graph("kernel")
+        local = {}
+        for a in dict.fromkeys(n.args):
+            local[a] = body.add(Node("input", type=g.nodes[a].type, name=g.nodes[a].name))
+            body.inputs.append(local[a])
+        body.outputs = [body.add(replace(n, args=tuple(local[a] for a in n.args), name=None))]
+        nodes[i] = Node("kernel", tuple(dict.fromkeys(n.args)), (), n.type, name=n.name, pos=n.pos, body=body)
+    return Graph(g.name, nodes, list(g.inputs), list(g.outputs), g.pos)
+
+
+def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages, cost, dims, t0) -> OptResult:
     check(out)
     before, after = C.graph_kernels(src0, dims), C.graph_kernels(out, dims)
     greedy = C.graph_kernels(greedy_g, dims)
@@ -93,20 +141,20 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         "est_time_before_s": C.graph_value(src0, "time", dims, p),
         "est_time_after_s": C.graph_value(out, "time", dims, p),
         "rules_fired": dict(sorted(st.rules_fired.items())),
-        "egraph_nodes": data.num_nodes,
-        "egraph_classes": data.num_classes,
+        "egraph_nodes": data.num_nodes if data else 0,
+        "egraph_classes": data.num_classes if data else 0,
         "iterations": st.iterations,
         "stop_reason": st.stop_reason,
-        "extraction": ex.how,
-        "ilp": ex.ilp,
+        "extraction": how,
+        "ilp": ilp,
         "kernels_greedy": greedy.launches - greedy.views,  # what greedy extraction alone gives
         "bytes_greedy": greedy.bytes,
         "unbound_dims": {d: C.DEFAULT_DIM for d in unbound},
         "skipped_rules": st.skipped_rules,
         "limit": st.limit_note or None,  # e.g. "node limit: 50000 e-nodes, 81% from rule my_assoc"
         "recognition": recognition,  # the recognition e-graph's size and iterations
-
         "optimize_seconds": time.perf_counter() - t0,
+        "stage_seconds": stages,  # where the time went
         "graph": text,
     }
     return OptResult(out, report)

@@ -43,7 +43,19 @@ GROW_ROUNDS = 2
 GROW_NODE_SHARE = 0.25  # of the node limit, for the recognition e-graph
 BUDGET_SHARE = 8  # a step's match limit: the remaining node budget / this
 MIN_MATCH_LIMIT = 16
-EXTRACT_SECONDS_PER_NODE = 60e-6  # serialize + extract, per e-node (measured: ~45-90 us on 200k e-nodes)
+EXTRACT_SECONDS_PER_NODE = 150e-6  # serialize + candidates + greedy, per e-node (BERT-48 saturated: 170 us)
+LOAD_SECONDS_PER_FACT = 25e-6  # loading a graph into an e-graph: per node, 6 facts + 4 per axis (~22 us each)
+EXTRACT_SECONDS_PER_GRAPH_NODE = 700e-6  # extracting an e-graph that fusion did not get to grow (BERT-48: 470 us)
+
+
+def load_seconds(g) -> float:
+    """Estimated seconds to load graph g into an e-graph."""
+    return LOAD_SECONDS_PER_FACT * sum(6 + 4 * len(n.type.shape) for n in g.nodes)
+
+
+def fusion_seconds(g) -> float:
+    """Seconds to keep, at least, for fusing g: loading the fusion e-graph and extracting from it."""
+    return load_seconds(g) + EXTRACT_SECONDS_PER_GRAPH_NODE * len(g.nodes)
 
 
 def _ops(p, out: Counter, kernel: list) -> None:
@@ -87,7 +99,7 @@ class Limits:
 
 
 def run_phase(eg, ruleset: str, st, lim: Limits, *, node_limit: int | None = None, max_steps: int | None = None,
-              progress=None) -> bool:
+              reserve: float = 0.0, progress=None) -> bool:
     """Step `ruleset` until nothing changes (True) or a limit or max_steps stops it (False; a
     limit sets st.stop_reason and st.limit_note)."""
     if ruleset not in eg.rulesets:
@@ -105,7 +117,7 @@ def run_phase(eg, ruleset: str, st, lim: Limits, *, node_limit: int | None = Non
             reason = "iter_limit"
         elif size >= nodes:
             reason = "node_limit"
-        elif time.perf_counter() + 2 * last + EXTRACT_SECONDS_PER_NODE * size > lim.deadline:
+        elif time.perf_counter() + 2 * last + EXTRACT_SECONDS_PER_NODE * size + reserve > lim.deadline:
             reason = "time_limit"
         if reason:
             _stop(st, reason, lim, nodes)
@@ -143,19 +155,20 @@ def _stop(st, reason: str, lim: Limits, nodes: int) -> None:
     st.limit_note = what
 
 
-def recognize(eg, st, lim: Limits, progress=None) -> None:
+def recognize(eg, st, lim: Limits, reserve: float = 0.0, progress=None) -> None:
     """The recognition e-graph's schedule: simplify to saturation, then bounded rounds of grow."""
     grow_nodes = max(1, int(lim.nodes * GROW_NODE_SHARE))
-    if not run_phase(eg, SIMPLIFY, st, lim, progress=progress) and st.stop_reason != "saturated":
+    kw = dict(reserve=reserve, progress=progress)
+    if not run_phase(eg, SIMPLIFY, st, lim, **kw) and st.stop_reason != "saturated":
         return
     for _ in range(GROW_ROUNDS if GROW in eg.rulesets else 0):
         if eg.size() >= grow_nodes:
             break
         n = eg.size()
-        run_phase(eg, GROW, st, lim, node_limit=grow_nodes, max_steps=1, progress=progress)
+        run_phase(eg, GROW, st, lim, node_limit=grow_nodes, max_steps=1, **kw)
         if st.stop_reason != "saturated":
             return
         if eg.size() == n:
             break
-        if not run_phase(eg, SIMPLIFY, st, lim, progress=progress) and st.stop_reason != "saturated":
+        if not run_phase(eg, SIMPLIFY, st, lim, **kw) and st.stop_reason != "saturated":
             return
