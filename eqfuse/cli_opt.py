@@ -12,7 +12,8 @@ from .errors import EqfuseError
 def cmd_opt(args) -> int:
     from . import progress
     from .frontend import load
-    from .optimize import optimize_graph, report_text
+    from .batch import optimize_graphs
+    from .optimize import report_text
     from .printer import module_text
 
     dims = parse_dims(args.dim)
@@ -24,13 +25,9 @@ def cmd_opt(args) -> int:
     check_dim_names(graphs, dims, args.model)
     if args.graph is not None:
         graphs = [pick_graph(graphs, args.graph)]
-    results = []
-    for g in graphs:
-        with progress.step(f"optimizing {g.name}"):
-            results.append(optimize_graph(
-                g, cost=args.cost, rules=args.rules, disable=args.disable,
-                dims={k: v for k, v in dims.items() if k in g.dims()}, iter_limit=args.iter_limit,
-                node_limit=args.node_limit, time_limit=args.time_limit))
+    with progress.step(f"optimizing {graphs[0].name}" if len(graphs) == 1 else f"optimizing {len(graphs)} graphs"):
+        results = optimize_graphs(graphs, cost=args.cost, rules=args.rules, disable=args.disable, dims=dims,
+                                  iter_limit=args.iter_limit, node_limit=args.node_limit, time_limit=args.time_limit)
     text = module_text([r.graph for r in results])
     if args.output:
         try:

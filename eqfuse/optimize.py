@@ -204,11 +204,12 @@ def optimize(src, *, cost: str = "memory", rules: Sequence = (), disable: Sequen
     """eqfuse.optimize: optimize every graph of a model (a .g path or source text), no C."""
     from .frontend import load
 
+    from .batch import optimize_graphs
+
     graphs = load(src)
     outs, reports = [], {}
-    for g in graphs:
-        r = optimize_graph(g, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
-                           node_limit=node_limit, time_limit=time_limit)
+    for g, r in zip(graphs, optimize_graphs(graphs, cost=cost, rules=rules, disable=disable, dims=dims,
+                                            iter_limit=iter_limit, node_limit=node_limit, time_limit=time_limit)):
         outs.append(r.graph)
         reports[g.name] = r.report
     return Optimized(outs, reports)

@@ -101,3 +101,21 @@ def test_ops_of_more_than_two_operands_still_fuse():
     g = one_graph((ROOT / "examples" / "conv_bn_relu.g").read_text())
     r = optimize_graph(g, dims={"N": 2})
     assert r.report["kernels_after"] == 1  # relu(batchnorm(conv2d(...))): a 5-operand op inside
+
+
+def test_small_graphs_optimized_together_equal_each_alone():
+    from eqfuse.optimize import optimize
+    from eqfuse.printer import graph_text
+
+    src = "".join(f"graph g{i}(x: f32[B, 8], y: f32[8]) -> f32[B, 8] {{\n  h = relu(x * y + {i}.0)\n"
+                  f"  return h - mean(h, axis=-1, keepdims=true)\n}}\n" for i in range(5))
+    together = optimize(src, dims={"B": 2})
+    for g, name in zip(together.graphs, [f"g{i}" for i in range(5)]):
+        alone = optimize_graph(one_graph(_source_of(src, name)), dims={"B": 2})
+        assert graph_text(g) == graph_text(alone.graph)
+        assert together.reports[name]["kernels_after"] == alone.report["kernels_after"]
+        assert "batch" in together.reports[name]
+
+
+def _source_of(src: str, name: str) -> str:
+    return next("graph " + part for part in src.split("graph ")[1:] if part.startswith(name + "("))
