@@ -1,6 +1,10 @@
-"""A BERT-base encoder as .g text: `python benchmarks/make_bert.py [LAYERS] > bert.g`.
+"""A BERT-base encoder as .g text: `python benchmarks/make_bert.py [LAYERS] [--primitive] > bert.g`.
 
 Hidden 768, 12 heads of 64, sequence 128, FFN 3072, post-norm layers with GELU (erf form), batch B.
+With --primitive (`bert_text(primitive=True)`), layernorm, GELU and softmax are spelled out in
+primitive ops as the TorchScript ONNX exporter writes them: ReduceMean, Sub, Pow, Add, Sqrt, Div,
+Mul for layernorm; Div by sqrt(2), Erf, Add 1, Mul, Mul 0.5 for GELU; ReduceMax, Sub, Exp,
+ReduceSum, Div for softmax; the attention scale as a division by sqrt(head size).
 """
 
 from __future__ import annotations
@@ -8,7 +12,26 @@ from __future__ import annotations
 import sys
 
 
-def bert_text(layers: int = 12, hidden: int = 768, heads: int = 12, seq: int = 128, ffn: int = 3072) -> str:
+def _layernorm(out: str, x: str, g: str, b: str) -> list[str]:
+    """x - mean, squared, mean, + eps, sqrt, divide, scale, shift (one exporter node each)."""
+    return [f"{out}_x = {x}",
+            f"{out}_d = {out}_x - mean({out}_x, axis=-1, keepdims=true)",
+            f"{out}_v = mean({out}_d ** 2.0, axis=-1, keepdims=true)",
+            f"{out} = {out}_d / sqrt({out}_v + 1e-12) * {g} + {b}"]
+
+
+def _gelu(out: str, x: str) -> list[str]:
+    """x * (erf(x / 1.4142135) + 1) * 0.5, as torch.nn.functional.gelu exports."""
+    return [f"{out} = {x} * (erf({x} / 1.4142135623730951) + 1.0) * 0.5"]
+
+
+def _softmax(out: str, x: str) -> list[str]:
+    return [f"{out}_e = exp({x} - max({x}, axis=-1, keepdims=true))",
+            f"{out} = {out}_e / sum({out}_e, axis=-1, keepdims=true)"]
+
+
+def bert_text(layers: int = 12, hidden: int = 768, heads: int = 12, seq: int = 128, ffn: int = 3072,
+              primitive: bool = False) -> str:
     hd = hidden // heads
     params = [f"x: f32[B, {seq}, {hidden}]"]
     body = []
@@ -28,6 +51,19 @@ def bert_text(layers: int = 12, hidden: int = 768, heads: int = 12, seq: int = 1
             f"{p}q = transpose(reshape({h} @ {p}wq + {p}bq, {split}",
             f"{p}k = transpose(reshape({h} @ {p}wk + {p}bk, {split}",
             f"{p}v = transpose(reshape({h} @ {p}wv + {p}bv, {split}",
+        ]
+        if primitive:
+            body += [f"{p}s = {p}q @ transpose({p}k, perm=[0, 1, 3, 2]) / sqrt({float(hd)!r})",
+                     *_softmax(f"{p}p", f"{p}s"),
+                     f"{p}a = {p}p @ {p}v",
+                     f"{p}o = reshape(transpose({p}a, perm=[0, 2, 1, 3]), shape=[-1, {seq}, {hidden}])",
+                     *_layernorm(f"{p}h", f"{h} + ({p}o @ {p}wo + {p}bo)", f"{p}g1", f"{p}be1"),
+                     f"{p}f1 = {p}h @ {p}w1 + {p}b1",
+                     *_gelu(f"{p}f", f"{p}f1"),
+                     *_layernorm(f"{p}y", f"{p}h + ({p}f @ {p}w2 + {p}b2)", f"{p}g2", f"{p}be2")]
+            h = f"{p}y"
+            continue
+        body += [
             f"{p}a = softmax({p}q @ transpose({p}k, perm=[0, 1, 3, 2]) * {1 / hd ** 0.5!r}, axis=-1) @ {p}v",
             f"{p}o = reshape(transpose({p}a, perm=[0, 2, 1, 3]), shape=[-1, {seq}, {hidden}])",
             f"{p}h = layernorm({h} + ({p}o @ {p}wo + {p}bo), {p}g1, {p}be1)",
@@ -41,4 +77,5 @@ def bert_text(layers: int = 12, hidden: int = 768, heads: int = 12, seq: int = 1
 
 
 if __name__ == "__main__":
-    sys.stdout.write(bert_text(int(sys.argv[1]) if len(sys.argv) > 1 else 12))
+    args = [a for a in sys.argv[1:] if a != "--primitive"]
+    sys.stdout.write(bert_text(int(args[0]) if args else 12, primitive="--primitive" in sys.argv[1:]))

@@ -11,7 +11,8 @@ from .errors import EqfuseError
 
 def cmd_opt(args) -> int:
     from . import progress
-    from .optimize import optimize_graph, report_text
+    from .batch import optimize_graphs
+    from .optimize import report_text
     from .printer import module_text
 
     for flag, v in (("--iter-limit", args.iter_limit), ("--node-limit", args.node_limit),
@@ -23,18 +24,13 @@ def cmd_opt(args) -> int:
 
     graphs, dims = selected_graphs(args)
     weights = model_weights(args.model)  # an .onnx model's initializers are bound, as compile binds them
-    results, folds = [], []
-    for g in graphs:
-        folded = fold_params(g, {k: v for k, v in weights.items() if k in dict(g.params)})
-        g = folded.graph
-        folds.append(folded.notes)
-        with progress.step(f"optimizing {g.name}") as line:
-            results.append(optimize_graph(
-                g, cost=args.cost, rules=args.rules, disable=args.disable,
-                dims={k: v for k, v in dims.items() if k in g.dims()}, iter_limit=args.iter_limit,
-                node_limit=args.node_limit, time_limit=args.time_limit, progress=saturation_line(line)))
-    for r, notes in zip(results, folds):
-        r.report["folded"] = notes
+    folded = [fold_params(g, {k: v for k, v in weights.items() if k in dict(g.params)}) for g in graphs]
+    graphs = [f.graph for f in folded]
+    with progress.step(f"optimizing {graphs[0].name}" if len(graphs) == 1 else f"optimizing {len(graphs)} graphs"):
+        results = optimize_graphs(graphs, cost=args.cost, rules=args.rules, disable=args.disable, dims=dims,
+                                  iter_limit=args.iter_limit, node_limit=args.node_limit, time_limit=args.time_limit)
+    for r, f in zip(results, folded):
+        r.report["folded"] = f.notes
     text = module_text([r.graph for r in results])
     if args.output:
         try:

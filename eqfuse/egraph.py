@@ -20,284 +20,26 @@ Encoding (written down because extraction and every rule depend on it):
   query (its root bound to a fresh variable), conditions are extra facts, the right side is
   unioned with the root. Inside a kernel pattern a variable is an S value; a variable that also
   occurs outside a kernel is a tensor, read inside the kernel with `(L ?x)`.
-- Saturation runs one iteration per `run` call and checks the limits between iterations:
-  egglog has no node limit, so the size is read back (`print-size`) after each iteration.
-  Commutativity and associativity are not in the built-in rules (extra/comm.rw is opt-in).
+- Saturation steps one iteration per egglog call (EGraph.step) and eqfuse/schedule.py checks the
+  limits between steps; each step runs under a back-off match limit, since egglog has no node
+  limit. Commutativity and associativity are not in the built-in rules (extra/comm.rw is opt-in).
+- The egglog program text (values, declarations, the graph as facts) is eqfuse/egraph_text.py.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Iterable
 
-import numpy as np
-
-from .errors import EqfuseError
+from .edata import ANALYSES, FACTS, EData, ENode, ctor_op  # noqa: F401 -- ENode, ctor_op: re-exported
+from .egraph_text import (  # noqa: F401 -- the encoding's text (eqfuse/egraph_text.py), re-exported
+    HEAVY_LIMIT, HEAVY_LIMIT_ATTENTION, HEAVY_LIMIT_ROW, NONE, RULESET, VIEW_OPS, attr_text, declarations,
+    dim_text, fact_lines, graph_program, heavy_weight, num_text, q, s_ctor, shape_text, t_ctor, text_attr,
+    text_num)
 from .graph import Graph
 from .ops import OPS
 from .rules import AttrVar, Cond, PKernel, PNum, POp, PVar, Rule, Test
-
-RULESET = "eqf"
-FACTS = ("rank", "dim", "dimn", "shape", "size", "sizen")
-ANALYSES = ("orig", "hv", "vw")  # bookkeeping functions on classes, never e-nodes of the graph
-
-
-# ---------------------------------------------------------------- canonical text of values
-
-
-def num_text(v: float) -> str:
-    """The shortest text of v rounded to float32 (integers without a point)."""
-    f = np.float32(v)
-    if np.isnan(f):
-        return "nan"
-    if np.isinf(f):
-        return "inf" if f > 0 else "-inf"
-    s = np.format_float_positional(f, unique=True, trim="-") if abs(f) >= 1e-4 or f == 0 else \
-        np.format_float_scientific(f, unique=True, trim="-")
-    if s in ("-0", "-0."):
-        return "-0"
-    return s
-
-
-def text_num(s: str) -> float:
-    return float(s)
-
-
-NONE = "null"  # an attribute left at None (not the string "none", gelu's approximate="none")
-
-
-def attr_text(kind: str, v: Any) -> str:
-    if v is None:
-        return NONE
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return v
-    if isinstance(v, (tuple, list)):
-        return "[" + ", ".join(attr_text("int", x) for x in v) + "]"
-    if kind == "float":
-        return num_text(v)
-    return str(int(v))
-
-
-def text_attr(kind: str, s: str) -> Any:
-    if s == NONE:
-        return None
-    if kind == "bool":
-        return s == "true"
-    if kind == "str":
-        return s
-    if kind == "float":
-        return float(s)
-    if s.startswith("["):
-        inner = s[1:-1].strip()
-        return tuple(int(x) for x in inner.split(",")) if inner else ()
-    return int(s)
-
-
-def dim_text(d) -> str:
-    return str(d)
-
-
-def shape_text(shape) -> str:
-    return "[" + ", ".join(dim_text(d) for d in shape) + "]"
-
-
-def q(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _variadic(op: str) -> bool:
-    lo, hi = OPS[op].arity
-    return lo != hi
-
-
-def t_ctor(op: str, nargs: int) -> str:
-    return f"o_{op}__{nargs}" if _variadic(op) else f"o_{op}"
-
-
-def s_ctor(op: str, nargs: int) -> str:
-    return f"s_{op}__{nargs}" if _variadic(op) else f"s_{op}"
-
-
-def ctor_op(name: str) -> tuple[str, str]:
-    """("T"|"S", op name) of a constructor name."""
-    sort, op = ("T", name[2:]) if name.startswith("o_") else ("S", name[2:])
-    return sort, op.split("__")[0]
-
-
-# ---------------------------------------------------------------- the declarations
-
-
-def declarations(concat_arities: Iterable[int] = ()) -> str:
-    lines = [
-        "(datatype T (In String) (Cn String))",
-        "(datatype S (L T) (Cs String))",
-        "(constructor K (S) T)",
-        "(datatype R (Out i64 T))",
-        "(function orig (T) i64 :merge (min old new))",
-        "(function rank (T) i64 :merge old)",
-        "(function dim (T i64) String :merge old)",
-        "(function dimn (T i64) i64 :merge old)",
-        "(function shape (T) String :merge old)",
-        "(function size (T) String :merge old)",
-        "(function sizen (T) i64 :merge old)",
-        "(function hv (S) i64 :merge (min old new))",
-        "(relation vw (S))",
-        f"(ruleset {RULESET})",
-        "(ruleset facts)",
-    ]
-    for op in OPS.values():
-        na = len(op.attrs)
-        arities = sorted(set(concat_arities) | {1, 2}) if op.name == "concat" else \
-            range(op.arity[0], op.arity[1] + 1)
-        for n in arities:
-            targs = " ".join(["T"] * n + ["String"] * na)
-            sargs = " ".join(["S"] * n + ["String"] * na)
-            lines.append(f"(constructor {t_ctor(op.name, n)} ({targs}) T)")
-            lines.append(f"(constructor {s_ctor(op.name, n)} ({sargs}) S)")
-    lines += _fact_rules() + _heavy_rules(concat_arities)
-    return "\n".join(lines)
-
-
-def heavy_weight(op: str) -> int:
-    """1 for an op that is not pointwise (a kernel body may hold one), else 0."""
-    return 0 if OPS[op].kind in ("pointwise", "channel") else 1
-
-
-# A candidate kernel body may hold at most one heavy op, except on the way to attention
-# (softmax(q @ k^T ...) @ v holds three). A view -- a tensor in memory read through transposes
-# and reshapes (vw) -- is a way of reading it (x @ transpose(w)), not a heavy op. These are the backend's kernel shapes
-# (eqfuse.kernels.classify), applied while rules grow kernels so illegal bodies are not grown
-# further; extraction checks every candidate with classify itself.
-HEAVY_LIMIT = 1
-HEAVY_LIMIT_ATTENTION = 3  # when the kernel's root op is softmax or matmul
-# layernorm / rmsnorm at the root: a matmul may be its prologue (a GEMM with a row epilogue). Such
-# a kernel still weighs two, so pointwise ops after the row op do not join it here (letting a row
-# op over a GEMM weigh one grew BERT-base x12's e-graph from 3.5k e-nodes to the node limit);
-# they do in a hand-written kernel block.
-HEAVY_LIMIT_ROW = 2
-VIEW_OPS = ("transpose", "reshape")
-
-
-def _heavy_rules(concat_arities) -> list[str]:
-    out = ["(rule ((= ?e (L ?t))) ((set (hv ?e) 0) (vw ?e)) :ruleset facts)",
-           # a whole attention softmax(...) @ v weighs one, so a pointwise epilogue may join it
-           f"(rule ((= ?e ({s_ctor('matmul', 2)} ?p ?v)) (= ?p ({s_ctor('softmax', 1)} ?x ?a)) (vw ?v)) "
-           "((set (hv ?e) 1)) :ruleset facts)",
-           "(rule ((= ?e (Cs ?c))) ((set (hv ?e) 0)) :ruleset facts)"]
-    for op in OPS.values():
-        na = len(op.attrs)
-        arities = sorted(set(concat_arities) | {1, 2}) if op.name == "concat" else \
-            range(op.arity[0], op.arity[1] + 1)
-        w = heavy_weight(op.name)
-        for n in arities:
-            xs = [f"?x{i}" for i in range(n)]
-            hs = [f"?h{i}" for i in range(n)]
-            attrs = [f"?a{i}" for i in range(na)]
-            pat = f"({s_ctor(op.name, n)} {' '.join(xs + attrs)})"
-            facts = " ".join(f"(= {h} (hv {x}))" for h, x in zip(hs, xs))
-            total = f"(+ {w} {' '.join(hs)})" if n else str(w)
-            if n == 1:
-                total = f"(+ {w} {hs[0]})"
-            elif n > 2:
-                total = str(w)
-                for h in hs:
-                    total = f"(+ {total} {h})"
-            else:
-                total = f"(+ {w} (+ {hs[0]} {hs[1]}))"
-            out.append(f"(rule ((= ?e {pat}) {facts}) ((set (hv ?e) {total})) :ruleset facts)")
-            if op.name in VIEW_OPS:
-                lp = f"({s_ctor(op.name, n)} ?x {' '.join(attrs)})".replace(" )", ")")
-                out.append(f"(rule ((= ?e {lp}) (vw ?x)) ((set (hv ?e) 0) (vw ?e)) :ruleset facts)")
-    return out
-
-
-def _copy_facts(dst: str, src: str) -> str:
-    return f"(set (rank {dst}) (rank {src})) (set (shape {dst}) (shape {src})) (set (size {dst}) (size {src}))"
-
-
-SHAPE_CHANGING = ("expand",)  # pointwise ops whose result is not their operand's shape
-
-
-def _fact_rules() -> list[str]:
-    """Shape facts for classes that rules create: pointwise ops keep their operand's shape."""
-    out = []
-    for op in OPS.values():
-        if op.kind != "pointwise" or op.name in SHAPE_CHANGING:
-            continue
-        na = len(op.attrs)
-        attrs = " ".join(f"?a{i}" for i in range(na))
-        if op.arity == (1, 1):
-            pats = [(f"(o_{op.name} ?x {attrs})".replace("  ", " ").replace(" )", ")"), "?x", "")]
-        elif op.arity == (3, 3):  # where(c, x, y): x's shape when nothing broadcasts
-            pats = [(f"(o_{op.name} ?c ?x ?y)", "?x", "(= (shape ?x) (shape ?y)) (= (shape ?x) (shape ?c))"),
-                    (f"(o_{op.name} ?c ?x (Cn ?k))", "?x", "(= (shape ?x) (shape ?c))")]
-        else:
-            pats = [(f"(o_{op.name} ?x ?y)", "?x", "(= (shape ?x) (shape ?y))"),
-                    (f"(o_{op.name} ?x (Cn ?c))", "?x", ""),
-                    (f"(o_{op.name} (Cn ?c) ?y)", "?y", "")]
-        for pat, src, extra in pats:
-            q_ = f"(= ?e {pat}) (= ?r (rank {src})) (= ?s (shape {src})) (= ?z (size {src})) {extra}"
-            out.append(f"(rule ({q_}) ((set (rank ?e) ?r) (set (shape ?e) ?s) (set (size ?e) ?z)) :ruleset facts)")
-            out.append(f"(rule ((= ?e {pat}) (= ?d (dim {src} ?i)) {extra}) ((set (dim ?e ?i) ?d)) :ruleset facts)")
-            out.append(f"(rule ((= ?e {pat}) (= ?d (dimn {src} ?i)) {extra}) ((set (dimn ?e ?i) ?d)) :ruleset facts)")
-            out.append(f"(rule ((= ?e {pat}) (= ?d (sizen {src})) {extra}) ((set (sizen ?e) ?d)) :ruleset facts)")
-    return out
-
-
-# ---------------------------------------------------------------- the graph as facts
-
-
-def graph_program(g: Graph) -> list[str]:
-    """One `let` per node (a DAG stays a DAG), its shape facts, and the outputs."""
-    lines = []
-    for i, n in enumerate(g.nodes):
-        v = _let_name(i)
-        if n.op == "input":
-            e = f"(In {q(n.name)})"
-        elif n.op == "const":
-            e = f"(Cn {q(num_text(n.value))})"
-        elif n.op == "kernel":
-            raise EqfuseError("internal: kernel blocks are inlined before loading the e-graph")
-        else:
-            op = OPS[n.op]
-            args = " ".join(_let_name(a) for a in n.args)
-            attrs = " ".join(q(attr_text(s.kind, n.attr[s.name])) for s in op.attrs)
-            e = f"({t_ctor(n.op, len(n.args))} {args} {attrs})".replace(" )", ")")
-        lines.append(f"(let {v} {e})")
-        lines.append(f"(set (orig {v}) {i})")
-        lines += fact_lines(v, n.type.shape)
-    for k, o in enumerate(g.outputs):
-        lines.append(f"(Out {k} {_let_name(o)})")
-    return lines
-
-
-def _let_name(i: int) -> str:
-    """The egglog global of node i. No name may be a prefix of another: with `$n1` and `$n11`,
-    egglog 13.2 resolved `$n1` to the value of `$n11` once enough `set` facts were loaded
-    (tests/test_random_compile.py::test_unused_parameters_do_not_change_the_result reproduces it)."""
-    return f"$n{i}_"
-
-
-def fact_lines(v: str, shape) -> list[str]:
-    r = len(shape)
-    out = [f"(set (rank {v}) {r})", f"(set (shape {v}) {q(shape_text(shape))})"]
-    ints = [d for d in shape if isinstance(d, int)]
-    names = sorted(d for d in shape if isinstance(d, str))
-    size = math.prod(ints)
-    out.append(f"(set (size {v}) {q(str(size) if not names else '*'.join([str(size)] + names))})")
-    if not names:
-        out.append(f"(set (sizen {v}) {size})")
-    for i, d in enumerate(shape):
-        for idx in (i, i - r):
-            out.append(f"(set (dim {v} {idx}) {q(dim_text(d))})")
-            if isinstance(d, int):
-                out.append(f"(set (dimn {v} {idx}) {d})")
-    return out
 
 
 # ---------------------------------------------------------------- rules -> egglog
@@ -417,7 +159,7 @@ def _cond(c, ctx: _Ctx, consts: set[str]) -> list[str]:
     return [f"({_CMP[c.op]} {lhs} {rhs})"]
 
 
-def compile_rule(rule: Rule) -> str:
+def compile_rule(rule: Rule, ruleset: str = RULESET) -> str:
     """The egglog text of one rule (raises RuleError for what the e-graph cannot express)."""
     if not isinstance(rule.lhs, (POp, PKernel)):
         raise RuleError("the left side must be an operation")
@@ -444,7 +186,7 @@ def compile_rule(rule: Rule) -> str:
             raise RuleError(f"?{name} is a tensor used as an attribute without const(?{name})")
     query += _heavy_guard(rule.rhs, ctx.tvars)
     name = rule_key(rule)
-    return f"(rule ({' '.join(query)}) ((union ?root__ {rhs})) :ruleset {RULESET} :name {q(name)})"
+    return f"(rule ({' '.join(query)}) ((union ?root__ {rhs})) :ruleset {ruleset} :name {q(name)})"
 
 
 def _heavy_guard(p, tvars: set[str]) -> list[str]:
@@ -510,6 +252,8 @@ class SaturationStats:
     egraph_nodes: int = 0
     seconds: float = 0.0
     skipped_rules: dict[str, str] = field(default_factory=dict)
+    grown_by: dict[str, float] = field(default_factory=dict)  # rule -> e-nodes its matches added (estimated)
+    limit_note: str = ""  # when a limit stopped the search: which, and the rules that grew the e-graph most
 
 
 DEFAULT_ITER_LIMIT = 30
@@ -517,35 +261,73 @@ DEFAULT_NODE_LIMIT = 200_000
 DEFAULT_TIME_LIMIT = 10.0
 
 
-class EGraph:
-    """An egglog e-graph holding one Graph, with the rules compiled into it."""
+class _Base:
+    """An egglog e-graph with the declarations and the compiled rules, and no graph."""
 
-    def __init__(self, graph: Graph, rules: Iterable[Rule]):
+    def __init__(self, rules: list[Rule], phase_of, arities):
         from egglog import bindings
 
-        self._b = bindings
         self.eg = bindings.EGraph()
-        self.graph = graph
-        arities = {len(n.args) for n in graph.nodes if n.op == "concat"}
-        self._run(declarations(arities))
+        self.in_use = False
+        self.eg.run_program(*self.eg.parse_program(declarations(arities)))
         self.skipped: dict[str, str] = {}
+        self.rulesets: dict[str, list[str]] = {}  # ruleset -> rule keys in it
         texts = []
         for r in rules:
+            rs = phase_of(r) if phase_of else RULESET
+            if rs not in self.rulesets and rs != RULESET:
+                self.eg.run_program(*self.eg.parse_program(f"(ruleset {rs})"))
             try:
-                texts.append(compile_rule(r))
+                texts.append(compile_rule(r, rs))
             except RuleError as e:
                 self.skipped[rule_key(r)] = str(e)
+                continue
+            self.rulesets.setdefault(rs, []).append(rule_key(r))
         self.rule_names = {rule_key(r): r.name for r in rules}
         for t in texts:
             try:
-                self._run(t)
+                self.eg.run_program(*self.eg.parse_program(t))
             except bindings.EggSmolError as e:  # a rule egglog refuses: skipped, reported
                 name = t.rsplit(":name ", 1)[-1].rstrip(")").strip('"')
                 self.skipped[name] = str(e).splitlines()[0]
+
+
+_BASES: dict[tuple, _Base] = {}
+
+
+class EGraph:
+    """An egglog e-graph holding one Graph, with the rules compiled into it."""
+
+    def __init__(self, graph: Graph, rules: Iterable[Rule], phase_of=None):
+        """`phase_of(rule)` names the ruleset each rule goes into (default: all in one, RULESET).
+        The declarations and compiled rules are kept (_BASES) and reused for the next graph with
+        the same rules: the graph goes in above an egglog `push`, and `close()` pops it."""
+        rules = list(rules)
+        arities = frozenset(len(n.args) for n in graph.nodes if n.op == "concat")
+        key = (tuple((rule_key(r), r.text, phase_of(r) if phase_of else RULESET) for r in rules), arities)
+        base = _BASES.get(key)
+        if base is None or base.in_use:
+            base = _Base(rules, phase_of, arities)
+            if key not in _BASES or not _BASES[key].in_use:
+                _BASES[key] = base
+                while len(_BASES) > 8:
+                    _BASES.pop(next(iter(_BASES)))
+        base.in_use = True
+        self._base = base
+        self.eg = base.eg
+        self.graph = graph
+        self.skipped, self.rulesets, self.rule_names = dict(base.skipped), base.rulesets, base.rule_names
+        self._run("(push)")
         lines = graph_program(graph)
-        for i in range(0, len(lines), 100):  # egglog parses a long program in quadratic time
+        for i in range(0, len(lines), 100):  # egglog parses a long program in superlinear time
             self._run("\n".join(lines[i:i + 100]))
         self._run("(run facts 1)")
+
+    def close(self) -> None:
+        """Drop the graph, keep the rules for the next one."""
+        if self._base.in_use:
+            self._run("(pop)")
+            self._base.in_use = False
 
     def _run(self, text: str):
         return self.eg.run_program(*self.eg.parse_program(text))
@@ -555,37 +337,32 @@ class EGraph:
         sizes = _sizes(out)
         return sum(v for k, v in sizes.items() if k not in FACTS and k not in ANALYSES)
 
+    def step(self, ruleset: str = RULESET, match_limit: int | None = None) -> tuple[bool, dict[str, int]]:
+        """One iteration of `ruleset`, then the shape facts to saturation. With `match_limit`, a
+        rule with more matches than that in this iteration is not applied in it (egglog's back-off
+        scheduler, created inside the one run-schedule call): this bounds what one iteration adds.
+        Returns (whether anything changed, matches per rule name)."""
+        if match_limit is None:
+            prog = f"(run-schedule (seq (run {ruleset}) (saturate (run facts))))"
+        else:
+            prog = (f"(run-schedule (let-scheduler bo (back-off :match-limit {int(match_limit)})) "
+                    f"(run-with bo {ruleset}) (saturate (run facts)))")
+        rep = self._run(prog)[-1].report
+        fired: dict[str, int] = {}
+        for k, v in rep.num_matches_per_rule.items():
+            if v and k in self.rule_names:
+                name = self.rule_names[k]
+                fired[name] = fired.get(name, 0) + v
+        return bool(rep.updated), fired
+
     def saturate(self, iter_limit: int | None = None, node_limit: int | None = None,
                  time_limit: float | None = None, progress=None) -> SaturationStats:
-        iter_limit = DEFAULT_ITER_LIMIT if iter_limit is None else iter_limit
-        node_limit = DEFAULT_NODE_LIMIT if node_limit is None else node_limit
-        time_limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
+        """Every rule in one ruleset, to saturation or a limit (eqfuse.schedule runs the phases)."""
+        from .schedule import Limits, run_phase
+
         st = SaturationStats(skipped_rules=dict(self.skipped))
-        t0 = time.perf_counter()
-        st.egraph_nodes = self.size()
-        if st.egraph_nodes > node_limit:
-            st.stop_reason = "node_limit"
-        while st.stop_reason == "saturated":
-            if st.iterations >= iter_limit:
-                st.stop_reason = "iter_limit"
-                break
-            if time.perf_counter() - t0 > time_limit:
-                st.stop_reason = "time_limit"
-                break
-            rep = self._run(f"(run-schedule (seq (run {RULESET}) (saturate (run facts))))")[-1].report
-            st.iterations += 1
-            for k, v in rep.num_matches_per_rule.items():
-                if v and k in self.rule_names:
-                    name = self.rule_names.get(k, k)
-                    st.rules_fired[name] = st.rules_fired.get(name, 0) + v
-            st.egraph_nodes = self.size()
-            if progress:
-                progress(st)
-            if not rep.updated:
-                break
-            if st.egraph_nodes > node_limit:
-                st.stop_reason = "node_limit"
-        st.seconds = time.perf_counter() - t0
+        lim = Limits.make(iter_limit, node_limit, time_limit)
+        run_phase(self, RULESET, st, lim, progress=progress)
         return st
 
     def serialize(self) -> "EData":
@@ -609,83 +386,3 @@ def _sizes(out) -> dict[str, int]:
         return dict(ast.literal_eval(text[text.index("["):text.rindex("]") + 1]))
 
 
-# ---------------------------------------------------------------- the serialized e-graph
-
-
-@dataclass(frozen=True)
-class ENode:
-    id: int
-    cls: int
-    sort: str  # T | S
-    kind: str  # In | Cn | K | L | Cs | op
-    op: str = ""  # op name for kind "op"; the parameter name (In) or number text (Cn, Cs)
-    children: tuple[int, ...] = ()  # class ids
-    attrs: tuple[str, ...] = ()  # attribute texts, op-table order
-
-
-@dataclass
-class EData:
-    """The e-graph as plain Python data: classes of e-nodes, with the facts extraction needs."""
-
-    nodes: list[ENode]
-    classes: dict[int, list[int]]  # class -> node ids
-    sort: dict[int, str]
-    orig: dict[int, int]  # class -> smallest original node id in it
-    outputs: dict[int, int]  # output index -> class
-
-    @staticmethod
-    def from_json(j: dict) -> "EData":
-        raw = j["nodes"]
-        cls_ids: dict[str, int] = {}
-
-        def cid(name: str) -> int:
-            return cls_ids.setdefault(name, len(cls_ids))
-
-        prim = {k: v["op"] for k, v in raw.items() if k.startswith("primitive")}
-        prim_of_class = {v["eclass"]: k for k, v in raw.items() if k.startswith("primitive")}
-
-        def pval(k: str) -> str:
-            s = prim[k]
-            return json.loads(s) if s.startswith('"') else s
-
-        nodes: list[ENode] = []
-        classes: dict[int, list[int]] = {}
-        sort: dict[int, str] = {}
-        orig: dict[int, int] = {}
-        outputs: dict[int, int] = {}
-        for k, v in raw.items():
-            op, ch, ec = v["op"], v["children"], v["eclass"]
-            if k.startswith("primitive"):
-                continue
-            if op == "orig":
-                orig[cid(raw[ch[0]]["eclass"])] = int(pval(prim_of_class[ec]))
-                continue
-            if op == "Out":
-                outputs[int(pval(ch[0]))] = cid(raw[ch[1]]["eclass"])
-                continue
-            if op in FACTS or op in ANALYSES:
-                continue
-            c = cid(ec)
-            s = ec.split("-")[0]
-            if op in ("In", "Cn", "Cs"):
-                n = ENode(len(nodes), c, s, op, pval(ch[0]))
-            elif op in ("K", "L"):
-                n = ENode(len(nodes), c, s, op, "", (cid(raw[ch[0]]["eclass"]),))
-            else:
-                sort_, name = ctor_op(op)
-                nattr = len(OPS[name].attrs)
-                targs = ch[:len(ch) - nattr] if nattr else ch
-                attrs = tuple(pval(x) for x in ch[len(ch) - nattr:]) if nattr else ()
-                n = ENode(len(nodes), c, s, "op", name, tuple(cid(raw[x]["eclass"]) for x in targs), attrs)
-            nodes.append(n)
-            classes.setdefault(c, []).append(n.id)
-            sort[c] = s
-        return EData(nodes, classes, sort, orig, outputs)
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.nodes)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)

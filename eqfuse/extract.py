@@ -723,6 +723,9 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
     sel0 = greedy(pb)
     g, v = rescore(sel0)
     best = Extraction(g, "greedy", "", v, g)
+    if all(len(pb.options(c)) <= 1 for c in _live_classes(pb)):  # nothing to choose: no solver
+        best.ilp = "optimal (one candidate per class)"
+        return best
     try:
         sel = None
         if pb.d.num_nodes <= max_nodes:

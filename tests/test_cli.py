@@ -128,7 +128,7 @@ def test_run_with_a_missing_input_array(capsys, tmp_path):
     np.savez(inputs, **arrays)
     status, out, err = cli(capsys, "run", MLP, "--inputs", inputs, "--reference")
     assert status == 2 and out == ""
-    assert err == f"error: {inputs} has no array for parameters b1, w2 (it has: x, w1, b2)\n"
+    assert err == f"error: {inputs} has no array for inputs b1, w2 (it has: x, w1, b2)\n"
 
 
 @pytest.mark.parametrize("param, dtype", [("x", np.float64), ("b2", np.int64), ("w1", np.float16)])

@@ -1,0 +1,121 @@
+"""The saturation schedule (eqfuse.schedule), constant folding and the recognition e-graph's
+smallest term (eqfuse.simplify), wide concats (eqfuse.wide), and the limits' reports."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from eqfuse.optimize import optimize_graph
+from eqfuse.rules import load_rules, parse_rules
+from eqfuse.schedule import FUSE, GROW, SIMPLIFY, rule_phase
+
+from helpers import ROOT, assert_same_values, one_graph, rand_inputs, run
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from make_bert import bert_text  # noqa: E402
+
+
+def assert_same(a, b, dims):
+    xs = rand_inputs(a, dims, seed=3)
+    assert_same_values(run(b, xs), run(a, xs))
+
+
+def test_rules_fall_into_phases_by_shape():
+    phase = {r.name: rule_phase(r) for r in load_rules()}
+    assert phase["layernorm_pattern"] == phase["gelu_erf"] == phase["mul_one"] == SIMPLIFY
+    assert phase["fuse_add_l"] == phase["kernel_matmul"] == FUSE
+    assert phase["div_const"] == GROW
+    comm = parse_rules("rule c: ?a + ?b => ?b + ?a\nrule d: ?a * (?b + ?c) => ?a * ?b + ?a * ?c")
+    assert [rule_phase(r) for r in comm] == [GROW, GROW]
+
+
+def small_bert(primitive: bool):
+    return one_graph(bert_text(layers=2, hidden=32, heads=2, seq=8, ffn=64, primitive=primitive))
+
+
+def test_primitive_bert_reaches_the_kernels_of_the_op_form():
+    ops, prim = small_bert(False), small_bert(True)
+    a = optimize_graph(ops, dims={"B": 2}).report
+    b = optimize_graph(prim, dims={"B": 2})
+    assert b.report["kernels_before"] > a["kernels_before"]
+    assert b.report["kernels_after"] == a["kernels_after"]
+    assert b.report["stop_reason"] == "saturated"
+    assert {"layernorm_pattern", "softmax_pattern", "gelu_erf_onnx"} <= set(b.report["rules_fired"])
+    assert_same(prim, b.graph, {"B": 2})
+
+
+def test_constant_expressions_fold():
+    g = one_graph("graph f(x: f32[4]) -> f32[4] { return x / sqrt(64.0) + 1.0 / 8.0 * 2.0 }")
+    r = optimize_graph(g)
+    assert r.report["kernels_after"] == 1
+    for n in r.graph.nodes:
+        if n.op == "kernel":
+            assert n.body.inputs, "a kernel that computes only constants"
+            assert not any(m.op in ("sqrt", "div", "mul", "add") and all(n.body.nodes[a].op == "const" for a in m.args)
+                           for m in n.body.nodes), "an op over constants only is left"
+    xs = rand_inputs(g, seed=1)
+    np.testing.assert_allclose(run(r.graph, xs)[0], xs[0] / 8 + 0.25, rtol=1e-6)
+
+
+def test_growing_user_rules_stay_bounded(tmp_path):
+    g = one_graph("graph f(a: f32[4], b: f32[4], c: f32[4]) -> f32[4] { return relu(a + b + c + a * b * c) }")
+    p = tmp_path / "grow.rw"
+    p.write_text("rule c: ?a + ?b => ?b + ?a\nrule m: ?a * ?b => ?b * ?a\n"
+                 "rule s: (?a + ?b) + ?c <=> ?a + (?b + ?c)\nrule t: (?a * ?b) * ?c <=> ?a * (?b * ?c)\n")
+    r = optimize_graph(g, rules=[str(p)], node_limit=4000)
+    assert r.report["recognition"]["egraph_nodes"] <= 4000
+    assert r.report["kernels_after"] == 1
+    assert_same(g, r.graph, {})
+
+
+def test_node_limit_names_the_rules_that_grew_the_egraph():
+    g = small_bert(False)
+    full = optimize_graph(g, dims={"B": 2}).report["egraph_nodes"]
+    r = optimize_graph(g, dims={"B": 2}, node_limit=150)
+    assert r.report["stop_reason"] == "node_limit" and r.report["egraph_nodes"] < full
+    assert r.report["limit"].startswith("node limit: 150 e-nodes, ") and "% from rule kernel_" in r.report["limit"]
+    assert_same(g, r.graph, {"B": 2})  # the best result so far is still a correct one
+
+
+def test_time_limit_zero_still_returns_a_correct_graph():
+    g = small_bert(True)
+    r = optimize_graph(g, dims={"B": 2}, time_limit=0)
+    assert r.report["stop_reason"] == "time_limit"
+    assert_same(g, r.graph, {"B": 2})
+
+
+def test_wide_concat_is_one_layout_kernel():
+    n = 40
+    params = ", ".join(f"x{i}: f32[2, 3]" for i in range(n))
+    args = ", ".join(f"relu(x{i})" if i % 2 else f"x{i}" for i in range(n))
+    g = one_graph(f"graph f({params}) -> f32[{2 * n}, 3] {{ return concat({args}, axis=0) * 2.0 }}")
+    r = optimize_graph(g)
+    kinds = sorted(n.body.nodes[n.body.outputs[0]].op for n in r.graph.nodes if n.op == "kernel")
+    assert kinds.count("concat") == 1 and r.report["kernels_after"] == len(kinds)
+    assert_same(g, r.graph, {})
+
+
+def test_ops_of_more_than_two_operands_still_fuse():
+    g = one_graph((ROOT / "examples" / "conv_bn_relu.g").read_text())
+    r = optimize_graph(g, dims={"N": 2})
+    assert r.report["kernels_after"] == 1  # relu(batchnorm(conv2d(...))): a 5-operand op inside
+
+
+def test_small_graphs_optimized_together_equal_each_alone():
+    from eqfuse.optimize import optimize
+    from eqfuse.printer import graph_text
+
+    src = "".join(f"graph g{i}(x: f32[B, 8], y: f32[8]) -> f32[B, 8] {{\n  h = relu(x * y + {i}.0)\n"
+                  f"  return h - mean(h, axis=-1, keepdims=true)\n}}\n" for i in range(5))
+    together = optimize(src, dims={"B": 2})
+    for g, name in zip(together.graphs, [f"g{i}" for i in range(5)]):
+        alone = optimize_graph(one_graph(_source_of(src, name)), dims={"B": 2})
+        assert graph_text(g) == graph_text(alone.graph)
+        assert together.reports[name]["kernels_after"] == alone.report["kernels_after"]
+        assert "batch" in together.reports[name]
+
+
+def _source_of(src: str, name: str) -> str:
+    return next("graph " + part for part in src.split("graph ")[1:] if part.startswith(name + "("))
