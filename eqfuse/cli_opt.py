@@ -12,7 +12,7 @@ from .errors import EqfuseError
 def cmd_opt(args) -> int:
     from . import progress
     from .batch import optimize_graphs
-    from .optimize import report_text
+    from .optimize import optimize_graph, report_text
     from .printer import module_text
 
     for flag, v in (("--iter-limit", args.iter_limit), ("--node-limit", args.node_limit),
@@ -26,9 +26,15 @@ def cmd_opt(args) -> int:
     weights = model_weights(args.model)  # an .onnx model's initializers are bound, as compile binds them
     folded = [fold_params(g, {k: v for k, v in weights.items() if k in dict(g.params)}) for g in graphs]
     graphs = [f.graph for f in folded]
-    with progress.step(f"optimizing {graphs[0].name}" if len(graphs) == 1 else f"optimizing {len(graphs)} graphs"):
-        results = optimize_graphs(graphs, cost=args.cost, rules=args.rules, disable=args.disable, dims=dims,
-                                  iter_limit=args.iter_limit, node_limit=args.node_limit, time_limit=args.time_limit)
+    opts = dict(cost=args.cost, rules=args.rules, disable=args.disable, iter_limit=args.iter_limit,
+                node_limit=args.node_limit, time_limit=args.time_limit)
+    if len(graphs) == 1:  # one graph: the progress line follows its saturation
+        with progress.step(f"optimizing {graphs[0].name}") as line:
+            results = [optimize_graph(graphs[0], dims={k: v for k, v in dims.items() if k in graphs[0].dims()},
+                                      progress=saturation_line(line), **opts)]
+    else:  # several: small ones are optimized side by side (eqfuse/batch.py)
+        with progress.step(f"optimizing {len(graphs)} graphs"):
+            results = optimize_graphs(graphs, dims=dims, **opts)
     for r, f in zip(results, folded):
         r.report["folded"] = f.notes
     text = module_text([r.graph for r in results])

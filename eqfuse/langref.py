@@ -20,13 +20,17 @@ LANGUAGE = """\
 A file holds one or more `graph NAME(PARAMS) [-> RESULTS] { BODY }`. A parameter is `name: TYPE`,
 a type `f32[d0, d1, ...]` (a dimension is an integer or a name, bound by `--dim NAME=INT`,
 `dims={"NAME": INT}` or, in Python, by the first call's arrays) or bare `f32` for a scalar. The
+element types are `f32`, `i64`, `i32` and `bool` (`ids: i64[B, S]`, `mask: bool[B, S]`); float
+ops compute in f32, `cast(x, to="f32")` converts, and mixing dtypes in one op is an error. The
 body is `name = expr` lines ending with `return expr[, expr ...]`. Comments run from `#` to the
 end of the line.
 
-- **Numbers**: `2`, `0.5`, `.5`, `1e-3`: float32 scalars that broadcast against tensors. `-1` is a
-  negative constant; `-x` is `neg(x)`.
+- **Numbers**: `2`, `0.5`, `.5`, `1e-3`: scalars that broadcast against tensors. `-1` is a
+  negative constant; `-x` is `neg(x)`. A number (and `true` = 1, `false` = 0) is weakly typed:
+  next to an i64 tensor it is an i64 (`ids + 1`), next to a bool one a bool.
 - **Operators**: `+ - * / @ **` with Python's precedence and associativity: `**` binds tightest
-  and to the right (`-x ** 2` is `-(x ** 2)`), then unary `-`, then `* / @`, then `+ -`.
+  and to the right (`-x ** 2` is `-(x ** 2)`), then unary `-`, then `* / @`, then `+ -`; the
+  comparisons `== != < <= > >=` (bool results) bind loosest and do not chain.
 - **Attributes** are keyword arguments after the inputs: `sum(x, axis=[0, 2], keepdims=true)`.
   Their values are numbers (`axis=-1`, `eps=1e-5`), lists of numbers (`perm=[1, 0]`, `shape=[-1, 64]`),
   strings in double or single quotes (`approximate="tanh"`) or the booleans `true` and `false`.

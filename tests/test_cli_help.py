@@ -9,7 +9,6 @@ import pytest
 from eqfuse import egraph, extract
 from eqfuse.cli import main
 from eqfuse.cli_args import EMIT_DIR, make_parser
-from eqfuse.optimize import _ilp_time
 from helpers import ROOT
 
 MLP = str(ROOT / "examples" / "mlp.g")
@@ -48,14 +47,6 @@ def test_help_states_the_defaults_the_code_uses():
     assert out.default == EMIT_DIR and f"(default: ./{EMIT_DIR})" in out.help
     assert "default: 1 and 2)" in option("bench", "--threads").help
     assert "keyed by graph name" in option("opt", "--report").help
-
-
-def test_the_time_limit_covers_extraction_too():
-    import time
-
-    assert _ilp_time(None, time.perf_counter()) is None  # no limit: the ILP keeps its own
-    assert _ilp_time(100.0, time.perf_counter()) == extract.ILP_TIME_LIMIT
-    assert _ilp_time(0.5, time.perf_counter() - 2.0) == 0.0  # saturation used it all
 
 
 def test_command_help_exits_0(capsys):
