@@ -98,10 +98,11 @@ def make_parser() -> argparse.ArgumentParser:
                    help="timed calls per cell after 2 warm-up calls; a cell is their median (default: 20)")
     c.add_argument("--threads", type=int, action="append", metavar="N",
                    help="a thread count to measure, one column each (repeatable; default: 1 and 2)")
-    c.add_argument("--peers", metavar="LIST", default="numpy,torch,torch.compile",
+    c.add_argument("--peers", metavar="LIST", default="numpy,torch,torch.compile,onnxruntime",
                    help="comma-separated peers to measure besides eqfuse: numpy (op by op; always "
-                        "measured, the ratios' baseline), torch (eager), torch.compile (inductor); "
-                        "torch rows need torch installed (default: numpy,torch,torch.compile)")
+                        "measured, the ratios' baseline), torch (eager), torch.compile (inductor), "
+                        "onnxruntime (ORT_ENABLE_ALL, on .onnx models); each needs its package installed "
+                        "(default: numpy,torch,torch.compile,onnxruntime)")
 
     c = sub.add_parser("rules", help="list every active rule", description="list every active rule")
     _rule_options(c)
