@@ -36,10 +36,10 @@ def test_engines_agree_with_numpy(engine):
 
 
 def test_engine_switch(monkeypatch):
-    """compile when eqfuse.compile exists and works, else the reference; the env var overrides."""
+    """compile by default (never a silent fallback to the reference); the env var chooses."""
     onnx_backend.set_engine(None)
     monkeypatch.delenv("EQFUSE_ONNX_ENGINE", raising=False)
-    assert onnx_backend.engine() == ("compile" if onnx_backend._compile_works() else "reference")
+    assert onnx_backend.engine() == "compile"
     onnx_backend.set_engine(None)
     monkeypatch.setenv("EQFUSE_ONNX_ENGINE", "reference")
     assert onnx_backend.engine() == "reference"

@@ -56,6 +56,10 @@ def mlp(x, w1, b1, w2, b2):
     return relu(x @ w1 + b1) @ w2 + b2
 
 
+def mlp3(x, w1, b1, w2, b2, w3, b3):
+    return relu(relu(x @ w1 + b1) @ w2 + b2) @ w3 + b3
+
+
 def encoder(x, wq, bq, wk, bk, wv, bv, wo, bo, g1, be1, w1, b1, w2, b2, g2, be2, heads=4):
     batch, seq, width = x.shape
     d = width // heads
@@ -102,7 +106,7 @@ def chain(a, b, c):
     return np.exp(-u * u) / (1 + np.abs(t))
 
 
-MODELS = [("mlp.g", mlp, {"B": 3}), ("transformer.g", encoder, {"B": 2}),
+MODELS = [("mlp.g", mlp, {"B": 3}), ("mlp3.g", mlp3, {"B": 3}), ("transformer.g", encoder, {"B": 2}),
           ("conv_bn_relu.g", conv_bn_relu, {"N": 2}), ("elementwise.g", chain, {"N": 1000})]
 
 
