@@ -186,7 +186,7 @@ STREAM_MIN_INNER = 64  # streaming needs whole output lines: inner loops shorter
 def _inner_extent(plan: KernelPlan) -> int:
     """Elements of the pointwise kernel's inner loop: the innermost dims every operand walks
     with one stride (as emit_pointwise groups them)."""
-    from .emit import bstrides, contiguous, joint_groups, leaf_views
+    from .indexing import bstrides, contiguous, joint_groups, leaf_views
 
     shape = plan.out_shape
     sets = [bstrides(v, shape) for v in leaf_views(plan.body, plan.body.outputs[0])] + [contiguous(shape)]
