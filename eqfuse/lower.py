@@ -390,7 +390,9 @@ def _origin(g: Graph, kg: Graph, i: int) -> int | None:
     return None
 
 
-def format_uops(plans: list[KernelPlan]) -> str:
+def format_uops(plans: list[KernelPlan], uops: bool = True) -> str:
+    """Each kernel's plan: kind, shape, bytes, FLOPs, tiles, cache constraints and the rule of
+    its thread split; with `uops`, then its tile-level schedule. Last, the total uop count."""
     lines = []
     for p in plans:
         lines.append(f"{p.name}: {p.kind} -> {list(p.out_shape)}  bytes {p.bytes}  flops {p.flops}")
@@ -400,7 +402,10 @@ def format_uops(plans: list[KernelPlan]) -> str:
             lines.append(f"  cache: {p.cache_check}")
         if "threads" in p.detail:
             lines.append(f"  threads (decided at run time): {p.detail['threads']}")
-        for u in p.uops:
-            lines.append(f"  {'  ' * u.depth}{u.op:<5} {u.what}  x{u.count}")
-    lines.append(f"total: {sum(u.count for p in plans for u in p.uops)} uops (the x counts above, summed)")
+        if uops:
+            lines += [f"  {'  ' * u.depth}{u.op:<5} {u.what}  x{u.count}" for u in p.uops]
+        else:
+            lines.append(f"  uops: {sum(u.count for u in p.uops)} ({len(p.uops)} kinds; --uops lists them)")
+    lines.append(f"total: {sum(u.count for p in plans for u in p.uops)} uops "
+                 f"({'the x counts above' if uops else 'the counts above'}, summed)")
     return "\n".join(lines)
