@@ -1,9 +1,8 @@
-"""Stage `lower`: fused graph -> kernel plans, as data.
+"""Stage `lower`: fused graph -> kernel plans, as data (eqfuse.plan).
 
-A plan says how one kernel runs: its kind (the kernel shape of SPEC 1), the index spaces and
-loop nest, the tile sizes chosen from this machine's caches (and checked against them), the
-tile-level micro-op schedule (Load / Exec / Store with counts, printed by `eqfuse lower --uops`)
-and its bytes moved and FLOPs. `emit` turns plans into C; nothing here writes C.
+A plan holds every tile the C will use, chosen here from this machine's caches and checked
+against them, its micro-op schedule and its bytes moved and FLOPs; the GEMM kinds are planned
+in eqfuse.lower_gemm. `emit` turns plans into C and chooses nothing; nothing here writes C.
 """
 
 from __future__ import annotations
