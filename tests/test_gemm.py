@@ -15,6 +15,9 @@ import pytest
 from eqfuse.cbuild import COMMON_C, COMMON_CDEF, build, template, warnings_for
 from eqfuse.gemm import emit_gemm
 
+# compiling every variant's GEMM takes ~25 s on 2 cores with a cold kernel cache
+pytestmark = pytest.mark.heavy
+
 HEADER = template("common.h") + COMMON_C  # as emit_graph puts it before every kernel
 # name -> (epilogue, its extra parameters); the residual one uses the kernel's own M, N
 EPILOGUES = {
