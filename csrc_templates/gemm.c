@@ -38,6 +38,16 @@
 #define {{NAME}}_KC {{KC}}L
 #define {{NAME}}_NPAD (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR) /* N in whole panels */
 
+/* A counting build (-DEQF_COUNT_UKERNEL) counts the micro-kernel calls, to check them against
+ * the uop counts of `eqfuse lower --uops`; {{NAME}}_ukernel_calls() reads and resets the count. */
+#ifdef EQF_COUNT_UKERNEL
+static long {{NAME}}_calls;
+long {{NAME}}_ukernel_calls(void) { return __atomic_exchange_n(&{{NAME}}_calls, 0, __ATOMIC_RELAXED); }
+#define {{NAME}}_COUNT_CALL() __atomic_fetch_add(&{{NAME}}_calls, 1, __ATOMIC_RELAXED)
+#else
+#define {{NAME}}_COUNT_CALL() ((void)0)
+#endif
+
 /* tile[MR][NR] = a_panel (kc x MR, k-major) . b_panel (kc x NR, k-major); both zero padded. */
 #if defined(__AVX512F__) && {{NR}} % 16 == 0
 static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const float* restrict b,
@@ -182,6 +192,7 @@ static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, c
             for (long r = 0; r < mr; r++)
                 for (long jj = 0; jj < nr; jj += 16)
                     __builtin_prefetch(C + (ic + ir + r) * {{LDC}}L + jc + jr + jj, 1, 3);
+            {{NAME}}_COUNT_CALL();
 #if {{DIRECT_B}}
             if (nr == {{NAME}}_NR)
                 {{NAME}}_ukernel(kc, ap + ir * kc, B + pc * {{LDB}}L + jc + jr, {{LDB}}L, tile);

@@ -9,6 +9,7 @@
  * start on the output's 64-byte lines; a row's partial first and last lines [j0, jh) and
  * [jt, j1) get ordinary stores, every whole line in [jh, jt) is computed as one 16-float
  * vector and streamed, so no line is written both ways. */
+#define {{NAME}}_STREAM {{STREAM}}
 void {{NAME}}({{PARAMS}})
 {
     const long inner = {{INNER}}, tile = {{TILE}}, ntiles = {{NTILES}};
@@ -18,7 +19,7 @@ void {{NAME}}({{PARAMS}})
     for (long t = 0; t < {{OUTER}} * ntiles; t++) {
         const long o = t / ntiles;
         {{OTYPE}}* restrict dst = out + o * inner;
-#if {{STREAM}}
+#if {{NAME}}_STREAM
         const long skew = (long)(((uintptr_t)dst & 63) / sizeof(float));
         const long ts = (t % ntiles) * tile;
         const long j0 = ts > skew ? ts - skew : 0;
@@ -36,7 +37,7 @@ void {{NAME}}({{PARAMS}})
 {{BODY}}
             dst[j] = {{RESULT}};
         }
-#if {{STREAM}}
+#if {{NAME}}_STREAM
         for (long jl = jh; jl < jt; jl += 16) {
             float line[16] __attribute__((aligned(64)));
             #pragma omp simd
@@ -54,7 +55,7 @@ void {{NAME}}({{PARAMS}})
         }
 #endif
     }
-#if {{STREAM}}
+#if {{NAME}}_STREAM
     eqf_sfence(); /* each thread orders its own streaming stores before the closing barrier */
 #endif
     }

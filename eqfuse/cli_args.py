@@ -89,9 +89,9 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", metavar="DIR", default=EMIT_DIR,
                    help=f"directory for GRAPH.c and GRAPH.cdef.h, created if needed (default: ./{EMIT_DIR})")
 
-    c = model_cmd("lower", "print the tile-level micro-op schedule of every kernel")
-    c.add_argument("--uops", action="store_true", default=True,
-                   help="print the micro-op schedule (the default, and the only output so far)")
+    c = model_cmd("lower", "print every kernel's plan: tiles, cache constraints, thread rule")
+    c.add_argument("--uops", action="store_true",
+                   help="print the tile-level micro-op schedule the C runs, with a total uop count")
 
     c = model_cmd("bench", "numpy op by op vs compiled unfused vs compiled fused", one_graph=True)
     c.add_argument("--repeat", type=int, default=20, metavar="N",

@@ -1,4 +1,4 @@
-"""`eqfuse emit`, `eqfuse lower --uops` and `eqfuse bench`: the backend's commands."""
+"""`eqfuse emit`, `eqfuse lower [--uops]` and `eqfuse bench`: the backend's commands."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def cmd_lower(args) -> int:
     from .compiler import uops_text
 
     graphs, dims = _bound_graphs(args)
-    print(uops_text(args.model, dims=dims, graph=args.graph))
+    print(uops_text(args.model, dims=dims, graph=args.graph, uops=args.uops))
     return 0
 
 

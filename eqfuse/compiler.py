@@ -170,8 +170,9 @@ def kernel_infos(kg: Graph, plans, sources: Mapping[str, str]) -> list[Kernel]:
     return out
 
 
-def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = None, **opts) -> str:
-    """The tile-level schedule of every kernel (`eqfuse lower --uops`)."""
+def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = None, uops: bool = True,
+              **opts) -> str:
+    """Every kernel's plan and, with `uops`, its tile-level schedule (`eqfuse lower [--uops]`)."""
     out = []
     for g in load(src):
         if graph is not None and g.name != graph:
@@ -183,7 +184,7 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
                               f"{', '.join(missing)}; bind with --dim NAME=INT")
         opt, _ = optimize(g, dims=gd, **opts)
         _, kg, plans = lower(opt, gd)
-        out.append(f"# graph {g.name}: {len([p for p in plans if p.kind != 'view'])} kernels\n" + format_uops(plans))
+        out.append(f"# graph {g.name}: {len([p for p in plans if p.kind != 'view'])} kernels\n" + format_uops(plans, uops))
     return "\n\n".join(out)
 
 

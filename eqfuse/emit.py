@@ -13,107 +13,13 @@ from itertools import count
 from typing import Iterator
 
 from .graph import Graph, Node
+from .indexing import (bstrides, coalesce, contiguous, joint_groups, leaf_views, offset,  # noqa: F401
+                       result_strides, view_strides)
 from .lower import KernelPlan, Split
 from .ops import OPS, reduce_axes
 from .shapes import C_TYPE, INT_DTYPES
 
 PARALLEL_MIN = 1 << 15  # elements below which a kernel runs on one thread
-
-
-# ------------------------------------------------------------------ index arithmetic
-
-
-def contiguous(shape) -> tuple[int, ...]:
-    st, acc = [], 1
-    for d in reversed(shape):
-        st.append(acc)
-        acc *= d
-    return tuple(reversed(st))
-
-
-def bstrides(view, space, strides=None) -> tuple[int, ...]:
-    """Element strides of a tensor of shape `view` (contiguous unless `strides` are given) read
-    at each index of `space` (right-aligned, numpy broadcasting: stride 0 along broadcast dims)."""
-    strides = contiguous(view) if strides is None else tuple(strides)
-    pad = len(space) - len(view)
-    return (0,) * pad + tuple(0 if v == 1 else s for v, s in zip(view, strides))
-
-
-def view_strides(body: Graph, i: int) -> tuple[int, tuple[int, ...]]:
-    """(the input, the element strides of node i's shape in that input's buffer) for a node that
-    reads an input in place through reshapes and transposes (kernels.view_source)."""
-    n = body.nodes[i]
-    if n.op == "input":
-        return i, contiguous(n.type.shape)
-    src, st = view_strides(body, n.args[0])
-    if n.op == "transpose":
-        perm = n.attr["perm"] or tuple(reversed(range(n.type.rank)))
-        return src, tuple(st[p] for p in perm)
-    return src, contiguous(n.type.shape)  # a reshape, only ever of a contiguous buffer
-
-
-def result_strides(body: Graph, result: int) -> tuple[int, ...]:
-    """The element strides in the (contiguous) output buffer at which node `result` is written
-    when the body's output is `result` under reshapes, then transposes (the head merge)."""
-    i = body.outputs[0]
-    st = contiguous(body.nodes[i].type.shape)
-    while i != result:
-        n = body.nodes[i]
-        a = n.args[0]
-        if n.op == "transpose":  # out dim k is dim perm[k] of the operand
-            perm = n.attr["perm"] or tuple(reversed(range(n.type.rank)))
-            inv = [0] * len(perm)
-            for k, p in enumerate(perm):
-                inv[p] = st[k]
-            st = tuple(inv)
-        else:  # a reshape above every transpose: the operand is still contiguous
-            st = contiguous(body.nodes[a].type.shape)
-        i = a
-    return st
-
-
-def coalesce(sizes, strides) -> tuple[list[int], list[int]]:
-    """Merge adjacent dims that one linear index walks with one stride; drop size-1 dims."""
-    out_n: list[int] = []
-    out_s: list[int] = []
-    for n, s in zip(sizes, strides):
-        if n == 1:
-            continue
-        if out_n and out_s[-1] == s * n:
-            out_n[-1] *= n
-            out_s[-1] = s
-        else:
-            out_n.append(n)
-            out_s.append(s)
-    return out_n, out_s
-
-
-def offset(var: str, sizes, strides) -> str:
-    """C expression: the element offset of linear index `var` over dims `sizes` with `strides`."""
-    n, s = coalesce(sizes, strides)
-    terms = []
-    for d in range(len(n)):
-        if s[d] == 0:
-            continue
-        after = math.prod(n[d + 1:])
-        idx = var if after == 1 else f"{var} / {after}"
-        if d > 0:
-            idx = f"({idx}) % {n[d]}" if after != 1 else f"{var} % {n[d]}"
-        terms.append(idx if s[d] == 1 else f"({idx}) * {s[d]}")
-    return " + ".join(terms) or "0"
-
-
-def joint_groups(shape, stride_sets) -> list[list[int]]:
-    """Groups of adjacent non-1 dims that every stride vector walks as one linear index."""
-    groups: list[list[int]] = []
-    for d, n in enumerate(shape):
-        if n == 1:
-            continue
-        if groups and all(s[groups[-1][-1]] == s[d] * n for s in stride_sets):
-            groups[-1].append(d)
-        else:
-            groups.append([d])
-    return groups
 
 
 def flit(v: float) -> str:
@@ -230,31 +136,6 @@ class Exprs:
         return "({ " + " ".join(s.strip() for s in self.stmts) + f" {v}; }})"
 
 
-def leaf_views(body: Graph, root: int, stop: set[int] = frozenset()) -> list[tuple]:
-    """Shapes (as read in the output space) of every input leaf below root."""
-    seen, out = set(), []
-
-    def walk(i, chan):
-        if (i, chan) in seen or i in stop:
-            return
-        seen.add((i, chan))
-        n = body.nodes[i]
-        if n.op == "input":
-            v = tuple(n.type.shape)
-            out.append(v + (1,) * (chan - 2) if chan is not None and len(v) == 1 else v)
-            return
-        if n.op in OPS and OPS[n.op].kind == "channel":
-            walk(n.args[0], chan)
-            for a in n.args[1:]:
-                walk(a, body.nodes[n.args[0]].type.rank)
-            return
-        for a in n.args:
-            walk(a, chan)
-
-    walk(root, None)
-    return out
-
-
 # ------------------------------------------------------------------ rendering
 
 
@@ -305,9 +186,8 @@ def emit_pointwise(plan: KernelPlan) -> str:
     outer_dims = [d for g in groups[:-1] for d in g]
     inner = _size([shape[d] for d in inner_dims])
     outer = _size(shape) // inner
-    stream = int(plan.tiles.get("stream", 0))
-    # A streaming tile stays a multiple of 16 (its start is a 64-byte line of the output).
-    tile = plan.tiles["tile"] if stream else min(plan.tiles["tile"], inner)
+    stream, tile = plan.tiles["stream"], plan.tiles["tile"]
+    assert inner == plan.detail["inner"], "lower and emit see the same inner loop"
     params, ptrs = _params(plan)
     space = Space(shape, [("o", outer_dims, True), ("j", inner_dims, False)], I1, count())
     ex = Exprs(body, space, ptrs, {}, I2)
@@ -524,186 +404,6 @@ def emit_attention(plan: KernelPlan) -> str:
                   EPI_BODY=epi.text(), EPI=e)
 
 
-# ------------------------------------------------------------------ contractions
-
-
-def _ct(body: Graph, i: int) -> str:
-    """The C element type of body value i (an epilogue may read masks and integers)."""
-    return C_TYPE[body.nodes[i].type.dtype]
-
-
-def _eptrs(body: Graph) -> dict[int, str]:
-    return {i: f"eqf_e{k}" for k, i in enumerate(body.inputs)}  # names unlikely to meet the GEMM's own
-
-
-def _epilogue(plan: KernelPlan, groups, preset: dict[int, str], root: int | None = None):
-    """The GEMM epilogue expression (the value of `root`, by default the body's output) and the
-    tensors it reads (extra parameters e<k>)."""
-    body = plan.body
-    eptrs = _eptrs(body)
-    space = Space(plan.out_shape, groups, "", count())
-    ex = Exprs(body, space, eptrs, preset, "", prefix="eqf_v")
-    expr = ex.expression(body.outputs[0] if root is None else root)
-    return expr, [(i, eptrs[i]) for i in body.inputs if f"{eptrs[i]}[" in expr]
-
-
-def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
-    """(C of `void fname(long b, long r0, long r1, float* out, extras...)`, the extras (input,
-    name) that it and the GEMM epilogue read, the call the GEMM makes on the rows [eqf_r0,
-    eqf_r1) of C it has just finished). The function is a row template (row_layernorm.c, row_rmsnorm.c,
-    row_softmax.c) whose input row is the row of C itself (the GEMM epilogue stored the row op's
-    input there); `groups` are the GEMM epilogue's index groups, "i" (the GEMM's row) becoming
-    the template's row r."""
-    body = plan.body
-    row = plan.shape.parts[0]
-    rn = body.nodes[row]
-    out = tuple(plan.out_shape)
-    N = out[-1]
-    eptrs = _eptrs(body)
-    rgroups = [("r" if v == "i" else v, dims, v != "j") for v, dims, _ in groups]
-    space = Space(out, rgroups, I1, count())
-    epi = Exprs(body, space, eptrs, {row: "v"}, I2, forbid=_ancestors(body, rn.args[0]), prefix="eqf_v")
-    e = epi.value(body.outputs[0])
-    text = "\n".join(space.decls) + epi.text() + e
-    used = {i for i, _ in pre_extras} | {i for i in body.inputs if f"{eptrs[i]}[" in text} | set(rn.args[1:])
-    extras = [(i, eptrs[i]) for i in body.inputs if i in used]
-    params = ", ".join(["long b", "long r0", "long r1", "float* restrict out"]
-                       + [f"const {_ct(body, i)}* restrict {pn}" for i, pn in extras])
-    # called by one GEMM thread on rows it owns: no parallel region of its own
-    common = dict(NAME=fname, PARAMS=params, R0="r0", ROWS="r1", L=N, ROW_LOOP_PRAGMA="", PRO_BODY="", X="y[j]",
-                  OFFSETS="\n".join(space.decls + [f"{I1}(void)b;"]), EPI_BODY=epi.text(), EPI=e)
-    if rn.op == "softmax":
-        src = render("row_softmax.c", YBASE=f"r * {N}L", YS=1, **common)
-    else:
-        extra = {"GAMMA": eptrs[rn.args[1]], "EPS": flit(rn.attr["eps"])}
-        if rn.op == "layernorm":
-            extra["BETA"] = eptrs[rn.args[2]]
-        src = render(f"row_{rn.op}.c", **common, **extra)
-    call = f"{fname}(b, eqf_r0, eqf_r1, C{''.join(', ' + pn for _, pn in extras)});"
-    return src, extras, call
-
-
-def _gemm(name: str, **kw) -> tuple[str, str]:
-    from .gemm import emit_gemm
-
-    return emit_gemm(name, **kw)
-
-
-def emit_contraction(plan: KernelPlan) -> str:
-    body, a = plan.body, plan.shape.anchor
-    mm = body.nodes[a]
-    params, ptrs = _params(plan)
-    out = tuple(plan.out_shape)
-    nb = len(out) - 2
-    M, N, K = plan.detail["M"], plan.detail["N"], plan.detail["K"]
-    A, B = mm.args
-    bt, at = plan.detail["b_transposed"], plan.detail.get("a_transposed", False)
-    Bsrc = body.nodes[B].args[0] if bt else B
-    Asrc = body.nodes[A].args[0] if at else A
-    batch = out[:-2]
-    ast = bstrides(body.nodes[Asrc].type.shape, batch + ((K, M) if at else (M, K)))[:nb]
-    bst = bstrides(body.nodes[Bsrc].type.shape, batch + ((N, K) if bt else (K, N)))[:nb]
-    cst = contiguous(out)[:nb]
-    nbatch = _size(batch)
-    # rows of A follow one another across batches (so B shared by all folds them into one GEMM)
-    # only when A is not given transposed
-    acont = not at and list(ast) == list(contiguous(batch + (M, K))[:nb])
-    if nbatch == 1 or (all(s == 0 for s in bst) and acont):
-        mode, gb = "fold", 1  # B shared by every batch: one GEMM with M' = batch * M
-        groups = [("i", bdims_plus(nb, [nb]), False), ("j", [nb + 1], False)]
-        gM = nbatch * M
-        strides = (0, 0, 0)
-    else:
-        jg = joint_groups(batch, [ast, bst, cst])
-        if len(jg) <= 1:
-            mode, gb, gM = "batch", nbatch, M
-            g0 = jg[0][-1] if jg else 0
-            strides = (ast[g0], bst[g0], cst[g0]) if jg else (0, 0, 0)
-            groups = [("b", list(range(nb)), False), ("i", [nb], False), ("j", [nb + 1], False)]
-        else:
-            mode, gb, gM, strides = "loop", 1, M, (0, 0, 0)
-            groups = [("i", [nb], False), ("j", [nb + 1], False)]
-    row_src, row_call = "", ""
-    if plan.kind == "contraction_row":
-        expr, extras = _epilogue(plan, groups, {a: "acc"}, root=body.nodes[plan.shape.parts[0]].args[0])
-        row_src, extras, row_call = _row_epilogue(plan, groups, f"{plan.name}_rowop", extras)
-    else:
-        expr, extras = _epilogue(plan, groups, {a: "acc"})
-    if mode == "loop":  # the wrapper offsets every pointer for batch g; the epilogue sees one matrix
-        eparts = []
-        for i, pn in extras:
-            st = bstrides(body.nodes[i].type.shape, out)
-            eparts.append(f"{ptrs[i]} + ({offset('g', list(batch), st[:nb])})")
-        outer = nbatch
-        aoff = f"{ptrs[Asrc]} + ({offset('g', list(batch), ast)})"
-        boff_ = f"{ptrs[Bsrc]} + ({offset('g', list(batch), bst)})"
-        coff = f"out + (g * {M * N})"
-    else:
-        eparts = [ptrs[i] for i, _ in extras]
-        outer, aoff, boff_, coff = 1, ptrs[Asrc], ptrs[Bsrc], "out"
-    gname = f"{plan.name}_gemm"
-    extra_params = "".join(f", const {_ct(plan.body, i)}* restrict {pn}" for i, pn in extras)
-    # A B bound by params= (lower marks it only when it is one matrix for every batch, the
-    # "fold" mode) is packed once: the kernel's B argument is then the panels of {gname}_prepack,
-    # which the runtime makes on the first call (plan.detail["prepack"] tells it how).
-    prepacked = bool(plan.detail.get("b_bound"))
-    if prepacked:
-        assert mode == "fold", "lower marks b_bound only for a B shared by every batch"
-        plan.detail["prepack"] = {"arg": body.inputs.index(Bsrc), "fn": f"{gname}_prepack",
-                                  "floats": f"{gname}_prepack_floats"}
-    src, _ = _gemm(gname, M=gM, N=N, K=K, batch=gb, a_batch_stride=strides[0], b_batch_stride=strides[1],
-                   c_batch_stride=strides[2], lda=M if at else K, ldb=K if bt else N, ldc=N, b_transposed=bt,
-                   a_transposed=at,
-                   epilogue=expr, extra_params=extra_params,
-                   extra_args_cdef="".join(f", const {_ct(plan.body, i)}* {pn}" for i, pn in extras),
-                   prepacked_b=prepacked, **({"row_epilogue": row_call} if row_call else {}))
-    shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (A transposed)" if at else "") + \
-        (" (B transposed)" if bt else "")
-    if row_call:
-        shapes += f", then {plan.detail['row_op']} over each finished row of C"
-    wrapper = render("matmul.c", NAME=plan.name, SHAPES=shapes, GEMM=gname, PARAMS=params, OUTER=outer,
-                     OFFSETS="        (void)g;", ARGS=", ".join([aoff, boff_, coff] + eparts))
-    return (row_src + "\n" if row_src else "") + src + "\n" + wrapper
-
-
-def bdims_plus(nb: int, tail: list[int]) -> list[int]:
-    return list(range(nb)) + tail
-
-
-def emit_conv2d(plan: KernelPlan) -> str:
-    body, a = plan.body, plan.shape.anchor
-    cv = body.nodes[a]
-    params, ptrs = _params(plan)
-    (N, C, H, W) = body.nodes[cv.args[0]].type.shape
-    (O, _, KH, KW) = body.nodes[cv.args[1]].type.shape
-    (_, _, OH, OW) = plan.out_shape
-    sh, sw = _pair(cv.attr["stride"])
-    ph, pw = _pair(cv.attr["padding"])
-    direct = KH == 1 and KW == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
-    groups = [("b", [0], False), ("i", [1], False), ("j", [2, 3], False)]
-    # the conv's own bias belongs to the anchor value: acc + bias[o]
-    anchor = f"(acc + {'eqf_e%d' % plan.body.inputs.index(cv.args[2])}[i])" if len(cv.args) == 3 else "acc"
-    expr, extras = _epilogue(plan, groups, {a: anchor})
-    if len(cv.args) == 3 and cv.args[2] not in dict(extras):
-        extras.append((cv.args[2], "eqf_e%d" % plan.body.inputs.index(cv.args[2])))
-        extras.sort(key=lambda t: plan.body.inputs.index(t[0]))
-    K, P = C * KH * KW, OH * OW
-    gname = f"{plan.name}_gemm"
-    extra_params = "".join(f", const {_ct(plan.body, i)}* restrict {pn}" for i, pn in extras)
-    src, _ = _gemm(gname, M=O, N=P, K=K, batch=N, a_batch_stride=0, b_batch_stride=K * P, c_batch_stride=O * P,
-                   lda=K, ldb=P, ldc=P, b_transposed=False, epilogue=expr, extra_params=extra_params,
-                   extra_args_cdef="".join(f", const {_ct(plan.body, i)}* {pn}" for i, pn in extras))
-    args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
-    wrapper = render("conv2d.c", NAME=plan.name, PARAMS=params, X=ptrs[cv.args[0]],
-                     N=N, C=C, H=H, W=W, O=O, KH=KH, KW=KW, OH=OH, OW=OW, SH=sh, SW=sw, PH=ph, PW=pw,
-                     DIRECT=int(direct), GEMM=gname, ARGS=", ".join(args))
-    return src + "\n" + wrapper
-
-
-def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
 # ------------------------------------------------------------------ layout
 
 
@@ -759,10 +459,12 @@ def emit_layout(plan: KernelPlan) -> str:
     return render("layout.c", NAME=plan.name, OP=an.op, SPACE=list(out), PARAMS=params, BLOCKS="\n".join(blocks))
 
 
+from . import emit_gemm  # noqa: E402  (it imports from this module)
 from .emit_index import emit_index  # noqa: E402  (it imports from this module lazily)
 
 EMITTERS = {"pointwise": emit_pointwise, "row": emit_row, "reduce": emit_reduce, "attention": emit_attention,
-            "contraction": emit_contraction, "contraction_row": emit_contraction, "conv2d": emit_conv2d,
+            "contraction": lambda p: emit_gemm.emit_contraction(p), "contraction_row": lambda p: emit_gemm.emit_contraction(p),
+            "conv2d": lambda p: emit_gemm.emit_conv2d(p),
             "layout": emit_layout, "index": emit_index}
 
 

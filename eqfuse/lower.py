@@ -1,52 +1,22 @@
-"""Stage `lower`: fused graph -> kernel plans, as data.
+"""Stage `lower`: fused graph -> kernel plans, as data (eqfuse.plan).
 
-A plan says how one kernel runs: its kind (the kernel shape of SPEC 1), the index spaces and
-loop nest, the tile sizes chosen from this machine's caches (and checked against them), the
-tile-level micro-op schedule (Load / Exec / Store with counts, printed by `eqfuse lower --uops`)
-and its bytes moved and FLOPs. `emit` turns plans into C; nothing here writes C.
+A plan holds every tile the C will use, chosen here from this machine's caches and checked
+against them, its micro-op schedule and its bytes moved and FLOPs; the GEMM kinds are planned
+in eqfuse.lower_gemm. `emit` turns plans into C and chooses nothing; nothing here writes C.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from .errors import EqfuseError
 from .graph import Graph, Node
-from .kernels import SUPPORTED, KernelShape, Unsupported, classify
+from .kernels import SUPPORTED, Unsupported, classify
+from .lower_gemm import plan_contraction, row_epilogue_fits  # noqa: F401  (extract asks)
+from .machine import Machine
 from .ops import OPS, reduce_axes
-
-F32 = 4  # bytes per element
-
-
-class Split(Exception):
-    """A body classify accepts but this backend lowers only as separate single-op kernels."""
-
-
-@dataclass(frozen=True)
-class UOp:
-    depth: int  # nesting level in the printed schedule
-    op: str  # Loop | Load | Exec | Store
-    what: str
-    count: int = 1  # how many times it runs in one call
-
-
-@dataclass
-class KernelPlan:
-    name: str
-    kind: str  # pointwise | contraction | conv2d | row | reduce | attention | layout | view
-    node: int  # the kernel node at the graph's top level
-    args: tuple[int, ...]  # top-level node ids read, one per body input
-    body: Graph
-    shape: KernelShape
-    out_shape: tuple[int, ...]
-    tiles: dict[str, int] = field(default_factory=dict)
-    detail: dict[str, Any] = field(default_factory=dict)
-    uops: list[UOp] = field(default_factory=list)
-    bytes: int = 0
-    flops: int = 0
-    cache_check: str = ""
+from .plan import F32, KernelPlan, Split, UOp, not_ancestors, ops_text, pointwise_flops, size
 
 
 # ------------------------------------------------------------------ the machine
@@ -124,23 +94,8 @@ def kernelize(g: Graph, fuse: bool = True, split: frozenset[int] = frozenset()) 
 # ------------------------------------------------------------------ planning
 
 
-def _size(shape) -> int:
-    return math.prod(shape) if shape else 1
-
-
 def _reads(plan_body: Graph) -> int:
-    return sum(_size(plan_body.nodes[i].type.shape) for i in plan_body.inputs)
-
-
-def _pointwise_flops(body: Graph, skip: set[int] = frozenset()) -> int:
-    total = 0
-    for i, n in enumerate(body.nodes):
-        if n.op in ("input", "const") or i in skip or n.op not in OPS:
-            continue
-        op = OPS[n.op]
-        if op.kind in ("pointwise", "channel"):
-            total += op.flops * _size(n.type.shape)
-    return total
+    return sum(size(plan_body.nodes[i].type.shape) for i in plan_body.inputs)
 
 
 def _vec(n: int, simd: int) -> int:
@@ -160,8 +115,8 @@ def plan_kernel(g: Graph, node_id: int, name: str, caches: Caches) -> KernelPlan
                           f"supported kernel shapes: {SUPPORTED}") from None
     out_shape = tuple(body.nodes[body.outputs[0]].type.shape)
     plan = KernelPlan(name, ks.kind, node_id, tuple(n.args), body, ks, out_shape)
-    plan.bytes = F32 * (_reads(body) + _size(out_shape))
-    {"pointwise": _plan_pointwise, "contraction": _plan_contraction, "contraction_row": _plan_contraction,
+    plan.bytes = F32 * (_reads(body) + size(out_shape))
+    {"pointwise": _plan_pointwise, "contraction": _plan_gemm, "contraction_row": _plan_gemm,
      "row": _plan_row,
      "reduce": _plan_reduce, "attention": _plan_attention, "layout": _plan_layout,
      "index": _plan_index}[ks.kind](plan, caches)
@@ -170,11 +125,6 @@ def plan_kernel(g: Graph, node_id: int, name: str, caches: Caches) -> KernelPlan
 
 def _ins(plan: KernelPlan) -> list[str]:
     return [plan.body.nodes[i].name or f"in{k}" for k, i in enumerate(plan.body.inputs)]
-
-
-def _ops_text(body: Graph, skip=()) -> str:
-    names = [n.op for i, n in enumerate(body.nodes) if n.op not in ("input", "const") and i not in skip]
-    return ", ".join(names)
 
 
 # Elements per tile of a streaming pointwise kernel: a multiple of 16 (tiles start on 64-byte
@@ -186,16 +136,16 @@ STREAM_MIN_INNER = 64  # streaming needs whole output lines: inner loops shorter
 def _inner_extent(plan: KernelPlan) -> int:
     """Elements of the pointwise kernel's inner loop: the innermost dims every operand walks
     with one stride (as emit_pointwise groups them)."""
-    from .emit import bstrides, contiguous, joint_groups, leaf_views
+    from .indexing import bstrides, contiguous, joint_groups, leaf_views
 
     shape = plan.out_shape
     sets = [bstrides(v, shape) for v in leaf_views(plan.body, plan.body.outputs[0])] + [contiguous(shape)]
     groups = joint_groups(shape, sets)
-    return _size([shape[d] for d in groups[-1]]) if groups else 1
+    return size([shape[d] for d in groups[-1]]) if groups else 1
 
 
 def _plan_pointwise(plan: KernelPlan, c: Caches) -> None:
-    total = _size(plan.out_shape)
+    total = size(plan.out_shape)
     streams = len(plan.body.inputs) + 1
     # Outputs beyond this core count's share of the last-level cache bypass it (non-temporal
     # stores). The L3 the system reports may be the whole socket's (480 MiB on some shared
@@ -218,139 +168,28 @@ def _plan_pointwise(plan: KernelPlan, c: Caches) -> None:
         plan.cache_check = f"tile working set {ws} B <= L1 {c.l1} B: {'ok' if ws <= c.l1 else 'NO'}"
         if ws > c.l1:
             raise EqfuseError(f"pointwise tile of {tile} does not fit L1")
-    plan.tiles = {"tile": tile, "stream_bytes": stream_bytes, "stream": int(stream)}
-    plan.flops = _pointwise_flops(plan.body)
-    ntiles = -(-total // tile)
-    ops = _ops_text(plan.body)
-    plan.uops = [UOp(0, "Loop", f"t over {ntiles} tiles of {min(tile, total)} elements (parallel)", ntiles)]
+    if not stream:
+        tile = min(tile, inner)  # a tile never spans two rows of the inner loop
+    plan.tiles = {"tile": tile, "stream": int(stream)}
+    plan.detail = {"stream_bytes": stream_bytes, "inner": inner}
+    plan.flops = pointwise_flops(plan.body)
+    # the C walks outer rows x tiles of each row; streaming tiles start on the output's 64-byte
+    # lines, so a row has up to 15 more elements to cover
+    ntiles = total // max(inner, 1) * -(-(inner + 15 * int(stream)) // tile)
+    ops = ops_text(plan.body)
+    plan.uops = [UOp(0, "Loop", f"t over {ntiles} tiles of {tile} elements (parallel)", ntiles)]
     for nm, i in zip(_ins(plan), plan.body.inputs):
-        plan.uops.append(UOp(1, "Load", f"{nm} tile [{min(tile, total)}] (broadcast {list(plan.body.nodes[i].type.shape)})", ntiles))
-    plan.uops.append(UOp(1, "Exec", f"{ops} on {_vec(min(tile, total), c.simd)} vectors", ntiles))
-    plan.uops.append(UOp(1, "Store", f"out tile [{min(tile, total)}]" + (" (non-temporal)" if stream else ""), ntiles))
+        plan.uops.append(UOp(1, "Load", f"{nm} tile [{tile}] (broadcast {list(plan.body.nodes[i].type.shape)})", ntiles))
+    plan.uops.append(UOp(1, "Exec", f"{ops} on {_vec(tile, c.simd)} vectors", ntiles))
+    plan.uops.append(UOp(1, "Store", f"out tile [{tile}]" + (" (non-temporal)" if stream else ""), ntiles))
 
 
-def _gemm_blocking(M: int, N: int, K: int, c: Caches) -> dict[str, int]:
-    """BLIS blocking from eqfuse.machine, each block no larger than the problem needs."""
-    from . import machine
-    from .gemm import MR, NR
-
-    mc, nc, kc, mr, nr = machine.gemm_blocking(mr=MR, nr=NR)
-    up = lambda x, q: -(-x // q) * q  # noqa: E731
-    return {"mc": min(mc, up(M, mr)), "nc": min(nc, up(N, nr)), "kc": min(kc, K), "mr": mr, "nr": nr}
-
-
-def _plan_contraction(plan: KernelPlan, c: Caches) -> None:
-    from .gemm import direct as gemm_direct
-
-    body, a = plan.body, plan.shape.anchor
-    mm = body.nodes[a]
-    if mm.type.shape != plan.out_shape:
-        raise Split("the epilogue broadcasts the contraction's result to a larger shape")
-    if mm.op == "conv2d":
-        plan.kind = "conv2d"
-        x, w = (body.nodes[i].type.shape for i in mm.args[:2])
-        N, C, H, W = x
-        O, _, KH, KW = w
-        _, _, OH, OW = mm.type.shape
-        M, Nn, K, batch = O, OH * OW, C * KH * KW, N
-        plan.detail = {"M": M, "N": Nn, "K": K, "batch": batch}
-        plan.flops = 2 * N * O * OH * OW * K + _pointwise_flops(body)
-    else:
-        A, B = mm.args
-        anode, bnode = body.nodes[A], body.nodes[B]
-        transposed, a_transposed = bnode.op == "transpose", anode.op == "transpose"
-        ashape = anode.type.shape  # (the transpose's shape when A is read through one)
-        bshape = body.nodes[bnode.args[0]].type.shape if transposed else bnode.type.shape
-        M, K = ashape[-2], ashape[-1]
-        Nn = bshape[-2] if transposed else bshape[-1]
-        batch = _size(mm.type.shape[:-2])
-        plan.detail = {"M": M, "N": Nn, "K": K, "batch": batch, "b_transposed": transposed,
-                       "a_transposed": a_transposed}
-        if batch > 1 and _size(bshape[:-2]) == 1 and tuple(ashape[:-2]) == tuple(mm.type.shape[:-2]) \
-                and not a_transposed:
-            M, batch = M * batch, 1  # B shared by every batch: one GEMM over all rows (see emit)
-        plan.detail["gemm"] = {"M": M, "batch": batch}
-        plan.flops = 2 * batch * M * Nn * K + _pointwise_flops(body)
-    blk = _gemm_blocking(M, Nn, K, c)
-    plan.tiles = blk
-    mc, nc, kc = blk.get("mc", 0), blk.get("nc", 0), blk.get("kc", 0)
-    mr, nr = blk.get("mr", 1), blk.get("nr", 1)
-    a_blk, b_pan = mc * kc * F32, kc * nc * F32
-    ok = a_blk <= c.l2 and kr_fits(kc, nr, c)
-    plan.cache_check = (f"A block mc x kc = {a_blk} B <= L2 {c.l2} B; B micro-panel kc x nr = {kc * nr * F32} B "
-                        f"<= L1 {c.l1} B; B panel kc x nc = {b_pan} B <= L3 {c.l3} B: {'ok' if ok else 'NO'}")
-    epi = _ops_text(body, skip={a} | set(mm.args) | ({mm.args[1]} if plan.detail.get("b_transposed") else set()))
-    nb, njc, npc = batch, -(-Nn // max(nc, 1)), -(-K // max(kc, 1))
-    nic = -(-M // max(mc, 1))
-    nmr, nnr = -(-min(mc, M) // max(mr, 1)), -(-min(nc, Nn) // max(nr, 1))
-    u = plan.uops
-    if plan.kind == "conv2d":
-        u.append(UOp(0, "Exec", f"im2col {K} x {Nn} per image", nb))
-    # Threads (decided in the C at run time, csrc_templates/gemm.c `_split`): whole batches when
-    # there are at least as many as threads; else columns (NR panels, no barriers) when every
-    # thread gets a panel and M <= N / 2, or M <= N and M <= 64 MR; else rows (MR tiles).
-    direct = gemm_direct(M, bool(plan.detail.get("b_transposed")), mr)
-    split = "columns" if Nn > nr and (2 * M <= Nn or (M <= Nn and M <= 64 * mr)) else "rows"
-    row = _plan_row_epilogue(plan, c, Nn) if plan.kind == "contraction_row" else None
-    if row is not None:
-        split = "rows"  # a row epilogue needs whole rows in one thread (emit_gemm forces it too)
-        epi = _ops_text(body, skip=(set(range(len(body.nodes))) - body.ancestors(body.nodes[row].args[0]))
-                        | {a} | set(mm.args) | ({mm.args[1]} if plan.detail.get("b_transposed") else set()))
-    u += [UOp(0, "Loop", f"batch {nb} x jc over N={Nn} step nc={nc} x pc over K={K} step kc={kc}", nb * njc * npc),
-          UOp(1, "Load", ("B read in place" + (f", its last {Nn % nr} columns packed" if Nn % nr else ""))
-              if direct else f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]", nb * njc * npc),
-          UOp(1, "Loop", f"ic over M={M} step mc={mc} (parallel: batches, else {split})", nb * njc * npc * nic),
-          UOp(2, "Load", f"pack A block [{min(mc, M)} x {min(kc, K)}]"
-                         f"{' from A given transposed' if plan.detail.get('a_transposed') else ''}",
-              nb * njc * npc * nic),
-          UOp(2, "Exec", f"micro-kernel {mr} x {nr} x {min(kc, K)} FMA", nb * njc * npc * nic * nmr * nnr),
-          UOp(2, "Store", f"C tile {mr} x {nr} with epilogue ({epi or 'none'}) on the last kc step",
-              nb * njc * nic * nmr * nnr)]
-    if row is not None:
-        rn = body.nodes[row]
-        post = _ops_text(body, skip=_not_ancestors(body, body.outputs[0]) | body.ancestors(row))
-        what = f"{rn.op} over each finished row of C [{Nn}], then ({post or 'none'}), stored in place"
-        if Nn <= nc:  # whole rows in one NC block: each MR-row tile as soon as it is finished
-            u.append(UOp(2, "Exec", f"on the last kc step, per {mr}-row tile in L1: {what}", nb * nic * nmr))
-        else:
-            u.append(UOp(1, "Exec", f"after the last kc step of a chunk of rows, in L2: {what}", nb * nic))
-
-
-def row_epilogue_fits(N: int, nparams: int, l1: int) -> bool:
-    """Whether a GEMM's row epilogue handles rows of N: the row op walks a row of C in passes,
-    which must stay in L1 next to its nparams parameter vectors (extraction asks this too, so
-    that the optimizer does not choose a kernel that the backend would split)."""
-    return N * F32 * (1 + nparams) <= l1
-
-
-def _plan_row_epilogue(plan: KernelPlan, c: Caches, N: int) -> int:
-    """Checks for a GEMM with a row epilogue (kernels.ROW_EPILOGUE_OPS over the last axis);
-    Split (two kernels: GEMM + epilogue, row op) when this backend does not do it."""
-    body = plan.body
-    row = plan.shape.parts[0]
-    rn = body.nodes[row]
-    if plan.kind != "contraction_row" or body.nodes[plan.shape.anchor].op != "matmul":
-        raise Split("a row epilogue needs a matmul")
-    if tuple(rn.type.shape) != plan.out_shape:
-        raise Split("the epilogue broadcasts the row op's result to a larger shape")
-    if not row_epilogue_fits(N, len(rn.args) - 1, c.l1):
-        raise Split(f"a row of {N} (with the row op's parameters) does not fit L1 {c.l1} B")
-    for p in rn.args[1:]:
-        ps = tuple(body.nodes[p].type.shape)
-        if not ps or ps[-1] != N or _size(ps) != N:
-            raise Split(f"the parameters of {rn.op} must be vectors of the row's length {N}")
-    plan.detail["row_op"] = rn.op
-    plan.flops += OPS[rn.op].flops * _size(plan.out_shape)
-    plan.cache_check += (f"; row epilogue: a row of C {N * F32} B (+ parameters) <= L1 {c.l1} B: ok")
-    return row
-
-
-def kr_fits(kc: int, nr: int, c: Caches) -> bool:
-    return kc * nr * F32 <= c.l1
+def _plan_gemm(plan: KernelPlan, c: Caches) -> None:
+    plan_contraction(plan, Machine(c.l1, c.l2, c.l3, c.simd, c.cores))
 
 
 def _row_split(xshape: tuple[int, ...], axis0: int) -> tuple[int, int]:
-    return _size(xshape[:axis0]), _size(xshape[axis0:])
+    return size(xshape[:axis0]), size(xshape[axis0:])
 
 
 def _plan_row(plan: KernelPlan, c: Caches) -> None:
@@ -370,24 +209,20 @@ def _plan_row(plan: KernelPlan, c: Caches) -> None:
         axis0 = min(axes) if axes else len(xshape)
     rows, L = _row_split(xshape, axis0)
     if an.op == "softmax":
-        rows, L = _size(xshape) // xshape[axis0], xshape[axis0]
+        rows, L = size(xshape) // xshape[axis0], xshape[axis0]
     plan.detail = {"rows": rows, "L": L, "axis0": axis0, "op": an.op}
-    plan.flops = OPS[an.op].flops * _size(xshape) + _pointwise_flops(body, skip={a})
+    plan.flops = OPS[an.op].flops * size(xshape) + pointwise_flops(body, skip={a})
     row_bytes = L * F32 * (len(body.inputs) + 1)
     plan.cache_check = f"row working set {row_bytes} B <= L2 {c.l2} B: {'ok' if row_bytes <= c.l2 else 'no (streams from L3)'}"
     passes = {"softmax": 3, "layernorm": 3, "rmsnorm": 2}.get(an.op, 1)
-    pro = _ops_text(body, skip=_not_ancestors(body, an.args[0]))
+    pro = ops_text(body, skip=not_ancestors(body, an.args[0]))
     u = plan.uops
     u.append(UOp(0, "Loop", f"r over {rows} rows (parallel)", rows))
     for nm, i in zip(_ins(plan), body.inputs):
-        u.append(UOp(1, "Load", f"{nm} row [{L}]" if _size(body.nodes[i].type.shape) > 1 else f"{nm} scalar", rows))
+        u.append(UOp(1, "Load", f"{nm} row [{L}]" if size(body.nodes[i].type.shape) > 1 else f"{nm} scalar", rows))
     u.append(UOp(1, "Exec", f"prologue ({pro or 'none'}) + {an.op} in {passes} passes over the row in cache "
                             f"({_vec(L, c.simd)} vectors each)", rows))
     u.append(UOp(1, "Store", f"out row [{L if an.op in ('softmax', 'layernorm', 'rmsnorm') else 1}] after the epilogue", rows))
-
-
-def _not_ancestors(body: Graph, i: int) -> set[int]:
-    return set(range(len(body.nodes))) - body.ancestors(i)
 
 
 def _plan_reduce(plan: KernelPlan, c: Caches) -> None:
@@ -404,15 +239,15 @@ def _plan_reduce(plan: KernelPlan, c: Caches) -> None:
     xshape = tuple(body.nodes[an.args[0]].type.shape)
     axes = reduce_axes(an.attr, len(xshape))
     plan.detail = {"axes": axes, "op": an.op}
-    plan.flops = _size(xshape) + _pointwise_flops(body, skip={a})
-    out_bytes = _size(plan.out_shape) * F32
+    plan.flops = size(xshape) + pointwise_flops(body, skip={a})
+    out_bytes = size(plan.out_shape) * F32
     plan.cache_check = f"accumulators {out_bytes} B (the output) vs L2 {c.l2} B: {'ok' if out_bytes <= c.l2 else 'streams'}"
     u = plan.uops
-    u.append(UOp(0, "Exec", f"init {_size(plan.out_shape)} accumulators", 1))
+    u.append(UOp(0, "Exec", f"init {size(plan.out_shape)} accumulators", 1))
     u.append(UOp(0, "Loop", f"walk {list(xshape)} in memory order, kept axes split over threads", 1))
-    u.append(UOp(1, "Load", f"input element vectors [{xshape[-1] if xshape else 1}]", _size(xshape[:-1])))
-    u.append(UOp(1, "Exec", f"prologue + {an.op} into accumulators over axes {list(axes)}", _size(xshape[:-1])))
-    u.append(UOp(0, "Store", f"out [{_size(plan.out_shape)}] after the epilogue", 1))
+    u.append(UOp(1, "Load", f"input element vectors [{xshape[-1] if xshape else 1}]", size(xshape[:-1])))
+    u.append(UOp(1, "Exec", f"prologue + {an.op} into accumulators over axes {list(axes)}", size(xshape[:-1])))
+    u.append(UOp(0, "Store", f"out [{size(plan.out_shape)}] after the epilogue", 1))
 
 
 def _plan_attention(plan: KernelPlan, c: Caches) -> None:
@@ -425,7 +260,7 @@ def _plan_attention(plan: KernelPlan, c: Caches) -> None:
     Sq, D = qs[-2], qs[-1]
     Sk = kts[-1]
     Dv = vs[-1]
-    batch = _size(pv.type.shape[:-2])
+    batch = size(pv.type.shape[:-2])
     # A key tile of 64 is four 16-lane vectors (the micro-kernels' width). The query block is
     # the largest whose q block, score tile and accumulators share L1 with the key tile, when
     # the key tile takes at most half of L1; a larger one (head size 128: 32 KiB) streams from
@@ -481,7 +316,7 @@ def _plan_layout(plan: KernelPlan, c: Caches) -> None:
                                     "zero-copy view of a contiguous buffer", 1)]
         plan.cache_check = "no data moved"
         return
-    total = _size(plan.out_shape)
+    total = size(plan.out_shape)
     inner = plan.out_shape[-1] if plan.out_shape else 1
     plan.cache_check = "streaming copy"
     u = plan.uops
@@ -527,8 +362,8 @@ def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset(
 def _mark_bound_b(plan: KernelPlan, kg: Graph, params: frozenset[str]) -> None:
     """detail["b_bound"] for a matmul GEMM whose B (or the matrix its transpose reads) is a kernel
     input bound by params=, read by nothing else in the kernel, and one matrix for every batch."""
-    if plan.kind not in ("contraction", "contraction_row") or not params or plan.detail["gemm"]["batch"] != 1:
-        return  # (a GEMM batch > 1 here: B differs between batches)
+    if plan.kind not in ("contraction", "contraction_row") or not params or plan.detail["gemm"]["mode"] != "fold":
+        return  # (otherwise B differs between batches)
     body = plan.body
     mm = body.nodes[plan.shape.anchor]
     b = mm.args[1]
@@ -539,6 +374,7 @@ def _mark_bound_b(plan: KernelPlan, kg: Graph, params: frozenset[str]) -> None:
     arg = plan.args[body.inputs.index(src)]
     if len(readers) == 1 and kg.nodes[arg].op == "input" and kg.nodes[arg].name in params:
         plan.detail["b_bound"] = True
+        plan.detail["gemm"]["direct_b"] = False
         plan.uops = [replace(u, what="B panels packed once when bound (params=), read in place")
                      if u.op == "Load" and ("pack B panel" in u.what or u.what.startswith("B read in place")) else u
                      for u in plan.uops]  # the tile schedule says so
@@ -553,7 +389,9 @@ def _origin(g: Graph, kg: Graph, i: int) -> int | None:
     return None
 
 
-def format_uops(plans: list[KernelPlan]) -> str:
+def format_uops(plans: list[KernelPlan], uops: bool = True) -> str:
+    """Each kernel's plan: kind, shape, bytes, FLOPs, tiles, cache constraints and the rule of
+    its thread split; with `uops`, then its tile-level schedule. Last, the total uop count."""
     lines = []
     for p in plans:
         lines.append(f"{p.name}: {p.kind} -> {list(p.out_shape)}  bytes {p.bytes}  flops {p.flops}")
@@ -561,7 +399,12 @@ def format_uops(plans: list[KernelPlan]) -> str:
             lines.append("  tiles: " + ", ".join(f"{k}={v}" for k, v in p.tiles.items()))
         if p.cache_check:
             lines.append(f"  cache: {p.cache_check}")
-        for u in p.uops:
-            lines.append(f"  {'  ' * u.depth}{u.op:<5} {u.what}  x{u.count}")
-    lines.append(f"total: {sum(u.count for p in plans for u in p.uops)} uops (the x counts above, summed)")
+        if "threads" in p.detail:
+            lines.append(f"  threads (decided at run time): {p.detail['threads']}")
+        if uops:
+            lines += [f"  {'  ' * u.depth}{u.op:<5} {u.what}  x{u.count}" for u in p.uops]
+        else:
+            lines.append(f"  uops: {sum(u.count for u in p.uops)} ({len(p.uops)} kinds; --uops lists them)")
+    lines.append(f"total: {sum(u.count for p in plans for u in p.uops)} uops "
+                 f"({'the x counts above' if uops else 'the counts above'}, summed)")
     return "\n".join(lines)

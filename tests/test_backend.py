@@ -9,6 +9,8 @@ from pathlib import Path
 os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
 
 
+import pytest
+
 from eqfuse.cbuild import FLAGS
 from eqfuse.cli import main
 from eqfuse.compiler import lower
@@ -117,6 +119,7 @@ def test_cli_needs_bound_dims(capsys):
     assert "--dim B=INT" in capsys.readouterr().err
 
 
+@pytest.mark.heavy  # ~8 s: it times every graph of the model
 def test_cli_bench_prints_table(capsys):
     assert main(["bench", str(EXAMPLES / "elementwise.g"), "--dim", "N=4096", "--repeat", "2",
                  "--threads", "1"]) == 0

@@ -13,16 +13,18 @@ import numpy as np
 import pytest
 
 from eqfuse.cbuild import COMMON_C, COMMON_CDEF, build, template, warnings_for
-from eqfuse.gemm import emit_gemm, param_names
+from eqfuse.gemm import emit_gemm
+
+# compiling every variant's GEMM takes ~25 s on 2 cores with a cold kernel cache
+pytestmark = pytest.mark.heavy
 
 HEADER = template("common.h") + COMMON_C  # as emit_graph puts it before every kernel
-# name -> (epilogue, extra_params, extra_args_cdef); the residual one uses the kernel's own M, N
+# name -> (epilogue, its extra parameters); the residual one uses the kernel's own M, N
 EPILOGUES = {
-    "acc": ("acc", "", ""),
-    "bias_relu": ("fmaxf(acc + bias[j], 0.0f)", ", const float* restrict bias", ", const float* bias"),
-    "residual": ("acc * 0.5f + res[b * M * N + i * N + j]", ", const float* restrict res", ", const float* res"),
-    "bias_res": ("fmaxf(acc + bias[j], 0.0f) + res[b * M * N + i * N + j]",
-                 ", const float* restrict bias, const float* restrict res", ", const float* bias, const float* res"),
+    "acc": ("acc", []),
+    "bias_relu": ("fmaxf(acc + bias[j], 0.0f)", [("float", "bias")]),
+    "residual": ("acc * 0.5f + res[b * M * N + i * N + j]", [("float", "res")]),
+    "bias_res": ("fmaxf(acc + bias[j], 0.0f) + res[b * M * N + i * N + j]", [("float", "bias"), ("float", "res")]),
 }
 
 SHAPES = [(1, 1, 1), (7, 13, 5), (33, 17, 65), (100, 257, 129), (128, 128, 128), (13, 40, 400), (5, 70, 3)]
@@ -64,11 +66,11 @@ def kernel_name(variant) -> str:
 def gemm_source(M, N, K, batch, bt, epi, blocking=None, split="auto", direct=None, name="g"):
     """direct: None (the rule), False (B packed), True (read in place), "prepacked" (B shared by
     the batches and packed once by NAME_prepack) or "a_transposed" (A given as K x M)."""
-    expr, params, cdef_params = EPILOGUES[epi]
+    expr, extras = EPILOGUES[epi]
     pre, at = direct == "prepacked", direct == "a_transposed"
     return emit_gemm(name, M=M, N=N, K=K, batch=batch, a_batch_stride=M * K, b_batch_stride=0 if pre else K * N,
                      c_batch_stride=M * N, lda=M if at else K, ldb=K if bt else N, ldc=N, b_transposed=bt,
-                     epilogue=expr, extra_params=params, extra_args_cdef=cdef_params, blocking=blocking,
+                     epilogue=expr, extras=extras, blocking=blocking,
                      split=split, direct_b=None if pre or at else direct, prepacked_b=pre, a_transposed=at)
 
 
@@ -194,12 +196,6 @@ def test_nan_and_inf_propagate_through_the_epilogue(modules):
     getattr(built.lib, kernel_name(v))(*(built.ffi.cast("float*", built.ffi.from_buffer(x)) for x in (A, B, C)))
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(C, A @ B)
-
-
-def test_param_names():
-    assert param_names(", const float* restrict bias, const float* res") == ["bias", "res"]
-    assert param_names("float x[16]") == ["x"]
-    assert param_names("") == []
 
 
 def test_generated_gemm_compiles_without_warnings(modules):
