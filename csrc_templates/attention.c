@@ -163,8 +163,11 @@ void {{NAME}}({{PARAMS}})
             for (int u = 0; u < 16; u++)
                 lsum += l[ii][u];
             const float inv = 1.0f / lsum;
+            /* ZERO_NAN ({{ZERO_NAN}}): probabilities that are NaN (a NaN score, a row fully
+             * masked with -inf) are 0, as where(isnan(p), 0, p) before the product with V */
+            const int zero = {{ZERO_NAN}} && !(lsum > 0.0f && lsum <= 3.4028235e38f);
             for (long e = 0; e < DV; e++) {
-                const float v = acc[ii][e] * inv;
+                const float v = zero ? 0.0f : acc[ii][e] * inv;
 {{EPI_BODY}}
                 out[({{OUT_OFF}}) + i * {{OR}} + e * {{OC}}] = {{EPI}};
             }

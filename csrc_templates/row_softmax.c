@@ -25,9 +25,12 @@ void {{NAME}}({{PARAMS}})
             s += e;
         }
         const float inv = 1.0f / s;
+        /* ZERO_NAN ({{ZERO_NAN}}): a row whose softmax is NaN (a NaN, or a max of +-inf: fully
+         * masked) is 0, as where(isnan(p), 0, p); a finite max makes every p finite */
+        const int zero = {{ZERO_NAN}} && !(s > 0.0f && s <= 3.4028235e38f);
         #pragma omp simd
         for (long j = 0; j < {{L}}; j++) {
-            const float v = y[j * {{YS}}] * inv;
+            const float v = zero ? 0.0f : y[j * {{YS}}] * inv;
 {{EPI_BODY}}
             y[j * {{YS}}] = {{EPI}};
         }

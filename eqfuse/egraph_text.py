@@ -152,7 +152,7 @@ VIEW_OPS = ("transpose", "reshape")
 def _heavy_rules(concat_arities) -> list[str]:
     out = ["(rule ((= ?e (L ?t))) ((set (hv ?e) 0) (vw ?e)) :ruleset facts)",
            # a whole attention softmax(...) @ v weighs one, so a pointwise epilogue may join it
-           f"(rule ((= ?e ({s_ctor('matmul', 2)} ?p ?v)) (= ?p ({s_ctor('softmax', 1)} ?x ?a)) (vw ?v)) "
+           f"(rule ((= ?e ({s_ctor('matmul', 2)} ?p ?v)) (= ?p ({s_ctor('softmax', 1)} ?x ?a ?z)) (vw ?v)) "
            "((set (hv ?e) 1)) :ruleset facts)",
            "(rule ((= ?e (Cs ?c))) ((set (hv ?e) 0)) :ruleset facts)"]
     for op in OPS.values():

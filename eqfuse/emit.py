@@ -233,7 +233,7 @@ def emit_row(plan: KernelPlan) -> str:
         common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0)
         if an.op == "softmax":
             return render("row_softmax.c", YBASE=offset("r", [xshape[d] for d in row_dims], [cs[d] for d in row_dims]),
-                          YS=cs[axis0], **common)
+                          YS=cs[axis0], ZERO_NAN=int(an.attr["zero_nan"]), **common)
         g = ptrs[an.args[1]]
         extra = {"GAMMA": g, "EPS": flit(an.attr["eps"])}
         if an.op == "layernorm":
@@ -392,7 +392,7 @@ def emit_attention(plan: KernelPlan) -> str:
     bk, bq = plan.tiles["bk"], plan.tiles["bq"]
     vec = int(bk % 64 == 0 and bq % 4 == 0 and Dv % 16 == 0 and vs[nb + 1] == 1)
     return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=_size(batch), SQ=Sq, SK=Sk, D=D, DV=Dv,
-                  BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=vec,
+                  BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=vec, ZERO_NAN=int(body.nodes[sm].attr["zero_nan"]),
                   PARALLEL=int(_size(batch) * Sq > 1),
                   Q=Q, QOFF=offset("b", batch, qs[:nb]), QR=qs[nb], QC=qs[nb + 1],
                   K=K, KSRC=offset("kb", [batch[i] for i in kdims], [ks[i] for i in kdims]),

@@ -64,7 +64,7 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
     common = dict(NAME=fname, PARAMS=params, R0="r0", ROWS="r1", L=N, ROW_LOOP_PRAGMA="", PRO_BODY="", X="y[j]",
                   OFFSETS="\n".join(space.decls + [f"{I1}(void)b;"]), EPI_BODY=epi.text(), EPI=e)
     if rn.op == "softmax":
-        src = render("row_softmax.c", YBASE=f"r * {N}L", YS=1, **common)
+        src = render("row_softmax.c", YBASE=f"r * {N}L", YS=1, ZERO_NAN=int(rn.attr["zero_nan"]), **common)
     else:
         extra = {"GAMMA": eptrs[rn.args[1]], "EPS": flit(rn.attr["eps"])}
         if rn.op == "layernorm":

@@ -210,6 +210,10 @@ def _output_tail(body: Graph, out: int) -> int:
     return out
 
 
+def _pointwise_over_inputs(body: Graph, i: int) -> bool:
+    return all(_kind(body.nodes[j]) in ("pointwise", "input", "const") for j in body.ancestors(i))
+
+
 def _attention(body: Graph) -> KernelShape | None:
     """softmax(q @ k^T * scale [+ mask]) @ v, with pointwise ops allowed around the scores.
 
@@ -237,9 +241,11 @@ def _attention(body: Graph) -> KernelShape | None:
         n = nodes[cur]
         if _kind(n) != "pointwise":
             return None
-        dep = [a for a in n.args if nodes[a].op not in ("input", "const")]
+        # the operand that leads to the scores; the others are computed per score element from
+        # kernel inputs alone (a scale, a mask input, where(mask, 0, -inf) of a bool mask)
+        dep = [a for a in n.args if any(nodes[j].op == "matmul" for j in body.ancestors(a))]
         other = [a for a in n.args if a not in dep]
-        if len(dep) != 1:
+        if len(dep) != 1 or not all(_pointwise_over_inputs(body, o) for o in other):
             return None
         for o in other:
             if nodes[o].op == "input" and nodes[o].type.rank >= 2:

@@ -26,7 +26,8 @@ body is `name = expr` lines ending with `return expr[, expr ...]`. Comments run 
 end of the line.
 
 - **Numbers**: `2`, `0.5`, `.5`, `1e-3`: scalars that broadcast against tensors. `-1` is a
-  negative constant; `-x` is `neg(x)`. A number (and `true` = 1, `false` = 0) is weakly typed:
+  negative constant; `-x` is `neg(x)`; `inf` and `nan` are the float specials (`-inf` too). A
+  number (and `true` = 1, `false` = 0) is weakly typed:
   next to an i64 tensor it is an i64 (`ids + 1`), next to a bool one a bool.
 - **Operators**: `+ - * / @ **` with Python's precedence and associativity: `**` binds tightest
   and to the right (`-x ** 2` is `-(x ** 2)`), then unary `-`, then `* / @`, then `+ -`; the

@@ -239,7 +239,9 @@ def _softmax_infer(ts, attrs):
 def _softmax_np(args, attrs):
     x, ax = args[0], attrs["axis"]
     e = np.exp(x - np.max(x, axis=ax, keepdims=True))
-    return e / np.sum(e, axis=ax, keepdims=True)
+    p = e / np.sum(e, axis=ax, keepdims=True)
+    # zero_nan: where(isnan(p), 0, p), as exporters write around a fully masked row
+    return np.where(np.isnan(p), np.float32(0), p) if attrs["zero_nan"] else p
 
 
 def _norm_params(ts, tail: tuple[Dim, ...], opname: str, names: tuple[str, ...]):
@@ -291,7 +293,7 @@ def _batchnorm_np(args, attrs):
 
 
 _op(name="softmax", kind="row", arity=(1, 1), infer=_softmax_infer, numpy=_softmax_np,
-    attrs=(Attr("axis", "int", -1),), flops=6)
+    attrs=(Attr("axis", "int", -1), Attr("zero_nan", "bool", False)), flops=6)
 _op(name="layernorm", kind="row", arity=(3, 3), infer=_layernorm_infer, numpy=_layernorm_np,
     attrs=(Attr("axis", "int", -1), Attr("eps", "float", 1e-5)), flops=8)
 _op(name="rmsnorm", kind="row", arity=(2, 2), infer=_rmsnorm_infer, numpy=_rmsnorm_np,

@@ -181,6 +181,14 @@ class ToAst(Transformer_NonRecursive):
     def false(self, c):
         return S.Num(0.0, self.src.at(c[0])) if c else S.Num(0.0, None)
 
+    # inf and nan: the float literals an export's masks and guards need (-inf is neg of inf,
+    # folded to the constant -inf like every negative literal)
+    def inf(self, c):
+        return S.Num(float("inf"), self.src.at(c[0])) if c else S.Num(float("inf"), None)
+
+    def nan(self, c):
+        return S.Num(float("nan"), self.src.at(c[0])) if c else S.Num(float("nan"), None)
+
     def binop(self, c):
         lhs, op, rhs = c
         return self._depth(S.BinOp(str(op), lhs, rhs, self.src.at(op)), lhs, rhs)

@@ -126,7 +126,8 @@ TORCH: dict[str, Callable] = {
     "sum": _reduce("sum"),
     "mean": _reduce("mean"),
     "max": _reduce("max"),
-    "softmax": lambda t, a, at: t.softmax(a[0], dim=at["axis"]),
+    "softmax": lambda t, a, at: (lambda p: t.where(t.isnan(p), t.zeros_like(p), p) if at["zero_nan"] else p)(
+        t.softmax(a[0], dim=at["axis"])),
     "layernorm": _layernorm,
     "rmsnorm": _rmsnorm,
     "batchnorm": _batchnorm,

@@ -23,6 +23,8 @@ PREC = {"+": SUM, "-": SUM, "*": PRODUCT, "/": PRODUCT, "@": PRODUCT, "**": POWE
 def fmt_number(v: float) -> str:
     if v == 0 and math.copysign(1, v) < 0:
         return "-0"  # not "0": 1 / -0 is -inf
+    if math.isinf(v) or math.isnan(v):
+        return ("-inf" if v < 0 else "inf") if math.isinf(v) else "nan"
     if float(v).is_integer() and abs(v) < 1e16:
         return str(int(v))
     return repr(float(v))

@@ -75,3 +75,47 @@ def test_dtype_mistakes_are_errors_with_a_position(src, message):
     with pytest.raises(EqfuseError, match=message) as e:
         load_text(src)
     assert e.value.pos is not None
+
+
+ATTENTION = """graph att(q: f32[2, 4, 24, 16], k: f32[2, 4, 24, 16], v: f32[2, 4, 24, 16], pad: bool[2, 1, 1, 24],
+                         causal: bool[1, 1, 24, 24]) -> f32[2, 4, 24, 16] {
+    p = softmax((q * 0.5) @ (transpose(k, perm=[0, 1, 3, 2]) * 0.5) + where(logical_and(causal, pad), 0, -inf))
+    return where(isnan(p), 0, p) @ v
+}
+"""
+
+
+def test_the_mask_of_an_exported_attention_is_read_inside_the_attention_kernel():
+    """torch's decomposed scaled_dot_product_attention: scales on q and k, an additive
+    where(mask, 0, -inf), and where(isnan(p), 0, p) for fully masked rows: one attention kernel
+    that reads the bool masks, and zeros (not NaN) for a fully masked row."""
+    mod = eqfuse.compile(ATTENTION)
+    assert [k.kind for k in mod.kernels] == ["attention"]
+    assert "where(logical_and(causal, pad), 0, -inf)" in mod.graph and "zero_nan=true" in mod.graph
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 4, 24, 16)).astype(np.float32) for _ in range(3))
+    pad = rng.random((2, 1, 1, 24)) < 0.8
+    pad[1] = False  # a sequence that is all padding: every row fully masked
+    causal = np.tril(np.ones((24, 24), bool))[None, None]
+    got, want = mod(q, k, v, pad, causal), eqfuse.reference(ATTENTION)(q, k, v, pad, causal)
+    assert not np.isnan(want).any() and np.all(want[1] == 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", ["softmax(x, zero_nan=true)", "softmax(x @ w, zero_nan=true)"])
+def test_a_zero_nan_softmax_zeroes_the_rows_that_would_be_nan(rows):
+    src = f"graph s(x: f32[6, 32], w: f32[32, 32]) -> f32[6, 32] {{\n    return {rows} * 2\n}}\n"
+    x = np.random.default_rng(1).standard_normal((6, 32)).astype(np.float32)
+    x[1] = -np.inf
+    x[2, 3] = np.nan
+    w = np.eye(32, dtype=np.float32)
+    got, want = eqfuse.compile(src)(x, w), eqfuse.reference(src)(x, w)
+    assert np.all(want[1] == 0) and np.all(want[2] == 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_inf_and_nan_are_literals_that_print_and_parse_back():
+    from eqfuse.printer import graph_text
+
+    g = load_text("graph g(m: bool[2], x: f32[2]) -> f32[2] {\n    return where(m, x, -inf) + nan * 0\n}\n")[0]
+    assert "-inf" in graph_text(g) and graph_text(load_text(graph_text(g))[0]) == graph_text(g)

@@ -73,3 +73,12 @@ def test_bench_measures_onnxruntime_on_the_onnx_model():
     r = _cli("bench", me.export("mixer", "dynamo"), "--repeat", "2", "--peers", "numpy,onnxruntime")
     assert r.returncode == 0, r.stderr
     assert "onnxruntime (ORT_ENABLE_ALL)" in r.stdout and "eqfuse fused" in r.stdout
+
+
+@pytest.mark.parametrize("exporter", me.EXPORTERS)
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_the_attention_masks_of_bert_and_gpt2_are_inside_their_attention_kernels(name, exporter):
+    mod = eqfuse.compile(str(me.export(name, exporter)))
+    attention = [line for line in mod.graph.splitlines() if "softmax(" in line]
+    assert len(attention) == 2  # one kernel per layer
+    assert all("@" in line and "where(" in line and "zero_nan=true" in line for line in attention), attention

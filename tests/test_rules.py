@@ -45,7 +45,7 @@ def test_spec_examples_parse_to_the_contract():
 
 def test_every_attribute_is_present_with_defaults_and_normalized():
     r = one("rule s: exp(?x) / sum(exp(?x), axis=-1, keepdims=true) => softmax(?x)")
-    assert r.rhs == POp("softmax", (PVar("x"),), (("axis", -1),))
+    assert r.rhs == POp("softmax", (PVar("x"),), (("axis", -1), ("zero_nan", False)))
     assert r.lhs.args[1] == POp("sum", (POp("exp", (PVar("x"),), ()),), (("axis", (-1,)), ("keepdims", True)))
     r = one('rule g: gelu(?x, approximate="tanh") => gelu(?x)')
     assert r.lhs.attrs == (("approximate", "tanh"),) and r.rhs.attrs == (("approximate", "none"),)
