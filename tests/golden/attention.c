@@ -163,8 +163,11 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
             for (int u = 0; u < 16; u++)
                 lsum += l[ii][u];
             const float inv = 1.0f / lsum;
+            /* ZERO_NAN (0): probabilities that are NaN (a NaN score, a row fully
+             * masked with -inf) are 0, as where(isnan(p), 0, p) before the product with V */
+            const int zero = 0 && !(lsum > 0.0f && lsum <= 3.4028235e38f);
             for (long e = 0; e < DV; e++) {
-                const float v = acc[ii][e] * inv;
+                const float v = zero ? 0.0f : acc[ii][e] * inv;
 
                 out[((b) * 760) + i * 40 + e * 1] = v;
             }

@@ -27,9 +27,12 @@ void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, floa
             s += e;
         }
         const float inv = 1.0f / s;
+        /* ZERO_NAN (0): a row whose softmax is NaN (a NaN, or a max of +-inf: fully
+         * masked) is 0, as where(isnan(p), 0, p); a finite max makes every p finite */
+        const int zero = 0 && !(s > 0.0f && s <= 3.4028235e38f);
         #pragma omp simd
         for (long j = 0; j < 53; j++) {
-            const float v = y[j * 1] * inv;
+            const float v = zero ? 0.0f : y[j * 1] * inv;
 
             y[j * 1] = v;
         }

@@ -1,0 +1,178 @@
+EQF_WIDE_BEGIN
+/* eqf_kinds_k5_attention: flash attention, 3 x [19 x 24] queries against 29 keys, Dv = 40.
+ * Blocks of 32 queries run against tiles of 64 keys with an online softmax: only a
+ * 32 x 64 score tile exists at any time, never the 19 x 29 matrix.
+ * K is transposed per head into tiles [SKP / BK][D][BK] (keys padded to whole tiles with
+ * zeros), in a per-thread buffer: each key tile is one contiguous block, so it stays in L1 (rows
+ * SKP apart would fall into a few cache sets and evict each other).
+ * q, k^T and v are read through strides (row, column) and the result is written through
+ * strides, so head split and merge transposes cost nothing. */
+void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1, const float* restrict in2, float* restrict out)
+{
+    enum { BQ = 32, BK = 64, D = 24, DV = 40, SKP = 64 };
+    const long nqb = (19 + BQ - 1) / BQ;
+    #pragma omp parallel if (1)
+    {
+    /* each thread's copy of one head's k^T, made when its blocks reach a new head (threads take
+     * consecutive blocks, so each head is copied about once) */
+    float* restrict ktp = eqf_scratch(EQF_SCRATCH_ATTENTION_KT, (long)D * SKP);
+    long packed = -1;
+    #pragma omp for schedule(static)
+    for (long t = 0; t < 3 * nqb; t++) {
+        const long b = t / nqb;
+        const long i0 = (t % nqb) * BQ;
+        const long nq = eqf_minl(BQ, 19 - i0);
+        const long kb = b;
+        (void)b;
+        if (kb != packed) {
+            const float* restrict kp = in1 + ((kb) * 696);
+            /* read k in its memory order: the inner loop runs along the smaller stride */
+            for (long kt = 0; kt < SKP / BK; kt++) {
+                float* restrict tile = ktp + kt * D * BK;
+                const long nk = eqf_minl(BK, 29 - kt * BK);
+#if defined(__AVX512F__)
+                if (1 == 1 && D % 16 == 0 && nk == BK) {  /* whole tile, k rows contiguous: */
+                    for (long jj = 0; jj < BK; jj += 16)           /* 16 x 16 register transposes */
+                        for (long d = 0; d < D; d += 16)
+                            eqf_transpose_16x16(kp + d + (kt * BK + jj) * 24, 24, tile + d * BK + jj, BK);
+                    continue;
+                }
+#endif
+                if (1 <= 24) {
+                    for (long jj = 0; jj < nk; jj++)
+                        for (long d = 0; d < D; d++)
+                            tile[d * BK + jj] = kp[d * 1 + (kt * BK + jj) * 24];
+                } else {
+                    for (long d = 0; d < D; d++)
+                        for (long jj = 0; jj < nk; jj++)
+                            tile[d * BK + jj] = kp[d * 1 + (kt * BK + jj) * 24];
+                }
+                for (long d = 0; d < D; d++)
+                    for (long jj = nk; jj < BK; jj++)
+                        tile[d * BK + jj] = 0.0f;
+            }
+            packed = kb;
+        }
+        const float* restrict qp = in0 + ((b) * 456) + i0 * 24;
+        const float* restrict vp = in2 + ((b) * 1160);
+
+        float qb[BQ][D], s[BQ][BK], acc[BQ][DV], m[BQ], l[BQ][16];
+        for (long ii = 0; ii < BQ; ii++) {
+            for (long d = 0; d < D; d++)
+                qb[ii][d] = ii < nq ? qp[ii * 24 + d * 1] * 0.2885390081777927f : 0.0f;
+            for (long e = 0; e < DV; e++)
+                acc[ii][e] = 0.0f;
+            m[ii] = -INFINITY;
+            for (int u = 0; u < 16; u++)
+                l[ii][u] = 0.0f;
+        }
+        for (long j0 = 0; j0 < 29; j0 += BK) {
+            const long nk = eqf_minl(BK, 29 - j0);
+            /* Spread over the key tiles: prefetch the next query block's rows of q and this block's
+             * rows of the output, so neither waits on memory when its turn comes. */
+            enum { NT = (29 + BK - 1) / BK, PF = (BQ + NT - 1) / NT };
+            for (long ii = j0 / BK * PF; ii < eqf_minl(BQ, (j0 / BK + 1) * PF); ii++) {
+                if (1 == 1 && i0 + BQ + ii < 19)
+                    for (long d = 0; d < D; d += 16)
+                        __builtin_prefetch(qp + (BQ + ii) * 24 + d, 0, 3);
+                if (1 == 1 && ii < nq)
+                    for (long e = 0; e < DV; e += 16)
+                        __builtin_prefetch(out + ((b) * 760) + (i0 + ii) * 40 + e, 1, 3);
+            }
+#if defined(__AVX512F__) && 0
+            if (!0 && nk == BK && BK == 64) {
+                /* scores and their softmax step in registers (the score scale is in the q block) */
+                for (long ii = 0; ii < BQ; ii += 4)
+                    eqf_qk_softmax2_4x64(&qb[ii][0], D, ktp + j0 * D, BK, D, &s[ii][0], BK, &m[ii], &l[ii][0],
+                                         &acc[ii][0], DV, DV);
+            } else
+#endif
+            {
+                /* scores s = q k^T for this tile */
+#if defined(__AVX512F__) && 0
+                for (long ii = 0; ii < BQ; ii += 4)
+                    for (long jb = 0; jb < BK; jb += 64)
+                        eqf_qk_4x64(&qb[ii][0], D, ktp + j0 * D + jb, BK, D, &s[ii][jb], BK);
+#else
+                for (long ii = 0; ii < BQ; ii++) {
+                    float sr[BK];
+                    #pragma omp simd
+                    for (long jj = 0; jj < BK; jj++)
+                        sr[jj] = 0.0f;
+                    for (long d = 0; d < D; d++) {
+                        const float qv = qb[ii][d];
+                        #pragma omp simd
+                        for (long jj = 0; jj < BK; jj++)
+                            sr[jj] += qv * ktp[j0 * D + d * BK + jj];
+                    }
+                    for (long jj = 0; jj < BK; jj++)
+                        s[ii][jj] = sr[jj];
+                }
+#endif
+                /* score ops (scale, mask), in base 2: times log2 e; keys past the end get -inf.
+                 * A score that is only q k^T times a constant was folded into the q block. */
+                for (long ii = 0; ii < BQ && (0 || nk < BK); ii++) {
+                    const long i = i0 + (ii < nq ? ii : 0);
+                    (void)i;
+                    #pragma omp simd
+                    for (long jj = 0; jj < BK; jj++) {
+                        const long j = j0 + (jj < nk ? jj : 0);
+                        const float acc_s = s[ii][jj];
+                        (void)j;
+
+                        s[ii][jj] = jj < nk ? (acc_s) * 1.0f : -INFINITY;
+                    }
+                }
+                /* the online softmax: s becomes p = 2^(s - m) */
+#if defined(__AVX512F__) && 0
+                for (long ii = 0; ii < BQ; ii += 4)
+                    eqf_softmax2_4x64(&s[ii][0], BK, &m[ii], &l[ii][0], &acc[ii][0], DV, DV);
+#else
+                for (long ii = 0; ii < BQ; ii++)
+                    eqf_softmax2_row(s[ii], BK, &m[ii], l[ii], acc[ii], DV);
+#endif
+            }
+            /* acc += p v */
+#if defined(__AVX512F__) && 0
+            for (long ii = 0; ii < BQ; ii += 4) {  /* DV a multiple of 16: 64 columns at a time, then 32, 16 */
+                long e0 = 0;
+                for (; e0 + 64 <= DV; e0 += 64)
+                    eqf_pv_4x64(&s[ii][0], BK, vp + j0 * 40 + e0, 40, nk, &acc[ii][e0], DV);
+                if (e0 + 32 <= DV) {
+                    eqf_pv_4x32(&s[ii][0], BK, vp + j0 * 40 + e0, 40, nk, &acc[ii][e0], DV);
+                    e0 += 32;
+                }
+                if (e0 + 16 <= DV)
+                    eqf_pv_4x16(&s[ii][0], BK, vp + j0 * 40 + e0, 40, nk, &acc[ii][e0], DV);
+            }
+#else
+            for (long jj = 0; jj < nk; jj++) {
+                const float* restrict vr = vp + (j0 + jj) * 40;
+                for (long ii = 0; ii < BQ; ii++) {
+                    const float p = s[ii][jj];
+                    #pragma omp simd
+                    for (long e = 0; e < DV; e++)
+                        acc[ii][e] += p * vr[e * 1];
+                }
+            }
+#endif
+        }
+        for (long ii = 0; ii < nq; ii++) {
+            const long i = i0 + ii;
+            float lsum = 0.0f;
+            for (int u = 0; u < 16; u++)
+                lsum += l[ii][u];
+            const float inv = 1.0f / lsum;
+            /* ZERO_NAN (0): probabilities that are NaN (a NaN score, a row fully
+             * masked with -inf) are 0, as where(isnan(p), 0, p) before the product with V */
+            const int zero = 0 && !(lsum > 0.0f && lsum <= 3.4028235e38f);
+            for (long e = 0; e < DV; e++) {
+                const float v = zero ? 0.0f : acc[ii][e] * inv;
+
+                out[((b) * 760) + i * 40 + e * 1] = v;
+            }
+        }
+    }
+    }
+}
+EQF_WIDE_END

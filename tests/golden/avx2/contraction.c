@@ -1,0 +1,380 @@
+/* eqf_kinds_k1_contraction_gemm: C[b] = epilogue(A[b] @ B[b]) for b < 1; M=7 N=53 K=37, row-major,
+ * B K x N, A M x K.
+ *
+ * BLIS-style, loop order pc (KC slices of K) > chunk (MC rows of A, packed once) > jc (NC
+ * columns of B, packed into a KC x NC panel that stays in L2) > ir (MR-row micro-panel of A,
+ * stays in L1) > jr (NR-column micro-panel of B) > register-blocked MR x NR micro-kernel. Sizes
+ * are compile-time constants: the backend knows every shape, and constant trip counts let gcc
+ * unroll the micro-kernel. Edge tiles are computed in full on zero-padded panels and stored in
+ * part. With DIRECT_B (1; few rows, B not transposed, see eqfuse.gemm.direct) the
+ * micro-kernel reads the full NR-column panels of B in place (row stride 53) and only a
+ * partial last panel is packed. With PREPACKED_B (0; B bound by params=) the B argument
+ * is not B but its panels, packed once by eqf_kinds_k1_contraction_gemm_prepack: for each KC slice of K, the NR-column
+ * panels of all of N, so every thread reads the panels it needs and nothing is packed per call.
+ *
+ * The epilogue: a KC slice that is not the last one adds its partial sums into C; the last one
+ * leaves the finished MR x NR tile in a buffer in L1, from where it reaches C through
+ * `({ const float eqf_v3 = eqf_e2[j]; const float eqf_v4 = (acc + eqf_v3); const float eqf_v5 = eqf_relu(eqf_v4); eqf_v5; })` (in terms of acc, i, j, b, M, N, K and the extra parameters): the only store
+ * of the final value, so the epilogue runs exactly once per element.
+ *
+ * Threads: when there are at least as many batches as threads, each thread computes whole
+ * batches (no synchronisation at all); otherwise the threads split each batch, either by rows
+ * (each an equal share of the MR tiles; the threads pack each B panel together, two barriers per
+ * panel) or, when M is small against N, by columns (each its own NR panels, its own packed B
+ * and A, no synchronisation); eqf_kinds_k1_contraction_gemm_split has the rule. */
+#include <stdlib.h>
+#include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define eqf_kinds_k1_contraction_gemm_M 7L
+#define eqf_kinds_k1_contraction_gemm_N 53L
+#define eqf_kinds_k1_contraction_gemm_K 37L
+#define eqf_kinds_k1_contraction_gemm_MR 6
+#define eqf_kinds_k1_contraction_gemm_NR 16
+#define eqf_kinds_k1_contraction_gemm_MC 12L
+#define eqf_kinds_k1_contraction_gemm_NC 64L
+#define eqf_kinds_k1_contraction_gemm_KC 37L
+#define eqf_kinds_k1_contraction_gemm_NPAD ((eqf_kinds_k1_contraction_gemm_N + eqf_kinds_k1_contraction_gemm_NR - 1) / eqf_kinds_k1_contraction_gemm_NR * eqf_kinds_k1_contraction_gemm_NR) /* N in whole panels */
+
+/* A counting build (-DEQF_COUNT_UKERNEL) counts the micro-kernel calls, to check them against
+ * the uop counts of `eqfuse lower --uops`; eqf_kinds_k1_contraction_gemm_ukernel_calls() reads and resets the count. */
+#ifdef EQF_COUNT_UKERNEL
+static long eqf_kinds_k1_contraction_gemm_calls;
+long eqf_kinds_k1_contraction_gemm_ukernel_calls(void) { return __atomic_exchange_n(&eqf_kinds_k1_contraction_gemm_calls, 0, __ATOMIC_RELAXED); }
+#define eqf_kinds_k1_contraction_gemm_COUNT_CALL() __atomic_fetch_add(&eqf_kinds_k1_contraction_gemm_calls, 1, __ATOMIC_RELAXED)
+#else
+#define eqf_kinds_k1_contraction_gemm_COUNT_CALL() ((void)0)
+#endif
+
+/* tile[MR][NR] = a_panel (kc x MR, k-major) . b_panel (kc x NR, k-major); both zero padded. */
+#if defined(__AVX512F__) && 16 % 16 == 0
+static inline void eqf_kinds_k1_contraction_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
+                                    long ldb, float* restrict tile)
+{
+    /* MR x NR/16 zmm accumulators; with the B row (NR/16 zmm) they must fit the 32 registers,
+     * and the A element is broadcast straight from memory into each FMA. */
+    enum { V = eqf_kinds_k1_contraction_gemm_NR / 16 };
+    __m512 c[eqf_kinds_k1_contraction_gemm_MR][V];
+#pragma GCC unroll 64
+    for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            c[r][v] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (long k = 0; k < kc; k++) {
+        __m512 bv[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            bv[v] = _mm512_loadu_ps(b + 16 * v);
+        /* the next A micro-panel rows come from L2: ask for them ahead of use */
+        _mm_prefetch((const char*)(a + 8 * eqf_kinds_k1_contraction_gemm_MR), _MM_HINT_T0);
+#pragma GCC unroll 64
+        for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++) {
+            __m512 ar = _mm512_set1_ps(a[r]);
+#pragma GCC unroll 8
+            for (int v = 0; v < V; v++)
+                c[r][v] = _mm512_fmadd_ps(ar, bv[v], c[r][v]);
+        }
+        a += eqf_kinds_k1_contraction_gemm_MR;
+        b += ldb;
+    }
+#pragma GCC unroll 64
+    for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            _mm512_store_ps(tile + r * eqf_kinds_k1_contraction_gemm_NR + 16 * v, c[r][v]);
+}
+#else
+/* Portable micro-kernel: plain loops over a register-sized tile, left to the auto-vectorizer. */
+static inline void eqf_kinds_k1_contraction_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
+                                    long ldb, float* restrict tile)
+{
+    float c[eqf_kinds_k1_contraction_gemm_MR][eqf_kinds_k1_contraction_gemm_NR];
+    for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+        for (int j = 0; j < eqf_kinds_k1_contraction_gemm_NR; j++)
+            c[r][j] = 0.0f;
+    for (long k = 0; k < kc; k++)
+        for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+            for (int j = 0; j < eqf_kinds_k1_contraction_gemm_NR; j++)
+                c[r][j] += a[k * eqf_kinds_k1_contraction_gemm_MR + r] * b[k * ldb + j];
+    for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+        for (int j = 0; j < eqf_kinds_k1_contraction_gemm_NR; j++)
+            tile[r * eqf_kinds_k1_contraction_gemm_NR + j] = c[r][j];
+}
+#endif
+
+/* B[pc:pc+kc, jc+jr0 : jc+jr1] -> NR-column micro-panels, k-major inside a panel, zero padded.
+ * B_AT is the element (k, j) of B for the layout this kernel was built for; the loops run along
+ * that layout's rows so that the reads are contiguous. */
+static void eqf_kinds_k1_contraction_gemm_pack_b(const float* restrict B, long pc, long kc, long jc, long jr0, long jr1, long nc,
+                            float* restrict bp)
+{
+    for (long jr = jr0; jr < jr1; jr += eqf_kinds_k1_contraction_gemm_NR) {
+        float* restrict dst = bp + jr * kc;
+        const long nr = nc - jr < eqf_kinds_k1_contraction_gemm_NR ? nc - jr : eqf_kinds_k1_contraction_gemm_NR;
+#if 0
+        for (long j = 0; j < nr; j++)
+            for (long k = 0; k < kc; k++)
+                dst[k * eqf_kinds_k1_contraction_gemm_NR + j] = B[(pc + k) * 53L + jc + jr + j];
+        for (long j = nr; j < eqf_kinds_k1_contraction_gemm_NR; j++)
+            for (long k = 0; k < kc; k++)
+                dst[k * eqf_kinds_k1_contraction_gemm_NR + j] = 0.0f;
+#else
+        if (nr == eqf_kinds_k1_contraction_gemm_NR) {
+            for (long k = 0; k < kc; k++)
+#pragma omp simd
+                for (long j = 0; j < eqf_kinds_k1_contraction_gemm_NR; j++)
+                    dst[k * eqf_kinds_k1_contraction_gemm_NR + j] = B[(pc + k) * 53L + jc + jr + j];
+        } else {
+            for (long k = 0; k < kc; k++) {
+                for (long j = 0; j < nr; j++)
+                    dst[k * eqf_kinds_k1_contraction_gemm_NR + j] = B[(pc + k) * 53L + jc + jr + j];
+                for (long j = nr; j < eqf_kinds_k1_contraction_gemm_NR; j++)
+                    dst[k * eqf_kinds_k1_contraction_gemm_NR + j] = 0.0f;
+            }
+        }
+#endif
+    }
+}
+
+/* A[ic:ic+mc, pc:pc+kc] -> MR-row micro-panels, k-major inside a panel, zero padded. */
+static void eqf_kinds_k1_contraction_gemm_pack_a(const float* restrict A, long ic, long mc, long pc, long kc, float* restrict ap)
+{
+    for (long ir = 0; ir < mc; ir += eqf_kinds_k1_contraction_gemm_MR) {
+        float* restrict dst = ap + ir * kc;
+        long mr = mc - ir < eqf_kinds_k1_contraction_gemm_MR ? mc - ir : eqf_kinds_k1_contraction_gemm_MR;
+#if 0
+        /* A given transposed (K x M, row stride LDA): the MR rows of one k are contiguous */
+        const float* restrict srct = A + pc * 37L + ic + ir;
+        for (long k = 0; k < kc; k++) {
+            for (long r = 0; r < mr; r++)
+                dst[k * eqf_kinds_k1_contraction_gemm_MR + r] = srct[k * 37L + r];
+            for (long r = mr; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+                dst[k * eqf_kinds_k1_contraction_gemm_MR + r] = 0.0f;
+        }
+#else
+        const float* restrict src = A + (ic + ir) * 37L + pc;
+        if (mr == eqf_kinds_k1_contraction_gemm_MR) {
+            for (long k = 0; k < kc; k++)
+#pragma GCC unroll 64
+                for (long r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+                    dst[k * eqf_kinds_k1_contraction_gemm_MR + r] = src[r * 37L + k];
+        } else {
+            for (long k = 0; k < kc; k++) {
+                for (long r = 0; r < mr; r++)
+                    dst[k * eqf_kinds_k1_contraction_gemm_MR + r] = src[r * 37L + k];
+                for (long r = mr; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+                    dst[k * eqf_kinds_k1_contraction_gemm_MR + r] = 0.0f;
+            }
+        }
+#endif
+    }
+}
+
+/* C[ic:ic+mc, jc:jc+nc] (+)= packed A block . packed B panel; the epilogue on the last K slice.
+ * ir outer: one MR x kc micro-panel of A stays in L1 while the B panel streams from L2. */
+static void eqf_kinds_k1_contraction_gemm_macro(const float* restrict ap, const float* restrict bp, const float* restrict B, float* restrict C,
+                           long b, long ic, long mc, long jc, long nc, long pc, long kc, const float* restrict eqf_e2)
+{
+    const long M = eqf_kinds_k1_contraction_gemm_M, N = eqf_kinds_k1_contraction_gemm_N, K = eqf_kinds_k1_contraction_gemm_K;
+    const int first = pc == 0, last = pc + kc >= K;
+    float tile[eqf_kinds_k1_contraction_gemm_MR * eqf_kinds_k1_contraction_gemm_NR] __attribute__((aligned(64)));
+    (void)M; (void)N; (void)b;
+    for (long ir = 0; ir < mc; ir += eqf_kinds_k1_contraction_gemm_MR) {
+        const long mr = mc - ir < eqf_kinds_k1_contraction_gemm_MR ? mc - ir : eqf_kinds_k1_contraction_gemm_MR;
+        for (long jr = 0; jr < nc; jr += eqf_kinds_k1_contraction_gemm_NR) {
+            const long nr = nc - jr < eqf_kinds_k1_contraction_gemm_NR ? nc - jr : eqf_kinds_k1_contraction_gemm_NR;
+            /* Fetch the C tile (for writing) while the micro-kernel computes: otherwise each
+             * store below waits for its line from memory, a cost per element of C that shows
+             * when K is small. */
+            for (long r = 0; r < mr; r++)
+                for (long jj = 0; jj < nr; jj += 16)
+                    __builtin_prefetch(C + (ic + ir + r) * 53L + jc + jr + jj, 1, 3);
+            eqf_kinds_k1_contraction_gemm_COUNT_CALL();
+#if 1
+            if (nr == eqf_kinds_k1_contraction_gemm_NR)
+                eqf_kinds_k1_contraction_gemm_ukernel(kc, ap + ir * kc, B + pc * 53L + jc + jr, 53L, tile);
+            else
+#endif
+                eqf_kinds_k1_contraction_gemm_ukernel(kc, ap + ir * kc, bp + jr * kc, eqf_kinds_k1_contraction_gemm_NR, tile);
+            (void)B;
+            for (long r = 0; r < mr; r++) {
+                const long i = ic + ir + r;
+                float* restrict crow = C + i * 53L + jc + jr;
+                const float* restrict trow = tile + r * eqf_kinds_k1_contraction_gemm_NR;
+                /* four loops rather than one with conditions inside: the epilogue's loop must not
+                 * read C when C does not hold a partial sum yet (that read would miss in cache) */
+                if (first && last) {
+#pragma omp simd
+                    for (long jj = 0; jj < nr; jj++) {
+                        const long j = jc + jr + jj;
+                        const float acc = trow[jj];
+                        (void)j;
+                        crow[jj] = ({ const float eqf_v3 = eqf_e2[j]; const float eqf_v4 = (acc + eqf_v3); const float eqf_v5 = eqf_relu(eqf_v4); eqf_v5; });
+                    }
+                } else if (last) {
+#pragma omp simd
+                    for (long jj = 0; jj < nr; jj++) {
+                        const long j = jc + jr + jj;
+                        const float acc = crow[jj] + trow[jj];
+                        (void)j;
+                        crow[jj] = ({ const float eqf_v3 = eqf_e2[j]; const float eqf_v4 = (acc + eqf_v3); const float eqf_v5 = eqf_relu(eqf_v4); eqf_v5; });
+                    }
+                } else if (first) {
+#pragma omp simd
+                    for (long jj = 0; jj < nr; jj++)
+                        crow[jj] = trow[jj];
+                } else {
+#pragma omp simd
+                    for (long jj = 0; jj < nr; jj++)
+                        crow[jj] += trow[jj];
+                }
+            }
+        }
+        /* whole rows in one NC block: the row epilogue on these MR rows while they are in L1 */
+        if (last && nc == N) {
+            const long eqf_r0 = ic + ir, eqf_r1 = ic + ir + mr;
+            (void)eqf_r0; (void)eqf_r1;
+        }
+    }
+}
+
+
+/* Rows [m0, m1) x columns [n0, n1) of batch b: C = epilogue(A @ B), in row chunks of MC and
+ * column panels of NCB. With `shared`, the nt threads of the enclosing parallel region call this
+ * together (same b and columns, each its own rows) and pack each B panel together: every thread
+ * must then take the same number of steps, hence `nchunks` (of MC rows) is given. */
+static void eqf_kinds_k1_contraction_gemm_block(const float* A, const float* B, float* C, long b, long m0, long m1, long nchunks, long MC,
+                           long n0, long n1, long NCB, float* restrict ap, float* restrict bp, int shared, int me,
+                           int nt, const float* restrict eqf_e2)
+{
+    const long K = eqf_kinds_k1_contraction_gemm_K, KC = eqf_kinds_k1_contraction_gemm_KC;
+    for (long pc = 0; pc < K; pc += KC) {
+        const long kc = K - pc < KC ? K - pc : KC;
+        for (long chunk = 0; chunk < nchunks; chunk++) {
+            /* A is packed once per (K slice, chunk of rows) and then serves every B panel */
+            const long ic = m0 + chunk * MC;
+            const long mc = ic >= m1 ? 0 : (m1 - ic < MC ? m1 - ic : MC);
+            eqf_kinds_k1_contraction_gemm_pack_a(A, ic, mc, pc, kc, ap);
+            for (long jc = n0; jc < n1; jc += NCB) {
+                const long nc = n1 - jc < NCB ? n1 - jc : NCB;
+                const long npanels = (nc + eqf_kinds_k1_contraction_gemm_NR - 1) / eqf_kinds_k1_contraction_gemm_NR;
+                /* with DIRECT_B only a partial last panel is packed, the others are read from B */
+                const long q0 = 1 ? nc / eqf_kinds_k1_contraction_gemm_NR : 0, q = npanels - q0;
+#if 0
+                /* the panels _prepack made once: nothing to pack, nothing to wait for */
+                const float* restrict panel = B + pc * eqf_kinds_k1_contraction_gemm_NPAD + jc * kc;
+                (void)q; (void)shared; (void)me; (void)nt;
+#else
+                const float* restrict panel = bp;
+                if (shared) {
+                    /* each thread packs its share of the panel once the last one is no longer read */
+#pragma omp barrier
+                    eqf_kinds_k1_contraction_gemm_pack_b(B, pc, kc, jc, (q0 + q * me / nt) * eqf_kinds_k1_contraction_gemm_NR,
+                                    (q0 + q * (me + 1) / nt) * eqf_kinds_k1_contraction_gemm_NR, nc, bp);
+#pragma omp barrier
+                } else {
+                    eqf_kinds_k1_contraction_gemm_pack_b(B, pc, kc, jc, q0 * eqf_kinds_k1_contraction_gemm_NR, npanels * eqf_kinds_k1_contraction_gemm_NR, nc, bp);
+                }
+#endif
+                if (mc > 0)
+                    eqf_kinds_k1_contraction_gemm_macro(ap, panel, B, C, b, ic, mc, jc, nc, pc, kc, eqf_e2);
+            }
+            /* the row epilogue (a row op over whole rows of C) on the rows just finished, when
+             * the macro kernel could not (rows wider than one NC block) */
+            if (pc + kc >= K && mc > 0 && eqf_kinds_k1_contraction_gemm_N > NCB) { /* rows split: [n0, n1) is all of N */
+                const long eqf_r0 = ic, eqf_r1 = ic + mc;
+                (void)eqf_r0; (void)eqf_r1;
+            }
+        }
+    }
+}
+
+/* How nt threads share one batch: 1 = each takes whole MR-row tiles and they pack every B panel
+ * together (barriers); 2 = each takes whole NR-column panels, packs its own B panels and all of
+ * A (no synchronisation). 0 fixes the choice (0: decide here, at run time).
+ * The rule: columns when every thread gets a column panel (panels >= nt) and either M <= N / 2,
+ * or M <= N and M <= 64 MR. With few rows B, the larger operand, dominates the traffic: split by
+ * columns it is read and packed once in total and each thread reads only its own share, with no
+ * barrier; split by rows each thread reads all of the packed B (half of it from the other core's
+ * cache) once per row chunk, with two barriers per panel, which also stall both threads whenever
+ * one is preempted. The price of the column split is A packed by every thread (M x K each): at
+ * M = N it was ahead up to 384 rows (2 threads, 1.00-1.03x) and behind from 512 (0.94-0.98x,
+ * 1024^3 0.94x), so larger M keeps the row split, as does M > N (300 x 512 x 128: 0.98x). */
+static int eqf_kinds_k1_contraction_gemm_split(int nt)
+{
+    const long M = eqf_kinds_k1_contraction_gemm_M, N = eqf_kinds_k1_contraction_gemm_N;
+    const long panels = (N + eqf_kinds_k1_contraction_gemm_NR - 1) / eqf_kinds_k1_contraction_gemm_NR;
+    if (0) return 0;
+    return nt > 1 && panels >= nt && (2 * M <= N || (M <= N && M <= 64 * eqf_kinds_k1_contraction_gemm_MR)) ? 2 : 1;
+}
+
+void eqf_kinds_k1_contraction_gemm(const float* A0, const float* B0, float* C0, const float* restrict eqf_e2)
+{
+    const long M = eqf_kinds_k1_contraction_gemm_M, N = eqf_kinds_k1_contraction_gemm_N, BATCH = 1;
+    const long KC = eqf_kinds_k1_contraction_gemm_KC, NC = eqf_kinds_k1_contraction_gemm_NC, MC = eqf_kinds_k1_contraction_gemm_MC;
+    const long NCP = (NC + eqf_kinds_k1_contraction_gemm_NR - 1) / eqf_kinds_k1_contraction_gemm_NR * eqf_kinds_k1_contraction_gemm_NR; /* NC padded to whole panels */
+    /* Enough batches: each thread computes whole batches, with no synchronisation at all.
+     * Otherwise the threads split the rows or the columns of each batch (see _split). */
+    const int by_batch = BATCH >= omp_get_max_threads() && BATCH > 1;
+    const int by_cols = !by_batch && eqf_kinds_k1_contraction_gemm_split(omp_get_max_threads()) == 2;
+    float* bp_shared = by_batch || by_cols || 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, KC * NCP);
+#pragma omp parallel
+    {
+        const int nt = omp_get_num_threads(), me = omp_get_thread_num();
+        long m0 = 0, m1 = M, rows = M, n0 = 0, n1 = N, ncb = NCP;
+        if (by_cols) { /* whole NR panels per thread, in equal column chunks of at most NC */
+            const long panels = (N + eqf_kinds_k1_contraction_gemm_NR - 1) / eqf_kinds_k1_contraction_gemm_NR;
+            n0 = panels * me / nt * eqf_kinds_k1_contraction_gemm_NR;
+            n1 = panels * (me + 1) / nt * eqf_kinds_k1_contraction_gemm_NR;
+            n1 = n1 < N ? n1 : N;
+            n0 = n0 < N ? n0 : N;
+            const long cols = (panels + nt - 1) / nt * eqf_kinds_k1_contraction_gemm_NR; /* the most columns any thread has */
+            const long ncs = (cols + NCP - 1) / NCP;
+            ncb = ((cols + ncs - 1) / ncs + eqf_kinds_k1_contraction_gemm_NR - 1) / eqf_kinds_k1_contraction_gemm_NR * eqf_kinds_k1_contraction_gemm_NR;
+        } else if (!by_batch) { /* whole MR tiles per thread */
+            const long tiles = (M + eqf_kinds_k1_contraction_gemm_MR - 1) / eqf_kinds_k1_contraction_gemm_MR;
+            m0 = tiles * me / nt * eqf_kinds_k1_contraction_gemm_MR;
+            m1 = tiles * (me + 1) / nt * eqf_kinds_k1_contraction_gemm_MR;
+            m1 = m1 < M ? m1 : M;
+            m0 = m0 < M ? m0 : M;
+            rows = (tiles + nt - 1) / nt * eqf_kinds_k1_contraction_gemm_MR; /* the most rows any thread has */
+        }
+        /* equal chunks of at most MC rows: a thin last chunk would repack all of B for a few rows */
+        const long nchunks = (rows + MC - 1) / MC;
+        const long mcb = ((rows + nchunks - 1) / nchunks + eqf_kinds_k1_contraction_gemm_MR - 1) / eqf_kinds_k1_contraction_gemm_MR * eqf_kinds_k1_contraction_gemm_MR;
+        float* ap = eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
+        float* bp = (by_batch || by_cols) && !0 ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb) : bp_shared;
+        for (long b = by_batch ? me : 0; b < BATCH; b += by_batch ? nt : 1)
+            eqf_kinds_k1_contraction_gemm_block(A0 + b * 0L, B0 + b * 0L, C0 + b * 0L,
+                           b, m0, m1, nchunks, mcb, n0, n1, ncb, ap, bp, !by_batch && !by_cols, me,
+                           nt, eqf_e2);
+    }
+}
+
+#if 0
+/* The panels the kernel reads in place of B: for each KC slice of K (the slice at pc starts at
+ * pc * NPAD), the NR-column panels of all of N, k-major, zero padded. */
+long eqf_kinds_k1_contraction_gemm_prepack_floats(void) { return eqf_kinds_k1_contraction_gemm_K * eqf_kinds_k1_contraction_gemm_NPAD; }
+
+void eqf_kinds_k1_contraction_gemm_prepack(const float* B, float* P)
+{
+    for (long pc = 0; pc < eqf_kinds_k1_contraction_gemm_K; pc += eqf_kinds_k1_contraction_gemm_KC) {
+        const long kc = eqf_kinds_k1_contraction_gemm_K - pc < eqf_kinds_k1_contraction_gemm_KC ? eqf_kinds_k1_contraction_gemm_K - pc : eqf_kinds_k1_contraction_gemm_KC;
+        eqf_kinds_k1_contraction_gemm_pack_b(B, pc, kc, 0, 0, eqf_kinds_k1_contraction_gemm_NPAD, eqf_kinds_k1_contraction_gemm_N, P + pc * eqf_kinds_k1_contraction_gemm_NPAD);
+    }
+}
+#endif
+
+/* eqf_kinds_k1_contraction: matmul fold batch=1 M=7 N=53 K=37 through eqf_kinds_k1_contraction_gemm (epilogue fused into its store).
+ * Batch dims that fold into one stride per operand are the GEMM's own batch; any others
+ * (1 groups) are walked here. */
+void eqf_kinds_k1_contraction(const float* restrict in0, const float* restrict in1, const float* restrict in2, float* restrict out)
+{
+    for (long g = 0; g < 1; g++) {
+        (void)g;
+        eqf_kinds_k1_contraction_gemm(in0, in1, out, in2);
+    }
+}

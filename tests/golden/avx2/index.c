@@ -1,0 +1,14 @@
+/* eqf_kinds_k7_index: gather over [5, 7]. An index kernel: it selects or moves elements. It returns
+ * how many indices were out of range (0 for a kernel that reads no indices). */
+long eqf_kinds_k7_index(const float* restrict in0, const int64_t* restrict in1, float* restrict out)
+{
+    long bad = 0;
+    for (long o = 0; o < 1; o++)
+        for (long k = 0; k < 5; k++) {
+            long j = (long)in1[k];
+            if (j < 0) j += 11;
+            if (j < 0 || j >= 11) { bad++; j = 0; }
+            memcpy(out + (o * 5 + k) * 7, in0 + (o * 11 + j) * 7, 7 * sizeof(*out));
+        }
+    return bad;
+}

@@ -1,0 +1,74 @@
+/* eqf_kinds_k0_pointwise: pointwise kernel over [7, 53].
+ * Outer dims x tiles of the inner dim are spread over threads in contiguous runs of tiles,
+ * schedule static: static for ordinary kernels (a thread keeps the same data, in its
+ * caches, from call to call), guided for streaming ones (their data is in no cache; the
+ * shrinking runs let one thread take over the work of another that the shared machine has
+ * descheduled). The inner loops are SIMD loops.
+ * STREAM (0): the output is far larger than the caches, so it is written with
+ * non-temporal stores (no read-for-ownership of the output, no eviction of the inputs). Tiles
+ * start on the output's 64-byte lines; a row's partial first and last lines [j0, jh) and
+ * [jt, j1) get ordinary stores, every whole line in [jh, jt) is computed as one 16-float
+ * vector and streamed, so no line is written both ways. */
+#define eqf_kinds_k0_pointwise_STREAM 0
+void eqf_kinds_k0_pointwise(const float* restrict in0, const float* restrict in1, float* restrict out)
+{
+    const long inner = 53, tile = 53, ntiles = 1;
+    #pragma omp parallel if (0)
+    {
+    #pragma omp for schedule(static) nowait
+    for (long t = 0; t < 7 * ntiles; t++) {
+        const long o = t / ntiles;
+        float* restrict dst = out + o * inner;
+#if eqf_kinds_k0_pointwise_STREAM
+        const long skew = (long)(((uintptr_t)dst & 63) / sizeof(float));
+        const long ts = (t % ntiles) * tile;
+        const long j0 = ts > skew ? ts - skew : 0;
+        const long j1 = eqf_minl(ts + tile - skew, inner);
+        const long jh = eqf_minl(j0 + ((-(j0 + skew)) & 15), j1);
+        const long jt = jh + (j1 - jh) / 16 * 16;
+#else
+        const long j0 = (t % ntiles) * tile;
+        const long j1 = eqf_minl(j0 + tile, inner);
+        const long jh = j1;
+#endif
+        const long off0 = (o) * 53;
+        #pragma omp simd
+        for (long j = j0; j < jh; j++) {
+            const float v0 = in0[off0 + j];
+            const float v2 = (v0 * 2.0f);
+            const float v3 = in1[j];
+            const float v4 = (v2 + v3);
+            const float v5 = eqf_relu(v4);
+            dst[j] = v5;
+        }
+#if eqf_kinds_k0_pointwise_STREAM
+        for (long jl = jh; jl < jt; jl += 16) {
+            float line[16] __attribute__((aligned(64)));
+            #pragma omp simd
+            for (int k = 0; k < 16; k++) {
+                const long j = jl + k;
+                const float v0 = in0[off0 + j];
+                const float v2 = (v0 * 2.0f);
+                const float v3 = in1[j];
+                const float v4 = (v2 + v3);
+                const float v5 = eqf_relu(v4);
+                line[k] = v5;
+            }
+            eqf_stream_line(dst + jl, line);
+        }
+        #pragma omp simd
+        for (long j = jt; j < j1; j++) {
+            const float v0 = in0[off0 + j];
+            const float v2 = (v0 * 2.0f);
+            const float v3 = in1[j];
+            const float v4 = (v2 + v3);
+            const float v5 = eqf_relu(v4);
+            dst[j] = v5;
+        }
+#endif
+    }
+#if eqf_kinds_k0_pointwise_STREAM
+    eqf_sfence(); /* each thread orders its own streaming stores before the closing barrier */
+#endif
+    }
+}
