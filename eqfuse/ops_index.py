@@ -112,15 +112,17 @@ def _gather_infer(ts, attrs):
     return TType(data.shape[:ax] + idx.shape + data.shape[ax + 1:])
 
 
-def _gather_np(a, at):
-    data, idx = a
-    ax = at["axis"] % data.ndim
-    idx = np.where(idx < 0, idx + data.shape[ax], idx)
-    return np.take(data, idx, axis=ax)
+def _taking(take):
+    """numpy of a gather: negative indices count from the end of the axis, as in ONNX."""
+    def run(a, at):
+        data, idx = a
+        ax = at["axis"] % data.ndim
+        return take(data, np.where(idx < 0, idx + data.shape[ax], idx), axis=ax)
+    return run
 
 
 _op(name="gather", kind="index", arity=(2, 2), infer=_gather_infer, dtype="gather",
-    attrs=(Attr("axis", "int", 0),), numpy=_gather_np)
+    attrs=(Attr("axis", "int", 0),), numpy=_taking(np.take))
 
 
 def _gather_el_infer(ts, attrs):
@@ -131,15 +133,8 @@ def _gather_el_infer(ts, attrs):
     return TType(idx.shape)
 
 
-def _gather_el_np(a, at):
-    data, idx = a
-    ax = at["axis"] % data.ndim
-    idx = np.where(idx < 0, idx + data.shape[ax], idx)
-    return np.take_along_axis(data, idx, axis=ax)
-
-
 _op(name="gather_elements", kind="index", arity=(2, 2), infer=_gather_el_infer, dtype="gather",
-    attrs=(Attr("axis", "int", 0),), numpy=_gather_el_np)
+    attrs=(Attr("axis", "int", 0),), numpy=_taking(np.take_along_axis))
 
 
 def _axis_same(ts, attrs):
