@@ -75,7 +75,13 @@ TOKEN_NAMES = {
 }
 
 
+LITERALS = {"TRUE", "FALSE", "INF", "NAN"}  # where a number may stand, these literals may too
+
+
 def describe_expected(expected) -> str:
+    expected = set(expected)
+    if "NUMBER" in expected:
+        expected -= LITERALS
     names = sorted({TOKEN_NAMES.get(e, f"'{e.lower()}'" if e.isupper() else e) for e in expected})
     if len(names) > 8:
         names = names[:8] + ["..."]
