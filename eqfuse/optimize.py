@@ -200,9 +200,13 @@ class Optimized:
 
 def optimize(src, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
              dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
-             node_limit: int | None = None, time_limit: float | None = None) -> Optimized:
-    """eqfuse.optimize: optimize every graph of a model (a .g path or source text), no C."""
+             node_limit: int | None = None, time_limit: float | None = None, check_rules: bool = True) -> Optimized:
+    """eqfuse.optimize: optimize every graph of a model (a .g path or source text), no C. User
+    rule files are checked for soundness first (RuleError; check_rules=False skips it)."""
     from .frontend import load
+    from .rulecheck import check_rule_files
+
+    check_rule_files(rules, enabled=check_rules)
 
     from .batch import optimize_graphs
 
