@@ -78,6 +78,12 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--report", choices=["text", "json"], default="text",
                    help="text: '#' lines after the graph; json: the report alone as one JSON object on stdout, "
                         "keyed by graph name when several graphs are processed (default: text)")
+    c.add_argument("--explain", action="store_true",
+                   help="after the report, say why each tensor passed between two kernels is stored (no rule "
+                        "joins them; the backend cannot lower the joined body, and which condition fails; the "
+                        "cost model chose to store it, with both choices' bytes and time; a limit stopped the "
+                        "search) and what each fused kernel saves (also the report's 'boundaries' and "
+                        "'fused_kernels' keys)")
     c.add_argument("--dot", metavar="OUT.dot",
                    help="also write the fused graph as Graphviz DOT to this file: one box per kernel, "
                         "edges are tensors (default: none)")

@@ -55,7 +55,12 @@ def cmd_opt(args) -> int:
     if not args.output:
         sys.stdout.write(text)
     print()
-    print("\n\n".join(report_text(r.report) for r in results))
+    if args.explain:
+        from .explain import explain_text
+
+        print("\n\n".join(report_text(r.report) + "\n" + explain_text(r.report) for r in results))
+    else:
+        print("\n\n".join(report_text(r.report) for r in results))
     return 0
 
 
