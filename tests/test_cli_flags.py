@@ -69,8 +69,10 @@ def test_disable_changes_what_lower_and_emit_produce(capsys, tmp_path, good):
     assert ": 4 kernels" in capsys.readouterr().out
 
 
-def test_a_bad_flag_value_is_a_usage_error(capsys):
+def test_a_bad_flag_value_is_a_usage_error(capsys, tmp_path):
     assert main(["lower", MLP, "--dim", "B=4", "--cost", "speed"]) == 2
-    assert main(["emit", MLP, "--dim", "B=4", "--disable", "no_such_rule"]) == 2
+    out = tmp_path / "c"
+    assert main(["emit", MLP, "--dim", "B=4", "-o", str(out), "--disable", "no_such_rule"]) == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'speed'" in err and "no rule named 'no_such_rule'" in err and "Traceback" not in err
+    assert not out.exists()  # refused before anything is written
