@@ -87,7 +87,7 @@ def _together(gs: list[Graph], dims, kw) -> list:
                    batch=f"optimized together with {len(gs) - 1} other small graphs (e-graph and time figures are the batch's)",
                    graph=graph_text(part))
         rep.update(explain(part, rep["cost"], gd, stop_reason=rep["stop_reason"], limit=rep["limit"],
-                           disabled=tuple(kw.get("disable", ()))))
+                           disabled=tuple(kw.get("disable", ())), ilp=rep["ilp"]))
         results.append(OptResult(part, rep))
     return results
 

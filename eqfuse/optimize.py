@@ -84,7 +84,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         st.stop_reason, st.limit_note = "time_limit", "time limit: no time for the fusion e-graph"
         one = stitch(cut, singletons(src), src0) if cut else singletons(src)
         return _report(graph, src0, one, one, "none (time limit)", "", None, st, recognition, stages, cost, dims, t0,
-                       disable)
+                       disable, lim.deadline)
     eg = EGraph(src, [r for r in rule_list if rule_phase(r) == FUSE], phase_of=rule_phase)
     st.skipped_rules.update(eg.skipped)
     stage("fusion e-graph load")
@@ -103,7 +103,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         out, greedy_g = stitch(cut, out, src0), stitch(cut, greedy_g, src0)
     stage("extraction")
     return _report(graph, src0, out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, cost, dims, t0,
-                   disable)
+                   disable, lim.deadline)
 
 
 def singletons(g: Graph) -> Graph:
@@ -127,7 +127,7 @@ def singletons(g: Graph) -> Graph:
 
 
 def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages, cost, dims, t0,
-            disable=()) -> OptResult:
+            disable=(), deadline=None) -> OptResult:
     from .explain import explain
 
     check(out)
@@ -164,7 +164,7 @@ def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages,
     }
     # why each tensor between two kernels is stored, and what each fused kernel saves (eqfuse.explain)
     report.update(explain(out, cost, dims, stop_reason=st.stop_reason, limit=st.limit_note or None,
-                          disabled=tuple(disable), p=p))
+                          disabled=tuple(disable), p=p, deadline=deadline, ilp=ilp))
     return OptResult(out, report)
 
 

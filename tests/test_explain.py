@@ -120,3 +120,22 @@ graph solo(x: f32[8, 8]) -> f32[8, 8] {
 def test_explain_takes_no_value(capsys, flag):
     assert main(["opt", MLP, flag]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_past_the_time_limit_boundaries_are_listed_unexamined():
+    from eqfuse.explain import explain
+
+    g = optimize_graph(load(MLP)[0], disable=["fuse_add_l"]).graph
+    full = explain(g)["boundaries"]
+    late = explain(g, deadline=0.0)["boundaries"]
+    assert [(b["tensor"], b["to"]) for b in late] == [(b["tensor"], b["to"]) for b in full]
+    assert all(b["reason"] == "limit" and b["detail"].startswith("not examined") for b in late)
+
+
+def test_a_join_missed_by_an_extraction_not_proven_optimal_is_not_blamed_on_the_rules():
+    from eqfuse.explain import explain
+
+    g = optimize_graph(load(MLP)[0], disable=["fuse_add_l"]).graph
+    b = by_edge(explain(g, ilp="time_limit"))[("k1", "h")]
+    assert b["reason"] == "limit" and "not proven optimal (ILP: time_limit)" in b["detail"]
+    assert by_edge(explain(g, ilp="optimal", disabled=["fuse_add_l"]))[("k1", "h")]["reason"] == "no_rule"
