@@ -103,3 +103,14 @@ def test_a_missing_or_broken_rule_file_is_one_error(capsys, cache, tmp_path):
     assert main(["opt", MLP, "--rules", str(broken)]) == 2
     err = capsys.readouterr().err
     assert "broken.rw:1:" in err and "Traceback" not in err
+
+
+def test_opt_in_a_subprocess_exits_2_without_a_traceback(tmp_path, bad):
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "EQFUSE_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "eqfuse.cli", "opt", MLP, "--rules", str(bad)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith(f"error: {bad}: refused: rule r is unsound") and "Traceback" not in r.stderr
