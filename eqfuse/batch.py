@@ -56,6 +56,7 @@ def optimize_graphs(graphs: Sequence[Graph], **kw) -> list:
 
 
 def _together(gs: list[Graph], dims, kw) -> list:
+    from .explain import explain
     from .optimize import OptResult, optimize_graph
 
     u = Graph("batch")
@@ -85,6 +86,8 @@ def _together(gs: list[Graph], dims, kw) -> list:
                    unbound_dims={d: C.DEFAULT_DIM for d in g.dims() if d not in gd},
                    batch=f"optimized together with {len(gs) - 1} other small graphs (e-graph and time figures are the batch's)",
                    graph=graph_text(part))
+        rep.update(explain(part, rep["cost"], gd, stop_reason=rep["stop_reason"], limit=rep["limit"],
+                           disabled=tuple(kw.get("disable", ())), ilp=rep["ilp"]))
         results.append(OptResult(part, rep))
     return results
 

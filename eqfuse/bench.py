@@ -86,8 +86,9 @@ PEERS = ("numpy", "torch", "torch.compile", "onnxruntime")  # numpy op by op is 
 
 
 def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = None, repeat: int = 20,
-                threads: Sequence[int] = (1, 2), peers: Sequence[str] = PEERS) -> str:
-    """The table `eqfuse bench` prints."""
+                threads: Sequence[int] = (1, 2), peers: Sequence[str] = PEERS, **opts) -> str:
+    """The table `eqfuse bench` prints; `opts` (cost=, rules=, disable=, check_rules=) go to the
+    fused compile."""
     from . import compile as eq_compile
     from .frontend import load
     from .reference import evaluate
@@ -103,7 +104,7 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     weights = model_weights(src)  # an .onnx model's initializers: bound, as compile binds them
     arrays = [weights.get(n, a) for (n, _), a in zip(g.params, random_inputs(g, dims))]
     runtime = [a for (n, _), a in zip(g.params, arrays) if n not in weights]
-    fused = eq_compile(src, dims=dims)
+    fused = eq_compile(src, dims=dims, **{"check_rules": False, **opts})
     unfused = eq_compile(src, dims=dims, fuse=False)
     f_fn, u_fn = getattr(fused, g.name), getattr(unfused, g.name)
     f_fn(*runtime)

@@ -59,6 +59,18 @@ def selected_graphs(args, one_graph: bool = False):
     return graphs, dims
 
 
+def optimizer_opts(args) -> dict:
+    """cost=, rules=, disable= from the shared options, after the user rule files were checked
+    for soundness (unless --no-check-rules): an unsound rule is a RuleError, exit status 2."""
+    from .rulecheck import check_rule_files
+
+    check_rule_files(args.rules, enabled=not args.no_check_rules)
+    from .optimize import _rules
+
+    _rules(tuple(args.rules), tuple(args.disable))  # a misspelt --disable fails before any output is written
+    return dict(cost=args.cost, rules=list(args.rules), disable=list(args.disable))
+
+
 def require_dims(graphs, dims: dict[str, int]) -> None:
     """Lowering needs sizes: every named dimension of the graphs processed must be bound."""
     for g in graphs:
@@ -102,6 +114,7 @@ def cmd_run(args) -> int:
     from .shapes import dtype_of_numpy
 
     (g,), dims = selected_graphs(args, one_graph=True)
+    opts = optimizer_opts(args)
     path = Path(args.inputs)
     if not path.exists():
         raise UsageError(f"{path}: no such file")
@@ -133,7 +146,7 @@ def cmd_run(args) -> int:
     else:
         from . import compile as eq_compile
 
-        mod = eq_compile(args.model, dims=dims or None)
+        mod = eq_compile(args.model, dims=dims or None, check_rules=False, **opts)
         res = getattr(mod, g.name)(**given)
         outs = list(res) if isinstance(res, tuple) else [res]
         if args.verify:

@@ -36,6 +36,16 @@ def _rule_options(c) -> None:
                    help="turn a rule off by name, see 'eqfuse rules' (repeatable)")
 
 
+def _optimizer_options(c) -> None:
+    """What every command that optimizes takes: opt, run, emit, lower, bench."""
+    c.add_argument("--cost", choices=["memory", "launches", "time"], default="memory", help=COST_HELP)
+    _rule_options(c)
+    c.add_argument("--no-check-rules", action="store_true",
+                   help="use the --rules files without first checking each rule's soundness on random "
+                        "inputs (default: check, as 'eqfuse check-rules' does, once per file content; "
+                        "an unsound rule is refused, exit status 2)")
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = ArgParser(prog="eqfuse", description="A fusion compiler for tensor graphs on the CPU.",
                   epilog="Exit status: 0 success, 1 a check failed (verification, an unsound rule), "
@@ -54,8 +64,7 @@ def make_parser() -> argparse.ArgumentParser:
         return c
 
     c = model_cmd("opt", "optimize: print the fused graph and a report")
-    c.add_argument("--cost", choices=["memory", "launches", "time"], default="memory", help=COST_HELP)
-    _rule_options(c)
+    _optimizer_options(c)
     c.add_argument("--iter-limit", type=int, default=None, metavar="N",
                    help="stop saturating after N rounds of rule application (default: 30)")
     c.add_argument("--node-limit", type=int, default=None, metavar="N",
@@ -69,6 +78,12 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--report", choices=["text", "json"], default="text",
                    help="text: '#' lines after the graph; json: the report alone as one JSON object on stdout, "
                         "keyed by graph name when several graphs are processed (default: text)")
+    c.add_argument("--explain", action="store_true",
+                   help="after the report, say why each tensor passed between two kernels is stored (no rule "
+                        "joins them; the backend cannot lower the joined body, and which condition fails; the "
+                        "cost model chose to store it, with both choices' bytes and time; a limit stopped the "
+                        "search) and what each fused kernel saves (also the report's 'boundaries' and "
+                        "'fused_kernels' keys)")
     c.add_argument("--dot", metavar="OUT.dot",
                    help="also write the fused graph as Graphviz DOT to this file: one box per kernel, "
                         "edges are tensors (default: none)")
@@ -76,6 +91,7 @@ def make_parser() -> argparse.ArgumentParser:
     model_cmd("check", "parse and shape-check; print each graph's signature")
 
     c = model_cmd("run", "run a model on inputs from an .npz file", one_graph=True)
+    _optimizer_options(c)
     c.add_argument("--inputs", required=True, metavar="IN.npz",
                    help="an .npz archive (numpy.savez) holding one float32 array per parameter, "
                         "named like the parameter (required)")
@@ -86,14 +102,17 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--reference", action="store_true", help="run the numpy reference only (no C)")
 
     c = model_cmd("emit", "write the generated C sources")
+    _optimizer_options(c)
     c.add_argument("-o", "--output", metavar="DIR", default=EMIT_DIR,
                    help=f"directory for GRAPH.c and GRAPH.cdef.h, created if needed (default: ./{EMIT_DIR})")
 
     c = model_cmd("lower", "print every kernel's plan: tiles, cache constraints, thread rule")
+    _optimizer_options(c)
     c.add_argument("--uops", action="store_true",
                    help="print the tile-level micro-op schedule the C runs, with a total uop count")
 
     c = model_cmd("bench", "numpy op by op vs compiled unfused vs compiled fused", one_graph=True)
+    _optimizer_options(c)
     c.add_argument("--repeat", type=int, default=20, metavar="N",
                    help="timed calls per cell after 2 warm-up calls; a cell is their median (default: 20)")
     c.add_argument("--threads", type=int, action="append", metavar="N",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .cli import UsageError, require_dims, selected_graphs
+from .cli import UsageError, optimizer_opts, require_dims, selected_graphs
 from .errors import EqfuseError
 
 
@@ -19,13 +19,14 @@ def cmd_emit(args) -> int:
     from .emit import emit_graph
 
     graphs, dims = _bound_graphs(args)
+    opts = optimizer_opts(args)
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise EqfuseError(f"{out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
     for g in graphs:
         gd = {k: v for k, v in dims.items() if k in g.dims()}
-        opt, _ = optimize(g, dims=gd)
+        opt, _ = optimize(g, dims=gd, **opts)
         _, _, plans = lower(opt, gd)
         emitted = emit_graph(plans)
         path = out / f"{g.name}.c"
@@ -39,7 +40,8 @@ def cmd_lower(args) -> int:
     from .compiler import uops_text
 
     graphs, dims = _bound_graphs(args)
-    print(uops_text(args.model, dims=dims, graph=args.graph, uops=args.uops))
+    opts = optimizer_opts(args)
+    print(uops_text(args.model, dims=dims, graph=args.graph, uops=args.uops, **opts))
     return 0
 
 
@@ -51,7 +53,9 @@ def cmd_bench(args) -> int:
         raise UsageError("--threads and --repeat must be positive")
     peers = _peer_list(args.peers)
     (g,), dims = _bound_graphs(args, one_graph=True)
-    print(bench_model(args.model, dims=dims, graph=g.name, repeat=args.repeat, threads=threads, peers=peers))
+    opts = optimizer_opts(args)
+    print(bench_model(args.model, dims=dims, graph=g.name, repeat=args.repeat, threads=threads, peers=peers,
+                      **opts))
     return 0
 
 

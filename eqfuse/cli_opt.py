@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .cli import UsageError, selected_graphs
+from .cli import UsageError, optimizer_opts, selected_graphs
 from .errors import EqfuseError
 
 
@@ -23,11 +23,11 @@ def cmd_opt(args) -> int:
     from .fold import fold_params
 
     graphs, dims = selected_graphs(args)
+    opts = optimizer_opts(args)  # user rules checked first
     weights = model_weights(args.model)  # an .onnx model's initializers are bound, as compile binds them
     folded = [fold_params(g, {k: v for k, v in weights.items() if k in dict(g.params)}) for g in graphs]
     graphs = [f.graph for f in folded]
-    opts = dict(cost=args.cost, rules=args.rules, disable=args.disable, iter_limit=args.iter_limit,
-                node_limit=args.node_limit, time_limit=args.time_limit)
+    opts.update(iter_limit=args.iter_limit, node_limit=args.node_limit, time_limit=args.time_limit)
     if len(graphs) == 1:  # one graph: the progress line follows its saturation
         with progress.step(f"optimizing {graphs[0].name}") as line:
             results = [optimize_graph(graphs[0], dims={k: v for k, v in dims.items() if k in graphs[0].dims()},
@@ -55,7 +55,12 @@ def cmd_opt(args) -> int:
     if not args.output:
         sys.stdout.write(text)
     print()
-    print("\n\n".join(report_text(r.report) for r in results))
+    if args.explain:
+        from .explain import explain_text
+
+        print("\n\n".join(report_text(r.report) + "\n" + explain_text(r.report) for r in results))
+    else:
+        print("\n\n".join(report_text(r.report) for r in results))
     return 0
 
 

@@ -24,8 +24,12 @@ from .reference import bind_arrays
 
 def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
             dims: Mapping[str, int] | None = None, params: Mapping[str, np.ndarray] | None = None,
-            threads: int | None = None, verify: bool = False, fuse: bool | str = True) -> Module:
+            threads: int | None = None, verify: bool = False, fuse: bool | str = True,
+            check_rules: bool = True) -> Module:
     """Compile every graph of a model to C kernels; see SPEC section 4.
+
+    User rule files (rules=) are first checked for soundness on random inputs, once per file
+    content (eqfuse.rulecheck): an unsound rule raises RuleError; check_rules=False skips it.
 
     fuse=True runs the optimizer; fuse="manual" keeps the graph as written (hand-written kernel
     blocks are kernels, every other op its own kernel); fuse=False compiles every op as its own
@@ -35,6 +39,10 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         raise ArgumentError(f"fuse= expects True, False or \"manual\", got {fuse!r}")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ArgumentError(f"threads= expects a positive integer, got {threads!r}")
+    if fuse is True:
+        from .rulecheck import check_rule_files
+
+        check_rule_files(rules, enabled=check_rules)
     graphs = load(src)
     params = {**_onnx_weights(src), **(params or {})}
     _check_param_names(graphs, params)

@@ -63,5 +63,9 @@ class CheckFailed(EqfuseError):
     exit_status = 1
 
 
+class RuleError(EqfuseError):
+    """A user rule file was refused: a rule is unsound or cannot be tested (exit status 2)."""
+
+
 class ArgumentError(EqfuseError, TypeError):
     """A compiled or reference function was called with the wrong arrays."""

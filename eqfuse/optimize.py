@@ -83,7 +83,8 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     if lim.left() < fusion_seconds(src):  # the best so far: every op its own kernel
         st.stop_reason, st.limit_note = "time_limit", "time limit: no time for the fusion e-graph"
         one = stitch(cut, singletons(src), src0) if cut else singletons(src)
-        return _report(graph, src0, one, one, "none (time limit)", "", None, st, recognition, stages, cost, dims, t0)
+        return _report(graph, src0, one, one, "none (time limit)", "", None, st, recognition, stages, cost, dims, t0,
+                       disable, lim.deadline)
     eg = EGraph(src, [r for r in rule_list if rule_phase(r) == FUSE], phase_of=rule_phase)
     st.skipped_rules.update(eg.skipped)
     stage("fusion e-graph load")
@@ -101,7 +102,8 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     if cut:
         out, greedy_g = stitch(cut, out, src0), stitch(cut, greedy_g, src0)
     stage("extraction")
-    return _report(graph, src0, out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, cost, dims, t0)
+    return _report(graph, src0, out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, cost, dims, t0,
+                   disable, lim.deadline)
 
 
 def singletons(g: Graph) -> Graph:
@@ -124,7 +126,10 @@ def singletons(g: Graph) -> Graph:
     return Graph(g.name, nodes, list(g.inputs), list(g.outputs), g.pos)
 
 
-def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages, cost, dims, t0) -> OptResult:
+def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages, cost, dims, t0,
+            disable=(), deadline=None) -> OptResult:
+    from .explain import explain
+
     check(out)
     before, after = C.graph_kernels(src0, dims), C.graph_kernels(out, dims)
     greedy = C.graph_kernels(greedy_g, dims)
@@ -157,6 +162,9 @@ def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages,
         "stage_seconds": stages,  # where the time went
         "graph": text,
     }
+    # why each tensor between two kernels is stored, and what each fused kernel saves (eqfuse.explain)
+    report.update(explain(out, cost, dims, stop_reason=st.stop_reason, limit=st.limit_note or None,
+                          disabled=tuple(disable), p=p, deadline=deadline, ilp=ilp))
     return OptResult(out, report)
 
 
@@ -200,9 +208,13 @@ class Optimized:
 
 def optimize(src, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
              dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
-             node_limit: int | None = None, time_limit: float | None = None) -> Optimized:
-    """eqfuse.optimize: optimize every graph of a model (a .g path or source text), no C."""
+             node_limit: int | None = None, time_limit: float | None = None, check_rules: bool = True) -> Optimized:
+    """eqfuse.optimize: optimize every graph of a model (a .g path or source text), no C. User
+    rule files are checked for soundness first (RuleError; check_rules=False skips it)."""
     from .frontend import load
+    from .rulecheck import check_rule_files
+
+    check_rule_files(rules, enabled=check_rules)
 
     from .batch import optimize_graphs
 

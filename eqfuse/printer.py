@@ -48,6 +48,7 @@ class _Printer:
         self.users = graph.users()
         self.taken = taken
         self.names = dict(names)  # node id -> the name it is printed as
+        self.used = set(self.names.values())  # those names, for a test in O(1) (a 20,000-node graph)
         self.lines: list[str] = []
         self.depth: dict[int, int] = {}
         self.counter = 0
@@ -110,7 +111,7 @@ class _Printer:
                 continue
             if i in self.g.outputs and n.name is None and self.users[i] == 1:
                 continue
-            name = n.name if n.name is not None and n.name not in self.names.values() else None
+            name = n.name if n.name is not None and n.name not in self.used else None
             name = name or self.fresh("k" if n.op == "kernel" else "t")
             if n.op == "kernel":
                 text = kernel_text(n, self.names, self.taken, indent)
@@ -118,6 +119,7 @@ class _Printer:
                 text = self.expr(i)[0]
             self.lines.append(f"{indent}{name} = {text}")
             self.names[i] = name
+            self.used.add(name)
 
 
 def kernel_text(n: Node, outer_names: dict[int, str], taken: set[str], indent: str | None) -> str:
