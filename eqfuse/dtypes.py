@@ -47,6 +47,7 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
     where    a bool condition, then two operands of one dtype
     gather   the data's dtype; indices i64 or i32 (the second operand)
     cast     the attribute to=
+    dtype_attr  the attribute dtype= (range)
     index    i64 (argmax)
     """
     if rule == "float":
@@ -77,4 +78,6 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
         return attrs["to"]
     if rule == "index":
         return "i64"
+    if rule == "dtype_attr":
+        return attrs["dtype"]
     raise ValueError(f"unknown dtype rule {rule}")

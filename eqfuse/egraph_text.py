@@ -173,7 +173,9 @@ def _heavy_rules(concat_arities) -> list[str]:
             pat = f"({s_ctor(op.name, n)} {' '.join(xs + attrs)})"
             facts = " ".join(f"(= {h} (hv {x}))" for h, x in zip(hs, xs))
             total = f"(+ {w} {' '.join(hs)})" if n else str(w)
-            if n == 1:
+            if n == 0:  # an op without inputs (range)
+                total = str(w)
+            elif n == 1:
                 total = f"(+ {w} {hs[0]})"
             elif n > 2:
                 total = str(w)

@@ -55,7 +55,7 @@ def emit_index(plan: KernelPlan) -> str:
     params, ptrs = _params(plan)
     ins = [ptrs[a] for a in an.args]
     xs = [tuple(body.nodes[a].type.shape) for a in an.args]
-    xts = [C_TYPE[body.nodes[a].type.dtype] for a in an.args]
+    xts = [C_TYPE[body.nodes[a].type.dtype] for a in an.args] or [C_TYPE[an.type.dtype]]
     lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0])
     return render("index.c", NAME=plan.name, OP=an.op, SPACE=list(plan.out_shape), PARAMS=params,
                   BODY="\n".join("    " + ln for ln in lines))
@@ -122,6 +122,11 @@ def _argmax(an: Node, ins, xs, out, ct):
             "    }"]
 
 
+def _range(an: Node, ins, xs, out, ct):
+    return [f"for (long n = 0; n < {out[0]}; n++)",
+            f"    out[n] = {an.attr['start']} + n * {an.attr['step']};"]
+
+
 def _tri(an: Node, ins, xs, out, ct):
     R, C = out[-2], out[-1]
     keep = "c - r <= k" if an.op == "tril" else "c - r >= k"
@@ -177,5 +182,5 @@ def _pool(an: Node, ins, xs, out, ct):
             "        }"]
 
 
-BUILDERS = {"gather": _gather, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
+BUILDERS = {"range": _range, "gather": _gather, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
             "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool}

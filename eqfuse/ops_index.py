@@ -171,6 +171,22 @@ _op(name="argmax", kind="index", arity=(1, 1), infer=_argmax_infer, dtype="index
     numpy=lambda a, at: np.argmax(a[0], axis=at["axis"], keepdims=at["keepdims"]))
 
 
+def _range_infer(ts, attrs):
+    if attrs["step"] == 0:
+        raise ShapeError("range step must not be 0")
+    n = len(range(attrs["start"], attrs["stop"], attrs["step"]))
+    if n <= 0:
+        raise ShapeError(f"range({attrs['start']}, {attrs['stop']}, {attrs['step']}) is empty")
+    return TType((n,))
+
+
+# range: position ids and the like, computed by a kernel with no inputs
+_op(name="range", kind="index", arity=(0, 0), infer=_range_infer, dtype="dtype_attr",
+    attrs=(Attr("start", "int", 0), Attr("stop", "int"), Attr("step", "int", 1),
+           Attr("dtype", "str", "i64", choices=("i64", "i32", "f32"))),
+    numpy=lambda a, at: np.arange(at["start"], at["stop"], at["step"]).astype(NUMPY_DTYPE[at["dtype"]]))
+
+
 def _tri_np(fn):
     return lambda a, at: fn(a[0], k=at["k"])
 

@@ -155,6 +155,7 @@ TORCH: dict[str, Callable] = {
     "gather_elements": lambda t, a, at: t.gather(a[0], at["axis"], t.where(a[1] < 0, a[1] + a[0].shape[at["axis"]], a[1])),
     "cumsum": _cumsum,
     "argmax": lambda t, a, at: t.argmax(a[0], dim=at["axis"], keepdim=at["keepdims"]),
+    "range": lambda t, a, at: t.arange(at["start"], at["stop"], at["step"], dtype=getattr(t, NUMPY_DTYPE[at["dtype"]])),
     "tril": lambda t, a, at: t.tril(a[0], at["k"]),
     "triu": lambda t, a, at: t.triu(a[0], at["k"]),
     "pad": lambda t, a, at: t.nn.functional.pad(a[0], _torch_pads(at["pads"], a[0].ndim), value=at["value"]),

@@ -192,6 +192,7 @@ OP_SEMANTICS = {
                         lambda x, i: np.array([[x[r, int(k)] for k in i[r]] for r in range(3)])),
     "cumsum": ("x: f32[3, 4]", "cumsum(x, axis=1)", lambda x: np.stack([x[:, :k + 1].sum(1) for k in range(4)], 1)),
     "argmax": ("x: f32[3, 4]", 'cast(argmax(x, axis=1), to="f32")', lambda x: np.array([list(r).index(max(r)) for r in x])),
+    "range": ("x: f32[1]", 'cast(range(start=1, stop=9, step=2), to="f32") + x', lambda x: np.array([1, 3, 5, 7]) + x),
     "tril": ("x: f32[4, 4]", "tril(x)", lambda x: np.array([[x[r, c] if c <= r else 0 for c in range(4)] for r in range(4)])),
     "triu": ("x: f32[4, 4]", "triu(x, k=1)", lambda x: np.array([[x[r, c] if c > r else 0 for c in range(4)] for r in range(4)])),
     "pad": ("x: f32[2, 3]", "pad(x, pads=[1, 0, 0, 2], value=7)", lambda x: np.vstack([np.full((1, 5), 7.0), np.hstack([x, np.full((2, 2), 7.0)])])),

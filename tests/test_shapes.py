@@ -127,6 +127,7 @@ CASES = {
     "cumsum": [(["B, 5"], "axis=1"), (["i64: 3, 4"], "axis=0, exclusive=true"), (["6"], "axis=0, reverse=true")],
     "argmax": [(["B, 5"], "axis=1"), (["3, 4"], "axis=0, keepdims=true"), (["6"], "")],
     "tril": [(["4, 4"], ""), (["B, 3, 5"], "k=1")],
+    "range": [([], "stop=5"), ([], 'start=2, stop=11, step=3, dtype="f32"'), ([], "start=4, stop=-4, step=-3")],
     "triu": [(["4, 4"], ""), (["2, 3, 5"], "k=-1")],
     "pad": [(["B, 3"], "pads=[0, 1, 0, 2]"), (["2, 3"], "pads=[1, 1, 1, 1], value=-1")],
     "max_pool2d": [(["1, 2, 8, 8"], "kernel_size=2"), (["B, 2, 7, 7"], "kernel_size=3, stride=2, padding=1")],

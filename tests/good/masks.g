@@ -29,3 +29,7 @@ graph activations(x: f32[2, 3, 8, 8]) -> f32[2, 3, 4, 4] {
 graph reduce_more(x: f32[4, 6], i: i64[4, 6]) -> (f32[4], f32[4], i64[4, 6], f32[1, 24]) {
     return min(x, axis=1), prod(x, axis=1), gather_elements(i, clip(i, min=0, max=5), axis=1), flatten(squeeze(unsqueeze(x, axis=0), axis=0), axis=0)
 }
+
+graph positions(x: f32[2, 6, 4]) -> f32[2, 6, 4] {
+    return x + cast(unsqueeze(range(stop=6), axis=1), to="f32") + unsqueeze(range(start=1, stop=13, step=3, dtype="f32"), axis=0)
+}
