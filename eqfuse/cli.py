@@ -56,7 +56,17 @@ def selected_graphs(args, one_graph: bool = False):
         graphs = [pick_graph(graphs, args.graph)]
     dims = parse_dims(args.dim)
     check_dim_names(graphs, dims, args.model)
+    check_dim_sizes(graphs, dims)
     return graphs, dims
+
+
+def check_dim_sizes(graphs, dims: dict[str, int]) -> None:
+    from .graph import oversized
+
+    for g in graphs:
+        why = oversized(g, dims)
+        if why:
+            raise UsageError(f"--dim {why}")
 
 
 def require_dims(graphs, dims: dict[str, int]) -> None:
