@@ -57,12 +57,14 @@ static inline float eqf_exp(float x)
  * in tests/test_kernels_c.py, over [-120, 120] and the special values): relative < 1e-6. */
 static inline float eqf_expf(float x)
 {
-    /* the exp op over its full range: inf above 88.72, 0 below -87.33 (a subnormal result);
-     * 2^k as 2^(k/2) * 2^(k - k/2), as k reaches 128 */
+    /* the exp op over its full range: inf above 88.72, subnormal results down to -103.97, 0
+     * below. 2^k as 2^(k/2) * 2^(k - k/2): both halves are normal for -150 <= k <= 128, y * 2^(k/2)
+     * is exact and the second product rounds once, into the subnormals when k < -126 (the same
+     * two multiplies as for k near 128: no extra work on the common path) */
     int32_t k;
-    const float y = eqf_exp_parts(x < -87.33f ? -87.33f : (x > 88.7228394f ? 88.7228394f : x), &k);
+    const float y = eqf_exp_parts(x < -103.98f ? -103.98f : (x > 88.7228394f ? 88.7228394f : x), &k);
     const float e = y * eqf_pow2i(k / 2) * eqf_pow2i(k - k / 2);
-    return x > 88.7228394f ? INFINITY : (x < -87.33f ? 0.0f : e);
+    return x > 88.7228394f ? INFINITY : (x < -103.98f ? 0.0f : e);
 }
 
 static inline float eqf_tanhf(float x)
@@ -101,7 +103,19 @@ static inline float eqf_sigmoid(float x)
     const float e = eqf_expf(-fabsf(x));  /* never overflows: sigmoid(-x) = e / (1 + e) keeps its digits */
     return (x < 0.0f ? e : 1.0f) / (1.0f + e);
 }
-static inline float eqf_silu(float x) { return x * eqf_sigmoid(x); }
+/* x sigmoid(x) = x / (1 + e) for x >= 0, x e / (1 + e) for x < 0 (e = e^-|x|). For x < 0 the
+ * product x y / (1 + e) is formed before the scale 2^k of e = y 2^k is applied, so a subnormal
+ * result (x below -87) rounds once instead of carrying x times a subnormal's rounding error */
+static inline float eqf_silu(float x)
+{
+    int32_t k;
+    const float a = -fabsf(x);
+    const float y = eqf_exp_parts(a < -120.0f ? -120.0f : a, &k);
+    const float s1 = eqf_pow2i(k / 2), s2 = eqf_pow2i(k - k / 2);  /* k >= -174: both normal */
+    const float q = (x < 0.0f ? x * y : x) / (1.0f + y * s1 * s2);  /* one division */
+    const float neg = x < -120.0f ? x * 0.0f : q * s1 * s2;  /* -0, and NaN at -inf as numpy */
+    return x < 0.0f ? neg : q;
+}
 /* clip(alpha x + beta, 0, 1); NaN passes through (both comparisons are false) */
 static inline float eqf_hard_sigmoid(float x, float alpha, float beta)
 {

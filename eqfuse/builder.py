@@ -28,13 +28,23 @@ def build_type(t: S.TypeAst) -> TType:
     for d in dims:
         if isinstance(d, int) and d <= 0:
             raise EqfuseError(f"dimension {d} must be positive", t.pos)
-    size = math.prod(d for d in dims if isinstance(d, int))
-    if size > MAX_ELEMENTS:  # beyond any memory; sizes and costs would overflow 64-bit integers
-        raise EqfuseError(f"a tensor of {size} elements is too large (at most 2^40 elements)", t.pos)
-    return TType(tuple(dims), t.dtype)
+    return check_size(TType(tuple(dims), t.dtype), t.pos)
 
 
-MAX_ELEMENTS = 1 << 40
+from .graph import MAX_ELEMENTS  # noqa: E402
+
+MAX_RANK = 64  # numpy's own limit (NPY_MAXDIMS)
+
+
+def check_size(t: TType, pos: Pos | None) -> TType:
+    """A type beyond any memory or numpy's rank limit is refused where it appears (sizes and costs
+    would overflow 64-bit integers, and a named dim costed as 64 makes 300 of them overflow floats)."""
+    if len(t.shape) > MAX_RANK:
+        raise EqfuseError(f"a tensor of rank {len(t.shape)} has too many dimensions (at most {MAX_RANK}, as numpy)", pos)
+    size = math.prod(d for d in t.shape if isinstance(d, int))
+    if size > MAX_ELEMENTS:
+        raise EqfuseError(f"a tensor of {size} elements is too large (at most 2^40 elements)", pos)
+    return t
 
 
 class GraphBuilder:
@@ -83,6 +93,7 @@ class GraphBuilder:
             op, attrs = canonical(op, types, attrs)
         except ShapeError as e:
             raise EqfuseError(str(e), pos) from None
+        check_size(t, pos)
         node = Node(op, tuple(args), tuple(attrs.items()), pos=pos)
         return self.graph.add(Node(op, node.args, node.attrs, t, pos=pos))
 

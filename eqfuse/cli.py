@@ -56,6 +56,7 @@ def selected_graphs(args, one_graph: bool = False):
         graphs = [pick_graph(graphs, args.graph)]
     dims = parse_dims(args.dim)
     check_dim_names(graphs, dims, args.model)
+    check_dim_sizes(graphs, dims)
     return graphs, dims
 
 
@@ -69,6 +70,15 @@ def optimizer_opts(args) -> dict:
 
     _rules(tuple(args.rules), tuple(args.disable))  # a misspelt --disable fails before any output is written
     return dict(cost=args.cost, rules=list(args.rules), disable=list(args.disable))
+
+
+def check_dim_sizes(graphs, dims: dict[str, int]) -> None:
+    from .graph import oversized
+
+    for g in graphs:
+        why = oversized(g, dims)
+        if why:
+            raise UsageError(f"--dim {why}")
 
 
 def require_dims(graphs, dims: dict[str, int]) -> None:

@@ -23,15 +23,21 @@ def cmd_emit(args) -> int:
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise EqfuseError(f"{out} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EqfuseError(f"{out}: cannot create the output directory ({e.strerror or e})") from None
     for g in graphs:
         gd = {k: v for k, v in dims.items() if k in g.dims()}
         opt, _ = optimize(g, dims=gd, **opts)
         _, _, plans = lower(opt, gd)
         emitted = emit_graph(plans)
         path = out / f"{g.name}.c"
-        path.write_text(emitted.source)
-        (out / f"{g.name}.cdef.h").write_text(emitted.cdef + "\n")
+        for p, text in ((path, emitted.source), (out / f"{g.name}.cdef.h", emitted.cdef + "\n")):
+            try:
+                p.write_text(text)
+            except OSError as e:
+                raise EqfuseError(f"{p}: cannot write ({e.strerror or e})") from None
         print(f"{path}: {len(emitted.kernel_sources)} kernels ({', '.join(emitted.kernel_sources)})")
     return 0
 

@@ -15,7 +15,7 @@ from . import progress
 from .errors import ArgumentError, EqfuseError
 from .fold import Folded, fold_params
 from .frontend import load
-from .graph import Graph, bind_dims
+from .graph import Graph, bind_dims, oversized
 from .lower import format_uops, lower_graph
 from .module import Compiled, GraphFunction, Kernel, Module
 from .printer import kernel_text, module_text
@@ -112,6 +112,10 @@ def _check_dims(graphs: list[Graph], dims: Mapping[str, int] | None) -> None:
                                 f"(its named dimensions: {', '.join(names) or 'none'})")
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
             raise ArgumentError(f"dims=: '{k}' expects a positive integer, got {v!r}")
+    for g in graphs:
+        why = oversized(g, {k: int(v) for k, v in (dims or {}).items()})
+        if why:
+            raise ArgumentError(f"dims=: {why}")
 
 
 def _bind_params(g: Graph, params: Mapping[str, np.ndarray], dims: dict[str, int]) -> dict[str, int]:

@@ -130,3 +130,22 @@ def retype(graph: Graph, input_types: list[TType]) -> Graph:
 def bind_dims(graph: Graph, dims: Mapping[str, int]) -> Graph:
     """Substitute named dimensions by numbers and infer every type again."""
     return retype(graph, [t.bind(dims) for _, t in graph.params])
+
+
+MAX_ELEMENTS = 1 << 40  # the builder's limit on one tensor (eqfuse.builder.check_size)
+
+
+def oversized(graph: Graph, dims: Mapping[str, int]) -> str | None:
+    """Why binding `dims` makes some tensor of the graph too large (None when none is): the
+    bindings it names, the tensor and its size. Sizes and costs would overflow 64-bit integers."""
+    for _, _, n in graph.walk():
+        names = [d for d in n.type.shape if isinstance(d, str)]
+        if not names or any(d not in dims for d in names):
+            continue
+        size = n.type.bind(dims).size()
+        if size > MAX_ELEMENTS:
+            given = ", ".join(f"{d}={dims[d]}" for d in dict.fromkeys(names))
+            what = f"'{n.name}'" if n.name else f"the result of {n.op}"
+            return (f"{given} make {what} ({n.type}) a tensor of {size} elements, "
+                    f"too large (at most 2^40 elements)")
+    return None

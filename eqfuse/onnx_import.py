@@ -30,6 +30,7 @@ import numpy as np
 
 from .errors import EqfuseError, ShapeError
 from .graph import Graph, Node
+from .onnx_checks import check_dims, check_size, tensor_array
 from .ops import OPS, complete_attrs
 from .shapes import NUMPY_DTYPE, Dim, TType, dim_product, dtype_of_numpy
 
@@ -141,7 +142,7 @@ class _Importer:
 
     def run(self) -> Imported:
         g = self.model.graph
-        inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+        inits = {t.name: tensor_array(t, f"initializer '{t.name}'") for t in g.initializer}
         for name, arr in inits.items():
             self.env[name] = arr
             if arr.dtype.kind == "f":
@@ -210,6 +211,7 @@ class _Importer:
             else:
                 name = sanitize(d.dim_param) if d.dim_param else f"{sanitize(vi.name)}_{axis}"
                 shape.append(self.dims.get(d.dim_param, self.dims.get(name, name)))
+        check_dims(shape, f"input '{vi.name}'")
         return self.add_input(vi.name, TType(tuple(shape), dtype))
 
     def add_input(self, onnx_name: str, t: TType) -> int:
@@ -295,6 +297,8 @@ class _Importer:
         """A constant integer input (shape, axes, bounds), as a list."""
         if not self.is_const(v):
             raise Unsupported(f"non-constant input {what}")
+        if np.asarray(v).dtype.kind not in "iu":
+            raise ValueError(f"input {what} must be integers (int64), not {np.asarray(v).dtype}")
         return [int(x) for x in np.asarray(v).reshape(-1)]
 
     def data(self, v, name: str | None = None) -> int:
@@ -337,6 +341,10 @@ class _Importer:
         spec = OPS[name]
         full = complete_attrs(spec, attrs)
         t = spec.infer([self.graph.nodes[a].type for a in args], full)
+        try:
+            check_size(t, None)
+        except EqfuseError as e:
+            raise ValueError(e.message) from None
         return self.graph.add(Node(name, tuple(args), tuple(full.items()), t))
 
     def const(self, v: float) -> int:
@@ -472,7 +480,7 @@ def _identity(imp, ins, at):
 @handles("Constant", attrs=("value", "value_float", "value_floats", "value_int", "value_ints"))
 def _constant(imp, ins, at):
     if "value" in at:
-        return numpy_helper.to_array(at["value"])
+        return tensor_array(at["value"], f"the value of Constant '{imp.node.name or imp.node.output[0]}'")
     if "value_float" in at:
         return np.asarray(at["value_float"], F32)
     if "value_floats" in at:

@@ -501,7 +501,6 @@ def test_transcendental_accuracy(transcendental_results, op):
     with np.errstate(all="ignore"):
         true = TRANSCENDENTAL[op](x.astype(np.float64))
     g = got[op].astype(np.float64)
-    # above 1e-30: silu(-89.7) ~ 1e-37 is x times a subnormal sigmoid, which flushes to 0
     normal = np.isfinite(true) & (np.abs(true) > 1e-30) & (np.abs(true) < 3e38)
     rel = np.abs(g[normal] - true[normal]) / np.abs(true[normal])
     big = np.abs(true[normal]) > 1e-6
@@ -509,3 +508,34 @@ def test_transcendental_accuracy(transcendental_results, op):
     assert rel.max() < 1e-4, (op, float(rel.max()), float(x[normal][np.argmax(rel)]))
     special = ~normal & ~(np.isfinite(true) & (np.abs(true) >= 3e38))
     np.testing.assert_allclose(g[special], true[special].astype(np.float32), rtol=0, atol=1e-30)
+
+
+SUBNORMAL = {"exp(x)": np.exp, "sigmoid(x)": TRANSCENDENTAL["sigmoid(x)"], "silu(x)": TRANSCENDENTAL["silu(x)"]}
+
+
+@pytest.fixture(scope="module")
+def subnormal_results():
+    x = np.concatenate([np.linspace(-112, -86, 26001), [-87.33, -87.34, -103.9, -103.97, -103.98, -104.0, -108.6,
+                                                        -120.0, -121.0, -1e30, -np.inf]]).astype(np.float32)
+    src = (f"graph t(x: f32[{x.size}]) -> ({', '.join([f'f32[{x.size}]'] * 3)}) {{\n"
+           + "\n".join(f"    o{i} = kernel {{ {o} }}" for i, o in enumerate(SUBNORMAL))
+           + "\n    return o0, o1, o2\n}")
+    return x, dict(zip(SUBNORMAL, eqfuse.compile(src, fuse="manual")(x)))
+
+
+@pytest.mark.parametrize("op", list(SUBNORMAL))
+def test_subnormal_results_are_not_flushed(subnormal_results, op):
+    """exp, sigmoid and silu of x in [-112, -86], where the results fall into float32's subnormals
+    (below 2^-126 ~ 1.2e-38) and then to 0: within 2 units of the last place (the subnormals' unit
+    is 2^-149) of the float32 rounding of the true value, never 0 where it is not."""
+    x, got = subnormal_results
+    with np.errstate(all="ignore"):
+        true = SUBNORMAL[op](x.astype(np.float64))
+    want = true.astype(np.float32)
+    g = got[op]
+    finite = np.isfinite(x)
+    ulps = np.abs(g.view(np.int32).astype(np.int64) - want.view(np.int32))[finite]
+    assert ulps.max() <= 2, (op, int(ulps.max()), float(x[finite][np.argmax(ulps)]))
+    assert not np.any((g == 0) & (want != 0)), (op, x[(g == 0) & (want != 0)][:5])
+    assert np.any((want != 0) & (np.abs(want) < 2.0 ** -126)), "the range must reach the subnormals"
+    np.testing.assert_array_equal(g[~finite], want[~finite])
