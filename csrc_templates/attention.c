@@ -163,11 +163,13 @@ void {{NAME}}({{PARAMS}})
             for (int u = 0; u < 16; u++)
                 lsum += l[ii][u];
             const float inv = 1.0f / lsum;
-            /* ZERO_NAN ({{ZERO_NAN}}): probabilities that are NaN (a NaN score, a row fully
-             * masked with -inf) are 0, as where(isnan(p), 0, p) before the product with V */
-            const int zero = {{ZERO_NAN}} && !(lsum > 0.0f && lsum <= 3.4028235e38f);
+            /* A row whose softmax is NaN in numpy: a NaN score, or every key masked with -inf
+             * (the max stays -inf; the portable exp2 gives 2^-126, not 0, for -inf, so the sum
+             * alone would not show it). ZERO_NAN ({{ZERO_NAN}}): such a row is 0, as
+             * where(isnan(p), 0, p) before the product with V; otherwise it is NaN. */
+            const int dead = !(lsum > 0.0f && lsum <= 3.4028235e38f) || m[ii] == -INFINITY;
             for (long e = 0; e < DV; e++) {
-                const float v = zero ? 0.0f : acc[ii][e] * inv;
+                const float v = dead ? ({{ZERO_NAN}} ? 0.0f : NAN) : acc[ii][e] * inv;
 {{EPI_BODY}}
                 out[({{OUT_OFF}}) + i * {{OR}} + e * {{OC}}] = {{EPI}};
             }

@@ -119,3 +119,18 @@ def test_inf_and_nan_are_literals_that_print_and_parse_back():
 
     g = load_text("graph g(m: bool[2], x: f32[2]) -> f32[2] {\n    return where(m, x, -inf) + nan * 0\n}\n")[0]
     assert "-inf" in graph_text(g) and graph_text(load_text(graph_text(g))[0]) == graph_text(g)
+
+
+@pytest.mark.parametrize("S, D", [(8, 16), (128, 64)])  # the portable path, and the AVX-512 one
+def test_a_fully_masked_attention_row_is_nan_as_in_numpy_without_the_guard(S, D):
+    src = (f"graph a(q: f32[1, {S}, {D}], k: f32[1, {S}, {D}], v: f32[1, {S}, {D}], m: bool[1, {S}, {S}]) "
+           f"-> f32[1, {S}, {D}] {{\n    return softmax(where(m, q @ transpose(k, perm=[0, 2, 1]), -inf)) @ v\n}}\n")
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((1, S, D)).astype(np.float32) for _ in range(3))
+    m = rng.random((1, S, S)) < 0.6
+    m[0, 3] = False
+    mod = eqfuse.compile(src)
+    assert [kk.kind for kk in mod.kernels] == ["attention"]
+    got, want = mod(q, k, v, m), eqfuse.reference(src)(q, k, v, m)
+    assert np.isnan(want[0, 3]).all() and np.isnan(got[0, 3]).all()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)

@@ -163,11 +163,13 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
             for (int u = 0; u < 16; u++)
                 lsum += l[ii][u];
             const float inv = 1.0f / lsum;
-            /* ZERO_NAN (0): probabilities that are NaN (a NaN score, a row fully
-             * masked with -inf) are 0, as where(isnan(p), 0, p) before the product with V */
-            const int zero = 0 && !(lsum > 0.0f && lsum <= 3.4028235e38f);
+            /* A row whose softmax is NaN in numpy: a NaN score, or every key masked with -inf
+             * (the max stays -inf; the portable exp2 gives 2^-126, not 0, for -inf, so the sum
+             * alone would not show it). ZERO_NAN (0): such a row is 0, as
+             * where(isnan(p), 0, p) before the product with V; otherwise it is NaN. */
+            const int dead = !(lsum > 0.0f && lsum <= 3.4028235e38f) || m[ii] == -INFINITY;
             for (long e = 0; e < DV; e++) {
-                const float v = zero ? 0.0f : acc[ii][e] * inv;
+                const float v = dead ? (0 ? 0.0f : NAN) : acc[ii][e] * inv;
 
                 out[((b) * 760) + i * 40 + e * 1] = v;
             }
