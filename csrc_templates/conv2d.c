@@ -13,7 +13,7 @@ void {{NAME}}({{PARAMS}})
     float* colbuf = (float*)malloc(sizeof(float) * {{N}} * K * P);
     if (!colbuf)
         abort();
-    #pragma omp parallel for collapse(2) schedule(static)
+    #pragma omp parallel for collapse(2) schedule(static) if ({{PARALLEL}})
     for (long n = 0; n < {{N}}; n++)
         for (long c = 0; c < C; c++)
             for (long kh = 0; kh < KH; kh++)
