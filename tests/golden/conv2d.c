@@ -384,9 +384,9 @@ void eqf_kinds_k8_conv2d(const float* restrict in0, const float* restrict in1, f
 #if 0
     const float* col = in0;  /* 1x1, stride 1, no padding: the image already is the column matrix */
 #else
-    float* colbuf = (float*)malloc(sizeof(float) * 2 * K * P);
-    if (!colbuf)
-        abort();
+    /* the column matrix, in the calling thread's scratch (kept between calls: a fresh malloc of
+     * this size is a fresh mmap, page faults on every call) */
+    float* colbuf = eqf_scratch(EQF_SCRATCH_CONV_COL, 2 * K * P);
     #pragma omp parallel for collapse(2) schedule(static) if (0)
     for (long n = 0; n < 2; n++)
         for (long c = 0; c < C; c++)
@@ -405,7 +405,4 @@ void eqf_kinds_k8_conv2d(const float* restrict in0, const float* restrict in1, f
     const float* col = colbuf;
 #endif
     eqf_kinds_k8_conv2d_gemm(in1, col, out);
-#if !0
-    free(colbuf);
-#endif
 }
