@@ -160,3 +160,15 @@ def test_small_gemms_open_no_parallel_region_and_the_plan_says_so(machine_model)
             assert f"collapse(2) schedule(static) if ({int(par)})" in k.c_source
         seen.add(par)
     assert seen == {True, False}  # `deep` is large enough to split; the others are not
+
+
+@pytest.mark.parametrize("seq, parallel", [(16, False), (128, True)])
+def test_attention_opens_a_parallel_region_only_for_enough_work(seq, parallel):
+    src = f"""graph at(q: f32[2, {seq}, 32], k: f32[2, {seq}, 32], v: f32[2, {seq}, 32]) {{
+        return kernel {{ softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.2) @ v }}
+    }}"""
+    mod = eqfuse.compile(src, fuse="manual")
+    (p,) = mod.at.last.plans
+    assert p.kind == "attention" and p.detail["parallel"] is parallel
+    assert f"#pragma omp parallel if ({int(parallel)})" in mod.kernels[0].c_source
+    assert p.detail["threads"].startswith("one thread") is not parallel
