@@ -53,17 +53,16 @@ class MemoryPlan:
     """Where each tensor of one compiled graph lives (see the module's docstring)."""
 
     root: dict[int, tuple[str, int]]  # kg node -> ("in", slot) | ("out", k) | ("arena", offset)
+    inputs: int  # graph inputs, the first slots of `in`
     consts: list[int]  # top-level const nodes, in their `in` slots after the graph inputs
-    prepacks: list[tuple[int, int]]  # (plan index, graph input position of its bound B), slots after the consts
-    copies: dict[int, tuple[str, int]]  # output k made in Python: ("in", input position) | ("const", i) | ("out", j)
+    prepacks: list[tuple[int, int]]  # (kernel step, graph input position of its bound B), slots after the consts
+    copies: dict[int, tuple[str, int]]  # output k made in Python: ("in", input position) | ("const", node) | ("out", j)
     arena_bytes: int
     lifetimes: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # arena node -> (bytes, first, last step)
 
     @property
     def slots(self) -> int:
-        return len(self.root_inputs) + len(self.consts) + len(self.prepacks)
-
-    root_inputs: list[int] = field(default_factory=list)
+        return self.inputs + len(self.consts) + len(self.prepacks)
 
 
 def _nbytes(kg: Graph, i: int) -> int:
@@ -126,7 +125,7 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
     for n, r in src.items():
         root[n] = (("in", ins[r]) if r in ins else ("in", cslot[r]) if r in cslot
                    else ("out", owner[r]) if r in owner else ("arena", offsets[r]))
-    return MemoryPlan(root, consts, prepacks, copies, arena, lifetimes, list(kg.inputs))
+    return MemoryPlan(root, len(kg.inputs), consts, prepacks, copies, arena, lifetimes)
 
 
 def run_name(graph: str) -> str:
