@@ -186,7 +186,7 @@ static inline void eqf_softmax2_row(float* restrict s, long n, float* restrict m
  * run one after another); thread-local, so concurrent callers (cffi releases the GIL) and the
  * threads of a parallel region never share one. Never freed: one buffer per slot and thread,
  * the size of the largest use. */
-enum { EQF_SCRATCH_GEMM_A, EQF_SCRATCH_GEMM_B, EQF_SCRATCH_ATTENTION_KT, EQF_SCRATCH_SLOTS };
+enum { EQF_SCRATCH_GEMM_A, EQF_SCRATCH_GEMM_B, EQF_SCRATCH_ATTENTION_KT, EQF_SCRATCH_CONV_COL, EQF_SCRATCH_SLOTS };
 __attribute__((unused)) static float* eqf_scratch(int slot, long floats)
 {
     static _Thread_local float* buf[EQF_SCRATCH_SLOTS];

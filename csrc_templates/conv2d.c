@@ -10,10 +10,10 @@ void {{NAME}}({{PARAMS}})
 #if {{DIRECT}}
     const float* col = {{X}};  /* 1x1, stride 1, no padding: the image already is the column matrix */
 #else
-    float* colbuf = (float*)malloc(sizeof(float) * {{N}} * K * P);
-    if (!colbuf)
-        abort();
-    #pragma omp parallel for collapse(2) schedule(static)
+    /* the column matrix, in the calling thread's scratch (kept between calls: a fresh malloc of
+     * this size is a fresh mmap, page faults on every call) */
+    float* colbuf = eqf_scratch(EQF_SCRATCH_CONV_COL, {{N}} * K * P);
+    #pragma omp parallel for collapse(2) schedule(static) if ({{PARALLEL}})
     for (long n = 0; n < {{N}}; n++)
         for (long c = 0; c < C; c++)
             for (long kh = 0; kh < KH; kh++)
@@ -31,7 +31,4 @@ void {{NAME}}({{PARAMS}})
     const float* col = colbuf;
 #endif
     {{GEMM}}({{ARGS}});
-#if !{{DIRECT}}
-    free(colbuf);
-#endif
 }

@@ -161,14 +161,19 @@ def _builder(fuse: bool, params: frozenset[str] = frozenset()):
         from .cbuild import build as build_c
         from .emit import emit_graph
 
+        from .runtime import emit_run, plan_memory
+
         bound, kg, plans = lower(g, dims, fuse, params)
         emitted = emit_graph(plans)
+        memory = plan_memory(kg, plans)
         lib = ffi = None
         if emitted.kernel_sources:
+            # one entry point for the whole graph: every kernel is called from C (eqfuse.runtime)
+            run_c, run_cdef = emit_run(kg, plans, memory)
             with progress.step(f"compiling {len(emitted.kernel_sources)} kernels of {g.name}"):
-                built = build_c(emitted.source, emitted.cdef, f"eqf_{g.name}")
+                built = build_c(emitted.source + "\n" + run_c, emitted.cdef + "\n" + run_cdef, f"eqf_{g.name}")
             lib, ffi = built.lib, built.ffi
-        return Compiled(bound, kg, plans, lib, ffi, kernel_infos(kg, plans, emitted.kernel_sources))
+        return Compiled(bound, kg, plans, lib, ffi, kernel_infos(kg, plans, emitted.kernel_sources), memory)
     return build
 
 

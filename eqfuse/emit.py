@@ -393,7 +393,7 @@ def emit_attention(plan: KernelPlan) -> str:
     vec = int(bk % 64 == 0 and bq % 4 == 0 and Dv % 16 == 0 and vs[nb + 1] == 1)
     return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=_size(batch), SQ=Sq, SK=Sk, D=D, DV=Dv,
                   BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=vec, ZERO_NAN=int(body.nodes[sm].attr["zero_nan"]),
-                  PARALLEL=int(_size(batch) * Sq > 1),
+                  PARALLEL=int(plan.detail["parallel"]),
                   Q=Q, QOFF=offset("b", batch, qs[:nb]), QR=qs[nb], QC=qs[nb + 1],
                   K=K, KSRC=offset("kb", [batch[i] for i in kdims], [ks[i] for i in kdims]),
                   KBI=offset("b", batch, kb_index), KD=ks[nb], KJ=ks[nb + 1],

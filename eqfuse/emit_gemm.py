@@ -78,7 +78,7 @@ def _gemm_args(plan: KernelPlan, extras) -> dict:
     """emit_gemm's arguments that come from the plan: its tiles and decisions."""
     t, g = plan.tiles, plan.detail["gemm"]
     return dict(blocking=(t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]), split=g["split"], direct_b=g["direct_b"],
-                extras=[(_ct(plan.body, i), pn) for i, pn in extras])
+                parallel=plan.detail["parallel"], extras=[(_ct(plan.body, i), pn) for i, pn in extras])
 
 
 def emit_contraction(plan: KernelPlan) -> str:
@@ -165,7 +165,7 @@ def emit_conv2d(plan: KernelPlan) -> str:
     args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
     wrapper = render("conv2d.c", NAME=plan.name, PARAMS=params, X=ptrs[cv.args[0]],
                      N=N, C=C, H=H, W=W, O=O, KH=KH, KW=KW, OH=OH, OW=OW, SH=sh, SW=sw, PH=ph, PW=pw,
-                     DIRECT=int(direct), GEMM=gname, ARGS=", ".join(args))
+                     DIRECT=int(direct), GEMM=gname, ARGS=", ".join(args), PARALLEL=int(plan.detail["parallel"]))
     return src + "\n" + wrapper
 
 

@@ -24,7 +24,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
               b_transposed: bool = False, epilogue: str = "acc", extras: Sequence[tuple[str, str]] = (),
               blocking: tuple[int, int, int, int, int] | None = None,
               split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "",
-              prepacked_b: bool = False, a_transposed: bool = False) -> tuple[str, str]:
+              prepacked_b: bool = False, a_transposed: bool = False,
+              parallel: bool = True) -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
@@ -41,6 +42,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     B panel. A row epilogue makes the threads split batches or rows, never columns
     (one thread must own whole rows).
     `a_transposed`: A is given as its transpose, K x M (row stride lda), packed to the same panels.
+    `parallel`: whether the GEMM opens a parallel region (the plan's detail["parallel"],
+    lower_gemm.parallel; False runs it on the calling thread).
     `prepacked_b`: the B argument is the panels made once by `NAME_prepack(B, P)` (P of
     `NAME_prepack_floats()` floats, both in the cdef), for a B bound by params= and shared by
     every batch (b_batch_stride 0).
@@ -72,7 +75,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
                                                     else direct_b and not b_transposed),
                  PREPACKED_B=int(prepacked_b), A_TRANSPOSED=int(a_transposed),
                  A_LAYOUT="given transposed (K x M)" if a_transposed else "M x K",
-                 EXTRA_PARAMS=extra_params, ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
+                 EXTRA_PARAMS=extra_params, PARALLEL=int(parallel), ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
                  EXTRA_ARGS="".join(", " + n for _, n in extras))
     cdef = f"void {name}(const float* A, const float* B, float* C{''.join(f', const {t}* {n}' for t, n in extras)});"
     if prepacked_b:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from .errors import EqfuseError
 from .graph import Graph, Node
 from .kernels import SUPPORTED, Unsupported, classify
-from .lower_gemm import plan_contraction, row_epilogue_fits  # noqa: F401  (extract asks)
+from .lower_gemm import PARALLEL_MIN_FMAS, plan_contraction, row_epilogue_fits  # noqa: F401  (extract asks)
 from .machine import Machine
 from .ops import OPS, reduce_axes
 from .plan import F32, KernelPlan, Split, UOp, not_ancestors, ops_text, pointwise_flops, size
@@ -275,6 +275,13 @@ def _plan_attention(plan: KernelPlan, c: Caches) -> None:
     plan.tiles = {"bq": bq, "bk": bk}
     plan.detail = {"batch": batch, "Sq": Sq, "Sk": Sk, "D": D, "Dv": Dv}
     plan.flops = batch * (2 * Sq * Sk * D + 2 * Sq * Sk * Dv + 6 * Sq * Sk)
+    # its two products as one GEMM's multiply-adds: a parallel region only above the GEMMs' bar
+    fmas, nqb_ = batch * Sq * Sk * (D + Dv), -(-Sq // bq)
+    plan.detail["parallel"] = batch * Sq > 1 and fmas >= PARALLEL_MIN_FMAS
+    plan.detail["threads"] = (f"the {batch} x {nqb_} (batch, {bq}-query block) tasks split evenly among the threads"
+                              if plan.detail["parallel"] else
+                              f"one thread, no parallel region ({fmas} multiply-adds < {PARALLEL_MIN_FMAS}, "
+                              "lower_gemm.PARALLEL_MIN_FMAS)")
     held = "q block, k tile, score tile, accumulators" if kt_l1 else \
         f"q block, score tile, accumulators; the {D * bk * F32} B k tile streams from L2"
     plan.cache_check = (f"tile working set ({held}) {ws} B <= L1 {c.l1} B: "

@@ -14,6 +14,16 @@ from .ops import OPS
 from .plan import F32, KernelPlan, Split, UOp, not_ancestors, ops_text, pointwise_flops, size
 
 DIRECT_MAX_TILES = 32  # B read in place up to this many MR-row tiles (see `direct`)
+# Below this many multiply-adds per call (M x N x K x batch) a GEMM or conv runs on the calling
+# thread with no parallel region (the pointwise and row kernels' PARALLEL_MIN rule, for GEMMs):
+# 2^18 FMAs take ~10 us on one core; a fork/join costs ~2 us on quiet cores and up to
+# milliseconds when another process holds the other core (issue 12).
+PARALLEL_MIN_FMAS = 1 << 18
+
+
+def parallel(M: int, N: int, K: int, batch: int) -> bool:
+    """Whether a GEMM of batch x M x N x K opens a parallel region (PARALLEL_MIN_FMAS)."""
+    return M * N * K * batch >= PARALLEL_MIN_FMAS
 
 
 def cdiv(a: int, b: int) -> int:
@@ -63,8 +73,12 @@ def direct(M: int, b_transposed: bool, mr: int) -> bool:
     return not b_transposed and cdiv(M, mr) <= DIRECT_MAX_TILES
 
 
-def thread_rule(M: int, N: int, batch: int, mr: int, nr: int, rows_only: bool) -> str:
+def thread_rule(M: int, N: int, batch: int, mr: int, nr: int, rows_only: bool, par: bool = True,
+                K: int = 0) -> str:
     """How the C (csrc_templates/gemm.c, `_split`) shares one call among its threads."""
+    if not par:
+        return (f"one thread, no parallel region ({batch * M * N * K} multiply-adds < "
+                f"{PARALLEL_MIN_FMAS}, lower_gemm.PARALLEL_MIN_FMAS)")
     by_batch = f"whole batches per thread when 1 < threads <= {batch}; else " if batch > 1 else ""
     cols = not rows_only and (2 * M <= N or (M <= N and M <= 64 * mr))
     by_cols = f"whole {nr}-column panels per thread when 1 < threads <= {cdiv(N, nr)}; else " if cols else ""
@@ -135,7 +149,9 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
     plan.cache_check = "; ".join(f"{text}: {'ok' if ok else 'NO'}" for text, ok in gemm_checks(t, m))
     row = _plan_row_epilogue(plan, m, Nn) if plan.kind == "contraction_row" else None
     g["split"] = "rows" if row is not None else "auto"
-    plan.detail["threads"] = thread_rule(gM, Nn, g["batch"], mr, nr, rows_only=row is not None)
+    plan.detail["parallel"] = parallel(gM, Nn, K, g["batch"])  # per GEMM call: each opens its own region
+    plan.detail["threads"] = thread_rule(gM, Nn, g["batch"], mr, nr, rows_only=row is not None,
+                                         par=plan.detail["parallel"], K=K)
     skip = {a} | set(mm.args) | ({mm.args[1]} if bt else set())
     if row is not None:
         skip |= not_ancestors(body, body.nodes[row].args[0])

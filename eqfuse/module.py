@@ -7,7 +7,6 @@ A graph with named dimensions is compiled once per binding of them (at compile t
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -18,11 +17,8 @@ from .errors import ArgumentError, CheckFailed
 from .graph import Graph
 from .lower import KernelPlan
 from .reference import bind_arrays, evaluate
-from .shapes import C_TYPE, NUMPY_DTYPE
+from .runtime import MemoryPlan, Runner, plan_memory
 from .verify import compare
-
-
-_POOL_ONLY = 3  # references to a pooled buffer held by the pool itself, a local and getrefcount
 
 
 @dataclass(frozen=True)
@@ -48,79 +44,20 @@ def env_threads() -> int | None:
 
 
 class Compiled:
-    """One graph at one binding of its dimensions: plans, the C library and the call sequence."""
+    """One graph at one binding of its dimensions: plans, the C library and its run function
+    (eqfuse.runtime: every kernel called from C, intermediates in one statically planned arena)."""
 
-    def __init__(self, graph: Graph, kgraph: Graph, plans: list[KernelPlan], lib, ffi, kernels: list[Kernel]):
+    def __init__(self, graph: Graph, kgraph: Graph, plans: list[KernelPlan], lib, ffi, kernels: list[Kernel],
+                 memory: MemoryPlan | None = None):
         self.graph, self.kgraph, self.plans, self.lib, self.ffi = graph, kgraph, plans, lib, ffi
         self.kernels = kernels
-        self.steps: list[Callable[[list, dict], None]] = [self._step(p) for p in plans]
-        self._local = threading.local()  # per-thread buffer pool: concurrent calls never share one
-
-    def _step(self, p: KernelPlan):
-        args, node, shape = p.args, p.node, p.out_shape
-        if p.kind == "view":
-            def view(bufs, pool):
-                bufs[node] = bufs[args[0]].reshape(shape)
-            return view
-        fn = getattr(self.lib, p.name)
-        cast = self.ffi.cast
-        getrefcount = sys.getrefcount
-        pre = p.detail.get("prepack")
-        packed: list = []  # (the bound B array, its panels), made on the first call
-
-        def panels(b: np.ndarray) -> np.ndarray:
-            # A B bound by params= is the same array at every call: pack it once (kept with the
-            # array it came from, and redone should a different array ever arrive).
-            if not packed or packed[0][0] is not b:
-                P = np.empty(getattr(self.lib, pre["floats"])(), dtype=np.float32)
-                getattr(self.lib, pre["fn"])(cast("float *", b.ctypes.data), cast("float *", P.ctypes.data))
-                packed[:] = [(b, P)]
-            return packed[0][1]
-
-        # each argument's C pointer type, from the kernel's dtypes (float*, int64_t*, _Bool*)
-        in_ctypes = [C_TYPE[p.body.nodes[i].type.dtype] + " *" for i in p.body.inputs]
-        out_dtype = p.body.nodes[p.body.outputs[0]].type.dtype
-        out_ctype, out_np = C_TYPE[out_dtype] + " *", NUMPY_DTYPE[out_dtype]
-        checked = p.detail.get("op") if p.kind == "index" else None
-
-        def run(bufs, pool):
-            # Reuse last call's buffer when nobody else holds it (a fresh one costs page faults).
-            out = pool.get(node)
-            if out is None or getrefcount(out) > _POOL_ONLY:
-                out = pool[node] = np.empty(shape, dtype=out_np)
-            ins = [bufs[a] for a in args]
-            if pre:
-                ins[pre["arg"]] = panels(ins[pre["arg"]])
-            bad = fn(*[cast(ct, a.ctypes.data) for ct, a in zip(in_ctypes, ins)], cast(out_ctype, out.ctypes.data))
-            if bad:  # an index kernel met indices outside the axis it reads
-                raise ArgumentError(f"{bad} index value(s) out of range in {checked} (kernel {p.name})")
-            bufs[node] = out
-        return run
+        self.memory = memory if memory is not None else plan_memory(kgraph, plans)
+        self.runner = Runner(kgraph, plans, self.memory, lib, ffi)
 
     def run(self, arrays: list[np.ndarray], threads: int | None) -> list[np.ndarray]:
-        kg = self.kgraph
-        bufs: list[Any] = [None] * len(kg.nodes)
-        for i, a in zip(kg.inputs, arrays):
-            bufs[i] = np.ascontiguousarray(a, dtype=NUMPY_DTYPE[kg.nodes[i].type.dtype])
-        for i, n in enumerate(kg.nodes):
-            if n.op == "const":
-                bufs[i] = np.array(n.value, dtype=np.float32)
-        if threads is not None and self.lib is not None:
-            self.lib.eqf_set_threads(threads)
-        pool = self._local.__dict__.setdefault("pool", {})
-        for step in self.steps:
-            step(bufs, pool)
-        # Never hand back memory of a caller's array (an output may be a view of an input, and
-        # a.base names only the owner of the memory, not the array it was viewed from) nor one
-        # buffer twice.
-        outs: list[np.ndarray] = []
-        theirs = [bufs[i] for i in kg.inputs]
-        for o in kg.outputs:
-            a = bufs[o]
-            if kg.nodes[o].op == "const" or any(np.shares_memory(a, b) for b in theirs + outs):
-                a = a.copy()
-            outs.append(a)
-        return outs
+        """The graph's outputs for its inputs (in the kernelized graph's input order): one C call.
+        No output shares memory with an input or another output (eqfuse.runtime)."""
+        return self.runner(arrays, threads)
 
 
 class GraphFunction:

@@ -143,3 +143,32 @@ def test_k_is_cut_into_equal_slices(K, slices):
 
     t = gemm_tiles(64, 512, K, MODELS["zen4"])
     assert -(-K // t["kc"]) == slices and t["kc"] * slices - K < slices
+
+
+def test_small_gemms_open_no_parallel_region_and_the_plan_says_so(machine_model):
+    """GEMMs and convs below lower_gemm.PARALLEL_MIN_FMAS run on the calling thread: the plan's
+    detail["parallel"] is the `if` of the C's parallel regions, and its thread rule says so."""
+    mod = eqfuse.compile(GEMMS, fuse="manual")
+    plans = {p.name: p for p in mod.gemms.last.plans}
+    seen = set()
+    for k in mod.kernels:
+        p = plans[k.name]
+        par = p.detail["parallel"]
+        assert f"#pragma omp parallel if ({int(par)})" in k.c_source, k.name
+        assert p.detail["threads"].startswith("one thread, no parallel region") == (not par), k.name
+        if k.kind == "conv2d":
+            assert f"collapse(2) schedule(static) if ({int(par)})" in k.c_source
+        seen.add(par)
+    assert seen == {True, False}  # `deep` is large enough to split; the others are not
+
+
+@pytest.mark.parametrize("seq, parallel", [(16, False), (128, True)])
+def test_attention_opens_a_parallel_region_only_for_enough_work(seq, parallel):
+    src = f"""graph at(q: f32[2, {seq}, 32], k: f32[2, {seq}, 32], v: f32[2, {seq}, 32]) {{
+        return kernel {{ softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.2) @ v }}
+    }}"""
+    mod = eqfuse.compile(src, fuse="manual")
+    (p,) = mod.at.last.plans
+    assert p.kind == "attention" and p.detail["parallel"] is parallel
+    assert f"#pragma omp parallel if ({int(parallel)})" in mod.kernels[0].c_source
+    assert p.detail["threads"].startswith("one thread") is not parallel

@@ -1,0 +1,120 @@
+"""The whole-graph runtime (eqfuse.runtime): one C call per graph call, a static memory plan
+whose buffers never overlap while both are alive, and calls from several threads at once."""
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import eqfuse
+from eqfuse.errors import ArgumentError
+
+MLP3 = "examples/mlp3.g"
+
+# A chain with a branch, a view and two outputs, one of them returned twice: intermediates of
+# several sizes and lifetimes.
+CHAIN = """
+graph chain(x: f32[B, 64], w1: f32[64, 96], w2: f32[96, 64], w3: f32[64, 32]) {
+    h = relu(x @ w1)
+    g = tanh(h @ w2) + x
+    r = reshape(g, shape=[-1, 8, 8])
+    s = softmax(g @ w3)
+    return s, r, s
+}
+"""
+
+
+def arr(*shape, seed=0):
+    return np.random.default_rng(seed + len(shape)).standard_normal(shape).astype(np.float32)
+
+
+def chain_args(B, seed=0):
+    return [arr(B, 64, seed=seed), arr(64, 96, seed=seed + 1) * 0.2, arr(96, 64, seed=seed + 2) * 0.2,
+            arr(64, 32, seed=seed + 3)]
+
+
+def library_calls(fn, *args):
+    """The calls made from Python into compiled eqfuse libraries while fn(*args) runs."""
+    calls = []
+
+    def prof(frame, event, arg):
+        if event == "c_call" and str(getattr(arg, "__module__", "")).startswith("_eqf_"):
+            calls.append(arg.__name__)
+
+    sys.setprofile(prof)
+    try:
+        fn(*args)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_a_multi_kernel_graph_is_one_c_call_per_call():
+    mod = eqfuse.compile(MLP3, dims={"B": 8}, threads=2)
+    assert len([k for k in mod.kernels if k.kind != "view"]) == 3
+    args = [arr(8, 784), arr(784, 512), arr(512), arr(512, 256), arr(256), arr(256, 10), arr(10)]
+    for _ in range(3):
+        assert library_calls(mod, *args) == ["eqf_mlp3_run"]
+
+
+def test_the_arena_shares_memory_only_between_buffers_never_alive_together():
+    mod = eqfuse.compile(CHAIN, dims={"B": 16}, fuse=False)  # every op its own kernel
+    mem = mod.chain.last.memory
+    live = [(mem.root[n][1], nb, a, z) for n, (nb, a, z) in mem.lifetimes.items()]
+    assert len(live) >= 2
+    for i, (o1, b1, a1, z1) in enumerate(live):
+        assert o1 % 64 == 0 and o1 + b1 <= mem.arena_bytes
+        for o2, b2, a2, z2 in live[i + 1:]:
+            if a1 <= z2 and a2 <= z1:  # alive at the same step: disjoint memory
+                assert o1 + b1 <= o2 or o2 + b2 <= o1
+    # x @ w1 dies once relu has read it: a later buffer reuses its memory
+    assert mem.arena_bytes < sum(b for _, b, _, _ in live)
+
+
+def test_outputs_are_right_distinct_and_the_repeated_one_copied():
+    mod = eqfuse.compile(CHAIN, dims={"B": 16}, verify=True, fuse=False)
+    args = chain_args(16)
+    s, r, s2 = mod(*args)
+    np.testing.assert_array_equal(s, s2)
+    assert r.shape == (16, 8, 8)
+    assert not np.shares_memory(s, s2) and not any(np.shares_memory(o, a) for o in (s, r, s2) for a in args)
+    # a second call does not overwrite what the first returned
+    s_again = mod(*chain_args(16, seed=5))[0]
+    assert not np.array_equal(s, s_again) and not np.shares_memory(s, s_again)
+    np.testing.assert_array_equal(s, s2)
+
+
+def test_concurrent_calls_from_two_threads_each_get_their_own_arena():
+    mod = eqfuse.compile(CHAIN, dims={"B": 256}, threads=1)
+    inputs = [chain_args(256, seed=10 * t) for t in range(2)]
+    want = [mod(*a) for a in inputs]
+    errors, arenas = [], {}
+    start = threading.Barrier(2)
+    runner = mod.chain.last.runner
+
+    def work(t):
+        start.wait()
+        for _ in range(40):
+            got = mod(*inputs[t])
+            if not all(np.array_equal(g, w) for g, w in zip(got, want[t])):
+                errors.append(t)
+        arenas[t] = runner._state()["arena_array"].ctypes.data
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert arenas[0] != arenas[1]
+
+
+def test_a_bad_index_stops_the_call_with_the_kernel_named():
+    src = "graph gi(t: f32[11, 7], ids: i64[5]) { return relu(gather(t, ids)) * 2 }"
+    mod = eqfuse.compile(src)
+    t = arr(11, 7)
+    ids = np.array([0, 3, 10, 2, 1])
+    np.testing.assert_allclose(mod(t, ids), np.maximum(t[ids], 0) * 2)
+    with pytest.raises(ArgumentError, match=r"2 index value\(s\) out of range in gather \(kernel eqf_gi_k0_index\)"):
+        mod(t, np.array([0, 11, 2, -12, 1]))
