@@ -11,7 +11,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
 {
     enum { BQ = 32, BK = 64, D = 24, DV = 40, SKP = 64 };
     const long nqb = (19 + BQ - 1) / BQ;
-    #pragma omp parallel if (1)
+    #pragma omp parallel if (0)
     {
     /* each thread's copy of one head's k^T, made when its blocks reach a new head (threads take
      * consecutive blocks, so each head is copied about once) */

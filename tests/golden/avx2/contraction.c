@@ -318,10 +318,14 @@ void eqf_kinds_k1_contraction_gemm(const float* A0, const float* B0, float* C0, 
     const long NCP = (NC + eqf_kinds_k1_contraction_gemm_NR - 1) / eqf_kinds_k1_contraction_gemm_NR * eqf_kinds_k1_contraction_gemm_NR; /* NC padded to whole panels */
     /* Enough batches: each thread computes whole batches, with no synchronisation at all.
      * Otherwise the threads split the rows or the columns of each batch (see _split). */
-    const int by_batch = BATCH >= omp_get_max_threads() && BATCH > 1;
-    const int by_cols = !by_batch && eqf_kinds_k1_contraction_gemm_split(omp_get_max_threads()) == 2;
+    /* PARALLEL (0, the plan's rule): 0 runs the whole GEMM on the calling thread, with
+     * no parallel region (small work: a fork and join would cost more than it saves, and far
+     * more when another process holds the other cores) */
+    const int nt_max = 0 ? omp_get_max_threads() : 1;
+    const int by_batch = BATCH >= nt_max && BATCH > 1;
+    const int by_cols = !by_batch && eqf_kinds_k1_contraction_gemm_split(nt_max) == 2;
     float* bp_shared = by_batch || by_cols || 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, KC * NCP);
-#pragma omp parallel
+#pragma omp parallel if (0)
     {
         const int nt = omp_get_num_threads(), me = omp_get_thread_num();
         long m0 = 0, m1 = M, rows = M, n0 = 0, n1 = N, ncb = NCP;

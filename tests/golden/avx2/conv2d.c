@@ -318,10 +318,14 @@ void eqf_kinds_k8_conv2d_gemm(const float* A0, const float* B0, float* C0)
     const long NCP = (NC + eqf_kinds_k8_conv2d_gemm_NR - 1) / eqf_kinds_k8_conv2d_gemm_NR * eqf_kinds_k8_conv2d_gemm_NR; /* NC padded to whole panels */
     /* Enough batches: each thread computes whole batches, with no synchronisation at all.
      * Otherwise the threads split the rows or the columns of each batch (see _split). */
-    const int by_batch = BATCH >= omp_get_max_threads() && BATCH > 1;
-    const int by_cols = !by_batch && eqf_kinds_k8_conv2d_gemm_split(omp_get_max_threads()) == 2;
+    /* PARALLEL (0, the plan's rule): 0 runs the whole GEMM on the calling thread, with
+     * no parallel region (small work: a fork and join would cost more than it saves, and far
+     * more when another process holds the other cores) */
+    const int nt_max = 0 ? omp_get_max_threads() : 1;
+    const int by_batch = BATCH >= nt_max && BATCH > 1;
+    const int by_cols = !by_batch && eqf_kinds_k8_conv2d_gemm_split(nt_max) == 2;
     float* bp_shared = by_batch || by_cols || 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, KC * NCP);
-#pragma omp parallel
+#pragma omp parallel if (0)
     {
         const int nt = omp_get_num_threads(), me = omp_get_thread_num();
         long m0 = 0, m1 = M, rows = M, n0 = 0, n1 = N, ncb = NCP;
@@ -380,10 +384,10 @@ void eqf_kinds_k8_conv2d(const float* restrict in0, const float* restrict in1, f
 #if 0
     const float* col = in0;  /* 1x1, stride 1, no padding: the image already is the column matrix */
 #else
-    float* colbuf = (float*)malloc(sizeof(float) * 2 * K * P);
-    if (!colbuf)
-        abort();
-    #pragma omp parallel for collapse(2) schedule(static)
+    /* the column matrix, in the calling thread's scratch (kept between calls: a fresh malloc of
+     * this size is a fresh mmap, page faults on every call) */
+    float* colbuf = eqf_scratch(EQF_SCRATCH_CONV_COL, 2 * K * P);
+    #pragma omp parallel for collapse(2) schedule(static) if (0)
     for (long n = 0; n < 2; n++)
         for (long c = 0; c < C; c++)
             for (long kh = 0; kh < KH; kh++)
@@ -401,7 +405,4 @@ void eqf_kinds_k8_conv2d(const float* restrict in0, const float* restrict in1, f
     const float* col = colbuf;
 #endif
     eqf_kinds_k8_conv2d_gemm(in1, col, out);
-#if !0
-    free(colbuf);
-#endif
 }
