@@ -14,6 +14,19 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 
+NOISY_IQR = 20  # percent: a row whose spread is wider gets a warning under the table
+
+
+def spread(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """(median seconds, interquartile range as % of the median) of fn() over `repeat` runs."""
+    ts = sample_times(fn, repeat)
+    if len(ts) < 2:
+        return ts[0], 0.0
+    q = statistics.quantiles(ts, n=4)
+    med = statistics.median(ts)
+    return med, 100 * (q[2] - q[0]) / med
+
+
 def median_time(fn: Callable[[], object], repeat: int, warmup: int = 2, min_time: float = 0.0) -> float:
     """Median seconds of fn() over `repeat` runs (after warm-up)."""
     return statistics.median(sample_times(fn, repeat, warmup, min_time))
@@ -111,7 +124,7 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     u_fn(*runtime)
     nk_f = len([k for k in f_fn.last.kernels if k.kind != "view"])
     nk_u = len([k for k in u_fn.last.kernels if k.kind != "view"])
-    rows: list[tuple[str, list[float]]] = [("numpy op by op", []), (f"eqfuse unfused ({nk_u} kernels)", []),
+    rows: list[tuple[str, list[tuple[float, float]]]] = [("numpy op by op", []), (f"eqfuse unfused ({nk_u} kernels)", []),
                                           (f"eqfuse fused ({nk_f} kernels)", [])]
     # eqfuse first, for every thread count, with numpy's BLAS threads parked (their spin-wait
     # would take a core); then numpy; torch last: once its OpenMP threads have run they keep
@@ -120,22 +133,27 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     time.sleep(0.2)
     for t in threads:
         f_fn.threads = u_fn.threads = t
-        rows[1][1].append(median_time(lambda: u_fn(*runtime), repeat))
-        rows[2][1].append(median_time(lambda: f_fn(*runtime), repeat))
+        rows[1][1].append(spread(lambda: u_fn(*runtime), repeat))
+        rows[2][1].append(spread(lambda: f_fn(*runtime), repeat))
     for t in threads:
         blas_threads(t)
-        rows[0][1].append(median_time(lambda: evaluate(g, arrays), repeat))
+        rows[0][1].append(spread(lambda: evaluate(g, arrays), repeat))
     rt_names = [n for n, _ in g.params if n not in weights]
     chosen, peers = peers, _peers(g, arrays, peers) + _ort_peer(src, dict(zip(rt_names, runtime)), peers)
     for name, fn in peers:
-        rows.append((name, [median_time(lambda: fn(t), repeat) if fn else float("nan") for t in threads]))
+        rows.append((name, [spread(lambda: fn(t), repeat) if fn else (float("nan"), float("nan")) for t in threads]))
     blas_threads(max(threads))
     head = f"{g.name} ({', '.join(f'{k}={v}' for k, v in dims.items()) or 'static shapes'}), median of {repeat}"
-    lines = [head, f"{'':34}" + "".join(f"{'threads=' + str(t):>24}" for t in threads)]
+    lines = [head, f"{'':34}" + "".join(f"{'threads=' + str(t):>30}" for t in threads)]
+    noisy = []
     for name, ts in rows:
-        cells = "".join(f"{t * 1e3:>12.3f} ms {rows[0][1][k] / t:>6.2f}x  " for k, t in enumerate(ts))
+        cells = "".join(f"{m * 1e3:>12.3f} ms {iqr:>4.0f}% {rows[0][1][k][0] / m:>6.2f}x  " for k, (m, iqr) in enumerate(ts))
         lines.append(f"{name:<34}{cells}")
-    lines.append("ratio = numpy time / this time (higher is faster), measured in this run")
+        noisy += [f"{name}, threads={t}: {iqr:.0f}%" for t, (m, iqr) in zip(threads, ts) if iqr > NOISY_IQR]
+    lines.append("ms = median; % = interquartile range / median (the spread); ratio = numpy time / this time "
+                 "(higher is faster), measured in this run")
+    if noisy:
+        lines.append(f"warning: spread over {NOISY_IQR}% (the machine was busy? more --repeat): " + "; ".join(noisy))
     lines.append("peers: numpy only (--peers)" if not set(chosen) & {"torch", "torch.compile", "onnxruntime"} else
                  peer_note() if not peers else
                  "torch rows: the same graph op by op in torch (eager) and through torch.compile; onnxruntime: "

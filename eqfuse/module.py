@@ -16,7 +16,7 @@ import numpy as np
 from .errors import ArgumentError, CheckFailed
 from .graph import Graph
 from .lower import KernelPlan
-from .reference import bind_arrays, evaluate
+from .reference import bind_arrays, call_arrays, evaluate
 from .runtime import MemoryPlan, Runner, plan_memory
 from .verify import compare
 
@@ -91,32 +91,7 @@ class GraphFunction:
 
     def named_arrays(self, arrays, keywords: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
         """The call's arrays (positional in parameter order, then by keyword) and the bound params, by name."""
-        keywords = keywords or {}
-        if not keywords and len(arrays) != len(self.free):
-            bound = f"; {', '.join(n for n, _ in self.source.params if n in self.params)} bound by params=" \
-                if len(self.free) < len(self.source.params) else ""
-            raise ArgumentError(f"{self.name}() takes {len(self.free)} array{'s' * (len(self.free) != 1)} "
-                                f"({', '.join(self.free)}), got {len(arrays)}{bound}")
-        if len(arrays) > len(self.free):
-            raise ArgumentError(f"{self.name}() takes {len(self.free)} positional array{'s' * (len(self.free) != 1)} "
-                                f"({', '.join(self.free)}), got {len(arrays)}")
-        given = dict(zip(self.free, arrays))
-        for k in keywords:
-            if k in self.params:
-                raise ArgumentError(f"{self.name}(): parameter '{k}' is bound by params= and cannot be passed")
-            if k not in self.free:
-                from .builder import did_you_mean
-
-                hint = did_you_mean(k, self.free)
-                raise ArgumentError(f"{self.name}() has no parameter '{k}' (parameters: {', '.join(self.free)})"
-                                    + (f"; {hint}" if hint else ""))
-            if k in given:
-                raise ArgumentError(f"{self.name}(): parameter '{k}' given twice, by position and by keyword")
-        given.update(keywords)
-        missing = [n for n in self.free if n not in given]
-        if missing:
-            raise ArgumentError(f"{self.name}() is missing the array{'s' * (len(missing) > 1)} for "
-                                f"{', '.join(missing)}")
+        given = call_arrays(self.name, self.free, arrays, keywords or {}, bound=self.params)
         return {**self.params, **given}
 
     def __call__(self, *arrays, **keywords):

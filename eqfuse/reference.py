@@ -44,6 +44,35 @@ def bind_arrays(graph: Graph, arrays: Sequence, fixed: Mapping[str, int] | None 
     return dims
 
 
+def call_arrays(name: str, free: list[str], arrays, keywords, bound=()) -> dict:
+    """{parameter: array} of a call: positional arrays in parameter order, then keywords; errors
+    name what is unknown, given twice, bound by params= or missing."""
+    if not keywords and len(arrays) != len(free):
+        bound_note = f"; {', '.join(bound)} bound by params=" if bound else ""
+        raise ArgumentError(f"{name}() takes {len(free)} array{'s' * (len(free) != 1)} "
+                            f"({', '.join(free)}), got {len(arrays)}{bound_note}")
+    if len(arrays) > len(free):
+        raise ArgumentError(f"{name}() takes {len(free)} positional array{'s' * (len(free) != 1)} "
+                            f"({', '.join(free)}), got {len(arrays)}")
+    given = dict(zip(free, arrays))
+    for k in keywords:
+        if k in bound:
+            raise ArgumentError(f"{name}(): parameter '{k}' is bound by params= and cannot be passed")
+        if k not in free:
+            from .builder import did_you_mean
+
+            hint = did_you_mean(k, free)
+            raise ArgumentError(f"{name}() has no parameter '{k}' (parameters: {', '.join(free)})"
+                                + (f"; {hint}" if hint else ""))
+        if k in given:
+            raise ArgumentError(f"{name}(): parameter '{k}' given twice, by position and by keyword")
+    given.update(keywords)
+    missing = [n for n in free if n not in given]
+    if missing:
+        raise ArgumentError(f"{name}() is missing the array{'s' * (len(missing) > 1)} for {', '.join(missing)}")
+    return given
+
+
 def evaluate(graph: Graph, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Run the graph in numpy, op by op, each value in its node's dtype (float32 for floats)."""
     vals: list[np.ndarray | None] = [None] * len(graph.nodes)
@@ -70,19 +99,23 @@ class Reference:
         self.graphs = {g.name: g for g in graphs}
         self.default = graphs[0]
 
-    def run(self, graph: Graph, *arrays):
+    def run(self, graph: Graph, *arrays, **keywords):
+        if keywords:  # keyword calls, as on a compiled module: ref(x=x, w1=w1, ...)
+            names = [n for n, _ in graph.params]
+            given = call_arrays(graph.name, names, arrays, keywords)
+            arrays = tuple(given[n] for n in names)
         arrays = tuple(np.asarray(a) if isinstance(a, np.generic) else a for a in arrays)  # np.float32(2.0)
         bind_arrays(graph, arrays)
         outs = evaluate(graph, arrays)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def __call__(self, *arrays):
-        return self.run(self.default, *arrays)
+    def __call__(self, *arrays, **keywords):
+        return self.run(self.default, *arrays, **keywords)
 
     def __getattr__(self, name: str):
         graphs = self.__dict__.get("graphs", {})
         if name in graphs:
-            return lambda *arrays: self.run(graphs[name], *arrays)
+            return lambda *arrays, **keywords: self.run(graphs[name], *arrays, **keywords)
         raise AttributeError(name)
 
 

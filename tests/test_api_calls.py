@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import eqfuse
+from helpers import ROOT
 from eqfuse import ArgumentError, EqfuseError
 from eqfuse.cli import main
 
@@ -104,3 +105,17 @@ def test_report_json_and_mod_report_have_one_shape(tmp_path, capsys, mod):
     one = json.loads(capsys.readouterr().out)  # one graph: its report itself (SPEC 3)
     assert one["graph_name"] == "scale" and one["graph"].startswith("graph scale(")
     assert eqfuse.compile(SRC.split("graph scale")[0]).report["graph_name"] == "lin"
+
+
+def test_the_reference_takes_keyword_calls_too():
+    ref = eqfuse.reference(str(ROOT / "examples" / "mlp.g"))
+    rng = np.random.default_rng(0)
+    x, w1, b1 = rng.standard_normal((2, 784), np.float32), rng.standard_normal((784, 1024), np.float32), \
+        rng.standard_normal(1024, np.float32)
+    w2, b2 = rng.standard_normal((1024, 10), np.float32), rng.standard_normal(10, np.float32)
+    np.testing.assert_array_equal(ref(x, w1, b1, w2=w2, b2=b2), ref(x, w1, b1, w2, b2))
+    np.testing.assert_array_equal(ref.mlp(b2=b2, w2=w2, b1=b1, w1=w1, x=x), ref(x, w1, b1, w2, b2))
+    with pytest.raises(eqfuse.ArgumentError, match="has no parameter 'w3'"):
+        ref(x, w1, b1, w2, w3=b2)
+    with pytest.raises(eqfuse.ArgumentError, match="missing the array for b2"):
+        ref(x, w1, b1, w2=w2)

@@ -140,3 +140,19 @@ def test_cli_run_compiles_and_verifies(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "verified" in captured.err
     assert np.load(tmp_path / "out.npz")["out0"].shape == (3, 10)
+
+
+
+def test_bench_reports_the_spread_and_warns_when_it_is_wide(monkeypatch):
+    from eqfuse import bench
+
+    monkeypatch.setattr(bench, "sample_times", lambda fn, repeat: [1.0, 1.0, 1.1, 1.0, 0.9])
+    med, iqr = bench.spread(lambda: None, 5)
+    assert med == 1.0 and 0 < iqr <= 20
+    steady = bench.bench_model("graph g(x: f32[64]) -> f32[64] {\n    return relu(x) * 2\n}\n",
+                               repeat=5, threads=(1,), peers=("numpy",))
+    assert "%" in steady and "warning: spread" not in steady
+    monkeypatch.setattr(bench, "sample_times", lambda fn, repeat: [1.0, 2.0, 3.0, 4.0, 5.0])
+    noisy = bench.bench_model("graph g(x: f32[64]) -> f32[64] {\n    return relu(x) * 2\n}\n",
+                              repeat=5, threads=(1,), peers=("numpy",))
+    assert "warning: spread over 20%" in noisy and "eqfuse fused (1 kernels), threads=1: " in noisy
