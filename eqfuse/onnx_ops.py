@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .onnx_import import F32, Unsupported, _axes, _pair, handles
+from .onnx_handlers import _axes
+from .onnx_import import Unsupported, _pair, handles
 
 
 def _rank(imp, v) -> int:
