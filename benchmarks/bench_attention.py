@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 import eqfuse
-from eqfuse.bench import blas_threads, sample_times
+from eqfuse.cli.bench import blas_threads, sample_times
 
 F32 = np.float32
 SHAPES = [(12, 512, 64, False), (12, 512, 64, True), (8, 512, 128, False), (24, 512, 32, False),

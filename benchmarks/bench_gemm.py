@@ -35,8 +35,8 @@ def measure(threads: int, repeat: int) -> list[dict]:
         threadpool_limits(threads)
     except ImportError:
         pass  # OPENBLAS_NUM_THREADS was set by the parent before numpy was imported
-    from eqfuse.cbuild import COMMON_C, COMMON_CDEF, build, template
-    from eqfuse.gemm import emit_gemm
+    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template
+    from eqfuse.backend.gemm import emit_gemm
 
     def median(fn) -> float:
         # OpenBLAS's and OpenMP's worker threads spin for a while after a call; on two cores the

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import eqfuse
-from eqfuse.bench import blas_threads, sample_times
+from eqfuse.cli.bench import blas_threads, sample_times
 
 F32 = np.float32
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import model_exports as me  # noqa: E402
 
 import eqfuse  # noqa: E402
-from eqfuse.bench import blas_threads  # noqa: E402
+from eqfuse.cli.bench import blas_threads  # noqa: E402
 
 
 def _iqr(ts: list[float]) -> float:

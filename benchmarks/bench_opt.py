@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from make_bert import bert_text  # noqa: E402
 
-from eqfuse.frontend import load  # noqa: E402
-from eqfuse.optimize import optimize_graph  # noqa: E402
+from eqfuse.frontend.load import load  # noqa: E402
+from eqfuse.optimizer.optimize import optimize_graph  # noqa: E402
 
 
 def models(layers: int):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 import eqfuse
-from eqfuse.bench import blas_threads
+from eqfuse.cli.bench import blas_threads
 
 MLP = Path(__file__).resolve().parent.parent / "examples" / "mlp.g"
 

@@ -16,7 +16,7 @@ import statistics
 import numpy as np
 
 import eqfuse
-from eqfuse.bench import median_time
+from eqfuse.cli.bench import median_time
 
 
 def chain(n: int) -> str:

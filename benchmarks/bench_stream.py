@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 import eqfuse
-from eqfuse.bench import blas_threads
-from eqfuse.cbuild import COMMON_C, COMMON_CDEF, build
+from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build
+from eqfuse.cli.bench import blas_threads
 
 F32 = np.float32
 N = 1 << 24

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 import eqfuse
-from eqfuse.bench import blas_threads
+from eqfuse.cli.bench import blas_threads
 
 
 def main(argv=None) -> int:

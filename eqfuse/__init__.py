@@ -3,10 +3,10 @@
     parse -> build -> load into the e-graph -> saturate -> extract -> lower -> emit C -> build -> Module
 """
 
-from .errors import ArgumentError, CheckFailed, EqfuseError, RuleError
-from .compiler import compile
-from .reference import reference
-from .optimize import optimize
+from eqfuse.compiler import compile
+from eqfuse.errors import ArgumentError, CheckFailed, EqfuseError, RuleError
+from eqfuse.ir.reference import reference
+from eqfuse.optimizer.optimize import optimize
 
 __version__ = "0.1.0"
 __all__ = ["compile", "optimize", "reference", "EqfuseError", "CheckFailed", "ArgumentError", "RuleError",

@@ -11,15 +11,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from . import progress
-from .errors import ArgumentError, EqfuseError
-from .fold import Folded, fold_params
-from .frontend import load
-from .graph import Graph, bind_dims, oversized
-from .lower import format_uops, lower_graph
-from .module import Compiled, GraphFunction, Kernel, Module
-from .printer import kernel_text, module_text
-from .reference import bind_arrays
+from eqfuse import progress
+from eqfuse.backend.lower import format_uops, lower_graph
+from eqfuse.errors import ArgumentError, EqfuseError
+from eqfuse.frontend.load import load
+from eqfuse.ir.graph import Graph, bind_dims, oversized
+from eqfuse.ir.printer import kernel_text, module_text
+from eqfuse.ir.reference import bind_arrays
+from eqfuse.optimizer.fold import Folded, fold_params
+from eqfuse.runtime.module import Compiled, GraphFunction, Kernel, Module
 
 
 def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
@@ -29,7 +29,7 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     """Compile every graph of a model to C kernels; see SPEC section 4.
 
     User rule files (rules=) are first checked for soundness on random inputs, once per file
-    content (eqfuse.rulecheck): an unsound rule raises RuleError; check_rules=False skips it.
+    content (eqfuse.optimizer.rulecheck): an unsound rule raises RuleError; check_rules=False skips it.
 
     fuse=True runs the optimizer; fuse="manual" keeps the graph as written (hand-written kernel
     blocks are kernels, every other op its own kernel); fuse=False compiles every op as its own
@@ -40,7 +40,7 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ArgumentError(f"threads= expects a positive integer, got {threads!r}")
     if fuse is True:
-        from .rulecheck import check_rule_files
+        from eqfuse.optimizer.rulecheck import check_rule_files
 
         check_rule_files(rules, enabled=check_rules)
     graphs = load(src)
@@ -76,7 +76,7 @@ def _is_onnx(src) -> bool:
 def _onnx_weights(src) -> dict[str, np.ndarray]:
     """An .onnx model's initializers, bound as params by default (the user's params= win)."""
     if _is_onnx(src):
-        from .onnx_import import onnx_params
+        from eqfuse.frontend.onnx_import import onnx_params
 
         return onnx_params(src)
     return {}
@@ -90,7 +90,7 @@ def input_aliases(src) -> dict[str, str]:
     "input.1" are sanitized into parameter names); empty for .g models."""
     if not _is_onnx(src):
         return {}
-    from .onnx_import import import_model
+    from eqfuse.frontend.onnx_import import import_model
 
     imp = import_model(src)
     return {imp.graph.nodes[i].name: onnx for i, onnx in zip(imp.graph.inputs, imp.inputs)}
@@ -135,13 +135,13 @@ FUSE_MODES = (True, False, "manual")
 
 
 def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse: bool | str = True) -> tuple[Graph, Any]:
-    """The optimizer's fused graph (eqfuse.optimize when present; else the graph as written)."""
+    """The optimizer's fused graph (eqfuse.optimizer.optimize when present; else the graph as written)."""
     if fuse is False:
         return g, {"optimized": False, "reason": "fuse=False: every op is its own kernel"}
     if fuse == "manual":
         return g, {"optimized": False, "reason": "fuse=\"manual\": kernel blocks as written"}
     try:
-        from .optimize import optimize_graph
+        from eqfuse.optimizer.optimize import optimize_graph
     except ImportError:
         return g, {"optimized": False, "reason": "the optimizer is not available; kernel blocks as written"}
     with progress.step(f"optimizing {g.name}"):
@@ -158,17 +158,16 @@ def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: fr
 
 def _builder(fuse: bool, params: frozenset[str] = frozenset()):
     def build(g: Graph, dims: dict) -> Compiled:
-        from .cbuild import build as build_c
-        from .emit import emit_graph
-
-        from .runtime import emit_run, plan_memory
+        from eqfuse.backend.cbuild import build as build_c
+        from eqfuse.backend.emit import emit_graph
+        from eqfuse.runtime.program import emit_run, plan_memory
 
         bound, kg, plans = lower(g, dims, fuse, params)
         emitted = emit_graph(plans)
         memory = plan_memory(kg, plans)
         lib = ffi = None
         if emitted.kernel_sources:
-            # one entry point for the whole graph: every kernel is called from C (eqfuse.runtime)
+            # one entry point for the whole graph: every kernel is called from C (eqfuse.runtime.program)
             run_c, run_cdef = emit_run(kg, plans, memory)
             with progress.step(f"compiling {len(emitted.kernel_sources)} kernels of {g.name}"):
                 built = build_c(emitted.source + "\n" + run_c, emitted.cdef + "\n" + run_cdef, f"eqf_{g.name}")

@@ -12,12 +12,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from eqfuse.builder import build_module
-from eqfuse.graph import Graph
-from eqfuse.parser import parse
-from eqfuse.printer import module_text
-from eqfuse.reference import evaluate
-from eqfuse.shapes import NUMPY_DTYPE
+from eqfuse.frontend.builder import build_module
+from eqfuse.frontend.parser import parse
+from eqfuse.ir.graph import Graph
+from eqfuse.ir.printer import module_text
+from eqfuse.ir.reference import evaluate
+from eqfuse.ir.shapes import NUMPY_DTYPE
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.g"))

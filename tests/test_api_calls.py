@@ -5,11 +5,11 @@ import json
 
 import numpy as np
 import pytest
+from helpers import ROOT
 
 import eqfuse
-from helpers import ROOT
 from eqfuse import ArgumentError, EqfuseError
-from eqfuse.cli import main
+from eqfuse.cli.main import main
 
 SRC = """\
 graph lin(x: f32[B, 4], w: f32[4, 3], b: f32[3]) -> f32[B, 3] {
@@ -86,7 +86,7 @@ def test_kernels_and_repr_before_and_after_the_first_call():
     m(**arrays())
     assert {k.graph for k in m.kernels} == {"lin", "scale"}
     assert repr(m.lin) == "<eqfuse function lin(x, w, b): 1 kernel>"
-    from eqfuse.module import Module
+    from eqfuse.runtime.module import Module
 
     assert "at its first call" in Module.kernels.__doc__
 

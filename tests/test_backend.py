@@ -11,12 +11,12 @@ os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-c
 
 import pytest
 
-from eqfuse.cbuild import FLAGS
-from eqfuse.cli import main
+from eqfuse.backend.cbuild import FLAGS
+from eqfuse.backend.emit import bstrides, coalesce, emit_graph, offset
+from eqfuse.backend.lower import format_uops
+from eqfuse.cli.main import main
 from eqfuse.compiler import lower
-from eqfuse.emit import bstrides, coalesce, emit_graph, offset
-from eqfuse.frontend import load
-from eqfuse.lower import format_uops
+from eqfuse.frontend.load import load
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -86,8 +86,8 @@ def test_emitted_c_is_deterministic_and_compiles_without_warnings(tmp_path):
 
 def test_streaming_pointwise_c_compiles_without_warnings(monkeypatch):
     """The non-temporal pointwise path (outputs beyond the cache share), at -Wall and -Wextra."""
-    import eqfuse.lower as lower_mod
-    from eqfuse.cbuild import warnings_for
+    import eqfuse.backend.lower as lower_mod
+    from eqfuse.backend.cbuild import warnings_for
 
     monkeypatch.setattr(lower_mod, "machine_caches",
                         lambda: lower_mod.Caches(l1=32 << 10, l2=256 << 10, l3=1 << 20, simd=16, cores=2))
@@ -144,7 +144,7 @@ def test_cli_run_compiles_and_verifies(tmp_path, capsys):
 
 
 def test_bench_reports_the_spread_and_warns_when_it_is_wide(monkeypatch):
-    from eqfuse import bench
+    from eqfuse.cli import bench
 
     monkeypatch.setattr(bench, "sample_times", lambda fn, repeat: [1.0, 1.0, 1.1, 1.0, 0.9])
     med, iqr = bench.spread(lambda: None, 5)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.cli import main
+from eqfuse.cli.main import main
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402

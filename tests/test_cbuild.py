@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from eqfuse import cbuild
-from eqfuse.cbuild import COMMON_C, COMMON_CDEF, CompileError, build, render
+from eqfuse.backend import cbuild
+from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, CompileError, build, render
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_key_depends_on_source_and_flags():
 
 def test_concurrent_builds_of_one_source(cache):
     script = textwrap.dedent(f"""
-        from eqfuse.cbuild import build, COMMON_C, COMMON_CDEF
+        from eqfuse.backend.cbuild import build, COMMON_C, COMMON_CDEF
         b = build(COMMON_C + "int sq(int a) {{ return a * a; }}", COMMON_CDEF + "\\nint sq(int a);", "conc")
         print(b.lib.sq(9))
     """)
@@ -106,7 +106,7 @@ def test_render_refuses_missing_and_unused_placeholders():
 def test_machine_description_and_blocking(monkeypatch):
     from dataclasses import replace
 
-    from eqfuse import machine
+    from eqfuse.backend import machine
 
     m = machine.machine()
     assert m.l1 > 0 and m.l2 > m.l1 and m.simd_floats in (4, 8, 16) and m.cores >= 1
@@ -117,7 +117,7 @@ def test_machine_description_and_blocking(monkeypatch):
 
 
 def test_host_machine_reads_the_environment_overrides(monkeypatch):
-    from eqfuse import machine
+    from eqfuse.backend import machine
 
     monkeypatch.setenv("EQFUSE_L2", str(256 << 10))
     machine.host_machine.cache_clear()
@@ -129,7 +129,7 @@ def test_host_machine_reads_the_environment_overrides(monkeypatch):
 
 
 def test_a_pinned_machine_is_what_the_planner_and_the_compiler_see():
-    from eqfuse import cbuild, machine
+    from eqfuse.backend import cbuild, machine
 
     with machine.pinned("xeon-spr") as m:
         assert machine.machine().l1 == 48 << 10 and m.l1 == 48 << 10
@@ -161,7 +161,7 @@ def test_a_damaged_library_in_the_cache_is_rebuilt(cache, damage):
 def _run_twice(cache):
     """A fresh process builds (or loads) a small library from the cache: (exit status, 'cached? 42')."""
     script = textwrap.dedent("""
-        from eqfuse.cbuild import build
+        from eqfuse.backend.cbuild import build
         b = build("int twice(int a) { return 2 * a; }", "int twice(int a);", "twice")
         print(b.cached, b.lib.twice(21))
     """)

@@ -5,10 +5,10 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import GOOD, ROOT, load_text
 
 import eqfuse
-from eqfuse.cli import main
-from helpers import GOOD, ROOT, load_text
+from eqfuse.cli.main import main
 
 MLP = str(ROOT / "examples" / "mlp.g")
 MULTI = str(GOOD[0].parent / "multi.g")

@@ -1,11 +1,12 @@
 """--rules, --disable, --cost and --no-check-rules on every command that optimizes: opt, run, emit,
-lower, bench (eqfuse/cli_args.py `_optimizer_options`), passed through to the optimizer."""
+lower, bench (eqfuse/cli/args.py `_optimizer_options`), passed through to the optimizer."""
+
+import importlib
 
 import numpy as np
 import pytest
 
-import importlib
-from eqfuse.cli import main
+from eqfuse.cli.main import main
 from eqfuse.errors import EqfuseError
 
 MLP = "examples/mlp.g"
@@ -31,7 +32,7 @@ def seen(monkeypatch):
         calls.append(kw)
         raise Stop("stopped by the test")
 
-    monkeypatch.setattr(importlib.import_module("eqfuse.optimize"), "optimize_graph", record)
+    monkeypatch.setattr(importlib.import_module("eqfuse.optimizer.optimize"), "optimize_graph", record)
     return calls
 
 

@@ -3,7 +3,7 @@ processed need their dimensions bound."""
 
 import pytest
 
-from eqfuse.cli import main
+from eqfuse.cli.main import main
 
 TWO = """\
 graph a(x: f32[B, 4]) -> f32[B, 4] {
@@ -67,10 +67,10 @@ def test_only_the_graphs_processed_need_bound_dims(capsys, two, tmp_path, comman
 
 
 def test_bench_measures_the_first_graph_and_needs_only_its_dims(capsys, two, monkeypatch):
-    import eqfuse.bench
+    import eqfuse.cli.bench
 
     calls = []
-    monkeypatch.setattr(eqfuse.bench, "bench_model", lambda src, **kw: calls.append(kw) or "table")
+    monkeypatch.setattr(eqfuse.cli.bench, "bench_model", lambda src, **kw: calls.append(kw) or "table")
     assert cli(capsys, "bench", two, "--dim", "B=8") == (0, "table\n", "")
     assert cli(capsys, "bench", two, "--graph", "b", "--dim", "T=5") == (0, "table\n", "")
     assert [(c["graph"], c["dims"]) for c in calls] == [("a", {"B": 8}), ("b", {"T": 5})]
@@ -79,10 +79,10 @@ def test_bench_measures_the_first_graph_and_needs_only_its_dims(capsys, two, mon
 
 
 def test_bench_peers_are_chosen_and_checked(capsys, two, monkeypatch):
-    import eqfuse.bench
+    import eqfuse.cli.bench
 
     calls = []
-    monkeypatch.setattr(eqfuse.bench, "bench_model", lambda src, **kw: calls.append(kw["peers"]) or "table")
+    monkeypatch.setattr(eqfuse.cli.bench, "bench_model", lambda src, **kw: calls.append(kw["peers"]) or "table")
     assert cli(capsys, "bench", two, "--dim", "B=8")[0] == 0
     assert cli(capsys, "bench", two, "--dim", "B=8", "--peers", "numpy, torch.compile")[0] == 0
     assert calls == [["numpy", "torch", "torch.compile", "onnxruntime"], ["numpy", "torch.compile"]]
@@ -98,8 +98,8 @@ def test_bench_peers_are_chosen_and_checked(capsys, two, monkeypatch):
     (("torch", "torch.compile"), True, ["torch eager", "torch.compile (inductor)"]),
 ])
 def test_bench_measures_only_the_chosen_peers(monkeypatch, chosen, compiled, labels):
-    import eqfuse.bench
-    import eqfuse.peers
+    import eqfuse.cli.bench
+    import eqfuse.cli.peers
 
     asked = []
 
@@ -107,6 +107,6 @@ def test_bench_measures_only_the_chosen_peers(monkeypatch, chosen, compiled, lab
         asked.append(compiled)
         return [("torch eager", None)] + ([("torch.compile (inductor)", None)] if compiled else [])
 
-    monkeypatch.setattr(eqfuse.peers, "torch_peers", fake)
-    assert [label for label, _ in eqfuse.bench._peers(None, [], chosen)] == labels
+    monkeypatch.setattr(eqfuse.cli.peers, "torch_peers", fake)
+    assert [label for label, _ in eqfuse.cli.bench._peers(None, [], chosen)] == labels
     assert asked == ([] if compiled is None else [compiled])

@@ -5,11 +5,11 @@ import argparse
 import re
 
 import pytest
-
-from eqfuse import egraph, extract
-from eqfuse.cli import main
-from eqfuse.cli_args import EMIT_DIR, make_parser
 from helpers import ROOT
+
+from eqfuse.cli.args import EMIT_DIR, make_parser
+from eqfuse.cli.main import main
+from eqfuse.optimizer import egraph, extract
 
 MLP = str(ROOT / "examples" / "mlp.g")
 PARSER = make_parser()

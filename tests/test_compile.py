@@ -11,7 +11,7 @@ import pytest
 
 import eqfuse
 from eqfuse import ArgumentError, CheckFailed
-from eqfuse import ops as ops_mod
+from eqfuse.ir import ops as ops_mod
 
 RNG = np.random.default_rng(7)
 

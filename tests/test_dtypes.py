@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+from helpers import ROOT, load_text, rand_inputs
 
 import eqfuse
 from eqfuse.errors import ArgumentError, EqfuseError
-from helpers import ROOT, load_text, rand_inputs
 
 MASKS = (ROOT / "tests" / "good" / "masks.g").read_text()
 DIMS = {"B": 3, "S": 5}
@@ -115,7 +115,7 @@ def test_a_zero_nan_softmax_zeroes_the_rows_that_would_be_nan(rows):
 
 
 def test_inf_and_nan_are_literals_that_print_and_parse_back():
-    from eqfuse.printer import graph_text
+    from eqfuse.ir.printer import graph_text
 
     g = load_text("graph g(m: bool[2], x: f32[2]) -> f32[2] {\n    return where(m, x, -inf) + nan * 0\n}\n")[0]
     assert "-inf" in graph_text(g) and graph_text(load_text(graph_text(g))[0]) == graph_text(g)

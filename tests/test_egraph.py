@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import pytest
-
-from eqfuse.egraph import EGraph, RuleError, attr_text, compile_rule, num_text, text_attr
-from eqfuse.optimize import optimize_graph
-from eqfuse.printer import graph_text
-from eqfuse.rules import load_rules, parse_rules
-
 from helpers import one_graph
+
+from eqfuse.ir.printer import graph_text
+from eqfuse.optimizer.egraph import (
+    EGraph,
+    RuleError,
+    attr_text,
+    compile_rule,
+    num_text,
+    text_attr,
+)
+from eqfuse.optimizer.optimize import optimize_graph
+from eqfuse.optimizer.rules import load_rules, parse_rules
 
 
 def fired(src, rules_text, **kw):

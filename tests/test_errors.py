@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from eqfuse.cli import main
-from eqfuse.parser import MAX_DEPTH
 from helpers import BAD
+
+from eqfuse.cli.main import main
+from eqfuse.frontend.parser import MAX_DEPTH
 
 EXPECT = re.compile(r"# expect: (\d+):(\d+): (.+)")
 

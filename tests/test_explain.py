@@ -1,13 +1,13 @@
-"""`eqfuse opt --explain` and the report's `boundaries` / `fused_kernels` (eqfuse/explain.py):
+"""`eqfuse opt --explain` and the report's `boundaries` / `fused_kernels` (eqfuse/optimizer/explain.py):
 each reason on a graph that forces it."""
 
 import json
 
 import pytest
 
-from eqfuse.cli import main
-from eqfuse.frontend import load
-from eqfuse.optimize import optimize_graph
+from eqfuse.cli.main import main
+from eqfuse.frontend.load import load
+from eqfuse.optimizer.optimize import optimize_graph
 
 MLP = "examples/mlp.g"
 SHARED = """
@@ -123,7 +123,7 @@ def test_explain_takes_no_value(capsys, flag):
 
 
 def test_past_the_time_limit_boundaries_are_listed_unexamined():
-    from eqfuse.explain import explain
+    from eqfuse.optimizer.explain import explain
 
     g = optimize_graph(load(MLP)[0], disable=["fuse_add_l"]).graph
     full = explain(g)["boundaries"]
@@ -133,7 +133,7 @@ def test_past_the_time_limit_boundaries_are_listed_unexamined():
 
 
 def test_a_join_missed_by_an_extraction_not_proven_optimal_is_not_blamed_on_the_rules():
-    from eqfuse.explain import explain
+    from eqfuse.optimizer.explain import explain
 
     g = optimize_graph(load(MLP)[0], disable=["fuse_add_l"]).graph
     b = by_edge(explain(g, ilp="time_limit"))[("k1", "h")]

@@ -6,14 +6,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
-from eqfuse import cost as C
-from eqfuse import extract as X
-from eqfuse.egraph import EGraph
-from eqfuse.optimize import check
-from eqfuse.rules import load_rules
-
 from helpers import ROOT, assert_same_values, one_graph, rand_inputs, run
+
+from eqfuse.optimizer import cost as C
+from eqfuse.optimizer import extract as X
+from eqfuse.optimizer.egraph import EGraph
+from eqfuse.optimizer.optimize import check
+from eqfuse.optimizer.rules import load_rules
 
 SMALL = {
     "recompute": """graph g(a: f32[256], b: f32[256]) -> (f32[256], f32[256]) {
@@ -79,7 +78,7 @@ def test_illegal_candidates_are_dropped():
     pb = problem("""graph g(x: f32[8, 8], w: f32[8, 8], v: f32[8, 8]) -> f32[8, 8] {
         return (x @ w) @ v
     }""")
-    from eqfuse.kernels import classify
+    from eqfuse.backend.kernels import classify
 
     for cands in pb.cands.values():
         for cd in cands:
@@ -163,7 +162,7 @@ def test_regions_are_topological_slabs():
 
 
 def test_regions_fall_back_to_greedy(monkeypatch):
-    from eqfuse import extract_ilp
+    from eqfuse.optimizer import extract_ilp
 
     _, _, greedy_value, ex = extracted(REGIONS["share_matmul"], max_nodes=0, region_size=15, time_limit=0)
     assert ex.how == "greedy" and ex.value == greedy_value and "skipped (time limit)" in ex.ilp
@@ -177,7 +176,7 @@ def test_regions_fall_back_to_greedy(monkeypatch):
 
 
 def test_report_says_how_the_ilp_ran(monkeypatch):
-    from eqfuse.optimize import optimize_graph
+    from eqfuse.optimizer.optimize import optimize_graph
 
     g = one_graph(REGIONS["fuse_into_shared"])
     r = optimize_graph(g).report
@@ -193,7 +192,7 @@ def test_report_says_how_the_ilp_ran(monkeypatch):
 
 
 def body(src):
-    from eqfuse.optimize import optimize_graph
+    from eqfuse.optimizer.optimize import optimize_graph
 
     return optimize_graph(one_graph(src)).graph
 

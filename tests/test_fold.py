@@ -1,4 +1,4 @@
-"""Folding bound constants (eqfuse/fold.py): batchnorm after conv2d becomes the conv's weights and bias.
+"""Folding bound constants (eqfuse/optimizer/fold.py): batchnorm after conv2d becomes the conv's weights and bias.
 
 Every case compares numbers with the numpy reference of the ORIGINAL graph (SPEC tolerance), and
 checks that the batchnorm is gone from the compiled graph exactly when all its constants are bound.
@@ -14,9 +14,9 @@ import pytest
 from helpers import ROOT, assert_same_values, one_graph
 
 import eqfuse
-from eqfuse.fold import fold_params
-from eqfuse.optimize import report_text
-from eqfuse.reference import evaluate
+from eqfuse.ir.reference import evaluate
+from eqfuse.optimizer.fold import fold_params
+from eqfuse.optimizer.optimize import report_text
 
 CONV_BN_RELU = ROOT / "examples" / "conv_bn_relu.g"
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eqfuse.cli import main
+from eqfuse.cli.main import main
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 G_SEEDS = {p.name: p.read_text() for p in [*(ROOT / "examples").glob("*.g"), *(ROOT / "tests/good").glob("*.g")]}
 SMALL_G = ["elementwise.g", "pointwise.g", "rows.g", "reduction.g"]  # cheap enough to optimize
-RW_SEED = "\n".join((ROOT / "eqfuse/rules/algebra.rw").read_text().splitlines()[:40]) + "\n"
+RW_SEED = "\n".join((ROOT / "eqfuse/optimizer/rules/algebra.rw").read_text().splitlines()[:40]) + "\n"
 RW_GRAPH = "graph g(a: f32[N, 8], b: f32[8]) -> f32[N, 8] {\n return relu(a * b + 0.5) - a\n}\n"
 NUMBERS = ["0", "-1", "1", "3", "-7", "0.5", "1e30", "1e400", "99999999999999999999", "2147483648",
            "-9223372036854775809", "1e-45", "nan", "inf", "00", "1.", ".5", "1_0", "0x10"]

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eqfuse.cbuild import COMMON_C, COMMON_CDEF, build, template, warnings_for
-from eqfuse.gemm import emit_gemm
+from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template, warnings_for
+from eqfuse.backend.gemm import emit_gemm
 
 # compiling every variant's GEMM takes ~25 s on 2 cores with a cold kernel cache
 pytestmark = pytest.mark.heavy

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from test_plans import ALL_KINDS, KINDS
 
-from eqfuse import machine
+from eqfuse.backend import machine
+from eqfuse.backend.emit import emit_graph
 from eqfuse.compiler import lower
-from eqfuse.emit import emit_graph
-from eqfuse.frontend import load
+from eqfuse.frontend.load import load
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("EQFUSE_UPDATE_GOLDEN") == "1"

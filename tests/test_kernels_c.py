@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.ops import OPS
-from eqfuse.reference import evaluate
-from eqfuse.frontend import load
-from eqfuse.lower import Caches
-from eqfuse.verify import compare
+from eqfuse.backend.lower import Caches
+from eqfuse.frontend.load import load
+from eqfuse.ir.ops import OPS
+from eqfuse.ir.reference import evaluate
+from eqfuse.runtime.verify import compare
 
 RNG = np.random.default_rng(1234)
 POSITIVE = {"log", "sqrt", "rsqrt", "pow"}  # ops whose first operand must be positive here
@@ -337,7 +337,7 @@ STREAM_CASES = [  # (id, expression, streams?)
 
 @pytest.fixture(scope="module")
 def stream_results():
-    import eqfuse.lower as lower_mod
+    import eqfuse.backend.lower as lower_mod
 
     big = STREAM_MIN + 37
     params = {"a": (big,), "b": (big,), "c": (big,), "e": (STREAM_MIN,), "s": (), "d": (STREAM_MIN - 37,),
@@ -363,7 +363,7 @@ def test_streaming_pointwise(stream_results, cid):
 
 def test_streaming_pointwise_non_contiguous_inputs_and_threads():
     """Strided and transposed views as arguments, 1 and 2 threads, just over the threshold."""
-    import eqfuse.lower as lower_mod
+    import eqfuse.backend.lower as lower_mod
 
     rows, cols = 129, 1031  # 133 k elements >= STREAM_MIN
     src = (f"graph nc(x: f32[{rows}, {cols}], y: f32[{rows}, {cols}], z: f32[{cols}]) -> f32[{rows}, {cols}] "
@@ -421,7 +421,7 @@ def test_contraction_row_epilogue_small_blocks(monkeypatch):
     """Tiny GEMM blocks: several K slices (the row op only after the last), row chunks per
     thread, B panels (N = 130 over 64-wide NC blocks: the row op per chunk of rows; N = 37 in one
     NC block: per MR-row tile) and, on 2 threads, threads sharing a panel."""
-    import eqfuse.lower_gemm as lower_gemm
+    import eqfuse.backend.lower_gemm as lower_gemm
 
     monkeypatch.setattr(lower_gemm, "gemm_tiles", lambda M, N, K, m: {"mr": 6, "nr": 64, "kc": min(16, K),
                                                                       "mc": min(12, -(-M // 6) * 6), "nc": 64})

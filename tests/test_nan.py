@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.frontend import load
-from eqfuse.reference import evaluate
-from eqfuse.verify import compare
+from eqfuse.frontend.load import load
+from eqfuse.ir.reference import evaluate
+from eqfuse.runtime.verify import compare
 
 CASES = [
     ("max-row", "max(x, axis=-1)"),

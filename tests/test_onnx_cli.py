@@ -12,8 +12,8 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import eqfuse  # noqa: E402
-from eqfuse.onnx_import import import_onnx, onnx_params  # noqa: E402
-from eqfuse.printer import graph_text  # noqa: E402
+from eqfuse.frontend.onnx_import import import_onnx, onnx_params  # noqa: E402
+from eqfuse.ir.printer import graph_text  # noqa: E402
 
 F = TensorProto.FLOAT
 rng = np.random.default_rng(0)
@@ -60,7 +60,7 @@ def test_compiled_conv_batchnorm_softmax(tmp_path):
                helper.make_node("Softmax", ["b"], ["y"], axis=1)],
               [("x", [2, 3, 6, 6])], [("y", [2, 4, 3, 3])],
               {"w": w, "mean": mean, "var": var, "gamma": gamma, "beta": beta})
-    from eqfuse.ops import OPS
+    from eqfuse.ir.ops import OPS
 
     conv = OPS["conv2d"].numpy([x, w], {"stride": 2, "padding": 1})
     sh = (1, -1, 1, 1)

@@ -16,10 +16,10 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import eqfuse  # noqa: E402
 from eqfuse.errors import EqfuseError  # noqa: E402
-from eqfuse.frontend import load  # noqa: E402
-from eqfuse.onnx_import import import_model, import_onnx, onnx_params, sanitize  # noqa: E402
-from eqfuse.printer import graph_text  # noqa: E402
-from eqfuse.reference import evaluate  # noqa: E402
+from eqfuse.frontend.load import load  # noqa: E402
+from eqfuse.frontend.onnx_import import import_model, import_onnx, onnx_params, sanitize  # noqa: E402
+from eqfuse.ir.printer import graph_text  # noqa: E402
+from eqfuse.ir.reference import evaluate  # noqa: E402
 
 F = TensorProto.FLOAT
 RNG = np.random.default_rng(0)
@@ -418,7 +418,7 @@ I64 = TensorProto.INT64
 def test_exported_op_compiles_and_matches_onnxruntime(nodes, inputs, out_type, inits):
     ort = pytest.importorskip("onnxruntime")
     import eqfuse
-    from eqfuse.onnx_import import onnx_params
+    from eqfuse.frontend.onnx_import import onnx_params
 
     m = _typed_model(nodes, inputs, [("y", out_type, None)], inits)
     rng = np.random.default_rng(3)

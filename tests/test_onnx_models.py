@@ -8,10 +8,10 @@ import pytest
 pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extras: pip install '.[test]'")
 pytest.importorskip("transformers", reason="transformers is in the test extras: pip install '.[test]'")
 
+import model_exports as me  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 import eqfuse  # noqa: E402
-import model_exports as me  # noqa: E402
 
 
 @pytest.mark.parametrize("exporter", me.EXPORTERS)

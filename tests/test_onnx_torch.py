@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import eqfuse  # noqa: E402
-from eqfuse.onnx_import import import_onnx, onnx_params  # noqa: E402
-from eqfuse.printer import graph_text  # noqa: E402
-from eqfuse.reference import evaluate  # noqa: E402
+from eqfuse.frontend.onnx_import import import_onnx, onnx_params  # noqa: E402
+from eqfuse.ir.printer import graph_text  # noqa: E402
+from eqfuse.ir.reference import evaluate  # noqa: E402
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -157,7 +157,7 @@ def test_compiled_matches_torch(exported):
     name, path, x, want = exported
     mod = eqfuse.compile(str(path), params=onnx_params(path))
     np.testing.assert_allclose(mod(x), want, rtol=RTOL, atol=ATOL)
-    if name == "resnet_block":  # both batchnorms folded into their convs' weights (eqfuse/fold.py)
+    if name == "resnet_block":  # both batchnorms folded into their convs' weights (eqfuse/optimizer/fold.py)
         assert len(mod.report["folded"]) == 2 and "batchnorm" not in mod.graph
 
 
@@ -165,7 +165,7 @@ def test_graph_text_is_valid_g(exported):
     """The imported graph prints as .g text that parses back to the same text."""
     name, path, x, want = exported
     text = graph_text(import_onnx(path))
-    from eqfuse.frontend import load
+    from eqfuse.frontend.load import load
 
     assert graph_text(load(text)[0]) == text
 

@@ -3,11 +3,12 @@
 import re
 
 import pytest
-
-from eqfuse import langref, opdocs
-from eqfuse.cli import main
-from eqfuse.ops import OPS, REQUIRED
 from helpers import ROOT, load_text
+
+from eqfuse.cli import langref
+from eqfuse.cli.main import main
+from eqfuse.ir import opdocs
+from eqfuse.ir.ops import OPS, REQUIRED
 
 README = ROOT / "README.md"
 
@@ -20,7 +21,7 @@ def cli(capsys, *args):
 
 def test_every_op_of_the_table_has_a_one_line_doc():
     missing = [name for name, op in OPS.items() if not op.doc.strip()]
-    assert not missing, f"add these ops to eqfuse/opdocs.py DOCS: {missing}"
+    assert not missing, f"add these ops to eqfuse/ir/opdocs.py DOCS: {missing}"
     assert all("\n" not in op.doc for op in OPS.values())
     assert set(opdocs.DOCS) <= set(OPS), f"DOCS names ops the table does not have: {set(opdocs.DOCS) - set(OPS)}"
 
@@ -74,7 +75,7 @@ def test_an_unknown_op_is_a_usage_error_with_a_suggestion(capsys, name, hint):
 def test_the_readme_language_reference_is_generated_from_the_op_table():
     text = README.read_text()
     assert langref.splice(text, langref.language()) == text, \
-        "README.md's language reference is out of date: run python -m eqfuse.langref --write README.md"
+        "README.md's language reference is out of date: run python -m eqfuse.cli.langref --write README.md"
     for op in OPS.values():
         assert f"| `{langref._cell(opdocs.signature(op))}` | {op.kind} |" in text
 

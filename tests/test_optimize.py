@@ -6,15 +6,14 @@ import json
 
 import numpy as np
 import pytest
+from helpers import EXAMPLES, ROOT, load_text, one_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eqfuse.cli import main
-from eqfuse.optimize import optimize, optimize_graph
-from eqfuse.printer import graph_text
-from eqfuse.reference import evaluate
-
-from helpers import EXAMPLES, ROOT, load_text, one_graph
+from eqfuse.cli.main import main
+from eqfuse.ir.printer import graph_text
+from eqfuse.ir.reference import evaluate
+from eqfuse.optimizer.optimize import optimize, optimize_graph
 
 DIMS = {"B": 2, "N": 2}
 

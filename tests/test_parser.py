@@ -8,14 +8,24 @@ import ast
 
 import numpy as np
 import pytest
+from helpers import (
+    EXAMPLES,
+    GOOD,
+    assert_same_values,
+    load_text,
+    one_graph,
+    rand_inputs,
+    reprint,
+    run,
+    tree,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
 from eqfuse.errors import EqfuseError
-from eqfuse.ops_index import RESHAPES
-from eqfuse.ops import OPS, REQUIRED, complete_attrs
-from eqfuse.printer import module_text
-from helpers import EXAMPLES, GOOD, assert_same_values, load_text, one_graph, rand_inputs, reprint, run, tree
+from eqfuse.ir.ops import OPS, REQUIRED, complete_attrs
+from eqfuse.ir.ops_index import RESHAPES
+from eqfuse.ir.printer import module_text
 
 SAMPLES = EXAMPLES + GOOD
 DIMS = {"B": 2, "N": 2, "T": 3}

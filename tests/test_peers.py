@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from eqfuse.ops import OPS
-from eqfuse.peers import TORCH, torch_function
 from helpers import EXAMPLES, one_graph, rand_inputs, run
 from test_reference import OP_SEMANTICS
+
+from eqfuse.cli.peers import TORCH, torch_function
+from eqfuse.ir.ops import OPS
 
 torch = pytest.importorskip("torch")
 
@@ -38,7 +38,7 @@ def test_torch_op_matches_the_reference(op):
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_torch_runs_the_examples(path):
-    from eqfuse.frontend import load
+    from eqfuse.frontend.load import load
 
     for g in load(path):
         _check(g, {"B": 2}, rtol=1e-3, atol=1e-4)

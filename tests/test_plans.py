@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.cbuild import COMMON_C, build, template
-from eqfuse.cli import main
+from eqfuse.backend.cbuild import COMMON_C, build, template
+from eqfuse.cli.main import main
 from eqfuse.compiler import uops_text
 
 # One kernel of each kind, over odd shapes (nothing a multiple of a vector or a tile).
@@ -138,8 +138,8 @@ def test_lower_prints_the_plan_and_with_uops_the_schedule(capsys, tmp_path):
 
 @pytest.mark.parametrize("K, slices", [(400, 1), (1500, 5)])
 def test_k_is_cut_into_equal_slices(K, slices):
-    from eqfuse.lower_gemm import gemm_tiles
-    from eqfuse.machine import MODELS
+    from eqfuse.backend.lower_gemm import gemm_tiles
+    from eqfuse.backend.machine import MODELS
 
     t = gemm_tiles(64, 512, K, MODELS["zen4"])
     assert -(-K // t["kc"]) == slices and t["kc"] * slices - K < slices

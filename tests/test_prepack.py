@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import one_graph
 
 import eqfuse
-from helpers import one_graph
 
 RNG = np.random.default_rng(11)
 

@@ -6,11 +6,11 @@ reductions with keepdims and several outputs, at sizes that are not multiples of
 from __future__ import annotations
 
 import numpy as np
+from helpers import one_graph, rand_inputs, run
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import eqfuse
-from helpers import one_graph, rand_inputs, run
 
 UNARY = ["relu", "tanh", "sigmoid", "gelu", "silu", "abs", "neg", "exp(tanh({x}))", "sqrt(abs({x}) + 1)"]
 BINARY = ["+", "-", "*", "maximum"]
@@ -88,7 +88,7 @@ def test_unused_parameters_do_not_change_the_result():
     src = ("graph r(a: f32[1, 5], b: f32[1, 5], c: f32[5], w: f32[5, 5], g: f32[5], be: f32[5]) -> "
            "(f32[1, 5], f32[1, 5]) {\n    t0 = relu(b)\n    t1 = tanh(b) @ w * 0.5\n    t2 = b + 0.5\n"
            "    return t0, t2\n}\n")
-    from eqfuse.optimize import optimize_graph
+    from eqfuse.optimizer.optimize import optimize_graph
 
     g = one_graph(src)
     xs = rand_inputs(g, seed=1)

@@ -8,11 +8,11 @@ import math
 
 import numpy as np
 import pytest
+from helpers import ROOT, one_graph, rand_inputs, run
 
 import eqfuse
 from eqfuse.errors import ArgumentError
-from eqfuse.ops import OPS
-from helpers import ROOT, one_graph, rand_inputs, run
+from eqfuse.ir.ops import OPS
 
 RTOL, ATOL = 1e-4, 1e-4
 erf = np.vectorize(math.erf, otypes=[np.float64])

@@ -50,7 +50,7 @@ def test_a_zero_dim_binding_is_a_clear_error():
 
 @pytest.mark.parametrize("where", ["/nonexistent/o.npz", "{tmp}/model.g/o.npz"])
 def test_run_to_an_unwritable_output_exits_2(tmp_path, capsys, where):
-    from eqfuse.cli import main
+    from eqfuse.cli.main import main
 
     model = tmp_path / "model.g"
     model.write_text(RELU)
@@ -63,7 +63,7 @@ def test_run_to_an_unwritable_output_exits_2(tmp_path, capsys, where):
 
 
 def test_a_huge_tensor_type_is_refused_at_check(capsys, tmp_path):
-    from eqfuse.cli import main
+    from eqfuse.cli.main import main
 
     model = tmp_path / "huge.g"
     model.write_text("graph g(x: f32[100000000000, 100000000000]) -> f32 {\n return sum(x)\n}\n")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.verify import compare
+from eqfuse.runtime.verify import compare
 
 # Each graph is one kernel block: a row reduction whose epilogue reads a per-row tensor.
 ROWS = """

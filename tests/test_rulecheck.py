@@ -1,12 +1,12 @@
 """User rule files are checked for soundness before opt, run, emit, lower, bench, compile and
-optimize use them (eqfuse/rulecheck.py): an unsound rule is refused, exit 2 / RuleError."""
+optimize use them (eqfuse/optimizer/rulecheck.py): an unsound rule is refused, exit 2 / RuleError."""
 
 import pytest
 
 import eqfuse
-from eqfuse import rulecheck
-from eqfuse.cli import main
+from eqfuse.cli.main import main
 from eqfuse.errors import EqfuseError, RuleError
+from eqfuse.optimizer import rulecheck
 
 MLP = "examples/mlp.g"
 
@@ -79,7 +79,7 @@ def test_a_sound_file_is_checked_once_per_content(cache, good, monkeypatch):
     assert len(markers) == 1
     monkeypatch.setattr(rulecheck, "_SOUND", set())  # a new process: the marker on disk answers
     calls = []
-    import eqfuse.soundness as snd
+    import eqfuse.optimizer.soundness as snd
 
     monkeypatch.setattr(snd, "check_rule", lambda r, **kw: calls.append(r) or None)
     assert rulecheck.check_rule_file(good) is True and calls == []

@@ -7,11 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from eqfuse.cli import main
+from eqfuse.cli.main import main
 from eqfuse.errors import EqfuseError
-from eqfuse.frontend import load
-from eqfuse.rules import (AttrVar, Cond, PKernel, PNum, POp, PVar, Rule, Test, load_rules, match, parse_rules,
-                          rule_files)
+from eqfuse.frontend.load import load
+from eqfuse.optimizer.rules import (
+    AttrVar,
+    Cond,
+    PKernel,
+    PNum,
+    POp,
+    PVar,
+    Rule,
+    Test,
+    load_rules,
+    match,
+    parse_rules,
+    rule_files,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD = sorted((Path(__file__).parent / "rules_bad").glob("*.rw"))

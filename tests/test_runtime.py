@@ -1,4 +1,4 @@
-"""The whole-graph runtime (eqfuse.runtime): one C call per graph call, a static memory plan
+"""The whole-graph runtime (eqfuse.runtime.program): one C call per graph call, a static memory plan
 whose buffers never overlap while both are alive, and calls from several threads at once."""
 
 import sys

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eqfuse.cbuild import compiler
+from eqfuse.backend.cbuild import compiler
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,7 @@ CASES = [
 SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, "tests")
-    from eqfuse import machine
+    from eqfuse.backend import machine
     machine.pin("zen4")
     import test_kernels_c as t
     from test_sanitize import CASES, PARAMS

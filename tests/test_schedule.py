@@ -1,17 +1,16 @@
-"""The saturation schedule (eqfuse.schedule), constant folding and the recognition e-graph's
-smallest term (eqfuse.simplify), wide concats (eqfuse.wide), and the limits' reports."""
+"""The saturation schedule (eqfuse.optimizer.schedule), constant folding and the recognition e-graph's
+smallest term (eqfuse.optimizer.simplify), wide concats (eqfuse.optimizer.wide), and the limits' reports."""
 
 from __future__ import annotations
 
 import sys
 
 import numpy as np
-
-from eqfuse.optimize import optimize_graph
-from eqfuse.rules import load_rules, parse_rules
-from eqfuse.schedule import FUSE, GROW, SIMPLIFY, rule_phase
-
 from helpers import ROOT, assert_same_values, one_graph, rand_inputs, run
+
+from eqfuse.optimizer.optimize import optimize_graph
+from eqfuse.optimizer.rules import load_rules, parse_rules
+from eqfuse.optimizer.schedule import FUSE, GROW, SIMPLIFY, rule_phase
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from make_bert import bert_text  # noqa: E402
@@ -104,8 +103,8 @@ def test_ops_of_more_than_two_operands_still_fuse():
 
 
 def test_small_graphs_optimized_together_equal_each_alone():
-    from eqfuse.optimize import optimize
-    from eqfuse.printer import graph_text
+    from eqfuse.ir.printer import graph_text
+    from eqfuse.optimizer.optimize import optimize
 
     src = "".join(f"graph g{i}(x: f32[B, 8], y: f32[8]) -> f32[B, 8] {{\n  h = relu(x * y + {i}.0)\n"
                   f"  return h - mean(h, axis=-1, keepdims=true)\n}}\n" for i in range(5))

@@ -6,11 +6,11 @@ An op added to the table without cases here fails test_every_op_has_shape_cases.
 """
 
 import pytest
+from helpers import one_graph, rand_inputs, run, shape_of
 
 from eqfuse.errors import EqfuseError, ShapeError
-from eqfuse.ops import OPS
-from eqfuse.shapes import NUMPY_DTYPE, TType, broadcast, dim_product, norm_axis
-from helpers import one_graph, rand_inputs, run, shape_of
+from eqfuse.ir.ops import OPS
+from eqfuse.ir.shapes import NUMPY_DTYPE, TType, broadcast, dim_product, norm_axis
 
 DIMS = {"B": 5, "T": 7, "H": 6, "W": 9}
 UNARY_CASES = [(["B, 3"], ""), ([""], ""), (["2, 1, 4"], ""), (["1"], "")]

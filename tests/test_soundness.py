@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from eqfuse.cli import main
-from eqfuse.rules import RULES_DIR, load_rules, parse_rules
-from eqfuse.soundness import check_rule
+from eqfuse.cli.main import main
+from eqfuse.optimizer.rules import RULES_DIR, load_rules, parse_rules
+from eqfuse.optimizer.soundness import check_rule
 
 BUILTIN = load_rules()
 

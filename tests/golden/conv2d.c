@@ -6,7 +6,7 @@
  * stays in L1) > jr (NR-column micro-panel of B) > register-blocked MR x NR micro-kernel. Sizes
  * are compile-time constants: the backend knows every shape, and constant trip counts let gcc
  * unroll the micro-kernel. Edge tiles are computed in full on zero-padded panels and stored in
- * part. With DIRECT_B (1; few rows, B not transposed, see eqfuse.gemm.direct) the
+ * part. With DIRECT_B (1; few rows, B not transposed, see eqfuse.backend.gemm.direct) the
  * micro-kernel reads the full NR-column panels of B in place (row stride 143) and only a
  * partial last panel is packed. With PREPACKED_B (0; B bound by params=) the B argument
  * is not B but its panels, packed once by eqf_kinds_k8_conv2d_gemm_prepack: for each KC slice of K, the NR-column

@@ -1,0 +1,378 @@
+"""Stage: C source -> loaded extension module, through cffi's API mode, cached on disk.
+
+The cache key is a hash of the source, the cdef, the compiler's version and the flags, so a
+second compile of the same model never runs the C compiler. Builds are safe when several
+processes compile at once (a per-key file lock) and when a process is killed mid-compile
+(each build happens in a private temporary directory and is renamed into place at the end,
+so a half-written library is never visible under its final name). The sha256 of each library
+is stored beside it and checked before it is loaded: a damaged entry is rebuilt.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import cffi
+
+from eqfuse.errors import EqfuseError
+
+# No -ffast-math: it lets gcc assume no NaN/inf (breaking relu/max of NaN) and reassociate
+# freely. -fno-math-errno lets sqrtf/fmaxf become instructions; -fno-trapping-math lets gcc
+# if-convert and vectorize conditional code; neither changes a result. gnu11 for _Thread_local
+# and restrict.
+# The -march flags come from the machine model (eqfuse.backend.machine), see compiler_flags.
+FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-std=gnu11")
+LINK_FLAGS = ("-fopenmp",)
+
+# Every generated module exports these, so the Module can set the OpenMP thread count.
+COMMON_C = """
+#include <omp.h>
+void eqf_set_threads(int n) { if (n > 0) omp_set_num_threads(n); }
+int eqf_get_threads(void) { return omp_get_max_threads(); }
+"""
+COMMON_CDEF = "void eqf_set_threads(int n);\nint eqf_get_threads(void);"
+
+
+class CompileError(EqfuseError):
+    """The C compiler refused generated code: an eqfuse bug, reported with the compiler's words."""
+
+    exit_status = 3
+
+
+@dataclass(frozen=True)
+class Built:
+    ffi: object
+    lib: object
+    path: Path
+    cached: bool  # True when loaded from the cache without running the compiler
+
+
+class CacheWarning(UserWarning):
+    """The kernel cache directory cannot be used safely: a private temporary one is used instead."""
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("EQFUSE_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "eqfuse"
+
+
+def compiler() -> str:
+    """The C compiler setuptools runs: $CC, else the one Python was built with."""
+    return os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+
+
+def compiler_version(cc: str | None = None) -> str:
+    """The compiler's command, the path it resolves to and its version line."""
+    return _compiler_version(cc or compiler())
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_version(cc: str) -> str:
+    exe = shutil.which(cc.split()[0]) if cc.split() else None
+    path = os.path.realpath(exe) if exe else "?"
+    try:
+        out = subprocess.run(cc.split() + ["--version"], capture_output=True, text=True, timeout=30)
+        return f"{cc} {path} " + (out.stdout.splitlines()[0] if out.stdout else "")
+    except (OSError, subprocess.SubprocessError):
+        return f"{cc} {path}"
+
+
+@functools.lru_cache(maxsize=None)
+def target_isa(cc: str, flags: tuple[str, ...]) -> str:
+    """What the target flags mean on this host: -march=native names a different instruction set
+    on each CPU, so the compiler's own expansion of it (gcc's and clang's cc1 command line, with
+    every -m feature spelled out) goes into the cache key."""
+    try:
+        out = subprocess.run(cc.split() + list(flags) + ["-E", "-v", "-"], input="", capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return " ".join(flags)
+    return "\n".join(ln.strip() for ln in out.stderr.splitlines() if "cc1" in ln) or " ".join(flags)
+
+
+SANITIZERS = ("address", "undefined")
+
+
+def sanitizers() -> tuple[str, ...]:
+    """EQFUSE_SANITIZE=address,undefined (either or both): kernels built with those sanitizers."""
+    names = tuple(n.strip() for n in os.environ.get("EQFUSE_SANITIZE", "").split(",") if n.strip())
+    bad = [n for n in names if n not in SANITIZERS]
+    if bad:
+        raise EqfuseError(f"EQFUSE_SANITIZE: unknown sanitizer '{bad[0]}' (known: {', '.join(SANITIZERS)})")
+    return names
+
+
+def _sanitize_flags() -> tuple[str, ...]:
+    names = sanitizers()
+    if not names:
+        return ()
+    # any finding stops the process, so a test run cannot miss it; frame pointers for the reports
+    return (f"-fsanitize={','.join(names)}", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g")
+
+
+def _user_flags() -> tuple[str, ...]:
+    """EQFUSE_CFLAGS: extra flags for every kernel build, after eqfuse's own."""
+    try:
+        return tuple(shlex.split(os.environ.get("EQFUSE_CFLAGS", "")))
+    except ValueError as e:
+        raise EqfuseError(f"EQFUSE_CFLAGS: {e}") from None
+
+
+def compiler_flags(extra_flags: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """FLAGS, the machine model's -march, then extra_flags, EQFUSE_CFLAGS and the sanitizers'; with EQFUSE_WERROR=1 in the environment (the test suite sets it)
+    also -Werror: generated C must compile cleanly at -Wall, and a warning printed during an
+    ordinary build would otherwise go unnoticed."""
+    from eqfuse.backend.machine import machine
+
+    werror = ("-Werror",) if os.environ.get("EQFUSE_WERROR") == "1" else ()
+    return FLAGS + machine().march + tuple(extra_flags) + _user_flags() + _sanitize_flags() + werror
+
+
+def link_flags() -> tuple[str, ...]:
+    names = sanitizers()
+    return LINK_FLAGS + ((f"-fsanitize={','.join(names)}",) if names else ())
+
+
+# The environment variables setuptools reads when it compiles and links an extension.
+BUILD_ENV = ("CC", "CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED", "ARCHFLAGS")
+
+
+def cache_key(source: str, cdef: str, extra_flags: tuple[str, ...] = ()) -> str:
+    """A hash of everything that changes the library: the source, the compiler (command, path,
+    version), every flag (eqfuse's, EQFUSE_CFLAGS, the sanitizers', the build environment's and
+    Python's own), what the target flags mean on this CPU, and the versions of eqfuse, Python
+    and cffi. A cache shared by machines with different CPUs never loads another ISA's binary."""
+    from eqfuse import __version__
+    from eqfuse.backend.machine import machine
+
+    cc = compiler()
+    env = [f"{v}={os.environ.get(v, '')}" for v in BUILD_ENV]
+    py = [str(sysconfig.get_config_var(v) or "") for v in ("CC", "CFLAGS", "CCSHARED", "LDSHARED")]
+    h = hashlib.sha256()
+    for part in (source, cdef, compiler_version(cc), " ".join(compiler_flags(extra_flags)), " ".join(link_flags()),
+                 target_isa(cc, machine().march), *env, *py, __version__,
+                 sys.implementation.cache_tag or "", _suffix(), cffi.__version__):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _suffix() -> str:
+    return importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules[name] = mod
+    return mod
+
+
+_FALLBACK: list[Path] = []  # this process's temporary cache, made at the first need
+
+
+def usable_cache_dir() -> Path:
+    """cache_dir(), created 0700 if missing, when it is safe to load libraries from: a directory
+    of this user that no one else can write to (else another user could plant a library under
+    a predictable name). Otherwise, or when it cannot be created, a private temporary directory
+    for this process, with a warning."""
+    root = cache_dir()
+    try:
+        try:
+            root.mkdir(mode=0o700, parents=True)
+            os.chmod(root, 0o700)  # whatever the umask
+        except FileExistsError:
+            pass
+        st = root.stat()
+        problem = ("not a directory" if not stat.S_ISDIR(st.st_mode)
+                   else "owned by another user" if st.st_uid != os.getuid()
+                   else "writable by other users" if st.st_mode & 0o022
+                   else "not writable" if not os.access(root, os.W_OK | os.X_OK) else None)
+    except OSError as e:
+        problem = f"cannot be created ({e.strerror or e})"
+    if problem is None:
+        return root
+    if not _FALLBACK:
+        _FALLBACK.append(Path(tempfile.mkdtemp(prefix="eqfuse-cache-")))
+        atexit.register(shutil.rmtree, _FALLBACK[0], True)
+    warnings.warn(f"the kernel cache {root} is {problem}; using {_FALLBACK[0]} for this process "
+                  "(set EQFUSE_CACHE_DIR to a directory of your own)", CacheWarning, stacklevel=3)
+    return _FALLBACK[0]
+
+
+def _ours(path: Path) -> bool:
+    """Owned by this user and writable by no one else."""
+    st = path.stat()
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _asan_loaded() -> bool:
+    """A library built with ASan loads only into a process that started with its runtime
+    (else ASan stops the whole process)."""
+    try:
+        return "libasan" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(final: Path, digest: Path) -> bool:
+    """The library is there and has the digest recorded when it was stored (a truncated, emptied
+    or bit-flipped library would crash or misbehave when loaded, on every later run)."""
+    try:
+        return _ours(final) and _ours(digest) and digest.read_text().strip() == _digest(final)
+    except OSError:
+        return False
+
+
+def build(source: str, cdef: str, name_hint: str = "k", *, extra_flags: tuple[str, ...] = ()) -> Built:
+    """Compile (or fetch from the cache) a C translation unit exposing the functions in cdef."""
+    if "address" in sanitizers() and not _asan_loaded():
+        raise EqfuseError("EQFUSE_SANITIZE=address: the ASan runtime must be loaded before Python starts: run with "
+                          "LD_PRELOAD=$(gcc -print-file-name=libasan.so) and ASAN_OPTIONS=detect_leaks=0")
+    key = cache_key(source, cdef, extra_flags)
+    hint = re.sub(r"[^A-Za-z0-9_]", "_", name_hint)[:24] or "k"
+    name = f"_eqf_{hint}_{key[:16]}"
+    root = usable_cache_dir()
+    final = root / (name + _suffix())
+    digest = root / f"{name}.sha256"
+    cached = True
+    if name not in sys.modules and not _intact(final, digest):
+        with open(os.open(root / f"{name}.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
+            if not _intact(final, digest):
+                # Holding the lock, any temporary directory of this key is a killed build's debris.
+                for debris in root.glob(f"{name}.*"):
+                    if debris.is_dir():
+                        shutil.rmtree(debris, ignore_errors=True)
+                _compile(name, source, cdef, root, final, digest, extra_flags)
+                cached = False
+    mod = _load(name, final)
+    return Built(mod.ffi, mod.lib, final, cached)
+
+
+# ffi.compile() changes the process's working directory while it runs, so two threads of one
+# process must not compile at once (other processes are fine: each has its own cwd).
+_COMPILE_IN_PROCESS = threading.Lock()
+
+
+def _compile(name: str, source: str, cdef: str, root: Path, final: Path, digest: Path, extra_flags) -> None:
+    ffi = cffi.FFI()
+    ffi.cdef(cdef)
+    ffi.set_source(name, source, extra_compile_args=list(compiler_flags(extra_flags)),
+                   extra_link_args=list(link_flags()))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=root))
+    try:
+        import contextlib
+        import io
+
+        log = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                with _COMPILE_IN_PROCESS:
+                    built = ffi.compile(tmpdir=str(tmp), verbose=False)
+        except Exception as e:  # cffi wraps the compiler's failure in several exception types
+            msg = _compiler_message(tmp, name, extra_flags) or str(e)
+            raise CompileError("the C compiler failed on generated code:\n" + msg) from None
+        # the source is kept beside the library, for `eqfuse emit` and for debugging
+        (tmp / "source.c").write_text(source)
+        # the digest first: a reader that sees the new library sees its digest
+        (tmp / "sha256").write_text(_digest(Path(built)) + "\n")
+        for f in (tmp / "source.c", tmp / "sha256", Path(built)):
+            os.chmod(f, 0o644)  # whatever the umask: nobody else may change what is loaded
+        os.replace(tmp / "source.c", root / f"{name}.c")
+        os.replace(tmp / "sha256", digest)
+        os.replace(built, final)  # atomic: a reader sees no library or the whole library
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _compiler_message(tmp: Path, name: str, extra_flags) -> str:
+    """Run the compiler again on the generated .c by hand to capture its diagnostics."""
+    c_file = tmp / f"{name}.c"
+    if not c_file.exists():
+        return ""
+    inc = sysconfig.get_paths()["include"]
+    cc = compiler().split()
+    out = subprocess.run(cc + list(compiler_flags(extra_flags)) + ["-I", inc, "-fsyntax-only", str(c_file)],
+                         capture_output=True, text=True)
+    return "\n".join(out.stderr.splitlines()[:40])
+
+
+def warnings_for(source: str, extra_flags: tuple[str, ...] = ()) -> str:
+    """The compiler's diagnostics for a C source (empty when clean): for tests of generated code.
+    A full compile to an object file, not -fsyntax-only: some -Wall warnings (uninitialized
+    values, array bounds) come from the optimizer. Python's own CFLAGS come first, as in the
+    real (setuptools) build: its -fwrapv alone once turned a clean kernel into a warning."""
+    with tempfile.TemporaryDirectory() as d:
+        c_file = Path(d) / "check.c"
+        c_file.write_text(source)
+        cc = compiler().split()
+        py = (sysconfig.get_config_var("CFLAGS") or "").split() + (sysconfig.get_config_var("CCSHARED") or "").split()
+        out = subprocess.run(cc + py + list(compiler_flags(tuple(extra_flags))) + ["-c", "-o", str(Path(d) / "check.o"),
+                                                                          str(c_file)],
+                             capture_output=True, text=True)
+        return out.stderr
+
+
+# ------------------------------------------------------------------ templates
+
+PLACEHOLDER = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
+
+
+def templates_dir() -> Path:
+    """csrc_templates/ inside the package when installed (the wheel maps it there), else at the
+    top of a source checkout."""
+    package = Path(__file__).parent.parent
+    installed = package / "csrc_templates"
+    return installed if installed.is_dir() else package.parent / "csrc_templates"
+
+
+@functools.lru_cache(maxsize=None)
+def template(name: str) -> str:
+    path = templates_dir() / name
+    if not path.exists():
+        raise FileNotFoundError(f"csrc_templates/{name}")
+    return path.read_text()
+
+
+def render(template_name: str, **values) -> str:
+    """Fill the {{NAME}} placeholders of csrc_templates/<template_name>; every one, and only those."""
+    text = template(template_name)
+    wanted = set(PLACEHOLDER.findall(text))
+    missing = wanted - set(values)
+    unused = set(values) - wanted
+    if missing or unused:
+        raise KeyError(f"template {template_name}: "
+                       + (f"unfilled placeholders {sorted(missing)}" if missing else "")
+                       + ("; " if missing and unused else "")
+                       + (f"values not used {sorted(unused)}" if unused else ""))
+    return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), text)

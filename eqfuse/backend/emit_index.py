@@ -1,0 +1,186 @@
+"""The index kernel kind: gather, gather_elements, cumsum, argmax, tril/triu, pad and pooling.
+
+Small kernels over integer, bool or float tensors that move or select elements rather than
+compute: each is one C function from csrc_templates/index.c whose loop nest this module writes
+for its op, over the concrete shapes of the plan. A kernel that reads indices returns how many
+were out of range (0 when all were valid; the module turns any other count into an error, as
+numpy and onnxruntime refuse such an index instead of reading past the tensor).
+"""
+
+from __future__ import annotations
+
+import math
+
+from eqfuse.backend.lower import KernelPlan, UOp
+from eqfuse.ir.graph import Node
+from eqfuse.ir.ops import _pair
+from eqfuse.ir.shapes import C_TYPE
+
+INDEX_CHECKED = ("gather", "gather_elements")  # kernels that return a count of bad indices
+
+
+def _size(shape) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def _strides(shape) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return list(reversed(out))
+
+
+def _unflatten(var: str, shape, names: str) -> list[str]:
+    """C lines splitting the flat index `var` over shape into longs names0, names1, ..."""
+    st = _strides(shape)
+    return [f"const long {names}{d} = ({var} / {st[d]}) % {shape[d]}; (void){names}{d};" for d in range(len(shape))]
+
+
+def plan_index(plan: KernelPlan, c) -> None:
+    an = plan.body.nodes[plan.shape.anchor]
+    total = _size(plan.out_shape)
+    plan.detail = {"op": an.op, "checked": an.op in INDEX_CHECKED}
+    plan.cache_check = "streaming selection (no reuse to block for)"
+    plan.uops = [UOp(0, "Loop", f"{total} output elements of {an.op}", total),
+                 UOp(1, "Load", "the selected input element(s)", total),
+                 UOp(1, "Store", "out element", total)]
+
+
+def emit_index(plan: KernelPlan) -> str:
+    from eqfuse.backend.emit import _params, render
+
+    body = plan.body
+    an = body.nodes[plan.shape.anchor]
+    params, ptrs = _params(plan)
+    ins = [ptrs[a] for a in an.args]
+    xs = [tuple(body.nodes[a].type.shape) for a in an.args]
+    xts = [C_TYPE[body.nodes[a].type.dtype] for a in an.args] or [C_TYPE[an.type.dtype]]
+    lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0])
+    return render("index.c", NAME=plan.name, OP=an.op, SPACE=list(plan.out_shape), PARAMS=params,
+                  BODY="\n".join("    " + ln for ln in lines))
+
+
+def _gather(an: Node, ins, xs, out, ct):
+    data, idx = ins
+    ax = an.attr["axis"] % len(xs[0])
+    outer, axlen, inner = _size(xs[0][:ax]), xs[0][ax], _size(xs[0][ax + 1:])
+    nidx = _size(xs[1])
+    return [f"for (long o = 0; o < {outer}; o++)",
+            f"    for (long k = 0; k < {nidx}; k++) {{",
+            f"        long j = (long){idx}[k];",
+            f"        if (j < 0) j += {axlen};",
+            f"        if (j < 0 || j >= {axlen}) {{ bad++; j = 0; }}",
+            f"        memcpy(out + (o * {nidx} + k) * {inner}, {data} + (o * {axlen} + j) * {inner}, {inner} * sizeof(*out));",
+            "    }"]
+
+
+def _gather_elements(an: Node, ins, xs, out, ct):
+    data, idx = ins
+    ax = an.attr["axis"] % len(xs[0])
+    dst = _strides(xs[0])
+    terms = " + ".join(f"j * {dst[d]}" if d == ax else f"i{d} * {dst[d]}" for d in range(len(out)))
+    return [f"for (long n = 0; n < {_size(out)}; n++) {{",
+            *("    " + ln for ln in _unflatten("n", out, "i")),
+            f"    long j = (long){idx}[n];",
+            f"    if (j < 0) j += {xs[0][ax]};",
+            f"    if (j < 0 || j >= {xs[0][ax]}) {{ bad++; j = 0; }}",
+            f"    out[n] = {data}[{terms}];",
+            "}"]
+
+
+def _cumsum(an: Node, ins, xs, out, ct):
+    ax = an.attr["axis"] % len(out)
+    outer, L, inner = _size(out[:ax]), out[ax], _size(out[ax + 1:])
+    first, step = (L - 1, -1) if an.attr["reverse"] else (0, 1)
+    store = ["out[p] = acc; acc += v;"] if an.attr["exclusive"] else ["acc += v; out[p] = acc;"]
+    return [f"for (long o = 0; o < {outer}; o++)",
+            f"    for (long i = 0; i < {inner}; i++) {{",
+            f"        {ct} acc = 0;  /* the input's type, which is the output's */",
+            f"        for (long s = 0, l = {first}; s < {L}; s++, l += {step}) {{",
+            f"            const long p = (o * {L} + l) * {inner} + i;",
+            f"            const {ct} v = {ins[0]}[p];",
+            *("            " + s for s in store),
+            "        }",
+            "    }"]
+
+
+def _argmax(an: Node, ins, xs, out, ct):
+    x = xs[0]
+    ax = an.attr["axis"] % len(x)
+    outer, L, inner = _size(x[:ax]), x[ax], _size(x[ax + 1:])
+    xt = ct  # the input's element type
+    return [f"for (long o = 0; o < {outer}; o++)",
+            f"    for (long i = 0; i < {inner}; i++) {{",
+            f"        {xt} best = {ins[0]}[o * {L} * {inner} + i];",
+            "        long bi = 0;",
+            f"        for (long l = 1; l < {L}; l++) {{",
+            f"            const {xt} v = {ins[0]}[(o * {L} + l) * {inner} + i];",
+            "            if (v > best || (v != v && best == best)) { best = v; bi = l; }  /* the first NaN wins, as in numpy */",
+            "        }",
+            f"        out[o * {inner} + i] = bi;",
+            "    }"]
+
+
+def _range(an: Node, ins, xs, out, ct):
+    return [f"for (long n = 0; n < {out[0]}; n++)",
+            f"    out[n] = {an.attr['start']} + n * {an.attr['step']};"]
+
+
+def _tri(an: Node, ins, xs, out, ct):
+    R, C = out[-2], out[-1]
+    keep = "c - r <= k" if an.op == "tril" else "c - r >= k"
+    return [f"const long k = {an.attr['k']};",
+            f"for (long b = 0; b < {_size(out[:-2])}; b++)",
+            f"    for (long r = 0; r < {R}; r++)",
+            f"        for (long c = 0; c < {C}; c++) {{",
+            f"            const long p = (b * {R} + r) * {C} + c;",
+            f"            out[p] = ({keep}) ? {ins[0]}[p] : 0;",
+            "        }"]
+
+
+def _pad(an: Node, ins, xs, out, ct):
+    from eqfuse.backend.emit import flit
+
+    x, r = xs[0], len(out)
+    lo = an.attr["pads"][:r]
+    xst = _strides(x)
+    inside = " && ".join(f"i{d} >= {lo[d]} && i{d} < {lo[d] + x[d]}" for d in range(r)) or "1"
+    src = " + ".join(f"(i{d} - {lo[d]}) * {xst[d]}" for d in range(r)) or "0"
+    return [f"for (long n = 0; n < {_size(out)}; n++) {{",
+            *("    " + ln for ln in _unflatten("n", out, "i")),
+            f"    out[n] = ({inside}) ? {ins[0]}[{src}] : ({ct}){flit(an.attr['value'])};",
+            "}"]
+
+
+def _pool(an: Node, ins, xs, out, ct):
+    _, _, H, W = xs[0]
+    (kh, kw), (sh, sw), (ph, pw) = (_pair(an.attr["kernel_size"]), _pair(an.attr["stride"] or an.attr["kernel_size"]),
+                                    _pair(an.attr["padding"]))
+    OH, OW = out[2], out[3]
+    is_max = an.op == "max_pool2d"
+    init = "-INFINITY" if is_max else "0.0f"
+    comb = "a = (v > a || v != v) ? v : a;" if is_max else "a += v; cnt++;"
+    div = "" if is_max else ("a /= (float)cnt;" if not an.attr["count_include_pad"] else f"a /= {kh * kw}.0f;")
+    return [f"#pragma omp parallel for if ({int(_size(out) >= 1 << 15)})",
+            f"for (long nc = 0; nc < {out[0] * out[1]}; nc++)",
+            f"    for (long oh = 0; oh < {OH}; oh++)",
+            f"        for (long ow = 0; ow < {OW}; ow++) {{",
+            f"            float a = {init}; long cnt = 0; (void)cnt;",
+            f"            for (long dh = 0; dh < {kh}; dh++) {{",
+            f"                const long h = oh * {sh} - {ph} + dh;",
+            f"                if (h < 0 || h >= {H}) continue;",
+            f"                for (long dw = 0; dw < {kw}; dw++) {{",
+            f"                    const long w = ow * {sw} - {pw} + dw;",
+            f"                    if (w < 0 || w >= {W}) continue;",
+            f"                    const float v = {ins[0]}[(nc * {H} + h) * {W} + w];",
+            f"                    {comb}",
+            "                }",
+            "            }",
+            f"            {div}",
+            f"            out[(nc * {OH} + oh) * {OW} + ow] = a;",
+            "        }"]
+
+
+BUILDERS = {"range": _range, "gather": _gather, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
+            "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool}

@@ -1,0 +1,221 @@
+"""Planning the GEMM kernels: a matmul or conv2d with a fused epilogue (and a row epilogue).
+
+`gemm_tiles` is the one place the GEMM blocking is chosen: the plan's tiles are the constants
+of csrc_templates/gemm.c (emit_gemm writes them and decides nothing). The uop schedule follows
+that template's loop order, pc (KC slices of K) > row chunks (MC) > jc (NC columns) > MR-row
+tiles > NR-column panels, and its counts are those of one call.
+"""
+
+from __future__ import annotations
+
+from eqfuse.backend.indexing import bstrides, contiguous, joint_groups
+from eqfuse.backend.machine import Machine, gemm_blocking, register_tile
+from eqfuse.backend.plan import (
+    F32,
+    KernelPlan,
+    Split,
+    UOp,
+    not_ancestors,
+    ops_text,
+    pointwise_flops,
+    size,
+)
+from eqfuse.ir.ops import OPS
+
+DIRECT_MAX_TILES = 32  # B read in place up to this many MR-row tiles (see `direct`)
+# Below this many multiply-adds per call (M x N x K x batch) a GEMM or conv runs on the calling
+# thread with no parallel region (the pointwise and row kernels' PARALLEL_MIN rule, for GEMMs):
+# 2^18 FMAs take ~10 us on one core; a fork/join costs ~2 us on quiet cores and up to
+# milliseconds when another process holds the other core (issue 12).
+PARALLEL_MIN_FMAS = 1 << 18
+
+
+def parallel(M: int, N: int, K: int, batch: int) -> bool:
+    """Whether a GEMM of batch x M x N x K opens a parallel region (PARALLEL_MIN_FMAS)."""
+    return M * N * K * batch >= PARALLEL_MIN_FMAS
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // max(b, 1))
+
+
+def gemm_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
+    """MR, NR, KC, MC, NC of one M x N x K GEMM on machine m (machine.gemm_blocking's rules).
+
+    The register tile narrows for few columns (machine.register_tile). A K a little deeper than
+    KC is done in one slice, a deeper one in equal slices: every slice but the last costs a pass
+    over C, a thin last slice would be almost all cost. Should the A micro-panel MR x KC then
+    not fit half of L1 (`gemm_checks`), K is cut into more slices. No block is larger than the
+    problem needs (smaller packing buffers).
+    """
+    mr, nr = register_tile(m.simd_floats, N)
+    kc = gemm_blocking(m, mr, nr)[2]
+    slices = 1 if K <= kc * 5 // 4 else cdiv(K, kc)
+    kc = cdiv(K, slices)
+    while mr * kc * F32 > m.l1 // 2 and kc > 8:
+        slices += 1
+        kc = cdiv(K, slices)
+    mc, nc, kc, mr, nr = gemm_blocking(m, mr, nr, kc)
+    return {"mr": mr, "nr": nr, "kc": min(kc, K), "mc": min(mc, cdiv(M, mr) * mr), "nc": min(nc, cdiv(N, nr) * nr)}
+
+
+def gemm_checks(t: dict[str, int], m: Machine) -> list[tuple[str, bool]]:
+    """The cache constraints the blocking targets (machine.gemm_blocking), each (text, holds)."""
+    a_micro, b_panel, a_block = (t["mr"] * t["kc"] * F32, t["kc"] * t["nc"] * F32, t["mc"] * t["kc"] * F32)
+    return [(f"A micro-panel mr x kc = {a_micro} B <= L1/2 {m.l1 // 2} B (stays in L1 while B streams)",
+             a_micro <= m.l1 // 2),
+            (f"B panel kc x nc = {b_panel} B <= L2/2 {m.l2 // 2} B", b_panel <= m.l2 // 2),
+            (f"A block mc x kc = {a_block} B <= 2 L2 {2 * m.l2} B (held in L3)", a_block <= 2 * m.l2)]
+
+
+def direct(M: int, b_transposed: bool, mr: int) -> bool:
+    """Whether the micro-kernel reads B where it is (row stride ldb) instead of packed panels.
+
+    With few rows, packing B costs about as much as the products: every B element is read from
+    memory and written to the panel for only ceil(M / MR) uses, and the packing and the
+    micro-kernel run one after the other; read in place, the B stream from memory overlaps the
+    FMAs. Measured on one thread (relu(x @ w + b)): 8 x 768 x 3072 0.97 -> 0.56 ms, 32 x 784 x
+    1024 0.61 -> 0.54, 64 x 1024 x 1024 1.41 -> 1.29, 128 rows 2.91 -> 2.75, 256 rows 5.24 ->
+    5.17, 512 rows 10.13 -> 10.16 (even): so up to 32 MR tiles. A transposed B (N x K) is
+    always packed: its k-major rows are what the packing makes. A last panel narrower than NR
+    is packed either way (zero padded)."""
+    return not b_transposed and cdiv(M, mr) <= DIRECT_MAX_TILES
+
+
+def thread_rule(M: int, N: int, batch: int, mr: int, nr: int, rows_only: bool, par: bool = True,
+                K: int = 0) -> str:
+    """How the C (csrc_templates/gemm.c, `_split`) shares one call among its threads."""
+    if not par:
+        return (f"one thread, no parallel region ({batch * M * N * K} multiply-adds < "
+                f"{PARALLEL_MIN_FMAS}, lower_gemm.PARALLEL_MIN_FMAS)")
+    by_batch = f"whole batches per thread when 1 < threads <= {batch}; else " if batch > 1 else ""
+    cols = not rows_only and (2 * M <= N or (M <= N and M <= 64 * mr))
+    by_cols = f"whole {nr}-column panels per thread when 1 < threads <= {cdiv(N, nr)}; else " if cols else ""
+    why = " (a row epilogue needs whole rows)" if rows_only else ""
+    return f"{by_batch}{by_cols}whole {mr}-row tiles per thread, packing each B panel together{why}"
+
+
+def _matmul_gemm(plan: KernelPlan, M: int, N: int, K: int) -> dict:
+    """How a (batched) matmul maps onto GEMM calls: "fold" (B shared by every batch, or one
+    batch: one GEMM over all rows), "batch" (one call, a stride per operand) or "loop" (the
+    wrapper calls the GEMM once per batch)."""
+    body, mm = plan.body, plan.body.nodes[plan.shape.anchor]
+    A, B = mm.args
+    bt, at = plan.detail["b_transposed"], plan.detail["a_transposed"]
+    Bsrc = body.nodes[B].args[0] if bt else B
+    Asrc = body.nodes[A].args[0] if at else A
+    out = tuple(plan.out_shape)
+    nb, batch = len(out) - 2, out[:-2]
+    ast = bstrides(body.nodes[Asrc].type.shape, batch + ((K, M) if at else (M, K)))[:nb]
+    bst = bstrides(body.nodes[Bsrc].type.shape, batch + ((N, K) if bt else (K, N)))[:nb]
+    cst = contiguous(out)[:nb]
+    nbatch = size(batch)
+    # rows of A follow one another across batches (so B shared by all folds them into one GEMM)
+    # only when A is not given transposed
+    acont = not at and list(ast) == list(contiguous(batch + (M, K))[:nb])
+    g = {"a_src": Asrc, "b_src": Bsrc, "a_strides": ast, "b_strides": bst}
+    if nbatch == 1 or (all(s == 0 for s in bst) and acont):
+        return g | {"mode": "fold", "M": nbatch * M, "batch": 1, "outer": 1, "strides": (0, 0, 0)}
+    jg = joint_groups(batch, [ast, bst, cst])
+    if len(jg) <= 1:
+        g0 = jg[0][-1] if jg else 0
+        strides = (ast[g0], bst[g0], cst[g0]) if jg else (0, 0, 0)
+        return g | {"mode": "batch", "M": M, "batch": nbatch, "outer": 1, "strides": strides}
+    return g | {"mode": "loop", "M": M, "batch": 1, "outer": nbatch, "strides": (0, 0, 0)}
+
+
+def plan_contraction(plan: KernelPlan, m: Machine) -> None:
+    body, a = plan.body, plan.shape.anchor
+    mm = body.nodes[a]
+    if mm.type.shape != plan.out_shape:
+        raise Split("the epilogue broadcasts the contraction's result to a larger shape")
+    if mm.op == "conv2d":
+        plan.kind = "conv2d"
+        (N, C, _, _), (O, _, KH, KW) = (body.nodes[i].type.shape for i in mm.args[:2])
+        _, _, OH, OW = mm.type.shape
+        M, Nn, K = O, OH * OW, C * KH * KW
+        plan.detail = {"M": M, "N": Nn, "K": K, "batch": N, "b_transposed": False, "a_transposed": False,
+                       "gemm": {"mode": "conv", "M": M, "batch": N, "outer": 1, "strides": (0, K * Nn, M * Nn)}}
+        plan.flops = 2 * N * O * OH * OW * K + pointwise_flops(body)
+    else:
+        A, B = mm.args
+        anode, bnode = body.nodes[A], body.nodes[B]
+        transposed, a_transposed = bnode.op == "transpose", anode.op == "transpose"
+        ashape = anode.type.shape  # (the transpose's shape when A is read through one)
+        bshape = body.nodes[bnode.args[0]].type.shape if transposed else bnode.type.shape
+        M, K = ashape[-2], ashape[-1]
+        Nn = bshape[-2] if transposed else bshape[-1]
+        batch = size(mm.type.shape[:-2])
+        plan.detail = {"M": M, "N": Nn, "K": K, "batch": batch, "b_transposed": transposed,
+                       "a_transposed": a_transposed}
+        plan.detail["gemm"] = _matmul_gemm(plan, M, Nn, K)
+        plan.flops = 2 * batch * M * Nn * K + pointwise_flops(body)
+    g = plan.detail["gemm"]
+    gM, bt = g["M"], plan.detail["b_transposed"]
+    t = plan.tiles = gemm_tiles(gM, Nn, K, m)
+    mr, nr, kc, mc, nc = t["mr"], t["nr"], t["kc"], t["mc"], t["nc"]
+    g["direct_b"] = direct(gM, bt, mr)
+    plan.cache_check = "; ".join(f"{text}: {'ok' if ok else 'NO'}" for text, ok in gemm_checks(t, m))
+    row = _plan_row_epilogue(plan, m, Nn) if plan.kind == "contraction_row" else None
+    g["split"] = "rows" if row is not None else "auto"
+    plan.detail["parallel"] = parallel(gM, Nn, K, g["batch"])  # per GEMM call: each opens its own region
+    plan.detail["threads"] = thread_rule(gM, Nn, g["batch"], mr, nr, rows_only=row is not None,
+                                         par=plan.detail["parallel"], K=K)
+    skip = {a} | set(mm.args) | ({mm.args[1]} if bt else set())
+    if row is not None:
+        skip |= not_ancestors(body, body.nodes[row].args[0])
+    epi = ops_text(body, skip=skip)
+    nb = g["batch"] * g["outer"]
+    npc, nch, njc, tiles = cdiv(K, kc), cdiv(gM, mc), cdiv(Nn, nc), cdiv(gM, mr) * cdiv(Nn, nr)
+    u = plan.uops
+    if plan.kind == "conv2d":
+        u.append(UOp(0, "Exec", f"im2col {K} x {Nn} per image (none for a 1x1 conv of stride 1)", g["batch"]))
+    b_load = ("B read in place" + (f", its last {Nn % nr} columns packed" if Nn % nr else "")) if g["direct_b"] \
+        else f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]"
+    u += [UOp(0, "Loop", f"{nb} GEMM(s) of {gM} x {Nn} x {K} x pc over K step kc={kc}", nb * npc),
+          UOp(1, "Loop", f"row chunks over M={gM} step mc={mc} (one thread)", nb * npc * nch),
+          UOp(2, "Load", f"pack A block [{min(mc, gM)} x {min(kc, K)}]"
+                         f"{' from A given transposed' if plan.detail['a_transposed'] else ''}", nb * npc * nch),
+          UOp(2, "Loop", f"jc over N={Nn} step nc={nc}", nb * npc * nch * njc),
+          UOp(3, "Load", b_load, nb * npc * nch * njc),
+          UOp(3, "Exec", f"micro-kernel {mr} x {nr} x {min(kc, K)} FMA, per {mr}-row tile x {nr}-column panel",
+              nb * npc * tiles),
+          UOp(3, "Store", f"C tile {mr} x {nr}: partial sums, through the epilogue ({epi or 'none'}) "
+                          "on the last kc step", nb * npc * tiles)]
+    if row is not None:
+        rn = body.nodes[row]
+        post = ops_text(body, skip=not_ancestors(body, body.outputs[0]) | body.ancestors(row))
+        what = f"{rn.op} over each finished row of C [{Nn}], then ({post or 'none'}), stored in place"
+        if Nn <= nc:  # whole rows in one NC block: each MR-row tile as soon as it is finished
+            u.append(UOp(3, "Exec", f"on the last kc step, per {mr}-row tile in L1: {what}", nb * cdiv(gM, mr)))
+        else:
+            u.append(UOp(2, "Exec", f"after the last kc step of a chunk of rows, in L2: {what}", nb * nch))
+
+
+def row_epilogue_fits(N: int, nparams: int, l1: int) -> bool:
+    """Whether a GEMM's row epilogue handles rows of N: the row op walks a row of C in passes,
+    which must stay in L1 next to its nparams parameter vectors (extraction asks this too, so
+    that the optimizer does not choose a kernel that the backend would split)."""
+    return N * F32 * (1 + nparams) <= l1
+
+
+def _plan_row_epilogue(plan: KernelPlan, m: Machine, N: int) -> int:
+    """Checks for a GEMM with a row epilogue (kernels.ROW_EPILOGUE_OPS over the last axis);
+    Split (two kernels: GEMM + epilogue, row op) when this backend does not do it."""
+    body = plan.body
+    row = plan.shape.parts[0]
+    rn = body.nodes[row]
+    if body.nodes[plan.shape.anchor].op != "matmul":
+        raise Split("a row epilogue needs a matmul")
+    if tuple(rn.type.shape) != plan.out_shape:
+        raise Split("the epilogue broadcasts the row op's result to a larger shape")
+    if not row_epilogue_fits(N, len(rn.args) - 1, m.l1):
+        raise Split(f"a row of {N} (with the row op's parameters) does not fit L1 {m.l1} B")
+    for p in rn.args[1:]:
+        ps = tuple(body.nodes[p].type.shape)
+        if not ps or ps[-1] != N or size(ps) != N:
+            raise Split(f"the parameters of {rn.op} must be vectors of the row's length {N}")
+    plan.detail["row_op"] = rn.op
+    plan.flops += OPS[rn.op].flops * size(plan.out_shape)
+    plan.cache_check += f"; row epilogue: a row of C {N * F32} B (+ parameters) <= L1 {m.l1} B: ok"
+    return row

@@ -1,0 +1,73 @@
+"""The plan of one kernel, as data: what `lower` decides and `emit` writes as C.
+
+A plan says how one kernel runs: its kind, the tile sizes and loop order the C uses (every
+tile in `tiles` is a constant of the emitted C, nothing is chosen again there), the rules the C
+applies at run time (`detail["threads"]`), the tile-level micro-op schedule (Load / Exec /
+Store with counts, printed by `eqfuse lower --uops`), the cache constraints the tiles target
+and its bytes moved and FLOPs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from eqfuse.backend.kernels import KernelShape
+from eqfuse.ir.graph import Graph
+from eqfuse.ir.ops import OPS
+
+F32 = 4  # bytes per element
+
+
+class Split(Exception):
+    """A body classify accepts but this backend lowers only as separate single-op kernels."""
+
+
+@dataclass(frozen=True)
+class UOp:
+    depth: int  # nesting level in the printed schedule
+    op: str  # Loop | Load | Exec | Store
+    what: str
+    count: int = 1  # how many times it runs in one call
+
+
+@dataclass
+class KernelPlan:
+    name: str
+    kind: str  # pointwise | contraction | conv2d | row | reduce | attention | layout | view
+    node: int  # the kernel node at the graph's top level
+    args: tuple[int, ...]  # top-level node ids read, one per body input
+    body: Graph
+    shape: KernelShape
+    out_shape: tuple[int, ...]
+    tiles: dict[str, int] = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
+    uops: list[UOp] = field(default_factory=list)
+    bytes: int = 0
+    flops: int = 0
+    cache_check: str = ""
+
+
+def size(shape) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def pointwise_flops(body: Graph, skip: set[int] = frozenset()) -> int:
+    total = 0
+    for i, n in enumerate(body.nodes):
+        if n.op in ("input", "const") or i in skip or n.op not in OPS:
+            continue
+        op = OPS[n.op]
+        if op.kind in ("pointwise", "channel"):
+            total += op.flops * size(n.type.shape)
+    return total
+
+
+def ops_text(body: Graph, skip=()) -> str:
+    names = [n.op for i, n in enumerate(body.nodes) if n.op not in ("input", "const") and i not in skip]
+    return ", ".join(names)
+
+
+def not_ancestors(body: Graph, i: int) -> set[int]:
+    return set(range(len(body.nodes))) - body.ancestors(i)

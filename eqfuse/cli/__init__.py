@@ -1,0 +1,1 @@
+"""The `eqfuse` command line."""

@@ -1,0 +1,7 @@
+"""`python -m eqfuse.cli ...`: the same command as `eqfuse ...`."""
+
+import sys
+
+from eqfuse.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,164 @@
+"""The `eqfuse` command's options and their help (units and defaults), and the usage errors that
+argparse would otherwise print its own way: a misspelt option gets a suggestion and a pointer to
+the subcommand's --help, exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+
+from eqfuse.errors import EqfuseError
+
+EMIT_DIR = "eqfuse_c"
+
+COST_HELP = (
+    "what extraction minimizes: memory = bytes read and written by all kernels (a tensor written "
+    "once, read once by each kernel that reads it); launches = the number of kernels; time = a "
+    "roofline estimate per kernel (max of FLOPs / this machine's FLOP/s and bytes / its bandwidth) "
+    "plus a per-kernel overhead. They differ when a bigger kernel would reread or recompute data "
+    "(launches still fuses it) and when FLOPs, not bytes, bound a kernel (only time sees it). "
+    "Default: memory")
+
+
+class UsageError(EqfuseError):
+    pass
+
+
+class ArgParser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors: same format and exit status as ours
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _rule_options(c) -> None:
+    c.add_argument("--rules", action="append", default=[], metavar="F.rw",
+                   help="add the rules of this file to the built-in ones (repeatable)")
+    c.add_argument("--disable", action="append", default=[], metavar="NAME",
+                   help="turn a rule off by name, see 'eqfuse rules' (repeatable)")
+
+
+def _optimizer_options(c) -> None:
+    """What every command that optimizes takes: opt, run, emit, lower, bench."""
+    c.add_argument("--cost", choices=["memory", "launches", "time"], default="memory", help=COST_HELP)
+    _rule_options(c)
+    c.add_argument("--no-check-rules", action="store_true",
+                   help="use the --rules files without first checking each rule's soundness on random "
+                        "inputs (default: check, as 'eqfuse check-rules' does, once per file content; "
+                        "an unsound rule is refused, exit status 2)")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = ArgParser(prog="eqfuse", description="A fusion compiler for tensor graphs on the CPU.",
+                  epilog="Exit status: 0 success, 1 a check failed (verification, an unsound rule), "
+                         "2 bad input or usage, 3 an internal error. 'eqfuse COMMAND --help' for a command.")
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command", parser_class=ArgParser, metavar="COMMAND")
+    p.commands = sub.choices  # name -> subparser, for usage errors
+
+    def model_cmd(name, help, one_graph=False):
+        c = sub.add_parser(name, help=help, description=help)
+        c.add_argument("model", help="a .g file (or .onnx)")
+        c.add_argument("--dim", action="append", metavar="NAME=INT",
+                       help="bind a named dimension of the graphs processed, e.g. --dim B=256 (repeatable)")
+        c.add_argument("--graph", metavar="NAME", help="the graph of the file to " + (
+            "use (default: the first)" if one_graph else "process (default: every graph)"))
+        return c
+
+    c = model_cmd("opt", "optimize: print the fused graph and a report")
+    _optimizer_options(c)
+    c.add_argument("--iter-limit", type=int, default=None, metavar="N",
+                   help="stop saturating after N rounds of rule application (default: 30)")
+    c.add_argument("--node-limit", type=int, default=None, metavar="N",
+                   help="stop saturating once the e-graph holds more than N e-nodes (default: 200000)")
+    c.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="seconds for the whole optimize of each graph: saturation stops when they are "
+                        "used up (checked between rounds) and the ILP extraction gets what is left, "
+                        "within its own 1 s limit (default: 10 s of saturation, then the ILP's 1 s)")
+    c.add_argument("-o", "--output", metavar="OUT.g",
+                   help="write the optimized graph to this file instead of stdout (the report still prints)")
+    c.add_argument("--report", choices=["text", "json"], default="text",
+                   help="text: '#' lines after the graph; json: the report alone as one JSON object on stdout, "
+                        "keyed by graph name when several graphs are processed (default: text)")
+    c.add_argument("--explain", action="store_true",
+                   help="after the report, say why each tensor passed between two kernels is stored (no rule "
+                        "joins them; the backend cannot lower the joined body, and which condition fails; the "
+                        "cost model chose to store it, with both choices' bytes and time; a limit stopped the "
+                        "search) and what each fused kernel saves (also the report's 'boundaries' and "
+                        "'fused_kernels' keys)")
+    c.add_argument("--dot", metavar="OUT.dot",
+                   help="also write the fused graph as Graphviz DOT to this file: one box per kernel, "
+                        "edges are tensors (default: none)")
+
+    model_cmd("check", "parse and shape-check; print each graph's signature")
+
+    c = model_cmd("run", "run a model on inputs from an .npz file", one_graph=True)
+    _optimizer_options(c)
+    c.add_argument("--inputs", required=True, metavar="IN.npz",
+                   help="an .npz archive (numpy.savez) holding one float32 array per parameter, "
+                        "named like the parameter (required)")
+    c.add_argument("-o", "--output", metavar="OUT.npz",
+                   help="write the outputs to this .npz, named like the returned values (else out0, out1, ...)")
+    c.add_argument("--verify", action="store_true",
+                   help="compare with the numpy reference (rtol 1e-4, atol 1e-5); exit 1 on a mismatch")
+    c.add_argument("--reference", action="store_true", help="run the numpy reference only (no C)")
+
+    c = model_cmd("emit", "write the generated C sources")
+    _optimizer_options(c)
+    c.add_argument("-o", "--output", metavar="DIR", default=EMIT_DIR,
+                   help=f"directory for GRAPH.c and GRAPH.cdef.h, created if needed (default: ./{EMIT_DIR})")
+
+    c = model_cmd("lower", "print every kernel's plan: tiles, cache constraints, thread rule")
+    _optimizer_options(c)
+    c.add_argument("--uops", action="store_true",
+                   help="print the tile-level micro-op schedule the C runs, with a total uop count")
+
+    c = model_cmd("bench", "numpy op by op vs compiled unfused vs compiled fused", one_graph=True)
+    _optimizer_options(c)
+    c.add_argument("--repeat", type=int, default=20, metavar="N",
+                   help="timed calls per cell after 2 warm-up calls; a cell is their median (default: 20)")
+    c.add_argument("--threads", type=int, action="append", metavar="N",
+                   help="a thread count to measure, one column each (repeatable; default: 1 and 2)")
+    c.add_argument("--peers", metavar="LIST", default="numpy,torch,torch.compile,onnxruntime",
+                   help="comma-separated peers to measure besides eqfuse: numpy (op by op; always "
+                        "measured, the ratios' baseline), torch (eager), torch.compile (inductor), "
+                        "onnxruntime (ORT_ENABLE_ALL, on .onnx models); each needs its package installed "
+                        "(default: numpy,torch,torch.compile,onnxruntime)")
+
+    c = sub.add_parser("rules", help="list every active rule", description="list every active rule")
+    _rule_options(c)
+
+    c = sub.add_parser("ops", help="the op reference: every op's signature, attributes, kind and meaning")
+    c.add_argument("name", nargs="?", metavar="NAME", help="show one op in full (default: list every op)")
+
+    c = sub.add_parser("check-rules", help="test each rule's soundness on random inputs",
+                       description="test each rule's soundness on random inputs; exit 1 if one is unsound")
+    c.add_argument("files", nargs="+", metavar="F.rw")
+    c.add_argument("--trials", type=int, default=5, metavar="N",
+                   help="random draws of shapes and values per rule; both sides must agree on all (default: 5)")
+    return p
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """Parse the command line; leftover words are a usage error naming the nearest option."""
+    p = make_parser()
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        raise unknown_arguments(p, args.command, extra)
+    return args
+
+
+def unknown_arguments(p, command: str | None, extra: list[str]) -> UsageError:
+    parser = p.commands[command] if command else p
+    options = [s for s in parser._option_string_actions if s.startswith("--")]
+    word = next((w for w in extra if w.startswith("-")), None)
+    if word is None:
+        return UsageError(f"unexpected argument '{extra[0]}' (see '{parser.prog} --help')")
+    name = word.split("=", 1)[0]
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    elsewhere = [c for c, sp in p.commands.items() if name in sp._option_string_actions]
+    if close:
+        hint = f"did you mean '{close[0]}'?"
+    elif elsewhere:
+        hint = f"{name} is an option of {', '.join(elsewhere)}"
+    else:
+        hint = None
+    return UsageError(f"{parser.prog}: unknown option '{name}' (see '{parser.prog} --help')", hint=hint)

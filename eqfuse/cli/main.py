@@ -1,0 +1,242 @@
+"""The `eqfuse` command line. Bad input: one clear message on stderr and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from eqfuse.cli.args import ArgParser, UsageError, make_parser, parse  # noqa: F401 (used by the cli_* modules)
+from eqfuse.errors import CheckFailed, EqfuseError
+
+
+def parse_dims(items: list[str] | None) -> dict[str, int]:
+    dims = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier() or not value.strip().isdigit() or int(value) <= 0:
+            raise UsageError(f"--dim expects NAME=POSITIVE_INT, got '{item}'")
+        dims[name] = int(value)
+    return dims
+
+
+def check_dim_names(graphs, dims: dict[str, int], model: str) -> None:
+    """A --dim for a name no graph has is a typo, not something to ignore silently."""
+    have = [d for g in graphs for d in g.dims()]
+    for name in dims:
+        if name not in have:
+            known = ", ".join(dict.fromkeys(have)) or "none"
+            raise UsageError(f"--dim {name}: {model} has no dimension named '{name}' (its named dimensions: {known})")
+
+
+def pick_graph(graphs, name):
+    if name is None:
+        return graphs[0]
+    for g in graphs:
+        if g.name == name:
+            return g
+    raise UsageError(f"--graph {name}: no graph named '{name}' (the file has: {', '.join(g.name for g in graphs)})",
+                     hint=_did_you_mean(name, [g.name for g in graphs]))
+
+
+def _did_you_mean(word, options):
+    from eqfuse.frontend.builder import did_you_mean
+
+    return did_you_mean(word, options)
+
+
+def selected_graphs(args, one_graph: bool = False):
+    """(the graphs a command processes, the --dim bindings): every graph of the model (the first
+    for run and bench) or the one --graph names; each --dim must name a dimension of them."""
+    from eqfuse.frontend.load import load
+
+    graphs = load(args.model)
+    if one_graph or args.graph is not None:
+        graphs = [pick_graph(graphs, args.graph)]
+    dims = parse_dims(args.dim)
+    check_dim_names(graphs, dims, args.model)
+    check_dim_sizes(graphs, dims)
+    return graphs, dims
+
+
+def optimizer_opts(args) -> dict:
+    """cost=, rules=, disable= from the shared options, after the user rule files were checked
+    for soundness (unless --no-check-rules): an unsound rule is a RuleError, exit status 2."""
+    from eqfuse.optimizer.rulecheck import check_rule_files
+
+    check_rule_files(args.rules, enabled=not args.no_check_rules)
+    from eqfuse.optimizer.optimize import _rules
+
+    _rules(tuple(args.rules), tuple(args.disable))  # a misspelt --disable fails before any output is written
+    return dict(cost=args.cost, rules=list(args.rules), disable=list(args.disable))
+
+
+def check_dim_sizes(graphs, dims: dict[str, int]) -> None:
+    from eqfuse.ir.graph import oversized
+
+    for g in graphs:
+        why = oversized(g, dims)
+        if why:
+            raise UsageError(f"--dim {why}")
+
+
+def require_dims(graphs, dims: dict[str, int]) -> None:
+    """Lowering needs sizes: every named dimension of the graphs processed must be bound."""
+    for g in graphs:
+        missing = [d for d in g.dims() if d not in dims]
+        if missing:
+            raise UsageError(f"graph {g.name} has unbound dimension{'s' * (len(missing) > 1)} "
+                             f"{', '.join(missing)}: bind {'them' if len(missing) > 1 else 'it'} with "
+                             + " ".join(f"--dim {d}=INT" for d in missing))
+
+
+def cmd_check(args) -> int:
+    from eqfuse.ir.graph import bind_dims
+
+    graphs, dims = selected_graphs(args)
+    for g in graphs:
+        if dims:
+            g = bind_dims(g, {k: v for k, v in dims.items() if k in g.dims()})
+        print(g.signature())
+    return 0
+
+
+def cmd_ops(args) -> int:
+    from eqfuse.frontend.builder import did_you_mean
+    from eqfuse.ir import opdocs
+    from eqfuse.ir.ops import OPS
+
+    if args.name is None:
+        print(opdocs.summary())
+    elif args.name in OPS:
+        print(opdocs.detail(args.name))
+    else:
+        raise UsageError(f"unknown op '{args.name}' (see 'eqfuse ops' for the list)",
+                         hint=did_you_mean(args.name, OPS))
+    return 0
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    from eqfuse.ir.reference import bind_arrays, evaluate
+    from eqfuse.ir.shapes import dtype_of_numpy
+
+    (g,), dims = selected_graphs(args, one_graph=True)
+    opts = optimizer_opts(args)
+    path = Path(args.inputs)
+    if not path.exists():
+        raise UsageError(f"{path}: no such file")
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except Exception:  # numpy raises many types (and pickle advice) for a file that is not an archive
+        npz = None
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        example = ", ".join([f"{n}={n}" for n, _ in g.params[:2]] + ["..."] * (len(g.params) > 2))
+        raise EqfuseError(f"{path}: not a readable .npz file: --inputs expects a numpy .npz archive with one "
+                          f"array per parameter, named like it (numpy.savez('in.npz', {example}))")
+    # An .onnx model's initializers are bound as compile binds them: --inputs holds the runtime
+    # inputs only, each under the model's own input name (or the parameter name it became).
+    from eqfuse.compiler import input_aliases, model_weights
+
+    weights = model_weights(args.model)
+    aliases = input_aliases(args.model)
+    runtime = [n for n, _ in g.params if n not in weights]
+    key = {n: aliases.get(n, n) if aliases.get(n, n) in npz.files else n for n in runtime}
+    missing = [aliases.get(n, n) for n in runtime if key[n] not in npz.files]
+    if missing:
+        raise EqfuseError(f"{path} has no array for input{'s' * (len(missing) > 1)} {', '.join(missing)} "
+                          f"(it has: {', '.join(npz.files) or 'nothing'})")
+    given = {n: npz[key[n]] for n in runtime}
+    arrays = [given[n] if n in given else weights[n] for n, _ in g.params]
+    bind_arrays(g, arrays, dims)
+    if args.reference:
+        outs = evaluate(g, arrays)
+    else:
+        from eqfuse import compile as eq_compile
+
+        mod = eq_compile(args.model, dims=dims or None, check_rules=False, **opts)
+        res = getattr(mod, g.name)(**given)
+        outs = list(res) if isinstance(res, tuple) else [res]
+        if args.verify:
+            from eqfuse.runtime.verify import compare
+
+            bad = compare(outs, evaluate(g, arrays))
+            if bad:
+                raise CheckFailed("verification failed: " + "; ".join(bad))
+            print("verified: every output matches the numpy reference", file=sys.stderr)
+    names = output_names(g)
+    if args.output:
+        try:
+            np.savez(args.output, **dict(zip(names, outs)))
+        except OSError as e:
+            raise EqfuseError(f"{args.output}: cannot write ({e.strerror or e})") from None
+    for name, o in zip(names, outs):
+        dt = dtype_of_numpy(o.dtype) or str(o.dtype)
+        print(f"{name}: {dt}{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}  mean {o.astype(np.float64).mean():.6g}")
+    return 0
+
+
+def output_names(g) -> list[str]:
+    names = []
+    for i, o in enumerate(g.outputs):
+        n = g.nodes[o].name
+        names.append(n if n and n not in names else f"out{i}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse(argv)
+        if args.version:
+            from eqfuse import __version__
+
+            print(f"eqfuse {__version__}")
+            return 0
+        if args.command is None:
+            raise UsageError("a command is needed (see 'eqfuse --help')")
+        handler = COMMANDS[args.command]
+        return handler(args)
+    except EqfuseError as e:
+        print(str(e), file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except RecursionError:
+        print("error: the input is nested too deeply to process", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # an eqfuse bug: still one line, with a way to get the traceback
+        if os.environ.get("EQFUSE_DEBUG"):
+            raise
+        print(f"eqfuse: internal error: {type(e).__name__}: {e} (set EQFUSE_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return 3
+
+
+def _lazy(module: str, func: str):
+    def run(args):
+        import importlib
+
+        return getattr(importlib.import_module(f"eqfuse.{module}"), func)(args)
+
+    return run
+
+
+COMMANDS = {
+    "check": cmd_check,
+    "run": cmd_run,
+    "ops": cmd_ops,
+    "opt": _lazy("cli.opt_cmd", "cmd_opt"),
+    "rules": _lazy("cli.rules_cmd", "cmd_rules"),
+    "check-rules": _lazy("cli.rules_cmd", "cmd_check_rules"),
+    "emit": _lazy("cli.backend_cmds", "cmd_emit"),
+    "lower": _lazy("cli.backend_cmds", "cmd_lower"),
+    "bench": _lazy("cli.backend_cmds", "cmd_bench"),
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

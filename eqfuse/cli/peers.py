@@ -1,0 +1,237 @@
+"""Peer runtimes for `eqfuse bench`: the same graph run by PyTorch (eager and torch.compile).
+
+`torch_function(graph)` interprets a Graph with torch ops, one entry of TORCH per op of the op
+table (tests/test_peers.py checks that every op has one and agrees with the numpy reference);
+torch.compile traces that interpreter into one inductor graph, so the peer sees the whole
+unfused graph and does its own fusion. torch is optional: without it there are no peers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Callable, Sequence
+
+import numpy as np
+
+from eqfuse.ir.graph import Graph
+from eqfuse.ir.ops import _pair, _perm, _slice_bounds, norm_axis, reduce_axes
+from eqfuse.ir.shapes import NUMPY_DTYPE
+
+
+def _gelu(t, a, at):
+    return t.nn.functional.gelu(a[0], approximate=at["approximate"])
+
+
+def _layernorm(t, a, at):
+    x, g, b = a
+    axes = tuple(range(norm_axis(at["axis"], x.ndim), x.ndim))
+    return t.nn.functional.layer_norm(x, [x.shape[i] for i in axes], g, b, eps=at["eps"])
+
+
+def _rmsnorm(t, a, at):
+    x, g = a
+    return x * t.rsqrt((x * x).mean(dim=-1, keepdim=True) + at["eps"]) * g
+
+
+def _batchnorm(t, a, at):
+    x, mean, var, g, b = a
+    return t.nn.functional.batch_norm(x, mean, var, g, b, training=False, eps=at["eps"])
+
+
+def _reduce(fn: str):
+    def run(t, a, at):
+        axes = reduce_axes(at, a[0].ndim)
+        if fn == "max":
+            return t.amax(a[0], dim=axes, keepdim=at["keepdims"])
+        return getattr(t, fn)(a[0], dim=axes, keepdim=at["keepdims"])
+    return run
+
+
+def _conv2d(t, a, at):
+    bias = a[2] if len(a) == 3 else None
+    return t.nn.functional.conv2d(a[0], a[1], bias, stride=_pair(at["stride"]), padding=_pair(at["padding"]))
+
+
+def _slice(t, a, at):
+    x = a[0]
+    ax = norm_axis(at["axis"], x.ndim)
+    lo, hi, _ = _slice_bounds(x.shape[ax], at)
+    return x[(slice(None),) * ax + (slice(lo, hi, at["step"]),)]
+
+
+def _prod(t, a, at):
+    x = a[0]
+    for ax in sorted(reduce_axes(at, x.ndim), reverse=True):
+        x = t.prod(x, dim=ax, keepdim=at["keepdims"])
+    return x
+
+
+def _gather(t, a, at):
+    data, idx = a
+    ax = at["axis"] % data.ndim
+    idx = t.where(idx < 0, idx + data.shape[ax], idx)
+    return t.index_select(data, ax, idx.reshape(-1)).reshape(data.shape[:ax] + idx.shape + data.shape[ax + 1:])
+
+
+def _cumsum(t, a, at):
+    x, ax = a[0], at["axis"]
+    x = t.flip(x, [ax]) if at["reverse"] else x
+    out = t.cumsum(x, dim=ax, dtype=x.dtype)
+    out = out - x if at["exclusive"] else out
+    return t.flip(out, [ax]) if at["reverse"] else out
+
+
+def _torch_pads(pads, rank):  # eqfuse: begins then ends, first axis first; torch: last axis first, pairs
+    out = []
+    for d in reversed(range(rank)):
+        out += [pads[d], pads[rank + d]]
+    return out
+
+
+def _pool_kw(at):
+    return dict(kernel_size=_pair(at["kernel_size"]), stride=_pair(at["stride"] or at["kernel_size"]),
+                padding=_pair(at["padding"]))
+
+
+def _reshaped(op, x, at):
+    from eqfuse.ir.ops_index import RESHAPES
+    from eqfuse.ir.shapes import TType
+
+    return RESHAPES[op](TType(tuple(x.shape)), at)
+
+
+# op name -> (torch module, argument tensors, attributes) -> tensor
+TORCH: dict[str, Callable] = {
+    "neg": lambda t, a, at: -a[0],
+    "abs": lambda t, a, at: t.abs(a[0]),
+    "relu": lambda t, a, at: t.relu(a[0]),
+    "sigmoid": lambda t, a, at: t.sigmoid(a[0]),
+    "tanh": lambda t, a, at: t.tanh(a[0]),
+    "exp": lambda t, a, at: t.exp(a[0]),
+    "log": lambda t, a, at: t.log(a[0]),
+    "sqrt": lambda t, a, at: t.sqrt(a[0]),
+    "rsqrt": lambda t, a, at: t.rsqrt(a[0]),
+    "erf": lambda t, a, at: t.erf(a[0]),
+    "silu": lambda t, a, at: t.nn.functional.silu(a[0]),
+    "gelu": _gelu,
+    "add": lambda t, a, at: a[0] + a[1],
+    "sub": lambda t, a, at: a[0] - a[1],
+    "mul": lambda t, a, at: a[0] * a[1],
+    "div": lambda t, a, at: a[0] / a[1],
+    "pow": lambda t, a, at: t.pow(a[0], a[1]),
+    "maximum": lambda t, a, at: t.maximum(a[0], a[1]),
+    "minimum": lambda t, a, at: t.minimum(a[0], a[1]),
+    "matmul": lambda t, a, at: t.matmul(a[0], a[1]),
+    "conv2d": _conv2d,
+    "sum": _reduce("sum"),
+    "mean": _reduce("mean"),
+    "max": _reduce("max"),
+    "softmax": lambda t, a, at: (lambda p: t.where(t.isnan(p), t.zeros_like(p), p) if at["zero_nan"] else p)(
+        t.softmax(a[0], dim=at["axis"])),
+    "layernorm": _layernorm,
+    "rmsnorm": _rmsnorm,
+    "batchnorm": _batchnorm,
+    "transpose": lambda t, a, at: a[0].permute(*_perm(at, a[0].ndim)),
+    "reshape": lambda t, a, at: a[0].reshape(*at["shape"]),
+    "slice": _slice,
+    "concat": lambda t, a, at: t.cat(list(a), dim=at["axis"]),
+    # masks and indices
+    **{op: (lambda f: lambda t, a, at: getattr(t, f)(a[0], a[1]))(f)
+       for op, f in (("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"),
+                     ("logical_and", "logical_and"), ("logical_or", "logical_or"))},
+    "logical_not": lambda t, a, at: t.logical_not(a[0]),
+    "isnan": lambda t, a, at: t.isnan(a[0]),
+    "where": lambda t, a, at: t.where(a[0], a[1], a[2]),
+    "cast": lambda t, a, at: a[0].to(getattr(t, NUMPY_DTYPE[at["to"]])),
+    "expand": lambda t, a, at: t.broadcast_to(a[0], t.broadcast_shapes(a[0].shape, tuple(at["shape"]))),
+    "clip": lambda t, a, at: t.clamp(a[0], at["min"], at["max"]),
+    "leaky_relu": lambda t, a, at: t.nn.functional.leaky_relu(a[0], at["alpha"]),
+    "hard_sigmoid": lambda t, a, at: t.clamp(a[0] * at["alpha"] + at["beta"], 0, 1),
+    "hard_swish": lambda t, a, at: t.nn.functional.hardswish(a[0]),
+    "softplus": lambda t, a, at: t.nn.functional.softplus(a[0]),
+    "min": lambda t, a, at: t.amin(a[0], dim=reduce_axes(at, a[0].ndim), keepdim=at["keepdims"]),
+    "prod": _prod,
+    "gather": lambda t, a, at: _gather(t, a, at),
+    "gather_elements": lambda t, a, at: t.gather(a[0], at["axis"], t.where(a[1] < 0, a[1] + a[0].shape[at["axis"]], a[1])),
+    "cumsum": _cumsum,
+    "argmax": lambda t, a, at: t.argmax(a[0], dim=at["axis"], keepdim=at["keepdims"]),
+    "range": lambda t, a, at: t.arange(at["start"], at["stop"], at["step"], dtype=getattr(t, NUMPY_DTYPE[at["dtype"]])),
+    "tril": lambda t, a, at: t.tril(a[0], at["k"]),
+    "triu": lambda t, a, at: t.triu(a[0], at["k"]),
+    "pad": lambda t, a, at: t.nn.functional.pad(a[0], _torch_pads(at["pads"], a[0].ndim), value=at["value"]),
+    "max_pool2d": lambda t, a, at: t.nn.functional.max_pool2d(a[0], **_pool_kw(at)),
+    "avg_pool2d": lambda t, a, at: t.nn.functional.avg_pool2d(a[0], count_include_pad=at["count_include_pad"], **_pool_kw(at)),
+    "squeeze": lambda t, a, at: a[0].reshape(_reshaped("squeeze", a[0], at)),
+    "unsqueeze": lambda t, a, at: a[0].reshape(_reshaped("unsqueeze", a[0], at)),
+    "flatten": lambda t, a, at: a[0].reshape(_reshaped("flatten", a[0], at)),
+}
+
+
+def have_torch() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def torch_function(graph: Graph) -> Callable:
+    """A function of torch tensors computing the graph op by op (kernel blocks inlined)."""
+    import torch
+
+    def run(g: Graph, args: Sequence):
+        vals: list = [None] * len(g.nodes)
+        for i, a in zip(g.inputs, args):
+            vals[i] = a
+        for i, n in enumerate(g.nodes):
+            if n.op == "input":
+                continue
+            if n.op == "const":
+                vals[i] = torch.tensor(n.value, dtype=torch.float32)
+            elif n.op == "kernel":
+                vals[i] = run(n.body, [vals[a] for a in n.args])[0]
+            else:
+                # a literal takes the dtype of the tensors it meets (eqfuse/ir/dtypes.py)
+                strong = [g.nodes[a].type.dtype for a in n.args if g.nodes[a].op != "const"]
+                dt = getattr(torch, NUMPY_DTYPE[strong[0]]) if strong else torch.float32
+                args = [torch.tensor(g.nodes[a].value, dtype=dt) if g.nodes[a].op == "const" else vals[a]
+                        for a in n.args]
+                vals[i] = TORCH[n.op](torch, args, n.attr)
+        return [vals[o] for o in g.outputs]
+
+    def fn(*tensors):
+        outs = run(graph, tensors)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    return fn
+
+
+def torch_peers(graph: Graph, arrays: Sequence[np.ndarray], compiled: bool = True) -> list[tuple[str, Callable]]:
+    """[(label, fn(threads))]: torch eager and torch.compile on the graph, inputs already tensors.
+
+    Each fn returns numpy arrays, so the timing includes what a user of eqfuse also pays (numpy
+    out). torch.compile is warmed up (compiled) here, outside the timed runs.
+    """
+    if not have_torch():
+        return []
+    import torch
+
+    fn = torch_function(graph)
+    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+
+    def call(f):
+        def timed(threads: int):
+            torch.set_num_threads(threads)
+            with torch.no_grad():
+                out = f(*tensors)
+            return out.numpy() if isinstance(out, torch.Tensor) else tuple(o.numpy() for o in out)
+        return timed
+
+    peers = [("torch eager", call(fn))]
+    if compiled:
+        try:
+            cfn = torch.compile(fn, dynamic=False)
+            with torch.no_grad():
+                cfn(*tensors)
+            peers.append(("torch.compile (inductor)", call(cfn)))
+        except Exception as e:  # a missing C++ toolchain, an inductor bug: report it, bench the rest
+            peers.append((f"torch.compile failed: {type(e).__name__}", None))
+    return peers
+
+
+__all__ = ["TORCH", "torch_function", "torch_peers", "have_torch"]

@@ -1,0 +1,1 @@
+"""The front end: .g text (Lark) and ONNX files -> checked Graph IR."""

@@ -1,0 +1,37 @@
+"""Reading models: a path or source text -> parsed, checked graphs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from eqfuse.errors import EqfuseError
+from eqfuse.frontend.builder import build_module
+from eqfuse.frontend.parser import parse
+from eqfuse.ir.graph import Graph
+
+
+def read_source(src: str | os.PathLike) -> tuple[str | bytes, str]:
+    """(text, file name) from a path or from source text itself."""
+    if isinstance(src, str) and not src.strip():
+        raise EqfuseError("the model is empty: give a .g or .onnx path, or the text of a .g model")
+    if isinstance(src, os.PathLike) or (isinstance(src, str) and "\n" not in src and "{" not in src):
+        path = Path(src)
+        if not path.exists():
+            raise EqfuseError(f"{path}: no such file")
+        if path.is_dir():
+            raise EqfuseError(f"{path} is a directory, not a model file")
+        return path.read_bytes(), str(path)
+    return src, "<string>"
+
+
+def load(src: str | os.PathLike) -> list[Graph]:
+    """Parse and check every graph of a model (a .g path, source text, or an .onnx path)."""
+    text, file = read_source(src)
+    if file.endswith(".onnx"):
+        from eqfuse.frontend.onnx_import import (
+            import_onnx,  # optional dependency, imported only when needed
+        )
+
+        return [import_onnx(file)]
+    return build_module(parse(text, file))

@@ -1,0 +1,439 @@
+"""ONNX handlers of the arithmetic, activation, normalization, reduction, contraction and layout
+ops: each turns one ONNX node into ops of the op table. Registered into
+eqfuse.frontend.onnx_import.HANDLERS (the mask, index and pooling ops are in eqfuse/frontend/onnx_ops.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from eqfuse.errors import ShapeError
+from eqfuse.frontend.onnx_checks import tensor_array
+from eqfuse.frontend.onnx_import import (
+    BIG,
+    F32,
+    HANDLERS,
+    NUMPY_DTYPE,
+    ONNX_DTYPES,
+    Dim,
+    Unsupported,
+    _dtype_name,
+    _f32,
+    _one_dim,
+    _pair,
+    _prod,
+    dtype_of_numpy,
+    handles,
+)
+
+for _onnx, _ours in {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp",
+                     "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Log": "log"}.items():
+    HANDLERS[_onnx] = ((lambda o: lambda imp, ins, at: imp.op(o, [imp.data(ins[0], imp.node.input[0])]))(_ours),
+                       {"consumed_inputs"})
+
+
+@handles("Reciprocal")
+def _reciprocal(imp, ins, at):
+    return imp.binary("div", np.asarray(1.0, F32), ins[0], ("", imp.node.input[0]))
+
+
+@handles("Gelu", attrs=("approximate",))
+def _gelu(imp, ins, at):
+    return imp.op("gelu", [imp.data(ins[0], imp.node.input[0])], approximate=at.get("approximate", "none"))
+
+
+@handles("Add", "Sub", "Mul", "Div", "Pow", attrs=("consumed_inputs",))
+def _binary(imp, ins, at):
+    name = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}[imp.node.op_type]
+    b = ins[1]
+    if name == "pow" and imp.is_const(b) and b.dtype.kind in "iu":  # Pow allows an integer exponent
+        b = b.astype(F32)
+    return imp.binary(name, ins[0], b, tuple(imp.node.input))
+
+
+@handles("Max", "Min", "Sum", "Mean")
+def _variadic(imp, ins, at):
+    t = imp.node.op_type
+    name = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}[t]
+    acc = imp.data(ins[0], imp.node.input[0])
+    for v, n in zip(ins[1:], imp.node.input[1:]):
+        acc = imp.binary(name, acc, v, ("", n))
+    if t == "Mean" and len(ins) > 1:
+        acc = imp.binary("div", acc, np.asarray(len(ins), F32))
+    return acc
+
+
+@handles("Identity", "Dropout", attrs=("ratio", "seed", "is_test"))
+def _identity(imp, ins, at):
+    if imp.node.op_type == "Dropout":
+        if len(ins) > 2 and ins[2] is not None and (not imp.is_const(ins[2]) or bool(ins[2])):
+            raise Unsupported("training_mode (eqfuse imports models for inference)")
+        if len(imp.node.output) > 1 and imp.node.output[1]:
+            raise Unsupported("mask output")
+    return ins[0]
+
+
+@handles("Constant", attrs=("value", "value_float", "value_floats", "value_int", "value_ints"))
+def _constant(imp, ins, at):
+    if "value" in at:
+        return tensor_array(at["value"], f"the value of Constant '{imp.node.name or imp.node.output[0]}'")
+    if "value_float" in at:
+        return np.asarray(at["value_float"], F32)
+    if "value_floats" in at:
+        return np.asarray(at["value_floats"], F32)
+    if "value_int" in at:
+        return np.asarray(at["value_int"], np.int64)
+    if "value_ints" in at:
+        return np.asarray(at["value_ints"], np.int64)
+    raise Unsupported("constant kind (sparse or string)")
+
+
+@handles("Cast", "CastLike", attrs=("to", "saturate", "round_mode"))
+def _cast(imp, ins, at):
+    if imp.node.op_type == "CastLike":
+        target = ins[1]
+        to = dtype_of_numpy(target.dtype) if imp.is_const(target) else imp.type(target).dtype
+    else:
+        to = ONNX_DTYPES.get(at.get("to"), "f32" if at.get("to") in (10, 11, 16) else None)  # f16/f64/bf16 -> f32
+    if to is None:
+        raise Unsupported(f"cast to {_dtype_name(at.get('to'))}")
+    if imp.is_const(ins[0]):
+        return np.asarray(ins[0]).astype(NUMPY_DTYPE[to])
+    if imp.type(ins[0]).dtype == to:
+        return ins[0]
+    return imp.op("cast", [ins[0]], to=to)
+
+
+@handles("Shape", attrs=("start", "end"))
+def _shape(imp, ins, at):
+    shape = ins[0].shape if imp.is_const(ins[0]) else imp.type(ins[0]).shape
+    shape = shape[slice(at.get("start", 0), at.get("end"))]
+    if not all(isinstance(d, int) for d in shape):
+        raise Unsupported(f"Shape of a tensor with named dims {list(shape)} (bind them with dims=)")
+    return np.asarray(shape, np.int64)
+
+
+@handles("Size")
+def _size(imp, ins, at):
+    n, names = _prod(ins[0].shape if imp.is_const(ins[0]) else imp.type(ins[0]).shape)
+    if names:
+        raise Unsupported(f"Size of a tensor with named dims {list(names)} (bind them with dims=)")
+    return np.asarray(n, np.int64)
+
+
+@handles("MatMul")
+def _matmul(imp, ins, at):
+    a, b = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
+    ta, tb = imp.type(a).shape, imp.type(b).shape
+    if len(ta) == 1:
+        a = imp.reshape_to(a, (1,) + ta)
+    if len(tb) == 1:
+        b = imp.reshape_to(b, tb + (1,))
+    y = imp.op("matmul", [a, b])
+    out = imp.type(y).shape
+    if len(tb) == 1:
+        out = out[:-1]
+    if len(ta) == 1:
+        out = out[:-2] + out[-1:] if len(tb) != 1 else out[:-1]
+    return imp.reshape_to(y, out)
+
+
+@handles("Gemm", attrs=("alpha", "beta", "transA", "transB", "broadcast"))
+def _gemm(imp, ins, at):
+    a, b = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
+    if at.get("transA", 0):
+        a = imp.op("transpose", [a], perm=(1, 0))
+    if at.get("transB", 0):
+        b = imp.op("transpose", [b], perm=(1, 0))
+    y = imp.op("matmul", [a, b])
+    alpha, beta = at.get("alpha", 1.0), at.get("beta", 1.0)
+    if alpha != 1.0:
+        y = imp.binary("mul", y, np.asarray(alpha, F32))
+    if len(ins) > 2 and ins[2] is not None and beta != 0.0:
+        c = ins[2]
+        if beta != 1.0:
+            c = imp.binary("mul", c, np.asarray(beta, F32), (imp.node.input[2], ""))
+        y = imp.binary("add", y, c, ("", imp.node.input[2]))
+    return y
+
+
+def _softmax_axis(imp, rank: int, at) -> int:
+    axis = at.get("axis", 1 if imp.opset < 13 else -1)
+    if not -rank <= axis < rank:
+        raise ShapeError(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+@handles("Softmax", attrs=("axis",))
+def _softmax(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = imp.type(x).shape
+    axis = _softmax_axis(imp, len(shape), at)
+    if imp.opset >= 13 or axis == len(shape) - 1:
+        return imp.op("softmax", [x], axis=axis - len(shape))
+    # Before opset 13, Softmax normalizes over all the dims from `axis` on, flattened.
+    flat = imp.reshape_to(x, (_one_dim(shape[:axis]), _one_dim(shape[axis:])))
+    return imp.reshape_to(imp.op("softmax", [flat], axis=-1), shape)
+
+
+@handles("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
+def _layernorm(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = imp.type(x).shape
+    rank = len(shape)
+    axis = at.get("axis", -1)
+    if not -rank <= axis < rank:
+        raise ShapeError(f"axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    eps = _f32(at.get("epsilon", 1e-5))
+    tail = shape[axis:]
+    gamma = _norm_param(imp, ins[1], imp.node.input[1], tail, 1.0)
+    beta = _norm_param(imp, ins[2] if len(ins) > 2 else None, imp.node.input[2] if len(ins) > 2 else "", tail, 0.0)
+    outs = [imp.op("layernorm", [x, gamma, beta], axis=axis - rank, eps=eps)]
+    wanted = [o for o in imp.node.output[1:]]
+    if any(wanted):
+        axes = tuple(range(axis, rank))
+        mean = imp.op("mean", [x], axis=axes, keepdims=True)
+        d = imp.op("sub", [x, mean])
+        var = imp.op("mean", [imp.op("mul", [d, d])], axis=axes, keepdims=True)
+        inv = imp.op("rsqrt", [imp.binary("add", var, np.asarray(eps, F32))])
+        outs += [mean, inv][:len(wanted)]
+    return outs
+
+
+def _norm_param(imp, v, name: str, tail: tuple[Dim, ...], fill: float) -> int:
+    """gamma/beta of exactly the normalized shape (ONNX lets them broadcast)."""
+    if v is None:
+        if not all(isinstance(d, int) for d in tail):
+            raise Unsupported(f"LayerNormalization without bias over named dims {list(tail)}")
+        return imp.new_param(f"{imp.node.name or imp.node.output[0]}_{'bias' if fill == 0 else 'scale'}",
+                             np.full(tail, fill, F32))
+    if imp.is_const(v):
+        if tuple(v.shape) != tuple(tail):
+            if not all(isinstance(d, int) for d in tail):
+                raise Unsupported(f"LayerNormalization parameter {name} of shape {list(v.shape)}")
+            return imp.new_param(name, np.broadcast_to(v.astype(F32), tail))
+        return imp.data(v, name)
+    if imp.type(v).shape != tuple(tail):
+        raise Unsupported(f"LayerNormalization parameter '{name}' that broadcasts to the normalized shape")
+    return v
+
+
+@handles("BatchNormalization", attrs=("epsilon", "momentum", "training_mode", "is_test", "spatial",
+                                       "consumed_inputs"))
+def _batchnorm(imp, ins, at):
+    if at.get("training_mode", 0) or len([o for o in imp.node.output if o]) > 1:
+        raise Unsupported("training_mode (eqfuse imports models for inference)")
+    if at.get("spatial", 1) != 1:
+        raise Unsupported("spatial=0")
+    x, scale, bias, mean, var = [imp.data(v, n) for v, n in zip(ins, imp.node.input)]
+    return imp.op("batchnorm", [x, mean, var, scale, bias], eps=_f32(at.get("epsilon", 1e-5)))
+
+
+def _axes(imp, ins, at, k: int) -> list[int] | None:
+    """Axes from the attribute (older opsets) or input k (newer); None when not given."""
+    if "axes" in at:
+        return list(at["axes"])
+    if len(ins) > k and ins[k] is not None:
+        return imp.ints(ins[k], "axes")
+    return None
+
+
+@handles("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", attrs=("axes", "keepdims", "noop_with_empty_axes"))
+def _reduce(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    if 0 in [d for d in imp.type(x).shape if isinstance(d, int)]:
+        raise Unsupported("zero-size input")
+    t = imp.node.op_type
+    if t == "ReduceSumSquare":
+        x, t = imp.op("mul", [x, x]), "ReduceSum"
+    axes = _axes(imp, ins, at, 1)
+    keep = bool(at.get("keepdims", 1))
+    if not axes:
+        if at.get("noop_with_empty_axes", 0):
+            return x
+        axes = None
+    axis = None if axes is None else tuple(axes)
+    name = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}[t]
+    return imp.op(name, [x], axis=axis, keepdims=keep)
+
+
+@handles("Transpose", attrs=("perm",))
+def _transpose(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    perm = tuple(at.get("perm", range(imp.type(x).rank - 1, -1, -1)))
+    if perm == tuple(range(len(perm))):
+        return x
+    return imp.op("transpose", [x], perm=perm)
+
+
+@handles("Reshape", attrs=("allowzero", "shape"))
+def _reshape(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    cur = imp.type(x).shape
+    spec = list(at["shape"]) if "shape" in at else imp.ints(ins[1], "shape")
+    if at.get("allowzero", 0) and 0 in spec:
+        raise Unsupported("allowzero with a zero in the shape (zero-size tensors)")
+    out: list[Dim] = [cur[i] if d == 0 else d for i, d in enumerate(spec)]
+    if -1 in out:
+        n_in, names_in = _prod(cur)
+        n_out, names_out = _prod(d for d in out if d != -1)
+        rest = list(names_in)
+        for nm in names_out:
+            if nm not in rest:
+                raise Unsupported(f"reshape of {list(cur)} to {spec}")
+            rest.remove(nm)
+        if n_out == 0 or n_in % n_out:
+            raise ShapeError(f"cannot reshape {list(cur)} to {spec}")
+        fill = n_in // n_out
+        if rest and (len(rest) > 1 or fill != 1):
+            raise Unsupported(f"reshape of {list(cur)} to {spec} (the -1 is a product of named dims)")
+        out[out.index(-1)] = rest[0] if rest else fill
+    return imp.reshape_to(x, tuple(out))
+
+
+@handles("Flatten", attrs=("axis",))
+def _flatten(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = imp.type(x).shape
+    axis = at.get("axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis
+    return imp.reshape_to(x, (_one_dim(shape[:axis]), _one_dim(shape[axis:])))
+
+
+@handles("Squeeze", "Unsqueeze", attrs=("axes",))
+def _squeeze(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = list(imp.type(x).shape)
+    axes = _axes(imp, ins, at, 1)
+    if imp.node.op_type == "Unsqueeze":
+        rank = len(shape) + len(axes)
+        for a in sorted(a % rank for a in axes):
+            shape.insert(a, 1)
+    else:
+        rank = len(shape)
+        drop = {a % rank for a in axes} if axes is not None else {i for i, d in enumerate(shape) if d == 1}
+        if any(shape[a] != 1 for a in drop):
+            raise ShapeError(f"cannot squeeze axes {sorted(drop)} of shape {shape}")
+        shape = [d for i, d in enumerate(shape) if i not in drop]
+    return imp.reshape_to(x, tuple(shape))
+
+
+@handles("Slice", attrs=("starts", "ends", "axes"))
+def _slice(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    if imp.opset < 10:
+        starts, ends, axes, steps = list(at["starts"]), list(at["ends"]), at.get("axes"), None
+    else:
+        starts, ends = imp.ints(ins[1], "starts"), imp.ints(ins[2], "ends")
+        axes = imp.ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None else None
+        steps = imp.ints(ins[4], "steps") if len(ins) > 4 and ins[4] is not None else None
+    rank = imp.type(x).rank
+    axes = list(range(len(starts))) if axes is None else [a % rank for a in axes]
+    steps = steps or [1] * len(starts)
+    if any(s < 1 for s in steps):
+        raise Unsupported(f"steps {steps} (negative steps: reversing a tensor)")
+    for axis, lo, hi, step in zip(axes, starts, ends, steps):
+        n = imp.type(x).shape[axis]
+        if isinstance(n, str):
+            if lo == 0 and hi >= BIG:
+                continue
+            if lo < 0 or hi < 0 or hi >= BIG or step != 1:
+                raise Unsupported(f"slice [{lo}:{hi}:{step}] of named dim {n} (bind it with dims=)")
+        else:
+            r = range(n)[lo:min(hi, BIG):step]
+            lo, hi = r.start, r.stop
+            if len(r) == 0:
+                raise Unsupported(f"empty slice on axis {axis} (zero-size tensors)")
+            if lo == 0 and hi == n and step == 1:
+                continue
+        x = imp.op("slice", [x], axis=axis, start=lo, stop=hi, step=step)
+    return x
+
+
+@handles("Concat", attrs=("axis",))
+def _concat(imp, ins, at):
+    args = [imp.data(v, n) for v, n in zip(ins, imp.node.input)]
+    return imp.op("concat", args, axis=at.get("axis", 0 if imp.opset < 4 else None))
+
+
+@handles("Conv", attrs=("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"))
+def _conv(imp, ins, at):
+    x, w = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
+    xs, ws = imp.type(x).shape, imp.type(w).shape
+    if len(xs) != 4:
+        raise Unsupported(f"{len(xs) - 2}-D convolution (eqfuse supports 2-D, NCHW)")
+    if at.get("group", 1) != 1:
+        raise Unsupported(f"group={at['group']} (only group 1)")
+    if any(d != 1 for d in at.get("dilations", [1, 1])):
+        raise Unsupported(f"dilations {list(at['dilations'])}")
+    strides = list(at.get("strides", [1, 1]))
+    k = ws[2:]
+    auto = at.get("auto_pad", "NOTSET")
+    if auto in ("NOTSET", ""):
+        p = list(at.get("pads", [0, 0, 0, 0]))
+        pads = [(p[0], p[2]), (p[1], p[3])]
+    elif auto == "VALID":
+        pads = [(0, 0), (0, 0)]
+    elif auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = []
+        for n, kk, s in zip(xs[2:], k, strides):
+            if not isinstance(n, int):
+                raise Unsupported("auto_pad SAME over a named spatial dim")
+            total = max((math.ceil(n / s) - 1) * s + kk - n, 0)
+            small, big = total // 2, total - total // 2
+            pads.append((small, big) if auto == "SAME_UPPER" else (big, small))
+    else:
+        raise Unsupported(f"auto_pad {auto!r}")
+    # Asymmetric padding: pad both sides by the larger amount and slice the extra outputs off;
+    # when the extra is at the end and the stride does not divide it, concatenate zeros there.
+    for axis, ((a, b), s) in enumerate(zip(pads, strides), start=2):
+        if b > a and (b - a) % s:
+            shape = list(imp.type(x).shape)
+            if not all(isinstance(d, int) for d in shape):
+                raise Unsupported(f"asymmetric pads {[p for p in pads]} with stride {s} over named dims")
+            shape[axis] = b - a
+            zeros = imp.new_param(f"{imp.node.name or imp.node.output[0]}_pad", np.zeros(shape, F32))
+            x = imp.op("concat", [x, zeros], axis=axis)
+            xs = imp.type(x).shape
+            pads[axis - 2] = (a, a)
+    pad = [max(a, b) for a, b in pads]
+    args = [x, w] + ([imp.data(ins[2], imp.node.input[2])] if len(ins) > 2 and ins[2] is not None else [])
+    y = imp.op("conv2d", args, stride=_pair(strides), padding=_pair(pad))
+    for axis, ((a, b), s, n, kk) in enumerate(zip(pads, strides, xs[2:], k), start=2):
+        if a == b:
+            continue
+        first = (max(a, b) - a) // s
+        count = (n + a + b - kk) // s + 1
+        y = imp.op("slice", [y], axis=axis, start=first, stop=first + count)
+    return y
+
+
+@handles("Split", attrs=("axis", "split", "num_outputs"))
+def _split(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = imp.type(x).shape
+    axis = at.get("axis", 0) % len(shape)
+    n = shape[axis]
+    outs = [o for o in imp.node.output]
+    if "split" in at:
+        sizes = list(at["split"])
+    elif len(ins) > 1 and ins[1] is not None:
+        sizes = imp.ints(ins[1], "split")
+    else:
+        if not isinstance(n, int):
+            raise Unsupported(f"Split of named dim {n}")
+        k = at.get("num_outputs", len(outs))
+        step = -(-n // k)  # the last part may be smaller
+        sizes = [min(step, n - i * step) for i in range(k)]
+    if not isinstance(n, int):
+        raise Unsupported(f"Split of named dim {n}")
+    if sum(sizes) != n or min(sizes) <= 0:
+        raise ShapeError(f"split sizes {sizes} do not fill dimension {n} (or one is empty)")
+    res, lo = [], 0
+    for s in sizes:
+        res.append(x if s == n else imp.op("slice", [x], axis=axis, start=lo, stop=lo + s))
+        lo += s
+    return res

@@ -1,0 +1,435 @@
+"""ONNX -> Graph IR: every ONNX node becomes eqfuse ops from the op table.
+
+    model = import_model("model.onnx")      # Imported(graph, params)
+    graph = import_onnx("model.onnx")        # what `eqfuse.frontend.load.load` calls
+    params = onnx_params("model.onnx")       # {param name: float32 array}, for compile(params=)
+
+Contract with `eqfuse.compile`: the graph's parameters are the model's runtime inputs (ONNX
+order) followed by its weights. Every float initializer (and every constant tensor that is
+not a scalar) that the graph reads as data becomes a parameter, named like the initializer
+(sanitized); `onnx_params` returns exactly those arrays, so `compile(path, params=onnx_params(path))`
+leaves only the runtime inputs to pass. Values known at import time that steer shapes (Reshape
+shapes, Slice bounds, reduction axes, Shape of a concrete tensor, ...) are folded away and never
+become parameters; scalars (and size-1 constants that cannot change a result's shape) become
+"const" nodes; a weight nothing reads as data is dropped.
+
+Dynamic dims (dim_param) become named dims unless `dims=` binds them. `values=` fixes runtime
+inputs at import time (the onnx backend uses it for integer inputs such as a Reshape's shape).
+"""
+
+from __future__ import annotations
+
+import keyword
+import os
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from eqfuse.errors import EqfuseError, ShapeError
+from eqfuse.frontend.onnx_checks import check_dims, check_size, tensor_array
+from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.ops import OPS, complete_attrs
+from eqfuse.ir.shapes import NUMPY_DTYPE, Dim, TType, dim_product, dtype_of_numpy
+
+try:
+    import onnx
+    from onnx import helper
+except ImportError:  # pragma: no cover - exercised only without the optional dependency
+    onnx = None
+
+F32 = np.float32
+RESERVED = {"graph", "kernel", "return", "true", "false", "f32"}
+BIG = 2**31  # ONNX writes "to the end" as INT64_MAX (or INT32_MAX)
+ONNX_DTYPES = {1: "f32", 7: "i64", 6: "i32", 9: "bool"}  # TensorProto element types eqfuse computes in
+
+
+@dataclass
+class Imported:
+    graph: Graph
+    params: dict[str, np.ndarray]  # parameter name -> float32 array, in parameter order
+    inputs: list[str]  # ONNX names of the runtime inputs, in parameter order
+    outputs: list[str]  # ONNX names of the outputs
+
+
+def import_onnx(model, *, dims: Mapping[str, int] | None = None,
+                values: Mapping[str, np.ndarray] | None = None) -> Graph:
+    """The Graph of an ONNX model (a path, bytes or a ModelProto); weights are its last parameters."""
+    return import_model(model, dims=dims, values=values).graph
+
+
+def onnx_params(model, *, dims: Mapping[str, int] | None = None,
+                values: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The arrays to bind with `eqfuse.compile(..., params=)`: one per weight parameter."""
+    return import_model(model, dims=dims, values=values).params
+
+
+def import_with_params(model, values: Mapping[str, np.ndarray] | None = None, *,
+                       dims: Mapping[str, int] | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
+    """(graph, params) in one import; `values` fixes runtime inputs (see the module docstring)."""
+    m = import_model(model, dims=dims, values=values)
+    return m.graph, m.params
+
+
+def import_model(model, *, dims: Mapping[str, int] | None = None,
+                 values: Mapping[str, np.ndarray] | None = None) -> Imported:
+    if onnx is None:
+        raise EqfuseError("importing ONNX models needs the onnx package", hint="pip install 'eqfuse[onnx]'")
+    proto = _load(model)
+    return _Importer(proto, dict(dims or {}), dict(values or {})).run()
+
+
+def _load(model) -> "onnx.ModelProto":
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        if isinstance(model, bytes):
+            return onnx.load_from_string(model)
+        return onnx.load(os.fspath(model))
+    except FileNotFoundError:
+        raise EqfuseError(f"{model}: no such file") from None
+    except Exception as e:  # a protobuf DecodeError or an unreadable external-data file
+        raise EqfuseError(f"{model}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+
+
+def sanitize(name: str) -> str:
+    """An ONNX name as a .g identifier: '/layer1/Conv_output_0' -> 'layer1_Conv_output_0'."""
+    s = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")
+    s = re.sub(r"__+", "_", s)
+    if not s or s[0].isdigit():
+        s = "v" + ("_" + s if s else "")
+    if s in RESERVED or keyword.iskeyword(s):
+        s += "_"
+    return s
+
+
+class _Namer:
+    def __init__(self):
+        self.taken: set[str] = set()
+
+    def __call__(self, name: str) -> str:
+        base = sanitize(name)
+        out, k = base, 1
+        while out in self.taken:
+            k += 1
+            out = f"{base}_{k}"
+        self.taken.add(out)
+        return out
+
+
+class Unsupported(Exception):
+    """Raised inside a handler; the importer adds the op type and node name."""
+
+
+class _Importer:
+    def __init__(self, model, dims: dict[str, int], values: dict[str, np.ndarray]):
+        self.model = model
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        self.dims = dims
+        self.values = values
+        self.names = _Namer()
+        self.graph = Graph(sanitize(model.graph.name or "model") or "model")
+        self.env: dict[str, Any] = {}
+        self.weights: set[str] = set()  # ONNX names of float initializers: parameters, never folded
+        self.params: dict[str, np.ndarray] = {}
+        self.param_ids: list[int] = []
+        self.materialized: dict[str, int] = {}
+        self.node: Any = None  # the ONNX node being imported, for error messages
+
+    # ------------------------------------------------------------ driver
+
+    def run(self) -> Imported:
+        g = self.model.graph
+        inits = {t.name: tensor_array(t, f"initializer '{t.name}'") for t in g.initializer}
+        for name, arr in inits.items():
+            self.env[name] = arr
+            if arr.dtype.kind == "f":
+                self.weights.add(name)
+        runtime: list[str] = []
+        for vi in g.input:
+            if vi.name in inits:
+                continue
+            if vi.name in self.values:
+                self.env[vi.name] = np.asarray(self.values[vi.name])
+                continue
+            self.env[vi.name] = self.input(vi)
+            runtime.append(vi.name)
+        inputs = [self.env[n] for n in runtime]
+        for k, node in enumerate(g.node):
+            self.node = node
+            if node.op_type not in HANDLERS or node.domain not in ("", "ai.onnx"):
+                # before the first error, look ahead: the message lists every op missing
+                consts = {n for n, v in self.env.items() if self.is_const(v)}
+                self.check_ops(list(g.node)[k:], consts)
+            self.import_node(node)
+        self.node = None
+        outputs = [self.output(vi) for vi in g.output]
+        self.graph.outputs = outputs
+        graph = _prune(self.graph, inputs, self.param_ids)
+        used = {graph.nodes[i].name for i in graph.inputs}
+        params = {k: v for k, v in self.params.items() if k in used}
+        return Imported(graph, params, runtime, [vi.name for vi in g.output])
+
+    def check_ops(self, nodes, consts: set[str]) -> None:
+        """One error listing every op eqfuse cannot import, with its count and first node: a node
+        with no handler is fine when all its inputs are constants (it is folded); a Shape or Size
+        is taken as a constant (it is one when the shapes are known)."""
+        consts = consts - self.weights
+        missing: dict[str, list[str]] = {}
+        for node in nodes:
+            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            all_const = all(n in consts for n in node.input if n) and node.domain in ("", "ai.onnx")
+            if node.op_type in ("Shape", "Size") or (all_const and node.op_type != "Identity"):
+                consts.update(o for o in node.output if o)
+            elif node.op_type not in HANDLERS or node.domain not in ("", "ai.onnx"):
+                missing.setdefault(key, []).append(node.name or (node.output[0] if node.output else key))
+        if not missing:
+            return
+        if len(missing) == 1 and len(next(iter(missing.values()))) == 1:
+            (op, (first,)), = missing.items()
+            raise EqfuseError(f"unsupported ONNX op '{op}' in node '{first}'")
+        parts = [f"'{op}' ({len(nodes)} node{'s' * (len(nodes) > 1)}, first '{nodes[0]}')" for op, nodes in missing.items()]
+        raise EqfuseError(f"unsupported ONNX ops: {', '.join(parts)}",
+                          hint="eqfuse ops lists what eqfuse computes; `eqfuse check MODEL.onnx` lists these again")
+
+    def input(self, vi) -> int:
+        tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if tt is None:
+            raise EqfuseError(f"input '{vi.name}' is not a tensor; eqfuse imports tensor inputs only")
+        dtype = ONNX_DTYPES.get(tt.elem_type)
+        if dtype is None:
+            raise EqfuseError(f"input '{vi.name}' has dtype {_dtype_name(tt.elem_type)}; "
+                              "eqfuse supports float32, int64, int32 and bool tensors")
+        if not tt.HasField("shape"):
+            raise EqfuseError(f"input '{vi.name}' has no shape; eqfuse needs every input's rank")
+        shape: list[Dim] = []
+        for axis, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value"):
+                shape.append(int(d.dim_value))
+            else:
+                name = sanitize(d.dim_param) if d.dim_param else f"{sanitize(vi.name)}_{axis}"
+                shape.append(self.dims.get(d.dim_param, self.dims.get(name, name)))
+        check_dims(shape, f"input '{vi.name}'")
+        return self.add_input(vi.name, TType(tuple(shape), dtype))
+
+    def add_input(self, onnx_name: str, t: TType) -> int:
+        return self.graph.add(Node("input", type=t, name=self.names(onnx_name)))
+
+    def output(self, vi) -> int:
+        v = self.env.get(vi.name)
+        if v is None:
+            raise EqfuseError(f"graph output '{vi.name}' is not computed by any node")
+        try:
+            i = self.data(v, vi.name)
+        except Unsupported as e:
+            raise EqfuseError(f"unsupported {e} (graph output '{vi.name}')") from None
+        n = self.graph.nodes[i]
+        if n.name is None and n.op != "const":
+            self.graph.nodes[i] = replace(n, name=self.names(vi.name))
+        return i
+
+    def import_node(self, node) -> None:
+        if node.domain not in ("", "ai.onnx"):
+            raise self.error(f"unsupported ONNX op '{node.domain}.{node.op_type}'")
+        for name in node.input:
+            if name and name not in self.env:
+                raise self.error(f"input '{name}' is not defined before its use")
+        ins = [self.env[n] if n else None for n in node.input]
+        try:
+            outs = None
+            if self.foldable(node, ins):
+                try:
+                    outs = self.fold(node, ins)
+                except EqfuseError:
+                    if node.op_type not in HANDLERS:
+                        raise  # else import it as an op over constants, which the optimizer folds or computes
+            if outs is None:
+                handler = HANDLERS.get(node.op_type)
+                if handler is None:
+                    raise self.error(f"unsupported ONNX op '{node.op_type}'")
+                fn, known = handler
+                attrs = {a.name: _attr(a) for a in node.attribute}
+                for k in attrs:
+                    if k not in known:
+                        raise Unsupported(f"attribute '{k}'")
+                outs = fn(self, ins, attrs)
+        except Unsupported as e:
+            raise self.error(f"unsupported {e} of ONNX op '{node.op_type}'") from None
+        except (ShapeError, ValueError) as e:
+            raise self.error(f"{node.op_type}: {e}") from None
+        outs = outs if isinstance(outs, list) else [outs]
+        for name, v in zip(node.output, outs):
+            if name:
+                self.env[name] = v
+        for name in node.output[len(outs):]:
+            if name:
+                raise self.error(f"unsupported output {len(outs) + 1} ('{name}') of ONNX op '{node.op_type}'")
+
+    def error(self, msg: str) -> EqfuseError:
+        n = self.node
+        where = f" in node '{n.name or (n.output[0] if n.output else n.op_type)}'" if n is not None else ""
+        return EqfuseError(msg + where)
+
+    # ------------------------------------------------------------ constants
+
+    def is_const(self, v) -> bool:
+        return isinstance(v, np.ndarray)
+
+    def foldable(self, node, ins) -> bool:
+        if node.op_type in ("Constant", "Identity") or not node.input:
+            return False
+        data = [(v, n) for v, n in zip(ins, node.input) if n]
+        return all(self.is_const(v) and n not in self.weights for v, n in data)
+
+    def fold(self, node, ins) -> list:
+        from onnx.reference import ReferenceEvaluator
+
+        try:
+            ev = ReferenceEvaluator(node, opsets={"": self.opset})
+            feeds = {n: v for n, v in zip(node.input, ins) if n}
+            return [np.asarray(o) for o in ev.run(None, feeds)]
+        except Exception as e:
+            raise self.error(f"cannot fold ONNX op '{node.op_type}' on constants ({e})") from None
+
+    def ints(self, v, what: str) -> list[int]:
+        """A constant integer input (shape, axes, bounds), as a list."""
+        if not self.is_const(v):
+            raise Unsupported(f"non-constant input {what}")
+        if np.asarray(v).dtype.kind not in "iu":
+            raise ValueError(f"input {what} must be integers (int64), not {np.asarray(v).dtype}")
+        return [int(x) for x in np.asarray(v).reshape(-1)]
+
+    def data(self, v, name: str | None = None) -> int:
+        """A value as a node id: a constant becomes a "const" (a scalar) or a parameter."""
+        if not self.is_const(v):
+            return v
+        arr = np.asarray(v)
+        if dtype_of_numpy(arr.dtype) is None:
+            if arr.dtype.kind != "f":
+                raise Unsupported(f"dtype {arr.dtype} of '{name}'")
+            arr = arr.astype(F32)  # float64 / float16 constants compute in float32
+        if arr.ndim == 0:
+            return self.graph.add(Node("const", attrs=(("value", _f32(arr)),), type=TType(())))
+        key = name if name is not None and name in self.env and self.env[name] is v else None
+        if key is not None and key in self.materialized:
+            return self.materialized[key]
+        i = self.new_param(name or "const", arr)
+        if key is not None:
+            self.materialized[key] = i
+        return i
+
+    def new_param(self, base: str, arr: np.ndarray) -> int:
+        dtype = dtype_of_numpy(arr.dtype) or "f32"
+        i = self.add_input(base, TType(tuple(int(d) for d in arr.shape), dtype))
+        if 0 in arr.shape:
+            raise Unsupported(f"zero-size tensor '{base}'")
+        self.params[self.graph.nodes[i].name] = np.ascontiguousarray(arr, dtype=NUMPY_DTYPE[dtype])
+        self.param_ids.append(i)
+        return i
+
+    def operand(self, v, name: str, other_rank: int) -> int:
+        """A binary op's operand: a size-1 constant that cannot change the result shape is a scalar."""
+        if self.is_const(v) and v.size == 1 and v.ndim <= other_rank and v.dtype.kind in "fiub":
+            return self.graph.add(Node("const", attrs=(("value", _f32(v.reshape(()))),), type=TType(())))
+        return self.data(v, name)
+
+    # ------------------------------------------------------------ building ops
+
+    def op(self, name: str, args: list[int], **attrs) -> int:
+        spec = OPS[name]
+        full = complete_attrs(spec, attrs)
+        t = spec.infer([self.graph.nodes[a].type for a in args], full)
+        try:
+            check_size(t, None)
+        except EqfuseError as e:
+            raise ValueError(e.message) from None
+        return self.graph.add(Node(name, tuple(args), tuple(full.items()), t))
+
+    def const(self, v: float) -> int:
+        """A scalar literal (weakly typed: it takes the dtype of the tensor it meets)."""
+        return self.graph.add(Node("const", attrs=(("value", float(v)),), type=TType(())))
+
+    def type(self, i: int) -> TType:
+        return self.graph.nodes[i].type
+
+    def reshape_to(self, i: int, shape: tuple[Dim, ...]) -> int:
+        """reshape(i) to a shape whose dims may be names; at most one name may differ in place."""
+        cur = self.type(i).shape
+        if tuple(shape) == tuple(cur):
+            return i
+        names = [d for d in shape if isinstance(d, str)]
+        if len(names) > 1:
+            raise Unsupported(f"reshape from {list(cur)} to {list(shape)} (several named dims; bind them with dims=)")
+        return self.op("reshape", [i], shape=tuple(-1 if isinstance(d, str) else d for d in shape))
+
+    def binary(self, name: str, a, b, names=("", "")) -> int:
+        ra = 0 if a is None else (a.ndim if self.is_const(a) else self.type(a).rank)
+        rb = b.ndim if self.is_const(b) else self.type(b).rank
+        return self.op(name, [self.operand(a, names[0], rb), self.operand(b, names[1], ra)])
+
+
+def _f32(x) -> float:
+    """A float32 number as the shortest float that rounds to it (1e-05, not 9.999999747378752e-06)."""
+    return float(str(np.float32(x)))
+
+
+def _pair(v: list[int]) -> int | tuple[int, int]:
+    return v[0] if v[0] == v[1] else tuple(v)
+
+
+def _attr(a):
+    v = helper.get_attribute_value(a)
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _dtype_name(elem_type: int) -> str:
+    return onnx.TensorProto.DataType.Name(elem_type) if onnx else str(elem_type)
+
+
+def _prune(g: Graph, runtime: list[int], params: list[int]) -> Graph:
+    """Drop what no output needs (a LayerNormalization's unused Mean, a weight only Shape read);
+    every runtime input stays, used or not, so the call signature is the model's."""
+    live = set(g.outputs) | set(runtime)
+    for i in range(len(g.nodes) - 1, -1, -1):
+        if i in live:
+            live.update(g.nodes[i].args)
+    order = [i for i in range(len(g.nodes)) if i in live]
+    new = {old: k for k, old in enumerate(order)}
+    nodes = [replace(g.nodes[i], args=tuple(new[a] for a in g.nodes[i].args)) for i in order]
+    inputs = [new[i] for i in runtime + params if i in live]
+    return Graph(g.name, nodes, inputs, [new[o] for o in g.outputs])
+
+
+def _prod(ds) -> tuple[int, tuple[str, ...]]:
+    return dim_product(tuple(ds))
+
+
+def _one_dim(ds) -> Dim:
+    """The product of some dims as one dim: an int, or a name times 1."""
+    n, names = _prod(ds)
+    if not names:
+        return n
+    if len(names) == 1 and n == 1:
+        return names[0]
+    raise Unsupported(f"flattening dims {list(ds)} (a product of named dims; bind them with dims=)")
+
+
+# ---------------------------------------------------------------- handlers, one per ONNX op
+
+
+HANDLERS: dict[str, tuple[Callable, set[str]]] = {}
+
+
+def handles(*op_types: str, attrs: tuple[str, ...] = ()):
+    def deco(fn):
+        for t in op_types:
+            HANDLERS[t] = (fn, set(attrs))
+        return fn
+    return deco
+
+
+from eqfuse.frontend import (
+    onnx_handlers,
+    onnx_ops,  # noqa: E402,F401  (they register the handlers)
+)

@@ -1,0 +1,245 @@
+"""ONNX handlers for masks, indices, pooling and the activations exporters write.
+
+Registered into eqfuse.frontend.onnx_import.HANDLERS; each turns one ONNX node into ops of the op table
+(eqfuse/ir/ops_index.py). Nodes whose inputs are all constants never reach a handler: the
+importer folds them (Range, ConstantOfShape and the shape arithmetic of an export).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from eqfuse.frontend.onnx_handlers import _axes
+from eqfuse.frontend.onnx_import import Unsupported, _pair, handles
+
+
+def _rank(imp, v) -> int:
+    return v.ndim if imp.is_const(v) else imp.type(v).rank
+
+
+_COMPARE = {"Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt", "GreaterOrEqual": "ge",
+            "And": "logical_and", "Or": "logical_or"}
+
+
+@handles(*_COMPARE)
+def _compare(imp, ins, at):
+    return imp.binary(_COMPARE[imp.node.op_type], ins[0], ins[1], tuple(imp.node.input))
+
+
+@handles("Xor")
+def _xor(imp, ins, at):
+    return imp.binary("ne", ins[0], ins[1], tuple(imp.node.input))
+
+
+@handles("Not", "IsNaN")
+def _not(imp, ins, at):
+    name = {"Not": "logical_not", "IsNaN": "isnan"}[imp.node.op_type]
+    return imp.op(name, [imp.data(ins[0], imp.node.input[0])])
+
+
+@handles("Where")
+def _where(imp, ins, at):
+    r = max(_rank(imp, v) for v in ins)
+    args = [imp.operand(v, n, r) if k else imp.data(v, n) for k, (v, n) in enumerate(zip(ins, imp.node.input))]
+    return imp.op("where", args)
+
+
+@handles("Expand")
+def _expand(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = tuple(imp.ints(ins[1], "shape"))
+    if tuple(imp.type(x).shape) == shape:
+        return x
+    return imp.op("expand", [x], shape=shape)
+
+
+@handles("Gather", attrs=("axis",))
+def _gather(imp, ins, at):
+    data = imp.data(ins[0], imp.node.input[0])
+    ds = imp.type(data).shape
+    ax = at.get("axis", 0) % len(ds)
+    if imp.is_const(ins[1]):
+        idx = np.asarray(ins[1]).astype(np.int64)
+        if idx.ndim == 0:  # x[..., i, ...]: a slice of one, its axis dropped
+            i = int(idx) + (ds[ax] if idx < 0 and isinstance(ds[ax], int) else 0)
+            one = imp.op("slice", [data], axis=ax, start=i, stop=i + 1)
+            return imp.reshape_to(one, ds[:ax] + ds[ax + 1:])
+        index = imp.new_param(imp.node.input[1] or "index", idx)
+    else:
+        index = ins[1]
+        if imp.type(index).rank == 0:  # a scalar index drops the axis: gather one, then reshape it away
+            one = imp.op("gather", [data, imp.op("reshape", [index], shape=(1,))], axis=ax)
+            return imp.reshape_to(one, ds[:ax] + ds[ax + 1:])
+    return imp.op("gather", [data, index], axis=ax)
+
+
+@handles("GatherElements", attrs=("axis",))
+def _gather_elements(imp, ins, at):
+    return imp.op("gather_elements", [imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])],
+                  axis=at.get("axis", 0))
+
+
+@handles("GatherND", attrs=("batch_dims",))
+def _gather_nd(imp, ins, at):
+    """data[idx[..., 0], ..., idx[..., k-1]] as one gather over the first k axes flattened."""
+    if at.get("batch_dims", 0):
+        raise Unsupported("batch_dims")
+    data, idx = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
+    ds, ishape = imp.type(data).shape, imp.type(idx).shape
+    k = ishape[-1]
+    if not isinstance(k, int) or not all(isinstance(d, int) for d in ds[:k]):
+        raise Unsupported("named dims in the indexed axes")
+    flat = None
+    stride = 1
+    for i in reversed(range(k)):
+        part = imp.reshape_to(imp.op("slice", [idx], axis=-1, start=i, stop=i + 1), ishape[:-1])
+        # a negative index counts from the end of its own axis
+        part = imp.op("where", [imp.op("lt", [part, imp.const(0)]), imp.op("add", [part, imp.const(ds[i])]), part])
+        term = part if stride == 1 else imp.op("mul", [part, imp.const(stride)])
+        flat = term if flat is None else imp.op("add", [flat, term])
+        stride *= ds[i]
+    table = imp.reshape_to(data, (stride,) + tuple(ds[k:]))
+    return imp.op("gather", [table, flat], axis=0)
+
+
+@handles("CumSum", attrs=("exclusive", "reverse"))
+def _cumsum(imp, ins, at):
+    (axis,) = imp.ints(ins[1], "axis")
+    return imp.op("cumsum", [imp.data(ins[0], imp.node.input[0])], axis=axis,
+                  exclusive=bool(at.get("exclusive", 0)), reverse=bool(at.get("reverse", 0)))
+
+
+@handles("ArgMax", attrs=("axis", "keepdims", "select_last_index"))
+def _argmax(imp, ins, at):
+    if at.get("select_last_index", 0):
+        raise Unsupported("select_last_index")
+    return imp.op("argmax", [imp.data(ins[0], imp.node.input[0])], axis=at.get("axis", 0),
+                  keepdims=bool(at.get("keepdims", 1)))
+
+
+@handles("ReduceProd", "ReduceL2", attrs=("axes", "keepdims", "noop_with_empty_axes"))
+def _reduce_more(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    axes = _axes(imp, ins, at, 1)
+    if not axes and at.get("noop_with_empty_axes", 0):
+        return x
+    axis = tuple(axes) if axes else None
+    keep = bool(at.get("keepdims", 1))
+    if imp.node.op_type == "ReduceProd":
+        return imp.op("prod", [x], axis=axis, keepdims=keep)
+    return imp.op("sqrt", [imp.op("sum", [imp.op("mul", [x, x])], axis=axis, keepdims=keep)])
+
+
+@handles("Trilu", attrs=("upper",))
+def _trilu(imp, ins, at):
+    k = imp.ints(ins[1], "k")[0] if len(ins) > 1 and ins[1] is not None else 0
+    return imp.op("triu" if at.get("upper", 1) else "tril", [imp.data(ins[0], imp.node.input[0])], k=k)
+
+
+@handles("Pad", attrs=("mode", "pads", "value"))
+def _pad(imp, ins, at):
+    if at.get("mode", "constant") != "constant":
+        raise Unsupported(f"mode '{at['mode']}'")
+    x = imp.data(ins[0], imp.node.input[0])
+    rank = imp.type(x).rank
+    pads = list(at["pads"]) if "pads" in at else imp.ints(ins[1], "pads")
+    value = at.get("value", 0.0)
+    if len(ins) > 2 and ins[2] is not None:
+        if not imp.is_const(ins[2]):
+            raise Unsupported("non-constant constant_value")
+        value = float(np.asarray(ins[2]).reshape(()))
+    if len(ins) > 3 and ins[3] is not None:  # axes: pads only for those
+        axes = [a % rank for a in imp.ints(ins[3], "axes")]
+        full = [0] * (2 * rank)
+        for j, a in enumerate(axes):
+            full[a], full[rank + a] = pads[j], pads[len(axes) + j]
+        pads = full
+    if min(pads) < 0:
+        raise Unsupported("negative pads (cropping)")
+    if not any(pads):
+        return x
+    return imp.op("pad", [x], pads=tuple(pads), value=float(value))
+
+
+@handles("MaxPool", "AveragePool", attrs=("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides",
+                                          "storage_order", "count_include_pad"))
+def _pool(imp, ins, at):
+    if at.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or at.get("ceil_mode", 0):
+        raise Unsupported("auto_pad / ceil_mode")
+    if any(d != 1 for d in at.get("dilations", [1, 1])) or len(imp.node.output) > 1:
+        raise Unsupported("dilations or the indices output")
+    pads = list(at.get("pads", [0, 0, 0, 0]))
+    if len(pads) != 4 or pads[0] != pads[2] or pads[1] != pads[3]:
+        raise Unsupported(f"pads {pads} (asymmetric or not 2-D)")
+    x = imp.data(ins[0], imp.node.input[0])
+    kw = dict(kernel_size=_pair(list(at["kernel_shape"])), stride=_pair(list(at.get("strides", [1, 1]))),
+              padding=_pair(pads[:2]))
+    if imp.node.op_type == "MaxPool":
+        return imp.op("max_pool2d", [x], **kw)
+    return imp.op("avg_pool2d", [x], count_include_pad=bool(at.get("count_include_pad", 0)), **kw)
+
+
+@handles("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    axis = tuple(range(2, imp.type(x).rank))
+    return imp.op("mean" if imp.node.op_type == "GlobalAveragePool" else "max", [x], axis=axis, keepdims=True)
+
+
+@handles("Clip", attrs=("min", "max"))
+def _clip(imp, ins, at):
+    x = imp.data(ins[0], imp.node.input[0])
+    given = [ins[k] if len(ins) > k else None for k in (1, 2)]
+    if any(v is not None and not imp.is_const(v) for v in given):  # bounds computed at run time
+        for k, (v, name) in enumerate(zip(given, ("maximum", "minimum"))):
+            if v is not None:
+                x = imp.binary(name, x, v, ("", imp.node.input[k + 1]))
+        return x
+    lo, hi = (float(np.asarray(v).reshape(())) if v is not None else at.get(n) for v, n in zip(given, ("min", "max")))
+    return imp.op("clip", [x], min=lo, max=hi)
+
+
+@handles("LeakyRelu", attrs=("alpha",))
+def _leaky(imp, ins, at):
+    return imp.op("leaky_relu", [imp.data(ins[0], imp.node.input[0])], alpha=at.get("alpha", 0.01))
+
+
+@handles("HardSigmoid", attrs=("alpha", "beta"))
+def _hard_sigmoid(imp, ins, at):
+    return imp.op("hard_sigmoid", [imp.data(ins[0], imp.node.input[0])], alpha=at.get("alpha", 0.2),
+                  beta=at.get("beta", 0.5))
+
+
+@handles("HardSwish", "Softplus")
+def _unary_act(imp, ins, at):
+    name = {"HardSwish": "hard_swish", "Softplus": "softplus"}[imp.node.op_type]
+    return imp.op(name, [imp.data(ins[0], imp.node.input[0])])
+
+
+@handles("Einsum", attrs=("equation",))
+def _einsum(imp, ins, at):
+    """The two-operand forms exporters write: a batched matmul with either operand transposed
+    ("bhid,bhjd->bhij", "bij,bjk->bik", "ij,kj->ik", ...)."""
+    eq = at["equation"].replace(" ", "")
+    if "->" not in eq or "." in eq or len(ins) != 2:
+        raise Unsupported(f"equation '{eq}' (two explicit operands and an output are supported)")
+    lhs, out = eq.split("->")
+    a_s, b_s = lhs.split(",")
+    shared = [c for c in a_s if c in b_s and c not in out]
+    if len(shared) != 1 or len(set(a_s)) != len(a_s) or len(set(b_s)) != len(b_s):
+        raise Unsupported(f"equation '{eq}' (one contracted index is supported)")
+    k = shared[0]
+    batch = [c for c in out if c in a_s and c in b_s]
+    m = [c for c in a_s if c not in b_s]
+    n = [c for c in b_s if c not in a_s]
+    if len(m) != 1 or len(n) != 1 or sorted(out) != sorted(batch + m + n):
+        raise Unsupported(f"equation '{eq}'")
+    a = _permuted(imp, imp.data(ins[0], imp.node.input[0]), a_s, batch + m + [k])
+    b = _permuted(imp, imp.data(ins[1], imp.node.input[1]), b_s, batch + [k] + n)
+    y = imp.op("matmul", [a, b])
+    return _permuted(imp, y, "".join(batch + m + n), list(out))
+
+
+def _permuted(imp, x, have: str, want: list[str]):
+    perm = tuple(have.index(c) for c in want)
+    return x if perm == tuple(range(len(perm))) else imp.op("transpose", [x], perm=perm)

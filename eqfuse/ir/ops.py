@@ -1,0 +1,452 @@
+"""The op table: the single source of truth about every operator.
+
+Each op is one `Op` entry: its name, kind, arity, attributes (with types and defaults), shape
+rule, numpy implementation (the reference semantics), C expression (pointwise ops) and a FLOP
+estimate. The parser's checks, shape inference, the numpy reference, the e-graph encoding, the
+rule checker and the C emitter all read this table; adding an op means adding one entry here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from eqfuse.errors import ShapeError
+from eqfuse.ir.dtypes import result_dtype
+from eqfuse.ir.opdocs import DOCS
+from eqfuse.ir.shapes import Dim, TType, broadcast, dim_product, fmt, norm_axis
+
+F32 = np.float32
+REQUIRED = object()
+
+# Attribute kinds: how a value written in a .g file is checked and normalized.
+#   int, float, bool, str; ints (list of ints); int_or_ints (an int or a list, normalized to a
+#   tuple); axes (None, an int or a list of ints, normalized to a tuple or None).
+
+
+@dataclass(frozen=True)
+class Attr:
+    name: str
+    kind: str
+    default: Any = REQUIRED
+    choices: tuple = ()
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    kind: str  # pointwise | contraction | reduction | row | channel (batchnorm) | layout
+    arity: tuple[int, int]  # (min, max) inputs; max -1 = any number
+    infer: Callable[[list[TType], Mapping[str, Any]], TType]
+    numpy: Callable[..., np.ndarray]  # numpy(args, attrs) -> float32 array
+    attrs: tuple[Attr, ...] = ()
+    c: str | Callable[[Mapping[str, Any]], str] | None = None  # pointwise: C expr over {0}, {1}
+    infix: str | None = None  # binary infix symbol, or "-" prefix for neg
+    flops: int = 1  # per output element (pointwise and row ops)
+    dtype: str = "float"  # the dtype rule of eqfuse.ir.dtypes.result_dtype
+    shape_rule: Callable | None = None  # `infer` without the dtype rule (the rule checker draws f64 values)
+    doc: str = ""  # one line of meaning, from eqfuse/ir/opdocs.py (`eqfuse ops`)
+
+    def attr_spec(self, name: str) -> Attr | None:
+        return next((a for a in self.attrs if a.name == name), None)
+
+    def c_expr(self, attrs: Mapping[str, Any]) -> str:
+        if self.c is None:
+            raise ValueError(f"op {self.name} has no C expression")
+        return self.c(attrs) if callable(self.c) else self.c
+
+
+OPS: dict[str, Op] = {}
+
+
+def _op(**kw) -> None:
+    """Register an op; its `infer` is the shape rule, wrapped so that it also gives the dtype."""
+    shape_rule, name, rule = kw["infer"], kw["name"], kw.get("dtype", "float")
+
+    def infer(ts, attrs):
+        return TType(shape_rule(ts, attrs).shape, result_dtype(rule, name, ts, attrs))
+
+    op = Op(**{"doc": DOCS.get(name, ("", ""))[1], **kw, "infer": infer, "shape_rule": shape_rule})
+    OPS[op.name] = op
+
+
+def f32(x) -> np.ndarray:
+    return np.asarray(x, dtype=F32)
+
+
+# ---------------------------------------------------------------- pointwise
+
+def _same(ts, attrs):
+    return TType(ts[0].shape)
+
+
+def _bcast(ts, attrs):
+    return TType(broadcast(*(t.shape for t in ts)))
+
+
+def _erf(x):
+    from scipy.special import erf
+
+    return erf(x)
+
+
+def _gelu_np(args, attrs):
+    x = args[0]
+    if attrs["approximate"] == "tanh":
+        return 0.5 * x * (1 + np.tanh(F32(math.sqrt(2 / math.pi)) * (x + F32(0.044715) * x * x * x)))
+    return 0.5 * x * (1 + _erf(x * F32(1 / math.sqrt(2))))
+
+
+def _gelu_c(attrs):
+    return "eqf_gelu_tanh({0})" if attrs["approximate"] == "tanh" else "eqf_gelu_erf({0})"
+
+
+_UNARY = [
+    # name, numpy, C, flops
+    ("neg", lambda a, _: -a[0], "(-{0})", 1),
+    ("abs", lambda a, _: np.abs(a[0]), "fabsf({0})", 1),
+    ("relu", lambda a, _: np.maximum(a[0], F32(0)), "eqf_relu({0})", 1),
+    ("sigmoid", lambda a, _: 1 / (1 + np.exp(-a[0])), "eqf_sigmoid({0})", 4),
+    ("tanh", lambda a, _: np.tanh(a[0]), "eqf_tanhf({0})", 4),
+    ("exp", lambda a, _: np.exp(a[0]), "eqf_expf({0})", 4),
+    ("log", lambda a, _: np.log(a[0]), "logf({0})", 4),
+    ("sqrt", lambda a, _: np.sqrt(a[0]), "sqrtf({0})", 2),
+    ("rsqrt", lambda a, _: 1 / np.sqrt(a[0]), "(1.0f / sqrtf({0}))", 3),
+    ("erf", lambda a, _: _erf(a[0]), "eqf_erff({0})", 8),
+    ("silu", lambda a, _: a[0] / (1 + np.exp(-a[0])), "eqf_silu({0})", 5),
+]
+for _name, _np, _c, _fl in _UNARY:
+    _op(name=_name, kind="pointwise", arity=(1, 1), infer=_same, numpy=_np, c=_c, flops=_fl,
+        infix="-" if _name == "neg" else None, dtype="numeric" if _name in ("neg", "abs") else "float")
+_op(name="gelu", kind="pointwise", arity=(1, 1), infer=_same, numpy=_gelu_np, c=_gelu_c, flops=10,
+    attrs=(Attr("approximate", "str", "none", ("none", "tanh")),))
+
+_BINARY = [
+    ("add", np.add, "({0} + {1})", "+"),
+    ("sub", np.subtract, "({0} - {1})", "-"),
+    ("mul", np.multiply, "({0} * {1})", "*"),
+    ("div", np.divide, "({0} / {1})", "/"),
+    ("pow", np.power, "eqf_pow({0}, {1})", "**"),
+    ("maximum", np.maximum, "eqf_max({0}, {1})", None),
+    ("minimum", np.minimum, "eqf_min({0}, {1})", None),
+]
+for _name, _ufunc, _c, _infix in _BINARY:
+    _op(name=_name, kind="pointwise", arity=(2, 2), infer=_bcast,
+        numpy=(lambda u: lambda a, _: u(a[0], a[1]))(_ufunc), c=_c, infix=_infix,
+        flops=4 if _name == "pow" else 1, dtype="float" if _name == "pow" else "numeric")
+
+# ---------------------------------------------------------------- contraction
+
+
+def _matmul_infer(ts, attrs):
+    a, b = ts
+    if a.rank < 2 or b.rank < 2:
+        raise ShapeError(f"matmul needs operands of rank >= 2, got {fmt(a.shape)} and {fmt(b.shape)}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(
+            f"matmul inner dimensions differ: {fmt(a.shape)} @ {fmt(b.shape)} ({a.shape[-1]} vs {b.shape[-2]})"
+        )
+    batch = broadcast(a.shape[:-2], b.shape[:-2])
+    return TType(batch + (a.shape[-2], b.shape[-1]))
+
+
+_op(name="matmul", kind="contraction", arity=(2, 2), infer=_matmul_infer,
+    numpy=lambda a, _: np.matmul(a[0], a[1]), infix="@")
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _conv_out(h: Dim, k: Dim, s: int, p: int) -> Dim:
+    if not (isinstance(h, int) and isinstance(k, int)):
+        if k == 1 and s == 1 and p == 0:
+            return h
+        raise ShapeError("conv2d needs concrete spatial dimensions (bind them with --dim)")
+    out = (h + 2 * p - k) // s + 1
+    if out <= 0:
+        raise ShapeError(f"conv2d window {k} with padding {p} does not fit input size {h}")
+    return out
+
+
+def _conv_infer(ts, attrs):
+    x, w = ts[0], ts[1]
+    if x.rank != 4 or w.rank != 4:
+        raise ShapeError(f"conv2d needs x in NCHW and w in OIHW (rank 4), got {fmt(x.shape)} and {fmt(w.shape)}")
+    if x.shape[1] != w.shape[1]:
+        raise ShapeError(f"conv2d channels differ: x has {x.shape[1]}, w expects {w.shape[1]}")
+    if len(ts) == 3 and ts[2].shape != (w.shape[0],):
+        raise ShapeError(f"conv2d bias must have shape [{w.shape[0]}], got {fmt(ts[2].shape)}")
+    (sh, sw), (ph, pw) = _pair(attrs["stride"]), _pair(attrs["padding"])
+    if min(sh, sw) < 1 or min(ph, pw) < 0:
+        raise ShapeError("conv2d stride must be >= 1 and padding >= 0")
+    return TType((x.shape[0], w.shape[0], _conv_out(x.shape[2], w.shape[2], sh, ph),
+                  _conv_out(x.shape[3], w.shape[3], sw, pw)))
+
+
+def conv2d_numpy(args, attrs):
+    x, w = args[0], args[1]
+    (sh, sw), (ph, pw) = _pair(attrs["stride"]), _pair(attrs["padding"])
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[2:], axis=(2, 3))[:, :, ::sh, ::sw]
+    out = np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+    if len(args) == 3:
+        out = out + args[2][None, :, None, None]
+    return out
+
+
+_op(name="conv2d", kind="contraction", arity=(2, 3), infer=_conv_infer, numpy=conv2d_numpy,
+    attrs=(Attr("stride", "int_or_ints", 1), Attr("padding", "int_or_ints", 0)))
+
+# ---------------------------------------------------------------- reductions
+
+
+def reduce_axes(attrs, rank: int) -> tuple[int, ...]:
+    axis = attrs["axis"]
+    if axis is None:
+        return tuple(range(rank))
+    axes = tuple(norm_axis(a, rank) for a in axis)
+    if len(set(axes)) != len(axes):
+        raise ShapeError(f"axis {list(axis)} repeats an axis")
+    return tuple(sorted(axes))
+
+
+def _reduce_infer(ts, attrs):
+    x = ts[0]
+    axes = reduce_axes(attrs, x.rank)
+    if attrs["keepdims"]:
+        return TType(tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
+    return TType(tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+_RED_ATTRS = (Attr("axis", "axes", None), Attr("keepdims", "bool", False))
+for _name, _fn in (("sum", np.sum), ("mean", np.mean), ("max", np.max)):
+    _op(name=_name, kind="reduction", arity=(1, 1), infer=_reduce_infer, attrs=_RED_ATTRS,
+        dtype="float" if _name == "mean" else "numeric",
+        numpy=(lambda fn: lambda a, at: fn(a[0], axis=reduce_axes(at, a[0].ndim), keepdims=at["keepdims"]))(_fn))
+
+# ---------------------------------------------------------------- row ops
+
+
+def _softmax_infer(ts, attrs):
+    norm_axis(attrs["axis"], ts[0].rank)
+    return TType(ts[0].shape)
+
+
+def _softmax_np(args, attrs):
+    x, ax = args[0], attrs["axis"]
+    e = np.exp(x - np.max(x, axis=ax, keepdims=True))
+    p = e / np.sum(e, axis=ax, keepdims=True)
+    # zero_nan: where(isnan(p), 0, p), as exporters write around a fully masked row
+    return np.where(np.isnan(p), np.float32(0), p) if attrs["zero_nan"] else p
+
+
+def _norm_params(ts, tail: tuple[Dim, ...], opname: str, names: tuple[str, ...]):
+    for t, n in zip(ts, names):
+        if t.shape != tail:
+            raise ShapeError(f"{opname} {n} must have shape {fmt(tail)} (the normalized dims), got {fmt(t.shape)}")
+
+
+def _layernorm_infer(ts, attrs):
+    x = ts[0]
+    ax = norm_axis(attrs["axis"], x.rank)
+    _norm_params(ts[1:], x.shape[ax:], "layernorm", ("gamma", "beta"))
+    return TType(x.shape)
+
+
+def _layernorm_np(args, attrs):
+    x, g, b = args
+    axes = tuple(range(norm_axis(attrs["axis"], x.ndim), x.ndim))
+    mu = np.mean(x, axis=axes, keepdims=True)
+    var = np.mean(np.square(x - mu), axis=axes, keepdims=True)
+    return (x - mu) / np.sqrt(var + F32(attrs["eps"])) * g + b
+
+
+def _rmsnorm_infer(ts, attrs):
+    x = ts[0]
+    if x.rank < 1:
+        raise ShapeError("rmsnorm needs rank >= 1")
+    _norm_params(ts[1:], x.shape[-1:], "rmsnorm", ("gamma",))
+    return TType(x.shape)
+
+
+def _rmsnorm_np(args, attrs):
+    x, g = args
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + F32(attrs["eps"])) * g
+
+
+def _batchnorm_infer(ts, attrs):
+    x = ts[0]
+    if x.rank < 2:
+        raise ShapeError(f"batchnorm needs rank >= 2 (channel axis 1), got {fmt(x.shape)}")
+    _norm_params(ts[1:], (x.shape[1],), "batchnorm", ("mean", "var", "gamma", "beta"))
+    return TType(x.shape)
+
+
+def _batchnorm_np(args, attrs):
+    x, mean, var, g, b = args
+    shp = (1, -1) + (1,) * (x.ndim - 2)
+    return (x - mean.reshape(shp)) / np.sqrt(var.reshape(shp) + F32(attrs["eps"])) * g.reshape(shp) + b.reshape(shp)
+
+
+_op(name="softmax", kind="row", arity=(1, 1), infer=_softmax_infer, numpy=_softmax_np,
+    attrs=(Attr("axis", "int", -1), Attr("zero_nan", "bool", False)), flops=6)
+_op(name="layernorm", kind="row", arity=(3, 3), infer=_layernorm_infer, numpy=_layernorm_np,
+    attrs=(Attr("axis", "int", -1), Attr("eps", "float", 1e-5)), flops=8)
+_op(name="rmsnorm", kind="row", arity=(2, 2), infer=_rmsnorm_infer, numpy=_rmsnorm_np,
+    attrs=(Attr("eps", "float", 1e-6),), flops=5)
+_op(name="batchnorm", kind="channel", arity=(5, 5), infer=_batchnorm_infer, numpy=_batchnorm_np,
+    attrs=(Attr("eps", "float", 1e-5),), flops=4)
+
+# ---------------------------------------------------------------- layout
+
+
+def _perm(attrs, rank):
+    p = attrs["perm"]
+    return tuple(reversed(range(rank))) if p is None else tuple(p)
+
+
+def _transpose_infer(ts, attrs):
+    x = ts[0]
+    p = _perm(attrs, x.rank)
+    if sorted(p) != list(range(x.rank)):
+        raise ShapeError(f"perm {list(p)} is not a permutation of {x.rank} axes")
+    return TType(tuple(x.shape[i] for i in p))
+
+
+def _reshape_infer(ts, attrs):
+    x, shape = ts[0], list(attrs["shape"])
+    if shape.count(-1) > 1:
+        raise ShapeError("reshape allows at most one -1")
+    if any(d == 0 or d < -1 for d in shape):
+        raise ShapeError(f"reshape sizes must be positive or -1, got {shape}")
+    n_in, names_in = dim_product(x.shape)
+    known = math.prod(d for d in shape if d != -1)
+    if -1 in shape:
+        if names_in:
+            if len(names_in) != 1 or n_in != known:
+                raise ShapeError(f"cannot infer -1 when reshaping {fmt(x.shape)} to {shape}")
+            fill: Dim = names_in[0]
+        else:
+            if n_in % known:
+                raise ShapeError(f"cannot reshape {fmt(x.shape)} ({n_in} elements) to {shape}")
+            fill = n_in // known
+        return TType(tuple(fill if d == -1 else d for d in shape))
+    if names_in or n_in != known:
+        raise ShapeError(f"cannot reshape {fmt(x.shape)} to {shape}: sizes differ")
+    return TType(tuple(shape))
+
+
+def _slice_bounds(n: Dim, attrs) -> tuple[int, int, int]:
+    """(first index, end, count) of a slice; negative start/stop count from the end (numpy)."""
+    start, stop, step = attrs["start"], attrs["stop"], attrs["step"]
+    if step < 1:
+        raise ShapeError(f"slice step must be positive, got {step}")
+    if not isinstance(n, int):
+        if start < 0 or stop is None or stop < 0 or step != 1:
+            raise ShapeError(f"slice of named dimension {n} needs non-negative start and stop and step 1")
+        return start, stop, stop - start
+    r = range(n)[start:stop:step]
+    return r.start, r.stop, len(r)
+
+
+def _slice_infer(ts, attrs):
+    x = ts[0]
+    ax = norm_axis(attrs["axis"], x.rank)
+    lo, hi, count = _slice_bounds(x.shape[ax], attrs)
+    if count <= 0:
+        raise ShapeError(f"slice [{attrs['start']}:{attrs['stop']}] of dimension {x.shape[ax]} is empty")
+    return TType(x.shape[:ax] + (count,) + x.shape[ax + 1:])
+
+
+def _slice_np(args, attrs):
+    x = args[0]
+    ax = norm_axis(attrs["axis"], x.ndim)
+    lo, hi, _ = _slice_bounds(x.shape[ax], attrs)
+    idx = [slice(None)] * x.ndim
+    idx[ax] = slice(lo, hi, attrs["step"])
+    return x[tuple(idx)]
+
+
+def _concat_infer(ts, attrs):
+    rank = ts[0].rank
+    ax = norm_axis(attrs["axis"], rank)
+    total: Dim = 0
+    for t in ts:
+        if t.rank != rank or any(t.shape[i] != ts[0].shape[i] for i in range(rank) if i != ax):
+            raise ShapeError(f"concat along axis {attrs['axis']}: shapes {', '.join(fmt(t.shape) for t in ts)} differ")
+        if not isinstance(t.shape[ax], int) or not isinstance(total, int):
+            raise ShapeError("concat along a named dimension is not supported")
+        total += t.shape[ax]
+    return TType(ts[0].shape[:ax] + (total,) + ts[0].shape[ax + 1:])
+
+
+_op(name="transpose", kind="layout", dtype="any", arity=(1, 1), infer=_transpose_infer,
+    numpy=lambda a, at: np.transpose(a[0], _perm(at, a[0].ndim)), attrs=(Attr("perm", "ints", None),))
+_op(name="reshape", kind="layout", dtype="any", arity=(1, 1), infer=_reshape_infer,
+    numpy=lambda a, at: np.reshape(a[0], at["shape"]), attrs=(Attr("shape", "ints"),))
+_op(name="slice", kind="layout", dtype="any", arity=(1, 1), infer=_slice_infer, numpy=_slice_np,
+    attrs=(Attr("axis", "int"), Attr("start", "int", 0), Attr("stop", "int", None), Attr("step", "int", 1)))
+_op(name="concat", kind="layout", dtype="any", arity=(1, -1), infer=_concat_infer,
+    numpy=lambda a, at: np.concatenate(a, axis=at["axis"]), attrs=(Attr("axis", "int", 0),))
+
+from eqfuse.ir import ops_index  # noqa: E402,F401  (registers the mask, index and pooling ops)
+
+INFIX = {op.infix: op.name for op in OPS.values() if op.infix and op.arity == (2, 2)}
+
+
+# ---------------------------------------------------------------- attribute checking
+
+
+def normalize_attr(spec: Attr, value: Any) -> Any:
+    """Check one attribute value against its spec; return the normalized value or raise ValueError."""
+    k = spec.kind
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    is_ints = isinstance(value, tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if value is None and spec.default is None:
+        return None
+    if k == "int" and is_int:
+        return value
+    if k == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if k == "bool" and isinstance(value, bool):
+        return value
+    if k == "str" and isinstance(value, str):
+        if spec.choices and value not in spec.choices:
+            raise ValueError(f"must be one of {', '.join(repr(c) for c in spec.choices)}")
+        return value
+    if k == "ints" and is_ints:
+        return value
+    if k == "int_or_ints":
+        if is_int:
+            return value
+        if is_ints and len(value) == 2:
+            return value
+        raise ValueError("must be an integer or a list of two integers")
+    if k == "axes":
+        if is_int:
+            return (value,)
+        if is_ints:
+            return value
+    want = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+            "ints": "a list of integers", "axes": "an integer or a list of integers"}[k]
+    raise ValueError(f"must be {want}")
+
+
+def complete_attrs(op: Op, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults filled in, values normalized; raises ValueError naming the attribute."""
+    out: dict[str, Any] = {}
+    for spec in op.attrs:
+        if spec.name in given:
+            try:
+                out[spec.name] = normalize_attr(spec, given[spec.name])
+            except ValueError as e:
+                raise ValueError(f"attribute {spec.name}= of {op.name} {e}") from None
+        elif spec.default is REQUIRED:
+            raise ValueError(f"{op.name} needs the attribute {spec.name}=")
+        else:
+            out[spec.name] = spec.default
+    return out

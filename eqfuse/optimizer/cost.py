@@ -1,0 +1,173 @@
+"""Cost models and the exact kernel-level cost evaluator.
+
+memory   = bytes read and written by all kernels: a kernel reads each of its (distinct) input
+           tensors once and writes its result once, so a tensor read by two kernels counts twice.
+launches = the number of kernels.
+time     = per kernel max(flops / FLOP/s, bytes / bandwidth) + a per-kernel overhead, from this
+           machine's measured numbers (eqfuse.optimizer.machine_perf).
+
+A kernel that is only a reshape is a free view: no bytes, no flops, no overhead (still a node).
+Named dimensions the caller does not bind are costed as DEFAULT_DIM; the graph stays symbolic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.ops import OPS
+
+DEFAULT_DIM = 64
+BYTES = 4  # f32
+MODELS = ("memory", "launches", "time")
+
+
+@dataclass(frozen=True)
+class KCost:
+    launches: int = 0
+    bytes: int = 0
+    flops: float = 0.0
+    views: int = 0  # kernels that are free views (reshape)
+
+    def __add__(self, o: "KCost") -> "KCost":
+        return KCost(self.launches + o.launches, self.bytes + o.bytes, self.flops + o.flops, self.views + o.views)
+
+
+ZERO = KCost()
+
+
+def perf() -> dict:
+    """{"flops": FLOP/s, "bandwidth": bytes/s, "overhead": s per kernel}, measured once and cached."""
+    from eqfuse.optimizer.machine_perf import perf as measured
+
+    return measured()
+
+
+def _dim(d, dims: Mapping[str, int] | None) -> int:
+    if isinstance(d, int):
+        return d
+    return (dims or {}).get(d, DEFAULT_DIM)
+
+
+def numel(t, dims: Mapping[str, int] | None) -> int:
+    return math.prod(_dim(d, dims) for d in t.shape)
+
+
+def op_flops(body: Graph, i: int, dims) -> float:
+    n = body.nodes[i]
+    if n.op in ("input", "const", "kernel"):
+        return 0.0
+    out = numel(n.type, dims)
+    if n.op == "matmul":
+        return 2.0 * out * _dim(body.nodes[n.args[0]].type.shape[-1], dims)
+    if n.op == "conv2d":
+        w = body.nodes[n.args[1]].type.shape
+        return 2.0 * out * math.prod(_dim(d, dims) for d in w[1:])
+    op = OPS[n.op]
+    if op.kind == "layout":
+        return 0.0
+    if op.kind in ("row", "reduction"):
+        return float(op.flops * numel(body.nodes[n.args[0]].type, dims))
+    return float(op.flops * out)
+
+
+def _is_view(body: Graph) -> bool:
+    ops = [n for n in body.nodes if n.op not in ("input", "const")]
+    return len(ops) == 1 and ops[0].op == "reshape"
+
+
+def kernel_cost(body: Graph, dims: Mapping[str, int] | None = None) -> KCost:
+    """Exact cost of one kernel: reads every body input once, writes its result once."""
+    if _is_view(body):
+        return KCost(1, 0, 0.0, 1)
+    reads = sum(numel(body.nodes[i].type, dims) for i in body.inputs)
+    out = numel(body.nodes[body.outputs[0]].type, dims)
+    flops = sum(op_flops(body, j, dims) for j in range(len(body.nodes)))
+    return KCost(1, BYTES * (reads + out), flops)
+
+
+def value(kc: KCost, model: str, p: dict | None = None) -> float:
+    """One number for a kernel (or a sum of kernels) under a cost model."""
+    if model == "memory":
+        return float(kc.bytes)
+    if model == "launches":
+        return float(kc.launches - kc.views)
+    p = p or perf()
+    if kc.launches - kc.views <= 0:
+        return 0.0
+    return max(kc.flops / p["flops"], kc.bytes / p["bandwidth"]) + p["overhead"] * (kc.launches - kc.views)
+
+
+def node_body(g: Graph, i: int) -> Graph:
+    """The body of top-level node i as a kernel: its own body, or a one-op kernel over its args."""
+    n = g.nodes[i]
+    if n.op == "kernel":
+        return n.body
+    body = Graph("kernel")
+    m: dict[int, int] = {}
+    for a in dict.fromkeys(n.args):
+        an = g.nodes[a]
+        if an.op == "const":
+            m[a] = body.add(Node("const", attrs=an.attrs, type=an.type))
+        else:
+            m[a] = body.add(Node("input", type=an.type, name=an.name))
+            body.inputs.append(m[a])
+    body.outputs = [body.add(Node(n.op, tuple(m[a] for a in n.args), n.attrs, n.type))]
+    return body
+
+
+def _kernels(g: Graph):
+    for i, n in enumerate(g.nodes):
+        if n.op not in ("input", "const"):
+            yield i
+
+
+def graph_kernels(g: Graph, dims: Mapping[str, int] | None = None) -> KCost:
+    """Sum of exact kernel costs; an op at the top level counts as a kernel of its own."""
+    total = ZERO
+    for i in _kernels(g):
+        total = total + kernel_cost(node_body(g, i), dims)
+    return total
+
+
+def graph_value(g: Graph, model: str, dims: Mapping[str, int] | None = None, p: dict | None = None) -> float:
+    """The cost-model value of a whole graph, summed kernel by kernel (time: roofline per kernel)."""
+    if model != "time":
+        return value(graph_kernels(g, dims), model)
+    p = p or perf()
+    return sum(value(kernel_cost(node_body(g, i), dims), "time", p) for i in _kernels(g))
+
+
+def unfused(graph: Graph) -> Graph:
+    """The same computation with every kernel block inlined: one op per node."""
+    g = Graph(graph.name, pos=graph.pos)
+    ids: dict[int, int] = {}
+
+    def copy(src: Graph, i: int, mapping: dict[int, int], outer_name) -> int:
+        n = src.nodes[i]
+        if n.op == "kernel":
+            inner: dict[int, int] = {inp: mapping[a] for inp, a in zip(n.body.inputs, n.args)}
+            for j, bn in enumerate(n.body.nodes):
+                if bn.op != "input":
+                    inner[j] = copy(n.body, j, inner, None)
+            out = inner[n.body.outputs[0]]
+            if n.name is not None and g.nodes[out].name is None and g.nodes[out].op not in ("input", "const"):
+                from dataclasses import replace
+
+                g.nodes[out] = replace(g.nodes[out], name=n.name)
+            return out
+        from dataclasses import replace
+
+        return g.add(replace(n, args=tuple(mapping[a] for a in n.args), body=None,
+                             name=outer_name if outer_name is not None else (n.name if src is graph else None)))
+
+    for i, n in enumerate(graph.nodes):
+        if n.op == "input":
+            ids[i] = g.add(n)
+            g.inputs.append(ids[i])
+        else:
+            ids[i] = copy(graph, i, ids, n.name)
+    g.outputs = [ids[o] for o in graph.outputs]
+    return g

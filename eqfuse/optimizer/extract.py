@@ -1,0 +1,467 @@
+"""Stage `extract`: the cheapest fused graph in the serialized e-graph, in Python.
+
+Never egglog's own extractor: its tree cost counts a shared tensor once per reader (so it always
+recomputes) and it ran out of memory at 8 transformer layers. Here:
+
+1. Every tensor e-node is a candidate kernel: an op e-node is a one-op kernel over its operands,
+   a `K` e-node a fused kernel whose body is its S tree (a `L t` leaf reads class t). Its body is
+   built as a Graph and must pass `kernels.classify` (plus: an epilogue never broadcasts a
+   contraction, row or attention result to a larger shape) -- illegal candidates are dropped.
+   Its cost is `cost.kernel_cost` of that body: exact per kernel.
+2. Greedy: bottom-up, each class takes its node of least tree cost (fast, any size).
+3. ILP (scipy.optimize.milp / HiGHS): a binary per candidate, at most one per class (exactly one
+   for the roots), a chosen candidate's operand classes chosen too, minimizing the sum of kernel
+   costs -- exactly the DAG cost (a shared tensor is written once, read by each reader).
+   Candidates another one of the class dominates (no dearer, reads a subset) are left out.
+   Cycles are cut lazily (a chosen cycle gets a constraint and the ILP runs again).
+   - e-graphs of at most ILP_MAX_NODES e-nodes: one ILP over the whole live e-graph;
+   - larger ones, or when that ILP runs out of time: by regions (`region_ilp`): the live classes are cut into topological slabs of
+     about REGION_SIZE candidates (`regions`); each slab, with the operands only it reads or
+     could newly materialize, is solved exactly with every class outside it held at the best
+     selection so far, in two passes (the second shifted by half a slab, so no cut stays a
+     cut), and a slab's result is kept only if the exact whole-graph cost does not get worse.
+   A time limit bounds either; any failure leaves the greedy result.
+4. Each candidate selection becomes a Graph and is rescored by `cost.graph_value`; the cheapest
+   wins, greedy on ties (`extract` runs steps 2-4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eqfuse.backend.kernels import Unsupported, classify
+from eqfuse.errors import ShapeError
+from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.ops import OPS
+from eqfuse.ir.shapes import TType
+from eqfuse.optimizer import cost as C
+from eqfuse.optimizer.egraph import EData, ENode, text_attr, text_num
+
+ILP_MAX_NODES = 20000  # whole ILP up to here (BERT-base x12: 3.5k e-nodes, 0.07 s; x48: 14k, ~1 s)
+ILP_TIME_LIMIT = 1.0
+REGION_SIZE = 150  # ILP variables (candidates) per region
+INF = float("inf")
+
+
+# ---------------------------------------------------------------- class types
+
+
+def class_types(d: EData, graph: Graph) -> dict[int, TType]:
+    """The type of every class: from the original node it holds, else inferred from a node."""
+    types: dict[int, TType] = {c: graph.nodes[o].type for c, o in d.orig.items()}
+    pending = [c for c in d.classes if c not in types]
+    changed = True
+    while pending and changed:
+        changed = False
+        rest = []
+        for c in pending:
+            t = None
+            for nid in d.classes[c]:
+                t = _node_type(d, d.nodes[nid], types)
+                if t is not None:
+                    break
+            if t is None:
+                rest.append(c)
+            else:
+                types[c] = t
+                changed = True
+        pending = rest
+    return types
+
+
+def _node_type(d: EData, n: ENode, types) -> TType | None:
+    if n.kind in ("Cn", "Cs"):
+        return TType(())
+    if n.kind in ("K", "L"):
+        return types.get(n.children[0])
+    if n.kind == "In":
+        return None
+    ts = [types.get(c) for c in n.children]
+    if any(t is None for t in ts):
+        return None
+    op = OPS[n.op]
+    try:
+        return op.infer(ts, node_attrs(n))
+    except (ShapeError, ValueError, TypeError, IndexError, KeyError):
+        return None
+
+
+def node_attrs(n: ENode) -> dict:
+    op = OPS[n.op]
+    return {s.name: text_attr(s.kind, v) for s, v in zip(op.attrs, n.attrs)}
+
+
+# ---------------------------------------------------------------- candidate kernels
+
+
+@dataclass
+class Cand:
+    node: int
+    cls: int
+    reads: tuple[int, ...]  # T classes read (materialized operands), distinct, in body-input order
+    kc: C.KCost
+    cost: float
+    body: Graph | None  # None for inputs and constants
+
+
+@dataclass
+class Problem:
+    d: EData
+    types: dict[int, TType]
+    roots: list[int]
+    cands: dict[int, list[Cand]] = field(default_factory=dict)  # class -> legal candidates
+    const_of: dict[int, str] = field(default_factory=dict)  # T class -> constant text, if it holds one
+    _options: dict[int, list[Cand]] = field(default_factory=dict)  # cache of `options`
+
+    def options(self, c: int) -> list[Cand]:
+        """Class c's candidates without those another one dominates (no dearer, reads a subset of
+        the classes): swapping in the dominating one never costs more nor closes a cycle, so the
+        ILP never needs them. (Many K e-nodes are the same kernel written differently.)"""
+        if c not in self._options:
+            kept: list[Cand] = []
+            for cd in sorted(self.cands.get(c, []), key=lambda x: (x.cost, len(set(x.reads)), x.node)):
+                if not any(o.cost <= cd.cost and set(o.reads) <= set(cd.reads) for o in kept):
+                    kept.append(cd)
+            self._options[c] = kept
+        return self._options[c]
+
+
+def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None) -> Problem:
+    types = class_types(d, graph)
+    roots = [d.outputs[k] for k in sorted(d.outputs)]
+    pb = Problem(d, types, roots)
+    for c, nids in d.classes.items():
+        for nid in nids:
+            n = d.nodes[nid]
+            if n.kind == "Cn":
+                pb.const_of.setdefault(c, n.op)
+    p = perf if model == "time" else None
+    for c, nids in d.classes.items():
+        if d.sort[c] != "T":
+            continue
+        out = []
+        for nid in nids:
+            n = d.nodes[nid]
+            if n.kind in ("In", "Cn"):
+                out.append(Cand(nid, c, (), C.ZERO, 0.0, None))
+                continue
+            try:
+                body, reads = kernel_body(pb, n)
+                ks = classify(body)
+                _check_shape(body, ks)
+            except (Unsupported, _Skip):
+                continue
+            kc = C.kernel_cost(body, dims)
+            # ties go to fewer kernels (memory) or fewer bytes (launches)
+            tie = 1e-3 * (kc.launches - kc.views) if model == "memory" else 1e-12 * kc.bytes
+            out.append(Cand(nid, c, reads, kc, C.value(kc, model, p) + tie, body))
+        pb.cands[c] = out
+    return pb
+
+
+class _Skip(Exception):
+    pass
+
+
+def _check_shape(body: Graph, ks) -> None:
+    """An epilogue must not broadcast a contraction, row or attention result to a larger shape
+    (the backend would split the kernel again)."""
+    if ks.kind in ("contraction", "contraction_row", "row", "attention", "reduce") and ks.anchor is not None:
+        a = body.nodes[ks.anchor].type.shape
+        result = ks.parts[-1] if ks.kind == "attention" else body.outputs[0]  # before output transposes
+        o = body.nodes[result].type.shape
+        if tuple(a) != tuple(o):
+            raise _Skip()
+    if ks.kind == "contraction_row":  # a row too long for the row epilogue: the backend would split it
+        from eqfuse.backend.lower import machine_caches, row_epilogue_fits
+
+        rn = body.nodes[ks.parts[0]]
+        N = rn.type.shape[-1]
+        if isinstance(N, int) and not row_epilogue_fits(N, len(rn.args) - 1, machine_caches().l1):
+            raise _Skip()
+
+
+def kernel_body(pb: Problem, n: ENode) -> tuple[Graph, tuple[int, ...]]:
+    """The body Graph of candidate n and the T classes it reads (its inputs, in order)."""
+    d, types = pb.d, pb.types
+    body = Graph("kernel")
+    reads: dict[int, int] = {}  # T class -> body input id
+    memo: dict[int, int] = {}  # S class -> body node id
+
+    def load(tc: int) -> int:
+        if tc in pb.const_of:
+            return body.add(Node("const", attrs=(("value", text_num(pb.const_of[tc])),), type=TType(())))
+        if tc not in reads:
+            t = types.get(tc)
+            if t is None:
+                raise _Skip()
+            reads[tc] = body.add(Node("input", type=t, name=f"c{tc}"))
+            body.inputs.append(reads[tc])
+        return reads[tc]
+
+    def op_node(m: ENode, args: list[int]) -> int:
+        op = OPS[m.op]
+        attrs = node_attrs(m)
+        try:
+            t = op.infer([body.nodes[a].type for a in args], attrs)
+        except (ShapeError, ValueError, TypeError, IndexError, KeyError):
+            raise _Skip() from None
+        return body.add(Node(m.op, tuple(args), tuple((s.name, attrs[s.name]) for s in op.attrs), t))
+
+    def s_value(sc: int, depth: int = 0) -> int:
+        if sc in memo:
+            return memo[sc]
+        if depth > 200:
+            raise _Skip()
+        m = d.nodes[d.classes[sc][0]]  # S classes hold congruent nodes: any one is the body
+        if m.kind == "L":
+            r = load(m.children[0])
+        elif m.kind == "Cs":
+            r = body.add(Node("const", attrs=(("value", text_num(m.op)),), type=TType(())))
+        else:
+            r = op_node(m, [s_value(x, depth + 1) for x in m.children])
+        memo[sc] = r
+        return r
+
+    if n.kind == "K":
+        out = s_value(n.children[0])
+    else:
+        out = op_node(n, [load(x) for x in n.children])
+    body.outputs = [out]
+    return body, tuple(reads)
+
+
+# ---------------------------------------------------------------- greedy
+
+
+def greedy(pb: Problem) -> dict[int, Cand]:
+    """Each class's candidate of least tree cost (bottom-up to a fixed point)."""
+    best: dict[int, float] = {}
+    pick: dict[int, Cand] = {}
+    changed = True
+    while changed:
+        changed = False
+        for c, cands in pb.cands.items():
+            for cd in cands:
+                if any(r not in best for r in cd.reads):
+                    continue
+                v = cd.cost + sum(best[r] for r in cd.reads)
+                if v < best.get(c, INF) - 1e-9:
+                    best[c] = v
+                    pick[c] = cd
+                    changed = True
+    return _refine(pb, pick, best)
+
+
+def _refine(pb: Problem, pick: dict[int, Cand], best: dict[int, float], rounds: int = 3) -> dict[int, Cand]:
+    """DAG-aware passes over the greedy choice: a class switches to a candidate whose own cost plus
+    the tree cost of the operands not yet materialized is lower (a tensor some kernel already
+    writes is free to read again, at the cost of its read)."""
+    sel = _reachable(pb, pick)
+    readers = _reader_counts(sel)
+    for _ in range(rounds):
+        improved = False
+        for c in list(sel):
+            if c not in sel:
+                continue
+            cur = sel[c]
+            own = set(cur.reads)
+            only = {r for r in own if readers[r] == 1}  # tensors no other kernel reads
+            freed = sum(best[r] for r in only)
+            choice, gain = None, -1e-9
+            for cd in pb.cands.get(c, []):
+                if cd is cur or any(r not in best for r in cd.reads):
+                    continue
+                delta = cd.cost - cur.cost + sum(best[r] for r in set(cd.reads) if r not in sel or r == c)
+                delta -= freed - sum(best[r] for r in only if r in cd.reads)
+                if delta < gain and not _reaches(pb, pick, cd, c):
+                    choice, gain = cd, delta
+            if choice is not None:
+                pick[c] = choice
+                try:
+                    sel = _reachable(pb, pick)
+                    improved = True
+                except ExtractError:
+                    pick[c] = cur
+                    sel = _reachable(pb, pick)
+                readers = _reader_counts(sel)
+        if not improved:
+            break
+    return sel
+
+
+def _reader_counts(sel: dict[int, Cand]) -> dict[int, int]:
+    """How many selected kernels read each class."""
+    n: dict[int, int] = {}
+    for cd in sel.values():
+        for r in set(cd.reads):
+            n[r] = n.get(r, 0) + 1
+    return n
+
+
+def _reaches(pb: Problem, pick: dict[int, Cand], cd: Cand, target: int) -> bool:
+    """Would choosing cd for `target` make a cycle through the current picks?"""
+    seen, stack = set(), list(cd.reads)
+    while stack:
+        x = stack.pop()
+        if x == target:
+            return True
+        if x in seen or x not in pick:
+            continue
+        seen.add(x)
+        stack.extend(pick[x].reads)
+    return False
+
+
+def _reachable(pb: Problem, pick: dict[int, Cand]) -> dict[int, Cand]:
+    out: dict[int, Cand] = {}
+    stack = list(pb.roots)
+    while stack:
+        c = stack.pop()
+        if c in out:
+            continue
+        if c not in pick:
+            raise ExtractError(f"no legal kernel computes e-class {c}")
+        out[c] = pick[c]
+        stack.extend(pick[c].reads)
+    return out
+
+
+class ExtractError(Exception):
+    pass
+
+
+def selection_cost(sel: dict[int, Cand]) -> float:
+    return sum(cd.cost for cd in sel.values())
+
+
+# ---------------------------------------------------------------- selection -> Graph
+
+
+def to_graph(pb: Problem, sel: dict[int, Cand], original: Graph) -> Graph:
+    """The fused Graph: inputs (all parameters, in order), constants, and one kernel per class."""
+    d = pb.d
+    g = Graph(original.name, pos=original.pos)
+    by_name: dict[str, int] = {}
+    for i in original.inputs:
+        n = original.nodes[i]
+        by_name[n.name] = g.add(Node("input", type=n.type, name=n.name, pos=n.pos))
+        g.inputs.append(by_name[n.name])
+    ids: dict[int, int] = {}
+    used_names = set(by_name)
+
+    def name_of(c: int) -> str | None:
+        o = d.orig.get(c)
+        if o is None:
+            return None
+        nm = original.nodes[o].name
+        if nm is None or nm in used_names or original.nodes[o].op in ("input", "const"):
+            return None
+        used_names.add(nm)
+        return nm
+
+    order: list[int] = []
+    state: dict[int, int] = {}
+    for root in pb.roots:  # post-order, iteratively (deep graphs)
+        stack = [(root, False)]
+        while stack:
+            c, done = stack.pop()
+            if done:
+                if state.get(c) != 2:
+                    state[c] = 2
+                    order.append(c)
+                continue
+            if c in state:
+                continue
+            state[c] = 1
+            stack.append((c, True))
+            stack.extend((r, False) for r in reversed(sel[c].reads))
+    for c in order:
+        cd = sel[c]
+        n = d.nodes[cd.node]
+        if n.kind == "In":
+            ids[c] = by_name[n.op]
+        elif n.kind == "Cn":
+            ids[c] = g.add(Node("const", attrs=(("value", text_num(n.op)),), type=TType(())))
+        else:
+            body = _renamed(cd.body, cd.reads, g, ids)
+            t = body.nodes[body.outputs[0]].type
+            ids[c] = g.add(Node("kernel", tuple(ids[r] for r in cd.reads), (), t, name=name_of(c), body=body))
+    g.outputs = [ids[r] for r in pb.roots]
+    return g
+
+
+def _renamed(body: Graph, reads, g: Graph, ids) -> Graph:
+    from dataclasses import replace
+
+    nodes = list(body.nodes)
+    for inp, r in zip(body.inputs, reads):
+        outer = g.nodes[ids[r]]
+        nodes[inp] = replace(nodes[inp], name=outer.name)
+    return Graph("kernel", nodes, list(body.inputs), list(body.outputs))
+
+
+# ---------------------------------------------------------------- the stage
+
+
+@dataclass
+class Extraction:
+    graph: Graph
+    how: str  # the method whose selection won: "greedy", "ilp" or "ilp by regions"
+    ilp: str  # what the ILP did, for the report
+    value: float  # cost.graph_value of graph
+    greedy: Graph  # the greedy extraction, for comparison
+
+
+def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, max_nodes: int | None = None,
+            region_size: int | None = None, time_limit: float | None = None) -> Extraction:
+    """Greedy, then the exact ILP: over the whole e-graph when it has at most `max_nodes` e-nodes,
+    else (or when that ILP runs out of time) region by region (`region_ilp`). Every selection is rescored exactly (`cost.graph_value`
+    of its Graph) and the cheapest wins, greedy on ties; any ILP failure leaves the greedy result.
+    Unset limits are the module's ILP_MAX_NODES, REGION_SIZE and ILP_TIME_LIMIT."""
+    max_nodes = ILP_MAX_NODES if max_nodes is None else max_nodes
+    region_size = REGION_SIZE if region_size is None else region_size
+    time_limit = ILP_TIME_LIMIT if time_limit is None else time_limit
+    graphs: dict[tuple, tuple[Graph, float]] = {}
+
+    def rescore(sel: dict[int, Cand]) -> tuple[Graph, float]:
+        key = tuple(sorted((c, cd.node) for c, cd in sel.items()))
+        if key not in graphs:
+            g = to_graph(pb, sel, original)
+            graphs[key] = (g, C.graph_value(g, model, dims, perf))
+        return graphs[key]
+
+    sel0 = greedy(pb)
+    g, v = rescore(sel0)
+    best = Extraction(g, "greedy", "", v, g)
+    if all(len(pb.options(c)) <= 1 for c in _live_classes(pb)):  # nothing to choose: no solver
+        best.ilp = "optimal (one candidate per class)"
+        return best
+    try:
+        sel = None
+        if pb.d.num_nodes <= max_nodes:
+            sel, best.ilp = ilp(pb, time_limit)
+            how = "ilp"
+        if sel is None:  # too large, or the whole ILP ran out of time: region by region
+            whole = f"whole ILP {best.ilp}; " if best.ilp else ""
+            sel, best.ilp = region_ilp(pb, sel0, lambda s: rescore(s)[1], region_size, time_limit)
+            best.ilp = whole + best.ilp
+            how = "ilp by regions"
+    except Exception as e:  # noqa: BLE001 -- the greedy result stands; the report says why
+        sel, best.ilp = None, f"failed ({type(e).__name__}: {e})"
+    if sel is not None and sel is not sel0:
+        g, v = rescore(sel)
+        if v < best.value - 1e-9 * max(1.0, abs(best.value)):
+            best = Extraction(g, how, best.ilp, v, best.greedy)
+    return best
+
+
+# the ILP and the ILP by regions (extract_ilp.py), which `extract` runs
+from eqfuse.optimizer.extract_ilp import (  # noqa: E402,F401
+    _find_cycle,
+    _leaf_only,
+    _live_classes,
+    ilp,
+    region_ilp,
+    regions,
+)

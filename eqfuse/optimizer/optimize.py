@@ -1,0 +1,266 @@
+"""The optimizer, top to bottom:
+
+    unfuse, fold constants
+      -> recognition e-graph: algebra and pattern rules (no kernels) saturate, growing rules in
+         bounded rounds -> the smallest term, constants folded (eqfuse.optimizer.schedule, eqfuse.optimizer.simplify)
+      -> fusion e-graph: fusion rules to saturation or a limit -> serialize
+      -> extract (greedy, then an exact ILP: whole, or region by region on large e-graphs)
+      -> rescore every candidate exactly -> fused Graph (kernel blocks) + report
+
+Fusion decisions live in eqfuse/optimizer/rules/fusion.rw; this module only runs the stages. The limits
+(iterations, e-nodes, seconds) hold for the whole run: see eqfuse.optimizer.schedule.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from eqfuse.backend.kernels import classify
+from eqfuse.errors import EqfuseError
+from eqfuse.ir.graph import Graph, retype
+from eqfuse.ir.printer import graph_text, module_text
+from eqfuse.optimizer import cost as C
+from eqfuse.optimizer import extract as X
+from eqfuse.optimizer.egraph import EGraph, SaturationStats
+from eqfuse.optimizer.rules import load_rules
+from eqfuse.optimizer.schedule import (
+    EXTRACT_SECONDS_PER_NODE,
+    FUSE,
+    Limits,
+    fusion_seconds,
+    load_seconds,
+    recognize,
+    rule_phase,
+    run_phase,
+)
+from eqfuse.optimizer.simplify import fold_constants, smallest
+from eqfuse.optimizer.wide import cut_wide, stitch
+
+
+@dataclass
+class OptResult:
+    graph: Graph
+    report: dict
+
+
+def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
+                   dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
+                   node_limit: int | None = None, time_limit: float | None = None,
+                   progress=None) -> OptResult:
+    """Fuse one graph; see SPEC 3 for the report's keys."""
+    if cost not in C.MODELS:
+        raise EqfuseError(f"unknown cost model '{cost}' (known: {', '.join(C.MODELS)})")
+    t0 = time.perf_counter()
+    lim = Limits.make(iter_limit, node_limit, time_limit, t0)
+    dims = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
+    rule_list = _rules(tuple(str(r) for r in rules), tuple(disable))
+    src0 = src = fold_constants(C.unfused(graph))
+    cut = cut_wide(src)  # wide concats stay out of the e-graphs (eqfuse.optimizer.wide)
+    if cut:
+        src = cut.graph
+    perf = C.perf() if cost == "time" else None
+
+    st = SaturationStats()
+    stages: dict[str, float] = {}
+    mark = [time.perf_counter()]
+
+    def stage(name: str) -> None:  # seconds since the last mark, for the report
+        now = time.perf_counter()
+        stages[name] = stages.get(name, 0.0) + now - mark[0]
+        mark[0] = now
+
+    stage("load")
+    pre = [r for r in rule_list if rule_phase(r) != FUSE]
+    recognition = {"egraph_nodes": 0, "iterations": 0}
+    if pre and lim.left() < load_seconds(src):
+        st.stop_reason, st.limit_note = "time_limit", "time limit: no time for the recognition e-graph"
+    elif pre:  # the recognition e-graph
+        eg = EGraph(src, pre, phase_of=rule_phase)
+        st.skipped_rules.update(eg.skipped)
+        stage("recognition e-graph load")
+        recognize(eg, st, lim, progress=progress)  # if fusion has no time left after it, its result stands
+        stage("recognition")
+        recognition = {"egraph_nodes": st.egraph_nodes, "iterations": st.iterations}
+        st.iterations = 0  # the iteration limit holds for each e-graph
+        if st.rules_fired:
+            src = smallest(eg.serialize(), src)
+        eg.close()
+        stage("smallest term")
+    if lim.left() < fusion_seconds(src):  # the best so far: every op its own kernel
+        st.stop_reason, st.limit_note = "time_limit", "time limit: no time for the fusion e-graph"
+        one = stitch(cut, singletons(src), src0) if cut else singletons(src)
+        return _report(graph, src0, one, one, "none (time limit)", "", None, st, recognition, stages, cost, dims, t0,
+                       disable, lim.deadline)
+    eg = EGraph(src, [r for r in rule_list if rule_phase(r) == FUSE], phase_of=rule_phase)
+    st.skipped_rules.update(eg.skipped)
+    stage("fusion e-graph load")
+    run_phase(eg, FUSE, st, lim, progress=progress)
+    stage("fusion")
+    data = eg.serialize()
+    eg.close()
+    stage("serialize")
+    pb = X.build_problem(data, src, cost, dims, perf)
+    stage("candidates")
+
+    left = lim.left() - EXTRACT_SECONDS_PER_NODE * data.num_nodes
+    ex = X.extract(pb, src, cost, dims, perf, time_limit=max(0.0, min(X.ILP_TIME_LIMIT, left)))
+    out, greedy_g = ex.graph, ex.greedy
+    if cut:
+        out, greedy_g = stitch(cut, out, src0), stitch(cut, greedy_g, src0)
+    stage("extraction")
+    return _report(graph, src0, out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, cost, dims, t0,
+                   disable, lim.deadline)
+
+
+def singletons(g: Graph) -> Graph:
+    """Every op its own kernel (what optimizing gives when a limit leaves no time for fusion)."""
+    from dataclasses import replace
+
+    from eqfuse.ir.graph import Node
+
+    nodes = list(g.nodes)
+    for i, n in enumerate(nodes):
+        if n.op in ("input", "const", "kernel"):
+            continue
+        body = Graph("kernel")
+        local = {}
+        for a in dict.fromkeys(n.args):
+            local[a] = body.add(Node("input", type=g.nodes[a].type, name=g.nodes[a].name))
+            body.inputs.append(local[a])
+        body.outputs = [body.add(replace(n, args=tuple(local[a] for a in n.args), name=None))]
+        nodes[i] = Node("kernel", tuple(dict.fromkeys(n.args)), (), n.type, name=n.name, pos=n.pos, body=body)
+    return Graph(g.name, nodes, list(g.inputs), list(g.outputs), g.pos)
+
+
+def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages, cost, dims, t0,
+            disable=(), deadline=None) -> OptResult:
+    from eqfuse.optimizer.explain import explain
+
+    check(out)
+    before, after = C.graph_kernels(src0, dims), C.graph_kernels(out, dims)
+    greedy = C.graph_kernels(greedy_g, dims)
+    p = C.perf()
+    unbound = [d for d in graph.dims() if d not in dims]
+    text = graph_text(out)
+    report = {
+        "graph_name": graph.name,
+        "cost": cost,
+        "kernels_before": before.launches - before.views,
+        "kernels_after": after.launches - after.views,
+        "bytes_before": before.bytes,
+        "bytes_after": after.bytes,
+        "est_time_before_s": C.graph_value(src0, "time", dims, p),
+        "est_time_after_s": C.graph_value(out, "time", dims, p),
+        "rules_fired": dict(sorted(st.rules_fired.items())),
+        "egraph_nodes": data.num_nodes if data else 0,
+        "egraph_classes": data.num_classes if data else 0,
+        "iterations": st.iterations,
+        "stop_reason": st.stop_reason,
+        "extraction": how,
+        "ilp": ilp,
+        "kernels_greedy": greedy.launches - greedy.views,  # what greedy extraction alone gives
+        "bytes_greedy": greedy.bytes,
+        "unbound_dims": {d: C.DEFAULT_DIM for d in unbound},
+        "skipped_rules": st.skipped_rules,
+        "limit": st.limit_note or None,  # e.g. "node limit: 50000 e-nodes, 81% from rule my_assoc"
+        "recognition": recognition,  # the recognition e-graph's size and iterations
+        "optimize_seconds": time.perf_counter() - t0,
+        "stage_seconds": stages,  # where the time went
+        "graph": text,
+    }
+    # why each tensor between two kernels is stored, and what each fused kernel saves (eqfuse.optimizer.explain)
+    report.update(explain(out, cost, dims, stop_reason=st.stop_reason, limit=st.limit_note or None,
+                          disabled=tuple(disable), p=p, deadline=deadline, ilp=ilp))
+    return OptResult(out, report)
+
+
+def _rules(files: tuple[str, ...], disable: tuple[str, ...]) -> list:
+    """load_rules, kept while the rule files are unchanged (a file of 5000 graphs reads them once)."""
+    from pathlib import Path
+
+    key = (files, disable, tuple(Path(f).read_bytes() if Path(f).is_file() else b"" for f in files))
+    if key not in _RULES:
+        _RULES.clear()
+        _RULES[key] = load_rules(extra_files=list(files), disable=disable)
+    return _RULES[key]
+
+
+_RULES: dict[tuple, list] = {}
+
+
+def check(g: Graph) -> None:
+    """The optimizer's own contract: kernels only at the top level, each one lowerable, types consistent."""
+    for n in g.nodes:
+        if n.op not in ("input", "const", "kernel"):
+            raise AssertionError(f"unfused op {n.op} at the top level")
+        if n.op == "kernel":
+            classify(n.body)
+    retype(g, [t for _, t in g.params])
+
+
+@dataclass
+class Optimized:
+    graphs: list[Graph]
+    reports: dict[str, dict]
+
+    @property
+    def text(self) -> str:
+        return module_text(self.graphs)
+
+    @property
+    def report(self) -> dict:
+        return next(iter(self.reports.values())) if len(self.reports) == 1 else self.reports
+
+
+def optimize(src, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
+             dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
+             node_limit: int | None = None, time_limit: float | None = None, check_rules: bool = True) -> Optimized:
+    """eqfuse.optimizer.optimize: optimize every graph of a model (a .g path or source text), no C. User
+    rule files are checked for soundness first (RuleError; check_rules=False skips it)."""
+    from eqfuse.frontend.load import load
+    from eqfuse.optimizer.rulecheck import check_rule_files
+
+    check_rule_files(rules, enabled=check_rules)
+
+    from eqfuse.optimizer.batch import optimize_graphs
+
+    graphs = load(src)
+    outs, reports = [], {}
+    for g, r in zip(graphs, optimize_graphs(graphs, cost=cost, rules=rules, disable=disable, dims=dims,
+                                            iter_limit=iter_limit, node_limit=node_limit, time_limit=time_limit)):
+        outs.append(r.graph)
+        reports[g.name] = r.report
+    return Optimized(outs, reports)
+
+
+def report_text(r: dict) -> str:
+    """The report as printed after the graph by `eqfuse opt`."""
+    def mb(b):
+        return f"{b / 1e6:.3f} MB"
+
+    def us(s):
+        return f"{s * 1e6:.1f} us"
+
+    fired = ", ".join(f"{k} x{v}" for k, v in sorted(r["rules_fired"].items(), key=lambda kv: (-kv[1], kv[0])))
+    lines = [
+        f"# report for graph {r['graph_name']} (cost: {r['cost']})",
+        f"#   kernels:    {r['kernels_before']} -> {r['kernels_after']}",
+        f"#   bytes:      {mb(r['bytes_before'])} -> {mb(r['bytes_after'])}",
+        f"#   est. time:  {us(r['est_time_before_s'])} -> {us(r['est_time_after_s'])}",
+        f"#   rules fired: {fired or 'none'}",
+        f"#   e-graph:    {r['egraph_nodes']} nodes, {r['egraph_classes']} classes, {r['iterations']} iterations, "
+        f"stopped: {r['stop_reason']}" + (f" ({r['limit']})" if r.get("limit") else ""),
+        f"#   extraction: {r['extraction']} (ILP: {r['ilp']}), {r['optimize_seconds']:.3f} s",
+    ]
+    if r["extraction"] != "greedy":  # what the ILP improved on
+        lines.append(f"#   greedy alone: {r['kernels_greedy']} kernels, {mb(r['bytes_greedy'])}")
+    if r["unbound_dims"]:
+        lines.append("#   unbound dims costed as " + ", ".join(f"{k}={v}" for k, v in r["unbound_dims"].items())
+                     + " (bind with --dim)")
+    for note in r.get("folded", ()):  # set by eqfuse.compile, which folds bound params first
+        lines.append(f"#   folded: {note}")
+    if r["skipped_rules"]:
+        lines.append("#   rules the e-graph cannot express (skipped): " + ", ".join(sorted(r["skipped_rules"])))
+    return "\n".join(lines)

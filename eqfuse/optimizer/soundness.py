@@ -1,0 +1,376 @@
+"""Numeric soundness of rewrite rules: both sides evaluated in numpy on random inputs.
+
+How inputs are drawn (`eqfuse check-rules` and the test suite use this module):
+
+- Shapes: per trial, one random base shape (rank 0-4, sizes 1-5); each tensor variable takes
+  the base shape, a suffix of it, a broadcast of it (some sizes set to 1) or an unrelated random
+  shape, and the draw is rejected and repeated until shape inference of the left side and every
+  condition succeed. A variable tested with `const(?c)` is a scalar. A condition `?v == TERM`
+  (an attribute variable or a constant compared with a shape term) sets ?v directly.
+- Attribute variables take values the left side admits, drawn when the op that reads them is
+  evaluated: a permutation of the input's axes for perm=, a reshape target of the same size
+  (sometimes with -1) for shape=, an axis or axis set of the input's rank, true/false, one of a
+  string attribute's choices, a small eps.
+- Values: even trials draw from +-[0.25, 3] (both signs, away from 0 so a quotient stays
+  finite), odd trials from [0.25, 3] (the domain of log, sqrt, rsqrt and fractional pow, so
+  those ops are compared on real numbers too). A NaN must appear at the same places on both
+  sides: a rule that is true only on a domain (exp(log x) => x) is unsound, because the reference
+  would give NaN where the rewritten graph gives a number.
+- Both sides run the op table's numpy implementations in float64 (inputs drawn as float32
+  values), so float32 rounding does not hide or fake a difference; they must agree within
+  rtol 1e-4, atol 1e-5 (|l - r| <= atol + rtol * max(|l|, |r|)). OP_TOLERANCE loosens this per
+  op where a side's formula is an approximation by design (none today: both sides of a rule use
+  the same numpy implementations, and GELU's tanh form differs from its erf form by up to
+  4.7e-4, which must be -- and is -- reported unsound).
+- A kernel block evaluates as its result expression (a kernel block is semantically transparent).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from eqfuse.errors import ShapeError
+from eqfuse.ir.ops import OPS, REQUIRED
+from eqfuse.ir.shapes import TType
+from eqfuse.optimizer.rules import AttrVar, Cond, PKernel, PNum, POp, PVar, Rule, Test
+
+RTOL, ATOL = 1e-4, 1e-5
+OP_TOLERANCE: dict[str, tuple[float, float]] = {}  # op name -> (rtol, atol) when a rule uses it
+ATTEMPTS = 400  # shape draws per trial before giving up
+
+
+class Reject(Exception):
+    """This draw does not satisfy the left side's shape rules or the conditions."""
+
+
+class RightFails(Exception):
+    """The right side cannot be evaluated where the left side can."""
+
+
+@dataclass
+class Counterexample:
+    rule: Rule
+    reason: str
+    shapes: dict[str, tuple] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, str] = field(default_factory=dict)
+    max_error: float | None = None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        r = self.rule
+        arrow = " (right to left)" if r.reverse else ""
+        lines = [f"{r.name}{arrow} at {r.file}:{r.line}: {self.reason}"]
+        if self.shapes:
+            lines.append("  shapes: " + ", ".join(f"?{k}={list(v)}" for k, v in self.shapes.items()))
+        if self.attrs:
+            lines.append("  attributes: " + ", ".join(f"?{k}={_show(v)}" for k, v in self.attrs.items()))
+        if self.inputs:
+            lines.append("  inputs: " + ", ".join(f"?{k} {v}" for k, v in self.inputs.items()))
+        if self.max_error is not None:
+            lines.append(f"  max error: {self.max_error:.3g} (rtol {RTOL:g}, atol {ATOL:g})")
+        if self.detail:
+            lines.append("  " + self.detail)
+        return "\n".join(lines)
+
+
+def _show(v) -> str:
+    if isinstance(v, tuple):
+        return "[" + ", ".join(str(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    return str(v)
+
+
+# ---------------------------------------------------------------- rule structure
+
+
+def walk(p):
+    yield p
+    if isinstance(p, POp):
+        for a in p.args:
+            yield from walk(a)
+        for _, v in p.attrs:
+            if isinstance(v, AttrVar):
+                yield v
+    elif isinstance(p, PKernel):
+        yield from walk(p.result)
+
+
+def tensor_vars(p) -> list[str]:
+    out: list[str] = []
+    for q in walk(p):
+        if isinstance(q, PVar) and q.name not in out:
+            out.append(q.name)
+    return out
+
+
+def ops_used(p) -> set[str]:
+    return {q.op for q in walk(p) if isinstance(q, POp)}
+
+
+# ---------------------------------------------------------------- drawing inputs
+
+
+class Env:
+    def __init__(self, rng: np.random.Generator, positive: bool, consts: set[str]):
+        self.rng = rng
+        self.positive = positive
+        self.consts = consts
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.tensors: dict[str, np.ndarray] = {}
+        self.attrs: dict[str, Any] = {}
+
+    def values(self, shape) -> np.ndarray:
+        v = self.rng.uniform(0.25, 3.0, size=shape)
+        if not self.positive:
+            v = v * self.rng.choice([-1.0, 1.0], size=shape)
+        return np.asarray(v.astype(np.float32), dtype=np.float64)
+
+    def attr(self, name: str, op: str, attr: str, args: list[np.ndarray]):
+        """The value of an attribute variable, drawn the first time an op reads it."""
+        if name in self.attrs:
+            return self.attrs[name]
+        if name in self.tensors:  # a constant bound on the left, used as an attribute value
+            return float(self.tensors[name])
+        v = draw_attr(self.rng, OPS[op].attr_spec(attr), op, args[0] if args else None)
+        self.attrs[name] = v
+        return v
+
+
+def draw_shapes(rng: np.random.Generator, names: list[str], consts: set[str]) -> dict[str, tuple[int, ...]]:
+    base = tuple(int(d) for d in rng.integers(1, 6, size=int(rng.integers(0, 5))))
+    pool = [1, *(int(d) for d in rng.integers(2, 6, size=2))]
+    out = {}
+    for n in names:
+        if n in consts:
+            out[n] = ()
+            continue
+        k = rng.choice(6, p=[0.35, 0.2, 0.15, 0.05, 0.15, 0.1])
+        if k == 0:
+            s = base
+        elif k == 1:
+            s = base[int(rng.integers(0, len(base) + 1)):]
+        elif k == 2:
+            s = tuple(1 if rng.random() < 0.4 else d for d in base)
+        elif k == 3:
+            s = ()
+        elif k == 4:
+            s = tuple(int(rng.choice(pool)) for _ in range(int(rng.integers(0, 5))))
+        else:
+            s = tuple(int(d) for d in rng.integers(1, 6, size=int(rng.integers(0, 5))))
+        out[n] = s
+    return out
+
+
+def _factor_shape(rng, size: int) -> tuple[int, ...]:
+    dims: list[int] = []
+    n = size
+    for p in (2, 3, 5, 7, 11, 13):
+        while n % p == 0:
+            dims.append(p)
+            n //= p
+    if n > 1:
+        dims.append(n)
+    rank = int(rng.integers(1, 5))
+    out = [1] * rank
+    for d in dims:
+        out[int(rng.integers(0, rank))] *= d
+    if rng.random() < 0.3:
+        out[int(rng.integers(0, rank))] = -1
+    return tuple(out)
+
+
+def draw_attr(rng, spec, op: str, x: np.ndarray | None):
+    rank = x.ndim if x is not None else 0
+    if spec.name == "perm":
+        return tuple(int(i) for i in rng.permutation(rank))
+    if spec.name == "shape":
+        return _factor_shape(rng, x.size if x is not None else 1)
+    if spec.kind == "axes":
+        if rank == 0 or rng.random() < 0.2:
+            return None
+        k = int(rng.integers(1, rank + 1))
+        axes = sorted(int(a) for a in rng.choice(rank, size=k, replace=False))
+        return tuple(a - rank if rng.random() < 0.5 else a for a in axes)
+    if spec.kind == "int":
+        if spec.name in ("start", "stop"):
+            return int(rng.integers(-3, 4))
+        return int(rng.integers(-rank, rank)) if rank else 0
+    if spec.kind == "bool":
+        return bool(rng.random() < 0.5)
+    if spec.kind == "float":
+        return float(rng.choice([1e-6, 1e-5, 1e-3, 0.1]))
+    if spec.kind == "str":
+        return str(rng.choice(list(spec.choices)))
+    if spec.kind == "int_or_ints":
+        return int(rng.integers(1, 3)) if spec.name == "stride" else int(rng.integers(0, 2))
+    if spec.kind == "ints":
+        return tuple(int(i) for i in rng.permutation(rank))
+    return None if spec.default is REQUIRED else spec.default
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def evaluate(p, env: Env, fail=Reject) -> np.ndarray:
+    """One side of a rule in numpy; a shape rule that refuses the inputs raises `fail`."""
+    if isinstance(p, PVar):
+        return env.tensors[p.name]
+    if isinstance(p, PNum):
+        return np.asarray(p.value, dtype=np.float64)
+    if isinstance(p, PKernel):
+        return evaluate(p.result, env, fail)
+    if isinstance(p, POp):
+        args = [evaluate(a, env, fail) for a in p.args]
+        attrs = {k: env.attr(v.name, p.op, k, args) if isinstance(v, AttrVar) else v for k, v in p.attrs}
+        op = OPS[p.op]
+        try:
+            # shapes only: every value here is a float64 (a mask is "nonzero", an index is truncated)
+            op.shape_rule([TType(tuple(a.shape)) for a in args], attrs)
+        except (ShapeError, TypeError, ValueError, IndexError) as e:
+            raise fail(f"{p.op}: {e}") from None
+        with np.errstate(all="ignore"):
+            try:
+                out = op.numpy(args, attrs)
+            except (ValueError, TypeError, IndexError) as e:
+                raise fail(f"{p.op}: {e}") from None
+        return np.asarray(out, dtype=np.float64)
+    raise TypeError(p)
+
+
+def term_value(t, env: Env):
+    if not isinstance(t, tuple) or not t or not isinstance(t[0], str):
+        return t  # a number or a tuple of numbers
+    kind, name = t[0], t[1]
+    if kind == "attr":
+        if name in env.attrs:
+            return env.attrs[name]
+        return float(env.tensors[name])
+    shape = env.shapes[name]
+    if kind == "rank":
+        return len(shape)
+    if kind == "shape":
+        return tuple(shape)
+    if kind == "size":
+        return math.prod(shape)
+    if kind == "dim":
+        i = t[2]
+        if not -len(shape) <= i < len(shape):
+            raise Reject(f"dim {i} of a rank-{len(shape)} tensor")
+        return shape[i]
+    raise ValueError(t)
+
+
+_CMP = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+        "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+
+
+def holds(c: Cond, env: Env) -> bool:
+    a, b = term_value(c.lhs, env), term_value(c.rhs, env)
+    if isinstance(a, list):
+        a = tuple(a)
+    if isinstance(b, list):
+        b = tuple(b)
+    try:
+        return bool(_CMP[c.op](a, b))
+    except TypeError:
+        return False
+
+
+def _solve(conds, env: Env) -> None:
+    """Conditions `?v == TERM` set an attribute variable or a constant directly."""
+    for c in conds:
+        if not isinstance(c, Cond) or c.op != "==":
+            continue
+        for var, other in ((c.lhs, c.rhs), (c.rhs, c.lhs)):
+            if not (isinstance(var, tuple) and var and var[0] == "attr"):
+                continue
+            name = var[1]
+            if name in env.attrs or (name in env.tensors and name not in env.consts):
+                continue
+            if isinstance(other, tuple) and other and other[0] == "attr":
+                continue
+            value = term_value(other, env)
+            if name in env.consts:
+                env.tensors[name] = np.asarray(float(value), dtype=np.float64)
+            else:
+                env.attrs[name] = value
+            break
+
+
+def _draw(rule: Rule, rng, positive: bool) -> tuple[Env, np.ndarray] | None:
+    consts = {c.var for c in rule.conds if isinstance(c, Test) and c.fn == "const"}
+    names = tensor_vars(rule.lhs)
+    for _ in range(ATTEMPTS):
+        env = Env(rng, positive, consts)
+        env.shapes = draw_shapes(rng, names, consts)
+        env.tensors = {n: env.values(s) for n, s in env.shapes.items()}
+        try:
+            _solve(rule.conds, env)
+            left = evaluate(rule.lhs, env)
+            if all(holds(c, env) for c in rule.conds if isinstance(c, Cond)):
+                return env, left
+        except Reject:
+            continue
+    return None
+
+
+def tolerance(rule: Rule) -> tuple[float, float]:
+    rtol, atol = RTOL, ATOL
+    for op in ops_used(rule.lhs) | ops_used(rule.rhs):
+        r, a = OP_TOLERANCE.get(op, (0.0, 0.0))
+        rtol, atol = max(rtol, r), max(atol, a)
+    return rtol, atol
+
+
+def check_rule(rule: Rule, trials: int = 5, seed: int = 0) -> Counterexample | None:
+    """None if both sides agree on `trials` random draws; else the first counterexample."""
+    rng = np.random.default_rng([seed, *rule.name.encode()])
+    rtol, atol = tolerance(rule)
+    tested = 0
+    for t in range(trials):
+        drawn = _draw(rule, rng, positive=bool(t % 2))
+        if drawn is None:
+            continue
+        tested += 1
+        env, left = drawn
+        ce = Counterexample(rule, "", dict(env.shapes), dict(env.attrs),
+                            {n: _summary(v, n in env.consts) for n, v in env.tensors.items()})
+        try:
+            right = evaluate(rule.rhs, env, fail=RightFails)
+        except RightFails as e:
+            ce.reason = "the right side cannot be computed where the left side can"
+            ce.detail = f"right side: {e}"
+            return ce
+        if left.shape != right.shape:
+            ce.reason = f"the sides have different shapes: left {list(left.shape)}, right {list(right.shape)}"
+            return ce
+        with np.errstate(all="ignore"):
+            diff = np.abs(left - right)
+            ok = (diff <= atol + rtol * np.maximum(np.abs(left), np.abs(right))) | (left == right)
+            ok |= np.isnan(left) & np.isnan(right)
+        if not ok.all():
+            idx = tuple(int(i) for i in np.argwhere(~ok)[0])
+            ce.reason = "the sides differ"
+            bad = diff[~ok]
+            ce.max_error = float(np.nanmax(bad)) if np.isfinite(bad).any() else float("nan")
+            where = f" at index {list(idx)}" if idx else ""
+            ce.detail = f"first difference{where}: left {left[idx]:.6g}, right {right[idx]:.6g}"
+            return ce
+    if tested == 0:
+        return Counterexample(rule, f"no random inputs satisfy the left side's shape rules and the conditions "
+                                    f"({ATTEMPTS} draws per trial); the rule cannot be tested")
+    return None
+
+
+def _summary(v: np.ndarray, const: bool) -> str:
+    if v.ndim == 0:
+        return f"= {float(v):.6g}" + (" (constant)" if const else "")
+    return f"in [{v.min():.3g}, {v.max():.3g}]"

@@ -1,0 +1,165 @@
+"""The compiled Module: callables that take and return numpy arrays (SPEC 4).
+
+A graph with named dimensions is compiled once per binding of them (at compile time when
+`dims=`/`params=` fix them all, else at the first call that binds them), and cached.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from eqfuse.backend.lower import KernelPlan
+from eqfuse.errors import ArgumentError, CheckFailed
+from eqfuse.ir.graph import Graph
+from eqfuse.ir.reference import bind_arrays, call_arrays, evaluate
+from eqfuse.runtime.program import MemoryPlan, Runner, plan_memory
+from eqfuse.runtime.verify import compare
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One compiled kernel as a user sees it."""
+
+    name: str
+    kind: str
+    body: str  # the kernel block's text, `kernel { ... }`
+    c_source: str  # its C (empty for zero-copy views)
+    bytes: int  # bytes read and written by one call
+    flops: int
+    tiles: Mapping[str, int] = field(default_factory=dict)
+    graph: str = ""
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.name} {self.kind}: {self.bytes} bytes, {self.flops} flops>"
+
+
+def env_threads() -> int | None:
+    v = os.environ.get("EQFUSE_NUM_THREADS", "").strip()
+    return int(v) if v.isdigit() and int(v) > 0 else None
+
+
+class Compiled:
+    """One graph at one binding of its dimensions: plans, the C library and its run function
+    (eqfuse.runtime.program: every kernel called from C, intermediates in one statically planned arena)."""
+
+    def __init__(self, graph: Graph, kgraph: Graph, plans: list[KernelPlan], lib, ffi, kernels: list[Kernel],
+                 memory: MemoryPlan | None = None):
+        self.graph, self.kgraph, self.plans, self.lib, self.ffi = graph, kgraph, plans, lib, ffi
+        self.kernels = kernels
+        self.memory = memory if memory is not None else plan_memory(kgraph, plans)
+        self.runner = Runner(kgraph, plans, self.memory, lib, ffi)
+
+    def run(self, arrays: list[np.ndarray], threads: int | None) -> list[np.ndarray]:
+        """The graph's outputs for its inputs (in the kernelized graph's input order): one C call.
+        No output shares memory with an input or another output (eqfuse.runtime.program)."""
+        return self.runner(arrays, threads)
+
+
+class GraphFunction:
+    """`mod.<graph>`: checks arguments, binds dims, runs the compiled kernels, verifies."""
+
+    def __init__(self, source: Graph, optimized: Graph, params: Mapping[str, np.ndarray],
+                 dims: Mapping[str, int], build: Callable[[Graph, dict], Compiled], verify: bool,
+                 threads: int | None):
+        self.name = source.name
+        self.source, self.optimized = source, optimized
+        # bound arrays, by name: the source's and those folding made; contiguous once here, so
+        # each call passes the same arrays (a prepacked weight is packed at the first call only)
+        self.params = {k: np.ascontiguousarray(v) for k, v in params.items()}
+        self.dims = dict(dims)
+        self._build = build
+        self.verify = verify
+        self.threads = threads
+        self.free = [n for n, _ in source.params if n not in self.params]
+        self.cache: dict[tuple, Compiled] = {}
+        self.last: Compiled | None = None
+        self._lock = threading.Lock()
+
+    def compiled(self, dims: Mapping[str, int]) -> Compiled:
+        key = tuple(sorted((k, v) for k, v in dims.items() if k in self.source.dims()))
+        with self._lock:
+            c = self.cache.get(key)
+            if c is None:
+                c = self.cache[key] = self._build(self.optimized, dict(key))
+            self.last = c
+        return c
+
+    def named_arrays(self, arrays, keywords: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """The call's arrays (positional in parameter order, then by keyword) and the bound params, by name."""
+        given = call_arrays(self.name, self.free, arrays, keywords or {}, bound=self.params)
+        return {**self.params, **given}
+
+    def __call__(self, *arrays, **keywords):
+        """Arrays by position (parameter order), by keyword (`mod(x=x, w1=w1)`), or both."""
+        named = self.named_arrays(arrays, keywords)
+        full = [named[n] for n, _ in self.source.params]
+        dims = bind_arrays(self.source, full, self.dims)
+        c = self.compiled(dims)
+        # The optimized graph's params may differ from the source's: folding replaces bound ones.
+        outs = c.run([named[n] for n, _ in self.optimized.params],
+                     self.threads if self.threads is not None else env_threads())
+        if self.verify:
+            bad = compare(outs, evaluate(self.source, full))
+            if bad:
+                raise CheckFailed(f"{self.name}: compiled result differs from the numpy reference: " + "; ".join(bad))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def __repr__(self) -> str:
+        sig = f"{self.name}({', '.join(self.free)})"
+        if self.last is not None:
+            n = len([k for k in self.last.kernels if k.kind != "view"])
+            return f"<eqfuse function {sig}: {n} kernel{'s' * (n != 1)}>"
+        unbound = [d for d in self.source.dims() if d not in self.dims]
+        return f"<eqfuse function {sig}: compiled at the first call ({', '.join(unbound)} unbound)>"
+
+
+class Module:
+    """What eqfuse.compile returns: call it (the first graph) or use `mod.<graph name>`, with arrays
+    by position or keyword. `mod.report` is one graph's report, or {graph name: report} for several
+    graphs (the shape of `eqfuse opt --report json`); `mod.kernels` is empty for a graph with
+    unbound dims until its first call."""
+
+    def __init__(self, functions: list[GraphFunction], report: Any, graph_text: Callable[[], str]):
+        self.functions = {f.name: f for f in functions}
+        self.default = functions[0]
+        self.report = report
+        self._graph_text = graph_text
+
+    def __call__(self, *arrays, **keywords):
+        return self.default(*arrays, **keywords)
+
+    def __getattr__(self, name: str):
+        fns = self.__dict__.get("functions", {})
+        if name in fns:
+            return fns[name]
+        raise AttributeError(f"the module has no graph named '{name}' (it has: {', '.join(fns)})")
+
+    def __dir__(self):
+        return list(super().__dir__()) + list(self.functions)
+
+    @property
+    def graph(self) -> str:
+        """The optimized graphs as text (kernel blocks), dims bound where known."""
+        return self._graph_text()
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        """Every kernel of the latest compiled binding of each graph.
+
+        A graph is compiled when `eqfuse.compile` returns if dims= and params= bind all its named
+        dimensions; otherwise at its first call, which binds them from the arrays. Until then it has
+        no kernels here (its repr says "compiled at the first call").
+        """
+        out: list[Kernel] = []
+        for f in self.functions.values():
+            if f.last is not None:
+                out += f.last.kernels
+        return out
+
+    def __repr__(self) -> str:
+        return f"<eqfuse Module: {', '.join(repr(f) for f in self.functions.values())}>"

@@ -1,0 +1,252 @@
+"""The whole-graph runtime: one C function per compiled graph, called once per graph call.
+
+`plan_memory` lays out, at compile time, where every tensor of the kernel sequence lives:
+
+- a graph input, a top-level constant or a prepacked weight: a slot of the `in` array;
+- a view (reshape and kin): the storage of the tensor it views (no code, no call);
+- a kernel's result that is a graph output (the first output that is it, or a view of it): the
+  caller's output buffer `out[k]`, written in place;
+- every other kernel result: an offset in one arena. Its lifetime is the interval of kernel
+  steps from the one that writes it to the last one that reads it (through any views); buffers
+  whose lifetimes are disjoint share memory. Offsets are assigned greedily by size, largest
+  first, each at the lowest 64-byte aligned offset that overlaps no placed buffer alive at the
+  same time (the static memory planners of TVM and XLA). A kernel's result never shares memory
+  with its own inputs (their lifetimes meet at its step).
+
+Outputs that are no kernel's own result (an input or a constant returned as is, or a tensor
+returned twice) are copied in Python after the call, so no output aliases an input or another
+output.
+
+`emit_run` writes `long eqf_<graph>_run(void* const* in, void* const* out, char* arena, int
+threads, long* failed)`: it sets the thread count (threads > 0), calls every kernel in order
+and returns 0, or the count of bad indices of the first index kernel that met any (the plan
+index of that kernel in *failed; the kernels after it do not run).
+
+`Runner` makes the one cffi call per graph call. Each Python thread has its own arena, pointer
+arrays and output pool (cffi releases the GIL during the call: concurrent calls never share
+memory they write).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from eqfuse.backend.plan import KernelPlan, size
+from eqfuse.errors import ArgumentError
+from eqfuse.ir.graph import Graph
+from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
+
+ALIGN = 64  # bytes: every arena buffer starts on a cache line
+_POOL_ONLY = 3  # references to a pooled output held by the pool itself, a local and getrefcount
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass
+class MemoryPlan:
+    """Where each tensor of one compiled graph lives (see the module's docstring)."""
+
+    root: dict[int, tuple[str, int]]  # kg node -> ("in", slot) | ("out", k) | ("arena", offset)
+    inputs: int  # graph inputs, the first slots of `in`
+    consts: list[int]  # top-level const nodes, in their `in` slots after the graph inputs
+    prepacks: list[tuple[int, int]]  # (kernel step, graph input position of its bound B), slots after the consts
+    copies: dict[int, tuple[str, int]]  # output k made in Python: ("in", input position) | ("const", node) | ("out", j)
+    arena_bytes: int
+    lifetimes: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # arena node -> (bytes, first, last step)
+
+    @property
+    def slots(self) -> int:
+        return self.inputs + len(self.consts) + len(self.prepacks)
+
+
+def _nbytes(kg: Graph, i: int) -> int:
+    t = kg.nodes[i].type
+    return size(t.shape) * np.dtype(NUMPY_DTYPE[t.dtype]).itemsize
+
+
+def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
+    """The static memory plan of a kernelized graph and its kernel plans."""
+    src: dict[int, int] = {}  # node -> the node owning its storage (views followed)
+    for i in kg.inputs:
+        src[i] = i
+    consts = [i for i, n in enumerate(kg.nodes) if n.op == "const"]
+    for i in consts:
+        src[i] = i
+    for p in plans:
+        src[p.node] = src[p.args[0]] if p.kind == "view" else p.node
+    kernels = [p for p in plans if p.kind != "view"]
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for s, p in enumerate(kernels):
+        first[p.node] = last[p.node] = s
+        for a in p.args:
+            r = src[a]
+            if r in last:
+                last[r] = max(last[r], s)
+    ins = {n: k for k, n in enumerate(kg.inputs)}
+    cslot = {n: len(kg.inputs) + k for k, n in enumerate(consts)}
+    owner: dict[int, int] = {}  # kernel result -> the output it is written into
+    copies: dict[int, tuple[str, int]] = {}
+    for k, o in enumerate(kg.outputs):
+        r = src[o]
+        if r in first and r not in owner:
+            owner[r] = k
+        elif r in owner:
+            copies[k] = ("out", owner[r])
+        elif r in ins:
+            copies[k] = ("in", ins[r])
+        else:
+            copies[k] = ("const", r)
+    # greedy by size: the largest buffer first, at the lowest offset free over its lifetime
+    bufs = sorted((n for n in first if n not in owner), key=lambda n: (-_nbytes(kg, n), first[n]))
+    placed: list[tuple[int, int, int, int]] = []  # (offset, bytes, first, last)
+    offsets: dict[int, int] = {}
+    lifetimes = {}
+    for n in bufs:
+        nb, a, z = max(_nbytes(kg, n), 1), first[n], last[n]
+        off = 0
+        for lo, hi in sorted((o, o + b) for o, b, pa, pz in placed if pa <= z and a <= pz):
+            if off + nb <= lo:
+                break
+            off = max(off, _align(hi))
+        placed.append((off, nb, a, z))
+        offsets[n], lifetimes[n] = off, (nb, a, z)
+    arena = max((_align(o + b) for o, b, _, _ in placed), default=0)
+    prepacks = [(s, kernels[s].args[kernels[s].detail["prepack"]["arg"]]) for s in range(len(kernels))
+                if kernels[s].detail.get("prepack")]
+    prepacks = [(s, ins[a]) for s, a in prepacks]
+    root: dict[int, tuple[str, int]] = {}
+    for n, r in src.items():
+        root[n] = (("in", ins[r]) if r in ins else ("in", cslot[r]) if r in cslot
+                   else ("out", owner[r]) if r in owner else ("arena", offsets[r]))
+    return MemoryPlan(root, len(kg.inputs), consts, prepacks, copies, arena, lifetimes)
+
+
+def run_name(graph: str) -> str:
+    return f"eqf_{graph}_run"
+
+
+RUN_CDEF = "long {name}(void* const* in, void* const* out, char* arena, int threads, long* failed);"
+
+
+def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, str]:
+    """(C, cdef) of the graph's run function (see the module's docstring)."""
+    name = run_name(kg.name)
+    kernels = [p for p in plans if p.kind != "view"]
+    prepack_slot = {s: mem.slots - len(mem.prepacks) + k for k, (s, _) in enumerate(mem.prepacks)}
+
+    def ctype(i: int) -> str:
+        return C_TYPE[kg.nodes[i].type.dtype]
+
+    def ptr(i: int) -> str:
+        where, at = mem.root[i]
+        if where == "arena":
+            return f"({ctype(i)}*)(arena + {at})"
+        return f"({ctype(i)}*){where}[{at}]"
+
+    lines = [f"/* {kg.name}: {len(kernels)} kernels in order; arena {mem.arena_bytes} bytes (static memory plan) */",
+             f"long {name}(void* const* in, void* const* out, char* arena, int threads, long* failed)", "{",
+             "    long bad = 0;", "    (void)in; (void)out; (void)arena; (void)bad; (void)failed;",
+             "    if (threads > 0)", "        omp_set_num_threads(threads);"]
+    for s, p in enumerate(kernels):
+        args = [ptr(a) for a in p.args]
+        pre = p.detail.get("prepack")
+        if pre:
+            args[pre["arg"]] = f"(float*)in[{prepack_slot[s]}]"
+        call = f"{p.name}({', '.join(args + [ptr(p.node)])})"
+        if p.kind == "index":
+            lines += [f"    if ((bad = {call}) != 0) {{", f"        *failed = {s};", "        return bad;", "    }"]
+        else:
+            lines.append(f"    {call};")
+    lines += ["    return 0;", "}"]
+    return "\n".join(lines) + "\n", RUN_CDEF.format(name=name)
+
+
+class Runner:
+    """Calls a graph's run function: one cffi call per graph call."""
+
+    def __init__(self, kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, lib, ffi):
+        self.kg, self.mem, self.lib, self.ffi = kg, mem, lib, ffi
+        self.kernels = [p for p in plans if p.kind != "view"]
+        self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
+        self.in_dtypes = [NUMPY_DTYPE[kg.nodes[i].type.dtype] for i in kg.inputs]
+        self.consts = [np.array(kg.nodes[i].value, dtype=np.float32) for i in mem.consts]
+        self.out_shapes = [(tuple(kg.nodes[o].type.shape), NUMPY_DTYPE[kg.nodes[o].type.dtype]) for o in kg.outputs]
+        self._packed: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # plan index -> (bound B, its panels)
+        self._pack_lock = threading.Lock()
+        self._local = threading.local()
+
+    def _panels(self, s: int, b: np.ndarray) -> np.ndarray:
+        # A B bound by params= is the same array at every call: pack it once (kept with the
+        # array it came from, and redone should a different array ever arrive).
+        got = self._packed.get(s)
+        if got is None or got[0] is not b:
+            with self._pack_lock:
+                got = self._packed.get(s)
+                if got is None or got[0] is not b:
+                    pre = self.kernels[s].detail["prepack"]
+                    P = np.empty(getattr(self.lib, pre["floats"])(), dtype=np.float32)
+                    getattr(self.lib, pre["fn"])(self.ffi.cast("float *", b.ctypes.data),
+                                                 self.ffi.cast("float *", P.ctypes.data))
+                    got = self._packed[s] = (b, P)
+        return got[1]
+
+    def _state(self):
+        st = self._local.__dict__
+        if "ins" not in st:  # this thread's first call: its own arena and pointer arrays
+            ffi = self.ffi
+            raw = np.empty(self.mem.arena_bytes + ALIGN, dtype=np.uint8)
+            shift = -raw.ctypes.data % ALIGN
+            st["arena_array"] = raw[shift:shift + self.mem.arena_bytes]
+            st["arena"] = ffi.cast("char *", raw.ctypes.data + shift)
+            st["ins"] = ffi.new("void *[]", max(self.mem.slots, 1))
+            st["outs"] = ffi.new("void *[]", max(len(self.kg.outputs), 1))
+            st["failed"] = ffi.new("long *")
+            st["pool"] = [None] * len(self.kg.outputs)
+            for k, c in enumerate(self.consts):
+                st["ins"][len(self.kg.inputs) + k] = ffi.from_buffer(c)
+        return st
+
+    def __call__(self, arrays: list[np.ndarray], threads: int | None) -> list[np.ndarray]:
+        arrays = [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(arrays, self.in_dtypes)]
+        copies = self.mem.copies
+        if self.fn is None:  # no kernel: every output is an input or a constant, copied
+            return [self._copy(k, arrays, []) for k in range(len(self.kg.outputs))]
+        st = self._state()
+        ins, outs_p, pool, fb = st["ins"], st["outs"], st["pool"], self.ffi.from_buffer
+        for k, a in enumerate(arrays):
+            ins[k] = fb(a)
+        base = self.mem.slots - len(self.mem.prepacks)
+        for k, (s, pos) in enumerate(self.mem.prepacks):
+            ins[base + k] = fb(self._panels(s, arrays[pos]))
+        outs: list = [None] * len(self.out_shapes)
+        getrefcount = sys.getrefcount
+        for k, (shape, dt) in enumerate(self.out_shapes):
+            if k in copies:
+                continue
+            # Reuse last call's buffer when nobody else holds it (a fresh one costs page faults).
+            o = pool[k]
+            if o is None or getrefcount(o) > _POOL_ONLY:
+                o = pool[k] = np.empty(shape, dtype=dt)
+            outs[k] = o
+            outs_p[k] = fb(o)
+        bad = self.fn(ins, outs_p, st["arena"], threads or 0, st["failed"])
+        if bad:  # an index kernel met indices outside the axis it reads
+            p = self.kernels[st["failed"][0]]
+            raise ArgumentError(f"{bad} index value(s) out of range in {p.detail.get('op')} (kernel {p.name})")
+        for k in copies:
+            outs[k] = self._copy(k, arrays, outs)
+        return outs
+
+    def _copy(self, k: int, arrays, outs) -> np.ndarray:
+        shape, dt = self.out_shapes[k]
+        where, at = self.mem.copies[k]
+        srcs = {"in": arrays, "out": outs}
+        a = srcs[where][at] if where in srcs else np.array(self.kg.nodes[at].value, dtype=np.float32)
+        return np.array(a, dtype=dt).reshape(shape)
