@@ -17,6 +17,7 @@ from eqfuse.backend.lower_gemm import (  # noqa: F401  (extract asks)
     row_epilogue_fits,
 )
 from eqfuse.backend.machine import Machine
+from eqfuse.backend.views import place_views
 from eqfuse.backend.plan import (
     F32,
     KernelPlan,
@@ -148,10 +149,10 @@ STREAM_MIN_INNER = 64  # streaming needs whole output lines: inner loops shorter
 def _inner_extent(plan: KernelPlan) -> int:
     """Elements of the pointwise kernel's inner loop: the innermost dims every operand walks
     with one stride (as emit_pointwise groups them)."""
-    from eqfuse.backend.indexing import bstrides, contiguous, joint_groups, leaf_views
+    from eqfuse.backend.indexing import contiguous, joint_groups, leaf_strides
 
     shape = plan.out_shape
-    sets = [bstrides(v, shape) for v in leaf_views(plan.body, plan.body.outputs[0])] + [contiguous(shape)]
+    sets = leaf_strides(plan.body, plan.body.outputs[0], shape, plan.base_strides()) + [contiguous(shape)]
     groups = joint_groups(shape, sets)
     return size([shape[d] for d in groups[-1]]) if groups else 1
 
@@ -375,6 +376,11 @@ def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset(
             _mark_bound_b(plan, kg, params)
             plans.append(plan)
         if not retry:
+            place_views(kg, plans)
+            for p in plans:  # a pointwise kernel reading views walks other strides: its loops again
+                if p.kind == "pointwise" and p.in_strides:
+                    p.tiles, p.detail, p.uops = {}, {}, []
+                    _plan_pointwise(p, caches)
             return kg, plans
 
 
