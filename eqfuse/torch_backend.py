@@ -92,7 +92,8 @@ class _Specializing:
     def __init__(self, gm: fx.GraphModule, inputs, name: str, opts: dict):
         self.gm, self.name, self.opts = gm, name, opts
         self.cache: dict[tuple, Callable] = {}
-        self.static = None if _symbolic(gm, inputs) else _split(gm, name, opts)
+        self.warned: set = set()  # the fallback lists already warned about (once, not per shape)
+        self.static = None if _symbolic(gm, inputs) else _split(gm, name, opts, self.warned)
 
     def __call__(self, *args):
         if self.static is not None:
@@ -103,7 +104,7 @@ class _Specializing:
             from torch.fx.experimental.proxy_tensor import make_fx
 
             concrete = make_fx(self.gm, tracing_mode="fake")(*args)
-            fn = self.cache[key] = _split(concrete, f"{self.name}_{len(self.cache)}", self.opts)
+            fn = self.cache[key] = _split(concrete, f"{self.name}_{len(self.cache)}", self.opts, self.warned)
         return fn(*args)
 
 
@@ -125,9 +126,9 @@ VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, 
             aten.scalar_tensor.default, aten.detach.default, aten._to_copy.default}
 
 
-def _split(gm: fx.GraphModule, name: str, opts: dict) -> Callable:
+def _split(gm: fx.GraphModule, name: str, opts: dict, warned: set) -> Callable:
     """gm with its supported parts replaced by eqfuse graphs; the report is kept and, when
-    something stays in torch, warned once."""
+    something stays in torch, warned (once per graph and list: not again for each new shape)."""
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
 
@@ -164,7 +165,9 @@ def _split(gm: fx.GraphModule, name: str, opts: dict) -> Callable:
     split.recompile()
     report.fallbacks = dict(fallbacks)
     REPORTS.append(report)
-    if report.fallbacks:
+    what = frozenset(report.fallbacks.items())
+    if what and what not in warned:
+        warned.add(what)
         log.info(report.summary())
         warnings.warn(report.summary(), FallbackWarning, stacklevel=2)
     return split
