@@ -93,7 +93,7 @@ def test_entry_point_is_declared_and_callable():
 
 def test_mlp_matches_eager_in_one_eqfuse_graph():
     torch.manual_seed(0)
-    check(MLP().eval(), torch.randn(4, 16))
+    check(MLP().eval(), torch.randn(16, 4).t())  # a transposed (non-contiguous) input
     (report,) = REPORTS
     assert len(report.partitions) == 1 and "gelu(" in report.partitions[0] and "tanh(" in report.partitions[0]
 
@@ -217,3 +217,38 @@ def test_verify_option_and_unknown_option():
         torch._dynamo.reset()
         with pytest.raises(Exception, match="unknown option.*fast.*options: verify, threads, cost"):
             torch.compile(model, backend="eqfuse", options={"fast": True})(x)
+
+
+class ManyOps(nn.Module):
+    """ATen handlers beyond the models': splits, joins, padding, indices, masks, reductions."""
+
+    def forward(self, x, ids, mask):
+        a, b = x.split([3, 5], dim=-1)
+        y = nn.functional.pad(torch.cat([b, a * 2], dim=-1), (1, 2))
+        y = y.clamp(-1, 1) + y.cumsum(-1) / 10 - torch.rsqrt(y.abs() + 1)
+        y = torch.where(mask[:, None], y, -y).masked_fill(y > 0.9, 0.5)
+        s = torch.stack([x.amax(-1), x.mean(-1), x.sum(dim=(0, 1)).expand(x.shape[0])], dim=0)
+        t = torch.tril(x @ x.t(), diagonal=-1) + torch.triu(x @ x.t()).neg()
+        r = torch.arange(8) * 2 + ids.sum() + torch.ones(8, dtype=torch.int64)
+        return (y, x[ids], x.gather(1, ids[None, :].expand(x.shape[0], 3)), s, x.argmax(-1), t,
+                torch.log_softmax(x, -1), r, torch.softmax(x.unbind(0)[1], 0), (ids > 1) & ~mask[:3])
+
+
+class PoolingOps(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = nn.functional.hardswish(self.conv(x)) + nn.functional.leaky_relu(x.mean(1, keepdim=True), 0.1)
+        p = nn.functional.max_pool2d(y, 3, 2, 1) + nn.functional.avg_pool2d(y, 2, 2, count_include_pad=False)[..., :4, :4]
+        q = nn.functional.softplus(p) * torch.sigmoid(p) + nn.functional.silu(p) + nn.functional.hardsigmoid(p)
+        return nn.functional.adaptive_avg_pool2d(q, 1).flatten(1), nn.functional.adaptive_avg_pool2d(q, 2)
+
+
+def test_many_aten_ops():
+    torch.manual_seed(0)
+    x, ids = torch.randn(4, 8), torch.tensor([2, 0, 3])
+    mask = torch.tensor([True, False, True, True])
+    check(ManyOps(), x, ids, mask)
+    check(PoolingOps().eval(), torch.randn(2, 3, 8, 8))

@@ -162,16 +162,16 @@ def _scalar_tensor(cv, value, **kw):
     return cv.const(value)
 
 
-@aten("full", "new_full", "new_ones", "new_zeros", "ones", "zeros", "ones_like", "zeros_like", "full_like")
+FILLS = {"ones": 1.0, "new_ones": 1.0, "ones_like": 1.0, "zeros": 0.0, "new_zeros": 0.0, "zeros_like": 0.0}
+
+
+@aten("full", "new_full", "full_like", *FILLS)
 def _full(cv, *args, **kw):
     kind = cv.node.target.__name__.split(".")[0]
-    value = {"ones": 1.0, "zeros": 0.0}.get(kind.split("_")[-1] if kind != "ones_like" and kind != "zeros_like"
-                                            else kind.split("_")[0])
-    if value is None:
-        value = args[-1] if kind in ("full", "new_full", "full_like") else _raise(kind)
-    t = cv.out_type
+    value = FILLS[kind] if kind in FILLS else args[-1]  # full(size, v), new_full(x, size, v), full_like(x, v)
     if isinstance(value, V):
         raise Unsupported("a tensor fill value")
+    t = cv.out_type
     return cv.op("cast", cv.op("expand", float(value), shape=t.shape), to=t.dtype)
 
 
