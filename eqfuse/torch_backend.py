@@ -28,14 +28,20 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import fx
 
 from eqfuse.errors import EqfuseError
-from eqfuse.frontend.torch_fx import FxConverter, Support, Unsupported, fallback_counts, op_name
+from eqfuse.frontend.torch_fx import (
+    FxConverter,
+    Support,
+    Unsupported,
+    fallback_counts,
+    op_name,
+)
 from eqfuse.ir.printer import module_text
 
 log = logging.getLogger("eqfuse.torch")

@@ -169,6 +169,8 @@ class FxConverter:
             value = fn(self, *self.resolve(node.args), **self.resolve(node.kwargs))
         except (ShapeError, ValueError) as e:
             raise Unsupported(str(e)) from None
+        except (TypeError, KeyError, IndexError, AttributeError) as e:  # a call form the handler does not know
+            raise Unsupported(f"arguments not understood ({type(e).__name__}: {e})") from None
         self.check(value, self.out)
         return value
 
