@@ -172,3 +172,24 @@ def test_bad_input_is_one_clear_error(capsys, tmp_path, args, message):
     assert status == 2
     assert message in err, err
     assert err.count("error") == 1
+
+
+def test_onnx_model_initializers_are_the_weights(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w, b = rng.standard_normal((16, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["input.1", "w"], ["h"]),
+                           helper.make_node("Add", ["h", "b"], ["h2"]), helper.make_node("Relu", ["h2"], ["y"])],
+                          "g", [helper.make_tensor_value_info("input.1", TensorProto.FLOAT, [3, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 8])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "small.onnx")
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    export(tmp_path / "small.onnx", tmp_path / "lib", example_inputs={"input.1": x})
+    assert "long small_g(small_model* m, const float* input_1, float* y);" in (tmp_path / "lib/small.h").read_text()
+    make(tmp_path / "lib")
+    run_example(tmp_path / "lib")
+    np.testing.assert_allclose(np.fromfile(tmp_path / "lib/example_expected.bin", dtype=np.float32).reshape(3, 8),
+                               np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-6)

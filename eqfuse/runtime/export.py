@@ -109,7 +109,7 @@ def prepare(model: str | os.PathLike, weights: Mapping[str, np.ndarray], lib: st
             **opts) -> list[ExportedGraph]:
     """Every graph of the model (or the one named), optimized, lowered and emitted for the target."""
     from eqfuse.backend.machine import pinned
-    from eqfuse.compiler import _bind_params, _check_dims, model_weights
+    from eqfuse.compiler import _check_dims, input_aliases, model_weights
     from eqfuse.frontend.load import load
 
     graphs = load(model)
@@ -126,8 +126,16 @@ def prepare(model: str | os.PathLike, weights: Mapping[str, np.ndarray], lib: st
         if k in weights:
             raise EqfuseError(f"--input {k}: '{k}' has an array in the weights; an input is passed at run time")
     _check_dims(graphs, dict(dims))
+    example_inputs = dict(example_inputs or {})
+    for param, own in input_aliases(model).items():  # an .onnx model's own input names ("input.1")
+        if own in example_inputs:
+            example_inputs[param] = example_inputs.pop(own)
+    for k in example_inputs:
+        if k not in names or k in weights:
+            raise EqfuseError(f"--example-inputs: '{k}' is not an input of {model} "
+                              f"(inputs: {', '.join(sorted(n for n in names if n not in weights))})")
     with pinned(target_machine(target), clamp=False):
-        return [_prepare_graph(g, weights, lib, dict(dims), inputs, example_inputs or {}, seed, opts) for g in graphs]
+        return [_prepare_graph(g, weights, lib, dict(dims), inputs, example_inputs, seed, opts) for g in graphs]
 
 
 def _no_graph(name, graphs):
