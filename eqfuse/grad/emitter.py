@@ -52,6 +52,9 @@ class Emitter:
             t = spec.infer([self.type(a) for a in args], full)
         except (ShapeError, ValueError) as e:
             raise GradError(f"internal: the gradient's {name} does not type-check: {e}", self.pos) from None
+        if name in ("reshape", "transpose") and self.g.nodes[args[0]].op == "const":
+            # a scalar constant is no tensor to lay out: broadcast it (the loss's seed gradient)
+            return self.op("expand", args, shape=tuple(t.shape))
         key = self._key(name, args, tuple(full.items()))
         if key not in self.memo:
             self.memo[key] = self.g.add(Node(name, tuple(args), tuple(full.items()), t))
