@@ -70,6 +70,10 @@ def classify(body: Graph) -> KernelShape:
     if not heavy:
         return KernelShape("pointwise")
 
+    if body.nodes[out].type.dtype != "f32" and any(kinds[i] == "contraction" for i in heavy):
+        # the GEMM and conv templates store floats: a mask computed from a product (`x @ w > 0`,
+        # as a relu's gradient reads) is a pointwise kernel of its own
+        raise Unsupported(f"a matmul or conv2d kernel writes f32, not {body.nodes[out].type.dtype}")
     inputs = set(body.inputs)
     if len(heavy) == 1:
         a = heavy[0]

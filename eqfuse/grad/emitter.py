@@ -6,6 +6,8 @@ a forward value (`sigmoid(x)` in silu's rule) reads the forward node instead of 
 
 from __future__ import annotations
 
+import numpy as np
+
 from eqfuse.errors import EqfuseError, Pos, ShapeError
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS, complete_attrs
@@ -45,6 +47,13 @@ class Emitter:
             self.memo[key] = self.g.add(Node("const", attrs=(("value", float(v)),), type=TType(())))
         return self.memo[key]
 
+    def uniform(self, i: int) -> float | None:
+        """The value of a constant or of a constant broadcast by expand, else None."""
+        n = self.g.nodes[i]
+        if n.op == "expand" and self.g.nodes[n.args[0]].op == "const":
+            n = self.g.nodes[n.args[0]]
+        return n.value if n.op == "const" else None
+
     def op(self, name: str, args, **attrs) -> int:
         spec = OPS[name]
         try:
@@ -52,9 +61,16 @@ class Emitter:
             t = spec.infer([self.type(a) for a in args], full)
         except (ShapeError, ValueError) as e:
             raise GradError(f"internal: the gradient's {name} does not type-check: {e}", self.pos) from None
-        if name in ("reshape", "transpose") and self.g.nodes[args[0]].op == "const":
-            # a scalar constant is no tensor to lay out: broadcast it (the loss's seed gradient)
-            return self.op("expand", args, shape=tuple(t.shape))
+        uniform = [self.uniform(a) for a in args]
+        if name == "expand" and uniform[0] is not None:
+            args = [self.const(uniform[0])]  # expand(expand(c)) is expand(c)
+        elif args and t.dtype == "f32" and all(u is not None for u in uniform) and (
+                spec.kind == "pointwise" or name in ("reshape", "transpose")):
+            # an op over constants (the loss's seed gradient and what rules make of it) is a
+            # constant: folded here, as a scalar is no tensor a layout kernel could read
+            v = float(spec.numpy([np.float32(u) for u in uniform], full)) if spec.kind == "pointwise" else uniform[0]
+            c = self.const(v)
+            return c if t.shape == () else self.op("expand", [c], shape=tuple(t.shape))
         key = self._key(name, args, tuple(full.items()))
         if key not in self.memo:
             self.memo[key] = self.g.add(Node(name, tuple(args), tuple(full.items()), t))
