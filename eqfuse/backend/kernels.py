@@ -21,7 +21,7 @@ SUPPORTED = (
     "pointwise prologue and epilogue); attention (softmax(q @ transpose(k) * scale [+ mask]) @ v, "
     "q, k and v possibly read through transposes and reshapes of kernel inputs, the result possibly "
     "written through transposes); layout (one transpose, reshape, slice or concat of kernel inputs); "
-    "index (one gather, gather_elements, cumsum, argmax, tril, triu, pad or pooling op over kernel inputs)"
+    "index (one gather, gather_elements, scatter_add, cumsum, argmax, tril, triu, pad or pooling op over kernel inputs)"
 )
 
 
