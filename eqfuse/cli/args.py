@@ -164,6 +164,19 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("files", nargs="+", metavar="F.rw")
     c.add_argument("--trials", type=int, default=5, metavar="N",
                    help="random draws of shapes and values per rule; both sides must agree on all (default: 5)")
+    c = model_cmd("grad", "write the joint forward + backward graph as .g text", one_graph=True)
+    c.add_argument("--wrt", required=True, metavar="P1,P2",
+                   help="comma-separated f32 parameters to differentiate the loss (the graph's first "
+                        "result, a scalar) by; the graph returns its results, then these gradients in "
+                        "this order (required)")
+    c.add_argument("-o", "--output", metavar="OUT.g",
+                   help="write the graph to this file instead of stdout (it parses back as it prints)")
+
+    c = sub.add_parser("check-grads", help="check every op's derivative against finite differences",
+                       description="check every derivative rule of eqfuse/grad/derivatives.rw against "
+                                   "central finite differences in float64 on random inputs, one line per "
+                                   "op and argument; exit 1 if one differs or a rule is never exercised")
+    c.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random inputs (default: 0)")
     return p
 
 

@@ -266,6 +266,8 @@ COMMANDS = {
     "opt": _lazy("cli.opt_cmd", "cmd_opt"),
     "rules": _lazy("cli.rules_cmd", "cmd_rules"),
     "check-rules": _lazy("cli.rules_cmd", "cmd_check_rules"),
+    "grad": _lazy("cli.grad_cmd", "cmd_grad"),
+    "check-grads": _lazy("cli.grad_cmd", "cmd_check_grads"),
     "emit": _lazy("cli.backend_cmds", "cmd_emit"),
     "lower": _lazy("cli.backend_cmds", "cmd_lower"),
     "bench": _lazy("cli.backend_cmds", "cmd_bench"),
