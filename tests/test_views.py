@@ -123,14 +123,43 @@ graph ln(x: f32[2, 16, 64], g: f32[16], b: f32[16]) -> f32[2, 64, 16] {
 
 
 def test_a_reshape_of_a_transpose_read_by_a_gemm_is_copied_once():
-    # a GEMM's A must be rows in memory: the flattened transpose is one copy, then a view
+    # [4, 8, 6] with strides (48, 1, 8) flattened to [32, 6] has no strides: one copy, then rows
     src = """
-graph g(x: f32[4, 6, 8], w: f32[24, 5]) -> f32[8, 5] {
-  return reshape(transpose(x, perm=[2, 0, 1]), shape=[8, 24]) @ w
+graph g(x: f32[4, 6, 8], w: f32[6, 5]) -> f32[32, 5] {
+  return reshape(transpose(x, perm=[0, 2, 1]), shape=[32, 6]) @ w
 }
 """
-    mod = _run(src, x=_rand(4, 6, 8), w=_rand(24, 5, seed=1))
+    mod = _run(src, x=_rand(4, 6, 8), w=_rand(6, 5, seed=1))
     assert _kinds(mod) == ["layout", "contraction"]
+
+
+@pytest.mark.parametrize("a, shape, m", [
+    ("slice(x, axis=1, start=8, stop=32)", "[6, 40]", 6),  # rows of A at leading dimension 40
+    ("reshape(transpose(x, perm=[2, 0, 1]), shape=[5, 24])", "[4, 6, 5]", 5),  # columns in memory, lda 5
+    ("transpose(slice(x, axis=0, start=4, stop=28))", "[30, 6]", 6),  # A^T of a slice
+])
+def test_a_gemm_reads_a_strided_a_in_place(a, shape, m):
+    src = f"""
+graph g(x: f32{shape}, w: f32[24, 5]) -> f32[{m}, 5] {{
+  return relu({a} @ w)
+}}
+"""
+    x = _rand(*[int(d) for d in shape.strip("[]").split(",")])
+    mod = _run(src, x=x, w=_rand(24, 5, seed=1))
+    assert _kinds(mod) == ["contraction"]
+
+
+def test_a_batched_gemm_reads_head_slices_of_one_buffer():
+    # q @ k^T per head, q and k slices of one [B, S, 2*H*D] projection: batch strides, not copies
+    src = """
+graph g(x: f32[2, 8, 32]) -> f32[2, 2, 8, 8] {
+  q = transpose(reshape(slice(x, axis=2, stop=16), shape=[2, 8, 2, 8]), perm=[0, 2, 1, 3])
+  k = transpose(reshape(slice(x, axis=2, start=16), shape=[2, 8, 2, 8]), perm=[0, 2, 3, 1])
+  return q @ k
+}
+"""
+    mod = _run(src, x=_rand(2, 8, 32))
+    assert _kinds(mod) == ["contraction"]
 
 
 def test_a_slice_returned_by_the_graph_is_written_to_its_own_buffer():

@@ -127,7 +127,7 @@ def emit_contraction(plan: KernelPlan) -> str:
                                   "floats": f"{gname}_prepack_floats"}
     sa, sb, sc = g["strides"]
     src, _ = emit_gemm(gname, M=g["M"], N=N, K=K, batch=g["batch"], a_batch_stride=sa, b_batch_stride=sb,
-                       c_batch_stride=sc, lda=M if at else K, ldb=K if bt else N, ldc=N, b_transposed=bt,
+                       c_batch_stride=sc, lda=g["lda"], ldb=g["ldb"], ldc=N, b_transposed=bt,
                        a_transposed=at, epilogue=expr, prepacked_b=prepacked, row_epilogue=row_call,
                        **_gemm_args(plan, extras))
     shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (A transposed)" if at else "") + \

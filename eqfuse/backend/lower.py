@@ -377,10 +377,12 @@ def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset(
             plans.append(plan)
         if not retry:
             place_views(kg, plans)
-            for p in plans:  # a pointwise kernel reading views walks other strides: its loops again
-                if p.kind == "pointwise" and p.in_strides:
+            for p in plans:  # a kernel reading views walks other strides: its loops again
+                if p.kind in ("pointwise", "contraction", "contraction_row") and p.in_strides:
                     p.tiles, p.detail, p.uops = {}, {}, []
-                    _plan_pointwise(p, caches)
+                    (_plan_pointwise if p.kind == "pointwise" else _plan_gemm)(p, caches)
+                    if p.kind != "pointwise":
+                        _mark_bound_b(p, kg, params)
             return kg, plans
 
 
@@ -392,7 +394,7 @@ def _mark_bound_b(plan: KernelPlan, kg: Graph, params: frozenset[str]) -> None:
     body = plan.body
     mm = body.nodes[plan.shape.anchor]
     b = mm.args[1]
-    src = body.nodes[b].args[0] if plan.detail.get("b_transposed") else b
+    src = body.nodes[b].args[0] if body.nodes[b].op == "transpose" else b
     if body.nodes[src].op != "input":
         return
     readers = [n for n in body.nodes if src in n.args]

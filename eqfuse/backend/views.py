@@ -11,8 +11,9 @@ A view is an *affine* index map (one offset plus one stride per axis). A candida
 place when its map is affine and every kernel reading it can take that map:
 - every kernel reads a contiguous view (the contiguous strides at any offset): a pointer;
 - a pointwise kernel reads any operand through any strides, attention reads q, k^T and v
-  through any strides (its head split and k^T transposes are strides already), and a layout
-  copy reads any affine view;
+  through any strides (its head split and k^T transposes are strides already), a GEMM reads A
+  and B as rows or columns in memory at any leading dimension and batch strides (and its
+  epilogue's operands at any strides), and a layout copy reads any affine view;
 - a graph output must be its root's whole buffer.
 A candidate read by a kernel that cannot take its map stays a kernel (a strided copy). A
 candidate read only by other candidates need not be affine at all: GPT-2's k^T is
@@ -31,6 +32,7 @@ import math
 import numpy as np
 
 from eqfuse.backend.indexing import contiguous, view_strides
+from eqfuse.backend.lower_gemm import matrix_layout
 from eqfuse.backend.plan import KernelPlan, UOp
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.ops import OPS
@@ -79,6 +81,11 @@ def _accepts(p: KernelPlan, k: int, shape, strides) -> bool:
         return p.body.nodes[p.shape.anchor].op != "concat"
     if p.kind == "attention":
         return _attention_reads(p, p.body.inputs[k], strides)
+    if p.kind in ("contraction", "contraction_row") and _gemm_operand(p, p.body.inputs[k]) is not None:
+        x = _gemm_operand(p, p.body.inputs[k])
+        st = view_strides(p.body, x, {p.body.inputs[k]: strides})[1]
+        readers = [n for n in p.body.nodes if p.body.inputs[k] in n.args]
+        return st is not None and len(readers) == 1 and matrix_layout(p.body.nodes[x].type.shape, st) is not None
     if p.kind in ("pointwise", "row", "reduce", "contraction", "contraction_row"):
         # an operand of the pointwise ops around the main op, or a row op's or reduction's input:
         # read element by element at an index (not a GEMM operand, a row op's parameter or a
@@ -94,6 +101,19 @@ def _accepts(p: KernelPlan, k: int, shape, strides) -> bool:
                 return False
         return True
     return False
+
+
+def _gemm_operand(p: KernelPlan, i: int) -> int | None:
+    """The matmul operand (body node) that reads body input i, directly or through a swap of its
+    last two axes; None when i is not a matmul operand."""
+    mm = p.body.nodes[p.shape.anchor]
+    if mm.op != "matmul":
+        return None
+    for x in mm.args:
+        n = p.body.nodes[x]
+        if x == i or (n.op == "transpose" and n.args[0] == i):
+            return x
+    return None
 
 
 def _attention_reads(p: KernelPlan, i: int, strides) -> bool:

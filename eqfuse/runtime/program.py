@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eqfuse.backend.plan import KernelPlan, size
+from eqfuse.runtime.load import threads_now
 from eqfuse.errors import ArgumentError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
@@ -246,7 +247,7 @@ class Runner:
                 o = pool[k] = np.empty(shape, dtype=dt)
             outs[k] = o
             outs_p[k] = fb(o)
-        bad = self.fn(ins, outs_p, st["arena"], threads or 0, st["failed"])
+        bad = self.fn(ins, outs_p, st["arena"], threads_now(threads), st["failed"])
         if bad:  # an index kernel met indices outside the axis it reads
             p = self.kernels[st["failed"][0]]
             raise ArgumentError(f"{bad} index value(s) out of range in {p.detail.get('op')} (kernel {p.name})")
