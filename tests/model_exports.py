@@ -160,6 +160,14 @@ def inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
     return {"x": rng.standard_normal((B, 3, 64, 64)).astype(np.float32)}
 
 
+def torch_model(name: str, layers: int = 2):
+    """(the torch module, its input names) that `export` exports, built the same way."""
+    if layers != 2 and name not in ("gpt2", "mixer"):
+        raise ValueError(f"{name}: the number of layers is fixed")
+    return (_hf(name, layers) if name in ("bert", "gpt2", "vit") else
+            _resnet18() if name == "resnet18" else _mixer(layers))
+
+
 def export(name: str, exporter: str, layers: int = 2) -> Path:
     """The path of the model's ONNX export (made once, then taken from the cache). `layers`
     sets the number of layers of GPT-2 and of blocks of the MLP-Mixer (2 by default)."""
@@ -171,10 +179,7 @@ def export(name: str, exporter: str, layers: int = 2) -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    if layers != 2 and name not in ("gpt2", "mixer"):
-        raise ValueError(f"{name}: the number of layers is fixed")
-    model, names = (_hf(name, layers) if name in ("bert", "gpt2", "vit") else
-                    _resnet18() if name == "resnet18" else _mixer(layers))
+    model, names = torch_model(name, layers)
     args = tuple(torch.from_numpy(v) for v in inputs(name).values())
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
