@@ -166,7 +166,7 @@ def cmd_run(args) -> int:
             if bad:
                 raise CheckFailed("verification failed: " + "; ".join(bad))
             print("verified: every output matches the numpy reference", file=sys.stderr)
-    names = output_names(g)
+    names = g.output_names()
     if args.output:
         try:
             np.savez(args.output, **dict(zip(names, outs)))
@@ -209,14 +209,6 @@ def cmd_export(args) -> int:
     print(f"wrote {len(written)} files to {args.output}: lib{lib} ({', '.join(p.name for p in written)})")
     print(f"build: make -C {args.output}   (lib{lib}.so, lib{lib}.a; `make -C {args.output} check` runs the example)")
     return 0
-
-
-def output_names(g) -> list[str]:
-    names = []
-    for i, o in enumerate(g.outputs):
-        n = g.nodes[o].name
-        names.append(n if n and n not in names else f"out{i}")
-    return names
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,10 +175,9 @@ def _prepare_graph(g: Graph, weights, lib, dims, inputs, example_inputs, seed, o
     taken: set[str] = set()
     ins = [Tensor(c_name(n, taken), t.dtype, tuple(t.shape)) for n, t in src.params if n not in gw]
     in_pos = {n: k for k, (n, _) in enumerate((n, t) for n, t in src.params if n not in gw)}
-    from eqfuse.cli.main import output_names
 
     outs = [Tensor(c_name(n, taken), src.nodes[o].type.dtype, tuple(src.nodes[o].type.shape))
-            for n, o in zip(output_names(src), src.outputs)]
+            for n, o in zip(src.output_names(), src.outputs)]
     kg_params = [n for n, _ in kg.params]
     wlist = [(Tensor(n, t.dtype, tuple(t.shape)), np.ascontiguousarray(folded.params[n], dtype=NUMPY_DTYPE[t.dtype]))
              for n, t in kg.params if n in folded.params]
