@@ -76,11 +76,13 @@ def test_gemm_of_each_width_matches_numpy(width, n, threads):
     np.testing.assert_allclose(C, want, rtol=1e-4, atol=1e-4 * np.sqrt(K) * max(1.0, float(np.abs(want).max())))
 
 
-def test_each_width_plans_its_own_register_tile(width):
+@pytest.mark.parametrize("N", [256, 8, 3])  # a narrower tile for few columns
+def test_each_width_plans_its_own_register_tile(width, N):
     """The portable tile fits 16 xmm registers without FMA, AVX2's the 16 ymm: MR x NR/vector
     accumulators plus one row of B and one broadcast A element (plus the product, without FMA)."""
     name, m, _ = width
-    t = gemm_tiles(256, 256, 256, m)
+    t = gemm_tiles(256, N, 256, m)
+    assert t["nr"] < 2 * N or t["nr"] == m.simd_floats
     vecs = t["mr"] * t["nr"] // m.simd_floats
     assert t["nr"] % m.simd_floats == 0
     assert vecs + t["nr"] // m.simd_floats + 1 + (name == "portable") <= 16
