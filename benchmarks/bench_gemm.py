@@ -11,7 +11,8 @@ AVX-512 host the AVX2 code paths really run); "portable" is 4-float vectors buil
 (SSE4.2, no AVX). numpy's matmul is the same OpenBLAS in every row (it picks its own kernels).
 
 Each (machine, thread count) runs in its own subprocess: OpenBLAS reads OPENBLAS_NUM_THREADS
-once, at import. Columns are GFLOP/s (2*M*N*K / median seconds) and, for the transformer layer
+once, at import. Columns are GFLOP/s (2*M*N*K / median seconds; "prepacked B" reads B from panels packed once,
+as for a weight bound by params=) and, for the transformer layer
 (examples/transformer.g, B=1, eqfuse.compile with its weights bound), the median ms of a call.
 Every result is checked against float64 numpy first.
 """
@@ -85,21 +86,30 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
         bias = rng.standard_normal(N, dtype=np.float32)
         c = np.empty((M, N), np.float32)
         t = gemm_tiles(M, N, K, machine())
-        src, cdef = emit_gemm("bench_gemm", M=M, N=N, K=K, lda=K, ldb=N, ldc=N, epilogue="fmaxf(acc + bias[j], 0.0f)",
-                              extras=[("float", "bias")], parallel=parallel(M, N, K, 1))
-        built = build(template("common.h") + COMMON_C + src, COMMON_CDEF + "\n" + cdef, "bench_gemm")
+        # "bench_gemm" packs B in each call; "bench_pre" reads the panels bench_pre_prepack made
+        # once, as a compiled graph does for a weight bound by params=
+        srcs = [emit_gemm(name, M=M, N=N, K=K, lda=K, ldb=N, ldc=N, epilogue="fmaxf(acc + bias[j], 0.0f)",
+                          extras=[("float", "bias")], parallel=parallel(M, N, K, 1), prepacked_b=pre)
+                for name, pre in (("bench_gemm", False), ("bench_pre", True))]
+        built = build(template("common.h") + COMMON_C + "\n".join(s for s, _ in srcs),
+                      COMMON_CDEF + "\n" + "\n".join(c for _, c in srcs), "bench_gemm")
         ffi, lib = built.ffi, built.lib
         lib.eqf_set_threads(threads)
-        pa, pb, pc, pbias = (ffi.cast("float*", ffi.from_buffer(x)) for x in (a, b, c, bias))
-        lib.bench_gemm(pa, pb, pc, pbias)
+        panels = np.empty(lib.bench_pre_prepack_floats(), np.float32)
+        pa, pb, pc, pbias, pp = (ffi.cast("float*", ffi.from_buffer(x)) for x in (a, b, c, bias, panels))
+        lib.bench_pre_prepack(pb, pp)
         want = np.maximum(a.astype(np.float64) @ b + bias, 0)
-        err = float(np.abs(c - want).max() / np.abs(want).max())
-        assert err < 1e-4, f"{M}x{N}x{K}: relative error {err}"
+        for fn, arg in ((lib.bench_gemm, pb), (lib.bench_pre, pp)):
+            c[:] = np.nan
+            fn(pa, arg, pc, pbias)
+            err = float(np.abs(c - want).max() / np.abs(want).max())
+            assert err < 1e-4, f"{M}x{N}x{K}: relative error {err}"
         flops = 2.0 * M * N * K
         rows.append({"what": f"{M}x{N}x{K}", "machine": mname, "threads": threads,
                      "tile": f"{t['mr']}x{t['nr']} kc={t['kc']}",
                      "np": flops / median(lambda: a @ b) / 1e9,
-                     "eqfuse": flops / median(lambda: lib.bench_gemm(pa, pb, pc, pbias)) / 1e9})
+                     "eqfuse": flops / median(lambda: lib.bench_gemm(pa, pb, pc, pbias)) / 1e9,
+                     "prepacked": flops / median(lambda: lib.bench_pre(pa, pp, pc, pbias)) / 1e9})
     if layer:
         from eqfuse.frontend.load import load
 
@@ -138,7 +148,8 @@ def main() -> None:
                 sys.exit(out.stderr)
             rows += json.loads(out.stdout.strip().splitlines()[-1])
     print(f"GFLOP/s (ms for the layer), median of {args.repeat} runs; eqfuse = one kernel, GEMM + bias + ReLU")
-    head = f"{'shape':>18} {'machine':>9} {'thr':>3} {'tile':>16} {'np a@b':>8} {'eqfuse':>8} {'eqf/np':>7}"
+    head = (f"{'shape':>18} {'machine':>9} {'thr':>3} {'tile':>16} {'np a@b':>8} {'eqfuse':>8} {'eqf/np':>7} "
+            f"{'prepacked B':>12}")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -146,7 +157,7 @@ def main() -> None:
             print(f"{r['what']:>18} {r['machine']:>9} {r['threads']:>3} {'':>16} {'':>8} {r['ms']:7.2f}ms")
         else:
             print(f"{r['what']:>18} {r['machine']:>9} {r['threads']:>3} {r['tile']:>16} {r['np']:8.1f} "
-                  f"{r['eqfuse']:8.1f} {r['eqfuse'] / r['np']:7.2f}")
+                  f"{r['eqfuse']:8.1f} {r['eqfuse'] / r['np']:7.2f} {r['prepacked']:12.1f}")
 
 
 if __name__ == "__main__":
