@@ -24,7 +24,7 @@
  * and A, no synchronisation); {{NAME}}_split has the rule. */
 #include <stdlib.h>
 #include <omp.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -86,8 +86,84 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
         for (int v = 0; v < V; v++)
             _mm512_store_ps(tile + r * {{NAME}}_NR + 16 * v, c[r][v]);
 }
+#elif defined(__AVX2__) && defined(__FMA__) && {{NR}} % 8 == 0
+static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const float* restrict b,
+                                    long ldb, float* restrict tile)
+{
+    /* The BLIS/MLAS Haswell shape: MR x NR/8 ymm accumulators (6 x 2 = 12), the B row (2) and
+     * one broadcast A element fill the 16 ymm registers; AVX2 has no broadcast operand in an
+     * FMA, so each A element is one vbroadcastss. */
+    enum { V = {{NAME}}_NR / 8 };
+    __m256 c[{{NAME}}_MR][V];
+#pragma GCC unroll 64
+    for (int r = 0; r < {{NAME}}_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            c[r][v] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (long k = 0; k < kc; k++) {
+        __m256 bv[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            bv[v] = _mm256_loadu_ps(b + 8 * v);
+        _mm_prefetch((const char*)(a + 8 * {{NAME}}_MR), _MM_HINT_T0);
+#pragma GCC unroll 64
+        for (int r = 0; r < {{NAME}}_MR; r++) {
+            const __m256 ar = _mm256_broadcast_ss(a + r);
+#pragma GCC unroll 8
+            for (int v = 0; v < V; v++)
+                c[r][v] = _mm256_fmadd_ps(ar, bv[v], c[r][v]);
+        }
+        a += {{NAME}}_MR;
+        b += ldb;
+    }
+#pragma GCC unroll 64
+    for (int r = 0; r < {{NAME}}_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            _mm256_store_ps(tile + r * {{NAME}}_NR + 8 * v, c[r][v]);
+}
+#elif {{NR}} % 4 == 0
+/* Portable micro-kernel, in GCC's generic vectors of 4 floats (SSE on x86-64-v2, NEON on ARM,
+ * scalar code elsewhere): MR x NR/4 accumulators that live in registers, the tile fully
+ * unrolled. Plain loops over a float array were left scalar and in memory by gcc (5-8 GFLOP/s). */
+typedef float {{NAME}}_v4 __attribute__((vector_size(16)));
+typedef float {{NAME}}_v4u __attribute__((vector_size(16), aligned(4))); /* an unaligned load */
+static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const float* restrict b,
+                                    long ldb, float* restrict tile)
+{
+    enum { V = {{NAME}}_NR / 4 };
+    {{NAME}}_v4 c[{{NAME}}_MR][V];
+#pragma GCC unroll 64
+    for (int r = 0; r < {{NAME}}_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            c[r][v] = ({{NAME}}_v4){0.0f, 0.0f, 0.0f, 0.0f};
+#pragma GCC unroll 2
+    for (long k = 0; k < kc; k++) {
+        {{NAME}}_v4 bv[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            bv[v] = *(const {{NAME}}_v4u*)(b + 4 * v);
+#pragma GCC unroll 64
+        for (int r = 0; r < {{NAME}}_MR; r++) {
+            const float ar = a[r];
+            const {{NAME}}_v4 av = {ar, ar, ar, ar};
+#pragma GCC unroll 8
+            for (int v = 0; v < V; v++)
+                c[r][v] += av * bv[v];
+        }
+        a += {{NAME}}_MR;
+        b += ldb;
+    }
+#pragma GCC unroll 64
+    for (int r = 0; r < {{NAME}}_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            *({{NAME}}_v4*)(tile + r * {{NAME}}_NR + 4 * v) = c[r][v];
+}
 #else
-/* Portable micro-kernel: plain loops over a register-sized tile, left to the auto-vectorizer. */
+/* Any other NR (a blocking given by hand): plain loops, left to the auto-vectorizer. */
 static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const float* restrict b,
                                     long ldb, float* restrict tile)
 {

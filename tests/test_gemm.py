@@ -4,6 +4,7 @@ Every GEMM variant the tests run is compiled up front into one of two modules (b
 two processes): one compiler run per variant would make this file take a minute.
 """
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template, warnings_for
 from eqfuse.backend.gemm import emit_gemm
+from eqfuse.backend.machine import machine
 
 # compiling every variant's GEMM takes ~25 s on 2 cores with a cold kernel cache
 pytestmark = pytest.mark.heavy
@@ -86,8 +88,11 @@ def modules(tmp_path_factory):
     mp.setenv("EQFUSE_CACHE_DIR", str(cache))
     halves = [VARIANTS[: len(VARIANTS) // 2], VARIANTS[len(VARIANTS) // 2:]]
     # One child process builds the second half (into the shared cache) while this one builds the
-    # first; the second half is then a cache hit here.
-    child = subprocess.Popen([sys.executable, "-c", "import tests.test_gemm as t; "
+    # first; the second half is then a cache hit here. The child plans for the machine pinned
+    # here (conftest's pin does not run there), else its sources would differ.
+    pinned = dataclasses.asdict(machine())
+    child = subprocess.Popen([sys.executable, "-c", "from eqfuse.backend import machine as m; "
+                              f"m.pin(m.Machine(**{pinned!r}), clamp=False); import tests.test_gemm as t; "
                               "t.build_many(t.VARIANTS[len(t.VARIANTS) // 2:], 'gemm_test_b')"],
                              cwd=Path(__file__).parent.parent, env={**os.environ, "EQFUSE_CACHE_DIR": str(cache)},
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

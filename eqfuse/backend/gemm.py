@@ -71,7 +71,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
                  LDA=lda, LDC=ldc, B_AT=b_at, B_TRANSPOSED=int(b_transposed), B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
                  A_BATCH_STRIDE=a_batch_stride, B_BATCH_STRIDE=b_batch_stride, C_BATCH_STRIDE=c_batch_stride,
                  EPILOGUE=epilogue, SPLIT=SPLITS[split], LDB=ldb,
-                 DIRECT_B=0 if prepacked_b else int(direct(M, b_transposed, mr) if direct_b is None
+                 DIRECT_B=0 if prepacked_b else int(direct(M, N, b_transposed, mr, nr) if direct_b is None
                                                     else direct_b and not b_transposed),
                  PREPACKED_B=int(prepacked_b), A_TRANSPOSED=int(a_transposed),
                  A_LAYOUT="given transposed (K x M)" if a_transposed else "M x K",

@@ -23,6 +23,7 @@ from eqfuse.backend.plan import (
 from eqfuse.ir.ops import OPS
 
 DIRECT_MAX_TILES = 32  # B read in place up to this many MR-row tiles (see `direct`)
+DIRECT_MIN_NR = 64  # ... and only with panels this wide (or one panel in all)
 # Below this many multiply-adds per call (M x N x K x batch) a GEMM or conv runs on the calling
 # thread with no parallel region (the pointwise and row kernels' PARALLEL_MIN rule, for GEMMs):
 # 2^18 FMAs take ~10 us on one core; a fork/join costs ~2 us on quiet cores and up to
@@ -68,7 +69,7 @@ def gemm_checks(t: dict[str, int], m: Machine) -> list[tuple[str, bool]]:
             (f"A block mc x kc = {a_block} B <= 2 L2 {2 * m.l2} B (held in L3)", a_block <= 2 * m.l2)]
 
 
-def direct(M: int, b_transposed: bool, mr: int) -> bool:
+def direct(M: int, N: int, b_transposed: bool, mr: int, nr: int) -> bool:
     """Whether the micro-kernel reads B where it is (row stride ldb) instead of packed panels.
 
     With few rows, packing B costs about as much as the products: every B element is read from
@@ -78,8 +79,13 @@ def direct(M: int, b_transposed: bool, mr: int) -> bool:
     1024 0.61 -> 0.54, 64 x 1024 x 1024 1.41 -> 1.29, 128 rows 2.91 -> 2.75, 256 rows 5.24 ->
     5.17, 512 rows 10.13 -> 10.16 (even): so up to 32 MR tiles. A transposed B (N x K) is
     always packed: its k-major rows are what the packing makes. A last panel narrower than NR
-    is packed either way (zero padded)."""
-    return not b_transposed and cdiv(M, mr) <= DIRECT_MAX_TILES
+    is packed either way (zero padded).
+    Only with panels of at least DIRECT_MIN_NR columns, or B one panel wide: a narrower panel
+    read in place takes one cache line from each of kc rows of B a whole row apart, which map
+    to a few L1 sets (a row of 768 or 3072 floats is a multiple of 1 KiB), so they evict one
+    another. AVX2's 6x16 tile (one thread): 32 x 3072 x 768 58 GFLOP/s in place against 87
+    packed, 8 x 3072 x 768 35 against 46, 128 x 768 x 768 even (109, 107)."""
+    return not b_transposed and cdiv(M, mr) <= DIRECT_MAX_TILES and (nr >= DIRECT_MIN_NR or N <= nr)
 
 
 def thread_rule(M: int, N: int, batch: int, mr: int, nr: int, rows_only: bool, par: bool = True,
@@ -179,7 +185,7 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
     gM, bt = g["M"], plan.detail["b_transposed"]
     t = plan.tiles = gemm_tiles(gM, Nn, K, m)
     mr, nr, kc, mc, nc = t["mr"], t["nr"], t["kc"], t["mc"], t["nc"]
-    g["direct_b"] = direct(gM, bt, mr)
+    g["direct_b"] = direct(gM, Nn, bt, mr, nr)
     plan.cache_check = "; ".join(f"{text}: {'ok' if ok else 'NO'}" for text, ok in gemm_checks(t, m))
     row = _plan_row_epilogue(plan, m, Nn) if plan.kind == "contraction_row" else None
     g["split"] = "rows" if row is not None else "auto"

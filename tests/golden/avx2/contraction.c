@@ -6,7 +6,7 @@
  * stays in L1) > jr (NR-column micro-panel of B) > register-blocked MR x NR micro-kernel. Sizes
  * are compile-time constants: the backend knows every shape, and constant trip counts let gcc
  * unroll the micro-kernel. Edge tiles are computed in full on zero-padded panels and stored in
- * part. With DIRECT_B (1; few rows, B not transposed, see eqfuse.backend.gemm.direct) the
+ * part. With DIRECT_B (0; few rows, B not transposed, see eqfuse.backend.gemm.direct) the
  * micro-kernel reads the full NR-column panels of B in place (row stride 53) and only a
  * partial last panel is packed. With PREPACKED_B (0; B bound by params=) the B argument
  * is not B but its panels, packed once by eqf_kinds_k1_contraction_gemm_prepack: for each KC slice of K, the NR-column
@@ -24,7 +24,7 @@
  * and A, no synchronisation); eqf_kinds_k1_contraction_gemm_split has the rule. */
 #include <stdlib.h>
 #include <omp.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -86,8 +86,84 @@ static inline void eqf_kinds_k1_contraction_gemm_ukernel(long kc, const float* r
         for (int v = 0; v < V; v++)
             _mm512_store_ps(tile + r * eqf_kinds_k1_contraction_gemm_NR + 16 * v, c[r][v]);
 }
+#elif defined(__AVX2__) && defined(__FMA__) && 16 % 8 == 0
+static inline void eqf_kinds_k1_contraction_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
+                                    long ldb, float* restrict tile)
+{
+    /* The BLIS/MLAS Haswell shape: MR x NR/8 ymm accumulators (6 x 2 = 12), the B row (2) and
+     * one broadcast A element fill the 16 ymm registers; AVX2 has no broadcast operand in an
+     * FMA, so each A element is one vbroadcastss. */
+    enum { V = eqf_kinds_k1_contraction_gemm_NR / 8 };
+    __m256 c[eqf_kinds_k1_contraction_gemm_MR][V];
+#pragma GCC unroll 64
+    for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            c[r][v] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (long k = 0; k < kc; k++) {
+        __m256 bv[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            bv[v] = _mm256_loadu_ps(b + 8 * v);
+        _mm_prefetch((const char*)(a + 8 * eqf_kinds_k1_contraction_gemm_MR), _MM_HINT_T0);
+#pragma GCC unroll 64
+        for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++) {
+            const __m256 ar = _mm256_broadcast_ss(a + r);
+#pragma GCC unroll 8
+            for (int v = 0; v < V; v++)
+                c[r][v] = _mm256_fmadd_ps(ar, bv[v], c[r][v]);
+        }
+        a += eqf_kinds_k1_contraction_gemm_MR;
+        b += ldb;
+    }
+#pragma GCC unroll 64
+    for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            _mm256_store_ps(tile + r * eqf_kinds_k1_contraction_gemm_NR + 8 * v, c[r][v]);
+}
+#elif 16 % 4 == 0
+/* Portable micro-kernel, in GCC's generic vectors of 4 floats (SSE on x86-64-v2, NEON on ARM,
+ * scalar code elsewhere): MR x NR/4 accumulators that live in registers, the tile fully
+ * unrolled. Plain loops over a float array were left scalar and in memory by gcc (5-8 GFLOP/s). */
+typedef float eqf_kinds_k1_contraction_gemm_v4 __attribute__((vector_size(16)));
+typedef float eqf_kinds_k1_contraction_gemm_v4u __attribute__((vector_size(16), aligned(4))); /* an unaligned load */
+static inline void eqf_kinds_k1_contraction_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
+                                    long ldb, float* restrict tile)
+{
+    enum { V = eqf_kinds_k1_contraction_gemm_NR / 4 };
+    eqf_kinds_k1_contraction_gemm_v4 c[eqf_kinds_k1_contraction_gemm_MR][V];
+#pragma GCC unroll 64
+    for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            c[r][v] = (eqf_kinds_k1_contraction_gemm_v4){0.0f, 0.0f, 0.0f, 0.0f};
+#pragma GCC unroll 2
+    for (long k = 0; k < kc; k++) {
+        eqf_kinds_k1_contraction_gemm_v4 bv[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            bv[v] = *(const eqf_kinds_k1_contraction_gemm_v4u*)(b + 4 * v);
+#pragma GCC unroll 64
+        for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++) {
+            const float ar = a[r];
+            const eqf_kinds_k1_contraction_gemm_v4 av = {ar, ar, ar, ar};
+#pragma GCC unroll 8
+            for (int v = 0; v < V; v++)
+                c[r][v] += av * bv[v];
+        }
+        a += eqf_kinds_k1_contraction_gemm_MR;
+        b += ldb;
+    }
+#pragma GCC unroll 64
+    for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            *(eqf_kinds_k1_contraction_gemm_v4*)(tile + r * eqf_kinds_k1_contraction_gemm_NR + 4 * v) = c[r][v];
+}
 #else
-/* Portable micro-kernel: plain loops over a register-sized tile, left to the auto-vectorizer. */
+/* Any other NR (a blocking given by hand): plain loops, left to the auto-vectorizer. */
 static inline void eqf_kinds_k1_contraction_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
                                     long ldb, float* restrict tile)
 {
@@ -193,7 +269,7 @@ static void eqf_kinds_k1_contraction_gemm_macro(const float* restrict ap, const 
                 for (long jj = 0; jj < nr; jj += 16)
                     __builtin_prefetch(C + (ic + ir + r) * 53L + jc + jr + jj, 1, 3);
             eqf_kinds_k1_contraction_gemm_COUNT_CALL();
-#if 1
+#if 0
             if (nr == eqf_kinds_k1_contraction_gemm_NR)
                 eqf_kinds_k1_contraction_gemm_ukernel(kc, ap + ir * kc, B + pc * 53L + jc + jr, 53L, tile);
             else
@@ -262,7 +338,7 @@ static void eqf_kinds_k1_contraction_gemm_block(const float* A, const float* B, 
                 const long nc = n1 - jc < NCB ? n1 - jc : NCB;
                 const long npanels = (nc + eqf_kinds_k1_contraction_gemm_NR - 1) / eqf_kinds_k1_contraction_gemm_NR;
                 /* with DIRECT_B only a partial last panel is packed, the others are read from B */
-                const long q0 = 1 ? nc / eqf_kinds_k1_contraction_gemm_NR : 0, q = npanels - q0;
+                const long q0 = 0 ? nc / eqf_kinds_k1_contraction_gemm_NR : 0, q = npanels - q0;
 #if 0
                 /* the panels _prepack made once: nothing to pack, nothing to wait for */
                 const float* restrict panel = B + pc * eqf_kinds_k1_contraction_gemm_NPAD + jc * kc;
