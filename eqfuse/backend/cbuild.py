@@ -43,15 +43,16 @@ from eqfuse.errors import EqfuseError
 FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-std=gnu11")
 LINK_FLAGS = ("-fopenmp",)
 
-# Every generated module exports these, so the Module can set the OpenMP thread count (and, from
-# common.h, share one scratch-buffer key: eqfuse.runtime.program.share_scratch_key).
+# Every generated module exports these, so the Module can set the OpenMP thread count; a graph's
+# module also shares the process's scratch-buffer key (eqfuse.runtime.program.share_scratch_key).
 COMMON_C = """
 #include <omp.h>
 void eqf_set_threads(int n) { if (n > 0) omp_set_num_threads(n); }
 int eqf_get_threads(void) { return omp_get_max_threads(); }
 """
-COMMON_CDEF = ("void eqf_set_threads(int n);\nint eqf_get_threads(void);\n"
-               "long eqf_scratch_key_get(void);\nvoid eqf_scratch_key_adopt(long key);")  # see common.h
+COMMON_CDEF = "void eqf_set_threads(int n);\nint eqf_get_threads(void);"
+# and those of csrc_templates/common.h, which every graph's source includes
+HEADER_CDEF = "long eqf_scratch_key_get(void);\nvoid eqf_scratch_key_adopt(long key);"
 
 
 class CompileError(EqfuseError):
