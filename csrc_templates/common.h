@@ -207,24 +207,8 @@ static void eqf_scratch_init(void)
     if (!eqf_scratch_keyed)
         eqf_scratch_keyed = pthread_key_create(&eqf_scratch_key, eqf_scratch_free) == 0;
 }
-/* One key for the process (a process has only PTHREAD_KEYS_MAX = 1024 of them, and may load more
- * modules than that): the runtime takes the first module's key (eqf_scratch_key_get) and hands it
- * to each later module before its first call (eqf_scratch_key_adopt). Every module has this same
- * header, so they agree on the layout of eqf_scratch_set, and modules are never unloaded, so the
- * destructor of the module that made the key stays callable. The modules of a thread then share
- * its buffers too, as the kernels of one module do: a thread runs one graph call at a time. */
-long eqf_scratch_key_get(void)
-{
-    pthread_once(&eqf_scratch_once, eqf_scratch_init);
-    return eqf_scratch_keyed ? (long)eqf_scratch_key : -1;
-}
-void eqf_scratch_key_adopt(long key)
-{
-    if (!eqf_scratch_keyed) {
-        eqf_scratch_key = (pthread_key_t)key;
-        eqf_scratch_keyed = 1;
-    }
-}
+/* eqfuse's Python runtime gives every module the process's one key (HEADER_C of
+ * eqfuse/backend/cbuild.py: eqf_scratch_key_get / eqf_scratch_key_adopt) */
 __attribute__((unused)) static float* eqf_scratch(int slot, long floats)
 {
     pthread_once(&eqf_scratch_once, eqf_scratch_init);
