@@ -1,12 +1,16 @@
 """Real exported models: eqfuse against onnxruntime, side by side in one process.
 
     python benchmarks/bench_models.py [--repeat N] [--model NAME ...] [--exporter torchscript|dynamo]
+                                      [--torch]
 
 BERT, GPT-2 and ViT (transformers, small configs, random weights), ResNet-18 and MLP-Mixer
 (tests/model_exports.py), exported to ONNX. For 1 and 2 threads, calls of eqfuse and of
 onnxruntime (ORT_ENABLE_ALL, that many intra-op threads) alternate; each row gives both medians,
 the spread (interquartile range as % of the median) and the ratio. The outputs are checked
-against each other first.
+against each other first. `--torch` adds the torch module the export came from, eager and under
+torch.compile (default mode), in the same interleaving. The compile line of each model gives
+eqfuse.compile's time (with the kernel cache as it is: `EQFUSE_CACHE_DIR` pointing to an empty
+directory gives the cold time), onnxruntime's session creation and torch.compile's first call.
 """
 
 from __future__ import annotations
@@ -32,6 +36,27 @@ def _iqr(ts: list[float]) -> float:
     return 100 * (q[2] - q[0]) / statistics.median(ts)
 
 
+def _torch_runs(name: str, feeds: dict, compile_s: dict) -> dict:
+    """torch eager and torch.compile (default mode) on the module the export came from."""
+    import torch
+
+    model, names = me.torch_model(name)
+    args = [torch.from_numpy(feeds[n]) for n in names]
+
+    def eager():
+        with torch.no_grad():
+            return model(*args).numpy()
+    compiled = torch.compile(model)
+
+    def comp():
+        with torch.no_grad():
+            return compiled(*args).numpy()
+    t0 = time.perf_counter()
+    comp()
+    compile_s["torch.compile"] = time.perf_counter() - t0
+    return {"torch": eager, "torch.compile": comp}
+
+
 def main(argv=None) -> int:
     import onnxruntime as ort
 
@@ -39,33 +64,55 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--model", action="append", choices=me.MODELS)
     ap.add_argument("--exporter", default="dynamo", choices=me.EXPORTERS)
+    ap.add_argument("--torch", action="store_true", help="add torch eager and torch.compile columns")
     args = ap.parse_args(argv)
     blas_threads(1)
-    print(f"{'model':<10}{'kernels':>8}{'thr':>4}{'eqfuse ms':>11}{'iqr%':>6}{'ORT ms':>9}{'iqr%':>6}{'ORT/eqfuse':>11}")
+    head = f"{'model':<10}{'kernels':>8}{'thr':>4}{'eqfuse ms':>11}{'iqr%':>6}{'ORT ms':>9}{'iqr%':>6}{'ORT/eqfuse':>11}"
+    if args.torch:
+        head += f"{'eager ms':>10}{'compile ms':>12}{'compile/eqfuse':>15}"
+    print(head)
     for name in args.model or me.MODELS:
         path = str(me.export(name, args.exporter))
         feeds = me.inputs(name)
+        t0 = time.perf_counter()
         mod = eqfuse.compile(path)
         fn = mod.default
+        fn(**feeds)  # (a graph with named dims compiles at its first call)
+        compile_s = {"eqfuse": time.perf_counter() - t0}
+        runs = {"eqfuse": lambda: fn(**feeds)}
+        if args.torch:
+            runs.update(_torch_runs(name, feeds, compile_s))
         for th in (1, 2):
             fn.threads = th
             so = ort.SessionOptions()
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             so.intra_op_num_threads, so.inter_op_num_threads = th, 1
+            t0 = time.perf_counter()
             sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-            np.testing.assert_allclose(fn(**feeds), sess.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
-            te, to = [], []
-            for _ in range(args.repeat):
-                t = time.perf_counter()
-                fn(**feeds)
-                te.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                sess.run(None, feeds)
-                to.append(time.perf_counter() - t)
-            me_, mo = statistics.median(te), statistics.median(to)
+            compile_s["onnxruntime"] = time.perf_counter() - t0
+            runs["onnxruntime"] = lambda: sess.run(None, feeds)[0]
+            want = runs["onnxruntime"]()
+            for k, run in runs.items():
+                np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-4, atol=1e-4, err_msg=k)
+            if args.torch:
+                import torch
+                torch.set_num_threads(th)
+            times: dict[str, list[float]] = {k: [] for k in runs}
+            for _ in range(args.repeat):  # interleaved
+                for k, run in runs.items():
+                    t = time.perf_counter()
+                    run()
+                    times[k].append(time.perf_counter() - t)
+            med = {k: statistics.median(v) for k, v in times.items()}
             nk = len([k for k in fn.last.kernels if k.kind != "view"])
-            print(f"{name:<10}{nk:>8}{th:>4}{me_ * 1e3:>11.3f}{_iqr(te):>6.0f}{mo * 1e3:>9.3f}{_iqr(to):>6.0f}"
-                  f"{mo / me_:>11.2f}", flush=True)
+            line = (f"{name:<10}{nk:>8}{th:>4}{med['eqfuse'] * 1e3:>11.3f}{_iqr(times['eqfuse']):>6.0f}"
+                    f"{med['onnxruntime'] * 1e3:>9.3f}{_iqr(times['onnxruntime']):>6.0f}"
+                    f"{med['onnxruntime'] / med['eqfuse']:>11.2f}")
+            if args.torch:
+                line += (f"{med['torch'] * 1e3:>10.3f}{med['torch.compile'] * 1e3:>12.3f}"
+                         f"{med['torch.compile'] / med['eqfuse']:>15.2f}")
+            print(line, flush=True)
+        print("  compile s: " + ", ".join(f"{k} {v:.2f}" for k, v in compile_s.items()), flush=True)
     print("ORT/eqfuse > 1: eqfuse is faster. Inputs: batch 2 (sequence 16 for BERT/GPT-2, 32x32 images "
           "for ViT and the Mixer, 64x64 for ResNet-18).")
     return 0

@@ -7,7 +7,8 @@ from eqfuse.compiler import compile
 from eqfuse.errors import ArgumentError, CheckFailed, EqfuseError, RuleError
 from eqfuse.ir.reference import reference
 from eqfuse.optimizer.optimize import optimize
+from eqfuse.trace.jit import jit
 
 __version__ = "0.1.0"
-__all__ = ["compile", "optimize", "reference", "EqfuseError", "CheckFailed", "ArgumentError", "RuleError",
+__all__ = ["compile", "optimize", "reference", "jit", "EqfuseError", "CheckFailed", "ArgumentError", "RuleError",
            "__version__"]

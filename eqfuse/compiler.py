@@ -25,7 +25,7 @@ from eqfuse.runtime.module import Compiled, GraphFunction, Kernel, Module
 def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
             dims: Mapping[str, int] | None = None, params: Mapping[str, np.ndarray] | None = None,
             threads: int | None = None, verify: bool = False, fuse: bool | str = True,
-            check_rules: bool = True) -> Module:
+            check_rules: bool = True, grad: Sequence[str] | None = None) -> Module:
     """Compile every graph of a model to C kernels; see SPEC section 4.
 
     User rule files (rules=) are first checked for soundness on random inputs, once per file
@@ -34,6 +34,11 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     fuse=True runs the optimizer; fuse="manual" keeps the graph as written (hand-written kernel
     blocks are kernels, every other op its own kernel); fuse=False compiles every op as its own
     kernel, kernel blocks inlined (the "unfused" baseline of `eqfuse bench`).
+
+    grad=["w1", "b1", ...] differentiates the first graph, whose first result must be a scalar
+    loss: its call returns (loss, *other results, *gradients in the order of grad=). The joint
+    forward + backward graph (eqfuse.grad) is built at concrete dimensions: now when dims= and
+    params= bind them all, else at the first call of each new binding.
     """
     if fuse not in FUSE_MODES:
         raise ArgumentError(f"fuse= expects True, False or \"manual\", got {fuse!r}")
@@ -52,6 +57,15 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         gp = {k: v for k, v in params.items() if k in dict(g.params)}
         gdims = {k: v for k, v in (dims or {}).items() if k in g.dims()}
         gdims = _bind_params(g, gp, gdims)
+        if grad is not None and g is graphs[0]:
+            from eqfuse.grad.api import differentiate
+
+            g = differentiate(g, grad, gdims)
+            if g is None:  # dimensions still unbound: built per binding at the first call
+                functions.append(_lazy_grad(graphs[0], grad, gp, gdims, cost=cost, rules=rules, disable=disable,
+                                            threads=threads, verify=verify, fuse=fuse, check_rules=False))
+                reports[graphs[0].name] = {"optimized": False, "reason": "grad=: differentiated and compiled at the first call"}
+                continue
         folded = fold_params(g, gp) if fuse is True else Folded(g, gp, [])
         opt, report = optimize(folded.graph, cost=cost, rules=rules, disable=disable, dims=gdims, fuse=fuse)
         report["folded"] = folded.notes
@@ -67,6 +81,12 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
 
     report = reports[graphs[0].name] if len(graphs) == 1 else reports
     return Module(functions, report, text)
+
+
+def _lazy_grad(g: Graph, grad, params, dims, **opts):
+    from eqfuse.grad.api import LazyGradFunction
+
+    return LazyGradFunction(g, grad, params, dims, lambda text, **kw: compile(text, **opts, **kw))
 
 
 def _is_onnx(src) -> bool:

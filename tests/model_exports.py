@@ -24,7 +24,7 @@ def _cache() -> Path:
     return Path(root)
 
 
-def _hf(name: str):
+def _hf(name: str, layers: int = 2):
     import torch
     import transformers as T
 
@@ -43,7 +43,7 @@ def _hf(name: str):
                 return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return Wrap().eval(), ("input_ids", "attention_mask")
     if name == "gpt2":
-        cfg = T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64,
+        cfg = T.GPT2Config(n_embd=64, n_layer=layers, n_head=4, vocab_size=VOCAB, n_positions=64,
                            bos_token_id=0, eos_token_id=0)
         m = T.GPT2Model(cfg).eval()
 
@@ -114,7 +114,7 @@ def _resnet18():
     return m, ("x",)
 
 
-def _mixer():
+def _mixer(layers: int = 2):
     import torch
     from torch import nn
 
@@ -133,7 +133,7 @@ def _mixer():
         def __init__(self):
             super().__init__()
             self.patch = nn.Conv2d(3, 64, 8, 8)
-            self.blocks = nn.Sequential(MixerBlock(16, 64), MixerBlock(16, 64))
+            self.blocks = nn.Sequential(*[MixerBlock(16, 64) for _ in range(layers)])
             self.norm = nn.LayerNorm(64)
             self.head = nn.Linear(64, 10)
 
@@ -160,16 +160,26 @@ def inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
     return {"x": rng.standard_normal((B, 3, 64, 64)).astype(np.float32)}
 
 
-def export(name: str, exporter: str) -> Path:
-    """The path of the model's ONNX export (made once, then taken from the cache)."""
+def torch_model(name: str, layers: int = 2):
+    """(the torch module, its input names) that `export` exports, built the same way."""
+    if layers != 2 and name not in ("gpt2", "mixer"):
+        raise ValueError(f"{name}: the number of layers is fixed")
+    return (_hf(name, layers) if name in ("bert", "gpt2", "vit") else
+            _resnet18() if name == "resnet18" else _mixer(layers))
+
+
+def export(name: str, exporter: str, layers: int = 2) -> Path:
+    """The path of the model's ONNX export (made once, then taken from the cache). `layers`
+    sets the number of layers of GPT-2 and of blocks of the MLP-Mixer (2 by default)."""
     import torch
     import transformers
 
-    path = _cache() / f"{name}-{exporter}-torch{torch.__version__}-tf{transformers.__version__}.onnx"
+    tag = "" if layers == 2 else f"-{layers}layers"
+    path = _cache() / f"{name}{tag}-{exporter}-torch{torch.__version__}-tf{transformers.__version__}.onnx"
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    model, names = _hf(name) if name in ("bert", "gpt2", "vit") else (_resnet18() if name == "resnet18" else _mixer())
+    model, names = torch_model(name, layers)
     args = tuple(torch.from_numpy(v) for v in inputs(name).values())
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -63,7 +63,7 @@ def test_command_help_exits_0(capsys):
     (["opt", MLP, "--reprot=json"], "error: eqfuse opt: unknown option '--reprot' (see 'eqfuse opt --help')",
      "note: did you mean '--report'?"),
     (["check", MLP, "--cost", "time"], "error: eqfuse check: unknown option '--cost' (see 'eqfuse check --help')",
-     "note: --cost is an option of opt, run, emit, lower, bench"),
+     "note: --cost is an option of opt, run, emit, lower, bench, export"),
     (["check", MLP, "more.g"], "error: unexpected argument 'more.g' (see 'eqfuse check --help')", None),
     (["--verison"], "error: eqfuse: unknown option '--verison' (see 'eqfuse --help')",
      "note: did you mean '--version'?"),

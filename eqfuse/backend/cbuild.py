@@ -208,12 +208,27 @@ def _suffix() -> str:
     return importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
+# OpenMP threads that wait for work sleep rather than spin (unless OMP_WAIT_POLICY or
+# GOMP_SPINCOUNT say otherwise): a spinning idle thread takes a core from every other thread
+# of the machine, including onnxruntime's or torch's in the same process. libgomp reads this
+# once, when the first library that links it is loaded, so it is set only around that load and
+# reaches no other OpenMP runtime (torch brings its own).
+WAIT_POLICY = "PASSIVE"
+
+
 def _load(name: str, path: Path) -> ModuleType:
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    user = "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ
+    if not user:
+        os.environ["OMP_WAIT_POLICY"] = WAIT_POLICY
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        if not user:
+            del os.environ["OMP_WAIT_POLICY"]
     sys.modules[name] = mod
     return mod
 

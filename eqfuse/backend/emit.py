@@ -17,6 +17,7 @@ from eqfuse.backend.indexing import (  # noqa: F401
     coalesce,
     contiguous,
     joint_groups,
+    leaf_strides,
     leaf_views,
     offset,
     result_strides,
@@ -57,8 +58,8 @@ class Space:
         self._names: dict[tuple, str] = {}
         self._ids = ids
 
-    def access(self, ptr: str, view) -> str:
-        st = bstrides(view, self.shape)
+    def access(self, ptr: str, view, strides=None) -> str:
+        st = bstrides(view, self.shape, strides)
         parts = []
         hoisted = []
         for var, dims, hoist in self.groups:
@@ -85,8 +86,9 @@ class Exprs:
     """Statements computing body values at one element of a Space (one `const float` per node)."""
 
     def __init__(self, body: Graph, space: Space, ptrs: dict[int, str], preset: dict[int, str],
-                 indent: str, forbid: set[int] = frozenset(), prefix: str = "v"):
+                 indent: str, forbid: set[int] = frozenset(), prefix: str = "v", strides: dict | None = None):
         self.body, self.space, self.ptrs, self.preset = body, space, ptrs, preset
+        self.strides = strides or {}  # body input -> the strides of the view it is read through
         self.prefix = prefix
         self.indent, self.forbid = indent, forbid
         self.stmts: list[str] = []
@@ -108,7 +110,7 @@ class Exprs:
             view = tuple(n.type.shape)
             if chan is not None and len(view) == 1:
                 view = view + (1,) * (chan - 2)
-            expr = self.space.access(self.ptrs[i], view)
+            expr = self.space.access(self.ptrs[i], view, self.strides.get(i) if chan is None else None)
         else:
             op = OPS[n.op]
             if op.kind == "channel":
@@ -188,7 +190,7 @@ I1, I2, I3, I4 = " " * 8, " " * 12, " " * 16, " " * 20
 def emit_pointwise(plan: KernelPlan) -> str:
     body, root = plan.body, plan.body.outputs[0]
     shape = plan.out_shape
-    sets = [bstrides(v, shape) for v in leaf_views(body, root)] + [contiguous(shape)]
+    sets = leaf_strides(body, root, shape, plan.base_strides()) + [contiguous(shape)]
     groups = joint_groups(shape, sets)
     inner_dims = groups[-1] if groups else []
     outer_dims = [d for g in groups[:-1] for d in g]
@@ -198,7 +200,7 @@ def emit_pointwise(plan: KernelPlan) -> str:
     assert inner == plan.detail["inner"], "lower and emit see the same inner loop"
     params, ptrs = _params(plan)
     space = Space(shape, [("o", outer_dims, True), ("j", inner_dims, False)], I1, count())
-    ex = Exprs(body, space, ptrs, {}, I2)
+    ex = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
     res = ex.value(root)
     # Streaming tiles start on the output's 64-byte lines: up to 15 more elements per row to cover.
     ntiles = -(-(inner + 15 * stream) // tile)
@@ -229,13 +231,13 @@ def emit_row(plan: KernelPlan) -> str:
     params, ptrs = _params(plan)
     ids = count()
     space = Space(xshape, [("r", row_dims, True), ("j", col_dims, False)], I1, ids)
-    pro = Exprs(body, space, ptrs, {}, I2)
+    pro = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
     x = pro.value(an.args[0])
     common = dict(NAME=plan.name, PARAMS=params, ROWS=rows, L=L,
                   ROW_LOOP_PRAGMA=row_loop_pragma(int(rows > 1 and rows * L >= PARALLEL_MIN // 4)),
                   PRO_BODY=pro.text(), X=x)
     if an.op in ("softmax", "layernorm", "rmsnorm"):
-        epi = Exprs(body, space, ptrs, {a: "v"}, I2)
+        epi = Exprs(body, space, ptrs, {a: "v"}, I2, strides=plan.base_strides())
         e = epi.value(body.outputs[0])
         cs = contiguous(xshape)
         common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0)
@@ -250,7 +252,7 @@ def emit_row(plan: KernelPlan) -> str:
     # sum / mean / max over trailing axes: one value per row
     espace = Space(plan.out_shape, [("r", list(range(len(plan.out_shape))), True)], I1, ids)
     forbid = _ancestors(body, an.args[0])
-    epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=forbid)
+    epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=forbid, strides=plan.base_strides())
     e = epi.value(body.outputs[0])
     red = _REDUCE[an.op]
     return render("row_reduce.c", OP=an.op, OFFSETS="\n".join(space.decls), EPI_OFFSETS="\n".join(espace.decls),
@@ -293,7 +295,7 @@ def emit_reduce(plan: KernelPlan) -> str:
     ind = " " * (4 * depth)
     ids = count()
     space = Space(xshape, [(f"i{d}", [d], False) for d in dims], ind + "    ", ids)
-    pro = Exprs(body, space, ptrs, {}, ind + "    ")
+    pro = Exprs(body, space, ptrs, {}, ind + "    ", strides=plan.base_strides())
     x = pro.value(an.args[0])
     init, _, combine, combine_nan = _REDUCE[an.op]
     outoff = " + ".join(f"i{d}" if ost[d] == 1 else f"i{d} * {ost[d]}" for d in kept) or "0"
@@ -329,7 +331,7 @@ def emit_reduce(plan: KernelPlan) -> str:
         lines = [f"        {{ const float x = {x}; const float a = out[0]; out[0] = {combine_nan}; }}"]
         lines[0:0] = [pro.text()] if pro.stmts else []
     espace = Space(plan.out_shape, [("o", list(range(len(plan.out_shape))), True)], I1, ids)
-    epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=_ancestors(body, an.args[0]))
+    epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=_ancestors(body, an.args[0]), strides=plan.base_strides())
     e = epi.value(body.outputs[0])
     count_red = _size([xshape[d] for d in axes])
     return render("reduce.c", NAME=plan.name, OP=an.op, AXES=sorted(axes), SPACE=list(xshape),
@@ -369,8 +371,10 @@ def emit_attention(plan: KernelPlan) -> str:
     batch = res[:-2]
     params, ptrs = _params(plan)
 
+    base = plan.base_strides()  # inputs read through views
+
     def strided(i, tail):  # (input pointer, strides over batch + tail) of the view node i
-        src, st = view_strides(body, i)
+        src, st = view_strides(body, i, base)
         return ptrs[src], bstrides(body.nodes[i].type.shape, batch + tail, st)
 
     Q, qs = strided(q, (Sq, D))
@@ -439,18 +443,26 @@ def emit_layout(plan: KernelPlan) -> str:
                              OFFSETS=decl, INNER=inner, DST="out", DST_STRIDE=dsi[0] if dsi else 0,
                              SRC=src, SRC_STRIDE=ssi[0] if ssi else 0))
 
+    def strides(x):  # the input's strides: contiguous, or those of the view it is read through
+        k = body.inputs.index(x)
+        return plan.in_strides.get(k) or contiguous(body.nodes[x].type.shape)
+
     if an.op == "transpose":
         x = an.args[0]
         xs = body.nodes[x].type.shape
         perm = an.attr["perm"] or tuple(reversed(range(len(xs))))
-        cs = contiguous(xs)
+        cs = strides(x)
         block(ptrs[x], xs, [cs[p] for p in perm], "0", out, contiguous(out))
+    elif an.op == "reshape":  # a reshape copies only a view it cannot be a view of: walk the source in order
+        x = an.args[0]
+        xs = body.nodes[x].type.shape
+        block(ptrs[x], xs, list(strides(x)), "0", xs, contiguous(xs))
     elif an.op == "slice":
         x = an.args[0]
         xs = body.nodes[x].type.shape
         ax = an.attr["axis"] % len(xs)
         start = range(xs[ax])[an.attr["start"]:an.attr["stop"]].start
-        cs = list(contiguous(xs))
+        cs = list(strides(x))
         src = list(cs)
         src[ax] *= an.attr["step"]
         block(ptrs[x], xs, src, "0", out, contiguous(out), base_src=str(start * cs[ax]))

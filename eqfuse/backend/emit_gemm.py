@@ -32,7 +32,7 @@ def _epilogue(plan: KernelPlan, groups, preset: dict[int, str], root: int | None
     body = plan.body
     eptrs = _eptrs(body)
     space = Space(plan.out_shape, groups, "", count())
-    ex = Exprs(body, space, eptrs, preset, "", prefix="eqf_v")
+    ex = Exprs(body, space, eptrs, preset, "", prefix="eqf_v", strides=plan.base_strides())
     expr = ex.expression(body.outputs[0] if root is None else root)
     return expr, [(i, eptrs[i]) for i in body.inputs if f"{eptrs[i]}[" in expr]
 
@@ -52,7 +52,8 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
     eptrs = _eptrs(body)
     rgroups = [("r" if v == "i" else v, dims, v != "j") for v, dims, _ in groups]
     space = Space(out, rgroups, I1, count())
-    epi = Exprs(body, space, eptrs, {row: "v"}, I2, forbid=_ancestors(body, rn.args[0]), prefix="eqf_v")
+    epi = Exprs(body, space, eptrs, {row: "v"}, I2, forbid=_ancestors(body, rn.args[0]), prefix="eqf_v",
+                strides=plan.base_strides())
     e = epi.value(body.outputs[0])
     text = "\n".join(space.decls) + epi.text() + e
     used = {i for i, _ in pre_extras} | {i for i in body.inputs if f"{eptrs[i]}[" in text} | set(rn.args[1:])
@@ -126,7 +127,7 @@ def emit_contraction(plan: KernelPlan) -> str:
                                   "floats": f"{gname}_prepack_floats"}
     sa, sb, sc = g["strides"]
     src, _ = emit_gemm(gname, M=g["M"], N=N, K=K, batch=g["batch"], a_batch_stride=sa, b_batch_stride=sb,
-                       c_batch_stride=sc, lda=M if at else K, ldb=K if bt else N, ldc=N, b_transposed=bt,
+                       c_batch_stride=sc, lda=g["lda"], ldb=g["ldb"], ldc=N, b_transposed=bt,
                        a_transposed=at, epilogue=expr, prepacked_b=prepacked, row_epilogue=row_call,
                        **_gemm_args(plan, extras))
     shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (A transposed)" if at else "") + \

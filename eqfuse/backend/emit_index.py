@@ -16,7 +16,7 @@ from eqfuse.ir.graph import Node
 from eqfuse.ir.ops import _pair
 from eqfuse.ir.shapes import C_TYPE
 
-INDEX_CHECKED = ("gather", "gather_elements")  # kernels that return a count of bad indices
+INDEX_CHECKED = ("gather", "gather_elements", "scatter_add")  # kernels that return a count of bad indices
 
 
 def _size(shape) -> int:
@@ -72,6 +72,23 @@ def _gather(an: Node, ins, xs, out, ct):
             f"        if (j < 0) j += {axlen};",
             f"        if (j < 0 || j >= {axlen}) {{ bad++; j = 0; }}",
             f"        memcpy(out + (o * {nidx} + k) * {inner}, {data} + (o * {axlen} + j) * {inner}, {inner} * sizeof(*out));",
+            "    }"]
+
+
+def _scatter_add(an: Node, ins, xs, out, ct):
+    x, idx, upd = ins
+    ax = an.attr["axis"] % len(xs[0])
+    outer, axlen, inner = _size(xs[0][:ax]), xs[0][ax], _size(xs[0][ax + 1:])
+    nidx = _size(xs[1])
+    return [f"memcpy(out, {x}, {_size(out)} * sizeof(*out));",
+            f"for (long o = 0; o < {outer}; o++)",
+            f"    for (long k = 0; k < {nidx}; k++) {{",
+            f"        long j = (long){idx}[k];",
+            f"        if (j < 0) j += {axlen};",
+            f"        if (j < 0 || j >= {axlen}) {{ bad++; continue; }}",
+            f"        {ct} *dst = out + (o * {axlen} + j) * {inner};",
+            f"        const {ct} *src = {upd} + (o * {nidx} + k) * {inner};",
+            f"        for (long i = 0; i < {inner}; i++) dst[i] += src[i];",
             "    }"]
 
 
@@ -182,5 +199,5 @@ def _pool(an: Node, ins, xs, out, ct):
             "        }"]
 
 
-BUILDERS = {"range": _range, "gather": _gather, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
+BUILDERS = {"range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
             "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool}

@@ -27,17 +27,49 @@ def bstrides(view, space, strides=None) -> tuple[int, ...]:
     return (0,) * pad + tuple(0 if v == 1 else s for v, s in zip(view, strides))
 
 
-def view_strides(body: Graph, i: int) -> tuple[int, tuple[int, ...]]:
+def view_strides(body: Graph, i: int, base: dict | None = None) -> tuple[int, tuple[int, ...] | None]:
     """(the input, the element strides of node i's shape in that input's buffer) for a node that
-    reads an input in place through reshapes and transposes (kernels.view_source)."""
+    reads an input in place through reshapes and transposes (kernels.view_source). An input is
+    read with the strides `base` gives it (contiguous if none); the strides are None when a
+    reshape cannot be a view of them (eqfuse.backend.views decides before emit asks)."""
     n = body.nodes[i]
     if n.op == "input":
-        return i, contiguous(n.type.shape)
-    src, st = view_strides(body, n.args[0])
+        return i, tuple((base or {}).get(i) or contiguous(n.type.shape))
+    src, st = view_strides(body, n.args[0], base)
+    if st is None:
+        return src, None
     if n.op == "transpose":
         perm = n.attr["perm"] or tuple(reversed(range(n.type.rank)))
         return src, tuple(st[p] for p in perm)
-    return src, contiguous(n.type.shape)  # a reshape, only ever of a contiguous buffer
+    return src, reshape_strides(body.nodes[n.args[0]].type.shape, st, n.type.shape)
+
+
+def reshape_strides(shape, strides, new) -> tuple[int, ...] | None:
+    """The strides of a reshape of a strided view to `new` without a copy, or None when the
+    reshape merges dims that are not adjacent in memory (numpy's no-copy reshape rule)."""
+    old = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    dims = [d for d in new if d != 1]
+    out: list[int] = [0] * len(dims)
+    oi = ni = 0
+    while ni < len(dims) and oi < len(old):
+        oj, nj = oi + 1, ni + 1
+        op, np_ = old[oi][0], dims[ni]
+        while op != np_:
+            if np_ < op:
+                np_ *= dims[nj]
+                nj += 1
+            else:
+                op *= old[oj][0]
+                oj += 1
+        for k in range(oi, oj - 1):
+            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
+                return None
+        out[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            out[k - 1] = out[k] * dims[k]
+        oi, ni = oj, nj
+    it = iter(out)
+    return tuple(next(it) if d != 1 else 0 for d in new)
 
 
 def result_strides(body: Graph, result: int) -> tuple[int, ...]:
@@ -106,6 +138,19 @@ def joint_groups(shape, stride_sets) -> list[list[int]]:
 
 def leaf_views(body: Graph, root: int, stop: set[int] = frozenset()) -> list[tuple]:
     """Shapes (as read in the output space) of every input leaf below root."""
+    return [v for _, v in leaf_reads(body, root, stop)]
+
+
+def leaf_strides(body: Graph, root: int, space, base: dict | None = None) -> list[tuple[int, ...]]:
+    """The element strides over `space` of every input leaf read below root: contiguous, or the
+    strides `base` gives an input read through a view (eqfuse.backend.views)."""
+    base = base or {}
+    return [bstrides(v, space, base.get(i) if v == tuple(body.nodes[i].type.shape) else None)
+            for i, v in leaf_reads(body, root)]
+
+
+def leaf_reads(body: Graph, root: int, stop: set[int] = frozenset()) -> list[tuple[int, tuple]]:
+    """(input, shape as read in the output space) of every input leaf below root."""
     seen, out = set(), []
 
     def walk(i, chan):
@@ -115,7 +160,7 @@ def leaf_views(body: Graph, root: int, stop: set[int] = frozenset()) -> list[tup
         n = body.nodes[i]
         if n.op == "input":
             v = tuple(n.type.shape)
-            out.append(v + (1,) * (chan - 2) if chan is not None and len(v) == 1 else v)
+            out.append((i, v + (1,) * (chan - 2) if chan is not None and len(v) == 1 else v))
             return
         if n.op in OPS and OPS[n.op].kind == "channel":
             walk(n.args[0], chan)

@@ -21,7 +21,7 @@ SUPPORTED = (
     "pointwise prologue and epilogue); attention (softmax(q @ transpose(k) * scale [+ mask]) @ v, "
     "q, k and v possibly read through transposes and reshapes of kernel inputs, the result possibly "
     "written through transposes); layout (one transpose, reshape, slice or concat of kernel inputs); "
-    "index (one gather, gather_elements, cumsum, argmax, tril, triu, pad or pooling op over kernel inputs)"
+    "index (one gather, gather_elements, scatter_add, cumsum, argmax, tril, triu, pad or pooling op over kernel inputs)"
 )
 
 
@@ -70,6 +70,10 @@ def classify(body: Graph) -> KernelShape:
     if not heavy:
         return KernelShape("pointwise")
 
+    if body.nodes[out].type.dtype != "f32" and any(kinds[i] == "contraction" for i in heavy):
+        # the GEMM and conv templates store floats: a mask computed from a product (`x @ w > 0`,
+        # as a relu's gradient reads) is a pointwise kernel of its own
+        raise Unsupported(f"a matmul or conv2d kernel writes f32, not {body.nodes[out].type.dtype}")
     inputs = set(body.inputs)
     if len(heavy) == 1:
         a = heavy[0]

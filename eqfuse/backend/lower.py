@@ -17,6 +17,7 @@ from eqfuse.backend.lower_gemm import (  # noqa: F401  (extract asks)
     row_epilogue_fits,
 )
 from eqfuse.backend.machine import Machine
+from eqfuse.backend.views import place_views
 from eqfuse.backend.plan import (
     F32,
     KernelPlan,
@@ -148,10 +149,10 @@ STREAM_MIN_INNER = 64  # streaming needs whole output lines: inner loops shorter
 def _inner_extent(plan: KernelPlan) -> int:
     """Elements of the pointwise kernel's inner loop: the innermost dims every operand walks
     with one stride (as emit_pointwise groups them)."""
-    from eqfuse.backend.indexing import bstrides, contiguous, joint_groups, leaf_views
+    from eqfuse.backend.indexing import contiguous, joint_groups, leaf_strides
 
     shape = plan.out_shape
-    sets = [bstrides(v, shape) for v in leaf_views(plan.body, plan.body.outputs[0])] + [contiguous(shape)]
+    sets = leaf_strides(plan.body, plan.body.outputs[0], shape, plan.base_strides()) + [contiguous(shape)]
     groups = joint_groups(shape, sets)
     return size([shape[d] for d in groups[-1]]) if groups else 1
 
@@ -375,6 +376,13 @@ def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset(
             _mark_bound_b(plan, kg, params)
             plans.append(plan)
         if not retry:
+            place_views(kg, plans)
+            for p in plans:  # a kernel reading views walks other strides: its loops again
+                if p.kind in ("pointwise", "contraction", "contraction_row") and p.in_strides:
+                    p.tiles, p.detail, p.uops = {}, {}, []
+                    (_plan_pointwise if p.kind == "pointwise" else _plan_gemm)(p, caches)
+                    if p.kind != "pointwise":
+                        _mark_bound_b(p, kg, params)
             return kg, plans
 
 
@@ -386,7 +394,7 @@ def _mark_bound_b(plan: KernelPlan, kg: Graph, params: frozenset[str]) -> None:
     body = plan.body
     mm = body.nodes[plan.shape.anchor]
     b = mm.args[1]
-    src = body.nodes[b].args[0] if plan.detail.get("b_transposed") else b
+    src = body.nodes[b].args[0] if body.nodes[b].op == "transpose" else b
     if body.nodes[src].op != "input":
         return
     readers = [n for n in body.nodes if src in n.args]

@@ -8,7 +8,7 @@ tiles > NR-column panels, and its counts are those of one call.
 
 from __future__ import annotations
 
-from eqfuse.backend.indexing import bstrides, contiguous, joint_groups
+from eqfuse.backend.indexing import view_strides, bstrides, contiguous, joint_groups
 from eqfuse.backend.machine import Machine, gemm_blocking, register_tile
 from eqfuse.backend.plan import (
     F32,
@@ -95,25 +95,50 @@ def thread_rule(M: int, N: int, batch: int, mr: int, nr: int, rows_only: bool, p
     return f"{by_batch}{by_cols}whole {mr}-row tiles per thread, packing each B panel together{why}"
 
 
+def matrix_layout(shape, strides) -> tuple[bool, int] | None:
+    """(given transposed, leading dimension) of a matrix (the last two axes of `shape`) read at
+    `strides`: rows in memory (unit column stride, ld the row stride) or columns in memory (a
+    transposed matrix, ld the column stride); None when neither axis has unit stride."""
+    (R, C), (sr, sc) = shape[-2:], strides[-2:]
+    if C == 1 or sc == 1:
+        return False, sr if R > 1 else C
+    if R == 1 or sr == 1:
+        return True, sc if C > 1 else R
+    return None
+
+
+def _operand(body, x: int, base: dict, batch) -> tuple[int, bool, int, tuple[int, ...]]:
+    """(the input read, given transposed, leading dimension, batch strides over `batch`) of a
+    matmul operand: an input, or a swap of an input's last two axes, read at the input's strides
+    (contiguous, or a view's: eqfuse.backend.views)."""
+    src, st = view_strides(body, x, base)
+    shape = body.nodes[x].type.shape
+    transposed, ld = matrix_layout(shape, st)
+    nb = len(batch)
+    own = shape[:-2]
+    bst = (0,) * (nb - len(own)) + tuple(0 if d == 1 else s for d, s in zip(own, st[:-2]))
+    return src, transposed, ld, bst
+
+
 def _matmul_gemm(plan: KernelPlan, M: int, N: int, K: int) -> dict:
     """How a (batched) matmul maps onto GEMM calls: "fold" (B shared by every batch, or one
     batch: one GEMM over all rows), "batch" (one call, a stride per operand) or "loop" (the
-    wrapper calls the GEMM once per batch)."""
+    wrapper calls the GEMM once per batch). An operand is read in place at its strides: rows or
+    columns in memory at any leading dimension, any batch strides."""
     body, mm = plan.body, plan.body.nodes[plan.shape.anchor]
     A, B = mm.args
-    bt, at = plan.detail["b_transposed"], plan.detail["a_transposed"]
-    Bsrc = body.nodes[B].args[0] if bt else B
-    Asrc = body.nodes[A].args[0] if at else A
     out = tuple(plan.out_shape)
     nb, batch = len(out) - 2, out[:-2]
-    ast = bstrides(body.nodes[Asrc].type.shape, batch + ((K, M) if at else (M, K)))[:nb]
-    bst = bstrides(body.nodes[Bsrc].type.shape, batch + ((N, K) if bt else (K, N)))[:nb]
+    base = plan.base_strides()
+    Asrc, at, lda, ast = _operand(body, A, base, batch)
+    Bsrc, bt, ldb, bst = _operand(body, B, base, batch)
+    plan.detail["a_transposed"], plan.detail["b_transposed"] = at, bt
     cst = contiguous(out)[:nb]
     nbatch = size(batch)
     # rows of A follow one another across batches (so B shared by all folds them into one GEMM)
     # only when A is not given transposed
-    acont = not at and list(ast) == list(contiguous(batch + (M, K))[:nb])
-    g = {"a_src": Asrc, "b_src": Bsrc, "a_strides": ast, "b_strides": bst}
+    acont = not at and list(ast) == list(contiguous(batch + (M, lda))[:nb])
+    g = {"a_src": Asrc, "b_src": Bsrc, "a_strides": ast, "b_strides": bst, "lda": lda, "ldb": ldb}
     if nbatch == 1 or (all(s == 0 for s in bst) and acont):
         return g | {"mode": "fold", "M": nbatch * M, "batch": 1, "outer": 1, "strides": (0, 0, 0)}
     jg = joint_groups(batch, [ast, bst, cst])

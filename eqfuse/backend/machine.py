@@ -84,23 +84,24 @@ def num_cores() -> int:
 _PINNED: list[Machine] = []
 
 
-def pin(model: Machine | str | None) -> None:
+def pin(model: Machine | str | None, clamp: bool = True) -> None:
     """Make `machine()` return this model (a name of MODELS or a Machine) instead of the host;
-    None unpins. A model wider than the host's vectors is refused: its kernels could not run."""
+    None unpins. A model wider than the host's vectors is narrowed to the host's (its kernels
+    could not run here) unless clamp=False (`eqfuse export` plans for another machine)."""
     _PINNED.clear()
     if model is None:
         return
     m = MODELS[model] if isinstance(model, str) else model
-    if m.simd_floats > host_simd_floats():
+    if clamp and m.simd_floats > host_simd_floats():
         m = replace(m, simd_floats=host_simd_floats())
     _PINNED.append(m)
 
 
 @contextmanager
-def pinned(model: Machine | str):
+def pinned(model: Machine | str, clamp: bool = True):
     """`with pinned("xeon-spr"): ...` plans for that machine, then restores the previous one."""
     before = list(_PINNED)
-    pin(model)
+    pin(model, clamp)
     try:
         yield machine()
     finally:

@@ -47,6 +47,15 @@ class KernelPlan:
     bytes: int = 0
     flops: int = 0
     cache_check: str = ""
+    # layout in place (eqfuse.backend.views): a view plan's (root node, element offset, strides);
+    # the strides of each arg read through a non-contiguous view (arg position -> strides)
+    view: tuple | None = None
+    in_strides: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+
+    def base_strides(self) -> dict[int, tuple[int, ...]]:
+        """body input -> the strides it is read through, for the inputs read through views."""
+        return {self.body.inputs[k]: st for k, st in self.in_strides.items()}
 
 
 def size(shape) -> int:

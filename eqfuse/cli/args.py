@@ -123,6 +123,36 @@ def make_parser() -> argparse.ArgumentParser:
                         "onnxruntime (ORT_ENABLE_ALL, on .onnx models); each needs its package installed "
                         "(default: numpy,torch,torch.compile,onnxruntime)")
 
+    c = model_cmd("export", "write a standalone C library: C sources, a header with one entry point per "
+                            "graph, the weights, a Makefile (libNAME.so, libNAME.a; no Python) and an example")
+    _optimizer_options(c)
+    c.add_argument("-o", "--output", metavar="DIR", required=True,
+                   help="the library's directory, created if needed (required)")
+    c.add_argument("--weights", metavar="W.npz",
+                   help="an .npz archive of the model's weights, one array per parameter named like it: "
+                        "written to DIR/weights.bin (or embedded) and loaded by NAME_load; every parameter "
+                        "without an array is an input of the entry point (an .onnx model's initializers are "
+                        "weights too)")
+    c.add_argument("--input", action="append", metavar="NAME",
+                   help="a parameter passed at run time (repeatable); when given, every other parameter "
+                        "must have weights (default: every parameter without weights is an input)")
+    c.add_argument("--target", choices=["portable", "x86-64-v2", "x86-64-v3", "x86-64-v4", "native"],
+                   default="portable",
+                   help="the ISA the Makefile builds for and the kernels are planned for: portable = "
+                        "x86-64-v2 (SSE4.2, no AVX; no -march on other architectures: every kernel "
+                        "template has a path without intrinsics), x86-64-v3 (AVX2), x86-64-v4 (AVX-512), "
+                        "native (-march=native of the machine that runs make, planned for this host's "
+                        "vector width) (default: portable)")
+    c.add_argument("--embed-weights", action="store_true",
+                   help="compile the weights into the library (DIR/NAME_weights.c) instead of weights.bin")
+    c.add_argument("--name", metavar="NAME",
+                   help="the library's name: libNAME.so, NAME.h, the NAME_ prefix of every symbol "
+                        "(default: the model file's name)")
+    c.add_argument("--example-inputs", metavar="IN.npz",
+                   help="inputs for DIR/example.c, named like the parameters (default: random ones: "
+                        "float32 standard normal, integers in [0, 4), bools half true); the expected "
+                        "outputs are the numpy reference's")
+
     c = sub.add_parser("rules", help="list every active rule", description="list every active rule")
     _rule_options(c)
 
@@ -134,6 +164,19 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("files", nargs="+", metavar="F.rw")
     c.add_argument("--trials", type=int, default=5, metavar="N",
                    help="random draws of shapes and values per rule; both sides must agree on all (default: 5)")
+    c = model_cmd("grad", "write the joint forward + backward graph as .g text", one_graph=True)
+    c.add_argument("--wrt", required=True, metavar="P1,P2",
+                   help="comma-separated f32 parameters to differentiate the loss (the graph's first "
+                        "result, a scalar) by; the graph returns its results, then these gradients in "
+                        "this order (required)")
+    c.add_argument("-o", "--output", metavar="OUT.g",
+                   help="write the graph to this file instead of stdout (it parses back as it prints)")
+
+    c = sub.add_parser("check-grads", help="check every op's derivative against finite differences",
+                       description="check every derivative rule of eqfuse/grad/derivatives.rw against "
+                                   "central finite differences in float64 on random inputs, one line per "
+                                   "op and argument; exit 1 if one differs or a rule is never exercised")
+    c.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random inputs (default: 0)")
     return p
 
 

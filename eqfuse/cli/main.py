@@ -166,7 +166,7 @@ def cmd_run(args) -> int:
             if bad:
                 raise CheckFailed("verification failed: " + "; ".join(bad))
             print("verified: every output matches the numpy reference", file=sys.stderr)
-    names = output_names(g)
+    names = g.output_names()
     if args.output:
         try:
             np.savez(args.output, **dict(zip(names, outs)))
@@ -178,12 +178,37 @@ def cmd_run(args) -> int:
     return 0
 
 
-def output_names(g) -> list[str]:
-    names = []
-    for i, o in enumerate(g.outputs):
-        n = g.nodes[o].name
-        names.append(n if n and n not in names else f"out{i}")
-    return names
+def read_npz(path: str, option: str, example: str = "w1=w1, b1=b1, ...") -> dict:
+    """The arrays of an .npz archive, or one clear error."""
+    import numpy as np
+
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{option} {p}: no such file")
+    try:
+        npz = np.load(p, allow_pickle=False)
+    except Exception:  # numpy raises many types for a file that is not an archive
+        npz = None
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        raise EqfuseError(f"{p}: not a readable .npz file: {option} expects a numpy .npz archive with one "
+                          f"array per parameter, named like it (numpy.savez('{p.name}', {example}))")
+    return {k: npz[k] for k in npz.files}
+
+
+def cmd_export(args) -> int:
+    from eqfuse.runtime.export import export
+
+    graphs, dims = selected_graphs(args)
+    opts = optimizer_opts(args)
+    weights = read_npz(args.weights, "--weights") if args.weights else {}
+    example = read_npz(args.example_inputs, "--example-inputs", "x=x") if args.example_inputs else None
+    written = export(args.model, args.output, weights=weights, dims=dims, target=args.target,
+                     embed_weights=args.embed_weights, name=args.name, inputs=args.input, graph=args.graph,
+                     example_inputs=example, **opts)
+    lib = next(p.stem for p in written if p.suffix == ".h" and p.name != "eqf_common.h" and p.name != "eqf_omp.h")
+    print(f"wrote {len(written)} files to {args.output}: lib{lib} ({', '.join(p.name for p in written)})")
+    print(f"build: make -C {args.output}   (lib{lib}.so, lib{lib}.a; `make -C {args.output} check` runs the example)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,9 +258,12 @@ COMMANDS = {
     "opt": _lazy("cli.opt_cmd", "cmd_opt"),
     "rules": _lazy("cli.rules_cmd", "cmd_rules"),
     "check-rules": _lazy("cli.rules_cmd", "cmd_check_rules"),
+    "grad": _lazy("cli.grad_cmd", "cmd_grad"),
+    "check-grads": _lazy("cli.grad_cmd", "cmd_check_grads"),
     "emit": _lazy("cli.backend_cmds", "cmd_emit"),
     "lower": _lazy("cli.backend_cmds", "cmd_lower"),
     "bench": _lazy("cli.backend_cmds", "cmd_bench"),
+    "export": cmd_export,
 }
 
 if __name__ == "__main__":

@@ -152,6 +152,7 @@ TORCH: dict[str, Callable] = {
     "min": lambda t, a, at: t.amin(a[0], dim=reduce_axes(at, a[0].ndim), keepdim=at["keepdims"]),
     "prod": _prod,
     "gather": lambda t, a, at: _gather(t, a, at),
+    "scatter_add": lambda t, a, at: _scatter_add(t, a, at),
     "gather_elements": lambda t, a, at: t.gather(a[0], at["axis"], t.where(a[1] < 0, a[1] + a[0].shape[at["axis"]], a[1])),
     "cumsum": _cumsum,
     "argmax": lambda t, a, at: t.argmax(a[0], dim=at["axis"], keepdim=at["keepdims"]),
@@ -165,6 +166,14 @@ TORCH: dict[str, Callable] = {
     "unsqueeze": lambda t, a, at: a[0].reshape(_reshaped("unsqueeze", a[0], at)),
     "flatten": lambda t, a, at: a[0].reshape(_reshaped("flatten", a[0], at)),
 }
+
+
+def _scatter_add(t, a, at):
+    x, idx, upd = a
+    ax = at["axis"] % x.ndim
+    idx = t.where(idx < 0, idx + x.shape[ax], idx).reshape(-1)
+    upd = upd.reshape(x.shape[:ax] + (idx.numel(),) + x.shape[ax + 1:])
+    return x.index_add(ax, idx, upd)
 
 
 def have_torch() -> bool:

@@ -58,6 +58,14 @@ class Graph:
     def result_types(self) -> list[TType]:
         return [self.nodes[i].type for i in self.outputs]
 
+    def output_names(self) -> list[str]:
+        """The outputs' names as `eqfuse run -o` saves them: the node's name, else out<i>."""
+        names: list[str] = []
+        for i, o in enumerate(self.outputs):
+            n = self.nodes[o].name
+            names.append(n if n and n not in names else f"out{i}")
+        return names
+
     def users(self) -> list[int]:
         """How many times each node is read (by other nodes and by the return)."""
         count = [0] * len(self.nodes)

@@ -68,6 +68,8 @@ DOCS: dict[str, tuple[str, str]] = {
     "prod": ("x", "the product of the elements over axis= (all axes by default)"),
     "gather": ("data, indices", "data's slices at the integer indices along axis= (an embedding lookup); "
                                 "negative indices count from the end"),
+    "scatter_add": ("x, indices, updates", "x with each slice of updates added at its index along axis= "
+                                           "(repeated indices add up): the inverse of gather, its gradient"),
     "gather_elements": ("data, indices", "out[i][j] = data[i][indices[i][j]] along axis= (take_along_axis)"),
     "cumsum": ("x", "running sum along axis= (exclusive=, reverse= as in ONNX CumSum)"),
     "argmax": ("x", "the index (i64) of the largest element along axis=; the first NaN wins"),

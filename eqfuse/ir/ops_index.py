@@ -147,6 +147,35 @@ _op(name="gather_elements", kind="index", arity=(2, 2), infer=_gather_el_infer, 
     attrs=(Attr("axis", "int", 0),), numpy=_taking(np.take_along_axis))
 
 
+def _scatter_infer(ts, attrs):
+    x, idx, upd = ts
+    if x.rank < 1:
+        raise ShapeError("scatter_add needs x of rank >= 1")
+    ax = norm_axis(attrs["axis"], x.rank)
+    want = x.shape[:ax] + idx.shape + x.shape[ax + 1:]
+    if tuple(upd.shape) != tuple(want):
+        raise ShapeError(f"scatter_add updates must have shape {fmt(want)} (what gather would read), got {fmt(upd.shape)}")
+    if upd.dtype != x.dtype and not (upd.rank == 0):
+        raise ShapeError(f"scatter_add mixes dtypes {x.dtype} and {upd.dtype}")
+    return TType(x.shape)
+
+
+def _scatter_np(a, at):
+    x, idx, upd = a
+    ax = at["axis"] % x.ndim
+    out = np.array(x, copy=True)
+    moved = np.moveaxis(out, ax, 0)  # a view: adding into it adds into out
+    upd = np.moveaxis(upd.reshape(x.shape[:ax] + (idx.size,) + x.shape[ax + 1:]), ax, 0)
+    np.add.at(moved, np.where(idx < 0, idx + x.shape[ax], idx).reshape(-1), upd)
+    return out
+
+
+# the inverse of gather: x with each slice of updates added at its index along axis= (repeated
+# indices add up); the gradient of gather with respect to its data
+_op(name="scatter_add", kind="index", arity=(3, 3), infer=_scatter_infer, dtype="gather",
+    attrs=(Attr("axis", "int", 0),), numpy=_scatter_np)
+
+
 def _axis_same(ts, attrs):
     norm_axis(attrs["axis"], ts[0].rank)
     return TType(ts[0].shape)

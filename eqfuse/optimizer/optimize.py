@@ -36,6 +36,7 @@ from eqfuse.optimizer.schedule import (
     rule_phase,
     run_phase,
 )
+from eqfuse.optimizer.layout import sink_reshapes
 from eqfuse.optimizer.simplify import fold_constants, smallest
 from eqfuse.optimizer.wide import cut_wide, stitch
 
@@ -90,6 +91,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
             src = smallest(eg.serialize(), src)
         eg.close()
         stage("smallest term")
+    src = sink_reshapes(src)  # exporters' flatten / GEMM / unflatten is one batched GEMM (eqfuse.optimizer.layout)
     if lim.left() < fusion_seconds(src):  # the best so far: every op its own kernel
         st.stop_reason, st.limit_note = "time_limit", "time limit: no time for the fusion e-graph"
         one = stitch(cut, singletons(src), src0) if cut else singletons(src)

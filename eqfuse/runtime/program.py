@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eqfuse.backend.plan import KernelPlan, size
+from eqfuse.runtime.load import threads_now
 from eqfuse.errors import ArgumentError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
@@ -63,6 +64,7 @@ class MemoryPlan:
     copies: dict[int, tuple[str, int]]  # output k made in Python: ("in", input position) | ("const", node) | ("out", j)
     arena_bytes: int
     lifetimes: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # arena node -> (bytes, first, last step)
+    view_offsets: dict[int, int] = field(default_factory=dict)  # view node -> element offset in its root's storage
 
     @property
     def slots(self) -> int:
@@ -82,8 +84,15 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
     consts = [i for i, n in enumerate(kg.nodes) if n.op == "const"]
     for i in consts:
         src[i] = i
+    voff: dict[int, int] = {}  # view node -> its element offset in its root (eqfuse.backend.views)
     for p in plans:
-        src[p.node] = src[p.args[0]] if p.kind == "view" else p.node
+        if p.kind == "view" and p.view is not None:
+            root, off, _ = p.view
+            src[p.node], voff[p.node] = src[root], voff.get(root, 0) + off
+        elif p.kind == "view":
+            src[p.node], voff[p.node] = src[p.args[0]], voff.get(p.args[0], 0)
+        else:
+            src[p.node] = p.node
     kernels = [p for p in plans if p.kind != "view"]
     first: dict[int, int] = {}
     last: dict[int, int] = {}
@@ -129,7 +138,8 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
     for n, r in src.items():
         root[n] = (("in", ins[r]) if r in ins else ("in", cslot[r]) if r in cslot
                    else ("out", owner[r]) if r in owner else ("arena", offsets[r]))
-    return MemoryPlan(root, len(kg.inputs), consts, prepacks, copies, arena, lifetimes)
+    return MemoryPlan(root, len(kg.inputs), consts, prepacks, copies, arena, lifetimes,
+                      {n: o for n, o in voff.items() if o})
 
 
 # Kernel kinds whose C takes a scratch buffer (eqf_scratch in csrc_templates/common.h): the run
@@ -155,9 +165,10 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, 
 
     def ptr(i: int) -> str:
         where, at = mem.root[i]
+        off = f" + {mem.view_offsets[i]}" if i in mem.view_offsets else ""
         if where == "arena":
-            return f"({ctype(i)}*)(arena + {at})"
-        return f"({ctype(i)}*){where}[{at}]"
+            return f"(({ctype(i)}*)(arena + {at}){off})"
+        return f"(({ctype(i)}*){where}[{at}]{off})"
 
     lines = [f"/* {kg.name}: {len(kernels)} kernels in order; arena {mem.arena_bytes} bytes (static memory plan) */",
              f"long {name}(void* const* in, void* const* out, char* arena, int threads, long* failed)", "{",
@@ -265,7 +276,7 @@ class Runner:
                 o = pool[k] = np.empty(shape, dtype=dt)
             outs[k] = o
             outs_p[k] = fb(o)
-        bad = self.fn(ins, outs_p, st["arena"], threads or 0, st["failed"])
+        bad = self.fn(ins, outs_p, st["arena"], threads_now(threads), st["failed"])
         if bad == NOMEM:
             p = self.kernels[st["failed"][0]]
             raise MemoryError(f"eqfuse: kernel {p.name} ({p.kind}) could not allocate its scratch buffer")

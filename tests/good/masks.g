@@ -26,6 +26,10 @@ graph activations(x: f32[2, 3, 8, 8]) -> f32[2, 3, 4, 4] {
     return max_pool2d(p, kernel_size=3, stride=2) + avg_pool2d(y, kernel_size=2)
 }
 
+graph scatter(t: f32[10, 4], i: i64[3], u: f32[3, 4]) -> f32[10, 4] {
+    return scatter_add(t, i, u)
+}
+
 graph reduce_more(x: f32[4, 6], i: i64[4, 6]) -> (f32[4], f32[4], i64[4, 6], f32[1, 24]) {
     return min(x, axis=1), prod(x, axis=1), gather_elements(i, clip(i, min=0, max=5), axis=1), flatten(squeeze(unsqueeze(x, axis=0), axis=0), axis=0)
 }

@@ -1,0 +1,470 @@
+"""ATen handlers: each turns one ATen overload of a functional AOTAutograd graph into ops of the
+op table (registered into eqfuse.frontend.torch_fx.HANDLERS). A handler gets the converter, then
+the node's arguments with every tensor replaced by a `V`; it raises Unsupported for the cases it
+does not take (the node then runs in torch). Shapes come from torch (`cv.out_type`), so views
+and broadcasts need no shape arithmetic here; dtypes follow torch's promotion, made explicit
+with casts, since eqfuse never promotes implicitly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from eqfuse.frontend.torch_fx import TORCH_DTYPES, Unsupported, V, aten
+
+# ---------------------------------------------------------------- pointwise
+
+
+def _float_unary(name: str):
+    return lambda cv, x, *rest, **kw: cv.op(name, cv.cast(x, "f32"))
+
+
+for _aten, _ours in {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "log": "log",
+                     "sqrt": "sqrt", "rsqrt": "rsqrt", "erf": "erf", "silu": "silu", "hardswish": "hard_swish"}.items():
+    aten(_aten)(_float_unary(_ours))
+
+
+@aten("neg", "abs")
+def _neg_abs(cv, x):
+    return cv.op(cv.node.target.__name__.split(".")[0], cv.cast(x, cv.out_type.dtype))
+
+
+@aten("reciprocal")
+def _reciprocal(cv, x):
+    return cv.op("div", 1.0, cv.cast(x, "f32"))
+
+
+@aten("gelu")
+def _gelu(cv, x, approximate="none"):
+    return cv.op("gelu", cv.cast(x, "f32"), approximate=approximate)
+
+
+def _compute_dtype(cv, *args) -> str:
+    """torch's promoted dtype of the operands (0-d tensors and numbers count less, as in torch)."""
+    probes = []
+    for a in args:
+        if isinstance(a, V):
+            t = cv.type(a)
+            probes.append(torch.empty(() if t.rank == 0 else (1,), dtype=TORCH_DTYPES[t.dtype]))
+        else:
+            probes.append(a)
+    dt = probes[0] if len(probes) == 1 else torch.result_type(*probes[:2])
+    if len(probes) > 2:
+        dt = torch.promote_types(dt, torch.result_type(*probes[1:]))
+    return {torch.float32: "f32", torch.int64: "i64", torch.int32: "i32", torch.bool: "bool"}.get(dt) or \
+        _raise(f"dtype {dt}")
+
+
+def _raise(msg: str):
+    raise Unsupported(msg)
+
+
+def _arith(name: str):
+    def handler(cv, a, b, alpha=1, rounding_mode=None):
+        if rounding_mode is not None:
+            raise Unsupported(f"rounding_mode={rounding_mode!r}")
+        dt = cv.out_type.dtype
+        a, b = cv.cast(a, dt), cv.cast(b, dt)
+        if alpha != 1:
+            b = cv.op("mul", b, alpha)
+        return cv.op(name, a, b)
+    return handler
+
+
+for _names, _ours in ((("add.Tensor", "add.Scalar"), "add"), (("sub.Tensor", "sub.Scalar"), "sub"),
+                      (("mul.Tensor", "mul.Scalar"), "mul"), (("div.Tensor", "div.Scalar", "div.Tensor_mode"), "div"),
+                      (("pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar"), "pow"),
+                      (("maximum",), "maximum"), (("minimum",), "minimum")):
+    aten(*_names)(_arith(_ours))
+
+
+@aten("rsub.Scalar", "rsub.Tensor")
+def _rsub(cv, a, b, alpha=1):
+    return _arith("sub")(cv, b, a if alpha == 1 else cv.op("mul", cv.cast(a, cv.out_type.dtype), alpha))
+
+
+def _compare(name: str):
+    def handler(cv, a, b):
+        dt = _compute_dtype(cv, a, b)
+        return cv.op(name, cv.cast(a, dt), cv.cast(b, dt))
+    return handler
+
+
+for _n in ("eq", "ne", "lt", "le", "gt", "ge"):
+    aten(f"{_n}.Tensor", f"{_n}.Scalar")(_compare(_n))
+
+
+def _logical(ours: str, bitwise: bool):
+    def handler(cv, *args):
+        if bitwise and any(isinstance(a, V) and cv.type(a).dtype != "bool" for a in args):
+            raise Unsupported("bitwise ops on integers")
+        return cv.op(ours, *[cv.cast(a, "bool") for a in args])
+    return handler
+
+
+for _n, _ours in (("and", "logical_and"), ("or", "logical_or")):
+    aten(f"bitwise_{_n}.Tensor")(_logical(_ours, True))
+    aten(f"logical_{_n}")(_logical(_ours, False))
+aten("bitwise_not")(_logical("logical_not", True))
+aten("logical_not")(_logical("logical_not", False))
+
+
+@aten("isnan")
+def _isnan(cv, x):
+    return cv.op("isnan", cv.cast(x, "f32"))
+
+
+@aten("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
+def _where(cv, cond, a, b):
+    dt = cv.out_type.dtype
+    return cv.op("where", cv.cast(cond, "bool"), cv.cast(a, dt), cv.cast(b, dt))
+
+
+@aten("masked_fill.Scalar", "masked_fill.Tensor")
+def _masked_fill(cv, x, mask, value):
+    return _where(cv, mask, value, x)
+
+
+@aten("clamp", "clamp_min", "clamp_max", "hardtanh")
+def _clamp(cv, x, lo=None, hi=None):
+    kind = cv.node.target.__name__.split(".")[0]
+    lo, hi = {"clamp_max": (None, lo), "hardtanh": (-1.0 if lo is None else lo, 1.0 if hi is None else hi)}.get(kind, (lo, hi))
+    if isinstance(lo, V) or isinstance(hi, V):
+        raise Unsupported("tensor bounds")
+    attrs = {k: float(v) for k, v in (("min", lo), ("max", hi)) if v is not None}
+    return cv.op("clip", cv.cast(x, cv.out_type.dtype), **attrs)
+
+
+@aten("leaky_relu")
+def _leaky_relu(cv, x, negative_slope=0.01):
+    return cv.op("leaky_relu", x, alpha=float(negative_slope))
+
+
+@aten("hardsigmoid")
+def _hardsigmoid(cv, x):
+    return cv.op("hard_sigmoid", x, alpha=1 / 6, beta=0.5)
+
+
+@aten("softplus")
+def _softplus(cv, x, beta=1, threshold=20):
+    if beta != 1 or threshold < 15:  # above 15, log(1 + e^x) rounds to x in f32: the threshold changes nothing
+        raise Unsupported(f"softplus with beta={beta}, threshold={threshold}")
+    return cv.op("softplus", x)
+
+
+# ---------------------------------------------------------------- creation and dtype
+
+
+@aten("scalar_tensor")
+def _scalar_tensor(cv, value, **kw):
+    return cv.const(value)
+
+
+FILLS = {"ones": 1.0, "new_ones": 1.0, "ones_like": 1.0, "zeros": 0.0, "new_zeros": 0.0, "zeros_like": 0.0}
+
+
+@aten("full", "new_full", "full_like", *FILLS)
+def _full(cv, *args, **kw):
+    kind = cv.node.target.__name__.split(".")[0]
+    value = FILLS[kind] if kind in FILLS else args[-1]  # full(size, v), new_full(x, size, v), full_like(x, v)
+    if isinstance(value, V):
+        raise Unsupported("a tensor fill value")
+    t = cv.out_type
+    return cv.op("cast", cv.op("expand", float(value), shape=t.shape), to=t.dtype)
+
+
+@aten("arange", "arange.start", "arange.start_step")
+def _arange(cv, *args, **kw):
+    nums = [a for a in args if isinstance(a, (int, float))]
+    if not all(isinstance(a, int) and not isinstance(a, bool) for a in nums):
+        raise Unsupported("non-integer bounds")
+    start, stop, step = (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) > 2 else 1)
+    dt = cv.out_type.dtype
+    if dt == "bool":
+        raise Unsupported("a bool range")
+    return cv.op("range", start=start, stop=stop, step=step, dtype=dt)
+
+
+@aten("_to_copy", "clone", "alias", "detach", "lift_fresh_copy", "contiguous")
+def _copy(cv, x, *args, **kw):
+    return cv.cast(x, cv.out_type.dtype)
+
+
+# ---------------------------------------------------------------- layout
+
+
+@aten("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "squeeze.dim", "squeeze.dims", "flatten.using_ints")
+def _reshape(cv, x, *args):
+    shape = cv.out_type.shape
+    return x if cv.type(x).shape == shape else cv.op("reshape", x, shape=shape)
+
+
+@aten("permute")
+def _permute(cv, x, dims):
+    r = cv.type(x).rank
+    perm = tuple(d % r for d in dims)
+    return x if perm == tuple(range(r)) else cv.op("transpose", x, perm=perm)
+
+
+@aten("transpose.int")
+def _transpose(cv, x, d0, d1):
+    r = cv.type(x).rank
+    perm = list(range(r))
+    perm[d0 % r], perm[d1 % r] = perm[d1 % r], perm[d0 % r]
+    return _permute(cv, x, perm)
+
+
+@aten("t")
+def _t(cv, x):
+    return _permute(cv, x, list(range(cv.type(x).rank))[::-1])
+
+
+@aten("expand")
+def _expand(cv, x, size, implicit=False):
+    shape = cv.out_type.shape
+    return x if cv.type(x).shape == shape else cv.op("expand", x, shape=shape)
+
+
+def _slice(cv, x, dim, start, stop, step=1):
+    n = cv.type(x).shape[dim]
+    start, stop, _ = slice(start, stop, step).indices(n)
+    if start == 0 and stop >= n and step == 1:
+        return x
+    return cv.op("slice", x, axis=dim % cv.type(x).rank, start=start, stop=stop, step=step)
+
+
+@aten("slice.Tensor")
+def _slice_tensor(cv, x, dim=0, start=None, end=None, step=1):
+    return _slice(cv, x, dim, start, end, step)
+
+
+@aten("select.int")
+def _select(cv, x, dim, index):
+    n = cv.type(x).shape[dim]
+    index = index % n
+    return cv.op("reshape", _slice(cv, x, dim, index, index + 1), shape=cv.out_type.shape)
+
+
+@aten("split.Tensor", "split_with_sizes")
+def _split(cv, x, sizes, dim=0):
+    n = cv.type(x).shape[dim]
+    if isinstance(sizes, int):
+        sizes = [min(sizes, n - s) for s in range(0, n, sizes)]
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    return tuple(_slice(cv, x, dim, s, s + z) for s, z in zip(starts, sizes))
+
+
+@aten("unbind.int")
+def _unbind(cv, x, dim=0):
+    t = cv.type(x)
+    shape = t.shape[:dim % t.rank] + t.shape[dim % t.rank + 1:]
+    return tuple(cv.op("reshape", _slice(cv, x, dim, k, k + 1), shape=shape) for k in range(t.shape[dim]))
+
+
+@aten("cat")
+def _cat(cv, tensors, dim=0):
+    dt = cv.out_type.dtype
+    rank = cv.out_type.rank
+    return cv.op("concat", *[cv.cast(t, dt) for t in tensors], axis=dim % rank)
+
+
+@aten("stack")
+def _stack(cv, tensors, dim=0):
+    rank = cv.out_type.rank
+    d = dim % rank
+    parts = [cv.op("unsqueeze", cv.cast(t, cv.out_type.dtype), axis=d) for t in tensors]
+    return cv.op("concat", *parts, axis=d)
+
+
+@aten("constant_pad_nd")
+def _pad(cv, x, pad, value=0):
+    r = cv.type(x).rank
+    begins, ends = [0] * r, [0] * r
+    for k in range(len(pad) // 2):
+        begins[r - 1 - k], ends[r - 1 - k] = pad[2 * k], pad[2 * k + 1]
+    if min(begins + ends) < 0:
+        raise Unsupported("negative padding")
+    return cv.op("pad", x, pads=tuple(begins + ends), value=float(value))
+
+
+@aten("tril", "triu")
+def _tri(cv, x, diagonal=0):
+    return cv.op(cv.node.target.__name__.split(".")[0], x, k=diagonal)
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def _axes(cv, x, dims):
+    r = cv.type(x).rank
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(r))
+    dims = [dims] if isinstance(dims, int) else dims
+    return tuple(sorted(d % r for d in dims))
+
+
+@aten("sum.dim_IntList", "sum", "mean.dim", "mean", "amax", "amin", "prod.dim_int", "prod")
+def _reduce(cv, x, dims=None, keepdim=False, dtype=None):
+    kind = cv.node.target.__name__.split(".")[0]
+    if kind in ("sum", "mean", "prod") and cv.node.target._overloadname == "default":
+        dims, keepdim = None, False
+    ours = {"amax": "max", "amin": "min"}.get(kind, kind)
+    if ours in ("max", "min") and cv.type(x).dtype == "bool":
+        raise Unsupported("max of bools")
+    return cv.op(ours, cv.cast(x, cv.out_type.dtype), axis=_axes(cv, x, dims), keepdims=bool(keepdim))
+
+
+@aten("argmax")
+def _argmax(cv, x, dim=None, keepdim=False):
+    if dim is None:
+        x, dim = cv.op("reshape", x, shape=(-1,)), 0
+        if keepdim:
+            raise Unsupported("argmax over all axes with keepdim")
+    return cv.op("argmax", cv.cast(x, "f32"), axis=dim % cv.type(x).rank, keepdims=bool(keepdim))
+
+
+@aten("cumsum")
+def _cumsum(cv, x, dim, dtype=None):
+    return cv.op("cumsum", cv.cast(x, cv.out_type.dtype), axis=dim % cv.type(x).rank)
+
+
+# ---------------------------------------------------------------- rows and normalization
+
+
+@aten("_softmax", "_safe_softmax")
+def _softmax(cv, x, dim, half_to_float=False):
+    safe = cv.node.target.__name__.startswith("_safe")
+    return cv.op("softmax", cv.cast(x, "f32"), axis=dim % cv.type(x).rank, zero_nan=safe)
+
+
+@aten("_log_softmax")
+def _log_softmax(cv, x, dim, half_to_float=False):
+    ax = dim % cv.type(x).rank
+    shifted = cv.op("sub", x, cv.op("max", x, axis=ax, keepdims=True))
+    return cv.op("sub", shifted, cv.op("log", cv.op("sum", cv.op("exp", shifted), axis=ax, keepdims=True)))
+
+
+def _ones(cv, shape, value=1.0):
+    return cv.op("expand", value, shape=tuple(shape))
+
+
+@aten("native_layer_norm")
+def _layer_norm(cv, x, normalized_shape, weight, bias, eps):
+    n = len(normalized_shape)
+    g = weight if weight is not None else _ones(cv, normalized_shape)
+    b = bias if bias is not None else _ones(cv, normalized_shape, 0.0)
+    return (cv.op("layernorm", x, g, b, axis=-n, eps=float(eps)), None, None)
+
+
+@aten("_native_batch_norm_legit_no_training")
+def _batch_norm(cv, x, weight, bias, mean, var, momentum, eps):
+    c = (cv.type(x).shape[1],)
+    g = weight if weight is not None else _ones(cv, c)
+    b = bias if bias is not None else _ones(cv, c, 0.0)
+    return (cv.op("batchnorm", x, mean, var, g, b, eps=float(eps)), None, None)
+
+
+# ---------------------------------------------------------------- contractions
+
+
+@aten("mm", "bmm")
+def _mm(cv, a, b):
+    return cv.op("matmul", a, b)
+
+
+@aten("addmm", "baddbmm")
+def _addmm(cv, bias, a, b, beta=1, alpha=1):
+    y = cv.op("matmul", a, b)
+    if alpha != 1:
+        y = cv.op("mul", y, alpha)
+    if beta == 0:
+        return y
+    return cv.op("add", y, bias if beta == 1 else cv.op("mul", bias, beta))
+
+
+@aten("convolution")
+def _convolution(cv, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    if cv.type(x).rank != 4:
+        raise Unsupported(f"a {cv.type(x).rank - 2}-d convolution")
+    if transposed or groups != 1 or any(d != 1 for d in dilation):
+        raise Unsupported("transposed, grouped or dilated convolution")
+    args = (x, w) if b is None else (x, w, b)
+    st = stride[0] if len(set(stride)) == 1 else tuple(stride)
+    pd = padding[0] if len(set(padding)) == 1 else tuple(padding)
+    return cv.op("conv2d", *args, stride=st, padding=pd)
+
+
+# ---------------------------------------------------------------- indexing and pooling
+
+
+@aten("embedding")
+def _embedding(cv, weight, indices, *args):
+    return cv.op("gather", weight, indices, axis=0)
+
+
+@aten("gather")
+def _gather(cv, x, dim, index, sparse_grad=False):
+    xt, it = cv.type(x), cv.type(index)
+    d = dim % xt.rank
+    for ax in range(xt.rank):
+        if ax != d and it.shape[ax] < xt.shape[ax]:
+            x = _slice(cv, x, ax, 0, it.shape[ax])
+    return cv.op("gather_elements", x, index, axis=d)
+
+
+@aten("index.Tensor")
+def _index(cv, x, indices):
+    """x[i0, i1, ...] over the leading axes: one gather from x with those axes flattened."""
+    if any(i is None for i in indices) or any(cv.type(i).dtype not in ("i64", "i32") for i in indices):
+        raise Unsupported("None or mask indices")
+    xs = cv.type(x).shape
+    k = len(indices)
+    linear = None
+    for axis, i in enumerate(indices):
+        i = cv.cast(i, "i64")
+        i = cv.op("where", cv.op("lt", i, 0), cv.op("add", i, xs[axis]), i)  # negative counts from the end
+        stride = math.prod(xs[axis + 1:k])
+        term = i if stride == 1 else cv.op("mul", i, stride)
+        linear = term if linear is None else cv.op("add", linear, term)
+    flat = cv.op("reshape", x, shape=(math.prod(xs[:k]),) + tuple(xs[k:]))
+    return cv.op("gather", flat, linear, axis=0)
+
+
+def _pool_attrs(kernel, stride, padding):
+    k = tuple(kernel) if len(kernel) == 2 else (kernel[0],) * 2
+    s = tuple(stride) if stride else k
+    s = s if len(s) == 2 else s * 2
+    p = tuple(padding) if isinstance(padding, (list, tuple)) else (padding,) * 2
+    p = p if len(p) == 2 else p * 2
+    one = lambda v: v[0] if v[0] == v[1] else v  # noqa: E731
+    return {"kernel_size": one(k), "stride": one(s), "padding": one(p)}
+
+
+@aten("max_pool2d_with_indices")
+def _max_pool(cv, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    if ceil_mode or any(d != 1 for d in ([dilation] if isinstance(dilation, int) else dilation)):
+        raise Unsupported("ceil_mode or dilation")
+    if cv.type(x).rank != 4:
+        raise Unsupported("unbatched pooling")
+    return (cv.op("max_pool2d", x, **_pool_attrs(kernel_size, stride, padding)), None)
+
+
+@aten("avg_pool2d")
+def _avg_pool(cv, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+              divisor_override=None):
+    if ceil_mode or divisor_override is not None or cv.type(x).rank != 4:
+        raise Unsupported("ceil_mode, divisor_override or unbatched pooling")
+    return cv.op("avg_pool2d", x, count_include_pad=bool(count_include_pad), **_pool_attrs(kernel_size, stride, padding))
+
+
+@aten("_adaptive_avg_pool2d")
+def _adaptive_avg_pool(cv, x, output_size):
+    h, w = cv.type(x).shape[-2:]
+    oh, ow = output_size
+    if cv.type(x).rank != 4 or h % oh or w % ow:
+        raise Unsupported("an output size that does not divide the input")
+    if (oh, ow) == (1, 1):
+        return cv.op("mean", x, axis=(2, 3), keepdims=True)
+    return cv.op("avg_pool2d", x, kernel_size=(h // oh, w // ow), stride=(h // oh, w // ow))

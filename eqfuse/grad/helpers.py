@@ -1,0 +1,235 @@
+"""The structural helpers of derivatives.rw: shape bookkeeping the rule language cannot state.
+
+Each helper expands into ops of the op table at the forward node's concrete shapes (an inverse
+permutation, the shape a reduction kept, the pads that undo a slice). None computes anything
+that an op does not; `eqfuse check-grads` checks the rules that use them like every other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from eqfuse.grad.emitter import Emitter
+from eqfuse.ir.graph import Node
+from eqfuse.ir.ops import _pair, _slice_bounds, reduce_axes
+from eqfuse.ir.shapes import norm_axis
+
+
+@dataclass(frozen=True)
+class Ctx:
+    node: Node  # the forward node
+    k: int  # which of its arguments is differentiated
+
+
+def unbroadcast(em: Emitter, t: int, shape: tuple) -> int:
+    """t summed over the axes numpy broadcasting added or stretched to reach its shape from `shape`."""
+    s = em.shape(t, concrete=False)
+    if s == tuple(shape):
+        return t
+    if len(s) < len(shape) or any(a != b and b != 1 for a, b in zip(s[len(s) - len(shape):], shape)):
+        return em.op("expand", [t], shape=tuple(shape))
+    lead = len(s) - len(shape)
+    if lead:
+        t = em.op("sum", [t], axis=tuple(range(lead)), keepdims=False)
+    ones = tuple(i for i, (a, b) in enumerate(zip(em.shape(t, concrete=False), shape)) if b == 1 and a != 1)
+    if ones:
+        t = em.op("sum", [t], axis=ones, keepdims=True)
+    return t
+
+
+def _unreduce(em, ctx, args, at):
+    t, x = args
+    shape = em.shape(x)
+    axes = reduce_axes({"axis": at["axis"]}, len(shape))
+    kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
+    if em.shape(t) != kept:
+        t = em.op("reshape", [t], shape=kept)
+    return t if kept == shape else em.op("expand", [t], shape=shape)
+
+
+def _count(em, ctx, args, at):
+    shape = em.shape(args[0])
+    return em.const(math.prod(shape[i] for i in reduce_axes({"axis": at["axis"]}, len(shape))))
+
+
+def _tail(em, t, axis) -> tuple[int, ...]:
+    r = len(em.shape(t, concrete=False))
+    return tuple(range(norm_axis(axis, r), r))
+
+
+def _rowmean(em, ctx, args, at):
+    return em.op("mean", [args[0]], axis=_tail(em, args[0], at["axis"]), keepdims=True)
+
+
+def _rstd(em, ctx, args, at):
+    x = args[0]
+    axes = _tail(em, x, at["axis"])
+    if at["center"]:
+        d = em.op("sub", [x, em.op("mean", [x], axis=axes, keepdims=True)])
+    else:
+        d = x
+    var = em.op("mean", [em.op("mul", [d, d])], axis=axes, keepdims=True)
+    return em.op("rsqrt", [em.op("add", [var, em.const(at["eps"])])])
+
+
+def _chan(em, ctx, args, at):
+    t, x = args
+    r = len(em.shape(x, concrete=False))
+    return em.op("reshape", [t], shape=(1, em.shape(t)[0]) + (1,) * (r - 2))
+
+
+def _unchan(em, ctx, args, at):
+    t, x = args
+    r = len(em.shape(x, concrete=False))
+    return em.op("sum", [t], axis=tuple(i for i in range(r) if i != 1), keepdims=False)
+
+
+def _swap_last(r: int) -> tuple[int, ...]:
+    return tuple(range(r - 2)) + (r - 1, r - 2)
+
+
+def _mT(em, ctx, args, at):
+    return em.op("transpose", [args[0]], perm=_swap_last(len(em.shape(args[0], concrete=False))))
+
+
+def _untranspose(em, ctx, args, at):
+    r = len(em.shape(args[0], concrete=False))
+    perm = at["perm"]
+    if perm is None:
+        return em.op("transpose", [args[0]])  # reversing the axes is its own inverse
+    inv = [0] * r
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return em.op("transpose", [args[0]], perm=tuple(inv))
+
+
+def _reshape_as(em, ctx, args, at):
+    return em.op("reshape", [args[0]], shape=em.shape(args[1]))
+
+
+def _pad_axis(em, t, axis, before, after):
+    if not before and not after:
+        return t
+    r = len(em.shape(t))
+    pads = [0] * (2 * r)
+    pads[axis], pads[r + axis] = before, after
+    return em.op("pad", [t], pads=tuple(pads))
+
+
+def _unslice(em, ctx, args, at):
+    t, x = args
+    shape = em.shape(x)
+    ax = norm_axis(at["axis"], len(shape))
+    n = shape[ax]
+    lo, _, count = _slice_bounds(n, at)
+    step = at["step"]
+    if step > 1:  # interleave step - 1 zeros after each element: [.., count, 1, ..] -> [.., count, step, ..]
+        ts = em.shape(t)
+        t = em.op("reshape", [t], shape=ts[:ax] + (count, 1) + ts[ax + 1:])
+        t = _pad_axis(em, t, ax + 1, 0, step - 1)
+        t = em.op("reshape", [t], shape=ts[:ax] + (count * step,) + ts[ax + 1:])
+        if count * step > n - lo:
+            t = em.op("slice", [t], axis=ax, start=0, stop=n - lo)
+    return _pad_axis(em, t, ax, lo, n - lo - em.shape(t)[ax])
+
+
+def _unpad(em, ctx, args, at):
+    t, x = args
+    shape = em.shape(x)
+    for d, lo in enumerate(at["pads"][:len(shape)]):
+        if em.shape(t)[d] != shape[d]:
+            t = em.op("slice", [t], axis=d, start=lo, stop=lo + shape[d])
+    return t
+
+
+def _unconcat(em, ctx, args, at):
+    t = args[0]
+    ax = norm_axis(at["axis"], len(em.shape(t)))
+    sizes = [em.shape(a)[ax] for a in ctx.node.args]
+    off = sum(sizes[:ctx.k])
+    return em.op("slice", [t], axis=ax, start=off, stop=off + sizes[ctx.k])
+
+
+def _zeros_like(em, ctx, args, at):
+    return em.op("expand", [em.const(0.0)], shape=em.shape(args[0]))
+
+
+def _dilate(em, t, sh, sw):
+    """dy of a strided convolution with (stride - 1) zeros between its elements."""
+    if sh == 1 and sw == 1:
+        return t
+    n, o, oh, ow = em.shape(t)
+    t = em.op("reshape", [t], shape=(n, o, oh, 1, ow, 1))
+    t = em.op("pad", [t], pads=(0, 0, 0, 0, 0, 0, 0, 0, 0, sh - 1, 0, sw - 1))
+    t = em.op("reshape", [t], shape=(n, o, oh * sh, ow * sw))
+    t = em.op("slice", [t], axis=2, start=0, stop=(oh - 1) * sh + 1)
+    return em.op("slice", [t], axis=3, start=0, stop=(ow - 1) * sw + 1)
+
+
+def _flip(em, t, axis):
+    k = em.shape(t)[axis]
+    if k == 1:
+        return t
+    idx = em.op("range", [], start=k - 1, stop=-1, step=-1, dtype="i64")
+    return em.op("gather", [t, idx], axis=axis)
+
+
+def _conv_geometry(em, dy, x, w, at):
+    (sh, sw), (ph, pw) = _pair(at["stride"]), _pair(at["padding"])
+    _, _, h, wd = em.shape(x)
+    kh, kw = em.shape(w)[2:]
+    oh, ow = em.shape(dy)[2:]
+    rh, rw = h + 2 * ph - kh - (oh - 1) * sh, wd + 2 * pw - kw - (ow - 1) * sw  # rows no window reached
+    return sh, sw, ph, pw, h, wd, kh, kw, rh, rw
+
+
+def _conv2d_dx(em, ctx, args, at):
+    """dx: the full correlation of the dilated dy with the flipped, transposed kernel, cropped."""
+    dy, x, w = args
+    sh, sw, ph, pw, h, wd, kh, kw, rh, rw = _conv_geometry(em, dy, x, w, at)
+    d = _dilate(em, dy, sh, sw)
+    d = em.op("pad", [d], pads=(0, 0, kh - 1, kw - 1, 0, 0, kh - 1 + rh, kw - 1 + rw))
+    wf = _flip(em, _flip(em, em.op("transpose", [w], perm=(1, 0, 2, 3)), 2), 3)
+    full = em.op("conv2d", [d, wf])
+    if ph:
+        full = em.op("slice", [full], axis=2, start=ph, stop=ph + h)
+    if pw:
+        full = em.op("slice", [full], axis=3, start=pw, stop=pw + wd)
+    return full
+
+
+def _conv2d_dw(em, ctx, args, at):
+    """dw[o, c] = sum over n of x[n, c] correlated with the dilated dy[n, o]: a convolution with
+    the batch axis as its channels."""
+    dy, x, w = args
+    sh, sw, ph, pw, h, wd, kh, kw, rh, rw = _conv_geometry(em, dy, x, w, at)
+    xt = em.op("transpose", [x], perm=(1, 0, 2, 3))
+    dt = em.op("transpose", [_dilate(em, dy, sh, sw)], perm=(1, 0, 2, 3))
+    r = em.op("conv2d", [xt, dt], padding=(ph, pw))  # [C, O, kh + rh, kw + rw]
+    if rh:
+        r = em.op("slice", [r], axis=2, start=0, stop=kh)
+    if rw:
+        r = em.op("slice", [r], axis=3, start=0, stop=kw)
+    return em.op("transpose", [r], perm=(1, 0, 2, 3))
+
+
+# name -> (function, tensor arguments, attribute names)
+HELPERS: dict[str, tuple[Callable, int, tuple[str, ...]]] = {
+    "unreduce": (_unreduce, 2, ("axis", "keepdims")),
+    "count": (_count, 1, ("axis",)),
+    "rowmean": (_rowmean, 1, ("axis",)),
+    "rstd": (_rstd, 1, ("axis", "eps", "center")),
+    "chan": (_chan, 2, ()),
+    "unchan": (_unchan, 2, ()),
+    "mT": (_mT, 1, ()),
+    "untranspose": (_untranspose, 1, ("perm",)),
+    "reshape_as": (_reshape_as, 2, ()),
+    "unslice": (_unslice, 2, ("axis", "start", "stop", "step")),
+    "unpad": (_unpad, 2, ("pads",)),
+    "unconcat": (_unconcat, 1, ("axis",)),
+    "zeros_like": (_zeros_like, 1, ()),
+    "conv2d_dx": (_conv2d_dx, 3, ("stride", "padding")),
+    "conv2d_dw": (_conv2d_dw, 3, ("stride", "padding")),
+}

@@ -1,0 +1,62 @@
+"""Threads under load (eqfuse.runtime.load): a call uses no more threads than other processes
+leave cores free, so a parallel region never waits for a thread the OS has not scheduled."""
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import eqfuse
+from eqfuse.runtime import load
+
+
+def test_the_running_count_is_the_fourth_field_of_loadavg():
+    assert load.running_total("0.52 0.58 0.59 3/456 12345\n") == 3
+    assert load.running_total("1.00 2.00 3.00 17/1024 99") == 17
+
+
+def test_this_process_counts_its_own_running_threads(tmp_path):
+    for tid, state in [(1, "R"), (2, "S"), (3, "R"), (4, "D")]:
+        (tmp_path / str(tid)).mkdir()
+        # a command name with spaces and parentheses, as /proc writes it
+        (tmp_path / str(tid) / "stat").write_text(f"{tid} (python (x) y) {state} 1 2 3\n")
+    assert load.running_own(str(tmp_path)) == 2
+    assert load.running_own() >= 1  # at least the thread reading it
+
+
+def test_free_cores_leave_out_other_processes(monkeypatch):
+    monkeypatch.setattr(load, "cpus", lambda: 2)
+    monkeypatch.setattr(load, "_last", [0.0, 0])
+    monkeypatch.setattr(load, "running_own", lambda: 1)
+    real_open = open
+
+    def fake_open(path, *a, **k):  # one other process running
+        if path == "/proc/loadavg":
+            import io
+            return io.StringIO("1.0 1.0 1.0 2/300 1\n")
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert load.free_cores(now=100.0) == 1
+    assert load.threads_now(2) == 1
+    assert load.threads_now(1) == 1
+
+
+def test_a_busy_process_alongside_leaves_results_unchanged():
+    # the call runs with fewer threads while another process spins; its result is the same
+    src = "graph g(x: f32[64, 256], w: f32[256, 256]) -> f32[64, 256] { return relu(x @ w) }"
+    mod = eqfuse.compile(src, threads=2)
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((64, 256), np.float32), rng.standard_normal((256, 256), np.float32)
+    quiet = mod(x, w)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        load._last[0] = 0.0  # read the system again
+        under_load = [mod(x, w) for _ in range(5)]
+    finally:
+        busy.kill()
+        busy.wait()
+    for y in under_load:
+        np.testing.assert_allclose(y, quiet, rtol=1e-5, atol=1e-5)

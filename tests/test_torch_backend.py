@@ -1,0 +1,255 @@
+"""torch.compile(model, backend="eqfuse"): models compiled through dynamo and AOTAutograd match
+torch's eager results (rtol 1e-4, atol 1e-5), and each test checks that eqfuse really computed
+them (the report of the compiled graph: eqfuse graphs, and what stayed in torch).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import warnings
+from importlib import import_module
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from eqfuse import torch_backend  # noqa: E402
+from eqfuse.torch_backend import REPORTS, FallbackWarning  # noqa: E402
+
+RTOL, ATOL = 1e-4, 1e-5
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch_backend.register()
+    torch._dynamo.reset()
+    del REPORTS[:]
+    yield
+    torch._dynamo.reset()
+
+
+def check(model, *args, fallbacks=(), **kwargs):
+    """Compile with backend="eqfuse", call under no_grad, compare with eager; returns the output.
+    `fallbacks` names every op allowed to stay in torch (none by default: eqfuse computes it all)."""
+    compiled = torch.compile(model, backend="eqfuse")
+    with torch.no_grad():
+        got = compiled(*args, **kwargs)
+        want = model(*args, **kwargs)
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    assert REPORTS and all(r.partitions for r in REPORTS), "eqfuse computed nothing"
+    left = {op for r in REPORTS for op, _ in r.fallbacks}
+    assert left <= set(fallbacks), [r.summary() for r in REPORTS]
+    return got
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.fc3(torch.tanh(self.fc2(nn.functional.gelu(self.fc1(x)))))
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block with a strided 1x1 downsample."""
+
+    def __init__(self, cin=8, cout=16, stride=2):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+        self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+        self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        return torch.relu(self.b2(self.c2(y)) + self.down(x))
+
+
+def _randomize_bn(model):
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    return model
+
+
+def test_entry_point_is_declared_and_callable():
+    # installing eqfuse registers the name; a source checkout is registered by register() (the fixture)
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    target = meta["project"]["entry-points"]["torch_dynamo_backends"]["eqfuse"]
+    module, _, attr = target.partition(":")
+    assert callable(getattr(import_module(module), attr))
+    assert getattr(import_module(module), attr) is torch_backend.eqfuse_backend
+    assert "eqfuse" in torch._dynamo.list_backends()
+
+
+def test_mlp_matches_eager_in_one_eqfuse_graph():
+    torch.manual_seed(0)
+    check(MLP().eval(), torch.randn(16, 4).t())  # a transposed (non-contiguous) input
+    (report,) = REPORTS
+    assert len(report.partitions) == 1 and "gelu(" in report.partitions[0] and "tanh(" in report.partitions[0]
+
+
+def test_resnet_basic_block():
+    torch.manual_seed(0)
+    check(_randomize_bn(BasicBlock()).eval(), torch.randn(2, 8, 16, 16))
+    assert "conv2d(" in REPORTS[0].partitions[0] and "batchnorm(" in REPORTS[0].partitions[0]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_layer(norm_first):
+    # in eval under no_grad torch takes its fused fast path (_transformer_encoder_layer_fwd), decomposed here
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, norm_first=norm_first,
+                                       activation="gelu" if norm_first else "relu").eval()
+    x = torch.randn(2, 8, 32)
+    pad = torch.zeros(2, 8, dtype=torch.bool)
+    pad[1, 5:] = True
+    check(layer, x, src_key_padding_mask=pad)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_hugging_face_models(name):
+    sys.path.insert(0, str(ROOT / "tests"))
+    import model_exports as me
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' deprecation notes
+        model, _ = me._hf(name)
+    feeds = {k: torch.from_numpy(v) for k, v in me.inputs(name).items()}  # padded second sequence
+    check(model, **feeds)
+    text = REPORTS[0].partitions[0]
+    assert "gather(" in text and "softmax(" in text and "layernorm(" in text
+
+
+def test_parameters_never_go_stale():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled = torch.compile(model, backend="eqfuse")
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        before = compiled(x)
+        model.fc1.weight.mul_(-2.0)  # in place, as optimizer.step() does
+        model.fc3.bias.add_(1.0)
+        after = compiled(x)
+        torch.testing.assert_close(after, model(x), rtol=RTOL, atol=ATOL)
+        assert not torch.allclose(before, after)
+        model.fc2.weight.data = torch.randn(32, 32)  # new storage behind the same Parameter
+        torch.testing.assert_close(compiled(x), model(x), rtol=RTOL, atol=ATOL)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model(x).square().sum().backward()
+    opt.step()
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=RTOL, atol=ATOL)
+    assert len(REPORTS) == 1  # the same compiled graph all along: values are read at each call
+
+
+class Sorting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        h = torch.sort(torch.relu(self.a(x)), dim=-1).values
+        return torch.tanh(self.b(h) * 2.0)
+
+
+def test_unsupported_op_runs_in_torch_and_is_listed():
+    torch.manual_seed(0)
+    with pytest.warns(FallbackWarning, match=r"1 of \d+ ops run in torch[\s\S]*sort\.default x1: no eqfuse equivalent"):
+        check(Sorting().eval(), torch.randn(4, 16), fallbacks={"sort.default"})
+    (report,) = REPORTS
+    assert report.fallbacks == {("sort.default", "no eqfuse equivalent"): 1}
+    assert len(report.partitions) == 2  # the linear layers before and after the sort
+
+
+def test_new_shapes_compile_again_and_warn_once():
+    torch.manual_seed(0)
+    model = Sorting().eval()
+    compiled = torch.compile(model, backend="eqfuse")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for batch in (4, 5, 6, 5):  # dynamo makes the batch symbolic at 5: specialized per shape here
+            x = torch.randn(batch, 16)
+            torch.testing.assert_close(compiled(x), model(x), rtol=RTOL, atol=ATOL)
+    shapes = {r.name for r in REPORTS}
+    assert len(shapes) == 3, shapes  # batch 4, then 5 and 6 once each (5 again is cached)
+    assert sum(issubclass(w.category, FallbackWarning) for w in caught) == 2  # static graph, then the dynamic one
+
+
+def test_training_matches_eager_gradients():
+    torch.manual_seed(0)
+    model = MLP().train()
+    ref = copy.deepcopy(model)
+    x = torch.randn(4, 16)
+    compiled = torch.compile(model, backend="eqfuse")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)  # the backward's *_backward ops stay in torch
+        loss = compiled(x).square().sum()
+        loss.backward()
+    want = ref(x).square().sum()
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=RTOL, atol=ATOL)
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=RTOL, atol=ATOL, msg=n)
+    assert len(REPORTS) == 2 and all(r.partitions for r in REPORTS)  # forward and backward graphs
+
+
+def test_verify_option_and_unknown_option():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        got = torch.compile(model, backend="eqfuse", options={"verify": True, "threads": 1})(x)
+        torch.testing.assert_close(got, model(x), rtol=RTOL, atol=ATOL)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="unknown option.*fast.*options: verify, threads, cost"):
+            torch.compile(model, backend="eqfuse", options={"fast": True})(x)
+
+
+class ManyOps(nn.Module):
+    """ATen handlers beyond the models': splits, joins, padding, indices, masks, reductions."""
+
+    def forward(self, x, ids, mask):
+        a, b = x.split([3, 5], dim=-1)
+        y = nn.functional.pad(torch.cat([b, a * 2], dim=-1), (1, 2))
+        y = y.clamp(-1, 1) + y.cumsum(-1) / 10 - torch.rsqrt(y.abs() + 1)
+        y = torch.where(mask[:, None], y, -y).masked_fill(y > 0.9, 0.5)
+        s = torch.stack([x.amax(-1), x.mean(-1), x.sum(dim=(0, 1)).expand(x.shape[0])], dim=0)
+        t = torch.tril(x @ x.t(), diagonal=-1) + torch.triu(x @ x.t()).neg()
+        r = torch.arange(8) * 2 + ids.sum() + torch.ones(8, dtype=torch.int64)
+        return (y, x[ids], x.gather(1, ids[None, :].expand(x.shape[0], 3)), s, x.argmax(-1), t,
+                torch.log_softmax(x, -1), r, torch.softmax(x.unbind(0)[1], 0), (ids > 1) & ~mask[:3])
+
+
+class PoolingOps(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = nn.functional.hardswish(self.conv(x)) + nn.functional.leaky_relu(x.mean(1, keepdim=True), 0.1)
+        p = nn.functional.max_pool2d(y, 3, 2, 1) + nn.functional.avg_pool2d(y, 2, 2, count_include_pad=False)[..., :4, :4]
+        q = nn.functional.softplus(p) * torch.sigmoid(p) + nn.functional.silu(p) + nn.functional.hardsigmoid(p)
+        return nn.functional.adaptive_avg_pool2d(q, 1).flatten(1), nn.functional.adaptive_avg_pool2d(q, 2)
+
+
+@pytest.mark.heavy
+def test_many_aten_ops():
+    torch.manual_seed(0)
+    x, ids = torch.randn(4, 8), torch.tensor([2, 0, 3])
+    mask = torch.tensor([True, False, True, True])
+    check(ManyOps(), x, ids, mask)
+    check(PoolingOps().eval(), torch.randn(2, 3, 8, 8))
