@@ -11,14 +11,21 @@ void {{NAME}}({{PARAMS}})
 {
     enum { BQ = {{BQ}}, BK = {{BK}}, D = {{D}}, DV = {{DV}}, SKP = {{SKP}} };
     const long nqb = ({{SQ}} + BQ - 1) / BQ;
+    int nomem = 0; /* a thread's k^T buffer could not be allocated: it skips its blocks, the caller learns it */
     #pragma omp parallel if ({{PARALLEL}})
     {
     /* each thread's copy of one head's k^T, made when its blocks reach a new head (threads take
      * consecutive blocks, so each head is copied about once) */
     float* restrict ktp = eqf_scratch(EQF_SCRATCH_ATTENTION_KT, (long)D * SKP);
+    if (!ktp) {
+        #pragma omp atomic write
+        nomem = 1;
+    }
     long packed = -1;
     #pragma omp for schedule(static)
     for (long t = 0; t < {{BATCH}} * nqb; t++) {
+        if (!ktp)
+            continue;
         const long b = t / nqb;
         const long i0 = (t % nqb) * BQ;
         const long nq = eqf_minl(BQ, {{SQ}} - i0);
@@ -176,5 +183,7 @@ void {{NAME}}({{PARAMS}})
         }
     }
     }
+    if (nomem)
+        eqf_nomem_note();
 }
 EQF_WIDE_END

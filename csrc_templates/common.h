@@ -2,6 +2,7 @@
  * Every generated source starts with this header; all helpers are static inline so that
  * several kernels (and several builds) can include it without clashes. */
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -180,25 +181,75 @@ static inline void eqf_softmax2_row(float* restrict s, long n, float* restrict m
     l[0] += ps;
 }
 
-/* Scratch buffer `slot` of the calling thread, at least `floats` long, 64-byte aligned. Kept from
- * call to call: a fresh buffer of a few MB is a fresh mmap, and its page faults cost more than
- * packing a small problem. A slot is shared by every kernel of its kind in the module (kernels
- * run one after another); thread-local, so concurrent callers (cffi releases the GIL) and the
- * threads of a parallel region never share one. Never freed: one buffer per slot and thread,
- * the size of the largest use. */
+/* Scratch buffer `slot` of the calling thread, at least `floats` long, 64-byte aligned, or NULL
+ * when it cannot be allocated. Kept from call to call: a fresh buffer of a few MB is a fresh mmap,
+ * and its page faults cost more than packing a small problem. A slot is shared by every kernel
+ * of its kind in the module (kernels run one after another); per thread, so concurrent callers
+ * (cffi releases the GIL) and the threads of a parallel region never share one. A thread's
+ * buffers hang off a pthread key whose destructor frees them when the thread exits (a Python
+ * thread, and the OpenMP workers of its team), so short-lived threads do not leak them.
+ * EQFUSE_SCRATCH_LIMIT=BYTES (read when a buffer grows) makes any larger buffer fail as an
+ * allocation failure would: a cap, and the hook the tests use to check the MemoryError path. */
 enum { EQF_SCRATCH_GEMM_A, EQF_SCRATCH_GEMM_B, EQF_SCRATCH_ATTENTION_KT, EQF_SCRATCH_CONV_COL, EQF_SCRATCH_SLOTS };
+typedef struct { float* buf[EQF_SCRATCH_SLOTS]; long cap[EQF_SCRATCH_SLOTS]; } eqf_scratch_set;
+static pthread_key_t eqf_scratch_key;
+static pthread_once_t eqf_scratch_once = PTHREAD_ONCE_INIT;
+static int eqf_scratch_keyed;
+static void eqf_scratch_free(void* p)
+{
+    eqf_scratch_set* s = p;
+    for (int i = 0; i < EQF_SCRATCH_SLOTS; i++)
+        free(s->buf[i]);
+    free(s);
+}
+static void eqf_scratch_init(void)
+{
+    if (!eqf_scratch_keyed)
+        eqf_scratch_keyed = pthread_key_create(&eqf_scratch_key, eqf_scratch_free) == 0;
+}
+/* eqfuse's Python runtime gives every module the process's one key (HEADER_C of
+ * eqfuse/backend/cbuild.py: eqf_scratch_key_get / eqf_scratch_key_adopt) */
 __attribute__((unused)) static float* eqf_scratch(int slot, long floats)
 {
-    static _Thread_local float* buf[EQF_SCRATCH_SLOTS];
-    static _Thread_local long cap[EQF_SCRATCH_SLOTS];
-    if (cap[slot] < floats) {
-        free(buf[slot]);
-        cap[slot] = (floats + 15) / 16 * 16; /* aligned_alloc wants a multiple of the alignment */
-        buf[slot] = aligned_alloc(64, sizeof(float) * (size_t)cap[slot]);
-        if (!buf[slot])
-            abort(); /* nothing sensible to compute without it */
+    pthread_once(&eqf_scratch_once, eqf_scratch_init);
+    if (!eqf_scratch_keyed)
+        return NULL;
+    eqf_scratch_set* s = pthread_getspecific(eqf_scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s)))
+            return NULL;
+        if (pthread_setspecific(eqf_scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
     }
-    return buf[slot];
+    if (s->cap[slot] < floats) {
+        free(s->buf[slot]);
+        s->buf[slot] = NULL;
+        s->cap[slot] = 0;
+        const long cap = (floats + 15) / 16 * 16; /* aligned_alloc wants a multiple of the alignment */
+        const char* lim = getenv("EQFUSE_SCRATCH_LIMIT");
+        if (floats < 0 || (unsigned long)cap > (unsigned long)PTRDIFF_MAX / sizeof(float)
+            || (lim && *lim && strtod(lim, NULL) < (double)cap * sizeof(float)))
+            return NULL;
+        if (!(s->buf[slot] = aligned_alloc(64, sizeof(float) * (size_t)cap)))
+            return NULL;
+        s->cap[slot] = cap;
+    }
+    return s->buf[slot];
+}
+
+/* A kernel whose scratch buffer could not be allocated skips its work and, on the calling thread
+ * after its parallel region, calls eqf_nomem_note(); the graph's run function checks
+ * eqf_nomem_take() after each kernel and returns EQF_NOMEM (Python raises MemoryError). */
+enum { EQF_NOMEM = -1 };
+static _Thread_local int eqf_nomem;
+__attribute__((unused)) static void eqf_nomem_note(void) { eqf_nomem = 1; }
+__attribute__((unused)) static int eqf_nomem_take(void)
+{
+    const int r = eqf_nomem;
+    eqf_nomem = 0;
+    return r;
 }
 
 static inline long eqf_minl(long a, long b) { return a < b ? a : b; }

@@ -13,6 +13,10 @@ void {{NAME}}({{PARAMS}})
     /* the column matrix, in the calling thread's scratch (kept between calls: a fresh malloc of
      * this size is a fresh mmap, page faults on every call) */
     float* colbuf = eqf_scratch(EQF_SCRATCH_CONV_COL, {{N}} * K * P);
+    if (!colbuf) {
+        eqf_nomem_note();
+        return;
+    }
     #pragma omp parallel for collapse(2) schedule(static) if ({{PARALLEL}})
     for (long n = 0; n < {{N}}; n++)
         for (long c = 0; c < C; c++)

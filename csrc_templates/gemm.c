@@ -401,6 +401,7 @@ void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
     const int by_batch = BATCH >= nt_max && BATCH > 1;
     const int by_cols = !by_batch && {{NAME}}_split(nt_max) == 2;
     float* bp_shared = by_batch || by_cols || {{PREPACKED_B}} ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, KC * NCP);
+    int nomem = 0; /* a scratch buffer could not be allocated: no thread computes, the caller learns it */
 #pragma omp parallel if ({{PARALLEL}})
     {
         const int nt = omp_get_num_threads(), me = omp_get_thread_num();
@@ -427,11 +428,23 @@ void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
         const long mcb = ((rows + nchunks - 1) / nchunks + {{NAME}}_MR - 1) / {{NAME}}_MR * {{NAME}}_MR;
         float* ap = eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
         float* bp = (by_batch || by_cols) && !{{PREPACKED_B}} ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb) : bp_shared;
-        for (long b = by_batch ? me : 0; b < BATCH; b += by_batch ? nt : 1)
+        if (!ap || (!bp && !{{PREPACKED_B}})) {
+#pragma omp atomic write
+            nomem = 1;
+        }
+        if (!by_batch && !by_cols) { /* the threads pack B together (barriers): all of them stop, or none */
+#pragma omp barrier
+        }
+        int stop;
+#pragma omp atomic read
+        stop = nomem;
+        for (long b = by_batch ? me : 0; b < BATCH && !stop; b += by_batch ? nt : 1)
             {{NAME}}_block(A0 + b * {{A_BATCH_STRIDE}}L, B0 + b * {{B_BATCH_STRIDE}}L, C0 + b * {{C_BATCH_STRIDE}}L,
                            b, m0, m1, nchunks, mcb, n0, n1, ncb, ap, bp, !by_batch && !by_cols, me,
                            nt{{EXTRA_ARGS}});
     }
+    if (nomem)
+        eqf_nomem_note();
 }
 
 #if {{PREPACKED_B}}

@@ -7,6 +7,7 @@ import pytest
 
 from eqfuse.cli.main import main
 from eqfuse.frontend.load import load
+from eqfuse.optimizer.explain import explain, printed_names
 from eqfuse.optimizer.optimize import optimize_graph
 
 MLP = "examples/mlp.g"
@@ -139,3 +140,39 @@ def test_a_join_missed_by_an_extraction_not_proven_optimal_is_not_blamed_on_the_
     b = by_edge(explain(g, ilp="time_limit"))[("k1", "h")]
     assert b["reason"] == "limit" and "not proven optimal (ILP: time_limit)" in b["detail"]
     assert by_edge(explain(g, ilp="optimal", disabled=["fuse_add_l"]))[("k1", "h")]["reason"] == "no_rule"
+
+
+def test_no_rule_is_a_lookup_in_the_egraph():
+    # The consumer's e-class is searched for a kernel e-node computing the producer inside it.
+    r = optimize_graph(load(MLP)[0], disable=["fuse_add_l"])
+    b = by_edge(r.report)[("k1", "h")]
+    assert b["reason"] == "no_rule" and b["joined_in_egraph"] is False
+    assert "no e-node of the consumer's e-class joins them" in b["detail"]
+    names = {v: k for k, v in printed_names(r.graph).items()}
+    assert r.joins.holds_join(names["k1"], names["h"]) is False
+    # ... which no longer depends on the extraction being proven optimal: the deduction from
+    # "cheaper and not taken" could only say the e-graph may hold the join
+    kw = dict(stop_reason="saturated", disabled=("fuse_add_l",), ilp="time limit")
+    assert by_edge(explain(r.graph, **kw, joins=r.joins))[("k1", "h")]["reason"] == "no_rule"
+    assert by_edge(explain(r.graph, **kw))[("k1", "h")]["reason"] == "limit"
+
+
+def test_a_join_the_egraph_holds_is_found():
+    # relu(a + b) is in relu(t)'s e-class (fuse_relu); the cost model stores t all the same
+    r = optimize_graph(load(SHARED)[0])
+    b = by_edge(r.report)[("t", "return[1]")]
+    assert b["reason"] == "cost" and b["joined_in_egraph"] is True
+    off = optimize_graph(load(SHARED)[0], disable=["fuse_relu"])
+    assert by_edge(off.report)[("t", "return[1]")]["joined_in_egraph"] is False
+    # two matmuls never share a kernel: no e-node joins them
+    h = by_edge(opt(MLP))[("h", "return")]
+    assert h["reason"] == "unlowerable" and h["joined_in_egraph"] is False
+
+
+def test_graphs_optimized_together_look_up_their_own_egraph_classes(capsys, tmp_path):
+    src = tmp_path / "two.g"
+    src.write_text(SHARED + "\ngraph solo(x: f32[8, 8]) -> f32[8, 8] {\n    return relu(x + 1.0)\n}\n")
+    assert main(["opt", str(src), "--report", "json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    assert "batch" in reports["solo"]
+    assert by_edge(reports["shared"])[("t", "return[1]")]["joined_in_egraph"] is True

@@ -78,6 +78,42 @@ def test_node_limit_names_the_rules_that_grew_the_egraph():
     assert_same(g, r.graph, {"B": 2})  # the best result so far is still a correct one
 
 
+def test_node_limit_is_a_total_even_inside_an_iteration(monkeypatch):
+    # Before, the limit held per rule within a step: node_limit=150 ended at 287 e-nodes here.
+    # Now no egglog call leaves more e-nodes than the limit (once the graph as loaded fits in it).
+    from eqfuse.optimizer.egraph import EGraph
+
+    sizes = []
+    run_rules = EGraph.run_rules
+
+    def recording(self, ruleset, match_limit=None):
+        out = run_rules(self, ruleset, match_limit)
+        sizes.append(self.size())
+        return out
+
+    monkeypatch.setattr(EGraph, "run_rules", recording)
+    g = small_bert(False)
+    for limit in (150, 300):
+        sizes.clear()
+        r = optimize_graph(g, dims={"B": 2}, node_limit=limit)
+        assert sizes and max(sizes) <= limit, (limit, max(sizes))
+        assert r.report["egraph_nodes"] <= limit and r.report["stop_reason"] == "node_limit"
+        assert "not applied (their matches would pass the limit): rule " in r.report["limit"]
+        assert_same(g, r.graph, {"B": 2})
+
+
+def test_growth_per_match_counts_the_right_sides_constructors():
+    from eqfuse.optimizer.egraph import compile_rule, constructors
+
+    def growth(text):
+        c = compile_rule(parse_rules(text)[0])
+        return constructors(c[c.index("((union ?root__ "):])
+
+    assert growth("rule d: ?a * (?b + ?c) => ?a * ?b + ?a * ?c") == 3
+    assert growth("rule m: ?x * 1.0 => ?x") == 0
+    assert growth("rule k: relu(?x) => kernel { relu(?x) }") == 3  # K, s_relu, L
+
+
 def test_time_limit_zero_still_returns_a_correct_graph():
     g = small_bert(True)
     r = optimize_graph(g, dims={"B": 2}, time_limit=0)

@@ -43,13 +43,38 @@ from eqfuse.errors import EqfuseError
 FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-std=gnu11")
 LINK_FLAGS = ("-fopenmp",)
 
-# Every generated module exports these, so the Module can set the OpenMP thread count.
+# Every generated module exports these, so the Module can set the OpenMP thread count; a graph's
+# module also shares the process's scratch-buffer key (eqfuse.runtime.program.share_scratch_key).
 COMMON_C = """
 #include <omp.h>
 void eqf_set_threads(int n) { if (n > 0) omp_set_num_threads(n); }
 int eqf_get_threads(void) { return omp_get_max_threads(); }
 """
 COMMON_CDEF = "void eqf_set_threads(int n);\nint eqf_get_threads(void);"
+# A graph's module (its source after csrc_templates/common.h) also exports these. One pthread key
+# of scratch buffers for the process (a process has only PTHREAD_KEYS_MAX = 1024 of them, and may
+# load more modules than that): the runtime takes the first module's key and hands it to each
+# later module before its first call (eqfuse.runtime.program.share_scratch_key). Every module has
+# the same header, so they agree on the layout of eqf_scratch_set, and modules are never
+# unloaded, so the destructor of the module that made the key stays callable. The modules of a
+# thread then share its buffers too, as the kernels of one module do: a thread runs one graph
+# call at a time. (Not in common.h itself: an exported library, eqfuse.runtime.export, links
+# several sources that include it.)
+HEADER_C = """
+long eqf_scratch_key_get(void)
+{
+    pthread_once(&eqf_scratch_once, eqf_scratch_init);
+    return eqf_scratch_keyed ? (long)eqf_scratch_key : -1;
+}
+void eqf_scratch_key_adopt(long key)
+{
+    if (!eqf_scratch_keyed) {
+        eqf_scratch_key = (pthread_key_t)key;
+        eqf_scratch_keyed = 1;
+    }
+}
+"""
+HEADER_CDEF = "long eqf_scratch_key_get(void);\nvoid eqf_scratch_key_adopt(long key);"
 
 
 class CompileError(EqfuseError):

@@ -500,10 +500,10 @@ def emit_kernel(plan: KernelPlan) -> str:
 
 
 def emit_graph(plans: list[KernelPlan]) -> Emitted:
-    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, template
+    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, HEADER_C, HEADER_CDEF, template
 
     header = template("common.h")
-    parts, cdefs, per = [COMMON_C, header], [COMMON_CDEF], {}
+    parts, cdefs, per = [COMMON_C, header, HEADER_C], [COMMON_CDEF, HEADER_CDEF], {}
     for p in plans:
         if p.kind == "view":
             continue

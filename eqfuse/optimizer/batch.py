@@ -74,7 +74,8 @@ def _together(gs: list[Graph], dims, kw) -> list:
     r = optimize_graph(u, dims={k: v for k, v in dims.items() if k in all_dims}, **kw)
     results = []
     for k, g in enumerate(gs):
-        part = _split(r.graph, k, [o for o, w in zip(r.graph.outputs, owner) if w == k], g)
+        ids: dict[int, int] = {}
+        part = _split(r.graph, k, [o for o, w in zip(r.graph.outputs, owner) if w == k], g, ids)
         gd = {d: v for d, v in dims.items() if d in g.dims()}
         before, after = C.graph_kernels(g, gd), C.graph_kernels(part, gd)
         rep = dict(r.report)
@@ -86,13 +87,15 @@ def _together(gs: list[Graph], dims, kw) -> list:
                    unbound_dims={d: C.DEFAULT_DIM for d in g.dims() if d not in gd},
                    batch=f"optimized together with {len(gs) - 1} other small graphs (e-graph and time figures are the batch's)",
                    graph=graph_text(part))
+        joins = r.joins.renumbered(ids) if r.joins is not None else None
         rep.update(explain(part, rep["cost"], gd, stop_reason=rep["stop_reason"], limit=rep["limit"],
-                           disabled=tuple(kw.get("disable", ())), ilp=rep["ilp"]))
-        results.append(OptResult(part, rep))
+                           disabled=tuple(kw.get("disable", ())), ilp=rep["ilp"], joins=joins))
+        results.append(OptResult(part, rep, joins))
     return results
 
 
-def _split(g: Graph, k: int, outputs: list[int], orig: Graph) -> Graph:
+def _split(g: Graph, k: int, outputs: list[int], orig: Graph, ids: dict[int, int] | None = None) -> Graph:
+    """Graph k's part of the batch's result (`ids`, when given, gets g's node id -> the part's)."""
     p = _prefix(k)
 
     def name(s):
@@ -109,6 +112,8 @@ def _split(g: Graph, k: int, outputs: list[int], orig: Graph) -> Graph:
     keep += [i for i in range(len(g.nodes)) if i in live and i not in set(keep)]
     keep.sort(key=lambda i: (g.nodes[i].op != "input", i))
     new = {old: j for j, old in enumerate(keep)}
+    if ids is not None:
+        ids.update(new)
     nodes = []
     for i in keep:
         n = g.nodes[i]

@@ -20,9 +20,12 @@ Encoding (written down because extraction and every rule depend on it):
   query (its root bound to a fresh variable), conditions are extra facts, the right side is
   unioned with the root. Inside a kernel pattern a variable is an S value; a variable that also
   occurs outside a kernel is a tensor, read inside the kernel with `(L ?x)`.
-- Saturation steps one iteration per egglog call (EGraph.step) and eqfuse/optimizer/schedule.py checks the
-  limits between steps; each step runs under a back-off match limit, since egglog has no node
-  limit. Commutativity and associativity are not in the built-in rules (extra/comm.rw is opt-in).
+- Each rule is in a ruleset of its own, and a phase's ruleset combines them. Saturation steps one
+  iteration at a time (EGraph.run_rules) and eqfuse/optimizer/schedule.py checks the limits
+  between steps; since egglog has no node limit, a step runs under back-off match limits sized so
+  that the e-nodes the applied matches can add (EGraph.growth per match) fit in the node budget
+  left (schedule.bounded_step). Commutativity and associativity are not in the built-in rules
+  (extra/comm.rw is opt-in).
 - The egglog program text (values, declarations, the graph as facts) is eqfuse/optimizer/egraph_text.py.
 """
 
@@ -272,6 +275,15 @@ class SaturationStats:
     limit_note: str = ""  # when a limit stopped the search: which, and the rules that grew the e-graph most
 
 
+@dataclass
+class RuleRun:
+    """What one EGraph.run_rules call did, by rule key."""
+
+    changed: bool
+    applied: dict[str, int]  # matches applied
+    found: dict[str, int]  # matches found (more than applied for a rule over the match limit)
+
+
 DEFAULT_ITER_LIMIT = 30
 DEFAULT_NODE_LIMIT = 200_000
 DEFAULT_TIME_LIMIT = 10.0
@@ -288,17 +300,27 @@ class _Base:
         self.eg.run_program(*self.eg.parse_program(declarations(arities)))
         self.skipped: dict[str, str] = {}
         self.rulesets: dict[str, list[str]] = {}  # ruleset -> rule keys in it
+        self.solo: dict[str, str] = {}  # rule key -> the ruleset holding it alone
+        self.growth: dict[str, int] = {}  # rule key -> e-nodes one match can add (its right side's constructors)
         texts = []
         for r in rules:
             rs = phase_of(r) if phase_of else RULESET
-            if rs not in self.rulesets and rs != RULESET:
-                self.eg.run_program(*self.eg.parse_program(f"(ruleset {rs})"))
+            sub = f"{rs}__{len(self.solo)}"
             try:
-                texts.append(compile_rule(r, rs))
+                text = compile_rule(r, sub)
             except RuleError as e:
                 self.skipped[rule_key(r)] = str(e)
                 continue
+            self.eg.run_program(*self.eg.parse_program(f"(ruleset {sub})"))
+            texts.append(text)
             self.rulesets.setdefault(rs, []).append(rule_key(r))
+            self.solo[rule_key(r)] = sub
+            self.growth[rule_key(r)] = constructors(text[text.index("((union ?root__ "):])
+        # a phase's ruleset runs every rule of it; each rule is also in a ruleset of its own, so
+        # that eqfuse.optimizer.schedule can run it alone under the node budget
+        for rs, keys in self.rulesets.items():
+            subs = " ".join(self.solo[k] for k in keys)
+            self.eg.run_program(*self.eg.parse_program(f"(unstable-combined-ruleset {rs} {subs})"))
         self.rule_names = {rule_key(r): r.name for r in rules}
         for t in texts:
             try:
@@ -306,6 +328,25 @@ class _Base:
             except bindings.EggSmolError as e:  # a rule egglog refuses: skipped, reported
                 name = t.rsplit(":name ", 1)[-1].rstrip(")").strip('"')
                 self.skipped[name] = str(e).splitlines()[0]
+
+
+def constructors(text: str) -> int:
+    """The applications in an egglog expression (its opening parentheses outside strings), minus
+    the `(union ...)` and the list around it: the e-nodes one match of a rule can add at most."""
+    n, quoted, esc = 0, False, False
+    for ch in text:
+        if quoted:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
+        elif ch == "(":
+            n += 1
+    return max(0, n - 2)
 
 
 _BASES: dict[tuple, _Base] = {}
@@ -333,6 +374,7 @@ class EGraph:
         self.eg = base.eg
         self.graph = graph
         self.skipped, self.rulesets, self.rule_names = dict(base.skipped), base.rulesets, base.rule_names
+        self.solo, self.growth = base.solo, base.growth
         self._run("(push)")
         lines = graph_program(graph)
         for i in range(0, len(lines), 100):  # egglog parses a long program in superlinear time
@@ -353,23 +395,29 @@ class EGraph:
         sizes = _sizes(out)
         return sum(v for k, v in sizes.items() if k not in FACTS and k not in ANALYSES)
 
-    def step(self, ruleset: str = RULESET, match_limit: int | None = None) -> tuple[bool, dict[str, int]]:
-        """One iteration of `ruleset`, then the shape facts to saturation. With `match_limit`, a
-        rule with more matches than that in this iteration is not applied in it (egglog's back-off
-        scheduler, created inside the one run-schedule call): this bounds what one iteration adds.
-        Returns (whether anything changed, matches per rule name)."""
+    def run_rules(self, ruleset: str, match_limit: int | None = None) -> "RuleRun":
+        """One iteration of `ruleset` (a phase's or a rule's own, `solo`), then the shape facts to
+        saturation. With `match_limit`, a rule with more matches than that in this iteration is
+        not applied in it (egglog's back-off scheduler, created inside the one run-schedule call;
+        `found` still counts its matches)."""
         if match_limit is None:
             prog = f"(run-schedule (seq (run {ruleset}) (saturate (run facts))))"
         else:
             prog = (f"(run-schedule (let-scheduler bo (back-off :match-limit {int(match_limit)})) "
                     f"(run-with bo {ruleset}) (saturate (run facts)))")
         rep = self._run(prog)[-1].report
-        fired: dict[str, int] = {}
-        for k, v in rep.num_matches_per_rule.items():
-            if v and k in self.rule_names:
-                name = self.rule_names[k]
-                fired[name] = fired.get(name, 0) + v
-        return bool(rep.updated), fired
+        applied = {k: v for k, v in rep.num_matches_per_rule.items() if v and k in self.growth}
+        found: dict[str, int] = {}
+        changed = False
+        for it in rep.iterations:  # the back-off scheduler's search reports the matches of banned rules too
+            rs = it.rule_set_report
+            changed = changed or bool(rs.changed)
+            for k, reports in rs.rule_reports.items():
+                if k in self.growth:
+                    found[k] = max(found.get(k, 0), max((r.num_matches for r in reports), default=0))
+        for k, v in applied.items():
+            found[k] = max(found.get(k, 0), v)
+        return RuleRun(changed, applied, found)
 
     def saturate(self, iter_limit: int | None = None, node_limit: int | None = None,
                  time_limit: float | None = None, progress=None) -> SaturationStats:

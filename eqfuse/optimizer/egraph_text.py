@@ -113,7 +113,6 @@ def declarations(concat_arities: Iterable[int] = ()) -> str:
         "(function sizen (T) i64 :merge old)",
         "(function hv (S) i64 :merge (min old new))",
         "(relation vw (S))",
-        f"(ruleset {RULESET})",
         "(ruleset facts)",
     ]
     for op in OPS.values():

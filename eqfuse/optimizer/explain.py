@@ -13,14 +13,19 @@ reads it -- and the join is judged, in this order:
    `stored` and `joined` give both choices' bytes, launches and estimated time (the two kernels
    against the joined kernel, plus the producer when other kernels or the graph's outputs still
    need its tensor -- a join then recomputes it).
-3. `limit`: the join is lowerable and cheaper, and a limit (iterations, e-nodes, time) stopped
-   the search before it was found.
-4. `no_rule`: the join is lowerable and cheaper, and the e-graph saturated without it: no rule
-   joins the two (disabled rules are named).
+3. `limit`: the join is lowerable and cheaper, not in the e-graph, and a limit (iterations,
+   e-nodes, time) stopped the search before it was found.
+4. `no_rule`: the join is lowerable and cheaper, and the e-graph saturated without it: no e-node
+   of the consumer's e-class joins the two (disabled rules are named).
 
-Why 3 and 4 follow from "cheaper and not taken": extraction is exact over the e-graph (the ILP
-proves greedy's choice optimal or improves on it), so a lowerable join that would have cost less
-was not in the e-graph.
+"In the e-graph" is a lookup (`Joins.holds_join`): the consumer's e-class holds a kernel e-node
+`K(body)` whose body tree (S e-nodes, not entering the tensors it reads, `L t`) reaches the body of
+a kernel e-node of the producer's e-class (or of a view between them): the producer computed
+inside the consumer. Each boundary says what the lookup found (`joined_in_egraph`). When the
+e-graph holds a cheaper lowerable join that extraction did not take, the extraction is to blame:
+`limit` when the ILP did not prove it optimal, else `cost` (the whole graph is cheaper without it,
+the kernel the e-graph holds being another than the one estimated here). Without the e-graph (a
+caller of `explain` that has none), 3 and 4 are deduced from "cheaper and not taken" instead.
 
 For every fused kernel (a body of more than one op), `fused_kernels` gives the bytes it moves and
 the bytes it saves against running its ops one kernel each.
@@ -28,7 +33,7 @@ the bytes it saves against running its ops one kernel each.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from eqfuse.backend.kernels import Unsupported, classify
@@ -38,6 +43,41 @@ from eqfuse.optimizer import cost as C
 
 REASONS = ("no_rule", "unlowerable", "cost", "limit")
 EPS = 1e-9
+
+
+@dataclass
+class Joins:
+    """The fusion e-graph extraction read, and the e-class of each kernel of the result graph."""
+
+    data: object  # edata.EData
+    classes: dict[int, int]  # top-level kernel node -> its e-class
+
+    def renumbered(self, ids: Mapping[int, int]) -> "Joins":
+        """The same for a graph whose nodes are those of this one renumbered by `ids`."""
+        return Joins(self.data, {ids[i]: c for i, c in self.classes.items() if i in ids})
+
+    def holds_join(self, p: int, c: int, through: Sequence[int] = ()) -> bool | None:
+        """Whether an e-node of kernel c's e-class computes kernel p (or a view of it in
+        `through`) inside its body; None when a kernel has no e-class here."""
+        d = self.data
+        if c not in self.classes or any(x not in self.classes for x in (p, *through)):
+            return None
+        targets = {d.nodes[i].children[0] for x in (p, *through) for i in d.classes[self.classes[x]]
+                   if d.nodes[i].kind == "K"}
+        seen: set[int] = set()
+        stack = [d.nodes[i].children[0] for i in d.classes[self.classes[c]] if d.nodes[i].kind == "K"]
+        while stack:
+            sc = stack.pop()
+            if sc in targets:
+                return True
+            if sc in seen:
+                continue
+            seen.add(sc)
+            for i in d.classes.get(sc, ()):
+                n = d.nodes[i]
+                if n.kind == "op":  # an S op computed in the kernel; `L t` reads a tensor, `Cs` a constant
+                    stack.extend(n.children)
+        return False
 
 
 def printed_names(g: Graph) -> dict[int, str]:
@@ -144,12 +184,14 @@ def _better(joined: C.KCost, stored: C.KCost, model: str, p: dict) -> bool:
 
 def explain(g: Graph, cost: str = "memory", dims: Mapping[str, int] | None = None, *,
             stop_reason: str = "saturated", limit: str | None = None, disabled: Sequence[str] = (),
-            p: dict | None = None, deadline: float | None = None, ilp: str = "optimal") -> dict:
+            p: dict | None = None, deadline: float | None = None, ilp: str = "optimal",
+            joins: Joins | None = None) -> dict:
     """{"boundaries": [...], "fused_kernels": [...]} for the optimized graph g (kernels at the top).
     Past `deadline` (a time.perf_counter() value: the optimizer's time limit) the boundaries left
     are listed without being examined, reason `limit` (20,000 of them take about 1.5 s). `ilp` is
     the report's ILP status: unless it proved the extraction optimal ("optimal..."), a cheaper join
-    not taken may have been in the e-graph, and the extraction's limits are named instead of rules."""
+    not taken may have been in the e-graph, and the extraction's limits are named instead of rules.
+    `joins` (the e-graph and g's e-classes) makes `no_rule` a lookup in the e-graph."""
     import time
 
     p = p or C.perf()
@@ -188,6 +230,9 @@ def explain(g: Graph, cost: str = "memory", dims: Mapping[str, int] | None = Non
                 entry.update(reason="limit", detail="not examined: the time limit ran out before this boundary")
                 boundaries.append(entry)
                 continue
+            held = joins.holds_join(a, c, views) if joins is not None else None
+            if held is not None:
+                entry["joined_in_egraph"] = held
             body = joined_body(g, a, c, views)
             why = lowerable(body)
             if why is not None:
@@ -204,13 +249,20 @@ def explain(g: Graph, cost: str = "memory", dims: Mapping[str, int] | None = Non
             if not _better(joined, stored, cost, p):
                 entry.update(reason="cost", detail=f"storing it is no dearer under the {cost} cost model"
                              + (" (the join would recompute it: other kernels read it too)" if kept else ""))
+            elif held and not ilp.startswith("optimal"):
+                entry.update(reason="limit", detail=f"the e-graph holds a join, and the extraction is not proven "
+                             f"optimal (ILP: {ilp or 'not run'})")
+            elif held:
+                entry.update(reason="cost", detail="the e-graph holds a join, and the exact extraction found the "
+                             "graph cheaper without it")
             elif stop_reason != "saturated":
                 entry.update(reason="limit", detail=f"the search stopped before finding the join: {limit or stop_reason}")
-            elif not ilp.startswith("optimal"):
+            elif held is None and not ilp.startswith("optimal"):
                 entry.update(reason="limit", detail=f"the extraction is not proven optimal (ILP: {ilp or 'not run'}): "
                              "the e-graph may hold this join")
             else:
                 entry.update(reason="no_rule", detail="no rule joins the two; the join is lowerable and cheaper"
+                             + (" (no e-node of the consumer's e-class joins them)" if held is False else "")
                              + (f" (rules disabled: {', '.join(disabled)})" if disabled else ""))
             boundaries.append(entry)
     fused = []

@@ -338,8 +338,9 @@ def selection_cost(sel: dict[int, Cand]) -> float:
 # ---------------------------------------------------------------- selection -> Graph
 
 
-def to_graph(pb: Problem, sel: dict[int, Cand], original: Graph) -> Graph:
-    """The fused Graph: inputs (all parameters, in order), constants, and one kernel per class."""
+def to_graph(pb: Problem, sel: dict[int, Cand], original: Graph, classes: dict[int, int] | None = None) -> Graph:
+    """The fused Graph: inputs (all parameters, in order), constants, and one kernel per class
+    (`classes`, when given, gets each kernel's e-class: node id -> class)."""
     d = pb.d
     g = Graph(original.name, pos=original.pos)
     by_name: dict[str, int] = {}
@@ -387,6 +388,8 @@ def to_graph(pb: Problem, sel: dict[int, Cand], original: Graph) -> Graph:
             body = _renamed(cd.body, cd.reads, g, ids)
             t = body.nodes[body.outputs[0]].type
             ids[c] = g.add(Node("kernel", tuple(ids[r] for r in cd.reads), (), t, name=name_of(c), body=body))
+            if classes is not None:
+                classes[ids[c]] = c
     g.outputs = [ids[r] for r in pb.roots]
     return g
 
@@ -411,6 +414,7 @@ class Extraction:
     ilp: str  # what the ILP did, for the report
     value: float  # cost.graph_value of graph
     greedy: Graph  # the greedy extraction, for comparison
+    classes: dict[int, int] = field(default_factory=dict)  # graph's kernel node -> its e-class
 
 
 def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, max_nodes: int | None = None,
@@ -423,12 +427,15 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
     region_size = REGION_SIZE if region_size is None else region_size
     time_limit = ILP_TIME_LIMIT if time_limit is None else time_limit
     graphs: dict[tuple, tuple[Graph, float]] = {}
+    classes: dict[int, dict[int, int]] = {}  # id(graph) -> its kernels' e-classes
 
     def rescore(sel: dict[int, Cand]) -> tuple[Graph, float]:
         key = tuple(sorted((c, cd.node) for c, cd in sel.items()))
         if key not in graphs:
-            g = to_graph(pb, sel, original)
+            cmap: dict[int, int] = {}
+            g = to_graph(pb, sel, original, cmap)
             graphs[key] = (g, C.graph_value(g, model, dims, perf))
+            classes[id(g)] = cmap
         return graphs[key]
 
     sel0 = greedy(pb)
@@ -436,6 +443,7 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
     best = Extraction(g, "greedy", "", v, g)
     if all(len(pb.options(c)) <= 1 for c in _live_classes(pb)):  # nothing to choose: no solver
         best.ilp = "optimal (one candidate per class)"
+        best.classes = classes[id(g)]
         return best
     try:
         sel = None
@@ -453,6 +461,7 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
         g, v = rescore(sel)
         if v < best.value - 1e-9 * max(1.0, abs(best.value)):
             best = Extraction(g, how, best.ilp, v, best.greedy)
+    best.classes = classes[id(best.graph)]
     return best
 
 

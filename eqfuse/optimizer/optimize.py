@@ -24,6 +24,7 @@ from eqfuse.ir.printer import graph_text, module_text
 from eqfuse.optimizer import cost as C
 from eqfuse.optimizer import extract as X
 from eqfuse.optimizer.egraph import EGraph, SaturationStats
+from eqfuse.optimizer.explain import Joins
 from eqfuse.optimizer.rules import load_rules
 from eqfuse.optimizer.schedule import (
     EXTRACT_SECONDS_PER_NODE,
@@ -44,6 +45,7 @@ from eqfuse.optimizer.wide import cut_wide, stitch
 class OptResult:
     graph: Graph
     report: dict
+    joins: object = None  # explain.Joins: the fusion e-graph and the e-class of each kernel of graph
 
 
 def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
@@ -109,11 +111,14 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     left = lim.left() - EXTRACT_SECONDS_PER_NODE * data.num_nodes
     ex = X.extract(pb, src, cost, dims, perf, time_limit=max(0.0, min(X.ILP_TIME_LIMIT, left)))
     out, greedy_g = ex.graph, ex.greedy
+    joins = Joins(data, ex.classes)
     if cut:
-        out, greedy_g = stitch(cut, out, src0), stitch(cut, greedy_g, src0)
+        ids: dict[int, int] = {}
+        out, greedy_g = stitch(cut, out, src0, ids), stitch(cut, greedy_g, src0)
+        joins = joins.renumbered(ids)
     stage("extraction")
     return _report(graph, src0, out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, cost, dims, t0,
-                   disable, lim.deadline)
+                   disable, lim.deadline, joins)
 
 
 def singletons(g: Graph) -> Graph:
@@ -137,7 +142,7 @@ def singletons(g: Graph) -> Graph:
 
 
 def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages, cost, dims, t0,
-            disable=(), deadline=None) -> OptResult:
+            disable=(), deadline=None, joins=None) -> OptResult:
     from eqfuse.optimizer.explain import explain
 
     check(out)
@@ -174,8 +179,8 @@ def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages,
     }
     # why each tensor between two kernels is stored, and what each fused kernel saves (eqfuse.optimizer.explain)
     report.update(explain(out, cost, dims, stop_reason=st.stop_reason, limit=st.limit_note or None,
-                          disabled=tuple(disable), p=p, deadline=deadline, ilp=ilp))
-    return OptResult(out, report)
+                          disabled=tuple(disable), p=p, deadline=deadline, ilp=ilp, joins=joins))
+    return OptResult(out, report, joins)
 
 
 def _rules(files: tuple[str, ...], disable: tuple[str, ...]) -> list:

@@ -22,10 +22,12 @@ a spelled-out layernorm's eight ops (and their combinations with everything arou
 never built. The cost is that fusion cannot undo a recognition; every recognition rule here
 turns several ops into one the backend has a fused kernel for, which no cost model prefers less.
 
-Limits (`Limits`): every phase steps one iteration per egglog call and checks the limits
-between steps. The node limit also holds inside an iteration: each step runs under egglog's
-back-off scheduler with a match limit of a fraction of the remaining node budget, so a rule
-whose matches would overrun the budget is not applied in that step. The time limit covers the
+Limits (`Limits`): every phase steps one iteration at a time and checks the limits between
+steps. The node limit is a hard total, inside an iteration too: a step (`bounded_step`) adds at
+most the remaining node budget, because each rule's matches are applied only when the e-nodes
+they can add (matches x the constructors of its right side) fit in what is left; a rule whose
+matches do not fit is not applied and the others go on. So the e-graph never has more e-nodes
+than the limit (one exception: the graph as loaded, before any rule runs). The time limit covers the
 whole optimize: a step is not started when it (estimated from the last one) plus extracting an
 e-graph of the current size (EXTRACT_SECONDS_PER_NODE) would pass the deadline.
 """
@@ -41,8 +43,6 @@ from eqfuse.optimizer.rules import PKernel, POp, PVar, Rule
 SIMPLIFY, GROW, FUSE = "simplify", "grow", "fuse"
 GROW_ROUNDS = 2
 GROW_NODE_SHARE = 0.25  # of the node limit, for the recognition e-graph
-BUDGET_SHARE = 8  # a step's match limit: the remaining node budget / this
-MIN_MATCH_LIMIT = 16
 EXTRACT_SECONDS_PER_NODE = 150e-6  # serialize + candidates + greedy, per e-node (BERT-48 saturated: 170 us)
 LOAD_SECONDS_PER_FACT = 25e-6  # loading a graph into an e-graph: per node, 6 facts + 4 per axis (~22 us each)
 EXTRACT_SECONDS_PER_GRAPH_NODE = 700e-6  # extracting an e-graph that fusion did not get to grow (BERT-48: 470 us)
@@ -102,10 +102,58 @@ class Limits:
         return self.deadline - time.perf_counter()
 
 
+@dataclass
+class Step:
+    changed: bool
+    fired: dict[str, int]  # rule name -> matches applied
+    starved: dict[str, int]  # rule key -> e-nodes its matches need, more than the budget left
+
+
+def bounded_step(eg, ruleset: str, budget: int) -> Step:
+    """One iteration of `ruleset` that adds at most `budget` e-nodes to the e-graph.
+
+    A match of rule r adds at most g(r) e-nodes (the constructors of its right side, eg.growth).
+    Every rule first runs together under a match limit L = budget // sum(g): a rule with more
+    matches than L is not applied (egglog's back-off), so together they add at most L * sum(g).
+    Each rule held back is then run alone, fewest e-nodes needed first, under the limit
+    (budget left) // g(r) that its matches must fit; one whose matches do not fit is not applied
+    (`starved`). So the e-graph never passes its node limit, not even inside an iteration: egglog
+    applies all of a rule's matches in an iteration or none, and none is applied past the budget."""
+    keys = eg.rulesets[ruleset]
+    total = sum(eg.growth[k] for k in keys)
+    size0 = eg.size()
+    run = eg.run_rules(ruleset, budget // total if total else None)
+    applied = dict(run.applied)
+    changed = run.changed
+    held = {k: n for k, n in run.found.items() if n and k not in applied}
+    starved: dict[str, int] = {}
+    size = eg.size() if held else size0
+    for k in sorted(held, key=lambda k: held[k] * eg.growth[k]):
+        g = eg.growth[k]
+        cap = (budget - (size - size0)) // g if g else None
+        if cap is not None and held[k] > cap:
+            starved[k] = held[k] * g
+            continue
+        solo = eg.run_rules(eg.solo[k], cap)
+        changed = changed or solo.changed
+        if k in solo.applied:
+            applied[k] = solo.applied[k]
+            size = eg.size()
+        elif solo.found.get(k, 0):  # more matches than before (the rules before it made them)
+            starved[k] = solo.found[k] * g
+    fired: dict[str, int] = {}
+    for k, v in applied.items():
+        name = eg.rule_names[k]
+        fired[name] = fired.get(name, 0) + v
+    return Step(changed, fired, starved)
+
+
 def run_phase(eg, ruleset: str, st, lim: Limits, *, node_limit: int | None = None, max_steps: int | None = None,
               reserve: float = 0.0, progress=None) -> bool:
     """Step `ruleset` until nothing changes (True) or a limit or max_steps stops it (False; a
-    limit sets st.stop_reason and st.limit_note)."""
+    limit sets st.stop_reason and st.limit_note). A rule whose matches would pass the node limit
+    is not applied (bounded_step); the others go on to saturation, and the node limit is the
+    stop reason."""
     if ruleset not in eg.rulesets:
         return True
     nodes = lim.nodes if node_limit is None else node_limit
@@ -113,6 +161,7 @@ def run_phase(eg, ruleset: str, st, lim: Limits, *, node_limit: int | None = Non
     st.egraph_nodes = size
     last = 0.0
     steps = 0
+    starved: dict[str, int] = {}
     while True:
         if max_steps is not None and steps >= max_steps:
             return False
@@ -124,16 +173,18 @@ def run_phase(eg, ruleset: str, st, lim: Limits, *, node_limit: int | None = Non
         elif time.perf_counter() + 2 * last + EXTRACT_SECONDS_PER_NODE * size + reserve > lim.deadline:
             reason = "time_limit"
         if reason:
-            _stop(st, reason, lim, nodes)
+            _stop(st, reason, lim, nodes, starved)
             return False
         t = time.perf_counter()
-        updated, fired = eg.step(ruleset, max(MIN_MATCH_LIMIT, (nodes - size) // BUDGET_SHARE))
+        step = bounded_step(eg, ruleset, nodes - size)
         last = time.perf_counter() - t
         steps += 1
         st.iterations += 1
         new = eg.size()
+        starved = {eg.rule_names[k]: v for k, v in step.starved.items()}
         # A step's scheduler is new, so it finds every match again (not only those on new
         # e-nodes): a rule's matches are its largest count in one step, its new matches the rise.
+        fired = step.fired
         rise = {k: v - st.rules_fired.get(k, 0) for k, v in fired.items() if v > st.rules_fired.get(k, 0)}
         total = sum(rise.values())
         for name, v in rise.items():
@@ -143,11 +194,14 @@ def run_phase(eg, ruleset: str, st, lim: Limits, *, node_limit: int | None = Non
         size = st.egraph_nodes = new
         if progress:
             progress(st)
-        if not updated:
+        if not step.changed:
+            if starved:
+                _stop(st, "node_limit", lim, nodes, starved)
+                return False
             return True
 
 
-def _stop(st, reason: str, lim: Limits, nodes: int) -> None:
+def _stop(st, reason: str, lim: Limits, nodes: int, starved: dict[str, int] | None = None) -> None:
     st.stop_reason = reason
     what = {"iter_limit": f"iteration limit: {lim.iters} iterations",
             "node_limit": f"node limit: {nodes} e-nodes",
@@ -156,6 +210,10 @@ def _stop(st, reason: str, lim: Limits, nodes: int) -> None:
     top = sorted(st.grown_by.items(), key=lambda kv: -kv[1])[:3]
     if total > 0 and top:
         what += ", " + ", ".join(f"{100 * v / total:.0f}% from rule {k}" for k, v in top)
+    if reason == "node_limit" and starved:
+        held = sorted(starved.items(), key=lambda kv: -kv[1])[:3]
+        what += "; not applied (their matches would pass the limit): " + ", ".join(
+            f"rule {k} (up to {v} e-nodes)" for k, v in held)
     st.limit_note = what
 
 

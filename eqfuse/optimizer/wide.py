@@ -44,11 +44,11 @@ def cut_wide(g: Graph) -> Cut | None:
     return Cut(Graph(g.name, nodes, inputs, list(g.outputs) + extra, g.pos), len(g.outputs), wide)
 
 
-def stitch(cut: Cut, out: Graph, original: Graph) -> Graph:
+def stitch(cut: Cut, out: Graph, original: Graph, ids: dict[int, int] | None = None) -> Graph:
     """The optimized graph with every wide concat back, as its own kernel, and the original
-    parameters and outputs only."""
+    parameters and outputs only (`ids`, when given, gets out's node id -> the result's)."""
     g = Graph(out.name, pos=out.pos)
-    ids: dict[int, int] = {}
+    ids = {} if ids is None else ids
     for i in out.inputs:
         if out.nodes[i].name not in cut.wide:
             ids[i] = g.add(out.nodes[i])

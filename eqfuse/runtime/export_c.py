@@ -95,8 +95,10 @@ def header(lib: str, graphs, target: str, embed: bool, model: str) -> str:
              " *",
              f" * {load_doc.replace('NAME', lib)}. Arrays are dense, row-major (C order),",
              " * of the element types below (f32 float, i64 int64_t, i32 int32_t, bool _Bool); shapes are fixed",
-             " * at export. An entry point returns 0, or the number of out-of-range indices an index op met",
-             " * (then the outputs are undefined). A model holds the intermediates of its calls: use one",
+             " * at export. An entry point returns 0, or the number of out-of-range indices an index op met,",
+             " * or -1 when a kernel could not allocate its per-thread scratch buffer (then the outputs are",
+             " * undefined; a thread's scratch buffers are freed when it exits). A model holds the",
+             " * intermediates of its calls: use one",
              " * model per thread for concurrent calls. */",
              f"#ifndef {up}_H", f"#define {up}_H", "#include <stdint.h>", "#include <stdbool.h>", "",
              "#ifdef __cplusplus", 'extern "C" {', "#endif", "",
@@ -428,7 +430,7 @@ def makefile(lib: str, graphs, march: str, target: str, openmp: bool, embed: boo
 OPENMP ?= {int(openmp)}
 CFLAGS ?= -O3
 EQF_CFLAGS = {flags} -fPIC -fvisibility=hidden $(MARCH)
-EQF_LDLIBS = -lm
+EQF_LDLIBS = -lm -pthread
 ifeq ($(OPENMP),1)
 EQF_CFLAGS += -fopenmp
 EQF_LDLIBS += -fopenmp

@@ -19,12 +19,16 @@ output.
 
 `emit_run` writes `long eqf_<graph>_run(void* const* in, void* const* out, char* arena, int
 threads, long* failed)`: it sets the thread count (threads > 0), calls every kernel in order
-and returns 0, or the count of bad indices of the first index kernel that met any (the plan
-index of that kernel in *failed; the kernels after it do not run).
+and returns 0, or the count of bad indices of the first index kernel that met any, or EQF_NOMEM
+(-1) when a kernel could not allocate its scratch buffer (the plan index of that kernel in
+*failed; the kernels after it do not run).
 
 `Runner` makes the one cffi call per graph call. Each Python thread has its own arena, pointer
 arrays and output pool (cffi releases the GIL during the call: concurrent calls never share
-memory they write).
+memory they write); they go with the thread's `threading.local`. The kernels' scratch buffers
+(GEMM packing, attention's k^T, conv2d's columns) are per thread in C, freed by a pthread key
+destructor when the thread exits; a kernel that cannot allocate one makes the run function return
+EQF_NOMEM, and the call raises MemoryError (never abort()).
 """
 
 from __future__ import annotations
@@ -138,6 +142,11 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
                       {n: o for n, o in voff.items() if o})
 
 
+# Kernel kinds whose C takes a scratch buffer (eqf_scratch in csrc_templates/common.h): the run
+# function checks after each of them that it got its buffers.
+SCRATCH_KINDS = frozenset({"contraction", "contraction_row", "conv2d", "attention"})
+
+
 def run_name(graph: str) -> str:
     return f"eqf_{graph}_run"
 
@@ -175,8 +184,26 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, 
             lines += [f"    if ((bad = {call}) != 0) {{", f"        *failed = {s};", "        return bad;", "    }"]
         else:
             lines.append(f"    {call};")
+        if p.kind in SCRATCH_KINDS:
+            lines += ["    if (eqf_nomem_take()) {", f"        *failed = {s};", "        return EQF_NOMEM;", "    }"]
     lines += ["    return 0;", "}"]
     return "\n".join(lines) + "\n", RUN_CDEF.format(name=name)
+
+
+NOMEM = -1  # EQF_NOMEM of common.h: a kernel could not allocate its scratch buffer
+_scratch_key: int | None = None  # the process's one pthread key of per-thread scratch buffers
+_scratch_lock = threading.Lock()
+
+
+def share_scratch_key(lib) -> None:
+    """Give a module the process's scratch key, before its first call (see common.h)."""
+    global _scratch_key
+    with _scratch_lock:
+        if _scratch_key is None:
+            k = lib.eqf_scratch_key_get()
+            _scratch_key = k if k >= 0 else None
+        else:
+            lib.eqf_scratch_key_adopt(_scratch_key)
 
 
 class Runner:
@@ -186,6 +213,8 @@ class Runner:
         self.kg, self.mem, self.lib, self.ffi = kg, mem, lib, ffi
         self.kernels = [p for p in plans if p.kind != "view"]
         self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
+        if self.fn is not None:
+            share_scratch_key(lib)
         self.in_dtypes = [NUMPY_DTYPE[kg.nodes[i].type.dtype] for i in kg.inputs]
         self.consts = [np.array(kg.nodes[i].value, dtype=np.float32) for i in mem.consts]
         self.out_shapes = [(tuple(kg.nodes[o].type.shape), NUMPY_DTYPE[kg.nodes[o].type.dtype]) for o in kg.outputs]
@@ -248,6 +277,9 @@ class Runner:
             outs[k] = o
             outs_p[k] = fb(o)
         bad = self.fn(ins, outs_p, st["arena"], threads_now(threads), st["failed"])
+        if bad == NOMEM:
+            p = self.kernels[st["failed"][0]]
+            raise MemoryError(f"eqfuse: kernel {p.name} ({p.kind}) could not allocate its scratch buffer")
         if bad:  # an index kernel met indices outside the axis it reads
             p = self.kernels[st["failed"][0]]
             raise ArgumentError(f"{bad} index value(s) out of range in {p.detail.get('op')} (kernel {p.name})")

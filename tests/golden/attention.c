@@ -11,14 +11,21 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
 {
     enum { BQ = 32, BK = 64, D = 24, DV = 40, SKP = 64 };
     const long nqb = (19 + BQ - 1) / BQ;
+    int nomem = 0; /* a thread's k^T buffer could not be allocated: it skips its blocks, the caller learns it */
     #pragma omp parallel if (0)
     {
     /* each thread's copy of one head's k^T, made when its blocks reach a new head (threads take
      * consecutive blocks, so each head is copied about once) */
     float* restrict ktp = eqf_scratch(EQF_SCRATCH_ATTENTION_KT, (long)D * SKP);
+    if (!ktp) {
+        #pragma omp atomic write
+        nomem = 1;
+    }
     long packed = -1;
     #pragma omp for schedule(static)
     for (long t = 0; t < 3 * nqb; t++) {
+        if (!ktp)
+            continue;
         const long b = t / nqb;
         const long i0 = (t % nqb) * BQ;
         const long nq = eqf_minl(BQ, 19 - i0);
@@ -176,5 +183,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
         }
     }
     }
+    if (nomem)
+        eqf_nomem_note();
 }
 EQF_WIDE_END

@@ -438,6 +438,7 @@ void eqf_kinds_k2_contraction_row_gemm(const float* A0, const float* B0, float* 
     const int by_batch = BATCH >= nt_max && BATCH > 1;
     const int by_cols = !by_batch && eqf_kinds_k2_contraction_row_gemm_split(nt_max) == 2;
     float* bp_shared = by_batch || by_cols || 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, KC * NCP);
+    int nomem = 0; /* a scratch buffer could not be allocated: no thread computes, the caller learns it */
 #pragma omp parallel if (0)
     {
         const int nt = omp_get_num_threads(), me = omp_get_thread_num();
@@ -464,11 +465,23 @@ void eqf_kinds_k2_contraction_row_gemm(const float* A0, const float* B0, float* 
         const long mcb = ((rows + nchunks - 1) / nchunks + eqf_kinds_k2_contraction_row_gemm_MR - 1) / eqf_kinds_k2_contraction_row_gemm_MR * eqf_kinds_k2_contraction_row_gemm_MR;
         float* ap = eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
         float* bp = (by_batch || by_cols) && !0 ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb) : bp_shared;
-        for (long b = by_batch ? me : 0; b < BATCH; b += by_batch ? nt : 1)
+        if (!ap || (!bp && !0)) {
+#pragma omp atomic write
+            nomem = 1;
+        }
+        if (!by_batch && !by_cols) { /* the threads pack B together (barriers): all of them stop, or none */
+#pragma omp barrier
+        }
+        int stop;
+#pragma omp atomic read
+        stop = nomem;
+        for (long b = by_batch ? me : 0; b < BATCH && !stop; b += by_batch ? nt : 1)
             eqf_kinds_k2_contraction_row_gemm_block(A0 + b * 0L, B0 + b * 0L, C0 + b * 0L,
                            b, m0, m1, nchunks, mcb, n0, n1, ncb, ap, bp, !by_batch && !by_cols, me,
                            nt, eqf_e2, eqf_e3, eqf_e4);
     }
+    if (nomem)
+        eqf_nomem_note();
 }
 
 #if 0
