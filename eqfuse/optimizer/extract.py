@@ -5,8 +5,8 @@ recomputes) and it ran out of memory at 8 transformer layers. Here:
 
 1. Every tensor e-node is a candidate kernel: an op e-node is a one-op kernel over its operands,
    a `K` e-node a fused kernel whose body is its S tree (a `L t` leaf reads class t). Its body is
-   built as a Graph and must pass `kernels.classify` (plus: an epilogue never broadcasts a
-   contraction, row or attention result to a larger shape) -- illegal candidates are dropped.
+   built as a Graph and must pass the kinds registry's `classify` on the planner's machine (the
+   backend's one lowerability decision) -- illegal candidates are dropped.
    Its cost is `cost.kernel_cost` of that body: exact per kernel.
 2. Greedy: bottom-up, each class takes its node of least tree cost (fast, any size).
 3. ILP (scipy.optimize.milp / HiGHS): a binary per candidate, at most one per class (exactly one
@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eqfuse.backend.kernels import Unsupported, classify
+from eqfuse.backend.kinds import Unsupported, classify
+from eqfuse.backend.machine import machine
 from eqfuse.errors import ShapeError
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS
@@ -147,8 +148,7 @@ def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None) -> P
                 continue
             try:
                 body, reads = kernel_body(pb, n)
-                ks = classify(body)
-                _check_shape(body, ks)
+                classify(body, machine())
             except (Unsupported, _Skip):
                 continue
             kc = C.kernel_cost(body, dims)
@@ -160,25 +160,7 @@ def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None) -> P
 
 
 class _Skip(Exception):
-    pass
-
-
-def _check_shape(body: Graph, ks) -> None:
-    """An epilogue must not broadcast a contraction, row or attention result to a larger shape
-    (the backend would split the kernel again)."""
-    if ks.kind in ("contraction", "contraction_row", "row", "attention", "reduce") and ks.anchor is not None:
-        a = body.nodes[ks.anchor].type.shape
-        result = ks.parts[-1] if ks.kind == "attention" else body.outputs[0]  # before output transposes
-        o = body.nodes[result].type.shape
-        if tuple(a) != tuple(o):
-            raise _Skip()
-    if ks.kind == "contraction_row":  # a row too long for the row epilogue: the backend would split it
-        from eqfuse.backend.lower import machine_caches, row_epilogue_fits
-
-        rn = body.nodes[ks.parts[0]]
-        N = rn.type.shape[-1]
-        if isinstance(N, int) and not row_epilogue_fits(N, len(rn.args) - 1, machine_caches().l1):
-            raise _Skip()
+    """A candidate with no body to check (a class of unknown type, an op whose shapes fail)."""
 
 
 def kernel_body(pb: Problem, n: ENode) -> tuple[Graph, tuple[int, ...]]:
