@@ -180,11 +180,7 @@ def compile_rule(rule: Rule, ruleset: str = RULESET) -> str:
     if not isinstance(rule.lhs, (POp, PKernel)):
         raise RuleError("the left side must be an operation")
     ctx = _Ctx(_tvars(rule.lhs))
-    rhs_t = _tvars(rule.rhs)
     consts = {c.var for c in rule.conds if isinstance(c, Test)}
-    for v in rhs_t - ctx.tvars:
-        # bound inside a kernel on the left, used as a tensor on the right: K(?v) materializes it
-        pass
     lhs = _pat(rule.lhs, False, ctx, rhs=False)
     query = [f"(= ?root__ {lhs})"]
     for v in sorted(consts):
@@ -395,7 +391,7 @@ def _sizes(out) -> dict[str, int]:
             return dict(getattr(out, attr))
     try:
         return dict(out[0])
-    except Exception:  # the binding's repr is the fallback: PrintAllFunctionsSize([('In', 2), ...])
+    except (TypeError, KeyError, IndexError):  # the binding's repr is the fallback: PrintAllFunctionsSize([('In', 2), ...])
         import ast
 
         text = repr(out)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping, Sequence
 
-from eqfuse.backend.kinds import Unsupported, classify
+from eqfuse.backend.kinds import K, Unsupported, classify
 from eqfuse.backend.machine import machine
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS
@@ -96,14 +96,18 @@ def _source(g: Graph, a: int, is_view) -> tuple[int, list[int]]:
     return a, views
 
 
+# the kernel kind a body with one non-pointwise op of this op kind would be
+_KIND_OF_OP = {"contraction": K.CONTRACTION, "row": K.ROW, "reduction": K.REDUCE, "layout": K.LAYOUT,
+               "index": K.INDEX}
+
+
 def _kind_of(body: Graph) -> tuple[str, list[str]]:
     """The kernel kind the body would be (its non-pointwise op's kind, or "mixed"), and those ops."""
     heavy = [n.op for n in body.nodes if n.op not in ("input", "const") and OPS[n.op].kind not in ("pointwise", "channel")]
     if not heavy:
-        return "pointwise", heavy
+        return K.POINTWISE, heavy
     if len(heavy) == 1:
-        k = OPS[heavy[0]].kind
-        return {"reduction": "reduce"}.get(k, k), heavy
+        return _KIND_OF_OP[OPS[heavy[0]].kind], heavy
     return "mixed", heavy
 
 

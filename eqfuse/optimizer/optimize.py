@@ -50,7 +50,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
                    dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
                    node_limit: int | None = None, time_limit: float | None = None,
                    progress=None) -> OptResult:
-    """Fuse one graph; see SPEC 3 for the report's keys."""
+    """Fuse one graph: the fused graph and its report (its keys: README, "Optimizing: `eqfuse opt`")."""
     if cost not in C.MODELS:
         raise EqfuseError(f"unknown cost model '{cost}' (known: {', '.join(C.MODELS)})")
     t0 = time.perf_counter()

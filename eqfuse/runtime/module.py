@@ -1,4 +1,4 @@
-"""The compiled Module: callables that take and return numpy arrays (SPEC 4).
+"""The compiled Module: callables that take and return numpy arrays (README: "Compiling to C").
 
 A graph with named dimensions is compiled once per binding of them (at compile time when
 `dims=`/`params=` fix them all, else at the first call that binds them), and cached.

@@ -40,4 +40,4 @@ def classify(body, machine=None) -> KernelShape:
     raise Unsupported(f"the kernel mixes {names}; it must have at most one non-pointwise op")
 
 
-__all__ = ["K", "KIND", "KINDS", "SUPPORTED", "Kind", "KernelShape", "Split", "Unsupported", "classify"]
+__all__ = ["KIND", "KINDS", "SUPPORTED", "K", "KernelShape", "Kind", "Split", "Unsupported", "classify"]

@@ -10,9 +10,23 @@ from itertools import count
 
 from eqfuse.backend.cexpr import I1, I3, I4, Exprs, Space, flit, kernel_params, render
 from eqfuse.backend.indexing import bstrides, offset, result_strides, view_strides
-from eqfuse.backend.kinds.base import Kind, check_computable, check_no_broadcast, op_kind, view_source
+from eqfuse.backend.kinds.base import (
+    Kind,
+    check_computable,
+    check_no_broadcast,
+    op_kind,
+    view_source,
+)
 from eqfuse.backend.lower_gemm import PARALLEL_MIN_FMAS
-from eqfuse.backend.plan import F32, AttentionParts, K, KernelPlan, KernelShape, UOp, size
+from eqfuse.backend.plan import (
+    F32,
+    AttentionParts,
+    K,
+    KernelPlan,
+    KernelShape,
+    UOp,
+    size,
+)
 from eqfuse.ir.graph import Graph
 
 
@@ -124,7 +138,7 @@ class Attention(Kind):
         if shape is None:
             return None
         p = shape.parts
-        check_no_broadcast(body, shape.anchor, p.result, "attention")
+        check_no_broadcast(body, shape.anchor, p.result, K.ATTENTION)
         check_computable(body, body.nodes[p.sm].args[0], {p.qk})  # the score expression
         check_computable(body, p.result, {shape.anchor}, {p.qk, p.sm})  # the epilogue
         return shape

@@ -32,7 +32,7 @@ class Kind:
     kinds: tuple[K, ...] = ()
     supported: str = ""  # its kernel shape, for the message naming the supported shapes
 
-    def match(self, body: Graph, facts: "Facts", machine=None) -> KernelShape | None:
+    def match(self, body: Graph, facts: Facts, machine=None) -> KernelShape | None:
         raise NotImplementedError
 
     def plan(self, plan: KernelPlan, caches) -> None:
@@ -66,7 +66,7 @@ class Facts:
     out: int
 
     @staticmethod
-    def of(body: Graph) -> "Facts":
+    def of(body: Graph) -> Facts:
         ops = [(i, n) for i, n in enumerate(body.nodes) if n.op not in ("input", "const")]
         if not ops:
             raise Unsupported("the kernel computes nothing")

@@ -10,10 +10,24 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eqfuse.backend import emit_gemm
-from eqfuse.backend.kinds.base import Facts, Kind, check_epilogue, check_no_broadcast, swaps_last_two
+from eqfuse.backend.kinds.base import (
+    Facts,
+    Kind,
+    check_epilogue,
+    check_no_broadcast,
+    swaps_last_two,
+)
 from eqfuse.backend.lower_gemm import plan_contraction, row_epilogue_fits
 from eqfuse.backend.machine import Machine
-from eqfuse.backend.plan import K, KernelPlan, KernelShape, RowEpilogue, Split, Unsupported, size
+from eqfuse.backend.plan import (
+    K,
+    KernelPlan,
+    KernelShape,
+    RowEpilogue,
+    Split,
+    Unsupported,
+    size,
+)
 from eqfuse.ir.graph import Graph
 
 ROW_EPILOGUE_OPS = ("softmax", "layernorm", "rmsnorm")
@@ -97,7 +111,7 @@ def _check_row_epilogue(body: Graph, shape: KernelShape, out: int, machine: Mach
     """What this backend's row epilogue handles: rows of C that are the output's rows, vector
     parameters of the row's length and (on `machine`) a row that stays in L1 with them."""
     rn = body.nodes[shape.parts.row]
-    check_no_broadcast(body, shape.parts.row, out, "contraction_row")
+    check_no_broadcast(body, shape.parts.row, out, K.CONTRACTION_ROW)
     N = rn.type.shape[-1]
     if not isinstance(N, int):
         return  # symbolic (extraction before dims are bound): decided once they are

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from eqfuse.backend.cexpr import flit, kernel_params, render
 from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
-from eqfuse.backend.plan import K, KernelPlan, KernelShape, UOp, Unsupported
+from eqfuse.backend.plan import K, KernelPlan, KernelShape, Unsupported, UOp
 from eqfuse.ir.graph import Node
 from eqfuse.ir.ops import _pair
 from eqfuse.ir.shapes import C_TYPE
@@ -191,8 +191,8 @@ class Index(Kind):
         total = _size(plan.out_shape)
         par = an.op in ("max_pool2d", "avg_pool2d") and total >= PARALLEL_MIN
         plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par)
-        if an.op in ("max_pool2d", "avg_pool2d"):
-            plan.threads = parallel_rule(par, f"{total} output elements", PARALLEL_MIN, "the images x channels")
+        plan.threads = (parallel_rule(par, f"{total} output elements", PARALLEL_MIN, "the images x channels")
+                        if an.op in ("max_pool2d", "avg_pool2d") else "one thread, no parallel region (a selection)")
         plan.cache_check = "streaming selection (no reuse to block for)"
         plan.uops = [UOp(0, "Loop", f"{total} output elements of {an.op}", total),
                      UOp(1, "Load", "the selected input element(s)", total),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.indexing import coalesce, contiguous, joint_groups, offset
 from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
-from eqfuse.backend.plan import K, KernelPlan, KernelShape, UOp, Unsupported, size
+from eqfuse.backend.plan import K, KernelPlan, KernelShape, Unsupported, UOp, size
 
 RESHAPES = ("reshape", "squeeze", "unsqueeze", "flatten")  # views of a contiguous buffer
 
@@ -42,6 +42,9 @@ class Layout(Kind):
         plan.detail = LayoutDetail(an.op, tuple(n >= PARALLEL_MIN for n in blocks))
         plan.threads = parallel_rule(all(plan.detail.parallel), f"{min(blocks)} elements per copy block",
                                      PARALLEL_MIN, "the rows of each copy block")
+        if any(plan.detail.parallel) and not all(plan.detail.parallel):
+            plan.threads = (f"the rows of each copy block of >= {PARALLEL_MIN} elements split evenly among the "
+                            "threads; the smaller blocks on one thread")
         if an.op in RESHAPES:
             plan.kind = K.VIEW
             plan.bytes = 0

@@ -9,8 +9,23 @@ from itertools import count
 
 from eqfuse.backend.cexpr import I1, I2, Exprs, Space, ctypes_of, kernel_params, render
 from eqfuse.backend.indexing import contiguous, joint_groups, leaf_strides
-from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, input_names, parallel_rule, vectors
-from eqfuse.backend.plan import F32, K, KernelPlan, KernelShape, UOp, ops_text, pointwise_flops, size
+from eqfuse.backend.kinds.base import (
+    PARALLEL_MIN,
+    Kind,
+    input_names,
+    parallel_rule,
+    vectors,
+)
+from eqfuse.backend.plan import (
+    F32,
+    K,
+    KernelPlan,
+    KernelShape,
+    UOp,
+    ops_text,
+    pointwise_flops,
+    size,
+)
 from eqfuse.errors import EqfuseError
 
 # Elements per tile of a streaming pointwise kernel: a multiple of 16 (tiles start on 64-byte

@@ -7,7 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import count
 
-from eqfuse.backend.cexpr import I1, Exprs, Space, computed_ancestors, flit, kernel_params, render
+from eqfuse.backend.cexpr import (
+    I1,
+    Exprs,
+    Space,
+    computed_ancestors,
+    flit,
+    kernel_params,
+    render,
+)
 from eqfuse.backend.indexing import contiguous
 from eqfuse.backend.kinds.base import (
     PARALLEL_MIN,
@@ -18,7 +26,16 @@ from eqfuse.backend.kinds.base import (
     check_no_broadcast,
     parallel_rule,
 )
-from eqfuse.backend.plan import F32, K, KernelPlan, KernelShape, UOp, Unsupported, pointwise_flops, size
+from eqfuse.backend.plan import (
+    F32,
+    K,
+    KernelPlan,
+    KernelShape,
+    Unsupported,
+    UOp,
+    pointwise_flops,
+    size,
+)
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.ops import OPS, reduce_axes
 
@@ -57,7 +74,7 @@ def match_single(body: Graph, facts: Facts, row: bool) -> int | None:
     for x in n.args[1:]:
         if x not in facts.inputs:
             raise Unsupported(f"the parameters of {n.op} must be kernel inputs")
-    check_no_broadcast(body, a, facts.out, "row" if row else "reduce")
+    check_no_broadcast(body, a, facts.out, K.ROW if row else K.REDUCE)
     return a
 
 

@@ -7,11 +7,41 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import count
 
-from eqfuse.backend.cexpr import I1, I2, Exprs, Space, computed_ancestors, flit, kernel_params, render
+from eqfuse.backend.cexpr import (
+    I1,
+    I2,
+    Exprs,
+    Space,
+    computed_ancestors,
+    flit,
+    kernel_params,
+    render,
+)
 from eqfuse.backend.indexing import contiguous, offset
-from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, input_names, parallel_rule, vectors
-from eqfuse.backend.kinds.reduce import NAN_TRACK, REDUCE, check_reduce_epilogue, match_single
-from eqfuse.backend.plan import F32, K, KernelPlan, KernelShape, UOp, not_ancestors, ops_text, pointwise_flops, size
+from eqfuse.backend.kinds.base import (
+    PARALLEL_MIN,
+    Kind,
+    input_names,
+    parallel_rule,
+    vectors,
+)
+from eqfuse.backend.kinds.reduce import (
+    NAN_TRACK,
+    REDUCE,
+    check_reduce_epilogue,
+    match_single,
+)
+from eqfuse.backend.plan import (
+    F32,
+    K,
+    KernelPlan,
+    KernelShape,
+    UOp,
+    not_ancestors,
+    ops_text,
+    pointwise_flops,
+    size,
+)
 from eqfuse.ir.ops import OPS, reduce_axes
 
 ROW_OPS = ("softmax", "layernorm", "rmsnorm")  # the rest are reductions: one value per row
