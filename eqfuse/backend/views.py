@@ -73,7 +73,7 @@ def _single_view_op(p: KernelPlan) -> bool:
     return p.body.nodes[p.shape.anchor].op in VIEW_OPS
 
 
-def _accepts(p: KernelPlan, k: int, shape, strides) -> bool:
+def _accepts(p: KernelPlan, k: int, strides) -> bool:
     """Whether kernel p can read its arg k through (non-contiguous) `strides`."""
     if p.kind in (K.LAYOUT, K.VIEW):  # a copy (a reshape read here is one forced to copy)
         return p.body.nodes[p.shape.anchor].op != "concat"
@@ -130,7 +130,7 @@ def place_views(kg: Graph, plans: list[KernelPlan]) -> None:
                     continue
                 m = maps[a]
                 shape = kg.nodes[a].type.shape
-                if m is None or not (is_contiguous(shape, m[1]) or _accepts(p, k, shape, m[1])):
+                if m is None or not (is_contiguous(shape, m[1]) or _accepts(p, k, m[1])):
                     need.add(a)
         for o in kg.outputs:
             if o in idx:

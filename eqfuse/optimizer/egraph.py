@@ -165,7 +165,7 @@ def _is_rank_only(c: Cond) -> bool:
     return r(c.lhs) and r(c.rhs)
 
 
-def _cond(c, ctx: _Ctx, consts: set[str]) -> list[str]:
+def _cond(c, ctx: _Ctx) -> list[str]:
     if isinstance(c, Test):
         return []  # const(?x) is folded into the query (see compile_rule)
     numeric = c.op not in ("==", "!=") or _is_rank_only(c)
@@ -189,7 +189,7 @@ def compile_rule(rule: Rule, ruleset: str = RULESET) -> str:
         else:
             query.append(f"(= ?{v} (Cs ?{v}__v))")
     for c in rule.conds:
-        query += _cond(c, ctx, consts)
+        query += _cond(c, ctx)
     # A const variable used as an attribute on the right takes the constant's text.
     rctx = _Ctx(ctx.tvars, attr_ops=ctx.attr_ops)
     rhs = _pat(rule.rhs, False, rctx, rhs=True)
@@ -217,7 +217,7 @@ def _heavy_guard(p, tvars: set[str]) -> list[str]:
         svars: list[str] = []
         written = 0
 
-        def walk(x, parent_loads_only=False):
+        def walk(x):
             nonlocal written
             if isinstance(x, PVar):
                 if x.name not in tvars and x.name not in svars:

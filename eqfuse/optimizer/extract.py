@@ -58,7 +58,7 @@ def class_types(d: EData, graph: Graph) -> dict[int, TType]:
         for c in pending:
             t = None
             for nid in d.classes[c]:
-                t = _node_type(d, d.nodes[nid], types)
+                t = _node_type(d.nodes[nid], types)
                 if t is not None:
                     break
             if t is None:
@@ -70,7 +70,7 @@ def class_types(d: EData, graph: Graph) -> dict[int, TType]:
     return types
 
 
-def _node_type(d: EData, n: ENode, types) -> TType | None:
+def _node_type(n: ENode, types) -> TType | None:
     if n.kind in ("Cn", "Cs"):
         return TType(())
     if n.kind in ("K", "L"):
@@ -256,7 +256,7 @@ def _refine(pb: Problem, pick: dict[int, Cand], best: dict[int, float], rounds: 
                     continue
                 delta = cd.cost - cur.cost + sum(best[r] for r in set(cd.reads) if r not in sel or r == c)
                 delta -= freed - sum(best[r] for r in only if r in cd.reads)
-                if delta < gain and not _reaches(pb, pick, cd, c):
+                if delta < gain and not _reaches(pick, cd, c):
                     choice, gain = cd, delta
             if choice is not None:
                 pick[c] = choice
@@ -281,7 +281,7 @@ def _reader_counts(sel: dict[int, Cand]) -> dict[int, int]:
     return n
 
 
-def _reaches(pb: Problem, pick: dict[int, Cand], cd: Cand, target: int) -> bool:
+def _reaches(pick: dict[int, Cand], cd: Cand, target: int) -> bool:
     """Would choosing cd for `target` make a cycle through the current picks?"""
     seen, stack = set(), list(cd.reads)
     while stack:
