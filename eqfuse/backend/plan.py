@@ -2,7 +2,7 @@
 
 A plan says how one kernel runs: its kind, the tile sizes and loop order the C uses (every
 tile in `tiles` is a constant of the emitted C, nothing is chosen again there), the rules the C
-applies at run time (`detail["threads"]`), the tile-level micro-op schedule (Load / Exec /
+applies at run time (`threads`), the tile-level micro-op schedule (Load / Exec /
 Store with counts, printed by `eqfuse lower --uops`), the cache constraints the tiles target
 and its bytes moved and FLOPs.
 """
