@@ -12,7 +12,8 @@ os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-c
 import pytest
 
 from eqfuse.backend.cbuild import FLAGS
-from eqfuse.backend.emit import bstrides, coalesce, emit_graph, offset
+from eqfuse.backend.emit import emit_graph
+from eqfuse.backend.indexing import bstrides, coalesce, offset
 from eqfuse.backend.lower import format_uops
 from eqfuse.cli.main import main
 from eqfuse.compiler import lower

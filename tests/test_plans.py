@@ -155,7 +155,7 @@ def test_small_gemms_open_no_parallel_region_and_the_plan_says_so(machine_model)
         p = plans[k.name]
         par = p.detail["parallel"]
         assert f"#pragma omp parallel if ({int(par)})" in k.c_source, k.name
-        assert p.detail["threads"].startswith("one thread, no parallel region") == (not par), k.name
+        assert p.threads.startswith("one thread, no parallel region") == (not par), k.name
         if k.kind == "conv2d":
             assert f"collapse(2) schedule(static) if ({int(par)})" in k.c_source
         seen.add(par)
@@ -169,6 +169,6 @@ def test_attention_opens_a_parallel_region_only_for_enough_work(seq, parallel):
     }}"""
     mod = eqfuse.compile(src, fuse="manual")
     (p,) = mod.at.last.plans
-    assert p.kind == "attention" and p.detail["parallel"] is parallel
+    assert p.kind == "attention" and p.detail.parallel is parallel
     assert f"#pragma omp parallel if ({int(parallel)})" in mod.kernels[0].c_source
-    assert p.detail["threads"].startswith("one thread") is not parallel
+    assert p.threads.startswith("one thread") is not parallel

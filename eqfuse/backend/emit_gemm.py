@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from itertools import count
 
-from eqfuse.backend.emit import I1, I2, Exprs, Space, _ancestors, _params, flit, render
+from eqfuse.backend.cexpr import I1, I2, Exprs, Space, flit, render
+from eqfuse.backend.cexpr import computed_ancestors as _ancestors, kernel_params as _params
 from eqfuse.backend.gemm import emit_gemm
 from eqfuse.backend.indexing import bstrides, offset
 from eqfuse.backend.plan import KernelPlan, size

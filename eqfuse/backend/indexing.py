@@ -29,7 +29,7 @@ def bstrides(view, space, strides=None) -> tuple[int, ...]:
 
 def view_strides(body: Graph, i: int, base: dict | None = None) -> tuple[int, tuple[int, ...] | None]:
     """(the input, the element strides of node i's shape in that input's buffer) for a node that
-    reads an input in place through reshapes and transposes (kernels.view_source). An input is
+    reads an input in place through reshapes and transposes (kinds.base.view_source). An input is
     read with the strides `base` gives it (contiguous if none); the strides are None when a
     reshape cannot be a view of them (eqfuse.backend.views decides before emit asks)."""
     n = body.nodes[i]

@@ -2,7 +2,7 @@
 
 A plan says how one kernel runs: its kind, the tile sizes and loop order the C uses (every
 tile in `tiles` is a constant of the emitted C, nothing is chosen again there), the rules the C
-applies at run time (`detail["threads"]`), the tile-level micro-op schedule (Load / Exec /
+applies at run time (`threads`), the tile-level micro-op schedule (Load / Exec /
 Store with counts, printed by `eqfuse lower --uops`), the cache constraints the tiles target
 and its bytes moved and FLOPs.
 """
@@ -11,17 +11,77 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from eqfuse.backend.kernels import KernelShape
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.ops import OPS
 
 F32 = 4  # bytes per element
 
 
-class Split(Exception):
-    """A body classify accepts but this backend lowers only as separate single-op kernels."""
+class K(StrEnum):
+    """The kinds of kernel plans: the one definition (eqfuse.backend.kinds holds the class that
+    matches, plans and emits each; a plan's name ends with its kind's value)."""
+
+    POINTWISE = "pointwise"
+    CONTRACTION = "contraction"  # a matmul GEMM with a pointwise epilogue
+    CONTRACTION_ROW = "contraction_row"  # a matmul GEMM whose finished rows go through a row op
+    CONV2D = "conv2d"  # a conv2d GEMM (im2col) with a pointwise epilogue
+    ROW = "row"
+    REDUCE = "reduce"
+    ATTENTION = "attention"
+    LAYOUT = "layout"  # a copy
+    VIEW = "view"  # a layout op read in place: no code (eqfuse.backend.views)
+    INDEX = "index"
+
+
+GEMM_KINDS = (K.CONTRACTION, K.CONTRACTION_ROW, K.CONV2D)
+
+
+class Unsupported(Exception):
+    """The body is not a kernel shape the backend lowers; the message says why."""
+
+
+class Split(Unsupported):
+    """A kernel shape that this backend lowers only as separate single-op kernels (its epilogue
+    broadcasts the main op's result, a row does not fit the cache, ...). A hand-written kernel
+    block of this kind is split silently; extraction never chooses one."""
+
+
+@dataclass(frozen=True)
+class AttentionParts:
+    """The body nodes of an attention kernel. q, kt and v are kernel inputs or views of inputs
+    (kinds.base.view_source), kt being k^T as the scores matmul reads it; mask is the mask input
+    or None; result is the attention value with its epilogue, before any output transposes."""
+
+    q: int
+    kt: int
+    v: int
+    qk: int  # the scores matmul q @ k^T
+    sm: int  # the softmax
+    mask: int | None
+    result: int
+
+
+@dataclass(frozen=True)
+class RowEpilogue:
+    """The row op of a contraction_row kernel: the GEMM's finished rows go through it."""
+
+    row: int
+
+    def __getitem__(self, k: int) -> int:  # lower_gemm and emit_gemm read parts[0]
+        return (self.row,)[k]
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """What `match` found: the kind, the anchor (the body node of the matmul/conv2d, the row or
+    reduce op, attention's last matmul, the layout or index op) and the kind's typed parts."""
+
+    kind: K
+    anchor: int | None = None
+    parts: AttentionParts | RowEpilogue | None = None
 
 
 @dataclass(frozen=True)
@@ -35,23 +95,28 @@ class UOp:
 @dataclass
 class KernelPlan:
     name: str
-    kind: str  # pointwise | contraction | conv2d | row | reduce | attention | layout | view
+    kind: K
     node: int  # the kernel node at the graph's top level
     args: tuple[int, ...]  # top-level node ids read, one per body input
     body: Graph
     shape: KernelShape
     out_shape: tuple[int, ...]
     tiles: dict[str, int] = field(default_factory=dict)
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: Any = None  # the kind's frozen detail dataclass (a dict for the GEMM kinds, lower_gemm)
     uops: list[UOp] = field(default_factory=list)
     bytes: int = 0
     flops: int = 0
     cache_check: str = ""
+    threads: str = ""  # the rule by which the C shares one call among threads, decided at run time
     # layout in place (eqfuse.backend.views): a view plan's (root node, element offset, strides);
     # the strides of each arg read through a non-contiguous view (arg position -> strides)
     view: tuple | None = None
     in_strides: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
+    @property
+    def prepack(self) -> dict | None:
+        """How the runtime prepacks a GEMM's B bound by params= (emit_gemm records it), or None."""
+        return self.detail.get("prepack") if isinstance(self.detail, dict) else None
 
     def base_strides(self) -> dict[int, tuple[int, ...]]:
         """body input -> the strides it is read through, for the inputs read through views."""

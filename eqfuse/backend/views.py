@@ -33,7 +33,7 @@ import numpy as np
 
 from eqfuse.backend.indexing import contiguous, view_strides
 from eqfuse.backend.lower_gemm import matrix_layout
-from eqfuse.backend.plan import KernelPlan, UOp
+from eqfuse.backend.plan import K, KernelPlan, UOp
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.ops import OPS
 from eqfuse.ir.shapes import NUMPY_DTYPE
@@ -70,23 +70,23 @@ def is_contiguous(shape, strides) -> bool:
 
 
 def _single_view_op(p: KernelPlan) -> bool:
-    if p.kind not in ("layout", "view") or len(p.args) != 1:
+    if p.kind not in (K.LAYOUT, K.VIEW) or len(p.args) != 1:
         return False
     return p.body.nodes[p.shape.anchor].op in VIEW_OPS
 
 
-def _accepts(p: KernelPlan, k: int, shape, strides) -> bool:
+def _accepts(p: KernelPlan, k: int, strides) -> bool:
     """Whether kernel p can read its arg k through (non-contiguous) `strides`."""
-    if p.kind in ("layout", "view"):  # a copy (a reshape read here is one forced to copy)
+    if p.kind in (K.LAYOUT, K.VIEW):  # a copy (a reshape read here is one forced to copy)
         return p.body.nodes[p.shape.anchor].op != "concat"
-    if p.kind == "attention":
+    if p.kind == K.ATTENTION:
         return _attention_reads(p, p.body.inputs[k], strides)
-    if p.kind in ("contraction", "contraction_row") and _gemm_operand(p, p.body.inputs[k]) is not None:
+    if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW) and _gemm_operand(p, p.body.inputs[k]) is not None:
         x = _gemm_operand(p, p.body.inputs[k])
         st = view_strides(p.body, x, {p.body.inputs[k]: strides})[1]
         readers = [n for n in p.body.nodes if p.body.inputs[k] in n.args]
         return st is not None and len(readers) == 1 and matrix_layout(p.body.nodes[x].type.shape, st) is not None
-    if p.kind in ("pointwise", "row", "reduce", "contraction", "contraction_row"):
+    if p.kind in (K.POINTWISE, K.ROW, K.REDUCE, K.CONTRACTION, K.CONTRACTION_ROW):
         # an operand of the pointwise ops around the main op, or a row op's or reduction's input:
         # read element by element at an index (not a GEMM operand, a row op's parameter or a
         # channel op's parameter, which are read as the contiguous vectors they are)
@@ -95,7 +95,7 @@ def _accepts(p: KernelPlan, k: int, shape, strides) -> bool:
         for n in p.body.nodes:
             if i not in n.args:
                 continue
-            if n is anchor and p.kind in ("row", "reduce") and i not in n.args[1:]:
+            if n is anchor and p.kind in (K.ROW, K.REDUCE) and i not in n.args[1:]:
                 continue
             if n.op not in OPS or OPS[n.op].kind != "pointwise":
                 return False
@@ -120,9 +120,9 @@ def _attention_reads(p: KernelPlan, i: int, strides) -> bool:
     """Attention reads body input i through strides when i is read only as (a view of) q, k^T
     or v and those views stay affine over the strides."""
     body = p.body
-    q, kt, v = p.shape.parts[:3]
+    q, kt, v = p.shape.parts.q, p.shape.parts.kt, p.shape.parts.v
     chains = body.ancestors(q) | body.ancestors(kt) | body.ancestors(v)
-    if any(i in n.args and j not in chains and j not in (p.shape.parts[3], p.shape.anchor)
+    if any(i in n.args and j not in chains and j not in (p.shape.parts.qk, p.shape.anchor)
            for j, n in enumerate(body.nodes)):
         return False
     for x in (q, kt, v):
@@ -150,7 +150,7 @@ def place_views(kg: Graph, plans: list[KernelPlan]) -> None:
                     continue
                 m = maps[a]
                 shape = kg.nodes[a].type.shape
-                if m is None or not (is_contiguous(shape, m[1]) or _accepts(p, k, shape, m[1])):
+                if m is None or not (is_contiguous(shape, m[1]) or _accepts(p, k, m[1])):
                     need.add(a)
         for o in kg.outputs:
             if o in idx:
@@ -164,8 +164,8 @@ def place_views(kg: Graph, plans: list[KernelPlan]) -> None:
         forced |= need
     for n in forced:
         p = cands[n]
-        if p.kind == "view":  # a reshape that is not a view of what it reads: a copy
-            p.kind = "layout"
+        if p.kind == K.VIEW:  # a reshape that is not a view of what it reads: a copy
+            p.kind = K.LAYOUT
             p.name = p.name.rsplit("_", 1)[0] + "_layout"
             p.bytes = 2 * math.prod(p.out_shape) * np.dtype(NUMPY_DTYPE[p.body.nodes[p.body.outputs[0]].type.dtype]).itemsize
             p.cache_check = "streaming copy"
@@ -174,7 +174,7 @@ def place_views(kg: Graph, plans: list[KernelPlan]) -> None:
     for n, (root, _) in idx.items():
         p = cands[n]
         off, strides = maps[n] if maps[n] is not None else (0, contiguous(kg.nodes[n].type.shape))
-        p.kind = "view"
+        p.kind = K.VIEW
         p.name = p.name.rsplit("_", 1)[0] + "_view"
         p.view = (root, off, strides)
         p.bytes = 0
@@ -182,7 +182,7 @@ def place_views(kg: Graph, plans: list[KernelPlan]) -> None:
         op = p.body.nodes[p.shape.anchor].op
         p.uops = [UOp(0, "Exec", f"{op}: a view of t{root} at element offset {off}, strides {list(strides)}; no code", 1)]
     for p in plans:
-        if p.kind == "view":
+        if p.kind == K.VIEW:
             continue
         for k, a in enumerate(p.args):
             if a in idx and maps[a] is not None and not is_contiguous(kg.nodes[a].type.shape, maps[a][1]):

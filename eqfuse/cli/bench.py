@@ -13,6 +13,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from eqfuse.backend.plan import K
+
 NOISY_IQR = 20  # percent: a row whose spread is wider gets a warning under the table
 
 
@@ -121,8 +123,8 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     f_fn, u_fn = getattr(fused, g.name), getattr(unfused, g.name)
     f_fn(*runtime)
     u_fn(*runtime)
-    nk_f = len([k for k in f_fn.last.kernels if k.kind != "view"])
-    nk_u = len([k for k in u_fn.last.kernels if k.kind != "view"])
+    nk_f = len([k for k in f_fn.last.kernels if k.kind != K.VIEW])
+    nk_u = len([k for k in u_fn.last.kernels if k.kind != K.VIEW])
     rows: list[tuple[str, list[tuple[float, float]]]] = [("numpy op by op", []), (f"eqfuse unfused ({nk_u} kernels)", []),
                                           (f"eqfuse fused ({nk_f} kernels)", [])]
     # eqfuse first, for every thread count, with numpy's BLAS threads parked (their spin-wait

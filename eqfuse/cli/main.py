@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import zipfile
 from pathlib import Path
 
 from eqfuse.cli.args import ArgParser, UsageError, make_parser, parse  # noqa: F401 (used by the cli_* modules)
 from eqfuse.errors import CheckFailed, EqfuseError
+
+# what np.load raises for a file that is not an .npz archive: text or pickled data (ValueError),
+# an empty file (EOFError), a broken zip (BadZipFile), a directory or unreadable file (OSError)
+NOT_AN_ARCHIVE = (ValueError, EOFError, zipfile.BadZipFile, OSError)
 
 
 def parse_dims(items: list[str] | None) -> dict[str, int]:
@@ -130,7 +135,7 @@ def cmd_run(args) -> int:
         raise UsageError(f"{path}: no such file")
     try:
         npz = np.load(path, allow_pickle=False)
-    except Exception:  # numpy raises many types (and pickle advice) for a file that is not an archive
+    except NOT_AN_ARCHIVE:
         npz = None
     if not isinstance(npz, np.lib.npyio.NpzFile):
         example = ", ".join([f"{n}={n}" for n, _ in g.params[:2]] + ["..."] * (len(g.params) > 2))
@@ -187,7 +192,7 @@ def read_npz(path: str, option: str, example: str = "w1=w1, b1=b1, ...") -> dict
         raise UsageError(f"{option} {p}: no such file")
     try:
         npz = np.load(p, allow_pickle=False)
-    except Exception:  # numpy raises many types for a file that is not an archive
+    except NOT_AN_ARCHIVE:
         npz = None
     if not isinstance(npz, np.lib.npyio.NpzFile):
         raise EqfuseError(f"{p}: not a readable .npz file: {option} expects a numpy .npz archive with one "

@@ -47,7 +47,7 @@ def cmd_opt(args) -> int:
     if args.dot:
         _write_dot(args.dot, results)
     if args.report == "json":
-        # one graph: its report (SPEC 3); several: {graph name: report}, the shape of mod.report
+        # one graph: its report (README: "Optimizing: `eqfuse opt`"); several: {graph name: report}, the shape of mod.report
         reports = {r.report["graph_name"]: r.report for r in results}
         json.dump(results[0].report if len(results) == 1 else reports, sys.stdout, indent=2)
         print()

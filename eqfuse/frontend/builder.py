@@ -6,7 +6,7 @@ import difflib
 import math
 from dataclasses import replace
 
-from eqfuse.backend.kernels import SUPPORTED, Unsupported, classify
+from eqfuse.backend.kinds import SUPPORTED, Split, Unsupported, classify
 from eqfuse.errors import EqfuseError, Pos, ShapeError
 from eqfuse.frontend import syntax as S
 from eqfuse.ir.graph import Graph, Node
@@ -154,6 +154,8 @@ class GraphBuilder:
         body.outputs = [out]
         try:
             classify(body)
+        except Split:
+            pass  # a shape the backend computes as separate kernels (lower splits it)
         except Unsupported as why:
             raise EqfuseError(f"this kernel block cannot be lowered: {why}", e.pos,
                               f"supported kernel shapes: {SUPPORTED}") from None

@@ -2,7 +2,7 @@
 
 Comparisons, logical ops, where and cast are pointwise (they fuse into float kernels, which
 read the mask or the integers directly); gather, cumsum, argmax, pooling and the like are
-kernels of the "index" kind (eqfuse/backend/emit_index.py). squeeze, unsqueeze and flatten are
+kernels of the "index" kind (eqfuse/backend/kinds/index.py). squeeze, unsqueeze and flatten are
 reshapes: `canonical` rewrites them so that no later stage sees them.
 """
 
@@ -78,7 +78,7 @@ _op(name="softplus", kind="pointwise", arity=(1, 1), infer=_same, numpy=lambda a
 
 
 def _f(v: float) -> str:
-    from eqfuse.backend.emit import flit
+    from eqfuse.backend.cexpr import flit
 
     return flit(v)
 

@@ -168,7 +168,7 @@ def _is_rank_only(c: Cond) -> bool:
     return r(c.lhs) and r(c.rhs)
 
 
-def _cond(c, ctx: _Ctx, consts: set[str]) -> list[str]:
+def _cond(c, ctx: _Ctx) -> list[str]:
     if isinstance(c, Test):
         return []  # const(?x) is folded into the query (see compile_rule)
     numeric = c.op not in ("==", "!=") or _is_rank_only(c)
@@ -183,11 +183,7 @@ def compile_rule(rule: Rule, ruleset: str = RULESET) -> str:
     if not isinstance(rule.lhs, (POp, PKernel)):
         raise RuleError("the left side must be an operation")
     ctx = _Ctx(_tvars(rule.lhs))
-    rhs_t = _tvars(rule.rhs)
     consts = {c.var for c in rule.conds if isinstance(c, Test)}
-    for v in rhs_t - ctx.tvars:
-        # bound inside a kernel on the left, used as a tensor on the right: K(?v) materializes it
-        pass
     lhs = _pat(rule.lhs, False, ctx, rhs=False)
     query = [f"(= ?root__ {lhs})"]
     for v in sorted(consts):
@@ -196,7 +192,7 @@ def compile_rule(rule: Rule, ruleset: str = RULESET) -> str:
         else:
             query.append(f"(= ?{v} (Cs ?{v}__v))")
     for c in rule.conds:
-        query += _cond(c, ctx, consts)
+        query += _cond(c, ctx)
     # A const variable used as an attribute on the right takes the constant's text.
     rctx = _Ctx(ctx.tvars, attr_ops=ctx.attr_ops)
     rhs = _pat(rule.rhs, False, rctx, rhs=True)
@@ -224,7 +220,7 @@ def _heavy_guard(p, tvars: set[str]) -> list[str]:
         svars: list[str] = []
         written = 0
 
-        def walk(x, parent_loads_only=False):
+        def walk(x):
             nonlocal written
             if isinstance(x, PVar):
                 if x.name not in tvars and x.name not in svars:
@@ -443,7 +439,7 @@ def _sizes(out) -> dict[str, int]:
             return dict(getattr(out, attr))
     try:
         return dict(out[0])
-    except Exception:  # the binding's repr is the fallback: PrintAllFunctionsSize([('In', 2), ...])
+    except (TypeError, KeyError, IndexError):  # the binding's repr is the fallback: PrintAllFunctionsSize([('In', 2), ...])
         import ast
 
         text = repr(out)

@@ -5,8 +5,8 @@ For every tensor one kernel of the result writes and another reads (a boundary),
 are joined here in Python -- the producer's body inlined into the consumer's where the consumer
 reads it -- and the join is judged, in this order:
 
-1. `unlowerable`: `kernels.classify` refuses the joined body (or the optimizer's own shape rule
-   of candidates refuses it, `extract._check_shape`): the backend has no kernel kind for it. The
+1. `unlowerable`: the kinds registry (`eqfuse.backend.kinds.classify`, on the planner's machine,
+   as extraction asks it) refuses the joined body: the backend has no kernel kind for it. The
    detail is classify's message, which names the condition that fails, and `kind` the kind
    the join would have been (the kind of its one non-pointwise op, or "mixed").
 2. `cost`: the join is lowerable but not cheaper under the cost model than storing the tensor:
@@ -36,7 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
-from eqfuse.backend.kernels import Unsupported, classify
+from eqfuse.backend.kinds import K, Unsupported, classify
+from eqfuse.backend.machine import machine
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS
 from eqfuse.optimizer import cost as C
@@ -135,32 +136,28 @@ def _source(g: Graph, a: int, is_view) -> tuple[int, list[int]]:
     return a, views
 
 
+# the kernel kind a body with one non-pointwise op of this op kind would be
+_KIND_OF_OP = {"contraction": K.CONTRACTION, "row": K.ROW, "reduction": K.REDUCE, "layout": K.LAYOUT,
+               "index": K.INDEX}
+
+
 def _kind_of(body: Graph) -> tuple[str, list[str]]:
     """The kernel kind the body would be (its non-pointwise op's kind, or "mixed"), and those ops."""
     heavy = [n.op for n in body.nodes if n.op not in ("input", "const") and OPS[n.op].kind not in ("pointwise", "channel")]
     if not heavy:
-        return "pointwise", heavy
+        return K.POINTWISE, heavy
     if len(heavy) == 1:
-        k = OPS[heavy[0]].kind
-        return {"reduction": "reduce"}.get(k, k), heavy
+        return _KIND_OF_OP[OPS[heavy[0]].kind], heavy
     return "mixed", heavy
 
 
 def lowerable(body: Graph) -> str | None:
-    """None if the backend lowers `body` as one kernel (as extraction requires); else why not."""
-    from eqfuse.optimizer.extract import _check_shape, _Skip
-
+    """None if the backend lowers `body` as one kernel on the planner's machine (as extraction
+    requires: the same kinds registry decides); else why not."""
     try:
-        ks = classify(body)
+        classify(body, machine())
     except Unsupported as e:
         return str(e)
-    try:
-        _check_shape(body, ks)
-    except _Skip:
-        if ks.kind == "contraction_row" and tuple(body.nodes[ks.anchor].type.shape) == \
-                tuple(body.nodes[body.outputs[0]].type.shape):
-            return "a row of the GEMM's row epilogue does not fit the L1 cache"
-        return f"its epilogue would broadcast the {ks.kind} result to a larger shape"
     return None
 
 

@@ -5,8 +5,8 @@ recomputes) and it ran out of memory at 8 transformer layers. Here:
 
 1. Every tensor e-node is a candidate kernel: an op e-node is a one-op kernel over its operands,
    a `K` e-node a fused kernel whose body is its S tree (a `L t` leaf reads class t). Its body is
-   built as a Graph and must pass `kernels.classify` (plus: an epilogue never broadcasts a
-   contraction, row or attention result to a larger shape) -- illegal candidates are dropped.
+   built as a Graph and must pass the kinds registry's `classify` on the planner's machine (the
+   backend's one lowerability decision) -- illegal candidates are dropped.
    Its cost is `cost.kernel_cost` of that body: exact per kernel.
 2. Greedy: bottom-up, each class takes its node of least tree cost (fast, any size).
 3. ILP (scipy.optimize.milp / HiGHS): a binary per candidate, at most one per class (exactly one
@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eqfuse.backend.kernels import Unsupported, classify
+from eqfuse.backend.kinds import Unsupported, classify
+from eqfuse.backend.machine import machine
 from eqfuse.errors import ShapeError
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS
@@ -57,7 +58,7 @@ def class_types(d: EData, graph: Graph) -> dict[int, TType]:
         for c in pending:
             t = None
             for nid in d.classes[c]:
-                t = _node_type(d, d.nodes[nid], types)
+                t = _node_type(d.nodes[nid], types)
                 if t is not None:
                     break
             if t is None:
@@ -69,7 +70,7 @@ def class_types(d: EData, graph: Graph) -> dict[int, TType]:
     return types
 
 
-def _node_type(d: EData, n: ENode, types) -> TType | None:
+def _node_type(n: ENode, types) -> TType | None:
     if n.kind in ("Cn", "Cs"):
         return TType(())
     if n.kind in ("K", "L"):
@@ -147,8 +148,7 @@ def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None) -> P
                 continue
             try:
                 body, reads = kernel_body(pb, n)
-                ks = classify(body)
-                _check_shape(body, ks)
+                classify(body, machine())
             except (Unsupported, _Skip):
                 continue
             kc = C.kernel_cost(body, dims)
@@ -160,25 +160,7 @@ def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None) -> P
 
 
 class _Skip(Exception):
-    pass
-
-
-def _check_shape(body: Graph, ks) -> None:
-    """An epilogue must not broadcast a contraction, row or attention result to a larger shape
-    (the backend would split the kernel again)."""
-    if ks.kind in ("contraction", "contraction_row", "row", "attention", "reduce") and ks.anchor is not None:
-        a = body.nodes[ks.anchor].type.shape
-        result = ks.parts[-1] if ks.kind == "attention" else body.outputs[0]  # before output transposes
-        o = body.nodes[result].type.shape
-        if tuple(a) != tuple(o):
-            raise _Skip()
-    if ks.kind == "contraction_row":  # a row too long for the row epilogue: the backend would split it
-        from eqfuse.backend.lower import machine_caches, row_epilogue_fits
-
-        rn = body.nodes[ks.parts[0]]
-        N = rn.type.shape[-1]
-        if isinstance(N, int) and not row_epilogue_fits(N, len(rn.args) - 1, machine_caches().l1):
-            raise _Skip()
+    """A candidate with no body to check (a class of unknown type, an op whose shapes fail)."""
 
 
 def kernel_body(pb: Problem, n: ENode) -> tuple[Graph, tuple[int, ...]]:
@@ -274,7 +256,7 @@ def _refine(pb: Problem, pick: dict[int, Cand], best: dict[int, float], rounds: 
                     continue
                 delta = cd.cost - cur.cost + sum(best[r] for r in set(cd.reads) if r not in sel or r == c)
                 delta -= freed - sum(best[r] for r in only if r in cd.reads)
-                if delta < gain and not _reaches(pb, pick, cd, c):
+                if delta < gain and not _reaches(pick, cd, c):
                     choice, gain = cd, delta
             if choice is not None:
                 pick[c] = choice
@@ -299,7 +281,7 @@ def _reader_counts(sel: dict[int, Cand]) -> dict[int, int]:
     return n
 
 
-def _reaches(pb: Problem, pick: dict[int, Cand], cd: Cand, target: int) -> bool:
+def _reaches(pick: dict[int, Cand], cd: Cand, target: int) -> bool:
     """Would choosing cd for `target` make a cycle through the current picks?"""
     seen, stack = set(), list(cd.reads)
     while stack:
@@ -455,7 +437,7 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
             sel, best.ilp = region_ilp(pb, sel0, lambda s: rescore(s)[1], region_size, time_limit)
             best.ilp = whole + best.ilp
             how = "ilp by regions"
-    except Exception as e:  # noqa: BLE001 -- the greedy result stands; the report says why
+    except (RuntimeError, ValueError, MemoryError) as e:  # the solver's failures: greedy stands, the report says why
         sel, best.ilp = None, f"failed ({type(e).__name__}: {e})"
     if sel is not None and sel is not sel0:
         g, v = rescore(sel)

@@ -1,4 +1,4 @@
-"""Rewrite rules: the .rw language (SPEC 2), parsed into plain data the optimizer compiles.
+"""Rewrite rules: the .rw language (README: "Writing rules"), parsed into plain data the optimizer compiles.
 
 The pattern dataclasses below are the contract with the e-graph half of the optimizer. Notes
 on their meaning beyond the field comments:

@@ -144,6 +144,7 @@ def _no_graph(name, graphs):
 
 def _prepare_graph(g: Graph, weights, lib, dims, inputs, example_inputs, seed, opts) -> ExportedGraph:
     from eqfuse.backend.emit import emit_graph
+    from eqfuse.backend.plan import K
     from eqfuse.compiler import _bind_params, lower, optimize
     from eqfuse.optimizer.fold import fold_params
     from eqfuse.runtime.program import emit_run, plan_memory
@@ -167,7 +168,7 @@ def _prepare_graph(g: Graph, weights, lib, dims, inputs, example_inputs, seed, o
     _, kg, plans = lower(opt, gd, True, frozenset(folded.params))
     emitted = emit_graph(plans)
     mem = plan_memory(kg, plans)
-    kernels = [p for p in plans if p.kind != "view"]
+    kernels = [p for p in plans if p.kind != K.VIEW]
     run_c = emit_run(kg, plans, mem)[0] if kernels else ""
     body = "\n".join(emitted.kernel_sources[p.name] for p in kernels)
 
@@ -188,7 +189,7 @@ def _prepare_graph(g: Graph, weights, lib, dims, inputs, example_inputs, seed, o
     slots += [("const", kg.nodes[i].value) for i in mem.consts]
     packs = []
     for k, (s, pos) in enumerate(mem.prepacks):
-        pre = kernels[s].detail["prepack"]
+        pre = kernels[s].prepack
         packs.append((pre["fn"], pre["floats"], windex[kg_params[pos]]))
         slots.append(("packed", k))
     copies = {}

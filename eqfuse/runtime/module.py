@@ -1,4 +1,4 @@
-"""The compiled Module: callables that take and return numpy arrays (SPEC 4).
+"""The compiled Module: callables that take and return numpy arrays (README: "Compiling to C").
 
 A graph with named dimensions is compiled once per binding of them (at compile time when
 `dims=`/`params=` fix them all, else at the first call that binds them), and cached.
@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from eqfuse.backend.lower import KernelPlan
+from eqfuse.backend.plan import K, KernelPlan
 from eqfuse.errors import ArgumentError, CheckFailed
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.reference import bind_arrays, call_arrays, evaluate
@@ -112,7 +112,7 @@ class GraphFunction:
     def __repr__(self) -> str:
         sig = f"{self.name}({', '.join(self.free)})"
         if self.last is not None:
-            n = len([k for k in self.last.kernels if k.kind != "view"])
+            n = len([k for k in self.last.kernels if k.kind != K.VIEW])
             return f"<eqfuse function {sig}: {n} kernel{'s' * (n != 1)}>"
         unbound = [d for d in self.source.dims() if d not in self.dims]
         return f"<eqfuse function {sig}: compiled at the first call ({', '.join(unbound)} unbound)>"

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eqfuse.backend.plan import KernelPlan, size
+from eqfuse.backend.plan import K, KernelPlan, size
 from eqfuse.runtime.load import threads_now
 from eqfuse.errors import ArgumentError
 from eqfuse.ir.graph import Graph
@@ -86,14 +86,14 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
         src[i] = i
     voff: dict[int, int] = {}  # view node -> its element offset in its root (eqfuse.backend.views)
     for p in plans:
-        if p.kind == "view" and p.view is not None:
+        if p.kind == K.VIEW and p.view is not None:
             root, off, _ = p.view
             src[p.node], voff[p.node] = src[root], voff.get(root, 0) + off
-        elif p.kind == "view":
+        elif p.kind == K.VIEW:
             src[p.node], voff[p.node] = src[p.args[0]], voff.get(p.args[0], 0)
         else:
             src[p.node] = p.node
-    kernels = [p for p in plans if p.kind != "view"]
+    kernels = [p for p in plans if p.kind != K.VIEW]
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for s, p in enumerate(kernels):
@@ -131,8 +131,8 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
         placed.append((off, nb, a, z))
         offsets[n], lifetimes[n] = off, (nb, a, z)
     arena = max((_align(o + b) for o, b, _, _ in placed), default=0)
-    prepacks = [(s, kernels[s].args[kernels[s].detail["prepack"]["arg"]]) for s in range(len(kernels))
-                if kernels[s].detail.get("prepack")]
+    prepacks = [(s, kernels[s].args[kernels[s].prepack["arg"]]) for s in range(len(kernels))
+                if kernels[s].prepack]
     prepacks = [(s, ins[a]) for s, a in prepacks]
     root: dict[int, tuple[str, int]] = {}
     for n, r in src.items():
@@ -144,7 +144,7 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
 
 # Kernel kinds whose C takes a scratch buffer (eqf_scratch in csrc_templates/common.h): the run
 # function checks after each of them that it got its buffers.
-SCRATCH_KINDS = frozenset({"contraction", "contraction_row", "conv2d", "attention"})
+SCRATCH_KINDS = frozenset({K.CONTRACTION, K.CONTRACTION_ROW, K.CONV2D, K.ATTENTION})
 
 
 def run_name(graph: str) -> str:
@@ -157,7 +157,7 @@ RUN_CDEF = "long {name}(void* const* in, void* const* out, char* arena, int thre
 def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, str]:
     """(C, cdef) of the graph's run function (see the module's docstring)."""
     name = run_name(kg.name)
-    kernels = [p for p in plans if p.kind != "view"]
+    kernels = [p for p in plans if p.kind != K.VIEW]
     prepack_slot = {s: mem.slots - len(mem.prepacks) + k for k, (s, _) in enumerate(mem.prepacks)}
 
     def ctype(i: int) -> str:
@@ -176,11 +176,11 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, 
              "    if (threads > 0)", "        omp_set_num_threads(threads);"]
     for s, p in enumerate(kernels):
         args = [ptr(a) for a in p.args]
-        pre = p.detail.get("prepack")
+        pre = p.prepack
         if pre:
             args[pre["arg"]] = f"(float*)in[{prepack_slot[s]}]"
         call = f"{p.name}({', '.join(args + [ptr(p.node)])})"
-        if p.kind == "index":
+        if p.kind == K.INDEX:
             lines += [f"    if ((bad = {call}) != 0) {{", f"        *failed = {s};", "        return bad;", "    }"]
         else:
             lines.append(f"    {call};")
@@ -211,7 +211,7 @@ class Runner:
 
     def __init__(self, kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, lib, ffi):
         self.kg, self.mem, self.lib, self.ffi = kg, mem, lib, ffi
-        self.kernels = [p for p in plans if p.kind != "view"]
+        self.kernels = [p for p in plans if p.kind != K.VIEW]
         self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
         if self.fn is not None:
             share_scratch_key(lib)
@@ -230,7 +230,7 @@ class Runner:
             with self._pack_lock:
                 got = self._packed.get(s)
                 if got is None or got[0] is not b:
-                    pre = self.kernels[s].detail["prepack"]
+                    pre = self.kernels[s].prepack
                     P = np.empty(getattr(self.lib, pre["floats"])(), dtype=np.float32)
                     getattr(self.lib, pre["fn"])(self.ffi.cast("float *", b.ctypes.data),
                                                  self.ffi.cast("float *", P.ctypes.data))
@@ -282,7 +282,7 @@ class Runner:
             raise MemoryError(f"eqfuse: kernel {p.name} ({p.kind}) could not allocate its scratch buffer")
         if bad:  # an index kernel met indices outside the axis it reads
             p = self.kernels[st["failed"][0]]
-            raise ArgumentError(f"{bad} index value(s) out of range in {p.detail.get('op')} (kernel {p.name})")
+            raise ArgumentError(f"{bad} index value(s) out of range in {p.detail.op} (kernel {p.name})")
         for k in copies:
             outs[k] = self._copy(k, arrays, outs)
         return outs

@@ -1,4 +1,4 @@
-"""Comparing compiled results with the numpy reference (SPEC tolerance: rtol 1e-4, atol 1e-5)."""
+"""Comparing compiled results with the numpy reference (tolerance: rtol 1e-4, atol 1e-5)."""
 
 from __future__ import annotations
 

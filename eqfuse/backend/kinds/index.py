@@ -1,4 +1,4 @@
-"""The index kernel kind: gather, gather_elements, cumsum, argmax, tril/triu, pad and pooling.
+"""The index kind: gather, gather_elements, cumsum, argmax, range, tril/triu, pad and pooling.
 
 Small kernels over integer, bool or float tensors that move or select elements rather than
 compute: each is one C function from csrc_templates/index.c whose loop nest this module writes
@@ -10,8 +10,11 @@ numpy and onnxruntime refuse such an index instead of reading past the tensor).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from eqfuse.backend.lower import KernelPlan, UOp
+from eqfuse.backend.cexpr import flit, kernel_params, render
+from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
+from eqfuse.backend.plan import K, KernelPlan, KernelShape, Unsupported, UOp
 from eqfuse.ir.graph import Node
 from eqfuse.ir.ops import _pair
 from eqfuse.ir.shapes import C_TYPE
@@ -37,31 +40,7 @@ def _unflatten(var: str, shape, names: str) -> list[str]:
     return [f"const long {names}{d} = ({var} / {st[d]}) % {shape[d]}; (void){names}{d};" for d in range(len(shape))]
 
 
-def plan_index(plan: KernelPlan, c) -> None:
-    an = plan.body.nodes[plan.shape.anchor]
-    total = _size(plan.out_shape)
-    plan.detail = {"op": an.op, "checked": an.op in INDEX_CHECKED}
-    plan.cache_check = "streaming selection (no reuse to block for)"
-    plan.uops = [UOp(0, "Loop", f"{total} output elements of {an.op}", total),
-                 UOp(1, "Load", "the selected input element(s)", total),
-                 UOp(1, "Store", "out element", total)]
-
-
-def emit_index(plan: KernelPlan) -> str:
-    from eqfuse.backend.emit import _params, render
-
-    body = plan.body
-    an = body.nodes[plan.shape.anchor]
-    params, ptrs = _params(plan)
-    ins = [ptrs[a] for a in an.args]
-    xs = [tuple(body.nodes[a].type.shape) for a in an.args]
-    xts = [C_TYPE[body.nodes[a].type.dtype] for a in an.args] or [C_TYPE[an.type.dtype]]
-    lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0])
-    return render("index.c", NAME=plan.name, OP=an.op, SPACE=list(plan.out_shape), PARAMS=params,
-                  BODY="\n".join("    " + ln for ln in lines))
-
-
-def _gather(an: Node, ins, xs, out, ct):
+def _gather(an: Node, ins, xs, out, ct, par=False):
     data, idx = ins
     ax = an.attr["axis"] % len(xs[0])
     outer, axlen, inner = _size(xs[0][:ax]), xs[0][ax], _size(xs[0][ax + 1:])
@@ -75,7 +54,7 @@ def _gather(an: Node, ins, xs, out, ct):
             "    }"]
 
 
-def _scatter_add(an: Node, ins, xs, out, ct):
+def _scatter_add(an: Node, ins, xs, out, ct, par=False):
     x, idx, upd = ins
     ax = an.attr["axis"] % len(xs[0])
     outer, axlen, inner = _size(xs[0][:ax]), xs[0][ax], _size(xs[0][ax + 1:])
@@ -92,7 +71,7 @@ def _scatter_add(an: Node, ins, xs, out, ct):
             "    }"]
 
 
-def _gather_elements(an: Node, ins, xs, out, ct):
+def _gather_elements(an: Node, ins, xs, out, ct, par=False):
     data, idx = ins
     ax = an.attr["axis"] % len(xs[0])
     dst = _strides(xs[0])
@@ -106,7 +85,7 @@ def _gather_elements(an: Node, ins, xs, out, ct):
             "}"]
 
 
-def _cumsum(an: Node, ins, xs, out, ct):
+def _cumsum(an: Node, ins, xs, out, ct, par=False):
     ax = an.attr["axis"] % len(out)
     outer, L, inner = _size(out[:ax]), out[ax], _size(out[ax + 1:])
     first, step = (L - 1, -1) if an.attr["reverse"] else (0, 1)
@@ -122,7 +101,7 @@ def _cumsum(an: Node, ins, xs, out, ct):
             "    }"]
 
 
-def _argmax(an: Node, ins, xs, out, ct):
+def _argmax(an: Node, ins, xs, out, ct, par=False):
     x = xs[0]
     ax = an.attr["axis"] % len(x)
     outer, L, inner = _size(x[:ax]), x[ax], _size(x[ax + 1:])
@@ -139,12 +118,12 @@ def _argmax(an: Node, ins, xs, out, ct):
             "    }"]
 
 
-def _range(an: Node, ins, xs, out, ct):
+def _range(an: Node, ins, xs, out, ct, par=False):
     return [f"for (long n = 0; n < {out[0]}; n++)",
             f"    out[n] = {an.attr['start']} + n * {an.attr['step']};"]
 
 
-def _tri(an: Node, ins, xs, out, ct):
+def _tri(an: Node, ins, xs, out, ct, par=False):
     R, C = out[-2], out[-1]
     keep = "c - r <= k" if an.op == "tril" else "c - r >= k"
     return [f"const long k = {an.attr['k']};",
@@ -156,9 +135,7 @@ def _tri(an: Node, ins, xs, out, ct):
             "        }"]
 
 
-def _pad(an: Node, ins, xs, out, ct):
-    from eqfuse.backend.emit import flit
-
+def _pad(an: Node, ins, xs, out, ct, par=False):
     x, r = xs[0], len(out)
     lo = an.attr["pads"][:r]
     xst = _strides(x)
@@ -170,7 +147,7 @@ def _pad(an: Node, ins, xs, out, ct):
             "}"]
 
 
-def _pool(an: Node, ins, xs, out, ct):
+def _pool(an: Node, ins, xs, out, ct, par=False):
     _, _, H, W = xs[0]
     (kh, kw), (sh, sw), (ph, pw) = (_pair(an.attr["kernel_size"]), _pair(an.attr["stride"] or an.attr["kernel_size"]),
                                     _pair(an.attr["padding"]))
@@ -179,7 +156,7 @@ def _pool(an: Node, ins, xs, out, ct):
     init = "-INFINITY" if is_max else "0.0f"
     comb = "a = (v > a || v != v) ? v : a;" if is_max else "a += v; cnt++;"
     div = "" if is_max else ("a /= (float)cnt;" if not an.attr["count_include_pad"] else f"a /= {kh * kw}.0f;")
-    return [f"#pragma omp parallel for if ({int(_size(out) >= 1 << 15)})",
+    return [f"#pragma omp parallel for if ({int(par)})",
             f"for (long nc = 0; nc < {out[0] * out[1]}; nc++)",
             f"    for (long oh = 0; oh < {OH}; oh++)",
             f"        for (long ow = 0; ow < {OW}; ow++) {{",
@@ -201,3 +178,50 @@ def _pool(an: Node, ins, xs, out, ct):
 
 BUILDERS = {"range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
             "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool}
+
+
+@dataclass(frozen=True)
+class IndexDetail:
+    op: str
+    checked: bool  # the kernel returns how many indices were out of range
+    parallel: bool  # the `if` of the pooling kernels' parallel loop (the others run on one thread)
+
+
+class Index(Kind):
+    kinds = (K.INDEX,)
+    supported = ("index (one gather, gather_elements, scatter_add, cumsum, argmax, tril, triu, pad or pooling op over "
+                 "kernel inputs)")
+
+    def match(self, body, facts, machine=None):
+        a = facts.single("index")
+        if a is None:
+            return None
+        n = body.nodes[a]
+        if a != facts.out or not all(x in facts.inputs for x in n.args):
+            raise Unsupported(f"a index op ({n.op}) must be the whole kernel, over kernel inputs")
+        if n.op not in BUILDERS:
+            raise Unsupported(f"the index op {n.op} has no kernel")
+        return KernelShape(K.INDEX, a)
+
+    def plan(self, plan: KernelPlan, c) -> None:
+        an = plan.body.nodes[plan.shape.anchor]
+        total = _size(plan.out_shape)
+        par = an.op in ("max_pool2d", "avg_pool2d") and total >= PARALLEL_MIN
+        plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par)
+        plan.threads = (parallel_rule(par, f"{total} output elements", PARALLEL_MIN, "the images x channels")
+                        if an.op in ("max_pool2d", "avg_pool2d") else "one thread, no parallel region (a selection)")
+        plan.cache_check = "streaming selection (no reuse to block for)"
+        plan.uops = [UOp(0, "Loop", f"{total} output elements of {an.op}", total),
+                     UOp(1, "Load", "the selected input element(s)", total),
+                     UOp(1, "Store", "out element", total)]
+
+    def emit(self, plan: KernelPlan) -> str:
+        body = plan.body
+        an = body.nodes[plan.shape.anchor]
+        params, ptrs = kernel_params(plan)
+        ins = [ptrs[a] for a in an.args]
+        xs = [tuple(body.nodes[a].type.shape) for a in an.args]
+        xts = [C_TYPE[body.nodes[a].type.dtype] for a in an.args] or [C_TYPE[an.type.dtype]]
+        lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], plan.detail.parallel)
+        return render("index.c", NAME=plan.name, OP=an.op, SPACE=list(plan.out_shape), PARAMS=params,
+                      BODY="\n".join("    " + ln for ln in lines))

@@ -1,0 +1,261 @@
+"""The attention kind: softmax(q @ k^T * scale [+ mask]) @ v in one pass over key tiles with an
+online softmax (csrc_templates/attention.c); q, k^T and v read in place through layout views,
+the result possibly written through transposes (the head merge)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from itertools import count
+
+from eqfuse.backend.cexpr import I1, I3, I4, Exprs, Space, flit, kernel_params, render
+from eqfuse.backend.indexing import bstrides, offset, result_strides, view_strides
+from eqfuse.backend.kinds.base import (
+    Kind,
+    check_computable,
+    check_no_broadcast,
+    op_kind,
+    view_source,
+)
+from eqfuse.backend.lower_gemm import PARALLEL_MIN_FMAS
+from eqfuse.backend.plan import (
+    F32,
+    AttentionParts,
+    K,
+    KernelPlan,
+    KernelShape,
+    UOp,
+    size,
+)
+from eqfuse.ir.graph import Graph
+
+
+@dataclass(frozen=True)
+class AttentionDetail:
+    batch: int
+    Sq: int
+    Sk: int
+    D: int
+    Dv: int
+    parallel: bool  # the `if` of the parallel region
+    vec: bool = False  # the vectorized micro-kernels (whole 64-key tiles, v rows contiguous): after_views
+
+
+def output_tail(body: Graph, out: int) -> int:
+    """The node below the transposes and reshapes that write a kernel's result in another
+    layout (the head merge reshape(transpose(a, perm=[0, 2, 1, 3]))); out itself if none."""
+    seen_transpose = False
+    while body.nodes[out].op in ("transpose", "reshape"):
+        n = body.nodes[out]
+        if n.op == "reshape" and seen_transpose:
+            break  # a reshape below a transpose is not a strided write
+        seen_transpose |= n.op == "transpose"
+        out = n.args[0]
+    return out
+
+
+def _pointwise_over_inputs(body: Graph, i: int) -> bool:
+    return all(op_kind(body.nodes[j]) in ("pointwise", "input", "const") for j in body.ancestors(i))
+
+
+def match_attention(body: Graph) -> KernelShape | None:
+    """softmax(q @ k^T * scale [+ mask]) @ v, with pointwise ops allowed around the scores.
+
+    q, k^T and v are kernel inputs read in place, possibly through layout views (view_source),
+    and the result may be written through transposes (the head merge).
+    """
+    nodes = body.nodes
+    result = output_tail(body, body.outputs[0])
+    pv = next((i for i in body.ancestors(result)
+               if nodes[i].op == "matmul" and nodes[nodes[i].args[0]].op == "softmax"), None)
+    if pv is None:
+        return None
+    sm, v = nodes[pv].args
+    smn = nodes[sm]
+    if view_source(body, v) is None or smn.attr["axis"] % smn.type.rank != smn.type.rank - 1:
+        return None
+    # Walk the score expression down to the q @ k^T matmul; only pointwise ops with one
+    # score-dependent operand on the way (scale, mask, bias).
+    cur = smn.args[0]
+    mask = None
+    while nodes[cur].op != "matmul":
+        n = nodes[cur]
+        if op_kind(n) != "pointwise":
+            return None
+        # the operand that leads to the scores; the others are computed per score element from
+        # kernel inputs alone (a scale, a mask input, where(mask, 0, -inf) of a bool mask)
+        dep = [a for a in n.args if any(nodes[j].op == "matmul" for j in body.ancestors(a))]
+        other = [a for a in n.args if a not in dep]
+        if len(dep) != 1 or not all(_pointwise_over_inputs(body, o) for o in other):
+            return None
+        for o in other:
+            if nodes[o].op == "input" and nodes[o].type.rank >= 2:
+                mask = o
+        cur = dep[0]
+    qk = cur
+    q, kt = nodes[qk].args
+    if view_source(body, q) is None or view_source(body, kt) is None:
+        return None
+    views = body.ancestors(q) | body.ancestors(kt) | body.ancestors(v)
+    tail = body.ancestors(body.outputs[0]) - body.ancestors(result)
+    heavy = {i for i, n in enumerate(nodes) if op_kind(n) not in ("pointwise", "input", "const")}
+    if heavy - {pv, sm, qk} - views - tail:
+        return None
+    return KernelShape(K.ATTENTION, pv, AttentionParts(q, kt, v, qk, sm, mask, result))
+
+
+def _score_scale(body: Graph, score: int, qk: int) -> float | None:
+    """c when the attention score is q k^T * c, c * q k^T or q k^T / c with c a constant (1.0 for
+    q k^T itself); None when it has other ops (masks, biases)."""
+    if score == qk:
+        return 1.0
+    n = body.nodes[score]
+    if n.op not in ("mul", "div") or len(n.args) != 2:
+        return None
+    a, b = (body.nodes[x] for x in n.args)
+    if n.op == "mul" and a.op == "const" and n.args[1] == qk:
+        return float(a.value)
+    if n.args[0] == qk and b.op == "const":
+        return float(b.value) if n.op == "mul" else 1.0 / float(b.value)
+    return None
+
+
+def _v_strides(plan: KernelPlan) -> tuple[int, ...]:
+    body, p = plan.body, plan.shape.parts
+    res = tuple(body.nodes[p.result].type.shape)
+    _, st = view_strides(body, p.v, plan.base_strides())
+    return bstrides(body.nodes[p.v].type.shape, res[:-2] + (plan.detail.Sk, plan.detail.Dv), st)
+
+
+class Attention(Kind):
+    kinds = (K.ATTENTION,)
+    supported = ("attention (softmax(q @ transpose(k) * scale [+ mask]) @ v, q, k and v possibly read "
+                 "through transposes and reshapes of kernel inputs, the result possibly written through "
+                 "transposes)")
+
+    def match(self, body, facts, machine=None):
+        shape = match_attention(body)
+        if shape is None:
+            return None
+        p = shape.parts
+        check_no_broadcast(body, shape.anchor, p.result, K.ATTENTION)
+        check_computable(body, body.nodes[p.sm].args[0], {p.qk})  # the score expression
+        check_computable(body, p.result, {shape.anchor}, {p.qk, p.sm})  # the epilogue
+        return shape
+
+    def plan(self, plan: KernelPlan, c) -> None:
+        body, p = plan.body, plan.shape.parts
+        qs, kts, vs = (body.nodes[i].type.shape for i in (p.q, p.kt, p.v))
+        pv = body.nodes[plan.shape.anchor]
+        Sq, D = qs[-2], qs[-1]
+        Sk = kts[-1]
+        Dv = vs[-1]
+        batch = size(pv.type.shape[:-2])
+        # A key tile of 64 is four 16-lane vectors (the micro-kernels' width). The query block is
+        # the largest whose q block, score tile and accumulators share L1 with the key tile, when
+        # the key tile takes at most half of L1; a larger one (head size 128: 32 KiB) streams from
+        # L2 row by row, each row used by 4 query rows x 64 keys of FMAs, and is left out of the
+        # count (counted, it forced blocks of 4 queries: every key tile read again per 4 rows).
+        bk = 64 if D * 64 * F32 <= c.l2 // 4 else 16
+        kt_l1 = D * bk * F32 if D * bk * F32 <= c.l1 // 2 else 0
+        bq = 32
+        while bq > 4 and (bq * D + bq * bk + bq * Dv) * F32 + kt_l1 > c.l1:
+            bq //= 2
+        ws = (bq * D + bq * bk + bq * Dv) * F32 + kt_l1
+        plan.tiles = {"bq": bq, "bk": bk}
+        plan.flops = batch * (2 * Sq * Sk * D + 2 * Sq * Sk * Dv + 6 * Sq * Sk)
+        # its two products as one GEMM's multiply-adds: a parallel region only above the GEMMs' bar
+        fmas, nqb_ = batch * Sq * Sk * (D + Dv), -(-Sq // bq)
+        par = batch * Sq > 1 and fmas >= PARALLEL_MIN_FMAS
+        plan.detail = AttentionDetail(batch, Sq, Sk, D, Dv, par)
+        plan.threads = (f"the {batch} x {nqb_} (batch, {bq}-query block) tasks split evenly among the threads"
+                        if par else
+                        f"one thread, no parallel region ({fmas} multiply-adds < {PARALLEL_MIN_FMAS}, "
+                        "lower_gemm.PARALLEL_MIN_FMAS)")
+        held = "q block, k tile, score tile, accumulators" if kt_l1 else \
+            f"q block, score tile, accumulators; the {D * bk * F32} B k tile streams from L2"
+        plan.cache_check = (f"tile working set ({held}) {ws} B <= L1 {c.l1} B: "
+                            f"{'ok' if ws <= c.l1 else 'NO'}; largest buffer {bq} x {bk} scores, never {Sq} x {Sk}")
+        nqb, nkt = -(-Sq // bq), -(-Sk // bk)
+
+        def via(i):  # q, k^T and v may be read in place through transposes / reshapes
+            return "" if body.nodes[i].op == "input" else " (strided, through its layout view)"
+
+        out_via = "" if p.result == body.outputs[0] else " (strided, through the output transpose)"
+        plan.uops += [
+            UOp(0, "Loop", f"batch {batch} x query blocks of {bq} (parallel)", batch * nqb),
+            UOp(1, "Load", f"q block [{bq} x {D}]{via(p.q)}", batch * nqb),
+            UOp(1, "Loop", f"key tiles of {bk} over {Sk}", batch * nqb * nkt),
+            UOp(2, "Load", f"k^T tile [{D} x {bk}] of the per-head padded copy of k^T{via(p.kt)}", batch * nqb * nkt),
+            UOp(2, "Exec", f"scores {bq} x {bk} = q k^T ({bq * bk * D} FMA) + score ops"
+                           f"{' + mask' if p.mask is not None else ''}", batch * nqb * nkt),
+            UOp(2, "Exec", "online softmax in base 2: row max, lazy rescale (only when the max rises "
+                           "by more than 2^8), exp2", batch * nqb * nkt),
+            UOp(2, "Load", f"v tile [{bk} x {Dv}]{via(p.v)}", batch * nqb * nkt),
+            UOp(2, "Exec", f"acc [{bq} x {Dv}] += p v ({bq * bk * Dv} FMA)", batch * nqb * nkt),
+            UOp(1, "Store", f"out block [{bq} x {Dv}] / row sums, epilogue{out_via}", batch * nqb)]
+        self.after_views(plan, c)
+
+    def after_views(self, plan: KernelPlan, caches) -> None:
+        """The vectorized micro-kernels need whole 64-key tiles, blocks of 4 queries, and rows of
+        v that are contiguous vectors of 16 (v's strides are known once views are placed)."""
+        d, t = plan.detail, plan.tiles
+        nb = len(plan.body.nodes[plan.shape.parts.result].type.shape) - 2
+        vec = t["bk"] % 64 == 0 and t["bq"] % 4 == 0 and d.Dv % 16 == 0 and _v_strides(plan)[nb + 1] == 1
+        plan.detail = replace(d, vec=vec)
+
+    def emit(self, plan: KernelPlan) -> str:
+        """q, k^T and v are read in place through their views (strides), the result is written
+        through its output transposes (strides); k^T is first copied per head into a padded tile."""
+        body, p = plan.body, plan.shape.parts
+        pv = plan.shape.anchor
+        res = tuple(body.nodes[p.result].type.shape)
+        nb = len(res) - 2
+        bdims = list(range(nb))
+        d = plan.detail
+        Sq, Sk, D, Dv = d.Sq, d.Sk, d.D, d.Dv
+        batch = res[:-2]
+        params, ptrs = kernel_params(plan)
+
+        base = plan.base_strides()  # inputs read through views
+
+        def strided(i, tail):  # (input pointer, strides over batch + tail) of the view node i
+            src, st = view_strides(body, i, base)
+            return ptrs[src], bstrides(body.nodes[i].type.shape, batch + tail, st)
+
+        Q, qs = strided(p.q, (Sq, D))
+        Kp, ks = strided(p.kt, (D, Sk))
+        V, vs = strided(p.v, (Sk, Dv))
+        os_ = result_strides(body, p.result)
+        # k^T is transposed once per distinct head: the batch dims along which it does not broadcast
+        kdims = [i for i in bdims if ks[i] != 0]
+        kb_index = [0] * nb
+        acc = 1
+        for i in reversed(kdims):
+            kb_index[i] = acc
+            acc *= batch[i]
+        ids = count()
+        sspace = Space(batch + (Sq, Sk), [("b", bdims, True), ("i", [nb], False), ("j", [nb + 1], False)], I1, ids)
+        sc = Exprs(body, sspace, ptrs, {p.qk: "acc_s"}, I4)
+        # The softmax works in base 2. A score q k^T * c (or / c, or plain q k^T) is folded into the
+        # q block as a factor c log2 e, and the score pass then only masks the keys past the end.
+        scale = _score_scale(body, body.nodes[p.sm].args[0], p.qk)
+        if scale is None:
+            score, qscale, slog2e, score_ops = sc.value(body.nodes[p.sm].args[0]), "1.0f", "EQF_LOG2E", 1
+        else:
+            score, qscale, slog2e, score_ops = "acc_s", flit(scale * math.log2(math.e)), "1.0f", 0
+        ospace = Space(res, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1, ids)
+        epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={p.qk, p.sm})
+        e = epi.value(p.result)
+        bk, bq = plan.tiles["bk"], plan.tiles["bq"]
+        return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SQ=Sq, SK=Sk, D=D, DV=Dv,
+                      BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=int(d.vec),
+                      ZERO_NAN=int(body.nodes[p.sm].attr["zero_nan"]), PARALLEL=int(d.parallel),
+                      Q=Q, QOFF=offset("b", batch, qs[:nb]), QR=qs[nb], QC=qs[nb + 1],
+                      K=Kp, KSRC=offset("kb", [batch[i] for i in kdims], [ks[i] for i in kdims]),
+                      KBI=offset("b", batch, kb_index), KD=ks[nb], KJ=ks[nb + 1],
+                      V=V, VOFF=offset("b", batch, vs[:nb]), VR=vs[nb], VC=vs[nb + 1],
+                      OUT_OFF=offset("b", batch, os_[:nb]), OR=os_[nb], OC=os_[nb + 1],
+                      OFFSETS="\n".join(sspace.decls + ospace.decls),
+                      SCORE_BODY=sc.text(), SCORE=score, QSCALE=qscale, SCORE_LOG2E=slog2e, SCORE_OPS=score_ops,
+                      EPI_BODY=epi.text(), EPI=e)

@@ -1,0 +1,119 @@
+"""The layout kind: one transpose, reshape, slice or concat of kernel inputs. A reshape (squeeze,
+unsqueeze, flatten) is a view of its input, planned as kind VIEW; eqfuse.backend.views makes
+other layout ops views where their readers can read them in place, and makes a copy of a view
+that cannot be one. A copy walks the output in blocks (csrc_templates/layout.c, copy_block.c)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.indexing import coalesce, contiguous, joint_groups, offset
+from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
+from eqfuse.backend.plan import K, KernelPlan, KernelShape, Unsupported, UOp, size
+
+RESHAPES = ("reshape", "squeeze", "unsqueeze", "flatten")  # views of a contiguous buffer
+
+
+@dataclass(frozen=True)
+class LayoutDetail:
+    op: str
+    parallel: tuple[bool, ...]  # the `if` of each copy block's loop (concat: one block per input)
+
+
+class Layout(Kind):
+    kinds = (K.LAYOUT, K.VIEW)
+    supported = "layout (one transpose, reshape, slice or concat of kernel inputs)"
+
+    def match(self, body, facts, machine=None):
+        a = facts.single("layout")
+        if a is None:
+            return None
+        n = body.nodes[a]
+        if a != facts.out or not all(x in facts.inputs for x in n.args):
+            raise Unsupported(f"a layout op ({n.op}) must be the whole kernel, over kernel inputs")
+        return KernelShape(K.LAYOUT, a)
+
+    def plan(self, plan: KernelPlan, c) -> None:
+        body, a = plan.body, plan.shape.anchor
+        an = body.nodes[a]
+        total = size(plan.out_shape)
+        blocks = [size(body.nodes[x].type.shape) for x in an.args] if an.op == "concat" else [total]
+        plan.detail = LayoutDetail(an.op, tuple(n >= PARALLEL_MIN for n in blocks))
+        plan.threads = parallel_rule(all(plan.detail.parallel), f"{min(blocks)} elements per copy block",
+                                     PARALLEL_MIN, "the rows of each copy block")
+        if any(plan.detail.parallel) and not all(plan.detail.parallel):
+            plan.threads = (f"the rows of each copy block of >= {PARALLEL_MIN} elements split evenly among the "
+                            "threads; the smaller blocks on one thread")
+        if an.op in RESHAPES:
+            plan.kind = K.VIEW
+            plan.bytes = 0
+            plan.uops = [UOp(0, "Exec", f"reshape {list(body.nodes[an.args[0]].type.shape)} -> {list(plan.out_shape)}: "
+                                        "zero-copy view of a contiguous buffer", 1)]
+            plan.cache_check = "no data moved"
+            return
+        inner = plan.out_shape[-1] if plan.out_shape else 1
+        plan.cache_check = "streaming copy"
+        u = plan.uops
+        u.append(UOp(0, "Loop", f"{total // max(inner, 1)} output rows of {inner} (parallel)", total // max(inner, 1)))
+        u.append(UOp(1, "Load", f"{an.op} source row [{inner}] (strided gather)", total // max(inner, 1)))
+        u.append(UOp(1, "Store", f"out row [{inner}]", total // max(inner, 1)))
+
+    def emit(self, plan: KernelPlan) -> str:
+        body, a = plan.body, plan.shape.anchor
+        an = body.nodes[a]
+        params, ptrs = kernel_params(plan)
+        out = tuple(plan.out_shape)
+        blocks = []
+        parallel = iter(plan.detail.parallel)
+
+        def block(src: str, src_strides_in_out_space, dst_base: str, dst_space, dst_strides, base_src="0"):
+            # walk `dst_space` (a shape); inner loop over its last non-1 group
+            sets = [src_strides_in_out_space, dst_strides]
+            groups = joint_groups(dst_space, sets) or [[]]
+            inner_dims, outer_dims = groups[-1], [d for g in groups[:-1] for d in g]
+            inner = size([dst_space[d] for d in inner_dims])
+            outer = size(dst_space) // inner
+            so = offset("o", [dst_space[d] for d in outer_dims], [src_strides_in_out_space[d] for d in outer_dims])
+            do = offset("o", [dst_space[d] for d in outer_dims], [dst_strides[d] for d in outer_dims])
+            ssi = coalesce([dst_space[d] for d in inner_dims], [src_strides_in_out_space[d] for d in inner_dims])[1]
+            dsi = coalesce([dst_space[d] for d in inner_dims], [dst_strides[d] for d in inner_dims])[1]
+            decl = (f"        const long src_off = {base_src} + {so};\n"
+                    f"        const long dst_off = {dst_base} + {do};\n        (void)o;")
+            blocks.append(render("copy_block.c", PARALLEL=int(next(parallel)), OUTER=outer,
+                                 OFFSETS=decl, INNER=inner, DST="out", DST_STRIDE=dsi[0] if dsi else 0,
+                                 SRC=src, SRC_STRIDE=ssi[0] if ssi else 0))
+
+        def strides(x):  # the input's strides: contiguous, or those of the view it is read through
+            k = body.inputs.index(x)
+            return plan.in_strides.get(k) or contiguous(body.nodes[x].type.shape)
+
+        if an.op == "transpose":
+            x = an.args[0]
+            xs = body.nodes[x].type.shape
+            perm = an.attr["perm"] or tuple(reversed(range(len(xs))))
+            cs = strides(x)
+            block(ptrs[x], [cs[p] for p in perm], "0", out, contiguous(out))
+        elif an.op in RESHAPES:  # copies only a view it cannot be a view of: walk the source in order
+            x = an.args[0]
+            xs = body.nodes[x].type.shape
+            block(ptrs[x], list(strides(x)), "0", xs, contiguous(xs))
+        elif an.op == "slice":
+            x = an.args[0]
+            xs = body.nodes[x].type.shape
+            ax = an.attr["axis"] % len(xs)
+            start = range(xs[ax])[an.attr["start"]:an.attr["stop"]].start
+            cs = list(strides(x))
+            src = list(cs)
+            src[ax] *= an.attr["step"]
+            block(ptrs[x], src, "0", out, contiguous(out), base_src=str(start * cs[ax]))
+        else:  # concat
+            assert an.op == "concat", an.op
+            ax = an.attr["axis"] % len(out)
+            ocs = contiguous(out)
+            pos = 0
+            for x in an.args:
+                xs = body.nodes[x].type.shape
+                block(ptrs[x], list(contiguous(xs)), str(pos * ocs[ax]), xs, list(ocs))
+                pos += xs[ax]
+        return render("layout.c", NAME=plan.name, OP=an.op, SPACE=list(out), PARAMS=params, BLOCKS="\n".join(blocks))

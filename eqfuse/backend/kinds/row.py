@@ -1,0 +1,151 @@
+"""The row kind: one softmax, layernorm or rmsnorm, or a sum/mean/max over the trailing axes,
+with a pointwise prologue and epilogue; each row is walked in passes while it is in cache
+(csrc_templates/row_softmax.c, row_layernorm.c, row_rmsnorm.c, row_reduce.c)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import count
+
+from eqfuse.backend.cexpr import (
+    I1,
+    I2,
+    Exprs,
+    Space,
+    computed_ancestors,
+    flit,
+    kernel_params,
+    render,
+)
+from eqfuse.backend.indexing import contiguous, offset
+from eqfuse.backend.kinds.base import (
+    PARALLEL_MIN,
+    Kind,
+    input_names,
+    parallel_rule,
+    vectors,
+)
+from eqfuse.backend.kinds.reduce import (
+    NAN_TRACK,
+    REDUCE,
+    check_reduce_epilogue,
+    match_single,
+)
+from eqfuse.backend.plan import (
+    F32,
+    K,
+    KernelPlan,
+    KernelShape,
+    UOp,
+    not_ancestors,
+    ops_text,
+    pointwise_flops,
+    size,
+)
+from eqfuse.ir.ops import OPS, reduce_axes
+
+ROW_OPS = ("softmax", "layernorm", "rmsnorm")  # the rest are reductions: one value per row
+
+
+@dataclass(frozen=True)
+class RowDetail:
+    op: str
+    rows: int
+    L: int  # elements of a row
+    axis0: int  # the input's first row axis (softmax: its one axis, rows strided when not the last)
+    parallel: bool  # the `if` of the loop over rows
+
+
+def row_loop_pragma(parallel: int) -> str:
+    """The row templates' loop over rows: split over threads (when `parallel`), or plain."""
+    return f"    #pragma omp parallel for schedule(static) if ({parallel})"
+
+
+class Row(Kind):
+    kinds = (K.ROW,)
+    supported = ("row-wise (one softmax, layernorm, rmsnorm or sum/mean/max over the trailing axes, "
+                 "with a pointwise prologue and epilogue)")
+
+    def match(self, body, facts, machine=None):
+        a = match_single(body, facts, row=True)
+        if a is None:
+            return None
+        if body.nodes[a].op not in ROW_OPS:
+            check_reduce_epilogue(body, a, facts.out)
+        return KernelShape(K.ROW, a)
+
+    def plan(self, plan: KernelPlan, c) -> None:
+        body, a = plan.body, plan.shape.anchor
+        an = body.nodes[a]
+        xshape = tuple(body.nodes[an.args[0]].type.shape)
+        if an.op in ("softmax", "layernorm"):
+            axis0 = an.attr["axis"] % len(xshape)  # rows run along this axis (strided when not the last)
+        elif an.op == "rmsnorm":
+            axis0 = len(xshape) - 1
+        else:  # sum / mean / max over trailing axes
+            axes = reduce_axes(an.attr, len(xshape))
+            axis0 = min(axes) if axes else len(xshape)
+        rows, L = size(xshape[:axis0]), size(xshape[axis0:])
+        if an.op == "softmax":
+            rows, L = size(xshape) // xshape[axis0], xshape[axis0]
+        par = rows > 1 and rows * L >= PARALLEL_MIN // 4
+        plan.detail = RowDetail(an.op, rows, L, axis0, par)
+        plan.threads = parallel_rule(par, f"{rows} rows x {L}", PARALLEL_MIN // 4, f"the {rows} rows")
+        plan.flops = OPS[an.op].flops * size(xshape) + pointwise_flops(body, skip={a})
+        row_bytes = L * F32 * (len(body.inputs) + 1)
+        plan.cache_check = (f"row working set {row_bytes} B <= L2 {c.l2} B: "
+                            f"{'ok' if row_bytes <= c.l2 else 'no (streams from L3)'}")
+        passes = {"softmax": 3, "layernorm": 3, "rmsnorm": 2}.get(an.op, 1)
+        pro = ops_text(body, skip=not_ancestors(body, an.args[0]))
+        u = plan.uops
+        u.append(UOp(0, "Loop", f"r over {rows} rows (parallel)", rows))
+        for nm, i in zip(input_names(plan), body.inputs):
+            u.append(UOp(1, "Load", f"{nm} row [{L}]" if size(body.nodes[i].type.shape) > 1 else f"{nm} scalar", rows))
+        u.append(UOp(1, "Exec", f"prologue ({pro or 'none'}) + {an.op} in {passes} passes over the row in cache "
+                                f"({vectors(L, c.simd)} vectors each)", rows))
+        u.append(UOp(1, "Store", f"out row [{L if an.op in ROW_OPS else 1}] after the epilogue", rows))
+
+    def emit(self, plan: KernelPlan) -> str:
+        body, a = plan.body, plan.shape.anchor
+        an = body.nodes[a]
+        xshape = tuple(body.nodes[an.args[0]].type.shape)
+        d = plan.detail
+        axis0, rows, L = d.axis0, d.rows, d.L
+        if an.op == "softmax":
+            col_dims = [axis0]
+            row_dims = [k for k in range(len(xshape)) if k != axis0]
+        else:
+            col_dims = list(range(axis0, len(xshape)))
+            row_dims = list(range(axis0))
+        params, ptrs = kernel_params(plan)
+        ids = count()
+        space = Space(xshape, [("r", row_dims, True), ("j", col_dims, False)], I1, ids)
+        pro = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
+        x = pro.value(an.args[0])
+        common = dict(NAME=plan.name, PARAMS=params, ROWS=rows, L=L,
+                      ROW_LOOP_PRAGMA=row_loop_pragma(int(d.parallel)),
+                      PRO_BODY=pro.text(), X=x)
+        if an.op in ROW_OPS:
+            epi = Exprs(body, space, ptrs, {a: "v"}, I2, strides=plan.base_strides())
+            e = epi.value(body.outputs[0])
+            cs = contiguous(xshape)
+            common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0)
+            if an.op == "softmax":
+                return render("row_softmax.c",
+                              YBASE=offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims]),
+                              YS=cs[axis0], ZERO_NAN=int(an.attr["zero_nan"]), **common)
+            g = ptrs[an.args[1]]
+            extra = {"GAMMA": g, "EPS": flit(an.attr["eps"])}
+            if an.op == "layernorm":
+                extra["BETA"] = ptrs[an.args[2]]
+            return render(f"row_{an.op}.c", **common, **extra)
+        # sum / mean / max over trailing axes: one value per row
+        espace = Space(plan.out_shape, [("r", list(range(len(plan.out_shape))), True)], I1, ids)
+        epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=computed_ancestors(body, an.args[0]),
+                    strides=plan.base_strides())
+        e = epi.value(body.outputs[0])
+        red = REDUCE[an.op]
+        return render("row_reduce.c", OP=an.op, OFFSETS="\n".join(space.decls), EPI_OFFSETS="\n".join(espace.decls),
+                      EPI_BODY=epi.text(), EPI=e, INIT=red[0], RED=red[1], COMBINE=red[2],
+                      NAN_TRACK=NAN_TRACK.get(an.op, ""),
+                      SCALE=flit(1.0 / L) if an.op == "mean" else "1.0f", **common)
