@@ -8,24 +8,14 @@ Generated names are deterministic: values v<node id>, offsets off<k>.
 
 from __future__ import annotations
 
-import math
 from typing import Iterator
 
 from eqfuse.backend.cbuild import render as cb_render
 from eqfuse.backend.indexing import bstrides, offset
 from eqfuse.backend.plan import KernelPlan
 from eqfuse.ir.graph import Graph, Node
-from eqfuse.ir.ops import OPS
+from eqfuse.ir.ops import OPS, flit  # noqa: F401  (flit: the kinds write literals with it)
 from eqfuse.ir.shapes import C_TYPE, INT_DTYPES
-
-
-def flit(v: float) -> str:
-    v = float(v)
-    if math.isnan(v):
-        return "NAN"
-    if math.isinf(v):
-        return "INFINITY" if v > 0 else "(-INFINITY)"
-    return f"({float.__repr__(v)}f)" if v < 0 else f"{float.__repr__(v)}f"
 
 
 class Space:

@@ -27,6 +27,16 @@ REQUIRED = object()
 #   tuple); axes (None, an int or a list of ints, normalized to a tuple or None).
 
 
+def flit(v: float) -> str:
+    """A float as a C literal, as the op table's C semantics (`c_expr`) write constants."""
+    v = float(v)
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    return f"({float.__repr__(v)}f)" if v < 0 else f"{float.__repr__(v)}f"
+
+
 @dataclass(frozen=True)
 class Attr:
     name: str

@@ -78,7 +78,7 @@ _op(name="softplus", kind="pointwise", arity=(1, 1), infer=_same, numpy=lambda a
 
 
 def _f(v: float) -> str:
-    from eqfuse.backend.cexpr import flit
+    from eqfuse.ir.ops import flit
 
     return flit(v)
 
