@@ -48,7 +48,7 @@ def _source(name, case, blocking):
 @pytest.fixture(scope="module", params=sorted(WIDTHS))
 def width(request):
     m = WIDTHS[request.param]
-    if m.simd_floats > machine.host_simd_floats():
+    if m.simd_floats > machine.host_simd_floats():  # (the suite's floor is AVX2: only an older host skips)
         pytest.skip(f"this host has no {m.simd_floats}-float vectors")
     with machine.pinned(m, clamp=False):
         parts = [_source(f"w{n}", *v) for n, v in enumerate(_variants())]
@@ -88,6 +88,7 @@ def test_each_width_plans_its_own_register_tile(width, N):
     assert vecs + t["nr"] // m.simd_floats + 1 + (name == "portable") <= 16
 
 
+# the instruction check reads the built library with binutils' objdump (present wherever gcc is)
 @pytest.mark.skipif(not shutil.which("objdump"), reason="needs objdump")
 def test_each_width_runs_its_own_micro_kernel(width):
     """The build really takes the intended path: FMAs on ymm registers for AVX2 (none on zmm); no
