@@ -137,12 +137,11 @@ def place_views(kg: Graph, plans: list[KernelPlan]) -> None:
     if not cands:
         return
     forced: set[int] = set()
-    readers = [p for p in plans]
     while True:
         idx = _compose(kg, plans, cands, forced)
         maps = {n: affine(a) for n, (_, a) in idx.items()}
         need: set[int] = set()
-        for p in readers:
+        for p in plans:  # every kernel that stays one reads its args at their maps
             if p.node in idx:
                 continue
             for k, a in enumerate(p.args):
