@@ -182,6 +182,79 @@ graph s(x: f32[6, 10], w: f32[10, 4]) -> f32[3, 4] {
     assert _kinds(mod) == ["pointwise", "contraction"]
 
 
+# ---------------------------------------------------------------- concats written in place
+
+
+def _all_kinds(mod):
+    return [k.kind for k in mod.kernels]
+
+
+def test_a_concat_is_written_in_place_by_a_gemm_and_a_pointwise_kernel():
+    src = """
+graph c(x: f32[6, 8], w1: f32[8, 5], y: f32[4, 5], w2: f32[5, 3]) -> f32[10, 3] {
+  z = concat(relu(x @ w1), exp(y * 2), axis=0)
+  return tanh(z @ w2)
+}
+"""
+    mod = _run(src, x=_rand(6, 8), w1=_rand(8, 5, seed=1), y=_rand(4, 5, seed=2), w2=_rand(5, 3, seed=3))
+    assert "layout" not in _all_kinds(mod)
+    assert _kinds(mod) == ["contraction", "pointwise", "contraction"]
+
+
+def test_a_concat_along_axis_1_after_leading_size_1_dims_is_written_in_place():
+    src = """
+graph c(x: f32[1, 6, 8], w1: f32[8, 5], y: f32[1, 3, 5]) -> f32[1, 9, 5] {
+  z = concat(relu(x @ w1), exp(y * 2), axis=1)
+  return z * 3
+}
+"""
+    mod = _run(src, x=_rand(1, 6, 8), w1=_rand(8, 5, seed=1), y=_rand(1, 3, 5, seed=2))
+    assert "layout" not in _all_kinds(mod)
+
+
+def test_a_concat_returned_by_the_graph_is_written_in_the_returned_array():
+    src = """
+graph c(x: f32[6, 8], w1: f32[8, 5], y: f32[4, 5]) -> (f32[10, 5], f32[4, 5]) {
+  z = concat(relu(x @ w1), exp(y * 2), axis=0)
+  return z, y + 1
+}
+"""
+    mod = _run(src, x=_rand(6, 8), w1=_rand(8, 5, seed=1), y=_rand(4, 5, seed=2))
+    assert "layout" not in _all_kinds(mod)
+    for _ in range(2):  # the returned arrays are pooled between calls: still right
+        _run(src, x=_rand(6, 8, seed=4), w1=_rand(8, 5, seed=5), y=_rand(4, 5, seed=6))
+
+
+NOT_IN_PLACE = {
+    "an operand read elsewhere too": ("f32[10, 5]", "h = relu(x @ w1)\n  z = concat(h, exp(y * 2), axis=0)\n"
+                                      "  return z * sum(h, axis=0, keepdims=true)"),
+    "an operand that is a graph input": ("f32[10, 5]", "return concat(relu(x @ w1), y, axis=0)"),
+    "an operand that is a graph output": ("(f32[10, 5], f32[4, 5])", "e = exp(y * 2)\n  return concat(relu(x @ w1), e, axis=0), e"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_IN_PLACE))
+def test_a_concat_whose_operands_cannot_all_be_written_in_place_stays_a_copy(case):
+    out, body = NOT_IN_PLACE[case]
+    src = f"""
+graph c(x: f32[6, 8], w1: f32[8, 5], y: f32[4, 5]) -> {out} {{
+  {body}
+}}
+"""
+    mod = _run(src, x=_rand(6, 8), w1=_rand(8, 5, seed=1), y=_rand(4, 5, seed=2))
+    assert "layout" in _all_kinds(mod)
+
+
+def test_a_concat_along_the_last_axis_stays_a_copy():
+    src = """
+graph c(x: f32[2, 3], y: f32[2, 3]) -> f32[2, 6] {
+  return concat(exp(x), y * 2, axis=1)
+}
+"""
+    mod = _run(src, x=_rand(2, 3), y=_rand(2, 3, seed=1))
+    assert "layout" in _all_kinds(mod)
+
+
 # ---------------------------------------------------------------- exported linear layers
 
 

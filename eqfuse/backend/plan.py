@@ -112,6 +112,10 @@ class KernelPlan:
     # the strides of each arg read through a non-contiguous view (arg position -> strides)
     view: tuple | None = None
     in_strides: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # a concat written in place (eqfuse.backend.views.place_concats): the (concat node, element
+    # offset) this kernel writes its contiguous result into; the concat's plan is then a view plan
+    # with `view` None that owns the storage (eqfuse.runtime.program.plan_memory)
+    into: tuple[int, int] | None = None
 
     @property
     def prepack(self) -> dict | None:

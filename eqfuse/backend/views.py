@@ -23,6 +23,15 @@ non-affine reshape in the middle, and the whole chain is one view.
 The plans record it: a view plan gets kind "view" and `view = (root, offset, strides)`; a plan
 reading a non-contiguous view gets the view's strides in `in_strides[k]` (arg k), and the runtime
 passes the root's pointer plus the offset (eqfuse.runtime.program).
+
+A concat is written in place by the kernels that produce its operands (`place_concats`) when
+each operand's block of the concat is contiguous (every dim before the axis is 1) and each
+operand is a kernel's result (not a view, an input or a constant) read by nothing but the concat,
+once, and not a graph output: each of those kernels writes its usual contiguous result at the
+concat's storage plus the block's offset (`into = (concat, offset)`), and the concat becomes a
+view plan with no code that owns the storage. All or nothing: when any operand does not
+qualify, the concat stays one copy kernel (a partly in-place concat would need a copy kernel
+that skips blocks, for little gain).
 """
 
 from __future__ import annotations
@@ -203,3 +212,39 @@ def _compose(kg: Graph, plans: list[KernelPlan], cands: dict[int, KernelPlan], f
         n = p.body.nodes[p.shape.anchor]
         idx[p.node] = (root, np.ascontiguousarray(OPS[n.op].numpy([base], n.attr)))
     return idx
+
+
+def place_concats(kg: Graph, plans: list[KernelPlan]) -> None:
+    """Make the concats whose operands can all be written in place storage with no code (see the
+    module's docstring). Runs after place_views (an operand that is a view stays a copy)."""
+    by_node = {p.node: p for p in plans}
+    reads: dict[int, int] = {}
+    for p in plans:
+        for a in p.args:
+            reads[a] = reads.get(a, 0) + 1
+    outputs = set(kg.outputs)
+    for p in plans:
+        if p.kind != K.LAYOUT or p.body.nodes[p.shape.anchor].op != "concat" or p.in_strides:
+            continue
+        an = p.body.nodes[p.shape.anchor]
+        out = tuple(p.out_shape)
+        ax = an.attr["axis"] % len(out)
+        if math.prod(out[:ax]) != 1:
+            continue
+        ops = [by_node.get(a) for a in p.args]
+        if not all(q is not None and q.kind != K.VIEW and q.into is None and reads[q.node] == 1
+                   and q.node not in outputs for q in ops):
+            continue
+        off = 0
+        for q in ops:
+            q.into = (p.node, off)
+            q.uops = q.uops + [UOp(0, "Store", f"result written in place into the concat t{p.node} "
+                                               f"at element offset {off}", 1)]
+            off += math.prod(kg.nodes[q.node].type.shape)
+        p.kind = K.VIEW
+        p.name = p.name.rsplit("_", 1)[0] + "_view"
+        p.view = None
+        p.bytes = 0
+        p.cache_check = "no data moved"
+        p.uops = [UOp(0, "Exec", f"concat along axis {ax}: written in place by the kernels of "
+                                 f"{', '.join(f't{a}' for a in p.args)}; no code", 1)]

@@ -4,6 +4,8 @@
 
 - a graph input, a top-level constant or a prepacked weight: a slot of the `in` array;
 - a view (reshape and kin): the storage of the tensor it views (no code, no call);
+- a concat written in place (eqfuse.backend.views.place_concats): storage of its own, alive from
+  the step of its first operand's writer; each operand is that storage at its element offset;
 - a kernel's result that is a graph output (the first output that is it, or a view of it): the
   caller's output buffer `out[k]`, written in place;
 - every other kernel result: an offset in one arena. Its lifetime is the interval of kernel
@@ -85,19 +87,26 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
     for i in consts:
         src[i] = i
     voff: dict[int, int] = {}  # view node -> its element offset in its root (eqfuse.backend.views)
+    stores = {p.into[0] for p in plans if p.into is not None}  # concats written in place
     for p in plans:
         if p.kind == K.VIEW and p.view is not None:
             root, off, _ = p.view
             src[p.node], voff[p.node] = src[root], voff.get(root, 0) + off
-        elif p.kind == K.VIEW:
+        elif p.kind == K.VIEW and p.node not in stores:
             src[p.node], voff[p.node] = src[p.args[0]], voff.get(p.args[0], 0)
         else:
             src[p.node] = p.node
+    for p in plans:  # a kernel writing a concat in place: the concat's storage at its offset
+        if p.into is not None:
+            c, off = p.into
+            src[p.node], voff[p.node] = src[c], voff.get(c, 0) + off
     kernels = [p for p in plans if p.kind != K.VIEW]
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for s, p in enumerate(kernels):
-        first[p.node] = last[p.node] = s
+        r = src[p.node]  # the kernel's own result, or a concat's storage from its first writer on
+        first.setdefault(r, s)
+        last[r] = s
         for a in p.args:
             r = src[a]
             if r in last:
