@@ -199,6 +199,14 @@ graph c(x: f32[6, 8], w1: f32[8, 5], y: f32[4, 5], w2: f32[5, 3]) -> f32[10, 3] 
     mod = _run(src, x=_rand(6, 8), w1=_rand(8, 5, seed=1), y=_rand(4, 5, seed=2), w2=_rand(5, 3, seed=3))
     assert "layout" not in _all_kinds(mod)
     assert _kinds(mod) == ["contraction", "pointwise", "contraction"]
+    # the operands are the concat's storage at their offsets; it lives from the GEMM's step on
+    last = mod.c.last
+    (cat,) = [p.node for p in last.plans if p.kind == "view"]
+    gemm, pw = [p for p in last.plans if p.into is not None]
+    assert (gemm.into, pw.into) == ((cat, 0), (cat, 30))
+    mem = last.memory
+    assert mem.root[gemm.node] == mem.root[pw.node] == mem.root[cat] and mem.view_offsets[pw.node] == 30
+    assert mem.lifetimes[cat] == (10 * 5 * 4, 0, 2)
 
 
 def test_a_concat_along_axis_1_after_leading_size_1_dims_is_written_in_place():
@@ -226,8 +234,8 @@ graph c(x: f32[6, 8], w1: f32[8, 5], y: f32[4, 5]) -> (f32[10, 5], f32[4, 5]) {
 
 
 NOT_IN_PLACE = {
-    "an operand read elsewhere too": ("f32[10, 5]", "h = relu(x @ w1)\n  z = concat(h, exp(y * 2), axis=0)\n"
-                                      "  return z * sum(h, axis=0, keepdims=true)"),
+    "an operand read elsewhere too": ("f32[10, 5]", ("h = relu(x @ w1)\n  z = concat(h, exp(y * 2), axis=0)\n"
+                                       "  return z * sum(h, axis=0, keepdims=true)")),
     "an operand that is a graph input": ("f32[10, 5]", "return concat(relu(x @ w1), y, axis=0)"),
     "an operand that is a graph output": ("(f32[10, 5], f32[4, 5])", "e = exp(y * 2)\n  return concat(relu(x @ w1), e, axis=0), e"),
 }
