@@ -237,6 +237,7 @@ NOT_IN_PLACE = {
     "an operand read elsewhere too": ("f32[10, 5]", ("h = relu(x @ w1)\n  z = concat(h, exp(y * 2), axis=0)\n"
                                        "  return z * sum(h, axis=0, keepdims=true)")),
     "an operand that is a graph input": ("f32[10, 5]", "return concat(relu(x @ w1), y, axis=0)"),
+    "one kernel read twice": ("f32[12, 5]", "h = relu(x @ w1)\n  return concat(h, h, axis=0)"),
     "an operand that is a graph output": ("(f32[10, 5], f32[4, 5])", "e = exp(y * 2)\n  return concat(relu(x @ w1), e, axis=0), e"),
 }
 

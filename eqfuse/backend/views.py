@@ -232,7 +232,11 @@ def place_concats(kg: Graph, plans: list[KernelPlan]) -> None:
         if math.prod(out[:ax]) != 1:
             continue
         ops = [by_node.get(a) for a in p.args]
-        if not all(q is not None and q.kind != K.VIEW and q.into is None and reads[q.node] == 1
+        # one operand block per kernel: concat(t, t) reads one kernel twice, which cannot be
+        # written in two places
+        whole = len(set(an.args)) == len(an.args) == len(p.args) and \
+            sum(math.prod(kg.nodes[a].type.shape) for a in p.args) == math.prod(out)
+        if not whole or not all(q is not None and q.kind != K.VIEW and q.into is None and reads[q.node] == 1
                    and q.node not in outputs for q in ops):
             continue
         off = 0
