@@ -1,10 +1,10 @@
 """Real exported models: eqfuse against onnxruntime, side by side in one process.
 
     python benchmarks/bench_models.py [--repeat N] [--model NAME ...] [--exporter torchscript|dynamo]
-                                      [--torch]
+                                      [--torch [--autotune]]
 
-BERT, GPT-2 and ViT (transformers, small configs, random weights), ResNet-18 and MLP-Mixer
-(tests/model_exports.py), exported to ONNX. For 1 and 2 threads, calls of eqfuse and of
+BERT, GPT-2 and ViT (transformers, small configs, random weights), ResNet-18, MLP-Mixer, the MLP
+784-1024-1024-10 and BERT-base geometry (tests/model_exports.py, BENCH_MODELS), exported to ONNX. For 1 and 2 threads, calls of eqfuse and of
 onnxruntime (ORT_ENABLE_ALL, that many intra-op threads) alternate; each row gives both medians,
 the spread (interquartile range as % of the median) and the ratio. The outputs are checked
 against each other first. `--torch` adds the torch module the export came from, eager and under
@@ -36,25 +36,31 @@ def _iqr(ts: list[float]) -> float:
     return 100 * (q[2] - q[0]) / statistics.median(ts)
 
 
-def _torch_runs(name: str, feeds: dict, compile_s: dict) -> dict:
-    """torch eager and torch.compile (default mode) on the module the export came from."""
+def _torch_runs(name: str, feeds: dict, compile_s: dict, autotune: bool) -> dict:
+    """torch eager and torch.compile (default mode; with `autotune` also mode="max-autotune"
+    with freezing, whose GEMMs are MKL's packed ones) on the module the export came from."""
     import torch
 
     model, names = me.torch_model(name)
     args = [torch.from_numpy(feeds[n]) for n in names]
 
-    def eager():
-        with torch.no_grad():
-            return model(*args).numpy()
-    compiled = torch.compile(model)
+    def call(f):
+        def run():
+            with torch.no_grad():
+                out = f(*args)
+            return getattr(out, "last_hidden_state", out).numpy()
+        return run
+    runs = {"torch": call(model), "torch.compile": call(torch.compile(model))}
+    if autotune:
+        import torch._inductor.config as inductor
 
-    def comp():
-        with torch.no_grad():
-            return compiled(*args).numpy()
-    t0 = time.perf_counter()
-    comp()
-    compile_s["torch.compile"] = time.perf_counter() - t0
-    return {"torch": eager, "torch.compile": comp}
+        inductor.freezing = True
+        runs["max-autotune"] = call(torch.compile(model, mode="max-autotune"))
+    for k in list(runs)[1:]:
+        t0 = time.perf_counter()
+        runs[k]()
+        compile_s[k] = time.perf_counter() - t0
+    return runs
 
 
 def main(argv=None) -> int:
@@ -62,16 +68,20 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--model", action="append", choices=me.MODELS)
+    ap.add_argument("--model", action="append", choices=me.BENCH_MODELS)
     ap.add_argument("--exporter", default="dynamo", choices=me.EXPORTERS)
     ap.add_argument("--torch", action="store_true", help="add torch eager and torch.compile columns")
+    ap.add_argument("--autotune", action="store_true",
+                    help="with --torch, add torch.compile(mode='max-autotune') with freezing (minutes to compile)")
     args = ap.parse_args(argv)
     blas_threads(1)
     head = f"{'model':<10}{'kernels':>8}{'thr':>4}{'eqfuse ms':>11}{'iqr%':>6}{'ORT ms':>9}{'iqr%':>6}{'ORT/eqfuse':>11}"
     if args.torch:
         head += f"{'eager ms':>10}{'compile ms':>12}{'compile/eqfuse':>15}"
+    if args.torch and args.autotune:
+        head += f"{'autotune ms':>12}{'autotune/eqfuse':>16}"
     print(head)
-    for name in args.model or me.MODELS:
+    for name in args.model or me.BENCH_MODELS:
         path = str(me.export(name, args.exporter))
         feeds = me.inputs(name)
         t0 = time.perf_counter()
@@ -81,7 +91,7 @@ def main(argv=None) -> int:
         compile_s = {"eqfuse": time.perf_counter() - t0}
         runs = {"eqfuse": lambda: fn(**feeds)}
         if args.torch:
-            runs.update(_torch_runs(name, feeds, compile_s))
+            runs.update(_torch_runs(name, feeds, compile_s, args.autotune))
         for th in (1, 2):
             fn.threads = th
             so = ort.SessionOptions()
@@ -111,10 +121,12 @@ def main(argv=None) -> int:
             if args.torch:
                 line += (f"{med['torch'] * 1e3:>10.3f}{med['torch.compile'] * 1e3:>12.3f}"
                          f"{med['torch.compile'] / med['eqfuse']:>15.2f}")
+            if "max-autotune" in med:
+                line += f"{med['max-autotune'] * 1e3:>12.3f}{med['max-autotune'] / med['eqfuse']:>16.2f}"
             print(line, flush=True)
         print("  compile s: " + ", ".join(f"{k} {v:.2f}" for k, v in compile_s.items()), flush=True)
     print("ORT/eqfuse > 1: eqfuse is faster. Inputs: batch 2 (sequence 16 for BERT/GPT-2, 32x32 images "
-          "for ViT and the Mixer, 64x64 for ResNet-18).")
+          "for ViT and the Mixer, 64x64 for ResNet-18); the MLP at batch 8; BERT-base batch 1, sequence 128.")
     return 0
 
 

@@ -30,3 +30,31 @@ def machine_model(request):
     """Runs a test once under each of two pinned machines (32 KiB and 48 KiB L1)."""
     with _machine.pinned(request.param) as m:
         yield m
+
+
+# ------------------------------------------------------------------ the test tiers
+# `pytest` runs the whole suite but the tests marked `extended` (the sanitizer pass and the fuzzers:
+# `-m extended` runs them). `pytest -m "not slow" -n 2` is the fast tier, under 2 minutes on 2 cores:
+# every test function once, none of the heavy ones. `slow` is never written in a test file;
+# it is set here, on
+#   - the tests marked `heavy` (more than about 1.5 s each) or `extended`;
+#   - every case after the first FAST_CASES of a parametrized test;
+#   - the onnx package's backend node tests after the first FAST_CASES of each ONNX op (the word
+#     after "test_" in the case's name: test_reduce_min_... is a case of "reduce").
+FAST_CASES = 1
+
+
+def _group(item) -> tuple:
+    if item.cls is not None and item.cls.__name__ == "OnnxBackendNodeModelTest":
+        return item.path, item.name.split("_")[1]
+    return item.path, getattr(item, "originalname", item.name)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers
+def pytest_collection_modifyitems(config, items):
+    seen: dict[tuple, int] = {}
+    for item in items:
+        key = _group(item)
+        seen[key] = seen.get(key, 0) + 1
+        if item.get_closest_marker("heavy") or item.get_closest_marker("extended") or seen[key] > FAST_CASES:
+            item.add_marker(pytest.mark.slow)

@@ -29,9 +29,10 @@ def _hf(name: str, layers: int = 2):
     import transformers as T
 
     torch.manual_seed(0)
-    if name == "bert":
-        cfg = T.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                           vocab_size=VOCAB, max_position_embeddings=64)
+    if name in ("bert", "bert-base"):
+        cfg = (T.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                            vocab_size=VOCAB, max_position_embeddings=64) if name == "bert" else
+               T.BertConfig(vocab_size=VOCAB, max_position_embeddings=512))  # BERT-base: 12 x 768, 12 heads
         m = T.BertModel(cfg, add_pooling_layer=False).eval()
 
         class Wrap(torch.nn.Module):
@@ -145,7 +146,20 @@ def _mixer(layers: int = 2):
     return Mixer().eval(), ("x",)
 
 
+def _mlp():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    return m.eval(), ("x",)
+
+
 MODELS = ("bert", "gpt2", "vit", "resnet18", "mixer")
+# benchmarks/bench_models.py adds two that the tests do not export: the MLP 784-1024-1024-10 at
+# batch 8, and BERT-base geometry (12 layers, hidden 768, 12 heads, sequence 128, batch 1; 85M
+# random weights, a 350 MB export).
+BENCH_MODELS = MODELS + ("mlp", "bert-base")
 EXPORTERS = ("torchscript", "dynamo")
 
 
@@ -155,6 +169,11 @@ def inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
         mask = np.ones((B, S), np.int64)
         mask[1, S - 5:] = 0  # padding at the end of the second sequence
         return {"input_ids": rng.integers(1, VOCAB, (B, S)).astype(np.int64), "attention_mask": mask}
+    if name == "bert-base":
+        return {"input_ids": rng.integers(1, VOCAB, (1, 128)).astype(np.int64),
+                "attention_mask": np.ones((1, 128), np.int64)}
+    if name == "mlp":
+        return {"x": rng.standard_normal((8, 784)).astype(np.float32)}
     if name == "vit" or name == "mixer":
         return {("pixel_values" if name == "vit" else "x"): rng.standard_normal((B, 3, 32, 32)).astype(np.float32)}
     return {"x": rng.standard_normal((B, 3, 64, 64)).astype(np.float32)}
@@ -164,8 +183,8 @@ def torch_model(name: str, layers: int = 2):
     """(the torch module, its input names) that `export` exports, built the same way."""
     if layers != 2 and name not in ("gpt2", "mixer"):
         raise ValueError(f"{name}: the number of layers is fixed")
-    return (_hf(name, layers) if name in ("bert", "gpt2", "vit") else
-            _resnet18() if name == "resnet18" else _mixer(layers))
+    return (_hf(name, layers) if name in ("bert", "bert-base", "gpt2", "vit") else
+            _resnet18() if name == "resnet18" else _mlp() if name == "mlp" else _mixer(layers))
 
 
 def export(name: str, exporter: str, layers: int = 2) -> Path:

@@ -209,6 +209,7 @@ def test_run_says_what_an_inputs_file_must_be(capsys, tmp_path, content):
                    "per parameter, named like it (numpy.savez('in.npz', x=x, w1=w1, ...))\n")
 
 
+@pytest.mark.heavy
 def test_the_mlp3_demo_lowers_to_three_kernels_with_a_total_uop_count(capsys):
     import re
 

@@ -70,6 +70,7 @@ def test_graph_kernels_report(mod):
     assert mod.report is not None
 
 
+@pytest.mark.heavy
 def test_dims_bound_at_first_call_and_cached(weights):
     m = eqfuse.compile(MLP)
     assert m.mlp.last is None and all(k.graph == "other" for k in m.kernels)  # B unknown until a call
@@ -80,6 +81,7 @@ def test_dims_bound_at_first_call_and_cached(weights):
     assert len(m.mlp.cache) == 2
 
 
+@pytest.mark.heavy
 def test_params_bind_inputs(weights):
     m = eqfuse.compile(MLP, params=weights)
     x = arr(3, 33)
@@ -157,6 +159,7 @@ def test_unsupported_kernel_block_is_refused_at_its_line():
         eqfuse.compile(src)
 
 
+@pytest.mark.heavy
 def test_fuse_false_makes_one_kernel_per_op(weights):
     m = eqfuse.compile(MLP, dims={"B": 2}, fuse=False)
     x = arr(2, 33)
@@ -187,6 +190,7 @@ graph mha(x: f32[B, 37, 72], wq: f32[72, 72], wk: f32[72, 72], wv: f32[72, 72]) 
 """
 
 
+@pytest.mark.heavy
 def test_multi_head_attention_reads_and_writes_heads_in_place():
     """Head split and merge transposes are absorbed by the attention kernel (odd sizes: 37
     tokens, 3 heads of 24), and the result matches the reference."""

@@ -121,6 +121,7 @@ def test_inf_and_nan_are_literals_that_print_and_parse_back():
     assert "-inf" in graph_text(g) and graph_text(load_text(graph_text(g))[0]) == graph_text(g)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("S, D", [(8, 16), (128, 64)])  # the portable path, and the AVX-512 one
 def test_a_fully_masked_attention_row_is_nan_as_in_numpy_without_the_guard(S, D):
     src = (f"graph a(q: f32[1, {S}, {D}], k: f32[1, {S}, {D}], v: f32[1, {S}, {D}], m: bool[1, {S}, {S}]) "

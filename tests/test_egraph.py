@@ -43,12 +43,14 @@ def test_literal_matches_float32_equal_constant():
     assert fired(src, "rule r: ?x * 0.7071 => ?x") == {}
 
 
+@pytest.mark.heavy
 def test_shape_guard_blocks_the_rule():
     src = "graph f(x: f32[4, 8], g: f32[4, 8]) -> f32[4, 8] { return x * g }"
     assert fired(src, "rule r: ?x * ?g => ?g * ?x where rank(?g) == 1") == {}
     assert "r" in fired(src, "rule r: ?x * ?g => ?g * ?x where dim(?g, -1) == 8")
 
 
+@pytest.mark.heavy
 def test_named_dims_compare_only_by_name():
     src = "graph f(x: f32[B, 8], y: f32[B, 8]) -> f32[B, 8] { return x + y }"
     assert "r" in fired(src, "rule r: ?x + ?y => ?y + ?x where dim(?x, 0) == dim(?y, 0)")

@@ -51,6 +51,7 @@ def f32p(a):
     return a.ctypes.data_as(ctypes.c_void_p)
 
 
+@pytest.mark.heavy
 def test_mlp_library_builds_runs_its_example_and_matches_the_reference(capsys, tmp_path):
     w = weights_for(ROOT / "examples/mlp.g")
     np.savez(tmp_path / "w.npz", **w)
@@ -91,6 +92,7 @@ def test_mlp_library_builds_runs_its_example_and_matches_the_reference(capsys, t
         assert "ymm" not in dis and "zmm" not in dis
 
 
+@pytest.mark.heavy
 def test_transformer_layer_library_matches_the_reference(tmp_path):
     model = ROOT / "examples/transformer.g"
     w = weights_for(model)
@@ -113,6 +115,7 @@ graph emb(ids: i64[2, 3], mask: bool[2, 3], table: f32[10, 4]) -> (f32[2, 3, 4],
 """
 
 
+@pytest.mark.heavy
 def test_embedded_weights_without_openmp_integer_inputs_and_copied_outputs(tmp_path):
     model = tmp_path / "emb.g"
     model.write_text(INDEX_G)
@@ -174,6 +177,7 @@ def test_bad_input_is_one_clear_error(capsys, tmp_path, args, message):
     assert err.count("error") == 1
 
 
+@pytest.mark.heavy
 def test_onnx_model_initializers_are_the_weights(tmp_path):
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper

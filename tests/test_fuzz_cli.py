@@ -199,21 +199,21 @@ def test_mutated_onnx_checks_cleanly(tmp_path_factory, data):
 # ------------------------------------------------------------------ the larger profile
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @SLOW
 @given(case=g_case)
 def test_mutated_g_slow(tmp_path_factory, case):
     check_g(tmp_path_factory, *case, optimize=case[0] in SMALL_G)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @SLOW
 @given(text=mutated_text(RW_SEED))
 def test_mutated_rules_slow(tmp_path_factory, text):
     check_rw(tmp_path_factory, text)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @SLOW
 @given(data=mutated_onnx())
 def test_mutated_onnx_slow(tmp_path_factory, data):

@@ -60,6 +60,7 @@ def attention_numpy(x, wqkv, wo, heads):
     return (p @ v).transpose(1, 0, 2).reshape(S, D) @ wo, p[0, :, None, ...].sum(-1)
 
 
+@pytest.mark.heavy
 def test_attention_with_slicing_reshapes_and_a_static_argument():
     @eqfuse.jit
     def attention(x, wqkv, wo, heads):

@@ -48,6 +48,7 @@ def test_engine_switch(monkeypatch):
         onnx_backend.set_engine("gpu")
 
 
+@pytest.mark.heavy
 def test_supports_device_and_run_node():
     assert EqfuseBackend.supports_device("CPU")
     assert not EqfuseBackend.supports_device("CUDA")

@@ -30,6 +30,7 @@ def cli(*args):
     return subprocess.run([sys.executable, "-m", "eqfuse.cli", *map(str, args)], capture_output=True, text=True)
 
 
+@pytest.mark.heavy
 def test_compile_onnx_path_with_params(tmp_path):
     """The contract: compile(path, params=onnx_params(path)) takes only the model's own inputs."""
     a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((4, 3), (5, 4), (5,)))
@@ -40,6 +41,7 @@ def test_compile_onnx_path_with_params(tmp_path):
     np.testing.assert_allclose(mod(a), 0.5 * a.T @ b.T + 2.0 * c, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_compile_onnx_path_binds_initializers_by_default(tmp_path):
     """compile("model.onnx") binds the initializers itself; params= overrides one of them."""
     a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((4, 3), (3, 5), (5,)))
@@ -51,6 +53,7 @@ def test_compile_onnx_path_binds_initializers_by_default(tmp_path):
     np.testing.assert_allclose(eqfuse.compile(path, params={"c": c2})(a), a @ b + c2, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_compiled_conv_batchnorm_softmax(tmp_path):
     x, w = rng.standard_normal((2, 3, 6, 6)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
     mean, var = rng.standard_normal(4).astype(np.float32), (np.abs(rng.standard_normal(4)) + 0.5).astype(np.float32)
@@ -70,6 +73,7 @@ def test_compiled_conv_batchnorm_softmax(tmp_path):
     np.testing.assert_allclose(mod(x), e / e.sum(axis=1, keepdims=True), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_cli_check_and_errors(tmp_path):
     good = tmp_path / "m.onnx"
     onnx.save(model([helper.make_node("Relu", ["x"], ["y"])], [("x", ["N", 3])], [("y", ["N", 3])]), good)

@@ -348,6 +348,7 @@ def test_unreadable_file(tmp_path):
 # ---------------------------------------------------------------- the .onnx path through the API
 
 
+@pytest.mark.heavy
 def test_onnx_path_through_reference_and_compile(tmp_path):
     w, b = rand(4, 3), rand(3)
     nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]

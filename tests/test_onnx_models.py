@@ -14,6 +14,7 @@ import onnxruntime as ort  # noqa: E402
 import eqfuse  # noqa: E402
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("exporter", me.EXPORTERS)
 @pytest.mark.parametrize("name", me.MODELS)
 def test_exported_model_matches_onnxruntime(name, exporter):
@@ -28,6 +29,7 @@ def test_exported_model_matches_onnxruntime(name, exporter):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("exporter", me.EXPORTERS)
 def test_integer_ids_and_the_mask_stay_runtime_inputs(exporter):
     """The ids and the attention mask are parameters of the compiled graph, not constants: a
@@ -51,6 +53,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "eqfuse", *map(str, args)], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.heavy
 def test_the_command_line_binds_the_initializers_and_takes_inputs_by_onnx_name(tmp_path):
     path = me.export("bert", "torchscript")
     feeds = me.inputs("bert")
@@ -69,6 +72,7 @@ def test_the_command_line_binds_the_initializers_and_takes_inputs_by_onnx_name(t
     assert "kernel {" in r.stdout
 
 
+@pytest.mark.heavy
 def test_bench_measures_onnxruntime_on_the_onnx_model():
     r = _cli("bench", me.export("mixer", "dynamo"), "--repeat", "2", "--peers", "numpy,onnxruntime")
     assert r.returncode == 0, r.stderr

@@ -153,6 +153,7 @@ def test_reference_matches_torch(exported):
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.heavy
 def test_compiled_matches_torch(exported):
     name, path, x, want = exported
     mod = eqfuse.compile(str(path), params=onnx_params(path))
@@ -183,6 +184,7 @@ def test_default_export_with_constant_folding(name):
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.heavy
 def test_dynamic_batch_is_a_named_dim(tmp_path):
     torch.manual_seed(0)
     model = MLP().eval()
@@ -206,6 +208,7 @@ def test_cli_check(exported):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name,count,rows", [("bert_layer", 7, 2), ("gpt2_block", 9, 0)])
 def test_exported_layers_fuse_like_the_example(name, count, rows, tmp_path):
     """The exported encoder / decoder layers fuse like examples/transformer.g: three projections,

@@ -219,6 +219,7 @@ def random_graph(draw):
             f"(f32[{n}, {n}], f32[{n}, {n}]) {{\n" + "\n".join(lines) + f"\n    return {ret}\n}}\n")
 
 
+@pytest.mark.heavy
 @settings(max_examples=15, deadline=None)
 @given(random_graph())
 def test_random_graphs_match_reference(src):

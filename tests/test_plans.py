@@ -102,6 +102,7 @@ def ukernel_counts(text: str) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.heavy
 def test_a_counting_build_makes_the_micro_kernel_calls_lower_prints(machine_model):
     want = ukernel_counts(uops_text(GEMMS, fuse="manual"))
     mod = eqfuse.compile(GEMMS, fuse="manual")

@@ -86,6 +86,7 @@ def test_row_epilogue_with_bound_weight():
     assert [k.kind for k in mod.kernels] == ["contraction_row"] and prepacked(mod) == [True]
 
 
+@pytest.mark.heavy
 def test_optimized_mlp_with_bound_weights():
     w1, b1, w2, b2 = arr(784, 1024) * 0.05, arr(1024), arr(1024, 10) * 0.05, arr(10)
     mod = eqfuse.compile("examples/mlp.g", params={"w1": w1, "w2": w2}, verify=True)

@@ -6,6 +6,7 @@ reductions with keepdims and several outputs, at sizes that are not multiples of
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from helpers import one_graph, rand_inputs, run
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -52,6 +53,7 @@ def random_model(draw):
              "(f32[1, 5], f32[1, 5]) {\n    t0 = relu(a)\n    t1 = relu(a)\n    t2 = relu(t0)\n"
              "    t3 = maximum(t1, t1)\n    t4 = t3 / (sum(abs(t3), axis=0, keepdims=true) + 1)\n"
              "    return t0, t4\n}\n", fuse=True)
+@pytest.mark.heavy
 def test_random_graphs_compile_and_match_the_reference(src, fuse):
     g = one_graph(src)
     xs = rand_inputs(g, seed=5)
@@ -64,6 +66,7 @@ def test_random_graphs_compile_and_match_the_reference(src, fuse):
         np.testing.assert_allclose(o, w, rtol=1e-3, atol=1e-4, err_msg=src)
 
 
+@pytest.mark.heavy
 @settings(max_examples=8, deadline=None)
 @given(random_model(), st.sets(st.sampled_from(["w", "b", "c", "g", "be"]), min_size=1))
 def test_random_graphs_with_bound_params_match_the_reference(src, bound):
@@ -153,6 +156,7 @@ def random_typed_model(draw):
     return f"graph r({params}) -> ({sig}) {{\n" + "\n".join(lines) + f"\n    return {', '.join(outs)}\n}}\n"
 
 
+@pytest.mark.heavy
 @settings(max_examples=12, deadline=None)
 @given(random_typed_model(), st.sampled_from([True, False]))
 def test_random_shape_changing_graphs_compile_and_match_the_reference(src, fuse):

@@ -66,6 +66,7 @@ def inputs(graph: str, R: int, L: int, rng) -> list[np.ndarray]:
     return xs
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("R,L", SHAPES)
 def test_row_reduction_with_epilogue_reads(R, L):
     mod = eqfuse.compile(ROWS, dims={"R": R, "L": L}, fuse="manual")

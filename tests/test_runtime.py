@@ -50,6 +50,7 @@ def library_calls(fn, *args):
     return calls
 
 
+@pytest.mark.heavy
 def test_a_multi_kernel_graph_is_one_c_call_per_call():
     mod = eqfuse.compile(MLP3, dims={"B": 8}, threads=2)
     assert len([k for k in mod.kernels if k.kind != "view"]) == 3

@@ -3,7 +3,7 @@
 An ASan library loads only into a process that started with the ASan runtime, so each check
 runs in a child Python with LD_PRELOAD of the compiler's libasan. Sanitizer findings abort the
 child (-fno-sanitize-recover=all). A small set of kernel kinds runs every time; every case of
-tests/test_kernels_c.py runs under the sanitizers with `-m slow`.
+tests/test_kernels_c.py runs under the sanitizers with `-m extended`.
 """
 
 import os
@@ -65,7 +65,7 @@ def test_kernel_kinds_under_sanitizers(tmp_path):
     assert {"pointwise", "row", "reduce", "contraction", "attention"} <= set(p.stdout.split()[1:]), p.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_every_kernel_case_under_sanitizers(tmp_path):
     p = subprocess.run([sys.executable, "-m", "pytest", "tests/test_kernels_c.py", "-q", "-x", "-p", "no:cacheprovider"],
                        cwd=ROOT, env=sanitized_env(tmp_path), capture_output=True, text=True, timeout=3600)

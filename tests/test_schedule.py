@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import pytest
 from helpers import ROOT, assert_same_values, one_graph, rand_inputs, run
 
 from eqfuse.optimizer.optimize import optimize_graph
@@ -21,6 +22,7 @@ def assert_same(a, b, dims):
     assert_same_values(run(b, xs), run(a, xs))
 
 
+@pytest.mark.heavy
 def test_rules_fall_into_phases_by_shape():
     phase = {r.name: rule_phase(r) for r in load_rules()}
     assert phase["layernorm_pattern"] == phase["gelu_erf"] == phase["mul_one"] == SIMPLIFY

@@ -175,6 +175,7 @@ def test_unsupported_op_runs_in_torch_and_is_listed():
     assert len(report.partitions) == 2  # the linear layers before and after the sort
 
 
+@pytest.mark.heavy
 def test_new_shapes_compile_again_and_warn_once():
     torch.manual_seed(0)
     model = Sorting().eval()
@@ -189,6 +190,7 @@ def test_new_shapes_compile_again_and_warn_once():
     assert sum(issubclass(w.category, FallbackWarning) for w in caught) == 2  # static graph, then the dynamic one
 
 
+@pytest.mark.heavy
 def test_training_matches_eager_gradients():
     torch.manual_seed(0)
     model = MLP().train()
