@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from eqfuse.backend.kinds import KIND, SUPPORTED, Split, Unsupported, classify
 from eqfuse.backend.kinds.contraction import mark_bound_b
 from eqfuse.backend.plan import F32, K, KernelPlan, size
-from eqfuse.backend.views import place_concats, place_views
+from eqfuse.backend.stores import place_stores
+from eqfuse.backend.views import place_views
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph, Node
 
@@ -149,7 +150,7 @@ def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset(
             plans.append(plan)
         if not retry:
             place_views(kg, plans)
-            place_concats(kg, plans)
+            place_stores(kg, plans)
             for p in plans:  # decisions that depend on the strides the inputs are read through
                 if p.kind != K.VIEW:
                     KIND[p.kind].after_views(p, caches)
