@@ -1,0 +1,174 @@
+"""Layout copies written in place (eqfuse.backend.stores): a concat, transpose or reshape copy
+whose operands' kernels write its storage directly, through element strides (plan.out_strides)
+where the kernel's kind writes through strides. Every compiled result is checked against the
+numpy reference."""
+
+import numpy as np
+import pytest
+
+import eqfuse
+from eqfuse.backend.kinds import KIND, K
+
+import model_exports as me  # noqa: I001  (tests/ is on the path)
+
+
+def _rand(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _run(src, **arrays):
+    mod = eqfuse.compile(src)
+    for k in range(2):  # twice: the returned arrays are pooled between calls
+        arrays = {n: a + k for n, a in arrays.items()}
+        got = mod(**arrays)
+        want = eqfuse.reference(src)(**arrays)
+        for g, w in zip(*((got, want) if isinstance(got, tuple) else ((got,), (want,)))):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    return mod
+
+
+def _kinds(mod):
+    return [k.kind for k in mod.kernels]
+
+
+def _plans(mod):
+    (f,) = mod.functions.values()
+    return f.last.plans
+
+
+def _writers(mod):
+    return {p.name.rsplit("_", 1)[-1] + str(i): (p.into, p.out_strides)
+            for i, p in enumerate(_plans(mod)) if p.into is not None}
+
+
+# ---------------------------------------------------------------- written in place
+
+
+CLS = """
+graph v(cls: f32[1, 1, 8], x: f32[3, 4, 8], g: f32[8], b: f32[8]) -> f32[3, 5, 8] {
+  z = concat(expand(cls * 2, shape=[3, 1, 8]), relu(x), axis=1)
+  return layernorm(z, g, b)
+}
+"""
+
+
+def test_a_cls_token_concat_along_an_inner_axis_is_written_through_the_concats_row_strides():
+    mod = _run(CLS, cls=_rand(1, 1, 8), x=_rand(3, 4, 8, seed=1), g=_rand(8, seed=2), b=_rand(8, seed=3))
+    assert _kinds(mod) == ["pointwise", "pointwise", "view", "row"]
+    cat = next(p.node for p in _plans(mod) if p.kind == "view")
+    # the cls rows at offset 0 and the patches one row on, both at the concat's strides (40, 8, 1) (a size-1 axis has stride 0)
+    assert sorted(_writers(mod).values()) == [((cat, 0), (40, 0, 1)), ((cat, 8), (40, 8, 1))]
+
+
+VIT = """
+graph v(cls: f32[2, 1, 8], x: f32[2, 8, 2, 2], g: f32[8], b: f32[8]) -> f32[2, 5, 8] {
+  p = transpose(reshape(exp(x), shape=[2, 8, 4]), perm=[0, 2, 1])
+  return layernorm(concat(cls + 1, p, axis=1), g, b)
+}
+"""
+
+
+def test_a_flattened_transposed_result_is_written_by_its_kernel_at_the_composed_strides():
+    # ViT's patch embedding: the channels-first [B, C, h, w] result, flattened and transposed to
+    # [B, h*w, C], goes after the cls token: its kernel writes each (b, c, y, x) at row 1 + y*2 + x
+    mod = _run(VIT, cls=_rand(2, 1, 8), x=_rand(2, 8, 2, 2, seed=1), g=_rand(8, seed=2), b=_rand(8, seed=3))
+    assert [k for k in _kinds(mod) if k != "view"] == ["pointwise", "pointwise", "row"]
+    strides = sorted(s for _, s in _writers(mod).values())
+    assert strides == [(40, 0, 1), (40, 1, 16, 8)]
+
+
+def test_a_transposed_pointwise_result_returned_by_the_graph_is_written_transposed():
+    src = """
+graph t(x: f32[4, 6]) -> f32[6, 4] {
+  return transpose(exp(x))
+}
+"""
+    mod = _run(src, x=_rand(4, 6))
+    assert _kinds(mod) == ["pointwise", "view"]
+    assert [s for _, s in _writers(mod).values()] == [(1, 4)]
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_concat_of_pointwise_results_along_any_axis_is_written_in_place(axis, batch):
+    src = f"""
+graph c(x: f32[{batch}, 4, 6], y: f32[{batch}, 4, 6], w: f32[6, 5]) -> f32[{batch * 8}, 5] {{
+  z = concat(exp(x), y * 2 + 1, axis={axis})
+  return reshape(z, shape=[-1, 6]) @ w
+}}
+"""
+    mod = _run(src, x=_rand(batch, 4, 6), y=_rand(batch, 4, 6, seed=1), w=_rand(6, 5, seed=2))
+    assert "layout" not in _kinds(mod)
+
+
+def test_a_concat_returned_by_the_graph_is_written_through_strides_in_the_returned_array():
+    src = """
+graph c(x: f32[2, 3, 4], y: f32[2, 2, 4]) -> (f32[2, 5, 4], f32[2, 2, 4]) {
+  return concat(tanh(x), exp(y), axis=1), y - 1
+}
+"""
+    mod = _run(src, x=_rand(2, 3, 4), y=_rand(2, 2, 4, seed=1))
+    assert "layout" not in _kinds(mod)
+
+
+def test_the_concats_storage_lives_from_its_first_writer_to_its_last_reader():
+    mod = _run(CLS, cls=_rand(1, 1, 8), x=_rand(3, 4, 8, seed=1), g=_rand(8, seed=2), b=_rand(8, seed=3))
+    (f,) = mod.functions.values()
+    mem = f.last.memory
+    cat = next(p.node for p in _plans(mod) if p.kind == "view")
+    writers = [p.node for p in _plans(mod) if p.into is not None]
+    assert {mem.root[w] for w in writers} == {mem.root[cat]}
+    assert mem.lifetimes[cat] == (3 * 5 * 8 * 4, 0, 2)  # steps: the two writers, then the layernorm
+
+
+# ---------------------------------------------------------------- stays a copy
+
+
+NOT_IN_PLACE = {
+    # the GEMM kinds do not write through strides (yet: Kind.writes_strided)
+    "a writer that cannot write through strides": "concat(x @ w, exp(y), axis=1)",
+    "an operand read elsewhere too": "concat(h, exp(y), axis=1) * sum(reshape(h, shape=[6, 4]) @ w)",
+    "an operand read twice by the concat": "concat(h, h, axis=1)",
+    "an operand that is a graph input": "concat(h, y, axis=1)",
+    "an operand that is a slice of a result": "concat(slice(exp(v), axis=1, stop=3), exp(y), axis=1)",
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_IN_PLACE))
+def test_a_concat_whose_operands_cannot_all_be_written_in_place_stays_a_copy(case):
+    src = f"""
+graph c(x: f32[2, 3, 4], w: f32[4, 4], y: f32[2, 3, 4], v: f32[2, 6, 4]) -> f32[2, 6, 4] {{
+  h = tanh(x)
+  return {NOT_IN_PLACE[case]}
+}}
+"""
+    mod = _run(src, x=_rand(2, 3, 4), w=_rand(4, 4, seed=1), y=_rand(2, 3, 4, seed=2), v=_rand(2, 6, 4, seed=3))
+    assert "layout" in _kinds(mod)
+
+
+def test_an_operand_that_is_also_a_graph_output_keeps_its_own_buffer():
+    src = """
+graph c(x: f32[2, 3, 4], y: f32[2, 3, 4]) -> (f32[2, 6, 4], f32[2, 3, 4]) {
+  e = exp(y)
+  return concat(tanh(x), e, axis=1), e
+}
+"""
+    mod = _run(src, x=_rand(2, 3, 4), y=_rand(2, 3, 4, seed=1))
+    assert "layout" in _kinds(mod)
+
+
+def test_only_the_kinds_that_write_through_strides_say_so():
+    assert {k for k, kind in KIND.items() if kind.writes_strided} == {K.POINTWISE, K.LAYOUT, K.VIEW}
+
+
+# ---------------------------------------------------------------- the exported ViT
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_exported_vit_reads_the_flattened_patches_in_place(exporter):
+    pytest.importorskip("transformers")
+    mod = eqfuse.compile(str(me.export("vit", exporter)))
+    # the patch flatten + transpose of the conv output is read in place by the cls concat; the
+    # concat stays one copy until the conv2d GEMM writes through strides
+    assert _kinds(mod).count("layout") == 1
