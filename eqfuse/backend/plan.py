@@ -119,6 +119,9 @@ class KernelPlan:
     # the element strides of the result inside the storage it is written into (`into`'s, or its
     # own); None: contiguous. Only kinds whose `writes_strided` is true get one (kinds.base.Kind)
     out_strides: tuple[int, ...] | None = None
+    # arg positions the C does not read (a concat's operands that their own kernels wrote in its
+    # storage, eqfuse.backend.stores): the run function passes NULL for them
+    unread: frozenset[int] = frozenset()
 
     @property
     def prepack(self) -> dict | None:

@@ -18,8 +18,10 @@ kernel that computes it (its *writer*) when:
 
 The writer then gets `into = (C, offset)` and `out_strides` (None when contiguous), and C becomes
 a view plan with `view` None that owns the storage (eqfuse.runtime.program.plan_memory gives it
-memory from its first writer's step on). All or nothing: when any operand cannot be written in
-place, C stays one copy kernel (that reads its operands through any strides). A concat along an
+memory from its first writer's step on). A concat some of whose operands cannot be written in
+place stays one copy kernel that copies only those (through any strides they are read by) into
+its storage, which the others' kernels have written before (ViT's dynamo export: the cls token is
+a bound input, the patches a kernel's result). A concat along an
 inner axis (ViT's cls token before the patches, concat([cls[B, 1, D], x[B, N, D]], axis=1))
 is written by its writers at the concat's row strides; a transpose copy of a pointwise result is
 the pointwise kernel writing through the transposed strides.
@@ -37,6 +39,7 @@ from eqfuse.backend.plan import K, KernelPlan, UOp
 from eqfuse.backend.views import MAX_ELEMENTS, affine, is_contiguous
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.ops import OPS
+from eqfuse.ir.shapes import NUMPY_DTYPE
 
 STORE_OPS = ("concat", "transpose") + RESHAPES  # copies that move every operand element once
 
@@ -101,14 +104,16 @@ def _writer(kg: Graph, by_node: dict[int, KernelPlan], reads: dict[int, int], ou
 
 
 def place_stores(kg: Graph, plans: list[KernelPlan]) -> None:
-    """Make the layout copies whose operands can all be written in place storage with no code
-    (see the module's docstring). Runs after eqfuse.backend.views.place_views."""
+    """Make the layout copies whose operands can all be written in place storage with no code,
+    and the concats some of whose operands can be copies of the others only (see the module's
+    docstring). Runs after eqfuse.backend.views.place_views."""
     by_node = {p.node: p for p in plans}
     reads: dict[int, int] = {}
     for p in plans:
         for a in p.args:
             reads[a] = reads.get(a, 0) + 1
     outputs = set(kg.outputs)
+    targets: set[int] = set()  # copies written in place: their storage is no other copy's
     for c in plans:
         if c.kind != K.LAYOUT or c.into is not None:
             continue
@@ -116,13 +121,18 @@ def place_stores(kg: Graph, plans: list[KernelPlan]) -> None:
         if dests is None:
             continue
         writers = [_writer(kg, by_node, reads, outputs, c, a, d) for a, d in zip(c.args, dests)]
-        if any(w is None for w in writers) or len({w[0].node for w in writers}) != len(writers):
+        writers = [None if w is not None and w[0].node in targets else w for w in writers]
+        if all(w is None for w in writers):
             continue
-        for w, off, strides in writers:
+        targets.add(c.node)
+        for w, off, strides in filter(None, writers):
             w.into, w.out_strides = (c.node, off), strides
             at = f" at strides {list(strides)}" if strides else ""
             w.uops = w.uops + [UOp(0, "Store", f"result written in place into t{c.node} at element offset {off}{at}", 1)]
         op = c.body.nodes[c.shape.anchor].op
+        if any(w is None for w in writers):
+            _copy_the_rest(kg, c, writers)
+            continue
         c.kind = K.VIEW
         c.name = c.name.rsplit("_", 1)[0] + "_view"
         c.view = None
@@ -131,3 +141,15 @@ def place_stores(kg: Graph, plans: list[KernelPlan]) -> None:
         c.cache_check = "no data moved"
         c.uops = [UOp(0, "Exec", f"{op}: written in place by the kernels of "
                                  f"{', '.join(f't{w.node}' for w, _, _ in writers)}; no code", 1)]
+
+
+def _copy_the_rest(kg: Graph, c: KernelPlan, writers: list) -> None:
+    """Concat c stays a copy of the operands that no writer writes in place (plan.unread: the others)."""
+    written = frozenset(k for k, w in enumerate(writers) if w is not None)
+    c.unread = written
+    rest = [a for k, a in enumerate(c.args) if k not in written]
+    moved = sum(math.prod(kg.nodes[a].type.shape) for a in rest)
+    c.bytes = 2 * moved * np.dtype(NUMPY_DTYPE[kg.nodes[c.node].type.dtype]).itemsize
+    c.uops = c.uops + [UOp(0, "Exec", f"only {', '.join(f't{a}' for a in rest)} copied ({moved} elements); "
+                                      f"{', '.join(f't{w.node}' for w, _, _ in filter(None, writers))} "
+                                      "written in place by their kernels", 1)]

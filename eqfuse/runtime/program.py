@@ -183,7 +183,7 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, 
              "    long bad = 0;", "    (void)in; (void)out; (void)arena; (void)bad; (void)failed;",
              "    if (threads > 0)", "        omp_set_num_threads(threads);"]
     for s, p in enumerate(kernels):
-        args = [ptr(a) for a in p.args]
+        args = ["NULL" if k in p.unread else ptr(a) for k, a in enumerate(p.args)]
         pre = p.prepack
         if pre:
             args[pre["arg"]] = f"(float*)in[{prepack_slot[s]}]"

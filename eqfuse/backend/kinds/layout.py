@@ -121,9 +121,12 @@ class Layout(Kind):
             assert an.op == "concat", an.op
             ax = an.attr["axis"] % len(out)
             pos = 0
-            for x in an.args:
+            for k, x in enumerate(an.args):
                 xs = body.nodes[x].type.shape
-                block(ptrs[x], list(strides(x)), str(pos * ocs[ax]), xs, list(ocs))
+                if k in plan.unread:  # written in place by its own kernel (eqfuse.backend.stores)
+                    next(parallel)
+                else:
+                    block(ptrs[x], list(strides(x)), str(pos * ocs[ax]), xs, list(ocs))
                 pos += xs[ax]
         return render("layout.c", NAME=plan.name, OP=an.op, SPACE=list(out), PARAMS=params, BLOCKS="\n".join(blocks))
 
