@@ -172,7 +172,22 @@ graph c(x: f32[2, 3, 4], y: f32[2, 3, 4]) -> (f32[2, 6, 4], f32[2, 3, 4]) {
 
 
 def test_only_the_kinds_that_write_through_strides_say_so():
-    assert {k for k, kind in KIND.items() if kind.writes_strided} == {K.POINTWISE, K.LAYOUT, K.VIEW}
+    assert {k for k, kind in KIND.items() if kind.writes_strided} == {K.POINTWISE, K.LAYOUT, K.VIEW, K.ROW}
+
+
+@pytest.mark.parametrize("axis", [1, 2])
+def test_a_softmax_writes_through_strides_and_a_layernorm_only_a_contiguous_block(axis):
+    src = f"""
+graph c(x: f32[2, 3, 4], y: f32[2, 3, 4], g: f32[4], b: f32[4]) -> (f32[2, {6 if axis == 1 else 3}, {8 if axis == 2 else 4}], f32[2, 6, 4]) {{
+  return concat(softmax(x * 2, axis=-1), exp(y), axis={axis}), concat(layernorm(x, g, b), exp(y) + 1, axis=1)
+}}
+"""
+    mod = _run(src, x=_rand(2, 3, 4), y=_rand(2, 3, 4, seed=1), g=_rand(4, seed=2), b=_rand(4, seed=3))
+    rows = [p for p in _plans(mod) if p.kind == "row"]
+    assert [p.body.nodes[p.shape.anchor].op for p in rows] == ["softmax", "layernorm"]
+    assert rows[0].into is not None and rows[0].out_strides is not None
+    assert rows[1].into is None  # its rows of 4 are not where the concat puts them
+    assert [k for k in _kinds(mod) if k == "layout"] == ["layout"]
 
 
 # ---------------------------------------------------------------- the exported ViT

@@ -242,7 +242,7 @@ NOT_IN_PLACE = {
 
 
 @pytest.mark.parametrize("case", list(NOT_IN_PLACE))
-def test_a_concat_whose_operands_cannot_all_be_written_in_place_stays_a_copy(case):
+def test_a_concat_whose_operands_cannot_all_be_written_in_place_keeps_a_copy_kernel(case):
     out, body = NOT_IN_PLACE[case]
     src = f"""
 graph c(x: f32[6, 8], w1: f32[8, 5], y: f32[4, 5]) -> {out} {{
