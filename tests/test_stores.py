@@ -3,11 +3,15 @@ whose operands' kernels write its storage directly, through element strides (pla
 where the kernel's kind writes through strides. Every compiled result is checked against the
 numpy reference."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import eqfuse
+from eqfuse.backend import machine
 from eqfuse.backend.kinds import KIND, K
+from eqfuse.backend.lower import lower_graph
 
 import model_exports as me  # noqa: I001  (tests/ is on the path)
 
@@ -188,6 +192,38 @@ graph c(x: f32[2, 3, 4], y: f32[2, 3, 4], g: f32[4], b: f32[4]) -> (f32[2, {6 if
     assert rows[0].into is not None and rows[0].out_strides is not None
     assert rows[1].into is None  # its rows of 4 are not where the concat puts them
     assert [k for k in _kinds(mod) if k == "layout"] == ["layout"]
+
+
+def test_a_kind_that_says_it_writes_through_strides_is_given_them(monkeypatch):
+    # the one switch: the GEMM kinds get strided stores by setting Kind.writes_strided (plans
+    # only here: this backend's GEMM does not write through strides yet, nothing is compiled)
+    src = """
+graph c(x: f32[2, 3, 4], w: f32[4, 4], y: f32[2, 3, 4]) -> f32[2, 6, 4] {
+  return concat(x @ w, exp(y), axis=1)
+}
+"""
+    (f,) = eqfuse.compile(src).functions.values()
+    g = f.compiled({}).graph
+    monkeypatch.setattr(KIND[K.CONTRACTION], "writes_strided", True)
+    _, plans = lower_graph(g)
+    gemm = next(p for p in plans if p.kind == "contraction")
+    assert gemm.into is not None and gemm.out_strides == (24, 4, 1)
+    assert "layout" not in [p.kind for p in plans]
+
+
+def test_a_result_written_through_strides_is_not_streamed():
+    # with a 64 KiB L3 a 64 KiB pointwise result streams past the caches in whole 64-byte lines;
+    # written at the rows of a concat along an inner axis it cannot, and stores element by element
+    src = """
+graph c(x: f32[2, 64, 128], y: f32[2, 64, 128]) -> (f32[2, 128, 128], f32[2, 64, 128]) {
+  return concat(exp(x), tanh(y), axis=1), x * 3
+}
+"""
+    small = replace(machine.machine(), l3=1 << 16)
+    with machine.pinned(small):
+        mod = _run(src, x=_rand(2, 64, 128), y=_rand(2, 64, 128, seed=1))
+    pw = [p for p in _plans(mod) if p.kind == "pointwise"]
+    assert [(p.out_strides is not None, p.tiles["stream"]) for p in pw] == [(True, 0), (True, 0), (False, 1)]
 
 
 # ---------------------------------------------------------------- the exported ViT
