@@ -92,6 +92,24 @@ graph t(x: f32[4, 6]) -> f32[6, 4] {
     assert [s for _, s in _writers(mod).values()] == [(1, 4)]
 
 
+@pytest.mark.parametrize("table, writer", [("exp(t)", "pointwise"), ("t @ w", "contraction")])
+def test_a_transpose_for_a_reader_that_cannot_take_strides_is_written_transposed_by_its_kernel(table, writer):
+    # gather reads its table contiguous: the transpose is a copy, unless its producer writes the
+    # transposed layout itself (a pointwise kernel does; a GEMM does not, yet)
+    src = f"""
+graph e(t: f32[4, 10], w: f32[10, 10], ids: i64[3]) -> f32[3, 4] {{
+  return gather(transpose({table}), ids)
+}}
+"""
+    ids = np.array([7, 0, 9], dtype=np.int64)
+    mod = eqfuse.compile(src)
+    t, w = _rand(4, 10), _rand(10, 10, seed=1)
+    want = (np.exp(t) if writer == "pointwise" else t @ w).T[ids]
+    np.testing.assert_allclose(mod(t=t, w=w, ids=ids), want, rtol=1e-4, atol=1e-5)
+    copy = [] if writer == "pointwise" else ["layout"]
+    assert [k for k in _kinds(mod) if k != "view"] == [writer, *copy, "index"]
+
+
 @pytest.mark.parametrize("axis", [0, 1, 2, -1])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_concat_of_pointwise_results_along_any_axis_is_written_in_place(axis, batch):
