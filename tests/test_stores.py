@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import eqfuse
 from eqfuse.backend import machine
@@ -121,6 +123,36 @@ graph c(x: f32[{batch}, 4, 6], y: f32[{batch}, 4, 6], w: f32[6, 5]) -> f32[{batc
 """
     mod = _run(src, x=_rand(batch, 4, 6), y=_rand(batch, 4, 6, seed=1), w=_rand(6, 5, seed=2))
     assert "layout" not in _kinds(mod)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=3), st.data())
+def test_random_concats_of_kernels_views_and_inputs_match_the_reference(shape, data):
+    rank = len(shape)
+    axis = data.draw(st.integers(0, rank - 1))
+    params, operands, arrays = [], [], {}
+    for k in range(data.draw(st.integers(2, 3))):
+        s = list(shape)
+        s[axis] = data.draw(st.integers(1, 3))
+        form = data.draw(st.sampled_from(["exp", "transposed", "input"]))
+        if form == "transposed" and rank > 1:  # the kernel computes the transpose's source
+            perm = list(reversed(range(rank)))
+            src = [s[p] for p in perm]
+            operands.append(f"transpose(tanh(x{k}), perm={perm})")
+        else:
+            src = s
+            operands.append(f"x{k}" if form == "input" else f"exp(x{k} * 0.5)")
+        params.append(f"x{k}: f32{src}")
+        arrays[f"x{k}"] = _rand(*src, seed=k)
+    out = list(shape)
+    out[axis] = sum(a.shape[axis] if "transpose" not in o else a.shape[rank - 1 - axis]
+                    for o, a in zip(operands, arrays.values()))
+    src = f"""
+graph c({', '.join(params)}) -> f32{out} {{
+  return concat({', '.join(operands)}, axis={axis}) + 1
+}}
+"""
+    _run(src, **arrays)
 
 
 def test_a_concat_returned_by_the_graph_is_written_through_strides_in_the_returned_array():

@@ -131,6 +131,7 @@ class Pointwise(Kind):
         if plan.out_strides:  # the inner loop walks the output with one stride (inner_groups)
             ost = plan.out_strides
             dst_base = offset("o", [shape[d] for d in outer_dims], [ost[d] for d in outer_dims])
+            dst_base = "o" if dst_base == "0" else dst_base  # one outer row: o is 0 (and used)
             si = coalesce([shape[d] for d in inner_dims], [ost[d] for d in inner_dims])[1]
             dst_j = f"j * {si[0]}" if si and si[0] != 1 else "j"
         # Streaming tiles start on the output's 64-byte lines: up to 15 more elements per row to cover.
