@@ -155,6 +155,35 @@ graph c({', '.join(params)}) -> f32{out} {{
     _run(src, **arrays)
 
 
+@pytest.mark.parametrize("axis, other", [(0, "[5, 6]"), (1, "[32, 3]")])
+def test_a_reshape_copy_writes_its_rows_into_the_concat(axis, other):
+    # the flattened transpose has no strides: a copy, which walks its source and writes the
+    # concat's storage at the strides of the source's shape there (kinds.layout.writes_through)
+    src = f"""
+graph c(x: f32[4, 6, 8], y: f32{other}) -> f32{[37, 6] if axis == 0 else [32, 9]} {{
+  return concat(reshape(transpose(x, perm=[0, 2, 1]), shape=[32, 6]), exp(y), axis={axis})
+}}
+"""
+    shape = [int(d) for d in other.strip("[]").split(",")]
+    mod = _run(src, x=_rand(4, 6, 8), y=_rand(*shape, seed=1))
+    assert [k for k in _kinds(mod) if k != "view"] == ["layout", "pointwise"]
+    copy = next(p for p in _plans(mod) if p.kind == "layout")
+    assert copy.into is not None and copy.out_strides == (None if axis == 0 else (9, 1))
+
+
+def test_a_reshape_copy_whose_source_shape_has_no_strides_in_the_concat_stays_its_own_copy():
+    # [4, 8, 6] -> [16, 12] splits the 8 across rows of 15 in the concat: no strides over [4, 8, 6]
+    src = """
+graph c(x: f32[4, 6, 8], y: f32[16, 3]) -> f32[16, 15] {
+  return concat(reshape(transpose(x, perm=[0, 2, 1]), shape=[16, 12]), exp(y), axis=1)
+}
+"""
+    mod = _run(src, x=_rand(4, 6, 8), y=_rand(16, 3, seed=1))
+    copies = [p for p in _plans(mod) if p.kind == "layout"]
+    assert [p.body.nodes[p.shape.anchor].op for p in copies] == ["reshape", "concat"]
+    assert copies[0].into is None and copies[1].unread == {1}  # exp(y) still written in place
+
+
 def test_a_concat_returned_by_the_graph_is_written_through_strides_in_the_returned_array():
     src = """
 graph c(x: f32[2, 3, 4], y: f32[2, 2, 4]) -> (f32[2, 5, 4], f32[2, 2, 4]) {
