@@ -89,8 +89,8 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
         src[i] = i
     voff: dict[int, int] = {}  # view node -> its element offset in its root (eqfuse.backend.views)
     stores = {p.into[0] for p in plans if p.into is not None}  # layout copies written in place
-    for p in plans:  # in order: a view's root, and a writer's copy, are placed before it is
-        if p.into is not None:  # the copy owns its storage (it is itself written nowhere else)
+    for p in plans:  # in order: a view's root is placed before the view
+        if p.into is not None:  # the copy (after it in order) owns its storage: src of itself
             src[p.node], voff[p.node] = p.into
         elif p.kind == K.VIEW and p.view is not None:
             root, off, _ = p.view
