@@ -14,17 +14,18 @@ kernel that computes it (its *writer*) when:
 - the writer's positions in C's storage are affine (one offset, one stride per axis of its
   result): the operand's places composed with the view's index map;
 - they are contiguous, or the writer's kind writes through strides (`Kind.writes_strided`,
-  `Kind.writes_through`: pointwise kernels and layout copies; the GEMM kinds not yet).
+  `Kind.writes_through`: pointwise kernels, layout copies and softmax rows; the GEMM kinds not
+  yet, and other rows write rows of their own length).
 
 The writer then gets `into = (C, offset)` and `out_strides` (None when contiguous), and C becomes
 a view plan with `view` None that owns the storage (eqfuse.runtime.program.plan_memory gives it
 memory from its first writer's step on). A concat some of whose operands cannot be written in
 place stays one copy kernel that copies only those (through any strides they are read by) into
-its storage, which the others' kernels have written before (ViT's dynamo export: the cls token is
-a bound input, the patches a kernel's result). A concat along an
-inner axis (ViT's cls token before the patches, concat([cls[B, 1, D], x[B, N, D]], axis=1))
-is written by its writers at the concat's row strides; a transpose copy of a pointwise result is
-the pointwise kernel writing through the transposed strides.
+its storage, which the others' kernels have written before. A concat along an inner axis (ViT's
+cls token before the patches, concat([cls[B, 1, D], x[B, N, D]], axis=1)) is written by its
+writers at the concat's row strides: in ViT's TorchScript export the cls token's kernel writes its
+rows, and the concat copies the patches (the convolution is a GEMM); a transpose copy of a
+pointwise result is the pointwise kernel writing through the transposed strides.
 """
 
 from __future__ import annotations
