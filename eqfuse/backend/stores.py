@@ -128,8 +128,6 @@ def place_stores(kg: Graph, plans: list[KernelPlan]) -> None:
         targets.add(c.node)
         for w, off, strides in filter(None, writers):
             w.into, w.out_strides = (c.node, off), strides
-            at = f" at strides {list(strides)}" if strides else ""
-            w.uops = w.uops + [UOp(0, "Store", f"result written in place into t{c.node} at element offset {off}{at}", 1)]
         op = c.body.nodes[c.shape.anchor].op
         if any(w is None for w in writers):
             _copy_the_rest(kg, c, writers)
@@ -139,9 +137,16 @@ def place_stores(kg: Graph, plans: list[KernelPlan]) -> None:
         c.view = None
         c.in_strides = {}
         c.bytes = 0
+        c.threads = ""
         c.cache_check = "no data moved"
         c.uops = [UOp(0, "Exec", f"{op}: written in place by the kernels of "
                                  f"{', '.join(f't{w.node}' for w, _, _ in writers)}; no code", 1)]
+
+
+def store_uop(w: KernelPlan) -> UOp:
+    """The line of a writer's schedule that says where its result goes (lower adds it last)."""
+    at = f" at strides {list(w.out_strides)}" if w.out_strides else ""
+    return UOp(0, "Store", f"result written in place into t{w.into[0]} at element offset {w.into[1]}{at}", 1)
 
 
 def _copy_the_rest(kg: Graph, c: KernelPlan, writers: list) -> None:

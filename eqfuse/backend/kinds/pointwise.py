@@ -105,8 +105,7 @@ class Pointwise(Kind):
             plan.uops.append(UOp(1, "Load", f"{nm} tile [{tile}] (broadcast {list(plan.body.nodes[i].type.shape)})",
                                  ntiles))
         plan.uops.append(UOp(1, "Exec", f"{ops} on {vectors(tile, c.simd)} vectors", ntiles))
-        plan.uops.append(UOp(1, "Store", f"out tile [{tile}]" + (" (non-temporal)" if stream else "")
-                             + (f" at strides {list(plan.out_strides)}" if plan.out_strides else ""), ntiles))
+        plan.uops.append(UOp(1, "Store", f"out tile [{tile}]" + (" (non-temporal)" if stream else ""), ntiles))
 
     def after_views(self, plan: KernelPlan, caches) -> None:
         if plan.in_strides or plan.out_strides:  # reading or writing views, it walks other strides: its loops again
