@@ -64,6 +64,10 @@ def test_a_cls_token_concat_along_an_inner_axis_is_written_through_the_concats_r
     cat = next(p.node for p in _plans(mod) if p.kind == "view")
     # the cls rows at offset 0 and the patches one row on, both at the concat's strides (40, 8, 1) (a size-1 axis has stride 0)
     assert sorted(_writers(mod).values()) == [((cat, 0), (40, 0, 1)), ((cat, 8), (40, 8, 1))]
+    # each writer's schedule says so, after the planning again that its strides caused
+    assert [p.uops[-1].what for p in _plans(mod) if p.into] == [
+        f"result written in place into t{cat} at element offset 0 at strides [40, 0, 1]",
+        f"result written in place into t{cat} at element offset 8 at strides [40, 8, 1]"]
 
 
 VIT = """
