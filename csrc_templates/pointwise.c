@@ -18,7 +18,7 @@ void {{NAME}}({{PARAMS}})
     #pragma omp for schedule({{SCHEDULE}}) nowait
     for (long t = 0; t < {{OUTER}} * ntiles; t++) {
         const long o = t / ntiles;
-        {{OTYPE}}* restrict dst = out + o * inner;
+        {{OTYPE}}* restrict dst = out + {{DST_BASE}};
 #if {{NAME}}_STREAM
         const long skew = (long)(((uintptr_t)dst & 63) / sizeof(float));
         const long ts = (t % ntiles) * tile;
@@ -35,7 +35,7 @@ void {{NAME}}({{PARAMS}})
         #pragma omp simd
         for (long j = j0; j < jh; j++) {
 {{BODY}}
-            dst[j] = {{RESULT}};
+            dst[{{DST_J}}] = {{RESULT}};
         }
 #if {{NAME}}_STREAM
         for (long jl = jh; jl < jt; jl += 16) {

@@ -243,7 +243,7 @@ NOT_IN_PLACE = {
 
 
 @pytest.mark.parametrize("case", list(NOT_IN_PLACE))
-def test_a_concat_whose_operands_cannot_all_be_written_in_place_stays_a_copy(case):
+def test_a_concat_whose_operands_cannot_all_be_written_in_place_keeps_a_copy_kernel(case):
     out, body = NOT_IN_PLACE[case]
     src = f"""
 graph c(x: f32[6, 8], w1: f32[8, 5], y: f32[4, 5]) -> {out} {{
@@ -254,13 +254,25 @@ graph c(x: f32[6, 8], w1: f32[8, 5], y: f32[4, 5]) -> {out} {{
     assert "layout" in _all_kinds(mod)
 
 
-def test_a_concat_along_the_last_axis_stays_a_copy():
+def test_a_concat_along_the_last_axis_is_written_through_strides_by_pointwise_kernels():
     src = """
 graph c(x: f32[2, 3], y: f32[2, 3]) -> f32[2, 6] {
   return concat(exp(x), y * 2, axis=1)
 }
 """
     mod = _run(src, x=_rand(2, 3), y=_rand(2, 3, seed=1))
+    assert _all_kinds(mod) == ["pointwise", "pointwise", "view"]
+    assert [p.out_strides for p in mod.c.last.plans if p.into] == [(6, 1), (6, 1)]
+
+
+def test_a_concat_along_the_last_axis_of_a_gemm_result_stays_a_copy():
+    # the GEMM kinds do not write through strides (kinds.base.Kind.writes_strided)
+    src = """
+graph c(x: f32[2, 4], w: f32[4, 3], y: f32[2, 3]) -> f32[2, 6] {
+  return concat(x @ w, y * 2, axis=1)
+}
+"""
+    mod = _run(src, x=_rand(2, 4), w=_rand(4, 3, seed=2), y=_rand(2, 3, seed=1))
     assert "layout" in _all_kinds(mod)
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from eqfuse.backend.kinds import KIND, SUPPORTED, Split, Unsupported, classify
 from eqfuse.backend.kinds.contraction import mark_bound_b
 from eqfuse.backend.plan import F32, K, KernelPlan, size
-from eqfuse.backend.views import place_concats, place_views
+from eqfuse.backend.stores import place_stores, store_uop
+from eqfuse.backend.views import place_views
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph, Node
 
@@ -149,12 +150,14 @@ def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset(
             plans.append(plan)
         if not retry:
             place_views(kg, plans)
-            place_concats(kg, plans)
+            place_stores(kg, plans)
             for p in plans:  # decisions that depend on the strides the inputs are read through
                 if p.kind != K.VIEW:
                     KIND[p.kind].after_views(p, caches)
                     if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW) and p.in_strides:  # planned again
                         mark_bound_b(p, _bound_inputs(p, kg, params))
+                if p.into is not None:  # after any planning again, which writes the uops anew
+                    p.uops = p.uops + [store_uop(p)]
             return kg, plans
 
 

@@ -112,10 +112,16 @@ class KernelPlan:
     # the strides of each arg read through a non-contiguous view (arg position -> strides)
     view: tuple | None = None
     in_strides: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    # a concat written in place (eqfuse.backend.views.place_concats): the (concat node, element
-    # offset) this kernel writes its contiguous result into; the concat's plan is then a view plan
-    # with `view` None that owns the storage (eqfuse.runtime.program.plan_memory)
+    # a layout copy written in place (eqfuse.backend.views.place_stores): the (copy's node, element
+    # offset) this kernel writes its result into; the copy's plan is then a view plan with `view`
+    # None that owns the storage (eqfuse.runtime.program.plan_memory)
     into: tuple[int, int] | None = None
+    # the element strides of the result inside the storage it is written into (`into`'s, or its
+    # own); None: contiguous. Only kinds whose `writes_strided` is true get one (kinds.base.Kind)
+    out_strides: tuple[int, ...] | None = None
+    # arg positions the C does not read (a concat's operands that their own kernels wrote in its
+    # storage, eqfuse.backend.stores): the run function passes NULL for them
+    unread: frozenset[int] = frozenset()
 
     @property
     def prepack(self) -> dict | None:

@@ -13,7 +13,7 @@ place when its map is affine and every kernel reading it can take that map:
 - a pointwise kernel reads any operand through any strides, attention reads q, k^T and v
   through any strides (its head split and k^T transposes are strides already), a GEMM reads A
   and B as rows or columns in memory at any leading dimension and batch strides (and its
-  epilogue's operands at any strides), and a layout copy reads any affine view;
+  epilogue's operands at any strides), and a layout copy (a concat too) reads any affine view;
 - a graph output must be its root's whole buffer.
 A candidate read by a kernel that cannot take its map stays a kernel (a strided copy). A
 candidate read only by other candidates need not be affine at all: GPT-2's k^T is
@@ -24,14 +24,8 @@ The plans record it: a view plan gets kind "view" and `view = (root, offset, str
 reading a non-contiguous view gets the view's strides in `in_strides[k]` (arg k), and the runtime
 passes the root's pointer plus the offset (eqfuse.runtime.program).
 
-A concat is written in place by the kernels that produce its operands (`place_concats`) when
-each operand's block of the concat is contiguous (every dim before the axis is 1) and each
-operand is a kernel's result (not a view, an input or a constant) read by nothing but the concat,
-once, and not a graph output: each of those kernels writes its usual contiguous result at the
-concat's storage plus the block's offset (`into = (concat, offset)`), and the concat becomes a
-view plan with no code that owns the storage. All or nothing: when any operand does not
-qualify, the concat stays one copy kernel (a partly in-place concat would need a copy kernel
-that skips blocks, for little gain).
+A layout copy that stays one (a concat, or a view op some reader cannot take) may still be
+written in place by the kernels that produce its operands: eqfuse.backend.stores.
 """
 
 from __future__ import annotations
@@ -87,7 +81,7 @@ def _single_view_op(p: KernelPlan) -> bool:
 def _accepts(p: KernelPlan, k: int, strides) -> bool:
     """Whether kernel p can read its arg k through (non-contiguous) `strides`."""
     if p.kind in (K.LAYOUT, K.VIEW):  # a copy (a reshape read here is one forced to copy)
-        return p.body.nodes[p.shape.anchor].op != "concat"
+        return True
     if p.kind == K.ATTENTION:
         return _attention_reads(p, p.body.inputs[k], strides)
     if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW) and _gemm_operand(p, p.body.inputs[k]) is not None:
@@ -212,43 +206,3 @@ def _compose(kg: Graph, plans: list[KernelPlan], cands: dict[int, KernelPlan], f
         n = p.body.nodes[p.shape.anchor]
         idx[p.node] = (root, np.ascontiguousarray(OPS[n.op].numpy([base], n.attr)))
     return idx
-
-
-def place_concats(kg: Graph, plans: list[KernelPlan]) -> None:
-    """Make the concats whose operands can all be written in place storage with no code (see the
-    module's docstring). Runs after place_views (an operand that is a view stays a copy)."""
-    by_node = {p.node: p for p in plans}
-    reads: dict[int, int] = {}
-    for p in plans:
-        for a in p.args:
-            reads[a] = reads.get(a, 0) + 1
-    outputs = set(kg.outputs)
-    for p in plans:
-        if p.kind != K.LAYOUT or p.body.nodes[p.shape.anchor].op != "concat" or p.in_strides:
-            continue
-        an = p.body.nodes[p.shape.anchor]
-        out = tuple(p.out_shape)
-        ax = an.attr["axis"] % len(out)
-        if math.prod(out[:ax]) != 1:
-            continue
-        ops = [by_node.get(a) for a in p.args]
-        # one operand block per kernel: concat(t, t) reads one kernel twice, which cannot be
-        # written in two places
-        whole = len(set(an.args)) == len(an.args) == len(p.args) and \
-            sum(math.prod(kg.nodes[a].type.shape) for a in p.args) == math.prod(out)
-        if not whole or not all(q is not None and q.kind != K.VIEW and q.into is None and reads[q.node] == 1
-                   and q.node not in outputs for q in ops):
-            continue
-        off = 0
-        for q in ops:
-            q.into = (p.node, off)
-            q.uops = q.uops + [UOp(0, "Store", f"result written in place into the concat t{p.node} "
-                                               f"at element offset {off}", 1)]
-            off += math.prod(kg.nodes[q.node].type.shape)
-        p.kind = K.VIEW
-        p.name = p.name.rsplit("_", 1)[0] + "_view"
-        p.view = None
-        p.bytes = 0
-        p.cache_check = "no data moved"
-        p.uops = [UOp(0, "Exec", f"concat along axis {ax}: written in place by the kernels of "
-                                 f"{', '.join(f't{a}' for a in p.args)}; no code", 1)]

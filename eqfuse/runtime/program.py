@@ -4,8 +4,9 @@
 
 - a graph input, a top-level constant or a prepacked weight: a slot of the `in` array;
 - a view (reshape and kin): the storage of the tensor it views (no code, no call);
-- a concat written in place (eqfuse.backend.views.place_concats): storage of its own, alive from
-  the step of its first operand's writer; each operand is that storage at its element offset;
+- a layout copy written in place (eqfuse.backend.stores): storage of its own, alive from the
+  step of its first operand's writer; each writer's result is that storage at its element offset
+  (at its out_strides), and the views of a writer's result are views of that storage;
 - a kernel's result that is a graph output (the first output that is it, or a view of it): the
   caller's output buffer `out[k]`, written in place;
 - every other kernel result: an offset in one arena. Its lifetime is the interval of kernel
@@ -87,19 +88,17 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
     for i in consts:
         src[i] = i
     voff: dict[int, int] = {}  # view node -> its element offset in its root (eqfuse.backend.views)
-    stores = {p.into[0] for p in plans if p.into is not None}  # concats written in place
-    for p in plans:
-        if p.kind == K.VIEW and p.view is not None:
+    stores = {p.into[0] for p in plans if p.into is not None}  # layout copies written in place
+    for p in plans:  # in order: a view's root is placed before the view
+        if p.into is not None:  # the copy (after it in order) owns its storage: src of itself
+            src[p.node], voff[p.node] = p.into
+        elif p.kind == K.VIEW and p.view is not None:
             root, off, _ = p.view
             src[p.node], voff[p.node] = src[root], voff.get(root, 0) + off
         elif p.kind == K.VIEW and p.node not in stores:
             src[p.node], voff[p.node] = src[p.args[0]], voff.get(p.args[0], 0)
         else:
             src[p.node] = p.node
-    for p in plans:  # a kernel writing a concat in place: the concat's storage at its offset
-        if p.into is not None:
-            c, off = p.into
-            src[p.node], voff[p.node] = src[c], voff.get(c, 0) + off
     kernels = [p for p in plans if p.kind != K.VIEW]
     first: dict[int, int] = {}
     last: dict[int, int] = {}
@@ -184,7 +183,7 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, 
              "    long bad = 0;", "    (void)in; (void)out; (void)arena; (void)bad; (void)failed;",
              "    if (threads > 0)", "        omp_set_num_threads(threads);"]
     for s, p in enumerate(kernels):
-        args = [ptr(a) for a in p.args]
+        args = ["NULL" if k in p.unread else ptr(a) for k, a in enumerate(p.args)]
         pre = p.prepack
         if pre:
             args[pre["arg"]] = f"(float*)in[{prepack_slot[s]}]"

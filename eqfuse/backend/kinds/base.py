@@ -31,6 +31,9 @@ class Kind:
 
     kinds: tuple[K, ...] = ()
     supported: str = ""  # its kernel shape, for the message naming the supported shapes
+    # whether its C writes the result through any element strides (plan.out_strides), so that
+    # eqfuse.backend.views can make it write a layout copy's storage in place
+    writes_strided: bool = False
 
     def match(self, body: Graph, facts: Facts, machine=None) -> KernelShape | None:
         raise NotImplementedError
@@ -41,6 +44,10 @@ class Kind:
     def after_views(self, plan: KernelPlan, caches) -> None:
         """Decisions that depend on the strides its inputs are read through, known once
         eqfuse.backend.views has placed the views (plan.in_strides): none by default."""
+
+    def writes_through(self, plan: KernelPlan, strides: tuple[int, ...]) -> bool:
+        """Whether its C can write this plan's result at these element strides (plan.out_strides)."""
+        return self.writes_strided
 
     def emit(self, plan: KernelPlan) -> str:
         raise NotImplementedError

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eqfuse.backend.cexpr import kernel_params, render
-from eqfuse.backend.indexing import coalesce, contiguous, joint_groups, offset
+from eqfuse.backend.indexing import coalesce, contiguous, joint_groups, offset, reshape_strides
 from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
 from eqfuse.backend.plan import K, KernelPlan, KernelShape, Unsupported, UOp, size
 
@@ -24,6 +24,7 @@ class LayoutDetail:
 class Layout(Kind):
     kinds = (K.LAYOUT, K.VIEW)
     supported = "layout (one transpose, reshape, slice or concat of kernel inputs)"
+    writes_strided = True  # every copy block walks its destination with strides
 
     def match(self, body, facts, machine=None):
         a = facts.single("layout")
@@ -59,6 +60,13 @@ class Layout(Kind):
         u.append(UOp(1, "Load", f"{an.op} source row [{inner}] (strided gather)", total // max(inner, 1)))
         u.append(UOp(1, "Store", f"out row [{inner}]", total // max(inner, 1)))
 
+    def writes_through(self, plan: KernelPlan, strides) -> bool:
+        op = plan.body.nodes[plan.shape.anchor].op
+        if op in RESHAPES:  # it walks the source's shape: the output's strides must reshape to it
+            src = plan.body.nodes[plan.body.inputs[0]].type.shape
+            return reshape_strides(plan.out_shape, strides, src) is not None
+        return True
+
     def emit(self, plan: KernelPlan) -> str:
         body, a = plan.body, plan.shape.anchor
         an = body.nodes[a]
@@ -88,16 +96,18 @@ class Layout(Kind):
             k = body.inputs.index(x)
             return plan.in_strides.get(k) or contiguous(body.nodes[x].type.shape)
 
+        ocs = plan.out_strides or contiguous(out)  # where the result goes (eqfuse.backend.views)
         if an.op == "transpose":
             x = an.args[0]
             xs = body.nodes[x].type.shape
             perm = an.attr["perm"] or tuple(reversed(range(len(xs))))
             cs = strides(x)
-            block(ptrs[x], [cs[p] for p in perm], "0", out, contiguous(out))
+            block(ptrs[x], [cs[p] for p in perm], "0", out, ocs)
         elif an.op in RESHAPES:  # copies only a view it cannot be a view of: walk the source in order
             x = an.args[0]
             xs = body.nodes[x].type.shape
-            block(ptrs[x], list(strides(x)), "0", xs, contiguous(xs))
+            dst = contiguous(xs) if plan.out_strides is None else _reshape_dst(xs, out, ocs)
+            block(ptrs[x], list(strides(x)), "0", xs, dst)
         elif an.op == "slice":
             x = an.args[0]
             xs = body.nodes[x].type.shape
@@ -106,14 +116,25 @@ class Layout(Kind):
             cs = list(strides(x))
             src = list(cs)
             src[ax] *= an.attr["step"]
-            block(ptrs[x], src, "0", out, contiguous(out), base_src=str(start * cs[ax]))
-        else:  # concat
+            block(ptrs[x], src, "0", out, ocs, base_src=str(start * cs[ax]))
+        else:  # concat: each operand read through its strides (a view of another buffer, or contiguous)
             assert an.op == "concat", an.op
             ax = an.attr["axis"] % len(out)
-            ocs = contiguous(out)
             pos = 0
-            for x in an.args:
+            for k, x in enumerate(an.args):
                 xs = body.nodes[x].type.shape
-                block(ptrs[x], list(contiguous(xs)), str(pos * ocs[ax]), xs, list(ocs))
+                if k in plan.unread:  # written in place by its own kernel (eqfuse.backend.stores)
+                    next(parallel)
+                else:
+                    block(ptrs[x], list(strides(x)), str(pos * ocs[ax]), xs, list(ocs))
                 pos += xs[ax]
         return render("layout.c", NAME=plan.name, OP=an.op, SPACE=list(out), PARAMS=params, BLOCKS="\n".join(blocks))
+
+
+def _reshape_dst(xs, out, ocs) -> list[int]:
+    """The strides over the source's shape `xs` at which a reshape copy writes an output of shape
+    `out` laid out at strides `ocs` (eqfuse.backend.views gives a reshape copy only strides its
+    source's shape has, writes_through)."""
+    st = reshape_strides(out, ocs, xs)
+    assert st is not None, "views gave a reshape copy strides its source shape does not have"
+    return list(st)

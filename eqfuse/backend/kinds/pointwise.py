@@ -1,5 +1,7 @@
 """The pointwise kind: a tree of pointwise ops over tensors and scalar constants, one loop over
-the output (csrc_templates/pointwise.c), tiled for L1 or streamed past the caches."""
+the output (csrc_templates/pointwise.c), tiled for L1 or streamed past the caches. Its result may
+be written through strides (plan.out_strides: into a layout copy's storage, eqfuse.backend.views);
+such a result is never streamed."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from dataclasses import dataclass
 from itertools import count
 
 from eqfuse.backend.cexpr import I1, I2, Exprs, Space, ctypes_of, kernel_params, render
-from eqfuse.backend.indexing import contiguous, joint_groups, leaf_strides
+from eqfuse.backend.indexing import coalesce, contiguous, joint_groups, leaf_strides, offset
 from eqfuse.backend.kinds.base import (
     PARALLEL_MIN,
     Kind,
@@ -44,13 +46,18 @@ class PointwiseDetail:
 def inner_groups(plan: KernelPlan) -> list[list[int]]:
     """The output's dims grouped into loops every operand walks with one stride each."""
     shape = plan.out_shape
-    sets = leaf_strides(plan.body, plan.body.outputs[0], shape, plan.base_strides()) + [contiguous(shape)]
+    sets = leaf_strides(plan.body, plan.body.outputs[0], shape, plan.base_strides()) + [out_strides(plan)]
     return joint_groups(shape, sets)
+
+
+def out_strides(plan: KernelPlan) -> tuple[int, ...]:
+    return plan.out_strides or contiguous(plan.out_shape)
 
 
 class Pointwise(Kind):
     kinds = (K.POINTWISE,)
     supported = "pointwise (a tree of pointwise ops over tensors and scalar constants)"
+    writes_strided = True
 
     def match(self, body, facts, machine=None):
         return KernelShape(K.POINTWISE) if not facts.heavy else None
@@ -65,7 +72,8 @@ class Pointwise(Kind):
         groups = inner_groups(plan)
         inner = size([plan.out_shape[d] for d in groups[-1]]) if groups else 1
         f32_out = plan.body.nodes[plan.body.outputs[0]].type.dtype == "f32"  # streamed lines are 16 floats
-        stream = f32_out and total * F32 >= stream_bytes and inner >= STREAM_MIN_INNER
+        # streamed lines are whole 64-byte lines of a contiguous row of the output
+        stream = f32_out and not plan.out_strides and total * F32 >= stream_bytes and inner >= STREAM_MIN_INNER
         if stream:
             # Each whole output line is computed in registers and streamed out (4 input/output
             # streams overlapped; the earlier 1024-element L1 buffer copied out afterwards ran
@@ -100,7 +108,7 @@ class Pointwise(Kind):
         plan.uops.append(UOp(1, "Store", f"out tile [{tile}]" + (" (non-temporal)" if stream else ""), ntiles))
 
     def after_views(self, plan: KernelPlan, caches) -> None:
-        if plan.in_strides:  # reading views, it walks other strides: its loops again
+        if plan.in_strides or plan.out_strides:  # reading or writing views, it walks other strides: its loops again
             plan.tiles, plan.uops = {}, []
             self.plan(plan, caches)
 
@@ -118,10 +126,17 @@ class Pointwise(Kind):
         space = Space(shape, [("o", outer_dims, True), ("j", inner_dims, False)], I1, count())
         ex = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
         res = ex.value(root)
+        dst_base, dst_j = "o * inner", "j"  # a contiguous output: rows of `inner` elements
+        if plan.out_strides:  # the inner loop walks the output with one stride (inner_groups)
+            ost = plan.out_strides
+            dst_base = offset("o", [shape[d] for d in outer_dims], [ost[d] for d in outer_dims])
+            dst_base = "o" if dst_base == "0" else dst_base  # one outer row: o is 0 (and used)
+            si = coalesce([shape[d] for d in inner_dims], [ost[d] for d in inner_dims])[1]
+            dst_j = f"j * {si[0]}" if si and si[0] != 1 else "j"
         # Streaming tiles start on the output's 64-byte lines: up to 15 more elements per row to cover.
         ntiles = -(-(inner + 15 * stream) // tile)
         return render("pointwise.c", NAME=plan.name, SPACE=list(shape), PARAMS=params, INNER=inner, TILE=tile,
-                      OTYPE=ctypes_of(plan)[1],
+                      OTYPE=ctypes_of(plan)[1], DST_BASE=dst_base, DST_J=dst_j,
                       STREAM=stream, SCHEDULE="guided" if stream else "static", NTILES=ntiles, OUTER=outer,
                       PARALLEL=int(plan.detail.parallel),
                       OFFSETS="\n".join(space.decls), BODY=ex.text(), RESULT=res,

@@ -65,6 +65,10 @@ class Row(Kind):
     kinds = (K.ROW,)
     supported = ("row-wise (one softmax, layernorm, rmsnorm or sum/mean/max over the trailing axes, "
                  "with a pointwise prologue and epilogue)")
+    writes_strided = True  # a softmax only (writes_through): the other templates write rows of L
+
+    def writes_through(self, plan: KernelPlan, strides) -> bool:
+        return plan.body.nodes[plan.shape.anchor].op == "softmax"
 
     def match(self, body, facts, machine=None):
         a = match_single(body, facts, row=True)
@@ -128,7 +132,7 @@ class Row(Kind):
         if an.op in ROW_OPS:
             epi = Exprs(body, space, ptrs, {a: "v"}, I2, strides=plan.base_strides())
             e = epi.value(body.outputs[0])
-            cs = contiguous(xshape)
+            cs = plan.out_strides or contiguous(xshape)  # a softmax may write through strides
             common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0)
             if an.op == "softmax":
                 return render("row_softmax.c",
