@@ -108,6 +108,7 @@ def check_rw(tmp_path_factory, text):
                "--time-limit", "5"])
 
 
+@pytest.mark.heavy
 @FAST
 @given(text=mutated_text(RW_SEED))
 def test_mutated_rules_load_cleanly(tmp_path_factory, text):
@@ -223,6 +224,7 @@ def test_mutated_onnx_slow(tmp_path_factory, data):
 # ------------------------------------------------------------------ a real process: no signal
 
 
+@pytest.mark.heavy
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(g=g_case, data=mutated_onnx())
 def test_mutated_inputs_in_a_subprocess_exit_cleanly(tmp_path_factory, g, data):

@@ -129,6 +129,7 @@ graph c(x: f32[{batch}, 4, 6], y: f32[{batch}, 4, 6], w: f32[6, 5]) -> f32[{batc
     assert "layout" not in _kinds(mod)
 
 
+@pytest.mark.heavy
 @settings(max_examples=12, deadline=None)
 @given(st.lists(st.integers(1, 3), min_size=1, max_size=3), st.data())
 def test_random_concats_of_kernels_views_and_inputs_match_the_reference(shape, data):
