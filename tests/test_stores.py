@@ -218,8 +218,8 @@ def test_the_concats_storage_lives_from_its_first_writer_to_its_last_reader():
 
 
 NOT_IN_PLACE = {
-    # the GEMM kinds do not write through strides (yet: Kind.writes_strided)
-    "a writer that cannot write through strides": "concat(x @ w, exp(y), axis=1)",
+    # one GEMM over the rows of both batches (B shared), which the concat does not space evenly
+    "a writer that cannot write through these strides": "concat(x @ w, exp(y), axis=1)",
     "an operand read elsewhere too": "concat(h, exp(y), axis=1) * sum(reshape(h, shape=[6, 4]) @ w)",
     "an operand read twice by the concat": "concat(h, h, axis=1)",
     "an operand that is a slice of a result": "concat(slice(exp(v), axis=1, stop=3), exp(y), axis=1)",
@@ -265,7 +265,8 @@ graph c(x: f32[2, 3, 4], y: f32[2, 3, 4]) -> (f32[2, 6, 4], f32[2, 3, 4]) {
 
 
 def test_only_the_kinds_that_write_through_strides_say_so():
-    assert {k for k, kind in KIND.items() if kind.writes_strided} == {K.POINTWISE, K.LAYOUT, K.VIEW, K.ROW}
+    assert {k for k, kind in KIND.items() if kind.writes_strided} == {
+        K.POINTWISE, K.LAYOUT, K.VIEW, K.ROW, K.CONTRACTION, K.CONV2D, K.CONTRACTION_ROW}
 
 
 @pytest.mark.parametrize("axis", [1, 2])
@@ -283,21 +284,36 @@ graph c(x: f32[2, 3, 4], y: f32[2, 3, 4], g: f32[4], b: f32[4]) -> (f32[2, {6 if
     assert [k for k in _kinds(mod) if k == "layout"] == ["layout"]
 
 
-def test_a_kind_that_says_it_writes_through_strides_is_given_them(monkeypatch):
-    # the one switch: the GEMM kinds get strided stores by setting Kind.writes_strided (plans
-    # only here: this backend's GEMM does not write through strides yet, nothing is compiled)
+GEMM_WRITERS = {
+    # one GEMM over all rows, written at the concat's row stride ldc = 8
+    "fold": ("x: f32[6, 4], w: f32[4, 4], y: f32[6, 4]", "f32[6, 8]", "concat(relu(x @ w + 1), exp(y), axis=1)",
+             dict(x=(6, 4), w=(4, 4), y=(6, 4)), (8, 1)),
+    # a batched GEMM, its batches at the concat's batch stride 24, its rows at ldc = 4
+    "batch": ("x: f32[2, 3, 4], w: f32[2, 4, 4], y: f32[2, 3, 4]", "f32[2, 6, 4]", "concat(exp(y), x @ w, axis=1)",
+              dict(x=(2, 3, 4), w=(2, 4, 4), y=(2, 3, 4)), (24, 4, 1)),
+}
+
+
+@pytest.mark.parametrize("mode", list(GEMM_WRITERS))
+def test_a_gemm_writes_its_result_into_a_concat_along_an_inner_axis(mode):
+    params, out, expr, shapes, strides = GEMM_WRITERS[mode]
+    src = f"graph c({params}) -> {out} {{\n  return {expr}\n}}\n"
+    mod = _run(src, **{n: _rand(*s, seed=i) for i, (n, s) in enumerate(shapes.items())})
+    assert "layout" not in _kinds(mod)
+    (gemm,) = [p for p in _plans(mod) if p.kind == "contraction"]
+    assert gemm.out_strides == strides and gemm.detail["gemm"]["mode"] == mode
+
+
+def test_a_gemm_whose_batches_are_looped_writes_contiguous_only():
+    # A and B each batched along another axis: the wrapper loops over the batches
     src = """
-graph c(x: f32[2, 3, 4], w: f32[4, 4], y: f32[2, 3, 4]) -> f32[2, 6, 4] {
-  return concat(x @ w, exp(y), axis=1)
+graph c(x: f32[2, 3, 3, 4], w: f32[3, 4, 4], y: f32[2, 3, 3, 4]) -> f32[2, 3, 6, 4] {
+  return concat(x @ w, exp(y), axis=2)
 }
 """
-    (f,) = eqfuse.compile(src).functions.values()
-    g = f.compiled({}).graph
-    monkeypatch.setattr(KIND[K.CONTRACTION], "writes_strided", True)
-    _, plans = lower_graph(g)
-    gemm = next(p for p in plans if p.kind == "contraction")
-    assert gemm.into is not None and gemm.out_strides == (24, 4, 1)
-    assert "layout" not in [p.kind for p in plans]
+    mod = _run(src, x=_rand(2, 3, 3, 4), w=_rand(3, 4, 4, seed=1), y=_rand(2, 3, 3, 4, seed=2))
+    (gemm,) = [p for p in _plans(mod) if p.kind == "contraction"]
+    assert gemm.detail["gemm"]["mode"] == "loop" and gemm.out_strides is None
 
 
 def test_a_result_written_through_strides_is_not_streamed():

@@ -13,6 +13,7 @@ from eqfuse.backend.cexpr import I1, I2, Exprs, Space, flit, render
 from eqfuse.backend.cexpr import computed_ancestors as _ancestors, kernel_params as _params
 from eqfuse.backend.gemm import emit_gemm
 from eqfuse.backend.indexing import bstrides, offset
+from eqfuse.backend.lower_gemm import c_layout
 from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.shapes import C_TYPE
@@ -127,8 +128,11 @@ def emit_contraction(plan: KernelPlan) -> str:
         plan.detail["prepack"] = {"arg": body.inputs.index(Bsrc), "fn": f"{gname}_prepack",
                                   "floats": f"{gname}_prepack_floats"}
     sa, sb, sc = g["strides"]
+    ldc = N
+    if plan.out_strides is not None:  # C written in place into a layout's storage (eqfuse.backend.stores)
+        ldc, sc = c_layout(plan, plan.out_strides)
     src, _ = emit_gemm(gname, M=g["M"], N=N, K=K, batch=g["batch"], a_batch_stride=sa, b_batch_stride=sb,
-                       c_batch_stride=sc, lda=g["lda"], ldb=g["ldb"], ldc=N, b_transposed=bt,
+                       c_batch_stride=sc, lda=g["lda"], ldb=g["ldb"], ldc=ldc, b_transposed=bt,
                        a_transposed=at, epilogue=expr, prepacked_b=prepacked, row_epilogue=row_call,
                        **_gemm_args(plan, extras))
     shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (A transposed)" if at else "") + \

@@ -113,6 +113,41 @@ def matrix_layout(shape, strides) -> tuple[bool, int] | None:
     return None
 
 
+def _flat_stride(shape, strides) -> int | None:
+    """The one stride s with strides[k] == s * prod(shape[k+1:]) on every axis of size > 1 (the
+    axes walk one row index evenly); 0 when every axis has size 1; None when there is none."""
+    s, inner = None, 1
+    for d, st in zip(reversed(shape), reversed(strides)):
+        if d > 1:
+            if st % inner or (s is not None and st != s * inner):
+                return None
+            s = st // inner if s is None else s
+        inner *= d
+    return 0 if s is None else s
+
+
+def c_layout(plan: KernelPlan, strides) -> tuple[int, int] | None:
+    """(ldc, batch stride of C) when a matmul's GEMM can store its result at these element strides:
+    columns at unit stride, rows at ldc >= N; the "fold" mode's rows of every batch one after the
+    other at ldc, the "batch" mode's batches at one stride. None otherwise (the "loop" mode, whose
+    wrapper offsets C by whole matrices, writes contiguous only)."""
+    out = tuple(plan.out_shape)
+    nb, (M, N) = len(out) - 2, out[-2:]
+    g = plan.detail["gemm"]
+    if N > 1 and strides[-1] != 1:
+        return None
+    if g["mode"] == "fold":
+        ldc, sc = _flat_stride(out[:-1], strides[:-1]), 0
+    elif g["mode"] == "batch":
+        ldc, sc = (strides[-2] if M > 1 else N), _flat_stride(out[:nb], strides[:nb])
+    else:
+        return None
+    if ldc is None or sc is None:
+        return None
+    ldc = ldc or N  # (one row: any row stride)
+    return (ldc, sc) if ldc >= N else None
+
+
 def _operand(body, x: int, base: dict, batch) -> tuple[int, bool, int, tuple[int, ...]]:
     """(the input read, given transposed, leading dimension, batch strides over `batch`) of a
     matmul operand: an input, or a swap of an input's last two axes, read at the input's strides

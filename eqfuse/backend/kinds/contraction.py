@@ -17,7 +17,7 @@ from eqfuse.backend.kinds.base import (
     check_no_broadcast,
     swaps_last_two,
 )
-from eqfuse.backend.lower_gemm import plan_contraction, row_epilogue_fits
+from eqfuse.backend.lower_gemm import c_layout, plan_contraction, row_epilogue_fits
 from eqfuse.backend.machine import Machine
 from eqfuse.backend.plan import (
     K,
@@ -125,6 +125,7 @@ def _check_row_epilogue(body: Graph, shape: KernelShape, out: int, machine: Mach
 
 class Contraction(Kind):
     kinds = (K.CONTRACTION, K.CONV2D, K.CONTRACTION_ROW)
+    writes_strided = True  # a matmul's GEMM only (writes_through)
     supported = ("contraction with epilogue (one matmul or conv2d over kernel inputs, a matmul's operands "
                  "possibly read through a swap of their last two axes, its result flowing through pointwise "
                  "ops); contraction with row epilogue (one matmul whose result flows through pointwise ops "
@@ -150,6 +151,12 @@ class Contraction(Kind):
         plan_contraction(plan, Machine(c.l1, c.l2, c.l3, c.simd, c.cores))
         plan.kind = K(plan.kind)
         plan.threads = plan.detail["threads"]
+
+    def writes_through(self, plan: KernelPlan, strides) -> bool:
+        """A matmul's GEMM stores C at a row stride and a batch stride (lower_gemm.c_layout). Not
+        a conv2d (its C, O x OH*OW per image, is wanted transposed by the layouts that follow it),
+        nor a row epilogue (the row templates walk rows of N)."""
+        return plan.kind == K.CONTRACTION and c_layout(plan, strides) is not None
 
     def after_views(self, plan: KernelPlan, caches) -> None:
         if plan.in_strides and plan.kind != K.CONV2D:  # A or B read through a view: planned again
