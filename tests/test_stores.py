@@ -301,7 +301,7 @@ def test_a_gemm_writes_its_result_into_a_concat_along_an_inner_axis(mode):
     mod = _run(src, **{n: _rand(*s, seed=i) for i, (n, s) in enumerate(shapes.items())})
     assert "layout" not in _kinds(mod)
     (gemm,) = [p for p in _plans(mod) if p.kind == "contraction"]
-    assert gemm.out_strides == strides and gemm.detail["gemm"]["mode"] == mode
+    assert gemm.out_strides == strides and gemm.detail.gemm.mode == mode
 
 
 def test_a_gemm_whose_batches_are_looped_writes_contiguous_only():
@@ -313,7 +313,7 @@ graph c(x: f32[2, 3, 3, 4], w: f32[3, 4, 4], y: f32[2, 3, 3, 4]) -> f32[2, 3, 6,
 """
     mod = _run(src, x=_rand(2, 3, 3, 4), w=_rand(3, 4, 4, seed=1), y=_rand(2, 3, 3, 4, seed=2))
     (gemm,) = [p for p in _plans(mod) if p.kind == "contraction"]
-    assert gemm.detail["gemm"]["mode"] == "loop" and gemm.out_strides is None
+    assert gemm.detail.gemm.mode == "loop" and gemm.out_strides is None
 
 
 def test_a_result_written_through_strides_is_not_streamed():

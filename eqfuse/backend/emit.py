@@ -30,7 +30,7 @@ def prototype(plan: KernelPlan) -> str:
     cdef = f"{ret} {plan.name}({', '.join(ps)});"
     pre = plan.prepack
     if pre:
-        cdef += f"\nlong {pre['floats']}(void);\nvoid {pre['fn']}(const float* B, float* P);"
+        cdef += f"\nlong {pre.floats}(void);\nvoid {pre.fn}(const float* B, float* P);"
     return cdef
 
 

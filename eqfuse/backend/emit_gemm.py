@@ -10,7 +10,8 @@ from __future__ import annotations
 from itertools import count
 
 from eqfuse.backend.cexpr import I1, I2, Exprs, Space, flit, render
-from eqfuse.backend.cexpr import computed_ancestors as _ancestors, kernel_params as _params
+from eqfuse.backend.cexpr import computed_ancestors as _ancestors
+from eqfuse.backend.cexpr import kernel_params as _params
 from eqfuse.backend.gemm import emit_gemm
 from eqfuse.backend.indexing import bstrides, offset
 from eqfuse.backend.lower_gemm import c_layout
@@ -47,7 +48,7 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
     input there); `groups` are the GEMM epilogue's index groups, "i" (the GEMM's row) becoming
     the template's row r."""
     body = plan.body
-    row = plan.shape.parts[0]
+    row = plan.shape.parts.row
     rn = body.nodes[row]
     out = tuple(plan.out_shape)
     N = out[-1]
@@ -78,21 +79,20 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
 
 def _gemm_args(plan: KernelPlan, extras) -> dict:
     """emit_gemm's arguments that come from the plan: its tiles and decisions."""
-    t, g = plan.tiles, plan.detail["gemm"]
-    return dict(blocking=(t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]), split=g["split"], direct_b=g["direct_b"],
-                parallel=plan.detail["parallel"], extras=[(_ct(plan.body, i), pn) for i, pn in extras])
+    t, d = plan.tiles, plan.detail
+    return dict(blocking=(t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]), split=d.split, direct_b=d.direct_b,
+                parallel=d.parallel, extras=[(_ct(plan.body, i), pn) for i, pn in extras])
 
 
 def emit_contraction(plan: KernelPlan) -> str:
     body, a = plan.body, plan.shape.anchor
-    mm = body.nodes[a]
     params, ptrs = _params(plan)
     out = tuple(plan.out_shape)
     nb = len(out) - 2
-    M, N, K = plan.detail["M"], plan.detail["N"], plan.detail["K"]
-    bt, at = plan.detail["b_transposed"], plan.detail["a_transposed"]
-    g = plan.detail["gemm"]  # how the matmul maps onto GEMM calls (lower_gemm._matmul_gemm)
-    mode, Asrc, Bsrc, ast, bst = g["mode"], g["a_src"], g["b_src"], g["a_strides"], g["b_strides"]
+    d = plan.detail
+    M, N, K, bt, at = d.M, d.N, d.K, d.b_transposed, d.a_transposed
+    g = d.gemm  # how the matmul maps onto GEMM calls (lower_gemm._matmul_gemm)
+    mode, Asrc, Bsrc, ast, bst = g.mode, g.a_src, g.b_src, g.a_strides, g.b_strides
     batch = out[:-2]
     nbatch = size(batch)
     if mode == "fold":  # B shared by every batch: one GEMM with M' = batch * M
@@ -103,7 +103,7 @@ def emit_contraction(plan: KernelPlan) -> str:
         groups = [("i", [nb], False), ("j", [nb + 1], False)]
     row_call = ""
     if plan.kind == "contraction_row":
-        expr, extras = _epilogue(plan, groups, {a: "acc"}, root=body.nodes[plan.shape.parts[0]].args[0])
+        expr, extras = _epilogue(plan, groups, {a: "acc"}, root=body.nodes[plan.shape.parts.row].args[0])
         row_src, extras, row_call = _row_epilogue(plan, groups, f"{plan.name}_rowop", extras)
     else:
         expr, extras = _epilogue(plan, groups, {a: "acc"})
@@ -121,25 +121,22 @@ def emit_contraction(plan: KernelPlan) -> str:
     gname = f"{plan.name}_gemm"
     # A B bound by params= (lower marks it only when it is one matrix for every batch, the
     # "fold" mode) is packed once: the kernel's B argument is then the panels of {gname}_prepack,
-    # which the runtime makes on the first call (plan.detail["prepack"] tells it how).
-    prepacked = bool(plan.detail.get("b_bound"))
-    if prepacked:
-        assert mode == "fold", "lower marks b_bound only for a B shared by every batch"
-        plan.detail["prepack"] = {"arg": body.inputs.index(Bsrc), "fn": f"{gname}_prepack",
-                                  "floats": f"{gname}_prepack_floats"}
-    sa, sb, sc = g["strides"]
+    # which the runtime makes on the first call (plan.detail.prepack tells it how).
+    prepacked = d.prepack is not None
+    assert not prepacked or (mode == "fold" and d.prepack.fn == f"{gname}_prepack")
+    sa, sb, sc = g.strides
     ldc = N
     if plan.out_strides is not None:  # C written in place into a layout's storage (eqfuse.backend.stores)
         ldc, sc = c_layout(plan, plan.out_strides)
-    src, _ = emit_gemm(gname, M=g["M"], N=N, K=K, batch=g["batch"], a_batch_stride=sa, b_batch_stride=sb,
-                       c_batch_stride=sc, lda=g["lda"], ldb=g["ldb"], ldc=ldc, b_transposed=bt,
+    src, _ = emit_gemm(gname, M=g.M, N=N, K=K, batch=g.batch, a_batch_stride=sa, b_batch_stride=sb,
+                       c_batch_stride=sc, lda=g.lda, ldb=g.ldb, ldc=ldc, b_transposed=bt,
                        a_transposed=at, epilogue=expr, prepacked_b=prepacked, row_epilogue=row_call,
                        **_gemm_args(plan, extras))
     shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (A transposed)" if at else "") + \
         (" (B transposed)" if bt else "")
     if row_call:
-        shapes += f", then {plan.detail['row_op']} over each finished row of C"
-    wrapper = render("matmul.c", NAME=plan.name, SHAPES=shapes, GEMM=gname, PARAMS=params, OUTER=g["outer"],
+        shapes += f", then {d.row_op} over each finished row of C"
+    wrapper = render("matmul.c", NAME=plan.name, SHAPES=shapes, GEMM=gname, PARAMS=params, OUTER=g.outer,
                      OFFSETS="        (void)g;", ARGS=", ".join([aoff, boff_, coff] + eparts))
     return (row_src + "\n" if row_call else "") + src + "\n" + wrapper
 
@@ -163,14 +160,14 @@ def emit_conv2d(plan: KernelPlan) -> str:
         extras.sort(key=lambda t: plan.body.inputs.index(t[0]))
     K, P = C * KH * KW, OH * OW
     gname = f"{plan.name}_gemm"
-    g = plan.detail["gemm"]
-    assert (g["M"], g["batch"], g["strides"]) == (O, N, (0, K * P, O * P)), "the plan's GEMM is this conv's"
+    g = plan.detail.gemm
+    assert (g.M, g.batch, g.strides) == (O, N, (0, K * P, O * P)), "the plan's GEMM is this conv's"
     src, _ = emit_gemm(gname, M=O, N=P, K=K, batch=N, a_batch_stride=0, b_batch_stride=K * P, c_batch_stride=O * P,
                        lda=K, ldb=P, ldc=P, b_transposed=False, epilogue=expr, **_gemm_args(plan, extras))
     args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
     wrapper = render("conv2d.c", NAME=plan.name, PARAMS=params, X=ptrs[cv.args[0]],
                      N=N, C=C, H=H, W=W, O=O, KH=KH, KW=KW, OH=OH, OW=OW, SH=sh, SW=sw, PH=ph, PW=pw,
-                     DIRECT=int(direct), GEMM=gname, ARGS=", ".join(args), PARALLEL=int(plan.detail["parallel"]))
+                     DIRECT=int(direct), GEMM=gname, ARGS=", ".join(args), PARALLEL=int(plan.detail.parallel))
     return src + "\n" + wrapper
 
 

@@ -42,7 +42,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     B panel. A row epilogue makes the threads split batches or rows, never columns
     (one thread must own whole rows).
     `a_transposed`: A is given as its transpose, K x M (row stride lda), packed to the same panels.
-    `parallel`: whether the GEMM opens a parallel region (the plan's detail["parallel"],
+    `parallel`: whether the GEMM opens a parallel region (the plan's detail.parallel,
     lower_gemm.parallel; False runs it on the calling thread).
     `prepacked_b`: the B argument is the panels made once by `NAME_prepack(B, P)` (P of
     `NAME_prepack_floats()` floats, both in the cdef), for a B bound by params= and shared by

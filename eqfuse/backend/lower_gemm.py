@@ -8,7 +8,9 @@ tiles > NR-column panels, and its counts are those of one call.
 
 from __future__ import annotations
 
-from eqfuse.backend.indexing import view_strides, bstrides, contiguous, joint_groups
+from dataclasses import dataclass
+
+from eqfuse.backend.indexing import contiguous, joint_groups, view_strides
 from eqfuse.backend.machine import Machine, gemm_blocking, register_tile
 from eqfuse.backend.plan import (
     F32,
@@ -20,7 +22,55 @@ from eqfuse.backend.plan import (
     pointwise_flops,
     size,
 )
+from eqfuse.backend.plan import K as Kind  # (K is a GEMM's depth here)
 from eqfuse.ir.ops import OPS
+
+
+@dataclass(frozen=True)
+class GemmCalls:
+    """How a contraction maps onto calls of the GEMM (csrc_templates/gemm.c, eqfuse.backend.gemm)."""
+
+    mode: str  # "fold" (one GEMM over every batch's rows), "batch" (one call, a stride per operand),
+    #            "loop" (the wrapper calls the GEMM once per batch) or "conv" (one call per image)
+    M: int  # rows of one GEMM (fold: batch x M)
+    batch: int  # batches inside one call
+    outer: int  # calls the wrapper makes
+    strides: tuple[int, int, int]  # batch strides of A, B and C inside one call
+    a_src: int | None = None  # the body inputs A and B are read from (a matmul's)
+    b_src: int | None = None
+    a_strides: tuple[int, ...] = ()  # their batch strides over the result's batch axes
+    b_strides: tuple[int, ...] = ()
+    lda: int = 0
+    ldb: int = 0
+
+
+@dataclass(frozen=True)
+class Prepack:
+    """A B bound by params= packed once (the runtime calls `fn` at the first call): the body
+    input position `arg`, the packing function and the function giving its size in floats."""
+
+    arg: int
+    fn: str
+    floats: str
+
+
+@dataclass(frozen=True)
+class GemmDetail:
+    """The plan of a GEMM kind (contraction, contraction_row, conv2d): what emit_gemm writes."""
+
+    M: int  # the matmul's rows, columns and depth (conv2d: O, OH x OW, C x KH x KW)
+    N: int
+    K: int
+    batch: int  # the result's batches (conv2d: images)
+    a_transposed: bool  # A (B) given transposed: columns in memory
+    b_transposed: bool
+    gemm: GemmCalls
+    direct_b: bool  # the micro-kernel reads B in place (`direct`)
+    split: str  # "rows": threads split whole rows (a row epilogue); "auto" (`thread_rule`)
+    parallel: bool  # each GEMM call opens a parallel region (`parallel`)
+    row_op: str | None = None  # contraction_row: softmax, layernorm or rmsnorm
+    prepack: Prepack | None = None  # B bound by params=, packed once (kinds.contraction.mark_bound_b)
+
 
 DIRECT_MAX_TILES = 32  # B read in place up to this many MR-row tiles (see `direct`)
 DIRECT_MIN_NR = 64  # ... and only with panels this wide (or one panel in all)
@@ -133,12 +183,12 @@ def c_layout(plan: KernelPlan, strides) -> tuple[int, int] | None:
     wrapper offsets C by whole matrices, writes contiguous only)."""
     out = tuple(plan.out_shape)
     nb, (M, N) = len(out) - 2, out[-2:]
-    g = plan.detail["gemm"]
+    mode = plan.detail.gemm.mode
     if N > 1 and strides[-1] != 1:
         return None
-    if g["mode"] == "fold":
+    if mode == "fold":
         ldc, sc = _flat_stride(out[:-1], strides[:-1]), 0
-    elif g["mode"] == "batch":
+    elif mode == "batch":
         ldc, sc = (strides[-2] if M > 1 else N), _flat_stride(out[:nb], strides[:nb])
     else:
         return None
@@ -161,11 +211,11 @@ def _operand(body, x: int, base: dict, batch) -> tuple[int, bool, int, tuple[int
     return src, transposed, ld, bst
 
 
-def _matmul_gemm(plan: KernelPlan, M: int, N: int, K: int) -> dict:
-    """How a (batched) matmul maps onto GEMM calls: "fold" (B shared by every batch, or one
-    batch: one GEMM over all rows), "batch" (one call, a stride per operand) or "loop" (the
-    wrapper calls the GEMM once per batch). An operand is read in place at its strides: rows or
-    columns in memory at any leading dimension, any batch strides."""
+def _matmul_gemm(plan: KernelPlan, M: int) -> tuple[GemmCalls, bool, bool]:
+    """(how a (batched) matmul maps onto GEMM calls, A given transposed, B given transposed):
+    "fold" (B shared by every batch, or one batch: one GEMM over all rows), "batch" (one call, a
+    stride per operand) or "loop" (the wrapper calls the GEMM once per batch). An operand is read
+    in place at its strides: rows or columns in memory at any leading dimension, any batch strides."""
     body, mm = plan.body, plan.body.nodes[plan.shape.anchor]
     A, B = mm.args
     out = tuple(plan.out_shape)
@@ -173,21 +223,20 @@ def _matmul_gemm(plan: KernelPlan, M: int, N: int, K: int) -> dict:
     base = plan.base_strides()
     Asrc, at, lda, ast = _operand(body, A, base, batch)
     Bsrc, bt, ldb, bst = _operand(body, B, base, batch)
-    plan.detail["a_transposed"], plan.detail["b_transposed"] = at, bt
     cst = contiguous(out)[:nb]
     nbatch = size(batch)
     # rows of A follow one another across batches (so B shared by all folds them into one GEMM)
     # only when A is not given transposed
     acont = not at and list(ast) == list(contiguous(batch + (M, lda))[:nb])
-    g = {"a_src": Asrc, "b_src": Bsrc, "a_strides": ast, "b_strides": bst, "lda": lda, "ldb": ldb}
+    ops = dict(a_src=Asrc, b_src=Bsrc, a_strides=tuple(ast), b_strides=tuple(bst), lda=lda, ldb=ldb)
     if nbatch == 1 or (all(s == 0 for s in bst) and acont):
-        return g | {"mode": "fold", "M": nbatch * M, "batch": 1, "outer": 1, "strides": (0, 0, 0)}
+        return GemmCalls("fold", nbatch * M, 1, 1, (0, 0, 0), **ops), at, bt
     jg = joint_groups(batch, [ast, bst, cst])
     if len(jg) <= 1:
         g0 = jg[0][-1] if jg else 0
         strides = (ast[g0], bst[g0], cst[g0]) if jg else (0, 0, 0)
-        return g | {"mode": "batch", "M": M, "batch": nbatch, "outer": 1, "strides": strides}
-    return g | {"mode": "loop", "M": M, "batch": 1, "outer": nbatch, "strides": (0, 0, 0)}
+        return GemmCalls("batch", M, nbatch, 1, strides, **ops), at, bt
+    return GemmCalls("loop", M, 1, nbatch, (0, 0, 0), **ops), at, bt
 
 
 def plan_contraction(plan: KernelPlan, m: Machine) -> None:
@@ -196,52 +245,42 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
     if mm.type.shape != plan.out_shape:
         raise Split("the epilogue broadcasts the contraction's result to a larger shape")
     if mm.op == "conv2d":
-        plan.kind = "conv2d"
         (N, C, _, _), (O, _, KH, KW) = (body.nodes[i].type.shape for i in mm.args[:2])
         _, _, OH, OW = mm.type.shape
-        M, Nn, K = O, OH * OW, C * KH * KW
-        plan.detail = {"M": M, "N": Nn, "K": K, "batch": N, "b_transposed": False, "a_transposed": False,
-                       "gemm": {"mode": "conv", "M": M, "batch": N, "outer": 1, "strides": (0, K * Nn, M * Nn)}}
+        M, Nn, K, batch, at, bt = O, OH * OW, C * KH * KW, N, False, False
+        g = GemmCalls("conv", M, N, 1, (0, K * Nn, M * Nn))
         plan.flops = 2 * N * O * OH * OW * K + pointwise_flops(body)
     else:
-        A, B = mm.args
-        anode, bnode = body.nodes[A], body.nodes[B]
-        transposed, a_transposed = bnode.op == "transpose", anode.op == "transpose"
-        ashape = anode.type.shape  # (the transpose's shape when A is read through one)
-        bshape = body.nodes[bnode.args[0]].type.shape if transposed else bnode.type.shape
-        M, K = ashape[-2], ashape[-1]
-        Nn = bshape[-2] if transposed else bshape[-1]
+        ashape = body.nodes[mm.args[0]].type.shape  # (the transpose's shape when A is read through one)
+        M, K, Nn = ashape[-2], ashape[-1], mm.type.shape[-1]
         batch = size(mm.type.shape[:-2])
-        plan.detail = {"M": M, "N": Nn, "K": K, "batch": batch, "b_transposed": transposed,
-                       "a_transposed": a_transposed}
-        plan.detail["gemm"] = _matmul_gemm(plan, M, Nn, K)
+        g, at, bt = _matmul_gemm(plan, M)
         plan.flops = 2 * batch * M * Nn * K + pointwise_flops(body)
-    g = plan.detail["gemm"]
-    gM, bt = g["M"], plan.detail["b_transposed"]
+    gM = g.M
     t = plan.tiles = gemm_tiles(gM, Nn, K, m)
     mr, nr, kc, mc, nc = t["mr"], t["nr"], t["kc"], t["mc"], t["nc"]
-    g["direct_b"] = direct(gM, Nn, bt, mr, nr)
     plan.cache_check = "; ".join(f"{text}: {'ok' if ok else 'NO'}" for text, ok in gemm_checks(t, m))
-    row = _plan_row_epilogue(plan, m, Nn) if plan.kind == "contraction_row" else None
-    g["split"] = "rows" if row is not None else "auto"
-    plan.detail["parallel"] = parallel(gM, Nn, K, g["batch"])  # per GEMM call: each opens its own region
-    plan.detail["threads"] = thread_rule(gM, Nn, g["batch"], mr, nr, rows_only=row is not None,
-                                         par=plan.detail["parallel"], K=K)
-    skip = {a} | set(mm.args) | ({mm.args[1]} if bt else set())
+    row = _plan_row_epilogue(plan, m, Nn) if plan.kind == Kind.CONTRACTION_ROW else None
+    par = parallel(gM, Nn, K, g.batch)  # per GEMM call: each opens its own region
+    plan.detail = GemmDetail(M, Nn, K, batch, at, bt, g, direct_b=direct(gM, Nn, bt, mr, nr),
+                             split="rows" if row is not None else "auto", parallel=par,
+                             row_op=body.nodes[row].op if row is not None else None)
+    plan.threads = thread_rule(gM, Nn, g.batch, mr, nr, rows_only=row is not None, par=par, K=K)
+    skip = {a} | set(mm.args) | ({mm.args[1]} if body.nodes[mm.args[1]].op == "transpose" else set())
     if row is not None:
         skip |= not_ancestors(body, body.nodes[row].args[0])
     epi = ops_text(body, skip=skip)
-    nb = g["batch"] * g["outer"]
+    nb = g.batch * g.outer
     npc, nch, njc, tiles = cdiv(K, kc), cdiv(gM, mc), cdiv(Nn, nc), cdiv(gM, mr) * cdiv(Nn, nr)
     u = plan.uops
-    if plan.kind == "conv2d":
-        u.append(UOp(0, "Exec", f"im2col {K} x {Nn} per image (none for a 1x1 conv of stride 1)", g["batch"]))
-    b_load = ("B read in place" + (f", its last {Nn % nr} columns packed" if Nn % nr else "")) if g["direct_b"] \
+    if plan.kind == Kind.CONV2D:
+        u.append(UOp(0, "Exec", f"im2col {K} x {Nn} per image (none for a 1x1 conv of stride 1)", g.batch))
+    b_load = ("B read in place" + (f", its last {Nn % nr} columns packed" if Nn % nr else "")) if plan.detail.direct_b \
         else f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]"
     u += [UOp(0, "Loop", f"{nb} GEMM(s) of {gM} x {Nn} x {K} x pc over K step kc={kc}", nb * npc),
           UOp(1, "Loop", f"row chunks over M={gM} step mc={mc} (one thread)", nb * npc * nch),
           UOp(2, "Load", f"pack A block [{min(mc, gM)} x {min(kc, K)}]"
-                         f"{' from A given transposed' if plan.detail['a_transposed'] else ''}", nb * npc * nch),
+                         f"{' from A given transposed' if at else ''}", nb * npc * nch),
           UOp(2, "Loop", f"jc over N={Nn} step nc={nc}", nb * npc * nch * njc),
           UOp(3, "Load", b_load, nb * npc * nch * njc),
           UOp(3, "Exec", f"micro-kernel {mr} x {nr} x {min(kc, K)} FMA, per {mr}-row tile x {nr}-column panel",
@@ -269,7 +308,7 @@ def _plan_row_epilogue(plan: KernelPlan, m: Machine, N: int) -> int:
     """Checks for a GEMM with a row epilogue (kernels.ROW_EPILOGUE_OPS over the last axis);
     Split (two kernels: GEMM + epilogue, row op) when this backend does not do it."""
     body = plan.body
-    row = plan.shape.parts[0]
+    row = plan.shape.parts.row
     rn = body.nodes[row]
     if body.nodes[plan.shape.anchor].op != "matmul":
         raise Split("a row epilogue needs a matmul")
@@ -281,7 +320,6 @@ def _plan_row_epilogue(plan: KernelPlan, m: Machine, N: int) -> int:
         ps = tuple(body.nodes[p].type.shape)
         if not ps or ps[-1] != N or size(ps) != N:
             raise Split(f"the parameters of {rn.op} must be vectors of the row's length {N}")
-    plan.detail["row_op"] = rn.op
     plan.flops += OPS[rn.op].flops * size(plan.out_shape)
     plan.cache_check += f"; row epilogue: a row of C {N * F32} B (+ parameters) <= L1 {m.l1} B: ok"
     return row

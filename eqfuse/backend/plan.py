@@ -70,9 +70,6 @@ class RowEpilogue:
 
     row: int
 
-    def __getitem__(self, k: int) -> int:  # lower_gemm and emit_gemm read parts[0]
-        return (self.row,)[k]
-
 
 @dataclass(frozen=True)
 class KernelShape:
@@ -102,7 +99,7 @@ class KernelPlan:
     shape: KernelShape
     out_shape: tuple[int, ...]
     tiles: dict[str, int] = field(default_factory=dict)
-    detail: Any = None  # the kind's frozen detail dataclass (a dict for the GEMM kinds, lower_gemm)
+    detail: Any = None  # the kind's frozen detail dataclass (lower_gemm.GemmDetail for the GEMM kinds)
     uops: list[UOp] = field(default_factory=list)
     bytes: int = 0
     flops: int = 0
@@ -124,9 +121,9 @@ class KernelPlan:
     unread: frozenset[int] = frozenset()
 
     @property
-    def prepack(self) -> dict | None:
-        """How the runtime prepacks a GEMM's B bound by params= (emit_gemm records it), or None."""
-        return self.detail.get("prepack") if isinstance(self.detail, dict) else None
+    def prepack(self):
+        """How the runtime prepacks a GEMM's B bound by params= (lower_gemm.Prepack), or None."""
+        return getattr(self.detail, "prepack", None)
 
     def base_strides(self) -> dict[int, tuple[int, ...]]:
         """body input -> the strides it is read through, for the inputs read through views."""

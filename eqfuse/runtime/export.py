@@ -190,7 +190,7 @@ def _prepare_graph(g: Graph, weights, lib, dims, inputs, example_inputs, seed, o
     packs = []
     for k, (s, pos) in enumerate(mem.prepacks):
         pre = kernels[s].prepack
-        packs.append((pre["fn"], pre["floats"], windex[kg_params[pos]]))
+        packs.append((pre.fn, pre.floats, windex[kg_params[pos]]))
         slots.append(("packed", k))
     copies = {}
     for k, (where, at) in mem.copies.items():

@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eqfuse.backend.plan import K, KernelPlan, size
-from eqfuse.runtime.load import threads_now
 from eqfuse.errors import ArgumentError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
+from eqfuse.runtime.load import threads_now
 
 ALIGN = 64  # bytes: every arena buffer starts on a cache line
 _POOL_ONLY = 3  # references to a pooled output held by the pool itself, a local and getrefcount
@@ -139,7 +139,7 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
         placed.append((off, nb, a, z))
         offsets[n], lifetimes[n] = off, (nb, a, z)
     arena = max((_align(o + b) for o, b, _, _ in placed), default=0)
-    prepacks = [(s, kernels[s].args[kernels[s].prepack["arg"]]) for s in range(len(kernels))
+    prepacks = [(s, kernels[s].args[kernels[s].prepack.arg]) for s in range(len(kernels))
                 if kernels[s].prepack]
     prepacks = [(s, ins[a]) for s, a in prepacks]
     root: dict[int, tuple[str, int]] = {}
@@ -186,7 +186,7 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, 
         args = ["NULL" if k in p.unread else ptr(a) for k, a in enumerate(p.args)]
         pre = p.prepack
         if pre:
-            args[pre["arg"]] = f"(float*)in[{prepack_slot[s]}]"
+            args[pre.arg] = f"(float*)in[{prepack_slot[s]}]"
         call = f"{p.name}({', '.join(args + [ptr(p.node)])})"
         if p.kind == K.INDEX:
             lines += [f"    if ((bad = {call}) != 0) {{", f"        *failed = {s};", "        return bad;", "    }"]
@@ -239,8 +239,8 @@ class Runner:
                 got = self._packed.get(s)
                 if got is None or got[0] is not b:
                     pre = self.kernels[s].prepack
-                    P = np.empty(getattr(self.lib, pre["floats"])(), dtype=np.float32)
-                    getattr(self.lib, pre["fn"])(self.ffi.cast("float *", b.ctypes.data),
+                    P = np.empty(getattr(self.lib, pre.floats)(), dtype=np.float32)
+                    getattr(self.lib, pre.fn)(self.ffi.cast("float *", b.ctypes.data),
                                                  self.ffi.cast("float *", P.ctypes.data))
                     got = self._packed[s] = (b, P)
         return got[1]

@@ -17,7 +17,12 @@ from eqfuse.backend.kinds.base import (
     check_no_broadcast,
     swaps_last_two,
 )
-from eqfuse.backend.lower_gemm import c_layout, plan_contraction, row_epilogue_fits
+from eqfuse.backend.lower_gemm import (
+    Prepack,
+    c_layout,
+    plan_contraction,
+    row_epilogue_fits,
+)
 from eqfuse.backend.machine import Machine
 from eqfuse.backend.plan import (
     K,
@@ -149,8 +154,6 @@ class Contraction(Kind):
 
     def plan(self, plan: KernelPlan, c) -> None:
         plan_contraction(plan, Machine(c.l1, c.l2, c.l3, c.simd, c.cores))
-        plan.kind = K(plan.kind)
-        plan.threads = plan.detail["threads"]
 
     def writes_through(self, plan: KernelPlan, strides) -> bool:
         """A matmul's GEMM stores C at a row stride and a batch stride (lower_gemm.c_layout). Not
@@ -160,7 +163,7 @@ class Contraction(Kind):
 
     def after_views(self, plan: KernelPlan, caches) -> None:
         if plan.in_strides and plan.kind != K.CONV2D:  # A or B read through a view: planned again
-            plan.tiles, plan.detail, plan.uops = {}, {}, []
+            plan.tiles, plan.detail, plan.uops = {}, None, []
             self.plan(plan, caches)
 
     def emit(self, plan: KernelPlan) -> str:
@@ -170,18 +173,19 @@ class Contraction(Kind):
 
 
 def mark_bound_b(plan: KernelPlan, bound: set[int]) -> None:
-    """detail["b_bound"] for a matmul GEMM whose B (or the matrix its transpose reads) is one of
+    """detail.prepack for a matmul GEMM whose B (or the matrix its transpose reads) is one of
     the body inputs `bound` by params=, read by nothing else in the kernel, and one matrix for
-    every batch (emit then prepacks it)."""
-    if plan.kind not in (K.CONTRACTION, K.CONTRACTION_ROW) or plan.detail["gemm"]["mode"] != "fold":
+    every batch (emit then reads B as panels the runtime packs once)."""
+    if plan.kind not in (K.CONTRACTION, K.CONTRACTION_ROW) or plan.detail.gemm.mode != "fold":
         return  # (otherwise B differs between batches)
     body = plan.body
     b = body.nodes[plan.shape.anchor].args[1]
     src = body.nodes[b].args[0] if body.nodes[b].op == "transpose" else b
     if src not in bound or len([n for n in body.nodes if src in n.args]) != 1:
         return
-    plan.detail["b_bound"] = True
-    plan.detail["gemm"]["direct_b"] = False
+    gname = f"{plan.name}_gemm"  # (emit_gemm's name for it)
+    plan.detail = replace(plan.detail, direct_b=False,
+                          prepack=Prepack(body.inputs.index(src), f"{gname}_prepack", f"{gname}_prepack_floats"))
     plan.uops = [replace(u, what="B panels packed once when bound (params=), read in place")
                  if u.op == "Load" and ("pack B panel" in u.what or u.what.startswith("B read in place")) else u
                  for u in plan.uops]  # the tile schedule says so
