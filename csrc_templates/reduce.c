@@ -1,13 +1,45 @@
 /* {{NAME}}: {{OP}} over axes {{AXES}} of {{SPACE}} -> {{OUT_SPACE}}, prologue and epilogue fused.
- * The input is walked in memory order; the first kept loop is split over threads (static
- * schedule: every thread owns the same output slice at each step, so no two threads share one). */
+ * Loops: {{RUNS}}.
+ * The input is walked in memory order by five loops g0..g4, each over a run of adjacent input
+ * axes that are all kept or all reduced (loops of 1 in front where there are fewer runs).
+ * The first kept loop is split over threads (static schedule: every thread owns the same output
+ * slice at each step, so no two threads share one). When the innermost run is reduced it is
+ * accumulated in a register (ACC), else each step updates a vector of outputs. */
 void {{NAME}}({{PARAMS}})
 {
     for (long o = 0; o < {{OUT_SIZE}}; o++)
         out[o] = {{INIT}};
     #pragma omp parallel if ({{PARALLEL}})
     {
-{{NEST}}
+        {{FOR0}}
+        for (long g0 = 0; g0 < {{N0}}; g0++)
+        {{FOR1}}
+        for (long g1 = 0; g1 < {{N1}}; g1++)
+        {{FOR2}}
+        for (long g2 = 0; g2 < {{N2}}; g2++)
+        {{FOR3}}
+        for (long g3 = 0; g3 < {{N3}}; g3++) {
+#if {{ACC}}
+            float a = out[{{OUT_OFFSET}}];
+            int nan = a != a;
+            #pragma omp simd reduction({{OMP_OP}}:a) reduction(|:nan)
+            for (long g4 = 0; g4 < {{N4}}; g4++) {
+{{PRO_BODY}}
+                const float x = {{X}};
+                a = {{COMBINE}};
+                {{NAN_TRACK}}
+            }
+            out[{{OUT_OFFSET}}] = nan ? NAN : a;
+#else
+            {{FOR4}}
+            for (long g4 = 0; g4 < {{N4}}; g4++) {
+{{PRO_BODY}}
+                const float x = {{X}};
+                const float a = out[{{OUT_OFFSET}}];
+                out[{{OUT_OFFSET}}] = {{COMBINE_NAN}};
+            }
+#endif
+        }
     }
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
     for (long o = 0; o < {{OUT_SIZE}}; o++) {

@@ -1,6 +1,7 @@
 """The reduce kind: one sum/mean/max/min/prod over any axes, with a pointwise prologue over the
-input's index space and a pointwise epilogue over the output's (csrc_templates/reduce.c, its
-loop nest written here for the axes). Reductions over the trailing axes are row kernels."""
+input's index space and a pointwise epilogue over the output's (csrc_templates/reduce.c: a nest
+of five loops, each over a run of kept or reduced axes, ReduceDetail.runs). Reductions over the
+trailing axes are row kernels."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from eqfuse.backend.cexpr import (
     kernel_params,
     render,
 )
-from eqfuse.backend.indexing import contiguous
+from eqfuse.backend.indexing import contiguous, offset
 from eqfuse.backend.kinds.base import (
     PARALLEL_MIN,
     Facts,
@@ -84,11 +85,34 @@ def check_reduce_epilogue(body: Graph, a: int, out: int) -> None:
     check_computable(body, out, {a}, computed_ancestors(body, body.nodes[a].args[0]))
 
 
+LOOPS = 5  # the loops of csrc_templates/reduce.c
+
+
 @dataclass(frozen=True)
 class ReduceDetail:
     op: str
     axes: tuple[int, ...]
     parallel: bool  # the `if` of the parallel region (the kept axes split over threads)
+    # the template's loops g0..g4, outermost first: (input axes, reduced) for each run of adjacent
+    # axes of size > 1 that are all kept (False) or all reduced (True); loops of 1 ((), False) in
+    # front. With more runs than loops, g0 walks the outer ones together (reduced None: mixed).
+    runs: tuple[tuple[tuple[int, ...], bool | None], ...] = ()
+
+
+def loop_runs(xshape, axes) -> tuple[tuple[tuple[int, ...], bool | None], ...]:
+    """The loops of a reduction over `axes` of `xshape` (ReduceDetail.runs)."""
+    runs: list[tuple[list[int], bool | None]] = []
+    for d, n in enumerate(xshape):
+        if n == 1:
+            continue
+        if runs and runs[-1][1] == (d in axes):
+            runs[-1][0].append(d)
+        else:
+            runs.append(([d], d in axes))
+    if len(runs) > LOOPS:  # (rank 6 and more): g0 walks the outer runs as one index
+        outer = len(runs) - LOOPS + 1
+        runs = [([d for ds, _ in runs[:outer] for d in ds], None)] + runs[outer:]
+    return tuple([((), False)] * (LOOPS - len(runs)) + [(tuple(ds), red) for ds, red in runs])
 
 
 class Reduce(Kind):
@@ -107,11 +131,14 @@ class Reduce(Kind):
         an = body.nodes[a]
         xshape = tuple(body.nodes[an.args[0]].type.shape)
         axes = reduce_axes(an.attr, len(xshape))
-        kept = [d for d in range(len(xshape)) if xshape[d] != 1 and d not in axes]
-        par = bool(kept) and size(xshape) >= PARALLEL_MIN
-        plan.detail = ReduceDetail(an.op, axes, par)
+        runs = loop_runs(xshape, axes)
+        # threads split the first loop over kept axes only (a mixed g0 is walked by every thread)
+        split = next((dims for dims, red in runs if dims and red is False), None)
+        par = split is not None and size(xshape) >= PARALLEL_MIN
+        plan.detail = ReduceDetail(an.op, axes, par, runs)
         plan.threads = parallel_rule(par, f"{size(xshape)} input elements", PARALLEL_MIN,
-                                     f"the kept axis {kept[0]}'s {xshape[kept[0]]} indices" if kept else "")
+                                     f"the kept axes {list(split)}' {size([xshape[d] for d in split])} indices"
+                                     if split else "")
         plan.flops = size(xshape) + pointwise_flops(body, skip={a})
         out_bytes = size(plan.out_shape) * F32
         plan.cache_check = f"accumulators {out_bytes} B (the output) vs L2 {c.l2} B: {'ok' if out_bytes <= c.l2 else 'streams'}"
@@ -124,61 +151,37 @@ class Reduce(Kind):
 
     def emit(self, plan: KernelPlan) -> str:
         body, a = plan.body, plan.shape.anchor
-        an = body.nodes[a]
+        an, d = body.nodes[a], plan.detail
         xshape = tuple(body.nodes[an.args[0]].type.shape)
-        axes = set(plan.detail.axes)
         params, ptrs = kernel_params(plan)
-        dims = [d for d in range(len(xshape)) if xshape[d] != 1]
-        kept = [d for d in dims if d not in axes]
-        # the output's strides along the input's dims (0 along reduced ones)
-        ocs = contiguous(tuple(1 if d in axes else n for d, n in enumerate(xshape)))
-        ost = [0 if d in axes else ocs[d] for d in range(len(xshape))]
-        depth = 2 + len(dims)
-        ind = " " * (4 * depth)
+        # the output's strides along the input's axes (0 along reduced ones)
+        ocs = contiguous(tuple(1 if k in d.axes else n for k, n in enumerate(xshape)))
+        ocs = [0 if k in d.axes else s for k, s in enumerate(ocs)]
         ids = count()
-        space = Space(xshape, [(f"i{d}", [d], False) for d in dims], ind + "    ", ids)
-        pro = Exprs(body, space, ptrs, {}, ind + "    ", strides=plan.base_strides())
+        space = Space(xshape, [(f"g{k}", list(dims), False) for k, (dims, _) in enumerate(d.runs)], " " * 16, ids)
+        pro = Exprs(body, space, ptrs, {}, " " * 16, strides=plan.base_strides())
         x = pro.value(an.args[0])
-        init, _, combine, combine_nan = REDUCE[an.op]
-        outoff = " + ".join(f"i{d}" if ost[d] == 1 else f"i{d} * {ost[d]}" for d in kept) or "0"
-        lines = []
-        for k, d in enumerate(dims):
-            pad = " " * (4 * (2 + k))
-            last = k == len(dims) - 1
-            if kept and d == kept[0]:
-                lines.append(f"{pad}#pragma omp for schedule(static) nowait")
-            elif last and d not in axes:
-                lines.append(f"{pad}#pragma omp simd")
-            if last and d in axes:
-                lines.append(f"{pad}float a = out[{outoff}];")
-                lines.append(f"{pad}int nan = a != a;")
-                lines.append(f"{pad}#pragma omp simd reduction({REDUCE[an.op][1]}:a) reduction(|:nan)")
-            lines.append(f"{pad}for (long i{d} = 0; i{d} < {xshape[d]}; i{d}++) {{")
-        inner = " " * (4 * depth)
-        body_lines = [pro.text()] if pro.stmts else []
-        body_lines.append(f"{inner}const float x = {x};")
-        if dims and dims[-1] in axes:
-            body_lines.append(f"{inner}a = {combine};")
-            if an.op in NAN_TRACK:
-                body_lines.append(f"{inner}{NAN_TRACK[an.op]}")
-        else:
-            body_lines.append(f"{inner}{{ const float a = out[{outoff}]; out[{outoff}] = {combine_nan}; }}")
-        lines += body_lines
-        for k in reversed(range(len(dims))):
-            pad = " " * (4 * (2 + k))
-            lines.append(f"{pad}}}")
-            if k == len(dims) - 1 and dims[-1] in axes:
-                lines.append(f"{pad}out[{outoff}] = nan ? NAN : a;")
-        if not dims:  # a reduction of a single element
-            lines = [f"        {{ const float x = {x}; const float a = out[0]; out[0] = {combine_nan}; }}"]
-            lines[0:0] = [pro.text()] if pro.stmts else []
+        outoff = " + ".join(o for k, (dims, red) in enumerate(d.runs) if dims and red is not True
+                            for o in [offset(f"g{k}", [xshape[i] for i in dims], [ocs[i] for i in dims])]
+                            if o != "0") or "0"
+        first_kept = next((k for k, (dims, red) in enumerate(d.runs) if dims and red is False), None)
+        fors = {f"FOR{k}": "#pragma omp for schedule(static) nowait" if k == first_kept else ""
+                for k in range(LOOPS)}
+        if first_kept != LOOPS - 1:
+            fors[f"FOR{LOOPS - 1}"] = "#pragma omp simd"  # (the kept innermost loop, unless threads split it)
+        init, omp_op, combine, combine_nan = REDUCE[an.op]
         espace = Space(plan.out_shape, [("o", list(range(len(plan.out_shape))), True)], I1, ids)
         epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=computed_ancestors(body, an.args[0]),
                     strides=plan.base_strides())
         e = epi.value(body.outputs[0])
-        count_red = size([xshape[d] for d in axes])
-        return render("reduce.c", NAME=plan.name, OP=an.op, AXES=sorted(axes), SPACE=list(xshape),
+        count_red = size([xshape[k] for k in d.axes])
+        runs = ", ".join(f"g{k}: {({True: 'reduced', False: 'kept'}).get(red, 'kept and reduced')} axes {list(dims)}"
+                         for k, (dims, red) in enumerate(d.runs) if dims) or "a single element"
+        return render("reduce.c", NAME=plan.name, OP=an.op, AXES=sorted(d.axes), SPACE=list(xshape),
                       OUT_SPACE=list(plan.out_shape), PARAMS=params, OUT_SIZE=size(plan.out_shape), INIT=init,
-                      PARALLEL=int(plan.detail.parallel), NEST="\n".join(lines),
+                      PARALLEL=int(d.parallel), RUNS=runs, ACC=int(d.runs[-1][1]),
+                      **{f"N{k}": size([xshape[i] for i in dims]) for k, (dims, _) in enumerate(d.runs)}, **fors,
+                      OUT_OFFSET=outoff, OMP_OP=omp_op, PRO_BODY=pro.text(), X=x, COMBINE=combine,
+                      NAN_TRACK=NAN_TRACK.get(an.op, ""), COMBINE_NAN=combine_nan,
                       SCALE=flit(1.0 / count_red) if an.op == "mean" else "1.0f",
                       EPI_OFFSETS="\n".join(espace.decls), EPI_BODY=epi.text(), EPI=e)

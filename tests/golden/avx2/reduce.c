@@ -1,22 +1,44 @@
 /* eqf_kinds_k4_reduce: sum over axes [1] of [5, 9, 13] -> [5, 13], prologue and epilogue fused.
- * The input is walked in memory order; the first kept loop is split over threads (static
- * schedule: every thread owns the same output slice at each step, so no two threads share one). */
+ * Loops: g2: kept axes [0], g3: reduced axes [1], g4: kept axes [2].
+ * The input is walked in memory order by five loops g0..g4, each over a run of adjacent input
+ * axes that are all kept or all reduced (loops of 1 in front where there are fewer runs).
+ * The first kept loop is split over threads (static schedule: every thread owns the same output
+ * slice at each step, so no two threads share one). When the innermost run is reduced it is
+ * accumulated in a register (ACC), else each step updates a vector of outputs. */
 void eqf_kinds_k4_reduce(const float* restrict in0, float* restrict out)
 {
     for (long o = 0; o < 65; o++)
         out[o] = 0.0f;
     #pragma omp parallel if (0)
     {
+        
+        for (long g0 = 0; g0 < 1; g0++)
+        
+        for (long g1 = 0; g1 < 1; g1++)
         #pragma omp for schedule(static) nowait
-        for (long i0 = 0; i0 < 5; i0++) {
-            for (long i1 = 0; i1 < 9; i1++) {
-                #pragma omp simd
-                for (long i2 = 0; i2 < 13; i2++) {
-                        const float v0 = in0[(i0) * 117 + (i1) * 13 + i2];
-                    const float x = v0;
-                    { const float a = out[i0 * 13 + i2]; out[i0 * 13 + i2] = a + x; }
-                }
+        for (long g2 = 0; g2 < 5; g2++)
+        
+        for (long g3 = 0; g3 < 9; g3++) {
+#if 0
+            float a = out[(g2) * 13 + g4];
+            int nan = a != a;
+            #pragma omp simd reduction(+:a) reduction(|:nan)
+            for (long g4 = 0; g4 < 13; g4++) {
+                const float v0 = in0[(g2) * 117 + (g3) * 13 + g4];
+                const float x = v0;
+                a = a + x;
+                
             }
+            out[(g2) * 13 + g4] = nan ? NAN : a;
+#else
+            #pragma omp simd
+            for (long g4 = 0; g4 < 13; g4++) {
+                const float v0 = in0[(g2) * 117 + (g3) * 13 + g4];
+                const float x = v0;
+                const float a = out[(g2) * 13 + g4];
+                out[(g2) * 13 + g4] = a + x;
+            }
+#endif
         }
     }
     #pragma omp parallel for schedule(static) if (0)
