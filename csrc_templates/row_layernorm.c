@@ -7,7 +7,7 @@ void {{NAME}}({{PARAMS}})
 {
 {{ROW_LOOP_PRAGMA}}
     for (long r = {{R0}}; r < {{ROWS}}; r++) {
-        float* restrict y = out + r * {{L}};
+        float* restrict y = out + ({{YBASE}});
 {{OFFSETS}}
         float s = 0.0f;
         #pragma omp simd reduction(+:s)

@@ -270,17 +270,23 @@ def test_only_the_kinds_that_write_through_strides_say_so():
 
 
 @pytest.mark.parametrize("axis", [1, 2])
-def test_a_softmax_writes_through_strides_and_a_layernorm_only_a_contiguous_block(axis):
+def test_row_kernels_write_their_rows_through_strides(axis):
+    # a softmax writes at any strides, a layernorm its rows of 4 contiguous wherever they are;
+    # a layernorm along axis 1, whose rows are strided, is copied
     src = f"""
-graph c(x: f32[2, 3, 4], y: f32[2, 3, 4], g: f32[4], b: f32[4]) -> (f32[2, {6 if axis == 1 else 3}, {8 if axis == 2 else 4}], f32[2, 6, 4]) {{
-  return concat(softmax(x * 2, axis=-1), exp(y), axis={axis}), concat(layernorm(x, g, b), exp(y) + 1, axis=1)
+graph c(x: f32[2, 3, 4], y: f32[2, 3, 4], g: f32[4], b: f32[4], g3: f32[3], b3: f32[3]) -> (f32[2, {6 if axis == 1 else 3}, {8 if axis == 2 else 4}], f32[2, 6, 4], f32[2, 3, 8]) {{
+  t = transpose(x, perm=[0, 2, 1])
+  return concat(softmax(x * 2, axis=-1), exp(y), axis={axis}), concat(layernorm(x, g, b), exp(y) + 1, axis=1),
+         concat(transpose(layernorm(t, g3, b3), perm=[0, 2, 1]), y * 3, axis=2)
 }}
 """
-    mod = _run(src, x=_rand(2, 3, 4), y=_rand(2, 3, 4, seed=1), g=_rand(4, seed=2), b=_rand(4, seed=3))
+    mod = _run(src, x=_rand(2, 3, 4), y=_rand(2, 3, 4, seed=1), g=_rand(4, seed=2), b=_rand(4, seed=3),
+               g3=_rand(3, seed=4), b3=_rand(3, seed=5))
     rows = [p for p in _plans(mod) if p.kind == "row"]
-    assert [p.body.nodes[p.shape.anchor].op for p in rows] == ["softmax", "layernorm"]
+    assert [p.body.nodes[p.shape.anchor].op for p in rows] == ["softmax", "layernorm", "layernorm"]
     assert rows[0].into is not None and rows[0].out_strides is not None
-    assert rows[1].into is None  # its rows of 4 are not where the concat puts them
+    assert rows[1].into is not None and rows[1].out_strides == (24, 4, 1)
+    assert rows[2].into is None  # its rows of 3 are columns of the concat
     assert [k for k in _kinds(mod) if k == "layout"] == ["layout"]
 
 

@@ -7,7 +7,7 @@ void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restric
 {
 
     for (long r = r0; r < r1; r++) {
-        float* restrict y = out + r * 53;
+        float* restrict y = out + (r * 53L);
         (void)b;
         float s = 0.0f;
         #pragma omp simd reduction(+:s)

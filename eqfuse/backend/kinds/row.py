@@ -65,10 +65,18 @@ class Row(Kind):
     kinds = (K.ROW,)
     supported = ("row-wise (one softmax, layernorm, rmsnorm or sum/mean/max over the trailing axes, "
                  "with a pointwise prologue and epilogue)")
-    writes_strided = True  # a softmax only (writes_through): the other templates write rows of L
+    writes_strided = True  # softmax, layernorm, rmsnorm (writes_through)
 
     def writes_through(self, plan: KernelPlan, strides) -> bool:
-        return plan.body.nodes[plan.shape.anchor].op == "softmax"
+        """A softmax writes its rows at any strides; a layernorm or rmsnorm writes each row of L
+        contiguous (its template walks y[j]), the rows anywhere; a row reduction not at all."""
+        an = plan.body.nodes[plan.shape.anchor]
+        if an.op == "softmax":
+            return True
+        if an.op not in ("layernorm", "rmsnorm"):
+            return False
+        xshape = tuple(plan.body.nodes[an.args[0]].type.shape)
+        return all(strides[k] == size(xshape[k + 1:]) for k in range(plan.detail.axis0, len(xshape)) if xshape[k] > 1)
 
     def match(self, body, facts, machine=None):
         a = match_single(body, facts, row=True)
@@ -139,7 +147,8 @@ class Row(Kind):
                               YBASE=offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims]),
                               YS=cs[axis0], ZERO_NAN=int(an.attr["zero_nan"]), **common)
             g = ptrs[an.args[1]]
-            extra = {"GAMMA": g, "EPS": flit(an.attr["eps"])}
+            extra = {"GAMMA": g, "EPS": flit(an.attr["eps"]),
+                     "YBASE": offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims])}
             if an.op == "layernorm":
                 extra["BETA"] = ptrs[an.args[2]]
             return render(f"row_{an.op}.c", **common, **extra)
