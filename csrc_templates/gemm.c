@@ -267,7 +267,7 @@ static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, c
              * when K is small. */
             for (long r = 0; r < mr; r++)
                 for (long jj = 0; jj < nr; jj += 16)
-                    __builtin_prefetch(C + (ic + ir + r) * {{LDC}}L + jc + jr + jj, 1, 3);
+                    __builtin_prefetch(C + (ic + ir + r) * {{LDC}}L + (jc + jr + jj) * {{CSC}}L, 1, 3);
             {{NAME}}_COUNT_CALL();
 #if {{DIRECT_B}}
             if (nr == {{NAME}}_NR)
@@ -278,7 +278,7 @@ static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, c
             (void)B;
             for (long r = 0; r < mr; r++) {
                 const long i = ic + ir + r;
-                float* restrict crow = C + i * {{LDC}}L + jc + jr;
+                float* restrict crow = C + i * {{LDC}}L + (jc + jr) * {{CSC}}L;
                 const float* restrict trow = tile + r * {{NAME}}_NR;
                 /* four loops rather than one with conditions inside: the epilogue's loop must not
                  * read C when C does not hold a partial sum yet (that read would miss in cache) */
@@ -288,24 +288,24 @@ static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, c
                         const long j = jc + jr + jj;
                         const float acc = trow[jj];
                         (void)j;
-                        crow[jj] = {{EPILOGUE}};
+                        crow[jj * {{CSC}}L] = {{EPILOGUE}};
                     }
                 } else if (last) {
 #pragma omp simd
                     for (long jj = 0; jj < nr; jj++) {
                         const long j = jc + jr + jj;
-                        const float acc = crow[jj] + trow[jj];
+                        const float acc = crow[jj * {{CSC}}L] + trow[jj];
                         (void)j;
-                        crow[jj] = {{EPILOGUE}};
+                        crow[jj * {{CSC}}L] = {{EPILOGUE}};
                     }
                 } else if (first) {
 #pragma omp simd
                     for (long jj = 0; jj < nr; jj++)
-                        crow[jj] = trow[jj];
+                        crow[jj * {{CSC}}L] = trow[jj];
                 } else {
 #pragma omp simd
                     for (long jj = 0; jj < nr; jj++)
-                        crow[jj] += trow[jj];
+                        crow[jj * {{CSC}}L] += trow[jj];
                 }
             }
         }

@@ -342,14 +342,34 @@ graph c(x: f32[2, 64, 128], y: f32[2, 64, 128]) -> (f32[2, 128, 128], f32[2, 64,
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_exported_vit_reads_the_flattened_patches_in_place(exporter):
+def test_exported_vit_writes_its_patch_tokens_in_place(exporter):
     pytest.importorskip("transformers")
     mod = eqfuse.compile(str(me.export("vit", exporter)))
-    # the patch flatten + transpose of the conv output is read in place by the cls concat; the
-    # concat stays one copy until the conv2d GEMM writes through strides
     (f,) = mod.functions.values()
-    (cat,) = [p for p in f.compiled({}).plans if p.kind == "layout"]
-    assert cat.body.nodes[cat.shape.anchor].op == "concat" and 1 in cat.in_strides
-    # TorchScript computes the cls rows (an expand): that kernel writes them in place; dynamo
-    # binds them as an input, which the concat copies
-    assert cat.unread == ({0} if exporter == "torchscript" else set())
+    plans = f.compiled({}).plans
+    # the conv2d writes its output, flattened and transposed to tokens, into the cls concat
+    (conv,) = [p for p in plans if p.kind == "conv2d"]
+    assert conv.into is not None and conv.out_strides is not None
+    # TorchScript computes the cls rows (an expand): that kernel writes them in place, and the
+    # concat runs no code; dynamo binds them as an input, which the concat copies alone
+    copies = [p for p in plans if p.kind == "layout"]
+    if exporter == "torchscript":
+        assert copies == []
+    else:
+        (cat,) = copies
+        assert cat.body.nodes[cat.shape.anchor].op == "concat" and cat.unread == {1}
+
+
+def test_a_patch_embedding_writes_its_tokens_transposed_into_the_cls_concat():
+    # ViT: conv2d (stride = kernel), flatten, transpose to tokens, the cls token in front; the
+    # conv's GEMM stores C (channels x pixels) at a column stride (lower_gemm.conv_c_layout)
+    src = """
+graph vit(img: f32[3, 3, 8, 8], w: f32[16, 3, 4, 4], b: f32[16], cls: f32[3, 1, 16]) -> f32[3, 5, 16] {
+  p = reshape(conv2d(img, w, b, stride=4), shape=[3, 16, 4])
+  return concat(exp(cls), transpose(p, perm=[0, 2, 1]), axis=1)
+}
+"""
+    mod = _run(src, img=_rand(3, 3, 8, 8), w=_rand(16, 3, 4, 4, seed=1), b=_rand(16, seed=2), cls=_rand(3, 1, 16, seed=3))
+    assert "layout" not in _kinds(mod)
+    (conv,) = [p for p in _plans(mod) if p.kind == "conv2d"]
+    assert conv.into is not None and conv.out_strides == (80, 1, 32, 16)  # tokens of 16 after the cls row

@@ -14,7 +14,7 @@ from eqfuse.backend.cexpr import computed_ancestors as _ancestors
 from eqfuse.backend.cexpr import kernel_params as _params
 from eqfuse.backend.gemm import emit_gemm
 from eqfuse.backend.indexing import bstrides, offset
-from eqfuse.backend.lower_gemm import c_layout
+from eqfuse.backend.lower_gemm import c_layout, conv_c_layout
 from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.shapes import C_TYPE
@@ -162,8 +162,11 @@ def emit_conv2d(plan: KernelPlan) -> str:
     gname = f"{plan.name}_gemm"
     g = plan.detail.gemm
     assert (g.M, g.batch, g.strides) == (O, N, (0, K * P, O * P)), "the plan's GEMM is this conv's"
-    src, _ = emit_gemm(gname, M=O, N=P, K=K, batch=N, a_batch_stride=0, b_batch_stride=K * P, c_batch_stride=O * P,
-                       lda=K, ldb=P, ldc=P, b_transposed=False, epilogue=expr, **_gemm_args(plan, extras))
+    ldc, csc, sc = P, 1, O * P
+    if plan.out_strides is not None:  # C written in place into a layout's storage (eqfuse.backend.stores)
+        ldc, csc, sc = conv_c_layout(plan, plan.out_strides)
+    src, _ = emit_gemm(gname, M=O, N=P, K=K, batch=N, a_batch_stride=0, b_batch_stride=K * P, c_batch_stride=sc,
+                       lda=K, ldb=P, ldc=ldc, csc=csc, b_transposed=False, epilogue=expr, **_gemm_args(plan, extras))
     args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
     wrapper = render("conv2d.c", NAME=plan.name, PARAMS=params, X=ptrs[cv.args[0]],
                      N=N, C=C, H=H, W=W, O=O, KH=KH, KW=KW, OH=OH, OW=OW, SH=sh, SW=sw, PH=ph, PW=pw,

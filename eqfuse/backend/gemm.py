@@ -20,7 +20,7 @@ SPLITS = {"auto": 0, "rows": 1, "cols": 2}
 
 
 def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stride: int = 0,
-              b_batch_stride: int = 0, c_batch_stride: int = 0, lda: int, ldb: int, ldc: int,
+              b_batch_stride: int = 0, c_batch_stride: int = 0, lda: int, ldb: int, ldc: int, csc: int = 1,
               b_transposed: bool = False, epilogue: str = "acc", extras: Sequence[tuple[str, str]] = (),
               blocking: tuple[int, int, int, int, int] | None = None,
               split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "",
@@ -29,7 +29,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
-    (row stride ldb); C is M x N (row stride ldc); batch b starts at b * <x>_batch_stride.
+    (row stride ldb); C is M x N (row stride ldc, column stride csc); batch b starts at
+    b * <x>_batch_stride.
     `extras` are the epilogue's extra parameters, `const TYPE* NAME` after C.
     `blocking` (MC, NC, KC, MR, NR) is the plan's tiles (None: gemm_tiles for this machine).
     `split` is how threads share one batch: "rows", "cols", or "auto" (decided in the C at run
@@ -54,6 +55,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
         raise ValueError(f"split must be one of {sorted(SPLITS)}, not {split!r}")
     if row_epilogue:
         split = "rows"
+        if csc != 1:
+            raise ValueError("a row epilogue walks rows of C in memory: its column stride must be 1")
     if min(M, N, K, batch) < 1:
         raise ValueError(f"GEMM sizes must be positive: M={M} N={N} K={K} batch={batch}")
     extra_params = "".join(f", const {t}* restrict {n}" for t, n in extras)
@@ -68,7 +71,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
         raise ValueError(f"blocking MC={mc} NC={nc} KC={kc} must be whole MR={mr} x NR={nr} tiles")
     b_at = f"B[(jc + jr + j) * {ldb}L + pc + k]" if b_transposed else f"B[(pc + k) * {ldb}L + jc + jr + j]"
     src = render("gemm.c", NAME=name, M=M, N=N, K=K, BATCH=batch, MR=mr, NR=nr, MC=mc, NC=nc, KC=kc,
-                 LDA=lda, LDC=ldc, B_AT=b_at, B_TRANSPOSED=int(b_transposed), B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
+                 LDA=lda, LDC=ldc, CSC=csc, B_AT=b_at, B_TRANSPOSED=int(b_transposed), B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
                  A_BATCH_STRIDE=a_batch_stride, B_BATCH_STRIDE=b_batch_stride, C_BATCH_STRIDE=c_batch_stride,
                  EPILOGUE=epilogue, SPLIT=SPLITS[split], LDB=ldb,
                  DIRECT_B=0 if prepacked_b else int(direct(M, N, b_transposed, mr, nr) if direct_b is None

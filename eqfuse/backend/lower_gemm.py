@@ -198,6 +198,17 @@ def c_layout(plan: KernelPlan, strides) -> tuple[int, int] | None:
     return (ldc, sc) if ldc >= N else None
 
 
+def conv_c_layout(plan: KernelPlan, strides) -> tuple[int, int, int] | None:
+    """(ldc, column stride, batch stride) of a conv2d's C (O x OH*OW per image) stored at these
+    element strides of its N x O x OH x OW result: the output pixels of a channel at one stride
+    (a transposed C, as a ViT's patch embedding flattened to tokens wants it), else None."""
+    N, O = plan.out_shape[:2]
+    csc = _flat_stride(plan.out_shape[2:], strides[2:])
+    if not csc:
+        return None
+    return (strides[1] if O > 1 else 1), csc, (strides[0] if N > 1 else 0)
+
+
 def _operand(body, x: int, base: dict, batch) -> tuple[int, bool, int, tuple[int, ...]]:
     """(the input read, given transposed, leading dimension, batch strides over `batch`) of a
     matmul operand: an input, or a swap of an input's last two axes, read at the input's strides

@@ -267,7 +267,7 @@ static void eqf_kinds_k8_conv2d_gemm_macro(const float* restrict ap, const float
              * when K is small. */
             for (long r = 0; r < mr; r++)
                 for (long jj = 0; jj < nr; jj += 16)
-                    __builtin_prefetch(C + (ic + ir + r) * 143L + jc + jr + jj, 1, 3);
+                    __builtin_prefetch(C + (ic + ir + r) * 143L + (jc + jr + jj) * 1L, 1, 3);
             eqf_kinds_k8_conv2d_gemm_COUNT_CALL();
 #if 1
             if (nr == eqf_kinds_k8_conv2d_gemm_NR)
@@ -278,7 +278,7 @@ static void eqf_kinds_k8_conv2d_gemm_macro(const float* restrict ap, const float
             (void)B;
             for (long r = 0; r < mr; r++) {
                 const long i = ic + ir + r;
-                float* restrict crow = C + i * 143L + jc + jr;
+                float* restrict crow = C + i * 143L + (jc + jr) * 1L;
                 const float* restrict trow = tile + r * eqf_kinds_k8_conv2d_gemm_NR;
                 /* four loops rather than one with conditions inside: the epilogue's loop must not
                  * read C when C does not hold a partial sum yet (that read would miss in cache) */
@@ -288,24 +288,24 @@ static void eqf_kinds_k8_conv2d_gemm_macro(const float* restrict ap, const float
                         const long j = jc + jr + jj;
                         const float acc = trow[jj];
                         (void)j;
-                        crow[jj] = ({ const float eqf_v3 = eqf_relu(acc); eqf_v3; });
+                        crow[jj * 1L] = ({ const float eqf_v3 = eqf_relu(acc); eqf_v3; });
                     }
                 } else if (last) {
 #pragma omp simd
                     for (long jj = 0; jj < nr; jj++) {
                         const long j = jc + jr + jj;
-                        const float acc = crow[jj] + trow[jj];
+                        const float acc = crow[jj * 1L] + trow[jj];
                         (void)j;
-                        crow[jj] = ({ const float eqf_v3 = eqf_relu(acc); eqf_v3; });
+                        crow[jj * 1L] = ({ const float eqf_v3 = eqf_relu(acc); eqf_v3; });
                     }
                 } else if (first) {
 #pragma omp simd
                     for (long jj = 0; jj < nr; jj++)
-                        crow[jj] = trow[jj];
+                        crow[jj * 1L] = trow[jj];
                 } else {
 #pragma omp simd
                     for (long jj = 0; jj < nr; jj++)
-                        crow[jj] += trow[jj];
+                        crow[jj * 1L] += trow[jj];
                 }
             }
         }

@@ -20,6 +20,7 @@ from eqfuse.backend.kinds.base import (
 from eqfuse.backend.lower_gemm import (
     Prepack,
     c_layout,
+    conv_c_layout,
     plan_contraction,
     row_epilogue_fits,
 )
@@ -156,9 +157,11 @@ class Contraction(Kind):
         plan_contraction(plan, Machine(c.l1, c.l2, c.l3, c.simd, c.cores))
 
     def writes_through(self, plan: KernelPlan, strides) -> bool:
-        """A matmul's GEMM stores C at a row stride and a batch stride (lower_gemm.c_layout). Not
-        a conv2d (its C, O x OH*OW per image, is wanted transposed by the layouts that follow it),
-        nor a row epilogue (the row templates walk rows of N)."""
+        """A matmul's GEMM stores C at a row stride and a batch stride (lower_gemm.c_layout), a
+        conv2d's at a row, column and image stride (lower_gemm.conv_c_layout); not a row
+        epilogue (the row templates walk rows of N)."""
+        if plan.kind == K.CONV2D:
+            return conv_c_layout(plan, strides) is not None
         return plan.kind == K.CONTRACTION and c_layout(plan, strides) is not None
 
     def after_views(self, plan: KernelPlan, caches) -> None:
