@@ -151,23 +151,35 @@ def emit_conv2d(plan: KernelPlan) -> str:
     sh, sw = _pair(cv.attr["stride"])
     ph, pw = _pair(cv.attr["padding"])
     direct = KH == 1 and KW == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
-    groups = [("b", [0], False), ("i", [1], False), ("j", [2, 3], False)]
-    # the conv's own bias belongs to the anchor value: acc + bias[o]
-    anchor = f"(acc + {'eqf_e%d' % plan.body.inputs.index(cv.args[2])}[i])" if len(cv.args) == 3 else "acc"
+    d = plan.detail
+    swap = d.pixels_as_rows  # the GEMM's rows are pixels, its columns channels (lower_gemm.pixels_as_rows)
+    ch, px = ("j", "i") if swap else ("i", "j")
+    groups = [("b", [0], False), (ch, [1], False), (px, [2, 3], False)]
+    # the conv's own bias belongs to the anchor value: acc + bias[channel]
+    anchor = f"(acc + {'eqf_e%d' % plan.body.inputs.index(cv.args[2])}[{ch}])" if len(cv.args) == 3 else "acc"
     expr, extras = _epilogue(plan, groups, {a: anchor})
     if len(cv.args) == 3 and cv.args[2] not in dict(extras):
         extras.append((cv.args[2], "eqf_e%d" % plan.body.inputs.index(cv.args[2])))
         extras.sort(key=lambda t: plan.body.inputs.index(t[0]))
     K, P = C * KH * KW, OH * OW
     gname = f"{plan.name}_gemm"
-    g = plan.detail.gemm
-    assert (g.M, g.batch, g.strides) == (O, N, (0, K * P, O * P)), "the plan's GEMM is this conv's"
-    ldc, csc, sc = P, 1, O * P
+    g = d.gemm
+    ldc, csc, sc = P, 1, O * P  # C = out: channels x pixels per image
     if plan.out_strides is not None:  # C written in place into a layout's storage (eqfuse.backend.stores)
         ldc, csc, sc = conv_c_layout(plan, plan.out_strides)
-    src, _ = emit_gemm(gname, M=O, N=P, K=K, batch=N, a_batch_stride=0, b_batch_stride=K * P, c_batch_stride=sc,
-                       lda=K, ldb=P, ldc=ldc, csc=csc, b_transposed=False, epilogue=expr, **_gemm_args(plan, extras))
-    args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
+    if swap:  # C^T = col^T . W^T: pixels x channels, stored transposed into out
+        assert (g.M, g.batch, g.strides) == (P, N, (K * P, 0, O * P)), "the plan's GEMM is this conv's"
+        assert d.prepack is None or d.prepack.fn == f"{gname}_prepack"
+        src, _ = emit_gemm(gname, M=P, N=O, K=K, batch=N, a_batch_stride=K * P, b_batch_stride=0, c_batch_stride=sc,
+                           lda=P, ldb=K, ldc=csc, csc=ldc, a_transposed=True, b_transposed=True, epilogue=expr,
+                           prepacked_b=d.prepack is not None, **_gemm_args(plan, extras))
+        args = ["col", ptrs[cv.args[1]], "out"] + [ptrs[i] for i, _ in extras]
+    else:
+        assert (g.M, g.batch, g.strides) == (O, N, (0, K * P, O * P)), "the plan's GEMM is this conv's"
+        src, _ = emit_gemm(gname, M=O, N=P, K=K, batch=N, a_batch_stride=0, b_batch_stride=K * P, c_batch_stride=sc,
+                           lda=K, ldb=P, ldc=ldc, csc=csc, b_transposed=False, epilogue=expr,
+                           **_gemm_args(plan, extras))
+        args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
     wrapper = render("conv2d.c", NAME=plan.name, PARAMS=params, X=ptrs[cv.args[0]],
                      N=N, C=C, H=H, W=W, O=O, KH=KH, KW=KW, OH=OH, OW=OW, SH=sh, SW=sw, PH=ph, PW=pw,
                      DIRECT=int(direct), GEMM=gname, ARGS=", ".join(args), PARALLEL=int(plan.detail.parallel))

@@ -26,6 +26,7 @@ from eqfuse.backend.lower_gemm import (
 )
 from eqfuse.backend.machine import Machine
 from eqfuse.backend.plan import (
+    GEMM_KINDS,
     K,
     KernelPlan,
     KernelShape,
@@ -179,8 +180,9 @@ def mark_bound_b(plan: KernelPlan, bound: set[int]) -> None:
     """detail.prepack for a matmul GEMM whose B (or the matrix its transpose reads) is one of
     the body inputs `bound` by params=, read by nothing else in the kernel, and one matrix for
     every batch (emit then reads B as panels the runtime packs once)."""
-    if plan.kind not in (K.CONTRACTION, K.CONTRACTION_ROW) or plan.detail.gemm.mode != "fold":
-        return  # (otherwise B differs between batches)
+    d = plan.detail
+    if plan.kind not in GEMM_KINDS or not (d.gemm.mode == "fold" or d.pixels_as_rows):
+        return  # (otherwise B differs between batches, or is a conv's column matrix)
     body = plan.body
     b = body.nodes[plan.shape.anchor].args[1]
     src = body.nodes[b].args[0] if body.nodes[b].op == "transpose" else b
