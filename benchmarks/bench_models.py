@@ -1,7 +1,7 @@
 """Real exported models: eqfuse against onnxruntime, side by side in one process.
 
     python benchmarks/bench_models.py [--repeat N] [--model NAME ...] [--exporter torchscript|dynamo]
-                                      [--torch [--autotune]]
+                                      [--torch [--autotune]] [--no-spin]
 
 BERT, GPT-2 and ViT (transformers, small configs, random weights), ResNet-18, MLP-Mixer, the MLP
 784-1024-1024-10 and BERT-base geometry (tests/model_exports.py, BENCH_MODELS), exported to ONNX. For 1 and 2 threads, calls of eqfuse and of
@@ -71,6 +71,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", action="append", choices=me.BENCH_MODELS)
     ap.add_argument("--exporter", default="dynamo", choices=me.EXPORTERS)
     ap.add_argument("--torch", action="store_true", help="add torch eager and torch.compile columns")
+    ap.add_argument("--no-spin", action="store_true",
+                    help="onnxruntime's threads sleep after a run (session.intra_op.allow_spinning=0): spinning, "
+                         "they hold the second core between calls, and eqfuse, which runs on the free cores only "
+                         "(eqfuse/runtime/load.py), then runs its 2-thread calls on one")
     ap.add_argument("--autotune", action="store_true",
                     help="with --torch, add torch.compile(mode='max-autotune') with freezing (minutes to compile)")
     args = ap.parse_args(argv)
@@ -97,6 +101,8 @@ def main(argv=None) -> int:
             so = ort.SessionOptions()
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             so.intra_op_num_threads, so.inter_op_num_threads = th, 1
+            if args.no_spin:
+                so.add_session_config_entry("session.intra_op.allow_spinning", "0")
             t0 = time.perf_counter()
             sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
             compile_s["onnxruntime"] = time.perf_counter() - t0
