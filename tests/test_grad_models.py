@@ -162,3 +162,23 @@ def test_train_mlp_matches_numpy_sgd():
     for k in params:
         np.testing.assert_allclose(params[k], ref[k], rtol=1e-4, atol=1e-4, err_msg=k)
     assert np.mean(losses[-5:]) < np.mean(losses[:5])  # it learns
+
+
+def test_pooling_and_gather_elements_match_torch():
+    # conv, max pool (3x3, stride 2, padding 1: ResNet's stem), avg pool, a class pick by
+    # gather_elements (a cross-entropy's -log p[label])
+    src = """graph net(x: f32[2, 3, 9, 9], w: f32[4, 3, 3, 3], lab: i64[2, 1]) {
+        h = max_pool2d(relu(conv2d(x, w, padding=1)), kernel_size=3, stride=2, padding=1)
+        a = avg_pool2d(h, kernel_size=2, stride=1)
+        z = reshape(a, shape=[2, 64])
+        p = softmax(z, axis=-1)
+        return -mean(log(gather_elements(p, lab, axis=1)))
+    }"""
+    rng = np.random.default_rng(3)
+    a = dict(x=_randn(rng, 2, 3, 9, 9), w=_randn(rng, 4, 3, 3, 3, scale=0.4), lab=np.array([[5], [60]], np.int64))
+
+    def ref(x, w, lab):
+        h = F.max_pool2d(F.relu(F.conv2d(x, w, padding=1)), 3, 2, 1)
+        z = F.avg_pool2d(h, 2, 1).reshape(2, 64)
+        return -torch.log(torch.gather(torch.softmax(z, -1), 1, lab)).mean()
+    _compare(src, ref, ["w", "x"], a)

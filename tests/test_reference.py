@@ -211,10 +211,27 @@ OP_SEMANTICS = {
                    lambda x: np.maximum(np.maximum(x[:, :, ::2, ::2], x[:, :, 1::2, ::2]), np.maximum(x[:, :, ::2, 1::2], x[:, :, 1::2, 1::2]))),
     "avg_pool2d": ("x: f32[1, 2, 4, 4]", "avg_pool2d(x, kernel_size=2)",
                    lambda x: (x[:, :, ::2, ::2] + x[:, :, 1::2, ::2] + x[:, :, ::2, 1::2] + x[:, :, 1::2, 1::2]) / 4),
+    "pool2d_grad": ("x: f32[1, 2, 4, 4], dy: f32[1, 2, 2, 2]", 'pool2d_grad(x, dy, mode="max", kernel_size=2)',
+                    lambda x, dy: _max_pool_grad_by_hand(x, dy)),
+    "scatter_elements_add": ("x: f32[3, 4], i: i64[3, 2], u: f32[3, 2]", "scatter_elements_add(x, i, u, axis=1)",
+                             lambda x, i, u: x + np.array([[sum(u[r, j] for j in range(2) if int(i[r, j]) % 4 == c)
+                                                            for c in range(4)] for r in range(3)])),
     "squeeze": ("x: f32[3, 1, 4]", "squeeze(x, axis=1)", lambda x: x[:, 0]),
     "unsqueeze": ("x: f32[3, 4]", "unsqueeze(x, axis=-1)", lambda x: x[:, :, None]),
     "flatten": ("x: f32[3, 2, 2]", "flatten(x)", lambda x: x.reshape(3, 4)),
 }
+
+
+def _max_pool_grad_by_hand(x, dy):
+    """Each 2x2 window's dy to its first largest element (row by row)."""
+    dx = np.zeros_like(x)
+    for c in range(x.shape[1]):
+        for oh in range(dy.shape[2]):
+            for ow in range(dy.shape[3]):
+                cells = [(2 * oh + a, 2 * ow + b) for a in range(2) for b in range(2)]
+                h, w = max(cells, key=lambda hw: (x[0, c, hw[0], hw[1]], -cells.index(hw)))
+                dx[0, c, h, w] += dy[0, c, oh, ow]
+    return dx
 
 
 def test_every_op_has_hand_written_semantics():

@@ -162,6 +162,9 @@ TORCH: dict[str, Callable] = {
     "pad": lambda t, a, at: t.nn.functional.pad(a[0], _torch_pads(at["pads"], a[0].ndim), value=at["value"]),
     "max_pool2d": lambda t, a, at: t.nn.functional.max_pool2d(a[0], **_pool_kw(at)),
     "avg_pool2d": lambda t, a, at: t.nn.functional.avg_pool2d(a[0], count_include_pad=at["count_include_pad"], **_pool_kw(at)),
+    "pool2d_grad": lambda t, a, at: _pool_grad(t, a, at),
+    "scatter_elements_add": lambda t, a, at: a[0].scatter_add(
+        at["axis"], t.where(a[1] < 0, a[1] + a[0].shape[at["axis"]], a[1]), a[2]),
     "squeeze": lambda t, a, at: a[0].reshape(_reshaped("squeeze", a[0], at)),
     "unsqueeze": lambda t, a, at: a[0].reshape(_reshaped("unsqueeze", a[0], at)),
     "flatten": lambda t, a, at: a[0].reshape(_reshaped("flatten", a[0], at)),
@@ -174,6 +177,18 @@ def _scatter_add(t, a, at):
     idx = t.where(idx < 0, idx + x.shape[ax], idx).reshape(-1)
     upd = upd.reshape(x.shape[:ax] + (idx.numel(),) + x.shape[ax + 1:])
     return x.index_add(ax, idx, upd)
+
+
+def _pool_grad(t, a, at):
+    """torch autograd's vector-Jacobian product of its own max_pool2d or avg_pool2d."""
+    x = a[0].detach().requires_grad_(True)
+    with t.enable_grad():
+        if at["mode"] == "max":
+            y = t.nn.functional.max_pool2d(x, **_pool_kw(at))
+        else:
+            y = t.nn.functional.avg_pool2d(x, count_include_pad=at["count_include_pad"], **_pool_kw(at))
+        (g,) = t.autograd.grad(y, x, a[1])
+    return g
 
 
 def have_torch() -> bool:

@@ -74,6 +74,10 @@ CASES: list[tuple[str, dict]] = [
     ("cumsum(x, axis=0, exclusive=true, reverse=true)", {"x": ((3, 2), N)}),
     ("gather(t, i)", {"t": ((5, 3), N), "i": ((5,), "ids")}),
     ("gather(t, i, axis=1)", {"t": ((2, 5), N), "i": ((5,), "ids")}),
+    ("gather_elements(t, i, axis=1)", {"t": ((2, 5), N), "i": ((2, 5), "ids")}),
+    ("max_pool2d(x, kernel_size=3, stride=2, padding=1)", {"x": ((1, 2, 5, 5), N)}),
+    ("avg_pool2d(x, kernel_size=3, stride=2, padding=1)", {"x": ((1, 2, 5, 5), N)}),
+    ("avg_pool2d(x, kernel_size=2, padding=1, count_include_pad=true)", {"x": ((1, 2, 4, 4), N)}),
 ]
 
 
@@ -109,7 +113,7 @@ def evaluate64(g: Graph, arrays) -> list[np.ndarray]:
 
 def _draw(rng, shape, domain):
     if domain == "ids":
-        return IDS.copy()
+        return np.resize(IDS, shape)  # (IDS itself for shape (5,))
     if domain == P:
         return rng.uniform(0.5, 2.0, shape)
     return rng.normal(0, 3 if domain == W else 1, shape)

@@ -79,6 +79,10 @@ DOCS: dict[str, tuple[str, str]] = {
     "pad": ("x", "x padded with value= by pads= (every axis's begin, then every axis's end)"),
     "max_pool2d": ("x", "the largest of each kernel_size window of NCHW x (stride=, padding=)"),
     "avg_pool2d": ("x", "the mean of each kernel_size window of NCHW x (count_include_pad=)"),
+    "pool2d_grad": ("x, dy", "the gradient of max_pool2d (mode=\"max\": dy to each window's first largest "
+                             "element) or avg_pool2d (mode=\"avg\") with respect to x"),
+    "scatter_elements_add": ("x, indices, updates", "x with each element of updates added at its index along "
+                                                    "axis= (repeated indices add up): the gradient of gather_elements"),
     "squeeze": ("x", "x without the size-1 axes axis= (all size-1 axes by default); a reshape"),
     "unsqueeze": ("x", "x with size-1 axes inserted at axis=; a reshape"),
     "flatten": ("x", "x as a matrix: the axes before axis= times the rest; a reshape"),

@@ -292,6 +292,78 @@ _op(name="max_pool2d", kind="index", arity=(1, 1), infer=_pool_infer, attrs=_POO
 _op(name="avg_pool2d", kind="index", arity=(1, 1), infer=_pool_infer,
     attrs=_POOL + (Attr("count_include_pad", "bool", False),), numpy=lambda a, at: pool_numpy(a[0], at, "avg"))
 
+
+
+def _pool_grad_infer(ts, attrs):
+    x, dy = ts
+    want = _pool_infer([x], attrs).shape
+    if tuple(dy.shape) != tuple(want):
+        raise ShapeError(f"pool2d_grad needs the gradient of the pooled shape {fmt(want)}, got {fmt(dy.shape)}")
+    return TType(x.shape)
+
+
+def pool_grad_numpy(x, dy, at):
+    """The vector-Jacobian product of max_pool2d (mode="max": each window's dy goes to its first
+    largest element, the first NaN if any, as torch's backward does) or avg_pool2d (mode="avg":
+    spread evenly over the window's elements counted in its mean)."""
+    (kh, kw), (sh, sw), (ph, pw) = _pair(at["kernel_size"]), _pair(at["stride"] or at["kernel_size"]), _pair(at["padding"])
+    N, C, H, W = x.shape
+    OH, OW = dy.shape[2:]
+    dxp = np.zeros((N, C, H + 2 * ph, W + 2 * pw), dtype=dy.dtype)
+    real = np.pad(np.ones((H, W), bool), ((ph, ph), (pw, pw)))
+    if at["mode"] == "max":
+        xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=-np.inf)
+        win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
+        rwin = np.lib.stride_tricks.sliding_window_view(real, (kh, kw))[::sh, ::sw].reshape(OH, OW, kh * kw)
+        flat = np.where(rwin, win.reshape(N, C, OH, OW, kh * kw), -np.inf)
+        arg = np.argmax(flat, axis=-1)
+        # a window whose cells are all -inf: its first cell inside the image (as the C does)
+        first = np.argmax(rwin, axis=-1)
+        arg = np.where(np.take_along_axis(rwin[None, None], arg[..., None], -1)[..., 0], arg, first[None, None])
+        n, c, oh, ow = np.indices(arg.shape)
+        np.add.at(dxp, (n, c, oh * sh + arg // kw, ow * sw + arg % kw), dy)
+    else:
+        cnt = (np.full((OH, OW), kh * kw, dy.dtype) if at["count_include_pad"] else
+               np.lib.stride_tricks.sliding_window_view(real, (kh, kw))[::sh, ::sw].sum(axis=(2, 3)).astype(dy.dtype))
+        share = dy / cnt
+        for dh in range(kh):
+            for dw in range(kw):
+                dxp[:, :, dh:dh + sh * OH:sh, dw:dw + sw * OW:sw] += share
+    return dxp[:, :, ph:ph + H, pw:pw + W]
+
+
+# the gradient of max_pool2d and avg_pool2d with respect to x (eqfuse/grad/derivatives.rw)
+_op(name="pool2d_grad", kind="index", arity=(2, 2), infer=_pool_grad_infer,
+    attrs=(Attr("mode", "str", choices=("max", "avg")),) + _POOL + (Attr("count_include_pad", "bool", False),),
+    numpy=lambda a, at: pool_grad_numpy(a[0], a[1], at))
+
+
+def _scatter_el_infer(ts, attrs):
+    x, idx, upd = ts
+    norm_axis(attrs["axis"], x.rank)
+    if idx.rank != x.rank or tuple(upd.shape) != tuple(idx.shape):
+        raise ShapeError(f"scatter_elements_add needs indices and updates of one shape and x's rank, got "
+                         f"{fmt(idx.shape)} and {fmt(upd.shape)} for {fmt(x.shape)}")
+    if upd.dtype != x.dtype:
+        raise ShapeError(f"scatter_elements_add mixes dtypes {x.dtype} and {upd.dtype}")
+    return TType(x.shape)
+
+
+def _scatter_el_np(a, at):
+    x, idx, upd = a
+    ax = at["axis"] % x.ndim
+    out = np.array(x, copy=True)
+    pos = list(np.indices(idx.shape))
+    pos[ax] = np.where(idx < 0, idx + x.shape[ax], idx)
+    np.add.at(out, tuple(pos), upd)
+    return out
+
+
+# the inverse of gather_elements: x with each element of updates added at its index along axis=
+# (repeated indices add up); the gradient of gather_elements with respect to its data
+_op(name="scatter_elements_add", kind="index", arity=(3, 3), infer=_scatter_el_infer, dtype="gather",
+    attrs=(Attr("axis", "int", 0),), numpy=_scatter_el_np)
+
 # ---------------------------------------------------------------- reshapes by another name
 
 

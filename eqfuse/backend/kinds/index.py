@@ -19,7 +19,10 @@ from eqfuse.ir.graph import Node
 from eqfuse.ir.ops import _pair
 from eqfuse.ir.shapes import C_TYPE
 
-INDEX_CHECKED = ("gather", "gather_elements", "scatter_add")  # kernels that return a count of bad indices
+INDEX_CHECKED = ("gather", "gather_elements", "scatter_add", "scatter_elements_add")  # kernels that return a count of bad indices
+
+
+POOLS = ("max_pool2d", "avg_pool2d", "pool2d_grad")  # one image plane per iteration: split over threads
 
 
 def _size(shape) -> int:
@@ -176,8 +179,61 @@ def _pool(an: Node, ins, xs, out, ct, par=False):
             "        }"]
 
 
+def _pool_grad(an: Node, ins, xs, out, ct, par=False):
+    """dx of max_pool2d (each window's dy to its first largest element; the first NaN) or
+    avg_pool2d (spread over the window's counted elements); one image plane per iteration."""
+    _, _, H, W = xs[0]
+    (kh, kw), (sh, sw), (ph, pw) = (_pair(an.attr["kernel_size"]), _pair(an.attr["stride"] or an.attr["kernel_size"]),
+                                    _pair(an.attr["padding"]))
+    OH, OW = xs[1][2], xs[1][3]
+    x, dy = ins
+    head = [f"#pragma omp parallel for if ({int(par)})",
+            f"for (long nc = 0; nc < {out[0] * out[1]}; nc++) {{",
+            f"    {ct}* restrict d = out + nc * {H * W}L;",
+            f"    for (long i = 0; i < {H * W}; i++) d[i] = 0.0f;",
+            f"    for (long oh = 0; oh < {OH}; oh++)",
+            f"        for (long ow = 0; ow < {OW}; ow++) {{",
+            f"            const float g = {dy}[(nc * {OH} + oh) * {OW} + ow];"]
+    window = [f"            for (long dh = 0; dh < {kh}; dh++) {{",
+              f"                const long h = oh * {sh} - {ph} + dh;",
+              f"                if (h < 0 || h >= {H}) continue;",
+              f"                for (long dw = 0; dw < {kw}; dw++) {{",
+              f"                    const long w = ow * {sw} - {pw} + dw;",
+              f"                    if (w < 0 || w >= {W}) continue;"]
+    if an.attr["mode"] == "max":
+        body = ["            long best = -1; float a = -INFINITY;", *window,
+                f"                    const float v = {x}[(nc * {H} + h) * {W} + w];",
+                "                    if (best < 0 || v > a || (v != v && a == a)) { a = v; best = h * " + f"{W} + w; }}",
+                "                }", "            }",
+                "            d[best] += g;"]
+    else:
+        lo_h, lo_w = f"oh * {sh} - {ph}", f"ow * {sw} - {pw}"  # the window's first row and column
+        count = ([f"            const float share = g / {kh * kw}.0f;"] if an.attr["count_include_pad"] else
+                 [f"            const long ch = ({lo_h} + {kh} < {H} ? {lo_h} + {kh} : {H}) - ({lo_h} > 0 ? {lo_h} : 0);",
+                  f"            const long cw = ({lo_w} + {kw} < {W} ? {lo_w} + {kw} : {W}) - ({lo_w} > 0 ? {lo_w} : 0);",
+                  "            const float share = g / (float)(ch * cw);"])
+        body = [*count, *window, f"                    d[h * {W} + w] += share;", "                }", "            }"]
+    return head + body + ["        }", "}"]
+
+
+def _scatter_elements_add(an: Node, ins, xs, out, ct, par=False):
+    x, idx, upd = ins
+    ax = an.attr["axis"] % len(out)
+    dst = _strides(out)
+    terms = " + ".join(f"j * {dst[d]}" if d == ax else f"i{d} * {dst[d]}" for d in range(len(out)))
+    return [f"memcpy(out, {x}, {_size(out)} * sizeof(*out));",
+            f"for (long n = 0; n < {_size(xs[1])}; n++) {{",
+            *("    " + ln for ln in _unflatten("n", xs[1], "i")),
+            f"    long j = (long){idx}[n];",
+            f"    if (j < 0) j += {out[ax]};",
+            f"    if (j < 0 || j >= {out[ax]}) {{ bad++; continue; }}",
+            f"    out[{terms}] += {upd}[n];",
+            "}"]
+
+
 BUILDERS = {"range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
-            "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool}
+            "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool,
+            "pool2d_grad": _pool_grad, "scatter_elements_add": _scatter_elements_add}
 
 
 @dataclass(frozen=True)
@@ -189,8 +245,8 @@ class IndexDetail:
 
 class Index(Kind):
     kinds = (K.INDEX,)
-    supported = ("index (one gather, gather_elements, scatter_add, cumsum, argmax, tril, triu, pad or pooling op over "
-                 "kernel inputs)")
+    supported = ("index (one gather, gather_elements, scatter_add, scatter_elements_add, cumsum, argmax, tril, triu, "
+                 "pad, pooling or pooling-gradient op over kernel inputs)")
 
     def match(self, body, facts, machine=None):
         a = facts.single("index")
@@ -206,10 +262,10 @@ class Index(Kind):
     def plan(self, plan: KernelPlan, c) -> None:
         an = plan.body.nodes[plan.shape.anchor]
         total = _size(plan.out_shape)
-        par = an.op in ("max_pool2d", "avg_pool2d") and total >= PARALLEL_MIN
+        par = an.op in POOLS and total >= PARALLEL_MIN
         plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par)
         plan.threads = (parallel_rule(par, f"{total} output elements", PARALLEL_MIN, "the images x channels")
-                        if an.op in ("max_pool2d", "avg_pool2d") else "one thread, no parallel region (a selection)")
+                        if an.op in POOLS else "one thread, no parallel region (a selection)")
         plan.cache_check = "streaming selection (no reuse to block for)"
         plan.uops = [UOp(0, "Loop", f"{total} output elements of {an.op}", total),
                      UOp(1, "Load", "the selected input element(s)", total),
