@@ -74,18 +74,27 @@ def _scatter_add(an: Node, ins, xs, out, ct, par=False):
             "    }"]
 
 
+def _along_axis(idx: str, shape, ax: int, tshape, on_bad: str, stmt: str) -> list[str]:
+    """The loop of gather_elements and scatter_elements_add: for each element n of the indices
+    (of `shape`), j = its index along axis ax (negative from the end; out of range counted, then
+    `on_bad`), `pos` the offset of (i0, .., j, ..) in the contiguous tensor of `tshape` read or
+    written; `stmt` uses n and pos."""
+    st, L = _strides(tshape), tshape[ax]
+    pos = " + ".join(f"j * {st[d]}" if d == ax else f"i{d} * {st[d]}" for d in range(len(shape)))
+    return [f"for (long n = 0; n < {_size(shape)}; n++) {{",
+            *("    " + ln for ln in _unflatten("n", shape, "i")),
+            f"    long j = (long){idx}[n];",
+            f"    if (j < 0) j += {L};",
+            f"    if (j < 0 || j >= {L}) {{ bad++; {on_bad}; }}",
+            f"    const long pos = {pos};",
+            f"    {stmt}",
+            "}"]
+
+
 def _gather_elements(an: Node, ins, xs, out, ct, par=False):
     data, idx = ins
     ax = an.attr["axis"] % len(xs[0])
-    dst = _strides(xs[0])
-    terms = " + ".join(f"j * {dst[d]}" if d == ax else f"i{d} * {dst[d]}" for d in range(len(out)))
-    return [f"for (long n = 0; n < {_size(out)}; n++) {{",
-            *("    " + ln for ln in _unflatten("n", out, "i")),
-            f"    long j = (long){idx}[n];",
-            f"    if (j < 0) j += {xs[0][ax]};",
-            f"    if (j < 0 || j >= {xs[0][ax]}) {{ bad++; j = 0; }}",
-            f"    out[n] = {data}[{terms}];",
-            "}"]
+    return _along_axis(idx, out, ax, xs[0], "j = 0", f"out[n] = {data}[pos];")
 
 
 def _cumsum(an: Node, ins, xs, out, ct, par=False):
@@ -219,16 +228,8 @@ def _pool_grad(an: Node, ins, xs, out, ct, par=False):
 def _scatter_elements_add(an: Node, ins, xs, out, ct, par=False):
     x, idx, upd = ins
     ax = an.attr["axis"] % len(out)
-    dst = _strides(out)
-    terms = " + ".join(f"j * {dst[d]}" if d == ax else f"i{d} * {dst[d]}" for d in range(len(out)))
     return [f"memcpy(out, {x}, {_size(out)} * sizeof(*out));",
-            f"for (long n = 0; n < {_size(xs[1])}; n++) {{",
-            *("    " + ln for ln in _unflatten("n", xs[1], "i")),
-            f"    long j = (long){idx}[n];",
-            f"    if (j < 0) j += {out[ax]};",
-            f"    if (j < 0 || j >= {out[ax]}) {{ bad++; continue; }}",
-            f"    out[{terms}] += {upd}[n];",
-            "}"]
+            *_along_axis(idx, xs[1], ax, out, "continue", f"out[pos] += {upd}[n];")]
 
 
 BUILDERS = {"range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
