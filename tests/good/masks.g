@@ -37,3 +37,12 @@ graph reduce_more(x: f32[4, 6], i: i64[4, 6]) -> (f32[4], f32[4], i64[4, 6], f32
 graph positions(x: f32[2, 6, 4]) -> f32[2, 6, 4] {
     return x + cast(unsqueeze(range(stop=6), axis=1), to="f32") + unsqueeze(range(start=1, stop=13, step=3, dtype="f32"), axis=0)
 }
+
+graph scatter_elements(t: f32[4, 5], i: i64[4, 2], u: f32[4, 2]) -> f32[4, 5] {
+    return scatter_elements_add(t, i, u, axis=1)
+}
+
+graph pool_grads(x: f32[1, 2, 7, 7], dm: f32[1, 2, 4, 4], da: f32[1, 2, 3, 3]) -> f32[1, 2, 7, 7] {
+    gm = pool2d_grad(x, dm, mode="max", kernel_size=3, stride=2, padding=1)
+    return gm + pool2d_grad(x, da, mode="avg", kernel_size=3, stride=2)
+}
