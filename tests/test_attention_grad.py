@@ -122,3 +122,34 @@ def test_masked_attention_layer_recomputes_the_probabilities():
     for name, g in zip(wrt, out[1:]):
         want = t[name].grad.numpy()
         assert np.abs(g - want).max() <= 1e-4 * max(np.abs(want).max(), 1e-3), name
+
+
+def _joint_text(S: int, D: int) -> str:
+    from eqfuse.frontend.load import load
+    from eqfuse.grad.vjp import grad_graph
+    from eqfuse.ir.printer import module_text
+
+    src = f"""graph att(q: f32[2, {S}, {D}], k: f32[2, {S}, {D}], v: f32[2, {S}, {D}], t: f32[2, {S}, {D}]) {{
+        y = softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.125) @ v
+        return mean((y - t) * (y - t))
+    }}"""
+    return module_text([grad_graph(load(src)[0], ["q", "k", "v"])])
+
+
+@pytest.mark.parametrize("S, D, recompute", [(64, 8, True), (4, 256, False)])
+def test_store_or_recompute_is_chosen_by_cost(S, D, recompute):
+    """Long sequences and narrow heads: storing the S x S probabilities costs more bytes than
+    recomputing them, so the gradients recompute; short sequences and wide heads: the other way.
+    The report says how many bytes the gradients read of the forward pass."""
+    from eqfuse.optimizer.optimize import optimize, report_text
+
+    out = optimize(_joint_text(S, D), cost="memory")
+    ops = {n.op for g in out.graphs for _, _, n in g.walk()}
+    assert ("attention_dq" in ops and "attention_dk" in ops and "attention_dv" in ops) == recompute, ops
+    assert ("softmax" in ops and ops & {"attention_dq", "attention_dk", "attention_dv"} == set()) != recompute
+    r = out.report
+    P = 4 * 2 * S * S
+    assert r["saved_before"] >= P
+    if recompute:  # every tensor the gradients read of the forward pass, but not P
+        assert r["saved_after"] <= r["saved_before"] - P
+    assert "#   saved for backward: " in report_text(r)
