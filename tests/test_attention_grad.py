@@ -18,8 +18,8 @@ ARGS = {"attention_dq": "q, k, v, dy", "attention_dk": "q, k, v, dy", "attention
 
 
 def _arrays(rng):
-    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
-    return {"q": f(2, 3, 5, 4), "k": f(2, 3, 7, 4), "v": f(2, 3, 7, 6), "dy": f(2, 3, 5, 6)}
+    shapes = {"q": (2, 3, 5, 4), "k": (2, 3, 7, 4), "v": (2, 3, 7, 6), "dy": (2, 3, 5, 6)}
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
 
 
 def _numpy(op, arrays, names, attrs):
@@ -58,9 +58,9 @@ def test_dead_rows_are_nan_or_zero_as_in_numpy(zero_nan):
     m[1, 0, 4, 3] = np.nan
     m[1, 2, :, 6] = -np.inf  # one key masked everywhere: finite
     a["m"] = m
-    for op in RESULT:
+    for op, result in RESULT.items():
         names = ARGS[op].split(", ") + ["m"]
-        src = (f"graph g({', '.join(SIG[n] for n in names[:-1])}, m: f32[2, 3, 5, 7]) -> {RESULT[op]} "
+        src = (f"graph g({', '.join(SIG[n] for n in names[:-1])}, m: f32[2, 3, 5, 7]) -> {result} "
                f"{{ return {op}({', '.join(names)}, zero_nan={str(zero_nan).lower()}) }}")
         out = eqfuse.compile(src)(*[a[n] for n in names])
         want = _numpy(op, a, names, {"zero_nan": zero_nan})

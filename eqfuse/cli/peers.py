@@ -165,8 +165,9 @@ TORCH: dict[str, Callable] = {
     "pool2d_grad": lambda t, a, at: _pool_grad(t, a, at),
     "scatter_elements_add": lambda t, a, at: a[0].scatter_add(
         at["axis"], t.where(a[1] < 0, a[1] + a[0].shape[at["axis"]], a[1]), a[2]),
-    **{name: (lambda nm: lambda t, a, at: _attention_grad(t, a, at, nm))(name)
-       for name in ("attention_dq", "attention_dk", "attention_dv")},
+    "attention_dq": lambda t, a, at: _attention_grad(t, a, at, "attention_dq"),
+    "attention_dk": lambda t, a, at: _attention_grad(t, a, at, "attention_dk"),
+    "attention_dv": lambda t, a, at: _attention_grad(t, a, at, "attention_dv"),
     "squeeze": lambda t, a, at: a[0].reshape(_reshaped("squeeze", a[0], at)),
     "unsqueeze": lambda t, a, at: a[0].reshape(_reshaped("unsqueeze", a[0], at)),
     "flatten": lambda t, a, at: a[0].reshape(_reshaped("flatten", a[0], at)),
