@@ -165,6 +165,8 @@ TORCH: dict[str, Callable] = {
     "pool2d_grad": lambda t, a, at: _pool_grad(t, a, at),
     "scatter_elements_add": lambda t, a, at: a[0].scatter_add(
         at["axis"], t.where(a[1] < 0, a[1] + a[0].shape[at["axis"]], a[1]), a[2]),
+    "softmax_grad": lambda t, a, at: a[1] * (a[0] - (a[0] * a[1]).sum(dim=at["axis"], keepdim=True)),
+    "layernorm_grad": lambda t, a, at: _layernorm_grad(t, a, at),
     "attention_dq": lambda t, a, at: _attention_grad(t, a, at, "attention_dq"),
     "attention_dk": lambda t, a, at: _attention_grad(t, a, at, "attention_dk"),
     "attention_dv": lambda t, a, at: _attention_grad(t, a, at, "attention_dv"),
@@ -192,6 +194,16 @@ def _pool_grad(t, a, at):
             y = t.nn.functional.avg_pool2d(x, count_include_pad=at["count_include_pad"], **_pool_kw(at))
         (g,) = t.autograd.grad(y, x, a[1])
     return g
+
+
+def _layernorm_grad(t, a, at):
+    """torch autograd's vector-Jacobian product of F.layer_norm with respect to x."""
+    dy, x, g = a
+    x = x.detach().requires_grad_(True)
+    with t.enable_grad():
+        y = t.nn.functional.layer_norm(x, tuple(x.shape[at["axis"] % x.ndim:]), g, None, at["eps"])
+        (d,) = t.autograd.grad(y, x, dy)
+    return d
 
 
 def _attention_grad(t, a, at, name):

@@ -405,6 +405,7 @@ _op(name="concat", kind="layout", dtype="any", arity=(1, -1), infer=_concat_infe
 
 from eqfuse.ir import ops_index  # noqa: E402,F401  (registers the mask, index and pooling ops)
 from eqfuse.ir import ops_attention  # noqa: E402,F401  (registers the attention gradients)
+from eqfuse.ir import ops_grad  # noqa: E402,F401  (registers the row ops of derivative rules)
 
 INFIX = {op.infix: op.name for op in OPS.values() if op.infix and op.arity == (2, 2)}
 
