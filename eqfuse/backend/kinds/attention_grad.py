@@ -10,7 +10,7 @@ through any strides (the head merge transpose that follows it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eqfuse.backend.cexpr import flit, kernel_params, render
 from eqfuse.backend.indexing import bstrides, contiguous, offset
@@ -30,6 +30,8 @@ class AttentionGradDetail:
     D: int
     Dv: int
     parallel: bool  # the `if` of the parallel region
+    rb: int = 1  # rows per block: 4 when 4 divides both sequence lengths
+    vec: bool = False  # the AVX-512 micro-kernels (after_views: needs the strides)
 
 
 class AttentionGrad(Kind):
@@ -54,7 +56,7 @@ class AttentionGrad(Kind):
         rows = size(batch) * (Sq if n.op == "attention_dq" else Sk)
         work = size(batch) * Sq * Sk * (D + Dv)
         par = work >= 8 * PARALLEL_MIN and rows > 1
-        plan.detail = AttentionGradDetail(n.op, batch, Sq, Sk, D, Dv, par)
+        plan.detail = AttentionGradDetail(n.op, batch, Sq, Sk, D, Dv, par, 4 if Sq % 4 == 0 and Sk % 4 == 0 else 1)
         plan.threads = parallel_rule(par, f"{work} score and dP products", 8 * PARALLEL_MIN,
                                      "the query rows, then the key rows,")
         plan.cache_check = f"a row of {Sk} scores and one of dP per thread ({8 * Sk} bytes), never {Sq} x {Sk}"
@@ -65,6 +67,18 @@ class AttentionGrad(Kind):
                      UOp(0, "Loop", f"{size(batch)} x {Sk} key rows, P recomputed" if passes == 2 else
                          "(dq: each query row's result from its own row)", size(batch) * Sk if passes == 2 else 0),
                      UOp(1, "Store", "a result row", rows)]
+
+    def after_views(self, plan: KernelPlan, caches) -> None:
+        """The micro-kernels of common.h (4 rows x 64 columns) need whole 64-row tiles of both
+        sequences, widths of 16, 32 or 64, and contiguous rows for the matrix each result row
+        accumulates (k for dq, dy for dv, q for dk)."""
+        d = plan.detail
+        n = plan.body.nodes[plan.shape.anchor]
+        acc_arg = n.args[{"attention_dq": 1, "attention_dk": 0, "attention_dv": 2}[n.op]]
+        st = plan.base_strides().get(acc_arg)
+        vec = (d.Sq % 64 == 0 and d.Sk % 64 == 0 and d.D in (16, 32, 64) and d.Dv in (16, 32, 64)
+               and (st is None or st[-1] == 1))
+        plan.detail = replace(d, vec=vec)
 
     def emit(self, plan: KernelPlan) -> str:
         body, d = plan.body, plan.detail
@@ -83,7 +97,7 @@ class AttentionGrad(Kind):
         Q, QOFF, QR, QC = strided(t["q"], d.Sq, d.D)
         Kp, KOFF, KR, KC = strided(t["k"], d.Sk, d.D)
         DY, DYOFF, DYR, DYC = strided(t["dy"], d.Sq, d.Dv)
-        V, VOFF, VR, VC = strided(t["v"], d.Sk, d.Dv) if "v" in t else ("(const float*)0", "0", 0, 0)
+        V, VOFF, VR, VC = strided(t["v"], d.Sk, d.Dv) if "v" in t else ("((const float*)0)", "0", 0, 0)
         mask = ""
         if len(n.args) > len(names):
             M, MOFF, MR, MC = strided(n.args[-1], d.Sq, d.Sk)
@@ -93,7 +107,7 @@ class AttentionGrad(Kind):
         ost = plan.out_strides or contiguous(plan.out_shape)
         return render("attention_grad.c", NAME=plan.name, WHAT=what, PARAMS=params, MODE=MODES[n.op],
                       BATCH=size(d.batch), SQ=d.Sq, SK=d.Sk, D=d.D, DV=d.Dv, OUTD=outd,
-                      SCALE=flit(n.attr["scale"]), ZERO_NAN=int(n.attr["zero_nan"]), PARALLEL=int(d.parallel),
+                      SCALE=flit(n.attr["scale"]), ZERO_NAN=int(n.attr["zero_nan"]), PARALLEL=int(d.parallel), RB=d.rb, VEC=int(d.vec),
                       Q=Q, QOFF=QOFF, QR=QR, QC=QC, K=Kp, KOFF=KOFF, KR=KR, KC=KC,
                       V=V, VOFF=VOFF, VR=VR, VC=VC, DY=DY, DYOFF=DYOFF, DYR=DYR, DYC=DYC, MASK_IJ=mask,
                       OOFF=offset("b", d.batch, ost[:nb]), OR=ost[nb], OC=ost[nb + 1])
