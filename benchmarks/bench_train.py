@@ -85,6 +85,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--cost", default="memory", choices=("memory", "time"),
+                    help="eqfuse's cost model (memory: attention's probabilities recomputed in its gradients; "
+                         "time: stored, when the time model finds that faster)")
     args = ap.parse_args()
     losses = _torch_losses()
     print(f"{'model':<9}{'thr':>4}{'eqfuse ms':>11}{'iqr%':>6}{'eager ms':>10}{'iqr%':>6}{'compile ms':>12}{'iqr%':>6}"
@@ -106,7 +109,7 @@ def main() -> None:
             return torch.autograd.grad(compiled(*order), params)
         for th in (1, 2):
             torch.set_num_threads(th)
-            step = eqfuse.compile(src, grad=wrt, threads=th)
+            step = eqfuse.compile(src, grad=wrt, threads=th, cost=args.cost)
             out = step(**a)
             for g, t in zip(out[1:], eager()):  # the gradients agree with torch's
                 np.testing.assert_allclose(g, t.numpy(), rtol=2e-3, atol=1e-5)
