@@ -60,7 +60,7 @@ def cache_sizes() -> dict[int, int]:
     return sizes
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_simd_floats() -> int:
     return simd_width_floats()
 
@@ -112,10 +112,10 @@ def machine() -> Machine:
     return _PINNED[0] if _PINNED else host_machine()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_machine() -> Machine:
     c = cache_sizes()
-    env = lambda name, default: int(os.environ.get(name, default))  # noqa: E731
+    env = lambda name, default: int(os.environ.get(name, default))
     return Machine(l1=env("EQFUSE_L1", c.get(1, 32 << 10)), l2=env("EQFUSE_L2", c.get(2, 1 << 20)),
                    l3=env("EQFUSE_L3", c.get(3, 8 << 20)), simd_floats=env("EQFUSE_SIMD", simd_width_floats()),
                    cores=num_cores())
@@ -170,3 +170,46 @@ def gemm_blocking(m: Machine | None = None, mr: int | None = None, nr: int | Non
     mc = max(mr, (2 * m.l2) // (kc * 4) // mr * mr)
     assert kc > 0 and mc > 0 and nc > 0 and mc % mr == 0 and nc % nr == 0, (mc, nc, kc, mr, nr)
     return mc, nc, kc, mr, nr
+
+
+def vector_registers(simd_floats: int) -> int:
+    """Architectural vector registers on x86-64: 32 zmm with AVX-512, else 16 (ymm or xmm)."""
+    return 32 if simd_floats >= 16 else 16
+
+
+SKINNY_MAX_V = 4  # at most 4 vectors per row of the skinny tile (an NR of 64 floats with AVX-512)
+# The loads the skinny micro-kernel may issue per FMA (the B vectors and the A broadcasts of a k
+# step over its FMAs): the general micro-kernel's 6 x 64 tile issues (6 + 4) / 24 = 0.42.
+SKINNY_LOADS_PER_FMA = 0.5
+
+
+def skinny_tile(simd_floats: int, M: int) -> tuple[int, int]:
+    """(MR, NR) of the few-rows micro-kernel (csrc_templates/gemm_skinny.c), derived from the
+    register file, for M rows in ceil(M / MR) groups of MR.
+
+    A group's MR x NR/simd accumulators, the NR/simd vectors of the B row and the spare
+    registers must fit the vector registers (AVX-512 broadcasts A inside the FMA; AVX2 needs one
+    register for it; SSE one more for the product, having no FMA); NR is as wide as then fits,
+    up to SKINNY_MAX_V vectors. Each group streams all of B through the FMAs (the first from
+    memory, the others from L2), so fewer groups are better, as long as a k step issues at most
+    SKINNY_LOADS_PER_FMA loads per FMA (MR broadcasts + NR/simd vectors over MR x NR/simd FMAs):
+    beyond that the load ports, not the FMA units, set the pace. Measured on a Zen 5 core with
+    B in L3 (16 x 768 x 3072): 16 x 16 in one group (1.06 loads per FMA) 363 us, 8 x 48 in two
+    (0.46) 303 us. With no tile under the bound (M = 1..3), the one with the fewest loads per FMA.
+    """
+    regs = vector_registers(simd_floats)
+    spare = (0 if simd_floats >= 16 else 1) + (1 if simd_floats < 8 else 0)
+    best = None
+    for groups in range(1, M + 1):
+        mr = -(-M // groups)
+        if groups > 1 and -(-M // (groups - 1)) == mr:
+            continue  # (the same tile as fewer groups)
+        v = min(SKINNY_MAX_V, (regs - spare) // (mr + 1))
+        if v < 1:
+            continue
+        loads = (mr + v) / (mr * v)
+        if loads <= SKINNY_LOADS_PER_FMA:
+            return mr, v * simd_floats
+        if best is None or loads < best[0]:
+            best = (loads, mr, v * simd_floats)
+    return best[1], best[2]
