@@ -15,6 +15,14 @@ once, at import. Columns are GFLOP/s (2*M*N*K / median seconds; "prepacked B" re
 as for a weight bound by params=) and, for the transformer layer
 (examples/transformer.g, B=1, eqfuse.compile with its weights bound), the median ms of a call.
 Every result is checked against float64 numpy first.
+
+`--small` measures instead the few-rows shapes of batch 1-16 inference (M = 1, 8, 16 x K, N in
+768-3072) on one thread, interleaved in one process: y = x @ W + b with W and b bound, as
+eqfuse.compile runs it (the skinny path, csrc_templates/gemm_skinny.c), the blocked GEMM over
+the same prepacked W (csrc_templates/gemm.c, the path before), onnxruntime (one MatMul+Add
+node, W and b initializers, ORT_ENABLE_ALL, 1 intra-op thread) and numpy (x @ W + b). Columns:
+median us of `--rounds` rounds (each the median of `--repeat` calls), the spread (max - min
+over the rounds, % of the median), and the GB/s at which W streams (K x N x 4 bytes / time).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import sys
 from pathlib import Path
 
 SHAPES = [(128, 768, 768), (32, 3072, 768), (1024, 1024, 1024)]  # (M, N, K)
+SMALL = [(M, N, K) for M in (1, 8, 16) for K, N in ((768, 768), (768, 3072), (3072, 768), (1024, 1024))]
 MODEL = Path(__file__).resolve().parent.parent / "examples" / "transformer.g"
 
 
@@ -125,14 +134,118 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
     return rows
 
 
+def measure_small(repeat: int, rounds: int) -> list[dict]:
+    """The `--small` table, in one process on one thread (run by main in a child, after
+    OPENBLAS_NUM_THREADS=1 and OMP_NUM_THREADS=1)."""
+    import statistics
+    import time
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    pin("host")
+    import eqfuse
+    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template
+    from eqfuse.backend.gemm import emit_gemm
+    from eqfuse.backend.lower_gemm import parallel
+
+    def median(fn) -> float:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for M, N, K in SMALL:
+        x = rng.standard_normal((M, K), dtype=np.float32)
+        w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+        b = rng.standard_normal(N, dtype=np.float32)
+        want = x.astype(np.float64) @ w + b
+        src = f"graph f(x: f32[{M}, {K}], w: f32[{K}, {N}], b: f32[{N}]) -> f32[{M}, {N}] {{ return x @ w + b }}"
+        mod = eqfuse.compile(src, params={"w": w, "b": b}, threads=1)
+        tiles = mod.kernels[0].tiles
+        code, cdef = emit_gemm("blk", M=M, N=N, K=K, lda=K, ldb=N, ldc=N, epilogue="acc + bias[j]",
+                               extras=[("float", "bias")], parallel=parallel(M, N, K, 1), prepacked_b=True)
+        built = build(template("common.h") + COMMON_C + code, COMMON_CDEF + "\n" + cdef, "bench_small")
+        ffi, lib = built.ffi, built.lib
+        lib.eqf_set_threads(1)
+        panels = np.empty(lib.blk_prepack_floats(), np.float32)
+        c = np.empty((M, N), np.float32)
+        px, pw, pc, pb, pp = (ffi.cast("float*", ffi.from_buffer(a)) for a in (x, w, c, b, panels))
+        lib.blk_prepack(pw, pp)
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["y"])], "mm",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [M, N])],
+            [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
+        sess = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                    .SerializeToString(), so, providers=["CPUExecutionProvider"])
+        assert onnx is not None
+        peers = {"eqfuse": lambda: mod(x), "blocked": lambda: lib.blk(px, pp, pc, pb),
+                 "onnxruntime": lambda: sess.run(None, {"x": x}), "numpy": lambda: x @ w + b}
+        lib.blk(px, pp, pc, pb)
+        for name, got in (("eqfuse", mod(x)), ("blocked", c), ("onnxruntime", sess.run(None, {"x": x})[0])):
+            err = float(np.abs(got - want).max() / np.abs(want).max())
+            assert err < 1e-4, f"{name} {M}x{N}x{K}: relative error {err}"
+        times = {k: [] for k in peers}
+        for _ in range(rounds):  # interleaved: a disturbance hits every peer alike
+            for k, fn in peers.items():
+                times[k].append(median(fn))
+        row = {"what": f"{M}x{N}x{K}", "tile": f"{tiles['mr']}x{tiles['nr']}"}
+        for k, ts in times.items():
+            med = statistics.median(ts)
+            row[k], row[k + "%"] = med * 1e6, (max(ts) - min(ts)) / med * 100
+        rows.append(row)
+    return rows
+
+
+def print_small(rows: list[dict], repeat: int, rounds: int) -> None:
+    print(f"us (spread % over {rounds} rounds of {repeat} calls; GB/s of W), 1 thread, y = x @ W + b, W bound")
+    head = (f"{'M x N x K':>15} {'tile':>6} {'eqfuse':>14} {'GB/s':>5} {'blocked':>13} {'onnxruntime':>14} "
+            f"{'GB/s':>5} {'numpy':>14} {'ORT/eqf':>7}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        M, N, K = map(int, r["what"].split("x"))
+        gb = K * N * 4 / 1e3  # bytes / us / 1e3 = GB/s
+        cell = lambda k: f"{r[k]:8.1f} ({r[k + '%']:3.0f}%)"  # noqa: E731
+        print(f"{r['what']:>15} {r['tile']:>6} {cell('eqfuse'):>14} {gb / r['eqfuse']:5.1f} {cell('blocked'):>13} "
+              f"{cell('onnxruntime'):>14} {gb / r['onnxruntime']:5.1f} {cell('numpy'):>14} "
+              f"{r['onnxruntime'] / r['eqfuse']:7.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--threads", default="1")
     ap.add_argument("--machine", default="host,avx2,portable", help="comma-separated: host, avx2, portable")
     ap.add_argument("--no-layer", action="store_true", help="skip the transformer layer")
+    ap.add_argument("--small", action="store_true", help="the few-rows table (see above) instead")
+    ap.add_argument("--rounds", type=int, default=5, help="--small: interleaved rounds")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.small:
+        if args.child:
+            print(json.dumps(measure_small(args.repeat, args.rounds)))
+            return
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, __file__, "--small", "--child", "small", "--repeat", str(args.repeat),
+               "--rounds", str(args.rounds)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if out.returncode:
+            sys.exit(out.stderr)
+        print_small(json.loads(out.stdout.strip().splitlines()[-1]), args.repeat, args.rounds)
+        return
     if args.child:
         mname, t = args.child.split(":")
         print(json.dumps(measure(mname, int(t), args.repeat, not args.no_layer)))

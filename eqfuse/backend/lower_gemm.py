@@ -157,14 +157,16 @@ def skinny(M: int, N: int, K: int, m: Machine) -> bool:
     The skinny kernel reads B as one sequential stream of full-K panels, keeps all of a group's
     rows in registers over all of K and stores C once, through the epilogue. Measured on one
     Zen 5 thread, B prepacked in L3 (us, skinny vs blocked): 1 x 1024 x 1024 41 vs 51, 8 x
-    3072 x 768 181 vs 250, 16 x 768 x 3072 303 vs 349, 32 x 3072 x 768 692 vs 773, 64 x 3072 x
-    768 1392 vs 1460 (at peak FMA rate from 16 rows on: even). So up to SKINNY_MAX_M rows, and
-    only while a group's B panel (K x NR) stays in half of L2 for the groups after the first.
-    Software prefetch (SKINNY_PF) measured no gain on this sequential stream (512 floats ahead:
-    1 x 3072 x 768 81 vs 80 us), so it is off; the template keeps it for other machines.
+    3072 x 768 181 vs 250, 16 x 768 x 3072 321 vs 409 (two groups, a 576 KiB panel), 32 x 3072
+    x 768 692 vs 773, 32 x 768 x 3072 655 vs 732, 64 x 3072 x 768 1392 vs 1460 (from 16 rows on
+    both run near the FMA peak). So up to SKINNY_MAX_M rows, and only while a group's B panel
+    (K x NR) stays in L2 for the groups after the first.
+    Software prefetch (SKINNY_PF) measured no steady gain on this sequential stream (1 x 3072
+    x 768: 85 us without, 84-89 with 256-2048 floats ahead; 1 x 1024 x 1024 44 against 37), so
+    it is off; the template keeps it for other machines.
     """
     mr, nr = skinny_tile(m.simd_floats, M)
-    return M <= SKINNY_MAX_M and (cdiv(M, mr) == 1 or K * nr * F32 <= m.l2 // 2)
+    return M <= SKINNY_MAX_M and (cdiv(M, mr) == 1 or K * nr * F32 <= m.l2)
 
 
 def skinny_tiles(M: int, m: Machine) -> dict[str, int]:
@@ -183,7 +185,7 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     plan.detail = replace(d, path="skinny", direct_b=False)
     plan.cache_check = (f"A packed [{groups * mr} x {K}] = {groups * mr * K * F32} B, read by every panel; "
                         f"B panel K x nr = {K * nr * F32} B streamed once per group"
-                        + (f" (<= L2/2 {m.l2 // 2} B for the later groups)" if groups > 1 else ""))
+                        + (f" (<= L2 {m.l2} B for the later groups)" if groups > 1 else ""))
     panels = cdiv(N, nr)
     plan.threads = (thread_rule(M, N, 1, mr, nr, False, par=False, K=K) if not d.parallel else
                     f"equal shares of the {panels} {nr}-column panels per thread"
