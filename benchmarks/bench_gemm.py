@@ -23,6 +23,10 @@ the same prepacked W (csrc_templates/gemm.c, the path before), onnxruntime (one 
 node, W and b initializers, ORT_ENABLE_ALL, 1 intra-op thread) and numpy (x @ W + b). Columns:
 median us of `--rounds` rounds (each the median of `--repeat` calls), the spread (max - min
 over the rounds, % of the median), and the GB/s at which W streams (K x N x 4 bytes / time).
+
+`--tiles` checks the derived per-CPU choices (eqfuse.backend.machine) on this machine: the
+blocked GEMM's register tile at 1024^3 and the skinny tile at 8 and 16 rows, each against its
+neighbours, interleaved in one process on one thread (GFLOP/s, median of the rounds).
 """
 
 from __future__ import annotations
@@ -209,6 +213,77 @@ def measure_small(repeat: int, rounds: int) -> list[dict]:
     return rows
 
 
+def measure_tiles(repeat: int, rounds: int) -> None:
+    """The `--tiles` table (run in a child on one thread); prints it."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    pin("host")
+    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template
+    from eqfuse.backend.gemm import emit_gemm
+    from eqfuse.backend.gemm_skinny import emit_gemm_skinny
+    from eqfuse.backend.lower_gemm import gemm_blocking, gemm_tiles
+    from eqfuse.backend.machine import machine, skinny_tile
+
+    m = machine()
+    rng = np.random.default_rng(0)
+    wide = [(6, 64), (7, 64), (8, 48), (9, 48), (12, 32)] if m.simd_floats >= 16 else \
+        [(6, 16), (4, 24), (3, 24), (5, 16)] if m.simd_floats == 8 else [(6, 8), (4, 8), (3, 12)]
+    wide = [t for t in wide if t[1] % m.simd_floats == 0]
+    cases = []  # (M, N, K, label, emit)
+    M = N = K = 1024
+    t = gemm_tiles(M, N, K, m)
+    for mr, nr in wide:
+        mc, nc, kc, _, _ = gemm_blocking(m, mr, nr, t["kc"])
+        cases.append((M, N, K, f"{mr}x{nr}" + (" (derived)" if (mr, nr) == (t["mr"], t["nr"]) else ""),
+                      lambda nm, mr=mr, nr=nr, mc=mc, nc=nc, kc=kc, M=M, N=N, K=K: emit_gemm(
+                          nm, M=M, N=N, K=K, lda=K, ldb=N, ldc=N, blocking=(mc, nc, kc, mr, nr), parallel=False,
+                          prepacked_b=True)))
+    for M, N, K in ((8, 3072, 768), (16, 768, 3072)):
+        derived = skinny_tile(m.simd_floats, M)
+        w = m.simd_floats
+        for mr, nr in dict.fromkeys([derived, (M, w), (min(M, 8), 2 * w), (min(M, 6), 4 * w), (min(M, 4), 3 * w)]):
+            cases.append((M, N, K, f"skinny {mr}x{nr}" + (" (derived)" if (mr, nr) == derived else ""),
+                          lambda nm, M=M, N=N, K=K, mr=mr, nr=nr: emit_gemm_skinny(
+                              nm, M=M, N=N, K=K, lda=K, ldb=N, ldc=N, mr=mr, nr=nr, parallel=False)))
+    parts = [emit(f"t{i}") for i, (*_, emit) in enumerate(cases)]
+    built = build(template("common.h") + COMMON_C + "\n".join(p for p, _ in parts),
+                  COMMON_CDEF + "\n" + "\n".join(c for _, c in parts), "bench_tiles")
+    ffi, lib = built.ffi, built.lib
+    lib.eqf_set_threads(1)
+    ptr = lambda a: ffi.cast("float*", ffi.from_buffer(a))  # noqa: E731
+    runs, keep = [], []
+    for i, (M, N, K, label, _) in enumerate(cases):
+        a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
+        c, panels = np.empty((M, N), np.float32), np.empty(getattr(lib, f"t{i}_prepack_floats")(), np.float32)
+        getattr(lib, f"t{i}_prepack")(ptr(b), ptr(panels))
+        keep.append((a, b, c, panels))
+        args = [ptr(a), ptr(panels), ptr(c)]
+        fn = getattr(lib, f"t{i}")
+        fn(*args)
+        err = float(np.abs(c - a @ b).max())
+        assert err < 1e-3 * np.sqrt(K), (label, err)
+        runs.append((f"{M}x{N}x{K}", label, lambda fn=fn, args=args: fn(*args), 2.0 * M * N * K))
+    times: dict[int, list[float]] = {i: [] for i in range(len(runs))}
+    for _ in range(rounds):
+        for i, (*_, fn, _) in enumerate(runs):
+            for _ in range(2):
+                fn()
+            ts = []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            times[i].append(statistics.median(ts))
+    print(f"GFLOP/s, B prepacked, 1 thread, median of {rounds} interleaved rounds of {repeat} calls ({m})")
+    for i, (shape, label, _, flops) in enumerate(runs):
+        ts = times[i]
+        med = statistics.median(ts)
+        print(f"{shape:>15} {label:>22} {flops / med / 1e9:8.1f}  (spread {(max(ts) - min(ts)) / med * 100:3.0f}%)")
+
+
 def print_small(rows: list[dict], repeat: int, rounds: int) -> None:
     print(f"us (spread % over {rounds} rounds of {repeat} calls; GB/s of W), 1 thread, y = x @ W + b, W bound")
     head = (f"{'M x N x K':>15} {'tile':>6} {'eqfuse':>14} {'GB/s':>5} {'blocked':>13} {'onnxruntime':>14} "
@@ -231,9 +306,18 @@ def main() -> None:
     ap.add_argument("--machine", default="host,avx2,portable", help="comma-separated: host, avx2, portable")
     ap.add_argument("--no-layer", action="store_true", help="skip the transformer layer")
     ap.add_argument("--small", action="store_true", help="the few-rows table (see above) instead")
-    ap.add_argument("--rounds", type=int, default=5, help="--small: interleaved rounds")
+    ap.add_argument("--tiles", action="store_true", help="the derived tiles against their neighbours (see above)")
+    ap.add_argument("--rounds", type=int, default=5, help="--small and --tiles: interleaved rounds")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.tiles:
+        if args.child:
+            measure_tiles(args.repeat, args.rounds)
+            return
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, __file__, "--tiles", "--child", "tiles", "--repeat", str(args.repeat),
+               "--rounds", str(args.rounds)]
+        sys.exit(subprocess.run(cmd, env=env, check=False).returncode)
     if args.small:
         if args.child:
             print(json.dumps(measure_small(args.repeat, args.rounds)))
