@@ -66,7 +66,7 @@ def test_skinny_gemm_matches_numpy(width, n, threads):
     Bin = np.ascontiguousarray(B.T) if bt else B
     C = np.full((M, N + pad), np.nan, np.float32)  # every element of C written, none of the padding
     ffi, lib = built.ffi, built.lib
-    ptr = lambda a: ffi.cast("float*", ffi.from_buffer(a))  # noqa: E731
+    ptr = lambda a: ffi.cast("float*", ffi.from_buffer(a))
     lib.eqf_set_threads(threads)
     want = np.maximum(A.astype(np.float64) @ B + bias, 0) + res
     for parallel in (False, True):
@@ -148,7 +148,7 @@ def test_the_plan_follows_the_pinned_machine(model):
 def test_row_epilogue_transposed_and_folded_weights():
     """A layernorm over each finished row, a weight read transposed, batches folded into rows."""
     rng = np.random.default_rng(5)
-    arr = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    arr = lambda *s: rng.standard_normal(s).astype(np.float32)
     src = ("graph f(x: f32[5, 48], w: f32[48, 64], b: f32[64], g: f32[64], be: f32[64]) -> f32[5, 64] "
            "{ return kernel { layernorm(x @ w + b, g, be) } }")
     mod = compiled(src, {"w": arr(48, 64), "g": arr(64), "be": arr(64)}, {"x": arr(5, 48), "b": arr(64)}, threads=2)
