@@ -14,7 +14,10 @@ Each (machine, thread count) runs in its own subprocess: OpenBLAS reads OPENBLAS
 once, at import. Columns are GFLOP/s (2*M*N*K / median seconds; "prepacked B" reads B from panels packed once,
 as for a weight bound by params=) and, for the transformer layer
 (examples/transformer.g, B=1, eqfuse.compile with its weights bound), the median ms of a call.
-Every result is checked against float64 numpy first.
+Every result is checked against float64 numpy first. The epilogue is the op table's relu,
+`eqf_relu` (NaN-propagating, vectorized), as a compiled graph's GEMM has it: libm's `fmaxf`,
+which this table once used, does not vectorize without -ffinite-math-only and cost 1024^3 a
+seventh of its speed (prepacked, one Zen 5 thread: 222 against 258 GFLOP/s).
 
 `--small` measures instead the few-rows shapes of batch 1-16 inference (M = 1, 8, 16 x K, N in
 768-3072) on one thread, interleaved in one process: y = x @ W + b with W and b bound, as
@@ -101,7 +104,7 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
         t = gemm_tiles(M, N, K, machine())
         # "bench_gemm" packs B in each call; "bench_pre" reads the panels bench_pre_prepack made
         # once, as a compiled graph does for a weight bound by params=
-        srcs = [emit_gemm(name, M=M, N=N, K=K, lda=K, ldb=N, ldc=N, epilogue="fmaxf(acc + bias[j], 0.0f)",
+        srcs = [emit_gemm(name, M=M, N=N, K=K, lda=K, ldb=N, ldc=N, epilogue="eqf_relu(acc + bias[j])",
                           extras=[("float", "bias")], parallel=parallel(M, N, K, 1), prepacked_b=pre)
                 for name, pre in (("bench_gemm", False), ("bench_pre", True))]
         built = build(template("common.h") + COMMON_C + "\n".join(s for s, _ in srcs),
