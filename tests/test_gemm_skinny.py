@@ -157,3 +157,11 @@ def test_row_epilogue_transposed_and_folded_weights():
            "{ return kernel { tanh(x @ transpose(w)) * 0.5 } }")
     mod = compiled(src, {"w": arr(67, 40)}, {"x": arr(2, 3, 40)}, threads=2)
     assert "groups" in mod.kernels[0].tiles
+
+
+def test_a_few_columns_narrow_the_panel():
+    """N = 10 (an MLP's last layer): one panel of 16 columns, not 48 of which 38 are padding."""
+    rng = np.random.default_rng(9)
+    w, b, x = (rng.standard_normal(s, dtype=np.float32) for s in ((64, 10), (10,), (8, 64)))
+    (k,) = compiled(GRAPH.format(M=8, N=10, K=64), {"w": w}, {"x": x, "b": b}).kernels
+    assert (k.tiles["mr"], k.tiles["nr"]) == (8, 16)
