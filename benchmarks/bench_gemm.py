@@ -21,8 +21,9 @@ seventh of its speed (prepacked, one Zen 5 thread: 222 against 258 GFLOP/s).
 
 `--small` measures instead the few-rows shapes of batch 1-16 inference (M = 1, 8, 16 x K, N in
 768-3072) on one thread, interleaved in one process: y = x @ W + b with W and b bound, as
-eqfuse.compile runs it (the skinny path, csrc_templates/gemm_skinny.c), the blocked GEMM over
-the same prepacked W (csrc_templates/gemm.c, the path before), onnxruntime (one MatMul+Add
+eqfuse.compile runs it (the skinny path, csrc_templates/gemm_skinny.c; "kernel": its GEMM alone,
+without the Module call), the blocked GEMM over the same prepacked W (csrc_templates/gemm.c,
+the path before), onnxruntime (one MatMul+Add
 node, W and b initializers, ORT_ENABLE_ALL, 1 intra-op thread) and numpy (x @ W + b). Columns:
 median us of `--rounds` rounds (each the median of `--repeat` calls), the spread (max - min
 over the rounds, % of the median), and the GB/s at which W streams (K x N x 4 bytes / time).
@@ -156,6 +157,7 @@ def measure_small(repeat: int, rounds: int) -> list[dict]:
     import eqfuse
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template
     from eqfuse.backend.gemm import emit_gemm
+    from eqfuse.backend.gemm_skinny import emit_gemm_skinny
     from eqfuse.backend.lower_gemm import parallel
 
     def median(fn) -> float:
@@ -180,13 +182,21 @@ def measure_small(repeat: int, rounds: int) -> list[dict]:
         tiles = mod.kernels[0].tiles
         code, cdef = emit_gemm("blk", M=M, N=N, K=K, lda=K, ldb=N, ldc=N, epilogue="acc + bias[j]",
                                extras=[("float", "bias")], parallel=parallel(M, N, K, 1), prepacked_b=True)
-        built = build(template("common.h") + COMMON_C + code, COMMON_CDEF + "\n" + cdef, "bench_small")
+        # the plan's skinny kernel alone, without the Module call around it
+        assert "groups" in tiles, f"{M}x{N}x{K} is not on the skinny path: {tiles}"
+        scode, scdef = emit_gemm_skinny("sk", M=M, N=N, K=K, lda=K, ldb=N, ldc=N, mr=tiles["mr"], nr=tiles["nr"],
+                                        pf=tiles["pf"], epilogue="acc + bias[j]", extras=[("float", "bias")],
+                                        parallel=parallel(M, N, K, 1))
+        built = build(template("common.h") + COMMON_C + code + scode, COMMON_CDEF + "\n" + cdef + "\n" + scdef,
+                      "bench_small")
         ffi, lib = built.ffi, built.lib
         lib.eqf_set_threads(1)
         panels = np.empty(lib.blk_prepack_floats(), np.float32)
+        spanels = np.empty(lib.sk_prepack_floats(), np.float32)
         c = np.empty((M, N), np.float32)
-        px, pw, pc, pb, pp = (ffi.cast("float*", ffi.from_buffer(a)) for a in (x, w, c, b, panels))
+        px, pw, pc, pb, pp, ps = (ffi.cast("float*", ffi.from_buffer(a)) for a in (x, w, c, b, panels, spanels))
         lib.blk_prepack(pw, pp)
+        lib.sk_prepack(pw, ps)
         graph = helper.make_graph(
             [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["y"])], "mm",
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
@@ -198,10 +208,14 @@ def measure_small(repeat: int, rounds: int) -> list[dict]:
         sess = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
                                     .SerializeToString(), so, providers=["CPUExecutionProvider"])
         assert onnx is not None
-        peers = {"eqfuse": lambda mod=mod, x=x: mod(x), "blocked": lambda f=lib.blk, a=(px, pp, pc, pb): f(*a),
+        peers = {"eqfuse": lambda mod=mod, x=x: mod(x), "kernel": lambda f=lib.sk, a=(px, ps, pc, pb): f(*a),
+                 "blocked": lambda f=lib.blk, a=(px, pp, pc, pb): f(*a),
                  "onnxruntime": lambda s=sess, x=x: s.run(None, {"x": x}), "numpy": lambda x=x, w=w, b=b: x @ w + b}
+        lib.sk(px, ps, pc, pb)
+        cs = c.copy()
         lib.blk(px, pp, pc, pb)
-        for name, got in (("eqfuse", mod(x)), ("blocked", c), ("onnxruntime", sess.run(None, {"x": x})[0])):
+        for name, got in (("eqfuse", mod(x)), ("kernel", cs), ("blocked", c),
+                          ("onnxruntime", sess.run(None, {"x": x})[0])):
             err = float(np.abs(got - want).max() / np.abs(want).max())
             assert err < 1e-4, f"{name} {M}x{N}x{K}: relative error {err}"
         times = {k: [] for k in peers}
@@ -289,15 +303,16 @@ def measure_tiles(repeat: int, rounds: int) -> None:
 
 def print_small(rows: list[dict], repeat: int, rounds: int) -> None:
     print(f"us (spread % over {rounds} rounds of {repeat} calls; GB/s of W), 1 thread, y = x @ W + b, W bound")
-    head = (f"{'M x N x K':>15} {'tile':>6} {'eqfuse':>14} {'GB/s':>5} {'blocked':>13} {'onnxruntime':>14} "
-            f"{'GB/s':>5} {'numpy':>14} {'ORT/eqf':>7}")
+    head = (f"{'M x N x K':>15} {'tile':>6} {'eqfuse':>14} {'GB/s':>5} {'kernel':>13} {'GB/s':>5} {'blocked':>13} "
+            f"{'onnxruntime':>14} {'GB/s':>5} {'numpy':>14} {'ORT/eqf':>7}")
     print(head)
     print("-" * len(head))
     for r in rows:
         _, N, K = map(int, r["what"].split("x"))
         gb = K * N * 4 / 1e3  # bytes / us / 1e3 = GB/s
         cell = lambda k, r=r: f"{r[k]:8.1f} ({r[k + '%']:3.0f}%)"
-        print(f"{r['what']:>15} {r['tile']:>6} {cell('eqfuse'):>14} {gb / r['eqfuse']:5.1f} {cell('blocked'):>13} "
+        print(f"{r['what']:>15} {r['tile']:>6} {cell('eqfuse'):>14} {gb / r['eqfuse']:5.1f} {cell('kernel'):>13} "
+              f"{gb / r['kernel']:5.1f} {cell('blocked'):>13} "
               f"{cell('onnxruntime'):>14} {gb / r['onnxruntime']:5.1f} {cell('numpy'):>14} "
               f"{r['onnxruntime'] / r['eqfuse']:7.2f}")
 
