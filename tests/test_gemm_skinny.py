@@ -92,6 +92,8 @@ def test_the_skinny_tile_fits_the_registers(simd):
         assert mr * v + v + (simd < 16) + (simd < 8) <= regs, (simd, M, mr, nr)
     assert machine.skinny_tile(16, 8) == (8, 48)  # all 8 rows in registers, 27 of 32 zmm
     assert machine.skinny_tile(16, 16) == (8, 48)  # 16 x 16 would issue a load per FMA
+    # the blocked GEMM's wide tile, from the same rule with two registers to spare
+    assert [machine.register_tile(w) for w in (16, 8, 4)] == [(6, 64), (6, 16), (6, 8)]
 
 
 GRAPH = """graph f(x: f32[{M}, {K}], w: f32[{K}, {N}], b: f32[{N}]) -> f32[{M}, {N}] {{
@@ -167,3 +169,24 @@ def test_a_few_columns_narrow_the_panel():
     (k,) = compiled(GRAPH.format(M=8, N=10, K=64), {"w": w}, {"x": x, "b": b}).kernels
     mr, nr = machine.skinny_tile(machine.machine().simd_floats, 8)
     assert (k.tiles["mr"], k.tiles["nr"]) == (mr, 16) and nr > 16
+
+
+@pytest.mark.parametrize("M", [3, 20])  # one group of rows, three groups
+def test_a_counting_build_makes_the_micro_kernel_calls_the_plan_counts(M):
+    """The uop schedule of a skinny plan is what runs: its micro-kernel count (panels x groups)
+    is the count a -DEQF_COUNT_UKERNEL build of the kernel makes."""
+    from eqfuse.backend.emit import emit_graph
+    from eqfuse.backend.lower import lower_graph
+
+    kg, plans = lower_graph(one_graph(GRAPH.format(M=M, N=70, K=33)), params=frozenset({"w"}))
+    (p,) = [p for p in plans if p.kind == "contraction"]
+    assert p.detail.path == "skinny"
+    (want,) = [u.count for u in p.uops if u.what.startswith("micro-kernel")]
+    assert want == -(-70 // p.tiles["nr"]) * p.tiles["groups"]
+    em = emit_graph(plans)
+    lib = build(em.source, em.cdef + f"\nlong {p.name}_gemm_ukernel_calls(void);", "count_skinny",
+                extra_flags=("-DEQF_COUNT_UKERNEL",))
+    buf = np.zeros(1 << 16, dtype=np.float32)  # the count does not depend on the values
+    nargs = re.search(rf"void {p.name}\(([^)]*)\)", em.source).group(1).count(",") + 1
+    getattr(lib.lib, p.name)(*[lib.ffi.from_buffer("float[]", buf)] * nargs)
+    assert getattr(lib.lib, f"{p.name}_gemm_ukernel_calls")() == want
