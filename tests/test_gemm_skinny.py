@@ -159,6 +159,10 @@ def test_row_epilogue_transposed_and_folded_weights():
            "{ return kernel { tanh(x @ transpose(w)) * 0.5 } }")
     mod = compiled(src, {"w": arr(67, 40)}, {"x": arr(2, 3, 40)}, threads=2)
     assert "groups" in mod.kernels[0].tiles
+    src = ("graph f(x: f32[30, 6], w: f32[30, 50]) -> f32[6, 50] "
+           "{ return kernel { transpose(x) @ w + 1 } }")  # A given transposed
+    mod = compiled(src, {"w": arr(30, 50)}, {"x": arr(30, 6)})
+    assert "groups" in mod.kernels[0].tiles and "A given transposed (K x M)" in mod.kernels[0].c_source
 
 
 def test_a_few_columns_narrow_the_panel():
