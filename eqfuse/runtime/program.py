@@ -152,7 +152,7 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
 
 # Kernel kinds whose C takes a scratch buffer (eqf_scratch in csrc_templates/common.h): the run
 # function checks after each of them that it got its buffers.
-SCRATCH_KINDS = frozenset({K.CONTRACTION, K.CONTRACTION_ROW, K.CONV2D, K.ATTENTION})
+SCRATCH_KINDS = frozenset({K.CONTRACTION, K.CONTRACTION_ROW, K.CONV2D, K.ATTENTION, K.ATTENTION_GRAD})
 
 
 def run_name(graph: str) -> str:
