@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* NaN-propagating like numpy's maximum/minimum (and relu = maximum(x, 0)). */
 static inline float eqf_max(float a, float b) { return (a != a || a > b) ? a : b; }
