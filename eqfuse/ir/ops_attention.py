@@ -54,6 +54,15 @@ def _infer(name: str):
     return infer
 
 
+def attention_grad_flops(name: str, batch_rows: int, Sk: int, D: int, Dv: int) -> int:
+    """FLOPs of one attention gradient over batch_rows query rows (batch x Sq) and Sk keys, as its
+    kernel computes it: the scores (and dP) recomputed, then the accumulation; dk and dv first
+    take each query row's softmax statistics (scores, and dP for dk) in a pass of their own."""
+    pairs = batch_rows * Sk
+    per = {"attention_dq": 2 * D + Dv, "attention_dv": 2 * D + Dv, "attention_dk": 3 * D + 2 * Dv}[name]
+    return 2 * pairs * per + 6 * pairs  # and about six per pair for the exp and the softmax
+
+
 def _swap(x):
     return np.swapaxes(x, -1, -2)
 

@@ -23,7 +23,8 @@ DEFAULT_DIM = 64
 BYTES = 4  # f32
 MODELS = ("memory", "launches", "time")
 # attention_dq/dk/dv ran at 87 GFLOP/s against the GEMM's ~200 on one Zen 5 core (16 heads of 64 x
-# 32, `python benchmarks/bench_train.py`'s encoder): the time model counts their FLOPs 2.5 times
+# 32, `python benchmarks/bench_train.py`'s encoder): the time model counts their FLOPs 2.5 times (the
+# row passes between the products -- softmax, masks, the transposed copies -- hold them below a GEMM's rate)
 ATTENTION_GRAD_SLOWDOWN = 2.5
 
 
@@ -71,14 +72,13 @@ def op_flops(body: Graph, i: int, dims) -> float:
     op = OPS[n.op]
     if op.kind == "layout":
         return 0.0
-    if op.kind == "attention_grad":  # the scores (and dP) recomputed, then the accumulation
+    if op.kind == "attention_grad":  # counted ATTENTION_GRAD_SLOWDOWN times (see there)
+        from eqfuse.ir.ops_attention import attention_grad_flops
+
         q, k, dy = (body.nodes[n.args[j]].type.shape for j in (0, 1, 2 if n.op == "attention_dv" else 3))
-        pairs = math.prod(_dim(d, dims) for d in q[:-1]) * _dim(k[-2], dims)
-        D, Dv = _dim(q[-1], dims), _dim(dy[-1], dims)
-        per = {"attention_dv": 2 * D + Dv, "attention_dq": 2 * D + Dv, "attention_dk": 3 * D + 2 * Dv}[n.op]
-        # counted ATTENTION_GRAD_SLOWDOWN times: the row passes between the products (softmax,
-        # masks, the transposed copies) hold these kernels well below a GEMM's rate
-        return ATTENTION_GRAD_SLOWDOWN * (2.0 * pairs * per + 6.0 * pairs)
+        rows = math.prod(_dim(d, dims) for d in q[:-1])
+        return ATTENTION_GRAD_SLOWDOWN * attention_grad_flops(n.op, rows, _dim(k[-2], dims), _dim(q[-1], dims),
+                                                              _dim(dy[-1], dims))
     if op.kind in ("row", "reduction"):
         return float(op.flops * numel(body.nodes[n.args[0]].type, dims))
     return float(op.flops * out)

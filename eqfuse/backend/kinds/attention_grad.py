@@ -1,9 +1,10 @@
 """The attention-gradient kind: attention_dq, attention_dk or attention_dv over kernel inputs
 (eqfuse/ir/ops_attention.py), from csrc_templates/attention_grad.c.
 
-Each kernel recomputes the probabilities P = softmax(q @ k^T * scale + mask) from q and k a query
-row at a time; the Sq x Sk matrix is never stored (a row of Sk scores and one of dP per thread,
-and for dk and dv three floats of statistics per query row). q, k, v, dy and the mask are read in
+Each kernel recomputes the probabilities P = softmax(q @ k^T * scale + mask) from q and k, a block
+of rows at a time; the Sq x Sk matrix is never stored (per thread: a block of score and dP rows,
+and the batch's k^T and v^T, or q^T and dy^T; for dk and dv, three floats of statistics per query
+row). q, k, v, dy and the mask are read in
 place through any strides (the head split transposes are views), and the result is written
 through any strides (the head merge transpose that follows it).
 """
@@ -16,7 +17,7 @@ from eqfuse.backend.cexpr import flit, kernel_params, render
 from eqfuse.backend.indexing import bstrides, contiguous, offset
 from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
 from eqfuse.backend.plan import K, KernelPlan, KernelShape, Unsupported, UOp, size
-from eqfuse.ir.ops_attention import ARGS
+from eqfuse.ir.ops_attention import ARGS, attention_grad_flops
 
 MODES = {"attention_dq": 0, "attention_dk": 1, "attention_dv": 2}
 
@@ -59,9 +60,12 @@ class AttentionGrad(Kind):
         plan.detail = AttentionGradDetail(n.op, batch, Sq, Sk, D, Dv, par, 4 if Sq % 4 == 0 and Sk % 4 == 0 else 1)
         plan.threads = parallel_rule(par, f"{work} score and dP products", 8 * PARALLEL_MIN,
                                      "the query rows, then the key rows,")
-        plan.cache_check = f"a row of {Sk} scores and one of dP per thread ({8 * Sk} bytes), never {Sq} x {Sk}"
+        rb = plan.detail.rb
+        per_thread = 4 * ((D + Dv) * max(Sq, Sk) + 2 * rb * max(Sq, Sk))
+        plan.cache_check = (f"per thread {per_thread} B (the transposed batch and {rb}-row blocks of scores and dP) "
+                            f"<= L2 {c.l2} B: {'ok' if per_thread <= c.l2 else 'no'}; never {Sq} x {Sk}")
         passes = 1 if n.op == "attention_dq" else 2
-        plan.flops = 2 * size(batch) * Sq * Sk * (passes * D + (Dv if n.op != "attention_dv" else 0) * passes + D)
+        plan.flops = attention_grad_flops(n.op, size(batch) * Sq, Sk, D, Dv)
         plan.uops = [UOp(0, "Loop", f"{size(batch)} x {Sq} query rows", size(batch) * Sq),
                      UOp(1, "Exec", f"the row's {Sk} scores, softmax statistics and dP", size(batch) * Sq),
                      UOp(0, "Loop", f"{size(batch)} x {Sk} key rows, P recomputed" if passes == 2 else
