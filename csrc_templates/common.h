@@ -291,6 +291,97 @@ static inline void eqf_sfence(void) { _mm_sfence(); }
 static inline void eqf_sfence(void) {}
 #endif
 
+/* Passes of the row templates (row_softmax.c, row_layernorm.c) over a row y of n floats at stride
+ * ys, a literal there: the contiguous rows (ys == 1) of AVX-512 builds take the explicit loops
+ * below, the rest the portable ones. Two or four accumulators: a single vector accumulator makes a
+ * pass over a row in L1 wait on the adds' latency. */
+#if defined(__AVX512F__)
+/* e^x for x <= 0 or NaN (softmax's x - max), 16 lanes: n = round(x log2 e), r = x - n ln 2 in two
+ * parts (Cody-Waite), e^r by Cephes' polynomial (as eqf_exp_parts), times 2^n by vscalefps, which
+ * rounds into the subnormals and to 0 (x = -inf is clamped to -104: 0). max(-104, x) keeps NaN. */
+static inline __m512 eqf_exp_ps(__m512 x)
+{
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* y = e^(y - m) over the row; returns the sum */
+static inline float eqf_row_exp_sum(float* restrict y, long n, long ys, float m)
+{
+    long j = 0;
+    float s = 0.0f;
+#if defined(__AVX512F__)
+    if (ys == 1) {
+        const __m512 mv = _mm512_set1_ps(m);
+        __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+        for (; j + 32 <= n; j += 32) {
+            const __m512 e0 = eqf_exp_ps(_mm512_sub_ps(_mm512_loadu_ps(y + j), mv));
+            const __m512 e1 = eqf_exp_ps(_mm512_sub_ps(_mm512_loadu_ps(y + j + 16), mv));
+            _mm512_storeu_ps(y + j, e0);
+            _mm512_storeu_ps(y + j + 16, e1);
+            s0 = _mm512_add_ps(s0, e0);
+            s1 = _mm512_add_ps(s1, e1);
+        }
+        for (; j < n; j += 16) {  /* the tail, under masks of up to 16 lanes */
+            const __mmask16 k = (__mmask16)(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
+            const __m512 e = eqf_exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, y + j), mv));
+            _mm512_mask_storeu_ps(y + j, k, e);
+            s0 = _mm512_add_ps(s0, _mm512_maskz_mov_ps(k, e));
+        }
+        return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    }
+#endif
+    #pragma omp simd reduction(+:s)
+    for (j = 0; j < n; j++) {
+        const float e = eqf_exp(y[j * ys] - m);
+        y[j * ys] = e;
+        s += e;
+    }
+    return s;
+}
+
+/* the sum of (y - mean)^2 over a contiguous row */
+static inline float eqf_row_sq_dev(const float* restrict y, long n, float mean)
+{
+    long j = 0;
+    float q = 0.0f;
+#if defined(__AVX512F__)
+    const __m512 mv = _mm512_set1_ps(mean);
+    __m512 q0 = _mm512_setzero_ps(), q1 = q0, q2 = q0, q3 = q0;
+    for (; j + 64 <= n; j += 64) {
+        const __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(y + j), mv), d1 = _mm512_sub_ps(_mm512_loadu_ps(y + j + 16), mv);
+        const __m512 d2 = _mm512_sub_ps(_mm512_loadu_ps(y + j + 32), mv), d3 = _mm512_sub_ps(_mm512_loadu_ps(y + j + 48), mv);
+        q0 = _mm512_fmadd_ps(d0, d0, q0);
+        q1 = _mm512_fmadd_ps(d1, d1, q1);
+        q2 = _mm512_fmadd_ps(d2, d2, q2);
+        q3 = _mm512_fmadd_ps(d3, d3, q3);
+    }
+    for (; j + 16 <= n; j += 16) {
+        const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(y + j), mv);
+        q0 = _mm512_fmadd_ps(d, d, q0);
+    }
+    q = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(q0, q1), _mm512_add_ps(q2, q3)));
+#endif
+    #pragma omp simd reduction(+:q)
+    for (long i = j; i < n; i++) {
+        const float d = y[i] - mean;
+        q += d * d;
+    }
+    return q;
+}
+
 #if defined(__AVX512F__)
 /* Keep four loaded vectors in registers: without this gcc folds each load into the FMAs that
  * use it (one memory operand per FMA: 16 loads + 4 broadcasts per 16 FMAs, load-bound). */

@@ -1,8 +1,6 @@
 /* {{NAME}}: layernorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
- * Two-pass mean and variance over the row held in the output row (in cache). */
+ * Two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1). */
 EQF_WIDE_BEGIN
-/* {{NAME}}: layernorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
- * Two-pass mean and variance over the row held in the output row (in cache). */
 void {{NAME}}({{PARAMS}})
 {
 {{ROW_LOOP_PRAGMA}}
@@ -18,13 +16,7 @@ void {{NAME}}({{PARAMS}})
             s += x;
         }
         const float mean = s * (1.0f / {{L}});
-        float q = 0.0f;
-        #pragma omp simd reduction(+:q)
-        for (long j = 0; j < {{L}}; j++) {
-            const float d = y[j] - mean;
-            q += d * d;
-        }
-        const float rstd = 1.0f / sqrtf(q * (1.0f / {{L}}) + {{EPS}});
+        const float rstd = 1.0f / sqrtf(eqf_row_sq_dev(y, {{L}}, mean) * (1.0f / {{L}}) + {{EPS}});
         #pragma omp simd
         for (long j = 0; j < {{L}}; j++) {
             const float v = (y[j] - mean) * rstd * {{GAMMA}}[j] + {{BETA}}[j];

@@ -1,6 +1,5 @@
 /* {{NAME}}: rmsnorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused. */
 EQF_WIDE_BEGIN
-/* {{NAME}}: rmsnorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused. */
 void {{NAME}}({{PARAMS}})
 {
 {{ROW_LOOP_PRAGMA}}

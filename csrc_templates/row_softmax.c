@@ -1,8 +1,8 @@
 /* {{NAME}}: softmax over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
- * One thread owns a row; the output row is the scratch buffer (three passes in cache). */
+ * One thread owns a row; the output row is the scratch buffer: the prologue's values and the
+ * maximum, then y = e^(y - max) and its sum (eqf_row_exp_sum), then the scale and the epilogue,
+ * all three passes over the row while it is in L1. */
 EQF_WIDE_BEGIN
-/* {{NAME}}: softmax over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
- * One thread owns a row; the output row is the scratch buffer (three passes in cache). */
 void {{NAME}}({{PARAMS}})
 {
 {{ROW_LOOP_PRAGMA}}
@@ -17,13 +17,7 @@ void {{NAME}}({{PARAMS}})
             y[j * {{YS}}] = x;
             m = x > m ? x : m;
         }
-        float s = 0.0f;
-        #pragma omp simd reduction(+:s)
-        for (long j = 0; j < {{L}}; j++) {
-            const float e = eqf_exp(y[j * {{YS}}] - m);
-            y[j * {{YS}}] = e;
-            s += e;
-        }
+        const float s = eqf_row_exp_sum(y, {{L}}, {{YS}}, m);
         const float inv = 1.0f / s;
         /* ZERO_NAN ({{ZERO_NAN}}): a row whose softmax is NaN (a NaN, or a max of +-inf: fully
          * masked) is 0, as where(isnan(p), 0, p); a finite max makes every p finite */
