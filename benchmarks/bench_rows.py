@@ -15,14 +15,15 @@ import argparse
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import eqfuse  # noqa: E402
-from eqfuse.cli.bench import blas_threads, sample_times  # noqa: E402
+import eqfuse
+from eqfuse.cli.bench import blas_threads, sample_times
 
 F32 = np.float32
 EPS = {"layernorm": 1e-5, "rmsnorm": 1e-6}
@@ -124,7 +125,7 @@ def main(argv=None) -> int:
             for _ in range(args.rounds):
                 for p, r in runs.items():
                     time.sleep(0.05)  # the last peer's spinning threads go to sleep
-                    times[p] += sample_times(lambda: r(x, g, b), per)
+                    times[p] += sample_times(partial(r, x, g, b), per)
             cells, med = [], {}
             for p, ts in times.items():
                 q = statistics.quantiles(ts, n=4)

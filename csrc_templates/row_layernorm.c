@@ -16,7 +16,7 @@ void {{NAME}}({{PARAMS}})
             s += x;
         }
         const float mean = s * (1.0f / {{L}});
-        const float rstd = 1.0f / sqrtf(eqf_row_sq_dev(y, {{L}}, mean) * (1.0f / {{L}}) + {{EPS}});
+        const float rstd = 1.0f / sqrtf(eqf_row_sq_dev(y, {{L}}, mean, {{NEXT}}) * (1.0f / {{L}}) + {{EPS}});
         #pragma omp simd
         for (long j = 0; j < {{L}}; j++) {
             const float v = (y[j] - mean) * rstd * {{GAMMA}}[j] + {{BETA}}[j];

@@ -15,6 +15,7 @@ void {{NAME}}({{PARAMS}})
             s += x * x;
         }
         const float rstd = 1.0f / sqrtf(s * (1.0f / {{L}}) + {{EPS}});
+        eqf_prefetch_row({{NEXT}}, {{L}});  /* the next row, while this one is normalized */
         #pragma omp simd
         for (long j = 0; j < {{L}}; j++) {
             const float v = y[j] * rstd * {{GAMMA}}[j];

@@ -17,7 +17,7 @@ void {{NAME}}({{PARAMS}})
             y[j * {{YS}}] = x;
             m = x > m ? x : m;
         }
-        const float s = eqf_row_exp_sum(y, {{L}}, {{YS}}, m);
+        const float s = eqf_row_exp_sum(y, {{L}}, {{YS}}, m, {{NEXT}});
         const float inv = 1.0f / s;
         /* ZERO_NAN ({{ZERO_NAN}}): a row whose softmax is NaN (a NaN, or a max of +-inf: fully
          * masked) is 0, as where(isnan(p), 0, p); a finite max makes every p finite */

@@ -1,8 +1,6 @@
 /* eqf_kinds_k2_contraction_row_rowop: layernorm over rows of 53 (r1 rows), prologue and epilogue fused.
- * Two-pass mean and variance over the row held in the output row (in cache). */
+ * Two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1). */
 EQF_WIDE_BEGIN
-/* eqf_kinds_k2_contraction_row_rowop: layernorm over rows of 53 (r1 rows), prologue and epilogue fused.
- * Two-pass mean and variance over the row held in the output row (in cache). */
 void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restrict out, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
 
@@ -18,13 +16,7 @@ void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restric
             s += x;
         }
         const float mean = s * (1.0f / 53);
-        float q = 0.0f;
-        #pragma omp simd reduction(+:q)
-        for (long j = 0; j < 53; j++) {
-            const float d = y[j] - mean;
-            q += d * d;
-        }
-        const float rstd = 1.0f / sqrtf(q * (1.0f / 53) + 1e-05f);
+        const float rstd = 1.0f / sqrtf(eqf_row_sq_dev(y, 53, mean, NULL) * (1.0f / 53) + 1e-05f);
         #pragma omp simd
         for (long j = 0; j < 53; j++) {
             const float v = (y[j] - mean) * rstd * eqf_e3[j] + eqf_e4[j];

@@ -4,6 +4,7 @@ with a pointwise prologue and epilogue; each row is walked in passes while it is
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from itertools import count
 
@@ -59,6 +60,17 @@ class RowDetail:
 def row_loop_pragma(parallel: int) -> str:
     """The row templates' loop over rows: split over threads (when `parallel`), or plain."""
     return f"    #pragma omp parallel for schedule(static) if ({parallel})"
+
+
+def next_row(decls: list[str], pro_text: str, params: str, rows: int) -> str:
+    """The templates' `next` (prefetched while a row computes): the next row of the first f32 input
+    the prologue reads as whole contiguous rows (`in<k>[off<m> + j]`), else NULL."""
+    for ptr, off in re.findall(r"\b(in\d+)\[(off\d+) \+ j\]", pro_text):
+        decl = next((d for d in decls if f"const long {off} = " in d), None)
+        if decl is not None and f"const float* restrict {ptr}" in params:
+            nxt = re.sub(r"\(r\)|\br\b", "(r + 1)", decl.split(" = ", 1)[1].rstrip(";"))
+            return f"(r + 1 < {rows} ? {ptr} + {nxt} : NULL)"
+    return "NULL"
 
 
 class Row(Kind):
@@ -134,14 +146,14 @@ class Row(Kind):
         space = Space(xshape, [("r", row_dims, True), ("j", col_dims, False)], I1, ids)
         pro = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
         x = pro.value(an.args[0])
-        common = dict(NAME=plan.name, PARAMS=params, ROWS=rows, L=L,
-                      ROW_LOOP_PRAGMA=row_loop_pragma(int(d.parallel)),
-                      PRO_BODY=pro.text(), X=x)
+        common = {"NAME": plan.name, "PARAMS": params, "ROWS": rows, "L": L,
+                  "ROW_LOOP_PRAGMA": row_loop_pragma(int(d.parallel)), "PRO_BODY": pro.text(), "X": x}
         if an.op in ROW_OPS:
             epi = Exprs(body, space, ptrs, {a: "v"}, I2, strides=plan.base_strides())
             e = epi.value(body.outputs[0])
             cs = plan.out_strides or contiguous(xshape)  # a softmax may write through strides
-            common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0)
+            common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0,
+                          NEXT=next_row(space.decls, common["PRO_BODY"], params, rows))
             if an.op == "softmax":
                 return render("row_softmax.c",
                               YBASE=offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims]),

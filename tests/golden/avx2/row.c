@@ -1,8 +1,8 @@
 /* eqf_kinds_k3_row: softmax over rows of 53 (7 rows), prologue and epilogue fused.
- * One thread owns a row; the output row is the scratch buffer (three passes in cache). */
+ * One thread owns a row; the output row is the scratch buffer: the prologue's values and the
+ * maximum, then y = e^(y - max) and its sum (eqf_row_exp_sum), then the scale and the epilogue,
+ * all three passes over the row while it is in L1. */
 EQF_WIDE_BEGIN
-/* eqf_kinds_k3_row: softmax over rows of 53 (7 rows), prologue and epilogue fused.
- * One thread owns a row; the output row is the scratch buffer (three passes in cache). */
 void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, float* restrict out)
 {
     #pragma omp parallel for schedule(static) if (0)
@@ -19,13 +19,7 @@ void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, floa
             y[j * 1] = x;
             m = x > m ? x : m;
         }
-        float s = 0.0f;
-        #pragma omp simd reduction(+:s)
-        for (long j = 0; j < 53; j++) {
-            const float e = eqf_exp(y[j * 1] - m);
-            y[j * 1] = e;
-            s += e;
-        }
+        const float s = eqf_row_exp_sum(y, 53, 1, m, (r + 1 < 7 ? in0 + (r + 1) * 53 : NULL));
         const float inv = 1.0f / s;
         /* ZERO_NAN (0): a row whose softmax is NaN (a NaN, or a max of +-inf: fully
          * masked) is 0, as where(isnan(p), 0, p); a finite max makes every p finite */
