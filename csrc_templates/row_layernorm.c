@@ -1,5 +1,5 @@
 /* {{NAME}}: layernorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
- * Two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1). */
+ * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1). */
 EQF_WIDE_BEGIN
 void {{NAME}}({{PARAMS}})
 {
@@ -15,11 +15,15 @@ void {{NAME}}({{PARAMS}})
             y[j] = x;
             s += x;
         }
-        const float mean = s * (1.0f / {{L}});
-        const float rstd = 1.0f / sqrtf(eqf_row_sq_dev(y, {{L}}, mean, {{NEXT}}) * (1.0f / {{L}}) + {{EPS}});
+        const float mean0 = s * (1.0f / {{L}});
+        float dev;
+        const float q = eqf_row_sq_dev(y, {{L}}, mean0, {{NEXT}}, &dev);
+        const float dm = dev * (1.0f / {{L}});  /* mean = mean0 + dm, applied in two steps below */
+        const float var = fmaxf(q - dev * dm, 0.0f) * (1.0f / {{L}});  /* >= 0 also after rounding */
+        const float rstd = 1.0f / sqrtf(var + {{EPS}});
         #pragma omp simd
         for (long j = 0; j < {{L}}; j++) {
-            const float v = (y[j] - mean) * rstd * {{GAMMA}}[j] + {{BETA}}[j];
+            const float v = ((y[j] - mean0) - dm) * rstd * {{GAMMA}}[j] + {{BETA}}[j];
 {{EPI_BODY}}
             y[j] = {{EPI}};
         }

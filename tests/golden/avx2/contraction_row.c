@@ -1,5 +1,5 @@
 /* eqf_kinds_k2_contraction_row_rowop: layernorm over rows of 53 (r1 rows), prologue and epilogue fused.
- * Two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1). */
+ * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1). */
 EQF_WIDE_BEGIN
 void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restrict out, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
@@ -15,11 +15,15 @@ void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restric
             y[j] = x;
             s += x;
         }
-        const float mean = s * (1.0f / 53);
-        const float rstd = 1.0f / sqrtf(eqf_row_sq_dev(y, 53, mean, NULL) * (1.0f / 53) + 1e-05f);
+        const float mean0 = s * (1.0f / 53);
+        float dev;
+        const float q = eqf_row_sq_dev(y, 53, mean0, NULL, &dev);
+        const float dm = dev * (1.0f / 53);  /* mean = mean0 + dm, applied in two steps below */
+        const float var = fmaxf(q - dev * dm, 0.0f) * (1.0f / 53);  /* >= 0 also after rounding */
+        const float rstd = 1.0f / sqrtf(var + 1e-05f);
         #pragma omp simd
         for (long j = 0; j < 53; j++) {
-            const float v = (y[j] - mean) * rstd * eqf_e3[j] + eqf_e4[j];
+            const float v = ((y[j] - mean0) - dm) * rstd * eqf_e3[j] + eqf_e4[j];
 
             y[j] = v;
         }
