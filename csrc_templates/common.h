@@ -312,24 +312,22 @@ static inline void eqf_prefetch_row(const float* next, long n)
         eqf_prefetch(next, j);
 }
 #if defined(__AVX512F__)
-/* e^x for x <= 0 or NaN (softmax's x - max), 16 lanes: n = round(x log2 e), r = x - n ln 2 in two
- * parts (Cody-Waite), e^r by Cephes' polynomial (as eqf_exp_parts), times 2^n by vscalefps, which
- * rounds into the subnormals and to 0 (x = -inf is clamped to -104: 0). max(-104, x) keeps NaN. */
+/* e^x for softmax's x - max (x <= 0, -inf or NaN), 16 lanes: t = x log2 e, 2^t = 2^floor(t) * 2^f
+ * with f = t - floor(t) in [0, 1) (vreduceps), 2^f by eqf_exp2_ps's degree-5 fit and the scale
+ * by vscalefps, which rounds into the subnormals, gives 0 for -inf and keeps NaN: 8 operations
+ * (the pass is bound by the FMA pipes; Cody-Waite and Cephes' polynomial took 13). t's rounding
+ * (half an ulp: 4e-6 at t = -126) is the error that remains, relative to e^x. */
 static inline __m512 eqf_exp_ps(__m512 x)
 {
-    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_set1_ps(1.8775766948238015e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.989340625703335e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.582631751894951e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4015361070632935e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931530833244324e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999999403953552e-1f));
+    return _mm512_scalef_ps(p, t);
 }
 #endif
 
