@@ -1,12 +1,19 @@
 /* {{NAME}}: softmax over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
- * One thread owns a row; the output row is the scratch buffer: the prologue's values and the
- * maximum, then y = e^(y - max) and its sum (eqf_row_exp_sum), then the scale and the epilogue,
- * all three passes over the row while it is in L1. */
+ * One thread owns a block of EQF_ROW_BLOCK({{L}}) rows, and the output rows are the scratch
+ * buffer (in L1): the prologue's values and each row's maximum, then y = e^(y - max) and the
+ * row's sum (eqf_row_exp_sum), then the scale and the epilogue. Three passes over a block, not
+ * three per row: a short row's passes would wait on its reductions, a block's rows on nothing.
+ * Offsets the passes do not all use are declared in both (-Wunused-variable is off). */
 EQF_WIDE_BEGIN
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-variable"
 void {{NAME}}({{PARAMS}})
 {
 {{ROW_LOOP_PRAGMA}}
-    for (long r = {{R0}}; r < {{ROWS}}; r++) {
+    for (long rb = {{R0}}; rb < {{ROWS}}; rb += EQF_ROW_BLOCK({{L}})) {
+        const long re = eqf_minl(rb + EQF_ROW_BLOCK({{L}}), {{ROWS}});
+        float mx[EQF_ROW_BLOCK({{L}})], sum[EQF_ROW_BLOCK({{L}})];
+        for (long r = rb; r < re; r++) {
         float* restrict y = out + ({{YBASE}});
 {{OFFSETS}}
         float m = -INFINITY;
@@ -17,8 +24,14 @@ void {{NAME}}({{PARAMS}})
             y[j * {{YS}}] = x;
             m = x > m ? x : m;
         }
-        const float s = eqf_row_exp_sum(y, {{L}}, {{YS}}, m, {{NEXT}});
-        const float inv = 1.0f / s;
+        mx[r - rb] = m;
+        }
+        for (long r = rb; r < re; r++)
+            sum[r - rb] = eqf_row_exp_sum(out + ({{YBASE}}), {{L}}, {{YS}}, mx[r - rb], {{NEXT}});
+        for (long r = rb; r < re; r++) {
+        float* restrict y = out + ({{YBASE}});
+{{OFFSETS}}
+        const float s = sum[r - rb], inv = 1.0f / s;
         /* ZERO_NAN ({{ZERO_NAN}}): a row whose softmax is NaN (a NaN, or a max of +-inf: fully
          * masked) is 0, as where(isnan(p), 0, p); a finite max makes every p finite */
         const int zero = {{ZERO_NAN}} && !(s > 0.0f && s <= 3.4028235e38f);
@@ -28,6 +41,8 @@ void {{NAME}}({{PARAMS}})
 {{EPI_BODY}}
             y[j * {{YS}}] = {{EPI}};
         }
+        }
     }
 }
+#pragma GCC diagnostic pop
 EQF_WIDE_END

@@ -154,7 +154,7 @@ def test_strided_and_fused_rows(model):
 
 
 def test_the_next_row_is_prefetched_only_from_contiguous_f32_rows():
-    """The plain row kernels name the next row of their input; a softmax over axis 0 (strided
+    """A plain softmax names the row of its input one block ahead; a softmax over axis 0 (strided
     rows) and a GEMM's row epilogue (its row is C's, in cache) pass NULL."""
     src = ("graph f(x: f32[8, 40], w: f32[40, 40], g: f32[40], b: f32[40]) {\n"
            "    a = kernel { softmax(x) }\n    c = kernel { softmax(x, axis=0) }\n"
@@ -165,6 +165,6 @@ def test_the_next_row_is_prefetched_only_from_contiguous_f32_rows():
     for k in mod.kernels:
         by_kind.setdefault(k.kind, []).append(k.c_source)
     plain, strided = by_kind["row"]
-    assert "m, (r + 1 < 8 ? in0 + (r + 1) * 40 : NULL));" in plain
-    assert "m, NULL);" in strided
+    assert "mx[r - rb], (r + EQF_ROW_BLOCK(40) < 8 ? in0 + (r + EQF_ROW_BLOCK(40)) * 40 : NULL));" in plain
+    assert "mx[r - rb], NULL);" in strided
     assert "mean0, NULL, &dev)" in by_kind["contraction_row"][0]

@@ -62,14 +62,14 @@ def row_loop_pragma(parallel: int) -> str:
     return f"    #pragma omp parallel for schedule(static) if ({parallel})"
 
 
-def next_row(decls: list[str], pro_text: str, params: str, rows: int) -> str:
-    """The templates' `next` (prefetched while a row computes): the next row of the first f32 input
+def next_row(decls: list[str], pro_text: str, params: str, rows: int, ahead: str = "1") -> str:
+    """The templates' `next` (prefetched while row r computes): row r + ahead of the first f32 input
     the prologue reads as whole contiguous rows (`in<k>[off<m> + j]`), else NULL."""
     for ptr, off in re.findall(r"\b(in\d+)\[(off\d+) \+ j\]", pro_text):
         decl = next((d for d in decls if f"const long {off} = " in d), None)
         if decl is not None and f"const float* restrict {ptr}" in params:
-            nxt = re.sub(r"\(r\)|\br\b", "(r + 1)", decl.split(" = ", 1)[1].rstrip(";"))
-            return f"(r + 1 < {rows} ? {ptr} + {nxt} : NULL)"
+            nxt = re.sub(r"\(r\)|\br\b", f"(r + {ahead})", decl.split(" = ", 1)[1].rstrip(";"))
+            return f"(r + {ahead} < {rows} ? {ptr} + {nxt} : NULL)"
     return "NULL"
 
 
@@ -152,8 +152,9 @@ class Row(Kind):
             epi = Exprs(body, space, ptrs, {a: "v"}, I2, strides=plan.base_strides())
             e = epi.value(body.outputs[0])
             cs = plan.out_strides or contiguous(xshape)  # a softmax may write through strides
+            ahead = f"EQF_ROW_BLOCK({L})" if an.op == "softmax" else "1"  # softmax: the next block's row
             common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0,
-                          NEXT=next_row(space.decls, common["PRO_BODY"], params, rows))
+                          NEXT=next_row(space.decls, common["PRO_BODY"], params, rows, ahead))
             if an.op == "softmax":
                 return render("row_softmax.c",
                               YBASE=offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims]),
