@@ -24,6 +24,7 @@
 #define {{NAME}}_GROUPS {{GROUPS}} /* groups of MR rows: ceil(M / MR) */
 #define {{NAME}}_PANELS (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR)
 #define {{NAME}}_NPAD ({{NAME}}_PANELS * {{NAME}}_NR)
+#define {{NAME}}_PER_CHUNK {{PER_CHUNK}} /* panels per pool chunk */
 /* software prefetch of B this many floats ahead of the FMAs (0: none), see lower_gemm.skinny_tiles */
 #define {{NAME}}_PF {{PF}}
 
@@ -164,29 +165,51 @@ static void {{NAME}}_panels(const float* restrict ap, const float* restrict P, f
     }
 }
 
+typedef struct {
+    const float* ap;
+    const float* P;
+    float* C;
+    {{EXTRA_FIELDS}}
+} {{NAME}}_job;
+
+/* pool chunk k: the panels of share k of PANELS */
+static void {{NAME}}_chunk(void* job, long k)
+{
+    const {{NAME}}_job* jb = job;
+    {{EXTRA_UNPACK}}
+    {{NAME}}_panels(jb->ap, jb->P, jb->C, k * {{NAME}}_PER_CHUNK,
+                    k * {{NAME}}_PER_CHUNK + {{NAME}}_PER_CHUNK < {{NAME}}_PANELS ? k * {{NAME}}_PER_CHUNK + {{NAME}}_PER_CHUNK
+                                                                             : {{NAME}}_PANELS{{EXTRA_ARGS}});
+}
+
+#if {{ROW_EPILOGUE_ON}}
+/* pool chunk k: row k's row epilogue (it needs the whole row: after every panel) */
+static void {{NAME}}_row(void* job, long k)
+{
+    const {{NAME}}_job* jb = job;
+    {{EXTRA_UNPACK}}
+    float* restrict C = jb->C;
+    const long b = 0, eqf_r0 = k, eqf_r1 = k + 1;
+    (void)b;
+    {{ROW_EPILOGUE}}
+}
+#endif
+
 void {{NAME}}(const float* A, const float* P, float* C{{EXTRA_PARAMS}})
 {
-    /* A is small (M x K): packed by the calling thread, read by every thread of the region */
+    /* A is small (M x K): packed by the calling thread, read by every thread */
     float* ap = eqf_scratch(EQF_SCRATCH_GEMM_A, {{NAME}}_GROUPS * {{NAME}}_MR * {{NAME}}_K);
     if (!ap) {
         eqf_nomem_note();
         return;
     }
     {{NAME}}_pack_a(A, ap);
-    /* PARALLEL ({{PARALLEL}}, the plan's rule): 0 runs on the calling thread, no parallel region */
-#pragma omp parallel if ({{PARALLEL}})
-    {
-        const long nt = omp_get_num_threads(), me = omp_get_thread_num();
-        const long b = 0;
-        (void)b;
-        {{NAME}}_panels(ap, P, C, {{NAME}}_PANELS * me / nt, {{NAME}}_PANELS * (me + 1) / nt{{EXTRA_ARGS}});
+    /* PARALLEL ({{PARALLEL}}, the plan's rule): 0 runs on the calling thread. Otherwise the panels
+     * are chunks of the claim-based pool (common.h), PER_CHUNK panels each */
+    const int threads = {{PARALLEL}} ? omp_get_max_threads() : 1;
+    {{NAME}}_job job = {ap, P, C{{EXTRA_INIT}}};
+    eqf_parallel_for(({{NAME}}_PANELS + {{NAME}}_PER_CHUNK - 1) / {{NAME}}_PER_CHUNK, {{NAME}}_chunk, &job, threads);
 #if {{ROW_EPILOGUE_ON}}
-        /* the row epilogue needs whole rows: once every panel is done, each thread its share */
-#pragma omp barrier
-        const long eqf_r0 = {{NAME}}_M * me / nt, eqf_r1 = {{NAME}}_M * (me + 1) / nt;
-        if (eqf_r0 < eqf_r1) {
-            {{ROW_EPILOGUE}}
-        }
+    eqf_parallel_for({{NAME}}_M, {{NAME}}_row, &job, threads);
 #endif
-    }
 }

@@ -27,6 +27,8 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
     kernel is built for, or it runs the 4-float generic vectors), `pf` the software prefetch
     distance in floats (0: none). `row_epilogue` is a C statement over the rows [eqf_r0, eqf_r1)
     of C (C, b and the extra parameters in scope), run once every column is done.
+    With `parallel`, the panels (then the rows of a row epilogue) are chunks of the claim-based
+    pool of common.h (eqf_parallel_for), one panel each.
     """
     if min(M, N, K, mr, nr) < 1 or nr % 4 or mr > M:
         raise ValueError(f"skinny GEMM: M={M} N={N} K={K} MR={mr} NR={nr} (NR a multiple of 4, MR <= M)")
@@ -41,7 +43,10 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
                  EPILOGUE=epilogue, PARALLEL=int(parallel), ROW_EPILOGUE_ON=int(bool(row_epilogue)),
                  ROW_EPILOGUE=row_epilogue or "(void)eqf_r0;",
                  EXTRA_PARAMS="".join(f", const {t}* restrict {n}" for t, n in extras),
-                 EXTRA_ARGS="".join(", " + n for _, n in extras))
+                 EXTRA_ARGS="".join(", " + n for _, n in extras), PER_CHUNK=1,
+                 EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
+                 EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
+                 EXTRA_INIT="".join(", " + n for _, n in extras))
     cdef = (f"void {name}(const float* A, const float* B, float* C{''.join(f', const {t}* {n}' for t, n in extras)});"
             f"\nlong {name}_prepack_floats(void);\nvoid {name}_prepack(const float* B, float* P);")
     return src, cdef
