@@ -7,15 +7,23 @@ void {{NAME}}({{PARAMS}})
     for (long r = {{R0}}; r < {{ROWS}}; r++) {
         float* restrict y = out + ({{YBASE}});
 {{OFFSETS}}
-        float s = 0.0f;
+        float s = 0.0f, st;
         #pragma omp simd reduction(+:s)
-        for (long j = 0; j < {{L}}; j++) {
+        for (long j = 0; j < {{L}} / 16 * 16; j++) {
 {{PRO_BODY}}
             const float x = {{X}};
             y[j] = x;
             s += x;
         }
-        const float mean0 = s * (1.0f / {{L}});
+        st = s;  /* the last L % 16 apart, as in row_softmax.c */
+        #pragma GCC unroll 16
+        for (long j = {{L}} / 16 * 16; j < {{L}}; j++) {
+{{PRO_BODY}}
+            const float x = {{X}};
+            y[j] = x;
+            st += x;
+        }
+        const float mean0 = st * (1.0f / {{L}});
         float dev;
         const float q = eqf_row_sq_dev(y, {{L}}, mean0, {{NEXT}}, &dev);
         const float dm = dev * (1.0f / {{L}});  /* mean = mean0 + dm, applied in two steps below */

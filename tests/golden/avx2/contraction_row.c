@@ -7,15 +7,23 @@ void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restric
     for (long r = r0; r < r1; r++) {
         float* restrict y = out + (r * 53L);
         (void)b;
-        float s = 0.0f;
+        float s = 0.0f, st;
         #pragma omp simd reduction(+:s)
-        for (long j = 0; j < 53; j++) {
+        for (long j = 0; j < 53 / 16 * 16; j++) {
 
             const float x = y[j];
             y[j] = x;
             s += x;
         }
-        const float mean0 = s * (1.0f / 53);
+        st = s;  /* the last L % 16 apart, as in row_softmax.c */
+        #pragma GCC unroll 16
+        for (long j = 53 / 16 * 16; j < 53; j++) {
+
+            const float x = y[j];
+            y[j] = x;
+            st += x;
+        }
+        const float mean0 = st * (1.0f / 53);
         float dev;
         const float q = eqf_row_sq_dev(y, 53, mean0, NULL, &dev);
         const float dm = dev * (1.0f / 53);  /* mean = mean0 + dm, applied in two steps below */
