@@ -67,7 +67,7 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
     # called by one GEMM thread on rows it owns: no parallel region of its own
     common = {"NAME": fname, "PARAMS": params, "R0": "r0", "ROWS": "r1", "L": N, "ROW_LOOP_PRAGMA": "",
               "PRO_BODY": "", "X": "y[j]", "OFFSETS": "\n".join(space.decls + [f"{I1}(void)b;"]),
-              "EPI_BODY": epi.text(), "EPI": e}
+              "EPI_BODY": epi.text(), "EPI": e, "NEXT": "NULL"}  # the row is C's, in cache: no prefetch
     if rn.op == "softmax":
         src = render("row_softmax.c", YBASE=f"r * {N}L", YS=1, ZERO_NAN=int(rn.attr["zero_nan"]), **common)
     else:

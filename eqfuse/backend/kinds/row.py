@@ -5,6 +5,7 @@ row_layernorm.c, row_rmsnorm.c, row_grad.c, row_reduce.c)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from itertools import count
 
@@ -61,6 +62,17 @@ class RowDetail:
 def row_loop_pragma(parallel: int) -> str:
     """The row templates' loop over rows: split over threads (when `parallel`), or plain."""
     return f"    #pragma omp parallel for schedule(static) if ({parallel})"
+
+
+def next_row(decls: list[str], pro_text: str, params: str, rows: int, ahead: str = "1") -> str:
+    """The templates' `next` (prefetched while row r computes): row r + ahead of the first f32 input
+    the prologue reads as whole contiguous rows (`in<k>[off<m> + j]`), else NULL."""
+    for ptr, off in re.findall(r"\b(in\d+)\[(off\d+) \+ j\]", pro_text):
+        decl = next((d for d in decls if f"const long {off} = " in d), None)
+        if decl is not None and f"const float* restrict {ptr}" in params:
+            nxt = re.sub(r"\(r\)|\br\b", f"(r + {ahead})", decl.split(" = ", 1)[1].rstrip(";"))
+            return f"(r + {ahead} < {rows} ? {ptr} + {nxt} : NULL)"
+    return "NULL"
 
 
 class Row(Kind):
@@ -137,9 +149,8 @@ class Row(Kind):
         pro = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
         x = pro.value(an.args[0])
         a1 = pro.value(an.args[1]) if an.op in ("softmax_grad", "layernorm_grad") else ""
-        common = dict(NAME=plan.name, PARAMS=params, ROWS=rows, L=L,
-                      ROW_LOOP_PRAGMA=row_loop_pragma(int(d.parallel)),
-                      PRO_BODY=pro.text(), X=x)
+        common = {"NAME": plan.name, "PARAMS": params, "ROWS": rows, "L": L,
+                  "ROW_LOOP_PRAGMA": row_loop_pragma(int(d.parallel)), "PRO_BODY": pro.text(), "X": x}
         if an.op in ROW_OPS:
             epi = Exprs(body, space, ptrs, {a: "v"}, I2, strides=plan.base_strides())
             e = epi.value(body.outputs[0])
@@ -151,6 +162,8 @@ class Row(Kind):
                 return render("row_grad.c", OP=an.op, MODE=int(grad), A1=a1, YBASE=ybase, YS=cs[axis0] if not grad else 1,
                               GAMMA_J=f"{ptrs[an.args[2]]}[j]" if grad else "1.0f",
                               EPS=flit(an.attr["eps"]) if grad else "0.0f", **common)
+            ahead = f"EQF_ROW_BLOCK({L})" if an.op == "softmax" else "1"  # softmax: the next block's row
+            common["NEXT"] = next_row(space.decls, common["PRO_BODY"], params, rows, ahead)
             if an.op == "softmax":
                 return render("row_softmax.c",
                               YBASE=offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims]),
