@@ -13,7 +13,7 @@ from helpers import one_graph
 
 import eqfuse
 from eqfuse.backend import machine
-from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template
+from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
 from eqfuse.backend.gemm_skinny import emit_gemm_skinny
 from eqfuse.backend.lower_gemm import SKINNY_MAX_M
 
@@ -49,7 +49,7 @@ def width(request):
         pytest.skip(f"this host has no {m.simd_floats}-float vectors")
     with machine.pinned(m, clamp=False):
         parts = [source(f"s{n}_{p}", c, m, p) for n, c in enumerate(CASES) for p in (False, True)]
-        built = build(template("common.h") + COMMON_C + "\n".join(s for s, _ in parts),
+        built = build(header_c() + COMMON_C + "\n".join(s for s, _ in parts),
                       COMMON_CDEF + "\n" + "\n".join(c for _, c in parts), f"skinny_{request.param}")
     yield request.param, m, built
 
