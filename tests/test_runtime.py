@@ -145,3 +145,20 @@ def test_profile_times_every_kernel_of_the_call(capsys):
     assert main(["bench", "examples/mlp.g", "--dim", "B=8", "--peers", "numpy", "--threads", "1", "--repeat", "3",
                  "--profile"]) == 0
     assert "outside the kernels" in capsys.readouterr().out
+
+
+def test_arrays_kept_between_calls_are_read_afresh():
+    """A call keeps the pointers of the last call's arrays: one changed in place is read with its
+    new values, and a strided array (copied for C) is copied again each call."""
+    mod = eqfuse.compile(CHAIN, dims={"B": 16})
+    ref = eqfuse.reference(CHAIN)
+    x, w1, w2, w3 = arr(16, 64), arr(64, 96), arr(96, 64), arr(64, 32)
+    mod(x, w1, w2, w3)
+    x[:] = arr(16, 64, seed=3)
+    w2 *= 2
+    np.testing.assert_allclose(mod(x, w1, w2, w3)[0], ref(x, w1, w2, w3)[0], rtol=1e-4, atol=1e-5)
+    wide = np.asfortranarray(w1)  # not C-contiguous: copied for C at each call
+    mod(x, wide, w2, w3)
+    wide[:] = arr(64, 96, seed=5)
+    np.testing.assert_allclose(mod(x, wide, w2, w3)[0], ref(x, np.ascontiguousarray(wide), w2, w3)[0],
+                               rtol=1e-4, atol=1e-5)

@@ -276,19 +276,24 @@ class Runner:
         return st
 
     def __call__(self, arrays: list[np.ndarray], threads: int | None) -> list[np.ndarray]:
-        arrays = [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(arrays, self.in_dtypes)]
         copies = self.mem.copies
         if self.fn is None:  # no kernel: every output is an input or a constant, copied
+            arrays = [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(arrays, self.in_dtypes)]
             return [self._copy(k, arrays, []) for k in range(len(self.kg.outputs))]
         st = self._state()
         ins, outs_p, pool, fb = st["ins"], st["outs"], st["pool"], self.ffi.from_buffer
         # An array that is the one of the last call (a weight bound by params=) keeps its pointer
-        # and its packed panels: per call, only the arrays that changed are looked at.
+        # and its packed panels: per call, only the arrays that changed are looked at. `held`
+        # keeps arrays as passed to C (contiguous, of the input's dtype): one that is the same
+        # object as the last call's needed no copy then and needs none now.
         held = st["held"]
+        arrays = list(arrays)
         for k, a in enumerate(arrays):
             if a is not held[k]:
-                ins[k] = fb(a)
-                held[k] = a
+                a = arrays[k] = np.ascontiguousarray(a, dtype=self.in_dtypes[k])
+                if a is not held[k]:
+                    ins[k] = fb(a)
+                    held[k] = a
         base = self.mem.slots - len(self.mem.prepacks)
         packs = st["held_packs"]
         for k, (s, pos) in enumerate(self.mem.prepacks):
