@@ -191,8 +191,9 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
                         + (f" (<= L2 {m.l2} B for the later groups)" if groups > 1 else ""))
     panels = cdiv(N, nr)
     plan.threads = (thread_rule(M, N, 1, mr, nr, False, par=False, K=K) if not d.parallel else
-                    f"equal shares of the {panels} {nr}-column panels per thread"
-                    + (", then whole rows for the row epilogue after one barrier" if d.row_op else ""))
+                    f"the {panels} {nr}-column panels claimed one at a time by the threads of the claim-based pool "
+                    "(common_pool.h: the caller waits only for claimed panels)"
+                    + (", then the rows for the row epilogue, claimed the same way" if d.row_op else ""))
     body, a = plan.body, plan.shape.anchor
     mm = body.nodes[a]
     skip = {a} | set(mm.args) | ({mm.args[1]} if body.nodes[mm.args[1]].op == "transpose" else set())
