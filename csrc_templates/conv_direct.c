@@ -1,0 +1,177 @@
+/* {{NAME}}: direct conv2d, {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}},
+ * padding {{PH}}x{{PW}} -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out), the epilogue fused into the store.
+ *
+ * Layouts inside the kernel (eqfuse.backend.conv_direct):
+ * - the input, zero padded, in channel blocks of CB: xp[N][NCB][HP][WP][CB] (CB = {{CB}}), made at
+ *   each call (scratch); every tap then reads a pixel's CB channels from one cache line and the
+ *   register tile needs no bounds checks;
+ * - the weights in output-channel blocks of OBW = V x VL ({{V}} x {{VL}}):
+ *   w[NOB][NCB][KH][KW][CB][OBW], zero padded; made once by {{NAME}}_prepack when bound by
+ *   params= (PREPACKED {{PREPACKED}}), else at each call.
+ * The register tile: RW = {{RW}} output pixels (consecutive in n, oh, ow order, so a tile may span
+ * rows and images: a 2x2 map of two images is one tile of 8) x OBW output channels, RW x V vector
+ * accumulators; per input channel one weight vector load per V and one broadcast per pixel.
+ * Threads share the (channel block, pixel tile) pairs, channel blocks outermost (each thread
+ * then streams its own share of the weights). */
+#define {{NAME}}_DIMS                                                                              \
+    enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}},   \
+           OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, CB = {{CB}},                  \
+           NCB = (C + CB - 1) / CB, HP = (OH - 1) * SH + KH, WP = (OW - 1) * SW + KW, VL = {{VL}},        \
+           V = {{V}}, OBW = V * VL, NOB = (O + OBW - 1) / OBW, RW = {{RW}}, P = OH * OW,                   \
+           NP = N * P, NT = (NP + RW - 1) / RW }
+typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
+typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
+
+long {{NAME}}_prepack_floats(void)
+{
+    {{NAME}}_DIMS;
+    return (long)NOB * NCB * KH * KW * CB * OBW;
+}
+
+/* OIHW weights -> w[NOB][NCB][KH][KW][CB][OBW], zero padded in both channel counts. */
+void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
+{
+    {{NAME}}_DIMS;
+    for (long ob = 0; ob < NOB; ob++)
+        for (long cb = 0; cb < NCB; cb++)
+            for (long kh = 0; kh < KH; kh++)
+                for (long kw = 0; kw < KW; kw++)
+                    for (long ci = 0; ci < CB; ci++) {
+                        float* restrict dst = wp + ((((ob * NCB + cb) * KH + kh) * KW + kw) * CB + ci) * OBW;
+                        const long c = cb * CB + ci;
+                        for (long oo = 0; oo < OBW; oo++) {
+                            const long o = ob * OBW + oo;
+                            dst[oo] = (o < O && c < C) ? wt[((o * C + c) * KH + kh) * KW + kw] : 0.0f;
+                        }
+                    }
+}
+
+/* One row (n, cb, hp) of the padded, channel-blocked input. */
+static inline void {{NAME}}_pad_row(const float* restrict x, float* restrict xp, long row)
+{
+    {{NAME}}_DIMS;
+    const long hp = row % HP, cb = row / HP % NCB, n = row / HP / NCB, ih = hp - PH;
+    float* restrict dst = xp + row * WP * CB;
+    if (ih < 0 || ih >= H) {
+        for (long k = 0; k < (long)WP * CB; k++)
+            dst[k] = 0.0f;
+        return;
+    }
+    for (long ci = 0; ci < CB; ci++) {
+        const long c = cb * CB + ci;
+        const float* restrict src = x + ((n * C + c) * H + ih) * W;
+        for (long wp = 0; wp < WP; wp++) {
+            const long iw = wp - PW;
+            dst[wp * CB + ci] = (c < C && iw >= 0 && iw < W) ? src[iw] : 0.0f;
+        }
+    }
+}
+
+/* tile[RW][OBW] = the RW pixels at xoff (offsets into xp) . one channel block's weights w. */
+static inline void {{NAME}}_tile(const float* restrict xp, const long* restrict xoff, const float* restrict w,
+                                 float* restrict tile)
+{
+    {{NAME}}_DIMS;
+    {{NAME}}_vf acc[RW][V];
+#pragma GCC unroll 32
+    for (int r = 0; r < RW; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            acc[r][v] = ({{NAME}}_vf){0};
+    for (int cb = 0; cb < NCB; cb++)
+        for (int kh = 0; kh < KH; kh++)
+            for (int kw = 0; kw < KW; kw++) {
+                const float* restrict xk = xp + ((long)cb * HP + kh) * WP * CB + (long)kw * CB;
+                const float* restrict wk = w + (((long)cb * KH + kh) * KW + kw) * CB * OBW;
+                const float* px[RW];
+#pragma GCC unroll 32
+                for (int r = 0; r < RW; r++)
+                    px[r] = xk + xoff[r];
+#pragma GCC unroll 16
+                for (int ci = 0; ci < CB; ci++) {
+                    {{NAME}}_vf wv[V];
+#pragma GCC unroll 8
+                    for (int v = 0; v < V; v++)
+                        wv[v] = *(const {{NAME}}_vfu*)(wk + ci * OBW + v * VL);
+#pragma GCC unroll 32
+                    for (int r = 0; r < RW; r++) {
+                        const float a = px[r][ci];
+#pragma GCC unroll 8
+                        for (int v = 0; v < V; v++)
+                            acc[r][v] += a * wv[v];
+                    }
+                }
+            }
+#pragma GCC unroll 32
+    for (int r = 0; r < RW; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            *({{NAME}}_vfu*)(tile + r * OBW + v * VL) = acc[r][v];
+}
+
+void {{NAME}}({{PARAMS}})
+{
+    {{NAME}}_DIMS;
+{{EXTRAS}}
+    float* xp = eqf_scratch(EQF_SCRATCH_CONV_COL, (long)N * NCB * HP * WP * CB);
+#if {{PREPACKED}}
+    const float* w = {{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
+#else
+    float* w = eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
+#endif
+    if (!xp || !w) {
+        eqf_nomem_note();
+        return;
+    }
+#pragma omp parallel if ({{PARALLEL}})
+    {
+#if !{{PREPACKED}}
+#pragma omp single nowait
+        {{NAME}}_prepack({{WEIGHTS}}, w);
+#endif
+#pragma omp for schedule(static)
+        for (long row = 0; row < (long)N * NCB * HP; row++)
+            {{NAME}}_pad_row({{X}}, xp, row);
+#pragma omp for schedule(static)
+        for (long it = 0; it < (long)NOB * NT; it++) {
+            const long ob = it / NT, q0 = it % NT * RW;
+            const int rw = NP - q0 < RW ? (int)(NP - q0) : RW;
+            long xoff[RW], pb[RW], pj[RW];
+            for (int r = 0; r < RW; r++) {
+                const long q = q0 + (r < rw ? r : rw - 1); /* a partial tile repeats its last pixel */
+                const long n = q / P, j = q % P, oh = j / OW, ow = j % OW;
+                xoff[r] = ((n * NCB * HP) + oh * SH) * (long)WP * CB + ow * SW * CB;
+                pb[r] = n;
+                pj[r] = j;
+            }
+            float tile[RW * OBW] __attribute__((aligned(64)));
+            {{NAME}}_tile(xp, xoff, w + ob * ((long)NCB * KH * KW * CB * OBW), tile);
+            const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
+            if (pb[0] == pb[rw - 1]) { /* one image: the pixels are consecutive in each channel */
+                const long b = pb[0], j0 = pj[0];
+                (void)b;
+                for (long oo = 0; oo < oc; oo++) {
+                    const long i = o0 + oo;
+                    float* restrict orow = out + (b * O + i) * (long)P + j0;
+#pragma omp simd
+                    for (int r = 0; r < rw; r++) {
+                        const long j = j0 + r;
+                        const float acc = tile[r * OBW + oo];
+                        (void)j;
+                        orow[r] = {{EPILOGUE}};
+                    }
+                }
+            } else {
+                for (int r = 0; r < rw; r++) {
+                    const long b = pb[r], j = pj[r];
+                    (void)b; (void)j;
+                    for (long oo = 0; oo < oc; oo++) {
+                        const long i = o0 + oo;
+                        const float acc = tile[r * OBW + oo];
+                        out[(b * O + i) * (long)P + j] = {{EPILOGUE}};
+                    }
+                }
+            }
+        }
+    }
+}

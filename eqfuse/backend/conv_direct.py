@@ -1,0 +1,157 @@
+"""A conv2d as a direct convolution (csrc_templates/conv_direct.c): planning and emit.
+
+The im2col path (lower_gemm, emit_gemm.emit_conv2d) writes a column matrix of C x KH x KW rows
+per output pixel and runs the packed GEMM over it. The direct kernel reads the input where it
+is, in a zero-padded copy blocked by input channels (one pixel's CB channels in one cache line),
+and the weights as output-channel blocks of OBW = V vectors, prepacked once when bound by
+params=. Its register tile is RW output pixels (consecutive across rows and images, so the
+2 x 2 maps of a ResNet's last stage fill a tile) by OBW channels; the epilogue (bias,
+batchnorm, relu, a residual add: any pointwise ops) is applied to each tile as it is stored.
+
+`plan_conv_direct` decides by `use_direct` (a cost rule) and, when direct, is the conv's
+whole plan; otherwise the caller plans the im2col GEMM. EQFUSE_CONV=direct|im2col forces a path.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.emit_gemm import _ct, _epilogue
+from eqfuse.backend.lower_gemm import Prepack, cdiv, parallel
+from eqfuse.backend.machine import Machine
+from eqfuse.backend.plan import F32, KernelPlan, UOp, ops_text, pointwise_flops
+
+
+@dataclass(frozen=True)
+class ConvDirectDetail:
+    """The plan of a direct conv2d: the constants of csrc_templates/conv_direct.c."""
+
+    N: int
+    C: int
+    H: int
+    W: int
+    O: int
+    KH: int
+    KW: int
+    OH: int
+    OW: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    cb: int  # input channels per block of the padded input copy
+    vl: int  # floats per vector
+    v: int  # vectors per output-channel block (OBW = v x vl channels)
+    rw: int  # output pixels per register tile
+    parallel: bool  # the kernel opens a parallel region (lower_gemm.parallel's rule)
+    prepack: Prepack | None = None  # the weights bound by params=, blocked once (`mark_bound`)
+    pixels_as_rows: bool = False  # (an im2col GEMM's orientation: never here)
+
+    @property
+    def obw(self) -> int:
+        return self.v * self.vl
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def register_tiles(simd_floats: int) -> list[tuple[int, int]]:
+    """The (V, RW) register tiles a machine offers: RW x V accumulators, V weight vectors and
+    one broadcast fit its vector registers (32 with AVX-512, 16 below), and at most 8 pixels,
+    whose input pointers stay in the 16 general registers."""
+    regs = 32 if simd_floats >= 16 else 16
+    return [(v, rw) for v in (1, 2, 3, 4) for rw in range(2, 9) if rw * v + v + 1 <= regs]
+
+
+def tile_cost(O: int, NP: int, vl: int, v: int, rw: int) -> float:
+    """Cycles per input channel and tap of a whole conv with this tile (O output channels, NP
+    output pixels over all images): its tiles, each max(FMAs / 2, loads / 3) (two FMA and about
+    three load ports per core), the padding lanes and pixels included, plus a fixed cost per
+    tile per tap (its pointers, the loop)."""
+    tiles = cdiv(O, v * vl) * cdiv(NP, rw)
+    return tiles * (max(rw * v / 2, (rw + v) / 3) + 0.5)
+
+
+def choose_tile(m: Machine, O: int, NP: int) -> tuple[int, int]:
+    """(V, RW) of least `tile_cost`; ties go to the wider channel block, then more pixels."""
+    vl = m.simd_floats
+    return min(register_tiles(vl), key=lambda t: (tile_cost(O, NP, vl, *t), -t[0], -t[1]))
+
+
+def use_direct(C: int, O: int, NP: int, K: int, m: Machine) -> bool:
+    """Whether the direct kernel runs this conv rather than im2col + GEMM. EQFUSE_CONV forces it."""
+    force = os.environ.get("EQFUSE_CONV", "").strip().lower()
+    if force in ("direct", "im2col"):
+        return force == "direct"
+    return True
+
+
+def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
+    """Plan plan's conv2d as a direct conv when `use_direct` says so (True); else plan nothing."""
+    body, a = plan.body, plan.shape.anchor
+    cv = body.nodes[a]
+    (N, C, H, W), (O, _, KH, KW) = (tuple(body.nodes[i].type.shape) for i in cv.args[:2])
+    _, _, OH, OW = cv.type.shape
+    if tuple(cv.type.shape) != tuple(plan.out_shape) or plan.in_strides:
+        return False  # (an epilogue that broadcasts, inputs read through views: im2col's rules)
+    NP, K = N * OH * OW, C * KH * KW
+    if not use_direct(C, O, NP, K, m):
+        return False
+    vl = m.simd_floats
+    v, rw = choose_tile(m, O, NP)
+    cb = min(C, vl)
+    sh, sw = _pair(cv.attr["stride"])
+    par = parallel(NP, O, K, 1)
+    d = ConvDirectDetail(N, C, H, W, O, KH, KW, OH, OW, (sh, sw), _pair(cv.attr["padding"]), cb, vl, v, rw, par)
+    plan.detail = d
+    plan.tiles = {"cb": cb, "obw": d.obw, "rw": rw}
+    plan.flops = 2 * NP * O * K + pointwise_flops(body)
+    ncb, nob, nt = cdiv(C, cb), cdiv(O, d.obw), cdiv(NP, rw)
+    hp, wp = (OH - 1) * sh + KH, (OW - 1) * sw + KW
+    regs = rw * v + v + 1
+    plan.cache_check = (f"registers: {rw} x {v} accumulators + {v} weights + 1 broadcast = {regs} vectors; "
+                        f"one tap's weights {cb} x {d.obw} x {F32} = {cb * d.obw * F32} B, "
+                        f"a channel block's {ncb * KH * KW * cb * d.obw * F32} B <= L2 {m.l2} B: "
+                        f"{'ok' if ncb * KH * KW * cb * d.obw * F32 <= m.l2 else 'NO'}")
+    plan.threads = (f"the {nob} channel blocks x {nt} pixel tiles split evenly, channel blocks outermost"
+                    if par else f"one thread, no parallel region ({NP * O * K} multiply-adds < 2^18)")
+    epi = ops_text(body, skip={a} | set(cv.args))
+    plan.uops += [
+        UOp(0, "Exec", "weights to blocks [NOB][NCB][KH][KW][CB][OBW] (once when bound by params=)", 1),
+        UOp(0, "Load", f"input to a zero-padded copy [N][{ncb}][{hp}][{wp}][{cb}]", N * ncb * hp),
+        UOp(0, "Loop", f"{nob} channel blocks of {d.obw} x {nt} tiles of {rw} pixels", nob * nt),
+        UOp(1, "Exec", f"{rw} x {d.obw} register tile over {ncb} x {KH} x {KW} taps of {cb} channels",
+            nob * nt * ncb * KH * KW),
+        UOp(1, "Store", f"tile through the epilogue ({epi or 'none'}) into NCHW", nob * nt)]
+    return True
+
+
+def mark_bound(plan: KernelPlan, bound: set[int]) -> None:
+    """detail.prepack when the weights are a body input bound by params= and read by nothing
+    else in the kernel: the runtime then blocks them once (`NAME_prepack`)."""
+    body = plan.body
+    w = body.nodes[plan.shape.anchor].args[1]
+    if w not in bound or len([n for n in body.nodes if w in n.args]) != 1:
+        return
+    plan.detail = replace(plan.detail, prepack=Prepack(body.inputs.index(w), f"{plan.name}_prepack",
+                                                       f"{plan.name}_prepack_floats"))
+    plan.uops = [replace(u, what="weights blocked once when bound (params=), read in place")
+                 if u.what.startswith("weights to blocks") else u for u in plan.uops]
+
+
+def emit_conv_direct(plan: KernelPlan) -> str:
+    body, a = plan.body, plan.shape.anchor
+    cv, d = body.nodes[a], plan.detail
+    params, ptrs = kernel_params(plan)
+    groups = [("b", [0], False), ("i", [1], False), ("j", [2, 3], False)]
+    bias = f"eqf_e{body.inputs.index(cv.args[2])}" if len(cv.args) == 3 else None
+    expr, extras = _epilogue(plan, groups, {a: f"(acc + {bias}[i])" if bias else "acc"})
+    if bias and cv.args[2] not in dict(extras):
+        extras.append((cv.args[2], bias))
+    decls = "\n".join(f"    const {_ct(body, i)}* restrict {name} = {ptrs[i]};" for i, name in extras)
+    return render("conv_direct.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
+                  WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
+                  EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
+                  SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v,
+                  RW=d.rw)
