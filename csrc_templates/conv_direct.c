@@ -46,24 +46,33 @@ void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
                     }
 }
 
-/* One row (n, cb, hp) of the padded, channel-blocked input. */
+/* One row (n, cb, hp) of the padded, channel-blocked input: the CB input rows read side by
+ * side, each pixel's CB channels written together. */
 static inline void {{NAME}}_pad_row(const float* restrict x, float* restrict xp, long row)
 {
     {{NAME}}_DIMS;
     const long hp = row % HP, cb = row / HP % NCB, n = row / HP / NCB, ih = hp - PH;
+    const long cn = C - cb * CB < CB ? C - cb * CB : CB; /* channels of this block (a last one may be short) */
+    const long iw1 = W < WP - PW ? W : WP - PW;         /* input columns read (a stride may skip the last) */
     float* restrict dst = xp + row * WP * CB;
-    if (ih < 0 || ih >= H) {
-        for (long k = 0; k < (long)WP * CB; k++)
-            dst[k] = 0.0f;
+    if (ih < 0 || ih >= H || iw1 <= 0) {
+        memset(dst, 0, sizeof(float) * WP * CB);
         return;
     }
-    for (long ci = 0; ci < CB; ci++) {
-        const long c = cb * CB + ci;
-        const float* restrict src = x + ((n * C + c) * H + ih) * W;
-        for (long wp = 0; wp < WP; wp++) {
-            const long iw = wp - PW;
-            dst[wp * CB + ci] = (c < C && iw >= 0 && iw < W) ? src[iw] : 0.0f;
-        }
+    memset(dst, 0, sizeof(float) * PW * CB);
+    if (WP > PW + iw1)
+        memset(dst + (PW + iw1) * CB, 0, sizeof(float) * (WP - PW - iw1) * CB);
+    const float* restrict src = x + ((n * C + cb * CB) * H + ih) * W;
+    float* restrict d = dst + PW * CB;
+    if (cn == CB) {
+        for (long iw = 0; iw < iw1; iw++)
+#pragma GCC unroll 16
+            for (long ci = 0; ci < CB; ci++)
+                d[iw * CB + ci] = src[ci * (long)H * W + iw];
+    } else {
+        for (long iw = 0; iw < iw1; iw++)
+            for (long ci = 0; ci < CB; ci++)
+                d[iw * CB + ci] = ci < cn ? src[ci * (long)H * W + iw] : 0.0f;
     }
 }
 
@@ -146,31 +155,30 @@ void {{NAME}}({{PARAMS}})
             }
             float tile[RW * OBW] __attribute__((aligned(64)));
             {{NAME}}_tile(xp, xoff, w + ob * ((long)NCB * KH * KW * CB * OBW), tile);
+            /* the epilogue along the channels of each pixel (vectors, as the tile holds them),
+             * then each channel's pixels copied out: NCHW stores a channel's pixels together */
             const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
-            if (pb[0] == pb[rw - 1]) { /* one image: the pixels are consecutive in each channel */
-                const long b = pb[0], j0 = pj[0];
-                (void)b;
+            for (int r = 0; r < rw; r++) {
+                const long b = pb[r], j = pj[r];
+                float* restrict erow = tile + r * OBW;
+                (void)b; (void)j;
+#pragma omp simd
                 for (long oo = 0; oo < oc; oo++) {
                     const long i = o0 + oo;
-                    float* restrict orow = out + (b * O + i) * (long)P + j0;
-#pragma omp simd
-                    for (int r = 0; r < rw; r++) {
-                        const long j = j0 + r;
-                        const float acc = tile[r * OBW + oo];
-                        (void)j;
-                        orow[r] = {{EPILOGUE}};
-                    }
+                    const float acc = erow[oo];
+                    (void)i;
+                    erow[oo] = {{EPILOGUE}};
                 }
+            }
+            if (pb[0] == pb[rw - 1]) { /* one image: the pixels are consecutive in each channel */
+                float* restrict o = out + (pb[0] * O + o0) * (long)P + pj[0];
+                for (long oo = 0; oo < oc; oo++)
+                    for (int r = 0; r < rw; r++)
+                        o[oo * P + r] = tile[r * OBW + oo];
             } else {
-                for (int r = 0; r < rw; r++) {
-                    const long b = pb[r], j = pj[r];
-                    (void)b; (void)j;
-                    for (long oo = 0; oo < oc; oo++) {
-                        const long i = o0 + oo;
-                        const float acc = tile[r * OBW + oo];
-                        out[(b * O + i) * (long)P + j] = {{EPILOGUE}};
-                    }
-                }
+                for (int r = 0; r < rw; r++)
+                    for (long oo = 0; oo < oc; oo++)
+                        out[(pb[r] * O + o0 + oo) * (long)P + pj[r]] = tile[r * OBW + oo];
             }
         }
     }
