@@ -18,7 +18,7 @@
            OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, CB = {{CB}},                  \
            NCB = (C + CB - 1) / CB, HP = (OH - 1) * SH + KH, WP = (OW - 1) * SW + KW, VL = {{VL}},        \
            V = {{V}}, OBW = V * VL, NOB = (O + OBW - 1) / OBW, RW = {{RW}}, P = OH * OW,                   \
-           NP = N * P, NT = (NP + RW - 1) / RW }
+           NP = N * P, ROWS = {{ROWS}}, TR = (OW + RW - 1) / RW, NT = ROWS ? N * OH * TR : (NP + RW - 1) / RW }
 typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
 typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
 
@@ -77,6 +77,9 @@ static inline void {{NAME}}_pad_row(const float* restrict x, float* restrict xp,
 }
 
 /* tile[RW][OBW] = the RW pixels at xoff (offsets into xp) . one channel block's weights w. */
+/* (no predictive commoning: along a row, pixel r + 1 at tap kw is pixel r at kw + 1, and gcc
+ * would carry those values between taps in registers the accumulators need, spilling them) */
+__attribute__((optimize("no-predictive-commoning")))
 static inline void {{NAME}}_tile(const float* restrict xp, const long* restrict xoff, const float* restrict w,
                                  float* restrict tile)
 {
@@ -92,16 +95,24 @@ static inline void {{NAME}}_tile(const float* restrict xp, const long* restrict 
             for (int kw = 0; kw < KW; kw++) {
                 const float* restrict xk = xp + ((long)cb * HP + kh) * WP * CB + (long)kw * CB;
                 const float* restrict wk = w + (((long)cb * KH + kh) * KW + kw) * CB * OBW;
+                /* ROWS: the tile's pixels are one output row's, SW x CB floats apart (constant
+                 * displacements from one pointer); else each its own pointer */
                 const float* px[RW];
 #pragma GCC unroll 32
                 for (int r = 0; r < RW; r++)
-                    px[r] = xk + xoff[r];
+                    px[r] = ROWS ? xk + xoff[0] + r * SW * CB : xk + xoff[r];
 #pragma GCC unroll 16
                 for (int ci = 0; ci < CB; ci++) {
                     {{NAME}}_vf wv[V];
 #pragma GCC unroll 8
-                    for (int v = 0; v < V; v++)
+                    for (int v = 0; v < V; v++) {
                         wv[v] = *(const {{NAME}}_vfu*)(wk + ci * OBW + v * VL);
+#if defined(__x86_64__)
+                        /* in a register: gcc would otherwise fold the load into each of the RW
+                         * FMAs that read it (RW x V loads instead of V) */
+                        __asm__("" : "+v"(wv[v]));
+#endif
+                    }
 #pragma GCC unroll 32
                     for (int r = 0; r < RW; r++) {
                         const float a = px[r][ci];
@@ -122,7 +133,8 @@ void {{NAME}}({{PARAMS}})
 {
     {{NAME}}_DIMS;
 {{EXTRAS}}
-    float* xp = eqf_scratch(EQF_SCRATCH_CONV_COL, (long)N * NCB * HP * WP * CB);
+    /* (+ slack: a ROWS tile past a row's end reads up to RW x SW pixels further) */
+    float* xp = eqf_scratch(EQF_SCRATCH_CONV_COL, (long)N * NCB * HP * WP * CB + (long)RW * SW * CB);
 #if {{PREPACKED}}
     const float* w = {{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
 #else
@@ -132,6 +144,7 @@ void {{NAME}}({{PARAMS}})
         eqf_nomem_note();
         return;
     }
+    memset(xp + (long)N * NCB * HP * WP * CB, 0, sizeof(float) * RW * SW * CB);
 #pragma omp parallel if ({{PARALLEL}})
     {
 #if !{{PREPACKED}}
@@ -143,15 +156,28 @@ void {{NAME}}({{PARAMS}})
             {{NAME}}_pad_row({{X}}, xp, row);
 #pragma omp for schedule(static)
         for (long it = 0; it < (long)NOB * NT; it++) {
-            const long ob = it / NT, q0 = it % NT * RW;
-            const int rw = NP - q0 < RW ? (int)(NP - q0) : RW;
+            const long ob = it / NT, t = it % NT;
             long xoff[RW], pb[RW], pj[RW];
-            for (int r = 0; r < RW; r++) {
-                const long q = q0 + (r < rw ? r : rw - 1); /* a partial tile repeats its last pixel */
-                const long n = q / P, j = q % P, oh = j / OW, ow = j % OW;
-                xoff[r] = ((n * NCB * HP) + oh * SH) * (long)WP * CB + ow * SW * CB;
-                pb[r] = n;
-                pj[r] = j;
+            int rw;
+            if (ROWS) { /* tile t: image n, output row oh, columns ow0.. (a short last tile computes
+                         * past the row end, reading the padded copy's slack, and stores rw) */
+                const long n = t / (OH * TR), oh = t / TR % OH, ow0 = t % TR * RW;
+                rw = OW - ow0 < RW ? (int)(OW - ow0) : RW;
+                xoff[0] = ((n * NCB * HP) + oh * SH) * (long)WP * CB + ow0 * SW * CB;
+                for (int r = 0; r < RW; r++) {
+                    pb[r] = n;
+                    pj[r] = oh * OW + ow0 + r;
+                }
+            } else { /* tile t: the RW pixels from t x RW in (n, oh, ow) order */
+                const long q0 = t * RW;
+                rw = NP - q0 < RW ? (int)(NP - q0) : RW;
+                for (int r = 0; r < RW; r++) {
+                    const long q = q0 + (r < rw ? r : rw - 1); /* a short tile repeats its last pixel */
+                    const long n = q / P, j = q % P, oh = j / OW, ow = j % OW;
+                    xoff[r] = ((n * NCB * HP) + oh * SH) * (long)WP * CB + ow * SW * CB;
+                    pb[r] = n;
+                    pj[r] = j;
+                }
             }
             float tile[RW * OBW] __attribute__((aligned(64)));
             {{NAME}}_tile(xp, xoff, w + ob * ((long)NCB * KH * KW * CB * OBW), tile);

@@ -9,7 +9,8 @@ params=. Its register tile is RW output pixels (consecutive across rows and imag
 batchnorm, relu, a residual add: any pointwise ops) is applied to each tile as it is stored.
 
 `plan_conv_direct` decides by `use_direct` (a cost rule) and, when direct, is the conv's
-whole plan; otherwise the caller plans the im2col GEMM. EQFUSE_CONV=direct|im2col forces a path.
+whole plan; otherwise the caller plans the im2col GEMM. EQFUSE_CONV=direct|im2col forces a path,
+EQFUSE_CONV_TILE=V,RW,ROWS a register tile (both to measure the alternatives).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class ConvDirectDetail:
     vl: int  # floats per vector
     v: int  # vectors per output-channel block (OBW = v x vl channels)
     rw: int  # output pixels per register tile
+    rows: bool  # a tile's pixels are in one output row (else any RW consecutive pixels)
     parallel: bool  # the kernel opens a parallel region (lower_gemm.parallel's rule)
     prepack: Prepack | None = None  # the weights bound by params=, blocked once (`mark_bound`)
     pixels_as_rows: bool = False  # (an im2col GEMM's orientation: never here)
@@ -56,27 +58,41 @@ def _pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def register_tiles(simd_floats: int) -> list[tuple[int, int]]:
+def register_tiles(simd_floats: int, rows: bool) -> list[tuple[int, int]]:
     """The (V, RW) register tiles a machine offers: RW x V accumulators, V weight vectors and
-    one broadcast fit its vector registers (32 with AVX-512, 16 below), and at most 8 pixels,
-    whose input pointers stay in the 16 general registers."""
+    one broadcast fit its vector registers (32 with AVX-512, 16 below). A tile of pixels from
+    anywhere (not `rows`) holds a pointer per pixel: at most 8, to stay in the 16 general
+    registers; a tile along one output row needs one pointer: up to 12 pixels (16 measured
+    slower: a 7x7 stem 107 us against 69)."""
     regs = 32 if simd_floats >= 16 else 16
-    return [(v, rw) for v in (1, 2, 3, 4) for rw in range(2, 9) if rw * v + v + 1 <= regs]
+    return [(v, rw) for v in (1, 2, 3, 4) for rw in range(2, 13 if rows else 9) if rw * v + v + 1 <= regs]
 
 
-def tile_cost(O: int, NP: int, vl: int, v: int, rw: int) -> float:
-    """Cycles per input channel and tap of a whole conv with this tile (O output channels, NP
-    output pixels over all images): its tiles, each max(FMAs / 2, loads / 3) (two FMA and about
-    three load ports per core), the padding lanes and pixels included, plus a fixed cost per
-    tile per tap (its pointers, the loop)."""
-    tiles = cdiv(O, v * vl) * cdiv(NP, rw)
-    return tiles * (max(rw * v / 2, (rw + v) / 3) + 0.5)
-
-
-def choose_tile(m: Machine, O: int, NP: int) -> tuple[int, int]:
-    """(V, RW) of least `tile_cost`; ties go to the wider channel block, then more pixels."""
+def tile_cost(shape: tuple[int, int, int, int, int, int], m: Machine, v: int, rw: int, rows: bool) -> float:
+    """Cycles of a whole conv with this tile, as a model. shape = (N, OH, OW, O, CB, taps), taps
+    being input-channel blocks x kernel positions. A tile takes, per tap, CB steps of
+    max(FMAs / 2 (two FMA ports), loads / 2.5 (weight vectors and broadcasts), its weight
+    vectors' stream) plus its pointer work (one pointer along a row, one per pixel otherwise),
+    then its store (about a cycle per 8 outputs). A channel block's first tile streams its
+    weights from L3 (~3 cycles per 64 B), the others from L2 unless the block's weights exceed
+    half of it. Padding lanes and pixels count as work. Measured on a Zen 5 core, 3x3 convs:
+    128 channels at 2 x 2, two images, 8 pixels x 2 vectors 21.7 us against 4 x 4 35.9 us
+    (the weight stream of a block read by one tile)."""
+    N, OH, OW, O, cb, taps = shape
     vl = m.simd_floats
-    return min(register_tiles(vl), key=lambda t: (tile_cost(O, NP, vl, *t), -t[0], -t[1]))
+    per_block = N * OH * cdiv(OW, rw) if rows else cdiv(N * OH * OW, rw)
+
+    def tile(wc: float) -> float:
+        step = max(rw * v / 2, (rw + v) / 2.5, wc * v * vl / 16)
+        return taps * (cb * step + (1 if rows else rw / 2)) + rw * v * vl / 8
+    rest = tile(3 if taps * cb * v * vl * 4 > m.l2 // 2 else 0.5)
+    return cdiv(O, v * vl) * (tile(3) + (per_block - 1) * rest)
+
+
+def choose_tile(m: Machine, shape: tuple[int, int, int, int, int, int]) -> tuple[int, int, bool]:
+    """(V, RW, rows) of least `tile_cost`; ties go to the wider channel block, more pixels, rows."""
+    cands = [(v, rw, rows) for rows in (True, False) for v, rw in register_tiles(m.simd_floats, rows)]
+    return min(cands, key=lambda t: (tile_cost(shape, m, *t), -t[0], -t[1], not t[2]))
 
 
 def use_direct(C: int, O: int, NP: int, K: int, m: Machine) -> bool:
@@ -99,15 +115,22 @@ def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
     if not use_direct(C, O, NP, K, m):
         return False
     vl = m.simd_floats
-    v, rw = choose_tile(m, O, NP)
     cb = min(C, vl)
+    v, rw, rows = choose_tile(m, (N, OH, OW, O, cb, cdiv(C, cb) * KH * KW))
+    if os.environ.get("EQFUSE_CONV_TILE"):  # "V,RW,ROWS": a tile forced, to measure others
+        v, rw, rows = (int(t) for t in os.environ["EQFUSE_CONV_TILE"].split(","))
+        if (v, rw) not in register_tiles(vl, bool(rows)):
+            raise ValueError(f"EQFUSE_CONV_TILE={v},{rw},{rows} is not a register tile of this machine")
+        rows = bool(rows)
     sh, sw = _pair(cv.attr["stride"])
     par = parallel(NP, O, K, 1)
-    d = ConvDirectDetail(N, C, H, W, O, KH, KW, OH, OW, (sh, sw), _pair(cv.attr["padding"]), cb, vl, v, rw, par)
+    d = ConvDirectDetail(N, C, H, W, O, KH, KW, OH, OW, (sh, sw), _pair(cv.attr["padding"]), cb, vl, v, rw, rows,
+                         par)
     plan.detail = d
-    plan.tiles = {"cb": cb, "obw": d.obw, "rw": rw}
+    plan.tiles = {"cb": cb, "obw": d.obw, "rw": rw, "rows": int(rows)}
     plan.flops = 2 * NP * O * K + pointwise_flops(body)
-    ncb, nob, nt = cdiv(C, cb), cdiv(O, d.obw), cdiv(NP, rw)
+    ncb, nob = cdiv(C, cb), cdiv(O, d.obw)
+    nt = N * OH * cdiv(OW, rw) if rows else cdiv(NP, rw)
     hp, wp = (OH - 1) * sh + KH, (OW - 1) * sw + KW
     regs = rw * v + v + 1
     plan.cache_check = (f"registers: {rw} x {v} accumulators + {v} weights + 1 broadcast = {regs} vectors; "
@@ -120,7 +143,8 @@ def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
     plan.uops += [
         UOp(0, "Exec", "weights to blocks [NOB][NCB][KH][KW][CB][OBW] (once when bound by params=)", 1),
         UOp(0, "Load", f"input to a zero-padded copy [N][{ncb}][{hp}][{wp}][{cb}]", N * ncb * hp),
-        UOp(0, "Loop", f"{nob} channel blocks of {d.obw} x {nt} tiles of {rw} pixels", nob * nt),
+        UOp(0, "Loop", f"{nob} channel blocks of {d.obw} x {nt} tiles of {rw} pixels"
+                       f"{' along an output row' if rows else ''}", nob * nt),
         UOp(1, "Exec", f"{rw} x {d.obw} register tile over {ncb} x {KH} x {KW} taps of {cb} channels",
             nob * nt * ncb * KH * KW),
         UOp(1, "Store", f"tile through the epilogue ({epi or 'none'}) into NCHW", nob * nt)]
@@ -154,4 +178,4 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v,
-                  RW=d.rw)
+                  RW=d.rw, ROWS=int(d.rows))
