@@ -90,38 +90,40 @@ static inline void {{NAME}}_tile(const float* restrict xp, const long* restrict 
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             acc[r][v] = ({{NAME}}_vf){0};
+    /* For one input-channel block and kernel row, the (kw, ci) pairs of a pixel are KW x CB
+     * consecutive floats of the padded copy, and their weights KW x CB consecutive OBW-vectors:
+     * one loop over both (a 7x7 stem of 3 channels: 21 steps per kernel row, not 7 of 3). */
     for (int cb = 0; cb < NCB; cb++)
-        for (int kh = 0; kh < KH; kh++)
-            for (int kw = 0; kw < KW; kw++) {
-                const float* restrict xk = xp + ((long)cb * HP + kh) * WP * CB + (long)kw * CB;
-                const float* restrict wk = w + (((long)cb * KH + kh) * KW + kw) * CB * OBW;
-                /* ROWS: the tile's pixels are one output row's, SW x CB floats apart (constant
-                 * displacements from one pointer); else each its own pointer */
-                const float* px[RW];
+        for (int kh = 0; kh < KH; kh++) {
+            const float* restrict xk = xp + ((long)cb * HP + kh) * WP * CB;
+            const float* restrict wk = w + ((long)cb * KH + kh) * KW * CB * OBW;
+            /* ROWS: the tile's pixels are one output row's, SW x CB floats apart (constant
+             * displacements from one pointer); else each its own pointer */
+            const float* px[RW];
 #pragma GCC unroll 32
-                for (int r = 0; r < RW; r++)
-                    px[r] = ROWS ? xk + xoff[0] + r * SW * CB : xk + xoff[r];
+            for (int r = 0; r < RW; r++)
+                px[r] = ROWS ? xk + xoff[0] + r * SW * CB : xk + xoff[r];
 #pragma GCC unroll 16
-                for (int ci = 0; ci < CB; ci++) {
-                    {{NAME}}_vf wv[V];
+            for (int t = 0; t < KW * CB; t++) {
+                {{NAME}}_vf wv[V];
 #pragma GCC unroll 8
-                    for (int v = 0; v < V; v++) {
-                        wv[v] = *(const {{NAME}}_vfu*)(wk + ci * OBW + v * VL);
+                for (int v = 0; v < V; v++) {
+                    wv[v] = *(const {{NAME}}_vfu*)(wk + t * OBW + v * VL);
 #if defined(__x86_64__)
-                        /* in a register: gcc would otherwise fold the load into each of the RW
-                         * FMAs that read it (RW x V loads instead of V) */
-                        __asm__("" : "+v"(wv[v]));
+                    /* in a register: gcc would otherwise fold the load into each of the RW
+                     * FMAs that read it (RW x V loads instead of V) */
+                    __asm__("" : "+v"(wv[v]));
 #endif
-                    }
+                }
 #pragma GCC unroll 32
-                    for (int r = 0; r < RW; r++) {
-                        const float a = px[r][ci];
+                for (int r = 0; r < RW; r++) {
+                    const float a = px[r][t];
 #pragma GCC unroll 8
-                        for (int v = 0; v < V; v++)
-                            acc[r][v] += a * wv[v];
-                    }
+                    for (int v = 0; v < V; v++)
+                        acc[r][v] += a * wv[v];
                 }
             }
+        }
 #pragma GCC unroll 32
     for (int r = 0; r < RW; r++)
 #pragma GCC unroll 8

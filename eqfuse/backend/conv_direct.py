@@ -69,10 +69,11 @@ def register_tiles(simd_floats: int, rows: bool) -> list[tuple[int, int]]:
 
 
 def tile_cost(shape: tuple[int, int, int, int, int, int], m: Machine, v: int, rw: int, rows: bool) -> float:
-    """Cycles of a whole conv with this tile, as a model. shape = (N, OH, OW, O, CB, taps), taps
-    being input-channel blocks x kernel positions. A tile takes, per tap, CB steps of
-    max(FMAs / 2 (two FMA ports), loads / 2.5 (weight vectors and broadcasts), its weight
-    vectors' stream) plus its pointer work (one pointer along a row, one per pixel otherwise),
+    """Cycles of a whole conv with this tile, as a model. shape = (N, OH, OW, O, steps, taps), taps
+    being input-channel blocks x kernel rows, steps CB x KW. A tile takes, per tap, `steps` of
+    max(FMAs / 2 (two FMA ports), 5 (each accumulator's chain: an FMA's latency and the
+    broadcast's; 8 accumulators measured 25% slower than 12 on a 7x7 stem), loads / 2.5 (weight
+    vectors and broadcasts), its weight vectors' stream) plus its pointer work (one pointer along a row, one per pixel otherwise),
     then its store (about a cycle per 8 outputs). A channel block's first tile streams its
     weights from L3 (~3 cycles per 64 B), the others from L2 unless the block's weights exceed
     half of it. Padding lanes and pixels count as work. Measured on a Zen 5 core, 3x3 convs:
@@ -83,7 +84,7 @@ def tile_cost(shape: tuple[int, int, int, int, int, int], m: Machine, v: int, rw
     per_block = N * OH * cdiv(OW, rw) if rows else cdiv(N * OH * OW, rw)
 
     def tile(wc: float) -> float:
-        step = max(rw * v / 2, (rw + v) / 2.5, wc * v * vl / 16)
+        step = max(rw * v / 2, 5, (rw + v) / 2.5, wc * v * vl / 16)
         return taps * (cb * step + (1 if rows else rw / 2)) + rw * v * vl / 8
     rest = tile(3 if taps * cb * v * vl * 4 > m.l2 // 2 else 0.5)
     return cdiv(O, v * vl) * (tile(3) + (per_block - 1) * rest)
@@ -116,7 +117,7 @@ def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
         return False
     vl = m.simd_floats
     cb = min(C, vl)
-    v, rw, rows = choose_tile(m, (N, OH, OW, O, cb, cdiv(C, cb) * KH * KW))
+    v, rw, rows = choose_tile(m, (N, OH, OW, O, cb * KW, cdiv(C, cb) * KH))
     if os.environ.get("EQFUSE_CONV_TILE"):  # "V,RW,ROWS": a tile forced, to measure others
         v, rw, rows = (int(t) for t in os.environ["EQFUSE_CONV_TILE"].split(","))
         if (v, rw) not in register_tiles(vl, bool(rows)):
@@ -145,8 +146,8 @@ def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
         UOp(0, "Load", f"input to a zero-padded copy [N][{ncb}][{hp}][{wp}][{cb}]", N * ncb * hp),
         UOp(0, "Loop", f"{nob} channel blocks of {d.obw} x {nt} tiles of {rw} pixels"
                        f"{' along an output row' if rows else ''}", nob * nt),
-        UOp(1, "Exec", f"{rw} x {d.obw} register tile over {ncb} x {KH} x {KW} taps of {cb} channels",
-            nob * nt * ncb * KH * KW),
+        UOp(1, "Exec", f"{rw} x {d.obw} register tile over {ncb} x {KH} taps of {KW} x {cb} FMA steps",
+            nob * nt * ncb * KH),
         UOp(1, "Store", f"tile through the epilogue ({epi or 'none'}) into NCHW", nob * nt)]
     return True
 
