@@ -166,33 +166,36 @@ def _pool(an: Node, ins, xs, out, ct, par=False):
     OH, OW = out[2], out[3]
     is_max = an.op == "max_pool2d"
     init = "-INFINITY" if is_max else "0.0f"
-    # one output row at a time, the window's taps outermost and the row's pixels innermost (a
-    # vector loop without branches: a tap outside the image reads a clamped index and counts as
-    # the identity); pixel by pixel, the comparisons branched on the data (28 us for a ResNet
-    # stem's 3x3/2 pool of 2 x 16 x 32 x 32)
-    val = "a[ow] = (v > a[ow] || v != v) ? v : a[ow];" if is_max else "a[ow] += v; cnt[ow] += inb;"
-    fin = "" if is_max else ("a[ow] / cnt[ow]" if not an.attr["count_include_pad"] else f"a[ow] / {kh * kw}.0f")
+    # one output row at a time: each input row it reads copied once into `rp`, padded with the
+    # identity, then the window's taps outermost and the row's pixels innermost, a vector loop
+    # without branches; pixel by pixel, the comparisons branched on the data (28 us for a
+    # ResNet stem's 3x3/2 pool of 2 x 16 x 32 x 32)
+    wpad = (OW - 1) * sw + kw
+    val = "a[ow] = ((v > a[ow]) | (v != v)) ? v : a[ow];" if is_max else \
+        f"a[ow] += v; cnt[ow] += (float)(ow * {sw} - {pw} + dw >= 0 && ow * {sw} - {pw} + dw < {W});"
+    fin = "a[ow]" if is_max else ("a[ow] / cnt[ow]" if not an.attr["count_include_pad"] else f"a[ow] / {kh * kw}.0f")
     return [f"#pragma omp parallel for if ({int(par)})",
             f"for (long nc = 0; nc < {out[0] * out[1]}; nc++)",
             f"    for (long oh = 0; oh < {OH}; oh++) {{",
-            f"        float a[{OW}]{'' if is_max else f', cnt[{OW}]'};",
+            f"        float a[{OW}], rp[{wpad}]{'' if is_max else f', cnt[{OW}]'};",
             f"        for (long ow = 0; ow < {OW}; ow++) {{ a[ow] = {init};{'' if is_max else ' cnt[ow] = 0.0f;'} }}",
             f"        for (long dh = 0; dh < {kh}; dh++) {{",
             f"            const long h = oh * {sh} - {ph} + dh;",
             f"            if (h < 0 || h >= {H}) continue;",
-            f"            const float* restrict row = {ins[0]} + (nc * {H} + h) * {W};",
+            f"            for (long k = 0; k < {wpad}; k++) {{",
+            f"                const long w = k - {pw};",
+            f"                rp[k] = (w >= 0 && w < {W}) ? {ins[0]}[(nc * {H} + h) * {W} + (w >= 0 && w < {W} ? w : 0)] : {init};",
+            "            }",
             f"            for (long dw = 0; dw < {kw}; dw++) {{",
             "#pragma omp simd",
             f"                for (long ow = 0; ow < {OW}; ow++) {{",
-            f"                    const long w = ow * {sw} - {pw} + dw;",
-            f"                    const int inb = w >= 0 && w < {W};",
-            f"                    const float v = inb ? row[inb ? w : 0] : {init};",
+            f"                    const float v = rp[ow * {sw} + dw];",
             f"                    {val}",
             "                }",
             "            }",
             "        }",
             f"        for (long ow = 0; ow < {OW}; ow++)",
-            f"            out[(nc * {OH} + oh) * {OW} + ow] = {fin or 'a[ow]'};",
+            f"            out[(nc * {OH} + oh) * {OW} + ow] = {fin};",
             "    }"]
 
 
