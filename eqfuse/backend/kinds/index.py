@@ -171,6 +171,7 @@ def _pool(an: Node, ins, xs, out, ct, par=False):
     # without branches; pixel by pixel, the comparisons branched on the data (28 us for a
     # ResNet stem's 3x3/2 pool of 2 x 16 x 32 x 32)
     wpad = (OW - 1) * sw + kw
+    lead, ncopy = min(pw, wpad), max(0, min(W, wpad - pw))  # rp[lead:lead + ncopy] is the row's start
     val = "a[ow] = ((v > a[ow]) | (v != v)) ? v : a[ow];" if is_max else \
         f"a[ow] += v; cnt[ow] += (float)(ow * {sw} - {pw} + dw >= 0 && ow * {sw} - {pw} + dw < {W});"
     fin = "a[ow]" if is_max else ("a[ow] / cnt[ow]" if not an.attr["count_include_pad"] else f"a[ow] / {kh * kw}.0f")
@@ -182,10 +183,9 @@ def _pool(an: Node, ins, xs, out, ct, par=False):
             f"        for (long dh = 0; dh < {kh}; dh++) {{",
             f"            const long h = oh * {sh} - {ph} + dh;",
             f"            if (h < 0 || h >= {H}) continue;",
-            f"            for (long k = 0; k < {wpad}; k++) {{",
-            f"                const long w = k - {pw};",
-            f"                rp[k] = (w >= 0 && w < {W}) ? {ins[0]}[(nc * {H} + h) * {W} + (w >= 0 && w < {W} ? w : 0)] : {init};",
-            "            }",
+            f"            for (long k = 0; k < {lead}; k++) rp[k] = {init};",
+            f"            memcpy(rp + {lead}, {ins[0]} + (nc * {H} + h) * {W}, {ncopy} * sizeof(float));",
+            f"            for (long k = {lead + ncopy}; k < {wpad}; k++) rp[k] = {init};",
             f"            for (long dw = 0; dw < {kw}; dw++) {{",
             "#pragma omp simd",
             f"                for (long ow = 0; ow < {OW}; ow++) {{",
