@@ -24,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import eqfuse  # noqa: E402
-from eqfuse.cli.bench import blas_threads  # noqa: E402
+import eqfuse
+from eqfuse.cli.bench import blas_threads
 
 # name: (N, C, H, O, k, stride, padding)
 RESNET18 = {
@@ -51,8 +51,8 @@ RESNET56 = {
 
 def _arrays(N, C, H, O, k):
     rng = np.random.default_rng(0)
-    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
-    return dict(x=f(N, C, H, H), w=f(O, C, k, k) * 0.1, m=f(O) * 0.1, v=np.abs(f(O)) + 0.5, g=f(O), be=f(O))
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)
+    return {"x": f(N, C, H, H), "w": f(O, C, k, k) * 0.1, "m": f(O) * 0.1, "v": np.abs(f(O)) + 0.5, "g": f(O), "be": f(O)}
 
 
 def _eqfuse(shape, xs, path):
@@ -77,11 +77,10 @@ graph c(x: f32[{N}, {C}, {H}, {H}], w: f32[{O}, {C}, {k}, {k}], m: f32[{O}], v: 
 
 
 def _ort(shape, xs, threads):
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    N, C, H, O, k, s, p = shape
+    N, C, H, _O, k, s, p = shape
     inits = [numpy_helper.from_array(xs[n], n) for n in ("w", "g", "be", "m", "v")]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[k, k], strides=[s, s], pads=[p] * 4),
              helper.make_node("BatchNormalization", ["c", "g", "be", "m", "v"], ["bn"], epsilon=1e-5),
@@ -127,7 +126,7 @@ def main(argv=None) -> int:
                     run()
                     times[k].append(time.perf_counter() - t)
             med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-            auto = [p.detail for p in fns["auto"].last.plans if p.kind == "conv2d"][0]
+            auto = next(p.detail for p in fns["auto"].last.plans if p.kind == "conv2d")
             path = "direct" if type(auto).__name__ == "ConvDirectDetail" else "im2col"
             print(f"{name:<26}{th:>4}{med['direct']:>11.1f}{med['im2col']:>11.1f}{med['auto']:>9.1f}"
                   f"{med['ort']:>9.1f}{med['ort'] / med['auto']:>10.2f}  {path}", flush=True)

@@ -96,12 +96,18 @@ def choose_tile(m: Machine, shape: tuple[int, int, int, int, int, int]) -> tuple
     return min(cands, key=lambda t: (tile_cost(shape, m, *t), -t[0], -t[1], not t[2]))
 
 
-def use_direct(C: int, O: int, NP: int, K: int, m: Machine) -> bool:
-    """Whether the direct kernel runs this conv rather than im2col + GEMM. EQFUSE_CONV forces it."""
+def use_direct(KH: int, KW: int) -> bool:
+    """Whether the direct kernel runs a conv rather than im2col + GEMM: every conv with a window
+    larger than 1x1. A 1x1 conv's column matrix is the input itself (stride 1) or a quarter of
+    it (stride 2), so im2col adds little, while the direct kernel would copy the whole input
+    into its padded blocks: measured (1 thread, + BN + ReLU, weights bound), 1x1/2 64 -> 128 at
+    56 x 56 105 us direct against 79 im2col; 3x3 convs of ResNet-18 shapes 0.85-0.95x of
+    im2col's time at 28-56 pixels wide, 0.6-0.8x at 2-16 (benchmarks/bench_conv.py).
+    EQFUSE_CONV=direct|im2col forces either."""
     force = os.environ.get("EQFUSE_CONV", "").strip().lower()
     if force in ("direct", "im2col"):
         return force == "direct"
-    return True
+    return KH * KW > 1
 
 
 def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
@@ -113,7 +119,7 @@ def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
     if tuple(cv.type.shape) != tuple(plan.out_shape) or plan.in_strides:
         return False  # (an epilogue that broadcasts, inputs read through views: im2col's rules)
     NP, K = N * OH * OW, C * KH * KW
-    if not use_direct(C, O, NP, K, m):
+    if not use_direct(KH, KW):
         return False
     vl = m.simd_floats
     cb = min(C, vl)
