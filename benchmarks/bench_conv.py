@@ -14,6 +14,7 @@ same thread count. Each row: median microseconds per call and ORT / eqfuse-auto.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
             runs = {}
             for path, fn in fns.items():
                 fn.threads = th
-                runs[path] = (lambda f: lambda: f(x=xs["x"]))(fn)
+                runs[path] = functools.partial(fn, x=xs["x"])
             runs["ort"] = _ort(shape, xs, th)
             want = runs["ort"]()
             for k, run in runs.items():
