@@ -134,11 +134,13 @@ def test_tile_choices_on_pinned_machines_are_fixed():
 
 def test_use_direct_rule_and_override(monkeypatch):
     monkeypatch.delenv("EQFUSE_CONV", raising=False)
-    assert use_direct(3, 3) and use_direct(7, 7) and use_direct(1, 3) and not use_direct(1, 1)
+    assert use_direct(3, 3, 1, 1) and use_direct(3, 3, 2, 2) and use_direct(7, 7, 2, 2) and use_direct(1, 3, 1, 1)
+    assert not use_direct(1, 1, 1, 1) and not use_direct(1, 1, 2, 2)  # 1x1: im2col is (a part of) the input
+    assert not use_direct(4, 4, 4, 4) and not use_direct(2, 2, 3, 3)  # patches that do not overlap
     monkeypatch.setenv("EQFUSE_CONV", "im2col")
-    assert not use_direct(3, 3)
+    assert not use_direct(3, 3, 1, 1)
     monkeypatch.setenv("EQFUSE_CONV", "direct")
-    assert use_direct(1, 1)
+    assert use_direct(1, 1, 1, 1)
 
 
 def test_a_bad_forced_tile_is_refused(monkeypatch):

@@ -96,18 +96,20 @@ def choose_tile(m: Machine, shape: tuple[int, int, int, int, int, int]) -> tuple
     return min(cands, key=lambda t: (tile_cost(shape, m, *t), -t[0], -t[1], not t[2]))
 
 
-def use_direct(KH: int, KW: int) -> bool:
-    """Whether the direct kernel runs a conv rather than im2col + GEMM: every conv with a window
-    larger than 1x1. A 1x1 conv's column matrix is the input itself (stride 1) or a quarter of
-    it (stride 2), so im2col adds little, while the direct kernel would copy the whole input
-    into its padded blocks: measured (1 thread, + BN + ReLU, weights bound), 1x1/2 64 -> 128 at
-    56 x 56 105 us direct against 79 im2col; 3x3 convs of ResNet-18 shapes 0.85-0.95x of
-    im2col's time at 28-56 pixels wide, 0.6-0.8x at 2-16 (benchmarks/bench_conv.py).
-    EQFUSE_CONV=direct|im2col forces either."""
+def use_direct(KH: int, KW: int, SH: int, SW: int) -> bool:
+    """Whether the direct kernel runs a conv rather than im2col + GEMM: when its windows overlap
+    (a stride smaller than the window). im2col's column matrix holds each input element
+    KH x KW / (SH x SW) times; with windows that do not overlap (1x1 convs, a ViT's or a
+    Mixer's patch embedding) it is the input itself (stride 1), a part of it, or a permutation
+    of it, no more than the direct kernel's padded copy, and the GEMM can store its result
+    transposed into a token concat (lower_gemm.conv_c_layout). Measured (1 thread, + BN + ReLU,
+    weights bound): 1x1/2 64 -> 128 at 56 x 56, 105 us direct against 79 im2col; the 3x3 convs
+    of ResNet-18 0.85-0.95x of im2col's time at 28-56 pixels wide, 0.6-0.8x at 2-16 pixels
+    (benchmarks/bench_conv.py). EQFUSE_CONV=direct|im2col forces either."""
     force = os.environ.get("EQFUSE_CONV", "").strip().lower()
     if force in ("direct", "im2col"):
         return force == "direct"
-    return KH * KW > 1
+    return SH < KH or SW < KW
 
 
 def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
@@ -119,7 +121,8 @@ def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
     if tuple(cv.type.shape) != tuple(plan.out_shape) or plan.in_strides:
         return False  # (an epilogue that broadcasts, inputs read through views: im2col's rules)
     NP, K = N * OH * OW, C * KH * KW
-    if not use_direct(KH, KW):
+    sh, sw = _pair(cv.attr["stride"])
+    if not use_direct(KH, KW, sh, sw):
         return False
     vl = m.simd_floats
     cb = min(C, vl)
@@ -129,12 +132,11 @@ def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
         if (v, rw) not in register_tiles(vl, bool(rows)):
             raise ValueError(f"EQFUSE_CONV_TILE={v},{rw},{rows} is not a register tile of this machine")
         rows = bool(rows)
-    sh, sw = _pair(cv.attr["stride"])
     par = parallel(NP, O, K, 1)
     d = ConvDirectDetail(N, C, H, W, O, KH, KW, OH, OW, (sh, sw), _pair(cv.attr["padding"]), cb, vl, v, rw, rows,
                          par)
     plan.detail = d
-    plan.tiles = {"cb": cb, "obw": d.obw, "rw": rw, "rows": int(rows)}
+    plan.tiles = {"cb": cb, "obw": d.obw, "rw": rw, "rows": int(rows)}  # (constants of the C)
     plan.flops = 2 * NP * O * K + pointwise_flops(body)
     ncb, nob = cdiv(C, cb), cdiv(O, d.obw)
     nt = N * OH * cdiv(OW, rw) if rows else cdiv(NP, rw)
@@ -184,5 +186,5 @@ def emit_conv_direct(plan: KernelPlan) -> str:
     return render("conv_direct.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
-                  SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v,
+                  SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
                   RW=d.rw, ROWS=int(d.rows))
