@@ -183,30 +183,41 @@ void {{NAME}}({{PARAMS}})
             }
             float tile[RW * OBW] __attribute__((aligned(64)));
             {{NAME}}_tile(xp, xoff, w + ob * ((long)NCB * KH * KW * CB * OBW), tile);
-            /* the epilogue along the channels of each pixel (vectors, as the tile holds them),
-             * then each channel's pixels copied out: NCHW stores a channel's pixels together */
+            /* NCHW keeps a channel's pixels together: the tile transposed (channels x pixels),
+             * then the epilogue along each channel's pixels, where a residual or any tensor of
+             * the output's shape is read contiguously, as the result is stored */
             const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
-            for (int r = 0; r < rw; r++) {
-                const long b = pb[r], j = pj[r];
-                float* restrict erow = tile + r * OBW;
-                (void)b; (void)j;
-#pragma omp simd
+            float tt[OBW * RW] __attribute__((aligned(64)));
+            for (int r = 0; r < RW; r++)
+                for (int oo = 0; oo < OBW; oo++)
+                    tt[oo * RW + r] = tile[r * OBW + oo];
+            if (pb[0] == pb[rw - 1]) { /* one image: the pixels are consecutive in each channel */
+                const long b = pb[0], j0 = pj[0];
+                (void)b;
                 for (long oo = 0; oo < oc; oo++) {
                     const long i = o0 + oo;
-                    const float acc = erow[oo];
+                    float* restrict orow = out + (b * O + i) * (long)P + j0;
+                    const float* restrict trow = tt + oo * RW;
                     (void)i;
-                    erow[oo] = {{EPILOGUE}};
+#pragma omp simd
+                    for (int r = 0; r < rw; r++) {
+                        const long j = j0 + r;
+                        const float acc = trow[r];
+                        (void)j;
+                        orow[r] = {{EPILOGUE}};
+                    }
                 }
-            }
-            if (pb[0] == pb[rw - 1]) { /* one image: the pixels are consecutive in each channel */
-                float* restrict o = out + (pb[0] * O + o0) * (long)P + pj[0];
-                for (long oo = 0; oo < oc; oo++)
-                    for (int r = 0; r < rw; r++)
-                        o[oo * P + r] = tile[r * OBW + oo];
             } else {
-                for (int r = 0; r < rw; r++)
-                    for (long oo = 0; oo < oc; oo++)
-                        out[(pb[r] * O + o0 + oo) * (long)P + pj[r]] = tile[r * OBW + oo];
+                for (int r = 0; r < rw; r++) {
+                    const long b = pb[r], j = pj[r];
+                    (void)b; (void)j;
+                    for (long oo = 0; oo < oc; oo++) {
+                        const long i = o0 + oo;
+                        const float acc = tt[oo * RW + r];
+                        (void)i;
+                        out[(b * O + i) * (long)P + j] = {{EPILOGUE}};
+                    }
+                }
             }
         }
     }
