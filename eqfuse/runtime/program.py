@@ -257,6 +257,8 @@ class Runner:
             st["outs"] = ffi.new("void *[]", max(len(self.kg.outputs), 1))
             st["failed"] = ffi.new("long *")
             st["pool"] = [None] * len(self.kg.outputs)
+            st["held"] = [None] * len(self.kg.inputs)  # the arrays `ins` points into (kept alive)
+            st["held_packs"] = [None] * len(self.mem.prepacks)  # the weights whose panels it points to
             for k, c in enumerate(self.consts):
                 st["ins"][len(self.kg.inputs) + k] = ffi.from_buffer(c)
         return st
@@ -268,11 +270,19 @@ class Runner:
             return [self._copy(k, arrays, []) for k in range(len(self.kg.outputs))]
         st = self._state()
         ins, outs_p, pool, fb = st["ins"], st["outs"], st["pool"], self.ffi.from_buffer
+        # An array that is the one of the last call (a weight bound by params=) keeps its pointer
+        # and its packed panels: per call, only the arrays that changed are looked at.
+        held = st["held"]
         for k, a in enumerate(arrays):
-            ins[k] = fb(a)
+            if a is not held[k]:
+                ins[k] = fb(a)
+                held[k] = a
         base = self.mem.slots - len(self.mem.prepacks)
+        packs = st["held_packs"]
         for k, (s, pos) in enumerate(self.mem.prepacks):
-            ins[base + k] = fb(self._panels(s, arrays[pos]))
+            if arrays[pos] is not packs[k]:
+                ins[base + k] = fb(self._panels(s, arrays[pos]))
+                packs[k] = arrays[pos]
         outs: list = [None] * len(self.out_shapes)
         getrefcount = sys.getrefcount
         for k, (shape, dt) in enumerate(self.out_shapes):
