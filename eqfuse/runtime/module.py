@@ -83,6 +83,7 @@ class GraphFunction:
         names = [n for n, _ in source.params]
         self._passed = Graph(source.name, list(source.nodes),
                              [i for i, n in zip(source.inputs, names) if n not in self.params], [])
+        self._run_names = [n for n, _ in optimized.params]  # (the run's arrays, in its order)
         self.cache: dict[tuple, Compiled] = {}
         self.last: Compiled | None = None
         self._lock = threading.Lock()
@@ -107,7 +108,7 @@ class GraphFunction:
         dims = bind_arrays(self._passed, [named[n] for n in self.free], self.dims)
         c = self.compiled(dims)
         # The optimized graph's params may differ from the source's: folding replaces bound ones.
-        outs = c.run([named[n] for n, _ in self.optimized.params],
+        outs = c.run([named[n] for n in self._run_names],
                      self.threads if self.threads is not None else env_threads())
         if self.verify:
             bad = compare(outs, evaluate(self.source, [named[n] for n, _ in self.source.params]))
