@@ -12,7 +12,10 @@
  * rows and images: a 2x2 map of two images is one tile of 8) x OBW output channels, RW x V vector
  * accumulators; per input channel one weight vector load per V and one broadcast per pixel.
  * Threads share the (channel block, pixel tile) pairs, channel blocks outermost (each thread
- * then streams its own share of the weights). */
+ * then streams its own share of the weights).
+ * Between two direct convs (IN_BLOCKED {{IN_BLOCKED}}, OUT_BLOCKED {{OUT_BLOCKED}}) the tensor is kept in
+ * blocks of VL channels, [N][C / VL][H][W][VL]: the producer stores the tile's vectors as they
+ * are, the consumer copies rows of blocks into its padded copy. */
 #define {{NAME}}_DIMS                                                                              \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}},   \
            OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, CB = {{CB}},                  \
@@ -62,8 +65,15 @@ static inline void {{NAME}}_pad_row(const float* restrict x, float* restrict xp,
     memset(dst, 0, sizeof(float) * PW * CB);
     if (WP > PW + iw1)
         memset(dst + (PW + iw1) * CB, 0, sizeof(float) * (WP - PW - iw1) * CB);
-    const float* restrict src = x + ((n * C + cb * CB) * H + ih) * W;
     float* restrict d = dst + PW * CB;
+#if {{IN_BLOCKED}}
+    /* the input in blocks of CB channels already ([N][C / CB][H][W][CB], made by the conv that
+     * produced it): a row of the block is the padded row's interior */
+    (void)cn;
+    memcpy(d, x + ((n * NCB + cb) * H + ih) * (long)W * CB, sizeof(float) * iw1 * CB);
+    return;
+#endif
+    const float* restrict src = x + ((n * C + cb * CB) * H + ih) * W;
     if (cn == CB) {
         for (long iw = 0; iw < iw1; iw++)
 #pragma GCC unroll 16
@@ -183,6 +193,27 @@ void {{NAME}}({{PARAMS}})
             }
             float tile[RW * OBW] __attribute__((aligned(64)));
             {{NAME}}_tile(xp, xoff, w + ob * ((long)NCB * KH * KW * CB * OBW), tile);
+#if {{OUT_BLOCKED}}
+            /* the output in blocks of VL channels ([N][O / VL][OH][OW][VL]: the next conv reads it
+             * so, see eqfuse.backend.conv_direct.block_between_convs): the epilogue along each
+             * pixel's channels and a vector store per VL of them */
+            const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
+            for (int r = 0; r < rw; r++) {
+                const long b = pb[r], j = pj[r];
+                (void)b; (void)j;
+                for (long v0 = 0; v0 < oc; v0 += VL) {
+                    float* restrict dst = out + ((b * (O / VL) + (o0 + v0) / VL) * (long)P + j) * VL;
+                    const float* restrict src = tile + r * OBW + v0;
+#pragma omp simd
+                    for (long l = 0; l < VL; l++) {
+                        const long i = o0 + v0 + l;
+                        const float acc = src[l];
+                        (void)i;
+                        dst[l] = {{EPILOGUE}};
+                    }
+                }
+            }
+#else
             /* NCHW keeps a channel's pixels together: the tile transposed (channels x pixels),
              * then the epilogue along each channel's pixels, where a residual or any tensor of
              * the output's shape is read contiguously, as the result is stored */
@@ -219,6 +250,7 @@ void {{NAME}}({{PARAMS}})
                     }
                 }
             }
+#endif
         }
     }
 }

@@ -188,3 +188,47 @@ def test_bound_weights_are_blocked_once_by_the_runtime():
     d = c.plans[step].detail
     assert blocks.size == -(-16 // d.obw) * d.obw * -(-8 // d.cb) * d.cb * 9  # [NOB][NCB][KH][KW][CB][OBW]
     assert any("blocked once" in u.what for u in c.plans[step].uops)
+
+
+CHAIN = """
+graph t(x: f32[{N}, {C}, {H}, {H}], w1: f32[{M}, {C}, 3, 3], b1: f32[{M}], w2: f32[{O}, {M}, 3, 3],
+        r: f32[{N}, {O}, {H}, {H}]) -> f32[{N}, {O}, {H}, {H}] {{
+  y = relu(conv2d(x, w1, b1, padding=1))
+  return relu(conv2d(y, w2, padding=1) + r){extra}
+}}
+"""
+
+
+@pytest.mark.parametrize("model", ["avx2", "zen4"])
+@pytest.mark.parametrize("N,C,H,M,O", [(2, 16, 8, 32, 16), (1, 3, 9, 16, 24), (2, 20, 5, 48, 32)])
+def test_the_blocked_layout_is_kept_between_two_direct_convs(model, N, C, H, M, O):
+    # y is read only by the second conv, as its input: stored and read in blocks of VL channels
+    src = CHAIN.format(N=N, C=C, H=H, M=M, O=O, extra="")
+    xs = {"x": _rand(N, C, H, H), "w1": _rand(M, C, 3, 3, seed=1) * 0.2, "b1": _rand(M, seed=2),
+          "w2": _rand(O, M, 3, 3, seed=3) * 0.2, "r": _rand(N, O, H, H, seed=4)}
+    with pinned(model):
+        mod = eqfuse.compile(src, params={"w1": xs["w1"], "w2": xs["w2"]})
+        args = {k: v for k, v in xs.items() if k not in ("w1", "w2")}
+        for _ in range(2):
+            np.testing.assert_allclose(mod(**args), eqfuse.reference(src)(**xs), rtol=1e-4, atol=1e-4)
+    first, second = [p for p in mod.functions["t"].last.plans if p.kind == "conv2d"]
+    assert (first.detail.in_blocked, first.detail.out_blocked) == (False, True)
+    assert (second.detail.in_blocked, second.detail.out_blocked) == (True, False)
+    assert any("blocks of" in u.what for u in first.uops) and any("in blocks already" in u.what for u in second.uops)
+
+
+def test_a_result_read_by_another_kernel_or_returned_stays_nchw():
+    # y is also a graph output (and read by a pointwise kernel): no blocked layout anywhere
+    src = """
+graph t(x: f32[1, 16, 6, 6], w1: f32[16, 16, 3, 3], w2: f32[16, 16, 3, 3]) -> (f32[1, 16, 6, 6], f32[1, 16, 6, 6]) {
+  y = relu(conv2d(x, w1, padding=1))
+  return conv2d(y, w2, padding=1), y
+}
+"""
+    xs = {"x": _rand(1, 16, 6, 6), "w1": _rand(16, 16, 3, 3, seed=1), "w2": _rand(16, 16, 3, 3, seed=2)}
+    mod = eqfuse.compile(src)
+    for got, want in zip(mod(**xs), eqfuse.reference(src)(**xs)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for p in mod.functions["t"].last.plans:
+        if p.kind == "conv2d":
+            assert not p.detail.in_blocked and not p.detail.out_blocked

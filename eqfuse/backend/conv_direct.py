@@ -9,7 +9,10 @@ params=. Its register tile is RW output pixels (consecutive across rows and imag
 batchnorm, relu, a residual add: any pointwise ops) is applied to each tile as it is stored.
 
 `plan_conv_direct` decides by `use_direct` (a cost rule) and, when direct, is the conv's
-whole plan; otherwise the caller plans the im2col GEMM. EQFUSE_CONV=direct|im2col forces a path,
+whole plan; otherwise the caller plans the im2col GEMM. Once every kernel is planned,
+`block_between_convs` keeps the blocked channel layout ([N][C / VL][H][W][VL]) on the tensors
+that pass from one direct conv to another and nowhere else: the graph's inputs and outputs,
+and every tensor another kind of kernel reads, stay NCHW. EQFUSE_CONV=direct|im2col forces a path,
 EQFUSE_CONV_TILE=V,RW,ROWS a register tile (both to measure the alternatives).
 """
 
@@ -23,6 +26,7 @@ from eqfuse.backend.emit_gemm import _ct, _epilogue
 from eqfuse.backend.lower_gemm import Prepack, cdiv, parallel
 from eqfuse.backend.machine import Machine
 from eqfuse.backend.plan import F32, KernelPlan, UOp, ops_text, pointwise_flops
+from eqfuse.ir.graph import Graph
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,10 @@ class ConvDirectDetail:
     rows: bool  # a tile's pixels are in one output row (else any RW consecutive pixels)
     parallel: bool  # the kernel opens a parallel region (lower_gemm.parallel's rule)
     prepack: Prepack | None = None  # the weights bound by params=, blocked once (`mark_bound`)
+    # the input is (the output will be) in blocks of VL channels, [N][C / VL][H][W][VL], between two
+    # direct convs (`block_between_convs`)
+    in_blocked: bool = False
+    out_blocked: bool = False
     pixels_as_rows: bool = False  # (an im2col GEMM's orientation: never here)
 
     @property
@@ -187,4 +195,46 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
-                  RW=d.rw, ROWS=int(d.rows))
+                  RW=d.rw, ROWS=int(d.rows),
+                  IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked))
+
+
+def _reads_blocked(q: KernelPlan, k: int, vl: int) -> bool:
+    """Whether plan q can read its k-th argument in blocks of vl channels: q is a direct conv whose
+    input x is that argument (read by nothing else in q, not through a view) in blocks of vl."""
+    d = q.detail
+    if not isinstance(d, ConvDirectDetail) or k in q.in_strides or d.vl != vl or d.cb != vl or d.C % vl:
+        return False
+    body = q.body
+    x = body.inputs[k]
+    return body.nodes[q.shape.anchor].args[0] == x and sum(a == x for n in body.nodes for a in n.args) == 1
+
+
+def block_between_convs(kg: Graph, plans: list[KernelPlan]) -> None:
+    """Keep the blocked channel layout between direct convs: a direct conv's result that only
+    direct convs read, each as its input x, is stored in blocks of VL channels ([N][O / VL][OH]
+    [OW][VL], the same size when VL divides O), and its readers copy rows of those blocks into
+    their padded input (a memcpy per row) instead of gathering VL channel planes. The epilogue
+    then stores whole vectors (no transposition of the tile). Graph outputs, results written
+    into another tensor's storage and results any other kernel reads stay NCHW: the layout
+    changes only inside the compiled graph."""
+    readers: dict[int, list[tuple[KernelPlan, int]]] = {}
+    for q in plans:
+        for k, a in enumerate(q.args):
+            readers.setdefault(a, []).append((q, k))
+    for p in plans:
+        d = p.detail
+        if not isinstance(d, ConvDirectDetail) or d.O % d.vl or p.node in kg.outputs or p.into is not None \
+                or p.out_strides is not None:
+            continue
+        rs = readers.get(p.node, [])
+        if not rs or not all(_reads_blocked(q, k, d.vl) for q, k in rs):
+            continue
+        p.detail = replace(d, out_blocked=True)
+        p.uops = [replace(u, what=f"tile through the epilogue into blocks of {d.vl} channels (read by the next conv)")
+                  if u.op == "Store" else u for u in p.uops]
+        for q, _ in rs:
+            q.detail = replace(q.detail, in_blocked=True)
+            q.uops = [replace(u, what=u.what.replace("input to a zero-padded copy", "input, in blocks already, "
+                                                     "to a zero-padded copy (a row copy)"))
+                      for u in q.uops]
