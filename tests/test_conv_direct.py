@@ -201,8 +201,11 @@ graph t(x: f32[{N}, {C}, {H}, {H}], w1: f32[{M}, {C}, 3, 3], b1: f32[{M}], w2: f
 
 @pytest.mark.parametrize("model", ["avx2", "zen4"])
 @pytest.mark.parametrize("N,C,H,M,O", [(2, 16, 8, 32, 16), (1, 3, 9, 16, 24), (2, 20, 5, 48, 32)])
-def test_the_blocked_layout_is_kept_between_two_direct_convs(model, N, C, H, M, O):
+def test_the_blocked_layout_is_kept_between_two_direct_convs(model, N, C, H, M, O, monkeypatch):
     # y is read only by the second conv, as its input: stored and read in blocks of VL channels
+    # (the channel-vector kernel's layout: the pixel-vector kernel, which few channels would
+    # take, writes NCHW; test_a_pixel_vector_conv_keeps_nchw)
+    monkeypatch.setenv("EQFUSE_CONV_PIXELS", "0")
     src = CHAIN.format(N=N, C=C, H=H, M=M, O=O, extra="")
     xs = {"x": _rand(N, C, H, H), "w1": _rand(M, C, 3, 3, seed=1) * 0.2, "b1": _rand(M, seed=2),
           "w2": _rand(O, M, 3, 3, seed=3) * 0.2, "r": _rand(N, O, H, H, seed=4)}
@@ -231,4 +234,58 @@ graph t(x: f32[1, 16, 6, 6], w1: f32[16, 16, 3, 3], w2: f32[16, 16, 3, 3]) -> (f
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     for p in mod.functions["t"].last.plans:
         if p.kind == "conv2d":
+            assert not p.detail.in_blocked and not p.detail.out_blocked
+
+
+PIXEL_CASES = {  # (N, C, H, O, k, stride, padding): at most one vector of output channels
+    "stem 7x7/2, 3 -> 16": (2, 3, 20, 16, 7, 2, 3),
+    "3x3/1, 16 at 16x16": (2, 16, 16, 16, 3, 1, 1),
+    "5x5/3, 4 -> 5, 31x31": (1, 4, 31, 5, 5, 3, 1),
+    "5x5/1, 6 -> 12, no padding": (1, 6, 21, 12, 5, 1, 0),
+}
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["weights", "bound-weights"])
+@pytest.mark.parametrize("case", list(PIXEL_CASES))
+def test_pixel_vector_kernel_matches_the_reference(case, bound):
+    # few output channels and a wide map: the pixels go in the vector lanes (conv_pixels.c)
+    with pinned("zen4") as m:
+        if m.simd_floats < 16:
+            pytest.skip("16-lane tiles on a host without AVX-512")
+        conv = _check(*PIXEL_CASES[case], bound=bound)
+    d = conv.detail
+    assert d.pixels is not None and (d.prepack is not None) == bound
+    assert "output pixels in the vector lanes" in conv_source(conv)
+
+
+def conv_source(plan) -> str:
+    from eqfuse.backend.conv_direct import emit_conv_direct
+
+    return emit_conv_direct(plan)
+
+
+@pytest.mark.parametrize("model", ["avx2", "xeon-spr"])
+def test_pixel_vector_kernel_on_pinned_machines(model):
+    with pinned(model):
+        conv = _check(2, 8, 12, 8, 3, 1, 1, bound=True)
+    assert conv.detail.pixels is not None
+
+
+def test_pixel_vectors_can_be_turned_off_and_wide_channels_never_use_them(monkeypatch):
+    monkeypatch.setenv("EQFUSE_CONV_PIXELS", "0")
+    assert _check(2, 16, 16, 16, 3, 1, 1, bound=True).detail.pixels is None
+    monkeypatch.delenv("EQFUSE_CONV_PIXELS")
+    assert _check(2, 16, 16, 64, 3, 1, 1, bound=True).detail.pixels is None  # 64 channels: 4 vectors
+    assert _check(2, 16, 3, 16, 3, 1, 1, bound=True).detail.pixels is None  # 3 pixels a row: lanes idle
+
+
+def test_a_pixel_vector_conv_keeps_nchw():
+    src = CHAIN.format(N=2, C=16, H=16, M=16, O=16, extra="")
+    xs = {"x": _rand(2, 16, 16, 16), "w1": _rand(16, 16, 3, 3, seed=1) * 0.2, "b1": _rand(16, seed=2),
+          "w2": _rand(16, 16, 3, 3, seed=3) * 0.2, "r": _rand(2, 16, 16, 16, seed=4)}
+    mod = eqfuse.compile(src, params={"w1": xs["w1"], "w2": xs["w2"]})
+    np.testing.assert_allclose(mod(**{k: xs[k] for k in ("x", "b1", "r")}), eqfuse.reference(src)(**xs),
+                               rtol=1e-4, atol=1e-4)
+    for p in mod.functions["t"].last.plans:
+        if p.kind == "conv2d" and p.detail.pixels:
             assert not p.detail.in_blocked and not p.detail.out_blocked

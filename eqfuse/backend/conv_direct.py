@@ -55,6 +55,9 @@ class ConvDirectDetail:
     # direct convs (`block_between_convs`)
     in_blocked: bool = False
     out_blocked: bool = False
+    # pixels in the vector lanes (csrc_templates/conv_pixels.c), (RO, RPH, RPW): RO output channels
+    # x RPH rows x RPW vectors of pixels; None: channels in the lanes (conv_direct.c)
+    pixels: tuple[int, int, int] | None = None
     pixels_as_rows: bool = False  # (an im2col GEMM's orientation: never here)
 
     @property
@@ -104,6 +107,27 @@ def choose_tile(m: Machine, shape: tuple[int, int, int, int, int, int]) -> tuple
     return min(cands, key=lambda t: (tile_cost(shape, m, *t), -t[0], -t[1], not t[2]))
 
 
+def pixel_tiles(simd_floats: int) -> list[tuple[int, int, int]]:
+    """(RO, RPH, RPW) tiles of the pixel-vector kernel: RO x RPH x RPW accumulators, the RPH x RPW
+    input vectors and one broadcast weight fit the vector registers."""
+    regs = 32 if simd_floats >= 16 else 16
+    return [(ro, rph, rpw) for ro in (2, 4, 6, 8, 12, 16) for rph in (1, 2, 3, 4) for rpw in (1, 2, 3)
+            if ro * rph * rpw + rph * rpw + 1 <= regs]
+
+
+def choose_pixel_tile(m: Machine, N: int, OH: int, OW: int, O: int) -> tuple[int, int, int]:
+    """The pixel-vector tile of least work (padding pixels and channels included) per load of
+    its inner step (RPH x RPW vectors, RO broadcasts for RO x RPH x RPW FMAs), at least 5
+    cycles a step (an FMA's latency); ties go to fewer rows."""
+    vl = m.simd_floats
+
+    def cost(t):
+        ro, rph, rpw = t
+        tiles = cdiv(O, ro) * N * cdiv(OH, rph) * cdiv(OW, rpw * vl)
+        return tiles * max(ro * rph * rpw / 2, 5, (ro + rph * rpw) / 1.5), rph, -ro
+    return min(pixel_tiles(vl), key=cost)
+
+
 def use_direct(KH: int, KW: int, SH: int, SW: int) -> bool:
     """Whether the direct kernel runs a conv rather than im2col + GEMM: when its windows overlap
     (a stride smaller than the window). im2col's column matrix holds each input element
@@ -135,6 +159,10 @@ def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
     vl = m.simd_floats
     cb = min(C, vl)
     v, rw, rows = choose_tile(m, (N, OH, OW, O, cb * KW, cdiv(C, cb) * KH))
+    # one vector of output channels: each FMA would need its own broadcast input value; with
+    # the pixels in the lanes, RO broadcast weights serve RPH x RPW vectors of pixels
+    pixels = choose_pixel_tile(m, N, OH, OW, O) if v == 1 and 2 * OW >= vl and \
+        os.environ.get("EQFUSE_CONV_PIXELS", "1") != "0" else None
     if os.environ.get("EQFUSE_CONV_TILE"):  # "V,RW,ROWS": a tile forced, to measure others
         v, rw, rows = (int(t) for t in os.environ["EQFUSE_CONV_TILE"].split(","))
         if (v, rw) not in register_tiles(vl, bool(rows)):
@@ -142,9 +170,11 @@ def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
         rows = bool(rows)
     par = parallel(NP, O, K, 1)
     d = ConvDirectDetail(N, C, H, W, O, KH, KW, OH, OW, (sh, sw), _pair(cv.attr["padding"]), cb, vl, v, rw, rows,
-                         par)
+                         par, pixels=pixels)
     plan.detail = d
     plan.tiles = {"cb": cb, "obw": d.obw, "rw": rw, "rows": int(rows)}  # (constants of the C)
+    if pixels:
+        plan.tiles = dict(zip(("ro", "rph", "rpw"), pixels))
     plan.flops = 2 * NP * O * K + pointwise_flops(body)
     ncb, nob = cdiv(C, cb), cdiv(O, d.obw)
     nt = N * OH * cdiv(OW, rw) if rows else cdiv(NP, rw)
@@ -165,7 +195,31 @@ def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
         UOp(1, "Exec", f"{rw} x {d.obw} register tile over {ncb} x {KH} taps of {KW} x {cb} FMA steps",
             nob * nt * ncb * KH),
         UOp(1, "Store", f"tile through the epilogue ({epi or 'none'}) into NCHW", nob * nt)]
+    if pixels:
+        _pixel_plan(plan, m, epi)
     return True
+
+
+def _pixel_plan(plan: KernelPlan, m: Machine, epi: str) -> None:
+    """The cache check, thread rule and uops of a pixel-vector conv (conv_pixels.c)."""
+    d = plan.detail
+    ro, rph, rpw = d.pixels
+    tw = rpw * d.vl
+    nt = cdiv(d.O, ro) * d.N * cdiv(d.OH, rph) * cdiv(d.OW, tw)
+    hp, wq = (cdiv(d.OH, rph) * rph - 1) * d.stride[0] + d.KH, cdiv(d.OW, tw) * tw + (d.KW - 1) // d.stride[1] + 1
+    regs = ro * rph * rpw + rph * rpw + 1
+    plan.cache_check = (f"registers: {ro} x {rph} x {rpw} accumulators + {rph * rpw} pixel vectors + 1 broadcast = "
+                        f"{regs} vectors <= {32 if m.simd_floats >= 16 else 16}: ok")
+    if d.parallel:
+        plan.threads = f"the {nt} tiles ({ro} channels x {rph} rows x {tw} pixels) split evenly"
+    plan.uops = [
+        UOp(0, "Exec", "weights to [C][KH][KW][OPAD] (once when bound by params=)", 1),
+        UOp(0, "Load", f"input to a zero-padded copy, rows split by column phase [N][{d.C}][{hp}][{d.stride[1]}][{wq}]",
+            d.N * d.C * hp),
+        UOp(0, "Loop", f"{nt} tiles of {ro} output channels x {rph} rows x {tw} pixels", nt),
+        UOp(1, "Exec", f"{rph * rpw} pixel vectors x {ro} broadcast weights per input channel and tap",
+            nt * d.C * d.KH * d.KW),
+        UOp(1, "Store", f"tile through the epilogue ({epi or 'none'}) into NCHW, a channel's pixels together", nt)]
 
 
 def mark_bound(plan: KernelPlan, bound: set[int]) -> None:
@@ -191,6 +245,13 @@ def emit_conv_direct(plan: KernelPlan) -> str:
     if bias and cv.args[2] not in dict(extras):
         extras.append((cv.args[2], bias))
     decls = "\n".join(f"    const {_ct(body, i)}* restrict {name} = {ptrs[i]};" for i, name in extras)
+    if d.pixels:
+        ro, rph, rpw = d.pixels
+        return render("conv_pixels.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
+                      WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
+                      EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
+                      SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], VL=d.vl, RO=ro, RPH=rph,
+                      RPW=rpw)
     return render("conv_direct.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
@@ -203,7 +264,8 @@ def _reads_blocked(q: KernelPlan, k: int, vl: int) -> bool:
     """Whether plan q can read its k-th argument in blocks of vl channels: q is a direct conv whose
     input x is that argument (read by nothing else in q, not through a view) in blocks of vl."""
     d = q.detail
-    if not isinstance(d, ConvDirectDetail) or k in q.in_strides or d.vl != vl or d.cb != vl or d.C % vl:
+    if not isinstance(d, ConvDirectDetail) or d.pixels or k in q.in_strides or d.vl != vl or d.cb != vl \
+            or d.C % vl:
         return False
     body = q.body
     x = body.inputs[k]
@@ -224,7 +286,8 @@ def block_between_convs(kg: Graph, plans: list[KernelPlan]) -> None:
             readers.setdefault(a, []).append((q, k))
     for p in plans:
         d = p.detail
-        if not isinstance(d, ConvDirectDetail) or d.O % d.vl or p.node in kg.outputs or p.into is not None \
+        if not isinstance(d, ConvDirectDetail) or d.pixels or d.O % d.vl or p.node in kg.outputs \
+                or p.into is not None \
                 or p.out_strides is not None:
             continue
         rs = readers.get(p.node, [])
