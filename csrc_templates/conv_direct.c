@@ -119,7 +119,7 @@ static inline void {{NAME}}_tile(const float* restrict xp, const long* restrict 
 #pragma GCC unroll 8
                 for (int v = 0; v < V; v++) {
                     wv[v] = *(const {{NAME}}_vfu*)(wk + t * OBW + v * VL);
-#if defined(__x86_64__)
+#if defined(__x86_64__) && (defined(__AVX512F__) || ({{VL}} <= 8 && defined(__AVX__)) || {{VL}} <= 4) /* (a vector register holds it) */
                     /* in a register: gcc would otherwise fold the load into each of the RW
                      * FMAs that read it (RW x V loads instead of V) */
                     __asm__("" : "+v"(wv[v]));

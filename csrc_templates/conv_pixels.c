@@ -71,7 +71,7 @@ static inline void {{NAME}}_tile(const float* restrict xq, const float* restrict
                 for (int p = 0; p < RPH * RPW; p++) {
                     xv[p] = *(const {{NAME}}_vfu*)(xr + (p / RPW) * SH * SW * WQ + (kw % SW) * WQ + kw / SW
                                                    + (p % RPW) * VL);
-#if defined(__x86_64__)
+#if defined(__x86_64__) && (defined(__AVX512F__) || ({{VL}} <= 8 && defined(__AVX__)) || {{VL}} <= 4) /* (a vector register holds it) */
                     __asm__("" : "+v"(xv[p])); /* (in a register, not reloaded by each FMA) */
 #endif
                 }
