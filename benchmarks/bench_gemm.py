@@ -14,7 +14,23 @@ Each (machine, thread count) runs in its own subprocess: OpenBLAS reads OPENBLAS
 once, at import. Columns are GFLOP/s (2*M*N*K / median seconds; "prepacked B" reads B from panels packed once,
 as for a weight bound by params=) and, for the transformer layer
 (examples/transformer.g, B=1, eqfuse.compile with its weights bound), the median ms of a call.
-Every result is checked against float64 numpy first.
+Every result is checked against float64 numpy first. The epilogue is the op table's relu,
+`eqf_relu` (NaN-propagating, vectorized), as a compiled graph's GEMM has it: libm's `fmaxf`,
+which this table once used, does not vectorize without -ffinite-math-only and cost 1024^3 a
+seventh of its speed (prepacked, one Zen 5 thread: 222 against 258 GFLOP/s).
+
+`--small` measures instead the few-rows shapes of batch 1-16 inference (M = 1, 8, 16 x K, N in
+768-3072) on one thread, interleaved in one process: y = x @ W + b with W and b bound, as
+eqfuse.compile runs it (the skinny path, csrc_templates/gemm_skinny.c; "kernel": its GEMM alone,
+without the Module call), the blocked GEMM over the same prepacked W (csrc_templates/gemm.c,
+the path before), onnxruntime (one MatMul+Add
+node, W and b initializers, ORT_ENABLE_ALL, 1 intra-op thread) and numpy (x @ W + b). Columns:
+median us of `--rounds` rounds (each the median of `--repeat` calls), the spread (max - min
+over the rounds, % of the median), and the GB/s at which W streams (K x N x 4 bytes / time).
+
+`--tiles` checks the derived per-CPU choices (eqfuse.backend.machine) on this machine: the
+blocked GEMM's register tile at 1024^3 and the skinny tile at 8 and 16 rows, each against its
+neighbours, interleaved in one process on one thread (GFLOP/s, median of the rounds).
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ import sys
 from pathlib import Path
 
 SHAPES = [(128, 768, 768), (32, 3072, 768), (1024, 1024, 1024)]  # (M, N, K)
+SMALL = [(M, N, K) for M in (1, 8, 16) for K, N in ((768, 768), (768, 3072), (3072, 768), (1024, 1024))]
 MODEL = Path(__file__).resolve().parent.parent / "examples" / "transformer.g"
 
 
@@ -88,7 +105,7 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
         t = gemm_tiles(M, N, K, machine())
         # "bench_gemm" packs B in each call; "bench_pre" reads the panels bench_pre_prepack made
         # once, as a compiled graph does for a weight bound by params=
-        srcs = [emit_gemm(name, M=M, N=N, K=K, lda=K, ldb=N, ldc=N, epilogue="fmaxf(acc + bias[j], 0.0f)",
+        srcs = [emit_gemm(name, M=M, N=N, K=K, lda=K, ldb=N, ldc=N, epilogue="eqf_relu(acc + bias[j])",
                           extras=[("float", "bias")], parallel=parallel(M, N, K, 1), prepacked_b=pre)
                 for name, pre in (("bench_gemm", False), ("bench_pre", True))]
         built = build(template("common.h") + COMMON_C + "\n".join(s for s, _ in srcs),
@@ -107,9 +124,9 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
         flops = 2.0 * M * N * K
         rows.append({"what": f"{M}x{N}x{K}", "machine": mname, "threads": threads,
                      "tile": f"{t['mr']}x{t['nr']} kc={t['kc']}",
-                     "np": flops / median(lambda: a @ b) / 1e9,
-                     "eqfuse": flops / median(lambda: lib.bench_gemm(pa, pb, pc, pbias)) / 1e9,
-                     "prepacked": flops / median(lambda: lib.bench_pre(pa, pp, pc, pbias)) / 1e9})
+                     "np": flops / median(lambda a=a, b=b: a @ b) / 1e9,
+                     "eqfuse": flops / median(lambda f=lib.bench_gemm, args=(pa, pb, pc, pbias): f(*args)) / 1e9,
+                     "prepacked": flops / median(lambda f=lib.bench_pre, args=(pa, pp, pc, pbias): f(*args)) / 1e9})
     if layer:
         from eqfuse.frontend.load import load
 
@@ -125,14 +142,212 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
     return rows
 
 
+def measure_small(repeat: int, rounds: int) -> list[dict]:
+    """The `--small` table, in one process on one thread (run by main in a child, after
+    OPENBLAS_NUM_THREADS=1 and OMP_NUM_THREADS=1)."""
+    import statistics
+    import time
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    pin("host")
+    import eqfuse
+    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template
+    from eqfuse.backend.gemm import emit_gemm
+    from eqfuse.backend.gemm_skinny import emit_gemm_skinny
+    from eqfuse.backend.lower_gemm import parallel
+
+    def median(fn) -> float:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for M, N, K in SMALL:
+        x = rng.standard_normal((M, K), dtype=np.float32)
+        w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+        b = rng.standard_normal(N, dtype=np.float32)
+        want = x.astype(np.float64) @ w + b
+        src = f"graph f(x: f32[{M}, {K}], w: f32[{K}, {N}], b: f32[{N}]) -> f32[{M}, {N}] {{ return x @ w + b }}"
+        mod = eqfuse.compile(src, params={"w": w, "b": b}, threads=1)
+        tiles = mod.kernels[0].tiles
+        code, cdef = emit_gemm("blk", M=M, N=N, K=K, lda=K, ldb=N, ldc=N, epilogue="acc + bias[j]",
+                               extras=[("float", "bias")], parallel=parallel(M, N, K, 1), prepacked_b=True)
+        # the plan's skinny kernel alone, without the Module call around it
+        assert "groups" in tiles, f"{M}x{N}x{K} is not on the skinny path: {tiles}"
+        scode, scdef = emit_gemm_skinny("sk", M=M, N=N, K=K, lda=K, ldb=N, ldc=N, mr=tiles["mr"], nr=tiles["nr"],
+                                        pf=tiles["pf"], epilogue="acc + bias[j]", extras=[("float", "bias")],
+                                        parallel=parallel(M, N, K, 1))
+        built = build(template("common.h") + COMMON_C + code + scode, COMMON_CDEF + "\n" + cdef + "\n" + scdef,
+                      "bench_small")
+        ffi, lib = built.ffi, built.lib
+        lib.eqf_set_threads(1)
+        panels = np.empty(lib.blk_prepack_floats(), np.float32)
+        spanels = np.empty(lib.sk_prepack_floats(), np.float32)
+        c = np.empty((M, N), np.float32)
+        px, pw, pc, pb, pp, ps = (ffi.cast("float*", ffi.from_buffer(a)) for a in (x, w, c, b, panels, spanels))
+        lib.blk_prepack(pw, pp)
+        lib.sk_prepack(pw, ps)
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["y"])], "mm",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [M, N])],
+            [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
+        sess = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                    .SerializeToString(), so, providers=["CPUExecutionProvider"])
+        assert onnx is not None
+        peers = {"eqfuse": lambda mod=mod, x=x: mod(x), "kernel": lambda f=lib.sk, a=(px, ps, pc, pb): f(*a),
+                 "blocked": lambda f=lib.blk, a=(px, pp, pc, pb): f(*a),
+                 "onnxruntime": lambda s=sess, x=x: s.run(None, {"x": x}), "numpy": lambda x=x, w=w, b=b: x @ w + b}
+        lib.sk(px, ps, pc, pb)
+        cs = c.copy()
+        lib.blk(px, pp, pc, pb)
+        for name, got in (("eqfuse", mod(x)), ("kernel", cs), ("blocked", c),
+                          ("onnxruntime", sess.run(None, {"x": x})[0])):
+            err = float(np.abs(got - want).max() / np.abs(want).max())
+            assert err < 1e-4, f"{name} {M}x{N}x{K}: relative error {err}"
+        times = {k: [] for k in peers}
+        for _ in range(rounds):  # interleaved: a disturbance hits every peer alike
+            for k, fn in peers.items():
+                times[k].append(median(fn))
+        row = {"what": f"{M}x{N}x{K}", "tile": f"{tiles['mr']}x{tiles['nr']}"}
+        for k, ts in times.items():
+            med = statistics.median(ts)
+            row[k], row[k + "%"] = med * 1e6, (max(ts) - min(ts)) / med * 100
+        rows.append(row)
+    return rows
+
+
+def measure_tiles(repeat: int, rounds: int) -> None:
+    """The `--tiles` table (run in a child on one thread); prints it."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    pin("host")
+    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template
+    from eqfuse.backend.gemm import emit_gemm
+    from eqfuse.backend.gemm_skinny import emit_gemm_skinny
+    from eqfuse.backend.lower_gemm import gemm_blocking, gemm_tiles
+    from eqfuse.backend.machine import machine, skinny_tile
+
+    m = machine()
+    rng = np.random.default_rng(0)
+    wide = [(6, 64), (7, 64), (8, 48), (9, 48), (12, 32)] if m.simd_floats >= 16 else \
+        [(6, 16), (4, 24), (3, 24), (5, 16)] if m.simd_floats == 8 else [(6, 8), (4, 8), (3, 12)]
+    wide = [t for t in wide if t[1] % m.simd_floats == 0]
+    cases = []  # (M, N, K, label, emit)
+    M = N = K = 1024
+    t = gemm_tiles(M, N, K, m)
+    for mr, nr in wide:
+        mc, nc, kc, _, _ = gemm_blocking(m, mr, nr, t["kc"])
+        cases.append((M, N, K, f"{mr}x{nr}" + (" (derived)" if (mr, nr) == (t["mr"], t["nr"]) else ""),
+                      lambda nm, mr=mr, nr=nr, mc=mc, nc=nc, kc=kc, M=M, N=N, K=K: emit_gemm(
+                          nm, M=M, N=N, K=K, lda=K, ldb=N, ldc=N, blocking=(mc, nc, kc, mr, nr), parallel=False,
+                          prepacked_b=True)))
+    for M, N, K in ((8, 3072, 768), (16, 768, 3072)):
+        derived = skinny_tile(m.simd_floats, M)
+        w = m.simd_floats
+        for mr, nr in dict.fromkeys([derived, (M, w), (min(M, 8), 2 * w), (min(M, 6), 4 * w), (min(M, 4), 3 * w)]):
+            cases.append((M, N, K, f"skinny {mr}x{nr}" + (" (derived)" if (mr, nr) == derived else ""),
+                          lambda nm, M=M, N=N, K=K, mr=mr, nr=nr: emit_gemm_skinny(
+                              nm, M=M, N=N, K=K, lda=K, ldb=N, ldc=N, mr=mr, nr=nr, parallel=False)))
+    parts = [emit(f"t{i}") for i, (*_, emit) in enumerate(cases)]
+    built = build(template("common.h") + COMMON_C + "\n".join(p for p, _ in parts),
+                  COMMON_CDEF + "\n" + "\n".join(c for _, c in parts), "bench_tiles")
+    ffi, lib = built.ffi, built.lib
+    lib.eqf_set_threads(1)
+    ptr = lambda a: ffi.cast("float*", ffi.from_buffer(a))
+    runs, keep = [], []
+    for i, (M, N, K, label, _) in enumerate(cases):
+        a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
+        c, panels = np.empty((M, N), np.float32), np.empty(getattr(lib, f"t{i}_prepack_floats")(), np.float32)
+        getattr(lib, f"t{i}_prepack")(ptr(b), ptr(panels))
+        keep.append((a, b, c, panels))
+        args = [ptr(a), ptr(panels), ptr(c)]
+        fn = getattr(lib, f"t{i}")
+        fn(*args)
+        err = float(np.abs(c - a @ b).max())
+        assert err < 1e-3 * np.sqrt(K), (label, err)
+        runs.append((f"{M}x{N}x{K}", label, lambda fn=fn, args=args: fn(*args), 2.0 * M * N * K))
+    times: dict[int, list[float]] = {i: [] for i in range(len(runs))}
+    for _ in range(rounds):
+        for i, (*_, fn, _) in enumerate(runs):
+            for _ in range(2):
+                fn()
+            ts = []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            times[i].append(statistics.median(ts))
+    print(f"GFLOP/s, B prepacked, 1 thread, median of {rounds} interleaved rounds of {repeat} calls ({m})")
+    for i, (shape, label, _, flops) in enumerate(runs):
+        ts = times[i]
+        med = statistics.median(ts)
+        print(f"{shape:>15} {label:>22} {flops / med / 1e9:8.1f}  (spread {(max(ts) - min(ts)) / med * 100:3.0f}%)")
+
+
+def print_small(rows: list[dict], repeat: int, rounds: int) -> None:
+    print(f"us (spread % over {rounds} rounds of {repeat} calls; GB/s of W), 1 thread, y = x @ W + b, W bound")
+    head = (f"{'M x N x K':>15} {'tile':>6} {'eqfuse':>14} {'GB/s':>5} {'kernel':>13} {'GB/s':>5} {'blocked':>13} "
+            f"{'onnxruntime':>14} {'GB/s':>5} {'numpy':>14} {'ORT/eqf':>7}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        _, N, K = map(int, r["what"].split("x"))
+        gb = K * N * 4 / 1e3  # bytes / us / 1e3 = GB/s
+        cell = lambda k, r=r: f"{r[k]:8.1f} ({r[k + '%']:3.0f}%)"
+        print(f"{r['what']:>15} {r['tile']:>6} {cell('eqfuse'):>14} {gb / r['eqfuse']:5.1f} {cell('kernel'):>13} "
+              f"{gb / r['kernel']:5.1f} {cell('blocked'):>13} "
+              f"{cell('onnxruntime'):>14} {gb / r['onnxruntime']:5.1f} {cell('numpy'):>14} "
+              f"{r['onnxruntime'] / r['eqfuse']:7.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--threads", default="1")
     ap.add_argument("--machine", default="host,avx2,portable", help="comma-separated: host, avx2, portable")
     ap.add_argument("--no-layer", action="store_true", help="skip the transformer layer")
+    ap.add_argument("--small", action="store_true", help="the few-rows table (see above) instead")
+    ap.add_argument("--tiles", action="store_true", help="the derived tiles against their neighbours (see above)")
+    ap.add_argument("--rounds", type=int, default=5, help="--small and --tiles: interleaved rounds")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.tiles:
+        if args.child:
+            measure_tiles(args.repeat, args.rounds)
+            return
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, __file__, "--tiles", "--child", "tiles", "--repeat", str(args.repeat),
+               "--rounds", str(args.rounds)]
+        sys.exit(subprocess.run(cmd, env=env, check=False).returncode)
+    if args.small:
+        if args.child:
+            print(json.dumps(measure_small(args.repeat, args.rounds)))
+            return
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, __file__, "--small", "--child", "small", "--repeat", str(args.repeat),
+               "--rounds", str(args.rounds)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if out.returncode:
+            sys.exit(out.stderr)
+        print_small(json.loads(out.stdout.strip().splitlines()[-1]), args.repeat, args.rounds)
+        return
     if args.child:
         mname, t = args.child.split(":")
         print(json.dumps(measure(mname, int(t), args.repeat, not args.no_layer)))
@@ -143,7 +358,7 @@ def main() -> None:
             env = {**os.environ, "OPENBLAS_NUM_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
             cmd = [sys.executable, __file__, "--child", f"{mname}:{t}", "--repeat", str(args.repeat)]
             out = subprocess.run(cmd + (["--no-layer"] if args.no_layer else []), env=env, capture_output=True,
-                                 text=True)
+                                 text=True, check=False)
             if out.returncode:
                 sys.exit(out.stderr)
             rows += json.loads(out.stdout.strip().splitlines()[-1])

@@ -11,6 +11,7 @@ made by AOTAutograd. Calls interleaved in one process, 1 and 2 threads; median m
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import statistics
 import time
@@ -26,18 +27,24 @@ MLP = """graph mlp(x: f32[64, 784], onehot: f32[64, 10], w1: f32[784, 256], b1: 
 }"""
 
 B, S, D, H, F = 4, 64, 128, 4, 256
-ENCODER = f"""graph encoder(x: f32[{B}, {S}, {D}], wq: f32[{D}, {D}], wk: f32[{D}, {D}], wv: f32[{D}, {D}],
-                   wo: f32[{D}, {D}], g1: f32[{D}], be1: f32[{D}], w1: f32[{D}, {F}], b1: f32[{F}],
-                   w2: f32[{F}, {D}], b2: f32[{D}], target: f32[{B}, {S}, {D}]) -> f32 {{
-    q = transpose(reshape(x @ wq, shape=[{B}, {S}, {H}, {D // H}]), perm=[0, 2, 1, 3])
-    k = transpose(reshape(x @ wk, shape=[{B}, {S}, {H}, {D // H}]), perm=[0, 2, 1, 3])
-    v = transpose(reshape(x @ wv, shape=[{B}, {S}, {H}, {D // H}]), perm=[0, 2, 1, 3])
-    p = softmax(q @ transpose(k, perm=[0, 1, 3, 2]) * {(D // H) ** -0.5!r})
-    o = reshape(transpose(p @ v, perm=[0, 2, 1, 3]), shape=[{B}, {S}, {D}])
-    h1 = layernorm(x + o @ wo, g1, be1)
-    y = h1 + gelu(h1 @ w1 + b1) @ w2 + b2
-    return mean((y - target) * (y - target))
+
+
+def _encoder(S: int) -> str:
+    return f"""graph encoder(x: f32[{B}, {S}, {D}], wq: f32[{D}, {D}], wk: f32[{D}, {D}], wv: f32[{D}, {D}],
+                       wo: f32[{D}, {D}], g1: f32[{D}], be1: f32[{D}], w1: f32[{D}, {F}], b1: f32[{F}],
+                       w2: f32[{F}, {D}], b2: f32[{D}], target: f32[{B}, {S}, {D}]) -> f32 {{
+        q = transpose(reshape(x @ wq, shape=[{B}, {S}, {H}, {D // H}]), perm=[0, 2, 1, 3])
+        k = transpose(reshape(x @ wk, shape=[{B}, {S}, {H}, {D // H}]), perm=[0, 2, 1, 3])
+        v = transpose(reshape(x @ wv, shape=[{B}, {S}, {H}, {D // H}]), perm=[0, 2, 1, 3])
+        p = softmax(q @ transpose(k, perm=[0, 1, 3, 2]) * {(D // H) ** -0.5!r})
+        o = reshape(transpose(p @ v, perm=[0, 2, 1, 3]), shape=[{B}, {S}, {D}])
+        h1 = layernorm(x + o @ wo, g1, be1)
+        y = h1 + gelu(h1 @ w1 + b1) @ w2 + b2
+        return mean((y - target) * (y - target))
 }}"""
+
+
+ENCODER = _encoder(S)
 
 
 def _torch_losses():
@@ -83,13 +90,23 @@ def _stats(ts):
 def main() -> None:
     import torch
 
+    global S
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--cost", nargs="+", default=["memory"], choices=("memory", "time"),
+                    help="eqfuse's cost models, a column each (memory: attention's probabilities recomputed in "
+                         "its gradients; time: stored where the time model finds that faster)")
+    ap.add_argument("--seq", type=int, default=S, help="the encoder's sequence length")
+    ap.add_argument("--models", nargs="+", default=["mlp", "encoder"], choices=("mlp", "encoder"))
     args = ap.parse_args()
+    S = args.seq
+    sources = {"mlp": MLP, "encoder": _encoder(S)}
     losses = _torch_losses()
-    print(f"{'model':<9}{'thr':>4}{'eqfuse ms':>11}{'iqr%':>6}{'eager ms':>10}{'iqr%':>6}{'compile ms':>12}{'iqr%':>6}"
-          f"{'compile/eqfuse':>16}")
-    for name, src in (("mlp", MLP), ("encoder", ENCODER)):
+    print(f"{'model':<9}{'thr':>4}" + "".join(f"{'eqfuse[' + c + '] ms':>20}{'iqr%':>6}" for c in args.cost)
+          + f"{'eager ms':>10}{'iqr%':>6}{'compile ms':>12}{'iqr%':>6}{'compile/eqfuse':>16}")
+    for name in args.models:
+        src = sources[name]
         a = _arrays(name)
         data = ("x", "onehot", "target")
         wrt = [k for k in a if k not in data]
@@ -106,21 +123,24 @@ def main() -> None:
             return torch.autograd.grad(compiled(*order), params)
         for th in (1, 2):
             torch.set_num_threads(th)
-            step = eqfuse.compile(src, grad=wrt, threads=th)
-            out = step(**a)
-            for g, t in zip(out[1:], eager()):  # the gradients agree with torch's
-                np.testing.assert_allclose(g, t.numpy(), rtol=2e-3, atol=1e-5)
+            steps = {c: eqfuse.compile(src, grad=wrt, threads=th, cost=c) for c in args.cost}
+            for step in steps.values():
+                out = step(**a)
+                for g, t in zip(out[1:], eager()):  # the gradients agree with torch's
+                    np.testing.assert_allclose(g, t.numpy(), rtol=2e-3, atol=1e-5)
             comp()
-            runs = {"eqfuse": lambda: step(**a), "eager": eager, "compile": comp}
+            runs = {**{c: functools.partial(st, **a) for c, st in steps.items()}, "eager": eager, "compile": comp}
             times = {k: [] for k in runs}
             for _ in range(args.repeat):
                 for k, run in runs.items():
                     t0 = time.perf_counter()
                     run()
                     times[k].append(time.perf_counter() - t0)
-            (e, ei), (g, gi), (c, ci) = (_stats(times[k]) for k in ("eqfuse", "eager", "compile"))
-            print(f"{name:<9}{th:>4}{e:>11.3f}{ei:>6.0f}{g:>10.3f}{gi:>6.0f}{c:>12.3f}{ci:>6.0f}{c / e:>16.2f}", flush=True)
-    print("compile/eqfuse > 1: eqfuse's step is faster than torch.compile's.")
+            ours = [_stats(times[c]) for c in args.cost]
+            (g, gi), (c, ci) = (_stats(times[k]) for k in ("eager", "compile"))
+            print(f"{name:<9}{th:>4}" + "".join(f"{e:>20.3f}{ei:>6.0f}" for e, ei in ours)
+                  + f"{g:>10.3f}{gi:>6.0f}{c:>12.3f}{ci:>6.0f}{c / ours[0][0]:>16.2f}", flush=True)
+    print(f"compile/eqfuse > 1: eqfuse's step (cost {args.cost[0]}) is faster than torch.compile's.")
 
 
 if __name__ == "__main__":

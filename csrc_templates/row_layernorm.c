@@ -1,33 +1,37 @@
 /* {{NAME}}: layernorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
- * Two-pass mean and variance over the row held in the output row (in cache). */
+ * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1). */
 EQF_WIDE_BEGIN
-/* {{NAME}}: layernorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
- * Two-pass mean and variance over the row held in the output row (in cache). */
 void {{NAME}}({{PARAMS}})
 {
 {{ROW_LOOP_PRAGMA}}
     for (long r = {{R0}}; r < {{ROWS}}; r++) {
         float* restrict y = out + ({{YBASE}});
 {{OFFSETS}}
-        float s = 0.0f;
+        float s = 0.0f, st;
         #pragma omp simd reduction(+:s)
-        for (long j = 0; j < {{L}}; j++) {
+        for (long j = 0; j < {{L}} / 16 * 16; j++) {
 {{PRO_BODY}}
             const float x = {{X}};
             y[j] = x;
             s += x;
         }
-        const float mean = s * (1.0f / {{L}});
-        float q = 0.0f;
-        #pragma omp simd reduction(+:q)
-        for (long j = 0; j < {{L}}; j++) {
-            const float d = y[j] - mean;
-            q += d * d;
+        st = s;  /* the last L % 16 apart, as in row_softmax.c */
+        #pragma GCC unroll 16
+        for (long j = {{L}} / 16 * 16; j < {{L}}; j++) {
+{{PRO_BODY}}
+            const float x = {{X}};
+            y[j] = x;
+            st += x;
         }
-        const float rstd = 1.0f / sqrtf(q * (1.0f / {{L}}) + {{EPS}});
+        const float mean0 = st * (1.0f / {{L}});
+        float dev;
+        const float q = eqf_row_sq_dev(y, {{L}}, mean0, {{NEXT}}, &dev);
+        const float dm = dev * (1.0f / {{L}});  /* mean = mean0 + dm, applied in two steps below */
+        const float var = fmaxf(q - dev * dm, 0.0f) * (1.0f / {{L}});  /* >= 0 also after rounding */
+        const float rstd = 1.0f / sqrtf(var + {{EPS}});
         #pragma omp simd
         for (long j = 0; j < {{L}}; j++) {
-            const float v = (y[j] - mean) * rstd * {{GAMMA}}[j] + {{BETA}}[j];
+            const float v = ((y[j] - mean0) - dm) * rstd * {{GAMMA}}[j] + {{BETA}}[j];
 {{EPI_BODY}}
             y[j] = {{EPI}};
         }

@@ -1,21 +1,29 @@
 /* {{NAME}}: rmsnorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused. */
 EQF_WIDE_BEGIN
-/* {{NAME}}: rmsnorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused. */
 void {{NAME}}({{PARAMS}})
 {
 {{ROW_LOOP_PRAGMA}}
     for (long r = {{R0}}; r < {{ROWS}}; r++) {
         float* restrict y = out + ({{YBASE}});
 {{OFFSETS}}
-        float s = 0.0f;
+        float s = 0.0f, st;
         #pragma omp simd reduction(+:s)
-        for (long j = 0; j < {{L}}; j++) {
+        for (long j = 0; j < {{L}} / 16 * 16; j++) {
 {{PRO_BODY}}
             const float x = {{X}};
             y[j] = x;
             s += x * x;
         }
-        const float rstd = 1.0f / sqrtf(s * (1.0f / {{L}}) + {{EPS}});
+        st = s;  /* the last L % 16 apart, as in row_softmax.c */
+        #pragma GCC unroll 16
+        for (long j = {{L}} / 16 * 16; j < {{L}}; j++) {
+{{PRO_BODY}}
+            const float x = {{X}};
+            y[j] = x;
+            st += x * x;
+        }
+        const float rstd = 1.0f / sqrtf(st * (1.0f / {{L}}) + {{EPS}});
+        eqf_prefetch_row({{NEXT}}, {{L}});  /* the next row, while this one is normalized */
         #pragma omp simd
         for (long j = 0; j < {{L}}; j++) {
             const float v = y[j] * rstd * {{GAMMA}}[j];

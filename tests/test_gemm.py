@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template, warnings_for
+from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c, warnings_for
 from eqfuse.backend.gemm import emit_gemm
 from eqfuse.backend.machine import machine
 
 # compiling every variant's GEMM takes ~25 s on 2 cores with a cold kernel cache
 pytestmark = pytest.mark.heavy
 
-HEADER = template("common.h") + COMMON_C  # as emit_graph puts it before every kernel
+HEADER = header_c() + COMMON_C  # as emit_graph puts it before every kernel
 # name -> (epilogue, its extra parameters); the residual one uses the kernel's own M, N
 EPILOGUES = {
     "acc": ("acc", []),

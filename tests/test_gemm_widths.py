@@ -13,7 +13,7 @@ import pytest
 
 import eqfuse
 from eqfuse.backend import machine
-from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template
+from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
 from eqfuse.backend.gemm import emit_gemm
 from eqfuse.backend.lower_gemm import gemm_tiles
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.heavy
 
 PORTABLE = dataclasses.replace(machine.MODELS["avx2"], simd_floats=4)
 WIDTHS = {"portable": PORTABLE, "avx2": machine.MODELS["avx2"]}
-HEADER = template("common.h") + COMMON_C
+HEADER = header_c() + COMMON_C
 
 # (M, N, K, B transposed, direct_b) with direct_b None for the plan's rule: K = 1, N = 1, M = 1,
 # sizes one past a tile, K deeper than one KC slice (the portable KC is 336, AVX2's 256), few

@@ -431,3 +431,14 @@ def test_exported_op_compiles_and_matches_onnxruntime(nodes, inputs, out_type, i
     got = mod(**{n.replace(".", "_"): v for n, v in feeds.items()})
     assert got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["graph", "node"])
+def test_a_name_that_is_not_utf8_is_a_clear_error(name):
+    """protobuf returns a string field holding invalid UTF-8 as bytes; the importer says which
+    name is damaged instead of failing inside."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="nodeqq")], "graphqq",
+                          [helper.make_tensor_value_info("x", F, [2])], [helper.make_tensor_value_info("y", F, [2])])
+    data = helper.make_model(g).SerializeToString().replace(f"{name}qq".encode(), name.encode() + b"\x80q")
+    with pytest.raises(EqfuseError, match="not UTF-8 text"):
+        import_model(data)

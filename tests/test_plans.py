@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.backend.cbuild import COMMON_C, build, template
+from eqfuse.backend.cbuild import COMMON_C, build, header_c
 from eqfuse.cli.main import main
 from eqfuse.compiler import uops_text
 
@@ -114,7 +114,7 @@ def test_a_counting_build_makes_the_micro_kernel_calls_lower_prints(machine_mode
     for k in gemms:
         sig = re.search(rf"void {k.name}\(([^)]*)\)", k.c_source).group(1).replace("restrict ", "")
         cdefs.append(f"void {k.name}({sig});\nlong {k.name}_gemm_ukernel_calls(void);")
-    lib = build(template("common.h") + COMMON_C + "\n".join(k.c_source for k in gemms), "\n".join(cdefs),
+    lib = build(header_c() + COMMON_C + "\n".join(k.c_source for k in gemms), "\n".join(cdefs),
                 "count", extra_flags=("-DEQF_COUNT_UKERNEL",))
     buf = np.zeros(1 << 16, dtype=np.float32)  # the counts do not depend on the values
     for k in gemms:

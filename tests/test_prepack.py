@@ -19,8 +19,9 @@ def arr(*shape):
 
 def prepacked(mod) -> list[bool]:
     """Per kernel, whether its GEMM was built to read prepacked panels (gemm.c's header comment
-    gives the template's PREPACKED_B value)."""
-    return ["With PREPACKED_B (1;" in k.c_source for k in mod.kernels]
+    gives the template's PREPACKED_B value; gemm_skinny.c, the few-rows path, always does)."""
+    return ["With PREPACKED_B (1;" in k.c_source or "C = epilogue(A @ B) for few rows" in k.c_source
+            for k in mod.kernels]
 
 
 def check(src, params, free, threads=None, calls=2):

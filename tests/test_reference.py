@@ -216,6 +216,17 @@ OP_SEMANTICS = {
     "scatter_elements_add": ("x: f32[3, 4], i: i64[3, 2], u: f32[3, 2]", "scatter_elements_add(x, i, u, axis=1)",
                              lambda x, i, u: x + np.array([[sum(u[r, j] for j in range(2) if int(i[r, j]) % 4 == c)
                                                             for c in range(4)] for r in range(3)])),
+    "softmax_grad": ("dy: f32[2, 3], y: f32[2, 3]", "softmax_grad(dy, y)",
+                     lambda dy, y: np.array([[y[r, c] * (dy[r, c] - sum(dy[r, x] * y[r, x] for x in range(3)))
+                                              for c in range(3)] for r in range(2)])),
+    "layernorm_grad": ("dy: f32[2, 4], x: f32[2, 4], g: f32[4]", "layernorm_grad(dy, x, g)",
+                       lambda dy, x, g: _layernorm_grad_by_hand(dy, x, g)),
+    "attention_dq": ("q: f32[3, 2], k: f32[4, 2], v: f32[4, 3], dy: f32[3, 3]", "attention_dq(q, k, v, dy, scale=0.5)",
+                     lambda q, k, v, dy: _attention_grad_by_hand(q, k, v, dy, "q")),
+    "attention_dk": ("q: f32[3, 2], k: f32[4, 2], v: f32[4, 3], dy: f32[3, 3]", "attention_dk(q, k, v, dy, scale=0.5)",
+                     lambda q, k, v, dy: _attention_grad_by_hand(q, k, v, dy, "k")),
+    "attention_dv": ("q: f32[3, 2], k: f32[4, 2], dy: f32[3, 3]", "attention_dv(q, k, dy, scale=0.5)",
+                     lambda q, k, dy: _attention_grad_by_hand(q, k, None, dy, "v")),
     "squeeze": ("x: f32[3, 1, 4]", "squeeze(x, axis=1)", lambda x: x[:, 0]),
     "unsqueeze": ("x: f32[3, 4]", "unsqueeze(x, axis=-1)", lambda x: x[:, :, None]),
     "flatten": ("x: f32[3, 2, 2]", "flatten(x)", lambda x: x.reshape(3, 4)),
@@ -232,6 +243,34 @@ def _max_pool_grad_by_hand(x, dy):
                 h, w = max(cells, key=lambda hw: (x[0, c, hw[0], hw[1]], -cells.index(hw)))
                 dx[0, c, h, w] += dy[0, c, oh, ow]
     return dx
+
+
+def _layernorm_grad_by_hand(dy, x, g, eps=1e-5):
+    """Row by row, from the definition: d/dx_i of sum_j dy_j (g_j (x_j - mu) / sd + b_j)."""
+    out = np.zeros_like(x)
+    n = x.shape[1]
+    for r in range(x.shape[0]):
+        mu = sum(x[r]) / n
+        sd = math.sqrt(sum((v - mu) ** 2 for v in x[r]) / n + eps)
+        xhat = [(v - mu) / sd for v in x[r]]
+        for i in range(n):  # d xhat_j / d x_i = ((i == j) - 1/n - xhat_i xhat_j / n) / sd
+            out[r, i] = sum(dy[r, j] * g[j] * ((i == j) - 1 / n - xhat[i] * xhat[j] / n) / sd for j in range(n))
+    return out
+
+
+def _attention_grad_by_hand(q, k, v, dy, wrt):
+    """Element by element: p[i][j] = e^s_ij / sum_j e^s_ij with s_ij = 0.5 q_i . k_j, then the
+    chain rule through softmax(s) @ v."""
+    Sq, Sk = len(q), len(k)
+    s = [[0.5 * sum(q[i][d] * k[j][d] for d in range(len(q[0]))) for j in range(Sk)] for i in range(Sq)]
+    p = [[math.exp(s[i][j]) / sum(math.exp(x) for x in s[i]) for j in range(Sk)] for i in range(Sq)]
+    if wrt == "v":
+        return np.array([[sum(p[i][j] * dy[i][e] for i in range(Sq)) for e in range(len(dy[0]))] for j in range(Sk)])
+    dp = [[sum(dy[i][e] * v[j][e] for e in range(len(v[0]))) for j in range(Sk)] for i in range(Sq)]
+    ds = [[0.5 * p[i][j] * (dp[i][j] - sum(dp[i][x] * p[i][x] for x in range(Sk))) for j in range(Sk)] for i in range(Sq)]
+    if wrt == "q":
+        return np.array([[sum(ds[i][j] * k[j][d] for j in range(Sk)) for d in range(len(k[0]))] for i in range(Sq)])
+    return np.array([[sum(ds[i][j] * q[i][d] for i in range(Sq)) for d in range(len(q[0]))] for j in range(Sk)])
 
 
 def test_every_op_has_hand_written_semantics():

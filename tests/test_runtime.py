@@ -119,3 +119,29 @@ def test_a_bad_index_stops_the_call_with_the_kernel_named():
     np.testing.assert_allclose(mod(t, ids), np.maximum(t[ids], 0) * 2)
     with pytest.raises(ArgumentError, match=r"2 index value\(s\) out of range in gather \(kernel eqf_gi_k0_index\)"):
         mod(t, np.array([0, 11, 2, -12, 1]))
+
+
+def test_profile_times_every_kernel_of_the_call(capsys):
+    from eqfuse.cli.main import main
+    from eqfuse.runtime.profile import profile, table
+
+    mod = eqfuse.compile(CHAIN, dims={"B": 16}, fuse=False)
+    x, w1, w2, w3 = arr(16, 64), arr(64, 96), arr(96, 64), arr(64, 32)
+    r = profile(mod, x, w1, w2, w3, repeat=5)
+    kernels = [p.name for p in mod.chain.last.runner.kernels]
+    assert [k[0] for k in r["kernels"]] == kernels and len(kernels) > 3
+    assert all(us > 0 for _, _, us, _ in r["kernels"])
+    assert abs(sum(sh for *_, sh in r["kernels"]) - 1) < 1e-9
+    assert r["call_us"] >= sum(us for _, _, us, _ in r["kernels"])
+    assert "outside the kernels" in table(r)
+    # profiling is off again: the counters stay as they were
+    c = mod.chain.last
+    name = [n for n in dir(c.lib) if n.endswith("_times")][0]
+    before, after = np.zeros(len(kernels)), np.zeros(len(kernels))
+    getattr(c.lib, name)(c.ffi.cast("double *", before.ctypes.data))
+    mod(x, w1, w2, w3)
+    getattr(c.lib, name)(c.ffi.cast("double *", after.ctypes.data))
+    assert (before == after).all()
+    assert main(["bench", "examples/mlp.g", "--dim", "B=8", "--peers", "numpy", "--threads", "1", "--repeat", "3",
+                 "--profile"]) == 0
+    assert "outside the kernels" in capsys.readouterr().out

@@ -90,6 +90,9 @@ CASES = {
     "conv2d": ("graph g(x: f32[2, 8, 16, 16], w: f32[16, 8, 3, 3]) -> f32[2, 16, 14, 14] {\n"
                " return relu(conv2d(x, w))\n}\n",
                [(2, 8, 16, 16), (16, 8, 3, 3)]),
+    "attention-dk": ("graph g(q: f32[2, 64, 16], k: f32[2, 64, 16], v: f32[2, 64, 16], dy: f32[2, 64, 16]) "
+                     "-> f32[2, 64, 16] {\n return attention_dk(q, k, v, dy, scale=0.25)\n}\n",
+                     [(2, 64, 16)] * 4),
 }
 
 
@@ -99,7 +102,7 @@ def test_failed_scratch_allocation_raises_memory_error(case, threads, monkeypatc
     src, shapes = CASES[case]
     mod = eqfuse.compile(src, threads=threads)
     kinds = {k.kind for k in mod.kernels}
-    assert kinds & {"contraction", "contraction_row", "attention", "conv2d"}, kinds
+    assert kinds & {"contraction", "contraction_row", "attention", "conv2d", "attention_grad"}, kinds
     args = [RNG.standard_normal(s, dtype=np.float32) for s in shapes]
     monkeypatch.setenv("EQFUSE_SCRATCH_LIMIT", "1")
     _, err = on_fresh_thread(lambda: mod(*args))

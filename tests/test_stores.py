@@ -266,7 +266,7 @@ graph c(x: f32[2, 3, 4], y: f32[2, 3, 4]) -> (f32[2, 6, 4], f32[2, 3, 4]) {
 
 def test_only_the_kinds_that_write_through_strides_say_so():
     assert {k for k, kind in KIND.items() if kind.writes_strided} == {
-        K.POINTWISE, K.LAYOUT, K.VIEW, K.ROW, K.CONTRACTION, K.CONV2D, K.CONTRACTION_ROW}
+        K.POINTWISE, K.LAYOUT, K.VIEW, K.ROW, K.CONTRACTION, K.CONV2D, K.CONTRACTION_ROW, K.ATTENTION_GRAD}
 
 
 @pytest.mark.parametrize("axis", [1, 2])

@@ -404,6 +404,15 @@ def template(name: str) -> str:
     return path.read_text()
 
 
+# The header every generated source starts with: csrc_templates/common.h, then its continuations.
+HEADERS = ("common.h", "common_simd.h", "common_pool.h")
+
+
+def header_c() -> str:
+    """The kernels' helpers (csrc_templates/common*.h, in order), as one text."""
+    return "".join(template(name) for name in HEADERS)
+
+
 def render(template_name: str, **values) -> str:
     """Fill the {{NAME}} placeholders of csrc_templates/<template_name>; every one, and only those."""
     text = template(template_name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, HEADER_C, HEADER_CDEF, template
+from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, HEADER_C, HEADER_CDEF, header_c
 from eqfuse.backend.cexpr import ctypes_of
 from eqfuse.backend.kinds import KIND
 from eqfuse.backend.plan import K, KernelPlan
@@ -39,7 +39,7 @@ def emit_kernel(plan: KernelPlan) -> str:
 
 
 def emit_graph(plans: list[KernelPlan]) -> Emitted:
-    header = template("common.h")
+    header = header_c()
     parts, cdefs, per = [COMMON_C, header, HEADER_C], [COMMON_CDEF, HEADER_CDEF], {}
     for p in plans:
         if p.kind == K.VIEW:

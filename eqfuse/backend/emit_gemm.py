@@ -13,6 +13,7 @@ from eqfuse.backend.cexpr import I1, I2, Exprs, Space, flit, render
 from eqfuse.backend.cexpr import computed_ancestors as _ancestors
 from eqfuse.backend.cexpr import kernel_params as _params
 from eqfuse.backend.gemm import emit_gemm
+from eqfuse.backend.gemm_skinny import emit_gemm_skinny
 from eqfuse.backend.indexing import bstrides, offset
 from eqfuse.backend.lower_gemm import c_layout, conv_c_layout
 from eqfuse.backend.plan import KernelPlan, size
@@ -64,8 +65,9 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
     params = ", ".join(["long b", "long r0", "long r1", "float* restrict out"]
                        + [f"const {_ct(body, i)}* restrict {pn}" for i, pn in extras])
     # called by one GEMM thread on rows it owns: no parallel region of its own
-    common = dict(NAME=fname, PARAMS=params, R0="r0", ROWS="r1", L=N, ROW_LOOP_PRAGMA="", PRO_BODY="", X="y[j]",
-                  OFFSETS="\n".join(space.decls + [f"{I1}(void)b;"]), EPI_BODY=epi.text(), EPI=e)
+    common = {"NAME": fname, "PARAMS": params, "R0": "r0", "ROWS": "r1", "L": N, "ROW_LOOP_PRAGMA": "",
+              "PRO_BODY": "", "X": "y[j]", "OFFSETS": "\n".join(space.decls + [f"{I1}(void)b;"]),
+              "EPI_BODY": epi.text(), "EPI": e, "NEXT": "NULL"}  # the row is C's, in cache: no prefetch
     if rn.op == "softmax":
         src = render("row_softmax.c", YBASE=f"r * {N}L", YS=1, ZERO_NAN=int(rn.attr["zero_nan"]), **common)
     else:
@@ -80,8 +82,8 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
 def _gemm_args(plan: KernelPlan, extras) -> dict:
     """emit_gemm's arguments that come from the plan: its tiles and decisions."""
     t, d = plan.tiles, plan.detail
-    return dict(blocking=(t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]), split=d.split, direct_b=d.direct_b,
-                parallel=d.parallel, extras=[(_ct(plan.body, i), pn) for i, pn in extras])
+    return {"blocking": (t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]), "split": d.split, "direct_b": d.direct_b,
+            "parallel": d.parallel, "extras": [(_ct(plan.body, i), pn) for i, pn in extras]}
 
 
 def emit_contraction(plan: KernelPlan) -> str:
@@ -128,10 +130,18 @@ def emit_contraction(plan: KernelPlan) -> str:
     ldc = N
     if plan.out_strides is not None:  # C written in place into a layout's storage (eqfuse.backend.stores)
         ldc, sc = c_layout(plan, plan.out_strides)
-    src, _ = emit_gemm(gname, M=g.M, N=N, K=K, batch=g.batch, a_batch_stride=sa, b_batch_stride=sb,
-                       c_batch_stride=sc, lda=g.lda, ldb=g.ldb, ldc=ldc, b_transposed=bt,
-                       a_transposed=at, epilogue=expr, prepacked_b=prepacked, row_epilogue=row_call,
-                       **_gemm_args(plan, extras))
+    if d.path == "skinny":  # few rows over a bound B: the memory-bound kernel (lower_gemm.skinny)
+        assert prepacked and g.batch == 1 and sc == 0
+        t = plan.tiles
+        src, _ = emit_gemm_skinny(gname, M=g.M, N=N, K=K, lda=g.lda, ldb=g.ldb, ldc=ldc, mr=t["mr"], nr=t["nr"],
+                                  pf=t["pf"], b_transposed=bt, a_transposed=at, epilogue=expr,
+                                  extras=[(_ct(plan.body, i), pn) for i, pn in extras], row_epilogue=row_call,
+                                  parallel=d.parallel)
+    else:
+        src, _ = emit_gemm(gname, M=g.M, N=N, K=K, batch=g.batch, a_batch_stride=sa, b_batch_stride=sb,
+                           c_batch_stride=sc, lda=g.lda, ldb=g.ldb, ldc=ldc, b_transposed=bt,
+                           a_transposed=at, epilogue=expr, prepacked_b=prepacked, row_epilogue=row_call,
+                           **_gemm_args(plan, extras))
     shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (A transposed)" if at else "") + \
         (" (B transposed)" if bt else "")
     if row_call:
@@ -156,10 +166,10 @@ def emit_conv2d(plan: KernelPlan) -> str:
     ch, px = ("j", "i") if swap else ("i", "j")
     groups = [("b", [0], False), (ch, [1], False), (px, [2, 3], False)]
     # the conv's own bias belongs to the anchor value: acc + bias[channel]
-    anchor = f"(acc + {'eqf_e%d' % plan.body.inputs.index(cv.args[2])}[{ch}])" if len(cv.args) == 3 else "acc"
+    anchor = f"(acc + eqf_e{plan.body.inputs.index(cv.args[2])}[{ch}])" if len(cv.args) == 3 else "acc"
     expr, extras = _epilogue(plan, groups, {a: anchor})
     if len(cv.args) == 3 and cv.args[2] not in dict(extras):
-        extras.append((cv.args[2], "eqf_e%d" % plan.body.inputs.index(cv.args[2])))
+        extras.append((cv.args[2], f"eqf_e{plan.body.inputs.index(cv.args[2])}"))
         extras.sort(key=lambda t: plan.body.inputs.index(t[0]))
     K, P = C * KH * KW, OH * OW
     gname = f"{plan.name}_gemm"

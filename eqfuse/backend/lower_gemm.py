@@ -8,10 +8,10 @@ tiles > NR-column panels, and its counts are those of one call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eqfuse.backend.indexing import contiguous, joint_groups, view_strides
-from eqfuse.backend.machine import Machine, gemm_blocking, register_tile
+from eqfuse.backend.machine import Machine, gemm_blocking, register_tile, skinny_tile
 from eqfuse.backend.plan import (
     F32,
     KernelPlan,
@@ -74,6 +74,9 @@ class GemmDetail:
     # the result transposed, A the column matrix, B the weights), when there are fewer pixels
     # than channels (`pixels_as_rows`)
     pixels_as_rows: bool = False
+    # "blocked": csrc_templates/gemm.c; "skinny": few rows over a bound B, the memory-bound
+    # csrc_templates/gemm_skinny.c (`skinny`; its tiles are mr, nr, groups, pf)
+    path: str = "blocked"
 
 
 DIRECT_MAX_TILES = 32  # B read in place up to this many MR-row tiles (see `direct`)
@@ -140,6 +143,72 @@ def direct(M: int, N: int, b_transposed: bool, mr: int, nr: int) -> bool:
     another. AVX2's 6x16 tile (one thread): 32 x 3072 x 768 58 GFLOP/s in place against 87
     packed, 8 x 3072 x 768 35 against 46, 128 x 768 x 768 even (109, 107)."""
     return not b_transposed and cdiv(M, mr) <= DIRECT_MAX_TILES and (nr >= DIRECT_MIN_NR or N <= nr)
+
+
+SKINNY_MAX_M = 32  # rows up to which a GEMM over a bound B takes the skinny path (`skinny`)
+SKINNY_PF = 1024  # its software prefetch distance in floats, 4 KiB ahead of the FMAs (see `skinny`)
+
+
+def skinny(M: int, N: int, K: int, m: Machine) -> bool:
+    """Whether a GEMM of M x N x K whose B is bound (prepacked) runs csrc_templates/gemm_skinny.c.
+
+    With few rows the GEMM is the stream of B: each element is used M times only, and at the
+    bandwidth of L3 (~100 GB/s on a Zen 5 core) or memory, blocking and packing are overhead.
+    The skinny kernel reads B as one sequential stream of full-K panels, keeps all of a group's
+    rows in registers over all of K and stores C once, through the epilogue. Measured on one
+    Zen 5 thread, B prepacked in L3 (us, skinny vs blocked): 1 x 1024 x 1024 41 vs 51, 8 x
+    3072 x 768 181 vs 250, 16 x 768 x 3072 321 vs 409 (two groups, a 576 KiB panel), 32 x 3072
+    x 768 692 vs 773, 32 x 768 x 3072 655 vs 732, 64 x 3072 x 768 1392 vs 1460 (from 16 rows on
+    both run near the FMA peak). So up to SKINNY_MAX_M rows, and only while a group's B panel
+    (K x NR) stays in L2 for the groups after the first.
+    Software prefetch 4 KiB ahead (SKINNY_PF) pays where the stream alone sets the pace, up to
+    4 rows: 1 x 768 x 768 23.6 -> 20.3 us, 1 x 1024 x 1024 43.6 -> 35.4, 2 x 1024 x 1024 44.8
+    -> 37.3, 4 x 1024 x 1024 49.2 -> 42.4 (1 x 3072 x 768 82 -> 83); with 8 and 16 rows, at the
+    FMA peak, it is even (8 x 768 x 3072 155.8 -> 157.2, 16 x 1024 x 1024 153.5 -> 154.0).
+    """
+    mr, nr = skinny_tile(m.simd_floats, M)
+    return M <= SKINNY_MAX_M and (cdiv(M, mr) == 1 or K * nr * F32 <= m.l2)
+
+
+def skinny_tiles(M: int, N: int, m: Machine) -> dict[str, int]:
+    """MR, NR (machine.skinny_tile; no wider than N in whole vectors, for a few columns), the
+    groups of MR rows and the prefetch distance."""
+    mr, nr = skinny_tile(m.simd_floats, M)
+    nr = min(nr, cdiv(N, m.simd_floats) * m.simd_floats)
+    return {"mr": mr, "nr": nr, "groups": cdiv(M, mr), "pf": SKINNY_PF}
+
+
+def plan_skinny(plan: KernelPlan, m: Machine) -> None:
+    """Replan a matmul GEMM over a bound B (detail.prepack set, the "fold" mode) for the
+    skinny path: its tiles, the thread rule and the uop schedule of csrc_templates/gemm_skinny.c."""
+    d = plan.detail
+    M, N, K = d.gemm.M, d.N, d.K
+    t = plan.tiles = skinny_tiles(M, N, m)
+    mr, nr, groups = t["mr"], t["nr"], t["groups"]
+    plan.detail = replace(d, path="skinny", direct_b=False)
+    plan.cache_check = (f"A packed [{groups * mr} x {K}] = {groups * mr * K * F32} B, read by every panel; "
+                        f"B panel K x nr = {K * nr * F32} B streamed once per group"
+                        + (f" (<= L2 {m.l2} B for the later groups)" if groups > 1 else ""))
+    panels = cdiv(N, nr)
+    plan.threads = (thread_rule(M, N, 1, mr, nr, False, par=False, K=K) if not d.parallel else
+                    f"equal shares of the {panels} {nr}-column panels per thread"
+                    + (", then whole rows for the row epilogue after one barrier" if d.row_op else ""))
+    body, a = plan.body, plan.shape.anchor
+    mm = body.nodes[a]
+    skip = {a} | set(mm.args) | ({mm.args[1]} if body.nodes[mm.args[1]].op == "transpose" else set())
+    if d.row_op is not None:
+        skip |= not_ancestors(body, body.nodes[plan.shape.parts.row].args[0])
+    epi = ops_text(body, skip=skip)
+    calls = panels * groups
+    plan.uops = [UOp(0, "Load", f"pack A [{M} x {K}] into {groups} group(s) of {mr} rows, k-major", 1),
+                 UOp(0, "Loop", f"panels over N={N} step nr={nr}", panels),
+                 UOp(1, "Loop", f"row groups over M={M} step mr={mr}", calls),
+                 UOp(2, "Load", f"B panel [{K} x {nr}] streamed from the panels packed once (params=)", calls),
+                 UOp(2, "Exec", f"micro-kernel {mr} x {nr} x {K} FMA, per {mr}-row group x {nr}-column panel",
+                     calls),
+                 UOp(2, "Store", f"C tile {mr} x {nr} through the epilogue ({epi or 'none'})", calls)]
+    if d.row_op is not None:
+        plan.uops.append(UOp(0, "Exec", f"{d.row_op} over each row of C [{N}] once every panel is done", 1))
 
 
 def thread_rule(M: int, N: int, batch: int, mr: int, nr: int, rows_only: bool, par: bool = True,
@@ -253,7 +322,7 @@ def _matmul_gemm(plan: KernelPlan, M: int) -> tuple[GemmCalls, bool, bool]:
     # rows of A follow one another across batches (so B shared by all folds them into one GEMM)
     # only when A is not given transposed
     acont = not at and list(ast) == list(contiguous(batch + (M, lda))[:nb])
-    ops = dict(a_src=Asrc, b_src=Bsrc, a_strides=tuple(ast), b_strides=tuple(bst), lda=lda, ldb=ldb)
+    ops = {"a_src": Asrc, "b_src": Bsrc, "a_strides": tuple(ast), "b_strides": tuple(bst), "lda": lda, "ldb": ldb}
     if nbatch == 1 or (all(s == 0 for s in bst) and acont):
         return GemmCalls("fold", nbatch * M, 1, 1, (0, 0, 0), **ops), at, bt
     jg = joint_groups(batch, [ast, bst, cst])

@@ -4,6 +4,19 @@ Read from the system, overridable with EQFUSE_L1 / EQFUSE_L2 / EQFUSE_L3 (bytes)
 (floats per vector). `pin(model)` replaces the whole description, for tests: every planning
 decision and the compiler's -march then follow the pinned model, not the host (MODELS holds
 the machines the project has run on).
+
+The GEMM's per-CPU choices (register tiles, blocking) are derived from this description, not
+searched by measurement: the register file (from the vector width) gives the micro-kernel shape
+(`register_tile`, `skinny_tile`: the tile with the fewest loads per FMA whose accumulators fit),
+the L1 and L2 sizes give KC, NC and MC (`gemm_blocking`) and the skinny path's bound. Why not a
+measured search cached per CPU model: on the shared 2-vCPU VMs eqfuse runs on, a search reads the
+load of the moment (numpy's own 1024^3 SGEMM read 126 and 239 GFLOP/s ten minutes apart on this
+Zen 5, with spreads up to 60%), and a cached answer would freeze that noise into every later
+plan, and make the same CPU model plan (and cache kernels) differently from one machine to the
+next; a derivation is deterministic, costs no compile-time measurement, and extends to CPUs never
+seen (BLIS's analytical model, Low et al. 2016, reaches the tuned parameters' speed the same way).
+The derivations were checked against measured neighbours (the docstrings give the numbers), and
+`benchmarks/bench_gemm.py --tiles` measures them again on any machine.
 """
 
 from __future__ import annotations
@@ -60,7 +73,7 @@ def cache_sizes() -> dict[int, int]:
     return sizes
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_simd_floats() -> int:
     return simd_width_floats()
 
@@ -112,10 +125,10 @@ def machine() -> Machine:
     return _PINNED[0] if _PINNED else host_machine()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_machine() -> Machine:
     c = cache_sizes()
-    env = lambda name, default: int(os.environ.get(name, default))  # noqa: E731
+    env = lambda name, default: int(os.environ.get(name, default))
     return Machine(l1=env("EQFUSE_L1", c.get(1, 32 << 10)), l2=env("EQFUSE_L2", c.get(2, 1 << 20)),
                    l3=env("EQFUSE_L3", c.get(3, 8 << 20)), simd_floats=env("EQFUSE_SIMD", simd_width_floats()),
                    cores=num_cores())
@@ -130,23 +143,41 @@ def register_tile(simd_floats: int, n: int | None = None) -> tuple[int, int]:
     A element is one broadcast load and a wide tile needs fewer of them per FMA (6 per 24
     FMAs instead of 12). A problem with few columns (n) gets a narrower tile so that less of
     it is zero padding.
+
+    The wide tile is derived from the register file (`fewest_loads_tile` with two registers
+    to spare: the A broadcast, or the product without FMA, or headroom): 6x64 with 32 zmm, 6x16
+    with 16 ymm, 6x8 with 16 xmm. Checked on a Zen 5 core at 1024^3: 6x64 212 GFLOP/s, 7x64
+    (all 32 registers) 201, 9x48 207; AVX2: 4x24 measured the same as 6x16 (113 vs 112); SSE:
+    6x8 and 4x8 both ~43, the mulps+addps ceiling, 4x16 (spills) ~39.
     """
     if simd_floats >= 16:
         if n is not None and n <= 16:
             return 14, 16
         if n is not None and n <= 32:
             return 12, 32
-        return 6, 64
-    if simd_floats == 8:  # AVX2: 16 ymm registers, 12 accumulators + 2 B + 1 broadcast
+    elif simd_floats == 8:
         if n is not None and n <= 8:  # 512 x 8 x 512: 51 GFLOP/s against 6x16's 37
             return 12, 8
-        return 6, 16  # (the BLIS/MLAS Haswell tile; 4x24 measured the same, 113 vs 112 GFLOP/s)
-    # SSE (x86-64-v2), 16 xmm registers: 12 accumulators + 2 B + 1 broadcast + the product (no
-    # FMA). 6x8 and 4x8 both reach ~43 GFLOP/s on a Zen 5 core, the mulps+addps ceiling there;
-    # 4x16 (16 accumulators: spills) ~39.
-    if n is not None and n <= 4:  # 512 x 4 x 512: 26 GFLOP/s against 6x8's 16 (12x4: 22)
+    elif n is not None and n <= 4:  # 512 x 4 x 512: 26 GFLOP/s against 6x8's 16 (12x4: 22)
         return 8, 4
-    return 6, 8
+    return fewest_loads_tile(simd_floats, vector_registers(simd_floats) - 2)
+
+
+def fewest_loads_tile(simd_floats: int, budget: int) -> tuple[int, int]:
+    """The MR x NR (NR = V vectors, V <= SKINNY_MAX_V) whose MR x V accumulators and V B vectors
+    fit `budget` registers and that issues the fewest loads per FMA, (MR + V) / (MR V): a k step
+    loads V vectors of B and broadcasts MR elements of A for MR x V FMAs. Ties go to more
+    accumulators (more independent FMAs in flight)."""
+    best = None
+    for v in range(1, SKINNY_MAX_V + 1):
+        mr = (budget - v) // v
+        if mr < 1:
+            continue
+        key = ((mr + v) / (mr * v), -mr * v)
+        if best is None or key < best[0]:
+            best = (key, mr, v * simd_floats)
+    assert best is not None, (simd_floats, budget)
+    return best[1], best[2]
 
 
 def gemm_blocking(m: Machine | None = None, mr: int | None = None, nr: int | None = None,
@@ -170,3 +201,46 @@ def gemm_blocking(m: Machine | None = None, mr: int | None = None, nr: int | Non
     mc = max(mr, (2 * m.l2) // (kc * 4) // mr * mr)
     assert kc > 0 and mc > 0 and nc > 0 and mc % mr == 0 and nc % nr == 0, (mc, nc, kc, mr, nr)
     return mc, nc, kc, mr, nr
+
+
+def vector_registers(simd_floats: int) -> int:
+    """Architectural vector registers on x86-64: 32 zmm with AVX-512, else 16 (ymm or xmm)."""
+    return 32 if simd_floats >= 16 else 16
+
+
+SKINNY_MAX_V = 4  # at most 4 vectors per row of the skinny tile (an NR of 64 floats with AVX-512)
+# The loads the skinny micro-kernel may issue per FMA (the B vectors and the A broadcasts of a k
+# step over its FMAs): the general micro-kernel's 6 x 64 tile issues (6 + 4) / 24 = 0.42.
+SKINNY_LOADS_PER_FMA = 0.5
+
+
+def skinny_tile(simd_floats: int, M: int) -> tuple[int, int]:
+    """(MR, NR) of the few-rows micro-kernel (csrc_templates/gemm_skinny.c), derived from the
+    register file, for M rows in ceil(M / MR) groups of MR.
+
+    A group's MR x NR/simd accumulators, the NR/simd vectors of the B row and the spare
+    registers must fit the vector registers (AVX-512 broadcasts A inside the FMA; AVX2 needs one
+    register for it; SSE one more for the product, having no FMA); NR is as wide as then fits,
+    up to SKINNY_MAX_V vectors. Each group streams all of B through the FMAs (the first from
+    memory, the others from L2), so fewer groups are better, as long as a k step issues at most
+    SKINNY_LOADS_PER_FMA loads per FMA (MR broadcasts + NR/simd vectors over MR x NR/simd FMAs):
+    beyond that the load ports, not the FMA units, set the pace. Measured on a Zen 5 core with
+    B in L3 (16 x 768 x 3072): 16 x 16 in one group (1.06 loads per FMA) 363 us, 8 x 48 in two
+    (0.46) 303 us. With no tile under the bound (M = 1..3), the one with the fewest loads per FMA.
+    """
+    regs = vector_registers(simd_floats)
+    spare = (0 if simd_floats >= 16 else 1) + (1 if simd_floats < 8 else 0)
+    best = None
+    for groups in range(1, M + 1):
+        mr = -(-M // groups)
+        if groups > 1 and -(-M // (groups - 1)) == mr:
+            continue  # (the same tile as fewer groups)
+        v = min(SKINNY_MAX_V, (regs - spare) // (mr + 1))
+        if v < 1:
+            continue
+        loads = (mr + v) / (mr * v)
+        if loads <= SKINNY_LOADS_PER_FMA:
+            return mr, v * simd_floats
+        if best is None or loads < best[0]:
+            best = (loads, mr, v * simd_floats)
+    return best[1], best[2]

@@ -31,6 +31,7 @@ class K(StrEnum):
     ROW = "row"
     REDUCE = "reduce"
     ATTENTION = "attention"
+    ATTENTION_GRAD = "attention_grad"  # attention_dq / dk / dv, the probabilities recomputed
     LAYOUT = "layout"  # a copy
     VIEW = "view"  # a layout op read in place: no code (eqfuse.backend.views)
     INDEX = "index"

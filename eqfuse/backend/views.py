@@ -84,6 +84,8 @@ def _accepts(p: KernelPlan, k: int, strides) -> bool:
         return True
     if p.kind == K.ATTENTION:
         return _attention_reads(p, p.body.inputs[k], strides)
+    if p.kind == K.ATTENTION_GRAD:  # every operand read element by element at its strides
+        return True
     if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW) and _gemm_operand(p, p.body.inputs[k]) is not None:
         x = _gemm_operand(p, p.body.inputs[k])
         st = view_strides(p.body, x, {p.body.inputs[k]: strides})[1]

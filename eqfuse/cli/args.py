@@ -122,6 +122,10 @@ def make_parser() -> argparse.ArgumentParser:
                         "measured, the ratios' baseline), torch (eager), torch.compile (inductor), "
                         "onnxruntime (ORT_ENABLE_ALL, on .onnx models); each needs its package installed "
                         "(default: numpy,torch,torch.compile,onnxruntime)")
+    c.add_argument("--profile", action="store_true",
+                   help="also print each fused kernel's time inside the graph's call, in microseconds per call "
+                        "(mean of --repeat calls at the first --threads), largest first, and the time spent "
+                        "outside the kernels (default: off)")
 
     c = model_cmd("export", "write a standalone C library: C sources, a header with one entry point per "
                             "graph, the weights, a Makefile (libNAME.so, libNAME.a; no Python) and an example")

@@ -61,7 +61,7 @@ def cmd_bench(args) -> int:
     (g,), dims = _bound_graphs(args, one_graph=True)
     opts = optimizer_opts(args)
     print(bench_model(args.model, dims=dims, graph=g.name, repeat=args.repeat, threads=threads, peers=peers,
-                      **opts))
+                      profile=args.profile, **opts))
     return 0
 
 

@@ -100,9 +100,10 @@ PEERS = ("numpy", "torch", "torch.compile", "onnxruntime")  # numpy op by op is 
 
 
 def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = None, repeat: int = 20,
-                threads: Sequence[int] = (1, 2), peers: Sequence[str] = PEERS, **opts) -> str:
+                threads: Sequence[int] = (1, 2), peers: Sequence[str] = PEERS, profile: bool = False, **opts) -> str:
     """The table `eqfuse bench` prints; `opts` (cost=, rules=, disable=, check_rules=) go to the
-    fused compile."""
+    fused compile. `profile` adds each fused kernel's time at the first thread count
+    (eqfuse.runtime.profile)."""
     from eqfuse import compile as eq_compile
     from eqfuse.frontend.load import load
     from eqfuse.ir.reference import evaluate
@@ -159,6 +160,13 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
                  peer_note() if not peers else
                  "torch rows: the same graph op by op in torch (eager) and through torch.compile; onnxruntime: "
                  + _ort_note(src, chosen))
+    if profile:
+        from eqfuse.runtime.profile import profile as kernel_times
+        from eqfuse.runtime.profile import table
+
+        f_fn.threads = threads[0]
+        lines += ["", f"the fused graph's kernels, threads={threads[0]}, mean of {repeat} calls:",
+                  table(kernel_times(f_fn, *runtime, repeat=repeat))]
     return "\n".join(lines)
 
 

@@ -165,6 +165,11 @@ TORCH: dict[str, Callable] = {
     "pool2d_grad": lambda t, a, at: _pool_grad(t, a, at),
     "scatter_elements_add": lambda t, a, at: a[0].scatter_add(
         at["axis"], t.where(a[1] < 0, a[1] + a[0].shape[at["axis"]], a[1]), a[2]),
+    "softmax_grad": lambda t, a, at: a[1] * (a[0] - (a[0] * a[1]).sum(dim=at["axis"], keepdim=True)),
+    "layernorm_grad": lambda t, a, at: _layernorm_grad(t, a, at),
+    "attention_dq": lambda t, a, at: _attention_grad(t, a, at, "attention_dq"),
+    "attention_dk": lambda t, a, at: _attention_grad(t, a, at, "attention_dk"),
+    "attention_dv": lambda t, a, at: _attention_grad(t, a, at, "attention_dv"),
     "squeeze": lambda t, a, at: a[0].reshape(_reshaped("squeeze", a[0], at)),
     "unsqueeze": lambda t, a, at: a[0].reshape(_reshaped("unsqueeze", a[0], at)),
     "flatten": lambda t, a, at: a[0].reshape(_reshaped("flatten", a[0], at)),
@@ -188,6 +193,33 @@ def _pool_grad(t, a, at):
         else:
             y = t.nn.functional.avg_pool2d(x, count_include_pad=at["count_include_pad"], **_pool_kw(at))
         (g,) = t.autograd.grad(y, x, a[1])
+    return g
+
+
+def _layernorm_grad(t, a, at):
+    """torch autograd's vector-Jacobian product of F.layer_norm with respect to x."""
+    dy, x, g = a
+    x = x.detach().requires_grad_(True)
+    with t.enable_grad():
+        y = t.nn.functional.layer_norm(x, tuple(x.shape[at["axis"] % x.ndim:]), g, None, at["eps"])
+        (d,) = t.autograd.grad(y, x, dy)
+    return d
+
+
+def _attention_grad(t, a, at, name):
+    """torch autograd's vector-Jacobian product of softmax(q @ k^T * scale + mask) @ v (v of zeros
+    for attention_dv, whose gradient does not read it)."""
+    q, k = a[0], a[1]
+    v, dy = (a[2], a[3]) if name != "attention_dv" else (t.zeros(k.shape[:-1] + a[2].shape[-1:], dtype=q.dtype), a[2])
+    mask = a[len(a) - 1] if len(a) == (5 if name != "attention_dv" else 4) else None
+    x = {"attention_dq": q, "attention_dk": k, "attention_dv": v}[name].detach().requires_grad_(True)
+    args = {"attention_dq": (x, k, v), "attention_dk": (q, x, v), "attention_dv": (q, k, x)}[name]
+    with t.enable_grad():
+        s = args[0] @ args[1].transpose(-1, -2) * at["scale"]
+        p = t.softmax(s if mask is None else s + mask, dim=-1)
+        if at["zero_nan"]:
+            p = t.nan_to_num(p, nan=0.0)
+        (g,) = t.autograd.grad(p @ args[2], x, dy)
     return g
 
 

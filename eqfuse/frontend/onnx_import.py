@@ -77,7 +77,22 @@ def import_model(model, *, dims: Mapping[str, int] | None = None,
     if onnx is None:
         raise EqfuseError("importing ONNX models needs the onnx package", hint="pip install 'eqfuse[onnx]'")
     proto = _load(model)
+    _check_text(proto)
     return _Importer(proto, dict(dims or {}), dict(values or {})).run()
+
+
+def _check_text(proto) -> None:
+    """Every name and op type must be text: protobuf hands a string field that is not valid
+    UTF-8 back as bytes (a damaged file), which the importer would trip on."""
+    g = proto.graph
+    fields = [("the graph's name", g.name)]
+    for n in g.node:
+        fields += [(f"node '{n.name}'", x) for x in (n.name, n.op_type, n.domain, *n.input, *n.output)]
+        fields += [(f"an attribute of node '{n.name}'", a.name) for a in n.attribute]
+    fields += [("a tensor name", t.name) for t in (*g.initializer, *g.input, *g.output, *g.value_info)]
+    for where, x in fields:
+        if not isinstance(x, str):
+            raise EqfuseError(f"not a readable ONNX model: {where} has a string that is not UTF-8 text ({x!r:.60})")
 
 
 def _load(model) -> "onnx.ModelProto":

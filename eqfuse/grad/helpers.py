@@ -90,6 +90,12 @@ def _swap_last(r: int) -> tuple[int, ...]:
     return tuple(range(r - 2)) + (r - 1, r - 2)
 
 
+def _rows(em, ctx, args, at):
+    """T as a matrix: every axis but the last folded into its rows."""
+    shape = em.shape(args[0])
+    return em.op("reshape", [args[0]], shape=(math.prod(shape[:-1]), shape[-1]))
+
+
 def _mT(em, ctx, args, at):
     return em.op("transpose", [args[0]], perm=_swap_last(len(em.shape(args[0], concrete=False))))
 
@@ -224,6 +230,7 @@ HELPERS: dict[str, tuple[Callable, int, tuple[str, ...]]] = {
     "chan": (_chan, 2, ()),
     "unchan": (_unchan, 2, ()),
     "mT": (_mT, 1, ()),
+    "rows": (_rows, 1, ()),
     "untranspose": (_untranspose, 1, ("perm",)),
     "reshape_as": (_reshape_as, 2, ()),
     "unslice": (_unslice, 2, ("axis", "start", "stop", "step")),

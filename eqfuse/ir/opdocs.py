@@ -83,6 +83,14 @@ DOCS: dict[str, tuple[str, str]] = {
                              "element) or avg_pool2d (mode=\"avg\") with respect to x"),
     "scatter_elements_add": ("x, indices, updates", "x with each element of updates added at its index along "
                                                     "axis= (repeated indices add up): the gradient of gather_elements"),
+    "softmax_grad": ("dy, y", "the gradient of y = softmax(x, axis=) with respect to x: y * (dy - sum(dy * y))"),
+    "layernorm_grad": ("dy, x, gamma", "the gradient of layernorm(x, gamma, beta, axis=, eps=) with respect to x"),
+    "attention_dq": ("q, k, v, dy[, mask]", "the gradient of softmax(q @ k^T * scale= + mask) @ v with respect "
+                                            "to q, the probabilities recomputed (never stored)"),
+    "attention_dk": ("q, k, v, dy[, mask]", "the gradient of softmax(q @ k^T * scale= + mask) @ v with respect "
+                                            "to k, the probabilities recomputed"),
+    "attention_dv": ("q, k, dy[, mask]", "the gradient of softmax(q @ k^T * scale= + mask) @ v with respect to v: "
+                                         "softmax(...)^T @ dy, the probabilities recomputed"),
     "squeeze": ("x", "x without the size-1 axes axis= (all size-1 axes by default); a reshape"),
     "unsqueeze": ("x", "x with size-1 axes inserted at axis=; a reshape"),
     "flatten": ("x", "x as a matrix: the axes before axis= times the rest; a reshape"),

@@ -48,7 +48,7 @@ class Attr:
 @dataclass(frozen=True)
 class Op:
     name: str
-    kind: str  # pointwise | contraction | reduction | row | channel (batchnorm) | layout
+    kind: str  # pointwise | contraction | reduction | row | channel (batchnorm) | layout | index | attention_grad
     arity: tuple[int, int]  # (min, max) inputs; max -1 = any number
     infer: Callable[[list[TType], Mapping[str, Any]], TType]
     numpy: Callable[..., np.ndarray]  # numpy(args, attrs) -> float32 array
@@ -404,6 +404,8 @@ _op(name="concat", kind="layout", dtype="any", arity=(1, -1), infer=_concat_infe
     numpy=lambda a, at: np.concatenate(a, axis=at["axis"]), attrs=(Attr("axis", "int", 0),))
 
 from eqfuse.ir import ops_index  # noqa: E402,F401  (registers the mask, index and pooling ops)
+from eqfuse.ir import ops_attention  # noqa: E402,F401  (registers the attention gradients)
+from eqfuse.ir import ops_grad  # noqa: E402,F401  (registers the row ops of derivative rules)
 
 INFIX = {op.infix: op.name for op in OPS.values() if op.infix and op.arity == (2, 2)}
 

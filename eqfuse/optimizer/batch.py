@@ -84,6 +84,7 @@ def _together(gs: list[Graph], dims, kw) -> list:
                    est_time_before_s=C.graph_value(g, "time", gd, C.perf()),
                    est_time_after_s=C.graph_value(part, "time", gd, C.perf()),
                    kernels_greedy=after.launches - after.views, bytes_greedy=after.bytes,
+                   saved_before=C.saved_for_backward(g, gd), saved_after=C.saved_for_backward(part, gd),
                    unbound_dims={d: C.DEFAULT_DIM for d in g.dims() if d not in gd},
                    batch=f"optimized together with {len(gs) - 1} other small graphs (e-graph and time figures are the batch's)",
                    graph=graph_text(part))

@@ -22,6 +22,10 @@ from eqfuse.ir.ops import OPS
 DEFAULT_DIM = 64
 BYTES = 4  # f32
 MODELS = ("memory", "launches", "time")
+# attention_dq/dk/dv ran at 87 GFLOP/s against the GEMM's ~200 on one Zen 5 core (16 heads of 64 x
+# 32, `python benchmarks/bench_train.py`'s encoder): the time model counts their FLOPs 2.5 times (the
+# row passes between the products -- softmax, masks, the transposed copies -- hold them below a GEMM's rate)
+ATTENTION_GRAD_SLOWDOWN = 2.5
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,13 @@ def op_flops(body: Graph, i: int, dims) -> float:
     op = OPS[n.op]
     if op.kind == "layout":
         return 0.0
+    if op.kind == "attention_grad":  # counted ATTENTION_GRAD_SLOWDOWN times (see there)
+        from eqfuse.ir.ops_attention import attention_grad_flops
+
+        q, k, dy = (body.nodes[n.args[j]].type.shape for j in (0, 1, 2 if n.op == "attention_dv" else 3))
+        rows = math.prod(_dim(d, dims) for d in q[:-1])
+        return ATTENTION_GRAD_SLOWDOWN * attention_grad_flops(n.op, rows, _dim(k[-2], dims), _dim(q[-1], dims),
+                                                              _dim(dy[-1], dims))
     if op.kind in ("row", "reduction"):
         return float(op.flops * numel(body.nodes[n.args[0]].type, dims))
     return float(op.flops * out)
@@ -138,6 +149,29 @@ def graph_value(g: Graph, model: str, dims: Mapping[str, int] | None = None, p: 
         return value(graph_kernels(g, dims), model)
     p = p or perf()
     return sum(value(kernel_cost(node_body(g, i), dims), "time", p) for i in _kernels(g))
+
+
+def saved_for_backward(g: Graph, dims: Mapping[str, int] | None = None) -> int | None:
+    """Bytes of the activations a training graph keeps for its backward pass: the tensors
+    computed for the loss (its first output, an f32 scalar) that the rest of the graph (the
+    gradients) reads. A tensor read through a free view (a reshape) counts as its source. None
+    for a graph whose first output is not a scalar loss.
+
+    Fusion decides this: a gradient kernel that recomputes an activation (the attention
+    probabilities in attention_dq/dk/dv, a pointwise prologue) does not need it stored, so
+    comparing the unfused joint graph with the optimized one gives the bytes the cost model
+    chose to recompute instead of storing."""
+    if not g.outputs or g.nodes[g.outputs[0]].type.dtype != "f32" or any(d != 1 for d in g.nodes[g.outputs[0]].type.shape):
+        return None
+    forward = {i for i in g.ancestors(g.outputs[0]) if g.nodes[i].op not in ("input", "const")}
+
+    def source(i: int) -> int:
+        while i in forward and g.nodes[i].op == "kernel" and _is_view(g.nodes[i].body) and g.nodes[i].args:
+            i = g.nodes[i].args[0]
+        return i
+    stored = {source(a) for i, n in enumerate(g.nodes) if i not in forward and n.op not in ("input", "const")
+              for a in n.args}
+    return BYTES * sum(numel(g.nodes[i].type, dims) for i in stored & forward)
 
 
 def unfused(graph: Graph) -> Graph:

@@ -138,7 +138,7 @@ def _source(g: Graph, a: int, is_view) -> tuple[int, list[int]]:
 
 # the kernel kind a body with one non-pointwise op of this op kind would be
 _KIND_OF_OP = {"contraction": K.CONTRACTION, "row": K.ROW, "reduction": K.REDUCE, "layout": K.LAYOUT,
-               "index": K.INDEX}
+               "index": K.INDEX, "attention_grad": K.ATTENTION_GRAD}
 
 
 def _kind_of(body: Graph) -> tuple[str, list[str]]:

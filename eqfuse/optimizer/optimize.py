@@ -169,6 +169,8 @@ def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages,
         "ilp": ilp,
         "kernels_greedy": greedy.launches - greedy.views,  # what greedy extraction alone gives
         "bytes_greedy": greedy.bytes,
+        "saved_before": C.saved_for_backward(src0, dims),  # bytes kept for the backward pass
+        "saved_after": C.saved_for_backward(out, dims),
         "unbound_dims": {d: C.DEFAULT_DIM for d in unbound},
         "skipped_rules": st.skipped_rules,
         "limit": st.limit_note or None,  # e.g. "node limit: 50000 e-nodes, 81% from rule my_assoc"
@@ -264,6 +266,9 @@ def report_text(r: dict) -> str:
         f"stopped: {r['stop_reason']}" + (f" ({r['limit']})" if r.get("limit") else ""),
         f"#   extraction: {r['extraction']} (ILP: {r['ilp']}), {r['optimize_seconds']:.3f} s",
     ]
+    if r.get("saved_before"):  # a training graph: what the gradients read of the forward pass
+        lines.append(f"#   saved for backward: {mb(r['saved_before'])} -> {mb(r['saved_after'])} (activations the "
+                     f"gradients read; the rest is recomputed in their kernels)")
     if r["extraction"] != "greedy":  # what the ILP improved on
         lines.append(f"#   greedy alone: {r['kernels_greedy']} kernels, {mb(r['bytes_greedy'])}")
     if r["unbound_dims"]:

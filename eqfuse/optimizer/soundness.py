@@ -4,9 +4,12 @@ How inputs are drawn (`eqfuse check-rules` and the test suite use this module):
 
 - Shapes: per trial, one random base shape (rank 0-4, sizes 1-5); each tensor variable takes
   the base shape, a suffix of it, a broadcast of it (some sizes set to 1) or an unrelated random
-  shape, and the draw is rejected and repeated until shape inference of the left side and every
-  condition succeed. A variable tested with `const(?c)` is a scalar. A condition `?v == TERM`
-  (an attribute variable or a constant compared with a shape term) sets ?v directly.
+  shape. The draw is rejected and repeated until shape inference of the left side and every
+  condition succeed; after SQUARE_AFTER rejections every other draw is square (one size on
+  every axis, every variable the base shape, one axis, a suffix or a broadcast of it), which meets
+  patterns of several matmuls over one batch (attention's gradient). A variable tested with
+  `const(?c)` is a scalar. A condition `?v == TERM` (an attribute variable or a constant compared
+  with a shape term) sets ?v directly.
 - Attribute variables take values the left side admits, drawn when the op that reads them is
   evaluated: a permutation of the input's axes for perm=, a reshape target of the same size
   (sometimes with -1) for shape=, an axis or axis set of the input's rank, true/false, one of a
@@ -41,6 +44,7 @@ from eqfuse.optimizer.rules import AttrVar, Cond, PKernel, PNum, POp, PVar, Rule
 RTOL, ATOL = 1e-4, 1e-5
 OP_TOLERANCE: dict[str, tuple[float, float]] = {}  # op name -> (rtol, atol) when a rule uses it
 ATTEMPTS = 400  # shape draws per trial before giving up
+SQUARE_AFTER = 200  # then every other draw is square (draw_shapes)
 
 
 class Reject(Exception):
@@ -144,7 +148,13 @@ class Env:
         return v
 
 
-def draw_shapes(rng: np.random.Generator, names: list[str], consts: set[str]) -> dict[str, tuple[int, ...]]:
+def draw_shapes(rng: np.random.Generator, names: list[str], consts: set[str],
+                square: bool = False) -> dict[str, tuple[int, ...]]:
+    if square:  # one size on every axis, and mostly exactly the base shape, so that a pattern of
+        # several matmuls over one batch (attention's gradient) can be met
+        base = (int(rng.integers(1, 6)),) * int(rng.integers(0, 5))
+        vectors = float(rng.choice([0.0, 0.5]))  # how often a variable is one axis of it (a per-channel parameter)
+        return {n: () if n in consts else _square(rng, base, vectors) for n in names}
     base = tuple(int(d) for d in rng.integers(1, 6, size=int(rng.integers(0, 5))))
     pool = [1, *(int(d) for d in rng.integers(2, 6, size=2))]
     out = {}
@@ -167,6 +177,18 @@ def draw_shapes(rng: np.random.Generator, names: list[str], consts: set[str]) ->
             s = tuple(int(d) for d in rng.integers(1, 6, size=int(rng.integers(0, 5))))
         out[n] = s
     return out
+
+
+def _square(rng: np.random.Generator, base: tuple[int, ...], vectors: float) -> tuple[int, ...]:
+    """A variable's shape in a square draw: the base, one axis of it, a suffix, or a broadcast."""
+    if base and rng.random() < vectors:
+        return base[:1]
+    k = rng.random()
+    if k < 0.7:
+        return base
+    if k < 0.9:
+        return base[int(rng.integers(0, len(base) + 1)):]
+    return tuple(1 if rng.random() < 0.4 else d for d in base)
 
 
 def _factor_shape(rng, size: int) -> tuple[int, ...]:
@@ -308,9 +330,9 @@ def _solve(conds, env: Env) -> None:
 def _draw(rule: Rule, rng, positive: bool) -> tuple[Env, np.ndarray] | None:
     consts = {c.var for c in rule.conds if isinstance(c, Test) and c.fn == "const"}
     names = tensor_vars(rule.lhs)
-    for _ in range(ATTEMPTS):
+    for attempt in range(ATTEMPTS):
         env = Env(rng, positive, consts)
-        env.shapes = draw_shapes(rng, names, consts)
+        env.shapes = draw_shapes(rng, names, consts, square=attempt >= SQUARE_AFTER and attempt % 2 == 1)
         env.tensors = {n: env.values(s) for n, s in env.shapes.items()}
         try:
             _solve(rule.conds, env)

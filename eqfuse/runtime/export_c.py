@@ -466,7 +466,7 @@ clean:
 
 def files(lib: str, graphs, target: str, march: str, embed: bool, model: str) -> dict[str, str | bytes]:
     """{file name: content} of the library's directory."""
-    from eqfuse.backend.cbuild import template
+    from eqfuse.backend.cbuild import header_c
 
     sources = {f"{g.entry}.c": graph_source(lib, g) for g in graphs}
     code = "".join(sources.values())
@@ -474,7 +474,7 @@ def files(lib: str, graphs, target: str, march: str, embed: bool, model: str) ->
     data = blob(lib, graphs)
     out: dict[str, str | bytes] = {f"{lib}.h": header(lib, graphs, target, embed, model),
                                    f"{lib}.c": model_source(lib, graphs, embed), **sources,
-                                   "eqf_common.h": template("common.h"), "eqf_omp.h": OMP_H,
+                                   "eqf_common.h": header_c(), "eqf_omp.h": OMP_H,
                                    "Makefile": makefile(lib, graphs, march, target, openmp, embed),
                                    "example.c": example_source(lib, graphs)}
     if embed:

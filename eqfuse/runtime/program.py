@@ -24,7 +24,8 @@ output.
 threads, long* failed)`: it sets the thread count (threads > 0), calls every kernel in order
 and returns 0, or the count of bad indices of the first index kernel that met any, or EQF_NOMEM
 (-1) when a kernel could not allocate its scratch buffer (the plan index of that kernel in
-*failed; the kernels after it do not run).
+*failed; the kernels after it do not run). `eqf_<graph>_run_profile(1)` makes it add each
+kernel's wall time to a table that `eqf_<graph>_run_times` copies out (eqfuse.runtime.profile).
 
 `Runner` makes the one cffi call per graph call. Each Python thread has its own arena, pointer
 arrays and output pool (cffi releases the GIL during the call: concurrent calls never share
@@ -152,7 +153,7 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
 
 # Kernel kinds whose C takes a scratch buffer (eqf_scratch in csrc_templates/common.h): the run
 # function checks after each of them that it got its buffers.
-SCRATCH_KINDS = frozenset({K.CONTRACTION, K.CONTRACTION_ROW, K.CONV2D, K.ATTENTION})
+SCRATCH_KINDS = frozenset({K.CONTRACTION, K.CONTRACTION_ROW, K.CONV2D, K.ATTENTION, K.ATTENTION_GRAD})
 
 
 def run_name(graph: str) -> str:
@@ -160,6 +161,7 @@ def run_name(graph: str) -> str:
 
 
 RUN_CDEF = "long {name}(void* const* in, void* const* out, char* arena, int threads, long* failed);"
+PROFILE_CDEF = "\nvoid {name}_profile(int on);\nvoid {name}_times(double* ns);"
 
 
 def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, str]:
@@ -178,11 +180,19 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, 
             return f"(({ctype(i)}*)(arena + {at}){off})"
         return f"(({ctype(i)}*){where}[{at}]{off})"
 
-    lines = [f"/* {kg.name}: {len(kernels)} kernels in order; arena {mem.arena_bytes} bytes (static memory plan) */",
+    nk = max(len(kernels), 1)
+    lines = [f"/* {kg.name}'s kernel times while profiling ({name}_profile, eqfuse.runtime.profile) */",
+             f"static double {name}_ns[{nk}];", f"static int {name}_profiling;",
+             f"void {name}_profile(int on)", "{", f"    {name}_profiling = on;",
+             f"    memset({name}_ns, 0, sizeof {name}_ns);", "}",
+             f"void {name}_times(double* ns)", "{", f"    memcpy(ns, {name}_ns, sizeof {name}_ns);", "}",
+             f"/* {kg.name}: {len(kernels)} kernels in order; arena {mem.arena_bytes} bytes (static memory plan) */",
              f"long {name}(void* const* in, void* const* out, char* arena, int threads, long* failed)", "{",
              "    long bad = 0;", "    (void)in; (void)out; (void)arena; (void)bad; (void)failed;",
-             "    if (threads > 0)", "        omp_set_num_threads(threads);"]
+             "    if (threads > 0)", "        omp_set_num_threads(threads);",
+             f"    const int prof = {name}_profiling;", "    struct timespec t0, t1;", "    (void)t0; (void)t1;"]
     for s, p in enumerate(kernels):
+        lines.append("    if (prof) clock_gettime(CLOCK_MONOTONIC, &t0);")
         args = ["NULL" if k in p.unread else ptr(a) for k, a in enumerate(p.args)]
         pre = p.prepack
         if pre:
@@ -192,10 +202,12 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, 
             lines += [f"    if ((bad = {call}) != 0) {{", f"        *failed = {s};", "        return bad;", "    }"]
         else:
             lines.append(f"    {call};")
+        lines += ["    if (prof) {", "        clock_gettime(CLOCK_MONOTONIC, &t1);",
+                  f"        {name}_ns[{s}] += (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);", "    }"]
         if p.kind in SCRATCH_KINDS:
             lines += ["    if (eqf_nomem_take()) {", f"        *failed = {s};", "        return EQF_NOMEM;", "    }"]
     lines += ["    return 0;", "}"]
-    return "\n".join(lines) + "\n", RUN_CDEF.format(name=name)
+    return "\n".join(lines) + "\n", RUN_CDEF.format(name=name) + PROFILE_CDEF.format(name=name)
 
 
 NOMEM = -1  # EQF_NOMEM of common.h: a kernel could not allocate its scratch buffer

@@ -1,33 +1,37 @@
 /* eqf_kinds_k2_contraction_row_rowop: layernorm over rows of 53 (r1 rows), prologue and epilogue fused.
- * Two-pass mean and variance over the row held in the output row (in cache). */
+ * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1). */
 EQF_WIDE_BEGIN
-/* eqf_kinds_k2_contraction_row_rowop: layernorm over rows of 53 (r1 rows), prologue and epilogue fused.
- * Two-pass mean and variance over the row held in the output row (in cache). */
 void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restrict out, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
 
     for (long r = r0; r < r1; r++) {
         float* restrict y = out + (r * 53L);
         (void)b;
-        float s = 0.0f;
+        float s = 0.0f, st;
         #pragma omp simd reduction(+:s)
-        for (long j = 0; j < 53; j++) {
+        for (long j = 0; j < 53 / 16 * 16; j++) {
 
             const float x = y[j];
             y[j] = x;
             s += x;
         }
-        const float mean = s * (1.0f / 53);
-        float q = 0.0f;
-        #pragma omp simd reduction(+:q)
-        for (long j = 0; j < 53; j++) {
-            const float d = y[j] - mean;
-            q += d * d;
+        st = s;  /* the last L % 16 apart, as in row_softmax.c */
+        #pragma GCC unroll 16
+        for (long j = 53 / 16 * 16; j < 53; j++) {
+
+            const float x = y[j];
+            y[j] = x;
+            st += x;
         }
-        const float rstd = 1.0f / sqrtf(q * (1.0f / 53) + 1e-05f);
+        const float mean0 = st * (1.0f / 53);
+        float dev;
+        const float q = eqf_row_sq_dev(y, 53, mean0, NULL, &dev);
+        const float dm = dev * (1.0f / 53);  /* mean = mean0 + dm, applied in two steps below */
+        const float var = fmaxf(q - dev * dm, 0.0f) * (1.0f / 53);  /* >= 0 also after rounding */
+        const float rstd = 1.0f / sqrtf(var + 1e-05f);
         #pragma omp simd
         for (long j = 0; j < 53; j++) {
-            const float v = (y[j] - mean) * rstd * eqf_e3[j] + eqf_e4[j];
+            const float v = ((y[j] - mean0) - dm) * rstd * eqf_e3[j] + eqf_e4[j];
 
             y[j] = v;
         }

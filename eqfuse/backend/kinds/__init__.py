@@ -11,6 +11,7 @@ decides which reason a body that no kind takes gets).
 from __future__ import annotations
 
 from eqfuse.backend.kinds.attention import Attention
+from eqfuse.backend.kinds.attention_grad import AttentionGrad
 from eqfuse.backend.kinds.base import Facts, Kind
 from eqfuse.backend.kinds.contraction import Contraction
 from eqfuse.backend.kinds.index import Index
@@ -20,11 +21,12 @@ from eqfuse.backend.kinds.reduce import Reduce
 from eqfuse.backend.kinds.row import Row
 from eqfuse.backend.plan import K, KernelShape, Split, Unsupported
 
-KINDS: tuple[Kind, ...] = (Pointwise(), Layout(), Index(), Contraction(), Row(), Reduce(), Attention())
+KINDS: tuple[Kind, ...] = (Pointwise(), Layout(), Index(), Contraction(), Row(), Reduce(), Attention(), AttentionGrad())
 KIND: dict[K, Kind] = {k: kind for kind in KINDS for k in kind.kinds}
 
 SUPPORTED = "; ".join(k.supported for k in (KIND[K.POINTWISE], KIND[K.CONTRACTION], KIND[K.ROW],
-                                            KIND[K.REDUCE], KIND[K.ATTENTION], KIND[K.LAYOUT], KIND[K.INDEX]))
+                                            KIND[K.REDUCE], KIND[K.ATTENTION], KIND[K.ATTENTION_GRAD], KIND[K.LAYOUT],
+                                            KIND[K.INDEX]))
 
 
 def classify(body, machine=None) -> KernelShape:

@@ -22,9 +22,11 @@ from eqfuse.backend.lower_gemm import (
     c_layout,
     conv_c_layout,
     plan_contraction,
+    plan_skinny,
     row_epilogue_fits,
+    skinny,
 )
-from eqfuse.backend.machine import Machine
+from eqfuse.backend.machine import Machine, machine
 from eqfuse.backend.plan import (
     GEMM_KINDS,
     K,
@@ -186,7 +188,8 @@ class Contraction(Kind):
 def mark_bound_b(plan: KernelPlan, bound: set[int]) -> None:
     """detail.prepack for a matmul GEMM whose B (or the matrix its transpose reads) is one of
     the body inputs `bound` by params=, read by nothing else in the kernel, and one matrix for
-    every batch (emit then reads B as panels the runtime packs once)."""
+    every batch (emit then reads B as panels the runtime packs once). A matmul with few rows
+    then takes the memory-bound skinny path (lower_gemm.skinny, planned by plan_skinny)."""
     d = plan.detail
     if isinstance(d, conv_direct.ConvDirectDetail):
         return conv_direct.mark_bound(plan, bound)
@@ -203,3 +206,6 @@ def mark_bound_b(plan: KernelPlan, bound: set[int]) -> None:
     plan.uops = [replace(u, what="B panels packed once when bound (params=), read in place")
                  if u.op == "Load" and ("pack B panel" in u.what or u.what.startswith("B read in place")) else u
                  for u in plan.uops]  # the tile schedule says so
+    d = plan.detail
+    if plan.kind != K.CONV2D and d.gemm.mode == "fold" and skinny(d.gemm.M, d.N, d.K, machine()):
+        plan_skinny(plan, machine())

@@ -1,9 +1,11 @@
-"""The row kind: one softmax, layernorm or rmsnorm, or a sum/mean/max over the trailing axes,
-with a pointwise prologue and epilogue; each row is walked in passes while it is in cache
-(csrc_templates/row_softmax.c, row_layernorm.c, row_rmsnorm.c, row_reduce.c)."""
+"""The row kind: one softmax, layernorm or rmsnorm, their gradients (softmax_grad,
+layernorm_grad), or a sum/mean/max over the trailing axes, with a pointwise prologue and
+epilogue; each row is walked in passes while it is in cache (csrc_templates/row_softmax.c,
+row_layernorm.c, row_rmsnorm.c, row_grad.c, row_reduce.c)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from itertools import count
 
@@ -44,7 +46,8 @@ from eqfuse.backend.plan import (
 )
 from eqfuse.ir.ops import OPS, reduce_axes
 
-ROW_OPS = ("softmax", "layernorm", "rmsnorm")  # the rest are reductions: one value per row
+ROW_OPS = ("softmax", "layernorm", "rmsnorm", "softmax_grad", "layernorm_grad")  # the rest are reductions
+ALONG_AXIS = ("softmax", "softmax_grad")  # rows along one axis (strided when not the last), not trailing axes
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,17 @@ def row_loop_pragma(parallel: int) -> str:
     return f"    #pragma omp parallel for schedule(static) if ({parallel})"
 
 
+def next_row(decls: list[str], pro_text: str, params: str, rows: int, ahead: str = "1") -> str:
+    """The templates' `next` (prefetched while row r computes): row r + ahead of the first f32 input
+    the prologue reads as whole contiguous rows (`in<k>[off<m> + j]`), else NULL."""
+    for ptr, off in re.findall(r"\b(in\d+)\[(off\d+) \+ j\]", pro_text):
+        decl = next((d for d in decls if f"const long {off} = " in d), None)
+        if decl is not None and f"const float* restrict {ptr}" in params:
+            nxt = re.sub(r"\(r\)|\br\b", f"(r + {ahead})", decl.split(" = ", 1)[1].rstrip(";"))
+            return f"(r + {ahead} < {rows} ? {ptr} + {nxt} : NULL)"
+    return "NULL"
+
+
 class Row(Kind):
     kinds = (K.ROW,)
     supported = ("row-wise (one softmax, layernorm, rmsnorm or sum/mean/max over the trailing axes, "
@@ -73,7 +87,7 @@ class Row(Kind):
         an = plan.body.nodes[plan.shape.anchor]
         if an.op == "softmax":
             return True
-        if an.op not in ("layernorm", "rmsnorm"):
+        if an.op not in ("layernorm", "rmsnorm"):  # (the gradients write their own rows)
             return False
         xshape = tuple(plan.body.nodes[an.args[0]].type.shape)
         return all(strides[k] == size(xshape[k + 1:]) for k in range(plan.detail.axis0, len(xshape)) if xshape[k] > 1)
@@ -90,7 +104,7 @@ class Row(Kind):
         body, a = plan.body, plan.shape.anchor
         an = body.nodes[a]
         xshape = tuple(body.nodes[an.args[0]].type.shape)
-        if an.op in ("softmax", "layernorm"):
+        if an.op in ("softmax", "layernorm", "softmax_grad", "layernorm_grad"):
             axis0 = an.attr["axis"] % len(xshape)  # rows run along this axis (strided when not the last)
         elif an.op == "rmsnorm":
             axis0 = len(xshape) - 1
@@ -98,7 +112,7 @@ class Row(Kind):
             axes = reduce_axes(an.attr, len(xshape))
             axis0 = min(axes) if axes else len(xshape)
         rows, L = size(xshape[:axis0]), size(xshape[axis0:])
-        if an.op == "softmax":
+        if an.op in ALONG_AXIS:
             rows, L = size(xshape) // xshape[axis0], xshape[axis0]
         par = rows > 1 and rows * L >= PARALLEL_MIN // 4
         plan.detail = RowDetail(an.op, rows, L, axis0, par)
@@ -107,7 +121,7 @@ class Row(Kind):
         row_bytes = L * F32 * (len(body.inputs) + 1)
         plan.cache_check = (f"row working set {row_bytes} B <= L2 {c.l2} B: "
                             f"{'ok' if row_bytes <= c.l2 else 'no (streams from L3)'}")
-        passes = {"softmax": 3, "layernorm": 3, "rmsnorm": 2}.get(an.op, 1)
+        passes = {"softmax": 3, "layernorm": 3, "rmsnorm": 2, "softmax_grad": 2, "layernorm_grad": 4}.get(an.op, 1)
         pro = ops_text(body, skip=not_ancestors(body, an.args[0]))
         u = plan.uops
         u.append(UOp(0, "Loop", f"r over {rows} rows (parallel)", rows))
@@ -123,7 +137,7 @@ class Row(Kind):
         xshape = tuple(body.nodes[an.args[0]].type.shape)
         d = plan.detail
         axis0, rows, L = d.axis0, d.rows, d.L
-        if an.op == "softmax":
+        if an.op in ALONG_AXIS:
             col_dims = [axis0]
             row_dims = [k for k in range(len(xshape)) if k != axis0]
         else:
@@ -134,14 +148,22 @@ class Row(Kind):
         space = Space(xshape, [("r", row_dims, True), ("j", col_dims, False)], I1, ids)
         pro = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
         x = pro.value(an.args[0])
-        common = dict(NAME=plan.name, PARAMS=params, ROWS=rows, L=L,
-                      ROW_LOOP_PRAGMA=row_loop_pragma(int(d.parallel)),
-                      PRO_BODY=pro.text(), X=x)
+        a1 = pro.value(an.args[1]) if an.op in ("softmax_grad", "layernorm_grad") else ""
+        common = {"NAME": plan.name, "PARAMS": params, "ROWS": rows, "L": L,
+                  "ROW_LOOP_PRAGMA": row_loop_pragma(int(d.parallel)), "PRO_BODY": pro.text(), "X": x}
         if an.op in ROW_OPS:
             epi = Exprs(body, space, ptrs, {a: "v"}, I2, strides=plan.base_strides())
             e = epi.value(body.outputs[0])
             cs = plan.out_strides or contiguous(xshape)  # a softmax may write through strides
             common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0)
+            ybase = offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims])
+            if an.op in ("softmax_grad", "layernorm_grad"):
+                grad = an.op == "layernorm_grad"
+                return render("row_grad.c", OP=an.op, MODE=int(grad), A1=a1, YBASE=ybase, YS=cs[axis0] if not grad else 1,
+                              GAMMA_J=f"{ptrs[an.args[2]]}[j]" if grad else "1.0f",
+                              EPS=flit(an.attr["eps"]) if grad else "0.0f", **common)
+            ahead = f"EQF_ROW_BLOCK({L})" if an.op == "softmax" else "1"  # softmax: the next block's row
+            common["NEXT"] = next_row(space.decls, common["PRO_BODY"], params, rows, ahead)
             if an.op == "softmax":
                 return render("row_softmax.c",
                               YBASE=offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims]),

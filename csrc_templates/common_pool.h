@@ -1,0 +1,100 @@
+/* eqfuse common header, continued (after common_simd.h): the claim-based thread pool. */
+/* ---- A claim-based thread pool (the skinny GEMM's parallel loop).
+ * eqf_parallel_for(n, fn, ctx, threads) runs fn(ctx, 0..n-1), each chunk once, on the calling
+ * thread and on up to threads - 1 pool workers. Chunks are claimed one at a time from an atomic
+ * counter, and the caller waits only for the chunks that were claimed, never for a worker that
+ * has not started: when another process holds a core and a worker is not scheduled, the caller
+ * takes its chunks itself. (An OpenMP region waits at its end for every thread of the team.)
+ * The counter holds the job's generation in its high half, so a worker waking late cannot claim
+ * a chunk of a later job. One pool per module, its workers started at its first parallel call. */
+typedef void (*eqf_chunk_fn)(void* ctx, long chunk);
+enum { EQF_POOL_MAX = 64 };
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    unsigned long word; /* generation << 32 | next chunk (atomic) */
+    long n, done;       /* chunks of the current job, and how many have finished (atomic) */
+    int allowed;        /* workers that may take part in the current job */
+    eqf_chunk_fn fn;
+    void* ctx;
+    int workers;        /* started */
+} eqf_pool_t;
+static eqf_pool_t eqf_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL, 0};
+/* held by the caller for a whole job: a second caller at the same time (another Python thread)
+ * runs its chunks itself instead of waiting */
+static pthread_mutex_t eqf_pool_busy = PTHREAD_MUTEX_INITIALIZER;
+
+/* claim and run chunks of generation gen until none is left */
+static void eqf_pool_drain(unsigned long gen)
+{
+    for (;;) {
+        unsigned long w = __atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE);
+        if ((w >> 32) != gen)
+            return;
+        const eqf_chunk_fn fn = eqf_pool.fn;
+        void* const ctx = eqf_pool.ctx;
+        const long n = eqf_pool.n;
+        const long k = (long)(w & 0xffffffffUL);
+        if (k >= n)
+            return;
+        if (__atomic_compare_exchange_n(&eqf_pool.word, &w, w + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            fn(ctx, k);
+            __atomic_fetch_add(&eqf_pool.done, 1, __ATOMIC_RELEASE);
+        }
+    }
+}
+
+static void* eqf_pool_worker(void* arg)
+{
+    const int id = (int)(long)arg;
+    unsigned long seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&eqf_pool.mu);
+        while ((__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen)
+            pthread_cond_wait(&eqf_pool.wake, &eqf_pool.mu);
+        seen = __atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32;
+        const int allowed = eqf_pool.allowed;
+        pthread_mutex_unlock(&eqf_pool.mu);
+        if (id < allowed)
+            eqf_pool_drain(seen);
+    }
+    return NULL;
+}
+
+__attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, void* ctx, int threads)
+{
+    if (threads > EQF_POOL_MAX)
+        threads = EQF_POOL_MAX;
+    if (threads <= 1 || n <= 1 || pthread_mutex_trylock(&eqf_pool_busy) != 0) {
+        for (long k = 0; k < n; k++)
+            fn(ctx, k);
+        return;
+    }
+    pthread_mutex_lock(&eqf_pool.mu);
+    while (eqf_pool.workers < threads - 1) { /* start the missing workers (detached, for the process's life) */
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        const int ok = pthread_create(&t, &at, eqf_pool_worker, (void*)(long)eqf_pool.workers) == 0;
+        pthread_attr_destroy(&at);
+        if (!ok)
+            break;
+        eqf_pool.workers++;
+    }
+    const unsigned long gen = (__atomic_load_n(&eqf_pool.word, __ATOMIC_RELAXED) >> 32) + 1;
+    eqf_pool.fn = fn;
+    eqf_pool.ctx = ctx;
+    eqf_pool.n = n;
+    eqf_pool.allowed = threads - 1;
+    __atomic_store_n(&eqf_pool.done, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&eqf_pool.word, (gen & 0xffffffffUL) << 32, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&eqf_pool.wake);
+    pthread_mutex_unlock(&eqf_pool.mu);
+    eqf_pool_drain(gen & 0xffffffffUL);
+    /* every chunk is claimed: wait for the ones running on workers */
+    for (long spins = 0; __atomic_load_n(&eqf_pool.done, __ATOMIC_ACQUIRE) < n; spins++)
+        if (spins > 4096)
+            sched_yield();
+    pthread_mutex_unlock(&eqf_pool_busy);
+}
