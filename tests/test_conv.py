@@ -11,6 +11,13 @@ import eqfuse
 from eqfuse.backend.lower_gemm import pixels_as_rows
 
 
+@pytest.fixture(autouse=True)
+def _im2col(monkeypatch):
+    # these are the im2col GEMM's cases: the direct kernel (eqfuse.backend.conv_direct, which
+    # would take the 3x3 ones) has its own tests in tests/test_conv_direct.py
+    monkeypatch.setenv("EQFUSE_CONV", "im2col")
+
+
 def _rand(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
@@ -36,8 +43,8 @@ graph c(x: f32[{N}, {C}, {H}, {H}], w: f32[{O}, {C}, {k}, {k}], b: f32[{O}], m: 
   return relu(y + r)
 }}
 """
-    xs = dict(x=_rand(N, C, H, H), w=_rand(O, C, k, k, seed=1) * 0.2, b=_rand(O, seed=2), m=_rand(O, seed=3),
-              v=np.abs(_rand(O, seed=4)) + 0.5, g=_rand(O, seed=5), be=_rand(O, seed=6), r=_rand(N, O, OH, OH, seed=7))
+    xs = {"x": _rand(N, C, H, H), "w": _rand(O, C, k, k, seed=1) * 0.2, "b": _rand(O, seed=2), "m": _rand(O, seed=3),
+              "v": np.abs(_rand(O, seed=4)) + 0.5, "g": _rand(O, seed=5), "be": _rand(O, seed=6), "r": _rand(N, O, OH, OH, seed=7)}
     mod = eqfuse.compile(src, params={"w": xs["w"]} if bound else None)
     args = {n: a for n, a in xs.items() if not (bound and n == "w")}
     for _ in range(2):  # (a prepacked weight is packed at the first call)
@@ -57,7 +64,7 @@ graph t(x: f32[2, 8, 4, 4], w: f32[32, 8, 2, 2], cls: f32[2, 1, 32]) -> f32[2, 5
   return concat(exp(cls), transpose(p, perm=[0, 2, 1]), axis=1)
 }
 """
-    xs = dict(x=_rand(2, 8, 4, 4), w=_rand(32, 8, 2, 2, seed=1), cls=_rand(2, 1, 32, seed=2))
+    xs = {"x": _rand(2, 8, 4, 4), "w": _rand(32, 8, 2, 2, seed=1), "cls": _rand(2, 1, 32, seed=2)}
     mod = eqfuse.compile(src)
     np.testing.assert_allclose(mod(**xs), eqfuse.reference(src)(**xs), rtol=1e-4, atol=1e-4)
     (f,) = mod.functions.values()

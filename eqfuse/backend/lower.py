@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from eqfuse.backend.conv_direct import block_between_convs
 from eqfuse.backend.kinds import KIND, SUPPORTED, Split, Unsupported, classify
 from eqfuse.backend.kinds.contraction import mark_bound_b
 from eqfuse.backend.plan import F32, K, KernelPlan, size
@@ -158,6 +159,7 @@ def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset(
                         mark_bound_b(p, _bound_inputs(p, kg, params))
                 if p.into is not None:  # after any planning again, which writes the uops anew
                     p.uops = p.uops + [store_uop(p)]
+            block_between_convs(kg, plans)  # (direct convs: the blocked layout between them)
             return kg, plans
 
 

@@ -1,0 +1,138 @@
+"""Single convs (conv2d + batchnorm + relu, weights bound): eqfuse's direct and im2col paths and
+onnxruntime, interleaved in one process.
+
+    python benchmarks/bench_conv.py [--repeat N] [--threads T ...] [--set resnet18|resnet56|all]
+
+The shapes: every conv of the narrow ResNet-18 of tests/model_exports.py at 64x64 images, batch 2
+("resnet18"), and the convs of torchvision's ResNet-18 at 56x56 (after the stem), batch 1
+("resnet56"). eqfuse compiles each conv twice, with EQFUSE_CONV=direct and =im2col
+(eqfuse.backend.conv_direct), and with neither (the planner's choice, "auto"); onnxruntime runs
+a Conv -> BatchNormalization -> Relu model (ORT_ENABLE_ALL fuses it into one NCHWc conv) on the
+same thread count. Each row: median microseconds per call and ORT / eqfuse-auto.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import eqfuse
+from eqfuse.cli.bench import blas_threads
+
+# name: (N, C, H, O, k, stride, padding)
+RESNET18 = {
+    "stem 3->16 7x7/2 @64": (2, 3, 64, 16, 7, 2, 3),
+    "l1 16 3x3 @16": (2, 16, 16, 16, 3, 1, 1),
+    "l2 16->32 3x3/2 @16": (2, 16, 16, 32, 3, 2, 1),
+    "l2 32 3x3 @8": (2, 32, 8, 32, 3, 1, 1),
+    "l2 down 1x1/2 @16": (2, 16, 16, 32, 1, 2, 0),
+    "l3 32->64 3x3/2 @8": (2, 32, 8, 64, 3, 2, 1),
+    "l3 64 3x3 @4": (2, 64, 4, 64, 3, 1, 1),
+    "l4 64->128 3x3/2 @4": (2, 64, 4, 128, 3, 2, 1),
+    "l4 128 3x3 @2": (2, 128, 2, 128, 3, 1, 1),
+}
+RESNET56 = {
+    "64 3x3 @56": (1, 64, 56, 64, 3, 1, 1),
+    "64->128 3x3/2 @56": (1, 64, 56, 128, 3, 2, 1),
+    "128 3x3 @28": (1, 128, 28, 128, 3, 1, 1),
+    "256 3x3 @14": (1, 256, 14, 256, 3, 1, 1),
+    "512 3x3 @7": (1, 512, 7, 512, 3, 1, 1),
+    "down 64->128 1x1/2 @56": (1, 64, 56, 128, 1, 2, 0),
+}
+
+
+def _arrays(N, C, H, O, k):
+    rng = np.random.default_rng(0)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)
+    return {"x": f(N, C, H, H), "w": f(O, C, k, k) * 0.1, "m": f(O) * 0.1, "v": np.abs(f(O)) + 0.5, "g": f(O), "be": f(O)}
+
+
+def _eqfuse(shape, xs, path):
+    N, C, H, O, k, s, p = shape
+    src = f"""
+graph c(x: f32[{N}, {C}, {H}, {H}], w: f32[{O}, {C}, {k}, {k}], m: f32[{O}], v: f32[{O}], g: f32[{O}],
+        be: f32[{O}]) -> f32[{N}, {O}, {(H + 2 * p - k) // s + 1}, {(H + 2 * p - k) // s + 1}] {{
+  return relu(batchnorm(conv2d(x, w, stride={s}, padding={p}), m, v, g, be, eps=0.00001))
+}}
+"""
+    old = os.environ.pop("EQFUSE_CONV", None)
+    if path != "auto":
+        os.environ["EQFUSE_CONV"] = path
+    try:
+        mod = eqfuse.compile(src, params={n: a for n, a in xs.items() if n != "x"})
+    finally:
+        os.environ.pop("EQFUSE_CONV", None)
+        if old is not None:
+            os.environ["EQFUSE_CONV"] = old
+    (fn,) = mod.functions.values()
+    return fn
+
+
+def _ort(shape, xs, threads):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    N, C, H, _O, k, s, p = shape
+    inits = [numpy_helper.from_array(xs[n], n) for n in ("w", "g", "be", "m", "v")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[k, k], strides=[s, s], pads=[p] * 4),
+             helper.make_node("BatchNormalization", ["c", "g", "be", "m", "v"], ["bn"], epsilon=1e-5),
+             helper.make_node("Relu", ["bn"], ["y"])]
+    g = helper.make_graph(nodes, "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, C, H, H])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return lambda: sess.run(None, {"x": xs["x"]})[0]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--threads", type=int, action="append")
+    ap.add_argument("--set", default="all", choices=("resnet18", "resnet56", "all"))
+    args = ap.parse_args(argv)
+    blas_threads(1)
+    shapes = {**(RESNET18 if args.set in ("resnet18", "all") else {}),
+              **(RESNET56 if args.set in ("resnet56", "all") else {})}
+    print(f"{'conv (N=batch)':<26}{'thr':>4}{'direct us':>11}{'im2col us':>11}{'auto us':>9}{'ORT us':>9}"
+          f"{'ORT/auto':>10}  auto path")
+    for th in args.threads or [1]:
+        for name, shape in shapes.items():
+            xs = _arrays(*shape[:5])
+            fns = {path: _eqfuse(shape, xs, path) for path in ("direct", "im2col", "auto")}
+            runs = {}
+            for path, fn in fns.items():
+                fn.threads = th
+                runs[path] = functools.partial(fn, x=xs["x"])
+            runs["ort"] = _ort(shape, xs, th)
+            want = runs["ort"]()
+            for k, run in runs.items():
+                np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-3, atol=1e-3, err_msg=k)
+            times: dict[str, list[float]] = {k: [] for k in runs}
+            for _ in range(args.repeat):  # interleaved
+                for k, run in runs.items():
+                    t = time.perf_counter()
+                    run()
+                    times[k].append(time.perf_counter() - t)
+            med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+            auto = next(p.detail for p in fns["auto"].last.plans if p.kind == "conv2d")
+            path = "direct" if type(auto).__name__ == "ConvDirectDetail" else "im2col"
+            print(f"{name:<26}{th:>4}{med['direct']:>11.1f}{med['im2col']:>11.1f}{med['auto']:>9.1f}"
+                  f"{med['ort']:>9.1f}{med['ort'] / med['auto']:>10.2f}  {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,256 @@
+/* {{NAME}}: direct conv2d, {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}},
+ * padding {{PH}}x{{PW}} -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out), the epilogue fused into the store.
+ *
+ * Layouts inside the kernel (eqfuse.backend.conv_direct):
+ * - the input, zero padded, in channel blocks of CB: xp[N][NCB][HP][WP][CB] (CB = {{CB}}), made at
+ *   each call (scratch); every tap then reads a pixel's CB channels from one cache line and the
+ *   register tile needs no bounds checks;
+ * - the weights in output-channel blocks of OBW = V x VL ({{V}} x {{VL}}):
+ *   w[NOB][NCB][KH][KW][CB][OBW], zero padded; made once by {{NAME}}_prepack when bound by
+ *   params= (PREPACKED {{PREPACKED}}), else at each call.
+ * The register tile: RW = {{RW}} output pixels (consecutive in n, oh, ow order, so a tile may span
+ * rows and images: a 2x2 map of two images is one tile of 8) x OBW output channels, RW x V vector
+ * accumulators; per input channel one weight vector load per V and one broadcast per pixel.
+ * Threads share the (channel block, pixel tile) pairs, channel blocks outermost (each thread
+ * then streams its own share of the weights).
+ * Between two direct convs (IN_BLOCKED {{IN_BLOCKED}}, OUT_BLOCKED {{OUT_BLOCKED}}) the tensor is kept in
+ * blocks of VL channels, [N][C / VL][H][W][VL]: the producer stores the tile's vectors as they
+ * are, the consumer copies rows of blocks into its padded copy. */
+#define {{NAME}}_DIMS                                                                              \
+    enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}},   \
+           OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, CB = {{CB}},                  \
+           NCB = (C + CB - 1) / CB, HP = (OH - 1) * SH + KH, WP = (OW - 1) * SW + KW, VL = {{VL}},        \
+           V = {{V}}, OBW = {{OBW}} /* V x VL */, NOB = (O + OBW - 1) / OBW, RW = {{RW}}, P = OH * OW,                   \
+           NP = N * P, ROWS = {{ROWS}}, TR = (OW + RW - 1) / RW, NT = ROWS ? N * OH * TR : (NP + RW - 1) / RW }
+typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
+typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
+
+long {{NAME}}_prepack_floats(void)
+{
+    {{NAME}}_DIMS;
+    return (long)NOB * NCB * KH * KW * CB * OBW;
+}
+
+/* OIHW weights -> w[NOB][NCB][KH][KW][CB][OBW], zero padded in both channel counts. */
+void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
+{
+    {{NAME}}_DIMS;
+    for (long ob = 0; ob < NOB; ob++)
+        for (long cb = 0; cb < NCB; cb++)
+            for (long kh = 0; kh < KH; kh++)
+                for (long kw = 0; kw < KW; kw++)
+                    for (long ci = 0; ci < CB; ci++) {
+                        float* restrict dst = wp + ((((ob * NCB + cb) * KH + kh) * KW + kw) * CB + ci) * OBW;
+                        const long c = cb * CB + ci;
+                        for (long oo = 0; oo < OBW; oo++) {
+                            const long o = ob * OBW + oo;
+                            dst[oo] = (o < O && c < C) ? wt[((o * C + c) * KH + kh) * KW + kw] : 0.0f;
+                        }
+                    }
+}
+
+/* One row (n, cb, hp) of the padded, channel-blocked input: the CB input rows read side by
+ * side, each pixel's CB channels written together. */
+static inline void {{NAME}}_pad_row(const float* restrict x, float* restrict xp, long row)
+{
+    {{NAME}}_DIMS;
+    const long hp = row % HP, cb = row / HP % NCB, n = row / HP / NCB, ih = hp - PH;
+    const long cn = C - cb * CB < CB ? C - cb * CB : CB; /* channels of this block (a last one may be short) */
+    const long iw1 = W < WP - PW ? W : WP - PW;         /* input columns read (a stride may skip the last) */
+    float* restrict dst = xp + row * WP * CB;
+    if (ih < 0 || ih >= H || iw1 <= 0) {
+        memset(dst, 0, sizeof(float) * WP * CB);
+        return;
+    }
+    memset(dst, 0, sizeof(float) * PW * CB);
+    if (WP > PW + iw1)
+        memset(dst + (PW + iw1) * CB, 0, sizeof(float) * (WP - PW - iw1) * CB);
+    float* restrict d = dst + PW * CB;
+#if {{IN_BLOCKED}}
+    /* the input in blocks of CB channels already ([N][C / CB][H][W][CB], made by the conv that
+     * produced it): a row of the block is the padded row's interior */
+    (void)cn;
+    memcpy(d, x + ((n * NCB + cb) * H + ih) * (long)W * CB, sizeof(float) * iw1 * CB);
+    return;
+#endif
+    const float* restrict src = x + ((n * C + cb * CB) * H + ih) * W;
+    if (cn == CB) {
+        for (long iw = 0; iw < iw1; iw++)
+#pragma GCC unroll 16
+            for (long ci = 0; ci < CB; ci++)
+                d[iw * CB + ci] = src[ci * (long)H * W + iw];
+    } else {
+        for (long iw = 0; iw < iw1; iw++)
+            for (long ci = 0; ci < CB; ci++)
+                d[iw * CB + ci] = ci < cn ? src[ci * (long)H * W + iw] : 0.0f;
+    }
+}
+
+/* tile[RW][OBW] = the RW pixels at xoff (offsets into xp) . one channel block's weights w. */
+/* (no predictive commoning: along a row, pixel r + 1 at tap kw is pixel r at kw + 1, and gcc
+ * would carry those values between taps in registers the accumulators need, spilling them) */
+__attribute__((optimize("no-predictive-commoning")))
+static inline void {{NAME}}_tile(const float* restrict xp, const long* restrict xoff, const float* restrict w,
+                                 float* restrict tile)
+{
+    {{NAME}}_DIMS;
+    {{NAME}}_vf acc[RW][V];
+#pragma GCC unroll 32
+    for (int r = 0; r < RW; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            acc[r][v] = ({{NAME}}_vf){0};
+    /* For one input-channel block and kernel row, the (kw, ci) pairs of a pixel are KW x CB
+     * consecutive floats of the padded copy, and their weights KW x CB consecutive OBW-vectors:
+     * one loop over both (a 7x7 stem of 3 channels: 21 steps per kernel row, not 7 of 3). */
+    for (int cb = 0; cb < NCB; cb++)
+        for (int kh = 0; kh < KH; kh++) {
+            const float* restrict xk = xp + ((long)cb * HP + kh) * WP * CB;
+            const float* restrict wk = w + ((long)cb * KH + kh) * KW * CB * OBW;
+            /* ROWS: the tile's pixels are one output row's, SW x CB floats apart (constant
+             * displacements from one pointer); else each its own pointer */
+            const float* px[RW];
+#pragma GCC unroll 32
+            for (int r = 0; r < RW; r++)
+                px[r] = ROWS ? xk + xoff[0] + r * SW * CB : xk + xoff[r];
+#pragma GCC unroll 16
+            for (int t = 0; t < KW * CB; t++) {
+                {{NAME}}_vf wv[V];
+#pragma GCC unroll 8
+                for (int v = 0; v < V; v++) {
+                    wv[v] = *(const {{NAME}}_vfu*)(wk + t * OBW + v * VL);
+#if defined(__x86_64__) && (defined(__AVX512F__) || ({{VL}} <= 8 && defined(__AVX__)) || {{VL}} <= 4) /* (a vector register holds it) */
+                    /* in a register: gcc would otherwise fold the load into each of the RW
+                     * FMAs that read it (RW x V loads instead of V) */
+                    __asm__("" : "+v"(wv[v]));
+#endif
+                }
+#pragma GCC unroll 32
+                for (int r = 0; r < RW; r++) {
+                    const float a = px[r][t];
+#pragma GCC unroll 8
+                    for (int v = 0; v < V; v++)
+                        acc[r][v] += a * wv[v];
+                }
+            }
+        }
+#pragma GCC unroll 32
+    for (int r = 0; r < RW; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            *({{NAME}}_vfu*)(tile + r * OBW + v * VL) = acc[r][v];
+}
+
+void {{NAME}}({{PARAMS}})
+{
+    {{NAME}}_DIMS;
+{{EXTRAS}}
+    /* (+ slack: a ROWS tile past a row's end reads up to RW x SW pixels further) */
+    float* xp = eqf_scratch(EQF_SCRATCH_CONV_COL, (long)N * NCB * HP * WP * CB + (long)RW * SW * CB);
+#if {{PREPACKED}}
+    const float* w = {{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
+#else
+    float* w = eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
+#endif
+    if (!xp || !w) {
+        eqf_nomem_note();
+        return;
+    }
+    memset(xp + (long)N * NCB * HP * WP * CB, 0, sizeof(float) * RW * SW * CB);
+#pragma omp parallel if ({{PARALLEL}})
+    {
+#if !{{PREPACKED}}
+#pragma omp single nowait
+        {{NAME}}_prepack({{WEIGHTS}}, w);
+#endif
+#pragma omp for schedule(static)
+        for (long row = 0; row < (long)N * NCB * HP; row++)
+            {{NAME}}_pad_row({{X}}, xp, row);
+#pragma omp for schedule(static)
+        for (long it = 0; it < (long)NOB * NT; it++) {
+            const long ob = it / NT, t = it % NT;
+            long xoff[RW], pb[RW], pj[RW];
+            int rw;
+            if (ROWS) { /* tile t: image n, output row oh, columns ow0.. (a short last tile computes
+                         * past the row end, reading the padded copy's slack, and stores rw) */
+                const long n = t / (OH * TR), oh = t / TR % OH, ow0 = t % TR * RW;
+                rw = OW - ow0 < RW ? (int)(OW - ow0) : RW;
+                xoff[0] = ((n * NCB * HP) + oh * SH) * (long)WP * CB + ow0 * SW * CB;
+                for (int r = 0; r < RW; r++) {
+                    pb[r] = n;
+                    pj[r] = oh * OW + ow0 + r;
+                }
+            } else { /* tile t: the RW pixels from t x RW in (n, oh, ow) order */
+                const long q0 = t * RW;
+                rw = NP - q0 < RW ? (int)(NP - q0) : RW;
+                for (int r = 0; r < RW; r++) {
+                    const long q = q0 + (r < rw ? r : rw - 1); /* a short tile repeats its last pixel */
+                    const long n = q / P, j = q % P, oh = j / OW, ow = j % OW;
+                    xoff[r] = ((n * NCB * HP) + oh * SH) * (long)WP * CB + ow * SW * CB;
+                    pb[r] = n;
+                    pj[r] = j;
+                }
+            }
+            float tile[RW * OBW] __attribute__((aligned(64)));
+            {{NAME}}_tile(xp, xoff, w + ob * ((long)NCB * KH * KW * CB * OBW), tile);
+#if {{OUT_BLOCKED}}
+            /* the output in blocks of VL channels ([N][O / VL][OH][OW][VL]: the next conv reads it
+             * so, see eqfuse.backend.conv_direct.block_between_convs): the epilogue along each
+             * pixel's channels and a vector store per VL of them */
+            const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
+            for (int r = 0; r < rw; r++) {
+                const long b = pb[r], j = pj[r];
+                (void)b; (void)j;
+                for (long v0 = 0; v0 < oc; v0 += VL) {
+                    float* restrict dst = out + ((b * (O / VL) + (o0 + v0) / VL) * (long)P + j) * VL;
+                    const float* restrict src = tile + r * OBW + v0;
+#pragma omp simd
+                    for (long l = 0; l < VL; l++) {
+                        const long i = o0 + v0 + l;
+                        const float acc = src[l];
+                        (void)i;
+                        dst[l] = {{EPILOGUE}};
+                    }
+                }
+            }
+#else
+            /* NCHW keeps a channel's pixels together: the tile transposed (channels x pixels),
+             * then the epilogue along each channel's pixels, where a residual or any tensor of
+             * the output's shape is read contiguously, as the result is stored */
+            const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
+            float tt[OBW * RW] __attribute__((aligned(64)));
+            for (int r = 0; r < RW; r++)
+                for (int oo = 0; oo < OBW; oo++)
+                    tt[oo * RW + r] = tile[r * OBW + oo];
+            if (pb[0] == pb[rw - 1]) { /* one image: the pixels are consecutive in each channel */
+                const long b = pb[0], j0 = pj[0];
+                (void)b;
+                for (long oo = 0; oo < oc; oo++) {
+                    const long i = o0 + oo;
+                    float* restrict orow = out + (b * O + i) * (long)P + j0;
+                    const float* restrict trow = tt + oo * RW;
+                    (void)i;
+#pragma omp simd
+                    for (int r = 0; r < rw; r++) {
+                        const long j = j0 + r;
+                        const float acc = trow[r];
+                        (void)j;
+                        orow[r] = {{EPILOGUE}};
+                    }
+                }
+            } else {
+                for (int r = 0; r < rw; r++) {
+                    const long b = pb[r], j = pj[r];
+                    (void)b; (void)j;
+                    for (long oo = 0; oo < oc; oo++) {
+                        const long i = o0 + oo;
+                        const float acc = tt[oo * RW + r];
+                        (void)i;
+                        out[(b * O + i) * (long)P + j] = {{EPILOGUE}};
+                    }
+                }
+            }
+#endif
+        }
+    }
+}

@@ -1,0 +1,141 @@
+/* {{NAME}}: direct conv2d with output pixels in the vector lanes, {{N}}x{{C}}x{{H}}x{{W}} *
+ * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}}, padding {{PH}}x{{PW}} -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in
+ * and out), the epilogue fused into the store. For few output channels (eqfuse.backend.conv_direct):
+ * channel vectors would need a broadcast of an input value per FMA; here a vector holds VL
+ * output pixels of one row, and per input channel and tap the tile loads RPH x RPW pixel
+ * vectors and broadcasts RO weights for RO x RPH x RPW FMAs.
+ * The input is copied zero padded, each row split into its SW column phases
+ * (xq[N][C][HP][SW][WQ], element wp of a padded row at [wp % SW][wp / SW]), so that the input of
+ * VL output pixels at any tap is VL consecutive floats. The weights are [C][KH][KW][OPAD]
+ * (prepacked once when bound by params=). */
+#define {{NAME}}_DIMS                                                                              \
+    enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}},   \
+           OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, VL = {{VL}}, RO = {{RO}},        \
+           RPH = {{RPH}}, RPW = {{RPW}}, TW = RPW * VL, NTW = (OW + TW - 1) / TW, NTH = (OH + RPH - 1) / RPH, \
+           NTO = (O + RO - 1) / RO, OPAD = NTO * RO, HP = (NTH * RPH - 1) * SH + KH,                     \
+           WQ = NTW * TW + (KW - 1) / SW + 1, P = OH * OW }
+typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
+typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
+
+long {{NAME}}_prepack_floats(void)
+{
+    {{NAME}}_DIMS;
+    return (long)C * KH * KW * OPAD;
+}
+
+/* OIHW weights -> w[C][KH][KW][OPAD], zero padded. */
+void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
+{
+    {{NAME}}_DIMS;
+    for (long c = 0; c < C; c++)
+        for (long k = 0; k < KH * KW; k++)
+            for (long o = 0; o < OPAD; o++)
+                wp[(c * KH * KW + k) * OPAD + o] = o < O ? wt[(o * C + c) * KH * KW + k] : 0.0f;
+}
+
+/* One padded row (n, c, hp), split into its SW column phases. */
+static inline void {{NAME}}_pad_row(const float* restrict x, float* restrict xq, long row)
+{
+    {{NAME}}_DIMS;
+    const long hp = row % HP, nc = row / HP, ih = hp - PH;
+    float* restrict dst = xq + row * SW * WQ;
+    const float* restrict src = x + (nc * H + (ih < 0 ? 0 : ih)) * W;
+    const int inside = ih >= 0 && ih < H;
+    for (long ph = 0; ph < SW; ph++)
+        for (long q = 0; q < WQ; q++) {
+            const long iw = q * SW + ph - PW;
+            dst[ph * WQ + q] = inside && iw >= 0 && iw < W ? src[iw] : 0.0f;
+        }
+}
+
+/* tile[RO][RPH][TW] for output channels o0.., rows oh0.., columns ow0.. of image n */
+__attribute__((optimize("no-predictive-commoning")))
+static inline void {{NAME}}_tile(const float* restrict xq, const float* restrict w, long n, long o0, long oh0,
+                                 long ow0, float* restrict tile)
+{
+    {{NAME}}_DIMS;
+    {{NAME}}_vf acc[RO][RPH * RPW];
+#pragma GCC unroll 32
+    for (int r = 0; r < RO; r++)
+#pragma GCC unroll 8
+        for (int p = 0; p < RPH * RPW; p++)
+            acc[r][p] = ({{NAME}}_vf){0};
+    for (long c = 0; c < C; c++)
+        for (long kh = 0; kh < KH; kh++) {
+            const float* restrict xr = xq + ((n * C + c) * HP + oh0 * SH + kh) * (long)SW * WQ + ow0;
+            const float* restrict wr = w + (c * KH + kh) * KW * (long)OPAD + o0;
+#pragma GCC unroll 16
+            for (int kw = 0; kw < KW; kw++) {
+                {{NAME}}_vf xv[RPH * RPW];
+#pragma GCC unroll 8
+                for (int p = 0; p < RPH * RPW; p++) {
+                    xv[p] = *(const {{NAME}}_vfu*)(xr + (p / RPW) * SH * SW * WQ + (kw % SW) * WQ + kw / SW
+                                                   + (p % RPW) * VL);
+#if defined(__x86_64__) && (defined(__AVX512F__) || ({{VL}} <= 8 && defined(__AVX__)) || {{VL}} <= 4) /* (a vector register holds it) */
+                    __asm__("" : "+v"(xv[p])); /* (in a register, not reloaded by each FMA) */
+#endif
+                }
+#pragma GCC unroll 32
+                for (int r = 0; r < RO; r++) {
+                    const float a = wr[kw * OPAD + r];
+#pragma GCC unroll 8
+                    for (int p = 0; p < RPH * RPW; p++)
+                        acc[r][p] += a * xv[p];
+                }
+            }
+        }
+#pragma GCC unroll 32
+    for (int r = 0; r < RO; r++)
+#pragma GCC unroll 8
+        for (int p = 0; p < RPH * RPW; p++)
+            *({{NAME}}_vfu*)(tile + (r * RPH + p / RPW) * TW + (p % RPW) * VL) = acc[r][p];
+}
+
+void {{NAME}}({{PARAMS}})
+{
+    {{NAME}}_DIMS;
+{{EXTRAS}}
+    float* xq = eqf_scratch(EQF_SCRATCH_CONV_COL, (long)N * C * HP * SW * WQ);
+#if {{PREPACKED}}
+    const float* w = {{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
+#else
+    float* w = eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
+#endif
+    if (!xq || !w) {
+        eqf_nomem_note();
+        return;
+    }
+#pragma omp parallel if ({{PARALLEL}})
+    {
+#if !{{PREPACKED}}
+#pragma omp single nowait
+        {{NAME}}_prepack({{WEIGHTS}}, w);
+#endif
+#pragma omp for schedule(static)
+        for (long row = 0; row < (long)N * C * HP; row++)
+            {{NAME}}_pad_row({{X}}, xq, row);
+#pragma omp for schedule(static)
+        for (long it = 0; it < (long)NTO * N * NTH * NTW; it++) {
+            const long to = it / (N * NTH * NTW), t = it % (N * NTH * NTW);
+            const long b = t / (NTH * NTW), oh0 = t / NTW % NTH * RPH, ow0 = t % NTW * TW, o0 = to * RO;
+            float tile[RO * RPH * TW] __attribute__((aligned(64)));
+            {{NAME}}_tile(xq, w, b, o0, oh0, ow0, tile);
+            const long cw = OW - ow0 < TW ? OW - ow0 : TW;
+            (void)b;
+            for (long r = 0; r < RO && o0 + r < O; r++)
+                for (long h = 0; h < RPH && oh0 + h < OH; h++) {
+                    const long i = o0 + r, j0 = (oh0 + h) * OW + ow0;
+                    const float* restrict trow = tile + (r * RPH + h) * TW;
+                    float* restrict orow = out + (b * O + i) * (long)P + j0;
+                    (void)i;
+#pragma omp simd
+                    for (long q = 0; q < cw; q++) {
+                        const long j = j0 + q;
+                        const float acc = trow[q];
+                        (void)j;
+                        orow[q] = {{EPILOGUE}};
+                    }
+                }
+        }
+    }
+}
