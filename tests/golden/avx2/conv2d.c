@@ -1,501 +1,141 @@
-/* eqf_kinds_k8_conv2d_gemm: C[b] = epilogue(A[b] @ B[b]) for b < 2; M=5 N=143 K=27, row-major,
- * B K x N, A M x K.
- *
- * BLIS-style, loop order pc (KC slices of K) > chunk (MC rows of A, packed once) > jc (NC
- * columns of B, packed into a KC x NC panel that stays in L2) > ir (MR-row micro-panel of A,
- * stays in L1) > jr (NR-column micro-panel of B) > register-blocked MR x NR micro-kernel. Sizes
- * are compile-time constants: the backend knows every shape, and constant trip counts let gcc
- * unroll the micro-kernel. Edge tiles are computed in full on zero-padded panels and stored in
- * part. With DIRECT_B (0; few rows, B not transposed, see eqfuse.backend.gemm.direct) the
- * micro-kernel reads the full NR-column panels of B in place (row stride 143) and only a
- * partial last panel is packed. With PREPACKED_B (0; B bound by params=) the B argument
- * is not B but its panels, packed once by eqf_kinds_k8_conv2d_gemm_prepack: for each KC slice of K, the NR-column
- * panels of all of N, so every thread reads the panels it needs and nothing is packed per call.
- *
- * The epilogue: a KC slice that is not the last one adds its partial sums into C; the last one
- * leaves the finished MR x NR tile in a buffer in L1, from where it reaches C through
- * `({ const float eqf_v3 = eqf_relu(acc); eqf_v3; })` (in terms of acc, i, j, b, M, N, K and the extra parameters): the only store
- * of the final value, so the epilogue runs exactly once per element.
- *
- * Threads: when there are at least as many batches as threads, each thread computes whole
- * batches (no synchronisation at all); otherwise the threads split each batch, either by rows
- * (each an equal share of the MR tiles; the threads pack each B panel together, two barriers per
- * panel) or, when M is small against N, by columns (each its own NR panels, its own packed B
- * and A, no synchronisation); eqf_kinds_k8_conv2d_gemm_split has the rule. */
-#include <stdlib.h>
-#include <omp.h>
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
+/* eqf_kinds_k8_conv2d: direct conv2d with output pixels in the vector lanes, 2x3x11x13 *
+ * 5x3x3x3, stride 1x1, padding 1x1 -> 2x5x11x13 (NCHW in
+ * and out), the epilogue fused into the store. For few output channels (eqfuse.backend.conv_direct):
+ * channel vectors would need a broadcast of an input value per FMA; here a vector holds VL
+ * output pixels of one row, and per input channel and tap the tile loads RPH x RPW pixel
+ * vectors and broadcasts RO weights for RO x RPH x RPW FMAs.
+ * The input is copied zero padded, each row split into its SW column phases
+ * (xq[N][C][HP][SW][WQ], element wp of a padded row at [wp % SW][wp / SW]), so that the input of
+ * VL output pixels at any tap is VL consecutive floats. The weights are [C][KH][KW][OPAD]
+ * (prepacked once when bound by params=). */
+#define eqf_kinds_k8_conv2d_DIMS                                                                              \
+    enum { N = 2, C = 3, H = 11, W = 13, O = 5, KH = 3, KW = 3, OH = 11,   \
+           OW = 13, SH = 1, SW = 1, PH = 1, PW = 1, VL = 8, RO = 6,        \
+           RPH = 1, RPW = 2, TW = RPW * VL, NTW = (OW + TW - 1) / TW, NTH = (OH + RPH - 1) / RPH, \
+           NTO = (O + RO - 1) / RO, OPAD = NTO * RO, HP = (NTH * RPH - 1) * SH + KH,                     \
+           WQ = NTW * TW + (KW - 1) / SW + 1, P = OH * OW }
+typedef float eqf_kinds_k8_conv2d_vf __attribute__((vector_size(8 * 4)));
+typedef float eqf_kinds_k8_conv2d_vfu __attribute__((vector_size(8 * 4), aligned(4))); /* an unaligned access */
 
-#define eqf_kinds_k8_conv2d_gemm_M 5L
-#define eqf_kinds_k8_conv2d_gemm_N 143L
-#define eqf_kinds_k8_conv2d_gemm_K 27L
-#define eqf_kinds_k8_conv2d_gemm_MR 6
-#define eqf_kinds_k8_conv2d_gemm_NR 16
-#define eqf_kinds_k8_conv2d_gemm_MC 6L
-#define eqf_kinds_k8_conv2d_gemm_NC 144L
-#define eqf_kinds_k8_conv2d_gemm_KC 27L
-#define eqf_kinds_k8_conv2d_gemm_NPAD ((eqf_kinds_k8_conv2d_gemm_N + eqf_kinds_k8_conv2d_gemm_NR - 1) / eqf_kinds_k8_conv2d_gemm_NR * eqf_kinds_k8_conv2d_gemm_NR) /* N in whole panels */
-
-/* A counting build (-DEQF_COUNT_UKERNEL) counts the micro-kernel calls, to check them against
- * the uop counts of `eqfuse lower --uops`; eqf_kinds_k8_conv2d_gemm_ukernel_calls() reads and resets the count. */
-#ifdef EQF_COUNT_UKERNEL
-static long eqf_kinds_k8_conv2d_gemm_calls;
-long eqf_kinds_k8_conv2d_gemm_ukernel_calls(void) { return __atomic_exchange_n(&eqf_kinds_k8_conv2d_gemm_calls, 0, __ATOMIC_RELAXED); }
-#define eqf_kinds_k8_conv2d_gemm_COUNT_CALL() __atomic_fetch_add(&eqf_kinds_k8_conv2d_gemm_calls, 1, __ATOMIC_RELAXED)
-#else
-#define eqf_kinds_k8_conv2d_gemm_COUNT_CALL() ((void)0)
-#endif
-
-/* tile[MR][NR] = a_panel (kc x MR, k-major) . b_panel (kc x NR, k-major); both zero padded. */
-#if defined(__AVX512F__) && 16 % 16 == 0
-static inline void eqf_kinds_k8_conv2d_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    long ldb, float* restrict tile)
+long eqf_kinds_k8_conv2d_prepack_floats(void)
 {
-    /* MR x NR/16 zmm accumulators; with the B row (NR/16 zmm) they must fit the 32 registers,
-     * and the A element is broadcast straight from memory into each FMA. */
-    enum { V = eqf_kinds_k8_conv2d_gemm_NR / 16 };
-    __m512 c[eqf_kinds_k8_conv2d_gemm_MR][V];
-#pragma GCC unroll 64
-    for (int r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < V; v++)
-            c[r][v] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (long k = 0; k < kc; k++) {
-        __m512 bv[V];
-#pragma GCC unroll 8
-        for (int v = 0; v < V; v++)
-            bv[v] = _mm512_loadu_ps(b + 16 * v);
-        /* the next A micro-panel rows come from L2: ask for them ahead of use */
-        _mm_prefetch((const char*)(a + 8 * eqf_kinds_k8_conv2d_gemm_MR), _MM_HINT_T0);
-#pragma GCC unroll 64
-        for (int r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++) {
-            __m512 ar = _mm512_set1_ps(a[r]);
-#pragma GCC unroll 8
-            for (int v = 0; v < V; v++)
-                c[r][v] = _mm512_fmadd_ps(ar, bv[v], c[r][v]);
-        }
-        a += eqf_kinds_k8_conv2d_gemm_MR;
-        b += ldb;
-    }
-#pragma GCC unroll 64
-    for (int r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < V; v++)
-            _mm512_store_ps(tile + r * eqf_kinds_k8_conv2d_gemm_NR + 16 * v, c[r][v]);
-}
-#elif defined(__AVX2__) && defined(__FMA__) && 16 % 8 == 0
-static inline void eqf_kinds_k8_conv2d_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    long ldb, float* restrict tile)
-{
-    /* The BLIS/MLAS Haswell shape: MR x NR/8 ymm accumulators (6 x 2 = 12), the B row (2) and
-     * one broadcast A element fill the 16 ymm registers; AVX2 has no broadcast operand in an
-     * FMA, so each A element is one vbroadcastss. */
-    enum { V = eqf_kinds_k8_conv2d_gemm_NR / 8 };
-    __m256 c[eqf_kinds_k8_conv2d_gemm_MR][V];
-#pragma GCC unroll 64
-    for (int r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < V; v++)
-            c[r][v] = _mm256_setzero_ps();
-#pragma GCC unroll 4
-    for (long k = 0; k < kc; k++) {
-        __m256 bv[V];
-#pragma GCC unroll 8
-        for (int v = 0; v < V; v++)
-            bv[v] = _mm256_loadu_ps(b + 8 * v);
-        _mm_prefetch((const char*)(a + 8 * eqf_kinds_k8_conv2d_gemm_MR), _MM_HINT_T0);
-#pragma GCC unroll 64
-        for (int r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++) {
-            const __m256 ar = _mm256_broadcast_ss(a + r);
-#pragma GCC unroll 8
-            for (int v = 0; v < V; v++)
-                c[r][v] = _mm256_fmadd_ps(ar, bv[v], c[r][v]);
-        }
-        a += eqf_kinds_k8_conv2d_gemm_MR;
-        b += ldb;
-    }
-#pragma GCC unroll 64
-    for (int r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < V; v++)
-            _mm256_store_ps(tile + r * eqf_kinds_k8_conv2d_gemm_NR + 8 * v, c[r][v]);
-}
-#elif 16 % 4 == 0
-/* Portable micro-kernel, in GCC's generic vectors of 4 floats (SSE on x86-64-v2, NEON on ARM,
- * scalar code elsewhere): MR x NR/4 accumulators that live in registers, the tile fully
- * unrolled. Plain loops over a float array were left scalar and in memory by gcc (5-8 GFLOP/s). */
-typedef float eqf_kinds_k8_conv2d_gemm_v4 __attribute__((vector_size(16)));
-typedef float eqf_kinds_k8_conv2d_gemm_v4u __attribute__((vector_size(16), aligned(4))); /* an unaligned load */
-static inline void eqf_kinds_k8_conv2d_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    long ldb, float* restrict tile)
-{
-    enum { V = eqf_kinds_k8_conv2d_gemm_NR / 4 };
-    eqf_kinds_k8_conv2d_gemm_v4 c[eqf_kinds_k8_conv2d_gemm_MR][V];
-#pragma GCC unroll 64
-    for (int r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < V; v++)
-            c[r][v] = (eqf_kinds_k8_conv2d_gemm_v4){0.0f, 0.0f, 0.0f, 0.0f};
-#pragma GCC unroll 2
-    for (long k = 0; k < kc; k++) {
-        eqf_kinds_k8_conv2d_gemm_v4 bv[V];
-#pragma GCC unroll 8
-        for (int v = 0; v < V; v++)
-            bv[v] = *(const eqf_kinds_k8_conv2d_gemm_v4u*)(b + 4 * v);
-#pragma GCC unroll 64
-        for (int r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++) {
-            const float ar = a[r];
-            const eqf_kinds_k8_conv2d_gemm_v4 av = {ar, ar, ar, ar};
-#pragma GCC unroll 8
-            for (int v = 0; v < V; v++)
-                c[r][v] += av * bv[v];
-        }
-        a += eqf_kinds_k8_conv2d_gemm_MR;
-        b += ldb;
-    }
-#pragma GCC unroll 64
-    for (int r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++)
-#pragma GCC unroll 8
-        for (int v = 0; v < V; v++)
-            *(eqf_kinds_k8_conv2d_gemm_v4*)(tile + r * eqf_kinds_k8_conv2d_gemm_NR + 4 * v) = c[r][v];
-}
-#else
-/* Any other NR (a blocking given by hand): plain loops, left to the auto-vectorizer. */
-static inline void eqf_kinds_k8_conv2d_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    long ldb, float* restrict tile)
-{
-    float c[eqf_kinds_k8_conv2d_gemm_MR][eqf_kinds_k8_conv2d_gemm_NR];
-    for (int r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++)
-        for (int j = 0; j < eqf_kinds_k8_conv2d_gemm_NR; j++)
-            c[r][j] = 0.0f;
-    for (long k = 0; k < kc; k++)
-        for (int r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++)
-            for (int j = 0; j < eqf_kinds_k8_conv2d_gemm_NR; j++)
-                c[r][j] += a[k * eqf_kinds_k8_conv2d_gemm_MR + r] * b[k * ldb + j];
-    for (int r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++)
-        for (int j = 0; j < eqf_kinds_k8_conv2d_gemm_NR; j++)
-            tile[r * eqf_kinds_k8_conv2d_gemm_NR + j] = c[r][j];
-}
-#endif
-
-/* B[pc:pc+kc, jc+jr0 : jc+jr1] -> NR-column micro-panels, k-major inside a panel, zero padded.
- * B_AT is the element (k, j) of B for the layout this kernel was built for; the loops run along
- * that layout's rows so that the reads are contiguous. */
-static void eqf_kinds_k8_conv2d_gemm_pack_b(const float* restrict B, long pc, long kc, long jc, long jr0, long jr1, long nc,
-                            float* restrict bp)
-{
-    for (long jr = jr0; jr < jr1; jr += eqf_kinds_k8_conv2d_gemm_NR) {
-        float* restrict dst = bp + jr * kc;
-        const long nr = nc - jr < eqf_kinds_k8_conv2d_gemm_NR ? nc - jr : eqf_kinds_k8_conv2d_gemm_NR;
-#if 0
-        for (long j = 0; j < nr; j++)
-            for (long k = 0; k < kc; k++)
-                dst[k * eqf_kinds_k8_conv2d_gemm_NR + j] = B[(pc + k) * 143L + jc + jr + j];
-        for (long j = nr; j < eqf_kinds_k8_conv2d_gemm_NR; j++)
-            for (long k = 0; k < kc; k++)
-                dst[k * eqf_kinds_k8_conv2d_gemm_NR + j] = 0.0f;
-#else
-        if (nr == eqf_kinds_k8_conv2d_gemm_NR) {
-            for (long k = 0; k < kc; k++)
-#pragma omp simd
-                for (long j = 0; j < eqf_kinds_k8_conv2d_gemm_NR; j++)
-                    dst[k * eqf_kinds_k8_conv2d_gemm_NR + j] = B[(pc + k) * 143L + jc + jr + j];
-        } else {
-            for (long k = 0; k < kc; k++) {
-                for (long j = 0; j < nr; j++)
-                    dst[k * eqf_kinds_k8_conv2d_gemm_NR + j] = B[(pc + k) * 143L + jc + jr + j];
-                for (long j = nr; j < eqf_kinds_k8_conv2d_gemm_NR; j++)
-                    dst[k * eqf_kinds_k8_conv2d_gemm_NR + j] = 0.0f;
-            }
-        }
-#endif
-    }
+    eqf_kinds_k8_conv2d_DIMS;
+    return (long)C * KH * KW * OPAD;
 }
 
-/* A[ic:ic+mc, pc:pc+kc] -> MR-row micro-panels, k-major inside a panel, zero padded. */
-static void eqf_kinds_k8_conv2d_gemm_pack_a(const float* restrict A, long ic, long mc, long pc, long kc, float* restrict ap)
+/* OIHW weights -> w[C][KH][KW][OPAD], zero padded. */
+void eqf_kinds_k8_conv2d_prepack(const float* restrict wt, float* restrict wp)
 {
-    for (long ir = 0; ir < mc; ir += eqf_kinds_k8_conv2d_gemm_MR) {
-        float* restrict dst = ap + ir * kc;
-        long mr = mc - ir < eqf_kinds_k8_conv2d_gemm_MR ? mc - ir : eqf_kinds_k8_conv2d_gemm_MR;
-#if 0
-        /* A given transposed (K x M, row stride LDA): the MR rows of one k are contiguous */
-        const float* restrict srct = A + pc * 27L + ic + ir;
-        for (long k = 0; k < kc; k++) {
-            for (long r = 0; r < mr; r++)
-                dst[k * eqf_kinds_k8_conv2d_gemm_MR + r] = srct[k * 27L + r];
-            for (long r = mr; r < eqf_kinds_k8_conv2d_gemm_MR; r++)
-                dst[k * eqf_kinds_k8_conv2d_gemm_MR + r] = 0.0f;
-        }
-#else
-        const float* restrict src = A + (ic + ir) * 27L + pc;
-        if (mr == eqf_kinds_k8_conv2d_gemm_MR) {
-            for (long k = 0; k < kc; k++)
-#pragma GCC unroll 64
-                for (long r = 0; r < eqf_kinds_k8_conv2d_gemm_MR; r++)
-                    dst[k * eqf_kinds_k8_conv2d_gemm_MR + r] = src[r * 27L + k];
-        } else {
-            for (long k = 0; k < kc; k++) {
-                for (long r = 0; r < mr; r++)
-                    dst[k * eqf_kinds_k8_conv2d_gemm_MR + r] = src[r * 27L + k];
-                for (long r = mr; r < eqf_kinds_k8_conv2d_gemm_MR; r++)
-                    dst[k * eqf_kinds_k8_conv2d_gemm_MR + r] = 0.0f;
-            }
-        }
-#endif
-    }
+    eqf_kinds_k8_conv2d_DIMS;
+    for (long c = 0; c < C; c++)
+        for (long k = 0; k < KH * KW; k++)
+            for (long o = 0; o < OPAD; o++)
+                wp[(c * KH * KW + k) * OPAD + o] = o < O ? wt[(o * C + c) * KH * KW + k] : 0.0f;
 }
 
-/* C[ic:ic+mc, jc:jc+nc] (+)= packed A block . packed B panel; the epilogue on the last K slice.
- * ir outer: one MR x kc micro-panel of A stays in L1 while the B panel streams from L2. */
-static void eqf_kinds_k8_conv2d_gemm_macro(const float* restrict ap, const float* restrict bp, const float* restrict B, float* restrict C,
-                           long b, long ic, long mc, long jc, long nc, long pc, long kc)
+/* One padded row (n, c, hp), split into its SW column phases. */
+static inline void eqf_kinds_k8_conv2d_pad_row(const float* restrict x, float* restrict xq, long row)
 {
-    const long M = eqf_kinds_k8_conv2d_gemm_M, N = eqf_kinds_k8_conv2d_gemm_N, K = eqf_kinds_k8_conv2d_gemm_K;
-    const int first = pc == 0, last = pc + kc >= K;
-    float tile[eqf_kinds_k8_conv2d_gemm_MR * eqf_kinds_k8_conv2d_gemm_NR] __attribute__((aligned(64)));
-    (void)M; (void)N; (void)b;
-    for (long ir = 0; ir < mc; ir += eqf_kinds_k8_conv2d_gemm_MR) {
-        const long mr = mc - ir < eqf_kinds_k8_conv2d_gemm_MR ? mc - ir : eqf_kinds_k8_conv2d_gemm_MR;
-        for (long jr = 0; jr < nc; jr += eqf_kinds_k8_conv2d_gemm_NR) {
-            const long nr = nc - jr < eqf_kinds_k8_conv2d_gemm_NR ? nc - jr : eqf_kinds_k8_conv2d_gemm_NR;
-            /* Fetch the C tile (for writing) while the micro-kernel computes: otherwise each
-             * store below waits for its line from memory, a cost per element of C that shows
-             * when K is small. */
-            for (long r = 0; r < mr; r++)
-                for (long jj = 0; jj < nr; jj += 16)
-                    __builtin_prefetch(C + (ic + ir + r) * 143L + (jc + jr + jj) * 1L, 1, 3);
-            eqf_kinds_k8_conv2d_gemm_COUNT_CALL();
-#if 0
-            if (nr == eqf_kinds_k8_conv2d_gemm_NR)
-                eqf_kinds_k8_conv2d_gemm_ukernel(kc, ap + ir * kc, B + pc * 143L + jc + jr, 143L, tile);
-            else
+    eqf_kinds_k8_conv2d_DIMS;
+    const long hp = row % HP, nc = row / HP, ih = hp - PH;
+    float* restrict dst = xq + row * SW * WQ;
+    const float* restrict src = x + (nc * H + (ih < 0 ? 0 : ih)) * W;
+    const int inside = ih >= 0 && ih < H;
+    for (long ph = 0; ph < SW; ph++)
+        for (long q = 0; q < WQ; q++) {
+            const long iw = q * SW + ph - PW;
+            dst[ph * WQ + q] = inside && iw >= 0 && iw < W ? src[iw] : 0.0f;
+        }
+}
+
+/* tile[RO][RPH][TW] for output channels o0.., rows oh0.., columns ow0.. of image n */
+__attribute__((optimize("no-predictive-commoning")))
+static inline void eqf_kinds_k8_conv2d_tile(const float* restrict xq, const float* restrict w, long n, long o0, long oh0,
+                                 long ow0, float* restrict tile)
+{
+    eqf_kinds_k8_conv2d_DIMS;
+    eqf_kinds_k8_conv2d_vf acc[RO][RPH * RPW];
+#pragma GCC unroll 32
+    for (int r = 0; r < RO; r++)
+#pragma GCC unroll 8
+        for (int p = 0; p < RPH * RPW; p++)
+            acc[r][p] = (eqf_kinds_k8_conv2d_vf){0};
+    for (long c = 0; c < C; c++)
+        for (long kh = 0; kh < KH; kh++) {
+            const float* restrict xr = xq + ((n * C + c) * HP + oh0 * SH + kh) * (long)SW * WQ + ow0;
+            const float* restrict wr = w + (c * KH + kh) * KW * (long)OPAD + o0;
+#pragma GCC unroll 16
+            for (int kw = 0; kw < KW; kw++) {
+                eqf_kinds_k8_conv2d_vf xv[RPH * RPW];
+#pragma GCC unroll 8
+                for (int p = 0; p < RPH * RPW; p++) {
+                    xv[p] = *(const eqf_kinds_k8_conv2d_vfu*)(xr + (p / RPW) * SH * SW * WQ + (kw % SW) * WQ + kw / SW
+                                                   + (p % RPW) * VL);
+#if defined(__x86_64__) && (defined(__AVX512F__) || (8 <= 8 && defined(__AVX__)) || 8 <= 4) /* (a vector register holds it) */
+                    __asm__("" : "+v"(xv[p])); /* (in a register, not reloaded by each FMA) */
 #endif
-                eqf_kinds_k8_conv2d_gemm_ukernel(kc, ap + ir * kc, bp + jr * kc, eqf_kinds_k8_conv2d_gemm_NR, tile);
-            (void)B;
-            for (long r = 0; r < mr; r++) {
-                const long i = ic + ir + r;
-                float* restrict crow = C + i * 143L + (jc + jr) * 1L;
-                const float* restrict trow = tile + r * eqf_kinds_k8_conv2d_gemm_NR;
-                /* four loops rather than one with conditions inside: the epilogue's loop must not
-                 * read C when C does not hold a partial sum yet (that read would miss in cache) */
-                if (first && last) {
-#pragma omp simd
-                    for (long jj = 0; jj < nr; jj++) {
-                        const long j = jc + jr + jj;
-                        const float acc = trow[jj];
-                        (void)j;
-                        crow[jj * 1L] = ({ const float eqf_v3 = eqf_relu(acc); eqf_v3; });
-                    }
-                } else if (last) {
-#pragma omp simd
-                    for (long jj = 0; jj < nr; jj++) {
-                        const long j = jc + jr + jj;
-                        const float acc = crow[jj * 1L] + trow[jj];
-                        (void)j;
-                        crow[jj * 1L] = ({ const float eqf_v3 = eqf_relu(acc); eqf_v3; });
-                    }
-                } else if (first) {
-#pragma omp simd
-                    for (long jj = 0; jj < nr; jj++)
-                        crow[jj * 1L] = trow[jj];
-                } else {
-#pragma omp simd
-                    for (long jj = 0; jj < nr; jj++)
-                        crow[jj * 1L] += trow[jj];
+                }
+#pragma GCC unroll 32
+                for (int r = 0; r < RO; r++) {
+                    const float a = wr[kw * OPAD + r];
+#pragma GCC unroll 8
+                    for (int p = 0; p < RPH * RPW; p++)
+                        acc[r][p] += a * xv[p];
                 }
             }
         }
-        /* whole rows in one NC block: the row epilogue on these MR rows while they are in L1 */
-        if (last && nc == N) {
-            const long eqf_r0 = ic + ir, eqf_r1 = ic + ir + mr;
-            (void)eqf_r0; (void)eqf_r1;
-        }
-    }
+#pragma GCC unroll 32
+    for (int r = 0; r < RO; r++)
+#pragma GCC unroll 8
+        for (int p = 0; p < RPH * RPW; p++)
+            *(eqf_kinds_k8_conv2d_vfu*)(tile + (r * RPH + p / RPW) * TW + (p % RPW) * VL) = acc[r][p];
 }
 
-
-/* Rows [m0, m1) x columns [n0, n1) of batch b: C = epilogue(A @ B), in row chunks of MC and
- * column panels of NCB. With `shared`, the nt threads of the enclosing parallel region call this
- * together (same b and columns, each its own rows) and pack each B panel together: every thread
- * must then take the same number of steps, hence `nchunks` (of MC rows) is given. */
-static void eqf_kinds_k8_conv2d_gemm_block(const float* A, const float* B, float* C, long b, long m0, long m1, long nchunks, long MC,
-                           long n0, long n1, long NCB, float* restrict ap, float* restrict bp, int shared, int me,
-                           int nt)
-{
-    const long K = eqf_kinds_k8_conv2d_gemm_K, KC = eqf_kinds_k8_conv2d_gemm_KC;
-    for (long pc = 0; pc < K; pc += KC) {
-        const long kc = K - pc < KC ? K - pc : KC;
-        for (long chunk = 0; chunk < nchunks; chunk++) {
-            /* A is packed once per (K slice, chunk of rows) and then serves every B panel */
-            const long ic = m0 + chunk * MC;
-            const long mc = ic >= m1 ? 0 : (m1 - ic < MC ? m1 - ic : MC);
-            eqf_kinds_k8_conv2d_gemm_pack_a(A, ic, mc, pc, kc, ap);
-            for (long jc = n0; jc < n1; jc += NCB) {
-                const long nc = n1 - jc < NCB ? n1 - jc : NCB;
-                const long npanels = (nc + eqf_kinds_k8_conv2d_gemm_NR - 1) / eqf_kinds_k8_conv2d_gemm_NR;
-                /* with DIRECT_B only a partial last panel is packed, the others are read from B */
-                const long q0 = 0 ? nc / eqf_kinds_k8_conv2d_gemm_NR : 0, q = npanels - q0;
-#if 0
-                /* the panels _prepack made once: nothing to pack, nothing to wait for */
-                const float* restrict panel = B + pc * eqf_kinds_k8_conv2d_gemm_NPAD + jc * kc;
-                (void)q; (void)shared; (void)me; (void)nt;
-#else
-                const float* restrict panel = bp;
-                if (shared) {
-                    /* each thread packs its share of the panel once the last one is no longer read */
-#pragma omp barrier
-                    eqf_kinds_k8_conv2d_gemm_pack_b(B, pc, kc, jc, (q0 + q * me / nt) * eqf_kinds_k8_conv2d_gemm_NR,
-                                    (q0 + q * (me + 1) / nt) * eqf_kinds_k8_conv2d_gemm_NR, nc, bp);
-#pragma omp barrier
-                } else {
-                    eqf_kinds_k8_conv2d_gemm_pack_b(B, pc, kc, jc, q0 * eqf_kinds_k8_conv2d_gemm_NR, npanels * eqf_kinds_k8_conv2d_gemm_NR, nc, bp);
-                }
-#endif
-                if (mc > 0)
-                    eqf_kinds_k8_conv2d_gemm_macro(ap, panel, B, C, b, ic, mc, jc, nc, pc, kc);
-            }
-            /* the row epilogue (a row op over whole rows of C) on the rows just finished, when
-             * the macro kernel could not (rows wider than one NC block) */
-            if (pc + kc >= K && mc > 0 && eqf_kinds_k8_conv2d_gemm_N > NCB) { /* rows split: [n0, n1) is all of N */
-                const long eqf_r0 = ic, eqf_r1 = ic + mc;
-                (void)eqf_r0; (void)eqf_r1;
-            }
-        }
-    }
-}
-
-/* How nt threads share one batch: 1 = each takes whole MR-row tiles and they pack every B panel
- * together (barriers); 2 = each takes whole NR-column panels, packs its own B panels and all of
- * A (no synchronisation). 0 fixes the choice (0: decide here, at run time).
- * The rule: columns when every thread gets a column panel (panels >= nt) and either M <= N / 2,
- * or M <= N and M <= 64 MR. With few rows B, the larger operand, dominates the traffic: split by
- * columns it is read and packed once in total and each thread reads only its own share, with no
- * barrier; split by rows each thread reads all of the packed B (half of it from the other core's
- * cache) once per row chunk, with two barriers per panel, which also stall both threads whenever
- * one is preempted. The price of the column split is A packed by every thread (M x K each): at
- * M = N it was ahead up to 384 rows (2 threads, 1.00-1.03x) and behind from 512 (0.94-0.98x,
- * 1024^3 0.94x), so larger M keeps the row split, as does M > N (300 x 512 x 128: 0.98x). */
-static int eqf_kinds_k8_conv2d_gemm_split(int nt)
-{
-    const long M = eqf_kinds_k8_conv2d_gemm_M, N = eqf_kinds_k8_conv2d_gemm_N;
-    const long panels = (N + eqf_kinds_k8_conv2d_gemm_NR - 1) / eqf_kinds_k8_conv2d_gemm_NR;
-    if (0) return 0;
-    return nt > 1 && panels >= nt && (2 * M <= N || (M <= N && M <= 64 * eqf_kinds_k8_conv2d_gemm_MR)) ? 2 : 1;
-}
-
-void eqf_kinds_k8_conv2d_gemm(const float* A0, const float* B0, float* C0)
-{
-    const long M = eqf_kinds_k8_conv2d_gemm_M, N = eqf_kinds_k8_conv2d_gemm_N, BATCH = 2;
-    const long KC = eqf_kinds_k8_conv2d_gemm_KC, NC = eqf_kinds_k8_conv2d_gemm_NC, MC = eqf_kinds_k8_conv2d_gemm_MC;
-    const long NCP = (NC + eqf_kinds_k8_conv2d_gemm_NR - 1) / eqf_kinds_k8_conv2d_gemm_NR * eqf_kinds_k8_conv2d_gemm_NR; /* NC padded to whole panels */
-    /* Enough batches: each thread computes whole batches, with no synchronisation at all.
-     * Otherwise the threads split the rows or the columns of each batch (see _split). */
-    /* PARALLEL (0, the plan's rule): 0 runs the whole GEMM on the calling thread, with
-     * no parallel region (small work: a fork and join would cost more than it saves, and far
-     * more when another process holds the other cores) */
-    const int nt_max = 0 ? omp_get_max_threads() : 1;
-    const int by_batch = BATCH >= nt_max && BATCH > 1;
-    const int by_cols = !by_batch && eqf_kinds_k8_conv2d_gemm_split(nt_max) == 2;
-    float* bp_shared = by_batch || by_cols || 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, KC * NCP);
-    int nomem = 0; /* a scratch buffer could not be allocated: no thread computes, the caller learns it */
-#pragma omp parallel if (0)
-    {
-        const int nt = omp_get_num_threads(), me = omp_get_thread_num();
-        long m0 = 0, m1 = M, rows = M, n0 = 0, n1 = N, ncb = NCP;
-        if (by_cols) { /* whole NR panels per thread, in equal column chunks of at most NC */
-            const long panels = (N + eqf_kinds_k8_conv2d_gemm_NR - 1) / eqf_kinds_k8_conv2d_gemm_NR;
-            n0 = panels * me / nt * eqf_kinds_k8_conv2d_gemm_NR;
-            n1 = panels * (me + 1) / nt * eqf_kinds_k8_conv2d_gemm_NR;
-            n1 = n1 < N ? n1 : N;
-            n0 = n0 < N ? n0 : N;
-            const long cols = (panels + nt - 1) / nt * eqf_kinds_k8_conv2d_gemm_NR; /* the most columns any thread has */
-            const long ncs = (cols + NCP - 1) / NCP;
-            ncb = ((cols + ncs - 1) / ncs + eqf_kinds_k8_conv2d_gemm_NR - 1) / eqf_kinds_k8_conv2d_gemm_NR * eqf_kinds_k8_conv2d_gemm_NR;
-        } else if (!by_batch) { /* whole MR tiles per thread */
-            const long tiles = (M + eqf_kinds_k8_conv2d_gemm_MR - 1) / eqf_kinds_k8_conv2d_gemm_MR;
-            m0 = tiles * me / nt * eqf_kinds_k8_conv2d_gemm_MR;
-            m1 = tiles * (me + 1) / nt * eqf_kinds_k8_conv2d_gemm_MR;
-            m1 = m1 < M ? m1 : M;
-            m0 = m0 < M ? m0 : M;
-            rows = (tiles + nt - 1) / nt * eqf_kinds_k8_conv2d_gemm_MR; /* the most rows any thread has */
-        }
-        /* equal chunks of at most MC rows: a thin last chunk would repack all of B for a few rows */
-        const long nchunks = (rows + MC - 1) / MC;
-        const long mcb = ((rows + nchunks - 1) / nchunks + eqf_kinds_k8_conv2d_gemm_MR - 1) / eqf_kinds_k8_conv2d_gemm_MR * eqf_kinds_k8_conv2d_gemm_MR;
-        float* ap = eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
-        float* bp = (by_batch || by_cols) && !0 ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb) : bp_shared;
-        if (!ap || (!bp && !0)) {
-#pragma omp atomic write
-            nomem = 1;
-        }
-        if (!by_batch && !by_cols) { /* the threads pack B together (barriers): all of them stop, or none */
-#pragma omp barrier
-        }
-        int stop;
-#pragma omp atomic read
-        stop = nomem;
-        for (long b = by_batch ? me : 0; b < BATCH && !stop; b += by_batch ? nt : 1)
-            eqf_kinds_k8_conv2d_gemm_block(A0 + b * 0L, B0 + b * 3861L, C0 + b * 715L,
-                           b, m0, m1, nchunks, mcb, n0, n1, ncb, ap, bp, !by_batch && !by_cols, me,
-                           nt);
-    }
-    if (nomem)
-        eqf_nomem_note();
-}
-
-#if 0
-/* The panels the kernel reads in place of B: for each KC slice of K (the slice at pc starts at
- * pc * NPAD), the NR-column panels of all of N, k-major, zero padded. */
-long eqf_kinds_k8_conv2d_gemm_prepack_floats(void) { return eqf_kinds_k8_conv2d_gemm_K * eqf_kinds_k8_conv2d_gemm_NPAD; }
-
-void eqf_kinds_k8_conv2d_gemm_prepack(const float* B, float* P)
-{
-    for (long pc = 0; pc < eqf_kinds_k8_conv2d_gemm_K; pc += eqf_kinds_k8_conv2d_gemm_KC) {
-        const long kc = eqf_kinds_k8_conv2d_gemm_K - pc < eqf_kinds_k8_conv2d_gemm_KC ? eqf_kinds_k8_conv2d_gemm_K - pc : eqf_kinds_k8_conv2d_gemm_KC;
-        eqf_kinds_k8_conv2d_gemm_pack_b(B, pc, kc, 0, 0, eqf_kinds_k8_conv2d_gemm_NPAD, eqf_kinds_k8_conv2d_gemm_N, P + pc * eqf_kinds_k8_conv2d_gemm_NPAD);
-    }
-}
-#endif
-
-/* eqf_kinds_k8_conv2d: conv2d NCHW x OIHW, 2x3x11x13 * 5x3x3x3, stride 1x1,
- * padding 1x1 -> 2x5x11x13: im2col, then eqf_kinds_k8_conv2d_gemm (batched over images,
- * the epilogue fused into its store). */
 void eqf_kinds_k8_conv2d(const float* restrict in0, const float* restrict in1, float* restrict out)
 {
-    enum { C = 3, H = 11, W = 13, KH = 3, KW = 3, OH = 11, OW = 13 };
-    const long K = (long)C * KH * KW, P = (long)OH * OW;
-    (void)K;
-    (void)P;
+    eqf_kinds_k8_conv2d_DIMS;
+
+    float* xq = eqf_scratch(EQF_SCRATCH_CONV_COL, (long)N * C * HP * SW * WQ);
 #if 0
-    const float* col = in0;  /* 1x1, stride 1, no padding: the image already is the column matrix */
+    const float* w = in1; /* the blocks eqf_kinds_k8_conv2d_prepack made once */
 #else
-    /* the column matrix, in the calling thread's scratch (kept between calls: a fresh malloc of
-     * this size is a fresh mmap, page faults on every call) */
-    float* colbuf = eqf_scratch(EQF_SCRATCH_CONV_COL, 2 * K * P);
-    if (!colbuf) {
+    float* w = eqf_scratch(EQF_SCRATCH_GEMM_B, eqf_kinds_k8_conv2d_prepack_floats());
+#endif
+    if (!xq || !w) {
         eqf_nomem_note();
         return;
     }
-    #pragma omp parallel for collapse(2) schedule(static) if (0)
-    for (long n = 0; n < 2; n++)
-        for (long c = 0; c < C; c++)
-            for (long kh = 0; kh < KH; kh++)
-                for (long kw = 0; kw < KW; kw++) {
-                    float* restrict dst = colbuf + ((n * K) + (c * KH + kh) * KW + kw) * P;
-                    const float* restrict src = in0 + (n * C + c) * (long)H * W;
-                    for (long oh = 0; oh < OH; oh++) {
-                        const long ih = oh * 1 - 1 + kh;
-                        for (long ow = 0; ow < OW; ow++) {
-                            const long iw = ow * 1 - 1 + kw;
-                            dst[oh * OW + ow] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? src[ih * W + iw] : 0.0f;
-                        }
+#pragma omp parallel if (0)
+    {
+#if !0
+#pragma omp single nowait
+        eqf_kinds_k8_conv2d_prepack(in1, w);
+#endif
+#pragma omp for schedule(static)
+        for (long row = 0; row < (long)N * C * HP; row++)
+            eqf_kinds_k8_conv2d_pad_row(in0, xq, row);
+#pragma omp for schedule(static)
+        for (long it = 0; it < (long)NTO * N * NTH * NTW; it++) {
+            const long to = it / (N * NTH * NTW), t = it % (N * NTH * NTW);
+            const long b = t / (NTH * NTW), oh0 = t / NTW % NTH * RPH, ow0 = t % NTW * TW, o0 = to * RO;
+            float tile[RO * RPH * TW] __attribute__((aligned(64)));
+            eqf_kinds_k8_conv2d_tile(xq, w, b, o0, oh0, ow0, tile);
+            const long cw = OW - ow0 < TW ? OW - ow0 : TW;
+            (void)b;
+            for (long r = 0; r < RO && o0 + r < O; r++)
+                for (long h = 0; h < RPH && oh0 + h < OH; h++) {
+                    const long i = o0 + r, j0 = (oh0 + h) * OW + ow0;
+                    const float* restrict trow = tile + (r * RPH + h) * TW;
+                    float* restrict orow = out + (b * O + i) * (long)P + j0;
+                    (void)i;
+#pragma omp simd
+                    for (long q = 0; q < cw; q++) {
+                        const long j = j0 + q;
+                        const float acc = trow[q];
+                        (void)j;
+                        orow[q] = ({ const float eqf_v3 = eqf_relu(acc); eqf_v3; });
                     }
                 }
-    const float* col = colbuf;
-#endif
-    eqf_kinds_k8_conv2d_gemm(in1, col, out);
+        }
+    }
 }
