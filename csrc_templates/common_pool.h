@@ -44,18 +44,36 @@ static void eqf_pool_drain(unsigned long gen)
     }
 }
 
+/* A worker spins briefly (EQF_POOL_SPIN pauses, 10-20 us) before it sleeps on the condition
+ * variable: within one graph call the next kernel's job arrives within microseconds, and a
+ * futex wake takes about as long as a small kernel runs. Short, so that an idle worker does not
+ * hold a core another process wants. (On the shared VM the MLP at batch 8 on 2 threads measured
+ * 0.121-0.126 ms with it and 0.123-0.139 without: within the noise.) */
+enum { EQF_POOL_SPIN = 512 };
+static inline void eqf_pause(void)
+{
+#if defined(__SSE2__)
+    __builtin_ia32_pause();
+#endif
+}
+
 static void* eqf_pool_worker(void* arg)
 {
     const int id = (int)(long)arg;
     unsigned long seen = 0;
     for (;;) {
-        pthread_mutex_lock(&eqf_pool.mu);
-        while ((__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen)
-            pthread_cond_wait(&eqf_pool.wake, &eqf_pool.mu);
+        for (int spin = 0; spin < EQF_POOL_SPIN
+             && (__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen; spin++)
+            eqf_pause();
+        if ((__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen) {
+            pthread_mutex_lock(&eqf_pool.mu);
+            while ((__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen)
+                pthread_cond_wait(&eqf_pool.wake, &eqf_pool.mu);
+            pthread_mutex_unlock(&eqf_pool.mu);
+        }
+        /* (allowed is written before the job's word is published with release order) */
         seen = __atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32;
-        const int allowed = eqf_pool.allowed;
-        pthread_mutex_unlock(&eqf_pool.mu);
-        if (id < allowed)
+        if (id < __atomic_load_n(&eqf_pool.allowed, __ATOMIC_RELAXED))
             eqf_pool_drain(seen);
     }
     return NULL;
