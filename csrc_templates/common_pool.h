@@ -79,6 +79,24 @@ static void* eqf_pool_worker(void* arg)
     return NULL;
 }
 
+/* The threads a pool job may use in the current call: set by the graph's run function from the
+ * threads asked for, which may be more than OpenMP gets (eqfuse.runtime.load: OpenMP's share is
+ * the cores other processes leave free, because a region waits for every thread; the pool's
+ * caller waits only for claimed chunks, so it can offer work to a busy core). 0: OpenMP's. */
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+static int eqf_pool_request;
+__attribute__((unused)) static int eqf_pool_threads(void)
+{
+    const int n = __atomic_load_n(&eqf_pool_request, __ATOMIC_RELAXED);
+#if defined(_OPENMP)
+    return n > 0 ? n : omp_get_max_threads();
+#else
+    return n > 0 ? n : 1;
+#endif
+}
+
 __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, void* ctx, int threads)
 {
     if (threads > EQF_POOL_MAX)

@@ -206,7 +206,7 @@ void {{NAME}}(const float* A, const float* P, float* C{{EXTRA_PARAMS}})
     {{NAME}}_pack_a(A, ap);
     /* PARALLEL ({{PARALLEL}}, the plan's rule): 0 runs on the calling thread. Otherwise the panels
      * are chunks of the claim-based pool (common.h), PER_CHUNK panels each */
-    const int threads = {{PARALLEL}} ? omp_get_max_threads() : 1;
+    const int threads = {{PARALLEL}} ? eqf_pool_threads() : 1;
     {{NAME}}_job job = {ap, P, C{{EXTRA_INIT}}};
     eqf_parallel_for(({{NAME}}_PANELS + {{NAME}}_PER_CHUNK - 1) / {{NAME}}_PER_CHUNK, {{NAME}}_chunk, &job, threads);
 #if {{ROW_EPILOGUE_ON}}

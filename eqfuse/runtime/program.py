@@ -21,7 +21,8 @@ returned twice) are copied in Python after the call, so no output aliases an inp
 output.
 
 `emit_run` writes `long eqf_<graph>_run(void* const* in, void* const* out, char* arena, int
-threads, long* failed)`: it sets the thread count (threads > 0), calls every kernel in order
+threads, int pool_threads, long* failed)`: it sets OpenMP's thread count (threads > 0) and the
+claim-based pool's (pool_threads > 0; else OpenMP's), calls every kernel in order
 and returns 0, or the count of bad indices of the first index kernel that met any, or EQF_NOMEM
 (-1) when a kernel could not allocate its scratch buffer (the plan index of that kernel in
 *failed; the kernels after it do not run). `eqf_<graph>_run_profile(1)` makes it add each
@@ -47,7 +48,7 @@ from eqfuse.backend.plan import K, KernelPlan, size
 from eqfuse.errors import ArgumentError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
-from eqfuse.runtime.load import threads_now
+from eqfuse.runtime.load import threads_asked, threads_now
 
 ALIGN = 64  # bytes: every arena buffer starts on a cache line
 _POOL_ONLY = 3  # references to a pooled output held by the pool itself, a local and getrefcount
@@ -160,7 +161,7 @@ def run_name(graph: str) -> str:
     return f"eqf_{graph}_run"
 
 
-RUN_CDEF = "long {name}(void* const* in, void* const* out, char* arena, int threads, long* failed);"
+RUN_CDEF = "long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, long* failed);"
 PROFILE_CDEF = "\nvoid {name}_profile(int on);\nvoid {name}_times(double* ns);"
 
 
@@ -187,9 +188,10 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, 
              f"    memset({name}_ns, 0, sizeof {name}_ns);", "}",
              f"void {name}_times(double* ns)", "{", f"    memcpy(ns, {name}_ns, sizeof {name}_ns);", "}",
              f"/* {kg.name}: {len(kernels)} kernels in order; arena {mem.arena_bytes} bytes (static memory plan) */",
-             f"long {name}(void* const* in, void* const* out, char* arena, int threads, long* failed)", "{",
-             "    long bad = 0;", "    (void)in; (void)out; (void)arena; (void)bad; (void)failed;",
+             f"long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, long* failed)",
+             "{", "    long bad = 0;", "    (void)in; (void)out; (void)arena; (void)bad; (void)failed;",
              "    if (threads > 0)", "        omp_set_num_threads(threads);",
+             "    __atomic_store_n(&eqf_pool_request, pool_threads, __ATOMIC_RELAXED);",
              f"    const int prof = {name}_profiling;", "    struct timespec t0, t1;", "    (void)t0; (void)t1;"]
     for s, p in enumerate(kernels):
         lines.append("    if (prof) clock_gettime(CLOCK_MONOTONIC, &t0);")
@@ -311,7 +313,7 @@ class Runner:
                 o = pool[k] = np.empty(shape, dtype=dt)
             outs[k] = o
             outs_p[k] = fb(o)
-        bad = self.fn(ins, outs_p, st["arena"], threads_now(threads), st["failed"])
+        bad = self.fn(ins, outs_p, st["arena"], threads_now(threads), threads_asked(threads), st["failed"])
         if bad == NOMEM:
             p = self.kernels[st["failed"][0]]
             raise MemoryError(f"eqfuse: kernel {p.name} ({p.kind}) could not allocate its scratch buffer")
