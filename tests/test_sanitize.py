@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Odd sizes everywhere: vector remainders, partial tiles, partial GEMM panels.
 PARAMS = {"x": (7, 37), "r": (37,), "g": (37,), "bt": (37,), "x3": (3, 11, 5), "a": (13, 29), "b": (29, 19),
-          "c": (19,), "q": (1, 13, 16), "k": (1, 21, 16), "v": (1, 21, 8), "img": (1, 3, 7, 9), "w": (5, 3, 3, 3)}
+          "c": (19,), "q": (1, 13, 16), "k": (1, 21, 16), "v": (1, 21, 8), "img": (1, 3, 7, 9), "w": (5, 3, 3, 3),
+          "dy": (1, 13, 8), "q64": (2, 64, 16), "k64": (2, 64, 16), "v64": (2, 64, 32), "dy64": (2, 64, 32)}
 CASES = [
     ("pointwise", "sigmoid(x * 2 + r) - x"),
     ("softmax", "softmax(x * 0.5 + r)"),
@@ -30,6 +31,12 @@ CASES = [
     ("gemm-epilogue", "relu(a @ b + c)"),
     ("attention", "softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.25) @ v"),
     ("conv2d", "conv2d(img, w, padding=1)"),
+    ("softmax-grad", "softmax_grad(x * 2 + r, x)"),
+    ("layernorm-grad", "layernorm_grad(x * 2 - r, x, g)"),
+    ("attention-dq", "attention_dq(q, k, v, dy, scale=0.25)"),
+    ("attention-dk", "attention_dk(q, k, v, dy, scale=0.25)"),
+    ("attention-dv", "attention_dv(q, k, dy, scale=0.25)"),
+    ("attention-dk-blocks", "attention_dk(q64, k64, v64, dy64, scale=0.25)"),  # 4-row blocks, micro-kernels
 ]
 
 SCRIPT = textwrap.dedent("""
@@ -63,7 +70,7 @@ def test_kernel_kinds_under_sanitizers(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.split()[:1] == ["ok"]
-    assert {"pointwise", "row", "reduce", "contraction", "attention"} <= set(p.stdout.split()[1:]), p.stdout
+    assert {"pointwise", "row", "reduce", "contraction", "attention", "attention_grad"} <= set(p.stdout.split()[1:]), p.stdout
 
 
 @pytest.mark.extended

@@ -77,8 +77,8 @@ def next_row(decls: list[str], pro_text: str, params: str, rows: int, ahead: str
 
 class Row(Kind):
     kinds = (K.ROW,)
-    supported = ("row-wise (one softmax, layernorm, rmsnorm or sum/mean/max over the trailing axes, "
-                 "with a pointwise prologue and epilogue)")
+    supported = ("row-wise (one softmax, layernorm, rmsnorm, softmax_grad, layernorm_grad or sum/mean/max over "
+                 "the trailing axes, with a pointwise prologue and epilogue)")
     writes_strided = True  # softmax, layernorm, rmsnorm (writes_through)
 
     def writes_through(self, plan: KernelPlan, strides) -> bool:
