@@ -102,7 +102,8 @@ def test_every_kind_of_register_tile_matches_the_reference(tile, monkeypatch):
     # row tiles whose last tile per row is short (7 columns), pixel tiles spanning rows and images
     monkeypatch.setenv("EQFUSE_CONV_TILE", tile)
     with pinned("zen4") as m:
-        if m.simd_floats < 16:
+        if m.simd_floats < 16:  # (the pinned model is clamped to the host: an AVX2 host cannot run them;
+            # the AVX2 tiles are tested by the other cases, which pin "avx2")
             pytest.skip("AVX-512 register tiles on a host without AVX-512")
         conv = _check(2, 20, 7, 70, 3, 1, 1, bound=False)
     v, rw, rows = (int(t) for t in tile.split(","))
@@ -250,7 +251,7 @@ PIXEL_CASES = {  # (N, C, H, O, k, stride, padding): at most one vector of outpu
 def test_pixel_vector_kernel_matches_the_reference(case, bound):
     # few output channels and a wide map: the pixels go in the vector lanes (conv_pixels.c)
     with pinned("zen4") as m:
-        if m.simd_floats < 16:
+        if m.simd_floats < 16:  # (the pinned model is clamped to the host: an AVX2 host cannot run them)
             pytest.skip("16-lane tiles on a host without AVX-512")
         conv = _check(*PIXEL_CASES[case], bound=bound)
     d = conv.detail
