@@ -24,6 +24,16 @@ static eqf_pool_t eqf_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZE
  * runs its chunks itself instead of waiting */
 static pthread_mutex_t eqf_pool_busy = PTHREAD_MUTEX_INITIALIZER;
 
+static inline void eqf_pause(void)
+{
+#if defined(__SSE2__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* The counter's low half while the caller writes a new job's fields: no chunk can be claimed. */
+#define EQF_POOL_SETTING 0xffffffffUL
+
 /* claim and run chunks of generation gen until none is left */
 static void eqf_pool_drain(unsigned long gen)
 {
@@ -31,14 +41,21 @@ static void eqf_pool_drain(unsigned long gen)
         unsigned long w = __atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE);
         if ((w >> 32) != gen)
             return;
-        const eqf_chunk_fn fn = eqf_pool.fn;
-        void* const ctx = eqf_pool.ctx;
-        const long n = eqf_pool.n;
-        const long k = (long)(w & 0xffffffffUL);
-        if (k >= n)
+        const unsigned long k = w & 0xffffffffUL;
+        if (k == EQF_POOL_SETTING) { /* the job is being written: a few stores away */
+            eqf_pause();
+            continue;
+        }
+        const eqf_chunk_fn fn = __atomic_load_n(&eqf_pool.fn, __ATOMIC_RELAXED);
+        void* const ctx = __atomic_load_n(&eqf_pool.ctx, __ATOMIC_RELAXED);
+        const long n = __atomic_load_n(&eqf_pool.n, __ATOMIC_RELAXED);
+        /* Fields read from a later job (written after the counter was set to SETTING, behind a
+         * release fence) make the claim below fail: the counter is no longer w. */
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if ((long)k >= n)
             return;
         if (__atomic_compare_exchange_n(&eqf_pool.word, &w, w + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            fn(ctx, k);
+            fn(ctx, (long)k);
             __atomic_fetch_add(&eqf_pool.done, 1, __ATOMIC_RELEASE);
         }
     }
@@ -50,12 +67,6 @@ static void eqf_pool_drain(unsigned long gen)
  * hold a core another process wants. (On the shared VM the MLP at batch 8 on 2 threads measured
  * 0.121-0.126 ms with it and 0.123-0.139 without: within the noise.) */
 enum { EQF_POOL_SPIN = 512 };
-static inline void eqf_pause(void)
-{
-#if defined(__SSE2__)
-    __builtin_ia32_pause();
-#endif
-}
 
 static void* eqf_pool_worker(void* arg)
 {
@@ -71,8 +82,11 @@ static void* eqf_pool_worker(void* arg)
                 pthread_cond_wait(&eqf_pool.wake, &eqf_pool.mu);
             pthread_mutex_unlock(&eqf_pool.mu);
         }
-        /* (allowed is written before the job's word is published with release order) */
-        seen = __atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32;
+        unsigned long w;
+        while (((w = __atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE)) & 0xffffffffUL) == EQF_POOL_SETTING)
+            eqf_pause(); /* the job is being written */
+        seen = w >> 32;
+        /* (allowed was written before chunk 0 was published, with release order) */
         if (id < __atomic_load_n(&eqf_pool.allowed, __ATOMIC_RELAXED))
             eqf_pool_drain(seen);
     }
@@ -101,7 +115,7 @@ __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, vo
 {
     if (threads > EQF_POOL_MAX)
         threads = EQF_POOL_MAX;
-    if (threads <= 1 || n <= 1 || pthread_mutex_trylock(&eqf_pool_busy) != 0) {
+    if (threads <= 1 || n <= 1 || n >= (long)EQF_POOL_SETTING || pthread_mutex_trylock(&eqf_pool_busy) != 0) {
         for (long k = 0; k < n; k++)
             fn(ctx, k);
         return;
@@ -118,16 +132,20 @@ __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, vo
             break;
         eqf_pool.workers++;
     }
-    const unsigned long gen = (__atomic_load_n(&eqf_pool.word, __ATOMIC_RELAXED) >> 32) + 1;
-    eqf_pool.fn = fn;
-    eqf_pool.ctx = ctx;
-    eqf_pool.n = n;
-    eqf_pool.allowed = threads - 1;
+    /* Publish the job: first the new generation with no chunk to claim (a worker still holding
+     * the last job's counter can no longer claim from it), then the fields, then chunk 0. */
+    const unsigned long gen = ((__atomic_load_n(&eqf_pool.word, __ATOMIC_RELAXED) >> 32) + 1) & 0xffffffffUL;
+    __atomic_store_n(&eqf_pool.word, gen << 32 | EQF_POOL_SETTING, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&eqf_pool.fn, fn, __ATOMIC_RELAXED);
+    __atomic_store_n(&eqf_pool.ctx, ctx, __ATOMIC_RELAXED);
+    __atomic_store_n(&eqf_pool.n, n, __ATOMIC_RELAXED);
+    __atomic_store_n(&eqf_pool.allowed, threads - 1, __ATOMIC_RELAXED);
     __atomic_store_n(&eqf_pool.done, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&eqf_pool.word, (gen & 0xffffffffUL) << 32, __ATOMIC_RELEASE);
+    __atomic_store_n(&eqf_pool.word, gen << 32, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&eqf_pool.wake);
     pthread_mutex_unlock(&eqf_pool.mu);
-    eqf_pool_drain(gen & 0xffffffffUL);
+    eqf_pool_drain(gen);
     /* every chunk is claimed: wait for the ones running on workers */
     for (long spins = 0; __atomic_load_n(&eqf_pool.done, __ATOMIC_ACQUIRE) < n; spins++)
         if (spins > 4096)
