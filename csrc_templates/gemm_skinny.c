@@ -25,6 +25,7 @@
 #define {{NAME}}_PANELS (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR)
 #define {{NAME}}_NPAD ({{NAME}}_PANELS * {{NAME}}_NR)
 #define {{NAME}}_PER_CHUNK {{PER_CHUNK}} /* panels per pool chunk */
+#define {{NAME}}_ROWS_PER_CHUNK (({{NAME}}_M + 3) / 4) /* rows per pool chunk of the row epilogue: four chunks */
 /* software prefetch of B this many floats ahead of the FMAs (0: none), see lower_gemm.skinny_tiles */
 #define {{NAME}}_PF {{PF}}
 
@@ -183,13 +184,15 @@ static void {{NAME}}_chunk(void* job, long k)
 }
 
 #if {{ROW_EPILOGUE_ON}}
-/* pool chunk k: row k's row epilogue (it needs the whole row: after every panel) */
+/* pool chunk k: the row epilogue of rows [k ROWS_PER_CHUNK, (k + 1) ROWS_PER_CHUNK) (it needs whole
+ * rows: after every panel) */
 static void {{NAME}}_row(void* job, long k)
 {
     const {{NAME}}_job* jb = job;
     {{EXTRA_UNPACK}}
     float* restrict C = jb->C;
-    const long b = 0, eqf_r0 = k, eqf_r1 = k + 1;
+    const long b = 0, eqf_r0 = k * {{NAME}}_ROWS_PER_CHUNK,
+               eqf_r1 = eqf_r0 + {{NAME}}_ROWS_PER_CHUNK < {{NAME}}_M ? eqf_r0 + {{NAME}}_ROWS_PER_CHUNK : {{NAME}}_M;
     (void)b;
     {{ROW_EPILOGUE}}
 }
@@ -210,6 +213,6 @@ void {{NAME}}(const float* A, const float* P, float* C{{EXTRA_PARAMS}})
     {{NAME}}_job job = {ap, P, C{{EXTRA_INIT}}};
     eqf_parallel_for(({{NAME}}_PANELS + {{NAME}}_PER_CHUNK - 1) / {{NAME}}_PER_CHUNK, {{NAME}}_chunk, &job, threads);
 #if {{ROW_EPILOGUE_ON}}
-    eqf_parallel_for({{NAME}}_M, {{NAME}}_row, &job, threads);
+    eqf_parallel_for(({{NAME}}_M + {{NAME}}_ROWS_PER_CHUNK - 1) / {{NAME}}_ROWS_PER_CHUNK, {{NAME}}_row, &job, threads);
 #endif
 }

@@ -147,6 +147,10 @@ def direct(M: int, N: int, b_transposed: bool, mr: int, nr: int) -> bool:
 
 SKINNY_MAX_M = 32  # rows up to which a GEMM over a bound B takes the skinny path (`skinny`)
 SKINNY_PF = 1024  # its software prefetch distance in floats, 4 KiB ahead of the FMAs (see `skinny`)
+# Below this many multiply-adds a skinny GEMM runs on the calling thread. Waking a pool worker
+# and sharing a few panels cost more than they save there: GPT-2's test GEMMs (32 x 192 x 64,
+# 393K multiply-adds, ~8 us) took 12-26 us on 2 threads; the MLP's (8 x 1024 x 784, 6.4M) gain.
+SKINNY_PARALLEL_MIN = 1 << 21
 
 
 def skinny(M: int, N: int, K: int, m: Machine) -> bool:
@@ -185,12 +189,13 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     M, N, K = d.gemm.M, d.N, d.K
     t = plan.tiles = skinny_tiles(M, N, m)
     mr, nr, groups = t["mr"], t["nr"], t["groups"]
-    plan.detail = replace(d, path="skinny", direct_b=False)
+    plan.detail = d = replace(d, path="skinny", direct_b=False, parallel=d.parallel and M * N * K >= SKINNY_PARALLEL_MIN)
     plan.cache_check = (f"A packed [{groups * mr} x {K}] = {groups * mr * K * F32} B, read by every panel; "
                         f"B panel K x nr = {K * nr * F32} B streamed once per group"
                         + (f" (<= L2 {m.l2} B for the later groups)" if groups > 1 else ""))
     panels = cdiv(N, nr)
-    plan.threads = (thread_rule(M, N, 1, mr, nr, False, par=False, K=K) if not d.parallel else
+    plan.threads = (f"one thread, no parallel region ({M * N * K} multiply-adds < {SKINNY_PARALLEL_MIN}, "
+                    "lower_gemm.SKINNY_PARALLEL_MIN)" if not d.parallel else
                     f"the {panels} {nr}-column panels claimed one at a time by the threads of the claim-based pool "
                     "(common_pool.h: the caller waits only for claimed panels)"
                     + (", then the rows for the row epilogue, claimed the same way" if d.row_op else ""))
