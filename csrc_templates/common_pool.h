@@ -93,10 +93,9 @@ static void* eqf_pool_worker(void* arg)
     return NULL;
 }
 
-/* The threads a pool job may use in the current call: set by the graph's run function from the
- * threads asked for, which may be more than OpenMP gets (eqfuse.runtime.load: OpenMP's share is
- * the cores other processes leave free, because a region waits for every thread; the pool's
- * caller waits only for claimed chunks, so it can offer work to a busy core). 0: OpenMP's. */
+/* The threads a pool job may use in the current call, set by the graph's run function (the
+ * Python runtime gives it OpenMP's count, the cores other processes leave free: offered a busy
+ * core as well, the woken worker took the caller's core and slowed the call). 0: OpenMP's. */
 #if defined(_OPENMP)
 #include <omp.h>
 #endif

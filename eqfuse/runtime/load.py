@@ -69,17 +69,11 @@ def free_cores(now: float | None = None) -> int:
         return _last[1]
 
 
-def threads_asked(requested: int | None) -> int:
-    """The threads a call was asked to use: `requested`, by default OMP_NUM_THREADS, else every
-    CPU. The claim-based thread pool (csrc_templates/common_pool.h) uses this many: its caller
-    waits only for the chunks a thread has claimed, so a busy core costs it nothing."""
+def threads_now(requested: int | None) -> int:
+    """The threads a call uses: what was asked (by default OMP_NUM_THREADS, else every CPU), no
+    more than are free. OpenMP regions and the claim-based pool (csrc_templates/common_pool.h)
+    both get this many."""
     if not requested:
         v = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
         requested = int(v) if v.isdigit() and int(v) > 0 else cpus()
-    return requested
-
-
-def threads_now(requested: int | None) -> int:
-    """The threads an OpenMP region of a call uses: the threads asked (`threads_asked`), no more
-    than are free."""
-    return max(1, min(threads_asked(requested), free_cores()))
+    return max(1, min(requested, free_cores()))
