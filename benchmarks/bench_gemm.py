@@ -64,7 +64,6 @@ def pin(name: str) -> None:
 
 def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
     """Runs inside the per-(machine, thread count) subprocess."""
-    import statistics
     import time
 
     import numpy as np
@@ -77,23 +76,17 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
         pass  # OPENBLAS_NUM_THREADS was set by the parent before numpy was imported
     pin(mname)
     import eqfuse
-    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template
+    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
     from eqfuse.backend.gemm import emit_gemm
     from eqfuse.backend.lower_gemm import gemm_tiles, parallel
     from eqfuse.backend.machine import machine
+    from eqfuse.cli.bench import median_time
 
     def median(fn) -> float:
         # OpenBLAS's and OpenMP's worker threads spin for a while after a call; on two cores the
         # next library's threads would run against them. Let them fall asleep first.
         time.sleep(0.3)
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return median_time(fn, repeat, warmup=3)
 
     rows = []
     rng = np.random.default_rng(0)
@@ -108,7 +101,7 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
         srcs = [emit_gemm(name, M=M, N=N, K=K, lda=K, ldb=N, ldc=N, epilogue="eqf_relu(acc + bias[j])",
                           extras=[("float", "bias")], parallel=parallel(M, N, K, 1), prepacked_b=pre)
                 for name, pre in (("bench_gemm", False), ("bench_pre", True))]
-        built = build(template("common.h") + COMMON_C + "\n".join(s for s, _ in srcs),
+        built = build(header_c() + COMMON_C + "\n".join(s for s, _ in srcs),
                       COMMON_CDEF + "\n" + "\n".join(c for _, c in srcs), "bench_gemm")
         ffi, lib = built.ffi, built.lib
         lib.eqf_set_threads(threads)
@@ -146,7 +139,6 @@ def measure_small(repeat: int, rounds: int) -> list[dict]:
     """The `--small` table, in one process on one thread (run by main in a child, after
     OPENBLAS_NUM_THREADS=1 and OMP_NUM_THREADS=1)."""
     import statistics
-    import time
 
     import numpy as np
     import onnx
@@ -155,20 +147,14 @@ def measure_small(repeat: int, rounds: int) -> list[dict]:
 
     pin("host")
     import eqfuse
-    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template
+    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
     from eqfuse.backend.gemm import emit_gemm
     from eqfuse.backend.gemm_skinny import emit_gemm_skinny
     from eqfuse.backend.lower_gemm import parallel
+    from eqfuse.cli.bench import median_time
 
     def median(fn) -> float:
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return median_time(fn, repeat, warmup=3)
 
     rng = np.random.default_rng(0)
     rows = []
@@ -187,7 +173,7 @@ def measure_small(repeat: int, rounds: int) -> list[dict]:
         scode, scdef = emit_gemm_skinny("sk", M=M, N=N, K=K, lda=K, ldb=N, ldc=N, mr=tiles["mr"], nr=tiles["nr"],
                                         pf=tiles["pf"], epilogue="acc + bias[j]", extras=[("float", "bias")],
                                         parallel=parallel(M, N, K, 1))
-        built = build(template("common.h") + COMMON_C + code + scode, COMMON_CDEF + "\n" + cdef + "\n" + scdef,
+        built = build(header_c() + COMMON_C + code + scode, COMMON_CDEF + "\n" + cdef + "\n" + scdef,
                       "bench_small")
         ffi, lib = built.ffi, built.lib
         lib.eqf_set_threads(1)
@@ -238,7 +224,7 @@ def measure_tiles(repeat: int, rounds: int) -> None:
     import numpy as np
 
     pin("host")
-    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, template
+    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
     from eqfuse.backend.gemm import emit_gemm
     from eqfuse.backend.gemm_skinny import emit_gemm_skinny
     from eqfuse.backend.lower_gemm import gemm_blocking, gemm_tiles
@@ -266,7 +252,7 @@ def measure_tiles(repeat: int, rounds: int) -> None:
                           lambda nm, M=M, N=N, K=K, mr=mr, nr=nr: emit_gemm_skinny(
                               nm, M=M, N=N, K=K, lda=K, ldb=N, ldc=N, mr=mr, nr=nr, parallel=False)))
     parts = [emit(f"t{i}") for i, (*_, emit) in enumerate(cases)]
-    built = build(template("common.h") + COMMON_C + "\n".join(p for p, _ in parts),
+    built = build(header_c() + COMMON_C + "\n".join(p for p, _ in parts),
                   COMMON_CDEF + "\n" + "\n".join(c for _, c in parts), "bench_tiles")
     ffi, lib = built.ffi, built.lib
     lib.eqf_set_threads(1)
