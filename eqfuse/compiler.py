@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -25,7 +26,8 @@ from eqfuse.runtime.module import Compiled, GraphFunction, Kernel, Module
 def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
             dims: Mapping[str, int] | None = None, params: Mapping[str, np.ndarray] | None = None,
             threads: int | None = None, verify: bool = False, fuse: bool | str = True,
-            check_rules: bool = True, grad: Sequence[str] | None = None) -> Module:
+            check_rules: bool = True, grad: Sequence[str] | None = None,
+            buckets: Mapping[str, Sequence[int]] | None = None) -> Module:
     """Compile every graph of a model to C kernels (README: "Compiling to C").
 
     User rule files (rules=) are first checked for soundness on random inputs, once per file
@@ -39,6 +41,13 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     loss: its call returns (loss, *other results, *gradients in the order of grad=). The joint
     forward + backward graph (eqfuse.grad) is built at concrete dimensions: now when dims= and
     params= bind them all, else at the first call of each new binding.
+
+    A batch dimension (a named dim every sample along which is computed on its own, leading
+    every tensor that holds it: eqfuse.ir.separable) left unbound by dims= and params= takes any
+    value without compiling again: the graph is compiled once for a few sizes of it and a call
+    runs on chunks of those (eqfuse.runtime.buckets). buckets={"B": [1, 8, 32]} chooses the
+    sizes (and compiles them now when the other dims are known); the default is the powers of
+    two up to the first call's batch. buckets={} compiles each new binding instead.
     """
     if fuse not in FUSE_MODES:
         raise ArgumentError(f"fuse= expects True, False or \"manual\", got {fuse!r}")
@@ -52,6 +61,7 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     params = {**_onnx_weights(src), **(params or {})}
     _check_param_names(graphs, params)
     _check_dims(graphs, dims)
+    _check_buckets(graphs, buckets, dims, params)
     functions, reports, optimized = [], {}, []
     for g in graphs:
         gp = {k: v for k, v in params.items() if k in dict(g.params)}
@@ -71,9 +81,13 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         report["folded"] = folded.notes
         reports[g.name] = report
         optimized.append((opt, gdims))
-        f = GraphFunction(g, opt, folded.params, gdims, _builder(fuse, frozenset(folded.params)), verify, threads)
+        batch = batch_dim(g, gdims, buckets)
+        f = GraphFunction(g, opt, folded.params, gdims, _builder(fuse, frozenset(folded.params)), verify, threads,
+                          batch)
         if all(d in gdims for d in g.dims()):
             f.compiled(gdims)  # everything is known: compile now, so errors show here
+        elif batch and batch[1] and all(d in gdims or d == batch[0] for d in g.dims()):
+            f.bucketed(gdims)  # the buckets are given and the other dims known: compile now
         functions.append(f)
 
     def text() -> str:
@@ -138,6 +152,43 @@ def _check_dims(graphs: list[Graph], dims: Mapping[str, int] | None) -> None:
             raise ArgumentError(f"dims=: {why}")
 
 
+def batch_dim(g: Graph, dims: Mapping[str, int], buckets) -> tuple[str, list[int] | None] | None:
+    """(the graph's run-time batch dim, its bucket sizes or None for the default), or None."""
+    from eqfuse.ir.separable import batch_dims
+
+    free = [d for d in batch_dims(g)[0] if d not in dims]
+    if buckets is None:
+        return (free[0], None) if free else None
+    chosen = [d for d in free if d in buckets]
+    return (chosen[0], sorted({int(v) for v in buckets[chosen[0]]})) if chosen else None
+
+
+def _check_buckets(graphs: list[Graph], buckets, dims, params) -> None:
+    """buckets= names batch dims of the model, each with a list of positive sizes."""
+    if buckets is None:
+        return
+    if not isinstance(buckets, Mapping):
+        raise ArgumentError(f"buckets= expects a dict {{dim name: [sizes]}}, got {type(buckets).__name__}")
+    from eqfuse.ir.separable import batch_dims
+
+    names = list(dict.fromkeys(d for g in graphs for d in g.dims()))
+    for k, v in buckets.items():
+        if k not in names:
+            raise ArgumentError(f"buckets= names '{k}', which is not a dimension of the model "
+                                f"(its named dimensions: {', '.join(names) or 'none'})")
+        if (isinstance(v, (str, bytes)) or not hasattr(v, "__iter__") or not list(v)
+                or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s <= 0 for s in v)):
+            raise ArgumentError(f"buckets=: '{k}' expects a non-empty list of positive integers, got {v!r}")
+        if k in (dims or {}):
+            raise ArgumentError(f"buckets=: '{k}' is bound by dims=; a dimension is either fixed or a batch dim")
+        for g in graphs:
+            why = batch_dims(g)[1].get(k)
+            if why:
+                raise ArgumentError(f"buckets=: '{k}' is not a batch dimension of graph {g.name}: {why}")
+    if len([k for k in buckets]) > 1:
+        raise ArgumentError(f"buckets=: one batch dimension at a time, got {', '.join(buckets)}")
+
+
 def _bind_params(g: Graph, params: Mapping[str, np.ndarray], dims: dict[str, int]) -> dict[str, int]:
     """Check bound arrays against their parameters; the dims they fix join `dims`."""
     if not params:
@@ -174,32 +225,44 @@ def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: fr
 
 
 def _builder(fuse: bool, params: frozenset[str] = frozenset()):
-    def build(g: Graph, dims: dict) -> Compiled:
+    def build(g: Graph, bindings: list[dict], names: list[str] | None = None, panels=None) -> list[Compiled]:
+        """One Compiled per dims binding, all in one C module (one compiler run); `names`
+        renames the graph per binding, so that their kernels and run functions differ."""
         from eqfuse.backend.cbuild import build as build_c
         from eqfuse.backend.emit import emit_graph
         from eqfuse.runtime.program import emit_run, plan_memory
 
-        bound, kg, plans = lower(g, dims, fuse, params)
-        emitted = emit_graph(plans)
-        memory = plan_memory(kg, plans)
+        lowered = []
+        for k, dims in enumerate(bindings):
+            gk = replace(g, name=names[k]) if names else g
+            bound, kg, plans = lower(gk, dims, fuse, params)
+            lowered.append((bound, kg, plans, plan_memory(kg, plans)))
+        emitted = emit_graph([p for _, _, plans, _ in lowered for p in plans])
         lib = ffi = None
         if emitted.kernel_sources:
-            # one entry point for the whole graph: every kernel is called from C (eqfuse.runtime.program)
-            run_c, run_cdef = emit_run(kg, plans, memory)
+            # one entry point per graph: every kernel is called from C (eqfuse.runtime.program)
+            runs = [emit_run(kg, plans, memory) for _, kg, plans, memory in lowered
+                    if any(p.kind != "view" for p in plans)]
             with progress.step(f"compiling {len(emitted.kernel_sources)} kernels of {g.name}"):
-                built = build_c(emitted.source + "\n" + run_c, emitted.cdef + "\n" + run_cdef, f"eqf_{g.name}")
+                built = build_c("\n".join([emitted.source] + [c for c, _ in runs]),
+                                "\n".join([emitted.cdef] + [d for _, d in runs]), f"eqf_{g.name}")
             lib, ffi = built.lib, built.ffi
-        return Compiled(bound, kg, plans, lib, ffi, kernel_infos(kg, plans, emitted.kernel_sources), memory)
+        return [Compiled(bound, kg, plans, lib, ffi, kernel_infos(kg, plans, emitted.kernel_sources, g.name), memory,
+                         panels)
+                for bound, kg, plans, memory in lowered]
     return build
 
 
-def kernel_infos(kg: Graph, plans, sources: Mapping[str, str]) -> list[Kernel]:
+def kernel_infos(kg: Graph, plans, sources: Mapping[str, str], graph: str | None = None) -> list[Kernel]:
+    """What mod.kernels shows of each plan; `graph` names the user's graph (kg's name may carry a
+    batch bucket's suffix)."""
     names = {i: (n.name or f"t{i}") for i, n in enumerate(kg.nodes)}
     taken = set(names.values())
     out = []
     for p in plans:
         body = kernel_text(kg.nodes[p.node], names, set(taken), indent="")
-        out.append(Kernel(p.name, p.kind, body, sources.get(p.name, ""), p.bytes, p.flops, dict(p.tiles), kg.name))
+        out.append(Kernel(p.name, p.kind, body, sources.get(p.name, ""), p.bytes, p.flops, dict(p.tiles),
+                          graph or kg.name))
     return out
 
 

@@ -81,11 +81,12 @@ def test_an_empty_model_is_named_as_such():
 def test_kernels_and_repr_before_and_after_the_first_call():
     m = eqfuse.compile(SRC, dims={"T": 5})
     assert [k.graph for k in m.kernels] == ["scale"]  # lin waits for B
-    assert repr(m.lin) == "<eqfuse function lin(x, w, b): compiled at the first call (B unbound)>"
+    assert repr(m.lin) == ("<eqfuse function lin(x, w, b): compiled at the first call (B unbound); "
+                           "batch dim B at any size, buckets chosen at the first call>")
     assert repr(m.scale) == "<eqfuse function scale(y): 1 kernel>"
     m(**arrays())
     assert {k.graph for k in m.kernels} == {"lin", "scale"}
-    assert repr(m.lin) == "<eqfuse function lin(x, w, b): 1 kernel>"
+    assert repr(m.lin) == "<eqfuse function lin(x, w, b): 1 kernel; batch dim B at any size, compiled at 1, 2>"
     from eqfuse.runtime.module import Module
 
     assert "at its first call" in Module.kernels.__doc__

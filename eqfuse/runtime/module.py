@@ -1,7 +1,9 @@
 """The compiled Module: callables that take and return numpy arrays (README: "Compiling to C").
 
 A graph with named dimensions is compiled once per binding of them (at compile time when
-`dims=`/`params=` fix them all, else at the first call that binds them), and cached.
+`dims=`/`params=` fix them all, else at the first call that binds them), and cached. A batch
+dimension (eqfuse.ir.separable) is the exception: it is compiled once for a few bucket sizes and
+every value of it runs on them (eqfuse.runtime.buckets), without compiling again.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from eqfuse.backend.plan import K, KernelPlan
 from eqfuse.errors import CheckFailed
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.reference import bind_arrays, call_arrays, evaluate
-from eqfuse.runtime.program import MemoryPlan, Runner, plan_memory
+from eqfuse.runtime.buckets import Bucketed, default_sizes
+from eqfuse.runtime.program import MemoryPlan, PanelPool, Runner, plan_memory
 from eqfuse.runtime.verify import compare
 
 
@@ -49,24 +52,25 @@ class Compiled:
     (eqfuse.runtime.program: every kernel called from C, intermediates in one statically planned arena)."""
 
     def __init__(self, graph: Graph, kgraph: Graph, plans: list[KernelPlan], lib, ffi, kernels: list[Kernel],
-                 memory: MemoryPlan | None = None):
+                 memory: MemoryPlan | None = None, panels: PanelPool | None = None):
         self.graph, self.kgraph, self.plans, self.lib, self.ffi = graph, kgraph, plans, lib, ffi
         self.kernels = kernels
         self.memory = memory if memory is not None else plan_memory(kgraph, plans)
-        self.runner = Runner(kgraph, plans, self.memory, lib, ffi)
+        self.runner = Runner(kgraph, plans, self.memory, lib, ffi, panels)
 
-    def run(self, arrays: list[np.ndarray], threads: int | None) -> list[np.ndarray]:
+    def run(self, arrays: list[np.ndarray], threads: int | None, into=None) -> list[np.ndarray]:
         """The graph's outputs for its inputs (in the kernelized graph's input order): one C call.
-        No output shares memory with an input or another output (eqfuse.runtime.program)."""
-        return self.runner(arrays, threads)
+        No output shares memory with an input or another output (eqfuse.runtime.program).
+        `into`: arrays the outputs are written in (Runner.__call__)."""
+        return self.runner(arrays, threads, into)
 
 
 class GraphFunction:
     """`mod.<graph>`: checks arguments, binds dims, runs the compiled kernels, verifies."""
 
     def __init__(self, source: Graph, optimized: Graph, params: Mapping[str, np.ndarray],
-                 dims: Mapping[str, int], build: Callable[[Graph, dict], Compiled], verify: bool,
-                 threads: int | None):
+                 dims: Mapping[str, int], build: Callable[..., list[Compiled]], verify: bool,
+                 threads: int | None, batch: tuple[str, list[int] | None] | None = None):
         self.name = source.name
         self.source, self.optimized = source, optimized
         # bound arrays, by name: the source's and those folding made; contiguous once here, so
@@ -87,15 +91,34 @@ class GraphFunction:
         self.cache: dict[tuple, Compiled] = {}
         self.last: Compiled | None = None
         self._lock = threading.Lock()
+        # the batch dim taken at run time and its bucket sizes (None: from the first binding)
+        self.batch_dim, self.bucket_sizes = batch if batch else (None, None)
+        self.buckets: dict[tuple, Bucketed] = {}
 
     def compiled(self, dims: Mapping[str, int]) -> Compiled:
         key = tuple(sorted((k, v) for k, v in dims.items() if k in self.source.dims()))
         with self._lock:
             c = self.cache.get(key)
             if c is None:
-                c = self.cache[key] = self._build(self.optimized, dict(key))
+                c = self.cache[key] = self._build(self.optimized, [dict(key)])[0]
             self.last = c
         return c
+
+    def bucketed(self, dims: Mapping[str, int]) -> Bucketed:
+        """The graph compiled at every bucket size of its batch dim, with `dims`' other values
+        (the batch dim's own value only picks the default sizes, at the first binding)."""
+        d = self.batch_dim
+        key = tuple(sorted((k, v) for k, v in dims.items() if k in self.source.dims() and k != d))
+        with self._lock:
+            b = self.buckets.get(key)
+            if b is None:
+                sizes = self.bucket_sizes or default_sizes(dims[d])
+                binds = [{**dict(key), d: s} for s in sizes]
+                names = [f"{self.optimized.name}_{d}{s}" for s in sizes]
+                built = self._build(self.optimized, binds, names=names, panels=PanelPool())
+                b = self.buckets[key] = Bucketed(d, self.optimized, dict(zip(sizes, built)))
+            self.last = b.largest
+        return b
 
     def named_arrays(self, arrays, keywords: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
         """The call's arrays (positional in parameter order, then by keyword) and the bound params, by name."""
@@ -106,10 +129,13 @@ class GraphFunction:
         """Arrays by position (parameter order), by keyword (`mod(x=x, w1=w1)`), or both."""
         named = self.named_arrays(arrays, keywords)
         dims = bind_arrays(self._passed, [named[n] for n in self.free], self.dims)
-        c = self.compiled(dims)
         # The optimized graph's params may differ from the source's: folding replaces bound ones.
-        outs = c.run([named[n] for n in self._optimized_names],
-                     self.threads if self.threads is not None else env_threads())
+        arrays = [named[n] for n in self._optimized_names]
+        threads = self.threads if self.threads is not None else env_threads()
+        if self.batch_dim is not None:
+            outs = self.bucketed(dims).run(arrays, dims[self.batch_dim], threads)
+        else:
+            outs = self.compiled(dims).run(arrays, threads)
         if self.verify:
             bad = compare(outs, evaluate(self.source, [named[n] for n, _ in self.source.params]))
             if bad:
@@ -120,9 +146,16 @@ class GraphFunction:
         sig = f"{self.name}({', '.join(self.free)})"
         if self.last is not None:
             n = len([k for k in self.last.kernels if k.kind != K.VIEW])
-            return f"<eqfuse function {sig}: {n} kernel{'s' * (n != 1)}>"
+            return f"<eqfuse function {sig}: {n} kernel{'s' * (n != 1)}{self._batch_text()}>"
         unbound = [d for d in self.source.dims() if d not in self.dims]
-        return f"<eqfuse function {sig}: compiled at the first call ({', '.join(unbound)} unbound)>"
+        return f"<eqfuse function {sig}: compiled at the first call ({', '.join(unbound)} unbound){self._batch_text()}>"
+
+    def _batch_text(self) -> str:
+        if self.batch_dim is None:
+            return ""
+        sizes = self.bucket_sizes or next((b.sizes for b in self.buckets.values()), None)
+        return f"; batch dim {self.batch_dim} at any size, " + (
+            f"compiled at {', '.join(map(str, sizes))}" if sizes else "buckets chosen at the first call")
 
 
 class Module:

@@ -228,11 +228,32 @@ def share_scratch_key(lib) -> None:
             lib.eqf_scratch_key_adopt(_scratch_key)
 
 
+class PanelPool:
+    """Prepacked weights shared by the runners of one graph's batch buckets
+    (eqfuse.runtime.buckets): the buckets' GEMMs of one weight often pack it the same way, and
+    a packed copy per bucket would multiply the model's weight memory. A new packing that equals
+    one already held for the same weight is dropped for it."""
+
+    def __init__(self):
+        self._held: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._lock = threading.Lock()
+
+    def share(self, b: np.ndarray, P: np.ndarray) -> np.ndarray:
+        with self._lock:
+            held = self._held.setdefault(id(b), [])
+            for w, Q in held:
+                if w is b and Q.shape == P.shape and np.array_equal(Q, P):
+                    return Q
+            held.append((b, P))
+            return P
+
+
 class Runner:
     """Calls a graph's run function: one cffi call per graph call."""
 
-    def __init__(self, kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, lib, ffi):
+    def __init__(self, kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, lib, ffi, panels: "PanelPool | None" = None):
         self.kg, self.mem, self.lib, self.ffi = kg, mem, lib, ffi
+        self.shared_panels = panels
         self.kernels = [p for p in plans if p.kind != K.VIEW]
         self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
         if self.fn is not None:
@@ -256,6 +277,8 @@ class Runner:
                     P = np.empty(getattr(self.lib, pre.floats)(), dtype=np.float32)
                     getattr(self.lib, pre.fn)(self.ffi.cast("float *", b.ctypes.data),
                                                  self.ffi.cast("float *", P.ctypes.data))
+                    if self.shared_panels is not None:
+                        P = self.shared_panels.share(b, P)
                     got = self._packed[s] = (b, P)
         return got[1]
 
@@ -277,7 +300,11 @@ class Runner:
                 st["ins"][len(self.kg.inputs) + k] = ffi.from_buffer(c)
         return st
 
-    def __call__(self, arrays: list[np.ndarray], threads: int | None) -> list[np.ndarray]:
+    def __call__(self, arrays: list[np.ndarray], threads: int | None,
+                 into: list[np.ndarray | None] | None = None) -> list[np.ndarray]:
+        """The outputs for the inputs; `into[k]`, when given and not None, is a C-contiguous array of
+        output k's shape and dtype that the call writes (eqfuse.runtime.buckets: a chunk's rows
+        of the whole batch's result)."""
         copies = self.mem.copies
         if self.fn is None:  # no kernel: every output is an input or a constant, copied
             arrays = [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(arrays, self.in_dtypes)]
@@ -306,6 +333,10 @@ class Runner:
         getrefcount = sys.getrefcount
         for k, (shape, dt) in enumerate(self.out_shapes):
             if k in copies:
+                continue
+            if into is not None and into[k] is not None:
+                outs[k] = into[k]
+                outs_p[k] = fb(into[k])
                 continue
             # Reuse last call's buffer when nobody else holds it (a fresh one costs page faults).
             o = pool[k]

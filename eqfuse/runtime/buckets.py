@@ -1,0 +1,131 @@
+"""A batch dimension taken at run time: one compile, any batch size.
+
+A named dim that is *separable* (eqfuse.ir.separable: every sample along it is computed on its
+own, the dim leading every tensor that holds it) does not need the C compiled again for each of
+its values. The graph is compiled once for a small set of bucket sizes of that dim -- all in one
+C module, one compiler run -- and a call with batch n runs the compiled graph on chunks of its
+batch:
+
+- chunks of the largest bucket, as many as fit;
+- the remainder as a sum of smaller buckets, or padded up to one bucket (its rows repeat the
+  chunk's first sample, so every padded input is a valid one), whichever the time model
+  (`estimate`: each kernel's bytes and FLOPs at this machine's measured bandwidth and FLOP/s)
+  finds cheaper. Few rows of a memory-bound model (the weights are streamed once per chunk)
+  pad; large batches of a compute-bound one split.
+
+Inputs holding the dim are read in place (a chunk of a contiguous array is contiguous), and
+each chunk writes its rows of the outputs in place (`Runner(..., into=)`); only a padded chunk
+copies. A call whose batch is a bucket size is one C call, as without buckets.
+
+The bucket sizes: `eqfuse.compile(..., buckets={"B": [1, 8, 32]})`, or by default the powers of
+two up to the first binding's value rounded up to one (powers of four beyond 16, so a large
+first batch does not compile many variants). `buckets={}` compiles each binding on its own.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from eqfuse.backend.plan import K
+from eqfuse.ir.graph import Graph
+
+CALL_S = 5e-6  # the run function's Python side per call (benchmarks/bench_runtime.py)
+
+
+def default_sizes(first: int) -> list[int]:
+    """Bucket sizes for a batch dim first bound to `first`: powers of two up to it (rounded up
+    to one), powers of four below the top one beyond 16."""
+    top = 1 << max(first - 1, 0).bit_length()
+    step = 2 if top <= 16 else 4
+    sizes, b = {1, top}, top
+    while b > 1:
+        b //= step
+        sizes.add(max(b, 1))
+    return sorted(sizes)
+
+
+def estimate(compiled) -> float:
+    """Seconds per call of one compiled bucket by the time model: each kernel's bytes at the
+    measured bandwidth or its FLOPs at the measured FLOP/s, whichever is longer."""
+    from eqfuse.optimizer.machine_perf import perf
+
+    m = perf()
+    ks = [p for p in compiled.plans if p.kind != K.VIEW]
+    return CALL_S + sum(max(p.bytes / m["bandwidth"], p.flops / m["flops"]) + m["overhead"] for p in ks)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    start: int  # first sample of the batch
+    count: int  # samples of the batch it computes
+    bucket: int  # the compiled size it runs at (> count: padded)
+
+
+class Bucketed:
+    """One graph compiled for several sizes of its batch dim; called like Compiled.run."""
+
+    def __init__(self, dim: str, graph: Graph, compiled: dict[int, object]):
+        self.dim = dim
+        self.sizes = sorted(compiled)
+        self.compiled = compiled
+        self.cost = {b: estimate(c) for b, c in compiled.items()}
+        # which inputs and outputs hold the dim (as their axis 0), in the optimized graph's order
+        self.in_batch = [dim in t.shape for _, t in graph.params]
+        self.out_batch = [dim in t.shape for t in graph.result_types]
+
+    @property
+    def largest(self):
+        return self.compiled[self.sizes[-1]]
+
+    def schedule(self, n: int) -> list[Chunk]:
+        """The chunks a batch of n runs as (see the module's docstring)."""
+        top = self.sizes[-1]
+        chunks = [Chunk(s, top, top) for s in range(0, n - n % top, top)]
+        start = n - n % top
+        for count, bucket in self._rest(n % top)[1]:
+            chunks.append(Chunk(start, count, bucket))
+            start += count
+        return chunks
+
+    @functools.lru_cache(maxsize=1024)
+    def _rest(self, r: int) -> tuple[float, tuple[tuple[int, int], ...]]:
+        """(estimated seconds, ((count, bucket), ...)) of the cheapest way to run r samples."""
+        if r == 0:
+            return 0.0, ()
+        up = min(b for b in self.sizes if b >= r)
+        best = (self.cost[up], ((r, up),))
+        down = max(b for b in self.sizes if b <= r)
+        t, rest = self._rest(r - down)
+        if self.cost[down] + t < best[0]:
+            best = (self.cost[down] + t, ((down, down),) + rest)
+        return best
+
+    def run(self, arrays: list[np.ndarray], n: int, threads: int | None) -> list[np.ndarray]:
+        chunks = self.schedule(n)
+        if len(chunks) == 1 and chunks[0].count == chunks[0].bucket:
+            return self.compiled[n].run(arrays, threads)
+        arrays = [np.ascontiguousarray(a) if b else a for a, b in zip(arrays, self.in_batch)]
+        shapes = self.largest.runner.out_shapes
+        outs: list = [np.empty((n,) + tuple(s[1:]), dtype=dt) if b else None
+                      for (s, dt), b in zip(shapes, self.out_batch)]
+        for c in chunks:
+            lo, hi, whole = c.start, c.start + c.count, c.count == c.bucket
+            if whole:
+                ins = [a[lo:hi] if b else a for a, b in zip(arrays, self.in_batch)]
+            else:  # padded: the chunk's first sample repeated
+                ins = [np.concatenate([a[lo:hi], np.repeat(a[lo:lo + 1], c.bucket - c.count, axis=0)]) if b else a
+                       for a, b in zip(arrays, self.in_batch)]
+            into = [o[lo:hi] if (b and whole) else None for o, b in zip(outs, self.out_batch)]
+            got = self.compiled[c.bucket].run(ins, threads, into)
+            for k, g in enumerate(got):
+                if not self.out_batch[k]:  # holds no batch: the same for every chunk
+                    outs[k] = g
+                elif g is not into[k]:  # padded, or an output the runner copies (an input returned)
+                    outs[k][lo:hi] = g[:c.count]
+        return outs
+
+
+__all__ = ["Bucketed", "Chunk", "default_sizes", "estimate"]
