@@ -4,12 +4,13 @@ compile, then any batch size runs without the C compiler, and agrees with numpy.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import eqfuse
-import eqfuse.backend.cbuild as cbuild
+from eqfuse.backend import cbuild
 from eqfuse.errors import ArgumentError
 from eqfuse.frontend.load import load
 from eqfuse.ir.reference import evaluate
@@ -141,7 +142,7 @@ def test_attention_over_chunks_of_the_batch(no_compiler):
 
 
 def test_conv_batch_and_a_non_contiguous_input():
-    src = open("examples/conv_bn_relu.g").read()
+    src = Path("examples/conv_bn_relu.g").read_text()
     g = load(src)[0]
     rng = np.random.default_rng(5)
     w = {n: (rng.random(t.shape) + 0.5).astype(np.float32) for n, t in g.params[1:]}

@@ -24,7 +24,6 @@ first batch does not compile many variants). `buckets={}` compiles each binding 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +71,7 @@ class Bucketed:
         self.sizes = sorted(compiled)
         self.compiled = compiled
         self.cost = {b: estimate(c) for b, c in compiled.items()}
+        self._memo: dict[int, tuple[float, tuple[tuple[int, int], ...]]] = {}
         # which inputs and outputs hold the dim (as their axis 0), in the optimized graph's order
         self.in_batch = [dim in t.shape for _, t in graph.params]
         self.out_batch = [dim in t.shape for t in graph.result_types]
@@ -90,17 +90,20 @@ class Bucketed:
             start += count
         return chunks
 
-    @functools.lru_cache(maxsize=1024)
     def _rest(self, r: int) -> tuple[float, tuple[tuple[int, int], ...]]:
-        """(estimated seconds, ((count, bucket), ...)) of the cheapest way to run r samples."""
+        """(estimated seconds, ((count, bucket), ...)) of the cheapest way to run r samples
+        (r < the largest bucket, so at most that many entries are remembered)."""
         if r == 0:
             return 0.0, ()
+        if r in self._memo:
+            return self._memo[r]
         up = min(b for b in self.sizes if b >= r)
         best = (self.cost[up], ((r, up),))
         down = max(b for b in self.sizes if b <= r)
         t, rest = self._rest(r - down)
         if self.cost[down] + t < best[0]:
             best = (self.cost[down] + t, ((down, down),) + rest)
+        self._memo[r] = best
         return best
 
     def run(self, arrays: list[np.ndarray], n: int, threads: int | None) -> list[np.ndarray]:
