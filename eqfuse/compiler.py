@@ -237,13 +237,14 @@ def _builder(fuse: bool, params: frozenset[str] = frozenset()):
             gk = replace(g, name=names[k]) if names else g
             bound, kg, plans = lower(gk, dims, fuse, params)
             lowered.append((bound, kg, plans, plan_memory(kg, plans)))
-        emitted = emit_graph([p for _, _, plans, _ in lowered for p in plans])
+        emitted = emit_graph([p for _, _, plans, _ in lowered for p in plans], share=True)
         lib = ffi = None
         if emitted.kernel_sources:
             # one entry point per graph: every kernel is called from C (eqfuse.runtime.program)
-            runs = [emit_run(kg, plans, memory) for _, kg, plans, memory in lowered
+            runs = [emit_run(kg, plans, memory, emitted.symbol) for _, kg, plans, memory in lowered
                     if any(p.kind != "view" for p in plans)]
-            with progress.step(f"compiling {len(emitted.kernel_sources)} kernels of {g.name}"):
+            unique = len(emitted.kernel_sources) - len(emitted.alias)
+            with progress.step(f"compiling {unique} kernels of {g.name}"):
                 built = build_c("\n".join([emitted.source] + [c for c, _ in runs]),
                                 "\n".join([emitted.cdef] + [d for _, d in runs]), f"eqf_{g.name}")
             lib, ffi = built.lib, built.ffi

@@ -78,6 +78,13 @@ def test_dims_bound_at_first_call_and_cached(weights):
         x = arr(b, 33)
         want = eqfuse.reference(MLP)(x, *weights.values())
         np.testing.assert_allclose(m(x, *weights.values()), want, rtol=1e-4, atol=1e-5)
+    # B is a batch dim (eqfuse.runtime.buckets): compiled once, at the first call's size
+    assert not m.mlp.cache and [b.sizes for b in m.mlp.buckets.values()] == [[1]]
+    m = eqfuse.compile(MLP, buckets={})  # without buckets: compiled per binding
+    for b in (1, 4, 4):
+        x = arr(b, 33)
+        want = eqfuse.reference(MLP)(x, *weights.values())
+        np.testing.assert_allclose(m(x, *weights.values()), want, rtol=1e-4, atol=1e-5)
     assert len(m.mlp.cache) == 2
 
 

@@ -3,11 +3,16 @@
 Each plan's kind writes its C (eqfuse.backend.kinds: `Kind.emit`, from its skeletons in
 csrc_templates/, with the C expressions of eqfuse.backend.cexpr) and decides nothing: every tile
 and decision is the plan's. Generated names are deterministic: eqf_<graph>_k<counter>_<kind>.
+
+With `share=True` a kernel whose C is another's but for its name is not emitted again: the
+run function calls the first one (`Emitted.alias`). The layers of a transformer are the same
+kernels 12 times over: BERT-base's 91 kernels are 12 different ones, and the C compiler's time
+is most of a cold compile.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, HEADER_C, HEADER_CDEF, header_c
 from eqfuse.backend.cexpr import ctypes_of
@@ -19,7 +24,12 @@ from eqfuse.backend.plan import K, KernelPlan
 class Emitted:
     source: str  # the whole translation unit
     cdef: str
-    kernel_sources: dict[str, str]  # plan name -> its C
+    kernel_sources: dict[str, str]  # plan name -> its C (a shared kernel's: the C it runs)
+    alias: dict[str, str] = field(default_factory=dict)  # plan name -> the kernel function it calls
+
+    def symbol(self, name: str) -> str:
+        """The C function that runs the plan of this name."""
+        return self.alias.get(name, name)
 
 
 def prototype(plan: KernelPlan) -> str:
@@ -38,14 +48,26 @@ def emit_kernel(plan: KernelPlan) -> str:
     return KIND[plan.kind].emit(plan)
 
 
-def emit_graph(plans: list[KernelPlan]) -> Emitted:
+def emit_graph(plans: list[KernelPlan], share: bool = False) -> Emitted:
+    """The translation unit of the plans' kernels; `share` emits kernels with the same C once
+    (a shared plan's prepack functions are renamed to the ones emitted)."""
     header = header_c()
-    parts, cdefs, per = [COMMON_C, header, HEADER_C], [COMMON_CDEF, HEADER_CDEF], {}
+    parts, cdefs, per, alias = [COMMON_C, header, HEADER_C], [COMMON_CDEF, HEADER_CDEF], {}, {}
+    first: dict[str, str] = {}  # a kernel's C with its name taken out -> the first plan's name
     for p in plans:
         if p.kind == K.VIEW:
             continue
         c = emit_kernel(p)
+        if share:
+            same = first.setdefault(c.replace(p.name, "\0"), p.name)
+            if same != p.name:
+                alias[p.name], per[p.name] = same, per[same]
+                pre = p.prepack
+                if pre:
+                    p.detail = replace(p.detail, prepack=replace(pre, fn=pre.fn.replace(p.name, same),
+                                                                 floats=pre.floats.replace(p.name, same)))
+                continue
         per[p.name] = c
         parts.append(c)
         cdefs.append(prototype(p))
-    return Emitted("\n".join(parts), "\n".join(cdefs), per)
+    return Emitted("\n".join(parts), "\n".join(cdefs), per, alias)

@@ -165,8 +165,10 @@ RUN_CDEF = "long {name}(void* const* in, void* const* out, char* arena, int thre
 PROFILE_CDEF = "\nvoid {name}_profile(int on);\nvoid {name}_times(double* ns);"
 
 
-def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, str]:
-    """(C, cdef) of the graph's run function (see the module's docstring)."""
+def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda name: name) -> tuple[str, str]:
+    """(C, cdef) of the graph's run function (see the module's docstring); `symbol` gives the C
+    function that runs a plan (eqfuse.backend.emit.Emitted.symbol: kernels with the same C are
+    emitted once)."""
     name = run_name(kg.name)
     kernels = [p for p in plans if p.kind != K.VIEW]
     prepack_slot = {s: mem.slots - len(mem.prepacks) + k for k, (s, _) in enumerate(mem.prepacks)}
@@ -199,7 +201,7 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan) -> tuple[str, 
         pre = p.prepack
         if pre:
             args[pre.arg] = f"(float*)in[{prepack_slot[s]}]"
-        call = f"{p.name}({', '.join(args + [ptr(p.node)])})"
+        call = f"{symbol(p.name)}({', '.join(args + [ptr(p.node)])})"
         if p.kind == K.INDEX:
             lines += [f"    if ((bad = {call}) != 0) {{", f"        *failed = {s};", "        return bad;", "    }"]
         else:
