@@ -241,3 +241,15 @@ def test_exported_model_with_a_dynamic_batch_axis(name, tmp_path, no_compiler):
             want = model(torch.from_numpy(x)).numpy()
         np.testing.assert_allclose(mod(x), want, rtol=1e-3, atol=1e-4)
         no_compiler["on"] = True
+
+
+def test_profile_at_a_bucket_size_and_refused_between_them():
+    from eqfuse.runtime.profile import profile
+
+    g = load(MLP)[0]
+    mod = eqfuse.compile(MLP, params=weights(g, np.random.default_rng(10)), buckets={"B": [1, 4]})
+    rows = profile(mod, np.ones((4, 64), np.float32), repeat=3)
+    assert [k[0] for k in rows["kernels"]] == [k.name for k in mod.kernels if k.kind != "view"]
+    assert all("_B4_" in k[0] for k in rows["kernels"])
+    with pytest.raises(ArgumentError, match="runs in chunks of the compiled sizes 1, 4"):
+        profile(mod, np.ones((3, 64), np.float32), repeat=3)

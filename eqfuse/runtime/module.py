@@ -94,6 +94,7 @@ class GraphFunction:
         # the batch dim taken at run time and its bucket sizes (None: from the first binding)
         self.batch_dim, self.bucket_sizes = batch if batch else (None, None)
         self.buckets: dict[tuple, Bucketed] = {}
+        self.last_batch: int | None = None  # the batch dim's value at the last call
 
     def compiled(self, dims: Mapping[str, int]) -> Compiled:
         key = tuple(sorted((k, v) for k, v in dims.items() if k in self.source.dims()))
@@ -117,7 +118,7 @@ class GraphFunction:
                 names = [f"{self.optimized.name}_{d}{s}" for s in sizes]
                 built = self._build(self.optimized, binds, names=names, panels=PanelPool())
                 b = self.buckets[key] = Bucketed(d, self.optimized, dict(zip(sizes, built)))
-            self.last = b.largest
+            self.last = b.compiled.get(dims.get(d), b.largest)  # the bucket this call runs whole, if any
         return b
 
     def named_arrays(self, arrays, keywords: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
@@ -133,7 +134,8 @@ class GraphFunction:
         arrays = [named[n] for n in self._optimized_names]
         threads = self.threads if self.threads is not None else env_threads()
         if self.batch_dim is not None:
-            outs = self.bucketed(dims).run(arrays, dims[self.batch_dim], threads)
+            self.last_batch = dims[self.batch_dim]
+            outs = self.bucketed(dims).run(arrays, self.last_batch, threads)
         else:
             outs = self.compiled(dims).run(arrays, threads)
         if self.verify:
@@ -149,6 +151,13 @@ class GraphFunction:
             return f"<eqfuse function {sig}: {n} kernel{'s' * (n != 1)}{self._batch_text()}>"
         unbound = [d for d in self.source.dims() if d not in self.dims]
         return f"<eqfuse function {sig}: compiled at the first call ({', '.join(unbound)} unbound){self._batch_text()}>"
+
+    def bucket_sizes_of_last(self) -> list[int] | None:
+        """The bucket sizes the last call ran on (None without a batch dim)."""
+        for b in self.buckets.values():
+            if self.last in b.compiled.values():
+                return b.sizes
+        return None
 
     def _batch_text(self) -> str:
         if self.batch_dim is None:

@@ -24,6 +24,12 @@ def profile(fn, *arrays, repeat: int = 20, **keywords) -> dict:
     fn = fn if hasattr(fn, "compiled") else fn.default  # a Module: its first graph
     fn(*arrays, **keywords)  # compiled for these arrays' dims, and warm
     c = fn.last
+    sizes = fn.bucket_sizes_of_last()
+    if sizes and fn.last_batch not in sizes:  # the call ran as chunks of several run functions
+        from eqfuse.errors import ArgumentError
+
+        raise ArgumentError(f"profile: a batch of {fn.last_batch} ({fn.batch_dim}) runs in chunks of the "
+                            f"compiled sizes {', '.join(map(str, sizes))}; profile at one of them")
     runner = c.runner
     if runner.fn is None:
         return {"kernels": [], "call_us": 0.0}
