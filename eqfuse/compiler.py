@@ -46,8 +46,9 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     every tensor that holds it: eqfuse.ir.separable) left unbound by dims= and params= takes any
     value without compiling again: the graph is compiled once for a few sizes of it and a call
     runs on chunks of those (eqfuse.runtime.buckets). buckets={"B": [1, 8, 32]} chooses the
-    sizes (and compiles them now when the other dims are known); the default is the powers of
-    two up to the first call's batch. buckets={} compiles each new binding instead.
+    sizes (and compiles them now when the other dims are known); the default is the first call's
+    batch rounded up to a power of two and the powers of four below it. buckets={} compiles each
+    new binding instead.
     """
     if fuse not in FUSE_MODES:
         raise ArgumentError(f"fuse= expects True, False or \"manual\", got {fuse!r}")

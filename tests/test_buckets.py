@@ -76,9 +76,17 @@ def test_any_batch_size_after_one_compile(no_compiler):
         assert y.shape == (n, 10) and y.flags.c_contiguous
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
     (b,) = mod.default.buckets.values()
-    assert b.sizes == [1, 2, 4, 8]
+    assert b.sizes == [1, 2, 8]
     assert not mod.default.cache  # never compiled per binding
-    assert "compiled at 1, 2, 4, 8" in repr(mod.default)
+    assert "compiled at 1, 2, 8" in repr(mod.default)
+
+
+@pytest.mark.parametrize("first,sizes", [(1, [1]), (2, [1, 2]), (3, [1, 4]), (8, [1, 2, 8]), (100, [1, 2, 8, 32, 128]),
+                                         (256, [1, 4, 16, 64, 256])])
+def test_default_sizes(first, sizes):
+    from eqfuse.runtime.buckets import default_sizes
+
+    assert default_sizes(first) == sizes
 
 
 def test_schedule_covers_the_batch_with_compiled_sizes():

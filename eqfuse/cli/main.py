@@ -155,7 +155,7 @@ def cmd_run(args) -> int:
                           f"(it has: {', '.join(npz.files) or 'nothing'})")
     given = {n: npz[key[n]] for n in runtime}
     arrays = [given[n] if n in given else weights[n] for n, _ in g.params]
-    bind_arrays(g, arrays, dims)
+    dims = bind_arrays(g, arrays, dims)  # every dim fixed: one run needs no batch buckets
     if args.reference:
         outs = evaluate(g, arrays)
     else:

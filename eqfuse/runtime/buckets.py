@@ -17,9 +17,9 @@ Inputs holding the dim are read in place (a chunk of a contiguous array is conti
 each chunk writes its rows of the outputs in place (`Runner(..., into=)`); only a padded chunk
 copies. A call whose batch is a bucket size is one C call, as without buckets.
 
-The bucket sizes: `eqfuse.compile(..., buckets={"B": [1, 8, 32]})`, or by default the powers of
-two up to the first binding's value rounded up to one (powers of four beyond 16, so a large
-first batch does not compile many variants). `buckets={}` compiles each binding on its own.
+The bucket sizes: `eqfuse.compile(..., buckets={"B": [1, 8, 32]})`, or by default the first
+binding's value rounded up to a power of two and the powers of four below it (`default_sizes`).
+`buckets={}` compiles each binding on its own.
 """
 
 from __future__ import annotations
@@ -35,13 +35,14 @@ CALL_S = 5e-6  # the run function's Python side per call (benchmarks/bench_runti
 
 
 def default_sizes(first: int) -> list[int]:
-    """Bucket sizes for a batch dim first bound to `first`: powers of two up to it (rounded up
-    to one), powers of four below the top one beyond 16."""
+    """Bucket sizes for a batch dim first bound to `first`: that value rounded up to a power of
+    two, and the powers of four below it (8 -> 1, 2, 8; 256 -> 1, 4, 16, 64, 256). Each size is
+    compiled, so their count is what the first call pays; a batch between two of them pads to the
+    upper one (at most 4x the work when compute-bound) or runs as smaller chunks."""
     top = 1 << max(first - 1, 0).bit_length()
-    step = 2 if top <= 16 else 4
     sizes, b = {1, top}, top
     while b > 1:
-        b //= step
+        b //= 4
         sizes.add(max(b, 1))
     return sorted(sizes)
 
