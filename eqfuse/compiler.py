@@ -250,7 +250,7 @@ def _builder(fuse: bool, params: frozenset[str] = frozenset()):
                                 "\n".join([emitted.cdef] + [d for _, d in runs]), f"eqf_{g.name}")
             lib, ffi = built.lib, built.ffi
         return [Compiled(bound, kg, plans, lib, ffi, kernel_infos(kg, plans, emitted.kernel_sources, g.name), memory,
-                         panels)
+                         panels, emitted.alias)
                 for bound, kg, plans, memory in lowered]
     return build
 

@@ -22,6 +22,11 @@ from eqfuse.backend import machine as _machine  # noqa: E402
 
 _machine.pin(os.environ.get("EQFUSE_TEST_MACHINE") or "zen4")
 
+# ... and the speeds by which a batch is split into compiled bucket sizes (eqfuse.runtime.buckets)
+from eqfuse.runtime import buckets as _buckets  # noqa: E402
+
+_buckets.PINNED_SPEEDS = {"flops": 1e11, "bandwidth": 2e10, "overhead": 2e-6}
+
 import pytest  # noqa: E402
 
 

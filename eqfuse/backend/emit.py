@@ -12,7 +12,7 @@ is most of a cold compile.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, HEADER_C, HEADER_CDEF, header_c
 from eqfuse.backend.cexpr import ctypes_of
@@ -50,7 +50,7 @@ def emit_kernel(plan: KernelPlan) -> str:
 
 def emit_graph(plans: list[KernelPlan], share: bool = False) -> Emitted:
     """The translation unit of the plans' kernels; `share` emits kernels with the same C once
-    (a shared plan's prepack functions are renamed to the ones emitted)."""
+    (`alias`: the run function and the runtime call the first one's kernel and prepack functions)."""
     header = header_c()
     parts, cdefs, per, alias = [COMMON_C, header, HEADER_C], [COMMON_CDEF, HEADER_CDEF], {}, {}
     first: dict[str, str] = {}  # a kernel's C with its name taken out -> the first plan's name
@@ -62,10 +62,6 @@ def emit_graph(plans: list[KernelPlan], share: bool = False) -> Emitted:
             same = first.setdefault(c.replace(p.name, "\0"), p.name)
             if same != p.name:
                 alias[p.name], per[p.name] = same, per[same]
-                pre = p.prepack
-                if pre:
-                    p.detail = replace(p.detail, prepack=replace(pre, fn=pre.fn.replace(p.name, same),
-                                                                 floats=pre.floats.replace(p.name, same)))
                 continue
         per[p.name] = c
         parts.append(c)

@@ -32,6 +32,9 @@ from eqfuse.backend.plan import K
 from eqfuse.ir.graph import Graph
 
 CALL_S = 5e-6  # the run function's Python side per call (benchmarks/bench_runtime.py)
+# The speeds the schedule assumes; None: this machine's, measured (eqfuse.optimizer.machine_perf).
+# The test suite pins them (tests/conftest.py), so that no schedule depends on the host's load.
+PINNED_SPEEDS: dict | None = None
 
 
 def default_sizes(first: int) -> list[int]:
@@ -52,7 +55,7 @@ def estimate(compiled) -> float:
     measured bandwidth or its FLOPs at the measured FLOP/s, whichever is longer."""
     from eqfuse.optimizer.machine_perf import perf
 
-    m = perf()
+    m = PINNED_SPEEDS or perf()
     ks = [p for p in compiled.plans if p.kind != K.VIEW]
     return CALL_S + sum(max(p.bytes / m["bandwidth"], p.flops / m["flops"]) + m["overhead"] for p in ks)
 

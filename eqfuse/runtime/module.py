@@ -52,11 +52,12 @@ class Compiled:
     (eqfuse.runtime.program: every kernel called from C, intermediates in one statically planned arena)."""
 
     def __init__(self, graph: Graph, kgraph: Graph, plans: list[KernelPlan], lib, ffi, kernels: list[Kernel],
-                 memory: MemoryPlan | None = None, panels: PanelPool | None = None):
+                 memory: MemoryPlan | None = None, panels: PanelPool | None = None,
+                 alias: Mapping[str, str] | None = None):
         self.graph, self.kgraph, self.plans, self.lib, self.ffi = graph, kgraph, plans, lib, ffi
         self.kernels = kernels
         self.memory = memory if memory is not None else plan_memory(kgraph, plans)
-        self.runner = Runner(kgraph, plans, self.memory, lib, ffi, panels)
+        self.runner = Runner(kgraph, plans, self.memory, lib, ffi, panels, dict(alias or {}))
 
     def run(self, arrays: list[np.ndarray], threads: int | None, into=None) -> list[np.ndarray]:
         """The graph's outputs for its inputs (in the kernelized graph's input order): one C call.

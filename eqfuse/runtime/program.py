@@ -253,9 +253,11 @@ class PanelPool:
 class Runner:
     """Calls a graph's run function: one cffi call per graph call."""
 
-    def __init__(self, kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, lib, ffi, panels: "PanelPool | None" = None):
+    def __init__(self, kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, lib, ffi, panels: "PanelPool | None" = None,
+                 alias: dict[str, str] | None = None):
         self.kg, self.mem, self.lib, self.ffi = kg, mem, lib, ffi
         self.shared_panels = panels
+        self.alias = alias or {}  # plan name -> the kernel whose C it runs (eqfuse.backend.emit, share=True)
         self.kernels = [p for p in plans if p.kind != K.VIEW]
         self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
         if self.fn is not None:
@@ -275,10 +277,11 @@ class Runner:
             with self._pack_lock:
                 got = self._packed.get(s)
                 if got is None or got[0] is not b:
-                    pre = self.kernels[s].prepack
-                    P = np.empty(getattr(self.lib, pre.floats)(), dtype=np.float32)
-                    getattr(self.lib, pre.fn)(self.ffi.cast("float *", b.ctypes.data),
-                                                 self.ffi.cast("float *", P.ctypes.data))
+                    p = self.kernels[s]
+                    pre, own = p.prepack, self.alias.get(p.name, p.name)
+                    P = np.empty(getattr(self.lib, pre.floats.replace(p.name, own))(), dtype=np.float32)
+                    getattr(self.lib, pre.fn.replace(p.name, own))(self.ffi.cast("float *", b.ctypes.data),
+                                                                   self.ffi.cast("float *", P.ctypes.data))
                     if self.shared_panels is not None:
                         P = self.shared_panels.share(b, P)
                     got = self._packed[s] = (b, P)
