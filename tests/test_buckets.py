@@ -3,16 +3,22 @@ compile, then any batch size runs without the C compiler, and agrees with numpy.
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import rand_inputs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_random_compile import random_model
 
 import eqfuse
 from eqfuse.backend import cbuild
 from eqfuse.errors import ArgumentError
 from eqfuse.frontend.load import load
+from eqfuse.ir.graph import bind_dims
 from eqfuse.ir.reference import evaluate
 from eqfuse.ir.separable import batch_dims
 
@@ -258,3 +264,26 @@ def test_profile_at_a_bucket_size_and_refused_between_them():
     assert all("_B4_" in k[0] for k in rows["kernels"])
     with pytest.raises(ArgumentError, match="runs in chunks of the compiled sizes 1, 4"):
         profile(mod, np.ones((3, 64), np.float32), repeat=3)
+
+
+@pytest.mark.heavy
+@settings(max_examples=10, deadline=None)
+@given(random_model(), st.lists(st.integers(1, 9), min_size=2, max_size=4))
+def test_random_graphs_at_any_batch_size(src, sizes):
+    """tests/test_random_compile.py's random graphs with their rows as a named dim B: B is a batch
+    dim exactly when no op reduces over the rows (sum over axis 0); compiled once, every batch
+    size matches the reference, and a batch dim never compiles again."""
+    n = int(re.search(r"a: f32\[(\d+),", src).group(1))
+    src = src.replace(f"f32[{n}, ", "f32[B, ")
+    g = load(src)[0]
+    ok, why = batch_dims(g)
+    assert (ok == ["B"]) == ("axis=0" not in src), why
+    mod = eqfuse.compile(src, buckets={"B": [1, 2]} if ok else None)
+    for b in sizes:
+        xs = rand_inputs(bind_dims(g, {"B": b}), seed=b)
+        want = evaluate(g, xs)
+        got = mod(*xs)
+        got = got if isinstance(got, tuple) else (got,)
+        for x, y in zip(got, want):
+            np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-4)
+    assert len(mod.default.cache) == (0 if ok else len(set(sizes)))
