@@ -76,6 +76,7 @@ class Bucketed:
         self.compiled = compiled
         self.cost = {b: estimate(c) for b, c in compiled.items()}
         self._memo: dict[int, tuple[float, tuple[tuple[int, int], ...]]] = {}
+        self._warm = False
         # which inputs and outputs hold the dim (as their axis 0), in the optimized graph's order
         self.in_batch = [dim in t.shape for _, t in graph.params]
         self.out_batch = [dim in t.shape for t in graph.result_types]
@@ -111,6 +112,10 @@ class Bucketed:
         return best
 
     def run(self, arrays: list[np.ndarray], n: int, threads: int | None) -> list[np.ndarray]:
+        if not self._warm:  # the first call: every bucket's weights packed and arena made now
+            for c in self.compiled.values():
+                c.runner.warm(arrays)
+            self._warm = True
         chunks = self.schedule(n)
         if len(chunks) == 1 and chunks[0].count == chunks[0].bucket:
             return self.compiled[n].run(arrays, threads)

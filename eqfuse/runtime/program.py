@@ -287,6 +287,18 @@ class Runner:
                     got = self._packed[s] = (b, P)
         return got[1]
 
+    def warm(self, arrays: list[np.ndarray]) -> None:
+        """Pack the bound weights among `arrays` (the call's, in input order) and make this
+        thread's arena now, not at this runner's first call (eqfuse.runtime.buckets warms every
+        bucket at the first call, so the first call at a new batch size finds them ready)."""
+        if self.fn is None:
+            return
+        self._state()
+        for s, pos in self.mem.prepacks:
+            a = arrays[pos]
+            if isinstance(a, np.ndarray) and a.flags.c_contiguous and a.dtype == self.in_dtypes[pos]:
+                self._panels(s, a)
+
     def _state(self):
         st = self._local.__dict__
         if "ins" not in st:  # this thread's first call: its own arena and pointer arrays
