@@ -301,7 +301,18 @@ def _regroup(phys: list[Dim], out: list[SymDim]) -> list[list[Dim]] | None:
         return None
     if groups:
         groups[-1] += queue
-    return [[d for d in g if d != 1] or [1] for g in groups]
+    return [_merge_ints(g) for g in groups]
+
+
+def _merge_ints(group: list[Dim]) -> list[Dim]:
+    """Consecutive ints of a group as one dim (their product): only a named dim must stay apart."""
+    out: list[Dim] = []
+    for d in group:
+        if isinstance(d, int) and out and isinstance(out[-1], int):
+            out[-1] *= d
+        elif d != 1:
+            out.append(d)
+    return out or [1]
 
 
 # ---------------------------------------------------------------- ops on Merged tensors
@@ -330,16 +341,29 @@ def merged_op(imp, ins, at):
 
         y = HANDLERS[op][0](imp, [m.node] + list(ins[1:]), at)
         return merged(y, m.groups[:-1] + ((imp.type(y).shape[-1],),))
+    if op == "MatMul" and all(isinstance(v, Merged) for v in ins):
+        a, b = ins
+        if a.groups[:-2] != b.groups[:-2] or any(len(g) != 1 for g in a.groups[-2:] + b.groups[-2:]):
+            raise Unsupported(f"MatMul of tensors of shapes {a} and {b}")
+        y = imp.op("matmul", [a.node, b.node])
+        return merged(y, a.groups[:-2] + a.groups[-2:-1] + b.groups[-1:])
+    if op == "Transpose":
+        rank = len(m.groups)
+        perm = list(at.get("perm", range(rank - 1, -1, -1)))
+        starts = [sum(len(g) for g in m.groups[:k]) for k in range(rank)]
+        phys = [starts[p] + j for p in perm for j in range(len(m.groups[p]))]
+        y = m.node if phys == sorted(phys) else imp.op("transpose", [m.node], perm=tuple(phys))
+        return merged(y, [m.groups[p] for p in perm])
     if op == "Cast" and ins[0] is m:
         from eqfuse.frontend.onnx_import import HANDLERS
 
         return merged(HANDLERS[op][0](imp, [m.node], at), m.groups)
     if op == "Gather" and ins[0] is m and not isinstance(ins[1], (Merged, Sym)):
-        return _gather(imp, m, ins[1], at.get("axis", 0))
+        return gather(imp, m, ins[1], at.get("axis", 0))
     raise Unsupported(f"{op} of a tensor of shape {m} (a named dim multiplied with others; bind it with dims=)")
 
 
-def _gather(imp, m: Merged, index, axis: int):
+def gather(imp, m: Merged, index, axis: int):
     """Gather along logical axis of a Merged table: along one physical axis when the logical one
     is a single dim; else the flat index i splits into (i // G, i % G) over the group's trailing
     ints G, and a gather then gather_elements read the physical element."""
