@@ -82,6 +82,10 @@ def divide(a: SymDim, b: SymDim) -> SymDim | None:
     return make(ca // cb, rest)
 
 
+def fmt(ds) -> str:
+    return "[" + ", ".join(map(str, ds)) + "]"
+
+
 def is_sym(d) -> bool:
     return not isinstance(d, (int, np.integer))
 
@@ -206,13 +210,13 @@ def broadcast_to(imp, x: int, target: list[SymDim]) -> int:
     out: list[Dim] = []
     for a, b in zip(xs, ts):
         if isinstance(b, Prod) or (isinstance(a, str) and b not in (1, a)):
-            raise Unsupported(f"Expand of {list(imp.type(x).shape)} to {[str(t) for t in target]}")
+            raise Unsupported(f"Expand of {fmt(imp.type(x).shape)} to {fmt(target)}")
         if b == 1 or a == b:
             out.append(a)
         elif a == 1:
             out.append(b)
         else:
-            raise ValueError(f"cannot expand {list(imp.type(x).shape)} to {[str(t) for t in target]}")
+            raise ValueError(f"cannot expand {fmt(imp.type(x).shape)} to {fmt(target)}")
     ints = tuple(d if isinstance(d, int) else 1 for d in out)
     y = x
     if tuple(imp.type(y).shape) != tuple(out):
@@ -244,20 +248,20 @@ def reshape(imp, x, spec: list[SymDim], allowzero: bool = False):
     out = [cur[i] if (not is_sym(d) and d == 0) else d for i, d in enumerate(spec)]
     total = product(cur)
     if sum(1 for d in out if not is_sym(d) and d == -1) > 1:
-        raise ValueError(f"shape {[str(d) for d in spec]} has more than one -1")
+        raise ValueError(f"shape {fmt(spec)} has more than one -1")
     if any(not is_sym(d) and d == -1 for d in out):
         k = next(i for i, d in enumerate(out) if not is_sym(d) and d == -1)
         fill = divide(total, product(d for i, d in enumerate(out) if i != k))
         if fill is None:
-            raise Unsupported(f"reshape of {[str(d) for d in cur]} to {[str(d) for d in spec]}")
+            raise Unsupported(f"reshape of {fmt(cur)} to {fmt(spec)}")
         out[k] = fill
     elif product(out) != total:
-        raise ValueError(f"cannot reshape {[str(d) for d in cur]} to {[str(d) for d in spec]}")
+        raise ValueError(f"cannot reshape {fmt(cur)} to {fmt(spec)}")
     if not any(isinstance(d, Prod) for d in out):
         return _plain_reshape(imp, node, phys, tuple(out))
     groups = _regroup(phys, out)
     if groups is None:
-        raise Unsupported(f"reshape of {[str(d) for d in cur]} to {[str(d) for d in out]} (a named dim split "
+        raise Unsupported(f"reshape of {fmt(cur)} to {fmt(out)} (a named dim split "
                           "or merged out of order; bind it with dims=)")
     flat = tuple(d for g in groups for d in g)
     return merged(_plain_reshape(imp, node, phys, flat), groups)
@@ -267,7 +271,7 @@ def _plain_reshape(imp, node: int, phys, out: tuple[Dim, ...]) -> int:
     names_in = sorted(d for d in phys if isinstance(d, str))
     names_out = sorted(d for d in out if isinstance(d, str))
     if names_in != names_out or (len(names_out) > 1 and tuple(out) != tuple(phys)):
-        raise Unsupported(f"reshape of {list(phys)} to {list(out)} (named dims; bind them with dims=)")
+        raise Unsupported(f"reshape of {fmt(phys)} to {fmt(out)} (named dims; bind them with dims=)")
     return imp.reshape_to(node, out)
 
 
@@ -521,8 +525,10 @@ def sym_op(imp, ins, at):
         arr = np.zeros((), np.float32) if value is None else tensor_array(value, "the value of ConstantOfShape").reshape(())
         return broadcast_to(imp, imp.data(arr) if arr.dtype.kind == "f" else _int_scalar(imp, arr), list(v.vals))
     if op == "Range" and isinstance(ins[1], Sym) and not any(isinstance(x, Sym) for x in (ins[0], ins[2])):
+        if np.asarray(ins[0]).ndim or np.asarray(ins[2]).ndim or not ins[1].scalar:
+            raise ValueError("Range needs scalar start, limit and delta")
         start, delta = int(np.asarray(ins[0])), int(np.asarray(ins[2]))
-        if start != 0 or delta != 1 or not ins[1].scalar:
+        if start != 0 or delta != 1:
             raise Unsupported(f"Range({start}, {ins[1]}, {delta}) (only Range(0, n, 1) up to a named dim)")
         return arange(imp, ins[1].vals[0], "i64" if np.asarray(ins[0]).dtype != np.int32 else "i32")
     return None
