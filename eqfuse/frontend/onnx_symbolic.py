@@ -245,6 +245,8 @@ def reshape(imp, x, spec: list[SymDim], allowzero: bool = False):
     cur = logical_shape(imp, x)
     if allowzero and 0 in spec:
         raise Unsupported("allowzero with a zero in the shape (zero-size tensors)")
+    if any(not is_sym(d) and d == 0 and i >= len(cur) for i, d in enumerate(spec)):
+        raise ValueError(f"cannot reshape {fmt(cur)} to {fmt(spec)}: a 0 past the input's rank")
     out = [cur[i] if (not is_sym(d) and d == 0) else d for i, d in enumerate(spec)]
     total = product(cur)
     if sum(1 for d in out if not is_sym(d) and d == -1) > 1:
@@ -252,8 +254,10 @@ def reshape(imp, x, spec: list[SymDim], allowzero: bool = False):
     if any(not is_sym(d) and d == -1 for d in out):
         k = next(i for i, d in enumerate(out) if not is_sym(d) and d == -1)
         fill = divide(total, product(d for i, d in enumerate(out) if i != k))
+        if fill is None and not is_sym(total) and not any(is_sym(d) for d in out):
+            raise ValueError(f"cannot reshape {fmt(cur)} to {fmt(spec)}")
         if fill is None:
-            raise Unsupported(f"reshape of {fmt(cur)} to {fmt(spec)}")
+            raise Unsupported(f"reshape of {fmt(cur)} to {fmt(spec)} (the -1 is no product of named dims and ints)")
         out[k] = fill
     elif product(out) != total:
         raise ValueError(f"cannot reshape {fmt(cur)} to {fmt(spec)}")
@@ -466,14 +470,38 @@ def sym_op(imp, ins, at):
     Sym at run time (materialize) and imports the node as ops."""
     op = imp.node.op_type
     v = ins[0]
+    # a Sym read as a shape, by an op over data
+    if op == "Reshape" and isinstance(ins[1], Sym):
+        return reshape(imp, imp.data(v, imp.node.input[0]) if not isinstance(v, Merged) else v,
+                       list(ins[1].vals), bool(at.get("allowzero", 0)))
+    if op == "Expand" and isinstance(ins[1], Sym) and not isinstance(v, (Sym, Merged)):
+        return broadcast_to(imp, imp.data(v, imp.node.input[0]), list(ins[1].vals))
+    if op == "ConstantOfShape" and isinstance(v, Sym):
+        value = at.get("value")
+        arr = np.zeros((), np.float32) if value is None else tensor_array(value, "the value of ConstantOfShape").reshape(())
+        return broadcast_to(imp, imp.data(arr) if arr.dtype.kind == "f" else _int_scalar(imp, arr), list(v.vals))
+    if op == "Range" and isinstance(ins[1], Sym):
+        if not (imp.is_const(ins[0]) and imp.is_const(ins[2])):
+            raise Unsupported(f"Range up to {ins[1]} from a start or with a step not known at import time")
+        if np.asarray(ins[0]).ndim or np.asarray(ins[2]).ndim or not ins[1].scalar:
+            raise ValueError("Range needs scalar start, limit and delta")
+        start, delta = int(np.asarray(ins[0])), int(np.asarray(ins[2]))
+        if start != 0 or delta != 1:
+            raise Unsupported(f"Range({start}, {ins[1]}, {delta}) (only Range(0, n, 1) up to a named dim)")
+        return arange(imp, ins[1].vals[0], "i64" if np.asarray(ins[0]).dtype != np.int32 else "i32")
+    # Dropout, Identity and Cast pass a Sym on; every other op folds only over Syms and constants
     if op in ("Identity", "Dropout"):
         return v
+    if any(x is not None and not isinstance(x, Sym) and not imp.is_const(x) for x in ins):
+        return None
     if op == "Cast":
         return v if isinstance(v, Sym) and at.get("to") in (6, 7) else None
     if op == "Shape" and isinstance(v, Sym):
         return np.asarray([len(v.vals)] if not v.scalar else [], np.int64)[slice(at.get("start", 0), at.get("end"))]
     if op == "Gather" and isinstance(v, Sym) and not isinstance(ins[1], Sym):
         idx = np.asarray(ins[1]).astype(np.int64)
+        if not all(-len(v.vals) <= i < len(v.vals) for i in idx.reshape(-1)):
+            raise ValueError(f"index {idx.tolist()} out of range for {len(v.vals)} entries")
         picked = [v.vals[int(i)] for i in idx.reshape(-1)]
         return sym(picked, idx.ndim == 0) if idx.ndim <= 1 else None
     if op == "Slice" and isinstance(v, Sym) and all(not isinstance(x, Sym) for x in ins[1:]):
@@ -515,22 +543,6 @@ def sym_op(imp, ins, at):
         n = max(len(a), len(b), cond.size)
         c = np.broadcast_to(cond.reshape(-1), (n,))
         return sym([a[k % len(a)] if c[k] else b[k % len(b)] for k in range(n)], cond.ndim == 0 and len(a) == len(b) == 1)
-    if op == "Reshape" and isinstance(ins[1], Sym):
-        return reshape(imp, imp.data(v, imp.node.input[0]) if not isinstance(v, Merged) else v,
-                       list(ins[1].vals), bool(at.get("allowzero", 0)))
-    if op == "Expand" and isinstance(ins[1], Sym) and not isinstance(v, (Sym, Merged)):
-        return broadcast_to(imp, imp.data(v, imp.node.input[0]), list(ins[1].vals))
-    if op == "ConstantOfShape" and isinstance(v, Sym):
-        value = at.get("value")
-        arr = np.zeros((), np.float32) if value is None else tensor_array(value, "the value of ConstantOfShape").reshape(())
-        return broadcast_to(imp, imp.data(arr) if arr.dtype.kind == "f" else _int_scalar(imp, arr), list(v.vals))
-    if op == "Range" and isinstance(ins[1], Sym) and not any(isinstance(x, Sym) for x in (ins[0], ins[2])):
-        if np.asarray(ins[0]).ndim or np.asarray(ins[2]).ndim or not ins[1].scalar:
-            raise ValueError("Range needs scalar start, limit and delta")
-        start, delta = int(np.asarray(ins[0])), int(np.asarray(ins[2]))
-        if start != 0 or delta != 1:
-            raise Unsupported(f"Range({start}, {ins[1]}, {delta}) (only Range(0, n, 1) up to a named dim)")
-        return arange(imp, ins[1].vals[0], "i64" if np.asarray(ins[0]).dtype != np.int32 else "i32")
     return None
 
 
