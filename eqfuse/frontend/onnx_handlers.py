@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from eqfuse.errors import ShapeError
+from eqfuse.frontend import onnx_symbolic as sy
 from eqfuse.frontend.onnx_checks import tensor_array
 from eqfuse.frontend.onnx_import import (
     BIG,
@@ -23,11 +24,9 @@ from eqfuse.frontend.onnx_import import (
     _f32,
     _one_dim,
     _pair,
-    _prod,
     dtype_of_numpy,
     handles,
 )
-from eqfuse.frontend import onnx_symbolic as sy
 
 for _onnx, _ours in {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp",
                      "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Log": "log"}.items():

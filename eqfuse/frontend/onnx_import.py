@@ -28,7 +28,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from eqfuse.errors import EqfuseError, ShapeError
-from eqfuse.frontend.onnx_checks import check_dims, check_size, tensor_array
+from eqfuse.frontend.onnx_checks import (
+    Unsupported,
+    check_dims,
+    check_size,
+    tensor_array,
+)
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS, complete_attrs
 from eqfuse.ir.shapes import NUMPY_DTYPE, Dim, TType, dim_product, dtype_of_numpy
@@ -131,10 +136,6 @@ class _Namer:
             out = f"{base}_{k}"
         self.taken.add(out)
         return out
-
-
-class Unsupported(Exception):
-    """Raised inside a handler; the importer adds the op type and node name."""
 
 
 class _Importer:
@@ -261,9 +262,9 @@ class _Importer:
             outs = None
             attrs = {a.name: _attr(a) for a in node.attribute}
             if any(isinstance(v, sy.Merged) for v in ins):
-                outs = sy.merged_op(self, ins, attrs)
+                outs = so.merged_op(self, ins, attrs)
             elif any(isinstance(v, sy.Sym) for v in ins):
-                outs = sy.sym_op(self, ins, attrs)
+                outs = so.sym_op(self, ins, attrs)
                 if outs is None:  # computed at run time
                     ins = [sy.materialize(self, v) if isinstance(v, sy.Sym) else v for v in ins]
             if outs is None and self.foldable(node, ins):
@@ -467,3 +468,4 @@ from eqfuse.frontend import (  # noqa: E402
     onnx_ops,  # noqa: F401
 )
 from eqfuse.frontend import onnx_symbolic as sy  # noqa: E402
+from eqfuse.frontend import onnx_symbolic_ops as so  # noqa: E402

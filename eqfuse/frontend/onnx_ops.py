@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from eqfuse.frontend import onnx_symbolic as sy
+from eqfuse.frontend import onnx_symbolic_ops as so
 from eqfuse.frontend.onnx_handlers import _axes
 from eqfuse.frontend.onnx_import import Unsupported, _pair, handles
 
@@ -103,7 +104,7 @@ def _gather_nd(imp, ins, at):
     if stride is None:
         table = sy.reshape(imp, data, [sy.product(ds[:k])] + list(ds[k:]))
         if isinstance(table, sy.Merged):
-            return sy.gather(imp, table, flat, 0)
+            return so.gather(imp, table, flat, 0)
     else:
         table = imp.reshape_to(data, (stride,) + tuple(ds[k:]))
     return imp.op("gather", [table, flat], axis=0)
