@@ -13,7 +13,9 @@ shapes, Slice bounds, reduction axes, Shape of a concrete tensor, ...) are folde
 become parameters; scalars (and size-1 constants that cannot change a result's shape) become
 "const" nodes; a weight nothing reads as data is dropped.
 
-Dynamic dims (dim_param) become named dims unless `dims=` binds them. `values=` fixes runtime
+Dynamic dims (dim_param) become named dims unless `dims=` binds them. The shape arithmetic an
+exporter writes over a named dim (Shape of a [batch, 16] tensor, Concat, Reshape to it) folds
+symbolically, the name kept (eqfuse/frontend/onnx_symbolic.py). `values=` fixes runtime
 inputs at import time (the onnx backend uses it for integer inputs such as a Reshape's shape).
 """
 
