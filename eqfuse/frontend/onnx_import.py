@@ -263,12 +263,16 @@ class _Importer:
         try:
             outs = None
             attrs = {a.name: _attr(a) for a in node.attribute}
-            if any(isinstance(v, sy.Merged) for v in ins):
-                outs = so.merged_op(self, ins, attrs)
-            elif any(isinstance(v, sy.Sym) for v in ins):
-                outs = so.sym_op(self, ins, attrs)
-                if outs is None:  # computed at run time
-                    ins = [sy.materialize(self, v) if isinstance(v, sy.Sym) else v for v in ins]
+            try:
+                if any(isinstance(v, sy.Merged) for v in ins):
+                    outs = so.merged_op(self, ins, attrs)
+                elif any(isinstance(v, sy.Sym) for v in ins):
+                    outs = so.sym_op(self, ins, attrs)
+                    if outs is None:  # computed at run time
+                        ins = [sy.materialize(self, v) if isinstance(v, sy.Sym) else v for v in ins]
+            except (IndexError, KeyError, TypeError, ZeroDivisionError) as e:  # a malformed shape value
+                raise self.error(f"cannot import ONNX op '{node.op_type}' over a shape value with named dims "
+                                 f"({type(e).__name__}: {e})") from None
             if outs is None and self.foldable(node, ins):
                 try:
                     outs = self.fold(node, ins)

@@ -280,7 +280,7 @@ def _plain_reshape(imp, node: int, phys, out: tuple[Dim, ...]) -> int:
 def _regroup(phys: list[Dim], out: list[SymDim]) -> list[list[Dim]] | None:
     """Physical dims for each target dim: consecutive runs of `phys` (ints split when they must),
     so that row-major order is kept; None when the target does not line up with them."""
-    queue, groups = list(phys), []
+    queue, groups = _merge_ints(list(phys)), []  # (B, 3, 4) as (B, 12): [B*2, 6] splits the 12
     for t in out:
         coef, names = split(t)
         names, group = list(names), []

@@ -65,13 +65,26 @@ def merged_op(imp, ins, at):
         phys = [starts[p] + j for p in perm for j in range(len(m.groups[p]))]
         y = m.node if phys == sorted(phys) else imp.op("transpose", [m.node], perm=tuple(phys))
         return merged(y, [m.groups[p] for p in perm])
-    if op == "Cast" and ins[0] is m:
+    if op in POINTWISE and all(_same_layout(imp, v, m) for v in ins):
+        # elementwise over the physical form: the other operands are scalars or laid out alike
         from eqfuse.frontend.onnx_import import HANDLERS
 
-        return merged(HANDLERS[op][0](imp, [m.node], at), m.groups)
+        return merged(HANDLERS[op][0](imp, [v.node if isinstance(v, Merged) else v for v in ins], at), m.groups)
     if op == "Gather" and ins[0] is m and not isinstance(ins[1], (Merged, Sym)):
         return gather(imp, m, ins[1], at.get("axis", 0))
     raise Unsupported(f"{op} of a tensor of shape {m} (a named dim multiplied with others; bind it with dims=)")
+
+
+POINTWISE = {"Cast", "Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Sqrt", "Neg", "Abs", "Log", "Gelu", "Reciprocal",
+             "Add", "Sub", "Mul", "Div", "Pow", "Where", "Not", "IsNaN", "Equal", "Less", "Greater", "And", "Or"}
+
+
+def _same_layout(imp, v, m: Merged) -> bool:
+    """Whether v can meet m elementwise in m's physical form: None, a one-element constant, or a
+    Merged of the same groups."""
+    if v is None or (isinstance(v, Merged) and v.groups == m.groups):
+        return True
+    return imp.is_const(v) and v.size == 1 and v.ndim <= len(m.groups)
 
 
 def gather(imp, m: Merged, index, axis: int):
@@ -207,7 +220,7 @@ def sym_op(imp, ins, at):
             raise ValueError(f"index {idx.tolist()} out of range for {len(v.vals)} entries")
         picked = [v.vals[int(i)] for i in idx.reshape(-1)]
         return sym(picked, idx.ndim == 0) if idx.ndim <= 1 else None
-    if op == "Slice" and isinstance(v, Sym) and all(not isinstance(x, Sym) for x in ins[1:]):
+    if op == "Slice" and isinstance(v, Sym) and len(ins) >= 3 and all(not isinstance(x, Sym) for x in ins[1:]):
         lo, hi = int(np.asarray(ins[1]).reshape(-1)[0]), int(np.asarray(ins[2]).reshape(-1)[0])
         step = int(np.asarray(ins[4]).reshape(-1)[0]) if len(ins) > 4 and ins[4] is not None else 1
         return sym(v.vals[lo:hi:step], False)
@@ -218,6 +231,12 @@ def sym_op(imp, ins, at):
         if op == "Squeeze" and not v.scalar and len(v.vals) == 1 and axes in (None, [0], [-1]):
             return Sym(v.vals, True)
         return None
+    if op == "Expand" and isinstance(v, Sym) and not isinstance(ins[1], Sym):
+        shape = entries(ins[1], "shape")[0]
+        if len(shape) > 1 or (shape and shape[0] != 1 and len(v.vals) not in (1, shape[0])):
+            return None
+        n = max([len(v.vals)] + shape) if not v.scalar or shape else 1
+        return Sym(tuple(v.vals[k % len(v.vals)] for k in range(n)), v.scalar and not shape)
     if op == "Concat" and all(isinstance(x, Sym) or np.asarray(x).ndim == 1 for x in ins):
         return sym([d for x in ins for d in entries(x, "a Concat input")[0]])
     if op == "Reshape" and isinstance(v, Sym):
