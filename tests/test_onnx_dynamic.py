@@ -167,6 +167,40 @@ def test_an_expand_to_a_product_of_the_batch_is_a_clear_error():
         import_onnx(m)
 
 
+RESHAPES = [[-1, 4], [-1, 12], [-1], [0, -1], [0, 12], [-1, 3, 4], [0, 3, 2, 2], [-1, 2, 2], [-1, 6], [2, -1],
+            [3, -1], [0, 4, 3], [-1, 1, 4], [1, -1, 4]]
+
+
+def test_reshapes_of_a_named_dim_import_right_or_fail_clearly():
+    """Every reshape of [B, 3, 4], followed by a transpose, a reshape back, a MatMul or a Relu:
+    the import either matches onnx at batch 2, 4 and 6 or raises an EqfuseError naming a node."""
+    rng = np.random.default_rng(0)
+    imported = 0
+    for spec in RESHAPES:
+        out = np.empty((2, 3, 4)).reshape([2 if d == 0 else d for d in spec]).shape
+        posts = {"none": [], "transpose": [helper.make_node("Transpose", ["r"], ["p"], perm=list(range(len(spec)))[::-1])],
+                 "back": [helper.make_node("Shape", ["x"], ["sx"]), helper.make_node("Reshape", ["r", "sx"], ["p"])],
+                 "matmul": [helper.make_node("MatMul", ["r", "w"], ["p"])], "relu": [helper.make_node("Relu", ["r"], ["p"])]}
+        for post, tail in posts.items():
+            nodes = [helper.make_node("Reshape", ["x", "spec"], ["r"])] + tail
+            nodes.append(helper.make_node("Identity", ["p" if tail else "r"], ["y"]))
+            w = rng.standard_normal((out[-1], 5)).astype(np.float32)
+            m = model(nodes, [("x", ("B", 3, 4), F)], ["y"], [("spec", ints(*spec)), ("w", w)])
+            try:
+                imp = import_model(m)
+            except EqfuseError as e:
+                assert "in node" in str(e) or "graph output" in str(e), e
+                continue
+            imported += 1
+            for b in (2, 4, 6):
+                x = rng.standard_normal((b, 3, 4)).astype(np.float32)
+                (want,) = ReferenceEvaluator(m).run(None, {"x": x})
+                (got,) = evaluate(imp.graph, [imp.params[n] if n in imp.params else x for n, _ in imp.graph.params])
+                assert got.shape == want.shape, (spec, post)
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert imported >= 36  # those ending in a merged [B*3, ...] tensor as the output fail, by design
+
+
 # ---------------------------------------------------------------- real exports
 
 
