@@ -219,7 +219,7 @@ def _export(name: str, exporter: str, path):
         else:
             batch = torch.export.Dim("batch", min=1, max=1024)
             torch.onnx.export(model, args, str(path), input_names=list(names), output_names=["y"], opset_version=18,
-                              dynamo=True, external_data=False, dynamic_shapes={n: {0: batch} for n in names})
+                              dynamo=True, external_data=False, dynamic_shapes=tuple({0: batch} for _ in names))
     return model
 
 
@@ -231,13 +231,13 @@ def _feeds(name: str, b: int) -> dict[str, np.ndarray]:
         mask = np.ones((b, me.S), np.int64)
         mask[-1, me.S - 5:] = 0  # padding at the end of the last sequence
         return {"input_ids": rng.integers(1, me.VOCAB, (b, me.S)).astype(np.int64), "attention_mask": mask}
-    key = "pixel_values" if name == "vit" else "x"
-    return {key: rng.standard_normal((b, 3, 32, 32)).astype(np.float32)}
+    key, side = ("pixel_values" if name == "vit" else "x"), (64 if name == "resnet18" else 32)
+    return {key: rng.standard_normal((b, 3, side, side)).astype(np.float32)}
 
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-@pytest.mark.parametrize("name", ["bert", "gpt2", "vit", "mixer"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "vit", "mixer", "resnet18"])
 def test_dynamic_batch_export_runs_at_any_batch(name, exporter, tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
