@@ -12,7 +12,8 @@ with a named dim (ONNX dim_param) it folds it here, symbolically, so the graph k
 - `Merged`: a tensor whose logical shape multiplies a named dim with others (GPT-2's
   `x.view(-1, 64)` of a [batch, 16, 64] tensor is [batch*16, 64]). The IR has no such dim, so
   the tensor stays in its physical, unmerged form and remembers which physical dims make each
-  logical one; Gemm, MatMul, Gather, Shape and Reshape (usually back) read it.
+  logical one; Gemm, MatMul, Transpose, Gather, elementwise ops, Shape and Reshape (usually
+  back) read it (eqfuse/frontend/onnx_symbolic_ops.py).
 
 Whatever cannot be represented raises Unsupported, which names the node; a result is never
 guessed.
@@ -30,7 +31,8 @@ from eqfuse.ir.shapes import Dim
 
 @dataclass(frozen=True)
 class Prod:
-    """coef * the product of names (sorted), e.g. batch*16; never a plain int or one name."""
+    """coef * the product of names (sorted), e.g. batch*16; never a plain int or one name. The
+    importer keeps coef positive, so that a Prod is, like a name, at least 1."""
 
     coef: int
     names: tuple[str, ...]
@@ -52,7 +54,7 @@ def split(d: SymDim) -> tuple[int, tuple[str, ...]]:
 
 def make(coef: int, names) -> SymDim:
     names = tuple(sorted(names))
-    if not names:
+    if not names or coef == 0:
         return coef
     if coef == 1 and len(names) == 1:
         return names[0]
@@ -247,8 +249,8 @@ def reshape(imp, x, spec: list[SymDim], allowzero: bool = False):
         raise ValueError(f"cannot reshape {fmt(cur)} to {fmt(spec)}: a 0 past the input's rank")
     out = [cur[i] if (not is_sym(d) and d == 0) else d for i, d in enumerate(spec)]
     total = product(cur)
-    if sum(1 for d in out if not is_sym(d) and d == -1) > 1:
-        raise ValueError(f"shape {fmt(spec)} has more than one -1")
+    if sum(1 for d in out if not is_sym(d) and d == -1) > 1 or any(not is_sym(d) and d < -1 for d in out):
+        raise ValueError(f"shape {fmt(spec)} has more than one -1 or a negative size")
     if any(not is_sym(d) and d == -1 for d in out):
         k = next(i for i, d in enumerate(out) if not is_sym(d) and d == -1)
         fill = divide(total, product(d for i, d in enumerate(out) if i != k))

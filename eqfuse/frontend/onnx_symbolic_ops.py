@@ -23,6 +23,7 @@ from eqfuse.frontend.onnx_symbolic import (
     merged,
     product,
     reshape,
+    split,
     sym,
 )
 
@@ -145,10 +146,9 @@ def _arith(op: str, a: SymDim, b: SymDim):
     if not is_sym(a) and not is_sym(b):
         a, b = int(a), int(b)
         return {"Mul": a * b, "Add": a + b, "Sub": a - b, "Div": a // b if b and a % b == 0 else None}[op]
-    if op == "Mul":
-        return product([a, b])
-    if op == "Div":
-        return divide(a, b)
+    if op in ("Mul", "Div"):
+        r = product([a, b]) if op == "Mul" else divide(a, b)
+        return r if r is None or not is_sym(r) or split(r)[0] > 0 else None  # -batch: computed at run time
     if op in ("Add", "Sub") and not is_sym(b) and int(b) == 0:
         return a
     if op == "Add" and not is_sym(a) and int(a) == 0:
