@@ -167,6 +167,17 @@ def test_an_expand_to_a_product_of_the_batch_is_a_clear_error():
         import_onnx(m)
 
 
+def test_a_slice_up_to_a_named_dim_is_a_clear_error():
+    """BERT's position_ids[:, :seq] with the sequence named: a slice of a fixed table to a named
+    length has no IR form."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["s", "one", "two"], ["seq"]),
+             helper.make_node("Slice", ["table", "zero1", "seq", "one"], ["y"], name="positions")]
+    inits = [("one", ints(1)), ("two", ints(2)), ("zero1", ints(0)), ("table", np.ones((1, 64), np.float32))]
+    m = model(nodes, [("x", ("B", "S"), F)], ["y"], inits)
+    with pytest.raises(EqfuseError, match=r"input ends \[S\], which depends on named dims.*in node 'positions'"):
+        import_onnx(m)
+
+
 RESHAPES = [[-1, 4], [-1, 12], [-1], [0, -1], [0, 12], [-1, 3, 4], [0, 3, 2, 2], [-1, 2, 2], [-1, 6], [2, -1],
             [3, -1], [0, 4, 3], [-1, 1, 4], [1, -1, 4]]
 

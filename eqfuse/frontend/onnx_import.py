@@ -156,6 +156,7 @@ class _Importer:
         self.node: Any = None  # the ONNX node being imported, for error messages
         self.named_at: dict[str, tuple[int, int]] = {}  # named dim -> (an input node, its axis)
         self.memo: dict[tuple, int] = {}  # nodes built once per import (a named dim's carrier, size)
+        self.sym_nodes: dict[int, Any] = {}  # node computing a Sym at run time -> the Sym, for errors
 
     # ------------------------------------------------------------ driver
 
@@ -328,6 +329,7 @@ class _Importer:
 
     def ints(self, v, what: str) -> list[int]:
         """A constant integer input (shape, axes, bounds), as a list."""
+        v = self.sym_nodes.get(v, v) if isinstance(v, int) else v  # a Sym computed at run time
         if isinstance(v, sy.Sym):
             raise Unsupported(f"input {what} {v}, which depends on named dims (bind them with dims=)")
         if not self.is_const(v):

@@ -197,7 +197,9 @@ def materialize(imp, v: Sym) -> int:
     if run:
         parts.append(imp.new_param("shape_part", np.asarray(run, np.int64)))
     out = parts[0] if len(parts) == 1 else imp.op("concat", parts, axis=0)
-    return imp.op("reshape", [out], shape=()) if v.scalar else out
+    out = imp.op("reshape", [out], shape=()) if v.scalar else out
+    imp.sym_nodes[out] = v
+    return out
 
 
 def broadcast_to(imp, x: int, target: list[SymDim]) -> int:
