@@ -276,6 +276,12 @@ def reshape(imp, x, spec: list[SymDim], allowzero: bool = False):
 def _plain_reshape(imp, node: int, phys, out: tuple[Dim, ...]) -> int:
     names_in = sorted(d for d in phys if isinstance(d, str))
     names_out = sorted(d for d in out if isinstance(d, str))
+    if len(names_out) > 1 and [d for d in phys if d != 1] == [d for d in out if d != 1] and tuple(out) != tuple(phys):
+        # several named dims: the IR's reshape fills one -1 only, but 1s come and go by squeeze/unsqueeze
+        ones = tuple(k for k, d in enumerate(phys) if d == 1)
+        node = imp.op("squeeze", [node], axis=ones) if ones else node
+        ones = tuple(k for k, d in enumerate(out) if d == 1)
+        return imp.op("unsqueeze", [node], axis=ones) if ones else node
     if names_in != names_out or (len(names_out) > 1 and tuple(out) != tuple(phys)):
         raise Unsupported(f"reshape of {fmt(phys)} to {fmt(out)} (named dims; bind them with dims=)")
     return imp.reshape_to(node, out)
