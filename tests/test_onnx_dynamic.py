@@ -178,6 +178,15 @@ def test_a_slice_up_to_a_named_dim_is_a_clear_error():
         import_onnx(m)
 
 
+def test_ones_come_and_go_around_two_named_dims():
+    """[B, 1, S, 3] -> [B, 1, S, 3, 1] (Flatten(axis=rank) of a mask does this): squeeze and
+    unsqueeze, since the IR's reshape fills one named dim only."""
+    m = model([helper.make_node("Reshape", ["x", "spec"], ["y"])], [("x", ("B", 1, "S", 3), F)], ["y"],
+              [("spec", ints(0, 1, 0, 3, 1))])
+    imp = check_batches(m, lambda b: {"x": np.random.default_rng(b).standard_normal((b, 1, b + 2, 3)).astype(np.float32)})
+    assert imp.graph.nodes[imp.graph.outputs[0]].type.shape == ("B", 1, "S", 3, 1)
+
+
 RESHAPES = [[-1, 4], [-1, 12], [-1], [0, -1], [0, 12], [-1, 3, 4], [0, 3, 2, 2], [-1, 2, 2], [-1, 6], [2, -1],
             [3, -1], [0, 4, 3], [-1, 1, 4], [1, -1, 4]]
 
