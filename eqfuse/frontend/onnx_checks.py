@@ -12,6 +12,10 @@ from eqfuse.frontend.builder import MAX_RANK, check_size  # noqa: F401 (check_si
 from eqfuse.ir.graph import MAX_ELEMENTS
 
 
+class Unsupported(Exception):
+    """Raised inside an ONNX handler; the importer adds the op type and node name."""
+
+
 def check_dims(dims, what: str, allow_zero: bool = False) -> None:
     """Raise unless `dims` are a shape eqfuse can hold: rank and size bounded, every int positive
     (a name, an input's dim_param, is any size). Constants may be empty (an export's empty

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from eqfuse.errors import ShapeError
+from eqfuse.frontend import onnx_symbolic as sy
 from eqfuse.frontend.onnx_checks import tensor_array
 from eqfuse.frontend.onnx_import import (
     BIG,
@@ -23,7 +24,6 @@ from eqfuse.frontend.onnx_import import (
     _f32,
     _one_dim,
     _pair,
-    _prod,
     dtype_of_numpy,
     handles,
 )
@@ -110,17 +110,12 @@ def _cast(imp, ins, at):
 def _shape(imp, ins, at):
     shape = ins[0].shape if imp.is_const(ins[0]) else imp.type(ins[0]).shape
     shape = shape[slice(at.get("start", 0), at.get("end"))]
-    if not all(isinstance(d, int) for d in shape):
-        raise Unsupported(f"Shape of a tensor with named dims {list(shape)} (bind them with dims=)")
-    return np.asarray(shape, np.int64)
+    return sy.sym(shape)  # an int64 array, or a Sym when a dim is named
 
 
 @handles("Size")
 def _size(imp, ins, at):
-    n, names = _prod(ins[0].shape if imp.is_const(ins[0]) else imp.type(ins[0]).shape)
-    if names:
-        raise Unsupported(f"Size of a tensor with named dims {list(names)} (bind them with dims=)")
-    return np.asarray(n, np.int64)
+    return sy.sym([sy.product(ins[0].shape if imp.is_const(ins[0]) else imp.type(ins[0]).shape)], scalar=True)
 
 
 @handles("MatMul")
@@ -272,26 +267,8 @@ def _transpose(imp, ins, at):
 @handles("Reshape", attrs=("allowzero", "shape"))
 def _reshape(imp, ins, at):
     x = imp.data(ins[0], imp.node.input[0])
-    cur = imp.type(x).shape
     spec = list(at["shape"]) if "shape" in at else imp.ints(ins[1], "shape")
-    if at.get("allowzero", 0) and 0 in spec:
-        raise Unsupported("allowzero with a zero in the shape (zero-size tensors)")
-    out: list[Dim] = [cur[i] if d == 0 else d for i, d in enumerate(spec)]
-    if -1 in out:
-        n_in, names_in = _prod(cur)
-        n_out, names_out = _prod(d for d in out if d != -1)
-        rest = list(names_in)
-        for nm in names_out:
-            if nm not in rest:
-                raise Unsupported(f"reshape of {list(cur)} to {spec}")
-            rest.remove(nm)
-        if n_out == 0 or n_in % n_out:
-            raise ShapeError(f"cannot reshape {list(cur)} to {spec}")
-        fill = n_in // n_out
-        if rest and (len(rest) > 1 or fill != 1):
-            raise Unsupported(f"reshape of {list(cur)} to {spec} (the -1 is a product of named dims)")
-        out[out.index(-1)] = rest[0] if rest else fill
-    return imp.reshape_to(x, tuple(out))
+    return sy.reshape(imp, x, spec, bool(at.get("allowzero", 0)))
 
 
 @handles("Flatten", attrs=("axis",))
@@ -300,7 +277,7 @@ def _flatten(imp, ins, at):
     shape = imp.type(x).shape
     axis = at.get("axis", 1)
     axis = axis + len(shape) if axis < 0 else axis
-    return imp.reshape_to(x, (_one_dim(shape[:axis]), _one_dim(shape[axis:])))
+    return sy.reshape(imp, x, [sy.product(shape[:axis]), sy.product(shape[axis:])])
 
 
 @handles("Squeeze", "Unsqueeze", attrs=("axes",))

@@ -13,7 +13,9 @@ shapes, Slice bounds, reduction axes, Shape of a concrete tensor, ...) are folde
 become parameters; scalars (and size-1 constants that cannot change a result's shape) become
 "const" nodes; a weight nothing reads as data is dropped.
 
-Dynamic dims (dim_param) become named dims unless `dims=` binds them. `values=` fixes runtime
+Dynamic dims (dim_param) become named dims unless `dims=` binds them. The shape arithmetic an
+exporter writes over a named dim (Shape of a [batch, 16] tensor, Concat, Reshape to it) folds
+symbolically, the name kept (eqfuse/frontend/onnx_symbolic.py). `values=` fixes runtime
 inputs at import time (the onnx backend uses it for integer inputs such as a Reshape's shape).
 """
 
@@ -28,7 +30,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from eqfuse.errors import EqfuseError, ShapeError
-from eqfuse.frontend.onnx_checks import check_dims, check_size, tensor_array
+from eqfuse.frontend.onnx_checks import (
+    Unsupported,
+    check_dims,
+    check_size,
+    tensor_array,
+)
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS, complete_attrs
 from eqfuse.ir.shapes import NUMPY_DTYPE, Dim, TType, dim_product, dtype_of_numpy
@@ -133,10 +140,6 @@ class _Namer:
         return out
 
 
-class Unsupported(Exception):
-    """Raised inside a handler; the importer adds the op type and node name."""
-
-
 class _Importer:
     def __init__(self, model, dims: dict[str, int], values: dict[str, np.ndarray]):
         self.model = model
@@ -151,6 +154,9 @@ class _Importer:
         self.param_ids: list[int] = []
         self.materialized: dict[str, int] = {}
         self.node: Any = None  # the ONNX node being imported, for error messages
+        self.named_at: dict[str, tuple[int, int]] = {}  # named dim -> (an input node, its axis)
+        self.memo: dict[tuple, int] = {}  # nodes built once per import (a named dim's carrier, size)
+        self.sym_nodes: dict[int, Any] = {}  # node computing a Sym at run time -> the Sym, for errors
 
     # ------------------------------------------------------------ driver
 
@@ -175,7 +181,7 @@ class _Importer:
             self.node = node
             if node.op_type not in HANDLERS or node.domain not in ("", "ai.onnx"):
                 # before the first error, look ahead: the message lists every op missing
-                consts = {n for n, v in self.env.items() if self.is_const(v)}
+                consts = {n for n, v in self.env.items() if self.is_const(v) or isinstance(v, sy.Sym)}
                 self.check_ops(list(g.node)[k:], consts)
             self.import_node(node)
         self.node = None
@@ -226,7 +232,11 @@ class _Importer:
                 name = sanitize(d.dim_param) if d.dim_param else f"{sanitize(vi.name)}_{axis}"
                 shape.append(self.dims.get(d.dim_param, self.dims.get(name, name)))
         check_dims(shape, f"input '{vi.name}'")
-        return self.add_input(vi.name, TType(tuple(shape), dtype))
+        i = self.add_input(vi.name, TType(tuple(shape), dtype))
+        for axis, d in enumerate(shape):
+            if isinstance(d, str):
+                self.named_at.setdefault(d, (i, axis))
+        return i
 
     def add_input(self, onnx_name: str, t: TType) -> int:
         return self.graph.add(Node("input", type=t, name=self.names(onnx_name)))
@@ -253,7 +263,18 @@ class _Importer:
         ins = [self.env[n] if n else None for n in node.input]
         try:
             outs = None
-            if self.foldable(node, ins):
+            attrs = {a.name: _attr(a) for a in node.attribute}
+            try:
+                if any(isinstance(v, sy.Merged) for v in ins):
+                    outs = so.merged_op(self, ins, attrs)
+                elif any(isinstance(v, sy.Sym) for v in ins):
+                    outs = so.sym_op(self, ins, attrs)
+                    if outs is None:  # computed at run time
+                        ins = [sy.materialize(self, v) if isinstance(v, sy.Sym) else v for v in ins]
+            except (IndexError, KeyError, TypeError, ZeroDivisionError) as e:  # a malformed shape value
+                raise self.error(f"cannot import ONNX op '{node.op_type}' over a shape value with named dims "
+                                 f"({type(e).__name__}: {e})") from None
+            if outs is None and self.foldable(node, ins):
                 try:
                     outs = self.fold(node, ins)
                 except EqfuseError:
@@ -264,7 +285,6 @@ class _Importer:
                 if handler is None:
                     raise self.error(f"unsupported ONNX op '{node.op_type}'")
                 fn, known = handler
-                attrs = {a.name: _attr(a) for a in node.attribute}
                 for k in attrs:
                     if k not in known:
                         raise Unsupported(f"attribute '{k}'")
@@ -309,6 +329,9 @@ class _Importer:
 
     def ints(self, v, what: str) -> list[int]:
         """A constant integer input (shape, axes, bounds), as a list."""
+        v = self.sym_nodes.get(v, v) if isinstance(v, int) else v  # a Sym computed at run time
+        if isinstance(v, sy.Sym):
+            raise Unsupported(f"input {what} {v}, which depends on named dims (bind them with dims=)")
         if not self.is_const(v):
             raise Unsupported(f"non-constant input {what}")
         if np.asarray(v).dtype.kind not in "iu":
@@ -317,6 +340,10 @@ class _Importer:
 
     def data(self, v, name: str | None = None) -> int:
         """A value as a node id: a constant becomes a "const" (a scalar) or a parameter."""
+        if isinstance(v, sy.Sym):
+            return sy.materialize(self, v)
+        if isinstance(v, sy.Merged):
+            raise Unsupported(f"a tensor of shape {v} (a named dim multiplied with others; bind it with dims=)")
         if not self.is_const(v):
             return v
         arr = np.asarray(v)
@@ -444,7 +471,9 @@ def handles(*op_types: str, attrs: tuple[str, ...] = ()):
     return deco
 
 
-from eqfuse.frontend import (
-    onnx_handlers,
-    onnx_ops,  # noqa: E402,F401  (they register the handlers)
+from eqfuse.frontend import (  # noqa: E402
+    onnx_handlers,  # noqa: F401  (they register the handlers)
+    onnx_ops,  # noqa: F401
 )
+from eqfuse.frontend import onnx_symbolic as sy  # noqa: E402
+from eqfuse.frontend import onnx_symbolic_ops as so  # noqa: E402

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from eqfuse.frontend import onnx_symbolic as sy
+from eqfuse.frontend import onnx_symbolic_ops as so
 from eqfuse.frontend.onnx_handlers import _axes
 from eqfuse.frontend.onnx_import import Unsupported, _pair, handles
 
@@ -81,24 +83,30 @@ def _gather_elements(imp, ins, at):
 
 @handles("GatherND", attrs=("batch_dims",))
 def _gather_nd(imp, ins, at):
-    """data[idx[..., 0], ..., idx[..., k-1]] as one gather over the first k axes flattened."""
+    """data[idx[..., 0], ..., idx[..., k-1]] as one gather over the first k axes flattened (the
+    first may be a named dim: the flattened table is then a Merged one, see onnx_symbolic)."""
     if at.get("batch_dims", 0):
         raise Unsupported("batch_dims")
     data, idx = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
     ds, ishape = imp.type(data).shape, imp.type(idx).shape
     k = ishape[-1]
-    if not isinstance(k, int) or not all(isinstance(d, int) for d in ds[:k]):
-        raise Unsupported("named dims in the indexed axes")
+    if not isinstance(k, int) or not all(isinstance(d, int) for d in ds[1:k]):
+        raise Unsupported("named dims in the indexed axes (but the first)")
     flat = None
     stride = 1
     for i in reversed(range(k)):
         part = imp.reshape_to(imp.op("slice", [idx], axis=-1, start=i, stop=i + 1), ishape[:-1])
-        # a negative index counts from the end of its own axis
-        part = imp.op("where", [imp.op("lt", [part, imp.const(0)]), imp.op("add", [part, imp.const(ds[i])]), part])
+        if isinstance(ds[i], int):  # a negative index counts from the end of its own axis
+            part = imp.op("where", [imp.op("lt", [part, imp.const(0)]), imp.op("add", [part, imp.const(ds[i])]), part])
         term = part if stride == 1 else imp.op("mul", [part, imp.const(stride)])
         flat = term if flat is None else imp.op("add", [flat, term])
-        stride *= ds[i]
-    table = imp.reshape_to(data, (stride,) + tuple(ds[k:]))
+        stride = stride * ds[i] if isinstance(ds[i], int) else None
+    if stride is None:
+        table = sy.reshape(imp, data, [sy.product(ds[:k])] + list(ds[k:]))
+        if isinstance(table, sy.Merged):
+            return so.gather(imp, table, flat, 0)
+    else:
+        table = imp.reshape_to(data, (stride,) + tuple(ds[k:]))
     return imp.op("gather", [table, flat], axis=0)
 
 
