@@ -287,3 +287,14 @@ def test_random_graphs_at_any_batch_size(src, sizes):
         for x, y in zip(got, want):
             np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-4)
     assert len(mod.default.cache) == (0 if ok else len(set(sizes)))
+
+
+def test_the_report_says_which_unbound_dims_are_batch_dims():
+    from eqfuse.optimizer.optimize import report_text
+
+    r = eqfuse.optimize("examples/mlp.g").report
+    assert r["batch_dims"] == {"B": None}
+    assert "#   B: a batch dim, any size at run time from one compile" in report_text(r)
+    r = eqfuse.optimize("examples/mlp_train.g").report
+    assert r["batch_dims"]["B"] == "mean reads it and returns f32 without it"
+    assert "B: not a batch dim (mean reads it" in report_text(r)

@@ -172,6 +172,7 @@ def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages,
         "saved_before": C.saved_for_backward(src0, dims),  # bytes kept for the backward pass
         "saved_after": C.saved_for_backward(out, dims),
         "unbound_dims": {d: C.DEFAULT_DIM for d in unbound},
+        "batch_dims": _batch_dims(graph, unbound),  # which of them a compiled graph takes at any size
         "skipped_rules": st.skipped_rules,
         "limit": st.limit_note or None,  # e.g. "node limit: 50000 e-nodes, 81% from rule my_assoc"
         "recognition": recognition,  # the recognition e-graph's size and iterations
@@ -247,6 +248,14 @@ def optimize(src, *, cost: str = "memory", rules: Sequence = (), disable: Sequen
     return Optimized(outs, reports)
 
 
+def _batch_dims(graph, unbound: list[str]) -> dict[str, str | None]:
+    """{unbound dim: None when it is a batch dim (eqfuse.ir.separable), else why not}."""
+    from eqfuse.ir.separable import batch_dims
+
+    ok, why = batch_dims(graph)
+    return {d: None if d in ok else why.get(d, "") for d in unbound}
+
+
 def report_text(r: dict) -> str:
     """The report as printed after the graph by `eqfuse opt`."""
     def mb(b):
@@ -274,6 +283,9 @@ def report_text(r: dict) -> str:
     if r["unbound_dims"]:
         lines.append("#   unbound dims costed as " + ", ".join(f"{k}={v}" for k, v in r["unbound_dims"].items())
                      + " (bind with --dim)")
+    for d, why in r.get("batch_dims", {}).items():
+        lines.append(f"#   {d}: a batch dim, any size at run time from one compile" if why is None else
+                     f"#   {d}: not a batch dim ({why}): compiled once per value")
     for note in r.get("folded", ()):  # set by eqfuse.compile, which folds bound params first
         lines.append(f"#   folded: {note}")
     if r["skipped_rules"]:
