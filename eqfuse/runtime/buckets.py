@@ -116,9 +116,10 @@ class Bucketed:
             for c in self.compiled.values():
                 c.runner.warm(arrays)
             self._warm = True
+        whole = self.compiled.get(n)
+        if whole is not None:  # a bucket size: one call, as without buckets
+            return whole.run(arrays, threads)
         chunks = self.schedule(n)
-        if len(chunks) == 1 and chunks[0].count == chunks[0].bucket:
-            return self.compiled[n].run(arrays, threads)
         arrays = [np.ascontiguousarray(a) if b else a for a, b in zip(arrays, self.in_batch)]
         shapes = self.largest.runner.out_shapes
         outs: list = [np.empty((n,) + tuple(s[1:]), dtype=dt) if b else None
