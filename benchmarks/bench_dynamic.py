@@ -111,8 +111,10 @@ def bench(name: str, args, tmp: Path) -> None:
         so.intra_op_num_threads = args.threads
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-    sizes = buck.default.bucket_sizes or next(iter(buck.default.buckets.values())).sizes
-    print(f"\n## {name}: batch dim first bound to {args.first}; buckets {sizes}")
+    b = next(iter(buck.default.buckets.values()), None)
+    why = buck.report.get("batch_dims", {})
+    print(f"\n## {name}: " + (f"batch dim first bound to {args.first}; buckets {b.sizes}" if b else
+                              f"no batch dim ({why}): compiled per batch size either way"))
     print(f"compile + first call, cold: buckets {t_b:.2f} s, one size {t_p:.2f} s")
     print("| batch | first call: buckets | one compile per size | onnxruntime | median ms: buckets (spread) "
           "| per size (spread) | per size / buckets | onnxruntime (spread) |")
