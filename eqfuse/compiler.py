@@ -82,7 +82,7 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         report["folded"] = folded.notes
         reports[g.name] = report
         optimized.append((opt, gdims))
-        batch = batch_dim(g, gdims, buckets)
+        batch = batch_dim(g, gdims, buckets, gp)
         f = GraphFunction(g, opt, folded.params, gdims, _builder(fuse, frozenset(folded.params)), verify, threads,
                           batch)
         if all(d in gdims for d in g.dims()):
@@ -153,11 +153,11 @@ def _check_dims(graphs: list[Graph], dims: Mapping[str, int] | None) -> None:
             raise ArgumentError(f"dims=: {why}")
 
 
-def batch_dim(g: Graph, dims: Mapping[str, int], buckets) -> tuple[str, list[int] | None] | None:
+def batch_dim(g: Graph, dims: Mapping[str, int], buckets, params=None) -> tuple[str, list[int] | None] | None:
     """(the graph's run-time batch dim, its bucket sizes or None for the default), or None."""
     from eqfuse.ir.separable import batch_dims
 
-    free = [d for d in batch_dims(g)[0] if d not in dims]
+    free = [d for d in batch_dims(g, params)[0] if d not in dims]
     if buckets is None:
         return (free[0], None) if free else None
     chosen = [d for d in free if d in buckets]
@@ -183,7 +183,7 @@ def _check_buckets(graphs: list[Graph], buckets, dims, params) -> None:
         if k in (dims or {}):
             raise ArgumentError(f"buckets=: '{k}' is bound by dims=; a dimension is either fixed or a batch dim")
         for g in graphs:
-            why = batch_dims(g)[1].get(k)
+            why = batch_dims(g, params)[1].get(k)
             if why:
                 raise ArgumentError(f"buckets=: '{k}' is not a batch dimension of graph {g.name}: {why}")
     if len([k for k in buckets]) > 1:

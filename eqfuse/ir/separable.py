@@ -15,11 +15,18 @@ The check is structural and conservative, over the source graph (kernel bodies i
 - tril/triu act on the last two axes, attention's gradients mix their rows: D must be outside
   them.
 
-A reason is kept for every dim that is not separable (`batch_dims(g)[1]`), for the report.
+One exception, the sample's own position used to index a mask (transformers' exported attention
+masks), is checked by eqfuse.ir.positions. A reason is kept for every dim that is not separable
+(`batch_dims(g)[1]`), for the report.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import numpy as np
+
+from eqfuse.ir import positions
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS
 from eqfuse.ir.shapes import TType
@@ -31,11 +38,14 @@ _LAST_AXES = {"tril": 2, "triu": 2, "attention_dq": 2, "attention_dk": 2, "atten
               "max_pool2d": 2, "avg_pool2d": 2, "pool2d_grad": 2}
 
 
-def batch_dims(g: Graph) -> tuple[list[str], dict[str, str]]:
-    """(the separable named dims of g in order, {other named dim: why it is not separable})."""
+def batch_dims(g: Graph, params: Mapping[str, np.ndarray] | None = None) -> tuple[list[str], dict[str, str]]:
+    """(the separable named dims of g in order, {other named dim: why it is not separable}).
+    `params` (bound arrays by name) lets eqfuse.ir.positions check a mask indexed by the
+    sample's own position."""
     ok, why = [], {}
     for d in g.dims():
-        reason = _why_not(g, d)
+        allowed, reason = positions.check(g, d, params)
+        reason = reason or _why_not(g, d, allowed)
         if reason is None:
             ok.append(d)
         else:
@@ -47,8 +57,12 @@ def _holds(t: TType, d: str) -> bool:
     return d in t.shape
 
 
-def _why_not(g: Graph, d: str) -> str | None:
-    for graph, _, n in g.walk():
+def _why_not(g: Graph, d: str, allowed: set[int] = frozenset()) -> str | None:
+    """Why d is not separable; the top-level nodes in `allowed` are position values and the
+    gathers they index, checked by eqfuse.ir.positions."""
+    for graph, i, n in g.walk():
+        if graph is g and i in allowed:
+            continue
         what = f"'{n.name}'" if n.name else f"the result of {n.op}"
         if _holds(n.type, d) and (n.type.shape.index(d) != 0 or n.type.shape.count(d) > 1):
             return f"{what} ({n.type}) holds it other than as its leading axis"
