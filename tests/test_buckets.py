@@ -298,3 +298,22 @@ def test_the_report_says_which_unbound_dims_are_batch_dims():
     r = eqfuse.optimize("examples/mlp_train.g").report
     assert r["batch_dims"]["B"] == "mean reads it and returns f32 without it"
     assert "B: not a batch dim (mean reads it" in report_text(r)
+
+
+def test_bucket_times_measured_at_the_first_call(monkeypatch):
+    """Unpinned, the first call times every bucket and the schedule follows those times."""
+    from eqfuse.runtime import buckets
+
+    monkeypatch.setattr(buckets, "PINNED_SPEEDS", None)
+    g = load(MLP)[0]
+    rng = np.random.default_rng(11)
+    w = weights(g, rng)
+    mod = eqfuse.compile(MLP, params=w, buckets={"B": [1, 2, 8]})
+    (b,) = mod.default.buckets.values()
+    modelled = dict(b.cost)
+    for n in (5, 3, 13):
+        x = rng.standard_normal((n, 64)).astype(np.float32)
+        np.testing.assert_allclose(mod(x), evaluate(g, [x, *w.values()])[0], rtol=1e-4, atol=1e-4)
+    assert b.cost != modelled and all(0 < t < 1 for t in b.cost.values())
+    for n in range(1, 30):
+        assert sum(c.count for c in b.schedule(n)) == n

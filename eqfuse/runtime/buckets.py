@@ -8,10 +8,11 @@ batch:
 
 - chunks of the largest bucket, as many as fit;
 - the remainder as a sum of smaller buckets, or padded up to one bucket (its rows repeat the
-  chunk's first sample, so every padded input is a valid one), whichever the time model
-  (`estimate`: each kernel's bytes and FLOPs at this machine's measured bandwidth and FLOP/s)
-  finds cheaper. Few rows of a memory-bound model (the weights are streamed once per chunk)
-  pad; large batches of a compute-bound one split.
+  chunk's first sample, so every padded input is a valid one), whichever is cheaper by each
+  bucket's time: measured at the first call (each bucket run three times on its samples), or by
+  the time model (`estimate`: each kernel's bytes and FLOPs at this machine's measured bandwidth
+  and FLOP/s) where the speeds are pinned. Few rows of a memory-bound model (the weights are
+  streamed once per chunk) pad; large batches of a compute-bound one split.
 
 Inputs holding the dim are read in place (a chunk of a contiguous array is contiguous), and
 each chunk writes its rows of the outputs in place (`Runner(..., into=)`); only a padded chunk
@@ -24,6 +25,7 @@ binding's value rounded up to a power of two and the powers of four below it (`d
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,10 +113,36 @@ class Bucketed:
         self._memo[r] = best
         return best
 
+    def _inputs(self, arrays, lo: int, hi: int, size: int) -> list:
+        """The inputs of a chunk of `size` samples: samples lo..hi of the batch inputs, padded
+        with copies of sample lo (in place when nothing is padded)."""
+        if hi - lo == size:
+            return [a[lo:hi] if b else a for a, b in zip(arrays, self.in_batch)]
+        return [np.concatenate([a[lo:hi], np.repeat(a[lo:lo + 1], size - (hi - lo), axis=0)]) if b else a
+                for a, b in zip(arrays, self.in_batch)]
+
+    def _measure(self, arrays, n: int, threads: int | None) -> None:
+        """Time each bucket on this call's samples (the best of three runs) and schedule by those
+        times from now on: the time model misjudges small graphs, whose time is mostly per-kernel
+        overhead (BERT's batch of 3 at buckets 1, 2, 8: padded to 8, 0.20 ms, where 2 + 1 takes
+        0.13). Tests pin the speeds instead (PINNED_SPEEDS), so that schedules are reproducible."""
+        arrays = [np.ascontiguousarray(a) if b else a for a, b in zip(arrays, self.in_batch)]
+        for size, c in self.compiled.items():
+            ins = self._inputs(arrays, 0, min(size, n), size)
+            ts = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                c.run(ins, threads)
+                ts.append(time.perf_counter() - t0)
+            self.cost[size] = min(ts)
+        self._memo.clear()
+
     def run(self, arrays: list[np.ndarray], n: int, threads: int | None) -> list[np.ndarray]:
         if not self._warm:  # the first call: every bucket's weights packed and arena made now
             for c in self.compiled.values():
                 c.runner.warm(arrays)
+            if PINNED_SPEEDS is None:
+                self._measure(arrays, n, threads)
             self._warm = True
         whole = self.compiled.get(n)
         if whole is not None:  # a bucket size: one call, as without buckets
@@ -126,11 +154,7 @@ class Bucketed:
                       for (s, dt), b in zip(shapes, self.out_batch)]
         for c in chunks:
             lo, hi, whole = c.start, c.start + c.count, c.count == c.bucket
-            if whole:
-                ins = [a[lo:hi] if b else a for a, b in zip(arrays, self.in_batch)]
-            else:  # padded: the chunk's first sample repeated
-                ins = [np.concatenate([a[lo:hi], np.repeat(a[lo:lo + 1], c.bucket - c.count, axis=0)]) if b else a
-                       for a, b in zip(arrays, self.in_batch)]
+            ins = self._inputs(arrays, lo, hi, c.bucket)  # padded: the chunk's first sample repeated
             into = [o[lo:hi] if (b and whole) else None for o, b in zip(outs, self.out_batch)]
             got = self.compiled[c.bucket].run(ins, threads, into)
             for k, g in enumerate(got):
