@@ -8,7 +8,10 @@
 `--machine` pins the machine model the planner and the compiler see (eqfuse.backend.machine):
 "host" is this CPU; "avx2" is MODELS["avx2"] (8-float vectors, built for x86-64-v3, so on an
 AVX-512 host the AVX2 code paths really run); "portable" is 4-float vectors built for x86-64-v2
-(SSE4.2, no AVX). numpy's matmul is the same OpenBLAS in every row (it picks its own kernels).
+(SSE4.2, no AVX). numpy's matmul is the same OpenBLAS in every row (it picks its own kernels:
+with the two variables unset, its AVX-512 ones on an AVX-512 host, so the avx2 rows sit near 0.5x
+numpy by construction: a ymm FMA does half a zmm one's work, and a Zen 5 core issues two of either
+per cycle. Against OpenBLAS's own AVX2 kernels, OPENBLAS_CORETYPE=Haswell, they measured 0.95-0.99x).
 
 Each (machine, thread count) runs in its own subprocess: OpenBLAS reads OPENBLAS_NUM_THREADS
 once, at import. Columns are GFLOP/s (2*M*N*K / median seconds; "prepacked B" reads B from panels packed once,
