@@ -353,7 +353,7 @@ def measure_peers(threads: int, repeat: int, rounds: int) -> list[dict]:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sess = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
                                     .SerializeToString(), so, providers=["CPUExecutionProvider"])
-        peers = {"eqfuse": lambda: mod(x), "mkl": mkl, "onednn": dnn,
+        peers = {"eqfuse": lambda mod=mod, x=x: mod(x), "mkl": mkl, "onednn": dnn,
                  "onnxruntime": lambda s=sess, x=x: s.run(None, {"x": x}), "numpy": lambda x=x, w=w: x @ w}
         with torch.no_grad():
             for k, fn in peers.items():
