@@ -8,7 +8,10 @@
 `--machine` pins the machine model the planner and the compiler see (eqfuse.backend.machine):
 "host" is this CPU; "avx2" is MODELS["avx2"] (8-float vectors, built for x86-64-v3, so on an
 AVX-512 host the AVX2 code paths really run); "portable" is 4-float vectors built for x86-64-v2
-(SSE4.2, no AVX). numpy's matmul is the same OpenBLAS in every row (it picks its own kernels).
+(SSE4.2, no AVX). numpy's matmul is the same OpenBLAS in every row (it picks its own kernels:
+with the two variables unset, its AVX-512 ones on an AVX-512 host, so the avx2 rows sit near 0.5x
+numpy by construction: a ymm FMA does half a zmm one's work, and a Zen 5 core issues two of either
+per cycle. Against OpenBLAS's own AVX2 kernels, OPENBLAS_CORETYPE=Haswell, they measured 0.95-0.99x).
 
 Each (machine, thread count) runs in its own subprocess: OpenBLAS reads OPENBLAS_NUM_THREADS
 once, at import. Columns are GFLOP/s (2*M*N*K / median seconds; "prepacked B" reads B from panels packed once,
@@ -31,6 +34,17 @@ over the rounds, % of the median), and the GB/s at which W streams (K x N x 4 by
 `--tiles` checks the derived per-CPU choices (eqfuse.backend.machine) on this machine: the
 blocked GEMM's register tile at 1024^3 and the skinny tile at 8 and 16 rows, each against its
 neighbours, interleaved in one process on one thread (GFLOP/s, median of the rounds).
+
+`--peers` compares eqfuse with the other libraries that pack a bound weight once, on the
+transformer-inference shapes (M in 1, 8, 32, 128, 256; K x N in 768 x 768, 768 x 3072 with GELU,
+3072 x 768), each y = act(x @ W + b) with W and b bound, at each `--threads` count (a child per
+count): eqfuse (eqfuse.compile, the Module call), MKL's packed GEMM as torch's freezing runs it
+(`torch.ops.mkl._mkl_reorder_linear_weight` once, then `_mkl_linear` and the activation in
+place), oneDNN's linear with the activation fused (`torch.ops.mkldnn._linear_pointwise` over
+`_reorder_linear_weight`'s packed weight), onnxruntime (MatMul+Add+act, ORT_ENABLE_ALL fuses
+them; its threads not spinning) and numpy's bare x @ W (no bias, no activation). Interleaved:
+each of `--rounds` rounds times every peer (median of `--repeat` calls); the table gives the
+median ms over the rounds, the spread (max - min, % of the median) and eqfuse's GFLOP/s.
 """
 
 from __future__ import annotations
@@ -44,6 +58,7 @@ from pathlib import Path
 
 SHAPES = [(128, 768, 768), (32, 3072, 768), (1024, 1024, 1024)]  # (M, N, K)
 SMALL = [(M, N, K) for M in (1, 8, 16) for K, N in ((768, 768), (768, 3072), (3072, 768), (1024, 1024))]
+PEERS = [(M, N, K) for M in (1, 8, 32, 128, 256) for K, N in ((768, 768), (768, 3072), (3072, 768))]
 MODEL = Path(__file__).resolve().parent.parent / "examples" / "transformer.g"
 
 
@@ -287,6 +302,92 @@ def measure_tiles(repeat: int, rounds: int) -> None:
         print(f"{shape:>15} {label:>22} {flops / med / 1e9:8.1f}  (spread {(max(ts) - min(ts)) / med * 100:3.0f}%)")
 
 
+def measure_peers(threads: int, repeat: int, rounds: int) -> list[dict]:
+    """The `--peers` table at one thread count, in a child (OMP/MKL/OpenBLAS threads set)."""
+    import statistics
+    import time
+
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    pin("host")
+    import eqfuse
+    from eqfuse.cli.bench import blas_threads, median_time
+
+    torch.set_num_threads(threads)
+    blas_threads(threads)
+    rng = np.random.default_rng(0)
+    rows = []
+    for M, N, K in PEERS:
+        act = "gelu" if N > K else "relu"  # the FFN's up projection has the GELU
+        x = rng.standard_normal((M, K), dtype=np.float32)
+        w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+        b = rng.standard_normal(N, dtype=np.float32)
+        h = x.astype(np.float64) @ w + b
+        from scipy.special import erf
+        want = 0.5 * h * (1 + erf(h / np.sqrt(2))) if act == "gelu" else np.maximum(h, 0)
+        src = (f"graph f(x: f32[{M}, {K}], w: f32[{K}, {N}], b: f32[{N}]) -> f32[{M}, {N}] "
+               f"{{ return {act}(x @ w + b) }}")
+        mod = eqfuse.compile(src, params={"w": w, "b": b}, threads=threads)
+        tx, tw, tb = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(w.T)), torch.from_numpy(b)
+        mkl_w = torch.ops.mkl._mkl_reorder_linear_weight(tw, M)
+        dnn_w = torch.ops.mkldnn._reorder_linear_weight(tw, M)
+        tact = torch.nn.functional.gelu if act == "gelu" else torch.relu_
+
+        def mkl(x=tx, pw=mkl_w, w=tw, b=tb, M=M, f=tact):
+            return f(torch.ops.mkl._mkl_linear(x, pw, w, b, M))
+
+        def dnn(x=tx, pw=dnn_w, b=tb, a=act):
+            return torch.ops.mkldnn._linear_pointwise(x, pw, b, a, [], "none" if a == "gelu" else "")
+
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["u"]),
+                 helper.make_node("Gelu" if act == "gelu" else "Relu", ["u"], ["y"])]
+        graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [M, N])],
+                                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sess = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+                                    .SerializeToString(), so, providers=["CPUExecutionProvider"])
+        peers = {"eqfuse": lambda mod=mod, x=x: mod(x), "mkl": mkl, "onednn": dnn,
+                 "onnxruntime": lambda s=sess, x=x: s.run(None, {"x": x}), "numpy": lambda x=x, w=w: x @ w}
+        with torch.no_grad():
+            for k, fn in peers.items():
+                if k != "numpy":
+                    got = np.asarray(fn()[0] if k == "onnxruntime" else fn())
+                    err = float(np.abs(got - want).max() / np.abs(want).max())
+                    assert err < 1e-4, f"{k} {M}x{N}x{K}: relative error {err}"
+            times = {k: [] for k in peers}
+            for _ in range(rounds):
+                for k, fn in peers.items():
+                    time.sleep(0.05)  # let the last library's worker threads stop spinning
+                    times[k].append(median_time(fn, repeat, warmup=2))
+        row = {"what": f"{M}x{N}x{K}", "act": act, "threads": threads, "gflop": 2.0 * M * N * K / 1e9}
+        for k, ts in times.items():
+            med = statistics.median(ts)
+            row[k], row[k + "%"] = med * 1e3, (max(ts) - min(ts)) / med * 100
+        rows.append(row)
+    return rows
+
+
+def print_peers(rows: list[dict], repeat: int, rounds: int) -> None:
+    names = ("eqfuse", "mkl", "onednn", "onnxruntime", "numpy")
+    print(f"ms (spread % over {rounds} rounds of {repeat} calls), y = act(x @ W + b), W bound; numpy: bare x @ W")
+    head = (f"{'M x N x K':>15} {'act':>4} {'thr':>3} " + " ".join(f"{n:>14}" for n in names)
+            + f" {'GFLOP/s':>7} {'mkl/eqf':>7} {'ort/eqf':>7}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['what']:>15} {r['act']:>4} {r['threads']:>3} "
+              + " ".join(f"{r[n]:8.3f} ({r[n + '%']:3.0f}%)" for n in names)
+              + f" {r['gflop'] / r['eqfuse'] * 1e3:7.1f} {r['mkl'] / r['eqfuse']:7.2f} "
+                f"{r['onnxruntime'] / r['eqfuse']:7.2f}")
+
+
 def print_small(rows: list[dict], repeat: int, rounds: int) -> None:
     print(f"us (spread % over {rounds} rounds of {repeat} calls; GB/s of W), 1 thread, y = x @ W + b, W bound")
     head = (f"{'M x N x K':>15} {'tile':>6} {'eqfuse':>14} {'GB/s':>5} {'kernel':>13} {'GB/s':>5} {'blocked':>13} "
@@ -311,7 +412,8 @@ def main() -> None:
     ap.add_argument("--no-layer", action="store_true", help="skip the transformer layer")
     ap.add_argument("--small", action="store_true", help="the few-rows table (see above) instead")
     ap.add_argument("--tiles", action="store_true", help="the derived tiles against their neighbours (see above)")
-    ap.add_argument("--rounds", type=int, default=5, help="--small and --tiles: interleaved rounds")
+    ap.add_argument("--peers", action="store_true", help="MKL, oneDNN, onnxruntime, numpy (see above) instead")
+    ap.add_argument("--rounds", type=int, default=5, help="--small, --tiles, --peers: interleaved rounds")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.tiles:
@@ -322,6 +424,21 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--tiles", "--child", "tiles", "--repeat", str(args.repeat),
                "--rounds", str(args.rounds)]
         sys.exit(subprocess.run(cmd, env=env, check=False).returncode)
+    if args.peers:
+        if args.child:
+            print(json.dumps(measure_peers(int(args.child), args.repeat, args.rounds)))
+            return
+        rows = []
+        for t in args.threads.split(","):
+            env = {**os.environ, "OPENBLAS_NUM_THREADS": t, "OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t}
+            cmd = [sys.executable, __file__, "--peers", "--child", t, "--repeat", str(args.repeat),
+                   "--rounds", str(args.rounds)]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            if out.returncode:
+                sys.exit(out.stderr)
+            rows += json.loads(out.stdout.strip().splitlines()[-1])
+        print_peers(rows, args.repeat, args.rounds)
+        return
     if args.small:
         if args.child:
             print(json.dumps(measure_small(args.repeat, args.rounds)))

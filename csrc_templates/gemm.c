@@ -1,12 +1,15 @@
 /* {{NAME}}: C[b] = epilogue(A[b] @ B[b]) for b < {{BATCH}}; M={{M}} N={{N}} K={{K}}, row-major,
  * B {{B_LAYOUT}}, A {{A_LAYOUT}}.
  *
- * BLIS-style, loop order pc (KC slices of K) > chunk (MC rows of A, packed once) > jc (NC
- * columns of B, packed into a KC x NC panel that stays in L2) > ir (MR-row micro-panel of A,
- * stays in L1) > jr (NR-column micro-panel of B) > register-blocked MR x NR micro-kernel. Sizes
- * are compile-time constants: the backend knows every shape, and constant trip counts let gcc
- * unroll the micro-kernel. Edge tiles are computed in full on zero-padded panels and stored in
- * part. With DIRECT_B ({{DIRECT_B}}; few rows, B not transposed, see eqfuse.backend.gemm.direct) the
+ * BLIS-style, loop order pc (KC slices of K) > chunk (MC rows of A) > jc (NC columns of B,
+ * packed into a KC x NC panel that stays in L2) > ir (MR rows of A x KC, stay in L1) > jr
+ * (NR-column micro-panel of B) > register-blocked MR x NR micro-kernel. With DIRECT_A
+ * ({{DIRECT_A}}; A not given transposed, eqfuse.backend.lower_gemm.direct_a) the micro-kernel
+ * broadcasts A's elements from its rows in place; otherwise each chunk of A is packed once per
+ * K slice into MR-row panels. Sizes are compile-time constants: the backend knows every shape,
+ * and constant trip counts let gcc unroll the micro-kernel. The last M % MR rows run through a
+ * kernel of that many rows (EDGE_MR); a partial last NR panel is computed in full on a
+ * zero-padded panel and stored in part. With DIRECT_B ({{DIRECT_B}}; few rows, B not transposed, see eqfuse.backend.gemm.direct) the
  * micro-kernel reads the full NR-column panels of B in place (row stride {{LDB}}) and only a
  * partial last panel is packed. With PREPACKED_B ({{PREPACKED_B}}; B bound by params=) the B argument
  * is not B but its panels, packed once by {{NAME}}_prepack: for each KC slice of K, the NR-column
@@ -36,6 +39,8 @@
 #define {{NAME}}_MC {{MC}}L
 #define {{NAME}}_NC {{NC}}L
 #define {{NAME}}_KC {{KC}}L
+#define {{NAME}}_EDGE_MR ({{NAME}}_M % {{NAME}}_MR) /* rows of the last, partial MR tile (0: none) */
+#define {{NAME}}_EDGE ({{NAME}}_EDGE_MR ? {{NAME}}_EDGE_MR : {{NAME}}_MR)
 #define {{NAME}}_NPAD (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR) /* N in whole panels */
 
 /* A counting build (-DEQF_COUNT_UKERNEL) counts the micro-kernel calls, to check them against
@@ -48,17 +53,22 @@ long {{NAME}}_ukernel_calls(void) { return __atomic_exchange_n(&{{NAME}}_calls, 
 #define {{NAME}}_COUNT_CALL() ((void)0)
 #endif
 
-/* tile[MR][NR] = a_panel (kc x MR, k-major) . b_panel (kc x NR, k-major); both zero padded. */
+/* tile[mr][NR] = A (mr rows x kc, element (r, k) at a[r * ars + k * aks]) . b_panel (kc x NR,
+ * k-major, row stride ldb, zero padded). Always inlined with constant mr, ars and aks: each call
+ * site is its own fully unrolled kernel, over packed A (ars 1, aks MR) or over A in place (ars
+ * LDA, aks 1: DIRECT_A), with MR rows or, for the last M % MR rows, only those (EDGE_MR: no
+ * zero rows of A through the FMAs). */
 #if defined(__AVX512F__) && {{NR}} % 16 == 0
-static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    long ldb, float* restrict tile)
+static inline __attribute__((always_inline)) void {{NAME}}_ukernel(
+    const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
+    long ldb, float* restrict tile)
 {
     /* MR x NR/16 zmm accumulators; with the B row (NR/16 zmm) they must fit the 32 registers,
      * and the A element is broadcast straight from memory into each FMA. */
     enum { V = {{NAME}}_NR / 16 };
     __m512 c[{{NAME}}_MR][V];
 #pragma GCC unroll 64
-    for (int r = 0; r < {{NAME}}_MR; r++)
+    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             c[r][v] = _mm512_setzero_ps();
@@ -69,26 +79,28 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
         for (int v = 0; v < V; v++)
             bv[v] = _mm512_loadu_ps(b + 16 * v);
         /* the next A micro-panel rows come from L2: ask for them ahead of use */
-        _mm_prefetch((const char*)(a + 8 * {{NAME}}_MR), _MM_HINT_T0);
+        if (ars == 1) /* (packed A) */
+            _mm_prefetch((const char*)(a + 8 * aks), _MM_HINT_T0);
 #pragma GCC unroll 64
-        for (int r = 0; r < {{NAME}}_MR; r++) {
-            __m512 ar = _mm512_set1_ps(a[r]);
+        for (int r = 0; r < mr; r++) {
+            __m512 ar = _mm512_set1_ps(a[r * ars]);
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 c[r][v] = _mm512_fmadd_ps(ar, bv[v], c[r][v]);
         }
-        a += {{NAME}}_MR;
+        a += aks;
         b += ldb;
     }
 #pragma GCC unroll 64
-    for (int r = 0; r < {{NAME}}_MR; r++)
+    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             _mm512_store_ps(tile + r * {{NAME}}_NR + 16 * v, c[r][v]);
 }
 #elif defined(__AVX2__) && defined(__FMA__) && {{NR}} % 8 == 0
-static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    long ldb, float* restrict tile)
+static inline __attribute__((always_inline)) void {{NAME}}_ukernel(
+    const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
+    long ldb, float* restrict tile)
 {
     /* The BLIS/MLAS Haswell shape: MR x NR/8 ymm accumulators (6 x 2 = 12), the B row (2) and
      * one broadcast A element fill the 16 ymm registers; AVX2 has no broadcast operand in an
@@ -96,7 +108,7 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
     enum { V = {{NAME}}_NR / 8 };
     __m256 c[{{NAME}}_MR][V];
 #pragma GCC unroll 64
-    for (int r = 0; r < {{NAME}}_MR; r++)
+    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             c[r][v] = _mm256_setzero_ps();
@@ -106,19 +118,20 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             bv[v] = _mm256_loadu_ps(b + 8 * v);
-        _mm_prefetch((const char*)(a + 8 * {{NAME}}_MR), _MM_HINT_T0);
+        if (ars == 1) /* (packed A) */
+            _mm_prefetch((const char*)(a + 8 * aks), _MM_HINT_T0);
 #pragma GCC unroll 64
-        for (int r = 0; r < {{NAME}}_MR; r++) {
-            const __m256 ar = _mm256_broadcast_ss(a + r);
+        for (int r = 0; r < mr; r++) {
+            const __m256 ar = _mm256_broadcast_ss(a + r * ars);
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 c[r][v] = _mm256_fmadd_ps(ar, bv[v], c[r][v]);
         }
-        a += {{NAME}}_MR;
+        a += aks;
         b += ldb;
     }
 #pragma GCC unroll 64
-    for (int r = 0; r < {{NAME}}_MR; r++)
+    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             _mm256_store_ps(tile + r * {{NAME}}_NR + 8 * v, c[r][v]);
@@ -129,13 +142,14 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
  * unrolled. Plain loops over a float array were left scalar and in memory by gcc (5-8 GFLOP/s). */
 typedef float {{NAME}}_v4 __attribute__((vector_size(16)));
 typedef float {{NAME}}_v4u __attribute__((vector_size(16), aligned(4))); /* an unaligned load */
-static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    long ldb, float* restrict tile)
+static inline __attribute__((always_inline)) void {{NAME}}_ukernel(
+    const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
+    long ldb, float* restrict tile)
 {
     enum { V = {{NAME}}_NR / 4 };
     {{NAME}}_v4 c[{{NAME}}_MR][V];
 #pragma GCC unroll 64
-    for (int r = 0; r < {{NAME}}_MR; r++)
+    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             c[r][v] = ({{NAME}}_v4){0.0f, 0.0f, 0.0f, 0.0f};
@@ -146,36 +160,37 @@ static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const floa
         for (int v = 0; v < V; v++)
             bv[v] = *(const {{NAME}}_v4u*)(b + 4 * v);
 #pragma GCC unroll 64
-        for (int r = 0; r < {{NAME}}_MR; r++) {
-            const float ar = a[r];
+        for (int r = 0; r < mr; r++) {
+            const float ar = a[r * ars];
             const {{NAME}}_v4 av = {ar, ar, ar, ar};
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 c[r][v] += av * bv[v];
         }
-        a += {{NAME}}_MR;
+        a += aks;
         b += ldb;
     }
 #pragma GCC unroll 64
-    for (int r = 0; r < {{NAME}}_MR; r++)
+    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             *({{NAME}}_v4*)(tile + r * {{NAME}}_NR + 4 * v) = c[r][v];
 }
 #else
 /* Any other NR (a blocking given by hand): plain loops, left to the auto-vectorizer. */
-static inline void {{NAME}}_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    long ldb, float* restrict tile)
+static inline __attribute__((always_inline)) void {{NAME}}_ukernel(
+    const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
+    long ldb, float* restrict tile)
 {
     float c[{{NAME}}_MR][{{NAME}}_NR];
-    for (int r = 0; r < {{NAME}}_MR; r++)
+    for (int r = 0; r < mr; r++)
         for (int j = 0; j < {{NAME}}_NR; j++)
             c[r][j] = 0.0f;
     for (long k = 0; k < kc; k++)
-        for (int r = 0; r < {{NAME}}_MR; r++)
+        for (int r = 0; r < mr; r++)
             for (int j = 0; j < {{NAME}}_NR; j++)
-                c[r][j] += a[k * {{NAME}}_MR + r] * b[k * ldb + j];
-    for (int r = 0; r < {{NAME}}_MR; r++)
+                c[r][j] += a[r * ars + k * aks] * b[k * ldb + j];
+    for (int r = 0; r < mr; r++)
         for (int j = 0; j < {{NAME}}_NR; j++)
             tile[r * {{NAME}}_NR + j] = c[r][j];
 }
@@ -251,7 +266,8 @@ static void {{NAME}}_pack_a(const float* restrict A, long ic, long mc, long pc, 
 
 /* C[ic:ic+mc, jc:jc+nc] (+)= packed A block . packed B panel; the epilogue on the last K slice.
  * ir outer: one MR x kc micro-panel of A stays in L1 while the B panel streams from L2. */
-static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, const float* restrict B, float* restrict C,
+static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, const float* restrict bp,
+                           const float* restrict B, float* restrict C,
                            long b, long ic, long mc, long jc, long nc, long pc, long kc{{EXTRA_PARAMS}})
 {
     const long M = {{NAME}}_M, N = {{NAME}}_N, K = {{NAME}}_K;
@@ -269,12 +285,29 @@ static void {{NAME}}_macro(const float* restrict ap, const float* restrict bp, c
                 for (long jj = 0; jj < nr; jj += 16)
                     __builtin_prefetch(C + (ic + ir + r) * {{LDC}}L + (jc + jr + jj) * {{CSC}}L, 1, 3);
             {{NAME}}_COUNT_CALL();
-#if {{DIRECT_B}}
-            if (nr == {{NAME}}_NR)
-                {{NAME}}_ukernel(kc, ap + ir * kc, B + pc * {{LDB}}L + jc + jr, {{LDB}}L, tile);
+            /* one inlined kernel per case, every stride a constant: MR rows or the edge's
+             * EDGE_MR, B in place (DIRECT_B, full panels) or packed, A in place or packed */
+#define {{NAME}}_CALL(MRX, AQ, ARS, AKS)                                                                 \
+            do {                                                                                    \
+                if ({{DIRECT_B}} && nr == {{NAME}}_NR)                                              \
+                    {{NAME}}_ukernel(MRX, ARS, AKS, kc, AQ, B + pc * {{LDB}}L + jc + jr, {{LDB}}L, tile); \
+                else                                                                                \
+                    {{NAME}}_ukernel(MRX, ARS, AKS, kc, AQ, bp + jr * kc, {{NAME}}_NR, tile);       \
+            } while (0)
+#if {{DIRECT_A}}
+            if ({{NAME}}_EDGE_MR == 0 || mr == {{NAME}}_MR)
+                {{NAME}}_CALL({{NAME}}_MR, A + (ic + ir) * {{LDA}}L + pc, {{LDA}}L, 1);
             else
+                {{NAME}}_CALL({{NAME}}_EDGE, A + (ic + ir) * {{LDA}}L + pc, {{LDA}}L, 1);
+            (void)ap;
+#else
+            if ({{NAME}}_EDGE_MR == 0 || mr == {{NAME}}_MR)
+                {{NAME}}_CALL({{NAME}}_MR, ap + ir * kc, 1, {{NAME}}_MR);
+            else
+                {{NAME}}_CALL({{NAME}}_EDGE, ap + ir * kc, 1, {{NAME}}_MR);
+            (void)A;
 #endif
-                {{NAME}}_ukernel(kc, ap + ir * kc, bp + jr * kc, {{NAME}}_NR, tile);
+#undef {{NAME}}_CALL
             (void)B;
             for (long r = 0; r < mr; r++) {
                 const long i = ic + ir + r;
@@ -333,7 +366,8 @@ static void {{NAME}}_block(const float* A, const float* B, float* C, long b, lon
             /* A is packed once per (K slice, chunk of rows) and then serves every B panel */
             const long ic = m0 + chunk * MC;
             const long mc = ic >= m1 ? 0 : (m1 - ic < MC ? m1 - ic : MC);
-            {{NAME}}_pack_a(A, ic, mc, pc, kc, ap);
+            if (!{{DIRECT_A}})
+                {{NAME}}_pack_a(A, ic, mc, pc, kc, ap);
             for (long jc = n0; jc < n1; jc += NCB) {
                 const long nc = n1 - jc < NCB ? n1 - jc : NCB;
                 const long npanels = (nc + {{NAME}}_NR - 1) / {{NAME}}_NR;
@@ -356,7 +390,7 @@ static void {{NAME}}_block(const float* A, const float* B, float* C, long b, lon
                 }
 #endif
                 if (mc > 0)
-                    {{NAME}}_macro(ap, panel, B, C, b, ic, mc, jc, nc, pc, kc{{EXTRA_ARGS}});
+                    {{NAME}}_macro(A, ap, panel, B, C, b, ic, mc, jc, nc, pc, kc{{EXTRA_ARGS}});
             }
             /* the row epilogue (a row op over whole rows of C) on the rows just finished, when
              * the macro kernel could not (rows wider than one NC block) */
@@ -426,9 +460,9 @@ void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
         /* equal chunks of at most MC rows: a thin last chunk would repack all of B for a few rows */
         const long nchunks = (rows + MC - 1) / MC;
         const long mcb = ((rows + nchunks - 1) / nchunks + {{NAME}}_MR - 1) / {{NAME}}_MR * {{NAME}}_MR;
-        float* ap = eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
+        float* ap = {{DIRECT_A}} ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
         float* bp = (by_batch || by_cols) && !{{PREPACKED_B}} ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb) : bp_shared;
-        if (!ap || (!bp && !{{PREPACKED_B}})) {
+        if ((!ap && !{{DIRECT_A}}) || (!bp && !{{PREPACKED_B}})) {
 #pragma omp atomic write
             nomem = 1;
         }

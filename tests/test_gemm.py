@@ -54,10 +54,12 @@ VARIANTS = sorted(
     | {(M, N, K, 1, bt, "bias_relu", None, "auto", "prepacked") for M, N, K in SHAPES for bt in (False, True)}
     | {(53, 101, 61, 2, bt, "bias_res", blk, split, "prepacked") for blk in BLOCKINGS for bt in (False, True)
        for split in ("rows", "cols")}
-    # A given transposed (K x M), packed from there ("a_transposed")
-    | {(M, N, K, 1, bt, "bias_relu", None, "auto", "a_transposed") for M, N, K in SHAPES for bt in (False, True)}
-    | {(53, 101, 61, 2, bt, "bias_res", blk, split, "a_transposed") for blk in BLOCKINGS for bt in (False, True)
-       for split in ("rows", "cols")},
+    # A given transposed (K x M), packed from there ("a_transposed"); A row-major but packed
+    # rather than read in place ("packed_a"; direct_a=False)
+    | {(M, N, K, 1, bt, "bias_relu", None, "auto", mode) for M, N, K in SHAPES for bt in (False, True)
+       for mode in ("a_transposed", "packed_a")}
+    | {(53, 101, 61, 2, bt, "bias_res", blk, split, mode) for blk in BLOCKINGS for bt in (False, True)
+       for split in ("rows", "cols") for mode in ("a_transposed", "packed_a")},
     key=repr)
 
 
@@ -67,13 +69,15 @@ def kernel_name(variant) -> str:
 
 def gemm_source(M, N, K, batch, bt, epi, blocking=None, split="auto", direct=None, name="g"):
     """direct: None (the rule), False (B packed), True (read in place), "prepacked" (B shared by
-    the batches and packed once by NAME_prepack) or "a_transposed" (A given as K x M)."""
+    the batches and packed once by NAME_prepack), "a_transposed" (A given as K x M) or
+    "packed_a" (A packed into MR-row panels rather than read in place)."""
     expr, extras = EPILOGUES[epi]
     pre, at = direct == "prepacked", direct == "a_transposed"
     return emit_gemm(name, M=M, N=N, K=K, batch=batch, a_batch_stride=M * K, b_batch_stride=0 if pre else K * N,
                      c_batch_stride=M * N, lda=M if at else K, ldb=K if bt else N, ldc=N, b_transposed=bt,
                      epilogue=expr, extras=extras, blocking=blocking,
-                     split=split, direct_b=None if pre or at else direct, prepacked_b=pre, a_transposed=at)
+                     split=split, direct_b=direct if direct in (None, False, True) else None, prepacked_b=pre,
+                     a_transposed=at, direct_a=False if direct == "packed_a" else None)
 
 
 def build_many(variants, hint):
@@ -168,7 +172,7 @@ def test_column_split(modules, M, N, K, blocking, bt, batch, threads, direct):
     run(modules, (M, N, K, batch, bt, "bias_res", blocking, "cols", direct), threads)
 
 
-MODES = ["prepacked", "a_transposed"]
+MODES = ["prepacked", "a_transposed", "packed_a"]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -176,7 +180,8 @@ MODES = ["prepacked", "a_transposed"]
 @pytest.mark.parametrize("bt", [False, True])
 def test_operand_modes(modules, mode, M, N, K, bt):
     """prepacked: B bound by params=, the kernel reads panels packed once by NAME_prepack.
-    a_transposed: A given transposed (K x M in memory), packed from there into the same panels."""
+    a_transposed: A given transposed (K x M in memory), packed from there into the same panels.
+    packed_a: A row-major, packed into MR-row panels (by default the micro-kernel reads it in place)."""
     run(modules, (M, N, K, 1, bt, "bias_relu", None, "auto", mode))
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from eqfuse.backend.cbuild import render
 from eqfuse.backend.lower_gemm import direct, gemm_tiles
+from eqfuse.backend.lower_gemm import direct_a as direct_a_rule
 from eqfuse.backend.machine import machine
 
 # How threads share one GEMM when there are fewer batches than threads (the template's SPLIT).
@@ -25,7 +26,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
               blocking: tuple[int, int, int, int, int] | None = None,
               split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "",
               prepacked_b: bool = False, a_transposed: bool = False,
-              parallel: bool = True) -> tuple[str, str]:
+              parallel: bool = True, direct_a: bool | None = None) -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
@@ -43,6 +44,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     B panel. A row epilogue makes the threads split batches or rows, never columns
     (one thread must own whole rows).
     `a_transposed`: A is given as its transpose, K x M (row stride lda), packed to the same panels.
+    `direct_a`: the micro-kernel reads A where it is (row stride lda) instead of packed panels
+    (None: the rule of lower_gemm.direct_a; never with a transposed A).
     `parallel`: whether the GEMM opens a parallel region (the plan's detail.parallel,
     lower_gemm.parallel; False runs it on the calling thread).
     `prepacked_b`: the B argument is the panels made once by `NAME_prepack(B, P)` (P of
@@ -77,6 +80,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
                  DIRECT_B=0 if prepacked_b else int(direct(M, N, b_transposed, mr, nr) if direct_b is None
                                                     else direct_b and not b_transposed),
                  PREPACKED_B=int(prepacked_b), A_TRANSPOSED=int(a_transposed),
+                 DIRECT_A=int(not a_transposed and (direct_a_rule(a_transposed) if direct_a is None else direct_a)),
                  A_LAYOUT="given transposed (K x M)" if a_transposed else "M x K",
                  EXTRA_PARAMS=extra_params, PARALLEL=int(parallel), ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
                  EXTRA_ARGS="".join(", " + n for _, n in extras))

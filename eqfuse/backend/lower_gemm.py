@@ -100,15 +100,18 @@ def cdiv(a: int, b: int) -> int:
 def gemm_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
     """MR, NR, KC, MC, NC of one M x N x K GEMM on machine m (machine.gemm_blocking's rules).
 
-    The register tile narrows for few columns (machine.register_tile). A K a little deeper than
+    The register tile narrows for few columns (machine.register_tile). A K up to half again
     KC is done in one slice, a deeper one in equal slices: every slice but the last costs a pass
     over C, a thin last slice would be almost all cost. Should the A micro-panel MR x KC then
     not fit half of L1 (`gemm_checks`), K is cut into more slices. No block is larger than the
-    problem needs (smaller packing buffers).
+    problem needs (smaller packing buffers). One slice of K = 768 (KC 512 on a 48 KiB L1, so NC
+    128) against two of 384 (NC 320), one Zen 5 thread, B prepacked, interleaved: 128 x 768 x
+    768 264.6 against 260.3 GFLOP/s, 256 x 3072 x 768 257.6 against 252.6 (up to K = 640, the
+    rule before, the same).
     """
     mr, nr = register_tile(m.simd_floats, N)
     kc = gemm_blocking(m, mr, nr)[2]
-    slices = 1 if K <= kc * 5 // 4 else cdiv(K, kc)
+    slices = 1 if K <= kc * 3 // 2 else cdiv(K, kc)
     kc = cdiv(K, slices)
     while mr * kc * F32 > m.l1 // 2 and kc > 8:
         slices += 1
@@ -143,6 +146,15 @@ def direct(M: int, N: int, b_transposed: bool, mr: int, nr: int) -> bool:
     another. AVX2's 6x16 tile (one thread): 32 x 3072 x 768 58 GFLOP/s in place against 87
     packed, 8 x 3072 x 768 35 against 46, 128 x 768 x 768 even (109, 107)."""
     return not b_transposed and cdiv(M, mr) <= DIRECT_MAX_TILES and (nr >= DIRECT_MIN_NR or N <= nr)
+
+
+def direct_a(a_transposed: bool) -> bool:
+    """Whether the micro-kernel reads A where it is (MR rows at the row stride, each element
+    broadcast from its row, as MLAS's kernels do) instead of MR-row panels packed per K slice.
+    Packing A is a strided transposition that the FMAs wait for: measured (one Zen 5 thread,
+    kernel alone, B prepacked) it cost 2.7% of 128 x 768 x 768 and 5% of 256 x 768 x 3072.
+    A given transposed (K x M) is packed: its MR rows of one k are what the panel holds."""
+    return not a_transposed
 
 
 SKINNY_MAX_M = 32  # rows up to which a GEMM over a bound B takes the skinny path (`skinny`)
@@ -384,8 +396,8 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
         else f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]"
     u += [UOp(0, "Loop", f"{nb} GEMM(s) of {gM} x {Nn} x {K} x pc over K step kc={kc}", nb * npc),
           UOp(1, "Loop", f"row chunks over M={gM} step mc={mc} (one thread)", nb * npc * nch),
-          UOp(2, "Load", f"pack A block [{min(mc, gM)} x {min(kc, K)}]"
-                         f"{' from A given transposed' if at else ''}", nb * npc * nch),
+          UOp(2, "Load", f"pack A block [{min(mc, gM)} x {min(kc, K)}] from A given transposed" if at else
+              f"A block [{min(mc, gM)} x {min(kc, K)}] read in place, {mr} rows at a time", nb * npc * nch),
           UOp(2, "Loop", f"jc over N={Nn} step nc={nc}", nb * npc * nch * njc),
           UOp(3, "Load", b_load, nb * npc * nch * njc),
           UOp(3, "Exec", f"micro-kernel {mr} x {nr} x {min(kc, K)} FMA, per {mr}-row tile x {nr}-column panel",

@@ -42,12 +42,15 @@ EQF_WIDE_END
 /* eqf_kinds_k2_contraction_row_gemm: C[b] = epilogue(A[b] @ B[b]) for b < 1; M=7 N=53 K=37, row-major,
  * B K x N, A M x K.
  *
- * BLIS-style, loop order pc (KC slices of K) > chunk (MC rows of A, packed once) > jc (NC
- * columns of B, packed into a KC x NC panel that stays in L2) > ir (MR-row micro-panel of A,
- * stays in L1) > jr (NR-column micro-panel of B) > register-blocked MR x NR micro-kernel. Sizes
- * are compile-time constants: the backend knows every shape, and constant trip counts let gcc
- * unroll the micro-kernel. Edge tiles are computed in full on zero-padded panels and stored in
- * part. With DIRECT_B (0; few rows, B not transposed, see eqfuse.backend.gemm.direct) the
+ * BLIS-style, loop order pc (KC slices of K) > chunk (MC rows of A) > jc (NC columns of B,
+ * packed into a KC x NC panel that stays in L2) > ir (MR rows of A x KC, stay in L1) > jr
+ * (NR-column micro-panel of B) > register-blocked MR x NR micro-kernel. With DIRECT_A
+ * (1; A not given transposed, eqfuse.backend.lower_gemm.direct_a) the micro-kernel
+ * broadcasts A's elements from its rows in place; otherwise each chunk of A is packed once per
+ * K slice into MR-row panels. Sizes are compile-time constants: the backend knows every shape,
+ * and constant trip counts let gcc unroll the micro-kernel. The last M % MR rows run through a
+ * kernel of that many rows (EDGE_MR); a partial last NR panel is computed in full on a
+ * zero-padded panel and stored in part. With DIRECT_B (0; few rows, B not transposed, see eqfuse.backend.gemm.direct) the
  * micro-kernel reads the full NR-column panels of B in place (row stride 53) and only a
  * partial last panel is packed. With PREPACKED_B (0; B bound by params=) the B argument
  * is not B but its panels, packed once by eqf_kinds_k2_contraction_row_gemm_prepack: for each KC slice of K, the NR-column
@@ -77,6 +80,8 @@ EQF_WIDE_END
 #define eqf_kinds_k2_contraction_row_gemm_MC 12L
 #define eqf_kinds_k2_contraction_row_gemm_NC 64L
 #define eqf_kinds_k2_contraction_row_gemm_KC 37L
+#define eqf_kinds_k2_contraction_row_gemm_EDGE_MR (eqf_kinds_k2_contraction_row_gemm_M % eqf_kinds_k2_contraction_row_gemm_MR) /* rows of the last, partial MR tile (0: none) */
+#define eqf_kinds_k2_contraction_row_gemm_EDGE (eqf_kinds_k2_contraction_row_gemm_EDGE_MR ? eqf_kinds_k2_contraction_row_gemm_EDGE_MR : eqf_kinds_k2_contraction_row_gemm_MR)
 #define eqf_kinds_k2_contraction_row_gemm_NPAD ((eqf_kinds_k2_contraction_row_gemm_N + eqf_kinds_k2_contraction_row_gemm_NR - 1) / eqf_kinds_k2_contraction_row_gemm_NR * eqf_kinds_k2_contraction_row_gemm_NR) /* N in whole panels */
 
 /* A counting build (-DEQF_COUNT_UKERNEL) counts the micro-kernel calls, to check them against
@@ -89,17 +94,22 @@ long eqf_kinds_k2_contraction_row_gemm_ukernel_calls(void) { return __atomic_exc
 #define eqf_kinds_k2_contraction_row_gemm_COUNT_CALL() ((void)0)
 #endif
 
-/* tile[MR][NR] = a_panel (kc x MR, k-major) . b_panel (kc x NR, k-major); both zero padded. */
+/* tile[mr][NR] = A (mr rows x kc, element (r, k) at a[r * ars + k * aks]) . b_panel (kc x NR,
+ * k-major, row stride ldb, zero padded). Always inlined with constant mr, ars and aks: each call
+ * site is its own fully unrolled kernel, over packed A (ars 1, aks MR) or over A in place (ars
+ * LDA, aks 1: DIRECT_A), with MR rows or, for the last M % MR rows, only those (EDGE_MR: no
+ * zero rows of A through the FMAs). */
 #if defined(__AVX512F__) && 16 % 16 == 0
-static inline void eqf_kinds_k2_contraction_row_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    long ldb, float* restrict tile)
+static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_gemm_ukernel(
+    const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
+    long ldb, float* restrict tile)
 {
     /* MR x NR/16 zmm accumulators; with the B row (NR/16 zmm) they must fit the 32 registers,
      * and the A element is broadcast straight from memory into each FMA. */
     enum { V = eqf_kinds_k2_contraction_row_gemm_NR / 16 };
     __m512 c[eqf_kinds_k2_contraction_row_gemm_MR][V];
 #pragma GCC unroll 64
-    for (int r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++)
+    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             c[r][v] = _mm512_setzero_ps();
@@ -110,26 +120,28 @@ static inline void eqf_kinds_k2_contraction_row_gemm_ukernel(long kc, const floa
         for (int v = 0; v < V; v++)
             bv[v] = _mm512_loadu_ps(b + 16 * v);
         /* the next A micro-panel rows come from L2: ask for them ahead of use */
-        _mm_prefetch((const char*)(a + 8 * eqf_kinds_k2_contraction_row_gemm_MR), _MM_HINT_T0);
+        if (ars == 1) /* (packed A) */
+            _mm_prefetch((const char*)(a + 8 * aks), _MM_HINT_T0);
 #pragma GCC unroll 64
-        for (int r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++) {
-            __m512 ar = _mm512_set1_ps(a[r]);
+        for (int r = 0; r < mr; r++) {
+            __m512 ar = _mm512_set1_ps(a[r * ars]);
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 c[r][v] = _mm512_fmadd_ps(ar, bv[v], c[r][v]);
         }
-        a += eqf_kinds_k2_contraction_row_gemm_MR;
+        a += aks;
         b += ldb;
     }
 #pragma GCC unroll 64
-    for (int r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++)
+    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             _mm512_store_ps(tile + r * eqf_kinds_k2_contraction_row_gemm_NR + 16 * v, c[r][v]);
 }
 #elif defined(__AVX2__) && defined(__FMA__) && 16 % 8 == 0
-static inline void eqf_kinds_k2_contraction_row_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    long ldb, float* restrict tile)
+static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_gemm_ukernel(
+    const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
+    long ldb, float* restrict tile)
 {
     /* The BLIS/MLAS Haswell shape: MR x NR/8 ymm accumulators (6 x 2 = 12), the B row (2) and
      * one broadcast A element fill the 16 ymm registers; AVX2 has no broadcast operand in an
@@ -137,7 +149,7 @@ static inline void eqf_kinds_k2_contraction_row_gemm_ukernel(long kc, const floa
     enum { V = eqf_kinds_k2_contraction_row_gemm_NR / 8 };
     __m256 c[eqf_kinds_k2_contraction_row_gemm_MR][V];
 #pragma GCC unroll 64
-    for (int r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++)
+    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             c[r][v] = _mm256_setzero_ps();
@@ -147,19 +159,20 @@ static inline void eqf_kinds_k2_contraction_row_gemm_ukernel(long kc, const floa
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             bv[v] = _mm256_loadu_ps(b + 8 * v);
-        _mm_prefetch((const char*)(a + 8 * eqf_kinds_k2_contraction_row_gemm_MR), _MM_HINT_T0);
+        if (ars == 1) /* (packed A) */
+            _mm_prefetch((const char*)(a + 8 * aks), _MM_HINT_T0);
 #pragma GCC unroll 64
-        for (int r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++) {
-            const __m256 ar = _mm256_broadcast_ss(a + r);
+        for (int r = 0; r < mr; r++) {
+            const __m256 ar = _mm256_broadcast_ss(a + r * ars);
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 c[r][v] = _mm256_fmadd_ps(ar, bv[v], c[r][v]);
         }
-        a += eqf_kinds_k2_contraction_row_gemm_MR;
+        a += aks;
         b += ldb;
     }
 #pragma GCC unroll 64
-    for (int r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++)
+    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             _mm256_store_ps(tile + r * eqf_kinds_k2_contraction_row_gemm_NR + 8 * v, c[r][v]);
@@ -170,13 +183,14 @@ static inline void eqf_kinds_k2_contraction_row_gemm_ukernel(long kc, const floa
  * unrolled. Plain loops over a float array were left scalar and in memory by gcc (5-8 GFLOP/s). */
 typedef float eqf_kinds_k2_contraction_row_gemm_v4 __attribute__((vector_size(16)));
 typedef float eqf_kinds_k2_contraction_row_gemm_v4u __attribute__((vector_size(16), aligned(4))); /* an unaligned load */
-static inline void eqf_kinds_k2_contraction_row_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    long ldb, float* restrict tile)
+static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_gemm_ukernel(
+    const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
+    long ldb, float* restrict tile)
 {
     enum { V = eqf_kinds_k2_contraction_row_gemm_NR / 4 };
     eqf_kinds_k2_contraction_row_gemm_v4 c[eqf_kinds_k2_contraction_row_gemm_MR][V];
 #pragma GCC unroll 64
-    for (int r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++)
+    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             c[r][v] = (eqf_kinds_k2_contraction_row_gemm_v4){0.0f, 0.0f, 0.0f, 0.0f};
@@ -187,36 +201,37 @@ static inline void eqf_kinds_k2_contraction_row_gemm_ukernel(long kc, const floa
         for (int v = 0; v < V; v++)
             bv[v] = *(const eqf_kinds_k2_contraction_row_gemm_v4u*)(b + 4 * v);
 #pragma GCC unroll 64
-        for (int r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++) {
-            const float ar = a[r];
+        for (int r = 0; r < mr; r++) {
+            const float ar = a[r * ars];
             const eqf_kinds_k2_contraction_row_gemm_v4 av = {ar, ar, ar, ar};
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 c[r][v] += av * bv[v];
         }
-        a += eqf_kinds_k2_contraction_row_gemm_MR;
+        a += aks;
         b += ldb;
     }
 #pragma GCC unroll 64
-    for (int r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++)
+    for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             *(eqf_kinds_k2_contraction_row_gemm_v4*)(tile + r * eqf_kinds_k2_contraction_row_gemm_NR + 4 * v) = c[r][v];
 }
 #else
 /* Any other NR (a blocking given by hand): plain loops, left to the auto-vectorizer. */
-static inline void eqf_kinds_k2_contraction_row_gemm_ukernel(long kc, const float* restrict a, const float* restrict b,
-                                    long ldb, float* restrict tile)
+static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_gemm_ukernel(
+    const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
+    long ldb, float* restrict tile)
 {
     float c[eqf_kinds_k2_contraction_row_gemm_MR][eqf_kinds_k2_contraction_row_gemm_NR];
-    for (int r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++)
+    for (int r = 0; r < mr; r++)
         for (int j = 0; j < eqf_kinds_k2_contraction_row_gemm_NR; j++)
             c[r][j] = 0.0f;
     for (long k = 0; k < kc; k++)
-        for (int r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++)
+        for (int r = 0; r < mr; r++)
             for (int j = 0; j < eqf_kinds_k2_contraction_row_gemm_NR; j++)
-                c[r][j] += a[k * eqf_kinds_k2_contraction_row_gemm_MR + r] * b[k * ldb + j];
-    for (int r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++)
+                c[r][j] += a[r * ars + k * aks] * b[k * ldb + j];
+    for (int r = 0; r < mr; r++)
         for (int j = 0; j < eqf_kinds_k2_contraction_row_gemm_NR; j++)
             tile[r * eqf_kinds_k2_contraction_row_gemm_NR + j] = c[r][j];
 }
@@ -292,7 +307,8 @@ static void eqf_kinds_k2_contraction_row_gemm_pack_a(const float* restrict A, lo
 
 /* C[ic:ic+mc, jc:jc+nc] (+)= packed A block . packed B panel; the epilogue on the last K slice.
  * ir outer: one MR x kc micro-panel of A stays in L1 while the B panel streams from L2. */
-static void eqf_kinds_k2_contraction_row_gemm_macro(const float* restrict ap, const float* restrict bp, const float* restrict B, float* restrict C,
+static void eqf_kinds_k2_contraction_row_gemm_macro(const float* restrict A, const float* restrict ap, const float* restrict bp,
+                           const float* restrict B, float* restrict C,
                            long b, long ic, long mc, long jc, long nc, long pc, long kc, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
     const long M = eqf_kinds_k2_contraction_row_gemm_M, N = eqf_kinds_k2_contraction_row_gemm_N, K = eqf_kinds_k2_contraction_row_gemm_K;
@@ -310,12 +326,29 @@ static void eqf_kinds_k2_contraction_row_gemm_macro(const float* restrict ap, co
                 for (long jj = 0; jj < nr; jj += 16)
                     __builtin_prefetch(C + (ic + ir + r) * 53L + (jc + jr + jj) * 1L, 1, 3);
             eqf_kinds_k2_contraction_row_gemm_COUNT_CALL();
-#if 0
-            if (nr == eqf_kinds_k2_contraction_row_gemm_NR)
-                eqf_kinds_k2_contraction_row_gemm_ukernel(kc, ap + ir * kc, B + pc * 53L + jc + jr, 53L, tile);
+            /* one inlined kernel per case, every stride a constant: MR rows or the edge's
+             * EDGE_MR, B in place (DIRECT_B, full panels) or packed, A in place or packed */
+#define eqf_kinds_k2_contraction_row_gemm_CALL(MRX, AQ, ARS, AKS)                                                                 \
+            do {                                                                                    \
+                if (0 && nr == eqf_kinds_k2_contraction_row_gemm_NR)                                              \
+                    eqf_kinds_k2_contraction_row_gemm_ukernel(MRX, ARS, AKS, kc, AQ, B + pc * 53L + jc + jr, 53L, tile); \
+                else                                                                                \
+                    eqf_kinds_k2_contraction_row_gemm_ukernel(MRX, ARS, AKS, kc, AQ, bp + jr * kc, eqf_kinds_k2_contraction_row_gemm_NR, tile);       \
+            } while (0)
+#if 1
+            if (eqf_kinds_k2_contraction_row_gemm_EDGE_MR == 0 || mr == eqf_kinds_k2_contraction_row_gemm_MR)
+                eqf_kinds_k2_contraction_row_gemm_CALL(eqf_kinds_k2_contraction_row_gemm_MR, A + (ic + ir) * 37L + pc, 37L, 1);
             else
+                eqf_kinds_k2_contraction_row_gemm_CALL(eqf_kinds_k2_contraction_row_gemm_EDGE, A + (ic + ir) * 37L + pc, 37L, 1);
+            (void)ap;
+#else
+            if (eqf_kinds_k2_contraction_row_gemm_EDGE_MR == 0 || mr == eqf_kinds_k2_contraction_row_gemm_MR)
+                eqf_kinds_k2_contraction_row_gemm_CALL(eqf_kinds_k2_contraction_row_gemm_MR, ap + ir * kc, 1, eqf_kinds_k2_contraction_row_gemm_MR);
+            else
+                eqf_kinds_k2_contraction_row_gemm_CALL(eqf_kinds_k2_contraction_row_gemm_EDGE, ap + ir * kc, 1, eqf_kinds_k2_contraction_row_gemm_MR);
+            (void)A;
 #endif
-                eqf_kinds_k2_contraction_row_gemm_ukernel(kc, ap + ir * kc, bp + jr * kc, eqf_kinds_k2_contraction_row_gemm_NR, tile);
+#undef eqf_kinds_k2_contraction_row_gemm_CALL
             (void)B;
             for (long r = 0; r < mr; r++) {
                 const long i = ic + ir + r;
@@ -374,7 +407,8 @@ static void eqf_kinds_k2_contraction_row_gemm_block(const float* A, const float*
             /* A is packed once per (K slice, chunk of rows) and then serves every B panel */
             const long ic = m0 + chunk * MC;
             const long mc = ic >= m1 ? 0 : (m1 - ic < MC ? m1 - ic : MC);
-            eqf_kinds_k2_contraction_row_gemm_pack_a(A, ic, mc, pc, kc, ap);
+            if (!1)
+                eqf_kinds_k2_contraction_row_gemm_pack_a(A, ic, mc, pc, kc, ap);
             for (long jc = n0; jc < n1; jc += NCB) {
                 const long nc = n1 - jc < NCB ? n1 - jc : NCB;
                 const long npanels = (nc + eqf_kinds_k2_contraction_row_gemm_NR - 1) / eqf_kinds_k2_contraction_row_gemm_NR;
@@ -397,7 +431,7 @@ static void eqf_kinds_k2_contraction_row_gemm_block(const float* A, const float*
                 }
 #endif
                 if (mc > 0)
-                    eqf_kinds_k2_contraction_row_gemm_macro(ap, panel, B, C, b, ic, mc, jc, nc, pc, kc, eqf_e2, eqf_e3, eqf_e4);
+                    eqf_kinds_k2_contraction_row_gemm_macro(A, ap, panel, B, C, b, ic, mc, jc, nc, pc, kc, eqf_e2, eqf_e3, eqf_e4);
             }
             /* the row epilogue (a row op over whole rows of C) on the rows just finished, when
              * the macro kernel could not (rows wider than one NC block) */
@@ -467,9 +501,9 @@ void eqf_kinds_k2_contraction_row_gemm(const float* A0, const float* B0, float* 
         /* equal chunks of at most MC rows: a thin last chunk would repack all of B for a few rows */
         const long nchunks = (rows + MC - 1) / MC;
         const long mcb = ((rows + nchunks - 1) / nchunks + eqf_kinds_k2_contraction_row_gemm_MR - 1) / eqf_kinds_k2_contraction_row_gemm_MR * eqf_kinds_k2_contraction_row_gemm_MR;
-        float* ap = eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
+        float* ap = 1 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
         float* bp = (by_batch || by_cols) && !0 ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb) : bp_shared;
-        if (!ap || (!bp && !0)) {
+        if ((!ap && !1) || (!bp && !0)) {
 #pragma omp atomic write
             nomem = 1;
         }
