@@ -444,3 +444,18 @@ def test_a_name_that_is_not_utf8_is_a_clear_error(name):
     data = helper.make_model(g).SerializeToString().replace(f"{name}qq".encode(), name.encode() + b"\x80q")
     with pytest.raises(EqfuseError, match="not UTF-8 text"):
         import_model(data)
+
+
+def test_an_element_type_onnx_does_not_name_is_a_clear_error(tmp_path):
+    """Found by tests/test_fuzz_cli.py: a mutated file whose input has elem_type 35."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    x.type.tensor_type.elem_type = 35
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    with pytest.raises(EqfuseError, match=r"35 \(not an ONNX element type\)"):
+        import_onnx(path)

@@ -426,7 +426,12 @@ def _attr(a):
 
 
 def _dtype_name(elem_type: int) -> str:
-    return onnx.TensorProto.DataType.Name(elem_type) if onnx else str(elem_type)
+    """ONNX's name of a tensor element type; a number no onnx version names (a damaged file) is
+    said as such."""
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type) if onnx else str(elem_type)
+    except ValueError:
+        return f"{elem_type} (not an ONNX element type)"
 
 
 def _prune(g: Graph, runtime: list[int], params: list[int]) -> Graph:
