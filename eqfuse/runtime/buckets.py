@@ -9,7 +9,7 @@ batch:
 - chunks of the largest bucket, as many as fit;
 - the remainder as a sum of smaller buckets, or padded up to one bucket (its rows repeat the
   chunk's first sample, so every padded input is a valid one), whichever is cheaper by each
-  bucket's time: measured at the first call (each bucket run three times on its samples), or by
+  bucket's time: measured at the first call (each bucket run twice on its samples), or by
   the time model (`estimate`: each kernel's bytes and FLOPs at this machine's measured bandwidth
   and FLOP/s) where the speeds are pinned. Few rows of a memory-bound model (the weights are
   streamed once per chunk) pad; large batches of a compute-bound one split.
@@ -122,7 +122,7 @@ class Bucketed:
                 for a, b in zip(arrays, self.in_batch)]
 
     def _measure(self, arrays, n: int, threads: int | None) -> None:
-        """Time each bucket on this call's samples (the best of three runs) and schedule by those
+        """Time each bucket on this call's samples (the better of two runs) and schedule by those
         times from now on: the time model misjudges small graphs, whose time is mostly per-kernel
         overhead (BERT's batch of 3 at buckets 1, 2, 8: padded to 8, 0.20 ms, where 2 + 1 takes
         0.13). Tests pin the speeds instead (PINNED_SPEEDS), so that schedules are reproducible."""
@@ -130,7 +130,7 @@ class Bucketed:
         for size, c in self.compiled.items():
             ins = self._inputs(arrays, 0, min(size, n), size)
             ts = []
-            for _ in range(3):
+            for _ in range(2):
                 t0 = time.perf_counter()
                 c.run(ins, threads)
                 ts.append(time.perf_counter() - t0)
