@@ -13,6 +13,30 @@
 /* NaN-propagating like numpy's maximum/minimum (and relu = maximum(x, 0)). */
 static inline float eqf_max(float a, float b) { return (a != a || a > b) ? a : b; }
 static inline float eqf_min(float a, float b) { return (a != a || a < b) ? a : b; }
+/* floordiv and mod as numpy's floor_divide and remainder: floored, the remainder has the
+ * divisor's sign; an integer divided by 0 gives 0 (numpy's result; C's would trap) */
+static inline int64_t eqf_floordiv_i(int64_t a, int64_t b)
+{
+    if (b == 0 || (b == -1 && a == INT64_MIN))
+        return b == 0 ? 0 : a;
+    int64_t q = a / b;
+    return q - ((a % b != 0) && ((a < 0) != (b < 0)));
+}
+static inline int64_t eqf_mod_i(int64_t a, int64_t b)
+{
+    if (b == 0 || b == -1)
+        return 0;
+    int64_t r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline float eqf_floordiv_f(float a, float b) { return floorf(a / b); }
+static inline float eqf_mod_f(float a, float b)
+{
+    float r = fmodf(a, b);
+    return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+}
+#define eqf_floordiv(a, b) _Generic((a) + (b), float: eqf_floordiv_f, double: eqf_floordiv_f, default: eqf_floordiv_i)((a), (b))
+#define eqf_mod(a, b) _Generic((a) + (b), float: eqf_mod_f, double: eqf_mod_f, default: eqf_mod_i)((a), (b))
 static inline float eqf_relu(float x) { return (x != x || x > 0.0f) ? x : 0.0f; }
 static inline float eqf_pow(float a, float b) { return powf(a, b); }
 

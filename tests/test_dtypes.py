@@ -135,3 +135,21 @@ def test_a_fully_masked_attention_row_is_nan_as_in_numpy_without_the_guard(S, D)
     got, want = mod(q, k, v, m), eqfuse.reference(src)(q, k, v, m)
     assert np.isnan(want[0, 3]).all() and np.isnan(got[0, 3]).all()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_floordiv_and_mod_floor_like_numpy_and_never_trap():
+    """Integer division in C truncates and traps on 0; floordiv and mod floor like numpy and give
+    0 for a zero divisor (also INT64_MIN // -1, which overflows in C)."""
+    src = """graph f(a: i64[10], b: i64[10], x: f32[4], y: f32[4]) -> (i64[10], i64[10], f32[4], f32[4]) {
+        return floordiv(a, b), mod(a, b), floordiv(x, y), mod(x, y)
+    }"""
+    a = np.array([7, -7, 7, -7, 0, 5, -9223372036854775808, -9223372036854775808, 3, -3], np.int64)
+    b = np.array([2, 2, -2, -2, 3, 0, -1, 1, 0, 1], np.int64)
+    x = np.array([7.5, -7.5, 7.5, -0.5], np.float32)
+    y = np.array([2.0, 2.0, -2.0, 0.25], np.float32)
+    q, r, fq, fr = eqfuse.compile(src)(a, b, x, y)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(q, np.floor_divide(a, b))
+        np.testing.assert_array_equal(r, np.remainder(a, b))
+    np.testing.assert_allclose(fq, np.floor_divide(x, y))
+    np.testing.assert_allclose(fr, np.remainder(x, y), atol=1e-6)

@@ -154,6 +154,8 @@ OP_SEMANTICS = {
     "pow": ("p: f32[3, 4], y: f32[4]", "pow(p, y)", lambda p, y: np.exp(y * np.log(p))),
     "maximum": ("x: f32[3, 4], y: f32[4]", "maximum(x, y)", lambda x, y: np.where(x > y, x, y)),
     "minimum": ("x: f32[3, 4], y: f32[4]", "minimum(x, y)", lambda x, y: np.where(x < y, x, y)),
+    "floordiv": ("x: f32[3, 4], p: f32[4]", "floordiv(x, p)", lambda x, p: np.floor(x / p)),
+    "mod": ("x: f32[3, 4], p: f32[4]", "mod(x, p)", lambda x, p: x - np.floor(x / p) * p),
     "matmul": ("x: f32[2, 3, 4], y: f32[4, 5]", "matmul(x, y)",
                lambda x, y: np.array([[[sum(x[b, i, k] * y[k, j] for k in range(4)) for j in range(5)]
                                        for i in range(3)] for b in range(2)])),

@@ -28,7 +28,7 @@ CASES = {
     **{name: UNARY_CASES for name in
        ("neg", "abs", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "erf", "silu")},
     "gelu": UNARY_CASES + [(["B, 3"], 'approximate="tanh"'), (["4"], 'approximate="none"')],
-    **{name: BINARY_CASES for name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum")},
+    **{name: BINARY_CASES for name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "floordiv", "mod")},
     "matmul": [
         (["3, 4", "4, 5"], ""),
         (["B, 3, 4", "4, 5"], ""),             # batch on the left only

@@ -121,6 +121,8 @@ TORCH: dict[str, Callable] = {
     "pow": lambda t, a, at: t.pow(a[0], a[1]),
     "maximum": lambda t, a, at: t.maximum(a[0], a[1]),
     "minimum": lambda t, a, at: t.minimum(a[0], a[1]),
+    "floordiv": lambda t, a, at: t.floor_divide(a[0], a[1]),
+    "mod": lambda t, a, at: t.remainder(a[0], a[1]),
     "matmul": lambda t, a, at: t.matmul(a[0], a[1]),
     "conv2d": _conv2d,
     "sum": _reduce("sum"),

@@ -125,17 +125,8 @@ def gather(imp, m: Merged, index, axis: int):
 
 def _floordiv(imp, i: int, G: int) -> tuple[int, int]:
     """(i // G, i % G) of an integer tensor, floored as Python does (a negative flat index counts
-    from the end). The IR has no integer division: t = trunc(float32(i) / G) is within 2 of the
-    floor while |i / G| < 2^22, and r = i - t * G, exact in integers, puts it right: r < 0 steps
-    t down (twice at most), r >= G steps it up."""
-    dt = imp.type(i).dtype
-    t = imp.op("cast", [imp.op("div", [imp.op("cast", [i], to="f32"), imp.const(G)])], to=dt)
-    r = imp.op("sub", [i, imp.op("mul", [t, imp.const(G)])])
-    for step, test in ((-1, "lt"), (-1, "lt"), (1, "ge")):
-        off = imp.op(test, [r, imp.const(0 if test == "lt" else G)])
-        t = imp.op("where", [off, imp.op("add", [t, imp.const(step)]), t])
-        r = imp.op("where", [off, imp.op("sub", [r, imp.const(step * G)]), r])
-    return t, r
+    from the end): the op table's floordiv and mod."""
+    return imp.op("floordiv", [i, imp.const(G)]), imp.op("mod", [i, imp.const(G)])
 
 
 # ---------------------------------------------------------------- ops on Sym values

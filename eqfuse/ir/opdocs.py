@@ -29,6 +29,8 @@ DOCS: dict[str, tuple[str, str]] = {
     "pow": ("a, b", "a to the power b, numpy broadcasting"),
     "maximum": ("a, b", "the larger of a and b, elementwise, numpy broadcasting"),
     "minimum": ("a, b", "the smaller of a and b, elementwise, numpy broadcasting"),
+    "floordiv": ("a, b", "a / b rounded down (numpy's floor_divide); an integer divided by 0 gives 0"),
+    "mod": ("a, b", "a - floordiv(a, b) * b, with the sign of b (numpy's remainder); an integer mod 0 gives 0"),
     "matmul": ("a, b", "numpy.matmul: [..., M, K] @ [..., K, N] -> [..., M, N], rank >= 2, batch dims broadcast"),
     "conv2d": ("x, w[, b]", "2-D convolution (cross-correlation): x NCHW, w OIHW, bias b[O]; "
                             "stride and padding an int or [h, w]"),

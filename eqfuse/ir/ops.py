@@ -142,6 +142,10 @@ _BINARY = [
     ("pow", np.power, "eqf_pow({0}, {1})", "**"),
     ("maximum", np.maximum, "eqf_max({0}, {1})", None),
     ("minimum", np.minimum, "eqf_min({0}, {1})", None),
+    # integer (and float) division floored as Python and numpy do; x // 0 and x % 0 are 0 for
+    # integers (numpy's result, and never a trap in the C)
+    ("floordiv", np.floor_divide, "eqf_floordiv({0}, {1})", None),
+    ("mod", np.remainder, "eqf_mod({0}, {1})", None),
 ]
 for _name, _ufunc, _c, _infix in _BINARY:
     _op(name=_name, kind="pointwise", arity=(2, 2), infer=_bcast,

@@ -9,5 +9,5 @@ graph unary(x: f32[B, 8], p: f32[B, 8]) -> (f32[B, 8], f32[B, 8], f32[B, 8]) {
 graph binary(x: f32[4, 8], y: f32[8], s: f32) -> f32[4, 8] {
     calls = add(x, y) * sub(x, s) / div(y, 3) - pow(abs(x), 0.5)
     infix = x + y - s * x / y ** 2
-    return maximum(calls, infix) + minimum(x, 0.25)
+    return maximum(calls, infix) + minimum(x, 0.25) + floordiv(x, 0.5) + mod(x, 0.75)
 }
