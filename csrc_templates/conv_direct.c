@@ -15,7 +15,9 @@
  * then streams its own share of the weights).
  * Between two direct convs (IN_BLOCKED {{IN_BLOCKED}}, OUT_BLOCKED {{OUT_BLOCKED}}) the tensor is kept in
  * blocks of VL channels, [N][C / VL][H][W][VL]: the producer stores the tile's vectors as they
- * are, the consumer copies rows of blocks into its padded copy. */
+ * are, the consumer copies rows of blocks into its padded copy. An epilogue operand of the
+ * output's shape may be in blocks too (a residual, eqfuse.backend.conv_blocked): it is read at
+ * `blk`, the output element's offset in that layout. */
 #define {{NAME}}_DIMS                                                                              \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}},   \
            OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, CB = {{CB}},                  \
@@ -202,13 +204,14 @@ void {{NAME}}({{PARAMS}})
                 const long b = pb[r], j = pj[r];
                 (void)b; (void)j;
                 for (long v0 = 0; v0 < oc; v0 += VL) {
-                    float* restrict dst = out + ((b * (O / VL) + (o0 + v0) / VL) * (long)P + j) * VL;
+                    const long blk0 = ((b * (O / VL) + (o0 + v0) / VL) * (long)P + j) * VL;
+                    float* restrict dst = out + blk0;
                     const float* restrict src = tile + r * OBW + v0;
 #pragma omp simd
                     for (long l = 0; l < VL; l++) {
-                        const long i = o0 + v0 + l;
+                        const long i = o0 + v0 + l, blk = blk0 + l; /* (an operand in blocks: at blk) */
                         const float acc = src[l];
-                        (void)i;
+                        (void)i; (void)blk;
                         dst[l] = {{EPILOGUE}};
                     }
                 }
@@ -229,12 +232,13 @@ void {{NAME}}({{PARAMS}})
                     const long i = o0 + oo;
                     float* restrict orow = out + (b * O + i) * (long)P + j0;
                     const float* restrict trow = tt + oo * RW;
-                    (void)i;
+                    const long blk0 = ((b * (O / VL) + i / VL) * (long)P + j0) * VL + i % VL;
+                    (void)i; (void)blk0;
 #pragma omp simd
                     for (int r = 0; r < rw; r++) {
-                        const long j = j0 + r;
+                        const long j = j0 + r, blk = blk0 + r * VL;
                         const float acc = trow[r];
-                        (void)j;
+                        (void)j; (void)blk;
                         orow[r] = {{EPILOGUE}};
                     }
                 }
@@ -243,9 +247,9 @@ void {{NAME}}({{PARAMS}})
                     const long b = pb[r], j = pj[r];
                     (void)b; (void)j;
                     for (long oo = 0; oo < oc; oo++) {
-                        const long i = o0 + oo;
+                        const long i = o0 + oo, blk = ((b * (O / VL) + i / VL) * (long)P + j) * VL + i % VL;
                         const float acc = tt[oo * RW + r];
-                        (void)i;
+                        (void)i; (void)blk;
                         out[(b * O + i) * (long)P + j] = {{EPILOGUE}};
                     }
                 }
