@@ -195,32 +195,39 @@ void {{NAME}}({{PARAMS}})
             }
             float tile[RW * OBW] __attribute__((aligned(64)));
             {{NAME}}_tile(xp, xoff, w + ob * ((long)NCB * KH * KW * CB * OBW), tile);
-#if {{OUT_BLOCKED}}
-            /* the output in blocks of VL channels ([N][O / VL][OH][OW][VL]: the next conv reads it
-             * so, see eqfuse.backend.conv_direct.block_between_convs): the epilogue along each
-             * pixel's channels and a vector store per VL of them */
             const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
+#if {{OUT_BLOCKED}} || {{EPI_BLOCKED}}
+            /* the epilogue along each pixel's channels, VL at a time, where an operand in blocks of
+             * VL channels is read contiguously (at blk): a vector store per VL channels when the
+             * output is in blocks too ([N][O / VL][OH][OW][VL]: the next kernels read it so, see
+             * eqfuse.backend.conv_blocked), else into the tile, which the NCHW store below takes */
             for (int r = 0; r < rw; r++) {
                 const long b = pb[r], j = pj[r];
                 (void)b; (void)j;
                 for (long v0 = 0; v0 < oc; v0 += VL) {
                     const long blk0 = ((b * (O / VL) + (o0 + v0) / VL) * (long)P + j) * VL;
+#if {{OUT_BLOCKED}}
                     float* restrict dst = out + blk0;
                     const float* restrict src = tile + r * OBW + v0;
+#else
+                    float* dst = tile + r * OBW + v0;
+                    const float* src = dst;
+#endif
 #pragma omp simd
                     for (long l = 0; l < VL; l++) {
-                        const long i = o0 + v0 + l, blk = blk0 + l; /* (an operand in blocks: at blk) */
+                        const long i = o0 + v0 + l, blk = blk0 + l;
                         const float acc = src[l];
                         (void)i; (void)blk;
                         dst[l] = {{EPILOGUE}};
                     }
                 }
             }
-#else
+#endif
+#if !{{OUT_BLOCKED}}
             /* NCHW keeps a channel's pixels together: the tile transposed (channels x pixels),
-             * then the epilogue along each channel's pixels, where a residual or any tensor of
-             * the output's shape is read contiguously, as the result is stored */
-            const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
+             * then the epilogue along each channel's pixels (unless applied above), where a
+             * residual or any tensor of the output's shape is read contiguously, as the result
+             * is stored */
             float tt[OBW * RW] __attribute__((aligned(64)));
             for (int r = 0; r < RW; r++)
                 for (int oo = 0; oo < OBW; oo++)
@@ -232,14 +239,13 @@ void {{NAME}}({{PARAMS}})
                     const long i = o0 + oo;
                     float* restrict orow = out + (b * O + i) * (long)P + j0;
                     const float* restrict trow = tt + oo * RW;
-                    const long blk0 = ((b * (O / VL) + i / VL) * (long)P + j0) * VL + i % VL;
-                    (void)i; (void)blk0;
+                    (void)i;
 #pragma omp simd
                     for (int r = 0; r < rw; r++) {
-                        const long j = j0 + r, blk = blk0 + r * VL;
+                        const long j = j0 + r;
                         const float acc = trow[r];
-                        (void)j; (void)blk;
-                        orow[r] = {{EPILOGUE}};
+                        (void)j;
+                        orow[r] = {{EPILOGUE_NCHW}};
                     }
                 }
             } else {
@@ -247,10 +253,10 @@ void {{NAME}}({{PARAMS}})
                     const long b = pb[r], j = pj[r];
                     (void)b; (void)j;
                     for (long oo = 0; oo < oc; oo++) {
-                        const long i = o0 + oo, blk = ((b * (O / VL) + i / VL) * (long)P + j) * VL + i % VL;
+                        const long i = o0 + oo;
                         const float acc = tt[oo * RW + r];
-                        (void)i; (void)blk;
-                        out[(b * O + i) * (long)P + j] = {{EPILOGUE}};
+                        (void)i;
+                        out[(b * O + i) * (long)P + j] = {{EPILOGUE_NCHW}};
                     }
                 }
             }

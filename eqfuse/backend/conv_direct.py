@@ -262,8 +262,8 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
-                  RW=d.rw, ROWS=int(d.rows),
-                  IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked))
+                  RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
+                  EPI_BLOCKED=int(bool(d.blocked_args)), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
 
 
 # (the blocked layout's decisions and pooling in it; imported here, after the names it uses,
