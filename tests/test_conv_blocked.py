@@ -130,3 +130,31 @@ graph t(x: f32[1, 16, 6, 6], w1: f32[16, 16, 3, 3], w2: f32[16, 16, 3, 3]) -> (f
     for p in mod.functions["t"].last.plans:
         if p.kind == "conv2d":
             assert not p.detail.out_blocked and not p.detail.blocked_args
+
+
+@pytest.mark.parametrize("in_place", ["1", "0"], ids=["in-place", "padded-copy"])
+@pytest.mark.parametrize("H,s", [(12, 1), (13, 2), (5, 1), (3, 1)])
+def test_a_blocked_input_read_in_place_or_through_the_padded_copy_matches_the_reference(in_place, H, s, monkeypatch):
+    # in place: the tiles whose window crosses the image's edges (all of them at 3 x 3, where the
+    # window is wider than the image) copy it, zero padded; unbound weights (blocked in the call,
+    # by one thread, before any tile reads them)
+    monkeypatch.setenv("EQFUSE_CONV_INPLACE", in_place)
+    monkeypatch.setenv("EQFUSE_CONV_PIXELS", "0")
+    O = (H + 2 - 3) // s + 1
+    src = f"""
+graph t(x: f32[2, 16, {H}, {H}], w1: f32[32, 16, 3, 3], w2: f32[32, 32, 3, 3], w3: f32[32, 32, 1, 1]) -> f32[2, 32, {O}, {O}] {{
+  y = relu(conv2d(x, w1, padding=1))
+  return relu(conv2d(y, w2, stride={s}, padding=1) + conv2d(y, w3, stride={s}))
+}}
+"""
+    xs = {"x": _rand(2, 16, H, H), "w1": _rand(32, 16, 3, 3, seed=1, scale=0.1),
+          "w2": _rand(32, 32, 3, 3, seed=2, scale=0.1), "w3": _rand(32, 32, 1, 1, seed=3, scale=0.2)}
+    with pinned("zen4"):
+        mod = eqfuse.compile(src)
+        want = eqfuse.reference(src)(**xs)
+        for th in (1, 2):
+            mod.default.threads = th
+            for _ in range(3):
+                np.testing.assert_allclose(mod(**xs), want, rtol=1e-4, atol=1e-4)
+    readers = [p for p in mod.functions["t"].last.plans if p.kind == "conv2d" and p.detail.in_blocked]
+    assert len(readers) == 2 and all(p.detail.in_place == (in_place == "1" and p.detail.rows) for p in readers)

@@ -61,6 +61,7 @@ class ConvDirectDetail:
     pixels: tuple[int, int, int] | None = None
     pixels_as_rows: bool = False  # (an im2col GEMM's orientation: never here)
     blocked_args: tuple[int, ...] = ()  # body inputs of the epilogue read in blocks of VL channels
+    in_place: bool = False  # the input in blocks read where it is, no padded copy (conv_blocked._mark_in)
 
     @property
     def obw(self) -> int:
@@ -263,6 +264,7 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
                   RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
+                  INPLACE=int(d.in_place),
                   EPI_BLOCKED=int(bool(d.blocked_args)), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
 
 
