@@ -27,7 +27,6 @@ from eqfuse.backend.emit_gemm import _ct, _epilogue
 from eqfuse.backend.lower_gemm import Prepack, cdiv, parallel
 from eqfuse.backend.machine import Machine
 from eqfuse.backend.plan import F32, KernelPlan, UOp, ops_text, pointwise_flops
-from eqfuse.ir.graph import Graph
 
 
 @dataclass(frozen=True)
@@ -270,4 +269,4 @@ def emit_conv_direct(plan: KernelPlan) -> str:
 
 # (the blocked layout's decisions and pooling in it; imported here, after the names it uses,
 # for eqfuse.backend.lower)
-from eqfuse.backend.conv_blocked import block_between_convs  # noqa: E402,F401
+from eqfuse.backend.conv_blocked import block_between_convs  # noqa: F401
