@@ -4,7 +4,8 @@
                                       [--torch [--autotune]] [--no-spin]
 
 BERT, GPT-2 and ViT (transformers, small configs, random weights), ResNet-18, MLP-Mixer, the MLP
-784-1024-1024-10 and BERT-base geometry (tests/model_exports.py, BENCH_MODELS), exported to ONNX. For 1 and 2 threads, calls of eqfuse and of
+784-1024-1024-10, BERT-base geometry and ResNet-18's stem + layer1 + layer2 at full width on a
+224x224 image ("resnet_stages") (tests/model_exports.py, BENCH_MODELS), exported to ONNX. For 1 and 2 threads, calls of eqfuse and of
 onnxruntime (ORT_ENABLE_ALL, that many intra-op threads) alternate; each row gives both medians,
 the spread (interquartile range as % of the median) and the ratio. The outputs are checked
 against each other first. `--torch` adds the torch module the export came from, eager and under
@@ -132,7 +133,8 @@ def main(argv=None) -> int:
             print(line, flush=True)
         print("  compile s: " + ", ".join(f"{k} {v:.2f}" for k, v in compile_s.items()), flush=True)
     print("ORT/eqfuse > 1: eqfuse is faster. Inputs: batch 2 (sequence 16 for BERT/GPT-2, 32x32 images "
-          "for ViT and the Mixer, 64x64 for ResNet-18); the MLP at batch 8; BERT-base batch 1, sequence 128.")
+          "for ViT and the Mixer, 64x64 for ResNet-18); the MLP at batch 8; BERT-base batch 1, sequence 128; "
+          "resnet_stages batch 1, 224x224.")
     return 0
 
 

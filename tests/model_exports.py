@@ -70,7 +70,10 @@ def _hf(name: str, layers: int = 2):
     return Wrap().eval(), ("pixel_values",)
 
 
-def _resnet18():
+def _resnet18(stages: bool = False):
+    """ResNet-18 narrowed to 16..128 channels with a 10-way head; with `stages`, torchvision's
+    resnet18 at full width, stem + layer1 + layer2 only (64 and 128 channels, 56x56 and 28x28 maps
+    from a 224x224 image), the network's output the last block's."""
     import torch
     from torch import nn
 
@@ -92,9 +95,10 @@ def _resnet18():
     class ResNet18(nn.Module):  # torchvision's resnet18 layout, narrower (16..128 channels)
         def __init__(self):
             super().__init__()
-            self.stem = nn.Sequential(nn.Conv2d(3, 16, 7, 2, 3, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+            c0 = 64 if stages else 16
+            self.stem = nn.Sequential(nn.Conv2d(3, c0, 7, 2, 3, bias=False), nn.BatchNorm2d(c0), nn.ReLU(),
                                       nn.MaxPool2d(3, 2, 1))
-            chans, layers, cin = [16, 32, 64, 128], [], 16
+            chans, layers, cin = [64, 128] if stages else [16, 32, 64, 128], [], c0
             for i, c in enumerate(chans):
                 layers += [Block(cin, c, 1 if i == 0 else 2), Block(c, c, 1)]
                 cin = c
@@ -103,6 +107,8 @@ def _resnet18():
 
         def forward(self, x):
             x = self.layers(self.stem(x))
+            if stages:
+                return x
             return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
     torch.manual_seed(0)
@@ -157,9 +163,10 @@ def _mlp():
 
 MODELS = ("bert", "gpt2", "vit", "resnet18", "mixer")
 # benchmarks/bench_models.py adds two that the tests do not export: the MLP 784-1024-1024-10 at
-# batch 8, and BERT-base geometry (12 layers, hidden 768, 12 heads, sequence 128, batch 1; 85M
+# batch 8, BERT-base geometry (12 layers, hidden 768, 12 heads, sequence 128, batch 1; 85M
 # random weights, a 350 MB export).
-BENCH_MODELS = MODELS + ("mlp", "bert-base")
+# and ResNet-18's stem and first two stages at full width on one 224x224 image (layer1 at 56x56).
+BENCH_MODELS = MODELS + ("mlp", "bert-base", "resnet_stages")
 EXPORTERS = ("torchscript", "dynamo")
 
 
@@ -176,6 +183,8 @@ def inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
         return {"x": rng.standard_normal((8, 784)).astype(np.float32)}
     if name == "vit" or name == "mixer":
         return {("pixel_values" if name == "vit" else "x"): rng.standard_normal((B, 3, 32, 32)).astype(np.float32)}
+    if name == "resnet_stages":
+        return {"x": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
     return {"x": rng.standard_normal((B, 3, 64, 64)).astype(np.float32)}
 
 
@@ -184,7 +193,7 @@ def torch_model(name: str, layers: int = 2):
     if layers != 2 and name not in ("gpt2", "mixer"):
         raise ValueError(f"{name}: the number of layers is fixed")
     return (_hf(name, layers) if name in ("bert", "bert-base", "gpt2", "vit") else
-            _resnet18() if name == "resnet18" else _mlp() if name == "mlp" else _mixer(layers))
+            _resnet18() if name == "resnet18" else _resnet18(stages=True) if name == "resnet_stages" else _mlp() if name == "mlp" else _mixer(layers))
 
 
 def export(name: str, exporter: str, layers: int = 2) -> Path:

@@ -10,9 +10,10 @@ batchnorm, relu, a residual add: any pointwise ops) is applied to each tile as i
 
 `plan_conv_direct` decides by `use_direct` (a cost rule) and, when direct, is the conv's
 whole plan; otherwise the caller plans the im2col GEMM. Once every kernel is planned,
-`block_between_convs` keeps the blocked channel layout ([N][C / VL][H][W][VL]) on the tensors
-that pass from one direct conv to another and nowhere else: the graph's inputs and outputs,
-and every tensor another kind of kernel reads, stay NCHW. EQFUSE_CONV=direct|im2col forces a path,
+`block_between_convs` (eqfuse.backend.conv_blocked) keeps the blocked channel layout
+([N][C / VL][H][W][VL]) on the tensors that pass between direct convs and pooling (as inputs or
+residual operands) and nowhere else: the graph's inputs and outputs, and every tensor another
+kind of kernel reads, stay NCHW. EQFUSE_CONV=direct|im2col forces a path,
 EQFUSE_CONV_TILE=V,RW,ROWS a register tile (both to measure the alternatives).
 """
 
@@ -26,7 +27,6 @@ from eqfuse.backend.emit_gemm import _ct, _epilogue
 from eqfuse.backend.lower_gemm import Prepack, cdiv, parallel
 from eqfuse.backend.machine import Machine
 from eqfuse.backend.plan import F32, KernelPlan, UOp, ops_text, pointwise_flops
-from eqfuse.ir.graph import Graph
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,8 @@ class ConvDirectDetail:
     # x RPH rows x RPW vectors of pixels; None: channels in the lanes (conv_direct.c)
     pixels: tuple[int, int, int] | None = None
     pixels_as_rows: bool = False  # (an im2col GEMM's orientation: never here)
+    blocked_args: tuple[int, ...] = ()  # body inputs of the epilogue read in blocks of VL channels
+    in_place: bool = False  # the input in blocks read where it is, no padded copy (conv_blocked._mark_in)
 
     @property
     def obw(self) -> int:
@@ -144,8 +146,9 @@ def use_direct(KH: int, KW: int, SH: int, SW: int) -> bool:
     return SH < KH or SW < KW
 
 
-def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
-    """Plan plan's conv2d as a direct conv when `use_direct` says so (True); else plan nothing."""
+def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
+    """Plan plan's conv2d as a direct conv when `use_direct` says so or `force` (True); else plan
+    nothing."""
     body, a = plan.body, plan.shape.anchor
     cv = body.nodes[a]
     (N, C, H, W), (O, _, KH, KW) = (tuple(body.nodes[i].type.shape) for i in cv.args[:2])
@@ -154,7 +157,7 @@ def plan_conv_direct(plan: KernelPlan, m: Machine) -> bool:
         return False  # (an epilogue that broadcasts, inputs read through views: im2col's rules)
     NP, K = N * OH * OW, C * KH * KW
     sh, sw = _pair(cv.attr["stride"])
-    if not use_direct(KH, KW, sh, sw):
+    if not force and not use_direct(KH, KW, sh, sw):
         return False
     vl = m.simd_floats
     cb = min(C, vl)
@@ -241,7 +244,10 @@ def emit_conv_direct(plan: KernelPlan) -> str:
     params, ptrs = kernel_params(plan)
     groups = [("b", [0], False), ("i", [1], False), ("j", [2, 3], False)]
     bias = f"eqf_e{body.inputs.index(cv.args[2])}" if len(cv.args) == 3 else None
-    expr, extras = _epilogue(plan, groups, {a: f"(acc + {bias}[i])" if bias else "acc"})
+    preset = {a: f"(acc + {bias}[i])" if bias else "acc"}
+    for k in d.blocked_args:  # read at the output element's offset in blocks (`blk`, conv_direct.c)
+        preset[body.inputs[k]] = f"eqf_e{k}[blk]"
+    expr, extras = _epilogue(plan, groups, preset)
     if bias and cv.args[2] not in dict(extras):
         extras.append((cv.args[2], bias))
     decls = "\n".join(f"    const {_ct(body, i)}* restrict {name} = {ptrs[i]};" for i, name in extras)
@@ -256,48 +262,11 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
-                  RW=d.rw, ROWS=int(d.rows),
-                  IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked))
+                  RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
+                  INPLACE=int(d.in_place),
+                  EPI_BLOCKED=int(bool(d.blocked_args)), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
 
 
-def _reads_blocked(q: KernelPlan, k: int, vl: int) -> bool:
-    """Whether plan q can read its k-th argument in blocks of vl channels: q is a direct conv whose
-    input x is that argument (read by nothing else in q, not through a view) in blocks of vl."""
-    d = q.detail
-    if not isinstance(d, ConvDirectDetail) or d.pixels or k in q.in_strides or d.vl != vl or d.cb != vl \
-            or d.C % vl:
-        return False
-    body = q.body
-    x = body.inputs[k]
-    return body.nodes[q.shape.anchor].args[0] == x and sum(a == x for n in body.nodes for a in n.args) == 1
-
-
-def block_between_convs(kg: Graph, plans: list[KernelPlan]) -> None:
-    """Keep the blocked channel layout between direct convs: a direct conv's result that only
-    direct convs read, each as its input x, is stored in blocks of VL channels ([N][O / VL][OH]
-    [OW][VL], the same size when VL divides O), and its readers copy rows of those blocks into
-    their padded input (a memcpy per row) instead of gathering VL channel planes. The epilogue
-    then stores whole vectors (no transposition of the tile). Graph outputs, results written
-    into another tensor's storage and results any other kernel reads stay NCHW: the layout
-    changes only inside the compiled graph."""
-    readers: dict[int, list[tuple[KernelPlan, int]]] = {}
-    for q in plans:
-        for k, a in enumerate(q.args):
-            readers.setdefault(a, []).append((q, k))
-    for p in plans:
-        d = p.detail
-        if not isinstance(d, ConvDirectDetail) or d.pixels or d.O % d.vl or p.node in kg.outputs \
-                or p.into is not None \
-                or p.out_strides is not None:
-            continue
-        rs = readers.get(p.node, [])
-        if not rs or not all(_reads_blocked(q, k, d.vl) for q, k in rs):
-            continue
-        p.detail = replace(d, out_blocked=True)
-        p.uops = [replace(u, what=f"tile through the epilogue into blocks of {d.vl} channels (read by the next conv)")
-                  if u.op == "Store" else u for u in p.uops]
-        for q, _ in rs:
-            q.detail = replace(q.detail, in_blocked=True)
-            q.uops = [replace(u, what=u.what.replace("input to a zero-padded copy", "input, in blocks already, "
-                                                     "to a zero-padded copy (a row copy)"))
-                      for u in q.uops]
+# (the blocked layout's decisions and pooling in it; imported here, after the names it uses,
+# for eqfuse.backend.lower)
+from eqfuse.backend.conv_blocked import block_between_convs  # noqa: F401

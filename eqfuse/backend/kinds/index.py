@@ -258,6 +258,9 @@ class IndexDetail:
     op: str
     checked: bool  # the kernel returns how many indices were out of range
     parallel: bool  # the `if` of the pooling kernels' parallel loop (the others run on one thread)
+    # pooling between direct convs: input / output in blocks of VL channels (eqfuse.backend.conv_blocked)
+    in_blocked: bool = False
+    out_blocked: bool = False
 
 
 class Index(Kind):
@@ -295,6 +298,14 @@ class Index(Kind):
         ins = [ptrs[a] for a in an.args]
         xs = [tuple(body.nodes[a].type.shape) for a in an.args]
         xts = [C_TYPE[body.nodes[a].type.dtype] for a in an.args] or [C_TYPE[an.type.dtype]]
-        lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], plan.detail.parallel)
+        d = plan.detail
+        if d.in_blocked or d.out_blocked:
+            from eqfuse.backend.conv_blocked import pool_blocked
+            from eqfuse.backend.machine import machine
+
+            lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), d.parallel, d.in_blocked, d.out_blocked,
+                                 machine().simd_floats)
+        else:
+            lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], d.parallel)
         return render("index.c", NAME=plan.name, OP=an.op, SPACE=list(plan.out_shape), PARAMS=params,
                       BODY="\n".join("    " + ln for ln in lines))
