@@ -66,6 +66,9 @@ def test_a_resnet_stem_and_two_stages_stay_blocked_and_match_the_reference(model
     # zen4's 16, 24 would not: tested below)
     assert all(p.detail.in_blocked for p in convs[1:])
     assert sum(len(p.detail.blocked_args) for p in convs) == 2  # the two residual adds
+    # bound weights are blocked once, the strided 1x1 downsample's too (planned again as a
+    # direct conv after the GEMM planning had left it unpacked)
+    assert [bool(p.prepack) for p in convs] == [bound] * len(convs)
 
 
 def test_channels_that_do_not_fill_the_vectors_stay_nchw():
@@ -158,3 +161,17 @@ graph t(x: f32[2, 16, {H}, {H}], w1: f32[32, 16, 3, 3], w2: f32[32, 32, 3, 3], w
                 np.testing.assert_allclose(mod(**xs), want, rtol=1e-4, atol=1e-4)
     readers = [p for p in mod.functions["t"].last.plans if p.kind == "conv2d" and p.detail.in_blocked]
     assert len(readers) == 2 and all(p.detail.in_place == (in_place == "1" and p.detail.rows) for p in readers)
+
+
+def test_a_downsample_planned_again_as_a_direct_conv_blocks_its_bound_weights_once():
+    """At one 58x58 image the strided 1x1 downsample's GEMM takes no prepacked weights; planned
+    again as a direct conv between blocked tensors, its bound weights are blocked once like the
+    other convs' (they were blocked again at every call)."""
+    src, xs = _resnet(1, 32, 64, 58)
+    ws = {k: v for k, v in xs.items() if k[0] == "w"}
+    with pinned("zen4"):
+        mod = eqfuse.compile(src, params=ws)
+        got = mod(**{k: v for k, v in xs.items() if k not in ws})
+    np.testing.assert_allclose(got, eqfuse.reference(src)(**xs), rtol=1e-4, atol=1e-4)
+    convs = [p for p in mod.functions["r"].last.plans if p.kind == "conv2d"]
+    assert len(convs) == 6 and all(isinstance(p.detail, ConvDirectDetail) and p.prepack for p in convs)

@@ -160,6 +160,9 @@ def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset(
                 if p.into is not None:  # after any planning again, which writes the uops anew
                     p.uops = p.uops + [store_uop(p)]
             block_between_convs(kg, plans)  # (direct convs: the blocked layout between them)
+            for p in plans:  # a 1x1 conv planned again as a direct conv: its bound weights blocked once too
+                if p.kind == K.CONV2D and p.prepack is None:
+                    mark_bound_b(p, _bound_inputs(p, kg, params))
             return kg, plans
 
 
