@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ["EQFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="eqfuse-bench-dynamic-")  # every compile cold
 
-import eqfuse  # noqa: E402
-from eqfuse.frontend.load import load  # noqa: E402
+import eqfuse
+from eqfuse.frontend.load import load
 
 EXPORTS = {"mlp784": "mlp", "resnet18": "resnet18", "bert": "bert", "gpt2": "gpt2", "vit": "vit", "mixer": "mixer"}
 
@@ -121,13 +121,13 @@ def bench(name: str, args, tmp: Path) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for n in args.sizes:
         x = feeds(n)
-        fb = timed(lambda: buck(**x))
-        fp = timed(lambda: per(**x))
-        fo = timed(lambda: sess.run(None, x)) if sess else None
+        fb = timed(lambda x=x: buck(**x))
+        fp = timed(lambda x=x: per(**x))
+        fo = timed(lambda x=x: sess.run(None, x)) if sess else None
         np.testing.assert_allclose(buck(**x), per(**x), rtol=1e-3, atol=1e-3)
-        runs = {"b": lambda: buck(**x), "p": lambda: per(**x)}
+        runs = {"b": lambda x=x: buck(**x), "p": lambda x=x: per(**x)}
         if sess:
-            runs["o"] = lambda: sess.run(None, x)
+            runs["o"] = lambda x=x: sess.run(None, x)
         ts = {k: [] for k in runs}
         for _ in range(args.repeat):
             for k, f in runs.items():

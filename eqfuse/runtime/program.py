@@ -253,7 +253,7 @@ class PanelPool:
 class Runner:
     """Calls a graph's run function: one cffi call per graph call."""
 
-    def __init__(self, kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, lib, ffi, panels: "PanelPool | None" = None,
+    def __init__(self, kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, lib, ffi, panels: PanelPool | None = None,
                  alias: dict[str, str] | None = None):
         self.kg, self.mem, self.lib, self.ffi = kg, mem, lib, ffi
         self.shared_panels = panels
