@@ -300,11 +300,14 @@ def test_the_report_says_which_unbound_dims_are_batch_dims():
     assert "B: not a batch dim (mean reads it" in report_text(r)
 
 
-def test_bucket_times_measured_at_the_first_call(monkeypatch):
-    """Unpinned, the first call times every bucket and the schedule follows those times."""
+@pytest.mark.parametrize("long_run", [0.05, 0.0], ids=["twice", "once"])
+def test_bucket_times_measured_at_the_first_call(monkeypatch, long_run):
+    """Unpinned, the first call times every bucket (twice, or once when a run is long) and the
+    schedule follows those times."""
     from eqfuse.runtime import buckets
 
     monkeypatch.setattr(buckets, "PINNED_SPEEDS", None)
+    monkeypatch.setattr(buckets, "LONG_RUN_S", long_run)
     g = load(MLP)[0]
     rng = np.random.default_rng(11)
     w = weights(g, rng)
