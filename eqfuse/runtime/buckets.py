@@ -131,7 +131,7 @@ class Bucketed:
         for size, c in self.compiled.items():
             ins = self._inputs(arrays, 0, min(size, n), size)
             ts: list[float] = []
-            while len(ts) < 2 and sum(ts) < LONG_RUN_S:  # (a long run is timed once: BERT-base's 0.1 s)
+            while not ts or (len(ts) < 2 and ts[0] < LONG_RUN_S):  # (a long run is timed once: BERT-base's 0.1 s)
                 t0 = time.perf_counter()
                 c.run(ins, threads)
                 ts.append(time.perf_counter() - t0)
