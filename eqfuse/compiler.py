@@ -58,10 +58,19 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         from eqfuse.optimizer.rulecheck import check_rule_files
 
         check_rule_files(rules, enabled=check_rules)
-    graphs = load(src)
-    params = {**_onnx_weights(src), **(params or {})}
+    if _is_onnx(src) and dims:
+        # an ONNX model's dims are bound at import (its shape arithmetic folds with them): checked
+        # against the named dims of its inputs first
+        from eqfuse.frontend.onnx_import import input_dims
+
+        _check_dim_values(input_dims(src), dims)
+        graphs = load(src, dims)
+        _check_dims(graphs, {k: v for k, v in dims.items() if k in {d for g in graphs for d in g.dims()}})
+    else:
+        graphs = load(src)
+        _check_dims(graphs, dims)
+    params = {**_onnx_weights(src, dims), **(params or {})}
     _check_param_names(graphs, params)
-    _check_dims(graphs, dims)
     _check_buckets(graphs, buckets, dims, params)
     functions, reports, optimized = [], {}, []
     for g in graphs:
@@ -108,12 +117,13 @@ def _is_onnx(src) -> bool:
     return isinstance(src, (str, os.PathLike)) and str(src).endswith(".onnx") and "\n" not in str(src)
 
 
-def _onnx_weights(src) -> dict[str, np.ndarray]:
-    """An .onnx model's initializers, bound as params by default (the user's params= win)."""
+def _onnx_weights(src, dims=None) -> dict[str, np.ndarray]:
+    """An .onnx model's initializers, bound as params by default (the user's params= win); `dims`
+    as the model was imported with."""
     if _is_onnx(src):
         from eqfuse.frontend.onnx_import import onnx_params
 
-        return onnx_params(src)
+        return onnx_params(src, dims=dims or None)
     return {}
 
 
@@ -140,17 +150,21 @@ def _check_param_names(graphs: list[Graph], params: Mapping[str, Any]) -> None:
 
 def _check_dims(graphs: list[Graph], dims: Mapping[str, int] | None) -> None:
     """dims= as strict as --dim: a known dimension name, a positive integer."""
-    names = list(dict.fromkeys(d for g in graphs for d in g.dims()))
+    _check_dim_values(list(dict.fromkeys(d for g in graphs for d in g.dims())), dims)
+    for g in graphs:
+        why = oversized(g, {k: int(v) for k, v in (dims or {}).items()})
+        if why:
+            raise ArgumentError(f"dims=: {why}")
+
+
+def _check_dim_values(names: list[str], dims: Mapping[str, int] | None) -> None:
+    """Each dims= entry names one of `names` and is a positive integer."""
     for k, v in (dims or {}).items():
         if k not in names:
             raise ArgumentError(f"dims= names '{k}', which is not a dimension of the model "
                                 f"(its named dimensions: {', '.join(names) or 'none'})")
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
             raise ArgumentError(f"dims=: '{k}' expects a positive integer, got {v!r}")
-    for g in graphs:
-        why = oversized(g, {k: int(v) for k, v in (dims or {}).items()})
-        if why:
-            raise ArgumentError(f"dims=: {why}")
 
 
 def batch_dim(g: Graph, dims: Mapping[str, int], buckets, params=None) -> tuple[str, list[int] | None] | None:

@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import eqfuse  # noqa: E402
-from eqfuse.errors import EqfuseError  # noqa: E402
+from eqfuse.errors import ArgumentError, EqfuseError  # noqa: E402
 from eqfuse.frontend.onnx_import import import_model, import_onnx  # noqa: E402
 from eqfuse.ir.reference import evaluate  # noqa: E402
 
@@ -278,3 +278,32 @@ def test_dynamic_batch_export_runs_at_any_batch(name, exporter, tmp_path):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     assert not mod.default.cache and [b.sizes for b in mod.default.buckets.values()] == [[1, 2]]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_a_dynamic_sequence_bound_by_dims_leaves_the_batch_a_batch_dim(name, tmp_path):
+    """Exported with dynamic batch and sequence axes (as optimum exports them), the model loads
+    when dims= binds the sequence: the importer folds its shape arithmetic with it, and the batch
+    stays a batch dim (one compile, any batch size)."""
+    torch = pytest.importorskip("torch")
+    import model_exports as me
+
+    model, names = me.torch_model(name)
+    args = tuple(torch.from_numpy(v) for v in _feeds(name, 2).values())
+    path = tmp_path / f"{name}.onnx"
+    axes = {n: {0: "batch", 1: "sequence"} for n in (*names, "y")}
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, args, str(path), input_names=list(names), output_names=["y"], opset_version=17,
+                          dynamo=False, dynamic_axes=axes)
+    with pytest.raises(ArgumentError, match="not a dimension of the model .its named dimensions: batch, sequence"):
+        eqfuse.compile(str(path), dims={"seq": me.S})
+    mod = eqfuse.compile(str(path), dims={"sequence": me.S})
+    assert mod.default.batch_dim == "batch"
+    for b in (2, 1, 3):
+        feeds = _feeds(name, b)
+        with torch.no_grad():
+            want = model(*(torch.from_numpy(v) for v in feeds.values())).numpy()
+        np.testing.assert_allclose(mod(**feeds), want, rtol=RTOL, atol=ATOL)
+    assert not mod.default.cache

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import os
 from pathlib import Path
 
@@ -25,13 +27,14 @@ def read_source(src: str | os.PathLike) -> tuple[str | bytes, str]:
     return src, "<string>"
 
 
-def load(src: str | os.PathLike) -> list[Graph]:
-    """Parse and check every graph of a model (a .g path, source text, or an .onnx path)."""
+def load(src: str | os.PathLike, dims: Mapping[str, int] | None = None) -> list[Graph]:
+    """Parse and check every graph of a model (a .g path, source text, or an .onnx path). `dims`
+    binds an ONNX model's symbolic dims at import (a .g model's are bound later, by compile)."""
     text, file = read_source(src)
     if file.endswith(".onnx"):
         from eqfuse.frontend.onnx_import import (
             import_onnx,  # optional dependency, imported only when needed
         )
 
-        return [import_onnx(file)]
+        return [import_onnx(file, dims=dims)]
     return build_module(parse(text, file))
