@@ -89,6 +89,10 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         folded = fold_params(g, gp) if fuse is True else Folded(g, gp, [])
         opt, report = optimize(folded.graph, cost=cost, rules=rules, disable=disable, dims=gdims, fuse=fuse)
         report["folded"] = folded.notes
+        if fuse is True:
+            from eqfuse.optimizer.optimize import batch_dims_report
+
+            batch_dims_report(report, g, gp)
         reports[g.name] = report
         optimized.append((opt, gdims))
         batch = batch_dim(g, gdims, buckets, gp)
@@ -130,14 +134,15 @@ def _onnx_weights(src, dims=None) -> dict[str, np.ndarray]:
 model_weights = _onnx_weights  # what the command line binds too (run, bench, opt)
 
 
-def input_aliases(src) -> dict[str, str]:
+def input_aliases(src, dims=None) -> dict[str, str]:
     """{parameter name: the model's own input name} where they differ (ONNX names such as
-    "input.1" are sanitized into parameter names); empty for .g models."""
+    "input.1" are sanitized into parameter names); empty for .g models. `dims` as the model is
+    imported with."""
     if not _is_onnx(src):
         return {}
     from eqfuse.frontend.onnx_import import import_model
 
-    imp = import_model(src)
+    imp = import_model(src, dims=dims or None)
     return {imp.graph.nodes[i].name: onnx for i, onnx in zip(imp.graph.inputs, imp.inputs)}
 
 

@@ -289,14 +289,7 @@ def test_a_dynamic_sequence_bound_by_dims_leaves_the_batch_a_batch_dim(name, tmp
     torch = pytest.importorskip("torch")
     import model_exports as me
 
-    model, names = me.torch_model(name)
-    args = tuple(torch.from_numpy(v) for v in _feeds(name, 2).values())
-    path = tmp_path / f"{name}.onnx"
-    axes = {n: {0: "batch", 1: "sequence"} for n in (*names, "y")}
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, args, str(path), input_names=list(names), output_names=["y"], opset_version=17,
-                          dynamo=False, dynamic_axes=axes)
+    model, path = _export_batch_and_sequence(name, tmp_path)
     with pytest.raises(ArgumentError, match="not a dimension of the model .its named dimensions: batch, sequence"):
         eqfuse.compile(str(path), dims={"seq": me.S})
     mod = eqfuse.compile(str(path), dims={"sequence": me.S})
@@ -307,3 +300,41 @@ def test_a_dynamic_sequence_bound_by_dims_leaves_the_batch_a_batch_dim(name, tmp
             want = model(*(torch.from_numpy(v) for v in feeds.values())).numpy()
         np.testing.assert_allclose(mod(**feeds), want, rtol=RTOL, atol=ATOL)
     assert not mod.default.cache
+
+
+def _export_batch_and_sequence(name: str, tmp_path):
+    """(the torch model, its torchscript export with dynamic batch and sequence axes)."""
+    import model_exports as me
+    import torch
+
+    model, names = me.torch_model(name)
+    args = tuple(torch.from_numpy(v) for v in _feeds(name, 2).values())
+    path = tmp_path / f"{name}.onnx"
+    axes = {n: {0: "batch", 1: "sequence"} for n in (*names, "y")}
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, args, str(path), input_names=list(names), output_names=["y"], opset_version=17,
+                          dynamo=False, dynamic_axes=axes)
+    return model, path
+
+
+@pytest.mark.heavy
+def test_the_command_line_binds_an_onnx_sequence_at_import(tmp_path):
+    """`--dim sequence=16` reaches the importer for run, opt and check; a --dim the model's inputs
+    do not have is a usage error naming the ones they have."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    _, path = _export_batch_and_sequence("bert", tmp_path)
+    np.savez(tmp_path / "in.npz", **_feeds("bert", 2))
+
+    def cli(*argv):
+        return subprocess.run([sys.executable, "-m", "eqfuse", *argv], capture_output=True, text=True)
+    r = cli("run", str(path), "--dim", "sequence=16", "--inputs", str(tmp_path / "in.npz"), "--verify")
+    assert r.returncode == 0 and "verified" in r.stderr, r.stderr
+    r = cli("opt", str(path), "--dim", "sequence=16")
+    assert r.returncode == 0 and "#   batch: a batch dim, any size at run time from one compile" in r.stdout, r.stderr
+    r = cli("check", str(path), "--dim", "seq=16")
+    assert r.returncode == 2 and "has no dimension named 'seq' (its named dimensions: batch, sequence)" in r.stderr
+    assert "Traceback" not in r.stderr

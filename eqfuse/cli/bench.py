@@ -108,7 +108,10 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     from eqfuse.frontend.load import load
     from eqfuse.ir.reference import evaluate
 
-    graphs = load(src)
+    from eqfuse.compiler import _is_onnx
+
+    graphs = load(src, dims if _is_onnx(src) else None)  # (an ONNX model's dims bound at import)
+    onnx_dims = dict(dims or {}) if _is_onnx(src) else None
     g = graphs[0] if graph is None else next(x for x in graphs if x.name == graph)
     dims = dict(dims or {})
     missing = [d for d in g.dims() if d not in dims]
@@ -116,7 +119,7 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
         dims[d] = 64
     from eqfuse.compiler import model_weights
 
-    weights = model_weights(src)  # an .onnx model's initializers: bound, as compile binds them
+    weights = model_weights(src, onnx_dims)  # an .onnx model's initializers: bound, as compile binds them
     arrays = [weights.get(n, a) for (n, _), a in zip(g.params, random_inputs(g, dims))]
     runtime = [a for (n, _), a in zip(g.params, arrays) if n not in weights]
     fused = eq_compile(src, dims=dims, **{"check_rules": False, **opts})
@@ -141,7 +144,7 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
         blas_threads(t)
         rows[0][1].append(spread(lambda: evaluate(g, arrays), repeat))
     rt_names = [n for n, _ in g.params if n not in weights]
-    chosen, peers = peers, _peers(g, arrays, peers) + _ort_peer(src, dict(zip(rt_names, runtime)), peers)
+    chosen, peers = peers, _peers(g, arrays, peers) + _ort_peer(src, dict(zip(rt_names, runtime)), peers, onnx_dims)
     for name, fn in peers:
         rows.append((name, [spread(lambda: fn(t), repeat) if fn else (float("nan"), float("nan")) for t in threads]))
     blas_threads(max(threads))
@@ -184,7 +187,7 @@ def _peers(g, arrays, chosen: Sequence[str] = PEERS) -> list[tuple[str, Callable
     return [p for p in peers if "torch" in chosen or p[0] != "torch eager"]
 
 
-def _ort_peer(src, runtime: dict[str, np.ndarray], chosen: Sequence[str]) -> list[tuple[str, Callable]]:
+def _ort_peer(src, runtime: dict[str, np.ndarray], chosen: Sequence[str], dims=None) -> list[tuple[str, Callable]]:
     """onnxruntime on the .onnx model itself (all graph optimizations, intra-op threads = the row's)."""
     from eqfuse.compiler import _is_onnx, input_aliases
 
@@ -192,7 +195,7 @@ def _ort_peer(src, runtime: dict[str, np.ndarray], chosen: Sequence[str]) -> lis
         return []
     import onnxruntime as ort
 
-    aliases = input_aliases(src)
+    aliases = input_aliases(src, dims)
     feeds = {aliases.get(n, n): a for n, a in runtime.items()}
     sessions: dict[int, Any] = {}
 

@@ -56,12 +56,25 @@ def selected_graphs(args, one_graph: bool = False):
     for run and bench) or the one --graph names; each --dim must name a dimension of them."""
     from eqfuse.frontend.load import load
 
-    graphs = load(args.model)
+    dims = parse_dims(args.dim)
+    if str(args.model).endswith(".onnx") and dims:
+        # an ONNX model's dims are bound at import, where its shape arithmetic folds with them
+        from eqfuse.frontend.onnx_import import input_dims
+
+        have = input_dims(args.model)
+        for name in dims:
+            if name not in have:
+                raise UsageError(f"--dim {name}: {args.model} has no dimension named '{name}' "
+                                 f"(its named dimensions: {', '.join(have) or 'none'})")
+        graphs = load(args.model, dims)
+    else:
+        graphs = load(args.model)
     if one_graph or args.graph is not None:
         graphs = [pick_graph(graphs, args.graph)]
-    dims = parse_dims(args.dim)
-    check_dim_names(graphs, dims, args.model)
-    check_dim_sizes(graphs, dims)
+    left = {k: v for k, v in dims.items() if k in {d for g in graphs for d in g.dims()}}
+    if not str(args.model).endswith(".onnx"):
+        check_dim_names(graphs, dims, args.model)
+    check_dim_sizes(graphs, left)
     return graphs, dims
 
 
@@ -145,8 +158,8 @@ def cmd_run(args) -> int:
     # inputs only, each under the model's own input name (or the parameter name it became).
     from eqfuse.compiler import input_aliases, model_weights
 
-    weights = model_weights(args.model)
-    aliases = input_aliases(args.model)
+    weights = model_weights(args.model, dims)
+    aliases = input_aliases(args.model, dims)
     runtime = [n for n, _ in g.params if n not in weights]
     key = {n: aliases.get(n, n) if aliases.get(n, n) in npz.files else n for n in runtime}
     missing = [aliases.get(n, n) for n in runtime if key[n] not in npz.files]

@@ -24,7 +24,8 @@ def cmd_opt(args) -> int:
 
     graphs, dims = selected_graphs(args)
     opts = optimizer_opts(args)  # user rules checked first
-    weights = model_weights(args.model)  # an .onnx model's initializers are bound, as compile binds them
+    weights = model_weights(args.model, dims)  # an .onnx model's initializers are bound, as compile binds them
+    source = graphs
     folded = [fold_params(g, {k: v for k, v in weights.items() if k in dict(g.params)}) for g in graphs]
     graphs = [f.graph for f in folded]
     opts.update(iter_limit=args.iter_limit, node_limit=args.node_limit, time_limit=args.time_limit)
@@ -35,8 +36,11 @@ def cmd_opt(args) -> int:
     else:  # several: small ones are optimized side by side (eqfuse/optimizer/batch.py)
         with progress.step(f"optimizing {len(graphs)} graphs"):
             results = optimize_graphs(graphs, dims=dims, **opts)
-    for r, f in zip(results, folded):
+    from eqfuse.optimizer.optimize import batch_dims_report
+
+    for r, f, g in zip(results, folded, source):
         r.report["folded"] = f.notes
+        batch_dims_report(r.report, g, weights)
     text = module_text([r.graph for r in results])
     if args.output:
         try:

@@ -248,12 +248,20 @@ def optimize(src, *, cost: str = "memory", rules: Sequence = (), disable: Sequen
     return Optimized(outs, reports)
 
 
-def _batch_dims(graph, unbound: list[str]) -> dict[str, str | None]:
-    """{unbound dim: None when it is a batch dim (eqfuse.ir.separable), else why not}."""
+def _batch_dims(graph, unbound: list[str], params=None) -> dict[str, str | None]:
+    """{unbound dim: None when it is a batch dim (eqfuse.ir.separable), else why not}; `params`,
+    the bound arrays, let a mask read at the sample's position pass (eqfuse.ir.positions)."""
     from eqfuse.ir.separable import batch_dims
 
-    ok, why = batch_dims(graph)
+    ok, why = batch_dims(graph, params)
     return {d: None if d in ok else why.get(d, "") for d in unbound}
+
+
+def batch_dims_report(report: dict, graph, params) -> None:
+    """report["batch_dims"] again, knowing the bound arrays (eqfuse.compile and `eqfuse opt` bind
+    an ONNX model's initializers; optimize_graph sees the graph alone)."""
+    if report.get("batch_dims"):
+        report["batch_dims"] = _batch_dims(graph, list(report["batch_dims"]), params)
 
 
 def report_text(r: dict) -> str:
