@@ -80,20 +80,14 @@ def import_with_params(model, values: Mapping[str, np.ndarray] | None = None, *,
 
 
 def input_dims(model) -> list[str]:
-    """The named dims of an ONNX model's inputs, as the importer names them (and as `dims=` may
-    bind them: this name or the dim_param it came from), without importing the graph."""
+    """The named dims of an ONNX model's inputs as the importer names them, and the dim_params they
+    came from (what `dims=` may bind), without importing the graph."""
     proto = _load(model)
     init = {t.name for t in proto.graph.initializer}
-    names: list[str] = []
-    for vi in proto.graph.input:
-        if vi.name in init or not vi.type.HasField("tensor_type"):
-            continue
-        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
-            if not d.HasField("dim_value"):
-                for n in (sanitize(d.dim_param) if d.dim_param else f"{sanitize(vi.name)}_{axis}", d.dim_param):
-                    if n and n not in names:
-                        names.append(n)
-    return names
+    names = [n for vi in proto.graph.input if vi.name not in init and vi.type.HasField("tensor_type")
+             for axis, d in enumerate(vi.type.tensor_type.shape.dim) if not d.HasField("dim_value")
+             for n in (sanitize(d.dim_param) if d.dim_param else f"{sanitize(vi.name)}_{axis}", d.dim_param) if n]
+    return list(dict.fromkeys(names))
 
 
 def import_model(model, *, dims: Mapping[str, int] | None = None,
