@@ -95,6 +95,10 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
             batch_dims_report(report, g, gp)
         reports[g.name] = report
         optimized.append((opt, gdims))
+        for k in buckets or {}:
+            if k in gdims and k not in (dims or {}):
+                raise ArgumentError(f"buckets=: '{k}' is fixed by the arrays params= binds ({k}={gdims[k]}); "
+                                    f"a dimension is either fixed or a batch dim")
         batch = batch_dim(g, gdims, buckets, gp)
         f = GraphFunction(g, opt, folded.params, gdims, _builder(fuse, frozenset(folded.params)), verify, threads,
                           batch)

@@ -219,6 +219,12 @@ def test_bad_buckets_are_argument_errors(buckets, dims, message):
         eqfuse.compile(MLP, buckets=buckets, dims=dims)
 
 
+def test_buckets_for_a_dim_that_params_fix_are_refused():
+    src = "graph f(x: f32[B, 4], w: f32[B, 4]) -> f32[B, 4] { return x * w }"
+    with pytest.raises(ArgumentError, match=r"'B' is fixed by the arrays params= binds \(B=3\)"):
+        eqfuse.compile(src, buckets={"B": [1, 2]}, params={"w": np.ones((3, 4), np.float32)})
+
+
 def test_a_dim_that_is_not_a_batch_dim_is_refused_with_the_reason():
     src = "graph f(x: f32[B, 4]) -> f32[B, 4] { return softmax(x, axis=0) }"
     with pytest.raises(ArgumentError, match="not a batch dimension of graph f: softmax acts along axis 0"):
