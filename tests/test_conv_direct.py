@@ -104,7 +104,8 @@ def test_every_kind_of_register_tile_matches_the_reference(tile, monkeypatch):
     with pinned("zen4") as m:
         if m.simd_floats < 16:  # (the pinned model is clamped to the host: an AVX2 host cannot run them;
             # the AVX2 tiles are tested by the other cases, which pin "avx2")
-            pytest.skip("AVX-512 register tiles on a host without AVX-512")
+            pytest.skip("AVX-512 register tiles on a host without AVX-512 (the AVX2 tiles: "
+                        "test_pinned_machines_plan_and_run[avx2])")
         conv = _check(2, 20, 7, 70, 3, 1, 1, bound=False)
     v, rw, rows = (int(t) for t in tile.split(","))
     assert (conv.detail.v, conv.detail.rw, conv.detail.rows) == (v, rw, bool(rows))
@@ -251,8 +252,10 @@ PIXEL_CASES = {  # (N, C, H, O, k, stride, padding): at most one vector of outpu
 def test_pixel_vector_kernel_matches_the_reference(case, bound):
     # few output channels and a wide map: the pixels go in the vector lanes (conv_pixels.c)
     with pinned("zen4") as m:
-        if m.simd_floats < 16:  # (the pinned model is clamped to the host: an AVX2 host cannot run them)
-            pytest.skip("16-lane tiles on a host without AVX-512")
+        if m.simd_floats < 16:  # (the pinned model is clamped to the host: an AVX2 host cannot run them;
+            # the 8-lane kernel runs there in test_pixel_vector_kernel_on_pinned_machines[avx2])
+            pytest.skip("16-lane tiles on a host without AVX-512 (the 8-lane kernel: "
+                        "test_pixel_vector_kernel_on_pinned_machines[avx2])")
         conv = _check(*PIXEL_CASES[case], bound=bound)
     d = conv.detail
     assert d.pixels is not None and (d.prepack is not None) == bound
