@@ -14,7 +14,7 @@ import numpy as np
 
 from eqfuse import progress
 from eqfuse.backend.lower import format_uops, lower_graph
-from eqfuse.errors import ArgumentError, EqfuseError
+from eqfuse.errors import ArgumentError, DimsNeeded, EqfuseError
 from eqfuse.frontend.load import load
 from eqfuse.ir.graph import Graph, bind_dims, oversized
 from eqfuse.ir.printer import kernel_text, module_text
@@ -58,14 +58,21 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         from eqfuse.optimizer.rulecheck import check_rule_files
 
         check_rule_files(rules, enabled=check_rules)
-    if _is_onnx(src) and dims:
+    if _is_onnx(src):
         # an ONNX model's dims are bound at import (its shape arithmetic folds with them): checked
         # against the named dims of its inputs first
         from eqfuse.frontend.onnx_import import input_dims
 
         _check_dim_values(input_dims(src), dims)
-        graphs = load(src, dims)
-        _check_dims(graphs, {k: v for k, v in dims.items() if k in {d for g in graphs for d in g.dims()}})
+        try:
+            graphs = load(src, dims)
+        except DimsNeeded:  # some named dims only bound: compiled per bucket of them, at the first call
+            if grad is not None:
+                raise
+            opts = dict(cost=cost, rules=rules, disable=disable, params=params, threads=threads, verify=verify,
+                        fuse=fuse, check_rules=False)
+            return _padded_module(src, dict(dims or {}), buckets, opts)
+        _check_dims(graphs, {k: v for k, v in (dims or {}).items() if k in {d for g in graphs for d in g.dims()}})
     else:
         graphs = load(src)
         _check_dims(graphs, dims)
@@ -113,6 +120,32 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
 
     report = reports[graphs[0].name] if len(graphs) == 1 else reports
     return Module(functions, report, text)
+
+
+def _padded_module(src, dims: dict[str, int], buckets, opts) -> Module:
+    """An ONNX model that imports only with some named dims bound: the leading one stays a batch
+    dim, the others are padded to buckets at run time (eqfuse.runtime.padded)."""
+    from eqfuse.frontend.onnx_import import (
+        graph_name,
+        import_with_params,
+        input_dims,
+        input_shapes,
+    )
+    from eqfuse.runtime.padded import PaddedFunction
+
+    _check_bucket_values(input_dims(src), buckets)
+    inputs = [(name, shape) for _, name, shape in input_shapes(src)]
+
+    def build(bucket: dict[str, int]) -> Module:
+        batch = {k: v for k, v in (buckets or {}).items() if k not in bucket}
+        return compile(src, dims={**dims, **bucket}, buckets=batch if buckets is not None else None, **opts)
+
+    f = PaddedFunction(graph_name(src), inputs, dims, buckets or {}, build,
+                       lambda d: import_with_params(src, dims={**dims, **d}))
+    if buckets == {}:  # buckets={}: every binding compiled on its own, no padding
+        f.sizes, f.padding = {}, {d: "buckets={}" for d in f.padded}
+    return Module([f], {"optimized": False, "reason": f"{', '.join(f.padded)} bound per call: compiled per "
+                        "bucket at the first call"}, lambda: f.last_module.graph if f.last_module else "")
 
 
 def _lazy_grad(g: Graph, grad, params, dims, **opts):
@@ -191,18 +224,10 @@ def _check_buckets(graphs: list[Graph], buckets, dims, params) -> None:
     """buckets= names batch dims of the model, each with a list of positive sizes."""
     if buckets is None:
         return
-    if not isinstance(buckets, Mapping):
-        raise ArgumentError(f"buckets= expects a dict {{dim name: [sizes]}}, got {type(buckets).__name__}")
     from eqfuse.ir.separable import batch_dims
 
-    names = list(dict.fromkeys(d for g in graphs for d in g.dims()))
-    for k, v in buckets.items():
-        if k not in names:
-            raise ArgumentError(f"buckets= names '{k}', which is not a dimension of the model "
-                                f"(its named dimensions: {', '.join(names) or 'none'})")
-        if (isinstance(v, (str, bytes)) or not hasattr(v, "__iter__") or not list(v)
-                or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s <= 0 for s in v)):
-            raise ArgumentError(f"buckets=: '{k}' expects a non-empty list of positive integers, got {v!r}")
+    _check_bucket_values(list(dict.fromkeys(d for g in graphs for d in g.dims())), buckets)
+    for k in buckets:
         if k in (dims or {}):
             raise ArgumentError(f"buckets=: '{k}' is bound by dims=; a dimension is either fixed or a batch dim")
         for g in graphs:
@@ -211,6 +236,21 @@ def _check_buckets(graphs: list[Graph], buckets, dims, params) -> None:
                 raise ArgumentError(f"buckets=: '{k}' is not a batch dimension of graph {g.name}: {why}")
     if len([k for k in buckets]) > 1:
         raise ArgumentError(f"buckets=: one batch dimension at a time, got {', '.join(buckets)}")
+
+
+def _check_bucket_values(names: list[str], buckets) -> None:
+    """buckets= is a dict of the model's dim names to non-empty lists of positive integers."""
+    if buckets is None:
+        return
+    if not isinstance(buckets, Mapping):
+        raise ArgumentError(f"buckets= expects a dict {{dim name: [sizes]}}, got {type(buckets).__name__}")
+    for k, v in buckets.items():
+        if k not in names:
+            raise ArgumentError(f"buckets= names '{k}', which is not a dimension of the model "
+                                f"(its named dimensions: {', '.join(names) or 'none'})")
+        if (isinstance(v, (str, bytes)) or not hasattr(v, "__iter__") or not list(v)
+                or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s <= 0 for s in v)):
+            raise ArgumentError(f"buckets=: '{k}' expects a non-empty list of positive integers, got {v!r}")
 
 
 def _bind_params(g: Graph, params: Mapping[str, np.ndarray], dims: dict[str, int]) -> dict[str, int]:
@@ -235,7 +275,9 @@ def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse: boo
         return g, {"optimized": False, "reason": "fuse=False: every op is its own kernel"}
     if fuse == "manual":
         return g, {"optimized": False, "reason": "fuse=\"manual\": kernel blocks as written"}
-    from eqfuse.optimizer.optimize import optimize_graph  # (it imports this module's siblings)
+    from eqfuse.optimizer.optimize import (
+        optimize_graph,  # (it imports this module's siblings)
+    )
     with progress.step(f"optimizing {g.name}"):
         res = optimize_graph(g, cost=cost, rules=rules, disable=disable, dims=dims or None)
     return res.graph, res.report

@@ -53,6 +53,11 @@ class EqfuseError(Exception):
         return "\n".join(lines)
 
 
+class DimsNeeded(EqfuseError):
+    """An ONNX model that imports only with some of its named dims bound (eqfuse.compile then
+    binds them per call, padded to buckets: eqfuse.runtime.padded)."""
+
+
 class ShapeError(Exception):
     """Raised by an op's shape rule; the graph builder turns it into an EqfuseError at the op."""
 

@@ -16,6 +16,11 @@ class Unsupported(Exception):
     """Raised inside an ONNX handler; the importer adds the op type and node name."""
 
 
+class NeedsDims(Unsupported):
+    """Unsupported until some named dims are bound: shape arithmetic on several of them, which
+    the IR's shapes cannot hold (the importer raises it as DimsNeeded)."""
+
+
 def check_dims(dims, what: str, allow_zero: bool = False) -> None:
     """Raise unless `dims` are a shape eqfuse can hold: rank and size bounded, every int positive
     (a name, an input's dim_param, is any size). Constants may be empty (an export's empty

@@ -19,6 +19,7 @@ from eqfuse.frontend.onnx_import import (
     NUMPY_DTYPE,
     ONNX_DTYPES,
     Dim,
+    NeedsDims,
     Unsupported,
     _dtype_name,
     _f32,
@@ -202,7 +203,7 @@ def _norm_param(imp, v, name: str, tail: tuple[Dim, ...], fill: float) -> int:
     """gamma/beta of exactly the normalized shape (ONNX lets them broadcast)."""
     if v is None:
         if not all(isinstance(d, int) for d in tail):
-            raise Unsupported(f"LayerNormalization without bias over named dims {list(tail)}")
+            raise NeedsDims(f"LayerNormalization without bias over named dims {list(tail)}")
         return imp.new_param(f"{imp.node.name or imp.node.output[0]}_{'bias' if fill == 0 else 'scale'}",
                              np.full(tail, fill, F32))
     if imp.is_const(v):
@@ -318,7 +319,7 @@ def _slice(imp, ins, at):
             if lo == 0 and hi >= BIG:
                 continue
             if lo < 0 or hi < 0 or hi >= BIG or step != 1:
-                raise Unsupported(f"slice [{lo}:{hi}:{step}] of named dim {n} (bind it with dims=)")
+                raise NeedsDims(f"slice [{lo}:{hi}:{step}] of named dim {n} (bind it with dims=)")
         else:
             r = range(n)[lo:min(hi, BIG):step]
             lo, hi = r.start, r.stop
@@ -370,7 +371,7 @@ def _conv(imp, ins, at):
         if b > a and (b - a) % s:
             shape = list(imp.type(x).shape)
             if not all(isinstance(d, int) for d in shape):
-                raise Unsupported(f"asymmetric pads {[p for p in pads]} with stride {s} over named dims")
+                raise NeedsDims(f"asymmetric pads {[p for p in pads]} with stride {s} over named dims")
             shape[axis] = b - a
             zeros = imp.new_param(f"{imp.node.name or imp.node.output[0]}_pad", np.zeros(shape, F32))
             x = imp.op("concat", [x, zeros], axis=axis)
@@ -401,12 +402,12 @@ def _split(imp, ins, at):
         sizes = imp.ints(ins[1], "split")
     else:
         if not isinstance(n, int):
-            raise Unsupported(f"Split of named dim {n}")
+            raise NeedsDims(f"Split of named dim {n}")
         k = at.get("num_outputs", len(outs))
         step = -(-n // k)  # the last part may be smaller
         sizes = [min(step, n - i * step) for i in range(k)]
     if not isinstance(n, int):
-        raise Unsupported(f"Split of named dim {n}")
+        raise NeedsDims(f"Split of named dim {n}")
     if sum(sizes) != n or min(sizes) <= 0:
         raise ShapeError(f"split sizes {sizes} do not fill dimension {n} (or one is empty)")
     res, lo = [], 0

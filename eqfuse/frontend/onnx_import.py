@@ -21,20 +21,26 @@ inputs at import time (the onnx backend uses it for integer inputs such as a Res
 
 from __future__ import annotations
 
-import keyword
-import os
-import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from eqfuse.errors import EqfuseError, ShapeError
+from eqfuse.errors import DimsNeeded, EqfuseError, ShapeError
 from eqfuse.frontend.onnx_checks import (
+    NeedsDims,
     Unsupported,
     check_dims,
     check_size,
     tensor_array,
+)
+from eqfuse.frontend.onnx_inputs import (  # noqa: F401  (graph_name, input_dims, input_shapes: re-exported)
+    DIMS_HINT,
+    _load,
+    graph_name,
+    input_dims,
+    input_shapes,
+    sanitize,
 )
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS, complete_attrs
@@ -47,7 +53,6 @@ except ImportError:  # pragma: no cover - exercised only without the optional de
     onnx = None
 
 F32 = np.float32
-RESERVED = {"graph", "kernel", "return", "true", "false", "f32"}
 BIG = 2**31  # ONNX writes "to the end" as INT64_MAX (or INT32_MAX)
 ONNX_DTYPES = {1: "f32", 7: "i64", 6: "i32", 9: "bool"}  # TensorProto element types eqfuse computes in
 
@@ -79,17 +84,6 @@ def import_with_params(model, values: Mapping[str, np.ndarray] | None = None, *,
     return m.graph, m.params
 
 
-def input_dims(model) -> list[str]:
-    """The named dims of an ONNX model's inputs as the importer names them, and the dim_params they
-    came from (what `dims=` may bind), without importing the graph."""
-    proto = _load(model)
-    init = {t.name for t in proto.graph.initializer}
-    names = [n for vi in proto.graph.input if vi.name not in init and vi.type.HasField("tensor_type")
-             for axis, d in enumerate(vi.type.tensor_type.shape.dim) if not d.HasField("dim_value")
-             for n in (sanitize(d.dim_param) if d.dim_param else f"{sanitize(vi.name)}_{axis}", d.dim_param) if n]
-    return list(dict.fromkeys(names))
-
-
 def import_model(model, *, dims: Mapping[str, int] | None = None,
                  values: Mapping[str, np.ndarray] | None = None) -> Imported:
     if onnx is None:
@@ -113,30 +107,6 @@ def _check_text(proto) -> None:
             raise EqfuseError(f"not a readable ONNX model: {where} has a string that is not UTF-8 text ({x!r:.60})")
 
 
-def _load(model) -> "onnx.ModelProto":
-    if isinstance(model, onnx.ModelProto):
-        return model
-    try:
-        if isinstance(model, bytes):
-            return onnx.load_from_string(model)
-        return onnx.load(os.fspath(model))
-    except FileNotFoundError:
-        raise EqfuseError(f"{model}: no such file") from None
-    except Exception as e:  # a protobuf DecodeError or an unreadable external-data file
-        raise EqfuseError(f"{model}: not a readable ONNX model ({type(e).__name__}: {e})") from None
-
-
-def sanitize(name: str) -> str:
-    """An ONNX name as a .g identifier: '/layer1/Conv_output_0' -> 'layer1_Conv_output_0'."""
-    s = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")
-    s = re.sub(r"__+", "_", s)
-    if not s or s[0].isdigit():
-        s = "v" + ("_" + s if s else "")
-    if s in RESERVED or keyword.iskeyword(s):
-        s += "_"
-    return s
-
-
 class _Namer:
     def __init__(self):
         self.taken: set[str] = set()
@@ -158,7 +128,7 @@ class _Importer:
         self.dims = dims
         self.values = values
         self.names = _Namer()
-        self.graph = Graph(sanitize(model.graph.name or "model") or "model")
+        self.graph = Graph(graph_name(model))
         self.env: dict[str, Any] = {}
         self.weights: set[str] = set()  # ONNX names of float initializers: parameters, never folded
         self.params: dict[str, np.ndarray] = {}
@@ -259,6 +229,8 @@ class _Importer:
         try:
             i = self.data(v, vi.name)
         except Unsupported as e:
+            if isinstance(e, NeedsDims):
+                raise DimsNeeded(f"unsupported {e} (graph output '{vi.name}')", hint=DIMS_HINT) from None
             raise EqfuseError(f"unsupported {e} (graph output '{vi.name}')") from None
         n = self.graph.nodes[i]
         if n.name is None and n.op != "const":
@@ -300,6 +272,8 @@ class _Importer:
                     if k not in known:
                         raise Unsupported(f"attribute '{k}'")
                 outs = fn(self, ins, attrs)
+        except NeedsDims as e:
+            raise DimsNeeded(self.error(f"unsupported {e} of ONNX op '{node.op_type}'").message, hint=DIMS_HINT) from None
         except Unsupported as e:
             raise self.error(f"unsupported {e} of ONNX op '{node.op_type}'") from None
         except (ShapeError, ValueError) as e:
@@ -342,7 +316,7 @@ class _Importer:
         """A constant integer input (shape, axes, bounds), as a list."""
         v = self.sym_nodes.get(v, v) if isinstance(v, int) else v  # a Sym computed at run time
         if isinstance(v, sy.Sym):
-            raise Unsupported(f"input {what} {v}, which depends on named dims (bind them with dims=)")
+            raise NeedsDims(f"input {what} {v}, which depends on named dims (bind them with dims=)")
         if not self.is_const(v):
             raise Unsupported(f"non-constant input {what}")
         if np.asarray(v).dtype.kind not in "iu":
@@ -354,7 +328,7 @@ class _Importer:
         if isinstance(v, sy.Sym):
             return sy.materialize(self, v)
         if isinstance(v, sy.Merged):
-            raise Unsupported(f"a tensor of shape {v} (a named dim multiplied with others; bind it with dims=)")
+            raise NeedsDims(f"a tensor of shape {v} (a named dim multiplied with others; bind it with dims=)")
         if not self.is_const(v):
             return v
         arr = np.asarray(v)
@@ -413,7 +387,7 @@ class _Importer:
             return i
         names = [d for d in shape if isinstance(d, str)]
         if len(names) > 1:
-            raise Unsupported(f"reshape from {list(cur)} to {list(shape)} (several named dims; bind them with dims=)")
+            raise NeedsDims(f"reshape from {list(cur)} to {list(shape)} (several named dims; bind them with dims=)")
         return self.op("reshape", [i], shape=tuple(-1 if isinstance(d, str) else d for d in shape))
 
     def binary(self, name: str, a, b, names=("", "")) -> int:
@@ -470,7 +444,7 @@ def _one_dim(ds) -> Dim:
         return n
     if len(names) == 1 and n == 1:
         return names[0]
-    raise Unsupported(f"flattening dims {list(ds)} (a product of named dims; bind them with dims=)")
+    raise NeedsDims(f"flattening dims {list(ds)} (a product of named dims; bind them with dims=)")
 
 
 # ---------------------------------------------------------------- handlers, one per ONNX op

@@ -12,7 +12,7 @@ import numpy as np
 from eqfuse.frontend import onnx_symbolic as sy
 from eqfuse.frontend import onnx_symbolic_ops as so
 from eqfuse.frontend.onnx_handlers import _axes
-from eqfuse.frontend.onnx_import import Unsupported, _pair, handles
+from eqfuse.frontend.onnx_import import NeedsDims, Unsupported, _pair, handles
 
 
 def _rank(imp, v) -> int:
@@ -91,7 +91,7 @@ def _gather_nd(imp, ins, at):
     ds, ishape = imp.type(data).shape, imp.type(idx).shape
     k = ishape[-1]
     if not isinstance(k, int) or not all(isinstance(d, int) for d in ds[1:k]):
-        raise Unsupported("named dims in the indexed axes (but the first)")
+        raise NeedsDims("named dims in the indexed axes (but the first)")
     flat = None
     stride = 1
     for i in reversed(range(k)):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eqfuse.frontend.onnx_checks import Unsupported
+from eqfuse.frontend.onnx_checks import NeedsDims, Unsupported
 from eqfuse.ir.shapes import Dim
 
 
@@ -156,7 +156,7 @@ def carrier(imp, name: str, pos: int, rank: int) -> int:
     """A bool tensor of `rank` dims, all 1 but `name` at `pos`: read from a runtime input that has
     the named dim, it is what broadcasts a tensor up to that dim (the IR's expand takes ints)."""
     if name not in imp.named_at:
-        raise Unsupported(f"named dim {name} that no input carries")
+        raise NeedsDims(f"named dim {name} that no input carries")
     key = ("carrier", name)
     if key not in imp.memo:
         node, axis = imp.named_at[name]
@@ -232,7 +232,7 @@ def broadcast_to(imp, x: int, target: list[SymDim]) -> int:
 def arange(imp, n: SymDim, dtype: str) -> int:
     """range(0, n) for a named n: an exclusive cumsum of ones along the named dim."""
     if isinstance(n, Prod):
-        raise Unsupported(f"Range up to {n} (a product of named dims)")
+        raise NeedsDims(f"Range up to {n} (a product of named dims)")
     ones = imp.op("cast", [imp.op("where", [carrier(imp, n, 0, 1), imp.const(1), imp.const(1)])], to=dtype)
     return imp.op("cumsum", [ones], axis=0, exclusive=True)
 
@@ -259,7 +259,7 @@ def reshape(imp, x, spec: list[SymDim], allowzero: bool = False):
         if fill is None and not is_sym(total) and not any(is_sym(d) for d in out):
             raise ValueError(f"cannot reshape {fmt(cur)} to {fmt(spec)}")
         if fill is None:
-            raise Unsupported(f"reshape of {fmt(cur)} to {fmt(spec)} (the -1 is no product of named dims and ints)")
+            raise NeedsDims(f"reshape of {fmt(cur)} to {fmt(spec)} (the -1 is no product of named dims and ints)")
         out[k] = fill
     elif product(out) != total:
         raise ValueError(f"cannot reshape {fmt(cur)} to {fmt(spec)}")
@@ -267,7 +267,7 @@ def reshape(imp, x, spec: list[SymDim], allowzero: bool = False):
         return _plain_reshape(imp, node, phys, tuple(out))
     groups = _regroup(phys, out)
     if groups is None:
-        raise Unsupported(f"reshape of {fmt(cur)} to {fmt(out)} (a named dim split "
+        raise NeedsDims(f"reshape of {fmt(cur)} to {fmt(out)} (a named dim split "
                           "or merged out of order; bind it with dims=)")
     flat = tuple(d for g in groups for d in g)
     return merged(_plain_reshape(imp, node, phys, flat), groups)
@@ -283,7 +283,7 @@ def _plain_reshape(imp, node: int, phys, out: tuple[Dim, ...]) -> int:
         ones = tuple(k for k, d in enumerate(out) if d == 1)
         return imp.op("unsqueeze", [node], axis=ones) if ones else node
     if names_in != names_out or (len(names_out) > 1 and tuple(out) != tuple(phys)):
-        raise Unsupported(f"reshape of {fmt(phys)} to {fmt(out)} (named dims; bind them with dims=)")
+        raise NeedsDims(f"reshape of {fmt(phys)} to {fmt(out)} (named dims; bind them with dims=)")
     return imp.reshape_to(node, out)
 
 

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from eqfuse.frontend.onnx_checks import Unsupported, tensor_array
+from eqfuse.frontend.onnx_checks import NeedsDims, Unsupported, tensor_array
 from eqfuse.frontend.onnx_symbolic import (
     Merged,
     Sym,
@@ -48,7 +48,7 @@ def merged_op(imp, ins, at):
         return reshape(imp, m, [product(shape[:axis]), product(shape[axis:])])
     if op in ("Gemm", "MatMul") and ins[0] is m and all(not isinstance(v, Merged) for v in ins[1:]):
         if at.get("transA", 0) or len(m.groups[-1]) != 1:
-            raise Unsupported(f"{op} contracting a dim made of a named dim ({m})")
+            raise NeedsDims(f"{op} contracting a dim made of a named dim ({m})")
         from eqfuse.frontend.onnx_import import HANDLERS
 
         y = HANDLERS[op][0](imp, [m.node] + list(ins[1:]), at)
@@ -73,7 +73,7 @@ def merged_op(imp, ins, at):
         return merged(HANDLERS[op][0](imp, [v.node if isinstance(v, Merged) else v for v in ins], at), m.groups)
     if op == "Gather" and ins[0] is m and not isinstance(ins[1], (Merged, Sym)):
         return gather(imp, m, ins[1], at.get("axis", 0))
-    raise Unsupported(f"{op} of a tensor of shape {m} (a named dim multiplied with others; bind it with dims=)")
+    raise NeedsDims(f"{op} of a tensor of shape {m} (a named dim multiplied with others; bind it with dims=)")
 
 
 POINTWISE = {"Cast", "Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Sqrt", "Neg", "Abs", "Log", "Gelu", "Reciprocal",
@@ -103,7 +103,7 @@ def gather(imp, m: Merged, index, axis: int):
         return merged(y, m.groups[:axis] + tuple((d,) for d in ishape) + m.groups[axis + 1:])
     tail = group[1:]
     if not all(isinstance(d, int) for d in tail) or imp.type(idx).dtype not in ("i64", "i32"):
-        raise Unsupported(f"Gather along dim {product(group)} of a tensor of shape {m}")
+        raise NeedsDims(f"Gather along dim {product(group)} of a tensor of shape {m}")
     G = math.prod(tail)
     q, r = _floordiv(imp, idx, G)
     pre = tuple(d for g in m.groups[:axis] for d in g)
@@ -197,7 +197,7 @@ def sym_op(imp, ins, at):
             raise ValueError("Range needs scalar start, limit and delta")
         start, delta = int(np.asarray(ins[0])), int(np.asarray(ins[2]))
         if start != 0 or delta != 1:
-            raise Unsupported(f"Range({start}, {ins[1]}, {delta}) (only Range(0, n, 1) up to a named dim)")
+            raise NeedsDims(f"Range({start}, {ins[1]}, {delta}) (only Range(0, n, 1) up to a named dim)")
         return arange(imp, ins[1].vals[0], "i64" if np.asarray(ins[0]).dtype != np.int32 else "i32")
     # Dropout, Identity and Cast pass a Sym on; every other op folds only over Syms and constants
     if op in ("Identity", "Dropout"):

@@ -151,7 +151,7 @@ def signature(op) -> str:
 def infix_note(op) -> str:
     if not op.infix:
         return ""
-    return f"prefix `-x`" if op.arity == (1, 1) else f"infix `a {op.infix} b`"
+    return "prefix `-x`" if op.arity == (1, 1) else f"infix `a {op.infix} b`"
 
 
 def summary() -> str:

@@ -9,7 +9,7 @@ rule checker and the C emitter all read this table; adding an op means adding on
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np

@@ -25,7 +25,7 @@ import numpy as np
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.printer import module_text
-from eqfuse.ir.shapes import NUMPY_DTYPE, TType
+from eqfuse.ir.shapes import TType
 from eqfuse.trace.tracer import Trace, Traced, array_dtype, tracing
 
 _RESERVED = {"graph", "return", "kernel", "true", "false", "inf", "nan"}

@@ -1,0 +1,70 @@
+"""An ONNX model file before its graph is imported: reading it, its inputs and their named dims,
+and the names the importer gives them (eqfuse.frontend.onnx_import)."""
+
+from __future__ import annotations
+
+import keyword
+import os
+import re
+
+from eqfuse.errors import EqfuseError
+
+try:
+    import onnx
+except ImportError:  # pragma: no cover - exercised only without the optional dependency
+    onnx = None
+
+RESERVED = {"graph", "kernel", "return", "true", "false", "f32"}
+
+
+def input_shapes(model) -> list[tuple[str, str, tuple[int | str, ...]]]:
+    """(ONNX name, parameter name, dims) of each model input that is not a weight, a named dim
+    as the importer names it (its dim_param sanitized, else '<input>_<axis>'); no graph import."""
+    proto = _load(model)
+    init = {t.name for t in proto.graph.initializer}
+    return [(vi.name, sanitize(vi.name), tuple(
+        d.dim_value if d.HasField("dim_value") else sanitize(d.dim_param) if d.dim_param else f"{sanitize(vi.name)}_{a}"
+        for a, d in enumerate(vi.type.tensor_type.shape.dim)))
+        for vi in proto.graph.input if vi.name not in init and vi.type.HasField("tensor_type")]
+
+
+def graph_name(model) -> str:
+    return sanitize(_load(model).graph.name or "model") or "model"
+
+
+def input_dims(model) -> list[str]:
+    """The named dims of an ONNX model's inputs as the importer names them, and the dim_params they
+    came from (what `dims=` may bind), without importing the graph."""
+    proto = _load(model)
+    init = {t.name for t in proto.graph.initializer}
+    raw = [d.dim_param for vi in proto.graph.input if vi.name not in init for d in vi.type.tensor_type.shape.dim]
+    named = [d for _, _, shape in input_shapes(model) for d in shape if isinstance(d, str)]
+    return list(dict.fromkeys(named + [d for d in raw if d]))
+
+
+def _load(model) -> "onnx.ModelProto":
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        if isinstance(model, bytes):
+            return onnx.load_from_string(model)
+        return onnx.load(os.fspath(model))
+    except FileNotFoundError:
+        raise EqfuseError(f"{model}: no such file") from None
+    except Exception as e:  # a protobuf DecodeError or an unreadable external-data file
+        raise EqfuseError(f"{model}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+
+
+DIMS_HINT = ("bind the named dims: --dim NAME=N on the command line; eqfuse.compile without dims= binds them "
+             "per call (README: \"Any batch size and sequence length\")")
+
+
+def sanitize(name: str) -> str:
+    """An ONNX name as a .g identifier: '/layer1/Conv_output_0' -> 'layer1_Conv_output_0'."""
+    s = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")
+    s = re.sub(r"__+", "_", s)
+    if not s or s[0].isdigit():
+        s = "v" + ("_" + s if s else "")
+    if s in RESERVED or keyword.iskeyword(s):
+        s += "_"
+    return s

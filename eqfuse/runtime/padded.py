@@ -1,0 +1,211 @@
+"""Named dims that a model's graph cannot hold unbound, taken at run time by padding.
+
+An ONNX export with dynamic batch and sequence axes computes shapes from both (BERT slices its
+position ids to the sequence; GPT-2 flattens batch x sequence). The IR's shapes hold one named dim
+through such arithmetic, so the model imports only with the sequence bound (DimsNeeded), and each
+new sequence length would run the optimizer and the C compiler again. `eqfuse.compile` returns a
+PaddedFunction for such a model instead:
+
+- the leading named dim of the inputs (the batch) stays a batch dim of each compiled graph: any
+  batch size runs on its buckets (eqfuse.runtime.buckets);
+- every other named dim is *padded*: the graph is compiled at a few bucket values of it, and a call
+  pads its inputs with zeros at the end of that axis up to the smallest bucket that holds the
+  call's value, and crops the outputs back.
+
+Padding is exact only when no output at a real position reads a padded one. A causal mask
+(GPT-2), or an attention mask whose zeros mark the padding as absent (BERT: its keys get the mask's
+-3.4e38, so their softmax weight is exactly 0), make it so; a sum or mean over the sequence does
+not. The first call checks it on the numpy reference of the imported graph, with the call's own
+inputs: the outputs at the first r positions (r = 3/4 of the call's length), computed at length
+r, against those computed with positions r.. padded with zeros, at the call's length. A dim that
+fails the check is compiled per value instead (the compiler runs at each new value), and
+`padding` says why.
+
+Bucket values: `buckets={"sequence": [32, 64, 128]}`, or by default the first call's value
+rounded up to a power of two and the powers of four below it, down to 8 (`pad_sizes`). The first
+call compiles every bucket (times the batch dim's buckets). A value above the largest bucket
+compiles one more, its power of two.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from eqfuse.errors import ArgumentError
+from eqfuse.ir.reference import call_arrays, evaluate
+from eqfuse.runtime.verify import compare
+
+Shape = tuple  # of ints and dim names
+
+
+def pad_sizes(first: int) -> list[int]:
+    """Bucket values of a padded dim first bound to `first`: it rounded up to a power of two and
+    the powers of four below, down to 8 (100 -> 8, 32, 128; 16 -> 16). A value pads to at most 4x
+    (a power of four apart), and their count is what the first call compiles."""
+    top = _pow2(first)
+    sizes, b = {top}, top
+    while b // 4 >= 8:
+        b //= 4
+        sizes.add(b)
+    return sorted(sizes)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+class PaddedFunction:
+    """`mod.<graph>` of a model compiled per bucket of its padded dims (see the module docstring).
+
+    `build(dims)` compiles the model with those dims bound (a Module); `source(dims)` is the
+    imported graph and its bound arrays at those dims, for the exactness check."""
+
+    def __init__(self, name: str, inputs: list[tuple[str, Shape]], fixed: Mapping[str, int],
+                 buckets: Mapping[str, list[int]], build: Callable, source: Callable):
+        self.name = name
+        self.inputs = inputs  # (parameter name, shape with dim names), in parameter order
+        self.free = [n for n, _ in inputs]
+        named = list(dict.fromkeys(d for _, s in inputs for d in s if isinstance(d, str) and d not in fixed))
+        self.batch_dim = next((s[0] for _, s in inputs if s and s[0] in named), None)
+        self.padded = [d for d in named if d != self.batch_dim]
+        self.sizes = {d: sorted({int(v) for v in buckets[d]}) for d in self.padded if d in buckets}
+        self.batch_sizes = buckets.get(self.batch_dim) if self.batch_dim else None
+        self._build, self._source = build, source
+        self.modules: dict[tuple[int, ...], object] = {}  # bucket values of the padded dims -> Module
+        self.padding: dict[str, str] = {}  # padded dim -> "exact", or why it is compiled per value
+        self.out_axes: dict[str, list[tuple[int, ...]]] = {}  # padded dim -> its axes in each output
+        self.last = None  # the GraphFunction of the last call's bucket (Module.kernels reads it)
+        self.last_module = None
+        self._ready = False
+        self._lock = threading.Lock()
+
+    def __call__(self, *arrays, **keywords):
+        named = call_arrays(self.name, self.free, arrays, keywords)
+        values = self._values(named)
+        with self._lock:
+            if not self._ready:
+                self._first(named, values)
+                self._ready = True
+            key = tuple(self._bucket(d, values[d]) for d in self.padded)
+            mod = self._module(key, named, values)
+        outs = mod(*(self._fit(named[n], s, dict(zip(self.padded, key)), values) for n, s in self.inputs))
+        one = not isinstance(outs, tuple)
+        outs = (outs,) if one else outs
+        outs = tuple(self._crop(k, o, values) for k, o in enumerate(outs))
+        return outs[0] if one else outs
+
+    # ------------------------------------------------------------ dims and buckets
+
+    def _values(self, named: Mapping[str, np.ndarray]) -> dict[str, int]:
+        """Each named dim's value in this call, checked to agree between the inputs."""
+        values: dict[str, int] = {}
+        for n, shape in self.inputs:
+            a = named[n]
+            if not isinstance(a, np.ndarray):
+                raise ArgumentError(f"{self.name}(): '{n}' expects a numpy array, got {type(a).__name__}")
+            if a.ndim != len(shape):
+                raise ArgumentError(f"{self.name}(): '{n}' expects rank {len(shape)} {list(shape)}, got shape {list(a.shape)}")
+            for d, v in zip(shape, a.shape):
+                if isinstance(d, str) and d in self.padded + [self.batch_dim]:
+                    if v == 0:
+                        raise ArgumentError(f"{self.name}(): '{n}' has an empty dimension {d}")
+                    if values.setdefault(d, v) != v:
+                        raise ArgumentError(f"{self.name}(): dimension {d} is {values[d]} in one input and {v} in '{n}'")
+        return values
+
+    def _bucket(self, d: str, v: int) -> int:
+        """The bucket value a call with d = v runs at (a new largest bucket above the others)."""
+        if self.padding[d] != "exact":
+            return v
+        sizes = self.sizes[d]
+        if v > sizes[-1]:
+            sizes.append(_pow2(v))
+        return next(s for s in sizes if s >= v)
+
+    def _module(self, key: tuple[int, ...], named, values):
+        mod = self.modules.get(key)
+        if mod is None:
+            bucket = dict(zip(self.padded, key))
+            mod = self.modules[key] = self._build(bucket)
+            mod(*(self._fit(named[n], s, bucket, values) for n, s in self.inputs))  # compiles its batch buckets
+        self.last_module, self.last = mod, mod.default.last
+        return mod
+
+    def _first(self, named, values) -> None:
+        """Check each padded dim's exactness, then compile every combination of bucket values."""
+        for d in self.padded:
+            why = self._check(d, named, values)
+            self.padding[d] = why or "exact"
+            self.sizes[d] = self.sizes.get(d) or pad_sizes(values[d]) if not why else [values[d]]
+        for key in itertools.product(*(self.sizes[d] for d in self.padded)):
+            self._module(key, named, values)
+
+    # ------------------------------------------------------------ padding
+
+    def _fit(self, a: np.ndarray, shape: Shape, to: Mapping[str, int], values: Mapping[str, int]) -> np.ndarray:
+        """`a` with each padded axis cropped or zero-padded at its end to its value in `to`."""
+        axes = {k: to[d] for k, d in enumerate(shape) if d in to and to[d] != values[d]}
+        if not axes:
+            return a
+        crop = tuple(slice(0, min(axes.get(k, n), n)) for k, n in enumerate(a.shape))
+        out = np.zeros(tuple(axes.get(k, n) for k, n in enumerate(a.shape)), dtype=a.dtype)
+        out[crop] = a[crop]
+        return out
+
+    def _crop(self, k: int, out: np.ndarray, values: Mapping[str, int]) -> np.ndarray:
+        """Output k at the call's values of its padded axes."""
+        idx = [slice(None)] * out.ndim
+        for d in self.padded:
+            for ax in self.out_axes[d][k] if d in self.out_axes else ():
+                idx[ax] = slice(0, values[d])
+        return out if all(s == slice(None) for s in idx) else np.ascontiguousarray(out[tuple(idx)])
+
+    def _check(self, d: str, named, values) -> str | None:
+        """None when padding d is exact on the reference (module docstring), else why not. Also
+        finds d's axes in the outputs: the ones whose size follows it."""
+        s = values[d]
+        r, s = (s - max(1, s // 4), s) if s > 1 else (1, 2)
+        base = {k: v for k, v in values.items() if k in self.padded}
+        if self.batch_dim:  # two samples are enough (and BERT-base's reference at 8 x 128 takes seconds)
+            named = {n: self._fit(named[n], shape, {self.batch_dim: min(2, values[self.batch_dim])}, values)
+                     for n, shape in self.inputs}
+        runs = []
+        for at, to in ((r, {d: r}), (s, {d: s})):
+            try:
+                g, params = self._source({**base, d: at})
+            except Exception as e:  # noqa: BLE001  (a length the model refuses: not paddable)
+                return f"the model does not import at {d}={at} ({e})"
+            ins = {n: self._fit(self._fit(named[n], shape, {d: r}, values), shape, to, {**values, d: r})
+                   for n, shape in self.inputs}
+            runs.append(evaluate(g, [params[n] if n in params else ins[n] for n, _ in g.params]))
+        axes = []
+        for k, (a, b) in enumerate(zip(*runs)):
+            if a.ndim != b.ndim:
+                return f"output {k} changes rank with {d}"
+            ax = tuple(i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y)
+            if any((a.shape[i], b.shape[i]) != (r, s) for i in ax):
+                return f"output {k}'s shape {list(b.shape)} is no copy of {d} along an axis"
+            axes.append(ax)
+            bad = compare([b[tuple(slice(0, r) if i in ax else slice(None) for i in range(b.ndim))]], [a])
+            if bad:
+                return (f"padding {d} from {r} to {s} with zeros changes output {k} at real positions "
+                        f"({bad[0].split(': ', 1)[1]})")
+        self.out_axes[d] = axes
+        return None
+
+    # ------------------------------------------------------------ display
+
+    def __repr__(self) -> str:
+        parts = [f"batch dim {self.batch_dim} at any size"] if self.batch_dim else []
+        for d in self.padded:
+            state = self.padding.get(d)
+            parts.append(f"{d} padded to {', '.join(map(str, self.sizes[d]))}" if state == "exact" else
+                         f"{d} compiled per value ({state})" if state else f"{d} padded to buckets chosen at the first call")
+        return f"<eqfuse function {self.name}({', '.join(self.free)}): {'; '.join(parts)}>"
+
+
+__all__ = ["PaddedFunction", "pad_sizes"]
