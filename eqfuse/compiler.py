@@ -137,8 +137,8 @@ def _padded_module(src, dims: dict[str, int], buckets, opts) -> Module:
     inputs = [(name, shape) for _, name, shape in input_shapes(src)]
 
     def build(bucket: dict[str, int]) -> Module:
-        batch = {k: v for k, v in (buckets or {}).items() if k not in bucket}
-        return compile(src, dims={**dims, **bucket}, buckets=batch if buckets is not None else None, **opts)
+        batch = {k: v for k, v in (buckets or {}).items() if k not in bucket}  # the batch dim's sizes
+        return compile(src, dims={**dims, **bucket}, buckets={} if buckets == {} else batch or None, **opts)
 
     f = PaddedFunction(graph_name(src), inputs, dims, buckets or {}, build,
                        lambda d: import_with_params(src, dims={**dims, **d}))

@@ -74,6 +74,7 @@ class GraphFunction:
                  threads: int | None, batch: tuple[str, list[int] | None] | None = None):
         self.name = source.name
         self.source, self.optimized = source, optimized
+        self.source_dims = frozenset(source.dims())  # (a walk over every node: once, not per call)
         # bound arrays, by name: the source's and those folding made; contiguous once here, so
         # each call passes the same arrays (a prepacked weight is packed at the first call only)
         self.params = {k: np.ascontiguousarray(v) for k, v in params.items()}
@@ -98,7 +99,7 @@ class GraphFunction:
         self.last_batch: int | None = None  # the batch dim's value at the last call
 
     def compiled(self, dims: Mapping[str, int]) -> Compiled:
-        key = tuple(sorted((k, v) for k, v in dims.items() if k in self.source.dims()))
+        key = tuple(sorted((k, v) for k, v in dims.items() if k in self.source_dims))
         with self._lock:
             c = self.cache.get(key)
             if c is None:
@@ -110,7 +111,7 @@ class GraphFunction:
         """The graph compiled at every bucket size of its batch dim, with `dims`' other values
         (the batch dim's own value only picks the default sizes, at the first binding)."""
         d = self.batch_dim
-        key = tuple(sorted((k, v) for k, v in dims.items() if k in self.source.dims() and k != d))
+        key = tuple(sorted((k, v) for k, v in dims.items() if k in self.source_dims and k != d))
         with self._lock:
             b = self.buckets.get(key)
             if b is None:

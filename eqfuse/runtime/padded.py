@@ -22,7 +22,7 @@ fails the check is compiled per value instead (the compiler runs at each new val
 `padding` says why.
 
 Bucket values: `buckets={"sequence": [32, 64, 128]}`, or by default the first call's value
-rounded up to a power of two and the powers of four below it, down to 8 (`pad_sizes`). The first
+rounded up to a power of two and the powers of two below it, down to 16 (`pad_sizes`). The first
 call compiles every bucket (times the batch dim's buckets). A value above the largest bucket
 compiles one more, its power of two.
 """
@@ -44,12 +44,14 @@ Shape = tuple  # of ints and dim names
 
 def pad_sizes(first: int) -> list[int]:
     """Bucket values of a padded dim first bound to `first`: it rounded up to a power of two and
-    the powers of four below, down to 8 (100 -> 8, 32, 128; 16 -> 16). A value pads to at most 4x
-    (a power of four apart), and their count is what the first call compiles."""
+    the powers of two below, down to 16 (100 -> 16, 32, 64, 128; 16 -> 16; 5 -> 8). A length
+    pads to less than twice itself (or to 16), and their count is what the first call compiles:
+    BERT's 7 and 20 at powers of four (16, 64) ran 2.1-2.3x the time of their own compile
+    (benchmarks/bench_sequence.py), where a power of two costs at most 2x."""
     top = _pow2(first)
     sizes, b = {top}, top
-    while b // 4 >= 8:
-        b //= 4
+    while b // 2 >= 16:
+        b //= 2
         sizes.add(b)
     return sorted(sizes)
 
@@ -138,7 +140,7 @@ class PaddedFunction:
     def _first(self, named, values) -> None:
         """Check each padded dim's exactness, then compile every combination of bucket values."""
         for d in self.padded:
-            why = self._check(d, named, values)
+            why = self.padding.get(d) or self._check(d, named, values)  # (preset: padding is off)
             self.padding[d] = why or "exact"
             self.sizes[d] = self.sizes.get(d) or pad_sizes(values[d]) if not why else [values[d]]
         for key in itertools.product(*(self.sizes[d] for d in self.padded)):

@@ -1,0 +1,174 @@
+"""A dynamic sequence length from one compile (eqfuse.runtime.padded): real BERT and GPT-2 exports
+with dynamic batch and sequence axes, compiled without dims=, called at many (batch, sequence)
+pairs against torch; the compiler runs at the first call only while the length stays within the
+buckets. A model whose outputs read every position (a mean over the sequence) is compiled per
+value instead, and says why."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+import eqfuse
+from eqfuse.errors import ArgumentError, DimsNeeded
+from eqfuse.runtime.padded import pad_sizes
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def test_pad_sizes_are_a_power_of_two_and_the_powers_of_two_below_down_to_16():
+    assert pad_sizes(100) == [16, 32, 64, 128]
+    assert pad_sizes(128) == [16, 32, 64, 128]
+    assert pad_sizes(16) == [16]
+    assert pad_sizes(17) == [16, 32]
+    assert pad_sizes(5) == [8]
+    assert pad_sizes(1) == [1]
+
+
+def _export(name: str, tmp_path, pool: bool = False):
+    """(torch model, ONNX export with dynamic batch and sequence axes); pool: the output is the
+    mean over the sequence (no position of it is independent of the others)."""
+    import model_exports as me
+    import torch
+
+    model, names = me.torch_model(name)
+    if pool:
+        inner = model
+
+        class Pooled(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, ids, mask):
+                return self.inner(ids, mask).mean(dim=1)
+        model = Pooled().eval()
+    ids = torch.randint(0, me.VOCAB, (2, me.S))
+    path = tmp_path / f"{name}{'_pool' * pool}.onnx"
+    axes = {n: {0: "batch", 1: "sequence"} for n in names}
+    axes["y"] = {0: "batch"} if pool else {0: "batch", 1: "sequence"}
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (ids, torch.ones_like(ids)), str(path), input_names=list(names),
+                          output_names=["y"], opset_version=17, dynamo=False, dynamic_axes=axes)
+    return model, path
+
+
+def _feeds(b: int, s: int, seed: int = 0):
+    """input_ids and an attention mask whose last sequence ends in padding."""
+    import model_exports as me
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, me.VOCAB, (b, s)).astype(np.int64)
+    mask = np.ones((b, s), np.int64)
+    mask[-1, s - s // 3:] = 0
+    return ids, mask
+
+
+def _torch(model, ids, mask):
+    import torch
+
+    with torch.no_grad():
+        return model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_any_sequence_length_within_the_buckets_runs_without_compiling_again(name, tmp_path):
+    """BERT (its attention mask hides the padding) and GPT-2 (causal: no position reads a later
+    one) load without dims=; after the first call, every (batch, sequence) within the buckets
+    runs on the modules that call compiled, matching torch."""
+    pytest.importorskip("torch")
+    model, path = _export(name, tmp_path)
+    mod = eqfuse.compile(str(path), buckets={"sequence": [8, 16]})
+    assert "sequence padded to buckets chosen at the first call" in repr(mod) or "padded to 8, 16" in repr(mod)
+    assert mod.report["optimized"] is False and not mod.kernels
+    first = _feeds(2, 12)
+    np.testing.assert_allclose(mod(*first), _torch(model, *first), rtol=RTOL, atol=ATOL)
+    f = mod.default
+    assert f.padding == {"sequence": "exact"} and sorted(f.modules) == [(8,), (16,)]
+    assert "batch dim batch at any size; sequence padded to 8, 16" in repr(f)
+    assert mod.kernels and "kernel" in mod.graph
+    built = {k: id(m) for k, m in f.modules.items()}
+    for b, s in ((3, 9), (1, 16), (2, 5), (5, 8), (1, 1), (4, 13)):
+        ids, mask = _feeds(b, s, seed=s)
+        got = mod(input_ids=ids, attention_mask=mask)
+        assert got.shape == (b, s, 64) and got.flags.c_contiguous
+        np.testing.assert_allclose(got, _torch(model, ids, mask), rtol=RTOL, atol=ATOL)
+    assert {k: id(m) for k, m in f.modules.items()} == built  # nothing compiled since the first call
+    for m in f.modules.values():  # and no batch size compiled again inside a bucket
+        assert not m.default.cache
+    # above the largest bucket: one more bucket, the length's power of two
+    ids, mask = _feeds(2, 20)
+    np.testing.assert_allclose(mod(ids, mask), _torch(model, ids, mask), rtol=RTOL, atol=ATOL)
+    assert sorted(f.modules) == [(8,), (16,), (32,)] and f.sizes["sequence"] == [8, 16, 32]
+
+
+@pytest.mark.heavy
+def test_a_model_that_reads_every_position_is_compiled_per_length_and_says_why(tmp_path):
+    """The mean over the sequence counts padded positions: the first call's check on the
+    reference finds it, and each new length is compiled on its own (still right)."""
+    pytest.importorskip("torch")
+    model, path = _export("bert", tmp_path, pool=True)
+    mod = eqfuse.compile(str(path))
+    for b, s in ((2, 12), (1, 7), (2, 12)):
+        ids, mask = _feeds(b, s)
+        got = mod(ids, mask)
+        assert got.shape == (b, 64)
+        np.testing.assert_allclose(got, _torch(model, ids, mask), rtol=RTOL, atol=ATOL)
+    why = mod.default.padding["sequence"]
+    assert why.startswith("padding sequence from 9 to 12 with zeros changes output 0 at real positions"), why
+    assert sorted(mod.default.modules) == [(7,), (12,)]
+    assert "sequence compiled per value (padding sequence from 9 to 12" in repr(mod.default)
+
+
+@pytest.mark.heavy
+def test_bad_calls_and_arguments_of_a_padded_model_are_clear_errors(tmp_path):
+    pytest.importorskip("torch")
+    _, path = _export("bert", tmp_path)
+    with pytest.raises(ArgumentError, match="buckets= names 'seq', which is not a dimension of the model"):
+        eqfuse.compile(str(path), buckets={"seq": [8]})
+    with pytest.raises(ArgumentError, match="'sequence' expects a non-empty list of positive integers"):
+        eqfuse.compile(str(path), buckets={"sequence": [0]})
+    with pytest.raises(DimsNeeded, match="depends on named dims"):
+        eqfuse.compile(str(path), grad=["x"])
+    mod = eqfuse.compile(str(path), buckets={"sequence": [8]})
+    ids, mask = _feeds(2, 8)
+    with pytest.raises(ArgumentError, match="dimension sequence is 8 in one input and 7 in 'attention_mask'"):
+        mod(ids, mask[:, :7])
+    with pytest.raises(ArgumentError, match=r"'input_ids' expects rank 2 \['batch', 'sequence'\], got shape \[8\]"):
+        mod(ids[0], mask)
+    with pytest.raises(ArgumentError, match="takes 2 arrays"):
+        mod(ids)
+    with pytest.raises(ArgumentError, match="has no parameter 'ids'"):
+        mod(ids=ids, attention_mask=mask)
+    assert not mod.default.modules  # nothing compiled for a bad call
+
+
+@pytest.mark.heavy
+def test_buckets_off_compiles_each_length(tmp_path):
+    """buckets={} turns padding off: each new length (and batch size) compiles on its own."""
+    pytest.importorskip("torch")
+    model, path = _export("gpt2", tmp_path)
+    mod = eqfuse.compile(str(path), buckets={})
+    for b, s in ((1, 6), (1, 9)):
+        ids, mask = _feeds(b, s)
+        np.testing.assert_allclose(mod(ids, mask), _torch(model, ids, mask), rtol=RTOL, atol=ATOL)
+    assert sorted(mod.default.modules) == [(6,), (9,)] and mod.default.padding == {"sequence": "buckets={}"}
+
+
+@pytest.mark.heavy
+def test_the_command_line_says_how_to_bind_a_dim_the_import_needs(tmp_path):
+    """`eqfuse opt` on such a model without --dim: one error, exit 2, and how to bind the dims."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    _, path = _export("bert", tmp_path)
+    r = subprocess.run([sys.executable, "-m", "eqfuse", "opt", str(path)], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "depends on named dims" in r.stderr and "--dim NAME=N on the command line" in r.stderr, r.stderr
