@@ -69,15 +69,17 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         except DimsNeeded:  # some named dims only bound: compiled per bucket of them, at the first call
             if grad is not None:
                 raise
-            opts = dict(cost=cost, rules=rules, disable=disable, params=params, threads=threads, verify=verify,
-                        fuse=fuse, check_rules=False)
-            return _padded_module(src, dict(dims or {}), buckets, opts)
+            return _padded_module(src, dict(dims or {}), buckets, _opts(locals()))
         _check_dims(graphs, {k: v for k, v in (dims or {}).items() if k in {d for g in graphs for d in g.dims()}})
     else:
         graphs = load(src)
         _check_dims(graphs, dims)
     params = {**_onnx_weights(src, dims), **(params or {})}
     _check_param_names(graphs, params)
+    if grad is None and not _is_onnx(src) and _padded_dims(graphs, buckets, dims, params):
+        g = graphs[0]
+        fixed = _bind_params(g, {k: v for k, v in params.items() if k in dict(g.params)}, dict(dims or {}))
+        return _padded_module(src, fixed, buckets, _opts(locals()), graph=g)
     _check_buckets(graphs, buckets, dims, params)
     functions, reports, optimized = [], {}, []
     for g in graphs:
@@ -122,30 +124,53 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     return Module(functions, report, text)
 
 
-def _padded_module(src, dims: dict[str, int], buckets, opts) -> Module:
-    """An ONNX model that imports only with some named dims bound: the leading one stays a batch
-    dim, the others are padded to buckets at run time (eqfuse.runtime.padded)."""
-    from eqfuse.frontend.onnx_import import (
-        graph_name,
-        import_with_params,
-        input_dims,
-        input_shapes,
-    )
-    from eqfuse.runtime.padded import PaddedFunction
+def _opts(args: Mapping[str, Any]) -> dict[str, Any]:
+    """compile()'s options that a per-bucket compile repeats (its dims= and buckets= are its own)."""
+    return {k: args[k] for k in ("cost", "rules", "disable", "params", "threads", "verify", "fuse")} | {"check_rules": False}
 
-    _check_bucket_values(input_dims(src), buckets)
-    inputs = [(name, shape) for _, name, shape in input_shapes(src)]
+
+def _padded_module(src, dims: dict[str, int], buckets, opts, graph: Graph | None = None) -> Module:
+    """The model compiled per bucket of its named dims at run time (eqfuse.runtime.padded): an
+    ONNX model that imports only with some bound (the leading one stays a batch dim, the others are
+    padded), or `graph`, a .g graph whose buckets= name dims that are not batch dims."""
+    from eqfuse.runtime.padded import PaddedFunction
 
     def build(bucket: dict[str, int]) -> Module:
         batch = {k: v for k, v in (buckets or {}).items() if k not in bucket}  # the batch dim's sizes
         return compile(src, dims={**dims, **bucket}, buckets={} if buckets == {} else batch or None, **opts)
 
-    f = PaddedFunction(graph_name(src), inputs, dims, buckets or {}, build,
-                       lambda d: import_with_params(src, dims={**dims, **d}))
+    if graph is None:
+        from eqfuse.frontend.onnx_import import graph_name, import_with_params, input_dims, input_shapes
+
+        _check_bucket_values(input_dims(src), buckets)
+        inputs = [(name, shape) for _, name, shape in input_shapes(src)]
+        batch = next((s[0] for _, s in inputs if s and isinstance(s[0], str) and s[0] not in dims), None)
+        f = PaddedFunction(graph_name(src), inputs, dims, batch, buckets or {}, build,
+                           lambda d: import_with_params(src, dims={**dims, **d}))
+    else:
+        from eqfuse.ir.separable import batch_dims
+
+        params = opts["params"] or {}
+        inputs = [(n, t.shape) for n, t in graph.params if n not in params]
+        batch = next((d for d in batch_dims(graph, params)[0] if d not in dims and d not in buckets), None)
+        f = PaddedFunction(graph.name, inputs, dims, batch, buckets, build, lambda d: (graph, params))
+        f.padding = {d: "buckets= does not name it" for d in f.padded if d not in buckets}
     if buckets == {}:  # buckets={}: every binding compiled on its own, no padding
         f.sizes, f.padding = {}, {d: "buckets={}" for d in f.padded}
     return Module([f], {"optimized": False, "reason": f"{', '.join(f.padded)} bound per call: compiled per "
                         "bucket at the first call"}, lambda: f.last_module.graph if f.last_module else "")
+
+
+def _padded_dims(graphs: list[Graph], buckets, dims, params) -> list[str]:
+    """The dims that buckets= names and that are not batch dims, of a one-graph .g model (padded at
+    run time: eqfuse.runtime.padded); a multi-graph model's are refused by _check_buckets."""
+    if not buckets or len(graphs) != 1:
+        return []
+    from eqfuse.ir.separable import batch_dims
+
+    _check_bucket_values(graphs[0].dims(), buckets)
+    why = batch_dims(graphs[0], params)[1]
+    return [k for k in buckets if why.get(k) and k not in (dims or {})]
 
 
 def _lazy_grad(g: Graph, grad, params, dims, **opts):

@@ -225,14 +225,27 @@ def test_buckets_for_a_dim_that_params_fix_are_refused():
         eqfuse.compile(src, buckets={"B": [1, 2]}, params={"w": np.ones((3, 4), np.float32)})
 
 
-def test_a_dim_that_is_not_a_batch_dim_is_refused_with_the_reason():
+def test_buckets_for_a_dim_that_is_not_a_batch_dim_pad_it_when_exact_else_compile_per_value():
+    """buckets= naming a dim ops read across: padded (eqfuse.runtime.padded) when the reference
+    says zeros at the end change no real output, else compiled per value, saying why; a model of
+    several graphs refuses it with the reason."""
     src = "graph f(x: f32[B, 4]) -> f32[B, 4] { return softmax(x, axis=0) }"
-    with pytest.raises(ArgumentError, match="not a batch dimension of graph f: softmax acts along axis 0"):
-        eqfuse.compile(src, buckets={"B": [1, 2]})
-    mod = eqfuse.compile(src)  # by default such a dim is compiled per binding
-    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    mod = eqfuse.compile(src, buckets={"B": [1, 2]})
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
     e = np.exp(x - x.max(0))
     np.testing.assert_allclose(mod(x), e / e.sum(0), rtol=1e-6)
+    assert mod.default.padding["B"].startswith("padding B from 2 to 3 with zeros changes output 0"), mod.default.padding
+    assert sorted(mod.default.modules) == [(3,)]
+    causal = "graph f(x: f32[B, 4]) -> f32[B, 4] { return cumsum(x * 2, axis=0) }"
+    mod = eqfuse.compile(causal, buckets={"B": [4, 8]})
+    for n in (3, 8, 5, 1):
+        x = np.arange(4 * n, dtype=np.float32).reshape(n, 4)
+        np.testing.assert_allclose(mod(x), np.cumsum(x * 2, axis=0), rtol=1e-6)
+    assert mod.default.padding == {"B": "exact"} and sorted(mod.default.modules) == [(4,), (8,)]
+    two = src + "\ngraph g(y: f32[B, 4]) -> f32[B, 4] { return y * 2 }"
+    with pytest.raises(ArgumentError, match="not a batch dimension of graph f: softmax acts along axis 0"):
+        eqfuse.compile(two, buckets={"B": [1, 2]})
+    mod = eqfuse.compile(src)  # by default such a dim is compiled per binding
     assert mod.default.batch_dim is None
 
 

@@ -172,3 +172,26 @@ def test_the_command_line_says_how_to_bind_a_dim_the_import_needs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "eqfuse", "opt", str(path)], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "depends on named dims" in r.stderr and "--dim NAME=N on the command line" in r.stderr, r.stderr
+
+
+def test_a_g_graph_pads_a_dim_buckets_name_beside_its_batch_dim():
+    """A .g graph with a batch dim B and a sequence S that cumsum reads across (causally): buckets=
+    for S pads it; B stays a batch dim; an output without S is returned whole."""
+    src = """
+    graph f(x: f32[B, S, 8], w: f32[8, 8]) {
+        h = relu(x @ w)
+        return cumsum(h, axis=1), h * 2, sum(h, axis=1)
+    }
+    """
+    w = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    mod = eqfuse.compile(src, params={"w": w}, buckets={"S": [4, 16]})
+    for b, s in ((2, 10), (3, 3), (1, 16), (2, 7)):
+        x = np.random.default_rng(s).standard_normal((b, s, 8)).astype(np.float32)
+        h = np.maximum(x @ w, 0)
+        got = mod(x)
+        for g, want in zip(got, (np.cumsum(h, axis=1), 2 * h, h.sum(axis=1))):
+            assert g.shape == want.shape
+            np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5)
+    f = mod.default
+    assert f.batch_dim == "B" and f.padding == {"S": "exact"} and sorted(f.modules) == [(4,), (16,)]
+    assert f.out_axes["S"] == [(1,), (1,), ()]

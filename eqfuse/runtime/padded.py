@@ -66,14 +66,14 @@ class PaddedFunction:
     `build(dims)` compiles the model with those dims bound (a Module); `source(dims)` is the
     imported graph and its bound arrays at those dims, for the exactness check."""
 
-    def __init__(self, name: str, inputs: list[tuple[str, Shape]], fixed: Mapping[str, int],
+    def __init__(self, name: str, inputs: list[tuple[str, Shape]], fixed: Mapping[str, int], batch: str | None,
                  buckets: Mapping[str, list[int]], build: Callable, source: Callable):
         self.name = name
         self.inputs = inputs  # (parameter name, shape with dim names), in parameter order
         self.free = [n for n, _ in inputs]
         named = list(dict.fromkeys(d for _, s in inputs for d in s if isinstance(d, str) and d not in fixed))
-        self.batch_dim = next((s[0] for _, s in inputs if s and s[0] in named), None)
-        self.padded = [d for d in named if d != self.batch_dim]
+        self.batch_dim = batch  # left unbound: each compiled graph takes it at any size (runtime.buckets)
+        self.padded = [d for d in named if d != batch]
         self.sizes = {d: sorted({int(v) for v in buckets[d]}) for d in self.padded if d in buckets}
         self.batch_sizes = buckets.get(self.batch_dim) if self.batch_dim else None
         self._build, self._source = build, source
