@@ -195,3 +195,24 @@ def test_a_g_graph_pads_a_dim_buckets_name_beside_its_batch_dim():
     f = mod.default
     assert f.batch_dim == "B" and f.padding == {"S": "exact"} and sorted(f.modules) == [(4,), (16,)]
     assert f.out_axes["S"] == [(1,), (1,), ()]
+
+
+@pytest.mark.heavy
+def test_a_dynamo_export_with_dynamic_batch_and_sequence(tmp_path):
+    """torch.onnx.export(dynamo=True) with dynamic_shapes for batch and sequence: the same path."""
+    torch = pytest.importorskip("torch")
+    import model_exports as me
+
+    model, names = me.torch_model("gpt2")
+    ids = torch.randint(0, me.VOCAB, (2, 16))
+    dims = {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("sequence", min=2, max=64)}
+    path = tmp_path / "gpt2_dynamo.onnx"
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (ids, torch.ones_like(ids)), str(path), input_names=list(names), output_names=["y"],
+                          dynamo=True, dynamic_shapes={n: dims for n in names})
+    mod = eqfuse.compile(str(path))
+    for b, s in ((2, 12), (3, 7), (1, 16)):
+        ids, mask = _feeds(b, s)
+        np.testing.assert_allclose(mod(ids, mask), _torch(model, ids, mask), rtol=RTOL, atol=ATOL)
+    assert mod.default.padding == {"sequence": "exact"} and sorted(mod.default.modules) == [(16,)]
