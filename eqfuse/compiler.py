@@ -15,7 +15,7 @@ import numpy as np
 from eqfuse import progress
 from eqfuse.backend.lower import format_uops, lower_graph
 from eqfuse.errors import ArgumentError, DimsNeeded, EqfuseError
-from eqfuse.frontend.load import load
+from eqfuse.frontend.load import load, load_with_weights
 from eqfuse.ir.graph import Graph, bind_dims, oversized
 from eqfuse.ir.printer import kernel_text, module_text
 from eqfuse.ir.reference import bind_arrays
@@ -63,18 +63,19 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         # against the named dims of its inputs first
         from eqfuse.frontend.onnx_import import input_dims
 
-        _check_dim_values(input_dims(src), dims)
+        if dims:
+            _check_dim_values(input_dims(src), dims)
         try:
-            graphs = load(src, dims)
+            graphs, weights = load_with_weights(src, dims)
         except DimsNeeded:  # some named dims only bound: compiled per bucket of them, at the first call
             if grad is not None:
                 raise
             return _padded_module(src, dict(dims or {}), buckets, _opts(locals()))
         _check_dims(graphs, {k: v for k, v in (dims or {}).items() if k in {d for g in graphs for d in g.dims()}})
     else:
-        graphs = load(src)
+        graphs, weights = load(src), {}
         _check_dims(graphs, dims)
-    params = {**_onnx_weights(src, dims), **(params or {})}
+    params = {**weights, **(params or {})}
     _check_param_names(graphs, params)
     if grad is None and not _is_onnx(src) and _padded_dims(graphs, buckets, dims, params):
         g = graphs[0]
@@ -140,13 +141,16 @@ def _padded_module(src, dims: dict[str, int], buckets, opts, graph: Graph | None
         return compile(src, dims={**dims, **bucket}, buckets={} if buckets == {} else batch or None, **opts)
 
     if graph is None:
-        from eqfuse.frontend.onnx_import import graph_name, import_with_params, input_dims, input_shapes
+        from eqfuse.frontend.onnx_inputs import _load, graph_name, input_dims, input_shapes
+        from eqfuse.frontend.onnx_import import import_with_params
 
-        _check_bucket_values(input_dims(src), buckets)
-        inputs = [(name, shape) for _, name, shape in input_shapes(src)]
+        proto = _load(src)  # read once here (not kept: BERT-base's is 440 MB)
+        _check_bucket_values(input_dims(proto), buckets)
+        inputs = [(name, shape) for _, name, shape in input_shapes(proto)]
         batch = next((s[0] for _, s in inputs if s and isinstance(s[0], str) and s[0] not in dims), None)
-        f = PaddedFunction(graph_name(src), inputs, dims, batch, buckets or {}, build,
+        f = PaddedFunction(graph_name(proto), inputs, dims, batch, buckets or {}, build,
                            lambda d: import_with_params(src, dims={**dims, **d}))
+        del proto
     else:
         from eqfuse.ir.separable import batch_dims
 

@@ -27,6 +27,20 @@ def read_source(src: str | os.PathLike) -> tuple[str | bytes, str]:
     return src, "<string>"
 
 
+def load_with_weights(src: str | os.PathLike, dims: Mapping[str, int] | None = None) -> tuple[list[Graph], dict]:
+    """load(), and an ONNX model's weights (its initializers, bound as params by default) from the
+    same import: reading BERT-base's 440 MB file and importing it cost 0.45 s a time."""
+    if isinstance(src, (str, os.PathLike)) and str(src).endswith(".onnx") and "\n" not in str(src):
+        from eqfuse.frontend.onnx_import import import_model
+
+        path = Path(src)
+        if path.is_dir():
+            raise EqfuseError(f"{path} is a directory, not a model file")
+        imp = import_model(path, dims=dims)
+        return [imp.graph], imp.params
+    return load(src, dims), {}
+
+
 def load(src: str | os.PathLike, dims: Mapping[str, int] | None = None) -> list[Graph]:
     """Parse and check every graph of a model (a .g path, source text, or an .onnx path). `dims`
     binds an ONNX model's symbolic dims at import (a .g model's are bound later, by compile)."""

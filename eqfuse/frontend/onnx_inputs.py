@@ -38,7 +38,7 @@ def input_dims(model) -> list[str]:
     proto = _load(model)
     init = {t.name for t in proto.graph.initializer}
     raw = [d.dim_param for vi in proto.graph.input if vi.name not in init for d in vi.type.tensor_type.shape.dim]
-    named = [d for _, _, shape in input_shapes(model) for d in shape if isinstance(d, str)]
+    named = [d for _, _, shape in input_shapes(proto) for d in shape if isinstance(d, str)]
     return list(dict.fromkeys(named + [d for d in raw if d]))
 
 
