@@ -20,13 +20,13 @@ from eqfuse.runtime.padded import pad_sizes
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def test_pad_sizes_are_a_power_of_two_and_the_powers_of_two_below_down_to_16():
+def test_pad_sizes_are_the_powers_of_two_from_16_up_to_the_first_value_and_at_least_128():
     assert pad_sizes(100) == [16, 32, 64, 128]
     assert pad_sizes(128) == [16, 32, 64, 128]
-    assert pad_sizes(16) == [16]
-    assert pad_sizes(17) == [16, 32]
-    assert pad_sizes(5) == [8]
-    assert pad_sizes(1) == [1]
+    assert pad_sizes(16) == [16, 32, 64, 128]
+    assert pad_sizes(300) == [16, 32, 64, 128, 256, 512]
+    assert pad_sizes(5) == [8, 16, 32, 64, 128]
+    assert pad_sizes(1) == [1, 16, 32, 64, 128]
 
 
 def _export(name: str, tmp_path, pool: bool = False):
@@ -215,4 +215,10 @@ def test_a_dynamo_export_with_dynamic_batch_and_sequence(tmp_path):
     for b, s in ((2, 12), (3, 7), (1, 16)):
         ids, mask = _feeds(b, s)
         np.testing.assert_allclose(mod(ids, mask), _torch(model, ids, mask), rtol=RTOL, atol=ATOL)
-    assert mod.default.padding == {"sequence": "exact"} and sorted(mod.default.modules) == [(16,)]
+    f = mod.default  # the default buckets up to 128; GPT-2's 64 positions refuse 128 (a gather out of range)
+    assert f.padding == {"sequence": "exact"} and sorted(f.modules) == [(16,), (32,), (64,)]
+    assert f.limits["sequence"].startswith("sequence=128: ") and "out of range" in f.limits["sequence"], f.limits
+    assert "sequence padded to 16, 32, 64 (not sequence=128: the model refuses it)" in repr(f)
+    ids, mask = _feeds(2, 50)  # no compiler: padded to 64
+    np.testing.assert_allclose(mod(ids, mask), _torch(model, ids, mask), rtol=RTOL, atol=ATOL)
+    assert sorted(f.modules) == [(16,), (32,), (64,)]

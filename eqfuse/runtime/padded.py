@@ -21,10 +21,10 @@ r, against those computed with positions r.. padded with zeros, at the call's le
 fails the check is compiled per value instead (the compiler runs at each new value), and
 `padding` says why.
 
-Bucket values: `buckets={"sequence": [32, 64, 128]}`, or by default the first call's value
-rounded up to a power of two and the powers of two below it, down to 16 (`pad_sizes`). The first
-call compiles every bucket (times the batch dim's buckets). A value above the largest bucket
-compiles one more, its power of two.
+Bucket values: `buckets={"sequence": [32, 64, 128]}`, or by default the powers of two from 16 up
+to the first call's value rounded up to one, and at least to 128 (`pad_sizes`). The first call
+compiles every bucket (times the batch dim's buckets), and drops one the model refuses (BERT
+with 64 positions at 128). A value above the largest bucket compiles one more, its power of two.
 """
 
 from __future__ import annotations
@@ -35,21 +35,25 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from eqfuse.errors import ArgumentError
+from eqfuse.errors import ArgumentError, EqfuseError
 from eqfuse.ir.reference import call_arrays, evaluate
 from eqfuse.runtime.verify import compare
 
 Shape = tuple  # of ints and dim names
 
 
+DEFAULT_TOP = 128  # the default buckets reach at least this length (a transformer's usual range)
+
+
 def pad_sizes(first: int) -> list[int]:
-    """Bucket values of a padded dim first bound to `first`: it rounded up to a power of two and
-    the powers of two below, down to 16 (100 -> 16, 32, 64, 128; 16 -> 16; 5 -> 8). A length
-    pads to less than twice itself (or to 16), and their count is what the first call compiles:
-    BERT's 7 and 20 at powers of four (16, 64) ran 2.1-2.3x the time of their own compile
-    (benchmarks/bench_sequence.py), where a power of two costs at most 2x."""
-    top = _pow2(first)
-    sizes, b = {top}, top
+    """Bucket values of a padded dim first bound to `first`: the powers of two from 16 up to
+    `first` rounded up to one, and at least up to 128 (100 -> 16, 32, 64, 128; 300 -> 16 ... 512;
+    5 -> 8, 16, 32, 64, 128). A length pads to less than twice itself (or to 16), and their count
+    is what the first call compiles: BERT's 7 and 20 at powers of four (16, 64) ran 2.1-2.3x the
+    time of their own compile (benchmarks/bench_sequence.py), where a power of two costs at most
+    2x. A bucket the model cannot take (BERT's 64 positions at 128) is dropped at the first call."""
+    top = max(_pow2(first), DEFAULT_TOP)
+    sizes, b = {top, _pow2(first)}, top
     while b // 2 >= 16:
         b //= 2
         sizes.add(b)
@@ -79,6 +83,7 @@ class PaddedFunction:
         self._build, self._source = build, source
         self.modules: dict[tuple[int, ...], object] = {}  # bucket values of the padded dims -> Module
         self.padding: dict[str, str] = {}  # padded dim -> "exact", or why it is compiled per value
+        self.limits: dict[str, str] = {}  # padded dim -> the first default bucket the model refused
         self.out_axes: dict[str, list[tuple[int, ...]]] = {}  # padded dim -> its axes in each output
         self.last = None  # the GraphFunction of the last call's bucket (Module.kernels reads it)
         self.last_module = None
@@ -120,31 +125,46 @@ class PaddedFunction:
         return values
 
     def _bucket(self, d: str, v: int) -> int:
-        """The bucket value a call with d = v runs at (a new largest bucket above the others)."""
+        """The bucket value a call with d = v runs at: the smallest that holds v, or v's power of
+        two above them all (compiled by _module, and then one of them)."""
         if self.padding[d] != "exact":
             return v
-        sizes = self.sizes[d]
-        if v > sizes[-1]:
-            sizes.append(_pow2(v))
-        return next(s for s in sizes if s >= v)
+        return next((s for s in self.sizes[d] if s >= v), _pow2(v))
 
     def _module(self, key: tuple[int, ...], named, values):
         mod = self.modules.get(key)
         if mod is None:
             bucket = dict(zip(self.padded, key))
-            mod = self.modules[key] = self._build(bucket)
+            mod = self._build(bucket)
             mod(*(self._fit(named[n], s, bucket, values) for n, s in self.inputs))  # compiles its batch buckets
+            self.modules[key] = mod
+            for d, v in bucket.items():
+                if self.padding[d] == "exact" and v not in self.sizes[d]:
+                    self.sizes[d] = sorted(self.sizes[d] + [v])
         self.last_module, self.last = mod, mod.default.last
         return mod
 
     def _first(self, named, values) -> None:
-        """Check each padded dim's exactness, then compile every combination of bucket values."""
+        """Check each padded dim's exactness, then compile every combination of bucket values.
+        A bucket above the call's own that the model refuses (it imports or runs only up to its
+        number of positions) is dropped, and `limits` says why."""
         for d in self.padded:
             why = self.padding.get(d) or self._check(d, named, values)  # (preset: padding is off)
             self.padding[d] = why or "exact"
             self.sizes[d] = self.sizes.get(d) or pad_sizes(values[d]) if not why else [values[d]]
-        for key in itertools.product(*(self.sizes[d] for d in self.padded)):
-            self._module(key, named, values)
+        needed = {d: self._bucket(d, values[d]) for d in self.padded}
+        for key in itertools.product(*(list(self.sizes[d]) for d in self.padded)):
+            if any(k not in self.sizes[d] for d, k in zip(self.padded, key)):
+                continue  # a dropped bucket
+            try:
+                self._module(key, named, values)
+            except EqfuseError as e:
+                over = [(d, k) for d, k in zip(self.padded, key) if k > needed[d]]
+                if not over:
+                    raise
+                d, k = over[-1]
+                self.sizes[d] = [s for s in self.sizes[d] if s < k]
+                self.limits[d] = f"{d}={k}: {e.message}"
 
     # ------------------------------------------------------------ padding
 
@@ -205,7 +225,8 @@ class PaddedFunction:
         parts = [f"batch dim {self.batch_dim} at any size"] if self.batch_dim else []
         for d in self.padded:
             state = self.padding.get(d)
-            parts.append(f"{d} padded to {', '.join(map(str, self.sizes[d]))}" if state == "exact" else
+            limit = f" (not {self.limits[d].split(':')[0]}: the model refuses it)" if d in self.limits else ""
+            parts.append(f"{d} padded to {', '.join(map(str, self.sizes[d]))}{limit}" if state == "exact" else
                          f"{d} compiled per value ({state})" if state else f"{d} padded to buckets chosen at the first call")
         return f"<eqfuse function {self.name}({', '.join(self.free)}): {'; '.join(parts)}>"
 
