@@ -339,3 +339,14 @@ def test_bucket_times_measured_at_the_first_call(monkeypatch, long_run):
     assert b.cost != modelled and all(0 < t < 1 for t in b.cost.values())
     for n in range(1, 30):
         assert sum(c.count for c in b.schedule(n)) == n
+
+
+def test_a_batch_below_every_bucket_pads_to_the_smallest():
+    """Found by hypothesis (tests/test_padded.py): buckets 4 and 8 and a batch of 1 or 3 (no bucket
+    at or below it) pad to 4; it raised ValueError."""
+    src = "graph f(x: f32[B, 5]) -> f32[B, 5] { return relu(x) * 2 }"
+    mod = eqfuse.compile(src, buckets={"B": [4, 8]})
+    for n in (1, 3, 13):
+        x = np.random.default_rng(n).standard_normal((n, 5)).astype(np.float32)
+        np.testing.assert_allclose(mod(x), np.maximum(x, 0) * 2)
+    assert not mod.default.cache

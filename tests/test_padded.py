@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_random_compile import random_model
 
 import eqfuse
 from eqfuse.errors import ArgumentError, DimsNeeded
@@ -222,3 +226,36 @@ def test_a_dynamo_export_with_dynamic_batch_and_sequence(tmp_path):
     ids, mask = _feeds(2, 50)  # no compiler: padded to 64
     np.testing.assert_allclose(mod(ids, mask), _torch(model, ids, mask), rtol=RTOL, atol=ATOL)
     assert sorted(f.modules) == [(16,), (32,), (64,)]
+
+
+@pytest.mark.heavy
+@settings(max_examples=10, deadline=None)
+@given(random_model(), st.lists(st.integers(1, 20), min_size=2, max_size=4))
+def test_random_graphs_padded_or_per_value_match_the_reference(src, sizes):
+    """tests/test_random_compile.py's random graphs with their rows a named dim S that buckets=
+    names: S is padded when the reference finds zeros at the end change no real output (rows on
+    their own: a batch dim instead; a sum over rows whose padded terms are 0), else compiled per
+    value. Whatever was decided, every length (above the buckets too) matches the reference."""
+    from helpers import rand_inputs
+
+    from eqfuse.frontend.load import load
+    from eqfuse.ir.graph import bind_dims
+    from eqfuse.ir.reference import evaluate
+
+    n = int(re.search(r"a: f32\[(\d+),", src).group(1))
+    src = src.replace(f"f32[{n}, ", "f32[S, ")
+    g = load(src)[0]
+    mod = eqfuse.compile(src, buckets={"S": [4, 8]})
+    for s in sizes:
+        xs = rand_inputs(bind_dims(g, {"S": s}), seed=s)
+        got = mod(*xs)
+        got = got if isinstance(got, tuple) else (got,)
+        for x, y in zip(got, evaluate(g, xs)):
+            np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-4)
+    f = mod.default
+    if getattr(f, "padding", None) == {"S": "exact"}:
+        assert set(f.modules) <= {(4,), (8,), (16,), (32,)}
+    elif hasattr(f, "padding"):
+        assert f.padding["S"].startswith("padding S from") and set(f.modules) == {(s,) for s in sizes}
+    else:  # rows on their own: a batch dim, chunked
+        assert f.batch_dim == "S" and not f.cache

@@ -107,10 +107,11 @@ class Bucketed:
             return self._memo[r]
         up = min(b for b in self.sizes if b >= r)
         best = (self.cost[up], ((r, up),))
-        down = max(b for b in self.sizes if b <= r)
-        t, rest = self._rest(r - down)
-        if self.cost[down] + t < best[0]:
-            best = (self.cost[down] + t, ((down, down),) + rest)
+        down = max((b for b in self.sizes if b <= r), default=None)  # (None: r is below every bucket)
+        if down is not None:
+            t, rest = self._rest(r - down)
+            if self.cost[down] + t < best[0]:
+                best = (self.cost[down] + t, ((down, down),) + rest)
         self._memo[r] = best
         return best
 
