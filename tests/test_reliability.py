@@ -70,3 +70,34 @@ def test_a_huge_tensor_type_is_refused_at_check(capsys, tmp_path):
     assert main(["check", str(model)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"{model}:1:12: error: a tensor of 10000000000000000000000 elements is too large"), err
+
+
+def test_two_threads_compile_at_once(tmp_path, monkeypatch):
+    """Two threads of one process compiling at once (cold cache): the egglog e-graph each
+    optimizer keeps for its rules is its own thread's (egglog's EGraph panics when used from
+    another thread: "EGraph is unsendable"), and the C build never changes the working directory
+    (a relative path read meanwhile still reads the right file)."""
+    import threading
+
+    monkeypatch.setenv("EQFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    srcs = {k: f"graph f(x: f32[4, 8]) -> f32[4, 8] {{ return relu(x * {k}) + {k} }}\n" for k in (2, 3)}
+    for k, s in srcs.items():
+        (tmp_path / f"m{k}.g").write_text(s)
+    results, errors = {}, []
+
+    def work(k):
+        try:
+            for _ in range(2):
+                mod = eqfuse.compile(f"m{k}.g")  # a relative path, read while the other thread builds C
+            results[k] = mod(np.ones((4, 8), np.float32))
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(repr(e))
+    threads = [threading.Thread(target=work, args=(k,)) for k in srcs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for k in srcs:
+        np.testing.assert_allclose(results[k], np.full((4, 8), k + k, np.float32))

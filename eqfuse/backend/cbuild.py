@@ -25,7 +25,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -319,34 +318,37 @@ def build(source: str, cdef: str, name_hint: str = "k", *, extra_flags: tuple[st
     return Built(mod.ffi, mod.lib, final, cached)
 
 
-# ffi.compile() changes the process's working directory while it runs, so two threads of one
-# process must not compile at once (other processes are fine: each has its own cwd).
-_COMPILE_IN_PROCESS = threading.Lock()
-
-
 def _compile(name: str, source: str, cdef: str, root: Path, final: Path, digest: Path, extra_flags) -> None:
+    """Build the library in a fresh directory under `root` with setuptools' compiler object, as
+    ffi.compile() would (Python's own CFLAGS, and CC, CFLAGS, LDSHARED, ... from the environment),
+    without changing the working directory: ffi.compile() did (its build runs in its tmpdir), so
+    two threads of one process could not compile at once, and a thread reading a relative path
+    while another compiled read the wrong file."""
+    from cffi.recompiler import make_c_source
+    from setuptools._distutils.ccompiler import new_compiler
+    from setuptools._distutils.sysconfig import customize_compiler
+
     ffi = cffi.FFI()
     ffi.cdef(cdef)
-    ffi.set_source(name, source, extra_compile_args=list(compiler_flags(extra_flags)),
-                   extra_link_args=list(link_flags()))
     tmp = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=root))
     try:
-        import contextlib
-        import io
-
-        log = io.StringIO()
+        c_file = tmp / f"{name}.c"
+        make_c_source(ffi, name, source, str(c_file), verbose=False)
+        cc = new_compiler()
+        customize_compiler(cc)
+        built = tmp / (name + _suffix())
         try:
-            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-                with _COMPILE_IN_PROCESS:
-                    built = ffi.compile(tmpdir=str(tmp), verbose=False)
-        except Exception as e:  # cffi wraps the compiler's failure in several exception types
+            objs = cc.compile([str(c_file)], output_dir=str(tmp), include_dirs=[sysconfig.get_paths()["include"]],
+                              extra_postargs=list(compiler_flags(extra_flags)))
+            cc.link_shared_object(objs, str(built), extra_postargs=list(link_flags()))
+        except Exception as e:  # the compiler's failure: setuptools' CompileError or LinkError, by version from different modules
             msg = _compiler_message(tmp, name, extra_flags) or str(e)
             raise CompileError("the C compiler failed on generated code:\n" + msg) from None
         # the source is kept beside the library, for `eqfuse emit` and for debugging
         (tmp / "source.c").write_text(source)
         # the digest first: a reader that sees the new library sees its digest
-        (tmp / "sha256").write_text(_digest(Path(built)) + "\n")
-        for f in (tmp / "source.c", tmp / "sha256", Path(built)):
+        (tmp / "sha256").write_text(_digest(built) + "\n")
+        for f in (tmp / "source.c", tmp / "sha256", built):
             os.chmod(f, 0o644)  # whatever the umask: nobody else may change what is loaded
         os.replace(tmp / "source.c", root / f"{name}.c")
         os.replace(tmp / "sha256", digest)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 
 from lark import Lark, Token
@@ -29,7 +30,21 @@ def data_dir(name: str) -> Path:
     return installed if installed.is_dir() else package.parent / name
 
 
-@functools.lru_cache(maxsize=None)
+def per_thread(make):
+    """functools.cache with one cache per thread: a lark parser's post-lexer keeps state while it
+    parses (the brackets still open), so two threads parsing at once must not share one."""
+    local = threading.local()
+
+    @functools.wraps(make)
+    def get(*args):
+        cache = local.__dict__.setdefault("cache", {})
+        if args not in cache:
+            cache[args] = make(*args)
+        return cache[args]
+    return get
+
+
+@per_thread
 def lark_parser(grammar: str, start: str = "module") -> Lark:
     text = (data_dir("grammar") / grammar).read_text()
     return Lark(text, parser="lalr", start=start, postlex=NewlinePostLexer(), maybe_placeholders=False,

@@ -32,6 +32,7 @@ Encoding (written down because extraction and every rule depend on it):
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -345,7 +346,15 @@ def constructors(text: str) -> int:
     return max(0, n - 2)
 
 
-_BASES: dict[tuple, _Base] = {}
+# The bases of this thread: an egglog e-graph may only be used by the thread that made it (pyo3
+# panics otherwise: "EGraph is unsendable"), so two threads compiling at once each keep their own.
+_LOCAL = threading.local()
+
+
+def _bases() -> dict[tuple, _Base]:
+    if not hasattr(_LOCAL, "bases"):
+        _LOCAL.bases = {}
+    return _LOCAL.bases
 
 
 class EGraph:
@@ -353,18 +362,19 @@ class EGraph:
 
     def __init__(self, graph: Graph, rules: Iterable[Rule], phase_of=None):
         """`phase_of(rule)` names the ruleset each rule goes into (default: all in one, RULESET).
-        The declarations and compiled rules are kept (_BASES) and reused for the next graph with
+        The declarations and compiled rules are kept (_bases()) and reused for the next graph with
         the same rules: the graph goes in above an egglog `push`, and `close()` pops it."""
         rules = list(rules)
         arities = frozenset(len(n.args) for n in graph.nodes if n.op == "concat")
         key = (tuple((rule_key(r), r.text, phase_of(r) if phase_of else RULESET) for r in rules), arities)
-        base = _BASES.get(key)
+        bases = _bases()
+        base = bases.get(key)
         if base is None or base.in_use:
             base = _Base(rules, phase_of, arities)
-            if key not in _BASES or not _BASES[key].in_use:
-                _BASES[key] = base
-                while len(_BASES) > 8:
-                    _BASES.pop(next(iter(_BASES)))
+            if key not in bases or not bases[key].in_use:
+                bases[key] = base
+                while len(bases) > 8:
+                    bases.pop(next(iter(bases)))
         base.in_use = True
         self._base = base
         self.eg = base.eg

@@ -16,7 +16,6 @@ on their meaning beyond the field comments:
 from __future__ import annotations
 
 import difflib
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -31,6 +30,7 @@ from eqfuse.frontend.parser import (
     SourceText,
     ToAst,
     decode_source,
+    per_thread,
     syntax_error,
 )
 from eqfuse.ir.ops import INFIX, OPS, REQUIRED, normalize_attr
@@ -229,7 +229,7 @@ class RulesToAst(ToAst):
         return [x for x in c if isinstance(x, RuleAst)]
 
 
-@functools.lru_cache(maxsize=None)
+@per_thread
 def _lark():
     from lark import Lark
 
