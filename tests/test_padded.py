@@ -259,3 +259,21 @@ def test_random_graphs_padded_or_per_value_match_the_reference(src, sizes):
         assert f.padding["S"].startswith("padding S from") and set(f.modules) == {(s,) for s in sizes}
     else:  # rows on their own: a batch dim, chunked
         assert f.batch_dim == "S" and not f.cache
+
+
+@pytest.mark.heavy
+def test_bad_arrays_at_the_first_call_are_clear_errors_before_anything_compiles(tmp_path):
+    """The first call's padding check runs the reference: a wrong dtype or a token id past the
+    vocabulary is an ArgumentError there, not a numpy exception."""
+    pytest.importorskip("torch")
+    _, path = _export("bert", tmp_path)
+    mod = eqfuse.compile(str(path), buckets={"sequence": [16]})
+    ids, mask = _feeds(2, 12)
+    with pytest.raises(ArgumentError, match="'input_ids' expects dtype int64 .*, got float32"):
+        mod(ids.astype(np.float32), mask)
+    with pytest.raises(ArgumentError, match="'attention_mask' expects dtype int64 .*, got bool"):
+        mod(ids, mask.astype(bool))
+    with pytest.raises(ArgumentError, match="reference fails on this call.s inputs .IndexError: index 10\d\d is out of bounds"):
+        mod(ids + 1000, mask)
+    assert not mod.default.modules
+    np.testing.assert_equal(mod(ids, mask).shape, (2, 12, 64))

@@ -36,7 +36,8 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from eqfuse.errors import ArgumentError, EqfuseError
-from eqfuse.ir.reference import call_arrays, evaluate
+from eqfuse.ir.graph import Graph
+from eqfuse.ir.reference import bind_arrays, call_arrays, evaluate
 from eqfuse.runtime.verify import compare
 
 Shape = tuple  # of ints and dim names
@@ -203,7 +204,13 @@ class PaddedFunction:
                 return f"the model does not import at {d}={at} ({e})"
             ins = {n: self._fit(self._fit(named[n], shape, {d: r}, values), shape, to, {**values, d: r})
                    for n, shape in self.inputs}
-            runs.append(evaluate(g, [params[n] if n in params else ins[n] for n, _ in g.params]))
+            free = [(i, n) for i, (n, _) in zip(g.inputs, g.params) if n not in params]
+            bind_arrays(Graph(g.name, list(g.nodes), [i for i, _ in free], []), [ins[n] for _, n in free], {})
+            try:
+                runs.append(evaluate(g, [params[n] if n in params else ins[n] for n, _ in g.params]))
+            except (IndexError, ValueError, FloatingPointError) as e:  # e.g. a token id past the vocabulary
+                raise ArgumentError(f"{self.name}(): the model's numpy reference fails on this call's inputs "
+                                    f"({type(e).__name__}: {e})") from None
         axes = []
         for k, (a, b) in enumerate(zip(*runs)):
             if a.ndim != b.ndim:
