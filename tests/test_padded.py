@@ -273,7 +273,7 @@ def test_bad_arrays_at_the_first_call_are_clear_errors_before_anything_compiles(
         mod(ids.astype(np.float32), mask)
     with pytest.raises(ArgumentError, match="'attention_mask' expects dtype int64 .*, got bool"):
         mod(ids, mask.astype(bool))
-    with pytest.raises(ArgumentError, match="reference fails on this call.s inputs .IndexError: index 10\d\d is out of bounds"):
+    with pytest.raises(ArgumentError, match=r"reference fails on this call.s inputs .IndexError: index 10\d\d is out of bounds"):
         mod(ids + 1000, mask)
     assert not mod.default.modules
     np.testing.assert_equal(mod(ids, mask).shape, (2, 12, 64))
