@@ -80,7 +80,6 @@ class PaddedFunction:
         self.batch_dim = batch  # left unbound: each compiled graph takes it at any size (runtime.buckets)
         self.padded = [d for d in named if d != batch]
         self.sizes = {d: sorted({int(v) for v in buckets[d]}) for d in self.padded if d in buckets}
-        self.batch_sizes = buckets.get(self.batch_dim) if self.batch_dim else None
         self._build, self._source = build, source
         self.modules: dict[tuple[int, ...], object] = {}  # bucket values of the padded dims -> Module
         self.padding: dict[str, str] = {}  # padded dim -> "exact", or why it is compiled per value
