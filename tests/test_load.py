@@ -43,6 +43,17 @@ def test_free_cores_leave_out_other_processes(monkeypatch):
     assert load.threads_now(1) == 1
 
 
+def test_one_thread_asked_reads_nothing(monkeypatch):
+    # the read costs up to 300 µs after a long call; one thread needs no count of the others
+    def no_read():
+        raise AssertionError("free_cores read /proc for a one-thread call")
+
+    monkeypatch.setattr(load, "free_cores", no_read)
+    assert load.threads_now(1) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert load.threads_now(None) == 1
+
+
 def test_a_busy_process_alongside_leaves_results_unchanged():
     # the call runs with fewer threads while another process spins; its result is the same
     src = "graph g(x: f32[64, 256], w: f32[256, 256]) -> f32[64, 256] { return relu(x @ w) }"
