@@ -24,7 +24,8 @@ import os
 import threading
 import time
 
-INTERVAL = 0.01  # seconds between two reads of the system's running tasks
+INTERVAL = 0.05  # seconds between two reads of the running tasks: a load that comes and goes
+# faster than this is not followed; at 300 µs a read, a 10 ms call pays 0.6% on average
 
 _lock = threading.Lock()
 _last = [0.0, 0]  # (time of the last read, free cores then)
