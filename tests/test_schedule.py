@@ -123,6 +123,23 @@ def test_time_limit_zero_still_returns_a_correct_graph():
     assert_same(g, r.graph, {"B": 2})
 
 
+def test_time_limit_zero_on_an_exported_bert():
+    # an exporter's graph has unnamed scalar constants (a mask's -3.4e38, layernorm's epsilon):
+    # every op its own kernel must write them inside the kernel (its text crashed on them once)
+    import model_exports as me
+
+    from eqfuse.frontend.onnx_import import import_with_params
+    from eqfuse.ir.printer import graph_text
+    from eqfuse.ir.reference import evaluate
+
+    g, params = import_with_params(str(me.export("bert", "torchscript")))
+    r = optimize_graph(g, time_limit=0)
+    assert r.report["stop_reason"] == "time_limit" and "kernel" in graph_text(r.graph)
+    feeds = me.inputs("bert")
+    xs = [params[n] if n in params else feeds[n] for n, _ in g.params]
+    assert_same_values(evaluate(r.graph, xs), evaluate(g, xs))
+
+
 def test_wide_concat_is_one_layout_kernel():
     n = 40
     params = ", ".join(f"x{i}: f32[2, 3]" for i in range(n))

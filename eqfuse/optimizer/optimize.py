@@ -133,11 +133,15 @@ def singletons(g: Graph) -> Graph:
             continue
         body = Graph("kernel")
         local = {}
-        for a in dict.fromkeys(n.args):
-            local[a] = body.add(Node("input", type=g.nodes[a].type, name=g.nodes[a].name))
-            body.inputs.append(local[a])
+        args = [a for a in dict.fromkeys(n.args) if g.nodes[a].op != "const"]
+        for a in dict.fromkeys(n.args):  # a constant is written inside the kernel, as fusion does
+            c = g.nodes[a].op == "const"
+            local[a] = body.add(replace(g.nodes[a], name=None) if c else
+                                Node("input", type=g.nodes[a].type, name=g.nodes[a].name))
+            if not c:
+                body.inputs.append(local[a])
         body.outputs = [body.add(replace(n, args=tuple(local[a] for a in n.args), name=None))]
-        nodes[i] = Node("kernel", tuple(dict.fromkeys(n.args)), (), n.type, name=n.name, pos=n.pos, body=body)
+        nodes[i] = Node("kernel", tuple(args), (), n.type, name=n.name, pos=n.pos, body=body)
     return Graph(g.name, nodes, list(g.inputs), list(g.outputs), g.pos)
 
 
