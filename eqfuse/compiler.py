@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
@@ -21,6 +22,10 @@ from eqfuse.ir.printer import kernel_text, module_text
 from eqfuse.ir.reference import bind_arrays
 from eqfuse.optimizer.fold import Folded, fold_params
 from eqfuse.runtime.module import Compiled, GraphFunction, Kernel, Module
+from eqfuse.runtime.program import SharedArrays
+
+# The arrays and panels that the compiles of one padded model's buckets share (_padded_module)
+_SHARED: ContextVar[SharedArrays | None] = ContextVar("eqfuse_shared_arrays", default=None)
 
 
 def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
@@ -75,7 +80,10 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     else:
         graphs, weights = load(src), {}
         _check_dims(graphs, dims)
+    shared = _SHARED.get()
     params = {**weights, **(params or {})}
+    if shared is not None:  # a bucket of a padded model: the weights an earlier bucket holds
+        params = shared.arrays(params)
     _check_param_names(graphs, params)
     if grad is None and not _is_onnx(src) and _padded_dims(graphs, buckets, dims, params):
         g = graphs[0]
@@ -97,6 +105,8 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
                 reports[graphs[0].name] = {"optimized": False, "reason": "grad=: differentiated and compiled at the first call"}
                 continue
         folded = fold_params(g, gp) if fuse is True else Folded(g, gp, [])
+        if shared is not None:
+            folded = replace(folded, params=shared.arrays(folded.params))
         opt, report = optimize(folded.graph, cost=cost, rules=rules, disable=disable, dims=gdims, fuse=fuse)
         report["folded"] = folded.notes
         if fuse is True:
@@ -111,7 +121,7 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
                                     f"a dimension is either fixed or a batch dim")
         batch = batch_dim(g, gdims, buckets, gp)
         f = GraphFunction(g, opt, folded.params, gdims, _builder(fuse, frozenset(folded.params)), verify, threads,
-                          batch)
+                          batch, shared.panels if shared is not None else None)
         if all(d in gdims for d in g.dims()):
             f.compiled(gdims)  # everything is known: compile now, so errors show here
         elif batch and batch[1] and all(d in gdims or d == batch[0] for d in g.dims()):
@@ -136,13 +146,19 @@ def _padded_module(src, dims: dict[str, int], buckets, opts, graph: Graph | None
     padded), or `graph`, a .g graph whose buckets= name dims that are not batch dims."""
     from eqfuse.runtime.padded import PaddedFunction
 
+    shared = SharedArrays()  # the buckets' equal weights and their panels, held once
+
     def build(bucket: dict[str, int]) -> Module:
         batch = {k: v for k, v in (buckets or {}).items() if k not in bucket}  # the batch dim's sizes
-        return compile(src, dims={**dims, **bucket}, buckets={} if buckets == {} else batch or None, **opts)
+        token = _SHARED.set(shared)
+        try:
+            return compile(src, dims={**dims, **bucket}, buckets={} if buckets == {} else batch or None, **opts)
+        finally:
+            _SHARED.reset(token)
 
     if graph is None:
-        from eqfuse.frontend.onnx_inputs import _load, graph_name, input_dims, input_shapes
         from eqfuse.frontend.onnx_import import import_with_params
+        from eqfuse.frontend.onnx_inputs import _load, graph_name, input_dims, input_shapes
 
         proto = _load(src)  # read once here (not kept: BERT-base's is 440 MB)
         _check_bucket_values(input_dims(proto), buckets)

@@ -71,8 +71,10 @@ class GraphFunction:
 
     def __init__(self, source: Graph, optimized: Graph, params: Mapping[str, np.ndarray],
                  dims: Mapping[str, int], build: Callable[..., list[Compiled]], verify: bool,
-                 threads: int | None, batch: tuple[str, list[int] | None] | None = None):
+                 threads: int | None, batch: tuple[str, list[int] | None] | None = None,
+                 panels: PanelPool | None = None):
         self.name = source.name
+        self.panels = panels  # the packed weights' pool of every bucket (else one per dims binding)
         self.source, self.optimized = source, optimized
         self.source_dims = frozenset(source.dims())  # (a walk over every node: once, not per call)
         # bound arrays, by name: the source's and those folding made; contiguous once here, so
@@ -103,7 +105,7 @@ class GraphFunction:
         with self._lock:
             c = self.cache.get(key)
             if c is None:
-                c = self.cache[key] = self._build(self.optimized, [dict(key)])[0]
+                c = self.cache[key] = self._build(self.optimized, [dict(key)], panels=self.panels)[0]
             self.last = c
         return c
 
@@ -118,7 +120,7 @@ class GraphFunction:
                 sizes = self.bucket_sizes or default_sizes(dims[d])
                 binds = [{**dict(key), d: s} for s in sizes]
                 names = [f"{self.optimized.name}_{d}{s}" for s in sizes]
-                built = self._build(self.optimized, binds, names=names, panels=PanelPool())
+                built = self._build(self.optimized, binds, names=names, panels=self.panels or PanelPool())
                 b = self.buckets[key] = Bucketed(d, self.optimized, dict(zip(sizes, built)))
             self.last = b.compiled.get(dims.get(d), b.largest)  # the bucket this call runs whole, if any
         return b
