@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from contextvars import ContextVar
 from dataclasses import replace
@@ -22,7 +23,7 @@ from eqfuse.ir.printer import kernel_text, module_text
 from eqfuse.ir.reference import bind_arrays
 from eqfuse.optimizer.fold import Folded, fold_params
 from eqfuse.runtime.module import Compiled, GraphFunction, Kernel, Module
-from eqfuse.runtime.program import SharedArrays
+from eqfuse.runtime.program import SharedArrays, give_back_memory
 
 # The arrays and panels that the compiles of one padded model's buckets share (_padded_module)
 _SHARED: ContextVar[SharedArrays | None] = ContextVar("eqfuse_shared_arrays", default=None)
@@ -107,7 +108,8 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         folded = fold_params(g, gp) if fuse is True else Folded(g, gp, [])
         if shared is not None:
             folded = replace(folded, params=shared.arrays(folded.params))
-        opt, report = optimize(folded.graph, cost=cost, rules=rules, disable=disable, dims=gdims, fuse=fuse)
+        with shared.optimizing if shared is not None else contextlib.nullcontext():
+            opt, report = optimize(folded.graph, cost=cost, rules=rules, disable=disable, dims=gdims, fuse=fuse)
         report["folded"] = folded.notes
         if fuse is True:
             from eqfuse.optimizer.optimize import batch_dims_report
@@ -132,6 +134,8 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         return module_text([bind_dims(o, d) if d else o for o, d in optimized])
 
     report = reports[graphs[0].name] if len(graphs) == 1 else reports
+    if _is_onnx(src) and shared is None:
+        give_back_memory()  # the import's freed memory (a padded model's first call trims once)
     return Module(functions, report, text)
 
 

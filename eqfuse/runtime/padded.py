@@ -32,12 +32,15 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from eqfuse.errors import ArgumentError, EqfuseError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.reference import bind_arrays, call_arrays, evaluate
+from eqfuse.runtime.load import cpus
+from eqfuse.runtime.program import give_back_memory
 from eqfuse.runtime.verify import compare
 
 Shape = tuple  # of ints and dim names
@@ -131,14 +134,18 @@ class PaddedFunction:
             return v
         return next((s for s in self.sizes[d] if s >= v), _pow2(v))
 
-    def _module(self, key: tuple[int, ...], named, values):
+    def _make(self, key: tuple[int, ...], named, values):
+        """The Module of one bucket, with its batch buckets compiled (by a call on the inputs)."""
+        bucket = dict(zip(self.padded, key))
+        mod = self._build(bucket)
+        mod(*(self._fit(named[n], s, bucket, values) for n, s in self.inputs))
+        return mod
+
+    def _module(self, key: tuple[int, ...], named, values, made=None):
         mod = self.modules.get(key)
         if mod is None:
-            bucket = dict(zip(self.padded, key))
-            mod = self._build(bucket)
-            mod(*(self._fit(named[n], s, bucket, values) for n, s in self.inputs))  # compiles its batch buckets
-            self.modules[key] = mod
-            for d, v in bucket.items():
+            mod = self.modules[key] = made if made is not None else self._make(key, named, values)
+            for d, v in zip(self.padded, key):
                 if self.padding[d] == "exact" and v not in self.sizes[d]:
                     self.sizes[d] = sorted(self.sizes[d] + [v])
         self.last_module, self.last = mod, mod.default.last
@@ -147,17 +154,34 @@ class PaddedFunction:
     def _first(self, named, values) -> None:
         """Check each padded dim's exactness, then compile every combination of bucket values.
         A bucket above the call's own that the model refuses (it imports or runs only up to its
-        number of positions) is dropped, and `limits` says why."""
+        number of positions) is dropped, and `limits` says why.
+
+        The buckets compile on two threads: one's C compiler (a subprocess) runs while the other
+        imports and optimizes (the optimizers take turns: compiler.SharedArrays.optimizing), so
+        the C compiles, a third of the time, overlap the rest."""
         for d in self.padded:
             why = self.padding.get(d) or self._check(d, named, values)  # (preset: padding is off)
             self.padding[d] = why or "exact"
             self.sizes[d] = self.sizes.get(d) or pad_sizes(values[d]) if not why else [values[d]]
         needed = {d: self._bucket(d, values[d]) for d in self.padded}
-        for key in itertools.product(*(list(self.sizes[d]) for d in self.padded)):
+        keys = list(itertools.product(*(list(self.sizes[d]) for d in self.padded)))
+        with ThreadPoolExecutor(max_workers=max(1, min(2, cpus(), len(keys)))) as pool:
+            made = [pool.submit(self._make, key, named, values) for key in keys]
+            try:
+                self._keep(keys, made, named, values, needed)
+            except BaseException:
+                for f in made:  # a bucket failed: the ones not started are not compiled
+                    f.cancel()
+                raise
+        give_back_memory()  # the imports' freed memory (see there)
+
+    def _keep(self, keys, made, named, values, needed) -> None:
+        """The buckets compiled by _first, in order; a refused one drops itself and those above."""
+        for key, future in zip(keys, made):
             if any(k not in self.sizes[d] for d, k in zip(self.padded, key)):
                 continue  # a dropped bucket
             try:
-                self._module(key, named, values)
+                self._module(key, named, values, future.result())
             except EqfuseError as e:
                 over = [(d, k) for d, k in zip(self.padded, key) if k > needed[d]]
                 if not over:

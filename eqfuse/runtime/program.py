@@ -38,6 +38,7 @@ EQF_NOMEM, and the call raises MemoryError (never abort()).
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -261,6 +262,10 @@ class SharedArrays:
         self.panels = PanelPool()
         self._held: dict[tuple, list[np.ndarray]] = {}
         self._lock = threading.Lock()
+        # The buckets compile on two threads (eqfuse.runtime.padded): their optimizers take turns,
+        # so that one's C compiler overlaps the other's optimizer, and no optimizer's time limit
+        # (wall clock) is spent waiting for the other's.
+        self.optimizing = threading.Lock()
 
     def arrays(self, named: dict) -> dict:
         """`named` with each array replaced by an equal one held already (name, shape and dtype
@@ -277,6 +282,24 @@ class SharedArrays:
                     held.append(a)
                     out[k] = a
         return out
+
+
+def give_back_memory() -> None:
+    """Return the C heap's free memory to the system (glibc's malloc_trim; elsewhere nothing).
+    Importing an ONNX model frees its protobuf and its intermediate arrays, and glibc keeps the
+    freed pages: BERT-base compiled at 4 sequence buckets held 2.97 GB after its first call, and
+    1.71 GB after the trim (a trim takes a few ms)."""
+    global _trim
+    if _trim is None:
+        try:
+            _trim = ctypes.CDLL(None).malloc_trim
+        except (AttributeError, OSError):  # not glibc
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim = None
 
 
 class Runner:
