@@ -62,6 +62,15 @@ def timed(f) -> float:
     return time.perf_counter() - t0
 
 
+def rss_mb() -> float:
+    """This process's resident memory (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return int(fh.read().split("VmRSS:")[1].split()[0]) / 1024
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def spread(ts) -> str:
     q = statistics.quantiles(ts, n=4)
     return f"{100 * (q[2] - q[0]) / statistics.median(ts):.0f}%"
@@ -90,11 +99,12 @@ def main() -> None:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
+    rss0 = rss_mb()
     padded = eqfuse.compile(str(path), threads=args.threads)
     t_first = timed(lambda: padded(**feeds(args.batch, args.first, me.VOCAB)))
     f = padded.default
     print(f"## {args.model}, batch {args.batch}: first call at sequence {args.first} (check + compile every "
-          f"bucket, cold): {t_first:.2f} s; {f!r}")
+          f"bucket, cold): {t_first:.2f} s; the process grew by {rss_mb() - rss0:.0f} MB; {f!r}")
     print("| sequence | bucket | first call: padded | compile + first call: per length | onnxruntime first call "
           "| median ms: padded (spread) | per length (spread) | onnxruntime (spread) | padded / per length "
           "| padded / onnxruntime |")
