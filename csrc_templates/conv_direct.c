@@ -124,7 +124,9 @@ static inline void {{NAME}}_tile(const float* restrict xb, long bs, long rs, int
 #pragma GCC unroll 32
             for (int r = 0; r < RW; r++)
                 px[r] = xk + (ROWS ? xoff[0] + r * SW * CB : xoff[r]);
-#pragma GCC unroll 16
+/* (unrolled whole, up to 64 steps: a 48-step loop left its exit branch mispredicted once per
+ * kernel row and channel block, 1.5% of a 3x3 conv's time at 64 channels, 56 x 56) */
+#pragma GCC unroll 64
             for (int t = 0; t < KW * CB; t++) {
                 {{NAME}}_vf wv[V];
 #pragma GCC unroll 8
