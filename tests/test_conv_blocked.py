@@ -93,11 +93,13 @@ graph p(x: f32[2, {C}, {H}, {H}], w: f32[{C}, {C}, 3, 3], v: f32[{C}, {C}, 3, 3]
 
 @pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d", "avg_pool2d_pad"])
 @pytest.mark.parametrize("where", ["between", "in", "out"])
-@pytest.mark.parametrize("H,k,s,p", [(9, 3, 2, 1), (8, 2, 2, 0), (7, 3, 1, 1)])
+@pytest.mark.parametrize("H,k,s,p", [(9, 3, 2, 1), (8, 2, 2, 0), (7, 3, 1, 1), (11, 3, 2, 1), (10, 5, 2, 2)])
 def test_pooling_in_blocks_matches_the_reference(op, where, H, k, s, p, monkeypatch):
     # between two convs (blocks in and out), after a conv as the graph's output (blocks in), on
     # the graph's input before a conv (blocks out); the channel-vector kernel (16 channels would
-    # take the pixel-vector one, which writes NCHW)
+    # take the pixel-vector one, which writes NCHW). max_pool2d's taps outside the image read the
+    # nearest inside one (conv_blocked._max_pool_taps): padding 2 of a 5 x 5 window, odd sizes.
+    # A NaN of x reaches the pool through the conv too (a 3 x 3 patch of NaN in every channel).
     monkeypatch.setenv("EQFUSE_CONV_PIXELS", "0")
     C, O = 16, (H + 2 * p - k) // s + 1
     name, extra = ("avg_pool2d", f", count_include_pad={'true' if op.endswith('pad') else 'false'}") \
@@ -108,8 +110,9 @@ def test_pooling_in_blocks_matches_the_reference(op, where, H, k, s, p, monkeypa
             "out": f"return conv2d({pool.format('x')}, v, padding=1)"}[where]
     src = POOL.format(C=C, H=H, O=O, body=body)
     xs = {"x": _rand(2, C, H, H), "w": _rand(C, C, 3, 3, seed=1, scale=0.1), "v": _rand(C, C, 3, 3, seed=2, scale=0.1)}
-    if where == "out" and name == "max_pool2d":
+    if name == "max_pool2d":
         xs["x"][0, 3, 1, 1] = np.nan  # a NaN in a window: max_pool2d keeps it
+        xs["x"][1, 5, H - 1, H - 2] = np.nan  # (at the bottom edge)
     with pinned("zen4"):
         mod = eqfuse.compile(src)
         np.testing.assert_allclose(mod(**xs), eqfuse.reference(src)(**xs), rtol=1e-4, atol=1e-5)

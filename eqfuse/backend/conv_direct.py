@@ -238,6 +238,16 @@ def mark_bound(plan: KernelPlan, bound: set[int]) -> None:
                  if u.what.startswith("weights to blocks") else u for u in plan.uops]
 
 
+def edge_tiles(d: ConvDirectDetail) -> tuple[int, int]:
+    """(EL, ER) of a ROWS tiling read in place: the tile columns tr < EL have windows crossing the
+    image's left edge, those from ER on its right edge (or a short tile's past the row end); the
+    columns between read the image in place."""
+    tr_n, step, wl = cdiv(d.OW, d.rw), d.rw * d.stride[1], (d.rw - 1) * d.stride[1] + d.KW
+    el = min(tr_n, cdiv(d.padding[1], step))
+    er = next((t for t in range(el, tr_n) if t * step - d.padding[1] + wl > d.W), tr_n)
+    return el, er
+
+
 def emit_conv_direct(plan: KernelPlan) -> str:
     body, a = plan.body, plan.shape.anchor
     cv, d = body.nodes[a], plan.detail
@@ -258,12 +268,13 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                       EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                       SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], VL=d.vl, RO=ro, RPH=rph,
                       RPW=rpw)
+    el, er = edge_tiles(d)
     return render("conv_direct.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
                   RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
-                  INPLACE=int(d.in_place),
+                  INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er,
                   EPI_BLOCKED=int(bool(d.blocked_args)), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
 
 
