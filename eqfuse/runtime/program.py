@@ -42,6 +42,8 @@ import ctypes
 import sys
 import threading
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import is_not
 
 import numpy as np
 
@@ -317,6 +319,7 @@ class Runner:
         self.in_dtypes = [NUMPY_DTYPE[kg.nodes[i].type.dtype] for i in kg.inputs]
         self.consts = [np.array(kg.nodes[i].value, dtype=np.float32) for i in mem.consts]
         self.out_shapes = [(tuple(kg.nodes[o].type.shape), NUMPY_DTYPE[kg.nodes[o].type.dtype]) for o in kg.outputs]
+        self._prepack_pos = [pos for _, pos in mem.prepacks]  # the input each packed B comes from
         self._packed: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # plan index -> (bound B, its panels)
         self._pack_lock = threading.Lock()
         self._local = threading.local()
@@ -384,18 +387,21 @@ class Runner:
         # and its packed panels: per call, only the arrays that changed are looked at. `held`
         # keeps arrays as passed to C (contiguous, of the input's dtype): one that is the same
         # object as the last call's needed no copy then and needs none now.
+        # (`compress` and `map` find the changed ones at C speed: a ResNet-18 passes 43 arrays,
+        # 42 of them bound, and a loop over them in Python cost 3 µs a call.)
         held = st["held"]
         arrays = list(arrays)
-        for k, a in enumerate(arrays):
+        for k in compress(range(len(arrays)), map(is_not, arrays, held)):
+            a = arrays[k] = np.ascontiguousarray(arrays[k], dtype=self.in_dtypes[k])
             if a is not held[k]:
-                a = arrays[k] = np.ascontiguousarray(a, dtype=self.in_dtypes[k])
-                if a is not held[k]:
-                    ins[k] = fb(a)
-                    held[k] = a
-        base = self.mem.slots - len(self.mem.prepacks)
-        packs = st["held_packs"]
-        for k, (s, pos) in enumerate(self.mem.prepacks):
-            if arrays[pos] is not packs[k]:
+                ins[k] = fb(a)
+                held[k] = a
+        prepacks = self.mem.prepacks
+        if prepacks:
+            base = self.mem.slots - len(prepacks)
+            packs = st["held_packs"]
+            for k in compress(range(len(prepacks)), map(is_not, map(arrays.__getitem__, self._prepack_pos), packs)):
+                s, pos = prepacks[k]
                 ins[base + k] = fb(self._panels(s, arrays[pos]))
                 packs[k] = arrays[pos]
         outs: list = [None] * len(self.out_shapes)
