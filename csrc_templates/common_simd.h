@@ -28,6 +28,14 @@ static inline void eqf_sfence(void) {}
 #endif
 
 #if defined(__AVX512F__)
+/* The lanes i of a 16-float load at w0 + i that fall inside a row of W floats (a stride-2 max
+ * pool's masked loads, eqfuse.backend.kinds.index._max_pool_stride2). */
+static inline __mmask16 eqf_pool_lanes(long w0, long W)
+{
+    const long lo = w0 < 0 ? -w0 : 0, hi = W - w0 < 16 ? W - w0 : 16;
+    return hi <= lo ? 0 : (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+
 /* Keep four loaded vectors in registers: without this gcc folds each load into the FMAs that
  * use it (one memory operand per FMA: 16 loads + 4 broadcasts per 16 FMAs, load-bound). */
 #define EQF_IN_REGISTERS(a, b, c, d) __asm__("" : "+v"(a), "+v"(b), "+v"(c), "+v"(d))

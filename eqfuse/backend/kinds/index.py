@@ -175,9 +175,12 @@ def _pool(an: Node, ins, xs, out, ct, par=False):
     hi = max(lo, min(OW, (W - kw + pw) // sw + 1))
     val = "a[ow] = ((v > a[ow]) | (v != v)) ? v : a[ow];" if is_max else "a[ow] += v; cnt[ow] += 1.0f;"
     fin = "a[ow]" if is_max else ("a[ow] / cnt[ow]" if not an.attr["count_include_pad"] else f"a[ow] / {kh * kw}.0f")
-    return [f"#pragma omp parallel for if ({int(par)})",
+    head = [f"#pragma omp parallel for if ({int(par)})",
             f"for (long nc = 0; nc < {out[0] * out[1]}; nc++)",
-            f"    for (long oh = 0; oh < {OH}; oh++) {{",
+            f"    for (long oh = 0; oh < {OH}; oh++) {{"]
+    if is_max and sw == 2:  # (ResNet's 3x3/2 pool)
+        head += _max_pool_stride2(ins[0], H, W, OH, OW, kh, kw, sh, ph, pw)
+    return head + [
             f"        float a[{OW}]{'' if is_max else f', cnt[{OW}]'};",
             f"        for (long ow = 0; ow < {OW}; ow++) {{ a[ow] = {init};{'' if is_max else ' cnt[ow] = 0.0f;'} }}",
             f"        for (long dh = 0; dh < {kh}; dh++) {{",
@@ -201,7 +204,43 @@ def _pool(an: Node, ins, xs, out, ct, par=False):
             "        }",
             f"        for (long ow = 0; ow < {OW}; ow++)",
             f"            out[(nc * {OH} + oh) * {OW} + ow] = {fin};",
+            *(["#endif"] if is_max and sw == 2 else []),
             "    }"]
+
+
+def _max_pool_stride2(x: str, H, W, OH, OW, kh, kw, sh, ph, pw) -> list[str]:
+    """With AVX-512, one output row of a stride-2 max pool 16 pixels at a time: a tap's 16 inputs
+    are the even lanes of two masked loads (taps outside the image load -inf, which no max
+    keeps), picked by one permute. The compiler's own vector loop gathered them lane by lane
+    (vinsertps: 13.9 us for ResNet-18's 2 x 16 x 32 x 32 stem pool, against onnxruntime's 4).
+    NaN is kept as the scalar loop keeps it: a = (v > a || v != v) ? v : a. Without AVX-512,
+    the loop below it (#else)."""
+    def inside(w0: str) -> str:  # the mask of lanes w0 + i inside [0, W)
+        return f"eqf_pool_lanes({w0}, {W})"
+    return [
+        "#if defined(__AVX512F__)",
+        "        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);",
+        "        const __m512 ninf = _mm512_set1_ps(-INFINITY);",
+        "        for (long ow0 = 0; ow0 < " + str(OW) + "; ow0 += 16) {",
+        "            __m512 a = ninf;",
+        f"            for (long dh = 0; dh < {kh}; dh++) {{",
+        f"                const long h = oh * {sh} - {ph} + dh;",
+        f"                if (h < 0 || h >= {H}) continue;",
+        f"                const float* row = {x} + (nc * {H} + h) * {W};",
+        f"                for (long dw = 0; dw < {kw}; dw++) {{",
+        f"                    const long w0 = ow0 * 2 - {pw} + dw;",
+        f"                    const __m512 lo = _mm512_mask_loadu_ps(ninf, {inside('w0')}, row + w0);",
+        f"                    const __m512 hi = _mm512_mask_loadu_ps(ninf, {inside('w0 + 16')}, row + w0 + 16);",
+        "                    const __m512 v = _mm512_permutex2var_ps(lo, even, hi);",
+        "                    a = _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(v, a, _CMP_GT_OQ) |",
+        "                                              _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);",
+        "                }",
+        "            }",
+        f"            const long n = {OW} - ow0 < 16 ? {OW} - ow0 : 16;",
+        f"            _mm512_mask_storeu_ps(out + (nc * {OH} + oh) * {OW} + ow0, (__mmask16)((1u << n) - 1), a);",
+        "        }",
+        "#else",
+    ]
 
 
 def _pool_grad(an: Node, ins, xs, out, ct, par=False):
