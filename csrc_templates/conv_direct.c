@@ -183,6 +183,7 @@ static inline void {{NAME}}_strip_row(const float* restrict x, float* restrict s
  * Tile by tile, the NCHW store transposed each tile through memory element by element: 50-90 us
  * of the 128-channel conv at 28 x 28 that writes the ResNet stages' output; MLAS too stores its
  * NCHWc output and reorders it in a pass of its own. */
+#if {{REORDER}}
 static inline void {{NAME}}_reorder(const float* restrict ys, float* restrict out)
 {
     {{NAME}}_DIMS;
@@ -206,6 +207,7 @@ static inline void {{NAME}}_reorder(const float* restrict ys, float* restrict ou
         }
     }
 }
+#endif
 
 void {{NAME}}({{PARAMS}})
 {
