@@ -301,3 +301,34 @@ def test_a_pixel_vector_conv_keeps_nchw():
     for p in mod.functions["t"].last.plans:
         if p.kind == "conv2d" and p.detail.pixels:
             assert not p.detail.in_blocked and not p.detail.out_blocked
+
+
+@pytest.mark.parametrize("model", ["avx2", "zen4"])
+@pytest.mark.parametrize("H,s", [(20, 1), (23, 1), (37, 2), (16, 1)])
+def test_an_nchw_output_stored_in_blocks_then_reordered_matches_the_reference(model, H, s, monkeypatch):
+    # conv_direct.c's REORDER: the result in blocks, then transposed VL x VL into NCHW rows (a
+    # row's last VL pixels overlapping the previous ones unless VL divides it); with an NCHW
+    # residual (the graph's input) and with a residual in blocks (a conv's result), 2 images
+    monkeypatch.setenv("EQFUSE_CONV_PIXELS", "0")
+    from eqfuse.backend.conv_direct import reorders
+
+    with pinned(model) as m:
+        conv = _check(2, 16, H, 32, 3, s, 1, bound=True)
+        assert reorders(conv.detail) == (conv.detail.rows and conv.detail.OW >= m.simd_floats)
+        O = (H + 2 - 3) // s + 1
+        src = f"""
+graph t(x: f32[2, 32, {H}, {H}], w1: f32[32, 32, 3, 3], w2: f32[32, 32, 3, 3], w3: f32[32, 32, 1, 1]) -> f32[2, 32, {O}, {O}] {{
+  y = relu(conv2d(x, w1, padding=1))
+  return relu(conv2d(y, w2, stride={s}, padding=1) + conv2d(y, w3, stride={s}))
+}}
+"""
+        xs = {"x": _rand(2, 32, H, H), "w1": _rand(32, 32, 3, 3, seed=1) * 0.1,
+              "w2": _rand(32, 32, 3, 3, seed=2) * 0.1, "w3": _rand(32, 32, 1, 1, seed=3) * 0.2}
+        xs["x"][1, 4, 2, 3] = np.nan
+        mod = eqfuse.compile(src)
+        want = eqfuse.reference(src)(**xs)
+        for th in (1, 2):
+            mod.default.threads = th
+            np.testing.assert_allclose(mod(**xs), want, rtol=1e-4, atol=1e-4)
+    last = [q for q in mod.functions["t"].last.plans if q.kind == "conv2d" and not q.detail.out_blocked]
+    assert last and all(q.detail.blocked_args for q in last if q.detail.in_blocked)

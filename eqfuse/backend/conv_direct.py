@@ -248,6 +248,30 @@ def edge_tiles(d: ConvDirectDetail) -> tuple[int, int]:
     return el, er
 
 
+def reorders(d: ConvDirectDetail) -> bool:
+    """Whether an NCHW output is stored in blocks first and reordered after (conv_direct.c's
+    REORDER): tiles along rows, whole blocks of VL channels, rows at least VL pixels wide."""
+    return (d.rows and not d.out_blocked and d.O % d.vl == 0 and d.OW >= d.vl and d.vl in (4, 8, 16)
+            and os.environ.get("EQFUSE_CONV_REORDER", "1") != "0")
+
+
+def transpose_c(vl: int, vf: str) -> str:
+    """C lines transposing m[VL] (VL vectors of VL floats) in place with two-input shuffles:
+    log2(VL) stages; at block size h, rows i and i + h exchange blocks of h lanes."""
+    lines, h = [], vl // 2
+    while h >= 1:
+        lo = [(kb % 2) * vl + (kb // 2) * 2 * h + w for kb in range(vl // h) for w in range(h)]
+        hi = [x + h for x in lo]
+        lines.append(f"            {{ const vi lo = {{{', '.join(map(str, lo))}}}, hi = {{{', '.join(map(str, hi))}}};")
+        for i in range(vl):
+            if i & h == 0:
+                lines.append(f"              const {vf} a{i} = m[{i}], b{i} = m[{i + h}];")
+                lines.append(f"              m[{i}] = __builtin_shuffle(a{i}, b{i}, lo); m[{i + h}] = __builtin_shuffle(a{i}, b{i}, hi);")
+        lines.append("            }")
+        h //= 2
+    return "\n".join(lines)
+
+
 def emit_conv_direct(plan: KernelPlan) -> str:
     body, a = plan.body, plan.shape.anchor
     cv, d = body.nodes[a], plan.detail
@@ -274,7 +298,8 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
                   RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
-                  INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er,
+                  INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(reorders(d)),
+                  TRANSPOSE=transpose_c(d.vl, f"{plan.name}_vf") if reorders(d) else "",
                   EPI_BLOCKED=int(bool(d.blocked_args)), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
 
 
