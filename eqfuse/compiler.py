@@ -386,7 +386,10 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
               **opts) -> str:
     """Every kernel's plan and, with `uops`, its tile-level schedule (`eqfuse lower [--uops]`)."""
     out = []
-    for g in load(src):
+    # as compile does: an ONNX model imported at the dims (its shape arithmetic needs them) and
+    # its initializers folded, so the plans are the ones a compiled model runs
+    graphs, weights = load_with_weights(src, dims)
+    for g in graphs:
         if graph is not None and g.name != graph:
             continue
         gd = {k: v for k, v in (dims or {}).items() if k in g.dims()}
@@ -394,8 +397,9 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
         if missing:
             raise EqfuseError(f"graph {g.name} has unbound dimension{'s' * (len(missing) > 1)} "
                               f"{', '.join(missing)}; bind with --dim NAME=INT")
-        opt, _ = optimize(g, dims=gd, **opts)
-        _, kg, plans = lower(opt, gd)
+        folded = fold_params(g, {k: v for k, v in weights.items() if k in dict(g.params)})
+        opt, _ = optimize(folded.graph, dims=gd, **opts)
+        _, kg, plans = lower(opt, gd, params=frozenset(folded.params))
         out.append(f"# graph {g.name}: {len([p for p in plans if p.kind != 'view'])} kernels\n" + format_uops(plans, uops))
     return "\n\n".join(out)
 

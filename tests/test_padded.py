@@ -185,6 +185,12 @@ def test_the_command_line_says_how_to_bind_a_dim_the_import_needs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "eqfuse", "opt", str(path)], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "depends on named dims" in r.stderr and "--dim NAME=N on the command line" in r.stderr, r.stderr
+    # with the dims bound, `eqfuse lower` plans what compile runs: imported at those dims, the
+    # weights bound (the few-rows GEMM over a bound B), as `opt` and `check` do
+    r = subprocess.run([sys.executable, "-m", "eqfuse", "lower", str(path), "--dim", "sequence=8", "--dim", "batch=2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "# graph main_graph:" in r.stdout and "B panel K x nr" in r.stdout  # (the skinny GEMM's plan)
 
 
 def test_a_g_graph_pads_a_dim_buckets_name_beside_its_batch_dim():
