@@ -97,6 +97,11 @@ def main() -> None:
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # onnxruntime's threads sleep after a run: spinning, they hold the second core for a while,
+    # and the eqfuse call after it (which uses the cores other processes leave free,
+    # eqfuse/runtime/load.py) then ran on one thread (the padded model 1.35-2.9x its own
+    # compile at 2 threads, at the bucket's own length too)
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
     rss0 = rss_mb()
