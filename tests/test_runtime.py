@@ -162,3 +162,24 @@ def test_arrays_kept_between_calls_are_read_afresh():
     wide[:] = arr(64, 96, seed=5)
     np.testing.assert_allclose(mod(x, wide, w2, w3)[0], ref(x, np.ascontiguousarray(wide), w2, w3)[0],
                                rtol=1e-4, atol=1e-5)
+
+
+def test_a_repeat_call_takes_the_short_way_and_stays_checked():
+    """A call by position with the last call's shapes and dtypes goes straight to its run
+    function (GraphFunction._repeat); new values, a new batch size, a bad dtype or keywords
+    still get the result or the error of the full path."""
+    src = "graph g(x: f32[B, 16], w: f32[16, 8]) -> f32[B, 8] { return relu(x @ w) }"
+    ref = eqfuse.reference(src)
+    w = arr(16, 8, seed=1)
+    mod = eqfuse.compile(src, params={"w": w})
+    f = mod.functions["g"]
+    for b, seed in ((4, 2), (4, 3), (4, 3), (7, 4), (4, 5)):
+        x = arr(b, 16, seed=seed)
+        np.testing.assert_allclose(mod(x), ref(x, w), rtol=1e-5, atol=1e-6)
+        assert f._repeat is not None and f._repeat[0] == (((b, 16), np.dtype(np.float32)),)
+    np.testing.assert_allclose(mod(x=x), ref(x, w), rtol=1e-5, atol=1e-6)  # by keyword: the full path
+    with pytest.raises(ArgumentError, match="expects dtype float32"):
+        mod(x.astype(np.float64))
+    with pytest.raises(ArgumentError, match="takes 1 array"):
+        mod(x, x)
+    np.testing.assert_allclose(mod(np.asfortranarray(x)), ref(x, w), rtol=1e-5, atol=1e-6)  # not C-contiguous

@@ -42,6 +42,11 @@ class Kernel:
         return f"<Kernel {self.name} {self.kind}: {self.bytes} bytes, {self.flops} flops>"
 
 
+def _same_kind(a, kind: tuple) -> bool:
+    """`a` is a numpy array of this (shape, dtype)."""
+    return type(a) is np.ndarray and a.shape == kind[0] and a.dtype == kind[1]
+
+
 def env_threads() -> int | None:
     v = os.environ.get("EQFUSE_NUM_THREADS", "").strip()
     return int(v) if v.isdigit() and int(v) > 0 else None
@@ -92,6 +97,11 @@ class GraphFunction:
         self._passed = Graph(source.name, list(source.nodes),
                              [i for i, n in zip(source.inputs, names) if n not in self.params], [])
         self._optimized_names = [n for n, _ in optimized.params]
+        # The repeat call (eqfuse.runtime.module.GraphFunction.__call__): the run's arrays with the
+        # bound ones in place, and where each passed array goes among them.
+        self._template = [self.params.get(n) for n in self._optimized_names]
+        self._slots = [(k, self.free.index(n)) for k, n in enumerate(self._optimized_names) if n not in self.params]
+        self._repeat: tuple | None = None  # (the last call's (shape, dtype) per array, its run function)
         self.cache: dict[tuple, Compiled] = {}
         self.last: Compiled | None = None
         self._lock = threading.Lock()
@@ -132,6 +142,18 @@ class GraphFunction:
 
     def __call__(self, *arrays, **keywords):
         """Arrays by position (parameter order), by keyword (`mod(x=x, w1=w1)`), or both."""
+        # A call by position with the arrays' shapes and dtypes of the last call binds the same
+        # dims and passes the same checks: it goes straight to the last call's run function.
+        # (After a long call the caches hold none of the Python objects a call touches: the
+        # ResNet stages spent 115 µs outside their 18 ms of C, 8 µs when run back to back.)
+        repeat = self._repeat
+        if repeat is not None and not keywords and len(arrays) == len(repeat[0]) and all(
+                map(_same_kind, arrays, repeat[0])):
+            run = list(self._template)
+            for k, i in self._slots:
+                run[k] = arrays[i]
+            outs = repeat[1](run, self.threads if self.threads is not None else env_threads())
+            return outs[0] if len(outs) == 1 else tuple(outs)
         named = self.named_arrays(arrays, keywords)
         dims = bind_arrays(self._passed, [named[n] for n in self.free], self.dims)
         # The optimized graph's params may differ from the source's: folding replaces bound ones.
@@ -139,9 +161,13 @@ class GraphFunction:
         threads = self.threads if self.threads is not None else env_threads()
         if self.batch_dim is not None:
             self.last_batch = dims[self.batch_dim]
-            outs = self.bucketed(dims).run(arrays, self.last_batch, threads)
+            bucketed, batch = self.bucketed(dims), self.last_batch
+            run = lambda a, t: bucketed.run(a, batch, t)  # noqa: E731
         else:
-            outs = self.compiled(dims).run(arrays, threads)
+            run = self.compiled(dims).run
+        outs = run(arrays, threads)
+        if not self.verify:
+            self._repeat = (tuple((named[n].shape, named[n].dtype) for n in self.free), run)
         if self.verify:
             bad = compare(outs, evaluate(self.source, [named[n] for n, _ in self.source.params]))
             if bad:
