@@ -157,7 +157,7 @@ class PaddedFunction:
         number of positions) is dropped, and `limits` says why.
 
         The buckets compile on two threads: one's C compiler (a subprocess) runs while the other
-        imports and optimizes (the optimizers take turns: compiler.SharedArrays.optimizing), so
+        imports and optimizes (the optimizers take turns: program.SharedArrays.optimizing), so
         the C compiles, a third of the time, overlap the rest."""
         for d in self.padded:
             why = self.padding.get(d) or self._check(d, named, values)  # (preset: padding is off)
