@@ -397,7 +397,8 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
         if missing:
             raise EqfuseError(f"graph {g.name} has unbound dimension{'s' * (len(missing) > 1)} "
                               f"{', '.join(missing)}; bind with --dim NAME=INT")
-        folded = fold_params(g, {k: v for k, v in weights.items() if k in dict(g.params)})
+        gp = {k: v for k, v in weights.items() if k in dict(g.params)}
+        folded = fold_params(g, gp) if opts.get("fuse", True) is True else Folded(g, gp, [])
         opt, _ = optimize(folded.graph, dims=gd, **opts)
         _, kg, plans = lower(opt, gd, params=frozenset(folded.params))
         out.append(f"# graph {g.name}: {len([p for p in plans if p.kind != 'view'])} kernels\n" + format_uops(plans, uops))
