@@ -64,12 +64,13 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         from eqfuse.optimizer.rulecheck import check_rule_files
 
         check_rule_files(rules, enabled=check_rules)
+    shared = _SHARED.get()  # set when this compile is one bucket of a padded model
     if _is_onnx(src):
         # an ONNX model's dims are bound at import (its shape arithmetic folds with them): checked
         # against the named dims of its inputs first
         from eqfuse.frontend.onnx_import import input_dims
 
-        if dims and _SHARED.get() is None:  # (a padded model's bucket: checked by its first compile)
+        if dims and shared is None:  # (a padded model's bucket: checked by its first compile)
             _check_dim_values(input_dims(src), dims)
         try:
             graphs, weights = load_with_weights(src, dims)
@@ -81,7 +82,6 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     else:
         graphs, weights = load(src), {}
         _check_dims(graphs, dims)
-    shared = _SHARED.get()
     params = {**weights, **(params or {})}
     if shared is not None:  # a bucket of a padded model: the weights an earlier bucket holds
         params = shared.arrays(params)
@@ -105,7 +105,7 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
                                             threads=threads, verify=verify, fuse=fuse, check_rules=False))
                 reports[graphs[0].name] = {"optimized": False, "reason": "grad=: differentiated and compiled at the first call"}
                 continue
-        folded = fold_params(g, gp) if fuse is True else Folded(g, gp, [])
+        folded = _fold(g, gp, fuse)
         if shared is not None:
             folded = replace(folded, params=shared.arrays(folded.params))
         with shared.optimizing if shared is not None else contextlib.nullcontext():
@@ -137,6 +137,11 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     if _is_onnx(src) and shared is None:
         give_back_memory()  # the import's freed memory (a padded model's first call trims once)
     return Module(functions, report, text)
+
+
+def _fold(g: Graph, params: dict, fuse) -> Folded:
+    """The bound params folded into the graph (only when the optimizer fuses: fuse=True)."""
+    return fold_params(g, params) if fuse is True else Folded(g, params, [])
 
 
 def _opts(args: Mapping[str, Any]) -> dict[str, Any]:
@@ -397,8 +402,7 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
         if missing:
             raise EqfuseError(f"graph {g.name} has unbound dimension{'s' * (len(missing) > 1)} "
                               f"{', '.join(missing)}; bind with --dim NAME=INT")
-        gp = {k: v for k, v in weights.items() if k in dict(g.params)}
-        folded = fold_params(g, gp) if opts.get("fuse", True) is True else Folded(g, gp, [])
+        folded = _fold(g, {k: v for k, v in weights.items() if k in dict(g.params)}, opts.get("fuse", True))
         opt, _ = optimize(folded.graph, dims=gd, **opts)
         _, kg, plans = lower(opt, gd, params=frozenset(folded.params))
         out.append(f"# graph {g.name}: {len([p for p in plans if p.kind != 'view'])} kernels\n" + format_uops(plans, uops))

@@ -257,7 +257,7 @@ class SharedArrays:
     """Bound arrays and packed panels shared by the compiles of one padded model
     (eqfuse.runtime.padded): each bucket of its sequence dim is a compile of its own, which imports
     the model's weights, folds them and packs its GEMMs' panels again. BERT-base at 4 buckets held
-    3.8 GB that way; an array equal to one an earlier bucket holds under the same name is that
+    3.0 GB that way; an array equal to one an earlier bucket holds under the same name is that
     array, and one PanelPool serves every bucket, so equal weights are held and packed once."""
 
     def __init__(self):
