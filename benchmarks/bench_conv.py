@@ -5,8 +5,10 @@ onnxruntime, interleaved in one process.
 
 The shapes: every conv of the narrow ResNet-18 of tests/model_exports.py at 64x64 images, batch 2
 ("resnet18"), and the convs of torchvision's ResNet-18 at 56x56 (after the stem), batch 1
-("resnet56"). eqfuse compiles each conv twice, with EQFUSE_CONV=direct and =im2col
-(eqfuse.backend.conv_direct), and with neither (the planner's choice, "auto"); onnxruntime runs
+("resnet56"). eqfuse compiles each conv with EQFUSE_CONV=direct (EQFUSE_CONV_WINOGRAD=0), as
+Winograd F(2x2, 3x3) where it can run (3x3, stride 1: EQFUSE_CONV_WINOGRAD=1), with
+EQFUSE_CONV=im2col (eqfuse.backend.conv_direct, conv_winograd), and with none (the planner's
+choice, "auto"); onnxruntime runs
 a Conv -> BatchNormalization -> Relu model (ORT_ENABLE_ALL fuses it into one NCHWc conv) on the
 same thread count. Each row: median microseconds per call and ORT / eqfuse-auto.
 """
@@ -64,15 +66,17 @@ graph c(x: f32[{N}, {C}, {H}, {H}], w: f32[{O}, {C}, {k}, {k}], m: f32[{O}], v: 
   return relu(batchnorm(conv2d(x, w, stride={s}, padding={p}), m, v, g, be, eps=0.00001))
 }}
 """
-    old = os.environ.pop("EQFUSE_CONV", None)
-    if path != "auto":
-        os.environ["EQFUSE_CONV"] = path
+    env = {"auto": {}, "direct": {"EQFUSE_CONV": "direct", "EQFUSE_CONV_WINOGRAD": "0"},
+           "winograd": {"EQFUSE_CONV": "direct", "EQFUSE_CONV_WINOGRAD": "1"}, "im2col": {"EQFUSE_CONV": "im2col"}}[path]
+    old = {k: os.environ.pop(k, None) for k in ("EQFUSE_CONV", "EQFUSE_CONV_WINOGRAD")}
+    os.environ.update(env)
     try:
         mod = eqfuse.compile(src, params={n: a for n, a in xs.items() if n != "x"})
     finally:
-        os.environ.pop("EQFUSE_CONV", None)
-        if old is not None:
-            os.environ["EQFUSE_CONV"] = old
+        for k, v in old.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
     (fn,) = mod.functions.values()
     return fn
 
@@ -106,12 +110,14 @@ def main(argv=None) -> int:
     blas_threads(1)
     shapes = {**(RESNET18 if args.set in ("resnet18", "all") else {}),
               **(RESNET56 if args.set in ("resnet56", "all") else {})}
-    print(f"{'conv (N=batch)':<26}{'thr':>4}{'direct us':>11}{'im2col us':>11}{'auto us':>9}{'ORT us':>9}"
-          f"{'ORT/auto':>10}  auto path")
+    print(f"{'conv (N=batch)':<26}{'thr':>4}{'direct us':>11}{'winograd us':>13}{'im2col us':>11}{'auto us':>9}"
+          f"{'ORT us':>9}{'ORT/auto':>10}  auto path")
     for th in args.threads or [1]:
         for name, shape in shapes.items():
             xs = _arrays(*shape[:5])
-            fns = {path: _eqfuse(shape, xs, path) for path in ("direct", "im2col", "auto")}
+            wino = shape[4] == 3 and shape[5] == 1  # (3x3, stride 1: eqfuse.backend.conv_winograd.can_run)
+            fns = {path: _eqfuse(shape, xs, path) for path in ("direct", "winograd", "im2col", "auto")
+                   if path != "winograd" or wino}
             runs = {}
             for path, fn in fns.items():
                 fn.threads = th
@@ -128,8 +134,9 @@ def main(argv=None) -> int:
                     times[k].append(time.perf_counter() - t)
             med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
             auto = next(p.detail for p in fns["auto"].last.plans if p.kind == "conv2d")
-            path = "direct" if type(auto).__name__ == "ConvDirectDetail" else "im2col"
-            print(f"{name:<26}{th:>4}{med['direct']:>11.1f}{med['im2col']:>11.1f}{med['auto']:>9.1f}"
+            path = "im2col" if type(auto).__name__ != "ConvDirectDetail" else "winograd" if auto.winograd else "direct"
+            wg = f"{med['winograd']:>13.1f}" if "winograd" in med else f"{'-':>13}"
+            print(f"{name:<26}{th:>4}{med['direct']:>11.1f}{wg}{med['im2col']:>11.1f}{med['auto']:>9.1f}"
                   f"{med['ort']:>9.1f}{med['ort'] / med['auto']:>10.2f}  {path}", flush=True)
     return 0
 

@@ -19,6 +19,12 @@ from eqfuse.backend.conv_direct import (
 from eqfuse.backend.machine import MODELS, pinned
 
 
+@pytest.fixture(autouse=True)
+def _direct_kernel(monkeypatch):
+    """The direct kernel's tests: Winograd off (its own in tests/test_conv_winograd.py)."""
+    monkeypatch.setenv("EQFUSE_CONV_WINOGRAD", "0")
+
+
 def _rand(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.conv_winograd import plan_winograd, use_winograd
 from eqfuse.backend.emit_gemm import _ct, _epilogue
 from eqfuse.backend.lower_gemm import Prepack, cdiv, parallel
 from eqfuse.backend.machine import Machine
@@ -61,6 +62,7 @@ class ConvDirectDetail:
     pixels_as_rows: bool = False  # (an im2col GEMM's orientation: never here)
     blocked_args: tuple[int, ...] = ()  # body inputs of the epilogue read in blocks of VL channels
     in_place: bool = False  # the input in blocks read where it is, no padded copy (conv_blocked._mark_in)
+    winograd: int = 0  # tiles per block of a Winograd F(2x2, 3x3) conv (conv_winograd.py), 0: direct
 
     @property
     def obw(self) -> int:
@@ -179,6 +181,9 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     if pixels:
         plan.tiles = dict(zip(("ro", "rph", "rpw"), pixels))
     plan.flops = 2 * NP * O * K + pointwise_flops(body)
+    if use_winograd(d, vl):
+        plan_winograd(plan, m, d)
+        return True
     ncb, nob = cdiv(C, cb), cdiv(O, d.obw)
     nt = N * OH * cdiv(OW, rw) if rows else cdiv(NP, rw)
     hp, wp = (OH - 1) * sh + KH, (OW - 1) * sw + KW
@@ -272,10 +277,18 @@ def transpose_c(vl: int, vf: str) -> str:
     return "\n".join(lines)
 
 
-def emit_conv_direct(plan: KernelPlan) -> str:
-    body, a = plan.body, plan.shape.anchor
-    cv, d = body.nodes[a], plan.detail
-    params, ptrs = kernel_params(plan)
+def reorder_fn(name: str, vl: int) -> str:
+    """The C of NAME_reorder (csrc_templates/conv_reorder.c): blocks of VL channels to NCHW."""
+    return render("conv_reorder.c", NAME=name, VL=vl, TRANSPOSE=transpose_c(vl, f"{name}_vf"))
+
+
+def epilogue_c(plan: KernelPlan) -> tuple[str, str]:
+    """(the epilogue's C expression of `acc`, the declarations of the operands it reads) of a
+    direct or Winograd conv: acc is the conv's sum at output element (b, i, j), j = oh x OW + ow;
+    operands in blocks of VL channels (detail.blocked_args) are read at `blk`."""
+    body, a, d = plan.body, plan.shape.anchor, plan.detail
+    cv = body.nodes[a]
+    _, ptrs = kernel_params(plan)
     groups = [("b", [0], False), ("i", [1], False), ("j", [2, 3], False)]
     bias = f"eqf_e{body.inputs.index(cv.args[2])}" if len(cv.args) == 3 else None
     preset = {a: f"(acc + {bias}[i])" if bias else "acc"}
@@ -284,7 +297,17 @@ def emit_conv_direct(plan: KernelPlan) -> str:
     expr, extras = _epilogue(plan, groups, preset)
     if bias and cv.args[2] not in dict(extras):
         extras.append((cv.args[2], bias))
-    decls = "\n".join(f"    const {_ct(body, i)}* restrict {name} = {ptrs[i]};" for i, name in extras)
+    return expr, "\n".join(f"    const {_ct(body, i)}* restrict {name} = {ptrs[i]};" for i, name in extras)
+
+
+def emit_conv_direct(plan: KernelPlan) -> str:
+    if plan.detail.winograd:
+        from eqfuse.backend.conv_winograd import emit_conv_winograd
+        return emit_conv_winograd(plan)
+    body, a = plan.body, plan.shape.anchor
+    cv, d = body.nodes[a], plan.detail
+    params, ptrs = kernel_params(plan)
+    expr, decls = epilogue_c(plan)
     if d.pixels:
         ro, rph, rpw = d.pixels
         return render("conv_pixels.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
@@ -299,7 +322,7 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
                   RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
                   INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(reorders(d)),
-                  TRANSPOSE=transpose_c(d.vl, f"{plan.name}_vf") if reorders(d) else "",
+                  REORDER_FN=reorder_fn(plan.name, d.vl) if reorders(d) else "",
                   EPI_BLOCKED=int(bool(d.blocked_args)), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
 
 

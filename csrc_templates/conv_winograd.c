@@ -1,0 +1,271 @@
+/* {{NAME}}: conv2d 3x3, stride 1, padding {{PH}}x{{PW}}, by Winograd F(2x2, 3x3):
+ * {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x3x3 -> {{N}}x{{O}}x{{OH}}x{{OW}}, the epilogue fused into the store.
+ *
+ * Each 2x2 block of output pixels (a "tile") is Y = A^T [sum over c of (G g G^T) . (B^T d B)] A,
+ * d being the tile's 4x4 input window of channel c and g the 3x3 filter: 16 products per input
+ * channel and output channel where the direct conv makes 36 (2.25x fewer multiply-adds). With
+ * the transforms as matrices, per block of TB tiles (eqfuse.backend.conv_winograd):
+ * 1. input transform: Vb[16][TB][C], the 16 values B^T d B of each tile and channel (adds only;
+ *    VL channels per vector, read from the input in blocks of VL channels [N][C / VL][H][W][VL]);
+ * 2. 16 GEMMs: Mb[xi] (TB x O) = Vb[xi] (TB x C) . U[xi] (C x O), U = G g G^T made once
+ *    ({{NAME}}_prepack, U[16][O / OBW][C][OBW]) when the weights are bound by params=
+ *    (PREPACKED {{PREPACKED}}); register tiles of RW tiles x OBW = V x VL output channels;
+ * 3. output transform: the 2x2 pixels A^T m A of each tile and output channel vector, through the
+ *    epilogue, stored in blocks of VL channels (OUT_BLOCKED {{OUT_BLOCKED}}: the next conv reads
+ *    them so), or NCHW (REORDER {{REORDER}}: in blocks first, then reordered; else pixel by pixel).
+ * Vb and Mb are each thread's own (scratch), sized for L2; each thread takes an equal run of tiles.
+ * Rounding: B and A hold 0 and +-1, G +-1/2: F(2x2, 3x3) adds about one rounding of the sums'
+ * magnitude per transform, the error of a direct conv's order of summation (checked against
+ * numpy in tests/test_conv_winograd.py). */
+#include <omp.h>
+#define {{NAME}}_DIMS                                                                                     \
+    enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, OH = {{OH}}, OW = {{OW}}, PH = {{PH}},        \
+           PW = {{PW}}, VL = {{VL}}, V = {{V}}, OBW = {{OBW}}, RW = {{RW}}, TB = {{TB}}, NCB = C / VL,            \
+           NOB = O / OBW, TH = (OH + 1) / 2, TW = (OW + 1) / 2, T = N * TH * TW, P = OH * OW }
+typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
+typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
+
+long {{NAME}}_prepack_floats(void)
+{
+    {{NAME}}_DIMS;
+    return 16L * C * O;
+}
+
+/* OIHW weights -> U[16][NOB][C][OBW], U = G g G^T for each output and input channel, with
+ * G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1] (in double, rounded once). */
+void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
+{
+    {{NAME}}_DIMS;
+    for (long o = 0; o < O; o++)
+        for (long c = 0; c < C; c++) {
+            const float* g = wt + (o * C + c) * 9;
+            double t[4][3], u[4][4];
+            for (int j = 0; j < 3; j++) {
+                t[0][j] = g[j];
+                t[1][j] = 0.5 * ((double)g[j] + g[3 + j] + g[6 + j]);
+                t[2][j] = 0.5 * ((double)g[j] - g[3 + j] + g[6 + j]);
+                t[3][j] = g[6 + j];
+            }
+            for (int i = 0; i < 4; i++) {
+                u[i][0] = t[i][0];
+                u[i][1] = 0.5 * (t[i][0] + t[i][1] + t[i][2]);
+                u[i][2] = 0.5 * (t[i][0] - t[i][1] + t[i][2]);
+                u[i][3] = t[i][2];
+            }
+            for (int xi = 0; xi < 16; xi++)
+                wp[((xi * (long)NOB + o / OBW) * C + c) * OBW + o % OBW] = (float)u[xi / 4][xi % 4];
+        }
+}
+
+/* Step 1 for one tile: Vb[xi][r][c] for its window at (ih0, iw0) of image n, every channel
+ * block; B^T d B = rows (d0 - d2, d1 + d2, d2 - d1, d1 - d3), then the same along columns.
+ * A window inside the image is read with plain loads; one across its edge, pixel by pixel
+ * (zero outside). */
+static inline void {{NAME}}_in(const float* restrict x, float* restrict vb, long r, long n, long ih0, long iw0)
+{
+    {{NAME}}_DIMS;
+    typedef {{NAME}}_vf vf;
+    const int inside = ih0 >= 0 && iw0 >= 0 && ih0 + 4 <= H && iw0 + 4 <= W;
+    for (long cb = 0; cb < NCB; cb++) {
+        const float* restrict src = x + (n * NCB + cb) * (long)H * W * VL;
+        vf d[4][4], t[4][4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const long ih = ih0 + i, iw = iw0 + j;
+                d[i][j] = inside || (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                              ? *(const {{NAME}}_vfu*)(src + (ih * W + iw) * VL) : (vf){0};
+            }
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            t[0][j] = d[0][j] - d[2][j];
+            t[1][j] = d[1][j] + d[2][j];
+            t[2][j] = d[2][j] - d[1][j];
+            t[3][j] = d[1][j] - d[3][j];
+        }
+        float* restrict dst = vb + r * C + cb * VL;
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            *(vf*)(dst + (4 * i + 0) * (long)TB * C) = t[i][0] - t[i][2];
+            *(vf*)(dst + (4 * i + 1) * (long)TB * C) = t[i][1] + t[i][2];
+            *(vf*)(dst + (4 * i + 2) * (long)TB * C) = t[i][2] - t[i][1];
+            *(vf*)(dst + (4 * i + 3) * (long)TB * C) = t[i][1] - t[i][3];
+        }
+    }
+}
+
+/* Step 2's register tile: m[RW][OBW] (rows O apart) = a[RW][C] (rows C apart) . u[C][OBW]. */
+__attribute__((optimize("no-predictive-commoning")))
+static inline void {{NAME}}_gemm(const float* restrict a, const float* restrict u, float* restrict m)
+{
+    {{NAME}}_DIMS;
+    {{NAME}}_vf acc[RW][V];
+#pragma GCC unroll 32
+    for (int r = 0; r < RW; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            acc[r][v] = ({{NAME}}_vf){0};
+#pragma GCC unroll 16
+    for (int c = 0; c < C; c++) {
+        {{NAME}}_vf wv[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++) {
+            wv[v] = *(const {{NAME}}_vf*)(u + c * OBW + v * VL);
+#if defined(__x86_64__) && (defined(__AVX512F__) || ({{VL}} <= 8 && defined(__AVX__)) || {{VL}} <= 4)
+            __asm__("" : "+v"(wv[v])); /* in a register, not folded into each FMA (see conv_direct.c) */
+#endif
+        }
+#pragma GCC unroll 32
+        for (int r = 0; r < RW; r++) {
+            const float s = a[r * C + c];
+#pragma GCC unroll 8
+            for (int v = 0; v < V; v++)
+                acc[r][v] += s * wv[v];
+        }
+    }
+#pragma GCC unroll 32
+    for (int r = 0; r < RW; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            *({{NAME}}_vf*)(m + r * (long)O + v * VL) = acc[r][v];
+}
+
+{{REORDER_FN}}
+
+void {{NAME}}({{PARAMS}})
+{
+    {{NAME}}_DIMS;
+{{EXTRAS}}
+#if {{IN_BLOCKED}}
+    const float* xb = {{X}};
+#else
+    float* xb = eqf_scratch(EQF_SCRATCH_CONV_COL, (long)N * C * H * W); /* the input in blocks */
+    if (!xb) {
+        eqf_nomem_note();
+        return;
+    }
+#endif
+#if {{REORDER}}
+    float* ys = eqf_scratch(EQF_SCRATCH_GEMM_A, (long)N * O * P); /* the output in blocks, then NCHW */
+    if (!ys) {
+        eqf_nomem_note();
+        return;
+    }
+#endif
+#if {{PREPACKED}}
+    const float* w = {{WEIGHTS}}; /* U, made once by {{NAME}}_prepack */
+#else
+    float* w = eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
+    if (!w) {
+        eqf_nomem_note();
+        return;
+    }
+#endif
+    int nomem = 0; /* a thread's Vb / Mb could not be allocated: it skips its tiles, the caller learns it */
+#pragma omp parallel if ({{PARALLEL}})
+    {
+#if !{{PREPACKED}}
+#pragma omp single nowait
+        {{NAME}}_prepack({{WEIGHTS}}, w);
+#endif
+#if !{{IN_BLOCKED}}
+        /* NCHW rows to blocks: xb[n][cb][h][w][VL] (its end's barrier also waits for the single above) */
+#pragma omp for schedule(static)
+        for (long row = 0; row < (long)N * NCB * H; row++) {
+            const long h = row % H, cb = row / H % NCB, n = row / H / NCB;
+            const float* restrict src = {{X}} + ((n * C + cb * VL) * H + h) * (long)W;
+            float* restrict dst = xb + row * (long)W * VL;
+            for (long iw = 0; iw < W; iw++)
+#pragma GCC unroll 16
+                for (long l = 0; l < VL; l++)
+                    dst[iw * VL + l] = src[l * (long)H * W + iw];
+        }
+#elif !{{PREPACKED}}
+#pragma omp barrier
+#endif
+        float* restrict vb = eqf_scratch(EQF_SCRATCH_ATTN_ROW, 16L * TB * (C + O));
+        if (!vb) {
+#pragma omp atomic write
+            nomem = 1;
+        }
+        /* each thread an equal run of tiles, in blocks of TB */
+        const long nt = omp_get_num_threads(), me = omp_get_thread_num();
+        const long ta = T * me / nt, tz = T * (me + 1) / nt;
+        for (long t0 = ta; vb && t0 < tz; t0 += TB) {
+            float* restrict mb = vb + 16L * TB * C;
+            const long nr = tz - t0 < TB ? tz - t0 : TB, nrw = (nr + RW - 1) / RW * RW;
+            for (long r = 0; r < nrw; r++) {
+                if (r >= nr) { /* (rows of the last register tile past the run: zeros, not stored) */
+                    for (int xi = 0; xi < 16; xi++)
+                        memset(vb + (xi * (long)TB + r) * C, 0, sizeof(float) * C);
+                    continue;
+                }
+                const long t = t0 + r, n = t / (TH * TW), ty = t / TW % TH, tx = t % TW;
+                {{NAME}}_in(xb, vb, r, n, 2 * ty - PH, 2 * tx - PW);
+            }
+            for (int xi = 0; xi < 16; xi++)
+                for (long ob = 0; ob < NOB; ob++)
+                    for (long r0 = 0; r0 < nrw; r0 += RW)
+                        {{NAME}}_gemm(vb + (xi * (long)TB + r0) * C, w + (xi * (long)NOB + ob) * C * OBW,
+                                      mb + (xi * (long)TB + r0) * O + ob * OBW);
+            /* step 3: A^T m A, A^T = [1 1 1 0; 0 1 -1 -1]; then the epilogue per pixel */
+            for (long r = 0; r < nr; r++) {
+                const long t = t0 + r, n = t / (TH * TW), oh0 = t / TW % TH * 2, ow0 = t % TW * 2;
+                for (long o0 = 0; o0 < O; o0 += VL) {
+                    {{NAME}}_vf mm[16], s[2][4];
+#pragma GCC unroll 16
+                    for (int xi = 0; xi < 16; xi++)
+                        mm[xi] = *(const {{NAME}}_vf*)(mb + (xi * (long)TB + r) * O + o0);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) {
+                        s[0][j] = mm[j] + mm[4 + j] + mm[8 + j];
+                        s[1][j] = mm[4 + j] - mm[8 + j] - mm[12 + j];
+                    }
+                    float y[4][VL] __attribute__((aligned(64)));
+#pragma GCC unroll 2
+                    for (int i = 0; i < 2; i++) {
+                        *({{NAME}}_vf*)y[2 * i] = s[i][0] + s[i][1] + s[i][2];
+                        *({{NAME}}_vf*)y[2 * i + 1] = s[i][1] - s[i][2] - s[i][3];
+                    }
+                    for (int q = 0; q < 4; q++) {
+                        const long oh = oh0 + q / 2, ow = ow0 + q % 2;
+                        if (oh >= OH || ow >= OW)
+                            continue;
+                        const long b = n, j = oh * OW + ow, blk0 = ((b * (O / VL) + o0 / VL) * (long)P + j) * VL;
+                        (void)b;
+                        (void)j;
+#if {{OUT_BLOCKED}} || {{REORDER}}
+#if {{OUT_BLOCKED}}
+                        float* restrict dst = out + blk0;
+#else
+                        float* restrict dst = ys + blk0;
+#endif
+#pragma omp simd
+                        for (long l = 0; l < VL; l++) {
+                            const long i = o0 + l, blk = blk0 + l;
+                            const float acc = y[q][l];
+                            (void)i;
+                            (void)blk;
+                            dst[l] = {{EPILOGUE}};
+                        }
+#else
+                        for (long l = 0; l < VL; l++) {
+                            const long i = o0 + l, blk = blk0 + l;
+                            const float acc = y[q][l];
+                            (void)blk;
+                            out[(b * O + i) * (long)P + j] = {{EPILOGUE}};
+                        }
+#endif
+                    }
+                }
+            }
+        }
+#if {{REORDER}}
+#pragma omp barrier
+        {{NAME}}_reorder(ys, out);
+#endif
+    }
+    if (nomem)
+        eqf_nomem_note();
+}
