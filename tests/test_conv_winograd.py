@@ -86,7 +86,7 @@ def test_winograd_conv_without_bias_or_residual(bias, residual, monkeypatch):
 
 def test_an_nchw_output_wide_enough_is_reordered_and_a_narrow_one_stored_pixel_by_pixel(monkeypatch):
     monkeypatch.setenv("EQFUSE_CONV_WINOGRAD", "1")
-    for W, reorder in ((20, True), (9, False)):
+    for W, reorder in ((20, True), (5, False)):  # (OW 20 and 5: at least VL, or less, on either machine)
         _, c = _check(1, 16, 10, W, 16, 1)
         assert ("_reorder(const float" in c) == reorder  # (the function is there only when used)
 
