@@ -60,8 +60,8 @@ def gemm_tile(m: Machine, C: int, O: int) -> tuple[int, int]:
 
 
 def tiles_per_block(m: Machine, C: int, O: int, rw: int) -> int:
-    """TB: a thread's Vb and Mb (16 x TB x (C + O) floats) in half of L2, a multiple of RW, at most 64."""
-    tb = min(64, m.l2 // 2 // (16 * F32 * (C + O)))
+    """TB: a thread's Vb and Mb (TB x (16 x (C + O) + 32) floats) in half of L2, a multiple of RW, at most 64."""
+    tb = min(64, m.l2 // 2 // (F32 * (16 * (C + O) + 32)))
     return max(rw, tb // rw * rw)
 
 
@@ -76,11 +76,10 @@ def plan_winograd(plan: KernelPlan, m: Machine, d) -> None:
     plan.tiles = {"obw": d.obw, "rw": rw, "tb": tb}  # (constants of the C)
     th, tw = cdiv(d.OH, 2), cdiv(d.OW, 2)
     t = d.N * th * tw  # (plan.flops stays the conv's own count: 2 x 9 x C per output element)
-    regs = rw * v + v + 1
+    regs, scratch = rw * v + v + 1, tb * (16 * (d.C + d.O) + 32) * F32
     plan.cache_check = (f"registers: {rw} x {v} accumulators + {v} weights + 1 broadcast = {regs} vectors; "
-                        f"a thread's transformed tiles 16 x {tb} x ({d.C} + {d.O}) x {F32} = "
-                        f"{16 * tb * (d.C + d.O) * F32} B <= L2 / 2 {m.l2 // 2} B: "
-                        f"{'ok' if 16 * tb * (d.C + d.O) * F32 <= m.l2 // 2 else 'NO (one register tile of rows)'}")
+                        f"a thread's transformed tiles {tb} x (16 x ({d.C} + {d.O}) + 32) x {F32} = {scratch} B "
+                        f"<= L2 / 2 {m.l2 // 2} B: {'ok' if scratch <= m.l2 // 2 else 'NO (one register tile of rows)'}")
     plan.threads = (f"the {t} tiles of 2 x 2 pixels split evenly, each thread its own run, in blocks of {tb}"
                     if d.parallel else "one thread, no parallel region")
     epi = ops_text(plan.body, skip={plan.shape.anchor} | set(plan.body.nodes[plan.shape.anchor].args))
