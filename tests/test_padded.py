@@ -189,6 +189,7 @@ def test_the_command_line_says_how_to_bind_a_dim_the_import_needs():
     assert "# graph main_graph:" in r.stdout and "B panel K x nr" in r.stdout  # (the skinny GEMM's plan)
 
 
+@pytest.mark.heavy
 def test_a_g_graph_pads_a_dim_buckets_name_beside_its_batch_dim():
     """A .g graph with a batch dim B and a sequence S that cumsum reads across (causally): buckets=
     for S pads it; B stays a batch dim; an output without S is returned whole."""
