@@ -42,7 +42,8 @@ def machine_model(request):
 # `-m extended` runs them). `pytest -m "not slow" -n 2` is the fast tier, under 2 minutes on 2 cores:
 # every test function once, none of the heavy ones. `slow` is never written in a test file;
 # it is set here, on
-#   - the tests marked `heavy` (more than about 1.5 s each) or `extended`;
+#   - the tests marked `heavy` (more than about 1.5 s each on a Zen 5 core, 3 s on the Zen 4 VM)
+#     or `extended`;
 #   - every case after the first FAST_CASES of a parametrized test;
 #   - the onnx package's backend node tests after the first FAST_CASES of each ONNX op (the word
 #     after "test_" in the case's name: test_reduce_min_... is a case of "reduce").

@@ -3,7 +3,8 @@ configs with random weights (no download), a ResNet-18 and an MLP-Mixer written 
 through the TorchScript exporter (opset 17) and the dynamo exporter (opset 18).
 
 Exports are cached on disk (EQFUSE_EXPORT_CACHE, default ~/.cache/eqfuse/exports), keyed by
-model, exporter and the torch and transformers versions, since an export takes seconds.
+model, exporter (and dynamic axes: `cached`) and the torch and transformers versions, since an
+export takes seconds (a dynamo one 5 s).
 """
 
 from __future__ import annotations
@@ -196,27 +197,36 @@ def torch_model(name: str, layers: int = 2):
             _resnet18() if name == "resnet18" else _resnet18(stages=True) if name == "resnet_stages" else _mlp() if name == "mlp" else _mixer(layers))
 
 
-def export(name: str, exporter: str, layers: int = 2) -> Path:
-    """The path of the model's ONNX export (made once, then taken from the cache). `layers`
-    sets the number of layers of GPT-2 and of blocks of the MLP-Mixer (2 by default)."""
+def cached(tag: str, write) -> Path:
+    """The path of an export the caller makes with write(path) (once, then taken from the cache):
+    `tag` names the model and everything that shapes the export (exporter, dynamic axes)."""
     import torch
     import transformers
 
-    tag = "" if layers == 2 else f"-{layers}layers"
-    path = _cache() / f"{name}{tag}-{exporter}-torch{torch.__version__}-tf{transformers.__version__}.onnx"
+    path = _cache() / f"{tag}-torch{torch.__version__}-tf{transformers.__version__}.onnx"
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    model, names = torch_model(name, layers)
-    args = tuple(torch.from_numpy(v) for v in inputs(name).values())
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
-        if exporter == "torchscript":
-            torch.onnx.export(model, args, str(tmp), input_names=list(names), output_names=["y"], opset_version=17,
-                              dynamo=False)
-        else:
-            torch.onnx.export(model, args, str(tmp), input_names=list(names), output_names=["y"], opset_version=18,
-                              dynamo=True, external_data=False)
+        write(tmp)
     os.replace(tmp, path)
     return path
+
+
+def export(name: str, exporter: str, layers: int = 2) -> Path:
+    """The path of the model's ONNX export (made once, then taken from the cache). `layers`
+    sets the number of layers of GPT-2 and of blocks of the MLP-Mixer (2 by default)."""
+    def write(path):
+        import torch
+
+        model, names = torch_model(name, layers)
+        args = tuple(torch.from_numpy(v) for v in inputs(name).values())
+        if exporter == "torchscript":
+            torch.onnx.export(model, args, str(path), input_names=list(names), output_names=["y"], opset_version=17,
+                              dynamo=False)
+        else:
+            torch.onnx.export(model, args, str(path), input_names=list(names), output_names=["y"], opset_version=18,
+                              dynamo=True, external_data=False)
+    return cached(f"{name}{'' if layers == 2 else f'-{layers}layers'}-{exporter}", write)

@@ -47,6 +47,7 @@ def test_kernel_matches_numpy(op, mask, machine):
     np.testing.assert_allclose(out, _numpy(op, a, names, {"scale": 0.375}), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("zero_nan", [False, True])
 def test_dead_rows_are_nan_or_zero_as_in_numpy(zero_nan):
     """A query row whose every key is masked with -inf (and one with a NaN score) has NaN
@@ -94,6 +95,7 @@ MASKED = """graph layer(x: f32[2, 8, 16], mask: f32[2, 1, 1, 8], wq: f32[16, 16]
 }"""
 
 
+@pytest.mark.heavy
 def test_masked_attention_layer_recomputes_the_probabilities():
     """The gradient of a masked attention layer matches torch autograd, and the compiled joint
     graph has the three recomputing kernels and no kernel that writes the 8 x 8 probabilities."""

@@ -225,6 +225,7 @@ def test_buckets_for_a_dim_that_params_fix_are_refused():
         eqfuse.compile(src, buckets={"B": [1, 2]}, params={"w": np.ones((3, 4), np.float32)})
 
 
+@pytest.mark.heavy
 def test_buckets_for_a_dim_that_is_not_a_batch_dim_pad_it_when_exact_else_compile_per_value():
     """buckets= naming a dim ops read across: padded (eqfuse.runtime.padded) when the reference
     says zeros at the end change no real output, else compiled per value, saying why; a model of

@@ -61,6 +61,7 @@ def _kernels(out: str) -> int:
     return int(out.split("# graph mlp: ")[1].split()[0])
 
 
+@pytest.mark.heavy
 def test_disable_changes_what_lower_and_emit_produce(capsys, tmp_path, good):
     assert main(["lower", MLP, "--dim", "B=4"]) == 0
     assert _kernels(capsys.readouterr().out) == 2

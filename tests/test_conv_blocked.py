@@ -43,6 +43,7 @@ def _resnet(N, C, D, H):
     return src, xs
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("model,C,D", [("zen4", 32, 64), ("avx2", 16, 24)])
 @pytest.mark.parametrize("bound", [False, True], ids=["weights", "bound-weights"])
 def test_a_resnet_stem_and_two_stages_stay_blocked_and_match_the_reference(model, C, D, bound):
@@ -138,6 +139,7 @@ graph t(x: f32[1, 16, 6, 6], w1: f32[16, 16, 3, 3], w2: f32[16, 16, 3, 3]) -> (f
             assert not p.detail.out_blocked and not p.detail.blocked_args
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("in_place", ["1", "0"], ids=["in-place", "padded-copy"])
 @pytest.mark.parametrize("H,s", [(12, 1), (13, 2), (5, 1), (3, 1)])
 def test_a_blocked_input_read_in_place_or_through_the_padded_copy_matches_the_reference(in_place, H, s, monkeypatch):
@@ -166,6 +168,7 @@ graph t(x: f32[2, 16, {H}, {H}], w1: f32[32, 16, 3, 3], w2: f32[32, 32, 3, 3], w
     assert len(readers) == 2 and all(p.detail.in_place == (in_place == "1" and p.detail.rows) for p in readers)
 
 
+@pytest.mark.heavy
 def test_a_downsample_planned_again_as_a_direct_conv_blocks_its_bound_weights_once():
     """At one 58x58 image the strided 1x1 downsample's GEMM takes no prepacked weights; planned
     again as a direct conv between blocked tensors, its bound weights are blocked once like the

@@ -92,6 +92,7 @@ def test_mutated_g_checks_cleanly(tmp_path_factory, case):
     check_g(tmp_path_factory, *case, optimize=False)
 
 
+@pytest.mark.heavy
 @FAST
 @given(case=small_g_case)
 def test_mutated_g_optimizes_cleanly(tmp_path_factory, case):

@@ -9,8 +9,8 @@ import pytest
 import eqfuse
 from eqfuse.cli.main import main
 from eqfuse.frontend.load import load
-from eqfuse.grad import grad_graph
 from eqfuse.grad import check as C
+from eqfuse.grad import grad_graph
 from eqfuse.grad import rules as R
 from eqfuse.ir.printer import module_text
 from eqfuse.ir.reference import evaluate
@@ -116,6 +116,7 @@ def test_compiled_gradients_match_the_reference_of_the_joint_graph():
     assert not out[1][[2, 4, 5, 6, 7, 8]].any() and out[1][3].any()  # rows never read get no gradient
 
 
+@pytest.mark.heavy
 def test_unbound_dims_compile_per_binding():
     mod = eqfuse.compile(MLP, grad=["w1", "b1"])
     rng = np.random.default_rng(1)

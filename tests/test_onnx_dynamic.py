@@ -11,10 +11,6 @@ compiled module with torch at batch 1, 2 and 5.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import warnings
-
 import numpy as np
 import pytest
 
@@ -224,14 +220,15 @@ def test_reshapes_of_a_named_dim_import_right_or_fail_clearly():
 # ---------------------------------------------------------------- real exports
 
 
-def _export(name: str, exporter: str, path):
+def _export(name: str, exporter: str):
+    """(the torch model, its export with a dynamic batch axis: made once, then cached)."""
     import model_exports as me
     import torch
 
     model, names = me.torch_model(name)
-    args = tuple(torch.from_numpy(v) for v in me.inputs(name).values())
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
+
+    def write(path):
+        args = tuple(torch.from_numpy(v) for v in me.inputs(name).values())
         if exporter == "torchscript":
             axes = {n: {0: "batch"} for n in (*names, "y")}
             torch.onnx.export(model, args, str(path), input_names=list(names), output_names=["y"], opset_version=17,
@@ -240,7 +237,7 @@ def _export(name: str, exporter: str, path):
             batch = torch.export.Dim("batch", min=1, max=1024)
             torch.onnx.export(model, args, str(path), input_names=list(names), output_names=["y"], opset_version=18,
                               dynamo=True, external_data=False, dynamic_shapes=tuple({0: batch} for _ in names))
-    return model
+    return model, me.cached(f"{name}-{exporter}-dynamic-batch", write)
 
 
 def _feeds(name: str, b: int) -> dict[str, np.ndarray]:
@@ -258,11 +255,10 @@ def _feeds(name: str, b: int) -> dict[str, np.ndarray]:
 @pytest.mark.heavy
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize("name", ["bert", "gpt2", "vit", "mixer", "resnet18"])
-def test_dynamic_batch_export_runs_at_any_batch(name, exporter, tmp_path):
+def test_dynamic_batch_export_runs_at_any_batch(name, exporter):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    path = tmp_path / f"{name}.onnx"
-    model = _export(name, exporter, path)
+    model, path = _export(name, exporter)
     g = import_onnx(path)
     runtime = [t for n, t in g.params if n in _feeds(name, 1)]
     assert runtime and all(t.shape[0] == "batch" for t in runtime), g.params
@@ -282,14 +278,14 @@ def test_dynamic_batch_export_runs_at_any_batch(name, exporter, tmp_path):
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
-def test_a_dynamic_sequence_bound_by_dims_leaves_the_batch_a_batch_dim(name, tmp_path):
+def test_a_dynamic_sequence_bound_by_dims_leaves_the_batch_a_batch_dim(name):
     """Exported with dynamic batch and sequence axes (as optimum exports them), the model loads
     when dims= binds the sequence: the importer folds its shape arithmetic with it, and the batch
     stays a batch dim (one compile, any batch size)."""
     torch = pytest.importorskip("torch")
     import model_exports as me
 
-    model, path = _export_batch_and_sequence(name, tmp_path)
+    model, path = _export_batch_and_sequence(name)
     with pytest.raises(ArgumentError, match="not a dimension of the model .its named dimensions: batch, sequence"):
         eqfuse.compile(str(path), dims={"seq": me.S})
     mod = eqfuse.compile(str(path), dims={"sequence": me.S})
@@ -302,20 +298,20 @@ def test_a_dynamic_sequence_bound_by_dims_leaves_the_batch_a_batch_dim(name, tmp
     assert not mod.default.cache
 
 
-def _export_batch_and_sequence(name: str, tmp_path):
-    """(the torch model, its torchscript export with dynamic batch and sequence axes)."""
+def _export_batch_and_sequence(name: str):
+    """(the torch model, its torchscript export with dynamic batch and sequence axes: made once,
+    then cached; tests/test_padded.py's too)."""
     import model_exports as me
     import torch
 
     model, names = me.torch_model(name)
-    args = tuple(torch.from_numpy(v) for v in _feeds(name, 2).values())
-    path = tmp_path / f"{name}.onnx"
-    axes = {n: {0: "batch", 1: "sequence"} for n in (*names, "y")}
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
+
+    def write(path):
+        args = tuple(torch.from_numpy(v) for v in _feeds(name, 2).values())
+        axes = {n: {0: "batch", 1: "sequence"} for n in (*names, "y")}
         torch.onnx.export(model, args, str(path), input_names=list(names), output_names=["y"], opset_version=17,
                           dynamo=False, dynamic_axes=axes)
-    return model, path
+    return model, me.cached(f"{name}-torchscript-dynamic-batch-sequence", write)
 
 
 @pytest.mark.heavy
@@ -326,7 +322,7 @@ def test_the_command_line_binds_an_onnx_sequence_at_import(tmp_path):
     import sys
 
     pytest.importorskip("torch")
-    _, path = _export_batch_and_sequence("bert", tmp_path)
+    _, path = _export_batch_and_sequence("bert")
     np.savez(tmp_path / "in.npz", **_feeds("bert", 2))
 
     def cli(*argv):

@@ -7,12 +7,19 @@ are outside what eqfuse supports, each for the reason given next to it.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import os
 import re
+import subprocess
+import sys
 import warnings
+from unittest import mock
 
+import numpy as np
 import pytest
 
-onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnx")
 
 import onnx.backend.test  # noqa: E402
 
@@ -65,16 +72,53 @@ EXCLUDED = {
 INCLUDE = re.compile(rf"^test_({'|'.join(SUPPORTED)})(_.*)?_cpu$")
 EXCLUDE = re.compile("|".join(EXCLUDED))
 
-with warnings.catch_warnings():  # onnx's case generators overflow casts on purpose
-    warnings.simplefilter("ignore")
-    backend_test = onnx.backend.test.BackendTest(EqfuseBackend, __name__)
-backend_test.include(INCLUDE.pattern)
-for pattern in EXCLUDED:
-    backend_test.exclude(pattern)
+# onnx makes its node cases in memory by importing a generator module per ONNX op and running
+# every `export_*` function in it: all of them take 10 s of each xdist worker's collection, most
+# of it in the 3-D pooling references. Only the modules of the supported ops run here, and in
+# them not the generators whose case is excluded by name. The heavy
+# test_the_narrowed_generation_selects_what_the_full_one_does checks that nothing is lost.
+RENAMED = {"batchnorm": "batch_normalization", "tril": "trilu", "triu": "trilu", "less_equal": "less_or_equal",
+           "greater_equal": "greater_or_equal", "and": "and_", "or": "or_", "not": "not_"}  # op: its module
+CASE_MODULES = sorted({RENAMED.get(op, op.replace("_", "")) for op in SUPPORTED})
 
 
 def _selected(name: str) -> bool:
     return bool(INCLUDE.match(name)) and not EXCLUDE.search(name)
+
+
+@contextlib.contextmanager
+def _narrowed_generation():
+    import onnx.backend.test.case.base as case_base
+    import onnx.backend.test.case.node as case_node
+    import onnx.backend.test.loader as loader
+
+    def run_exports(cls, name, bases, dct):  # onnx's _Exporter.__init__ without the excluded exports
+        for key in dct:
+            if key.startswith("export") and not EXCLUDE.search(f"test_{key[len('export_'):]}_cpu"):
+                np.random.seed(seed=0)
+                getattr(cls, key)()
+        type.__init__(cls, name, bases, dct)
+
+    with mock.patch.object(case_base._Exporter, "__init__", run_exports):
+        for mod in CASE_MODULES:
+            importlib.import_module(f"{case_node.__name__}.{mod}")
+    with mock.patch.object(loader, "import_recursive", lambda package: None):
+        yield
+
+
+def backend_cases(narrowed: bool = True):
+    """onnx's BackendTest with eqfuse's backend (every case of every op unless `narrowed`)."""
+    with warnings.catch_warnings():  # onnx's case generators overflow casts on purpose
+        warnings.simplefilter("ignore")
+        with _narrowed_generation() if narrowed else contextlib.nullcontext():
+            return onnx.backend.test.BackendTest(EqfuseBackend, __name__)
+
+
+# EQFUSE_TEST_ONNX_CASES=all: every generator runs (the heavy test below compares the two)
+backend_test = backend_cases(narrowed=os.environ.get("EQFUSE_TEST_ONNX_CASES") != "all")
+backend_test.include(INCLUDE.pattern)
+for pattern in EXCLUDED:
+    backend_test.exclude(pattern)
 
 
 # Only the selected cases become tests (not thousands of skipped ones).
@@ -94,3 +138,13 @@ def test_selection_covers_every_supported_op():
     names = selected_names()
     for op in SUPPORTED:
         assert any(re.match(rf"test_{op}(_.*)?_cpu$", n) for n in names), op
+
+
+@pytest.mark.heavy
+def test_the_narrowed_generation_selects_what_the_full_one_does():
+    """Every case generator of every ONNX op, run in a fresh process, selects the same tests."""
+    code = "import test_onnx_node as t; print('\\n'.join(sorted(t.selected_names())))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), capture_output=True,
+                         text=True, check=True, env={**os.environ, "EQFUSE_TEST_ONNX_CASES": "all"}).stdout.split()
+    assert len(out) > 100
+    assert out == sorted(selected_names())

@@ -6,10 +6,7 @@ value instead, and says why."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
-import warnings
 
 import numpy as np
 import pytest
@@ -33,9 +30,9 @@ def test_pad_sizes_are_the_powers_of_two_from_16_up_to_the_first_value_and_at_le
     assert pad_sizes(1) == [1, 16, 32, 64, 128]
 
 
-def _export(name: str, tmp_path, pool: bool = False):
-    """(torch model, ONNX export with dynamic batch and sequence axes); pool: the output is the
-    mean over the sequence (no position of it is independent of the others)."""
+def _export(name: str, pool: bool = False):
+    """(torch model, ONNX export with dynamic batch and sequence axes: made once, then cached);
+    pool: the output is the mean over the sequence (no position of it is independent of the others)."""
     import model_exports as me
     import torch
 
@@ -51,15 +48,14 @@ def _export(name: str, tmp_path, pool: bool = False):
             def forward(self, ids, mask):
                 return self.inner(ids, mask).mean(dim=1)
         model = Pooled().eval()
-    ids = torch.randint(0, me.VOCAB, (2, me.S))
-    path = tmp_path / f"{name}{'_pool' * pool}.onnx"
-    axes = {n: {0: "batch", 1: "sequence"} for n in names}
-    axes["y"] = {0: "batch"} if pool else {0: "batch", 1: "sequence"}
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
+
+    def write(path):
+        ids = torch.randint(0, me.VOCAB, (2, me.S), generator=torch.Generator().manual_seed(0))
+        axes = {n: {0: "batch", 1: "sequence"} for n in names}
+        axes["y"] = {0: "batch"} if pool else {0: "batch", 1: "sequence"}
         torch.onnx.export(model, (ids, torch.ones_like(ids)), str(path), input_names=list(names),
                           output_names=["y"], opset_version=17, dynamo=False, dynamic_axes=axes)
-    return model, path
+    return model, me.cached(f"{name}{'-pool' * pool}-torchscript-dynamic-batch-sequence-ones", write)
 
 
 def _feeds(b: int, s: int, seed: int = 0):
@@ -82,12 +78,12 @@ def _torch(model, ids, mask):
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
-def test_any_sequence_length_within_the_buckets_runs_without_compiling_again(name, tmp_path):
+def test_any_sequence_length_within_the_buckets_runs_without_compiling_again(name):
     """BERT (its attention mask hides the padding) and GPT-2 (causal: no position reads a later
     one) load without dims=; after the first call, every (batch, sequence) within the buckets
     runs on the modules that call compiled, matching torch."""
     pytest.importorskip("torch")
-    model, path = _export(name, tmp_path)
+    model, path = _export(name)
     mod = eqfuse.compile(str(path), buckets={"sequence": [8, 16]})
     assert "sequence padded to buckets chosen at the first call" in repr(mod) or "padded to 8, 16" in repr(mod)
     assert mod.report["optimized"] is False and not mod.kernels
@@ -122,11 +118,11 @@ def test_any_sequence_length_within_the_buckets_runs_without_compiling_again(nam
 
 
 @pytest.mark.heavy
-def test_a_model_that_reads_every_position_is_compiled_per_length_and_says_why(tmp_path):
+def test_a_model_that_reads_every_position_is_compiled_per_length_and_says_why():
     """The mean over the sequence counts padded positions: the first call's check on the
     reference finds it, and each new length is compiled on its own (still right)."""
     pytest.importorskip("torch")
-    model, path = _export("bert", tmp_path, pool=True)
+    model, path = _export("bert", pool=True)
     mod = eqfuse.compile(str(path))
     for b, s in ((2, 12), (1, 7), (2, 12)):
         ids, mask = _feeds(b, s)
@@ -140,9 +136,9 @@ def test_a_model_that_reads_every_position_is_compiled_per_length_and_says_why(t
 
 
 @pytest.mark.heavy
-def test_bad_calls_and_arguments_of_a_padded_model_are_clear_errors(tmp_path):
+def test_bad_calls_and_arguments_of_a_padded_model_are_clear_errors():
     pytest.importorskip("torch")
-    _, path = _export("bert", tmp_path)
+    _, path = _export("bert")
     with pytest.raises(ArgumentError, match="buckets= names 'seq', which is not a dimension of the model"):
         eqfuse.compile(str(path), buckets={"seq": [8]})
     with pytest.raises(ArgumentError, match="'sequence' expects a non-empty list of positive integers"):
@@ -163,10 +159,10 @@ def test_bad_calls_and_arguments_of_a_padded_model_are_clear_errors(tmp_path):
 
 
 @pytest.mark.heavy
-def test_buckets_off_compiles_each_length(tmp_path):
+def test_buckets_off_compiles_each_length():
     """buckets={} turns padding off: each new length (and batch size) compiles on its own."""
     pytest.importorskip("torch")
-    model, path = _export("gpt2", tmp_path)
+    model, path = _export("gpt2")
     mod = eqfuse.compile(str(path), buckets={})
     for b, s in ((1, 6), (1, 9)):
         ids, mask = _feeds(b, s)
@@ -175,13 +171,13 @@ def test_buckets_off_compiles_each_length(tmp_path):
 
 
 @pytest.mark.heavy
-def test_the_command_line_says_how_to_bind_a_dim_the_import_needs(tmp_path):
+def test_the_command_line_says_how_to_bind_a_dim_the_import_needs():
     """`eqfuse opt` on such a model without --dim: one error, exit 2, and how to bind the dims."""
     import subprocess
     import sys
 
     pytest.importorskip("torch")
-    _, path = _export("bert", tmp_path)
+    _, path = _export("bert")
     r = subprocess.run([sys.executable, "-m", "eqfuse", "opt", str(path)], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "depends on named dims" in r.stderr and "--dim NAME=N on the command line" in r.stderr, r.stderr
@@ -193,6 +189,7 @@ def test_the_command_line_says_how_to_bind_a_dim_the_import_needs(tmp_path):
     assert "# graph main_graph:" in r.stdout and "B panel K x nr" in r.stdout  # (the skinny GEMM's plan)
 
 
+@pytest.mark.heavy
 def test_a_g_graph_pads_a_dim_buckets_name_beside_its_batch_dim():
     """A .g graph with a batch dim B and a sequence S that cumsum reads across (causally): buckets=
     for S pads it; B stays a batch dim; an output without S is returned whole."""
@@ -217,19 +214,19 @@ def test_a_g_graph_pads_a_dim_buckets_name_beside_its_batch_dim():
 
 
 @pytest.mark.heavy
-def test_a_dynamo_export_with_dynamic_batch_and_sequence(tmp_path):
+def test_a_dynamo_export_with_dynamic_batch_and_sequence():
     """torch.onnx.export(dynamo=True) with dynamic_shapes for batch and sequence: the same path."""
     torch = pytest.importorskip("torch")
     import model_exports as me
 
     model, names = me.torch_model("gpt2")
-    ids = torch.randint(0, me.VOCAB, (2, 16))
-    dims = {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("sequence", min=2, max=64)}
-    path = tmp_path / "gpt2_dynamo.onnx"
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
+
+    def write(path):
+        ids = torch.randint(0, me.VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+        dims = {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("sequence", min=2, max=64)}
         torch.onnx.export(model, (ids, torch.ones_like(ids)), str(path), input_names=list(names), output_names=["y"],
                           dynamo=True, dynamic_shapes={n: dims for n in names})
+    path = me.cached("gpt2-dynamo-dynamic-batch-sequence", write)
     mod = eqfuse.compile(str(path))
     for b, s in ((2, 12), (3, 7), (1, 16)):
         ids, mask = _feeds(b, s)
@@ -277,11 +274,11 @@ def test_random_graphs_padded_or_per_value_match_the_reference(src, sizes):
 
 
 @pytest.mark.heavy
-def test_bad_arrays_at_the_first_call_are_clear_errors_before_anything_compiles(tmp_path):
+def test_bad_arrays_at_the_first_call_are_clear_errors_before_anything_compiles():
     """The first call's padding check runs the reference: a wrong dtype or a token id past the
     vocabulary is an ArgumentError there, not a numpy exception."""
     pytest.importorskip("torch")
-    _, path = _export("bert", tmp_path)
+    _, path = _export("bert")
     mod = eqfuse.compile(str(path), buckets={"sequence": [16]})
     ids, mask = _feeds(2, 12)
     with pytest.raises(ArgumentError, match="'input_ids' expects dtype int64 .*, got float32"):

@@ -72,6 +72,7 @@ def test_a_huge_tensor_type_is_refused_at_check(capsys, tmp_path):
     assert err.startswith(f"{model}:1:12: error: a tensor of 10000000000000000000000 elements is too large"), err
 
 
+@pytest.mark.heavy
 def test_two_threads_compile_at_once(tmp_path, monkeypatch):
     """Two threads of one process compiling at once (cold cache): the egglog e-graph each
     optimizer keeps for its rules is its own thread's (egglog's EGraph panics when used from
