@@ -9,7 +9,9 @@ params=. Its register tile is RW output pixels (consecutive across rows and imag
 batchnorm, relu, a residual add: any pointwise ops) is applied to each tile as it is stored.
 
 `plan_conv_direct` decides by `use_direct` (a cost rule) and, when direct, is the conv's
-whole plan; otherwise the caller plans the im2col GEMM. Once every kernel is planned,
+whole plan; otherwise the caller plans the im2col GEMM. A 3x3 stride-1 conv that Winograd
+F(2x2, 3x3) can run (eqfuse.backend.conv_winograd.use_winograd) gets that plan instead, in the
+same detail (`winograd` = its tiles per block), so the blocked layout below applies to it too. Once every kernel is planned,
 `block_between_convs` (eqfuse.backend.conv_blocked) keeps the blocked channel layout
 ([N][C / VL][H][W][VL]) on the tensors that pass between direct convs and pooling (as inputs or
 residual operands) and nowhere else: the graph's inputs and outputs, and every tensor another
