@@ -68,8 +68,8 @@ static void eqf_pool_drain(unsigned long gen)
  * EQF_POOL_SPIN pauses to any other thread that wants it: the next job comes once the caller has
  * packed A (10-80 us), and waking a sleeping worker on the VM took 23-33 us for most jobs, 320 us
  * for one in ten and up to 1.5 ms (BERT-base at sequence 32, 2 threads: the worker missed 36 of
- * the call's 96 jobs). Released before an OpenMP region, it sleeps at once, leaving its core to
- * the region's thread. */
+ * the call's 96 jobs). Released (before an OpenMP region, whose thread then has its core, or at
+ * the call's end), it spins at most EQF_POOL_SPIN pauses more. */
 enum { EQF_POOL_SPIN = 512 };
 static int eqf_pool_hot; /* run functions now holding the pool (eqf_pool_hold) */
 
@@ -79,14 +79,14 @@ static void* eqf_pool_worker(void* arg)
     unsigned long seen = 0;
     for (;;) {
         for (;;) { /* until a new job is published */
-            int was_hot = 0;
             for (int spin = 1; (__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen; spin++) {
-                const int hot = __atomic_load_n(&eqf_pool_hot, __ATOMIC_RELAXED) > 0;
-                if (!hot && (was_hot || spin > EQF_POOL_SPIN))
-                    break; /* released, or the short spin is over */
-                was_hot |= hot;
-                if (hot && spin % EQF_POOL_SPIN == 0)
-                    sched_yield();
+                if (__atomic_load_n(&eqf_pool_hot, __ATOMIC_RELAXED) > 0) {
+                    if (spin >= EQF_POOL_SPIN) {
+                        sched_yield();
+                        spin = 0; /* (released, it spins EQF_POOL_SPIN pauses more, as after a job) */
+                    }
+                } else if (spin > EQF_POOL_SPIN)
+                    break;
                 eqf_pause();
             }
             if ((__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) != seen)
