@@ -61,24 +61,39 @@ static void eqf_pool_drain(unsigned long gen)
     }
 }
 
-/* A worker spins briefly (EQF_POOL_SPIN pauses, 10-20 us) before it sleeps on the condition
- * variable: within one graph call the next kernel's job arrives within microseconds, and a
- * futex wake takes about as long as a small kernel runs. Short, so that an idle worker does not
- * hold a core another process wants. (On the shared VM the MLP at batch 8 on 2 threads measured
- * 0.121-0.126 ms with it and 0.123-0.139 without: within the noise.) */
+/* A worker spins briefly (EQF_POOL_SPIN pauses, ~14 us at the 27 ns of a pause on Zen 4) before
+ * it sleeps on the condition variable, so that an idle worker does not hold a core another
+ * process wants. While the graph's run function holds the pool (eqf_pool_hold: over a run of
+ * kernels that use it, with no OpenMP region between them) it spins on, yielding its core every
+ * EQF_POOL_SPIN pauses to any other thread that wants it: the next job comes once the caller has
+ * packed A (10-80 us), and waking a sleeping worker on the VM took 23-33 us for most jobs, 320 us
+ * for one in ten and up to 1.5 ms (BERT-base at sequence 32, 2 threads: the worker missed 36 of
+ * the call's 96 jobs). Released (before an OpenMP region, whose thread then has its core, or at
+ * the call's end), it spins at most EQF_POOL_SPIN pauses more. */
 enum { EQF_POOL_SPIN = 512 };
+static int eqf_pool_hot; /* run functions now holding the pool (eqf_pool_hold) */
 
 static void* eqf_pool_worker(void* arg)
 {
     const int id = (int)(long)arg;
     unsigned long seen = 0;
     for (;;) {
-        for (int spin = 0; spin < EQF_POOL_SPIN
-             && (__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen; spin++)
-            eqf_pause();
-        if ((__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen) {
+        for (;;) { /* until a new job is published */
+            for (int spin = 1; (__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen; spin++) {
+                if (__atomic_load_n(&eqf_pool_hot, __ATOMIC_RELAXED) > 0) {
+                    if (spin >= EQF_POOL_SPIN) {
+                        sched_yield();
+                        spin = 0; /* (released, it spins EQF_POOL_SPIN pauses more, as after a job) */
+                    }
+                } else if (spin > EQF_POOL_SPIN)
+                    break;
+                eqf_pause();
+            }
+            if ((__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) != seen)
+                break;
             pthread_mutex_lock(&eqf_pool.mu);
-            while ((__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen)
+            while ((__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen
+                   && __atomic_load_n(&eqf_pool_hot, __ATOMIC_RELAXED) <= 0)
                 pthread_cond_wait(&eqf_pool.wake, &eqf_pool.mu);
             pthread_mutex_unlock(&eqf_pool.mu);
         }
@@ -108,6 +123,25 @@ __attribute__((unused)) static int eqf_pool_threads(void)
 #else
     return n > 0 ? n : 1;
 #endif
+}
+
+/* The run function's hold on the pool (*held: whether it holds it now). on = 1 before a kernel
+ * that uses the pool, when the call may use more than one thread: the workers spin between jobs
+ * instead of sleeping, and a sleeping one is woken now, so that it spins by the time the job
+ * comes. on = 0 before a kernel that may open an OpenMP region, and at the call's end. */
+__attribute__((unused)) static void eqf_pool_hold(int* held, int on)
+{
+    if (on && !*held && eqf_pool_threads() > 1) {
+        pthread_mutex_lock(&eqf_pool.mu);
+        __atomic_fetch_add(&eqf_pool_hot, 1, __ATOMIC_RELAXED);
+        if (eqf_pool.workers > 0)
+            pthread_cond_broadcast(&eqf_pool.wake);
+        pthread_mutex_unlock(&eqf_pool.mu);
+        *held = 1;
+    } else if (!on && *held) {
+        __atomic_fetch_sub(&eqf_pool_hot, 1, __ATOMIC_RELAXED);
+        *held = 0;
+    }
 }
 
 __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, void* ctx, int threads)

@@ -8,8 +8,9 @@
  * group, in L1 or L2), and each panel runs through the micro-kernel once per group with the
  * MR x NR accumulators in registers over all of K: no K slices, no partial sums in C. The
  * finished tile goes through `{{EPILOGUE}}` (acc, i, j, b, M, N, K, the extra parameters) into
- * C, the only store. Threads take equal shares of the panels (no synchronisation); a row
- * epilogue then runs over whole rows, after one barrier. */
+ * C, the only store. The threads of the claim-based pool (common_pool.h) take the packing of A
+ * in parts (PACK_PARTS parts of K per group, when the plan splits it), then the panels, one at a
+ * time; a row epilogue then runs over whole rows, after the last panel. */
 #include <stdlib.h>
 #include <omp.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -25,6 +26,11 @@
 #define {{NAME}}_PANELS (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR)
 #define {{NAME}}_NPAD ({{NAME}}_PANELS * {{NAME}}_NR)
 #define {{NAME}}_PER_CHUNK {{PER_CHUNK}} /* panels per pool chunk */
+/* Packing A: PACK_PARTS parts of K per group, each a pool chunk, on the pool's threads when
+ * PACK_PARALLEL (lower_gemm.skinny_pack_parts) */
+#define {{NAME}}_PACK_PARTS {{PACK_PARTS}}
+#define {{NAME}}_PACK_PART (({{NAME}}_K + {{NAME}}_PACK_PARTS - 1) / {{NAME}}_PACK_PARTS)
+#define {{NAME}}_PACK_PARALLEL {{PACK_PARALLEL}}
 #define {{NAME}}_ROWS_PER_CHUNK (({{NAME}}_M + 3) / 4) /* rows per pool chunk of the row epilogue: four chunks */
 /* software prefetch of B this many floats ahead of the FMAs (0: none), see lower_gemm.skinny_tiles */
 #define {{NAME}}_PF {{PF}}
@@ -119,20 +125,20 @@ void {{NAME}}_prepack(const float* B, float* P)
     }
 }
 
-/* A -> GROUPS groups of MR rows, each K x MR k-major, zero padded past row M */
-static void {{NAME}}_pack_a(const float* restrict A, float* restrict ap)
+/* A -> GROUPS groups of MR rows, each K x MR k-major, zero padded past row M: the part
+ * [k0, k1) of group g */
+static void {{NAME}}_pack_a(const float* restrict A, float* restrict ap, long g, long k0, long k1)
 {
-    for (long g = 0; g < {{NAME}}_GROUPS; g++)
-        for (long r = 0; r < {{NAME}}_MR; r++) {
-            const long i = g * {{NAME}}_MR + r;
-            float* restrict dst = ap + g * {{NAME}}_K * {{NAME}}_MR + r;
-            if (i < {{NAME}}_M)
-                for (long k = 0; k < {{NAME}}_K; k++)
-                    dst[k * {{NAME}}_MR] = {{A_AT}};
-            else
-                for (long k = 0; k < {{NAME}}_K; k++)
-                    dst[k * {{NAME}}_MR] = 0.0f;
-        }
+    for (long r = 0; r < {{NAME}}_MR; r++) {
+        const long i = g * {{NAME}}_MR + r;
+        float* restrict dst = ap + g * {{NAME}}_K * {{NAME}}_MR + r;
+        if (i < {{NAME}}_M)
+            for (long k = k0; k < k1; k++)
+                dst[k * {{NAME}}_MR] = {{A_AT}};
+        else
+            for (long k = k0; k < k1; k++)
+                dst[k * {{NAME}}_MR] = 0.0f;
+    }
 }
 
 /* C[:, panels p0..p1) = epilogue(A @ B) */
@@ -167,11 +173,21 @@ static void {{NAME}}_panels(const float* restrict ap, const float* restrict P, f
 }
 
 typedef struct {
-    const float* ap;
+    const float* A;
+    float* ap;
     const float* P;
     float* C;
     {{EXTRA_FIELDS}}
 } {{NAME}}_job;
+
+/* pool chunk c of packing A: part c % PACK_PARTS of group c / PACK_PARTS */
+static void {{NAME}}_pack_chunk(void* job, long c)
+{
+    const {{NAME}}_job* jb = job;
+    const long k0 = c % {{NAME}}_PACK_PARTS * {{NAME}}_PACK_PART;
+    {{NAME}}_pack_a(jb->A, jb->ap, c / {{NAME}}_PACK_PARTS, k0,
+                    k0 + {{NAME}}_PACK_PART < {{NAME}}_K ? k0 + {{NAME}}_PACK_PART : {{NAME}}_K);
+}
 
 /* pool chunk k: the panels of share k of PANELS */
 static void {{NAME}}_chunk(void* job, long k)
@@ -200,17 +216,18 @@ static void {{NAME}}_row(void* job, long k)
 
 void {{NAME}}(const float* A, const float* P, float* C{{EXTRA_PARAMS}})
 {
-    /* A is small (M x K): packed by the calling thread, read by every thread */
     float* ap = eqf_scratch(EQF_SCRATCH_GEMM_A, {{NAME}}_GROUPS * {{NAME}}_MR * {{NAME}}_K);
     if (!ap) {
         eqf_nomem_note();
         return;
     }
-    {{NAME}}_pack_a(A, ap);
-    /* PARALLEL ({{PARALLEL}}, the plan's rule): 0 runs on the calling thread. Otherwise the panels
-     * are chunks of the claim-based pool (common.h), PER_CHUNK panels each */
+    /* PARALLEL ({{PARALLEL}}, the plan's rule): 0 runs on the calling thread. Otherwise the parts
+     * of A (with PACK_PARALLEL), then the panels, are chunks of the claim-based pool (common.h):
+     * A, read by every panel, is packed in full before the first panel */
     const int threads = {{PARALLEL}} ? eqf_pool_threads() : 1;
-    {{NAME}}_job job = {ap, P, C{{EXTRA_INIT}}};
+    {{NAME}}_job job = {A, ap, P, C{{EXTRA_INIT}}};
+    eqf_parallel_for({{NAME}}_GROUPS * {{NAME}}_PACK_PARTS, {{NAME}}_pack_chunk, &job,
+                     {{NAME}}_PACK_PARALLEL ? threads : 1);
     eqf_parallel_for(({{NAME}}_PANELS + {{NAME}}_PER_CHUNK - 1) / {{NAME}}_PER_CHUNK, {{NAME}}_chunk, &job, threads);
 #if {{ROW_EPILOGUE_ON}}
     eqf_parallel_for(({{NAME}}_M + {{NAME}}_ROWS_PER_CHUNK - 1) / {{NAME}}_ROWS_PER_CHUNK, {{NAME}}_row, &job, threads);

@@ -226,3 +226,27 @@ def test_the_pool_under_concurrent_calls():
         t.join()
     assert not errors
     assert all(SKINNY in k.c_source for mod, _, _ in mods for k in mod.kernels)
+
+
+CHAIN = """graph f(x: f32[{M}, 768], w1: f32[768, 3072], b1: f32[3072], w2: f32[3072, 768], b2: f32[768],
+          g: f32[768], be: f32[768], w3: f32[768, 768]) -> f32[{M}, 768] {{
+    h = layernorm(x + (gelu(x @ w1 + b1) @ w2 + b2), g, be)
+    return softmax(h * 4.0, axis=-1) @ w3
+}}"""
+
+
+@pytest.mark.parametrize("M", [16, 32])
+def test_transformer_sized_gemms_on_two_threads(M, monkeypatch):
+    """BERT-base's few-rows GEMMs on two threads, as in a model: A packed in parts by the pool,
+    the panels claimed by both threads, the pool held over its run of kernels and released
+    before an OpenMP region (softmax), each result against numpy, call after call."""
+    import eqfuse.runtime.program as program
+
+    monkeypatch.setattr(program, "threads_now", lambda t: t)  # two threads, however loaded the machine
+    rng = np.random.default_rng(M)
+    arr = lambda *s: (rng.standard_normal(s) / np.sqrt(s[0])).astype(np.float32)
+    params = {"w1": arr(768, 3072), "b1": arr(3072), "w2": arr(3072, 768), "b2": arr(768), "g": arr(768),
+              "be": arr(768), "w3": arr(768, 768)}
+    mod = compiled(CHAIN.format(M=M), params, {"x": rng.standard_normal((M, 768), dtype=np.float32)}, threads=2)
+    skinny = [k for k in mod.kernels if SKINNY in k.c_source]
+    assert len(skinny) == 3 and all(re.search(r"_PACK_PARALLEL 1\b", k.c_source) for k in skinny)

@@ -219,11 +219,13 @@ def _load(name: str, path: Path) -> ModuleType:
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
     user = "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ
     if not user:
         os.environ["OMP_WAIT_POLICY"] = WAIT_POLICY
     try:
+        # (module_from_spec is what loads an extension, and libgomp with it: with the policy set
+        # only around exec_module, libgomp never saw it and its threads spun 300000 pauses, 8 ms)
+        mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     finally:
         if not user:

@@ -15,7 +15,7 @@ from eqfuse.backend.cexpr import kernel_params as _params
 from eqfuse.backend.gemm import emit_gemm
 from eqfuse.backend.gemm_skinny import emit_gemm_skinny
 from eqfuse.backend.indexing import bstrides, offset
-from eqfuse.backend.lower_gemm import c_layout, conv_c_layout
+from eqfuse.backend.lower_gemm import c_layout, conv_c_layout, skinny_pack_parts
 from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.shapes import C_TYPE
@@ -136,7 +136,7 @@ def emit_contraction(plan: KernelPlan) -> str:
         src, _ = emit_gemm_skinny(gname, M=g.M, N=N, K=K, lda=g.lda, ldb=g.ldb, ldc=ldc, mr=t["mr"], nr=t["nr"],
                                   pf=t["pf"], b_transposed=bt, a_transposed=at, epilogue=expr,
                                   extras=[(_ct(plan.body, i), pn) for i, pn in extras], row_epilogue=row_call,
-                                  parallel=d.parallel)
+                                  parallel=d.parallel, pack_parts=skinny_pack_parts(g.M, K, d.parallel))
     else:
         src, _ = emit_gemm(gname, M=g.M, N=N, K=K, batch=g.batch, a_batch_stride=sa, b_batch_stride=sb,
                            c_batch_stride=sc, lda=g.lda, ldb=g.ldb, ldc=ldc, b_transposed=bt,

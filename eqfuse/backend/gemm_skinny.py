@@ -17,7 +17,7 @@ from eqfuse.backend.cbuild import render
 def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, mr: int, nr: int,
                      pf: int = 0, b_transposed: bool = False, a_transposed: bool = False,
                      epilogue: str = "acc", extras: Sequence[tuple[str, str]] = (), row_epilogue: str = "",
-                     parallel: bool = True) -> tuple[str, str]:
+                     parallel: bool = True, pack_parts: int = 0) -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* P, float* C EXTRA_PARAMS)`
     and of its prepacking functions.
 
@@ -28,7 +28,9 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
     distance in floats (0: none). `row_epilogue` is a C statement over the rows [eqf_r0, eqf_r1)
     of C (C, b and the extra parameters in scope), run once every column is done.
     With `parallel`, the panels (then the rows of a row epilogue) are chunks of the claim-based
-    pool of common.h (eqf_parallel_for), one panel each.
+    pool of common.h (eqf_parallel_for), one panel each; with `pack_parts` (the plan's,
+    lower_gemm.skinny_pack_parts) the packing of A is too, before them, in that many parts of K
+    per group of MR rows (0: the calling thread packs A).
     """
     if min(M, N, K, mr, nr) < 1 or nr % 4 or mr > M:
         raise ValueError(f"skinny GEMM: M={M} N={N} K={K} MR={mr} NR={nr} (NR a multiple of 4, MR <= M)")
@@ -44,6 +46,7 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
                  ROW_EPILOGUE=row_epilogue or "(void)eqf_r0;",
                  EXTRA_PARAMS="".join(f", const {t}* restrict {n}" for t, n in extras),
                  EXTRA_ARGS="".join(", " + n for _, n in extras), PER_CHUNK=1,
+                 PACK_PARTS=max(1, pack_parts), PACK_PARALLEL=int(parallel and pack_parts > 0),
                  EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
                  EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
                  EXTRA_INIT="".join(", " + n for _, n in extras))

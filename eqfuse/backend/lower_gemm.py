@@ -165,6 +165,26 @@ SKINNY_PF = 1024  # its software prefetch distance in floats, 4 KiB ahead of the
 SKINNY_PARALLEL_MIN = 1 << 21
 
 
+SKINNY_PACK_MIN = 8192  # floats of A from which the pool's threads pack it (`skinny_pack_parts`)
+SKINNY_PACK_K = 256  # ... in parts of at least this many k (at most SKINNY_PACK_PARTS a group)
+SKINNY_PACK_PARTS = 4
+
+
+def skinny_pack_parts(M: int, K: int, parallel: bool) -> int:
+    """How csrc_templates/gemm_skinny.c packs A: 0 on the calling thread, else as chunks of the
+    claim-based pool, in this many parts of K per group of MR rows.
+
+    Every panel reads all of A, so A is packed in full before the first panel starts, and packed
+    by the caller alone it is the part of the call that does not scale: on 2 threads in BERT-base
+    at sequence 32, the first panel began 20 us into a 32 x 768 x 768 call of 235 us and 72 us
+    into a 32 x 3072 x 768 one of 834 (A, written by both threads' panels of the kernel before,
+    half in the other core's cache). Split below SKINNY_PACK_MIN floats, the parts would cost
+    more in claims than they save."""
+    if not parallel or M * K < SKINNY_PACK_MIN:
+        return 0
+    return max(1, min(SKINNY_PACK_PARTS, K // SKINNY_PACK_K))
+
+
 def skinny(M: int, N: int, K: int, m: Machine) -> bool:
     """Whether a GEMM of M x N x K whose B is bound (prepacked) runs csrc_templates/gemm_skinny.c.
 
@@ -205,10 +225,11 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     plan.cache_check = (f"A packed [{groups * mr} x {K}] = {groups * mr * K * F32} B, read by every panel; "
                         f"B panel K x nr = {K * nr * F32} B streamed once per group"
                         + (f" (<= L2 {m.l2} B for the later groups)" if groups > 1 else ""))
-    panels = cdiv(N, nr)
+    panels, parts = cdiv(N, nr), skinny_pack_parts(M, K, d.parallel)
     plan.threads = (f"one thread, no parallel region ({M * N * K} multiply-adds < {SKINNY_PARALLEL_MIN}, "
                     "lower_gemm.SKINNY_PARALLEL_MIN)" if not d.parallel else
-                    f"the {panels} {nr}-column panels claimed one at a time by the threads of the claim-based pool "
+                    (f"A packed by the threads of the claim-based pool in {groups} x {parts} parts, then " if parts else "")
+                    + f"the {panels} {nr}-column panels claimed one at a time by the threads of the claim-based pool "
                     "(common_pool.h: the caller waits only for claimed panels)"
                     + (", then the rows for the row epilogue, claimed the same way" if d.row_op else ""))
     body, a = plan.body, plan.shape.anchor

@@ -193,12 +193,15 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
              f"    memset({name}_ns, 0, sizeof {name}_ns);", "}",
              f"void {name}_times(double* ns)", "{", f"    memcpy(ns, {name}_ns, sizeof {name}_ns);", "}",
              f"/* {kg.name}: {len(kernels)} kernels in order; arena {mem.arena_bytes} bytes (static memory plan) */",
-             f"long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, long* failed)",
-             "{", "    long bad = 0;", "    (void)in; (void)out; (void)arena; (void)bad; (void)failed;",
-             "    if (threads > 0)", "        omp_set_num_threads(threads);",
-             "    __atomic_store_n(&eqf_pool_request, pool_threads, __ATOMIC_RELAXED);",
+             f"static long {name}_kernels(void* const* in, void* const* out, char* arena, long* failed, int* held)",
+             "{", "    long bad = 0;", "    (void)in; (void)out; (void)arena; (void)bad; (void)failed; (void)held;",
              f"    const int prof = {name}_profiling;", "    struct timespec t0, t1;", "    (void)t0; (void)t1;"]
+    held = False  # whether the pool may be held before the kernel (see `hold_pool`)
     for s, p in enumerate(kernels):
+        hold = hold_pool(p)
+        if hold is not None and hold != held:
+            lines.append(f"    eqf_pool_hold(held, {int(hold)});")
+            held = hold
         lines.append("    if (prof) clock_gettime(CLOCK_MONOTONIC, &t0);")
         args = ["NULL" if k in p.unread else ptr(a) for k, a in enumerate(p.args)]
         pre = p.prepack
@@ -214,7 +217,26 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
         if p.kind in SCRATCH_KINDS:
             lines += ["    if (eqf_nomem_take()) {", f"        *failed = {s};", "        return EQF_NOMEM;", "    }"]
     lines += ["    return 0;", "}"]
+    lines += [f"long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, long* failed)",
+              "{", "    if (threads > 0)", "        omp_set_num_threads(threads);",
+              "    __atomic_store_n(&eqf_pool_request, pool_threads, __ATOMIC_RELAXED);", "    int held = 0;",
+              f"    const long r = {name}_kernels(in, out, arena, failed, &held);", "    eqf_pool_hold(&held, 0);",
+              "    return r;"]
+    lines.append("}")
     return "\n".join(lines) + "\n", RUN_CDEF.format(name=name) + PROFILE_CDEF.format(name=name)
+
+
+def hold_pool(p: KernelPlan) -> bool | None:
+    """Whether the run function holds the claim-based pool's workers (common_pool.h,
+    eqf_pool_hold) when it calls this kernel: True for a skinny GEMM that uses the pool, False
+    for a kernel that may open an OpenMP region (its thread would find the pool's worker spinning
+    on the core it wants), None for one that runs on the calling thread (the hold stays as it is)."""
+    d = p.detail
+    par = getattr(d, "parallel", True)
+    par = any(par) if isinstance(par, tuple) else bool(par)
+    if getattr(d, "path", None) == "skinny":
+        return True if par else None
+    return False if par else None
 
 
 NOMEM = -1  # EQF_NOMEM of common.h: a kernel could not allocate its scratch buffer
