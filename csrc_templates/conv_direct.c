@@ -126,9 +126,11 @@ static inline void {{NAME}}_tile(const float* restrict xb, long bs, long rs, int
 #pragma GCC unroll 32
             for (int r = 0; r < RW; r++)
                 px[r] = xk + (ROWS ? xoff[0] + r * SW * CB : xoff[r]);
-/* (unrolled whole, up to 64 steps: a 48-step loop left its exit branch mispredicted once per
- * kernel row and channel block, 1.5% of a 3x3 conv's time at 64 channels, 56 x 56) */
-#pragma GCC unroll 64
+/* (16 steps unrolled. Unrolled whole, 48 steps, a 3x3 conv at 64 channels and 56 x 56 was 1.5%
+ * faster (the loop's exit branch mispredicted once per kernel row and channel block), but gcc took
+ * 7.5-18 s to compile one such conv against 2.1-2.3 s, and those convs run as Winograd now
+ * (conv_winograd.c); the stem and the stride-2 convs left here measured within the noise) */
+#pragma GCC unroll 16
             for (int t = 0; t < KW * CB; t++) {
                 {{NAME}}_vf wv[V];
 #pragma GCC unroll 8

@@ -103,7 +103,7 @@ def test_1x1_conv_is_im2col_unless_forced_and_both_match(case, monkeypatch):
     assert isinstance(conv.detail, ConvDirectDetail)
 
 
-@pytest.mark.parametrize("tile", ["4,6,1", "4,6,0", "1,12,1", "2,8,0", "3,2,1"])
+@pytest.mark.parametrize("tile", ["3,2,1", "4,6,0", "1,12,1", "2,8,0", "4,6,1"])  # (the fast tier runs the first: the cheapest build)
 def test_every_kind_of_register_tile_matches_the_reference(tile, monkeypatch):
     # row tiles whose last tile per row is short (7 columns), pixel tiles spanning rows and images
     monkeypatch.setenv("EQFUSE_CONV_TILE", tile)
@@ -289,6 +289,7 @@ def test_pixel_vector_kernel_on_pinned_machines(model):
     assert conv.detail.pixels is not None
 
 
+@pytest.mark.heavy
 def test_pixel_vectors_can_be_turned_off_and_wide_channels_never_use_them(monkeypatch):
     monkeypatch.setenv("EQFUSE_CONV_PIXELS", "0")
     assert _check(2, 16, 16, 16, 3, 1, 1, bound=True).detail.pixels is None
@@ -310,7 +311,7 @@ def test_a_pixel_vector_conv_keeps_nchw():
 
 
 @pytest.mark.parametrize("model", ["avx2", "zen4"])
-@pytest.mark.parametrize("H,s", [(20, 1), (23, 1), (37, 2), (16, 1)])
+@pytest.mark.parametrize("H,s", [(16, 1), (23, 1), (37, 2), (20, 1)])
 def test_an_nchw_output_stored_in_blocks_then_reordered_matches_the_reference(model, H, s, monkeypatch):
     # conv_direct.c's REORDER: the result in blocks, then transposed VL x VL into NCHW rows (a
     # row's last VL pixels overlapping the previous ones unless VL divides it); with an NCHW
