@@ -1,6 +1,9 @@
 /* eqfuse common header: helpers named by the op table's C expressions and by the templates.
  * Every generated source starts with this header; all helpers are static inline so that
  * several kernels (and several builds) can include it without clashes. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getcpu, CPU_SET (common_pool.h); a cffi module has it from Python.h */
+#endif
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -9,6 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /* NaN-propagating like numpy's maximum/minimum (and relu = maximum(x, 0)). */
 static inline float eqf_max(float a, float b) { return (a != a || a > b) ? a : b; }

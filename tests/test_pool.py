@@ -1,7 +1,7 @@
 """The claim-based thread pool of csrc_templates/common_pool.h, alone: two threads submit 20000
 jobs each (1 to 37 chunks, 3 threads per job), and every chunk of every job must run exactly once.
 The second caller finds the pool busy and runs its chunks itself; the first one's jobs race the
-workers' claims. With `-m extended` the same program runs under ThreadSanitizer."""
+workers' claims. A worker that stalls in its chunks is waited for, and freed to run anywhere. With `-m extended` the same program runs under ThreadSanitizer."""
 
 from __future__ import annotations
 
@@ -44,9 +44,44 @@ int main(void)
 """
 
 
-def _run(tmp_path, *flags):
+# A worker stopped in the middle of a chunk (here: it sleeps 2 ms in each chunk it claims): the
+# caller waits EQF_POOL_WAIT_NS, frees the workers to run on any CPU and naps until they are done.
+STALLED = r"""
+#include <stdio.h>
+static pthread_t the_caller;
+static void chunk(void* ctx, long k)
+{
+    long* h = ctx;
+    if (!pthread_equal(pthread_self(), the_caller)) {
+        const struct timespec ms2 = {0, 2000000};
+        nanosleep(&ms2, NULL);
+    } else { /* 200 us of work: time for the worker to wake and claim a chunk */
+        const long t0 = eqf_pool_now_ns();
+        while (eqf_pool_now_ns() - t0 < 200000)
+            eqf_pause();
+    }
+    __atomic_fetch_add(&h[k], 1, __ATOMIC_RELAXED);
+}
+int main(void)
+{
+    static long h[8];
+    the_caller = pthread_self();
+    for (int it = 0; it < 50; it++)
+        eqf_parallel_for(8, chunk, h, 2);
+    for (int k = 0; k < 8; k++)
+        if (h[k] != 50) {
+            printf("chunk %d ran %ld times, not 50\n", k, h[k]);
+            return 1;
+        }
+    printf(eqf_pool_freed > 0 ? "ok\n" : "the caller never freed the workers\n");
+    return 0;
+}
+"""
+
+
+def _run(tmp_path, *flags, harness=HARNESS):
     src = tmp_path / "pool.c"
-    src.write_text(header_c() + HARNESS)
+    src.write_text(header_c() + harness)
     exe = tmp_path / "pool"
     subprocess.run(compiler().split() + ["-O2", "-std=gnu11", *flags, str(src), "-o", str(exe), "-lpthread", "-lm"],
                    check=True, capture_output=True, text=True)
@@ -55,6 +90,11 @@ def _run(tmp_path, *flags):
 
 def test_every_chunk_runs_once(tmp_path):
     p = _run(tmp_path)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
+
+
+def test_a_stalled_worker_is_waited_for_and_freed(tmp_path):
+    p = _run(tmp_path, harness=STALLED)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
 
 

@@ -72,13 +72,19 @@ def free_cores(now: float | None = None) -> int:
         return _last[1]
 
 
+def threads_requested(requested: int | None) -> int:
+    """The threads a call asks for: `requested`, by default OMP_NUM_THREADS, else every CPU.
+    The claim-based pool (csrc_templates/common_pool.h) gets this many, busy cores or not."""
+    if requested:
+        return requested
+    v = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(v) if v.isdigit() and int(v) > 0 else cpus()
+
+
 def threads_now(requested: int | None) -> int:
-    """The threads a call uses: what was asked (by default OMP_NUM_THREADS, else every CPU), no
-    more than are free. OpenMP regions and the claim-based pool (csrc_templates/common_pool.h)
-    both get this many."""
-    if not requested:
-        v = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-        requested = int(v) if v.isdigit() and int(v) > 0 else cpus()
+    """The threads an OpenMP region of a call uses: what was asked (`threads_requested`), no
+    more than are free."""
+    requested = threads_requested(requested)
     if requested == 1:  # nothing to take away: skip the read
         return 1
     return max(1, min(requested, free_cores()))

@@ -51,7 +51,7 @@ from eqfuse.backend.plan import K, KernelPlan, size
 from eqfuse.errors import ArgumentError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
-from eqfuse.runtime.load import threads_now
+from eqfuse.runtime.load import threads_now, threads_requested
 
 ALIGN = 64  # bytes: every arena buffer starts on a cache line
 _POOL_ONLY = 3  # references to a pooled output held by the pool itself, a local and getrefcount
@@ -449,11 +449,12 @@ class Runner:
                 o = pool[k] = np.empty(shape, dtype=dt)
             outs[k] = o
             outs_p[k] = fb(o)
-        # The pool gets OpenMP's count too, the cores other processes leave free: offered a busy
-        # core, its worker was woken onto the caller's core and slowed the call (the MLP at
-        # batch 8 under load, 2 threads: 0.19-0.22 ms, against 0.13-0.15 on the free core alone)
-        n = threads_now(threads)
-        bad = self.fn(ins, outs_p, st["arena"], n, n, st["failed"])
+        # OpenMP gets the cores other processes leave free (its regions wait at their end for
+        # every thread); the claim-based pool gets what was asked: its caller takes the chunks
+        # of a worker that is not scheduled, and the worker keeps off the caller's CPU
+        # (common_pool.h, eqf_pool_place)
+        want = threads_requested(threads)
+        bad = self.fn(ins, outs_p, st["arena"], threads_now(want), want, st["failed"])
         if bad == NOMEM:
             p = self.kernels[st["failed"][0]]
             raise MemoryError(f"eqfuse: kernel {p.name} ({p.kind}) could not allocate its scratch buffer")
