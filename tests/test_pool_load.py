@@ -60,9 +60,12 @@ needs_two = pytest.mark.skipif(not sys.platform.startswith("linux") or load.cpus
 def test_the_worker_runs_off_the_callers_cpu():
     before = set(os.listdir("/proc/self/task"))
     mod, x, want = mlp()
-    check(mod, x, want, 3)
     process = set(os.sched_getaffinity(0))
-    moved = [t for t in set(os.listdir("/proc/self/task")) - before if allowed(t) != process]
+    for _ in range(50):  # (a call whose worker was slow to finish a chunk leaves it free: see test_pool)
+        check(mod, x, want, 1)
+        moved = [t for t in set(os.listdir("/proc/self/task")) - before if allowed(t) != process]
+        if moved:
+            break
     assert len(moved) == 1  # the pool's one worker, on every CPU but one: the caller's of its last job
     assert len(process - allowed(moved[0])) == 1
 
