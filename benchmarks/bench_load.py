@@ -1,9 +1,13 @@
-"""Calls under load: `python benchmarks/bench_load.py [--repeat 200]`.
+"""Calls under load: `python benchmarks/bench_load.py [--repeat 200] [--rounds 3] [--no-spin]`.
 
 The MLP 784-1024-1024-10 at batch 8 (one ONNX model, random weights) run by eqfuse and by
 onnxruntime (ORT_ENABLE_ALL, the same thread count), interleaved in one process, on 1 and 2
-threads, first on a quiet machine, then with another process spinning on a core alongside.
-Median ms and the spread (IQR as % of the median) per row.
+threads, on a quiet machine and with another process spinning on a core alongside. Quiet and
+busy alternate --rounds times (a shared VM drifts from minute to minute), the samples pooled per
+row. Median ms, the spread (IQR as % of the median), and the busy rows' ratio to the quiet ones.
+With --no-spin onnxruntime's threads sleep after a run (session.intra_op.allow_spinning=0); by
+default they spin, and hold a core during eqfuse's next call: a load of their own beside the
+busy process.
 """
 
 from __future__ import annotations
@@ -48,43 +52,63 @@ def stats(ts: list[float]) -> tuple[float, float]:
     return med * 1e3, 100 * (q[2] - q[0]) / med
 
 
+def session(ort, path: Path, threads: int, no_spin: bool):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if no_spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--repeat", type=int, default=200, help="interleaved pairs of calls per row and round")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="quiet and busy alternate this many times (a shared VM drifts; every row sees each phase)")
+    ap.add_argument("--no-spin", action="store_true", help="onnxruntime's threads sleep after a run")
     args = ap.parse_args()
     import onnxruntime as ort
 
     path = Path(tempfile.mkdtemp()) / "mlp.onnx"
     mlp_onnx(path)
     x = np.random.default_rng(1).standard_normal((8, 784)).astype(np.float32)
-    print("load       thr  eqfuse ms  iqr%   ORT ms  iqr%")
-    for busy in (False, True):
-        proc = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
-        try:
-            time.sleep(0.5 if busy else 0)
-            for threads in (1, 2):
-                mod = eqfuse.compile(str(path), threads=threads)
-                so = ort.SessionOptions()
-                so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-                np.testing.assert_allclose(mod(x), sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
-                te, to = [], []
-                for _ in range(args.repeat):  # interleaved
-                    t0 = time.perf_counter()
-                    mod(x)
-                    t1 = time.perf_counter()
-                    sess.run(None, {"x": x})
-                    t2 = time.perf_counter()
-                    te.append(t1 - t0)
-                    to.append(t2 - t1)
-                (me, ie), (mo, io) = stats(te), stats(to)
-                print(f"{'busy' if busy else 'quiet':<10} {threads:>3} {me:>10.3f} {ie:>5.0f} {mo:>8.3f} {io:>5.0f}", flush=True)
-        finally:
-            if proc is not None:
-                proc.kill()
-                proc.wait()
-    print("busy: one other process spinning on a core alongside (python -c 'while True: pass').")
+    runs = {t: (eqfuse.compile(str(path), threads=t), session(ort, path, t, args.no_spin)) for t in (1, 2)}
+    for mod, sess in runs.values():
+        np.testing.assert_allclose(mod(x), sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    times = {(busy, t, who): [] for busy in (False, True) for t in (1, 2) for who in ("eqfuse", "ort")}
+    for _ in range(args.rounds):
+        for busy in (False, True):
+            proc = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+            try:
+                time.sleep(0.5 if busy else 0.1)
+                for threads, (mod, sess) in runs.items():
+                    te, to = times[busy, threads, "eqfuse"], times[busy, threads, "ort"]
+                    for _ in range(args.repeat):  # interleaved
+                        t0 = time.perf_counter()
+                        mod(x)
+                        t1 = time.perf_counter()
+                        sess.run(None, {"x": x})
+                        t2 = time.perf_counter()
+                        te.append(t1 - t0)
+                        to.append(t2 - t1)
+            finally:
+                if proc is not None:
+                    proc.kill()
+                    proc.wait()
+    print("load       thr  eqfuse ms  iqr%   ORT ms  iqr%  ORT/eqfuse  busy/quiet: eqfuse  ORT")
+    for (busy, threads, who), ts in times.items():
+        if who != "eqfuse":
+            continue
+        (me, ie), (mo, io) = stats(ts), stats(times[busy, threads, "ort"])
+        line = f"{'busy' if busy else 'quiet':<10} {threads:>3} {me:>10.3f} {ie:>5.0f} {mo:>8.3f} {io:>5.0f} {mo / me:>11.2f}"
+        if busy:
+            qe, qo = stats(times[False, threads, "eqfuse"])[0], stats(times[False, threads, "ort"])[0]
+            line += f" {me / qe:>19.2f} {mo / qo:>4.2f}"
+        print(line)
+    print(f"{args.rounds} rounds of quiet then busy, {args.repeat} interleaved pairs of calls per row and round; "
+          "busy: one other process spinning on a core alongside (python -c 'while True: pass')"
+          + ("; onnxruntime's threads do not spin (--no-spin)" if args.no_spin else "") + ".")
 
 
 if __name__ == "__main__":
