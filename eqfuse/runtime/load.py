@@ -12,6 +12,10 @@ uses no more threads than that:
   state R: the calling thread and any OpenMP worker still spinning);
 - free = the CPUs this process may run on minus others, at least 1.
 
+The claim-based pool of the few-rows GEMM (csrc_templates/common_pool.h) is not limited so: its
+caller never waits for a worker that has not started, so it gets the threads asked for
+(`threads_requested`), and its worker shares the busy core.
+
 The count is read at most every `INTERVAL` seconds and is Linux only; elsewhere every CPU
 counts as free. A read costs 50 µs on a quiet VM and 250-300 µs right after a long call has
 pushed /proc's data out of the caches (measured: the ResNet stages, 18 ms calls, 2-vCPU Zen 4
