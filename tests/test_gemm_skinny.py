@@ -125,6 +125,28 @@ def test_bound_weight_with_few_rows_takes_the_skinny_path(M, N, K, threads):
         assert re.search(rf"#define \w+_gemm_{key.upper()} {value}\b", k.c_source), (key, value)
 
 
+@pytest.mark.parametrize("model,pf", [("zen4", 0), ("xeon-spr", 1024)])
+def test_the_weight_stream_is_prefetched_where_the_cpu_gains(model, pf):
+    """Software prefetch of B is per CPU (machine.stream_prefetch): off on a Zen 4, on elsewhere;
+    either kernel against numpy."""
+    rng = np.random.default_rng(5)
+    M, N, K = 1, 300, 700
+    with machine.pinned(model):
+        mod = compiled(GRAPH.format(M=M, N=N, K=K), {"w": rng.standard_normal((K, N), dtype=np.float32)},
+                       {"x": rng.standard_normal((M, K), dtype=np.float32),
+                        "b": rng.standard_normal(N, dtype=np.float32)})
+    (k,) = mod.kernels
+    assert k.tiles["pf"] == pf and re.search(rf"#define \w+_PF {pf}\b", k.c_source)  # (#if _PF > 0: the prefetch)
+
+
+def test_the_prefetch_table_reads_vendor_and_family():
+    info = "processor\t: 0\nvendor_id\t: {}\ncpu family\t: {}\nmodel\t\t: 17\n"
+    assert not machine.stream_prefetch(info.format("AuthenticAMD", 25))  # Zen 3, Zen 4
+    assert machine.stream_prefetch(info.format("AuthenticAMD", 26))  # Zen 5
+    assert machine.stream_prefetch(info.format("GenuineIntel", 6))
+    assert machine.stream_prefetch("")  # unknown: as measured on the Zen 5
+
+
 def test_more_rows_or_an_unbound_weight_take_the_blocked_path():
     rng = np.random.default_rng(3)
     K, N = 40, 50

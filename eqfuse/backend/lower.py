@@ -30,6 +30,7 @@ class Caches:
     l3: int
     simd: int  # float lanes per vector
     cores: int
+    prefetch: bool = True  # (Machine.prefetch)
 
 
 def machine_caches() -> Caches:
@@ -37,7 +38,7 @@ def machine_caches() -> Caches:
     from eqfuse.backend import machine
 
     m = machine.machine()
-    return Caches(m.l1, m.l2, m.l3, m.simd_floats, m.cores)
+    return Caches(m.l1, m.l2, m.l3, m.simd_floats, m.cores, m.prefetch)
 
 
 # ------------------------------------------------------------------ graph -> kernels only

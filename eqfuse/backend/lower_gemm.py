@@ -201,6 +201,7 @@ def skinny(M: int, N: int, K: int, m: Machine) -> bool:
     4 rows: 1 x 768 x 768 23.6 -> 20.3 us, 1 x 1024 x 1024 43.6 -> 35.4, 2 x 1024 x 1024 44.8
     -> 37.3, 4 x 1024 x 1024 49.2 -> 42.4 (1 x 3072 x 768 82 -> 83); with 8 and 16 rows, at the
     FMA peak, it is even (8 x 768 x 3072 155.8 -> 157.2, 16 x 1024 x 1024 153.5 -> 154.0).
+    On a Zen 4 the same prefetch costs 15-22% at one row, so it is per CPU (Machine.prefetch).
     """
     mr, nr = skinny_tile(m.simd_floats, M)
     return M <= SKINNY_MAX_M and (cdiv(M, mr) == 1 or K * nr * F32 <= m.l2)
@@ -208,10 +209,10 @@ def skinny(M: int, N: int, K: int, m: Machine) -> bool:
 
 def skinny_tiles(M: int, N: int, m: Machine) -> dict[str, int]:
     """MR, NR (machine.skinny_tile; no wider than N in whole vectors, for a few columns), the
-    groups of MR rows and the prefetch distance."""
+    groups of MR rows and the prefetch distance (0: none, on a CPU whose Machine.prefetch is off)."""
     mr, nr = skinny_tile(m.simd_floats, M)
     nr = min(nr, cdiv(N, m.simd_floats) * m.simd_floats)
-    return {"mr": mr, "nr": nr, "groups": cdiv(M, mr), "pf": SKINNY_PF}
+    return {"mr": mr, "nr": nr, "groups": cdiv(M, mr), "pf": SKINNY_PF if m.prefetch else 0}
 
 
 def plan_skinny(plan: KernelPlan, m: Machine) -> None:

@@ -35,6 +35,8 @@ class Machine:
     l3: int  # bytes, shared
     simd_floats: int  # float32 lanes per vector register
     cores: int
+    # Whether the few-rows GEMM prefetches its weight stream in software (`stream_prefetch`)
+    prefetch: bool = True
 
     @property
     def march(self) -> tuple[str, ...]:
@@ -48,7 +50,7 @@ class Machine:
 
 # The machines eqfuse has run on (2 vCPUs each), for tests that pin what the planner sees.
 MODELS: dict[str, Machine] = {
-    "zen4": Machine(l1=32 << 10, l2=1 << 20, l3=32 << 20, simd_floats=16, cores=2),
+    "zen4": Machine(l1=32 << 10, l2=1 << 20, l3=32 << 20, simd_floats=16, cores=2, prefetch=False),
     "xeon-spr": Machine(l1=48 << 10, l2=2 << 20, l3=105 << 20, simd_floats=16, cores=2),
     "avx2": Machine(l1=32 << 10, l2=512 << 10, l3=16 << 20, simd_floats=8, cores=2),
 }
@@ -85,6 +87,36 @@ def simd_width_floats() -> int:
         flags = ""
     words = set(flags.split())
     return 16 if "avx512f" in words else 8 if "avx2" in words else 4
+
+
+def stream_prefetch(cpuinfo: str) -> bool:
+    """Whether software prefetch pays on a sequential weight stream on this CPU (the text of
+    /proc/cpuinfo). Not derivable from the caches or the vector width: it is how well the
+    hardware prefetchers keep lines in flight, so it is a table by microarchitecture, of what was
+    measured (lower_gemm.skinny; `benchmarks/bench_gemm.py --small`, kernel column):
+    - AMD family 0x19 (Zen 3, Zen 4): off. On a Zen 4 VM the 1-row GEMM ran 15-22% faster
+      without it (1 x 768 x 768 37.5 -> 29.4 us, 1 x 3072 x 768 130.4 -> 102.9, 1 x 1024 x 1024
+      54.5 -> 44.5; 4 rows even).
+    - Everything else (Zen 5, measured: 1 x 1024 x 1024 43.6 -> 35.4 us with it; Intel not
+      measured): on. EQFUSE_PREFETCH=0|1 overrides."""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("vendor_id", "cpu family") and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+        if len(fields) == 2:
+            break
+    return not (fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25")
+
+
+def host_prefetch() -> bool:
+    env = os.environ.get("EQFUSE_PREFETCH")
+    if env in ("0", "1"):
+        return env == "1"
+    try:
+        return stream_prefetch(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return True
 
 
 def num_cores() -> int:
@@ -131,7 +163,7 @@ def host_machine() -> Machine:
     env = lambda name, default: int(os.environ.get(name, default))
     return Machine(l1=env("EQFUSE_L1", c.get(1, 32 << 10)), l2=env("EQFUSE_L2", c.get(2, 1 << 20)),
                    l3=env("EQFUSE_L3", c.get(3, 8 << 20)), simd_floats=env("EQFUSE_SIMD", simd_width_floats()),
-                   cores=num_cores())
+                   cores=num_cores(), prefetch=host_prefetch())
 
 
 def register_tile(simd_floats: int, n: int | None = None) -> tuple[int, int]:

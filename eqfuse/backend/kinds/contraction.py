@@ -157,7 +157,7 @@ class Contraction(Kind):
         return shape
 
     def plan(self, plan: KernelPlan, c) -> None:
-        m = Machine(c.l1, c.l2, c.l3, c.simd, c.cores)
+        m = Machine(c.l1, c.l2, c.l3, c.simd, c.cores, c.prefetch)
         if plan.kind == K.CONV2D and conv_direct.plan_conv_direct(plan, m):
             return  # a direct conv (conv_direct.use_direct), else im2col + GEMM
         plan_contraction(plan, m)
