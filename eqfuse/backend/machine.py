@@ -16,7 +16,10 @@ plan, and make the same CPU model plan (and cache kernels) differently from one 
 next; a derivation is deterministic, costs no compile-time measurement, and extends to CPUs never
 seen (BLIS's analytical model, Low et al. 2016, reaches the tuned parameters' speed the same way).
 The derivations were checked against measured neighbours (the docstrings give the numbers), and
-`benchmarks/bench_gemm.py --tiles` measures them again on any machine.
+`benchmarks/bench_gemm.py --tiles` measures them again on any machine. One choice is a table by
+microarchitecture instead, of what was measured: whether the few-rows GEMM prefetches its weight
+stream in software (`stream_prefetch`), which depends on the hardware prefetchers, which nothing
+in /sys describes.
 """
 
 from __future__ import annotations
