@@ -113,14 +113,17 @@ static inline float eqf_tanhf(float x)
 }
 
 /* erfc for a >= 0 (Numerical Recipes' erfcc, Chebyshev fit: relative error ~1e-7 everywhere, so
- * tails like gelu's 1 + erf(-4) = erfc(4) keep their digits) */
+ * tails like gelu's 1 + erf(-4) = erfc(4) keep their digits). The exp is eqf_exp, which clamps
+ * below -87 instead of going subnormal: its argument p - a^2 is below -87 only for a > 9.3, where
+ * erfc < 1e-38, and eqf_exp costs a multiply and three selects less: a 256 x 3072 gelu 0.91 ->
+ * 0.76 ns per element (Zen 4; the GELU of a 256 x 3072 x 768 GEMM epilogue was 10% of the call) */
 static inline float eqf_erfc_pos(float a)
 {
     const float t = 2.0f / (2.0f + a);
     const float p = -1.26551223f + t * (1.00002368f + t * (0.37409196f + t * (0.09678418f + t * (-0.18628806f
                     + t * (0.27886807f + t * (-1.13520398f + t * (1.48851587f + t * (-0.82215223f
                     + t * 0.17087277f))))))));
-    return t * eqf_expf(p - a * a);
+    return t * eqf_exp(p - a * a);
 }
 
 static inline float eqf_erff(float x)
