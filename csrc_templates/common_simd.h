@@ -1,12 +1,24 @@
 /* eqfuse common header, continued (after common.h): vector helpers -- streaming stores, the
  * attention micro-kernels, the row kernels' exp and sums. */
+/* Rows of a softmax block (row_softmax.c): ~2 KiB of short rows, so that their three passes stay
+ * in L1 and the reductions of one row overlap the work of the others (12 x 128 x 128 scores: 34 ->
+ * 29 us on one Zen 5 core); long rows one at a time (blocks of 4 x 1024 were 15% slower). */
+#define EQF_ROW_BLOCK(L) ((L) <= 64 ? 8 : (L) <= 128 ? 4 : (L) <= 256 ? 2 : 1)
+
+/* Everything below uses the x86 intrinsics, and is compiled only in a module whose code needs
+ * them: the module defines EQF_INTRINSICS before this header (eqfuse.backend.cbuild.intrinsics_define
+ * decides from the code). <immintrin.h> alone is half of gcc's time on a small module (a sigmoid
+ * kernel: 0.28 -> 0.14 s at -O3, Zen 4), and half of the test suite's modules use no intrinsic.
+ * A helper used without the define is an implicit declaration: an error (-Werror) or a library
+ * that does not load, never a silent fallback to the portable loops. */
+#if defined(EQF_INTRINSICS)
+#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE__)
+#include <immintrin.h>
+#endif
 /* Store one 64-byte line (16 floats, dst 64-byte aligned, src aligned) with a non-temporal
  * store: no read-for-ownership of the destination, for outputs much larger than the caches.
  * gcc keeps `src` (a line computed by a 16-iteration SIMD loop) in a register. Each thread that
  * streams ends with eqf_sfence(). */
-#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE__)
-#include <immintrin.h>
-#endif
 static inline void eqf_stream_line(float* restrict dst, const float* restrict src)
 {
 #if defined(__AVX512F__)
@@ -237,10 +249,6 @@ __attribute__((noinline, unused)) static void eqf_pv_4x16(const float* restrict 
  * pass over a row in L1 wait on the adds' latency. `next` (or NULL) is the next row's input, n
  * contiguous floats, prefetched a line per vector while this row computes (spread over the pass:
  * a burst of 64 prefetches overflows the miss buffers and gained a third as much). */
-/* Rows of a softmax block (row_softmax.c): ~2 KiB of short rows, so that their three passes stay
- * in L1 and the reductions of one row overlap the work of the others (12 x 128 x 128 scores: 34 ->
- * 29 us on one Zen 5 core); long rows one at a time (blocks of 4 x 1024 were 15% slower). */
-#define EQF_ROW_BLOCK(L) ((L) <= 64 ? 8 : (L) <= 128 ? 4 : (L) <= 256 ? 2 : 1)
 static inline void eqf_prefetch(const float* next, long j)
 {
 #if defined(__SSE__)
@@ -344,3 +352,4 @@ static inline float eqf_row_sq_dev(const float* restrict y, long n, float mean, 
     *dev = c;
     return q;
 }
+#endif /* EQF_INTRINSICS */

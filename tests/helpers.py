@@ -94,3 +94,18 @@ def tree(graph: Graph, i: int | None = None):
     kids = tuple(tree(graph, a) for a in n.args)
     attrs = tuple((k, v) for k, v in n.attrs)
     return (n.op, *kids, *((dict(attrs),) if attrs else ()))
+
+
+def selected_params(request, test: str, name: str, **given) -> list:
+    """The values of the parameter `name` of the test function `test` (in the requesting fixture's
+    module) that this run selected, among its cases whose other parameters equal `given`; in
+    collection order. A module fixture that compiles every case into one module compiles only
+    these: the fast tier runs the first case of a test, and the rest of the module is wasted
+    compile time there (the whole suite selects every case: the same module as before)."""
+    out = []
+    for item in request.session.items:
+        if item.module is request.module and getattr(item, "originalname", None) == test:
+            p = item.callspec.params
+            if all(p.get(k) == v for k, v in given.items()) and p[name] not in out:
+                out.append(p[name])
+    return out

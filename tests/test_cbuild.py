@@ -257,3 +257,19 @@ def test_an_unusable_cache_dir_falls_back_to_a_temporary_one(tmp_path, monkeypat
         b = build(f"int fb(void) {{ return {len(kind)}; }}", "int fb(void);", "fallback")
     assert b.lib.fb() == len(kind)
     assert root not in b.path.parents
+
+
+def test_only_code_that_uses_intrinsics_compiles_the_headers_intrinsics():
+    """The header's intrinsics part (with <immintrin.h>, half of gcc's time on a small module) is
+    compiled for code that uses an intrinsic, a vector type or a helper of that part; code under
+    `#if 0`, or under `#if X` of a `#define X 0`, does not count."""
+    on = "#define EQF_INTRINSICS 1\n"
+    assert cbuild.intrinsics_define("void f(float* y) { y[0] = 1; }") == ""
+    assert cbuild.intrinsics_define("__m512 v;") == on
+    assert cbuild.intrinsics_define("s = eqf_row_exp_sum(y, n, 1, m, 0);") == on
+    assert cbuild.intrinsics_define("int eqf_mm512_count, EQF_ROW_BLOCK_4 = EQF_ROW_BLOCK(4);") == ""
+    assert cbuild.intrinsics_define("#define k_STREAM 0\n#if k_STREAM\neqf_sfence();\n#else\nx();\n#endif\n") == ""
+    assert cbuild.intrinsics_define("#define k_STREAM 1\n#if k_STREAM\neqf_sfence();\n#endif\n") == on
+    assert cbuild.intrinsics_define("#if 0\n#if A\n_mm_sfence();\n#endif\n#else\n_mm_pause();\n#endif\n") == on
+    assert cbuild.intrinsics_define("#if 0\n#if A\n#else\n_mm_sfence();\n#endif\n#endif\nint a;\n") == ""
+    assert cbuild.header_c("__m512 v;").startswith(on) and not cbuild.header_c().startswith(on)

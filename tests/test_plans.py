@@ -114,7 +114,8 @@ def test_a_counting_build_makes_the_micro_kernel_calls_lower_prints(machine_mode
     for k in gemms:
         sig = re.search(rf"void {k.name}\(([^)]*)\)", k.c_source).group(1).replace("restrict ", "")
         cdefs.append(f"void {k.name}({sig});\nlong {k.name}_gemm_ukernel_calls(void);")
-    lib = build(header_c() + COMMON_C + "\n".join(k.c_source for k in gemms), "\n".join(cdefs),
+    code = "\n".join(k.c_source for k in gemms)
+    lib = build(header_c(code) + COMMON_C + code, "\n".join(cdefs),
                 "count", extra_flags=("-DEQF_COUNT_UKERNEL",))
     buf = np.zeros(1 << 16, dtype=np.float32)  # the counts do not depend on the values
     for k in gemms:

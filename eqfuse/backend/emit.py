@@ -51,8 +51,7 @@ def emit_kernel(plan: KernelPlan) -> str:
 def emit_graph(plans: list[KernelPlan], share: bool = False) -> Emitted:
     """The translation unit of the plans' kernels; `share` emits kernels with the same C once
     (`alias`: the run function and the runtime call the first one's kernel and prepack functions)."""
-    header = header_c()
-    parts, cdefs, per, alias = [COMMON_C, header, HEADER_C], [COMMON_CDEF, HEADER_CDEF], {}, {}
+    parts, cdefs, per, alias = [], [COMMON_CDEF, HEADER_CDEF], {}, {}
     first: dict[str, str] = {}  # a kernel's C with its name taken out -> the first plan's name
     for p in plans:
         if p.kind == K.VIEW:
@@ -66,4 +65,5 @@ def emit_graph(plans: list[KernelPlan], share: bool = False) -> Emitted:
         per[p.name] = c
         parts.append(c)
         cdefs.append(prototype(p))
-    return Emitted("\n".join(parts), "\n".join(cdefs), per, alias)
+    kernels = "\n".join(parts)  # (the run function, added after them, uses no intrinsics)
+    return Emitted("\n".join([COMMON_C, header_c(kernels), HEADER_C, kernels]), "\n".join(cdefs), per, alias)
