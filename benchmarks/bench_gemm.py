@@ -302,7 +302,7 @@ def measure_tiles(repeat: int, rounds: int) -> None:
         print(f"{shape:>15} {label:>22} {flops / med / 1e9:8.1f}  (spread {(max(ts) - min(ts)) / med * 100:3.0f}%)")
 
 
-def measure_peers(threads: int, repeat: int, rounds: int) -> list[dict]:
+def measure_peers(threads: int, repeat: int, rounds: int, only: str = "") -> list[dict]:
     """The `--peers` table at one thread count, in a child (OMP/MKL/OpenBLAS threads set)."""
     import statistics
     import time
@@ -321,6 +321,8 @@ def measure_peers(threads: int, repeat: int, rounds: int) -> list[dict]:
     rng = np.random.default_rng(0)
     rows = []
     for M, N, K in PEERS:
+        if only and f"{M}x{N}x{K}" not in only.split(","):
+            continue
         act = "gelu" if N > K else "relu"  # the FFN's up projection has the GELU
         x = rng.standard_normal((M, K), dtype=np.float32)
         w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
@@ -414,6 +416,7 @@ def main() -> None:
     ap.add_argument("--tiles", action="store_true", help="the derived tiles against their neighbours (see above)")
     ap.add_argument("--peers", action="store_true", help="MKL, oneDNN, onnxruntime, numpy (see above) instead")
     ap.add_argument("--rounds", type=int, default=5, help="--small, --tiles, --peers: interleaved rounds")
+    ap.add_argument("--only", default="", help="--peers: these shapes only, MxNxK comma-separated (e.g. 256x3072x768)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.tiles:
@@ -426,13 +429,13 @@ def main() -> None:
         sys.exit(subprocess.run(cmd, env=env, check=False).returncode)
     if args.peers:
         if args.child:
-            print(json.dumps(measure_peers(int(args.child), args.repeat, args.rounds)))
+            print(json.dumps(measure_peers(int(args.child), args.repeat, args.rounds, args.only)))
             return
         rows = []
         for t in args.threads.split(","):
             env = {**os.environ, "OPENBLAS_NUM_THREADS": t, "OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t}
             cmd = [sys.executable, __file__, "--peers", "--child", t, "--repeat", str(args.repeat),
-                   "--rounds", str(args.rounds)]
+                   "--rounds", str(args.rounds), "--only", args.only]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
             if out.returncode:
                 sys.exit(out.stderr)
