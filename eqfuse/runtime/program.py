@@ -217,8 +217,11 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
         if p.kind in SCRATCH_KINDS:
             lines += ["    if (eqf_nomem_take()) {", f"        *failed = {s};", "        return EQF_NOMEM;", "    }"]
     lines += ["    return 0;", "}"]
+    # OpenMP's workers off the caller's CPU (common_pool.h, eqf_omp_place), in a graph with a
+    # kernel that may open a region (a graph without one starts no OpenMP thread)
+    place = ["    eqf_omp_place(threads);"] if any(hold_pool(p) is False for p in kernels) else []
     lines += [f"long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, long* failed)",
-              "{", "    if (threads > 0)", "        omp_set_num_threads(threads);",
+              "{", "    if (threads > 0)", "        omp_set_num_threads(threads);", *place,
               "    __atomic_store_n(&eqf_pool_request, pool_threads, __ATOMIC_RELAXED);", "    int held = 0;",
               f"    const long r = {name}_kernels(in, out, arena, failed, &held);", "    eqf_pool_hold(&held, 0);",
               "    return r;"]
