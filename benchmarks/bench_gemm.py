@@ -5,7 +5,7 @@
 
 (Those two variables, when set, slow numpy's OpenBLAS; unset them for this command only.)
 
-`--machine` pins the machine model the planner and the compiler see (eqfuse.backend.machine):
+`--machine` pins the machine model the planner and the compiler see (eqfuse.machine):
 "host" is this CPU; "avx2" is MODELS["avx2"] (8-float vectors, built for x86-64-v3, so on an
 AVX-512 host the AVX2 code paths really run); "portable" is 4-float vectors built for x86-64-v2
 (SSE4.2, no AVX). numpy's matmul is the same OpenBLAS in every row (it picks its own kernels:
@@ -31,7 +31,7 @@ node, W and b initializers, ORT_ENABLE_ALL, 1 intra-op thread) and numpy (x @ W 
 median us of `--rounds` rounds (each the median of `--repeat` calls), the spread (max - min
 over the rounds, % of the median), and the GB/s at which W streams (K x N x 4 bytes / time).
 
-`--tiles` checks the derived per-CPU choices (eqfuse.backend.machine) on this machine: the
+`--tiles` checks the derived per-CPU choices (eqfuse.machine) on this machine: the
 blocked GEMM's register tile at 1024^3 and the skinny tile at 8 and 16 rows, each against its
 neighbours, interleaved in one process on one thread (GFLOP/s, median of the rounds).
 
@@ -65,7 +65,7 @@ MODEL = Path(__file__).resolve().parent.parent / "examples" / "transformer.g"
 def pin(name: str) -> None:
     from dataclasses import replace
 
-    from eqfuse.backend.machine import MODELS, host_machine, pin
+    from eqfuse.machine import MODELS, host_machine, pin
 
     if name == "avx2":
         pin("avx2")
@@ -94,8 +94,8 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
     from eqfuse.backend.gemm import emit_gemm
     from eqfuse.backend.lower_gemm import gemm_tiles, parallel
-    from eqfuse.backend.machine import machine
     from eqfuse.cli.bench import median_time
+    from eqfuse.machine import machine
 
     def median(fn) -> float:
         # OpenBLAS's and OpenMP's worker threads spin for a while after a call; on two cores the
@@ -243,7 +243,7 @@ def measure_tiles(repeat: int, rounds: int) -> None:
     from eqfuse.backend.gemm import emit_gemm
     from eqfuse.backend.gemm_skinny import emit_gemm_skinny
     from eqfuse.backend.lower_gemm import gemm_blocking, gemm_tiles
-    from eqfuse.backend.machine import machine, skinny_tile
+    from eqfuse.machine import machine, skinny_tile
 
     m = machine()
     rng = np.random.default_rng(0)

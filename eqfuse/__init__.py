@@ -8,7 +8,7 @@ from eqfuse.errors import ArgumentError, CheckFailed, EqfuseError, RuleError
 from eqfuse.ir.reference import reference
 from eqfuse.optimizer.optimize import optimize
 from eqfuse.trace.jit import jit
+from eqfuse.version import __version__  # noqa: E402
 
-__version__ = "0.1.0"
 __all__ = ["compile", "optimize", "reference", "jit", "EqfuseError", "CheckFailed", "ArgumentError", "RuleError",
            "__version__"]

@@ -167,7 +167,12 @@ def _padded_module(src, dims: dict[str, int], buckets, opts, graph: Graph | None
 
     if graph is None:
         from eqfuse.frontend.onnx_import import import_with_params
-        from eqfuse.frontend.onnx_inputs import _load, graph_name, input_dims, input_shapes
+        from eqfuse.frontend.onnx_inputs import (
+            _load,
+            graph_name,
+            input_dims,
+            input_shapes,
+        )
 
         proto = _load(src)  # read once here (not kept: BERT-base's is 440 MB)
         _check_bucket_values(input_dims(proto), buckets)

@@ -16,9 +16,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 # Pin the machine model the planner and the compiler see, so that no decision depends on the
 # host's caches (a 48 KiB L1 once made two tests fail). EQFUSE_TEST_MACHINE picks the model
-# (eqfuse.backend.machine.MODELS); "avx2" builds the kernels for x86-64-v3, so that on an AVX-512 host
+# (eqfuse.machine.MODELS); "avx2" builds the kernels for x86-64-v3, so that on an AVX-512 host
 # the AVX2 code paths really run. Tests of a machine-dependent decision use `machine_model`.
-from eqfuse.backend import machine as _machine  # noqa: E402
+from eqfuse import machine as _machine  # noqa: E402
 
 _machine.pin(os.environ.get("EQFUSE_TEST_MACHINE") or "zen4")
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.backend.machine import pinned
 from eqfuse.ir.ops import OPS
+from eqfuse.machine import pinned
 
 SIG = {"q": "q: f32[2, 3, 5, 4]", "k": "k: f32[2, 3, 7, 4]", "v": "v: f32[2, 3, 7, 6]", "dy": "dy: f32[2, 3, 5, 6]"}
 RESULT = {"attention_dq": "f32[2, 3, 5, 4]", "attention_dk": "f32[2, 3, 7, 4]", "attention_dv": "f32[2, 3, 7, 6]"}

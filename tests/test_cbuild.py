@@ -106,7 +106,7 @@ def test_render_refuses_missing_and_unused_placeholders():
 def test_machine_description_and_blocking(monkeypatch):
     from dataclasses import replace
 
-    from eqfuse.backend import machine
+    from eqfuse import machine
 
     m = machine.machine()
     assert m.l1 > 0 and m.l2 > m.l1 and m.simd_floats in (4, 8, 16) and m.cores >= 1
@@ -117,7 +117,7 @@ def test_machine_description_and_blocking(monkeypatch):
 
 
 def test_host_machine_reads_the_environment_overrides(monkeypatch):
-    from eqfuse.backend import machine
+    from eqfuse import machine
 
     monkeypatch.setenv("EQFUSE_L2", str(256 << 10))
     machine.host_machine.cache_clear()

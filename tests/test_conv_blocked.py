@@ -10,7 +10,7 @@ import pytest
 
 import eqfuse
 from eqfuse.backend.conv_direct import ConvDirectDetail
-from eqfuse.backend.machine import pinned
+from eqfuse.machine import pinned
 
 
 def _rand(*shape, seed=0, scale=1.0):

@@ -16,7 +16,7 @@ from eqfuse.backend.conv_direct import (
     register_tiles,
     use_direct,
 )
-from eqfuse.backend.machine import MODELS, pinned
+from eqfuse.machine import MODELS, pinned
 
 
 @pytest.fixture(autouse=True)

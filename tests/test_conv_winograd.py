@@ -14,8 +14,13 @@ import pytest
 
 import eqfuse
 from eqfuse.backend.conv_direct import ConvDirectDetail
-from eqfuse.backend.conv_winograd import can_run, gemm_tile, tiles_per_block, use_winograd
-from eqfuse.backend.machine import MODELS, pinned
+from eqfuse.backend.conv_winograd import (
+    can_run,
+    gemm_tile,
+    tiles_per_block,
+    use_winograd,
+)
+from eqfuse.machine import MODELS, pinned
 
 
 def _rand(*shape, seed=0):

@@ -78,7 +78,7 @@ def test_illegal_candidates_are_dropped():
     pb = problem("""graph g(x: f32[8, 8], w: f32[8, 8], v: f32[8, 8]) -> f32[8, 8] {
         return (x @ w) @ v
     }""")
-    from eqfuse.backend.kinds import classify
+    from eqfuse.ir.kernels import classify
 
     for cands in pb.cands.values():
         for cd in cands:

@@ -15,7 +15,7 @@ import pytest
 
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c, warnings_for
 from eqfuse.backend.gemm import emit_gemm
-from eqfuse.backend.machine import machine
+from eqfuse.machine import machine
 
 # compiling every variant's GEMM takes ~25 s on 2 cores with a cold kernel cache
 pytestmark = pytest.mark.heavy
@@ -95,7 +95,7 @@ def modules(tmp_path_factory):
     # first; the second half is then a cache hit here. The child plans for the machine pinned
     # here (conftest's pin does not run there), else its sources would differ.
     pinned = dataclasses.asdict(machine())
-    child = subprocess.Popen([sys.executable, "-c", "from eqfuse.backend import machine as m; "
+    child = subprocess.Popen([sys.executable, "-c", "from eqfuse import machine as m; "
                               f"m.pin(m.Machine(**{pinned!r}), clamp=False); import tests.test_gemm as t; "
                               "t.build_many(t.VARIANTS[len(t.VARIANTS) // 2:], 'gemm_test_b')"],
                              cwd=Path(__file__).parent.parent, env={**os.environ, "EQFUSE_CACHE_DIR": str(cache)},

@@ -12,7 +12,7 @@ import pytest
 from helpers import one_graph, selected_params
 
 import eqfuse
-from eqfuse.backend import machine
+from eqfuse import machine
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
 from eqfuse.backend.gemm_skinny import emit_gemm_skinny
 from eqfuse.backend.lower_gemm import SKINNY_MAX_M

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.backend import machine
+from eqfuse import machine
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
 from eqfuse.backend.gemm import emit_gemm
 from eqfuse.backend.lower_gemm import gemm_tiles

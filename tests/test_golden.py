@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_plans import ALL_KINDS, KINDS
 
-from eqfuse.backend import machine
+from eqfuse import machine
 from eqfuse.backend.emit import emit_graph
 from eqfuse.compiler import lower
 from eqfuse.frontend.load import load

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.backend.kinds import KIND, KINDS, SUPPORTED, K, Split, Unsupported, classify
-from eqfuse.backend.machine import machine
+from eqfuse.backend.kinds import KIND, KINDS
 from eqfuse.frontend.load import load
+from eqfuse.ir.kernels import SUPPORTED, K, Split, Unsupported, classify
 from eqfuse.ir.reference import evaluate
+from eqfuse.machine import machine
 from eqfuse.runtime.verify import compare
 
 RNG = np.random.default_rng(11)

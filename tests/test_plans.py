@@ -143,7 +143,7 @@ def test_lower_prints_the_plan_and_with_uops_the_schedule(capsys, tmp_path):
 @pytest.mark.parametrize("K, slices", [(400, 1), (1500, 5)])
 def test_k_is_cut_into_equal_slices(K, slices):
     from eqfuse.backend.lower_gemm import gemm_tiles
-    from eqfuse.backend.machine import MODELS
+    from eqfuse.machine import MODELS
 
     t = gemm_tiles(64, 512, K, MODELS["zen4"])
     assert -(-K // t["kc"]) == slices and t["kc"] * slices - K < slices

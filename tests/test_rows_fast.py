@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.backend import machine
+from eqfuse import machine
 
 LENGTHS = [1, 2, 3, 15, 16, 17, 31, 33, 63, 64, 65, 100, 767, 1025]
 ROWS = 5

@@ -42,7 +42,7 @@ CASES = [
 SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, "tests")
-    from eqfuse.backend import machine
+    from eqfuse import machine
     machine.pin("zen4")
     import test_kernels_c as t
     from test_sanitize import CASES, PARAMS

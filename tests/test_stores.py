@@ -5,17 +5,17 @@ numpy reference."""
 
 from dataclasses import replace
 
+import model_exports as me  # noqa: I001  (tests/ is on the path)
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eqfuse
-from eqfuse.backend import machine
-from eqfuse.backend.kinds import KIND, K
+from eqfuse import machine
+from eqfuse.backend.kinds import KIND
 from eqfuse.backend.lower import lower_graph
-
-import model_exports as me  # noqa: I001  (tests/ is on the path)
+from eqfuse.ir.kernels import K
 
 
 def _rand(*shape, seed=0):

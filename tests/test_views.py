@@ -3,6 +3,7 @@ reshapes read through strides by the kernel next to them, and the flatten / GEMM
 of exported linear layers as one batched GEMM. Every compiled result is checked against the
 numpy reference; the kernel counts of the exported GPT-2 and MLP-Mixer are the issue's figures."""
 
+import model_exports as me  # noqa: I001  (tests/ is on the path)
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,8 +12,6 @@ from hypothesis import strategies as st
 import eqfuse
 from eqfuse.backend.indexing import reshape_strides
 from eqfuse.backend.views import affine
-
-import model_exports as me  # noqa: I001  (tests/ is on the path)
 
 
 def _run(src, **arrays):

@@ -38,7 +38,7 @@ from eqfuse.errors import EqfuseError
 # freely. -fno-math-errno lets sqrtf/fmaxf become instructions; -fno-trapping-math lets gcc
 # if-convert and vectorize conditional code; neither changes a result. gnu11 for _Thread_local
 # and restrict.
-# The -march flags come from the machine model (eqfuse.backend.machine), see compiler_flags.
+# The -march flags come from the machine model (eqfuse.machine), see compiler_flags.
 FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-std=gnu11")
 LINK_FLAGS = ("-fopenmp",)
 # No debug info: Python's own CFLAGS, which setuptools puts first, carry -g (pyenv's and most
@@ -175,7 +175,7 @@ def compiler_flags(extra_flags: tuple[str, ...] = ()) -> tuple[str, ...]:
     sanitizers'; with EQFUSE_WERROR=1 in the environment (the test suite sets it) also -Werror:
     generated C must compile cleanly at -Wall, and a warning printed during an ordinary build
     would otherwise go unnoticed."""
-    from eqfuse.backend.machine import machine
+    from eqfuse.machine import machine
 
     werror = ("-Werror",) if os.environ.get("EQFUSE_WERROR") == "1" else ()
     return FLAGS + NO_DEBUG + machine().march + tuple(extra_flags) + _user_flags() + _sanitize_flags() + werror
@@ -195,8 +195,8 @@ def cache_key(source: str, cdef: str, extra_flags: tuple[str, ...] = ()) -> str:
     version), every flag (eqfuse's, EQFUSE_CFLAGS, the sanitizers', the build environment's and
     Python's own), what the target flags mean on this CPU, and the versions of eqfuse, Python
     and cffi. A cache shared by machines with different CPUs never loads another ISA's binary."""
-    from eqfuse import __version__
-    from eqfuse.backend.machine import machine
+    from eqfuse.machine import machine
+    from eqfuse.version import __version__
 
     cc = compiler()
     env = [f"{v}={os.environ.get(v, '')}" for v in BUILD_ENV]

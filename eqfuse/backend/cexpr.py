@@ -144,6 +144,3 @@ def kernel_params(plan: KernelPlan) -> tuple[str, dict[int, str]]:
 I1, I2, I3, I4 = " " * 8, " " * 12, " " * 16, " " * 20
 
 
-def computed_ancestors(body: Graph, i: int) -> set[int]:
-    """The computed nodes (not inputs or constants) that node i depends on, i included."""
-    return {j for j in body.ancestors(i) if body.nodes[j].op not in ("input", "const")}

@@ -19,10 +19,11 @@ import os
 from dataclasses import replace
 
 from eqfuse.backend.conv_direct import ConvDirectDetail, mark_bound, plan_conv_direct
-from eqfuse.backend.machine import machine
-from eqfuse.backend.plan import K, KernelPlan
+from eqfuse.backend.plan import KernelPlan
 from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import K
 from eqfuse.ir.ops import _pair
+from eqfuse.machine import machine
 
 POOL_OPS = ("max_pool2d", "avg_pool2d")
 

@@ -28,8 +28,9 @@ from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.conv_winograd import plan_winograd, use_winograd
 from eqfuse.backend.emit_gemm import _ct, _epilogue
 from eqfuse.backend.lower_gemm import Prepack, cdiv, parallel
-from eqfuse.backend.machine import Machine
-from eqfuse.backend.plan import F32, KernelPlan, UOp, ops_text, pointwise_flops
+from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
+from eqfuse.ir.kernels import F32
+from eqfuse.machine import Machine
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ from dataclasses import replace
 
 from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.lower_gemm import cdiv
-from eqfuse.backend.machine import Machine
-from eqfuse.backend.plan import F32, KernelPlan, UOp, ops_text
+from eqfuse.backend.plan import KernelPlan, UOp, ops_text
+from eqfuse.ir.kernels import F32
+from eqfuse.machine import Machine
 
 
 def can_run(d, vl: int) -> bool:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, HEADER_C, HEADER_CDEF, header_c
 from eqfuse.backend.cexpr import ctypes_of
 from eqfuse.backend.kinds import KIND
-from eqfuse.backend.plan import K, KernelPlan
+from eqfuse.backend.plan import KernelPlan
+from eqfuse.ir.kernels import K
 
 
 @dataclass

@@ -10,7 +10,6 @@ from __future__ import annotations
 from itertools import count
 
 from eqfuse.backend.cexpr import I1, I2, Exprs, Space, flit, render
-from eqfuse.backend.cexpr import computed_ancestors as _ancestors
 from eqfuse.backend.cexpr import kernel_params as _params
 from eqfuse.backend.gemm import emit_gemm
 from eqfuse.backend.gemm_skinny import emit_gemm_skinny
@@ -18,6 +17,7 @@ from eqfuse.backend.indexing import bstrides, offset
 from eqfuse.backend.lower_gemm import c_layout, conv_c_layout, skinny_pack_parts
 from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import computed_ancestors as _ancestors
 from eqfuse.ir.shapes import C_TYPE
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from eqfuse.backend.cbuild import render
 from eqfuse.backend.lower_gemm import direct, gemm_tiles
 from eqfuse.backend.lower_gemm import direct_a as direct_a_rule
-from eqfuse.backend.machine import machine
+from eqfuse.machine import machine
 
 # How threads share one GEMM when there are fewer batches than threads (the template's SPLIT).
 SPLITS = {"auto": 0, "rows": 1, "cols": 2}

@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from eqfuse.backend.conv_direct import block_between_convs
-from eqfuse.backend.kinds import KIND, SUPPORTED, Split, Unsupported, classify
+from eqfuse.backend.kinds import KIND
 from eqfuse.backend.kinds.contraction import mark_bound_b
-from eqfuse.backend.plan import F32, K, KernelPlan, size
+from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.backend.stores import place_stores, store_uop
 from eqfuse.backend.views import place_views
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.kernels import F32, SUPPORTED, K, Split, Unsupported, classify
 
 # ------------------------------------------------------------------ the machine
 
@@ -34,8 +35,8 @@ class Caches:
 
 
 def machine_caches() -> Caches:
-    """This machine's caches, read from the system by eqfuse.backend.machine (EQFUSE_L1/L2/L3 override)."""
-    from eqfuse.backend import machine
+    """This machine's caches, read from the system by eqfuse.machine (EQFUSE_L1/L2/L3 override)."""
+    from eqfuse import machine
 
     m = machine.machine()
     return Caches(m.l1, m.l2, m.l3, m.simd_floats, m.cores, m.prefetch)

@@ -11,19 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from eqfuse.backend.indexing import contiguous, joint_groups, view_strides
-from eqfuse.backend.machine import Machine, gemm_blocking, register_tile, skinny_tile
 from eqfuse.backend.plan import (
-    F32,
     KernelPlan,
-    Split,
     UOp,
     not_ancestors,
     ops_text,
     pointwise_flops,
     size,
 )
-from eqfuse.backend.plan import K as Kind  # (K is a GEMM's depth here)
+from eqfuse.ir.kernels import F32, Split, row_epilogue_fits
+from eqfuse.ir.kernels import K as Kind
 from eqfuse.ir.ops import OPS
+from eqfuse.machine import Machine, gemm_blocking, register_tile, skinny_tile
 
 
 @dataclass(frozen=True)
@@ -435,12 +434,6 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
         else:
             u.append(UOp(2, "Exec", f"after the last kc step of a chunk of rows, in L2: {what}", nb * nch))
 
-
-def row_epilogue_fits(N: int, nparams: int, l1: int) -> bool:
-    """Whether a GEMM's row epilogue handles rows of N: the row op walks a row of C in passes,
-    which must stay in L1 next to its nparams parameter vectors (extraction asks this too, so
-    that the optimizer does not choose a kernel that the backend would split)."""
-    return N * F32 * (1 + nparams) <= l1
 
 
 def _plan_row_epilogue(plan: KernelPlan, m: Machine, N: int) -> int:

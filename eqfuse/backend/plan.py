@@ -11,75 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import K, KernelShape
 from eqfuse.ir.ops import OPS
-
-F32 = 4  # bytes per element
-
-
-class K(StrEnum):
-    """The kinds of kernel plans: the one definition (eqfuse.backend.kinds holds the class that
-    matches, plans and emits each; a plan's name ends with its kind's value)."""
-
-    POINTWISE = "pointwise"
-    CONTRACTION = "contraction"  # a matmul GEMM with a pointwise epilogue
-    CONTRACTION_ROW = "contraction_row"  # a matmul GEMM whose finished rows go through a row op
-    CONV2D = "conv2d"  # a conv2d GEMM (im2col) with a pointwise epilogue
-    ROW = "row"
-    REDUCE = "reduce"
-    ATTENTION = "attention"
-    ATTENTION_GRAD = "attention_grad"  # attention_dq / dk / dv, the probabilities recomputed
-    LAYOUT = "layout"  # a copy
-    VIEW = "view"  # a layout op read in place: no code (eqfuse.backend.views)
-    INDEX = "index"
-
-
-GEMM_KINDS = (K.CONTRACTION, K.CONTRACTION_ROW, K.CONV2D)
-
-
-class Unsupported(Exception):
-    """The body is not a kernel shape the backend lowers; the message says why."""
-
-
-class Split(Unsupported):
-    """A kernel shape that this backend lowers only as separate single-op kernels (its epilogue
-    broadcasts the main op's result, a row does not fit the cache, ...). A hand-written kernel
-    block of this kind is split silently; extraction never chooses one."""
-
-
-@dataclass(frozen=True)
-class AttentionParts:
-    """The body nodes of an attention kernel. q, kt and v are kernel inputs or views of inputs
-    (kinds.base.view_source), kt being k^T as the scores matmul reads it; mask is the mask input
-    or None; result is the attention value with its epilogue, before any output transposes."""
-
-    q: int
-    kt: int
-    v: int
-    qk: int  # the scores matmul q @ k^T
-    sm: int  # the softmax
-    mask: int | None
-    result: int
-
-
-@dataclass(frozen=True)
-class RowEpilogue:
-    """The row op of a contraction_row kernel: the GEMM's finished rows go through it."""
-
-    row: int
-
-
-@dataclass(frozen=True)
-class KernelShape:
-    """What `match` found: the kind, the anchor (the body node of the matmul/conv2d, the row or
-    reduce op, attention's last matmul, the layout or index op) and the kind's typed parts."""
-
-    kind: K
-    anchor: int | None = None
-    parts: AttentionParts | RowEpilogue | None = None
 
 
 @dataclass(frozen=True)

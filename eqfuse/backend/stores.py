@@ -36,9 +36,10 @@ import numpy as np
 
 from eqfuse.backend.kinds import KIND
 from eqfuse.backend.kinds.layout import RESHAPES
-from eqfuse.backend.plan import K, KernelPlan, UOp
+from eqfuse.backend.plan import KernelPlan, UOp
 from eqfuse.backend.views import MAX_ELEMENTS, affine, is_contiguous
 from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import K
 from eqfuse.ir.ops import OPS
 from eqfuse.ir.shapes import NUMPY_DTYPE
 

@@ -36,8 +36,9 @@ import numpy as np
 
 from eqfuse.backend.indexing import contiguous, view_strides
 from eqfuse.backend.lower_gemm import matrix_layout
-from eqfuse.backend.plan import K, KernelPlan, UOp
+from eqfuse.backend.plan import KernelPlan, UOp
 from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import K
 from eqfuse.ir.ops import OPS
 from eqfuse.ir.shapes import NUMPY_DTYPE
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from eqfuse.backend.plan import K
+from eqfuse.ir.kernels import K
 
 NOISY_IQR = 20  # percent: a row whose spread is wider gets a warning under the table
 
@@ -105,10 +105,9 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     fused compile. `profile` adds each fused kernel's time at the first thread count
     (eqfuse.runtime.profile)."""
     from eqfuse import compile as eq_compile
+    from eqfuse.compiler import _is_onnx
     from eqfuse.frontend.load import load
     from eqfuse.ir.reference import evaluate
-
-    from eqfuse.compiler import _is_onnx
 
     graphs = load(src, dims if _is_onnx(src) else None)  # (an ONNX model's dims bound at import)
     onnx_dims = dict(dims or {}) if _is_onnx(src) else None

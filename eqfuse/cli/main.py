@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(argv)
         if args.version:
-            from eqfuse import __version__
+            from eqfuse.version import __version__
 
             print(f"eqfuse {__version__}")
             return 0

@@ -6,10 +6,10 @@ import difflib
 import math
 from dataclasses import replace
 
-from eqfuse.backend.kinds import SUPPORTED, Split, Unsupported, classify
 from eqfuse.errors import EqfuseError, Pos, ShapeError
 from eqfuse.frontend import syntax as S
 from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.kernels import SUPPORTED, Split, Unsupported, classify
 from eqfuse.ir.ops import INFIX, OPS, complete_attrs
 from eqfuse.ir.ops_index import canonical
 from eqfuse.ir.shapes import DTYPES, TType

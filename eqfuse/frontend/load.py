@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from eqfuse.errors import EqfuseError

@@ -18,7 +18,17 @@ from eqfuse.errors import EqfuseError
 from eqfuse.frontend import syntax as S
 from eqfuse.frontend.parser import SourceText, decode_source, syntax_error
 from eqfuse.grad.helpers import HELPERS
-from eqfuse.optimizer.rules import AttrVar, AttrVarAst, POp, PVar, RulesToAst, _cond, _lark, _rule_texts, _Side
+from eqfuse.optimizer.rules import (
+    AttrVar,
+    AttrVarAst,
+    POp,
+    PVar,
+    RulesToAst,
+    _cond,
+    _lark,
+    _rule_texts,
+    _Side,
+)
 
 DERIVATIVES = Path(__file__).parent / "derivatives.rw"
 BOUND = ("dy", "y")  # variables the differentiation binds: the result's gradient and the result

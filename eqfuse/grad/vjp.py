@@ -11,8 +11,8 @@ for the same optimizer and backend; nothing here knows about kernels or C.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 import operator
+from dataclasses import replace
 from typing import Sequence
 
 from eqfuse.errors import Pos

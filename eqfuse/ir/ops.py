@@ -407,9 +407,11 @@ _op(name="slice", kind="layout", dtype="any", arity=(1, 1), infer=_slice_infer, 
 _op(name="concat", kind="layout", dtype="any", arity=(1, -1), infer=_concat_infer,
     numpy=lambda a, at: np.concatenate(a, axis=at["axis"]), attrs=(Attr("axis", "int", 0),))
 
-from eqfuse.ir import ops_index  # noqa: E402,F401  (registers the mask, index and pooling ops)
-from eqfuse.ir import ops_attention  # noqa: E402,F401  (registers the attention gradients)
-from eqfuse.ir import ops_grad  # noqa: E402,F401  (registers the row ops of derivative rules)
+from eqfuse.ir import (
+    ops_attention,  # noqa: E402,F401  (registers the attention gradients)
+    ops_grad,  # noqa: E402,F401  (registers the row ops of derivative rules)
+    ops_index,  # noqa: E402,F401  (registers the mask, index and pooling ops)
+)
 
 INFIX = {op.infix: op.name for op in OPS.values() if op.infix and op.arity == (2, 2)}
 

@@ -4,7 +4,7 @@ memory   = bytes read and written by all kernels: a kernel reads each of its (di
            tensors once and writes its result once, so a tensor read by two kernels counts twice.
 launches = the number of kernels.
 time     = per kernel max(flops / FLOP/s, bytes / bandwidth) + a per-kernel overhead, from this
-           machine's measured numbers (eqfuse.optimizer.machine_perf).
+           machine's measured numbers (eqfuse.machine).
 
 A kernel that is only a reshape is a free view: no bytes, no flops, no overhead (still a node).
 Named dimensions the caller does not bind are costed as DEFAULT_DIM; the graph stays symbolic.
@@ -44,7 +44,7 @@ ZERO = KCost()
 
 def perf() -> dict:
     """{"flops": FLOP/s, "bandwidth": bytes/s, "overhead": s per kernel}, measured once and cached."""
-    from eqfuse.optimizer.machine_perf import perf as measured
+    from eqfuse.machine import perf as measured
 
     return measured()
 

@@ -36,10 +36,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
-from eqfuse.backend.kinds import K, Unsupported, classify
-from eqfuse.backend.machine import machine
 from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.kernels import K, Unsupported, classify
 from eqfuse.ir.ops import OPS
+from eqfuse.machine import machine
 from eqfuse.optimizer import cost as C
 
 REASONS = ("no_rule", "unlowerable", "cost", "limit")

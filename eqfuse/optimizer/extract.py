@@ -29,12 +29,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eqfuse.backend.kinds import Unsupported, classify
-from eqfuse.backend.machine import machine
 from eqfuse.errors import ShapeError
 from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.kernels import Unsupported, classify
 from eqfuse.ir.ops import OPS
 from eqfuse.ir.shapes import TType
+from eqfuse.machine import machine
 from eqfuse.optimizer import cost as C
 from eqfuse.optimizer.egraph import EData, ENode, text_attr, text_num
 

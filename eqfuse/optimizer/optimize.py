@@ -17,14 +17,15 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from eqfuse.backend.kinds import Split, classify
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph, retype
+from eqfuse.ir.kernels import Split, classify
 from eqfuse.ir.printer import graph_text, module_text
 from eqfuse.optimizer import cost as C
 from eqfuse.optimizer import extract as X
 from eqfuse.optimizer.egraph import EGraph, SaturationStats
 from eqfuse.optimizer.explain import Joins
+from eqfuse.optimizer.layout import sink_reshapes
 from eqfuse.optimizer.rules import load_rules
 from eqfuse.optimizer.schedule import (
     EXTRACT_SECONDS_PER_NODE,
@@ -36,7 +37,6 @@ from eqfuse.optimizer.schedule import (
     rule_phase,
     run_phase,
 )
-from eqfuse.optimizer.layout import sink_reshapes
 from eqfuse.optimizer.simplify import fold_constants, smallest
 from eqfuse.optimizer.wide import cut_wide, stitch
 

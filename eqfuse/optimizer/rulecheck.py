@@ -26,7 +26,7 @@ _SOUND: set[str] = set()  # hashes found sound in this process
 @functools.lru_cache(maxsize=None)
 def _checker_fingerprint() -> bytes:
     """What a verdict depends on besides the rule file itself."""
-    from eqfuse import __version__
+    from eqfuse.version import __version__
 
     package = Path(__file__).parent.parent
     h = hashlib.sha256(__version__.encode())

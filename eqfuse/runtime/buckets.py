@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eqfuse.backend.plan import K
 from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import K
 
 CALL_S = 5e-6  # the run function's Python side per call (benchmarks/bench_runtime.py)
-# The speeds the schedule assumes; None: this machine's, measured (eqfuse.optimizer.machine_perf).
+# The speeds the schedule assumes; None: this machine's, measured (eqfuse.machine).
 # The test suite pins them (tests/conftest.py), so that no schedule depends on the host's load.
 PINNED_SPEEDS: dict | None = None
 LONG_RUN_S = 0.05  # a bucket whose first timed run takes this long is not run a second time
@@ -56,7 +56,7 @@ def default_sizes(first: int) -> list[int]:
 def estimate(compiled) -> float:
     """Seconds per call of one compiled bucket by the time model: each kernel's bytes at the
     measured bandwidth or its FLOPs at the measured FLOP/s, whichever is longer."""
-    from eqfuse.optimizer.machine_perf import perf
+    from eqfuse.machine import perf
 
     m = PINNED_SPEEDS or perf()
     ks = [p for p in compiled.plans if p.kind != K.VIEW]

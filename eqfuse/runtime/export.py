@@ -95,7 +95,7 @@ def c_name(name: str, taken: set[str]) -> str:
 
 
 def target_machine(target: str):
-    from eqfuse.backend.machine import host_simd_floats, machine
+    from eqfuse.machine import host_simd_floats, machine
 
     if target not in TARGETS:
         raise EqfuseError(f"unknown target '{target}' (known: {', '.join(TARGETS)})")
@@ -108,9 +108,9 @@ def prepare(model: str | os.PathLike, weights: Mapping[str, np.ndarray], lib: st
             example_inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
             **opts) -> list[ExportedGraph]:
     """Every graph of the model (or the one named), optimized, lowered and emitted for the target."""
-    from eqfuse.backend.machine import pinned
     from eqfuse.compiler import _check_dims, input_aliases, model_weights
     from eqfuse.frontend.load import load
+    from eqfuse.machine import pinned
 
     graphs = load(model)
     if graph is not None:
@@ -144,8 +144,8 @@ def _no_graph(name, graphs):
 
 def _prepare_graph(g: Graph, weights, lib, dims, inputs, example_inputs, seed, opts) -> ExportedGraph:
     from eqfuse.backend.emit import emit_graph
-    from eqfuse.backend.plan import K
     from eqfuse.compiler import _bind_params, lower, optimize
+    from eqfuse.ir.kernels import K
     from eqfuse.optimizer.fold import fold_params
     from eqfuse.runtime.program import emit_run, plan_memory
 

@@ -81,7 +81,7 @@ def _args(lib: str, g) -> str:
 
 
 def header(lib: str, graphs, target: str, embed: bool, model: str) -> str:
-    from eqfuse import __version__
+    from eqfuse.version import __version__
 
     up = lib.upper()
     load_doc = ("NAME_load(NULL): the weights are compiled into the library (--embed-weights)" if embed else

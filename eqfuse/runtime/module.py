@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from eqfuse.backend.plan import K, KernelPlan
+from eqfuse.backend.plan import KernelPlan
 from eqfuse.errors import CheckFailed
 from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import K
 from eqfuse.ir.reference import bind_arrays, call_arrays, evaluate
 from eqfuse.runtime.buckets import Bucketed, default_sizes
 from eqfuse.runtime.program import MemoryPlan, PanelPool, Runner, plan_memory

@@ -47,9 +47,10 @@ from operator import is_not
 
 import numpy as np
 
-from eqfuse.backend.plan import K, KernelPlan, size
+from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.errors import ArgumentError
 from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import K
 from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
 from eqfuse.runtime.load import threads_now, threads_requested
 

@@ -10,24 +10,11 @@ from itertools import count
 
 from eqfuse.backend.cexpr import I1, I3, I4, Exprs, Space, flit, kernel_params, render
 from eqfuse.backend.indexing import bstrides, offset, result_strides, view_strides
-from eqfuse.backend.kinds.base import (
-    Kind,
-    check_computable,
-    check_no_broadcast,
-    op_kind,
-    view_source,
-)
+from eqfuse.backend.kinds.base import Kind
 from eqfuse.backend.lower_gemm import PARALLEL_MIN_FMAS
-from eqfuse.backend.plan import (
-    F32,
-    AttentionParts,
-    K,
-    KernelPlan,
-    KernelShape,
-    UOp,
-    size,
-)
+from eqfuse.backend.plan import KernelPlan, UOp, size
 from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import F32, K
 
 
 @dataclass(frozen=True)
@@ -40,68 +27,6 @@ class AttentionDetail:
     parallel: bool  # the `if` of the parallel region
     vec: bool = False  # the vectorized micro-kernels (whole 64-key tiles, v rows contiguous): after_views
 
-
-def output_tail(body: Graph, out: int) -> int:
-    """The node below the transposes and reshapes that write a kernel's result in another
-    layout (the head merge reshape(transpose(a, perm=[0, 2, 1, 3]))); out itself if none."""
-    seen_transpose = False
-    while body.nodes[out].op in ("transpose", "reshape"):
-        n = body.nodes[out]
-        if n.op == "reshape" and seen_transpose:
-            break  # a reshape below a transpose is not a strided write
-        seen_transpose |= n.op == "transpose"
-        out = n.args[0]
-    return out
-
-
-def _pointwise_over_inputs(body: Graph, i: int) -> bool:
-    return all(op_kind(body.nodes[j]) in ("pointwise", "input", "const") for j in body.ancestors(i))
-
-
-def match_attention(body: Graph) -> KernelShape | None:
-    """softmax(q @ k^T * scale [+ mask]) @ v, with pointwise ops allowed around the scores.
-
-    q, k^T and v are kernel inputs read in place, possibly through layout views (view_source),
-    and the result may be written through transposes (the head merge).
-    """
-    nodes = body.nodes
-    result = output_tail(body, body.outputs[0])
-    pv = next((i for i in body.ancestors(result)
-               if nodes[i].op == "matmul" and nodes[nodes[i].args[0]].op == "softmax"), None)
-    if pv is None:
-        return None
-    sm, v = nodes[pv].args
-    smn = nodes[sm]
-    if view_source(body, v) is None or smn.attr["axis"] % smn.type.rank != smn.type.rank - 1:
-        return None
-    # Walk the score expression down to the q @ k^T matmul; only pointwise ops with one
-    # score-dependent operand on the way (scale, mask, bias).
-    cur = smn.args[0]
-    mask = None
-    while nodes[cur].op != "matmul":
-        n = nodes[cur]
-        if op_kind(n) != "pointwise":
-            return None
-        # the operand that leads to the scores; the others are computed per score element from
-        # kernel inputs alone (a scale, a mask input, where(mask, 0, -inf) of a bool mask)
-        dep = [a for a in n.args if any(nodes[j].op == "matmul" for j in body.ancestors(a))]
-        other = [a for a in n.args if a not in dep]
-        if len(dep) != 1 or not all(_pointwise_over_inputs(body, o) for o in other):
-            return None
-        for o in other:
-            if nodes[o].op == "input" and nodes[o].type.rank >= 2:
-                mask = o
-        cur = dep[0]
-    qk = cur
-    q, kt = nodes[qk].args
-    if view_source(body, q) is None or view_source(body, kt) is None:
-        return None
-    views = body.ancestors(q) | body.ancestors(kt) | body.ancestors(v)
-    tail = body.ancestors(body.outputs[0]) - body.ancestors(result)
-    heavy = {i for i, n in enumerate(nodes) if op_kind(n) not in ("pointwise", "input", "const")}
-    if heavy - {pv, sm, qk} - views - tail:
-        return None
-    return KernelShape(K.ATTENTION, pv, AttentionParts(q, kt, v, qk, sm, mask, result))
 
 
 def _score_scale(body: Graph, score: int, qk: int) -> float | None:
@@ -129,19 +54,6 @@ def _v_strides(plan: KernelPlan) -> tuple[int, ...]:
 
 class Attention(Kind):
     kinds = (K.ATTENTION,)
-    supported = ("attention (softmax(q @ transpose(k) * scale [+ mask]) @ v, q, k and v possibly read "
-                 "through transposes and reshapes of kernel inputs, the result possibly written through "
-                 "transposes)")
-
-    def match(self, body, facts, machine=None):
-        shape = match_attention(body)
-        if shape is None:
-            return None
-        p = shape.parts
-        check_no_broadcast(body, shape.anchor, p.result, K.ATTENTION)
-        check_computable(body, body.nodes[p.sm].args[0], {p.qk})  # the score expression
-        check_computable(body, p.result, {shape.anchor}, {p.qk, p.sm})  # the epilogue
-        return shape
 
     def plan(self, plan: KernelPlan, c) -> None:
         body, p = plan.body, plan.shape.parts

@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 from eqfuse.backend.cexpr import flit, kernel_params, render
 from eqfuse.backend.indexing import bstrides, contiguous, offset
 from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
-from eqfuse.backend.plan import K, KernelPlan, KernelShape, Unsupported, UOp, size
+from eqfuse.backend.plan import KernelPlan, UOp, size
+from eqfuse.ir.kernels import K
 from eqfuse.ir.ops_attention import ARGS, attention_grad_flops
 
 MODES = {"attention_dq": 0, "attention_dk": 1, "attention_dv": 2}
@@ -37,17 +38,8 @@ class AttentionGradDetail:
 
 class AttentionGrad(Kind):
     kinds = (K.ATTENTION_GRAD,)
-    supported = "attention gradient (one attention_dq, attention_dk or attention_dv over kernel inputs)"
     writes_strided = True
 
-    def match(self, body, facts, machine=None):
-        a = facts.single("attention_grad")
-        if a is None:
-            return None
-        n = body.nodes[a]
-        if a != facts.out or not all(x in facts.inputs for x in n.args):
-            raise Unsupported(f"an attention gradient ({n.op}) must be the whole kernel, over kernel inputs")
-        return KernelShape(K.ATTENTION_GRAD, a)
 
     def plan(self, plan: KernelPlan, c) -> None:
         n = plan.body.nodes[plan.shape.anchor]

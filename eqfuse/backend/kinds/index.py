@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from eqfuse.backend.cexpr import flit, kernel_params, render
 from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
-from eqfuse.backend.plan import K, KernelPlan, KernelShape, Unsupported, UOp
+from eqfuse.backend.plan import KernelPlan, UOp
 from eqfuse.ir.graph import Node
+from eqfuse.ir.kernels import K
 from eqfuse.ir.ops import _pair
 from eqfuse.ir.shapes import C_TYPE
 
@@ -304,19 +305,6 @@ class IndexDetail:
 
 class Index(Kind):
     kinds = (K.INDEX,)
-    supported = ("index (one gather, gather_elements, scatter_add, scatter_elements_add, cumsum, argmax, tril, triu, "
-                 "pad, pooling or pooling-gradient op over kernel inputs)")
-
-    def match(self, body, facts, machine=None):
-        a = facts.single("index")
-        if a is None:
-            return None
-        n = body.nodes[a]
-        if a != facts.out or not all(x in facts.inputs for x in n.args):
-            raise Unsupported(f"a index op ({n.op}) must be the whole kernel, over kernel inputs")
-        if n.op not in BUILDERS:
-            raise Unsupported(f"the index op {n.op} has no kernel")
-        return KernelShape(K.INDEX, a)
 
     def plan(self, plan: KernelPlan, c) -> None:
         an = plan.body.nodes[plan.shape.anchor]
@@ -340,7 +328,7 @@ class Index(Kind):
         d = plan.detail
         if d.in_blocked or d.out_blocked:
             from eqfuse.backend.conv_blocked import pool_blocked
-            from eqfuse.backend.machine import machine
+            from eqfuse.machine import machine
 
             lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), d.parallel, d.in_blocked, d.out_blocked,
                                  machine().simd_floats)

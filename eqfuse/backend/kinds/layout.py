@@ -8,9 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eqfuse.backend.cexpr import kernel_params, render
-from eqfuse.backend.indexing import coalesce, contiguous, joint_groups, offset, reshape_strides
+from eqfuse.backend.indexing import (
+    coalesce,
+    contiguous,
+    joint_groups,
+    offset,
+    reshape_strides,
+)
 from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
-from eqfuse.backend.plan import K, KernelPlan, KernelShape, Unsupported, UOp, size
+from eqfuse.backend.plan import KernelPlan, UOp, size
+from eqfuse.ir.kernels import K
 
 RESHAPES = ("reshape", "squeeze", "unsqueeze", "flatten")  # views of a contiguous buffer
 
@@ -23,17 +30,8 @@ class LayoutDetail:
 
 class Layout(Kind):
     kinds = (K.LAYOUT, K.VIEW)
-    supported = "layout (one transpose, reshape, slice or concat of kernel inputs)"
     writes_strided = True  # every copy block walks its destination with strides
 
-    def match(self, body, facts, machine=None):
-        a = facts.single("layout")
-        if a is None:
-            return None
-        n = body.nodes[a]
-        if a != facts.out or not all(x in facts.inputs for x in n.args):
-            raise Unsupported(f"a layout op ({n.op}) must be the whole kernel, over kernel inputs")
-        return KernelShape(K.LAYOUT, a)
 
     def plan(self, plan: KernelPlan, c) -> None:
         body, a = plan.body, plan.shape.anchor

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from itertools import count
 
 from eqfuse.backend.cexpr import I1, I2, Exprs, Space, ctypes_of, kernel_params, render
-from eqfuse.backend.indexing import coalesce, contiguous, joint_groups, leaf_strides, offset
+from eqfuse.backend.indexing import (
+    coalesce,
+    contiguous,
+    joint_groups,
+    leaf_strides,
+    offset,
+)
 from eqfuse.backend.kinds.base import (
     PARALLEL_MIN,
     Kind,
@@ -18,17 +24,9 @@ from eqfuse.backend.kinds.base import (
     parallel_rule,
     vectors,
 )
-from eqfuse.backend.plan import (
-    F32,
-    K,
-    KernelPlan,
-    KernelShape,
-    UOp,
-    ops_text,
-    pointwise_flops,
-    size,
-)
+from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
 from eqfuse.errors import EqfuseError
+from eqfuse.ir.kernels import F32, K
 
 # Elements per tile of a streaming pointwise kernel: a multiple of 16 (tiles start on 64-byte
 # lines of the output); nothing of it is kept in cache, it only amortizes the per-tile set-up.
@@ -56,11 +54,8 @@ def out_strides(plan: KernelPlan) -> tuple[int, ...]:
 
 class Pointwise(Kind):
     kinds = (K.POINTWISE,)
-    supported = "pointwise (a tree of pointwise ops over tensors and scalar constants)"
     writes_strided = True
 
-    def match(self, body, facts, machine=None):
-        return KernelShape(K.POINTWISE) if not facts.heavy else None
 
     def plan(self, plan: KernelPlan, c) -> None:
         total = size(plan.out_shape)

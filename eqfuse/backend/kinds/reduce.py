@@ -8,37 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import count
 
-from eqfuse.backend.cexpr import (
-    I1,
-    Exprs,
-    Space,
-    computed_ancestors,
-    flit,
-    kernel_params,
-    render,
-)
+from eqfuse.backend.cexpr import I1, Exprs, Space, flit, kernel_params, render
 from eqfuse.backend.indexing import contiguous, offset
-from eqfuse.backend.kinds.base import (
-    PARALLEL_MIN,
-    Facts,
-    Kind,
-    check_computable,
-    check_epilogue,
-    check_no_broadcast,
-    parallel_rule,
-)
-from eqfuse.backend.plan import (
-    F32,
-    K,
-    KernelPlan,
-    KernelShape,
-    Unsupported,
-    UOp,
-    pointwise_flops,
-    size,
-)
-from eqfuse.ir.graph import Graph
-from eqfuse.ir.ops import OPS, reduce_axes
+from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
+from eqfuse.backend.plan import KernelPlan, UOp, pointwise_flops, size
+from eqfuse.ir.kernels import F32, K, computed_ancestors
+from eqfuse.ir.ops import reduce_axes
 
 # init, omp reduction identifier, combine(a, x) inside an `omp simd reduction`, and combine(a, x)
 # elsewhere. numpy's max propagates NaN; `x > a ? x : a` does not, but it is the form gcc
@@ -53,36 +28,6 @@ REDUCE = {
 }
 NAN_TRACK = {"max": "nan |= x != x;", "min": "nan |= x != x;"}
 
-
-def trailing(body: Graph, a: int) -> bool:
-    """Whether op a is a row op, or a reduction over the trailing axes of its input."""
-    n = body.nodes[a]
-    if OPS[n.op].kind != "reduction":
-        return True
-    rank = body.nodes[n.args[0]].type.rank
-    axes = n.attr["axis"]
-    axes = tuple(range(rank)) if axes is None else tuple(sorted(x % rank for x in axes))
-    return axes == tuple(range(rank - len(axes), rank))
-
-
-def match_single(body: Graph, facts: Facts, row: bool) -> int | None:
-    """The row op or reduction of a row kernel (row=True) or of a reduce kernel (row=False)."""
-    a = facts.single("row", "reduction")
-    if a is None or trailing(body, a) != row:
-        return None
-    check_epilogue(body, a, facts.out)
-    n = body.nodes[a]
-    for x in n.args[1:]:
-        if x not in facts.inputs:
-            raise Unsupported(f"the parameters of {n.op} must be kernel inputs")
-    check_no_broadcast(body, a, facts.out, K.ROW if row else K.REDUCE)
-    return a
-
-
-def check_reduce_epilogue(body: Graph, a: int, out: int) -> None:
-    """The epilogue of a reduction runs over the output's index space: it cannot read a value
-    computed in the prologue (x / sum(x) is a row kernel's shape, or two kernels)."""
-    check_computable(body, out, {a}, computed_ancestors(body, body.nodes[a].args[0]))
 
 
 LOOPS = 5  # the loops of csrc_templates/reduce.c
@@ -117,14 +62,6 @@ def loop_runs(xshape, axes) -> tuple[tuple[tuple[int, ...], bool | None], ...]:
 
 class Reduce(Kind):
     kinds = (K.REDUCE,)
-    supported = "reduction (one sum/mean/max over any axes, with a pointwise prologue and epilogue)"
-
-    def match(self, body, facts, machine=None):
-        a = match_single(body, facts, row=False)
-        if a is None:
-            return None
-        check_reduce_epilogue(body, a, facts.out)
-        return KernelShape(K.REDUCE, a)
 
     def plan(self, plan: KernelPlan, c) -> None:
         body, a = plan.body, plan.shape.anchor

@@ -9,16 +9,7 @@ import re
 from dataclasses import dataclass
 from itertools import count
 
-from eqfuse.backend.cexpr import (
-    I1,
-    I2,
-    Exprs,
-    Space,
-    computed_ancestors,
-    flit,
-    kernel_params,
-    render,
-)
+from eqfuse.backend.cexpr import I1, I2, Exprs, Space, flit, kernel_params, render
 from eqfuse.backend.indexing import contiguous, offset
 from eqfuse.backend.kinds.base import (
     PARALLEL_MIN,
@@ -27,26 +18,18 @@ from eqfuse.backend.kinds.base import (
     parallel_rule,
     vectors,
 )
-from eqfuse.backend.kinds.reduce import (
-    NAN_TRACK,
-    REDUCE,
-    check_reduce_epilogue,
-    match_single,
-)
+from eqfuse.backend.kinds.reduce import NAN_TRACK, REDUCE
 from eqfuse.backend.plan import (
-    F32,
-    K,
     KernelPlan,
-    KernelShape,
     UOp,
     not_ancestors,
     ops_text,
     pointwise_flops,
     size,
 )
+from eqfuse.ir.kernels import F32, ROW_OPS, K, computed_ancestors
 from eqfuse.ir.ops import OPS, reduce_axes
 
-ROW_OPS = ("softmax", "layernorm", "rmsnorm", "softmax_grad", "layernorm_grad")  # the rest are reductions
 ALONG_AXIS = ("softmax", "softmax_grad")  # rows along one axis (strided when not the last), not trailing axes
 
 
@@ -77,8 +60,6 @@ def next_row(decls: list[str], pro_text: str, params: str, rows: int, ahead: str
 
 class Row(Kind):
     kinds = (K.ROW,)
-    supported = ("row-wise (one softmax, layernorm, rmsnorm, softmax_grad, layernorm_grad or sum/mean/max over "
-                 "the trailing axes, with a pointwise prologue and epilogue)")
     writes_strided = True  # softmax, layernorm, rmsnorm (writes_through)
 
     def writes_through(self, plan: KernelPlan, strides) -> bool:
@@ -92,13 +73,6 @@ class Row(Kind):
         xshape = tuple(plan.body.nodes[an.args[0]].type.shape)
         return all(strides[k] == size(xshape[k + 1:]) for k in range(plan.detail.axis0, len(xshape)) if xshape[k] > 1)
 
-    def match(self, body, facts, machine=None):
-        a = match_single(body, facts, row=True)
-        if a is None:
-            return None
-        if body.nodes[a].op not in ROW_OPS:
-            check_reduce_epilogue(body, a, facts.out)
-        return KernelShape(K.ROW, a)
 
     def plan(self, plan: KernelPlan, c) -> None:
         body, a = plan.body, plan.shape.anchor

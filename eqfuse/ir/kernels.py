@@ -1,0 +1,521 @@
+"""Kernel shapes: what one fused kernel body can be, the one lowerability decision.
+
+`classify(body, machine)` says whether a fused kernel body is lowered as one kernel and of
+which kind. The frontend asks it for hand-written kernel blocks (without a machine), extraction
+for every candidate kernel, `eqfuse opt --explain` for why a fusion was not taken, and the
+backend's `lower` for the kind that plans and emits it. Each entry of `SHAPES` is one kind's
+`match`: None when the body is not that kind (another may be), its typed `KernelShape` when it
+is, `Unsupported` with the reason when it is that kind's shape but cannot be lowered, or `Split`
+when the backend lowers it only as separate single-op kernels (on `machine`, when given).
+Planning and C emission (eqfuse.backend) never refuse a body that `classify` accepted.
+
+This module is below the frontend and the optimizer: it knows shapes and the machine model,
+not how a kernel is planned or written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.ops import OPS
+from eqfuse.machine import Machine
+
+F32 = 4  # bytes per element
+
+class K(StrEnum):
+    """The kinds of kernel plans: the one definition (eqfuse.backend.kinds holds the class that
+    matches, plans and emits each; a plan's name ends with its kind's value)."""
+
+    POINTWISE = "pointwise"
+    CONTRACTION = "contraction"  # a matmul GEMM with a pointwise epilogue
+    CONTRACTION_ROW = "contraction_row"  # a matmul GEMM whose finished rows go through a row op
+    CONV2D = "conv2d"  # a conv2d GEMM (im2col) with a pointwise epilogue
+    ROW = "row"
+    REDUCE = "reduce"
+    ATTENTION = "attention"
+    ATTENTION_GRAD = "attention_grad"  # attention_dq / dk / dv, the probabilities recomputed
+    LAYOUT = "layout"  # a copy
+    VIEW = "view"  # a layout op read in place: no code (eqfuse.backend.views)
+    INDEX = "index"
+
+
+GEMM_KINDS = (K.CONTRACTION, K.CONTRACTION_ROW, K.CONV2D)
+
+
+class Unsupported(Exception):
+    """The body is not a kernel shape the backend lowers; the message says why."""
+
+
+class Split(Unsupported):
+    """A kernel shape that this backend lowers only as separate single-op kernels (its epilogue
+    broadcasts the main op's result, a row does not fit the cache, ...). A hand-written kernel
+    block of this kind is split silently; extraction never chooses one."""
+
+
+@dataclass(frozen=True)
+class AttentionParts:
+    """The body nodes of an attention kernel. q, kt and v are kernel inputs or views of inputs
+    (kinds.base.view_source), kt being k^T as the scores matmul reads it; mask is the mask input
+    or None; result is the attention value with its epilogue, before any output transposes."""
+
+    q: int
+    kt: int
+    v: int
+    qk: int  # the scores matmul q @ k^T
+    sm: int  # the softmax
+    mask: int | None
+    result: int
+
+
+@dataclass(frozen=True)
+class RowEpilogue:
+    """The row op of a contraction_row kernel: the GEMM's finished rows go through it."""
+
+    row: int
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """What `match` found: the kind, the anchor (the body node of the matmul/conv2d, the row or
+    reduce op, attention's last matmul, the layout or index op) and the kind's typed parts."""
+
+    kind: K
+    anchor: int | None = None
+    parts: AttentionParts | RowEpilogue | None = None
+
+
+def op_kind(n: Node) -> str:
+    """The kind of a body node as kernels see it: input, const, kernel, or the op's kind in the
+    op table (a channel op such as batchnorm is pointwise for kernels)."""
+    if n.op in ("input", "const", "kernel"):
+        return n.op
+    k = OPS[n.op].kind
+    return "pointwise" if k == "channel" else k
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What every kind's match reads: the non-pointwise ops (`heavy`), each op's kind, the
+    kernel inputs and the output."""
+
+    heavy: list[int]
+    kinds: dict[int, str]
+    inputs: set[int]
+    out: int
+
+    @staticmethod
+    def of(body: Graph) -> Facts:
+        ops = [(i, n) for i, n in enumerate(body.nodes) if n.op not in ("input", "const")]
+        if not ops:
+            raise Unsupported("the kernel computes nothing")
+        kinds = {i: op_kind(n) for i, n in ops}
+        if "kernel" in kinds.values():
+            raise Unsupported("kernel blocks cannot be nested")
+        heavy = [i for i, k in kinds.items() if k != "pointwise"]
+        return Facts(heavy, kinds, set(body.inputs), body.outputs[0])
+
+    def single(self, *op_kinds: str) -> int | None:
+        """The one non-pointwise op when there is exactly one and its kind is among op_kinds."""
+        if len(self.heavy) == 1 and self.kinds[self.heavy[0]] in op_kinds:
+            return self.heavy[0]
+        return None
+
+
+def swaps_last_two(n: Node) -> bool:
+    if n.op != "transpose" or n.type.rank < 2:
+        return False
+    perm = n.attr["perm"] or tuple(reversed(range(n.type.rank)))
+    r = n.type.rank
+    return tuple(perm) == tuple(range(r - 2)) + (r - 1, r - 2)
+
+
+def check_epilogue(body: Graph, anchor: int, out: int) -> None:
+    """Every op after the anchor must be pointwise and lie on the way to the output."""
+    if anchor not in body.ancestors(out):
+        raise Unsupported("the kernel's result does not depend on its main op")
+
+
+def check_no_broadcast(body: Graph, anchor: int, result: int, what: str) -> None:
+    """The epilogue runs over the main op's index space: it must not broadcast its result."""
+    if tuple(body.nodes[anchor].type.shape) != tuple(body.nodes[result].type.shape):
+        raise Split(f"its epilogue would broadcast the {what} result to a larger shape")
+
+
+def check_computable(body: Graph, root: int, stops: set[int], forbid: set[int] = frozenset()) -> None:
+    """The values an emitter computes element by element for `root` (cexpr.Exprs, starting
+    again at the `stops` it is given) are pointwise ops over inputs and constants, none of them
+    in `forbid` (values of another index space)."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        i = stack.pop()
+        if i in seen or i in stops:
+            continue
+        seen.add(i)
+        if i in forbid:
+            raise Split("the epilogue reads a value of the prologue's index space")
+        n = body.nodes[i]
+        if n.op in ("input", "const"):
+            continue
+        if op_kind(n) != "pointwise":
+            raise Split(f"{n.op} cannot be computed inside this kernel's loop")
+        stack.extend(n.args)
+
+
+def view_source(body: Graph, i: int) -> int | None:
+    """The kernel input that node i reads in place through layout ops, or None.
+
+    A view is an input under reshapes and transposes, the reshapes first (a reshape of a
+    contiguous buffer is free; a transpose only permutes strides), e.g. the head split
+    transpose(reshape(x, shape=[-1, S, H, D]), perm=[0, 2, 1, 3]).
+    """
+    n = body.nodes[i]
+    if n.op == "input":
+        return i
+    if n.op == "transpose":
+        return view_source(body, n.args[0])
+    if n.op == "reshape":
+        src = n.args[0]
+        return view_source(body, src) if body.nodes[src].op in ("input", "reshape") else None
+    return None
+
+
+def computed_ancestors(body: Graph, i: int) -> set[int]:
+    """The computed nodes (not inputs or constants) that node i depends on, i included."""
+    return {j for j in body.ancestors(i) if body.nodes[j].op not in ("input", "const")}
+
+
+def row_epilogue_fits(N: int, nparams: int, l1: int) -> bool:
+    """Whether a GEMM's row epilogue handles rows of N: the row op walks a row of C in passes,
+    which must stay in L1 next to its nparams parameter vectors (extraction asks this too, so
+    that the optimizer does not choose a kernel that the backend would split)."""
+    return N * F32 * (1 + nparams) <= l1
+
+
+ROW_EPILOGUE_OPS = ("softmax", "layernorm", "rmsnorm")
+
+
+def _match_gemm(body: Graph, facts: Facts) -> KernelShape | None:
+    """One matmul or conv2d over kernel inputs, or one matmul whose operands are inputs read
+    through a swap of their last two axes (x @ transpose(w), transpose(x) @ w, ...: the GEMM
+    packs them so), its result flowing through pointwise ops."""
+    heavy, inputs = facts.heavy, facts.inputs
+    a = facts.single("contraction")
+    if a is not None:
+        n = body.nodes[a]
+        check_epilogue(body, a, facts.out)
+        if not all(x in inputs for x in n.args):
+            raise Unsupported(f"the operands of {n.op} must be kernel inputs (tensors in memory), "
+                              "not values computed inside the kernel")
+        return KernelShape(K.CONV2D if n.op == "conv2d" else K.CONTRACTION, a)
+    mms = [i for i in heavy if body.nodes[i].op == "matmul"]
+    if len(mms) == 1 and len(heavy) in (2, 3):
+        m = mms[0]
+        mn, users = body.nodes[m], body.users()
+        swaps = set(heavy) - {m}
+
+        def operand_ok(x: int) -> bool:
+            if x in inputs:
+                return True
+            xn = body.nodes[x]
+            return x in swaps and swaps_last_two(xn) and xn.args[0] in inputs and users[x] == 1
+
+        if swaps <= set(mn.args) and all(operand_ok(x) for x in mn.args):
+            check_epilogue(body, m, facts.out)
+            return KernelShape(K.CONTRACTION, m)
+    return None
+
+
+def _match_contraction_row(body: Graph, facts: Facts) -> KernelShape | None:
+    """rowop(pointwise(A @ B), params...) followed by pointwise ops: a GEMM whose finished rows
+    of C go through a softmax, layernorm or rmsnorm over the last axis (the GEMM's N) before the
+    store. A and B are kernel inputs (B possibly under a swap of its last two axes), the row op's
+    parameters are kernel inputs, and the ops after the row op read only it, each other, kernel
+    inputs and constants (the pre-row-op values are gone by then: C holds the row op's input)."""
+    nodes, heavy, inputs = body.nodes, facts.heavy, facts.inputs
+    rows = [i for i in heavy if nodes[i].op in ROW_EPILOGUE_OPS]
+    mms = [i for i in heavy if nodes[i].op == "matmul"]
+    if len(rows) != 1 or len(mms) != 1:
+        return None
+    r, m = rows[0], mms[0]
+    rest = set(heavy) - {r, m}
+    rn, mn = nodes[r], nodes[m]
+    a, b = mn.args
+    if rest:  # only the transposed B operand: x @ transpose(w)
+        t = next(iter(rest))
+        if len(rest) != 1 or b != t or not swaps_last_two(nodes[t]) or nodes[t].args[0] not in inputs \
+                or body.users()[t] != 1:
+            return None
+    elif b not in inputs:
+        return None
+    if a not in inputs or mn.type.rank < 2:
+        return None
+    rank = rn.type.rank
+    if rn.op in ("softmax", "layernorm") and rn.attr["axis"] % rank != rank - 1:
+        return None
+    if any(x not in inputs for x in rn.args[1:]):
+        return None
+    pro = body.ancestors(rn.args[0])
+    if m not in pro:
+        return None
+    out = facts.out
+    after = {i for i in body.ancestors(out) if r in body.ancestors(i)}
+    if r not in after:
+        return None
+    for i in after - {r}:
+        for x in nodes[i].args:
+            if x not in after and nodes[x].op not in ("input", "const"):
+                return None
+    return KernelShape(K.CONTRACTION_ROW, m, RowEpilogue(r))
+
+
+def _check_row_epilogue(body: Graph, shape: KernelShape, out: int, machine: Machine | None) -> None:
+    """What this backend's row epilogue handles: rows of C that are the output's rows, vector
+    parameters of the row's length and (on `machine`) a row that stays in L1 with them."""
+    rn = body.nodes[shape.parts.row]
+    check_no_broadcast(body, shape.parts.row, out, K.CONTRACTION_ROW)
+    N = rn.type.shape[-1]
+    if not isinstance(N, int):
+        return  # symbolic (extraction before dims are bound): decided once they are
+    for p in rn.args[1:]:
+        ps = tuple(body.nodes[p].type.shape)
+        if not ps or ps[-1] != N or math.prod(ps) != N:
+            raise Split(f"the parameters of {rn.op} must be vectors of the row's length {N}")
+    if machine is not None and not row_epilogue_fits(N, len(rn.args) - 1, machine.l1):
+        raise Split("a row of the GEMM's row epilogue does not fit the L1 cache")
+
+
+def output_tail(body: Graph, out: int) -> int:
+    """The node below the transposes and reshapes that write a kernel's result in another
+    layout (the head merge reshape(transpose(a, perm=[0, 2, 1, 3]))); out itself if none."""
+    seen_transpose = False
+    while body.nodes[out].op in ("transpose", "reshape"):
+        n = body.nodes[out]
+        if n.op == "reshape" and seen_transpose:
+            break  # a reshape below a transpose is not a strided write
+        seen_transpose |= n.op == "transpose"
+        out = n.args[0]
+    return out
+
+
+def _pointwise_over_inputs(body: Graph, i: int) -> bool:
+    return all(op_kind(body.nodes[j]) in ("pointwise", "input", "const") for j in body.ancestors(i))
+
+
+def match_attention(body: Graph) -> KernelShape | None:
+    """softmax(q @ k^T * scale [+ mask]) @ v, with pointwise ops allowed around the scores.
+
+    q, k^T and v are kernel inputs read in place, possibly through layout views (view_source),
+    and the result may be written through transposes (the head merge).
+    """
+    nodes = body.nodes
+    result = output_tail(body, body.outputs[0])
+    pv = next((i for i in body.ancestors(result)
+               if nodes[i].op == "matmul" and nodes[nodes[i].args[0]].op == "softmax"), None)
+    if pv is None:
+        return None
+    sm, v = nodes[pv].args
+    smn = nodes[sm]
+    if view_source(body, v) is None or smn.attr["axis"] % smn.type.rank != smn.type.rank - 1:
+        return None
+    # Walk the score expression down to the q @ k^T matmul; only pointwise ops with one
+    # score-dependent operand on the way (scale, mask, bias).
+    cur = smn.args[0]
+    mask = None
+    while nodes[cur].op != "matmul":
+        n = nodes[cur]
+        if op_kind(n) != "pointwise":
+            return None
+        # the operand that leads to the scores; the others are computed per score element from
+        # kernel inputs alone (a scale, a mask input, where(mask, 0, -inf) of a bool mask)
+        dep = [a for a in n.args if any(nodes[j].op == "matmul" for j in body.ancestors(a))]
+        other = [a for a in n.args if a not in dep]
+        if len(dep) != 1 or not all(_pointwise_over_inputs(body, o) for o in other):
+            return None
+        for o in other:
+            if nodes[o].op == "input" and nodes[o].type.rank >= 2:
+                mask = o
+        cur = dep[0]
+    qk = cur
+    q, kt = nodes[qk].args
+    if view_source(body, q) is None or view_source(body, kt) is None:
+        return None
+    views = body.ancestors(q) | body.ancestors(kt) | body.ancestors(v)
+    tail = body.ancestors(body.outputs[0]) - body.ancestors(result)
+    heavy = {i for i, n in enumerate(nodes) if op_kind(n) not in ("pointwise", "input", "const")}
+    if heavy - {pv, sm, qk} - views - tail:
+        return None
+    return KernelShape(K.ATTENTION, pv, AttentionParts(q, kt, v, qk, sm, mask, result))
+
+
+def trailing(body: Graph, a: int) -> bool:
+    """Whether op a is a row op, or a reduction over the trailing axes of its input."""
+    n = body.nodes[a]
+    if OPS[n.op].kind != "reduction":
+        return True
+    rank = body.nodes[n.args[0]].type.rank
+    axes = n.attr["axis"]
+    axes = tuple(range(rank)) if axes is None else tuple(sorted(x % rank for x in axes))
+    return axes == tuple(range(rank - len(axes), rank))
+
+
+def match_single(body: Graph, facts: Facts, row: bool) -> int | None:
+    """The row op or reduction of a row kernel (row=True) or of a reduce kernel (row=False)."""
+    a = facts.single("row", "reduction")
+    if a is None or trailing(body, a) != row:
+        return None
+    check_epilogue(body, a, facts.out)
+    n = body.nodes[a]
+    for x in n.args[1:]:
+        if x not in facts.inputs:
+            raise Unsupported(f"the parameters of {n.op} must be kernel inputs")
+    check_no_broadcast(body, a, facts.out, K.ROW if row else K.REDUCE)
+    return a
+
+
+def check_reduce_epilogue(body: Graph, a: int, out: int) -> None:
+    """The epilogue of a reduction runs over the output's index space: it cannot read a value
+    computed in the prologue (x / sum(x) is a row kernel's shape, or two kernels)."""
+    check_computable(body, out, {a}, computed_ancestors(body, body.nodes[a].args[0]))
+
+
+ROW_OPS = ("softmax", "layernorm", "rmsnorm", "softmax_grad", "layernorm_grad")  # the rest are reductions
+
+
+# The index ops that have a kernel (eqfuse.backend.kinds.index.BUILDERS has one builder each).
+INDEX_KERNEL_OPS = frozenset({"range", "gather", "scatter_add", "gather_elements", "cumsum", "argmax", "tril",
+                              "triu", "pad", "max_pool2d", "avg_pool2d", "pool2d_grad", "scatter_elements_add"})
+
+
+def _match_pointwise(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
+    return KernelShape(K.POINTWISE) if not facts.heavy else None
+
+
+def _whole_kernel(body: Graph, facts: Facts, op_kind_: str, what: str) -> int | None:
+    """The one op of kind op_kind_ when it is the whole kernel over kernel inputs."""
+    a = facts.single(op_kind_)
+    if a is None:
+        return None
+    n = body.nodes[a]
+    if a != facts.out or not all(x in facts.inputs for x in n.args):
+        raise Unsupported(f"{what} ({n.op}) must be the whole kernel, over kernel inputs")
+    return a
+
+
+def _match_layout(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
+    a = _whole_kernel(body, facts, "layout", "a layout op")
+    return None if a is None else KernelShape(K.LAYOUT, a)
+
+
+def _match_index(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
+    a = _whole_kernel(body, facts, "index", "an index op")
+    if a is None:
+        return None
+    if body.nodes[a].op not in INDEX_KERNEL_OPS:
+        raise Unsupported(f"the index op {body.nodes[a].op} has no kernel")
+    return KernelShape(K.INDEX, a)
+
+
+def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
+    dtype = body.nodes[facts.out].type.dtype
+    if dtype != "f32" and any(facts.kinds[i] == "contraction" for i in facts.heavy):
+        # the GEMM and conv templates store floats: a mask computed from a product (`x @ w > 0`,
+        # as a relu's gradient reads) is a pointwise kernel of its own
+        raise Unsupported(f"a matmul or conv2d kernel writes f32, not {dtype}")
+    shape = _match_gemm(body, facts)
+    if shape is not None:
+        check_no_broadcast(body, shape.anchor, facts.out, shape.kind)
+        return shape
+    shape = _match_contraction_row(body, facts)
+    if shape is not None:
+        check_no_broadcast(body, shape.anchor, facts.out, K.CONTRACTION_ROW)
+        _check_row_epilogue(body, shape, facts.out, machine)
+    return shape
+
+
+def _match_row(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
+    a = match_single(body, facts, row=True)
+    if a is None:
+        return None
+    if body.nodes[a].op not in ROW_OPS:
+        check_reduce_epilogue(body, a, facts.out)
+    return KernelShape(K.ROW, a)
+
+
+def _match_reduce(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
+    a = match_single(body, facts, row=False)
+    if a is None:
+        return None
+    check_reduce_epilogue(body, a, facts.out)
+    return KernelShape(K.REDUCE, a)
+
+
+def _match_attention(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
+    shape = match_attention(body)
+    if shape is None:
+        return None
+    p = shape.parts
+    check_no_broadcast(body, shape.anchor, p.result, K.ATTENTION)
+    check_computable(body, body.nodes[p.sm].args[0], {p.qk})  # the score expression
+    check_computable(body, p.result, {shape.anchor}, {p.qk, p.sm})  # the epilogue
+    return shape
+
+
+def _match_attention_grad(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
+    a = _whole_kernel(body, facts, "attention_grad", "an attention gradient")
+    return None if a is None else KernelShape(K.ATTENTION_GRAD, a)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One kind's kernel shape: the plan kinds it gives, its description for error messages,
+    and its match."""
+
+    kinds: tuple[K, ...]
+    supported: str
+    match: Callable[[Graph, Facts, Machine | None], KernelShape | None]
+
+
+# The order in which the shapes are asked: the shapes are disjoint, the order only decides
+# which reason a body that no shape takes gets.
+SHAPES: tuple[Shape, ...] = (
+    Shape((K.POINTWISE,), "pointwise (a tree of pointwise ops over tensors and scalar constants)",
+          _match_pointwise),
+    Shape((K.LAYOUT, K.VIEW), "layout (one transpose, reshape, slice or concat of kernel inputs)", _match_layout),
+    Shape((K.INDEX,), "index (one gather, gather_elements, scatter_add, scatter_elements_add, cumsum, argmax, "
+          "tril, triu, pad, pooling or pooling-gradient op over kernel inputs)", _match_index),
+    Shape((K.CONTRACTION, K.CONV2D, K.CONTRACTION_ROW),
+          "contraction with epilogue (one matmul or conv2d over kernel inputs, a matmul's operands possibly "
+          "read through a swap of their last two axes, its result flowing through pointwise ops); "
+          "contraction with row epilogue (one matmul whose result flows through pointwise ops into a "
+          "softmax, layernorm or rmsnorm over its last axis, then pointwise ops)", _match_contraction),
+    Shape((K.ROW,), "row-wise (one softmax, layernorm, rmsnorm, softmax_grad, layernorm_grad or sum/mean/max "
+          "over the trailing axes, with a pointwise prologue and epilogue)", _match_row),
+    Shape((K.REDUCE,), "reduction (one sum/mean/max over any axes, with a pointwise prologue and epilogue)",
+          _match_reduce),
+    Shape((K.ATTENTION,), "attention (softmax(q @ transpose(k) * scale [+ mask]) @ v, q, k and v possibly "
+          "read through transposes and reshapes of kernel inputs, the result possibly written through "
+          "transposes)", _match_attention),
+    Shape((K.ATTENTION_GRAD,), "attention gradient (one attention_dq, attention_dk or attention_dv over "
+          "kernel inputs)", _match_attention_grad),
+)
+
+_ORDER = (K.POINTWISE, K.CONTRACTION, K.ROW, K.REDUCE, K.ATTENTION, K.ATTENTION_GRAD, K.LAYOUT, K.INDEX)
+SUPPORTED = "; ".join(next(s.supported for s in SHAPES if k in s.kinds) for k in _ORDER)
+
+
+def classify(body: Graph, machine: Machine | None = None) -> KernelShape:
+    """The kernel shape of a kernel body; Unsupported with the reason when no kind lowers it,
+    Split when its kind lowers it only as separate kernels (on `machine`, when given: the
+    planner's caches)."""
+    facts = Facts.of(body)
+    for shape in SHAPES:
+        found = shape.match(body, facts, machine)
+        if found is not None:
+            return found
+    names = ", ".join(body.nodes[i].op for i in facts.heavy)
+    raise Unsupported(f"the kernel mixes {names}; it must have at most one non-pointwise op")
