@@ -7,7 +7,7 @@ The shapes: every conv of the narrow ResNet-18 of tests/model_exports.py at 64x6
 ("resnet18"), and the convs of torchvision's ResNet-18 at 56x56 (after the stem), batch 1
 ("resnet56"). eqfuse compiles each conv with EQFUSE_CONV=direct (EQFUSE_CONV_WINOGRAD=0), as
 Winograd F(2x2, 3x3) where it can run (3x3, stride 1: EQFUSE_CONV_WINOGRAD=1), with
-EQFUSE_CONV=im2col (eqfuse.backend.conv_direct, conv_winograd), and with none (the planner's
+EQFUSE_CONV=im2col (eqfuse.backend.kinds.contraction.conv, conv_winograd), and with none (the planner's
 choice, "auto"); onnxruntime runs
 a Conv -> BatchNormalization -> Relu model (ORT_ENABLE_ALL fuses it into one NCHWc conv) on the
 same thread count. Each row: median microseconds per call and ORT / eqfuse-auto.
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     for th in args.threads or [1]:
         for name, shape in shapes.items():
             xs = _arrays(*shape[:5])
-            wino = shape[4] == 3 and shape[5] == 1  # (3x3, stride 1: eqfuse.backend.conv_winograd.can_run)
+            wino = shape[4] == 3 and shape[5] == 1  # (3x3, stride 1: eqfuse.backend.kinds.contraction.conv.can_run)
             fns = {path: _eqfuse(shape, xs, path) for path in ("direct", "winograd", "im2col", "auto")
                    if path != "winograd" or wino}
             runs = {}

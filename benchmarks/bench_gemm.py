@@ -92,8 +92,8 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
     pin(mname)
     import eqfuse
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
-    from eqfuse.backend.gemm import emit_gemm
-    from eqfuse.backend.lower_gemm import gemm_tiles, parallel
+    from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm
+    from eqfuse.backend.kinds.contraction.plan_gemm import gemm_tiles, parallel
     from eqfuse.cli.bench import median_time
     from eqfuse.machine import machine
 
@@ -163,9 +163,8 @@ def measure_small(repeat: int, rounds: int) -> list[dict]:
     pin("host")
     import eqfuse
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
-    from eqfuse.backend.gemm import emit_gemm
-    from eqfuse.backend.gemm_skinny import emit_gemm_skinny
-    from eqfuse.backend.lower_gemm import parallel
+    from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm, emit_gemm_skinny
+    from eqfuse.backend.kinds.contraction.plan_gemm import parallel
     from eqfuse.cli.bench import median_time
 
     def median(fn) -> float:
@@ -240,9 +239,8 @@ def measure_tiles(repeat: int, rounds: int) -> None:
 
     pin("host")
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
-    from eqfuse.backend.gemm import emit_gemm
-    from eqfuse.backend.gemm_skinny import emit_gemm_skinny
-    from eqfuse.backend.lower_gemm import gemm_blocking, gemm_tiles
+    from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm, emit_gemm_skinny
+    from eqfuse.backend.kinds.contraction.plan_gemm import gemm_blocking, gemm_tiles
     from eqfuse.machine import machine, skinny_tile
 
     m = machine()

@@ -35,9 +35,9 @@ def test_key_depends_on_source_and_flags():
 
 
 def test_concurrent_builds_of_one_source(cache):
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         from eqfuse.backend.cbuild import build, COMMON_C, COMMON_CDEF
-        b = build(COMMON_C + "int sq(int a) {{ return a * a; }}", COMMON_CDEF + "\\nint sq(int a);", "conc")
+        b = build(COMMON_C + "int sq(int a) { return a * a; }", COMMON_CDEF + "\\nint sq(int a);", "conc")
         print(b.lib.sq(9))
     """)
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,

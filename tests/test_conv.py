@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.backend.lower_gemm import pixels_as_rows
+from eqfuse.backend.kinds.contraction.plan_gemm import pixels_as_rows
 
 
 @pytest.fixture(autouse=True)
 def _im2col(monkeypatch):
-    # these are the im2col GEMM's cases: the direct kernel (eqfuse.backend.conv_direct, which
+    # these are the im2col GEMM's cases: the direct kernel (eqfuse.backend.kinds.contraction.conv, which
     # would take the 3x3 ones) has its own tests in tests/test_conv_direct.py
     monkeypatch.setenv("EQFUSE_CONV", "im2col")
 

@@ -1,4 +1,4 @@
-"""The blocked channel layout across a graph (eqfuse.backend.conv_blocked): a ResNet stem, its
+"""The blocked channel layout across a graph (eqfuse.backend.kinds.contraction.conv): a ResNet stem, its
 pooling and basic blocks (residual adds, a strided 1x1 downsample) kept in blocks of VL channels
 from the first conv to the last, checked against the numpy reference on pinned machines (VL 16
 and 8), with pooling in every combination of blocked and NCHW input and output."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.backend.conv_direct import ConvDirectDetail
+from eqfuse.backend.kinds.contraction.conv import ConvDirectDetail
 from eqfuse.machine import pinned
 
 

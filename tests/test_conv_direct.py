@@ -1,4 +1,4 @@
-"""The direct conv2d kernel (eqfuse.backend.conv_direct, csrc_templates/conv_direct.c): every
+"""The direct conv2d kernel (eqfuse.backend.kinds.contraction.conv, csrc_templates/conv_direct.c): every
 variant against the numpy reference (strides, padding, 1x1 / 3x3 / 7x7 windows, channel counts
 that are not a multiple of the block, one or two images, bound and unbound weights, bias,
 batchnorm, relu and a residual add fused), both kinds of register tile, the planning rules on
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.backend.conv_direct import (
+from eqfuse.backend.kinds.contraction.conv import (
     ConvDirectDetail,
     choose_tile,
     register_tiles,
@@ -277,7 +277,7 @@ def test_pixel_vector_kernel_matches_the_reference(case, bound):
 
 
 def conv_source(plan) -> str:
-    from eqfuse.backend.conv_direct import emit_conv_direct
+    from eqfuse.backend.kinds.contraction.conv import emit_conv_direct
 
     return emit_conv_direct(plan)
 
@@ -317,7 +317,7 @@ def test_an_nchw_output_stored_in_blocks_then_reordered_matches_the_reference(mo
     # row's last VL pixels overlapping the previous ones unless VL divides it); with an NCHW
     # residual (the graph's input) and with a residual in blocks (a conv's result), 2 images
     monkeypatch.setenv("EQFUSE_CONV_PIXELS", "0")
-    from eqfuse.backend.conv_direct import reorders
+    from eqfuse.backend.kinds.contraction.conv import reorders
 
     with pinned(model) as m:
         conv = _check(2, 16, H, 32, 3, s, 1, bound=True)

@@ -1,4 +1,4 @@
-"""3x3 stride-1 convs by Winograd F(2x2, 3x3) (eqfuse.backend.conv_winograd,
+"""3x3 stride-1 convs by Winograd F(2x2, 3x3) (eqfuse.backend.kinds.contraction.conv,
 csrc_templates/conv_winograd.c): every variant against the numpy reference (padding 0-2, odd and
 non-square maps, one or two images, channel counts of one or several vectors, bound and unbound
 weights, bias, relu and a residual add fused, NCHW or blocked input and output), its rounding
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.backend.conv_direct import ConvDirectDetail
-from eqfuse.backend.conv_winograd import (
+from eqfuse.backend.kinds.contraction.conv import (
+    ConvDirectDetail,
     can_run,
     gemm_tile,
     tiles_per_block,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c, warnings_for
-from eqfuse.backend.gemm import emit_gemm
+from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm
 from eqfuse.machine import machine
 
 # compiling every variant's GEMM takes ~25 s on 2 cores with a cold kernel cache

@@ -14,8 +14,8 @@ from helpers import one_graph, selected_params
 import eqfuse
 from eqfuse import machine
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
-from eqfuse.backend.gemm_skinny import emit_gemm_skinny
-from eqfuse.backend.lower_gemm import SKINNY_MAX_M
+from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm_skinny
+from eqfuse.backend.kinds.contraction.plan_gemm import SKINNY_MAX_M
 
 SKINNY = "C = epilogue(A @ B) for few rows"  # the header of gemm_skinny.c
 

@@ -14,8 +14,8 @@ import pytest
 import eqfuse
 from eqfuse import machine
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
-from eqfuse.backend.gemm import emit_gemm
-from eqfuse.backend.lower_gemm import gemm_tiles
+from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm
+from eqfuse.backend.kinds.contraction.plan_gemm import gemm_tiles
 
 pytestmark = pytest.mark.heavy
 

@@ -448,7 +448,6 @@ def test_a_name_that_is_not_utf8_is_a_clear_error(name):
 
 def test_an_element_type_onnx_does_not_name_is_a_clear_error(tmp_path):
     """Found by tests/test_fuzz_cli.py: a mutated file whose input has elem_type 35."""
-    import onnx
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])

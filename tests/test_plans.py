@@ -142,7 +142,7 @@ def test_lower_prints_the_plan_and_with_uops_the_schedule(capsys, tmp_path):
 
 @pytest.mark.parametrize("K, slices", [(400, 1), (1500, 5)])
 def test_k_is_cut_into_equal_slices(K, slices):
-    from eqfuse.backend.lower_gemm import gemm_tiles
+    from eqfuse.backend.kinds.contraction.plan_gemm import gemm_tiles
     from eqfuse.machine import MODELS
 
     t = gemm_tiles(64, 512, K, MODELS["zen4"])

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 import eqfuse
 from eqfuse import machine
 from eqfuse.backend.kinds import KIND
-from eqfuse.backend.lower import lower_graph
 from eqfuse.ir.kernels import K
 
 

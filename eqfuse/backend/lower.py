@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from eqfuse.backend.conv_direct import block_between_convs
 from eqfuse.backend.kinds import KIND
 from eqfuse.backend.kinds.contraction import mark_bound_b
+from eqfuse.backend.kinds.contraction.conv import block_between_convs
 from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.backend.stores import place_stores, store_uop
 from eqfuse.backend.views import place_views

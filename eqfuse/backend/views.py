@@ -35,7 +35,7 @@ import math
 import numpy as np
 
 from eqfuse.backend.indexing import contiguous, view_strides
-from eqfuse.backend.lower_gemm import matrix_layout
+from eqfuse.backend.kinds.contraction.plan_gemm import matrix_layout
 from eqfuse.backend.plan import KernelPlan, UOp
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K

@@ -11,7 +11,7 @@ from itertools import count
 from eqfuse.backend.cexpr import I1, I3, I4, Exprs, Space, flit, kernel_params, render
 from eqfuse.backend.indexing import bstrides, offset, result_strides, view_strides
 from eqfuse.backend.kinds.base import Kind
-from eqfuse.backend.lower_gemm import PARALLEL_MIN_FMAS
+from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS
 from eqfuse.backend.plan import KernelPlan, UOp, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K

@@ -298,7 +298,7 @@ class IndexDetail:
     op: str
     checked: bool  # the kernel returns how many indices were out of range
     parallel: bool  # the `if` of the pooling kernels' parallel loop (the others run on one thread)
-    # pooling between direct convs: input / output in blocks of VL channels (eqfuse.backend.conv_blocked)
+    # pooling between direct convs: input / output in blocks of VL channels (eqfuse.backend.kinds.contraction.conv)
     in_blocked: bool = False
     out_blocked: bool = False
 
@@ -327,7 +327,7 @@ class Index(Kind):
         xts = [C_TYPE[body.nodes[a].type.dtype] for a in an.args] or [C_TYPE[an.type.dtype]]
         d = plan.detail
         if d.in_blocked or d.out_blocked:
-            from eqfuse.backend.conv_blocked import pool_blocked
+            from eqfuse.backend.kinds.contraction.conv import pool_blocked
             from eqfuse.machine import machine
 
             lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), d.parallel, d.in_blocked, d.out_blocked,

@@ -1,24 +1,163 @@
-"""Stage `emit` for the GEMM kinds: matmul and conv2d with fused epilogues (and row epilogues).
+"""The C of a GEMM kernel: the epilogues and wrappers of a planned matmul or conv2d GEMM, the blocked GEMM (csrc_templates/gemm.c) and the few-rows GEMM over prepacked B (csrc_templates/gemm_skinny.c).
 
-The GEMM itself is csrc_templates/gemm.c (eqfuse.backend.gemm fills it), with the tiles and decisions
-of the plan (eqfuse.backend.lower_gemm); this module writes the epilogue expressions, the row epilogue
+C for one GEMM with a fused epilogue, from csrc_templates/gemm.c.
+
+C[b] = epilogue(A[b] @ B[b]); the epilogue is a C expression over `acc` (the dot product),
+`i`, `j` (global row and column, long), `b` (batch index), the sizes `M`, `N`, `K`, and any
+extra parameters it names (`extras`: (C element type, name) pairs, e.g. ("float", "bias")).
+The blocking is the plan's (eqfuse.backend.kinds.contraction.plan_gemm.gemm_tiles): this module writes it, never
+chooses it.
+
+C for the few-rows GEMM over a bound, prepacked B, from csrc_templates/gemm_skinny.c.
+
+C = epilogue(A @ B) where B is read as the panels `NAME_prepack(B, P)` made once (P of
+`NAME_prepack_floats()` floats): the memory-bound path lower_gemm.skinny chooses for batch 1-16
+inference. The epilogue is the same C expression as eqfuse.backend.kinds.contraction.emit_gemm's (acc, i, j, b = 0, M,
+N, K and the extra parameters). The tile (MR, NR) and the prefetch distance are the plan's
+(lower_gemm.skinny_tiles): this module writes them, never chooses them.
+
+Stage `emit` for the GEMM kinds: matmul and conv2d with fused epilogues (and row epilogues).
+
+The GEMM itself is csrc_templates/gemm.c (eqfuse.backend.kinds.contraction.emit_gemm fills it), with the tiles and decisions
+of the plan (eqfuse.backend.kinds.contraction.plan_gemm); this module writes the epilogue expressions, the row epilogue
 function and the wrappers (matmul.c, conv2d.c) that call the GEMM.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import count
 
 from eqfuse.backend.cexpr import I1, I2, Exprs, Space, flit, render
 from eqfuse.backend.cexpr import kernel_params as _params
-from eqfuse.backend.gemm import emit_gemm
-from eqfuse.backend.gemm_skinny import emit_gemm_skinny
 from eqfuse.backend.indexing import bstrides, offset
-from eqfuse.backend.lower_gemm import c_layout, conv_c_layout, skinny_pack_parts
+from eqfuse.backend.kinds.contraction.plan_gemm import (
+    c_layout,
+    conv_c_layout,
+    direct,
+    gemm_tiles,
+    skinny_pack_parts,
+)
+from eqfuse.backend.kinds.contraction.plan_gemm import direct_a as direct_a_rule
 from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import computed_ancestors as _ancestors
 from eqfuse.ir.shapes import C_TYPE
+from eqfuse.machine import machine
+
+# How threads share one GEMM when there are fewer batches than threads (the template's SPLIT).
+SPLITS = {"auto": 0, "rows": 1, "cols": 2}
+
+
+def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stride: int = 0,
+              b_batch_stride: int = 0, c_batch_stride: int = 0, lda: int, ldb: int, ldc: int, csc: int = 1,
+              b_transposed: bool = False, epilogue: str = "acc", extras: Sequence[tuple[str, str]] = (),
+              blocking: tuple[int, int, int, int, int] | None = None,
+              split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "",
+              prepacked_b: bool = False, a_transposed: bool = False,
+              parallel: bool = True, direct_a: bool | None = None) -> tuple[str, str]:
+    """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
+
+    A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
+    (row stride ldb); C is M x N (row stride ldc, column stride csc); batch b starts at
+    b * <x>_batch_stride.
+    `extras` are the epilogue's extra parameters, `const TYPE* NAME` after C.
+    `blocking` (MC, NC, KC, MR, NR) is the plan's tiles (None: gemm_tiles for this machine).
+    `split` is how threads share one batch: "rows", "cols", or "auto" (decided in the C at run
+    time from the thread count, see `_split` in csrc_templates/gemm.c). `direct_b` has the
+    micro-kernel read B in place rather than from packed panels (None: the rule of `direct`;
+    never with a transposed B).
+    `row_epilogue` is a C statement run on the rows [eqf_r0, eqf_r1) of batch b's C (C, b and
+    the extra parameters in scope) once the last K slice has finished them: each MR-row tile
+    while it is in L1 when the whole row is one NC block, else each chunk of rows after its last
+    B panel. A row epilogue makes the threads split batches or rows, never columns
+    (one thread must own whole rows).
+    `a_transposed`: A is given as its transpose, K x M (row stride lda), packed to the same panels.
+    `direct_a`: the micro-kernel reads A where it is (row stride lda) instead of packed panels
+    (None: the rule of lower_gemm.direct_a; never with a transposed A).
+    `parallel`: whether the GEMM opens a parallel region (the plan's detail.parallel,
+    lower_gemm.parallel; False runs it on the calling thread).
+    `prepacked_b`: the B argument is the panels made once by `NAME_prepack(B, P)` (P of
+    `NAME_prepack_floats()` floats, both in the cdef), for a B bound by params= and shared by
+    every batch (b_batch_stride 0).
+    """
+    if prepacked_b and b_batch_stride and batch > 1:
+        raise ValueError("a prepacked B is one matrix shared by every batch")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {sorted(SPLITS)}, not {split!r}")
+    if row_epilogue:
+        split = "rows"
+        if csc != 1:
+            raise ValueError("a row epilogue walks rows of C in memory: its column stride must be 1")
+    if min(M, N, K, batch) < 1:
+        raise ValueError(f"GEMM sizes must be positive: M={M} N={N} K={K} batch={batch}")
+    extra_params = "".join(f", const {t}* restrict {n}" for t, n in extras)
+    if blocking:
+        mc, nc, kc, mr, nr = blocking
+    else:
+        t = gemm_tiles(M, N, K, machine())
+        mc, nc, kc, mr, nr = t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]
+    up = lambda x, q: -(-x // q) * q  # noqa: E731  (a given blocking: no block larger than the problem)
+    mc, nc, kc = min(mc, up(M, mr)), min(nc, up(N, nr)), min(kc, K)
+    if mc % mr or nc % nr or min(mc, nc, kc) < 1:
+        raise ValueError(f"blocking MC={mc} NC={nc} KC={kc} must be whole MR={mr} x NR={nr} tiles")
+    b_at = f"B[(jc + jr + j) * {ldb}L + pc + k]" if b_transposed else f"B[(pc + k) * {ldb}L + jc + jr + j]"
+    src = render("gemm.c", NAME=name, M=M, N=N, K=K, BATCH=batch, MR=mr, NR=nr, MC=mc, NC=nc, KC=kc,
+                 LDA=lda, LDC=ldc, CSC=csc, B_AT=b_at, B_TRANSPOSED=int(b_transposed), B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
+                 A_BATCH_STRIDE=a_batch_stride, B_BATCH_STRIDE=b_batch_stride, C_BATCH_STRIDE=c_batch_stride,
+                 EPILOGUE=epilogue, SPLIT=SPLITS[split], LDB=ldb,
+                 DIRECT_B=0 if prepacked_b else int(direct(M, N, b_transposed, mr, nr) if direct_b is None
+                                                    else direct_b and not b_transposed),
+                 PREPACKED_B=int(prepacked_b), A_TRANSPOSED=int(a_transposed),
+                 DIRECT_A=int(not a_transposed and (direct_a_rule(a_transposed) if direct_a is None else direct_a)),
+                 A_LAYOUT="given transposed (K x M)" if a_transposed else "M x K",
+                 EXTRA_PARAMS=extra_params, PARALLEL=int(parallel), ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
+                 EXTRA_ARGS="".join(", " + n for _, n in extras))
+    cdef = f"void {name}(const float* A, const float* B, float* C{''.join(f', const {t}* {n}' for t, n in extras)});"
+    if prepacked_b:
+        cdef += f"\nlong {name}_prepack_floats(void);\nvoid {name}_prepack(const float* B, float* P);"
+    return src, cdef
+
+
+def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, mr: int, nr: int,
+                     pf: int = 0, b_transposed: bool = False, a_transposed: bool = False,
+                     epilogue: str = "acc", extras: Sequence[tuple[str, str]] = (), row_epilogue: str = "",
+                     parallel: bool = True, pack_parts: int = 0) -> tuple[str, str]:
+    """(C source, cdef) of `void NAME(const float* A, const float* P, float* C EXTRA_PARAMS)`
+    and of its prepacking functions.
+
+    A is M x K (row stride lda), or with a_transposed K x M (row stride lda); B, given to
+    NAME_prepack, is K x N (row stride ldb) or with b_transposed N x K; C is M x N at row
+    stride ldc. `mr` x `nr` is the register tile (nr a multiple of 4: of the vector width the
+    kernel is built for, or it runs the 4-float generic vectors), `pf` the software prefetch
+    distance in floats (0: none). `row_epilogue` is a C statement over the rows [eqf_r0, eqf_r1)
+    of C (C, b and the extra parameters in scope), run once every column is done.
+    With `parallel`, the panels (then the rows of a row epilogue) are chunks of the claim-based
+    pool of common.h (eqf_parallel_for), one panel each; with `pack_parts` (the plan's,
+    lower_gemm.skinny_pack_parts) the packing of A is too, before them, in that many parts of K
+    per group of MR rows (0: the calling thread packs A).
+    """
+    if min(M, N, K, mr, nr) < 1 or nr % 4 or mr > M:
+        raise ValueError(f"skinny GEMM: M={M} N={N} K={K} MR={mr} NR={nr} (NR a multiple of 4, MR <= M)")
+    if ldc < N or lda < (M if a_transposed else K) or ldb < (K if b_transposed else N):
+        raise ValueError(f"skinny GEMM: leading dimensions lda={lda} ldb={ldb} ldc={ldc} too small")
+    a_at = "A[k * {0}L + i]" if a_transposed else "A[i * {0}L + k]"
+    b_at = "B[(j0 + j) * {0}L + k]" if b_transposed else "B[k * {0}L + j0 + j]"
+    src = render("gemm_skinny.c", NAME=name, M=M, N=N, K=K, MR=mr, NR=nr, GROUPS=-(-M // mr), PF=pf, LDC=ldc,
+                 A_AT=a_at.format(lda), B_AT=b_at.format(ldb),
+                 A_LAYOUT="given transposed (K x M)" if a_transposed else "M x K",
+                 B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
+                 EPILOGUE=epilogue, PARALLEL=int(parallel), ROW_EPILOGUE_ON=int(bool(row_epilogue)),
+                 ROW_EPILOGUE=row_epilogue or "(void)eqf_r0;",
+                 EXTRA_PARAMS="".join(f", const {t}* restrict {n}" for t, n in extras),
+                 EXTRA_ARGS="".join(", " + n for _, n in extras), PER_CHUNK=1,
+                 PACK_PARTS=max(1, pack_parts), PACK_PARALLEL=int(parallel and pack_parts > 0),
+                 EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
+                 EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
+                 EXTRA_INIT="".join(", " + n for _, n in extras))
+    cdef = (f"void {name}(const float* A, const float* B, float* C{''.join(f', const {t}* {n}' for t, n in extras)});"
+            f"\nlong {name}_prepack_floats(void);\nvoid {name}_prepack(const float* B, float* P);")
+    return src, cdef
 
 
 def _ct(body: Graph, i: int) -> str:
@@ -198,5 +337,3 @@ def emit_conv2d(plan: KernelPlan) -> str:
 
 def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
-
-

@@ -1,17 +1,17 @@
 """The GEMM kinds: a matmul or conv2d with a fused pointwise epilogue (contraction, conv2d), and
 a matmul whose finished rows go through a softmax, layernorm or rmsnorm (contraction_row).
 
-The planning is eqfuse.backend.lower_gemm (`gemm_tiles` chooses the blocking), the C
-eqfuse.backend.emit_gemm (epilogues, wrappers) around eqfuse.backend.gemm (csrc_templates/gemm.c).
+The planning is eqfuse.backend.kinds.contraction.plan_gemm (`gemm_tiles` chooses the blocking), the C
+eqfuse.backend.kinds.contraction.emit_gemm (epilogues, wrappers) around eqfuse.backend.kinds.contraction.emit_gemm (csrc_templates/gemm.c).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from eqfuse.backend import conv_direct, emit_gemm
 from eqfuse.backend.kinds.base import Kind
-from eqfuse.backend.lower_gemm import (
+from eqfuse.backend.kinds.contraction import conv, emit_gemm
+from eqfuse.backend.kinds.contraction.plan_gemm import (
     Prepack,
     c_layout,
     conv_c_layout,
@@ -30,15 +30,15 @@ class Contraction(Kind):
 
     def plan(self, plan: KernelPlan, c) -> None:
         m = Machine(c.l1, c.l2, c.l3, c.simd, c.cores, c.prefetch)
-        if plan.kind == K.CONV2D and conv_direct.plan_conv_direct(plan, m):
-            return  # a direct conv (conv_direct.use_direct), else im2col + GEMM
+        if plan.kind == K.CONV2D and conv.plan_conv_direct(plan, m):
+            return  # a direct conv (conv.use_direct), else im2col + GEMM
         plan_contraction(plan, m)
 
     def writes_through(self, plan: KernelPlan, strides) -> bool:
         """A matmul's GEMM stores C at a row stride and a batch stride (lower_gemm.c_layout), a
         conv2d's at a row, column and image stride (lower_gemm.conv_c_layout); not a row
         epilogue (the row templates walk rows of N)."""
-        if isinstance(plan.detail, conv_direct.ConvDirectDetail):
+        if isinstance(plan.detail, conv.ConvDirectDetail):
             return False  # (writes NCHW contiguous)
         if plan.kind == K.CONV2D:
             return conv_c_layout(plan, strides) is not None
@@ -50,8 +50,8 @@ class Contraction(Kind):
             self.plan(plan, caches)
 
     def emit(self, plan: KernelPlan) -> str:
-        if isinstance(plan.detail, conv_direct.ConvDirectDetail):
-            return conv_direct.emit_conv_direct(plan)
+        if isinstance(plan.detail, conv.ConvDirectDetail):
+            return conv.emit_conv_direct(plan)
         if plan.kind == K.CONV2D:
             return emit_gemm.emit_conv2d(plan)
         return emit_gemm.emit_contraction(plan)
@@ -63,8 +63,8 @@ def mark_bound_b(plan: KernelPlan, bound: set[int]) -> None:
     every batch (emit then reads B as panels the runtime packs once). A matmul with few rows
     then takes the memory-bound skinny path (lower_gemm.skinny, planned by plan_skinny)."""
     d = plan.detail
-    if isinstance(d, conv_direct.ConvDirectDetail):
-        return conv_direct.mark_bound(plan, bound)
+    if isinstance(d, conv.ConvDirectDetail):
+        return conv.mark_bound(plan, bound)
     if plan.kind not in GEMM_KINDS or not (d.gemm.mode == "fold" or d.pixels_as_rows):
         return  # (otherwise B differs between batches, or is a conv's column matrix)
     body = plan.body

@@ -27,7 +27,7 @@ from eqfuse.machine import Machine, gemm_blocking, register_tile, skinny_tile
 
 @dataclass(frozen=True)
 class GemmCalls:
-    """How a contraction maps onto calls of the GEMM (csrc_templates/gemm.c, eqfuse.backend.gemm)."""
+    """How a contraction maps onto calls of the GEMM (csrc_templates/gemm.c, eqfuse.backend.kinds.contraction.emit_gemm)."""
 
     mode: str  # "fold" (one GEMM over every batch's rows), "batch" (one call, a stride per operand),
     #            "loop" (the wrapper calls the GEMM once per batch) or "conv" (one call per image)
