@@ -35,13 +35,8 @@ import torch
 from torch import fx
 
 from eqfuse.errors import EqfuseError
-from eqfuse.frontend.torch_fx import (
-    FxConverter,
-    Support,
-    Unsupported,
-    fallback_counts,
-    op_name,
-)
+from eqfuse.frontend.torch_aten import Unsupported
+from eqfuse.frontend.torch_fx import FxConverter, Support, fallback_counts, op_name
 from eqfuse.ir.printer import module_text
 
 log = logging.getLogger("eqfuse.torch")

@@ -11,23 +11,22 @@ import numpy as np
 
 from eqfuse.errors import ShapeError
 from eqfuse.frontend import onnx_symbolic as sy
-from eqfuse.frontend.onnx_checks import tensor_array
-from eqfuse.frontend.onnx_import import (
+from eqfuse.frontend.onnx_registry import (
     BIG,
-    F32,
     HANDLERS,
-    NUMPY_DTYPE,
     ONNX_DTYPES,
-    Dim,
     NeedsDims,
     Unsupported,
-    _dtype_name,
-    _f32,
-    _one_dim,
-    _pair,
-    dtype_of_numpy,
+    dtype_name,
+    f32_float,
     handles,
+    one_dim,
+    pair,
+    tensor_array,
 )
+from eqfuse.ir.shapes import NUMPY_DTYPE, Dim, dtype_of_numpy
+
+F32 = np.float32
 
 for _onnx, _ours in {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp",
                      "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Log": "log"}.items():
@@ -99,7 +98,7 @@ def _cast(imp, ins, at):
     else:
         to = ONNX_DTYPES.get(at.get("to"), "f32" if at.get("to") in (10, 11, 16) else None)  # f16/f64/bf16 -> f32
     if to is None:
-        raise Unsupported(f"cast to {_dtype_name(at.get('to'))}")
+        raise Unsupported(f"cast to {dtype_name(at.get('to'))}")
     if imp.is_const(ins[0]):
         return np.asarray(ins[0]).astype(NUMPY_DTYPE[to])
     if imp.type(ins[0]).dtype == to:
@@ -170,7 +169,7 @@ def _softmax(imp, ins, at):
     if imp.opset >= 13 or axis == len(shape) - 1:
         return imp.op("softmax", [x], axis=axis - len(shape))
     # Before opset 13, Softmax normalizes over all the dims from `axis` on, flattened.
-    flat = imp.reshape_to(x, (_one_dim(shape[:axis]), _one_dim(shape[axis:])))
+    flat = imp.reshape_to(x, (one_dim(shape[:axis]), one_dim(shape[axis:])))
     return imp.reshape_to(imp.op("softmax", [flat], axis=-1), shape)
 
 
@@ -183,7 +182,7 @@ def _layernorm(imp, ins, at):
     if not -rank <= axis < rank:
         raise ShapeError(f"axis {axis} is out of range for rank {rank}")
     axis %= rank
-    eps = _f32(at.get("epsilon", 1e-5))
+    eps = f32_float(at.get("epsilon", 1e-5))
     tail = shape[axis:]
     gamma = _norm_param(imp, ins[1], imp.node.input[1], tail, 1.0)
     beta = _norm_param(imp, ins[2] if len(ins) > 2 else None, imp.node.input[2] if len(ins) > 2 else "", tail, 0.0)
@@ -225,10 +224,10 @@ def _batchnorm(imp, ins, at):
     if at.get("spatial", 1) != 1:
         raise Unsupported("spatial=0")
     x, scale, bias, mean, var = [imp.data(v, n) for v, n in zip(ins, imp.node.input)]
-    return imp.op("batchnorm", [x, mean, var, scale, bias], eps=_f32(at.get("epsilon", 1e-5)))
+    return imp.op("batchnorm", [x, mean, var, scale, bias], eps=f32_float(at.get("epsilon", 1e-5)))
 
 
-def _axes(imp, ins, at, k: int) -> list[int] | None:
+def axes_of(imp, ins, at, k: int) -> list[int] | None:
     """Axes from the attribute (older opsets) or input k (newer); None when not given."""
     if "axes" in at:
         return list(at["axes"])
@@ -245,7 +244,7 @@ def _reduce(imp, ins, at):
     t = imp.node.op_type
     if t == "ReduceSumSquare":
         x, t = imp.op("mul", [x, x]), "ReduceSum"
-    axes = _axes(imp, ins, at, 1)
+    axes = axes_of(imp, ins, at, 1)
     keep = bool(at.get("keepdims", 1))
     if not axes:
         if at.get("noop_with_empty_axes", 0):
@@ -285,7 +284,7 @@ def _flatten(imp, ins, at):
 def _squeeze(imp, ins, at):
     x = imp.data(ins[0], imp.node.input[0])
     shape = list(imp.type(x).shape)
-    axes = _axes(imp, ins, at, 1)
+    axes = axes_of(imp, ins, at, 1)
     if imp.node.op_type == "Unsqueeze":
         rank = len(shape) + len(axes)
         for a in sorted(a % rank for a in axes):
@@ -379,7 +378,7 @@ def _conv(imp, ins, at):
             pads[axis - 2] = (a, a)
     pad = [max(a, b) for a, b in pads]
     args = [x, w] + ([imp.data(ins[2], imp.node.input[2])] if len(ins) > 2 and ins[2] is not None else [])
-    y = imp.op("conv2d", args, stride=_pair(strides), padding=_pair(pad))
+    y = imp.op("conv2d", args, stride=pair(strides), padding=pair(pad))
     for axis, ((a, b), s, n, kk) in enumerate(zip(pads, strides, xs[2:], k), start=2):
         if a == b:
             continue

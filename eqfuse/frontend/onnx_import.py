@@ -22,18 +22,14 @@ inputs at import time (the onnx backend uses it for integer inputs such as a Res
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from eqfuse.errors import DimsNeeded, EqfuseError, ShapeError
-from eqfuse.frontend.onnx_checks import (
-    NeedsDims,
-    Unsupported,
-    check_dims,
-    check_size,
-    tensor_array,
-)
+from eqfuse.frontend import onnx_handlers, onnx_ops  # noqa: F401  (their @handles fill HANDLERS)
+from eqfuse.frontend import onnx_symbolic as sy
+from eqfuse.frontend import onnx_symbolic_ops as so
 from eqfuse.frontend.onnx_inputs import (  # noqa: F401  (graph_name, input_dims, input_shapes: re-exported)
     DIMS_HINT,
     _load,
@@ -42,9 +38,20 @@ from eqfuse.frontend.onnx_inputs import (  # noqa: F401  (graph_name, input_dims
     input_shapes,
     sanitize,
 )
+from eqfuse.frontend.onnx_registry import (
+    HANDLERS,
+    ONNX_DTYPES,
+    NeedsDims,
+    Unsupported,
+    check_dims,
+    check_size,
+    dtype_name,
+    f32_float,
+    tensor_array,
+)
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS, complete_attrs
-from eqfuse.ir.shapes import NUMPY_DTYPE, Dim, TType, dim_product, dtype_of_numpy
+from eqfuse.ir.shapes import NUMPY_DTYPE, Dim, TType, dtype_of_numpy
 
 try:
     import onnx
@@ -53,8 +60,6 @@ except ImportError:  # pragma: no cover - exercised only without the optional de
     onnx = None
 
 F32 = np.float32
-BIG = 2**31  # ONNX writes "to the end" as INT64_MAX (or INT32_MAX)
-ONNX_DTYPES = {1: "f32", 7: "i64", 6: "i32", 9: "bool"}  # TensorProto element types eqfuse computes in
 
 
 @dataclass
@@ -201,7 +206,7 @@ class _Importer:
             raise EqfuseError(f"input '{vi.name}' is not a tensor; eqfuse imports tensor inputs only")
         dtype = ONNX_DTYPES.get(tt.elem_type)
         if dtype is None:
-            raise EqfuseError(f"input '{vi.name}' has dtype {_dtype_name(tt.elem_type)}; "
+            raise EqfuseError(f"input '{vi.name}' has dtype {dtype_name(tt.elem_type)}; "
                               "eqfuse supports float32, int64, int32 and bool tensors")
         if not tt.HasField("shape"):
             raise EqfuseError(f"input '{vi.name}' has no shape; eqfuse needs every input's rank")
@@ -337,7 +342,7 @@ class _Importer:
                 raise Unsupported(f"dtype {arr.dtype} of '{name}'")
             arr = arr.astype(F32)  # float64 / float16 constants compute in float32
         if arr.ndim == 0:
-            return self.graph.add(Node("const", attrs=(("value", _f32(arr)),), type=TType(())))
+            return self.graph.add(Node("const", attrs=(("value", f32_float(arr)),), type=TType(())))
         key = name if name is not None and name in self.env and self.env[name] is v else None
         if key is not None and key in self.materialized:
             return self.materialized[key]
@@ -358,7 +363,7 @@ class _Importer:
     def operand(self, v, name: str, other_rank: int) -> int:
         """A binary op's operand: a size-1 constant that cannot change the result shape is a scalar."""
         if self.is_const(v) and v.size == 1 and v.ndim <= other_rank and v.dtype.kind in "fiub":
-            return self.graph.add(Node("const", attrs=(("value", _f32(v.reshape(()))),), type=TType(())))
+            return self.graph.add(Node("const", attrs=(("value", f32_float(v.reshape(()))),), type=TType(())))
         return self.data(v, name)
 
     # ------------------------------------------------------------ building ops
@@ -396,27 +401,9 @@ class _Importer:
         return self.op(name, [self.operand(a, names[0], rb), self.operand(b, names[1], ra)])
 
 
-def _f32(x) -> float:
-    """A float32 number as the shortest float that rounds to it (1e-05, not 9.999999747378752e-06)."""
-    return float(str(np.float32(x)))
-
-
-def _pair(v: list[int]) -> int | tuple[int, int]:
-    return v[0] if v[0] == v[1] else tuple(v)
-
-
 def _attr(a):
     v = helper.get_attribute_value(a)
     return v.decode() if isinstance(v, bytes) else v
-
-
-def _dtype_name(elem_type: int) -> str:
-    """ONNX's name of a tensor element type; a number no onnx version names (a damaged file) is
-    said as such."""
-    try:
-        return onnx.TensorProto.DataType.Name(elem_type) if onnx else str(elem_type)
-    except ValueError:
-        return f"{elem_type} (not an ONNX element type)"
 
 
 def _prune(g: Graph, runtime: list[int], params: list[int]) -> Graph:
@@ -433,37 +420,3 @@ def _prune(g: Graph, runtime: list[int], params: list[int]) -> Graph:
     return Graph(g.name, nodes, inputs, [new[o] for o in g.outputs])
 
 
-def _prod(ds) -> tuple[int, tuple[str, ...]]:
-    return dim_product(tuple(ds))
-
-
-def _one_dim(ds) -> Dim:
-    """The product of some dims as one dim: an int, or a name times 1."""
-    n, names = _prod(ds)
-    if not names:
-        return n
-    if len(names) == 1 and n == 1:
-        return names[0]
-    raise NeedsDims(f"flattening dims {list(ds)} (a product of named dims; bind them with dims=)")
-
-
-# ---------------------------------------------------------------- handlers, one per ONNX op
-
-
-HANDLERS: dict[str, tuple[Callable, set[str]]] = {}
-
-
-def handles(*op_types: str, attrs: tuple[str, ...] = ()):
-    def deco(fn):
-        for t in op_types:
-            HANDLERS[t] = (fn, set(attrs))
-        return fn
-    return deco
-
-
-from eqfuse.frontend import (  # noqa: E402
-    onnx_handlers,  # noqa: F401  (they register the handlers)
-    onnx_ops,  # noqa: F401
-)
-from eqfuse.frontend import onnx_symbolic as sy  # noqa: E402
-from eqfuse.frontend import onnx_symbolic_ops as so  # noqa: E402

@@ -11,8 +11,8 @@ import numpy as np
 
 from eqfuse.frontend import onnx_symbolic as sy
 from eqfuse.frontend import onnx_symbolic_ops as so
-from eqfuse.frontend.onnx_handlers import _axes
-from eqfuse.frontend.onnx_import import NeedsDims, Unsupported, _pair, handles
+from eqfuse.frontend.onnx_handlers import axes_of
+from eqfuse.frontend.onnx_registry import NeedsDims, Unsupported, handles, pair
 
 
 def _rank(imp, v) -> int:
@@ -128,7 +128,7 @@ def _argmax(imp, ins, at):
 @handles("ReduceProd", "ReduceL2", attrs=("axes", "keepdims", "noop_with_empty_axes"))
 def _reduce_more(imp, ins, at):
     x = imp.data(ins[0], imp.node.input[0])
-    axes = _axes(imp, ins, at, 1)
+    axes = axes_of(imp, ins, at, 1)
     if not axes and at.get("noop_with_empty_axes", 0):
         return x
     axis = tuple(axes) if axes else None
@@ -180,8 +180,8 @@ def _pool(imp, ins, at):
     if len(pads) != 4 or pads[0] != pads[2] or pads[1] != pads[3]:
         raise Unsupported(f"pads {pads} (asymmetric or not 2-D)")
     x = imp.data(ins[0], imp.node.input[0])
-    kw = dict(kernel_size=_pair(list(at["kernel_shape"])), stride=_pair(list(at.get("strides", [1, 1]))),
-              padding=_pair(pads[:2]))
+    kw = dict(kernel_size=pair(list(at["kernel_shape"])), stride=pair(list(at.get("strides", [1, 1]))),
+              padding=pair(pads[:2]))
     if imp.node.op_type == "MaxPool":
         return imp.op("max_pool2d", [x], **kw)
     return imp.op("avg_pool2d", [x], count_include_pad=bool(at.get("count_include_pad", 0)), **kw)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eqfuse.frontend.onnx_checks import NeedsDims, Unsupported
+from eqfuse.frontend.onnx_registry import NeedsDims, Unsupported
 from eqfuse.ir.shapes import Dim
 
 

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from eqfuse.frontend.onnx_checks import NeedsDims, Unsupported, tensor_array
+from eqfuse.frontend.onnx_registry import HANDLERS, NeedsDims, Unsupported, tensor_array
 from eqfuse.frontend.onnx_symbolic import (
     Merged,
     Sym,
@@ -49,8 +49,6 @@ def merged_op(imp, ins, at):
     if op in ("Gemm", "MatMul") and ins[0] is m and all(not isinstance(v, Merged) for v in ins[1:]):
         if at.get("transA", 0) or len(m.groups[-1]) != 1:
             raise NeedsDims(f"{op} contracting a dim made of a named dim ({m})")
-        from eqfuse.frontend.onnx_import import HANDLERS
-
         y = HANDLERS[op][0](imp, [m.node] + list(ins[1:]), at)
         return merged(y, m.groups[:-1] + ((imp.type(y).shape[-1],),))
     if op == "MatMul" and all(isinstance(v, Merged) for v in ins):
@@ -68,8 +66,6 @@ def merged_op(imp, ins, at):
         return merged(y, [m.groups[p] for p in perm])
     if op in POINTWISE and all(_same_layout(imp, v, m) for v in ins):
         # elementwise over the physical form: the other operands are scalars or laid out alike
-        from eqfuse.frontend.onnx_import import HANDLERS
-
         return merged(HANDLERS[op][0](imp, [v.node if isinstance(v, Merged) else v for v in ins], at), m.groups)
     if op == "Gather" and ins[0] is m and not isinstance(ins[1], (Merged, Sym)):
         return gather(imp, m, ins[1], at.get("axis", 0))

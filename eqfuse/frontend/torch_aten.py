@@ -1,5 +1,5 @@
 """ATen handlers: each turns one ATen overload of a functional AOTAutograd graph into ops of the
-op table (registered into eqfuse.frontend.torch_fx.HANDLERS). A handler gets the converter, then
+op table (registered into `HANDLERS` below, which eqfuse.frontend.torch_fx reads). A handler gets the converter, then
 the node's arguments with every tensor replaced by a `V`; it raises Unsupported for the cases it
 does not take (the node then runs in torch). Shapes come from torch (`cv.out_type`), so views
 and broadcasts need no shape arithmetic here; dtypes follow torch's promotion, made explicit
@@ -9,12 +9,40 @@ with casts, since eqfuse never promotes implicitly.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
-from eqfuse.frontend.torch_fx import TORCH_DTYPES, Unsupported, V, aten
-
 # ---------------------------------------------------------------- pointwise
+
+DTYPES = {torch.float32: "f32", torch.int64: "i64", torch.int32: "i32", torch.bool: "bool"}
+TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
+
+
+class Unsupported(Exception):
+    """A node eqfuse cannot compute; the message says why (it is listed in the fallback report)."""
+
+
+@dataclass(frozen=True)
+class V:
+    """A tensor value of the graph being built: the id of its node."""
+
+    id: int
+
+
+HANDLERS: dict[Any, Callable] = {}
+
+
+def aten(*names: str):
+    """Registers a handler for ATen overloads given as "add.Tensor" (the packet's "default" as "relu")."""
+    def deco(fn):
+        for name in names:
+            packet, _, overload = name.partition(".")
+            HANDLERS[getattr(getattr(torch.ops.aten, packet), overload or "default")] = fn
+        return fn
+    return deco
+
 
 
 def _float_unary(name: str):

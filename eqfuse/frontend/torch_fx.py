@@ -15,44 +15,22 @@ whose conversion disagrees with torch is refused (and runs in torch) rather than
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import fx
 
 from eqfuse.errors import ShapeError
-from eqfuse.frontend.onnx_import import sanitize
+from eqfuse.frontend.onnx_inputs import sanitize
+from eqfuse.frontend.torch_aten import (
+    DTYPES,
+    HANDLERS,
+    Unsupported,
+    V,
+)
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS, complete_attrs
 from eqfuse.ir.shapes import TType
-
-DTYPES = {torch.float32: "f32", torch.int64: "i64", torch.int32: "i32", torch.bool: "bool"}
-TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
-
-
-class Unsupported(Exception):
-    """A node eqfuse cannot compute; the message says why (it is listed in the fallback report)."""
-
-
-@dataclass(frozen=True)
-class V:
-    """A tensor value of the graph being built: the id of its node."""
-
-    id: int
-
-
-HANDLERS: dict[Any, Callable] = {}
-
-
-def aten(*names: str):
-    """Registers a handler for ATen overloads given as "add.Tensor" (the packet's "default" as "relu")."""
-    def deco(fn):
-        for name in names:
-            packet, _, overload = name.partition(".")
-            HANDLERS[getattr(getattr(torch.ops.aten, packet), overload or "default")] = fn
-        return fn
-    return deco
 
 
 def op_name(node: fx.Node) -> str:
@@ -265,6 +243,3 @@ def fallback_counts(gm: fx.GraphModule, support: Support) -> Counter:
             if why is not None:
                 out[(op_name(node), why)] += 1
     return out
-
-
-from eqfuse.frontend import torch_aten  # noqa: E402,F401  (registers the handlers)

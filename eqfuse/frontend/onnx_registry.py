@@ -1,15 +1,25 @@
-"""Checks of an ONNX file's own data before the importer trusts it: an initializer's dims and
-bytes, an input's dims. A damaged or hostile file gets one clear error, never a numpy exception."""
+"""What every ONNX op handler shares: the registry of handlers (`HANDLERS`, filled by the
+`@handles` decorators of onnx_handlers, onnx_ops and onnx_symbolic_ops, which eqfuse.frontend.onnx_import
+imports once), the importer's errors, and the checks of an ONNX file's own data before the
+importer trusts it: an initializer's dims and bytes, an input's dims. A damaged or hostile file
+gets one clear error, never a numpy exception."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from eqfuse.errors import EqfuseError
 from eqfuse.frontend.builder import MAX_RANK, check_size  # noqa: F401 (check_size: for the importer)
 from eqfuse.ir.graph import MAX_ELEMENTS
+from eqfuse.ir.shapes import Dim, dim_product
+
+try:
+    import onnx
+except ImportError:  # the importer refuses models without it
+    onnx = None
 
 
 class Unsupported(Exception):
@@ -53,3 +63,53 @@ def tensor_array(t, what: str) -> np.ndarray:
     if list(arr.shape) != dims:
         raise EqfuseError(f"{what}: its data has shape {list(arr.shape)}, not its dims {dims}")
     return arr
+
+
+BIG = 2**31  # ONNX writes "to the end" as INT64_MAX (or INT32_MAX)
+
+
+ONNX_DTYPES = {1: "f32", 7: "i64", 6: "i32", 9: "bool"}  # TensorProto element types eqfuse computes in
+
+
+HANDLERS: dict[str, tuple[Callable, set[str]]] = {}
+
+
+def handles(*op_types: str, attrs: tuple[str, ...] = ()):
+    def deco(fn):
+        for t in op_types:
+            HANDLERS[t] = (fn, set(attrs))
+        return fn
+    return deco
+
+
+def f32_float(x) -> float:
+    """A float32 number as the shortest float that rounds to it (1e-05, not 9.999999747378752e-06)."""
+    return float(str(np.float32(x)))
+
+
+def pair(v: list[int]) -> int | tuple[int, int]:
+    return v[0] if v[0] == v[1] else tuple(v)
+
+
+def dtype_name(elem_type: int) -> str:
+    """ONNX's name of a tensor element type; a number no onnx version names (a damaged file) is
+    said as such."""
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type) if onnx else str(elem_type)
+    except ValueError:
+        return f"{elem_type} (not an ONNX element type)"
+
+
+def prod_dims(ds) -> tuple[int, tuple[str, ...]]:
+    return dim_product(tuple(ds))
+
+
+def one_dim(ds) -> Dim:
+    """The product of some dims as one dim: an int, or a name times 1."""
+    n, names = prod_dims(ds)
+    if not names:
+        return n
+    if len(names) == 1 and n == 1:
+        return names[0]
+    raise NeedsDims(f"flattening dims {list(ds)} (a product of named dims; bind them with dims=)")
+
