@@ -7,7 +7,7 @@ from helpers import ROOT, load_text
 
 from eqfuse.cli import langref
 from eqfuse.cli.main import main
-from eqfuse.ir import opdocs
+from eqfuse.ir import opdocs, opref
 from eqfuse.ir.ops import OPS, REQUIRED
 
 README = ROOT / "README.md"
@@ -61,7 +61,7 @@ def test_every_attribute_default_is_shown(capsys):
         assert status == 0
         for a in op.attrs:
             want = "required" if a.default is REQUIRED else "default: omitted" if a.default is None \
-                else f"default {opdocs.literal(a.default)}"
+                else f"default {opref.literal(a.default)}"
             assert f"{a.name}= " in out and want in out, (op.name, a.name)
 
 
@@ -77,7 +77,7 @@ def test_the_readme_language_reference_is_generated_from_the_op_table():
     assert langref.splice(text, langref.language()) == text, \
         "README.md's language reference is out of date: run python -m eqfuse.cli.langref --write README.md"
     for op in OPS.values():
-        assert f"| `{langref._cell(opdocs.signature(op))}` | {op.kind} |" in text
+        assert f"| `{langref._cell(opref.signature(op))}` | {op.kind} |" in text
 
 
 def test_the_check_mode_finds_a_stale_reference(tmp_path, capsys):

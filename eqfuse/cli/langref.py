@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from eqfuse.ir.opdocs import infix_note, signature
+from eqfuse.ir.opref import infix_note, signature
 from eqfuse.ir.ops import OPS
 
 LANGUAGE = """\

@@ -121,13 +121,13 @@ def cmd_check(args) -> int:
 
 def cmd_ops(args) -> int:
     from eqfuse.frontend.builder import did_you_mean
-    from eqfuse.ir import opdocs
+    from eqfuse.ir import opref
     from eqfuse.ir.ops import OPS
 
     if args.name is None:
-        print(opdocs.summary())
+        print(opref.summary())
     elif args.name in OPS:
-        print(opdocs.detail(args.name))
+        print(opref.detail(args.name))
     else:
         raise UsageError(f"unknown op '{args.name}' (see 'eqfuse ops' for the list)",
                          hint=did_you_mean(args.name, OPS))

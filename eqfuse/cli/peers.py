@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from eqfuse.ir.graph import Graph
-from eqfuse.ir.ops import _pair, _perm, _slice_bounds, norm_axis, reduce_axes
+from eqfuse.ir.ops import norm_axis, pair, perm_of, reduce_axes, slice_bounds
 from eqfuse.ir.shapes import NUMPY_DTYPE
 
 
@@ -49,13 +49,13 @@ def _reduce(fn: str):
 
 def _conv2d(t, a, at):
     bias = a[2] if len(a) == 3 else None
-    return t.nn.functional.conv2d(a[0], a[1], bias, stride=_pair(at["stride"]), padding=_pair(at["padding"]))
+    return t.nn.functional.conv2d(a[0], a[1], bias, stride=pair(at["stride"]), padding=pair(at["padding"]))
 
 
 def _slice(t, a, at):
     x = a[0]
     ax = norm_axis(at["axis"], x.ndim)
-    lo, hi, _ = _slice_bounds(x.shape[ax], at)
+    lo, hi, _ = slice_bounds(x.shape[ax], at)
     return x[(slice(None),) * ax + (slice(lo, hi, at["step"]),)]
 
 
@@ -89,8 +89,8 @@ def _torch_pads(pads, rank):  # eqfuse: begins then ends, first axis first; torc
 
 
 def _pool_kw(at):
-    return dict(kernel_size=_pair(at["kernel_size"]), stride=_pair(at["stride"] or at["kernel_size"]),
-                padding=_pair(at["padding"]))
+    return dict(kernel_size=pair(at["kernel_size"]), stride=pair(at["stride"] or at["kernel_size"]),
+                padding=pair(at["padding"]))
 
 
 def _reshaped(op, x, at):
@@ -133,7 +133,7 @@ TORCH: dict[str, Callable] = {
     "layernorm": _layernorm,
     "rmsnorm": _rmsnorm,
     "batchnorm": _batchnorm,
-    "transpose": lambda t, a, at: a[0].permute(*_perm(at, a[0].ndim)),
+    "transpose": lambda t, a, at: a[0].permute(*perm_of(at, a[0].ndim)),
     "reshape": lambda t, a, at: a[0].reshape(*at["shape"]),
     "slice": _slice,
     "concat": lambda t, a, at: t.cat(list(a), dim=at["axis"]),

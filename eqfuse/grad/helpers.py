@@ -13,7 +13,7 @@ from typing import Callable
 
 from eqfuse.grad.emitter import Emitter
 from eqfuse.ir.graph import Node
-from eqfuse.ir.ops import _pair, _slice_bounds, reduce_axes
+from eqfuse.ir.ops import pair, reduce_axes, slice_bounds
 from eqfuse.ir.shapes import norm_axis
 
 
@@ -129,7 +129,7 @@ def _unslice(em, ctx, args, at):
     shape = em.shape(x)
     ax = norm_axis(at["axis"], len(shape))
     n = shape[ax]
-    lo, _, count = _slice_bounds(n, at)
+    lo, _, count = slice_bounds(n, at)
     step = at["step"]
     if step > 1:  # interleave step - 1 zeros after each element: [.., count, 1, ..] -> [.., count, step, ..]
         ts = em.shape(t)
@@ -183,7 +183,7 @@ def _flip(em, t, axis):
 
 
 def _conv_geometry(em, dy, x, w, at):
-    (sh, sw), (ph, pw) = _pair(at["stride"]), _pair(at["padding"])
+    (sh, sw), (ph, pw) = pair(at["stride"]), pair(at["padding"])
     _, _, h, wd = em.shape(x)
     kh, kw = em.shape(w)[2:]
     oh, ow = em.shape(dy)[2:]

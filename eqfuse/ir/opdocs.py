@@ -1,9 +1,9 @@
-"""The op reference: one line of meaning per op of the op table, and its text for `eqfuse ops [NAME]`
-(and for the README's language reference, eqfuse/cli/langref.py).
+"""One line of meaning per op of the op table, with the inputs as written in a call.
 
-The meanings live here, not in eqfuse/ir/ops.py, so that the table stays a table; `ops._op` copies
-them into `Op.doc`. An op without an entry here fails tests/test_opdocs.py. This module imports
-nothing from eqfuse at the top: ops.py imports DOCS from it.
+The meanings live here, not in eqfuse/ir/ops.py, so that the table stays a table; `ops.define`
+copies them into `Op.doc`. eqfuse.ir.opref renders them for `eqfuse ops [NAME]` and the language
+reference. An op without an entry here fails tests/test_opdocs.py. This module imports nothing
+from eqfuse: ops.py imports DOCS from it.
 """
 
 from __future__ import annotations
@@ -97,89 +97,3 @@ DOCS: dict[str, tuple[str, str]] = {
     "unsqueeze": ("x", "x with size-1 axes inserted at axis=; a reshape"),
     "flatten": ("x", "x as a matrix: the axes before axis= times the rest; a reshape"),
 }
-
-_KIND_OF_ATTR = {"int": "int", "float": "float", "bool": "bool", "str": "string", "ints": "[int, ...]",
-                 "int_or_ints": "int or [int, int]", "axes": "int or [int, ...]"}
-
-
-def _table():
-    from eqfuse.ir.ops import OPS
-
-    return OPS
-
-
-def literal(v) -> str:
-    """A value as it is written in a .g file."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return f'"{v}"'
-    if isinstance(v, (tuple, list)):
-        return "[" + ", ".join(literal(x) for x in v) + "]"
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def inputs(op) -> str:
-    if op.name in DOCS:
-        return DOCS[op.name][0]
-    lo, hi = op.arity
-    if hi == -1:
-        return ", ".join(f"x{i}" for i in range(max(lo, 2))) + ", ..."
-    names = ["x"] if hi == 1 else [f"x{i}" for i in range(hi)]
-    return ", ".join(names[:lo]) + "".join(f"[, {n}]" for n in names[lo:])
-
-
-def attr_type(a) -> str:
-    return " or ".join(f'"{c}"' for c in a.choices) if a.choices else _KIND_OF_ATTR.get(a.kind, a.kind)
-
-
-def attr_text(a) -> str:
-    """`eps=1e-05`; a required attribute `axis=int`; one whose default means 'omitted' `[perm=[int, ...]]`."""
-    from eqfuse.ir.ops import REQUIRED
-
-    if a.default is REQUIRED:
-        return f"{a.name}={attr_type(a)}"
-    if a.default is None:
-        return f"[{a.name}={attr_type(a)}]"
-    return f"{a.name}={literal(a.default)}"
-
-
-def signature(op) -> str:
-    return f"{op.name}({', '.join([inputs(op)] + [attr_text(a) for a in op.attrs])})"
-
-
-def infix_note(op) -> str:
-    if not op.infix:
-        return ""
-    return "prefix `-x`" if op.arity == (1, 1) else f"infix `a {op.infix} b`"
-
-
-def summary() -> str:
-    """`eqfuse ops`: every op, two lines each."""
-    ops = _table()
-    width = max(len(signature(op)) for op in ops.values())
-    lines = []
-    for op in ops.values():
-        lines.append(f"{signature(op):{width}}  {op.kind}")
-        lines.append(f"    {op.doc}" + (f" ({infix_note(op)})" if op.infix else ""))
-    lines.append(f"{len(ops)} ops; 'eqfuse ops NAME' for one")
-    return "\n".join(lines)
-
-
-def detail(name: str) -> str:
-    """`eqfuse ops NAME`: one op in full."""
-    op = _table()[name]
-    lo, hi = op.arity
-    count = str(lo) if lo == hi else f"{lo} or more" if hi == -1 else f"{lo} to {hi}"
-    lines = [signature(op), f"  {op.doc}", f"  kind:       {op.kind}", f"  inputs:     {count} ({inputs(op)})"]
-    if op.infix:
-        lines.append(f"  written:    {infix_note(op)}")
-    if not op.attrs:
-        lines.append("  attributes: none")
-    for i, a in enumerate(op.attrs):
-        from eqfuse.ir.ops import REQUIRED
-
-        default = "required" if a.default is REQUIRED else "default: omitted" if a.default is None \
-            else f"default {literal(a.default)}"
-        lines.append(f"  {'attributes:' if i == 0 else '':11} {a.name}= {attr_type(a)}, {default}")
-    return "\n".join(lines)

@@ -69,10 +69,13 @@ class Op:
         return self.c(attrs) if callable(self.c) else self.c
 
 
+# The table, filled by `define` here and in ops_index, ops_attention and ops_grad (eqfuse.ir imports
+# them all, so importing any module of eqfuse.ir gives the whole table).
 OPS: dict[str, Op] = {}
+INFIX: dict[str, str] = {}  # binary infix symbol -> op name
 
 
-def _op(**kw) -> None:
+def define(**kw) -> None:
     """Register an op; its `infer` is the shape rule, wrapped so that it also gives the dtype."""
     shape_rule, name, rule = kw["infer"], kw["name"], kw.get("dtype", "float")
 
@@ -81,6 +84,8 @@ def _op(**kw) -> None:
 
     op = Op(**{"doc": DOCS.get(name, ("", ""))[1], **kw, "infer": infer, "shape_rule": shape_rule})
     OPS[op.name] = op
+    if op.infix and op.arity == (2, 2):
+        INFIX[op.infix] = op.name
 
 
 def f32(x) -> np.ndarray:
@@ -89,11 +94,11 @@ def f32(x) -> np.ndarray:
 
 # ---------------------------------------------------------------- pointwise
 
-def _same(ts, attrs):
+def same_infer(ts, attrs):
     return TType(ts[0].shape)
 
 
-def _bcast(ts, attrs):
+def bcast_infer(ts, attrs):
     return TType(broadcast(*(t.shape for t in ts)))
 
 
@@ -129,9 +134,9 @@ _UNARY = [
     ("silu", lambda a, _: a[0] / (1 + np.exp(-a[0])), "eqf_silu({0})", 5),
 ]
 for _name, _np, _c, _fl in _UNARY:
-    _op(name=_name, kind="pointwise", arity=(1, 1), infer=_same, numpy=_np, c=_c, flops=_fl,
+    define(name=_name, kind="pointwise", arity=(1, 1), infer=same_infer, numpy=_np, c=_c, flops=_fl,
         infix="-" if _name == "neg" else None, dtype="numeric" if _name in ("neg", "abs") else "float")
-_op(name="gelu", kind="pointwise", arity=(1, 1), infer=_same, numpy=_gelu_np, c=_gelu_c, flops=10,
+define(name="gelu", kind="pointwise", arity=(1, 1), infer=same_infer, numpy=_gelu_np, c=_gelu_c, flops=10,
     attrs=(Attr("approximate", "str", "none", ("none", "tanh")),))
 
 _BINARY = [
@@ -148,7 +153,7 @@ _BINARY = [
     ("mod", np.remainder, "eqf_mod({0}, {1})", None),
 ]
 for _name, _ufunc, _c, _infix in _BINARY:
-    _op(name=_name, kind="pointwise", arity=(2, 2), infer=_bcast,
+    define(name=_name, kind="pointwise", arity=(2, 2), infer=bcast_infer,
         numpy=(lambda u: lambda a, _: u(a[0], a[1]))(_ufunc), c=_c, infix=_infix,
         flops=4 if _name == "pow" else 1, dtype="float" if _name == "pow" else "numeric")
 
@@ -167,11 +172,11 @@ def _matmul_infer(ts, attrs):
     return TType(batch + (a.shape[-2], b.shape[-1]))
 
 
-_op(name="matmul", kind="contraction", arity=(2, 2), infer=_matmul_infer,
+define(name="matmul", kind="contraction", arity=(2, 2), infer=_matmul_infer,
     numpy=lambda a, _: np.matmul(a[0], a[1]), infix="@")
 
 
-def _pair(v) -> tuple[int, int]:
+def pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
@@ -194,7 +199,7 @@ def _conv_infer(ts, attrs):
         raise ShapeError(f"conv2d channels differ: x has {x.shape[1]}, w expects {w.shape[1]}")
     if len(ts) == 3 and ts[2].shape != (w.shape[0],):
         raise ShapeError(f"conv2d bias must have shape [{w.shape[0]}], got {fmt(ts[2].shape)}")
-    (sh, sw), (ph, pw) = _pair(attrs["stride"]), _pair(attrs["padding"])
+    (sh, sw), (ph, pw) = pair(attrs["stride"]), pair(attrs["padding"])
     if min(sh, sw) < 1 or min(ph, pw) < 0:
         raise ShapeError("conv2d stride must be >= 1 and padding >= 0")
     return TType((x.shape[0], w.shape[0], _conv_out(x.shape[2], w.shape[2], sh, ph),
@@ -203,7 +208,7 @@ def _conv_infer(ts, attrs):
 
 def conv2d_numpy(args, attrs):
     x, w = args[0], args[1]
-    (sh, sw), (ph, pw) = _pair(attrs["stride"]), _pair(attrs["padding"])
+    (sh, sw), (ph, pw) = pair(attrs["stride"]), pair(attrs["padding"])
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
     win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[2:], axis=(2, 3))[:, :, ::sh, ::sw]
     out = np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
@@ -212,7 +217,7 @@ def conv2d_numpy(args, attrs):
     return out
 
 
-_op(name="conv2d", kind="contraction", arity=(2, 3), infer=_conv_infer, numpy=conv2d_numpy,
+define(name="conv2d", kind="contraction", arity=(2, 3), infer=_conv_infer, numpy=conv2d_numpy,
     attrs=(Attr("stride", "int_or_ints", 1), Attr("padding", "int_or_ints", 0)))
 
 # ---------------------------------------------------------------- reductions
@@ -228,7 +233,7 @@ def reduce_axes(attrs, rank: int) -> tuple[int, ...]:
     return tuple(sorted(axes))
 
 
-def _reduce_infer(ts, attrs):
+def reduce_infer(ts, attrs):
     x = ts[0]
     axes = reduce_axes(attrs, x.rank)
     if attrs["keepdims"]:
@@ -238,7 +243,7 @@ def _reduce_infer(ts, attrs):
 
 _RED_ATTRS = (Attr("axis", "axes", None), Attr("keepdims", "bool", False))
 for _name, _fn in (("sum", np.sum), ("mean", np.mean), ("max", np.max)):
-    _op(name=_name, kind="reduction", arity=(1, 1), infer=_reduce_infer, attrs=_RED_ATTRS,
+    define(name=_name, kind="reduction", arity=(1, 1), infer=reduce_infer, attrs=_RED_ATTRS,
         dtype="float" if _name == "mean" else "numeric",
         numpy=(lambda fn: lambda a, at: fn(a[0], axis=reduce_axes(at, a[0].ndim), keepdims=at["keepdims"]))(_fn))
 
@@ -258,7 +263,7 @@ def _softmax_np(args, attrs):
     return np.where(np.isnan(p), np.float32(0), p) if attrs["zero_nan"] else p
 
 
-def _norm_params(ts, tail: tuple[Dim, ...], opname: str, names: tuple[str, ...]):
+def norm_params(ts, tail: tuple[Dim, ...], opname: str, names: tuple[str, ...]):
     for t, n in zip(ts, names):
         if t.shape != tail:
             raise ShapeError(f"{opname} {n} must have shape {fmt(tail)} (the normalized dims), got {fmt(t.shape)}")
@@ -267,7 +272,7 @@ def _norm_params(ts, tail: tuple[Dim, ...], opname: str, names: tuple[str, ...])
 def _layernorm_infer(ts, attrs):
     x = ts[0]
     ax = norm_axis(attrs["axis"], x.rank)
-    _norm_params(ts[1:], x.shape[ax:], "layernorm", ("gamma", "beta"))
+    norm_params(ts[1:], x.shape[ax:], "layernorm", ("gamma", "beta"))
     return TType(x.shape)
 
 
@@ -283,7 +288,7 @@ def _rmsnorm_infer(ts, attrs):
     x = ts[0]
     if x.rank < 1:
         raise ShapeError("rmsnorm needs rank >= 1")
-    _norm_params(ts[1:], x.shape[-1:], "rmsnorm", ("gamma",))
+    norm_params(ts[1:], x.shape[-1:], "rmsnorm", ("gamma",))
     return TType(x.shape)
 
 
@@ -296,7 +301,7 @@ def _batchnorm_infer(ts, attrs):
     x = ts[0]
     if x.rank < 2:
         raise ShapeError(f"batchnorm needs rank >= 2 (channel axis 1), got {fmt(x.shape)}")
-    _norm_params(ts[1:], (x.shape[1],), "batchnorm", ("mean", "var", "gamma", "beta"))
+    norm_params(ts[1:], (x.shape[1],), "batchnorm", ("mean", "var", "gamma", "beta"))
     return TType(x.shape)
 
 
@@ -306,26 +311,26 @@ def _batchnorm_np(args, attrs):
     return (x - mean.reshape(shp)) / np.sqrt(var.reshape(shp) + F32(attrs["eps"])) * g.reshape(shp) + b.reshape(shp)
 
 
-_op(name="softmax", kind="row", arity=(1, 1), infer=_softmax_infer, numpy=_softmax_np,
+define(name="softmax", kind="row", arity=(1, 1), infer=_softmax_infer, numpy=_softmax_np,
     attrs=(Attr("axis", "int", -1), Attr("zero_nan", "bool", False)), flops=6)
-_op(name="layernorm", kind="row", arity=(3, 3), infer=_layernorm_infer, numpy=_layernorm_np,
+define(name="layernorm", kind="row", arity=(3, 3), infer=_layernorm_infer, numpy=_layernorm_np,
     attrs=(Attr("axis", "int", -1), Attr("eps", "float", 1e-5)), flops=8)
-_op(name="rmsnorm", kind="row", arity=(2, 2), infer=_rmsnorm_infer, numpy=_rmsnorm_np,
+define(name="rmsnorm", kind="row", arity=(2, 2), infer=_rmsnorm_infer, numpy=_rmsnorm_np,
     attrs=(Attr("eps", "float", 1e-6),), flops=5)
-_op(name="batchnorm", kind="channel", arity=(5, 5), infer=_batchnorm_infer, numpy=_batchnorm_np,
+define(name="batchnorm", kind="channel", arity=(5, 5), infer=_batchnorm_infer, numpy=_batchnorm_np,
     attrs=(Attr("eps", "float", 1e-5),), flops=4)
 
 # ---------------------------------------------------------------- layout
 
 
-def _perm(attrs, rank):
+def perm_of(attrs, rank):
     p = attrs["perm"]
     return tuple(reversed(range(rank))) if p is None else tuple(p)
 
 
 def _transpose_infer(ts, attrs):
     x = ts[0]
-    p = _perm(attrs, x.rank)
+    p = perm_of(attrs, x.rank)
     if sorted(p) != list(range(x.rank)):
         raise ShapeError(f"perm {list(p)} is not a permutation of {x.rank} axes")
     return TType(tuple(x.shape[i] for i in p))
@@ -354,7 +359,7 @@ def _reshape_infer(ts, attrs):
     return TType(tuple(shape))
 
 
-def _slice_bounds(n: Dim, attrs) -> tuple[int, int, int]:
+def slice_bounds(n: Dim, attrs) -> tuple[int, int, int]:
     """(first index, end, count) of a slice; negative start/stop count from the end (numpy)."""
     start, stop, step = attrs["start"], attrs["stop"], attrs["step"]
     if step < 1:
@@ -370,7 +375,7 @@ def _slice_bounds(n: Dim, attrs) -> tuple[int, int, int]:
 def _slice_infer(ts, attrs):
     x = ts[0]
     ax = norm_axis(attrs["axis"], x.rank)
-    lo, hi, count = _slice_bounds(x.shape[ax], attrs)
+    lo, hi, count = slice_bounds(x.shape[ax], attrs)
     if count <= 0:
         raise ShapeError(f"slice [{attrs['start']}:{attrs['stop']}] of dimension {x.shape[ax]} is empty")
     return TType(x.shape[:ax] + (count,) + x.shape[ax + 1:])
@@ -379,7 +384,7 @@ def _slice_infer(ts, attrs):
 def _slice_np(args, attrs):
     x = args[0]
     ax = norm_axis(attrs["axis"], x.ndim)
-    lo, hi, _ = _slice_bounds(x.shape[ax], attrs)
+    lo, hi, _ = slice_bounds(x.shape[ax], attrs)
     idx = [slice(None)] * x.ndim
     idx[ax] = slice(lo, hi, attrs["step"])
     return x[tuple(idx)]
@@ -398,22 +403,15 @@ def _concat_infer(ts, attrs):
     return TType(ts[0].shape[:ax] + (total,) + ts[0].shape[ax + 1:])
 
 
-_op(name="transpose", kind="layout", dtype="any", arity=(1, 1), infer=_transpose_infer,
-    numpy=lambda a, at: np.transpose(a[0], _perm(at, a[0].ndim)), attrs=(Attr("perm", "ints", None),))
-_op(name="reshape", kind="layout", dtype="any", arity=(1, 1), infer=_reshape_infer,
+define(name="transpose", kind="layout", dtype="any", arity=(1, 1), infer=_transpose_infer,
+    numpy=lambda a, at: np.transpose(a[0], perm_of(at, a[0].ndim)), attrs=(Attr("perm", "ints", None),))
+define(name="reshape", kind="layout", dtype="any", arity=(1, 1), infer=_reshape_infer,
     numpy=lambda a, at: np.reshape(a[0], at["shape"]), attrs=(Attr("shape", "ints"),))
-_op(name="slice", kind="layout", dtype="any", arity=(1, 1), infer=_slice_infer, numpy=_slice_np,
+define(name="slice", kind="layout", dtype="any", arity=(1, 1), infer=_slice_infer, numpy=_slice_np,
     attrs=(Attr("axis", "int"), Attr("start", "int", 0), Attr("stop", "int", None), Attr("step", "int", 1)))
-_op(name="concat", kind="layout", dtype="any", arity=(1, -1), infer=_concat_infer,
+define(name="concat", kind="layout", dtype="any", arity=(1, -1), infer=_concat_infer,
     numpy=lambda a, at: np.concatenate(a, axis=at["axis"]), attrs=(Attr("axis", "int", 0),))
 
-from eqfuse.ir import (
-    ops_attention,  # noqa: E402,F401  (registers the attention gradients)
-    ops_grad,  # noqa: E402,F401  (registers the row ops of derivative rules)
-    ops_index,  # noqa: E402,F401  (registers the mask, index and pooling ops)
-)
-
-INFIX = {op.infix: op.name for op in OPS.values() if op.infix and op.arity == (2, 2)}
 
 
 # ---------------------------------------------------------------- attribute checking

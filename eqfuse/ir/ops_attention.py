@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from eqfuse.errors import ShapeError
-from eqfuse.ir.ops import OPS, Attr, _op
+from eqfuse.ir.ops import OPS, Attr, define
 from eqfuse.ir.shapes import TType, broadcast, fmt
 
 ATTRS = (Attr("scale", "float", 1.0), Attr("zero_nan", "bool", False))
@@ -89,5 +89,5 @@ def _numpy(name: str):
 
 
 for _name, (_names, _) in ARGS.items():
-    _op(name=_name, kind="attention_grad", arity=(len(_names), len(_names) + 1), infer=_infer(_name), attrs=ATTRS,
+    define(name=_name, kind="attention_grad", arity=(len(_names), len(_names) + 1), infer=_infer(_name), attrs=ATTRS,
         numpy=_numpy(_name))

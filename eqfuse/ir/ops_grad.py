@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from eqfuse.errors import ShapeError
-from eqfuse.ir.ops import Attr, _norm_params, _op
+from eqfuse.ir.ops import Attr, define, norm_params
 from eqfuse.ir.shapes import TType, fmt, norm_axis
 
 
@@ -38,7 +38,7 @@ def _layernorm_grad_infer(ts, attrs):
     ax = norm_axis(attrs["axis"], x.rank)
     if tuple(dy.shape) != tuple(x.shape):
         raise ShapeError(f"layernorm_grad needs dy and x of one shape, got {fmt(dy.shape)} and {fmt(x.shape)}")
-    _norm_params([g], x.shape[ax:], "layernorm_grad", ("gamma",))
+    norm_params([g], x.shape[ax:], "layernorm_grad", ("gamma",))
     return TType(x.shape)
 
 
@@ -52,9 +52,9 @@ def _layernorm_grad_np(args, attrs):
     return rstd * (gdy - np.mean(gdy, axis=axes, keepdims=True) - xhat * np.mean(gdy * xhat, axis=axes, keepdims=True))
 
 
-_op(name="softmax_grad", kind="row", arity=(2, 2), infer=_softmax_grad_infer, numpy=_softmax_grad_np,
+define(name="softmax_grad", kind="row", arity=(2, 2), infer=_softmax_grad_infer, numpy=_softmax_grad_np,
     attrs=(Attr("axis", "int", -1),), flops=4)
-_op(name="layernorm_grad", kind="row", arity=(3, 3), infer=_layernorm_grad_infer, numpy=_layernorm_grad_np,
+define(name="layernorm_grad", kind="row", arity=(3, 3), infer=_layernorm_grad_infer, numpy=_layernorm_grad_np,
     attrs=(Attr("axis", "int", -1), Attr("eps", "float", 1e-5)), flops=12)
 
 

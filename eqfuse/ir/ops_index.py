@@ -15,12 +15,12 @@ from eqfuse.ir.ops import (
     F32,
     OPS,
     Attr,
-    _bcast,
-    _op,
-    _pair,
-    _reduce_infer,
-    _same,
+    bcast_infer,
+    define,
+    pair,
     reduce_axes,
+    reduce_infer,
+    same_infer,
 )
 from eqfuse.ir.shapes import NUMPY_DTYPE, TType, broadcast, fmt, norm_axis
 
@@ -31,22 +31,22 @@ _DTYPES = tuple(NUMPY_DTYPE)
 _COMPARE = [("eq", np.equal, "=="), ("ne", np.not_equal, "!="), ("lt", np.less, "<"),
             ("le", np.less_equal, "<="), ("gt", np.greater, ">"), ("ge", np.greater_equal, ">=")]
 for _name, _ufunc, _sym in _COMPARE:
-    _op(name=_name, kind="pointwise", arity=(2, 2), infer=_bcast, dtype="compare", infix=_sym,
+    define(name=_name, kind="pointwise", arity=(2, 2), infer=bcast_infer, dtype="compare", infix=_sym,
         numpy=(lambda u: lambda a, _: u(a[0], a[1]))(_ufunc), c="((" + "{0}) " + _sym + " ({1}))")
 
-_op(name="logical_and", kind="pointwise", arity=(2, 2), infer=_bcast, dtype="logical",
+define(name="logical_and", kind="pointwise", arity=(2, 2), infer=bcast_infer, dtype="logical",
     numpy=lambda a, _: np.logical_and(a[0], a[1]), c="(({0}) && ({1}))")
-_op(name="logical_or", kind="pointwise", arity=(2, 2), infer=_bcast, dtype="logical",
+define(name="logical_or", kind="pointwise", arity=(2, 2), infer=bcast_infer, dtype="logical",
     numpy=lambda a, _: np.logical_or(a[0], a[1]), c="(({0}) || ({1}))")
-_op(name="logical_not", kind="pointwise", arity=(1, 1), infer=_same, dtype="logical",
+define(name="logical_not", kind="pointwise", arity=(1, 1), infer=same_infer, dtype="logical",
     numpy=lambda a, _: np.logical_not(a[0]), c="(!({0}))")
-_op(name="isnan", kind="pointwise", arity=(1, 1), infer=_same, dtype="compare",
+define(name="isnan", kind="pointwise", arity=(1, 1), infer=same_infer, dtype="compare",
     numpy=lambda a, _: np.isnan(a[0]), c="(({0}) != ({0}))")
-_op(name="where", kind="pointwise", arity=(3, 3), infer=_bcast, dtype="where",
+define(name="where", kind="pointwise", arity=(3, 3), infer=bcast_infer, dtype="where",
     numpy=lambda a, _: np.where(a[0], a[1], a[2]), c="(({0}) ? ({1}) : ({2}))")
 
 _CAST_C = {"f32": "((float)({0}))", "i64": "((int64_t)({0}))", "i32": "((int32_t)({0}))", "bool": "(({0}) != 0)"}
-_op(name="cast", kind="pointwise", arity=(1, 1), infer=_same, dtype="cast",
+define(name="cast", kind="pointwise", arity=(1, 1), infer=same_infer, dtype="cast",
     attrs=(Attr("to", "str", choices=_DTYPES),),
     numpy=lambda a, at: np.asarray(a[0]).astype(NUMPY_DTYPE[at["to"]]), c=lambda at: _CAST_C[at["to"]])
 
@@ -56,24 +56,24 @@ def _expand_infer(ts, attrs):
 
 
 # expand is a broadcast read: the identity of its operand, read at the output's index.
-_op(name="expand", kind="pointwise", arity=(1, 1), infer=_expand_infer, dtype="any", attrs=(Attr("shape", "ints"),),
+define(name="expand", kind="pointwise", arity=(1, 1), infer=_expand_infer, dtype="any", attrs=(Attr("shape", "ints"),),
     numpy=lambda a, at: np.broadcast_to(a[0], broadcast(a[0].shape, tuple(at["shape"]))), c="({0})", flops=0)
 
 # NaN passes through as in numpy: each comparison is false for NaN and the operand is returned.
-_op(name="clip", kind="pointwise", arity=(1, 1), infer=_same, dtype="numeric",
+define(name="clip", kind="pointwise", arity=(1, 1), infer=same_infer, dtype="numeric",
     attrs=(Attr("min", "float", None), Attr("max", "float", None)),
     numpy=lambda a, at: _clip_np(a[0], at), c=lambda at: _clip_c(at))
-_op(name="leaky_relu", kind="pointwise", arity=(1, 1), infer=_same, attrs=(Attr("alpha", "float", 0.01),),
+define(name="leaky_relu", kind="pointwise", arity=(1, 1), infer=same_infer, attrs=(Attr("alpha", "float", 0.01),),
     numpy=lambda a, at: np.where(a[0] >= 0, a[0], a[0] * F32(at["alpha"])),
     c=lambda at: "(({0}) >= 0 ? ({0}) : " + f"{_f(at['alpha'])} * ({{0}}))")
-_op(name="hard_sigmoid", kind="pointwise", arity=(1, 1), infer=_same,
+define(name="hard_sigmoid", kind="pointwise", arity=(1, 1), infer=same_infer,
     attrs=(Attr("alpha", "float", 0.2), Attr("beta", "float", 0.5)),
     numpy=lambda a, at: np.clip(a[0] * F32(at["alpha"]) + F32(at["beta"]), 0, 1),
     c=lambda at: f"eqf_hard_sigmoid({{0}}, {_f(at['alpha'])}, {_f(at['beta'])})", flops=3)
-_op(name="hard_swish", kind="pointwise", arity=(1, 1), infer=_same,
+define(name="hard_swish", kind="pointwise", arity=(1, 1), infer=same_infer,
     numpy=lambda a, _: a[0] * np.clip(a[0] * F32(1 / 6) + F32(0.5), 0, 1),
     c="(({0}) * eqf_hard_sigmoid({0}, 0.16666667f, 0.5f))", flops=4)
-_op(name="softplus", kind="pointwise", arity=(1, 1), infer=_same, numpy=lambda a, _: np.logaddexp(F32(0), a[0]),
+define(name="softplus", kind="pointwise", arity=(1, 1), infer=same_infer, numpy=lambda a, _: np.logaddexp(F32(0), a[0]),
     c="eqf_softplus({0})", flops=5)
 
 
@@ -104,10 +104,10 @@ def _clip_c(at):
 
 # ---------------------------------------------------------------- reductions
 
-_op(name="min", kind="reduction", arity=(1, 1), infer=_reduce_infer, dtype="numeric",
+define(name="min", kind="reduction", arity=(1, 1), infer=reduce_infer, dtype="numeric",
     attrs=(Attr("axis", "axes", None), Attr("keepdims", "bool", False)),
     numpy=lambda a, at: np.min(a[0], axis=reduce_axes(at, a[0].ndim), keepdims=at["keepdims"]))
-_op(name="prod", kind="reduction", arity=(1, 1), infer=_reduce_infer, dtype="numeric",
+define(name="prod", kind="reduction", arity=(1, 1), infer=reduce_infer, dtype="numeric",
     attrs=(Attr("axis", "axes", None), Attr("keepdims", "bool", False)),
     numpy=lambda a, at: np.prod(a[0], axis=reduce_axes(at, a[0].ndim), keepdims=at["keepdims"]))
 
@@ -131,7 +131,7 @@ def _taking(take):
     return run
 
 
-_op(name="gather", kind="index", arity=(2, 2), infer=_gather_infer, dtype="gather",
+define(name="gather", kind="index", arity=(2, 2), infer=_gather_infer, dtype="gather",
     attrs=(Attr("axis", "int", 0),), numpy=_taking(np.take))
 
 
@@ -143,7 +143,7 @@ def _gather_el_infer(ts, attrs):
     return TType(idx.shape)
 
 
-_op(name="gather_elements", kind="index", arity=(2, 2), infer=_gather_el_infer, dtype="gather",
+define(name="gather_elements", kind="index", arity=(2, 2), infer=_gather_el_infer, dtype="gather",
     attrs=(Attr("axis", "int", 0),), numpy=_taking(np.take_along_axis))
 
 
@@ -172,7 +172,7 @@ def _scatter_np(a, at):
 
 # the inverse of gather: x with each slice of updates added at its index along axis= (repeated
 # indices add up); the gradient of gather with respect to its data
-_op(name="scatter_add", kind="index", arity=(3, 3), infer=_scatter_infer, dtype="gather",
+define(name="scatter_add", kind="index", arity=(3, 3), infer=_scatter_infer, dtype="gather",
     attrs=(Attr("axis", "int", 0),), numpy=_scatter_np)
 
 
@@ -192,7 +192,7 @@ def _cumsum_np(a, at):
     return np.flip(out, ax) if at["reverse"] else out
 
 
-_op(name="cumsum", kind="index", arity=(1, 1), infer=_axis_same, dtype="numeric",
+define(name="cumsum", kind="index", arity=(1, 1), infer=_axis_same, dtype="numeric",
     attrs=(Attr("axis", "int"), Attr("exclusive", "bool", False), Attr("reverse", "bool", False)),
     numpy=_cumsum_np)
 
@@ -205,7 +205,7 @@ def _argmax_infer(ts, attrs):
     return TType(x.shape[:ax] + x.shape[ax + 1:])
 
 
-_op(name="argmax", kind="index", arity=(1, 1), infer=_argmax_infer, dtype="index",
+define(name="argmax", kind="index", arity=(1, 1), infer=_argmax_infer, dtype="index",
     attrs=(Attr("axis", "int", 0), Attr("keepdims", "bool", False)),
     numpy=lambda a, at: np.argmax(a[0], axis=at["axis"], keepdims=at["keepdims"]))
 
@@ -220,7 +220,7 @@ def _range_infer(ts, attrs):
 
 
 # range: position ids and the like, computed by a kernel with no inputs
-_op(name="range", kind="index", arity=(0, 0), infer=_range_infer, dtype="dtype_attr",
+define(name="range", kind="index", arity=(0, 0), infer=_range_infer, dtype="dtype_attr",
     attrs=(Attr("start", "int", 0), Attr("stop", "int"), Attr("step", "int", 1),
            Attr("dtype", "str", "i64", choices=("i64", "i32", "f32"))),
     numpy=lambda a, at: np.arange(at["start"], at["stop"], at["step"]).astype(NUMPY_DTYPE[at["dtype"]]))
@@ -231,7 +231,7 @@ def _tri_np(fn):
 
 
 for _name, _fn in (("tril", np.tril), ("triu", np.triu)):
-    _op(name=_name, kind="index", arity=(1, 1), dtype="any", attrs=(Attr("k", "int", 0),),
+    define(name=_name, kind="index", arity=(1, 1), dtype="any", attrs=(Attr("k", "int", 0),),
         infer=lambda ts, at: _need_rank(ts[0], 2, "tril/triu"), numpy=_tri_np(_fn))
 
 
@@ -253,7 +253,7 @@ def _pad_infer(ts, attrs):
     return TType(tuple(out))
 
 
-_op(name="pad", kind="index", arity=(1, 1), infer=_pad_infer, dtype="any",
+define(name="pad", kind="index", arity=(1, 1), infer=_pad_infer, dtype="any",
     attrs=(Attr("pads", "ints"), Attr("value", "float", 0.0)),
     numpy=lambda a, at: np.pad(a[0], list(zip(at["pads"][:a[0].ndim], at["pads"][a[0].ndim:])),
                                constant_values=at["value"]))
@@ -263,7 +263,7 @@ def _pool_infer(ts, attrs):
     x = ts[0]
     if x.rank != 4:
         raise ShapeError(f"pooling needs NCHW input (rank 4), got {fmt(x.shape)}")
-    (kh, kw), (sh, sw), (ph, pw) = _pair(attrs["kernel_size"]), _pair(attrs["stride"] or attrs["kernel_size"]), _pair(attrs["padding"])
+    (kh, kw), (sh, sw), (ph, pw) = pair(attrs["kernel_size"]), pair(attrs["stride"] or attrs["kernel_size"]), pair(attrs["padding"])
     if not all(isinstance(d, int) for d in x.shape[2:]):
         raise ShapeError("pooling needs concrete spatial dimensions")
     oh, ow = (x.shape[2] + 2 * ph - kh) // sh + 1, (x.shape[3] + 2 * pw - kw) // sw + 1
@@ -273,7 +273,7 @@ def _pool_infer(ts, attrs):
 
 
 def pool_numpy(x, at, kind: str):
-    (kh, kw), (sh, sw), (ph, pw) = _pair(at["kernel_size"]), _pair(at["stride"] or at["kernel_size"]), _pair(at["padding"])
+    (kh, kw), (sh, sw), (ph, pw) = pair(at["kernel_size"]), pair(at["stride"] or at["kernel_size"]), pair(at["padding"])
     pad = -np.inf if kind == "max" else 0.0
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=pad)
     win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
@@ -287,9 +287,9 @@ def pool_numpy(x, at, kind: str):
 
 
 _POOL = (Attr("kernel_size", "int_or_ints"), Attr("stride", "int_or_ints", None), Attr("padding", "int_or_ints", 0))
-_op(name="max_pool2d", kind="index", arity=(1, 1), infer=_pool_infer, attrs=_POOL,
+define(name="max_pool2d", kind="index", arity=(1, 1), infer=_pool_infer, attrs=_POOL,
     numpy=lambda a, at: pool_numpy(a[0], at, "max"))
-_op(name="avg_pool2d", kind="index", arity=(1, 1), infer=_pool_infer,
+define(name="avg_pool2d", kind="index", arity=(1, 1), infer=_pool_infer,
     attrs=_POOL + (Attr("count_include_pad", "bool", False),), numpy=lambda a, at: pool_numpy(a[0], at, "avg"))
 
 
@@ -306,7 +306,7 @@ def pool_grad_numpy(x, dy, at):
     """The vector-Jacobian product of max_pool2d (mode="max": each window's dy goes to its first
     largest element, the first NaN if any, as torch's backward does) or avg_pool2d (mode="avg":
     spread evenly over the window's elements counted in its mean)."""
-    (kh, kw), (sh, sw), (ph, pw) = _pair(at["kernel_size"]), _pair(at["stride"] or at["kernel_size"]), _pair(at["padding"])
+    (kh, kw), (sh, sw), (ph, pw) = pair(at["kernel_size"]), pair(at["stride"] or at["kernel_size"]), pair(at["padding"])
     N, C, H, W = x.shape
     OH, OW = dy.shape[2:]
     dxp = np.zeros((N, C, H + 2 * ph, W + 2 * pw), dtype=dy.dtype)
@@ -333,7 +333,7 @@ def pool_grad_numpy(x, dy, at):
 
 
 # the gradient of max_pool2d and avg_pool2d with respect to x (eqfuse/grad/derivatives.rw)
-_op(name="pool2d_grad", kind="index", arity=(2, 2), infer=_pool_grad_infer,
+define(name="pool2d_grad", kind="index", arity=(2, 2), infer=_pool_grad_infer,
     attrs=(Attr("mode", "str", choices=("max", "avg")),) + _POOL + (Attr("count_include_pad", "bool", False),),
     numpy=lambda a, at: pool_grad_numpy(a[0], a[1], at))
 
@@ -361,7 +361,7 @@ def _scatter_el_np(a, at):
 
 # the inverse of gather_elements: x with each element of updates added at its index along axis=
 # (repeated indices add up); the gradient of gather_elements with respect to its data
-_op(name="scatter_elements_add", kind="index", arity=(3, 3), infer=_scatter_el_infer, dtype="gather",
+define(name="scatter_elements_add", kind="index", arity=(3, 3), infer=_scatter_el_infer, dtype="gather",
     attrs=(Attr("axis", "int", 0),), numpy=_scatter_el_np)
 
 # ---------------------------------------------------------------- reshapes by another name
@@ -403,7 +403,7 @@ def _prod_dim(ds):
 
 RESHAPES = {"squeeze": _squeeze_shape, "unsqueeze": _unsqueeze_shape, "flatten": _flatten_shape}
 for _name, _shape in RESHAPES.items():
-    _op(name=_name, kind="layout", arity=(1, 1), dtype="any",
+    define(name=_name, kind="layout", arity=(1, 1), dtype="any",
         attrs=(Attr("axis", "axes", None),) if _name != "flatten" else (Attr("axis", "int", 1),),
         infer=(lambda f: lambda ts, at: TType(f(ts[0], at)))(_shape),
         numpy=(lambda f, n: lambda a, at: np.reshape(a[0], f(TType(a[0].shape), at)))(_shape, _name))

@@ -17,7 +17,7 @@ from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
 from eqfuse.backend.plan import KernelPlan, UOp
 from eqfuse.ir.graph import Node
 from eqfuse.ir.kernels import K
-from eqfuse.ir.ops import _pair
+from eqfuse.ir.ops import pair
 from eqfuse.ir.shapes import C_TYPE
 
 INDEX_CHECKED = ("gather", "gather_elements", "scatter_add", "scatter_elements_add")  # kernels that return a count of bad indices
@@ -162,8 +162,8 @@ def _pad(an: Node, ins, xs, out, ct, par=False):
 
 def _pool(an: Node, ins, xs, out, ct, par=False):
     _, _, H, W = xs[0]
-    (kh, kw), (sh, sw), (ph, pw) = (_pair(an.attr["kernel_size"]), _pair(an.attr["stride"] or an.attr["kernel_size"]),
-                                    _pair(an.attr["padding"]))
+    (kh, kw), (sh, sw), (ph, pw) = (pair(an.attr["kernel_size"]), pair(an.attr["stride"] or an.attr["kernel_size"]),
+                                    pair(an.attr["padding"]))
     OH, OW = out[2], out[3]
     is_max = an.op == "max_pool2d"
     init = "-INFINITY" if is_max else "0.0f"
@@ -248,8 +248,8 @@ def _pool_grad(an: Node, ins, xs, out, ct, par=False):
     """dx of max_pool2d (each window's dy to its first largest element; the first NaN) or
     avg_pool2d (spread over the window's counted elements); one image plane per iteration."""
     _, _, H, W = xs[0]
-    (kh, kw), (sh, sw), (ph, pw) = (_pair(an.attr["kernel_size"]), _pair(an.attr["stride"] or an.attr["kernel_size"]),
-                                    _pair(an.attr["padding"]))
+    (kh, kw), (sh, sw), (ph, pw) = (pair(an.attr["kernel_size"]), pair(an.attr["stride"] or an.attr["kernel_size"]),
+                                    pair(an.attr["padding"]))
     OH, OW = xs[1][2], xs[1][3]
     x, dy = ins
     head = [f"#pragma omp parallel for if ({int(par)})",
