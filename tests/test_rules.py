@@ -10,6 +10,7 @@ import pytest
 from eqfuse.cli.main import main
 from eqfuse.errors import EqfuseError
 from eqfuse.frontend.load import load
+from eqfuse.optimizer.rule_match import match
 from eqfuse.optimizer.rules import (
     AttrVar,
     Cond,
@@ -20,7 +21,6 @@ from eqfuse.optimizer.rules import (
     Rule,
     Test,
     load_rules,
-    match,
     parse_rules,
     rule_files,
 )

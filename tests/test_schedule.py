@@ -1,4 +1,4 @@
-"""The saturation schedule (eqfuse.optimizer.schedule), constant folding and the recognition e-graph's
+"""The saturation schedule (eqfuse.optimizer.egraph), constant folding and the recognition e-graph's
 smallest term (eqfuse.optimizer.simplify), wide concats (eqfuse.optimizer.wide), and the limits' reports."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from helpers import ROOT, assert_same_values, one_graph, rand_inputs, run
 
+from eqfuse.optimizer.egraph import FUSE, GROW, SIMPLIFY, rule_phase
 from eqfuse.optimizer.optimize import optimize_graph
 from eqfuse.optimizer.rules import load_rules, parse_rules
-from eqfuse.optimizer.schedule import FUSE, GROW, SIMPLIFY, rule_phase
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from make_bert import bert_text  # noqa: E402

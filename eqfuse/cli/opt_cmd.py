@@ -12,8 +12,7 @@ from eqfuse.errors import EqfuseError
 def cmd_opt(args) -> int:
     from eqfuse import progress
     from eqfuse.ir.printer import module_text
-    from eqfuse.optimizer.batch import optimize_graphs
-    from eqfuse.optimizer.optimize import optimize_graph, report_text
+    from eqfuse.optimizer.optimize import optimize_graph, optimize_graphs, report_text
 
     for flag, v in (("--iter-limit", args.iter_limit), ("--node-limit", args.node_limit),
                     ("--time-limit", args.time_limit)):
@@ -33,7 +32,7 @@ def cmd_opt(args) -> int:
         with progress.step(f"optimizing {graphs[0].name}") as line:
             results = [optimize_graph(graphs[0], dims={k: v for k, v in dims.items() if k in graphs[0].dims()},
                                       progress=saturation_line(line), **opts)]
-    else:  # several: small ones are optimized side by side (eqfuse/optimizer/batch.py)
+    else:  # several: small ones are optimized side by side (eqfuse/optimizer/optimize.py)
         with progress.step(f"optimizing {len(graphs)} graphs"):
             results = optimize_graphs(graphs, dims=dims, **opts)
     from eqfuse.optimizer.optimize import batch_dims_report

@@ -484,7 +484,3 @@ def load_rules(extra_files: Iterable = (), disable: Iterable[str] = ()) -> list[
         raise EqfuseError(f"--disable: no rule named '{unknown[0]}'", hint=_did_you_mean(unknown[0], where))
     off = set(disable)
     return [r for r in rules if r.name not in off]
-
-
-# the reference matcher for tests (eqfuse/optimizer/rule_match.py)
-from eqfuse.optimizer.rule_match import match  # noqa: E402,F401
