@@ -1,4 +1,4 @@
-"""A GEMM with a row epilogue against the two kernels it replaces (README, "Compiling to C").
+"""A GEMM with a row epilogue against the two kernels it replaces (docs/backend.md, "Kernels").
 
     python benchmarks/bench_row_epilogue.py [--repeat N] [--threads T ...] [--m M --k K --n N]
 

@@ -1,4 +1,4 @@
-"""The large inputs of the optimizer's scale figures (README, "Large inputs"):
+"""The large inputs of the optimizer's scale figures (docs/performance.md, "The optimizer"):
 
     python benchmarks/make_large.py OUTDIR      # writes concat5000.g, relu20000.g, graphs5000.g
     /usr/bin/time -v taskset -c 0 python -m eqfuse.cli opt OUTDIR/concat5000.g > /dev/null

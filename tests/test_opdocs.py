@@ -1,4 +1,4 @@
-"""The op reference: `eqfuse ops [NAME]` and the README's generated language section."""
+"""The op reference: `eqfuse ops [NAME]` and the generated language section of docs/language.md."""
 
 import re
 
@@ -10,7 +10,7 @@ from eqfuse.cli.main import main
 from eqfuse.ir import opdocs, opref
 from eqfuse.ir.ops import OPS, REQUIRED
 
-README = ROOT / "README.md"
+LANGUAGE_MD = ROOT / "docs" / "language.md"
 
 
 def cli(capsys, *args):
@@ -72,23 +72,30 @@ def test_an_unknown_op_is_a_usage_error_with_a_suggestion(capsys, name, hint):
     assert err == f"error: unknown op '{name}' (see 'eqfuse ops' for the list)\n{hint}"
 
 
-def test_the_readme_language_reference_is_generated_from_the_op_table():
-    text = README.read_text()
+def test_the_manual_language_reference_is_generated_from_the_op_table():
+    assert langref.DEFAULT_PATH == "docs/language.md" and LANGUAGE_MD.exists()
+    text = LANGUAGE_MD.read_text()
     assert langref.splice(text, langref.language()) == text, \
-        "README.md's language reference is out of date: run python -m eqfuse.cli.langref --write README.md"
+        "docs/language.md's language reference is out of date: run python -m eqfuse.cli.langref --write docs/language.md"
     for op in OPS.values():
         assert f"| `{langref._cell(opref.signature(op))}` | {op.kind} |" in text
 
 
 def test_the_check_mode_finds_a_stale_reference(tmp_path, capsys):
-    stale = tmp_path / "README.md"
-    stale.write_text(README.read_text().replace("| `relu(x)` | pointwise | max(x, 0) |\n", ""))
+    stale = tmp_path / "language.md"
+    stale.write_text(LANGUAGE_MD.read_text().replace("| `relu(x)` | pointwise | max(x, 0) |\n", ""))
     assert langref.main(["--check", str(stale)]) == 1
     assert "out of date" in capsys.readouterr().err
     assert langref.main(["--write", str(stale)]) == 0
-    assert langref.main(["--check", str(stale)]) == 0 and stale.read_text() == README.read_text()
+    assert langref.main(["--check", str(stale)]) == 0 and stale.read_text() == LANGUAGE_MD.read_text()
     (tmp_path / "none.md").write_text("no markers\n")
     assert langref.main(["--check", str(tmp_path / "none.md")]) == 2
+
+
+def test_the_default_file_is_docs_language_md(monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    assert langref.main(["--check"]) == 0
+    assert langref.main(["--check", "a.md", "b.md"]) == 2 and "usage" in capsys.readouterr().err
 
 
 def test_the_reference_example_is_a_valid_graph():
