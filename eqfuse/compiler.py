@@ -65,7 +65,7 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
 
         check_rule_files(rules, enabled=check_rules)
     shared = _SHARED.get()  # set when this compile is one bucket of a padded model
-    if _is_onnx(src):
+    if is_onnx(src):
         # an ONNX model's dims are bound at import (its shape arithmetic folds with them): checked
         # against the named dims of its inputs first
         from eqfuse.frontend.onnx_import import input_dims
@@ -86,7 +86,7 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     if shared is not None:  # a bucket of a padded model: the weights an earlier bucket holds
         params = shared.arrays(params)
     _check_param_names(graphs, params)
-    if grad is None and not _is_onnx(src) and _padded_dims(graphs, buckets, dims, params):
+    if grad is None and not is_onnx(src) and _padded_dims(graphs, buckets, dims, params):
         g = graphs[0]
         fixed = _bind_params(g, {k: v for k, v in params.items() if k in dict(g.params)}, dict(dims or {}))
         return _padded_module(src, fixed, buckets, _opts(locals()), graph=g)
@@ -134,7 +134,7 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
         return module_text([bind_dims(o, d) if d else o for o, d in optimized])
 
     report = reports[graphs[0].name] if len(graphs) == 1 else reports
-    if _is_onnx(src) and shared is None:
+    if is_onnx(src) and shared is None:
         give_back_memory()  # the import's freed memory (a padded model's first call trims once)
     return Module(functions, report, text)
 
@@ -168,13 +168,13 @@ def _padded_module(src, dims: dict[str, int], buckets, opts, graph: Graph | None
     if graph is None:
         from eqfuse.frontend.onnx_import import import_with_params
         from eqfuse.frontend.onnx_inputs import (
-            _load,
             graph_name,
             input_dims,
             input_shapes,
+            load_model,
         )
 
-        proto = _load(src)  # read once here (not kept: BERT-base's is 440 MB)
+        proto = load_model(src)  # read once here (not kept: BERT-base's is 440 MB)
         _check_bucket_values(input_dims(proto), buckets)
         inputs = [(name, shape) for _, name, shape in input_shapes(proto)]
         batch = next((s[0] for _, s in inputs if s and isinstance(s[0], str) and s[0] not in dims), None)
@@ -213,14 +213,14 @@ def _lazy_grad(g: Graph, grad, params, dims, **opts):
     return LazyGradFunction(g, grad, params, dims, lambda text, **kw: compile(text, **opts, **kw))
 
 
-def _is_onnx(src) -> bool:
+def is_onnx(src) -> bool:
     return isinstance(src, (str, os.PathLike)) and str(src).endswith(".onnx") and "\n" not in str(src)
 
 
 def _onnx_weights(src, dims=None) -> dict[str, np.ndarray]:
     """An .onnx model's initializers, bound as params by default (the user's params= win); `dims`
     as the model was imported with."""
-    if _is_onnx(src):
+    if is_onnx(src):
         from eqfuse.frontend.onnx_import import onnx_params
 
         return onnx_params(src, dims=dims or None)
@@ -234,7 +234,7 @@ def input_aliases(src, dims=None) -> dict[str, str]:
     """{parameter name: the model's own input name} where they differ (ONNX names such as
     "input.1" are sanitized into parameter names); empty for .g models. `dims` as the model is
     imported with."""
-    if not _is_onnx(src):
+    if not is_onnx(src):
         return {}
     from eqfuse.frontend.onnx_import import import_model
 

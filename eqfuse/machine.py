@@ -32,6 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from eqfuse.cache import usable_cache_dir
+
 
 @dataclass(frozen=True)
 class Machine:
@@ -289,8 +291,9 @@ OVERHEAD_S = 2e-6  # per kernel launch (a call through cffi plus loop setup)
 
 
 def _cache_file() -> Path:
-    root = os.environ.get("EQFUSE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "eqfuse")
-    return Path(root) / "machine_perf.json"
+    """Under the cache directory's ownership rule (eqfuse.cache): a file another user could
+    write is never read."""
+    return usable_cache_dir() / "machine_perf.json"
 
 
 def _measure() -> dict:

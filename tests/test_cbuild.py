@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from eqfuse import cache as cache_mod
 from eqfuse.backend import cbuild
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, CompileError, build, render
 
@@ -83,9 +84,9 @@ def test_threads_helper(cache):
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("EQFUSE_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert cbuild.cache_dir() == tmp_path / "eqfuse"
+    assert cache_mod.cache_dir() == tmp_path / "eqfuse"
     monkeypatch.setenv("EQFUSE_CACHE_DIR", str(tmp_path / "x"))
-    assert cbuild.cache_dir() == tmp_path / "x"
+    assert cache_mod.cache_dir() == tmp_path / "x"
 
 
 def test_compile_error_carries_the_compiler_message(cache):
@@ -129,7 +130,8 @@ def test_host_machine_reads_the_environment_overrides(monkeypatch):
 
 
 def test_a_pinned_machine_is_what_the_planner_and_the_compiler_see():
-    from eqfuse.backend import cbuild, machine
+    from eqfuse import machine
+    from eqfuse.backend import cbuild
 
     with machine.pinned("xeon-spr") as m:
         assert machine.machine().l1 == 48 << 10 and m.l1 == 48 << 10
@@ -253,7 +255,7 @@ def _unsafe_cache(tmp_path, monkeypatch, kind):
 def test_an_unusable_cache_dir_falls_back_to_a_temporary_one(tmp_path, monkeypatch, kind):
     root = _unsafe_cache(tmp_path, monkeypatch, kind)
     monkeypatch.setenv("EQFUSE_CACHE_DIR", str(root))
-    with pytest.warns(cbuild.CacheWarning, match=f"kernel cache {root} is"):
+    with pytest.warns(cache_mod.CacheWarning, match=f"kernel cache {root} is"):
         b = build(f"int fb(void) {{ return {len(kind)}; }}", "int fb(void);", "fallback")
     assert b.lib.fb() == len(kind)
     assert root not in b.path.parents

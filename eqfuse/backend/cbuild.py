@@ -10,7 +10,6 @@ is stored beside it and checked before it is loaded: a damaged entry is rebuilt.
 
 from __future__ import annotations
 
-import atexit
 import fcntl
 import functools
 import hashlib
@@ -20,18 +19,17 @@ import os
 import re
 import shlex
 import shutil
-import stat
 import subprocess
 import sys
 import sysconfig
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import cffi
 
+from eqfuse.cache import owned_privately, usable_cache_dir
 from eqfuse.errors import EqfuseError
 
 # No -ffast-math: it lets gcc assume no NaN/inf (breaking relu/max of NaN) and reassociate
@@ -94,18 +92,6 @@ class Built:
     lib: object
     path: Path
     cached: bool  # True when loaded from the cache without running the compiler
-
-
-class CacheWarning(UserWarning):
-    """The kernel cache directory cannot be used safely: a private temporary one is used instead."""
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("EQFUSE_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "eqfuse"
 
 
 def compiler() -> str:
@@ -245,44 +231,6 @@ def _load(name: str, path: Path) -> ModuleType:
     return mod
 
 
-_FALLBACK: list[Path] = []  # this process's temporary cache, made at the first need
-
-
-def usable_cache_dir() -> Path:
-    """cache_dir(), created 0700 if missing, when it is safe to load libraries from: a directory
-    of this user that no one else can write to (else another user could plant a library under
-    a predictable name). Otherwise, or when it cannot be created, a private temporary directory
-    for this process, with a warning."""
-    root = cache_dir()
-    try:
-        try:
-            root.mkdir(mode=0o700, parents=True)
-            os.chmod(root, 0o700)  # whatever the umask
-        except FileExistsError:
-            pass
-        st = root.stat()
-        problem = ("not a directory" if not stat.S_ISDIR(st.st_mode)
-                   else "owned by another user" if st.st_uid != os.getuid()
-                   else "writable by other users" if st.st_mode & 0o022
-                   else "not writable" if not os.access(root, os.W_OK | os.X_OK) else None)
-    except OSError as e:
-        problem = f"cannot be created ({e.strerror or e})"
-    if problem is None:
-        return root
-    if not _FALLBACK:
-        _FALLBACK.append(Path(tempfile.mkdtemp(prefix="eqfuse-cache-")))
-        atexit.register(shutil.rmtree, _FALLBACK[0], True)
-    warnings.warn(f"the kernel cache {root} is {problem}; using {_FALLBACK[0]} for this process "
-                  "(set EQFUSE_CACHE_DIR to a directory of your own)", CacheWarning, stacklevel=3)
-    return _FALLBACK[0]
-
-
-def _ours(path: Path) -> bool:
-    """Owned by this user and writable by no one else."""
-    st = path.stat()
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
-
-
 def _asan_loaded() -> bool:
     """A library built with ASan loads only into a process that started with its runtime
     (else ASan stops the whole process)."""
@@ -300,7 +248,7 @@ def _intact(final: Path, digest: Path) -> bool:
     """The library is there and has the digest recorded when it was stored (a truncated, emptied
     or bit-flipped library would crash or misbehave when loaded, on every later run)."""
     try:
-        return _ours(final) and _ours(digest) and digest.read_text().strip() == _digest(final)
+        return owned_privately(final) and owned_privately(digest) and digest.read_text().strip() == _digest(final)
     except OSError:
         return False
 

@@ -105,12 +105,12 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     fused compile. `profile` adds each fused kernel's time at the first thread count
     (eqfuse.runtime.profile)."""
     from eqfuse import compile as eq_compile
-    from eqfuse.compiler import _is_onnx
+    from eqfuse.compiler import is_onnx
     from eqfuse.frontend.load import load
     from eqfuse.ir.reference import evaluate
 
-    graphs = load(src, dims if _is_onnx(src) else None)  # (an ONNX model's dims bound at import)
-    onnx_dims = dict(dims or {}) if _is_onnx(src) else None
+    graphs = load(src, dims if is_onnx(src) else None)  # (an ONNX model's dims bound at import)
+    onnx_dims = dict(dims or {}) if is_onnx(src) else None
     g = graphs[0] if graph is None else next(x for x in graphs if x.name == graph)
     dims = dict(dims or {})
     missing = [d for d in g.dims() if d not in dims]
@@ -188,9 +188,9 @@ def _peers(g, arrays, chosen: Sequence[str] = PEERS) -> list[tuple[str, Callable
 
 def _ort_peer(src, runtime: dict[str, np.ndarray], chosen: Sequence[str], dims=None) -> list[tuple[str, Callable]]:
     """onnxruntime on the .onnx model itself (all graph optimizations, intra-op threads = the row's)."""
-    from eqfuse.compiler import _is_onnx, input_aliases
+    from eqfuse.compiler import input_aliases, is_onnx
 
-    if "onnxruntime" not in chosen or not _is_onnx(src) or not _has("onnxruntime"):
+    if "onnxruntime" not in chosen or not is_onnx(src) or not _has("onnxruntime"):
         return []
     import onnxruntime as ort
 
@@ -210,13 +210,13 @@ def _ort_peer(src, runtime: dict[str, np.ndarray], chosen: Sequence[str], dims=N
 
 
 def _ort_note(src, chosen) -> str:
-    from eqfuse.compiler import _is_onnx
+    from eqfuse.compiler import is_onnx
 
     if not _has("onnxruntime"):
         return "not installed"
     if "onnxruntime" not in chosen:
         return "not chosen (--peers)"
-    return "measured on the .onnx model" if _is_onnx(src) else "runs .onnx models only (this is a .g model)"
+    return "measured on the .onnx model" if is_onnx(src) else "runs .onnx models only (this is a .g model)"
 
 
 def _has(pkg: str) -> bool:

@@ -83,9 +83,9 @@ def optimizer_opts(args) -> dict:
     from eqfuse.optimizer.rulecheck import check_rule_files
 
     check_rule_files(args.rules, enabled=not args.no_check_rules)
-    from eqfuse.optimizer.optimize import _rules
+    from eqfuse.optimizer.optimize import cached_rules
 
-    _rules(tuple(args.rules), tuple(args.disable))  # a misspelt --disable fails before any output is written
+    cached_rules(tuple(args.rules), tuple(args.disable))  # a misspelt --disable fails before any output is written
     return dict(cost=args.cost, rules=list(args.rules), disable=list(args.disable))
 
 

@@ -32,10 +32,10 @@ from eqfuse.frontend import onnx_symbolic as sy
 from eqfuse.frontend import onnx_symbolic_ops as so
 from eqfuse.frontend.onnx_inputs import (  # noqa: F401  (graph_name, input_dims, input_shapes: re-exported)
     DIMS_HINT,
-    _load,
     graph_name,
     input_dims,
     input_shapes,
+    load_model,
     sanitize,
 )
 from eqfuse.frontend.onnx_registry import (
@@ -93,7 +93,7 @@ def import_model(model, *, dims: Mapping[str, int] | None = None,
                  values: Mapping[str, np.ndarray] | None = None) -> Imported:
     if onnx is None:
         raise EqfuseError("importing ONNX models needs the onnx package", hint="pip install 'eqfuse[onnx]'")
-    proto = _load(model)
+    proto = load_model(model)
     _check_text(proto)
     return _Importer(proto, dict(dims or {}), dict(values or {})).run()
 

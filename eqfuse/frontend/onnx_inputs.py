@@ -20,7 +20,7 @@ RESERVED = {"graph", "kernel", "return", "true", "false", "f32"}
 def input_shapes(model) -> list[tuple[str, str, tuple[int | str, ...]]]:
     """(ONNX name, parameter name, dims) of each model input that is not a weight, a named dim
     as the importer names it (its dim_param sanitized, else '<input>_<axis>'); no graph import."""
-    proto = _load(model)
+    proto = load_model(model)
     init = {t.name for t in proto.graph.initializer}
     return [(vi.name, sanitize(vi.name), tuple(
         d.dim_value if d.HasField("dim_value") else sanitize(d.dim_param) if d.dim_param else f"{sanitize(vi.name)}_{a}"
@@ -29,20 +29,20 @@ def input_shapes(model) -> list[tuple[str, str, tuple[int | str, ...]]]:
 
 
 def graph_name(model) -> str:
-    return sanitize(_load(model).graph.name or "model") or "model"
+    return sanitize(load_model(model).graph.name or "model") or "model"
 
 
 def input_dims(model) -> list[str]:
     """The named dims of an ONNX model's inputs as the importer names them, and the dim_params they
     came from (what `dims=` may bind), without importing the graph."""
-    proto = _load(model)
+    proto = load_model(model)
     init = {t.name for t in proto.graph.initializer}
     raw = [d.dim_param for vi in proto.graph.input if vi.name not in init for d in vi.type.tensor_type.shape.dim]
     named = [d for _, _, shape in input_shapes(proto) for d in shape if isinstance(d, str)]
     return list(dict.fromkeys(named + [d for d in raw if d]))
 
 
-def _load(model) -> "onnx.ModelProto":
+def load_model(model) -> "onnx.ModelProto":
     if isinstance(model, onnx.ModelProto):
         return model
     try:

@@ -24,10 +24,10 @@ from eqfuse.optimizer.rules import (
     POp,
     PVar,
     RulesToAst,
-    _cond,
-    _lark,
-    _rule_texts,
-    _Side,
+    Side,
+    rule_condition,
+    rule_texts,
+    rules_lark,
 )
 
 DERIVATIVES = Path(__file__).parent / "derivatives.rw"
@@ -54,7 +54,7 @@ class Derivative:
     text: str
 
 
-class _GradSide(_Side):
+class _GradSide(Side):
     def call(self, e: S.Call, local):
         if e.op not in HELPERS:
             return super().call(e, local)
@@ -80,7 +80,7 @@ class _GradSide(_Side):
 def parse_derivatives(text: str | bytes, file: str = "<string>") -> list[Derivative]:
     text = decode_source(text, file)
     src = SourceText(text, file)
-    parser = _lark()
+    parser = rules_lark()
     try:
         tree = parser.parse(text)
     except UnexpectedInput as e:
@@ -92,13 +92,13 @@ def parse_derivatives(text: str | bytes, file: str = "<string>") -> list[Derivat
             raise e.orig_exc from None
         raise
     out, seen = [], {}
-    for r, rtext in zip(asts, _rule_texts(src, asts)):
+    for r, rtext in zip(asts, rule_texts(src, asts)):
         if r.name in seen:
             raise EqfuseError(f"rule '{r.name}' is already defined at line {seen[r.name]}", r.pos)
         seen[r.name] = r.line
         if r.arrow != "=>":
             raise EqfuseError("a derivative is written FORWARD => GRADIENT (not <=>)", r.pos)
-        lhs_side, rhs_side = _Side(), _GradSide()
+        lhs_side, rhs_side = Side(), _GradSide()
         lhs = lhs_side.expr(r.lhs)
         if not isinstance(lhs, POp) or not all(isinstance(a, PVar) for a in lhs.args) \
                 or len({a.name for a in lhs.args}) != len(lhs.args):
@@ -113,7 +113,7 @@ def parse_derivatives(text: str | bytes, file: str = "<string>") -> list[Derivat
                     raise EqfuseError("wrt(?x) names one argument of the forward op", t.pos)
                 wrt = [a.name for a in lhs.args].index(args[0].value)
             else:
-                conds.append(_cond(c, [lhs_side]))
+                conds.append(rule_condition(c, [lhs_side]))
         if wrt is None:
             raise EqfuseError(f"derivative '{r.name}' does not say which argument it is for: add `where wrt(?x)`",
                               r.pos)

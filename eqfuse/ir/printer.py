@@ -42,7 +42,7 @@ def fmt_attr(v) -> str:
     return str(v)
 
 
-class _Printer:
+class Printer:
     def __init__(self, graph: Graph, names: dict[int, str], taken: set[str]):
         self.g = graph
         self.users = graph.users()
@@ -125,7 +125,7 @@ class _Printer:
 def kernel_text(n: Node, outer_names: dict[int, str], taken: set[str], indent: str | None) -> str:
     body = n.body
     names = {inp: outer_names.get(arg, body.nodes[inp].name) for inp, arg in zip(body.inputs, n.args)}
-    p = _Printer(body, names, taken)
+    p = Printer(body, names, taken)
     inner_indent = (indent or "") + "    "
     p.body(inner_indent)
     result = p.expr(body.outputs[0])[0]
@@ -137,7 +137,7 @@ def kernel_text(n: Node, outer_names: dict[int, str], taken: set[str], indent: s
 def graph_text(graph: Graph) -> str:
     taken = {n.name for _, _, n in graph.walk() if n.name}
     names = {i: graph.nodes[i].name for i in graph.inputs}
-    p = _Printer(graph, names, taken)
+    p = Printer(graph, names, taken)
     p.body("    ")
     rets = ", ".join(p.expr(o)[0] for o in graph.outputs)
     params = [f"{name}: {t}" for name, t in graph.params]

@@ -83,10 +83,10 @@ class Joins:
 
 def printed_names(g: Graph) -> dict[int, str]:
     """The name each top-level node has in `graph_text(g)` (the returned kernels: "return")."""
-    from eqfuse.ir.printer import _Printer
+    from eqfuse.ir.printer import Printer
 
     taken = {n.name for _, _, n in g.walk() if n.name}
-    p = _Printer(g, {i: g.nodes[i].name for i in g.inputs}, taken)
+    p = Printer(g, {i: g.nodes[i].name for i in g.inputs}, taken)
     p.body("    ")
     names = dict(p.names)
     outs = [o for o in g.outputs if o not in names]

@@ -69,7 +69,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     t0 = time.perf_counter()
     lim = Limits.make(iter_limit, node_limit, time_limit, t0)
     dims = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
-    rule_list = _rules(tuple(str(r) for r in rules), tuple(disable))
+    rule_list = cached_rules(tuple(str(r) for r in rules), tuple(disable))
     src0 = src = fold_constants(C.unfused(graph))
     cut = cut_wide(src)  # wide concats stay out of the e-graphs (eqfuse.optimizer.wide)
     if cut:
@@ -201,7 +201,7 @@ def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages,
     return OptResult(out, report, joins)
 
 
-def _rules(files: tuple[str, ...], disable: tuple[str, ...]) -> list:
+def cached_rules(files: tuple[str, ...], disable: tuple[str, ...]) -> list:
     """load_rules, kept while the rule files are unchanged (a file of 5000 graphs reads them once)."""
     from pathlib import Path
 

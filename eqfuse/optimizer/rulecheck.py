@@ -47,7 +47,7 @@ def content_key(data: bytes, trials: int = TRIALS) -> str:
 
 
 def _marker(key: str) -> Path | None:
-    from eqfuse.backend.cbuild import usable_cache_dir
+    from eqfuse.cache import usable_cache_dir
 
     try:
         return usable_cache_dir() / "rules" / f"{key}.sound"

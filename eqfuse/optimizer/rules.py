@@ -230,7 +230,7 @@ class RulesToAst(ToAst):
 
 
 @per_thread
-def _lark():
+def rules_lark():
     from lark import Lark
 
     from eqfuse.frontend.parser import data_dir
@@ -245,7 +245,7 @@ def _did_you_mean(word: str, options) -> str | None:
     return f"did you mean '{close[0]}'?" if close else None
 
 
-class _Side:
+class Side:
     """Converts one side of a rule to a pattern, recording where each variable is used."""
 
     def __init__(self):
@@ -327,7 +327,7 @@ class _Side:
         return POp(e.op, tuple(self.expr(a, local) for a in e.args), tuple(attrs))
 
 
-def _cond(c: CondAst, sides: list[_Side]):
+def rule_condition(c: CondAst, sides: list[Side]):
     """A condition of the `where` clause; every variable it names must be bound by each side in `sides`."""
 
     def bound(name: str, pos: Pos, want: str) -> None:
@@ -382,7 +382,7 @@ def _cond(c: CondAst, sides: list[_Side]):
     return Cond(term(c.lhs), c.op, term(c.rhs))
 
 
-def _check_binds(frm: _Side, to: _Side, tests: set[str], reverse: bool) -> None:
+def _check_binds(frm: Side, to: Side, tests: set[str], reverse: bool) -> None:
     """Every variable of the side written to must be bound by the side matched."""
     note = " (the rule is <=>, so each side must bind the other's variables)" if reverse else ""
     which = "left" if reverse else "right"
@@ -401,7 +401,7 @@ def _check_binds(frm: _Side, to: _Side, tests: set[str], reverse: bool) -> None:
         raise EqfuseError(f"?{name} on the {which} is not bound by the {other} side{note}", pos)
 
 
-def _rule_texts(src: SourceText, asts: list[RuleAst]) -> list[str]:
+def rule_texts(src: SourceText, asts: list[RuleAst]) -> list[str]:
     starts = [r.line for r in asts] + [len(src.lines) + 1]
     out = []
     for a, b in zip(starts, starts[1:]):
@@ -414,7 +414,7 @@ def parse_rules(text: str | bytes, file: str = "<string>") -> list[Rule]:
     """Parse and validate a .rw text; a `<=>` rule yields two Rule objects of the same name."""
     text = decode_source(text, file)
     src = SourceText(text, file)
-    parser = _lark()
+    parser = rules_lark()
     try:
         tree = parser.parse(text)
     except UnexpectedInput as e:
@@ -427,11 +427,11 @@ def parse_rules(text: str | bytes, file: str = "<string>") -> list[Rule]:
         raise
     seen: dict[str, int] = {}
     rules: list[Rule] = []
-    for r, rtext in zip(asts, _rule_texts(src, asts)):
+    for r, rtext in zip(asts, rule_texts(src, asts)):
         if r.name in seen:
             raise EqfuseError(f"rule '{r.name}' is already defined at line {seen[r.name]}", r.pos)
         seen[r.name] = r.line
-        lhs_side, rhs_side = _Side(), _Side()
+        lhs_side, rhs_side = Side(), Side()
         lhs = lhs_side.expr(r.lhs)
         rhs = rhs_side.expr(r.rhs)
         both = r.arrow == "<=>"
@@ -439,7 +439,7 @@ def parse_rules(text: str | bytes, file: str = "<string>") -> list[Rule]:
             if (side is lhs_side or both) and isinstance(pat, (PVar, PNum)):
                 raise EqfuseError("the side a rule matches must be an operation, not a lone "
                                   + ("variable" if isinstance(pat, PVar) else "number"), e.pos)
-        conds = tuple(_cond(c, [lhs_side, rhs_side] if both else [lhs_side]) for c in r.conds)
+        conds = tuple(rule_condition(c, [lhs_side, rhs_side] if both else [lhs_side]) for c in r.conds)
         tests = {c.var for c in conds if isinstance(c, Test)}
         _check_binds(lhs_side, rhs_side, tests, False)
         if both:

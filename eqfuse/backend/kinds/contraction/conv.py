@@ -57,7 +57,7 @@ import os
 from dataclasses import dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, render
-from eqfuse.backend.kinds.contraction.emit_gemm import _ct, _epilogue
+from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, cdiv, parallel
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
 from eqfuse.ir.graph import Graph
@@ -329,10 +329,10 @@ def epilogue_c(plan: KernelPlan) -> tuple[str, str]:
     preset = {a: f"(acc + {bias}[i])" if bias else "acc"}
     for k in d.blocked_args:  # read at the output element's offset in blocks (`blk`, conv_direct.c)
         preset[body.inputs[k]] = f"eqf_e{k}[blk]"
-    expr, extras = _epilogue(plan, groups, preset)
+    expr, extras = gemm_epilogue(plan, groups, preset)
     if bias and cv.args[2] not in dict(extras):
         extras.append((cv.args[2], bias))
-    return expr, "\n".join(f"    const {_ct(body, i)}* restrict {name} = {ptrs[i]};" for i, name in extras)
+    return expr, "\n".join(f"    const {c_type(body, i)}* restrict {name} = {ptrs[i]};" for i, name in extras)
 
 
 def emit_conv_direct(plan: KernelPlan) -> str:

@@ -160,7 +160,7 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
     return src, cdef
 
 
-def _ct(body: Graph, i: int) -> str:
+def c_type(body: Graph, i: int) -> str:
     """The C element type of body value i (an epilogue may read masks and integers)."""
     return C_TYPE[body.nodes[i].type.dtype]
 
@@ -169,7 +169,7 @@ def _eptrs(body: Graph) -> dict[int, str]:
     return {i: f"eqf_e{k}" for k, i in enumerate(body.inputs)}  # names unlikely to meet the GEMM's own
 
 
-def _epilogue(plan: KernelPlan, groups, preset: dict[int, str], root: int | None = None):
+def gemm_epilogue(plan: KernelPlan, groups, preset: dict[int, str], root: int | None = None):
     """The GEMM epilogue expression (the value of `root`, by default the body's output) and the
     tensors it reads (extra parameters e<k>)."""
     body = plan.body
@@ -202,7 +202,7 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
     used = {i for i, _ in pre_extras} | {i for i in body.inputs if f"{eptrs[i]}[" in text} | set(rn.args[1:])
     extras = [(i, eptrs[i]) for i in body.inputs if i in used]
     params = ", ".join(["long b", "long r0", "long r1", "float* restrict out"]
-                       + [f"const {_ct(body, i)}* restrict {pn}" for i, pn in extras])
+                       + [f"const {c_type(body, i)}* restrict {pn}" for i, pn in extras])
     # called by one GEMM thread on rows it owns: no parallel region of its own
     common = {"NAME": fname, "PARAMS": params, "R0": "r0", "ROWS": "r1", "L": N, "ROW_LOOP_PRAGMA": "",
               "PRO_BODY": "", "X": "y[j]", "OFFSETS": "\n".join(space.decls + [f"{I1}(void)b;"]),
@@ -222,7 +222,7 @@ def _gemm_args(plan: KernelPlan, extras) -> dict:
     """emit_gemm's arguments that come from the plan: its tiles and decisions."""
     t, d = plan.tiles, plan.detail
     return {"blocking": (t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]), "split": d.split, "direct_b": d.direct_b,
-            "parallel": d.parallel, "extras": [(_ct(plan.body, i), pn) for i, pn in extras]}
+            "parallel": d.parallel, "extras": [(c_type(plan.body, i), pn) for i, pn in extras]}
 
 
 def emit_contraction(plan: KernelPlan) -> str:
@@ -244,10 +244,10 @@ def emit_contraction(plan: KernelPlan) -> str:
         groups = [("i", [nb], False), ("j", [nb + 1], False)]
     row_call = ""
     if plan.kind == "contraction_row":
-        expr, extras = _epilogue(plan, groups, {a: "acc"}, root=body.nodes[plan.shape.parts.row].args[0])
+        expr, extras = gemm_epilogue(plan, groups, {a: "acc"}, root=body.nodes[plan.shape.parts.row].args[0])
         row_src, extras, row_call = _row_epilogue(plan, groups, f"{plan.name}_rowop", extras)
     else:
-        expr, extras = _epilogue(plan, groups, {a: "acc"})
+        expr, extras = gemm_epilogue(plan, groups, {a: "acc"})
     if mode == "loop":  # the wrapper offsets every pointer for batch g; the epilogue sees one matrix
         eparts = []
         for i, pn in extras:
@@ -274,7 +274,7 @@ def emit_contraction(plan: KernelPlan) -> str:
         t = plan.tiles
         src, _ = emit_gemm_skinny(gname, M=g.M, N=N, K=K, lda=g.lda, ldb=g.ldb, ldc=ldc, mr=t["mr"], nr=t["nr"],
                                   pf=t["pf"], b_transposed=bt, a_transposed=at, epilogue=expr,
-                                  extras=[(_ct(plan.body, i), pn) for i, pn in extras], row_epilogue=row_call,
+                                  extras=[(c_type(plan.body, i), pn) for i, pn in extras], row_epilogue=row_call,
                                   parallel=d.parallel, pack_parts=skinny_pack_parts(g.M, K, d.parallel))
     else:
         src, _ = emit_gemm(gname, M=g.M, N=N, K=K, batch=g.batch, a_batch_stride=sa, b_batch_stride=sb,
@@ -306,7 +306,7 @@ def emit_conv2d(plan: KernelPlan) -> str:
     groups = [("b", [0], False), (ch, [1], False), (px, [2, 3], False)]
     # the conv's own bias belongs to the anchor value: acc + bias[channel]
     anchor = f"(acc + eqf_e{plan.body.inputs.index(cv.args[2])}[{ch}])" if len(cv.args) == 3 else "acc"
-    expr, extras = _epilogue(plan, groups, {a: anchor})
+    expr, extras = gemm_epilogue(plan, groups, {a: anchor})
     if len(cv.args) == 3 and cv.args[2] not in dict(extras):
         extras.append((cv.args[2], f"eqf_e{plan.body.inputs.index(cv.args[2])}"))
         extras.sort(key=lambda t: plan.body.inputs.index(t[0]))
