@@ -20,7 +20,7 @@ import numpy as np
 
 import eqfuse
 from eqfuse.frontend.load import load
-from eqfuse.runtime.export import export
+from eqfuse.export import export
 
 MODEL = Path(__file__).resolve().parent.parent / "examples" / "transformer.g"
 

@@ -74,3 +74,11 @@ class RuleError(EqfuseError):
 
 class ArgumentError(EqfuseError, TypeError):
     """A compiled or reference function was called with the wrong arrays."""
+
+
+def did_you_mean(word: str, options) -> str | None:
+    """The hint for a misspelt name: the closest of `options`, if any is close."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f"did you mean '{close[0]}'?" if close else None

@@ -20,7 +20,7 @@ import numpy as _np
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.ops import OPS, REQUIRED, Op
 from eqfuse.ir.shapes import dtype_of_numpy
-from eqfuse.trace.tracer import Traced, apply, user_pos
+from eqfuse.trace.tracer import API, NUMPY_NAMES, Traced, apply, user_pos  # noqa: F401  (NUMPY_NAMES: eqfuse.numpy's)
 
 float32, int64, int32, bool_ = _np.float32, _np.int64, _np.int32, _np.bool_
 newaxis = None
@@ -256,9 +256,10 @@ def log_softmax(x, axis=-1):
 
 
 # numpy's function names that differ from the ones here, for np.f(traced) (eqfuse.trace.tracer._dispatch)
-NUMPY_NAMES = {"add": "add", "amax": "max", "amin": "min", "absolute": "abs"}
 
 __all__ = sorted(n for n, v in globals().items()
                  if not n.startswith("_") and n not in ("annotations", "builtins", "inspect", "OPS", "REQUIRED",
                                                         "Op", "EqfuseError", "Traced", "apply", "user_pos",
-                                                        "dtype_of_numpy", "NUMPY_NAMES"))
+                                                        "dtype_of_numpy", "NUMPY_NAMES", "API"))
+
+API.update({name: globals()[name] for name in __all__ if callable(globals()[name])})

@@ -14,7 +14,7 @@ import pytest
 import eqfuse
 from eqfuse.cli.main import main
 from eqfuse.frontend.load import load
-from eqfuse.runtime.export import export
+from eqfuse.export import export
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")

@@ -14,14 +14,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "eqfuse"
 # The stages, bottom to top. A module belongs to the stage with a prefix of its name ("=name": that
 # module alone, not the modules below it).
 STAGES: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("eqfuse.errors", "eqfuse.progress", "eqfuse.version", "eqfuse.machine")),
+    ("base", ("eqfuse.errors", "eqfuse.progress", "eqfuse.version", "eqfuse.machine", "eqfuse.cache")),
     ("ir", ("eqfuse.ir",)),
     ("frontend", ("eqfuse.frontend",)),
     ("optimizer", ("eqfuse.optimizer", "eqfuse.grad")),
     ("backend", ("eqfuse.backend",)),
     ("runtime", ("eqfuse.runtime",)),
     ("drivers", ("eqfuse.pipeline", "eqfuse.compiler", "eqfuse.api", "eqfuse.cli", "eqfuse.torch_backend",
-                 "eqfuse.trace", "eqfuse.numpy", "eqfuse.export", "eqfuse.onnx_backend", "eqfuse.__main__",
+                 "eqfuse.trace", "eqfuse.numpy", "eqfuse.export", "eqfuse.export_c", "eqfuse.onnx_backend", "eqfuse.__main__",
                  "=eqfuse")),
 ]
 

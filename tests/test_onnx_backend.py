@@ -9,8 +9,8 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from eqfuse.frontend import onnx_backend  # noqa: E402
-from eqfuse.frontend.onnx_backend import EqfuseBackend  # noqa: E402
+from eqfuse import onnx_backend  # noqa: E402
+from eqfuse.onnx_backend import EqfuseBackend  # noqa: E402
 
 
 def mlp():

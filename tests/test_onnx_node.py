@@ -1,7 +1,7 @@
 """onnx's own backend node tests, run through eqfuse's ONNX backend, for every supported op.
 
 Every node test of a supported op runs (onnx builds them in memory from onnx.backend.test.case),
-through eqfuse.compile when it works (eqfuse.frontend.onnx_backend.engine()); the cases excluded below
+through eqfuse.compile when it works (eqfuse.onnx_backend.engine()); the cases excluded below
 are outside what eqfuse supports, each for the reason given next to it.
 """
 
@@ -23,7 +23,7 @@ pytest.importorskip("onnx")
 
 import onnx.backend.test  # noqa: E402
 
-from eqfuse.frontend.onnx_backend import EqfuseBackend  # noqa: E402
+from eqfuse.onnx_backend import EqfuseBackend  # noqa: E402
 
 SUPPORTED = [
     "add", "sub", "mul", "div", "pow", "matmul", "gemm", "relu", "gelu", "sigmoid", "tanh", "erf",

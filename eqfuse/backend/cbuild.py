@@ -61,7 +61,7 @@ COMMON_CDEF = "void eqf_set_threads(int n);\nint eqf_get_threads(void);"
 # the same header, so they agree on the layout of eqf_scratch_set, and modules are never
 # unloaded, so the destructor of the module that made the key stays callable. The modules of a
 # thread then share its buffers too, as the kernels of one module do: a thread runs one graph
-# call at a time. (Not in common.h itself: an exported library, eqfuse.runtime.export, links
+# call at a time. (Not in common.h itself: an exported library, eqfuse.export, links
 # several sources that include it.)
 HEADER_C = """
 long eqf_scratch_key_get(void)

@@ -67,7 +67,7 @@ def cmd_bench(args) -> int:
 
 def _peer_list(text: str) -> list[str]:
     from eqfuse.cli.bench import PEERS
-    from eqfuse.frontend.builder import did_you_mean
+    from eqfuse.errors import did_you_mean
 
     peers = [p.strip() for p in text.split(",") if p.strip()]
     for p in peers:

@@ -45,7 +45,7 @@ def pick_graph(graphs, name):
 
 
 def _did_you_mean(word, options):
-    from eqfuse.frontend.builder import did_you_mean
+    from eqfuse.errors import did_you_mean
 
     return did_you_mean(word, options)
 
@@ -120,7 +120,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_ops(args) -> int:
-    from eqfuse.frontend.builder import did_you_mean
+    from eqfuse.errors import did_you_mean
     from eqfuse.ir import opref
     from eqfuse.ir.ops import OPS
 
@@ -213,7 +213,7 @@ def read_npz(path: str, option: str, example: str = "w1=w1, b1=b1, ...") -> dict
 
 
 def cmd_export(args) -> int:
-    from eqfuse.runtime.export import export
+    from eqfuse.export import export
 
     graphs, dims = selected_graphs(args)
     opts = optimizer_opts(args)

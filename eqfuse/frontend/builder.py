@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import replace
 
-from eqfuse.errors import EqfuseError, Pos, ShapeError
+from eqfuse.errors import EqfuseError, Pos, ShapeError, did_you_mean
 from eqfuse.frontend import syntax as S
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.kernels import SUPPORTED, Split, Unsupported, classify
 from eqfuse.ir.ops import INFIX, OPS, complete_attrs
 from eqfuse.ir.ops_index import canonical
 from eqfuse.ir.shapes import DTYPES, TType
-
-
-def did_you_mean(word: str, options) -> str | None:
-    close = difflib.get_close_matches(word, list(options), n=1)
-    return f"did you mean '{close[0]}'?" if close else None
 
 
 def build_type(t: S.TypeAst) -> TType:

@@ -30,7 +30,7 @@ _CMP = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.l
 def check_wrt(g: Graph, wrt: Sequence[str], flag: str = "grad=") -> list[int]:
     """The input node ids of the parameters named by `wrt`; bad names and non-float parameters
     are errors naming the flag they came from."""
-    from eqfuse.frontend.builder import did_you_mean
+    from eqfuse.errors import did_you_mean
 
     if isinstance(wrt, str) or not wrt:
         raise GradError(f"{flag} expects a non-empty list of parameter names")

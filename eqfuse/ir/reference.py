@@ -59,7 +59,7 @@ def call_arrays(name: str, free: list[str], arrays, keywords, bound=()) -> dict:
         if k in bound:
             raise ArgumentError(f"{name}(): parameter '{k}' is bound by params= and cannot be passed")
         if k not in free:
-            from eqfuse.frontend.builder import did_you_mean
+            from eqfuse.errors import did_you_mean
 
             hint = did_you_mean(k, free)
             raise ArgumentError(f"{name}() has no parameter '{k}' (parameters: {', '.join(free)})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from eqfuse.errors import EqfuseError
-from eqfuse.trace.tracer import Traced, apply, user_pos
+from eqfuse.trace.tracer import API, Traced, apply, user_pos
 
 
 def _is_index_array(k) -> bool:
@@ -69,3 +69,6 @@ def getitem(x: Traced, key):
 
 def _fmt(k: slice) -> str:
     return ":".join("" if v is None else str(v) for v in (k.start, k.stop, k.step)).rstrip(":") or ":"
+
+
+API["getitem"] = getitem

@@ -317,31 +317,21 @@ class Traced:
         return apply("transpose", [self])
 
     def __getitem__(self, key):
-        from eqfuse.trace.indexing import getitem
-
-        return getitem(self, key)
+        return API["getitem"](self, key)
 
     # ------------------------------------------------------------ numpy's methods
     def reshape(self, *shape):
-        from eqfuse import numpy as enp
-
-        return enp.reshape(self, shape[0] if len(shape) == 1 else shape)
+        return API["reshape"](self, shape[0] if len(shape) == 1 else shape)
 
     def transpose(self, *axes):
-        from eqfuse import numpy as enp
-
-        return enp.transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
+        return API["transpose"](self, (axes[0] if len(axes) == 1 else axes) or None)
 
     def astype(self, dtype):
-        from eqfuse import numpy as enp
-
-        return enp.astype(self, dtype)
+        return API["astype"](self, dtype)
 
     def __getattr__(self, name):  # x.sum(axis=1), x.mean(), x.max(), x.clip(0, 1), ...
         if name in _METHODS:
-            from eqfuse import numpy as enp
-
-            fn = getattr(enp, name)
+            fn = API[name]
             return lambda *a, **k: fn(self, *a, **k)
         raise AttributeError(f"traced array has no attribute '{name}'")
 
@@ -353,13 +343,17 @@ class Traced:
         return _dispatch(func.__name__, args, kwargs, True)
 
 
+# The traced-array API, by numpy name: eqfuse.numpy's functions and eqfuse.trace.indexing's getitem,
+# registered by those modules (eqfuse.trace imports both), so that a Traced's methods, indexing
+# and numpy's own functions on a Traced reach them.
+API: dict[str, Any] = {}
+NUMPY_NAMES = {"add": "add", "amax": "max", "amin": "min", "absolute": "abs"}  # numpy's other names
+
 _METHODS = ("sum", "mean", "max", "min", "prod", "argmax", "clip", "cumsum", "squeeze", "flatten", "var", "std")
 
 
 def _dispatch(name: str, args, kwargs, ok: bool):
-    from eqfuse import numpy as enp
-
-    fn = getattr(enp, enp.NUMPY_NAMES.get(name, name), None)
+    fn = API.get(NUMPY_NAMES.get(name, name))
     if not ok or fn is None or not callable(fn):
         raise EqfuseError(f"numpy.{name} cannot run on a traced array; use the functions of eqfuse.numpy "
                           "(import eqfuse.numpy as enp)", user_pos())

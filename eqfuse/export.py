@@ -232,7 +232,7 @@ def export(model: str | os.PathLike, outdir: str | os.PathLike, weights: Mapping
            name: str | None = None, inputs: Sequence[str] | None = None, graph: str | None = None,
            example_inputs: Mapping[str, np.ndarray] | None = None, **opts) -> list[Path]:
     """Write the library's sources, header, weights, Makefile and example into outdir; the paths written."""
-    from eqfuse.runtime import export_c
+    from eqfuse import export_c
 
     lib = name or Path(str(model)).stem
     lib = re.sub(r"\W", "_", lib)

@@ -1,4 +1,4 @@
-"""The files of an exported library (eqfuse.runtime.export): C text, the weights blob, the Makefile.
+"""The files of an exported library (eqfuse.export): C text, the weights blob, the Makefile.
 
     NAME.h            the API: NAME_load, NAME_free, NAME_error, NAME_set_threads, one entry per graph
     NAME.c            the model (weights, prepacked GEMM panels, arenas) and the entry points
