@@ -1,14 +1,15 @@
 """eqfuse: a fusion compiler for tensor graphs on the CPU.
 
-    parse -> build -> load into the e-graph -> saturate -> extract -> lower -> emit C -> build -> Module
+    options -> load -> bind -> fold -> optimize (e-graph, extraction) -> lower -> build (C) -> Module
+
+The stages are the functions of eqfuse.pipeline; `compile` composes them.
 """
 
-from eqfuse.compiler import compile
 from eqfuse.errors import ArgumentError, CheckFailed, EqfuseError, RuleError
-from eqfuse.ir.reference import reference
 from eqfuse.optimizer.optimize import optimize
+from eqfuse.pipeline import compile, reference
 from eqfuse.trace.jit import jit
-from eqfuse.version import __version__  # noqa: E402
+from eqfuse.version import __version__
 
 __all__ = ["compile", "optimize", "reference", "jit", "EqfuseError", "CheckFailed", "ArgumentError", "RuleError",
            "__version__"]

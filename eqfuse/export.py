@@ -108,9 +108,9 @@ def prepare(model: str | os.PathLike, weights: Mapping[str, np.ndarray], lib: st
             example_inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
             **opts) -> list[ExportedGraph]:
     """Every graph of the model (or the one named), optimized, lowered and emitted for the target."""
-    from eqfuse.compiler import _check_dims, input_aliases, model_weights
-    from eqfuse.frontend.load import load
+    from eqfuse.frontend.load import input_aliases, load, model_weights
     from eqfuse.machine import pinned
+    from eqfuse.pipeline import check_dims
 
     graphs = load(model)
     if graph is not None:
@@ -125,7 +125,7 @@ def prepare(model: str | os.PathLike, weights: Mapping[str, np.ndarray], lib: st
             raise EqfuseError(f"--input {k}: no parameter named '{k}' (parameters: {', '.join(sorted(names))})")
         if k in weights:
             raise EqfuseError(f"--input {k}: '{k}' has an array in the weights; an input is passed at run time")
-    _check_dims(graphs, dict(dims))
+    check_dims(graphs, dict(dims))
     example_inputs = dict(example_inputs or {})
     for param, own in input_aliases(model).items():  # an .onnx model's own input names ("input.1")
         if own in example_inputs:
@@ -144,9 +144,9 @@ def _no_graph(name, graphs):
 
 def _prepare_graph(g: Graph, weights, lib, dims, inputs, example_inputs, seed, opts) -> ExportedGraph:
     from eqfuse.backend.emit import emit_graph
-    from eqfuse.compiler import _bind_params, lower, optimize
     from eqfuse.ir.kernels import K
     from eqfuse.optimizer.fold import fold_params
+    from eqfuse.pipeline import bind, lower, optimize
     from eqfuse.runtime.program import emit_run, plan_memory
 
     gw = {k: v for k, v in weights.items() if k in dict(g.params)}
@@ -156,7 +156,7 @@ def _prepare_graph(g: Graph, weights, lib, dims, inputs, example_inputs, seed, o
             raise EqfuseError(f"graph {g.name}: no weights for parameter{'s' * (len(missing) > 1)} "
                               f"{', '.join(missing)} (neither in --weights nor named by --input)")
     gd = {k: v for k, v in dims.items() if k in g.dims()}
-    gd = _bind_params(g, gw, gd)  # the weights' shapes and dtypes are checked, the dims they fix bound
+    gd = bind(g, gw, gd)  # the weights' shapes and dtypes are checked, the dims they fix bound
     missing = [d for d in g.dims() if d not in gd]
     if missing:
         raise EqfuseError(f"graph {g.name} has unbound dimension{'s' * (len(missing) > 1)} {', '.join(missing)}: "

@@ -16,8 +16,8 @@ from eqfuse.backend.emit import emit_graph
 from eqfuse.backend.indexing import bstrides, coalesce, offset
 from eqfuse.backend.lower import format_uops
 from eqfuse.cli.main import main
-from eqfuse.compiler import lower
 from eqfuse.frontend.load import load
+from eqfuse.pipeline import lower
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -32,7 +32,7 @@ def seen(monkeypatch):
         calls.append(kw)
         raise Stop("stopped by the test")
 
-    monkeypatch.setattr(importlib.import_module("eqfuse.optimizer.optimize"), "optimize_graph", record)
+    monkeypatch.setattr(importlib.import_module("eqfuse.pipeline"), "optimize_graph", record)  # (the optimize stage)
     return calls
 
 

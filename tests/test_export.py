@@ -13,8 +13,8 @@ import pytest
 
 import eqfuse
 from eqfuse.cli.main import main
-from eqfuse.frontend.load import load
 from eqfuse.export import export
+from eqfuse.frontend.load import load
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")

@@ -206,7 +206,7 @@ def test_a_counting_build_makes_the_micro_kernel_calls_the_plan_counts(M):
     from eqfuse.backend.emit import emit_graph
     from eqfuse.backend.lower import lower_graph
 
-    _, plans = lower_graph(one_graph(GRAPH.format(M=M, N=70, K=33)), params=frozenset({"w"}))
+    _, plans = lower_graph(one_graph(GRAPH.format(M=M, N=70, K=33)), machine.machine(), params=frozenset({"w"}))
     (p,) = [p for p in plans if p.kind == "contraction"]
     assert p.detail.path == "skinny"
     (want,) = [u.count for u in p.uops if u.what.startswith("micro-kernel")]

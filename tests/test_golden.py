@@ -14,8 +14,8 @@ from test_plans import ALL_KINDS, KINDS
 
 from eqfuse import machine
 from eqfuse.backend.emit import emit_graph
-from eqfuse.compiler import lower
 from eqfuse.frontend.load import load
+from eqfuse.pipeline import lower
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("EQFUSE_UPDATE_GOLDEN") == "1"

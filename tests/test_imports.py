@@ -20,7 +20,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("optimizer", ("eqfuse.optimizer", "eqfuse.grad")),
     ("backend", ("eqfuse.backend",)),
     ("runtime", ("eqfuse.runtime",)),
-    ("drivers", ("eqfuse.pipeline", "eqfuse.compiler", "eqfuse.api", "eqfuse.cli", "eqfuse.torch_backend",
+    ("drivers", ("eqfuse.pipeline", "eqfuse.cli", "eqfuse.torch_backend",
                  "eqfuse.trace", "eqfuse.numpy", "eqfuse.export", "eqfuse.export_c", "eqfuse.onnx_backend", "eqfuse.__main__",
                  "=eqfuse")),
 ]

@@ -57,7 +57,7 @@ def test_plans_carry_kinds_and_the_rule_the_c_applies():
 
 
 def test_lower_prints_each_kernels_thread_rule():
-    from eqfuse.compiler import uops_text
+    from eqfuse.pipeline import uops_text
 
     src = "graph r(x: f32[64, 1024], y: f32[8, 16]) { return softmax(x, axis=-1), sum(y, axis=0) }"
     text = uops_text(src, uops=False)

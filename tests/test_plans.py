@@ -9,7 +9,7 @@ import pytest
 import eqfuse
 from eqfuse.backend.cbuild import COMMON_C, build, header_c
 from eqfuse.cli.main import main
-from eqfuse.compiler import uops_text
+from eqfuse.pipeline import uops_text
 
 # One kernel of each kind, over odd shapes (nothing a multiple of a vector or a tile).
 KINDS = """

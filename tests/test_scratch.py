@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.compiler import lower
 from eqfuse.frontend.load import load
+from eqfuse.pipeline import lower
 
 RNG = np.random.default_rng(7)
 

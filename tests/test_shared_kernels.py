@@ -7,8 +7,8 @@ import numpy as np
 
 import eqfuse
 from eqfuse.backend.emit import emit_graph
-from eqfuse.compiler import lower, optimize
 from eqfuse.frontend.load import load
+from eqfuse.pipeline import lower, optimize
 
 TWO_LAYERS = """
 graph two(x: f32[8, 64], w1: f32[64, 64], b1: f32[64], w2: f32[64, 64], b2: f32[64]) -> f32[8, 64] {

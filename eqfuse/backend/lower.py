@@ -9,7 +9,7 @@ is split into single-op kernels. `emit` turns plans into C and chooses nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from eqfuse.backend.kinds import KIND
 from eqfuse.backend.kinds.contraction import mark_bound_b
@@ -20,26 +20,9 @@ from eqfuse.backend.views import place_views
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.kernels import F32, SUPPORTED, K, Split, Unsupported, classify
+from eqfuse.machine import Machine
 
 # ------------------------------------------------------------------ the machine
-
-
-@dataclass(frozen=True)
-class Caches:
-    l1: int
-    l2: int
-    l3: int
-    simd: int  # float lanes per vector
-    cores: int
-    prefetch: bool = True  # (Machine.prefetch)
-
-
-def machine_caches() -> Caches:
-    """This machine's caches, read from the system by eqfuse.machine (EQFUSE_L1/L2/L3 override)."""
-    from eqfuse import machine
-
-    m = machine.machine()
-    return Caches(m.l1, m.l2, m.l3, m.simd_floats, m.cores, m.prefetch)
 
 
 # ------------------------------------------------------------------ graph -> kernels only
@@ -101,14 +84,14 @@ def _reads(plan_body: Graph) -> int:
     return sum(size(plan_body.nodes[i].type.shape) for i in plan_body.inputs)
 
 
-def plan_kernel(g: Graph, node_id: int, name: str, caches: Caches) -> KernelPlan:
+def plan_kernel(g: Graph, node_id: int, name: str, m: Machine) -> KernelPlan:
     n = g.nodes[node_id]
     body = n.body
     for _, _, bn in body.walk():
         if not bn.type.concrete:
             raise EqfuseError(f"kernel {name} has unbound dimensions ({bn.type}); bind them with dims=", n.pos)
     try:
-        ks = classify(body, caches)
+        ks = classify(body, m)
     except Split:
         raise
     except Unsupported as why:
@@ -117,18 +100,18 @@ def plan_kernel(g: Graph, node_id: int, name: str, caches: Caches) -> KernelPlan
     out_shape = tuple(body.nodes[body.outputs[0]].type.shape)
     plan = KernelPlan(name, ks.kind, node_id, tuple(n.args), body, ks, out_shape)
     plan.bytes = F32 * (_reads(body) + size(out_shape))
-    KIND[ks.kind].plan(plan, caches)
+    KIND[ks.kind].plan(plan, m)
     return plan
 
 
 # ------------------------------------------------------------------ the whole graph
 
 
-def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset()) -> tuple[Graph, list[KernelPlan]]:
-    """(the kernelized graph, one plan per kernel) for a graph with concrete shapes. `params`
-    names the inputs bound by params=: a GEMM whose B is one of them is marked b_bound (emit
-    then prepacks it, when B is one matrix shared by every batch)."""
-    caches = machine_caches()
+def lower_graph(g: Graph, m: Machine, fuse: bool = True,
+                params: frozenset[str] = frozenset()) -> tuple[Graph, list[KernelPlan]]:
+    """(the kernelized graph, one plan per kernel) for a graph with concrete shapes, planned for
+    machine m. `params` names the inputs bound by params=: a GEMM whose B is one of them is marked
+    b_bound (emit then prepacks it, when B is one matrix shared by every batch)."""
     split: set[int] = set()
     while True:
         kg = kernelize(g, fuse=fuse, split=frozenset(split))
@@ -139,7 +122,7 @@ def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset(
             if n.op != "kernel":
                 continue
             try:
-                plan = plan_kernel(kg, i, "", caches)
+                plan = plan_kernel(kg, i, "", m)
             except Split:
                 orig = _origin(g, kg, i)
                 if orig is None or orig in split:
@@ -149,22 +132,22 @@ def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset(
                 break
             plan.name = f"eqf_{g.name}_k{count}_{plan.kind}"
             count += 1
-            mark_bound_b(plan, _bound_inputs(plan, kg, params))
+            mark_bound_b(plan, _bound_inputs(plan, kg, params), m)
             plans.append(plan)
         if not retry:
             place_views(kg, plans)
             place_stores(kg, plans)
             for p in plans:  # decisions that depend on the strides the inputs are read through
                 if p.kind != K.VIEW:
-                    KIND[p.kind].after_views(p, caches)
+                    KIND[p.kind].after_views(p, m)
                     if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW) and p.in_strides:  # planned again
-                        mark_bound_b(p, _bound_inputs(p, kg, params))
+                        mark_bound_b(p, _bound_inputs(p, kg, params), m)
                 if p.into is not None:  # after any planning again, which writes the uops anew
                     p.uops = p.uops + [store_uop(p)]
             block_between_convs(kg, plans)  # (direct convs: the blocked layout between them)
             for p in plans:  # a 1x1 conv planned again as a direct conv: its bound weights blocked once too
                 if p.kind == K.CONV2D and p.prepack is None:
-                    mark_bound_b(p, _bound_inputs(p, kg, params))
+                    mark_bound_b(p, _bound_inputs(p, kg, params), m)
             return kg, plans
 
 

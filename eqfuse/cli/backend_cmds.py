@@ -16,7 +16,7 @@ def _bound_graphs(args, one_graph: bool = False):
 
 def cmd_emit(args) -> int:
     from eqfuse.backend.emit import emit_graph
-    from eqfuse.compiler import lower, optimize
+    from eqfuse.pipeline import lower, optimize
 
     graphs, dims = _bound_graphs(args)
     opts = optimizer_opts(args)
@@ -43,7 +43,7 @@ def cmd_emit(args) -> int:
 
 
 def cmd_lower(args) -> int:
-    from eqfuse.compiler import uops_text
+    from eqfuse.pipeline import uops_text
 
     graphs, dims = _bound_graphs(args)
     opts = optimizer_opts(args)

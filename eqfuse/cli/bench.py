@@ -105,8 +105,7 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     fused compile. `profile` adds each fused kernel's time at the first thread count
     (eqfuse.runtime.profile)."""
     from eqfuse import compile as eq_compile
-    from eqfuse.compiler import is_onnx
-    from eqfuse.frontend.load import load
+    from eqfuse.frontend.load import is_onnx, load
     from eqfuse.ir.reference import evaluate
 
     graphs = load(src, dims if is_onnx(src) else None)  # (an ONNX model's dims bound at import)
@@ -116,7 +115,7 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     missing = [d for d in g.dims() if d not in dims]
     for d in missing:
         dims[d] = 64
-    from eqfuse.compiler import model_weights
+    from eqfuse.frontend.load import model_weights
 
     weights = model_weights(src, onnx_dims)  # an .onnx model's initializers: bound, as compile binds them
     arrays = [weights.get(n, a) for (n, _), a in zip(g.params, random_inputs(g, dims))]
@@ -188,7 +187,7 @@ def _peers(g, arrays, chosen: Sequence[str] = PEERS) -> list[tuple[str, Callable
 
 def _ort_peer(src, runtime: dict[str, np.ndarray], chosen: Sequence[str], dims=None) -> list[tuple[str, Callable]]:
     """onnxruntime on the .onnx model itself (all graph optimizations, intra-op threads = the row's)."""
-    from eqfuse.compiler import input_aliases, is_onnx
+    from eqfuse.frontend.load import input_aliases, is_onnx
 
     if "onnxruntime" not in chosen or not is_onnx(src) or not _has("onnxruntime"):
         return []
@@ -210,7 +209,7 @@ def _ort_peer(src, runtime: dict[str, np.ndarray], chosen: Sequence[str], dims=N
 
 
 def _ort_note(src, chosen) -> str:
-    from eqfuse.compiler import is_onnx
+    from eqfuse.frontend.load import is_onnx
 
     if not _has("onnxruntime"):
         return "not installed"

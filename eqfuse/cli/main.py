@@ -155,7 +155,7 @@ def cmd_run(args) -> int:
                           f"array per parameter, named like it (numpy.savez('in.npz', {example}))")
     # An .onnx model's initializers are bound as compile binds them: --inputs holds the runtime
     # inputs only, each under the model's own input name (or the parameter name it became).
-    from eqfuse.compiler import input_aliases, model_weights
+    from eqfuse.frontend.load import input_aliases, model_weights
 
     weights = model_weights(args.model, dims)
     aliases = input_aliases(args.model, dims)

@@ -18,7 +18,7 @@ def cmd_opt(args) -> int:
                     ("--time-limit", args.time_limit)):
         if v is not None and v <= 0:
             raise UsageError(f"{flag} expects a positive number, got {v}")
-    from eqfuse.compiler import model_weights
+    from eqfuse.frontend.load import model_weights
     from eqfuse.optimizer.fold import fold_params
 
     graphs, dims = selected_graphs(args)

@@ -26,10 +26,37 @@ def read_source(src: str | os.PathLike) -> tuple[str | bytes, str]:
     return src, "<string>"
 
 
+def is_onnx(src) -> bool:
+    """Whether src is the path of an ONNX model (not the text of a .g model)."""
+    return isinstance(src, (str, os.PathLike)) and str(src).endswith(".onnx") and "\n" not in str(src)
+
+
+def model_weights(src, dims: Mapping[str, int] | None = None) -> dict:
+    """An .onnx model's initializers, bound as params by default (the user's params= win), as the
+    model imports at `dims`; none for a .g model. The command line binds them too (run, bench, opt)."""
+    if not is_onnx(src):
+        return {}
+    from eqfuse.frontend.onnx_import import onnx_params
+
+    return onnx_params(src, dims=dims or None)
+
+
+def input_aliases(src, dims: Mapping[str, int] | None = None) -> dict[str, str]:
+    """{parameter name: the model's own input name} where they differ (ONNX names such as
+    "input.1" are sanitized into parameter names); empty for .g models. `dims` as the model is
+    imported with."""
+    if not is_onnx(src):
+        return {}
+    from eqfuse.frontend.onnx_import import import_model
+
+    imp = import_model(src, dims=dims or None)
+    return {imp.graph.nodes[i].name: onnx for i, onnx in zip(imp.graph.inputs, imp.inputs)}
+
+
 def load_with_weights(src: str | os.PathLike, dims: Mapping[str, int] | None = None) -> tuple[list[Graph], dict]:
     """load(), and an ONNX model's weights (its initializers, bound as params by default) from the
     same import: reading BERT-base's 440 MB file and importing it cost 0.45 s a time."""
-    if isinstance(src, (str, os.PathLike)) and str(src).endswith(".onnx") and "\n" not in str(src):
+    if is_onnx(src):
         from eqfuse.frontend.onnx_import import import_model
 
         path = Path(src)

@@ -117,9 +117,3 @@ class Reference:
         if name in graphs:
             return lambda *arrays, **keywords: self.run(graphs[name], *arrays, **keywords)
         raise AttributeError(name)
-
-
-def reference(src) -> Reference:
-    from eqfuse.frontend.load import load
-
-    return Reference(load(src))

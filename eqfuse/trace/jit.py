@@ -155,7 +155,7 @@ class JitFunction:
         n_args = len(leaves)
         g = _pruned(g)
         text = module_text([g])
-        from eqfuse.compiler import compile as eq_compile
+        from eqfuse.pipeline import compile as eq_compile
 
         captured = {n: a for n, a in trace.captured}
         module = eq_compile(text, params=captured or None, **self.options)

@@ -8,7 +8,7 @@ A kind answers three questions about one fused kernel body:
   shape but cannot be lowered, or `Split` when this backend lowers it only as separate
   single-op kernels (on this machine, when `machine` is given). This is the one lowerability
   decision: `plan` and `emit` never refuse a body that `match` accepted.
-- `plan(plan, caches)`: fill the plan (kinds' detail dataclass, tiles, uops, cache check, the
+- `plan(plan, m)`: fill the plan, for machine m (kinds' detail dataclass, tiles, uops, cache check, the
   thread rule) with every tile and decision the C will use;
 - `emit(plan)`: its C, from the kind's templates in csrc_templates/, deciding nothing.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from eqfuse.backend.plan import KernelPlan
 from eqfuse.ir.kernels import K
+from eqfuse.machine import Machine
 
 # Elements (row kernels: a quarter of it) below which a pointwise, row, reduce or layout kernel
 # runs on the calling thread, with no parallel region.
@@ -33,10 +34,10 @@ class Kind:
     writes_strided: bool = False
 
 
-    def plan(self, plan: KernelPlan, caches) -> None:
+    def plan(self, plan: KernelPlan, m: Machine) -> None:
         raise NotImplementedError
 
-    def after_views(self, plan: KernelPlan, caches) -> None:
+    def after_views(self, plan: KernelPlan, m: Machine) -> None:
         """Decisions that depend on the strides its inputs are read through, known once
         eqfuse.backend.views has placed the views (plan.in_strides): none by default."""
 

@@ -99,7 +99,7 @@ class Pointwise(Kind):
         for nm, i in zip(input_names(plan), plan.body.inputs):
             plan.uops.append(UOp(1, "Load", f"{nm} tile [{tile}] (broadcast {list(plan.body.nodes[i].type.shape)})",
                                  ntiles))
-        plan.uops.append(UOp(1, "Exec", f"{ops} on {vectors(tile, c.simd)} vectors", ntiles))
+        plan.uops.append(UOp(1, "Exec", f"{ops} on {vectors(tile, c.simd_floats)} vectors", ntiles))
         plan.uops.append(UOp(1, "Store", f"out tile [{tile}]" + (" (non-temporal)" if stream else ""), ntiles))
 
     def after_views(self, plan: KernelPlan, caches) -> None:

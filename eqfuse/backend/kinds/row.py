@@ -102,7 +102,7 @@ class Row(Kind):
         for nm, i in zip(input_names(plan), body.inputs):
             u.append(UOp(1, "Load", f"{nm} row [{L}]" if size(body.nodes[i].type.shape) > 1 else f"{nm} scalar", rows))
         u.append(UOp(1, "Exec", f"prologue ({pro or 'none'}) + {an.op} in {passes} passes over the row in cache "
-                                f"({vectors(L, c.simd)} vectors each)", rows))
+                                f"({vectors(L, c.simd_floats)} vectors each)", rows))
         u.append(UOp(1, "Store", f"out row [{L if an.op in ROW_OPS else 1}] after the epilogue", rows))
 
     def emit(self, plan: KernelPlan) -> str:

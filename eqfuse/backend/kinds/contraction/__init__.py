@@ -21,15 +21,14 @@ from eqfuse.backend.kinds.contraction.plan_gemm import (
 )
 from eqfuse.backend.plan import KernelPlan
 from eqfuse.ir.kernels import GEMM_KINDS, K
-from eqfuse.machine import Machine, machine
+from eqfuse.machine import Machine
 
 
 class Contraction(Kind):
     kinds = (K.CONTRACTION, K.CONV2D, K.CONTRACTION_ROW)
     writes_strided = True  # a matmul's GEMM only (writes_through)
 
-    def plan(self, plan: KernelPlan, c) -> None:
-        m = Machine(c.l1, c.l2, c.l3, c.simd, c.cores, c.prefetch)
+    def plan(self, plan: KernelPlan, m: Machine) -> None:
         if plan.kind == K.CONV2D and conv.plan_conv_direct(plan, m):
             return  # a direct conv (conv.use_direct), else im2col + GEMM
         plan_contraction(plan, m)
@@ -44,10 +43,10 @@ class Contraction(Kind):
             return conv_c_layout(plan, strides) is not None
         return plan.kind == K.CONTRACTION and c_layout(plan, strides) is not None
 
-    def after_views(self, plan: KernelPlan, caches) -> None:
+    def after_views(self, plan: KernelPlan, m: Machine) -> None:
         if plan.in_strides and plan.kind != K.CONV2D:  # A or B read through a view: planned again
             plan.tiles, plan.detail, plan.uops = {}, None, []
-            self.plan(plan, caches)
+            self.plan(plan, m)
 
     def emit(self, plan: KernelPlan) -> str:
         if isinstance(plan.detail, conv.ConvDirectDetail):
@@ -57,7 +56,7 @@ class Contraction(Kind):
         return emit_gemm.emit_contraction(plan)
 
 
-def mark_bound_b(plan: KernelPlan, bound: set[int]) -> None:
+def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine) -> None:
     """detail.prepack for a matmul GEMM whose B (or the matrix its transpose reads) is one of
     the body inputs `bound` by params=, read by nothing else in the kernel, and one matrix for
     every batch (emit then reads B as panels the runtime packs once). A matmul with few rows
@@ -79,5 +78,5 @@ def mark_bound_b(plan: KernelPlan, bound: set[int]) -> None:
                  if u.op == "Load" and ("pack B panel" in u.what or u.what.startswith("B read in place")) else u
                  for u in plan.uops]  # the tile schedule says so
     d = plan.detail
-    if plan.kind != K.CONV2D and d.gemm.mode == "fold" and skinny(d.gemm.M, d.N, d.K, machine()):
-        plan_skinny(plan, machine())
+    if plan.kind != K.CONV2D and d.gemm.mode == "fold" and skinny(d.gemm.M, d.N, d.K, m):
+        plan_skinny(plan, m)

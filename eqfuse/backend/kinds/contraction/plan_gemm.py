@@ -19,7 +19,7 @@ from eqfuse.backend.plan import (
     pointwise_flops,
     size,
 )
-from eqfuse.ir.kernels import F32, Split, row_epilogue_fits
+from eqfuse.ir.kernels import F32, row_epilogue_fits
 from eqfuse.ir.kernels import K as Kind
 from eqfuse.ir.ops import OPS
 from eqfuse.machine import Machine, gemm_blocking, register_tile, skinny_tile
@@ -375,8 +375,7 @@ def _matmul_gemm(plan: KernelPlan, M: int) -> tuple[GemmCalls, bool, bool]:
 def plan_contraction(plan: KernelPlan, m: Machine) -> None:
     body, a = plan.body, plan.shape.anchor
     mm = body.nodes[a]
-    if mm.type.shape != plan.out_shape:
-        raise Split("the epilogue broadcasts the contraction's result to a larger shape")
+    assert mm.type.shape == plan.out_shape, "classify splits an epilogue that broadcasts (check_no_broadcast)"
     if mm.op == "conv2d":
         (N, C, _, _), (O, _, KH, KW) = (body.nodes[i].type.shape for i in mm.args[:2])
         _, _, OH, OW = mm.type.shape
@@ -437,21 +436,14 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
 
 
 def _plan_row_epilogue(plan: KernelPlan, m: Machine, N: int) -> int:
-    """Checks for a GEMM with a row epilogue (kernels.ROW_EPILOGUE_OPS over the last axis);
-    Split (two kernels: GEMM + epilogue, row op) when this backend does not do it."""
+    """The row op of a GEMM with a row epilogue (kernels.ROW_EPILOGUE_OPS over the last axis).
+    Whether this backend takes it was decided by classify on the same machine
+    (ir.kernels._check_row_epilogue): planning only asserts it."""
     body = plan.body
     row = plan.shape.parts.row
     rn = body.nodes[row]
-    if body.nodes[plan.shape.anchor].op != "matmul":
-        raise Split("a row epilogue needs a matmul")
-    if tuple(rn.type.shape) != plan.out_shape:
-        raise Split("the epilogue broadcasts the row op's result to a larger shape")
-    if not row_epilogue_fits(N, len(rn.args) - 1, m.l1):
-        raise Split(f"a row of {N} (with the row op's parameters) does not fit L1 {m.l1} B")
-    for p in rn.args[1:]:
-        ps = tuple(body.nodes[p].type.shape)
-        if not ps or ps[-1] != N or size(ps) != N:
-            raise Split(f"the parameters of {rn.op} must be vectors of the row's length {N}")
+    assert body.nodes[plan.shape.anchor].op == "matmul" and tuple(rn.type.shape) == plan.out_shape
+    assert row_epilogue_fits(N, len(rn.args) - 1, m.l1), "classify splits a row that does not fit L1"
     plan.flops += OPS[rn.op].flops * size(plan.out_shape)
     plan.cache_check += f"; row epilogue: a row of C {N * F32} B (+ parameters) <= L1 {m.l1} B: ok"
     return row

@@ -1,0 +1,489 @@
+"""`eqfuse.compile` as named stages, top to bottom.
+
+    options -> load -> bind -> fold -> optimize -> lower -> build -> Module
+
+Each stage is a function with a typed input and output:
+
+- `Options.of(...)`: every option checked, in this one place (`dims`, `params`, `threads`, `fuse`,
+  `buckets`, `precision`, ...); the command line, `export`, `jit` and the torch backend build
+  their options here too;
+- `load(src, options)`: the model's graphs and an ONNX model's weights (`Loaded`);
+- `bind(graph, params, dims)`: the dims the bound arrays fix, checked against their parameters;
+- `fold(graph, params, fuse)`: the bound params folded into the graph (`Folded`);
+- `optimize(graph, options, dims)`: the fused graph and the optimizer's report;
+- `lower(graph, dims, fuse, params)`: the kernelized graph and every kernel's plan;
+- `build(graph, bindings, ...)`: the plans' C, compiled into one library (`Compiled` per binding);
+- `compile(src, ...)`: the stages composed into a `Module`.
+
+A model whose named dims are only known per call is compiled per bucket of them at the first
+call (eqfuse.runtime.padded): its buckets run the same stages through `compile_model`, sharing
+their equal weights (`SharedArrays`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from eqfuse import progress
+from eqfuse.backend.cbuild import build as build_c
+from eqfuse.backend.emit import emit_graph
+from eqfuse.backend.lower import format_uops, lower_graph
+from eqfuse.errors import ArgumentError, DimsNeeded, EqfuseError
+from eqfuse.frontend.load import is_onnx, load_with_weights
+from eqfuse.frontend.load import load as load_graphs
+from eqfuse.grad.api import LazyGradFunction, differentiate
+from eqfuse.ir.graph import Graph, bind_dims, oversized
+from eqfuse.ir.printer import kernel_text, module_text
+from eqfuse.ir.reference import Reference, bind_arrays
+from eqfuse.ir.separable import batch_dims
+from eqfuse.machine import machine
+from eqfuse.optimizer.cost import MODELS as COST_MODELS
+from eqfuse.optimizer.fold import Folded, fold_params
+from eqfuse.optimizer.optimize import batch_dims_report, optimize_graph
+from eqfuse.optimizer.rulecheck import check_rule_files
+from eqfuse.runtime.module import Compiled, GraphFunction, Kernel, Module
+from eqfuse.runtime.padded import PaddedFunction
+from eqfuse.runtime.program import SharedArrays, emit_run, give_back_memory, plan_memory
+
+FUSE_MODES = (True, False, "manual")
+PRECISIONS = ("f32",)
+
+
+# ---------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `compile` was asked, checked (`Options.of`)."""
+
+    cost: str = "memory"
+    rules: tuple = ()
+    disable: tuple[str, ...] = ()
+    dims: dict[str, int] = field(default_factory=dict)
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    threads: int | None = None
+    verify: bool = False
+    fuse: bool | str = True
+    check_rules: bool = True
+    grad: tuple[str, ...] | None = None
+    buckets: dict[str, list[int]] | None = None
+    precision: str = "f32"
+
+    @staticmethod
+    def of(cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
+           dims: Mapping[str, int] | None = None, params: Mapping[str, np.ndarray] | None = None,
+           threads: int | None = None, verify: bool = False, fuse: bool | str = True, check_rules: bool = True,
+           grad: Sequence[str] | None = None, buckets: Mapping[str, Sequence[int]] | None = None,
+           precision: str = "f32") -> Options:
+        """The options checked for themselves (the checks that need the model are `check_model`'s)."""
+        if isinstance(rules, (str, os.PathLike)):
+            rules = (rules,)
+        if fuse not in FUSE_MODES:
+            raise ArgumentError(f"fuse= expects True, False or \"manual\", got {fuse!r}")
+        if cost not in COST_MODELS:
+            raise ArgumentError(f"unknown cost model '{cost}' (known: {', '.join(COST_MODELS)})")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ArgumentError(f"threads= expects a positive integer, got {threads!r}")
+        if precision not in PRECISIONS:
+            raise ArgumentError(f"precision= expects one of {', '.join(PRECISIONS)}, got {precision!r}")
+        if dims is not None and not isinstance(dims, Mapping):
+            raise ArgumentError(f"dims= expects a dict {{dim name: size}}, got {type(dims).__name__}")
+        if params is not None and not isinstance(params, Mapping):
+            raise ArgumentError(f"params= expects a dict {{parameter name: array}}, got {type(params).__name__}")
+        for k, a in (params or {}).items():
+            if not isinstance(a, np.ndarray):
+                raise ArgumentError(f"params=: '{k}' expects a numpy array, got {type(a).__name__}")
+        if buckets is not None and not isinstance(buckets, Mapping):
+            raise ArgumentError(f"buckets= expects a dict {{dim name: [sizes]}}, got {type(buckets).__name__}")
+        return Options(cost, tuple(rules), tuple(disable), dict(dims or {}), dict(params or {}), threads, verify,
+                       fuse, check_rules, None if grad is None else tuple(grad),
+                       None if buckets is None else dict(buckets), precision)
+
+
+def check_dims(graphs: list[Graph], dims: Mapping[str, int] | None) -> None:
+    """dims= as strict as --dim: a known dimension name, a positive integer."""
+    check_dim_values(list(dict.fromkeys(d for g in graphs for d in g.dims())), dims)
+    for g in graphs:
+        why = oversized(g, {k: int(v) for k, v in (dims or {}).items()})
+        if why:
+            raise ArgumentError(f"dims=: {why}")
+
+
+def check_dim_values(names: list[str], dims: Mapping[str, int] | None) -> None:
+    """Each dims= entry names one of `names` and is a positive integer."""
+    for k, v in (dims or {}).items():
+        if k not in names:
+            raise ArgumentError(f"dims= names '{k}', which is not a dimension of the model "
+                                f"(its named dimensions: {', '.join(names) or 'none'})")
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+            raise ArgumentError(f"dims=: '{k}' expects a positive integer, got {v!r}")
+
+
+def check_param_names(graphs: list[Graph], params: Mapping[str, Any]) -> None:
+    names = {n for g in graphs for n, _ in g.params}
+    for k in params:
+        if k not in names:
+            raise ArgumentError(f"params= names '{k}', which is not a parameter (parameters: {', '.join(sorted(names))})")
+
+
+def check_bucket_values(names: list[str], buckets) -> None:
+    """buckets= is a dict of the model's dim names to non-empty lists of positive integers."""
+    if buckets is None:
+        return
+    if not isinstance(buckets, Mapping):
+        raise ArgumentError(f"buckets= expects a dict {{dim name: [sizes]}}, got {type(buckets).__name__}")
+    for k, v in buckets.items():
+        if k not in names:
+            raise ArgumentError(f"buckets= names '{k}', which is not a dimension of the model "
+                                f"(its named dimensions: {', '.join(names) or 'none'})")
+        if (isinstance(v, (str, bytes)) or not hasattr(v, "__iter__") or not list(v)
+                or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s <= 0 for s in v)):
+            raise ArgumentError(f"buckets=: '{k}' expects a non-empty list of positive integers, got {v!r}")
+
+
+def check_buckets(graphs: list[Graph], buckets, dims, params) -> None:
+    """buckets= names batch dims of the model, each with a list of positive sizes."""
+    if buckets is None:
+        return
+    check_bucket_values(list(dict.fromkeys(d for g in graphs for d in g.dims())), buckets)
+    for k in buckets:
+        if k in (dims or {}):
+            raise ArgumentError(f"buckets=: '{k}' is bound by dims=; a dimension is either fixed or a batch dim")
+        for g in graphs:
+            why = batch_dims(g, params)[1].get(k)
+            if why:
+                raise ArgumentError(f"buckets=: '{k}' is not a batch dimension of graph {g.name}: {why}")
+    if len(buckets) > 1:
+        raise ArgumentError(f"buckets=: one batch dimension at a time, got {', '.join(buckets)}")
+
+
+# ---------------------------------------------------------------- load
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model's graphs and the arrays bound to their parameters (an ONNX model's initializers
+    and the user's params=, which win)."""
+
+    graphs: list[Graph]
+    params: dict[str, np.ndarray]
+
+
+def load(src, opts: Options, shared: SharedArrays | None = None) -> Loaded:
+    """The model's graphs, checked against dims= and params=. An ONNX model's dims are bound at
+    import (its shape arithmetic folds with them); DimsNeeded when some are only bound per call."""
+    if is_onnx(src):
+        from eqfuse.frontend.onnx_inputs import input_dims
+
+        if opts.dims and shared is None:  # (a padded model's bucket: checked by its first compile)
+            check_dim_values(input_dims(src), opts.dims)
+        graphs, weights = load_with_weights(src, opts.dims)
+        named = {d for g in graphs for d in g.dims()}
+        check_dims(graphs, {k: v for k, v in opts.dims.items() if k in named})
+    else:
+        graphs, weights = load_with_weights(src)
+        check_dims(graphs, opts.dims)
+    params = {**weights, **opts.params}
+    if shared is not None:  # a bucket of a padded model: the weights an earlier bucket holds
+        params = shared.arrays(params)
+    check_param_names(graphs, params)
+    return Loaded(graphs, params)
+
+
+# ---------------------------------------------------------------- bind
+
+
+def bind(g: Graph, params: Mapping[str, np.ndarray], dims: Mapping[str, int]) -> dict[str, int]:
+    """The dims of g known before a call: `dims` and those the bound arrays fix (checked against
+    their parameters)."""
+    dims = {k: v for k, v in dims.items() if k in g.dims()}
+    if not params:
+        return dims
+    names = [n for n, _ in g.params]
+    sub = Graph(g.name, list(g.nodes), [i for i, n in zip(g.inputs, names) if n in params], [])
+    return bind_arrays(sub, [params[n] for n in names if n in params], dims)
+
+
+def params_of(g: Graph, params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays bound to g's own parameters."""
+    own = dict(g.params)
+    return {k: v for k, v in params.items() if k in own}
+
+
+def batch_dim(g: Graph, dims: Mapping[str, int], buckets, params=None) -> tuple[str, list[int] | None] | None:
+    """(the graph's run-time batch dim, its bucket sizes or None for the default), or None."""
+    free = [d for d in batch_dims(g, params)[0] if d not in dims]
+    if buckets is None:
+        return (free[0], None) if free else None
+    chosen = [d for d in free if d in buckets]
+    return (chosen[0], sorted({int(v) for v in buckets[chosen[0]]})) if chosen else None
+
+
+def padded_dims(graphs: list[Graph], buckets, dims, params) -> list[str]:
+    """The dims that buckets= names and that are not batch dims, of a one-graph .g model (padded at
+    run time: eqfuse.runtime.padded); a multi-graph model's are refused by check_buckets."""
+    if not buckets or len(graphs) != 1:
+        return []
+    check_bucket_values(graphs[0].dims(), buckets)
+    why = batch_dims(graphs[0], params)[1]
+    return [k for k in buckets if why.get(k) and k not in (dims or {})]
+
+
+# ---------------------------------------------------------------- fold, optimize
+
+
+def fold(g: Graph, params: dict, fuse: bool | str) -> Folded:
+    """The bound params folded into the graph (only when the optimizer fuses: fuse=True)."""
+    return fold_params(g, params) if fuse is True else Folded(g, params, [])
+
+
+def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse: bool | str = True) -> tuple[Graph, Any]:
+    """The optimizer's fused graph; the graph as written for fuse=False or fuse="manual"."""
+    if fuse is False:
+        return g, {"optimized": False, "reason": "fuse=False: every op is its own kernel"}
+    if fuse == "manual":
+        return g, {"optimized": False, "reason": "fuse=\"manual\": kernel blocks as written"}
+    with progress.step(f"optimizing {g.name}"):
+        res = optimize_graph(g, cost=cost, rules=rules, disable=disable, dims=dims or None)
+    return res.graph, res.report
+
+
+# ---------------------------------------------------------------- lower, build
+
+
+def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: frozenset[str] = frozenset()):
+    """(kernelized graph, plans) for one dims binding; `params` names the inputs bound by params=
+    (a GEMM prepacks such a B operand once)."""
+    bound = bind_dims(g, dims) if g.dims() else g
+    return bound, *lower_graph(bound, machine(), fuse=fuse is not False, params=params)
+
+
+def kernel_infos(kg: Graph, plans, sources: Mapping[str, str], graph: str | None = None) -> list[Kernel]:
+    """What mod.kernels shows of each plan; `graph` names the user's graph (kg's name may carry a
+    batch bucket's suffix)."""
+    names = {i: (n.name or f"t{i}") for i, n in enumerate(kg.nodes)}
+    taken = set(names.values())
+    out = []
+    for p in plans:
+        body = kernel_text(kg.nodes[p.node], names, set(taken), indent="")
+        out.append(Kernel(p.name, p.kind, body, sources.get(p.name, ""), p.bytes, p.flops, dict(p.tiles),
+                          graph or kg.name))
+    return out
+
+
+def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: frozenset[str] = frozenset(),
+          names: list[str] | None = None, panels=None) -> list[Compiled]:
+    """One Compiled per dims binding, all in one C module (one compiler run); `names` renames the
+    graph per binding, so that their kernels and run functions differ."""
+    lowered = []
+    for k, dims in enumerate(bindings):
+        gk = replace(g, name=names[k]) if names else g
+        bound, kg, plans = lower(gk, dims, fuse, params)
+        lowered.append((bound, kg, plans, plan_memory(kg, plans)))
+    emitted = emit_graph([p for _, _, plans, _ in lowered for p in plans], share=True)
+    lib = ffi = None
+    if emitted.kernel_sources:
+        # one entry point per graph: every kernel is called from C (eqfuse.runtime.program)
+        runs = [emit_run(kg, plans, memory, emitted.symbol) for _, kg, plans, memory in lowered
+                if any(p.kind != "view" for p in plans)]
+        unique = len(emitted.kernel_sources) - len(emitted.alias)
+        with progress.step(f"compiling {unique} kernels of {g.name}"):
+            built = build_c("\n".join([emitted.source] + [c for c, _ in runs]),
+                            "\n".join([emitted.cdef] + [d for _, d in runs]), f"eqf_{g.name}")
+        lib, ffi = built.lib, built.ffi
+    return [Compiled(bound, kg, plans, lib, ffi, kernel_infos(kg, plans, emitted.kernel_sources, g.name), memory,
+                     panels, emitted.alias)
+            for bound, kg, plans, memory in lowered]
+
+
+def builder(fuse: bool | str, params: frozenset[str] = frozenset()):
+    """`build` for a GraphFunction, which calls it with each new dims binding."""
+    def build_bindings(g: Graph, bindings: list[dict], names: list[str] | None = None, panels=None):
+        return build(g, bindings, fuse, params, names, panels)
+    return build_bindings
+
+
+# ---------------------------------------------------------------- compile
+
+
+def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
+            dims: Mapping[str, int] | None = None, params: Mapping[str, np.ndarray] | None = None,
+            threads: int | None = None, verify: bool = False, fuse: bool | str = True,
+            check_rules: bool = True, grad: Sequence[str] | None = None,
+            buckets: Mapping[str, Sequence[int]] | None = None, precision: str = "f32") -> Module:
+    """Compile every graph of a model to C kernels (docs/backend.md).
+
+    User rule files (rules=) are first checked for soundness on random inputs, once per file
+    content (eqfuse.optimizer.rulecheck): an unsound rule raises RuleError; check_rules=False skips it.
+
+    fuse=True runs the optimizer; fuse="manual" keeps the graph as written (hand-written kernel
+    blocks are kernels, every other op its own kernel); fuse=False compiles every op as its own
+    kernel, kernel blocks inlined (the "unfused" baseline of `eqfuse bench`).
+
+    grad=["w1", "b1", ...] differentiates the first graph, whose first result must be a scalar
+    loss: its call returns (loss, *other results, *gradients in the order of grad=). The joint
+    forward + backward graph (eqfuse.grad) is built at concrete dimensions: now when dims= and
+    params= bind them all, else at the first call of each new binding.
+
+    A batch dimension (a named dim every sample along which is computed on its own, leading
+    every tensor that holds it: eqfuse.ir.separable) left unbound by dims= and params= takes any
+    value without compiling again: the graph is compiled once for a few sizes of it and a call
+    runs on chunks of those (eqfuse.runtime.buckets). buckets={"B": [1, 8, 32]} chooses the
+    sizes (and compiles them now when the other dims are known); the default is the first call's
+    batch rounded up to a power of two and the powers of four below it. buckets={} compiles each
+    new binding instead.
+    """
+    opts = Options.of(cost, rules, disable, dims, params, threads, verify, fuse, check_rules, grad, buckets, precision)
+    if opts.fuse is True:
+        check_rule_files(opts.rules, enabled=opts.check_rules)
+    return compile_model(src, opts)
+
+
+def compile_model(src, opts: Options, shared: SharedArrays | None = None) -> Module:
+    """The stages for checked options; `shared` is set when this compile is one bucket of a
+    padded model (its weights and their panels are the other buckets')."""
+    try:
+        loaded = load(src, opts, shared)
+    except DimsNeeded:  # an ONNX model with named dims only bound per call: compiled per bucket of them
+        if opts.grad is not None:
+            raise
+        return padded_module(src, opts)
+    graphs, params = loaded.graphs, loaded.params
+    if opts.grad is None and not is_onnx(src) and padded_dims(graphs, opts.buckets, opts.dims, params):
+        g = graphs[0]
+        return padded_module(src, replace(opts, dims=bind(g, params_of(g, params), opts.dims)), graph=g)
+    check_buckets(graphs, opts.buckets, opts.dims, params)
+    functions, reports, optimized = [], {}, []
+    for g in graphs:
+        gp = params_of(g, params)
+        gdims = bind(g, gp, opts.dims)
+        if opts.grad is not None and g is graphs[0]:
+            joint = differentiate(g, opts.grad, gdims)
+            if joint is None:  # dimensions still unbound: built per binding at the first call
+                functions.append(lazy_grad(g, gp, gdims, opts))
+                reports[g.name] = {"optimized": False, "reason": "grad=: differentiated and compiled at the first call"}
+                continue
+            g = joint
+        function, report, opt = compile_graph(g, gp, gdims, opts, shared)
+        reports[g.name] = report
+        optimized.append((opt, gdims))
+        functions.append(function)
+
+    def text() -> str:
+        return module_text([bind_dims(o, d) if d else o for o, d in optimized])
+
+    report = reports[graphs[0].name] if len(graphs) == 1 else reports
+    if is_onnx(src) and shared is None:
+        give_back_memory()  # the import's freed memory (a padded model's first call trims once)
+    return Module(functions, report, text)
+
+
+def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, shared: SharedArrays | None):
+    """(GraphFunction, report, optimized graph) of one graph: fold -> optimize; lower and build
+    now when every dim is known, else at the first call of each binding."""
+    folded = fold(g, params, opts.fuse)
+    if shared is not None:
+        folded = replace(folded, params=shared.arrays(folded.params))
+    with shared.optimizing if shared is not None else contextlib.nullcontext():
+        opt, report = optimize(folded.graph, cost=opts.cost, rules=opts.rules, disable=opts.disable, dims=dims,
+                               fuse=opts.fuse)
+    report["folded"] = folded.notes
+    if opts.fuse is True:
+        batch_dims_report(report, g, params)
+    for k in opts.buckets or {}:
+        if k in dims and k not in opts.dims:
+            raise ArgumentError(f"buckets=: '{k}' is fixed by the arrays params= binds ({k}={dims[k]}); "
+                                f"a dimension is either fixed or a batch dim")
+    batch = batch_dim(g, dims, opts.buckets, params)
+    f = GraphFunction(g, opt, folded.params, dims, builder(opts.fuse, frozenset(folded.params)), opts.verify,
+                      opts.threads, batch, shared.panels if shared is not None else None)
+    if all(d in dims for d in g.dims()):
+        f.compiled(dims)  # everything is known: compile now, so errors show here
+    elif batch and batch[1] and all(d in dims or d == batch[0] for d in g.dims()):
+        f.bucketed(dims)  # the buckets are given and the other dims known: compile now
+    return f, report, opt
+
+
+def lazy_grad(g: Graph, params: dict, dims: dict[str, int], opts: Options) -> LazyGradFunction:
+    """grad= with dims unbound: the joint graph compiled per binding at the first call."""
+    def compile_text(text: str, params=None) -> Module:
+        return compile_model(text, replace(opts, grad=None, dims={}, params=dict(params or {}), buckets=None))
+
+    return LazyGradFunction(g, opts.grad, params, dims, compile_text)
+
+
+def padded_module(src, opts: Options, graph: Graph | None = None) -> Module:
+    """The model compiled per bucket of its named dims at run time (eqfuse.runtime.padded): an
+    ONNX model that imports only with some bound (the leading one stays a batch dim, the others are
+    padded), or `graph`, a .g graph whose buckets= name dims that are not batch dims. opts.dims
+    holds the dims known now."""
+    dims, buckets = opts.dims, opts.buckets
+    shared = SharedArrays()  # the buckets' equal weights and their panels, held once
+
+    def build_bucket(bucket: dict[str, int]) -> Module:
+        batch = {k: v for k, v in (buckets or {}).items() if k not in bucket}  # the batch dim's sizes
+        return compile_model(src, replace(opts, dims={**dims, **bucket},
+                                          buckets={} if buckets == {} else batch or None), shared)
+
+    if graph is None:
+        from eqfuse.frontend.onnx_import import import_with_params
+        from eqfuse.frontend.onnx_inputs import (
+            graph_name,
+            input_dims,
+            input_shapes,
+            load_model,
+        )
+
+        proto = load_model(src)  # read once here (not kept: BERT-base's is 440 MB)
+        check_bucket_values(input_dims(proto), buckets)
+        inputs = [(name, shape) for _, name, shape in input_shapes(proto)]
+        batch = next((s[0] for _, s in inputs if s and isinstance(s[0], str) and s[0] not in dims), None)
+        f = PaddedFunction(graph_name(proto), inputs, dims, batch, buckets or {}, build_bucket,
+                           lambda d: import_with_params(src, dims={**dims, **d}))
+        del proto
+    else:
+        params = opts.params
+        inputs = [(n, t.shape) for n, t in graph.params if n not in params]
+        batch = next((d for d in batch_dims(graph, params)[0] if d not in dims and d not in buckets), None)
+        f = PaddedFunction(graph.name, inputs, dims, batch, buckets, build_bucket, lambda d: (graph, params))
+        f.padding = {d: "buckets= does not name it" for d in f.padded if d not in buckets}
+    if buckets == {}:  # buckets={}: every binding compiled on its own, no padding
+        f.sizes, f.padding = {}, {d: "buckets={}" for d in f.padded}
+    return Module([f], {"optimized": False, "reason": f"{', '.join(f.padded)} bound per call: compiled per "
+                        "bucket at the first call"}, lambda: f.last_module.graph if f.last_module else "")
+
+
+# ---------------------------------------------------------------- the stages for other drivers
+
+
+def reference(src) -> Reference:
+    """The pure-numpy oracle of the unoptimized model (eqfuse.reference)."""
+    return Reference(load_graphs(src))
+
+
+def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = None, uops: bool = True,
+              **opts) -> str:
+    """Every kernel's plan and, with `uops`, its tile-level schedule (`eqfuse lower [--uops]`)."""
+    out = []
+    # as compile does: an ONNX model imported at the dims (its shape arithmetic needs them) and
+    # its initializers folded, so the plans are the ones a compiled model runs
+    graphs, weights = load_with_weights(src, dims)
+    for g in graphs:
+        if graph is not None and g.name != graph:
+            continue
+        gd = {k: v for k, v in (dims or {}).items() if k in g.dims()}
+        missing = [d for d in g.dims() if d not in gd]
+        if missing:
+            raise EqfuseError(f"graph {g.name} has unbound dimension{'s' * (len(missing) > 1)} "
+                              f"{', '.join(missing)}; bind with --dim NAME=INT")
+        folded = fold(g, params_of(g, weights), opts.get("fuse", True))
+        opt, _ = optimize(folded.graph, dims=gd, **opts)
+        _, kg, plans = lower(opt, gd, params=frozenset(folded.params))
+        out.append(f"# graph {g.name}: {len([p for p in plans if p.kind != 'view'])} kernels\n" + format_uops(plans, uops))
+    return "\n\n".join(out)
