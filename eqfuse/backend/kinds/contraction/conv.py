@@ -192,6 +192,8 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     _, _, OH, OW = cv.type.shape
     if tuple(cv.type.shape) != tuple(plan.out_shape) or plan.in_strides:
         return False  # (an epilogue that broadcasts, inputs read through views: im2col's rules)
+    if _pair(cv.attr.get("dilation", 1)) != (1, 1) or cv.attr.get("group", 1) != 1:
+        return False  # (a dilated conv: im2col, which spaces the taps; grouped: conv_grouped)
     NP, K = N * OH * OW, C * KH * KW
     sh, sw = _pair(cv.attr["stride"])
     if not force and not use_direct(KH, KW, sh, sw):
@@ -471,6 +473,8 @@ def _direct_1x1(q: KernelPlan) -> bool:
             or q.out_strides is not None:
         return False
     cv = q.body.nodes[q.shape.anchor]
+    if cv.attr.get("group", 1) != 1:
+        return False  # (a grouped conv: conv_grouped)
     return tuple(q.body.nodes[cv.args[1]].type.shape[2:]) == (1, 1) and tuple(cv.type.shape) == tuple(q.out_shape)
 
 
