@@ -18,6 +18,7 @@ from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.backend.stores import place_stores, store_uop
 from eqfuse.backend.views import place_views
 from eqfuse.errors import EqfuseError
+from eqfuse.ir.conv_forms import expand_convs
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.kernels import F32, SUPPORTED, K, Split, Unsupported, classify
 
@@ -129,6 +130,7 @@ def lower_graph(g: Graph, fuse: bool = True, params: frozenset[str] = frozenset(
     names the inputs bound by params=: a GEMM whose B is one of them is marked b_bound (emit
     then prepacks it, when B is one matrix shared by every batch)."""
     caches = machine_caches()
+    g = expand_convs(g)  # (conv1d, conv_transpose2d as conv2d, when the optimizer did not run)
     split: set[int] = set()
     while True:
         kg = kernelize(g, fuse=fuse, split=frozenset(split))
