@@ -329,7 +329,7 @@ def conv_transpose2d_numpy(args, attrs):
     _, og, kh, kw = w.shape
     cg = C // g
     OH, OW = (H - 1) * sh - 2 * ph + kh + oph, (W - 1) * sw - 2 * pw + kw + opw
-    full = np.zeros((N, og * g, (H - 1) * sh + kh + oph, (W - 1) * sw + kw + opw), F32)
+    full = np.zeros((N, og * g, (H - 1) * sh + kh + oph, (W - 1) * sw + kw + opw), np.result_type(x, w))
     for i in range(g):
         xi, wi = x[:, i * cg:(i + 1) * cg], w[i * cg:(i + 1) * cg]
         t = np.tensordot(xi, wi, axes=([1], [0]))  # [N, H, W, og, kh, kw]
