@@ -5,12 +5,13 @@ Output channel o reads only the C / group input channels of its group, so a grou
 `group` small convolutions side by side. The one im2col GEMM of a dense conv does not fit them
 (the GEMM's epilogue indexes its rows as the output channels of one matrix), and the per-group
 GEMMs of a depthwise conv (one output channel over KH x KW taps) would be 1-row GEMMs. The
-kernel here computes each output plane (image, channel) row by row: an accumulator row of OW
-floats gets, per input channel of the group and tap, the tap's weight times an input row, a
-multiply-add vectorized over the width. A depthwise conv (one input channel per group, any
-channel multiplier) is memory bound: each input row is read from L1 KH times, each output
-element written once, through the fused epilogue (bias, batchnorm, activation, residual).
-The same kernel runs any stride, padding and dilation.
+kernel here computes one output plane (image, channel) at a time: per input channel of the
+group, a zero-padded copy of the input plane (so no tap needs a bounds check), then each output
+pixel's sum over the taps in a register, the taps unrolled and a row's pixels in the vector
+lanes. A depthwise conv (one input channel per group, any channel multiplier) is memory bound:
+the input plane is read from memory once, each output element written twice (the sums, then the
+fused epilogue in place: bias, batchnorm, activation, residual). The same kernel runs any
+stride, padding and dilation.
 """
 
 from __future__ import annotations
@@ -73,20 +74,21 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     d = ConvGroupedDetail(N, C, H, W, O, g, KH, KW, OH, OW, _pair(cv.attr["stride"]), _pair(cv.attr["padding"]),
                           _pair(cv.attr["dilation"]), par)
     plan.detail = d
-    plan.tiles = {"row": OW}
+    plan.tiles = {"plane": OH * OW}
     plan.flops = 2 * macs + pointwise_flops(body)
-    plan.cache_check = (f"an accumulator row of {OW} x {F32} = {OW * F32} B and a group's input rows "
-                        f"{CG} x {KH} x {W * F32} B <= L1 {m.l1} B: "
-                        f"{'ok' if (OW + CG * KH * W) * F32 <= m.l1 else 'NO'}")
+    hp, wp = (OH - 1) * d.stride[0] + (KH - 1) * d.dilation[0] + 1, (OW - 1) * d.stride[1] + (KW - 1) * d.dilation[1] + 1
+    plane = (hp * wp + OH * OW) * F32
+    plan.cache_check = (f"a padded input plane {hp} x {wp} and an output plane {OH} x {OW}: {plane} B <= L2 {m.l2} B: "
+                        f"{'ok' if plane <= m.l2 else 'NO'}")
     plan.threads = (f"the {N * O} output planes (image, channel) split evenly" if par
                     else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
     plan.uops = [UOp(0, "Loop", f"{N * O} output planes (image, channel), {g} groups of {CG} input channels",
                      N * O),
-                 UOp(1, "Loop", f"{OH} output rows", N * O * OH),
-                 UOp(2, "Exec", f"{CG} x {KH} x {KW} taps: a multiply-add over the row of {OW} pixels",
-                     N * O * OH * CG * KH * KW),
-                 UOp(2, "Store", f"row through the epilogue ({epi or 'none'}) into NCHW", N * O * OH)]
+                 UOp(1, "Load", f"input plane to a zero-padded copy [{hp}][{wp}]", N * O * CG),
+                 UOp(1, "Exec", f"{OH} rows of {OW} pixels, each a sum over {KH} x {KW} taps in a register, "
+                                "added to the plane's partial sums", N * O * CG * OH),
+                 UOp(1, "Store", f"plane through the epilogue ({epi or 'none'}) in place, NCHW", N * O)]
 
 
 def emit_conv_grouped(plan: KernelPlan) -> str:
