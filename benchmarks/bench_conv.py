@@ -160,7 +160,7 @@ def _grouped_ort(shape, xs, threads):
 
     op, N, C, L, O, k, s, p, g, epi = shape
     nd = 2 if op == "conv2d" else 1
-    inits = [numpy_helper.from_array(xs[n], n) for n in ("w", "b", "ga", "be", "m", "v")]
+    inits = [numpy_helper.from_array(xs[n], n) for n in ("w", "b") + (("ga", "be", "m", "v") if epi == "bn_relu6" else ())]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k] * nd, strides=[s] * nd,
                               pads=[p] * 2 * nd, group=g)]
     if epi == "bn_relu6":
