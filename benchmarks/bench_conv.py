@@ -2,6 +2,7 @@
 onnxruntime, interleaved in one process.
 
     python benchmarks/bench_conv.py [--repeat N] [--threads T ...] [--set resnet18|resnet56|all]
+    python benchmarks/bench_conv.py --set mobilenet|convnext|whisper|grouped [--repeat N] [--threads T ...]
 
 The shapes: every conv of the narrow ResNet-18 of tests/model_exports.py at 64x64 images, batch 2
 ("resnet18"), and the convs of torchvision's ResNet-18 at 56x56 (after the stem), batch 1
@@ -11,6 +12,11 @@ EQFUSE_CONV=im2col (eqfuse.backend.kinds.contraction.conv, conv_winograd), and w
 choice, "auto"); onnxruntime runs
 a Conv -> BatchNormalization -> Relu model (ORT_ENABLE_ALL fuses it into one NCHWc conv) on the
 same thread count. Each row: median microseconds per call and ORT / eqfuse-auto.
+
+The grouped sets (`grouped` is all three): MobileNetV2's depthwise 3x3 convs (+ batchnorm +
+ReLU6) at 112, 56, 28 and 14 pixels, ConvNeXt-T's depthwise 7x7 convs (+ bias), and Whisper-tiny's
+encoder convs (conv1d k=3 over 3000 frames, + bias + GELU), batch 1, weights bound; eqfuse's
+planner's choice against onnxruntime on the same thread count.
 """
 
 from __future__ import annotations
@@ -101,13 +107,116 @@ def _ort(shape, xs, threads):
     return lambda: sess.run(None, {"x": xs["x"]})[0]
 
 
+# name: (op, N, C, L, O, k, stride, padding, group, epilogue); L the image's side (conv1d: its length)
+GROUPED = {
+    "mobilenet": {
+        "mbv2 dw 32 3x3 @112": ("conv2d", 1, 32, 112, 32, 3, 1, 1, 32, "bn_relu6"),
+        "mbv2 dw 96 3x3/2 @112": ("conv2d", 1, 96, 112, 96, 3, 2, 1, 96, "bn_relu6"),
+        "mbv2 dw 144 3x3 @56": ("conv2d", 1, 144, 56, 144, 3, 1, 1, 144, "bn_relu6"),
+        "mbv2 dw 192 3x3 @28": ("conv2d", 1, 192, 28, 192, 3, 1, 1, 192, "bn_relu6"),
+        "mbv2 dw 384 3x3 @14": ("conv2d", 1, 384, 14, 384, 3, 1, 1, 384, "bn_relu6"),
+        "mbv2 dw 576 3x3 @14": ("conv2d", 1, 576, 14, 576, 3, 1, 1, 576, "bn_relu6"),
+    },
+    "convnext": {
+        "convnext dw 96 7x7 @56": ("conv2d", 1, 96, 56, 96, 7, 1, 3, 96, "bias"),
+        "convnext dw 192 7x7 @28": ("conv2d", 1, 192, 28, 192, 7, 1, 3, 192, "bias"),
+        "convnext dw 384 7x7 @14": ("conv2d", 1, 384, 14, 384, 7, 1, 3, 384, "bias"),
+        "convnext dw 768 7x7 @7": ("conv2d", 1, 768, 7, 768, 7, 1, 3, 768, "bias"),
+    },
+    "whisper": {
+        "whisper conv1 80->384 k3 @3000": ("conv1d", 1, 80, 3000, 384, 3, 1, 1, 1, "bias_gelu"),
+        "whisper conv2 384 k3/2 @3000": ("conv1d", 1, 384, 3000, 384, 3, 2, 1, 1, "bias_gelu"),
+    },
+}
+
+
+def _grouped_arrays(op, N, C, L, O, k, g):
+    rng = np.random.default_rng(0)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)
+    sp = (L, L) if op == "conv2d" else (L,)
+    return {"x": f(N, C, *sp), "w": f(O, C // g, *(k,) * len(sp)) * 0.1, "b": f(O) * 0.1, "m": f(O) * 0.1,
+            "v": np.abs(f(O)) + 0.5, "ga": f(O), "be": f(O)}
+
+
+def _grouped_eqfuse(shape, xs):
+    op, N, C, L, O, k, s, p, g, epi = shape
+    out = (L + 2 * p - k) // s + 1
+    sp, osp = ((L, L), (out, out)) if op == "conv2d" else ((L,), (out,))
+    dims = lambda t: ", ".join(map(str, t))
+    conv = f"{op}(x, w, b, stride={s}, padding={p}, group={g})"
+    body = {"bn_relu6": f"clip(batchnorm({conv}, m, v, ga, be, eps=0.00001), min=0.0, max=6.0)",
+            "bias": conv, "bias_gelu": f"gelu({conv})"}[epi]
+    names = ["w", "b"] + (["m", "v", "ga", "be"] if epi == "bn_relu6" else [])
+    ps = ", ".join(f"{n}: f32[{dims(xs[n].shape)}]" for n in names)
+    src = f"graph c(x: f32[{N}, {C}, {dims(sp)}], {ps}) -> f32[{N}, {O}, {dims(osp)}] {{\n  return {body}\n}}\n"
+    mod = eqfuse.compile(src, params={n: xs[n] for n in names})
+    (fn,) = mod.functions.values()
+    return fn
+
+
+def _grouped_ort(shape, xs, threads):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    op, N, C, L, O, k, s, p, g, epi = shape
+    nd = 2 if op == "conv2d" else 1
+    inits = [numpy_helper.from_array(xs[n], n) for n in ("w", "b") + (("ga", "be", "m", "v") if epi == "bn_relu6" else ())]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k] * nd, strides=[s] * nd,
+                              pads=[p] * 2 * nd, group=g)]
+    if epi == "bn_relu6":
+        inits += [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
+        nodes += [helper.make_node("BatchNormalization", ["c", "ga", "be", "m", "v"], ["bn"], epsilon=1e-5),
+                  helper.make_node("Clip", ["bn", "lo", "hi"], ["y"])]
+    elif epi == "bias_gelu":
+        nodes += [helper.make_node("Gelu", ["c"], ["y"])]
+    else:
+        nodes += [helper.make_node("Identity", ["c"], ["y"])]
+    gr = helper.make_graph(nodes, "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs["x"].shape))],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 20)])
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return lambda: sess.run(None, {"x": xs["x"]})[0]
+
+
+def main_grouped(sets: list[str], repeat: int, threads: list[int]) -> int:
+    print(f"{'conv (batch 1)':<34}{'thr':>4}{'eqfuse us':>11}{'ORT us':>9}{'ORT/eqfuse':>12}{'GB/s eqfuse':>13}  path")
+    for th in threads:
+        for name, shape in {k: v for s in sets for k, v in GROUPED[s].items()}.items():
+            op, N, C, L, O, k, s, p, g, epi = shape
+            xs = _grouped_arrays(op, N, C, L, O, k, g)
+            fn = _grouped_eqfuse(shape, xs)
+            fn.threads = th
+            runs = {"eqfuse": functools.partial(fn, x=xs["x"]), "ort": _grouped_ort(shape, xs, th)}
+            want = runs["ort"]()
+            np.testing.assert_allclose(np.asarray(runs["eqfuse"]()), want, rtol=1e-3, atol=1e-3, err_msg=name)
+            times: dict[str, list[float]] = {k: [] for k in runs}
+            for _ in range(repeat):  # interleaved
+                for key, run in runs.items():
+                    t = time.perf_counter()
+                    run()
+                    times[key].append(time.perf_counter() - t)
+            med = {key: statistics.median(v) * 1e6 for key, v in times.items()}
+            moved = 4 * (xs["x"].size + want.size)  # bytes in and out (the floor of a memory-bound conv)
+            plan = next(q for q in fn.last.plans if q.kind == "conv2d")
+            print(f"{name:<34}{th:>4}{med['eqfuse']:>11.1f}{med['ort']:>9.1f}{med['ort'] / med['eqfuse']:>12.2f}"
+                  f"{moved / med['eqfuse'] / 1e3:>13.2f}  {type(plan.detail).__name__}", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--threads", type=int, action="append")
-    ap.add_argument("--set", default="all", choices=("resnet18", "resnet56", "all"))
+    ap.add_argument("--set", default="all",
+                    choices=("resnet18", "resnet56", "all", "mobilenet", "convnext", "whisper", "grouped"))
     args = ap.parse_args(argv)
     blas_threads(1)
+    if args.set in GROUPED or args.set == "grouped":
+        return main_grouped(list(GROUPED) if args.set == "grouped" else [args.set], args.repeat, args.threads or [1])
     shapes = {**(RESNET18 if args.set in ("resnet18", "all") else {}),
               **(RESNET56 if args.set in ("resnet56", "all") else {})}
     print(f"{'conv (N=batch)':<26}{'thr':>4}{'direct us':>11}{'winograd us':>13}{'im2col us':>11}{'auto us':>9}"

@@ -1,5 +1,5 @@
 /* {{NAME}}: conv2d NCHW x OIHW, {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}},
- * padding {{PH}}x{{PW}} -> {{N}}x{{O}}x{{OH}}x{{OW}}: im2col, then {{GEMM}} (batched over images,
+ * padding {{PH}}x{{PW}}, dilation {{DH}}x{{DW}} -> {{N}}x{{O}}x{{OH}}x{{OW}}: im2col, then {{GEMM}} (batched over images,
  * the epilogue fused into its store). */
 void {{NAME}}({{PARAMS}})
 {
@@ -25,9 +25,9 @@ void {{NAME}}({{PARAMS}})
                     float* restrict dst = colbuf + ((n * K) + (c * KH + kh) * KW + kw) * P;
                     const float* restrict src = {{X}} + (n * C + c) * (long)H * W;
                     for (long oh = 0; oh < OH; oh++) {
-                        const long ih = oh * {{SH}} - {{PH}} + kh;
+                        const long ih = oh * {{SH}} - {{PH}} + kh * {{DH}};
                         for (long ow = 0; ow < OW; ow++) {
-                            const long iw = ow * {{SW}} - {{PW}} + kw;
+                            const long iw = ow * {{SW}} - {{PW}} + kw * {{DW}};
                             dst[oh * OW + ow] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? src[ih * W + iw] : 0.0f;
                         }
                     }

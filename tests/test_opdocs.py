@@ -38,7 +38,7 @@ def test_ops_lists_every_op_with_signature_kind_and_meaning(capsys):
     assert 'gelu(x, approximate="none")' in out
     assert "layernorm(x, gamma, beta, axis=-1, eps=1e-05)" in out
     assert "slice(x, axis=int, start=0, [stop=int], step=1)" in out  # required, defaulted, may be omitted
-    assert "conv2d(x, w[, b], stride=1, padding=0)" in out
+    assert "conv2d(x, w[, b], stride=1, padding=0, dilation=1, group=1)" in out
 
 
 def test_ops_name_shows_one_op_in_full(capsys):

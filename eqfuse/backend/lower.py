@@ -18,6 +18,7 @@ from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.backend.stores import place_stores, store_uop
 from eqfuse.backend.views import place_views
 from eqfuse.errors import EqfuseError
+from eqfuse.ir.conv_forms import expand_convs
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.kernels import F32, SUPPORTED, K, Split, Unsupported, classify
 from eqfuse.machine import Machine
@@ -112,6 +113,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True,
     """(the kernelized graph, one plan per kernel) for a graph with concrete shapes, planned for
     machine m. `params` names the inputs bound by params=: a GEMM whose B is one of them is marked
     b_bound (emit then prepacks it, when B is one matrix shared by every batch)."""
+    g = expand_convs(g)  # (conv1d, conv_transpose2d as conv2d, when the optimizer did not run)
     split: set[int] = set()
     while True:
         kg = kernelize(g, fuse=fuse, split=frozenset(split))

@@ -49,7 +49,20 @@ def _reduce(fn: str):
 
 def _conv2d(t, a, at):
     bias = a[2] if len(a) == 3 else None
-    return t.nn.functional.conv2d(a[0], a[1], bias, stride=pair(at["stride"]), padding=pair(at["padding"]))
+    return t.nn.functional.conv2d(a[0], a[1], bias, stride=pair(at["stride"]), padding=pair(at["padding"]),
+                                  dilation=pair(at["dilation"]), groups=at["group"])
+
+
+def _conv1d(t, a, at):
+    bias = a[2] if len(a) == 3 else None
+    return t.nn.functional.conv1d(a[0], a[1], bias, stride=at["stride"], padding=at["padding"],
+                                  dilation=at["dilation"], groups=at["group"])
+
+
+def _conv_transpose2d(t, a, at):
+    bias = a[2] if len(a) == 3 else None
+    return t.nn.functional.conv_transpose2d(a[0], a[1], bias, stride=pair(at["stride"]), padding=pair(at["padding"]),
+                                            output_padding=pair(at["output_padding"]), groups=at["group"])
 
 
 def _slice(t, a, at):
@@ -125,6 +138,8 @@ TORCH: dict[str, Callable] = {
     "mod": lambda t, a, at: t.remainder(a[0], a[1]),
     "matmul": lambda t, a, at: t.matmul(a[0], a[1]),
     "conv2d": _conv2d,
+    "conv1d": _conv1d,
+    "conv_transpose2d": _conv_transpose2d,
     "sum": _reduce("sum"),
     "mean": _reduce("mean"),
     "max": _reduce("max"),

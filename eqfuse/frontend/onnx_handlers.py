@@ -340,23 +340,23 @@ def _concat(imp, ins, at):
 def _conv(imp, ins, at):
     x, w = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
     xs, ws = imp.type(x).shape, imp.type(w).shape
-    if len(xs) != 4:
-        raise Unsupported(f"{len(xs) - 2}-D convolution (eqfuse supports 2-D, NCHW)")
-    if at.get("group", 1) != 1:
-        raise Unsupported(f"group={at['group']} (only group 1)")
-    if any(d != 1 for d in at.get("dilations", [1, 1])):
-        raise Unsupported(f"dilations {list(at['dilations'])}")
-    strides = list(at.get("strides", [1, 1]))
+    nd = len(xs) - 2
+    if nd not in (1, 2):
+        raise Unsupported(f"{nd}-D convolution (eqfuse supports 1-D, NCW, and 2-D, NCHW)")
+    group = at.get("group", 1)
+    strides = list(at.get("strides", [1] * nd))
+    dilations = list(at.get("dilations", [1] * nd))
     k = ws[2:]
+    spans = [(kk - 1) * d + 1 if isinstance(kk, int) else kk for kk, d in zip(k, dilations)]
     auto = at.get("auto_pad", "NOTSET")
     if auto in ("NOTSET", ""):
-        p = list(at.get("pads", [0, 0, 0, 0]))
-        pads = [(p[0], p[2]), (p[1], p[3])]
+        p = list(at.get("pads", [0] * (2 * nd)))
+        pads = [(p[i], p[i + nd]) for i in range(nd)]
     elif auto == "VALID":
-        pads = [(0, 0), (0, 0)]
+        pads = [(0, 0)] * nd
     elif auto in ("SAME_UPPER", "SAME_LOWER"):
         pads = []
-        for n, kk, s in zip(xs[2:], k, strides):
+        for n, kk, s in zip(xs[2:], spans, strides):
             if not isinstance(n, int):
                 raise Unsupported("auto_pad SAME over a named spatial dim")
             total = max((math.ceil(n / s) - 1) * s + kk - n, 0)
@@ -378,13 +378,56 @@ def _conv(imp, ins, at):
             pads[axis - 2] = (a, a)
     pad = [max(a, b) for a, b in pads]
     args = [x, w] + ([imp.data(ins[2], imp.node.input[2])] if len(ins) > 2 and ins[2] is not None else [])
-    y = imp.op("conv2d", args, stride=pair(strides), padding=pair(pad))
-    for axis, ((a, b), s, n, kk) in enumerate(zip(pads, strides, xs[2:], k), start=2):
+    if nd == 1:
+        y = imp.op("conv1d", args, stride=strides[0], padding=pad[0], dilation=dilations[0], group=group)
+    else:
+        y = imp.op("conv2d", args, stride=pair(strides), padding=pair(pad), dilation=pair(dilations), group=group)
+    for axis, ((a, b), s, n, kk) in enumerate(zip(pads, strides, xs[2:], spans), start=2):
         if a == b:
             continue
         first = (max(a, b) - a) // s
         count = (n + a + b - kk) // s + 1
         y = imp.op("slice", [y], axis=axis, start=first, stop=first + count)
+    return y
+
+
+@handles("ConvTranspose", attrs=("auto_pad", "dilations", "group", "kernel_shape", "output_padding",
+                                 "output_shape", "pads", "strides"))
+def _conv_transpose(imp, ins, at):
+    x, w = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
+    xs, ws = imp.type(x).shape, imp.type(w).shape
+    if len(xs) != 4:
+        raise Unsupported(f"{len(xs) - 2}-D ConvTranspose (eqfuse supports 2-D, NCHW)")
+    if any(d != 1 for d in at.get("dilations", [1, 1])):
+        raise Unsupported(f"ConvTranspose with dilations {list(at['dilations'])}")
+    if "output_shape" in at:
+        raise Unsupported("ConvTranspose with output_shape (give pads and output_padding)")
+    if at.get("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID"):
+        raise Unsupported(f"ConvTranspose with auto_pad {at['auto_pad']!r}")
+    strides = list(at.get("strides", [1, 1]))
+    p = list(at.get("pads", [0, 0, 0, 0]))
+    outpad = list(at.get("output_padding", [0, 0]))
+    args = [x, w] + ([imp.data(ins[2], imp.node.input[2])] if len(ins) > 2 and ins[2] is not None else [])
+    # asymmetric pads: the op pads both sides by the smaller amount; the outputs before the larger
+    # begin are sliced off, and at the end output_padding (or a slice) gives ONNX's size
+    # s (H - 1) + output_padding + k - begin - end
+    pad, extra, bounds = [], [], []
+    for i in range(2):
+        a, b, s, kk, n = p[i], p[i + 2], strides[i], ws[2 + i], xs[2 + i]
+        if not (isinstance(n, int) and isinstance(kk, int)):
+            raise NeedsDims("ConvTranspose over a named spatial dim (bind it with dims=)")
+        lo = min(a, b)
+        e = outpad[i] + lo - b
+        if not 0 <= outpad[i] < s:
+            raise Unsupported(f"ConvTranspose output_padding {outpad} with strides {strides}")
+        pad.append(lo)
+        extra.append(max(e, 0))
+        bounds.append((a - lo, a - lo + s * (n - 1) + outpad[i] + kk - a - b))
+    y = imp.op("conv_transpose2d", args, stride=pair(strides), padding=pair(pad), output_padding=pair(extra),
+               group=at.get("group", 1))
+    for axis, (lo, hi) in enumerate(bounds, start=2):
+        if (lo, hi) != (0, imp.type(y).shape[axis]):
+            y = imp.op("slice", [y], axis=axis, start=lo, stop=hi)
     return y
 
 

@@ -414,14 +414,38 @@ def _addmm(cv, bias, a, b, beta=1, alpha=1):
 
 @aten("convolution")
 def _convolution(cv, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
-    if cv.type(x).rank != 4:
-        raise Unsupported(f"a {cv.type(x).rank - 2}-d convolution")
-    if transposed or groups != 1 or any(d != 1 for d in dilation):
-        raise Unsupported("transposed, grouped or dilated convolution")
+    nd = cv.type(x).rank - 2
+    if nd not in (1, 2):
+        raise Unsupported(f"a {nd}-d convolution")
+    if isinstance(padding, str):
+        raise Unsupported(f"padding={padding!r}")
+    one = lambda v: v[0] if len(set(v)) == 1 else tuple(v)  # an int, or one value per spatial axis
     args = (x, w) if b is None else (x, w, b)
-    st = stride[0] if len(set(stride)) == 1 else tuple(stride)
-    pd = padding[0] if len(set(padding)) == 1 else tuple(padding)
-    return cv.op("conv2d", *args, stride=st, padding=pd)
+    stride, padding, dilation = list(stride), list(padding), list(dilation)
+    if transposed:
+        if nd != 2:
+            raise Unsupported(f"a transposed {nd}-d convolution")
+        if any(d != 1 for d in dilation):
+            raise Unsupported("a dilated transposed convolution")
+        return cv.op("conv_transpose2d", *args, stride=one(stride), padding=one(padding),
+                     output_padding=one(list(output_padding)), group=groups)
+    if nd == 1:
+        return cv.op("conv1d", *args, stride=stride[0], padding=padding[0], dilation=dilation[0], group=groups)
+    return cv.op("conv2d", *args, stride=one(stride), padding=one(padding), dilation=one(dilation), group=groups)
+
+
+@aten("conv1d", "conv2d")
+def _conv_nd(cv, x, w, b=None, stride=(1,), padding=(0,), dilation=(1,), groups=1):
+    nd = cv.type(x).rank - 2
+    rep = lambda v: list(v) * nd if len(v) == 1 else list(v)
+    return _convolution(cv, x, w, b, rep(stride), padding if isinstance(padding, str) else rep(padding),
+                        rep(dilation), False, [0] * nd, groups)
+
+
+@aten("conv_transpose2d.input")
+def _conv_transpose_nd(cv, x, w, b=None, stride=(1,), padding=(0,), output_padding=(0,), groups=1, dilation=(1,)):
+    rep = lambda v: list(v) * 2 if len(v) == 1 else list(v)
+    return _convolution(cv, x, w, b, rep(stride), rep(padding), rep(dilation), True, rep(output_padding), groups)
 
 
 # ---------------------------------------------------------------- indexing and pooling

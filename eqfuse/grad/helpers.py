@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from eqfuse.grad.emitter import Emitter
+from eqfuse.ir.conv_forms import flip, transposed_conv, zero_stuff
 from eqfuse.ir.graph import Node
 from eqfuse.ir.ops import pair, reduce_axes, slice_bounds
 from eqfuse.ir.shapes import norm_axis
@@ -164,22 +165,11 @@ def _zeros_like(em, ctx, args, at):
 
 def _dilate(em, t, sh, sw):
     """dy of a strided convolution with (stride - 1) zeros between its elements."""
-    if sh == 1 and sw == 1:
-        return t
-    n, o, oh, ow = em.shape(t)
-    t = em.op("reshape", [t], shape=(n, o, oh, 1, ow, 1))
-    t = em.op("pad", [t], pads=(0, 0, 0, 0, 0, 0, 0, 0, 0, sh - 1, 0, sw - 1))
-    t = em.op("reshape", [t], shape=(n, o, oh * sh, ow * sw))
-    t = em.op("slice", [t], axis=2, start=0, stop=(oh - 1) * sh + 1)
-    return em.op("slice", [t], axis=3, start=0, stop=(ow - 1) * sw + 1)
+    return zero_stuff(em, t, sh, sw)
 
 
 def _flip(em, t, axis):
-    k = em.shape(t)[axis]
-    if k == 1:
-        return t
-    idx = em.op("range", [], start=k - 1, stop=-1, step=-1, dtype="i64")
-    return em.op("gather", [t, idx], axis=axis)
+    return flip(em, t, axis)
 
 
 def _conv_geometry(em, dy, x, w, at):
@@ -191,9 +181,17 @@ def _conv_geometry(em, dy, x, w, at):
     return sh, sw, ph, pw, h, wd, kh, kw, rh, rw
 
 
+def _plain(at) -> bool:
+    return at.get("group", 1) == 1 and pair(at.get("dilation", 1)) == (1, 1)
+
+
 def _conv2d_dx(em, ctx, args, at):
-    """dx: the full correlation of the dilated dy with the flipped, transposed kernel, cropped."""
+    """dx: the full correlation of the dilated dy with the flipped, transposed kernel, cropped
+    (grouped or dilated: the transposed convolution of dy by w, eqfuse.ir.conv_forms)."""
     dy, x, w = args
+    if not _plain(at):
+        return transposed_conv(em, dy, w, None, at["stride"], at["padding"], em.shape(x)[2:], at["group"],
+                               at["dilation"])
     sh, sw, ph, pw, h, wd, kh, kw, rh, rw = _conv_geometry(em, dy, x, w, at)
     d = _dilate(em, dy, sh, sw)
     d = em.op("pad", [d], pads=(0, 0, kh - 1, kw - 1, 0, 0, kh - 1 + rh, kw - 1 + rw))
@@ -206,10 +204,33 @@ def _conv2d_dx(em, ctx, args, at):
     return full
 
 
+def _conv2d_dw_grouped(em, dy, x, w, at):
+    """dw[o, c, ky, kz] = sum over (n, i, j) of dy[n, o, i, j] x[n, g(o) C/g + c, i s - p + ky d, ...]:
+    a conv2d whose images are the group's input channels, whose channels are (group, image)
+    pairs in `group` groups and whose kernel is dy, with stride d (the forward dilation) and
+    dilation s (the forward stride): [C / g, O, >= kh, >= kw], cropped and transposed."""
+    g = at["group"]
+    n, c, h, wd = em.shape(x)
+    kh, kw = em.shape(w)[2:]
+    xt = em.op("reshape", [x], shape=(n, g, c // g, h, wd))
+    xt = em.op("transpose", [xt], perm=(2, 1, 0, 3, 4))
+    xt = em.op("reshape", [xt], shape=(c // g, g * n, h, wd))
+    dt = em.op("transpose", [dy], perm=(1, 0, 2, 3))
+    r = em.op("conv2d", [xt, dt], padding=at["padding"], stride=at["dilation"], dilation=at["stride"], group=g)
+    rh, rw = em.shape(r)[2:]
+    if rh != kh:
+        r = em.op("slice", [r], axis=2, start=0, stop=kh)
+    if rw != kw:
+        r = em.op("slice", [r], axis=3, start=0, stop=kw)
+    return em.op("transpose", [r], perm=(1, 0, 2, 3))
+
+
 def _conv2d_dw(em, ctx, args, at):
     """dw[o, c] = sum over n of x[n, c] correlated with the dilated dy[n, o]: a convolution with
     the batch axis as its channels."""
     dy, x, w = args
+    if not _plain(at):
+        return _conv2d_dw_grouped(em, dy, x, w, at)
     sh, sw, ph, pw, h, wd, kh, kw, rh, rw = _conv_geometry(em, dy, x, w, at)
     xt = em.op("transpose", [x], perm=(1, 0, 2, 3))
     dt = em.op("transpose", [_dilate(em, dy, sh, sw)], perm=(1, 0, 2, 3))
@@ -219,6 +240,30 @@ def _conv2d_dw(em, ctx, args, at):
     if rw:
         r = em.op("slice", [r], axis=3, start=0, stop=kw)
     return em.op("transpose", [r], perm=(1, 0, 2, 3))
+
+
+def _as_2d(em, t):
+    """A conv1d tensor [A, B, L] as conv2d's [A, B, 1, L]."""
+    a, b, n = em.shape(t)
+    return em.op("reshape", [t], shape=(a, b, 1, n))
+
+
+def _at_2d(at):
+    return {"stride": (1, at["stride"]), "padding": (0, at["padding"]), "dilation": (1, at["dilation"]),
+            "group": at["group"]}
+
+
+def _conv1d_dx(em, ctx, args, at):
+    """conv1d's gradients: conv2d's over a height of 1."""
+    dy, x, w = args
+    r = _conv2d_dx(em, ctx, [_as_2d(em, dy), _as_2d(em, x), _as_2d(em, w)], _at_2d(at))
+    return em.op("reshape", [r], shape=em.shape(x))
+
+
+def _conv1d_dw(em, ctx, args, at):
+    dy, x, w = args
+    r = _conv2d_dw(em, ctx, [_as_2d(em, dy), _as_2d(em, x), _as_2d(em, w)], _at_2d(at))
+    return em.op("reshape", [r], shape=em.shape(w))
 
 
 # name -> (function, tensor arguments, attribute names)
@@ -237,6 +282,8 @@ HELPERS: dict[str, tuple[Callable, int, tuple[str, ...]]] = {
     "unpad": (_unpad, 2, ("pads",)),
     "unconcat": (_unconcat, 1, ("axis",)),
     "zeros_like": (_zeros_like, 1, ()),
-    "conv2d_dx": (_conv2d_dx, 3, ("stride", "padding")),
-    "conv2d_dw": (_conv2d_dw, 3, ("stride", "padding")),
+    "conv2d_dx": (_conv2d_dx, 3, ("stride", "padding", "dilation", "group")),
+    "conv2d_dw": (_conv2d_dw, 3, ("stride", "padding", "dilation", "group")),
+    "conv1d_dx": (_conv1d_dx, 3, ("stride", "padding", "dilation", "group")),
+    "conv1d_dw": (_conv1d_dw, 3, ("stride", "padding", "dilation", "group")),
 }

@@ -32,8 +32,14 @@ DOCS: dict[str, tuple[str, str]] = {
     "floordiv": ("a, b", "a / b rounded down (numpy's floor_divide); an integer divided by 0 gives 0"),
     "mod": ("a, b", "a - floordiv(a, b) * b, with the sign of b (numpy's remainder); an integer mod 0 gives 0"),
     "matmul": ("a, b", "numpy.matmul: [..., M, K] @ [..., K, N] -> [..., M, N], rank >= 2, batch dims broadcast"),
-    "conv2d": ("x, w[, b]", "2-D convolution (cross-correlation): x NCHW, w OIHW, bias b[O]; "
-                            "stride and padding an int or [h, w]"),
+    "conv2d": ("x, w[, b]", "2-D convolution (cross-correlation): x NCHW, w OIHW with I = C / group, bias b[O]; "
+                            "stride, padding and dilation an int or [h, w]; group splits the channels "
+                            "(group = C: depthwise)"),
+    "conv1d": ("x, w[, b]", "1-D convolution (cross-correlation): x NCW, w OIW with I = C / group, bias b[O]; "
+                            "stride, padding, dilation and group as conv2d's"),
+    "conv_transpose2d": ("x, w[, b]", "2-D transposed convolution (conv2d's gradient with respect to its input): "
+                                      "x NCHW, w [C, O / group, kH, kW], bias b[O]; output size "
+                                      "(H - 1) x stride - 2 x padding + kH + output_padding"),
     "sum": ("x", "sum over `axis` (every axis when omitted); keepdims=true keeps them as size 1"),
     "mean": ("x", "mean over `axis` (every axis when omitted); keepdims=true keeps them as size 1"),
     "max": ("x", "maximum over `axis` (every axis when omitted); keepdims=true keeps them as size 1"),

@@ -180,45 +180,177 @@ def pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def _conv_out(h: Dim, k: Dim, s: int, p: int) -> Dim:
+def _conv_out(h: Dim, k: Dim, s: int, p: int, d: int = 1, op: str = "conv2d") -> Dim:
+    """Output size of a convolution window k (dilation d: it spans (k - 1) x d + 1 inputs)."""
     if not (isinstance(h, int) and isinstance(k, int)):
         if k == 1 and s == 1 and p == 0:
             return h
-        raise ShapeError("conv2d needs concrete spatial dimensions (bind them with --dim)")
-    out = (h + 2 * p - k) // s + 1
+        raise ShapeError(f"{op} needs concrete spatial dimensions (bind them with --dim)")
+    span = (k - 1) * d + 1
+    out = (h + 2 * p - span) // s + 1
     if out <= 0:
-        raise ShapeError(f"conv2d window {k} with padding {p} does not fit input size {h}")
+        what = f"window {k}" + (f" (dilation {d}: {span} wide)" if d != 1 else "")
+        raise ShapeError(f"{op} {what} with padding {p} does not fit input size {h}")
     return out
+
+
+def _conv_groups(op: str, x, w, group: int, wt_in: int = 1) -> None:
+    """The channel checks of a (grouped) convolution: x's channels (axis 1) and the weights'
+    output channels (axis 0) split into `group` groups, and the weights' per-group input channels
+    (axis `wt_in`) equal to x's channels per group."""
+    C, O, I = x.shape[1], w.shape[0], w.shape[wt_in]
+    if group < 1:
+        raise ShapeError(f"{op} group must be >= 1, got {group}")
+    if group == 1:
+        if C != I:
+            raise ShapeError(f"{op} channels differ: x has {C}, w expects {I}")
+        return
+    if not all(isinstance(d, int) for d in (C, O, I)):
+        raise ShapeError(f"{op} with group={group} needs concrete channel dimensions")
+    if C % group:
+        raise ShapeError(f"{op} group={group} does not divide the input's {C} channels")
+    if wt_in == 1 and O % group:
+        raise ShapeError(f"{op} group={group} does not divide the weights' {O} output channels")
+    if I != C // group:
+        raise ShapeError(f"{op} channels differ: x has {C} channels in {group} groups of {C // group}, "
+                         f"w expects {I} per group")
 
 
 def _conv_infer(ts, attrs):
     x, w = ts[0], ts[1]
     if x.rank != 4 or w.rank != 4:
         raise ShapeError(f"conv2d needs x in NCHW and w in OIHW (rank 4), got {fmt(x.shape)} and {fmt(w.shape)}")
-    if x.shape[1] != w.shape[1]:
-        raise ShapeError(f"conv2d channels differ: x has {x.shape[1]}, w expects {w.shape[1]}")
+    _conv_groups("conv2d", x, w, attrs["group"])
     if len(ts) == 3 and ts[2].shape != (w.shape[0],):
         raise ShapeError(f"conv2d bias must have shape [{w.shape[0]}], got {fmt(ts[2].shape)}")
-    (sh, sw), (ph, pw) = pair(attrs["stride"]), pair(attrs["padding"])
+    (sh, sw), (ph, pw), (dh, dw) = pair(attrs["stride"]), pair(attrs["padding"]), pair(attrs["dilation"])
     if min(sh, sw) < 1 or min(ph, pw) < 0:
         raise ShapeError("conv2d stride must be >= 1 and padding >= 0")
-    return TType((x.shape[0], w.shape[0], _conv_out(x.shape[2], w.shape[2], sh, ph),
-                  _conv_out(x.shape[3], w.shape[3], sw, pw)))
+    if min(dh, dw) < 1:
+        raise ShapeError("conv2d dilation must be >= 1")
+    return TType((x.shape[0], w.shape[0], _conv_out(x.shape[2], w.shape[2], sh, ph, dh),
+                  _conv_out(x.shape[3], w.shape[3], sw, pw, dw)))
+
+
+def _conv2d_one(x, w, stride, padding, dilation):
+    """One group's convolution (float32 in, float32 out): windows of the padded input, every
+    dilation-th element of a (k - 1) x dilation + 1 span, contracted with w."""
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    kh, kw = w.shape[2:]
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
+    win = np.lib.stride_tricks.sliding_window_view(xp, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
+    return np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
 
 
 def conv2d_numpy(args, attrs):
     x, w = args[0], args[1]
-    (sh, sw), (ph, pw) = pair(attrs["stride"]), pair(attrs["padding"])
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[2:], axis=(2, 3))[:, :, ::sh, ::sw]
-    out = np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+    geo = pair(attrs["stride"]), pair(attrs["padding"]), pair(attrs.get("dilation", 1))
+    g = attrs.get("group", 1)
+    if g == 1:
+        out = _conv2d_one(x, w, *geo)
+    else:  # a convolution per group of input channels, with its group of output channels
+        cg, og = x.shape[1] // g, w.shape[0] // g
+        out = np.concatenate([_conv2d_one(x[:, i * cg:(i + 1) * cg], w[i * og:(i + 1) * og], *geo)
+                              for i in range(g)], axis=1)
     if len(args) == 3:
         out = out + args[2][None, :, None, None]
     return out
 
 
-define(name="conv2d", kind="contraction", arity=(2, 3), infer=_conv_infer, numpy=conv2d_numpy,
-    attrs=(Attr("stride", "int_or_ints", 1), Attr("padding", "int_or_ints", 0)))
+_CONV_ATTRS = (Attr("stride", "int_or_ints", 1), Attr("padding", "int_or_ints", 0),
+               Attr("dilation", "int_or_ints", 1), Attr("group", "int", 1))
+define(name="conv2d", kind="contraction", arity=(2, 3), infer=_conv_infer, numpy=conv2d_numpy, attrs=_CONV_ATTRS)
+
+
+def _conv1d_infer(ts, attrs):
+    x, w = ts[0], ts[1]
+    if x.rank != 3 or w.rank != 3:
+        raise ShapeError(f"conv1d needs x in NCW and w in OIW (rank 3), got {fmt(x.shape)} and {fmt(w.shape)}")
+    _conv_groups("conv1d", x, w, attrs["group"])
+    if len(ts) == 3 and ts[2].shape != (w.shape[0],):
+        raise ShapeError(f"conv1d bias must have shape [{w.shape[0]}], got {fmt(ts[2].shape)}")
+    s, p, d = attrs["stride"], attrs["padding"], attrs["dilation"]
+    if s < 1 or p < 0 or d < 1:
+        raise ShapeError("conv1d stride and dilation must be >= 1 and padding >= 0")
+    return TType((x.shape[0], w.shape[0], _conv_out(x.shape[2], w.shape[2], s, p, d, "conv1d")))
+
+
+def conv1d_numpy(args, attrs):
+    """conv2d's reference over a height of 1."""
+    x, w = args[0][:, :, None, :], args[1][:, :, None, :]
+    at = {"stride": (1, attrs["stride"]), "padding": (0, attrs["padding"]), "dilation": (1, attrs["dilation"]),
+          "group": attrs["group"]}
+    return conv2d_numpy([x, w, *args[2:]], at)[:, :, 0, :]
+
+
+define(name="conv1d", kind="contraction", arity=(2, 3), infer=_conv1d_infer, numpy=conv1d_numpy,
+    attrs=(Attr("stride", "int", 1), Attr("padding", "int", 0), Attr("dilation", "int", 1), Attr("group", "int", 1)))
+
+
+def _convt_out(h: Dim, k: Dim, s: int, p: int, op_: int) -> Dim:
+    if not (isinstance(h, int) and isinstance(k, int)):
+        raise ShapeError("conv_transpose2d needs concrete spatial dimensions (bind them with --dim)")
+    out = (h - 1) * s - 2 * p + k + op_
+    if out <= 0:
+        raise ShapeError(f"conv_transpose2d of input size {h} with window {k}, stride {s} and padding {p} is empty")
+    return out
+
+
+def _convt_infer(ts, attrs):
+    x, w = ts[0], ts[1]
+    if x.rank != 4 or w.rank != 4:
+        raise ShapeError("conv_transpose2d needs x in NCHW and w as [C_in, C_out / group, kH, kW] (rank 4), "
+                         f"got {fmt(x.shape)} and {fmt(w.shape)}")
+    g = attrs["group"]
+    if g < 1:
+        raise ShapeError(f"conv_transpose2d group must be >= 1, got {g}")
+    C = x.shape[1]
+    if g != 1 and not isinstance(C, int):
+        raise ShapeError(f"conv_transpose2d with group={g} needs concrete channel dimensions")
+    if g != 1 and C % g:
+        raise ShapeError(f"conv_transpose2d group={g} does not divide the input's {C} channels")
+    if w.shape[0] != C:
+        raise ShapeError(f"conv_transpose2d channels differ: x has {C}, w expects {w.shape[0]} (w is [C_in, C_out / group, kH, kW])")
+    O = w.shape[1] * g if isinstance(w.shape[1], int) else w.shape[1]
+    if len(ts) == 3 and ts[2].shape != (O,):
+        raise ShapeError(f"conv_transpose2d bias must have shape [{O}], got {fmt(ts[2].shape)}")
+    (sh, sw), (ph, pw), (oh, ow) = pair(attrs["stride"]), pair(attrs["padding"]), pair(attrs["output_padding"])
+    if min(sh, sw) < 1 or min(ph, pw) < 0:
+        raise ShapeError("conv_transpose2d stride must be >= 1 and padding >= 0")
+    if not (0 <= oh < sh and 0 <= ow < sw):
+        raise ShapeError(f"conv_transpose2d output_padding {[oh, ow]} must be >= 0 and smaller than the stride {[sh, sw]}")
+    return TType((x.shape[0], O, _convt_out(x.shape[2], w.shape[2], sh, ph, oh),
+                  _convt_out(x.shape[3], w.shape[3], sw, pw, ow)))
+
+
+def conv_transpose2d_numpy(args, attrs):
+    """Scatter-add: every input pixel adds its value times the kernel into the output window at
+    (stride x pixel - padding); per group, in float32."""
+    x, w = args[0], args[1]
+    (sh, sw), (ph, pw), (oph, opw) = pair(attrs["stride"]), pair(attrs["padding"]), pair(attrs["output_padding"])
+    g = attrs["group"]
+    N, C, H, W = x.shape
+    _, og, kh, kw = w.shape
+    cg = C // g
+    OH, OW = (H - 1) * sh - 2 * ph + kh + oph, (W - 1) * sw - 2 * pw + kw + opw
+    full = np.zeros((N, og * g, (H - 1) * sh + kh + oph, (W - 1) * sw + kw + opw), np.result_type(x, w))
+    for i in range(g):
+        xi, wi = x[:, i * cg:(i + 1) * cg], w[i * cg:(i + 1) * cg]
+        t = np.tensordot(xi, wi, axes=([1], [0]))  # [N, H, W, og, kh, kw]
+        for a in range(kh):
+            for b in range(kw):
+                full[:, i * og:(i + 1) * og, a:a + (H - 1) * sh + 1:sh, b:b + (W - 1) * sw + 1:sw] += \
+                    t[:, :, :, :, a, b].transpose(0, 3, 1, 2)
+    out = full[:, :, ph:ph + OH, pw:pw + OW]
+    if len(args) == 3:
+        out = out + args[2][None, :, None, None]
+    return out
+
+
+define(name="conv_transpose2d", kind="contraction", arity=(2, 3), infer=_convt_infer, numpy=conv_transpose2d_numpy,
+    attrs=(Attr("stride", "int_or_ints", 1), Attr("padding", "int_or_ints", 0),
+           Attr("output_padding", "int_or_ints", 0), Attr("group", "int", 1)))
 
 # ---------------------------------------------------------------- reductions
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from eqfuse.errors import EqfuseError
+from eqfuse.ir.conv_forms import expand_convs
 from eqfuse.ir.graph import Graph, retype
 from eqfuse.ir.kernels import Split, classify
 from eqfuse.ir.printer import graph_text, module_text
@@ -70,7 +71,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     lim = Limits.make(iter_limit, node_limit, time_limit, t0)
     dims = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
     rule_list = cached_rules(tuple(str(r) for r in rules), tuple(disable))
-    src0 = src = fold_constants(C.unfused(graph))
+    src0 = src = fold_constants(expand_convs(C.unfused(graph)))  # (conv1d, conv_transpose2d: as conv2d)
     cut = cut_wide(src)  # wide concats stay out of the e-graphs (eqfuse.optimizer.wide)
     if cut:
         src = cut.graph

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eqfuse.backend.kinds.base import Kind
-from eqfuse.backend.kinds.contraction import conv, emit_gemm
+from eqfuse.backend.kinds.contraction import conv, conv_grouped, emit_gemm
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     Prepack,
     c_layout,
@@ -29,6 +29,8 @@ class Contraction(Kind):
     writes_strided = True  # a matmul's GEMM only (writes_through)
 
     def plan(self, plan: KernelPlan, m: Machine) -> None:
+        if plan.kind == K.CONV2D and conv_grouped.is_grouped(plan.body.nodes[plan.shape.anchor]):
+            return conv_grouped.plan_conv_grouped(plan, m)  # (depthwise and grouped convs)
         if plan.kind == K.CONV2D and conv.plan_conv_direct(plan, m):
             return  # a direct conv (conv.use_direct), else im2col + GEMM
         plan_contraction(plan, m)
@@ -37,7 +39,7 @@ class Contraction(Kind):
         """A matmul's GEMM stores C at a row stride and a batch stride (lower_gemm.c_layout), a
         conv2d's at a row, column and image stride (lower_gemm.conv_c_layout); not a row
         epilogue (the row templates walk rows of N)."""
-        if isinstance(plan.detail, conv.ConvDirectDetail):
+        if isinstance(plan.detail, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail)):
             return False  # (writes NCHW contiguous)
         if plan.kind == K.CONV2D:
             return conv_c_layout(plan, strides) is not None
@@ -49,6 +51,8 @@ class Contraction(Kind):
             self.plan(plan, m)
 
     def emit(self, plan: KernelPlan) -> str:
+        if isinstance(plan.detail, conv_grouped.ConvGroupedDetail):
+            return conv_grouped.emit_conv_grouped(plan)
         if isinstance(plan.detail, conv.ConvDirectDetail):
             return conv.emit_conv_direct(plan)
         if plan.kind == K.CONV2D:
@@ -62,6 +66,8 @@ def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine) -> None:
     every batch (emit then reads B as panels the runtime packs once). A matmul with few rows
     then takes the memory-bound skinny path (lower_gemm.skinny, planned by plan_skinny)."""
     d = plan.detail
+    if isinstance(d, conv_grouped.ConvGroupedDetail):
+        return  # (reads the weights as they are)
     if isinstance(d, conv.ConvDirectDetail):
         return conv.mark_bound(plan, bound)
     if plan.kind not in GEMM_KINDS or not (d.gemm.mode == "fold" or d.pixels_as_rows):

@@ -62,6 +62,7 @@ from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, cdiv, parallel
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
+from eqfuse.ir.ops import pair
 from eqfuse.machine import Machine, machine
 
 
@@ -103,9 +104,6 @@ class ConvDirectDetail:
     def obw(self) -> int:
         return self.v * self.vl
 
-
-def _pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
 
 
 def register_tiles(simd_floats: int, rows: bool) -> list[tuple[int, int]]:
@@ -192,8 +190,10 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     _, _, OH, OW = cv.type.shape
     if tuple(cv.type.shape) != tuple(plan.out_shape) or plan.in_strides:
         return False  # (an epilogue that broadcasts, inputs read through views: im2col's rules)
+    if pair(cv.attr.get("dilation", 1)) != (1, 1) or cv.attr.get("group", 1) != 1:
+        return False  # (a dilated conv: im2col, which spaces the taps; grouped: conv_grouped)
     NP, K = N * OH * OW, C * KH * KW
-    sh, sw = _pair(cv.attr["stride"])
+    sh, sw = pair(cv.attr["stride"])
     if not force and not use_direct(KH, KW, sh, sw):
         return False
     vl = m.simd_floats
@@ -209,7 +209,7 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
             raise ValueError(f"EQFUSE_CONV_TILE={v},{rw},{rows} is not a register tile of this machine")
         rows = bool(rows)
     par = parallel(NP, O, K, 1)
-    d = ConvDirectDetail(N, C, H, W, O, KH, KW, OH, OW, (sh, sw), _pair(cv.attr["padding"]), cb, vl, v, rw, rows,
+    d = ConvDirectDetail(N, C, H, W, O, KH, KW, OH, OW, (sh, sw), pair(cv.attr["padding"]), cb, vl, v, rw, rows,
                          par, pixels=pixels)
     plan.detail = d
     plan.tiles = {"cb": cb, "obw": d.obw, "rw": rw, "rows": int(rows)}  # (constants of the C)
@@ -471,6 +471,8 @@ def _direct_1x1(q: KernelPlan) -> bool:
             or q.out_strides is not None:
         return False
     cv = q.body.nodes[q.shape.anchor]
+    if cv.attr.get("group", 1) != 1:
+        return False  # (a grouped conv: conv_grouped)
     return tuple(q.body.nodes[cv.args[1]].type.shape[2:]) == (1, 1) and tuple(cv.type.shape) == tuple(q.out_shape)
 
 
@@ -579,8 +581,8 @@ def pool_blocked(an, x: str, xs, out, par: bool, in_blocked: bool, out_blocked: 
     (max_pool2d keeps a NaN, as the NCHW loop does)."""
     N, C, H, W = xs[0]
     OH, OW = out[2], out[3]
-    (kh, kw), (sh, sw), (ph, pw) = (_pair(an.attr["kernel_size"]), _pair(an.attr["stride"] or an.attr["kernel_size"]),
-                                    _pair(an.attr["padding"]))
+    (kh, kw), (sh, sw), (ph, pw) = (pair(an.attr["kernel_size"]), pair(an.attr["stride"] or an.attr["kernel_size"]),
+                                    pair(an.attr["padding"]))
     is_max = an.op == "max_pool2d"
     if is_max and kh * kw <= 25 and ph < kh and pw < kw:
         return _max_pool_taps(x, (N, C, H, W), (OH, OW), (kh, kw), (sh, sw), (ph, pw), par, in_blocked, out_blocked, vl)

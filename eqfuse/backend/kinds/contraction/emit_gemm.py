@@ -42,6 +42,7 @@ from eqfuse.backend.kinds.contraction.plan_gemm import direct_a as direct_a_rule
 from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import computed_ancestors as _ancestors
+from eqfuse.ir.ops import pair
 from eqfuse.ir.shapes import C_TYPE
 from eqfuse.machine import machine
 
@@ -297,8 +298,9 @@ def emit_conv2d(plan: KernelPlan) -> str:
     (N, C, H, W) = body.nodes[cv.args[0]].type.shape
     (O, _, KH, KW) = body.nodes[cv.args[1]].type.shape
     (_, _, OH, OW) = plan.out_shape
-    sh, sw = _pair(cv.attr["stride"])
-    ph, pw = _pair(cv.attr["padding"])
+    sh, sw = pair(cv.attr["stride"])
+    ph, pw = pair(cv.attr["padding"])
+    dh, dw = pair(cv.attr.get("dilation", 1))
     direct = KH == 1 and KW == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
     d = plan.detail
     swap = d.pixels_as_rows  # the GEMM's rows are pixels, its columns channels (lower_gemm.pixels_as_rows)
@@ -331,9 +333,7 @@ def emit_conv2d(plan: KernelPlan) -> str:
         args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
     wrapper = render("conv2d.c", NAME=plan.name, PARAMS=params, X=ptrs[cv.args[0]],
                      N=N, C=C, H=H, W=W, O=O, KH=KH, KW=KW, OH=OH, OW=OW, SH=sh, SW=sw, PH=ph, PW=pw,
-                     DIRECT=int(direct), GEMM=gname, ARGS=", ".join(args), PARALLEL=int(plan.detail.parallel))
+                     DH=dh, DW=dw, DIRECT=int(direct), GEMM=gname, ARGS=", ".join(args), PARALLEL=int(plan.detail.parallel))
     return src + "\n" + wrapper
 
 
-def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
