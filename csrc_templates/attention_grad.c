@@ -1,3 +1,4 @@
+#define {{NAME}}_RB {{RB}} /* the plan's rb: query rows per block */
 EQF_WIDE_BEGIN
 /* {{NAME}}: {{WHAT}}, the probabilities recomputed, never stored.
  * {{BATCH}} batches of {{SQ}} queries and {{SK}} keys; q and k rows of D = {{D}}, v and dy rows of
@@ -31,7 +32,7 @@ static void {{NAME}}_rows(const float* restrict a, long lda, const float* restri
     for (long j = 0; j < n; j += 64)
         eqf_qk_4x64(a, lda, bt + j, n, k, s + j, n);
 #else
-    for (long r = 0; r < {{RB}}; r++) {
+    for (long r = 0; r < {{NAME}}_RB; r++) {
         float* restrict sr = s + r * n;
         for (long j = 0; j < n; j++)
             sr[j] = 0.0f;
@@ -50,7 +51,7 @@ static void {{NAME}}_rows(const float* restrict a, long lda, const float* restri
 static void {{NAME}}_acc(const float* restrict p, long n, const float* restrict x, long ldx, long cx, long w,
                          float* restrict acc)
 {
-    for (long i = 0; i < {{RB}} * w; i++)
+    for (long i = 0; i < {{NAME}}_RB * w; i++)
         acc[i] = 0.0f;
 #if defined(__AVX512F__) && {{VEC}}
     (void)cx;
@@ -61,7 +62,7 @@ static void {{NAME}}_acc(const float* restrict p, long n, const float* restrict 
     else
         eqf_pv_4x16(p, n, x, ldx, n, acc, w);
 #else
-    for (long r = 0; r < {{RB}}; r++)
+    for (long r = 0; r < {{NAME}}_RB; r++)
         for (long j = 0; j < n; j++) {
             const float pj = p[r * n + j];
             const float* restrict xj = x + j * ldx;
@@ -74,7 +75,7 @@ static void {{NAME}}_acc(const float* restrict p, long n, const float* restrict 
 
 void {{NAME}}({{PARAMS}})
 {
-    enum { MODE = {{MODE}}, SQ = {{SQ}}, SK = {{SK}}, D = {{D}}, DV = {{DV}}, OUTD = {{OUTD}}, RB = {{RB}} };
+    enum { MODE = {{MODE}}, SQ = {{SQ}}, SK = {{SK}}, D = {{D}}, DV = {{DV}}, OUTD = {{OUTD}}, RB = {{NAME}}_RB };
     const long NROWS = {{BATCH}}L * SQ;
     const float scale = {{SCALE}};
     float* restrict stats = NULL; /* m_i, then 1 / l_i, then D_i of every query row (modes 1 and 2) */

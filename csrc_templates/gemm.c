@@ -39,6 +39,8 @@
 #define {{NAME}}_MC {{MC}}L
 #define {{NAME}}_NC {{NC}}L
 #define {{NAME}}_KC {{KC}}L
+#define {{NAME}}_DIRECT_A {{DIRECT_A}} /* the plan's direct_a: A read in place */
+#define {{NAME}}_DIRECT_B {{DIRECT_B}} /* the plan's direct_b: B read in place */
 #define {{NAME}}_EDGE_MR ({{NAME}}_M % {{NAME}}_MR) /* rows of the last, partial MR tile (0: none) */
 #define {{NAME}}_EDGE ({{NAME}}_EDGE_MR ? {{NAME}}_EDGE_MR : {{NAME}}_MR)
 #define {{NAME}}_NPAD (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR) /* N in whole panels */
@@ -289,12 +291,12 @@ static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, co
              * EDGE_MR, B in place (DIRECT_B, full panels) or packed, A in place or packed */
 #define {{NAME}}_CALL(MRX, AQ, ARS, AKS)                                                                 \
             do {                                                                                    \
-                if ({{DIRECT_B}} && nr == {{NAME}}_NR)                                              \
+                if ({{NAME}}_DIRECT_B && nr == {{NAME}}_NR)                                              \
                     {{NAME}}_ukernel(MRX, ARS, AKS, kc, AQ, B + pc * {{LDB}}L + jc + jr, {{LDB}}L, tile); \
                 else                                                                                \
                     {{NAME}}_ukernel(MRX, ARS, AKS, kc, AQ, bp + jr * kc, {{NAME}}_NR, tile);       \
             } while (0)
-#if {{DIRECT_A}}
+#if {{NAME}}_DIRECT_A
             if ({{NAME}}_EDGE_MR == 0 || mr == {{NAME}}_MR)
                 {{NAME}}_CALL({{NAME}}_MR, A + (ic + ir) * {{LDA}}L + pc, {{LDA}}L, 1);
             else
@@ -366,13 +368,13 @@ static void {{NAME}}_block(const float* A, const float* B, float* C, long b, lon
             /* A is packed once per (K slice, chunk of rows) and then serves every B panel */
             const long ic = m0 + chunk * MC;
             const long mc = ic >= m1 ? 0 : (m1 - ic < MC ? m1 - ic : MC);
-            if (!{{DIRECT_A}})
+            if (!{{NAME}}_DIRECT_A)
                 {{NAME}}_pack_a(A, ic, mc, pc, kc, ap);
             for (long jc = n0; jc < n1; jc += NCB) {
                 const long nc = n1 - jc < NCB ? n1 - jc : NCB;
                 const long npanels = (nc + {{NAME}}_NR - 1) / {{NAME}}_NR;
                 /* with DIRECT_B only a partial last panel is packed, the others are read from B */
-                const long q0 = {{DIRECT_B}} ? nc / {{NAME}}_NR : 0, q = npanels - q0;
+                const long q0 = {{NAME}}_DIRECT_B ? nc / {{NAME}}_NR : 0, q = npanels - q0;
 #if {{PREPACKED_B}}
                 /* the panels _prepack made once: nothing to pack, nothing to wait for */
                 const float* restrict panel = B + pc * {{NAME}}_NPAD + jc * kc;
@@ -460,9 +462,9 @@ void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
         /* equal chunks of at most MC rows: a thin last chunk would repack all of B for a few rows */
         const long nchunks = (rows + MC - 1) / MC;
         const long mcb = ((rows + nchunks - 1) / nchunks + {{NAME}}_MR - 1) / {{NAME}}_MR * {{NAME}}_MR;
-        float* ap = {{DIRECT_A}} ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
+        float* ap = {{NAME}}_DIRECT_A ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
         float* bp = (by_batch || by_cols) && !{{PREPACKED_B}} ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb) : bp_shared;
-        if ((!ap && !{{DIRECT_A}}) || (!bp && !{{PREPACKED_B}})) {
+        if ((!ap && !{{NAME}}_DIRECT_A) || (!bp && !{{PREPACKED_B}})) {
 #pragma omp atomic write
             nomem = 1;
         }

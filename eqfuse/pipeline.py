@@ -33,12 +33,13 @@ import numpy as np
 from eqfuse import progress
 from eqfuse.backend.cbuild import build as build_c
 from eqfuse.backend.emit import emit_graph
-from eqfuse.backend.lower import format_uops, lower_graph
+from eqfuse.backend.lower import format_uops, lower_graph, plan_decisions
 from eqfuse.errors import ArgumentError, DimsNeeded, EqfuseError
 from eqfuse.frontend.load import is_onnx, load_with_weights
 from eqfuse.frontend.load import load as load_graphs
 from eqfuse.grad.api import LazyGradFunction, differentiate
 from eqfuse.ir.graph import Graph, bind_dims, oversized
+from eqfuse.ir.kernels import K
 from eqfuse.ir.printer import kernel_text, module_text
 from eqfuse.ir.reference import Reference, bind_arrays
 from eqfuse.ir.separable import batch_dims
@@ -273,7 +274,7 @@ def kernel_infos(kg: Graph, plans, sources: Mapping[str, str], graph: str | None
     for p in plans:
         body = kernel_text(kg.nodes[p.node], names, set(taken), indent="")
         out.append(Kernel(p.name, p.kind, body, sources.get(p.name, ""), p.bytes, p.flops, dict(p.tiles),
-                          graph or kg.name))
+                          graph or kg.name, plan_decisions(p)))
     return out
 
 
@@ -291,7 +292,7 @@ def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: froze
     if emitted.kernel_sources:
         # one entry point per graph: every kernel is called from C (eqfuse.runtime.program)
         runs = [emit_run(kg, plans, memory, emitted.symbol) for _, kg, plans, memory in lowered
-                if any(p.kind != "view" for p in plans)]
+                if any(p.kind != K.VIEW for p in plans)]
         unique = len(emitted.kernel_sources) - len(emitted.alias)
         with progress.step(f"compiling {unique} kernels of {g.name}"):
             built = build_c("\n".join([emitted.source] + [c for c, _ in runs]),
@@ -485,5 +486,5 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
         folded = fold(g, params_of(g, weights), opts.get("fuse", True))
         opt, _ = optimize(folded.graph, dims=gd, **opts)
         _, kg, plans = lower(opt, gd, params=frozenset(folded.params))
-        out.append(f"# graph {g.name}: {len([p for p in plans if p.kind != 'view'])} kernels\n" + format_uops(plans, uops))
+        out.append(f"# graph {g.name}: {len([p for p in plans if p.kind != K.VIEW])} kernels\n" + format_uops(plans, uops))
     return "\n\n".join(out)

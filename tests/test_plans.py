@@ -71,6 +71,40 @@ def test_the_gemm_tiles_follow_the_machine(machine_model):
     assert declared(k.c_source, "kc", k.tiles["kc"])
 
 
+# The choices besides tiles that a template is written with: a plan field each (printed by
+# `eqfuse lower` as "plan: ..."), declared as a constant of its kernel's C.
+CHOICES = {"contraction": ("direct_a", "direct_b"), "contraction_row": ("direct_a", "direct_b"),
+           "skinny": ("pack_parts",), "direct_conv": ("vl",), "attention_grad": ("rb",)}
+
+
+def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model):
+    """DIRECT_A and DIRECT_B of the blocked GEMM, the skinny GEMM's PACK_PARTS, a direct conv's
+    vector width and the attention gradient's RB: what the plan says is what the C declares."""
+    skinny = "graph s(x: f32[4, 37], w: f32[37, 53]) { return kernel { relu(x @ w) } }"
+    grad = ("graph ag(q: f32[2, 8, 16], k: f32[2, 8, 16], v: f32[2, 8, 16], dy: f32[2, 8, 16]) {\n"
+            "    return kernel { attention_dq(q, k, v, dy, scale=0.25) }\n}\n")
+    kernels = [*eqfuse.compile(KINDS, fuse="manual").kernels, *eqfuse.compile(grad, fuse="manual").kernels,
+               *eqfuse.compile(skinny, fuse="manual", params={"w": np.ones((37, 53), np.float32)}).kernels]
+    seen = set()
+    for k in kernels:
+        d = k.decisions
+        which = "skinny" if d.get("path") == "skinny" else "direct_conv" if "vl" in d and k.kind == "conv2d" \
+            else k.kind
+        for key in CHOICES.get(which, ()):
+            if key == "pack_parts":  # 0: the calling thread packs A, in one part
+                assert declared(k.c_source, "pack_parallel", int(d[key] > 0)), k.name
+                assert declared(k.c_source, key, max(1, d[key])), (k.name, key, d[key])
+            else:
+                assert declared(k.c_source, key, d[key]), (k.name, key, d[key])
+            seen.add(which)
+    assert seen == set(CHOICES), seen
+
+
+def test_lower_prints_every_choice():
+    text = uops_text(KINDS, fuse="manual")
+    assert "direct_a=" in text and "direct_b=" in text and "vl=" in text
+
+
 # GEMMs of every mapping onto GEMM calls: one matrix, batches folded into rows (B shared),
 # strided batches, batches the wrapper loops over, a transposed B, a row epilogue, a conv.
 GEMMS = """

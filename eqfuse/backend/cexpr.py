@@ -14,7 +14,7 @@ from eqfuse.backend.cbuild import render as cb_render
 from eqfuse.backend.indexing import bstrides, offset
 from eqfuse.backend.plan import KernelPlan
 from eqfuse.ir.graph import Graph, Node
-from eqfuse.ir.ops import OPS, flit  # noqa: F401  (flit: the kinds write literals with it)
+from eqfuse.ir.ops import OPS, OpKind, flit
 from eqfuse.ir.shapes import C_TYPE, INT_DTYPES
 
 
@@ -91,11 +91,11 @@ class Exprs:
             expr = self.space.access(self.ptrs[i], view, self.strides.get(i) if chan is None else None)
         else:
             op = OPS[n.op]
-            if op.kind == "channel":
+            if op.kind == OpKind.CHANNEL:
                 xr = self.body.nodes[n.args[0]].type.rank
                 args = [self.value(n.args[0], chan)] + [self.value(a, xr) for a in n.args[1:]]
                 expr = CHANNEL_C[n.op](n.attr).format(*args)
-            elif op.kind == "pointwise":
+            elif op.kind == OpKind.POINTWISE:
                 expr = op.c_expr(n.attr).format(*(self._operand(n, a, chan) for a in n.args))
             else:
                 raise AssertionError(f"match let through {n.op} inside a kernel's loop")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from eqfuse.ir.graph import Graph
-from eqfuse.ir.ops import OPS
+from eqfuse.ir.ops import OPS, OpKind
 
 
 def contiguous(shape) -> tuple[int, ...]:
@@ -162,7 +162,7 @@ def leaf_reads(body: Graph, root: int, stop: set[int] = frozenset()) -> list[tup
             v = tuple(n.type.shape)
             out.append((i, v + (1,) * (chan - 2) if chan is not None and len(v) == 1 else v))
             return
-        if n.op in OPS and OPS[n.op].kind == "channel":
+        if n.op in OPS and OPS[n.op].kind == OpKind.CHANNEL:
             walk(n.args[0], chan)
             for a in n.args[1:]:
                 walk(a, body.nodes[n.args[0]].type.rank)

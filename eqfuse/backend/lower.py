@@ -9,6 +9,7 @@ is split into single-op kernels. `emit` turns plans into C and chooses nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 from eqfuse.backend.kinds import KIND
@@ -146,7 +147,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True,
                         mark_bound_b(p, _bound_inputs(p, kg, params), m)
                 if p.into is not None:  # after any planning again, which writes the uops anew
                     p.uops = p.uops + [store_uop(p)]
-            block_between_convs(kg, plans)  # (direct convs: the blocked layout between them)
+            block_between_convs(kg, plans, m)  # (direct convs: the blocked layout between them)
             for p in plans:  # a 1x1 conv planned again as a direct conv: its bound weights blocked once too
                 if p.kind == K.CONV2D and p.prepack is None:
                     mark_bound_b(p, _bound_inputs(p, kg, params), m)
@@ -167,6 +168,24 @@ def _origin(g: Graph, kg: Graph, i: int) -> int | None:
     return None
 
 
+def plan_decisions(p: KernelPlan) -> dict[str, object]:
+    """The choices of a plan's detail that its C is written with (flags, algorithm, vector width,
+    block sizes): the detail's scalar fields, as `eqfuse lower` prints them."""
+    d = p.detail
+    if not dataclasses.is_dataclass(d):
+        return {}
+    out = {}
+    for f in dataclasses.fields(d):
+        v = getattr(d, f.name)
+        if isinstance(v, bool):
+            out[f.name] = int(v)
+        elif isinstance(v, (int, str)) and not isinstance(v, bool):
+            out[f.name] = v
+    if hasattr(d, "prepack"):
+        out["prepacked_b"] = int(d.prepack is not None)
+    return out
+
+
 def format_uops(plans: list[KernelPlan], uops: bool = True) -> str:
     """Each kernel's plan: kind, shape, bytes, FLOPs, tiles, cache constraints and the rule of
     its thread split; with `uops`, then its tile-level schedule. Last, the total uop count."""
@@ -179,6 +198,9 @@ def format_uops(plans: list[KernelPlan], uops: bool = True) -> str:
             lines.append(f"  cache: {p.cache_check}")
         if p.threads:
             lines.append(f"  threads (decided at run time): {p.threads}")
+        decisions = plan_decisions(p)
+        if decisions:
+            lines.append("  plan: " + ", ".join(f"{k}={v}" for k, v in decisions.items()))
         if uops:
             lines += [f"  {'  ' * u.depth}{u.op:<5} {u.what}  x{u.count}" for u in p.uops]
         else:

@@ -15,7 +15,7 @@ from typing import Any
 
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K, KernelShape
-from eqfuse.ir.ops import OPS
+from eqfuse.ir.ops import OPS, OpKind
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def pointwise_flops(body: Graph, skip: set[int] = frozenset()) -> int:
         if n.op in ("input", "const") or i in skip or n.op not in OPS:
             continue
         op = OPS[n.op]
-        if op.kind in ("pointwise", "channel"):
+        if op.kind in (OpKind.POINTWISE, OpKind.CHANNEL):
             total += op.flops * size(n.type.shape)
     return total
 

@@ -39,7 +39,7 @@ from eqfuse.backend.kinds.contraction.plan_gemm import matrix_layout
 from eqfuse.backend.plan import KernelPlan, UOp
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K
-from eqfuse.ir.ops import OPS
+from eqfuse.ir.ops import OPS, OpKind
 from eqfuse.ir.shapes import NUMPY_DTYPE
 
 VIEW_OPS = ("reshape", "transpose", "slice")
@@ -103,7 +103,7 @@ def _accepts(p: KernelPlan, k: int, strides) -> bool:
                 continue
             if n is anchor and p.kind in (K.ROW, K.REDUCE) and i not in n.args[1:]:
                 continue
-            if n.op not in OPS or OPS[n.op].kind != "pointwise":
+            if n.op not in OPS or OPS[n.op].kind != OpKind.POINTWISE:
                 return False
         return True
     return False

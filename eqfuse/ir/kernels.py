@@ -355,7 +355,7 @@ def match_attention(body: Graph) -> KernelShape | None:
 def trailing(body: Graph, a: int) -> bool:
     """Whether op a is a row op, or a reduction over the trailing axes of its input."""
     n = body.nodes[a]
-    if OPS[n.op].kind != "reduction":
+    if OPS[n.op].kind != "reduce":
         return True
     rank = body.nodes[n.args[0]].type.rank
     axes = n.attr["axis"]
@@ -365,7 +365,7 @@ def trailing(body: Graph, a: int) -> bool:
 
 def match_single(body: Graph, facts: Facts, row: bool) -> int | None:
     """The row op or reduction of a row kernel (row=True) or of a reduce kernel (row=False)."""
-    a = facts.single("row", "reduction")
+    a = facts.single("row", "reduce")
     if a is None or trailing(body, a) != row:
         return None
     check_epilogue(body, a, facts.out)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -37,6 +38,19 @@ def flit(v: float) -> str:
     return f"({float.__repr__(v)}f)" if v < 0 else f"{float.__repr__(v)}f"
 
 
+class OpKind(StrEnum):
+    """What an op is to the kernels: one spelling each (a reduction is `reduce`, as its plan kind)."""
+
+    POINTWISE = "pointwise"
+    CONTRACTION = "contraction"
+    REDUCE = "reduce"
+    ROW = "row"
+    CHANNEL = "channel"  # batchnorm: pointwise per channel
+    LAYOUT = "layout"
+    INDEX = "index"
+    ATTENTION_GRAD = "attention_grad"
+
+
 @dataclass(frozen=True)
 class Attr:
     name: str
@@ -48,7 +62,7 @@ class Attr:
 @dataclass(frozen=True)
 class Op:
     name: str
-    kind: str  # pointwise | contraction | reduction | row | channel (batchnorm) | layout | index | attention_grad
+    kind: OpKind
     arity: tuple[int, int]  # (min, max) inputs; max -1 = any number
     infer: Callable[[list[TType], Mapping[str, Any]], TType]
     numpy: Callable[..., np.ndarray]  # numpy(args, attrs) -> float32 array
@@ -82,7 +96,8 @@ def define(**kw) -> None:
     def infer(ts, attrs):
         return TType(shape_rule(ts, attrs).shape, result_dtype(rule, name, ts, attrs))
 
-    op = Op(**{"doc": DOCS.get(name, ("", ""))[1], **kw, "infer": infer, "shape_rule": shape_rule})
+    op = Op(**{"doc": DOCS.get(name, ("", ""))[1], **kw, "kind": OpKind(kw["kind"]), "infer": infer,
+               "shape_rule": shape_rule})
     OPS[op.name] = op
     if op.infix and op.arity == (2, 2):
         INFIX[op.infix] = op.name
@@ -375,7 +390,7 @@ def reduce_infer(ts, attrs):
 
 _RED_ATTRS = (Attr("axis", "axes", None), Attr("keepdims", "bool", False))
 for _name, _fn in (("sum", np.sum), ("mean", np.mean), ("max", np.max)):
-    define(name=_name, kind="reduction", arity=(1, 1), infer=reduce_infer, attrs=_RED_ATTRS,
+    define(name=_name, kind="reduce", arity=(1, 1), infer=reduce_infer, attrs=_RED_ATTRS,
         dtype="float" if _name == "mean" else "numeric",
         numpy=(lambda fn: lambda a, at: fn(a[0], axis=reduce_axes(at, a[0].ndim), keepdims=at["keepdims"]))(_fn))
 

@@ -104,10 +104,10 @@ def _clip_c(at):
 
 # ---------------------------------------------------------------- reductions
 
-define(name="min", kind="reduction", arity=(1, 1), infer=reduce_infer, dtype="numeric",
+define(name="min", kind="reduce", arity=(1, 1), infer=reduce_infer, dtype="numeric",
     attrs=(Attr("axis", "axes", None), Attr("keepdims", "bool", False)),
     numpy=lambda a, at: np.min(a[0], axis=reduce_axes(at, a[0].ndim), keepdims=at["keepdims"]))
-define(name="prod", kind="reduction", arity=(1, 1), infer=reduce_infer, dtype="numeric",
+define(name="prod", kind="reduce", arity=(1, 1), infer=reduce_infer, dtype="numeric",
     attrs=(Attr("axis", "axes", None), Attr("keepdims", "bool", False)),
     numpy=lambda a, at: np.prod(a[0], axis=reduce_axes(at, a[0].ndim), keepdims=at["keepdims"]))
 

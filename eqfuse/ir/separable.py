@@ -32,7 +32,7 @@ from eqfuse.ir.ops import OPS
 from eqfuse.ir.shapes import TType
 
 # ops whose `axis` attribute names axes of the first operand that the op reads across
-_AXIS_KINDS = ("reduction", "row", "layout", "index")
+_AXIS_KINDS = ("reduce", "row", "layout", "index")
 # ops that mix the last `n` axes of their operand, whatever their attributes
 _LAST_AXES = {"tril": 2, "triu": 2, "attention_dq": 2, "attention_dk": 2, "attention_dv": 2, "rmsnorm": 1,
               "max_pool2d": 2, "avg_pool2d": 2, "pool2d_grad": 2}
@@ -89,7 +89,7 @@ def _mixes(n: Node, args: list[TType], d: str) -> str | None:
     if op is None or op.kind not in _AXIS_KINDS:
         return None
     axis = n.attr.get("axis", -1 if op.kind == "row" else None)
-    if op.kind == "reduction" and axis is None:
+    if op.kind == "reduce" and axis is None:
         return "reduces over every axis"
     if axis is None:
         return None

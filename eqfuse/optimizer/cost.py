@@ -79,7 +79,7 @@ def op_flops(body: Graph, i: int, dims) -> float:
         rows = math.prod(_dim(d, dims) for d in q[:-1])
         return ATTENTION_GRAD_SLOWDOWN * attention_grad_flops(n.op, rows, _dim(k[-2], dims), _dim(q[-1], dims),
                                                               _dim(dy[-1], dims))
-    if op.kind in ("row", "reduction"):
+    if op.kind in ("row", "reduce"):
         return float(op.flops * numel(body.nodes[n.args[0]].type, dims))
     return float(op.flops * out)
 

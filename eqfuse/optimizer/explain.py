@@ -137,7 +137,7 @@ def _source(g: Graph, a: int, is_view) -> tuple[int, list[int]]:
 
 
 # the kernel kind a body with one non-pointwise op of this op kind would be
-_KIND_OF_OP = {"contraction": K.CONTRACTION, "row": K.ROW, "reduction": K.REDUCE, "layout": K.LAYOUT,
+_KIND_OF_OP = {"contraction": K.CONTRACTION, "row": K.ROW, "reduce": K.REDUCE, "layout": K.LAYOUT,
                "index": K.INDEX, "attention_grad": K.ATTENTION_GRAD}
 
 

@@ -38,6 +38,7 @@ class Kernel:
     flops: int
     tiles: Mapping[str, int] = field(default_factory=dict)
     graph: str = ""
+    decisions: Mapping[str, object] = field(default_factory=dict)  # the plan's other choices (`eqfuse lower`)
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name} {self.kind}: {self.bytes} bytes, {self.flops} flops>"

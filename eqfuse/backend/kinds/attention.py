@@ -8,13 +8,14 @@ import math
 from dataclasses import dataclass, replace
 from itertools import count
 
-from eqfuse.backend.cexpr import I1, I3, I4, Exprs, Space, flit, kernel_params, render
+from eqfuse.backend.cexpr import I1, I3, I4, Exprs, Space, kernel_params, render
 from eqfuse.backend.indexing import bstrides, offset, result_strides, view_strides
 from eqfuse.backend.kinds.base import Kind
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS
 from eqfuse.backend.plan import KernelPlan, UOp, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
+from eqfuse.ir.ops import flit
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from eqfuse.backend.cexpr import flit, kernel_params, render
+from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.indexing import bstrides, contiguous, offset
 from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
 from eqfuse.backend.plan import KernelPlan, UOp, size
 from eqfuse.ir.kernels import K
+from eqfuse.ir.ops import flit
 from eqfuse.ir.ops_attention import ARGS, attention_grad_flops
 
 MODES = {"attention_dq": 0, "attention_dk": 1, "attention_dv": 2}

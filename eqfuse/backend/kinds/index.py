@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from eqfuse.backend.cexpr import flit, kernel_params, render
+from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
+from eqfuse.backend.kinds.contraction.conv import pool_blocked
 from eqfuse.backend.plan import KernelPlan, UOp
 from eqfuse.ir.graph import Node
 from eqfuse.ir.kernels import K
-from eqfuse.ir.ops import pair
+from eqfuse.ir.ops import flit, pair
 from eqfuse.ir.shapes import C_TYPE
 
 INDEX_CHECKED = ("gather", "gather_elements", "scatter_add", "scatter_elements_add")  # kernels that return a count of bad indices
@@ -301,6 +302,7 @@ class IndexDetail:
     # pooling between direct convs: input / output in blocks of VL channels (eqfuse.backend.kinds.contraction.conv)
     in_blocked: bool = False
     out_blocked: bool = False
+    vl: int = 0  # the channels of a block (set with in_blocked / out_blocked)
 
 
 class Index(Kind):
@@ -327,11 +329,8 @@ class Index(Kind):
         xts = [C_TYPE[body.nodes[a].type.dtype] for a in an.args] or [C_TYPE[an.type.dtype]]
         d = plan.detail
         if d.in_blocked or d.out_blocked:
-            from eqfuse.backend.kinds.contraction.conv import pool_blocked
-            from eqfuse.machine import machine
-
             lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), d.parallel, d.in_blocked, d.out_blocked,
-                                 machine().simd_floats)
+                                 d.vl)
         else:
             lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], d.parallel)
         return render("index.c", NAME=plan.name, OP=an.op, SPACE=list(plan.out_shape), PARAMS=params,

@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import count
 
-from eqfuse.backend.cexpr import I1, Exprs, Space, flit, kernel_params, render
+from eqfuse.backend.cexpr import I1, Exprs, Space, kernel_params, render
 from eqfuse.backend.indexing import contiguous, offset
 from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
 from eqfuse.backend.plan import KernelPlan, UOp, pointwise_flops, size
 from eqfuse.ir.kernels import F32, K, computed_ancestors
-from eqfuse.ir.ops import reduce_axes
+from eqfuse.ir.ops import flit, reduce_axes
 
 # init, omp reduction identifier, combine(a, x) inside an `omp simd reduction`, and combine(a, x)
 # elsewhere. numpy's max propagates NaN; `x > a ? x : a` does not, but it is the form gcc

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from itertools import count
 
-from eqfuse.backend.cexpr import I1, I2, Exprs, Space, flit, kernel_params, render
+from eqfuse.backend.cexpr import I1, I2, Exprs, Space, kernel_params, render
 from eqfuse.backend.indexing import contiguous, offset
 from eqfuse.backend.kinds.base import (
     PARALLEL_MIN,
@@ -28,7 +28,7 @@ from eqfuse.backend.plan import (
     size,
 )
 from eqfuse.ir.kernels import F32, ROW_OPS, K, computed_ancestors
-from eqfuse.ir.ops import OPS, reduce_axes
+from eqfuse.ir.ops import OPS, flit, reduce_axes
 
 ALONG_AXIS = ("softmax", "softmax_grad")  # rows along one axis (strided when not the last), not trailing axes
 

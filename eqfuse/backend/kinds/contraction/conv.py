@@ -63,7 +63,7 @@ from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
 from eqfuse.ir.ops import pair
-from eqfuse.machine import Machine, machine
+from eqfuse.machine import Machine
 
 
 @dataclass(frozen=True)
@@ -497,7 +497,7 @@ def reads_blocked(q: KernelPlan, k: int, vl: int) -> str | None:
         if x in cv.args or shape != tuple(q.out_shape) or d.O % vl:
             return None
         return "operand"
-    if _direct_1x1(q) and _conv_input(q, x) and machine().simd_floats == vl:
+    if _direct_1x1(q) and _conv_input(q, x):
         return "replan"
     return None
 
@@ -513,21 +513,21 @@ def _writes_blocked(p: KernelPlan, vl: int) -> bool:
         and p.detail.in_blocked
 
 
-def _replan_direct(q: KernelPlan) -> None:
+def _replan_direct(q: KernelPlan, m: Machine) -> None:
     """Plan the im2col 1x1 conv q again as a direct conv (its bound weights blocked once)."""
     old = q.prepack
     q.tiles, q.detail, q.uops = {}, None, []
-    assert plan_conv_direct(q, machine(), force=True)
+    assert plan_conv_direct(q, m, force=True)
     if old is not None:
         mark_bound(q, {q.body.inputs[old.arg]})
 
 
-def block_between_convs(kg: Graph, plans: list[KernelPlan]) -> None:
+def block_between_convs(kg: Graph, plans: list[KernelPlan], m: Machine) -> None:
     """Store in blocks of VL channels every tensor whose producer can write them and whose
     readers can all read them (see the module's docstring); a 1x1 conv among the readers is
     planned again as a direct conv. Each plan's detail records which of its tensors are blocked:
     in_blocked / out_blocked, and for a direct conv `blocked_args`, the epilogue operands."""
-    vl = machine().simd_floats
+    vl = m.simd_floats
     readers: dict[int, list[tuple[KernelPlan, int]]] = {}
     for q in plans:
         for k, a in enumerate(q.args):
@@ -544,29 +544,28 @@ def block_between_convs(kg: Graph, plans: list[KernelPlan]) -> None:
             if not rs or None in how:
                 continue
             changed = True
-            _mark_out(p)
+            _mark_out(p, vl)
             for (q, k), h in zip(rs, how):
                 if h == "replan":
-                    _replan_direct(q)
+                    _replan_direct(q, m)
                     h = "x"
-                _mark_in(q, k, h)
+                _mark_in(q, k, h, vl)
 
 
-def _mark_out(p: KernelPlan) -> None:
-    p.detail = replace(p.detail, out_blocked=True)
-    vl = machine().simd_floats
+def _mark_out(p: KernelPlan, vl: int) -> None:
+    p.detail = replace(p.detail, out_blocked=True, **({"vl": vl} if _is_pool(p) else {}))
     p.uops = [replace(u, what=f"{u.what}, into blocks of {vl} channels (read so by the next kernels)")
               if u.op == "Store" else u for u in p.uops]
 
 
-def _mark_in(q: KernelPlan, k: int, how: str) -> None:
+def _mark_in(q: KernelPlan, k: int, how: str, vl: int) -> None:
     if how == "operand":
         q.detail = replace(q.detail, blocked_args=tuple(sorted(set(q.detail.blocked_args) | {k})))
         return
     # read in place along output rows (the padded copy cost 3-4% of a 3x3 conv's time at 56 x 56,
     # 64 channels); EQFUSE_CONV_INPLACE=0 keeps the copy (to measure both)
     if how == "pool":
-        q.detail = replace(q.detail, in_blocked=True)
+        q.detail = replace(q.detail, in_blocked=True, vl=vl)
         return
     in_place = q.detail.rows and os.environ.get("EQFUSE_CONV_INPLACE", "1") != "0"
     q.detail = replace(q.detail, in_blocked=True, in_place=in_place)

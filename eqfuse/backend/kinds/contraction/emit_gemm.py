@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import count
 
-from eqfuse.backend.cexpr import I1, I2, Exprs, Space, flit, render
+from eqfuse.backend.cexpr import I1, I2, Exprs, Space, render
 from eqfuse.backend.cexpr import kernel_params as _params
 from eqfuse.backend.indexing import bstrides, offset
 from eqfuse.backend.kinds.contraction.plan_gemm import (
@@ -36,13 +36,13 @@ from eqfuse.backend.kinds.contraction.plan_gemm import (
     conv_c_layout,
     direct,
     gemm_tiles,
-    skinny_pack_parts,
 )
 from eqfuse.backend.kinds.contraction.plan_gemm import direct_a as direct_a_rule
 from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import K as PlanKind
 from eqfuse.ir.kernels import computed_ancestors as _ancestors
-from eqfuse.ir.ops import pair
+from eqfuse.ir.ops import flit, pair
 from eqfuse.ir.shapes import C_TYPE
 from eqfuse.machine import machine
 
@@ -223,7 +223,7 @@ def _gemm_args(plan: KernelPlan, extras) -> dict:
     """emit_gemm's arguments that come from the plan: its tiles and decisions."""
     t, d = plan.tiles, plan.detail
     return {"blocking": (t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]), "split": d.split, "direct_b": d.direct_b,
-            "parallel": d.parallel, "extras": [(c_type(plan.body, i), pn) for i, pn in extras]}
+            "direct_a": d.direct_a, "parallel": d.parallel, "extras": [(c_type(plan.body, i), pn) for i, pn in extras]}
 
 
 def emit_contraction(plan: KernelPlan) -> str:
@@ -244,7 +244,7 @@ def emit_contraction(plan: KernelPlan) -> str:
     else:
         groups = [("i", [nb], False), ("j", [nb + 1], False)]
     row_call = ""
-    if plan.kind == "contraction_row":
+    if plan.kind == PlanKind.CONTRACTION_ROW:
         expr, extras = gemm_epilogue(plan, groups, {a: "acc"}, root=body.nodes[plan.shape.parts.row].args[0])
         row_src, extras, row_call = _row_epilogue(plan, groups, f"{plan.name}_rowop", extras)
     else:
@@ -276,7 +276,7 @@ def emit_contraction(plan: KernelPlan) -> str:
         src, _ = emit_gemm_skinny(gname, M=g.M, N=N, K=K, lda=g.lda, ldb=g.ldb, ldc=ldc, mr=t["mr"], nr=t["nr"],
                                   pf=t["pf"], b_transposed=bt, a_transposed=at, epilogue=expr,
                                   extras=[(c_type(plan.body, i), pn) for i, pn in extras], row_epilogue=row_call,
-                                  parallel=d.parallel, pack_parts=skinny_pack_parts(g.M, K, d.parallel))
+                                  parallel=d.parallel, pack_parts=d.pack_parts)
     else:
         src, _ = emit_gemm(gname, M=g.M, N=N, K=K, batch=g.batch, a_batch_stride=sa, b_batch_stride=sb,
                            c_batch_stride=sc, lda=g.lda, ldb=g.ldb, ldc=ldc, b_transposed=bt,
@@ -301,7 +301,7 @@ def emit_conv2d(plan: KernelPlan) -> str:
     sh, sw = pair(cv.attr["stride"])
     ph, pw = pair(cv.attr["padding"])
     dh, dw = pair(cv.attr.get("dilation", 1))
-    direct = KH == 1 and KW == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
+    direct = not plan.detail.im2col  # (the plan's: x itself is the column matrix)
     d = plan.detail
     swap = d.pixels_as_rows  # the GEMM's rows are pixels, its columns channels (lower_gemm.pixels_as_rows)
     ch, px = ("j", "i") if swap else ("i", "j")

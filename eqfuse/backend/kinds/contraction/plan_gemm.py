@@ -21,7 +21,7 @@ from eqfuse.backend.plan import (
 )
 from eqfuse.ir.kernels import F32, row_epilogue_fits
 from eqfuse.ir.kernels import K as Kind
-from eqfuse.ir.ops import OPS
+from eqfuse.ir.ops import OPS, pair
 from eqfuse.machine import Machine, gemm_blocking, register_tile, skinny_tile
 
 
@@ -76,6 +76,9 @@ class GemmDetail:
     # "blocked": csrc_templates/gemm.c; "skinny": few rows over a bound B, the memory-bound
     # csrc_templates/gemm_skinny.c (`skinny`; its tiles are mr, nr, groups, pf)
     path: str = "blocked"
+    direct_a: bool = False  # the micro-kernel reads A in place, not packed (`direct_a`): gemm.c's DIRECT_A
+    pack_parts: int = 0  # skinny path: A packed by the pool in this many parts of K (`skinny_pack_parts`)
+    im2col: bool = False  # conv2d: the column matrix is built (False: a 1x1, stride-1, unpadded conv reads x)
 
 
 DIRECT_MAX_TILES = 32  # B read in place up to this many MR-row tiles (see `direct`)
@@ -221,11 +224,13 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     M, N, K = d.gemm.M, d.N, d.K
     t = plan.tiles = skinny_tiles(M, N, m)
     mr, nr, groups = t["mr"], t["nr"], t["groups"]
-    plan.detail = d = replace(d, path="skinny", direct_b=False, parallel=d.parallel and M * N * K >= SKINNY_PARALLEL_MIN)
+    par = d.parallel and M * N * K >= SKINNY_PARALLEL_MIN
+    plan.detail = d = replace(d, path="skinny", direct_b=False, direct_a=False, parallel=par,
+                              pack_parts=skinny_pack_parts(M, K, par))
     plan.cache_check = (f"A packed [{groups * mr} x {K}] = {groups * mr * K * F32} B, read by every panel; "
                         f"B panel K x nr = {K * nr * F32} B streamed once per group"
                         + (f" (<= L2 {m.l2} B for the later groups)" if groups > 1 else ""))
-    panels, parts = cdiv(N, nr), skinny_pack_parts(M, K, d.parallel)
+    panels, parts = cdiv(N, nr), d.pack_parts
     plan.threads = (f"one thread, no parallel region ({M * N * K} multiply-adds < {SKINNY_PARALLEL_MIN}, "
                     "lower_gemm.SKINNY_PARALLEL_MIN)" if not d.parallel else
                     (f"A packed by the threads of the claim-based pool in {groups} x {parts} parts, then " if parts else "")
@@ -372,6 +377,13 @@ def _matmul_gemm(plan: KernelPlan, M: int) -> tuple[GemmCalls, bool, bool]:
     return GemmCalls("loop", M, 1, nbatch, (0, 0, 0), **ops), at, bt
 
 
+def _reads_x_as_columns(body, cv) -> bool:
+    """A 1x1 conv of stride 1, unpadded and undilated: x itself is the column matrix (no im2col)."""
+    kh, kw = body.nodes[cv.args[1]].type.shape[2:]
+    return (kh, kw) == (1, 1) and pair(cv.attr["stride"]) == (1, 1) and pair(cv.attr["padding"]) == (0, 0) \
+        and pair(cv.attr.get("dilation", 1)) == (1, 1)
+
+
 def plan_contraction(plan: KernelPlan, m: Machine) -> None:
     body, a = plan.body, plan.shape.anchor
     mm = body.nodes[a]
@@ -401,7 +413,8 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
     plan.detail = GemmDetail(M, Nn, K, batch, at, bt, g, direct_b=direct(gM, Nn, bt, mr, nr),
                              split="rows" if row is not None else "auto", parallel=par,
                              row_op=body.nodes[row].op if row is not None else None,
-                             pixels_as_rows=mm.op == "conv2d" and at)
+                             pixels_as_rows=mm.op == "conv2d" and at, direct_a=direct_a(at),
+                             im2col=mm.op == "conv2d" and not _reads_x_as_columns(body, mm))
     plan.threads = thread_rule(gM, Nn, g.batch, mr, nr, rows_only=row is not None, par=par, K=K)
     skip = {a} | set(mm.args) | ({mm.args[1]} if body.nodes[mm.args[1]].op == "transpose" else set())
     if row is not None:
