@@ -21,7 +21,7 @@
  * (the transforms took 25% of that conv's time, now 13%).
  * Rounding: B and A hold 0 and +-1, G +-1/2: F(2x2, 3x3) adds about one rounding of the sums'
  * magnitude per transform, the error of a direct conv's order of summation (checked against
- * numpy in tests/test_conv_winograd.py). */
+ * numpy in tests/test_contraction/conv.py). */
 #include <omp.h>
 #define {{NAME}}_DIMS                                                                                     \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, OH = {{OH}}, OW = {{OW}}, PH = {{PH}},        \

@@ -4,12 +4,12 @@
  * BLIS-style, loop order pc (KC slices of K) > chunk (MC rows of A) > jc (NC columns of B,
  * packed into a KC x NC panel that stays in L2) > ir (MR rows of A x KC, stay in L1) > jr
  * (NR-column micro-panel of B) > register-blocked MR x NR micro-kernel. With DIRECT_A
- * ({{DIRECT_A}}; A not given transposed, eqfuse.backend.lower_gemm.direct_a) the micro-kernel
+ * ({{DIRECT_A}}; A not given transposed, eqfuse.backend.plan_gemm.direct_a) the micro-kernel
  * broadcasts A's elements from its rows in place; otherwise each chunk of A is packed once per
  * K slice into MR-row panels. Sizes are compile-time constants: the backend knows every shape,
  * and constant trip counts let gcc unroll the micro-kernel. The last M % MR rows run through a
  * kernel of that many rows (EDGE_MR); a partial last NR panel is computed in full on a
- * zero-padded panel and stored in part. With DIRECT_B ({{DIRECT_B}}; few rows, B not transposed, see eqfuse.backend.gemm.direct) the
+ * zero-padded panel and stored in part. With DIRECT_B ({{DIRECT_B}}; few rows, B not transposed, see eqfuse.backend.kinds.contraction.emit_gemm.direct) the
  * micro-kernel reads the full NR-column panels of B in place (row stride {{LDB}}) and only a
  * partial last panel is packed. With PREPACKED_B ({{PREPACKED_B}}; B bound by params=) the B argument
  * is not B but its panels, packed once by {{NAME}}_prepack: for each KC slice of K, the NR-column

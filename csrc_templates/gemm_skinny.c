@@ -1,7 +1,7 @@
 /* {{NAME}}: C = epilogue(A @ B) for few rows, M={{M}} N={{N}} K={{K}}, A {{A_LAYOUT}}, B bound
  * (params=) and read as the panels {{NAME}}_prepack made once, from B {{B_LAYOUT}}.
  *
- * The memory-bound path (eqfuse.backend.lower_gemm.skinny): with few rows each element of B is
+ * The memory-bound path (eqfuse.backend.plan_gemm.skinny): with few rows each element of B is
  * used M times only, so the time is that of streaming B once from memory (or L3). B is laid out
  * as NR-column panels over all of K, k-major, one after the other: the whole of B is then one
  * sequential stream. A is packed once per call, k-major in groups of MR rows (MR x K floats a
@@ -27,12 +27,12 @@
 #define {{NAME}}_NPAD ({{NAME}}_PANELS * {{NAME}}_NR)
 #define {{NAME}}_PER_CHUNK {{PER_CHUNK}} /* panels per pool chunk */
 /* Packing A: PACK_PARTS parts of K per group, each a pool chunk, on the pool's threads when
- * PACK_PARALLEL (lower_gemm.skinny_pack_parts) */
+ * PACK_PARALLEL (plan_gemm.skinny_pack_parts) */
 #define {{NAME}}_PACK_PARTS {{PACK_PARTS}}
 #define {{NAME}}_PACK_PART (({{NAME}}_K + {{NAME}}_PACK_PARTS - 1) / {{NAME}}_PACK_PARTS)
 #define {{NAME}}_PACK_PARALLEL {{PACK_PARALLEL}}
 #define {{NAME}}_ROWS_PER_CHUNK (({{NAME}}_M + 3) / 4) /* rows per pool chunk of the row epilogue: four chunks */
-/* software prefetch of B this many floats ahead of the FMAs (0: none), see lower_gemm.skinny_tiles */
+/* software prefetch of B this many floats ahead of the FMAs (0: none), see plan_gemm.skinny_tiles */
 #define {{NAME}}_PF {{PF}}
 
 #ifdef EQF_COUNT_UKERNEL
@@ -59,7 +59,7 @@ typedef __m256 {{NAME}}_vec;
 #define {{NAME}}_FMA(x, p, c) _mm256_fmadd_ps(_mm256_set1_ps(x), p, c)
 #define {{NAME}}_STORE(p, v) _mm256_store_ps(p, v)
 #else
-/* GCC's generic vectors of 4 floats (SSE on x86-64-v2; NR is a multiple of 4, gemm_skinny.py) */
+/* GCC's generic vectors of 4 floats (SSE on x86-64-v2; NR is a multiple of 4, contraction/emit_gemm.py) */
 #define {{NAME}}_W 4
 typedef float {{NAME}}_vec __attribute__((vector_size(16)));
 typedef float {{NAME}}_vecu __attribute__((vector_size(16), aligned(4)));

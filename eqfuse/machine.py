@@ -100,7 +100,7 @@ def stream_prefetch(cpuinfo: str) -> bool:
     """Whether software prefetch pays on a sequential weight stream on this CPU (the text of
     /proc/cpuinfo). Not derivable from the caches or the vector width: it is how well the
     hardware prefetchers keep lines in flight, so it is a table by microarchitecture, of what was
-    measured (lower_gemm.skinny; `benchmarks/bench_gemm.py --small`, kernel column):
+    measured (plan_gemm.skinny; `benchmarks/bench_gemm.py --small`, kernel column):
     - AMD family 0x19 (Zen 3, Zen 4): off. On a Zen 4 VM the 1-row GEMM ran 15-22% faster
       without it (1 x 768 x 768 37.5 -> 29.4 us, 1 x 3072 x 768 130.4 -> 102.9, 1 x 1024 x 1024
       54.5 -> 44.5; 4 rows even).

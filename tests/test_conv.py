@@ -1,4 +1,4 @@
-"""conv2d as a GEMM in both orientations (lower_gemm.pixels_as_rows): channels x pixels, or, with
+"""conv2d as a GEMM in both orientations (plan_gemm.pixels_as_rows): channels x pixels, or, with
 fewer output pixels than channels, pixels x channels stored transposed, the weights read as B
 (packed once when bound). Every case against the numpy reference."""
 
@@ -14,7 +14,7 @@ from eqfuse.backend.kinds.contraction.plan_gemm import pixels_as_rows
 @pytest.fixture(autouse=True)
 def _im2col(monkeypatch):
     # these are the im2col GEMM's cases: the direct kernel (eqfuse.backend.kinds.contraction.conv, which
-    # would take the 3x3 ones) has its own tests in tests/test_conv_direct.py
+    # would take the 3x3 ones) has its own tests in tests/test_contraction/conv.py
     monkeypatch.setenv("EQFUSE_CONV", "im2col")
 
 

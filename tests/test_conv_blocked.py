@@ -99,7 +99,7 @@ def test_pooling_in_blocks_matches_the_reference(op, where, H, k, s, p, monkeypa
     # between two convs (blocks in and out), after a conv as the graph's output (blocks in), on
     # the graph's input before a conv (NCHW); the channel-vector kernel (16 channels would
     # take the pixel-vector one, which writes NCHW). max_pool2d's taps outside the image read the
-    # nearest inside one (conv_blocked._max_pool_taps): padding 2 of a 5 x 5 window, odd sizes.
+    # nearest inside one (conv._max_pool_taps): padding 2 of a 5 x 5 window, odd sizes.
     # A NaN of x reaches the pool through the conv too (a 3 x 3 patch of NaN in every channel).
     monkeypatch.setenv("EQFUSE_CONV_PIXELS", "0")
     C, O = 16, (H + 2 * p - k) // s + 1
@@ -119,7 +119,7 @@ def test_pooling_in_blocks_matches_the_reference(op, where, H, k, s, p, monkeypa
         np.testing.assert_allclose(mod(**xs), eqfuse.reference(src)(**xs), rtol=1e-4, atol=1e-5)
     (pool_plan,) = [q for q in mod.functions["p"].last.plans if q.kind == "index"]
     d = pool_plan.detail
-    # (on the graph's input, NCHW in and out: a pool writes blocks only from blocks, conv_blocked._writes_blocked)
+    # (on the graph's input, NCHW in and out: a pool writes blocks only from blocks, conv._writes_blocked)
     assert (d.in_blocked, d.out_blocked) == {"between": (True, True), "in": (True, False), "out": (False, False)}[where]
 
 

@@ -21,7 +21,7 @@ from eqfuse.machine import MODELS, pinned
 
 @pytest.fixture(autouse=True)
 def _direct_kernel(monkeypatch):
-    """The direct kernel's tests: Winograd off (its own in tests/test_conv_winograd.py)."""
+    """The direct kernel's tests: Winograd off (its own in tests/test_contraction/conv.py)."""
     monkeypatch.setenv("EQFUSE_CONV_WINOGRAD", "0")
 
 

@@ -194,7 +194,7 @@ def check_onnx(tmp_path_factory, data, optimize=True):
 
 @FAST
 @given(data=mutated_onnx())
-def test_mutated_onnx_checks_cleanly(tmp_path_factory, data):
+def test_mutated_onnx_registry_cleanly(tmp_path_factory, data):
     check_onnx(tmp_path_factory, data)
 
 

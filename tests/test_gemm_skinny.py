@@ -1,7 +1,7 @@
 """The few-rows GEMM over a bound B (csrc_templates/gemm_skinny.c) against numpy: every vector
 width (AVX-512, AVX2, the portable 4-float one), M = 1..17, N and K that are no multiple of
 anything (K = 1), A or B given transposed, C at a row stride wider than N, 1 and 2 threads; and
-the planner's choice of it (lower_gemm.skinny) through eqfuse.compile, with epilogues and a row
+the planner's choice of it (plan_gemm.skinny) through eqfuse.compile, with epilogues and a row
 epilogue, each result checked against the numpy reference."""
 
 import dataclasses

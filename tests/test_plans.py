@@ -184,7 +184,7 @@ def test_k_is_cut_into_equal_slices(K, slices):
 
 
 def test_small_gemms_open_no_parallel_region_and_the_plan_says_so(machine_model):
-    """GEMMs and convs below lower_gemm.PARALLEL_MIN_FMAS run on the calling thread: the plan's
+    """GEMMs and convs below plan_gemm.PARALLEL_MIN_FMAS run on the calling thread: the plan's
     detail.parallel is the `if` of the C's parallel regions, and its thread rule says so."""
     mod = eqfuse.compile(GEMMS, fuse="manual")
     plans = {p.name: p for p in mod.gemms.last.plans}

@@ -361,7 +361,7 @@ def test_exported_vit_writes_its_patch_tokens_in_place(exporter):
 
 def test_a_patch_embedding_writes_its_tokens_transposed_into_the_cls_concat():
     # ViT: conv2d (stride = kernel), flatten, transpose to tokens, the cls token in front; the
-    # conv's GEMM stores C (channels x pixels) at a column stride (lower_gemm.conv_c_layout)
+    # conv's GEMM stores C (channels x pixels) at a column stride (plan_gemm.conv_c_layout)
     src = """
 graph vit(img: f32[3, 3, 8, 8], w: f32[16, 3, 4, 4], b: f32[16], cls: f32[3, 1, 16]) -> f32[3, 5, 16] {
   p = reshape(conv2d(img, w, b, stride=4), shape=[3, 16, 4])

@@ -265,7 +265,7 @@ graph c(x: f32[2, 3], y: f32[2, 3]) -> f32[2, 6] {
 
 
 def test_a_concat_along_the_last_axis_of_a_gemm_result_is_written_by_the_gemm():
-    # the GEMM stores C at the concat's row stride (lower_gemm.c_layout), the pointwise kernel
+    # the GEMM stores C at the concat's row stride (plan_gemm.c_layout), the pointwise kernel
     # its rows beside
     src = """
 graph c(x: f32[2, 4], w: f32[4, 3], y: f32[2, 3]) -> f32[2, 6] {

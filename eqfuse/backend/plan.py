@@ -36,7 +36,7 @@ class KernelPlan:
     shape: KernelShape
     out_shape: tuple[int, ...]
     tiles: dict[str, int] = field(default_factory=dict)
-    detail: Any = None  # the kind's frozen detail dataclass (lower_gemm.GemmDetail for the GEMM kinds)
+    detail: Any = None  # the kind's frozen detail dataclass (plan_gemm.GemmDetail for the GEMM kinds)
     uops: list[UOp] = field(default_factory=list)
     bytes: int = 0
     flops: int = 0
@@ -59,7 +59,7 @@ class KernelPlan:
 
     @property
     def prepack(self):
-        """How the runtime prepacks a GEMM's B bound by params= (lower_gemm.Prepack), or None."""
+        """How the runtime prepacks a GEMM's B bound by params= (plan_gemm.Prepack), or None."""
         return getattr(self.detail, "prepack", None)
 
     def base_strides(self) -> dict[int, tuple[int, ...]]:

@@ -136,7 +136,7 @@ def heavy_weight(op: str) -> int:
 # A candidate kernel body may hold at most one heavy op, except on the way to attention
 # (softmax(q @ k^T ...) @ v holds three). A view -- a tensor in memory read through transposes
 # and reshapes (vw) -- is a way of reading it (x @ transpose(w)), not a heavy op. These are the backend's kernel shapes
-# (eqfuse.backend.kinds.classify), applied while rules grow kernels so illegal bodies are not grown
+# (eqfuse.ir.kernels.classify), applied while rules grow kernels so illegal bodies are not grown
 # further; extraction checks every candidate with classify itself.
 HEAVY_LIMIT = 1
 HEAVY_LIMIT_ATTENTION = 3  # when the kernel's root op is softmax or matmul

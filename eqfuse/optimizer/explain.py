@@ -5,7 +5,7 @@ For every tensor one kernel of the result writes and another reads (a boundary),
 are joined here in Python -- the producer's body inlined into the consumer's where the consumer
 reads it -- and the join is judged, in this order:
 
-1. `unlowerable`: the kinds registry (`eqfuse.backend.kinds.classify`, on the planner's machine,
+1. `unlowerable`: the kinds registry (`eqfuse.ir.kernels.classify`, on the planner's machine,
    as extraction asks it) refuses the joined body: the backend has no kernel kind for it. The
    detail is classify's message, which names the condition that fails, and `kind` the kind
    the join would have been (the kind of its one non-pointwise op, or "mixed").

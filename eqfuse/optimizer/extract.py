@@ -455,7 +455,7 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
     return best
 
 
-# the ILP and the ILP by regions (extract_ilp.py), which `extract` runs
+# the ILP and the ILP by regions (extract.py), which `extract` runs
 
 MIP_GAP = 1e-6  # HiGHS's default 1e-4 is 140 kB on BERT-base: not exact enough to compare with greedy
 

@@ -344,7 +344,7 @@ class Traced:
 
 
 # The traced-array API, by numpy name: eqfuse.numpy's functions and eqfuse.trace.indexing's getitem,
-# registered by those modules (eqfuse.trace imports both), so that a Traced's methods, indexing
+# registered by those modules (the eqfuse package imports both), so that a Traced's methods, indexing
 # and numpy's own functions on a Traced reach them.
 API: dict[str, Any] = {}
 NUMPY_NAMES = {"add": "add", "amax": "max", "amin": "min", "absolute": "abs"}  # numpy's other names

@@ -87,7 +87,7 @@ class Attention(Kind):
         plan.threads = (f"the {batch} x {nqb_} (batch, {bq}-query block) tasks split evenly among the threads"
                         if par else
                         f"one thread, no parallel region ({fmas} multiply-adds < {PARALLEL_MIN_FMAS}, "
-                        "lower_gemm.PARALLEL_MIN_FMAS)")
+                        "plan_gemm.PARALLEL_MIN_FMAS)")
         held = "q block, k tile, score tile, accumulators" if kt_l1 else \
             f"q block, score tile, accumulators; the {D * bk * F32} B k tile streams from L2"
         plan.cache_check = (f"tile working set ({held}) {ws} B <= L1 {c.l1} B: "

@@ -36,8 +36,8 @@ class Contraction(Kind):
         plan_contraction(plan, m)
 
     def writes_through(self, plan: KernelPlan, strides) -> bool:
-        """A matmul's GEMM stores C at a row stride and a batch stride (lower_gemm.c_layout), a
-        conv2d's at a row, column and image stride (lower_gemm.conv_c_layout); not a row
+        """A matmul's GEMM stores C at a row stride and a batch stride (plan_gemm.c_layout), a
+        conv2d's at a row, column and image stride (plan_gemm.conv_c_layout); not a row
         epilogue (the row templates walk rows of N)."""
         if isinstance(plan.detail, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail)):
             return False  # (writes NCHW contiguous)
@@ -64,7 +64,7 @@ def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine) -> None:
     """detail.prepack for a matmul GEMM whose B (or the matrix its transpose reads) is one of
     the body inputs `bound` by params=, read by nothing else in the kernel, and one matrix for
     every batch (emit then reads B as panels the runtime packs once). A matmul with few rows
-    then takes the memory-bound skinny path (lower_gemm.skinny, planned by plan_skinny)."""
+    then takes the memory-bound skinny path (plan_gemm.skinny, planned by plan_skinny)."""
     d = plan.detail
     if isinstance(d, conv_grouped.ConvGroupedDetail):
         return  # (reads the weights as they are)

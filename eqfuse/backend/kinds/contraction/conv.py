@@ -2,7 +2,7 @@
 
 A conv2d as a direct convolution (csrc_templates/conv_direct.c): planning and emit.
 
-The im2col path (lower_gemm, emit_gemm.emit_conv2d) writes a column matrix of C x KH x KW rows
+The im2col path (plan_gemm, emit_gemm.emit_conv2d) writes a column matrix of C x KH x KW rows
 per output pixel and runs the packed GEMM over it. The direct kernel reads the input where it
 is, in a zero-padded copy blocked by input channels (one pixel's CB channels in one cache line),
 and the weights as output-channel blocks of OBW = V vectors, prepacked once when bound by
@@ -86,7 +86,7 @@ class ConvDirectDetail:
     v: int  # vectors per output-channel block (OBW = v x vl channels)
     rw: int  # output pixels per register tile
     rows: bool  # a tile's pixels are in one output row (else any RW consecutive pixels)
-    parallel: bool  # the kernel opens a parallel region (lower_gemm.parallel's rule)
+    parallel: bool  # the kernel opens a parallel region (plan_gemm.parallel's rule)
     prepack: Prepack | None = None  # the weights bound by params=, blocked once (`mark_bound`)
     # the input is (the output will be) in blocks of VL channels, [N][C / VL][H][W][VL], between two
     # direct convs (`block_between_convs`)
@@ -97,8 +97,8 @@ class ConvDirectDetail:
     pixels: tuple[int, int, int] | None = None
     pixels_as_rows: bool = False  # (an im2col GEMM's orientation: never here)
     blocked_args: tuple[int, ...] = ()  # body inputs of the epilogue read in blocks of VL channels
-    in_place: bool = False  # the input in blocks read where it is, no padded copy (conv_blocked._mark_in)
-    winograd: int = 0  # tiles per block of a Winograd F(2x2, 3x3) conv (conv_winograd.py), 0: direct
+    in_place: bool = False  # the input in blocks read where it is, no padded copy (conv._mark_in)
+    winograd: int = 0  # tiles per block of a Winograd F(2x2, 3x3) conv (contraction/conv.py), 0: direct
 
     @property
     def obw(self) -> int:
@@ -171,7 +171,7 @@ def use_direct(KH: int, KW: int, SH: int, SW: int) -> bool:
     KH x KW / (SH x SW) times; with windows that do not overlap (1x1 convs, a ViT's or a
     Mixer's patch embedding) it is the input itself (stride 1), a part of it, or a permutation
     of it, no more than the direct kernel's padded copy, and the GEMM can store its result
-    transposed into a token concat (lower_gemm.conv_c_layout). Measured (1 thread, + BN + ReLU,
+    transposed into a token concat (plan_gemm.conv_c_layout). Measured (1 thread, + BN + ReLU,
     weights bound): 1x1/2 64 -> 128 at 56 x 56, 105 us direct against 79 im2col; the 3x3 convs
     of ResNet-18 0.85-0.95x of im2col's time at 28-56 pixels wide, 0.6-0.8x at 2-16 pixels
     (benchmarks/bench_conv.py). EQFUSE_CONV=direct|im2col forces either."""

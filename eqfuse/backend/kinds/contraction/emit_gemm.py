@@ -11,10 +11,10 @@ chooses it.
 C for the few-rows GEMM over a bound, prepacked B, from csrc_templates/gemm_skinny.c.
 
 C = epilogue(A @ B) where B is read as the panels `NAME_prepack(B, P)` made once (P of
-`NAME_prepack_floats()` floats): the memory-bound path lower_gemm.skinny chooses for batch 1-16
+`NAME_prepack_floats()` floats): the memory-bound path plan_gemm.skinny chooses for batch 1-16
 inference. The epilogue is the same C expression as eqfuse.backend.kinds.contraction.emit_gemm's (acc, i, j, b = 0, M,
 N, K and the extra parameters). The tile (MR, NR) and the prefetch distance are the plan's
-(lower_gemm.skinny_tiles): this module writes them, never chooses them.
+(plan_gemm.skinny_tiles): this module writes them, never chooses them.
 
 Stage `emit` for the GEMM kinds: matmul and conv2d with fused epilogues (and row epilogues).
 
@@ -75,9 +75,9 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     (one thread must own whole rows).
     `a_transposed`: A is given as its transpose, K x M (row stride lda), packed to the same panels.
     `direct_a`: the micro-kernel reads A where it is (row stride lda) instead of packed panels
-    (None: the rule of lower_gemm.direct_a; never with a transposed A).
+    (None: the rule of plan_gemm.direct_a; never with a transposed A).
     `parallel`: whether the GEMM opens a parallel region (the plan's detail.parallel,
-    lower_gemm.parallel; False runs it on the calling thread).
+    plan_gemm.parallel; False runs it on the calling thread).
     `prepacked_b`: the B argument is the panels made once by `NAME_prepack(B, P)` (P of
     `NAME_prepack_floats()` floats, both in the cdef), for a B bound by params= and shared by
     every batch (b_batch_stride 0).
@@ -135,7 +135,7 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
     of C (C, b and the extra parameters in scope), run once every column is done.
     With `parallel`, the panels (then the rows of a row epilogue) are chunks of the claim-based
     pool of common.h (eqf_parallel_for), one panel each; with `pack_parts` (the plan's,
-    lower_gemm.skinny_pack_parts) the packing of A is too, before them, in that many parts of K
+    plan_gemm.skinny_pack_parts) the packing of A is too, before them, in that many parts of K
     per group of MR rows (0: the calling thread packs A).
     """
     if min(M, N, K, mr, nr) < 1 or nr % 4 or mr > M:
@@ -233,7 +233,7 @@ def emit_contraction(plan: KernelPlan) -> str:
     nb = len(out) - 2
     d = plan.detail
     M, N, K, bt, at = d.M, d.N, d.K, d.b_transposed, d.a_transposed
-    g = d.gemm  # how the matmul maps onto GEMM calls (lower_gemm._matmul_gemm)
+    g = d.gemm  # how the matmul maps onto GEMM calls (plan_gemm._matmul_gemm)
     mode, Asrc, Bsrc, ast, bst = g.mode, g.a_src, g.b_src, g.a_strides, g.b_strides
     batch = out[:-2]
     nbatch = size(batch)
@@ -270,7 +270,7 @@ def emit_contraction(plan: KernelPlan) -> str:
     ldc = N
     if plan.out_strides is not None:  # C written in place into a layout's storage (eqfuse.backend.stores)
         ldc, sc = c_layout(plan, plan.out_strides)
-    if d.path == "skinny":  # few rows over a bound B: the memory-bound kernel (lower_gemm.skinny)
+    if d.path == "skinny":  # few rows over a bound B: the memory-bound kernel (plan_gemm.skinny)
         assert prepacked and g.batch == 1 and sc == 0
         t = plan.tiles
         src, _ = emit_gemm_skinny(gname, M=g.M, N=N, K=K, lda=g.lda, ldb=g.ldb, ldc=ldc, mr=t["mr"], nr=t["nr"],
@@ -303,7 +303,7 @@ def emit_conv2d(plan: KernelPlan) -> str:
     dh, dw = pair(cv.attr.get("dilation", 1))
     direct = not plan.detail.im2col  # (the plan's: x itself is the column matrix)
     d = plan.detail
-    swap = d.pixels_as_rows  # the GEMM's rows are pixels, its columns channels (lower_gemm.pixels_as_rows)
+    swap = d.pixels_as_rows  # the GEMM's rows are pixels, its columns channels (plan_gemm.pixels_as_rows)
     ch, px = ("j", "i") if swap else ("i", "j")
     groups = [("b", [0], False), (ch, [1], False), (px, [2, 3], False)]
     # the conv's own bias belongs to the anchor value: acc + bias[channel]

@@ -232,7 +232,7 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
                         + (f" (<= L2 {m.l2} B for the later groups)" if groups > 1 else ""))
     panels, parts = cdiv(N, nr), d.pack_parts
     plan.threads = (f"one thread, no parallel region ({M * N * K} multiply-adds < {SKINNY_PARALLEL_MIN}, "
-                    "lower_gemm.SKINNY_PARALLEL_MIN)" if not d.parallel else
+                    "plan_gemm.SKINNY_PARALLEL_MIN)" if not d.parallel else
                     (f"A packed by the threads of the claim-based pool in {groups} x {parts} parts, then " if parts else "")
                     + f"the {panels} {nr}-column panels claimed one at a time by the threads of the claim-based pool "
                     "(common_pool.h: the caller waits only for claimed panels)"
@@ -260,7 +260,7 @@ def thread_rule(M: int, N: int, batch: int, mr: int, nr: int, rows_only: bool, p
     """How the C (csrc_templates/gemm.c, `_split`) shares one call among its threads."""
     if not par:
         return (f"one thread, no parallel region ({batch * M * N * K} multiply-adds < "
-                f"{PARALLEL_MIN_FMAS}, lower_gemm.PARALLEL_MIN_FMAS)")
+                f"{PARALLEL_MIN_FMAS}, plan_gemm.PARALLEL_MIN_FMAS)")
     by_batch = f"whole batches per thread when 1 < threads <= {batch}; else " if batch > 1 else ""
     cols = not rows_only and (2 * M <= N or (M <= N and M <= 64 * mr))
     by_cols = f"whole {nr}-column panels per thread when 1 < threads <= {cdiv(N, nr)}; else " if cols else ""
