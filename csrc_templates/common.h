@@ -86,7 +86,8 @@ static inline float eqf_exp(float x)
 
 /* exp, tanh and erf of the op table (and sigmoid, silu, gelu built on them), written so that gcc
  * vectorizes them inside kernel loops and GEMM epilogues: libm's expf / tanhf / erff are scalar
- * calls without -ffast-math (a gelu epilogue cost 11 ns per element, twice the GEMM before it).
+ * calls without -ffast-math (a gelu epilogue then cost more than the GEMM before it:
+ * benchmarks/bench_gemm.py --peers --only 256x3072x768).
  * Branch-free: both sides of each select are computed. Errors (float32, checked against float64
  * in tests/test_kernels_c.py, over [-120, 120] and the special values): relative < 1e-6. */
 static inline float eqf_expf(float x)
@@ -115,8 +116,8 @@ static inline float eqf_tanhf(float x)
 /* erfc for a >= 0 (Numerical Recipes' erfcc, Chebyshev fit: relative error ~1e-7 everywhere, so
  * tails like gelu's 1 + erf(-4) = erfc(4) keep their digits). The exp is eqf_exp, which clamps
  * below -87 instead of going subnormal: its argument p - a^2 is below -87 only for a > 9.3, where
- * erfc < 1e-38, and eqf_exp costs a multiply and three selects less: a 256 x 3072 gelu 0.91 ->
- * 0.76 ns per element (Zen 4; the GELU of a 256 x 3072 x 768 GEMM epilogue was 10% of the call) */
+ * erfc < 1e-38, and eqf_exp costs a multiply and three selects less (the GELU epilogue of
+ * benchmarks/bench_gemm.py --peers --only 256x3072x768) */
 static inline float eqf_erfc_pos(float a)
 {
     const float t = 2.0f / (2.0f + a);

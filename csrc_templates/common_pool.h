@@ -61,14 +61,13 @@ static void eqf_pool_drain(unsigned long gen)
     }
 }
 
-/* A worker spins briefly (EQF_POOL_SPIN pauses, ~14 us at the 27 ns of a pause on Zen 4) before
+/* A worker spins briefly (EQF_POOL_SPIN pauses, some microseconds) before
  * it sleeps on the condition variable, so that an idle worker does not hold a core another
  * process wants. While the graph's run function holds the pool (eqf_pool_hold: over a run of
  * kernels that use it, with no OpenMP region between them) it spins on, yielding its core every
  * EQF_POOL_SPIN pauses to any other thread that wants it: the next job comes once the caller has
- * packed A (10-80 us), and waking a sleeping worker on the VM took 23-33 us for most jobs, 320 us
- * for one in ten and up to 1.5 ms (BERT-base at sequence 32, 2 threads: the worker missed 36 of
- * the call's 96 jobs). Released (before an OpenMP region, whose thread then has its core, or at
+ * packed A, and waking a sleeping worker takes longer than that, and far longer for some jobs
+ * (BERT-base at sequence 32, 2 threads: benchmarks/bench_models.py --model bert-base). Released (before an OpenMP region, whose thread then has its core, or at
  * the call's end), it spins at most EQF_POOL_SPIN pauses more. */
 enum { EQF_POOL_SPIN = 512 };
 static int eqf_pool_hot; /* run functions now holding the pool (eqf_pool_hold) */
@@ -76,15 +75,15 @@ static int eqf_pool_hot; /* run functions now holding the pool (eqf_pool_hold) *
 /* Where the workers run: on any CPU the process may use except the caller's. Left to the
  * scheduler, a woken worker often went to the caller's CPU (the waker's), where the two took
  * turns: with another process busy on the other core, the MLP at batch 8 on 2 threads ran at
- * its 1-thread time (279 us), and even on a quiet VM the 2-thread call took 217 us. Kept off the
+ * its 1-thread time, and even on a quiet machine the 2-thread call was slower. Kept off the
  * caller's CPU, the worker shares the busy core with the other process instead, and the caller
- * claims whatever the worker does not reach: 203 us under that load, 165 us quiet (2-vCPU Zen 4
- * VM). The caller publishes its CPU with each job (sched_getcpu: the vDSO, no system call), and
+ * claims whatever the worker does not reach (benchmarks/bench_load.py measures both, quiet and
+ * busy). The caller publishes its CPU with each job (sched_getcpu: the vDSO, no system call), and
  * a worker moves (sched_setaffinity) only when that CPU has changed or the caller freed it.
  *
  * A worker that the scheduler stops in the middle of a chunk keeps the caller waiting for that
- * chunk until the other process's time slice ends (milliseconds: the MLP's 75th percentile went
- * to 2.3 ms). So a caller that has waited EQF_POOL_WAIT_NS for claimed chunks frees the workers
+ * chunk until the other process's time slice ends (milliseconds: the MLP's busy rows of
+ * benchmarks/bench_load.py). So a caller that has waited EQF_POOL_WAIT_NS for claimed chunks frees the workers
  * to run anywhere and sleeps in short naps: its CPU idles, and the scheduler moves the stopped
  * worker there to finish its chunk. */
 enum { EQF_POOL_WAIT_NS = 100000, EQF_POOL_NAP_NS = 20000 };
@@ -208,9 +207,9 @@ __attribute__((unused)) static int eqf_pool_threads(void)
 
 /* OpenMP's worker threads kept off the caller's CPU too, for the same reason as the pool's
  * (eqf_pool_place). With its threads passive (OMP_WAIT_POLICY, eqfuse.backend.cbuild), libgomp
- * wakes the worker for each region, and after both had slept (50 ms between blocks of calls) the
+ * wakes the worker for each region, and after both had slept (between blocks of calls) the
  * scheduler left the caller and the worker on one CPU: a 2-thread softmax of 4096 x 1024 then took
- * 1.2 ms, its 1-thread time, against 0.66 ms back to back (2-vCPU Zen 4). The run function calls
+ * its 1-thread time (benchmarks/bench_rows.py --threads 1 2). The run function calls
  * this before its kernels when the graph has a kernel that may open a region: when the caller's
  * CPU or the team's size has changed since the last time, one small region moves each worker
  * (sched_setaffinity in the thread itself) to the CPUs the caller may use but its own. OpenMP's

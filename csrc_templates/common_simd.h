@@ -1,14 +1,14 @@
 /* eqfuse common header, continued (after common.h): vector helpers -- streaming stores, the
  * attention micro-kernels, the row kernels' exp and sums. */
 /* Rows of a softmax block (row_softmax.c): ~2 KiB of short rows, so that their three passes stay
- * in L1 and the reductions of one row overlap the work of the others (12 x 128 x 128 scores: 34 ->
- * 29 us on one Zen 5 core); long rows one at a time (blocks of 4 x 1024 were 15% slower). */
+ * in L1 and the reductions of one row overlap the work of the others; long rows one at a time
+ * (softmax 12x128x128 and 4096x1024: benchmarks/bench_rows.py --threads 1). */
 #define EQF_ROW_BLOCK(L) ((L) <= 64 ? 8 : (L) <= 128 ? 4 : (L) <= 256 ? 2 : 1)
 
 /* Everything below uses the x86 intrinsics, and is compiled only in a module whose code needs
  * them: the module defines EQF_INTRINSICS before this header (eqfuse.backend.cbuild.intrinsics_define
- * decides from the code). <immintrin.h> alone is half of gcc's time on a small module (a sigmoid
- * kernel: 0.28 -> 0.14 s at -O3, Zen 4), and half of the test suite's modules use no intrinsic.
+ * decides from the code). <immintrin.h> alone is about half of gcc's time on a small module
+ * (a sigmoid kernel at -O3), and half of the test suite's modules use no intrinsic.
  * A helper used without the define is an implicit declaration: an error (-Werror) or a library
  * that does not load, never a silent fallback to the portable loops. */
 #if defined(EQF_INTRINSICS)

@@ -92,7 +92,8 @@ static inline void {{NAME}}_pad_row(const float* restrict x, float* restrict xp,
 /* (no predictive commoning, no partial redundancy elimination: along a row, pixel r + 1 at tap kw
  * is pixel r at kw + 1 (at step t + SW x CB of the unrolled loop), and gcc would carry those values
  * between steps in registers the accumulators need, spilling them: with PRE, a 3x3 stride-2 conv
- * of 16 -> 32 channels at 16 x 16 spent 58% of its time on spills, 57.7 -> 23.3 µs without it) */
+ * of 16 -> 32 channels at 16 x 16 spent most of its time on spills: benchmarks/bench_conv.py
+ * --set resnet18, row "l2 16->32 3x3/2 @16") */
 __attribute__((optimize("no-predictive-commoning", "no-tree-pre")))
 /* The input: kernel row kh (kh0 <= kh < kh1: the rows inside the image) of channel block cb at
  * xb + cb x bs + (kh - kh0) x rs, plus xoff[r] for pixel r (ROWS: xoff[0] + r x SW x CB). */
@@ -114,7 +115,8 @@ static inline void {{NAME}}_tile(const float* restrict xb, long bs, long rs, int
             const float* restrict xk = xb + cb * bs + (kh - kh0) * rs;
             if (ROWS && (kh + 1 < kh1 || cb + 1 < NCB)) {
                 /* the next kernel row's window into L1 while this one computes: a tile's input is
-                 * short runs of lines that the hardware prefetcher misses (resnet_stages 2% faster) */
+                 * short runs of lines that the hardware prefetcher misses (resnet_stages:
+                 * benchmarks/bench_models.py --model resnet_stages) */
                 const float* nx = (kh + 1 < kh1 ? xk + rs : xb + (cb + 1) * bs) + xoff[0];
                 for (int q = 0; q < ((RW - 1) * SW + KW) * CB; q += 64 / 4)
                     __builtin_prefetch(nx + q);
@@ -126,9 +128,9 @@ static inline void {{NAME}}_tile(const float* restrict xb, long bs, long rs, int
 #pragma GCC unroll 32
             for (int r = 0; r < RW; r++)
                 px[r] = xk + (ROWS ? xoff[0] + r * SW * CB : xoff[r]);
-/* (16 steps unrolled. Unrolled whole, 48 steps, a 3x3 conv at 64 channels and 56 x 56 was 1.5%
- * faster (the loop's exit branch mispredicted once per kernel row and channel block), but gcc took
- * 7.5-18 s to compile one such conv against 2.1-2.3 s, and those convs run as Winograd now
+/* (16 steps unrolled. Unrolled whole, 48 steps, a 3x3 conv at 64 channels and 56 x 56 was
+ * slightly faster (the loop's exit branch mispredicted once per kernel row and channel block), but
+ * gcc took several times as long to compile one such conv, and those convs run as Winograd now
  * (conv_winograd.c); the stem and the stride-2 convs left here measured within the noise) */
 #pragma GCC unroll 16
             for (int t = 0; t < KW * CB; t++) {
@@ -163,8 +165,8 @@ static inline void {{NAME}}_tile(const float* restrict xb, long bs, long rs, int
  * window crosses the image's left or right edge (the EL first and the TR - ER last, a short tile
  * at a row's end among them) reads an edge strip instead: its window's columns of every input row,
  * zero outside the image, s[NE][N][NCB][H][WL][CB], made once per call and shared by the
- * output-channel blocks and the threads (a copy of the window per tile cost 2-3.5% of a 3x3 conv
- * at 28 x 28, where half the tiles are at an edge). */
+ * output-channel blocks and the threads (a copy of the window per tile was slower on a 3x3 conv
+ * at 28 x 28, where half the tiles are at an edge: benchmarks/bench_conv.py --set resnet56). */
 enum { {{NAME}}_WL = ({{RW}} - 1) * {{SW}} + {{KW}} /* a ROWS tile's window width */, {{NAME}}_EL = {{EDGE_L}},
        {{NAME}}_ER = {{EDGE_R}}, {{NAME}}_NE = {{EDGE_L}} + ({{OW}} + {{RW}} - 1) / {{RW}} - {{EDGE_R}} };
 static inline void {{NAME}}_strip_row(const float* restrict x, float* restrict s, long row)

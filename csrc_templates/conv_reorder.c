@@ -1,8 +1,9 @@
 /* {{NAME}}_reorder (conv_direct.c's and conv_winograd.c's REORDER): an NCHW output is stored in blocks of VL channels first (ys, as between two
  * convs), then each block's rows transposed VL x VL in registers into the output's VL channel
  * rows (the last VL pixels of a row overlapping the previous ones when VL does not divide OW).
- * Tile by tile, the NCHW store transposed each tile through memory element by element: 50-90 us
- * of the 128-channel conv at 28 x 28 that writes the ResNet stages' output; MLAS too stores its
+ * Tile by tile, the NCHW store transposed each tile through memory element by element, a large
+ * part of the 128-channel conv at 28 x 28 that writes the ResNet stages' output
+ * (benchmarks/bench_models.py --model resnet_stages); MLAS too stores its
  * NCHWc output and reorders it in a pass of its own. */
 static inline void {{NAME}}_reorder(const float* restrict ys, float* restrict out)
 {

@@ -16,9 +16,10 @@
  * Vb and Mb are each thread's own (scratch), sized for L2; each thread takes an equal run of tiles.
  * A tile's 16 rows of Vb (of Mb) are together, and tiles RA = 16 x C + 16 (RM) floats apart: the
  * GEMM reads RW tiles' rows at once, and at 16 x C floats apart (4 KiB for 64 channels) they
- * would all fall in one set of the L1 (a 64-channel conv at 56 x 56 took 1.5x as long). Kept
+ * would all fall in one set of the L1 (a 64-channel conv at 56 x 56 took 1.5x as long: its row
+ * "64 3x3 @56" of benchmarks/bench_conv.py --set resnet56). Kept
  * by tile, not by xi ([16][TB][C]), the transforms' 16 loads and stores go to one region, not 16
- * (the transforms took 25% of that conv's time, now 13%).
+ * (by xi, the transforms took about twice their share of that conv's time).
  * Rounding: B and A hold 0 and +-1, G +-1/2: F(2x2, 3x3) adds about one rounding of the sums'
  * magnitude per transform, the error of a direct conv's order of summation (checked against
  * numpy in tests/test_contraction/conv.py). */

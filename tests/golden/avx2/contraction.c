@@ -102,7 +102,7 @@ static inline __attribute__((always_inline)) void eqf_kinds_k1_contraction_gemm_
     const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
     long ldb, float* restrict tile)
 {
-    /* The BLIS/MLAS Haswell shape: MR x NR/8 ymm accumulators (6 x 2 = 12), the B row (2) and
+    /* The BLIS/MLAS AVX2 shape: MR x NR/8 ymm accumulators (6 x 2 = 12), the B row (2) and
      * one broadcast A element fill the 16 ymm registers; AVX2 has no broadcast operand in an
      * FMA, so each A element is one vbroadcastss. */
     enum { V = eqf_kinds_k1_contraction_gemm_NR / 8 };
@@ -139,7 +139,8 @@ static inline __attribute__((always_inline)) void eqf_kinds_k1_contraction_gemm_
 #elif 16 % 4 == 0
 /* Portable micro-kernel, in GCC's generic vectors of 4 floats (SSE on x86-64-v2, NEON on ARM,
  * scalar code elsewhere): MR x NR/4 accumulators that live in registers, the tile fully
- * unrolled. Plain loops over a float array were left scalar and in memory by gcc (5-8 GFLOP/s). */
+ * unrolled. Plain loops over a float array were left scalar and in memory by gcc
+ * (benchmarks/bench_gemm.py --machine portable). */
 typedef float eqf_kinds_k1_contraction_gemm_v4 __attribute__((vector_size(16)));
 typedef float eqf_kinds_k1_contraction_gemm_v4u __attribute__((vector_size(16), aligned(4))); /* an unaligned load */
 static inline __attribute__((always_inline)) void eqf_kinds_k1_contraction_gemm_ukernel(

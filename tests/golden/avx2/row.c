@@ -5,8 +5,8 @@
  * three per row: a short row's passes would wait on its reductions, a block's rows on nothing.
  * Offsets the passes do not all use are declared in both (-Wunused-variable is off). The first
  * pass's last L % 16 elements are a scalar loop of their own: as the epilogue of the SIMD loop,
- * gcc merged them into the vector maximum through the stack (a failed store forwarding per row:
- * 924 rows of 77, 26 -> 19 us). */
+ * gcc merged them into the vector maximum through the stack (a failed store forwarding per row,
+ * on rows of 77). */
 EQF_WIDE_BEGIN
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-variable"
