@@ -41,8 +41,8 @@ FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-
 LINK_FLAGS = ("-fopenmp",)
 # No debug info: Python's own CFLAGS, which setuptools puts first, carry -g (pyenv's and most
 # distributions' builds), and nothing reads a kernel's debug info, while it cost a fifth to a
-# third of gcc's time on a large module (a BERT layer's: 3.55 -> 2.6 s, a block of row kernels:
-# 2.84 -> 2.16 s, Zen 4). EQFUSE_CFLAGS=-g and the sanitizers' flags come after, and bring it back.
+# third of gcc's time on a large module (a BERT layer's, a block of row kernels).
+# EQFUSE_CFLAGS=-g and the sanitizers' flags come after, and bring it back.
 # (Not in FLAGS: those go into an exported library's Makefile, after the user's CFLAGS.)
 NO_DEBUG = ("-g0",)
 
@@ -201,12 +201,12 @@ def _suffix() -> str:
 
 
 # OpenMP threads that wait spin only briefly, then sleep (unless OMP_WAIT_POLICY or GOMP_SPINCOUNT
-# say otherwise): libgomp's default, 300000 pauses (8 ms on a Zen 4), lets an idle thread take a
+# say otherwise): libgomp's default, 300000 pauses (milliseconds), lets an idle thread take a
 # core from every other thread of the machine, including onnxruntime's or torch's in the same
 # process. Not OMP_WAIT_POLICY=PASSIVE, as before: then the calling thread also slept at the end of
 # each region and was woken by the worker, and the scheduler moved it onto the worker's CPU, where
-# the two took turns (a 2-thread softmax of 4096 x 1024, blocks of calls 50 ms apart: 1.2 ms, its
-# 1-thread time; 0.60-0.67 ms with 2000 pauses, ~55 us, of spinning; 2-vCPU Zen 4). libgomp reads
+# the two took turns (a 2-thread softmax of 4096 x 1024 in blocks of calls ran at its 1-thread
+# time; not so with 2000 pauses of spinning: benchmarks/bench_rows.py --threads 1 2). libgomp reads
 # this once, when the first library that links it is loaded, so it is set only around that load
 # and reaches no other OpenMP runtime (torch brings its own).
 SPIN_VAR, SPIN_COUNT = "GOMP_SPINCOUNT", "2000"
@@ -221,7 +221,7 @@ def _load(name: str, path: Path) -> ModuleType:
         os.environ[SPIN_VAR] = SPIN_COUNT
     try:
         # (module_from_spec is what loads an extension, and libgomp with it: with the variable set
-        # only around exec_module, libgomp never saw it and its threads spun 300000 pauses, 8 ms)
+        # only around exec_module, libgomp never saw it and its threads spun 300000 pauses)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     finally:
@@ -420,7 +420,7 @@ def _live(code: str) -> str:
 def intrinsics_define(code: str) -> str:
     """The line that compiles the intrinsics part of the header (`#define EQF_INTRINSICS 1`), for a
     module whose code (the kernels, without the header) uses it; else "". Without it the header
-    leaves out <immintrin.h>: 0.14 s of gcc's 0.28 s on a small pointwise module (Zen 4), and about
+    leaves out <immintrin.h>, about half of gcc's time on a small pointwise module, and about
     half of the modules use no intrinsic."""
     return "#define EQF_INTRINSICS 1\n" if _intrinsic_use().search(_live(code)) else ""
 

@@ -71,8 +71,8 @@ class Attention(Kind):
         # count (counted, it forced blocks of 4 queries: every key tile read again per 4 rows).
         bk = 64 if D * 64 * F32 <= c.l2 // 4 else 16
         kt_l1 = D * bk * F32 if D * bk * F32 <= c.l1 // 2 else 0
-        if Sk <= 16:  # a few keys: one tile of 16, not 64 (GPT-2 test heads of 16 x 16: 6.4 -> 4.0 us;
-            bk = 16   # at 32 keys the 64-key vector path still wins, 12.3 against 16.7 us)
+        if Sk <= 16:  # a few keys: one tile of 16, not 64 (GPT-2's test heads of 16 x 16; at 32
+            bk = 16   # keys the 64-key path still wins: benchmarks/bench_models.py --model gpt2)
         kt_l1 = D * bk * F32 if D * bk * F32 <= c.l1 // 2 else 0
         bq = 32
         while bq > 4 and ((bq * D + bq * bk + bq * Dv) * F32 + kt_l1 > c.l1 or bq >= 2 * Sq):

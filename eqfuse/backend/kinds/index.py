@@ -171,8 +171,8 @@ def _pool(an: Node, ins, xs, out, ct, par=False):
     # one output row at a time, the window's taps outermost and the row's pixels innermost:
     # the pixels whose taps are all inside the image ([lo, hi)) in a vector loop without
     # branches, the few others with bounds checks. Pixel by pixel, the comparisons branched on
-    # the data (28 us for a ResNet stem's 3x3/2 pool of 2 x 16 x 32 x 32; a copy of each row
-    # into a padded buffer first stalled on store forwarding, 32 us)
+    # the data (a ResNet stem's 3x3/2 pool of 2 x 16 x 32 x 32); a copy of each row into a
+    # padded buffer first stalled on store forwarding (benchmarks/bench_models.py --model resnet18)
     lo = min(OW, -(-pw // sw))
     hi = max(lo, min(OW, (W - kw + pw) // sw + 1))
     val = "a[ow] = ((v > a[ow]) | (v != v)) ? v : a[ow];" if is_max else "a[ow] += v; cnt[ow] += 1.0f;"
@@ -214,7 +214,8 @@ def _max_pool_stride2(x: str, H, W, OH, OW, kh, kw, sh, ph, pw) -> list[str]:
     """With AVX-512, one output row of a stride-2 max pool 16 pixels at a time: a tap's 16 inputs
     are the even lanes of two masked loads (taps outside the image load -inf, which no max
     keeps), picked by one permute. The compiler's own vector loop gathered them lane by lane
-    (vinsertps: 13.9 us for ResNet-18's 2 x 16 x 32 x 32 stem pool, against onnxruntime's 4).
+    (vinsertps), several times slower than onnxruntime on ResNet-18's 2 x 16 x 32 x 32 stem pool
+    (`benchmarks/bench_models.py --model resnet18`).
     NaN is kept as the scalar loop keeps it: a = (v > a || v != v) ? v : a. Without AVX-512,
     the loop below it (#else)."""
     def inside(w0: str) -> str:  # the mask of lanes w0 + i inside [0, W)

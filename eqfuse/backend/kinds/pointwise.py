@@ -71,8 +71,8 @@ class Pointwise(Kind):
         stream = f32_out and not plan.out_strides and total * F32 >= stream_bytes and inner >= STREAM_MIN_INNER
         if stream:
             # Each whole output line is computed in registers and streamed out (4 input/output
-            # streams overlapped; the earlier 1024-element L1 buffer copied out afterwards ran
-            # ~15-20% slower on 16M elements here).
+            # streams overlapped; the earlier 1024-element L1 buffer copied out afterwards was
+            # slower on 16M elements: benchmarks/bench_stream.py).
             tile = min(STREAM_TILE, -(-inner // 16) * 16)
             plan.cache_check = (f"output {total * F32} B >= {stream_bytes} B (min(L3/2, 8 L2 x cores)): "
                                 f"non-temporal stores, one 64 B line at a time")

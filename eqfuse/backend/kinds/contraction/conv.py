@@ -111,7 +111,7 @@ def register_tiles(simd_floats: int, rows: bool) -> list[tuple[int, int]]:
     one broadcast fit its vector registers (32 with AVX-512, 16 below). A tile of pixels from
     anywhere (not `rows`) holds a pointer per pixel: at most 8, to stay in the 16 general
     registers; a tile along one output row needs one pointer: up to 12 pixels (16 measured
-    slower: a 7x7 stem 107 us against 69)."""
+    slower on a 7x7 stem: `benchmarks/bench_conv.py --set resnet18`, row "stem 3->16 7x7/2 @64")."""
     regs = 32 if simd_floats >= 16 else 16
     return [(v, rw) for v in (1, 2, 3, 4) for rw in range(2, 13 if rows else 9) if rw * v + v + 1 <= regs]
 
@@ -120,13 +120,13 @@ def tile_cost(shape: tuple[int, int, int, int, int, int], m: Machine, v: int, rw
     """Cycles of a whole conv with this tile, as a model. shape = (N, OH, OW, O, steps, taps), taps
     being input-channel blocks x kernel rows, steps CB x KW. A tile takes, per tap, `steps` of
     max(FMAs / 2 (two FMA ports), 5 (each accumulator's chain: an FMA's latency and the
-    broadcast's; 8 accumulators measured 25% slower than 12 on a 7x7 stem), loads / 2.5 (weight
+    broadcast's; 8 accumulators measured slower than 12 on a 7x7 stem), loads / 2.5 (weight
     vectors and broadcasts), its weight vectors' stream) plus its pointer work (one pointer along a row, one per pixel otherwise),
     then its store (about a cycle per 8 outputs). A channel block's first tile streams its
     weights from L3 (~3 cycles per 64 B), the others from L2 unless the block's weights exceed
-    half of it. Padding lanes and pixels count as work. Measured on a Zen 5 core, 3x3 convs:
-    128 channels at 2 x 2, two images, 8 pixels x 2 vectors 21.7 us against 4 x 4 35.9 us
-    (the weight stream of a block read by one tile)."""
+    half of it. Padding lanes and pixels count as work. Measured, 3x3 convs: 128 channels at
+    2 x 2, two images, 8 pixels x 2 vectors beat 4 x 4 (the weight stream of a block read by one
+    tile); `benchmarks/bench_conv.py --set resnet18` times the stem and "l4 128 3x3 @2"."""
     N, OH, OW, O, cb, taps = shape
     vl = m.simd_floats
     per_block = N * OH * cdiv(OW, rw) if rows else cdiv(N * OH * OW, rw)
@@ -507,8 +507,8 @@ def _writes_blocked(p: KernelPlan, vl: int) -> bool:
     if isinstance(d, ConvDirectDetail):
         return not d.pixels and d.vl == vl and d.O % vl == 0
     # a pool writes blocks only from blocks: from NCHW, each tap of a pixel's VL channels is a
-    # gather of VL planes (a ResNet-18 stem's 3x3/2 pool of 2 x 16 x 32 x 32, 43.6 µs against
-    # 7.2 for the NCHW pool and the next conv's own copy into blocks)
+    # gather of VL planes (a ResNet-18 stem's 3x3/2 pool of 2 x 16 x 32 x 32 was several times
+    # slower than the NCHW pool and the next conv's own copy into blocks)
     return _is_pool(p) and p.out_shape[1] % vl == 0 and p.body.nodes[p.shape.anchor].type.dtype == "f32" \
         and p.detail.in_blocked
 
@@ -562,8 +562,8 @@ def _mark_in(q: KernelPlan, k: int, how: str, vl: int) -> None:
     if how == "operand":
         q.detail = replace(q.detail, blocked_args=tuple(sorted(set(q.detail.blocked_args) | {k})))
         return
-    # read in place along output rows (the padded copy cost 3-4% of a 3x3 conv's time at 56 x 56,
-    # 64 channels); EQFUSE_CONV_INPLACE=0 keeps the copy (to measure both)
+    # read in place along output rows (the padded copy cost a few percent of a 3x3 conv at 56 x 56,
+    # 64 channels); EQFUSE_CONV_INPLACE=0 keeps the copy (to measure both with benchmarks/bench_conv.py)
     if how == "pool":
         q.detail = replace(q.detail, in_blocked=True, vl=vl)
         return
@@ -634,8 +634,8 @@ def _max_pool_taps(x: str, xs, os_, k, st, pad, par: bool, in_blocked: bool, out
     smaller than the window), and max is idempotent. A NaN anywhere in the window makes the output
     NaN (numpy's maximum; x86's max would drop it): its flag is the or of the taps' v != v. The
     generic loop (`pool_blocked`) kept a vector of maxima in memory and branched on every tap's
-    bounds: a ResNet stem's 3x3/2 pool of 64 x 112 x 112, 127 us against 62 (Zen 4, 1 thread, its input in
-    cache)."""
+    bounds: twice the time on a ResNet stem's 3x3/2 pool of 64 x 112 x 112 (one thread, its input in
+    cache; `benchmarks/bench_models.py --model resnet_stages`)."""
     N, C, H, W = xs
     OH, OW = os_
     (kh, kw), (sh, sw), (ph, pw) = k, st, pad
@@ -653,8 +653,8 @@ def _max_pool_taps(x: str, xs, os_, k, st, pad, par: bool, in_blocked: bool, out
         lines += [f"    const long h{dh} = oh * {sh} - {ph} + {dh};",
                   f"    const float* restrict r{dh} = {row(clamp(f'h{dh}', H))};"]
     # the next output row's new input rows into the cache along this row (blocked input): the
-    # ResNet stem's output, 3.2 MB, comes from L3 in the model: 143 -> 120 us there (mean of 4
-    # runs, 1 thread), though 63 -> 81 us with the input in L2 (the prefetches' load slots)
+    # ResNet stem's output, 3.2 MB, comes from L3 in the model, where this is faster, though
+    # slower with the input in L2 (the prefetches' load slots): benchmarks/bench_models.py --model resnet_stages
     ahead = [dh for dh in range(max(0, kh - sh), kh)] if in_blocked else []
     for dh in ahead:
         lines += [f"    const float* p{dh} = {row(clamp(f'h{dh} + {sh}', H))};"]

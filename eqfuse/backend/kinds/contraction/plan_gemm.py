@@ -85,8 +85,8 @@ DIRECT_MAX_TILES = 32  # B read in place up to this many MR-row tiles (see `dire
 DIRECT_MIN_NR = 64  # ... and only with panels this wide (or one panel in all)
 # Below this many multiply-adds per call (M x N x K x batch) a GEMM or conv runs on the calling
 # thread with no parallel region (the pointwise and row kernels' PARALLEL_MIN rule, for GEMMs):
-# 2^18 FMAs take ~10 us on one core; a fork/join costs ~2 us on quiet cores and up to
-# milliseconds when another process holds the other core (issue 12).
+# 2^18 FMAs are worth a few fork/joins on quiet cores, and a fork/join costs up to
+# milliseconds when another process holds the other core (issue 12; benchmarks/bench_load.py).
 PARALLEL_MIN_FMAS = 1 << 18
 
 
@@ -107,9 +107,8 @@ def gemm_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
     over C, a thin last slice would be almost all cost. Should the A micro-panel MR x KC then
     not fit half of L1 (`gemm_checks`), K is cut into more slices. No block is larger than the
     problem needs (smaller packing buffers). One slice of K = 768 (KC 512 on a 48 KiB L1, so NC
-    128) against two of 384 (NC 320), one Zen 5 thread, B prepacked, interleaved: 128 x 768 x
-    768 264.6 against 260.3 GFLOP/s, 256 x 3072 x 768 257.6 against 252.6 (up to K = 640, the
-    rule before, the same).
+    128) measured slightly faster than two of 384 (NC 320), one thread, B prepacked
+    (`benchmarks/bench_gemm.py --peers --only 128x768x768,256x3072x768 --threads 1`).
     """
     mr, nr = register_tile(m.simd_floats, N)
     kc = gemm_blocking(m, mr, nr)[2]
@@ -137,24 +136,25 @@ def direct(M: int, N: int, b_transposed: bool, mr: int, nr: int) -> bool:
     With few rows, packing B costs about as much as the products: every B element is read from
     memory and written to the panel for only ceil(M / MR) uses, and the packing and the
     micro-kernel run one after the other; read in place, the B stream from memory overlaps the
-    FMAs. Measured on one thread (relu(x @ w + b)): 8 x 768 x 3072 0.97 -> 0.56 ms, 32 x 784 x
-    1024 0.61 -> 0.54, 64 x 1024 x 1024 1.41 -> 1.29, 128 rows 2.91 -> 2.75, 256 rows 5.24 ->
-    5.17, 512 rows 10.13 -> 10.16 (even): so up to 32 MR tiles. A transposed B (N x K) is
+    FMAs. Measured on one thread (relu(x @ w + b), `benchmarks/bench_gemm.py --peers --threads 1`),
+    in place gains most at 8 rows and less with each doubling, to even at 512: so up to 32 MR
+    tiles. A transposed B (N x K) is
     always packed: its k-major rows are what the packing makes. A last panel narrower than NR
     is packed either way (zero padded).
     Only with panels of at least DIRECT_MIN_NR columns, or B one panel wide: a narrower panel
     read in place takes one cache line from each of kc rows of B a whole row apart, which map
     to a few L1 sets (a row of 768 or 3072 floats is a multiple of 1 KiB), so they evict one
-    another. AVX2's 6x16 tile (one thread): 32 x 3072 x 768 58 GFLOP/s in place against 87
-    packed, 8 x 3072 x 768 35 against 46, 128 x 768 x 768 even (109, 107)."""
+    another. AVX2's 6x16 tile (one thread) was slower in place at 32 x 3072 x 768 and 8 x 3072 x
+    768, even at 128 x 768 x 768 (`benchmarks/bench_gemm.py --machine avx2`)."""
     return not b_transposed and cdiv(M, mr) <= DIRECT_MAX_TILES and (nr >= DIRECT_MIN_NR or N <= nr)
 
 
 def direct_a(a_transposed: bool) -> bool:
     """Whether the micro-kernel reads A where it is (MR rows at the row stride, each element
     broadcast from its row, as MLAS's kernels do) instead of MR-row panels packed per K slice.
-    Packing A is a strided transposition that the FMAs wait for: measured (one Zen 5 thread,
-    kernel alone, B prepacked) it cost 2.7% of 128 x 768 x 768 and 5% of 256 x 768 x 3072.
+    Packing A is a strided transposition that the FMAs wait for: it cost a few percent of
+    128 x 768 x 768 and 256 x 768 x 3072 (one thread, B prepacked:
+    `benchmarks/bench_gemm.py --peers --only 128x768x768,256x768x3072 --threads 1`).
     A given transposed (K x M) is packed: its MR rows of one k are what the panel holds."""
     return not a_transposed
 
@@ -163,7 +163,8 @@ SKINNY_MAX_M = 32  # rows up to which a GEMM over a bound B takes the skinny pat
 SKINNY_PF = 1024  # its software prefetch distance in floats, 4 KiB ahead of the FMAs (see `skinny`)
 # Below this many multiply-adds a skinny GEMM runs on the calling thread. Waking a pool worker
 # and sharing a few panels cost more than they save there: GPT-2's test GEMMs (32 x 192 x 64,
-# 393K multiply-adds, ~8 us) took 12-26 us on 2 threads; the MLP's (8 x 1024 x 784, 6.4M) gain.
+# 393K multiply-adds) were slower on 2 threads than on 1; the MLP's (8 x 1024 x 784, 6.4M) gain
+# (benchmarks/bench_models.py --model gpt2 --model mlp).
 SKINNY_PARALLEL_MIN = 1 << 21
 
 
@@ -178,9 +179,9 @@ def skinny_pack_parts(M: int, K: int, parallel: bool) -> int:
 
     Every panel reads all of A, so A is packed in full before the first panel starts, and packed
     by the caller alone it is the part of the call that does not scale: on 2 threads in BERT-base
-    at sequence 32, the first panel began 20 us into a 32 x 768 x 768 call of 235 us and 72 us
-    into a 32 x 3072 x 768 one of 834 (A, written by both threads' panels of the kernel before,
-    half in the other core's cache). Split below SKINNY_PACK_MIN floats, the parts would cost
+    at sequence 32, the first panel began about a tenth into a 32 x 768 x 768 or a 32 x 3072 x 768
+    call (A, written by both threads' panels of the kernel before, half in the other core's cache;
+    `benchmarks/bench_models.py --model bert-base`). Split below SKINNY_PACK_MIN floats, the parts would cost
     more in claims than they save."""
     if not parallel or M * K < SKINNY_PACK_MIN:
         return 0
@@ -191,19 +192,16 @@ def skinny(M: int, N: int, K: int, m: Machine) -> bool:
     """Whether a GEMM of M x N x K whose B is bound (prepacked) runs csrc_templates/gemm_skinny.c.
 
     With few rows the GEMM is the stream of B: each element is used M times only, and at the
-    bandwidth of L3 (~100 GB/s on a Zen 5 core) or memory, blocking and packing are overhead.
+    bandwidth of L3 or memory, blocking and packing are overhead.
     The skinny kernel reads B as one sequential stream of full-K panels, keeps all of a group's
     rows in registers over all of K and stores C once, through the epilogue. Measured on one
-    Zen 5 thread, B prepacked in L3 (us, skinny vs blocked): 1 x 1024 x 1024 41 vs 51, 8 x
-    3072 x 768 181 vs 250, 16 x 768 x 3072 321 vs 409 (two groups, a 576 KiB panel), 32 x 3072
-    x 768 692 vs 773, 32 x 768 x 3072 655 vs 732, 64 x 3072 x 768 1392 vs 1460 (from 16 rows on
-    both run near the FMA peak). So up to SKINNY_MAX_M rows, and only while a group's B panel
+    thread, B prepacked in L3, skinny against blocked (`benchmarks/bench_gemm.py --small`): the
+    skinny kernel wins most at 1 to 16 rows, less at 32 and 64 (from 16 rows on both run near
+    the FMA peak). So up to SKINNY_MAX_M rows, and only while a group's B panel
     (K x NR) stays in L2 for the groups after the first.
     Software prefetch 4 KiB ahead (SKINNY_PF) pays where the stream alone sets the pace, up to
-    4 rows: 1 x 768 x 768 23.6 -> 20.3 us, 1 x 1024 x 1024 43.6 -> 35.4, 2 x 1024 x 1024 44.8
-    -> 37.3, 4 x 1024 x 1024 49.2 -> 42.4 (1 x 3072 x 768 82 -> 83); with 8 and 16 rows, at the
-    FMA peak, it is even (8 x 768 x 3072 155.8 -> 157.2, 16 x 1024 x 1024 153.5 -> 154.0).
-    On a Zen 4 the same prefetch costs 15-22% at one row, so it is per CPU (Machine.prefetch).
+    4 rows; with 8 and 16 rows, at the FMA peak, it is even (`benchmarks/bench_gemm.py --small`).
+    On some CPUs the same prefetch costs time at one row, so it is per CPU (Machine.prefetch).
     """
     mr, nr = skinny_tile(m.simd_floats, M)
     return M <= SKINNY_MAX_M and (cdiv(M, mr) == 1 or K * nr * F32 <= m.l2)
@@ -320,8 +318,9 @@ def pixels_as_rows(O: int, P: int) -> bool:
     the GEMM C^T = col^T . W^T (P x O per image) rather than C = W . col (O x P). The columns are
     the micro-kernel's vector lanes: with fewer pixels than an NR-wide panel most lanes would be
     padding (a 2 x 2 or 4 x 4 map in a ResNet's last stages), and the weights, read as B, are
-    packed once when bound. Measured, one thread, 3x3 conv + relu of 2 images (eqfuse vs
-    onnxruntime): 128 channels at 2 x 2, 113 vs 19 us; 64 at 4 x 4, 35 vs 16 us."""
+    packed once when bound. Measured, one thread, 3x3 conv + relu of 2 images as C = W . col,
+    eqfuse was several times slower than onnxruntime at 128 channels at 2 x 2 and 64 at 4 x 4
+    (`benchmarks/bench_conv.py --set resnet18 --threads 1`, rows "l4 128 3x3 @2", "l3 64 3x3 @4")."""
     return P < O
 
 
