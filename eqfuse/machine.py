@@ -10,12 +10,12 @@ searched by measurement: the register file (from the vector width) gives the mic
 (`register_tile`, `skinny_tile`: the tile with the fewest loads per FMA whose accumulators fit),
 the L1 and L2 sizes give KC, NC and MC (`gemm_blocking`) and the skinny path's bound. Why not a
 measured search cached per CPU model: on the shared 2-vCPU VMs eqfuse runs on, a search reads the
-load of the moment (numpy's own 1024^3 SGEMM read 126 and 239 GFLOP/s ten minutes apart on this
-Zen 5, with spreads up to 60%), and a cached answer would freeze that noise into every later
+load of the moment (numpy's own 1024^3 SGEMM, timed ten minutes apart, read rates almost a
+factor of two apart), and a cached answer would freeze that noise into every later
 plan, and make the same CPU model plan (and cache kernels) differently from one machine to the
 next; a derivation is deterministic, costs no compile-time measurement, and extends to CPUs never
 seen (BLIS's analytical model, Low et al. 2016, reaches the tuned parameters' speed the same way).
-The derivations were checked against measured neighbours (the docstrings give the numbers), and
+The derivations were checked against measured neighbours (benchmarks/RESULTS.md), and
 `benchmarks/bench_gemm.py --tiles` measures them again on any machine. One choice is a table by
 microarchitecture instead, of what was measured: whether the few-rows GEMM prefetches its weight
 stream in software (`stream_prefetch`), which depends on the hardware prefetchers, which nothing
@@ -101,10 +101,10 @@ def stream_prefetch(cpuinfo: str) -> bool:
     /proc/cpuinfo). Not derivable from the caches or the vector width: it is how well the
     hardware prefetchers keep lines in flight, so it is a table by microarchitecture, of what was
     measured (plan_gemm.skinny; `benchmarks/bench_gemm.py --small`, kernel column):
-    - AMD family 0x19 (Zen 3, Zen 4): off. On a Zen 4 VM the 1-row GEMM ran 15-22% faster
+    - AMD family 0x19: off. On such a VM the 1-row GEMM ran 15-22% faster
       without it (1 x 768 x 768 37.5 -> 29.4 us, 1 x 3072 x 768 130.4 -> 102.9, 1 x 1024 x 1024
       54.5 -> 44.5; 4 rows even).
-    - Everything else (Zen 5, measured: 1 x 1024 x 1024 43.6 -> 35.4 us with it; Intel not
+    - Everything else (AMD family 0x1a, measured: 1 x 1024 x 1024 43.6 -> 35.4 us with it; Intel not
       measured): on. EQFUSE_PREFETCH=0|1 overrides."""
     fields = {}
     for line in cpuinfo.splitlines():
@@ -151,7 +151,7 @@ def pin(model: Machine | str | None, clamp: bool = True) -> None:
 
 @contextmanager
 def pinned(model: Machine | str, clamp: bool = True):
-    """`with pinned("xeon-spr"): ...` plans for that machine, then restores the previous one."""
+    """`with pinned("avx2"): ...` plans for that machine, then restores the previous one."""
     before = list(_PINNED)
     pin(model, clamp)
     try:
@@ -177,17 +177,17 @@ def register_tile(simd_floats: int, n: int | None = None) -> tuple[int, int]:
     """(MR, NR) of the GEMM micro-kernel.
 
     MR x NR/simd accumulators plus one row of B must fit the vector registers (32 zmm with
-    AVX-512). Among the tiles that do, the widest won when measured on a Sapphire Rapids core
-    (1024^3, one thread): 6x64 ~145 GFLOP/s, 8x48 ~125, 12x32 ~120, 28x16 ~108, because each
+    AVX-512). Among the tiles that do, the widest won when measured (1024^3, one thread:
+    `benchmarks/bench_gemm.py --tiles`), because each
     A element is one broadcast load and a wide tile needs fewer of them per FMA (6 per 24
     FMAs instead of 12). A problem with few columns (n) gets a narrower tile so that less of
     it is zero padding.
 
     The wide tile is derived from the register file (`fewest_loads_tile` with two registers
     to spare: the A broadcast, or the product without FMA, or headroom): 6x64 with 32 zmm, 6x16
-    with 16 ymm, 6x8 with 16 xmm. Checked on a Zen 5 core at 1024^3: 6x64 212 GFLOP/s, 7x64
-    (all 32 registers) 201, 9x48 207; AVX2: 4x24 measured the same as 6x16 (113 vs 112); SSE:
-    6x8 and 4x8 both ~43, the mulps+addps ceiling, 4x16 (spills) ~39.
+    with 16 ymm, 6x8 with 16 xmm. Checked at 1024^3 against 7x64 (all 32 registers) and 9x48;
+    AVX2: 4x24 measured the same as 6x16; SSE: 6x8 and 4x8 the same, the mulps+addps ceiling,
+    4x16 (spills) slower (`benchmarks/bench_gemm.py --tiles`).
     """
     if simd_floats >= 16:
         if n is not None and n <= 16:
@@ -195,9 +195,9 @@ def register_tile(simd_floats: int, n: int | None = None) -> tuple[int, int]:
         if n is not None and n <= 32:
             return 12, 32
     elif simd_floats == 8:
-        if n is not None and n <= 8:  # 512 x 8 x 512: 51 GFLOP/s against 6x16's 37
+        if n is not None and n <= 8:  # 512 x 8 x 512: faster than 6x16 (benchmarks/RESULTS.md)
             return 12, 8
-    elif n is not None and n <= 4:  # 512 x 4 x 512: 26 GFLOP/s against 6x8's 16 (12x4: 22)
+    elif n is not None and n <= 4:  # 512 x 4 x 512: faster than 6x8 and 12x4 (RESULTS.md)
         return 8, 4
     return fewest_loads_tile(simd_floats, vector_registers(simd_floats) - 2)
 
@@ -263,9 +263,9 @@ def skinny_tile(simd_floats: int, M: int) -> tuple[int, int]:
     up to SKINNY_MAX_V vectors. Each group streams all of B through the FMAs (the first from
     memory, the others from L2), so fewer groups are better, as long as a k step issues at most
     SKINNY_LOADS_PER_FMA loads per FMA (MR broadcasts + NR/simd vectors over MR x NR/simd FMAs):
-    beyond that the load ports, not the FMA units, set the pace. Measured on a Zen 5 core with
-    B in L3 (16 x 768 x 3072): 16 x 16 in one group (1.06 loads per FMA) 363 us, 8 x 48 in two
-    (0.46) 303 us. With no tile under the bound (M = 1..3), the one with the fewest loads per FMA.
+    beyond that the load ports, not the FMA units, set the pace. Measured with B in L3 (16 x 768
+    x 3072, `benchmarks/bench_gemm.py --tiles`): 8 x 48 in two groups (0.46 loads per FMA) beat
+    16 x 16 in one (1.06). With no tile under the bound (M = 1..3), the one with the fewest loads per FMA.
     """
     regs = vector_registers(simd_floats)
     spare = (0 if simd_floats >= 16 else 1) + (1 if simd_floats < 8 else 0)

@@ -55,7 +55,7 @@ def input_aliases(src, dims: Mapping[str, int] | None = None) -> dict[str, str]:
 
 def load_with_weights(src: str | os.PathLike, dims: Mapping[str, int] | None = None) -> tuple[list[Graph], dict]:
     """load(), and an ONNX model's weights (its initializers, bound as params by default) from the
-    same import: reading BERT-base's 440 MB file and importing it cost 0.45 s a time."""
+    same import: reading BERT-base's 440 MB file and importing it is slow enough to do once."""
     if is_onnx(src):
         from eqfuse.frontend.onnx_import import import_model
 

@@ -22,7 +22,7 @@ from eqfuse.ir.ops import OPS
 DEFAULT_DIM = 64
 BYTES = 4  # f32
 MODELS = ("memory", "launches", "time")
-# attention_dq/dk/dv ran at 87 GFLOP/s against the GEMM's ~200 on one Zen 5 core (16 heads of 64 x
+# attention_dq/dk/dv ran at 87 GFLOP/s against the GEMM's ~200 on one core (16 heads of 64 x
 # 32, `python benchmarks/bench_train.py`'s encoder): the time model counts their FLOPs 2.5 times (the
 # row passes between the products -- softmax, masks, the transposed copies -- hold them below a GEMM's rate)
 ATTENTION_GRAD_SLOWDOWN = 2.5

@@ -251,8 +251,7 @@ def graph_program(g: Graph) -> list[str]:
 
 def _let_name(i: int) -> str:
     """Node i of the graph: `(nd i)`, a function from the node index to its e-class. (Not one
-    egglog global per node: loading those took time quadratic in their number, ~2 s for 5000
-    nodes; and with `$n1` and `$n11`, egglog 13.2 resolved `$n1` to the value of `$n11`.)"""
+    egglog global per node: loading those took time quadratic in their number; and with `$n1` and `$n11`, egglog 13.2 resolved `$n1` to the value of `$n11`.)"""
     return f"(nd {i})"
 
 

@@ -46,7 +46,7 @@ from eqfuse.machine import machine
 from eqfuse.optimizer import cost as C
 from eqfuse.optimizer.egraph import EData, ENode, text_attr, text_num
 
-ILP_MAX_NODES = 20000  # whole ILP up to here (BERT-base x12: 3.5k e-nodes, 0.07 s; x48: 14k, ~1 s)
+ILP_MAX_NODES = 20000  # whole ILP up to here (BERT-base x12: 3.5k e-nodes, x48: 14k; benchmarks/bench_opt.py --layers 48)
 ILP_TIME_LIMIT = 1.0
 REGION_SIZE = 150  # ILP variables (candidates) per region
 INF = float("inf")

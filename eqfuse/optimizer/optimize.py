@@ -15,7 +15,7 @@ Fusion decisions live in eqfuse/optimizer/rules/fusion.rw; this module only runs
 Many small graphs, optimized together.
 
 Each optimize_graph call pays a fixed cost (two e-graphs pushed and popped, a few egglog steps,
-an ILP call): ~0.1 s, so a file of 5000 small graphs took over 300 s. `optimize_graphs` puts
+an ILP call), so a file of thousands of small graphs paid it thousands of times. `optimize_graphs` puts
 small graphs side by side into one graph (names prefixed, so nothing is shared but constants),
 optimizes that once, and splits the result back. Graphs are independent, so no kernel can join
 two of them; each keeps its own parameters, names and outputs.

@@ -1,8 +1,8 @@
 """Wide concats stay out of the e-graph.
 
 egglog declares one constructor per arity, and declaring one of n arguments takes time and
-memory quadratic in n (measured with egglog 13.2: 0.7 s for 1000 arguments, 2.9 s for 2000;
-a 5000-operand concat ran out of 20 GB). No rule joins a concat to anything (a layout op is its
+memory quadratic in n (measured with egglog 13.2: a 5000-operand concat ran out of 20 GB).
+No rule joins a concat to anything (a layout op is its
 own kernel), so a concat of more than WIDE operands is cut out before the e-graphs: its result
 becomes a parameter of the graph the optimizer sees, and its operands extra outputs of it. After
 extraction `stitch` puts each one back as its own layout kernel reading those outputs.

@@ -126,13 +126,13 @@ class Bucketed:
     def _measure(self, arrays, n: int, threads: int | None) -> None:
         """Time each bucket on this call's samples (the better of two runs, one when it is long) and
         schedule by those times from now on: the time model misjudges small graphs, whose time is
-        mostly per-kernel overhead (BERT's batch of 3 at buckets 1, 2, 8: padded to 8, 0.20 ms,
-        where 2 + 1 takes 0.13). Tests pin the speeds instead (PINNED_SPEEDS), so that schedules are reproducible."""
+        mostly per-kernel overhead (BERT's batch of 3 at buckets 1, 2, 8: padded to 8 took half again
+        as long as 2 + 1). Tests pin the speeds instead (PINNED_SPEEDS), so that schedules are reproducible."""
         arrays = [np.ascontiguousarray(a) if b else a for a, b in zip(arrays, self.in_batch)]
         for size, c in self.compiled.items():
             ins = self._inputs(arrays, 0, min(size, n), size)
             ts: list[float] = []
-            while not ts or (len(ts) < 2 and ts[0] < LONG_RUN_S):  # (a long run is timed once: BERT-base's 0.1 s)
+            while not ts or (len(ts) < 2 and ts[0] < LONG_RUN_S):  # (a long run is timed once)
                 t0 = time.perf_counter()
                 c.run(ins, threads)
                 ts.append(time.perf_counter() - t0)

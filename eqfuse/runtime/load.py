@@ -2,9 +2,9 @@
 
 An OpenMP parallel region ends at a barrier that waits for every thread of the team. When
 another process keeps a core busy, the thread that should run there waits for the scheduler's
-next time slice (milliseconds), and a call of a few dozen parallel regions that takes 0.1 ms
-on a quiet machine takes tens of milliseconds (measured: GPT-2 small, 2 threads, 0.11 ms quiet,
-44 ms beside onnxruntime's spinning threads). So each call asks how many cores are free and
+next time slice (milliseconds), and a call of a few dozen parallel regions that takes a tenth
+of a millisecond on a quiet machine takes hundreds of times as long beside another process's
+spinning threads (`benchmarks/bench_load.py` times calls quiet and busy). So each call asks how many cores are free and
 uses no more threads than that:
 
 - others = tasks running system-wide (the 4th field of /proc/loadavg, the kernel's count at
@@ -17,9 +17,8 @@ caller never waits for a worker that has not started, so it gets the threads ask
 (`threads_requested`), and its worker shares the busy core.
 
 The count is read at most every `INTERVAL` seconds and is Linux only; elsewhere every CPU
-counts as free. A read costs 50 µs on a quiet VM and 250-300 µs right after a long call has
-pushed /proc's data out of the caches (measured: the ResNet stages, 18 ms calls, 2-vCPU Zen 4
-VM), so a call that asks for one thread does not read it at all.
+counts as free. A read costs tens of microseconds on a quiet machine and several times that
+right after a long call has pushed /proc's data out of the caches, so a call that asks for one thread does not read it at all.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import threading
 import time
 
 INTERVAL = 0.05  # seconds between two reads of the running tasks: a load that comes and goes
-# faster than this is not followed; at 300 µs a read, a 10 ms call pays 0.6% on average
+# faster than this is not followed; a read's cost, once per INTERVAL, stays small against the calls'
 
 _lock = threading.Lock()
 _last = [0.0, 0]  # (time of the last read, free cores then)

@@ -94,7 +94,7 @@ class GraphFunction:
         self.free = [n for n, _ in source.params if n not in self.params]
         # The bound arrays were checked by compile (compiler._bind_params), and the dims they fix
         # are in `dims`: a call checks only the arrays it passes (checking a ResNet-18's 42
-        # bound weights again cost ~40 us per call, a sixth of the model's run)
+        # bound weights again cost a sixth of the model's run: benchmarks/bench_models.py --model resnet18)
         names = [n for n, _ in source.params]
         self._passed = Graph(source.name, list(source.nodes),
                              [i for i, n in zip(source.inputs, names) if n not in self.params], [])
@@ -147,7 +147,8 @@ class GraphFunction:
         # A call by position with the arrays' shapes and dtypes of the last call binds the same
         # dims and passes the same checks: it goes straight to the last call's run function.
         # (After a long call the caches hold none of the Python objects a call touches: the
-        # ResNet stages spent 115 µs outside their 18 ms of C, 8 µs when run back to back.)
+        # ResNet stages spent many times longer outside their C than calls run back to back,
+        # as benchmarks/bench_runtime.py runs them.)
         repeat = self._repeat
         if repeat is not None and not keywords and len(arrays) == len(repeat[0]) and all(
                 map(_same_kind, arrays, repeat[0])):

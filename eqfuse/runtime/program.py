@@ -422,7 +422,7 @@ class Runner:
         # keeps arrays as passed to C (contiguous, of the input's dtype): one that is the same
         # object as the last call's needed no copy then and needs none now.
         # (`compress` and `map` find the changed ones at C speed: a ResNet-18 passes 43 arrays,
-        # 42 of them bound, and a loop over them in Python cost 3 µs a call.)
+        # 42 of them bound, and a loop over them in Python cost a few microseconds a call.)
         held = st["held"]
         arrays = list(arrays)
         for k in compress(range(len(arrays)), map(is_not, arrays, held)):
