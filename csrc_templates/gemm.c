@@ -4,7 +4,7 @@
  * BLIS-style, loop order pc (KC slices of K) > chunk (MC rows of A) > jc (NC columns of B,
  * packed into a KC x NC panel that stays in L2) > ir (MR rows of A x KC, stay in L1) > jr
  * (NR-column micro-panel of B) > register-blocked MR x NR micro-kernel. With DIRECT_A
- * ({{DIRECT_A}}; A not given transposed, eqfuse.backend.plan_gemm.direct_a) the micro-kernel
+ * ({{DIRECT_A}}; A not given transposed, eqfuse.backend.kinds.contraction.plan_gemm.direct_a) the micro-kernel
  * broadcasts A's elements from its rows in place; otherwise each chunk of A is packed once per
  * K slice into MR-row panels. Sizes are compile-time constants: the backend knows every shape,
  * and constant trip counts let gcc unroll the micro-kernel. The last M % MR rows run through a

@@ -1,7 +1,7 @@
 /* {{NAME}}: C = epilogue(A @ B) for few rows, M={{M}} N={{N}} K={{K}}, A {{A_LAYOUT}}, B bound
  * (params=) and read as the panels {{NAME}}_prepack made once, from B {{B_LAYOUT}}.
  *
- * The memory-bound path (eqfuse.backend.plan_gemm.skinny): with few rows each element of B is
+ * The memory-bound path (eqfuse.backend.kinds.contraction.plan_gemm.skinny): with few rows each element of B is
  * used M times only, so the time is that of streaming B once from memory (or L3). B is laid out
  * as NR-column panels over all of K, k-major, one after the other: the whole of B is then one
  * sequential stream. A is packed once per call, k-major in groups of MR rows (MR x K floats a

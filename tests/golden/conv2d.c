@@ -1,6 +1,6 @@
 /* eqf_kinds_k8_conv2d: direct conv2d with output pixels in the vector lanes, 2x3x11x13 *
  * 5x3x3x3, stride 1x1, padding 1x1 -> 2x5x11x13 (NCHW in
- * and out), the epilogue fused into the store. For few output channels (eqfuse.backend.kinds.contraction.conv):
+ * and out), the epilogue fused into the store. For few output channels (eqfuse.backend.conv_direct):
  * channel vectors would need a broadcast of an input value per FMA; here a vector holds VL
  * output pixels of one row, and per input channel and tap the tile loads RPH x RPW pixel
  * vectors and broadcasts RO weights for RO x RPH x RPW FMAs.

@@ -39,6 +39,8 @@
 #define eqf_kinds_k1_contraction_gemm_MC 12L
 #define eqf_kinds_k1_contraction_gemm_NC 64L
 #define eqf_kinds_k1_contraction_gemm_KC 37L
+#define eqf_kinds_k1_contraction_gemm_DIRECT_A 1 /* the plan's direct_a: A read in place */
+#define eqf_kinds_k1_contraction_gemm_DIRECT_B 0 /* the plan's direct_b: B read in place */
 #define eqf_kinds_k1_contraction_gemm_EDGE_MR (eqf_kinds_k1_contraction_gemm_M % eqf_kinds_k1_contraction_gemm_MR) /* rows of the last, partial MR tile (0: none) */
 #define eqf_kinds_k1_contraction_gemm_EDGE (eqf_kinds_k1_contraction_gemm_EDGE_MR ? eqf_kinds_k1_contraction_gemm_EDGE_MR : eqf_kinds_k1_contraction_gemm_MR)
 #define eqf_kinds_k1_contraction_gemm_NPAD ((eqf_kinds_k1_contraction_gemm_N + eqf_kinds_k1_contraction_gemm_NR - 1) / eqf_kinds_k1_contraction_gemm_NR * eqf_kinds_k1_contraction_gemm_NR) /* N in whole panels */
@@ -290,12 +292,12 @@ static void eqf_kinds_k1_contraction_gemm_macro(const float* restrict A, const f
              * EDGE_MR, B in place (DIRECT_B, full panels) or packed, A in place or packed */
 #define eqf_kinds_k1_contraction_gemm_CALL(MRX, AQ, ARS, AKS)                                                                 \
             do {                                                                                    \
-                if (0 && nr == eqf_kinds_k1_contraction_gemm_NR)                                              \
+                if (eqf_kinds_k1_contraction_gemm_DIRECT_B && nr == eqf_kinds_k1_contraction_gemm_NR)                                              \
                     eqf_kinds_k1_contraction_gemm_ukernel(MRX, ARS, AKS, kc, AQ, B + pc * 53L + jc + jr, 53L, tile); \
                 else                                                                                \
                     eqf_kinds_k1_contraction_gemm_ukernel(MRX, ARS, AKS, kc, AQ, bp + jr * kc, eqf_kinds_k1_contraction_gemm_NR, tile);       \
             } while (0)
-#if 1
+#if eqf_kinds_k1_contraction_gemm_DIRECT_A
             if (eqf_kinds_k1_contraction_gemm_EDGE_MR == 0 || mr == eqf_kinds_k1_contraction_gemm_MR)
                 eqf_kinds_k1_contraction_gemm_CALL(eqf_kinds_k1_contraction_gemm_MR, A + (ic + ir) * 37L + pc, 37L, 1);
             else
@@ -367,13 +369,13 @@ static void eqf_kinds_k1_contraction_gemm_block(const float* A, const float* B, 
             /* A is packed once per (K slice, chunk of rows) and then serves every B panel */
             const long ic = m0 + chunk * MC;
             const long mc = ic >= m1 ? 0 : (m1 - ic < MC ? m1 - ic : MC);
-            if (!1)
+            if (!eqf_kinds_k1_contraction_gemm_DIRECT_A)
                 eqf_kinds_k1_contraction_gemm_pack_a(A, ic, mc, pc, kc, ap);
             for (long jc = n0; jc < n1; jc += NCB) {
                 const long nc = n1 - jc < NCB ? n1 - jc : NCB;
                 const long npanels = (nc + eqf_kinds_k1_contraction_gemm_NR - 1) / eqf_kinds_k1_contraction_gemm_NR;
                 /* with DIRECT_B only a partial last panel is packed, the others are read from B */
-                const long q0 = 0 ? nc / eqf_kinds_k1_contraction_gemm_NR : 0, q = npanels - q0;
+                const long q0 = eqf_kinds_k1_contraction_gemm_DIRECT_B ? nc / eqf_kinds_k1_contraction_gemm_NR : 0, q = npanels - q0;
 #if 0
                 /* the panels _prepack made once: nothing to pack, nothing to wait for */
                 const float* restrict panel = B + pc * eqf_kinds_k1_contraction_gemm_NPAD + jc * kc;
@@ -461,9 +463,9 @@ void eqf_kinds_k1_contraction_gemm(const float* A0, const float* B0, float* C0, 
         /* equal chunks of at most MC rows: a thin last chunk would repack all of B for a few rows */
         const long nchunks = (rows + MC - 1) / MC;
         const long mcb = ((rows + nchunks - 1) / nchunks + eqf_kinds_k1_contraction_gemm_MR - 1) / eqf_kinds_k1_contraction_gemm_MR * eqf_kinds_k1_contraction_gemm_MR;
-        float* ap = 1 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
+        float* ap = eqf_kinds_k1_contraction_gemm_DIRECT_A ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
         float* bp = (by_batch || by_cols) && !0 ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb) : bp_shared;
-        if ((!ap && !1) || (!bp && !0)) {
+        if ((!ap && !eqf_kinds_k1_contraction_gemm_DIRECT_A) || (!bp && !0)) {
 #pragma omp atomic write
             nomem = 1;
         }
