@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from eqfuse.errors import ShapeError
-from eqfuse.ir.dtypes import result_dtype
+from eqfuse.ir.dtypes import f32, f32_literal, f32_of_decimal, result_dtype, same_f32
 from eqfuse.ir.opdocs import DOCS
 from eqfuse.ir.shapes import Dim, TType, broadcast, dim_product, fmt, norm_axis
 
@@ -28,13 +28,23 @@ REQUIRED = object()
 
 
 def flit(v: float) -> str:
-    """A float as a C literal, as the op table's C semantics (`c_expr`) write constants."""
-    v = float(v)
-    if math.isnan(v):
+    """A float as a C literal, as the op table's C semantics (`c_expr`) write constants.
+
+    The literal is of v's float32 value (np.float32(v), what the reference computes with), which
+    the compiler's correctly rounded reading of it gives back bit for bit: Python's text of the
+    double when that reads back as the same float32, else numpy's shortest text of the float32
+    (3.4028235e+38f is FLT_MAX, 1e-45f the smallest subnormal; -0.0f keeps its sign)."""
+    f = f32(v)
+    if np.isnan(f):
         return "NAN"
-    if math.isinf(v):
-        return "INFINITY" if v > 0 else "(-INFINITY)"
-    return f"({float.__repr__(v)}f)" if v < 0 else f"{float.__repr__(v)}f"
+    if np.isinf(f):
+        return "INFINITY" if f > 0 else "(-INFINITY)"
+    text = float.__repr__(float(v))
+    if not same_f32(f32_of_decimal(text), f):
+        text = float.__repr__(f32_literal(f))
+        if not same_f32(f32_of_decimal(text), f):
+            text = np.format_float_scientific(f, unique=False, precision=9)  # 9 digits: exact for f32
+    return f"({text}f)" if np.signbit(f) else f"{text}f"
 
 
 @dataclass(frozen=True)
