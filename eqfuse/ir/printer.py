@@ -65,6 +65,13 @@ def fmt_attr(v) -> str:
     return str(v)
 
 
+def _is_default(v, default) -> bool:
+    """An attribute left out when printed: value=-0.0 is not the default 0.0 (1 / -0 is -inf)."""
+    if isinstance(v, float) and v == 0 and isinstance(default, (int, float)):
+        return default == 0 and math.copysign(1.0, v) == math.copysign(1.0, default)
+    return v == default
+
+
 class _Printer:
     def __init__(self, graph: Graph, names: dict[int, str], taken: set[str]):
         self.g = graph
@@ -123,7 +130,7 @@ class _Printer:
                 b = b if pb > p else f"({b})"
             return f"{a} {op.infix} {b}", p
         args = [self.expr(a)[0] for a in n.args]
-        attrs = [f"{k}={fmt_attr(v)}" for k, v in n.attrs if v != op.attr_spec(k).default]
+        attrs = [f"{k}={fmt_attr(v)}" for k, v in n.attrs if not _is_default(v, op.attr_spec(k).default)]
         return f"{n.op}({', '.join(args + attrs)})", ATOM
 
     def body(self, indent: str) -> None:
