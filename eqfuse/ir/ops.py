@@ -148,7 +148,7 @@ _BINARY = [
     ("add", np.add, "({0} + {1})", "+"),
     ("sub", np.subtract, "({0} - {1})", "-"),
     ("mul", np.multiply, "({0} * {1})", "*"),
-    ("div", np.divide, "({0} / {1})", "/"),
+    ("div", None, "eqf_div({0}, {1})", "/"),  # _divide below: integers truncate, x / 0 is 0
     ("pow", np.power, "eqf_pow({0}, {1})", "**"),
     ("maximum", np.maximum, "eqf_max({0}, {1})", None),
     ("minimum", np.minimum, "eqf_min({0}, {1})", None),
@@ -157,7 +157,28 @@ _BINARY = [
     ("floordiv", np.floor_divide, "eqf_floordiv({0}, {1})", None),
     ("mod", np.remainder, "eqf_mod({0}, {1})", None),
 ]
+
+
+def _divide(a, b):
+    """a / b as numpy's true division for floats. An integer division (an i64 or i32 tensor, and a
+    literal next to it that is an integer, as the C writes it) truncates as C and ONNX's Div do;
+    an integer divided by 0 gives 0, as floordiv and mod (numpy's int64 true division would give
+    inf, no integer; C's integer division would trap)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.kind not in "iu" and b.dtype.kind not in "iu":
+        return np.divide(a, b)
+    a, b = (x.astype(np.int64) if x.dtype.kind == "f" and x.ndim == 0 and float(x).is_integer() else x for x in (a, b))
+    if a.dtype.kind not in "iu" or b.dtype.kind not in "iu":
+        return np.divide(a, b)  # by a non-integer literal: in floats, truncated to the tensor's dtype
+    with np.errstate(all="ignore"):
+        d = np.where(b == 0, 1, b)
+        q = np.floor_divide(a, d)  # INT64_MIN // -1 wraps to INT64_MIN, as the C
+        q = q + ((q * d != a) & ((a < 0) != (d < 0)))  # floored -> truncated toward 0
+        return np.where(b == 0, 0, q)
+
+
 for _name, _ufunc, _c, _infix in _BINARY:
+    _ufunc = _divide if _name == "div" else _ufunc
     _op(name=_name, kind="pointwise", arity=(2, 2), infer=_bcast,
         numpy=(lambda u: lambda a, _: u(a[0], a[1]))(_ufunc), c=_c, infix=_infix,
         flops=4 if _name == "pow" else 1, dtype="float" if _name == "pow" else "numeric")
