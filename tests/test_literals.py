@@ -163,7 +163,8 @@ def halfway_decimals():
     where a double rounds to the halfway point and np.float32 of it can pick the wrong neighbour."""
     def make(b, nudge):
         f = f32_of_bits(b)
-        n = np.nextafter(f, np.float32(np.inf))
+        with np.errstate(over="ignore"):
+            n = np.nextafter(f, np.float32(np.inf))
         hi = Fraction(2) ** 128 if np.isinf(n) else Fraction(float(n))
         half = (Fraction(float(f)) + hi) / 2
         x = half * (1 + Fraction(nudge, 10 ** 25))
