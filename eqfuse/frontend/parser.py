@@ -20,10 +20,9 @@ from lark.visitors import Transformer_NonRecursive
 
 from eqfuse.errors import EqfuseError, Pos
 from eqfuse.frontend import syntax as S
-from eqfuse.ir.dtypes import f32, f32_literal, f32_of_decimal, same_f32
+from eqfuse.ir.dtypes import f32_literal, f32_of_decimal, round_f32, same_f32
 
 MAX_DEPTH = 200  # expression nesting; deeper input is refused with a clear error, not a crash
-F32_MAX = 3.4028234663852886e38
 
 
 def data_dir(name: str) -> Path:
@@ -202,7 +201,7 @@ class ToAst(Transformer_NonRecursive):
             raise EqfuseError(f"number {text} is too large for f32", self.src.at(tok),
                               "the largest f32 is 3.4028235e+38; write inf for infinity")
         v = float(text)
-        return v if same_f32(f32(v), f) else f32_literal(f)
+        return v if same_f32(round_f32(v), f) else f32_literal(f)
 
     def number(self, c):
         return S.Num(self._finite(str(c[0]), c[0]), self.src.at(c[0]))

@@ -90,7 +90,7 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
 # ---------------------------------------------------------------- the f32 value of a literal
 # (the parser reads literals with these, the printer and the C emitter write them)
 
-def f32(v: float) -> np.float32:
+def round_f32(v: float) -> np.float32:
     """v rounded to float32 as numpy does (the reference's meaning of a constant), without numpy's
     overflow warning: a value beyond the f32 range is inf."""
     with np.errstate(over="ignore"):
@@ -111,7 +111,7 @@ def f32_of_decimal(text: str) -> np.float32:
     two f32 neighbours (or on the overflow threshold) while the decimal itself does not, so only then
     is the decimal compared exactly with the halfway point."""
     d = float(text)
-    f = f32(d)
+    f = round_f32(d)
     if math.isnan(d) or math.isinf(d) or float(f) == d:
         return f
     big = math.copysign(2.0 ** 128, d)  # the f32 "neighbour" above FLT_MAX: halfway to it rounds to inf
@@ -126,11 +126,11 @@ def f32_of_decimal(text: str) -> np.float32:
     exact = Fraction(text)
     if exact == Fraction(half):  # a true tie: to even, as numpy rounded it
         return f
-    return f32(g if (exact > Fraction(half)) == (g > half) else n)
+    return round_f32(g if (exact > Fraction(half)) == (g > half) else n)
 
 
 def f32_literal(f: np.float32) -> float:
     """A float (double) that rounds to the f32 value f and prints short: 3.4028235e+38 for FLT_MAX,
     1e-45 for the smallest subnormal (as the ONNX importer stores constants)."""
     s = float(np.format_float_scientific(f, unique=True))
-    return s if same_f32(f32(s), f) else float(f)
+    return s if same_f32(round_f32(s), f) else float(f)

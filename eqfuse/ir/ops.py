@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from eqfuse.errors import ShapeError
-from eqfuse.ir.dtypes import f32, f32_literal, f32_of_decimal, result_dtype, same_f32
+from eqfuse.ir.dtypes import f32_literal, f32_of_decimal, result_dtype, round_f32, same_f32
 from eqfuse.ir.opdocs import DOCS
 from eqfuse.ir.shapes import Dim, TType, broadcast, dim_product, fmt, norm_axis
 
@@ -34,7 +34,7 @@ def flit(v: float) -> str:
     the compiler's correctly rounded reading of it gives back bit for bit: Python's text of the
     double when that reads back as the same float32, else numpy's shortest text of the float32
     (3.4028235e+38f is FLT_MAX, 1e-45f the smallest subnormal; -0.0f keeps its sign)."""
-    f = f32(v)
+    f = round_f32(v)
     if np.isnan(f):
         return "NAN"
     if np.isinf(f):

@@ -11,7 +11,7 @@ from decimal import Decimal
 
 import numpy as np
 
-from eqfuse.ir.dtypes import f32, f32_literal, f32_of_decimal, same_f32
+from eqfuse.ir.dtypes import f32_literal, f32_of_decimal, round_f32, same_f32
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS
 
@@ -30,7 +30,7 @@ def fmt_number(v: float) -> str:
     Integers print exactly (so that i64 uses keep them); other values print as Python's shortest
     text of the double, unless that text lies on the other side of an f32 halfway point than the
     double does (then the f32's shortest text)."""
-    f = f32(v)
+    f = round_f32(v)
     if math.isnan(v):
         return "nan"
     if np.isinf(f):  # beyond the f32 range too: the constant means inf, as the reference computes it
@@ -61,7 +61,7 @@ def fmt_attr(v) -> str:
     if isinstance(v, tuple):
         return "[" + ", ".join(fmt_attr(x) for x in v) + "]"
     if isinstance(v, float):  # 1.0 stays a float (the parser reads 1 as an int)
-        return repr(v) if v.is_integer() and np.isfinite(f32(v)) else fmt_number(v)
+        return repr(v) if v.is_integer() and np.isfinite(round_f32(v)) else fmt_number(v)
     return str(v)
 
 
