@@ -20,6 +20,16 @@
 /* NaN-propagating like numpy's maximum/minimum (and relu = maximum(x, 0)). */
 static inline float eqf_max(float a, float b) { return (a != a || a > b) ? a : b; }
 static inline float eqf_min(float a, float b) { return (a != a || a < b) ? a : b; }
+/* div: integers truncate (C's and ONNX's Div); an integer divided by 0 gives 0 as in floordiv
+ * and mod, and INT64_MIN / -1 wraps to INT64_MIN: never a trap (C's division would raise SIGFPE) */
+static inline int64_t eqf_div_i(int64_t a, int64_t b)
+{
+    if (b == 0 || b == -1)
+        return b == 0 ? 0 : (int64_t)(0 - (uint64_t)a);
+    return a / b;
+}
+static inline float eqf_div_f(float a, float b) { return a / b; }
+#define eqf_div(a, b) _Generic((a) + (b), float: eqf_div_f, double: eqf_div_f, default: eqf_div_i)((a), (b))
 /* floordiv and mod as numpy's floor_divide and remainder: floored, the remainder has the
  * divisor's sign; an integer divided by 0 gives 0 (numpy's result; C's would trap) */
 static inline int64_t eqf_floordiv_i(int64_t a, int64_t b)

@@ -7,12 +7,18 @@ sys.path.insert(0, os.path.dirname(__file__))  # so test files can `from helpers
 # every kernel the suite compiles must compile without warnings at -Wall (eqfuse.backend.cbuild.build)
 os.environ["EQFUSE_WERROR"] = "1"
 
-# Few, fast examples by default (the machine is shared); HYPOTHESIS_PROFILE=thorough for more.
-settings.register_profile("default", max_examples=60, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+# Few, fast examples by default (the machine is shared). "dev" draws new examples on every run
+# (`--hypothesis-seed=N` replays one); "ci" is loaded when the environment variable CI is set (CI
+# runs with CI=true; CI=, CI=0 and CI=false do not count): derandomized, so the same commit draws
+# the same examples on every run and a CI failure is a real one, reproducible with CI=true.
+# HYPOTHESIS_PROFILE=thorough (or any profile's name) overrides both.
+_FAST = dict(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", **_FAST, derandomize=False)  # explicit: hypothesis derandomizes when CI is set
+settings.register_profile("ci", **_FAST, derandomize=True, database=None, print_blob=True)
 settings.register_profile("thorough", max_examples=1000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _CI else "dev"))
 
 # Pin the machine model the planner and the compiler see, so that no decision depends on the
 # host's caches (a 48 KiB L1 once made two tests fail). EQFUSE_TEST_MACHINE picks the model

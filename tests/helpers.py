@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -109,3 +111,29 @@ def selected_params(request, test: str, name: str, **given) -> list:
             if all(p.get(k) == v for k, v in given.items()) and p[name] not in out:
                 out.append(p[name])
     return out
+
+
+def nearest_f32(text: str) -> np.float32:
+    """The oracle: the f32 nearest to the exact rational value of a decimal, ties to the even
+    significand, inf from the overflow threshold on (IEEE 754 round to nearest, with 2^128 as the
+    even neighbour above FLT_MAX). Independent of the parser's shortcut through a double."""
+    x = Fraction(text)
+    if x == 0:
+        return np.float32(-0.0 if text.lstrip().startswith("-") else 0.0)
+    sign, x = (-1 if x < 0 else 1), abs(x)
+    # every finite positive f32 is m * 2^e with m < 2^24, e >= -149; find the two around x
+    e = max(-149, x.numerator.bit_length() - x.denominator.bit_length() - 24)  # about log2(x) - 23
+    while x < Fraction(2) ** (e + 23) and e > -149:
+        e -= 1
+    while x >= Fraction(2) ** (e + 24):
+        e += 1
+    unit = Fraction(2) ** e
+    m = math.floor(x / unit)
+    lo, hi = m * unit, (m + 1) * unit
+    if x - lo < hi - x or (x - lo == hi - x and m % 2 == 0):
+        v = lo
+    else:
+        v = hi
+    if v >= Fraction(2) ** 128:
+        return np.float32(sign * math.inf)
+    return np.float32(sign * float(v))  # v is an f32 value: exact in a double

@@ -145,6 +145,24 @@ def test_a_fully_masked_attention_row_is_nan_as_in_numpy_without_the_guard(S, D)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
+def test_integer_division_truncates_and_never_traps():
+    """Issue 29: an i64 `/` truncates (as C and ONNX's Div); x / 0 is 0 and INT64_MIN / -1 wraps, in
+    the reference and in the C (whose own division raised SIGFPE and killed the process). A
+    literal divisor next to an integer tensor is an integer; floats divide as numpy."""
+    src = """graph f(a: i64[8], b: i64[8], x: f32[4], y: f32[4]) -> (i64[8], i64[8], i64[8], f32[4]) {
+        return a / b, a / 0, a / -2, x / y
+    }"""
+    lo = -9223372036854775808
+    a = np.array([7, -7, 7, -7, 0, 5, lo, lo], np.int64)
+    b = np.array([2, 2, -2, -2, 3, 0, -1, 1], np.int64)
+    x = np.array([1.0, -1.0, 0.0, 3.0], np.float32)
+    y = np.array([0.0, -0.0, 0.0, 2.0], np.float32)
+    want = ([3, -3, -3, 3, 0, 0, lo, lo], [0] * 8, [-3, 3, -3, 3, 0, -2, 2 ** 62, 2 ** 62], [np.inf, np.inf, np.nan, 1.5])
+    for got in (eqfuse.reference(src)(a, b, x, y), eqfuse.compile(src)(a, b, x, y)):
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, np.asarray(w, g.dtype))
+
+
 def test_floordiv_and_mod_floor_like_numpy_and_never_trap():
     """Integer division in C truncates and traps on 0; floordiv and mod floor like numpy and give
     0 for a zero divisor (also INT64_MIN // -1, which overflows in C)."""

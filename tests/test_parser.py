@@ -13,13 +13,14 @@ from helpers import (
     GOOD,
     assert_same_values,
     load_text,
+    nearest_f32,
     one_graph,
     rand_inputs,
     reprint,
     run,
     tree,
 )
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from eqfuse.errors import EqfuseError
@@ -282,17 +283,24 @@ def extend(kids):
 expressions = st.recursive(leaves, extend, max_leaves=10)
 
 
+def literal(value) -> float:
+    """A literal's meaning: the f32 nearest to its decimal (the leaves are written as repr() of
+    an int or a float), as a float."""
+    return float(nearest_f32(repr(value)))
+
+
 def python_tree(node: ast.AST):
-    """The structure Python's own parser gives an expression (the oracle for precedence)."""
+    """The structure Python's own parser gives an expression (the oracle for precedence), with
+    constants as their f32 values."""
     if isinstance(node, ast.Expression):
         return python_tree(node.body)
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Constant):
-        return float(node.value)
+        return literal(node.value)
     if isinstance(node, ast.UnaryOp):
-        if isinstance(node.operand, ast.Constant):  # a negative literal is a constant
-            return -float(node.operand.value)
+        if isinstance(node.operand, ast.Constant):  # a negative literal is a constant: -0 is -0.0
+            return -literal(node.operand.value)
         return ("neg", python_tree(node.operand))
     if isinstance(node, ast.BinOp):
         return (INFIX[PY_BINOP[type(node.op)]], python_tree(node.left), python_tree(node.right))
@@ -305,9 +313,25 @@ def python_tree(node: ast.AST):
     raise AssertionError(ast.dump(node))
 
 
+def f32_tree(t):
+    """A tree() with its constants as f32 values (the parser may keep a double that rounds to it)."""
+    if isinstance(t, float):
+        return float(np.float32(t))
+    return tuple(f32_tree(x) for x in t) if isinstance(t, tuple) else t
+
+
+def signed_zeros(t):
+    """The signs of the zero constants of a tree, in order (-0 and 0 compare equal as floats)."""
+    if isinstance(t, float):
+        return [np.signbit(t)] if t == 0 else []
+    return [z for x in t for z in signed_zeros(x)] if isinstance(t, tuple) else []
+
+
 class ToUfuncs(ast.NodeTransformer):
-    """Python's parse, numpy's semantics: literals become float32, operators become ufunc calls
-    (numpy's scalar `**` can differ from the np.power ufunc in the last bit)."""
+    """Python's parse, numpy's semantics: literals become float32 (the f32 nearest to the
+    decimal), a minus applied to a literal negates it as a float (-0 is -0.0, as Python's -0.0 and
+    numpy's np.negative(np.float32(0)) are), operators become ufunc calls (numpy's scalar `**` can
+    differ from the np.power ufunc in the last bit)."""
 
     UFUNC = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply", ast.Div: "divide", ast.Pow: "power"}
 
@@ -315,11 +339,11 @@ class ToUfuncs(ast.NodeTransformer):
         return ast.copy_location(ast.Call(ast.Attribute(ast.Name("np", ast.Load()), func, ast.Load()), args, []), node)
 
     def visit_Constant(self, node):
-        return node if isinstance(node.value, str) else self.call("float32", [node], node)
+        return node if isinstance(node.value, str) else self.call("float32", [ast.Constant(literal(node.value))], node)
 
     def visit_UnaryOp(self, node):
         if isinstance(node.operand, ast.Constant):  # the parser's negative literal
-            return self.call("float32", [ast.Constant(-node.operand.value)], node)
+            return self.call("float32", [ast.Constant(-literal(node.operand.value))], node)
         return self.call("negative", [self.visit(node.operand)], node)
 
     def visit_BinOp(self, node):
@@ -335,9 +359,14 @@ def numpy_eval(src: str, env: dict):
 
 
 @given(expressions)
+@example("a / -0")  # issue 29: -0 is the f32 -0.0 (numpy's -np.float32(0)), so this is -inf, not inf
+@example("-(0) / b - -0.0 * s")
+@example("b * 1.0000000596046448")  # a double halfway between two f32s: the decimal is above it
 def test_random_expressions_parse_like_python_and_print_to_a_fixed_point(src):
     g = one_graph(HEADER % src)
-    assert tree(g) == python_tree(ast.parse(src, mode="eval"))
+    want_tree = python_tree(ast.parse(src, mode="eval"))
+    assert f32_tree(tree(g)) == want_tree
+    assert signed_zeros(f32_tree(tree(g))) == signed_zeros(want_tree)
     once = module_text([g])
     printed = one_graph(once)
     assert module_text([printed]) == once

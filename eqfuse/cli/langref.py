@@ -29,10 +29,16 @@ ops compute in f32, `cast(x, to="f32")` converts, and mixing dtypes in one op is
 body is `name = expr` lines ending with `return expr[, expr ...]`. Comments run from `#` to the
 end of the line.
 
-- **Numbers**: `2`, `0.5`, `.5`, `1e-3`: scalars that broadcast against tensors. `-1` is a
-  negative constant; `-x` is `neg(x)`; `inf` and `nan` are the float specials (`-inf` too). A
-  number (and `true` = 1, `false` = 0) is weakly typed:
-  next to an i64 tensor it is an i64 (`ids + 1`), next to a bool one a bool.
+- **Numbers**: `2`, `0.5`, `.5`, `1e-3`: scalars that broadcast against tensors. A number means
+  the f32 nearest to its exact decimal value (ties to even), so `3.4028235e+38` is the largest
+  f32 (FLT_MAX) and `1e-45` the smallest subnormal; a number that rounds to infinity is an
+  error. `inf` and `nan` are the float specials, also as attribute values (`value=-inf`); a NaN's
+  sign and payload are not kept. A minus applied to a number is a negative constant, the float
+  negation of the number as in numpy (`-np.float32(0)`): `-1`, `-inf`, and `-0`, which is
+  negative zero (`1 / -0` is `-inf`); `-x` is `neg(x)`. eqfuse prints every constant so that it
+  reads back as the same f32 bits. A number (and `true` = 1, `false` = 0) is weakly typed:
+  next to an i64 tensor it is an i64 (`ids + 1`), next to a bool one a bool. Integer `/`
+  truncates toward zero (as C and ONNX's `Div`), and an integer divided by 0 gives 0.
 - **Operators**: `+ - * / @ **` with Python's precedence and associativity: `**` binds tightest
   and to the right (`-x ** 2` is `-(x ** 2)`), then unary `-`, then `* / @`, then `+ -`; the
   comparisons `== != < <= > >=` (bool results) bind loosest and do not chain.

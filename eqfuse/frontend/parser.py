@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from pathlib import Path
 
+import numpy as np
 from lark import Lark, Token
 from lark.exceptions import (
     UnexpectedCharacters,
@@ -18,9 +20,9 @@ from lark.visitors import Transformer_NonRecursive
 
 from eqfuse.errors import EqfuseError, Pos
 from eqfuse.frontend import syntax as S
+from eqfuse.ir.dtypes import f32_literal, f32_of_decimal, round_f32, same_f32
 
 MAX_DEPTH = 200  # expression nesting; deeper input is refused with a clear error, not a crash
-F32_MAX = 3.4028234663852886e38
 
 
 def data_dir(name: str) -> Path:
@@ -189,10 +191,17 @@ class ToAst(Transformer_NonRecursive):
 
     # expressions
     def _finite(self, text: str, tok: Token) -> float:
+        """The value of a number literal: a decimal means the f32 nearest to it (ties to even), so
+        3.4028235e+38 (the shortest text of FLT_MAX, and a little above it) is FLT_MAX; only a number
+        that rounds to inf is refused. The value kept is the double of the text (exact for integers,
+        which i64 uses need) unless numpy's rounding of that double to f32 would differ (the double
+        lies exactly halfway between two f32s, the decimal does not): then the f32's shortest text."""
+        f = f32_of_decimal(text)
+        if np.isinf(f):
+            raise EqfuseError(f"number {text} is too large for f32", self.src.at(tok),
+                              "the largest f32 is 3.4028235e+38; write inf for infinity")
         v = float(text)
-        if abs(v) > F32_MAX:
-            raise EqfuseError(f"number {text} is too large for f32", self.src.at(tok))
-        return v
+        return v if same_f32(round_f32(v), f) else f32_literal(f)
 
     def number(self, c):
         return S.Num(self._finite(str(c[0]), c[0]), self.src.at(c[0]))
@@ -239,7 +248,13 @@ class ToAst(Transformer_NonRecursive):
     def signed(self, c):
         text = "".join(str(t) for t in c)
         v = self._finite(text, c[-1])
-        return int(v) if v.is_integer() and not any(ch in text for ch in ".eE") else v
+        return int(text) if not any(ch in text for ch in ".eE") else v  # int(text): exact beyond 2^53
+
+    def signed_inf(self, c):
+        return -math.inf if c else math.inf
+
+    def signed_nan(self, c):
+        return math.nan
 
     def attr_num(self, c):
         return c[0]

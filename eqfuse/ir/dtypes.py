@@ -8,7 +8,11 @@ names the op and the dtypes, as numpy's silent promotion would hide a bug in a m
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Any, Mapping
+
+import numpy as np
 
 from eqfuse.errors import ShapeError
 from eqfuse.ir.shapes import INT_DTYPES, TType
@@ -81,3 +85,52 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
     if rule == "dtype_attr":
         return attrs["dtype"]
     raise ValueError(f"unknown dtype rule {rule}")
+
+
+# ---------------------------------------------------------------- the f32 value of a literal
+# (the parser reads literals with these, the printer and the C emitter write them)
+
+def round_f32(v: float) -> np.float32:
+    """v rounded to float32 as numpy does (the reference's meaning of a constant), without numpy's
+    overflow warning: a value beyond the f32 range is inf."""
+    with np.errstate(over="ignore"):
+        return np.float32(v)
+
+
+def same_f32(a, b) -> bool:
+    """Bit for bit, except that every NaN equals every NaN (payloads and signs are not kept)."""
+    a, b = np.float32(a), np.float32(b)
+    return bool(np.isnan(a) and np.isnan(b)) or a.view(np.uint32) == b.view(np.uint32)
+
+
+def f32_of_decimal(text: str) -> np.float32:
+    """The float32 nearest to the exact value of a decimal literal, ties to even (inf beyond the
+    overflow threshold 2^128 * (1 - 2^-25)).
+
+    np.float32(float(text)) rounds twice: it is wrong when the double lands exactly halfway between
+    two f32 neighbours (or on the overflow threshold) while the decimal itself does not, so only then
+    is the decimal compared exactly with the halfway point."""
+    d = float(text)
+    f = round_f32(d)
+    if math.isnan(d) or math.isinf(d) or float(f) == d:
+        return f
+    big = math.copysign(2.0 ** 128, d)  # the f32 "neighbour" above FLT_MAX: halfway to it rounds to inf
+    g = big if np.isinf(f) else float(f)
+    toward = np.float32(math.copysign(math.inf, d - g))
+    with np.errstate(over="ignore"):
+        n = np.nextafter(f, toward)
+    n = big if np.isinf(n) else float(n)
+    half = (g + n) / 2  # exact: both are f32 values (or 2^128)
+    if d != half:  # rounding is monotonic: the decimal is on d's side of every double but d
+        return f
+    exact = Fraction(text)
+    if exact == Fraction(half):  # a true tie: to even, as numpy rounded it
+        return f
+    return round_f32(g if (exact > Fraction(half)) == (g > half) else n)
+
+
+def f32_literal(f: np.float32) -> float:
+    """A float (double) that rounds to the f32 value f and prints short: 3.4028235e+38 for FLT_MAX,
+    1e-45 for the smallest subnormal (as the ONNX importer stores constants)."""
+    s = float(np.format_float_scientific(f, unique=True))
+    return s if same_f32(round_f32(s), f) else float(f)

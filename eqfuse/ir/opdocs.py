@@ -25,7 +25,7 @@ DOCS: dict[str, tuple[str, str]] = {
     "add": ("a, b", "a + b, numpy broadcasting"),
     "sub": ("a, b", "a - b, numpy broadcasting"),
     "mul": ("a, b", "a * b, numpy broadcasting"),
-    "div": ("a, b", "a / b, numpy broadcasting"),
+    "div": ("a, b", "a / b, numpy broadcasting; integers truncate toward 0, an integer divided by 0 gives 0"),
     "pow": ("a, b", "a to the power b, numpy broadcasting"),
     "maximum": ("a, b", "the larger of a and b, elementwise, numpy broadcasting"),
     "minimum": ("a, b", "the smaller of a and b, elementwise, numpy broadcasting"),

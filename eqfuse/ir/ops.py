@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from eqfuse.errors import ShapeError
-from eqfuse.ir.dtypes import result_dtype
+from eqfuse.ir.dtypes import f32_literal, f32_of_decimal, result_dtype, round_f32, same_f32
 from eqfuse.ir.opdocs import DOCS
 from eqfuse.ir.shapes import Dim, TType, broadcast, dim_product, fmt, norm_axis
 
@@ -29,13 +29,23 @@ REQUIRED = object()
 
 
 def flit(v: float) -> str:
-    """A float as a C literal, as the op table's C semantics (`c_expr`) write constants."""
-    v = float(v)
-    if math.isnan(v):
+    """A float as a C literal, as the op table's C semantics (`c_expr`) write constants.
+
+    The literal is of v's float32 value (np.float32(v), what the reference computes with), which
+    the compiler's correctly rounded reading of it gives back bit for bit: Python's text of the
+    double when that reads back as the same float32, else numpy's shortest text of the float32
+    (3.4028235e+38f is FLT_MAX, 1e-45f the smallest subnormal; -0.0f keeps its sign)."""
+    f = round_f32(v)
+    if np.isnan(f):
         return "NAN"
-    if math.isinf(v):
-        return "INFINITY" if v > 0 else "(-INFINITY)"
-    return f"({float.__repr__(v)}f)" if v < 0 else f"{float.__repr__(v)}f"
+    if np.isinf(f):
+        return "INFINITY" if f > 0 else "(-INFINITY)"
+    text = float.__repr__(float(v))
+    if not same_f32(f32_of_decimal(text), f):
+        text = float.__repr__(f32_literal(f))
+        if not same_f32(f32_of_decimal(text), f):
+            text = np.format_float_scientific(f, unique=False, precision=9)  # 9 digits: exact for f32
+    return f"({text}f)" if np.signbit(f) else f"{text}f"
 
 
 class OpKind(StrEnum):
@@ -158,7 +168,7 @@ _BINARY = [
     ("add", np.add, "({0} + {1})", "+"),
     ("sub", np.subtract, "({0} - {1})", "-"),
     ("mul", np.multiply, "({0} * {1})", "*"),
-    ("div", np.divide, "({0} / {1})", "/"),
+    ("div", None, "eqf_div({0}, {1})", "/"),  # _divide below: integers truncate, x / 0 is 0
     ("pow", np.power, "eqf_pow({0}, {1})", "**"),
     ("maximum", np.maximum, "eqf_max({0}, {1})", None),
     ("minimum", np.minimum, "eqf_min({0}, {1})", None),
@@ -167,7 +177,28 @@ _BINARY = [
     ("floordiv", np.floor_divide, "eqf_floordiv({0}, {1})", None),
     ("mod", np.remainder, "eqf_mod({0}, {1})", None),
 ]
+
+
+def _divide(a, b):
+    """a / b as numpy's true division for floats. An integer division (an i64 or i32 tensor, and a
+    literal next to it that is an integer, as the C writes it) truncates as C and ONNX's Div do;
+    an integer divided by 0 gives 0, as floordiv and mod (numpy's int64 true division would give
+    inf, no integer; C's integer division would trap)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.kind not in "iu" and b.dtype.kind not in "iu":
+        return np.divide(a, b)
+    a, b = (x.astype(np.int64) if x.dtype.kind == "f" and x.ndim == 0 and float(x).is_integer() else x for x in (a, b))
+    if a.dtype.kind not in "iu" or b.dtype.kind not in "iu":
+        return np.divide(a, b)  # by a non-integer literal: in floats, truncated to the tensor's dtype
+    with np.errstate(all="ignore"):
+        d = np.where(b == 0, 1, b)
+        q = np.floor_divide(a, d)  # INT64_MIN // -1 wraps to INT64_MIN, as the C
+        q = q + ((q * d != a) & ((a < 0) != (d < 0)))  # floored -> truncated toward 0
+        return np.where(b == 0, 0, q)
+
+
 for _name, _ufunc, _c, _infix in _BINARY:
+    _ufunc = _divide if _name == "div" else _ufunc
     define(name=_name, kind="pointwise", arity=(2, 2), infer=bcast_infer,
         numpy=(lambda u: lambda a, _: u(a[0], a[1]))(_ufunc), c=_c, infix=_infix,
         flops=4 if _name == "pow" else 1, dtype="float" if _name == "pow" else "numeric")

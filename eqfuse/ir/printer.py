@@ -7,7 +7,11 @@ read by another kernel, or would nest too deeply; everything else is inlined int
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 
+import numpy as np
+
+from eqfuse.ir.dtypes import f32_literal, f32_of_decimal, round_f32, same_f32
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS
 
@@ -21,13 +25,32 @@ PREC = {"+": SUM, "-": SUM, "*": PRODUCT, "/": PRODUCT, "@": PRODUCT, "**": POWE
 
 
 def fmt_number(v: float) -> str:
+    """The text of a constant: reads back (eqfuse.frontend.parser) as the same f32 bits.
+
+    Integers print exactly (so that i64 uses keep them); other values print as Python's shortest
+    text of the double, unless that text lies on the other side of an f32 halfway point than the
+    double does (then the f32's shortest text)."""
+    f = round_f32(v)
+    if math.isnan(v):
+        return "nan"
+    if np.isinf(f):  # beyond the f32 range too: the constant means inf, as the reference computes it
+        return "-inf" if f < 0 else "inf"
     if v == 0 and math.copysign(1, v) < 0:
         return "-0"  # not "0": 1 / -0 is -inf
-    if math.isinf(v) or math.isnan(v):
-        return ("-inf" if v < 0 else "inf") if math.isinf(v) else "nan"
     if float(v).is_integer() and abs(v) < 1e16:
-        return str(int(v))
-    return repr(float(v))
+        return str(int(v))  # exact
+    for text in _spellings(float(v), f):
+        if same_f32(f32_of_decimal(text), f):
+            return text
+    raise AssertionError(f"no spelling of {v!r} reads back as {f!r}")
+
+
+def _spellings(v: float, f: np.float32):
+    yield repr(v)
+    if v.is_integer():
+        yield str(int(v))  # exact
+    yield repr(f32_literal(f))
+    yield str(Decimal(float(f)))  # exact
 
 
 def fmt_attr(v) -> str:
@@ -37,9 +60,16 @@ def fmt_attr(v) -> str:
         return f'"{v}"'
     if isinstance(v, tuple):
         return "[" + ", ".join(fmt_attr(x) for x in v) + "]"
-    if isinstance(v, float):
-        return fmt_number(v) if not v.is_integer() else repr(v)
+    if isinstance(v, float):  # 1.0 stays a float (the parser reads 1 as an int)
+        return repr(v) if v.is_integer() and np.isfinite(round_f32(v)) else fmt_number(v)
     return str(v)
+
+
+def _is_default(v, default) -> bool:
+    """An attribute left out when printed: value=-0.0 is not the default 0.0 (1 / -0 is -inf)."""
+    if isinstance(v, float) and v == 0 and isinstance(default, (int, float)):
+        return default == 0 and math.copysign(1.0, v) == math.copysign(1.0, default)
+    return v == default
 
 
 class Printer:
@@ -85,7 +115,8 @@ class Printer:
         op = OPS[n.op]
         if n.op == "neg":
             a, pa = self.expr(n.args[0])
-            if pa == ATOM and a[0].isdigit():  # "-2" would be read back as the constant -2, not neg(2)
+            if pa == ATOM and (a[0].isdigit() or a in ("inf", "nan")):  # "-2" would be read back as
+                # the constant -2, not neg(2)
                 return f"neg({a})", ATOM
             return "-" + (a if pa >= UNARY else f"({a})"), UNARY
         if op.infix:
@@ -99,7 +130,7 @@ class Printer:
                 b = b if pb > p else f"({b})"
             return f"{a} {op.infix} {b}", p
         args = [self.expr(a)[0] for a in n.args]
-        attrs = [f"{k}={fmt_attr(v)}" for k, v in n.attrs if v != op.attr_spec(k).default]
+        attrs = [f"{k}={fmt_attr(v)}" for k, v in n.attrs if not _is_default(v, op.attr_spec(k).default)]
         return f"{n.op}({', '.join(args + attrs)})", ATOM
 
     def body(self, indent: str) -> None:
