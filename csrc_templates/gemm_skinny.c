@@ -229,7 +229,7 @@ void {{NAME}}_prepack(const float* B, float* Pf)
 static void {{NAME}}_pack_a(const float* restrict A, float* restrict ap, long g, long k0, long k1)
 {
 #if {{BF16}} == 2
-    const long p0 = k0 / 2, p1 = (k1 + 1) / 2;
+    const long p0 = k0 / 2, p1 = (k1 + 1) / 2; /* the pairs of [k0, k1) */
     for (long r = 0; r < {{NAME}}_MR; r++) {
         const long i = g * {{NAME}}_MR + r;
         uint32_t* restrict dst = (uint32_t*)ap + g * {{NAME}}_AGROUP + r;
@@ -250,11 +250,11 @@ static void {{NAME}}_pack_a(const float* restrict A, float* restrict ap, long g,
                 dst[(p + q) * {{NAME}}_MR] = t[q];
         }
 #endif
-        for (; p < p1; p++) {
-            long k = 2 * p;
+        for (long k0 = 2 * p; k0 < k1; k0 += 2) { /* (the pairs left, one by one) */
+            long k = k0;
             const float lo = {{A_AT}};
-            k = 2 * p + 1;
-            dst[p * {{NAME}}_MR] = eqf_bf16_pair(lo, k < {{NAME}}_K ? {{A_AT}} : 0.0f);
+            k = k0 + 1;
+            dst[(k0 >> 1) * {{NAME}}_MR] = eqf_bf16_pair(lo, k < {{NAME}}_K ? {{A_AT}} : 0.0f);
         }
     }
 #else
