@@ -230,3 +230,23 @@ def test_cli_run_bf16(tmp_path, capsys, path):
     assert np.abs(f32 - ref).max() < np.abs(y - ref).max()  # (bf16 really ran: its error is the larger)
     assert main(["run", str(MLP), "--inputs", str(tmp_path / "in.npz"), "--precision", "bf16", "--verify"]) == 2
     assert "--verify compares at f32 tolerances" in capsys.readouterr().err
+
+
+def test_torch_backend_precision_option(path):
+    torch = pytest.importorskip("torch")
+    from eqfuse.torch_backend import REPORTS
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 40)
+    x = torch.randn(12, 96)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        y = torch.compile(lin, backend="eqfuse", options={"precision": "bf16", "threads": 1})(x).numpy()
+        torch._dynamo.reset()
+    entries = REPORTS[-1].precision
+    assert entries and all(e == {"precision": "bf16", "path": path} for e in entries.values())
+    w, b = lin.weight.detach().numpy(), lin.bias.detach().numpy()
+    check_gemm(y, x.numpy(), np.ascontiguousarray(w.T), bias=b)
+    with pytest.raises(Exception, match=r"precision= expects one of f32, bf16, got 'int4'"):
+        torch.compile(lin, backend="eqfuse", options={"precision": "int4"})(x)
+    torch._dynamo.reset()
