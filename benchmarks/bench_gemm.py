@@ -45,6 +45,19 @@ place), oneDNN's linear with the activation fused (`torch.ops.mkldnn._linear_poi
 them; its threads not spinning) and numpy's bare x @ W (no bias, no activation). Interleaved:
 each of `--rounds` rounds times every peer (median of `--repeat` calls); the table gives the
 median ms over the rounds, the spread (max - min, % of the median) and eqfuse's GFLOP/s.
+
+`--precision f32|bf16` (docs/precision.md) compares the precisions on y = relu(x @ W + b) with W
+and b bound (PRECISION shapes), at each `--threads` count (a child per count), interleaved in one
+process: eqfuse in f32 and in the precision asked (eqfuse.compile(..., precision=)), and OpenVINO
+on the same ONNX model (MatMul + Add + Relu, W and b initializers) in f32
+(INFERENCE_PRECISION_HINT f32) and in its default precision (bf16 on a CPU with AVX512_BF16 or
+AMX; the table names what it chose). Columns: median ms over `--rounds` rounds (each the median
+of `--repeat` calls), GFLOP/s, the fraction of the peak of the row's precision, and the error
+max|y - y_ref| / max|y_ref| against the float64 result of the f32 inputs, measured the same way
+for every row. The peaks are measured on this core first: the f32 one by a loop of independent
+vfmadd231ps on zmm registers (16 lanes x 2 FLOPs each); the bf16 one is derived as twice it (a
+vdpbf16ps does two multiply-adds per 32-bit lane, at the FMA's throughput), and the loop of
+vdpbf16ps is measured beside it as a check.
 """
 
 from __future__ import annotations
@@ -60,6 +73,168 @@ SHAPES = [(128, 768, 768), (32, 3072, 768), (1024, 1024, 1024)]  # (M, N, K)
 SMALL = [(M, N, K) for M in (1, 8, 16) for K, N in ((768, 768), (768, 3072), (3072, 768), (1024, 1024))]
 PEERS = [(M, N, K) for M in (1, 8, 32, 128, 256) for K, N in ((768, 768), (768, 3072), (3072, 768))]
 MODEL = Path(__file__).resolve().parent.parent / "examples" / "transformer.g"
+PRECISION = [(1024, 1024, 1024), (256, 3072, 768), (8, 3072, 768)]  # (M, N, K) of --precision
+
+PEAK_C = r"""
+#include <immintrin.h>
+/* n steps of 12 independent accumulators: vfmadd231ps (2 x 16 FLOPs each) or, with bf16,
+ * vdpbf16ps (4 x 16: two multiply-adds per lane) */
+float peak_loop(long n, int bf16)
+{
+    __m512 c[12];
+    for (int r = 0; r < 12; r++)
+        c[r] = _mm512_set1_ps((float)r);
+    const __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(1e-8f);
+    if (bf16) {
+#if defined(__AVX512BF16__)
+        const __m512bh ah = (__m512bh)_mm512_set1_epi32(0x3f803f80), bh = (__m512bh)_mm512_set1_epi32(0x32ab32ab);
+        for (long i = 0; i < n; i++)
+#pragma GCC unroll 12
+            for (int r = 0; r < 12; r++)
+                c[r] = _mm512_dpbf16_ps(c[r], ah, bh);
+#else
+        return -1.0f;
+#endif
+    } else {
+        for (long i = 0; i < n; i++)
+#pragma GCC unroll 12
+            for (int r = 0; r < 12; r++)
+                c[r] = _mm512_fmadd_ps(a, b, c[r]);
+    }
+    __m512 s = c[0];
+    for (int r = 1; r < 12; r++)
+        s = _mm512_add_ps(s, c[r]);
+    return _mm512_reduce_add_ps(s);
+}
+"""
+
+
+def measure_peaks(threads: int) -> dict:
+    """GFLOP/s of the f32 FMA and of vdpbf16ps on this machine, `threads` threads each running
+    the loop (best of a few runs: the peak, not a typical speed)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
+
+    lib = build(header_c() + COMMON_C + PEAK_C, COMMON_CDEF + "\nfloat peak_loop(long n, int bf16);", "peak").lib
+    n = 1_000_000  # (~25 ms a run: short runs, many of them, find the core's quiet moments)
+    out = {}
+    for name, bf16, per in (("f32", 0, 12 * 16 * 2), ("bf16_vdpbf16ps", 1, 12 * 16 * 4)):
+        if lib.peak_loop(1, bf16) < 0:
+            out[name] = float("nan")
+            continue
+        best = 0.0
+        with ThreadPoolExecutor(threads) as ex:
+            for _ in range(20):
+                t0 = time.perf_counter()
+                list(ex.map(lambda _: lib.peak_loop(n, bf16), range(threads)))
+                best = max(best, threads * n * per / (time.perf_counter() - t0) / 1e9)
+        out[name] = best
+    out["bf16"] = 2 * out["f32"]  # (derived: two multiply-adds per lane per instruction)
+    return out
+
+
+def onnx_gemm(path: Path, w, b) -> None:
+    """y = relu(x @ w + b) as an ONNX model with w and b initializers."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    K, N = w.shape
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["z"]),
+         helper.make_node("Relu", ["z"], ["y"])], "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", N])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def measure_precision(threads: int, precision: str, repeat: int, rounds: int) -> dict:
+    import statistics
+    import tempfile
+    import time
+
+    import numpy as np
+
+    import eqfuse
+
+    peaks = measure_peaks(threads)
+    rows = []
+    for M, N, K in PRECISION:
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+        b = rng.standard_normal(N).astype(np.float32)
+        ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + b, 0)
+        src = (f"graph g(x: f32[{M}, {K}], w: f32[{K}, {N}], b: f32[{N}]) -> f32[{M}, {N}] {{\n"
+               f"  return relu(x @ w + b)\n}}")
+        peers = {}
+        for p in dict.fromkeys(("f32", precision)):
+            mod = eqfuse.compile(src, params={"w": w, "b": b}, precision=p, threads=threads)
+            paths = sorted({e["path"] for e in mod.report["precision"].values()})
+            peers[f"eqfuse {p} ({', '.join(paths)})"] = (p, lambda m=mod: m(x))
+        try:
+            import openvino as ov
+
+            core = ov.Core()
+            with tempfile.TemporaryDirectory() as d:
+                onnx_gemm(Path(d) / "g.onnx", w, b)
+                model = core.read_model(str(Path(d) / "g.onnx"))
+                for hint in ("f32", None):
+                    cfg = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+                    if hint:
+                        cfg["INFERENCE_PRECISION_HINT"] = hint
+                    compiled = core.compile_model(model, "CPU", cfg)
+                    got = str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
+                    chose = "bf16" if "bf" in got else "f32" if "32" in got else got
+                    req = compiled.create_infer_request()
+
+                    def run(req=req):
+                        req.infer({0: x})
+                        return req.get_output_tensor(0).data
+
+                    label = f"OpenVINO {'f32' if hint else 'default'} ({chose})"
+                    peers[label] = ("bf16" if chose == "bf16" else "f32", run)
+        except ImportError:
+            pass
+        times: dict[str, list[float]] = {k: [] for k in peers}
+        errs = {}
+        for k, (_, fn) in peers.items():
+            y = np.asarray(fn(), dtype=np.float64)
+            errs[k] = float(np.max(np.abs(y - ref)) / np.max(np.abs(ref)))
+        for _ in range(rounds):
+            for k, (_, fn) in peers.items():
+                ts = []
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    fn()
+                    ts.append(time.perf_counter() - t0)
+                times[k].append(statistics.median(ts))
+        for k, (p, _) in peers.items():
+            t = statistics.median(times[k])
+            gf = 2 * M * N * K / t / 1e9
+            rows.append({"shape": f"{M}x{N}x{K}", "threads": threads, "who": k, "ms": t * 1e3, "gflops": gf,
+                         "peak": gf / peaks[p], "precision": p, "error": errs[k],
+                         "spread": 100 * (max(times[k]) - min(times[k])) / t})
+    return {"peaks": peaks, "rows": rows}
+
+
+def print_precision(results: list[dict], repeat: int, rounds: int) -> None:
+    print(f"y = relu(x @ W + b), W and b bound; median of {rounds} rounds of {repeat} calls, interleaved")
+    for res in results:
+        pk = res["peaks"]
+        t = res["rows"][0]["threads"]
+        print(f"\nthreads={t}: peaks measured here, f32 FMA {pk['f32']:.1f} GFLOP/s, bf16 2x = {pk['bf16']:.1f} "
+              f"(a vdpbf16ps loop measured {pk['bf16_vdpbf16ps']:.1f})")
+        head = f"{'shape':>14} {'':<44} {'ms':>8} {'spread':>7} {'GFLOP/s':>8} {'of peak':>8} {'error':>9}"
+        print(head)
+        print("-" * len(head))
+        for r in res["rows"]:
+            print(f"{r['shape']:>14} {r['who']:<44} {r['ms']:8.3f} {r['spread']:6.0f}% {r['gflops']:8.1f} "
+                  f"{100 * r['peak']:7.0f}% {r['error']:9.1e}")
+    print("\nof peak: of the f32 FMA peak for an f32 row, of the bf16 peak (2x) for a bf16 row; "
+          "error: max|y - y_ref| / max|y_ref|, y_ref the float64 result of the f32 inputs")
 
 
 def pin(name: str) -> None:
@@ -415,8 +590,25 @@ def main() -> None:
     ap.add_argument("--peers", action="store_true", help="MKL, oneDNN, onnxruntime, numpy (see above) instead")
     ap.add_argument("--rounds", type=int, default=5, help="--small, --tiles, --peers: interleaved rounds")
     ap.add_argument("--only", default="", help="--peers: these shapes only, MxNxK comma-separated (e.g. 256x3072x768)")
+    ap.add_argument("--precision", choices=["f32", "bf16"],
+                    help="eqfuse f32 and this precision against OpenVINO f32 and default (see above) instead")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.precision:
+        if args.child:
+            print(json.dumps(measure_precision(int(args.child), args.precision, args.repeat, args.rounds)))
+            return
+        results = []
+        for t in args.threads.split(","):
+            env = {**os.environ, "OPENBLAS_NUM_THREADS": t, "OMP_NUM_THREADS": t}
+            cmd = [sys.executable, __file__, "--precision", args.precision, "--child", t, "--repeat",
+                   str(args.repeat), "--rounds", str(args.rounds)]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            if out.returncode:
+                sys.exit(out.stderr)
+            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print_precision(results, args.repeat, args.rounds)
+        return
     if args.tiles:
         if args.child:
             measure_tiles(args.repeat, args.rounds)

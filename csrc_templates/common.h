@@ -54,6 +54,33 @@ static inline float eqf_mod_f(float a, float b)
 }
 #define eqf_floordiv(a, b) _Generic((a) + (b), float: eqf_floordiv_f, double: eqf_floordiv_f, default: eqf_floordiv_i)((a), (b))
 #define eqf_mod(a, b) _Generic((a) + (b), float: eqf_mod_f, double: eqf_mod_f, default: eqf_mod_i)((a), (b))
+/* bf16 (the top 16 bits of an f32) as vcvtne2ps2bf16 rounds: to nearest even, a zero or
+ * denormal input to a zero of its sign, a NaN to a quiet NaN. The scalar packing code and the
+ * fallback path (no AVX512_BF16) round with it, so every path multiplies the same bf16 values
+ * (docs/precision.md). */
+static inline uint16_t eqf_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0)
+        return (uint16_t)((u >> 16) & 0x8000u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+/* a bf16 widened to f32 (exact: a shift) */
+static inline float eqf_bf16_f32(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+/* x rounded to bf16, as an f32 */
+static inline float eqf_bf16_round(float x) { return eqf_bf16_f32(eqf_bf16(x)); }
+/* the K-pair (lo at k, hi at k + 1) as one 32-bit lane of a vdpbf16ps operand: lo in the low half */
+static inline uint32_t eqf_bf16_pair(float lo, float hi) { return (uint32_t)eqf_bf16(lo) | (uint32_t)eqf_bf16(hi) << 16; }
+
 static inline float eqf_relu(float x) { return (x != x || x > 0.0f) ? x : 0.0f; }
 static inline float eqf_pow(float a, float b) { return powf(a, b); }
 

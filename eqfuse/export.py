@@ -100,7 +100,11 @@ def target_machine(target: str):
     if target not in TARGETS:
         raise EqfuseError(f"unknown target '{target}' (known: {', '.join(TARGETS)})")
     simd = TARGETS[target][1] or host_simd_floats()
-    return replace(machine(), simd_floats=simd)
+    m = machine()
+    # AVX512_BF16 only for "native" (none of the x86-64 levels has it); on a machine that runs
+    # make without it, the bf16 kernels stop the build with an #error rather than run f32
+    return replace(m, simd_floats=simd, avx512_bf16=m.avx512_bf16 and target == "native" and simd >= 16,
+                   amx_bf16=m.amx_bf16 and target == "native", avx512_vnni=m.avx512_vnni and target == "native")
 
 
 def prepare(model: str | os.PathLike, weights: Mapping[str, np.ndarray], lib: str, dims: Mapping[str, int],
@@ -162,10 +166,12 @@ def _prepare_graph(g: Graph, weights, lib, dims, inputs, example_inputs, seed, o
         raise EqfuseError(f"graph {g.name} has unbound dimension{'s' * (len(missing) > 1)} {', '.join(missing)}: "
                           "an exported library has fixed shapes; bind " + " ".join(f"--dim {d}=INT" for d in missing))
     folded = fold_params(g, gw)
+    opts = dict(opts)
+    precision = opts.pop("precision", "f32")
     opt, _ = optimize(folded.graph, dims=gd, **opts)
     entry = f"{lib}_{g.name}"
     opt = Graph(entry, opt.nodes, opt.inputs, opt.outputs, opt.pos)  # kernel names carry the library's
-    _, kg, plans = lower(opt, gd, True, frozenset(folded.params))
+    _, kg, plans = lower(opt, gd, True, frozenset(folded.params), precision)
     emitted = emit_graph(plans)
     mem = plan_memory(kg, plans)
     kernels = [p for p in plans if p.kind != K.VIEW]
@@ -233,7 +239,9 @@ def export(model: str | os.PathLike, outdir: str | os.PathLike, weights: Mapping
            example_inputs: Mapping[str, np.ndarray] | None = None, **opts) -> list[Path]:
     """Write the library's sources, header, weights, Makefile and example into outdir; the paths written."""
     from eqfuse import export_c
+    from eqfuse.pipeline import check_precision
 
+    check_precision(opts.get("precision", "f32"))
     lib = name or Path(str(model)).stem
     lib = re.sub(r"\W", "_", lib)
     if not lib or lib[0].isdigit():

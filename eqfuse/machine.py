@@ -44,6 +44,11 @@ class Machine:
     cores: int
     # Whether the few-rows GEMM prefetches its weight stream in software (`stream_prefetch`)
     prefetch: bool = True
+    # ISA extensions the planner chooses kernels by (the /proc/cpuinfo flags of the same names):
+    # vdpbf16ps / vcvtne2ps2bf16 (a bf16 GEMM's instruction path), AMX-BF16 tiles, vpdpbusd
+    avx512_bf16: bool = False
+    amx_bf16: bool = False
+    avx512_vnni: bool = False
 
     @property
     def march(self) -> tuple[str, ...]:
@@ -57,8 +62,10 @@ class Machine:
 
 # The machines eqfuse has run on (2 vCPUs each), for tests that pin what the planner sees.
 MODELS: dict[str, Machine] = {
-    "zen4": Machine(l1=32 << 10, l2=1 << 20, l3=32 << 20, simd_floats=16, cores=2, prefetch=False),
-    "xeon-spr": Machine(l1=48 << 10, l2=2 << 20, l3=105 << 20, simd_floats=16, cores=2),
+    "zen4": Machine(l1=32 << 10, l2=1 << 20, l3=32 << 20, simd_floats=16, cores=2, prefetch=False,
+                    avx512_bf16=True, avx512_vnni=True),
+    "xeon-spr": Machine(l1=48 << 10, l2=2 << 20, l3=105 << 20, simd_floats=16, cores=2,
+                        avx512_bf16=True, amx_bf16=True, avx512_vnni=True),
     "avx2": Machine(l1=32 << 10, l2=512 << 10, l3=16 << 20, simd_floats=8, cores=2),
 }
 
@@ -87,13 +94,26 @@ def host_simd_floats() -> int:
     return simd_width_floats()
 
 
-def simd_width_floats() -> int:
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The flags of /proc/cpuinfo (empty when it cannot be read)."""
     try:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
     except OSError:
         flags = ""
-    words = set(flags.split())
+    return frozenset(flags.partition(":")[2].split())
+
+
+def simd_width_floats() -> int:
+    words = cpu_flags()
     return 16 if "avx512f" in words else 8 if "avx2" in words else 4
+
+
+def host_isa() -> dict[str, bool]:
+    """The Machine's ISA extension fields for this host (its /proc/cpuinfo flags)."""
+    words = cpu_flags()
+    return {"avx512_bf16": "avx512_bf16" in words, "amx_bf16": "amx_bf16" in words and "amx_tile" in words,
+            "avx512_vnni": "avx512_vnni" in words}
 
 
 def stream_prefetch(cpuinfo: str) -> bool:
@@ -144,8 +164,13 @@ def pin(model: Machine | str | None, clamp: bool = True) -> None:
     if model is None:
         return
     m = MODELS[model] if isinstance(model, str) else model
-    if clamp and m.simd_floats > host_simd_floats():
-        m = replace(m, simd_floats=host_simd_floats())
+    if clamp:
+        if m.simd_floats > host_simd_floats():
+            m = replace(m, simd_floats=host_simd_floats())
+        # nor an instruction the host lacks (its kernels could not run here), nor an AVX-512
+        # extension once the vectors are narrower (the kernels are built for x86-64-v3 or less)
+        host = host_isa()
+        m = replace(m, **{k: getattr(m, k) and host[k] and m.simd_floats >= 16 for k in host})
     _PINNED.append(m)
 
 
@@ -168,9 +193,12 @@ def machine() -> Machine:
 def host_machine() -> Machine:
     c = cache_sizes()
     env = lambda name, default: int(os.environ.get(name, default))
+    simd = env("EQFUSE_SIMD", simd_width_floats())
     return Machine(l1=env("EQFUSE_L1", c.get(1, 32 << 10)), l2=env("EQFUSE_L2", c.get(2, 1 << 20)),
-                   l3=env("EQFUSE_L3", c.get(3, 8 << 20)), simd_floats=env("EQFUSE_SIMD", simd_width_floats()),
-                   cores=num_cores(), prefetch=host_prefetch())
+                   l3=env("EQFUSE_L3", c.get(3, 8 << 20)), simd_floats=simd,
+                   cores=num_cores(), prefetch=host_prefetch(),
+                   # (AVX-512 extensions only for kernels built for AVX-512: see Machine.march)
+                   **{k: v and simd >= 16 for k, v in host_isa().items()})
 
 
 def register_tile(simd_floats: int, n: int | None = None) -> tuple[int, int]:

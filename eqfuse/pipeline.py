@@ -53,7 +53,9 @@ from eqfuse.runtime.padded import PaddedFunction
 from eqfuse.runtime.program import SharedArrays, emit_run, give_back_memory, plan_memory
 
 FUSE_MODES = (True, False, "manual")
-PRECISIONS = ("f32",)
+# precision=: what the GEMMs multiply in (docs/precision.md). "bf16": operands rounded to bf16,
+# products accumulated in f32; everything else (epilogues, norms, softmax, reductions) in f32.
+PRECISIONS = ("f32", "bf16")
 
 
 # ---------------------------------------------------------------- options
@@ -91,8 +93,12 @@ class Options:
             raise ArgumentError(f"unknown cost model '{cost}' (known: {', '.join(COST_MODELS)})")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ArgumentError(f"threads= expects a positive integer, got {threads!r}")
-        if precision not in PRECISIONS:
-            raise ArgumentError(f"precision= expects one of {', '.join(PRECISIONS)}, got {precision!r}")
+        check_precision(precision)
+        if verify and precision != "f32":
+            # (verify= compares with the numpy reference at f32 tolerances, which a bf16 GEMM
+            # does not meet: docs/precision.md gives its bound)
+            raise ArgumentError(f"verify=True checks at f32 tolerances and cannot be combined with "
+                                f"precision={precision!r} (docs/precision.md: the bf16 error bound)")
         if dims is not None and not isinstance(dims, Mapping):
             raise ArgumentError(f"dims= expects a dict {{dim name: size}}, got {type(dims).__name__}")
         if params is not None and not isinstance(params, Mapping):
@@ -105,6 +111,14 @@ class Options:
         return Options(cost, tuple(rules), tuple(disable), dict(dims or {}), dict(params or {}), threads, verify,
                        fuse, check_rules, None if grad is None else tuple(grad),
                        None if buckets is None else dict(buckets), precision)
+
+
+def check_precision(precision, option: str = "precision=") -> str:
+    """precision= (or the command line's --precision, the torch backend's "precision" option): one
+    of PRECISIONS."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ArgumentError(f"{option} expects one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision
 
 
 def check_dims(graphs: list[Graph], dims: Mapping[str, int] | None) -> None:
@@ -258,11 +272,27 @@ def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse: boo
 # ---------------------------------------------------------------- lower, build
 
 
-def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: frozenset[str] = frozenset()):
+def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: frozenset[str] = frozenset(),
+          precision: str = "f32"):
     """(kernelized graph, plans) for one dims binding; `params` names the inputs bound by params=
-    (a GEMM prepacks such a B operand once)."""
+    (a GEMM prepacks such a B operand once); `precision` is compile's precision= (each plan says
+    what its kernel computes in: KernelPlan.precision)."""
     bound = bind_dims(g, dims) if g.dims() else g
-    return bound, *lower_graph(bound, machine(), fuse=fuse is not False, params=params)
+    return bound, *lower_graph(bound, machine(), fuse=fuse is not False, params=params, precision=precision)
+
+
+def precision_entries(plans) -> dict[str, dict[str, str]]:
+    """report["precision"]'s entries for these plans: kernel name -> its precision, instruction
+    path and, for a kernel that computes in f32 under precision="bf16", why."""
+    out = {}
+    for p in plans:
+        if p.kind == "view":
+            continue
+        e = {"precision": p.precision, "path": p.precision_path}
+        if p.precision_note:
+            e["note"] = p.precision_note
+        out[p.name] = e
+    return out
 
 
 def kernel_infos(kg: Graph, plans, sources: Mapping[str, str], graph: str | None = None) -> list[Kernel]:
@@ -279,14 +309,18 @@ def kernel_infos(kg: Graph, plans, sources: Mapping[str, str], graph: str | None
 
 
 def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: frozenset[str] = frozenset(),
-          names: list[str] | None = None, panels=None) -> list[Compiled]:
+          names: list[str] | None = None, panels=None, precision: str = "f32",
+          record: dict | None = None) -> list[Compiled]:
     """One Compiled per dims binding, all in one C module (one compiler run); `names` renames the
-    graph per binding, so that their kernels and run functions differ."""
+    graph per binding, so that their kernels and run functions differ. `record` (the report's
+    "precision") gets each kernel's precision and instruction path."""
     lowered = []
     for k, dims in enumerate(bindings):
         gk = replace(g, name=names[k]) if names else g
-        bound, kg, plans = lower(gk, dims, fuse, params)
+        bound, kg, plans = lower(gk, dims, fuse, params, precision)
         lowered.append((bound, kg, plans, plan_memory(kg, plans)))
+        if record is not None:
+            record.update(precision_entries(plans))
     emitted = emit_graph([p for _, _, plans, _ in lowered for p in plans], share=True)
     lib = ffi = None
     if emitted.kernel_sources:
@@ -303,10 +337,11 @@ def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: froze
             for bound, kg, plans, memory in lowered]
 
 
-def builder(fuse: bool | str, params: frozenset[str] = frozenset()):
+def builder(fuse: bool | str, params: frozenset[str] = frozenset(), precision: str = "f32",
+            record: dict | None = None):
     """`build` for a GraphFunction, which calls it with each new dims binding."""
     def build_bindings(g: Graph, bindings: list[dict], names: list[str] | None = None, panels=None):
-        return build(g, bindings, fuse, params, names, panels)
+        return build(g, bindings, fuse, params, names, panels, precision, record)
     return build_bindings
 
 
@@ -395,6 +430,9 @@ def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, s
         opt, report = optimize(folded.graph, cost=opts.cost, rules=opts.rules, disable=opts.disable, dims=dims,
                                fuse=opts.fuse)
     report["folded"] = folded.notes
+    # each kernel's precision and instruction path, filled as its bindings are built (now when
+    # every dim is known, else at the first call of each)
+    report["precision"] = shared.precision if shared is not None else {}
     if opts.fuse is True:
         batch_dims_report(report, g, params)
     for k in opts.buckets or {}:
@@ -402,7 +440,7 @@ def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, s
             raise ArgumentError(f"buckets=: '{k}' is fixed by the arrays params= binds ({k}={dims[k]}); "
                                 f"a dimension is either fixed or a batch dim")
     batch = batch_dim(g, dims, opts.buckets, params)
-    f = GraphFunction(g, opt, folded.params, dims, builder(opts.fuse, frozenset(folded.params)), opts.verify,
+    f = GraphFunction(g, opt, folded.params, dims, builder(opts.fuse, frozenset(folded.params), opts.precision, report["precision"]), opts.verify,
                       opts.threads, batch, shared.panels if shared is not None else None)
     if all(d in dims for d in g.dims()):
         f.compiled(dims)  # everything is known: compile now, so errors show here
@@ -457,7 +495,7 @@ def padded_module(src, opts: Options, graph: Graph | None = None) -> Module:
     if buckets == {}:  # buckets={}: every binding compiled on its own, no padding
         f.sizes, f.padding = {}, {d: "buckets={}" for d in f.padded}
     return Module([f], {"optimized": False, "reason": f"{', '.join(f.padded)} bound per call: compiled per "
-                        "bucket at the first call"}, lambda: f.last_module.graph if f.last_module else "")
+                        "bucket at the first call", "precision": shared.precision}, lambda: f.last_module.graph if f.last_module else "")
 
 
 # ---------------------------------------------------------------- the stages for other drivers
@@ -469,8 +507,9 @@ def reference(src) -> Reference:
 
 
 def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = None, uops: bool = True,
-              **opts) -> str:
+              precision: str = "f32", **opts) -> str:
     """Every kernel's plan and, with `uops`, its tile-level schedule (`eqfuse lower [--uops]`)."""
+    check_precision(precision)
     out = []
     # as compile does: an ONNX model imported at the dims (its shape arithmetic needs them) and
     # its initializers folded, so the plans are the ones a compiled model runs
@@ -485,6 +524,6 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
                               f"{', '.join(missing)}; bind with --dim NAME=INT")
         folded = fold(g, params_of(g, weights), opts.get("fuse", True))
         opt, _ = optimize(folded.graph, dims=gd, **opts)
-        _, kg, plans = lower(opt, gd, params=frozenset(folded.params))
+        _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision)
         out.append(f"# graph {g.name}: {len([p for p in plans if p.kind != K.VIEW])} kernels\n" + format_uops(plans, uops))
     return "\n\n".join(out)

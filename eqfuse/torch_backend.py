@@ -20,7 +20,8 @@ Training works too: AOTAutograd hands the forward and the backward graphs to the
 the backward's ATen ops eqfuse has no handler for (threshold_backward, ...) stay in torch.
 
 options: "verify" (compare each eqfuse graph's result with eqfuse's numpy reference at every
-call), "threads" (eqfuse's thread count; default torch.get_num_threads()), "cost" (eqfuse.compile's).
+call), "threads" (eqfuse's thread count; default torch.get_num_threads()), "cost" and "precision"
+(eqfuse.compile's: options={"precision": "bf16"} multiplies the GEMMs in bf16, docs/precision.md).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class Report:
     ops: int = 0  # call_function nodes of the ATen graph (getitem excluded)
     partitions: list[str] = field(default_factory=list)  # eqfuse graphs, as .g text
     fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)  # (op, why) -> count
+    # each eqfuse kernel's precision and instruction path (mod.report["precision"] of its graphs)
+    precision: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def summary(self) -> str:
         n = sum(self.fallbacks.values())
@@ -70,11 +73,15 @@ def eqfuse_backend(gm: fx.GraphModule, example_inputs, options: dict | None = No
     """The backend callable dynamo calls with its FX graph and example inputs."""
     from torch._dynamo.backends.common import aot_autograd
 
+    from eqfuse.pipeline import Options
+
     opts = dict(options or {})
-    unknown = set(opts) - {"verify", "threads", "cost"}
+    unknown = set(opts) - {"verify", "threads", "cost", "precision"}
     if unknown:
         raise EqfuseError(f"torch.compile(backend=\"eqfuse\"): unknown option(s) {', '.join(sorted(unknown))} "
-                          "(options: verify, threads, cost)")
+                          "(options: verify, threads, cost, precision)")
+    # checked now, where compile's options are (one message naming the option), not at the first call
+    Options.of(**{k: opts[k] for k in ("cost", "precision", "verify") if k in opts})
     counter = iter(range(1 << 30))
 
     def compiler(g: fx.GraphModule, inputs) -> Callable:
@@ -163,6 +170,7 @@ def _split(gm: fx.GraphModule, name: str, opts: dict, warned: set) -> Callable:
                 continue
             setattr(split, node.target, part)
             report.partitions.append(part.text)
+            report.precision.update(part.module.report.get("precision", {}))
     split.recompile()
     report.fallbacks = dict(fallbacks)
     REPORTS.append(report)
@@ -188,7 +196,7 @@ class EqfuseGraph(torch.nn.Module):
         graph = FxConverter(name).convert(sub)
         self.text = module_text([graph])
         self.single = not isinstance(next(n for n in sub.graph.nodes if n.op == "output").args[0], (tuple, list))
-        self.module = eqfuse.compile(self.text, **({"cost": opts["cost"]} if "cost" in opts else {}))
+        self.module = eqfuse.compile(self.text, **{k: opts[k] for k in ("cost", "precision") if k in opts})
         self.fn = self.module.default
         self.verify = bool(opts.get("verify"))
         self.threads = opts.get("threads")

@@ -86,7 +86,11 @@ def _reads(plan_body: Graph) -> int:
     return sum(size(plan_body.nodes[i].type.shape) for i in plan_body.inputs)
 
 
-def plan_kernel(g: Graph, node_id: int, name: str, m: Machine) -> KernelPlan:
+# Why a kernel of these kinds computes in f32 under precision="bf16" (docs/precision.md)
+F32_UNDER_BF16 = "only GEMMs multiply in bf16; epilogues, norms, softmax and reductions stay f32"
+
+
+def plan_kernel(g: Graph, node_id: int, name: str, m: Machine, precision: str = "f32") -> KernelPlan:
     n = g.nodes[node_id]
     body = n.body
     for _, _, bn in body.walk():
@@ -100,20 +104,24 @@ def plan_kernel(g: Graph, node_id: int, name: str, m: Machine) -> KernelPlan:
         raise EqfuseError(f"this kernel block cannot be lowered: {why}", n.pos,
                           f"supported kernel shapes: {SUPPORTED}") from None
     out_shape = tuple(body.nodes[body.outputs[0]].type.shape)
-    plan = KernelPlan(name, ks.kind, node_id, tuple(n.args), body, ks, out_shape)
+    plan = KernelPlan(name, ks.kind, node_id, tuple(n.args), body, ks, out_shape, wanted_precision=precision)
     plan.bytes = F32 * (_reads(body) + size(out_shape))
     KIND[ks.kind].plan(plan, m)
+    if precision != "f32" and plan.precision == "f32" and not plan.precision_note:
+        plan.precision_note = f"a {ks.kind} kernel computes in f32: {F32_UNDER_BF16}"
     return plan
 
 
 # ------------------------------------------------------------------ the whole graph
 
 
-def lower_graph(g: Graph, m: Machine, fuse: bool = True,
-                params: frozenset[str] = frozenset()) -> tuple[Graph, list[KernelPlan]]:
+def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] = frozenset(),
+                precision: str = "f32") -> tuple[Graph, list[KernelPlan]]:
     """(the kernelized graph, one plan per kernel) for a graph with concrete shapes, planned for
     machine m. `params` names the inputs bound by params=: a GEMM whose B is one of them is marked
-    b_bound (emit then prepacks it, when B is one matrix shared by every batch)."""
+    b_bound (emit then prepacks it, when B is one matrix shared by every batch). `precision` is
+    compile's precision=: each plan records what its kernel computes in and by which instruction
+    path (KernelPlan.precision, .precision_path)."""
     g = expand_convs(g)  # (conv1d, conv_transpose2d as conv2d, when the optimizer did not run)
     split: set[int] = set()
     while True:
@@ -125,7 +133,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True,
             if n.op != "kernel":
                 continue
             try:
-                plan = plan_kernel(kg, i, "", m)
+                plan = plan_kernel(kg, i, "", m, precision)
             except Split:
                 orig = _origin(g, kg, i)
                 if orig is None or orig in split:
@@ -196,6 +204,9 @@ def format_uops(plans: list[KernelPlan], uops: bool = True) -> str:
             lines.append("  tiles: " + ", ".join(f"{k}={v}" for k, v in p.tiles.items()))
         if p.cache_check:
             lines.append(f"  cache: {p.cache_check}")
+        if p.wanted_precision != "f32" or p.precision != "f32":
+            lines.append(f"  precision: {p.precision}, path: {p.precision_path}"
+                         + (f" ({p.precision_note})" if p.precision_note else ""))
         if p.threads:
             lines.append(f"  threads (decided at run time): {p.threads}")
         decisions = plan_decisions(p)

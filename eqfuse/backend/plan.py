@@ -56,6 +56,14 @@ class KernelPlan:
     # arg positions the C does not read (a concat's operands that their own kernels wrote in its
     # storage, eqfuse.backend.stores): the run function passes NULL for them
     unread: frozenset[int] = frozenset()
+    # compile's precision= (`wanted_precision`, set before the kind plans), what the kernel computes
+    # in (`precision`) and by which instruction path (`precision_path`: "f32", or for bf16
+    # "avx512_bf16" or "fallback"), and for a kernel that computes in f32 under precision="bf16",
+    # why (`precision_note`). `eqfuse lower` prints them; report["precision"] lists them.
+    wanted_precision: str = "f32"
+    precision: str = "f32"
+    precision_path: str = "f32"
+    precision_note: str = ""
 
     @property
     def prepack(self):
@@ -65,6 +73,12 @@ class KernelPlan:
     def base_strides(self) -> dict[int, tuple[int, ...]]:
         """body input -> the strides it is read through, for the inputs read through views."""
         return {self.body.inputs[k]: st for k, st in self.in_strides.items()}
+
+
+def computes_f32(plan: KernelPlan, why: str = "") -> None:
+    """The plan computes in f32 (KernelPlan.precision); under precision="bf16", `why` says why."""
+    plan.precision, plan.precision_path = "f32", "f32"
+    plan.precision_note = why if plan.wanted_precision != "f32" else ""
 
 
 def size(shape) -> int:

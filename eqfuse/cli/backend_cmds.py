@@ -20,6 +20,7 @@ def cmd_emit(args) -> int:
 
     graphs, dims = _bound_graphs(args)
     opts = optimizer_opts(args)
+    precision = opts.pop("precision")
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise EqfuseError(f"{out} exists and is not a directory")
@@ -30,7 +31,7 @@ def cmd_emit(args) -> int:
     for g in graphs:
         gd = {k: v for k, v in dims.items() if k in g.dims()}
         opt, _ = optimize(g, dims=gd, **opts)
-        _, _, plans = lower(opt, gd)
+        _, _, plans = lower(opt, gd, precision=precision)
         emitted = emit_graph(plans)
         path = out / f"{g.name}.c"
         for p, text in ((path, emitted.source), (out / f"{g.name}.cdef.h", emitted.cdef + "\n")):

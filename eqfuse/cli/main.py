@@ -86,7 +86,10 @@ def optimizer_opts(args) -> dict:
     from eqfuse.optimizer.optimize import cached_rules
 
     cached_rules(tuple(args.rules), tuple(args.disable))  # a misspelt --disable fails before any output is written
-    return dict(cost=args.cost, rules=list(args.rules), disable=list(args.disable))
+    from eqfuse.pipeline import check_precision
+
+    precision = check_precision(args.precision, "--precision")  # (exit status 2 when unknown)
+    return dict(cost=args.cost, rules=list(args.rules), disable=list(args.disable), precision=precision)
 
 
 def check_dim_sizes(graphs, dims: dict[str, int]) -> None:
@@ -142,6 +145,9 @@ def cmd_run(args) -> int:
 
     (g,), dims = selected_graphs(args, one_graph=True)
     opts = optimizer_opts(args)
+    if args.verify and opts["precision"] != "f32":
+        raise UsageError(f"--verify compares at f32 tolerances and cannot be combined with --precision "
+                         f"{opts['precision']} (docs/precision.md gives the bf16 error bound)")
     path = Path(args.inputs)
     if not path.exists():
         raise UsageError(f"{path}: no such file")

@@ -23,6 +23,7 @@ def cmd_opt(args) -> int:
 
     graphs, dims = selected_graphs(args)
     opts = optimizer_opts(args)  # user rules checked first
+    precision = opts.pop("precision")  # (decides the kernels, not the fusion: recorded in the report)
     weights = model_weights(args.model, dims)  # an .onnx model's initializers are bound, as compile binds them
     source = graphs
     folded = [fold_params(g, {k: v for k, v in weights.items() if k in dict(g.params)}) for g in graphs]
@@ -39,6 +40,8 @@ def cmd_opt(args) -> int:
 
     for r, f, g in zip(results, folded, source):
         r.report["folded"] = f.notes
+        if precision != "f32":  # (the report's key when eqfuse.compile gives it: its kernels' precision)
+            r.report["precision_requested"] = precision
         batch_dims_report(r.report, g, weights)
     text = module_text([r.graph for r in results])
     if args.output:

@@ -16,7 +16,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from eqfuse.errors import ShapeError
-from eqfuse.ir.dtypes import f32_literal, f32_of_decimal, result_dtype, round_f32, same_f32
+from eqfuse.ir.dtypes import (
+    f32_literal,
+    f32_of_decimal,
+    result_dtype,
+    round_f32,
+    same_f32,
+)
 from eqfuse.ir.opdocs import DOCS
 from eqfuse.ir.shapes import Dim, TType, broadcast, dim_product, fmt, norm_axis
 

@@ -288,6 +288,7 @@ class SharedArrays:
 
     def __init__(self):
         self.panels = PanelPool()
+        self.precision: dict = {}  # report["precision"] of every bucket's kernels (eqfuse.pipeline)
         self._held: dict[tuple, list[np.ndarray]] = {}
         self._lock = threading.Lock()
         # The buckets compile on two threads (eqfuse.runtime.padded): their optimizers take turns,

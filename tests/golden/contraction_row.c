@@ -50,11 +50,20 @@ EQF_WIDE_END
  * K slice into MR-row panels. Sizes are compile-time constants: the backend knows every shape,
  * and constant trip counts let gcc unroll the micro-kernel. The last M % MR rows run through a
  * kernel of that many rows (EDGE_MR); a partial last NR panel is computed in full on a
- * zero-padded panel and stored in part. With DIRECT_B (1; few rows, B not transposed, see eqfuse.backend.kinds.contraction.emit_gemm.direct) the
+ * zero-padded panel and stored in part. With DIRECT_B (1; few rows, B not transposed, see eqfuse.backend.kinds.contraction.plan_gemm.direct) the
  * micro-kernel reads the full NR-column panels of B in place (row stride 53) and only a
  * partial last panel is packed. With PREPACKED_B (0; B bound by params=) the B argument
  * is not B but its panels, packed once by eqf_kinds_k2_contraction_row_gemm_prepack: for each KC slice of K, the NR-column
  * panels of all of N, so every thread reads the panels it needs and nothing is packed per call.
+ *
+ * BF16 (0; precision="bf16", the plan's path): 0 = f32. 2 = AVX512_BF16: B's panels hold
+ * K-pairs of bf16 ([kc/2][NR][2], vdpbf16ps's operand), A is packed per K slice as K-pairs of bf16
+ * (one 32-bit lane per row and pair, rounded by vcvtne2ps2bf16), and the micro-kernel multiplies
+ * with vdpbf16ps, accumulating in f32. 1 = the fallback for CPUs without it: B's panels hold bf16
+ * ([kc][NR]), widened to f32 by a shift in the micro-kernel; A is packed as f32 values rounded to
+ * bf16; f32 FMA. Either way A and B are rounded alike (eqf_bf16, common.h) and a K slice's depth
+ * in the panels is even (a zero pads an odd one); the epilogue is f32. B is never read in place
+ * (DIRECT_B) nor A (DIRECT_A): both are converted while packed.
  *
  * The epilogue: a KC slice that is not the last one adds its partial sums into C; the last one
  * leaves the finished MR x NR tile in a buffer in L1, from where it reaches C through
@@ -85,6 +94,18 @@ EQF_WIDE_END
 #define eqf_kinds_k2_contraction_row_gemm_EDGE_MR (eqf_kinds_k2_contraction_row_gemm_M % eqf_kinds_k2_contraction_row_gemm_MR) /* rows of the last, partial MR tile (0: none) */
 #define eqf_kinds_k2_contraction_row_gemm_EDGE (eqf_kinds_k2_contraction_row_gemm_EDGE_MR ? eqf_kinds_k2_contraction_row_gemm_EDGE_MR : eqf_kinds_k2_contraction_row_gemm_MR)
 #define eqf_kinds_k2_contraction_row_gemm_NPAD ((eqf_kinds_k2_contraction_row_gemm_N + eqf_kinds_k2_contraction_row_gemm_NR - 1) / eqf_kinds_k2_contraction_row_gemm_NR * eqf_kinds_k2_contraction_row_gemm_NR) /* N in whole panels */
+#if 0
+typedef uint16_t eqf_kinds_k2_contraction_row_gemm_bt; /* an element of B's panels: bf16 bits */
+#define eqf_kinds_k2_contraction_row_gemm_KEVEN(kc) (((kc) + 1) & ~1L) /* a K slice's depth in the panels: whole K-pairs */
+#define eqf_kinds_k2_contraction_row_gemm_AROUND(x) eqf_bf16_round(x) /* A packed as f32 values rounded to bf16 (the fallback) */
+#else
+typedef float eqf_kinds_k2_contraction_row_gemm_bt;
+#define eqf_kinds_k2_contraction_row_gemm_KEVEN(kc) (kc)
+#define eqf_kinds_k2_contraction_row_gemm_AROUND(x) (x)
+#endif
+#if 0 == 2 && !defined(__AVX512BF16__)
+#error "the plan chose the AVX512_BF16 path (vdpbf16ps) but the compiler does not target AVX512_BF16"
+#endif
 
 /* A counting build (-DEQF_COUNT_UKERNEL) counts the micro-kernel calls, to check them against
  * the uop counts of `eqfuse lower --uops`; eqf_kinds_k2_contraction_row_gemm_ukernel_calls() reads and resets the count. */
@@ -103,8 +124,8 @@ long eqf_kinds_k2_contraction_row_gemm_ukernel_calls(void) { return __atomic_exc
  * zero rows of A through the FMAs). */
 #if defined(__AVX512F__) && 64 % 16 == 0
 static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_gemm_ukernel(
-    const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
-    long ldb, float* restrict tile)
+    const int mr, const long ars, const long aks, long kc, const float* restrict a,
+    const eqf_kinds_k2_contraction_row_gemm_bt* restrict b, long ldb, float* restrict tile)
 {
     /* MR x NR/16 zmm accumulators; with the B row (NR/16 zmm) they must fit the 32 registers,
      * and the A element is broadcast straight from memory into each FMA. */
@@ -120,7 +141,12 @@ static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_g
         __m512 bv[V];
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
+#if 0
+            bv[v] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(b + 16 * v))), 16));
+#else
             bv[v] = _mm512_loadu_ps(b + 16 * v);
+#endif
         /* the next A micro-panel rows come from L2: ask for them ahead of use */
         if (ars == 1) /* (packed A) */
             _mm_prefetch((const char*)(a + 8 * aks), _MM_HINT_T0);
@@ -142,8 +168,8 @@ static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_g
 }
 #elif defined(__AVX2__) && defined(__FMA__) && 64 % 8 == 0
 static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_gemm_ukernel(
-    const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
-    long ldb, float* restrict tile)
+    const int mr, const long ars, const long aks, long kc, const float* restrict a,
+    const eqf_kinds_k2_contraction_row_gemm_bt* restrict b, long ldb, float* restrict tile)
 {
     /* The BLIS/MLAS AVX2 shape: MR x NR/8 ymm accumulators (6 x 2 = 12), the B row (2) and
      * one broadcast A element fill the 16 ymm registers; AVX2 has no broadcast operand in an
@@ -160,7 +186,12 @@ static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_g
         __m256 bv[V];
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
+#if 0
+            bv[v] = _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(b + 8 * v))), 16));
+#else
             bv[v] = _mm256_loadu_ps(b + 8 * v);
+#endif
         if (ars == 1) /* (packed A) */
             _mm_prefetch((const char*)(a + 8 * aks), _MM_HINT_T0);
 #pragma GCC unroll 64
@@ -187,8 +218,8 @@ static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_g
 typedef float eqf_kinds_k2_contraction_row_gemm_v4 __attribute__((vector_size(16)));
 typedef float eqf_kinds_k2_contraction_row_gemm_v4u __attribute__((vector_size(16), aligned(4))); /* an unaligned load */
 static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_gemm_ukernel(
-    const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
-    long ldb, float* restrict tile)
+    const int mr, const long ars, const long aks, long kc, const float* restrict a,
+    const eqf_kinds_k2_contraction_row_gemm_bt* restrict b, long ldb, float* restrict tile)
 {
     enum { V = eqf_kinds_k2_contraction_row_gemm_NR / 4 };
     eqf_kinds_k2_contraction_row_gemm_v4 c[eqf_kinds_k2_contraction_row_gemm_MR][V];
@@ -202,7 +233,12 @@ static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_g
         eqf_kinds_k2_contraction_row_gemm_v4 bv[V];
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
+#if 0
+            bv[v] = (eqf_kinds_k2_contraction_row_gemm_v4){eqf_bf16_f32(b[4 * v]), eqf_bf16_f32(b[4 * v + 1]), eqf_bf16_f32(b[4 * v + 2]),
+                                  eqf_bf16_f32(b[4 * v + 3])};
+#else
             bv[v] = *(const eqf_kinds_k2_contraction_row_gemm_v4u*)(b + 4 * v);
+#endif
 #pragma GCC unroll 64
         for (int r = 0; r < mr; r++) {
             const float ar = a[r * ars];
@@ -223,8 +259,8 @@ static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_g
 #else
 /* Any other NR (a blocking given by hand): plain loops, left to the auto-vectorizer. */
 static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_gemm_ukernel(
-    const int mr, const long ars, const long aks, long kc, const float* restrict a, const float* restrict b,
-    long ldb, float* restrict tile)
+    const int mr, const long ars, const long aks, long kc, const float* restrict a,
+    const eqf_kinds_k2_contraction_row_gemm_bt* restrict b, long ldb, float* restrict tile)
 {
     float c[eqf_kinds_k2_contraction_row_gemm_MR][eqf_kinds_k2_contraction_row_gemm_NR];
     for (int r = 0; r < mr; r++)
@@ -233,16 +269,62 @@ static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_g
     for (long k = 0; k < kc; k++)
         for (int r = 0; r < mr; r++)
             for (int j = 0; j < eqf_kinds_k2_contraction_row_gemm_NR; j++)
+#if 0
+                c[r][j] += a[r * ars + k * aks] * eqf_bf16_f32(b[k * ldb + j]);
+#else
                 c[r][j] += a[r * ars + k * aks] * b[k * ldb + j];
+#endif
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < eqf_kinds_k2_contraction_row_gemm_NR; j++)
             tile[r * eqf_kinds_k2_contraction_row_gemm_NR + j] = c[r][j];
 }
 #endif
 
+#if 0 == 2
+/* tile[mr][NR] = A (mr rows x kc, packed as K-pairs: the pair p of row r is the 32-bit a[p * MR + r])
+ * . b_panel (K-pairs of bf16, [kc/2][NR][2]), by vdpbf16ps: each 32-bit lane of a zmm of B holds
+ * the pair (B[2p][j], B[2p+1][j]) of one column j, and the broadcast pair of A multiplies both
+ * elements, summed into f32 lane j. Always inlined with a constant mr (MR, or EDGE_MR). */
+static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_gemm_ukernel_bf16(
+    const int mr, long kc, const uint32_t* restrict a, const uint16_t* restrict b, float* restrict tile)
+{
+    enum { V = eqf_kinds_k2_contraction_row_gemm_NR / 16 };
+    __m512 c[eqf_kinds_k2_contraction_row_gemm_MR][V];
+    const long kp = (kc + 1) / 2;
+#pragma GCC unroll 64
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            c[r][v] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (long p = 0; p < kp; p++) {
+        __m512i bv[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            bv[v] = _mm512_loadu_si512((const void*)(b + 32 * v));
+        _mm_prefetch((const char*)(a + 8 * eqf_kinds_k2_contraction_row_gemm_MR), _MM_HINT_T0);
+#pragma GCC unroll 64
+        for (int r = 0; r < mr; r++) {
+            const __m512i ar = _mm512_set1_epi32((int)a[r]);
+#pragma GCC unroll 8
+            for (int v = 0; v < V; v++)
+                c[r][v] = _mm512_dpbf16_ps(c[r][v], (__m512bh)bv[v], (__m512bh)ar);
+        }
+        a += eqf_kinds_k2_contraction_row_gemm_MR;
+        b += 2 * eqf_kinds_k2_contraction_row_gemm_NR;
+    }
+#pragma GCC unroll 64
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            _mm512_store_ps(tile + r * eqf_kinds_k2_contraction_row_gemm_NR + 16 * v, c[r][v]);
+}
+#endif
+
 /* B[pc:pc+kc, jc+jr0 : jc+jr1] -> NR-column micro-panels, k-major inside a panel, zero padded.
  * B_AT is the element (k, j) of B for the layout this kernel was built for; the loops run along
  * that layout's rows so that the reads are contiguous. */
+#if 0 == 0
 static void eqf_kinds_k2_contraction_row_gemm_pack_b(const float* restrict B, long pc, long kc, long jc, long jr0, long jr1, long nc,
                             float* restrict bp)
 {
@@ -273,7 +355,57 @@ static void eqf_kinds_k2_contraction_row_gemm_pack_b(const float* restrict B, lo
 #endif
     }
 }
+#elif 0 == 1
+/* bf16 panels, [KEVEN(kc)][NR] each (an odd kc's last row of zeros), rounded by eqf_bf16 */
+static void eqf_kinds_k2_contraction_row_gemm_pack_b(const float* restrict B, long pc, long kc, long jc, long jr0, long jr1, long nc,
+                            uint16_t* restrict bp)
+{
+    const long kc2 = eqf_kinds_k2_contraction_row_gemm_KEVEN(kc);
+    for (long jr = jr0; jr < jr1; jr += eqf_kinds_k2_contraction_row_gemm_NR) {
+        uint16_t* restrict dst = bp + jr * kc2;
+        const long nr = nc - jr < eqf_kinds_k2_contraction_row_gemm_NR ? nc - jr : eqf_kinds_k2_contraction_row_gemm_NR;
+        for (long k = 0; k < kc2; k++) {
+            for (long j = 0; j < eqf_kinds_k2_contraction_row_gemm_NR; j++)
+                dst[k * eqf_kinds_k2_contraction_row_gemm_NR + j] = k < kc && j < nr ? eqf_bf16(B[(pc + k) * 53L + jc + jr + j]) : 0;
+        }
+    }
+}
+#else
+/* K-pair panels, [KEVEN(kc)/2][NR][2] each: the pair of rows (2p, 2p + 1) of column j at
+ * dst[p * 2 NR + 2 j], an odd kc's last pair completed by a zero. Full panels of a B with rows in
+ * memory: two rows interleaved (vpermt2ps) and rounded by vcvtne2ps2bf16, 16 columns at a time. */
+static void eqf_kinds_k2_contraction_row_gemm_pack_b(const float* restrict B, long pc, long kc, long jc, long jr0, long jr1, long nc,
+                            uint16_t* restrict bp)
+{
+    const long kc2 = eqf_kinds_k2_contraction_row_gemm_KEVEN(kc);
+    for (long jr = jr0; jr < jr1; jr += eqf_kinds_k2_contraction_row_gemm_NR) {
+        uint16_t* restrict dst = bp + jr * kc2;
+        const long nr = nc - jr < eqf_kinds_k2_contraction_row_gemm_NR ? nc - jr : eqf_kinds_k2_contraction_row_gemm_NR;
+        long k0 = 0;
+#if !0
+        if (nr == eqf_kinds_k2_contraction_row_gemm_NR) {
+            const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+            const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+            for (; k0 + 2 <= kc; k0 += 2) {
+                for (long j = 0; j < eqf_kinds_k2_contraction_row_gemm_NR; j += 16) {
+                    long k = k0;
+                    const __m512 r0 = _mm512_loadu_ps(&B[(pc + k) * 53L + jc + jr + j]);
+                    k = k0 + 1;
+                    const __m512 r1 = _mm512_loadu_ps(&B[(pc + k) * 53L + jc + jr + j]);
+                    const __m512 x0 = _mm512_permutex2var_ps(r0, lo, r1), x1 = _mm512_permutex2var_ps(r0, hi, r1);
+                    _mm512_storeu_si512((void*)(dst + k0 * eqf_kinds_k2_contraction_row_gemm_NR + 2 * j), (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+                }
+            }
+        }
+#endif
+        for (long k = k0; k < kc2; k++)
+            for (long j = 0; j < eqf_kinds_k2_contraction_row_gemm_NR; j++)
+                dst[(k >> 1) * 2 * eqf_kinds_k2_contraction_row_gemm_NR + 2 * j + (k & 1)] = k < kc && j < nr ? eqf_bf16(B[(pc + k) * 53L + jc + jr + j]) : 0;
+    }
+}
+#endif
 
+#if 0 != 2
 /* A[ic:ic+mc, pc:pc+kc] -> MR-row micro-panels, k-major inside a panel, zero padded. */
 static void eqf_kinds_k2_contraction_row_gemm_pack_a(const float* restrict A, long ic, long mc, long pc, long kc, float* restrict ap)
 {
@@ -285,7 +417,7 @@ static void eqf_kinds_k2_contraction_row_gemm_pack_a(const float* restrict A, lo
         const float* restrict srct = A + pc * 37L + ic + ir;
         for (long k = 0; k < kc; k++) {
             for (long r = 0; r < mr; r++)
-                dst[k * eqf_kinds_k2_contraction_row_gemm_MR + r] = srct[k * 37L + r];
+                dst[k * eqf_kinds_k2_contraction_row_gemm_MR + r] = eqf_kinds_k2_contraction_row_gemm_AROUND(srct[k * 37L + r]);
             for (long r = mr; r < eqf_kinds_k2_contraction_row_gemm_MR; r++)
                 dst[k * eqf_kinds_k2_contraction_row_gemm_MR + r] = 0.0f;
         }
@@ -295,11 +427,11 @@ static void eqf_kinds_k2_contraction_row_gemm_pack_a(const float* restrict A, lo
             for (long k = 0; k < kc; k++)
 #pragma GCC unroll 64
                 for (long r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++)
-                    dst[k * eqf_kinds_k2_contraction_row_gemm_MR + r] = src[r * 37L + k];
+                    dst[k * eqf_kinds_k2_contraction_row_gemm_MR + r] = eqf_kinds_k2_contraction_row_gemm_AROUND(src[r * 37L + k]);
         } else {
             for (long k = 0; k < kc; k++) {
                 for (long r = 0; r < mr; r++)
-                    dst[k * eqf_kinds_k2_contraction_row_gemm_MR + r] = src[r * 37L + k];
+                    dst[k * eqf_kinds_k2_contraction_row_gemm_MR + r] = eqf_kinds_k2_contraction_row_gemm_AROUND(src[r * 37L + k]);
                 for (long r = mr; r < eqf_kinds_k2_contraction_row_gemm_MR; r++)
                     dst[k * eqf_kinds_k2_contraction_row_gemm_MR + r] = 0.0f;
             }
@@ -307,10 +439,53 @@ static void eqf_kinds_k2_contraction_row_gemm_pack_a(const float* restrict A, lo
 #endif
     }
 }
+#endif
+
+#if 0 == 2
+/* A[ic:ic+mc, pc:pc+kc] -> MR-row micro-panels of K-pairs: the pair (A[i][2p], A[i][2p+1]) of row
+ * ir + r at ap[ir * kp + p * MR + r] as one 32-bit lane (kp = ceil(kc / 2), an odd kc's last pair
+ * completed by a zero, rows past mc zero). A with rows in memory: 32 elements of a row rounded by
+ * one vcvtne2ps2bf16 into 16 pairs. */
+static void eqf_kinds_k2_contraction_row_gemm_pack_a_pairs(const float* restrict A, long ic, long mc, long pc, long kc, uint32_t* restrict ap)
+{
+    const long kp = (kc + 1) / 2;
+    for (long ir = 0; ir < mc; ir += eqf_kinds_k2_contraction_row_gemm_MR) {
+        uint32_t* restrict dst = ap + ir * kp;
+        const long mr = mc - ir < eqf_kinds_k2_contraction_row_gemm_MR ? mc - ir : eqf_kinds_k2_contraction_row_gemm_MR;
+        for (long r = 0; r < eqf_kinds_k2_contraction_row_gemm_MR; r++) {
+            if (r >= mr) {
+                for (long p = 0; p < kp; p++)
+                    dst[p * eqf_kinds_k2_contraction_row_gemm_MR + r] = 0;
+                continue;
+            }
+#if 0
+            /* A given transposed (K x M, row stride LDA) */
+            const float* restrict col = A + pc * 37L + ic + ir + r;
+            for (long p = 0; p < kp; p++)
+                dst[p * eqf_kinds_k2_contraction_row_gemm_MR + r] = eqf_bf16_pair(col[2 * p * 37L],
+                                                         2 * p + 1 < kc ? col[(2 * p + 1) * 37L] : 0.0f);
+#else
+            const float* restrict src = A + (ic + ir + r) * 37L + pc;
+            long p = 0;
+            for (; 2 * p + 32 <= kc; p += 16) {
+                uint32_t t[16] __attribute__((aligned(64)));
+                _mm512_store_si512((void*)t, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 2 * p + 16),
+                                                                           _mm512_loadu_ps(src + 2 * p)));
+#pragma GCC unroll 16
+                for (int q = 0; q < 16; q++)
+                    dst[(p + q) * eqf_kinds_k2_contraction_row_gemm_MR + r] = t[q];
+            }
+            for (; p < kp; p++)
+                dst[p * eqf_kinds_k2_contraction_row_gemm_MR + r] = eqf_bf16_pair(src[2 * p], 2 * p + 1 < kc ? src[2 * p + 1] : 0.0f);
+#endif
+        }
+    }
+}
+#endif
 
 /* C[ic:ic+mc, jc:jc+nc] (+)= packed A block . packed B panel; the epilogue on the last K slice.
  * ir outer: one MR x kc micro-panel of A stays in L1 while the B panel streams from L2. */
-static void eqf_kinds_k2_contraction_row_gemm_macro(const float* restrict A, const float* restrict ap, const float* restrict bp,
+static void eqf_kinds_k2_contraction_row_gemm_macro(const float* restrict A, const float* restrict ap, const eqf_kinds_k2_contraction_row_gemm_bt* restrict bp,
                            const float* restrict B, float* restrict C,
                            long b, long ic, long mc, long jc, long nc, long pc, long kc, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
@@ -331,14 +506,31 @@ static void eqf_kinds_k2_contraction_row_gemm_macro(const float* restrict A, con
             eqf_kinds_k2_contraction_row_gemm_COUNT_CALL();
             /* one inlined kernel per case, every stride a constant: MR rows or the edge's
              * EDGE_MR, B in place (DIRECT_B, full panels) or packed, A in place or packed */
+#if eqf_kinds_k2_contraction_row_gemm_DIRECT_B
 #define eqf_kinds_k2_contraction_row_gemm_CALL(MRX, AQ, ARS, AKS)                                                                 \
             do {                                                                                    \
-                if (eqf_kinds_k2_contraction_row_gemm_DIRECT_B && nr == eqf_kinds_k2_contraction_row_gemm_NR)                                              \
+                if (nr == eqf_kinds_k2_contraction_row_gemm_NR)                                                              \
                     eqf_kinds_k2_contraction_row_gemm_ukernel(MRX, ARS, AKS, kc, AQ, B + pc * 53L + jc + jr, 53L, tile); \
                 else                                                                                \
                     eqf_kinds_k2_contraction_row_gemm_ukernel(MRX, ARS, AKS, kc, AQ, bp + jr * kc, eqf_kinds_k2_contraction_row_gemm_NR, tile);       \
             } while (0)
-#if eqf_kinds_k2_contraction_row_gemm_DIRECT_A
+#else
+#define eqf_kinds_k2_contraction_row_gemm_CALL(MRX, AQ, ARS, AKS)                                                                 \
+            eqf_kinds_k2_contraction_row_gemm_ukernel(MRX, ARS, AKS, kc, AQ, bp + jr * eqf_kinds_k2_contraction_row_gemm_KEVEN(kc), eqf_kinds_k2_contraction_row_gemm_NR, tile)
+#endif
+#if 0 == 2
+            /* K-pairs of A (packed per K slice) and of B: vdpbf16ps */
+            {
+                const long kp = (kc + 1) / 2;
+                const uint32_t* restrict aq = (const uint32_t*)ap + ir * kp;
+                const uint16_t* restrict bq = bp + jr * eqf_kinds_k2_contraction_row_gemm_KEVEN(kc);
+                if (eqf_kinds_k2_contraction_row_gemm_EDGE_MR == 0 || mr == eqf_kinds_k2_contraction_row_gemm_MR)
+                    eqf_kinds_k2_contraction_row_gemm_ukernel_bf16(eqf_kinds_k2_contraction_row_gemm_MR, kc, aq, bq, tile);
+                else
+                    eqf_kinds_k2_contraction_row_gemm_ukernel_bf16(eqf_kinds_k2_contraction_row_gemm_EDGE, kc, aq, bq, tile);
+            }
+            (void)A;
+#elif eqf_kinds_k2_contraction_row_gemm_DIRECT_A
             if (eqf_kinds_k2_contraction_row_gemm_EDGE_MR == 0 || mr == eqf_kinds_k2_contraction_row_gemm_MR)
                 eqf_kinds_k2_contraction_row_gemm_CALL(eqf_kinds_k2_contraction_row_gemm_MR, A + (ic + ir) * 37L + pc, 37L, 1);
             else
@@ -400,7 +592,7 @@ static void eqf_kinds_k2_contraction_row_gemm_macro(const float* restrict A, con
  * together (same b and columns, each its own rows) and pack each B panel together: every thread
  * must then take the same number of steps, hence `nchunks` (of MC rows) is given. */
 static void eqf_kinds_k2_contraction_row_gemm_block(const float* A, const float* B, float* C, long b, long m0, long m1, long nchunks, long MC,
-                           long n0, long n1, long NCB, float* restrict ap, float* restrict bp, int shared, int me,
+                           long n0, long n1, long NCB, float* restrict ap, eqf_kinds_k2_contraction_row_gemm_bt* restrict bp, int shared, int me,
                            int nt, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
     const long K = eqf_kinds_k2_contraction_row_gemm_K, KC = eqf_kinds_k2_contraction_row_gemm_KC;
@@ -410,8 +602,12 @@ static void eqf_kinds_k2_contraction_row_gemm_block(const float* A, const float*
             /* A is packed once per (K slice, chunk of rows) and then serves every B panel */
             const long ic = m0 + chunk * MC;
             const long mc = ic >= m1 ? 0 : (m1 - ic < MC ? m1 - ic : MC);
+#if 0 == 2
+            eqf_kinds_k2_contraction_row_gemm_pack_a_pairs(A, ic, mc, pc, kc, (uint32_t*)ap);
+#else
             if (!eqf_kinds_k2_contraction_row_gemm_DIRECT_A)
                 eqf_kinds_k2_contraction_row_gemm_pack_a(A, ic, mc, pc, kc, ap);
+#endif
             for (long jc = n0; jc < n1; jc += NCB) {
                 const long nc = n1 - jc < NCB ? n1 - jc : NCB;
                 const long npanels = (nc + eqf_kinds_k2_contraction_row_gemm_NR - 1) / eqf_kinds_k2_contraction_row_gemm_NR;
@@ -419,10 +615,11 @@ static void eqf_kinds_k2_contraction_row_gemm_block(const float* A, const float*
                 const long q0 = eqf_kinds_k2_contraction_row_gemm_DIRECT_B ? nc / eqf_kinds_k2_contraction_row_gemm_NR : 0, q = npanels - q0;
 #if 0
                 /* the panels _prepack made once: nothing to pack, nothing to wait for */
-                const float* restrict panel = B + pc * eqf_kinds_k2_contraction_row_gemm_NPAD + jc * kc;
+                const eqf_kinds_k2_contraction_row_gemm_bt* restrict panel = (const eqf_kinds_k2_contraction_row_gemm_bt*)B + pc * eqf_kinds_k2_contraction_row_gemm_NPAD
+                                                    + jc * eqf_kinds_k2_contraction_row_gemm_KEVEN(kc);
                 (void)q; (void)shared; (void)me; (void)nt;
 #else
-                const float* restrict panel = bp;
+                const eqf_kinds_k2_contraction_row_gemm_bt* restrict panel = bp;
                 if (shared) {
                     /* each thread packs its share of the panel once the last one is no longer read */
 #pragma omp barrier
@@ -504,8 +701,11 @@ void eqf_kinds_k2_contraction_row_gemm(const float* A0, const float* B0, float* 
         /* equal chunks of at most MC rows: a thin last chunk would repack all of B for a few rows */
         const long nchunks = (rows + MC - 1) / MC;
         const long mcb = ((rows + nchunks - 1) / nchunks + eqf_kinds_k2_contraction_row_gemm_MR - 1) / eqf_kinds_k2_contraction_row_gemm_MR * eqf_kinds_k2_contraction_row_gemm_MR;
+        /* (bf16 K-pairs of A: ceil(KC / 2) x mcb 32-bit lanes, within KC x mcb floats) */
         float* ap = eqf_kinds_k2_contraction_row_gemm_DIRECT_A ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
-        float* bp = (by_batch || by_cols) && !0 ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb) : bp_shared;
+        /* (bf16 panels: KEVEN(KC) x ncb halves, within KC x ncb floats) */
+        eqf_kinds_k2_contraction_row_gemm_bt* bp = (eqf_kinds_k2_contraction_row_gemm_bt*)((by_batch || by_cols) && !0 ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb)
+                                                                                 : bp_shared);
         if ((!ap && !eqf_kinds_k2_contraction_row_gemm_DIRECT_A) || (!bp && !0)) {
 #pragma omp atomic write
             nomem = 1;
@@ -527,14 +727,20 @@ void eqf_kinds_k2_contraction_row_gemm(const float* A0, const float* B0, float* 
 
 #if 0
 /* The panels the kernel reads in place of B: for each KC slice of K (the slice at pc starts at
- * pc * NPAD), the NR-column panels of all of N, k-major, zero padded. */
+ * pc * NPAD elements), the NR-column panels of all of N, k-major, zero padded. In bf16 (BF16) the
+ * elements are halves (KC is even, so only the last slice can be odd, padded to KEVEN): the
+ * size is given in floats, half as many. */
+#if 0
+long eqf_kinds_k2_contraction_row_gemm_prepack_floats(void) { return eqf_kinds_k2_contraction_row_gemm_KEVEN(eqf_kinds_k2_contraction_row_gemm_K) * eqf_kinds_k2_contraction_row_gemm_NPAD / 2; }
+#else
 long eqf_kinds_k2_contraction_row_gemm_prepack_floats(void) { return eqf_kinds_k2_contraction_row_gemm_K * eqf_kinds_k2_contraction_row_gemm_NPAD; }
+#endif
 
 void eqf_kinds_k2_contraction_row_gemm_prepack(const float* B, float* P)
 {
     for (long pc = 0; pc < eqf_kinds_k2_contraction_row_gemm_K; pc += eqf_kinds_k2_contraction_row_gemm_KC) {
         const long kc = eqf_kinds_k2_contraction_row_gemm_K - pc < eqf_kinds_k2_contraction_row_gemm_KC ? eqf_kinds_k2_contraction_row_gemm_K - pc : eqf_kinds_k2_contraction_row_gemm_KC;
-        eqf_kinds_k2_contraction_row_gemm_pack_b(B, pc, kc, 0, 0, eqf_kinds_k2_contraction_row_gemm_NPAD, eqf_kinds_k2_contraction_row_gemm_N, P + pc * eqf_kinds_k2_contraction_row_gemm_NPAD);
+        eqf_kinds_k2_contraction_row_gemm_pack_b(B, pc, kc, 0, 0, eqf_kinds_k2_contraction_row_gemm_NPAD, eqf_kinds_k2_contraction_row_gemm_N, (eqf_kinds_k2_contraction_row_gemm_bt*)P + pc * eqf_kinds_k2_contraction_row_gemm_NPAD);
     }
 }
 #endif

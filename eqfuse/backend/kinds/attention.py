@@ -12,7 +12,7 @@ from eqfuse.backend.cexpr import I1, I3, I4, Exprs, Space, kernel_params, render
 from eqfuse.backend.indexing import bstrides, offset, result_strides, view_strides
 from eqfuse.backend.kinds.base import Kind
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS
-from eqfuse.backend.plan import KernelPlan, UOp, size
+from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
 from eqfuse.ir.ops import flit
@@ -57,6 +57,7 @@ class Attention(Kind):
     kinds = (K.ATTENTION,)
 
     def plan(self, plan: KernelPlan, c) -> None:
+        computes_f32(plan, "attention runs in f32 under bf16 (a documented choice: docs/precision.md)")
         body, p = plan.body, plan.shape.parts
         qs, kts, vs = (body.nodes[i].type.shape for i in (p.q, p.kt, p.v))
         pv = body.nodes[plan.shape.anchor]

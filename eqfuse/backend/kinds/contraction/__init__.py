@@ -80,7 +80,8 @@ def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine) -> None:
     gname = f"{plan.name}_gemm"  # (emit_gemm's name for it)
     plan.detail = replace(plan.detail, direct_b=False,
                           prepack=Prepack(body.inputs.index(src), f"{gname}_prepack", f"{gname}_prepack_floats"))
-    plan.uops = [replace(u, what="B panels packed once when bound (params=), read in place")
+    packed = "B panels packed once when bound (params=)" + (", in bf16" if plan.precision == "bf16" else "")
+    plan.uops = [replace(u, what=f"{packed}, read in place")
                  if u.op == "Load" and ("pack B panel" in u.what or u.what.startswith("B read in place")) else u
                  for u in plan.uops]  # the tile schedule says so
     d = plan.detail

@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, cdiv, parallel
-from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
+from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
 from eqfuse.ir.ops import pair
@@ -216,6 +216,8 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     if pixels:
         plan.tiles = dict(zip(("ro", "rph", "rpw"), pixels))
     plan.flops = 2 * NP * O * K + pointwise_flops(body)
+    # (direct and Winograd convs have no bf16 path: said so in report["precision"])
+    computes_f32(plan, "the direct conv (and Winograd) runs in f32 under bf16: no bf16 path for this algorithm")
     if use_winograd(d, vl):
         plan_winograd(plan, m, d)
         return True

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.kinds.contraction.plan_gemm import parallel
-from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
+from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.kernels import F32
 from eqfuse.ir.ops import pair
 from eqfuse.machine import Machine
@@ -62,6 +62,7 @@ def is_grouped(cv) -> bool:
 
 
 def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
+    computes_f32(plan, "a depthwise or grouped conv runs in f32 under bf16: no bf16 path for this kernel")
     body, a = plan.body, plan.shape.anchor
     cv = body.nodes[a]
     (N, C, H, W), (O, CG, KH, KW) = (tuple(body.nodes[i].type.shape) for i in cv.args[:2])

@@ -48,6 +48,9 @@ from eqfuse.machine import machine
 
 # How threads share one GEMM when there are fewer batches than threads (the template's SPLIT).
 SPLITS = {"auto": 0, "rows": 1, "cols": 2}
+# The templates' BF16 for a plan's instruction path (KernelPlan.precision_path): f32; bf16 on the
+# fallback (bf16 B widened by a shift, f32 FMA); bf16 K-pairs through vdpbf16ps (AVX512_BF16)
+BF16_PATHS = {"f32": 0, "fallback": 1, "avx512_bf16": 2}
 
 
 def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stride: int = 0,
@@ -56,7 +59,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
               blocking: tuple[int, int, int, int, int] | None = None,
               split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "",
               prepacked_b: bool = False, a_transposed: bool = False,
-              parallel: bool = True, direct_a: bool | None = None) -> tuple[str, str]:
+              parallel: bool = True, direct_a: bool | None = None, path: str = "f32") -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
@@ -81,6 +84,9 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     `prepacked_b`: the B argument is the panels made once by `NAME_prepack(B, P)` (P of
     `NAME_prepack_floats()` floats, both in the cdef), for a B bound by params= and shared by
     every batch (b_batch_stride 0).
+    `path`: the instruction path (BF16_PATHS): "f32", or bf16 operands ("avx512_bf16":
+    vdpbf16ps; "fallback": bf16 B widened to f32), which packs A and B (never in place) and
+    needs an even KC when K takes more than one slice.
     """
     if prepacked_b and b_batch_stride and batch > 1:
         raise ValueError("a prepacked B is one matrix shared by every batch")
@@ -102,6 +108,13 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     mc, nc, kc = min(mc, up(M, mr)), min(nc, up(N, nr)), min(kc, K)
     if mc % mr or nc % nr or min(mc, nc, kc) < 1:
         raise ValueError(f"blocking MC={mc} NC={nc} KC={kc} must be whole MR={mr} x NR={nr} tiles")
+    bf16 = BF16_PATHS[path]
+    if bf16 and kc < K and kc % 2:
+        raise ValueError(f"a bf16 GEMM's K slices are whole K-pairs: KC={kc} must be even")
+    if bf16 == 2 and nr % 16:
+        raise ValueError(f"the vdpbf16ps micro-kernel needs NR a multiple of 16, got {nr}")
+    if bf16:  # (A and B converted while packed)
+        direct_b, direct_a = False, False
     b_at = f"B[(jc + jr + j) * {ldb}L + pc + k]" if b_transposed else f"B[(pc + k) * {ldb}L + jc + jr + j]"
     src = render("gemm.c", NAME=name, M=M, N=N, K=K, BATCH=batch, MR=mr, NR=nr, MC=mc, NC=nc, KC=kc,
                  LDA=lda, LDC=ldc, CSC=csc, B_AT=b_at, B_TRANSPOSED=int(b_transposed), B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
@@ -113,7 +126,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
                  DIRECT_A=int(not a_transposed and (direct_a_rule(a_transposed) if direct_a is None else direct_a)),
                  A_LAYOUT="given transposed (K x M)" if a_transposed else "M x K",
                  EXTRA_PARAMS=extra_params, PARALLEL=int(parallel), ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
-                 EXTRA_ARGS="".join(", " + n for _, n in extras))
+                 EXTRA_ARGS="".join(", " + n for _, n in extras), BF16=bf16)
     cdef = f"void {name}(const float* A, const float* B, float* C{''.join(f', const {t}* {n}' for t, n in extras)});"
     if prepacked_b:
         cdef += f"\nlong {name}_prepack_floats(void);\nvoid {name}_prepack(const float* B, float* P);"
@@ -123,7 +136,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
 def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, mr: int, nr: int,
                      pf: int = 0, b_transposed: bool = False, a_transposed: bool = False,
                      epilogue: str = "acc", extras: Sequence[tuple[str, str]] = (), row_epilogue: str = "",
-                     parallel: bool = True, pack_parts: int = 0) -> tuple[str, str]:
+                     parallel: bool = True, pack_parts: int = 0, path: str = "f32") -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* P, float* C EXTRA_PARAMS)`
     and of its prepacking functions.
 
@@ -136,12 +149,15 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
     With `parallel`, the panels (then the rows of a row epilogue) are chunks of the claim-based
     pool of common.h (eqf_parallel_for), one panel each; with `pack_parts` (the plan's,
     plan_gemm.skinny_pack_parts) the packing of A is too, before them, in that many parts of K
-    per group of MR rows (0: the calling thread packs A).
+    per group of MR rows (0: the calling thread packs A). `path` is the instruction path
+    (BF16_PATHS, as emit_gemm's).
     """
     if min(M, N, K, mr, nr) < 1 or nr % 4 or mr > M:
         raise ValueError(f"skinny GEMM: M={M} N={N} K={K} MR={mr} NR={nr} (NR a multiple of 4, MR <= M)")
     if ldc < N or lda < (M if a_transposed else K) or ldb < (K if b_transposed else N):
         raise ValueError(f"skinny GEMM: leading dimensions lda={lda} ldb={ldb} ldc={ldc} too small")
+    if BF16_PATHS[path] == 2 and nr % 16:
+        raise ValueError(f"the vdpbf16ps micro-kernel needs NR a multiple of 16, got {nr}")
     a_at = "A[k * {0}L + i]" if a_transposed else "A[i * {0}L + k]"
     b_at = "B[(j0 + j) * {0}L + k]" if b_transposed else "B[k * {0}L + j0 + j]"
     src = render("gemm_skinny.c", NAME=name, M=M, N=N, K=K, MR=mr, NR=nr, GROUPS=-(-M // mr), PF=pf, LDC=ldc,
@@ -155,7 +171,8 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
                  PACK_PARTS=max(1, pack_parts), PACK_PARALLEL=int(parallel and pack_parts > 0),
                  EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
                  EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
-                 EXTRA_INIT="".join(", " + n for _, n in extras))
+                 EXTRA_INIT="".join(", " + n for _, n in extras), BF16=BF16_PATHS[path],
+                 A_TRANSPOSED=int(a_transposed))
     cdef = (f"void {name}(const float* A, const float* B, float* C{''.join(f', const {t}* {n}' for t, n in extras)});"
             f"\nlong {name}_prepack_floats(void);\nvoid {name}_prepack(const float* B, float* P);")
     return src, cdef
@@ -223,7 +240,8 @@ def _gemm_args(plan: KernelPlan, extras) -> dict:
     """emit_gemm's arguments that come from the plan: its tiles and decisions."""
     t, d = plan.tiles, plan.detail
     return {"blocking": (t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]), "split": d.split, "direct_b": d.direct_b,
-            "direct_a": d.direct_a, "parallel": d.parallel, "extras": [(c_type(plan.body, i), pn) for i, pn in extras]}
+            "direct_a": d.direct_a, "parallel": d.parallel, "extras": [(c_type(plan.body, i), pn) for i, pn in extras],
+            "path": plan.precision_path}
 
 
 def emit_contraction(plan: KernelPlan) -> str:
@@ -276,7 +294,7 @@ def emit_contraction(plan: KernelPlan) -> str:
         src, _ = emit_gemm_skinny(gname, M=g.M, N=N, K=K, lda=g.lda, ldb=g.ldb, ldc=ldc, mr=t["mr"], nr=t["nr"],
                                   pf=t["pf"], b_transposed=bt, a_transposed=at, epilogue=expr,
                                   extras=[(c_type(plan.body, i), pn) for i, pn in extras], row_epilogue=row_call,
-                                  parallel=d.parallel, pack_parts=d.pack_parts)
+                                  parallel=d.parallel, pack_parts=d.pack_parts, path=plan.precision_path)
     else:
         src, _ = emit_gemm(gname, M=g.M, N=N, K=K, batch=g.batch, a_batch_stride=sa, b_batch_stride=sb,
                            c_batch_stride=sc, lda=g.lda, ldb=g.ldb, ldc=ldc, b_transposed=bt,

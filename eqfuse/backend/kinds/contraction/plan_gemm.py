@@ -99,7 +99,25 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // max(b, 1))
 
 
-def gemm_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
+def bf16_path(m: Machine) -> str:
+    """The instruction path of a bf16 GEMM on machine m: "avx512_bf16" (vdpbf16ps on K-pairs,
+    f32 accumulation) where the CPU has AVX512_BF16, else "fallback" (bf16 weights widened to f32
+    by a shift, f32 FMA: the same bf16 operands, half the weight bytes). AMX tiles are not used."""
+    return "avx512_bf16" if m.avx512_bf16 and m.simd_floats >= 16 else "fallback"
+
+
+def bf16_texts(path: str) -> dict[str, str]:
+    """What the uop schedule says of a GEMM's operands and micro-kernel on an instruction path."""
+    if path == "avx512_bf16":
+        return {"a": "converted to bf16 K-pairs (vcvtne2ps2bf16, round to nearest even)",
+                "b": "bf16 K-pairs [kc/2][nr][2]", "op": "vdpbf16ps (bf16 K-pairs, f32 accumulation)"}
+    if path == "fallback":
+        return {"a": "rounded to bf16 (held as f32)", "b": "bf16 [kc][nr]",
+                "op": "FMA on bf16 B widened to f32 by a shift (no AVX512_BF16)"}
+    return {"a": "", "b": "", "op": "FMA"}
+
+
+def gemm_tiles(M: int, N: int, K: int, m: Machine, even_kc: bool = False) -> dict[str, int]:
     """MR, NR, KC, MC, NC of one M x N x K GEMM on machine m (machine.gemm_blocking's rules).
 
     The register tile narrows for few columns (machine.register_tile). A K up to half again
@@ -109,6 +127,7 @@ def gemm_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
     problem needs (smaller packing buffers). One slice of K = 768 (KC 512 on a 48 KiB L1, so NC
     128) measured slightly faster than two of 384 (NC 320), one thread, B prepacked
     (`benchmarks/bench_gemm.py --peers --only 128x768x768,256x3072x768 --threads 1`).
+    `even_kc`: K slices of whole K-pairs (a bf16 GEMM's: only the last slice may be odd).
     """
     mr, nr = register_tile(m.simd_floats, N)
     kc = gemm_blocking(m, mr, nr)[2]
@@ -117,6 +136,8 @@ def gemm_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
     while mr * kc * F32 > m.l1 // 2 and kc > 8:
         slices += 1
         kc = cdiv(K, slices)
+    if even_kc and kc < K and kc % 2:
+        kc += 1
     mc, nc, kc, mr, nr = gemm_blocking(m, mr, nr, kc)
     return {"mr": mr, "nr": nr, "kc": min(kc, K), "mc": min(mc, cdiv(M, mr) * mr), "nc": min(nc, cdiv(N, nr) * nr)}
 
@@ -225,8 +246,10 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     par = d.parallel and M * N * K >= SKINNY_PARALLEL_MIN
     plan.detail = d = replace(d, path="skinny", direct_b=False, direct_a=False, parallel=par,
                               pack_parts=skinny_pack_parts(M, K, par))
-    plan.cache_check = (f"A packed [{groups * mr} x {K}] = {groups * mr * K * F32} B, read by every panel; "
-                        f"B panel K x nr = {K * nr * F32} B streamed once per group"
+    eb = 2 if plan.precision == "bf16" else F32  # (bytes of a packed element: bf16 halves)
+    texts = bf16_texts(plan.precision_path)
+    plan.cache_check = (f"A packed [{groups * mr} x {K}] = {groups * mr * K * eb} B, read by every panel; "
+                        f"B panel K x nr = {K * nr * eb} B streamed once per group"
                         + (f" (<= L2 {m.l2} B for the later groups)" if groups > 1 else ""))
     panels, parts = cdiv(N, nr), d.pack_parts
     plan.threads = (f"one thread, no parallel region ({M * N * K} multiply-adds < {SKINNY_PARALLEL_MIN}, "
@@ -242,11 +265,13 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
         skip |= not_ancestors(body, body.nodes[plan.shape.parts.row].args[0])
     epi = ops_text(body, skip=skip)
     calls = panels * groups
-    plan.uops = [UOp(0, "Load", f"pack A [{M} x {K}] into {groups} group(s) of {mr} rows, k-major", 1),
+    plan.uops = [UOp(0, "Load", f"pack A [{M} x {K}] into {groups} group(s) of {mr} rows, k-major"
+                     + (f", {texts['a']}" if plan.precision == "bf16" else ""), 1),
                  UOp(0, "Loop", f"panels over N={N} step nr={nr}", panels),
                  UOp(1, "Loop", f"row groups over M={M} step mr={mr}", calls),
-                 UOp(2, "Load", f"B panel [{K} x {nr}] streamed from the panels packed once (params=)", calls),
-                 UOp(2, "Exec", f"micro-kernel {mr} x {nr} x {K} FMA, per {mr}-row group x {nr}-column panel",
+                 UOp(2, "Load", f"B panel [{K} x {nr}] streamed from the panels packed once (params=)"
+                     + (f" as {texts['b'].replace('kc', 'K')}" if plan.precision == "bf16" else ""), calls),
+                 UOp(2, "Exec", f"micro-kernel {mr} x {nr} x {K} {texts['op']}, per {mr}-row group x {nr}-column panel",
                      calls),
                  UOp(2, "Store", f"C tile {mr} x {nr} through the epilogue ({epi or 'none'})", calls)]
     if d.row_op is not None:
@@ -404,12 +429,17 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
         g, at, bt = _matmul_gemm(plan, M)
         plan.flops = 2 * batch * M * Nn * K + pointwise_flops(body)
     gM = g.M
-    t = plan.tiles = gemm_tiles(gM, Nn, K, m)
+    bf16 = plan.wanted_precision == "bf16"
+    path = bf16_path(m) if bf16 else "f32"
+    plan.precision, plan.precision_path, plan.precision_note = ("bf16" if bf16 else "f32"), path, ""
+    texts = bf16_texts(path)
+    t = plan.tiles = gemm_tiles(gM, Nn, K, m, even_kc=bf16)
     mr, nr, kc, mc, nc = t["mr"], t["nr"], t["kc"], t["mc"], t["nc"]
     plan.cache_check = "; ".join(f"{text}: {'ok' if ok else 'NO'}" for text, ok in gemm_checks(t, m))
     row = _plan_row_epilogue(plan, m, Nn) if plan.kind == Kind.CONTRACTION_ROW else None
     par = parallel(gM, Nn, K, g.batch)  # per GEMM call: each opens its own region
-    plan.detail = GemmDetail(M, Nn, K, batch, at, bt, g, direct_b=direct(gM, Nn, bt, mr, nr),
+    # (bf16: A and B are converted while packed, never read in place)
+    plan.detail = GemmDetail(M, Nn, K, batch, at, bt, g, direct_b=not bf16 and direct(gM, Nn, bt, mr, nr),
                              split="rows" if row is not None else "auto", parallel=par,
                              row_op=body.nodes[row].op if row is not None else None,
                              pixels_as_rows=mm.op == "conv2d" and at, direct_a=direct_a(at),
@@ -425,14 +455,16 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
     if plan.kind == Kind.CONV2D:
         u.append(UOp(0, "Exec", f"im2col {K} x {Nn} per image (none for a 1x1 conv of stride 1)", g.batch))
     b_load = ("B read in place" + (f", its last {Nn % nr} columns packed" if Nn % nr else "")) if plan.detail.direct_b \
-        else f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]"
+        else f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]" + (f" as {texts['b']}" if bf16 else "")
     u += [UOp(0, "Loop", f"{nb} GEMM(s) of {gM} x {Nn} x {K} x pc over K step kc={kc}", nb * npc),
           UOp(1, "Loop", f"row chunks over M={gM} step mc={mc} (one thread)", nb * npc * nch),
-          UOp(2, "Load", f"pack A block [{min(mc, gM)} x {min(kc, K)}] from A given transposed" if at else
+          UOp(2, "Load", f"pack A block [{min(mc, gM)} x {min(kc, K)}]" + (" from A given transposed" if at else "")
+              + f", {texts['a']}" if bf16 else
+              f"pack A block [{min(mc, gM)} x {min(kc, K)}] from A given transposed" if at else
               f"A block [{min(mc, gM)} x {min(kc, K)}] read in place, {mr} rows at a time", nb * npc * nch),
           UOp(2, "Loop", f"jc over N={Nn} step nc={nc}", nb * npc * nch * njc),
           UOp(3, "Load", b_load, nb * npc * nch * njc),
-          UOp(3, "Exec", f"micro-kernel {mr} x {nr} x {min(kc, K)} FMA, per {mr}-row tile x {nr}-column panel",
+          UOp(3, "Exec", f"micro-kernel {mr} x {nr} x {min(kc, K)} {texts['op']}, per {mr}-row tile x {nr}-column panel",
               nb * npc * tiles),
           UOp(3, "Store", f"C tile {mr} x {nr}: partial sums, through the epilogue ({epi or 'none'}) "
                           "on the last kc step", nb * npc * tiles)]

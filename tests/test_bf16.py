@@ -1,0 +1,252 @@
+"""precision="bf16" (docs/precision.md): the bf16 GEMMs (blocked and few-rows, odd K, K in several
+slices, an epilogue with bias + gelu, B bound by params= or passed per call) through both
+instruction paths, the AVX512_BF16 one (vdpbf16ps; skipped where the CPU lacks it) and the
+fallback (forced by pinning a machine model without AVX512_BF16, so it runs on every x86-64
+machine); an MLP end to end; the report and `eqfuse lower`; the command line's --precision.
+
+Every result is checked twice against float64, at bounds stated in docs/precision.md and
+computed from each test's own |A| @ |B| (no tolerance chosen after the fact):
+- against the exact product, at the documented bound (2u + u^2 + 1.01 K eps) sum |a||b|;
+- against the product of the operands rounded to bf16 (round to nearest even), at the
+  accumulation bound alone, 1.01 K eps sum |ã||b̃|: a kernel that did not round its operands to
+  bf16 (an f32 one) fails it, so the first check cannot pass by computing in f32.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import eqfuse
+from eqfuse import machine
+from eqfuse.cli.main import main
+from eqfuse.errors import ArgumentError
+
+U = 2.0**-8  # bf16's unit roundoff (8 significant bits, round to nearest)
+EPS = 2.0**-24  # f32's
+GELU_LIP = 1.13  # max |gelu'(x)| = 1.1289
+GELU_F32 = 8 * EPS  # eqfuse's f32 gelu, relative to |x| (docs/precision.md)
+MLP = Path(__file__).resolve().parent.parent / "examples" / "mlp.g"
+
+
+def bf16(a: np.ndarray) -> np.ndarray:
+    """a (f32) rounded to bf16 as vcvtne2ps2bf16 does (to nearest even; the inputs here are normal)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return r.astype(np.uint32).view(np.float32)
+
+
+def dot_bound(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The documented bound of each element of a @ b: (2u + u^2 + 1.01 K eps) |a| @ |b|."""
+    K = a.shape[-1]
+    assert K <= 2**15
+    return (2 * U + U * U + 1.01 * K * EPS) * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64))
+
+
+def check_gemm(y, a, b, epilogue=lambda z: z, lip=1.0, own=EPS, bias=None):
+    """y = epilogue(a @ b (+ bias)) computed in bf16: within the documented bound of the exact
+    result, and within the accumulation bound of the bf16 operands' exact result."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    bias64 = 0.0 if bias is None else bias.astype(np.float64)
+    for x, w, e in ((a64, b64, dot_bound(a, b)),  # exact operands, the whole bound
+                    (bf16(a).astype(np.float64), bf16(b).astype(np.float64),  # bf16 operands: accumulation only
+                     1.01 * a.shape[-1] * EPS * (np.abs(bf16(a)).astype(np.float64) @ np.abs(bf16(b)).astype(np.float64)))):
+        z = x @ w + bias64
+        ref = epilogue(z)
+        bound = lip * (e + EPS * (np.abs(z) + e)) + own * (np.abs(z) + e)
+        err = np.abs(y.astype(np.float64) - ref)
+        worst = np.unravel_index(np.argmax(err - bound), err.shape)
+        assert np.all(err <= bound), (f"error {err[worst]:.3g} > bound {bound[worst]:.3g} at {worst} "
+                                      f"({'bf16' if x is not a64 else 'exact'} operands)")
+
+
+def gelu(z):
+    from scipy.special import erf
+
+    return 0.5 * z * (1 + erf(z / np.sqrt(2)))
+
+
+# ------------------------------------------------------------------ the instruction paths
+
+@pytest.fixture(params=["avx512_bf16", "fallback"])
+def path(request):
+    """Plans for a machine with (AVX512_BF16) or without (fallback) vdpbf16ps."""
+    m = machine.machine()
+    if request.param == "avx512_bf16":
+        if not (machine.host_isa()["avx512_bf16"] and m.simd_floats >= 16):
+            pytest.skip("this CPU (or the pinned machine model's vector width) has no AVX512_BF16: "
+                        "the vdpbf16ps path cannot run here (the fallback's test covers bf16)")
+        model = dataclasses.replace(m, avx512_bf16=True)
+    else:
+        model = dataclasses.replace(m, avx512_bf16=False)
+    with machine.pinned(model):
+        yield request.param
+
+
+def gemm_graph(M, K, N, act=""):
+    y = f"{act}(x @ w + b)" if act else "x @ w + b"
+    return f"graph g(x: f32[{M}, {K}], w: f32[{K}, {N}], b: f32[{N}]) -> f32[{M}, {N}] {{\n  return {y}\n}}"
+
+
+def arrays(M, K, N, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32),
+            rng.standard_normal(N).astype(np.float32))
+
+
+def gemm_plan(mod):
+    (p,) = [p for p in mod.default.last.plans if p.kind in ("contraction", "contraction_row")]
+    return p
+
+
+def assert_bf16(mod, path):
+    p = gemm_plan(mod)
+    assert (p.precision, p.precision_path) == ("bf16", path)
+    assert mod.report["precision"][p.name] == {"precision": "bf16", "path": path}
+
+
+# (M, K, N, bound by params=, the GEMM's path): odd K; K in several K slices with an odd last one;
+# B passed per call (packed per call, converted while packed)
+CASES = [(70, 301, 200, True, "blocked"), (40, 1101, 96, True, "blocked"), (33, 77, 130, False, "blocked"),
+         (5, 301, 200, True, "skinny"), (1, 999, 72, True, "skinny")]
+
+
+@pytest.mark.parametrize("M,K,N,bound,kernel", CASES)
+def test_bf16_gemm_within_the_bound(path, M, K, N, bound, kernel):
+    x, w, b = arrays(M, K, N)
+    src = gemm_graph(M, K, N)
+    mod = eqfuse.compile(src, params={"w": w, "b": b} if bound else None, precision="bf16")
+    y = mod(x) if bound else mod(x, w, b)
+    assert_bf16(mod, path)
+    p = gemm_plan(mod)
+    assert p.detail.path == kernel
+    if kernel == "blocked" and K > 1000:
+        assert p.tiles["kc"] < K and p.tiles["kc"] % 2 == 0  # (several K slices, whole K-pairs each)
+    check_gemm(y, x, w, bias=b)
+
+
+@pytest.mark.parametrize("M", [48, 7])  # the blocked GEMM, then the few-rows one
+def test_bf16_epilogue_bias_gelu(path, M):
+    K, N = 257, 80
+    x, w, b = arrays(M, K, N, seed=1)
+    mod = eqfuse.compile(gemm_graph(M, K, N, "gelu"), params={"w": w, "b": b}, precision="bf16")
+    y = mod(x)
+    assert_bf16(mod, path)
+    assert gemm_plan(mod).detail.path == ("skinny" if M < 32 else "blocked")
+    check_gemm(y, x, w, epilogue=gelu, lip=GELU_LIP, own=EPS + GELU_F32, bias=b)
+
+
+def test_the_paths_round_the_same_operands():
+    """The fallback and vdpbf16ps multiply the same bf16 values: their results differ only by the
+    order of f32 additions (both within the accumulation bound of the bf16 operands)."""
+    if not machine.host_isa()["avx512_bf16"] or machine.machine().simd_floats < 16:
+        pytest.skip("this CPU has no AVX512_BF16: only the fallback path can run here")
+    M, K, N = 24, 515, 64
+    x, w, b = arrays(M, K, N, seed=2)
+    out = {}
+    for flag in (True, False):
+        with machine.pinned(dataclasses.replace(machine.machine(), avx512_bf16=flag)):
+            out[flag] = eqfuse.compile(gemm_graph(M, K, N), params={"w": w, "b": b}, precision="bf16")(x)
+    acc = 2 * 1.01 * K * EPS * (np.abs(bf16(x)).astype(np.float64) @ np.abs(bf16(w)).astype(np.float64)) \
+        + 2 * EPS * np.abs(out[False])
+    assert np.all(np.abs(out[True].astype(np.float64) - out[False]) <= acc)
+
+
+# ------------------------------------------------------------------ end to end, report, lower
+
+def test_mlp_end_to_end_within_the_composed_bound(path):
+    B = 16
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((B, 784)).astype(np.float32)
+    w1 = (rng.standard_normal((784, 1024)) / 28).astype(np.float32)
+    b1 = rng.standard_normal(1024).astype(np.float32)
+    w2 = (rng.standard_normal((1024, 10)) / 32).astype(np.float32)
+    b2 = rng.standard_normal(10).astype(np.float32)
+    mod = eqfuse.compile(MLP, params={"w1": w1, "b1": b1, "w2": w2, "b2": b2}, precision="bf16")
+    y = mod(x).astype(np.float64)
+    entries = mod.report["precision"]
+    assert entries and all(e == {"precision": "bf16", "path": path} for e in entries.values())
+    # the composed bound (docs/precision.md, "Layers"): relu is 1-Lipschitz
+    h = np.maximum(x.astype(np.float64) @ w1 + b1, 0)
+    e1 = dot_bound(x, w1)
+    e1 = e1 + EPS * (np.abs(x.astype(np.float64) @ w1 + b1) + e1)  # (the bias add)
+    dh = e1 + EPS * h
+    hmax = h + dh  # |ĥ| at most
+    aw2 = np.abs(w2).astype(np.float64)
+    ref = h @ w2 + b2
+    e2 = (2 * U + U * U + 1.01 * 1024 * EPS) * (hmax @ aw2) + dh @ aw2
+    bound = e2 + EPS * (np.abs(ref) + e2)
+    assert np.all(np.abs(y - ref) <= bound), float(np.max(np.abs(y - ref) - bound))
+
+
+def test_f32_kernels_under_bf16_say_so():
+    """fuse=False: the matmul is a bf16 GEMM, the add and relu f32 kernels with a note; precision
+    f32 reports every kernel in f32."""
+    src = gemm_graph(8, 16, 32, "relu")
+    x, w, b = arrays(8, 16, 32)
+    mod = eqfuse.compile(src, precision="bf16", fuse=False)
+    mod(x, w, b)
+    entries = mod.report["precision"]
+    assert sorted(e["precision"] for e in entries.values()) == ["bf16", "f32", "f32"]
+    assert all("only GEMMs multiply in bf16" in e["note"] for e in entries.values() if e["precision"] == "f32")
+    f32 = eqfuse.compile(src)
+    assert all(e == {"precision": "f32", "path": "f32"} for e in f32.report["precision"].values())
+    assert len(f32.report["precision"]) == 1
+
+
+def test_unknown_precision_names_the_option():
+    with pytest.raises(ArgumentError, match=r"precision= expects one of f32, bf16, got 'fp16'"):
+        eqfuse.compile(gemm_graph(2, 3, 4), precision="fp16")
+    with pytest.raises(ArgumentError, match="verify=True"):
+        eqfuse.compile(gemm_graph(2, 3, 4), precision="bf16", verify=True)
+
+
+def test_cli_precision(capsys, path):
+    assert main(["lower", str(MLP), "--dim", "B=64", "--precision", "bf16", "--uops"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(f"precision: bf16, path: {path}") == 2
+    assert ("vdpbf16ps" if path == "avx512_bf16" else "widened to f32 by a shift") in out
+    assert main(["lower", str(MLP), "--dim", "B=64"]) == 0
+    assert "precision:" not in capsys.readouterr().out  # (f32 plans print no precision line)
+    for cmd in (["opt"], ["lower", "--dim", "B=4"], ["bench", "--dim", "B=4"]):
+        assert main([cmd[0], str(MLP), *cmd[1:], "--precision", "f16"]) == 2
+        assert "--precision expects one of f32, bf16, got 'f16'" in capsys.readouterr().err
+
+
+def test_cli_run_bf16(tmp_path, capsys, path):
+    rng = np.random.default_rng(4)
+    ins = {"x": rng.standard_normal((4, 784)), "w1": rng.standard_normal((784, 1024)) / 28,
+           "b1": rng.standard_normal(1024), "w2": rng.standard_normal((1024, 10)) / 32, "b2": rng.standard_normal(10)}
+    ins = {k: v.astype(np.float32) for k, v in ins.items()}
+    np.savez(tmp_path / "in.npz", **ins)
+    out = tmp_path / "out.npz"
+    assert main(["run", str(MLP), "--inputs", str(tmp_path / "in.npz"), "--precision", "bf16", "-o", str(out)]) == 0
+    y = np.load(out)["out0"].astype(np.float64)
+    ref = np.maximum(ins["x"].astype(np.float64) @ ins["w1"] + ins["b1"], 0) @ ins["w2"] + ins["b2"]
+    f32 = np.load(out)  # (the f32 run for comparison: bf16 must differ from it, f32 must not)
+    assert main(["run", str(MLP), "--inputs", str(tmp_path / "in.npz"), "-o", str(out)]) == 0
+    f32 = np.load(out)["out0"].astype(np.float64)
+    assert np.abs(f32 - ref).max() < np.abs(y - ref).max()  # (bf16 really ran: its error is the larger)
+    assert main(["run", str(MLP), "--inputs", str(tmp_path / "in.npz"), "--precision", "bf16", "--verify"]) == 2
+    assert "--verify compares at f32 tolerances" in capsys.readouterr().err
+
+
+def test_torch_backend_precision_option(path):
+    torch = pytest.importorskip("torch")
+    from eqfuse.torch_backend import REPORTS
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 40)
+    x = torch.randn(12, 96)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        y = torch.compile(lin, backend="eqfuse", options={"precision": "bf16", "threads": 1})(x).numpy()
+        torch._dynamo.reset()
+    entries = REPORTS[-1].precision
+    assert entries and all(e == {"precision": "bf16", "path": path} for e in entries.values())
+    w, b = lin.weight.detach().numpy(), lin.bias.detach().numpy()
+    check_gemm(y, x.numpy(), np.ascontiguousarray(w.T), bias=b)
+    with pytest.raises(Exception, match=r"precision= expects one of f32, bf16, got 'int4'"):
+        torch.compile(lin, backend="eqfuse", options={"precision": "int4"})(x)
+    torch._dynamo.reset()
