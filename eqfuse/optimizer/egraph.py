@@ -331,7 +331,11 @@ class _Base:
 
         self.eg = bindings.EGraph()
         self.in_use = False
-        self.eg.run_program(*self.eg.parse_program(declarations(arities)))
+        # One command per run_program: egglog's time and memory for one program grow with the
+        # square of its commands (the declarations in one program took ~0.9 s and ~750 MB, one
+        # command at a time ~0.1 s and ~15 MB; python -m cProfile -m eqfuse opt examples/mlp.g).
+        for line in declarations(arities).splitlines():
+            self.eg.run_program(*self.eg.parse_program(line))
         self.skipped: dict[str, str] = {}
         self.rulesets: dict[str, list[str]] = {}  # ruleset -> rule keys in it
         self.solo: dict[str, str] = {}  # rule key -> the ruleset holding it alone

@@ -92,7 +92,9 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     if pre and lim.left() < load_seconds(src):
         st.stop_reason, st.limit_note = "time_limit", "time limit: no time for the recognition e-graph"
     elif pre:  # the recognition e-graph
-        eg = EGraph(src, pre, phase_of=rule_phase)
+        # every rule goes into the e-graph, each phase in its own ruleset, so that the recognition
+        # and the fusion e-graph are one egglog program, declared once per process (EGraph)
+        eg = EGraph(src, rule_list, phase_of=rule_phase)
         st.skipped_rules.update(eg.skipped)
         stage("recognition e-graph load")
         recognize(eg, st, lim, progress=progress)  # if fusion has no time left after it, its result stands
@@ -109,7 +111,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         one = stitch(cut, singletons(src), src0) if cut else singletons(src)
         return _report(graph, src0, one, one, "none (time limit)", "", None, st, recognition, stages, cost, dims, t0,
                        disable, lim.deadline)
-    eg = EGraph(src, [r for r in rule_list if rule_phase(r) == FUSE], phase_of=rule_phase)
+    eg = EGraph(src, rule_list, phase_of=rule_phase)
     st.skipped_rules.update(eg.skipped)
     stage("fusion e-graph load")
     run_phase(eg, FUSE, st, lim, progress=progress)
