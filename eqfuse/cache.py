@@ -9,6 +9,7 @@ can write to it (`usable_cache_dir`); otherwise this process uses a private temp
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import stat
@@ -66,3 +67,49 @@ def owned_privately(path: Path) -> bool:
     st = path.stat()
     return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
+
+
+# ---------------------------------------------------------------- entries: written whole, read verified
+
+_MAGIC = b"eqfuse-cache-entry 1\n"
+
+
+def write_entry(path: Path, payload: bytes) -> bool:
+    """Store payload at path, atomically (a temporary file in the same directory, then rename: a
+    reader sees the old entry or the new one, never half of one), with its sha256 in front so that
+    `read_entry` can tell a damaged file. False when the cache cannot be written (not an error:
+    the next run computes it again)."""
+    import hashlib
+
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return True
+    except OSError:
+        return False
+
+
+def read_entry(path: Path) -> bytes | None:
+    """The payload `write_entry` stored at path, or None: missing, unreadable, or its digest does
+    not match (a damaged entry is removed)."""
+    import hashlib
+
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head, _, rest = data.partition(b"\n")
+    digest, _, payload = rest.partition(b"\n")
+    if head + b"\n" != _MAGIC or hashlib.sha256(payload).hexdigest().encode() != digest:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+    return payload
