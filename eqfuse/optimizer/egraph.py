@@ -493,8 +493,8 @@ class EGraph:
         # only the rules that can match in this graph's e-graph, and the facts of the ops it can
         # hold, go into egglog: declaring all of them was most of a small graph's optimize
         t_ops, s_ops, live = reachable_ops({n.op for n in graph.nodes if n.op in OPS}, rules)
-        key = (tuple((rule_key(r), r.text, phase_of(r) if phase_of else RULESET) for r in live), arities,
-               t_ops, s_ops)
+        key = (tuple((rule_key(r), r.text) for r in rules),
+               tuple(phase_of(r) if phase_of else RULESET for r in live), arities, t_ops, s_ops)
         bases = _bases()
         base = bases.get(key)
         if base is None or base.in_use:
@@ -515,8 +515,8 @@ class EGraph:
         self.solo, self.growth = base.solo, base.growth
         self._run("(push)")
         lines = graph_program(graph)
-        for i in range(0, len(lines), 100):  # egglog parses a long program in superlinear time
-            self._run("\n".join(lines[i:i + 100]))
+        for i in range(0, len(lines), 20):  # egglog's time for one program grows faster than its length
+            self._run("\n".join(lines[i:i + 20]))
         self._run("(run facts 1)")
 
     def close(self) -> None:

@@ -98,9 +98,9 @@ def s_ctor(op: str, nargs: int) -> str:
 
 
 def declarations(concat_arities: Iterable[int] = (), t_ops=None, s_ops=None) -> str:
-    """The sorts, a constructor per op, and the `facts` rules: the shape facts of the tensor ops
-    in `t_ops` and the heavy weights of the kernel-body ops in `s_ops` (default: every op). Rules
-    for ops no e-node can have are left out (eqfuse.optimizer.egraph.reachable_ops)."""
+    """The sorts, the constructors and the `facts` rules (shape facts, heavy weights) of the
+    tensor ops in `t_ops` and the kernel-body ops in `s_ops` (default: every op). Those of ops no
+    e-node can have are left out (eqfuse.optimizer.egraph.reachable_ops)."""
     lines = [
         "(datatype T (In String) (Cn String))",
         "(datatype S (L T) (Cs String))",
@@ -125,8 +125,10 @@ def declarations(concat_arities: Iterable[int] = (), t_ops=None, s_ops=None) -> 
         for n in arities:
             targs = " ".join(["T"] * n + ["String"] * na)
             sargs = " ".join(["S"] * n + ["String"] * na)
-            lines.append(f"(constructor {t_ctor(op.name, n)} ({targs}) T)")
-            lines.append(f"(constructor {s_ctor(op.name, n)} ({sargs}) S)")
+            if t_ops is None or op.name in t_ops:
+                lines.append(f"(constructor {t_ctor(op.name, n)} ({targs}) T)")
+            if s_ops is None or op.name in s_ops:
+                lines.append(f"(constructor {s_ctor(op.name, n)} ({sargs}) S)")
     lines += _fact_rules(t_ops) + _heavy_rules(concat_arities, s_ops)
     return "\n".join(lines)
 
