@@ -164,7 +164,8 @@ def make_parser() -> argparse.ArgumentParser:
                        description="show (info) or empty (clear) the cache directory's compiled kernels and "
                                    "optimized graphs: $EQFUSE_CACHE_DIR, else $XDG_CACHE_HOME/eqfuse, else "
                                    "~/.cache/eqfuse")
-    c.add_argument("action", choices=["info", "clear"])
+    c.add_argument("action", choices=["info", "clear"],
+                   help="info: the directory, and the entries and bytes of each kind; clear: remove them all")
 
     c = sub.add_parser("rules", help="list every active rule", description="list every active rule")
     _rule_options(c)
