@@ -103,3 +103,23 @@ def test_rules_the_egraph_cannot_express_are_skipped_and_reported():
         compile_rule(bad)
     g = one_graph("graph f(x: f32[4]) -> f32[4] { return x * x }")
     assert "r" in EGraph(g, [bad]).skipped
+
+
+def test_only_rules_that_can_fire_are_loaded():
+    # a rule whose op no e-node can have is left out of egglog; one whose op another rule makes is kept
+    rules = parse_rules("""
+        rule a_to_b: exp(?x) => tanh(?x)
+        rule b_to_c: tanh(?x) => sigmoid(?x)
+        rule never: abs(?x) => relu(?x)
+    """)
+    src = "graph g(x: f32[4]) -> f32[4] { return exp(x) }"
+    eg = EGraph(one_graph(src), rules)
+    assert set(eg.solo) == {"a_to_b", "b_to_c"}
+    st = eg.saturate()
+    assert st.rules_fired == {"a_to_b": 1, "b_to_c": 1}
+    eg.close()
+    # the same rules on a graph with sin: `never` is loaded and fires
+    assert fired("graph g(x: f32[4]) -> f32[4] { return abs(x) }", """
+        rule never: abs(?x) => relu(?x)
+        rule a_to_b: exp(?x) => tanh(?x)
+    """) == {"never": 1}

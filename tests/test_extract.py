@@ -66,6 +66,29 @@ def test_ilp_is_optimal_and_greedy_is_close(name, model):
     assert X.selection_cost(X.greedy(pb)) == pytest.approx(exact, rel=1e-7)
 
 
+@pytest.mark.parametrize("name", SMALL)
+def test_search_agrees_with_the_solver(name):
+    # the small-problem search `ilp` tries first and the HiGHS ILP reach the same optimum
+    pb = problem(SMALL[name])
+    live = X._live_classes(pb)
+    found, status = X.search(pb, live)
+    solved, solver_status = X._solve(pb, live, {}, float("inf"))
+    assert (status, solver_status) == ("optimal", "optimal")
+    assert X.selection_cost(found) == pytest.approx(X.selection_cost(solved), rel=1e-7)
+    assert X._find_cycle(pb, found) is None and set(pb.roots) <= set(found)
+
+
+def test_search_leaves_a_large_problem_to_the_solver(monkeypatch):
+    pb = problem(SMALL["residual"])
+    assert X.search(pb, X._live_classes(pb), steps=1) is None  # over its step budget: not an answer
+    calls = []
+    real = X._solve
+    monkeypatch.setattr(X, "_solve", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(X, "SEARCH_STEPS", 1)
+    sel, status = X.ilp(pb)
+    assert calls and status == "optimal" and sel
+
+
 def test_selection_cost_equals_exact_rescoring():
     pb = problem(SMALL["shared"])
     g = one_graph(SMALL["shared"])

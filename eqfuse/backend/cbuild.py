@@ -29,7 +29,7 @@ from types import ModuleType
 
 import cffi
 
-from eqfuse.cache import owned_privately, usable_cache_dir
+from eqfuse.cache import no_cache, owned_privately, private_dir, usable_cache_dir
 from eqfuse.errors import EqfuseError
 
 # No -ffast-math: it lets gcc assume no NaN/inf (breaking relu/max of NaN) and reassociate
@@ -261,7 +261,7 @@ def build(source: str, cdef: str, name_hint: str = "k", *, extra_flags: tuple[st
     key = cache_key(source, cdef, extra_flags)
     hint = re.sub(r"[^A-Za-z0-9_]", "_", name_hint)[:24] or "k"
     name = f"_eqf_{hint}_{key[:16]}"
-    root = usable_cache_dir()
+    root = private_dir() if no_cache() else usable_cache_dir()  # EQFUSE_NO_CACHE / --no-cache: built afresh
     final = root / (name + _suffix())
     digest = root / f"{name}.sha256"
     cached = True

@@ -49,6 +49,9 @@ def _optimizer_options(c) -> None:
                    help="use the --rules files without first checking each rule's soundness on random "
                         "inputs (default: check, as 'eqfuse check-rules' does, once per file content; "
                         "an unsound rule is refused, exit status 2)")
+    c.add_argument("--no-cache", action="store_true",
+                   help="neither read nor keep optimized graphs and compiled kernels in the cache directory "
+                        "(as EQFUSE_CACHE_DIR or ~/.cache/eqfuse; the same as EQFUSE_NO_CACHE=1; default: use it)")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -161,6 +164,13 @@ def make_parser() -> argparse.ArgumentParser:
                    help="inputs for DIR/example.c, named like the parameters (default: random ones: "
                         "float32 standard normal, integers in [0, 4), bools half true); the expected "
                         "outputs are the numpy reference's")
+
+    c = sub.add_parser("cache", help="show or empty the cache of compiled kernels and optimized graphs",
+                       description="show (info) or empty (clear) the cache directory's compiled kernels and "
+                                   "optimized graphs: $EQFUSE_CACHE_DIR, else $XDG_CACHE_HOME/eqfuse, else "
+                                   "~/.cache/eqfuse")
+    c.add_argument("action", choices=["info", "clear"],
+                   help="info: the directory, and the entries and bytes of each kind; clear: remove them all")
 
     c = sub.add_parser("rules", help="list every active rule", description="list every active rule")
     _rule_options(c)

@@ -218,6 +218,23 @@ def read_npz(path: str, option: str, example: str = "w1=w1, b1=b1, ...") -> dict
     return {k: npz[k] for k in npz.files}
 
 
+def cmd_cache(args) -> int:
+    from eqfuse import cache
+
+    def line(what: str, d: dict) -> str:
+        return f"{what}: {d['entries']} entr{'y' if d['entries'] == 1 else 'ies'}, {d['bytes'] / 1e6:.1f} MB"
+
+    if args.action == "info":
+        i = cache.info()
+        print(f"cache directory: {i['dir']}")
+        print(line("compiled kernels", i["kernels"]))
+        print(line("optimized graphs", i["graphs"]))
+    else:
+        i = cache.clear()
+        print(f"cleared {i['dir']}: {i['kernels']['entries']} compiled kernels, {i['graphs']['entries']} optimized graphs")
+    return 0
+
+
 def cmd_export(args) -> int:
     from eqfuse.export import export
 
@@ -244,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command is None:
             raise UsageError("a command is needed (see 'eqfuse --help')")
+        if getattr(args, "no_cache", False):  # read by eqfuse.cache.no_cache, wherever a cache is used
+            os.environ["EQFUSE_NO_CACHE"] = "1"
         handler = COMMANDS[args.command]
         return handler(args)
     except EqfuseError as e:
@@ -287,6 +306,7 @@ COMMANDS = {
     "lower": _lazy("cli.backend_cmds", "cmd_lower"),
     "bench": _lazy("cli.backend_cmds", "cmd_bench"),
     "export": cmd_export,
+    "cache": cmd_cache,
 }
 
 if __name__ == "__main__":

@@ -50,7 +50,24 @@ def per_thread(make):
 def lark_parser(grammar: str, start: str = "module") -> Lark:
     text = (data_dir("grammar") / grammar).read_text()
     return Lark(text, parser="lalr", start=start, postlex=NewlinePostLexer(), maybe_placeholders=False,
-                cache=False)
+                cache=_lark_cache(grammar, start, text))
+
+
+def _lark_cache(grammar: str, start: str, text: str) -> str | bool:
+    """Where lark keeps this parser's tables (building them was a third of `eqfuse check`'s
+    time): a file under eqfuse's cache directory, named by the grammar's digest (lark also checks
+    the grammar and its own version inside it); False, no cache, when that directory is unusable."""
+    import hashlib
+
+    from eqfuse.cache import usable_cache_dir
+
+    try:
+        where = usable_cache_dir() / "parsers"
+        where.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return False
+    digest = hashlib.sha256(f"{grammar}\0{start}\0{text}".encode()).hexdigest()[:32]
+    return str(where / f"{Path(grammar).stem}-{digest}.lark")
 
 
 class NewlinePostLexer:

@@ -326,12 +326,15 @@ DEFAULT_TIME_LIMIT = 10.0
 class _Base:
     """An egglog e-graph with the declarations and the compiled rules, and no graph."""
 
-    def __init__(self, rules: list[Rule], phase_of, arities):
-        from egglog import bindings
-
+    def __init__(self, rules: list[Rule], phase_of, arities, t_ops=None, s_ops=None):
+        bindings = egglog_bindings()
         self.eg = bindings.EGraph()
         self.in_use = False
-        self.eg.run_program(*self.eg.parse_program(declarations(arities)))
+        # One command per run_program: egglog's time and memory for one program grow with the
+        # square of its commands (benchmarks/bench_opt.py measures the load; the figures are in
+        # benchmarks/RESULTS.md, 2026-11-28).
+        for line in declarations(arities, t_ops, s_ops).splitlines():
+            self.eg.run_program(*self.eg.parse_program(line))
         self.skipped: dict[str, str] = {}
         self.rulesets: dict[str, list[str]] = {}  # ruleset -> rule keys in it
         self.solo: dict[str, str] = {}  # rule key -> the ruleset holding it alone
@@ -362,6 +365,90 @@ class _Base:
             except bindings.EggSmolError as e:  # a rule egglog refuses: skipped, reported
                 name = t.rsplit(":name ", 1)[-1].rstrip(")").strip('"')
                 self.skipped[name] = str(e).splitlines()[0]
+
+
+def egglog_bindings():
+    """egglog's Rust extension module, `egglog.bindings`, the only part of egglog used here.
+
+    Loaded from its file without running the egglog package's __init__, which builds egglog's
+    Python DSL and took more time than the rest of `eqfuse opt examples/mlp.g`'s start
+    (python -X importtime -c "import egglog.bindings"). It goes into sys.modules under its own
+    name, so a later `import egglog` reuses it (an extension module is initialized once per
+    process). Anything unexpected: the ordinary import."""
+    import sys
+
+    mod = sys.modules.get("egglog.bindings")
+    if mod is not None:
+        return mod
+    try:
+        import importlib.machinery
+        import importlib.util
+        from pathlib import Path
+
+        spec = importlib.util.find_spec("egglog")
+        where = spec.submodule_search_locations if spec else None
+        path = next(str(f) for d in (where or ()) for f in sorted(Path(d).glob("bindings.*"))
+                    if any(str(f).endswith(s) for s in importlib.machinery.EXTENSION_SUFFIXES))
+        loader = importlib.machinery.ExtensionFileLoader("egglog.bindings", path)
+        mod = importlib.util.module_from_spec(importlib.util.spec_from_file_location("egglog.bindings", path,
+                                                                                    loader=loader))
+        loader.exec_module(mod)
+        sys.modules["egglog.bindings"] = mod
+        return mod
+    except (ImportError, OSError, StopIteration, AttributeError):
+        from egglog import bindings
+
+        return bindings
+
+
+_ERRORS: dict[tuple[str, str], str] = {}  # (rule key, rule text) -> why the e-graph cannot express it, or ""
+
+
+def _compile_error(r: Rule) -> str:
+    key = (rule_key(r), r.text)
+    if key not in _ERRORS:
+        try:
+            compile_rule(r)
+            _ERRORS[key] = ""
+        except RuleError as e:
+            _ERRORS[key] = str(e)
+    return _ERRORS[key]
+
+
+def _side_ops(p, inside: bool, t: set, s: set) -> None:
+    """The ops of pattern p: those outside a kernel block into t (tensor e-nodes, `o_<op>`),
+    those inside one into s (kernel-body values, `s_<op>`)."""
+    if isinstance(p, POp):
+        (s if inside else t).add(p.op)
+        for a in p.args:
+            _side_ops(a, inside, t, s)
+    elif isinstance(p, PKernel):
+        _side_ops(p.result, True, t, s)
+
+
+def reachable_ops(graph_ops: set[str], rules: list[Rule]) -> tuple[frozenset, frozenset, list[Rule]]:
+    """(tensor ops, kernel-body ops, rules) that an e-graph loaded with a graph of `graph_ops` can
+    ever hold or fire. An e-node is made by loading the graph or by a rule's right side (the
+    `facts` rules only set functions), so a rule whose left side has an op that neither the
+    graph nor a rule that can fire makes never matches: it is left out, and so are the fact rules
+    of those ops. A fixed point over the rules, in their order."""
+    t, s = set(graph_ops), set()
+    sides = []
+    for r in rules:
+        lt, ls, rt, rs = set(), set(), set(), set()
+        _side_ops(r.lhs, False, lt, ls)
+        _side_ops(r.rhs, False, rt, rs)
+        sides.append((lt, ls, rt, rs))
+    live = [False] * len(rules)
+    changed = True
+    while changed:
+        changed = False
+        for i, (lt, ls, rt, rs) in enumerate(sides):
+            if not live[i] and lt <= t and ls <= s:
+                live[i] = changed = True
+                t |= rt
+                s |= rs
+    return frozenset(t), frozenset(s), [r for r, ok in zip(rules, live) if ok]
 
 
 def constructors(text: str) -> int:
@@ -403,11 +490,19 @@ class EGraph:
         the same rules: the graph goes in above an egglog `push`, and `close()` pops it."""
         rules = list(rules)
         arities = frozenset(len(n.args) for n in graph.nodes if n.op == "concat")
-        key = (tuple((rule_key(r), r.text, phase_of(r) if phase_of else RULESET) for r in rules), arities)
+        # only the rules that can match in this graph's e-graph, and the facts of the ops it can
+        # hold, go into egglog: declaring all of them was most of a small graph's optimize
+        t_ops, s_ops, live = reachable_ops({n.op for n in graph.nodes if n.op in OPS}, rules)
+        key = (tuple((rule_key(r), r.text) for r in rules),
+               tuple(phase_of(r) if phase_of else RULESET for r in live), arities, t_ops, s_ops)
         bases = _bases()
         base = bases.get(key)
         if base is None or base.in_use:
-            base = _Base(rules, phase_of, arities)
+            base = _Base(live, phase_of, arities, t_ops, s_ops)
+            kept = {id(r) for r in live}
+            for r in rules:  # a rule left out is still reported when the e-graph cannot express it
+                if id(r) not in kept and _compile_error(r):
+                    base.skipped[rule_key(r)] = _compile_error(r)
             if key not in bases or not bases[key].in_use:
                 bases[key] = base
                 while len(bases) > 8:
@@ -420,8 +515,8 @@ class EGraph:
         self.solo, self.growth = base.solo, base.growth
         self._run("(push)")
         lines = graph_program(graph)
-        for i in range(0, len(lines), 100):  # egglog parses a long program in superlinear time
-            self._run("\n".join(lines[i:i + 100]))
+        for i in range(0, len(lines), 20):  # egglog's time for one program grows faster than its length
+            self._run("\n".join(lines[i:i + 20]))
         self._run("(run facts 1)")
 
     def close(self) -> None:

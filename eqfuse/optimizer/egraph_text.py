@@ -97,7 +97,10 @@ def s_ctor(op: str, nargs: int) -> str:
 # ---------------------------------------------------------------- the declarations
 
 
-def declarations(concat_arities: Iterable[int] = ()) -> str:
+def declarations(concat_arities: Iterable[int] = (), t_ops=None, s_ops=None) -> str:
+    """The sorts, the constructors and the `facts` rules (shape facts, heavy weights) of the
+    tensor ops in `t_ops` and the kernel-body ops in `s_ops` (default: every op). Those of ops no
+    e-node can have are left out (eqfuse.optimizer.egraph.reachable_ops)."""
     lines = [
         "(datatype T (In String) (Cn String))",
         "(datatype S (L T) (Cs String))",
@@ -122,9 +125,11 @@ def declarations(concat_arities: Iterable[int] = ()) -> str:
         for n in arities:
             targs = " ".join(["T"] * n + ["String"] * na)
             sargs = " ".join(["S"] * n + ["String"] * na)
-            lines.append(f"(constructor {t_ctor(op.name, n)} ({targs}) T)")
-            lines.append(f"(constructor {s_ctor(op.name, n)} ({sargs}) S)")
-    lines += _fact_rules() + _heavy_rules(concat_arities)
+            if t_ops is None or op.name in t_ops:
+                lines.append(f"(constructor {t_ctor(op.name, n)} ({targs}) T)")
+            if s_ops is None or op.name in s_ops:
+                lines.append(f"(constructor {s_ctor(op.name, n)} ({sargs}) S)")
+    lines += _fact_rules(t_ops) + _heavy_rules(concat_arities, s_ops)
     return "\n".join(lines)
 
 
@@ -148,13 +153,16 @@ HEAVY_LIMIT_ROW = 2
 VIEW_OPS = ("transpose", "reshape")
 
 
-def _heavy_rules(concat_arities) -> list[str]:
+def _heavy_rules(concat_arities, s_ops=None) -> list[str]:
     out = ["(rule ((= ?e (L ?t))) ((set (hv ?e) 0) (vw ?e)) :ruleset facts)",
-           # a whole attention softmax(...) @ v weighs one, so a pointwise epilogue may join it
-           f"(rule ((= ?e ({s_ctor('matmul', 2)} ?p ?v)) (= ?p ({s_ctor('softmax', 1)} ?x ?a ?z)) (vw ?v)) "
-           "((set (hv ?e) 1)) :ruleset facts)",
            "(rule ((= ?e (Cs ?c))) ((set (hv ?e) 0)) :ruleset facts)"]
+    if s_ops is None or {"matmul", "softmax"} <= set(s_ops):
+        # a whole attention softmax(...) @ v weighs one, so a pointwise epilogue may join it
+        out.append(f"(rule ((= ?e ({s_ctor('matmul', 2)} ?p ?v)) (= ?p ({s_ctor('softmax', 1)} ?x ?a ?z)) (vw ?v)) "
+                   "((set (hv ?e) 1)) :ruleset facts)")
     for op in OPS.values():
+        if s_ops is not None and op.name not in s_ops:
+            continue
         na = len(op.attrs)
         arities = sorted(set(concat_arities) | {1, 2}) if op.name == "concat" else \
             range(op.arity[0], op.arity[1] + 1)
@@ -196,11 +204,11 @@ def _copy_facts(dst: str, src: str) -> str:
 SHAPE_CHANGING = ("expand",)  # pointwise ops whose result is not their operand's shape
 
 
-def _fact_rules() -> list[str]:
+def _fact_rules(t_ops=None) -> list[str]:
     """Shape facts for classes that rules create: pointwise ops keep their operand's shape."""
     out = []
     for op in OPS.values():
-        if op.kind != "pointwise" or op.name in SHAPE_CHANGING:
+        if op.kind != "pointwise" or op.name in SHAPE_CHANGING or (t_ops is not None and op.name not in t_ops):
             continue
         na = len(op.attrs)
         attrs = " ".join(f"?a{i}" for i in range(na))

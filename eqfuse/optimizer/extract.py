@@ -463,8 +463,65 @@ MIP_GAP = 1e-6  # HiGHS's default 1e-4 is 140 kB on BERT-base: not exact enough 
 
 
 def ilp(pb: Problem, time_limit: float = ILP_TIME_LIMIT) -> tuple[dict[int, Cand] | None, str]:
-    """Exact DAG extraction of the whole e-graph with lazy cycle cuts; (selection or None, status)."""
-    return _solve(pb, _live_classes(pb), {}, time.perf_counter() + time_limit)
+    """Exact DAG extraction of the whole e-graph with lazy cycle cuts; (selection or None, status).
+    A small problem is solved by `search` instead, without the solver (importing scipy.optimize
+    is most of the time `eqfuse opt examples/mlp.g` spends extracting)."""
+    deadline = time.perf_counter() + time_limit
+    live = _live_classes(pb)
+    found = search(pb, live) if sum(len(pb.options(c)) for c in live) <= SEARCH_CANDIDATES else None
+    if found is not None:
+        return found
+    return _solve(pb, live, {}, deadline)
+
+
+SEARCH_CANDIDATES = 300  # candidates (ILP variables) up to which `ilp` tries `search` first
+SEARCH_STEPS = 5000  # branch-and-bound steps `search` takes before it leaves a problem to the ILP solver
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def search(pb: Problem, live: list[int], steps: int | None = None) -> tuple[dict[int, Cand] | None, str] | None:
+    """The whole-graph ILP's optimum by depth-first branch and bound, for small problems: the
+    same objective as `_solve` (the sum of the chosen kernels' costs, each made positive the same
+    way), at most one candidate per class, the roots and every chosen candidate's operands
+    chosen, no cycle. (selection or None, status) like `ilp`, or None when it would take more
+    than `steps` (default SEARCH_STEPS) steps: then the solver runs. (The step bound keeps it
+    far inside any time limit: no clock is read.)"""
+    budget = [SEARCH_STEPS if steps is None else steps]
+    inside = set(live)
+    opts = {c: [cd for cd in pb.options(c) if all(r in inside for r in cd.reads)] for c in live}
+    best: list = [np.inf, None]
+
+    def weight(cd: Cand) -> float:
+        return max(cd.cost, 0.0) + 1e-6  # as _solve's costs (before its scaling, which keeps the order)
+
+    def dfs(chosen: dict[int, Cand], pending: list[int], total: float) -> None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _TooLarge
+        pending = [c for c in pending if c not in chosen]
+        if not pending:
+            if _find_cycle(pb, chosen) is None:
+                best[0], best[1] = total, dict(chosen)
+            return
+        c, rest = pending[0], pending[1:]
+        for cd in opts.get(c, ()):  # cheapest first (Problem.options): the first complete one bounds the rest
+            t = total + weight(cd)
+            if t >= best[0]:
+                break
+            chosen[c] = cd
+            dfs(chosen, rest + [r for r in cd.reads if r not in chosen], t)
+            del chosen[c]
+
+    try:
+        dfs({}, list(dict.fromkeys(pb.roots)), 0.0)
+    except _TooLarge:
+        return None
+    if best[1] is None:
+        return None, "infeasible"
+    return _reachable(pb, best[1]), "optimal"
 
 
 def _solve(pb: Problem, region: list[int], fixed: dict[int, Cand], deadline: float

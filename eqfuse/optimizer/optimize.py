@@ -64,9 +64,52 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
                    dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
                    node_limit: int | None = None, time_limit: float | None = None,
                    progress=None) -> OptResult:
-    """Fuse one graph: the fused graph and its report (its keys: README, "Optimizing: `eqfuse opt`")."""
+    """Fuse one graph: the fused graph and its report (its keys: README, "Optimizing: `eqfuse opt`").
+    A graph optimized before with the same rules, cost model, dims, limits, machine and eqfuse
+    comes from the optimized-graph cache (eqfuse.optimizer.graph_cache; report["graph_cache"]
+    says "hit", "miss" or "off"; EQFUSE_NO_CACHE=1 turns it off)."""
+    from eqfuse.optimizer import graph_cache
+
     if cost not in C.MODELS:
         raise EqfuseError(f"unknown cost model '{cost}' (known: {', '.join(C.MODELS)})")
+    if not graph_cache.enabled():
+        r = _optimize_graph(graph, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
+                            node_limit=node_limit, time_limit=time_limit, progress=progress)
+        r.report["graph_cache"] = "off"
+        return r
+    t0 = time.perf_counter()
+    bound = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
+    rule_list = cached_rules(tuple(str(r) for r in rules), tuple(disable))
+    key = graph_cache.key(graph_text(graph), rule_list, disable, cost, bound, (iter_limit, node_limit, time_limit),
+                          C.perf() if cost == "time" else None)
+    hit = graph_cache.get(key)
+    if hit is not None:
+        from eqfuse.frontend.load import load
+
+        text, report = hit
+        try:
+            (out,) = load(text)
+        except (EqfuseError, ValueError):  # an entry this build cannot read back: optimize again
+            out = None
+        if out is not None:
+            seconds = time.perf_counter() - t0
+            report = dict(report, graph_name=graph.name, graph_cache="hit", optimize_seconds=seconds,
+                          stage_seconds={"graph cache": seconds})
+            return OptResult(out, report, None)
+    r = _optimize_graph(graph, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
+                        node_limit=node_limit, time_limit=time_limit, progress=progress)
+    r.report["graph_cache"] = "miss"
+    if r.report["stop_reason"] != "time_limit" and "time_limit" not in str(r.report.get("ilp")):
+        # a result the clock cut short depends on the machine's load: not kept
+        graph_cache.put(key, r.report["graph"], r.report)
+    return r
+
+
+def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
+                    dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
+                    node_limit: int | None = None, time_limit: float | None = None,
+                    progress=None) -> OptResult:
+    """optimize_graph without the cache: the e-graphs and extraction."""
     t0 = time.perf_counter()
     lim = Limits.make(iter_limit, node_limit, time_limit, t0)
     dims = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
@@ -92,7 +135,9 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     if pre and lim.left() < load_seconds(src):
         st.stop_reason, st.limit_note = "time_limit", "time limit: no time for the recognition e-graph"
     elif pre:  # the recognition e-graph
-        eg = EGraph(src, pre, phase_of=rule_phase)
+        # every rule goes into the e-graph, each phase in its own ruleset, so that the recognition
+        # and the fusion e-graph are one egglog program, declared once per process (EGraph)
+        eg = EGraph(src, rule_list, phase_of=rule_phase)
         st.skipped_rules.update(eg.skipped)
         stage("recognition e-graph load")
         recognize(eg, st, lim, progress=progress)  # if fusion has no time left after it, its result stands
@@ -109,7 +154,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         one = stitch(cut, singletons(src), src0) if cut else singletons(src)
         return _report(graph, src0, one, one, "none (time limit)", "", None, st, recognition, stages, cost, dims, t0,
                        disable, lim.deadline)
-    eg = EGraph(src, [r for r in rule_list if rule_phase(r) == FUSE], phase_of=rule_phase)
+    eg = EGraph(src, rule_list, phase_of=rule_phase)
     st.skipped_rules.update(eg.skipped)
     stage("fusion e-graph load")
     run_phase(eg, FUSE, st, lim, progress=progress)

@@ -16,6 +16,7 @@ on their meaning beyond the field comments:
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -463,7 +464,56 @@ def read_rule_file(path) -> list[Rule]:
         raise EqfuseError(f"{path}: no such rule file") from None
     except OSError as e:
         raise EqfuseError(f"{path}: cannot read ({e.strerror})") from None
-    return parse_rules(data, str(path))
+    return _parsed(data, str(path))
+
+
+def _parsed(data: bytes, file: str) -> list[Rule]:
+    """parse_rules(data, file), kept by content under the cache directory: the built-in rules
+    are parsed once per machine, not at every start (parsing them was a fifth of
+    `eqfuse opt examples/mlp.g`'s time; python -m cProfile -m eqfuse opt examples/mlp.g). The key
+    covers the file's bytes and name, eqfuse's version and the parser's own sources; a file with
+    an error is not kept (it fails the same way each time)."""
+    import hashlib
+    import pickle
+
+    from eqfuse.cache import read_entry, usable_cache_dir, write_entry
+
+    h = hashlib.sha256(b"eqfuse parsed rules\0")
+    h.update(_parser_fingerprint())
+    h.update(file.encode() + b"\0")
+    h.update(data)
+    try:
+        entry = usable_cache_dir() / "rules" / f"{h.hexdigest()}.parsed"
+    except OSError:
+        return parse_rules(data, file)
+    payload = read_entry(entry)
+    if payload is not None:
+        try:
+            return pickle.loads(payload)
+        except Exception:  # written by an incompatible build despite the key: parse again
+            pass
+    rules = parse_rules(data, file)
+    write_entry(entry, pickle.dumps(rules, protocol=pickle.HIGHEST_PROTOCOL))
+    return rules
+
+
+@functools.lru_cache(maxsize=None)
+def _parser_fingerprint() -> bytes:
+    """What parsed rules depend on besides the file: eqfuse's version and the sources that parse them."""
+    import hashlib
+
+    from eqfuse.frontend.parser import data_dir
+    from eqfuse.version import __version__
+
+    h = hashlib.sha256(__version__.encode() + b"\0")
+    package = Path(__file__).parent.parent
+    for f in (Path(__file__), *sorted((package / "ir").glob("ops*.py")), package / "frontend" / "syntax.py",
+              package / "frontend" / "parser.py", data_dir("grammar") / "rules.lark"):
+        try:
+            h.update(f.read_bytes())
+        except OSError:
+            h.update(str(f).encode())
+    return h.digest()
 
 
 def load_rules(extra_files: Iterable = (), disable: Iterable[str] = ()) -> list[Rule]:
