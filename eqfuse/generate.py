@@ -213,19 +213,25 @@ def choose(logits: np.ndarray, do_sample: bool, temperature: float, top_k: int, 
 _MODULES: dict[tuple, object] = {}  # (path, mtime, size) -> (Module, Signature): a path compiled once
 
 
+def load_decoder(path: str | os.PathLike):
+    """(Module, Signature) of an ONNX decoder export, compiled once per file per process (its
+    bindings then serve every later generate call on the path)."""
+    from eqfuse.pipeline import compile as compile_model
+
+    real = os.path.realpath(os.fspath(path))
+    if not os.path.isfile(real):
+        raise EqfuseError(f"{path}: no such file")
+    key = (real, os.path.getmtime(real), os.path.getsize(real))
+    if key not in _MODULES:
+        sig = onnx_signature(real)
+        _MODULES[key] = (compile_model(real), sig)
+    return _MODULES[key]
+
+
 def _model(model):
     """(run, Signature) of a Module or of the path of an ONNX decoder export."""
     if isinstance(model, (str, os.PathLike)):
-        from eqfuse.pipeline import compile as compile_model
-
-        path = os.path.realpath(os.fspath(model))
-        if not os.path.isfile(path):
-            raise EqfuseError(f"{model}: no such file")
-        key = (path, os.path.getmtime(path), os.path.getsize(path))
-        if key not in _MODULES:
-            sig = onnx_signature(path)
-            _MODULES[key] = (compile_model(path), sig)
-        module, sig = _MODULES[key]
+        module, sig = load_decoder(model)
     elif hasattr(model, "default") and hasattr(model, "functions"):
         module, sig = model, module_signature(model)
     else:
@@ -287,4 +293,4 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     return np.concatenate(out, axis=1)
 
 
-__all__ = ["generate", "Decoder", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]
+__all__ = ["generate", "load_decoder", "Decoder", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]
