@@ -173,3 +173,46 @@ def test_no_compile_over_decode_steps(monkeypatch):
     assert seen[-1] == seen[1]  # decode steps 2-20 ran without the compiler
     print(f"prefill: {seen[0]}; first decode step: +{seen[1]['optimize'] - seen[0]['optimize']} optimize, "
           f"+{seen[1]['build'] - seen[0]['build']} C builds; steps 2-{STEPS}: none")
+
+
+def test_bad_cache_and_arguments_are_refused():
+    """Mismatched cache shapes, a model that is no decoder export, and bad arguments: one
+    EqfuseError with a message each, before any compile."""
+    _, mod = compiled("torchscript")
+    sig = onnx_signature(de.export_gpt2("torchscript"))
+
+    def feeds(rows=(CAPACITY,) * 4, heads=(de.HEADS,) * 4):
+        f = {"input_ids": np.zeros((B, 1), np.int64), "attention_mask": np.ones((B, rows[0] + 1), np.int64),
+             "position_ids": np.zeros((B, 1), np.int64)}
+        f.update({n: np.zeros((B, h, r, de.HEAD), np.float32) for (n, _), r, h in zip(sig.pasts, rows, heads)})
+        return f
+
+    with pytest.raises(eqfuse.ArgumentError, match="dimension past is 32 in one input and 31 in 'past_key_values_1_key'"):
+        mod(**feeds(rows=(32, 32, 31, 32)))
+    with pytest.raises(eqfuse.ArgumentError, match=r"'past_key_values_0_value' expects f32\[batch, 4, past, 16\]|"
+                                                   r"'past_key_values_0_value' expects f32\[batch, 4, 32, 16\]"):
+        mod(**feeds(heads=(4, 3, 4, 4)))
+    # a model whose present is not past plus the new rows
+    dec = Decoder(sig, lambda f: [np.zeros((B, 1, de.VOCAB), np.float32)] +
+                  [np.zeros((B, de.HEADS, 2, de.HEAD), np.float32)] * 4, CAPACITY)
+    with pytest.raises(eqfuse.EqfuseError, match=r"present output for 'past_key_values_0_key' has shape "
+                                                 r"\[2, 4, 2, 16\], expected \[2, 4, 9, 16\]"):
+        dec.prefill(prompt())
+    with pytest.raises(eqfuse.EqfuseError, match="returns 2 outputs"):
+        Decoder(sig, lambda f: [np.zeros((B, S, de.VOCAB), np.float32)] * 2, CAPACITY).prefill(prompt())
+    from eqfuse.generate import Signature
+    with pytest.raises(eqfuse.EqfuseError, match="no input 'position_ids'"):
+        Signature([("input_ids", ("b", "s")), ("attention_mask", ("b", "t")), ("past.0.key", ("b", 4, "p", 16))])
+    with pytest.raises(eqfuse.EqfuseError, match=r"past input 'past_0' has shape \['b', 'h', 'p', 16\]"):
+        Signature([("input_ids", ("b", "s")), ("attention_mask", ("b", "t")), ("position_ids", ("b", "s")),
+                   ("past_0", ("b", "h", "p", 16))])
+    for bad, msg in [(dict(input_ids=prompt().astype(np.float32)), "input_ids must be integers"),
+                     (dict(temperature=0.0), "temperature must be positive"),
+                     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+                     (dict(top_k=-1), "top_k must be a non-negative integer"),
+                     (dict(max_new_tokens=-2), "max_new_tokens must be a non-negative integer")]:
+        args = {"input_ids": prompt(), **bad}
+        with pytest.raises(eqfuse.ArgumentError, match=msg):
+            eqfuse.generate(mod, args.pop("input_ids"), **args)
+    with pytest.raises(eqfuse.EqfuseError, match="must be an eqfuse Module or the path"):
+        eqfuse.generate(object(), prompt())
