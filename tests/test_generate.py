@@ -216,3 +216,12 @@ def test_bad_cache_and_arguments_are_refused():
             eqfuse.generate(mod, args.pop("input_ids"), **args)
     with pytest.raises(eqfuse.EqfuseError, match="must be an eqfuse Module or the path"):
         eqfuse.generate(object(), prompt())
+
+
+def test_concat_along_named_dims_in_a_g_graph():
+    """The shape rule refuses the sum of names at the op, with its position (an ONNX model is
+    bound per call instead: the GPT-2 tests above)."""
+    src = "graph g(p: f32[B, P, 4], x: f32[B, S, 4]) -> f32[B, P, 4] {\n    return exp(concat(p, x, axis=1))\n}\n"
+    with pytest.raises(eqfuse.EqfuseError, match=r"<string>:2:16: error: concat along axis 1 sums named dimensions "
+                                                 r"\(P \+ S\), which a shape cannot hold"):
+        eqfuse.reference(src)

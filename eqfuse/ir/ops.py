@@ -547,8 +547,9 @@ def _concat_infer(ts, attrs):
     parts = [t.shape[ax] for t in ts]
     named = tuple(dict.fromkeys(d for d in parts if isinstance(d, str)))
     if named:  # a sum of names (past + sequence): holds once they are bound (errors.NamedSum)
-        raise NamedSum(f"concat along axis {attrs['axis']} sums named dimensions "
-                       f"({' + '.join(str(d) for d in parts)}); bind {', '.join(named)} with dims=", named)
+        raise NamedSum(f"concat along axis {attrs['axis']} sums named dimensions ({' + '.join(str(d) for d in parts)}), "
+                       "which a shape cannot hold (a dim is a number or one name): they must be bound "
+                       "(an ONNX model binds them per call)", named)
     for d in parts:
         total += d
     return TType(ts[0].shape[:ax] + (total,) + ts[0].shape[ax + 1:])
