@@ -55,11 +55,26 @@ class EqfuseError(Exception):
 
 class DimsNeeded(EqfuseError):
     """An ONNX model that imports only with some of its named dims bound (eqfuse.compile then
-    binds them per call, padded to buckets: eqfuse.runtime.padded)."""
+    binds them per call, padded to buckets: eqfuse.runtime.padded). `sums` holds the dims a
+    concat adds together (NamedSum): padding them with zeros is not exact, so they are compiled
+    per value."""
+
+    sums: tuple[str, ...] = ()
 
 
 class ShapeError(Exception):
     """Raised by an op's shape rule; the graph builder turns it into an EqfuseError at the op."""
+
+
+class NamedSum(ShapeError):
+    """A shape rule whose result dim is a sum with a named dim in it (concat along a named axis:
+    past + sequence). The IR's Dim is an int or one name, so it cannot hold the sum: the graph
+    builds once those names are bound. The ONNX importer raises it as DimsNeeded, so the model
+    is bound per call (eqfuse.runtime.padded); a .g graph needs them bound by dims=."""
+
+    def __init__(self, message: str, names: tuple[str, ...]):
+        super().__init__(message)
+        self.names = names
 
 
 class CheckFailed(EqfuseError):

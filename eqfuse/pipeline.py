@@ -386,10 +386,10 @@ def compile_model(src, opts: Options, shared: SharedArrays | None = None) -> Mod
     padded model (its weights and their panels are the other buckets')."""
     try:
         loaded = load(src, opts, shared)
-    except DimsNeeded:  # an ONNX model with named dims only bound per call: compiled per bucket of them
+    except DimsNeeded as e:  # an ONNX model with named dims only bound per call: compiled per bucket of them
         if opts.grad is not None:
             raise
-        return padded_module(src, opts)
+        return padded_module(src, opts, sums=e.sums)
     graphs, params = loaded.graphs, loaded.params
     if opts.grad is None and not is_onnx(src) and padded_dims(graphs, opts.buckets, opts.dims, params):
         g = graphs[0]
@@ -457,11 +457,17 @@ def lazy_grad(g: Graph, params: dict, dims: dict[str, int], opts: Options) -> La
     return LazyGradFunction(g, opts.grad, params, dims, compile_text)
 
 
-def padded_module(src, opts: Options, graph: Graph | None = None) -> Module:
+def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[str, ...] = ()) -> Module:
     """The model compiled per bucket of its named dims at run time (eqfuse.runtime.padded): an
     ONNX model that imports only with some bound (the leading one stays a batch dim, the others are
     padded), or `graph`, a .g graph whose buckets= name dims that are not batch dims. opts.dims
-    holds the dims known now."""
+    holds the dims known now.
+
+    `sums` are named dims a concat adds (a decoder's past + sequence, errors.NamedSum): the
+    model's other dims then follow from them (its attention mask's total length), and zeros at
+    the end of any of them are not absent positions (they sit between the past and the new
+    keys), so every non-batch dim is compiled per value. eqfuse.generate calls such a model at a
+    few cache capacities only."""
     dims, buckets = opts.dims, opts.buckets
     shared = SharedArrays()  # the buckets' equal weights and their panels, held once
 
@@ -494,6 +500,9 @@ def padded_module(src, opts: Options, graph: Graph | None = None) -> Module:
         f.padding = {d: "buckets= does not name it" for d in f.padded if d not in buckets}
     if buckets == {}:  # buckets={}: every binding compiled on its own, no padding
         f.sizes, f.padding = {}, {d: "buckets={}" for d in f.padded}
+    elif sums:
+        why = f"the model concatenates along {', '.join(sums)}"
+        f.padding = {d: why for d in f.padded if d not in f.padding}
     return Module([f], {"optimized": False, "reason": f"{', '.join(f.padded)} bound per call: compiled per "
                         "bucket at the first call", "precision": shared.precision}, lambda: f.last_module.graph if f.last_module else "")
 

@@ -457,3 +457,11 @@ def _split(imp, ins, at):
         res.append(x if s == n else imp.op("slice", [x], axis=axis, start=lo, stop=lo + s))
         lo += s
     return res
+
+
+@handles("Range")
+def _range(imp, ins, at):
+    """Range over constants is folded before any handler; one that reaches here has a bound
+    computed from named dims at run time (a decoder's positions past .. past + sequence), which
+    folds once they are bound."""
+    raise NeedsDims("Range whose bounds depend on named dims (bind them with dims=)")

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from eqfuse.errors import DimsNeeded, EqfuseError, ShapeError
+from eqfuse.errors import DimsNeeded, EqfuseError, NamedSum, ShapeError
 from eqfuse.frontend import onnx_handlers, onnx_ops  # noqa: F401  (their @handles fill HANDLERS)
 from eqfuse.frontend import onnx_symbolic as sy
 from eqfuse.frontend import onnx_symbolic_ops as so
@@ -279,6 +279,10 @@ class _Importer:
                 outs = fn(self, ins, attrs)
         except NeedsDims as e:
             raise DimsNeeded(self.error(f"unsupported {e} of ONNX op '{node.op_type}'").message, hint=DIMS_HINT) from None
+        except NamedSum as e:  # concat along a named axis: the model is bound per call (runtime.padded)
+            err = DimsNeeded(self.error(f"{node.op_type}: {e}").message, hint=DIMS_HINT)
+            err.sums = e.names
+            raise err from None
         except Unsupported as e:
             raise self.error(f"unsupported {e} of ONNX op '{node.op_type}'") from None
         except (ShapeError, ValueError) as e:

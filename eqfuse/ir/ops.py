@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from eqfuse.errors import ShapeError
+from eqfuse.errors import NamedSum, ShapeError
 from eqfuse.ir.dtypes import (
     f32_literal,
     f32_of_decimal,
@@ -581,9 +581,14 @@ def _concat_infer(ts, attrs):
     for t in ts:
         if t.rank != rank or any(t.shape[i] != ts[0].shape[i] for i in range(rank) if i != ax):
             raise ShapeError(f"concat along axis {attrs['axis']}: shapes {', '.join(fmt(t.shape) for t in ts)} differ")
-        if not isinstance(t.shape[ax], int) or not isinstance(total, int):
-            raise ShapeError("concat along a named dimension is not supported")
-        total += t.shape[ax]
+    parts = [t.shape[ax] for t in ts]
+    named = tuple(dict.fromkeys(d for d in parts if isinstance(d, str)))
+    if named:  # a sum of names (past + sequence): holds once they are bound (errors.NamedSum)
+        raise NamedSum(f"concat along axis {attrs['axis']} sums named dimensions ({' + '.join(str(d) for d in parts)}), "
+                       "which a shape cannot hold (a dim is a number or one name): they must be bound "
+                       "(an ONNX model binds them per call)", named)
+    for d in parts:
+        total += d
     return TType(ts[0].shape[:ax] + (total,) + ts[0].shape[ax + 1:])
 
 

@@ -231,9 +231,11 @@ class PaddedFunction:
             bind_arrays(Graph(g.name, list(g.nodes), [i for i, _ in free], []), [ins[n] for _, n in free], {})
             try:
                 runs.append(evaluate(g, [params[n] if n in params else ins[n] for n, _ in g.params]))
-            except (IndexError, ValueError, FloatingPointError) as e:  # e.g. a token id past the vocabulary
+            except (IndexError, ValueError, FloatingPointError) as e:
+                if self._runs(named, values):  # padding d alone breaks the model (a decoder's
+                    return f"padding {d} alone fails in the model ({type(e).__name__}: {e})"  # past vs mask)
                 raise ArgumentError(f"{self.name}(): the model's numpy reference fails on this call's inputs "
-                                    f"({type(e).__name__}: {e})") from None
+                                    f"({type(e).__name__}: {e})") from None  # e.g. a token id past the vocabulary
         axes = []
         for k, (a, b) in enumerate(zip(*runs)):
             if a.ndim != b.ndim:
@@ -248,6 +250,15 @@ class PaddedFunction:
                         f"({bad[0].split(': ', 1)[1]})")
         self.out_axes[d] = axes
         return None
+
+    def _runs(self, named, values) -> bool:
+        """Whether the numpy reference runs on the call's own inputs, unpadded."""
+        try:
+            g, params = self._source({k: v for k, v in values.items() if k in self.padded})
+            evaluate(g, [params[n] if n in params else named[n] for n, _ in g.params])
+        except Exception:  # noqa: BLE001  (any failure: the inputs are at fault, not the padding)
+            return False
+        return True
 
     # ------------------------------------------------------------ display
 

@@ -1,0 +1,295 @@
+"""eqfuse.generate: text generation with a decoder exported with its KV cache (docs/generation.md).
+
+A decoder export takes `input_ids`, `attention_mask`, `position_ids` and one `past...` input per
+layer's keys and values ([batch, heads, past, head size]), and returns the logits then one
+`present...` output per past input, in the same order: present = concat(past, new, axis=2).
+
+The cache at a fixed capacity. The past length changes at every token, and eqfuse compiles a
+model whose concat sums named dims per value of them (pipeline.padded_module), so feeding the
+cache at its live length would compile at every token. The driver feeds it instead at a
+*capacity* C chosen once per call (the powers of two from 16 that hold the prompt and the new
+tokens): rows past the live length hold zeros and the attention mask marks them absent, so their
+softmax weight is exactly 0 (the mask adds the most negative float to their scores), and the
+positions come from `position_ids`, not from the cache's length. Each decode step runs at
+past = C, sequence = 1, and its one new row (present's row C) is copied into the cache at the
+live length. A generation thus compiles two bindings: the prefill (sequence = S, past = 1, one
+masked row: eqfuse needs positive dims) and the decode step (sequence = 1, past = C). Every later
+call at the same prompt length and capacity reuses them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from eqfuse.errors import ArgumentError, EqfuseError
+
+MIN_CAPACITY = 16  # the smallest cache capacity: a short generation shares one decode compile
+
+
+def capacity_for(length: int) -> int:
+    """The cache capacity that holds `length` rows: the power of two at or above it, at least 16."""
+    return max(MIN_CAPACITY, 1 << max(length - 1, 0).bit_length())
+
+
+class Signature:
+    """Where a decoder's inputs and outputs are: the names of its id, mask and position inputs,
+    its past inputs in order with their [heads, head size], and the number of positions its
+    position table holds (None when unknown)."""
+
+    def __init__(self, inputs: Sequence[tuple[str, tuple]], max_positions: int | None = None):
+        names = [n for n, _ in inputs]
+        self.names = names
+
+        def find(*keys: str) -> str:
+            hit = next((n for n in names if any(n.lower() == k or n.lower().endswith(k) for k in keys)), None)
+            if hit is None:
+                raise EqfuseError(f"generate: the model has no input {' or '.join(repr(k) for k in keys)} "
+                                  f"(its inputs: {', '.join(names)}); eqfuse.generate needs a decoder export "
+                                  "with input_ids, attention_mask, position_ids and past key values")
+            return hit
+
+        self.ids, self.mask, self.positions = find("input_ids"), find("attention_mask"), find("position_ids")
+        self.pasts = [(n, tuple(s)) for n, s in inputs if "past" in n.lower()]
+        if not self.pasts:
+            raise EqfuseError(f"generate: the model has no past key value inputs (its inputs: {', '.join(names)})")
+        for n, s in self.pasts:
+            if len(s) != 4 or not all(isinstance(d, int) for d in (s[1], s[3])):
+                raise EqfuseError(f"generate: past input '{n}' has shape {list(s)}; eqfuse.generate needs "
+                                  "[batch, heads, past, head size] with heads and head size fixed")
+        others = set(names) - {self.ids, self.mask, self.positions} - {n for n, _ in self.pasts}
+        if others:
+            raise EqfuseError(f"generate: the model has inputs eqfuse.generate does not know how to feed: "
+                              f"{', '.join(sorted(others))}")
+        self.max_positions = max_positions
+
+
+def onnx_signature(path: str | os.PathLike) -> Signature:
+    """The Signature of an ONNX decoder export, with its position table's length when position_ids
+    index an initializer (GPT-2's wpe), perhaps through a Cast or a reshape."""
+    from eqfuse.frontend.onnx_inputs import input_shapes, load_model
+
+    proto = load_model(path)
+    sig = Signature([(p, s) for _, p, s in input_shapes(proto)])
+    onnx_pos = next(o for o, p, _ in input_shapes(proto) if p == sig.positions)
+    inits = {t.name: tuple(t.dims) for t in proto.graph.initializer}
+    names, passes = {onnx_pos}, ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Flatten", "Expand")
+    for node in proto.graph.node:  # in topological order: follow position_ids to the Gather it indexes
+        if node.op_type in passes and node.input and node.input[0] in names:
+            names.update(node.output)
+        elif node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in names and node.input[0] in inits:
+            sig.max_positions = int(inits[node.input[0]][0])
+            break
+    return sig
+
+
+def module_signature(model) -> Signature:
+    """The Signature of a compiled Module's first graph (no position limit: the ONNX file has it)."""
+    f = model.default
+    inputs = getattr(f, "inputs", None)  # a model bound per call (runtime.padded)
+    if inputs is None:
+        inputs = [(n, t.shape) for n, t in f.source.params if n in f.free]
+    return Signature(inputs, getattr(model, "max_positions", None))
+
+
+class Decoder:
+    """Runs a decoder export step by step over a cache at a fixed capacity (module docstring).
+
+    `run(feeds: dict) -> list of arrays` calls the model (a compiled Module, or onnxruntime in
+    the tests, on the same feeds). prefill(ids) returns the logits of the prompt's last position;
+    step(ids [B, 1]) feeds one token per sequence and returns its logits."""
+
+    def __init__(self, sig: Signature, run: Callable[[dict], Sequence[np.ndarray]], capacity: int):
+        self.sig, self.run, self.capacity = sig, run, capacity
+        self.length = 0  # live rows of the cache
+        self.cache: list[np.ndarray] = []
+        self.mask: np.ndarray | None = None  # [B, capacity + 1]: the live rows, then the new token's
+
+    def _check_positions(self, last: int) -> None:
+        limit = self.sig.max_positions
+        if limit is not None and last >= limit:
+            raise ArgumentError(f"generate: position {last} is past the model's maximum of {limit} positions "
+                                f"({limit - 1} is the last); use fewer new tokens or a shorter prompt")
+
+    def _call(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray]):
+        feeds = {self.sig.ids: ids, self.sig.mask: mask, self.sig.positions: positions}
+        feeds.update({n: p for (n, _), p in zip(self.sig.pasts, past)})
+        outs = self.run(feeds)
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        if len(outs) != 1 + len(self.sig.pasts):
+            raise EqfuseError(f"generate: the model returns {len(outs)} outputs; a decoder export returns the "
+                              f"logits and one present per past input ({1 + len(self.sig.pasts)})")
+        return outs[0], outs[1:]
+
+    def prefill(self, ids: np.ndarray) -> np.ndarray:
+        b, s = ids.shape
+        if s + 1 > self.capacity + 1:
+            raise ArgumentError(f"generate: a prompt of {s} tokens does not fit a cache of {self.capacity}")
+        self._check_positions(s - 1)
+        past = [np.zeros((b, h, 1, d), np.float32) for _, (_, h, _, d) in self.sig.pasts]  # one masked row
+        mask = np.ones((b, 1 + s), np.int64)
+        mask[:, 0] = 0
+        positions = np.broadcast_to(np.arange(s, dtype=np.int64), (b, s)).copy()
+        logits, present = self._call(ids, mask, positions, past)
+        self.cache = []
+        for (n, (_, h, _, d)), p in zip(self.sig.pasts, present):
+            self._check_present(n, p, (b, h, 1 + s, d))
+            buf = np.zeros((b, h, self.capacity, d), np.float32)
+            buf[:, :, :s] = p[:, :, 1:]
+            self.cache.append(buf)
+        self.length = s
+        self.mask = np.zeros((b, self.capacity + 1), np.int64)
+        self.mask[:, :s] = 1
+        self.mask[:, -1] = 1
+        return logits[:, -1]
+
+    def step(self, ids: np.ndarray) -> np.ndarray:
+        b = ids.shape[0]
+        t = self.length
+        if t >= self.capacity:
+            self._grow()
+        self._check_positions(t)
+        positions = np.full((b, 1), t, np.int64)
+        logits, present = self._call(ids, self.mask, positions, self.cache)
+        for (n, (_, h, _, d)), p, buf in zip(self.sig.pasts, present, self.cache):
+            self._check_present(n, p, (b, h, self.capacity + 1, d))
+            buf[:, :, t] = p[:, :, self.capacity]  # the new row, written at the live length
+        self.mask[:, t] = 1
+        self.length = t + 1
+        return logits[:, -1]
+
+    def _grow(self) -> None:
+        """Doubles the capacity (the decode step then compiles once at the new one)."""
+        cap = self.capacity * 2
+        self.cache = [np.concatenate([c, np.zeros_like(c)], axis=2) for c in self.cache]
+        mask = np.zeros((self.mask.shape[0], cap + 1), np.int64)
+        mask[:, :self.length] = 1
+        mask[:, -1] = 1
+        self.capacity, self.mask = cap, mask
+
+    @staticmethod
+    def _check_present(name: str, p: np.ndarray, want: tuple) -> None:
+        if tuple(p.shape) != want:
+            raise EqfuseError(f"generate: the model's present output for '{name}' has shape {list(p.shape)}, "
+                              f"expected {list(want)} (past and new rows along axis 2)")
+
+
+# ---------------------------------------------------------------- choosing tokens
+
+
+def choose(logits: np.ndarray, do_sample: bool, temperature: float, top_k: int, top_p: float,
+           rng: np.random.Generator) -> np.ndarray:
+    """The next token of each row of logits [B, V]: the argmax, or a sample of the softmax at
+    `temperature` over the top_k tokens (0: all) within the smallest set whose probability
+    reaches top_p (HF's order: temperature, then top-k, then top-p)."""
+    logits = np.asarray(logits, np.float64)
+    if not do_sample:
+        return logits.argmax(axis=-1)
+    z = logits / temperature
+    v = z.shape[-1]
+    if 0 < top_k < v:
+        kth = np.sort(z, axis=-1)[:, -top_k][:, None]
+        z = np.where(z < kth, -np.inf, z)
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    if top_p < 1.0:
+        order = np.argsort(-p, axis=-1, kind="stable")
+        sp = np.take_along_axis(p, order, axis=-1)
+        before = np.cumsum(sp, axis=-1) - sp  # probability of the tokens ranked above
+        keep = np.zeros_like(p, bool)
+        np.put_along_axis(keep, order, before < top_p, axis=-1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(axis=-1, keepdims=True)
+    u = rng.random((p.shape[0], 1))
+    return np.minimum((np.cumsum(p, axis=-1) < u).sum(axis=-1), v - 1)
+
+
+# ---------------------------------------------------------------- the driver
+
+
+_MODULES: dict[tuple, object] = {}  # (path, mtime, size) -> (Module, Signature): a path compiled once
+
+
+def load_decoder(path: str | os.PathLike):
+    """(Module, Signature) of an ONNX decoder export, compiled once per file per process (its
+    bindings then serve every later generate call on the path)."""
+    from eqfuse.pipeline import compile as compile_model
+
+    real = os.path.realpath(os.fspath(path))
+    if not os.path.isfile(real):
+        raise EqfuseError(f"{path}: no such file")
+    key = (real, os.path.getmtime(real), os.path.getsize(real))
+    if key not in _MODULES:
+        sig = onnx_signature(real)
+        _MODULES[key] = (compile_model(real), sig)
+    return _MODULES[key]
+
+
+def _model(model):
+    """(run, Signature) of a Module or of the path of an ONNX decoder export."""
+    if isinstance(model, (str, os.PathLike)):
+        module, sig = load_decoder(model)
+    elif hasattr(model, "default") and hasattr(model, "functions"):
+        module, sig = model, module_signature(model)
+    else:
+        raise EqfuseError(f"generate: model must be an eqfuse Module or the path of an ONNX decoder export, "
+                          f"not {type(model).__name__}")
+    return (lambda feeds: module(**feeds)), sig
+
+
+def _check_args(input_ids, max_new_tokens, temperature, top_k, top_p) -> np.ndarray:
+    ids = np.asarray(input_ids)
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0 or ids.dtype.kind not in "iu":
+        raise ArgumentError(f"generate: input_ids must be integers of shape [batch, sequence], got "
+                            f"{ids.dtype} {list(ids.shape)}")
+    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+        raise ArgumentError(f"generate: max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if not temperature > 0:
+        raise ArgumentError(f"generate: temperature must be positive, got {temperature!r}")
+    if not isinstance(top_k, (int, np.integer)) or top_k < 0:
+        raise ArgumentError(f"generate: top_k must be a non-negative integer, got {top_k!r}")
+    if not 0 < top_p <= 1:
+        raise ArgumentError(f"generate: top_p must be in (0, 1], got {top_p!r}")
+    return ids.astype(np.int64)
+
+
+def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False, temperature: float = 1.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int | None = None, eos_token_id: int | None = None,
+             ) -> np.ndarray:
+    """Generate up to max_new_tokens after input_ids [B, S] (or [S]); returns the ids [B, S + new].
+
+    do_sample=False takes the most likely token (greedy, as transformers' generate(do_sample=False));
+    do_sample=True samples with temperature, top_k (0: no limit) and top_p (1: no limit) from a
+    generator seeded by `seed`. A sequence that emits eos_token_id is finished: its later tokens
+    are eos_token_id, and generation stops when every sequence is finished (so `new` may be less
+    than max_new_tokens)."""
+    ids = _check_args(input_ids, max_new_tokens, temperature, top_k, top_p)
+    run, sig = _model(model)
+    b, s = ids.shape
+    if max_new_tokens == 0:
+        return ids
+    if sig.max_positions is not None and s + max_new_tokens - 1 > sig.max_positions:
+        raise ArgumentError(f"generate: a prompt of {s} tokens and {max_new_tokens} new tokens reach position "
+                            f"{s + max_new_tokens - 2}, past the model's maximum of {sig.max_positions} positions")
+    dec = Decoder(sig, run, capacity_for(s + max_new_tokens - 1))
+    rng = np.random.default_rng(seed)
+    out = [ids]
+    done = np.zeros(b, bool)
+    logits = dec.prefill(ids)
+    for k in range(max_new_tokens):
+        tok = choose(logits, do_sample, temperature, top_k, top_p, rng).astype(np.int64)
+        if eos_token_id is not None:
+            tok = np.where(done, eos_token_id, tok)
+            done |= tok == eos_token_id
+        out.append(tok[:, None])
+        if k + 1 == max_new_tokens or done.all():
+            break
+        logits = dec.step(tok[:, None])
+    return np.concatenate(out, axis=1)
+
+
+__all__ = ["generate", "load_decoder", "Decoder", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]

@@ -1,0 +1,92 @@
+"""Decoders exported with their KV cache, for eqfuse.generate: a tiny Hugging Face GPT-2 LM
+(2 layers, 64 wide, 4 heads, 100 tokens, 128 positions) with random weights (no download),
+through the TorchScript exporter (opset 17, dynamic_axes) and the dynamo one (opset 18,
+dynamic_shapes). Inputs: input_ids, attention_mask, position_ids, past_key_values.{i}.key/value
+[batch, heads, past, head size]; outputs: logits, present.{i}.key/value (past and new rows).
+Cached on disk like tests/model_exports.py.
+"""
+
+from __future__ import annotations
+
+from model_exports import cached
+
+LAYERS, HEADS, WIDTH, VOCAB, POSITIONS = 2, 4, 64, 100, 128
+HEAD = WIDTH // HEADS
+EOS = 99  # the config's eos token (in the vocabulary: transformers' generate stops at it)
+
+
+def gpt2(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
+    """The transformers GPT2LMHeadModel the exports are made from (seeded: the same weights
+    in every process); the sizes are the tests' unless benchmarks/bench_generate.py sets them."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=VOCAB, n_positions=positions,
+                       bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
+    return T.GPT2LMHeadModel(cfg).eval()
+
+
+def _wrapped(model, layers: int = LAYERS):
+    """The model with the cache as flat tensors in and out (the exporters take no Cache object)."""
+    import torch
+    import transformers as T
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, input_ids, attention_mask, position_ids, *past):
+            cache = T.DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(layers)], config=model.config)
+            out = self.m(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True)
+            flat = [out.logits]
+            for layer in out.past_key_values.layers[:layers]:
+                flat += [layer.keys, layer.values]
+            return tuple(flat)
+    return Step().eval()
+
+
+def names(layers: int = LAYERS) -> tuple[list[str], list[str], list[str]]:
+    """(past input names, all input names, output names) of an export with `layers` layers."""
+    past = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    outs = ["logits"] + [f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    return past, ["input_ids", "attention_mask", "position_ids"] + past, outs
+
+
+PAST_NAMES, INPUT_NAMES, OUTPUT_NAMES = names()
+
+
+def export_gpt2(exporter: str, layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS,
+                positions: int = POSITIONS):
+    """The path of the GPT-2 decoder export through `exporter` ("torchscript" or "dynamo")."""
+    past_names, input_names, output_names = names(layers)
+
+    def write(path):
+        import torch
+
+        step = _wrapped(gpt2(layers, width, heads, positions), layers)
+        b, s, p = 2, 3, 5
+        args = (torch.randint(0, VOCAB, (b, s)), torch.ones(b, p + s, dtype=torch.long),
+                torch.arange(p, p + s).expand(b, s).contiguous(),
+                *(torch.randn(b, heads, p, width // heads) for _ in past_names))
+        if exporter == "torchscript":
+            dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total"},
+                   "position_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}}
+            dyn.update({n: {0: "batch", 2: "past"} for n in past_names})
+            dyn.update({n: {0: "batch", 2: "total"} for n in output_names[1:]})
+            torch.onnx.export(step, args, str(path), input_names=input_names, output_names=output_names,
+                              dynamic_axes=dyn, opset_version=17, dynamo=False)
+        else:
+            from torch.export import Dim
+
+            batch, seq = Dim("batch", min=1, max=64), Dim("sequence", min=1, max=positions)
+            past, total = Dim("past", min=1, max=4 * positions), Dim("total", min=2, max=5 * positions)
+            shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: total},
+                      "position_ids": {0: batch, 1: seq}, "past": tuple({0: batch, 2: past} for _ in past_names)}
+            torch.onnx.export(step, args, str(path), input_names=input_names, output_names=output_names,
+                              dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)
+    sizes = "" if (layers, width, heads, positions) == (LAYERS, WIDTH, HEADS, POSITIONS) else \
+        f"-{layers}x{width}h{heads}p{positions}"
+    return cached(f"gpt2-decoder{sizes}-{exporter}", write)
