@@ -135,6 +135,10 @@ def cmd_ops(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from eqfuse.cli.deploy_cmd import cmd_run_artifact, is_artifact
+
+    if is_artifact(args.model):  # an artifact runs without the compiler
+        return cmd_run_artifact(args)
     import numpy as np
 
     from eqfuse.ir.reference import bind_arrays, evaluate
@@ -281,6 +285,7 @@ COMMANDS = {
     "lower": _lazy("cli.backend_cmds", "cmd_lower"),
     "bench": _lazy("cli.backend_cmds", "cmd_bench"),
     "export": cmd_export,
+    "compile": _lazy("cli.deploy_cmd", "cmd_compile"),
 }
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ from pathlib import Path
 
 import numpy as np
 
+# the kernel kinds' plan details, which the pickled plans hold: imported with eqfuse, not at
+# the first load
+from eqfuse.backend import kinds  # noqa: F401
 from eqfuse.backend.cbuild import load_library
 from eqfuse.cache import owned_privately, usable_cache_dir
 from eqfuse.errors import EqfuseError
