@@ -120,7 +120,6 @@ def make_parser() -> argparse.ArgumentParser:
                         "x86-64-v4, each at most this machine's; eqfuse.load picks the highest its CPU runs "
                         "(default: this machine's level)")
     c.add_argument("-o", "--output", metavar="OUT.eqf", required=True, help="the artifact file to write (required)")
-    _optimizer_options(c)
 
     c = model_cmd("emit", "write the generated C sources")
     _optimizer_options(c)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from eqfuse.cli.args import UsageError
-from eqfuse.cli.main import parse_dims, read_npz
+from eqfuse.cli.main import cmd_run, parse_dims, read_npz
 from eqfuse.errors import CheckFailed, EqfuseError
 from eqfuse.runtime.artifact import MAGIC, load
 
@@ -22,17 +22,14 @@ def parse_buckets(text: str | None) -> dict[str, list[int]] | None:
 
 
 def cmd_compile(args) -> int:
-    from eqfuse.cli.main import optimizer_opts
     from eqfuse.pipeline import compile as eq_compile
 
     dims = parse_dims(args.dim)
-    opts = optimizer_opts(args)
     out = Path(args.output)
     if not out.parent.is_dir():
         raise UsageError(f"-o {out}: no such directory {out.parent}")
     targets = [t.strip() for t in args.targets.split(",") if t.strip()] if args.targets is not None else None
-    mod = eq_compile(args.model, dims=dims or None, buckets=parse_buckets(args.buckets), precision=args.precision,
-                     check_rules=False, **opts)
+    mod = eq_compile(args.model, dims=dims or None, buckets=parse_buckets(args.buckets), precision=args.precision)
     mod.save(out, targets=targets)
     size = out.stat().st_size
     print(f"wrote {out}: {', '.join(mod.functions)} ({size / 1e6:.1f} MB)")
@@ -48,6 +45,11 @@ def is_artifact(path: str) -> bool:
             return f.read(len(MAGIC)) == MAGIC
     except OSError:
         return False
+
+
+def cmd_run_any(args) -> int:
+    """`eqfuse run`: an artifact without the compiler, else the model compiled (cli.main.cmd_run)."""
+    return cmd_run_artifact(args) if is_artifact(args.model) else cmd_run(args)
 
 
 def cmd_run_artifact(args) -> int:

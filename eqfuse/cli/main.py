@@ -135,10 +135,6 @@ def cmd_ops(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from eqfuse.cli.deploy_cmd import cmd_run_artifact, is_artifact
-
-    if is_artifact(args.model):  # an artifact runs without the compiler
-        return cmd_run_artifact(args)
     import numpy as np
 
     from eqfuse.ir.reference import bind_arrays, evaluate
@@ -274,7 +270,7 @@ def _lazy(module: str, func: str):
 
 COMMANDS = {
     "check": cmd_check,
-    "run": cmd_run,
+    "run": _lazy("cli.deploy_cmd", "cmd_run_any"),  # a model, or an artifact (run without the compiler)
     "ops": cmd_ops,
     "opt": _lazy("cli.opt_cmd", "cmd_opt"),
     "rules": _lazy("cli.rules_cmd", "cmd_rules"),
