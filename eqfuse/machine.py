@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from eqfuse.cache import usable_cache_dir
+from eqfuse.cache import owned_privately, usable_cache_dir
 
 
 @dataclass(frozen=True)
@@ -376,7 +376,8 @@ def perf() -> dict:
     """{"flops": FLOP/s, "bandwidth": bytes/s, "overhead": s per kernel}."""
     path = _cache_file()
     try:
-        return json.loads(path.read_text())
+        if owned_privately(path):  # (the file too, not only its directory: nobody else wrote it)
+            return json.loads(path.read_text())
     except (OSError, ValueError):
         pass
     p = _measure()
