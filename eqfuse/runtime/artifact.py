@@ -33,6 +33,7 @@ The pickled parts run code when loaded, as the libraries do: load only artifacts
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib.machinery
 import io
@@ -196,8 +197,9 @@ def _write(module: Module, out, targets) -> None:
     except Exception:  # a report holding something that does not pickle: kept as text
         report = pickle.dumps(repr(module.report))
     common = {"functions": functions, "report": report, "graph_text": module.graph, "precision": module.precision}
-    meta = parts.add("meta", pickle.dumps(common, protocol=pickle.HIGHEST_PROTOCOL))
-    target_meta = {t: parts.add(f"meta/{t}", pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL))
+    # one pickle per target, with the common part in it: the graphs a target's plans share with
+    # the functions are then read once
+    target_meta = {t: parts.add(f"meta/{t}", pickle.dumps((common, s), protocol=pickle.HIGHEST_PROTOCOL))
                    for t, s in per_target.items()}
     offset = 0
     for name, e in parts.entries.items():
@@ -206,7 +208,7 @@ def _write(module: Module, out, targets) -> None:
     manifest = {
         "format": FORMAT, "eqfuse": __version__, "python": sys.implementation.cache_tag,
         "extension": _extension_suffix(), "machine": platform.machine(), "precision": module.precision,
-        "targets": {t: {"meta": target_meta[t]} for t in targets}, "meta": meta,
+        "targets": {t: {"meta": target_meta[t]} for t in targets},
         "graphs": {f.name: f.source.signature() for f in fns},
         "dims": {f.name: [dict(k) for k in list(f.cache) + list(f.buckets)] for f in fns},
         "buckets": {f.name: f.batch_dim and [b.sizes for b in f.buckets.values()] for f in fns},
@@ -383,8 +385,7 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
             raise ArtifactError(f"{damaged} (part {name} does not match its digest)")
         return view
 
-    common = pickle.loads(part(man["meta"], True))
-    state = pickle.loads(part(man["targets"][target]["meta"], True))
+    common, state = _unpickle(part(man["targets"][target]["meta"], True))
     arrays: dict[str, np.ndarray] = {}
 
     def array(name: str) -> np.ndarray:
@@ -431,6 +432,19 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
     module = Module(functions, pickle.loads(common["report"]), lambda: text, common["precision"])
     module.target = target
     return module
+
+
+def _unpickle(blob):
+    """The pickled parts, read with the cyclic garbage collector paused: unpickling a large
+    model's plans makes a few hundred thousand objects, which would trigger collections that
+    find nothing to free."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return pickle.loads(blob)
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _choose_target(man: dict, where: str) -> str:
