@@ -273,3 +273,21 @@ def test_a_process_pool_runs_a_pickled_module(saved):
     for x, y in zip(xs, got):
         np.testing.assert_allclose(y, mod(x), rtol=1e-5, atol=1e-5)
         assert not compare([y], [reference(x, w)])
+
+
+def test_a_padded_dim_keeps_its_buckets_in_the_artifact(tmp_path):
+    """A dim that is not a batch dim, padded per call to its buckets (eqfuse.runtime.padded): saved
+    after the first call, the artifact runs every length within them and refuses one beyond."""
+    causal = "graph f(x: f32[S, 4], w: f32[4, 4]) -> f32[S, 4] { return cumsum(x @ w, axis=0) }"
+    w = np.random.default_rng(0).standard_normal((4, 4), dtype=np.float32)
+    mod = eqfuse.compile(causal, params={"w": w}, buckets={"S": [4, 8]})
+    with pytest.raises(ArtifactError, match="call it once before saving"):
+        mod.save(tmp_path / "c.eqf")
+    mod(np.ones((3, 4), np.float32))
+    loaded = eqfuse.load(mod.save(tmp_path / "c.eqf"))
+    assert loaded.f.padding == {"S": "exact"} and sorted(loaded.f.modules) == [(4,), (8,)]
+    for n in (3, 8, 5, 1):
+        x = np.random.default_rng(n).standard_normal((n, 4), dtype=np.float32)
+        np.testing.assert_allclose(loaded(x), np.cumsum(x @ w, axis=0), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ArtifactError, match="holds it compiled at S=4; S=8; a call at S=16 needs the compiler"):
+        loaded(np.ones((9, 4), np.float32))

@@ -59,6 +59,7 @@ from eqfuse.errors import EqfuseError
 from eqfuse.machine import LEVELS, level_rank, machine, pinned, usable_level
 from eqfuse.runtime.buckets import Bucketed
 from eqfuse.runtime.module import Compiled, GraphFunction, Module
+from eqfuse.runtime.padded import PaddedFunction
 from eqfuse.version import __version__
 
 MAGIC = b"EQFUSE\x00A"
@@ -132,16 +133,45 @@ def _check_targets(targets) -> list[str]:
     return targets
 
 
-def _savable(module: Module) -> list[GraphFunction]:
-    for f in module.functions.values():
-        if not isinstance(f, GraphFunction):
-            raise ArtifactError(f"graph {f.name}: a {type(f).__name__} cannot be saved yet (models whose dims are "
-                                "padded per call, and grad= with unbound dims): compile it with dims= binding them")
-        if not f.cache and not f.buckets:
-            unbound = [d for d in f.source.dims() if d not in f.dims]
-            raise ArtifactError(f"graph {f.name} is not compiled yet ({', '.join(unbound)} unbound): compile it with "
-                                "dims= (or buckets=) or call it once before saving")
-    return list(module.functions.values())
+def _savable(f) -> None:
+    """Refuse a function the artifact cannot hold, with what to do instead."""
+    if isinstance(f, PaddedFunction):
+        if not f.modules:
+            raise ArtifactError(f"graph {f.name} is not compiled yet ({', '.join(f.padded)} bound per call): call it "
+                                "once before saving (its buckets are compiled at the first call)")
+        for m in f.modules.values():
+            for g in m.functions.values():
+                _savable(g)
+        return
+    if not isinstance(f, GraphFunction):
+        raise ArtifactError(f"graph {f.name}: a {type(f).__name__} cannot be saved yet (grad= with unbound dims): "
+                            "compile it with dims= binding them")
+    if not f.cache and not f.buckets:
+        unbound = [d for d in f.source.dims() if d not in f.dims]
+        raise ArtifactError(f"graph {f.name} is not compiled yet ({', '.join(unbound)} unbound): compile it with "
+                            "dims= (or buckets=) or call it once before saving")
+
+
+def _function_meta(f, parts: _Parts) -> dict:
+    """What a function is, apart from its compiled code: its graphs, dims, buckets and weights."""
+    if isinstance(f, PaddedFunction):
+        return {"kind": "padded", "name": f.name, "inputs": f.inputs, "batch": f.batch_dim, "padded": f.padded,
+                "sizes": f.sizes, "padding": f.padding, "limits": f.limits, "out_axes": f.out_axes,
+                "modules": {key: [_function_meta(g, parts) for g in m.functions.values()]
+                            for key, m in f.modules.items()},
+                "last": next((key for key, m in f.modules.items() if m is f.last_module), None)}
+    return {"kind": "graph", "name": f.name, "source": f.source, "optimized": f.optimized, "dims": dict(f.dims),
+            "verify": f.verify, "threads": f.threads,
+            "batch": (f.batch_dim, f.bucket_sizes) if f.batch_dim is not None else None,
+            "params": {n: parts.add_array("weight", a) for n, a in f.params.items()},
+            "last": _last_key(f)}
+
+
+def _bindings(f) -> list[dict]:
+    """The dims bindings a function holds compiled (for the manifest and the refusal of others)."""
+    if isinstance(f, PaddedFunction):
+        return [b for m in f.modules.values() for g in m.functions.values() for b in _bindings(g)]
+    return [dict(k) for k in list(f.cache) + list(f.buckets)]
 
 
 def _compiled_state(c: Compiled, f: GraphFunction, parts: _Parts, libs: dict, target: str) -> dict:
@@ -161,36 +191,33 @@ def _compiled_state(c: Compiled, f: GraphFunction, parts: _Parts, libs: dict, ta
             "alias": dict(c.alias), "library": lib, "panels": panels}
 
 
-def _target_state(fns: list[GraphFunction], parts: _Parts, target: str) -> dict:
+def _function_state(f, parts: _Parts, libs: dict, target: str) -> dict:
+    """A function's bindings and buckets built again for the machine model in force."""
+    if isinstance(f, PaddedFunction):
+        return {"modules": {key: {g.name: _function_state(g, parts, libs, target) for g in m.functions.values()}
+                            for key, m in f.modules.items()}}
+    cache, buckets = f.rebuilt()
+    return {"compiled": [(key, _compiled_state(c, f, parts, libs, target)) for key, c in cache.items()],
+            "buckets": [(key, {s: _compiled_state(c, f, parts, libs, target) for s, c in built.items()},
+                         dict(f.buckets[key].cost)) for key, built in buckets.items()]}
+
+
+def _target_state(fns: list, parts: _Parts, target: str) -> dict:
     """Every function's bindings and buckets built for `target` (an x86-64 level)."""
     libs: dict = {}
-    out = {}
     lanes = LEVELS[target][1]
     with pinned(replace(machine(), simd_floats=lanes, target=target), clamp=False):
-        for f in fns:
-            cache, buckets = f.rebuilt()
-            out[f.name] = {
-                "compiled": [(key, _compiled_state(c, f, parts, libs, target)) for key, c in cache.items()],
-                "buckets": [(key, {s: _compiled_state(c, f, parts, libs, target) for s, c in built.items()},
-                             dict(f.buckets[key].cost)) for key, built in buckets.items()],
-            }
-    return out
+        return {f.name: _function_state(f, parts, libs, target) for f in fns}
 
 
 def _write(module: Module, out, targets) -> None:
     """The artifact of `module`, written to the binary file object `out`."""
     targets = _check_targets(targets)
-    fns = _savable(module)
-    parts = _Parts()
-    functions = []
+    fns = list(module.functions.values())
     for f in fns:
-        functions.append({
-            "name": f.name, "source": f.source, "optimized": f.optimized, "dims": dict(f.dims),
-            "verify": f.verify, "threads": f.threads,
-            "batch": (f.batch_dim, f.bucket_sizes) if f.batch_dim is not None else None,
-            "params": {n: parts.add_array("weight", a) for n, a in f.params.items()},
-            "last": _last_key(f),
-        })
+        _savable(f)
+    parts = _Parts()
+    functions = [_function_meta(f, parts) for f in fns]
     per_target = {t: _target_state(fns, parts, t) for t in targets}
     try:
         report = pickle.dumps(module.report)
@@ -209,9 +236,11 @@ def _write(module: Module, out, targets) -> None:
         "format": FORMAT, "eqfuse": __version__, "python": sys.implementation.cache_tag,
         "extension": _extension_suffix(), "machine": platform.machine(), "precision": module.precision,
         "targets": {t: {"meta": target_meta[t]} for t in targets},
-        "graphs": {f.name: f.source.signature() for f in fns},
-        "dims": {f.name: [dict(k) for k in list(f.cache) + list(f.buckets)] for f in fns},
-        "buckets": {f.name: f.batch_dim and [b.sizes for b in f.buckets.values()] for f in fns},
+        "graphs": {f.name: f"{f.name}({', '.join(f.free)})" for f in fns},
+        "dims": {f.name: _bindings(f) for f in fns},
+        "buckets": {f.name: [b.sizes for b in f.buckets.values()] if isinstance(f, GraphFunction) and f.batch_dim
+                    else None for f in fns},
+        "padded": {f.name: f.sizes for f in fns if isinstance(f, PaddedFunction)},
         "data": offset, "parts": parts.entries,
     }
     text = json.dumps(manifest, indent=1, sort_keys=True).encode()
@@ -403,14 +432,18 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
             libs[name] = (_extract(module_name, part(name, True), parts[name]["sha256"]))
         return libs[name]
 
-    functions = []
-    for fm in common["functions"]:
-        fs = state[fm["name"]]
+    def function(fm: dict, fs: dict):
+        if fm["kind"] == "padded":
+            modules = {key: Module([function(gm, fs["modules"][key][gm["name"]]) for gm in sub], {}, str,
+                                   common["precision"]) for key, sub in fm["modules"].items()}
+            return PaddedFunction.restored(fm["name"], fm["inputs"], fm["batch"], fm["padded"], fm["sizes"],
+                                           fm["padding"], fm["limits"], fm["out_axes"], modules, fm["last"],
+                                           _no_compiler(fm["name"], where, man["dims"][fm["name"]]))
         f = GraphFunction(fm["source"], fm["optimized"], {n: array(p) for n, p in fm["params"].items()}, fm["dims"],
-                          _no_compiler(fm["name"], where, man["dims"][fm["name"]]), fm["verify"], fm["threads"],
-                          fm["batch"])
+                          _no_compiler(fm["name"], where, man["dims"].get(fm["name"], [])), fm["verify"],
+                          fm["threads"], fm["batch"])
 
-        def compiled(st, f=f):
+        def compiled(st):
             mod, path = library(st["library"]) if st["library"] else (None, None)
             c = Compiled(st["graph"], st["kgraph"], st["plans"], mod and mod.lib, mod and mod.ffi, st["kernels"],
                          st["memory"], None, st["alias"], path)
@@ -427,7 +460,9 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
         last = fm["last"]
         if last is not None:
             f.last = f.cache[last[1]] if last[0] == "compiled" else f.buckets[last[1]].compiled[last[2]]
-        functions.append(f)
+        return f
+
+    functions = [function(fm, state[fm["name"]]) for fm in common["functions"]]
     text = common["graph_text"]
     module = Module(functions, pickle.loads(common["report"]), lambda: text, common["precision"])
     module.target = target
@@ -462,7 +497,9 @@ def _no_compiler(name: str, where: str, bindings: list[dict]):
     """A loaded function's build: a binding the artifact does not hold needs the compiler."""
     held = "; ".join(", ".join(f"{k}={v}" for k, v in b.items()) or "no dims" for b in bindings)
 
-    def build(g, binds, names=None, panels=None):
+    def build(g, binds=(), names=None, panels=None):
+        if isinstance(g, dict):  # a padded function's new bucket
+            binds = [g]
         want = "; ".join(", ".join(f"{k}={v}" for k, v in b.items()) for b in binds)
         raise ArtifactError(f"graph {name}: {where} holds it compiled at {held}; a call at {want} needs the compiler: "
                             "compile the model with these dims (or buckets=) and save it again")
