@@ -57,7 +57,7 @@ def main() -> None:
 
     import eqfuse
     from eqfuse.frontend.onnx_inputs import input_shapes
-    from eqfuse.generate import Decoder, capacity_for, onnx_signature
+    from eqfuse.generation import Decoder, capacity_for, onnx_signature
 
     path = de.export_gpt2("torchscript", layers=a.layers, width=a.width, heads=a.heads, positions=512)
     sig = onnx_signature(path)

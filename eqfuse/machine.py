@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from eqfuse.cache import usable_cache_dir
+from eqfuse.cache import owned_privately, usable_cache_dir
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,18 @@ class Machine:
     avx512_bf16: bool = False
     amx_bf16: bool = False
     avx512_vnni: bool = False
+    # An x86-64 level (LEVELS) the kernels are built for instead of this host's own ISA: an
+    # artifact (eqfuse.runtime.artifact) must run on every CPU of its level, and -march=native
+    # could use an extension that other CPUs of that level lack
+    target: str | None = None
 
     @property
     def march(self) -> tuple[str, ...]:
-        """The compiler's target flags: the host's own ISA when it is the vector width planned
-        for, else the x86-64 level of that width (AVX2 kernels on an AVX-512 host really run
-        the AVX2 code paths)."""
+        """The compiler's target flags: the level of `target` when set; the host's own ISA when
+        it is the vector width planned for, else the x86-64 level of that width (AVX2 kernels on
+        an AVX-512 host really run the AVX2 code paths)."""
+        if self.target is not None:
+            return (f"-march={self.target}", "-mtune=native")
         if self.simd_floats >= host_simd_floats():
             return ("-march=native",)
         return ("-march=x86-64-v3", "-mtune=native") if self.simd_floats == 8 else ("-march=x86-64-v2",)
@@ -74,6 +80,55 @@ def _size(text: str) -> int:
     text = text.strip().upper()
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
     return int(text.rstrip("KMG")) * mult
+
+
+# The x86-64 micro-architecture levels an artifact is built for, lowest first: the cpuinfo flags
+# each needs beyond the one below (the psABI's list; lzcnt shows as abm), and its float32 lanes.
+LEVELS: dict[str, tuple[frozenset[str], int]] = {
+    "x86-64-v2": (frozenset({"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}), 4),
+    "x86-64-v3": (frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}), 8),
+    "x86-64-v4": (frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}), 16),
+}
+
+
+def level_of_flags(flags: set[str]) -> str | None:
+    """The highest level whose flags (and those of every level below) are all in `flags`."""
+    best, need = None, set()
+    for name, (more, _) in LEVELS.items():
+        need |= more
+        if not need <= flags:
+            break
+        best = name
+    return best
+
+
+@functools.cache
+def host_level() -> str | None:
+    """This CPU's x86-64 level (None: below x86-64-v2, or not x86-64)."""
+    try:
+        line = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        line = ""
+    return level_of_flags(set(line.partition(":")[2].split()))
+
+
+def level_of(m: Machine) -> str | None:
+    """The level kernels planned for `m` need: its `target`, else the level of its vector width."""
+    if m.target is not None:
+        return m.target
+    return next((name for name, (_, lanes) in reversed(LEVELS.items()) if m.simd_floats >= lanes), None)
+
+
+def level_rank(name: str | None) -> int:
+    """0 for None (below every level), then 1, 2, 3 for x86-64-v2, -v3, -v4."""
+    return 0 if name is None else list(LEVELS).index(name) + 1
+
+
+def usable_level() -> str | None:
+    """The highest level whose code may run here: the host's, lowered to the machine model's when
+    one is pinned (tests pin a lower model to see what a CPU without AVX-512 does)."""
+    host, model = host_level(), level_of(machine())
+    return host if level_rank(host) <= level_rank(model) else model
 
 
 def cache_sizes() -> dict[int, int]:
@@ -349,7 +404,8 @@ def perf() -> dict:
     """{"flops": FLOP/s, "bandwidth": bytes/s, "overhead": s per kernel}."""
     path = _cache_file()
     try:
-        return json.loads(path.read_text())
+        if owned_privately(path):  # (the file too, not only its directory: nobody else wrote it)
+            return json.loads(path.read_text())
     except (OSError, ValueError):
         pass
     p = _measure()

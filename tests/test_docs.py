@@ -10,7 +10,7 @@ from helpers import ROOT
 
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
-MANUAL = ["README", "language", "optimizing", "backend", "onnx", "torch", "training", "export", "testing",
+MANUAL = ["README", "language", "optimizing", "backend", "onnx", "torch", "training", "export", "deploy", "testing",
           "performance"]
 MAX_README_LINES = 220
 

@@ -15,7 +15,7 @@ ort = pytest.importorskip("onnxruntime")
 import decoder_exports as de  # noqa: E402
 
 import eqfuse  # noqa: E402
-from eqfuse.generate import Decoder, capacity_for, load_decoder, onnx_signature  # noqa: E402
+from eqfuse.generation import Decoder, capacity_for, load_decoder, onnx_signature  # noqa: E402
 
 B, S, STEPS = 2, 8, 20
 NEW = STEPS + 1  # a prefill and 20 decode steps make 21 tokens
@@ -200,7 +200,7 @@ def test_bad_cache_and_arguments_are_refused():
         dec.prefill(prompt())
     with pytest.raises(eqfuse.EqfuseError, match="returns 2 outputs"):
         Decoder(sig, lambda f: [np.zeros((B, S, de.VOCAB), np.float32)] * 2, CAPACITY).prefill(prompt())
-    from eqfuse.generate import Signature
+    from eqfuse.generation import Signature
     with pytest.raises(eqfuse.EqfuseError, match="no input 'position_ids'"):
         Signature([("input_ids", ("b", "s")), ("attention_mask", ("b", "t")), ("past.0.key", ("b", 4, "p", 16))])
     with pytest.raises(eqfuse.EqfuseError, match=r"past input 'past_0' has shape \['b', 'h', 'p', 16\]"):

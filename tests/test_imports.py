@@ -22,7 +22,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("eqfuse.runtime",)),
     ("drivers", ("eqfuse.pipeline", "eqfuse.cli", "eqfuse.torch_backend",
                  "eqfuse.trace", "eqfuse.numpy", "eqfuse.export", "eqfuse.export_c", "eqfuse.onnx_backend", "eqfuse.__main__",
-                 "eqfuse.generate",
+                 "eqfuse.generation",
                  "=eqfuse")),
 ]
 

@@ -212,7 +212,9 @@ def _suffix() -> str:
 SPIN_VAR, SPIN_COUNT = "GOMP_SPINCOUNT", "2000"
 
 
-def _load(name: str, path: Path) -> ModuleType:
+def load_library(name: str, path: Path) -> ModuleType:
+    """Import the built library at `path` as the extension module `name` (the name it was built
+    with; a module already imported under it is returned as is)."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -275,7 +277,7 @@ def build(source: str, cdef: str, name_hint: str = "k", *, extra_flags: tuple[st
                         shutil.rmtree(debris, ignore_errors=True)
                 _compile(name, source, cdef, root, final, digest, extra_flags)
                 cached = False
-    mod = _load(name, final)
+    mod = load_library(name, final)
     return Built(mod.ffi, mod.lib, final, cached)
 
 

@@ -98,7 +98,8 @@ def make_parser() -> argparse.ArgumentParser:
 
     model_cmd("check", "parse and shape-check; print each graph's signature")
 
-    c = model_cmd("run", "run a model on inputs from an .npz file", one_graph=True)
+    c = model_cmd("run", "run a model (or an artifact, FILE.eqf, without the compiler) on inputs from an .npz file",
+                  one_graph=True)
     _optimizer_options(c)
     c.add_argument("--inputs", required=True, metavar="IN.npz",
                    help="an .npz archive (numpy.savez) holding one float32 array per parameter, "
@@ -108,6 +109,25 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--verify", action="store_true",
                    help="compare with the numpy reference (rtol 1e-4, atol 1e-5); exit 1 on a mismatch")
     c.add_argument("--reference", action="store_true", help="run the numpy reference only (no C)")
+
+    c = sub.add_parser("compile", help="compile a model into one artifact file that `eqfuse run` and eqfuse.load "
+                                        "read without the compiler",
+                       description="compile a model into one artifact file (.eqf): its libraries for each target, "
+                                   "its weights prepacked, its graphs and dims; eqfuse.load(path) and `eqfuse run "
+                                   "FILE.eqf` read it without the compiler (docs/deploy.md)")
+    c.add_argument("model", help="a .g file (or .onnx)")
+    c.add_argument("--dim", action="append", metavar="NAME=INT",
+                   help="bind a named dimension, e.g. --dim B=256 (repeatable); a batch dim left unbound is "
+                        "compiled at its buckets (--buckets)")
+    c.add_argument("--buckets", metavar="NAME=N1,N2,...",
+                   help="the bucket sizes of a batch dim left unbound, e.g. --buckets B=1,8,32 (default: a graph "
+                        "whose dims are not all bound by --dim is refused: an artifact holds compiled code only)")
+    c.add_argument("--precision", choices=["f32"], default="f32", help="the precision the kernels run in (default: f32)")
+    c.add_argument("--targets", metavar="LEVEL,LEVEL", default=None,
+                   help="the x86-64 levels to build the libraries for, comma-separated: x86-64-v2, x86-64-v3, "
+                        "x86-64-v4, each at most this machine's; eqfuse.load picks the highest its CPU runs "
+                        "(default: this machine's level)")
+    c.add_argument("-o", "--output", metavar="OUT.eqf", required=True, help="the artifact file to write (required)")
 
     c = model_cmd("emit", "write the generated C sources")
     _optimizer_options(c)

@@ -295,7 +295,7 @@ def _lazy(module: str, func: str):
 
 COMMANDS = {
     "check": cmd_check,
-    "run": cmd_run,
+    "run": _lazy("cli.deploy_cmd", "cmd_run_any"),  # a model, or an artifact (run without the compiler)
     "ops": cmd_ops,
     "opt": _lazy("cli.opt_cmd", "cmd_opt"),
     "rules": _lazy("cli.rules_cmd", "cmd_rules"),
@@ -307,6 +307,7 @@ COMMANDS = {
     "bench": _lazy("cli.backend_cmds", "cmd_bench"),
     "export": cmd_export,
     "cache": cmd_cache,
+    "compile": _lazy("cli.deploy_cmd", "cmd_compile"),
 }
 
 if __name__ == "__main__":

@@ -46,6 +46,15 @@ def content_key(data: bytes, trials: int = TRIALS) -> str:
     return h.hexdigest()
 
 
+def owned_privately(path: Path) -> bool:
+    from eqfuse.cache import owned_privately as owned
+
+    try:
+        return owned(path)
+    except OSError:
+        return False
+
+
 def _marker(key: str) -> Path | None:
     from eqfuse.cache import usable_cache_dir
 
@@ -79,7 +88,7 @@ def check_rule_file(path, trials: int = TRIALS) -> bool:
     if key in _SOUND:
         return True
     marker = _marker(key)
-    if marker is not None and marker.is_file():
+    if marker is not None and marker.is_file() and owned_privately(marker):  # the cache's ownership rule
         _SOUND.add(key)
         return True
     bad = []

@@ -73,11 +73,13 @@ class Chunk:
 class Bucketed:
     """One graph compiled for several sizes of its batch dim; called like Compiled.run."""
 
-    def __init__(self, dim: str, graph: Graph, compiled: dict[int, object]):
+    def __init__(self, dim: str, graph: Graph, compiled: dict[int, object], cost: dict[int, float] | None = None):
         self.dim = dim
         self.sizes = sorted(compiled)
         self.compiled = compiled
-        self.cost = {b: estimate(c) for b, c in compiled.items()}
+        # `cost`: the estimates made when an artifact was saved (the time model reads this
+        # machine's measured speeds, which may cost a measurement)
+        self.cost = dict(cost) if cost is not None else {b: estimate(c) for b, c in compiled.items()}
         self._memo: dict[int, tuple[float, tuple[tuple[int, int], ...]]] = {}
         self._warm = False
         # which inputs and outputs hold the dim (as their axis 0), in the optimized graph's order

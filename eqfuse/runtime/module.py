@@ -60,8 +60,10 @@ class Compiled:
 
     def __init__(self, graph: Graph, kgraph: Graph, plans: list[KernelPlan], lib, ffi, kernels: list[Kernel],
                  memory: MemoryPlan | None = None, panels: PanelPool | None = None,
-                 alias: Mapping[str, str] | None = None):
+                 alias: Mapping[str, str] | None = None, library=None):
         self.graph, self.kgraph, self.plans, self.lib, self.ffi = graph, kgraph, plans, lib, ffi
+        self.library = library  # the shared library's file (a Path; None without kernels), for Module.save
+        self.alias = dict(alias or {})
         self.kernels = kernels
         self.memory = memory if memory is not None else plan_memory(kgraph, plans)
         self.runner = Runner(kgraph, plans, self.memory, lib, ffi, panels, dict(alias or {}))
@@ -137,6 +139,18 @@ class GraphFunction:
             self.last = b.compiled.get(dims.get(d), b.largest)  # the bucket this call runs whole, if any
         return b
 
+    def rebuilt(self) -> tuple[dict[tuple, Compiled], dict[tuple, dict[int, Compiled]]]:
+        """Every binding and bucket set compiled so far, built again for the machine model in
+        force (Module.save builds each artifact target this way), this function left as it is."""
+        cache = {key: self._build(self.optimized, [dict(key)], panels=PanelPool())[0] for key in self.cache}
+        buckets = {}
+        d = self.batch_dim
+        for key, b in self.buckets.items():
+            binds = [{**dict(key), d: s} for s in b.sizes]
+            names = [f"{self.optimized.name}_{d}{s}" for s in b.sizes]
+            buckets[key] = dict(zip(b.sizes, self._build(self.optimized, binds, names=names, panels=PanelPool())))
+        return cache, buckets
+
     def named_arrays(self, arrays, keywords: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
         """The call's arrays (positional in parameter order, then by keyword) and the bound params, by name."""
         given = call_arrays(self.name, self.free, arrays, keywords or {}, bound=self.params)
@@ -206,11 +220,28 @@ class Module:
     graphs (the shape of `eqfuse opt --report json`); `mod.kernels` is empty for a graph with
     unbound dims until its first call."""
 
-    def __init__(self, functions: list[GraphFunction], report: Any, graph_text: Callable[[], str]):
+    # The artifact writer and reader (eqfuse.runtime.artifact, which imports this module and
+    # registers itself here when imported: the import points one way)
+    artifacts: Any = None
+
+    def __init__(self, functions: list[GraphFunction], report: Any, graph_text: Callable[[], str],
+                 precision: str = "f32"):
         self.functions = {f.name: f for f in functions}
         self.default = functions[0]
         self.report = report
+        self.precision = precision
         self._graph_text = graph_text
+        self.artifact: Any = None  # the artifact this Module was loaded from (a path or its bytes), if any
+
+    def save(self, path, targets: list[str] | None = None):
+        """Write this Module as one file that `eqfuse.load` reads without the compiler
+        (eqfuse.runtime.artifact): its libraries built for each of `targets` (x86-64 levels;
+        default this machine's), its weights as packed, its graphs, dims and buckets. Returns the path."""
+        return Module.artifacts.save(self, path, targets)
+
+    def __reduce__(self):
+        # A Module pickles as its artifact (bytes), and unpickles through eqfuse.load's code
+        return Module.artifacts.loads, (Module.artifacts.dumps(self),)
 
     def __call__(self, *arrays, **keywords):
         return self.default(*arrays, **keywords)

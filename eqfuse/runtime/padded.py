@@ -93,6 +93,21 @@ class PaddedFunction:
         self._ready = False
         self._lock = threading.Lock()
 
+    @classmethod
+    def restored(cls, name: str, inputs, batch: str | None, padded: list[str], sizes, padding, limits, out_axes,
+                 modules: dict, last, build: Callable) -> PaddedFunction:
+        """One whose first call is done and whose buckets are compiled (an artifact's:
+        eqfuse.runtime.artifact); `build` is asked for a bucket not among them."""
+        f = cls(name, inputs, {}, batch, {}, build, build)
+        f.padded, f.sizes, f.padding = list(padded), dict(sizes), dict(padding)
+        f.limits, f.out_axes = dict(limits), dict(out_axes)
+        f.modules = dict(modules)
+        if last is not None:
+            f.last_module = f.modules[last]
+            f.last = f.last_module.default.last
+        f._ready = True
+        return f
+
     def __call__(self, *arrays, **keywords):
         named = call_arrays(self.name, self.free, arrays, keywords)
         values = self._values(named)

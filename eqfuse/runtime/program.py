@@ -377,6 +377,16 @@ class Runner:
                     got = self._packed[s] = (b, P)
         return got[1]
 
+    def packed(self) -> dict[int, np.ndarray]:
+        """{kernel step: its bound weight's panels} of the weights packed so far (Module.save)."""
+        return {s: P for s, (_, P) in self._packed.items()}
+
+    def adopt_packed(self, s: int, b: np.ndarray, P: np.ndarray) -> None:
+        """Use P as kernel step s's panels of the bound weight b (an artifact's, packed when it
+        was saved: eqfuse.runtime.artifact)."""
+        with self._pack_lock:
+            self._packed[s] = (b, P)
+
     def warm(self, arrays: list[np.ndarray]) -> None:
         """Pack the bound weights among `arrays` (the call's, in input order) and make this
         thread's arena now, not at this runner's first call (eqfuse.runtime.buckets warms every
