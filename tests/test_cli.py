@@ -218,3 +218,15 @@ def test_the_mlp3_demo_lowers_to_three_kernels_with_a_total_uop_count(capsys):
     assert out.startswith("# graph mlp3: 3 kernels\n")
     counts = [int(c) for c in re.findall(r"  x(\d+)$", out, re.M)]
     assert counts and out.rstrip().endswith(f"total: {sum(counts)} uops (the x counts above, summed)")
+
+
+def test_run_reference_summary_of_infinities_is_quiet(capsys, tmp_path):
+    # the mean of inf and -inf is nan: printed, with no numpy RuntimeWarning
+    import warnings
+
+    (tmp_path / "inv.g").write_text("graph g(a: f32[4]) -> f32[4] {\n return 1 / a\n}\n")
+    np.savez(tmp_path / "in.npz", a=np.array([0.0, -0.0, 1.0, 2.0], np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        status, out, err = cli(capsys, "run", tmp_path / "inv.g", "--inputs", tmp_path / "in.npz", "--reference")
+    assert status == 0 and "min -inf  max inf  mean nan" in out, err

@@ -306,3 +306,13 @@ def test_the_host_process_keeps_its_threads_affinities_and_environment(monkeypat
         assert len(REPORTS) == 2 and not left, left  # the layer norms too, after the MLP
     finally:
         torch.set_num_threads(threads)
+
+
+def test_fallback_warning_names_the_users_line():
+    torch.manual_seed(0)
+    compiled = torch.compile(Sorting().eval(), backend="eqfuse")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        compiled(torch.randn(4, 16))
+    (w,) = [w for w in caught if issubclass(w.category, FallbackWarning)]
+    assert w.filename == __file__, (w.filename, w.lineno)

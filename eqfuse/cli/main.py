@@ -191,7 +191,9 @@ def cmd_run(args) -> int:
             raise EqfuseError(f"{args.output}: cannot write ({e.strerror or e})") from None
     for name, o in zip(names, outs):
         dt = dtype_of_numpy(o.dtype) or str(o.dtype)
-        print(f"{name}: {dt}{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}  mean {o.astype(np.float64).mean():.6g}")
+        with np.errstate(all="ignore"):  # the mean of inf and -inf is nan, silently
+            print(f"{name}: {dt}{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}  "
+                  f"mean {o.astype(np.float64).mean():.6g}")
     return 0
 
 
