@@ -275,3 +275,15 @@ def test_every_rule_line_has_a_comment():
         for r in parse_rules(path.read_text(), str(path)):
             above = lines[r.line - 2].strip() if r.line >= 2 else ""
             assert above.startswith("#") or lines[r.line - 2].startswith("rule "), f"{r.name} has no comment"
+
+
+def test_a_guard_on_a_tensors_values_is_refused_by_every_command(capsys):
+    # `where ?x > 0` over a tensor: refused where it is written (not an internal error in the
+    # soundness check); a scalar constant may be compared once const(?c) says it is one
+    path = Path(__file__).parent / "rules_bad" / "tensor_guard.rw"
+    for argv in (["check-rules", str(path)], ["opt", str(ROOT / "examples/elementwise.g"), "--rules", str(path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"{path}:2:43: error: ?x is a tensor") and "const(?c)" in err, err
+    (r,) = parse_rules("rule one: ?x * ?c => ?x where ?c == 1 and const(?c)", "t.rw")
+    assert r.conds[0] == Cond(("attr", "c"), "==", 1)

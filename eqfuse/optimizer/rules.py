@@ -327,8 +327,15 @@ class Side:
         return POp(e.op, tuple(self.expr(a, local) for a in e.args), tuple(attrs))
 
 
-def rule_condition(c: CondAst, sides: list[Side]):
-    """A condition of the `where` clause; every variable it names must be bound by each side in `sides`."""
+GUARD_TERMS = ("a condition compares attribute variables (?p), scalar constants tested with const(?c), "
+               "numbers, lists and rank/shape/size/dim(?x, AXIS) of a tensor")
+
+
+def rule_condition(c: CondAst, sides: list[Side], consts: frozenset = frozenset()):
+    """A condition of the `where` clause; every variable it names must be bound by each side in
+    `sides`. A tensor variable is compared only when const(?x) makes it a scalar constant
+    (`consts`): a guard on a tensor's values (?x > 0) holds or not element by element, and the
+    optimizer, which sees no values, could not check it where it applies the rule."""
 
     def bound(name: str, pos: Pos, want: str) -> None:
         for side in sides:
@@ -346,6 +353,9 @@ def rule_condition(c: CondAst, sides: list[Side]):
             return tuple(t.value)
         if t.kind == "var":
             bound(t.value, t.pos, "attr")
+            if t.value in sides[0].tensor_vars and t.value not in consts:
+                raise EqfuseError(f"?{t.value} is a tensor, and a rule cannot be guarded by a tensor's values: "
+                                  f"{GUARD_TERMS} (a scalar constant: add `where const(?{t.value})`)", t.pos)
             return ("attr", t.value)
         fn, args = t.value
         if fn in TESTS:
@@ -439,7 +449,10 @@ def parse_rules(text: str | bytes, file: str = "<string>") -> list[Rule]:
             if (side is lhs_side or both) and isinstance(pat, (PVar, PNum)):
                 raise EqfuseError("the side a rule matches must be an operation, not a lone "
                                   + ("variable" if isinstance(pat, PVar) else "number"), e.pos)
-        conds = tuple(rule_condition(c, [lhs_side, rhs_side] if both else [lhs_side]) for c in r.conds)
+        consts = frozenset(c.lhs.value[1][0].value for c in r.conds
+                           if c.op is None and c.lhs.kind == "fn" and c.lhs.value[0] in TESTS
+                           and len(c.lhs.value[1]) == 1 and c.lhs.value[1][0].kind == "var")
+        conds = tuple(rule_condition(c, [lhs_side, rhs_side] if both else [lhs_side], consts) for c in r.conds)
         tests = {c.var for c in conds if isinstance(c, Test)}
         _check_binds(lhs_side, rhs_side, tests, False)
         if both:
