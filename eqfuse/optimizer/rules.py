@@ -16,7 +16,7 @@ on their meaning beyond the field comments:
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -93,6 +93,7 @@ class Rule:
     line: int
     text: str
     reverse: bool = False  # the right-to-left half of a `<=>` rule (same name)
+    pos: Pos | None = field(default=None, compare=False)  # of the name, for errors
 
 
 # ---------------------------------------------------------------- parsing
@@ -457,9 +458,9 @@ def parse_rules(text: str | bytes, file: str = "<string>") -> list[Rule]:
         _check_binds(lhs_side, rhs_side, tests, False)
         if both:
             _check_binds(rhs_side, lhs_side, tests, True)
-        rules.append(Rule(r.name, lhs, rhs, conds, file, r.line, rtext))
+        rules.append(Rule(r.name, lhs, rhs, conds, file, r.line, rtext, pos=r.pos))
         if both:
-            rules.append(Rule(r.name, rhs, lhs, conds, file, r.line, rtext, reverse=True))
+            rules.append(Rule(r.name, rhs, lhs, conds, file, r.line, rtext, reverse=True, pos=r.pos))
     return rules
 
 
@@ -480,15 +481,23 @@ def read_rule_file(path) -> list[Rule]:
 
 
 def load_rules(extra_files: Iterable = (), disable: Iterable[str] = ()) -> list[Rule]:
-    """Every built-in rule, then the user's files, minus the disabled names."""
+    """Every built-in rule, then the user's files, minus the disabled names. Rule names are
+    global: a user's rule named like a built-in one, or like one of another file, is refused
+    (`eqfuse check-rules` refuses it too, through this)."""
     rules: list[Rule] = []
     where: dict[str, Rule] = {}
-    for path in [*rule_files(), *extra_files]:
+    builtin = rule_files()
+    seen_files = {p.resolve() for p in builtin}
+    for path in [*builtin, *extra_files]:
+        if path not in builtin and Path(path).resolve() in seen_files:
+            continue  # a file given twice, or a built-in file given again: its rules are in
+        seen_files.add(Path(path).resolve())
         for r in read_rule_file(path):
             prev = where.get(r.name)
             if prev is not None and (prev.file, prev.line) != (r.file, r.line):
-                raise EqfuseError(f"rule '{r.name}' in {r.file}:{r.line} is already defined at "
-                                  f"{prev.file}:{prev.line}", hint="rule names are global; rename one")
+                kind = "a built-in rule" if Path(prev.file) in builtin else "a rule"
+                raise EqfuseError(f"rule '{r.name}' is already defined: {kind} at {prev.file}:{prev.line}", r.pos,
+                                  hint="rule names are global (--disable and reports use them); rename yours")
             where[r.name] = r
             rules.append(r)
     disable = list(disable)
