@@ -110,8 +110,10 @@ graph solo(x: f32[8, 8]) -> f32[8, 8] {
     return relu(x + 1.0)
 }
 """)
-    assert main(["opt", str(src), "--report", "json"]) == 0
-    reports = json.loads(capsys.readouterr().out)
+    # (eqfuse.optimize batches small graphs; `eqfuse opt` optimizes a few graphs each alone)
+    from eqfuse.optimizer.optimize import optimize
+
+    reports = optimize(src.read_text()).reports
     assert "batch" in reports["solo"]
     assert reports["solo"]["boundaries"] == [] and reports["solo"]["fused_kernels"][0]["ops"] == 2
     assert sorted(b["reason"] for b in reports["shared"]["boundaries"]) == ["cost", "unlowerable"]
@@ -172,7 +174,40 @@ def test_a_join_the_egraph_holds_is_found():
 def test_graphs_optimized_together_look_up_their_own_egraph_classes(capsys, tmp_path):
     src = tmp_path / "two.g"
     src.write_text(SHARED + "\ngraph solo(x: f32[8, 8]) -> f32[8, 8] {\n    return relu(x + 1.0)\n}\n")
-    assert main(["opt", str(src), "--report", "json"]) == 0
-    reports = json.loads(capsys.readouterr().out)
+    from eqfuse.optimizer.optimize import optimize
+
+    reports = optimize(src.read_text()).reports
     assert "batch" in reports["solo"]
     assert by_edge(reports["shared"])[("t", "return[1]")]["joined_in_egraph"] is True
+
+
+TWO = """
+graph mlp(x: f32[B, 16], w: f32[16, 16], b: f32[16]) -> f32[B, 16] {
+    return relu(x @ w + b)
+}
+graph attn(q: f32[S, 8], k: f32[S, 8], v: f32[S, 8]) -> f32[S, 8] {
+    return softmax(q @ transpose(k) * 0.35) @ v
+}
+"""
+
+
+def test_each_graphs_report_describes_that_graph_alone(capsys, tmp_path):
+    # a file of two graphs: neither report names the other's rules or dims
+    from eqfuse.optimizer.optimize import optimize, report_text
+
+    src = tmp_path / "two.g"
+    src.write_text(TWO)
+    assert main(["opt", str(src), "--report", "json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    alone = {n: opt("graph " + TWO.split("graph ")[k])
+             for k, n in ((1, "mlp"), (2, "attn"))}
+    for name in ("mlp", "attn"):
+        assert reports[name]["rules_fired"] == alone[name]["rules_fired"], name
+    assert not any(r.startswith("attention") for r in reports["mlp"]["rules_fired"])
+    assert list(reports["mlp"]["batch_dims"]) == ["B"] and list(reports["attn"]["batch_dims"]) == ["S"]
+    # optimized together (eqfuse.optimize): the batch dims are still each graph's, and the text
+    # says whose the rules fired are
+    together = optimize(TWO).reports
+    assert list(together["mlp"]["batch_dims"]) == ["B"] and list(together["attn"]["batch_dims"]) == ["S"]
+    assert "#   rules fired (of the batch it was optimized in): " in report_text(together["mlp"])
+    assert "()" not in report_text(together["mlp"])
