@@ -39,3 +39,12 @@ def step(what: str):
     finally:
         sys.stderr.write(f"\r\x1b[2K{what}: {time.perf_counter() - line.t0:.2f} s\n")
         sys.stderr.flush()
+
+
+def seconds(s: float) -> str:
+    """A duration in the unit a reader expects: 412.3 us, 9.4 ms, 1.95 s."""
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s:.2f} s"

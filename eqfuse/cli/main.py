@@ -52,7 +52,8 @@ def _did_you_mean(word, options):
 
 def selected_graphs(args, one_graph: bool = False):
     """(the graphs a command processes, the --dim bindings): every graph of the model (the first
-    for run and bench) or the one --graph names; each --dim must name a dimension of them."""
+    for run, bench and grad: `one_graph`) or the one --graph names; each --dim must name a
+    dimension of them."""
     from eqfuse.frontend.load import load
 
     dims = parse_dims(args.dim)
@@ -68,6 +69,9 @@ def selected_graphs(args, one_graph: bool = False):
         graphs = load(args.model, dims)
     else:
         graphs = load(args.model)
+    if one_graph and args.graph is None and len(graphs) > 1:  # (docs/README.md: which graphs of a file)
+        print(f"note: graph {graphs[0].name}, the first of {len(graphs)} in {args.model} "
+              f"({', '.join(g.name for g in graphs)}); --graph NAME picks another", file=sys.stderr)
     if one_graph or args.graph is not None:
         graphs = [pick_graph(graphs, args.graph)]
     left = {k: v for k, v in dims.items() if k in {d for g in graphs for d in g.dims()}}
@@ -164,10 +168,14 @@ def cmd_run(args) -> int:
     missing = [aliases.get(n, n) for n in runtime if key[n] not in npz.files]
     if missing:
         raise EqfuseError(f"{path} has no array for input{'s' * (len(missing) > 1)} {', '.join(missing)} "
-                          f"(it has: {', '.join(npz.files) or 'nothing'})")
+                          f"(it has: {', '.join(npz.files) or 'nothing'})", hint=_fitting_graph(args, g, npz, dims))
     given = {n: npz[key[n]] for n in runtime}
     arrays = [given[n] if n in given else weights[n] for n, _ in g.params]
-    dims = bind_arrays(g, arrays, dims)  # every dim fixed: one run needs no batch buckets
+    try:
+        dims = bind_arrays(g, arrays, dims)  # every dim fixed: one run needs no batch buckets
+    except EqfuseError as e:
+        e.hint = e.hint or _fitting_graph(args, g, npz, dims)
+        raise
     if args.reference:
         outs = evaluate(g, arrays)
     else:
@@ -195,6 +203,25 @@ def cmd_run(args) -> int:
             print(f"{name}: {dt}{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}  "
                   f"mean {o.astype(np.float64).mean():.6g}")
     return 0
+
+
+def _fitting_graph(args, g, npz, dims) -> str | None:
+    """When --inputs do not fit graph g but fit another graph of the file: which one."""
+    from eqfuse.ir.reference import bind_arrays
+
+    if args.graph is not None or str(args.model).endswith(".onnx"):
+        return None  # a graph named on purpose; an ONNX model has one
+    from eqfuse.frontend.load import load
+
+    for h in load(args.model):
+        if h.name == g.name or not all(n in npz.files for n, _ in h.params):
+            continue
+        try:
+            bind_arrays(h, [npz[n] for n, _ in h.params], {k: v for k, v in dims.items() if k in h.dims()})
+        except EqfuseError:
+            continue
+        return f"the inputs fit graph '{h.name}' of {args.model}: did you mean --graph {h.name}?"
+    return None
 
 
 def read_npz(path: str, option: str, example: str = "w1=w1, b1=b1, ...") -> dict:

@@ -277,11 +277,12 @@ def explain(g: Graph, cost: str = "memory", dims: Mapping[str, int] | None = Non
 
 def explain_text(r: dict) -> str:
     """The `--explain` lines printed after the report."""
+    from eqfuse.progress import seconds
     def mb(b):
         return f"{b / 1e6:.3f} MB"
 
     def choice(c):
-        return f"{mb(c['bytes'])}, {c['kernels']} kernel{'s' * (c['kernels'] != 1)}, {c['est_time_s'] * 1e6:.1f} us"
+        return f"{mb(c['bytes'])}, {c['kernels']} kernel{'s' * (c['kernels'] != 1)}, {seconds(c['est_time_s'])}"
 
     lines = [f"# boundaries of graph {r['graph_name']} (tensors passed between two kernels):"]
     for b in r.get("boundaries", ()):

@@ -282,8 +282,7 @@ def report_text(r: dict) -> str:
     def mb(b):
         return f"{b / 1e6:.3f} MB"
 
-    def us(s):
-        return f"{s * 1e6:.1f} us"
+    from eqfuse.progress import seconds as us
 
     fired = ", ".join(f"{k} x{v}" for k, v in sorted(r["rules_fired"].items(), key=lambda kv: (-kv[1], kv[0])))
     whose = " (of the batch it was optimized in)" if r.get("batch") else ""
@@ -295,7 +294,9 @@ def report_text(r: dict) -> str:
         f"#   rules fired{whose}: {fired or 'none'}",
         f"#   e-graph:    {r['egraph_nodes']} nodes, {r['egraph_classes']} classes, {r['iterations']} iterations, "
         f"stopped: {r['stop_reason']}" + (f" ({r['limit']})" if r.get("limit") else ""),
-        f"#   extraction: {r['extraction']} (ILP: {r['ilp']}), {r['optimize_seconds']:.3f} s",
+        f"#   extraction: {r['extraction']} (ILP: {r['ilp']})",
+        f"#   optimize time: {us(r['optimize_seconds'])} in all"
+        + (f" ({', '.join(f'{k} {us(v)}' for k, v in r['stage_seconds'].items())})" if r.get("stage_seconds") else ""),
     ]
     if r.get("saved_before"):  # a training graph: what the gradients read of the forward pass
         lines.append(f"#   saved for backward: {mb(r['saved_before'])} -> {mb(r['saved_after'])} (activations the "
