@@ -81,6 +81,12 @@ def selected_graphs(args, one_graph: bool = False):
     return graphs, dims
 
 
+def fuse_mode(g) -> bool | str:
+    """How run, lower and emit compile graph g: kernel blocks written by hand are kept as written
+    (eqfuse.compile's fuse="manual", every other op its own kernel); else the optimizer fuses."""
+    return "manual" if any(n.op == "kernel" for n in g.nodes) else True
+
+
 def optimizer_opts(args) -> dict:
     """cost=, rules=, disable= from the shared options, after the user rule files were checked
     for soundness (unless --no-check-rules): an unsound rule is a RuleError, exit status 2."""
@@ -181,7 +187,7 @@ def cmd_run(args) -> int:
     else:
         from eqfuse import compile as eq_compile
 
-        mod = eq_compile(args.model, dims=dims or None, check_rules=False, **opts)
+        mod = eq_compile(args.model, dims=dims or None, check_rules=False, fuse=fuse_mode(g), **opts)
         res = getattr(mod, g.name)(**given)
         outs = list(res) if isinstance(res, tuple) else [res]
         if args.verify:

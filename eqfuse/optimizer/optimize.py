@@ -122,7 +122,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     left = lim.left() - EXTRACT_SECONDS_PER_NODE * data.num_nodes
     ex = X.extract(pb, src, cost, dims, perf, time_limit=max(0.0, min(X.ILP_TIME_LIMIT, left)))
     out, greedy_g = ex.graph, ex.greedy
-    joins = Joins(data, ex.classes)
+    joins = Joins(data, ex.classes, ex.enodes)
     if cut:
         ids: dict[int, int] = {}
         out, greedy_g = stitch(cut, out, src0, ids), stitch(cut, greedy_g, src0)
