@@ -96,3 +96,9 @@ def test_every_chunk_runs_once(tmp_path):
 def test_a_stalled_worker_is_waited_for_and_freed(tmp_path):
     p = _run(tmp_path, harness=STALLED)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
+
+
+@pytest.mark.extended
+def test_no_data_race_under_thread_sanitizer(tmp_path):
+    p = _run(tmp_path, "-fsanitize=thread", "-g", "-Wno-tsan")
+    assert p.returncode == 0 and p.stdout.strip() == "ok" and "WARNING: ThreadSanitizer" not in p.stderr, p.stderr[-3000:]
