@@ -205,41 +205,9 @@ __attribute__((unused)) static int eqf_pool_threads(void)
 #endif
 }
 
-/* OpenMP's worker threads kept off the caller's CPU too, for the same reason as the pool's
- * (eqf_pool_place). With its threads passive (OMP_WAIT_POLICY, eqfuse.backend.cbuild), libgomp
- * wakes the worker for each region, and after both had slept (between blocks of calls) the
- * scheduler left the caller and the worker on one CPU: a 2-thread softmax of 4096 x 1024 then took
- * its 1-thread time (benchmarks/bench_rows.py --threads 1 2). The run function calls
- * this before its kernels when the graph has a kernel that may open a region: when the caller's
- * CPU or the team's size has changed since the last time, one small region moves each worker
- * (sched_setaffinity in the thread itself) to the CPUs the caller may use but its own. OpenMP's
- * threads are the process's (one libgomp), so other OpenMP code in the process sees them placed
- * so too. */
-#if defined(_OPENMP) && defined(__linux__)
-static int eqf_omp_placed_cpu = -1, eqf_omp_placed_n;
-#endif
-__attribute__((unused)) static void eqf_omp_place(int threads)
-{
-#if defined(_OPENMP) && defined(__linux__)
-    if (threads <= 1)
-        return;
-    const int c = sched_getcpu();
-    if (c < 0 || c >= CPU_SETSIZE || (c == __atomic_load_n(&eqf_omp_placed_cpu, __ATOMIC_RELAXED)
-                                      && threads == __atomic_load_n(&eqf_omp_placed_n, __ATOMIC_RELAXED)))
-        return;
-    cpu_set_t s;
-    if (sched_getaffinity(0, sizeof s, &s) != 0 || !CPU_ISSET(c, &s) || CPU_COUNT(&s) < 2)
-        return;
-    CPU_CLR(c, &s);
-#pragma omp parallel num_threads(threads)
-    if (omp_get_thread_num() > 0)
-        sched_setaffinity(0, sizeof s, &s);
-    __atomic_store_n(&eqf_omp_placed_cpu, c, __ATOMIC_RELAXED);
-    __atomic_store_n(&eqf_omp_placed_n, threads, __ATOMIC_RELAXED);
-#else
-    (void)threads;
-#endif
-}
+/* OpenMP's worker threads are not placed like the pool's: they are the process's (one libgomp,
+ * shared with torch and any other OpenMP code loaded), and eqfuse changes no thread it does not
+ * own (docs/backend.md, "Threads"). */
 
 /* The run function's hold on the pool (*held: whether it holds it now). on = 1 before a kernel
  * that uses the pool, when the call may use more than one thread: the workers spin between jobs

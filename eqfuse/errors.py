@@ -92,8 +92,9 @@ class ArgumentError(EqfuseError, TypeError):
 
 
 def did_you_mean(word: str, options) -> str | None:
-    """The hint for a misspelt name: the closest of `options`, if any is close."""
+    """The hint for a misspelt name: the closest of `options`, if any is close. A name of two or
+    three characters with one of them wrong ('b3' for 'b1') scores 0.5, under difflib's 0.6."""
     import difflib
 
-    close = difflib.get_close_matches(word, list(options), n=1)
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5 if len(word) <= 3 else 0.6)
     return f"did you mean '{close[0]}'?" if close else None

@@ -27,6 +27,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from eqfuse import progress
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph, bind_dims
 from eqfuse.ir.shapes import NUMPY_DTYPE
@@ -147,11 +148,8 @@ def _no_graph(name, graphs):
 
 
 def _prepare_graph(g: Graph, weights, lib, dims, inputs, example_inputs, seed, opts) -> ExportedGraph:
-    from eqfuse.backend.emit import emit_graph
-    from eqfuse.ir.kernels import K
     from eqfuse.optimizer.fold import fold_params
-    from eqfuse.pipeline import bind, lower, optimize
-    from eqfuse.runtime.program import emit_run, plan_memory
+    from eqfuse.pipeline import bind, optimize
 
     gw = {k: v for k, v in weights.items() if k in dict(g.params)}
     if inputs:
@@ -168,7 +166,17 @@ def _prepare_graph(g: Graph, weights, lib, dims, inputs, example_inputs, seed, o
     folded = fold_params(g, gw)
     opts = dict(opts)
     precision = opts.pop("precision", "f32")
-    opt, _ = optimize(folded.graph, dims=gd, **opts)
+    opt, _ = optimize(folded.graph, dims=gd, **opts)  # (its own progress line)
+    with progress.step(f"exporting {g.name}: plans, C and example outputs"):
+        return _exported(g, opt, folded, gw, gd, lib, example_inputs, seed, precision)
+
+
+def _exported(g: Graph, opt: Graph, folded, gw, gd, lib, example_inputs, seed, precision) -> ExportedGraph:
+    from eqfuse.backend.emit import emit_graph
+    from eqfuse.ir.kernels import K
+    from eqfuse.pipeline import lower
+    from eqfuse.runtime.program import emit_run, plan_memory
+
     entry = f"{lib}_{g.name}"
     opt = Graph(entry, opt.nodes, opt.inputs, opt.outputs, opt.pos)  # kernel names carry the library's
     _, kg, plans = lower(opt, gd, True, frozenset(folded.params), precision)
@@ -258,7 +266,11 @@ def export(model: str | os.PathLike, outdir: str | os.PathLike, weights: Mapping
         raise EqfuseError(f"{out}: cannot write the library there ({e.strerror or e})") from None
     graphs = prepare(model, dict(weights or {}), lib, dict(dims or {}), target, inputs, graph, example_inputs,
                      **opts)
-    files = export_c.files(lib, graphs, target, TARGETS[target][0], embed_weights, str(model))
+    with progress.step(f"writing the library {lib} to {out}"):
+        return _write(out, export_c.files(lib, graphs, target, TARGETS[target][0], embed_weights, str(model)))
+
+
+def _write(out: Path, files: Mapping[str, str | bytes]) -> list[Path]:
     written = []
     try:
         for fname, content in files.items():

@@ -27,6 +27,8 @@ call), "threads" (eqfuse's thread count; default torch.get_num_threads()), "cost
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable
@@ -178,11 +180,32 @@ def _split(gm: fx.GraphModule, name: str, opts: dict, warned: set) -> Callable:
     if what and what not in warned:
         warned.add(what)
         log.info(report.summary())
-        warnings.warn(report.summary(), FallbackWarning, stacklevel=2)
+        warnings.warn(report.summary(), FallbackWarning, stacklevel=_user_stacklevel())
     return split
 
 
 _getitem = __import__("operator").getitem
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn's stacklevel, called from the caller of this, that names the user's line: the
+    first frame outside eqfuse, torch and the standard library (dynamo compiles deep inside the
+    call of the compiled model, and torch's own frames pass through contextlib and functools)."""
+    import sysconfig
+
+    import eqfuse
+
+    paths = sysconfig.get_paths()
+    ours = tuple(os.path.dirname(m.__file__) + os.sep for m in (eqfuse, torch)) + ("<",)
+    stdlib, installed = paths["stdlib"] + os.sep, (paths["purelib"] + os.sep, paths["platlib"] + os.sep)
+
+    def skipped(name: str) -> bool:
+        return name.startswith(ours) or (name.startswith(stdlib) and not name.startswith(installed))
+
+    f, level = sys._getframe(1), 1
+    while f is not None and skipped(f.f_code.co_filename):
+        f, level = f.f_back, level + 1
+    return level if f is not None else 1
 
 
 class EqfuseGraph(torch.nn.Module):

@@ -275,3 +275,32 @@ def test_only_code_that_uses_intrinsics_compiles_the_headers_intrinsics():
     assert cbuild.intrinsics_define("#if 0\n#if A\n_mm_sfence();\n#endif\n#else\n_mm_pause();\n#endif\n") == on
     assert cbuild.intrinsics_define("#if 0\n#if A\n#else\n_mm_sfence();\n#endif\n#endif\nint a;\n") == ""
     assert cbuild.header_c("__m512 v;").startswith(on) and not cbuild.header_c().startswith(on)
+
+
+def test_loading_a_module_leaves_the_environment_alone_once_libgomp_is_loaded(cache, monkeypatch):
+    # GOMP_SPINCOUNT only matters before libgomp loads; afterwards (torch loaded it, or an earlier
+    # module did) os.environ is the host's and is not written, even for the length of a load
+    import os
+
+    class Watched(dict):
+        def __setitem__(self, k, v):
+            assert k.startswith("PYTEST_"), f"os.environ[{k!r}] written"  # (pytest's own, at teardown)
+            super().__setitem__(k, v)
+
+        def __delitem__(self, k):
+            assert k.startswith("PYTEST_"), f"os.environ[{k!r}] deleted"
+            super().__delitem__(k)
+
+    build(COMMON_C + "int one(void) { return 1; }", COMMON_CDEF + "\nint one(void);", "t")  # libgomp loaded
+    assert cbuild.gomp_loaded()
+    monkeypatch.setattr(os, "environ", Watched(os.environ))
+    b = build(COMMON_C + "int two(void) { return 2; }", COMMON_CDEF + "\nint two(void);", "t")
+    assert b.lib.two() == 2
+
+
+def test_gomp_loaded_reads_the_process_maps(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert not cbuild.gomp_loaded(str(maps))
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /x/torch/lib/libgomp.so.1\n")
+    assert cbuild.gomp_loaded(str(maps)) and cbuild.gomp_loaded(str(tmp_path / "absent"))

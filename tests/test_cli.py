@@ -218,3 +218,69 @@ def test_the_mlp3_demo_lowers_to_three_kernels_with_a_total_uop_count(capsys):
     assert out.startswith("# graph mlp3: 3 kernels\n")
     counts = [int(c) for c in re.findall(r"  x(\d+)$", out, re.M)]
     assert counts and out.rstrip().endswith(f"total: {sum(counts)} uops (the x counts above, summed)")
+
+
+def test_run_reference_summary_of_infinities_is_quiet(capsys, tmp_path):
+    # the mean of inf and -inf is nan: printed, with no numpy RuntimeWarning
+    import warnings
+
+    (tmp_path / "inv.g").write_text("graph g(a: f32[4]) -> f32[4] {\n return 1 / a\n}\n")
+    np.savez(tmp_path / "in.npz", a=np.array([0.0, -0.0, 1.0, 2.0], np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        status, out, err = cli(capsys, "run", tmp_path / "inv.g", "--inputs", tmp_path / "in.npz", "--reference")
+    assert status == 0 and "min -inf  max inf  mean nan" in out, err
+
+
+def _on_a_terminal(tmp_path, *argv) -> tuple[int, str, str]:
+    """eqfuse run with its stderr on a pseudo-terminal and its stdout piped: (status, stdout, the
+    terminal's text)."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "EQFUSE_QUIET"} | {
+        "PYTHONPATH": str(ROOT), "EQFUSE_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.Popen([sys.executable, "-m", "eqfuse", *map(str, argv)], stdout=subprocess.PIPE, stderr=slave,
+                         stdin=subprocess.DEVNULL, env=env, cwd=tmp_path)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    out = p.stdout.read().decode()
+    return p.wait(timeout=600), out, b"".join(chunks).decode(errors="replace")
+
+
+def _steps(tty: str) -> list[str]:
+    """The finished progress lines: 'what: <time>' (the last rewrite of each line)."""
+    return [ln.split("\x1b[2K")[-1] for ln in tty.replace("\r\n", "\n").split("\n") if "\x1b[2K" in ln]
+
+
+def test_long_steps_show_progress_on_a_terminal_and_stdout_stays_clean(tmp_path):
+    import json
+    import re
+
+    (tmp_path / "g.g").write_text("graph g(x: f32[B, 32], w: f32[32, 32]) -> f32[B, 32] {\n"
+                                  "    return relu(x @ w) + 1\n}\n")
+    status, out, tty = _on_a_terminal(tmp_path, "opt", "g.g", "--dim", "B=8", "--report", "json")
+    assert status == 0 and json.loads(out)["graph_name"] == "g", (out, tty)  # stdout: the JSON alone
+    assert any(re.fullmatch(r"optimizing g: [\d.]+ (us|ms|s)", s) for s in _steps(tty)), tty
+    status, out, tty = _on_a_terminal(tmp_path, "bench", "g.g", "--dim", "B=8", "--repeat", "2", "--threads", "1",
+                                      "--peers", "numpy")
+    steps = _steps(tty)
+    assert status == 0 and out.startswith("g (B=8)"), (out, tty)
+    for what in ("compiling 1 kernels of g", "bench g: eqfuse unfused, threads=1, 2 calls",
+                 "bench g: eqfuse fused, threads=1, 2 calls", "bench g: numpy op by op, threads=1, 2 calls"):
+        assert any(s.startswith(what + ": ") for s in steps), (what, steps)
+    status, out, tty = _on_a_terminal(tmp_path, "export", "g.g", "--dim", "B=8", "-o", "lib")
+    steps = _steps(tty)
+    assert status == 0 and out.startswith("wrote "), (out, tty)
+    assert any(s.startswith("exporting g: plans, C and example outputs: ") for s in steps), steps
+    assert any(s.startswith("writing the library g to lib: ") for s in steps), steps

@@ -71,7 +71,8 @@ def test_bench_measures_the_first_graph_and_needs_only_its_dims(capsys, two, mon
 
     calls = []
     monkeypatch.setattr(eqfuse.cli.bench, "bench_model", lambda src, **kw: calls.append(kw) or "table")
-    assert cli(capsys, "bench", two, "--dim", "B=8") == (0, "table\n", "")
+    status, out, err = cli(capsys, "bench", two, "--dim", "B=8")
+    assert (status, out) == (0, "table\n") and err.startswith("note: graph a, the first of 2")
     assert cli(capsys, "bench", two, "--graph", "b", "--dim", "T=5") == (0, "table\n", "")
     assert [(c["graph"], c["dims"]) for c in calls] == [("a", {"B": 8}), ("b", {"T": 5})]
     status, _, err = cli(capsys, "bench", two, "--graph", "b")
@@ -110,3 +111,29 @@ def test_bench_measures_only_the_chosen_peers(monkeypatch, chosen, compiled, lab
     monkeypatch.setattr(eqfuse.cli.peers, "torch_peers", fake)
     assert [label for label, _ in eqfuse.cli.bench._peers(None, [], chosen)] == labels
     assert asked == ([] if compiled is None else [compiled])
+
+
+def test_run_takes_the_first_graph_says_so_and_names_the_graph_the_inputs_fit(capsys, two, tmp_path):
+    import numpy as np
+
+    np.savez(tmp_path / "a.npz", x=np.ones((2, 4), np.float32))
+    np.savez(tmp_path / "b.npz", y=np.ones(3, np.float32))
+    status, out, err = cli(capsys, "run", two, "--inputs", tmp_path / "a.npz", "--reference")
+    assert status == 0 and out.startswith("out0: f32[2, 4]")
+    assert "note: graph a, the first of 2" in err and "--graph NAME picks another" in err
+    status, out, err = cli(capsys, "run", two, "--inputs", tmp_path / "b.npz", "--reference")
+    assert status == 2 and "has no array for input x" in err
+    assert err.rstrip().endswith("note: the inputs fit graph 'b' of " + two + ": did you mean --graph b?"), err
+    status, out, err = cli(capsys, "run", two, "--graph", "b", "--inputs", tmp_path / "b.npz", "--reference")
+    assert status == 0 and err == ""
+
+
+def test_times_are_printed_in_the_unit_a_reader_expects_and_the_opt_time_is_labelled(capsys, two):
+    from eqfuse.progress import seconds
+
+    assert [seconds(s) for s in (4.123e-4, 9.3606e-3, 1.954)] == ["412.3 us", "9.4 ms", "1.95 s"]
+    status, out, err = cli(capsys, "opt", two, "--graph", "a", "--dim", "B=4096")
+    report = out[out.index("# report"):]
+    assert status == 0 and "#   optimize time: " in report and " in all (load " in report
+    line = next(ln for ln in report.splitlines() if ln.startswith("#   extraction:"))
+    assert not line.rstrip().endswith(" s"), line  # the extraction line no longer carries the whole time

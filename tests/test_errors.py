@@ -160,3 +160,14 @@ def test_deep_nesting_works_or_is_refused_clearly(capsys, tmp_path, name):
     else:
         assert status == 2
         assert re.match(rf"{re.escape(str(path))}:2:\d+: error: {message}", err)
+
+
+def test_a_short_misspelt_name_gets_a_did_you_mean():
+    from eqfuse.errors import EqfuseError, did_you_mean
+    from eqfuse.frontend.load import load
+
+    assert did_you_mean("b3", ["w1", "b1", "x"]) == "did you mean 'b1'?"
+    assert did_you_mean("q", ["w1", "b1", "x"]) is None  # nothing close
+    with pytest.raises(EqfuseError) as e:
+        load("graph g(x: f32[4], b1: f32[4]) -> f32[4] {\n    return x + b3\n}\n")
+    assert "unknown name 'b3'" in str(e.value) and "did you mean 'b1'?" in str(e.value)

@@ -110,8 +110,10 @@ graph solo(x: f32[8, 8]) -> f32[8, 8] {
     return relu(x + 1.0)
 }
 """)
-    assert main(["opt", str(src), "--report", "json"]) == 0
-    reports = json.loads(capsys.readouterr().out)
+    # (eqfuse.optimize batches small graphs; `eqfuse opt` optimizes a few graphs each alone)
+    from eqfuse.optimizer.optimize import optimize
+
+    reports = optimize(src.read_text()).reports
     assert "batch" in reports["solo"]
     assert reports["solo"]["boundaries"] == [] and reports["solo"]["fused_kernels"][0]["ops"] == 2
     assert sorted(b["reason"] for b in reports["shared"]["boundaries"]) == ["cost", "unlowerable"]
@@ -172,7 +174,86 @@ def test_a_join_the_egraph_holds_is_found():
 def test_graphs_optimized_together_look_up_their_own_egraph_classes(capsys, tmp_path):
     src = tmp_path / "two.g"
     src.write_text(SHARED + "\ngraph solo(x: f32[8, 8]) -> f32[8, 8] {\n    return relu(x + 1.0)\n}\n")
-    assert main(["opt", str(src), "--report", "json"]) == 0
-    reports = json.loads(capsys.readouterr().out)
+    from eqfuse.optimizer.optimize import optimize
+
+    reports = optimize(src.read_text()).reports
     assert "batch" in reports["solo"]
     assert by_edge(reports["shared"])[("t", "return[1]")]["joined_in_egraph"] is True
+
+
+TWO = """
+graph mlp(x: f32[B, 16], w: f32[16, 16], b: f32[16]) -> f32[B, 16] {
+    return relu(x @ w + b)
+}
+graph attn(q: f32[S, 8], k: f32[S, 8], v: f32[S, 8]) -> f32[S, 8] {
+    return softmax(q @ transpose(k) * 0.35) @ v
+}
+"""
+
+
+def test_each_graphs_report_describes_that_graph_alone(capsys, tmp_path):
+    # a file of two graphs: neither report names the other's rules or dims
+    from eqfuse.optimizer.optimize import optimize, report_text
+
+    src = tmp_path / "two.g"
+    src.write_text(TWO)
+    assert main(["opt", str(src), "--report", "json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    alone = {n: opt("graph " + TWO.split("graph ")[k])
+             for k, n in ((1, "mlp"), (2, "attn"))}
+    for name in ("mlp", "attn"):
+        assert reports[name]["rules_fired"] == alone[name]["rules_fired"], name
+    assert not any(r.startswith("attention") for r in reports["mlp"]["rules_fired"])
+    assert list(reports["mlp"]["batch_dims"]) == ["B"] and list(reports["attn"]["batch_dims"]) == ["S"]
+    # optimized together (eqfuse.optimize): the batch dims are still each graph's, and the text
+    # says whose the rules fired are
+    together = optimize(TWO).reports
+    assert list(together["mlp"]["batch_dims"]) == ["B"] and list(together["attn"]["batch_dims"]) == ["S"]
+    assert "#   rules fired (of the batch it was optimized in): " in report_text(together["mlp"])
+    assert "()" not in report_text(together["mlp"])
+
+
+BLOCK = """
+graph blk(x: f32[B, 64], w1: f32[64, 128], b1: f32[128], g: f32[128], be: f32[128]) -> f32[B, 128] {
+    return gelu(layernorm(x @ w1 + b1, g, be))
+}
+"""
+
+
+@pytest.mark.parametrize("cost", ["memory", "launches", "time"])
+def test_a_gemm_with_a_layernorm_and_gelu_epilogue_is_one_contraction_row_kernel(cost):
+    # the join --explain once said the cost model rejected: one kernel, cheaper under every model
+    from eqfuse.pipeline import lower
+
+    r = optimize_graph(load(BLOCK)[0], cost=cost, dims={"B": 32})
+    assert r.report["kernels_after"] == 1 and r.report["boundaries"] == []
+    _, _, plans = lower(r.graph, {"B": 32})
+    assert [p.kind for p in plans] == ["contraction_row"]
+
+
+def test_explain_names_the_join_the_egraph_holds_only_when_it_is_the_one_estimated():
+    # with the epilogue rule off, the e-graph holds gelu joined to a row kernel over the stored
+    # GEMM, not to the GEMM-with-layernorm kernel extraction chose: not "held", no cost contradiction
+    r = optimize_graph(load(BLOCK)[0], dims={"B": 32}, disable=["epilogue_layernorm_gelu"])
+    (b,) = r.report["boundaries"]
+    assert b["joined_in_egraph"] is False and b["reason"] == "no_rule", b
+
+
+def test_run_and_lower_keep_hand_written_kernel_blocks(capsys, tmp_path, monkeypatch):
+    import numpy as np
+
+    import eqfuse
+
+    src = tmp_path / "k.g"
+    src.write_text("graph blk(x: f32[B, 64], w1: f32[64, 128], b1: f32[128]) -> f32[B, 128] {\n"
+                   "    h = kernel { x @ w1 }\n    y = kernel { relu(h + b1) }\n    return y\n}\n")
+    assert main(["lower", str(src), "--dim", "B=8"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# graph blk: 2 kernels") and "contraction" in out and "pointwise" in out, out
+    r = np.random.default_rng(0)
+    np.savez(tmp_path / "in.npz", x=r.standard_normal((4, 64)).astype(np.float32),
+             w1=r.standard_normal((64, 128)).astype(np.float32), b1=r.standard_normal(128).astype(np.float32))
+    modes, real = [], eqfuse.compile
+    monkeypatch.setattr(eqfuse, "compile", lambda *a, **k: modes.append(k.get("fuse")) or real(*a, **k))
+    assert main(["run", str(src), "--inputs", str(tmp_path / "in.npz"), "--verify"]) == 0
+    assert modes == ["manual"]

@@ -198,6 +198,38 @@ def test_mutated_onnx_registry_cleanly(tmp_path_factory, data):
     check_onnx(tmp_path_factory, data)
 
 
+def _damaged_softmax_axis() -> bytes:
+    """test_mutated_onnx_slow's finding: the Softmax's axis attribute with its type byte changed
+    (an attribute of type UNDEFINED, whose value onnx's helper reads as None)."""
+    m = onnx.ModelProto()
+    m.ParseFromString(ONNX_SEED)
+    (axis,) = m.graph.node[-1].attribute
+    axis.type = onnx.AttributeProto.UNDEFINED
+    return m.SerializeToString()
+
+
+def _too_few_inputs(k: int) -> bytes:
+    """test_mutated_onnx_slow's finding (an IndexError in a handler): node k with no input."""
+    m = onnx.ModelProto()
+    m.ParseFromString(ONNX_SEED)
+    del m.graph.node[k].input[:]
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("data, message", [
+    (_damaged_softmax_axis(), "Softmax: attribute 'axis' has no value (attribute type 0) in node 'y'"),
+    (_too_few_inputs(4), "ONNX op 'Softmax' takes 1 input, not 0 in node 'y'"),
+    (_too_few_inputs(3), "ONNX op 'Reshape' takes 2 inputs, not 0 in node 'q'"),
+    (_too_few_inputs(0), "ONNX op 'MatMul' takes 2 inputs, not 0 in node 'h'"),
+], ids=["untyped-attribute", "softmax-no-input", "reshape-no-input", "matmul-no-input"])
+def test_found_by_the_slow_onnx_fuzzer(tmp_path_factory, data, message):
+    path = tmp_path_factory.mktemp("onnx") / "m.onnx"
+    path.write_bytes(data)
+    for argv in (["check", str(path)], ["opt", str(path)]):
+        status, msg = clean(argv)
+        assert status == 2 and message in msg, msg
+
+
 # ------------------------------------------------------------------ the larger profile
 
 

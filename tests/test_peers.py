@@ -42,3 +42,19 @@ def test_torch_runs_the_examples(path):
 
     for g in load(path):
         _check(g, {"B": 2}, rtol=1e-3, atol=1e-4)
+
+
+def test_read_only_inputs_reach_torch_without_a_warning():
+    # an ONNX model's initializers are read-only arrays; torch warns when it wraps one
+    pytest.importorskip("torch")
+    import warnings
+
+    from eqfuse.cli.peers import torch_peers
+
+    g = one_graph("graph g(a: f32[4], b: f32[4]) -> f32[4] {\n return a * b\n}\n")
+    a, b = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
+    b.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ((_, eager),) = torch_peers(g, [a, b], compiled=False)
+        assert np.array_equal(eager(1), a)

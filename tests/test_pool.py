@@ -79,32 +79,6 @@ int main(void)
 """
 
 
-# OpenMP's worker kept off the caller's CPU (eqf_omp_place): inside the next region, thread 1 may
-# run on every CPU the caller may use but the one the caller was on.
-OMP_PLACED = r"""
-#include <stdio.h>
-int main(void)
-{
-    cpu_set_t all, mine;
-    sched_getaffinity(0, sizeof all, &all);
-    if (CPU_COUNT(&all) < 2) {
-        printf("ok\n"); /* one CPU: nothing to keep off */
-        return 0;
-    }
-    eqf_omp_place(2);
-    const int c = eqf_omp_placed_cpu; /* the caller's CPU when it placed the worker */
-    int bad = c < 0;
-#pragma omp parallel num_threads(2)
-    if (omp_get_thread_num() == 1) {
-        sched_getaffinity(0, sizeof mine, &mine);
-        bad = CPU_ISSET(c, &mine) || CPU_COUNT(&mine) != CPU_COUNT(&all) - 1;
-    }
-    printf(bad ? "the worker may run on the caller's CPU\n" : "ok\n");
-    return 0;
-}
-"""
-
-
 def _run(tmp_path, *flags, harness=HARNESS):
     src = tmp_path / "pool.c"
     src.write_text(header_c() + harness)
@@ -121,11 +95,6 @@ def test_every_chunk_runs_once(tmp_path):
 
 def test_a_stalled_worker_is_waited_for_and_freed(tmp_path):
     p = _run(tmp_path, harness=STALLED)
-    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
-
-
-def test_openmp_workers_are_placed_off_the_callers_cpu(tmp_path):
-    p = _run(tmp_path, "-fopenmp", harness=OMP_PLACED)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
 
 

@@ -400,3 +400,10 @@ def test_inputs_are_not_modified(ref):
     ref(*xs)
     for a, c in zip(xs, copies):
         np.testing.assert_array_equal(a, c)
+
+
+def test_repr_names_each_graph_and_its_signature():
+    ref = eqfuse.reference("graph f(a: f32[N, 4]) -> f32[N, 4] {\n return relu(a)\n}\n"
+                           "graph g(a: f32[3], b: f32[3]) -> f32[3] {\n return a + b\n}\n")
+    assert repr(ref) == ("<eqfuse reference: f(a: f32[N, 4]) -> f32[N, 4]; "
+                         "g(a: f32[3], b: f32[3]) -> f32[3]>")

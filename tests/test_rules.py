@@ -275,3 +275,28 @@ def test_every_rule_line_has_a_comment():
         for r in parse_rules(path.read_text(), str(path)):
             above = lines[r.line - 2].strip() if r.line >= 2 else ""
             assert above.startswith("#") or lines[r.line - 2].startswith("rule "), f"{r.name} has no comment"
+
+
+def test_a_guard_on_a_tensors_values_is_refused_by_every_command(capsys):
+    # `where ?x > 0` over a tensor: refused where it is written (not an internal error in the
+    # soundness check); a scalar constant may be compared once const(?c) says it is one
+    path = Path(__file__).parent / "rules_bad" / "tensor_guard.rw"
+    for argv in (["check-rules", str(path)], ["opt", str(ROOT / "examples/elementwise.g"), "--rules", str(path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"{path}:2:43: error: ?x is a tensor") and "const(?c)" in err, err
+    (r,) = parse_rules("rule one: ?x * ?c => ?x where ?c == 1 and const(?c)", "t.rw")
+    assert r.conds[0] == Cond(("attr", "c"), "==", 1)
+
+
+def test_a_rule_named_like_a_built_in_is_refused_by_check_rules_and_opt_alike(tmp_path, capsys):
+    # one notion of a duplicate: rule names are global, a user's file cannot reuse a built-in's
+    path = tmp_path / "my.rw"
+    path.write_text("rule relu_relu: relu(relu(?x)) => relu(?x)\n")
+    errs = []
+    for argv in (["check-rules", str(path)], ["opt", str(ROOT / "examples/elementwise.g"), "--rules", str(path)]):
+        assert main(argv) == 2
+        errs.append(capsys.readouterr().err)
+    assert errs[0] == errs[1] and errs[0].startswith(f"{path}:1:6: error: rule 'relu_relu' is already defined: "
+                                                     "a built-in rule at "), errs
+    assert main(["check-rules", str(ROOT / "eqfuse/optimizer/rules/algebra.rw"), "--trials", "1"]) == 0

@@ -6,6 +6,7 @@ them (the report of the compiled graph: eqfuse graphs, and what stayed in torch)
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import warnings
 from importlib import import_module
@@ -255,3 +256,63 @@ def test_many_aten_ops():
     mask = torch.tensor([True, False, True, True])
     check(ManyOps(), x, ids, mask)
     check(PoolingOps().eval(), torch.randn(2, 3, 8, 8))
+
+
+def _affinities() -> dict[int, set]:
+    """Each thread of this process and the CPUs it may run on."""
+    out = {}
+    for tid in Path("/proc/self/task").iterdir():
+        try:
+            out[int(tid.name)] = os.sched_getaffinity(int(tid.name))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return out
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and two CPUs")
+@pytest.mark.parametrize("free", [1, 2])
+def test_the_host_process_keeps_its_threads_affinities_and_environment(monkeypatch, free):
+    # eqfuse's OpenMP is the process's libgomp, shared with torch: a call may use fewer threads
+    # than torch's (another process holds a core: `free` cores) or place threads, and must give
+    # back the thread count torch reads, every thread's CPUs, and the environment
+    from eqfuse.runtime import load
+
+    monkeypatch.setattr(load, "free_cores", lambda now=None: free)
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(0)
+        a = torch.randn(512, 512)
+        (a @ a).relu_().sum()  # torch's OpenMP threads exist before eqfuse runs
+        env, before = dict(os.environ), _affinities()
+        mlp = torch.compile(MLP().eval(), backend="eqfuse")
+        layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True).eval()
+        enc = torch.compile(layer, backend="eqfuse")
+        with torch.no_grad():
+            for _ in range(3):  # a recompile (dynamo guards on torch's thread count) raises
+                mlp(torch.randn(256, 16))  # (rows enough for OpenMP kernels)
+                assert torch.get_num_threads() == 2
+            x = torch.randn(2, 8, 32)
+            torch.testing.assert_close(enc(x), layer(x), rtol=RTOL, atol=ATOL)
+            enc(x)
+            (a @ a).relu_().sum()
+        after = _affinities()
+        assert {t: after[t] for t in before if t in after} == {t: before[t] for t in before if t in after}
+        assert dict(os.environ) == env
+        left = [r.summary() for r in REPORTS if r.fallbacks]
+        assert len(REPORTS) == 2 and not left, left  # the layer norms too, after the MLP
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_fallback_warning_names_the_users_line():
+    torch.manual_seed(0)
+    compiled = torch.compile(Sorting().eval(), backend="eqfuse")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        compiled(torch.randn(4, 16))
+    (w,) = [w for w in caught if issubclass(w.category, FallbackWarning)]
+    assert w.filename == __file__, (w.filename, w.lineno)

@@ -207,9 +207,21 @@ def _suffix() -> str:
 # each region and was woken by the worker, and the scheduler moved it onto the worker's CPU, where
 # the two took turns (a 2-thread softmax of 4096 x 1024 in blocks of calls ran at its 1-thread
 # time; not so with 2000 pauses of spinning: benchmarks/bench_rows.py --threads 1 2). libgomp reads
-# this once, when the first library that links it is loaded, so it is set only around that load
-# and reaches no other OpenMP runtime (torch brings its own).
+# this once, when the first library that links it is loaded, so it is set only around that load.
+# torch's wheel brings a libgomp.so.1 too, and whichever loads first is the process's one: once
+# libgomp is loaded (by torch, or by an earlier module) the variable would change nothing, and
+# os.environ is the host process's, so it is then left alone.
 SPIN_VAR, SPIN_COUNT = "GOMP_SPINCOUNT", "2000"
+
+
+def gomp_loaded(maps: str = "/proc/self/maps") -> bool:
+    """Whether a libgomp is already loaded in this process (where /proc says; elsewhere, yes:
+    the environment is then never touched)."""
+    try:
+        with open(maps) as f:
+            return "libgomp" in f.read()
+    except OSError:
+        return True
 
 
 def load_library(name: str, path: Path) -> ModuleType:
@@ -218,7 +230,7 @@ def load_library(name: str, path: Path) -> ModuleType:
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
-    user = "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ
+    user = "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ or gomp_loaded()
     if not user:
         os.environ[SPIN_VAR] = SPIN_COUNT
     try:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eqfuse.cli.main import UsageError, optimizer_opts, require_dims, selected_graphs
+from eqfuse.cli.main import (
+    UsageError,
+    fuse_mode,
+    optimizer_opts,
+    require_dims,
+    selected_graphs,
+)
 from eqfuse.errors import EqfuseError
 
 
@@ -30,7 +36,7 @@ def cmd_emit(args) -> int:
         raise EqfuseError(f"{out}: cannot create the output directory ({e.strerror or e})") from None
     for g in graphs:
         gd = {k: v for k, v in dims.items() if k in g.dims()}
-        opt, _ = optimize(g, dims=gd, **opts)
+        opt, _ = optimize(g, dims=gd, fuse=fuse_mode(g), **opts)
         _, _, plans = lower(opt, gd, precision=precision)
         emitted = emit_graph(plans)
         path = out / f"{g.name}.c"
@@ -48,7 +54,9 @@ def cmd_lower(args) -> int:
 
     graphs, dims = _bound_graphs(args)
     opts = optimizer_opts(args)
-    print(uops_text(args.model, dims=dims, graph=args.graph, uops=args.uops, **opts))
+    # one graph at a time: each with its own fuse mode (hand-written kernel blocks kept)
+    print("\n\n".join(uops_text(args.model, dims=dims, graph=g.name, uops=args.uops, fuse=fuse_mode(g), **opts)
+                       for g in graphs))
     return 0
 
 

@@ -105,6 +105,7 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     fused compile. `profile` adds each fused kernel's time at the first thread count
     (eqfuse.runtime.profile)."""
     from eqfuse import compile as eq_compile
+    from eqfuse import progress
     from eqfuse.frontend.load import is_onnx, load
     from eqfuse.ir.reference import evaluate
 
@@ -134,17 +135,22 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     # spinning between calls and halved eqfuse's 2-thread speed when measured after them.
     blas_threads(1)
     time.sleep(0.2)
+
+    def measured(row: str, t: int, fn) -> tuple[float, float]:  # one cell of the table, under a progress line
+        with progress.step(f"bench {g.name}: {row}, threads={t}, {repeat} calls"):
+            return spread(fn, repeat)
+
     for t in threads:
         f_fn.threads = u_fn.threads = t
-        rows[1][1].append(spread(lambda: u_fn(*runtime), repeat))
-        rows[2][1].append(spread(lambda: f_fn(*runtime), repeat))
+        rows[1][1].append(measured("eqfuse unfused", t, lambda: u_fn(*runtime)))
+        rows[2][1].append(measured("eqfuse fused", t, lambda: f_fn(*runtime)))
     for t in threads:
         blas_threads(t)
-        rows[0][1].append(spread(lambda: evaluate(g, arrays), repeat))
+        rows[0][1].append(measured("numpy op by op", t, lambda: evaluate(g, arrays)))
     rt_names = [n for n, _ in g.params if n not in weights]
     chosen, peers = peers, _peers(g, arrays, peers) + _ort_peer(src, dict(zip(rt_names, runtime)), peers, onnx_dims)
     for name, fn in peers:
-        rows.append((name, [spread(lambda: fn(t), repeat) if fn else (float("nan"), float("nan")) for t in threads]))
+        rows.append((name, [measured(name, t, lambda: fn(t)) if fn else (float("nan"), float("nan")) for t in threads]))
     blas_threads(max(threads))
     head = f"{g.name} ({', '.join(f'{k}={v}' for k, v in dims.items()) or 'static shapes'}), median of {repeat}"
     lines = [head, f"{'':34}" + "".join(f"{'threads=' + str(t):>30}" for t in threads)]

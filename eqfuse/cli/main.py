@@ -52,7 +52,8 @@ def _did_you_mean(word, options):
 
 def selected_graphs(args, one_graph: bool = False):
     """(the graphs a command processes, the --dim bindings): every graph of the model (the first
-    for run and bench) or the one --graph names; each --dim must name a dimension of them."""
+    for run, bench and grad: `one_graph`) or the one --graph names; each --dim must name a
+    dimension of them."""
     from eqfuse.frontend.load import load
 
     dims = parse_dims(args.dim)
@@ -68,6 +69,9 @@ def selected_graphs(args, one_graph: bool = False):
         graphs = load(args.model, dims)
     else:
         graphs = load(args.model)
+    if one_graph and args.graph is None and len(graphs) > 1:  # (docs/README.md: which graphs of a file)
+        print(f"note: graph {graphs[0].name}, the first of {len(graphs)} in {args.model} "
+              f"({', '.join(g.name for g in graphs)}); --graph NAME picks another", file=sys.stderr)
     if one_graph or args.graph is not None:
         graphs = [pick_graph(graphs, args.graph)]
     left = {k: v for k, v in dims.items() if k in {d for g in graphs for d in g.dims()}}
@@ -75,6 +79,12 @@ def selected_graphs(args, one_graph: bool = False):
         check_dim_names(graphs, dims, args.model)
     check_dim_sizes(graphs, left)
     return graphs, dims
+
+
+def fuse_mode(g) -> bool | str:
+    """How run, lower and emit compile graph g: kernel blocks written by hand are kept as written
+    (eqfuse.compile's fuse="manual", every other op its own kernel); else the optimizer fuses."""
+    return "manual" if any(n.op == "kernel" for n in g.nodes) else True
 
 
 def optimizer_opts(args) -> dict:
@@ -170,16 +180,20 @@ def cmd_run(args) -> int:
     missing = [aliases.get(n, n) for n in runtime if key[n] not in npz.files]
     if missing:
         raise EqfuseError(f"{path} has no array for input{'s' * (len(missing) > 1)} {', '.join(missing)} "
-                          f"(it has: {', '.join(npz.files) or 'nothing'})")
+                          f"(it has: {', '.join(npz.files) or 'nothing'})", hint=_fitting_graph(args, g, npz, dims))
     given = {n: npz[key[n]] for n in runtime}
     arrays = [given[n] if n in given else weights[n] for n, _ in g.params]
-    dims = bind_arrays(g, arrays, dims)  # every dim fixed: one run needs no batch buckets
+    try:
+        dims = bind_arrays(g, arrays, dims)  # every dim fixed: one run needs no batch buckets
+    except EqfuseError as e:
+        e.hint = e.hint or _fitting_graph(args, g, npz, dims)
+        raise
     if args.reference:
         outs = evaluate(g, arrays)
     else:
         from eqfuse import compile as eq_compile
 
-        mod = eq_compile(args.model, dims=dims or None, check_rules=False, **opts)
+        mod = eq_compile(args.model, dims=dims or None, check_rules=False, fuse=fuse_mode(g), **opts)
         res = getattr(mod, g.name)(**given)
         outs = list(res) if isinstance(res, tuple) else [res]
         if args.verify:
@@ -197,8 +211,29 @@ def cmd_run(args) -> int:
             raise EqfuseError(f"{args.output}: cannot write ({e.strerror or e})") from None
     for name, o in zip(names, outs):
         dt = dtype_of_numpy(o.dtype) or str(o.dtype)
-        print(f"{name}: {dt}{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}  mean {o.astype(np.float64).mean():.6g}")
+        with np.errstate(all="ignore"):  # the mean of inf and -inf is nan, silently
+            print(f"{name}: {dt}{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}  "
+                  f"mean {o.astype(np.float64).mean():.6g}")
     return 0
+
+
+def _fitting_graph(args, g, npz, dims) -> str | None:
+    """When --inputs do not fit graph g but fit another graph of the file: which one."""
+    from eqfuse.ir.reference import bind_arrays
+
+    if args.graph is not None or str(args.model).endswith(".onnx"):
+        return None  # a graph named on purpose; an ONNX model has one
+    from eqfuse.frontend.load import load
+
+    for h in load(args.model):
+        if h.name == g.name or not all(n in npz.files for n, _ in h.params):
+            continue
+        try:
+            bind_arrays(h, [npz[n] for n, _ in h.params], {k: v for k, v in dims.items() if k in h.dims()})
+        except EqfuseError:
+            continue
+        return f"the inputs fit graph '{h.name}' of {args.model}: did you mean --graph {h.name}?"
+    return None
 
 
 def read_npz(path: str, option: str, example: str = "w1=w1, b1=b1, ...") -> dict:

@@ -8,6 +8,8 @@ import sys
 from eqfuse.cli.main import UsageError, optimizer_opts, selected_graphs
 from eqfuse.errors import EqfuseError
 
+OPT_ALONE = 16  # graphs of a file `eqfuse opt` optimizes one by one (more: small ones in batches)
+
 
 def cmd_opt(args) -> int:
     from eqfuse import progress
@@ -33,9 +35,10 @@ def cmd_opt(args) -> int:
         with progress.step(f"optimizing {graphs[0].name}") as line:
             results = [optimize_graph(graphs[0], dims={k: v for k, v in dims.items() if k in graphs[0].dims()},
                                       progress=saturation_line(line), **opts)]
-    else:  # several: small ones are optimized side by side (eqfuse/optimizer/optimize.py)
+    else:  # several: a few are optimized each alone, so that each report describes its graph
+        # alone (rules fired); many small ones side by side (eqfuse/optimizer/optimize.py)
         with progress.step(f"optimizing {len(graphs)} graphs"):
-            results = optimize_graphs(graphs, dims=dims, **opts)
+            results = optimize_graphs(graphs, dims=dims, alone=len(graphs) <= OPT_ALONE, **opts)
     from eqfuse.optimizer.optimize import batch_dims_report
 
     for r, f, g in zip(results, folded, source):

@@ -285,7 +285,8 @@ def torch_peers(graph: Graph, arrays: Sequence[np.ndarray], compiled: bool = Tru
     import torch
 
     fn = torch_function(graph)
-    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+    # (a read-only array, an ONNX model's initializer, is copied: torch warns about wrapping one)
+    tensors = [torch.from_numpy(np.ascontiguousarray(a) if a.flags.writeable else np.array(a)) for a in arrays]
 
     def call(f):
         def timed(threads: int):

@@ -30,6 +30,7 @@ def cmd_check_rules(args) -> int:
 
     if args.trials < 1:
         raise EqfuseError("--trials must be at least 1")
+    load_rules(args.files)  # the names, as opt --rules takes them: none may repeat a built-in's
     bad = 0
     total = 0
     for path in args.files:

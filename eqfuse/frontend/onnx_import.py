@@ -248,6 +248,7 @@ class _Importer:
         for name in node.input:
             if name and name not in self.env:
                 raise self.error(f"input '{name}' is not defined before its use")
+        self.check_arity(node)
         ins = [self.env[n] if n else None for n in node.input]
         try:
             outs = None
@@ -294,6 +295,17 @@ class _Importer:
         for name in node.output[len(outs):]:
             if name:
                 raise self.error(f"unsupported output {len(outs) + 1} ('{name}') of ONNX op '{node.op_type}'")
+
+    def check_arity(self, node) -> None:
+        """As many inputs as the op's schema at the model's opset allows (the handlers index them)."""
+        try:
+            schema = onnx.defs.get_schema(node.op_type, self.opset, node.domain or "")
+        except Exception:  # no schema (an op onnx does not know): the handler's own error follows
+            return
+        n, lo, hi = len(node.input), schema.min_input, schema.max_input
+        if not lo <= n <= hi:
+            want = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi < 1 << 30 else f"at least {lo}"
+            raise self.error(f"ONNX op '{node.op_type}' takes {want} input{'s' * (want != '1')}, not {n}")
 
     def error(self, msg: str) -> EqfuseError:
         n = self.node
@@ -406,7 +418,14 @@ class _Importer:
 
 
 def _attr(a):
-    v = helper.get_attribute_value(a)
+    """An attribute's value; a damaged one (no type, or a type with no value) is a ValueError,
+    reported for its node."""
+    try:
+        v = helper.get_attribute_value(a)
+    except Exception as e:  # onnx's helper raises for a type it does not know
+        raise ValueError(f"attribute '{a.name}' cannot be read ({e})") from None
+    if v is None:
+        raise ValueError(f"attribute '{a.name}' has no value (attribute type {a.type})")
     return v.decode() if isinstance(v, bytes) else v
 
 

@@ -112,6 +112,9 @@ class Reference:
     def __call__(self, *arrays, **keywords):
         return self.run(self.default, *arrays, **keywords)
 
+    def __repr__(self) -> str:
+        return f"<eqfuse reference: {'; '.join(g.signature() for g in self.graphs.values())}>"
+
     def __getattr__(self, name: str):
         graphs = self.__dict__.get("graphs", {})
         if name in graphs:

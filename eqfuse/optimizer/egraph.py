@@ -280,8 +280,12 @@ def _heavy_guard(p, tvars: set[str]) -> list[str]:
         if not svars and written <= HEAVY_LIMIT:
             continue
         root = top.op if isinstance(top, POp) else ""
+        under = top  # a rule that writes an activation over a normalization (epilogue_layernorm_gelu)
+        while isinstance(under, POp) and len(under.args) == 1 and heavy_weight(under.op) == 0:
+            under = under.args[0]
+        row = isinstance(under, POp) and under.op in ("layernorm", "rmsnorm")
         limit = (HEAVY_LIMIT_ATTENTION if root in ("softmax", "matmul")
-                 else HEAVY_LIMIT_ROW if root in ("layernorm", "rmsnorm") else HEAVY_LIMIT)
+                 else HEAVY_LIMIT_ROW if root in ("layernorm", "rmsnorm") or row else HEAVY_LIMIT)
         total = str(written)
         for v in svars:
             out.append(f"(= ?{v}__hv (hv ?{v}))")

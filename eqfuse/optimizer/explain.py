@@ -52,19 +52,30 @@ class Joins:
 
     data: object  # edata.EData
     classes: dict[int, int]  # top-level kernel node -> its e-class
+    enodes: dict[int, int] | None = None  # top-level kernel node -> the e-node extraction chose for it
 
     def renumbered(self, ids: Mapping[int, int]) -> "Joins":
         """The same for a graph whose nodes are those of this one renumbered by `ids`."""
-        return Joins(self.data, {ids[i]: c for i, c in self.classes.items() if i in ids})
+        return Joins(self.data, {ids[i]: c for i, c in self.classes.items() if i in ids},
+                     None if self.enodes is None else {ids[i]: e for i, e in self.enodes.items() if i in ids})
 
     def holds_join(self, p: int, c: int, through: Sequence[int] = ()) -> bool | None:
         """Whether an e-node of kernel c's e-class computes kernel p (or a view of it in
-        `through`) inside its body; None when a kernel has no e-class here."""
+        `through`) inside its body -- p as extraction chose it, when the choice is known: another
+        kernel of p's e-class inlined into c (a row op over a stored tensor, where p is the GEMM
+        with that row op as its epilogue) is another join, which the estimate here is not of.
+        None when a kernel has no e-class here."""
         d = self.data
         if c not in self.classes or any(x not in self.classes for x in (p, *through)):
             return None
-        targets = {d.nodes[i].children[0] for x in (p, *through) for i in d.classes[self.classes[x]]
-                   if d.nodes[i].kind == "K"}
+
+        def kernels_of(x: int) -> list[int]:
+            e = (self.enodes or {}).get(x)
+            if e is not None and d.nodes[e].kind == "K":
+                return [e]
+            return [i for i in d.classes[self.classes[x]] if d.nodes[i].kind == "K"]
+
+        targets = {d.nodes[i].children[0] for x in (p, *through) for i in kernels_of(x)}
         seen: set[int] = set()
         stack = [d.nodes[i].children[0] for i in d.classes[self.classes[c]] if d.nodes[i].kind == "K"]
         while stack:
@@ -277,11 +288,12 @@ def explain(g: Graph, cost: str = "memory", dims: Mapping[str, int] | None = Non
 
 def explain_text(r: dict) -> str:
     """The `--explain` lines printed after the report."""
+    from eqfuse.progress import seconds
     def mb(b):
         return f"{b / 1e6:.3f} MB"
 
     def choice(c):
-        return f"{mb(c['bytes'])}, {c['kernels']} kernel{'s' * (c['kernels'] != 1)}, {c['est_time_s'] * 1e6:.1f} us"
+        return f"{mb(c['bytes'])}, {c['kernels']} kernel{'s' * (c['kernels'] != 1)}, {seconds(c['est_time_s'])}"
 
     lines = [f"# boundaries of graph {r['graph_name']} (tensors passed between two kernels):"]
     for b in r.get("boundaries", ()):

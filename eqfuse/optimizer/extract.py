@@ -405,6 +405,7 @@ class Extraction:
     value: float  # cost.graph_value of graph
     greedy: Graph  # the greedy extraction, for comparison
     classes: dict[int, int] = field(default_factory=dict)  # graph's kernel node -> its e-class
+    enodes: dict[int, int] = field(default_factory=dict)  # graph's kernel node -> the e-node chosen for it
 
 
 def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, max_nodes: int | None = None,
@@ -418,6 +419,7 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
     time_limit = ILP_TIME_LIMIT if time_limit is None else time_limit
     graphs: dict[tuple, tuple[Graph, float]] = {}
     classes: dict[int, dict[int, int]] = {}  # id(graph) -> its kernels' e-classes
+    chosen: dict[int, dict[int, int]] = {}  # id(graph) -> its kernels' e-nodes
 
     def rescore(sel: dict[int, Cand]) -> tuple[Graph, float]:
         key = tuple(sorted((c, cd.node) for c, cd in sel.items()))
@@ -426,6 +428,7 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
             g = to_graph(pb, sel, original, cmap)
             graphs[key] = (g, C.graph_value(g, model, dims, perf))
             classes[id(g)] = cmap
+            chosen[id(g)] = {k: sel[c].node for k, c in cmap.items()}
         return graphs[key]
 
     sel0 = greedy(pb)
@@ -433,7 +436,7 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
     best = Extraction(g, "greedy", "", v, g)
     if all(len(pb.options(c)) <= 1 for c in _live_classes(pb)):  # nothing to choose: no solver
         best.ilp = "optimal (one candidate per class)"
-        best.classes = classes[id(g)]
+        best.classes, best.enodes = classes[id(g)], chosen[id(g)]
         return best
     try:
         sel = None
@@ -451,7 +454,7 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
         g, v = rescore(sel)
         if v < best.value - 1e-9 * max(1.0, abs(best.value)):
             best = Extraction(g, how, best.ilp, v, best.greedy)
-    best.classes = classes[id(best.graph)]
+    best.classes, best.enodes = classes[id(best.graph)], chosen[id(best.graph)]
     return best
 
 

@@ -168,7 +168,7 @@ def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (),
     left = lim.left() - EXTRACT_SECONDS_PER_NODE * data.num_nodes
     ex = X.extract(pb, src, cost, dims, perf, time_limit=max(0.0, min(X.ILP_TIME_LIMIT, left)))
     out, greedy_g = ex.graph, ex.greedy
-    joins = Joins(data, ex.classes)
+    joins = Joins(data, ex.classes, ex.enodes)
     if cut:
         ids: dict[int, int] = {}
         out, greedy_g = stitch(cut, out, src0, ids), stitch(cut, greedy_g, src0)
@@ -328,19 +328,21 @@ def report_text(r: dict) -> str:
     def mb(b):
         return f"{b / 1e6:.3f} MB"
 
-    def us(s):
-        return f"{s * 1e6:.1f} us"
+    from eqfuse.progress import seconds as us
 
     fired = ", ".join(f"{k} x{v}" for k, v in sorted(r["rules_fired"].items(), key=lambda kv: (-kv[1], kv[0])))
+    whose = " (of the batch it was optimized in)" if r.get("batch") else ""
     lines = [
         f"# report for graph {r['graph_name']} (cost: {r['cost']})",
         f"#   kernels:    {r['kernels_before']} -> {r['kernels_after']}",
         f"#   bytes:      {mb(r['bytes_before'])} -> {mb(r['bytes_after'])}",
         f"#   est. time:  {us(r['est_time_before_s'])} -> {us(r['est_time_after_s'])}",
-        f"#   rules fired: {fired or 'none'}",
+        f"#   rules fired{whose}: {fired or 'none'}",
         f"#   e-graph:    {r['egraph_nodes']} nodes, {r['egraph_classes']} classes, {r['iterations']} iterations, "
         f"stopped: {r['stop_reason']}" + (f" ({r['limit']})" if r.get("limit") else ""),
-        f"#   extraction: {r['extraction']} (ILP: {r['ilp']}), {r['optimize_seconds']:.3f} s",
+        f"#   extraction: {r['extraction']} (ILP: {r['ilp']})",
+        f"#   optimize time: {us(r['optimize_seconds'])} in all"
+        + (f" ({', '.join(f'{k} {us(v)}' for k, v in r['stage_seconds'].items())})" if r.get("stage_seconds") else ""),
     ]
     if r.get("saved_before"):  # a training graph: what the gradients read of the forward pass
         lines.append(f"#   saved for backward: {mb(r['saved_before'])} -> {mb(r['saved_after'])} (activations the "
@@ -368,8 +370,11 @@ def _prefix(k: int) -> str:
     return f"__b{k}__"
 
 
-def optimize_graphs(graphs: Sequence[Graph], **kw) -> list:
-    """optimize_graph on each graph, small ones in batches; results in input order."""
+def optimize_graphs(graphs: Sequence[Graph], alone: bool = False, **kw) -> list:
+    """optimize_graph on each graph, small ones in batches (`alone`: none), results in input
+    order. A batched graph's report has its own kernels, bytes, times and batch dims, but the
+    rules fired and e-graph figures of its batch (egglog counts a rule's matches over the whole
+    e-graph): `eqfuse opt`, which prints the reports, optimizes a file of a few graphs alone."""
     dims = kw.pop("dims", None) or {}
     out: list = [None] * len(graphs)
     batch: list[int] = []
@@ -385,7 +390,7 @@ def optimize_graphs(graphs: Sequence[Graph], **kw) -> list:
 
     size = 0
     for i, g in enumerate(graphs):
-        if len(g.nodes) > SMALL:
+        if len(g.nodes) > SMALL or alone:
             out[i] = optimize_graph(g, dims={k: v for k, v in dims.items() if k in g.dims()}, **kw)
             continue
         if size + len(g.nodes) > BATCH_NODES:
@@ -426,7 +431,9 @@ def _together(gs: list[Graph], dims, kw) -> list:
                    kernels_greedy=after.launches - after.views, bytes_greedy=after.bytes,
                    saved_before=C.saved_for_backward(g, gd), saved_after=C.saved_for_backward(part, gd),
                    unbound_dims={d: C.DEFAULT_DIM for d in g.dims() if d not in gd},
-                   batch=f"optimized together with {len(gs) - 1} other small graphs (e-graph and time figures are the batch's)",
+                   batch_dims=_batch_dims(g, [d for d in g.dims() if d not in gd]),  # this graph's dims alone
+                   batch=f"optimized together with {len(gs) - 1} other small graphs (rules fired, e-graph and "
+                         "time figures are the batch's)",
                    graph=graph_text(part))
         joins = r.joins.renumbered(ids) if r.joins is not None else None
         rep.update(explain(part, rep["cost"], gd, stop_reason=rep["stop_reason"], limit=rep["limit"],

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -94,6 +94,7 @@ class Rule:
     line: int
     text: str
     reverse: bool = False  # the right-to-left half of a `<=>` rule (same name)
+    pos: Pos | None = field(default=None, compare=False)  # of the name, for errors
 
 
 # ---------------------------------------------------------------- parsing
@@ -328,8 +329,15 @@ class Side:
         return POp(e.op, tuple(self.expr(a, local) for a in e.args), tuple(attrs))
 
 
-def rule_condition(c: CondAst, sides: list[Side]):
-    """A condition of the `where` clause; every variable it names must be bound by each side in `sides`."""
+GUARD_TERMS = ("a condition compares attribute variables (?p), scalar constants tested with const(?c), "
+               "numbers, lists and rank/shape/size/dim(?x, AXIS) of a tensor")
+
+
+def rule_condition(c: CondAst, sides: list[Side], consts: frozenset = frozenset()):
+    """A condition of the `where` clause; every variable it names must be bound by each side in
+    `sides`. A tensor variable is compared only when const(?x) makes it a scalar constant
+    (`consts`): a guard on a tensor's values (?x > 0) holds or not element by element, and the
+    optimizer, which sees no values, could not check it where it applies the rule."""
 
     def bound(name: str, pos: Pos, want: str) -> None:
         for side in sides:
@@ -347,6 +355,9 @@ def rule_condition(c: CondAst, sides: list[Side]):
             return tuple(t.value)
         if t.kind == "var":
             bound(t.value, t.pos, "attr")
+            if t.value in sides[0].tensor_vars and t.value not in consts:
+                raise EqfuseError(f"?{t.value} is a tensor, and a rule cannot be guarded by a tensor's values: "
+                                  f"{GUARD_TERMS} (a scalar constant: add `where const(?{t.value})`)", t.pos)
             return ("attr", t.value)
         fn, args = t.value
         if fn in TESTS:
@@ -440,14 +451,17 @@ def parse_rules(text: str | bytes, file: str = "<string>") -> list[Rule]:
             if (side is lhs_side or both) and isinstance(pat, (PVar, PNum)):
                 raise EqfuseError("the side a rule matches must be an operation, not a lone "
                                   + ("variable" if isinstance(pat, PVar) else "number"), e.pos)
-        conds = tuple(rule_condition(c, [lhs_side, rhs_side] if both else [lhs_side]) for c in r.conds)
+        consts = frozenset(c.lhs.value[1][0].value for c in r.conds
+                           if c.op is None and c.lhs.kind == "fn" and c.lhs.value[0] in TESTS
+                           and len(c.lhs.value[1]) == 1 and c.lhs.value[1][0].kind == "var")
+        conds = tuple(rule_condition(c, [lhs_side, rhs_side] if both else [lhs_side], consts) for c in r.conds)
         tests = {c.var for c in conds if isinstance(c, Test)}
         _check_binds(lhs_side, rhs_side, tests, False)
         if both:
             _check_binds(rhs_side, lhs_side, tests, True)
-        rules.append(Rule(r.name, lhs, rhs, conds, file, r.line, rtext))
+        rules.append(Rule(r.name, lhs, rhs, conds, file, r.line, rtext, pos=r.pos))
         if both:
-            rules.append(Rule(r.name, rhs, lhs, conds, file, r.line, rtext, reverse=True))
+            rules.append(Rule(r.name, rhs, lhs, conds, file, r.line, rtext, reverse=True, pos=r.pos))
     return rules
 
 
@@ -517,15 +531,23 @@ def _parser_fingerprint() -> bytes:
 
 
 def load_rules(extra_files: Iterable = (), disable: Iterable[str] = ()) -> list[Rule]:
-    """Every built-in rule, then the user's files, minus the disabled names."""
+    """Every built-in rule, then the user's files, minus the disabled names. Rule names are
+    global: a user's rule named like a built-in one, or like one of another file, is refused
+    (`eqfuse check-rules` refuses it too, through this)."""
     rules: list[Rule] = []
     where: dict[str, Rule] = {}
-    for path in [*rule_files(), *extra_files]:
+    builtin = rule_files()
+    seen_files = {p.resolve() for p in builtin}
+    for path in [*builtin, *extra_files]:
+        if path not in builtin and Path(path).resolve() in seen_files:
+            continue  # a file given twice, or a built-in file given again: its rules are in
+        seen_files.add(Path(path).resolve())
         for r in read_rule_file(path):
             prev = where.get(r.name)
             if prev is not None and (prev.file, prev.line) != (r.file, r.line):
-                raise EqfuseError(f"rule '{r.name}' in {r.file}:{r.line} is already defined at "
-                                  f"{prev.file}:{prev.line}", hint="rule names are global; rename one")
+                kind = "a built-in rule" if Path(prev.file) in builtin else "a rule"
+                raise EqfuseError(f"rule '{r.name}' is already defined: {kind} at {prev.file}:{prev.line}", r.pos,
+                                  hint="rule names are global (--disable and reports use them); rename yours")
             where[r.name] = r
             rules.append(r)
     disable = list(disable)

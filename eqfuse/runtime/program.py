@@ -218,14 +218,15 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
         if p.kind in SCRATCH_KINDS:
             lines += ["    if (eqf_nomem_take()) {", f"        *failed = {s};", "        return EQF_NOMEM;", "    }"]
     lines += ["    return 0;", "}"]
-    # OpenMP's workers off the caller's CPU (common_pool.h, eqf_omp_place), in a graph with a
-    # kernel that may open a region (a graph without one starts no OpenMP thread)
-    place = ["    eqf_omp_place(threads);"] if any(hold_pool(p) is False for p in kernels) else []
+    # The calling thread's OpenMP thread count is set for the call and given back at its end:
+    # libgomp is the process's, shared with torch (whose get_num_threads reads this very count,
+    # and whose dynamo guards on it) and any other OpenMP code.
     lines += [f"long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, long* failed)",
-              "{", "    if (threads > 0)", "        omp_set_num_threads(threads);", *place,
+              "{", "    const int before = omp_get_max_threads();", "    const int set = threads > 0 && threads != before;",
+              "    if (set)", "        omp_set_num_threads(threads);",
               "    __atomic_store_n(&eqf_pool_request, pool_threads, __ATOMIC_RELAXED);", "    int held = 0;",
               f"    const long r = {name}_kernels(in, out, arena, failed, &held);", "    eqf_pool_hold(&held, 0);",
-              "    return r;"]
+              "    if (set)", "        omp_set_num_threads(before);", "    return r;"]
     lines.append("}")
     return "\n".join(lines) + "\n", RUN_CDEF.format(name=name) + PROFILE_CDEF.format(name=name)
 
