@@ -94,6 +94,43 @@ def conv2d_loops(x, w, bias=None, stride=(1, 1), padding=(0, 0)):
     return out if bias is None else out + bias[None, :, None, None]
 
 
+def conv1d_loops(x, w, stride=1, padding=0, dilation=1, group=1):
+    """A 1-d convolution by its definition: each output element a sum over its group's channels
+    and the dilated taps of the zero-padded input."""
+    n, c, length = x.shape
+    o, cg, k = w.shape
+    og = o // group
+    xp = np.zeros((n, c, length + 2 * padding))
+    xp[:, :, padding:padding + length] = x
+    lo = (length + 2 * padding - dilation * (k - 1) - 1) // stride + 1
+    out = np.zeros((n, o, lo))
+    for b in range(n):
+        for oc in range(o):
+            g = oc // og
+            for t in range(lo):
+                out[b, oc, t] = sum(xp[b, g * cg + ci, t * stride + j * dilation] * w[oc, ci, j]
+                                    for ci in range(cg) for j in range(k))
+    return out
+
+
+def conv_transpose2d_loops(x, w, stride=(1, 1), padding=(0, 0), output_padding=(0, 0), group=1):
+    """A transposed convolution by its definition: every input pixel adds its value times its
+    group's filters into the output window at stride x pixel - padding."""
+    n, c, hh, ww = x.shape
+    _, og, kh, kw = w.shape
+    cg = c // group
+    (sh, sw), (ph, pw), (oph, opw) = stride, padding, output_padding
+    ho, wo = (hh - 1) * sh - 2 * ph + kh + oph, (ww - 1) * sw - 2 * pw + kw + opw
+    full = np.zeros((n, og * group, (hh - 1) * sh + kh + oph, (ww - 1) * sw + kw + opw))
+    for b in range(n):
+        for ci in range(c):
+            g = ci // cg
+            for i in range(hh):
+                for j in range(ww):
+                    full[b, g * og:(g + 1) * og, i * sh:i * sh + kh, j * sw:j * sw + kw] += x[b, ci, i, j] * w[ci]
+    return full[:, :, ph:ph + ho, pw:pw + wo]
+
+
 def conv_bn_relu(x, w, mean, var, gamma, beta):
     y = conv2d_loops(x, w, padding=(1, 1))
     c = (slice(None), None, None)
@@ -161,6 +198,11 @@ OP_SEMANTICS = {
                                        for i in range(3)] for b in range(2)])),
     "conv2d": ("x: f32[2, 3, 7, 6], y: f32[4, 3, 3, 2], p: f32[4]", "conv2d(x, y, p, stride=[2, 1], padding=[1, 0])",
                lambda x, y, p: conv2d_loops(x, y, p, stride=(2, 1), padding=(1, 0))),
+    "conv1d": ("x: f32[2, 4, 11], y: f32[6, 2, 3]", "conv1d(x, y, stride=2, padding=1, dilation=2, group=2)",
+               lambda x, y: conv1d_loops(x, y, stride=2, padding=1, dilation=2, group=2)),
+    "conv_transpose2d": ("x: f32[1, 4, 3, 4], y: f32[4, 3, 3, 2]",
+                         "conv_transpose2d(x, y, stride=2, padding=1, output_padding=[1, 0], group=2)",
+                         lambda x, y: conv_transpose2d_loops(x, y, (2, 2), (1, 1), (1, 0), group=2)),
     "sum": ("x: f32[3, 4, 5]", "sum(x, axis=[0, 2])", lambda x: np.einsum("ijk->j", x)),
     "mean": ("x: f32[3, 4, 5]", "mean(x, axis=-1, keepdims=true)", lambda x: x.sum(-1, keepdims=True) / 5),
     "max": ("x: f32[3, 4, 5]", "max(x, axis=1)", lambda x: np.maximum(np.maximum(x[:, 0], x[:, 1]), np.maximum(x[:, 2], x[:, 3]))),
