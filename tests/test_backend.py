@@ -87,11 +87,14 @@ def test_emitted_c_is_deterministic_and_compiles_without_warnings(tmp_path):
 
 def test_streaming_pointwise_c_compiles_without_warnings(monkeypatch):
     """The non-temporal pointwise path (outputs beyond the cache share), at -Wall and -Wextra."""
-    import eqfuse.backend.lower as lower_mod
     from eqfuse.backend.cbuild import warnings_for
 
-    monkeypatch.setattr(lower_mod, "machine_caches",
-                        lambda: lower_mod.Caches(l1=32 << 10, l2=256 << 10, l3=1 << 20, simd=16, cores=2))
+    from dataclasses import replace
+
+    from eqfuse import machine
+
+    small = replace(machine.machine(), l1=32 << 10, l2=256 << 10, l3=1 << 20, simd_floats=16, cores=2)
+    monkeypatch.setattr(machine, "_PINNED", [small])
     _, plans = plans_of("graph big(x: f32[300, 1027], r: f32[1027], v: f32[140001], w: f32[140001]) {\n"
                         "    a = kernel { relu(x * r + 1) }\n    b = kernel { exp(v) - v }\n"
                         "    c = kernel { relu(v * w + w) }\n    return a, b, c\n}\n")

@@ -156,7 +156,7 @@ def test_no_compile_over_decode_steps(monkeypatch):
             return fn(*a, **k)
         return wrapped
 
-    monkeypatch.setattr(pipeline, "build_c", counting("build", pipeline.build_c))
+    monkeypatch.setattr(pipeline.cbuild, "build", counting("build", pipeline.cbuild.build))
     monkeypatch.setattr(pipeline, "optimize", counting("optimize", pipeline.optimize))
     path = de.export_gpt2("torchscript")
     mod = eqfuse.compile(path)

@@ -11,11 +11,13 @@ import tempfile
 
 os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.backend.lower import Caches
+from eqfuse.machine import machine, pinned
 from eqfuse.frontend.load import load
 from eqfuse.ir.ops import OPS
 from eqfuse.ir.reference import evaluate
@@ -332,8 +334,8 @@ def test_layout(layout_results, cid):
 
 # Caches patched small so that outputs from 512 KiB (STREAM_MIN floats) on stream: the same code
 # path as 64 MiB outputs on this machine, at test-sized arrays, on any machine.
-STREAM_CACHES = Caches(l1=32 << 10, l2=256 << 10, l3=1 << 20, simd=16, cores=2)
-STREAM_MIN = min(STREAM_CACHES.l3 // 2, 8 * STREAM_CACHES.l2 * STREAM_CACHES.cores) // 4
+STREAM_CACHES = dict(l1=32 << 10, l2=256 << 10, l3=1 << 20, simd_floats=16, cores=2)
+STREAM_MIN = min(STREAM_CACHES["l3"] // 2, 8 * STREAM_CACHES["l2"] * STREAM_CACHES["cores"]) // 4
 
 STREAM_CASES = [  # (id, expression, streams?)
     ("just-over-odd-tail", "relu(a * b + c)", 1),  # 1-D, STREAM_MIN + 37 elements
@@ -349,7 +351,6 @@ STREAM_CASES = [  # (id, expression, streams?)
 
 @pytest.fixture(scope="module")
 def stream_results(request):
-    import eqfuse.backend.lower as lower_mod
 
     big = STREAM_MIN + 37
     params = {"a": (big,), "b": (big,), "c": (big,), "e": (STREAM_MIN,), "s": (), "d": (STREAM_MIN - 37,),
@@ -357,8 +358,7 @@ def stream_results(request):
               "v3": (7, 11, 1709), "w65": (2049, 65), "w65r": (65,), "n40": (3280, 40), "n40r": (40,)}
     for name, shape in params.items():
         assert name in ("s", "d", "r", "col", "u", "w65r", "n40r") or np.prod(shape) >= STREAM_MIN, name
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lower_mod, "machine_caches", lambda: STREAM_CACHES)
+    with pinned(replace(machine(), **STREAM_CACHES)):
         cases = selected(request, "test_streaming_pointwise", STREAM_CASES)
         res, mod = run_cases("streaming", params, [(cid, expr) for cid, expr, _ in cases])
     return res, dict(zip([c for c, _, _ in cases], mod.kernels))
@@ -376,13 +376,11 @@ def test_streaming_pointwise(stream_results, cid):
 
 def test_streaming_pointwise_non_contiguous_inputs_and_threads():
     """Strided and transposed views as arguments, 1 and 2 threads, just over the threshold."""
-    import eqfuse.backend.lower as lower_mod
 
     rows, cols = 129, 1031  # 133 k elements >= STREAM_MIN
     src = (f"graph nc(x: f32[{rows}, {cols}], y: f32[{rows}, {cols}], z: f32[{cols}]) -> f32[{rows}, {cols}] "
            "{ return kernel { relu(x * y + z) } }")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lower_mod, "machine_caches", lambda: STREAM_CACHES)
+    with pinned(replace(machine(), **STREAM_CACHES)):
         mod = eqfuse.compile(src, fuse="manual")
         x = RNG.standard_normal((rows, 2 * cols)).astype(np.float32)[:, ::2]  # strided
         y = np.ascontiguousarray(RNG.standard_normal((cols, rows)).astype(np.float32)).T  # transposed
@@ -437,7 +435,7 @@ def test_contraction_row_epilogue_small_blocks(monkeypatch):
     NC block: per MR-row tile) and, on 2 threads, threads sharing a panel."""
     import eqfuse.backend.kinds.contraction.plan_gemm as plan_gemm
 
-    monkeypatch.setattr(plan_gemm, "gemm_tiles", lambda M, N, K, m: {"mr": 6, "nr": 64, "kc": min(16, K),
+    monkeypatch.setattr(plan_gemm, "gemm_tiles", lambda M, N, K, m, even_kc=False: {"mr": 6, "nr": 64, "kc": min(16, K),
                                                                       "mc": min(12, -(-M // 6) * 6), "nc": 64})
     src = ("graph sb(x: f32[2, 53, 40], w: f32[40, 130], b: f32[130], g: f32[130], be: f32[130], "
            "r: f32[2, 53, 130], v: f32[40, 37], h: f32[37]) -> (f32[2, 53, 130], f32[2, 53, 130], f32[2, 53, 37]) {\n"

@@ -310,8 +310,8 @@ def test_an_op_without_a_handler_over_constants_is_folded():
 
 
 @pytest.mark.parametrize("node,msg", [
-    (helper.make_node("Conv", ["x", "w"], ["y"], group=2, name="c1"), r"group=2 .*'Conv' in node 'c1'"),
-    (helper.make_node("Conv", ["x", "w"], ["y"], dilations=[2, 2], name="c2"), r"dilations .*in node 'c2'"),
+    (helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="VALIDISH", name="c1"), r"auto_pad .*'Conv' in node 'c1'"),
+    (helper.make_node("ConvTranspose", ["x", "w"], ["y"], dilations=[2, 2], name="c2"), r"dilations .*in node 'c2'"),
     (helper.make_node("Relu", ["x"], ["y"], foo=1, name="r"), r"unsupported attribute 'foo' of ONNX op 'Relu' in node 'r'"),
     (helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"], name="s"), r"steps \[-1\].*in node 's'"),
 ])
