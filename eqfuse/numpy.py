@@ -20,7 +20,7 @@ import numpy as _np
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.ops import OPS, REQUIRED, Op
 from eqfuse.ir.shapes import dtype_of_numpy
-from eqfuse.trace.tracer import API, NUMPY_NAMES, Traced, apply, user_pos  # noqa: F401  (NUMPY_NAMES: eqfuse.numpy's)
+from eqfuse.trace.tracer import API, Traced, apply, user_pos
 
 float32, int64, int32, bool_ = _np.float32, _np.int64, _np.int32, _np.bool_
 newaxis = None
@@ -260,6 +260,6 @@ def log_softmax(x, axis=-1):
 __all__ = sorted(n for n, v in globals().items()
                  if not n.startswith("_") and n not in ("annotations", "builtins", "inspect", "OPS", "REQUIRED",
                                                         "Op", "EqfuseError", "Traced", "apply", "user_pos",
-                                                        "dtype_of_numpy", "NUMPY_NAMES", "API"))
+                                                        "dtype_of_numpy", "API"))
 
 API.update({name: globals()[name] for name in __all__ if callable(globals()[name])})

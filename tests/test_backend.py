@@ -87,11 +87,10 @@ def test_emitted_c_is_deterministic_and_compiles_without_warnings(tmp_path):
 
 def test_streaming_pointwise_c_compiles_without_warnings(monkeypatch):
     """The non-temporal pointwise path (outputs beyond the cache share), at -Wall and -Wextra."""
-    from eqfuse.backend.cbuild import warnings_for
-
     from dataclasses import replace
 
     from eqfuse import machine
+    from eqfuse.backend.cbuild import warnings_for
 
     small = replace(machine.machine(), l1=32 << 10, l2=256 << 10, l3=1 << 20, simd_floats=16, cores=2)
     monkeypatch.setattr(machine, "_PINNED", [small])

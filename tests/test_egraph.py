@@ -6,14 +6,8 @@ import pytest
 from helpers import one_graph
 
 from eqfuse.ir.printer import graph_text
-from eqfuse.optimizer.egraph import (
-    EGraph,
-    RuleError,
-    attr_text,
-    compile_rule,
-    num_text,
-    text_attr,
-)
+from eqfuse.optimizer.egraph import EGraph, RuleError, compile_rule
+from eqfuse.optimizer.egraph_text import attr_text, num_text, text_attr
 from eqfuse.optimizer.optimize import optimize_graph
 from eqfuse.optimizer.rules import load_rules, parse_rules
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.machine import machine, pinned
 from eqfuse.frontend.load import load
 from eqfuse.ir.ops import OPS
 from eqfuse.ir.reference import evaluate
+from eqfuse.machine import machine, pinned
 from eqfuse.runtime.verify import compare
 
 RNG = np.random.default_rng(1234)

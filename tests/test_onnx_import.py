@@ -17,7 +17,8 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 import eqfuse  # noqa: E402
 from eqfuse.errors import EqfuseError  # noqa: E402
 from eqfuse.frontend.load import load  # noqa: E402
-from eqfuse.frontend.onnx_import import import_model, import_onnx, onnx_params, sanitize  # noqa: E402
+from eqfuse.frontend.onnx_import import import_model, import_onnx, onnx_params
+from eqfuse.frontend.onnx_inputs import sanitize
 from eqfuse.ir.printer import graph_text  # noqa: E402
 from eqfuse.ir.reference import evaluate  # noqa: E402
 

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eqfuse.cli.main import (
-    UsageError,
-    fuse_mode,
-    optimizer_opts,
-    require_dims,
-    selected_graphs,
-)
+from eqfuse.cli.args import UsageError
+from eqfuse.cli.common import fuse_mode, optimizer_opts, require_dims, selected_graphs
 from eqfuse.errors import EqfuseError
 
 

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from eqfuse.cli.args import UsageError
-from eqfuse.cli.main import cmd_run, parse_dims, read_npz
+from eqfuse.cli.common import parse_dims, read_npz
+from eqfuse.cli.model_cmds import cmd_run
 from eqfuse.errors import CheckFailed, EqfuseError
 from eqfuse.runtime.artifact import MAGIC, load
 

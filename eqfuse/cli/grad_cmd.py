@@ -7,7 +7,7 @@ from eqfuse.errors import CheckFailed, EqfuseError
 
 def cmd_grad(args) -> int:
     """The joint forward + backward graph of one graph, as .g text."""
-    from eqfuse.cli.main import require_dims, selected_graphs
+    from eqfuse.cli.common import require_dims, selected_graphs
     from eqfuse.grad.api import differentiate
     from eqfuse.grad.vjp import check_loss, check_wrt
     from eqfuse.ir.printer import module_text

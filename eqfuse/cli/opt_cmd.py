@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from eqfuse.cli.main import UsageError, optimizer_opts, selected_graphs
+from eqfuse.cli.args import UsageError
+from eqfuse.cli.common import optimizer_opts, selected_graphs
 from eqfuse.errors import EqfuseError
 
 OPT_ALONE = 16  # graphs of a file `eqfuse opt` optimizes one by one (more: small ones in batches)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from eqfuse.errors import EqfuseError, Pos, ShapeError, did_you_mean
 from eqfuse.frontend import syntax as S
-from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.graph import MAX_ELEMENTS, Graph, Node
 from eqfuse.ir.kernels import SUPPORTED, Split, Unsupported, classify
 from eqfuse.ir.ops import INFIX, OPS, complete_attrs
 from eqfuse.ir.ops_index import canonical
@@ -24,8 +24,6 @@ def build_type(t: S.TypeAst) -> TType:
             raise EqfuseError(f"dimension {d} must be positive", t.pos)
     return check_size(TType(tuple(dims), t.dtype), t.pos)
 
-
-from eqfuse.ir.graph import MAX_ELEMENTS  # noqa: E402
 
 MAX_RANK = 64  # numpy's own limit (NPY_MAXDIMS)
 

@@ -30,11 +30,10 @@ from eqfuse.errors import DimsNeeded, EqfuseError, NamedSum, ShapeError
 from eqfuse.frontend import onnx_handlers, onnx_ops  # noqa: F401  (their @handles fill HANDLERS)
 from eqfuse.frontend import onnx_symbolic as sy
 from eqfuse.frontend import onnx_symbolic_ops as so
-from eqfuse.frontend.onnx_inputs import (  # noqa: F401  (graph_name, input_dims, input_shapes: re-exported)
+from eqfuse.frontend.builder import check_size
+from eqfuse.frontend.onnx_inputs import (
     DIMS_HINT,
     graph_name,
-    input_dims,
-    input_shapes,
     load_model,
     sanitize,
 )
@@ -44,7 +43,6 @@ from eqfuse.frontend.onnx_registry import (
     NeedsDims,
     Unsupported,
     check_dims,
-    check_size,
     dtype_name,
     f32_float,
     tensor_array,

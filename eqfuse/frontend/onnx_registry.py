@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from eqfuse.errors import EqfuseError
-from eqfuse.frontend.builder import MAX_RANK, check_size  # noqa: F401 (check_size: for the importer)
+from eqfuse.frontend.builder import MAX_RANK
 from eqfuse.ir.graph import MAX_ELEMENTS
 from eqfuse.ir.shapes import Dim, dim_product
 

@@ -75,27 +75,21 @@ from typing import Iterable
 
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.ops import OPS
-from eqfuse.optimizer.edata import ANALYSES, FACTS, EData, ENode, ctor_op  # noqa: F401 -- ENode, ctor_op: re-exported
-from eqfuse.optimizer.egraph_text import (  # noqa: F401 -- the encoding's text (eqfuse/optimizer/egraph_text.py), re-exported
+from eqfuse.optimizer.edata import ANALYSES, FACTS, EData
+from eqfuse.optimizer.egraph_text import (  # the encoding's text (eqfuse/optimizer/egraph_text.py)
     HEAVY_LIMIT,
     HEAVY_LIMIT_ATTENTION,
     HEAVY_LIMIT_ROW,
-    NONE,
     RULESET,
     VIEW_OPS,
     attr_text,
     declarations,
-    dim_text,
-    fact_lines,
     graph_program,
     heavy_weight,
     num_text,
     q,
     s_ctor,
-    shape_text,
     t_ctor,
-    text_attr,
-    text_num,
 )
 from eqfuse.optimizer.rules import AttrVar, Cond, PKernel, PNum, POp, PVar, Rule, Test
 

@@ -44,7 +44,8 @@ from eqfuse.ir.ops import OPS
 from eqfuse.ir.shapes import TType
 from eqfuse.machine import machine
 from eqfuse.optimizer import cost as C
-from eqfuse.optimizer.egraph import EData, ENode, text_attr, text_num
+from eqfuse.optimizer.edata import EData, ENode
+from eqfuse.optimizer.egraph_text import text_attr, text_num
 
 ILP_MAX_NODES = 20000  # whole ILP up to here (BERT-base x12: 3.5k e-nodes, x48: 14k; benchmarks/bench_opt.py --layers 48)
 ILP_TIME_LIMIT = 1.0

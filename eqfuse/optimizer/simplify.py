@@ -23,7 +23,7 @@ from eqfuse.ir.graph import Graph, Node, retype
 from eqfuse.ir.ops import OPS
 from eqfuse.ir.shapes import TType
 from eqfuse.optimizer.edata import EData, ENode
-from eqfuse.optimizer.egraph import text_attr, text_num
+from eqfuse.optimizer.egraph_text import text_attr, text_num
 
 CONST_OP_WEIGHT = 1e-3  # an op over constants only: it folds, so it costs (almost) nothing
 CAP = 1e300
