@@ -15,6 +15,7 @@ import model_exports as me
 
 B, S, VOCAB = 2, 16, 100
 IMAGE = 32  # the side of the vision models' input images
+MOBILEVIT_IMAGE = 64  # (see _config)
 MELS, FRAMES = 16, 32  # Whisper's log-mel input: 16 bins, 32 frames (2 x max_source_positions)
 
 # family -> group; the test matrix and the benchmark go through them in this order
@@ -104,7 +105,9 @@ def _config(family: str):
         return T.RegNetModel(T.RegNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
                                             groups_width=8))
     if family == "mobilevit":  # inverted residuals, then transformer blocks over unfolded patches
-        return T.MobileViTModel(T.MobileViTConfig(image_size=IMAGE, hidden_sizes=[32, 48, 64],
+        # at 64x64 every feature map divides into 2x2 patches, as at MobileViT's own 256x256; at 32x32
+        # the last (1x1) would be resized up and back (bilinear), which the full-size model never does
+        return T.MobileViTModel(T.MobileViTConfig(image_size=MOBILEVIT_IMAGE, hidden_sizes=[32, 48, 64],
                                                   neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
                                                   num_attention_heads=2), expand_output=False)
     if family == "whisper-encoder":  # two conv1d (the second strided), then the transformer encoder
@@ -130,7 +133,8 @@ def inputs(family: str, seed: int = 0) -> dict[str, np.ndarray]:
         return {"input_ids": rng.integers(2, VOCAB, (B, S)).astype(np.int64), "attention_mask": mask}
     if family == "whisper-encoder":
         return {"input_features": rng.standard_normal((B, MELS, FRAMES)).astype(np.float32)}
-    return {"pixel_values": rng.standard_normal((B, 3, IMAGE, IMAGE)).astype(np.float32)}
+    side = MOBILEVIT_IMAGE if family == "mobilevit" else IMAGE
+    return {"pixel_values": rng.standard_normal((B, 3, side, side)).astype(np.float32)}
 
 
 def torch_model(family: str):
