@@ -94,6 +94,7 @@ def _export(family: str, exporter: str) -> str:
         raise ExportFailed(f"{str(e).splitlines()[0]}: {str(root).splitlines()[0]}") from e
 
 
+@pytest.mark.heavy  # an export and a compile each: out of the fast tier
 @pytest.mark.parametrize("family, exporter", ONNX_CASES)
 def test_onnx_export_matches_onnxruntime(family, exporter):
     path = _export(family, exporter)
@@ -116,6 +117,7 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("family", TORCH_CASES)
 def test_torch_compile_matches_eager(family, fresh_dynamo):
     model = zm.torch_model(family)

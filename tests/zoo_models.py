@@ -36,7 +36,9 @@ DECODERS = {f for f, g in GROUPS.items() if g == "decoder"}  # run without a cac
 # (without a mask, transformers looks for packed sequences in the positions with aten::diff, which
 # the TorchScript exporter lacks)
 MASKED = {f for f, g in GROUPS.items() if g in ("encoder", "decoder")}
-VISION = {f for f, g in GROUPS.items() if g == "vision"}
+# part of the exports' cache key, which sees the torch and transformers versions but not this
+# file: bump it when a family's config or inputs change
+REVISION = 1
 
 _TEXT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
              vocab_size=VOCAB, max_position_embeddings=64)
@@ -113,8 +115,10 @@ def _config(family: str):
     if family == "whisper-encoder":  # two conv1d (the second strided), then the transformer encoder
         return T.WhisperModel(T.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
                                               decoder_layers=1, decoder_attention_heads=4,
-                                              encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=VOCAB, pad_token_id=0,
-                                              bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+                                              encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=VOCAB,
+                                              # special tokens inside the tiny vocabulary
+                                              pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                              decoder_start_token_id=1,
                                               num_mel_bins=MELS, max_source_positions=FRAMES // 2)).get_encoder()
     raise ValueError(f"unknown family {family}")
 
@@ -180,4 +184,4 @@ def export(family: str, exporter: str):
         else:
             torch.onnx.export(torch_model(family), args, str(path), input_names=list(input_names(family)),
                               output_names=["y"], opset_version=18, dynamo=True, external_data=False)
-    return me.cached(f"zoo-{family}-{exporter}", write)
+    return me.cached(f"zoo{REVISION}-{family}-{exporter}", write)
