@@ -7,8 +7,8 @@ download) through eqfuse's two front doors, at rtol 1e-4 and atol 1e-5:
 
 The default run takes one family per group (encoder, decoder, vision, audio); `-m extended` runs
 them all. A case that cannot pass today is xfail(strict=True) with what stops it, and `raises=`
-keeps the xfail to that cause: an exporter's own failure (ExportFailed), or a gap in eqfuse (its
-error, or a mismatch) that the reason names.
+keeps the xfail to that cause: an exporter's own failure (ExportFailed), or ATen ops eqfuse has no
+op for, which torch.compile leaves in torch (Fallback). Every ONNX case passes.
 """
 
 from __future__ import annotations
@@ -46,11 +46,6 @@ EXPORT_FAILS = {
     ("swin", "dynamo"): _VIEW + "[8, 16, 2, 8] and strides (256, 8, 128, 1) as a tensor with shape (8, 16, 16) "
                         "(aten.view of the window attention output after its transpose)",
 }
-# Gaps in eqfuse, each with the op or attribute that stops it: (family, path) -> (exception, reason),
-# path "torchscript" / "dynamo" (the ONNX import of that export) or "torch" (torch.compile).
-EQFUSE_FAILS: dict[tuple[str, str], tuple[type, str]] = {}
-
-
 class Fallback(Exception):
     """torch.compile's result matched eager, but these ops ran in torch: eqfuse has no op for them."""
 
@@ -71,9 +66,6 @@ def _marks(family: str, path: str) -> list:
     if (family, path) in EXPORT_FAILS:
         marks.append(pytest.mark.xfail(strict=True, raises=ExportFailed,
                                        reason=f"the {path} exporter fails: {EXPORT_FAILS[family, path]}"))
-    elif (family, path) in EQFUSE_FAILS:
-        raises, why = EQFUSE_FAILS[family, path]
-        marks.append(pytest.mark.xfail(strict=True, raises=raises, reason=f"eqfuse gap: {why}"))
     elif path == "torch" and family in TORCH_FALLBACKS:
         marks.append(pytest.mark.xfail(strict=True, raises=Fallback,
                                        reason=f"eqfuse gap: no op for {TORCH_FALLBACKS[family][1]}; they run in torch"))
