@@ -366,6 +366,13 @@ def test_onnx_path_through_reference_and_compile(tmp_path):
         np.testing.assert_allclose(mod(x), want, rtol=1e-4, atol=1e-5)
 
 
+def test_tile_over_a_named_dim():
+    """Tile of a tensor whose batch is a named dim: copies joined along each tiled axis."""
+    m = model([helper.make_node("Tile", ["x", "r"], ["y"])], [("x", ("N", 3))], [("y", None)],
+              [("r", np.array([2, 3]))])
+    check(m, {"x": rand(2, 3)}, dims={"N": 2})
+
+
 def test_small_decompositions():
     """Ops without an eqfuse op of their own: Reciprocal, ReduceSumSquare, ReduceMin, an int exponent."""
     nodes = [helper.make_node("Reciprocal", ["x"], ["r"]),
@@ -418,6 +425,9 @@ I64 = TensorProto.INT64
     ([helper.make_node("GatherND", ["x", "i"], ["y"])], [("x", F, (4, 5, 3)), ("i", I64, (2, 6, 2))], F, ()),
     ([helper.make_node("Trilu", ["x"], ["y"], upper=0)], [("x", F, (2, 4, 4))], F, ()),
     ([helper.make_node("ArgMax", ["x"], ["y"], axis=1, keepdims=0)], [("x", F, (3, 7))], I64, ()),
+    # Tile as the TorchScript exporter writes DeBERTa-v2's relative positions (repeats [2, 1, 1])
+    ([helper.make_node("Tile", ["x", "r"], ["y"])], [("x", F, (2, 3, 4))], F, [("r", np.array([2, 1, 3]))]),
+    ([helper.make_node("Tile", ["i", "r"], ["y"])], [("i", I64, (3, 2))], I64, [("r", np.array([1, 4]))]),
 ])
 def test_exported_op_compiles_and_matches_onnxruntime(nodes, inputs, out_type, inits):
     ort = pytest.importorskip("onnxruntime")

@@ -249,6 +249,20 @@ class PoolingOps(nn.Module):
         return nn.functional.adaptive_avg_pool2d(q, 1).flatten(1), nn.functional.adaptive_avg_pool2d(q, 2)
 
 
+class Rolls(nn.Module):
+    """torch.roll as Swin shifts its windows (two dims at once, both ways), and over the flattened tensor."""
+
+    def forward(self, x):
+        y = torch.roll(x, shifts=(-2, -2), dims=(1, 2))
+        return torch.roll(y * 2.0, shifts=(2, 3), dims=(1, -2)) + torch.roll(x, 5)
+
+
+def test_roll_runs_in_eqfuse():
+    torch.manual_seed(0)
+    check(Rolls(), torch.randn(2, 6, 5, 3))
+    assert REPORTS[0].partitions[0].count("concat(") == 5  # one per dim rolled
+
+
 @pytest.mark.heavy
 def test_many_aten_ops():
     torch.manual_seed(0)

@@ -55,6 +55,31 @@ def _expand(imp, ins, at):
     return imp.op("expand", [x], shape=shape)
 
 
+@handles("Tile")
+def _tile(imp, ins, at):
+    """x repeated repeats[a] times along each axis a: the axis split in two, [.., 1, n, ..],
+    expanded to [.., r, n, ..] and merged back (copy k of x at k * n); where the shape has a named
+    dim, r copies of x joined along the axis."""
+    x = imp.data(ins[0], imp.node.input[0])
+    ds = tuple(imp.type(x).shape)
+    reps = imp.ints(ins[1], "repeats")
+    if len(reps) != len(ds):
+        raise Unsupported(f"repeats {reps} for a tensor of rank {len(ds)}")
+    if any(r < 1 for r in reps):
+        raise Unsupported(f"repeats {reps} (a repeat below 1: zero-size tensors)")
+    for a, r in enumerate(reps):
+        if r == 1:
+            continue
+        cur = tuple(imp.type(x).shape)
+        if any(isinstance(d, str) for d in cur):
+            x = imp.op("concat", [x] * r, axis=a)
+            continue
+        split = imp.reshape_to(x, cur[:a] + (1,) + cur[a:])
+        wide = imp.op("expand", [split], shape=cur[:a] + (r,) + cur[a:])
+        x = imp.reshape_to(wide, cur[:a] + (r * cur[a],) + cur[a + 1:])
+    return x
+
+
 @handles("Gather", attrs=("axis",))
 def _gather(imp, ins, at):
     data = imp.data(ins[0], imp.node.input[0])

@@ -298,6 +298,29 @@ def _cat(cv, tensors, dim=0):
     return cv.op("concat", *[cv.cast(t, dt) for t in tensors], axis=dim % rank)
 
 
+def _roll_axis(cv, x, d, shift):
+    n = cv.type(x).shape[d]
+    s = shift % n
+    if s == 0:
+        return x
+    return cv.op("concat", _slice(cv, x, d, n - s, n), _slice(cv, x, d, 0, n - s), axis=d)
+
+
+@aten("roll")
+def _roll(cv, x, shifts, dims=()):
+    """torch.roll: along each dim, its last `shift` elements moved to the front (a slice of the
+    end joined to a slice of the start); without dims, over the tensor flattened."""
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    shape = cv.type(x).shape
+    if not dims:
+        flat = cv.op("reshape", x, shape=(math.prod(shape),))
+        return cv.op("reshape", _roll_axis(cv, flat, 0, shifts[0]), shape=shape)
+    for s, d in zip(shifts, dims):
+        x = _roll_axis(cv, x, d % len(shape), s)
+    return x
+
+
 @aten("stack")
 def _stack(cv, tensors, dim=0):
     rank = cv.out_type.rank
