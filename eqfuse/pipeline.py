@@ -106,6 +106,8 @@ class Options:
         for k, a in (params or {}).items():
             if not isinstance(a, np.ndarray):
                 raise ArgumentError(f"params=: '{k}' expects a numpy array, got {type(a).__name__}")
+        if grad is not None and (isinstance(grad, (str, bytes)) or not list(grad)):
+            raise ArgumentError(f"grad= expects a non-empty list of parameter names, got {grad!r}")
         if buckets is not None and not isinstance(buckets, Mapping):
             raise ArgumentError(f"buckets= expects a dict {{dim name: [sizes]}}, got {type(buckets).__name__}")
         return Options(cost, tuple(rules), tuple(disable), dict(dims or {}), dict(params or {}), threads, verify,
