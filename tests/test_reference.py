@@ -182,6 +182,12 @@ OP_SEMANTICS = {
     "rsqrt": ("p: f32[3, 4]", "rsqrt(p)", lambda p: p ** -0.5),
     "erf": ("x: f32[3, 4]", "erf(x)", erf),
     "silu": ("x: f32[3, 4]", "silu(x)", lambda x: x / (1 + np.exp(-x))),
+    # sin and cos through Euler's formula; sign, ceil and floor by comparisons and int rounding
+    "sin": ("x: f32[3, 4]", "sin(x)", lambda x: np.imag(np.exp(1j * x))),
+    "cos": ("x: f32[3, 4]", "cos(x)", lambda x: np.real(np.exp(1j * x))),
+    "sign": ("x: f32[3, 4]", "sign(x)", lambda x: (x > 0).astype(float) - (x < 0)),
+    "ceil": ("x: f32[3, 4]", "ceil(3 * x)", lambda x: np.array([-int(-v // 1) for v in (3 * x).flat]).reshape(x.shape)),
+    "floor": ("x: f32[3, 4]", "floor(3 * x)", lambda x: np.array([int(v // 1) for v in (3 * x).flat]).reshape(x.shape)),
     "gelu": ("x: f32[3, 4]", "gelu(x) - gelu(x, approximate=\"tanh\")",
              lambda x: 0.5 * x * (1 + erf(x / math.sqrt(2))) - 0.5 * x * (1 + np.tanh(SQRT_2_PI * (x + 0.044715 * x ** 3)))),
     "add": ("x: f32[3, 4], y: f32[4]", "add(x, y)", lambda x, y: x + y),

@@ -53,12 +53,7 @@ class Fallback(Exception):
 # torch.compile: the ATen ops that eqfuse has no op for, which stay in torch (a FallbackWarning):
 # family -> (the ops, where the model uses them). The case is xfail(raises=Fallback) when exactly
 # these ops fall back and the result matches eager; any other fallback or a mismatch fails it.
-TORCH_FALLBACKS = {
-    "deberta-v2": ({"sign.default", "ceil.default", "repeat.default"},
-                   "aten.sign and aten.ceil (the log-spaced relative position buckets) and aten.repeat"),
-    **{f: ({"sin.default", "cos.default"}, "aten.sin and aten.cos (the rotary embedding's angles)")
-       for f in ("llama", "qwen2", "phi")},
-}
+TORCH_FALLBACKS: dict[str, tuple[set, str]] = {}  # none today: every family runs wholly in eqfuse
 
 
 def _marks(family: str, path: str) -> list:

@@ -29,7 +29,8 @@ from eqfuse.ir.shapes import NUMPY_DTYPE, Dim, dtype_of_numpy
 F32 = np.float32
 
 for _onnx, _ours in {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp",
-                     "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Log": "log"}.items():
+                     "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Log": "log",
+                     "Sin": "sin", "Cos": "cos", "Sign": "sign", "Ceil": "ceil", "Floor": "floor"}.items():
     HANDLERS[_onnx] = ((lambda o: lambda imp, ins, at: imp.op(o, [imp.data(ins[0], imp.node.input[0])]))(_ours),
                        {"consumed_inputs"})
 

@@ -73,6 +73,7 @@ def merged_op(imp, ins, at):
 
 
 POINTWISE = {"Cast", "Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Sqrt", "Neg", "Abs", "Log", "Gelu", "Reciprocal",
+             "Sin", "Cos", "Sign", "Ceil", "Floor",
              "Add", "Sub", "Mul", "Div", "Pow", "Where", "Not", "IsNaN", "Equal", "Less", "Greater", "And", "Or"}
 
 

@@ -50,8 +50,21 @@ def _float_unary(name: str):
 
 
 for _aten, _ours in {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "log": "log",
-                     "sqrt": "sqrt", "rsqrt": "rsqrt", "erf": "erf", "silu": "silu", "hardswish": "hard_swish"}.items():
+                     "sqrt": "sqrt", "rsqrt": "rsqrt", "erf": "erf", "silu": "silu", "hardswish": "hard_swish", "sin": "sin", "cos": "cos"}.items():
     aten(_aten)(_float_unary(_ours))
+
+
+@aten("sign")
+def _sign(cv, x):
+    return cv.op("sign", cv.cast(x, cv.out_type.dtype))
+
+
+@aten("ceil", "floor")
+def _ceil_floor(cv, x):
+    """torch rounds an integer tensor to itself (its dtype kept); floats round in f32."""
+    if cv.type(x).dtype in ("i64", "i32") and cv.out_type.dtype == cv.type(x).dtype:
+        return x
+    return cv.op(cv.node.target.__name__.split(".")[0], cv.cast(x, "f32"))
 
 
 @aten("neg", "abs")
@@ -296,6 +309,21 @@ def _cat(cv, tensors, dim=0):
     dt = cv.out_type.dtype
     rank = cv.out_type.rank
     return cv.op("concat", *[cv.cast(t, dt) for t in tensors], axis=dim % rank)
+
+
+@aten("repeat")
+def _repeat(cv, x, repeats):
+    """Tensor.repeat (a tile): x with leading 1s to len(repeats) axes, each axis d as [1, n_d]
+    expanded to [r_d, n_d] (the copies outermost, as the tile lays them out), merged back."""
+    shape = tuple(cv.type(x).shape)
+    reps = list(repeats)
+    shape = (1,) * (len(reps) - len(shape)) + shape
+    if all(r == 1 for r in reps):
+        return x if tuple(cv.type(x).shape) == tuple(cv.out_type.shape) else cv.op("reshape", x, shape=cv.out_type.shape)
+    split = tuple(d for n in shape for d in (1, n))
+    wide = tuple(d for r, n in zip(reps, shape) for d in (r, n))
+    y = cv.op("expand", cv.op("reshape", x, shape=split), shape=wide)
+    return cv.op("reshape", y, shape=cv.out_type.shape)
 
 
 def _roll_axis(cv, x, d, shift):

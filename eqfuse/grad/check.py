@@ -26,7 +26,10 @@ IDS = np.array([2, 0, 2, 4, -1], dtype=np.int64)  # gather indices: a repeat and
 # (expression, {parameter: (shape, domain)}); parameters named i are the i64 indices IDS
 CASES: list[tuple[str, dict]] = [
     *[(f"{op}(x)", {"x": ((3, 4), N)}) for op in ("neg", "abs", "relu", "sigmoid", "tanh", "exp", "erf",
-                                                   "silu", "gelu", "softplus", "hard_swish")],
+                                                   "silu", "gelu", "softplus", "hard_swish", "sin", "cos")],
+    # sign, ceil and floor: 0 away from their jumps; the fixed-seed N(0, 1) draws lie far from 0
+    # and from every integer next to the step h (a difference across a jump would not be 0)
+    *[(f"{op}(x)", {"x": ((3, 4), N)}) for op in ("sign", "ceil", "floor")],
     *[(f"{op}(x)", {"x": ((3, 4), P)}) for op in ("log", "sqrt", "rsqrt")],
     ('gelu(x, approximate="tanh")', {"x": ((3, 4), N)}),
     ("leaky_relu(x, alpha=0.1)", {"x": ((3, 4), N)}),

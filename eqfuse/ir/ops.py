@@ -163,10 +163,18 @@ _UNARY = [
     ("rsqrt", lambda a, _: 1 / np.sqrt(a[0]), "(1.0f / sqrtf({0}))", 3),
     ("erf", lambda a, _: _erf(a[0]), "eqf_erff({0})", 8),
     ("silu", lambda a, _: a[0] / (1 + np.exp(-a[0])), "eqf_silu({0})", 5),
+    # libm's sinf and cosf: correctly reduced for every finite x (rotary angles reach thousands);
+    # scalar calls, so a loop over them does not vectorize (sign, ceil and floor do)
+    ("sin", lambda a, _: np.sin(a[0]), "sinf({0})", 8),
+    ("cos", lambda a, _: np.cos(a[0]), "cosf({0})", 8),
+    # -1, 0 or 1 in the operand's dtype; a NaN stays NaN (x != x is false for integers)
+    ("sign", lambda a, _: np.sign(a[0]), "(({0}) != ({0}) ? ({0}) : (({0}) > 0) - (({0}) < 0))", 2),
+    ("ceil", lambda a, _: np.ceil(a[0]), "ceilf({0})", 1),
+    ("floor", lambda a, _: np.floor(a[0]), "floorf({0})", 1),
 ]
 for _name, _np, _c, _fl in _UNARY:
     define(name=_name, kind="pointwise", arity=(1, 1), infer=same_infer, numpy=_np, c=_c, flops=_fl,
-        infix="-" if _name == "neg" else None, dtype="numeric" if _name in ("neg", "abs") else "float")
+        infix="-" if _name == "neg" else None, dtype="numeric" if _name in ("neg", "abs", "sign") else "float")
 define(name="gelu", kind="pointwise", arity=(1, 1), infer=same_infer, numpy=_gelu_np, c=_gelu_c, flops=10,
     attrs=(Attr("approximate", "str", "none", ("none", "tanh")),))
 

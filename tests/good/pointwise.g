@@ -1,9 +1,10 @@
 # Every pointwise op, as a call and (where there is one) as an infix operator.
-graph unary(x: f32[B, 8], p: f32[B, 8]) -> (f32[B, 8], f32[B, 8], f32[B, 8]) {
+graph unary(x: f32[B, 8], p: f32[B, 8]) -> (f32[B, 8], f32[B, 8], f32[B, 8], f32[B, 8]) {
     a = neg(x) + abs(x) + relu(x) + sigmoid(x) + tanh(x)
     b = exp(x) + log(p) + sqrt(p) + rsqrt(p) + erf(x) + silu(x)
     c = gelu(x) + gelu(x, approximate="tanh") + gelu(x, approximate="none")
-    return a, b, c
+    d = sin(x) + cos(x) + sign(x) + ceil(x) + floor(x)
+    return a, b, c, d
 }
 
 graph binary(x: f32[4, 8], y: f32[8], s: f32) -> f32[4, 8] {
