@@ -18,6 +18,7 @@
  * are, the consumer copies rows of blocks into its padded copy. An epilogue operand of the
  * output's shape may be in blocks too (a residual, eqfuse.backend.conv_blocked): it is read at
  * `blk`, the output element's offset in that layout. */
+#define {{NAME}}_REORDER {{REORDER}} /* the plan's reorder: NCHW stored in blocks, then reordered */
 #define {{NAME}}_DIMS                                                                              \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}},   \
            OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, CB = {{CB}},                  \
@@ -205,7 +206,7 @@ void {{NAME}}({{PARAMS}})
     }
     memset(xp + (long)N * NCB * HP * WP * CB, 0, sizeof(float) * RW * SW * CB);
 #endif
-#if {{REORDER}}
+#if {{NAME}}_REORDER
     float* ys = eqf_scratch(EQF_SCRATCH_GEMM_A, (long)N * O * P); /* the output in blocks, then NCHW */
     if (!ys) {
         eqf_nomem_note();
@@ -286,7 +287,7 @@ void {{NAME}}({{PARAMS}})
             float tile[RW * OBW] __attribute__((aligned(64)));
             {{NAME}}_tile(xb, bs, rs, kh0, kh1, xoff, w + ob * ((long)NCB * KH * KW * CB * OBW), tile);
             const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
-#if {{OUT_BLOCKED}} || {{EPI_BLOCKED}} || {{REORDER}}
+#if {{OUT_BLOCKED}} || {{EPI_BLOCKED}} || {{NAME}}_REORDER
             /* the epilogue along each pixel's channels, VL at a time, where an operand in blocks of
              * VL channels is read contiguously (at blk): a vector store per VL channels when the
              * output is in blocks too ([N][O / VL][OH][OW][VL]: the next kernels read it so, see
@@ -296,7 +297,7 @@ void {{NAME}}({{PARAMS}})
                 (void)b; (void)j;
                 for (long v0 = 0; v0 < oc; v0 += VL) {
                     const long blk0 = ((b * (O / VL) + (o0 + v0) / VL) * (long)P + j) * VL;
-#if {{REORDER}}
+#if {{NAME}}_REORDER
                     float* restrict dst = ys + blk0;
                     const float* restrict src = tile + r * OBW + v0;
 #elif {{OUT_BLOCKED}}
@@ -316,7 +317,7 @@ void {{NAME}}({{PARAMS}})
                 }
             }
 #endif
-#if !{{OUT_BLOCKED}} && !{{REORDER}}
+#if !{{OUT_BLOCKED}} && !{{NAME}}_REORDER
             /* NCHW keeps a channel's pixels together: the tile transposed (channels x pixels),
              * then the epilogue along each channel's pixels (unless applied above), where a
              * residual or any tensor of the output's shape is read contiguously, as the result
@@ -355,7 +356,7 @@ void {{NAME}}({{PARAMS}})
             }
 #endif
         }
-#if {{REORDER}}
+#if {{NAME}}_REORDER
         {{NAME}}_reorder(ys, out); /* (after the tiles' loop's barrier) */
 #endif
     }

@@ -23,6 +23,7 @@
  * Rounding: B and A hold 0 and +-1, G +-1/2: F(2x2, 3x3) adds about one rounding of the sums'
  * magnitude per transform, the error of a direct conv's order of summation (checked against
  * numpy in tests/test_contraction/conv.py). */
+#define {{NAME}}_REORDER {{REORDER}} /* the plan's reorder: NCHW stored in blocks, then reordered */
 #include <omp.h>
 #define {{NAME}}_DIMS                                                                                     \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, OH = {{OH}}, OW = {{OW}}, PH = {{PH}},        \
@@ -152,7 +153,7 @@ void {{NAME}}({{PARAMS}})
         return;
     }
 #endif
-#if {{REORDER}}
+#if {{NAME}}_REORDER
     float* ys = eqf_scratch(EQF_SCRATCH_GEMM_A, (long)N * O * P); /* the output in blocks, then NCHW */
     if (!ys) {
         eqf_nomem_note();
@@ -240,7 +241,7 @@ void {{NAME}}({{PARAMS}})
                         const long b = n, j = oh * OW + ow, blk0 = ((b * (O / VL) + o0 / VL) * (long)P + j) * VL;
                         (void)b;
                         (void)j;
-#if {{OUT_BLOCKED}} || {{REORDER}}
+#if {{OUT_BLOCKED}} || {{NAME}}_REORDER
 #if {{OUT_BLOCKED}}
                         float* restrict dst = out + blk0;
 #else
@@ -266,7 +267,7 @@ void {{NAME}}({{PARAMS}})
                 }
             }
         }
-#if {{REORDER}}
+#if {{NAME}}_REORDER
 #pragma omp barrier
         {{NAME}}_reorder(ys, out);
 #endif

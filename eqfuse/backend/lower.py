@@ -189,6 +189,9 @@ def plan_decisions(p: KernelPlan) -> dict[str, object]:
             out[f.name] = int(v)
         elif isinstance(v, (int, str)) and not isinstance(v, bool):
             out[f.name] = v
+    for name in getattr(type(d), "DERIVED", ()):
+        v = getattr(d, name)
+        out[name] = int(v) if isinstance(v, bool) else v
     if hasattr(d, "prepack"):
         out["prepacked_b"] = int(d.prepack is not None)
     return out

@@ -104,6 +104,23 @@ class ConvDirectDetail:
     def obw(self) -> int:
         return self.v * self.vl
 
+    # the decisions derived from the fields above, printed by `eqfuse lower` with them
+    DERIVED = ("algorithm", "reorder")
+
+    @property
+    def algorithm(self) -> str:
+        """The template: winograd (conv_winograd.c), pixels in the lanes (conv_pixels.c) or
+        channels in the lanes (conv_direct.c)."""
+        return "winograd" if self.winograd else "pixels" if self.pixels else "channels"
+
+    @property
+    def reorder(self) -> bool:
+        """The template's REORDER: an NCHW output stored in blocks, then reordered (the
+        channels-in-the-lanes and Winograd templates; never with pixels in the lanes)."""
+        if self.pixels:
+            return False
+        return winograd_reorders(self) if self.winograd else reorders(self)
+
 
 
 def register_tiles(simd_floats: int, rows: bool) -> list[tuple[int, int]]:
@@ -357,8 +374,8 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
                   RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
-                  INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(reorders(d)),
-                  REORDER_FN=reorder_fn(plan.name, d.vl) if reorders(d) else "",
+                  INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(d.reorder),
+                  REORDER_FN=reorder_fn(plan.name, d.vl) if d.reorder else "",
                   EPI_BLOCKED=int(bool(d.blocked_args)), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
 
 
@@ -445,7 +462,7 @@ def emit_conv_winograd(plan: KernelPlan) -> str:
     d, cv = plan.detail, plan.body.nodes[plan.shape.anchor]
     params, ptrs = kernel_params(plan)
     expr, decls = epilogue_c(plan)
-    ro = winograd_reorders(d)
+    ro = d.reorder
     return render("conv_winograd.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, OH=d.OH, OW=d.OW, PH=d.padding[0],
