@@ -1,3 +1,4 @@
+#define {{NAME}}_VEC {{VEC}} /* the plan's vec: the AVX-512 micro-kernels */
 #define {{NAME}}_RB {{RB}} /* the plan's rb: query rows per block */
 EQF_WIDE_BEGIN
 /* {{NAME}}: {{WHAT}}, the probabilities recomputed, never stored.
@@ -28,7 +29,7 @@ static void {{NAME}}_transpose(const float* restrict src, long rs, long cs, long
 /* s[RB][n] = a[RB][k] (rows at lda) . bt[k][n] (rows at n) */
 static void {{NAME}}_rows(const float* restrict a, long lda, const float* restrict bt, long k, long n, float* restrict s)
 {
-#if defined(__AVX512F__) && {{VEC}}
+#if defined(__AVX512F__) && {{NAME}}_VEC
     for (long j = 0; j < n; j += 64)
         eqf_qk_4x64(a, lda, bt + j, n, k, s + j, n);
 #else
@@ -53,7 +54,7 @@ static void {{NAME}}_acc(const float* restrict p, long n, const float* restrict 
 {
     for (long i = 0; i < {{NAME}}_RB * w; i++)
         acc[i] = 0.0f;
-#if defined(__AVX512F__) && {{VEC}}
+#if defined(__AVX512F__) && {{NAME}}_VEC
     (void)cx;
     if (w == 64)
         eqf_pv_4x64(p, n, x, ldx, n, acc, w);

@@ -74,12 +74,12 @@ def test_the_gemm_tiles_follow_the_machine(machine_model):
 # The choices besides tiles that a template is written with: a plan field each (printed by
 # `eqfuse lower` as "plan: ..."), declared as a constant of its kernel's C.
 CHOICES = {"contraction": ("direct_a", "direct_b"), "contraction_row": ("direct_a", "direct_b"),
-           "skinny": ("pack_parts",), "pixel_conv": ("vl",), "direct_conv": ("vl", "reorder"), "winograd_conv": ("vl", "reorder"), "attention_grad": ("rb",)}
+           "skinny": ("pack_parts",), "pixel_conv": ("vl",), "direct_conv": ("vl", "reorder"), "winograd_conv": ("vl", "reorder"), "attention_grad": ("rb", "vec"), "attention": ("vec",)}
 
 
 def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model):
     """DIRECT_A and DIRECT_B of the blocked GEMM, the skinny GEMM's PACK_PARTS, a direct conv's
-    vector width and REORDER, and the attention gradient's RB: what the plan says is what the C
+    vector width and REORDER, attention's VEC and the attention gradient's RB: what the plan says is what the C
     declares."""
     skinny = "graph s(x: f32[4, 37], w: f32[37, 53]) { return kernel { relu(x @ w) } }"
     lanes = ("graph cd(x: f32[1, 32, 40, 40], w: f32[32, 32, 3, 3], y: f32[1, 16, 10, 10], v: f32[16, 16, 3, 3]) {\n"

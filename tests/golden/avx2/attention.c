@@ -37,6 +37,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
             for (long kt = 0; kt < SKP / BK; kt++) {
                 float* restrict tile = ktp + kt * D * BK;
                 const long nk = eqf_minl(BK, 29 - kt * BK);
+#define eqf_kinds_k5_attention_VEC 0 /* the plan's vec: the AVX-512 micro-kernels */
 #if defined(__AVX512F__)
                 if (1 == 1 && D % 16 == 0 && nk == BK) {  /* whole tile, k rows contiguous: */
                     for (long jj = 0; jj < BK; jj += 16)           /* 16 x 16 register transposes */
@@ -86,7 +87,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
                     for (long e = 0; e < DV; e += 16)
                         __builtin_prefetch(out + ((b) * 760) + (i0 + ii) * 40 + e, 1, 3);
             }
-#if defined(__AVX512F__) && 0
+#if defined(__AVX512F__) && eqf_kinds_k5_attention_VEC
             if (!0 && nk == BK && BK == 64) {
                 /* scores and their softmax step in registers (the score scale is in the q block) */
                 for (long ii = 0; ii < BQ; ii += 4)
@@ -96,7 +97,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
 #endif
             {
                 /* scores s = q k^T for this tile */
-#if defined(__AVX512F__) && 0
+#if defined(__AVX512F__) && eqf_kinds_k5_attention_VEC
                 for (long ii = 0; ii < BQ; ii += 4)
                     for (long jb = 0; jb < BK; jb += 64)
                         eqf_qk_4x64(&qb[ii][0], D, ktp + j0 * D + jb, BK, D, &s[ii][jb], BK);
@@ -131,7 +132,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
                     }
                 }
                 /* the online softmax: s becomes p = 2^(s - m) */
-#if defined(__AVX512F__) && 0
+#if defined(__AVX512F__) && eqf_kinds_k5_attention_VEC
                 for (long ii = 0; ii < BQ; ii += 4)
                     eqf_softmax2_4x64(&s[ii][0], BK, &m[ii], &l[ii][0], &acc[ii][0], DV, DV);
 #else
@@ -140,7 +141,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
 #endif
             }
             /* acc += p v */
-#if defined(__AVX512F__) && 0
+#if defined(__AVX512F__) && eqf_kinds_k5_attention_VEC
             for (long ii = 0; ii < BQ; ii += 4) {  /* DV a multiple of 16: 64 columns at a time, then 32, 16 */
                 long e0 = 0;
                 for (; e0 + 64 <= DV; e0 += 64)
