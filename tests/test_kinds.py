@@ -52,7 +52,7 @@ def test_plans_carry_kinds_and_the_rule_the_c_applies():
         if p.kind == K.LAYOUT:
             assert ifs == {str(int(x)) for x in p.detail.parallel}
         if p.kind == K.ATTENTION:  # the vectorized micro-kernels: the plan's decision, after views
-            assert p.detail.vec and f"defined(__AVX512F__) && {int(p.detail.vec)}" in k.c_source
+            assert p.detail.vec and f"#define {k.name}_VEC {int(p.detail.vec)}" in k.c_source
     assert kinds == {K.POINTWISE, K.ROW, K.REDUCE, K.LAYOUT, K.INDEX, K.ATTENTION, K.CONTRACTION}
 
 
