@@ -12,6 +12,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+# Each test exports a decoder or compiles one (both cached per session): in the whole suite, not the fast tier.
+pytestmark = pytest.mark.heavy
+
 import decoder_exports as de  # noqa: E402
 
 import eqfuse  # noqa: E402
