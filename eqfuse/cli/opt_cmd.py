@@ -42,8 +42,14 @@ def cmd_opt(args) -> int:
             results = optimize_graphs(graphs, dims=dims, alone=len(graphs) <= OPT_ALONE, **opts)
     from eqfuse.optimizer.optimize import batch_dims_report
 
+    from eqfuse.pipeline import count_kernels
+
     for r, f, g in zip(results, folded, source):
         r.report["folded"] = f.notes
+        # the kernels that run, views apart, as compile lowers them (every dim bound), else the
+        # optimizer's count (docs/optimizing.md, "Kernel counts")
+        count_kernels(r.report, g, r.graph, {k: v for k, v in dims.items() if k in g.dims()},
+                      frozenset(f.params), precision)
         if precision != "f32":  # (the report's key when eqfuse.compile gives it: its kernels' precision)
             r.report["precision_requested"] = precision
         batch_dims_report(r.report, g, weights)
