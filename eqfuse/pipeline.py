@@ -283,6 +283,31 @@ def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: fr
     return bound, *lower_graph(bound, machine(), fuse=fuse is not False, params=params, precision=precision)
 
 
+def running(plans) -> tuple[int, int]:
+    """(kernels that run, views) among plans: the one kernel count of eqfuse (docs/optimizing.md,
+    "Kernel counts"). A view (K.VIEW: a reshape, a slice, a transpose read in place) runs no code."""
+    views = sum(p.kind == K.VIEW for p in plans)
+    return len(plans) - views, views
+
+
+def count_kernels(report: dict, source: Graph, opt: Graph, dims: Mapping[str, int],
+                  params: frozenset[str] = frozenset(), precision: str = "f32", after=None) -> dict:
+    """The optimizer's report with its kernel counts replaced by the lowered ones when every dim
+    is bound: kernels_before / views_before from `source` lowered unfused (every op its own kernel,
+    as `eqfuse bench`'s unfused row), kernels_after / views_after from `opt` lowered (or `after`,
+    the plans already lowered). The optimizer's own counts (its cost model's, which knows fewer
+    views) stay when a dim is unbound: report["kernels_counted"] says which."""
+    if any(d not in dims for d in (*source.dims(), *opt.dims())):
+        report["kernels_counted"] = "optimizer"
+        return report
+    if after is None:
+        after = lower(opt, dims, True, params, precision)[2]
+    before = lower(source, dims, False, params, precision)[2]
+    (kb, vb), (ka, va) = running(before), running(after)
+    report.update(kernels_before=kb, views_before=vb, kernels_after=ka, views_after=va, kernels_counted="lowered")
+    return report
+
+
 def precision_entries(plans) -> dict[str, dict[str, str]]:
     """report["precision"]'s entries for these plans: kernel name -> its precision, instruction
     path and, for a kernel that computes in f32 under precision="bf16", why."""
@@ -447,7 +472,11 @@ def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, s
     f = GraphFunction(g, opt, folded.params, dims, builder(opts.fuse, frozenset(folded.params), opts.precision, report["precision"]), opts.verify,
                       opts.threads, batch, shared.panels if shared is not None else None)
     if all(d in dims for d in g.dims()):
-        f.compiled(dims)  # everything is known: compile now, so errors show here
+        c = f.compiled(dims)  # everything is known: compile now, so errors show here
+        if opts.fuse is True:  # the report counts the kernels the module runs, views apart
+            count_kernels(report, g, opt, dims, frozenset(folded.params), opts.precision, after=c.plans)
+    elif opts.fuse is True:
+        report["kernels_counted"] = "optimizer"
     elif batch and batch[1] and all(d in dims or d == batch[0] for d in g.dims()):
         f.bucketed(dims)  # the buckets are given and the other dims known: compile now
     return f, report, opt
@@ -538,5 +567,5 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
         folded = fold(g, params_of(g, weights), opts.get("fuse", True))
         opt, _ = optimize(folded.graph, dims=gd, **opts)
         _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision)
-        out.append(f"# graph {g.name}: {len([p for p in plans if p.kind != K.VIEW])} kernels\n" + format_uops(plans, uops))
+        out.append(f"# graph {g.name}: {running(plans)[0]} kernels\n" + format_uops(plans, uops))
     return "\n\n".join(out)

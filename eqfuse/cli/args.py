@@ -95,6 +95,10 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--dot", metavar="OUT.dot",
                    help="also write the fused graph as Graphviz DOT to this file: one box per kernel, "
                         "edges are tensors (default: none)")
+    c.add_argument("--onnx-out", metavar="OUT.onnx",
+                   help="also write the optimized graph as ONNX, each kernel an ONNX local function named "
+                        "after its kind (opens in Netron, runs in onnxruntime); one graph, every dim bound "
+                        "(default: none)")
 
     model_cmd("check", "parse and shape-check; print each graph's signature")
 

@@ -42,8 +42,14 @@ def cmd_opt(args) -> int:
             results = optimize_graphs(graphs, dims=dims, alone=len(graphs) <= OPT_ALONE, **opts)
     from eqfuse.optimizer.optimize import batch_dims_report
 
+    from eqfuse.pipeline import count_kernels
+
     for r, f, g in zip(results, folded, source):
         r.report["folded"] = f.notes
+        # the kernels that run, views apart, as compile lowers them (every dim bound), else the
+        # optimizer's count (docs/optimizing.md, "Kernel counts")
+        count_kernels(r.report, g, r.graph, {k: v for k, v in dims.items() if k in g.dims()},
+                      frozenset(f.params), precision)
         if precision != "f32":  # (the report's key when eqfuse.compile gives it: its kernels' precision)
             r.report["precision_requested"] = precision
         batch_dims_report(r.report, g, weights)
@@ -56,6 +62,8 @@ def cmd_opt(args) -> int:
             raise EqfuseError(f"{args.output}: cannot write ({e.strerror})") from None
     if args.dot:
         _write_dot(args.dot, results)
+    if args.onnx_out:
+        _write_onnx(args.onnx_out, results, folded, dims, weights, precision)
     if args.report == "json":
         # one graph: its report (README: "Optimizing: `eqfuse opt`"); several: {graph name: report}, the shape of mod.report
         reports = {r.report["graph_name"]: r.report for r in results}
@@ -77,6 +85,17 @@ def cmd_opt(args) -> int:
 def saturation_line(line):
     """The progress line while the e-graph saturates: rounds, e-nodes, elapsed seconds."""
     return lambda st: line.update(f"saturating, iteration {st.iterations}, {st.egraph_nodes} e-nodes")
+
+
+def _write_onnx(path: str, results, folded, dims, weights, precision) -> None:
+    """The one optimized graph as ONNX, each kernel a local function (eqfuse/cli/onnx_out.py)."""
+    from eqfuse.cli.onnx_out import onnx_model, write
+
+    if len(results) != 1:
+        raise UsageError(f"--onnx-out writes one graph; the model has {len(results)}: choose one with --graph NAME")
+    g, f = results[0].graph, folded[0]
+    write(path, onnx_model(g, {k: v for k, v in dims.items() if k in g.dims()}, frozenset(f.params),
+                           {k: weights[k] for k in f.params if k in weights}, precision))
 
 
 def _write_dot(path: str, results) -> None:

@@ -323,6 +323,16 @@ def batch_dims_report(report: dict, graph, params) -> None:
         report["batch_dims"] = _batch_dims(graph, list(report["batch_dims"]), params)
 
 
+def _views_text(r: dict) -> str:
+    """After the kernel counts: the views apart (counted by lowering, which a driver adds as
+    views_after), or that the counts are the optimizer's (a dim unbound: nothing was lowered)."""
+    if "views_after" in r:
+        return f" (+{r['views_after']} view{'s' * (r['views_after'] != 1)})"
+    if r.get("kernels_counted") == "optimizer":
+        return " (the optimizer's count, views not counted: bind every dim with --dim to count the kernels that run)"
+    return ""
+
+
 def report_text(r: dict) -> str:
     """The report as printed after the graph by `eqfuse opt`."""
     def mb(b):
@@ -334,7 +344,7 @@ def report_text(r: dict) -> str:
     whose = " (of the batch it was optimized in)" if r.get("batch") else ""
     lines = [
         f"# report for graph {r['graph_name']} (cost: {r['cost']})",
-        f"#   kernels:    {r['kernels_before']} -> {r['kernels_after']}",
+        f"#   kernels:    {r['kernels_before']} -> {r['kernels_after']}" + _views_text(r),
         f"#   bytes:      {mb(r['bytes_before'])} -> {mb(r['bytes_after'])}",
         f"#   est. time:  {us(r['est_time_before_s'])} -> {us(r['est_time_after_s'])}",
         f"#   rules fired{whose}: {fired or 'none'}",

@@ -1,0 +1,72 @@
+"""`eqfuse opt MODEL --onnx-out fused.onnx`: the optimized graph as ONNX, each kernel a local
+function named after its kind, run in onnxruntime against eqfuse's own output."""
+
+import json
+
+import numpy as np
+import pytest
+from helpers import ROOT
+from test_kernel_counts import GPT2_BLOCK
+
+import eqfuse
+from eqfuse.cli.main import main
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+MLP = ROOT / "examples" / "mlp.g"
+
+
+def opt(capsys, *args) -> tuple[int, str, str]:
+    status = main([str(a) for a in ("opt", *args)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return status, out, err
+
+
+def run_both(path, src, dims):
+    """(onnxruntime's outputs, eqfuse's) on the same random inputs."""
+    s = ort.InferenceSession(str(path))
+    rng = np.random.default_rng(0)
+    ins = {i.name: (rng.standard_normal(i.shape) / 4).astype(np.float32) for i in s.get_inputs()}
+    return s.run(None, ins)[0], eqfuse.compile(src, dims=dims)(**ins)
+
+
+def test_the_mlp_runs_in_onnxruntime_with_each_kernel_a_function(capsys, tmp_path):
+    out = tmp_path / "mlp.onnx"
+    status, text, _ = opt(capsys, MLP, "--dim", "B=4", "--onnx-out", out, "--report", "json")
+    assert status == 0
+    model = onnx.load(str(out))
+    # one top-level node per kernel, each a call of its function, named after the kernel's kind
+    names = [f.name for f in model.functions]
+    assert names == ["contraction_1", "contraction_2"]
+    assert [(n.op_type, n.domain) for n in model.graph.node] == [(f, "eqfuse.kernels") for f in names]
+    assert len(names) == json.loads(text)["kernels_after"]
+    ours, theirs = run_both(out, MLP, {"B": 4})
+    assert ours.shape == (4, 10)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_views_are_functions_of_kind_view_and_the_block_runs(capsys, tmp_path):
+    src = tmp_path / "block.g"
+    src.write_text(GPT2_BLOCK)
+    out = tmp_path / "block.onnx"
+    status, text, _ = opt(capsys, src, "--onnx-out", out, "--report", "json")
+    assert status == 0
+    r = json.loads(text)
+    names = [f.name for f in onnx.load(str(out)).functions]
+    assert sum(n.startswith("view") for n in names) == r["views_after"]
+    assert len(names) - r["views_after"] == r["kernels_after"] and "attention" in names
+    ours, theirs = run_both(out, src, {})
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_an_op_without_a_mapping_is_refused_by_name(capsys, tmp_path):
+    out = tmp_path / "conv.onnx"
+    status, _, err = opt(capsys, ROOT / "examples" / "conv_bn_relu.g", "--dim", "N=1", "--onnx-out", out)
+    assert status != 0 and "'conv2d' has no ONNX mapping" in err and not out.exists()
+
+
+def test_unbound_dims_are_refused(capsys, tmp_path):
+    status, _, err = opt(capsys, MLP, "--onnx-out", tmp_path / "mlp.onnx")
+    assert status != 0 and "--onnx-out needs every dim bound" in err and "B" in err
