@@ -81,6 +81,19 @@ static inline float eqf_bf16_round(float x) { return eqf_bf16_f32(eqf_bf16(x)); 
 /* the K-pair (lo at k, hi at k + 1) as one 32-bit lane of a vdpbf16ps operand: lo in the low half */
 static inline uint32_t eqf_bf16_pair(float lo, float hi) { return (uint32_t)eqf_bf16(lo) | (uint32_t)eqf_bf16(hi) << 16; }
 
+/* ONNX QuantizeLinear as onnxruntime computes it: x / scale (a true division), rounded half to even
+ * (nearbyintf in the default rounding mode), plus the zero point, saturated to [lo, hi] (the
+ * integer type's range, from the zero point's C type by EQF_QLO/EQF_QHI); a NaN gives lo, as
+ * onnxruntime's max(x, lo) does */
+static inline float eqf_quantize(float x, float s, float zp, float lo, float hi)
+{
+    const float r = nearbyintf(x / s) + zp;
+    return r != r ? lo : r < lo ? lo : r > hi ? hi : r;
+}
+#define EQF_QSIGNED(z) ((__typeof__(z))-1 < 0)
+#define EQF_QLO(z) (EQF_QSIGNED(z) ? -128.0f : 0.0f)
+#define EQF_QHI(z) (EQF_QSIGNED(z) ? 127.0f : 255.0f)
+
 static inline float eqf_relu(float x) { return (x != x || x > 0.0f) ? x : 0.0f; }
 static inline float eqf_pow(float a, float b) { return powf(a, b); }
 

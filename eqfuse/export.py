@@ -231,7 +231,7 @@ def _example_inputs(src: Graph, gw, ins: list[Tensor], given: Mapping[str, np.nd
             a = np.asarray(given[n])
             if a.shape != tuple(t.shape) or a.dtype != dt:
                 raise EqfuseError(f"--example-inputs: '{n}' must be {t} ({dt}), got {a.dtype}{list(a.shape)}")
-        elif t.dtype in ("i64", "i32"):
+        elif t.dtype in ("i64", "i32", "u8", "i8"):
             a = rng.integers(0, 4, t.shape).astype(dt)
         elif t.dtype == "bool":
             a = rng.random(t.shape) < 0.5

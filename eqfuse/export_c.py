@@ -94,7 +94,7 @@ def header(lib: str, graphs, target: str, embed: bool, model: str) -> str:
              f" *   {lib}_free(m);",
              " *",
              f" * {load_doc.replace('NAME', lib)}. Arrays are dense, row-major (C order),",
-             " * of the element types below (f32 float, i64 int64_t, i32 int32_t, bool _Bool); shapes are fixed",
+             " * of the element types below (f32 float, i64 int64_t, i32 int32_t, bool _Bool, u8 uint8_t, i8 int8_t); shapes are fixed",
              " * at export. An entry point returns 0, or the number of out-of-range indices an index op met,",
              " * or -1 when a kernel could not allocate its per-thread scratch buffer (then the outputs are",
              " * undefined; a thread's scratch buffers are freed when it exits). A model holds the",
@@ -417,7 +417,7 @@ int main(int argc, char** argv)
 
 
 def _item(t) -> int:
-    return {"f32": 4, "i64": 8, "i32": 4, "bool": 1}[t.dtype]
+    return {"f32": 4, "i64": 8, "i32": 4, "bool": 1, "u8": 1, "i8": 1}[t.dtype]
 
 
 def makefile(lib: str, graphs, march: str, target: str, openmp: bool, embed: bool) -> str:

@@ -151,7 +151,7 @@ def broadcast_to(x, shape):
 
 
 def _dtype_name(dtype) -> str:
-    if isinstance(dtype, str) and dtype in ("f32", "i64", "i32", "bool"):
+    if isinstance(dtype, str) and dtype in ("f32", "i64", "i32", "bool", "u8", "i8"):
         return dtype
     try:
         dt = _np.dtype(dtype)

@@ -53,12 +53,12 @@ def shape_of(t, dims: Mapping[str, int] | None = None) -> tuple[int, ...]:
 def rand_inputs(graph: Graph, dims: Mapping[str, int] | None = None, seed: int = 0,
                 low: float | None = None, high: float | None = None) -> list[np.ndarray]:
     """Arrays for every parameter of graph: f32 standard normal, or uniform in [low, high);
-    integers in [0, 4) (valid indices of any axis of 4 or more); bools half true."""
+    integers (u8 and i8 too) in [0, 4) (valid indices of any axis of 4 or more); bools half true."""
     rng = np.random.default_rng(seed)
     out = []
     for _, t in graph.params:
         shape = shape_of(t, dims)
-        if t.dtype in ("i64", "i32"):
+        if t.dtype in ("i64", "i32", "u8", "i8"):
             out.append(rng.integers(0, 4, shape).astype(NUMPY_DTYPE[t.dtype]))
         elif t.dtype == "bool":
             out.append(rng.random(shape) < 0.5)

@@ -280,6 +280,15 @@ OP_SEMANTICS = {
     "squeeze": ("x: f32[3, 1, 4]", "squeeze(x, axis=1)", lambda x: x[:, 0]),
     "unsqueeze": ("x: f32[3, 4]", "unsqueeze(x, axis=-1)", lambda x: x[:, :, None]),
     "flatten": ("x: f32[3, 2, 2]", "flatten(x)", lambda x: x.reshape(3, 4)),
+    # quantized models: x * 400 spans past [0, 255], so both ends saturate; Python's round() rounds
+    # half to even, as ONNX's QuantizeLinear
+    "quantize_linear": ("x: f32[3, 4], z: u8", 'cast(quantize_linear(x * 200, 0.5, z), to="f32")',
+                        lambda x, z: np.vectorize(lambda v: min(255, max(0, round(v * 400) + int(z))))(x)),
+    "dequantize_linear": ("q: i8[3, 4], z: i8[4]", "dequantize_linear(q, 0.25, z)",
+                          lambda q, z: np.array([[(q[r, c] - z[c]) / 4 for c in range(4)] for r in range(3)])),
+    "matmul_integer": ("a: u8[3, 4], b: i8[4, 2], za: u8, zb: i8[2]", 'cast(matmul_integer(a, b, za, zb), to="f32")',
+                       lambda a, b, za, zb: np.array([[sum((a[r, k] - za) * (b[k, c] - zb[c]) for k in range(4))
+                                                       for c in range(2)] for r in range(3)])),
 }
 
 

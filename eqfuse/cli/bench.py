@@ -89,8 +89,8 @@ def random_inputs(graph, dims: Mapping[str, int], seed: int = 0) -> list[np.ndar
         shape = tuple(resolve(d, dims) for d in t.shape)
         if t.dtype == "bool":
             out.append(rng.random(shape) < 0.5)
-        elif t.dtype in ("i64", "i32"):  # 0 and 1: a valid index of any axis, a mask of both kinds
-            out.append(rng.integers(0, 2, shape).astype(np.int64 if t.dtype == "i64" else np.int32))
+        elif t.dtype in ("i64", "i32", "u8", "i8"):  # 0 and 1: a valid index of any axis, a mask of both kinds
+            out.append(rng.integers(0, 2, shape).astype({"i64": np.int64, "i32": np.int32, "u8": np.uint8, "i8": np.int8}[t.dtype]))
         else:
             out.append(rng.standard_normal(shape).astype(np.float32))
     return out

@@ -24,7 +24,8 @@ LANGUAGE = """\
 A file holds one or more `graph NAME(PARAMS) [-> RESULTS] { BODY }`. A parameter is `name: TYPE`,
 a type `f32[d0, d1, ...]` (a dimension is an integer or a name, bound by `--dim NAME=INT`,
 `dims={"NAME": INT}` or, in Python, by the first call's arrays) or bare `f32` for a scalar. The
-element types are `f32`, `i64`, `i32` and `bool` (`ids: i64[B, S]`, `mask: bool[B, S]`); float
+element types are `f32`, `i64`, `i32`, `bool`, and `u8` and `i8` of quantized models (`ids: i64[B, S]`,
+`mask: bool[B, S]`; the 8-bit types are stored, cast, quantized and dequantized, no arithmetic); float
 ops compute in f32, `cast(x, to="f32")` converts, and mixing dtypes in one op is an error. The
 body is `name = expr` lines ending with `return expr[, expr ...]`. Comments run from `#` to the
 end of the line.

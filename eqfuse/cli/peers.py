@@ -165,6 +165,11 @@ TORCH: dict[str, Callable] = {
     "isnan": lambda t, a, at: t.isnan(a[0]),
     "where": lambda t, a, at: t.where(a[0], a[1], a[2]),
     "cast": lambda t, a, at: a[0].to(getattr(t, NUMPY_DTYPE[at["to"]])),
+    # quantized models: torch.round rounds half to even, as ONNX's QuantizeLinear
+    "quantize_linear": lambda t, a, at: t.clamp(t.round(a[0] / a[1]) + a[2].float(), *(
+        (0, 255) if a[2].dtype == t.uint8 else (-128, 127))).to(a[2].dtype),
+    "dequantize_linear": lambda t, a, at: (a[0].int() - a[2].int()).float() * a[1],
+    "matmul_integer": lambda t, a, at: t.matmul(a[0].long() - a[2].long(), a[1].long() - a[3].long()).int(),
     "expand": lambda t, a, at: t.broadcast_to(a[0], t.broadcast_shapes(a[0].shape, tuple(at["shape"]))),
     "clip": lambda t, a, at: t.clamp(a[0], at["min"], at["max"]),
     "leaky_relu": lambda t, a, at: t.nn.functional.leaky_relu(a[0], at["alpha"]),

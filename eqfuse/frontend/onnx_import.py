@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from eqfuse.errors import DimsNeeded, EqfuseError, NamedSum, ShapeError
-from eqfuse.frontend import onnx_handlers, onnx_ops  # noqa: F401  (their @handles fill HANDLERS)
+from eqfuse.frontend import onnx_handlers, onnx_ops, onnx_quant  # noqa: F401  (their @handles fill HANDLERS)
 from eqfuse.frontend import onnx_symbolic as sy
 from eqfuse.frontend import onnx_symbolic_ops as so
 from eqfuse.frontend.builder import check_size
@@ -355,7 +355,7 @@ class _Importer:
             if arr.dtype.kind != "f":
                 raise Unsupported(f"dtype {arr.dtype} of '{name}'")
             arr = arr.astype(F32)  # float64 / float16 constants compute in float32
-        if arr.ndim == 0:
+        if arr.ndim == 0 and arr.dtype not in (np.uint8, np.int8):  # a quantized zero point keeps its type
             return self.graph.add(Node("const", attrs=(("value", f32_float(arr)),), type=TType(())))
         key = name if name is not None and name in self.env and self.env[name] is v else None
         if key is not None and key in self.materialized:
@@ -370,7 +370,8 @@ class _Importer:
         i = self.add_input(base, TType(tuple(int(d) for d in arr.shape), dtype))
         if 0 in arr.shape:
             raise Unsupported(f"zero-size tensor '{base}'")
-        self.params[self.graph.nodes[i].name] = np.ascontiguousarray(arr, dtype=NUMPY_DTYPE[dtype])
+        # np.array, not np.ascontiguousarray: that makes a rank-0 parameter (a zero point) 1-D
+        self.params[self.graph.nodes[i].name] = np.array(arr, dtype=NUMPY_DTYPE[dtype], order="C")
         self.param_ids.append(i)
         return i
 

@@ -68,7 +68,7 @@ def tensor_array(t, what: str) -> np.ndarray:
 BIG = 2**31  # ONNX writes "to the end" as INT64_MAX (or INT32_MAX)
 
 
-ONNX_DTYPES = {1: "f32", 7: "i64", 6: "i32", 9: "bool"}  # TensorProto element types eqfuse computes in
+ONNX_DTYPES = {1: "f32", 7: "i64", 6: "i32", 9: "bool", 2: "u8", 3: "i8"}  # TensorProto element types eqfuse computes in
 
 
 HANDLERS: dict[str, tuple[Callable, set[str]]] = {}

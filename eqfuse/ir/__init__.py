@@ -12,4 +12,5 @@ from eqfuse.ir import ops  # noqa: F401
 from eqfuse.ir import ops_index  # noqa: F401
 from eqfuse.ir import ops_attention  # noqa: F401
 from eqfuse.ir import ops_grad  # noqa: F401
+from eqfuse.ir import ops_quant  # noqa: F401
 # isort: on

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from eqfuse.errors import ShapeError
-from eqfuse.ir.shapes import INT_DTYPES, TType
+from eqfuse.ir.shapes import INT_DTYPES, QUANT_DTYPES, TType
 
 NUMERIC = ("f32",) + INT_DTYPES
 
@@ -53,6 +53,9 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
     cast     the attribute to=
     dtype_attr  the attribute dtype= (range)
     index    i64 (argmax)
+    quantize        x and scale f32, the zero point u8 or i8: the zero point's dtype
+    dequantize      q and its zero point of one dtype (u8, i8 or i32), scale f32: f32
+    matmul_integer  a, b u8 or i8, each zero point of its operand's dtype: i32
     """
     if rule == "float":
         for t in ts:
@@ -82,6 +85,22 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
         return attrs["to"]
     if rule == "index":
         return "i64"
+    if rule == "quantize":
+        for t in ts[:2]:
+            _need(opname, t.dtype, ("f32",), "f32 data and scale")
+        return _need(opname, ts[2].dtype, QUANT_DTYPES, "a u8 or i8 zero point")
+    if rule == "dequantize":
+        _need(opname, ts[1].dtype, ("f32",), "an f32 scale")
+        if ts[0].dtype != ts[2].dtype:
+            raise ShapeError(f"{opname} needs the zero point of the data's dtype, got {ts[0].dtype} and {ts[2].dtype}")
+        _need(opname, ts[0].dtype, QUANT_DTYPES + ("i32",), "u8, i8 or i32")
+        return "f32"
+    if rule == "matmul_integer":
+        for t, z in ((ts[0], ts[2]), (ts[1], ts[3])):
+            _need(opname, t.dtype, QUANT_DTYPES, "u8 or i8")
+            if z.dtype != t.dtype:
+                raise ShapeError(f"{opname} needs each zero point of its operand's dtype, got {t.dtype} and {z.dtype}")
+        return "i32"
     if rule == "dtype_attr":
         return attrs["dtype"]
     raise ValueError(f"unknown dtype rule {rule}")

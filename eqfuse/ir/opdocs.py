@@ -70,7 +70,11 @@ DOCS: dict[str, tuple[str, str]] = {
     "logical_not": ("a", "not a, of a bool tensor"),
     "isnan": ("x", "whether x is NaN (bool)"),
     "where": ("cond, a, b", "a where the bool cond is true, else b (numpy broadcasting)"),
-    "cast": ("x", 'x converted to the dtype to= ("f32", "i64", "i32", "bool"; nonzero is true)'),
+    "cast": ("x", 'x converted to the dtype to= ("f32", "i64", "i32", "bool", "u8", "i8"; nonzero is true)'),
+    # quantized models (onnxruntime's semantics; scale and zero point broadcast: per-channel is [C, 1, ...])
+    "quantize_linear": ("x, scale, zp", "saturate(round_half_even(x / scale) + zp) in zp's dtype (u8 or i8): ONNX QuantizeLinear"),
+    "dequantize_linear": ("q, scale, zp", "(q - zp) * scale in f32, q and zp of one dtype (u8, i8 or i32): ONNX DequantizeLinear"),
+    "matmul_integer": ("a, b, a_zp, b_zp", "(a - a_zp) @ (b - b_zp) of u8/i8 operands, exact in i32 (a_zp scalar, b_zp scalar or per column): ONNX MatMulInteger"),
     "expand": ("x", "x broadcast to shape= (numpy broadcasting of x with that shape)"),
     "clip": ("x", "x limited to [min, max] (either bound optional); NaN stays NaN"),
     "leaky_relu": ("x", "x where x >= 0, else alpha * x"),

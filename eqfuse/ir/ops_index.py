@@ -45,7 +45,8 @@ define(name="isnan", kind="pointwise", arity=(1, 1), infer=same_infer, dtype="co
 define(name="where", kind="pointwise", arity=(3, 3), infer=bcast_infer, dtype="where",
     numpy=lambda a, _: np.where(a[0], a[1], a[2]), c="(({0}) ? ({1}) : ({2}))")
 
-_CAST_C = {"f32": "((float)({0}))", "i64": "((int64_t)({0}))", "i32": "((int32_t)({0}))", "bool": "(({0}) != 0)"}
+_CAST_C = {"f32": "((float)({0}))", "i64": "((int64_t)({0}))", "i32": "((int32_t)({0}))", "bool": "(({0}) != 0)",
+           "u8": "((uint8_t)({0}))", "i8": "((int8_t)({0}))"}
 define(name="cast", kind="pointwise", arity=(1, 1), infer=same_infer, dtype="cast",
     attrs=(Attr("to", "str", choices=_DTYPES),),
     numpy=lambda a, at: np.asarray(a[0]).astype(NUMPY_DTYPE[at["to"]]), c=lambda at: _CAST_C[at["to"]])

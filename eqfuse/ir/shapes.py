@@ -13,10 +13,13 @@ from typing import Mapping, Union
 from eqfuse.errors import ShapeError
 
 Dim = Union[int, str]
-DTYPES = ("f32", "i64", "i32", "bool")
-INT_DTYPES = ("i64", "i32")
-NUMPY_DTYPE = {"f32": "float32", "i64": "int64", "i32": "int32", "bool": "bool"}
-C_TYPE = {"f32": "float", "i64": "int64_t", "i32": "int32_t", "bool": "_Bool"}
+DTYPES = ("f32", "i64", "i32", "bool", "u8", "i8")
+INT_DTYPES = ("i64", "i32")  # the integers of arithmetic and indices
+# The 8-bit integers of quantized models: stored, moved, cast, quantized and dequantized, and the
+# operands of matmul_integer; arithmetic on them needs a cast to i32 first (no silent wraparound).
+QUANT_DTYPES = ("u8", "i8")
+NUMPY_DTYPE = {"f32": "float32", "i64": "int64", "i32": "int32", "bool": "bool", "u8": "uint8", "i8": "int8"}
+C_TYPE = {"f32": "float", "i64": "int64_t", "i32": "int32_t", "bool": "_Bool", "u8": "uint8_t", "i8": "int8_t"}
 
 
 def dtype_of_numpy(dt) -> str | None:

@@ -290,7 +290,28 @@ def _scatter_elements_add(an: Node, ins, xs, out, ct, par=False):
             *_along_axis(idx, xs[1], ax, out, "continue", f"out[pos] += {upd}[n];")]
 
 
-BUILDERS = {"range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
+def _matmul_integer(an: Node, ins, xs, out, ct, par=False):
+    """(int32(a) - a_zp) @ (int32(b) - b_zp) in int32: a plain loop over rows of a, the columns of
+    b innermost (contiguous, so the compiler vectorizes it); exact, as onnxruntime's MatMulInteger.
+    b is 2-D (shared by every batch) or has a's batch dims; b_zp is a scalar or one per column."""
+    a, b, azp, bzp = ins
+    M, K, N = xs[0][-2], xs[0][-1], xs[1][-1]
+    rows = _size(out[:-1])
+    b_batch = 0 if len(xs[1]) == 2 else K * N
+    bz = f"(int32_t){bzp}[n]" if len(xs[3]) == 1 else f"(int32_t){bzp}[0]"
+    return [f"const int32_t az = (int32_t){azp}[0];",
+            f"for (long r = 0; r < {rows}; r++) {{",
+            f"    int32_t *o = out + r * {N};",
+            f"    const long bo = (r / {M}) * {b_batch};",
+            f"    for (long n = 0; n < {N}; n++) o[n] = 0;",
+            f"    for (long k = 0; k < {K}; k++) {{",
+            f"        const int32_t av = (int32_t){a}[r * {K} + k] - az;",
+            f"        for (long n = 0; n < {N}; n++) o[n] += av * ((int32_t){b}[bo + k * {N} + n] - {bz});",
+            "    }",
+            "}"]
+
+
+BUILDERS = {"matmul_integer": _matmul_integer, "range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
             "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool,
             "pool2d_grad": _pool_grad, "scatter_elements_add": _scatter_elements_add}
 

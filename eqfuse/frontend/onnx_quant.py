@@ -1,0 +1,157 @@
+"""ONNX handlers of quantized models as onnxruntime's quantizers write them: QuantizeLinear and
+DequantizeLinear (QDQ, per tensor and per channel), DynamicQuantizeLinear and MatMulInteger
+(quantize_dynamic), QLinearMatMul. Each turns into the ops of eqfuse.ir.ops_quant, whose numpy
+reference and C compute what onnxruntime computes, integer for integer.
+
+Per-channel (axis=) scales and zero points are reshaped to broadcast along the axis ([C, 1, 1]
+for axis 1 of a rank-4 tensor), so the ops stay pointwise. A zero point of another type than uint8
+and int8 (int32 only for DequantizeLinear, float8, int4, int16) and the blocked form (block_size)
+are refused with the node's name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from eqfuse.frontend.onnx_registry import ONNX_DTYPES, Unsupported, dtype_name, handles
+from eqfuse.ir.shapes import NUMPY_DTYPE, QUANT_DTYPES, dtype_of_numpy
+
+F32 = np.float32
+
+
+def _dtype(imp, v) -> str | None:
+    return dtype_of_numpy(np.asarray(v).dtype) if imp.is_const(v) else imp.type(v).dtype
+
+
+def _zero_point(imp, ins, i: int, dtype: str, allowed: tuple[str, ...]) -> tuple[object, str]:
+    """Input i as a zero point (a zero of `dtype` when absent) and its dtype, refused unless allowed."""
+    v = ins[i] if len(ins) > i and ins[i] is not None else np.zeros((), NUMPY_DTYPE[dtype])
+    dt = _dtype(imp, v)
+    if dt not in allowed:
+        what = str(np.asarray(v).dtype) if imp.is_const(v) else dt
+        raise Unsupported(f"zero point type {what} (input {i}, '{imp.node.input[i]}'; eqfuse takes "
+                          f"{', '.join(NUMPY_DTYPE[a] for a in allowed)})")
+    return v, dt
+
+
+def _along(imp, v, name: str, rank: int, axis: int):
+    """A scale or zero point as a node broadcasting against a tensor of rank `rank`: a scalar (or a
+    one-element tensor) per tensor, a 1-D tensor per channel of `axis`."""
+    if imp.is_const(v):
+        arr = np.asarray(v)
+        if arr.size == 1:
+            arr = arr.reshape(())
+        elif arr.ndim == 1 and rank > 0:
+            arr = arr.reshape((arr.size,) + (1,) * (rank - 1 - axis % rank))
+        else:
+            raise Unsupported(f"scale or zero point of shape {list(arr.shape)} ('{name}'; blocked quantization)")
+        if arr.ndim == 0 and arr.dtype.kind in "iu":  # a typed zero point, not a weakly typed literal
+            return imp.new_param("zero_point", arr)
+        return imp.data(arr, None if arr.shape != np.asarray(v).shape else name)
+    t = imp.type(v)
+    if t.rank == 0:
+        return v
+    if t.rank == 1 and t.shape[0] == 1:
+        return imp.reshape_to(v, ())
+    if t.rank == 1 and rank > 0:
+        return imp.reshape_to(v, (t.shape[0],) + (1,) * (rank - 1 - axis % rank))
+    raise Unsupported(f"scale or zero point of shape {list(t.shape)} ('{name}'; blocked quantization)")
+
+
+def _check_attrs(at) -> None:
+    if at.get("block_size", 0):
+        raise Unsupported(f"attribute 'block_size' = {at['block_size']} (blocked quantization)")
+
+
+@handles("QuantizeLinear", attrs=("axis", "saturate", "block_size", "output_dtype"))
+def _quantize(imp, ins, at):
+    _check_attrs(at)
+    default = "u8"
+    if at.get("output_dtype"):
+        default = ONNX_DTYPES.get(at["output_dtype"])
+        if default not in QUANT_DTYPES:
+            raise Unsupported(f"attribute 'output_dtype' = {dtype_name(at['output_dtype'])} (eqfuse quantizes to uint8, int8)")
+    zp, _ = _zero_point(imp, ins, 2, default, QUANT_DTYPES)
+    x = imp.data(ins[0], imp.node.input[0])
+    rank, axis = imp.type(x).rank, at.get("axis", 1)
+    scale = _along(imp, ins[1], imp.node.input[1], rank, axis)
+    zpn = _along(imp, zp, imp.node.input[2] if len(ins) > 2 else "zero point", rank, axis)
+    return imp.op("quantize_linear", [x, scale, zpn])
+
+
+@handles("DequantizeLinear", attrs=("axis", "block_size"))
+def _dequantize(imp, ins, at):
+    _check_attrs(at)
+    xdt = _dtype(imp, ins[0])
+    if xdt not in QUANT_DTYPES + ("i32",):
+        raise Unsupported(f"input type {xdt} (eqfuse dequantizes uint8, int8 and int32)")
+    zp, _ = _zero_point(imp, ins, 2, xdt, (xdt,))
+    x = imp.data(ins[0], imp.node.input[0])
+    rank, axis = imp.type(x).rank, at.get("axis", 1)
+    scale = _along(imp, ins[1], imp.node.input[1], rank, axis)
+    zpn = _along(imp, zp, imp.node.input[2] if len(ins) > 2 else "zero point", rank, axis)
+    return imp.op("dequantize_linear", [x, scale, zpn])
+
+
+@handles("DynamicQuantizeLinear")
+def _dynamic_quantize(imp, ins, at):
+    """onnxruntime's formula in f32: the range [min(x, 0), max(x, 0)], scale = its width / 255 (1
+    when it is empty), zero point = saturate(round(-min / scale)), y = saturate(round(x / scale) + zp).
+    The 255 is a bound parameter, not a literal, so that the optimizer's x / c => x * (1 / c) cannot
+    round the scale differently from onnxruntime's division."""
+    x = imp.data(ins[0], imp.node.input[0])
+    zero = imp.const(0.0)
+    lo = imp.op("minimum", [imp.op("min", [x]), zero])
+    hi = imp.op("maximum", [imp.op("max", [x]), zero])
+    width = imp.op("sub", [hi, lo])
+    scale = imp.op("where", [imp.op("eq", [hi, lo]), imp.const(1.0),
+                             imp.op("div", [width, imp.new_param("u8_range", np.asarray(255, F32))])])
+    zp = imp.op("quantize_linear", [imp.op("neg", [lo]), scale, imp.data(np.zeros((), np.uint8))])
+    return [imp.op("quantize_linear", [x, scale, zp]), scale, zp]
+
+
+def _matmul_integer_node(imp, a, b, azp, bzp):
+    ta, tb = imp.type(a), imp.type(b)
+    if ta.rank < 2 or tb.rank < 2:
+        raise Unsupported(f"operands of rank {ta.rank} and {tb.rank} (eqfuse takes rank >= 2)")
+    for v, what in ((azp, "a"), (bzp, "b")):
+        if imp.is_const(v) and np.asarray(v).size != 1 and what == "a":
+            raise Unsupported("a_zero_point per row (eqfuse takes a scalar)")
+    azn = _along(imp, azp, "a_zero_point", 0, 0) if imp.is_const(azp) and np.asarray(azp).size == 1 else \
+        _along(imp, azp, "a_zero_point", 1, 0)
+    bzn = _along(imp, bzp, "b_zero_point", 1, 0)
+    return imp.op("matmul_integer", [a, b, azn, bzn])
+
+
+@handles("MatMulInteger")
+def _matmul_integer(imp, ins, at):
+    adt, bdt = _dtype(imp, ins[0]), _dtype(imp, ins[1])
+    for dt, i in ((adt, 0), (bdt, 1)):
+        if dt not in QUANT_DTYPES:
+            raise Unsupported(f"input type {dt} (input {i}; eqfuse takes uint8 and int8)")
+    azp, _ = _zero_point(imp, ins, 2, adt, (adt,))
+    bzp, _ = _zero_point(imp, ins, 3, bdt, (bdt,))
+    a, b = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
+    return _matmul_integer_node(imp, a, b, azp, bzp)
+
+
+@handles("QLinearMatMul")
+def _qlinear_matmul(imp, ins, at):
+    """onnxruntime's requantization: the i32 product times a_scale * b_scale / y_scale (in that order,
+    in f32), rounded half to even, plus y's zero point, saturated (quantize_linear with scale 1: x / 1
+    is x)."""
+    adt, bdt = _dtype(imp, ins[0]), _dtype(imp, ins[3])
+    for dt, i in ((adt, 0), (bdt, 3)):
+        if dt not in QUANT_DTYPES:
+            raise Unsupported(f"input type {dt} (input {i}; eqfuse takes uint8 and int8)")
+    azp, _ = _zero_point(imp, ins, 2, adt, (adt,))
+    bzp, _ = _zero_point(imp, ins, 5, bdt, (bdt,))
+    yzp, _ = _zero_point(imp, ins, 7, "u8", QUANT_DTYPES)
+    a, b = imp.data(ins[0], imp.node.input[0]), imp.data(ins[3], imp.node.input[3])
+    acc = imp.op("cast", [_matmul_integer_node(imp, a, b, azp, bzp)], to="f32")
+    if not all(imp.is_const(ins[i]) for i in (1, 4, 6)):
+        raise Unsupported("scales computed at run time (eqfuse takes constant scales)")
+    mult = (np.asarray(ins[1], F32).reshape(()) * np.asarray(ins[4], F32).reshape(-1)) / np.asarray(ins[6], F32).reshape(())
+    mult = imp.data(mult.reshape(()) if mult.size == 1 else mult, None)  # f32 arithmetic, onnxruntime's order
+    one = imp.new_param("unit_scale", np.asarray(1, F32))
+    return imp.op("quantize_linear", [imp.op("mul", [acc, mult]), one, _along(imp, yzp, imp.node.input[7], 0, 0)])

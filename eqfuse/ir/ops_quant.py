@@ -1,0 +1,65 @@
+"""The ops of quantized models, with onnxruntime's exact semantics (eqfuse.frontend imports the ONNX
+QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger nodes to them).
+
+    quantize_linear(x, scale, zp)    saturate(round_half_even(x / scale) + zp), in zp's dtype (u8, i8)
+    dequantize_linear(q, scale, zp)  (int32(q) - int32(zp)) * scale, in f32 (q, zp: u8, i8 or i32)
+    matmul_integer(a, b, a_zp, b_zp) (int32(a) - a_zp) @ (int32(b) - b_zp), exact in i32
+
+scale and zp broadcast against x as numpy does: per-tensor they are scalars, per-channel (ONNX's
+axis=) they are shaped to broadcast along that axis ([C, 1, 1] for axis 1 of NCHW), so the first two
+are plain pointwise ops. x / scale is a true f32 division (onnxruntime divides; a multiply by
+1 / scale would round differently at ties); clamping before or after rounding is the same, the
+bounds being integers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from eqfuse.errors import ShapeError
+from eqfuse.ir.ops import bcast_infer, define
+from eqfuse.ir.shapes import TType, broadcast, fmt
+
+
+def _quantize_np(args, attrs):
+    x, scale, zp = (np.asarray(a) for a in args)
+    lo, hi = (0, 255) if zp.dtype == np.uint8 else (-128, 127)
+    with np.errstate(all="ignore"):
+        r = np.rint(x.astype(np.float32) / scale.astype(np.float32)) + zp.astype(np.float32)
+    # a NaN saturates to the low end, as onnxruntime's max(x, low) gives its second operand
+    return np.clip(np.where(np.isnan(r), lo, r), lo, hi).astype(zp.dtype)
+
+
+def _dequantize_np(args, attrs):
+    q, scale, zp = (np.asarray(a) for a in args)
+    return (q.astype(np.int32) - zp.astype(np.int32)).astype(np.float32) * scale.astype(np.float32)
+
+
+def _matmul_integer_infer(ts, attrs):
+    a, b, azp, bzp = ts
+    if a.rank < 2 or b.rank < 2:
+        raise ShapeError(f"matmul_integer needs operands of rank >= 2, got {fmt(a.shape)} and {fmt(b.shape)}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"matmul_integer inner dimensions differ: {fmt(a.shape)} @ {fmt(b.shape)}")
+    if b.rank > 2 and (b.rank > a.rank or tuple(b.shape[:-2]) != tuple(a.shape[a.rank - b.rank:-2])):
+        raise ShapeError(f"matmul_integer needs b of rank 2 or with a's batch dims, got {fmt(a.shape)} @ {fmt(b.shape)}")
+    if azp.rank != 0:
+        raise ShapeError(f"matmul_integer needs a scalar a_zp, got {fmt(azp.shape)}")
+    if bzp.rank > 1 or (bzp.rank == 1 and bzp.shape[0] != b.shape[-1]):
+        raise ShapeError(f"matmul_integer needs b_zp scalar or [N] (one per column of b), got {fmt(bzp.shape)}")
+    return TType(tuple(broadcast(a.shape[:-2], b.shape[:-2])) + (a.shape[-2], b.shape[-1]))
+
+
+def _matmul_integer_np(args, attrs):
+    a, b, azp, bzp = (np.asarray(x).astype(np.int32) for x in args)
+    # int32 products and sums, as the C (and onnxruntime) accumulate: exact unless int32 overflows
+    return np.matmul(a - azp, b - bzp).astype(np.int32)
+
+
+# The C reads the saturation range off the zero point's C type (EQF_QLO / EQF_QHI in common.h).
+define(name="quantize_linear", kind="pointwise", arity=(3, 3), infer=bcast_infer, dtype="quantize",
+    numpy=_quantize_np, flops=4, c="eqf_quantize({0}, {1}, (float)({2}), EQF_QLO({2}), EQF_QHI({2}))")
+define(name="dequantize_linear", kind="pointwise", arity=(3, 3), infer=bcast_infer, dtype="dequantize",
+    numpy=_dequantize_np, flops=2, c="((float)((int32_t)({0}) - (int32_t)({2})) * ({1}))")
+define(name="matmul_integer", kind="index", arity=(4, 4), infer=_matmul_integer_infer, dtype="matmul_integer",
+    numpy=_matmul_integer_np)

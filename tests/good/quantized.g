@@ -1,0 +1,12 @@
+# A quantized model as onnxruntime's quantizers write it: u8 activations and i8 weights, quantized
+# per tensor and per channel (the scale shaped to broadcast along the channel axis), and an integer
+# matmul accumulating in i32 whose result is scaled back to f32.
+graph qdq(x: f32[B, 8], w: i8[8, 4], ws: f32[4], wz: i8[4], xs: f32, xz: u8) -> (f32[B, 4], u8[B, 8]) {
+    q = quantize_linear(x, xs, xz)
+    y = dequantize_linear(q, xs, xz) @ dequantize_linear(w, ws, wz)
+    return y, q
+}
+
+graph dynamic(x: u8[B, 8], w: i8[8, 4], xz: u8, wz: i8, scale: f32) -> f32[B, 4] {
+    return cast(matmul_integer(x, w, xz, wz), to="f32") * scale
+}

@@ -1,0 +1,236 @@
+"""Quantized ONNX models as onnxruntime's own quantizers write them load in eqfuse and match
+onnxruntime on the same quantized file.
+
+An MLP and a tiny BERT-like encoder are exported from torch, quantized with
+onnxruntime.quantization (quantize_dynamic: DynamicQuantizeLinear + MatMulInteger with int8 weights;
+quantize_static: QuantizeLinear / DequantizeLinear pairs around the MatMuls, u8 activations, i8
+weights), compiled with eqfuse.compile and run beside onnxruntime on the same file. onnxruntime runs
+it twice: literally (graph optimizations off: each QDQ node as written, the file's meaning) and as
+deployed (its default optimizations fuse QDQ groups into integer kernels that requantize once,
+which rounds differently from the file's float steps). The bounds:
+  - every QuantizeLinear / DynamicQuantizeLinear node, fed onnxruntime's float input, gives the
+    same integers (and the same dynamic scale and zero point) in eqfuse's reference, eqfuse's C
+    and onnxruntime;
+  - whole model against the literal run: |diff| <= one quantization step of the output (QDQ: the
+    scale of the output's DequantizeLinear; dynamic: the output is float after exact integer
+    matmuls, so the step is the f32 rounding of the float tail, 1e-5 * max|output|);
+  - whole model against the deployed run: that bound plus onnxruntime's own deviation between its
+    two runs on the same input (its fused integer kernels' rounding, not eqfuse's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+torch = pytest.importorskip("torch")
+quant = pytest.importorskip("onnxruntime.quantization")
+
+import eqfuse  # noqa: E402
+from eqfuse.frontend.onnx_import import onnx_params  # noqa: E402
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2, self.l3 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.l3(torch.relu(self.l2(torch.relu(self.l1(x)))))
+
+
+class TinyBert(torch.nn.Module):
+    """One encoder layer: self-attention (2 heads) and a GELU feed-forward, post-norm, as BERT."""
+
+    def __init__(self, d=32, heads=2):
+        super().__init__()
+        self.h, self.d = heads, d
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+        self.f1, self.f2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+        self.n1, self.n2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+
+    def forward(self, x):
+        B, S, D = x.shape
+        split = lambda t: t.reshape(B, S, self.h, D // self.h).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        a = torch.softmax(q @ k.transpose(-1, -2) / (D // self.h) ** 0.5, -1) @ v
+        x = self.n1(x + self.o(a.transpose(1, 2).reshape(B, S, D)))
+        return self.n2(x + self.f2(torch.nn.functional.gelu(self.f1(x))))
+
+
+SHAPES = {"mlp": (8, 32), "bert": (2, 8, 32)}
+
+
+def _export(name, path):
+    torch.manual_seed(0)
+    model = (MLP() if name == "mlp" else TinyBert()).eval()
+    x = torch.randn(*SHAPES[name])
+    torch.onnx.export(model, (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
+
+
+class _Reader(quant.CalibrationDataReader):
+    """A few random batches of the model's input shape (the calibration of quantize_static)."""
+
+    def __init__(self, shape):
+        rng = np.random.default_rng(1)
+        self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+@pytest.fixture(scope="module", params=[("mlp", "dynamic"), ("mlp", "static"), ("bert", "dynamic"), ("bert", "static")],
+                ids=lambda p: "-".join(p))
+def quantized(request, tmp_path_factory):
+    name, how = request.param
+    d = tmp_path_factory.mktemp(f"{name}_{how}")
+    f32, q = d / "f32.onnx", d / "q.onnx"
+    _export(name, f32)
+    if how == "dynamic":
+        quant.quantize_dynamic(str(f32), str(q), weight_type=quant.QuantType.QInt8, op_types_to_quantize=["MatMul"])
+    else:
+        quant.quantize_static(str(f32), str(q), _Reader(SHAPES[name]), quant_format=quant.QuantFormat.QDQ,
+                              activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    return name, how, onnx.load(str(q)), q
+
+
+def _ort(model, x):
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, {"x": x})
+
+
+def _inputs(name, seed):
+    return np.random.default_rng(seed).standard_normal(SHAPES[name]).astype(np.float32)
+
+
+def _exposed(model, names):
+    """The model with the tensors `names` added as graph outputs."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.value_info[:]
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in have)
+    return m
+
+
+def _one_node(model, node, x):
+    """A model of the one node: its float input a graph input of x's shape, its scale and zero
+    point the quantized file's initializers."""
+    inits = [i for i in model.graph.initializer if i.name in node.input[1:]]
+    g = onnx.helper.make_graph([node], "node", [onnx.helper.make_tensor_value_info(node.input[0], onnx.TensorProto.FLOAT, x.shape)],
+                               [onnx.ValueInfoProto(name=o) for o in node.output if o], inits)
+    return onnx.helper.make_model(g, opset_imports=list(model.opset_import))
+
+
+def _literal(model, x):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+
+def test_quantized_model_matches_onnxruntime(quantized):
+    name, how, model, path = quantized
+    ops = {n.op_type for n in model.graph.node}
+    assert ({"DynamicQuantizeLinear", "MatMulInteger"} if how == "dynamic" else {"QuantizeLinear", "DequantizeLinear"}) <= ops
+    module = eqfuse.compile(str(path))
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    for seed in range(3):
+        x = _inputs(name, seed)
+        (literal,), (deployed,) = _literal(model, x), _ort(model, x)
+        got = module(x)
+        got = got[0] if isinstance(got, (list, tuple)) else got
+        assert got.shape == literal.shape
+        if how == "static":
+            (last,) = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and model.graph.output[0].name in n.output]
+            step = float(np.max(inits[last.input[1]]))
+        else:
+            step = 1e-5 * float(np.max(np.abs(literal)))
+        diff = float(np.max(np.abs(got - literal)))
+        assert diff <= step, f"{name} {how} seed {seed}: max|diff| {diff} > one step {step} (literal run)"
+        own = float(np.max(np.abs(deployed - literal)))
+        diff = float(np.max(np.abs(got - deployed)))
+        assert diff <= step + own, f"{name} {how} seed {seed}: max|diff| {diff} > {step} + {own} (deployed run)"
+
+
+def test_every_quantize_node_matches_onnxruntime_integer_for_integer(quantized, tmp_path):
+    """Node by node: each QuantizeLinear / DynamicQuantizeLinear fed onnxruntime's own float input
+    (exposed as an output of the quantized model), its outputs (integers, and the dynamic scale and
+    zero point) equal in eqfuse's reference, in eqfuse's compiled C and in onnxruntime. Fed the same
+    floats, not eqfuse's: the float ops before a node (layernorm, softmax) round differently by an ulp,
+    which may move a value across a rounding boundary."""
+    name, how, model, path = quantized
+    nodes = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear")]
+    assert nodes
+    exposed = _exposed(model, [n.input[0] for n in nodes])
+    for seed in range(2):
+        floats = dict(zip([o.name for o in exposed.graph.output], _ort(exposed, _inputs(name, seed))))
+        for k, node in enumerate(nodes):
+            x = floats[node.input[0]]
+            one = _one_node(model, node, x)
+            f = tmp_path / f"node{k}.onnx"
+            onnx.save(one, str(f))
+            s = ort.InferenceSession(one.SerializeToString(), providers=["CPUExecutionProvider"])
+            want = s.run(None, {node.input[0]: x})
+            ref = eqfuse.reference(str(f))
+            got_ref = ref(**{ref.default.params[0][0]: x}, **onnx_params(str(f)))
+            got_c = eqfuse.compile(str(f))(x)
+            for got in (got_ref, got_c):
+                got = got if isinstance(got, (list, tuple)) else [got]
+                assert len(got) == len(want)
+                for w, g in zip(want, got):
+                    g = np.asarray(g)
+                    assert g.dtype == w.dtype and g.shape == w.shape, node.name
+                    assert np.array_equal(g, w), f"{node.name}: {int(np.sum(g != w))} of {w.size} differ"
+
+
+@pytest.mark.parametrize("zp_dtype, axis", [(np.uint8, None), (np.int8, None), (np.int8, 1), (np.uint8, 0)])
+def test_quantize_and_dequantize_ties_saturation_and_channels_match_onnxruntime(zp_dtype, axis, tmp_path):
+    """Halfway values (x / scale = k + 0.5 exactly: scale 0.5, x a multiple of 0.25) round to even,
+    values past the type's range saturate, per tensor and per channel (axis=), exactly as onnxruntime."""
+    x = np.array([[0.25, 0.75, 1.25, -0.25, -0.75, 300.0], [-300.0, 2.0, 63.25, -64.25, 0.0, 1e30]], np.float32)
+    C = x.shape[axis] if axis is not None else 1
+    scale = np.full(C, 0.5, np.float32) if axis is not None else np.asarray(0.5, np.float32)
+    zp = (np.arange(C) * 3).astype(zp_dtype) if axis is not None else np.asarray(3, zp_dtype)
+    attrs = {"axis": axis} if axis is not None else {}
+    nodes = [onnx.helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q", **attrs),
+             onnx.helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="d", **attrs)]
+    inits = [onnx.numpy_helper.from_array(scale, "s"), onnx.numpy_helper.from_array(zp, "z")]
+    g = onnx.helper.make_graph(nodes, "qd", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+                               [onnx.ValueInfoProto(name="q"), onnx.ValueInfoProto(name="d")], inits)
+    model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    f = tmp_path / "qd.onnx"
+    onnx.save(model, str(f))
+    want = _ort(model, x)
+    got = eqfuse.compile(str(f))(x)
+    for w, g_ in zip(want, got):
+        assert g_.dtype == w.dtype and np.array_equal(g_, w), (w, g_)
+    assert set(np.unique(want[0])) & {np.iinfo(zp_dtype).min, np.iinfo(zp_dtype).max}  # the saturation was reached
+
+
+def test_an_unsupported_zero_point_type_is_refused_naming_the_node(tmp_path):
+    node = onnx.helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="quant_16")
+    inits = [onnx.numpy_helper.from_array(np.asarray(0.5, np.float32), "s"), onnx.numpy_helper.from_array(np.asarray(0, np.int16), "z")]
+    g = onnx.helper.make_graph([node], "q16", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
+                               [onnx.ValueInfoProto(name="q")], inits)
+    f = tmp_path / "q16.onnx"
+    onnx.save(onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 21)]), str(f))
+    with pytest.raises(eqfuse.EqfuseError) as info:
+        eqfuse.compile(str(f))
+    msg = str(info.value)
+    assert "zero point type int16" in msg and "'quant_16'" in msg and "QuantizeLinear" in msg, msg
+
+
+def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_path):
+    """`eqfuse opt` prints the quantized model with its u8 / i8 tensors and quantize ops; that text
+    is a .g program the parser reads back."""
+    from eqfuse.cli.main import main
+
+    name, how, model, path = quantized
+    assert main(["opt", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "u8" in text and "i8" in text and "quantize_linear(" in text
+    g = tmp_path / "q.g"
+    g.write_text(text)
+    assert list(eqfuse.reference(str(g)).graphs)
