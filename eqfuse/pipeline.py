@@ -469,16 +469,18 @@ def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, s
             raise ArgumentError(f"buckets=: '{k}' is fixed by the arrays params= binds ({k}={dims[k]}); "
                                 f"a dimension is either fixed or a batch dim")
     batch = batch_dim(g, dims, opts.buckets, params)
-    f = GraphFunction(g, opt, folded.params, dims, builder(opts.fuse, frozenset(folded.params), opts.precision, report["precision"]), opts.verify,
-                      opts.threads, batch, shared.panels if shared is not None else None)
+    f = GraphFunction(g, opt, folded.params, dims, builder(opts.fuse, frozenset(folded.params), opts.precision,
+                                                           report["precision"]),
+                      opts.verify, opts.threads, batch, shared.panels if shared is not None else None)
     if all(d in dims for d in g.dims()):
         c = f.compiled(dims)  # everything is known: compile now, so errors show here
         if opts.fuse is True:  # the report counts the kernels the module runs, views apart
             count_kernels(report, g, opt, dims, frozenset(folded.params), opts.precision, after=c.plans)
-    elif opts.fuse is True:
-        report["kernels_counted"] = "optimizer"
-    elif batch and batch[1] and all(d in dims or d == batch[0] for d in g.dims()):
+        return f, report, opt
+    if batch and batch[1] and all(d in dims or d == batch[0] for d in g.dims()):
         f.bucketed(dims)  # the buckets are given and the other dims known: compile now
+    if opts.fuse is True:
+        report["kernels_counted"] = "optimizer"
     return f, report, opt
 
 
