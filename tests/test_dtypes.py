@@ -77,7 +77,7 @@ def test_a_gather_index_out_of_range_is_an_error_not_a_read_past_the_table():
     ("graph b(i: i64[4]) -> f32[4] {\n    return exp(i)\n}\n", "exp needs f32 tensors, got i64"),
     ("graph b(x: f32[4]) -> f32[4] {\n    return where(x, x, 0)\n}\n", "where needs a bool condition"),
     ("graph b(x: f32[4], t: f32[4]) -> f32[4] {\n    return gather(t, x)\n}\n", "gather needs integer index"),
-    ("graph b(x: u8[4]) -> f32[4] {\n    return x\n}\n", "unknown dtype 'u8'"),
+    ("graph b(x: u16[4]) -> f32[4] {\n    return x\n}\n", "unknown dtype 'u16'"),
 ])
 def test_dtype_mistakes_are_errors_with_a_position(src, message):
     with pytest.raises(EqfuseError, match=message) as e:

@@ -273,8 +273,9 @@ def torch_function(graph: Graph) -> Callable:
                 # a literal takes the dtype of the tensors it meets (eqfuse/ir/dtypes.py)
                 strong = [g.nodes[a].type.dtype for a in n.args if g.nodes[a].op != "const"]
                 dt = getattr(torch, NUMPY_DTYPE[strong[0]]) if strong else torch.float32
-                args = [torch.tensor(g.nodes[a].value, dtype=dt) if g.nodes[a].op == "const" else vals[a]
-                        for a in n.args]
+                # (a fraction stays a float: a dequantize's scale next to its integers)
+                args = [torch.tensor(g.nodes[a].value, dtype=torch.float32 if float(g.nodes[a].value) % 1 else dt)
+                        if g.nodes[a].op == "const" else vals[a] for a in n.args]
                 vals[i] = TORCH[n.op](torch, args, n.attr)
         return [vals[o] for o in g.outputs]
 

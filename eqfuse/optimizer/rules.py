@@ -530,6 +530,13 @@ def _parser_fingerprint() -> bytes:
     return h.digest()
 
 
+def _file_bytes(path) -> bytes | None:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return None  # (read_rule_file says what is wrong with it)
+
+
 def load_rules(extra_files: Iterable = (), disable: Iterable[str] = ()) -> list[Rule]:
     """Every built-in rule, then the user's files, minus the disabled names. Rule names are
     global: a user's rule named like a built-in one, or like one of another file, is refused
@@ -538,9 +545,10 @@ def load_rules(extra_files: Iterable = (), disable: Iterable[str] = ()) -> list[
     where: dict[str, Rule] = {}
     builtin = rule_files()
     seen_files = {p.resolve() for p in builtin}
+    builtin_texts = {p.read_bytes() for p in builtin}
     for path in [*builtin, *extra_files]:
-        if path not in builtin and Path(path).resolve() in seen_files:
-            continue  # a file given twice, or a built-in file given again: its rules are in
+        if path not in builtin and (Path(path).resolve() in seen_files or _file_bytes(path) in builtin_texts):
+            continue  # a file given twice, or a built-in file given again (also a copy of it): its rules are in
         seen_files.add(Path(path).resolve())
         for r in read_rule_file(path):
             prev = where.get(r.name)
