@@ -587,9 +587,10 @@ def _sizes(out) -> dict[str, int]:
 SIMPLIFY, GROW, FUSE = "simplify", "grow", "fuse"
 GROW_ROUNDS = 2
 GROW_NODE_SHARE = 0.25  # of the node limit, for the recognition e-graph
-EXTRACT_SECONDS_PER_NODE = 150e-6  # serialize + candidates + greedy, per e-node (BERT-48 saturated: 170 us)
-LOAD_SECONDS_PER_FACT = 25e-6  # loading a graph into an e-graph: per node, 6 facts + 4 per axis (~22 us each)
-EXTRACT_SECONDS_PER_GRAPH_NODE = 700e-6  # extracting an e-graph that fusion did not get to grow (BERT-48: 470 us)
+# The optimizer's time estimates for its limits, measured by `benchmarks/bench_opt.py --layers 48`:
+EXTRACT_SECONDS_PER_NODE = 150e-6  # serialize + candidates + greedy, per e-node
+LOAD_SECONDS_PER_FACT = 25e-6  # loading a graph into an e-graph: per node, 6 facts + 4 per axis
+EXTRACT_SECONDS_PER_GRAPH_NODE = 700e-6  # extracting an e-graph that fusion did not get to grow
 
 
 def load_seconds(g) -> float:
