@@ -214,6 +214,7 @@ def test_cli_precision(capsys, path):
         assert "--precision expects one of f32, bf16, got 'f16'" in capsys.readouterr().err
 
 
+@pytest.mark.heavy  # (a CLI run / a torch.compile)
 def test_cli_run_bf16(tmp_path, capsys, path):
     rng = np.random.default_rng(4)
     ins = {"x": rng.standard_normal((4, 784)), "w1": rng.standard_normal((784, 1024)) / 28,
@@ -232,6 +233,7 @@ def test_cli_run_bf16(tmp_path, capsys, path):
     assert "--verify compares at f32 tolerances" in capsys.readouterr().err
 
 
+@pytest.mark.heavy  # (a CLI run / a torch.compile)
 def test_torch_backend_precision_option(path):
     torch = pytest.importorskip("torch")
     from eqfuse.torch_backend import REPORTS

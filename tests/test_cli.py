@@ -263,6 +263,7 @@ def _steps(tty: str) -> list[str]:
     return [ln.split("\x1b[2K")[-1] for ln in tty.replace("\r\n", "\n").split("\n") if "\x1b[2K" in ln]
 
 
+@pytest.mark.heavy  # (opt, bench and export under a pty)
 def test_long_steps_show_progress_on_a_terminal_and_stdout_stays_clean(tmp_path):
     import json
     import re

@@ -80,6 +80,7 @@ def _inputs(rng, op, xs, ws, bias, full):
     return [x, w] + ([rng.standard_normal(_out_channels(op, ws, full)).astype(np.float32)] if bias else [])
 
 
+@pytest.mark.heavy  # (one module of every compiled case)
 @pytest.mark.parametrize("case", CASES_C, ids=[c[0] for c in CASES_C])
 def test_compiled_matches_reference(compiled, case):
     name, op, xs, ws, bias, at = case

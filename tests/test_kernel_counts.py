@@ -4,13 +4,14 @@
 import json
 import re
 
+import pytest
 from helpers import ROOT
 
 import eqfuse
 from eqfuse.cli.main import main
+from eqfuse.frontend.load import load
 from eqfuse.ir.kernels import K
 from eqfuse.optimizer.optimize import optimize_graph
-from eqfuse.frontend.load import load
 
 # a gpt2-style block: one fused QKV projection whose q, k and v are slices of one tensor,
 # reshaped into heads (views the compiled module reads in place)
@@ -66,6 +67,7 @@ def test_the_opt_report_counts_views_apart_as_the_compiled_module_runs(capsys, t
     assert f"kernels:    {r['kernels_before']} -> 7 (+7 views)" in text
 
 
+@pytest.mark.heavy  # (three commands over one graph)
 def test_opt_bench_and_lower_count_the_same_kernels(capsys, tmp_path):
     path = block(tmp_path)
     r = json.loads(cli(capsys, "opt", path, "--report", "json"))
@@ -76,6 +78,7 @@ def test_opt_bench_and_lower_count_the_same_kernels(capsys, tmp_path):
     assert f"eqfuse fused ({r['kernels_after']} kernels)" in bench
 
 
+@pytest.mark.heavy  # (three commands over one graph)
 def test_with_a_dim_unbound_the_count_is_the_optimizers_and_says_so(capsys):
     path = ROOT / "examples" / "transformer.g"
     r = json.loads(cli(capsys, "opt", path, "--report", "json"))
