@@ -44,8 +44,8 @@ def prompt(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, de.VOCAB, (B, S)).astype(np.int64)
 
 
-@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_decode_steps_match_onnxruntime(exporter):
+@pytest.mark.parametrize("exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.extended)])
+def test_decode_steps_match_onnxruntime(exporter):  # (the dynamo export in the extended tier: the suite's time)
     """Prefill and 20 decode steps through eqfuse and onnxruntime on the same feeds (the cache at
     a fixed capacity, eqfuse.generate's), and onnxruntime on the cache at its live length, as
     the export is meant to run (an empty past at the prefill): the masked rows change nothing."""
