@@ -176,11 +176,9 @@ def stream_prefetch(cpuinfo: str) -> bool:
     /proc/cpuinfo). Not derivable from the caches or the vector width: it is how well the
     hardware prefetchers keep lines in flight, so it is a table by microarchitecture, of what was
     measured (plan_gemm.skinny; `benchmarks/bench_gemm.py --small`, kernel column):
-    - AMD family 0x19: off. On such a VM the 1-row GEMM ran 15-22% faster
-      without it (1 x 768 x 768 37.5 -> 29.4 us, 1 x 3072 x 768 130.4 -> 102.9, 1 x 1024 x 1024
-      54.5 -> 44.5; 4 rows even).
-    - Everything else (AMD family 0x1a, measured: 1 x 1024 x 1024 43.6 -> 35.4 us with it; Intel not
-      measured): on. EQFUSE_PREFETCH=0|1 overrides."""
+    - AMD family 0x19: off (the 1-row GEMM ran faster without it);
+    - everything else: on (faster with it on AMD family 0x1a; Intel not measured).
+    The figures are in benchmarks/RESULTS.md. EQFUSE_PREFETCH=0|1 overrides."""
     fields = {}
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")

@@ -58,7 +58,8 @@ def step(what: str):
 
 
 def seconds(s: float) -> str:
-    """A duration in the unit a reader expects: `412.3 us`, `9.4 ms`, `1.95 s`."""
+    """A duration in the unit a reader expects: microseconds below a millisecond, milliseconds
+    below a second, else seconds."""
     if s < 1e-3:
         return f"{s * 1e6:.1f} us"
     if s < 1:

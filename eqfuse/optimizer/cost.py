@@ -22,9 +22,9 @@ from eqfuse.ir.ops import OPS
 DEFAULT_DIM = 64
 BYTES = 4  # f32
 MODELS = ("memory", "launches", "time")
-# attention_dq/dk/dv ran at 87 GFLOP/s against the GEMM's ~200 on one core (16 heads of 64 x
-# 32, `python benchmarks/bench_train.py`'s encoder): the time model counts their FLOPs 2.5 times (the
-# row passes between the products -- softmax, masks, the transposed copies -- hold them below a GEMM's rate)
+# attention_dq/dk/dv run well below a GEMM's rate (the row passes between the products -- softmax,
+# masks, the transposed copies): the time model counts their FLOPs 2.5 times, the ratio measured by
+# `python benchmarks/bench_train.py`'s encoder (figures in benchmarks/RESULTS.md)
 ATTENTION_GRAD_SLOWDOWN = 2.5
 
 

@@ -188,10 +188,8 @@ def use_direct(KH: int, KW: int, SH: int, SW: int) -> bool:
     KH x KW / (SH x SW) times; with windows that do not overlap (1x1 convs, a ViT's or a
     Mixer's patch embedding) it is the input itself (stride 1), a part of it, or a permutation
     of it, no more than the direct kernel's padded copy, and the GEMM can store its result
-    transposed into a token concat (plan_gemm.conv_c_layout). Measured (1 thread, + BN + ReLU,
-    weights bound): 1x1/2 64 -> 128 at 56 x 56, 105 us direct against 79 im2col; the 3x3 convs
-    of ResNet-18 0.85-0.95x of im2col's time at 28-56 pixels wide, 0.6-0.8x at 2-16 pixels
-    (benchmarks/bench_conv.py). EQFUSE_CONV=direct|im2col forces either."""
+    transposed into a token concat (plan_gemm.conv_c_layout). `benchmarks/bench_conv.py` measures
+    the choice (figures in benchmarks/RESULTS.md). EQFUSE_CONV=direct|im2col forces either."""
     force = os.environ.get("EQFUSE_CONV", "").strip().lower()
     if force in ("direct", "im2col"):
         return force == "direct"
