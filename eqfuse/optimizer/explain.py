@@ -59,6 +59,12 @@ class Joins:
         return Joins(self.data, {ids[i]: c for i, c in self.classes.items() if i in ids},
                      None if self.enodes is None else {ids[i]: e for i, e in self.enodes.items() if i in ids})
 
+    def spread(self, ids: Mapping[int, Sequence[int]]) -> "Joins":
+        """The same for a graph where each of this one's nodes is copied to the nodes `ids` gives
+        (one per repeated piece, eqfuse.optimizer.repeats)."""
+        return Joins(self.data, {j: c for i, c in self.classes.items() for j in ids.get(i, ())},
+                     None if self.enodes is None else {j: e for i, e in self.enodes.items() for j in ids.get(i, ())})
+
     def holds_join(self, p: int, c: int, through: Sequence[int] = ()) -> bool | None:
         """Whether an e-node of kernel c's e-class computes kernel p (or a view of it in
         `through`) inside its body -- p as extraction chose it, when the choice is known: another

@@ -442,7 +442,7 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
     try:
         sel = None
         if pb.d.num_nodes <= max_nodes:
-            sel, best.ilp = ilp(pb, time_limit)
+            sel, best.ilp = ilp(pb, time_limit, sel0)
             how = "ilp"
         if sel is None:  # too large, or the whole ILP ran out of time: region by region
             whole = f"whole ILP {best.ilp}; " if best.ilp else ""
@@ -466,66 +466,126 @@ MIP_GAP = 1e-6  # HiGHS's default 1e-4 is 140 kB on BERT-base: not exact enough 
 # ---------------------------------------------------------------- ILP
 
 
-def ilp(pb: Problem, time_limit: float = ILP_TIME_LIMIT) -> tuple[dict[int, Cand] | None, str]:
+def ilp(pb: Problem, time_limit: float = ILP_TIME_LIMIT, start: dict[int, Cand] | None = None
+        ) -> tuple[dict[int, Cand] | None, str]:
     """Exact DAG extraction of the whole e-graph with lazy cycle cuts; (selection or None, status).
     A small problem is solved by `search` instead, without the solver (importing scipy.optimize
-    is most of the time `eqfuse opt examples/mlp.g` spends extracting)."""
+    is most of the time `eqfuse opt examples/mlp.g` spends extracting); `start`, a selection
+    known to be legal (greedy's), bounds its search from the first step."""
     deadline = time.perf_counter() + time_limit
     live = _live_classes(pb)
-    found = search(pb, live) if sum(len(pb.options(c)) for c in live) <= SEARCH_CANDIDATES else None
+    found = search(pb, live, start=start) if sum(len(pb.options(c)) for c in live) <= SEARCH_CANDIDATES else None
     if found is not None:
         return found
     return _solve(pb, live, {}, deadline)
 
 
 SEARCH_CANDIDATES = 300  # candidates (ILP variables) up to which `ilp` tries `search` first
-SEARCH_STEPS = 5000  # branch-and-bound steps `search` takes before it leaves a problem to the ILP solver
+SEARCH_STEPS = 10000  # branch-and-bound steps `search` takes before it leaves a problem to the ILP solver
 
 
 class _TooLarge(Exception):
     pass
 
 
-def search(pb: Problem, live: list[int], steps: int | None = None) -> tuple[dict[int, Cand] | None, str] | None:
+def search(pb: Problem, live: list[int], steps: int | None = None, start: dict[int, Cand] | None = None
+           ) -> tuple[dict[int, Cand] | None, str] | None:
     """The whole-graph ILP's optimum by depth-first branch and bound, for small problems: the
     same objective as `_solve` (the sum of the chosen kernels' costs, each made positive the same
     way), at most one candidate per class, the roots and every chosen candidate's operands
     chosen, no cycle. (selection or None, status) like `ilp`, or None when it would take more
     than `steps` (default SEARCH_STEPS) steps: then the solver runs. (The step bound keeps it
-    far inside any time limit: no clock is read.)"""
+    far inside any time limit: no clock is read.) `start`, a legal selection, is the incumbent
+    to beat from the first step.
+
+    The e-graph's parts that share no class (graphs optimized side by side: the pieces of
+    eqfuse.optimizer.repeats) are searched one by one: the objective is their sum and no
+    constraint joins them, so each part's optimum is the whole one's there, and the search does
+    not try every combination of their choices."""
     budget = [SEARCH_STEPS if steps is None else steps]
     inside = set(live)
     opts = {c: [cd for cd in pb.options(c) if all(r in inside for r in cd.reads)] for c in live}
+    if start is not None:
+        start = _reachable(pb, start)
+        if not all(c in inside and all(r in inside for r in cd.reads) for c, cd in start.items()) \
+                or _find_cycle(pb, start) is not None:
+            start = None
+    found: dict[int, Cand] = {}
+    try:
+        for roots in _parts(pb.roots, opts):
+            part = _search_part(pb, roots, opts, budget, start)
+            if part is None:
+                return None, "infeasible"
+            found.update(part)
+    except _TooLarge:
+        return None
+    return _reachable(pb, found), "optimal"
+
+
+def _parts(roots: list[int], opts: dict[int, list[Cand]]) -> list[list[int]]:
+    """The roots grouped by the part of the e-graph they reach (parts that share no class)."""
+    parent: dict[int, int] = {}
+
+    def find(c: int) -> int:
+        while parent.setdefault(c, c) != c:
+            parent[c] = parent[parent[c]]
+            c = parent[c]
+        return c
+
+    for c, o in opts.items():
+        for cd in o:
+            for r in cd.reads:
+                parent[find(r)] = find(c)
+    groups: dict[int, list[int]] = {}
+    for r in dict.fromkeys(roots):
+        groups.setdefault(find(r), []).append(r)
+    return list(groups.values())
+
+
+def _search_part(pb: Problem, roots: list[int], opts: dict[int, list[Cand]], budget: list[int],
+                 start: dict[int, Cand] | None) -> dict[int, Cand] | None:
+    """search's branch and bound from `roots`: the optimum, or None when there is no legal one."""
     best: list = [np.inf, None]
 
     def weight(cd: Cand) -> float:
         return max(cd.cost, 0.0) + 1e-6  # as _solve's costs (before its scaling, which keeps the order)
 
+    # a class still to choose costs at least its cheapest candidate: a lower bound on the rest
+    least = {c: min((weight(cd) for cd in o), default=np.inf) for c, o in opts.items()}
+    if start is not None:  # the incumbent to beat: the start's selection from these roots
+        seen: dict[int, Cand] = {}
+        stack = list(roots)
+        while stack:
+            c = stack.pop()
+            if c not in seen:
+                seen[c] = start[c]
+                stack.extend(start[c].reads)
+        best[:] = [sum(weight(cd) for cd in seen.values()), seen]
+
     def dfs(chosen: dict[int, Cand], pending: list[int], total: float) -> None:
         budget[0] -= 1
         if budget[0] < 0:
             raise _TooLarge
-        pending = [c for c in pending if c not in chosen]
+        pending = list(dict.fromkeys(c for c in pending if c not in chosen))
         if not pending:
             if _find_cycle(pb, chosen) is None:
                 best[0], best[1] = total, dict(chosen)
             return
         c, rest = pending[0], pending[1:]
+        bound = sum(least.get(r, np.inf) for r in rest)
         for cd in opts.get(c, ()):  # cheapest first (Problem.options): the first complete one bounds the rest
             t = total + weight(cd)
             if t >= best[0]:
                 break
+            if t + bound + sum(least.get(r, np.inf) for r in cd.reads if r not in chosen and r != c
+                               and r not in rest) >= best[0]:
+                continue
             chosen[c] = cd
-            dfs(chosen, rest + [r for r in cd.reads if r not in chosen], t)
+            dfs(chosen, [r for r in cd.reads if r not in chosen] + rest, t)
             del chosen[c]
 
-    try:
-        dfs({}, list(dict.fromkeys(pb.roots)), 0.0)
-    except _TooLarge:
-        return None
-    if best[1] is None:
-        return None, "infeasible"
-    return _reachable(pb, best[1]), "optimal"
+    dfs({}, list(roots), 0.0)
+    return best[1]
 
 
 def _solve(pb: Problem, region: list[int], fixed: dict[int, Cand], deadline: float

@@ -24,7 +24,7 @@ two of them; each keeps its own parameters, names and outputs.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from eqfuse.errors import EqfuseError
@@ -34,6 +34,7 @@ from eqfuse.ir.kernels import Split, classify
 from eqfuse.ir.printer import graph_text, module_text
 from eqfuse.optimizer import cost as C
 from eqfuse.optimizer import extract as X
+from eqfuse.optimizer import repeats
 from eqfuse.optimizer.egraph import (
     EXTRACT_SECONDS_PER_NODE,
     FUSE,
@@ -109,12 +110,51 @@ def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (),
                     dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
                     node_limit: int | None = None, time_limit: float | None = None,
                     progress=None) -> OptResult:
-    """optimize_graph without the cache: the e-graphs and extraction."""
+    """optimize_graph without the cache: the e-graphs and extraction, once per class of repeated
+    pieces (eqfuse.optimizer.repeats) when the graph repeats a block."""
     t0 = time.perf_counter()
     lim = Limits.make(iter_limit, node_limit, time_limit, t0)
     dims = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
     rule_list = cached_rules(tuple(str(r) for r in rules), tuple(disable))
-    src0 = src = fold_constants(expand_convs(C.unfused(graph)))  # (conv1d, conv_transpose2d: as conv2d)
+    src0 = fold_constants(expand_convs(C.unfused(graph)))  # (conv1d, conv_transpose2d: as conv2d)
+    t = time.perf_counter()
+    pieces = repeats.find(src0)
+    found = time.perf_counter() - t
+    kw = dict(cost=cost, rule_list=rule_list, dims=dims, lim=lim, progress=progress)
+    if pieces is None:
+        f = _fuse(src0, **kw)
+        out, greedy_g, joins = f.graph, f.greedy, f.joins
+    else:
+        f = _fuse(*pieces.distinct(), **kw)
+        t = time.perf_counter()
+        ids: dict[int, list[int]] = {}
+        out, greedy_g = pieces.expand(f.graph, f.parts, ids), pieces.expand(f.greedy, f.parts)
+        joins = f.joins.spread(ids) if f.joins is not None else None
+        f.stages["repeats"] = found + time.perf_counter() - t
+    r = _report(graph, src0, out, greedy_g, f.how, f.ilp, f.data, f.st, f.recognition, f.stages, cost, dims, t0,
+                disable, lim.deadline, joins)
+    r.report["repeats"] = pieces.note() if pieces is not None else None
+    return r
+
+
+@dataclass
+class _Fused:
+    graph: Graph
+    greedy: Graph
+    how: str
+    ilp: str
+    data: object  # edata.EData, None when no fusion e-graph was built
+    st: SaturationStats
+    recognition: dict
+    stages: dict[str, float]
+    joins: Joins | None
+    parts: list[Graph] | None = None
+
+
+def _fuse(src: Graph, parts: list[Graph] | None = None, *, cost: str, rule_list: list, dims: Mapping[str, int],
+          lim: Limits, progress=None) -> _Fused:
+    """The recognition e-graph, the fusion e-graph and extraction, on one unfused graph."""
+    src0 = src
     cut = cut_wide(src)  # wide concats stay out of the e-graphs (eqfuse.optimizer.wide)
     if cut:
         src = cut.graph
@@ -152,8 +192,7 @@ def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (),
     if lim.left() < fusion_seconds(src):  # the best so far: every op its own kernel
         st.stop_reason, st.limit_note = "time_limit", "time limit: no time for the fusion e-graph"
         one = stitch(cut, singletons(src), src0) if cut else singletons(src)
-        return _report(graph, src0, one, one, "none (time limit)", "", None, st, recognition, stages, cost, dims, t0,
-                       disable, lim.deadline)
+        return _Fused(one, one, "none (time limit)", "", None, st, recognition, stages, None, parts)
     eg = EGraph(src, rule_list, phase_of=rule_phase)
     st.skipped_rules.update(eg.skipped)
     stage("fusion e-graph load")
@@ -174,8 +213,7 @@ def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (),
         out, greedy_g = stitch(cut, out, src0, ids), stitch(cut, greedy_g, src0)
         joins = joins.renumbered(ids)
     stage("extraction")
-    return _report(graph, src0, out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, cost, dims, t0,
-                   disable, lim.deadline, joins)
+    return _Fused(out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, joins, parts)
 
 
 def singletons(g: Graph) -> Graph:
@@ -376,10 +414,6 @@ SMALL = 64  # nodes: graphs up to this size are batched
 BATCH_NODES = 1500  # nodes per batch
 
 
-def _prefix(k: int) -> str:
-    return f"__b{k}__"
-
-
 def optimize_graphs(graphs: Sequence[Graph], alone: bool = False, **kw) -> list:
     """optimize_graph on each graph, small ones in batches (`alone`: none), results in input
     order. A batched graph's report has its own kernels, bytes, times and batch dims, but the
@@ -414,23 +448,14 @@ def optimize_graphs(graphs: Sequence[Graph], alone: bool = False, **kw) -> list:
 
 def _together(gs: list[Graph], dims, kw) -> list:
     from eqfuse.optimizer.explain import explain
-    u = Graph("batch")
-    owner: list[int] = []  # output index -> graph
-    for k, g in enumerate(gs):
-        base = len(u.nodes)
-        p = _prefix(k)
-        for n in g.nodes:
-            u.nodes.append(replace(n, args=tuple(a + base for a in n.args),
-                                   name=None if n.name is None else p + n.name, body=None if n.body is None else n.body))
-        u.inputs += [i + base for i in g.inputs]
-        u.outputs += [o + base for o in g.outputs]
-        owner += [k] * len(g.outputs)
+    u = repeats.side_by_side("batch", gs)
+    owner = [k for k, g in enumerate(gs) for _ in g.outputs]  # output index -> graph
     all_dims = {d for g in gs for d in g.dims()}
     r = optimize_graph(u, dims={k: v for k, v in dims.items() if k in all_dims}, **kw)
     results = []
     for k, g in enumerate(gs):
         ids: dict[int, int] = {}
-        part = _split(r.graph, k, [o for o, w in zip(r.graph.outputs, owner) if w == k], g, ids)
+        part = repeats.split_part(r.graph, k, [o for o, w in zip(r.graph.outputs, owner) if w == k], g, ids)
         gd = {d: v for d, v in dims.items() if d in g.dims()}
         before, after = C.graph_kernels(g, gd), C.graph_kernels(part, gd)
         rep = dict(r.report)
@@ -450,35 +475,3 @@ def _together(gs: list[Graph], dims, kw) -> list:
                            disabled=tuple(kw.get("disable", ())), ilp=rep["ilp"], joins=joins))
         results.append(OptResult(part, rep, joins))
     return results
-
-
-def _split(g: Graph, k: int, outputs: list[int], orig: Graph, ids: dict[int, int] | None = None) -> Graph:
-    """Graph k's part of the batch's result (`ids`, when given, gets g's node id -> the part's)."""
-    p = _prefix(k)
-
-    def name(s):
-        return s[len(p):] if s is not None and s.startswith(p) else s
-
-    live, stack = set(), list(outputs)
-    while stack:
-        j = stack.pop()
-        if j not in live:
-            live.add(j)
-            stack.extend(g.nodes[j].args)
-    by_name = {g.nodes[i].name: i for i in g.inputs}
-    keep = [by_name[p + orig.nodes[i].name] for i in orig.inputs]
-    keep += [i for i in range(len(g.nodes)) if i in live and i not in set(keep)]
-    keep.sort(key=lambda i: (g.nodes[i].op != "input", i))
-    new = {old: j for j, old in enumerate(keep)}
-    if ids is not None:
-        ids.update(new)
-    nodes = []
-    for i in keep:
-        n = g.nodes[i]
-        body = n.body
-        if body is not None:
-            body = Graph(body.name, [replace(b, name=name(b.name)) for b in body.nodes], list(body.inputs),
-                         list(body.outputs), body.pos)
-        nodes.append(replace(n, args=tuple(new[a] for a in n.args), name=name(n.name), body=body))
-    inputs = [new[by_name[p + orig.nodes[i].name]] for i in orig.inputs]
-    return Graph(orig.name, nodes, inputs, [new[o] for o in outputs], orig.pos)
