@@ -308,6 +308,17 @@ def count_kernels(report: dict, source: Graph, opt: Graph, dims: Mapping[str, in
     return report
 
 
+def view_kernels(opt: Graph, kg: Graph, plans) -> frozenset[int]:
+    """The kernel nodes of `opt` that lowering it (to `kg`, `plans`) made views: lowering keeps
+    a fused graph's kernels in their order (none when a block was split, so the order is lost)."""
+    ours = [i for i, n in enumerate(opt.nodes) if n.op == "kernel"]
+    theirs = [i for i, n in enumerate(kg.nodes) if n.op == "kernel"]
+    if len(ours) != len(theirs):
+        return frozenset()
+    at = dict(zip(theirs, ours))
+    return frozenset(at[p.node] for p in plans if p.kind == K.VIEW)
+
+
 def precision_entries(plans) -> dict[str, dict[str, str]]:
     """report["precision"]'s entries for these plans: kernel name -> its precision, instruction
     path and, for a kernel that computes in f32 under precision="bf16", why."""

@@ -4,6 +4,7 @@
 import json
 import re
 
+import numpy as np
 import pytest
 from helpers import ROOT
 
@@ -11,6 +12,7 @@ import eqfuse
 from eqfuse.cli.main import main
 from eqfuse.frontend.load import load
 from eqfuse.ir.kernels import K
+from eqfuse.ir.reference import evaluate
 from eqfuse.optimizer.optimize import optimize_graph
 
 # a gpt2-style block: one fused QKV projection whose q, k and v are slices of one tensor,
@@ -65,6 +67,24 @@ def test_the_opt_report_counts_views_apart_as_the_compiled_module_runs(capsys, t
     assert optimize_graph(load(path)[0]).report["kernels_after"] > ran
     text = cli(capsys, "opt", path)
     assert f"kernels:    {r['kernels_before']} -> 7 (+7 views)" in text
+
+
+def test_opt_prints_views_as_ops_outside_kernel_blocks_and_the_text_parses_back(capsys, tmp_path):
+    path, out = block(tmp_path), tmp_path / "fused.g"
+    r = json.loads(cli(capsys, "opt", path, "-o", out, "--report", "json"))
+    text = out.read_text()
+    assert r["graph"] == text  # --report json's graph is the text printed
+    # a kernel block per kernel that runs; the views (slices and head splits of the fused QKV
+    # projection, the head merge) are ops outside any block
+    assert text.count("kernel {") == r["kernels_after"] == 7
+    outside = [ln for ln in text.splitlines() if re.match(r" +\w+ = (reshape|slice|transpose)\(", ln)]
+    assert len(outside) == 4 and sum(ln.count("(") for ln in outside) == r["views_after"] == 7
+    (fused,) = load(text)  # parses back, as the same function
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal([int(d) for d in t.shape]).astype(np.float32) for _, t in fused.params]
+    np.testing.assert_allclose(evaluate(fused, args)[0], evaluate(load(path)[0], args)[0], rtol=1e-5, atol=1e-5)
+    again = json.loads(cli(capsys, "opt", out, "--report", "json"))  # and optimizes to the same kernels
+    assert (again["kernels_after"], again["views_after"]) == (7, 7)
 
 
 @pytest.mark.heavy  # (three commands over one graph)

@@ -1,7 +1,14 @@
 """Graph IR -> canonical .g text. Printing, parsing and printing again gives the same text.
 
 A node gets its own `name = ...` line when it has a name, is read more than once, is a kernel
-read by another kernel, or would nest too deeply; everything else is inlined into its reader.
+read by another kernel, is read by a kernel block, or would nest too deeply; everything else is
+inlined into its reader.
+
+Views: `graph_text(g, views=ids)` prints the kernels `ids` (those lowering reads in place: a
+reshape, transpose or slice, which run no code) as their ops outside any kernel block,
+`v = reshape(k1, shape=[2, 16, 4, 16])`. Kernel blocks are the kernels that run; an op outside a
+block in a fused graph is a view. It reads back as that op, which optimizing or lowering again
+makes the same view.
 """
 
 from __future__ import annotations
@@ -83,6 +90,7 @@ class Printer:
         self.depth: dict[int, int] = {}
         self.counter = 0
         self.indent = ""  # of the lines being printed, so a kernel inlined into a return nests under it
+        self.kernel_reads = {a for n in graph.nodes if n.op == "kernel" for a in n.args}  # printed by name
 
     def fresh(self, base: str) -> str:
         while True:
@@ -95,7 +103,7 @@ class Printer:
     def needs_line(self, i: int, n: Node) -> bool:
         if n.op in ("input", "const") and i in self.names:
             return False
-        if n.name is not None or self.users[i] > 1:
+        if n.name is not None or self.users[i] > 1 or i in self.kernel_reads:
             return True
         if n.op == "kernel":
             # A kernel read by an op other than the return is named so its body stays readable.
@@ -165,7 +173,10 @@ def kernel_text(n: Node, outer_names: dict[int, str], taken: set[str], indent: s
     return "kernel {\n" + "\n".join(p.lines) + f"\n{inner_indent}{result}\n{indent or ''}}}"
 
 
-def graph_text(graph: Graph) -> str:
+def graph_text(graph: Graph, views=frozenset()) -> str:
+    """The graph's text; the kernel nodes `views` printed as their ops, outside kernel blocks."""
+    if views:
+        graph = _views_inlined(graph, views)
     taken = {n.name for _, _, n in graph.walk() if n.name}
     names = {i: graph.nodes[i].name for i in graph.inputs}
     p = Printer(graph, names, taken)
@@ -181,5 +192,28 @@ def graph_text(graph: Graph) -> str:
     return "\n".join([head, *p.lines, f"    return {rets}", "}"]) + "\n"
 
 
-def module_text(graphs: list[Graph]) -> str:
-    return "\n".join(graph_text(g) for g in graphs)
+def module_text(graphs: list[Graph], views=None) -> str:
+    """The graphs' text; `views`, when given, the view kernel ids of each graph (graph_text)."""
+    return "\n".join(graph_text(g, v) for g, v in zip(graphs, views or [frozenset()] * len(graphs)))
+
+
+def _views_inlined(g: Graph, views) -> Graph:
+    """g with the kernel nodes `views` replaced by their bodies' ops (the kernel's name on the last)."""
+    from dataclasses import replace
+
+    out = Graph(g.name, pos=g.pos)
+    at: dict[int, int] = {}
+    for i, n in enumerate(g.nodes):
+        if i not in views:
+            at[i] = out.add(replace(n, args=tuple(at[a] for a in n.args)))
+            continue
+        inner = {bi: at[a] for bi, a in zip(n.body.inputs, n.args)}
+        for bi, bn in enumerate(n.body.nodes):
+            if bn.op != "input":
+                last = bi == n.body.outputs[0]
+                inner[bi] = out.add(replace(bn, args=tuple(inner[a] for a in bn.args),
+                                            name=n.name if last else None, pos=n.pos if last else bn.pos))
+        at[i] = inner[n.body.outputs[0]]
+    out.inputs = [at[i] for i in g.inputs]
+    out.outputs = [at[o] for o in g.outputs]
+    return out
