@@ -70,3 +70,51 @@ def test_an_op_without_a_mapping_is_refused_by_name(capsys, tmp_path):
 def test_unbound_dims_are_refused(capsys, tmp_path):
     status, _, err = opt(capsys, MLP, "--onnx-out", tmp_path / "mlp.onnx")
     assert status != 0 and "--onnx-out needs every dim bound" in err and "B" in err
+
+
+def bert_layer_export(tmp_path):
+    """One transformers BertLayer (hidden 32, 2 heads, FFN 64) exported by torch.onnx.export
+    (TorchScript exporter), with an additive attention mask as its second input."""
+    import model_exports as me
+
+    def write(path):
+        import torch
+        from transformers import BertConfig
+        from transformers.models.bert.modeling_bert import BertLayer
+
+        torch.manual_seed(0)
+        cfg = BertConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64, attn_implementation="eager")
+        layer = BertLayer(cfg).eval()
+
+        class Wrap(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layer = layer
+
+            def forward(self, x, mask):
+                out = self.layer(x, attention_mask=mask)
+                return out[0] if isinstance(out, tuple) else out
+
+        args = (torch.randn(2, 8, 32), torch.zeros(2, 1, 1, 8))
+        torch.onnx.export(Wrap().eval(), args, str(path), input_names=["x", "mask"], output_names=["y"],
+                          opset_version=17, dynamo=False)
+    return me.cached("bert-layer-torchscript", write)
+
+
+@pytest.mark.heavy  # (torch and transformers import; the export itself is cached)
+def test_an_exported_bert_layer_runs_in_onnxruntime(capsys, tmp_path):
+    src = bert_layer_export(tmp_path)
+    out = tmp_path / "layer.onnx"
+    status, text, _ = opt(capsys, src, "--onnx-out", out, "--report", "json")
+    assert status == 0
+    r = json.loads(text)
+    names = [f.name for f in onnx.load(str(out)).functions]
+    assert len(names) - r["views_after"] == r["kernels_after"] == 7 and "attention" in names
+    rng = np.random.default_rng(0)
+    mask = np.zeros((2, 1, 1, 8), np.float32)
+    mask[1, ..., 5:] = np.finfo(np.float32).min  # the second sequence padded after 5 tokens
+    ins = {"x": rng.standard_normal((2, 8, 32)).astype(np.float32), "mask": mask}
+    fused = ort.InferenceSession(str(out)).run(None, ins)[0]  # the fused graph, in onnxruntime
+    original = ort.InferenceSession(str(src)).run(None, ins)[0]  # the export as torch wrote it
+    np.testing.assert_allclose(fused, original, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(eqfuse.compile(str(src))(**ins), original, rtol=1e-4, atol=1e-5)
