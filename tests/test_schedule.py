@@ -42,7 +42,7 @@ def test_primitive_bert_reaches_the_kernels_of_the_op_form():
     b = optimize_graph(prim, dims={"B": 2})
     assert b.report["kernels_before"] > a["kernels_before"]
     assert b.report["kernels_after"] == a["kernels_after"] == 2 * 7
-    assert b.report["repeats"] == a["repeats"] and "2 copies" in a["repeats"]  # each layer optimized once
+    assert "(2 copies" in a["repeats"] and "(2 copies" in b.report["repeats"]  # each layer optimized once
     assert b.report["stop_reason"] == "saturated"
     assert {"layernorm_pattern", "softmax_pattern", "gelu_erf_onnx"} <= set(b.report["rules_fired"])
     assert_same(prim, b.graph, {"B": 2})
