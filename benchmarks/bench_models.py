@@ -1,7 +1,7 @@
 """Real exported models: eqfuse against onnxruntime, side by side in one process.
 
     python benchmarks/bench_models.py [--repeat N] [--model NAME ...] [--exporter torchscript|dynamo]
-                                      [--torch [--autotune]] [--no-spin]
+                                      [--torch [--autotune]] [--no-spin] [--compile-only]
 
 BERT, GPT-2 and ViT (transformers, small configs, random weights), ResNet-18, MLP-Mixer, the MLP
 784-1024-1024-10, BERT-base geometry and ResNet-18's stem + layer1 + layer2 at full width on a
@@ -12,6 +12,9 @@ against each other first. `--torch` adds the torch module the export came from, 
 torch.compile (default mode), in the same interleaving. The compile line of each model gives
 eqfuse.compile's time (with the kernel cache as it is: `EQFUSE_CACHE_DIR` pointing to an empty
 directory gives the cold time), onnxruntime's session creation and torch.compile's first call.
+`--compile-only` prints that line alone, with eqfuse's optimize seconds and whether the
+optimized-graph cache served them: run it twice, and the second run, in a fresh process
+after its imports, has both caches warm.
 """
 
 from __future__ import annotations
@@ -76,6 +79,8 @@ def main(argv=None) -> int:
                     help="onnxruntime's threads sleep after a run (session.intra_op.allow_spinning=0): spinning, "
                          "they hold the second core between calls, and eqfuse, which runs on the free cores only "
                          "(eqfuse/runtime/load.py), then runs its 2-thread calls on one")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="only the compile line: eqfuse.compile and its first call against onnxruntime's session creation")
     ap.add_argument("--autotune", action="store_true",
                     help="with --torch, add torch.compile(mode='max-autotune') with freezing (minutes to compile)")
     args = ap.parse_args(argv)
@@ -94,6 +99,17 @@ def main(argv=None) -> int:
         fn = mod.default
         fn(**feeds)  # (a graph with named dims compiles at its first call)
         compile_s = {"eqfuse": time.perf_counter() - t0}
+        if args.compile_only:
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            t0 = time.perf_counter()
+            ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            compile_s["onnxruntime"] = time.perf_counter() - t0
+            rep = mod.report
+            print(f"{name} ({args.exporter}): compile s: " + ", ".join(f"{k} {v:.2f}" for k, v in compile_s.items())
+                  + f"; eqfuse's optimize {rep.get('optimize_seconds', 0):.2f} s (optimized-graph cache: "
+                  f"{rep.get('graph_cache')})", flush=True)
+            continue
         runs = {"eqfuse": lambda: fn(**feeds)}
         if args.torch:
             runs.update(_torch_runs(name, feeds, compile_s, args.autotune))

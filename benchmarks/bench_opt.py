@@ -1,7 +1,11 @@
-"""Optimizer speed and results: `python benchmarks/bench_opt.py [--repeat N] [--layers 12]`.
+"""Optimizer speed and results: `python benchmarks/bench_opt.py [--repeat N] [--layers 12] [--exports]`.
 
 BERT comes twice: with layernorm, gelu and softmax ops, and in primitive form (those spelled out
 as the TorchScript ONNX exporter writes them; `make_bert.py --primitive`).
+
+`--exports` adds a second table: BERT-base (12 layers) as both torch exporters write it
+(tests/model_exports.py: exported once, then cached), its initializers bound as `eqfuse opt`
+binds them, with the kernels that run counted as `eqfuse opt` counts them (lowered, views apart).
 
 Prints one table row per model (medians over N runs in one process, after one warm-up run):
 kernels and MB moved unfused -> greedy extraction -> final extraction, e-graph size, iterations,
@@ -40,6 +44,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--cost", default="memory")
+    ap.add_argument("--exports", action="store_true", help="add BERT-base from both torch exporters")
     a = ap.parse_args()
     head = (f"| model | kernels (unfused -> greedy -> final) | MB moved (unfused -> greedy -> final) | e-graph nodes "
             f"| recognition e-graph nodes | iters | stop | extraction | ILP | optimize s (median of {a.repeat}) |")
@@ -54,6 +59,31 @@ def main() -> None:
               f"{r['bytes_before'] / 1e6:.1f} -> {r['bytes_greedy'] / 1e6:.1f} -> {r['bytes_after'] / 1e6:.1f} | "
               f"{r['egraph_nodes']} | {r['recognition']['egraph_nodes']} | {r['iterations']} | {r['stop_reason']} | {r['extraction']} | {r['ilp']} | "
               f"{t:.3f} |")
+    if a.exports:
+        exported(a.repeat, a.cost)
+
+
+def exported(repeat: int, cost: str) -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import model_exports as me
+
+    from eqfuse.frontend.load import model_weights
+    from eqfuse.optimizer.fold import fold_params
+    from eqfuse.pipeline import count_kernels
+
+    print()
+    print(f"| export | kernels that run (unfused -> fused) | views | repeated pieces | optimize s (median of {repeat}) |")
+    print("|---|---|---|---|---|")
+    for exporter in me.EXPORTERS:
+        path = str(me.export("bert-base", exporter))
+        (g,) = load(path)
+        f = fold_params(g, {k: v for k, v in model_weights(path, {}).items() if k in dict(g.params)})
+        optimize_graph(f.graph, cost=cost)  # warm-up
+        runs = [optimize_graph(f.graph, cost=cost) for _ in range(repeat)]
+        r = count_kernels(dict(runs[-1].report), g, runs[-1].graph, {}, frozenset(f.params))
+        t = statistics.median(x.report["optimize_seconds"] for x in runs)
+        print(f"| bert-base x12, {exporter} | {r['kernels_before']} -> {r['kernels_after']} | {r['views_after']} | "
+              f"{r['repeats']} | {t:.3f} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -3,6 +3,8 @@
 The optimizer, top to bottom:
 
     unfuse, fold constants
+      -> repeated blocks (a model's layers): each distinct piece once, side by side
+         (eqfuse.optimizer.repeats; the result copied per piece after extraction)
       -> recognition e-graph: algebra and pattern rules (no kernels) saturate, growing rules in
          bounded rounds -> the smallest term, constants folded (eqfuse.optimizer.egraph, eqfuse.optimizer.simplify)
       -> fusion e-graph: fusion rules to saturation or a limit -> serialize
