@@ -9,9 +9,6 @@ from eqfuse.cli.args import UsageError
 from eqfuse.cli.common import optimizer_opts, selected_graphs
 from eqfuse.errors import EqfuseError
 
-OPT_ALONE = 16  # graphs of a file `eqfuse opt` optimizes one by one (more: small ones in batches)
-
-
 def cmd_opt(args) -> int:
     from eqfuse import progress
     from eqfuse.ir.printer import module_text
@@ -36,10 +33,10 @@ def cmd_opt(args) -> int:
         with progress.step(f"optimizing {graphs[0].name}") as line:
             results = [optimize_graph(graphs[0], dims={k: v for k, v in dims.items() if k in graphs[0].dims()},
                                       progress=saturation_line(line), **opts)]
-    else:  # several: a few are optimized each alone, so that each report describes its graph
-        # alone (rules fired); many small ones side by side (eqfuse/optimizer/optimize.py)
-        with progress.step(f"optimizing {len(graphs)} graphs"):
-            results = optimize_graphs(graphs, dims=dims, alone=len(graphs) <= OPT_ALONE, **opts)
+    else:  # several: each alone, so that each report describes its graph alone (eqfuse/optimizer/optimize.py)
+        with progress.step(f"optimizing {len(graphs)} graphs") as line:
+            results = optimize_graphs(graphs, dims=dims, progress=lambda i: line.update(
+                f"graph {i + 1} of {len(graphs)}: {graphs[i].name}"), **opts)
     from eqfuse.optimizer.optimize import batch_dims_report
 
     from eqfuse.pipeline import count_kernels

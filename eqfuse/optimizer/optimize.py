@@ -1,4 +1,4 @@
-"""The optimizer: a Graph through the e-graph to its cheapest fused form, one graph at a time or many small graphs together.
+"""The optimizer: a Graph through the e-graph to its cheapest fused form, one graph at a time.
 
 The optimizer, top to bottom:
 
@@ -12,19 +12,14 @@ The optimizer, top to bottom:
 Fusion decisions live in eqfuse/optimizer/rules/fusion.rw; this module only runs the stages. The limits
 (iterations, e-nodes, seconds) hold for the whole run: see eqfuse.optimizer.egraph.
 
-Many small graphs, optimized together.
-
-Each optimize_graph call pays a fixed cost (two e-graphs pushed and popped, a few egglog steps,
-an ILP call), so a file of thousands of small graphs paid it thousands of times. `optimize_graphs` puts
-small graphs side by side into one graph (names prefixed, so nothing is shared but constants),
-optimizes that once, and splits the result back. Graphs are independent, so no kernel can join
-two of them; each keeps its own parameters, names and outputs.
+A file of many graphs (optimize_graphs): each graph is optimized alone, so that its report
+describes it alone; a graph the same as an earlier one but for its name is optimized once.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from eqfuse.errors import EqfuseError
@@ -341,19 +336,21 @@ def report_text(r: dict) -> str:
     from eqfuse.progress import seconds as us
 
     fired = ", ".join(f"{k} x{v}" for k, v in sorted(r["rules_fired"].items(), key=lambda kv: (-kv[1], kv[0])))
-    whose = " (of the batch it was optimized in)" if r.get("batch") else ""
     lines = [
         f"# report for graph {r['graph_name']} (cost: {r['cost']})",
         f"#   kernels:    {r['kernels_before']} -> {r['kernels_after']}" + _views_text(r),
         f"#   bytes:      {mb(r['bytes_before'])} -> {mb(r['bytes_after'])}",
         f"#   est. time:  {us(r['est_time_before_s'])} -> {us(r['est_time_after_s'])}",
-        f"#   rules fired{whose}: {fired or 'none'}",
+        f"#   rules fired: {fired or 'none'}",
         f"#   e-graph:    {r['egraph_nodes']} nodes, {r['egraph_classes']} classes, {r['iterations']} iterations, "
         f"stopped: {r['stop_reason']}" + (f" ({r['limit']})" if r.get("limit") else ""),
         f"#   extraction: {r['extraction']} (ILP: {r['ilp']})",
         f"#   optimize time: {us(r['optimize_seconds'])} in all"
         + (f" ({', '.join(f'{k} {us(v)}' for k, v in r['stage_seconds'].items())})" if r.get("stage_seconds") else ""),
     ]
+    if r.get("same_as"):  # optimize_graphs: the same graph but its name, optimized once
+        lines.append(f"#   the same graph as {r['same_as']} but its name: its result, renamed (rules fired, "
+                     f"e-graph and extraction are that optimization's)")
     if r.get("saved_before"):  # a training graph: what the gradients read of the forward pass
         lines.append(f"#   saved for backward: {mb(r['saved_before'])} -> {mb(r['saved_after'])} (activations the "
                      f"gradients read; the rest is recomputed in their kernels)")
@@ -372,113 +369,34 @@ def report_text(r: dict) -> str:
     return "\n".join(lines)
 
 
-SMALL = 64  # nodes: graphs up to this size are batched
-BATCH_NODES = 1500  # nodes per batch
-
-
-def _prefix(k: int) -> str:
-    return f"__b{k}__"
-
-
-def optimize_graphs(graphs: Sequence[Graph], alone: bool = False, **kw) -> list:
-    """optimize_graph on each graph, small ones in batches (`alone`: none), results in input
-    order. A batched graph's report has its own kernels, bytes, times and batch dims, but the
-    rules fired and e-graph figures of its batch (egglog counts a rule's matches over the whole
-    e-graph): `eqfuse opt`, which prints the reports, optimizes a file of a few graphs alone."""
+def optimize_graphs(graphs: Sequence[Graph], progress=None, **kw) -> list:
+    """optimize_graph on each graph of a file, results in input order. Each graph is optimized
+    alone, so that its report describes it alone (its rules fired are its own: egglog counts a
+    rule's matches over the whole e-graph, so graphs optimized side by side in one e-graph could
+    only share one count). A graph the same as an earlier one but for its name (a file of
+    generated variants) is optimized once: its result is the earlier one's, renamed, and its
+    report says so (`same_as`). `progress(i)`, when given, is called before graph i."""
     dims = kw.pop("dims", None) or {}
-    out: list = [None] * len(graphs)
-    batch: list[int] = []
-
-    def flush():
-        if len(batch) == 1:
-            i = batch[0]
-            out[i] = optimize_graph(graphs[i], dims={k: v for k, v in dims.items() if k in graphs[i].dims()}, **kw)
-        elif batch:
-            for i, r in zip(batch, _together([graphs[i] for i in batch], dims, kw)):
-                out[i] = r
-        batch.clear()
-
-    size = 0
+    out: list = []
+    seen: dict[tuple, int] = {}  # (the graph's text but its name, its dims bound) -> its first index
     for i, g in enumerate(graphs):
-        if len(g.nodes) > SMALL or alone:
-            out[i] = optimize_graph(g, dims={k: v for k, v in dims.items() if k in g.dims()}, **kw)
+        if progress:
+            progress(i)
+        gd = {k: v for k, v in dims.items() if k in g.dims()}
+        key = (graph_text(Graph("_", g.nodes, g.inputs, g.outputs)), tuple(sorted(gd.items())))
+        if key in seen:
+            out.append(_renamed(out[seen[key]], graphs[seen[key]].name, g))
             continue
-        if size + len(g.nodes) > BATCH_NODES:
-            flush()
-            size = 0
-        batch.append(i)
-        size += len(g.nodes)
-    flush()
+        seen[key] = i
+        out.append(optimize_graph(g, dims=gd, **kw))
     return out
 
 
-def _together(gs: list[Graph], dims, kw) -> list:
-    from eqfuse.optimizer.explain import explain
-    u = Graph("batch")
-    owner: list[int] = []  # output index -> graph
-    for k, g in enumerate(gs):
-        base = len(u.nodes)
-        p = _prefix(k)
-        for n in g.nodes:
-            u.nodes.append(replace(n, args=tuple(a + base for a in n.args),
-                                   name=None if n.name is None else p + n.name, body=None if n.body is None else n.body))
-        u.inputs += [i + base for i in g.inputs]
-        u.outputs += [o + base for o in g.outputs]
-        owner += [k] * len(g.outputs)
-    all_dims = {d for g in gs for d in g.dims()}
-    r = optimize_graph(u, dims={k: v for k, v in dims.items() if k in all_dims}, **kw)
-    results = []
-    for k, g in enumerate(gs):
-        ids: dict[int, int] = {}
-        part = _split(r.graph, k, [o for o, w in zip(r.graph.outputs, owner) if w == k], g, ids)
-        gd = {d: v for d, v in dims.items() if d in g.dims()}
-        before, after = C.graph_kernels(g, gd), C.graph_kernels(part, gd)
-        rep = dict(r.report)
-        rep.update(graph_name=g.name, kernels_before=before.launches - before.views,
-                   kernels_after=after.launches - after.views, bytes_before=before.bytes, bytes_after=after.bytes,
-                   est_time_before_s=C.graph_value(g, "time", gd, C.perf()),
-                   est_time_after_s=C.graph_value(part, "time", gd, C.perf()),
-                   kernels_greedy=after.launches - after.views, bytes_greedy=after.bytes,
-                   saved_before=C.saved_for_backward(g, gd), saved_after=C.saved_for_backward(part, gd),
-                   unbound_dims={d: C.DEFAULT_DIM for d in g.dims() if d not in gd},
-                   batch_dims=_batch_dims(g, [d for d in g.dims() if d not in gd]),  # this graph's dims alone
-                   batch=f"optimized together with {len(gs) - 1} other small graphs (rules fired, e-graph and "
-                         "time figures are the batch's)",
-                   graph=graph_text(part))
-        joins = r.joins.renumbered(ids) if r.joins is not None else None
-        rep.update(explain(part, rep["cost"], gd, stop_reason=rep["stop_reason"], limit=rep["limit"],
-                           disabled=tuple(kw.get("disable", ())), ilp=rep["ilp"], joins=joins))
-        results.append(OptResult(part, rep, joins))
-    return results
-
-
-def _split(g: Graph, k: int, outputs: list[int], orig: Graph, ids: dict[int, int] | None = None) -> Graph:
-    """Graph k's part of the batch's result (`ids`, when given, gets g's node id -> the part's)."""
-    p = _prefix(k)
-
-    def name(s):
-        return s[len(p):] if s is not None and s.startswith(p) else s
-
-    live, stack = set(), list(outputs)
-    while stack:
-        j = stack.pop()
-        if j not in live:
-            live.add(j)
-            stack.extend(g.nodes[j].args)
-    by_name = {g.nodes[i].name: i for i in g.inputs}
-    keep = [by_name[p + orig.nodes[i].name] for i in orig.inputs]
-    keep += [i for i in range(len(g.nodes)) if i in live and i not in set(keep)]
-    keep.sort(key=lambda i: (g.nodes[i].op != "input", i))
-    new = {old: j for j, old in enumerate(keep)}
-    if ids is not None:
-        ids.update(new)
-    nodes = []
-    for i in keep:
-        n = g.nodes[i]
-        body = n.body
-        if body is not None:
-            body = Graph(body.name, [replace(b, name=name(b.name)) for b in body.nodes], list(body.inputs),
-                         list(body.outputs), body.pos)
-        nodes.append(replace(n, args=tuple(new[a] for a in n.args), name=name(n.name), body=body))
-    inputs = [new[by_name[p + orig.nodes[i].name]] for i in orig.inputs]
-    return Graph(orig.name, nodes, inputs, [new[o] for o in outputs], orig.pos)
+def _renamed(r: OptResult, first: str, g: Graph) -> OptResult:
+    """An earlier graph's result as graph g's: g is that graph but for its name."""
+    t0 = time.perf_counter()
+    out = Graph(g.name, r.graph.nodes, r.graph.inputs, r.graph.outputs, g.pos)
+    seconds = time.perf_counter() - t0
+    report = dict(r.report, graph_name=g.name, graph=graph_text(out), same_as=first, optimize_seconds=seconds,
+                  stage_seconds={f"the result of graph {first}": seconds})
+    return OptResult(out, report, r.joins)
