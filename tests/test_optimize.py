@@ -10,10 +10,11 @@ from helpers import EXAMPLES, ROOT, load_text, one_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eqfuse import optimize
 from eqfuse.cli.main import main
 from eqfuse.ir.printer import graph_text
 from eqfuse.ir.reference import evaluate
-from eqfuse.optimizer.optimize import optimize, optimize_graph
+from eqfuse.optimizer.optimize import optimize_graph
 
 DIMS = {"B": 2, "N": 2}
 

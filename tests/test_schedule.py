@@ -158,8 +158,8 @@ def test_ops_of_more_than_two_operands_still_fuse():
 
 
 def test_graphs_the_same_but_their_names_are_optimized_once():
+    from eqfuse import optimize
     from eqfuse.ir.printer import graph_text
-    from eqfuse.optimizer.optimize import optimize
 
     src = "".join(f"graph g{i}(x: f32[B, 8], y: f32[8]) -> f32[B, 8] {{\n  h = relu(x * y + {i % 2}.0)\n"
                   f"  return h - mean(h, axis=-1, keepdims=true)\n}}\n" for i in range(4))

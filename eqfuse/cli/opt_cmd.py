@@ -9,6 +9,7 @@ from eqfuse.cli.args import UsageError
 from eqfuse.cli.common import optimizer_opts, selected_graphs
 from eqfuse.errors import EqfuseError
 
+
 def cmd_opt(args) -> int:
     from eqfuse import progress
     from eqfuse.ir.printer import module_text
@@ -38,7 +39,6 @@ def cmd_opt(args) -> int:
             results = optimize_graphs(graphs, dims=dims, progress=lambda i: line.update(
                 f"graph {i + 1} of {len(graphs)}: {graphs[i].name}"), **opts)
     from eqfuse.optimizer.optimize import batch_dims_report
-
     from eqfuse.pipeline import count_kernels
 
     for r, f, g in zip(results, folded, source):

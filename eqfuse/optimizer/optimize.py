@@ -271,6 +271,8 @@ def check(g: Graph) -> None:
 
 @dataclass
 class Optimized:
+    """What eqfuse.optimize gives (eqfuse.pipeline.optimize_model): the fused graphs of a model
+    and each graph's report."""
     graphs: list[Graph]
     reports: dict[str, dict]
 
@@ -281,25 +283,6 @@ class Optimized:
     @property
     def report(self) -> dict:
         return next(iter(self.reports.values())) if len(self.reports) == 1 else self.reports
-
-
-def optimize(src, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
-             dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
-             node_limit: int | None = None, time_limit: float | None = None, check_rules: bool = True) -> Optimized:
-    """eqfuse.optimizer.optimize: optimize every graph of a model (a .g path or source text), no C. User
-    rule files are checked for soundness first (RuleError; check_rules=False skips it)."""
-    from eqfuse.frontend.load import load
-    from eqfuse.optimizer.rulecheck import check_rule_files
-
-    check_rule_files(rules, enabled=check_rules)
-
-    graphs = load(src)
-    outs, reports = [], {}
-    for g, r in zip(graphs, optimize_graphs(graphs, cost=cost, rules=rules, disable=disable, dims=dims,
-                                            iter_limit=iter_limit, node_limit=node_limit, time_limit=time_limit)):
-        outs.append(r.graph)
-        reports[g.name] = r.report
-    return Optimized(outs, reports)
 
 
 def _batch_dims(graph, unbound: list[str], params=None) -> dict[str, str | None]:
