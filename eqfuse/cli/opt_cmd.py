@@ -36,7 +36,7 @@ def cmd_opt(args) -> int:
                                       progress=saturation_line(line), **opts)]
     else:  # several: each alone, so that each report describes its graph alone (eqfuse/optimizer/optimize.py)
         with progress.step(f"optimizing {len(graphs)} graphs") as line:
-            results = optimize_graphs(graphs, dims=dims, progress=lambda i: line.update(
+            results = optimize_graphs(graphs, dims=dims, before_each=lambda i: line.update(
                 f"graph {i + 1} of {len(graphs)}: {graphs[i].name}"), **opts)
     from eqfuse.optimizer.optimize import batch_dims_report
     from eqfuse.pipeline import count_kernels

@@ -352,19 +352,19 @@ def report_text(r: dict) -> str:
     return "\n".join(lines)
 
 
-def optimize_graphs(graphs: Sequence[Graph], progress=None, **kw) -> list:
+def optimize_graphs(graphs: Sequence[Graph], before_each=None, **kw) -> list:
     """optimize_graph on each graph of a file, results in input order. Each graph is optimized
     alone, so that its report describes it alone (its rules fired are its own: egglog counts a
     rule's matches over the whole e-graph, so graphs optimized side by side in one e-graph could
     only share one count). A graph the same as an earlier one but for its name (a file of
     generated variants) is optimized once: its result is the earlier one's, renamed, and its
-    report says so (`same_as`). `progress(i)`, when given, is called before graph i."""
+    report says so (`same_as`). `before_each(i)`, when given, is called before graph i (a progress line)."""
     dims = kw.pop("dims", None) or {}
     out: list = []
     seen: dict[tuple, int] = {}  # (the graph's text but its name, its dims bound) -> its first index
     for i, g in enumerate(graphs):
-        if progress:
-            progress(i)
+        if before_each:
+            before_each(i)
         gd = {k: v for k, v in dims.items() if k in g.dims()}
         key = (graph_text(Graph("_", g.nodes, g.inputs, g.outputs)), tuple(sorted(gd.items())))
         if key in seen:
@@ -378,8 +378,9 @@ def optimize_graphs(graphs: Sequence[Graph], progress=None, **kw) -> list:
 def _renamed(r: OptResult, first: str, g: Graph) -> OptResult:
     """An earlier graph's result as graph g's: g is that graph but for its name."""
     t0 = time.perf_counter()
-    out = Graph(g.name, r.graph.nodes, r.graph.inputs, r.graph.outputs, g.pos)
+    out = Graph(g.name, list(r.graph.nodes), list(r.graph.inputs), list(r.graph.outputs), g.pos)
+    text = graph_text(out)
     seconds = time.perf_counter() - t0
-    report = dict(r.report, graph_name=g.name, graph=graph_text(out), same_as=first, optimize_seconds=seconds,
+    report = dict(r.report, graph_name=g.name, graph=text, same_as=first, optimize_seconds=seconds,
                   stage_seconds={f"the result of graph {first}": seconds})
     return OptResult(out, report, r.joins)
