@@ -164,10 +164,12 @@ def test_graphs_the_same_but_their_names_are_optimized_once():
     src = "".join(f"graph g{i}(x: f32[B, 8], y: f32[8]) -> f32[B, 8] {{\n  h = relu(x * y + {i % 2}.0)\n"
                   f"  return h - mean(h, axis=-1, keepdims=true)\n}}\n" for i in range(4))
     together = optimize(src, dims={"B": 2})
-    for g, name in zip(together.graphs, [f"g{i}" for i in range(4)]):
-        alone = optimize_graph(one_graph(_source_of(src, name)), dims={"B": 2})
-        assert graph_text(g) == graph_text(alone.graph) == together.reports[name]["graph"]
-        assert together.reports[name]["rules_fired"] == alone.report["rules_fired"]
+    alone = [optimize_graph(one_graph(_source_of(src, f"g{i}")), dims={"B": 2}) for i in range(2)]
+    for i, g in enumerate(together.graphs):
+        name, first = f"g{i}", alone[i % 2]
+        assert graph_text(g) == graph_text(first.graph).replace(f"graph g{i % 2}(", f"graph {name}(", 1)
+        assert graph_text(g) == together.reports[name]["graph"]
+        assert together.reports[name]["rules_fired"] == first.report["rules_fired"]
         assert together.reports[name].get("same_as") == ({"g2": "g0", "g3": "g1"}.get(name))
 
 
