@@ -268,7 +268,11 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
     import eqfuse
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
     from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm
-    from eqfuse.backend.kinds.contraction.plan_gemm import blocking, gemm_tiles, parallel
+    from eqfuse.backend.kinds.contraction.plan_gemm import (
+        blocking,
+        gemm_tiles,
+        parallel,
+    )
     from eqfuse.cli.bench import median_time
     from eqfuse.machine import machine
 
@@ -339,7 +343,11 @@ def measure_small(repeat: int, rounds: int) -> list[dict]:
     import eqfuse
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
     from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm, emit_gemm_skinny
-    from eqfuse.backend.kinds.contraction.plan_gemm import blocking, gemm_tiles, parallel
+    from eqfuse.backend.kinds.contraction.plan_gemm import (
+        blocking,
+        gemm_tiles,
+        parallel,
+    )
     from eqfuse.cli.bench import median_time
     from eqfuse.machine import machine
 

@@ -25,7 +25,10 @@ def __getattr__(name: str):
     if name in ("compile", "reference"):
         from eqfuse import pipeline as where
     elif name == "optimize":
-        from eqfuse.optimizer import optimize as where
+        from eqfuse.pipeline import optimize_model as value
+
+        globals()[name] = value
+        return value
     elif name == "jit":
         from eqfuse.trace import jit as where
     elif name == "generate":

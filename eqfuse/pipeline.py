@@ -46,7 +46,8 @@ from eqfuse.ir.separable import batch_dims
 from eqfuse.machine import machine
 from eqfuse.optimizer.cost import MODELS as COST_MODELS
 from eqfuse.optimizer.fold import Folded, fold_params
-from eqfuse.optimizer.optimize import batch_dims_report, optimize_graph
+from eqfuse.optimizer.optimize import Optimized, batch_dims_report, optimize_graph
+from eqfuse.optimizer.optimize import optimize as optimize_graphs_of
 from eqfuse.optimizer.rulecheck import check_rule_files
 from eqfuse.runtime.module import Compiled, GraphFunction, Kernel, Module
 from eqfuse.runtime.padded import PaddedFunction
@@ -267,8 +268,14 @@ def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse: boo
     if fuse == "manual":
         return g, {"optimized": False, "reason": "fuse=\"manual\": kernel blocks as written"}
     with progress.step(f"optimizing {g.name}"):
-        res = optimize_graph(g, cost=cost, rules=rules, disable=disable, dims=dims or None)
+        res = optimize_graph(g, cost=cost, rules=rules, disable=disable, dims=dims or None, machine=machine())
     return res.graph, res.report
+
+
+def optimize_model(src, **options) -> Optimized:
+    """`eqfuse.optimize`: every graph of a model optimized (no C), for this machine's planner
+    (eqfuse.optimizer.optimize.optimize's options)."""
+    return optimize_graphs_of(src, machine=machine(), **options)
 
 
 # ---------------------------------------------------------------- lower, build

@@ -218,8 +218,8 @@ def emitted(src: str, monkeypatch, params=frozenset(), precision="f32") -> list[
     """(plan, its C, the (template, NAME) of each template it was rendered from) of every kernel."""
     import eqfuse.backend.cexpr as cexpr
     from eqfuse.backend.emit import emit_kernel
-    from eqfuse.pipeline import lower, optimize
     from eqfuse.frontend.load import load
+    from eqfuse.pipeline import lower, optimize
 
     rendered = []
     original = cexpr.cb_render

@@ -22,6 +22,7 @@ def cmd_opt(args) -> int:
         if v is not None and v <= 0:
             raise UsageError(f"{flag} expects a positive number, got {v}")
     from eqfuse.frontend.load import model_weights
+    from eqfuse.machine import machine
     from eqfuse.optimizer.fold import fold_params
 
     graphs, dims = selected_graphs(args)
@@ -31,7 +32,8 @@ def cmd_opt(args) -> int:
     source = graphs
     folded = [fold_params(g, {k: v for k, v in weights.items() if k in dict(g.params)}) for g in graphs]
     graphs = [f.graph for f in folded]
-    opts.update(iter_limit=args.iter_limit, node_limit=args.node_limit, time_limit=args.time_limit)
+    opts.update(iter_limit=args.iter_limit, node_limit=args.node_limit, time_limit=args.time_limit,
+                machine=machine())  # (the planner's: read once here, passed down to extraction)
     if len(graphs) == 1:  # one graph: the progress line follows its saturation
         with progress.step(f"optimizing {graphs[0].name}") as line:
             results = [optimize_graph(graphs[0], dims={k: v for k, v in dims.items() if k in graphs[0].dims()},
@@ -41,7 +43,6 @@ def cmd_opt(args) -> int:
         with progress.step(f"optimizing {len(graphs)} graphs"):
             results = optimize_graphs(graphs, dims=dims, alone=len(graphs) <= OPT_ALONE, **opts)
     from eqfuse.optimizer.optimize import batch_dims_report
-
     from eqfuse.pipeline import count_kernels
 
     for r, f, g in zip(results, folded, source):
