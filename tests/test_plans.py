@@ -87,7 +87,7 @@ CHOICES: dict[str, dict[str, str]] = {
                       "IN_BLOCKED": "in_blocked", "OUT_BLOCKED": "out_blocked", "INPLACE": "in_place",
                       "PREPACKED": "prepacked_b", "EPI_BLOCKED": "epi_blocked", "REORDER": "reorder",
                       "PARALLEL": "parallel"},
-    "conv_grouped.c": {"PARALLEL": "parallel"},
+    "conv_grouped.c": {"PLANE": "plane", "PARALLEL": "parallel"},
     "conv_pixels.c": {"VL": "vl", "RO": "ro", "RPH": "rph", "RPW": "rpw", "PREPACKED": "prepacked_b",
                       "PARALLEL": "parallel"},
     "conv_reorder.c": {"VL": "vl"},
@@ -261,6 +261,8 @@ def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypa
     kernels += emitted(KINDS.replace("graph kinds", "graph cols"), monkeypatch)
     seen: dict[tuple[str, str], set] = {}
     for p, c, rendered in kernels:
+        for key, value in p.tiles.items():  # (every tile, of these kernels too)
+            assert declared(c, key, value), (p.name, key, value)
         for template, name in rendered:
             for x, field in CHOICES[template].items():
                 value = chosen(p, template, name, field)
