@@ -160,7 +160,7 @@ def test_the_checker_sees_an_upward_import_a_cycle_and_a_private_name(tmp_path, 
 # The machine model (eqfuse.machine) is read by the drivers (pipeline, cli, export: the stages that
 # build it or pin it) and passed down as an argument: `lower_graph(g, m)`, each kind's `plan(plan,
 # m)`, `optimize_graph(..., machine=m)`, emit_gemm's `blocking`. No module of these stages reads it.
-PASSED_DOWN = ("eqfuse.ir", "eqfuse.frontend", "eqfuse.optimizer", "eqfuse.grad", "eqfuse.backend")
+PASSED_DOWN = ("eqfuse.ir", "eqfuse.frontend", "eqfuse.optimizer", "eqfuse.grad", "eqfuse.backend", "eqfuse.runtime")
 READERS = {"machine", "host_machine", "pinned", "pin"}  # eqfuse.machine's functions that read or set it
 # ... except, each with the reason:
 READS_THE_MACHINE = {
@@ -168,6 +168,9 @@ READS_THE_MACHINE = {
     # benchmarks' helper code) is compiled with the -march of the model in force, the one the plans
     # were made for (the drivers select it with `pinned`), and the kernel cache keys on it.
     "eqfuse.backend.cbuild",
+    # mod.save(targets=...): builds the machine model of each target level the artifact holds (this
+    # host's, with that level's vector width) and pins it while the functions are built again.
+    "eqfuse.runtime.artifact",
 }
 
 
