@@ -80,7 +80,7 @@ def test_the_gemm_tiles_follow_the_machine(machine_model):
 # written with. Every other placeholder is listed with the reason it is not a choice.
 ROW_PARALLEL = {"PARALLEL": "parallel"}  # (-1 in a GEMM's row epilogue: run by the GEMM's threads, split=rows)
 CHOICES: dict[str, dict[str, str]] = {
-    "attention.c": {"BQ": "bq", "BK": "bk", "VEC": "vec", "PARALLEL": "parallel"},
+    "attention.c": {"BQ": "bq", "BK": "bk", "VEC": "vec", "SCORE_OPS": "score_ops", "PARALLEL": "parallel"},
     "attention_grad.c": {"RB": "rb", "VEC": "vec", "PARALLEL": "parallel"},
     "conv2d.c": {"IM2COL": "im2col", "PARALLEL": "parallel"},
     "conv_direct.c": {"CB": "cb", "VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "ROWS": "rows",
@@ -118,7 +118,7 @@ DERIVED = "computed from shapes and the choices asserted here, in one way"
 NOT_CHOICES: dict[str, dict[str, str]] = {
     "attention.c": {SIGNATURE: "NAME PARAMS Q K V", SHAPE: "BATCH SQ SK D DV", DERIVED: "SKP",
                     MEMORY: "QOFF QR QC KSRC KBI KD KJ VOFF VR VC OUT_OFF OR OC OFFSETS",
-                    EXPR: "SCORE_BODY SCORE QSCALE SCORE_LOG2E SCORE_OPS EPI_BODY EPI ZERO_NAN"},
+                    EXPR: "SCORE_BODY SCORE QSCALE SCORE_LOG2E EPI_BODY EPI ZERO_NAN"},
     "attention_grad.c": {SIGNATURE: "NAME PARAMS Q K V DY", SHAPE: "BATCH SQ SK D DV OUTD", TEXT: "WHAT",
                          MEMORY: "QOFF QR QC KOFF KR KC VOFF VR VC DYOFF DYR DYC OOFF OR OC",
                          EXPR: "MODE SCALE ZERO_NAN MASK_IJ"},
@@ -188,11 +188,12 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
            dq: f32[2, 8, 16], big: f32[64, 640], wb: f32[640, 640], huge: f32[4096, 2048], a: f32[3, 5],
            c: f32[4, 5], img: f32[1, 32, 40, 40], f: f32[32, 32, 3, 3], im2: f32[1, 16, 10, 10],
            f2: f32[16, 16, 3, 3], dw: f32[6, 1, 3, 3], im6: f32[2, 6, 9, 9], f1: f32[8, 6, 1, 1],
-           pl: f32[2, 16, 64, 64]) {
+           pl: f32[2, 16, 64, 64], mk: f32[8, 8]) {
     sk = kernel { relu(x @ w) }
     sp = kernel { relu(xs @ ws) }
     bg = kernel { big @ wb }
     ag = kernel { attention_dq(q, k, v, dq, scale=0.25) }
+    am = kernel { softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.25 + mk) @ v }
     sg = kernel { softmax_grad(dy, y) }
     rm = kernel { rmsnorm(y, g) }
     ln = kernel { layernorm(y, g, be) }
@@ -209,7 +210,7 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
     p1 = kernel { max_pool2d(w1, kernel_size=2) }
     w2 = kernel { relu(conv2d(p1, f, padding=1)) }
     d2 = kernel { relu(conv2d(cd, f, stride=2, padding=1)) }
-    return sk, sp, bg, ag, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, one, mp, w2, d2
+    return sk, sp, bg, ag, am, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, one, mp, w2, d2
 }
 """
 
@@ -272,7 +273,8 @@ def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypa
         sorted({(t, x) for t, xs in CHOICES.items() for x in xs} - set(seen))
     # both values of the flags this covers cheaply
     for key in [("gemm.c", "PARALLEL"), ("gemm.c", "BF16"), ("gemm.c", "DIRECT_B"), ("gemm_skinny.c", "PACK_PARTS"),
-                ("pointwise.c", "STREAM"), ("row_softmax.c", "PARALLEL"), ("conv2d.c", "IM2COL")]:
+                ("pointwise.c", "STREAM"), ("row_softmax.c", "PARALLEL"), ("conv2d.c", "IM2COL"),
+                ("attention.c", "SCORE_OPS")]:
         assert len(seen[key]) > 1, (key, seen[key])
 
 
