@@ -177,19 +177,21 @@ READS_THE_MACHINE = {
 def machine_reads(module: str, path: Path) -> list[str]:
     """Where `module` reads the machine model: a reader imported from eqfuse.machine, or one
     called through the module (`from eqfuse import machine; machine.machine()`)."""
-    found, modules_named = [], set()
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
+    text = path.read_text()
+    if "machine" not in text and "pin" not in text:
+        return []
+    found, modules_named, attributes = [], set(), []
+    for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.ImportFrom) and node.module == "eqfuse.machine":
             found += [f"{module}:{node.lineno} imports {a.name}" for a in node.names if a.name in READERS]
         elif isinstance(node, ast.ImportFrom) and node.module == "eqfuse":
             modules_named |= {a.asname or a.name for a in node.names if a.name == "machine"}
         elif isinstance(node, ast.Import):
             modules_named |= {a.asname or a.name for a in node.names if a.name == "eqfuse.machine"}
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and node.attr in READERS
-                and ast.unparse(node.value) in modules_named):
-            found.append(f"{module}:{node.lineno} calls {ast.unparse(node)}")
+        elif isinstance(node, ast.Attribute) and node.attr in READERS:
+            attributes.append(node)
+    found += [f"{module}:{node.lineno} calls {ast.unparse(node)}" for node in attributes
+              if ast.unparse(node.value) in modules_named]
     return found
 
 
