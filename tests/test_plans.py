@@ -1,5 +1,7 @@
-"""The plan is what runs: every tile a plan holds is the constant in its kernel's C, and the
-micro-kernel calls a counting build makes are the uop counts `eqfuse lower --uops` prints."""
+"""The plan is what runs: every tile and every other choice a plan holds (`eqfuse lower` prints
+them) is the constant its kernel's C declares, every placeholder of csrc_templates/ is either such
+a choice or says why it is not, and the micro-kernel calls a counting build makes are the uop
+counts `eqfuse lower --uops` prints."""
 
 import re
 
@@ -218,12 +220,12 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
 def emitted(src: str, monkeypatch, params=frozenset(), precision="f32") -> list[tuple]:
     """(plan, its C, the (template, NAME) of each template it was rendered from) of every kernel."""
     import eqfuse.backend.cexpr as cexpr
+    from eqfuse.backend.cbuild import render as original
     from eqfuse.backend.emit import emit_kernel
     from eqfuse.frontend.load import load
     from eqfuse.pipeline import lower, optimize
 
     rendered = []
-    original = cexpr.cb_render
     monkeypatch.setattr(cexpr, "cb_render", lambda t, **v: rendered.append((t, v.get("NAME"))) or original(t, **v))
     out = []
     for g in load(src):
