@@ -273,7 +273,7 @@ def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse: boo
     if fuse == "manual":
         return g, {"optimized": False, "reason": "fuse=\"manual\": kernel blocks as written"}
     with progress.step(f"optimizing {g.name}"):
-        res = optimize_graph(g, cost=cost, rules=rules, disable=disable, dims=dims or None)
+        res = optimize_graph(g, cost=cost, rules=rules, disable=disable, dims=dims or None, machine=machine())
     return res.graph, res.report
 
 
@@ -291,7 +291,8 @@ def optimize_model(src, *, cost: str = "memory", rules: Sequence = (), disable: 
     dims = dict(dims or {})
     check_dims(graphs, dims)
     results = optimize_graphs(graphs, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
-                              node_limit=node_limit, time_limit=time_limit)
+                              node_limit=node_limit, time_limit=time_limit,
+                              machine=machine())  # the planner's: read once here, passed down
     for g, r in zip(graphs, results):
         count_kernels(r.report, g, r.graph, {k: v for k, v in dims.items() if k in g.dims()})
     return Optimized([r.graph for r in results], {g.name: r.report for g, r in zip(graphs, results)})

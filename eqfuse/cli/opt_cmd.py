@@ -20,6 +20,7 @@ def cmd_opt(args) -> int:
         if v is not None and v <= 0:
             raise UsageError(f"{flag} expects a positive number, got {v}")
     from eqfuse.frontend.load import model_weights
+    from eqfuse.machine import machine
     from eqfuse.optimizer.fold import fold_params
 
     graphs, dims = selected_graphs(args)
@@ -29,7 +30,8 @@ def cmd_opt(args) -> int:
     source = graphs
     folded = [fold_params(g, {k: v for k, v in weights.items() if k in dict(g.params)}) for g in graphs]
     graphs = [f.graph for f in folded]
-    opts.update(iter_limit=args.iter_limit, node_limit=args.node_limit, time_limit=args.time_limit)
+    opts.update(iter_limit=args.iter_limit, node_limit=args.node_limit, time_limit=args.time_limit,
+                machine=machine())  # (the planner's: read once here, passed down to extraction)
     if len(graphs) == 1:  # one graph: the progress line follows its saturation
         with progress.step(f"optimizing {graphs[0].name}") as line:
             results = [optimize_graph(graphs[0], dims={k: v for k, v in dims.items() if k in graphs[0].dims()},

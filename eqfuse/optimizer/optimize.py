@@ -27,6 +27,7 @@ from eqfuse.ir.conv_forms import expand_convs
 from eqfuse.ir.graph import Graph, retype
 from eqfuse.ir.kernels import Split, classify
 from eqfuse.ir.printer import graph_text, module_text
+from eqfuse.machine import Machine
 from eqfuse.optimizer import cost as C
 from eqfuse.optimizer import extract as X
 from eqfuse.optimizer.egraph import (
@@ -58,25 +59,27 @@ class OptResult:
 def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
                    dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
                    node_limit: int | None = None, time_limit: float | None = None,
-                   progress=None) -> OptResult:
+                   progress=None, machine: Machine | None = None) -> OptResult:
     """Fuse one graph: the fused graph and its report (its keys: README, "Optimizing: `eqfuse opt`").
     A graph optimized before with the same rules, cost model, dims, limits, machine and eqfuse
     comes from the optimized-graph cache (eqfuse.optimizer.graph_cache; report["graph_cache"]
-    says "hit", "miss" or "off"; EQFUSE_NO_CACHE=1 turns it off)."""
+    says "hit", "miss" or "off"; EQFUSE_NO_CACHE=1 turns it off). `machine` is the planner's machine
+    model, which the driver reads and passes down: extraction keeps only bodies that classify
+    lowers as one kernel on it (a GEMM's row epilogue must fit its L1); None: without that check."""
     from eqfuse.optimizer import graph_cache
 
     if cost not in C.MODELS:
         raise EqfuseError(f"unknown cost model '{cost}' (known: {', '.join(C.MODELS)})")
     if not graph_cache.enabled():
         r = _optimize_graph(graph, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
-                            node_limit=node_limit, time_limit=time_limit, progress=progress)
+                            node_limit=node_limit, time_limit=time_limit, progress=progress, machine=machine)
         r.report["graph_cache"] = "off"
         return r
     t0 = time.perf_counter()
     bound = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
     rule_list = cached_rules(tuple(str(r) for r in rules), tuple(disable))
     key = graph_cache.key(graph_text(graph), rule_list, disable, cost, bound, (iter_limit, node_limit, time_limit),
-                          C.perf() if cost == "time" else None)
+                          C.perf() if cost == "time" else None, machine)
     hit = graph_cache.get(key)
     if hit is not None:
         from eqfuse.frontend.load import load
@@ -92,7 +95,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
                           stage_seconds={"graph cache": seconds})
             return OptResult(out, report, None)
     r = _optimize_graph(graph, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
-                        node_limit=node_limit, time_limit=time_limit, progress=progress)
+                        node_limit=node_limit, time_limit=time_limit, progress=progress, machine=machine)
     r.report["graph_cache"] = "miss"
     if r.report["stop_reason"] != "time_limit" and "time_limit" not in str(r.report.get("ilp")):
         # a result the clock cut short depends on the machine's load: not kept
@@ -103,7 +106,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
 def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
                     dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
                     node_limit: int | None = None, time_limit: float | None = None,
-                    progress=None) -> OptResult:
+                    progress=None, machine: Machine | None = None) -> OptResult:
     """optimize_graph without the cache: the e-graphs and extraction."""
     t0 = time.perf_counter()
     lim = Limits.make(iter_limit, node_limit, time_limit, t0)
@@ -157,7 +160,7 @@ def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (),
     data = eg.serialize()
     eg.close()
     stage("serialize")
-    pb = X.build_problem(data, src, cost, dims, perf)
+    pb = X.build_problem(data, src, cost, dims, perf, machine)
     stage("candidates")
 
     left = lim.left() - EXTRACT_SECONDS_PER_NODE * data.num_nodes
@@ -170,7 +173,7 @@ def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (),
         joins = joins.renumbered(ids)
     stage("extraction")
     return _report(graph, src0, out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, cost, dims, t0,
-                   disable, lim.deadline, joins)
+                   disable, lim.deadline, joins, machine)
 
 
 def singletons(g: Graph) -> Graph:
@@ -198,7 +201,7 @@ def singletons(g: Graph) -> Graph:
 
 
 def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages, cost, dims, t0,
-            disable=(), deadline=None, joins=None) -> OptResult:
+            disable=(), deadline=None, joins=None, machine: Machine | None = None) -> OptResult:
     from eqfuse.optimizer.explain import explain
 
     check(out)
@@ -238,7 +241,7 @@ def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages,
     }
     # why each tensor between two kernels is stored, and what each fused kernel saves (eqfuse.optimizer.explain)
     report.update(explain(out, cost, dims, stop_reason=st.stop_reason, limit=st.limit_note or None,
-                          disabled=tuple(disable), p=p, deadline=deadline, ilp=ilp, joins=joins))
+                          disabled=tuple(disable), p=p, deadline=deadline, ilp=ilp, joins=joins, machine=machine))
     return OptResult(out, report, joins)
 
 
