@@ -10,7 +10,8 @@ Each stage is a function with a typed input and output:
 - `load(src, options)`: the model's graphs and an ONNX model's weights (`Loaded`);
 - `bind(graph, params, dims)`: the dims the bound arrays fix, checked against their parameters;
 - `fold(graph, params, fuse)`: the bound params folded into the graph (`Folded`);
-- `optimize(graph, options, dims)`: the fused graph and the optimizer's report;
+- `optimize(graph, options, dims)`: the fused graph and the optimizer's report (`optimize_model`,
+  which is `eqfuse.optimize`, optimizes every graph of a model and counts kernels as `eqfuse opt`);
 - `lower(graph, dims, fuse, params)`: the kernelized graph and every kernel's plan;
 - `build(graph, bindings, ...)`: the plans' C, compiled into one library (`Compiled` per binding);
 - `compile(src, ...)`: the stages composed into a `Module`.
@@ -46,7 +47,12 @@ from eqfuse.ir.separable import batch_dims
 from eqfuse.machine import machine
 from eqfuse.optimizer.cost import MODELS as COST_MODELS
 from eqfuse.optimizer.fold import Folded, fold_params
-from eqfuse.optimizer.optimize import batch_dims_report, optimize_graph
+from eqfuse.optimizer.optimize import (
+    Optimized,
+    batch_dims_report,
+    optimize_graph,
+    optimize_graphs,
+)
 from eqfuse.optimizer.rulecheck import check_rule_files
 from eqfuse.runtime.module import Compiled, GraphFunction, Kernel, Module
 from eqfuse.runtime.padded import PaddedFunction
@@ -267,8 +273,29 @@ def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse: boo
     if fuse == "manual":
         return g, {"optimized": False, "reason": "fuse=\"manual\": kernel blocks as written"}
     with progress.step(f"optimizing {g.name}"):
-        res = optimize_graph(g, cost=cost, rules=rules, disable=disable, dims=dims or None)
+        res = optimize_graph(g, cost=cost, rules=rules, disable=disable, dims=dims or None, machine=machine())
     return res.graph, res.report
+
+
+def optimize_model(src, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
+                   dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
+                   node_limit: int | None = None, time_limit: float | None = None,
+                   check_rules: bool = True) -> Optimized:
+    """eqfuse.optimize: every graph of a model (a .g path or source text) optimized, no C built.
+    User rule files are checked for soundness first (RuleError; check_rules=False skips it). Each
+    report counts kernels as `eqfuse opt` does: where every dim of the graph is bound (its own
+    shapes or dims=), the kernels that run, views apart, the graph lowered as compile lowers it
+    (kernels_counted "lowered"); else the optimizer's count (docs/optimizing.md, "Kernel counts")."""
+    check_rule_files(rules, enabled=check_rules)
+    graphs = load_graphs(src)
+    dims = dict(dims or {})
+    check_dims(graphs, dims)
+    results = optimize_graphs(graphs, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
+                              node_limit=node_limit, time_limit=time_limit,
+                              machine=machine())  # the planner's: read once here, passed down
+    for g, r in zip(graphs, results):
+        count_kernels(r.report, g, r.graph, {k: v for k, v in dims.items() if k in g.dims()})
+    return Optimized([r.graph for r in results], {g.name: r.report for g, r in zip(graphs, results)})
 
 
 # ---------------------------------------------------------------- lower, build

@@ -1,5 +1,5 @@
 """One kernel count (docs/optimizing.md, "Kernel counts"): the kernels that run, views apart, in
-`eqfuse opt`, `eqfuse bench`, `eqfuse lower` and mod.report."""
+`eqfuse opt`, `eqfuse bench`, `eqfuse lower`, mod.report and eqfuse.optimize."""
 
 import json
 import re
@@ -85,6 +85,22 @@ def test_opt_prints_views_as_ops_outside_kernel_blocks_and_the_text_parses_back(
     np.testing.assert_allclose(evaluate(fused, args)[0], evaluate(load(path)[0], args)[0], rtol=1e-5, atol=1e-5)
     again = json.loads(cli(capsys, "opt", out, "--report", "json"))  # and optimizes to the same kernels
     assert (again["kernels_after"], again["views_after"]) == (7, 7)
+
+
+def test_eqfuse_optimize_counts_the_kernels_opt_counts(capsys, tmp_path):
+    # every dim bound by the graph's own shapes: the lowered count, views apart, as `eqfuse opt`
+    # gives it (7 kernels and 7 views: the test above), not the optimizer's (which takes views for kernels)
+    r = eqfuse.optimize(block(tmp_path)).report
+    assert (r["kernels_after"], r["views_after"], r["kernels_counted"]) == (7, 7, "lowered")
+    # a dim unbound: the optimizer's count, and the report says so; bound by dims=, the lowered one
+    mlp = ROOT / "examples" / "mlp.g"
+    free = eqfuse.optimize(mlp).report
+    assert free["kernels_counted"] == "optimizer" and "views_after" not in free
+    bound = eqfuse.optimize(mlp, dims={"B": 4}).report
+    cli_b = json.loads(cli(capsys, "opt", mlp, "--dim", "B=4", "--report", "json"))
+    assert bound["kernels_counted"] == "lowered"
+    assert (bound["kernels_before"], bound["kernels_after"], bound["views_after"]) == \
+        (cli_b["kernels_before"], cli_b["kernels_after"], cli_b["views_after"])
 
 
 @pytest.mark.heavy  # (three commands over one graph)

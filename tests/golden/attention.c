@@ -1,3 +1,7 @@
+#define eqf_kinds_k5_attention_BQ 32 /* the plan's bq: queries per block */
+#define eqf_kinds_k5_attention_BK 64 /* the plan's bk: keys per tile */
+#define eqf_kinds_k5_attention_SCORE_OPS 0 /* the plan's score_ops: the score's own ops run in a score pass */
+#define eqf_kinds_k5_attention_PARALLEL 0 /* the plan's parallel: the `if` of the parallel region */
 EQF_WIDE_BEGIN
 /* eqf_kinds_k5_attention: flash attention, 3 x [19 x 24] queries against 29 keys, Dv = 40.
  * Blocks of 32 queries run against tiles of 64 keys with an online softmax: only a

@@ -132,7 +132,7 @@ class Pointwise(Kind):
         ntiles = -(-(inner + 15 * stream) // tile)
         return render("pointwise.c", NAME=plan.name, SPACE=list(shape), PARAMS=params, INNER=inner, TILE=tile,
                       OTYPE=ctypes_of(plan)[1], DST_BASE=dst_base, DST_J=dst_j,
-                      STREAM=stream, SCHEDULE="guided" if stream else "static", NTILES=ntiles, OUTER=outer,
+                      STREAM=stream, NTILES=ntiles, OUTER=outer,
                       PARALLEL=int(plan.detail.parallel),
                       OFFSETS="\n".join(space.decls), BODY=ex.text(), RESULT=res,
                       LINE_BODY="\n".join("    " + ln for ln in ex.text().splitlines()))
