@@ -16,7 +16,7 @@ into pieces, identical pieces are optimized once and the result is copied for ea
    where each argument comes from: a node of the piece, the k-th tensor read from outside, or a
    constant's value) and which of its nodes the rest reads. Pieces of equal key are one class.
 3. `Pieces.distinct` puts one piece of each class side by side into one graph (names prefixed,
-   nothing shared but constants, as for many small graphs optimized together), which the
+   nothing shared but constants), which the
    optimizer runs once: one recognition e-graph, one fusion e-graph, one extraction.
 4. `Pieces.expand` splits the optimized graph by piece and writes each class's optimized piece
    once per piece of the class, its inputs bound to that piece's tensors and its names to that
