@@ -41,7 +41,7 @@ from eqfuse.frontend.load import load as load_graphs
 from eqfuse.grad.api import LazyGradFunction, differentiate
 from eqfuse.ir.graph import Graph, bind_dims, oversized
 from eqfuse.ir.kernels import K
-from eqfuse.ir.printer import kernel_text, module_text
+from eqfuse.ir.printer import graph_text, kernel_text, module_text
 from eqfuse.ir.reference import Reference, bind_arrays
 from eqfuse.ir.separable import batch_dims
 from eqfuse.machine import machine
@@ -323,12 +323,16 @@ def count_kernels(report: dict, source: Graph, opt: Graph, dims: Mapping[str, in
     is bound: kernels_before / views_before from `source` lowered unfused (every op its own kernel,
     as `eqfuse bench`'s unfused row), kernels_after / views_after from `opt` lowered (or `after`,
     the plans already lowered). The optimizer's own counts (its cost model's, which knows fewer
-    views) stay when a dim is unbound: report["kernels_counted"] says which."""
+    views) stay when a dim is unbound: report["kernels_counted"] says which. Lowered here,
+    report["graph"] prints the views as views (eqfuse.ir.printer.graph_text)."""
     if any(d not in dims for d in (*source.dims(), *opt.dims())):
         report["kernels_counted"] = "optimizer"
         return report
     if after is None:
-        after = lower(opt, dims, True, params, precision)[2]
+        _, kg, after = lower(opt, dims, True, params, precision)
+        views = view_kernels(opt, kg, after)
+        if views:
+            report["graph"] = graph_text(opt, views)
     before = lower(source, dims, False, params, precision)[2]
     (kb, vb), (ka, va) = running(before), running(after)
     report.update(kernels_before=kb, views_before=vb, kernels_after=ka, views_after=va, kernels_counted="lowered")

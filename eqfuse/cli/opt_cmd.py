@@ -12,7 +12,6 @@ from eqfuse.errors import EqfuseError
 
 def cmd_opt(args) -> int:
     from eqfuse import progress
-    from eqfuse.ir.printer import graph_text, module_text
     from eqfuse.optimizer.optimize import optimize_graph, optimize_graphs, report_text
 
     for flag, v in (("--iter-limit", args.iter_limit), ("--node-limit", args.node_limit),
@@ -41,25 +40,19 @@ def cmd_opt(args) -> int:
             results = optimize_graphs(graphs, dims=dims, before_each=lambda i: line.update(
                 f"graph {i + 1} of {len(graphs)}: {graphs[i].name}"), **opts)
     from eqfuse.optimizer.optimize import batch_dims_report
-    from eqfuse.pipeline import count_kernels, lower, view_kernels
+    from eqfuse.pipeline import count_kernels
 
-    views = []  # per graph: its kernels that lowering makes views, printed as views
     for r, f, g in zip(results, folded, source):
         r.report["folded"] = f.notes
-        # the kernels that run, views apart, as compile lowers them (every dim bound), else the
-        # optimizer's count (docs/optimizing.md, "Kernel counts")
-        gd = {k: v for k, v in dims.items() if k in g.dims()}
-        lowered = None
-        if not any(d not in gd for d in (*g.dims(), *r.graph.dims())):
-            _, kg, plans = lowered = lower(r.graph, gd, True, frozenset(f.params), precision)
-        count_kernels(r.report, g, r.graph, gd, frozenset(f.params), precision, lowered and lowered[2])
-        views.append(view_kernels(r.graph, kg, plans) if lowered else frozenset())
-        if views[-1]:
-            r.report["graph"] = graph_text(r.graph, views[-1])
+        # the kernels that run, views apart, as compile lowers them (every dim bound; the report's
+        # graph then prints the views as views), else the optimizer's count (docs/optimizing.md,
+        # "Kernel counts")
+        count_kernels(r.report, g, r.graph, {k: v for k, v in dims.items() if k in g.dims()},
+                      frozenset(f.params), precision)
         if precision != "f32":  # (the report's key when eqfuse.compile gives it: its kernels' precision)
             r.report["precision_requested"] = precision
         batch_dims_report(r.report, g, weights)
-    text = module_text([r.graph for r in results], views)
+    text = "\n".join(r.report["graph"] for r in results)  # (module_text, views as views)
     if args.output:
         try:
             with open(args.output, "w") as f:

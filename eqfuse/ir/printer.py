@@ -192,9 +192,8 @@ def graph_text(graph: Graph, views=frozenset()) -> str:
     return "\n".join([head, *p.lines, f"    return {rets}", "}"]) + "\n"
 
 
-def module_text(graphs: list[Graph], views=None) -> str:
-    """The graphs' text; `views`, when given, the view kernel ids of each graph (graph_text)."""
-    return "\n".join(graph_text(g, v) for g, v in zip(graphs, views or [frozenset()] * len(graphs)))
+def module_text(graphs: list[Graph]) -> str:
+    return "\n".join(graph_text(g) for g in graphs)
 
 
 def _views_inlined(g: Graph, views) -> Graph:

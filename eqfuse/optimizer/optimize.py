@@ -28,7 +28,7 @@ from eqfuse.errors import EqfuseError
 from eqfuse.ir.conv_forms import expand_convs
 from eqfuse.ir.graph import Graph, retype
 from eqfuse.ir.kernels import Split, classify
-from eqfuse.ir.printer import graph_text, module_text
+from eqfuse.ir.printer import graph_text
 from eqfuse.machine import Machine
 from eqfuse.optimizer import cost as C
 from eqfuse.optimizer import extract as X
@@ -321,7 +321,8 @@ class Optimized:
 
     @property
     def text(self) -> str:
-        return module_text(self.graphs)
+        """The graphs' text as `eqfuse opt` prints it (each report's graph: views as views where lowered)."""
+        return "\n".join(r["graph"] for r in self.reports.values())
 
     @property
     def report(self) -> dict:
