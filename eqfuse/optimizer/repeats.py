@@ -29,7 +29,6 @@ crossing tensor is read by a contraction, and `benchmarks/bench_opt.py` and
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -39,6 +38,8 @@ from eqfuse.ir.ops import OPS, OpKind
 from eqfuse.ir.printer import graph_text
 
 MIN_BLOCK = 12  # nodes: a shorter period is not worth a cut (and small graphs stay whole)
+MAX_BLOCK = 2000  # nodes: the longest period looked for (each costs a pass over the graph)
+WORK = 4_000_000  # signatures compared at most, over all periods (a long graph: fewer periods tried)
 SOURCES = ("input", "const")
 VIEWS = ("reshape", "transpose", "squeeze", "unsqueeze", "flatten")
 
@@ -157,7 +158,7 @@ def find(g: Graph) -> Pieces | None:
     codes: dict[tuple, int] = {}
     sig = np.array([codes.setdefault(_sig(g.nodes[i]), len(codes)) for i in order], dtype=np.int64)
     best = None  # (coverage, -period, run start, run length)
-    for period in range(MIN_BLOCK, n // 2 + 1):
+    for period in range(MIN_BLOCK, min(n // 2, MAX_BLOCK, WORK // n) + 1):
         eq = np.concatenate(([0], (sig[:-period] == sig[period:]).astype(np.int8), [0]))
         edges = np.flatnonzero(np.diff(eq))
         if not len(edges):
@@ -186,26 +187,29 @@ def find(g: Graph) -> Pieces | None:
     for o in g.outputs:
         if o in pos:
             last[pos[o]] = n
-    cross = np.zeros(n + 1, dtype=np.int64)  # cut before position c: tensors made before, read at or after
-    loose = []  # (made at, last read at) of the tensors no contraction reads and the graph does not return
-    for k in range(n):
-        if last[k] > k:
-            cross[k + 1:last[k] + 1] += 1
-            i = order[k]
-            if i not in is_out and not _stored(g, i, readers):
-                loose.append((k, last[k]))
+    # cut before position c: cross[c] tensors made before it and read at or after it
+    made = np.arange(n)
+    upto = np.asarray(last)
+    live = upto > made
+    steps = np.zeros(n + 2, dtype=np.int64)
+    np.add.at(steps, made[live] + 1, 1)
+    np.add.at(steps, upto[live] + 1, -1)
+    cross = np.cumsum(steps)[:n + 1]
+    # the tensors no contraction reads and the graph does not return: (made at, last read at)
+    loose = [k for k in np.flatnonzero(live) if order[k] not in is_out and not _stored(g, order[k], readers)]
+    lk, le = made[loose], upto[loose]
     choice = None
     for phase in range(start, start + period):
         copies = (end - phase) // period
         if copies < 2:
             continue
         cuts = [phase + j * period for j in range(copies + 1)]
-        inner = [c for c in cuts if 0 < c < n]  # the graph's start and end cut nothing
+        inner = np.array([c for c in cuts if 0 < c < n])  # the graph's start and end cut nothing
         # a loose tensor cut is one a kernel of the next piece might have fused, unless every
         # block reads it (made before the first cut, read after the last: a mask, shared alike)
-        bad = sum(1 for k, e in loose if bisect_left(inner, k + 1) < bisect_right(inner, e)
-                  and not (k < inner[0] and e >= inner[-1]))
-        score = (bad, max(int(cross[c]) for c in inner), -copies, phase)
+        cut = np.searchsorted(inner, lk + 1, "left") < np.searchsorted(inner, le, "right")
+        shared = (lk < inner[0]) & (le >= inner[-1])
+        score = (int(np.count_nonzero(cut & ~shared)), int(cross[inner].max()), -copies, phase)
         if choice is None or score < choice[0]:
             choice = (score, cuts)
     if choice is None or choice[0][0] > 0:
@@ -214,7 +218,7 @@ def find(g: Graph) -> Pieces | None:
     inner = [c for c in cuts if 0 < c < n]
     # what every block reads alike and no contraction stores (a mask's pointwise ops) each piece
     # computes again, as fusion into each reader would have: a copy of it goes into the piece
-    shared = [order[k] for k, e in loose if k < inner[0] and e >= inner[-1]]
+    shared = [order[k] for k, e in zip(lk, le) if k < inner[0] and e >= inner[-1]]
     copied: set[int] = set()
     while shared:
         i = shared.pop()
