@@ -412,11 +412,13 @@ class Extraction:
 
 
 def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, max_nodes: int | None = None,
-            region_size: int | None = None, time_limit: float | None = None) -> Extraction:
+            region_size: int | None = None, time_limit: float | None = None, spare: float = 0.0) -> Extraction:
     """Greedy, then the exact ILP: over the whole e-graph when it has at most `max_nodes` e-nodes,
     else (or when that ILP runs out of time) region by region (`region_ilp`). Every selection is rescored exactly (`cost.graph_value`
     of its Graph) and the cheapest wins, greedy on ties; any ILP failure leaves the greedy result.
-    Unset limits are the module's ILP_MAX_NODES, REGION_SIZE and ILP_TIME_LIMIT."""
+    Unset limits are the module's ILP_MAX_NODES, REGION_SIZE and ILP_TIME_LIMIT. Loading the
+    solver (importing scipy.optimize, once per process) is not the ILP's time: up to `spare`
+    seconds of it (what the caller's own limit leaves beyond time_limit) extend time_limit."""
     max_nodes = ILP_MAX_NODES if max_nodes is None else max_nodes
     region_size = REGION_SIZE if region_size is None else region_size
     time_limit = ILP_TIME_LIMIT if time_limit is None else time_limit
@@ -444,11 +446,12 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
     try:
         sel = None
         if pb.d.num_nodes <= max_nodes:
-            sel, best.ilp = ilp(pb, time_limit, sel0)
+            sel, best.ilp = ilp(pb, time_limit, sel0, spare)
             how = "ilp"
         if sel is None:  # too large, or the whole ILP ran out of time: region by region
             whole = f"whole ILP {best.ilp}; " if best.ilp else ""
-            sel, best.ilp = region_ilp(pb, sel0, lambda s: rescore(s)[1], region_size, time_limit)
+            sel, best.ilp = region_ilp(pb, sel0, lambda s: rescore(s)[1], region_size,
+                                       time_limit + min(spare, _load_solver()))
             best.ilp = whole + best.ilp
             how = "ilp by regions"
     except (RuntimeError, ValueError, MemoryError) as e:  # the solver's failures: greedy stands, the report says why
@@ -468,8 +471,8 @@ MIP_GAP = 1e-6  # HiGHS's default 1e-4 is 140 kB on BERT-base: not exact enough 
 # ---------------------------------------------------------------- ILP
 
 
-def ilp(pb: Problem, time_limit: float = ILP_TIME_LIMIT, start: dict[int, Cand] | None = None
-        ) -> tuple[dict[int, Cand] | None, str]:
+def ilp(pb: Problem, time_limit: float = ILP_TIME_LIMIT, start: dict[int, Cand] | None = None,
+        spare: float = 0.0) -> tuple[dict[int, Cand] | None, str]:
     """Exact DAG extraction of the whole e-graph with lazy cycle cuts; (selection or None, status).
     A small problem is solved by `search` instead, without the solver (importing scipy.optimize
     is most of the time `eqfuse opt examples/mlp.g` spends extracting); `start`, a selection
@@ -479,7 +482,19 @@ def ilp(pb: Problem, time_limit: float = ILP_TIME_LIMIT, start: dict[int, Cand] 
     found = search(pb, live, start=start) if sum(len(pb.options(c)) for c in live) <= SEARCH_CANDIDATES else None
     if found is not None:
         return found
-    return _solve(pb, live, {}, deadline)
+    return _solve(pb, live, {}, deadline + min(spare, _load_solver()))
+
+
+def _load_solver() -> float:
+    """Import scipy.optimize (HiGHS); the seconds it took (0 once imported)."""
+    import sys
+
+    if "scipy.optimize" in sys.modules:
+        return 0.0
+    t = time.perf_counter()
+    import scipy.optimize  # noqa: F401
+
+    return time.perf_counter() - t
 
 
 SEARCH_CANDIDATES = 300  # candidates (ILP variables) up to which `ilp` tries `search` first

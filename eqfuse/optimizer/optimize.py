@@ -205,7 +205,8 @@ def _fuse(src: Graph, parts: list[Graph] | None = None, *, cost: str, rule_list:
     stage("candidates")
 
     left = lim.left() - EXTRACT_SECONDS_PER_NODE * data.num_nodes
-    ex = X.extract(pb, src, cost, dims, perf, time_limit=max(0.0, min(X.ILP_TIME_LIMIT, left)))
+    ex = X.extract(pb, src, cost, dims, perf, time_limit=max(0.0, min(X.ILP_TIME_LIMIT, left)),
+                   spare=max(0.0, left - X.ILP_TIME_LIMIT))  # (the solver's import, within the limit)
     out, greedy_g = ex.graph, ex.greedy
     joins = Joins(data, ex.classes, ex.enodes)
     if cut:
