@@ -598,7 +598,7 @@ def _search_part(pb: Problem, roots: list[int], opts: dict[int, list[Cand]], bud
                                and r not in rest) >= best[0]:
                 continue
             chosen[c] = cd
-            dfs(chosen, [r for r in cd.reads if r not in chosen] + rest, t)
+            dfs(chosen, rest + [r for r in cd.reads if r not in chosen], t)
             del chosen[c]
 
     dfs({}, list(roots), 0.0)
