@@ -10,7 +10,8 @@ into pieces, identical pieces are optimized once and the result is copied for ea
    MIN_BLOCK nodes, repeated at least twice, gives the blocks; where a block starts (its phase
    in the period) is chosen so that the tensors crossing each cut are few and stored anyway:
    each is read by a contraction (a matmul or a conv, through views), which reads its operands
-   from memory, so no kernel is lost by cutting there. The nodes before, between and after the
+   from memory, or is a contraction's result read twice or more (`_stored`), so no kernel is
+   lost by cutting there. The nodes before, between and after the
    blocks are pieces too.
 2. Each piece is keyed by its exact structure: its nodes in order (op, attributes, type and
    where each argument comes from: a node of the piece, the k-th tensor read from outside, or a
@@ -204,12 +205,11 @@ def find(g: Graph) -> Pieces | None:
         if copies < 2:
             continue
         cuts = [phase + j * period for j in range(copies + 1)]
-        inner = np.array([c for c in cuts if 0 < c < n])  # the graph's start and end cut nothing
-        # a loose tensor cut is one a kernel of the next piece might have fused, unless every
-        # block reads it (made before the first cut, read after the last: a mask, shared alike)
-        cut = np.searchsorted(inner, lk + 1, "left") < np.searchsorted(inner, le, "right")
-        shared = (lk < inner[0]) & (le >= inner[-1])
-        score = (int(np.count_nonzero(cut & ~shared)), int(cross[inner].max()), -copies, phase)
+        bad = _outer_cuts_dropped(cuts, n, lk, le)
+        if len(cuts) < 3:  # fewer than two blocks left
+            continue
+        inner = np.array([c for c in cuts if 0 < c < n])
+        score = (bad, int(cross[inner].max()), 1 - len(cuts), phase)
         if choice is None or score < choice[0]:
             choice = (score, cuts)
     if choice is None or choice[0][0] > 0:
@@ -244,13 +244,37 @@ def find(g: Graph) -> Pieces | None:
     return Pieces(g, pieces, cls, period, copies)
 
 
+def _outer_cuts_dropped(cuts: list[int], n: int, lk, le) -> int:
+    """Drop the first and last of `cuts` (block boundaries, in place) while a loose tensor (made
+    at lk, last read at le) crosses them: the first block then goes with what comes before it,
+    the last with what comes after (a pre-norm model's embeddings, read by the first layer's
+    layernorm and residual add). The loose tensors the cuts left still cross."""
+    while True:
+        inner = [c for c in cuts if 0 < c < n]
+        if not inner:
+            return 0
+        # a loose tensor cut is one a kernel of the next piece might have fused, unless every
+        # block reads it (made before the first cut, read after the last: a mask, shared alike)
+        free = ~((lk < inner[0]) & (le >= inner[-1]))
+        at = [int(np.count_nonzero((lk < c) & (le >= c) & free)) for c in inner]
+        if len(cuts) >= 3 and at[0] and cuts[0] == inner[0]:
+            cuts.pop(0)
+        elif len(cuts) >= 3 and at[-1] and cuts[-1] == inner[-1]:
+            cuts.pop()
+        else:
+            return sum(at)
+
+
 def _sig(n: Node) -> tuple:
     body = graph_text(n.body) if n.body is not None else None
     return (n.op, n.attrs, n.type, len(n.args), body)
 
 
 def _stored(g: Graph, i: int, readers: dict[int, list[int]]) -> bool:
-    """Whether some reader of node i, through views, is a contraction (which reads it from memory)."""
+    """Whether node i is stored whatever the kernels around it: some reader, through views, is a
+    contraction (which reads its operands from memory); or it is a contraction's result, through
+    pointwise ops (an epilogue) and views, read by two ops or more (each would compute the contraction
+    again: a pre-norm layer's residual stream, read by a layernorm and an add)."""
     stack, seen = [i], set()
     while stack:
         j = stack.pop()
@@ -261,6 +285,19 @@ def _stored(g: Graph, i: int, readers: dict[int, list[int]]) -> bool:
             if op in VIEWS and r not in seen:
                 seen.add(r)
                 stack.append(r)
+    return len(readers.get(i, ())) >= 2 and _epilogue_of_contraction(g, i)
+
+
+def _epilogue_of_contraction(g: Graph, i: int) -> bool:
+    stack, seen = [i], set()
+    while stack:
+        j = stack.pop()
+        n = g.nodes[j]
+        if n.op in OPS and OPS[n.op].kind == OpKind.CONTRACTION:
+            return True
+        if j not in seen and (j == i or n.op in VIEWS or n.op in OPS and OPS[n.op].kind == OpKind.POINTWISE):
+            seen.add(j)
+            stack.extend(n.args)
     return False
 
 
