@@ -56,10 +56,12 @@ def _matmul_integer_np(args, attrs):
     return np.matmul(a - azp, b - bzp).astype(np.int32)
 
 
+# matmul_integer is a contraction: the u8 x s8 GEMM of the contraction kind (csrc_templates/gemm_u8s8.c),
+# its dequantization, bias and activation a pointwise epilogue on the exact int32 sum.
 # The C reads the saturation range off the zero point's C type (EQF_QLO / EQF_QHI in common.h).
 define(name="quantize_linear", kind="pointwise", arity=(3, 3), infer=bcast_infer, dtype="quantize",
     numpy=_quantize_np, flops=4, c="eqf_quantize({0}, {1}, (float)({2}), EQF_QLO({2}), EQF_QHI({2}))")
 define(name="dequantize_linear", kind="pointwise", arity=(3, 3), infer=bcast_infer, dtype="dequantize",
     numpy=_dequantize_np, flops=2, c="((float)((int32_t)({0}) - (int32_t)({2})) * ({1}))")
-define(name="matmul_integer", kind="index", arity=(4, 4), infer=_matmul_integer_infer, dtype="matmul_integer",
+define(name="matmul_integer", kind="contraction", arity=(4, 4), infer=_matmul_integer_infer, dtype="matmul_integer",
     numpy=_matmul_integer_np)

@@ -207,7 +207,7 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
         args = ["NULL" if k in p.unread else ptr(a) for k, a in enumerate(p.args)]
         pre = p.prepack
         if pre:
-            args[pre.arg] = f"(float*)in[{prepack_slot[s]}]"
+            args[pre.arg] = f"(void*)in[{prepack_slot[s]}]"  # (panels: float or int8 elements)
         call = f"{symbol(p.name)}({', '.join(args + [ptr(p.node)])})"
         if p.kind == K.INDEX:
             lines += [f"    if ((bad = {call}) != 0) {{", f"        *failed = {s};", "        return bad;", "    }"]
