@@ -238,3 +238,64 @@ def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_
     g = tmp_path / "q.g"
     g.write_text(text)
     assert list(eqfuse.reference(str(g)).graphs)
+
+
+# ------------------------------------------------------------------ the integer GEMM's instruction paths
+
+# Odd shapes (K not a multiple of 4, M and N not multiples of any tile), each operand type, a zero
+# point per column, a batched B read per call, one B bound by params= (packed once, with its
+# column sums), and an int32 result next to a dequantized one: all in one module per path.
+INTEGER_GEMMS = """
+graph ig(a: u8[7, 37], b: i8[37, 53], az: u8, bz: i8, s: i8[13, 5], t: u8[5, 70], sz: i8, tz: u8[70],
+         c: u8[2, 33, 130], d: i8[2, 130, 17], cz: u8, dz: i8, w: i8[37, 53], sc: f32[53], bias: f32[53]) {
+    return matmul_integer(a, b, az, bz), matmul_integer(s, t, sz, tz), matmul_integer(c, d, cz, dz),
+           relu(cast(matmul_integer(a, w, az, bz), to="f32") * sc + bias)
+}
+"""
+
+
+@pytest.fixture(params=["avx512_vnni", "avx_vnni", "fallback", "fallback_scalar"])
+def int8_path(request):
+    """Plans for a machine with that path: AVX512_VNNI, AVX-VNNI (ymm), plain AVX2 (the vpmaddwd
+    fallback) or below AVX2 (plain C). The machine model is pinned, so the fallbacks run here too."""
+    import dataclasses
+
+    from eqfuse import machine
+
+    m, host = machine.machine(), machine.host_isa()
+    lanes = {"avx512_vnni": 16, "avx_vnni": 8, "fallback": 8, "fallback_scalar": 4}[request.param]
+    if request.param in host and not host[request.param]:
+        pytest.skip(f"this CPU has no {request.param.upper().replace('_', '-') if request.param == 'avx_vnni' else 'AVX512_VNNI'} "
+                    f"(cpuinfo flag {request.param}): the {request.param} path cannot run here")
+    if m.simd_floats < lanes:
+        pytest.skip(f"this CPU's vectors hold {m.simd_floats} floats: the {request.param} path needs {lanes}")
+    model = dataclasses.replace(m, simd_floats=lanes, avx512_vnni=request.param == "avx512_vnni",
+                                avx_vnni=request.param == "avx_vnni")
+    with machine.pinned(model):
+        yield request.param
+
+
+def test_the_integer_gemm_is_exact_on_every_path(int8_path):
+    rng = np.random.default_rng(3)
+    u8 = lambda *s: rng.integers(0, 256, s).astype(np.uint8)  # noqa: E731
+    i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
+    x = {"a": u8(7, 37), "b": i8(37, 53), "az": np.asarray(131, np.uint8), "bz": np.asarray(-3, np.int8),
+         "s": i8(13, 5), "t": u8(5, 70), "sz": np.asarray(-77, np.int8), "tz": u8(70),
+         "c": u8(2, 33, 130), "d": i8(2, 130, 17), "cz": np.asarray(0, np.uint8), "dz": np.asarray(0, np.int8),
+         "sc": rng.uniform(1e-4, 1e-3, 53).astype(np.float32), "bias": rng.standard_normal(53).astype(np.float32)}
+    x["w"] = x["b"].copy()
+    mod = eqfuse.compile(INTEGER_GEMMS, params={"w": x["w"]})
+    plans = [p for p in mod.default.last.plans if p.kind == "contraction"]
+    assert len(plans) == 4 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
+    assert sum(p.prepack is not None for p in plans) == 1
+    got = mod(**{k: v for k, v in x.items() if k != "w"})
+    exact = lambda p, q, pz, qz: np.matmul(p.astype(np.int64) - np.int64(pz), q.astype(np.int64) - qz.astype(np.int64))  # noqa: E731
+    want = [exact(x["a"], x["b"], x["az"], x["bz"]), exact(x["s"], x["t"], x["sz"], x["tz"]),
+            exact(x["c"], x["d"], x["cz"], x["dz"])]
+    for g, w in zip(got[:3], want):
+        assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), w)
+    # the epilogue in f32 on the exact sum: the product and the add round once each (or once, fused
+    # into an FMA), so |got - exact| <= 2^-24 (|acc sc| + |acc sc + bias|), relu being 1-Lipschitz
+    prod = want[0] * x["sc"].astype(np.float64)
+    z = prod + x["bias"]
+    assert np.all(np.abs(got[3] - np.maximum(z, 0)) <= 2.0**-24 * (np.abs(prod) + np.abs(z)))
