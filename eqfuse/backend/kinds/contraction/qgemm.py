@@ -38,13 +38,16 @@ def int8_path(m: Machine) -> str:
 
 def int8_tile(path: str, N: int) -> tuple[int, int]:
     """(MR, NR) of the integer micro-kernel: MR x NR/lanes int32 accumulators, NR/lanes vectors of
-    B and the broadcast of A's four bytes within the vector registers (32 zmm, 16 ymm); the
-    fallback also holds B's even and odd int16 halves and A's two. A narrower NR for few columns
-    (less zero padding)."""
-    if path == "avx512_vnni":  # 6 x 4 + 4 + 1 = 29 of 32 zmm
-        return (12, 16) if N <= 16 else (12, 32) if N <= 32 else (6, 64)
-    if path == "avx_vnni":  # 6 x 2 + 2 + 1 = 15 of 16 ymm
-        return (12, 8) if N <= 8 else (6, 16)
+    B and the broadcast of A's four bytes, well inside the vector registers (32 zmm, 16 ymm): the
+    accumulators are the source and destination of each vpdpbusd, and a tile near the register
+    count (6 x 64 on zmm: 24 + 4 + 1 of 32) had gcc keep them on the stack, reloaded and stored
+    around every K-group; 8 x 32 (16 + 2 + 1) stays in registers
+    (`benchmarks/bench_gemm.py --int8 --tiles` measures the candidates). The fallback also holds
+    B's even and odd int16 halves and A's two. A narrower NR for few columns (less padding)."""
+    if path == "avx512_vnni":
+        return (16, 16) if N <= 16 else (8, 32)
+    if path == "avx_vnni":  # 4 x 2 + 2 + 1 = 11 of 16 ymm
+        return (8, 8) if N <= 8 else (4, 16)
     return (6, 8) if N <= 8 else (4, 16)  # 4 x 2 + 2 x 2 + 2 (+ 2 products) = 16 ymm
 
 
