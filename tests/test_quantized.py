@@ -189,6 +189,35 @@ def test_every_quantize_node_matches_onnxruntime_integer_for_integer(quantized, 
                     assert np.array_equal(g, w), f"{node.name}: {int(np.sum(g != w))} of {w.size} differ"
 
 
+def test_every_integer_matmul_node_matches_onnxruntime_integer_for_integer(quantized, tmp_path):
+    """Node by node: each MatMulInteger fed onnxruntime's own u8 activations and zero point (exposed
+    as outputs of the quantized model) gives onnxruntime's int32 sums exactly in eqfuse's compiled
+    u8 x s8 GEMM (its weight an initializer, so bound and prepacked with its column sums)."""
+    name, how, model, path = quantized
+    nodes = [n for n in model.graph.node if n.op_type == "MatMulInteger"]
+    if how != "dynamic":
+        pytest.skip("quantize_static writes QDQ pairs around MatMul, no MatMulInteger")
+    inits = {i.name: i for i in model.graph.initializer}
+    runtime = [x for n in nodes for x in n.input if x and x not in inits]
+    exposed = _exposed(model, runtime)
+    values = dict(zip([o.name for o in exposed.graph.output], _ort(exposed, _inputs(name, 0))))
+    # the nodes side by side in one model (one compile): their activations and zero points inputs
+    feeds = {x: values[x] for x in dict.fromkeys(runtime)}
+    ins = [onnx.helper.make_tensor_value_info(x, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+           for x, v in feeds.items()]
+    g = onnx.helper.make_graph(nodes, "mmi", ins, [onnx.ValueInfoProto(name=n.output[0]) for n in nodes],
+                               [inits[x] for n in nodes for x in n.input if x in inits])
+    one = onnx.helper.make_model(g, opset_imports=list(model.opset_import))
+    f = tmp_path / "mmi.onnx"
+    onnx.save(one, str(f))
+    want = ort.InferenceSession(one.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    mod = eqfuse.compile(str(f))
+    got = mod(*feeds.values())
+    assert [(p.precision, p.prepack is not None) for p in mod.default.last.plans] == [("int8", True)] * len(nodes)
+    for n, w, g_ in zip(nodes, want, got):
+        assert g_.dtype == w.dtype == np.int32 and np.array_equal(g_, w), n.name
+
+
 @pytest.mark.parametrize("zp_dtype, axis", [(np.uint8, None), (np.int8, None), (np.int8, 1), (np.uint8, 0)])
 def test_quantize_and_dequantize_ties_saturation_and_channels_match_onnxruntime(zp_dtype, axis, tmp_path):
     """Halfway values (x / scale = k + 0.5 exactly: scale 0.5, x a multiple of 0.25) round to even,
@@ -254,7 +283,7 @@ graph ig(a: u8[7, 37], b: i8[37, 53], az: u8, bz: i8, s: i8[13, 5], t: u8[5, 70]
 """
 
 
-@pytest.fixture(params=["avx512_vnni", "avx_vnni", "fallback", "fallback_scalar"])
+@pytest.fixture(params=["avx512_vnni", "avx_vnni", "fallback", pytest.param("fallback_scalar", marks=pytest.mark.extended)])
 def int8_path(request):
     """Plans for a machine with that path: AVX512_VNNI, AVX-VNNI (ymm), plain AVX2 (the vpmaddwd
     fallback) or below AVX2 (plain C). The machine model is pinned, so the fallbacks run here too."""
