@@ -271,14 +271,16 @@ def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_
 
 # ------------------------------------------------------------------ the integer GEMM's instruction paths
 
-# Odd shapes (K not a multiple of 4, M and N not multiples of any tile), each operand type, a zero
-# point per column, a batched B read per call, one B bound by params= (packed once, with its
-# column sums), and an int32 result next to a dequantized one: all in one module per path.
+# Odd shapes (K not a multiple of 4, M and N not multiples of any tile, N below the narrowest
+# tile), each operand type, a zero point per column, a batched B read per call, one B bound by
+# params= (packed once, with its column sums), one large enough to share its panels among
+# threads, and an int32 result next to a dequantized one: all in one module per path.
 INTEGER_GEMMS = """
 graph ig(a: u8[7, 37], b: i8[37, 53], az: u8, bz: i8, s: i8[13, 5], t: u8[5, 70], sz: i8, tz: u8[70],
-         c: u8[2, 33, 130], d: i8[2, 130, 17], cz: u8, dz: i8, w: i8[37, 53], sc: f32[53], bias: f32[53]) {
+         c: u8[2, 33, 130], d: i8[2, 130, 7], cz: u8, dz: i8, e: u8[40, 150], f: i8[150, 70],
+         w: i8[37, 53], sc: f32[53], bias: f32[53]) {
     return matmul_integer(a, b, az, bz), matmul_integer(s, t, sz, tz), matmul_integer(c, d, cz, dz),
-           relu(cast(matmul_integer(a, w, az, bz), to="f32") * sc + bias)
+           matmul_integer(e, f, az, bz), relu(cast(matmul_integer(a, w, az, bz), to="f32") * sc + bias)
 }
 """
 
@@ -310,21 +312,22 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
     x = {"a": u8(7, 37), "b": i8(37, 53), "az": np.asarray(131, np.uint8), "bz": np.asarray(-3, np.int8),
          "s": i8(13, 5), "t": u8(5, 70), "sz": np.asarray(-77, np.int8), "tz": u8(70),
-         "c": u8(2, 33, 130), "d": i8(2, 130, 17), "cz": np.asarray(0, np.uint8), "dz": np.asarray(0, np.int8),
+         "c": u8(2, 33, 130), "d": i8(2, 130, 7), "cz": np.asarray(0, np.uint8), "dz": np.asarray(0, np.int8),
+         "e": u8(40, 150), "f": i8(150, 70),
          "sc": rng.uniform(1e-4, 1e-3, 53).astype(np.float32), "bias": rng.standard_normal(53).astype(np.float32)}
     x["w"] = x["b"].copy()
     mod = eqfuse.compile(INTEGER_GEMMS, params={"w": x["w"]})
     plans = [p for p in mod.default.last.plans if p.kind == "contraction"]
-    assert len(plans) == 4 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
-    assert sum(p.prepack is not None for p in plans) == 1
+    assert len(plans) == 5 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
+    assert sum(p.prepack is not None for p in plans) == 1 and sum(p.detail.parallel for p in plans) == 1
     got = mod(**{k: v for k, v in x.items() if k != "w"})
     exact = lambda p, q, pz, qz: np.matmul(p.astype(np.int64) - np.int64(pz), q.astype(np.int64) - qz.astype(np.int64))  # noqa: E731
     want = [exact(x["a"], x["b"], x["az"], x["bz"]), exact(x["s"], x["t"], x["sz"], x["tz"]),
-            exact(x["c"], x["d"], x["cz"], x["dz"])]
-    for g, w in zip(got[:3], want):
+            exact(x["c"], x["d"], x["cz"], x["dz"]), exact(x["e"], x["f"], x["az"], x["bz"])]
+    for g, w in zip(got[:4], want):
         assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), w)
     # the epilogue in f32 on the exact sum: the product and the add round once each (or once, fused
     # into an FMA), so |got - exact| <= 2^-24 (|acc sc| + |acc sc + bias|), relu being 1-Lipschitz
     prod = want[0] * x["sc"].astype(np.float64)
     z = prod + x["bias"]
-    assert np.all(np.abs(got[3] - np.maximum(z, 0)) <= 2.0**-24 * (np.abs(prod) + np.abs(z)))
+    assert np.all(np.abs(got[4] - np.maximum(z, 0)) <= 2.0**-24 * (np.abs(prod) + np.abs(z)))
