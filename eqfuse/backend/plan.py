@@ -58,7 +58,8 @@ class KernelPlan:
     unread: frozenset[int] = frozenset()
     # compile's precision= (`wanted_precision`, set before the kind plans), what the kernel computes
     # in (`precision`) and by which instruction path (`precision_path`: "f32", or for bf16
-    # "avx512_bf16" or "fallback"), and for a kernel that computes in f32 under precision="bf16",
+    # "avx512_bf16" or "fallback"; an integer GEMM is "int8" whatever was asked, by the path of
+    # kinds.contraction.qgemm.int8_path), and for a kernel that computes in f32 under precision="bf16",
     # why (`precision_note`). `eqfuse lower` prints them; report["precision"] lists them.
     wanted_precision: str = "f32"
     precision: str = "f32"
