@@ -67,7 +67,9 @@ epilogue, plus the activation's quantization) against onnxruntime on the same fi
 (ORT_ENABLE_ALL), interleaved in one process at each `--threads` count. Columns: median ms over
 `--rounds` rounds (each the median of `--repeat` calls), the spread, eqfuse's GOP/s (2 M N K / time)
 and the instruction path. With `--tiles`, eqfuse alone with each candidate register tile of the
-integer GEMM instead (qgemm.int8_tile replaced for the compile), the derived one marked.
+integer GEMM instead (qgemm.int8_tile replaced for the compile), then the derived tile with K in
+one block and in blocks of a quarter and an eighth of L1 (qgemm.int8_kc replaced), the derived
+choices marked.
 """
 
 from __future__ import annotations
@@ -521,7 +523,7 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
 
     m = machine()
     path = qgemm.int8_path(m)
-    derived = qgemm.int8_tile
+    derived, derived_kc = qgemm.int8_tile, qgemm.int8_kc
     cands = {"avx512_vnni": [(8, 32), (6, 32), (16, 16), (6, 64), (4, 64)],
              "avx_vnni": [(4, 16), (6, 16), (8, 8)]}.get(path, [(4, 16), (6, 16), (6, 8)])
     runs = []  # (shape, label, run, ops)
@@ -529,11 +531,18 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
         for M, N, K in INT8:
             q = _quantized_linear(Path(tmp), M, N, K)
             x = np.random.default_rng(1).standard_normal((M, K)).astype(np.float32)
-            for tile in (cands if tiles else [derived(path, N)]):
+            tile0 = derived(path, N)
+            kc0 = min(derived_kc(K, tile0[1], m), K)
+            blocks = [K, 4 * (m.l1 // 4 // (4 * tile0[1])), 4 * (m.l1 // 8 // (4 * tile0[1]))]
+            variants = [(t, None) for t in cands] + [(tile0, kc) for kc in blocks if kc != kc0] if tiles else \
+                [(tile0, None)]
+            for tile, kc in variants:
                 qgemm.int8_tile = lambda p, n, tile=tile: tile
+                qgemm.int8_kc = derived_kc if kc is None else (lambda k, nr, mm, kc=kc: kc)
                 fn = eqfuse.compile(str(q)).default
-                qgemm.int8_tile = derived
-                label = f"eqfuse {tile[0]}x{tile[1]}" + (" (derived)" if tile == derived(path, N) else "")
+                qgemm.int8_tile, qgemm.int8_kc = derived, derived_kc
+                label = f"eqfuse {tile[0]}x{tile[1]} kc={kc or min(derived_kc(K, tile[1], m), K)}" + \
+                    (" (derived)" if tile == tile0 and kc is None else "")
                 runs.append((f"{M}x{N}x{K}", label, fn, x, 2.0 * M * N * K))
             if not tiles:
                 runs.append((f"{M}x{N}x{K}", "onnxruntime", str(q), x, 2.0 * M * N * K))
@@ -564,7 +573,7 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
             for i, (shape, label, _, ops) in enumerate(calls):
                 ts = times[i]
                 med = statistics.median(ts)
-                print(f"{shape:>15} {label:>24} {med * 1e3:8.3f} ms  (spread {(max(ts) - min(ts)) / med * 100:3.0f}%)"
+                print(f"{shape:>15} {label:>31} {med * 1e3:8.3f} ms  (spread {(max(ts) - min(ts)) / med * 100:3.0f}%)"
                       f"  {ops / med / 1e9:7.1f} GOP/s")
 
 

@@ -20,7 +20,9 @@
  * vpmaddubsw would saturate their int16 sum; 0 = the same sums in plain C (no AVX2).
  *
  * Threads: the NR-column panels are chunks of the claim-based pool (common_pool.h), each panel
- * computed over all rows in MR-row tiles (B's panel stays in L2, the tile's rows of A in L1).
+ * computed over all rows in MR-row tiles. Its K is walked in blocks of KC ({{KC}}) so that the
+ * block of B's panel stays in L1 while every row tile passes over it; the int32 partial sums of a
+ * block wait for the next in a buffer of M x NR per thread (eqf_scratch).
  * The finished MR x NR tile of int32 sums leaves the micro-kernel into a buffer in L1, from where
  * it reaches C through `{{EPILOGUE}}` (in terms of the exact int32 `acc`, i, j, b and the extra
  * parameters): the dequantization, bias and activation in f32, and the only store of C. */
@@ -36,6 +38,8 @@
 #define {{NAME}}_K {{K}}L
 #define {{NAME}}_MR {{MR}}
 #define {{NAME}}_NR {{NR}}
+#define {{NAME}}_KC {{KC}}L /* K per block (a multiple of 4, or K itself: one block) */
+#define {{NAME}}_KCG (({{NAME}}_KC + 3) / 4) /* K-groups per block */
 #define {{NAME}}_KG ({{NAME}}_K / 4) /* whole K-groups of A; a last partial one is KT bytes */
 #define {{NAME}}_KT ({{NAME}}_K % 4)
 #define {{NAME}}_KGP (({{NAME}}_K + 3) / 4) /* K-groups in the panels */
@@ -78,9 +82,11 @@ static inline uint32_t {{NAME}}_a4(const uint8_t* a, long g)
     return w ^ {{NAME}}_AXOR;
 }
 
-/* tile[r][NR] = sum over k of A[r][k] * panel[k][j] (u8 x s8, int32) for r < mr */
+/* out[r][NR] = init[r][NR] (0 without init) + the sum over the K-groups [g0, g1) of
+ * A[r][k] * panel[k][j] (u8 x s8, int32), for r < mr */
 static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukernel(
-    const int mr, const uint8_t* restrict a, const int8_t* restrict bp, int32_t* restrict tile)
+    const int mr, const uint8_t* restrict a, const int8_t* restrict bp, const long g0, const long g1,
+    const int32_t* init, int32_t* out)
 {
     {{NAME}}_COUNT_CALL();
 #if {{PATH}} == 3
@@ -90,8 +96,9 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
     for (int r = 0; r < {{NAME}}_MR; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
-            acc[r][v] = _mm512_setzero_si512();
-    for (long g = 0; g < {{NAME}}_KGP; g++) {
+            acc[r][v] = init && r < mr ? _mm512_loadu_si512((const void*)(init + r * {{NAME}}_NR + 16 * v))
+                                       : _mm512_setzero_si512();
+    for (long g = g0; g < g1; g++) {
         __m512i b[V];
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
@@ -108,7 +115,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
-            _mm512_storeu_si512((void*)(tile + r * {{NAME}}_NR + 16 * v), acc[r][v]);
+            _mm512_storeu_si512((void*)(out + r * {{NAME}}_NR + 16 * v), acc[r][v]);
 #elif {{PATH}} == 2 || {{PATH}} == 1
     enum { V = {{NAME}}_NR / 8 };
     __m256i acc[{{NAME}}_MR][V];
@@ -116,8 +123,9 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
     for (int r = 0; r < {{NAME}}_MR; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
-            acc[r][v] = _mm256_setzero_si256();
-    for (long g = 0; g < {{NAME}}_KGP; g++) {
+            acc[r][v] = init && r < mr ? _mm256_loadu_si256((const __m256i*)(init + r * {{NAME}}_NR + 8 * v))
+                                       : _mm256_setzero_si256();
+    for (long g = g0; g < g1; g++) {
 #if {{PATH}} == 2
         __m256i b[V];
 #pragma GCC unroll 8
@@ -156,17 +164,17 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
-            _mm256_storeu_si256((__m256i*)(tile + r * {{NAME}}_NR + 8 * v), acc[r][v]);
+            _mm256_storeu_si256((__m256i*)(out + r * {{NAME}}_NR + 8 * v), acc[r][v]);
 #else
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < {{NAME}}_NR; j++)
-            tile[r * {{NAME}}_NR + j] = 0;
-    for (long g = 0; g < {{NAME}}_KGP; g++)
+            out[r * {{NAME}}_NR + j] = init ? init[r * {{NAME}}_NR + j] : 0;
+    for (long g = g0; g < g1; g++)
         for (int r = 0; r < mr; r++) {
             const uint32_t w = {{NAME}}_a4(a + r * {{NAME}}_K, g);
             for (int j = 0; j < {{NAME}}_NR; j++) {
                 const int8_t* q = bp + (g * {{NAME}}_NR + j) * 4;
-                tile[r * {{NAME}}_NR + j] += (int32_t)(w & 255) * q[0] + (int32_t)(w >> 8 & 255) * q[1]
+                out[r * {{NAME}}_NR + j] += (int32_t)(w & 255) * q[0] + (int32_t)(w >> 8 & 255) * q[1]
                                              + (int32_t)(w >> 16 & 255) * q[2] + (int32_t)(w >> 24) * q[3];
             }
         }
@@ -201,6 +209,7 @@ typedef struct {
     long b;
     uint32_t az;
     const {{BZP_T}}* bzp;
+    int* nomem; /* a thread's partial-sum buffer could not be allocated */
     {{EXTRA_FIELDS}}
 } {{NAME}}_job;
 
@@ -228,12 +237,26 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long p)
         corr[jj] = (uint32_t){{NAME}}_K * az * bzj[jj] - az * (uint32_t)colsum[j0 + jj];
     }
     int32_t tile[{{NAME}}_MR * {{NAME}}_NR] __attribute__((aligned(64)));
-    for (long i0 = 0; i0 < {{NAME}}_M; i0 += {{NAME}}_MR) {
+    /* the partial sums of all M rows between K blocks (none with one block) */
+    enum { ONE_BLOCK = {{NAME}}_KCG >= {{NAME}}_KGP };
+    int32_t* part = ONE_BLOCK ? NULL : (int32_t*)eqf_scratch(EQF_SCRATCH_GEMM_A, {{NAME}}_M * {{NAME}}_NR);
+    if (!ONE_BLOCK && !part) {
+        __atomic_store_n(jb->nomem, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (long g0 = 0; g0 < {{NAME}}_KGP; g0 += {{NAME}}_KCG) {
+      const long g1 = g0 + {{NAME}}_KCG < {{NAME}}_KGP ? g0 + {{NAME}}_KCG : {{NAME}}_KGP;
+      const int last = g1 == {{NAME}}_KGP;
+      for (long i0 = 0; i0 < {{NAME}}_M; i0 += {{NAME}}_MR) {
         const int mr = {{NAME}}_M - i0 < {{NAME}}_MR ? (int)({{NAME}}_M - i0) : {{NAME}}_MR;
+        const int32_t* init = g0 ? part + i0 * {{NAME}}_NR : NULL;
+        int32_t* dst = last ? tile : part + i0 * {{NAME}}_NR;
         if (mr == {{NAME}}_MR)
-            {{NAME}}_ukernel({{NAME}}_MR, A + i0 * {{NAME}}_K, bp, tile);
+            {{NAME}}_ukernel({{NAME}}_MR, A + i0 * {{NAME}}_K, bp, g0, g1, init, dst);
         else
-            {{NAME}}_ukernel(mr, A + i0 * {{NAME}}_K, bp, tile);
+            {{NAME}}_ukernel(mr, A + i0 * {{NAME}}_K, bp, g0, g1, init, dst);
+        if (!last)
+            continue;
         for (int r = 0; r < mr; r++) {
             const long i = i0 + r;
             const uint32_t rs = rowsum ? (uint32_t)rowsum[i] : 0u;
@@ -247,6 +270,7 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long p)
                 crow[jj] = {{EPILOGUE}};
             }
         }
+      }
     }
 }
 
@@ -268,7 +292,8 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
     int32_t* rowsum = bz_zero ? NULL : (int32_t*)scratch;
     int8_t* packed = {{PREPACKED_B}} ? NULL : (int8_t*)(scratch + (bz_zero ? 0 : {{NAME}}_M));
     const int threads = {{PARALLEL}} ? eqf_pool_threads() : 1;
-    for (long b = 0; b < {{BATCH}}; b++) {
+    int nomem = 0;
+    for (long b = 0; b < {{BATCH}} && !__atomic_load_n(&nomem, __ATOMIC_RELAXED); b++) {
         const uint8_t* A = (const uint8_t*)(A0 + b * {{NAME}}_M * {{NAME}}_K);
 #if {{PREPACKED_B}}
         const int8_t* P = (const int8_t*)B0;
@@ -285,9 +310,11 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
                     s += A[i * {{NAME}}_K + k] ^ ({{A_S8}} ? 0x80u : 0u);
                 rowsum[i] = (int32_t)s;
             }
-        {{NAME}}_job job = {A, P, rowsum, C0 + b * {{NAME}}_M * {{LDC}}L, b, az, bzp{{EXTRA_INIT}}};
+        {{NAME}}_job job = {A, P, rowsum, C0 + b * {{NAME}}_M * {{LDC}}L, b, az, bzp, &nomem{{EXTRA_INIT}}};
         eqf_parallel_for({{NAME}}_PANELS, {{NAME}}_panel, &job, threads);
     }
+    if (__atomic_load_n(&nomem, __ATOMIC_RELAXED))
+        eqf_nomem_note();
 }
 
 #if {{PREPACKED_B}}

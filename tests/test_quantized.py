@@ -273,11 +273,12 @@ def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_
 
 # Odd shapes (K not a multiple of 4, M and N not multiples of any tile, N below the narrowest
 # tile), each operand type, a zero point per column, a batched B read per call, one B bound by
-# params= (packed once, with its column sums), one large enough to share its panels among
-# threads, and an int32 result next to a dequantized one: all in one module per path.
+# params= (packed once, with its column sums), one deep enough for K blocks (partial sums kept
+# between them) and large enough to share its panels among threads, and an int32 result next to
+# a dequantized one: all in one module per path.
 INTEGER_GEMMS = """
 graph ig(a: u8[7, 37], b: i8[37, 53], az: u8, bz: i8, s: i8[13, 5], t: u8[5, 70], sz: i8, tz: u8[70],
-         c: u8[2, 33, 130], d: i8[2, 130, 7], cz: u8, dz: i8, e: u8[40, 150], f: i8[150, 70],
+         c: u8[2, 33, 130], d: i8[2, 130, 7], cz: u8, dz: i8, e: u8[40, 1101], f: i8[1101, 70],
          w: i8[37, 53], sc: f32[53], bias: f32[53]) {
     return matmul_integer(a, b, az, bz), matmul_integer(s, t, sz, tz), matmul_integer(c, d, cz, dz),
            matmul_integer(e, f, az, bz), relu(cast(matmul_integer(a, w, az, bz), to="f32") * sc + bias)
@@ -313,13 +314,14 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     x = {"a": u8(7, 37), "b": i8(37, 53), "az": np.asarray(131, np.uint8), "bz": np.asarray(-3, np.int8),
          "s": i8(13, 5), "t": u8(5, 70), "sz": np.asarray(-77, np.int8), "tz": u8(70),
          "c": u8(2, 33, 130), "d": i8(2, 130, 7), "cz": np.asarray(0, np.uint8), "dz": np.asarray(0, np.int8),
-         "e": u8(40, 150), "f": i8(150, 70),
+         "e": u8(40, 1101), "f": i8(1101, 70),
          "sc": rng.uniform(1e-4, 1e-3, 53).astype(np.float32), "bias": rng.standard_normal(53).astype(np.float32)}
     x["w"] = x["b"].copy()
     mod = eqfuse.compile(INTEGER_GEMMS, params={"w": x["w"]})
     plans = [p for p in mod.default.last.plans if p.kind == "contraction"]
     assert len(plans) == 5 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
     assert sum(p.prepack is not None for p in plans) == 1 and sum(p.detail.parallel for p in plans) == 1
+    assert sum(p.tiles["kc"] < p.detail.K for p in plans) == 1
     got = mod(**{k: v for k, v in x.items() if k != "w"})
     exact = lambda p, q, pz, qz: np.matmul(p.astype(np.int64) - np.int64(pz), q.astype(np.int64) - qz.astype(np.int64))  # noqa: E731
     want = [exact(x["a"], x["b"], x["az"], x["bz"]), exact(x["s"], x["t"], x["sz"], x["tz"]),

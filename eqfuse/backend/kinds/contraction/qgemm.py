@@ -51,6 +51,17 @@ def int8_tile(path: str, N: int) -> tuple[int, int]:
     return (6, 8) if N <= 8 else (4, 16)  # 4 x 2 + 2 x 2 + 2 (+ 2 products) = 16 ymm
 
 
+def int8_kc(K: int, nr: int, m: Machine) -> int:
+    """K per block of the integer GEMM (a multiple of 4): the block of a B panel, KC x NR bytes,
+    within half of L1, so that it stays there while every MR-row tile passes over it (with the
+    tile's KC bytes of A per row); K in equal blocks, K itself when it fits. Against one block of
+    all K and blocks in a quarter or an eighth of L1, half was as fast or faster on BERT-base's
+    shapes (`benchmarks/bench_gemm.py --int8 --tiles`)."""
+    groups = cdiv(K, 4)
+    most = max(16, (m.l1 // 2) // (nr * 4))
+    return 4 * cdiv(groups, cdiv(groups, most))
+
+
 @dataclass(frozen=True)
 class QGemmDetail:
     """The plan of an integer GEMM: what emit_qgemm writes."""
@@ -84,14 +95,17 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     path = int8_path(m)
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
-    plan.tiles = {"mr": mr, "nr": nr}
+    kc = min(int8_kc(K, nr, m), K)
+    plan.tiles = {"mr": mr, "nr": nr, "kc": kc}
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
     plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par)
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
-    plan.cache_check = (f"B panel {kg} K-groups x {nr} columns x 4 B = {kg * nr * 4} B (L2 {m.l2} B: "
-                        f"{'ok' if kg * nr * 4 <= m.l2 // 2 else 'NO'}), A tile {mr} x {K} B = {mr * K} B "
-                        f"(L1 {m.l1} B: {'ok' if mr * K <= m.l1 // 2 else 'NO'})")
+    blocks = cdiv(K, kc)
+    plan.cache_check = (f"B panel block kc x nr = {kc * nr} B <= L1/2 {m.l1 // 2} B: "
+                        f"{'ok' if kc * nr <= m.l1 // 2 else 'NO'} (the whole panel {kg * 4 * nr} B <= L2/2: "
+                        f"{'ok' if kg * 4 * nr <= m.l2 // 2 else 'NO'}); partial sums M x nr x 4 = {gM * nr * 4} B"
+                        + (" per thread between K blocks" if blocks > 1 else " (one K block: none)"))
     plan.threads = (f"the {panels} {nr}-column panels claimed one at a time by the threads of the claim-based pool "
                     "(common_pool.h)" if par else
                     f"one thread ({calls * gM * N * K} multiply-adds < {PARALLEL_MIN_FMAS}, plan_gemm.PARALLEL_MIN_FMAS)")
@@ -105,10 +119,11 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
                  UOp(1, "Load", f"pack B [{K} x {N}] into {kg} K-groups x {nr}-column panels + column sums "
                      + ("(once, when bound: params=)" if fold else "(per call)"), calls),
                  UOp(1, "Loop", f"panels over N={N} step nr={nr}", calls * panels),
-                 UOp(2, "Loop", f"row tiles over M={gM} step mr={mr}", calls * panels * tiles),
-                 UOp(3, "Exec", f"micro-kernel {mr} x {nr} x {K} {op}", calls * panels * tiles),
-                 UOp(3, "Store", f"C tile {mr} x {nr}: - a_zp colsum(B) (- b_zp rowsum(A)), then the epilogue "
-                     f"({epi or 'none'})", calls * panels * tiles)]
+                 UOp(2, "Loop", f"K blocks over K={K} step kc={kc}", calls * panels * blocks),
+                 UOp(3, "Loop", f"row tiles over M={gM} step mr={mr}", calls * panels * blocks * tiles),
+                 UOp(4, "Exec", f"micro-kernel {mr} x {nr} x {kc} {op}", calls * panels * blocks * tiles),
+                 UOp(4, "Store", f"C tile {mr} x {nr} on the last K block: - a_zp colsum(B) (- b_zp rowsum(A)), "
+                     f"then the epilogue ({epi or 'none'})", calls * panels * tiles)]
 
 
 def mark_bound(plan: KernelPlan, bound: set[int]) -> None:
@@ -140,6 +155,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
     gname = f"{plan.name}_gemm"
     ta, tb, tz, tw = (C_TYPE[body.nodes[x].type.dtype] for x in mm.args)
     src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
+                 KC=plan.tiles["kc"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
                  PREPACKED_B=int(d.prepack is not None), PATH=INT8_PATHS[plan.precision_path],
                  PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
