@@ -20,6 +20,8 @@ which rounds differently from the file's float steps). The bounds:
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -30,6 +32,7 @@ quant = pytest.importorskip("onnxruntime.quantization")
 
 import eqfuse  # noqa: E402
 from eqfuse.frontend.onnx_import import onnx_params  # noqa: E402
+from eqfuse.pipeline import uops_text  # noqa: E402
 
 
 class MLP(torch.nn.Module):
@@ -322,6 +325,11 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     assert len(plans) == 5 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
     assert sum(p.prepack is not None for p in plans) == 1 and sum(p.detail.parallel for p in plans) == 1
     assert sum(p.tiles["kc"] < p.detail.K for p in plans) == 1
+    for k in mod.kernels:  # the plan is what runs: its tiles are the constants of the C
+        if k.kind == "contraction":
+            assert all(re.search(rf"#define \w+_{t.upper()} {v}L?\b", k.c_source) for t, v in k.tiles.items()), k.name
+    text = uops_text(INTEGER_GEMMS)  # (eqfuse lower)
+    assert text.count(f"precision: int8, path: {int8_path}") == 5 and "kc=" in text
     got = mod(**{k: v for k, v in x.items() if k != "w"})
     exact = lambda p, q, pz, qz: np.matmul(p.astype(np.int64) - np.int64(pz), q.astype(np.int64) - qz.astype(np.int64))  # noqa: E731
     want = [exact(x["a"], x["b"], x["az"], x["bz"]), exact(x["s"], x["t"], x["sz"], x["tz"]),
