@@ -233,13 +233,14 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
 
 def hold_pool(p: KernelPlan) -> bool | None:
     """Whether the run function holds the claim-based pool's workers (common_pool.h,
-    eqf_pool_hold) when it calls this kernel: True for a skinny GEMM that uses the pool, False
+    eqf_pool_hold) when it calls this kernel: True for a skinny GEMM or another kernel whose
+    detail says its parallel work runs on the pool (`pool`: the integer GEMM), False
     for a kernel that may open an OpenMP region (its thread would find the pool's worker spinning
     on the core it wants), None for one that runs on the calling thread (the hold stays as it is)."""
     d = p.detail
     par = getattr(d, "parallel", True)
     par = any(par) if isinstance(par, tuple) else bool(par)
-    if getattr(d, "path", None) == "skinny":
+    if getattr(d, "path", None) == "skinny" or getattr(d, "pool", False):
         return True if par else None
     return False if par else None
 

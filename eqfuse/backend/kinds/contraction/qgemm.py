@@ -11,6 +11,7 @@ packed in 4-byte K-groups with its column sums (once, when bound by params=: pla
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
@@ -76,6 +77,9 @@ class QGemmDetail:
     bzp_per_col: bool  # b_zp is one per column
     parallel: bool  # the panels are shared by the pool's threads (PARALLEL_MIN_FMAS)
     prepack: Prepack | None = None  # B bound by params=, packed once (kinds.contraction.mark_bound_b)
+    # its panels are chunks of the claim-based pool (the run function keeps the pool's workers
+    # ready across it: runtime.program.hold_pool)
+    pool: ClassVar[bool] = True
 
 
 def is_integer(plan: KernelPlan) -> bool:
