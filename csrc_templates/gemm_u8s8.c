@@ -185,19 +185,18 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
 static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
 {
     int32_t* restrict colsum = (int32_t*)(P + {{NAME}}_PANELS * {{NAME}}_PANEL_BYTES);
+    for (long j = 0; j < {{NAME}}_NPAD; j++)
+        colsum[j] = 0;
     for (long p = 0; p < {{NAME}}_PANELS; p++) {
         int8_t* restrict q = P + p * {{NAME}}_PANEL_BYTES;
-        for (long jj = 0; jj < {{NAME}}_NR; jj++) {
-            const long j = p * {{NAME}}_NR + jj;
-            int32_t s = 0;
-            for (long k = 0; k < {{NAME}}_KGP * 4; k++) {
+        for (long k = 0; k < {{NAME}}_KGP * 4; k++) /* (B's rows in order: its bytes read once, in sequence) */
+            for (long jj = 0; jj < {{NAME}}_NR; jj++) {
+                const long j = p * {{NAME}}_NR + jj;
                 /* (a u8 B is read as s8 b - 128: its bits xor 0x80) */
                 const int8_t v = j < {{NAME}}_N && k < {{NAME}}_K ? (int8_t)((uint8_t)B[k * {{NAME}}_N + j] ^ ({{B_U8}} ? 0x80 : 0)) : 0;
                 q[((k / 4) * {{NAME}}_NR + jj) * 4 + k % 4] = v;
-                s += v;
+                colsum[j] += v;
             }
-            colsum[j] = s;
-        }
     }
 }
 
