@@ -31,7 +31,9 @@ torch = pytest.importorskip("torch")
 quant = pytest.importorskip("onnxruntime.quantization")
 
 import eqfuse  # noqa: E402
+from eqfuse.backend.kinds.contraction import qgemm  # noqa: E402
 from eqfuse.frontend.onnx_import import onnx_params  # noqa: E402
+from eqfuse.machine import machine  # noqa: E402
 from eqfuse.pipeline import uops_text  # noqa: E402
 
 
@@ -142,6 +144,9 @@ def test_quantized_model_matches_onnxruntime(quantized):
     ops = {n.op_type for n in model.graph.node}
     assert ({"DynamicQuantizeLinear", "MatMulInteger"} if how == "dynamic" else {"QuantizeLinear", "DequantizeLinear"}) <= ops
     module = eqfuse.compile(str(path))
+    if how == "dynamic":  # each MatMulInteger one integer GEMM, on this machine's instruction path
+        int8 = [v["path"] for v in module.report["precision"].values() if v["precision"] == "int8"]
+        assert int8 == [qgemm.int8_path(machine())] * sum(n.op_type == "MatMulInteger" for n in model.graph.node)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     for seed in range(3):
         x = _inputs(name, seed)
@@ -267,6 +272,9 @@ def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_
     assert main(["opt", str(path)]) == 0
     text = capsys.readouterr().out
     assert "u8" in text and "i8" in text and "quantize_linear(" in text
+    if how == "dynamic":  # the dequantization, bias and activation in the integer GEMM's kernel
+        assert re.search(r"kernel \{ relu\(cast\(matmul_integer\(\w+, \w+, \w+, \w+\), to=\"f32\"\) \* \(\w+ \* [0-9.e-]+\) "
+                         r"\+ \w+\) \}", text), text
     g = tmp_path / "q.g"
     g.write_text(text)
     assert list(eqfuse.reference(str(g)).graphs)
