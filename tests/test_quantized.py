@@ -272,7 +272,7 @@ def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_
     assert main(["opt", str(path)]) == 0
     text = capsys.readouterr().out
     assert "u8" in text and "i8" in text and "quantize_linear(" in text
-    if how == "dynamic":  # the dequantization, bias and activation in the integer GEMM's kernel
+    if (name, how) == ("mlp", "dynamic"):  # the dequantization, bias and activation in the integer GEMM's kernel
         assert re.search(r"kernel \{ relu\(cast\(matmul_integer\(\w+, \w+, \w+, \w+\), to=\"f32\"\) \* \(\w+ \* [0-9.e-]+\) "
                          r"\+ \w+\) \}", text), text
     g = tmp_path / "q.g"
@@ -349,3 +349,34 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     prod = want[0] * x["sc"].astype(np.float64)
     z = prod + x["bias"]
     assert np.all(np.abs(got[4] - np.maximum(z, 0)) <= 2.0**-24 * (np.abs(prod) + np.abs(z)))
+
+
+def test_qlinear_matmul_is_one_integer_gemm_kernel_and_matches_onnxruntime(tmp_path):
+    """QLinearMatMul (per-tensor and per-column b_scale, odd shapes) is one kernel: the integer GEMM
+    with the requantization (scale multiply, round half to even, saturate) in its epilogue, writing
+    u8 (rule fuse_requantize); its integers equal onnxruntime's, saturated ones included."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    M, K, N = 37, 129, 70
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(np.asarray(0.02, np.float32), "as"),
+             numpy_helper.from_array(np.asarray(131, np.uint8), "az"),
+             numpy_helper.from_array(rng.integers(-128, 128, (K, N)).astype(np.int8), "b"),
+             numpy_helper.from_array(np.asarray(0.004, np.float32), "bs"),
+             numpy_helper.from_array(rng.uniform(0.001, 0.01, N).astype(np.float32), "bsc"),
+             numpy_helper.from_array(np.asarray(0, np.int8), "bz"), numpy_helper.from_array(np.zeros(N, np.int8), "bzc"),
+             numpy_helper.from_array(np.asarray(0.12, np.float32), "ys"),
+             numpy_helper.from_array(np.asarray(120, np.uint8), "yz")]
+    nodes = [helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"], name="per_tensor"),
+             helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bsc", "bzc", "ys", "yz"], ["yc"], name="per_column")]
+    g = helper.make_graph(nodes, "qlmm", [helper.make_tensor_value_info("a", TensorProto.UINT8, [M, K])],
+                          [helper.make_tensor_value_info(y, TensorProto.UINT8, [M, N]) for y in ("y", "yc")], inits)
+    f = tmp_path / "qlmm.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(f))
+    a = rng.integers(0, 256, (M, K)).astype(np.uint8)
+    want = ort.InferenceSession(str(f), providers=["CPUExecutionProvider"]).run(None, {"a": a})
+    mod = eqfuse.compile(str(f))
+    assert [(k.kind, mod.report["precision"][k.name]["precision"]) for k in mod.kernels] == [("contraction", "int8")] * 2
+    for w, got in zip(want, mod(a)):
+        assert got.dtype == np.uint8 and np.array_equal(got, w), int(np.sum(got != w))
+    assert all({0, 255} & set(np.unique(w).tolist()) for w in want)  # the saturation was reached

@@ -423,11 +423,11 @@ def _match_index(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
 def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
     dtype = body.nodes[facts.out].type.dtype
     integer = [i for i in facts.heavy if body.nodes[i].op == "matmul_integer"]
-    if integer and (len(facts.heavy) != 1 or dtype not in ("f32", "i32")):
+    if integer and (len(facts.heavy) != 1 or dtype not in ("f32", "i32", "u8", "i8")):
         # the integer GEMM (u8 x s8, csrc_templates/gemm_u8s8.c) takes a pointwise epilogue only,
-        # and stores f32 (dequantized) or its exact int32 sums
-        raise Unsupported(f"a matmul_integer kernel is the integer GEMM with a pointwise epilogue, writing f32 or i32, "
-                          f"not {dtype}" if dtype not in ("f32", "i32") else
+        # and stores f32 (dequantized), its exact int32 sums or u8 / i8 (requantized: QLinearMatMul)
+        raise Unsupported(f"a matmul_integer kernel is the integer GEMM with a pointwise epilogue, writing f32, i32, "
+                          f"u8 or i8, not {dtype}" if dtype not in ("f32", "i32", "u8", "i8") else
                           "a matmul_integer kernel takes a pointwise epilogue only")
     if dtype != "f32" and not integer and any(facts.kinds[i] == "contraction" for i in facts.heavy):
         # the GEMM and conv templates store floats: a mask computed from a product (`x @ w > 0`,
