@@ -38,6 +38,7 @@
 #define {{NAME}}_K {{K}}L
 #define {{NAME}}_MR {{MR}}
 #define {{NAME}}_NR {{NR}}
+#define {{NAME}}_EDGE ({{NAME}}_M % {{NAME}}_MR ? (int)({{NAME}}_M % {{NAME}}_MR) : {{NAME}}_MR)
 #define {{NAME}}_KC {{KC}}L /* K per block (a multiple of 4, or K itself: one block) */
 #define {{NAME}}_KCG (({{NAME}}_KC + 3) / 4) /* K-groups per block */
 #define {{NAME}}_KG ({{NAME}}_K / 4) /* whole K-groups of A; a last partial one is KT bytes */
@@ -250,10 +251,11 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long p)
         const int mr = {{NAME}}_M - i0 < {{NAME}}_MR ? (int)({{NAME}}_M - i0) : {{NAME}}_MR;
         const int32_t* init = g0 ? part + i0 * {{NAME}}_NR : NULL;
         int32_t* dst = last ? tile : part + i0 * {{NAME}}_NR;
+        /* (the last M % MR rows: a kernel of that many rows, unrolled like the full one) */
         if (mr == {{NAME}}_MR)
             {{NAME}}_ukernel({{NAME}}_MR, A + i0 * {{NAME}}_K, bp, g0, g1, init, dst);
         else
-            {{NAME}}_ukernel(mr, A + i0 * {{NAME}}_K, bp, g0, g1, init, dst);
+            {{NAME}}_ukernel({{NAME}}_EDGE, A + i0 * {{NAME}}_K, bp, g0, g1, init, dst);
         if (!last)
             continue;
         for (int r = 0; r < mr; r++) {
