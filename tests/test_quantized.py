@@ -351,6 +351,7 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     assert np.all(np.abs(got[4] - np.maximum(z, 0)) <= 2.0**-24 * (np.abs(prod) + np.abs(z)))
 
 
+@pytest.mark.extended  # (a compile of its own; the default tier's integer GEMM cases are above)
 def test_qlinear_matmul_is_one_integer_gemm_kernel_and_matches_onnxruntime(tmp_path):
     """QLinearMatMul (per-tensor and per-column b_scale, odd shapes) is one kernel: the integer GEMM
     with the requantization (scale multiply, round half to even, saturate) in its epilogue, writing
