@@ -381,3 +381,31 @@ def test_qlinear_matmul_is_one_integer_gemm_kernel_and_matches_onnxruntime(tmp_p
     for w, got in zip(want, mod(a)):
         assert got.dtype == np.uint8 and np.array_equal(got, w), int(np.sum(got != w))
     assert all({0, 255} & set(np.unique(w).tolist()) for w in want)  # the saturation was reached
+
+
+@pytest.mark.extended  # (a counting build of its own)
+def test_a_counting_build_makes_the_integer_micro_kernel_calls_lower_prints():
+    """The plan is what runs: the integer GEMM's micro-kernel calls (per panel, K block and row
+    tile) in a build that counts them are the counts `eqfuse lower --uops` prints."""
+    from eqfuse.backend.cbuild import COMMON_C, build, header_c
+
+    want, name = {}, None
+    for line in uops_text(INTEGER_GEMMS).splitlines():
+        m = re.match(r"(eqf_\w+): ", line)
+        name = m.group(1) if m else name
+        m = re.search(r"Exec  micro-kernel .* x(\d+)$", line)
+        if m:
+            want[name] = int(m.group(1))
+    gemms = [k for k in eqfuse.compile(INTEGER_GEMMS).kernels if k.kind == "contraction"]
+    assert sorted(want) == sorted(k.name for k in gemms) and len(gemms) == 5
+    sigs = {k.name: re.search(rf"void {k.name}\(([^)]*)\)", k.c_source).group(1).replace("restrict ", "") for k in gemms}
+    code = "\n".join(k.c_source for k in gemms)
+    lib = build(header_c(code) + COMMON_C + code,
+                "\n".join(f"void {n}({s});\nlong {n}_gemm_ukernel_calls(void);" for n, s in sigs.items()),
+                "count", extra_flags=("-DEQF_COUNT_UKERNEL",))
+    buf = np.zeros(1 << 20, dtype=np.uint8)  # the counts do not depend on the values
+    for n, sig in sigs.items():
+        args = [lib.ffi.cast(p.strip().rsplit(" ", 1)[0], lib.ffi.from_buffer(buf)) for p in sig.split(",")]
+        getattr(lib.lib, n)(*args)
+        assert getattr(lib.lib, f"{n}_gemm_ukernel_calls")() == want[n], n
+    assert max(want.values()) > len(want)  # (K blocks, panels and row tiles multiply)
