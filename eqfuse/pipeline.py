@@ -543,9 +543,9 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
     dims, buckets = opts.dims, opts.buckets
     shared = SharedArrays()  # the buckets' equal weights and their panels, held once
 
-    def build_bucket(bucket: dict[str, int]) -> Module:
+    def build_bucket(bucket: dict[str, int], live: str | None = None) -> Module:
         batch = {k: v for k, v in (buckets or {}).items() if k not in bucket}  # the batch dim's sizes
-        return compile_model(src, replace(opts, dims={**dims, **bucket},
+        return compile_model(src, replace(opts, dims={**dims, **bucket}, live=live,
                                           buckets={} if buckets == {} else batch or None), shared)
 
     if graph is None:
