@@ -588,13 +588,16 @@ def reference(src) -> Reference:
 
 
 def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = None, uops: bool = True,
-              precision: str = "f32", **opts) -> str:
-    """Every kernel's plan and, with `uops`, its tile-level schedule (`eqfuse lower [--uops]`)."""
+              precision: str = "f32", live: str | None = None, **opts) -> str:
+    """Every kernel's plan and, with `uops`, its tile-level schedule (`eqfuse lower [--uops]`);
+    `live` as compile's live= (`eqfuse lower --live past`)."""
     check_precision(precision)
     out = []
     # as compile does: an ONNX model imported at the dims (its shape arithmetic needs them) and
     # its initializers folded, so the plans are the ones a compiled model runs
     graphs, weights = load_with_weights(src, dims)
+    if live is not None:
+        graphs = [live_graph(graphs[0], src, live)] + graphs[1:]
     for g in graphs:
         if graph is not None and g.name != graph:
             continue
@@ -605,6 +608,6 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
                               f"{', '.join(missing)}; bind with --dim NAME=INT")
         folded = fold(g, params_of(g, weights), opts.get("fuse", True))
         opt, _ = optimize(folded.graph, dims=gd, **opts)
-        _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision)
+        _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision, live=live)
         out.append(f"# graph {g.name}: {running(plans)[0]} kernels\n" + format_uops(plans, uops))
     return "\n\n".join(out)

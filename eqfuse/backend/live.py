@@ -16,10 +16,10 @@ Any other kernel that reads the cache would read rows past L + S: lowering refus
 
 from __future__ import annotations
 
-from eqfuse.backend.plan import KernelPlan, LiveBound
+from eqfuse.backend.plan import KernelPlan, LiveBound, UOp, size
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph
-from eqfuse.ir.kernels import K
+from eqfuse.ir.kernels import F32, K
 
 
 def _root(plans_by_node: dict[int, KernelPlan], n: int) -> int:
@@ -65,8 +65,13 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
         rows = p.out_shape[ax]
         p.live = appends[p.node] = LiveBound("append", rows, rows - kg.nodes[p.args[0]].type.shape[ax], buf)
         p.unread = frozenset({0})  # the past rows are the buffer's own
-        p.threads = "one thread: the new rows only"
-        p.bytes = 2 * p.bytes * p.live.new // rows  # the new rows read and written
+        new = size(p.out_shape) * p.live.new // rows
+        p.bytes = 2 * F32 * new  # the new rows read and written
+        p.cache_check = "streaming copy of the new rows only"
+        lead = size(p.out_shape[:ax])
+        p.uops = [UOp(0, "Loop", f"{lead} x {p.live.new} new rows (the past rows stay in place)", lead * p.live.new),
+                  UOp(1, "Load", f"new row [{new // max(lead * p.live.new, 1)}]", lead * p.live.new),
+                  UOp(1, "Store", "into the cache buffer at row live + k", lead * p.live.new)]
     if not appends:
         return
     caches = {a.buffer for a in appends.values()}

@@ -217,6 +217,8 @@ def format_uops(plans: list[KernelPlan], uops: bool = True) -> str:
                          + (f" ({p.precision_note})" if p.precision_note else ""))
         if p.threads:
             lines.append(f"  threads (decided at run time): {p.threads}")
+        if p.live is not None:  # a KV cache's run-time length (eqfuse.backend.live)
+            lines.append(f"  live: {p.live}")
         decisions = plan_decisions(p)
         if decisions:
             lines.append("  plan: " + ", ".join(f"{k}={v}" for k, v in decisions.items()))
