@@ -9,13 +9,17 @@ result as their keys and values. `mark_live` lowers, with L the live length at r
   returns the buffer as present), and the past rows are not copied: the append moves S rows,
   whatever L;
 - each attention over its result to L + S keys: its key loop bound is run-time, its tiles and
-  strides (the buffer's) compile-time constants.
+  strides (the buffer's) compile-time constants;
+- grouped-query attention's repeat of the cache for the query heads (a pointwise expand of it) to
+  a copy of its L + S live rows (`emit_repeat`).
 
 Any other kernel that reads the cache would read rows past L + S: lowering refuses it.
 """
 
 from __future__ import annotations
 
+from eqfuse.backend.cexpr import kernel_params
+from eqfuse.backend.indexing import contiguous, offset
 from eqfuse.backend.plan import KernelPlan, LiveBound, UOp, size
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph
@@ -63,7 +67,7 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
                 or tuple(kg.nodes[buf].type.shape) != tuple(p.out_shape):
             continue
         rows = p.out_shape[ax]
-        p.live = appends[p.node] = LiveBound("append", rows, rows - kg.nodes[p.args[0]].type.shape[ax], buf)
+        p.live = appends[p.node] = LiveBound("append", rows, rows - kg.nodes[p.args[0]].type.shape[ax], buf, ax)
         p.unread = frozenset({0})  # the past rows are the buffer's own
         new = size(p.out_shape) * p.live.new // rows
         p.bytes = 2 * F32 * new  # the new rows read and written
@@ -75,6 +79,28 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
     if not appends:
         return
     caches = {a.buffer for a in appends.values()}
+    for p in plans:  # grouped-query attention's repeat of the keys and values for the query heads
+        body = p.body
+        if p.kind != K.POINTWISE or len(body.nodes) != 2 or body.nodes[1].op != "expand" \
+                or _root(by_node, p.args[0]) not in appends:
+            continue
+        a = appends[_root(by_node, p.args[0])]
+        ins = p.in_strides.get(0) or contiguous(body.nodes[0].type.shape)
+        row = contiguous(kg.nodes[_root(by_node, p.args[0])].type.shape)
+        axis = next((i for i, (n, st) in enumerate(zip(body.nodes[0].type.shape, ins))
+                     if n == a.rows and st == row[a.axis]), None)  # the cache's rows, read in their order
+        if axis is None:
+            continue
+        p.live = LiveBound("repeat", a.rows, a.new, axis=axis)
+        lead = size(p.out_shape[:axis])
+        inner = size(p.out_shape[axis + 1:])
+        p.uops = [UOp(0, "Loop", f"{lead} (batch, head) blocks", lead),
+                  UOp(1, "Loop", f"live + {a.new} rows of {inner} (at most {a.rows})", lead * a.rows),
+                  UOp(2, "Load", f"cache row [{inner}] (strided, heads broadcast)", lead * a.rows),
+                  UOp(2, "Store", f"out row [{inner}]", lead * a.rows)]
+        p.cache_check = "streaming copy of the live rows"
+        p.threads = f"one thread (a copy of at most {size(p.out_shape)} elements per step)"
+        appends[p.node] = p.live  # (attentions read it as they read an append)
     for p in plans:
         if p.kind != K.ATTENTION:
             continue
@@ -98,3 +124,30 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
         r = _root(by_node, o)
         if r in caches and o not in appends:
             raise EqfuseError("live=: the graph returns a KV cache other than as the present of its append")
+
+
+def emit_repeat(plan: KernelPlan) -> str:
+    """The C of a repeat of a KV cache for the query heads (expand): rows 0 .. live + new - 1 of
+    each (batch, head) block, the cache read through its view's strides (0 along the repeat)."""
+    body, b = plan.body, plan.live
+    src, out = body.nodes[0].type.shape, plan.out_shape
+    ins = plan.in_strides.get(0) or contiguous(src)
+    sst = [0 if n == 1 and o != 1 else st for n, o, st in zip(src, out, ins)]
+    dst = plan.out_strides or contiguous(out)
+    ax = b.axis
+    params, _ = kernel_params(plan)
+    lead, inner = out[:ax], out[ax + 1:]
+    return "\n".join([
+        f"/* {plan.name}: the live rows of a KV cache repeated for the query heads, {list(out)} (at most {b.rows} rows) */",
+        f"void {plan.name}({params}, long live)",
+        "{",
+        f"    const long rows = live + {b.new};",
+        f"    for (long o = 0; o < {size(lead)}; o++) {{",
+        f"        const long so = {offset('o', lead, sst[:ax])}, d0 = {offset('o', lead, dst[:ax])};",
+        "        for (long r = 0; r < rows; r++)",
+        "            #pragma omp simd",
+        f"            for (long j = 0; j < {size(inner)}; j++)",
+        f"                out[d0 + r * {dst[ax]} + {offset('j', inner, dst[ax + 1:])}] = "
+        f"in0[so + r * {sst[ax]} + {offset('j', inner, sst[ax + 1:])}];",
+        "    }",
+        "}"])
