@@ -1,6 +1,7 @@
-"""eqfuse.generate and the decoder exports it runs (tests/decoder_exports.py): a GPT-2 exported
-with its KV cache loads (concat along the named past dim), its prefill and 20 decode steps match
-onnxruntime on the same file, and generation matches transformers."""
+"""eqfuse.generate and the decoder exports it runs (tests/decoder_exports.py): a GPT-2 and a
+Llama exported with their KV cache load (concat along the named past dim), their prefill and 20
+decode steps (over the cache in place, its length a run-time value) match onnxruntime on the same
+file, and generation matches transformers. The Llama cases are in the extended tier."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ from eqfuse.generation import Decoder, capacity_for, load_decoder, onnx_signatur
 B, S, STEPS = 2, 8, 20
 NEW = STEPS + 1  # a prefill and 20 decode steps make 21 tokens
 CAPACITY = capacity_for(S + NEW - 1)  # 32: every test here runs the same two bindings
+MODELS = ["gpt2", pytest.param("llama", marks=pytest.mark.extended)]
 
-def compiled(exporter: str):
+
+def compiled(exporter: str, model: str = "gpt2"):
     """(path, Module) of the export, compiled once per test session (as eqfuse.generate compiles
     a path: the tests share its bindings)."""
-    path = de.export_gpt2(exporter)
+    path = de.export_decoder(model, exporter)
     return path, load_decoder(path)[0]
 
 
@@ -44,31 +47,33 @@ def prompt(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, de.VOCAB, (B, S)).astype(np.int64)
 
 
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.extended)])
-def test_decode_steps_match_onnxruntime(exporter):  # (the dynamo export in the extended tier: the suite's time)
+def test_decode_steps_match_onnxruntime(exporter, model):  # (the dynamo export in the extended tier: the suite's time)
     """Prefill and 20 decode steps: eqfuse's decode step over its cache in place (compiled once,
     live="past") against onnxruntime on the cache at a fixed capacity (masked rows) and on the
     cache at its live length, as the export is meant to run (an empty past at the prefill). The
     cache's spare rows hold NaN from the prefill on: a step that read past the live length
     would turn its logits to NaN. Each step returns the cache buffers themselves as presents
     (np.shares_memory): it appends one row, it copies no past."""
-    path, mod = compiled(exporter)
+    path, mod = compiled(exporter, model)
     sig = onnx_signature(path)
-    assert sig.max_positions == de.POSITIONS
+    assert sig.max_positions == (de.POSITIONS if model == "gpt2" else None)  # (rotary positions have no table)
+    heads = de.MODELS[model][1] if model != "gpt2" else de.HEADS
     ours = Decoder(sig, lambda feeds: mod(**feeds), CAPACITY, step_maker(mod, sig))
     theirs = Decoder(sig, ort_run(path), CAPACITY)
     live = ort_run(path)
 
     ids = prompt()
     a, b = ours.prefill(ids), theirs.prefill(ids)
-    assert ours.live_step is not None and ours.cache[0].shape == (B, de.HEADS, CAPACITY + 1, de.HEAD)
+    assert ours.live_step is not None and ours.cache[0].shape == (B, heads, CAPACITY + 1, de.HEAD)
     for c in ours.cache:
         c[:, :, S:] = np.nan
     buffers = list(ours.cache)
     run_step = ours.live_step
     presents = []
     ours.live_step = lambda feeds: presents.append(run_step(feeds)) or presents[-1]
-    past = [np.zeros((B, de.HEADS, 0, de.HEAD), np.float32) for _ in de.PAST_NAMES]
+    past = [np.zeros((B, heads, 0, de.HEAD), np.float32) for _ in de.PAST_NAMES]
     feeds = {"input_ids": ids, "attention_mask": np.ones((B, S), np.int64),
              "position_ids": np.tile(np.arange(S), (B, 1))}
     outs = live({**feeds, **{n: p for (n, _), p in zip(sig.pasts, past)}})
@@ -90,11 +95,11 @@ def test_decode_steps_match_onnxruntime(exporter):  # (the dynamo export in the 
             assert np.isnan(mine[:, :, n:]).all()  # the rows past the live length are untouched
 
 
-def hf_generate(ids: np.ndarray, new: int):
+def hf_generate(ids: np.ndarray, new: int, model: str = "gpt2"):
     """transformers' greedy generation from the same weights: (ids, the logits of each step)."""
     import torch
 
-    model = de.gpt2()
+    model = de.MODELS[model][0]()
     with torch.no_grad():
         out = model.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
                              do_sample=False, max_new_tokens=new, min_new_tokens=0, output_logits=True,
@@ -102,13 +107,14 @@ def hf_generate(ids: np.ndarray, new: int):
     return out.sequences.numpy(), [t.numpy() for t in out.logits]
 
 
-def test_greedy_matches_transformers():
+@pytest.mark.parametrize("model", MODELS)
+def test_greedy_matches_transformers(model):
     """Token for token; where a token differs, only at a step whose top two logits are closer
     than 1e-4 (a tie f32 rounding may break either way), and the row is not compared after it."""
-    path, mod = compiled("torchscript")
+    path, mod = compiled("torchscript", model)
     ids = prompt(1)
     ours = eqfuse.generate(mod, ids, max_new_tokens=NEW, eos_token_id=de.EOS)
-    theirs, logits = hf_generate(ids, NEW)
+    theirs, logits = hf_generate(ids, NEW, model)
     assert ours.shape[0] == B and ours.shape[1] >= S + 1
     np.testing.assert_array_equal(ours[:, :S], ids)
     for r in range(B):
