@@ -339,7 +339,7 @@ def kernel_infos(kg: Graph, plans, sources: Mapping[str, str], graph: str | None
     for p in plans:
         body = kernel_text(kg.nodes[p.node], names, set(taken), indent="")
         out.append(Kernel(p.name, p.kind, body, sources.get(p.name, ""), p.bytes, p.flops, dict(p.tiles),
-                          graph or kg.name, plan_decisions(p)))
+                          graph or kg.name, {**plan_decisions(p), **({"live": str(p.live)} if p.live else {})}))
     return out
 
 

@@ -244,3 +244,33 @@ def test_concat_along_named_dims_in_a_g_graph():
     with pytest.raises(eqfuse.EqfuseError, match=r"<string>:2:16: error: concat along axis 1 sums named dimensions "
                                                  r"\(P \+ S\), which a shape cannot hold"):
         eqfuse.reference(src)
+
+
+def test_live_length_and_option_errors():
+    """The decode step's appends move the new rows only and its attentions take the live length;
+    it refuses a live length its buffers cannot hold (before any kernel runs),
+    and live= a dim that no concat appends along, or that dims= does not bind."""
+    path, mod = compiled("torchscript")
+    sig = onnx_signature(path)
+    step = step_maker(mod, sig)(B, CAPACITY)
+    kernels = mod.default.live_module({"batch": B, "sequence": 1, "past": CAPACITY, "total": CAPACITY + 1},
+                                      "past").kernels
+    appends = [k for k in kernels if k.decisions.get("live", "").startswith("append")]
+    assert len(appends) == len(sig.pasts)  # one append per cache, each moving its new row only (read and
+    assert all(k.bytes == 2 * 4 * B * de.HEADS * de.HEAD for k in appends)  # written), whatever the capacity
+    assert sum(k.decisions.get("live", "").startswith("keys") for k in kernels) == de.LAYERS
+    feeds = {"input_ids": np.zeros((B, 1), np.int64), "attention_mask": np.ones((B, CAPACITY + 1), np.int64),
+             "position_ids": np.zeros((B, 1), np.int64), "past_length": np.array([CAPACITY + 1])}
+    bufs = [np.zeros((B, de.HEADS, CAPACITY + 1, de.HEAD), np.float32) for _ in sig.pasts]
+    feeds.update({n: b for (n, _), b in zip(sig.pasts, bufs)})
+    with pytest.raises(eqfuse.ArgumentError, match=r"live length 33 is not in 0 \.\. 32"):
+        step(feeds)
+    with pytest.raises(eqfuse.ArgumentError, match=r"live length -1 is not in 0 \.\. 32"):
+        step({**feeds, "past_length": np.array([-1])})
+    assert not any(b.any() for b in bufs)  # nothing written
+    with pytest.raises(eqfuse.ArgumentError, match="live= expects the name of a dimension that dims= binds"):
+        eqfuse.compile(path, live="past")
+    dims = {"past": 8, "sequence": 1, "total": 9, "batch": 1}
+    with pytest.raises(eqfuse.EqfuseError, match="live=: input 'input_ids' cannot hold a KV cache with a run-time "
+                                                 "length: it is read by gather"):
+        eqfuse.compile(path, dims=dims, live="sequence")
