@@ -19,7 +19,13 @@ pytestmark = pytest.mark.heavy
 import decoder_exports as de  # noqa: E402
 
 import eqfuse  # noqa: E402
-from eqfuse.generation import Decoder, capacity_for, load_decoder, onnx_signature, step_maker  # noqa: E402
+from eqfuse.generation import (  # noqa: E402
+    Decoder,
+    capacity_for,
+    load_decoder,
+    onnx_signature,
+    step_maker,
+)
 
 B, S, STEPS = 2, 8, 20
 NEW = STEPS + 1  # a prefill and 20 decode steps make 21 tokens

@@ -24,8 +24,8 @@ from eqfuse.backend.kinds.base import (
     parallel_rule,
     vectors,
 )
-from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
 from eqfuse.backend.live import emit_repeat
+from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.kernels import F32, K
 
