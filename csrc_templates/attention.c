@@ -34,7 +34,7 @@ void {{NAME}}({{PARAMS}})
         if (kb != packed) {
             const float* restrict kp = {{K}} + ({{KSRC}});
             /* read k in its memory order: the inner loop runs along the smaller stride */
-            for (long kt = 0; kt < ({{SK}} + BK - 1) / BK; kt++) {  /* (SK: a KV cache's keys are run-time) */
+            for (long kt = 0; kt < ({{SK}} + BK - 1) / BK; kt++) {  /* (the key count: run-time over a KV cache) */
                 float* restrict tile = ktp + kt * D * BK;
                 const long nk = eqf_minl(BK, {{SK}} - kt * BK);
 #define {{NAME}}_VEC {{VEC}} /* the plan's vec: the AVX-512 micro-kernels */

@@ -280,3 +280,19 @@ def test_live_length_and_option_errors():
     with pytest.raises(eqfuse.EqfuseError, match="live=: input 'input_ids' cannot hold a KV cache with a run-time "
                                                  "length: it is read by gather"):
         eqfuse.compile(path, dims=dims, live="sequence")
+
+
+@pytest.mark.extended
+def test_cache_grows_past_its_capacity():
+    """A Decoder whose cache fills up doubles it (16 -> 32 -> 64: the buffers copied once each,
+    the decode step compiled once at each capacity) and its steps still match onnxruntime."""
+    path, mod = compiled("torchscript")
+    sig = onnx_signature(path)
+    ours = Decoder(sig, lambda f: mod(**f), 16, step_maker(mod, sig))
+    theirs = Decoder(sig, ort_run(path), 64)
+    a, b = ours.prefill(prompt()), theirs.prefill(prompt())
+    for step in range(30):
+        tok = b.argmax(-1)[:, None].astype(np.int64)
+        a, b = ours.step(tok), theirs.step(tok)
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4, err_msg=f"step {step}")
+    assert ours.capacity == 64 and ours.cache[0].shape == (B, de.HEADS, 65, de.HEAD)

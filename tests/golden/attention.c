@@ -34,7 +34,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
         if (kb != packed) {
             const float* restrict kp = in1 + ((kb) * 696);
             /* read k in its memory order: the inner loop runs along the smaller stride */
-            for (long kt = 0; kt < (29 + BK - 1) / BK; kt++) {  /* (SK: a KV cache's keys are run-time) */
+            for (long kt = 0; kt < (29 + BK - 1) / BK; kt++) {  /* (the key count: run-time over a KV cache) */
                 float* restrict tile = ktp + kt * D * BK;
                 const long nk = eqf_minl(BK, 29 - kt * BK);
 #define eqf_kinds_k5_attention_VEC 0 /* the plan's vec: the AVX-512 micro-kernels */
