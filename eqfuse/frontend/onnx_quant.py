@@ -180,10 +180,20 @@ def _conv_integer_node(imp, x, w, xzp, wzp, at):
     if len(xs) != 4 or len(ws) != 4:
         raise Unsupported(f"a {len(xs) - 2}-D convolution (eqfuse's integer convolution is 2-D, NCHW)")
     strides, pads, dilations, spans = conv_geometry(xs, ws, at)
+    # more padding at the end, the stride not dividing the extra: the extra is concatenated, a
+    # block of x's zero point (what the padding reads), and the conv is padded evenly
+    for axis, ((a, b), s) in enumerate(zip(pads, strides), start=2):
+        if b > a and (b - a) % s:
+            shape = list(imp.type(x).shape)
+            if not imp.is_const(xzp) or not all(isinstance(d, int) for d in shape):
+                raise Unsupported(f"asymmetric pads {[list(p) for p in pads]} with stride {s} (and x's zero point "
+                                  f"computed at run time, or named dims)")
+            shape[axis] = b - a
+            block = imp.new_param(f"{imp.node.name or imp.node.output[0]}_pad", np.full(shape, np.asarray(xzp).reshape(())))
+            x = imp.op("concat", [x, block], axis=axis)
+            xs = imp.type(x).shape
+            pads[axis - 2] = (a, a)
     pad = [max(a, b) for a, b in pads]
-    for (a, b), s in zip(pads, strides):
-        if (max(a, b) - a) % s:
-            raise Unsupported(f"asymmetric pads {[list(p) for p in pads]} with stride {s}")
     wzn = _along(imp, wzp, "w_zero_point", 1, 0)
     if imp.type(wzn).rank == 1 and imp.type(wzn).shape[0] != ws[0]:
         raise Unsupported(f"w_zero_point of shape {list(imp.type(wzn).shape)} (eqfuse takes a scalar or one per "
