@@ -10,6 +10,7 @@ export is quantized with onnxruntime.quantization:
     random inputs: QuantizeLinear / DequantizeLinear pairs around MatMul, Gemm and Conv;
   - qoperator: quantize_static in the QOperator format (QLinearConv), per-channel weights; only
     for the CNN (a ResNet's residual adds and pools become com.microsoft contrib ops).
+GPT-2, ViT and ResNet-18 are quantized statically, GPT-2 also dynamically (see MATRIX).
 Each is compiled with eqfuse.compile and run beside onnxruntime on the same file. onnxruntime
 runs it twice: literally (graph optimizations off: each node as written, the file's meaning) and
 as deployed (its default optimizations fuse QDQ groups into integer kernels that requantize
@@ -121,10 +122,12 @@ def _quantize(name, how, f32, q):
 
 # One cheap case per format in the default tier; the model matrix runs in the extended tier
 # (-m extended, a step of .ci/run): exporting, calibrating and compiling those would take the
-# whole suite past its budget.
+# whole suite past its budget. Not in it: ViT and ResNet-18 dynamic, whose DynamicQuantizeLinear
+# before every conv (ConvInteger) and matmul grows the fusion e-graph to its time limit on every
+# optimize (docs/precision.md, "Compile time"); the CNN dynamic covers ConvInteger.
 CHEAP = [("mlp", "dynamic"), ("mlp", "static"), ("cnn", "qoperator")]
 MATRIX = [("bert", "dynamic"), ("bert", "static"), ("cnn", "dynamic"), ("gpt2", "dynamic"), ("gpt2", "static"),
-          ("vit", "dynamic"), ("vit", "static"), ("resnet18", "static"), ("resnet18", "dynamic")]
+          ("vit", "static"), ("resnet18", "static")]
 
 
 @pytest.fixture(scope="module", params=CHEAP + [pytest.param(c, marks=pytest.mark.extended) for c in MATRIX],
