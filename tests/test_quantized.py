@@ -397,3 +397,26 @@ def test_integer_convs_with_asymmetric_pads_match_onnxruntime(op, pads, tmp_path
     x = np.random.default_rng(0).integers(0, 256, (1, 2, 7, 6)).astype(np.uint8)
     (want,), got = _literal(model, {"x": x}), eqfuse.compile(str(f))(x)
     assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+
+
+PAIRS_G = """graph pairs(q: u8[4, 8], z: u8, w: i8[4, 8], zw: i8[8]) -> (u8[4, 8], u8[4, 8], u8[4, 8], i8[4, 8]) {
+    return quantize_linear(dequantize_linear(q, 0.5, z), 0.5, z), quantize_linear(dequantize_linear(q, 0, z), 0, z),
+           quantize_linear(dequantize_linear(q, 3e38, z), 3e38, z), quantize_linear(dequantize_linear(w, 0.5, zw), 0.5, zw)
+}
+"""
+
+
+def test_dequantize_quantize_does_not_fire_where_its_guard_is_false(tmp_path, capsys):
+    """Must not rewrite: a scale of 0 (NaN, saturated), a scale whose 255 multiple overflows, and a
+    per-channel zero point keep their pair; the ordinary scalar pair is removed."""
+    from eqfuse.cli.main import main
+
+    g = tmp_path / "pairs.g"
+    g.write_text(PAIRS_G)
+    assert main(["opt", str(g)]) == 0
+    text = capsys.readouterr().out
+    body = text[:text.index("# report")]
+    assert "return q, " in body, body
+    for kept in ("quantize_linear(k1, 0, z)", "quantize_linear(k2, 3e+38, z)", "quantize_linear(k3, 0.5, zw)"):
+        assert kept in body, body
+    assert "dequantize_quantize x1" in text
