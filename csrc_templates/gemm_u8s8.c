@@ -40,6 +40,13 @@
 #define {{NAME}}_NR {{NR}}
 #define {{NAME}}_EDGE ({{NAME}}_M % {{NAME}}_MR ? (int)({{NAME}}_M % {{NAME}}_MR) : {{NAME}}_MR)
 #define {{NAME}}_KC {{KC}}L /* K per block (a multiple of 4, or K itself: one block) */
+/* the plan's other choices (`eqfuse lower`'s plan: and precision: lines) */
+#define {{NAME}}_PATH {{PATH}} /* the instruction path: 3 avx512_vnni, 2 avx_vnni, 1 fallback, 0 plain C */
+#define {{NAME}}_A_S8 {{A_S8}} /* A is s8: read as u8 a ^ 0x80 */
+#define {{NAME}}_B_U8 {{B_U8}} /* B is u8: packed as s8 b ^ 0x80 */
+#define {{NAME}}_BZP_PER_COL {{BZP_PER_COL}} /* b_zp one per column */
+#define {{NAME}}_PREPACKED_B {{PREPACKED_B}} /* B's panels made once by _prepack (B bound by params=) */
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the panels shared by the pool's threads */
 #define {{NAME}}_KCG (({{NAME}}_KC + 3) / 4) /* K-groups per block */
 #define {{NAME}}_KG ({{NAME}}_K / 4) /* whole K-groups of A; a last partial one is KT bytes */
 #define {{NAME}}_KT ({{NAME}}_K % 4)
@@ -47,13 +54,13 @@
 #define {{NAME}}_NPAD (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR)
 #define {{NAME}}_PANELS ({{NAME}}_NPAD / {{NAME}}_NR)
 #define {{NAME}}_PANEL_BYTES ({{NAME}}_KGP * 4L * {{NAME}}_NR)
-#define {{NAME}}_AXOR ({{A_S8}} ? 0x80808080u : 0u)
-#if {{PATH}} == 3 && !defined(__AVX512VNNI__)
+#define {{NAME}}_AXOR ({{NAME}}_A_S8 ? 0x80808080u : 0u)
+#if {{NAME}}_PATH == 3 && !defined(__AVX512VNNI__)
 #error "the plan chose the AVX512_VNNI path (vpdpbusd) but the compiler does not target AVX512_VNNI"
 #endif
-#if {{PATH}} == 2
+#if {{NAME}}_PATH == 2
 #define {{NAME}}_TARGET __attribute__((target("avx2,fma,avxvnni")))
-#elif {{PATH}} == 1 && !defined(__AVX2__)
+#elif {{NAME}}_PATH == 1 && !defined(__AVX2__)
 #error "the plan chose the AVX2 fallback (vpmaddwd) but the compiler does not target AVX2"
 #else
 #define {{NAME}}_TARGET
@@ -90,7 +97,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
     const int32_t* init, int32_t* out)
 {
     {{NAME}}_COUNT_CALL();
-#if {{PATH}} == 3
+#if {{NAME}}_PATH == 3
     enum { V = {{NAME}}_NR / 16 };
     __m512i acc[{{NAME}}_MR][V];
 #pragma GCC unroll 16 /* (every row: no accumulator is read unset) */
@@ -117,7 +124,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             _mm512_storeu_si512((void*)(out + r * {{NAME}}_NR + 16 * v), acc[r][v]);
-#elif {{PATH}} == 2 || {{PATH}} == 1
+#elif {{NAME}}_PATH == 2 || {{NAME}}_PATH == 1
     enum { V = {{NAME}}_NR / 8 };
     __m256i acc[{{NAME}}_MR][V];
 #pragma GCC unroll 16 /* (every row: no accumulator is read unset) */
@@ -127,7 +134,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             acc[r][v] = init && r < mr ? _mm256_loadu_si256((const __m256i*)(init + r * {{NAME}}_NR + 8 * v))
                                        : _mm256_setzero_si256();
     for (long g = g0; g < g1; g++) {
-#if {{PATH}} == 2
+#if {{NAME}}_PATH == 2
         __m256i b[V];
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
@@ -194,7 +201,7 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
             for (long jj = 0; jj < {{NAME}}_NR; jj++) {
                 const long j = p * {{NAME}}_NR + jj;
                 /* (a u8 B is read as s8 b - 128: its bits xor 0x80) */
-                const int8_t v = j < {{NAME}}_N && k < {{NAME}}_K ? (int8_t)((uint8_t)B[k * {{NAME}}_N + j] ^ ({{B_U8}} ? 0x80 : 0)) : 0;
+                const int8_t v = j < {{NAME}}_N && k < {{NAME}}_K ? (int8_t)((uint8_t)B[k * {{NAME}}_N + j] ^ ({{NAME}}_B_U8 ? 0x80 : 0)) : 0;
                 q[((k / 4) * {{NAME}}_NR + jj) * 4 + k % 4] = v;
                 colsum[j] += v;
             }
@@ -233,7 +240,7 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long p)
     uint32_t corr[{{NAME}}_NR], bzj[{{NAME}}_NR];
     for (long jj = 0; jj < {{NAME}}_NR; jj++) {
         const long j = j0 + jj < {{NAME}}_N ? j0 + jj : {{NAME}}_N - 1;
-        bzj[jj] = (uint32_t)((int32_t)bzp[{{BZP_PER_COL}} ? j : 0] - ({{B_U8}} ? 128 : 0));
+        bzj[jj] = (uint32_t)((int32_t)bzp[{{NAME}}_BZP_PER_COL ? j : 0] - ({{NAME}}_B_U8 ? 128 : 0));
         corr[jj] = (uint32_t){{NAME}}_K * az * bzj[jj] - az * (uint32_t)colsum[j0 + jj];
     }
     int32_t tile[{{NAME}}_MR * {{NAME}}_NR] __attribute__((aligned(64)));
@@ -278,25 +285,25 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long p)
 void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const {{BZP_T}}* bzp, {{OUT_T}}* C0{{EXTRA_PARAMS}})
 {
     /* the zero points as the u8 x s8 product sees them (an s8 A's moved by +128) */
-    const uint32_t az = (uint32_t)((int32_t)azp[0] + ({{A_S8}} ? 128 : 0));
+    const uint32_t az = (uint32_t)((int32_t)azp[0] + ({{NAME}}_A_S8 ? 128 : 0));
     int bz_zero = 1;
-    for (long j = 0; j < ({{BZP_PER_COL}} ? {{NAME}}_N : 1); j++)
-        bz_zero &= (int32_t)bzp[j] - ({{B_U8}} ? 128 : 0) == 0;
+    for (long j = 0; j < ({{NAME}}_BZP_PER_COL ? {{NAME}}_N : 1); j++)
+        bz_zero &= (int32_t)bzp[j] - ({{NAME}}_B_U8 ? 128 : 0) == 0;
     const long pbytes = {{NAME}}_PANELS * {{NAME}}_PANEL_BYTES + 4 * {{NAME}}_NPAD;
     /* scratch: the row sums of A (when needed), then B's panels (when not prepacked) */
-    float* scratch = bz_zero && {{PREPACKED_B}} ? NULL
-        : eqf_scratch(EQF_SCRATCH_GEMM_B, (bz_zero ? 0 : {{NAME}}_M) + ({{PREPACKED_B}} ? 0 : (pbytes + 3) / 4));
-    if (!scratch && !(bz_zero && {{PREPACKED_B}})) {
+    float* scratch = bz_zero && {{NAME}}_PREPACKED_B ? NULL
+        : eqf_scratch(EQF_SCRATCH_GEMM_B, (bz_zero ? 0 : {{NAME}}_M) + ({{NAME}}_PREPACKED_B ? 0 : (pbytes + 3) / 4));
+    if (!scratch && !(bz_zero && {{NAME}}_PREPACKED_B)) {
         eqf_nomem_note();
         return;
     }
     int32_t* rowsum = bz_zero ? NULL : (int32_t*)scratch;
-    int8_t* packed = {{PREPACKED_B}} ? NULL : (int8_t*)(scratch + (bz_zero ? 0 : {{NAME}}_M));
-    const int threads = {{PARALLEL}} ? eqf_pool_threads() : 1;
+    int8_t* packed = {{NAME}}_PREPACKED_B ? NULL : (int8_t*)(scratch + (bz_zero ? 0 : {{NAME}}_M));
+    const int threads = {{NAME}}_PARALLEL ? eqf_pool_threads() : 1;
     int nomem = 0;
     for (long b = 0; b < {{BATCH}} && !__atomic_load_n(&nomem, __ATOMIC_RELAXED); b++) {
         const uint8_t* A = (const uint8_t*)(A0 + b * {{NAME}}_M * {{NAME}}_K);
-#if {{PREPACKED_B}}
+#if {{NAME}}_PREPACKED_B
         const int8_t* P = (const int8_t*)B0;
         (void)packed;
 #else
@@ -308,7 +315,7 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
             for (long i = 0; i < {{NAME}}_M; i++) {
                 uint32_t s = 0;
                 for (long k = 0; k < {{NAME}}_K; k++)
-                    s += A[i * {{NAME}}_K + k] ^ ({{A_S8}} ? 0x80u : 0u);
+                    s += A[i * {{NAME}}_K + k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
                 rowsum[i] = (int32_t)s;
             }
         {{NAME}}_job job = {A, P, rowsum, C0 + b * {{NAME}}_M * {{LDC}}L, b, az, bzp, &nomem{{EXTRA_INIT}}};
@@ -318,7 +325,7 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
         eqf_nomem_note();
 }
 
-#if {{PREPACKED_B}}
+#if {{NAME}}_PREPACKED_B
 /* The panels and column sums the kernel reads in place of B, in floats (the runtime's unit) */
 long {{NAME}}_prepack_floats(void) { return ({{NAME}}_PANELS * {{NAME}}_PANEL_BYTES + 4 * {{NAME}}_NPAD + 3) / 4; }
 
