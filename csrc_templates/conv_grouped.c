@@ -10,18 +10,174 @@
  * the vector lanes, and added to the plane's partial sums (in the output itself). Last, the
  * epilogue goes over the plane in place. A depthwise conv (CG = 1) reads its input plane twice
  * (the copy, then its rows from L1) and writes each output element twice: it is bound by memory,
- * not by multiply-adds. */
+ * not by multiply-adds.
+ *
+ * CHANNELS = {{CHANNELS}}: a depthwise conv with VL = {{VL}} channels in the vector lanes instead
+ * (conv_grouped.py's use_channels). A task is (image, block of VL channels, band of BAND = {{BAND}}
+ * output rows): the band's input rows are transposed VL x VL in registers into a zero-padded
+ * tile xb[BHP][BWP] of VL-channel vectors; a register tile is RW = {{RW}} output pixels of a row,
+ * each tap a weight vector (the tap's weight of the VL channels) times the input vector at the
+ * pixel's tap; the output tile ob[BAND][TW] is transposed back into the NCHW planes, where the
+ * epilogue goes over the band's rows in place. A block of fewer than VL channels (C % VL) or a
+ * row narrower than VL is transposed element by element. */
+typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
+typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
+
+#if {{CHANNELS}}
+long {{NAME}}_prepack_floats(void)
+{
+    return (long)({{C}} + {{VL}} - 1) / {{VL}} * {{KH}} * {{KW}} * {{VL}};
+}
+
+/* OIHW depthwise weights -> w[C / VL][KH x KW][VL] (a tap's weights of VL channels, one vector),
+ * zero past the last channel; made once by the runtime when bound by params=. */
+void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
+{
+    enum { C = {{C}}, VL = {{VL}}, KK = {{KH}} * {{KW}} };
+    for (long cb = 0; cb < (C + VL - 1) / VL; cb++)
+        for (long k = 0; k < KK; k++)
+            for (long l = 0; l < VL; l++)
+                wp[(cb * KK + k) * VL + l] = cb * VL + l < C ? wt[(cb * VL + l) * KK + k] : 0.0f;
+}
+#endif
+
 void {{NAME}}({{PARAMS}})
 {
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, CG = {{CG}}, OG = {{OG}}, KH = {{KH}}, KW = {{KW}},
            OH = {{OH}}, OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, DH = {{DH}}, DW = {{DW}},
            HP = (OH - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1,
            /* the input rows and columns that some tap reads */
-           HC = H < HP - PH ? H : HP - PH, WC = W < WP - PW ? W : WP - PW };
+           HC = H < HP - PH ? H : HP - PH, WC = W < WP - PW ? W : WP - PW,
+           CHANNELS = {{CHANNELS}}, VL = {{VL}}, RW = {{RW}}, BAND = {{BAND}},
+           NCB = (C + VL - 1) / VL, NBAND = (OH + BAND - 1) / BAND,
+           TW = (OW + RW - 1) / RW * RW /* the columns computed: whole register tiles */,
+           BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, BWP = (TW - 1) * SW + (KW - 1) * DW + 1 };
 {{EXTRAS}}
     const float* restrict x = {{X}};
-    const float* restrict wt = {{WEIGHTS}};
     int failed = 0;
+#if {{CHANNELS}}
+#if {{PREPACKED}}
+    const float* wpk = {{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
+#else
+    float* wpk = eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
+    if (!wpk) {
+        eqf_nomem_note();
+        return;
+    }
+    {{NAME}}_prepack({{WEIGHTS}}, wpk);
+#endif
+    typedef {{NAME}}_vf vf;
+    typedef {{NAME}}_vfu vfu;
+    typedef int vi __attribute__((vector_size({{VL}} * 4)));
+    (void)sizeof(vi);
+    #pragma omp parallel if ({{PARALLEL}}) reduction(| : failed)
+    {
+        const size_t xbytes = ((size_t)BHP * BWP * sizeof(vf) + 63) / 64 * 64;
+        const size_t obytes = ((size_t)BAND * TW * sizeof(vf) + 63) / 64 * 64;
+        vf* restrict xb = (vf*)aligned_alloc(64, xbytes);
+        vf* restrict ob = (vf*)aligned_alloc(64, obytes);
+        if (!xb || !ob)
+            failed = 1;
+        #pragma omp for schedule(static)
+        for (long t = 0; t < (long)N * NCB * NBAND; t++) {
+            if (!xb || !ob)
+                continue;
+            const long b = t / (NCB * NBAND), c0 = t / NBAND % NCB * VL, oh0 = t % NBAND * BAND;
+            const long cc = C - c0 < VL ? C - c0 : VL, nh = OH - oh0 < BAND ? OH - oh0 : BAND;
+            const long ih0 = oh0 * SH - PH;
+            const vfu* restrict wv = (const vfu*)(wpk + c0 * (long)KH * KW);
+            /* the band's input rows, channels in the lanes, zero outside the image */
+            const long rows = (nh - 1) * SH + (KH - 1) * DH + 1;
+            const long wc = W < BWP - PW ? W : BWP - PW; /* the columns some tap reads */
+            for (long r = 0; r < rows; r++) {
+                vf* restrict row = xb + r * (long)BWP;
+                const long ih = ih0 + r;
+                for (long c = 0; c < BWP; c++)
+                    if (ih < 0 || ih >= H || c < PW || c >= PW + wc)
+                        row[c] = (vf){0};
+            }
+            /* the image rows of the band are consecutive pixels q of each plane: VL at a time
+             * transposed (the last VL overlapping the previous ones), each to its row and column */
+            const long r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < rows ? H - ih0 : rows;
+            const long q0 = (ih0 + r0) * W, q1 = (ih0 + r1) * W;
+            const float* restrict src = x + (b * C + c0) * (long)H * W;
+            if (cc == VL && q1 - q0 >= VL) {
+                for (long q = q0; q < q1; q += VL) {
+                    const long qs = q + VL <= q1 ? q : q1 - VL;
+                    vf m[VL];
+#pragma GCC unroll 16
+                    for (int p = 0; p < VL; p++)
+                        m[p] = *(const vfu*)(src + p * (long)H * W + qs);
+{{TRANSPOSE}}
+#pragma GCC unroll 16
+                    for (int p = 0; p < VL; p++) {
+                        const long ih = (qs + p) / W, iw = (qs + p) % W;
+                        if (iw < wc)
+                            xb[(ih - ih0) * BWP + PW + iw] = m[p];
+                    }
+                }
+            } else {
+                for (long q = q0; q < q1; q++)
+                    if (q % W < wc)
+                        for (long l = 0; l < VL; l++)
+                            xb[(q / W - ih0) * BWP + PW + q % W][l] = l < cc ? src[l * (long)H * W + q] : 0.0f;
+            }
+            /* register tiles of RW pixels x VL channels */
+            for (long oh = 0; oh < nh; oh++)
+                for (long ow0 = 0; ow0 < TW; ow0 += RW) {
+                    vf acc[RW];
+#pragma GCC unroll 16
+                    for (int r = 0; r < RW; r++)
+                        acc[r] = (vf){0};
+                    for (long kh = 0; kh < KH; kh++) {
+                        const vf* restrict xr = xb + (oh * SH + kh * DH) * (long)BWP + ow0 * SW;
+#pragma GCC unroll 16
+                        for (int kw = 0; kw < KW; kw++) {
+                            const vf wk = wv[kh * KW + kw];
+#pragma GCC unroll 16
+                            for (int r = 0; r < RW; r++)
+                                acc[r] += xr[r * SW + kw * DW] * wk;
+                        }
+                    }
+#pragma GCC unroll 16
+                    for (int r = 0; r < RW; r++)
+                        ob[oh * TW + ow0 + r] = acc[r];
+                }
+            /* the output tile back into the NCHW planes (the band's rows are consecutive pixels j
+             * of each plane: VL at a time), then the epilogue over them in place */
+            float* restrict dst = out + (b * O + c0) * (long)OH * OW + oh0 * OW;
+            if (cc == VL && nh * OW >= VL) {
+                for (long j = 0; j < nh * OW; j += VL) {
+                    const long js = j + VL <= nh * OW ? j : nh * OW - VL;
+                    vf m[VL];
+#pragma GCC unroll 16
+                    for (int p = 0; p < VL; p++)
+                        m[p] = ob[(js + p) / OW * TW + (js + p) % OW];
+{{TRANSPOSE}}
+#pragma GCC unroll 16
+                    for (int l = 0; l < VL; l++)
+                        *(vfu*)(dst + l * (long)OH * OW + js) = m[l];
+                }
+            } else {
+                for (long l = 0; l < cc; l++)
+                    for (long j = 0; j < nh * OW; j++)
+                        dst[l * (long)OH * OW + j] = ob[j / OW * TW + j % OW][l];
+            }
+            for (long l = 0; l < cc; l++) {
+                const long i = c0 + l;
+                float* restrict p = out + (b * O + i) * (long)OH * OW;
+                #pragma omp simd
+                for (long j = oh0 * OW; j < (oh0 + nh) * OW; j++) {
+                    const float acc = p[j];
+                    p[j] = {{EPILOGUE}};
+                }
+            }
+        }
+        free(xb);
+        free(ob);
+    }
+#else
+    const float* restrict wt = {{WEIGHTS}};
     #pragma omp parallel if ({{PARALLEL}}) reduction(| : failed)
     {
         float* restrict xp = (float*)calloc((size_t)HP * WP, sizeof(float));
@@ -62,6 +218,7 @@ void {{NAME}}({{PARAMS}})
         }
         free(xp);
     }
+#endif
     if (failed)
         eqf_nomem_note();
 }

@@ -26,6 +26,8 @@ CASES_C = [
     ("dw3_s2", "conv2d", (1, 6, 11, 10), (6, 1, 3, 3), True, "stride=2, padding=1, group=6"),
     ("dw5_odd", "conv2d", (1, 5, 7, 13), (5, 1, 5, 5), False, "padding=2, group=5"),
     ("dw_dil2", "conv2d", (1, 4, 10, 9), (4, 1, 3, 3), True, "padding=2, dilation=2, group=4"),
+    ("dw7_wide", "conv2d", (1, 20, 21, 19), (20, 1, 7, 7), True, "padding=3, group=20"),
+    ("dw7_s2", "conv2d", (1, 16, 23, 40), (16, 1, 7, 7), False, "stride=2, padding=3, group=16"),
     ("dw_mult", "conv2d", (2, 4, 7, 6), (12, 1, 3, 3), True, "padding=1, group=4"),
     ("dw_asym", "conv2d", (1, 3, 8, 11), (6, 1, 3, 2), False, "stride=[2, 1], padding=[0, 1], dilation=[1, 3], group=3"),
     ("g2", "conv2d", (2, 6, 9, 7), (4, 3, 3, 3), True, "padding=1, group=2"),

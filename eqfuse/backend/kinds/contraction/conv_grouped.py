@@ -16,10 +16,11 @@ stride, padding and dilation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, render
-from eqfuse.backend.kinds.contraction.plan_gemm import parallel
+from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, cdiv, parallel
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.kernels import F32
 from eqfuse.ir.ops import pair
@@ -44,8 +45,15 @@ class ConvGroupedDetail:
     padding: tuple[int, int]
     dilation: tuple[int, int]
     parallel: bool
+    # VL channels in the vector lanes (a depthwise conv, `use_channels`); else a row's pixels
+    channels: bool = False
+    vl: int = 1  # floats per vector (channels)
+    rw: int = 1  # output pixels of a row per register tile (channels)
+    band: int = 1  # output rows per task (channels)
     blocked_args: tuple[int, ...] = ()  # (the conv epilogue's interface: none read in blocks here)
-    prepack = None  # (the weights are read as they are, OIHW)
+    # channels: the weights bound by params=, in blocks [C / VL][KH x KW][VL] made once (conv.mark_bound);
+    # pixels: always None (the weights are read as they are, OIHW)
+    prepack: Prepack | None = None
 
     @property
     def cg(self) -> int:
@@ -61,6 +69,35 @@ def is_grouped(cv) -> bool:
     return cv.attr.get("group", 1) != 1
 
 
+def use_channels(d: ConvGroupedDetail) -> bool:
+    """Whether a depthwise conv puts channels in the lanes: one input and one output channel per
+    group and a kernel of more than 3 x 3 taps, or an output row narrower than two vectors
+    (pixels in the lanes would leave most lanes empty). EQFUSE_CONV_GROUPED=pixels|channels
+    forces either where it can run."""
+    if not (d.cg == 1 and d.og == 1):
+        return False
+    force = os.environ.get("EQFUSE_CONV_GROUPED", "").strip().lower()
+    if force in ("pixels", "channels"):
+        return force == "channels"
+    return d.KH * d.KW > 9 or d.OW < 2 * d.vl
+
+
+def channel_tiles(d: ConvGroupedDetail, m: Machine) -> tuple[int, int]:
+    """(RW, BAND) of the channels path. RW: the register tile's pixels, from 4 up to the
+    accumulators the vector registers leave (one for the weight vector, one for an input), the one
+    that wastes the fewest computed columns (the last tile of a row computes past its end), the
+    largest on a tie. BAND: all the output rows, cut into bands when the (image, channel block)
+    tasks are fewer than 4 per core, and so that a band's input tile fits half of L2."""
+    regs = 32 if d.vl >= 16 else 16
+    rw = min(range(4, min(regs - 2, 14) + 1), key=lambda r: (cdiv(d.OW, r) * r, -r))
+    tw = cdiv(d.OW, rw) * rw
+    bwp = (tw - 1) * d.stride[1] + (d.KW - 1) * d.dilation[1] + 1
+    tasks = d.N * cdiv(d.C, d.vl)
+    band = cdiv(d.OH, min(d.OH, cdiv(4 * m.cores, tasks)))
+    fit = ((m.l2 // 2) // (bwp * d.vl * F32) - (d.KH - 1) * d.dilation[0] - 1) // d.stride[0] + 1
+    return rw, max(1, min(band, fit))
+
+
 def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     computes_f32(plan, "a depthwise or grouped conv runs in f32 under bf16: no bf16 path for this kernel")
     body, a = plan.body, plan.shape.anchor
@@ -73,7 +110,13 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     # elements it reads and writes too)
     par = parallel(N * O, OH * OW, CG * KH * KW, 1) or N * (C * H * W + O * OH * OW) >= (1 << 17)
     d = ConvGroupedDetail(N, C, H, W, O, g, KH, KW, OH, OW, pair(cv.attr["stride"]), pair(cv.attr["padding"]),
-                          pair(cv.attr["dilation"]), par)
+                          pair(cv.attr["dilation"]), par, vl=m.simd_floats)
+    if use_channels(d):
+        rw, band = channel_tiles(d, m)
+        d = replace(d, channels=True, rw=rw, band=band)
+        plan.detail = d
+        return _plan_channels(plan, body, a, cv, d, m, macs)
+    d = replace(d, vl=1)
     plan.detail = d
     plan.tiles = {"plane": OH * OW}
     plan.flops = 2 * macs + pointwise_flops(body)
@@ -92,14 +135,39 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
                  UOp(1, "Store", f"plane through the epilogue ({epi or 'none'}) in place, NCHW", N * O)]
 
 
-def emit_conv_grouped(plan: KernelPlan) -> str:
-    from eqfuse.backend.kinds.contraction.conv import epilogue_c
+def _plan_channels(plan: KernelPlan, body, a: int, cv, d: ConvGroupedDetail, m: Machine, macs: int) -> None:
+    plan.tiles = {"rw": d.rw, "band": d.band}
+    plan.flops = 2 * macs + pointwise_flops(body)
+    tw = cdiv(d.OW, d.rw) * d.rw
+    bhp = (d.band - 1) * d.stride[0] + (d.KH - 1) * d.dilation[0] + 1
+    bwp = (tw - 1) * d.stride[1] + (d.KW - 1) * d.dilation[1] + 1
+    tile = (bhp * bwp + d.band * tw) * d.vl * F32
+    plan.cache_check = (f"a band's input tile {bhp} x {bwp} x {d.vl} and output tile {d.band} x {tw} x {d.vl}: "
+                        f"{tile} B <= L2 {m.l2} B: {'ok' if tile <= m.l2 else 'NO'}")
+    nt = d.N * cdiv(d.C, d.vl) * cdiv(d.OH, d.band)
+    plan.threads = (f"the {nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows) split evenly"
+                    if d.parallel else "one thread, no parallel region")
+    epi = ops_text(body, skip={a} | set(cv.args))
+    plan.uops = [UOp(0, "Load", f"weights to blocks [{cdiv(d.C, d.vl)}][{d.KH * d.KW}][{d.vl}]", 1),
+                 UOp(0, "Loop", f"{nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows)", nt),
+                 UOp(1, "Load", f"the band's input rows transposed {d.vl} x {d.vl} into a zero-padded tile "
+                                f"[{bhp}][{bwp}][{d.vl}]", nt * bhp),
+                 UOp(1, "Exec", f"register tiles of {d.rw} pixels x {d.vl} channels, {d.KH} x {d.KW} taps, "
+                                "a weight vector each", nt * d.band * (tw // d.rw)),
+                 UOp(1, "Store", f"the output tile transposed into the NCHW planes, then the epilogue "
+                                 f"({epi or 'none'}) in place", nt)]
 
+
+def emit_conv_grouped(plan: KernelPlan) -> str:
     body, a, d = plan.body, plan.shape.anchor, plan.detail
     cv = body.nodes[a]
     params, ptrs = kernel_params(plan)
+    from eqfuse.backend.kinds.contraction.conv import epilogue_c, transpose_c
+
     expr, decls = epilogue_c(plan)
-    return render("conv_grouped.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
+    return render("conv_grouped.c", NAME=plan.name, CHANNELS=int(d.channels), VL=d.vl,
+                  PREPACKED=int(d.prepack is not None), RW=d.rw, BAND=d.band,
+                  TRANSPOSE=transpose_c(d.vl, f"{plan.name}_vf") if d.channels else "", PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), N=d.N, C=d.C, H=d.H, W=d.W,
                   O=d.O, G=d.group, CG=d.cg, OG=d.og, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW, SH=d.stride[0],
                   SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], DH=d.dilation[0], DW=d.dilation[1])
