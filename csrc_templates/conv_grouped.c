@@ -18,8 +18,10 @@
  * tile xb[BHP][BWP] of VL-channel vectors; a register tile is RW = {{RW}} output pixels of a row,
  * each tap a weight vector (the tap's weight of the VL channels) times the input vector at the
  * pixel's tap; the output tile ob[BAND][TW] is transposed back into the NCHW planes, where the
- * epilogue goes over the band's rows in place. A block of fewer than VL channels (C % VL) or a
- * row narrower than VL is transposed element by element. */
+ * epilogue goes over the band's rows in place. Both transposes take VL consecutive pixels of the
+ * band (across rows: any width fills the lanes); a block of fewer than VL channels (C % VL) or a
+ * band of fewer than VL pixels is transposed element by element. PREFETCH = {{PREFETCH}}: while a
+ * task computes, the image rows of the next one are prefetched, a slice per output row. */
 typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
 typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
 
@@ -48,7 +50,7 @@ void {{NAME}}({{PARAMS}})
            HP = (OH - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1,
            /* the input rows and columns that some tap reads */
            HC = H < HP - PH ? H : HP - PH, WC = W < WP - PW ? W : WP - PW,
-           CHANNELS = {{CHANNELS}}, VL = {{VL}}, RW = {{RW}}, BAND = {{BAND}},
+           CHANNELS = {{CHANNELS}}, PREFETCH = {{PREFETCH}}, VL = {{VL}}, RW = {{RW}}, BAND = {{BAND}},
            NCB = (C + VL - 1) / VL, NBAND = (OH + BAND - 1) / BAND,
            TW = (OW + RW - 1) / RW * RW /* the columns computed: whole register tiles */,
            BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, BWP = (TW - 1) * SW + (KW - 1) * DW + 1 };
@@ -122,27 +124,50 @@ void {{NAME}}({{PARAMS}})
                         for (long l = 0; l < VL; l++)
                             xb[(q / W - ih0) * BWP + PW + q % W][l] = l < cc ? src[l * (long)H * W + q] : 0.0f;
             }
+            /* the image rows the next task reads, prefetched a slice per output row as this one
+             * computes (the transposes then read them from cache: memory and multiply-adds overlap) */
+            const long tn = t + 1 < (long)N * NCB * NBAND ? t + 1 : t;
+            const long nb = tn / (NCB * NBAND), nc0 = tn / NBAND % NCB * VL, noh0 = tn % NBAND * BAND;
+            const long ncc = C - nc0 < VL ? C - nc0 : VL, nnh = OH - noh0 < BAND ? OH - noh0 : BAND;
+            const long nih0 = noh0 * SH - PH, nrows = (nnh - 1) * SH + (KH - 1) * DH + 1;
+            const long nq0 = (nih0 < 0 ? 0 : nih0) * W, nq1 = (H < nih0 + nrows ? H : nih0 + nrows) * W;
+            const float* restrict nsrc = x + (nb * C + nc0) * (long)H * W;
             /* register tiles of RW pixels x VL channels */
-            for (long oh = 0; oh < nh; oh++)
+            for (long oh = 0; oh < nh; oh++) {
+                if ({{PREFETCH}} && tn != t && nq1 > nq0)
+                    for (long l = 0; l < ncc; l++)
+                        for (long q = nq0 + (nq1 - nq0) * oh / nh; q < nq0 + (nq1 - nq0) * (oh + 1) / nh; q += 16)
+                            __builtin_prefetch(nsrc + l * (long)H * W + q, 0, 2);
                 for (long ow0 = 0; ow0 < TW; ow0 += RW) {
                     vf acc[RW];
 #pragma GCC unroll 16
                     for (int r = 0; r < RW; r++)
                         acc[r] = (vf){0};
+                    /* per kernel row: the KW weight vectors in registers, each input vector of
+                     * the tile's window loaded once and multiplied into every accumulator whose
+                     * pixel reads it (RW + KW + 1 vector registers) */
                     for (long kh = 0; kh < KH; kh++) {
                         const vf* restrict xr = xb + (oh * SH + kh * DH) * (long)BWP + ow0 * SW;
-#pragma GCC unroll 16
-                        for (int kw = 0; kw < KW; kw++) {
-                            const vf wk = wv[kh * KW + kw];
-#pragma GCC unroll 16
-                            for (int r = 0; r < RW; r++)
-                                acc[r] += xr[r * SW + kw * DW] * wk;
+                        vf wk[KW];
+#pragma GCC unroll 32
+                        for (int kw = 0; kw < KW; kw++)
+                            wk[kw] = wv[kh * KW + kw];
+#pragma GCC unroll 64
+                        for (int c = 0; c < (RW - 1) * SW + (KW - 1) * DW + 1; c++) {
+                            const vf xv = xr[c];
+#pragma GCC unroll 32
+                            for (int kw = 0; kw < KW; kw++) {
+                                const int e = c - kw * DW;
+                                if (e >= 0 && e % SW == 0 && e / SW < RW)
+                                    acc[e / SW] += xv * wk[kw];
+                            }
                         }
                     }
 #pragma GCC unroll 16
                     for (int r = 0; r < RW; r++)
                         ob[oh * TW + ow0 + r] = acc[r];
                 }
+            }
             /* the output tile back into the NCHW planes (the band's rows are consecutive pixels j
              * of each plane: VL at a time), then the epilogue over them in place */
             float* restrict dst = out + (b * O + c0) * (long)OH * OW + oh0 * OW;

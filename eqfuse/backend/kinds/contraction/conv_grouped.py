@@ -50,6 +50,7 @@ class ConvGroupedDetail:
     vl: int = 1  # floats per vector (channels)
     rw: int = 1  # output pixels of a row per register tile (channels)
     band: int = 1  # output rows per task (channels)
+    prefetch: bool = False  # the next task's image rows prefetched while a task computes (channels)
     blocked_args: tuple[int, ...] = ()  # (the conv epilogue's interface: none read in blocks here)
     # channels: the weights bound by params=, in blocks [C / VL][KH x KW][VL] made once (conv.mark_bound);
     # pixels: always None (the weights are read as they are, OIHW)
@@ -71,31 +72,46 @@ def is_grouped(cv) -> bool:
 
 def use_channels(d: ConvGroupedDetail) -> bool:
     """Whether a depthwise conv puts channels in the lanes: one input and one output channel per
-    group and a kernel of more than 3 x 3 taps, or an output row narrower than two vectors
-    (pixels in the lanes would leave most lanes empty). EQFUSE_CONV_GROUPED=pixels|channels
-    forces either where it can run."""
+    group, and a kernel of more than 3 x 3 taps (the multiply-adds hide the transposes), a
+    stride (pixels in the lanes would read strided columns) or an output row narrower than two
+    vectors (most lanes of its last vector empty). A 3 x 3 stride-1 conv over wide rows is
+    bound by memory either way and keeps its pixels in the lanes, which reads the input once
+    without transposing it (benchmarks/bench_conv.py --set mobilenet). EQFUSE_CONV_GROUPED=
+    pixels|channels forces either where it can run."""
     if not (d.cg == 1 and d.og == 1):
         return False
     force = os.environ.get("EQFUSE_CONV_GROUPED", "").strip().lower()
     if force in ("pixels", "channels"):
         return force == "channels"
-    return d.KH * d.KW > 9 or d.OW < 2 * d.vl
+    return d.KH * d.KW > 9 or d.stride != (1, 1) or d.OW < 2 * d.vl
 
 
 def channel_tiles(d: ConvGroupedDetail, m: Machine) -> tuple[int, int]:
     """(RW, BAND) of the channels path. RW: the register tile's pixels, from 4 up to the
-    accumulators the vector registers leave (one for the weight vector, one for an input), the one
+    accumulators the vector registers leave (KW for a kernel row's weights, one for an input; at
+    most 14), the one
     that wastes the fewest computed columns (the last tile of a row computes past its end), the
     largest on a tie. BAND: all the output rows, cut into bands when the (image, channel block)
     tasks are fewer than 4 per core, and so that a band's input tile fits half of L2."""
+    if os.environ.get("EQFUSE_GROUPED_TILE"):  # "RW,BAND": a tile forced, to measure others
+        rw, band = (int(t) for t in os.environ["EQFUSE_GROUPED_TILE"].split(","))
+        return rw, min(band, d.OH)
     regs = 32 if d.vl >= 16 else 16
-    rw = min(range(4, min(regs - 2, 14) + 1), key=lambda r: (cdiv(d.OW, r) * r, -r))
+    rw = min(range(4, max(4, min(regs - d.KW - 1, 14)) + 1), key=lambda r: (cdiv(d.OW, r) * r, -r))
     tw = cdiv(d.OW, rw) * rw
     bwp = (tw - 1) * d.stride[1] + (d.KW - 1) * d.dilation[1] + 1
     tasks = d.N * cdiv(d.C, d.vl)
     band = cdiv(d.OH, min(d.OH, cdiv(4 * m.cores, tasks)))
     fit = ((m.l2 // 2) // (bwp * d.vl * F32) - (d.KH - 1) * d.dilation[0] - 1) // d.stride[0] + 1
     return rw, max(1, min(band, fit))
+
+
+def prefetches(d: ConvGroupedDetail) -> bool:
+    """Whether a task prefetches the next one's image rows: with more than 3 x 3 taps, where
+    a task's multiply-adds take long enough to hide the loads (a 3 x 3 conv is bound by memory:
+    nothing to overlap). EQFUSE_GROUPED_PREFETCH=0|1 forces it."""
+    force = os.environ.get("EQFUSE_GROUPED_PREFETCH", "").strip()
+    return force == "1" if force in ("0", "1") else d.KH * d.KW > 9
 
 
 def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
@@ -113,7 +129,8 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
                           pair(cv.attr["dilation"]), par, vl=m.simd_floats)
     if use_channels(d):
         rw, band = channel_tiles(d, m)
-        d = replace(d, channels=True, rw=rw, band=band)
+        d = replace(d, channels=True, rw=rw, band=band,
+                    prefetch=prefetches(d))
         plan.detail = d
         return _plan_channels(plan, body, a, cv, d, m, macs)
     d = replace(d, vl=1)
@@ -166,7 +183,7 @@ def emit_conv_grouped(plan: KernelPlan) -> str:
 
     expr, decls = epilogue_c(plan)
     return render("conv_grouped.c", NAME=plan.name, CHANNELS=int(d.channels), VL=d.vl,
-                  PREPACKED=int(d.prepack is not None), RW=d.rw, BAND=d.band,
+                  PREPACKED=int(d.prepack is not None), PREFETCH=int(d.prefetch), RW=d.rw, BAND=d.band,
                   TRANSPOSE=transpose_c(d.vl, f"{plan.name}_vf") if d.channels else "", PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), N=d.N, C=d.C, H=d.H, W=d.W,
                   O=d.O, G=d.group, CG=d.cg, OG=d.og, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW, SH=d.stride[0],
