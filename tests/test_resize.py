@@ -101,3 +101,29 @@ def test_unsupported_resize_is_refused_naming_the_node(tmp_path, attrs, said):
     with pytest.raises(EqfuseError) as e:
         eqfuse.compile(str(path))
     assert said in e.value.message and "'up_head'" in e.value.message and "Resize" in e.value.message
+
+
+@pytest.mark.extended  # (torch.compile's start-up)
+def test_torch_upsampling_runs_in_eqfuse_and_matches_eager():
+    """F.interpolate nearest and bilinear (align_corners either way) under torch.compile: the
+    upsample ops decompose into _unsafe_index gathers, which eqfuse computes (no node falls back
+    to torch), and the results are eager's."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    from eqfuse.torch_backend import FallbackWarning
+
+    F = torch.nn.functional
+
+    class Up(torch.nn.Module):
+        def forward(self, x):
+            return (F.interpolate(x, scale_factor=2, mode="nearest"), F.interpolate(x, size=(9, 4), mode="nearest"),
+                    F.interpolate(x, size=(9, 4), mode="bilinear", align_corners=False),
+                    F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True))
+
+    m, x = Up(), torch.randn(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        got = torch.compile(m, backend="eqfuse")(x)
+    for g, w in zip(got, m(x)):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
