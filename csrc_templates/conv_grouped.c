@@ -14,7 +14,8 @@
  *
  * CHANNELS = {{CHANNELS}}: a depthwise conv with VL = {{VL}} channels in the vector lanes instead
  * (conv_grouped.py's use_channels). A task is (image, block of VL channels, band of BAND = {{BAND}}
- * output rows): the band's input rows are transposed VL x VL in registers into a zero-padded
+ * output rows), the tasks of a band consecutive (a thread zeroes its tile's border once per band,
+ * the fills write only inside the image): the band's input rows are transposed VL x VL in registers into a zero-padded
  * tile xb[BHP][BWP] of VL-channel vectors; a register tile is RW = {{RW}} output pixels of a row,
  * each tap a weight vector (the tap's weight of the VL channels) times the input vector at the
  * pixel's tap; the output tile ob[BAND][TW] is transposed back into the NCHW planes, where the
@@ -80,24 +81,26 @@ void {{NAME}}({{PARAMS}})
         vf* restrict ob = (vf*)aligned_alloc(64, obytes);
         if (!xb || !ob)
             failed = 1;
+        long zeroed = -1; /* the band whose zero border xb holds (tasks of one band follow each other) */
         #pragma omp for schedule(static)
         for (long t = 0; t < (long)N * NCB * NBAND; t++) {
             if (!xb || !ob)
                 continue;
-            const long b = t / (NCB * NBAND), c0 = t / NBAND % NCB * VL, oh0 = t % NBAND * BAND;
+            const long oh0 = t / (N * NCB) * BAND, b = t % (N * NCB) / NCB, c0 = t % NCB * VL;
             const long cc = C - c0 < VL ? C - c0 : VL, nh = OH - oh0 < BAND ? OH - oh0 : BAND;
             const long ih0 = oh0 * SH - PH;
             const vfu* restrict wv = (const vfu*)(wpk + c0 * (long)KH * KW);
             /* the band's input rows, channels in the lanes, zero outside the image */
             const long rows = (nh - 1) * SH + (KH - 1) * DH + 1;
             const long wc = W < BWP - PW ? W : BWP - PW; /* the columns some tap reads */
-            for (long r = 0; r < rows; r++) {
+            for (long r = 0; r < rows && zeroed != oh0; r++) {
                 vf* restrict row = xb + r * (long)BWP;
                 const long ih = ih0 + r;
                 for (long c = 0; c < BWP; c++)
                     if (ih < 0 || ih >= H || c < PW || c >= PW + wc)
                         row[c] = (vf){0};
             }
+            zeroed = oh0;
             /* the image rows of the band are consecutive pixels q of each plane: VL at a time
              * transposed (the last VL overlapping the previous ones), each to its row and column */
             const long r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < rows ? H - ih0 : rows;
@@ -127,7 +130,7 @@ void {{NAME}}({{PARAMS}})
             /* the image rows the next task reads, prefetched a slice per output row as this one
              * computes (the transposes then read them from cache: memory and multiply-adds overlap) */
             const long tn = t + 1 < (long)N * NCB * NBAND ? t + 1 : t;
-            const long nb = tn / (NCB * NBAND), nc0 = tn / NBAND % NCB * VL, noh0 = tn % NBAND * BAND;
+            const long noh0 = tn / (N * NCB) * BAND, nb = tn % (N * NCB) / NCB, nc0 = tn % NCB * VL;
             const long ncc = C - nc0 < VL ? C - nc0 : VL, nnh = OH - noh0 < BAND ? OH - noh0 : BAND;
             const long nih0 = noh0 * SH - PH, nrows = (nnh - 1) * SH + (KH - 1) * DH + 1;
             const long nq0 = (nih0 < 0 ? 0 : nih0) * W, nq1 = (H < nih0 + nrows ? H : nih0 + nrows) * W;
