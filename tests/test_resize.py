@@ -127,3 +127,21 @@ def test_torch_upsampling_runs_in_eqfuse_and_matches_eager():
         got = torch.compile(m, backend="eqfuse")(x)
     for g, w in zip(got, m(x)):
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_index_after_full_axes_is_one_gather():
+    """aten.index / _unsafe_index with leading full axes (None), as upsampling decomposes:
+    converted and evaluated by the reference, equal to torch's indexing (negative indices too)."""
+    torch = pytest.importorskip("torch")
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from eqfuse.frontend.torch_fx import FxConverter
+    from eqfuse.ir.reference import evaluate
+
+    def f(x, i, j):
+        return x[i], x[:, i], x[:, :, i, j], torch.ops.aten._unsafe_index(x, [None, i.unsqueeze(1), j])
+
+    x, i, j = torch.randn(4, 5, 6, 7), torch.tensor([3, 0, -1]), torch.tensor([1, 5, 2])
+    g = FxConverter("t").convert(make_fx(f, tracing_mode="fake")(x, i, j))
+    for got, want in zip(evaluate(g, [x.numpy(), i.numpy(), j.numpy()]), f(x, i, j)):
+        np.testing.assert_array_equal(got, want.numpy())
