@@ -29,18 +29,19 @@ typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4)));
 #if {{CHANNELS}}
 long {{NAME}}_prepack_floats(void)
 {
-    return (long)({{C}} + {{VL}} - 1) / {{VL}} * {{KH}} * {{KW}} * {{VL}};
+    return (long)({{O}} + {{VL}} - 1) / {{VL}} * {{CG}} * {{KH}} * {{KW}} * {{VL}};
 }
 
-/* OIHW depthwise weights -> w[C / VL][KH x KW][VL] (a tap's weights of VL channels, one vector),
+/* OIHW weights -> w[O / VL][CG][KH x KW][VL] (a tap's weights of VL output channels, one vector),
  * zero past the last channel; made once by the runtime when bound by params=. */
 void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
 {
-    enum { C = {{C}}, VL = {{VL}}, KK = {{KH}} * {{KW}} };
-    for (long cb = 0; cb < (C + VL - 1) / VL; cb++)
-        for (long k = 0; k < KK; k++)
-            for (long l = 0; l < VL; l++)
-                wp[(cb * KK + k) * VL + l] = cb * VL + l < C ? wt[(cb * VL + l) * KK + k] : 0.0f;
+    enum { O = {{O}}, CG = {{CG}}, VL = {{VL}}, KK = {{KH}} * {{KW}} };
+    for (long ob = 0; ob < (O + VL - 1) / VL; ob++)
+        for (long ci = 0; ci < CG; ci++)
+            for (long k = 0; k < KK; k++)
+                for (long l = 0; l < VL; l++)
+                    wp[((ob * CG + ci) * KK + k) * VL + l] = ob * VL + l < O ? wt[((ob * VL + l) * CG + ci) * KK + k] : 0.0f;
 }
 #endif
 
@@ -52,7 +53,7 @@ void {{NAME}}({{PARAMS}})
            /* the input rows and columns that some tap reads */
            HC = H < HP - PH ? H : HP - PH, WC = W < WP - PW ? W : WP - PW,
            CHANNELS = {{CHANNELS}}, PREFETCH = {{PREFETCH}}, VL = {{VL}}, RW = {{RW}}, BAND = {{BAND}},
-           NCB = (C + VL - 1) / VL, NBAND = (OH + BAND - 1) / BAND,
+           GROUPED = {{GROUPED}}, NCB = (O + VL - 1) / VL /* blocks of output channels */, NBAND = (OH + BAND - 1) / BAND,
            TW = (OW + RW - 1) / RW * RW /* the columns computed: whole register tiles */,
            BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, BWP = (TW - 1) * SW + (KW - 1) * DW + 1 };
 {{EXTRAS}}
@@ -75,7 +76,8 @@ void {{NAME}}({{PARAMS}})
     (void)sizeof(vi);
     #pragma omp parallel if ({{PARALLEL}}) reduction(| : failed)
     {
-        const size_t xbytes = ((size_t)BHP * BWP * sizeof(vf) + 63) / 64 * 64;
+        /* (grouped: the band's rows of the group's CG input planes, zero-padded, as they are) */
+        const size_t xbytes = ((size_t)BHP * BWP * (GROUPED ? CG * sizeof(float) : sizeof(vf)) + 63) / 64 * 64;
         const size_t obytes = ((size_t)BAND * TW * sizeof(vf) + 63) / 64 * 64;
         vf* restrict xb = (vf*)aligned_alloc(64, xbytes);
         vf* restrict ob = (vf*)aligned_alloc(64, obytes);
@@ -87,12 +89,29 @@ void {{NAME}}({{PARAMS}})
             if (!xb || !ob)
                 continue;
             const long oh0 = t / (N * NCB) * BAND, b = t % (N * NCB) / NCB, c0 = t % NCB * VL;
-            const long cc = C - c0 < VL ? C - c0 : VL, nh = OH - oh0 < BAND ? OH - oh0 : BAND;
+            const long cc = O - c0 < VL ? O - c0 : VL, nh = OH - oh0 < BAND ? OH - oh0 : BAND;
             const long ih0 = oh0 * SH - PH;
-            const vfu* restrict wv = (const vfu*)(wpk + c0 * (long)KH * KW);
+            const vfu* restrict wv = (const vfu*)(wpk + c0 * (long)CG * KH * KW);
             /* the band's input rows, channels in the lanes, zero outside the image */
             const long rows = (nh - 1) * SH + (KH - 1) * DH + 1;
             const long wc = W < BWP - PW ? W : BWP - PW; /* the columns some tap reads */
+#if {{GROUPED}}
+            /* the group's CG input planes (c0 / OG its group: a block of VL output channels lies in
+             * one group), the band's rows copied as they are into zero-padded planes */
+            float* restrict xs = (float*)xb;
+            const long r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < rows ? H - ih0 : rows;
+            for (long ci = 0; ci < CG; ci++) {
+                float* restrict pl = xs + ci * (long)BHP * BWP;
+                for (long r = 0; r < rows && zeroed != oh0; r++)
+                    for (long c = 0; c < BWP; c++)
+                        if (r < r0 || r >= r1 || c < PW || c >= PW + wc)
+                            pl[r * BWP + c] = 0.0f;
+                const float* restrict src = x + ((b * C + c0 / OG * CG + ci) * H + ih0) * (long)W;
+                for (long r = r0; r < r1; r++)
+                    memcpy(pl + r * BWP + PW, src + r * W, (size_t)wc * sizeof(float));
+            }
+            zeroed = oh0;
+#else
             for (long r = 0; r < rows && zeroed != oh0; r++) {
                 vf* restrict row = xb + r * (long)BWP;
                 const long ih = ih0 + r;
@@ -127,6 +146,7 @@ void {{NAME}}({{PARAMS}})
                         for (long l = 0; l < VL; l++)
                             xb[(q / W - ih0) * BWP + PW + q % W][l] = l < cc ? src[l * (long)H * W + q] : 0.0f;
             }
+#endif
             /* the image rows the next task reads, prefetched a slice per output row as this one
              * computes (the transposes then read them from cache: memory and multiply-adds overlap) */
             const long tn = t + 1 < (long)N * NCB * NBAND ? t + 1 : t;
@@ -149,6 +169,21 @@ void {{NAME}}({{PARAMS}})
                     /* per kernel row: the KW weight vectors in registers, each input vector of
                      * the tile's window loaded once and multiplied into every accumulator whose
                      * pixel reads it (RW + KW + 1 vector registers) */
+#if {{GROUPED}}
+                    /* each input channel's pixel (a scalar, broadcast) times the tap's weights of
+                     * the VL output channels */
+                    for (long kh = 0; kh < KH; kh++)
+                        for (long ci = 0; ci < CG; ci++) {
+                            const float* restrict xr = xs + (ci * BHP + oh * SH + kh * DH) * (long)BWP + ow0 * SW;
+#pragma GCC unroll 32
+                            for (int kw = 0; kw < KW; kw++) {
+                                const vf wk = wv[(ci * KH + kh) * KW + kw];
+#pragma GCC unroll 16
+                                for (int r = 0; r < RW; r++)
+                                    acc[r] += xr[r * SW + kw * DW] * wk;
+                            }
+                        }
+#else
                     for (long kh = 0; kh < KH; kh++) {
                         const vf* restrict xr = xb + (oh * SH + kh * DH) * (long)BWP + ow0 * SW;
                         vf wk[KW];
@@ -166,6 +201,7 @@ void {{NAME}}({{PARAMS}})
                             }
                         }
                     }
+#endif
 #pragma GCC unroll 16
                     for (int r = 0; r < RW; r++)
                         ob[oh * TW + ow0 + r] = acc[r];

@@ -71,18 +71,22 @@ def is_grouped(cv) -> bool:
 
 
 def use_channels(d: ConvGroupedDetail) -> bool:
-    """Whether a depthwise conv puts channels in the lanes: one input and one output channel per
-    group, and a kernel of more than 3 x 3 taps (the multiply-adds hide the transposes), a
+    """Whether a grouped conv puts channels in the lanes: always when each group's output channels
+    are whole vectors (a RegNet's 16-64 per group; the per-plane kernel re-copies the group's input
+    planes for every output channel); a depthwise conv (one input and one output channel per
+    group) with a kernel of more than 3 x 3 taps (the multiply-adds hide the transposes), a
     stride (pixels in the lanes would read strided columns) or an output row narrower than two
     vectors (most lanes of its last vector empty). A 3 x 3 stride-1 conv over wide rows is
     bound by memory either way and keeps its pixels in the lanes, which reads the input once
     without transposing it (benchmarks/bench_conv.py --set mobilenet). EQFUSE_CONV_GROUPED=
     pixels|channels forces either where it can run."""
-    if not (d.cg == 1 and d.og == 1):
+    if not (d.cg == 1 and d.og == 1) and d.og % d.vl:
         return False
     force = os.environ.get("EQFUSE_CONV_GROUPED", "").strip().lower()
     if force in ("pixels", "channels"):
         return force == "channels"
+    if not (d.cg == 1 and d.og == 1):
+        return True  # (grouped, whole vectors of output channels per group: see the module's doc)
     return d.KH * d.KW > 9 or d.stride != (1, 1) or d.OW < 2 * d.vl
 
 
@@ -100,9 +104,10 @@ def channel_tiles(d: ConvGroupedDetail, m: Machine) -> tuple[int, int]:
     rw = min(range(4, max(4, min(regs - d.KW - 1, 14)) + 1), key=lambda r: (cdiv(d.OW, r) * r, -r))
     tw = cdiv(d.OW, rw) * rw
     bwp = (tw - 1) * d.stride[1] + (d.KW - 1) * d.dilation[1] + 1
-    tasks = d.N * cdiv(d.C, d.vl)
+    per_row = bwp * (d.cg if d.cg != 1 or d.og != 1 else d.vl) * F32
+    tasks = d.N * cdiv(d.O, d.vl)
     band = cdiv(d.OH, min(d.OH, cdiv(4 * m.cores, tasks)))
-    fit = ((m.l2 // 2) // (bwp * d.vl * F32) - (d.KH - 1) * d.dilation[0] - 1) // d.stride[0] + 1
+    fit = ((m.l2 // 2) // per_row - (d.KH - 1) * d.dilation[0] - 1) // d.stride[0] + 1
     return rw, max(1, min(band, fit))
 
 
@@ -111,6 +116,8 @@ def prefetches(d: ConvGroupedDetail) -> bool:
     a task's multiply-adds take long enough to hide the loads (a 3 x 3 conv is bound by memory:
     nothing to overlap). EQFUSE_GROUPED_PREFETCH=0|1 forces it."""
     force = os.environ.get("EQFUSE_GROUPED_PREFETCH", "").strip()
+    if d.cg != 1 or d.og != 1:
+        return False  # (the prefetch follows a depthwise task's VL input planes)
     return force == "1" if force in ("0", "1") else d.KH * d.KW > 9
 
 
@@ -158,19 +165,22 @@ def _plan_channels(plan: KernelPlan, body, a: int, cv, d: ConvGroupedDetail, m: 
     tw = cdiv(d.OW, d.rw) * d.rw
     bhp = (d.band - 1) * d.stride[0] + (d.KH - 1) * d.dilation[0] + 1
     bwp = (tw - 1) * d.stride[1] + (d.KW - 1) * d.dilation[1] + 1
-    tile = (bhp * bwp + d.band * tw) * d.vl * F32
-    plan.cache_check = (f"a band's input tile {bhp} x {bwp} x {d.vl} and output tile {d.band} x {tw} x {d.vl}: "
+    grouped = d.cg != 1 or d.og != 1
+    tile = (bhp * bwp * (d.cg if grouped else d.vl) + d.band * tw * d.vl) * F32
+    plan.cache_check = (f"a band's input tile {bhp} x {bwp} x {d.cg if grouped else d.vl} and output tile {d.band} x {tw} x {d.vl}: "
                         f"{tile} B <= L2 {m.l2} B: {'ok' if tile <= m.l2 else 'NO'}")
-    nt = d.N * cdiv(d.C, d.vl) * cdiv(d.OH, d.band)
+    nt = d.N * cdiv(d.O, d.vl) * cdiv(d.OH, d.band)
     plan.threads = (f"the {nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows) split evenly"
                     if d.parallel else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
-    plan.uops = [UOp(0, "Load", f"weights to blocks [{cdiv(d.C, d.vl)}][{d.KH * d.KW}][{d.vl}]", 1),
+    load = (f"the band's rows of the group's {d.cg} input planes copied into zero-padded planes [{d.cg}][{bhp}][{bwp}]"
+            if grouped else f"the band's input rows transposed {d.vl} x {d.vl} into a zero-padded tile "
+                            f"[{bhp}][{bwp}][{d.vl}]")
+    plan.uops = [UOp(0, "Load", f"weights to blocks [{cdiv(d.O, d.vl)}][{d.cg}][{d.KH * d.KW}][{d.vl}]", 1),
                  UOp(0, "Loop", f"{nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows)", nt),
-                 UOp(1, "Load", f"the band's input rows transposed {d.vl} x {d.vl} into a zero-padded tile "
-                                f"[{bhp}][{bwp}][{d.vl}]", nt * bhp),
-                 UOp(1, "Exec", f"register tiles of {d.rw} pixels x {d.vl} channels, {d.KH} x {d.KW} taps, "
-                                "a weight vector each", nt * d.band * (tw // d.rw)),
+                 UOp(1, "Load", load, nt * bhp),
+                 UOp(1, "Exec", f"register tiles of {d.rw} pixels x {d.vl} channels, {d.cg} x {d.KH} x {d.KW} "
+                                "taps, a weight vector each", nt * d.band * (tw // d.rw)),
                  UOp(1, "Store", f"the output tile transposed into the NCHW planes, then the epilogue "
                                  f"({epi or 'none'}) in place", nt)]
 
@@ -183,7 +193,8 @@ def emit_conv_grouped(plan: KernelPlan) -> str:
 
     expr, decls = epilogue_c(plan)
     return render("conv_grouped.c", NAME=plan.name, CHANNELS=int(d.channels), VL=d.vl,
-                  PREPACKED=int(d.prepack is not None), PREFETCH=int(d.prefetch), RW=d.rw, BAND=d.band,
+                  PREPACKED=int(d.prepack is not None), PREFETCH=int(d.prefetch),
+                  GROUPED=int(d.cg != 1 or d.og != 1), RW=d.rw, BAND=d.band,
                   TRANSPOSE=transpose_c(d.vl, f"{plan.name}_vf") if d.channels else "", PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), N=d.N, C=d.C, H=d.H, W=d.W,
                   O=d.O, G=d.group, CG=d.cg, OG=d.og, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW, SH=d.stride[0],
