@@ -21,7 +21,10 @@
  * pixel's tap; the output tile ob[BAND][TW] is transposed back into the NCHW planes, where the
  * epilogue goes over the band's rows in place. Both transposes take VL consecutive pixels of the
  * band (across rows: any width fills the lanes); a block of fewer than VL channels (C % VL) or a
- * band of fewer than VL pixels is transposed element by element. PREFETCH = {{PREFETCH}}: while a
+ * band of fewer than VL pixels is transposed element by element. GROUPED = {{GROUPED}}: a grouped conv
+ * whose VL output channels of a task lie in one group: the band's rows of the group's CG input
+ * planes are copied as they are into zero-padded planes, and each input pixel (broadcast) times the
+ * tap's weight vector of the VL output channels is added to the pixel's accumulator. PREFETCH = {{PREFETCH}}: while a
  * task computes, the image rows of the next one are prefetched, a slice per output row. */
 typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
 typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */

@@ -12,6 +12,25 @@ lanes. A depthwise conv (one input channel per group, any channel multiplier) is
 the input plane is read from memory once, each output element written twice (the sums, then the
 fused epilogue in place: bias, batchnorm, activation, residual). The same kernel runs any
 stride, padding and dilation.
+
+The channels path (`channels`, chosen by `use_channels`) puts VL output channels in the vector
+lanes instead. A task is a block of VL channels over a band of output rows. A depthwise conv
+transposes the band's input rows into a zero-padded tile [rows][columns][VL] (VL x VL transposes
+in registers) and computes register tiles of RW output pixels of a row: RW accumulators, each tap
+a weight vector of VL channels times an input vector (a kernel row's weights in registers, each
+input vector loaded once per kernel row). The output tile is transposed back into the NCHW
+planes, where the epilogue is applied in place. The lanes are full whatever the image width, and
+a tap is one multiply-add per VL outputs; the price is the two transposes, which a large kernel
+(7 x 7: 49 multiply-adds per output) hides and a 3 x 3 one over wide rows does not
+(benchmarks/bench_conv.py --set grouped). onnxruntime's MLAS runs depthwise convs in its NCHWc
+layout the same way, reordering NCHW in and out. A grouped conv whose groups hold whole vectors
+of output channels (a RegNet's 16-64 per group) runs the same tasks over blocks of VL output
+channels of one group: the band's rows of the group's CG input planes are copied as they are
+(no transpose) and each input pixel, broadcast, multiplies a tap's weights of the VL output
+channels (a direct conv per group). The weights are prepacked [O / VL][CG][KH x KW][VL] when
+bound. EQFUSE_CONV_GROUPED=pixels|channels forces either path where it can run,
+EQFUSE_GROUPED_TILE=RW,BAND a tile and EQFUSE_GROUPED_PREFETCH=0|1 the prefetch, to measure the
+others.
 """
 
 from __future__ import annotations
