@@ -30,6 +30,7 @@ CASES_C = [
     ("dw7_s2", "conv2d", (1, 16, 23, 40), (16, 1, 7, 7), False, "stride=2, padding=3, group=16"),
     ("g16_lanes", "conv2d", (1, 32, 9, 11), (32, 16, 3, 3), True, "padding=1, group=2"),
     ("g32_s2_lanes", "conv2d", (2, 16, 10, 9), (64, 8, 3, 3), False, "stride=2, padding=1, group=2"),
+    ("g16_dil_lanes", "conv2d", (1, 16, 11, 10), (32, 8, 3, 3), True, "padding=2, dilation=2, group=2"),
     ("dw_mult", "conv2d", (2, 4, 7, 6), (12, 1, 3, 3), True, "padding=1, group=4"),
     ("dw_asym", "conv2d", (1, 3, 8, 11), (6, 1, 3, 2), False, "stride=[2, 1], padding=[0, 1], dilation=[1, 3], group=3"),
     ("g2", "conv2d", (2, 6, 9, 7), (4, 3, 3, 3), True, "padding=1, group=2"),

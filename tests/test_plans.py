@@ -75,7 +75,7 @@ def test_the_gemm_tiles_follow_the_machine(machine_model):
 # `eqfuse lower` as "plan: ..."), declared as a constant of its kernel's C.
 CHOICES = {"contraction": ("direct_a", "direct_b"), "contraction_row": ("direct_a", "direct_b"),
            "skinny": ("pack_parts",), "pixel_conv": ("vl",), "direct_conv": ("vl", "reorder"), "winograd_conv": ("vl", "reorder"), "attention_grad": ("rb", "vec"), "attention": ("vec",),
-           "grouped_conv": ("channels", "vl", "rw", "band", "prefetch")}
+           "grouped_conv": ("channels", "grouped", "vl", "rw", "band", "prefetch")}
 
 
 def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model):
@@ -84,10 +84,11 @@ def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model):
     gradient's RB: what the plan says is what the C declares."""
     skinny = "graph s(x: f32[4, 37], w: f32[37, 53]) { return kernel { relu(x @ w) } }"
     lanes = ("graph cd(x: f32[1, 32, 40, 40], w: f32[32, 32, 3, 3], y: f32[1, 16, 10, 10], v: f32[16, 16, 3, 3],\n"
-             "         dx: f32[1, 20, 9, 9], dw: f32[20, 1, 7, 7]) {\n"
+             "         dx: f32[1, 20, 9, 9], dw: f32[20, 1, 7, 7], gx: f32[1, 32, 6, 6], gw: f32[32, 16, 3, 3]) {\n"
              "    a = kernel { relu(conv2d(x, w, stride=2, padding=1)) }\n"
              "    d = kernel { relu(conv2d(dx, dw, padding=3, group=20)) }\n"
-             "    return a, d, kernel { relu(conv2d(y, v, padding=1)) }\n}\n")
+             "    e = kernel { relu(conv2d(gx, gw, padding=1, group=2)) }\n"
+             "    return a, d, e, kernel { relu(conv2d(y, v, padding=1)) }\n}\n")
     grad = ("graph ag(q: f32[2, 8, 16], k: f32[2, 8, 16], v: f32[2, 8, 16], dy: f32[2, 8, 16]) {\n"
             "    return kernel { attention_dq(q, k, v, dy, scale=0.25) }\n}\n")
     kernels = [*eqfuse.compile(KINDS, fuse="manual").kernels, *eqfuse.compile(grad, fuse="manual").kernels,

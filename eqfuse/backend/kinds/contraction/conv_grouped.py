@@ -75,6 +75,15 @@ class ConvGroupedDetail:
     # pixels: always None (the weights are read as they are, OIHW)
     prepack: Prepack | None = None
 
+    # the decisions derived from the fields above, printed by `eqfuse lower` with them
+    DERIVED = ("grouped",)
+
+    @property
+    def grouped(self) -> bool:
+        """More than one input or output channel per group: the channels path's GROUPED (the
+        group's input planes copied as they are, each input pixel broadcast)."""
+        return self.cg != 1 or self.og != 1
+
     @property
     def cg(self) -> int:
         return self.C // self.group
@@ -213,7 +222,7 @@ def emit_conv_grouped(plan: KernelPlan) -> str:
     expr, decls = epilogue_c(plan)
     return render("conv_grouped.c", NAME=plan.name, CHANNELS=int(d.channels), VL=d.vl,
                   PREPACKED=int(d.prepack is not None), PREFETCH=int(d.prefetch),
-                  GROUPED=int(d.cg != 1 or d.og != 1), RW=d.rw, BAND=d.band,
+                  GROUPED=int(d.grouped), RW=d.rw, BAND=d.band,
                   TRANSPOSE=transpose_c(d.vl, f"{plan.name}_vf") if d.channels else "", PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), N=d.N, C=d.C, H=d.H, W=d.W,
                   O=d.O, G=d.group, CG=d.cg, OG=d.og, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW, SH=d.stride[0],
