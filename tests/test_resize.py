@@ -75,6 +75,7 @@ def _check(results, k):
     np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.heavy  # (one compile of the cases, shared)
 @pytest.mark.parametrize("k", range(len(FAST)), ids=_ids([CASES[k] for k in FAST]))
 def test_resize_matches_onnxruntime(fast, k):
     _check(fast, k)
@@ -129,6 +130,7 @@ def test_torch_upsampling_runs_in_eqfuse_and_matches_eager():
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.heavy  # (make_fx)
 def test_index_after_full_axes_is_one_gather():
     """aten.index / _unsafe_index with leading full axes (None), as upsampling decomposes:
     converted and evaluated by the reference, equal to torch's indexing (negative indices too)."""
