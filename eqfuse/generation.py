@@ -145,6 +145,21 @@ class Decoder:
         self.mask[:, -1] = 1
         return logits[:, -1]
 
+    def prefill_by_steps(self, ids: np.ndarray) -> np.ndarray:
+        """prefill's result, the prompt fed one token at a time to the decode step (an empty cache
+        first): a Module loaded from an artifact holds no prefill at a prompt length it was not
+        saved with, and cannot compile one."""
+        b, s = ids.shape
+        if s > self.capacity:
+            raise ArgumentError(f"generate: a prompt of {s} tokens does not fit a cache of {self.capacity}")
+        self.cache = [np.zeros((b, h, self.capacity, d), np.float32) for _, (_, h, _, d) in self.sig.pasts]
+        self.length = 0
+        self.mask = np.zeros((b, self.capacity + 1), np.int64)
+        self.mask[:, -1] = 1
+        for j in range(s):
+            logits = self.step(ids[:, j:j + 1])
+        return logits
+
     def step(self, ids: np.ndarray) -> np.ndarray:
         b = ids.shape[0]
         t = self.length
@@ -239,6 +254,22 @@ def _model(model):
     return (lambda feeds: module(**feeds)), sig
 
 
+def held_steps(model, sig: Signature) -> tuple[set[int], set[int]] | None:
+    """(the prompt lengths whose prefill, the capacities whose decode step it holds compiled) of
+    a Module loaded from an artifact, which cannot compile another; None for any other model."""
+    if getattr(model, "artifact", None) is None:
+        return None
+    f = model.default
+    shapes = dict(getattr(f, "inputs", None) or [(n, t.shape) for n, t in f.source.params])
+    seq, past = shapes[sig.ids][1], shapes[sig.pasts[0][0]][2]
+    if isinstance(getattr(f, "padded", None), list):  # bound per call (runtime.padded): its buckets
+        binds = [dict(zip(f.padded, key)) for key in f.modules]
+    else:
+        binds = [dict(key) for key in list(f.cache) + list(f.buckets)]
+    prompts = {b[seq] for b in binds if b.get(past) == 1 and seq in b}
+    return prompts, {b[past] for b in binds if b.get(seq) == 1 and past in b}
+
+
 def _check_args(input_ids, max_new_tokens, temperature, top_k, top_p) -> np.ndarray:
     ids = np.asarray(input_ids)
     if ids.ndim == 1:
@@ -275,11 +306,21 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     if sig.max_positions is not None and s + max_new_tokens - 1 > sig.max_positions:
         raise ArgumentError(f"generate: a prompt of {s} tokens and {max_new_tokens} new tokens reach position "
                             f"{s + max_new_tokens - 2}, past the model's maximum of {sig.max_positions} positions")
-    dec = Decoder(sig, run, capacity_for(s + max_new_tokens - 1))
+    need, held = s + max_new_tokens - 1, held_steps(model, sig)
+    capacity = capacity_for(need)
+    if held is not None:  # a loaded Module: the smallest capacity it holds that fits
+        fits = sorted(c for c in held[1] if c >= need)
+        if not fits:
+            raise ArgumentError(f"generate: the model's decode step is compiled for caches of "
+                                f"{', '.join(map(str, sorted(held[1]))) or 'no'} rows; a prompt of {s} tokens and "
+                                f"{max_new_tokens} new tokens need {need}: generate with the compiled model at "
+                                "this length once, then save it again")
+        capacity = fits[0]
+    dec = Decoder(sig, run, capacity)
     rng = np.random.default_rng(seed)
     out = [ids]
     done = np.zeros(b, bool)
-    logits = dec.prefill(ids)
+    logits = dec.prefill(ids) if held is None or s in held[0] else dec.prefill_by_steps(ids)
     for k in range(max_new_tokens):
         tok = choose(logits, do_sample, temperature, top_k, top_p, rng).astype(np.int64)
         if eos_token_id is not None:
@@ -292,4 +333,4 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     return np.concatenate(out, axis=1)
 
 
-__all__ = ["generate", "load_decoder", "Decoder", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]
+__all__ = ["generate", "load_decoder", "Decoder", "held_steps", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]
