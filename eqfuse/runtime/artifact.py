@@ -57,7 +57,15 @@ from eqfuse.backend.cbuild import load_library
 from eqfuse.backend.plan import precision_entries
 from eqfuse.cache import owned_privately, usable_cache_dir
 from eqfuse.errors import EqfuseError
-from eqfuse.machine import EXTENSION_FLAGS, LEVELS, host_isa, level_rank, machine, pinned, usable_level
+from eqfuse.machine import (
+    EXTENSION_FLAGS,
+    LEVELS,
+    host_isa,
+    level_rank,
+    machine,
+    pinned,
+    usable_level,
+)
 from eqfuse.runtime.buckets import Bucketed
 from eqfuse.runtime.module import Compiled, GraphFunction, Module
 from eqfuse.runtime.padded import PaddedFunction
