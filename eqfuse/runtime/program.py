@@ -352,6 +352,9 @@ class Runner:
         self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
         if self.fn is not None:
             share_scratch_key(lib)
+        # the calling thread's OpenMP team, told from the process's other threads (runtime.load;
+        # None for a library built before eqf_team_tids)
+        self._team = self._team_of if self.fn is not None and hasattr(lib, "eqf_team_tids") else None
         self.in_dtypes = [NUMPY_DTYPE[kg.nodes[i].type.dtype] for i in kg.inputs]
         self.consts = [np.array(kg.nodes[i].value, dtype=np.float32) for i in mem.consts]
         self.out_shapes = [(tuple(kg.nodes[o].type.shape), NUMPY_DTYPE[kg.nodes[o].type.dtype]) for o in kg.outputs]
@@ -399,6 +402,11 @@ class Runner:
             a = arrays[pos]
             if isinstance(a, np.ndarray) and a.flags.c_contiguous and a.dtype == self.in_dtypes[pos]:
                 self._panels(s, a)
+
+    def _team_of(self, n: int) -> list[int]:
+        """The thread ids of the calling thread's OpenMP team of n threads (cbuild.COMMON_C)."""
+        out = self.ffi.new("long[]", n)
+        return list(out[0:self.lib.eqf_team_tids(n, out)])
 
     def _state(self):
         st = self._local.__dict__
@@ -470,7 +478,7 @@ class Runner:
         # of a worker that is not scheduled, and the worker keeps off the caller's CPU
         # (common_pool.h, eqf_pool_place)
         want = threads_requested(threads)
-        bad = self.fn(ins, outs_p, st["arena"], threads_now(want), want, st["failed"])
+        bad = self.fn(ins, outs_p, st["arena"], threads_now(want, self._team), want, st["failed"])
         if bad == NOMEM:
             p = self.kernels[st["failed"][0]]
             raise MemoryError(f"eqfuse: kernel {p.name} ({p.kind}) could not allocate its scratch buffer")
