@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 import eqfuse
-from eqfuse.frontend.load import load
 from eqfuse.export import export
+from eqfuse.frontend.load import load
 
 MODEL = Path(__file__).resolve().parent.parent / "examples" / "transformer.g"
 

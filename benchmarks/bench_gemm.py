@@ -268,7 +268,11 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
     import eqfuse
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
     from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm
-    from eqfuse.backend.kinds.contraction.plan_gemm import gemm_tiles, parallel
+    from eqfuse.backend.kinds.contraction.plan_gemm import (
+        blocking,
+        gemm_tiles,
+        parallel,
+    )
     from eqfuse.cli.bench import median_time
     from eqfuse.machine import machine
 
@@ -289,7 +293,7 @@ def measure(mname: str, threads: int, repeat: int, layer: bool) -> list[dict]:
         # "bench_gemm" packs B in each call; "bench_pre" reads the panels bench_pre_prepack made
         # once, as a compiled graph does for a weight bound by params=
         srcs = [emit_gemm(name, M=M, N=N, K=K, lda=K, ldb=N, ldc=N, epilogue="eqf_relu(acc + bias[j])",
-                          extras=[("float", "bias")], parallel=parallel(M, N, K, 1), prepacked_b=pre)
+                          extras=[("float", "bias")], blocking=blocking(t), parallel=parallel(M, N, K, 1), prepacked_b=pre)
                 for name, pre in (("bench_gemm", False), ("bench_pre", True))]
         built = build(header_c() + COMMON_C + "\n".join(s for s, _ in srcs),
                       COMMON_CDEF + "\n" + "\n".join(c for _, c in srcs), "bench_gemm")
@@ -339,8 +343,13 @@ def measure_small(repeat: int, rounds: int) -> list[dict]:
     import eqfuse
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
     from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm, emit_gemm_skinny
-    from eqfuse.backend.kinds.contraction.plan_gemm import parallel
+    from eqfuse.backend.kinds.contraction.plan_gemm import (
+        blocking,
+        gemm_tiles,
+        parallel,
+    )
     from eqfuse.cli.bench import median_time
+    from eqfuse.machine import machine
 
     def median(fn) -> float:
         return median_time(fn, repeat, warmup=3)
@@ -356,7 +365,8 @@ def measure_small(repeat: int, rounds: int) -> list[dict]:
         mod = eqfuse.compile(src, params={"w": w, "b": b}, threads=1)
         tiles = mod.kernels[0].tiles
         code, cdef = emit_gemm("blk", M=M, N=N, K=K, lda=K, ldb=N, ldc=N, epilogue="acc + bias[j]",
-                               extras=[("float", "bias")], parallel=parallel(M, N, K, 1), prepacked_b=True)
+                               extras=[("float", "bias")], blocking=blocking(gemm_tiles(M, N, K, machine())),
+                               parallel=parallel(M, N, K, 1), prepacked_b=True)
         # the plan's skinny kernel alone, without the Module call around it
         assert "groups" in tiles, f"{M}x{N}x{K} is not on the skinny path: {tiles}"
         scode, scdef = emit_gemm_skinny("sk", M=M, N=N, K=K, lda=K, ldb=N, ldc=N, mr=tiles["mr"], nr=tiles["nr"],

@@ -102,7 +102,7 @@ def main() -> None:
         print("onnxruntime is not installed: its session creation is not measured")
     for label, r in rows:
         print(show(label, r["open"]))
-        print(show(f"  then its first call", r["first_call"]))
+        print(show("  then its first call", r["first_call"]))
 
 
 if __name__ == "__main__":

@@ -1,3 +1,7 @@
+#define {{NAME}}_BQ {{BQ}} /* the plan's bq: queries per block */
+#define {{NAME}}_BK {{BK}} /* the plan's bk: keys per tile */
+#define {{NAME}}_SCORE_OPS {{SCORE_OPS}} /* the plan's score_ops: the score's own ops run in a score pass */
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
 EQF_WIDE_BEGIN
 /* {{NAME}}: flash attention, {{BATCH}} x [{{SQ}} x {{D}}] queries against {{SK}} keys, Dv = {{DV}}.
  * Blocks of {{BQ}} queries run against tiles of {{BK}} keys with an online softmax: only a
@@ -34,7 +38,7 @@ void {{NAME}}({{PARAMS}})
         if (kb != packed) {
             const float* restrict kp = {{K}} + ({{KSRC}});
             /* read k in its memory order: the inner loop runs along the smaller stride */
-            for (long kt = 0; kt < SKP / BK; kt++) {
+            for (long kt = 0; kt < ({{SK}} + BK - 1) / BK; kt++) {  /* (the key count: run-time over a KV cache) */
                 float* restrict tile = ktp + kt * D * BK;
                 const long nk = eqf_minl(BK, {{SK}} - kt * BK);
 #define {{NAME}}_VEC {{VEC}} /* the plan's vec: the AVX-512 micro-kernels */
@@ -78,7 +82,7 @@ void {{NAME}}({{PARAMS}})
             const long nk = eqf_minl(BK, {{SK}} - j0);
             /* Spread over the key tiles: prefetch the next query block's rows of q and this block's
              * rows of the output, so neither waits on memory when its turn comes. */
-            enum { NT = ({{SK}} + BK - 1) / BK, PF = (BQ + NT - 1) / NT };
+            const long NT = ({{SK}} + BK - 1) / BK, PF = (BQ + NT - 1) / NT;
             for (long ii = j0 / BK * PF; ii < eqf_minl(BQ, (j0 / BK + 1) * PF); ii++) {
                 if ({{QC}} == 1 && i0 + BQ + ii < {{SQ}})
                     for (long d = 0; d < D; d += 16)

@@ -1,3 +1,4 @@
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
 #define {{NAME}}_VEC {{VEC}} /* the plan's vec: the AVX-512 micro-kernels */
 #define {{NAME}}_RB {{RB}} /* the plan's rb: query rows per block */
 EQF_WIDE_BEGIN

@@ -1,3 +1,5 @@
+#define {{NAME}}_IM2COL {{IM2COL}} /* the plan's im2col: the column matrix is built (0: x is read as it) */
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the im2col loop's parallel region */
 /* {{NAME}}: conv2d NCHW x OIHW, {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}},
  * padding {{PH}}x{{PW}}, dilation {{DH}}x{{DW}} -> {{N}}x{{O}}x{{OH}}x{{OW}}: im2col, then {{GEMM}} (batched over images,
  * the epilogue fused into its store). */
@@ -7,7 +9,7 @@ void {{NAME}}({{PARAMS}})
     const long K = (long)C * KH * KW, P = (long)OH * OW;
     (void)K;
     (void)P;
-#if {{DIRECT}}
+#if !{{NAME}}_IM2COL
     const float* col = {{X}};  /* 1x1, stride 1, no padding: the image already is the column matrix */
 #else
     /* the column matrix, in the calling thread's scratch (kept between calls: a fresh malloc of

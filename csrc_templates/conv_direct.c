@@ -1,3 +1,15 @@
+#define {{NAME}}_CB {{CB}} /* the plan's cb: input channels per block of the padded copy */
+#define {{NAME}}_VL {{VL}} /* the plan's vl: floats per vector */
+#define {{NAME}}_V {{V}} /* the plan's v: vectors per output-channel block */
+#define {{NAME}}_OBW {{OBW}} /* the plan's obw: output channels per block, V x VL */
+#define {{NAME}}_RW {{RW}} /* the plan's rw: output pixels per register tile */
+#define {{NAME}}_ROWS {{ROWS}} /* the plan's rows: a tile's pixels in one output row */
+#define {{NAME}}_IN_BLOCKED {{IN_BLOCKED}} /* the plan's in_blocked: the input in blocks of VL channels */
+#define {{NAME}}_OUT_BLOCKED {{OUT_BLOCKED}} /* the plan's out_blocked: the output in blocks of VL channels */
+#define {{NAME}}_INPLACE {{INPLACE}} /* the plan's in_place: the blocked input read where it is */
+#define {{NAME}}_PREPACKED {{PREPACKED}} /* the plan's prepacked_b: the weights blocked once (params=) */
+#define {{NAME}}_EPI_BLOCKED {{EPI_BLOCKED}} /* the plan's epi_blocked: the epilogue reads operands in blocks */
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
 /* {{NAME}}: direct conv2d, {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}},
  * padding {{PH}}x{{PW}} -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out), the epilogue fused into the store.
  *

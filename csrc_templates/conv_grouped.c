@@ -1,3 +1,5 @@
+#define {{NAME}}_PLANE {{PLANE}} /* the plan's plane: the pixels of one task, an output plane */
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
 /* {{NAME}}: grouped conv2d, {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{CG}}x{{KH}}x{{KW}} in {{G}} groups, stride {{SH}}x{{SW}},
  * padding {{PH}}x{{PW}}, dilation {{DH}}x{{DW}} -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out), the epilogue
  * fused into the store.
@@ -32,7 +34,7 @@ void {{NAME}}({{PARAMS}})
             if (!xp)
                 continue;
             const long b = t / O, i = t % O, grp = i / OG;
-            float* restrict acc_plane = out + t * (long)OH * OW;
+            float* restrict acc_plane = out + t * (long){{NAME}}_PLANE;
             for (long ci = 0; ci < CG; ci++) {
                 const float* restrict xc = x + (b * C + grp * CG + ci) * (long)H * W;
                 for (long ih = 0; ih < HC; ih++)

@@ -1,3 +1,9 @@
+#define {{NAME}}_VL {{VL}} /* the plan's vl: floats per vector */
+#define {{NAME}}_RO {{RO}} /* the plan's ro: output channels per tile */
+#define {{NAME}}_RPH {{RPH}} /* the plan's rph: output rows per tile */
+#define {{NAME}}_RPW {{RPW}} /* the plan's rpw: pixel vectors per row of a tile */
+#define {{NAME}}_PREPACKED {{PREPACKED}} /* the plan's prepacked_b: the weights blocked once (params=) */
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
 /* {{NAME}}: direct conv2d with output pixels in the vector lanes, {{N}}x{{C}}x{{H}}x{{W}} *
  * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}}, padding {{PH}}x{{PW}} -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in
  * and out), the epilogue fused into the store. For few output channels (eqfuse.backend.conv_direct):

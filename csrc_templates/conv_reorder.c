@@ -1,3 +1,4 @@
+#define {{NAME}}_VL {{VL}} /* the plan's vl: the channels of a block, transposed VL x VL */
 /* {{NAME}}_reorder (conv_direct.c's and conv_winograd.c's REORDER): an NCHW output is stored in blocks of VL channels first (ys, as between two
  * convs), then each block's rows transposed VL x VL in registers into the output's VL channel
  * rows (the last VL pixels of a row overlapping the previous ones when VL does not divide OW).

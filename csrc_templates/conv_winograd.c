@@ -1,3 +1,12 @@
+#define {{NAME}}_VL {{VL}} /* the plan's vl: floats per vector */
+#define {{NAME}}_V {{V}} /* the plan's v: vectors per output-channel block */
+#define {{NAME}}_OBW {{OBW}} /* the plan's obw: output channels per block, V x VL */
+#define {{NAME}}_RW {{RW}} /* the plan's rw: tiles per register tile */
+#define {{NAME}}_TB {{TB}} /* the plan's tb: tiles per block */
+#define {{NAME}}_IN_BLOCKED {{IN_BLOCKED}} /* the plan's in_blocked: the input in blocks of VL channels */
+#define {{NAME}}_OUT_BLOCKED {{OUT_BLOCKED}} /* the plan's out_blocked: the output in blocks of VL channels */
+#define {{NAME}}_PREPACKED {{PREPACKED}} /* the plan's prepacked_b: the weights transformed once (params=) */
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
 /* {{NAME}}: conv2d 3x3, stride 1, padding {{PH}}x{{PW}}, by Winograd F(2x2, 3x3):
  * {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x3x3 -> {{N}}x{{O}}x{{OH}}x{{OW}}, the epilogue fused into the store.
  *

@@ -1,3 +1,4 @@
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's block_parallel (this block's): the `if` of its parallel loop */
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
     for (long o = 0; o < {{OUTER}}; o++) {
 {{OFFSETS}}

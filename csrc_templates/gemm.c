@@ -1,3 +1,9 @@
+#define {{NAME}}_PREPACKED_B {{PREPACKED_B}} /* the plan's prepacked_b: B's panels packed once (params=) */
+#define {{NAME}}_SPLIT {{SPLIT}} /* the plan's split: 0 auto, 1 rows, 2 columns (emit_gemm.SPLITS) */
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_BF16 {{BF16}} /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16 */
+#define {{NAME}}_A_TRANSPOSED {{A_TRANSPOSED}} /* the plan's a_transposed: A given as K x M */
+#define {{NAME}}_B_TRANSPOSED {{B_TRANSPOSED}} /* the plan's b_transposed: B given as N x K */
 /* {{NAME}}: C[b] = epilogue(A[b] @ B[b]) for b < {{BATCH}}; M={{M}} N={{N}} K={{K}}, row-major,
  * B {{B_LAYOUT}}, A {{A_LAYOUT}}.
  *

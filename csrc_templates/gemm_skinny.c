@@ -1,3 +1,6 @@
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the panels shared by the claim-based pool */
+#define {{NAME}}_BF16 {{BF16}} /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16 */
+#define {{NAME}}_A_TRANSPOSED {{A_TRANSPOSED}} /* the plan's a_transposed: A given as K x M */
 /* {{NAME}}: C = epilogue(A @ B) for few rows, M={{M}} N={{N}} K={{K}}, A {{A_LAYOUT}}, B bound
  * (params=) and read as the panels {{NAME}}_prepack made once, from B {{B_LAYOUT}}.
  *
@@ -32,13 +35,14 @@
 #define {{NAME}}_GROUPS {{GROUPS}} /* groups of MR rows: ceil(M / MR) */
 #define {{NAME}}_PANELS (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR)
 #define {{NAME}}_NPAD ({{NAME}}_PANELS * {{NAME}}_NR)
-#define {{NAME}}_PER_CHUNK {{PER_CHUNK}} /* panels per pool chunk */
+#define {{NAME}}_PER_CHUNK 1 /* panels per pool chunk */
 /* Packing A: PACK_PARTS parts of K per group, each a pool chunk, on the pool's threads when
  * PACK_PARALLEL (plan_gemm.skinny_pack_parts) */
-#define {{NAME}}_PACK_PARTS {{PACK_PARTS}}
+#define {{NAME}}_PACK_PARTS {{PACK_PARTS}} /* the plan's pack_parts (0: the calling thread packs A, in one part) */
+#define {{NAME}}_PACK_NPARTS ({{NAME}}_PACK_PARTS > 0 ? {{NAME}}_PACK_PARTS : 1)
 /* (even: a part of bf16 K-pairs starts on a pair) */
-#define {{NAME}}_PACK_PART (((({{NAME}}_K + {{NAME}}_PACK_PARTS - 1) / {{NAME}}_PACK_PARTS) + 1) & ~1L)
-#define {{NAME}}_PACK_PARALLEL {{PACK_PARALLEL}}
+#define {{NAME}}_PACK_PART (((({{NAME}}_K + {{NAME}}_PACK_NPARTS - 1) / {{NAME}}_PACK_NPARTS) + 1) & ~1L)
+#define {{NAME}}_PACK_PARALLEL ({{NAME}}_PACK_PARTS > 0)
 #define {{NAME}}_ROWS_PER_CHUNK (({{NAME}}_M + 3) / 4) /* rows per pool chunk of the row epilogue: four chunks */
 /* software prefetch of B this many floats ahead of the FMAs (0: none), see plan_gemm.skinny_tiles */
 #define {{NAME}}_PF {{PF}}
@@ -314,8 +318,8 @@ typedef struct {
 static void {{NAME}}_pack_chunk(void* job, long c)
 {
     const {{NAME}}_job* jb = job;
-    const long k0 = c % {{NAME}}_PACK_PARTS * {{NAME}}_PACK_PART;
-    {{NAME}}_pack_a(jb->A, jb->ap, c / {{NAME}}_PACK_PARTS, k0,
+    const long k0 = c % {{NAME}}_PACK_NPARTS * {{NAME}}_PACK_PART;
+    {{NAME}}_pack_a(jb->A, jb->ap, c / {{NAME}}_PACK_NPARTS, k0,
                     k0 + {{NAME}}_PACK_PART < {{NAME}}_K ? k0 + {{NAME}}_PACK_PART : {{NAME}}_K);
 }
 
@@ -356,7 +360,7 @@ void {{NAME}}(const float* A, const float* P, float* C{{EXTRA_PARAMS}})
      * A, read by every panel, is packed in full before the first panel */
     const int threads = {{PARALLEL}} ? eqf_pool_threads() : 1;
     {{NAME}}_job job = {A, ap, (const {{NAME}}_bt*)P, C{{EXTRA_INIT}}};
-    eqf_parallel_for({{NAME}}_GROUPS * {{NAME}}_PACK_PARTS, {{NAME}}_pack_chunk, &job,
+    eqf_parallel_for({{NAME}}_GROUPS * {{NAME}}_PACK_NPARTS, {{NAME}}_pack_chunk, &job,
                      {{NAME}}_PACK_PARALLEL ? threads : 1);
     eqf_parallel_for(({{NAME}}_PANELS + {{NAME}}_PER_CHUNK - 1) / {{NAME}}_PER_CHUNK, {{NAME}}_chunk, &job, threads);
 #if {{ROW_EPILOGUE_ON}}

@@ -1,7 +1,9 @@
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_TILE {{TILE}} /* the plan's tile: elements per tile of the inner loop */
 /* {{NAME}}: pointwise kernel over {{SPACE}}.
  * Outer dims x tiles of the inner dim are spread over threads in contiguous runs of tiles,
- * schedule {{SCHEDULE}}: static for ordinary kernels (a thread keeps the same data, in its
- * caches, from call to call), guided for streaming ones (their data is in no cache; the
+ * schedule static for ordinary kernels (a thread keeps the same data, in its
+ * caches, from call to call), guided for streaming ones (STREAM) (their data is in no cache; the
  * shrinking runs let one thread take over the work of another that the shared machine has
  * descheduled). The inner loops are SIMD loops.
  * STREAM ({{STREAM}}): the output is far larger than the caches, so it is written with
@@ -15,7 +17,11 @@ void {{NAME}}({{PARAMS}})
     const long inner = {{INNER}}, tile = {{TILE}}, ntiles = {{NTILES}};
     #pragma omp parallel if ({{PARALLEL}})
     {
-    #pragma omp for schedule({{SCHEDULE}}) nowait
+#if {{NAME}}_STREAM
+    #pragma omp for schedule(guided) nowait
+#else
+    #pragma omp for schedule(static) nowait
+#endif
     for (long t = 0; t < {{OUTER}} * ntiles; t++) {
         const long o = t / ntiles;
         {{OTYPE}}* restrict dst = out + {{DST_BASE}};

@@ -1,3 +1,6 @@
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel regions */
+#define {{NAME}}_THREAD_LOOP {{THREAD_LOOP}} /* the plan's thread_loop: the loop g<k> split over threads (-1: none) */
+#define {{NAME}}_ACC {{ACC}} /* the plan's acc: the innermost loop reduces, into a register */
 /* {{NAME}}: {{OP}} over axes {{AXES}} of {{SPACE}} -> {{OUT_SPACE}}, prologue and epilogue fused.
  * Loops: {{RUNS}}.
  * The input is walked in memory order by five loops g0..g4, each over a run of adjacent input
@@ -11,15 +14,23 @@ void {{NAME}}({{PARAMS}})
         out[o] = {{INIT}};
     #pragma omp parallel if ({{PARALLEL}})
     {
-        {{FOR0}}
+#if {{NAME}}_THREAD_LOOP == 0
+        #pragma omp for schedule(static) nowait
+#endif
         for (long g0 = 0; g0 < {{N0}}; g0++)
-        {{FOR1}}
+#if {{NAME}}_THREAD_LOOP == 1
+        #pragma omp for schedule(static) nowait
+#endif
         for (long g1 = 0; g1 < {{N1}}; g1++)
-        {{FOR2}}
+#if {{NAME}}_THREAD_LOOP == 2
+        #pragma omp for schedule(static) nowait
+#endif
         for (long g2 = 0; g2 < {{N2}}; g2++)
-        {{FOR3}}
+#if {{NAME}}_THREAD_LOOP == 3
+        #pragma omp for schedule(static) nowait
+#endif
         for (long g3 = 0; g3 < {{N3}}; g3++) {
-#if {{ACC}}
+#if {{NAME}}_ACC
             float a = out[{{OUT_OFFSET}}];
             int nan = a != a;
             #pragma omp simd reduction({{OMP_OP}}:a) reduction(|:nan)
@@ -31,7 +42,11 @@ void {{NAME}}({{PARAMS}})
             }
             out[{{OUT_OFFSET}}] = nan ? NAN : a;
 #else
-            {{FOR4}}
+#if {{NAME}}_THREAD_LOOP == 4
+            #pragma omp for schedule(static) nowait
+#else
+            #pragma omp simd
+#endif
             for (long g4 = 0; g4 < {{N4}}; g4++) {
 {{PRO_BODY}}
                 const float x = {{X}};

@@ -1,3 +1,4 @@
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
 EQF_WIDE_BEGIN
 /* {{NAME}}: {{OP}} over rows of {{L}} ({{ROWS}} rows), dy's prologue and the epilogue fused.
  *   softmax_grad (MODE 0): y * (dy - sum(dy * y)), y the forward softmax;
@@ -7,7 +8,9 @@ EQF_WIDE_BEGIN
 void {{NAME}}({{PARAMS}})
 {
     enum { MODE = {{MODE}} };
-{{ROW_LOOP_PRAGMA}}
+#if {{NAME}}_PARALLEL >= 0
+    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+#endif
     for (long r = {{R0}}; r < {{ROWS}}; r++) {
         float* restrict o = out + ({{YBASE}});
 {{OFFSETS}}

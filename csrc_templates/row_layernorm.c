@@ -1,9 +1,12 @@
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
 /* {{NAME}}: layernorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
  * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1). */
 EQF_WIDE_BEGIN
 void {{NAME}}({{PARAMS}})
 {
-{{ROW_LOOP_PRAGMA}}
+#if {{NAME}}_PARALLEL >= 0
+    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+#endif
     for (long r = {{R0}}; r < {{ROWS}}; r++) {
         float* restrict y = out + ({{YBASE}});
 {{OFFSETS}}

@@ -1,7 +1,10 @@
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
 /* {{NAME}}: {{OP}} over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused. */
 void {{NAME}}({{PARAMS}})
 {
-{{ROW_LOOP_PRAGMA}}
+#if {{NAME}}_PARALLEL >= 0
+    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+#endif
     for (long r = 0; r < {{ROWS}}; r++) {
 {{OFFSETS}}
         float a = {{INIT}};

@@ -1,3 +1,4 @@
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
 /* {{NAME}}: softmax over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
  * One thread owns a block of EQF_ROW_BLOCK({{L}}) rows, and the output rows are the scratch
  * buffer (in L1): the prologue's values and each row's maximum, then y = e^(y - max) and the
@@ -12,7 +13,9 @@ EQF_WIDE_BEGIN
 #pragma GCC diagnostic ignored "-Wunused-variable"
 void {{NAME}}({{PARAMS}})
 {
-{{ROW_LOOP_PRAGMA}}
+#if {{NAME}}_PARALLEL >= 0
+    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+#endif
     for (long rb = {{R0}}; rb < {{ROWS}}; rb += EQF_ROW_BLOCK({{L}})) {
         const long re = eqf_minl(rb + EQF_ROW_BLOCK({{L}}), {{ROWS}});
         float mx[EQF_ROW_BLOCK({{L}})], sum[EQF_ROW_BLOCK({{L}})];

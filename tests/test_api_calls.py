@@ -100,8 +100,8 @@ def test_report_json_and_mod_report_have_one_shape(tmp_path, capsys, mod):
     assert list(several) == ["lin", "scale"] == list(mod.report)
     for name, r in several.items():
         assert r["graph_name"] == name and set(r) >= {"kernels_after", "bytes_after", "stop_reason", "graph"}
-        # mod.report adds what compile did (folded); opt batches small graphs, and says so ("batch")
-        assert set(r) - {"batch"} <= set(mod.report[name])
+        # mod.report adds what compile did (folded)
+        assert set(r) <= set(mod.report[name])
     assert main(["opt", str(model), "--report", "json", "--graph", "scale"]) == 0
     one = json.loads(capsys.readouterr().out)  # one graph: its report itself (SPEC 3)
     assert one["graph_name"] == "scale" and one["graph"].startswith("graph scale(")

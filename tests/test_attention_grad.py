@@ -143,7 +143,8 @@ def test_store_or_recompute_is_chosen_by_cost(S, D, recompute):
     """Long sequences and narrow heads: storing the S x S probabilities costs more bytes than
     recomputing them, so the gradients recompute; short sequences and wide heads: the other way.
     The report says how many bytes the gradients read of the forward pass."""
-    from eqfuse.optimizer.optimize import optimize, report_text
+    from eqfuse import optimize
+    from eqfuse.optimizer.optimize import report_text
 
     out = optimize(_joint_text(S, D), cost="memory")
     ops = {n.op for g in out.graphs for _, _, n in g.walk()}

@@ -137,3 +137,14 @@ def test_times_are_printed_in_the_unit_a_reader_expects_and_the_opt_time_is_labe
     assert status == 0 and "#   optimize time: " in report and " in all (load " in report
     line = next(ln for ln in report.splitlines() if ln.startswith("#   extraction:"))
     assert not line.rstrip().endswith(" s"), line  # the extraction line no longer carries the whole time
+
+
+def test_grad_takes_the_first_graph_and_says_so_as_run_and_bench_do(capsys, tmp_path):
+    # issue 29 item 9: one rule for --graph's default (the first graph for run, bench and grad)
+    path = tmp_path / "losses.g"
+    path.write_text("graph l(x: f32[4]) -> f32 {\n    return sum(x * x)\n}\n"
+                    "graph m(y: f32[3]) -> f32 {\n    return sum(exp(y))\n}\n")
+    status, out, err = cli(capsys, "grad", path, "--wrt", "x")
+    assert status == 0 and out.startswith("graph l") and "note: graph l, the first of 2" in err, (out, err)
+    status, out, err = cli(capsys, "grad", path, "--graph", "m", "--wrt", "y")
+    assert status == 0 and out.startswith("graph m") and err == "", (out, err)

@@ -103,18 +103,16 @@ def test_the_json_report_has_the_boundaries(capsys):
     assert [b["reason"] for b in r["boundaries"]] == ["unlowerable"] and len(r["fused_kernels"]) == 2
 
 
-def test_small_graphs_optimized_together_get_their_own_boundaries(capsys, tmp_path):
+def test_each_graph_of_a_file_gets_its_own_boundaries(capsys, tmp_path):
     src = tmp_path / "two.g"
     src.write_text(SHARED + """
 graph solo(x: f32[8, 8]) -> f32[8, 8] {
     return relu(x + 1.0)
 }
 """)
-    # (eqfuse.optimize batches small graphs; `eqfuse opt` optimizes a few graphs each alone)
-    from eqfuse.optimizer.optimize import optimize
+    from eqfuse import optimize
 
     reports = optimize(src.read_text()).reports
-    assert "batch" in reports["solo"]
     assert reports["solo"]["boundaries"] == [] and reports["solo"]["fused_kernels"][0]["ops"] == 2
     assert sorted(b["reason"] for b in reports["shared"]["boundaries"]) == ["cost", "unlowerable"]
 
@@ -171,13 +169,12 @@ def test_a_join_the_egraph_holds_is_found():
     assert h["reason"] == "unlowerable" and h["joined_in_egraph"] is False
 
 
-def test_graphs_optimized_together_look_up_their_own_egraph_classes(capsys, tmp_path):
+def test_graphs_of_one_file_look_up_their_own_egraph_classes(capsys, tmp_path):
     src = tmp_path / "two.g"
     src.write_text(SHARED + "\ngraph solo(x: f32[8, 8]) -> f32[8, 8] {\n    return relu(x + 1.0)\n}\n")
-    from eqfuse.optimizer.optimize import optimize
+    from eqfuse import optimize
 
     reports = optimize(src.read_text()).reports
-    assert "batch" in reports["solo"]
     assert by_edge(reports["shared"])[("t", "return[1]")]["joined_in_egraph"] is True
 
 
@@ -193,7 +190,8 @@ graph attn(q: f32[S, 8], k: f32[S, 8], v: f32[S, 8]) -> f32[S, 8] {
 
 def test_each_graphs_report_describes_that_graph_alone(capsys, tmp_path):
     # a file of two graphs: neither report names the other's rules or dims
-    from eqfuse.optimizer.optimize import optimize, report_text
+    from eqfuse import optimize
+    from eqfuse.optimizer.optimize import report_text
 
     src = tmp_path / "two.g"
     src.write_text(TWO)
@@ -205,13 +203,34 @@ def test_each_graphs_report_describes_that_graph_alone(capsys, tmp_path):
         assert reports[name]["rules_fired"] == alone[name]["rules_fired"], name
     assert not any(r.startswith("attention") for r in reports["mlp"]["rules_fired"])
     assert list(reports["mlp"]["batch_dims"]) == ["B"] and list(reports["attn"]["batch_dims"]) == ["S"]
-    # optimized together (eqfuse.optimize): the batch dims are still each graph's, and the text
-    # says whose the rules fired are
+    # eqfuse.optimize: the same reports
     together = optimize(TWO).reports
+    for name in ("mlp", "attn"):
+        assert together[name]["rules_fired"] == alone[name]["rules_fired"], name
     assert list(together["mlp"]["batch_dims"]) == ["B"] and list(together["attn"]["batch_dims"]) == ["S"]
-    assert "#   rules fired (of the batch it was optimized in): " in report_text(together["mlp"])
     assert "()" not in report_text(together["mlp"])
 
+
+def test_in_a_file_of_many_graphs_each_report_lists_its_own_rules(capsys, tmp_path):
+    # 17 MLPs (4 of them different, the others the same but their names) around one attention
+    # graph: no MLP's report lists an attention rule, the attention graph's does
+    mlps = [TWO.split("graph ")[1].replace("mlp(", f"mlp{i}(").replace("16", str(16 + 8 * (i % 4)))
+            for i in range(17)]
+    src = tmp_path / "many.g"
+    src.write_text("".join("graph " + m for m in mlps[:9]) + "graph " + TWO.split("graph ")[2]
+                   + "".join("graph " + m for m in mlps[9:]))
+    assert main(["opt", str(src), "--report", "json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    assert len(reports) == 18 and list(reports)[9] == "attn"
+    assert any(r.startswith("attention") for r in reports["attn"]["rules_fired"])
+    for i in range(17):
+        fired = reports[f"mlp{i}"]["rules_fired"]
+        assert fired and not any(r.startswith("attention") for r in fired), (i, fired)
+        assert fired == reports[f"mlp{i % 4}"]["rules_fired"]
+        # a graph the same as an earlier one but its name: optimized once, and its report says so
+        assert reports[f"mlp{i}"].get("same_as") == (f"mlp{i % 4}" if i >= 4 else None)
+    assert reports["mlp5"]["graph"].startswith("graph mlp5(")
+    assert reports["mlp1"]["rules_fired"] == opt("graph " + mlps[1])["rules_fired"]
 
 BLOCK = """
 graph blk(x: f32[B, 64], w1: f32[64, 128], b1: f32[128], g: f32[128], be: f32[128]) -> f32[B, 128] {

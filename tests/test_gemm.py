@@ -15,6 +15,8 @@ import pytest
 
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c, warnings_for
 from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm
+from eqfuse.backend.kinds.contraction.plan_gemm import blocking as blocking_of
+from eqfuse.backend.kinds.contraction.plan_gemm import gemm_tiles
 from eqfuse.machine import machine
 
 # compiling every variant's GEMM takes ~25 s on 2 cores with a cold kernel cache
@@ -75,7 +77,7 @@ def gemm_source(M, N, K, batch, bt, epi, blocking=None, split="auto", direct=Non
     pre, at = direct == "prepacked", direct == "a_transposed"
     return emit_gemm(name, M=M, N=N, K=K, batch=batch, a_batch_stride=M * K, b_batch_stride=0 if pre else K * N,
                      c_batch_stride=M * N, lda=M if at else K, ldb=K if bt else N, ldc=N, b_transposed=bt,
-                     epilogue=expr, extras=extras, blocking=blocking,
+                     epilogue=expr, extras=extras, blocking=blocking or blocking_of(gemm_tiles(M, N, K, machine())),
                      split=split, direct_b=direct if direct in (None, False, True) else None, prepacked_b=pre,
                      a_transposed=at, direct_a=False if direct == "packed_a" else None)
 
@@ -218,6 +220,6 @@ def test_generated_gemm_compiles_without_warnings(modules):
 
 def test_emit_gemm_refuses_empty_sizes():
     with pytest.raises(ValueError, match="positive"):
-        emit_gemm("g", M=0, N=1, K=1, lda=1, ldb=1, ldc=1)
+        emit_gemm("g", M=0, N=1, K=1, lda=1, ldb=1, ldc=1, blocking=(1, 1, 1, 1, 1))
     with pytest.raises(ValueError, match="split"):
-        emit_gemm("g", M=1, N=1, K=1, lda=1, ldb=1, ldc=1, split="diagonal")
+        emit_gemm("g", M=1, N=1, K=1, lda=1, ldb=1, ldc=1, split="diagonal", blocking=(1, 1, 1, 1, 1))

@@ -15,6 +15,7 @@ import eqfuse
 from eqfuse import machine
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
 from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm
+from eqfuse.backend.kinds.contraction.plan_gemm import blocking as blocking_of
 from eqfuse.backend.kinds.contraction.plan_gemm import gemm_tiles
 
 pytestmark = pytest.mark.heavy
@@ -38,10 +39,12 @@ def _variants():
     return [(c, None) for c in CASES] + [((*s, False, None), blk) for s, blk in BLOCKED]
 
 
-def _source(name, case, blocking):
+def _source(name, case, blocking, m):
+    """The GEMM of `case`, with the hand-given blocking or the plan's for machine m."""
     M, N, K, bt, direct = case
     return emit_gemm(name, M=M, N=N, K=K, lda=K, ldb=K if bt else N, ldc=N, b_transposed=bt,
-                     epilogue="fmaxf(acc + bias[j], 0.0f)", extras=[("float", "bias")], blocking=blocking,
+                     epilogue="fmaxf(acc + bias[j], 0.0f)", extras=[("float", "bias")],
+                     blocking=blocking or blocking_of(gemm_tiles(M, N, K, m)),
                      direct_b=direct)
 
 
@@ -51,7 +54,7 @@ def width(request):
     if m.simd_floats > machine.host_simd_floats():  # (the suite's floor is AVX2: only an older host skips)
         pytest.skip(f"this host has no {m.simd_floats}-float vectors")
     with machine.pinned(m, clamp=False):
-        parts = [_source(f"w{n}", *v) for n, v in enumerate(_variants())]
+        parts = [_source(f"w{n}", *v, m) for n, v in enumerate(_variants())]
         built = build(HEADER + "\n".join(s for s, _ in parts), COMMON_CDEF + "\n" + "\n".join(c for _, c in parts),
                       f"gemm_{request.param}")
         yield request.param, m, built

@@ -60,13 +60,17 @@ def test_what_the_result_depends_on_is_in_the_key(runs, tmp_path):
     assert O.optimize_graph(g).report["graph_cache"] == "hit" and len(runs) == 1
     assert O.optimize_graph(g, cost="launches").report["graph_cache"] == "miss"  # another cost model
     assert O.optimize_graph(g, disable=["fuse_relu"]).report["graph_cache"] == "miss"  # a rule disabled
+    from eqfuse.machine import MODELS
+
+    assert O.optimize_graph(g, machine=MODELS["zen4"]).report["graph_cache"] == "miss"  # the planner's machine
+    assert O.optimize_graph(g, machine=MODELS["zen4"]).report["graph_cache"] == "hit"
     rw = tmp_path / "mine.rw"
     rw.write_text("rule my_relu: relu(relu(?x)) => relu(?x)\n")
     assert O.optimize_graph(g, rules=[str(rw)]).report["graph_cache"] == "miss"  # a user rule file
     assert O.optimize_graph(g, rules=[str(rw)]).report["graph_cache"] == "hit"
     rw.write_text("rule my_relu: relu(relu(relu(?x))) => relu(?x)\n")  # the same file, changed
     assert O.optimize_graph(g, rules=[str(rw)]).report["graph_cache"] == "miss"
-    assert len(runs) == 5 and len(entries(tmp_path)) == 5
+    assert len(runs) == 6 and len(entries(tmp_path)) == 6
     assert base.report["graph_cache"] == "miss"
 
 

@@ -153,3 +153,59 @@ def test_the_checker_sees_an_upward_import_a_cycle_and_a_private_name(tmp_path, 
     assert "private name _g" in text
     assert "eqfuse.stray belongs to no stage" in text
     assert cycles(edges) == [["eqfuse.backend.b", "eqfuse.ir.a"]]
+
+
+# ------------------------------------------------------------------ the machine model is passed down
+#
+# The machine model (eqfuse.machine) is read by the drivers (pipeline, cli, export: the stages that
+# build it or pin it) and passed down as an argument: `lower_graph(g, m)`, each kind's `plan(plan,
+# m)`, `optimize_graph(..., machine=m)`, emit_gemm's `blocking`. No module of these stages reads it.
+PASSED_DOWN = ("eqfuse.ir", "eqfuse.frontend", "eqfuse.optimizer", "eqfuse.grad", "eqfuse.backend", "eqfuse.runtime")
+READERS = {"machine", "host_machine", "pinned", "pin"}  # eqfuse.machine's functions that read or set it
+# ... except, each with the reason:
+READS_THE_MACHINE = {
+    # The C build stage: every library (kernels, an artifact's per-level builds, the tests' and
+    # benchmarks' helper code) is compiled with the -march of the model in force, the one the plans
+    # were made for (the drivers select it with `pinned`), and the kernel cache keys on it.
+    "eqfuse.backend.cbuild",
+    # mod.save(targets=...): builds the machine model of each target level the artifact holds (this
+    # host's, with that level's vector width) and pins it while the functions are built again.
+    "eqfuse.runtime.artifact",
+}
+
+
+def machine_reads(module: str, path: Path) -> list[str]:
+    """Where `module` reads the machine model: a reader imported from eqfuse.machine, or one
+    called through the module (`from eqfuse import machine; machine.machine()`)."""
+    text = path.read_text()
+    if "machine" not in text and "pin" not in text:
+        return []
+    found, modules_named, attributes = [], set(), []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and node.module == "eqfuse.machine":
+            found += [f"{module}:{node.lineno} imports {a.name}" for a in node.names if a.name in READERS]
+        elif isinstance(node, ast.ImportFrom) and node.module == "eqfuse":
+            modules_named |= {a.asname or a.name for a in node.names if a.name == "machine"}
+        elif isinstance(node, ast.Import):
+            modules_named |= {a.asname or a.name for a in node.names if a.name == "eqfuse.machine"}
+        elif isinstance(node, ast.Attribute) and node.attr in READERS:
+            attributes.append(node)
+    found += [f"{module}:{node.lineno} calls {ast.unparse(node)}" for node in attributes
+              if ast.unparse(node.value) in modules_named]
+    return found
+
+
+def test_the_machine_model_is_read_by_the_drivers_and_passed_down():
+    found = [r for module, path in sorted(modules().items())
+             if module.startswith(PASSED_DOWN) and module not in READS_THE_MACHINE
+             for r in machine_reads(module, path)]
+    assert not found, "\n".join(found)
+    assert all(machine_reads(m, modules()[m]) for m in READS_THE_MACHINE)  # (an exception still needed)
+
+
+def test_the_machine_check_sees_a_read(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from eqfuse.machine import Machine, machine\nfrom eqfuse import machine as M\n"
+                 "def plan(m: Machine):\n    return M.host_machine()\n")
+    assert machine_reads("eqfuse.backend.x", f) == ["eqfuse.backend.x:1 imports machine",
+                                                    "eqfuse.backend.x:4 calls M.host_machine"]

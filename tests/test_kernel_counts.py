@@ -1,5 +1,5 @@
 """One kernel count (docs/optimizing.md, "Kernel counts"): the kernels that run, views apart, in
-`eqfuse opt`, `eqfuse bench`, `eqfuse lower` and mod.report."""
+`eqfuse opt`, `eqfuse bench`, `eqfuse lower`, mod.report and eqfuse.optimize."""
 
 import json
 import re
@@ -65,6 +65,22 @@ def test_the_opt_report_counts_views_apart_as_the_compiled_module_runs(capsys, t
     assert optimize_graph(load(path)[0]).report["kernels_after"] > ran
     text = cli(capsys, "opt", path)
     assert f"kernels:    {r['kernels_before']} -> 7 (+7 views)" in text
+
+
+def test_eqfuse_optimize_counts_the_kernels_opt_counts(capsys, tmp_path):
+    # every dim bound by the graph's own shapes: the lowered count, views apart, as `eqfuse opt`
+    # gives it (7 kernels and 7 views: the test above), not the optimizer's (which takes views for kernels)
+    r = eqfuse.optimize(block(tmp_path)).report
+    assert (r["kernels_after"], r["views_after"], r["kernels_counted"]) == (7, 7, "lowered")
+    # a dim unbound: the optimizer's count, and the report says so; bound by dims=, the lowered one
+    mlp = ROOT / "examples" / "mlp.g"
+    free = eqfuse.optimize(mlp).report
+    assert free["kernels_counted"] == "optimizer" and "views_after" not in free
+    bound = eqfuse.optimize(mlp, dims={"B": 4}).report
+    cli_b = json.loads(cli(capsys, "opt", mlp, "--dim", "B=4", "--report", "json"))
+    assert bound["kernels_counted"] == "lowered"
+    assert (bound["kernels_before"], bound["kernels_after"], bound["views_after"]) == \
+        (cli_b["kernels_before"], cli_b["kernels_after"], cli_b["views_after"])
 
 
 @pytest.mark.heavy  # (three commands over one graph)

@@ -1,5 +1,7 @@
-"""The plan is what runs: every tile a plan holds is the constant in its kernel's C, and the
-micro-kernel calls a counting build makes are the uop counts `eqfuse lower --uops` prints."""
+"""The plan is what runs: every tile and every other choice a plan holds (`eqfuse lower` prints
+them) is the constant its kernel's C declares, every placeholder of csrc_templates/ is either such
+a choice or says why it is not, and the micro-kernel calls a counting build makes are the uop
+counts `eqfuse lower --uops` prints."""
 
 import re
 
@@ -71,43 +73,217 @@ def test_the_gemm_tiles_follow_the_machine(machine_model):
     assert declared(k.c_source, "kc", k.tiles["kc"])
 
 
-# The choices besides tiles that a template is written with: a plan field each (printed by
-# `eqfuse lower` as "plan: ..."), declared as a constant of its kernel's C.
-CHOICES = {"contraction": ("direct_a", "direct_b"), "contraction_row": ("direct_a", "direct_b"),
-           "skinny": ("pack_parts",), "pixel_conv": ("vl",), "direct_conv": ("vl", "reorder"), "winograd_conv": ("vl", "reorder"), "attention_grad": ("rb", "vec"), "attention": ("vec",)}
+# ------------------------------------------------------------------ every placeholder of csrc_templates/
+#
+# Each {{NAME}} placeholder of a template is either a choice or not. A choice (a tile, a flag, an
+# algorithm switch, a vector width, a thread rule) is filled from the plan field named here, which
+# `eqfuse lower` prints (its `tiles:` or `plan:` line; `BF16` its `precision:` line's path), and
+# the template declares it as `#define <NAME>_<PLACEHOLDER> <value>`, so the C says what it was
+# written with. Every other placeholder is listed with the reason it is not a choice.
+ROW_PARALLEL = {"PARALLEL": "parallel"}  # (-1 in a GEMM's row epilogue: run by the GEMM's threads, split=rows)
+CHOICES: dict[str, dict[str, str]] = {
+    "attention.c": {"BQ": "bq", "BK": "bk", "VEC": "vec", "SCORE_OPS": "score_ops", "PARALLEL": "parallel"},
+    "attention_grad.c": {"RB": "rb", "VEC": "vec", "PARALLEL": "parallel"},
+    "conv2d.c": {"IM2COL": "im2col", "PARALLEL": "parallel"},
+    "conv_direct.c": {"CB": "cb", "VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "ROWS": "rows",
+                      "IN_BLOCKED": "in_blocked", "OUT_BLOCKED": "out_blocked", "INPLACE": "in_place",
+                      "PREPACKED": "prepacked_b", "EPI_BLOCKED": "epi_blocked", "REORDER": "reorder",
+                      "PARALLEL": "parallel"},
+    "conv_grouped.c": {"PLANE": "plane", "PARALLEL": "parallel"},
+    "conv_pixels.c": {"VL": "vl", "RO": "ro", "RPH": "rph", "RPW": "rpw", "PREPACKED": "prepacked_b",
+                      "PARALLEL": "parallel"},
+    "conv_reorder.c": {"VL": "vl"},
+    "conv_winograd.c": {"VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "TB": "tb", "IN_BLOCKED": "in_blocked",
+                        "OUT_BLOCKED": "out_blocked", "PREPACKED": "prepacked_b", "REORDER": "reorder",
+                        "PARALLEL": "parallel"},
+    "copy_block.c": {"PARALLEL": "block_parallel"},  # (block k of the plan's "/"-joined flags)
+    "gemm.c": {"MR": "mr", "NR": "nr", "MC": "mc", "NC": "nc", "KC": "kc", "DIRECT_A": "direct_a",
+               "DIRECT_B": "direct_b", "PREPACKED_B": "prepacked_b", "SPLIT": "split", "PARALLEL": "parallel",
+               "BF16": "precision_path", "A_TRANSPOSED": "a_transposed", "B_TRANSPOSED": "b_transposed"},
+    "gemm_skinny.c": {"MR": "mr", "NR": "nr", "GROUPS": "groups", "PF": "pf", "PACK_PARTS": "pack_parts",
+                      "PARALLEL": "parallel", "BF16": "precision_path", "A_TRANSPOSED": "a_transposed"},
+    "index.c": {"PARALLEL": "parallel", "IN_BLOCKED": "in_blocked", "OUT_BLOCKED": "out_blocked", "VL": "vl",
+                "CHECKED": "checked"},
+    "layout.c": {},
+    "matmul.c": {},
+    "pointwise.c": {"TILE": "tile", "STREAM": "stream", "PARALLEL": "parallel"},
+    "reduce.c": {"PARALLEL": "parallel", "THREAD_LOOP": "thread_loop", "ACC": "acc"},
+    "row_grad.c": ROW_PARALLEL, "row_layernorm.c": ROW_PARALLEL, "row_reduce.c": ROW_PARALLEL,
+    "row_rmsnorm.c": ROW_PARALLEL, "row_softmax.c": ROW_PARALLEL,
+}
+SIGNATURE = "the kernel's symbol, parameters, operand pointers or the call of a function it holds"
+SHAPE = "a size of the operands or an attribute of the op (stride, padding, groups, axes)"
+MEMORY = "where an operand or the result lies: offsets, strides, leading dimensions of its layout"
+EXPR = "an op expression or constant from the op table (the op, its attributes, the fused prologue/epilogue)"
+TEXT = "text of a comment (from the op or the flags asserted here)"
+DERIVED = "computed from shapes and the choices asserted here, in one way"
+NOT_CHOICES: dict[str, dict[str, str]] = {
+    "attention.c": {SIGNATURE: "NAME PARAMS Q K V", SHAPE: "BATCH SQ SK D DV", DERIVED: "SKP",
+                    MEMORY: "QOFF QR QC KSRC KBI KD KJ VOFF VR VC OUT_OFF OR OC OFFSETS",
+                    EXPR: "SCORE_BODY SCORE QSCALE SCORE_LOG2E EPI_BODY EPI ZERO_NAN"},
+    "attention_grad.c": {SIGNATURE: "NAME PARAMS Q K V DY", SHAPE: "BATCH SQ SK D DV OUTD", TEXT: "WHAT",
+                         MEMORY: "QOFF QR QC KOFF KR KC VOFF VR VC DYOFF DYR DYC OOFF OR OC",
+                         EXPR: "MODE SCALE ZERO_NAN MASK_IJ"},
+    "conv2d.c": {SIGNATURE: "NAME PARAMS X GEMM ARGS", SHAPE: "N C H W O KH KW OH OW SH SW PH PW DH DW"},
+    "conv_direct.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
+                      EXPR: "EPILOGUE EPILOGUE_NCHW", DERIVED: "EDGE_L EDGE_R REORDER_FN"},
+    "conv_grouped.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS",
+                       SHAPE: "N C H W O G CG OG KH KW OH OW SH SW PH PW DH DW", EXPR: "EPILOGUE"},
+    "conv_pixels.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
+                      EXPR: "EPILOGUE"},
+    "conv_reorder.c": {SIGNATURE: "NAME", DERIVED: "TRANSPOSE"},
+    "conv_winograd.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS", SHAPE: "N C H W O OH OW PH PW",
+                        EXPR: "EPILOGUE", DERIVED: "REORDER_FN"},
+    "copy_block.c": {SIGNATURE: "NAME SRC DST", SHAPE: "OUTER INNER", MEMORY: "OFFSETS SRC_STRIDE DST_STRIDE"},
+    "gemm.c": {SIGNATURE: "NAME EXTRA_ARGS EXTRA_PARAMS", SHAPE: "M N K BATCH", TEXT: "A_LAYOUT B_LAYOUT",
+               MEMORY: "LDA LDB LDC CSC A_BATCH_STRIDE B_BATCH_STRIDE C_BATCH_STRIDE B_AT",
+               EXPR: "EPILOGUE ROW_EPILOGUE"},
+    "gemm_skinny.c": {SIGNATURE: "NAME EXTRA_ARGS EXTRA_PARAMS EXTRA_FIELDS EXTRA_INIT EXTRA_UNPACK",
+                      SHAPE: "M N K", TEXT: "A_LAYOUT B_LAYOUT", MEMORY: "LDC A_AT B_AT",
+                      EXPR: "EPILOGUE ROW_EPILOGUE ROW_EPILOGUE_ON"},
+    "index.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE", EXPR: "OP BODY"},
+    "layout.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE", EXPR: "OP", DERIVED: "BLOCKS"},
+    "matmul.c": {SIGNATURE: "NAME PARAMS GEMM ARGS", SHAPE: "OUTER", MEMORY: "OFFSETS", TEXT: "SHAPES"},
+    "pointwise.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE OUTER INNER", DERIVED: "NTILES",
+                    MEMORY: "OFFSETS DST_BASE DST_J OTYPE", EXPR: "BODY LINE_BODY RESULT"},
+    "reduce.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE OUT_SPACE AXES OUT_SIZE N0 N1 N2 N3 N4", TEXT: "RUNS",
+                 MEMORY: "OUT_OFFSET EPI_OFFSETS",
+                 EXPR: "OP INIT OMP_OP COMBINE COMBINE_NAN NAN_TRACK SCALE PRO_BODY X EPI_BODY EPI"},
+    "row_grad.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE YS",
+                   EXPR: "OP MODE A1 GAMMA_J EPS PRO_BODY X EPI_BODY EPI"},
+    "row_layernorm.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE NEXT",
+                        EXPR: "GAMMA BETA EPS PRO_BODY X EPI_BODY EPI"},
+    "row_reduce.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS", MEMORY: "OFFSETS EPI_OFFSETS",
+                     EXPR: "OP INIT RED COMBINE NAN_TRACK SCALE PRO_BODY X EPI_BODY EPI"},
+    "row_rmsnorm.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE NEXT",
+                      EXPR: "GAMMA EPS PRO_BODY X EPI_BODY EPI"},
+    "row_softmax.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE YS NEXT",
+                      EXPR: "ZERO_NAN PRO_BODY X EPI_BODY EPI"},
+}
 
 
-def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model):
-    """DIRECT_A and DIRECT_B of the blocked GEMM, the skinny GEMM's PACK_PARTS, a direct conv's
-    vector width and REORDER, attention's VEC and the attention gradient's RB: what the plan says is what the C
-    declares."""
-    skinny = "graph s(x: f32[4, 37], w: f32[37, 53]) { return kernel { relu(x @ w) } }"
-    lanes = ("graph cd(x: f32[1, 32, 40, 40], w: f32[32, 32, 3, 3], y: f32[1, 16, 10, 10], v: f32[16, 16, 3, 3]) {\n"
-             "    a = kernel { relu(conv2d(x, w, stride=2, padding=1)) }\n"
-             "    return a, kernel { relu(conv2d(y, v, padding=1)) }\n}\n")
-    grad = ("graph ag(q: f32[2, 8, 16], k: f32[2, 8, 16], v: f32[2, 8, 16], dy: f32[2, 8, 16]) {\n"
-            "    return kernel { attention_dq(q, k, v, dy, scale=0.25) }\n}\n")
-    kernels = [*eqfuse.compile(KINDS, fuse="manual").kernels, *eqfuse.compile(grad, fuse="manual").kernels,
-               *eqfuse.compile(skinny, fuse="manual", params={"w": np.ones((37, 53), np.float32)}).kernels,
-               *eqfuse.compile(lanes, fuse="manual").kernels]
-    seen = set()
-    for k in kernels:
-        d = k.decisions
-        which = "skinny" if d.get("path") == "skinny" else {"pixels": "pixel_conv", "channels": "direct_conv", "winograd": "winograd_conv"}.get(
-            d.get("algorithm"), k.kind)
-        for key in CHOICES.get(which, ()):
-            if key == "pack_parts":  # 0: the calling thread packs A, in one part
-                assert declared(k.c_source, "pack_parallel", int(d[key] > 0)), k.name
-                assert declared(k.c_source, key, max(1, d[key])), (k.name, key, d[key])
-            else:
-                assert declared(k.c_source, key, d[key]), (k.name, key, d[key])
-            seen.add(which)
-    assert seen == set(CHOICES), seen
+def test_every_placeholder_of_every_template_is_a_choice_or_says_why_not():
+    """A template that gains a placeholder fails here until it is classified; a choice is
+    declared by its template as `#define {{NAME}}_<PLACEHOLDER> {{<PLACEHOLDER>}}`."""
+    from eqfuse.backend.cbuild import PLACEHOLDER, templates_dir
+
+    names = sorted(p.name for p in templates_dir().glob("*.c"))
+    assert names == sorted(CHOICES) == sorted(NOT_CHOICES)
+    for name in names:
+        text = (templates_dir() / name).read_text()
+        others = [x for group in NOT_CHOICES[name].values() for x in group.split()]
+        assert len(others) == len(set(others)), name
+        assert not set(CHOICES[name]) & set(others), name
+        assert set(PLACEHOLDER.findall(text)) == set(CHOICES[name]) | set(others), name
+        for x in CHOICES[name]:
+            assert re.search(rf"^#define {{{{NAME}}}}_{x} {{{{{x}}}}}L?( |$)", text, re.M), (name, x)
+
+
+# One kernel of each template and each choice's values both ways where cheap: every kind of
+# KINDS; a bound B on the few-rows path; a conv with channels in the lanes, a Winograd one, an
+# im2col one (a 1x1: x read as it is) and a grouped one, convs in the blocked layout with a pool
+# between, weights bound by params=; a concat of two copy blocks; the row kinds. Lowered and
+# emitted only: no C is compiled.
+MORE = """
+graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024], y: f32[7, 53],
+           dy: f32[7, 53], g: f32[53], be: f32[53], q: f32[2, 8, 16], k: f32[2, 8, 16], v: f32[2, 8, 16],
+           dq: f32[2, 8, 16], big: f32[64, 640], wb: f32[640, 640], huge: f32[4096, 2048], a: f32[3, 5],
+           c: f32[4, 5], img: f32[1, 32, 40, 40], f: f32[32, 32, 3, 3], im2: f32[1, 16, 10, 10],
+           f2: f32[16, 16, 3, 3], dw: f32[6, 1, 3, 3], im6: f32[2, 6, 9, 9], f1: f32[8, 6, 1, 1],
+           pl: f32[2, 16, 64, 64], mk: f32[8, 8]) {
+    sk = kernel { relu(x @ w) }
+    sp = kernel { relu(xs @ ws) }
+    bg = kernel { big @ wb }
+    ag = kernel { attention_dq(q, k, v, dq, scale=0.25) }
+    am = kernel { softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.25 + mk) @ v }
+    sg = kernel { softmax_grad(dy, y) }
+    rm = kernel { rmsnorm(y, g) }
+    ln = kernel { layernorm(y, g, be) }
+    sm = kernel { softmax(big) }
+    rr = kernel { sum(big, axis=1) }
+    st = kernel { relu(huge * 2) }
+    cat = kernel { concat(a, c, axis=0) }
+    cd = kernel { relu(conv2d(img, f, stride=2, padding=1)) }
+    wg = kernel { relu(conv2d(im2, f2, padding=1)) }
+    gr = kernel { relu(conv2d(im6, dw, padding=1, group=6)) }
+    one = kernel { conv2d(im6, f1) }
+    mp = kernel { max_pool2d(pl, kernel_size=2) }
+    w1 = kernel { relu(conv2d(img, f, padding=1)) }
+    p1 = kernel { max_pool2d(w1, kernel_size=2) }
+    w2 = kernel { relu(conv2d(p1, f, padding=1)) }
+    d2 = kernel { relu(conv2d(cd, f, stride=2, padding=1)) }
+    return sk, sp, bg, ag, am, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, one, mp, w2, d2
+}
+"""
+
+
+def emitted(src: str, monkeypatch, params=frozenset(), precision="f32") -> list[tuple]:
+    """(plan, its C, the (template, NAME) of each template it was rendered from) of every kernel."""
+    import eqfuse.backend.cexpr as cexpr
+    from eqfuse.backend.cbuild import render as original
+    from eqfuse.backend.emit import emit_kernel
+    from eqfuse.frontend.load import load
+    from eqfuse.pipeline import lower, optimize
+
+    rendered = []
+    monkeypatch.setattr(cexpr, "cb_render", lambda t, **v: rendered.append((t, v.get("NAME"))) or original(t, **v))
+    out = []
+    for g in load(src):
+        fused, _ = optimize(g, fuse="manual")
+        for p in lower(fused, {}, fuse="manual", params=frozenset(params), precision=precision)[2]:
+            if p.kind == "view":
+                continue
+            rendered.clear()
+            out.append((p, emit_kernel(p), list(rendered)))
+    return out
+
+
+def chosen(p, template: str, name: str, field: str) -> int:
+    """The value the plan says the C of `template` (rendered as NAME `name`) declares for `field`."""
+    from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS, SPLITS
+    from eqfuse.backend.lower import plan_decisions
+
+    printed = {**plan_decisions(p), **p.tiles}
+    if field == "precision_path":
+        return BF16_PATHS[p.precision_path]
+    if field == "parallel" and template.startswith("row_") and p.kind != "row":
+        assert printed["split"] == "rows"  # a GEMM's row epilogue: on the thread that finished the rows
+        return -1
+    if field == "block_parallel":
+        return int(printed[field].split("/")[int(name.rsplit("_copy", 1)[1])])
+    value = printed[field]
+    return {"split": SPLITS}.get(field, {}).get(value, value)
+
+
+def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypatch):
+    """Each choice placeholder of each template a kernel was written from (CHOICES) holds what the
+    plan printed by `eqfuse lower` says; every choice of every template is seen at least once."""
+    kernels = (emitted(KINDS, monkeypatch) + emitted(MORE, monkeypatch, params={"w", "ws", "wb", "f2"})
+               + emitted(MORE.replace("graph more", "graph bf"), monkeypatch, precision="bf16"))
+    monkeypatch.setenv("EQFUSE_CONV", "im2col")  # (a 3x3 conv's column matrix)
+    kernels += emitted(KINDS.replace("graph kinds", "graph cols"), monkeypatch)
+    seen: dict[tuple[str, str], set] = {}
+    for p, c, rendered in kernels:
+        for key, value in p.tiles.items():  # (every tile, of these kernels too)
+            assert declared(c, key, value), (p.name, key, value)
+        for template, name in rendered:
+            for x, field in CHOICES[template].items():
+                value = chosen(p, template, name, field)
+                assert re.search(rf"^[ \t]*#define {name}_{x} {value}L?\b", c, re.M), (p.name, template, x, value)
+                seen.setdefault((template, x), set()).add(value)
+    assert set(seen) == {(t, x) for t, xs in CHOICES.items() for x in xs}, \
+        sorted({(t, x) for t, xs in CHOICES.items() for x in xs} - set(seen))
+    # both values of the flags this covers cheaply
+    for key in [("gemm.c", "PARALLEL"), ("gemm.c", "BF16"), ("gemm.c", "DIRECT_B"), ("gemm_skinny.c", "PACK_PARTS"),
+                ("pointwise.c", "STREAM"), ("row_softmax.c", "PARALLEL"), ("conv2d.c", "IM2COL"),
+                ("attention.c", "SCORE_OPS")]:
+        assert len(seen[key]) > 1, (key, seen[key])
 
 
 def test_lower_prints_every_choice():
     text = uops_text(KINDS, fuse="manual")
     assert "direct_a=" in text and "direct_b=" in text and "vl=" in text
+    assert "thread_loop=" in text and "block_parallel=" in text and "epi_blocked=" in text
 
 
 # GEMMs of every mapping onto GEMM calls: one matrix, batches folded into rows (B shared),

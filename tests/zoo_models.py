@@ -9,9 +9,8 @@ ONNX graph has one output named "y".
 
 from __future__ import annotations
 
-import numpy as np
-
 import model_exports as me
+import numpy as np
 
 B, S, VOCAB = 2, 16, 100
 IMAGE = 32  # the side of the vision models' input images

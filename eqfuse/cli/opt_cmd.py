@@ -9,8 +9,6 @@ from eqfuse.cli.args import UsageError
 from eqfuse.cli.common import optimizer_opts, selected_graphs
 from eqfuse.errors import EqfuseError
 
-OPT_ALONE = 16  # graphs of a file `eqfuse opt` optimizes one by one (more: small ones in batches)
-
 
 def cmd_opt(args) -> int:
     from eqfuse import progress
@@ -22,6 +20,7 @@ def cmd_opt(args) -> int:
         if v is not None and v <= 0:
             raise UsageError(f"{flag} expects a positive number, got {v}")
     from eqfuse.frontend.load import model_weights
+    from eqfuse.machine import machine
     from eqfuse.optimizer.fold import fold_params
 
     graphs, dims = selected_graphs(args)
@@ -31,17 +30,17 @@ def cmd_opt(args) -> int:
     source = graphs
     folded = [fold_params(g, {k: v for k, v in weights.items() if k in dict(g.params)}) for g in graphs]
     graphs = [f.graph for f in folded]
-    opts.update(iter_limit=args.iter_limit, node_limit=args.node_limit, time_limit=args.time_limit)
+    opts.update(iter_limit=args.iter_limit, node_limit=args.node_limit, time_limit=args.time_limit,
+                machine=machine())  # (the planner's: read once here, passed down to extraction)
     if len(graphs) == 1:  # one graph: the progress line follows its saturation
         with progress.step(f"optimizing {graphs[0].name}") as line:
             results = [optimize_graph(graphs[0], dims={k: v for k, v in dims.items() if k in graphs[0].dims()},
                                       progress=saturation_line(line), **opts)]
-    else:  # several: a few are optimized each alone, so that each report describes its graph
-        # alone (rules fired); many small ones side by side (eqfuse/optimizer/optimize.py)
-        with progress.step(f"optimizing {len(graphs)} graphs"):
-            results = optimize_graphs(graphs, dims=dims, alone=len(graphs) <= OPT_ALONE, **opts)
+    else:  # several: each alone, so that each report describes its graph alone (eqfuse/optimizer/optimize.py)
+        with progress.step(f"optimizing {len(graphs)} graphs") as line:
+            results = optimize_graphs(graphs, dims=dims, before_each=lambda i: line.update(
+                f"graph {i + 1} of {len(graphs)}: {graphs[i].name}"), **opts)
     from eqfuse.optimizer.optimize import batch_dims_report
-
     from eqfuse.pipeline import count_kernels
 
     for r, f, g in zip(results, folded, source):

@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.kernels import K, Unsupported, classify
 from eqfuse.ir.ops import OPS
-from eqfuse.machine import machine
+from eqfuse.machine import Machine
 from eqfuse.optimizer import cost as C
 
 REASONS = ("no_rule", "unlowerable", "cost", "limit")
@@ -162,11 +162,11 @@ def _kind_of(body: Graph) -> tuple[str, list[str]]:
     return "mixed", heavy
 
 
-def lowerable(body: Graph) -> str | None:
-    """None if the backend lowers `body` as one kernel on the planner's machine (as extraction
+def lowerable(body: Graph, machine: Machine | None = None) -> str | None:
+    """None if the backend lowers `body` as one kernel on `machine` (the planner's, as extraction
     requires: the same kinds registry decides); else why not."""
     try:
-        classify(body, machine())
+        classify(body, machine)
     except Unsupported as e:
         return str(e)
     return None
@@ -193,13 +193,14 @@ def _better(joined: C.KCost, stored: C.KCost, model: str, p: dict) -> bool:
 def explain(g: Graph, cost: str = "memory", dims: Mapping[str, int] | None = None, *,
             stop_reason: str = "saturated", limit: str | None = None, disabled: Sequence[str] = (),
             p: dict | None = None, deadline: float | None = None, ilp: str = "optimal",
-            joins: Joins | None = None) -> dict:
+            joins: Joins | None = None, machine: Machine | None = None) -> dict:
     """{"boundaries": [...], "fused_kernels": [...]} for the optimized graph g (kernels at the top).
     Past `deadline` (a time.perf_counter() value: the optimizer's time limit) the boundaries left
     are listed without being examined, reason `limit` (20,000 of them take about 1.5 s). `ilp` is
     the report's ILP status: unless it proved the extraction optimal ("optimal..."), a cheaper join
     not taken may have been in the e-graph, and the extraction's limits are named instead of rules.
-    `joins` (the e-graph and g's e-classes) makes `no_rule` a lookup in the e-graph."""
+    `joins` (the e-graph and g's e-classes) makes `no_rule` a lookup in the e-graph. `machine` is
+    the planner's (lowerable)."""
     import time
 
     p = p or C.perf()
@@ -242,7 +243,7 @@ def explain(g: Graph, cost: str = "memory", dims: Mapping[str, int] | None = Non
             if held is not None:
                 entry["joined_in_egraph"] = held
             body = joined_body(g, a, c, views)
-            why = lowerable(body)
+            why = lowerable(body, machine)
             if why is not None:
                 kind, heavy = _kind_of(body)
                 entry.update(reason="unlowerable", kind=kind, ops=heavy, detail=why)

@@ -42,7 +42,7 @@ from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.kernels import Unsupported, classify
 from eqfuse.ir.ops import OPS
 from eqfuse.ir.shapes import TType
-from eqfuse.machine import machine
+from eqfuse.machine import Machine
 from eqfuse.optimizer import cost as C
 from eqfuse.optimizer.edata import EData, ENode
 from eqfuse.optimizer.egraph_text import text_attr, text_num
@@ -136,7 +136,9 @@ class Problem:
         return self._options[c]
 
 
-def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None) -> Problem:
+def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None, machine: Machine | None = None) -> Problem:
+    """The candidates of every class: the e-nodes whose kernel body classify accepts on `machine`
+    (the planner's, passed down by the driver; None: without its L1 check), with their costs."""
     types = class_types(d, graph)
     roots = [d.outputs[k] for k in sorted(d.outputs)]
     pb = Problem(d, types, roots)
@@ -157,7 +159,7 @@ def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None) -> P
                 continue
             try:
                 body, reads = kernel_body(pb, n)
-                classify(body, machine())
+                classify(body, machine)
             except (Unsupported, _Skip):
                 continue
             kc = C.kernel_cost(body, dims)

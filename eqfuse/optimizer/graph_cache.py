@@ -48,16 +48,15 @@ def _code_digest() -> str:
     return h.hexdigest()
 
 
-def key(graph_text: str, rules, disable, cost: str, dims, limits, perf=None) -> str:
-    """The entry's name: a sha256 over everything the optimized graph depends on."""
-    from eqfuse.machine import machine
-
+def key(graph_text: str, rules, disable, cost: str, dims, limits, perf=None, machine=None) -> str:
+    """The entry's name: a sha256 over everything the optimized graph depends on (`machine`: the
+    planner's machine model extraction was given)."""
     h = hashlib.sha256(b"eqfuse optimized graph\0")
     h.update(_code_digest().encode())
     for r in rules:
         h.update(f"{r.name}\0{int(r.reverse)}\0{r.text}\0".encode())
     parts = {"disable": sorted(disable), "cost": cost, "dims": sorted((dims or {}).items()),
-             "limits": list(limits), "machine": repr(machine()), "perf": repr(perf)}
+             "limits": list(limits), "machine": repr(machine), "perf": repr(perf)}
     h.update(json.dumps(parts, sort_keys=True, default=str).encode())
     h.update(graph_text.encode())
     return h.hexdigest()

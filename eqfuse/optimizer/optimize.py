@@ -1,4 +1,4 @@
-"""The optimizer: a Graph through the e-graph to its cheapest fused form, one graph at a time or many small graphs together.
+"""The optimizer: a Graph through the e-graph to its cheapest fused form, one graph at a time.
 
 The optimizer, top to bottom:
 
@@ -12,19 +12,14 @@ The optimizer, top to bottom:
 Fusion decisions live in eqfuse/optimizer/rules/fusion.rw; this module only runs the stages. The limits
 (iterations, e-nodes, seconds) hold for the whole run: see eqfuse.optimizer.egraph.
 
-Many small graphs, optimized together.
-
-Each optimize_graph call pays a fixed cost (two e-graphs pushed and popped, a few egglog steps,
-an ILP call), so a file of thousands of small graphs paid it thousands of times. `optimize_graphs` puts
-small graphs side by side into one graph (names prefixed, so nothing is shared but constants),
-optimizes that once, and splits the result back. Graphs are independent, so no kernel can join
-two of them; each keeps its own parameters, names and outputs.
+A file of many graphs (optimize_graphs): each graph is optimized alone, so that its report
+describes it alone; a graph the same as an earlier one but for its name is optimized once.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from eqfuse.errors import EqfuseError
@@ -32,6 +27,7 @@ from eqfuse.ir.conv_forms import expand_convs
 from eqfuse.ir.graph import Graph, retype
 from eqfuse.ir.kernels import Split, classify
 from eqfuse.ir.printer import graph_text, module_text
+from eqfuse.machine import Machine
 from eqfuse.optimizer import cost as C
 from eqfuse.optimizer import extract as X
 from eqfuse.optimizer.egraph import (
@@ -63,25 +59,27 @@ class OptResult:
 def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
                    dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
                    node_limit: int | None = None, time_limit: float | None = None,
-                   progress=None) -> OptResult:
+                   progress=None, machine: Machine | None = None) -> OptResult:
     """Fuse one graph: the fused graph and its report (its keys: README, "Optimizing: `eqfuse opt`").
     A graph optimized before with the same rules, cost model, dims, limits, machine and eqfuse
     comes from the optimized-graph cache (eqfuse.optimizer.graph_cache; report["graph_cache"]
-    says "hit", "miss" or "off"; EQFUSE_NO_CACHE=1 turns it off)."""
+    says "hit", "miss" or "off"; EQFUSE_NO_CACHE=1 turns it off). `machine` is the planner's machine
+    model, which the driver reads and passes down: extraction keeps only bodies that classify
+    lowers as one kernel on it (a GEMM's row epilogue must fit its L1); None: without that check."""
     from eqfuse.optimizer import graph_cache
 
     if cost not in C.MODELS:
         raise EqfuseError(f"unknown cost model '{cost}' (known: {', '.join(C.MODELS)})")
     if not graph_cache.enabled():
         r = _optimize_graph(graph, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
-                            node_limit=node_limit, time_limit=time_limit, progress=progress)
+                            node_limit=node_limit, time_limit=time_limit, progress=progress, machine=machine)
         r.report["graph_cache"] = "off"
         return r
     t0 = time.perf_counter()
     bound = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
     rule_list = cached_rules(tuple(str(r) for r in rules), tuple(disable))
     key = graph_cache.key(graph_text(graph), rule_list, disable, cost, bound, (iter_limit, node_limit, time_limit),
-                          C.perf() if cost == "time" else None)
+                          C.perf() if cost == "time" else None, machine)
     hit = graph_cache.get(key)
     if hit is not None:
         from eqfuse.frontend.load import load
@@ -97,7 +95,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
                           stage_seconds={"graph cache": seconds})
             return OptResult(out, report, None)
     r = _optimize_graph(graph, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
-                        node_limit=node_limit, time_limit=time_limit, progress=progress)
+                        node_limit=node_limit, time_limit=time_limit, progress=progress, machine=machine)
     r.report["graph_cache"] = "miss"
     if r.report["stop_reason"] != "time_limit" and "time_limit" not in str(r.report.get("ilp")):
         # a result the clock cut short depends on the machine's load: not kept
@@ -108,7 +106,7 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
 def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
                     dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
                     node_limit: int | None = None, time_limit: float | None = None,
-                    progress=None) -> OptResult:
+                    progress=None, machine: Machine | None = None) -> OptResult:
     """optimize_graph without the cache: the e-graphs and extraction."""
     t0 = time.perf_counter()
     lim = Limits.make(iter_limit, node_limit, time_limit, t0)
@@ -162,7 +160,7 @@ def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (),
     data = eg.serialize()
     eg.close()
     stage("serialize")
-    pb = X.build_problem(data, src, cost, dims, perf)
+    pb = X.build_problem(data, src, cost, dims, perf, machine)
     stage("candidates")
 
     left = lim.left() - EXTRACT_SECONDS_PER_NODE * data.num_nodes
@@ -175,7 +173,7 @@ def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (),
         joins = joins.renumbered(ids)
     stage("extraction")
     return _report(graph, src0, out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, cost, dims, t0,
-                   disable, lim.deadline, joins)
+                   disable, lim.deadline, joins, machine)
 
 
 def singletons(g: Graph) -> Graph:
@@ -203,7 +201,7 @@ def singletons(g: Graph) -> Graph:
 
 
 def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages, cost, dims, t0,
-            disable=(), deadline=None, joins=None) -> OptResult:
+            disable=(), deadline=None, joins=None, machine: Machine | None = None) -> OptResult:
     from eqfuse.optimizer.explain import explain
 
     check(out)
@@ -243,7 +241,7 @@ def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages,
     }
     # why each tensor between two kernels is stored, and what each fused kernel saves (eqfuse.optimizer.explain)
     report.update(explain(out, cost, dims, stop_reason=st.stop_reason, limit=st.limit_note or None,
-                          disabled=tuple(disable), p=p, deadline=deadline, ilp=ilp, joins=joins))
+                          disabled=tuple(disable), p=p, deadline=deadline, ilp=ilp, joins=joins, machine=machine))
     return OptResult(out, report, joins)
 
 
@@ -276,6 +274,8 @@ def check(g: Graph) -> None:
 
 @dataclass
 class Optimized:
+    """What eqfuse.optimize gives (eqfuse.pipeline.optimize_model): the fused graphs of a model
+    and each graph's report."""
     graphs: list[Graph]
     reports: dict[str, dict]
 
@@ -286,25 +286,6 @@ class Optimized:
     @property
     def report(self) -> dict:
         return next(iter(self.reports.values())) if len(self.reports) == 1 else self.reports
-
-
-def optimize(src, *, cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
-             dims: Mapping[str, int] | None = None, iter_limit: int | None = None,
-             node_limit: int | None = None, time_limit: float | None = None, check_rules: bool = True) -> Optimized:
-    """eqfuse.optimizer.optimize: optimize every graph of a model (a .g path or source text), no C. User
-    rule files are checked for soundness first (RuleError; check_rules=False skips it)."""
-    from eqfuse.frontend.load import load
-    from eqfuse.optimizer.rulecheck import check_rule_files
-
-    check_rule_files(rules, enabled=check_rules)
-
-    graphs = load(src)
-    outs, reports = [], {}
-    for g, r in zip(graphs, optimize_graphs(graphs, cost=cost, rules=rules, disable=disable, dims=dims,
-                                            iter_limit=iter_limit, node_limit=node_limit, time_limit=time_limit)):
-        outs.append(r.graph)
-        reports[g.name] = r.report
-    return Optimized(outs, reports)
 
 
 def _batch_dims(graph, unbound: list[str], params=None) -> dict[str, str | None]:
@@ -341,19 +322,21 @@ def report_text(r: dict) -> str:
     from eqfuse.progress import seconds as us
 
     fired = ", ".join(f"{k} x{v}" for k, v in sorted(r["rules_fired"].items(), key=lambda kv: (-kv[1], kv[0])))
-    whose = " (of the batch it was optimized in)" if r.get("batch") else ""
     lines = [
         f"# report for graph {r['graph_name']} (cost: {r['cost']})",
         f"#   kernels:    {r['kernels_before']} -> {r['kernels_after']}" + _views_text(r),
         f"#   bytes:      {mb(r['bytes_before'])} -> {mb(r['bytes_after'])}",
         f"#   est. time:  {us(r['est_time_before_s'])} -> {us(r['est_time_after_s'])}",
-        f"#   rules fired{whose}: {fired or 'none'}",
+        f"#   rules fired: {fired or 'none'}",
         f"#   e-graph:    {r['egraph_nodes']} nodes, {r['egraph_classes']} classes, {r['iterations']} iterations, "
         f"stopped: {r['stop_reason']}" + (f" ({r['limit']})" if r.get("limit") else ""),
         f"#   extraction: {r['extraction']} (ILP: {r['ilp']})",
         f"#   optimize time: {us(r['optimize_seconds'])} in all"
         + (f" ({', '.join(f'{k} {us(v)}' for k, v in r['stage_seconds'].items())})" if r.get("stage_seconds") else ""),
     ]
+    if r.get("same_as"):  # optimize_graphs: the same graph but its name, optimized once
+        lines.append(f"#   the same graph as {r['same_as']} but its name: its result, renamed (rules fired, "
+                     f"e-graph and extraction are that optimization's)")
     if r.get("saved_before"):  # a training graph: what the gradients read of the forward pass
         lines.append(f"#   saved for backward: {mb(r['saved_before'])} -> {mb(r['saved_after'])} (activations the "
                      f"gradients read; the rest is recomputed in their kernels)")
@@ -372,113 +355,35 @@ def report_text(r: dict) -> str:
     return "\n".join(lines)
 
 
-SMALL = 64  # nodes: graphs up to this size are batched
-BATCH_NODES = 1500  # nodes per batch
-
-
-def _prefix(k: int) -> str:
-    return f"__b{k}__"
-
-
-def optimize_graphs(graphs: Sequence[Graph], alone: bool = False, **kw) -> list:
-    """optimize_graph on each graph, small ones in batches (`alone`: none), results in input
-    order. A batched graph's report has its own kernels, bytes, times and batch dims, but the
-    rules fired and e-graph figures of its batch (egglog counts a rule's matches over the whole
-    e-graph): `eqfuse opt`, which prints the reports, optimizes a file of a few graphs alone."""
+def optimize_graphs(graphs: Sequence[Graph], before_each=None, **kw) -> list:
+    """optimize_graph on each graph of a file, results in input order. Each graph is optimized
+    alone, so that its report describes it alone (its rules fired are its own: egglog counts a
+    rule's matches over the whole e-graph, so graphs optimized side by side in one e-graph could
+    only share one count). A graph the same as an earlier one but for its name (a file of
+    generated variants) is optimized once: its result is the earlier one's, renamed, and its
+    report says so (`same_as`). `before_each(i)`, when given, is called before graph i (a progress line)."""
     dims = kw.pop("dims", None) or {}
-    out: list = [None] * len(graphs)
-    batch: list[int] = []
-
-    def flush():
-        if len(batch) == 1:
-            i = batch[0]
-            out[i] = optimize_graph(graphs[i], dims={k: v for k, v in dims.items() if k in graphs[i].dims()}, **kw)
-        elif batch:
-            for i, r in zip(batch, _together([graphs[i] for i in batch], dims, kw)):
-                out[i] = r
-        batch.clear()
-
-    size = 0
+    out: list = []
+    seen: dict[tuple, int] = {}  # (the graph's text but its name, its dims bound) -> its first index
     for i, g in enumerate(graphs):
-        if len(g.nodes) > SMALL or alone:
-            out[i] = optimize_graph(g, dims={k: v for k, v in dims.items() if k in g.dims()}, **kw)
+        if before_each:
+            before_each(i)
+        gd = {k: v for k, v in dims.items() if k in g.dims()}
+        key = (graph_text(Graph("_", g.nodes, g.inputs, g.outputs)), tuple(sorted(gd.items())))
+        if key in seen:
+            out.append(_renamed(out[seen[key]], graphs[seen[key]].name, g))
             continue
-        if size + len(g.nodes) > BATCH_NODES:
-            flush()
-            size = 0
-        batch.append(i)
-        size += len(g.nodes)
-    flush()
+        seen[key] = i
+        out.append(optimize_graph(g, dims=gd, **kw))
     return out
 
 
-def _together(gs: list[Graph], dims, kw) -> list:
-    from eqfuse.optimizer.explain import explain
-    u = Graph("batch")
-    owner: list[int] = []  # output index -> graph
-    for k, g in enumerate(gs):
-        base = len(u.nodes)
-        p = _prefix(k)
-        for n in g.nodes:
-            u.nodes.append(replace(n, args=tuple(a + base for a in n.args),
-                                   name=None if n.name is None else p + n.name, body=None if n.body is None else n.body))
-        u.inputs += [i + base for i in g.inputs]
-        u.outputs += [o + base for o in g.outputs]
-        owner += [k] * len(g.outputs)
-    all_dims = {d for g in gs for d in g.dims()}
-    r = optimize_graph(u, dims={k: v for k, v in dims.items() if k in all_dims}, **kw)
-    results = []
-    for k, g in enumerate(gs):
-        ids: dict[int, int] = {}
-        part = _split(r.graph, k, [o for o, w in zip(r.graph.outputs, owner) if w == k], g, ids)
-        gd = {d: v for d, v in dims.items() if d in g.dims()}
-        before, after = C.graph_kernels(g, gd), C.graph_kernels(part, gd)
-        rep = dict(r.report)
-        rep.update(graph_name=g.name, kernels_before=before.launches - before.views,
-                   kernels_after=after.launches - after.views, bytes_before=before.bytes, bytes_after=after.bytes,
-                   est_time_before_s=C.graph_value(g, "time", gd, C.perf()),
-                   est_time_after_s=C.graph_value(part, "time", gd, C.perf()),
-                   kernels_greedy=after.launches - after.views, bytes_greedy=after.bytes,
-                   saved_before=C.saved_for_backward(g, gd), saved_after=C.saved_for_backward(part, gd),
-                   unbound_dims={d: C.DEFAULT_DIM for d in g.dims() if d not in gd},
-                   batch_dims=_batch_dims(g, [d for d in g.dims() if d not in gd]),  # this graph's dims alone
-                   batch=f"optimized together with {len(gs) - 1} other small graphs (rules fired, e-graph and "
-                         "time figures are the batch's)",
-                   graph=graph_text(part))
-        joins = r.joins.renumbered(ids) if r.joins is not None else None
-        rep.update(explain(part, rep["cost"], gd, stop_reason=rep["stop_reason"], limit=rep["limit"],
-                           disabled=tuple(kw.get("disable", ())), ilp=rep["ilp"], joins=joins))
-        results.append(OptResult(part, rep, joins))
-    return results
-
-
-def _split(g: Graph, k: int, outputs: list[int], orig: Graph, ids: dict[int, int] | None = None) -> Graph:
-    """Graph k's part of the batch's result (`ids`, when given, gets g's node id -> the part's)."""
-    p = _prefix(k)
-
-    def name(s):
-        return s[len(p):] if s is not None and s.startswith(p) else s
-
-    live, stack = set(), list(outputs)
-    while stack:
-        j = stack.pop()
-        if j not in live:
-            live.add(j)
-            stack.extend(g.nodes[j].args)
-    by_name = {g.nodes[i].name: i for i in g.inputs}
-    keep = [by_name[p + orig.nodes[i].name] for i in orig.inputs]
-    keep += [i for i in range(len(g.nodes)) if i in live and i not in set(keep)]
-    keep.sort(key=lambda i: (g.nodes[i].op != "input", i))
-    new = {old: j for j, old in enumerate(keep)}
-    if ids is not None:
-        ids.update(new)
-    nodes = []
-    for i in keep:
-        n = g.nodes[i]
-        body = n.body
-        if body is not None:
-            body = Graph(body.name, [replace(b, name=name(b.name)) for b in body.nodes], list(body.inputs),
-                         list(body.outputs), body.pos)
-        nodes.append(replace(n, args=tuple(new[a] for a in n.args), name=name(n.name), body=body))
-    inputs = [new[by_name[p + orig.nodes[i].name]] for i in orig.inputs]
-    return Graph(orig.name, nodes, inputs, [new[o] for o in outputs], orig.pos)
+def _renamed(r: OptResult, first: str, g: Graph) -> OptResult:
+    """An earlier graph's result as graph g's: g is that graph but for its name."""
+    t0 = time.perf_counter()
+    out = Graph(g.name, list(r.graph.nodes), list(r.graph.inputs), list(r.graph.outputs), g.pos)
+    text = graph_text(out)
+    seconds = time.perf_counter() - t0
+    report = dict(r.report, graph_name=g.name, graph=text, same_as=first, optimize_seconds=seconds,
+                  stage_seconds={f"the result of graph {first}": seconds})
+    return OptResult(out, report, r.joins)

@@ -148,7 +148,7 @@ def _savable(f) -> None:
         if not f.modules:
             raise ArtifactError(f"graph {f.name} is not compiled yet ({', '.join(f.padded)} bound per call): call it "
                                 "once before saving (its buckets are compiled at the first call)")
-        for m in f.modules.values():
+        for m in list(f.modules.values()) + list(f.live_modules.values()):
             for g in m.functions.values():
                 _savable(g)
         return
@@ -168,6 +168,9 @@ def _function_meta(f, parts: _Parts) -> dict:
                 "sizes": f.sizes, "padding": f.padding, "limits": f.limits, "out_axes": f.out_axes,
                 "modules": {key: [_function_meta(g, parts) for g in m.functions.values()]
                             for key, m in f.modules.items()},
+                # a decoder's step over its cache in place (live_module): its dims and live dim
+                "live": {key: [_function_meta(g, parts) for g in m.functions.values()]
+                         for key, m in f.live_modules.items()},
                 "last": next((key for key, m in f.modules.items() if m is f.last_module), None)}
     return {"kind": "graph", "name": f.name, "source": f.source, "optimized": f.optimized, "dims": dict(f.dims),
             "verify": f.verify, "threads": f.threads,
@@ -180,9 +183,10 @@ def _bindings(f) -> list[dict]:
     """The dims bindings a function holds compiled (for the manifest and the refusal of others)."""
     if isinstance(f, PaddedFunction):  # each bucket's padded dims, with the dims its graphs bind
         out = []
-        for key, m in f.modules.items():
+        buckets = [(dict(zip(f.padded, key)), m) for key, m in f.modules.items()]
+        for fixed, m in buckets + [(dict(key[0]), m) for key, m in f.live_modules.items()]:
             inner = [b for g in m.functions.values() for b in _bindings(g)] or [{}]
-            out += [b for b in ({**dict(zip(f.padded, key)), **b} for b in inner) if b not in out]
+            out += [b for b in ({**fixed, **b} for b in inner) if b not in out]
         return out
     return [dict(k) for k in list(f.cache) + list(f.buckets)]
 
@@ -207,8 +211,9 @@ def _compiled_state(c: Compiled, f: GraphFunction, parts: _Parts, libs: dict, ta
 def _function_state(f, parts: _Parts, libs: dict, target: str) -> dict:
     """A function's bindings and buckets built again for the machine model in force."""
     if isinstance(f, PaddedFunction):
-        return {"modules": {key: {g.name: _function_state(g, parts, libs, target) for g in m.functions.values()}
-                            for key, m in f.modules.items()}}
+        return {kind: {key: {g.name: _function_state(g, parts, libs, target) for g in m.functions.values()}
+                       for key, m in modules.items()}
+                for kind, modules in (("modules", f.modules), ("live", f.live_modules))}
     cache, buckets = f.rebuilt()
     return {"compiled": [(key, _compiled_state(c, f, parts, libs, target)) for key, c in cache.items()],
             "buckets": [(key, {s: _compiled_state(c, f, parts, libs, target) for s, c in built.items()},
@@ -458,11 +463,14 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
 
     def function(fm: dict, fs: dict):
         if fm["kind"] == "padded":
-            modules = {key: Module([function(gm, fs["modules"][key][gm["name"]]) for gm in sub], {}, str,
-                                   common["precision"]) for key, sub in fm["modules"].items()}
-            return PaddedFunction.restored(fm["name"], fm["inputs"], fm["batch"], fm["padded"], fm["sizes"],
-                                           fm["padding"], fm["limits"], fm["out_axes"], modules, fm["last"],
-                                           _no_compiler(fm["name"], where, man["dims"][fm["name"]]))
+            def modules(kind):
+                return {key: Module([function(gm, fs[kind][key][gm["name"]]) for gm in sub], {}, str,
+                                    common["precision"]) for key, sub in fm.get(kind, {}).items()}
+            pf = PaddedFunction.restored(fm["name"], fm["inputs"], fm["batch"], fm["padded"], fm["sizes"],
+                                         fm["padding"], fm["limits"], fm["out_axes"], modules("modules"), fm["last"],
+                                         _no_compiler(fm["name"], where, man["dims"][fm["name"]]))
+            pf.live_modules = modules("live")
+            return pf
         f = GraphFunction(fm["source"], fm["optimized"], {n: array(p) for n, p in fm["params"].items()}, fm["dims"],
                           _no_compiler(fm["name"], where, man["dims"].get(fm["name"], [])), fm["verify"],
                           fm["threads"], fm["batch"])
@@ -546,8 +554,8 @@ def _no_compiler(name: str, where: str, bindings: list[dict]):
     """A loaded function's build: a binding the artifact does not hold needs the compiler."""
     held = "; ".join(", ".join(f"{k}={v}" for k, v in b.items()) or "no dims" for b in bindings)
 
-    def build(g, binds=(), names=None, panels=None):
-        if isinstance(g, dict):  # a padded function's new bucket
+    def build(g, binds=(), names=None, panels=None, **_):
+        if isinstance(g, dict):  # a padded function's new bucket (or decode step: live=)
             binds = [g]
         want = "; ".join(", ".join(f"{k}={v}" for k, v in b.items()) for b in binds)
         raise ArtifactError(f"graph {name}: {where} holds it compiled at {held}; a call at {want} needs the compiler: "

@@ -1,3 +1,9 @@
+#define eqf_kinds_k8_conv2d_VL 16 /* the plan's vl: floats per vector */
+#define eqf_kinds_k8_conv2d_RO 6 /* the plan's ro: output channels per tile */
+#define eqf_kinds_k8_conv2d_RPH 2 /* the plan's rph: output rows per tile */
+#define eqf_kinds_k8_conv2d_RPW 1 /* the plan's rpw: pixel vectors per row of a tile */
+#define eqf_kinds_k8_conv2d_PREPACKED 0 /* the plan's prepacked_b: the weights blocked once (params=) */
+#define eqf_kinds_k8_conv2d_PARALLEL 0 /* the plan's parallel: the `if` of the parallel region */
 /* eqf_kinds_k8_conv2d: direct conv2d with output pixels in the vector lanes, 2x3x11x13 *
  * 5x3x3x3, stride 1x1, padding 1x1 -> 2x5x11x13 (NCHW in
  * and out), the epilogue fused into the store. For few output channels (eqfuse.backend.conv_direct):

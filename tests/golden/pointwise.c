@@ -1,7 +1,9 @@
+#define eqf_kinds_k0_pointwise_PARALLEL 0 /* the plan's parallel: the `if` of the parallel region */
+#define eqf_kinds_k0_pointwise_TILE 53 /* the plan's tile: elements per tile of the inner loop */
 /* eqf_kinds_k0_pointwise: pointwise kernel over [7, 53].
  * Outer dims x tiles of the inner dim are spread over threads in contiguous runs of tiles,
- * schedule static: static for ordinary kernels (a thread keeps the same data, in its
- * caches, from call to call), guided for streaming ones (their data is in no cache; the
+ * schedule static for ordinary kernels (a thread keeps the same data, in its
+ * caches, from call to call), guided for streaming ones (STREAM) (their data is in no cache; the
  * shrinking runs let one thread take over the work of another that the shared machine has
  * descheduled). The inner loops are SIMD loops.
  * STREAM (0): the output is far larger than the caches, so it is written with
@@ -15,7 +17,11 @@ void eqf_kinds_k0_pointwise(const float* restrict in0, const float* restrict in1
     const long inner = 53, tile = 53, ntiles = 1;
     #pragma omp parallel if (0)
     {
+#if eqf_kinds_k0_pointwise_STREAM
+    #pragma omp for schedule(guided) nowait
+#else
     #pragma omp for schedule(static) nowait
+#endif
     for (long t = 0; t < 7 * ntiles; t++) {
         const long o = t / ntiles;
         float* restrict dst = out + o * inner;

@@ -1,3 +1,4 @@
+#define eqf_kinds_k3_row_PARALLEL 0 /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
 /* eqf_kinds_k3_row: softmax over rows of 53 (7 rows), prologue and epilogue fused.
  * One thread owns a block of EQF_ROW_BLOCK(53) rows, and the output rows are the scratch
  * buffer (in L1): the prologue's values and each row's maximum, then y = e^(y - max) and the
@@ -12,7 +13,9 @@ EQF_WIDE_BEGIN
 #pragma GCC diagnostic ignored "-Wunused-variable"
 void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, float* restrict out)
 {
+#if eqf_kinds_k3_row_PARALLEL >= 0
     #pragma omp parallel for schedule(static) if (0)
+#endif
     for (long rb = 0; rb < 7; rb += EQF_ROW_BLOCK(53)) {
         const long re = eqf_minl(rb + EQF_ROW_BLOCK(53), 7);
         float mx[EQF_ROW_BLOCK(53)], sum[EQF_ROW_BLOCK(53)];

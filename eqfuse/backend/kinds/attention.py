@@ -27,6 +27,9 @@ class AttentionDetail:
     Dv: int
     parallel: bool  # the `if` of the parallel region
     vec: bool = False  # the vectorized micro-kernels (whole 64-key tiles, v rows contiguous): after_views
+    # the score has ops of its own (a mask, a bias) run in a score pass; else it is q k^T times a
+    # constant, folded into the q block (`_score_scale`)
+    score_ops: bool = False
 
 
 
@@ -84,7 +87,8 @@ class Attention(Kind):
         # its two products as one GEMM's multiply-adds: a parallel region only above the GEMMs' bar
         fmas, nqb_ = batch * Sq * Sk * (D + Dv), -(-Sq // bq)
         par = batch * Sq > 1 and fmas >= PARALLEL_MIN_FMAS
-        plan.detail = AttentionDetail(batch, Sq, Sk, D, Dv, par)
+        score_ops = _score_scale(body, body.nodes[p.sm].args[0], p.qk) is None
+        plan.detail = AttentionDetail(batch, Sq, Sk, D, Dv, par, score_ops=score_ops)
         plan.threads = (f"the {batch} x {nqb_} (batch, {bq}-query block) tasks split evenly among the threads"
                         if par else
                         f"one thread, no parallel region ({fmas} multiply-adds < {PARALLEL_MIN_FMAS}, "
@@ -157,15 +161,20 @@ class Attention(Kind):
         # The softmax works in base 2. A score q k^T * c (or / c, or plain q k^T) is folded into the
         # q block as a factor c log2 e, and the score pass then only masks the keys past the end.
         scale = _score_scale(body, body.nodes[p.sm].args[0], p.qk)
-        if scale is None:
-            score, qscale, slog2e, score_ops = sc.value(body.nodes[p.sm].args[0]), "1.0f", "EQF_LOG2E", 1
+        assert (scale is None) == d.score_ops, "the plan's score_ops"
+        if d.score_ops:
+            score, qscale, slog2e = sc.value(body.nodes[p.sm].args[0]), "1.0f", "EQF_LOG2E"
         else:
-            score, qscale, slog2e, score_ops = "acc_s", flit(scale * math.log2(math.e)), "1.0f", 0
+            score, qscale, slog2e = "acc_s", flit(scale * math.log2(math.e)), "1.0f"
         ospace = Space(res, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1, ids)
         epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={p.qk, p.sm})
         e = epi.value(p.result)
         bk, bq = plan.tiles["bk"], plan.tiles["bq"]
-        return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SQ=Sq, SK=Sk, D=D, DV=Dv,
+        # keys over a KV cache (eqfuse.backend.live): the live length and the new rows, at run time
+        sk = f"(live + {plan.live.new})" if plan.live else str(Sk)
+        if plan.live:
+            params += ", long live"
+        return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SQ=Sq, SK=sk, D=D, DV=Dv,
                       BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=int(d.vec),
                       ZERO_NAN=int(body.nodes[p.sm].attr["zero_nan"]), PARALLEL=int(d.parallel),
                       Q=Q, QOFF=offset("b", batch, qs[:nb]), QR=qs[nb], QC=qs[nb + 1],
@@ -174,5 +183,5 @@ class Attention(Kind):
                       V=V, VOFF=offset("b", batch, vs[:nb]), VR=vs[nb], VC=vs[nb + 1],
                       OUT_OFF=offset("b", batch, os_[:nb]), OR=os_[nb], OC=os_[nb + 1],
                       OFFSETS="\n".join(sspace.decls + ospace.decls),
-                      SCORE_BODY=sc.text(), SCORE=score, QSCALE=qscale, SCORE_LOG2E=slog2e, SCORE_OPS=score_ops,
+                      SCORE_BODY=sc.text(), SCORE=score, QSCALE=qscale, SCORE_LOG2E=slog2e, SCORE_OPS=int(d.score_ops),
                       EPI_BODY=epi.text(), EPI=e)

@@ -45,7 +45,7 @@ def _unflatten(var: str, shape, names: str) -> list[str]:
     return [f"const long {names}{d} = ({var} / {st[d]}) % {shape[d]}; (void){names}{d};" for d in range(len(shape))]
 
 
-def _gather(an: Node, ins, xs, out, ct, par=False):
+def _gather(an: Node, ins, xs, out, ct, par: str = "0"):
     data, idx = ins
     ax = an.attr["axis"] % len(xs[0])
     outer, axlen, inner = _size(xs[0][:ax]), xs[0][ax], _size(xs[0][ax + 1:])
@@ -59,7 +59,7 @@ def _gather(an: Node, ins, xs, out, ct, par=False):
             "    }"]
 
 
-def _scatter_add(an: Node, ins, xs, out, ct, par=False):
+def _scatter_add(an: Node, ins, xs, out, ct, par: str = "0"):
     x, idx, upd = ins
     ax = an.attr["axis"] % len(xs[0])
     outer, axlen, inner = _size(xs[0][:ax]), xs[0][ax], _size(xs[0][ax + 1:])
@@ -93,13 +93,13 @@ def _along_axis(idx: str, shape, ax: int, tshape, on_bad: str, stmt: str) -> lis
             "}"]
 
 
-def _gather_elements(an: Node, ins, xs, out, ct, par=False):
+def _gather_elements(an: Node, ins, xs, out, ct, par: str = "0"):
     data, idx = ins
     ax = an.attr["axis"] % len(xs[0])
     return _along_axis(idx, out, ax, xs[0], "j = 0", f"out[n] = {data}[pos];")
 
 
-def _cumsum(an: Node, ins, xs, out, ct, par=False):
+def _cumsum(an: Node, ins, xs, out, ct, par: str = "0"):
     ax = an.attr["axis"] % len(out)
     outer, L, inner = _size(out[:ax]), out[ax], _size(out[ax + 1:])
     first, step = (L - 1, -1) if an.attr["reverse"] else (0, 1)
@@ -115,7 +115,7 @@ def _cumsum(an: Node, ins, xs, out, ct, par=False):
             "    }"]
 
 
-def _argmax(an: Node, ins, xs, out, ct, par=False):
+def _argmax(an: Node, ins, xs, out, ct, par: str = "0"):
     x = xs[0]
     ax = an.attr["axis"] % len(x)
     outer, L, inner = _size(x[:ax]), x[ax], _size(x[ax + 1:])
@@ -132,12 +132,12 @@ def _argmax(an: Node, ins, xs, out, ct, par=False):
             "    }"]
 
 
-def _range(an: Node, ins, xs, out, ct, par=False):
+def _range(an: Node, ins, xs, out, ct, par: str = "0"):
     return [f"for (long n = 0; n < {out[0]}; n++)",
             f"    out[n] = {an.attr['start']} + n * {an.attr['step']};"]
 
 
-def _tri(an: Node, ins, xs, out, ct, par=False):
+def _tri(an: Node, ins, xs, out, ct, par: str = "0"):
     R, C = out[-2], out[-1]
     keep = "c - r <= k" if an.op == "tril" else "c - r >= k"
     return [f"const long k = {an.attr['k']};",
@@ -149,7 +149,7 @@ def _tri(an: Node, ins, xs, out, ct, par=False):
             "        }"]
 
 
-def _pad(an: Node, ins, xs, out, ct, par=False):
+def _pad(an: Node, ins, xs, out, ct, par: str = "0"):
     x, r = xs[0], len(out)
     lo = an.attr["pads"][:r]
     xst = _strides(x)
@@ -161,7 +161,7 @@ def _pad(an: Node, ins, xs, out, ct, par=False):
             "}"]
 
 
-def _pool(an: Node, ins, xs, out, ct, par=False):
+def _pool(an: Node, ins, xs, out, ct, par: str = "0"):
     _, _, H, W = xs[0]
     (kh, kw), (sh, sw), (ph, pw) = (pair(an.attr["kernel_size"]), pair(an.attr["stride"] or an.attr["kernel_size"]),
                                     pair(an.attr["padding"]))
@@ -177,7 +177,7 @@ def _pool(an: Node, ins, xs, out, ct, par=False):
     hi = max(lo, min(OW, (W - kw + pw) // sw + 1))
     val = "a[ow] = ((v > a[ow]) | (v != v)) ? v : a[ow];" if is_max else "a[ow] += v; cnt[ow] += 1.0f;"
     fin = "a[ow]" if is_max else ("a[ow] / cnt[ow]" if not an.attr["count_include_pad"] else f"a[ow] / {kh * kw}.0f")
-    head = [f"#pragma omp parallel for if ({int(par)})",
+    head = [f"#pragma omp parallel for if ({par})",
             f"for (long nc = 0; nc < {out[0] * out[1]}; nc++)",
             f"    for (long oh = 0; oh < {OH}; oh++) {{"]
     if is_max and sw == 2:  # (ResNet's 3x3/2 pool)
@@ -246,7 +246,7 @@ def _max_pool_stride2(x: str, H, W, OH, OW, kh, kw, sh, ph, pw) -> list[str]:
     ]
 
 
-def _pool_grad(an: Node, ins, xs, out, ct, par=False):
+def _pool_grad(an: Node, ins, xs, out, ct, par: str = "0"):
     """dx of max_pool2d (each window's dy to its first largest element; the first NaN) or
     avg_pool2d (spread over the window's counted elements); one image plane per iteration."""
     _, _, H, W = xs[0]
@@ -254,7 +254,7 @@ def _pool_grad(an: Node, ins, xs, out, ct, par=False):
                                     pair(an.attr["padding"]))
     OH, OW = xs[1][2], xs[1][3]
     x, dy = ins
-    head = [f"#pragma omp parallel for if ({int(par)})",
+    head = [f"#pragma omp parallel for if ({par})",
             f"for (long nc = 0; nc < {out[0] * out[1]}; nc++) {{",
             f"    {ct}* restrict d = out + nc * {H * W}L;",
             f"    for (long i = 0; i < {H * W}; i++) d[i] = 0.0f;",
@@ -283,14 +283,14 @@ def _pool_grad(an: Node, ins, xs, out, ct, par=False):
     return head + body + ["        }", "}"]
 
 
-def _scatter_elements_add(an: Node, ins, xs, out, ct, par=False):
+def _scatter_elements_add(an: Node, ins, xs, out, ct, par: str = "0"):
     x, idx, upd = ins
     ax = an.attr["axis"] % len(out)
     return [f"memcpy(out, {x}, {_size(out)} * sizeof(*out));",
             *_along_axis(idx, xs[1], ax, out, "continue", f"out[pos] += {upd}[n];")]
 
 
-def _matmul_integer(an: Node, ins, xs, out, ct, par=False):
+def _matmul_integer(an: Node, ins, xs, out, ct, par: str = "0"):
     """(int32(a) - a_zp) @ (int32(b) - b_zp) in int32: a plain loop over rows of a, the columns of
     b innermost (contiguous, so the compiler vectorizes it); exact, as onnxruntime's MatMulInteger.
     b is 2-D (shared by every batch) or has a's batch dims; b_zp is a scalar or one per column."""
@@ -350,10 +350,12 @@ class Index(Kind):
         xs = [tuple(body.nodes[a].type.shape) for a in an.args]
         xts = [C_TYPE[body.nodes[a].type.dtype] for a in an.args] or [C_TYPE[an.type.dtype]]
         d = plan.detail
+        par = f"{plan.name}_PARALLEL"  # (the template's #define of the plan's parallel)
         if d.in_blocked or d.out_blocked:
-            lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), d.parallel, d.in_blocked, d.out_blocked,
-                                 d.vl)
+            lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), par, d.in_blocked, d.out_blocked, d.vl)
         else:
-            lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], d.parallel)
+            lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par)
         return render("index.c", NAME=plan.name, OP=an.op, SPACE=list(plan.out_shape), PARAMS=params,
+                      PARALLEL=int(d.parallel), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
+                      VL=d.vl, CHECKED=int(d.checked),
                       BODY="\n".join("    " + ln for ln in lines))

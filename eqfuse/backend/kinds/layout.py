@@ -27,6 +27,14 @@ class LayoutDetail:
     op: str
     parallel: tuple[bool, ...]  # the `if` of each copy block's loop (concat: one block per input)
 
+    DERIVED = ("block_parallel",)  # printed by `eqfuse lower`
+
+    @property
+    def block_parallel(self) -> str:
+        """`parallel` as printed: each copy block's flag, in order, joined by "/" (copy_block.c's
+        PARALLEL, block k declared as NAME_copy<k>_PARALLEL)."""
+        return "/".join(str(int(p)) for p in self.parallel)
+
 
 class Layout(Kind):
     kinds = (K.LAYOUT, K.VIEW)
@@ -71,7 +79,7 @@ class Layout(Kind):
         params, ptrs = kernel_params(plan)
         out = tuple(plan.out_shape)
         blocks = []
-        parallel = iter(plan.detail.parallel)
+        parallel = iter(enumerate(plan.detail.parallel))
 
         def block(src: str, src_strides_in_out_space, dst_base: str, dst_space, dst_strides, base_src="0"):
             # walk `dst_space` (a shape); inner loop over its last non-1 group
@@ -86,7 +94,8 @@ class Layout(Kind):
             dsi = coalesce([dst_space[d] for d in inner_dims], [dst_strides[d] for d in inner_dims])[1]
             decl = (f"        const long src_off = {base_src} + {so};\n"
                     f"        const long dst_off = {dst_base} + {do};\n        (void)o;")
-            blocks.append(render("copy_block.c", PARALLEL=int(next(parallel)), OUTER=outer,
+            k, par = next(parallel)
+            blocks.append(render("copy_block.c", NAME=f"{plan.name}_copy{k}", PARALLEL=int(par), OUTER=outer,
                                  OFFSETS=decl, INNER=inner, DST="out", DST_STRIDE=dsi[0] if dsi else 0,
                                  SRC=src, SRC_STRIDE=ssi[0] if ssi else 0))
 
@@ -119,13 +128,18 @@ class Layout(Kind):
             assert an.op == "concat", an.op
             ax = an.attr["axis"] % len(out)
             pos = 0
+            # an append (eqfuse.backend.live): the operands after the past go at the live length
+            at = (lambda pos: f"(live + {pos - (plan.live.rows - plan.live.new)}) * {ocs[ax]}") if plan.live \
+                else (lambda pos: str(pos * ocs[ax]))
             for k, x in enumerate(an.args):
                 xs = body.nodes[x].type.shape
                 if k in plan.unread:  # written in place by its own kernel (eqfuse.backend.stores)
                     next(parallel)
                 else:
-                    block(ptrs[x], list(strides(x)), str(pos * ocs[ax]), xs, list(ocs))
+                    block(ptrs[x], list(strides(x)), at(pos), xs, list(ocs))
                 pos += xs[ax]
+        if plan.live:
+            params += ", long live"
         return render("layout.c", NAME=plan.name, OP=an.op, SPACE=list(out), PARAMS=params, BLOCKS="\n".join(blocks))
 
 

@@ -43,6 +43,21 @@ class ReduceDetail:
     # front. With more runs than loops, g0 walks the outer ones together (reduced None: mixed).
     runs: tuple[tuple[tuple[int, ...], bool | None], ...] = ()
 
+    # the decisions derived from the fields above, printed by `eqfuse lower` with them
+    DERIVED = ("thread_loop", "acc")
+
+    @property
+    def thread_loop(self) -> int:
+        """The template's THREAD_LOOP: the loop g<k> split over threads, the first over kept axes
+        only (-1: none; a mixed g0 is walked by every thread)."""
+        return next((k for k, (dims, red) in enumerate(self.runs) if dims and red is False), -1)
+
+    @property
+    def acc(self) -> bool:
+        """The template's ACC: the innermost loop reduces, into a register (else it updates a
+        vector of outputs)."""
+        return bool(self.runs[-1][1])
+
 
 def loop_runs(xshape, axes) -> tuple[tuple[tuple[int, ...], bool | None], ...]:
     """The loops of a reduction over `axes` of `xshape` (ReduceDetail.runs)."""
@@ -101,11 +116,6 @@ class Reduce(Kind):
         outoff = " + ".join(o for k, (dims, red) in enumerate(d.runs) if dims and red is not True
                             for o in [offset(f"g{k}", [xshape[i] for i in dims], [ocs[i] for i in dims])]
                             if o != "0") or "0"
-        first_kept = next((k for k, (dims, red) in enumerate(d.runs) if dims and red is False), None)
-        fors = {f"FOR{k}": "#pragma omp for schedule(static) nowait" if k == first_kept else ""
-                for k in range(LOOPS)}
-        if first_kept != LOOPS - 1:
-            fors[f"FOR{LOOPS - 1}"] = "#pragma omp simd"  # (the kept innermost loop, unless threads split it)
         init, omp_op, combine, combine_nan = REDUCE[an.op]
         espace = Space(plan.out_shape, [("o", list(range(len(plan.out_shape))), True)], I1, ids)
         epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=computed_ancestors(body, an.args[0]),
@@ -116,8 +126,8 @@ class Reduce(Kind):
                          for k, (dims, red) in enumerate(d.runs) if dims) or "a single element"
         return render("reduce.c", NAME=plan.name, OP=an.op, AXES=sorted(d.axes), SPACE=list(xshape),
                       OUT_SPACE=list(plan.out_shape), PARAMS=params, OUT_SIZE=size(plan.out_shape), INIT=init,
-                      PARALLEL=int(d.parallel), RUNS=runs, ACC=int(d.runs[-1][1]),
-                      **{f"N{k}": size([xshape[i] for i in dims]) for k, (dims, _) in enumerate(d.runs)}, **fors,
+                      PARALLEL=int(d.parallel), RUNS=runs, ACC=int(d.acc), THREAD_LOOP=d.thread_loop,
+                      **{f"N{k}": size([xshape[i] for i in dims]) for k, (dims, _) in enumerate(d.runs)},
                       OUT_OFFSET=outoff, OMP_OP=omp_op, PRO_BODY=pro.text(), X=x, COMBINE=combine,
                       NAN_TRACK=NAN_TRACK.get(an.op, ""), COMBINE_NAN=combine_nan,
                       SCALE=flit(1.0 / count_red) if an.op == "mean" else "1.0f",

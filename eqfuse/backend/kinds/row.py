@@ -42,11 +42,6 @@ class RowDetail:
     parallel: bool  # the `if` of the loop over rows
 
 
-def row_loop_pragma(parallel: int) -> str:
-    """The row templates' loop over rows: split over threads (when `parallel`), or plain."""
-    return f"    #pragma omp parallel for schedule(static) if ({parallel})"
-
-
 def next_row(decls: list[str], pro_text: str, params: str, rows: int, ahead: str = "1") -> str:
     """The templates' `next` (prefetched while row r computes): row r + ahead of the first f32 input
     the prologue reads as whole contiguous rows (`in<k>[off<m> + j]`), else NULL."""
@@ -124,7 +119,7 @@ class Row(Kind):
         x = pro.value(an.args[0])
         a1 = pro.value(an.args[1]) if an.op in ("softmax_grad", "layernorm_grad") else ""
         common = {"NAME": plan.name, "PARAMS": params, "ROWS": rows, "L": L,
-                  "ROW_LOOP_PRAGMA": row_loop_pragma(int(d.parallel)), "PRO_BODY": pro.text(), "X": x}
+                  "PARALLEL": int(d.parallel), "PRO_BODY": pro.text(), "X": x}
         if an.op in ROW_OPS:
             epi = Exprs(body, space, ptrs, {a: "v"}, I2, strides=plan.base_strides())
             e = epi.value(body.outputs[0])

@@ -1,3 +1,9 @@
+#define eqf_kinds_k1_contraction_gemm_PREPACKED_B 0 /* the plan's prepacked_b: B's panels packed once (params=) */
+#define eqf_kinds_k1_contraction_gemm_SPLIT 0 /* the plan's split: 0 auto, 1 rows, 2 columns (emit_gemm.SPLITS) */
+#define eqf_kinds_k1_contraction_gemm_PARALLEL 0 /* the plan's parallel: the `if` of the parallel region */
+#define eqf_kinds_k1_contraction_gemm_BF16 0 /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16 */
+#define eqf_kinds_k1_contraction_gemm_A_TRANSPOSED 0 /* the plan's a_transposed: A given as K x M */
+#define eqf_kinds_k1_contraction_gemm_B_TRANSPOSED 0 /* the plan's b_transposed: B given as N x K */
 /* eqf_kinds_k1_contraction_gemm: C[b] = epilogue(A[b] @ B[b]) for b < 1; M=7 N=53 K=37, row-major,
  * B K x N, A M x K.
  *

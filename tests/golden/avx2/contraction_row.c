@@ -1,9 +1,12 @@
+#define eqf_kinds_k2_contraction_row_rowop_PARALLEL -1 /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
 /* eqf_kinds_k2_contraction_row_rowop: layernorm over rows of 53 (r1 rows), prologue and epilogue fused.
  * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1). */
 EQF_WIDE_BEGIN
 void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restrict out, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
-
+#if eqf_kinds_k2_contraction_row_rowop_PARALLEL >= 0
+    #pragma omp parallel for schedule(static) if (-1)
+#endif
     for (long r = r0; r < r1; r++) {
         float* restrict y = out + (r * 53L);
         (void)b;
@@ -39,6 +42,12 @@ void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restric
 }
 EQF_WIDE_END
 
+#define eqf_kinds_k2_contraction_row_gemm_PREPACKED_B 0 /* the plan's prepacked_b: B's panels packed once (params=) */
+#define eqf_kinds_k2_contraction_row_gemm_SPLIT 1 /* the plan's split: 0 auto, 1 rows, 2 columns (emit_gemm.SPLITS) */
+#define eqf_kinds_k2_contraction_row_gemm_PARALLEL 0 /* the plan's parallel: the `if` of the parallel region */
+#define eqf_kinds_k2_contraction_row_gemm_BF16 0 /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16 */
+#define eqf_kinds_k2_contraction_row_gemm_A_TRANSPOSED 0 /* the plan's a_transposed: A given as K x M */
+#define eqf_kinds_k2_contraction_row_gemm_B_TRANSPOSED 0 /* the plan's b_transposed: B given as N x K */
 /* eqf_kinds_k2_contraction_row_gemm: C[b] = epilogue(A[b] @ B[b]) for b < 1; M=7 N=53 K=37, row-major,
  * B K x N, A M x K.
  *

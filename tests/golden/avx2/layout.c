@@ -1,6 +1,7 @@
 /* eqf_kinds_k6_layout: transpose [13, 5, 9] (a strided copy per input; writes are contiguous). */
 void eqf_kinds_k6_layout(const float* restrict in0, float* restrict out)
 {
+#define eqf_kinds_k6_layout_copy0_PARALLEL 0 /* the plan's block_parallel (this block's): the `if` of its parallel loop */
     #pragma omp parallel for schedule(static) if (0)
     for (long o = 0; o < 13; o++) {
         const long src_off = 0 + o;

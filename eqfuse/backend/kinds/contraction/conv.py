@@ -105,7 +105,12 @@ class ConvDirectDetail:
         return self.v * self.vl
 
     # the decisions derived from the fields above, printed by `eqfuse lower` with them
-    DERIVED = ("algorithm", "reorder")
+    DERIVED = ("algorithm", "reorder", "epi_blocked")
+
+    @property
+    def epi_blocked(self) -> bool:
+        """The template's EPI_BLOCKED: the epilogue reads some operands in blocks of VL channels."""
+        return bool(self.blocked_args)
 
     @property
     def algorithm(self) -> str:
@@ -374,7 +379,7 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
                   INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(d.reorder),
                   REORDER_FN=reorder_fn(plan.name, d.vl) if d.reorder else "",
-                  EPI_BLOCKED=int(bool(d.blocked_args)), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
+                  EPI_BLOCKED=int(d.epi_blocked), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
 
 
 # (the blocked layout's decisions and pooling in it; imported here, after the names it uses,
@@ -591,7 +596,7 @@ def _mark_in(q: KernelPlan, k: int, how: str, vl: int) -> None:
     q.uops = [replace(u, what=what) if u.what.startswith("input to a zero-padded copy") else u for u in q.uops]
 
 
-def pool_blocked(an, x: str, xs, out, par: bool, in_blocked: bool, out_blocked: bool, vl: int) -> list[str]:
+def pool_blocked(an, x: str, xs, out, par: str, in_blocked: bool, out_blocked: bool, vl: int) -> list[str]:
     """C lines of a max or avg pooling over VL channels at a time, the input and the output each
     NCHW or in blocks of VL channels: one vector per output pixel, the window's in-bounds taps
     (max_pool2d keeps a NaN, as the NCHW loop does)."""
@@ -615,7 +620,7 @@ def pool_blocked(an, x: str, xs, out, par: bool, in_blocked: bool, out_blocked: 
         fin = f"a[l] / {kh * kw}.0f"
     else:
         fin = "a[l] / cnt"
-    return [f"#pragma omp parallel for if ({int(par)})",
+    return [f"#pragma omp parallel for if ({par})",
             f"for (long t = 0; t < {N * (C // vl) * OH}; t++) {{",
             f"    const long nb = t / {OH}, oh = t % {OH};",
             f"    for (long ow = 0; ow < {OW}; ow++) {{",
@@ -643,7 +648,7 @@ def pool_blocked(an, x: str, xs, out, par: bool, in_blocked: bool, out_blocked: 
             "}"]
 
 
-def _max_pool_taps(x: str, xs, os_, k, st, pad, par: bool, in_blocked: bool, out_blocked: bool,
+def _max_pool_taps(x: str, xs, os_, k, st, pad, par: str, in_blocked: bool, out_blocked: bool,
                    vl: int) -> list[str]:
     """max_pool2d over VL channels at a time, the window's taps unrolled: one vector loop per output
     pixel (lanes: channels) with a max per tap and no bounds branches: a tap outside the image
@@ -663,7 +668,7 @@ def _max_pool_taps(x: str, xs, os_, k, st, pad, par: bool, in_blocked: bool, out
     dst = f"(nb * {OH} + oh) * {OW * vl}L + ow * {vl} + l" if out_blocked else \
         f"nb * {vl * OH * OW}L + l * {OH * OW}L + oh * {OW}L + ow"
     clamp = lambda v, n: f"{v} < 0 ? 0 : {v} > {n - 1} ? {n - 1} : {v}"
-    lines = [f"#pragma omp parallel for if ({int(par)})",
+    lines = [f"#pragma omp parallel for if ({par})",
              f"for (long t = 0; t < {N * (C // vl) * OH}; t++) {{",
              f"    const long nb = t / {OH}, oh = t % {OH};"]
     for dh in range(kh):

@@ -100,6 +100,6 @@ def emit_conv_grouped(plan: KernelPlan) -> str:
     params, ptrs = kernel_params(plan)
     expr, decls = epilogue_c(plan)
     return render("conv_grouped.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
-                  WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), N=d.N, C=d.C, H=d.H, W=d.W,
+                  WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), PLANE=plan.tiles["plane"], N=d.N, C=d.C, H=d.H, W=d.W,
                   O=d.O, G=d.group, CG=d.cg, OG=d.og, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW, SH=d.stride[0],
                   SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], DH=d.dilation[0], DW=d.dilation[1])

@@ -32,10 +32,10 @@ from eqfuse.backend.cexpr import I1, I2, Exprs, Space, render
 from eqfuse.backend.cexpr import kernel_params as _params
 from eqfuse.backend.indexing import bstrides, offset
 from eqfuse.backend.kinds.contraction.plan_gemm import (
+    blocking,
     c_layout,
     conv_c_layout,
     direct,
-    gemm_tiles,
 )
 from eqfuse.backend.kinds.contraction.plan_gemm import direct_a as direct_a_rule
 from eqfuse.backend.plan import KernelPlan, size
@@ -44,7 +44,6 @@ from eqfuse.ir.kernels import K as PlanKind
 from eqfuse.ir.kernels import computed_ancestors as _ancestors
 from eqfuse.ir.ops import flit, pair
 from eqfuse.ir.shapes import C_TYPE
-from eqfuse.machine import machine
 
 # How threads share one GEMM when there are fewer batches than threads (the template's SPLIT).
 SPLITS = {"auto": 0, "rows": 1, "cols": 2}
@@ -56,7 +55,7 @@ BF16_PATHS = {"f32": 0, "fallback": 1, "avx512_bf16": 2}
 def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stride: int = 0,
               b_batch_stride: int = 0, c_batch_stride: int = 0, lda: int, ldb: int, ldc: int, csc: int = 1,
               b_transposed: bool = False, epilogue: str = "acc", extras: Sequence[tuple[str, str]] = (),
-              blocking: tuple[int, int, int, int, int] | None = None,
+              blocking: tuple[int, int, int, int, int],
               split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "",
               prepacked_b: bool = False, a_transposed: bool = False,
               parallel: bool = True, direct_a: bool | None = None, path: str = "f32") -> tuple[str, str]:
@@ -66,7 +65,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     (row stride ldb); C is M x N (row stride ldc, column stride csc); batch b starts at
     b * <x>_batch_stride.
     `extras` are the epilogue's extra parameters, `const TYPE* NAME` after C.
-    `blocking` (MC, NC, KC, MR, NR) is the plan's tiles (None: gemm_tiles for this machine).
+    `blocking` (MC, NC, KC, MR, NR) is the plan's tiles (plan_gemm.gemm_tiles for the machine the
+    caller was given: this module reads no machine model).
     `split` is how threads share one batch: "rows", "cols", or "auto" (decided in the C at run
     time from the thread count, see `_split` in csrc_templates/gemm.c). `direct_b` has the
     micro-kernel read B in place rather than from packed panels (None: the rule of `direct`;
@@ -78,7 +78,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     (one thread must own whole rows).
     `a_transposed`: A is given as its transpose, K x M (row stride lda), packed to the same panels.
     `direct_a`: the micro-kernel reads A where it is (row stride lda) instead of packed panels
-    (None: the rule of plan_gemm.direct_a; never with a transposed A).
+    (None: the rule of plan_gemm.direct_a; never with a transposed A). Neither with bf16
+    operands (`path`): both are converted while packed; None is then False, True an error.
     `parallel`: whether the GEMM opens a parallel region (the plan's detail.parallel,
     plan_gemm.parallel; False runs it on the calling thread).
     `prepacked_b`: the B argument is the panels made once by `NAME_prepack(B, P)` (P of
@@ -99,11 +100,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     if min(M, N, K, batch) < 1:
         raise ValueError(f"GEMM sizes must be positive: M={M} N={N} K={K} batch={batch}")
     extra_params = "".join(f", const {t}* restrict {n}" for t, n in extras)
-    if blocking:
-        mc, nc, kc, mr, nr = blocking
-    else:
-        t = gemm_tiles(M, N, K, machine())
-        mc, nc, kc, mr, nr = t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]
+    mc, nc, kc, mr, nr = blocking
     up = lambda x, q: -(-x // q) * q  # noqa: E731  (a given blocking: no block larger than the problem)
     mc, nc, kc = min(mc, up(M, mr)), min(nc, up(N, nr)), min(kc, K)
     if mc % mr or nc % nr or min(mc, nc, kc) < 1:
@@ -113,7 +110,9 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
         raise ValueError(f"a bf16 GEMM's K slices are whole K-pairs: KC={kc} must be even")
     if bf16 == 2 and nr % 16:
         raise ValueError(f"the vdpbf16ps micro-kernel needs NR a multiple of 16, got {nr}")
-    if bf16:  # (A and B converted while packed)
+    if bf16:  # (A and B converted while packed: the plan says so, plan_gemm.plan_contraction)
+        if direct_b or direct_a:
+            raise ValueError("a bf16 GEMM packs A and B (converted while packed): neither is read in place")
         direct_b, direct_a = False, False
     b_at = f"B[(jc + jr + j) * {ldb}L + pc + k]" if b_transposed else f"B[(pc + k) * {ldb}L + jc + jr + j]"
     src = render("gemm.c", NAME=name, M=M, N=N, K=K, BATCH=batch, MR=mr, NR=nr, MC=mc, NC=nc, KC=kc,
@@ -167,8 +166,7 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
                  EPILOGUE=epilogue, PARALLEL=int(parallel), ROW_EPILOGUE_ON=int(bool(row_epilogue)),
                  ROW_EPILOGUE=row_epilogue or "(void)eqf_r0;",
                  EXTRA_PARAMS="".join(f", const {t}* restrict {n}" for t, n in extras),
-                 EXTRA_ARGS="".join(", " + n for _, n in extras), PER_CHUNK=1,
-                 PACK_PARTS=max(1, pack_parts), PACK_PARALLEL=int(parallel and pack_parts > 0),
+                 EXTRA_ARGS="".join(", " + n for _, n in extras), PACK_PARTS=pack_parts,
                  EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
                  EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
                  EXTRA_INIT="".join(", " + n for _, n in extras), BF16=BF16_PATHS[path],
@@ -221,8 +219,9 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
     extras = [(i, eptrs[i]) for i in body.inputs if i in used]
     params = ", ".join(["long b", "long r0", "long r1", "float* restrict out"]
                        + [f"const {c_type(body, i)}* restrict {pn}" for i, pn in extras])
-    # called by one GEMM thread on rows it owns: no parallel region of its own
-    common = {"NAME": fname, "PARAMS": params, "R0": "r0", "ROWS": "r1", "L": N, "ROW_LOOP_PRAGMA": "",
+    # called by one GEMM thread on rows it owns (the plan's split=rows): no parallel region of its
+    # own (PARALLEL -1)
+    common = {"NAME": fname, "PARAMS": params, "R0": "r0", "ROWS": "r1", "L": N, "PARALLEL": -1,
               "PRO_BODY": "", "X": "y[j]", "OFFSETS": "\n".join(space.decls + [f"{I1}(void)b;"]),
               "EPI_BODY": epi.text(), "EPI": e, "NEXT": "NULL"}  # the row is C's, in cache: no prefetch
     if rn.op == "softmax":
@@ -239,7 +238,7 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
 def _gemm_args(plan: KernelPlan, extras) -> dict:
     """emit_gemm's arguments that come from the plan: its tiles and decisions."""
     t, d = plan.tiles, plan.detail
-    return {"blocking": (t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]), "split": d.split, "direct_b": d.direct_b,
+    return {"blocking": blocking(t), "split": d.split, "direct_b": d.direct_b,
             "direct_a": d.direct_a, "parallel": d.parallel, "extras": [(c_type(plan.body, i), pn) for i, pn in extras],
             "path": plan.precision_path}
 
@@ -319,7 +318,6 @@ def emit_conv2d(plan: KernelPlan) -> str:
     sh, sw = pair(cv.attr["stride"])
     ph, pw = pair(cv.attr["padding"])
     dh, dw = pair(cv.attr.get("dilation", 1))
-    direct = not plan.detail.im2col  # (the plan's: x itself is the column matrix)
     d = plan.detail
     swap = d.pixels_as_rows  # the GEMM's rows are pixels, its columns channels (plan_gemm.pixels_as_rows)
     ch, px = ("j", "i") if swap else ("i", "j")
@@ -351,7 +349,7 @@ def emit_conv2d(plan: KernelPlan) -> str:
         args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
     wrapper = render("conv2d.c", NAME=plan.name, PARAMS=params, X=ptrs[cv.args[0]],
                      N=N, C=C, H=H, W=W, O=O, KH=KH, KW=KW, OH=OH, OW=OW, SH=sh, SW=sw, PH=ph, PW=pw,
-                     DH=dh, DW=dw, DIRECT=int(direct), GEMM=gname, ARGS=", ".join(args), PARALLEL=int(plan.detail.parallel))
+                     DH=dh, DW=dw, IM2COL=int(d.im2col), GEMM=gname, ARGS=", ".join(args), PARALLEL=int(plan.detail.parallel))
     return src + "\n" + wrapper
 
 

@@ -142,6 +142,11 @@ def gemm_tiles(M: int, N: int, K: int, m: Machine, even_kc: bool = False) -> dic
     return {"mr": mr, "nr": nr, "kc": min(kc, K), "mc": min(mc, cdiv(M, mr) * mr), "nc": min(nc, cdiv(N, nr) * nr)}
 
 
+def blocking(t: dict[str, int]) -> tuple[int, int, int, int, int]:
+    """emit_gemm's `blocking` (MC, NC, KC, MR, NR) of the tiles gemm_tiles gives."""
+    return t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]
+
+
 def gemm_checks(t: dict[str, int], m: Machine) -> list[tuple[str, bool]]:
     """The cache constraints the blocking targets (machine.gemm_blocking), each (text, holds)."""
     a_micro, b_panel, a_block = (t["mr"] * t["kc"] * F32, t["kc"] * t["nc"] * F32, t["mc"] * t["kc"] * F32)
@@ -442,7 +447,7 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
     plan.detail = GemmDetail(M, Nn, K, batch, at, bt, g, direct_b=not bf16 and direct(gM, Nn, bt, mr, nr),
                              split="rows" if row is not None else "auto", parallel=par,
                              row_op=body.nodes[row].op if row is not None else None,
-                             pixels_as_rows=mm.op == "conv2d" and at, direct_a=direct_a(at),
+                             pixels_as_rows=mm.op == "conv2d" and at, direct_a=not bf16 and direct_a(at),
                              im2col=mm.op == "conv2d" and not _reads_x_as_columns(body, mm))
     plan.threads = thread_rule(gM, Nn, g.batch, mr, nr, rows_only=row is not None, par=par, K=K)
     skip = {a} | set(mm.args) | ({mm.args[1]} if body.nodes[mm.args[1]].op == "transpose" else set())
