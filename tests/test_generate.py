@@ -313,7 +313,7 @@ def ort_greedy(path, ids: np.ndarray, new: int, capacity: int) -> np.ndarray:
 @pytest.mark.extended  # (the artifact's libraries, built for its level: some 30 s of C builds when the cache is cold)
 def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
     """The artifact of a decoder that has generated keeps its bindings (the prefill at the prompt's
-    length, the decode step at the cache's capacity): generate on eqfuse.load's Module gives the
+    length, the decode step over the cache in place at its capacity): generate on eqfuse.load's Module gives the
     compiled Module's tokens. A generation it holds no binding for runs without the compiler: a
     shorter one at the capacity held, a prompt of another length fed to the decode step token by
     token; one that needs a larger cache is refused with what to do."""
@@ -321,10 +321,11 @@ def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
     ids = prompt(4)
     ours = eqfuse.generate(mod, ids, max_new_tokens=NEW)
     loaded = eqfuse.load(mod.save(tmp_path / "gpt2.eqf"))
+    assert list(loaded.default.live_modules) == list(mod.default.live_modules)  # (dims, "past"): the decode steps
     np.testing.assert_array_equal(eqfuse.generate(loaded, ids, max_new_tokens=NEW), ours)
-    # a batch of 1, 5 tokens and 4 new: onnxruntime's greedy ids at the capacity the artifact holds
-    short = prompt(5)[:1, :5]
+    # 5 tokens and 4 new: onnxruntime's greedy ids at the capacity the artifact holds
+    short = prompt(5)[:, :5]
     np.testing.assert_array_equal(eqfuse.generate(loaded, short, max_new_tokens=4),
                                   ort_greedy(path, short, 4, CAPACITY))
-    with pytest.raises(eqfuse.ArgumentError, match="compiled for caches of 32 rows; .* need 37"):
+    with pytest.raises(eqfuse.ArgumentError, match="compiled for caches of 32 rows at batch 2; .* need 37"):
         eqfuse.generate(loaded, ids, max_new_tokens=30)
