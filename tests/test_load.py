@@ -101,6 +101,7 @@ def test_the_team_is_the_calling_threads_openmp_threads(monkeypatch):
     t.join()
     assert other[0][0] in other[0][1] and threading.get_native_id() not in other[0][1]
     seen = []
-    monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: seen.append(mine) or 1)
-    assert load.threads_now(2, runner._team) == 1 and seen == [team]
+    monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: seen.append(mine and mine()) or 1)
+    assert load.threads_now(2, runner._team, lambda: [7]) == 1 and seen == [team | {7}]  # and the pool's workers
     assert load.threads_now(2) == 1 and seen[-1] is None  # no team: the whole process is the call's
+    assert runner._pool is not None and set(runner._pool()) <= tasks  # (none started: no few-rows GEMM ran)

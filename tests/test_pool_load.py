@@ -68,6 +68,7 @@ def test_the_worker_runs_off_the_callers_cpu():
             break
     assert len(moved) == 1  # the pool's one worker, on every CPU but one: the caller's of its last job
     assert len(process - allowed(moved[0])) == 1
+    assert int(moved[0]) in mod.mlp.last.runner._pool()  # a thread of the call's own (runtime.load)
 
 
 @needs_two

@@ -17,9 +17,9 @@ while after each of its runs, OpenVINO's (TBB's) too: a 2-thread call right afte
 found its OpenMP worker sharing a core with a spinning thread, and each region's barrier waited
 for the scheduler to give the worker a turn (a call several times as long as alone, and longer
 than on one thread: benchmarks/bench_load.py --kind peers). So the threads of this process that
-count as its own are the calling thread and its OpenMP team (`eqf_team_tids` of the library, once
-per Python thread and team size): every other thread of the process in state R is a peer that
-holds a core. (torch shares eqfuse's libgomp: its OpenMP workers are the calling thread's team,
+count as its own are the calling thread, its OpenMP team (`eqf_team_tids` of the library, once
+per Python thread and team size) and the library's claim-based pool workers (`eqf_pool_tids`):
+every other thread of the process in state R is a peer that holds a core. (torch shares eqfuse's libgomp: its OpenMP workers are the calling thread's team,
 and spinning after torch's run they take eqfuse's next region at once.)
 
 The claim-based pool of the few-rows GEMM (csrc_templates/common_pool.h) is not limited so: its
@@ -74,16 +74,16 @@ def running_own(task_dir: str = "/proc/self/task", mine: Collection[int] | None 
     return n
 
 
-def free_cores(now: float | None = None, mine: Collection[int] | None = None) -> int:
-    """The cores not taken by other processes, or by threads of this one not in `mine` (see the
-    module docstring), at least 1."""
+def free_cores(now: float | None = None, mine: Callable[[], Collection[int]] | None = None) -> int:
+    """The cores not taken by other processes, or by threads of this one not in mine() (see the
+    module docstring; asked only when /proc is read), at least 1."""
     now = time.monotonic() if now is None else now
     if now - _last[0] < INTERVAL and _last[1]:
         return _last[1]
     with _lock:
         try:
             with open("/proc/loadavg") as f:
-                others = running_total(f.read()) - running_own(mine=mine)
+                others = running_total(f.read()) - running_own(mine=mine() if mine is not None else None)
         except (OSError, ValueError, IndexError):  # no /proc: every CPU is free
             others = 0
         _last[0], _last[1] = now, max(1, cpus() - max(0, others))
@@ -112,12 +112,15 @@ def team_ids(n: int, team: Callable[[int], Sequence[int]]) -> frozenset[int]:
     return ids
 
 
-def threads_now(requested: int | None, team: Callable[[int], Sequence[int]] | None = None) -> int:
+def threads_now(requested: int | None, team: Callable[[int], Sequence[int]] | None = None,
+                pool: Callable[[], Sequence[int]] | None = None) -> int:
     """The threads an OpenMP region of a call uses: what was asked (`threads_requested`), no
     more than are free. With `team` (see team_ids) the process's other running threads count
-    as taking cores; without it, the whole process is the call's own."""
+    as taking cores, except the claim-based pool's workers (pool(): their thread ids); without
+    it, the whole process is the call's own."""
     requested = threads_requested(requested)
     if requested == 1:  # nothing to take away: skip the read
         return 1
-    mine = team_ids(requested, team) if team is not None else None
-    return max(1, min(requested, free_cores(mine=mine)))
+    if team is None:
+        return max(1, min(requested, free_cores()))
+    return max(1, min(requested, free_cores(mine=lambda: team_ids(requested, team) | set(pool() if pool else ()))))

@@ -371,6 +371,7 @@ class Runner:
         # the calling thread's OpenMP team, told from the process's other threads (runtime.load;
         # None for a library built before eqf_team_tids)
         self._team = self._team_of if self.fn is not None and hasattr(lib, "eqf_team_tids") else None
+        self._pool = self._pool_of if self._team is not None and hasattr(lib, "eqf_pool_tids") else None
         self.in_dtypes = [NUMPY_DTYPE[kg.nodes[i].type.dtype] for i in kg.inputs]
         self.consts = [np.array(kg.nodes[i].value, dtype=np.float32) for i in mem.consts]
         self.out_shapes = [(tuple(kg.nodes[o].type.shape), NUMPY_DTYPE[kg.nodes[o].type.dtype]) for o in kg.outputs]
@@ -423,6 +424,11 @@ class Runner:
         """The thread ids of the calling thread's OpenMP team of n threads (cbuild.COMMON_C)."""
         out = self.ffi.new("long[]", n)
         return list(out[0:self.lib.eqf_team_tids(n, out)])
+
+    def _pool_of(self) -> list[int]:
+        """The thread ids of the library's claim-based pool workers (cbuild.HEADER_C)."""
+        out = self.ffi.new("long[]", 64)
+        return list(out[0:self.lib.eqf_pool_tids(out, 64)])
 
     def _state(self):
         st = self._local.__dict__
@@ -494,7 +500,7 @@ class Runner:
         # of a worker that is not scheduled, and the worker keeps off the caller's CPU
         # (common_pool.h, eqf_pool_place)
         want = threads_requested(threads)
-        bad = self.fn(ins, outs_p, st["arena"], threads_now(want, self._team), want, st["failed"])
+        bad = self.fn(ins, outs_p, st["arena"], threads_now(want, self._team, self._pool), want, st["failed"])
         if bad == BAD_LENGTH:
             top = min(p.live.rows - p.live.new for p in self.kernels if p.live is not None)
             raise ArgumentError(f"{self.kg.name}(): the KV cache's live length {st['failed'][0]} is not in 0 .. {top} "
