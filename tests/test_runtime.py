@@ -55,6 +55,7 @@ def test_a_multi_kernel_graph_is_one_c_call_per_call():
     mod = eqfuse.compile(MLP3, dims={"B": 8}, threads=2)
     assert len([k for k in mod.kernels if k.kind != "view"]) == 3
     args = [arr(8, 784), arr(784, 512), arr(512), arr(512, 256), arr(256), arr(256, 10), arr(10)]
+    mod(*args)  # (a thread's first call also asks once for its OpenMP team's ids: runtime.load)
     for _ in range(3):
         assert library_calls(mod, *args) == ["eqf_mlp3_run"]
 

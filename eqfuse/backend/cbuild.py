@@ -99,26 +99,19 @@ void eqf_scratch_key_adopt(long key)
         eqf_scratch_keyed = 1;
     }
 }
-/* the thread ids of this module's claim-based pool workers started so far (common_pool.h): the
- * call's own threads, as its OpenMP team is (eqfuse.runtime.load) */
-int eqf_pool_tids(long* out, int max)
+/* the thread ids of this module's claim-based pool workers (common_pool.h; 0: not started), which
+ * the runtime reads without a call: the call's own threads, as its OpenMP team is (eqfuse.runtime.load) */
+const int* eqf_pool_tids(void)
 {
-    int n = 0;
 #if defined(__linux__)
-    for (int i = 0; i < EQF_POOL_MAX && n < max; i++) {
-        const pid_t t = __atomic_load_n(&eqf_pool_tid[i], __ATOMIC_RELAXED);
-        if (t == 0)
-            break;
-        out[n++] = (long)t;
-    }
+    return (const int*)eqf_pool_tid;
 #else
-    (void)out;
-    (void)max;
+    static const int none[EQF_POOL_MAX];
+    return none;
 #endif
-    return n;
 }
 """
-HEADER_CDEF = "long eqf_scratch_key_get(void);\nvoid eqf_scratch_key_adopt(long key);\nint eqf_pool_tids(long* out, int max);"
+HEADER_CDEF = "long eqf_scratch_key_get(void);\nvoid eqf_scratch_key_adopt(long key);\nconst int* eqf_pool_tids(void);"
 
 
 class CompileError(EqfuseError):

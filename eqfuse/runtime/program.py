@@ -259,6 +259,7 @@ def hold_pool(p: KernelPlan) -> bool | None:
     return False if par else None
 
 
+POOL_MAX = 64  # EQF_POOL_MAX of common_pool.h: the pool's most workers
 NOMEM = -1  # EQF_NOMEM of common.h: a kernel could not allocate its scratch buffer
 BAD_LENGTH = -2  # the live length of a KV cache is past its buffers (eqfuse.backend.live)
 _scratch_key: int | None = None  # the process's one pthread key of per-thread scratch buffers
@@ -371,7 +372,8 @@ class Runner:
         # the calling thread's OpenMP team, told from the process's other threads (runtime.load;
         # None for a library built before eqf_team_tids)
         self._team = self._team_of if self.fn is not None and hasattr(lib, "eqf_team_tids") else None
-        self._pool = self._pool_of if self._team is not None and hasattr(lib, "eqf_pool_tids") else None
+        self._pool_tids = lib.eqf_pool_tids() if self._team is not None and hasattr(lib, "eqf_pool_tids") else None
+        self._pool = self._pool_of if self._pool_tids is not None else None
         self.in_dtypes = [NUMPY_DTYPE[kg.nodes[i].type.dtype] for i in kg.inputs]
         self.consts = [np.array(kg.nodes[i].value, dtype=np.float32) for i in mem.consts]
         self.out_shapes = [(tuple(kg.nodes[o].type.shape), NUMPY_DTYPE[kg.nodes[o].type.dtype]) for o in kg.outputs]
@@ -426,9 +428,9 @@ class Runner:
         return list(out[0:self.lib.eqf_team_tids(n, out)])
 
     def _pool_of(self) -> list[int]:
-        """The thread ids of the library's claim-based pool workers (cbuild.HEADER_C)."""
-        out = self.ffi.new("long[]", 64)
-        return list(out[0:self.lib.eqf_pool_tids(out, 64)])
+        """The thread ids of the library's claim-based pool workers (cbuild.HEADER_C: read from
+        its array, no call into C)."""
+        return [t for t in self._pool_tids[0:POOL_MAX] if t]
 
     def _state(self):
         st = self._local.__dict__
