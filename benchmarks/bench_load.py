@@ -124,7 +124,7 @@ def peer_calls(name: str, feeds: dict, peers, threads: int = 2) -> dict:
 WHOLE = " (whole process own)"
 
 
-def whole_process(requested, team=None):
+def whole_process(requested, *own):
     """The rule before in-process peers counted: every thread of the process is the call's own."""
     return threads_now(requested)
 
