@@ -163,6 +163,23 @@ class Decoder:
         self.mask[:, -1 if self.live_step is None else s] = 1
         return logits[:, -1]
 
+    def prefill_by_steps(self, ids: np.ndarray) -> np.ndarray:
+        """prefill's result, the prompt fed one token at a time to the decode step (an empty cache
+        first): a Module loaded from an artifact holds no prefill at a prompt length it was not
+        saved with, and cannot compile one."""
+        b, s = ids.shape
+        if s > self.capacity:
+            raise ArgumentError(f"generate: a prompt of {s} tokens does not fit a cache of {self.capacity}")
+        self.live_step = self.make_step(b, self.capacity) if self.make_step else None
+        rows = self.capacity + (self.live_step is not None)
+        self.cache = [np.zeros((b, h, rows, d), np.float32) for _, (_, h, _, d) in self.sig.pasts]
+        self.length = 0
+        self.mask = np.zeros((b, self.capacity + 1), np.int64)
+        self.mask[:, -1 if self.live_step is None else 0] = 1  # the first token's row
+        for j in range(s):
+            logits = self.step(ids[:, j:j + 1])
+        return logits
+
     def step(self, ids: np.ndarray) -> np.ndarray:
         if self.live_step is not None:
             return self._step_in_place(ids)
@@ -302,6 +319,27 @@ def _model(model):
     return (lambda feeds: module(**feeds)), sig, step_maker(module, sig)
 
 
+def held_steps(model, sig: Signature, batch: int) -> tuple[set[int], set[int]] | None:
+    """(the prompt lengths whose prefill, the capacities whose decode step it holds compiled at
+    `batch`) of a Module loaded from an artifact, which cannot compile another; None for any
+    other model. The decode step is the step over the cache in place where the model has one
+    (step_maker), else the model at sequence 1 and past = the capacity."""
+    if getattr(model, "artifact", None) is None:
+        return None
+    f = model.default
+    shapes = sig.shapes
+    seq, past = shapes[sig.ids][1], shapes[sig.pasts[0][0]][2]
+    if hasattr(f, "live_modules"):  # bound per call (runtime.padded): its buckets and decode steps
+        binds = [dict(zip(f.padded, key)) for key in f.modules]
+        steps = [dict(key) for key, live in f.live_modules if live == past]
+    else:
+        binds = [dict(key) for key in list(f.cache) + list(f.buckets)]
+        steps = [b for b in binds if b.get(seq) == 1]
+    batch_dim = shapes[sig.ids][0]
+    prompts = {b[seq] for b in binds if b.get(past) == 1 and seq in b}
+    return prompts, {b[past] for b in steps if past in b and b.get(batch_dim, batch) == batch}
+
+
 def _check_args(input_ids, max_new_tokens, temperature, top_k, top_p) -> np.ndarray:
     ids = np.asarray(input_ids)
     if ids.ndim == 1:
@@ -338,11 +376,21 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     if sig.max_positions is not None and s + max_new_tokens - 1 > sig.max_positions:
         raise ArgumentError(f"generate: a prompt of {s} tokens and {max_new_tokens} new tokens reach position "
                             f"{s + max_new_tokens - 2}, past the model's maximum of {sig.max_positions} positions")
-    dec = Decoder(sig, run, capacity_for(s + max_new_tokens - 1), step)
+    need, held = s + max_new_tokens - 1, held_steps(model, sig, b)
+    capacity = capacity_for(need)
+    if held is not None:  # a loaded Module: the smallest capacity it holds that fits
+        fits = sorted(c for c in held[1] if c >= need)
+        if not fits:
+            raise ArgumentError(f"generate: the model's decode step is compiled for caches of "
+                                f"{', '.join(map(str, sorted(held[1]))) or 'no'} rows at batch {b}; a prompt of {s} "
+                                f"tokens and {max_new_tokens} new tokens need {need}: generate with the compiled "
+                                "model at this length and batch once, then save it again")
+        capacity = fits[0]
+    dec = Decoder(sig, run, capacity, step)
     rng = np.random.default_rng(seed)
     out = [ids]
     done = np.zeros(b, bool)
-    logits = dec.prefill(ids)
+    logits = dec.prefill(ids) if held is None or s in held[0] else dec.prefill_by_steps(ids)
     for k in range(max_new_tokens):
         tok = choose(logits, do_sample, temperature, top_k, top_p, rng).astype(np.int64)
         if eos_token_id is not None:
@@ -355,4 +403,4 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     return np.concatenate(out, axis=1)
 
 
-__all__ = ["generate", "load_decoder", "Decoder", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]
+__all__ = ["generate", "load_decoder", "Decoder", "held_steps", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]

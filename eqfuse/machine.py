@@ -62,11 +62,19 @@ class Machine:
         """The compiler's target flags: the level of `target` when set; the host's own ISA when
         it is the vector width planned for, else the x86-64 level of that width (AVX2 kernels on
         an AVX-512 host really run the AVX2 code paths)."""
-        if self.target is not None:
-            return (f"-march={self.target}", "-mtune=native")
+        if self.target is not None:  # the level, and the extensions beyond it the plans use
+            return (f"-march={self.target}", *(f for k, fs in EXTENSION_FLAGS.items() if getattr(self, k) for f in fs),
+                    "-mtune=native")
         if self.simd_floats >= host_simd_floats():
             return ("-march=native",)
         return ("-march=x86-64-v3", "-mtune=native") if self.simd_floats == 8 else ("-march=x86-64-v2",)
+
+
+# The ISA extension fields of Machine and the compiler flags that enable each beyond an x86-64
+# level (none of the levels has them): an artifact built for a level with one of them runs only on
+# a CPU that has it (eqfuse.runtime.artifact)
+EXTENSION_FLAGS: dict[str, tuple[str, ...]] = {"avx512_bf16": ("-mavx512bf16",), "amx_bf16": ("-mamx-tile", "-mamx-bf16"),
+                                               "avx512_vnni": ("-mavx512vnni",)}
 
 
 # The machines eqfuse has run on (2 vCPUs each), for tests that pin what the planner sees.

@@ -35,6 +35,7 @@ from eqfuse import progress
 from eqfuse.backend import cbuild
 from eqfuse.backend.emit import emit_graph
 from eqfuse.backend.lower import format_uops, lower_graph, plan_decisions
+from eqfuse.backend.plan import precision_entries
 from eqfuse.errors import ArgumentError, DimsNeeded, EqfuseError
 from eqfuse.frontend.load import is_onnx, load_with_weights
 from eqfuse.frontend.load import load as load_graphs
@@ -341,20 +342,6 @@ def count_kernels(report: dict, source: Graph, opt: Graph, dims: Mapping[str, in
     (kb, vb), (ka, va) = running(before), running(after)
     report.update(kernels_before=kb, views_before=vb, kernels_after=ka, views_after=va, kernels_counted="lowered")
     return report
-
-
-def precision_entries(plans) -> dict[str, dict[str, str]]:
-    """report["precision"]'s entries for these plans: kernel name -> its precision, instruction
-    path and, for a kernel that computes in f32 under precision="bf16", why."""
-    out = {}
-    for p in plans:
-        if p.kind == "view":
-            continue
-        e = {"precision": p.precision, "path": p.precision_path}
-        if p.precision_note:
-            e["note"] = p.precision_note
-        out[p.name] = e
-    return out
 
 
 def kernel_infos(kg: Graph, plans, sources: Mapping[str, str], graph: str | None = None) -> list[Kernel]:

@@ -296,3 +296,36 @@ def test_cache_grows_past_its_capacity():
         a, b = ours.step(tok), theirs.step(tok)
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4, err_msg=f"step {step}")
     assert ours.capacity == 64 and ours.cache[0].shape == (B, de.HEADS, 65, de.HEAD)
+
+
+def ort_greedy(path, ids: np.ndarray, new: int, capacity: int) -> np.ndarray:
+    """Greedy ids through onnxruntime on the same file, the cache at `capacity` (Decoder)."""
+    dec = Decoder(onnx_signature(path), ort_run(path), capacity)
+    out, logits = [ids], dec.prefill(ids)
+    for k in range(new):
+        tok = logits.argmax(-1)[:, None].astype(np.int64)
+        out.append(tok)
+        if k + 1 < new:
+            logits = dec.step(tok)
+    return np.concatenate(out, axis=1)
+
+
+@pytest.mark.extended  # (the artifact's libraries, built for its level: some 30 s of C builds when the cache is cold)
+def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
+    """The artifact of a decoder that has generated keeps its bindings (the prefill at the prompt's
+    length, the decode step over the cache in place at its capacity): generate on eqfuse.load's Module gives the
+    compiled Module's tokens. A generation it holds no binding for runs without the compiler: a
+    shorter one at the capacity held, a prompt of another length fed to the decode step token by
+    token; one that needs a larger cache is refused with what to do."""
+    path, mod = compiled("torchscript")
+    ids = prompt(4)
+    ours = eqfuse.generate(mod, ids, max_new_tokens=NEW)
+    loaded = eqfuse.load(mod.save(tmp_path / "gpt2.eqf"))
+    assert list(loaded.default.live_modules) == list(mod.default.live_modules)  # (dims, "past"): the decode steps
+    np.testing.assert_array_equal(eqfuse.generate(loaded, ids, max_new_tokens=NEW), ours)
+    # 5 tokens and 4 new: onnxruntime's greedy ids at the capacity the artifact holds
+    short = prompt(5)[:, :5]
+    np.testing.assert_array_equal(eqfuse.generate(loaded, short, max_new_tokens=4),
+                                  ort_greedy(path, short, 4, CAPACITY))
+    with pytest.raises(eqfuse.ArgumentError, match="compiled for caches of 32 rows at batch 2; .* need 37"):
+        eqfuse.generate(loaded, ids, max_new_tokens=30)

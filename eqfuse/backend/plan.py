@@ -102,6 +102,20 @@ def computes_f32(plan: KernelPlan, why: str = "") -> None:
     plan.precision_note = why if plan.wanted_precision != "f32" else ""
 
 
+def precision_entries(plans) -> dict[str, dict[str, str]]:
+    """report["precision"]'s entries for these plans: kernel name -> its precision, instruction
+    path and, for a kernel that computes in f32 under precision="bf16", why."""
+    out = {}
+    for p in plans:
+        if p.kind == "view":
+            continue
+        e = {"precision": p.precision, "path": p.precision_path}
+        if p.precision_note:
+            e["note"] = p.precision_note
+        out[p.name] = e
+    return out
+
+
 def size(shape) -> int:
     return math.prod(shape) if shape else 1
 

@@ -260,6 +260,7 @@ def hold_pool(p: KernelPlan) -> bool | None:
     return False if par else None
 
 
+POOL_MAX = 64  # EQF_POOL_MAX of common_pool.h: the pool's most workers
 NOMEM = -1  # EQF_NOMEM of common.h: a kernel could not allocate its scratch buffer
 BAD_LENGTH = -2  # the live length of a KV cache is past its buffers (eqfuse.backend.live)
 _scratch_key: int | None = None  # the process's one pthread key of per-thread scratch buffers
@@ -369,6 +370,11 @@ class Runner:
         self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
         if self.fn is not None:
             share_scratch_key(lib)
+        # the calling thread's OpenMP team, told from the process's other threads (runtime.load;
+        # None for a library built before eqf_team_tids)
+        self._team = self._team_of if self.fn is not None and hasattr(lib, "eqf_team_tids") else None
+        self._pool_tids = lib.eqf_pool_tids() if self._team is not None and hasattr(lib, "eqf_pool_tids") else None
+        self._pool = self._pool_of if self._pool_tids is not None else None
         self.in_dtypes = [NUMPY_DTYPE[kg.nodes[i].type.dtype] for i in kg.inputs]
         self.consts = [np.array(kg.nodes[i].value, dtype=np.float32) for i in mem.consts]
         self.out_shapes = [(tuple(kg.nodes[o].type.shape), NUMPY_DTYPE[kg.nodes[o].type.dtype]) for o in kg.outputs]
@@ -416,6 +422,16 @@ class Runner:
             a = arrays[pos]
             if isinstance(a, np.ndarray) and a.flags.c_contiguous and a.dtype == self.in_dtypes[pos]:
                 self._panels(s, a)
+
+    def _team_of(self, n: int) -> list[int]:
+        """The thread ids of the calling thread's OpenMP team of n threads (cbuild.COMMON_C)."""
+        out = self.ffi.new("long[]", n)
+        return list(out[0:self.lib.eqf_team_tids(n, out)])
+
+    def _pool_of(self) -> list[int]:
+        """The thread ids of the library's claim-based pool workers (cbuild.HEADER_C: read from
+        its array, no call into C)."""
+        return [t for t in self._pool_tids[0:POOL_MAX] if t]
 
     def _state(self):
         st = self._local.__dict__
@@ -487,7 +503,7 @@ class Runner:
         # of a worker that is not scheduled, and the worker keeps off the caller's CPU
         # (common_pool.h, eqf_pool_place)
         want = threads_requested(threads)
-        bad = self.fn(ins, outs_p, st["arena"], threads_now(want), want, st["failed"])
+        bad = self.fn(ins, outs_p, st["arena"], threads_now(want, self._team, self._pool), want, st["failed"])
         if bad == BAD_LENGTH:
             top = min(p.live.rows - p.live.new for p in self.kernels if p.live is not None)
             raise ArgumentError(f"{self.kg.name}(): the KV cache's live length {st['failed'][0]} is not in 0 .. {top} "
