@@ -2,7 +2,7 @@
 onnxruntime, interleaved in one process.
 
     python benchmarks/bench_conv.py [--repeat N] [--threads T ...] [--set resnet18|resnet56|all]
-    python benchmarks/bench_conv.py --set mobilenet|convnext|whisper|grouped [--repeat N] [--threads T ...]
+    python benchmarks/bench_conv.py --set mobilenet|convnext|regnet|whisper|grouped [--repeat N] [--threads T ...]
 
 The shapes: every conv of the narrow ResNet-18 of tests/model_exports.py at 64x64 images, batch 2
 ("resnet18"), and the convs of torchvision's ResNet-18 at 56x56 (after the stem), batch 1
@@ -13,10 +13,13 @@ choice, "auto"); onnxruntime runs
 a Conv -> BatchNormalization -> Relu model (ORT_ENABLE_ALL fuses it into one NCHWc conv) on the
 same thread count. Each row: median microseconds per call and ORT / eqfuse-auto.
 
-The grouped sets (`grouped` is all three): MobileNetV2's depthwise 3x3 convs (+ batchnorm +
-ReLU6) at 112, 56, 28 and 14 pixels, ConvNeXt-T's depthwise 7x7 convs (+ bias), and Whisper-tiny's
+The grouped sets (`grouped` is all four): MobileNetV2's depthwise 3x3 convs (+ batchnorm +
+ReLU6) at 112, 56, 28 and 14 pixels, ConvNeXt-T's depthwise 7x7 convs (+ bias), RegNetX-400MF's
+grouped 3x3 convs (16 channels per group, + batchnorm + ReLU6), and Whisper-tiny's
 encoder convs (conv1d k=3 over 3000 frames, + bias + GELU), batch 1, weights bound; eqfuse's
-planner's choice against onnxruntime on the same thread count.
+planner's choice against onnxruntime and OpenVINO's CPU plugin (INFERENCE_PRECISION_HINT f32; the
+column is "-" without openvino) on the same thread count. The path column names the plan: a
+grouped conv's pixels or channels in the lanes (conv_grouped.use_channels).
 """
 
 from __future__ import annotations
@@ -123,6 +126,11 @@ GROUPED = {
         "convnext dw 384 7x7 @14": ("conv2d", 1, 384, 14, 384, 7, 1, 3, 384, "bias"),
         "convnext dw 768 7x7 @7": ("conv2d", 1, 768, 7, 768, 7, 1, 3, 768, "bias"),
     },
+    "regnet": {  # RegNetX-400MF's grouped 3x3 convs, group width 16
+        "regnet g16 64 3x3 @28": ("conv2d", 1, 64, 28, 64, 3, 1, 1, 4, "bn_relu6"),
+        "regnet g16 160 3x3 @14": ("conv2d", 1, 160, 14, 160, 3, 1, 1, 10, "bn_relu6"),
+        "regnet g16 400 3x3 @7": ("conv2d", 1, 400, 7, 400, 3, 1, 1, 25, "bn_relu6"),
+    },
     "whisper": {
         "whisper conv1 80->384 k3 @3000": ("conv1d", 1, 80, 3000, 384, 3, 1, 1, 1, "bias_gelu"),
         "whisper conv2 384 k3/2 @3000": ("conv1d", 1, 384, 3000, 384, 3, 2, 1, 1, "bias_gelu"),
@@ -154,8 +162,8 @@ def _grouped_eqfuse(shape, xs):
     return fn
 
 
-def _grouped_ort(shape, xs, threads):
-    import onnxruntime as ort
+def _grouped_model(shape, xs):
+    """The conv and its epilogue as an ONNX model (bytes)."""
     from onnx import TensorProto, helper, numpy_helper
 
     op, N, C, L, O, k, s, p, g, epi = shape
@@ -173,17 +181,41 @@ def _grouped_ort(shape, xs, threads):
         nodes += [helper.make_node("Identity", ["c"], ["y"])]
     gr = helper.make_graph(nodes, "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs["x"].shape))],
                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 20)])
+    return helper.make_model(gr, opset_imports=[helper.make_opsetid("", 20)]).SerializeToString()
+
+
+def _grouped_ort(shape, xs, threads):
+    import onnxruntime as ort
+
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(_grouped_model(shape, xs), so, providers=["CPUExecutionProvider"])
     return lambda: sess.run(None, {"x": xs["x"]})[0]
 
 
+def _grouped_openvino(shape, xs, threads):
+    """OpenVINO's CPU plugin in f32 (INFERENCE_PRECISION_HINT f32) on `threads` threads; None if
+    openvino is not installed."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    core = ov.Core()
+    model = core.read_model(_grouped_model(shape, xs), b"")
+    req = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                            "INFERENCE_NUM_THREADS": threads}).create_infer_request()
+
+    def run():
+        req.infer({"x": xs["x"]})
+        return req.get_output_tensor(0).data
+    return run
+
+
 def main_grouped(sets: list[str], repeat: int, threads: list[int]) -> int:
-    print(f"{'conv (batch 1)':<34}{'thr':>4}{'eqfuse us':>11}{'ORT us':>9}{'ORT/eqfuse':>12}{'GB/s eqfuse':>13}  path")
+    print(f"{'conv (batch 1)':<34}{'thr':>4}{'eqfuse us':>11}{'ORT us':>9}{'OV us':>9}{'ORT/eqfuse':>12}"
+          f"{'OV/eqfuse':>11}{'GB/s eqfuse':>13}  path")
     for th in threads:
         for name, shape in {k: v for s in sets for k, v in GROUPED[s].items()}.items():
             op, N, C, L, O, k, s, p, g, epi = shape
@@ -191,8 +223,12 @@ def main_grouped(sets: list[str], repeat: int, threads: list[int]) -> int:
             fn = _grouped_eqfuse(shape, xs)
             fn.threads = th
             runs = {"eqfuse": functools.partial(fn, x=xs["x"]), "ort": _grouped_ort(shape, xs, th)}
+            ov = _grouped_openvino(shape, xs, th)
+            if ov is not None:
+                runs["ov"] = ov
             want = runs["ort"]()
-            np.testing.assert_allclose(np.asarray(runs["eqfuse"]()), want, rtol=1e-3, atol=1e-3, err_msg=name)
+            for key, run in runs.items():
+                np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-3, atol=1e-3, err_msg=f"{name} {key}")
             times: dict[str, list[float]] = {k: [] for k in runs}
             for _ in range(repeat):  # interleaved
                 for key, run in runs.items():
@@ -202,8 +238,13 @@ def main_grouped(sets: list[str], repeat: int, threads: list[int]) -> int:
             med = {key: statistics.median(v) * 1e6 for key, v in times.items()}
             moved = 4 * (xs["x"].size + want.size)  # bytes in and out (the floor of a memory-bound conv)
             plan = next(q for q in fn.last.plans if q.kind == "conv2d")
-            print(f"{name:<34}{th:>4}{med['eqfuse']:>11.1f}{med['ort']:>9.1f}{med['ort'] / med['eqfuse']:>12.2f}"
-                  f"{moved / med['eqfuse'] / 1e3:>13.2f}  {type(plan.detail).__name__}", flush=True)
+            d = plan.detail
+            path = type(d).__name__ + (" channels" if getattr(d, "channels", False) else
+                                       " pixels" if hasattr(d, "channels") else "")
+            ovt = f"{med['ov']:>9.1f}" if "ov" in med else f"{'-':>9}"
+            ovr = f"{med['ov'] / med['eqfuse']:>11.2f}" if "ov" in med else f"{'-':>11}"
+            print(f"{name:<34}{th:>4}{med['eqfuse']:>11.1f}{med['ort']:>9.1f}{ovt}{med['ort'] / med['eqfuse']:>12.2f}"
+                  f"{ovr}{moved / med['eqfuse'] / 1e3:>13.2f}  {path}", flush=True)
     return 0
 
 
@@ -212,7 +253,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--threads", type=int, action="append")
     ap.add_argument("--set", default="all",
-                    choices=("resnet18", "resnet56", "all", "mobilenet", "convnext", "whisper", "grouped"))
+                    choices=("resnet18", "resnet56", "all", "mobilenet", "convnext", "regnet", "whisper", "grouped"))
     args = ap.parse_args(argv)
     blas_threads(1)
     if args.set in GROUPED or args.set == "grouped":

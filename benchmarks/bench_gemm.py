@@ -58,6 +58,18 @@ for every row. The peaks are measured on this core first: the f32 one by a loop 
 vfmadd231ps on zmm registers (16 lanes x 2 FLOPs each); the bf16 one is derived as twice it (a
 vdpbf16ps does two multiply-adds per 32-bit lane, at the FMA's throughput), and the loop of
 vdpbf16ps is measured beside it as a check.
+
+`--int8` (docs/precision.md) measures a dynamically quantized linear layer y = x @ W + b as
+onnxruntime.quantization.quantize_dynamic writes it (W int8, x quantized to u8 per call:
+DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul -> Add), on the INT8 shapes (BERT-base's
+128 tokens), eqfuse (eqfuse.compile of the quantized file: the u8 x s8 GEMM with the dequantizing
+epilogue, plus the activation's quantization) against onnxruntime on the same file
+(ORT_ENABLE_ALL), interleaved in one process at each `--threads` count. Columns: median ms over
+`--rounds` rounds (each the median of `--repeat` calls), the spread, eqfuse's GOP/s (2 M N K / time)
+and the instruction path. With `--tiles`, eqfuse alone with each candidate register tile of the
+integer GEMM instead (qgemm.int8_tile replaced for the compile), then the derived tile with K in
+one block and in blocks of a quarter and an eighth of L1 (qgemm.int8_kc replaced), the derived
+choices marked.
 """
 
 from __future__ import annotations
@@ -74,6 +86,7 @@ SMALL = [(M, N, K) for M in (1, 8, 16) for K, N in ((768, 768), (768, 3072), (30
 PEERS = [(M, N, K) for M in (1, 8, 32, 128, 256) for K, N in ((768, 768), (768, 3072), (3072, 768))]
 MODEL = Path(__file__).resolve().parent.parent / "examples" / "transformer.g"
 PRECISION = [(1024, 1024, 1024), (256, 3072, 768), (8, 3072, 768)]  # (M, N, K) of --precision
+INT8 = [(128, 768, 768), (128, 3072, 768), (128, 768, 3072)]  # (M, N, K) of --int8
 
 PEAK_C = r"""
 #include <immintrin.h>
@@ -485,6 +498,95 @@ def measure_tiles(repeat: int, rounds: int) -> None:
         print(f"{shape:>15} {label:>22} {flops / med / 1e9:8.1f}  (spread {(max(ts) - min(ts)) / med * 100:3.0f}%)")
 
 
+def _quantized_linear(d: Path, M: int, N: int, K: int) -> Path:
+    """y = x @ W + b (W, b initializers) as quantize_dynamic writes it."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["y"])],
+                          "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [M, N])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    f32, q = d / f"linear{M}x{N}x{K}.onnx", d / f"linear{M}x{N}x{K}-q.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(f32))
+    quantize_dynamic(str(f32), str(q), weight_type=QuantType.QInt8)
+    return q
+
+
+def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool) -> None:
+    """The `--int8` table (or with `tiles` the tile candidates), in this process; prints it."""
+    import statistics
+    import tempfile
+    import time
+
+    import numpy as np
+    import onnxruntime as ort
+
+    import eqfuse
+    from eqfuse.backend.kinds.contraction import qgemm
+    from eqfuse.machine import machine
+
+    m = machine()
+    path = qgemm.int8_path(m)
+    derived, derived_kc = qgemm.int8_tile, qgemm.int8_kc
+    cands = {"avx512_vnni": [(8, 32), (6, 32), (16, 16), (6, 64), (4, 64)],
+             "avx_vnni": [(4, 16), (6, 16), (8, 8)]}.get(path, [(4, 16), (6, 16), (6, 8)])
+    runs = []  # (shape, label, run, ops)
+    with tempfile.TemporaryDirectory() as tmp:
+        for M, N, K in INT8:
+            q = _quantized_linear(Path(tmp), M, N, K)
+            x = np.random.default_rng(1).standard_normal((M, K)).astype(np.float32)
+            tile0 = derived(path, N)
+            kc0 = min(derived_kc(K, tile0[1], m), K)
+            blocks = [K, 4 * (m.l1 // 4 // (4 * tile0[1])), 4 * (m.l1 // 8 // (4 * tile0[1]))]
+            variants = [(t, None) for t in cands] + [(tile0, kc) for kc in blocks if kc != kc0] if tiles else \
+                [(tile0, None)]
+            for tile, kc in variants:
+                qgemm.int8_tile = lambda p, n, tile=tile: tile
+                qgemm.int8_kc = derived_kc if kc is None else (lambda k, nr, mm, kc=kc: kc)
+                fn = eqfuse.compile(str(q)).default
+                qgemm.int8_tile, qgemm.int8_kc = derived, derived_kc
+                label = f"eqfuse {tile[0]}x{tile[1]} kc={kc or min(derived_kc(K, tile[1], m), K)}" + \
+                    (" (derived)" if tile == tile0 and kc is None else "")
+                runs.append((f"{M}x{N}x{K}", label, fn, x, 2.0 * M * N * K))
+            if not tiles:
+                runs.append((f"{M}x{N}x{K}", "onnxruntime", str(q), x, 2.0 * M * N * K))
+        for th in thread_counts:
+            calls = []
+            for shape, label, fn, x, ops in runs:
+                if isinstance(fn, str):
+                    so = ort.SessionOptions()
+                    so.intra_op_num_threads, so.inter_op_num_threads = th, 1
+                    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                    sess = ort.InferenceSession(fn, so, providers=["CPUExecutionProvider"])
+                    calls.append((shape, label, lambda sess=sess, x=x: sess.run(None, {"x": x}), ops))
+                else:
+                    fn.threads = th
+                    calls.append((shape, label, lambda fn=fn, x=x: fn(x), ops))
+            times: dict[int, list[float]] = {i: [] for i in range(len(calls))}
+            for _ in range(rounds):
+                for i, (*_, call, _) in enumerate(calls):
+                    call()
+                    ts = []
+                    for _ in range(repeat):
+                        t0 = time.perf_counter()
+                        call()
+                        ts.append(time.perf_counter() - t0)
+                    times[i].append(statistics.median(ts))
+            print(f"quantize_dynamic linear y = x @ W + b, {th} thread(s), path {path}, median of {rounds} "
+                  f"interleaved rounds of {repeat} calls ({m})")
+            for i, (shape, label, _, ops) in enumerate(calls):
+                ts = times[i]
+                med = statistics.median(ts)
+                print(f"{shape:>15} {label:>31} {med * 1e3:8.3f} ms  (spread {(max(ts) - min(ts)) / med * 100:3.0f}%)"
+                      f"  {ops / med / 1e9:7.1f} GOP/s")
+
+
 def measure_peers(threads: int, repeat: int, rounds: int, only: str = "") -> list[dict]:
     """The `--peers` table at one thread count, in a child (OMP/MKL/OpenBLAS threads set)."""
     import statistics
@@ -602,8 +704,13 @@ def main() -> None:
     ap.add_argument("--only", default="", help="--peers: these shapes only, MxNxK comma-separated (e.g. 256x3072x768)")
     ap.add_argument("--precision", choices=["f32", "bf16"],
                     help="eqfuse f32 and this precision against OpenVINO f32 and default (see above) instead")
+    ap.add_argument("--int8", action="store_true",
+                    help="a quantize_dynamic linear layer, eqfuse against onnxruntime (see above) instead")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.int8:
+        measure_int8([int(t) for t in args.threads.split(",")], args.repeat, args.rounds, args.tiles)
+        return
     if args.precision:
         if args.child:
             print(json.dumps(measure_precision(int(args.child), args.precision, args.repeat, args.rounds)))

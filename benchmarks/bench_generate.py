@@ -4,11 +4,12 @@
                                         [--new 128] [--batch 1] [--threads 1]
 
 A GPT-2 LM with random weights (tests/decoder_exports.py, TorchScript export with past key
-values, 512 positions). Both run the same feeds through eqfuse.generate's Decoder: the cache at
-a fixed capacity (docs/generation.md), greedy tokens. Prints tokens per second of the prefill
-and of the decode, and the median time per token at tokens 1-8 and at the last 8 (at a fixed
-capacity every step attends over the whole capacity, so they should be alike). The first
-generation compiles (the prefill and decode bindings) and is not timed.
+values, 512 positions), through eqfuse.generate's Decoder, greedy tokens: eqfuse's decode step
+over the cache in place with its length a run-time value (live=, docs/generation.md), and, on the
+same feeds, eqfuse and onnxruntime at a fixed capacity (the rows past the live length masked:
+every step attends over the whole capacity). Prints tokens per second of the prefill and of the
+decode, and the median time per token at tokens 1-8 and at the last 8. The first generation
+compiles (the prefill and the decode steps) and is not timed.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def main() -> None:
 
     import eqfuse
     from eqfuse.frontend.onnx_inputs import input_shapes
-    from eqfuse.generation import Decoder, capacity_for, onnx_signature
+    from eqfuse.generation import Decoder, capacity_for, onnx_signature, step_maker
 
     path = de.export_gpt2("torchscript", layers=a.layers, width=a.width, heads=a.heads, positions=512)
     sig = onnx_signature(path)
@@ -67,16 +68,19 @@ def main() -> None:
     so.intra_op_num_threads = a.threads
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     onnx_name = {p: o for o, p, _ in input_shapes(str(path))}
-    peers = {"eqfuse": lambda f: mod(**f),
-             "onnxruntime": lambda f: sess.run(None, {onnx_name[k]: v for k, v in f.items()})}
+    live = step_maker(mod, sig)
+    ours = lambda f: mod(**f)  # noqa: E731
+    peers = {"eqfuse": (ours, live), "eqfuse masked": (ours, None),
+             "onnxruntime": (lambda f: sess.run(None, {onnx_name[k]: v for k, v in f.items()}), None)}
     ids = np.random.default_rng(0).integers(0, de.VOCAB, (a.batch, a.prompt)).astype(np.int64)
     t = time.perf_counter()
-    run(Decoder(sig, peers["eqfuse"], cap), ids, 2)  # compiles the prefill and decode bindings
+    run(Decoder(sig, ours, cap, live), ids, 2)  # compiles the prefill and the decode step
+    run(Decoder(sig, ours, cap), ids, 2)  # and the decode binding at the capacity
     print(f"GPT-2 {a.layers} layers x {a.width}, batch {a.batch}, prompt {a.prompt}, {a.new} new tokens, "
           f"cache capacity {cap}, {a.threads} thread(s); eqfuse's compile {time.perf_counter() - t:.1f} s")
     print(f"{'':12} {'prefill tok/s':>14} {'decode tok/s':>13} {'ms/token 1-8':>13} {'ms/token last 8':>16}")
-    for name, fn in peers.items():
-        prefill, steps = run(Decoder(sig, fn, cap), ids, a.new)
+    for name, (fn, step) in peers.items():
+        prefill, steps = run(Decoder(sig, fn, cap, step), ids, a.new)
         print(f"{name:12} {a.batch * a.prompt / prefill:14.0f} {a.batch * len(steps) / sum(steps):13.0f} "
               f"{1e3 * statistics.median(steps[:8]):13.3f} {1e3 * statistics.median(steps[-8:]):16.3f}")
 

@@ -1,6 +1,6 @@
 """The backend's performance targets (issue 4), measured against numpy in one run.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_kernels.py [--repeat N] [--rounds R]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_kernels.py [--repeat N] [--rounds R] [--only TEXT]
 
 (Those two variables, when set, slow numpy's OpenBLAS; unset them for this command only.)
 Each row: median over repeats of numpy and of the compiled eqfuse kernel at the same thread
@@ -58,6 +58,15 @@ def cases(rng):
         e = np.exp(s - s.max(-1, keepdims=True))
         return (e / e.sum(-1, keepdims=True)) @ v
     out.append(("attention 12 heads x 512 x 64", src, (q, k, v), np_att, 2.0, None))
+
+    # sin and cos of rotary angles (common.h's eqf_sinf / eqf_cosf, within 1 ulp); numpy's float32
+    # sin and cos are SIMD loops of their own (SVML-style polynomials), so the target is loose:
+    # the row tracks the vectorized path (libm's scalar sinf / cosf, before it, took 3x its time)
+    n = 1 << 20
+    ang = rng.uniform(-1e4, 1e4, n).astype(F32)
+    src = f"graph sc(x: f32[{n}]) -> f32[{n}] {{ return kernel {{ sin(x) * cos(x) }} }}"
+    out.append(("sin(x) * cos(x), 1M angles in [-1e4, 1e4]", src, (ang,), lambda: np.sin(ang) * np.cos(ang), 0.1,
+                None))
     return out
 
 
@@ -66,6 +75,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=15, help="runs of each side per case and thread count")
     ap.add_argument("--rounds", type=int, default=3, help="alternations of eqfuse and numpy the runs are split into")
     ap.add_argument("--threads", type=int, action="append")
+    ap.add_argument("--only", help="the cases whose name contains this text")
     args = ap.parse_args(argv)
     threads = args.threads or [1, 2]
     for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
@@ -75,6 +85,8 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     rows = []
     for name, src, arrays, np_fn, target, want_fn in cases(rng):
+        if args.only and args.only not in name:
+            continue
         mod = eqfuse.compile(src, verify=False)
         fn = mod.default
         got = fn(*arrays)

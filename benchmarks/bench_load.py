@@ -1,4 +1,4 @@
-"""Calls under load: `python benchmarks/bench_load.py [--repeat 200] [--rounds 3] [--no-spin]`.
+"""Calls under load: `python benchmarks/bench_load.py [--kind processes|peers|all] [--whole-process] [--repeat 200] [--rounds 3] [--no-spin]`.
 
 The MLP 784-1024-1024-10 at batch 8 (one ONNX model, random weights) run by eqfuse and by
 onnxruntime (ORT_ENABLE_ALL, the same thread count), interleaved in one process, on 1 and 2
@@ -8,11 +8,26 @@ row. Median ms, the spread (IQR as % of the median), and the busy rows' ratio to
 With --no-spin onnxruntime's threads sleep after a run (session.intra_op.allow_spinning=0); by
 default they spin, and hold a core during eqfuse's next call: a load of their own beside the
 busy process.
+
+The third load kind, in-process peers (`--kind peers`, or `all`): another runtime in the same
+process, as an application that runs onnxruntime, OpenVINO or torch beside eqfuse (a
+torch.compile graph with breaks always does). On GPT-2 tiny (2 layers of 64, 2 x 16 tokens),
+ResNet-18's stem and first two stages on one 224x224 image, and the MLP at batch 8
+(tests/model_exports.py), eqfuse's 2-thread call alternates with a call of the peer on the same
+inputs (the peer at 2 threads and f32, its own settings otherwise: onnxruntime's threads spin after a
+run, OpenVINO's and torch's as they do by default), against eqfuse's 2-thread call alone and its
+1-thread call alone. The kinds alternate within each of --rounds rounds; the table gives eqfuse's
+median, spread and ratios to its alone and 1-thread times, and the peer's median. The targets:
+interleaved at most 1.3x alone, and never above the 1-thread call. `--whole-process` adds rows
+with the rule before in-process peers counted (every thread of the process the call's own), in
+the same rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import statistics
 import subprocess
 import sys
@@ -22,7 +37,13 @@ from pathlib import Path
 
 import numpy as np
 
-import eqfuse
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import model_exports as me  # noqa: E402
+
+import eqfuse  # noqa: E402
+from eqfuse.runtime import load, program  # noqa: E402
+from eqfuse.runtime.load import threads_now  # noqa: E402
 
 
 def mlp_onnx(path: Path) -> None:
@@ -61,13 +82,120 @@ def session(ort, path: Path, threads: int, no_spin: bool):
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
+PEER_MODELS = {"gpt2": "GPT-2 tiny", "resnet_stages": "ResNet-18 stages", "mlp": "MLP batch 8"}
+PEERS = ("onnxruntime", "openvino", "torch")
+
+
+def peer_calls(name: str, feeds: dict, peers, threads: int = 2) -> dict:
+    """A call of each peer runtime on the model's ONNX export (onnxruntime, OpenVINO) or on the
+    torch module it came from, at `threads` threads, its settings otherwise its own defaults."""
+    calls = {}
+    path = me.export(name, "torchscript")
+    if "onnxruntime" in peers:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        calls["onnxruntime"] = lambda: sess.run(None, feeds)[0]
+    if "openvino" in peers:
+        import openvino as ov
+
+        # f32, as the others (on a CPU with AVX512_BF16 OpenVINO's default is bf16 inference)
+        compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                              "INFERENCE_PRECISION_HINT": "f32"})
+        request = compiled.create_infer_request()
+        calls["openvino"] = lambda: next(iter(request.infer(feeds).values()))
+    if "torch" in peers:
+        import torch
+
+        torch.set_num_threads(threads)
+        model, names = me.torch_model(name)
+        args = [torch.from_numpy(feeds[n]) for n in names]
+
+        def run():
+            with torch.no_grad():
+                out = model(*args)
+            return getattr(out, "last_hidden_state", out).numpy()
+        calls["torch"] = run
+    return calls
+
+
+WHOLE = " (whole process own)"
+
+
+def whole_process(requested, *own):
+    """The rule before in-process peers counted: every thread of the process is the call's own."""
+    return threads_now(requested)
+
+
+def peers_main(args) -> None:
+    """The in-process peers table (the module docstring)."""
+    if "torch" in args.peers:
+        import torch  # noqa: F401  (loaded first, as in a torch application: its libgomp is the process's)
+    print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f}")
+    print(f"{'model':<17} {'eqfuse 2 threads':<34} {'ms':>7} {'iqr%':>5} {'/alone':>7} {'/1-thread':>9} {'peer ms':>8}")
+    for name in args.models:
+        feeds = me.inputs(name)
+        path = me.export(name, "torchscript")
+        two, one = eqfuse.compile(str(path), threads=2), eqfuse.compile(str(path), threads=1)
+        gc.collect()  # the optimizer's e-graphs, before a peer forks a helper (egglog's are unsendable)
+        calls = peer_calls(name, feeds, args.peers)
+        ref = two(**feeds)
+        for who, call in calls.items():
+            np.testing.assert_allclose(call(), ref, rtol=2e-3, atol=2e-3, err_msg=who)
+        np.testing.assert_allclose(one(**feeds), ref, rtol=1e-4, atol=1e-4)
+        kinds = ["alone", "1 thread"] + [f"with {p}" for p in calls]
+        if args.whole_process:
+            kinds += [f"with {p}{WHOLE}" for p in calls]
+        times = {k: [] for k in kinds}
+        peer_times = {k: [] for k in kinds}
+        for _ in range(args.rounds):
+            for k in kinds:
+                mod = one if k == "1 thread" else two
+                peer = calls.get(k[5:].removesuffix(WHOLE)) if k.startswith("with ") else None
+                program.threads_now = whole_process if k.endswith(WHOLE) else threads_now
+                load._last[0] = 0.0  # the next call reads /proc again
+                for _ in range(args.repeat):
+                    t0 = time.perf_counter()
+                    mod(**feeds)
+                    t1 = time.perf_counter()
+                    times[k].append(t1 - t0)
+                    if peer is not None:
+                        peer()
+                        peer_times[k].append(time.perf_counter() - t1)
+                program.threads_now = threads_now
+        alone, single = stats(times["alone"])[0], stats(times["1 thread"])[0]
+        for k in kinds:
+            med, iqr = stats(times[k])
+            peer = f"{stats(peer_times[k])[0]:>8.3f}" if k.startswith("with ") else ""
+            print(f"{PEER_MODELS.get(name, name):<17} {k:<34} {med:>7.3f} {iqr:>5.0f} {med / alone:>7.2f} "
+                  f"{med / single:>9.2f} {peer}")
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}; {args.rounds} rounds, {args.repeat} calls "
+          "per row and round; each peer at 2 threads, its other settings its own.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kind", choices=["processes", "peers", "all"], default="all",
+                    help="processes: quiet and a busy process (the MLP); peers: other runtimes in this process")
     ap.add_argument("--repeat", type=int, default=200, help="interleaved pairs of calls per row and round")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="quiet and busy alternate this many times (a shared VM drifts; every row sees each phase)")
+                    help="the load kinds alternate this many times (a shared VM drifts; every row sees each phase)")
     ap.add_argument("--no-spin", action="store_true", help="onnxruntime's threads sleep after a run")
+    ap.add_argument("--models", nargs="+", default=list(PEER_MODELS), help="the peers kind's models")
+    ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS, help="the peers kind's runtimes")
+    ap.add_argument("--whole-process", action="store_true",
+                    help="peers: also rows with the former rule (every thread of the process the call's own)")
     args = ap.parse_args()
+    if args.kind in ("peers", "all"):
+        peers_main(args)
+    if args.kind in ("processes", "all"):
+        processes_main(args)
+
+
+def processes_main(args) -> None:
+    """The quiet and busy table (the module docstring)."""
     import onnxruntime as ort
 
     path = Path(tempfile.mkdtemp()) / "mlp.onnx"

@@ -1,7 +1,8 @@
 """Real exported models: eqfuse against onnxruntime, side by side in one process.
 
     python benchmarks/bench_models.py [--repeat N] [--model NAME ...] [--exporter torchscript|dynamo]
-                                      [--torch [--autotune]] [--no-spin] [--compile-only]
+                                      [--torch [--autotune]] [--no-spin] [--quantized dynamic]
+                                      [--compile-only]
 
 BERT, GPT-2 and ViT (transformers, small configs, random weights), ResNet-18, MLP-Mixer, the MLP
 784-1024-1024-10, BERT-base geometry and ResNet-18's stem + layer1 + layer2 at full width on a
@@ -15,6 +16,14 @@ directory gives the cold time), onnxruntime's session creation and torch.compile
 `--compile-only` prints that line alone, with eqfuse's optimize seconds and whether the
 optimized-graph cache served them: run it twice, and the second run, in a fresh process
 after its imports, has both caches warm.
+
+`--quantized dynamic` runs each export as onnxruntime.quantization.quantize_dynamic writes it (MatMul
+weights int8, activations quantized to u8 per call: DynamicQuantizeLinear -> MatMulInteger -> Cast ->
+Mul), eqfuse and onnxruntime on the same quantized file, and adds each one's error against the f32
+model's output (onnxruntime on the f32 export): max|difference| / max|f32 output|. The outputs are
+then not asserted equal: onnxruntime's deployed run fuses the dequantization into its integer
+kernels and rounds the scales in another order (tests/test_quantized.py checks eqfuse against its
+literal run, node by node).
 """
 
 from __future__ import annotations
@@ -67,6 +76,22 @@ def _torch_runs(name: str, feeds: dict, compile_s: dict, autotune: bool) -> dict
     return runs
 
 
+def quantized_dynamic(path: Path) -> Path:
+    """The export as quantize_dynamic writes it (int8 MatMul weights), made once beside it."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    out = path.with_name(path.stem + "-qdynamic.onnx")
+    if not out.exists():
+        tmp = out.with_suffix(".tmp.onnx")
+        quantize_dynamic(str(path), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+        tmp.replace(out)
+    return out
+
+
+def _rel_err(got, ref) -> float:
+    return float(np.max(np.abs(np.asarray(got, np.float64) - ref)) / np.max(np.abs(ref)))
+
+
 def main(argv=None) -> int:
     import onnxruntime as ort
 
@@ -83,9 +108,14 @@ def main(argv=None) -> int:
                     help="only the compile line: eqfuse.compile and its first call against onnxruntime's session creation")
     ap.add_argument("--autotune", action="store_true",
                     help="with --torch, add torch.compile(mode='max-autotune') with freezing (minutes to compile)")
+    ap.add_argument("--quantized", choices=["dynamic"],
+                    help="run the exports as onnxruntime's quantize_dynamic writes them, and add each one's error "
+                         "against the f32 model")
     args = ap.parse_args(argv)
     blas_threads(1)
     head = f"{'model':<10}{'kernels':>8}{'thr':>4}{'eqfuse ms':>11}{'iqr%':>6}{'ORT ms':>9}{'iqr%':>6}{'ORT/eqfuse':>11}"
+    if args.quantized:
+        head += f"{'eqfuse err':>12}{'ORT err':>10}"
     if args.torch:
         head += f"{'eager ms':>10}{'compile ms':>12}{'compile/eqfuse':>15}"
     if args.torch and args.autotune:
@@ -94,6 +124,10 @@ def main(argv=None) -> int:
     for name in args.model or me.BENCH_MODELS:
         path = str(me.export(name, args.exporter))
         feeds = me.inputs(name)
+        ref = None
+        if args.quantized:  # the f32 model's output, then the quantized file in its place
+            ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)[0].astype(np.float64)
+            path = str(quantized_dynamic(Path(path)))
         t0 = time.perf_counter()
         mod = eqfuse.compile(path)
         fn = mod.default
@@ -125,8 +159,12 @@ def main(argv=None) -> int:
             compile_s["onnxruntime"] = time.perf_counter() - t0
             runs["onnxruntime"] = lambda: sess.run(None, feeds)[0]
             want = runs["onnxruntime"]()
+            errs = {}
             for k, run in runs.items():
-                np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-4, atol=1e-4, err_msg=k)
+                if ref is not None:
+                    errs[k] = _rel_err(run(), ref)
+                else:
+                    np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-4, atol=1e-4, err_msg=k)
             if args.torch:
                 import torch
                 torch.set_num_threads(th)
@@ -141,6 +179,8 @@ def main(argv=None) -> int:
             line = (f"{name:<10}{nk:>8}{th:>4}{med['eqfuse'] * 1e3:>11.3f}{_iqr(times['eqfuse']):>6.0f}"
                     f"{med['onnxruntime'] * 1e3:>9.3f}{_iqr(times['onnxruntime']):>6.0f}"
                     f"{med['onnxruntime'] / med['eqfuse']:>11.2f}")
+            if ref is not None:
+                line += f"{errs['eqfuse']:>12.2e}{errs['onnxruntime']:>10.2e}"
             if args.torch:
                 line += (f"{med['torch'] * 1e3:>10.3f}{med['torch.compile'] * 1e3:>12.3f}"
                          f"{med['torch.compile'] / med['eqfuse']:>15.2f}")

@@ -38,7 +38,7 @@ void {{NAME}}({{PARAMS}})
         if (kb != packed) {
             const float* restrict kp = {{K}} + ({{KSRC}});
             /* read k in its memory order: the inner loop runs along the smaller stride */
-            for (long kt = 0; kt < SKP / BK; kt++) {
+            for (long kt = 0; kt < ({{SK}} + BK - 1) / BK; kt++) {  /* (the key count: run-time over a KV cache) */
                 float* restrict tile = ktp + kt * D * BK;
                 const long nk = eqf_minl(BK, {{SK}} - kt * BK);
 #define {{NAME}}_VEC {{VEC}} /* the plan's vec: the AVX-512 micro-kernels */
@@ -82,7 +82,7 @@ void {{NAME}}({{PARAMS}})
             const long nk = eqf_minl(BK, {{SK}} - j0);
             /* Spread over the key tiles: prefetch the next query block's rows of q and this block's
              * rows of the output, so neither waits on memory when its turn comes. */
-            enum { NT = ({{SK}} + BK - 1) / BK, PF = (BQ + NT - 1) / NT };
+            const long NT = ({{SK}} + BK - 1) / BK, PF = (BQ + NT - 1) / NT;
             for (long ii = j0 / BK * PF; ii < eqf_minl(BQ, (j0 / BK + 1) * PF); ii++) {
                 if ({{QC}} == 1 && i0 + BQ + ii < {{SQ}})
                     for (long d = 0; d < D; d += 16)

@@ -228,6 +228,92 @@ static inline float eqf_gelu_erf(float x)
     return 0.5f * x * (x < 0.0f ? c : 2.0f - c);
 }
 
+/* sin and cos, vectorizable (libm's sinf / cosf are scalar calls: an `omp simd` loop over them
+ * does not vectorize). x = n pi/2 + r with |r| <= pi/4 (a hair more where x 2/pi rounds near a
+ * half), then sin or cos of r by the quadrant n mod 4, all in double and rounded once to float:
+ * - |x| < 2^24: n = round(x 2/pi) < 2^24, r = ((x - n P1) - n P2) - n P3 (Cody and Waite; P1 and
+ *   P2 hold 29 bits of pi/2, so n P1 and n P2 are exact and x - n P1 is exact by Sterbenz's
+ *   lemma; P3 the next 53 bits): |r's error| <= 2^-52 |r| + 2^-85;
+ * - |x| >= 2^24: x = m 2^E (m < 2^24 an integer, 1 <= E <= 104) and x 2/pi mod 4 = m (2^E 2/pi
+ *   mod 4), the latter from eqf_2opi[.][E - 1]: its 72 bits from weight 2 down to 2^-70 in three
+ *   24-bit integers (Payne and Hanek's reduction, by table), so each product m x chunk is exact in
+ *   double: |r's error| <= (2^-46 + 2^-50) pi/2 < 3e-14;
+ * - the Taylor polynomials of sin r (to r^11) and cos r (to r^12) on |r| <= pi/4: remainder
+ *   <= 1e-11 relative.
+ * So for |x| < 2^24 the float result is within 1 ulp of sin x (half an ulp from the final
+ * rounding, a relative 1e-11 before it), for larger |x| within 1 ulp + 3e-14; inf and NaN give
+ * NaN, -0 gives -0 (sin). Checked against numpy's float64 sin and cos in tests/test_kernels_c.py
+ * (test_sin_cos_accuracy) over |x| <= 1e4 densely and random x up to 3e38. The table is 2/pi's
+ * bits: int(2^(E + 71) / pi) mod 2^72, split in 24-bit chunks (the test recomputes it). */
+static const int32_t eqf_2opi[3][104] = {
+  {
+    5340353, 10680707, 4584198, 9168397, 1559579, 3119158, 6238317, 12476635, 8176055, 16352110, 15927004,
+    15076793, 13376370, 9975524, 3173833, 6347667, 12695335, 8613454, 449692, 899385, 1798770, 3597540,
+    7195080, 14390161, 12003106, 7228996, 14457992, 12138768, 7500320, 15000641, 13224066, 9670917, 2564618,
+    5129237, 10258474, 3739732, 7479465, 14958930, 13140645, 9504074, 2230932, 4461865, 8923731, 1070247,
+    2140495, 4280991, 8561983, 346751, 693502, 1387004, 2774008, 5548016, 11096033, 5414850, 10829700,
+    4882185, 9764371, 2751527, 5503054, 11006109, 5235002, 10470005, 4162794, 8325589, 16651179, 16525143,
+    16273071, 15768927, 14760638, 12744061, 8710906, 644596, 1289192, 2578385, 5156771, 10313543, 3849871,
+    7699743, 15399486, 14021757, 11266298, 5755381, 11510762, 6244308, 12488617, 8200019, 16400038, 16022861,
+    15268506, 13759796, 10742377, 4707539, 9415078, 2052941, 4105883, 8211767, 16423534, 16069853, 15362491,
+    13947767, 11118318, 5459420, 10918840, 5060464
+  }, {
+    12003106, 7228996, 14457992, 12138768, 7500320, 15000641, 13224066, 9670917, 2564618, 5129237, 10258474,
+    3739732, 7479465, 14958930, 13140645, 9504074, 2230932, 4461865, 8923731, 1070247, 2140495, 4280991,
+    8561983, 346751, 693502, 1387004, 2774008, 5548016, 11096033, 5414850, 10829700, 4882185, 9764371,
+    2751527, 5503054, 11006109, 5235002, 10470005, 4162794, 8325589, 16651179, 16525143, 16273071, 15768927,
+    14760638, 12744061, 8710906, 644596, 1289192, 2578385, 5156771, 10313543, 3849871, 7699743, 15399486,
+    14021757, 11266298, 5755381, 11510762, 6244308, 12488617, 8200019, 16400038, 16022861, 15268506,
+    13759796, 10742377, 4707539, 9415078, 2052941, 4105883, 8211767, 16423534, 16069853, 15362491, 13947767,
+    11118318, 5459420, 10918840, 5060464, 10120928, 3464640, 6929281, 13858563, 10939910, 5102605, 10205211,
+    3633206, 7266413, 14532827, 12288438, 7799661, 15599323, 14421430, 12065644, 7354072, 14708145, 12639074,
+    8500933, 224650, 449300, 898601, 1797202, 3594405
+  }, {
+    693502, 1387004, 2774008, 5548016, 11096033, 5414850, 10829700, 4882185, 9764371, 2751527, 5503054,
+    11006109, 5235002, 10470005, 4162794, 8325589, 16651179, 16525143, 16273071, 15768927, 14760638,
+    12744061, 8710906, 644596, 1289192, 2578385, 5156771, 10313543, 3849871, 7699743, 15399486, 14021757,
+    11266298, 5755381, 11510762, 6244308, 12488617, 8200019, 16400038, 16022861, 15268506, 13759796,
+    10742377, 4707539, 9415078, 2052941, 4105883, 8211767, 16423534, 16069853, 15362491, 13947767, 11118318,
+    5459420, 10918840, 5060464, 10120928, 3464640, 6929281, 13858563, 10939910, 5102605, 10205211, 3633206,
+    7266413, 14532827, 12288438, 7799661, 15599323, 14421430, 12065644, 7354072, 14708145, 12639074, 8500933,
+    224650, 449300, 898601, 1797202, 3594405, 7188810, 14377621, 11978027, 7178838, 14357676, 11938137,
+    7099059, 14198118, 11619020, 6460825, 12921650, 9066084, 1354953, 2709907, 5419815, 10839631, 4902046,
+    9804092, 2830968, 5661937, 11323874, 5870532, 11741064, 6704912
+  }
+};
+
+static inline float eqf_sincos(float x, int cosine)
+{
+    const double xd = x, big = 6755399441055744.0; /* 1.5 x 2^52: adding it rounds to an integer */
+    /* |x| < 2^24 */
+    const double nm = (xd * 0.63661977236758134 + big) - big;
+    const double rm = ((xd - nm * 1.5707963258028030) - nm * 9.9209357742879870e-10) - nm * 2.2517417741562176e-18;
+    /* |x| >= 2^24 */
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const int32_t e = (int32_t)((u >> 23) & 0xff) - 150, i = e < 1 ? 0 : (e > 104 ? 103 : e - 1);
+    const double m = (double)(int32_t)((u & 0x7fffff) | 0x800000);
+    const double p0 = m * (double)eqf_2opi[0][i]; /* an integer below 2^48: its bits from weight 2 up are 0 mod 4 */
+    const double y = (p0 - 16777216.0 * floor(p0 * 5.9604644775390625e-8)) * 2.384185791015625e-7
+                     + m * (double)eqf_2opi[1][i] * 1.4210854715202004e-14
+                     + m * (double)eqf_2opi[2][i] * 8.470329472543003e-22;
+    const double nl = (y + big) - big;
+    const double rl = (y - nl) * 1.5707963267948966;
+    const int large = fabsf(x) >= 16777216.0f;
+    const double r = large ? (x < 0.0f ? -rl : rl) : rm, n = large ? (x < 0.0f ? -nl : nl) : nm;
+    const int32_t q = ((int32_t)n + cosine) & 3;
+    const double r2 = r * r;
+    const double s = r + r * r2 * (-1.6666666666666666e-1 + r2 * (8.3333333333333333e-3 + r2 * (-1.9841269841269841e-4
+                     + r2 * (2.7557319223985891e-6 + r2 * (-2.5052108385441719e-8)))));
+    const double c = 1.0 + r2 * (-0.5 + r2 * (4.1666666666666667e-2 + r2 * (-1.3888888888888889e-3
+                     + r2 * (2.4801587301587302e-5 + r2 * (-2.7557319223985891e-7 + r2 * 2.0876756987868099e-9)))));
+    const double v = q & 1 ? c : s;
+    const float res = (float)(q & 2 ? -v : v);
+    return fabsf(x) <= 3.4028235e38f ? (!cosine && x == 0.0f ? x : res) : x - x;
+}
+static inline float eqf_sinf(float x) { return eqf_sincos(x, 0); }
+static inline float eqf_cosf(float x) { return eqf_sincos(x, 1); }
+
 /* Online softmax step of flash attention, in base 2 (scores arrive multiplied by log2 e), for one
  * row of n scores s (in place: s becomes p = 2^(s - m)). m is the row's running maximum; it is
  * raised only when the tile's maximum passes it by more than EQF_LAZY (so p stays below 2^8),

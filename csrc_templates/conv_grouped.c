@@ -1,5 +1,12 @@
-#define {{NAME}}_PLANE {{PLANE}} /* the plan's plane: the pixels of one task, an output plane */
+#define {{NAME}}_PLANE {{PLANE}} /* the plan's plane: the pixels of one task, an output plane (0 on the channels path) */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_CHANNELS {{CHANNELS}} /* the plan's channels: VL channels in the vector lanes */
+#define {{NAME}}_VL {{VL}} /* the plan's vl */
+#define {{NAME}}_RW {{RW}} /* the plan's rw */
+#define {{NAME}}_BAND {{BAND}} /* the plan's band */
+#define {{NAME}}_GROUPED {{GROUPED}} /* the plan's grouped (derived, printed) */
+#define {{NAME}}_PREFETCH {{PREFETCH}} /* the plan's prefetch */
+#define {{NAME}}_PREPACKED {{PREPACKED}} /* the plan's prepacked_b */
 /* {{NAME}}: grouped conv2d, {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{CG}}x{{KH}}x{{KW}} in {{G}} groups, stride {{SH}}x{{SW}},
  * padding {{PH}}x{{PW}}, dilation {{DH}}x{{DW}} -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out), the epilogue
  * fused into the store.
@@ -12,18 +19,241 @@
  * the vector lanes, and added to the plane's partial sums (in the output itself). Last, the
  * epilogue goes over the plane in place. A depthwise conv (CG = 1) reads its input plane twice
  * (the copy, then its rows from L1) and writes each output element twice: it is bound by memory,
- * not by multiply-adds. */
+ * not by multiply-adds.
+ *
+ * CHANNELS = {{CHANNELS}}: a depthwise conv with VL = {{VL}} channels in the vector lanes instead
+ * (conv_grouped.py's use_channels). A task is (image, block of VL channels, band of BAND = {{BAND}}
+ * output rows), the tasks of a band consecutive (a thread zeroes its tile's border once per band,
+ * the fills write only inside the image): the band's input rows are transposed VL x VL in registers into a zero-padded
+ * tile xb[BHP][BWP] of VL-channel vectors; a register tile is RW = {{RW}} output pixels of a row,
+ * each tap a weight vector (the tap's weight of the VL channels) times the input vector at the
+ * pixel's tap; the output tile ob[BAND][TW] is transposed back into the NCHW planes, where the
+ * epilogue goes over the band's rows in place. Both transposes take VL consecutive pixels of the
+ * band (across rows: any width fills the lanes); a block of fewer than VL channels (C % VL) or a
+ * band of fewer than VL pixels is transposed element by element. GROUPED = {{GROUPED}}: a grouped conv
+ * whose VL output channels of a task lie in one group: the band's rows of the group's CG input
+ * planes are copied as they are into zero-padded planes, and each input pixel (broadcast) times the
+ * tap's weight vector of the VL output channels is added to the pixel's accumulator. PREFETCH = {{PREFETCH}}: while a
+ * task computes, the image rows of the next one are prefetched, a slice per output row. */
+typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
+typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
+
+#if {{CHANNELS}}
+long {{NAME}}_prepack_floats(void)
+{
+    return (long)({{O}} + {{VL}} - 1) / {{VL}} * {{CG}} * {{KH}} * {{KW}} * {{VL}};
+}
+
+/* OIHW weights -> w[O / VL][CG][KH x KW][VL] (a tap's weights of VL output channels, one vector),
+ * zero past the last channel; made once by the runtime when bound by params=. */
+void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
+{
+    enum { O = {{O}}, CG = {{CG}}, VL = {{VL}}, KK = {{KH}} * {{KW}} };
+    for (long ob = 0; ob < (O + VL - 1) / VL; ob++)
+        for (long ci = 0; ci < CG; ci++)
+            for (long k = 0; k < KK; k++)
+                for (long l = 0; l < VL; l++)
+                    wp[((ob * CG + ci) * KK + k) * VL + l] = ob * VL + l < O ? wt[((ob * VL + l) * CG + ci) * KK + k] : 0.0f;
+}
+#endif
+
 void {{NAME}}({{PARAMS}})
 {
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, CG = {{CG}}, OG = {{OG}}, KH = {{KH}}, KW = {{KW}},
            OH = {{OH}}, OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, DH = {{DH}}, DW = {{DW}},
            HP = (OH - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1,
            /* the input rows and columns that some tap reads */
-           HC = H < HP - PH ? H : HP - PH, WC = W < WP - PW ? W : WP - PW };
+           HC = H < HP - PH ? H : HP - PH, WC = W < WP - PW ? W : WP - PW,
+           CHANNELS = {{CHANNELS}}, PREFETCH = {{PREFETCH}}, VL = {{VL}}, RW = {{RW}}, BAND = {{BAND}},
+           GROUPED = {{GROUPED}}, NCB = (O + VL - 1) / VL /* blocks of output channels */, NBAND = (OH + BAND - 1) / BAND,
+           TW = (OW + RW - 1) / RW * RW /* the columns computed: whole register tiles */,
+           BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, BWP = (TW - 1) * SW + (KW - 1) * DW + 1 };
 {{EXTRAS}}
     const float* restrict x = {{X}};
-    const float* restrict wt = {{WEIGHTS}};
     int failed = 0;
+#if {{CHANNELS}}
+#if {{PREPACKED}}
+    const float* wpk = {{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
+#else
+    float* wpk = eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
+    if (!wpk) {
+        eqf_nomem_note();
+        return;
+    }
+    {{NAME}}_prepack({{WEIGHTS}}, wpk);
+#endif
+    typedef {{NAME}}_vf vf;
+    typedef {{NAME}}_vfu vfu;
+    typedef int vi __attribute__((vector_size({{VL}} * 4)));
+    (void)sizeof(vi);
+    #pragma omp parallel if ({{PARALLEL}}) reduction(| : failed)
+    {
+        /* (grouped: the band's rows of the group's CG input planes, zero-padded, as they are) */
+        const size_t xbytes = ((size_t)BHP * BWP * (GROUPED ? CG * sizeof(float) : sizeof(vf)) + 63) / 64 * 64;
+        const size_t obytes = ((size_t)BAND * TW * sizeof(vf) + 63) / 64 * 64;
+        vf* restrict xb = (vf*)aligned_alloc(64, xbytes);
+        vf* restrict ob = (vf*)aligned_alloc(64, obytes);
+        if (!xb || !ob)
+            failed = 1;
+        long zeroed = -1; /* the band whose zero border xb holds (tasks of one band follow each other) */
+        #pragma omp for schedule(static)
+        for (long t = 0; t < (long)N * NCB * NBAND; t++) {
+            if (!xb || !ob)
+                continue;
+            const long oh0 = t / (N * NCB) * BAND, b = t % (N * NCB) / NCB, c0 = t % NCB * VL;
+            const long cc = O - c0 < VL ? O - c0 : VL, nh = OH - oh0 < BAND ? OH - oh0 : BAND;
+            const long ih0 = oh0 * SH - PH;
+            const vfu* restrict wv = (const vfu*)(wpk + c0 * (long)CG * KH * KW);
+            /* the band's input rows, channels in the lanes, zero outside the image */
+            const long rows = (nh - 1) * SH + (KH - 1) * DH + 1;
+            const long wc = W < BWP - PW ? W : BWP - PW; /* the columns some tap reads */
+#if {{GROUPED}}
+            /* the group's CG input planes (c0 / OG its group: a block of VL output channels lies in
+             * one group), the band's rows copied as they are into zero-padded planes */
+            float* restrict xs = (float*)xb;
+            const long r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < rows ? H - ih0 : rows;
+            for (long ci = 0; ci < CG; ci++) {
+                float* restrict pl = xs + ci * (long)BHP * BWP;
+                for (long r = 0; r < rows && zeroed != oh0; r++)
+                    for (long c = 0; c < BWP; c++)
+                        if (r < r0 || r >= r1 || c < PW || c >= PW + wc)
+                            pl[r * BWP + c] = 0.0f;
+                const float* restrict src = x + ((b * C + c0 / OG * CG + ci) * H + ih0) * (long)W;
+                for (long r = r0; r < r1; r++)
+                    memcpy(pl + r * BWP + PW, src + r * W, (size_t)wc * sizeof(float));
+            }
+            zeroed = oh0;
+#else
+            for (long r = 0; r < rows && zeroed != oh0; r++) {
+                vf* restrict row = xb + r * (long)BWP;
+                const long ih = ih0 + r;
+                for (long c = 0; c < BWP; c++)
+                    if (ih < 0 || ih >= H || c < PW || c >= PW + wc)
+                        row[c] = (vf){0};
+            }
+            zeroed = oh0;
+            /* the image rows of the band are consecutive pixels q of each plane: VL at a time
+             * transposed (the last VL overlapping the previous ones), each to its row and column */
+            const long r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < rows ? H - ih0 : rows;
+            const long q0 = (ih0 + r0) * W, q1 = (ih0 + r1) * W;
+            const float* restrict src = x + (b * C + c0) * (long)H * W;
+            if (cc == VL && q1 - q0 >= VL) {
+                for (long q = q0; q < q1; q += VL) {
+                    const long qs = q + VL <= q1 ? q : q1 - VL;
+                    vf m[VL];
+#pragma GCC unroll 16
+                    for (int p = 0; p < VL; p++)
+                        m[p] = *(const vfu*)(src + p * (long)H * W + qs);
+{{TRANSPOSE}}
+#pragma GCC unroll 16
+                    for (int p = 0; p < VL; p++) {
+                        const long ih = (qs + p) / W, iw = (qs + p) % W;
+                        if (iw < wc)
+                            xb[(ih - ih0) * BWP + PW + iw] = m[p];
+                    }
+                }
+            } else {
+                for (long q = q0; q < q1; q++)
+                    if (q % W < wc)
+                        for (long l = 0; l < VL; l++)
+                            xb[(q / W - ih0) * BWP + PW + q % W][l] = l < cc ? src[l * (long)H * W + q] : 0.0f;
+            }
+#endif
+            /* the image rows the next task reads, prefetched a slice per output row as this one
+             * computes (the transposes then read them from cache: memory and multiply-adds overlap) */
+            const long tn = t + 1 < (long)N * NCB * NBAND ? t + 1 : t;
+            const long noh0 = tn / (N * NCB) * BAND, nb = tn % (N * NCB) / NCB, nc0 = tn % NCB * VL;
+            const long ncc = C - nc0 < VL ? C - nc0 : VL, nnh = OH - noh0 < BAND ? OH - noh0 : BAND;
+            const long nih0 = noh0 * SH - PH, nrows = (nnh - 1) * SH + (KH - 1) * DH + 1;
+            const long nq0 = (nih0 < 0 ? 0 : nih0) * W, nq1 = (H < nih0 + nrows ? H : nih0 + nrows) * W;
+            const float* restrict nsrc = x + (nb * C + nc0) * (long)H * W;
+            /* register tiles of RW pixels x VL channels */
+            for (long oh = 0; oh < nh; oh++) {
+                if ({{PREFETCH}} && tn != t && nq1 > nq0)
+                    for (long l = 0; l < ncc; l++)
+                        for (long q = nq0 + (nq1 - nq0) * oh / nh; q < nq0 + (nq1 - nq0) * (oh + 1) / nh; q += 16)
+                            __builtin_prefetch(nsrc + l * (long)H * W + q, 0, 2);
+                for (long ow0 = 0; ow0 < TW; ow0 += RW) {
+                    vf acc[RW];
+#pragma GCC unroll 16
+                    for (int r = 0; r < RW; r++)
+                        acc[r] = (vf){0};
+                    /* per kernel row: the KW weight vectors in registers, each input vector of
+                     * the tile's window loaded once and multiplied into every accumulator whose
+                     * pixel reads it (RW + KW + 1 vector registers) */
+#if {{GROUPED}}
+                    /* each input channel's pixel (a scalar, broadcast) times the tap's weights of
+                     * the VL output channels */
+                    for (long kh = 0; kh < KH; kh++)
+                        for (long ci = 0; ci < CG; ci++) {
+                            const float* restrict xr = xs + (ci * BHP + oh * SH + kh * DH) * (long)BWP + ow0 * SW;
+#pragma GCC unroll 32
+                            for (int kw = 0; kw < KW; kw++) {
+                                const vf wk = wv[(ci * KH + kh) * KW + kw];
+#pragma GCC unroll 16
+                                for (int r = 0; r < RW; r++)
+                                    acc[r] += xr[r * SW + kw * DW] * wk;
+                            }
+                        }
+#else
+                    for (long kh = 0; kh < KH; kh++) {
+                        const vf* restrict xr = xb + (oh * SH + kh * DH) * (long)BWP + ow0 * SW;
+                        vf wk[KW];
+#pragma GCC unroll 32
+                        for (int kw = 0; kw < KW; kw++)
+                            wk[kw] = wv[kh * KW + kw];
+#pragma GCC unroll 64
+                        for (int c = 0; c < (RW - 1) * SW + (KW - 1) * DW + 1; c++) {
+                            const vf xv = xr[c];
+#pragma GCC unroll 32
+                            for (int kw = 0; kw < KW; kw++) {
+                                const int e = c - kw * DW;
+                                if (e >= 0 && e % SW == 0 && e / SW < RW)
+                                    acc[e / SW] += xv * wk[kw];
+                            }
+                        }
+                    }
+#endif
+#pragma GCC unroll 16
+                    for (int r = 0; r < RW; r++)
+                        ob[oh * TW + ow0 + r] = acc[r];
+                }
+            }
+            /* the output tile back into the NCHW planes (the band's rows are consecutive pixels j
+             * of each plane: VL at a time), then the epilogue over them in place */
+            float* restrict dst = out + (b * O + c0) * (long)OH * OW + oh0 * OW;
+            if (cc == VL && nh * OW >= VL) {
+                for (long j = 0; j < nh * OW; j += VL) {
+                    const long js = j + VL <= nh * OW ? j : nh * OW - VL;
+                    vf m[VL];
+#pragma GCC unroll 16
+                    for (int p = 0; p < VL; p++)
+                        m[p] = ob[(js + p) / OW * TW + (js + p) % OW];
+{{TRANSPOSE}}
+#pragma GCC unroll 16
+                    for (int l = 0; l < VL; l++)
+                        *(vfu*)(dst + l * (long)OH * OW + js) = m[l];
+                }
+            } else {
+                for (long l = 0; l < cc; l++)
+                    for (long j = 0; j < nh * OW; j++)
+                        dst[l * (long)OH * OW + j] = ob[j / OW * TW + j % OW][l];
+            }
+            for (long l = 0; l < cc; l++) {
+                const long i = c0 + l;
+                float* restrict p = out + (b * O + i) * (long)OH * OW;
+                #pragma omp simd
+                for (long j = oh0 * OW; j < (oh0 + nh) * OW; j++) {
+                    const float acc = p[j];
+                    p[j] = {{EPILOGUE}};
+                }
+            }
+        }
+        free(xb);
+        free(ob);
+    }
+#else
+    const float* restrict wt = {{WEIGHTS}};
     #pragma omp parallel if ({{PARALLEL}}) reduction(| : failed)
     {
         float* restrict xp = (float*)calloc((size_t)HP * WP, sizeof(float));
@@ -64,6 +294,7 @@ void {{NAME}}({{PARAMS}})
         }
         free(xp);
     }
+#endif
     if (failed)
         eqf_nomem_note();
 }

@@ -102,10 +102,11 @@ def target_machine(target: str):
         raise EqfuseError(f"unknown target '{target}' (known: {', '.join(TARGETS)})")
     simd = TARGETS[target][1] or host_simd_floats()
     m = machine()
-    # AVX512_BF16 only for "native" (none of the x86-64 levels has it); on a machine that runs
+    # AVX512_BF16 and VNNI only for "native" (none of the x86-64 levels has them); on a machine that runs
     # make without it, the bf16 kernels stop the build with an #error rather than run f32
     return replace(m, simd_floats=simd, avx512_bf16=m.avx512_bf16 and target == "native" and simd >= 16,
-                   amx_bf16=m.amx_bf16 and target == "native", avx512_vnni=m.avx512_vnni and target == "native")
+                   amx_bf16=m.amx_bf16 and target == "native", avx512_vnni=m.avx512_vnni and target == "native",
+                   avx_vnni=m.avx_vnni and target == "native")
 
 
 def prepare(model: str | os.PathLike, weights: Mapping[str, np.ndarray], lib: str, dims: Mapping[str, int],

@@ -4,6 +4,17 @@ A decoder export takes `input_ids`, `attention_mask`, `position_ids` and one `pa
 layer's keys and values ([batch, heads, past, head size]), and returns the logits then one
 `present...` output per past input, in the same order: present = concat(past, new, axis=2).
 
+The decode step over a cache in place. For a model compiled by eqfuse from an ONNX file, the
+decode step is the model compiled once with past bound to a capacity C and live="past"
+(eqfuse.ir.live, eqfuse.backend.live): each cache is a buffer [B, heads, C + 1, head size] that
+the step appends its new row to, at the live length t given as `past_length`, and returns as its
+present; its attentions read keys 0 .. t. So a decode step at any t <= C runs the same compiled
+code, never reads the rows past t, and copies one row per cache, whatever t. It is compiled
+during the prefill: the decode steps run no compiler.
+
+Without such a step (onnxruntime in the tests, a Module compiled with its dims bound), the driver
+falls back to the cache at a fixed capacity described next.
+
 The cache at a fixed capacity. The past length changes at every token, and eqfuse compiles a
 model whose concat sums named dims per value of them (pipeline.padded_module), so feeding the
 cache at its live length would compile at every token. The driver feeds it instead at a
@@ -52,6 +63,7 @@ class Signature:
             return hit
 
         self.ids, self.mask, self.positions = find("input_ids"), find("attention_mask"), find("position_ids")
+        self.shapes = {n: tuple(s) for n, s in inputs}
         self.pasts = [(n, tuple(s)) for n, s in inputs if "past" in n.lower()]
         if not self.pasts:
             raise EqfuseError(f"generate: the model has no past key value inputs (its inputs: {', '.join(names)})")
@@ -101,8 +113,11 @@ class Decoder:
     the tests, on the same feeds). prefill(ids) returns the logits of the prompt's last position;
     step(ids [B, 1]) feeds one token per sequence and returns its logits."""
 
-    def __init__(self, sig: Signature, run: Callable[[dict], Sequence[np.ndarray]], capacity: int):
+    def __init__(self, sig: Signature, run: Callable[[dict], Sequence[np.ndarray]], capacity: int,
+                 step: Callable[[int, int], Callable[[dict], Sequence[np.ndarray]] | None] | None = None):
         self.sig, self.run, self.capacity = sig, run, capacity
+        self.make_step = step  # (batch, capacity) -> the decode step over a cache in place, or None
+        self.live_step = None
         self.length = 0  # live rows of the cache
         self.cache: list[np.ndarray] = []
         self.mask: np.ndarray | None = None  # [B, capacity + 1]: the live rows, then the new token's
@@ -133,19 +148,41 @@ class Decoder:
         mask[:, 0] = 0
         positions = np.broadcast_to(np.arange(s, dtype=np.int64), (b, s)).copy()
         logits, present = self._call(ids, mask, positions, past)
+        # the decode step over a cache in place, compiled now: the decode steps run no compiler
+        self.live_step = self.make_step(b, self.capacity) if self.make_step else None
+        rows = self.capacity + (self.live_step is not None)  # (its buffers hold the new row too)
         self.cache = []
         for (n, (_, h, _, d)), p in zip(self.sig.pasts, present):
             self._check_present(n, p, (b, h, 1 + s, d))
-            buf = np.zeros((b, h, self.capacity, d), np.float32)
+            buf = np.zeros((b, h, rows, d), np.float32)
             buf[:, :, :s] = p[:, :, 1:]
             self.cache.append(buf)
         self.length = s
         self.mask = np.zeros((b, self.capacity + 1), np.int64)
         self.mask[:, :s] = 1
-        self.mask[:, -1] = 1
+        self.mask[:, -1 if self.live_step is None else s] = 1
         return logits[:, -1]
 
+    def prefill_by_steps(self, ids: np.ndarray) -> np.ndarray:
+        """prefill's result, the prompt fed one token at a time to the decode step (an empty cache
+        first): a Module loaded from an artifact holds no prefill at a prompt length it was not
+        saved with, and cannot compile one."""
+        b, s = ids.shape
+        if s > self.capacity:
+            raise ArgumentError(f"generate: a prompt of {s} tokens does not fit a cache of {self.capacity}")
+        self.live_step = self.make_step(b, self.capacity) if self.make_step else None
+        rows = self.capacity + (self.live_step is not None)
+        self.cache = [np.zeros((b, h, rows, d), np.float32) for _, (_, h, _, d) in self.sig.pasts]
+        self.length = 0
+        self.mask = np.zeros((b, self.capacity + 1), np.int64)
+        self.mask[:, -1 if self.live_step is None else 0] = 1  # the first token's row
+        for j in range(s):
+            logits = self.step(ids[:, j:j + 1])
+        return logits
+
     def step(self, ids: np.ndarray) -> np.ndarray:
+        if self.live_step is not None:
+            return self._step_in_place(ids)
         b = ids.shape[0]
         t = self.length
         if t >= self.capacity:
@@ -160,13 +197,38 @@ class Decoder:
         self.length = t + 1
         return logits[:, -1]
 
+    def _step_in_place(self, ids: np.ndarray) -> np.ndarray:
+        """One decode step at live length t: the cache buffers are the step's past inputs and
+        come back as its presents, with the new row written at row t (mask row t is the new
+        token's, the rows after it are never read)."""
+        b, t = ids.shape[0], self.length
+        if t > self.capacity:
+            self._grow()
+        self._check_positions(t)
+        feeds = {self.sig.ids: ids, self.sig.mask: self.mask, self.sig.positions: np.full((b, 1), t, np.int64),
+                 LENGTH: np.array([t], np.int64)}
+        feeds.update({n: c for (n, _), c in zip(self.sig.pasts, self.cache)})
+        outs = list(self.live_step(feeds))
+        for k, (p, c) in enumerate(zip(outs[1:], self.cache)):
+            if p is not c:  # (the step returns each buffer as is; a copy would be a model's bug)
+                self._check_present(self.sig.pasts[k][0], p, c.shape)
+                self.cache[k] = p
+        self.length = t + 1
+        if t + 1 <= self.capacity:
+            self.mask[:, t + 1] = 1  # the next token's row
+        return outs[0][:, -1]
+
     def _grow(self) -> None:
         """Doubles the capacity (the decode step then compiles once at the new one)."""
         cap = self.capacity * 2
-        self.cache = [np.concatenate([c, np.zeros_like(c)], axis=2) for c in self.cache]
+        rows = cap + (self.live_step is not None)
+        self.cache = [np.concatenate([c, np.zeros(c.shape[:2] + (rows - c.shape[2],) + c.shape[3:], c.dtype)], axis=2)
+                      for c in self.cache]
         mask = np.zeros((self.mask.shape[0], cap + 1), np.int64)
         mask[:, :self.length] = 1
-        mask[:, -1] = 1
+        mask[:, -1 if self.live_step is None else self.length] = 1
+        if self.live_step is not None:
+            self.live_step = self.make_step(self.mask.shape[0], cap)
         self.capacity, self.mask = cap, mask
 
     @staticmethod
@@ -227,8 +289,26 @@ def load_decoder(path: str | os.PathLike):
     return _MODULES[key]
 
 
+LENGTH = "past_length"  # the decode step's live length input (compile's live="past": pipeline.length_input)
+
+
+def step_maker(module, sig: Signature):
+    """(batch, capacity) -> the decode step over a cache in place (module docstring), for a model
+    bound per call (an ONNX decoder compiled by eqfuse.compile); None for another Module."""
+    f = module.default
+    if not hasattr(f, "live_module"):
+        return None
+    ids, mask, past = sig.shapes[sig.ids], sig.shapes[sig.mask], sig.pasts[0][1]
+
+    def make(batch: int, capacity: int):
+        dims = {ids[0]: batch, ids[1]: 1, past[2]: capacity, mask[1]: capacity + 1}
+        step = f.live_module({k: v for k, v in dims.items() if isinstance(k, str)}, past[2])
+        return lambda feeds: step(**feeds)
+    return make
+
+
 def _model(model):
-    """(run, Signature) of a Module or of the path of an ONNX decoder export."""
+    """(run, Signature, step maker) of a Module or of the path of an ONNX decoder export."""
     if isinstance(model, (str, os.PathLike)):
         module, sig = load_decoder(model)
     elif hasattr(model, "default") and hasattr(model, "functions"):
@@ -236,7 +316,28 @@ def _model(model):
     else:
         raise EqfuseError(f"generate: model must be an eqfuse Module or the path of an ONNX decoder export, "
                           f"not {type(model).__name__}")
-    return (lambda feeds: module(**feeds)), sig
+    return (lambda feeds: module(**feeds)), sig, step_maker(module, sig)
+
+
+def held_steps(model, sig: Signature, batch: int) -> tuple[set[int], set[int]] | None:
+    """(the prompt lengths whose prefill, the capacities whose decode step it holds compiled at
+    `batch`) of a Module loaded from an artifact, which cannot compile another; None for any
+    other model. The decode step is the step over the cache in place where the model has one
+    (step_maker), else the model at sequence 1 and past = the capacity."""
+    if getattr(model, "artifact", None) is None:
+        return None
+    f = model.default
+    shapes = sig.shapes
+    seq, past = shapes[sig.ids][1], shapes[sig.pasts[0][0]][2]
+    if hasattr(f, "live_modules"):  # bound per call (runtime.padded): its buckets and decode steps
+        binds = [dict(zip(f.padded, key)) for key in f.modules]
+        steps = [dict(key) for key, live in f.live_modules if live == past]
+    else:
+        binds = [dict(key) for key in list(f.cache) + list(f.buckets)]
+        steps = [b for b in binds if b.get(seq) == 1]
+    batch_dim = shapes[sig.ids][0]
+    prompts = {b[seq] for b in binds if b.get(past) == 1 and seq in b}
+    return prompts, {b[past] for b in steps if past in b and b.get(batch_dim, batch) == batch}
 
 
 def _check_args(input_ids, max_new_tokens, temperature, top_k, top_p) -> np.ndarray:
@@ -268,18 +369,28 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     are eos_token_id, and generation stops when every sequence is finished (so `new` may be less
     than max_new_tokens)."""
     ids = _check_args(input_ids, max_new_tokens, temperature, top_k, top_p)
-    run, sig = _model(model)
+    run, sig, step = _model(model)
     b, s = ids.shape
     if max_new_tokens == 0:
         return ids
     if sig.max_positions is not None and s + max_new_tokens - 1 > sig.max_positions:
         raise ArgumentError(f"generate: a prompt of {s} tokens and {max_new_tokens} new tokens reach position "
                             f"{s + max_new_tokens - 2}, past the model's maximum of {sig.max_positions} positions")
-    dec = Decoder(sig, run, capacity_for(s + max_new_tokens - 1))
+    need, held = s + max_new_tokens - 1, held_steps(model, sig, b)
+    capacity = capacity_for(need)
+    if held is not None:  # a loaded Module: the smallest capacity it holds that fits
+        fits = sorted(c for c in held[1] if c >= need)
+        if not fits:
+            raise ArgumentError(f"generate: the model's decode step is compiled for caches of "
+                                f"{', '.join(map(str, sorted(held[1]))) or 'no'} rows at batch {b}; a prompt of {s} "
+                                f"tokens and {max_new_tokens} new tokens need {need}: generate with the compiled "
+                                "model at this length and batch once, then save it again")
+        capacity = fits[0]
+    dec = Decoder(sig, run, capacity, step)
     rng = np.random.default_rng(seed)
     out = [ids]
     done = np.zeros(b, bool)
-    logits = dec.prefill(ids)
+    logits = dec.prefill(ids) if held is None or s in held[0] else dec.prefill_by_steps(ids)
     for k in range(max_new_tokens):
         tok = choose(logits, do_sample, temperature, top_k, top_p, rng).astype(np.int64)
         if eos_token_id is not None:
@@ -292,4 +403,4 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     return np.concatenate(out, axis=1)
 
 
-__all__ = ["generate", "load_decoder", "Decoder", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]
+__all__ = ["generate", "load_decoder", "Decoder", "held_steps", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]

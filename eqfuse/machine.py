@@ -45,10 +45,13 @@ class Machine:
     # Whether the few-rows GEMM prefetches its weight stream in software (`stream_prefetch`)
     prefetch: bool = True
     # ISA extensions the planner chooses kernels by (the /proc/cpuinfo flags of the same names):
-    # vdpbf16ps / vcvtne2ps2bf16 (a bf16 GEMM's instruction path), AMX-BF16 tiles, vpdpbusd
+    # vdpbf16ps / vcvtne2ps2bf16 (a bf16 GEMM's instruction path), AMX-BF16 tiles, vpdpbusd on
+    # zmm (AVX512_VNNI) and on ymm in its VEX form (AVX-VNNI: an AVX2-level extension, the int8
+    # GEMM's instruction path, plan_gemm.int8_path)
     avx512_bf16: bool = False
     amx_bf16: bool = False
     avx512_vnni: bool = False
+    avx_vnni: bool = False
     # An x86-64 level (LEVELS) the kernels are built for instead of this host's own ISA: an
     # artifact (eqfuse.runtime.artifact) must run on every CPU of its level, and -march=native
     # could use an extension that other CPUs of that level lack
@@ -59,11 +62,19 @@ class Machine:
         """The compiler's target flags: the level of `target` when set; the host's own ISA when
         it is the vector width planned for, else the x86-64 level of that width (AVX2 kernels on
         an AVX-512 host really run the AVX2 code paths)."""
-        if self.target is not None:
-            return (f"-march={self.target}", "-mtune=native")
+        if self.target is not None:  # the level, and the extensions beyond it the plans use
+            return (f"-march={self.target}", *(f for k, fs in EXTENSION_FLAGS.items() if getattr(self, k) for f in fs),
+                    "-mtune=native")
         if self.simd_floats >= host_simd_floats():
             return ("-march=native",)
         return ("-march=x86-64-v3", "-mtune=native") if self.simd_floats == 8 else ("-march=x86-64-v2",)
+
+
+# The ISA extension fields of Machine and the compiler flags that enable each beyond an x86-64
+# level (none of the levels has them): an artifact built for a level with one of them runs only on
+# a CPU that has it (eqfuse.runtime.artifact)
+EXTENSION_FLAGS: dict[str, tuple[str, ...]] = {"avx512_bf16": ("-mavx512bf16",), "amx_bf16": ("-mamx-tile", "-mamx-bf16"),
+                                               "avx512_vnni": ("-mavx512vnni",)}
 
 
 # The machines eqfuse has run on (2 vCPUs each), for tests that pin what the planner sees.
@@ -168,7 +179,12 @@ def host_isa() -> dict[str, bool]:
     """The Machine's ISA extension fields for this host (its /proc/cpuinfo flags)."""
     words = cpu_flags()
     return {"avx512_bf16": "avx512_bf16" in words, "amx_bf16": "amx_bf16" in words and "amx_tile" in words,
-            "avx512_vnni": "avx512_vnni" in words}
+            "avx512_vnni": "avx512_vnni" in words, "avx_vnni": "avx_vnni" in words}
+
+
+# The ISA extensions that need AVX-512 kernels (zmm, EVEX): off in a model narrower than 16 floats.
+# AVX-VNNI is VEX-encoded on ymm and needs only AVX2 (8 floats).
+ISA_LANES = {"avx512_bf16": 16, "amx_bf16": 16, "avx512_vnni": 16, "avx_vnni": 8}
 
 
 def stream_prefetch(cpuinfo: str) -> bool:
@@ -223,7 +239,7 @@ def pin(model: Machine | str | None, clamp: bool = True) -> None:
         # nor an instruction the host lacks (its kernels could not run here), nor an AVX-512
         # extension once the vectors are narrower (the kernels are built for x86-64-v3 or less)
         host = host_isa()
-        m = replace(m, **{k: getattr(m, k) and host[k] and m.simd_floats >= 16 for k in host})
+        m = replace(m, **{k: getattr(m, k) and host[k] and m.simd_floats >= ISA_LANES[k] for k in host})
     _PINNED.append(m)
 
 
@@ -251,7 +267,7 @@ def host_machine() -> Machine:
                    l3=env("EQFUSE_L3", c.get(3, 8 << 20)), simd_floats=simd,
                    cores=num_cores(), prefetch=host_prefetch(),
                    # (AVX-512 extensions only for kernels built for AVX-512: see Machine.march)
-                   **{k: v and simd >= 16 for k, v in host_isa().items()})
+                   **{k: v and simd >= ISA_LANES[k] for k, v in host_isa().items()})
 
 
 def register_tile(simd_floats: int, n: int | None = None) -> tuple[int, int]:

@@ -35,12 +35,14 @@ from eqfuse import progress
 from eqfuse.backend import cbuild
 from eqfuse.backend.emit import emit_graph
 from eqfuse.backend.lower import format_uops, lower_graph, plan_decisions
+from eqfuse.backend.plan import precision_entries
 from eqfuse.errors import ArgumentError, DimsNeeded, EqfuseError
 from eqfuse.frontend.load import is_onnx, load_with_weights
 from eqfuse.frontend.load import load as load_graphs
 from eqfuse.grad.api import LazyGradFunction, differentiate
 from eqfuse.ir.graph import Graph, bind_dims, oversized
 from eqfuse.ir.kernels import K
+from eqfuse.ir.live import cache_graph
 from eqfuse.ir.printer import graph_text, kernel_text, module_text
 from eqfuse.ir.reference import Reference, bind_arrays
 from eqfuse.ir.separable import batch_dims
@@ -83,13 +85,14 @@ class Options:
     grad: tuple[str, ...] | None = None
     buckets: dict[str, list[int]] | None = None
     precision: str = "f32"
+    live: str | None = None  # the dim that is a KV cache's run-time length (eqfuse.ir.live)
 
     @staticmethod
     def of(cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
            dims: Mapping[str, int] | None = None, params: Mapping[str, np.ndarray] | None = None,
            threads: int | None = None, verify: bool = False, fuse: bool | str = True, check_rules: bool = True,
            grad: Sequence[str] | None = None, buckets: Mapping[str, Sequence[int]] | None = None,
-           precision: str = "f32") -> Options:
+           precision: str = "f32", live: str | None = None) -> Options:
         """The options checked for themselves (the checks that need the model are `check_model`'s)."""
         if isinstance(rules, (str, os.PathLike)):
             rules = (rules,)
@@ -116,9 +119,13 @@ class Options:
             raise ArgumentError(f"grad= expects a non-empty list of parameter names, got {grad!r}")
         if buckets is not None and not isinstance(buckets, Mapping):
             raise ArgumentError(f"buckets= expects a dict {{dim name: [sizes]}}, got {type(buckets).__name__}")
+        if live is not None and (not isinstance(live, str) or live not in (dims or {})):
+            raise ArgumentError(f"live= expects the name of a dimension that dims= binds (its capacity), got {live!r}")
+        if live is not None and grad is not None:
+            raise ArgumentError("live= and grad= cannot be combined")
         return Options(cost, tuple(rules), tuple(disable), dict(dims or {}), dict(params or {}), threads, verify,
                        fuse, check_rules, None if grad is None else tuple(grad),
-                       None if buckets is None else dict(buckets), precision)
+                       None if buckets is None else dict(buckets), precision, live)
 
 
 def check_precision(precision, option: str = "precision=") -> str:
@@ -302,12 +309,14 @@ def optimize_model(src, *, cost: str = "memory", rules: Sequence = (), disable: 
 
 
 def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: frozenset[str] = frozenset(),
-          precision: str = "f32"):
+          precision: str = "f32", live: str | None = None):
     """(kernelized graph, plans) for one dims binding; `params` names the inputs bound by params=
     (a GEMM prepacks such a B operand once); `precision` is compile's precision= (each plan says
-    what its kernel computes in: KernelPlan.precision)."""
+    what its kernel computes in: KernelPlan.precision); `live` is compile's live= (the cache
+    appends and attentions then take the live length at run time: eqfuse.backend.live)."""
     bound = bind_dims(g, dims) if g.dims() else g
-    return bound, *lower_graph(bound, machine(), fuse=fuse is not False, params=params, precision=precision)
+    return bound, *lower_graph(bound, machine(), fuse=fuse is not False, params=params, precision=precision,
+                               live=None if live is None else length_input(live))
 
 
 def running(plans) -> tuple[int, int]:
@@ -350,20 +359,6 @@ def view_kernels(opt: Graph, kg: Graph, plans) -> frozenset[int]:
     return frozenset(at[p.node] for p in plans if p.kind == K.VIEW)
 
 
-def precision_entries(plans) -> dict[str, dict[str, str]]:
-    """report["precision"]'s entries for these plans: kernel name -> its precision, instruction
-    path and, for a kernel that computes in f32 under precision="bf16", why."""
-    out = {}
-    for p in plans:
-        if p.kind == "view":
-            continue
-        e = {"precision": p.precision, "path": p.precision_path}
-        if p.precision_note:
-            e["note"] = p.precision_note
-        out[p.name] = e
-    return out
-
-
 def kernel_infos(kg: Graph, plans, sources: Mapping[str, str], graph: str | None = None) -> list[Kernel]:
     """What mod.kernels shows of each plan; `graph` names the user's graph (kg's name may carry a
     batch bucket's suffix)."""
@@ -373,20 +368,20 @@ def kernel_infos(kg: Graph, plans, sources: Mapping[str, str], graph: str | None
     for p in plans:
         body = kernel_text(kg.nodes[p.node], names, set(taken), indent="")
         out.append(Kernel(p.name, p.kind, body, sources.get(p.name, ""), p.bytes, p.flops, dict(p.tiles),
-                          graph or kg.name, plan_decisions(p)))
+                          graph or kg.name, {**plan_decisions(p), **({"live": str(p.live)} if p.live else {})}))
     return out
 
 
 def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: frozenset[str] = frozenset(),
           names: list[str] | None = None, panels=None, precision: str = "f32",
-          record: dict | None = None) -> list[Compiled]:
+          record: dict | None = None, live: str | None = None) -> list[Compiled]:
     """One Compiled per dims binding, all in one C module (one compiler run); `names` renames the
     graph per binding, so that their kernels and run functions differ. `record` (the report's
     "precision") gets each kernel's precision and instruction path."""
     lowered = []
     for k, dims in enumerate(bindings):
         gk = replace(g, name=names[k]) if names else g
-        bound, kg, plans = lower(gk, dims, fuse, params, precision)
+        bound, kg, plans = lower(gk, dims, fuse, params, precision, live)
         lowered.append((bound, kg, plans, plan_memory(kg, plans)))
         if record is not None:
             record.update(precision_entries(plans))
@@ -409,10 +404,10 @@ def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: froze
 
 
 def builder(fuse: bool | str, params: frozenset[str] = frozenset(), precision: str = "f32",
-            record: dict | None = None):
+            record: dict | None = None, live: str | None = None):
     """`build` for a GraphFunction, which calls it with each new dims binding."""
     def build_bindings(g: Graph, bindings: list[dict], names: list[str] | None = None, panels=None):
-        return build(g, bindings, fuse, params, names, panels, precision, record)
+        return build(g, bindings, fuse, params, names, panels, precision, record, live)
     return build_bindings
 
 
@@ -423,7 +418,8 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
             dims: Mapping[str, int] | None = None, params: Mapping[str, np.ndarray] | None = None,
             threads: int | None = None, verify: bool = False, fuse: bool | str = True,
             check_rules: bool = True, grad: Sequence[str] | None = None,
-            buckets: Mapping[str, Sequence[int]] | None = None, precision: str = "f32") -> Module:
+            buckets: Mapping[str, Sequence[int]] | None = None, precision: str = "f32",
+            live: str | None = None) -> Module:
     """Compile every graph of a model to C kernels (docs/backend.md).
 
     User rule files (rules=) are first checked for soundness on random inputs, once per file
@@ -445,8 +441,15 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     sizes (and compiles them now when the other dims are known); the default is the first call's
     batch rounded up to a power of two and the powers of four below it. buckets={} compiles each
     new binding instead.
+
+    live="past" (with dims= binding past to a capacity C): the model is a decoder step whose past
+    inputs concatenate along `past` (docs/generation.md). Each past input becomes a cache buffer
+    of its present's shape, appended to in place and returned as the present, and the model takes
+    one more input, `past_length` (i64[1]), the live rows at run time (0 .. C): the attentions over
+    the cache read only the live rows and the new ones (eqfuse.ir.live, eqfuse.backend.live).
     """
-    opts = Options.of(cost, rules, disable, dims, params, threads, verify, fuse, check_rules, grad, buckets, precision)
+    opts = Options.of(cost, rules, disable, dims, params, threads, verify, fuse, check_rules, grad, buckets, precision,
+                      live)
     if opts.fuse is True:
         check_rule_files(opts.rules, enabled=opts.check_rules)
     return compile_model(src, opts)
@@ -462,6 +465,8 @@ def compile_model(src, opts: Options, shared: SharedArrays | None = None) -> Mod
             raise
         return padded_module(src, opts, sums=e.sums)
     graphs, params = loaded.graphs, loaded.params
+    if opts.live is not None:
+        graphs = [live_graph(graphs[0], src, opts.live)] + graphs[1:]
     if opts.grad is None and not is_onnx(src) and padded_dims(graphs, opts.buckets, opts.dims, params):
         g = graphs[0]
         return padded_module(src, replace(opts, dims=bind(g, params_of(g, params), opts.dims)), graph=g)
@@ -491,6 +496,25 @@ def compile_model(src, opts: Options, shared: SharedArrays | None = None) -> Mod
     return Module(functions, report, text, opts.precision)
 
 
+def length_input(live: str) -> str:
+    """The name of the input that holds the run-time length of dim `live` (compile's live=)."""
+    return f"{live}_length"
+
+
+def live_graph(g: Graph, src, live: str) -> Graph:
+    """The first graph with its inputs along dim `live` made cache buffers (eqfuse.ir.live)."""
+    if is_onnx(src):
+        from eqfuse.frontend.onnx_inputs import input_shapes
+
+        shapes = {p: s for _, p, s in input_shapes(src)}
+    else:
+        shapes = {n: t.shape for n, t in g.params}
+    axes = {n: list(s).index(live) for n, s in shapes.items() if live in s}
+    if not axes:
+        raise ArgumentError(f"live='{live}': no input of {g.name} has a dimension named {live}")
+    return cache_graph(g, axes, length_input(live))
+
+
 def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, shared: SharedArrays | None):
     """(GraphFunction, report, optimized graph) of one graph: fold -> optimize; lower and build
     now when every dim is known, else at the first call of each binding."""
@@ -512,7 +536,7 @@ def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, s
                                 f"a dimension is either fixed or a batch dim")
     batch = batch_dim(g, dims, opts.buckets, params)
     f = GraphFunction(g, opt, folded.params, dims, builder(opts.fuse, frozenset(folded.params), opts.precision,
-                                                           report["precision"]),
+                                                           report["precision"], opts.live),
                       opts.verify, opts.threads, batch, shared.panels if shared is not None else None)
     if all(d in dims for d in g.dims()):
         c = f.compiled(dims)  # everything is known: compile now, so errors show here
@@ -548,9 +572,9 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
     dims, buckets = opts.dims, opts.buckets
     shared = SharedArrays()  # the buckets' equal weights and their panels, held once
 
-    def build_bucket(bucket: dict[str, int]) -> Module:
+    def build_bucket(bucket: dict[str, int], live: str | None = None) -> Module:
         batch = {k: v for k, v in (buckets or {}).items() if k not in bucket}  # the batch dim's sizes
-        return compile_model(src, replace(opts, dims={**dims, **bucket},
+        return compile_model(src, replace(opts, dims={**dims, **bucket}, live=live,
                                           buckets={} if buckets == {} else batch or None), shared)
 
     if graph is None:
@@ -593,13 +617,16 @@ def reference(src) -> Reference:
 
 
 def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = None, uops: bool = True,
-              precision: str = "f32", **opts) -> str:
-    """Every kernel's plan and, with `uops`, its tile-level schedule (`eqfuse lower [--uops]`)."""
+              precision: str = "f32", live: str | None = None, **opts) -> str:
+    """Every kernel's plan and, with `uops`, its tile-level schedule (`eqfuse lower [--uops]`);
+    `live` as compile's live= (`eqfuse lower --live past`)."""
     check_precision(precision)
     out = []
     # as compile does: an ONNX model imported at the dims (its shape arithmetic needs them) and
     # its initializers folded, so the plans are the ones a compiled model runs
     graphs, weights = load_with_weights(src, dims)
+    if live is not None:
+        graphs = [live_graph(graphs[0], src, live)] + graphs[1:]
     for g in graphs:
         if graph is not None and g.name != graph:
             continue
@@ -610,6 +637,6 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
                               f"{', '.join(missing)}; bind with --dim NAME=INT")
         folded = fold(g, params_of(g, weights), opts.get("fuse", True))
         opt, _ = optimize(folded.graph, dims=gd, **opts)
-        _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision)
+        _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision, live=live)
         out.append(f"# graph {g.name}: {running(plans)[0]} kernels\n" + format_uops(plans, uops))
     return "\n\n".join(out)

@@ -3,8 +3,9 @@
     python examples/generate.py
 
 Needs torch, transformers and onnx (`pip install '.[test]'`). The model is exported to ONNX
-with its KV cache (past_key_values in, present out), compiled by eqfuse at its first call (a
-prefill binding and a decode binding: docs/generation.md), and decoded greedily and by sampling.
+with its KV cache (past_key_values in, present out), compiled by eqfuse at its first call (the
+prefill, and the decode step over the cache in place with its length a run-time value:
+docs/generation.md), and decoded greedily and by sampling.
 """
 
 import os

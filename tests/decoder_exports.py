@@ -1,5 +1,6 @@
 """Decoders exported with their KV cache, for eqfuse.generate: a tiny Hugging Face GPT-2 LM
-(2 layers, 64 wide, 4 heads, 100 tokens, 128 positions) with random weights (no download),
+(2 layers, 64 wide, 4 heads, 100 tokens, 128 positions) and a tiny Llama (the same sizes, RMSNorm,
+rotary embeddings, SwiGLU, grouped-query attention with 2 key/value heads) with random weights (no download),
 through the TorchScript exporter (opset 17, dynamic_axes) and the dynamo one (opset 18,
 dynamic_shapes). Inputs: input_ids, attention_mask, position_ids, past_key_values.{i}.key/value
 [batch, heads, past, head size]; outputs: logits, present.{i}.key/value (past and new rows).
@@ -25,6 +26,29 @@ def gpt2(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions
     cfg = T.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=VOCAB, n_positions=positions,
                        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
     return T.GPT2LMHeadModel(cfg).eval()
+
+
+KV_HEADS = 2  # the Llama's key/value heads (grouped-query attention: 2 query heads share each)
+
+
+def llama(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
+    """The transformers LlamaForCausalLM the Llama exports are made from (seeded, as gpt2)."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                        num_attention_heads=heads, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
+                        max_position_embeddings=positions, bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
+    m = T.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # random norm weights (they start at 1): the test sees a norm's weight applied
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+    return m
+
+
+MODELS = {"gpt2": (gpt2, HEADS), "llama": (llama, KV_HEADS)}  # -> (maker, key/value heads)
 
 
 def _wrapped(model, layers: int = LAYERS):
@@ -61,16 +85,24 @@ PAST_NAMES, INPUT_NAMES, OUTPUT_NAMES = names()
 def export_gpt2(exporter: str, layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS,
                 positions: int = POSITIONS):
     """The path of the GPT-2 decoder export through `exporter` ("torchscript" or "dynamo")."""
+    return export_decoder("gpt2", exporter, layers, width, heads, positions)
+
+
+def export_decoder(model: str, exporter: str, layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS,
+                   positions: int = POSITIONS):
+    """The path of a decoder export ("gpt2" or "llama") through `exporter` ("torchscript" or "dynamo")."""
     past_names, input_names, output_names = names(layers)
+    make, kv = MODELS[model]
+    kv = heads if model == "gpt2" else kv
 
     def write(path):
         import torch
 
-        step = _wrapped(gpt2(layers, width, heads, positions), layers)
+        step = _wrapped(make(layers, width, heads, positions), layers)
         b, s, p = 2, 3, 5
         args = (torch.randint(0, VOCAB, (b, s)), torch.ones(b, p + s, dtype=torch.long),
                 torch.arange(p, p + s).expand(b, s).contiguous(),
-                *(torch.randn(b, heads, p, width // heads) for _ in past_names))
+                *(torch.randn(b, kv, p, width // heads) for _ in past_names))
         if exporter == "torchscript":
             dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total"},
                    "position_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}}
@@ -89,4 +121,4 @@ def export_gpt2(exporter: str, layers: int = LAYERS, width: int = WIDTH, heads: 
                               dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)
     sizes = "" if (layers, width, heads, positions) == (LAYERS, WIDTH, HEADS, POSITIONS) else \
         f"-{layers}x{width}h{heads}p{positions}"
-    return cached(f"gpt2-decoder{sizes}-{exporter}", write)
+    return cached(f"{model}-decoder{sizes}-{exporter}", write)

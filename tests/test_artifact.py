@@ -291,3 +291,40 @@ def test_a_padded_dim_keeps_its_buckets_in_the_artifact(tmp_path):
         np.testing.assert_allclose(loaded(x), np.cumsum(x @ w, axis=0), rtol=1e-5, atol=1e-5)
     with pytest.raises(ArtifactError, match="holds it compiled at S=4; S=8; a call at S=16 needs the compiler"):
         loaded(np.ones((9, 4), np.float32))
+
+
+@pytest.mark.heavy  # (three C builds when the kernel cache is cold)
+def test_a_bf16_artifact_keeps_its_precision_and_instruction_path(tmp_path):
+    """precision="bf16" saved and loaded: the same precision, report["precision"] and outputs as
+    the compiled Module (its GEMM's AVX512_BF16 path, an extension beyond x86-64-v4 that the
+    artifact then needs). A CPU of the level without it runs the level below, whose bf16 GEMM
+    takes the f32 path on bf16 operands, within the same documented bound; with no such level
+    in the artifact, it is refused."""
+    from test_bf16 import check_gemm
+
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.standard_normal(s, dtype=np.float32) for s in ((8, 64), (64, 48), (48,)))
+    mod = eqfuse.compile("graph g(x: f32[8, 64], w: f32[64, 48], b: f32[48]) -> f32[8, 48] { return x @ w + b }",
+                         params={"w": w, "b": b}, precision="bf16")
+    here = usable_level()
+    below = list(LEVELS)[level_rank(here) - 2] if level_rank(here) >= 2 else None
+    path = mod.save(tmp_path / "bf16.eqf", targets=[t for t in (below, here) if t])
+    man = artifact_info(path)
+    ext = ["avx512_bf16"] if machine().avx512_bf16 and LEVELS[here][1] >= 16 else []
+    assert man["precision"] == "bf16" and man["targets"][here]["extensions"] == ext
+    loaded = eqfuse.load(path)
+    assert loaded.precision == "bf16" and loaded.target == here
+    assert loaded.report["precision"] == mod.report["precision"]
+    assert {e["precision"] for e in loaded.report["precision"].values()} == {"bf16"}
+    np.testing.assert_array_equal(loaded(x), mod(x))
+    check_gemm(loaded(x), x, w, bias=b)
+    if not ext or below is None:
+        return
+    only = mod.save(tmp_path / "v4.eqf", targets=[here])
+    with pinned(replace(machine(), avx512_bf16=False)):
+        low = eqfuse.load(path)
+        assert low.target == below and low.precision == "bf16"
+        assert {(e["precision"], e["path"]) for e in low.report["precision"].values()} == {("bf16", "fallback")}
+        check_gemm(low(x), x, w, bias=b)
+        with pytest.raises(ArtifactError, match=f"built for {here}\\+avx512_bf16; this CPU lacks avx512_bf16"):
+            eqfuse.load(only)

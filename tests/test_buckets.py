@@ -251,7 +251,7 @@ def test_buckets_for_a_dim_that_is_not_a_batch_dim_pad_it_when_exact_else_compil
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("name", ["mlp", "resnet18"])
+@pytest.mark.parametrize("name", ["mlp", pytest.param("resnet18", marks=pytest.mark.extended)])  # (suite time)
 def test_exported_model_with_a_dynamic_batch_axis(name, tmp_path, no_compiler):
     """A torch export whose batch axis is dynamic (a named dim of the ONNX graph): one compile,
     then batches of 1, 3 and 6 against torch, the C compiler run once."""

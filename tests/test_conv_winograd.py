@@ -100,7 +100,7 @@ def test_two_threads_match_one(monkeypatch):
     # each thread takes its own run of tiles: a run that ends inside a register tile of rows
     # (two threads even with the other core busy: eqfuse.runtime.load would give one)
     from eqfuse.runtime import load
-    monkeypatch.setattr(load, "free_cores", lambda now=None: 2)
+    monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: 2)
     monkeypatch.setenv("EQFUSE_CONV_WINOGRAD", "1")
     conv, _ = _check(2, 32, 15, 13, 32, 1, threads=2)
     assert conv.detail.parallel

@@ -266,7 +266,7 @@ def test_transformer_sized_gemms_on_two_threads(M, monkeypatch):
     before an OpenMP region (softmax), each result against numpy, call after call."""
     import eqfuse.runtime.program as program
 
-    monkeypatch.setattr(program, "threads_now", lambda t: t)  # two threads, however loaded the machine
+    monkeypatch.setattr(program, "threads_now", lambda t, *own: t)  # two threads, however loaded the machine
     rng = np.random.default_rng(M)
     arr = lambda *s: (rng.standard_normal(s) / np.sqrt(s[0])).astype(np.float32)
     params = {"w1": arr(768, 3072), "b1": arr(3072), "w2": arr(3072, 768), "b2": arr(768), "g": arr(768),

@@ -551,3 +551,60 @@ def test_subnormal_results_are_not_flushed(subnormal_results, op):
     assert not np.any((g == 0) & (want != 0)), (op, x[(g == 0) & (want != 0)][:5])
     assert np.any((want != 0) & (np.abs(want) < 2.0 ** -126)), "the range must reach the subnormals"
     np.testing.assert_array_equal(g[~finite], want[~finite])
+
+
+@pytest.fixture(scope="module")
+def sin_cos_results():
+    """sin and cos of x over |x| <= 1e4 densely (rotary angles), near multiples of pi/2, at every
+    binade up to 3e38 (random mantissas, the table reduction from 2^24 on) and the special
+    values, compiled as two pointwise kernels."""
+    rng = np.random.default_rng(0)
+    k = np.arange(-6000, 6001)
+    mags = (rng.uniform(1, 2, 4000) * 2.0 ** rng.integers(-140, 128, 4000)).astype(np.float32)
+    x = np.concatenate([np.linspace(-1e4, 1e4, 200001), rng.uniform(-1e4, 1e4, 20000), k * np.pi / 2,
+                        np.nextafter((k * np.pi / 2).astype(np.float32), np.float32(np.inf)),
+                        mags, -mags, 2.0 ** np.arange(-149, 128), [0.0, -0.0, 16777215.0, 16777216.0,
+                        3.4028235e38, -3.4028235e38, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    src = (f"graph t(x: f32[{x.size}]) -> (f32[{x.size}], f32[{x.size}]) {{\n"
+           "    s = kernel { sin(x) }\n    c = kernel { cos(x) }\n    return s, c\n}")
+    mod = eqfuse.compile(src, fuse="manual")
+    s, c = mod(x)
+    return x, {"sin": s, "cos": c}, [k.c_source for k in mod.kernels]
+
+
+@pytest.mark.parametrize("op", ["sin", "cos"])
+def test_sin_cos_accuracy(sin_cos_results, op):
+    """common.h's eqf_sinf / eqf_cosf against numpy's float64 sin and cos of the same float32 x:
+    for |x| < 2^24 within 1 ulp (the result is one of the two floats around the true value), for
+    larger |x| within 1 ulp + 3e-14 (the table reduction's bound, stated in common.h); inf and NaN
+    give NaN, and sin keeps the sign of 0."""
+    x, got, _ = sin_cos_results
+    g = got[op]
+    finite = np.isfinite(x)
+    true = getattr(np, op)(x[finite].astype(np.float64))
+    ulp = np.spacing(np.abs(true).astype(np.float32)).astype(np.float64)
+    err = np.abs(g[finite].astype(np.float64) - true)
+    small = np.abs(x[finite]) < 2.0 ** 24
+    assert np.all(err[small] <= ulp[small]), (op, float(x[finite][small][np.argmax(err[small] / ulp[small])]))
+    assert np.all(err[~small] <= ulp[~small] + 3e-14), (op, float(x[finite][~small][np.argmax(err[~small])]))
+    assert np.all(np.isnan(g[~finite]))
+    if op == "sin":
+        zeros = x == 0
+        assert np.array_equal(np.signbit(g[zeros]), np.signbit(x[zeros]))
+
+
+def test_sin_cos_table_is_2_over_pi():
+    """The reduction table in common.h holds the bits of 2/pi it says: int(2^(E + 71) / pi) mod
+    2^72 for E = 1..104, in 24-bit chunks."""
+    mpmath = pytest.importorskip("mpmath")
+    import re
+    from pathlib import Path
+
+    text = (Path(eqfuse.__file__).resolve().parent.parent / "csrc_templates" / "common.h").read_text()
+    body = text[text.index("eqf_2opi[3][104] = {"):]
+    body = body[:body.index("};")]
+    chunks = [[int(v) for v in re.findall(r"\d+", part)] for part in body.split("{")[2:]]
+    with mpmath.workprec(400):
+        want = [int(mpmath.floor(mpmath.ldexp(1 / mpmath.pi, e + 71))) % (1 << 72) for e in range(1, 105)]
+    got = [(a << 48) | (b << 24) | c for a, b, c in zip(*chunks)]
+    assert got == want

@@ -28,7 +28,7 @@ def test_this_process_counts_its_own_running_threads(tmp_path):
 def test_free_cores_leave_out_other_processes(monkeypatch):
     monkeypatch.setattr(load, "cpus", lambda: 2)
     monkeypatch.setattr(load, "_last", [0.0, 0])
-    monkeypatch.setattr(load, "running_own", lambda: 1)
+    monkeypatch.setattr(load, "running_own", lambda mine=None: 1)
     real_open = open
 
     def fake_open(path, *a, **k):  # one other process running
@@ -71,3 +71,37 @@ def test_a_busy_process_alongside_leaves_results_unchanged():
         busy.wait()
     for y in under_load:
         np.testing.assert_allclose(y, quiet, rtol=1e-5, atol=1e-5)
+
+
+def test_only_the_callers_team_counts_as_its_own(tmp_path):
+    # with `mine`, a running thread of this process outside it (another runtime's, spinning after
+    # its run) is counted as holding a core, as another process's would be
+    for tid, state in [(1, "R"), (2, "R"), (3, "R"), (4, "S")]:
+        (tmp_path / str(tid)).mkdir()
+        (tmp_path / str(tid) / "stat").write_text(f"{tid} (python) {state} 1 2 3\n")
+    assert load.running_own(str(tmp_path)) == 3
+    assert load.running_own(str(tmp_path), mine={1, 2, 4}) == 2
+    assert load.running_own(str(tmp_path), mine={1}) == 1
+
+
+def test_the_team_is_the_calling_threads_openmp_threads(monkeypatch):
+    import os
+    import threading
+
+    mod = eqfuse.compile("graph g(x: f32[64, 64]) -> f32[64, 64] { return relu(x @ x) }", threads=2)
+    mod(np.ones((64, 64), np.float32))
+    runner = mod.g.last.runner
+    team = load.team_ids(2, runner._team)
+    tasks = {int(t) for t in os.listdir("/proc/self/task")}
+    assert threading.get_native_id() in team and team <= tasks and 1 <= len(team) <= 2
+    assert load.team_ids(2, lambda n: 1 / 0) is team  # asked once per Python thread and size
+    other = []
+    t = threading.Thread(target=lambda: other.append((threading.get_native_id(), load.team_ids(2, runner._team))))
+    t.start()
+    t.join()
+    assert other[0][0] in other[0][1] and threading.get_native_id() not in other[0][1]
+    seen = []
+    monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: seen.append(mine and mine()) or 1)
+    assert load.threads_now(2, runner._team, lambda: [7]) == 1 and seen == [team | {7}]  # and the pool's workers
+    assert load.threads_now(2) == 1 and seen[-1] is None  # no team: the whole process is the call's
+    assert runner._pool is not None and set(runner._pool()) <= tasks  # (none started: no few-rows GEMM ran)

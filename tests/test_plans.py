@@ -89,7 +89,8 @@ CHOICES: dict[str, dict[str, str]] = {
                       "IN_BLOCKED": "in_blocked", "OUT_BLOCKED": "out_blocked", "INPLACE": "in_place",
                       "PREPACKED": "prepacked_b", "EPI_BLOCKED": "epi_blocked", "REORDER": "reorder",
                       "PARALLEL": "parallel"},
-    "conv_grouped.c": {"PLANE": "plane", "PARALLEL": "parallel"},
+    "conv_grouped.c": {"PLANE": "plane", "PARALLEL": "parallel", "CHANNELS": "channels", "VL": "vl", "RW": "rw",
+                       "BAND": "band", "GROUPED": "grouped", "PREFETCH": "prefetch", "PREPACKED": "prepacked_b"},
     "conv_pixels.c": {"VL": "vl", "RO": "ro", "RPH": "rph", "RPW": "rpw", "PREPACKED": "prepacked_b",
                       "PARALLEL": "parallel"},
     "conv_reorder.c": {"VL": "vl"},
@@ -102,6 +103,8 @@ CHOICES: dict[str, dict[str, str]] = {
                "BF16": "precision_path", "A_TRANSPOSED": "a_transposed", "B_TRANSPOSED": "b_transposed"},
     "gemm_skinny.c": {"MR": "mr", "NR": "nr", "GROUPS": "groups", "PF": "pf", "PACK_PARTS": "pack_parts",
                       "PARALLEL": "parallel", "BF16": "precision_path", "A_TRANSPOSED": "a_transposed"},
+    "gemm_u8s8.c": {"MR": "mr", "NR": "nr", "KC": "kc", "PATH": "precision_path", "A_S8": "a_s8", "B_U8": "b_u8",
+                    "BZP_PER_COL": "bzp_per_col", "PREPACKED_B": "prepacked_b", "PARALLEL": "parallel"},
     "index.c": {"PARALLEL": "parallel", "IN_BLOCKED": "in_blocked", "OUT_BLOCKED": "out_blocked", "VL": "vl",
                 "CHECKED": "checked"},
     "layout.c": {},
@@ -128,7 +131,8 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
     "conv_direct.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
                       EXPR: "EPILOGUE EPILOGUE_NCHW", DERIVED: "EDGE_L EDGE_R REORDER_FN"},
     "conv_grouped.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS",
-                       SHAPE: "N C H W O G CG OG KH KW OH OW SH SW PH PW DH DW", EXPR: "EPILOGUE"},
+                       SHAPE: "N C H W O G CG OG KH KW OH OW SH SW PH PW DH DW", EXPR: "EPILOGUE",
+                       DERIVED: "TRANSPOSE"},
     "conv_pixels.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
                       EXPR: "EPILOGUE"},
     "conv_reorder.c": {SIGNATURE: "NAME", DERIVED: "TRANSPOSE"},
@@ -141,6 +145,8 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
     "gemm_skinny.c": {SIGNATURE: "NAME EXTRA_ARGS EXTRA_PARAMS EXTRA_FIELDS EXTRA_INIT EXTRA_UNPACK",
                       SHAPE: "M N K", TEXT: "A_LAYOUT B_LAYOUT", MEMORY: "LDC A_AT B_AT",
                       EXPR: "EPILOGUE ROW_EPILOGUE ROW_EPILOGUE_ON"},
+    "gemm_u8s8.c": {SIGNATURE: "NAME EXTRA_PARAMS EXTRA_FIELDS EXTRA_INIT EXTRA_UNPACK A_T B_T AZP_T BZP_T OUT_T",
+                    SHAPE: "M N K BATCH NBB", MEMORY: "LDC", EXPR: "EPILOGUE"},
     "index.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE", EXPR: "OP BODY"},
     "layout.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE", EXPR: "OP", DERIVED: "BLOCKS"},
     "matmul.c": {SIGNATURE: "NAME PARAMS GEMM ARGS", SHAPE: "OUTER", MEMORY: "OFFSETS", TEXT: "SHAPES"},
@@ -190,7 +196,9 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
            dq: f32[2, 8, 16], big: f32[64, 640], wb: f32[640, 640], huge: f32[4096, 2048], a: f32[3, 5],
            c: f32[4, 5], img: f32[1, 32, 40, 40], f: f32[32, 32, 3, 3], im2: f32[1, 16, 10, 10],
            f2: f32[16, 16, 3, 3], dw: f32[6, 1, 3, 3], im6: f32[2, 6, 9, 9], f1: f32[8, 6, 1, 1],
-           pl: f32[2, 16, 64, 64], mk: f32[8, 8]) {
+           pl: f32[2, 16, 64, 64], mk: f32[8, 8], dx: f32[1, 20, 9, 9], dw7: f32[20, 1, 7, 7],
+           gx: f32[1, 32, 6, 6], gw: f32[32, 16, 3, 3], qa: u8[7, 37], qw: i8[37, 53],
+           qz: u8, wz: i8) {
     sk = kernel { relu(x @ w) }
     sp = kernel { relu(xs @ ws) }
     bg = kernel { big @ wb }
@@ -206,13 +214,16 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
     cd = kernel { relu(conv2d(img, f, stride=2, padding=1)) }
     wg = kernel { relu(conv2d(im2, f2, padding=1)) }
     gr = kernel { relu(conv2d(im6, dw, padding=1, group=6)) }
+    d7 = kernel { relu(conv2d(dx, dw7, padding=3, group=20)) }
+    gg = kernel { relu(conv2d(gx, gw, padding=1, group=2)) }
     one = kernel { conv2d(im6, f1) }
     mp = kernel { max_pool2d(pl, kernel_size=2) }
     w1 = kernel { relu(conv2d(img, f, padding=1)) }
     p1 = kernel { max_pool2d(w1, kernel_size=2) }
     w2 = kernel { relu(conv2d(p1, f, padding=1)) }
     d2 = kernel { relu(conv2d(cd, f, stride=2, padding=1)) }
-    return sk, sp, bg, ag, am, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, one, mp, w2, d2
+    qm = kernel { relu(cast(matmul_integer(qa, qw, qz, wz), to="f32")) }
+    return sk, sp, bg, ag, am, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm
 }
 """
 
@@ -241,14 +252,17 @@ def emitted(src: str, monkeypatch, params=frozenset(), precision="f32") -> list[
 def chosen(p, template: str, name: str, field: str) -> int:
     """The value the plan says the C of `template` (rendered as NAME `name`) declares for `field`."""
     from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS, SPLITS
+    from eqfuse.backend.kinds.contraction.qgemm import INT8_PATHS
     from eqfuse.backend.lower import plan_decisions
 
     printed = {**plan_decisions(p), **p.tiles}
     if field == "precision_path":
-        return BF16_PATHS[p.precision_path]
+        return (INT8_PATHS if template == "gemm_u8s8.c" else BF16_PATHS)[p.precision_path]
     if field == "parallel" and template.startswith("row_") and p.kind != "row":
         assert printed["split"] == "rows"  # a GEMM's row epilogue: on the thread that finished the rows
         return -1
+    if field == "plane" and printed.get("channels"):  # (the channels path tiles by rw and band: PLANE 0, unused)
+        return 0
     if field == "block_parallel":
         return int(printed[field].split("/")[int(name.rsplit("_copy", 1)[1])])
     value = printed[field]
@@ -258,7 +272,7 @@ def chosen(p, template: str, name: str, field: str) -> int:
 def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypatch):
     """Each choice placeholder of each template a kernel was written from (CHOICES) holds what the
     plan printed by `eqfuse lower` says; every choice of every template is seen at least once."""
-    kernels = (emitted(KINDS, monkeypatch) + emitted(MORE, monkeypatch, params={"w", "ws", "wb", "f2"})
+    kernels = (emitted(KINDS, monkeypatch) + emitted(MORE, monkeypatch, params={"w", "ws", "wb", "f2", "dw7"})
                + emitted(MORE.replace("graph more", "graph bf"), monkeypatch, precision="bf16"))
     monkeypatch.setenv("EQFUSE_CONV", "im2col")  # (a 3x3 conv's column matrix)
     kernels += emitted(KINDS.replace("graph kinds", "graph cols"), monkeypatch)

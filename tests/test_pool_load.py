@@ -46,7 +46,7 @@ def allowed(tid) -> set[int]:
 
 
 def test_the_pool_gets_the_threads_asked_for_openmp_the_free_ones(monkeypatch):
-    monkeypatch.setattr(load, "free_cores", lambda now=None: 1)  # another process holds a core
+    monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: 1)  # another process holds a core
     assert load.threads_requested(2) == 2 and load.threads_now(2) == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert load.threads_requested(None) == 3 and load.threads_now(None) == 1
@@ -68,13 +68,14 @@ def test_the_worker_runs_off_the_callers_cpu():
             break
     assert len(moved) == 1  # the pool's one worker, on every CPU but one: the caller's of its last job
     assert len(process - allowed(moved[0])) == 1
+    assert int(moved[0]) in mod.mlp.last.runner._pool()  # a thread of the call's own (runtime.load)
 
 
 @needs_two
 def test_results_stay_right_beside_a_busy_process(monkeypatch):
     """Two threads with a process spinning alongside: OpenMP gets one, the pool two, and its
     worker shares the busy core. (A worker stopped in the middle of a chunk: tests/test_pool.py.)"""
-    monkeypatch.setattr(load, "free_cores", lambda now=None: 1)
+    monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: 1)
     mod, x, want = mlp()
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

@@ -1,24 +1,36 @@
 """Quantized ONNX models as onnxruntime's own quantizers write them load in eqfuse and match
 onnxruntime on the same quantized file.
 
-An MLP and a tiny BERT-like encoder are exported from torch, quantized with
-onnxruntime.quantization (quantize_dynamic: DynamicQuantizeLinear + MatMulInteger with int8 weights;
-quantize_static: QuantizeLinear / DequantizeLinear pairs around the MatMuls, u8 activations, i8
-weights), compiled with eqfuse.compile and run beside onnxruntime on the same file. onnxruntime runs
-it twice: literally (graph optimizations off: each QDQ node as written, the file's meaning) and as
-deployed (its default optimizations fuse QDQ groups into integer kernels that requantize once,
-which rounds differently from the file's float steps). The bounds:
-  - every QuantizeLinear / DynamicQuantizeLinear node, fed onnxruntime's float input, gives the
-    same integers (and the same dynamic scale and zero point) in eqfuse's reference, eqfuse's C
-    and onnxruntime;
-  - whole model against the literal run: |diff| <= one quantization step of the output (QDQ: the
-    scale of the output's DequantizeLinear; dynamic: the output is float after exact integer
-    matmuls, so the step is the f32 rounding of the float tail, 1e-5 * max|output|);
+The models: an MLP, a tiny BERT-like encoder and a small CNN written here; GPT-2, ViT and a
+ResNet-18 from tests/model_exports.py (small configs, random weights, no download). Each f32
+export is quantized with onnxruntime.quantization:
+  - dynamic: quantize_dynamic, int8 weights: DynamicQuantizeLinear + MatMulInteger (ConvInteger
+    for convs) + scale multiply;
+  - static: quantize_static in the QDQ format, u8 activations, i8 weights, calibrated on a few
+    random inputs: QuantizeLinear / DequantizeLinear pairs around MatMul, Gemm and Conv;
+  - qoperator: quantize_static in the QOperator format (QLinearConv), per-channel weights; only
+    for the CNN (a ResNet's residual adds and pools become com.microsoft contrib ops).
+GPT-2, ViT and ResNet-18 are quantized statically, GPT-2 also dynamically (see MATRIX).
+Each is compiled with eqfuse.compile and run beside onnxruntime on the same file. onnxruntime
+runs it twice: literally (graph optimizations off: each node as written, the file's meaning) and
+as deployed (its default optimizations fuse QDQ groups into integer kernels that requantize
+once, which rounds differently from the file's float steps). The bounds:
+  - node by node: every node with integer outputs (QuantizeLinear, DynamicQuantizeLinear,
+    MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv), fed onnxruntime's own inputs, gives
+    the same integers (and the same dynamic scale and zero point) in eqfuse's reference, eqfuse's
+    C and onnxruntime;
+  - whole model against the literal run: |diff| <= one quantization step of the output. When a
+    DequantizeLinear writes the output (static, qoperator), the step is its scale (the largest
+    one, per channel). A dynamic model's output is float, computed after exact integer matmuls by
+    float ops (scale multiply, bias, layernorm), so its step is the f32 rounding of that tail,
+    1e-5 * max|output|;
   - whole model against the deployed run: that bound plus onnxruntime's own deviation between its
     two runs on the same input (its fused integer kernels' rounding, not eqfuse's).
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -28,8 +40,13 @@ ort = pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 quant = pytest.importorskip("onnxruntime.quantization")
 
+import model_exports as me  # noqa: E402
+
 import eqfuse  # noqa: E402
+from eqfuse.backend.kinds.contraction import qgemm  # noqa: E402
 from eqfuse.frontend.onnx_import import onnx_params  # noqa: E402
+from eqfuse.machine import machine  # noqa: E402
+from eqfuse.pipeline import uops_text  # noqa: E402
 
 
 class MLP(torch.nn.Module):
@@ -60,53 +77,86 @@ class TinyBert(torch.nn.Module):
         return self.n2(x + self.f2(torch.nn.functional.gelu(self.f1(x))))
 
 
-SHAPES = {"mlp": (8, 32), "bert": (2, 8, 32)}
+def _cnn():
+    """Convs only (padded, strided, grouped, 1x1) with ReLUs: QOperator's QLinearConv throughout."""
+    c = torch.nn.Conv2d
+    return torch.nn.Sequential(c(3, 8, 3, padding=1), torch.nn.ReLU(), c(8, 16, 3, 2, 1), torch.nn.ReLU(),
+                               c(16, 16, 3, padding=1, groups=4), c(16, 4, 1))
 
 
-def _export(name, path):
-    torch.manual_seed(0)
-    model = (MLP() if name == "mlp" else TinyBert()).eval()
-    x = torch.randn(*SHAPES[name])
-    torch.onnx.export(model, (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
+LOCAL = {"mlp": (MLP, (8, 32)), "bert": (TinyBert, (2, 8, 32)), "cnn": (_cnn, (2, 3, 12, 12))}
+
+
+def _inputs(name, seed):
+    if name in LOCAL:
+        return {"x": np.random.default_rng(seed).standard_normal(LOCAL[name][1]).astype(np.float32)}
+    return me.inputs(name, seed)
+
+
+def _f32_export(name):
+    if name not in LOCAL:
+        return me.export(name, "torchscript")
+
+    def write(path):
+        torch.manual_seed(0)
+        make, shape = LOCAL[name]
+        torch.onnx.export(make().eval(), (torch.randn(*shape),), str(path), input_names=["x"], output_names=["y"],
+                          opset_version=17, dynamo=False)
+    return me.cached(f"quant-{name}-torchscript", write)
 
 
 class _Reader(quant.CalibrationDataReader):
-    """A few random batches of the model's input shape (the calibration of quantize_static)."""
+    """A few random inputs of the model's shapes (the calibration of quantize_static)."""
 
-    def __init__(self, shape):
-        rng = np.random.default_rng(1)
-        self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)])
+    def __init__(self, name):
+        self.batches = iter([_inputs(name, 100 + k) for k in range(4)])
 
     def get_next(self):
         return next(self.batches, None)
 
 
-# The BERT-like encoder's two quantizations run in the extended tier (-m extended, a step of
-# .ci/run): exporting, calibrating and compiling it would take the whole suite past its budget.
-@pytest.fixture(scope="module", params=[("mlp", "dynamic"), ("mlp", "static"),
-                                        pytest.param(("bert", "dynamic"), marks=pytest.mark.extended),
-                                        pytest.param(("bert", "static"), marks=pytest.mark.extended)],
+def _quantize(name, how, f32, q):
+    if how == "dynamic":
+        ops = ["MatMul"] if name in ("mlp", "bert") else None  # None: every op quantize_dynamic knows (Conv too)
+        quant.quantize_dynamic(str(f32), str(q), weight_type=quant.QuantType.QInt8, op_types_to_quantize=ops)
+    else:
+        fmt = quant.QuantFormat.QDQ if how == "static" else quant.QuantFormat.QOperator
+        quant.quantize_static(str(f32), str(q), _Reader(name), quant_format=fmt, per_channel=how == "qoperator",
+                              activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+
+
+# One cheap case per format in the default tier; the model matrix runs in the extended tier
+# (-m extended, a step of .ci/run): exporting, calibrating and compiling those would take the
+# whole suite past its budget. Not in it: ViT and ResNet-18 dynamic, whose DynamicQuantizeLinear
+# before every conv (ConvInteger) and matmul grows the fusion e-graph to its time limit on every
+# optimize (docs/precision.md, "Compile time"); the CNN dynamic covers ConvInteger.
+CHEAP = [("mlp", "dynamic"), ("mlp", "static"), ("cnn", "qoperator")]
+MATRIX = [("bert", "dynamic"), ("bert", "static"), ("cnn", "dynamic"), ("gpt2", "dynamic"), ("gpt2", "static"),
+          ("vit", "static"), ("resnet18", "static")]
+
+
+@pytest.fixture(scope="module", params=CHEAP + [pytest.param(c, marks=pytest.mark.extended) for c in MATRIX],
                 ids=lambda p: "-".join(p))
 def quantized(request, tmp_path_factory):
     name, how = request.param
-    d = tmp_path_factory.mktemp(f"{name}_{how}")
-    f32, q = d / "f32.onnx", d / "q.onnx"
-    _export(name, f32)
-    if how == "dynamic":
-        quant.quantize_dynamic(str(f32), str(q), weight_type=quant.QuantType.QInt8, op_types_to_quantize=["MatMul"])
-    else:
-        quant.quantize_static(str(f32), str(q), _Reader(SHAPES[name]), quant_format=quant.QuantFormat.QDQ,
-                              activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
-    return name, how, onnx.load(str(q)), q
+    q = tmp_path_factory.mktemp(f"{name}_{how}") / "q.onnx"
+    _quantize(name, how, _f32_export(name), q)
+    return name, how, onnx.load(str(q)), q, eqfuse.compile(str(q))
 
 
-def _ort(model, x):
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return s.run(None, {"x": x})
+def _session(model, level=None):
+    so = ort.SessionOptions()
+    if level is not None:
+        so.graph_optimization_level = level
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def _inputs(name, seed):
-    return np.random.default_rng(seed).standard_normal(SHAPES[name]).astype(np.float32)
+def _ort(model, feeds):
+    return _session(model).run(None, feeds)
+
+
+def _literal(model, feeds):
+    return _session(model, ort.GraphOptimizationLevel.ORT_DISABLE_ALL).run(None, feeds)
 
 
 def _exposed(model, names):
@@ -114,43 +164,64 @@ def _exposed(model, names):
     m = onnx.ModelProto()
     m.CopyFrom(model)
     del m.graph.value_info[:]
-    have = {o.name for o in m.graph.output}
+    have = {o.name for o in m.graph.output} | {i.name for i in m.graph.input}
     m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in have)
     return m
 
 
-def _one_node(model, node, x):
-    """A model of the one node: its float input a graph input of x's shape, its scale and zero
-    point the quantized file's initializers."""
-    inits = [i for i in model.graph.initializer if i.name in node.input[1:]]
-    g = onnx.helper.make_graph([node], "node", [onnx.helper.make_tensor_value_info(node.input[0], onnx.TensorProto.FLOAT, x.shape)],
-                               [onnx.ValueInfoProto(name=o) for o in node.output if o], inits)
-    return onnx.helper.make_model(g, opset_imports=list(model.opset_import))
+def _nodes_model(model, nodes, values):
+    """One model of `nodes` side by side, each reading its run-time inputs from graph inputs of its
+    own (n<k>_in<i>, shaped and typed as values[name]) and writing graph outputs of its own; the
+    initializers (weights, scales, zero points) are the quantized file's. Returns the model and
+    its feeds."""
+    inits = {i.name: i for i in model.graph.initializer}
+    used, inputs, feeds, outputs, out_nodes = set(), [], {}, [], []
+    for k, node in enumerate(nodes):
+        n = onnx.NodeProto()
+        n.CopyFrom(node)
+        for i, name in enumerate(node.input):
+            if not name or name in inits:
+                used.add(name)
+                continue
+            v = np.asarray(values[name])
+            n.input[i] = f"n{k}_in{i}"
+            feeds[n.input[i]] = v
+            inputs.append(onnx.helper.make_tensor_value_info(n.input[i], onnx.helper.np_dtype_to_tensor_dtype(v.dtype),
+                                                             v.shape))
+        for j, name in enumerate(node.output):
+            if name:
+                n.output[j] = f"n{k}_out{j}"
+                outputs.append(onnx.ValueInfoProto(name=n.output[j]))
+        out_nodes.append(n)
+    g = onnx.helper.make_graph(out_nodes, "nodes", inputs, outputs, [inits[u] for u in sorted(used) if u])
+    return onnx.helper.make_model(g, opset_imports=list(model.opset_import), ir_version=model.ir_version), feeds
 
 
-def _literal(model, x):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+def _output(got):
+    return got[0] if isinstance(got, (list, tuple)) else got
 
 
 def test_quantized_model_matches_onnxruntime(quantized):
-    name, how, model, path = quantized
+    name, how, model, path, module = quantized
     ops = {n.op_type for n in model.graph.node}
-    assert ({"DynamicQuantizeLinear", "MatMulInteger"} if how == "dynamic" else {"QuantizeLinear", "DequantizeLinear"}) <= ops
-    module = eqfuse.compile(str(path))
+    want_ops = {"dynamic": {"DynamicQuantizeLinear", "MatMulInteger"} if name not in ("cnn",) else
+                {"DynamicQuantizeLinear", "ConvInteger"}, "static": {"QuantizeLinear", "DequantizeLinear"},
+                "qoperator": {"QuantizeLinear", "QLinearConv", "DequantizeLinear"}}[how]
+    assert want_ops <= ops, ops
+    if "MatMulInteger" in ops:  # each MatMulInteger one integer GEMM, on this machine's instruction path
+        int8 = [v["path"] for v in module.report["precision"].values() if v["precision"] == "int8"]
+        assert int8 == [qgemm.int8_path(machine())] * sum(n.op_type == "MatMulInteger" for n in model.graph.node)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     for seed in range(3):
-        x = _inputs(name, seed)
-        (literal,), (deployed,) = _literal(model, x), _ort(model, x)
-        got = module(x)
-        got = got[0] if isinstance(got, (list, tuple)) else got
+        feeds = _inputs(name, seed)
+        literal, deployed = _output(_literal(model, feeds)), _output(_ort(model, feeds))
+        got = _output(module(**feeds))
         assert got.shape == literal.shape
-        if how == "static":
+        if how == "dynamic":
+            step = 1e-5 * float(np.max(np.abs(literal)))
+        else:
             (last,) = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and model.graph.output[0].name in n.output]
             step = float(np.max(inits[last.input[1]]))
-        else:
-            step = 1e-5 * float(np.max(np.abs(literal)))
         diff = float(np.max(np.abs(got - literal)))
         assert diff <= step, f"{name} {how} seed {seed}: max|diff| {diff} > one step {step} (literal run)"
         own = float(np.max(np.abs(deployed - literal)))
@@ -158,35 +229,43 @@ def test_quantized_model_matches_onnxruntime(quantized):
         assert diff <= step + own, f"{name} {how} seed {seed}: max|diff| {diff} > {step} + {own} (deployed run)"
 
 
-def test_every_quantize_node_matches_onnxruntime_integer_for_integer(quantized, tmp_path):
-    """Node by node: each QuantizeLinear / DynamicQuantizeLinear fed onnxruntime's own float input
-    (exposed as an output of the quantized model), its outputs (integers, and the dynamic scale and
-    zero point) equal in eqfuse's reference, in eqfuse's compiled C and in onnxruntime. Fed the same
-    floats, not eqfuse's: the float ops before a node (layernorm, softmax) round differently by an ulp,
-    which may move a value across a rounding boundary."""
-    name, how, model, path = quantized
-    nodes = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear")]
+INTEGER_NODES = ("QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv")
+
+
+def test_every_integer_node_matches_onnxruntime_integer_for_integer(quantized, tmp_path):
+    """Node by node: each node with integer outputs fed onnxruntime's own inputs (exposed as
+    outputs of the quantized model, run literally), its outputs (integers, and the dynamic scale
+    and zero point) equal in eqfuse's reference, in eqfuse's compiled C and in onnxruntime. Fed the
+    same inputs, not eqfuse's: the float ops before a node (layernorm, softmax) round differently
+    by an ulp, which may move a value across a rounding boundary. The nodes run side by side in
+    one model (_nodes_model), compiled once."""
+    name, how, model, path, _ = quantized
+    nodes = [n for n in model.graph.node if n.op_type in INTEGER_NODES]
     assert nodes
-    exposed = _exposed(model, [n.input[0] for n in nodes])
+    inits = {i.name for i in model.graph.initializer}
+    runtime = sorted({i for n in nodes for i in n.input if i and i not in inits})
+    exposed = _exposed(model, runtime)
+    f = tmp_path / "nodes.onnx"
+    compiled = ref = None
     for seed in range(2):
-        floats = dict(zip([o.name for o in exposed.graph.output], _ort(exposed, _inputs(name, seed))))
-        for k, node in enumerate(nodes):
-            x = floats[node.input[0]]
-            one = _one_node(model, node, x)
-            f = tmp_path / f"node{k}.onnx"
+        feeds = _inputs(name, seed)
+        values = {**feeds, **dict(zip([o.name for o in exposed.graph.output], _literal(exposed, feeds)))}
+        one, node_feeds = _nodes_model(model, nodes, values)
+        want = _literal(one, node_feeds)
+        if compiled is None:
             onnx.save(one, str(f))
-            s = ort.InferenceSession(one.SerializeToString(), providers=["CPUExecutionProvider"])
-            want = s.run(None, {node.input[0]: x})
-            ref = eqfuse.reference(str(f))
-            got_ref = ref(**{ref.default.params[0][0]: x}, **onnx_params(str(f)))
-            got_c = eqfuse.compile(str(f))(x)
-            for got in (got_ref, got_c):
-                got = got if isinstance(got, (list, tuple)) else [got]
-                assert len(got) == len(want)
-                for w, g in zip(want, got):
-                    g = np.asarray(g)
-                    assert g.dtype == w.dtype and g.shape == w.shape, node.name
-                    assert np.array_equal(g, w), f"{node.name}: {int(np.sum(g != w))} of {w.size} differ"
+            compiled, ref = eqfuse.compile(str(f)), eqfuse.reference(str(f))
+        got_c = compiled(**node_feeds)
+        got_ref = ref(**node_feeds, **onnx_params(str(f)))
+        outs = [o.name for o in one.graph.output]
+        for got in (got_ref, got_c):
+            got = got if isinstance(got, (list, tuple)) else [got]
+            assert len(got) == len(want)
+            for out, w, g in zip(outs, want, got):
+                node = nodes[int(out[1:out.index("_")])]
+                g = np.asarray(g)
+                assert g.dtype == w.dtype and g.shape == w.shape, (node.name, g.dtype, w.dtype, g.shape, w.shape)
+                assert np.array_equal(g, w), f"{node.op_type} {node.name}: {int(np.sum(g != w))} of {w.size} differ"
 
 
 @pytest.mark.parametrize("zp_dtype, axis", [(np.uint8, None), (np.int8, None), (np.int8, 1), (np.uint8, 0)])
@@ -206,7 +285,7 @@ def test_quantize_and_dequantize_ties_saturation_and_channels_match_onnxruntime(
     model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
     f = tmp_path / "qd.onnx"
     onnx.save(model, str(f))
-    want = _ort(model, x)
+    want = _ort(model, {"x": x})
     got = eqfuse.compile(str(f))(x)
     for w, g_ in zip(want, got):
         assert g_.dtype == w.dtype and np.array_equal(g_, w), (w, g_)
@@ -231,10 +310,255 @@ def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_
     is a .g program the parser reads back."""
     from eqfuse.cli.main import main
 
-    name, how, model, path = quantized
+    name, how, model, path, _ = quantized
     assert main(["opt", str(path)]) == 0
     text = capsys.readouterr().out
     assert "u8" in text and "i8" in text and "quantize_linear(" in text
+    if how == "static" and name in ("gpt2", "vit"):  # the quantizer's redundant DQ -> Q pairs are removed
+        assert "dequantize_quantize x" in text
+    if (name, how) == ("mlp", "dynamic"):  # the dequantization, bias and activation in the integer GEMM's kernel
+        assert re.search(r"kernel \{ relu\(cast\(matmul_integer\(\w+, \w+, \w+, \w+\), to=\"f32\"\) \* \(\w+ \* [0-9.e-]+\) "
+                         r"\+ \w+\) \}", text), text
     g = tmp_path / "q.g"
     g.write_text(text)
     assert list(eqfuse.reference(str(g)).graphs)
+
+
+def _pairs_model():
+    """x -> Q -> DQ -> Q -> DQ -> relu -> Q -> DQ -> Q -> DQ: the first DQ -> Q pair has one scale
+    and zero point (a second initializer of the same value: equal zero points are one parameter),
+    the last pair requantizes to another scale."""
+    h = onnx.helper
+    chain = [("q1", "x", "s", "z"), ("d1", "q1", "s", "z"), ("q2", "d1", "s", "z2"), ("d2", "q2", "s", "z2")]
+    nodes = [h.make_node("QuantizeLinear" if n[0] == "q" else "DequantizeLinear", list(a), [n], name=n)
+             for n, *a in chain]
+    nodes += [h.make_node("Relu", ["d2"], ["r"], name="relu")]
+    chain = [("q3", "r", "t", "z"), ("d3", "q3", "t", "z"), ("q4", "d3", "s", "z"), ("y", "q4", "s", "z")]
+    nodes += [h.make_node("QuantizeLinear" if n[0] == "q" else "DequantizeLinear", list(a), [n], name=n)
+              for n, *a in chain]
+    inits = [onnx.numpy_helper.from_array(np.asarray(v, dt), n)
+             for n, v, dt in (("s", 0.05, np.float32), ("t", 0.07, np.float32), ("z", 100, np.uint8), ("z2", 100, np.uint8))]
+    g = h.make_graph(nodes, "pairs", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 8])],
+                     [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 8])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_a_dequantize_quantize_pair_of_one_scale_and_zero_point_is_removed(tmp_path, capsys):
+    """The rule dequantize_quantize (rules/quant.rw) removes the pair with equal scale and zero
+    point, not the one that requantizes to another scale; the result is onnxruntime's, exactly."""
+    from eqfuse.cli.main import main
+
+    model = _pairs_model()
+    f = tmp_path / "pairs.onnx"
+    onnx.save(model, str(f))
+    assert main(["opt", str(f)]) == 0
+    text = capsys.readouterr().out
+    assert "dequantize_quantize x1" in text
+    assert text.count("quantize_linear(") - text.count("dequantize_linear(") == 3  # of 4
+    assert "dequantize_linear(k3, 0.07" not in text and "quantize_linear(k5, 0.05" in text, text
+    x = np.random.default_rng(0).uniform(-8, 8, (4, 8)).astype(np.float32)
+    want, got = _literal(model, {"x": x})[0], eqfuse.compile(str(f))(x)
+    assert np.array_equal(got, want)
+
+
+def _conv_node_model(op, x_type, x_shape, zp, pads=(1, 1, 1, 1), yz=np.uint8(0)):
+    """One QLinearConv or ConvInteger node over an x_type input (x's zero point zp, y's yz), its
+    weights an i8 constant."""
+    h = onnx.helper
+    rank = len(x_shape)
+    w = np.random.default_rng(1).integers(-128, 128, (2, x_shape[1]) + (3,) * (rank - 2)).astype(np.int8)
+    inits = [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(np.asarray(zp), "xz")]
+    if op == "QLinearConv":
+        inits += [onnx.numpy_helper.from_array(np.asarray(v, dt), n) for n, v, dt in
+                  (("s", 0.1, np.float32), ("wz", 0, np.int8))]
+        inits.append(onnx.numpy_helper.from_array(np.asarray(yz), "yz"))
+        ins = ["x", "s", "xz", "w", "s", "wz", "s", "yz"]
+    else:
+        ins = ["x", "w", "xz"]
+    node = h.make_node(op, ins, ["y"], name="qconv", pads=list(pads), strides=[2] * (rank - 2))
+    g = h.make_graph([node], "q", [h.make_tensor_value_info("x", x_type, x_shape)], [onnx.ValueInfoProto(name="y")], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+U8 = onnx.TensorProto.UINT8
+
+
+@pytest.mark.parametrize("op, x_shape, zp, pads, yz, message", [
+    ("QLinearConv", [1, 2, 5, 5], np.uint8(0), (1, 1, 1, 1), np.int16(0), "zero point type int16 (input 7"),
+    ("ConvInteger", [1, 2, 5, 5], np.int8(0), (1, 1, 1, 1), None, "zero point type int8 (input 2"),
+    ("ConvInteger", [1, 2, 5], np.uint8(0), (1, 1), None, "1-D convolution"),
+], ids=["y-zero-point-int16", "x-zero-point-of-another-type", "conv1d"])
+def test_an_unsupported_integer_conv_is_refused_naming_the_node(op, x_shape, zp, pads, yz, message, tmp_path, capsys):
+    from eqfuse.cli.main import main
+
+    f = tmp_path / "bad.onnx"
+    onnx.save(_conv_node_model(op, U8, x_shape, zp, pads, yz), str(f))
+    assert main(["opt", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and f"of ONNX op '{op}' in node 'qconv'" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("op, pads", [("QLinearConv", (0, 1, 1, 0)), ("QLinearConv", (1, 0, 2, 1)), ("ConvInteger", (2, 1, 0, 2))])
+def test_integer_convs_with_asymmetric_pads_match_onnxruntime(op, pads, tmp_path):
+    """Padding reads x's zero point (onnxruntime's ConvInteger and QLinearConv pad with it), also
+    where the pads differ at the two ends and the stride (2) does not divide the difference."""
+    model = _conv_node_model(op, U8, [1, 2, 7, 6], np.uint8(3), pads, np.uint8(7))
+    f = tmp_path / "conv.onnx"
+    onnx.save(model, str(f))
+    x = np.random.default_rng(0).integers(0, 256, (1, 2, 7, 6)).astype(np.uint8)
+    (want,), got = _literal(model, {"x": x}), eqfuse.compile(str(f))(x)
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+
+
+PAIRS_G = """graph pairs(q: u8[4, 8], z: u8, w: i8[4, 8], zw: i8[8]) -> (u8[4, 8], u8[4, 8], u8[4, 8], i8[4, 8]) {
+    return quantize_linear(dequantize_linear(q, 0.5, z), 0.5, z), quantize_linear(dequantize_linear(q, 0, z), 0, z),
+           quantize_linear(dequantize_linear(q, 3e38, z), 3e38, z), quantize_linear(dequantize_linear(w, 0.5, zw), 0.5, zw)
+}
+"""
+
+
+def test_dequantize_quantize_does_not_fire_where_its_guard_is_false(tmp_path, capsys):
+    """Must not rewrite: a scale of 0 (NaN, saturated), a scale whose 255 multiple overflows, and a
+    per-channel zero point keep their pair; the ordinary scalar pair is removed."""
+    from eqfuse.cli.main import main
+
+    g = tmp_path / "pairs.g"
+    g.write_text(PAIRS_G)
+    assert main(["opt", str(g)]) == 0
+    text = capsys.readouterr().out
+    body = text[:text.index("# report")]
+    assert "return q, " in body, body
+    for kept in ("quantize_linear(k1, 0, z)", "quantize_linear(k2, 3e+38, z)", "quantize_linear(k3, 0.5, zw)"):
+        assert kept in body, body
+    assert "dequantize_quantize x1" in text
+
+
+# ------------------------------------------------------------------ the integer GEMM's instruction paths
+
+# Odd shapes (K not a multiple of 4, M and N not multiples of any tile, N below the narrowest
+# tile), each operand type, a zero point per column, a batched B read per call, one B bound by
+# params= (packed once, with its column sums), one deep enough for K blocks (partial sums kept
+# between them) and large enough to share its panels among threads, and an int32 result next to
+# a dequantized one: all in one module per path.
+INTEGER_GEMMS = """
+graph ig(a: u8[7, 37], b: i8[37, 53], az: u8, bz: i8, s: i8[13, 5], t: u8[5, 70], sz: i8, tz: u8[70],
+         c: u8[2, 33, 130], d: i8[2, 130, 7], cz: u8, dz: i8, e: u8[40, 1101], f: i8[1101, 70],
+         w: i8[37, 53], sc: f32[53], bias: f32[53]) {
+    return matmul_integer(a, b, az, bz), matmul_integer(s, t, sz, tz), matmul_integer(c, d, cz, dz),
+           matmul_integer(e, f, az, bz), relu(cast(matmul_integer(a, w, az, bz), to="f32") * sc + bias)
+}
+"""
+
+
+@pytest.fixture(params=["avx512_vnni", "avx_vnni", "fallback", pytest.param("fallback_scalar", marks=pytest.mark.extended)])
+def int8_path(request):
+    """Plans for a machine with that path: AVX512_VNNI, AVX-VNNI (ymm), plain AVX2 (the vpmaddwd
+    fallback) or below AVX2 (plain C). The machine model is pinned, so the fallbacks run here too."""
+    import dataclasses
+
+    from eqfuse import machine
+
+    m, host = machine.machine(), machine.host_isa()
+    lanes = {"avx512_vnni": 16, "avx_vnni": 8, "fallback": 8, "fallback_scalar": 4}[request.param]
+    if request.param in host and not host[request.param]:
+        pytest.skip(f"this CPU has no {request.param.upper().replace('_', '-') if request.param == 'avx_vnni' else 'AVX512_VNNI'} "
+                    f"(cpuinfo flag {request.param}): the {request.param} path cannot run here")
+    if m.simd_floats < lanes:
+        pytest.skip(f"this CPU's vectors hold {m.simd_floats} floats: the {request.param} path needs {lanes}")
+    model = dataclasses.replace(m, simd_floats=lanes, avx512_vnni=request.param == "avx512_vnni",
+                                avx_vnni=request.param == "avx_vnni")
+    with machine.pinned(model):
+        yield request.param
+
+
+def test_the_integer_gemm_is_exact_on_every_path(int8_path):
+    rng = np.random.default_rng(3)
+    u8 = lambda *s: rng.integers(0, 256, s).astype(np.uint8)  # noqa: E731
+    i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
+    x = {"a": u8(7, 37), "b": i8(37, 53), "az": np.asarray(131, np.uint8), "bz": np.asarray(-3, np.int8),
+         "s": i8(13, 5), "t": u8(5, 70), "sz": np.asarray(-77, np.int8), "tz": u8(70),
+         "c": u8(2, 33, 130), "d": i8(2, 130, 7), "cz": np.asarray(0, np.uint8), "dz": np.asarray(0, np.int8),
+         "e": u8(40, 1101), "f": i8(1101, 70),
+         "sc": rng.uniform(1e-4, 1e-3, 53).astype(np.float32), "bias": rng.standard_normal(53).astype(np.float32)}
+    x["w"] = x["b"].copy()
+    mod = eqfuse.compile(INTEGER_GEMMS, params={"w": x["w"]})
+    plans = [p for p in mod.default.last.plans if p.kind == "contraction"]
+    assert len(plans) == 5 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
+    assert sum(p.prepack is not None for p in plans) == 1 and sum(p.detail.parallel for p in plans) == 1
+    assert sum(p.tiles["kc"] < p.detail.K for p in plans) == 1
+    for k in mod.kernels:  # the plan is what runs: its tiles are the constants of the C
+        if k.kind == "contraction":
+            assert all(re.search(rf"#define \w+_{t.upper()} {v}L?\b", k.c_source) for t, v in k.tiles.items()), k.name
+    text = uops_text(INTEGER_GEMMS)  # (eqfuse lower)
+    assert text.count(f"precision: int8, path: {int8_path}") == 5 and "kc=" in text
+    got = mod(**{k: v for k, v in x.items() if k != "w"})
+    exact = lambda p, q, pz, qz: np.matmul(p.astype(np.int64) - np.int64(pz), q.astype(np.int64) - qz.astype(np.int64))  # noqa: E731
+    want = [exact(x["a"], x["b"], x["az"], x["bz"]), exact(x["s"], x["t"], x["sz"], x["tz"]),
+            exact(x["c"], x["d"], x["cz"], x["dz"]), exact(x["e"], x["f"], x["az"], x["bz"])]
+    for g, w in zip(got[:4], want):
+        assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), w)
+    # the epilogue in f32 on the exact sum: the product and the add round once each (or once, fused
+    # into an FMA), so |got - exact| <= 2^-24 (|acc sc| + |acc sc + bias|), relu being 1-Lipschitz
+    prod = want[0] * x["sc"].astype(np.float64)
+    z = prod + x["bias"]
+    assert np.all(np.abs(got[4] - np.maximum(z, 0)) <= 2.0**-24 * (np.abs(prod) + np.abs(z)))
+
+
+@pytest.mark.extended  # (a compile of its own; the default tier's integer GEMM cases are above)
+def test_qlinear_matmul_is_one_integer_gemm_kernel_and_matches_onnxruntime(tmp_path):
+    """QLinearMatMul (per-tensor and per-column b_scale, odd shapes) is one kernel: the integer GEMM
+    with the requantization (scale multiply, round half to even, saturate) in its epilogue, writing
+    u8 (rule fuse_requantize); its integers equal onnxruntime's, saturated ones included."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    M, K, N = 37, 129, 70
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(np.asarray(0.02, np.float32), "as"),
+             numpy_helper.from_array(np.asarray(131, np.uint8), "az"),
+             numpy_helper.from_array(rng.integers(-128, 128, (K, N)).astype(np.int8), "b"),
+             numpy_helper.from_array(np.asarray(0.004, np.float32), "bs"),
+             numpy_helper.from_array(rng.uniform(0.001, 0.01, N).astype(np.float32), "bsc"),
+             numpy_helper.from_array(np.asarray(0, np.int8), "bz"), numpy_helper.from_array(np.zeros(N, np.int8), "bzc"),
+             numpy_helper.from_array(np.asarray(0.12, np.float32), "ys"),
+             numpy_helper.from_array(np.asarray(120, np.uint8), "yz")]
+    nodes = [helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"], name="per_tensor"),
+             helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bsc", "bzc", "ys", "yz"], ["yc"], name="per_column")]
+    g = helper.make_graph(nodes, "qlmm", [helper.make_tensor_value_info("a", TensorProto.UINT8, [M, K])],
+                          [helper.make_tensor_value_info(y, TensorProto.UINT8, [M, N]) for y in ("y", "yc")], inits)
+    f = tmp_path / "qlmm.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(f))
+    a = rng.integers(0, 256, (M, K)).astype(np.uint8)
+    want = ort.InferenceSession(str(f), providers=["CPUExecutionProvider"]).run(None, {"a": a})
+    mod = eqfuse.compile(str(f))
+    assert [(k.kind, mod.report["precision"][k.name]["precision"]) for k in mod.kernels] == [("contraction", "int8")] * 2
+    for w, got in zip(want, mod(a)):
+        assert got.dtype == np.uint8 and np.array_equal(got, w), int(np.sum(got != w))
+    assert all({0, 255} & set(np.unique(w).tolist()) for w in want)  # the saturation was reached
+
+
+@pytest.mark.extended  # (a counting build of its own)
+def test_a_counting_build_makes_the_integer_micro_kernel_calls_lower_prints():
+    """The plan is what runs: the integer GEMM's micro-kernel calls (per panel, K block and row
+    tile) in a build that counts them are the counts `eqfuse lower --uops` prints."""
+    from eqfuse.backend.cbuild import COMMON_C, build, header_c
+
+    want, name = {}, None
+    for line in uops_text(INTEGER_GEMMS).splitlines():
+        m = re.match(r"(eqf_\w+): ", line)
+        name = m.group(1) if m else name
+        m = re.search(r"Exec  micro-kernel .* x(\d+)$", line)
+        if m:
+            want[name] = int(m.group(1))
+    gemms = [k for k in eqfuse.compile(INTEGER_GEMMS).kernels if k.kind == "contraction"]
+    assert sorted(want) == sorted(k.name for k in gemms) and len(gemms) == 5
+    sigs = {k.name: re.search(rf"void {k.name}\(([^)]*)\)", k.c_source).group(1).replace("restrict ", "") for k in gemms}
+    code = "\n".join(k.c_source for k in gemms)
+    lib = build(header_c(code) + COMMON_C + code,
+                "\n".join(f"void {n}({s});\nlong {n}_gemm_ukernel_calls(void);" for n, s in sigs.items()),
+                "count", extra_flags=("-DEQF_COUNT_UKERNEL",))
+    buf = np.zeros(1 << 20, dtype=np.uint8)  # the counts do not depend on the values
+    for n, sig in sigs.items():
+        args = [lib.ffi.cast(p.strip().rsplit(" ", 1)[0], lib.ffi.from_buffer(buf)) for p in sig.split(",")]
+        getattr(lib.lib, n)(*args)
+        assert getattr(lib.lib, f"{n}_gemm_ukernel_calls")() == want[n], n
+    assert max(want.values()) > len(want)  # (K blocks, panels and row tiles multiply)

@@ -289,6 +289,10 @@ OP_SEMANTICS = {
     "matmul_integer": ("a: u8[3, 4], b: i8[4, 2], za: u8, zb: i8[2]", 'cast(matmul_integer(a, b, za, zb), to="f32")',
                        lambda a, b, za, zb: np.array([[sum((a[r, k] - za) * (b[k, c] - zb[c]) for k in range(4))
                                                        for c in range(2)] for r in range(3)])),
+    # the padding is the zero point za: a padded tap adds 0
+    "conv_integer": ("x: u8[1, 2, 4, 3], y: i8[4, 2, 3, 2], za: u8, zb: i8[4]",
+                     'cast(conv_integer(x, y, za, zb, padding=[1, 0]), to="f32")',
+                     lambda x, y, za, zb: conv2d_loops(x - za, y - zb[:, None, None, None], padding=(1, 0))),
 }
 
 

@@ -55,6 +55,7 @@ def test_a_multi_kernel_graph_is_one_c_call_per_call():
     mod = eqfuse.compile(MLP3, dims={"B": 8}, threads=2)
     assert len([k for k in mod.kernels if k.kind != "view"]) == 3
     args = [arr(8, 784), arr(784, 512), arr(512), arr(512, 256), arr(256), arr(256, 10), arr(10)]
+    mod(*args)  # (a thread's first call also asks once for its OpenMP team's ids: runtime.load)
     for _ in range(3):
         assert library_calls(mod, *args) == ["eqf_mlp3_run"]
 
@@ -183,3 +184,46 @@ def test_a_repeat_call_takes_the_short_way_and_stays_checked():
     with pytest.raises(ArgumentError, match="takes 1 array"):
         mod(x, x)
     np.testing.assert_allclose(mod(np.asfortranarray(x)), ref(x, w), rtol=1e-5, atol=1e-6)  # not C-contiguous
+
+
+def test_the_c_call_releases_the_gil():
+    """Another Python thread runs while a call is in its C. The interpreter is made never to take
+    the GIL from a thread (a switch interval of 1000 s): the counting thread, which gives the
+    GIL up after each count, can then count only while the calling thread has let go of it, and
+    between its two reads of the count the caller lets go only in the call (threads=1: the call
+    reads no /proc file; the arrays are those of the last call: numpy copies nothing). Held
+    through the C, the count could not move; released, it moves as soon as the counting
+    thread is scheduled during a call: the calls repeat until it has been."""
+    import time
+
+    g = "graph mm(x: f32[256, 512], w: f32[512, 512]) -> f32[256, 512] { return relu(x @ w) }"
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((256, 512), dtype=np.float32), rng.standard_normal((512, 512), dtype=np.float32)
+    mod = eqfuse.compile(g, params={"w": w}, threads=1)
+    mod(x)
+    count, stop, started = [0], [False], threading.Event()
+
+    def counting():
+        started.set()
+        while not stop[0]:
+            count[0] += 1
+            time.sleep(0)  # gives the GIL up
+
+    interval = sys.getswitchinterval()
+    t = threading.Thread(target=counting)
+    sys.setswitchinterval(1000.0)
+    try:
+        t.start()
+        started.wait()
+        moved = 0
+        for _ in range(1000):
+            before = count[0]
+            mod(x)
+            moved = count[0] - before
+            if moved:
+                break
+    finally:
+        stop[0] = True
+        sys.setswitchinterval(interval)
+        t.join()
+    assert moved > 0

@@ -43,6 +43,20 @@ UNSOUND = {
                     "=> layernorm(?x, ?g, ?b, eps=?e) where const(?e)",
     # transposing twice with any perm is not the identity
     "tt_any": "rule tt_any: transpose(transpose(?x, perm=?p), perm=?p) => ?x",
+    # quantized ops: a scale of 0 gives NaN (saturated low), 3e38 overflows (the guard s > 0, s <= 1e36)
+    "dq_q_unguarded": "rule dq_q_unguarded: quantize_linear(dequantize_linear(?q, ?s, ?z), ?s, ?z) => ?q "
+                      "where const(?s) and rank(?z) == 0",
+    "dq_q_zero_scale": "rule dq_q_zero_scale: quantize_linear(dequantize_linear(?q, ?s, ?z), ?s, ?z) => ?q "
+                       "where const(?s) and ?s >= 0 and ?s <= 1e36 and rank(?z) == 0",
+    # another scale requantizes
+    "dq_q_other_scale": "rule dq_q_other_scale: quantize_linear(dequantize_linear(?q, ?s, ?z), ?t, ?z) => ?q "
+                        "where const(?s) and const(?t) and ?s > 0 and ?s <= 1e36 and rank(?z) == 0",
+    # a zero point with more elements broadcasts q to its shape
+    "dq_q_zp_shape": "rule dq_q_zp_shape: quantize_linear(dequantize_linear(?q, ?s, ?z), ?s, ?z) => ?q "
+                     "where const(?s) and ?s > 0 and ?s <= 1e36",
+    # quantizing rounds: the other order is not the identity
+    "q_dq": "rule q_dq: dequantize_linear(quantize_linear(?x, ?s, ?z), ?s, ?z) => ?x "
+            "where const(?s) and ?s > 0 and ?s <= 1e36 and rank(?z) == 0",
     # softmax over the wrong axis
     "softmax_axis": "rule softmax_axis: exp(?x) / sum(exp(?x), axis=0, keepdims=true) => softmax(?x) "
                     "where rank(?x) >= 1",

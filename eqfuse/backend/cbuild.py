@@ -48,12 +48,35 @@ NO_DEBUG = ("-g0",)
 
 # Every generated module exports these, so the Module can set the OpenMP thread count; a graph's
 # module also shares the process's scratch-buffer key (eqfuse.runtime.program.share_scratch_key).
+# eqf_team_tids(n, out) writes the thread ids (gettid) of the OpenMP team of n threads that
+# the calling thread gets, its own first, and returns the team's size: the runtime tells these
+# from the other threads of the process (eqfuse.runtime.load). The num_threads clause leaves the
+# thread count that torch reads as it is.
 COMMON_C = """
 #include <omp.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 void eqf_set_threads(int n) { if (n > 0) omp_set_num_threads(n); }
 int eqf_get_threads(void) { return omp_get_max_threads(); }
+int eqf_team_tids(int n, long* out)
+{
+    int size = 1;
+#pragma omp parallel num_threads(n)
+    {
+#if defined(__linux__)
+        out[omp_get_thread_num()] = (long)syscall(SYS_gettid);
+#else
+        out[omp_get_thread_num()] = 0;
+#endif
+#pragma omp single
+        size = omp_get_num_threads();
+    }
+    return size;
+}
 """
-COMMON_CDEF = "void eqf_set_threads(int n);\nint eqf_get_threads(void);"
+COMMON_CDEF = "void eqf_set_threads(int n);\nint eqf_get_threads(void);\nint eqf_team_tids(int n, long* out);"
 # A graph's module (its source after csrc_templates/common.h) also exports these. One pthread key
 # of scratch buffers for the process (a process has only PTHREAD_KEYS_MAX = 1024 of them, and may
 # load more modules than that): the runtime takes the first module's key and hands it to each
@@ -76,8 +99,19 @@ void eqf_scratch_key_adopt(long key)
         eqf_scratch_keyed = 1;
     }
 }
+/* the thread ids of this module's claim-based pool workers (common_pool.h; 0: not started), which
+ * the runtime reads without a call: the call's own threads, as its OpenMP team is (eqfuse.runtime.load) */
+const int* eqf_pool_tids(void)
+{
+#if defined(__linux__)
+    return (const int*)eqf_pool_tid;
+#else
+    static const int none[EQF_POOL_MAX];
+    return none;
+#endif
+}
 """
-HEADER_CDEF = "long eqf_scratch_key_get(void);\nvoid eqf_scratch_key_adopt(long key);"
+HEADER_CDEF = "long eqf_scratch_key_get(void);\nvoid eqf_scratch_key_adopt(long key);\nconst int* eqf_pool_tids(void);"
 
 
 class CompileError(EqfuseError):

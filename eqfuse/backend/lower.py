@@ -15,6 +15,7 @@ from dataclasses import replace
 from eqfuse.backend.kinds import KIND
 from eqfuse.backend.kinds.contraction import mark_bound_b
 from eqfuse.backend.kinds.contraction.conv import block_between_convs
+from eqfuse.backend.live import mark_live
 from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.backend.stores import place_stores, store_uop
 from eqfuse.backend.views import place_views
@@ -116,12 +117,14 @@ def plan_kernel(g: Graph, node_id: int, name: str, m: Machine, precision: str = 
 
 
 def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] = frozenset(),
-                precision: str = "f32") -> tuple[Graph, list[KernelPlan]]:
+                precision: str = "f32", live: str | None = None) -> tuple[Graph, list[KernelPlan]]:
     """(the kernelized graph, one plan per kernel) for a graph with concrete shapes, planned for
     machine m. `params` names the inputs bound by params=: a GEMM whose B is one of them is marked
     b_bound (emit then prepacks it, when B is one matrix shared by every batch). `precision` is
     compile's precision=: each plan records what its kernel computes in and by which instruction
-    path (KernelPlan.precision, .precision_path)."""
+    path (KernelPlan.precision, .precision_path). `live` names the input that holds a KV cache's
+    live length (compile's live=): its appends and attentions take it at run time
+    (eqfuse.backend.live)."""
     g = expand_convs(g)  # (conv1d, conv_transpose2d as conv2d, when the optimizer did not run)
     split: set[int] = set()
     while True:
@@ -147,6 +150,8 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
             plans.append(plan)
         if not retry:
             place_views(kg, plans)
+            if live is not None:
+                mark_live(kg, plans, live)
             place_stores(kg, plans)
             for p in plans:  # decisions that depend on the strides the inputs are read through
                 if p.kind != K.VIEW:
@@ -212,6 +217,8 @@ def format_uops(plans: list[KernelPlan], uops: bool = True) -> str:
                          + (f" ({p.precision_note})" if p.precision_note else ""))
         if p.threads:
             lines.append(f"  threads (decided at run time): {p.threads}")
+        if p.live is not None:  # a KV cache's run-time length (eqfuse.backend.live)
+            lines.append(f"  live: {p.live}")
         decisions = plan_decisions(p)
         if decisions:
             lines.append("  plan: " + ", ".join(f"{k}={v}" for k, v in decisions.items()))

@@ -26,6 +26,23 @@ class UOp:
     count: int = 1  # how many times it runs in one call
 
 
+@dataclass(frozen=True)
+class LiveBound:
+    """How a kernel over a KV cache follows its live length L at run time (eqfuse.backend.live):
+    an "append" writes its new rows at rows L .. L + new - 1 of the cache buffer, an attention
+    ("keys") reads keys 0 .. L + new - 1. `rows` is the buffer's length along that axis (the
+    compile-time bound: L <= rows - new)."""
+
+    what: str  # "append", "keys" or "repeat" (grouped-query attention's copy for the query heads)
+    rows: int
+    new: int
+    buffer: int = -1  # an append's cache input (graph node): its result's storage, returned as is
+    axis: int = -1  # a repeat's axis of rows
+
+    def __str__(self) -> str:
+        return f"{self.what} at run time: live + {self.new} of {self.rows} rows"
+
+
 @dataclass
 class KernelPlan:
     name: str
@@ -56,9 +73,13 @@ class KernelPlan:
     # arg positions the C does not read (a concat's operands that their own kernels wrote in its
     # storage, eqfuse.backend.stores): the run function passes NULL for them
     unread: frozenset[int] = frozenset()
+    # a kernel that takes the live length of a KV cache at run time (eqfuse.backend.live): its C
+    # gets one more parameter, `long live`, that the run function reads from the length input
+    live: "LiveBound | None" = None
     # compile's precision= (`wanted_precision`, set before the kind plans), what the kernel computes
     # in (`precision`) and by which instruction path (`precision_path`: "f32", or for bf16
-    # "avx512_bf16" or "fallback"), and for a kernel that computes in f32 under precision="bf16",
+    # "avx512_bf16" or "fallback"; an integer GEMM is "int8" whatever was asked, by the path of
+    # kinds.contraction.qgemm.int8_path), and for a kernel that computes in f32 under precision="bf16",
     # why (`precision_note`). `eqfuse lower` prints them; report["precision"] lists them.
     wanted_precision: str = "f32"
     precision: str = "f32"
@@ -79,6 +100,20 @@ def computes_f32(plan: KernelPlan, why: str = "") -> None:
     """The plan computes in f32 (KernelPlan.precision); under precision="bf16", `why` says why."""
     plan.precision, plan.precision_path = "f32", "f32"
     plan.precision_note = why if plan.wanted_precision != "f32" else ""
+
+
+def precision_entries(plans) -> dict[str, dict[str, str]]:
+    """report["precision"]'s entries for these plans: kernel name -> its precision, instruction
+    path and, for a kernel that computes in f32 under precision="bf16", why."""
+    out = {}
+    for p in plans:
+        if p.kind == "view":
+            continue
+        e = {"precision": p.precision, "path": p.precision_path}
+        if p.precision_note:
+            e["note"] = p.precision_note
+        out[p.name] = e
+    return out
 
 
 def size(shape) -> int:

@@ -117,7 +117,7 @@ def place_stores(kg: Graph, plans: list[KernelPlan]) -> None:
     outputs = set(kg.outputs)
     targets: set[int] = set()  # copies written in place: their storage is no other copy's
     for c in plans:
-        if c.kind != K.LAYOUT or c.into is not None:
+        if c.kind != K.LAYOUT or c.into is not None or c.live is not None:  # (an append: backend.live)
             continue
         dests = destinations(c)
         if dests is None:

@@ -142,6 +142,10 @@ def make_parser() -> argparse.ArgumentParser:
     _optimizer_options(c)
     c.add_argument("--uops", action="store_true",
                    help="print the tile-level micro-op schedule the C runs, with a total uop count")
+    c.add_argument("--live", metavar="DIM",
+                   help="lower a decoder step whose past inputs concatenate along DIM (bound by --dim to the "
+                        "cache's capacity) with DIM's live length a run-time value (compile's live=, "
+                        "docs/generation.md)")
 
     c = model_cmd("bench", "numpy op by op vs compiled unfused vs compiled fused", one_graph=True)
     _optimizer_options(c)

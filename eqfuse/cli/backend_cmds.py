@@ -50,7 +50,10 @@ def cmd_lower(args) -> int:
     graphs, dims = _bound_graphs(args)
     opts = optimizer_opts(args)
     # one graph at a time: each with its own fuse mode (hand-written kernel blocks kept)
-    print("\n\n".join(uops_text(args.model, dims=dims, graph=g.name, uops=args.uops, fuse=fuse_mode(g), **opts)
+    if args.live is not None and args.live not in dims:
+        raise UsageError(f"--live {args.live}: bind it to the cache's capacity with --dim {args.live}=INT")
+    print("\n\n".join(uops_text(args.model, dims=dims, graph=g.name, uops=args.uops, fuse=fuse_mode(g),
+                                 live=args.live, **opts)
                        for g in graphs))
     return 0
 

@@ -53,6 +53,14 @@ def _conv2d(t, a, at):
                                   dilation=pair(at["dilation"]), groups=at["group"])
 
 
+def _conv_integer(t, a, at):
+    """In float64, exact for integers below 2^53 (a conv of u8 / i8 values is far below)."""
+    wz = a[3].double().reshape(-1, 1, 1, 1) if a[3].dim() == 1 else a[3].double()
+    y = t.nn.functional.conv2d(a[0].double() - a[2].double(), a[1].double() - wz, None, stride=pair(at["stride"]),
+                               padding=pair(at["padding"]), dilation=pair(at["dilation"]), groups=at["group"])
+    return y.int()
+
+
 def _conv1d(t, a, at):
     bias = a[2] if len(a) == 3 else None
     return t.nn.functional.conv1d(a[0], a[1], bias, stride=at["stride"], padding=at["padding"],
@@ -169,6 +177,7 @@ TORCH: dict[str, Callable] = {
     "quantize_linear": lambda t, a, at: t.clamp(t.round(a[0] / a[1]) + a[2].float(), *(
         (0, 255) if a[2].dtype == t.uint8 else (-128, 127))).to(a[2].dtype),
     "dequantize_linear": lambda t, a, at: (a[0].int() - a[2].int()).float() * a[1],
+    "conv_integer": _conv_integer,
     "matmul_integer": lambda t, a, at: t.matmul(a[0].long() - a[2].long(), a[1].long() - a[3].long()).int(),
     "expand": lambda t, a, at: t.broadcast_to(a[0], t.broadcast_shapes(a[0].shape, tuple(at["shape"]))),
     "clip": lambda t, a, at: t.clamp(a[0], at["min"], at["max"]),

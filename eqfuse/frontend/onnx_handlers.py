@@ -337,18 +337,13 @@ def _concat(imp, ins, at):
     return imp.op("concat", args, axis=at.get("axis", 0 if imp.opset < 4 else None))
 
 
-@handles("Conv", attrs=("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"))
-def _conv(imp, ins, at):
-    x, w = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
-    xs, ws = imp.type(x).shape, imp.type(w).shape
+def conv_geometry(xs, ws, at) -> tuple[list[int], list[tuple[int, int]], list[int], list]:
+    """An ONNX Conv's (strides, (begin, end) pads per spatial axis, dilations, dilated kernel spans)
+    from its attributes and the shapes of x and w (auto_pad resolved)."""
     nd = len(xs) - 2
-    if nd not in (1, 2):
-        raise Unsupported(f"{nd}-D convolution (eqfuse supports 1-D, NCW, and 2-D, NCHW)")
-    group = at.get("group", 1)
     strides = list(at.get("strides", [1] * nd))
     dilations = list(at.get("dilations", [1] * nd))
-    k = ws[2:]
-    spans = [(kk - 1) * d + 1 if isinstance(kk, int) else kk for kk, d in zip(k, dilations)]
+    spans = [(kk - 1) * d + 1 if isinstance(kk, int) else kk for kk, d in zip(ws[2:], dilations)]
     auto = at.get("auto_pad", "NOTSET")
     if auto in ("NOTSET", ""):
         p = list(at.get("pads", [0] * (2 * nd)))
@@ -365,6 +360,18 @@ def _conv(imp, ins, at):
             pads.append((small, big) if auto == "SAME_UPPER" else (big, small))
     else:
         raise Unsupported(f"auto_pad {auto!r}")
+    return strides, pads, dilations, spans
+
+
+@handles("Conv", attrs=("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"))
+def _conv(imp, ins, at):
+    x, w = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
+    xs, ws = imp.type(x).shape, imp.type(w).shape
+    nd = len(xs) - 2
+    if nd not in (1, 2):
+        raise Unsupported(f"{nd}-D convolution (eqfuse supports 1-D, NCW, and 2-D, NCHW)")
+    group = at.get("group", 1)
+    strides, pads, dilations, spans = conv_geometry(xs, ws, at)
     # Asymmetric padding: pad both sides by the larger amount and slice the extra outputs off;
     # when the extra is at the end and the stride does not divide it, concatenate zeros there.
     for axis, ((a, b), s) in enumerate(zip(pads, strides), start=2):

@@ -276,3 +276,129 @@ def _einsum(imp, ins, at):
 def _permuted(imp, x, have: str, want: list[str]):
     perm = tuple(have.index(c) for c in want)
     return x if perm == tuple(range(len(perm))) else imp.op("transpose", [x], perm=perm)
+
+
+# Resize's coordinate transforms (x_resized -> x_original) and nearest roundings, in float32 as
+# onnxruntime computes them (upsamplebase.h), so the indices and weights are the ones it uses.
+_RESIZE_COORDS = {
+    "half_pixel": lambda xr, s, n_in, n_out: (xr + np.float32(0.5)) / s - np.float32(0.5),
+    "pytorch_half_pixel": lambda xr, s, n_in, n_out: ((xr + np.float32(0.5)) / s - np.float32(0.5)
+                                                      if n_out > 1 else np.zeros_like(xr)),
+    "align_corners": lambda xr, s, n_in, n_out: (xr * np.float32(n_in - 1) / np.float32(n_out - 1)
+                                                 if n_out > 1 else np.zeros_like(xr)),
+    "asymmetric": lambda xr, s, n_in, n_out: xr / s,
+}
+
+
+def _round_half_away(x):
+    return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
+
+
+_RESIZE_NEAREST = {
+    "round_prefer_floor": lambda x: np.where(x == np.trunc(x) + np.float32(0.5), np.floor(x), _round_half_away(x)),
+    "round_prefer_ceil": lambda x: np.where(x == np.trunc(x) + np.float32(0.5), np.ceil(x), _round_half_away(x)),
+    "floor": np.floor,
+    "ceil": np.ceil,
+}
+
+
+def resize_axis(mode: str, coord: str, nearest: str, n_in: int, n_out: int, scale: float):
+    """One axis of a resize: for "nearest" the input index of each output position; for "linear"
+    (i0, i1, w0, w1): output position k is x[i0[k]] w0[k] + x[i1[k]] w1[k]. The coordinate of an
+    output position in the input is `coord`'s transform at `scale` (float32), clamped into the
+    input for "linear"; nearest rounds it by `nearest`, then clamps."""
+    xr = np.arange(n_out, dtype=np.float32)
+    x = _RESIZE_COORDS[coord](xr, np.float32(scale), n_in, n_out).astype(np.float32)
+    if mode == "nearest":
+        return np.clip(_RESIZE_NEAREST[nearest](x), 0, n_in - 1).astype(np.int64)
+    x = np.clip(x, np.float32(0), np.float32(n_in - 1))
+    i0 = np.minimum(np.trunc(x), n_in - 1).astype(np.int64)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    w1 = np.abs(x - i0.astype(np.float32))
+    w0 = np.abs(x - i1.astype(np.float32))
+    same = i0 == i1  # (at the last input position both weights are 1/2 of the same element)
+    w0, w1 = np.where(same, np.float32(0.5), w0), np.where(same, np.float32(0.5), w1)
+    return i0, i1, w0.astype(np.float32), w1.astype(np.float32)
+
+
+def resize(imp, x: int, axes_sizes: list[tuple[int, int, float]], mode: str, coord: str, nearest: str,
+           new_param) -> int:
+    """x resized along each (axis, output size, scale) by gathers along the axis: nearest, one
+    gather of the indices resize_axis gives; linear, two gathers weighted and added (bilinear is
+    the two axes one after the other). `new_param(base, array)` makes a constant input of the
+    graph (the index and weight vectors). An axis that keeps its size and positions is left out."""
+    for a, n_out, scale in axes_sizes:
+        shape = imp.type(x).shape
+        n_in, rank = shape[a], len(shape)
+        got = resize_axis(mode, coord, nearest, n_in, n_out, scale)
+        ident = np.arange(n_in)
+        if mode == "nearest":
+            if n_out == n_in and np.array_equal(got, ident):
+                continue
+            x = imp.op("gather", [x, new_param("resize_index", got)], axis=a)
+            continue
+        i0, i1, w0, w1 = got
+        if n_out == n_in and np.array_equal(i0, ident) and not w1.any() and np.all(w0 == 1):
+            continue
+        bshape = (n_out,) + (1,) * (rank - 1 - a)
+        terms = [imp.op("mul", [imp.op("gather", [x, new_param("resize_index", i)], axis=a),
+                                new_param("resize_weight", w.reshape(bshape))]) for i, w in ((i0, w0), (i1, w1))]
+        x = imp.op("add", terms)
+    return x
+
+
+@handles("Resize", attrs=("mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a",
+                          "exclude_outside", "extrapolation_value", "antialias", "axes",
+                          "keep_aspect_ratio_policy"))
+def _resize(imp, ins, at):
+    """Resize in modes nearest and linear, the coordinate transforms half_pixel, asymmetric,
+    align_corners and pytorch_half_pixel and every nearest_mode, with constant scales or sizes
+    (eqfuse.frontend.onnx_ops.resize): what upsampling heads export. Anything else is refused
+    by name."""
+    if imp.opset < 11:
+        raise Unsupported(f"Resize of opset {imp.opset} (its coordinates before opset 11)")
+    mode = at.get("mode", "nearest")
+    coord = at.get("coordinate_transformation_mode", "half_pixel")
+    nearest = at.get("nearest_mode", "round_prefer_floor")
+    if mode not in ("nearest", "linear"):
+        raise Unsupported(f"mode '{mode}'")
+    if coord not in _RESIZE_COORDS:
+        raise Unsupported(f"coordinate_transformation_mode '{coord}'")
+    if nearest not in _RESIZE_NEAREST:
+        raise Unsupported(f"nearest_mode '{nearest}'")
+    if at.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise Unsupported(f"keep_aspect_ratio_policy '{at['keep_aspect_ratio_policy']}'")
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = imp.type(x).shape
+    rank = len(shape)
+    axes = [a % rank for a in at.get("axes", range(rank))]
+    scales_in = ins[2] if len(ins) > 2 and imp.node.input[2] else None
+    sizes_in = ins[3] if len(ins) > 3 and imp.node.input[3] else None
+    if sizes_in is not None:
+        sizes = imp.ints(sizes_in, "sizes")
+        if len(sizes) != len(axes):
+            raise ValueError(f"sizes {sizes} for {len(axes)} axes")
+        scales = None
+    elif scales_in is not None and imp.is_const(scales_in) and np.asarray(scales_in).size:
+        scales = [float(s) for s in np.asarray(scales_in, np.float32).reshape(-1)]
+        if len(scales) != len(axes):
+            raise ValueError(f"scales {scales} for {len(axes)} axes")
+    elif scales_in is not None and not imp.is_const(scales_in):
+        raise Unsupported("non-constant input scales")
+    else:
+        raise ValueError("neither scales nor sizes given")
+    plan = []
+    for k, a in enumerate(axes):
+        if not isinstance(shape[a], int):
+            raise NeedsDims(f"resizing the named dim '{shape[a]}' (bind it with dims=)")
+        if scales is None:
+            n_out, scale = sizes[k], float(np.float32(sizes[k]) / np.float32(shape[a]))
+        else:
+            scale = scales[k]
+            n_out = int(np.float32(shape[a]) * np.float32(scale))
+        if n_out < 1 or scale <= 0:
+            raise ValueError(f"axis {a} resized from {shape[a]} to {n_out} (scale {scale})")
+        if at.get("antialias", 0) and mode == "linear" and n_out < shape[a]:
+            raise Unsupported("antialias=1 when downsampling")
+        plan.append((a, n_out, scale))
+    return resize(imp, x, plan, mode, coord, nearest, imp.new_param)

@@ -1,6 +1,6 @@
 """ONNX handlers of quantized models as onnxruntime's quantizers write them: QuantizeLinear and
-DequantizeLinear (QDQ, per tensor and per channel), DynamicQuantizeLinear and MatMulInteger
-(quantize_dynamic), QLinearMatMul. Each turns into the ops of eqfuse.ir.ops_quant, whose numpy
+DequantizeLinear (QDQ, per tensor and per channel), DynamicQuantizeLinear, MatMulInteger and
+ConvInteger (quantize_dynamic), QLinearMatMul and QLinearConv (quantize_static's QOperator format). Each turns into the ops of eqfuse.ir.ops_quant, whose numpy
 reference and C compute what onnxruntime computes, integer for integer.
 
 Per-channel (axis=) scales and zero points are reshaped to broadcast along the axis ([C, 1, 1]
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from eqfuse.frontend.onnx_handlers import conv_geometry
 from eqfuse.frontend.onnx_registry import ONNX_DTYPES, Unsupported, dtype_name, handles
 from eqfuse.ir.shapes import NUMPY_DTYPE, QUANT_DTYPES, dtype_of_numpy
 
@@ -46,7 +47,12 @@ def _along(imp, v, name: str, rank: int, axis: int):
         else:
             raise Unsupported(f"scale or zero point of shape {list(arr.shape)} ('{name}'; blocked quantization)")
         if arr.ndim == 0 and arr.dtype.kind in "iu":  # a typed zero point, not a weakly typed literal
-            return imp.new_param("zero_point", arr)
+            # one parameter per dtype and value, so that equal zero points are one e-class (the
+            # rule dequantize_quantize matches a pair of nodes by their scale and zero point)
+            key = ("zero_point", arr.dtype.str, int(arr))
+            if key not in imp.memo:
+                imp.memo[key] = imp.new_param("zero_point", arr)
+            return imp.memo[key]
         return imp.data(arr, None if arr.shape != np.asarray(v).shape else name)
     t = imp.type(v)
     if t.rank == 0:
@@ -151,7 +157,100 @@ def _qlinear_matmul(imp, ins, at):
     acc = imp.op("cast", [_matmul_integer_node(imp, a, b, azp, bzp)], to="f32")
     if not all(imp.is_const(ins[i]) for i in (1, 4, 6)):
         raise Unsupported("scales computed at run time (eqfuse takes constant scales)")
-    mult = (np.asarray(ins[1], F32).reshape(()) * np.asarray(ins[4], F32).reshape(-1)) / np.asarray(ins[6], F32).reshape(())
-    mult = imp.data(mult.reshape(()) if mult.size == 1 else mult, None)  # f32 arithmetic, onnxruntime's order
+    return _requantize(imp, acc, ins[1], ins[4], ins[6], yzp, 1)
+
+
+def _requantize(imp, acc, a_scale, b_scale, y_scale, yzp, rank: int):
+    """onnxruntime's requantization of an i32 accumulator (acc, already cast to f32): times
+    a_scale * b_scale / y_scale, computed in that order in f32 (b_scale per tensor, or one per
+    output channel: axis 1 of a rank-4 conv output, the last axis of a matmul's when rank is 1),
+    rounded half to even, plus y's zero point, saturated (quantize_linear with scale 1: x / 1 is x)."""
+    mult = (np.asarray(a_scale, F32).reshape(()) * np.asarray(b_scale, F32).reshape(-1)) / np.asarray(y_scale, F32).reshape(())
+    mult = mult.reshape(()) if mult.size == 1 else mult.reshape((mult.size,) + (1,) * (rank - 1))
+    mult = imp.data(mult, None)
     one = imp.new_param("unit_scale", np.asarray(1, F32))
-    return imp.op("quantize_linear", [imp.op("mul", [acc, mult]), one, _along(imp, yzp, imp.node.input[7], 0, 0)])
+    zp_name = imp.node.input[7] if len(imp.node.input) > 7 else "y_zero_point"
+    return imp.op("quantize_linear", [imp.op("mul", [acc, mult]), one, _along(imp, yzp, zp_name, 0, 0)])
+
+
+def _conv_integer_node(imp, x, w, xzp, wzp, at):
+    """conv_integer over ONNX Conv attributes (2-D only). Asymmetric pads: both sides padded by
+    the larger amount and the extra outputs sliced off, when the stride divides the shift."""
+    xs, ws = imp.type(x).shape, imp.type(w).shape
+    if len(xs) != 4 or len(ws) != 4:
+        raise Unsupported(f"a {len(xs) - 2}-D convolution (eqfuse's integer convolution is 2-D, NCHW)")
+    strides, pads, dilations, spans = conv_geometry(xs, ws, at)
+    # more padding at the end, the stride not dividing the extra: the extra is concatenated, a
+    # block of x's zero point (what the padding reads), and the conv is padded evenly
+    for axis, ((a, b), s) in enumerate(zip(pads, strides), start=2):
+        if b > a and (b - a) % s:
+            shape = list(imp.type(x).shape)
+            if not imp.is_const(xzp) or not all(isinstance(d, int) for d in shape):
+                raise Unsupported(f"asymmetric pads {[list(p) for p in pads]} with stride {s} (and x's zero point "
+                                  f"computed at run time, or named dims)")
+            shape[axis] = b - a
+            block = imp.new_param(f"{imp.node.name or imp.node.output[0]}_pad", np.full(shape, np.asarray(xzp).reshape(())))
+            x = imp.op("concat", [x, block], axis=axis)
+            xs = imp.type(x).shape
+            pads[axis - 2] = (a, a)
+    pad = [max(a, b) for a, b in pads]
+    wzn = _along(imp, wzp, "w_zero_point", 1, 0)
+    if imp.type(wzn).rank == 1 and imp.type(wzn).shape[0] != ws[0]:
+        raise Unsupported(f"w_zero_point of shape {list(imp.type(wzn).shape)} (eqfuse takes a scalar or one per "
+                          f"output channel, {ws[0]})")
+    y = imp.op("conv_integer", [x, w, _along(imp, xzp, "x_zero_point", 0, 0), wzn], stride=tuple(strides),
+               padding=tuple(pad), dilation=tuple(dilations), group=at.get("group", 1))
+    for axis, ((a, b), s, n, kk) in enumerate(zip(pads, strides, xs[2:], spans), start=2):
+        if a != b:
+            first = (max(a, b) - a) // s
+            y = imp.op("slice", [y], axis=axis, start=first, stop=first + (n + a + b - kk) // s + 1)
+    return y
+
+
+def _integer_operands(imp, ins, ia: int, ib: int, what=("x", "w")) -> tuple[str, str]:
+    dts = _dtype(imp, ins[ia]), _dtype(imp, ins[ib])
+    for dt, i, name in zip(dts, (ia, ib), what):
+        if dt not in QUANT_DTYPES:
+            raise Unsupported(f"input type {dt} ({name}, input {i}; eqfuse takes uint8 and int8)")
+    return dts
+
+
+_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+@handles("ConvInteger", attrs=_CONV_ATTRS)
+def _conv_integer(imp, ins, at):
+    """(x - x_zp) conv (w - w_zp), exact in i32, the padding x_zp (onnxruntime's ConvInteger)."""
+    xdt, wdt = _integer_operands(imp, ins, 0, 1)
+    xzp, _ = _zero_point(imp, ins, 2, xdt, (xdt,))
+    wzp, _ = _zero_point(imp, ins, 3, wdt, (wdt,))
+    x, w = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
+    return _conv_integer_node(imp, x, w, xzp, wzp, at)
+
+
+@handles("QLinearConv", attrs=_CONV_ATTRS)
+def _qlinear_conv(imp, ins, at):
+    """onnxruntime's QLinearConv: the exact i32 conv of (x - x_zp) and (w - w_zp) (padding x_zp),
+    plus the i32 bias, then requantized as QLinearMatMul (_requantize); w's scale and zero point
+    per tensor or per output channel."""
+    xdt, wdt = _integer_operands(imp, ins, 0, 3)
+    xzp, _ = _zero_point(imp, ins, 2, xdt, (xdt,))
+    wzp, _ = _zero_point(imp, ins, 5, wdt, (wdt,))
+    yzp, _ = _zero_point(imp, ins, 7, "u8", QUANT_DTYPES)
+    if not all(imp.is_const(ins[i]) for i in (1, 4, 6)):
+        raise Unsupported("scales computed at run time (eqfuse takes constant scales)")
+    x, w = imp.data(ins[0], imp.node.input[0]), imp.data(ins[3], imp.node.input[3])
+    M = imp.type(w).shape[0] if imp.type(w).rank == 4 else None
+    if np.asarray(ins[4]).size not in (1, M):
+        raise Unsupported(f"w_scale of shape {list(np.asarray(ins[4]).shape)} (eqfuse takes a scalar or one per "
+                          f"output channel, {M})")
+    acc = _conv_integer_node(imp, x, w, xzp, wzp, at)
+    if len(ins) > 8 and ins[8] is not None:
+        bdt = _dtype(imp, ins[8])
+        if bdt != "i32":
+            raise Unsupported(f"bias type {bdt} (input 8; QLinearConv's bias is int32)")
+        b = imp.data(ins[8], imp.node.input[8])
+        if imp.type(b).shape != (M,):
+            raise Unsupported(f"bias of shape {list(imp.type(b).shape)} (one int32 per output channel, {M})")
+        acc = imp.op("add", [acc, imp.reshape_to(b, (M, 1, 1))])
+    return _requantize(imp, imp.op("cast", [acc], to="f32"), ins[1], ins[4], ins[6], yzp, 3)

@@ -517,22 +517,28 @@ def _gather(cv, x, dim, index, sparse_grad=False):
     return cv.op("gather_elements", x, index, axis=d)
 
 
-@aten("index.Tensor")
+@aten("index.Tensor", "_unsafe_index.Tensor")
 def _index(cv, x, indices):
-    """x[i0, i1, ...] over the leading axes: one gather from x with those axes flattened."""
-    if any(i is None for i in indices) or any(cv.type(i).dtype not in ("i64", "i32") for i in indices):
-        raise Unsupported("None or mask indices")
+    """x[:, ..., i0, i1, ...]: index tensors over consecutive axes after any leading full ones
+    (None), broadcast together, as one gather from x with those axes flattened. Upsampling
+    decomposes so (aten.upsample_nearest2d and upsample_bilinear2d into _unsafe_index with
+    [None, None, rows [OH, 1], columns [OW]])."""
+    lead = next((k for k, i in enumerate(indices) if i is not None), len(indices))
+    idx = list(indices[lead:])
+    if not idx or any(i is None for i in idx) or any(cv.type(i).dtype not in ("i64", "i32") for i in idx):
+        raise Unsupported("None or mask indices after an index tensor")
     xs = cv.type(x).shape
-    k = len(indices)
+    k = len(idx)
     linear = None
-    for axis, i in enumerate(indices):
+    for n, i in enumerate(idx):
+        axis = lead + n
         i = cv.cast(i, "i64")
         i = cv.op("where", cv.op("lt", i, 0), cv.op("add", i, xs[axis]), i)  # negative counts from the end
-        stride = math.prod(xs[axis + 1:k])
+        stride = math.prod(xs[axis + 1:lead + k])
         term = i if stride == 1 else cv.op("mul", i, stride)
         linear = term if linear is None else cv.op("add", linear, term)
-    flat = cv.op("reshape", x, shape=(math.prod(xs[:k]),) + tuple(xs[k:]))
-    return cv.op("gather", flat, linear, axis=0)
+    flat = cv.op("reshape", x, shape=tuple(xs[:lead]) + (math.prod(xs[lead:lead + k]),) + tuple(xs[lead + k:]))
+    return cv.op("gather", flat, linear, axis=lead)
 
 
 def _pool_attrs(kernel, stride, padding):

@@ -55,7 +55,7 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
     index    i64 (argmax)
     quantize        x and scale f32, the zero point u8 or i8: the zero point's dtype
     dequantize      q and its zero point of one dtype (u8, i8 or i32), scale f32: f32
-    matmul_integer  a, b u8 or i8, each zero point of its operand's dtype: i32
+    matmul_integer  a, b u8 or i8, each zero point of its operand's dtype: i32 (conv_integer too)
     """
     if rule == "float":
         for t in ts:

@@ -75,6 +75,7 @@ DOCS: dict[str, tuple[str, str]] = {
     "quantize_linear": ("x, scale, zp", "saturate(round_half_even(x / scale) + zp) in zp's dtype (u8 or i8): ONNX QuantizeLinear"),
     "dequantize_linear": ("q, scale, zp", "(q - zp) * scale in f32, q and zp of one dtype (u8, i8 or i32): ONNX DequantizeLinear"),
     "matmul_integer": ("a, b, a_zp, b_zp", "(a - a_zp) @ (b - b_zp) of u8/i8 operands, exact in i32 (a_zp scalar, b_zp scalar or per column): ONNX MatMulInteger"),
+    "conv_integer": ("x, w, x_zp, w_zp", "conv2d(x - x_zp, w - w_zp) of u8/i8 operands, exact in i32, padded with x_zp (x_zp scalar, w_zp scalar or per output channel): ONNX ConvInteger"),
     "expand": ("x", "x broadcast to shape= (numpy broadcasting of x with that shape)"),
     "clip": ("x", "x limited to [min, max] (either bound optional); NaN stays NaN"),
     "leaky_relu": ("x", "x where x >= 0, else alpha * x"),

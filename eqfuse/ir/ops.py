@@ -163,10 +163,10 @@ _UNARY = [
     ("rsqrt", lambda a, _: 1 / np.sqrt(a[0]), "(1.0f / sqrtf({0}))", 3),
     ("erf", lambda a, _: _erf(a[0]), "eqf_erff({0})", 8),
     ("silu", lambda a, _: a[0] / (1 + np.exp(-a[0])), "eqf_silu({0})", 5),
-    # libm's sinf and cosf: correctly reduced for every finite x (rotary angles reach thousands);
-    # scalar calls, so a loop over them does not vectorize (sign, ceil and floor do)
-    ("sin", lambda a, _: np.sin(a[0]), "sinf({0})", 8),
-    ("cos", lambda a, _: np.cos(a[0]), "cosf({0})", 8),
+    # common.h's eqf_sinf and eqf_cosf: reduced correctly for every finite x (rotary angles reach
+    # thousands), within 1 ulp, and vectorizable (libm's sinf and cosf are scalar calls)
+    ("sin", lambda a, _: np.sin(a[0]), "eqf_sinf({0})", 8),
+    ("cos", lambda a, _: np.cos(a[0]), "eqf_cosf({0})", 8),
     # -1, 0 or 1 in the operand's dtype; a NaN stays NaN (x != x is false for integers)
     ("sign", lambda a, _: np.sign(a[0]), "(({0}) != ({0}) ? ({0}) : (({0}) > 0) - (({0}) < 0))", 2),
     ("ceil", lambda a, _: np.ceil(a[0]), "ceilf({0})", 1),

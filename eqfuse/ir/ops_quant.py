@@ -4,6 +4,9 @@ QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger nodes 
     quantize_linear(x, scale, zp)    saturate(round_half_even(x / scale) + zp), in zp's dtype (u8, i8)
     dequantize_linear(q, scale, zp)  (int32(q) - int32(zp)) * scale, in f32 (q, zp: u8, i8 or i32)
     matmul_integer(a, b, a_zp, b_zp) (int32(a) - a_zp) @ (int32(b) - b_zp), exact in i32
+    conv_integer(x, w, x_zp, w_zp)   conv2d(int32(x) - x_zp, int32(w) - w_zp), exact in i32; the
+                                     padding is x_zp (a padded tap adds 0), as onnxruntime's
+                                     ConvInteger and QLinearConv pad
 
 scale and zp broadcast against x as numpy does: per-tensor they are scalars, per-channel (ONNX's
 axis=) they are shaped to broadcast along that axis ([C, 1, 1] for axis 1 of NCHW), so the first two
@@ -17,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from eqfuse.errors import ShapeError
-from eqfuse.ir.ops import bcast_infer, define
+from eqfuse.ir.ops import OPS, bcast_infer, conv2d_numpy, define
 from eqfuse.ir.shapes import TType, broadcast, fmt
 
 
@@ -56,10 +59,31 @@ def _matmul_integer_np(args, attrs):
     return np.matmul(a - azp, b - bzp).astype(np.int32)
 
 
+def _conv_integer_infer(ts, attrs):
+    x, w, xzp, wzp = ts
+    if xzp.rank != 0:
+        raise ShapeError(f"conv_integer needs a scalar x_zp, got {fmt(xzp.shape)}")
+    if wzp.rank > 1 or (wzp.rank == 1 and w.rank == 4 and wzp.shape[0] != w.shape[0]):
+        raise ShapeError(f"conv_integer needs w_zp scalar or [O] (one per output channel), got {fmt(wzp.shape)}")
+    return OPS["conv2d"].shape_rule([x, w], attrs)
+
+
+def _conv_integer_np(args, attrs):
+    x, w, xzp, wzp = (np.asarray(a).astype(np.int64) for a in args)
+    wzp = wzp.reshape(-1, 1, 1, 1) if wzp.ndim == 1 else wzp
+    # int64 products and sums of (x - x_zp) padded with 0, then int32: exact (a sum of K terms of
+    # at most 255 x 255 overflows int32 only past K = 33025, beyond any real conv's C x KH x KW)
+    return conv2d_numpy([x - xzp, w - wzp], attrs).astype(np.int32)
+
+
 # The C reads the saturation range off the zero point's C type (EQF_QLO / EQF_QHI in common.h).
 define(name="quantize_linear", kind="pointwise", arity=(3, 3), infer=bcast_infer, dtype="quantize",
     numpy=_quantize_np, flops=4, c="eqf_quantize({0}, {1}, (float)({2}), EQF_QLO({2}), EQF_QHI({2}))")
 define(name="dequantize_linear", kind="pointwise", arity=(3, 3), infer=bcast_infer, dtype="dequantize",
     numpy=_dequantize_np, flops=2, c="((float)((int32_t)({0}) - (int32_t)({2})) * ({1}))")
-define(name="matmul_integer", kind="index", arity=(4, 4), infer=_matmul_integer_infer, dtype="matmul_integer",
+# matmul_integer is a contraction: the u8 x s8 GEMM of the contraction kind (csrc_templates/gemm_u8s8.c),
+# its dequantization, bias and activation a pointwise epilogue on the exact int32 sum.
+define(name="matmul_integer", kind="contraction", arity=(4, 4), infer=_matmul_integer_infer, dtype="matmul_integer",
     numpy=_matmul_integer_np)
+define(name="conv_integer", kind="index", arity=(4, 4), infer=_conv_integer_infer, dtype="matmul_integer",
+    numpy=_conv_integer_np, attrs=OPS["conv2d"].attrs)

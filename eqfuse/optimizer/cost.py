@@ -64,7 +64,7 @@ def op_flops(body: Graph, i: int, dims) -> float:
     if n.op in ("input", "const", "kernel"):
         return 0.0
     out = numel(n.type, dims)
-    if n.op == "matmul":
+    if n.op in ("matmul", "matmul_integer"):
         return 2.0 * out * _dim(body.nodes[n.args[0]].type.shape[-1], dims)
     if n.op == "conv2d":
         w = body.nodes[n.args[1]].type.shape

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from eqfuse.ir.ops import OPS
 
-FACTS = ("rank", "dim", "dimn", "shape", "size", "sizen")
+FACTS = ("rank", "dim", "dimn", "shape", "size", "sizen", "cval")
 ANALYSES = ("orig", "hv", "vw", "nd")  # bookkeeping functions on classes, never e-nodes of the graph
 
 

@@ -194,6 +194,16 @@ def _term(t, ctx: _Ctx, numeric: bool) -> str:
     raise RuleError(f"unknown condition term {t!r}")
 
 
+def _is_const_value(t, ctx: _Ctx) -> bool:
+    return isinstance(t, tuple) and len(t) == 2 and t[0] == "attr" and t[1] in ctx.tvars
+
+
+def _f64(t) -> str:
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        raise RuleError("a constant's value is ordered against a number only")
+    return repr(float(t))
+
+
 def _is_rank_only(c: Cond) -> bool:
     def r(t):
         return isinstance(t, (int, float)) and not isinstance(t, bool) or (isinstance(t, tuple) and t and t[0] == "rank")
@@ -203,6 +213,11 @@ def _is_rank_only(c: Cond) -> bool:
 def _cond(c, ctx: _Ctx) -> list[str]:
     if isinstance(c, Test):
         return []  # const(?x) is folded into the query (see compile_rule)
+    if c.op not in ("==", "!=") and any(_is_const_value(t, ctx) for t in (c.lhs, c.rhs)):
+        # a constant's value ordered (?s > 0 where const(?s)): the f64 fact cval of the constant's
+        # class, seeded where the graph is loaded (a constant a rule creates has none: no match)
+        lhs, rhs = (f"(cval ?{t[1]})" if _is_const_value(t, ctx) else _f64(t) for t in (c.lhs, c.rhs))
+        return [f"({_CMP[c.op]} {lhs} {rhs})"]
     numeric = c.op not in ("==", "!=") or _is_rank_only(c)
     lhs, rhs = _term(c.lhs, ctx, numeric), _term(c.rhs, ctx, numeric)
     if c.op == "==":

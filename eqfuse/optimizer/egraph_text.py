@@ -114,6 +114,7 @@ def declarations(concat_arities: Iterable[int] = (), t_ops=None, s_ops=None) -> 
         "(function shape (T) String :merge old)",
         "(function size (T) String :merge old)",
         "(function sizen (T) i64 :merge old)",
+        "(function cval (T) f64 :merge old)",
         "(function hv (S) i64 :merge (min old new))",
         "(relation vw (S))",
         "(ruleset facts)",
@@ -242,6 +243,8 @@ def graph_program(g: Graph) -> list[str]:
             e = f"(In {q(n.name)})"
         elif n.op == "const":
             e = f"(Cn {q(num_text(n.value))})"
+            if math.isfinite(float(n.value)):  # its value, for ordering guards (?s > 0 where const(?s))
+                lines.append(f"(set (cval {e}) {float(n.value)!r})")
         elif n.op == "kernel":
             raise EqfuseError("internal: kernel blocks are inlined before loading the e-graph")
         else:

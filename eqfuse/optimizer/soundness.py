@@ -26,6 +26,13 @@ How inputs are drawn (`eqfuse check-rules` and the test suite use this module):
   the same numpy implementations, and GELU's tanh form differs from its erf form by up to
   4.7e-4, which must be -- and is -- reported unsound).
 - A kernel block evaluates as its result expression (a kernel block is semantically transparent).
+- Quantized ops (the op table's dtype rules quantize, dequantize, matmul_integer): per trial one
+  dtype, u8 or i8, is drawn; a variable in an integer position (the data of dequantize_linear, a
+  zero point, an operand of matmul_integer) takes integers over that dtype's whole range, kept in
+  that dtype, and a variable in a scale position is half the time an f32 edge value (0,
+  a subnormal, 1e36, a value whose products overflow), so that a rule true only for ordinary
+  scales gets a counterexample. u8 / i8 results keep their dtype; the sides must then
+  have the same dtype and be equal integer for integer.
 """
 
 from __future__ import annotations
@@ -38,11 +45,18 @@ import numpy as np
 
 from eqfuse.errors import ShapeError
 from eqfuse.ir.ops import OPS, REQUIRED
-from eqfuse.ir.shapes import TType
+from eqfuse.ir.shapes import NUMPY_DTYPE, QUANT_DTYPES, TType, dtype_of_numpy
 from eqfuse.optimizer.rules import AttrVar, Cond, PKernel, PNum, POp, PVar, Rule, Test
 
 RTOL, ATOL = 1e-4, 1e-5
 OP_TOLERANCE: dict[str, tuple[float, float]] = {}  # op name -> (rtol, atol) when a rule uses it
+# The roles of a quantized op's operands, by the op's dtype rule (eqfuse.ir.dtypes).
+QUANT_ROLES: dict[str, dict[int, str]] = {
+    "quantize": {1: "scale", 2: "int"},
+    "dequantize": {0: "int", 1: "scale", 2: "int"},
+    "matmul_integer": {0: "int", 1: "int", 2: "int", 3: "int"},
+}
+EDGE_SCALES = (0.0, 1e-44, 1e36, 3e38)  # zero, a subnormal, the largest whose 255 multiple is finite, overflowing
 ATTEMPTS = 400  # shape draws per trial before giving up
 SQUARE_AFTER = 200  # then every other draw is square (draw_shapes)
 
@@ -122,16 +136,37 @@ def ops_used(p) -> set[str]:
 # ---------------------------------------------------------------- drawing inputs
 
 
+def roles(p, out: dict[str, str] | None = None) -> dict[str, str]:
+    """Tensor variable -> "int" or "scale", where a quantized op reads it (the first such use)."""
+    out = {} if out is None else out
+    for q in walk(p):
+        if isinstance(q, POp):
+            for i, a in enumerate(q.args):
+                role = QUANT_ROLES.get(OPS[q.op].dtype, {}).get(i)
+                if role and isinstance(a, PVar):
+                    out.setdefault(a.name, role)
+    return out
+
+
 class Env:
-    def __init__(self, rng: np.random.Generator, positive: bool, consts: set[str]):
+    def __init__(self, rng: np.random.Generator, positive: bool, consts: set[str],
+                 roles: dict[str, str] | None = None):
         self.rng = rng
         self.positive = positive
         self.consts = consts
+        self.roles = roles or {}
+        self.qdtype = str(rng.choice(QUANT_DTYPES)) if self.roles else None  # this trial's u8 or i8
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.tensors: dict[str, np.ndarray] = {}
         self.attrs: dict[str, Any] = {}
 
-    def values(self, shape) -> np.ndarray:
+    def values(self, shape, role: str | None = None) -> np.ndarray:
+        if role == "int":
+            info = np.iinfo(NUMPY_DTYPE[self.qdtype])
+            return self.rng.integers(info.min, info.max + 1, size=shape).astype(info.dtype)
+        if role == "scale" and self.rng.random() < 0.5:
+            v = self.rng.choice(EDGE_SCALES, size=shape)
+            return np.asarray(v.astype(np.float32), dtype=np.float64)
         v = self.rng.uniform(0.25, 3.0, size=shape)
         if not self.positive:
             v = v * self.rng.choice([-1.0, 1.0], size=shape)
@@ -254,6 +289,9 @@ def evaluate(p, env: Env, fail=Reject) -> np.ndarray:
         attrs = {k: env.attr(v.name, p.op, k, args) if isinstance(v, AttrVar) else v for k, v in p.attrs}
         op = OPS[p.op]
         try:
+            if any(_quantized(a) for a in args):  # u8 / i8 operands: the dtype rule too
+                op.infer([TType(tuple(a.shape), dtype_of_numpy(a.dtype) if _quantized(a) else "f32") for a in args],
+                         attrs)
             # shapes only: every value here is a float64 (a mask is "nonzero", an index is truncated)
             op.shape_rule([TType(tuple(a.shape)) for a in args], attrs)
         except (ShapeError, TypeError, ValueError, IndexError) as e:
@@ -263,8 +301,13 @@ def evaluate(p, env: Env, fail=Reject) -> np.ndarray:
                 out = op.numpy(args, attrs)
             except (ValueError, TypeError, IndexError) as e:
                 raise fail(f"{p.op}: {e}") from None
-        return np.asarray(out, dtype=np.float64)
+        out = np.asarray(out)
+        return out if _quantized(out) else np.asarray(out, dtype=np.float64)
     raise TypeError(p)
+
+
+def _quantized(a: np.ndarray) -> bool:
+    return a.dtype in (np.uint8, np.int8)
 
 
 def term_value(t, env: Env):
@@ -330,10 +373,11 @@ def _solve(conds, env: Env) -> None:
 def _draw(rule: Rule, rng, positive: bool) -> tuple[Env, np.ndarray] | None:
     consts = {c.var for c in rule.conds if isinstance(c, Test) and c.fn == "const"}
     names = tensor_vars(rule.lhs)
+    kinds = roles(rule.rhs, roles(rule.lhs))
     for attempt in range(ATTEMPTS):
-        env = Env(rng, positive, consts)
+        env = Env(rng, positive, consts, kinds)
         env.shapes = draw_shapes(rng, names, consts, square=attempt >= SQUARE_AFTER and attempt % 2 == 1)
-        env.tensors = {n: env.values(s) for n, s in env.shapes.items()}
+        env.tensors = {n: env.values(s, kinds.get(n)) for n, s in env.shapes.items()}
         try:
             _solve(rule.conds, env)
             left = evaluate(rule.lhs, env)
@@ -374,6 +418,15 @@ def check_rule(rule: Rule, trials: int = 5, seed: int = 0) -> Counterexample | N
         if left.shape != right.shape:
             ce.reason = f"the sides have different shapes: left {list(left.shape)}, right {list(right.shape)}"
             return ce
+        if (_quantized(left) or _quantized(right)) and left.dtype != right.dtype:
+            ce.reason = f"the sides have different dtypes: left {left.dtype}, right {right.dtype}"
+            return ce
+        if _quantized(left) and not np.array_equal(left, right):
+            idx = tuple(int(i) for i in np.argwhere(left != right)[0])
+            ce.reason = "the sides differ (integers)"
+            ce.detail = f"first difference{f' at index {list(idx)}' if idx else ''}: left {left[idx]}, right {right[idx]}"
+            return ce
+        left, right = left.astype(np.float64), right.astype(np.float64)
         with np.errstate(all="ignore"):
             diff = np.abs(left - right)
             ok = (diff <= atol + rtol * np.maximum(np.abs(left), np.abs(right))) | (left == right)

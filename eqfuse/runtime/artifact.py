@@ -54,9 +54,18 @@ import numpy as np
 # the first load
 from eqfuse.backend import kinds  # noqa: F401
 from eqfuse.backend.cbuild import load_library
+from eqfuse.backend.plan import precision_entries
 from eqfuse.cache import owned_privately, usable_cache_dir
 from eqfuse.errors import EqfuseError
-from eqfuse.machine import LEVELS, level_rank, machine, pinned, usable_level
+from eqfuse.machine import (
+    EXTENSION_FLAGS,
+    LEVELS,
+    host_isa,
+    level_rank,
+    machine,
+    pinned,
+    usable_level,
+)
 from eqfuse.runtime.buckets import Bucketed
 from eqfuse.runtime.module import Compiled, GraphFunction, Module
 from eqfuse.runtime.padded import PaddedFunction
@@ -139,7 +148,7 @@ def _savable(f) -> None:
         if not f.modules:
             raise ArtifactError(f"graph {f.name} is not compiled yet ({', '.join(f.padded)} bound per call): call it "
                                 "once before saving (its buckets are compiled at the first call)")
-        for m in f.modules.values():
+        for m in list(f.modules.values()) + list(f.live_modules.values()):
             for g in m.functions.values():
                 _savable(g)
         return
@@ -159,6 +168,9 @@ def _function_meta(f, parts: _Parts) -> dict:
                 "sizes": f.sizes, "padding": f.padding, "limits": f.limits, "out_axes": f.out_axes,
                 "modules": {key: [_function_meta(g, parts) for g in m.functions.values()]
                             for key, m in f.modules.items()},
+                # a decoder's step over its cache in place (live_module): its dims and live dim
+                "live": {key: [_function_meta(g, parts) for g in m.functions.values()]
+                         for key, m in f.live_modules.items()},
                 "last": next((key for key, m in f.modules.items() if m is f.last_module), None)}
     return {"kind": "graph", "name": f.name, "source": f.source, "optimized": f.optimized, "dims": dict(f.dims),
             "verify": f.verify, "threads": f.threads,
@@ -169,8 +181,13 @@ def _function_meta(f, parts: _Parts) -> dict:
 
 def _bindings(f) -> list[dict]:
     """The dims bindings a function holds compiled (for the manifest and the refusal of others)."""
-    if isinstance(f, PaddedFunction):
-        return [b for m in f.modules.values() for g in m.functions.values() for b in _bindings(g)]
+    if isinstance(f, PaddedFunction):  # each bucket's padded dims, with the dims its graphs bind
+        out = []
+        buckets = [(dict(zip(f.padded, key)), m) for key, m in f.modules.items()]
+        for fixed, m in buckets + [(dict(key[0]), m) for key, m in f.live_modules.items()]:
+            inner = [b for g in m.functions.values() for b in _bindings(g)] or [{}]
+            out += [b for b in ({**fixed, **b} for b in inner) if b not in out]
+        return out
     return [dict(k) for k in list(f.cache) + list(f.buckets)]
 
 
@@ -194,19 +211,30 @@ def _compiled_state(c: Compiled, f: GraphFunction, parts: _Parts, libs: dict, ta
 def _function_state(f, parts: _Parts, libs: dict, target: str) -> dict:
     """A function's bindings and buckets built again for the machine model in force."""
     if isinstance(f, PaddedFunction):
-        return {"modules": {key: {g.name: _function_state(g, parts, libs, target) for g in m.functions.values()}
-                            for key, m in f.modules.items()}}
+        return {kind: {key: {g.name: _function_state(g, parts, libs, target) for g in m.functions.values()}
+                       for key, m in modules.items()}
+                for kind, modules in (("modules", f.modules), ("live", f.live_modules))}
     cache, buckets = f.rebuilt()
     return {"compiled": [(key, _compiled_state(c, f, parts, libs, target)) for key, c in cache.items()],
             "buckets": [(key, {s: _compiled_state(c, f, parts, libs, target) for s, c in built.items()},
                          dict(f.buckets[key].cost)) for key, built in buckets.items()]}
 
 
-def _target_state(fns: list, parts: _Parts, target: str) -> dict:
-    """Every function's bindings and buckets built for `target` (an x86-64 level)."""
+def target_extensions(target: str, precision: str) -> list[str]:
+    """The ISA extensions beyond the level `target` that its code uses: a bf16 model's GEMMs take
+    the AVX512_BF16 path (vdpbf16ps, as the compiled Module's do: its outputs, bit for bit) where
+    this machine has it and the level is AVX-512; nothing else does. The artifact then runs only
+    on a CPU with them (`_choose_target`)."""
+    m = machine()
+    return ["avx512_bf16"] if precision == "bf16" and m.avx512_bf16 and LEVELS[target][1] >= 16 else []
+
+
+def _target_state(fns: list, parts: _Parts, target: str, extensions: list[str]) -> dict:
+    """Every function's bindings and buckets built for `target` (an x86-64 level) and `extensions`."""
     libs: dict = {}
     lanes = LEVELS[target][1]
-    with pinned(replace(machine(), simd_floats=lanes, target=target), clamp=False):
+    isa = {k: k in extensions for k in EXTENSION_FLAGS}
+    with pinned(replace(machine(), simd_floats=lanes, target=target, **isa), clamp=False):
         return {f.name: _function_state(f, parts, libs, target) for f in fns}
 
 
@@ -218,7 +246,8 @@ def _write(module: Module, out, targets) -> None:
         _savable(f)
     parts = _Parts()
     functions = [_function_meta(f, parts) for f in fns]
-    per_target = {t: _target_state(fns, parts, t) for t in targets}
+    extensions = {t: target_extensions(t, module.precision) for t in targets}
+    per_target = {t: _target_state(fns, parts, t, extensions[t]) for t in targets}
     try:
         report = pickle.dumps(module.report)
     except Exception:  # a report holding something that does not pickle: kept as text
@@ -235,7 +264,7 @@ def _write(module: Module, out, targets) -> None:
     manifest = {
         "format": FORMAT, "eqfuse": __version__, "python": sys.implementation.cache_tag,
         "extension": _extension_suffix(), "machine": platform.machine(), "precision": module.precision,
-        "targets": {t: {"meta": target_meta[t]} for t in targets},
+        "targets": {t: {"meta": target_meta[t], "extensions": extensions[t]} for t in targets},
         "graphs": {f.name: f"{f.name}({', '.join(f.free)})" for f in fns},
         "dims": {f.name: _bindings(f) for f in fns},
         "buckets": {f.name: [b.sizes for b in f.buckets.values()] if isinstance(f, GraphFunction) and f.batch_dim
@@ -434,16 +463,20 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
 
     def function(fm: dict, fs: dict):
         if fm["kind"] == "padded":
-            modules = {key: Module([function(gm, fs["modules"][key][gm["name"]]) for gm in sub], {}, str,
-                                   common["precision"]) for key, sub in fm["modules"].items()}
-            return PaddedFunction.restored(fm["name"], fm["inputs"], fm["batch"], fm["padded"], fm["sizes"],
-                                           fm["padding"], fm["limits"], fm["out_axes"], modules, fm["last"],
-                                           _no_compiler(fm["name"], where, man["dims"][fm["name"]]))
+            def modules(kind):
+                return {key: Module([function(gm, fs[kind][key][gm["name"]]) for gm in sub], {}, str,
+                                    common["precision"]) for key, sub in fm.get(kind, {}).items()}
+            pf = PaddedFunction.restored(fm["name"], fm["inputs"], fm["batch"], fm["padded"], fm["sizes"],
+                                         fm["padding"], fm["limits"], fm["out_axes"], modules("modules"), fm["last"],
+                                         _no_compiler(fm["name"], where, man["dims"][fm["name"]]))
+            pf.live_modules = modules("live")
+            return pf
         f = GraphFunction(fm["source"], fm["optimized"], {n: array(p) for n, p in fm["params"].items()}, fm["dims"],
                           _no_compiler(fm["name"], where, man["dims"].get(fm["name"], [])), fm["verify"],
                           fm["threads"], fm["batch"])
 
         def compiled(st):
+            plans.extend(st["plans"])
             mod, path = library(st["library"]) if st["library"] else (None, None)
             c = Compiled(st["graph"], st["kgraph"], st["plans"], mod and mod.lib, mod and mod.ffi, st["kernels"],
                          st["memory"], None, st["alias"], path)
@@ -462,11 +495,26 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
             f.last = f.cache[last[1]] if last[0] == "compiled" else f.buckets[last[1]].compiled[last[2]]
         return f
 
+    plans: list = []  # every plan of this target, as `compiled` meets them
     functions = [function(fm, state[fm["name"]]) for fm in common["functions"]]
     text = common["graph_text"]
-    module = Module(functions, pickle.loads(common["report"]), lambda: text, common["precision"])
+    report = pickle.loads(common["report"])
+    _precision_of(report, precision_entries(plans))
+    module = Module(functions, report, lambda: text, common["precision"])
     module.target = target
     return module
+
+
+def _precision_of(report, entries: dict) -> None:
+    """The report's precision entries (report["precision"], or each graph's for several graphs)
+    made those of the target loaded: its instruction paths may differ from the saving machine's
+    (a bf16 GEMM of an x86-64-v3 target has no AVX512_BF16 path)."""
+    if not isinstance(report, dict):
+        return
+    for r in [report] + list(report.values()):
+        if isinstance(r, dict) and isinstance(r.get("precision"), dict):
+            prec = r["precision"]
+            prec.update({k: entries[k] for k in prec if k in entries})
 
 
 def _unpickle(blob):
@@ -483,11 +531,20 @@ def _unpickle(blob):
 
 
 def _choose_target(man: dict, where: str) -> str:
-    """The highest of the artifact's levels that this CPU (as the machine model sees it) runs."""
+    """The highest of the artifact's levels that this CPU (as the machine model sees it) runs,
+    with the ISA extensions beyond it that the target's code uses."""
     here = usable_level()
-    fits = [t for t in man["targets"] if t in LEVELS and level_rank(t) <= level_rank(here)]
+    m, host = machine(), host_isa()
+    missing = {t: [x for x in e.get("extensions", []) if not (getattr(m, x, False) and host.get(x))]
+               for t, e in man["targets"].items()}
+    levels = [t for t in man["targets"] if t in LEVELS and level_rank(t) <= level_rank(here)]
+    fits = [t for t in levels if not missing[t]]
     if not fits:
-        have = ", ".join(man["targets"])
+        have = ", ".join(t + "".join(f"+{x}" for x in e.get("extensions", [])) for t, e in man["targets"].items())
+        if levels:
+            lacks = sorted({x for t in levels for x in missing[t]})
+            raise ArtifactError(f"{where}: built for {have}; this CPU lacks {', '.join(lacks)} (save the model "
+                                f"on a machine without it, or with targets= including a level below {levels[-1]})")
         raise ArtifactError(f"{where}: built for {have}; this CPU runs up to {here or 'below x86-64-v2'} "
                             f"(save the model with targets= including {here or 'a level it has'})")
     return max(fits, key=level_rank)
@@ -497,8 +554,8 @@ def _no_compiler(name: str, where: str, bindings: list[dict]):
     """A loaded function's build: a binding the artifact does not hold needs the compiler."""
     held = "; ".join(", ".join(f"{k}={v}" for k, v in b.items()) or "no dims" for b in bindings)
 
-    def build(g, binds=(), names=None, panels=None):
-        if isinstance(g, dict):  # a padded function's new bucket
+    def build(g, binds=(), names=None, panels=None, **_):
+        if isinstance(g, dict):  # a padded function's new bucket (or decode step: live=)
             binds = [g]
         want = "; ".join(", ".join(f"{k}={v}" for k, v in b.items()) for b in binds)
         raise ArtifactError(f"graph {name}: {where} holds it compiled at {held}; a call at {want} needs the compiler: "

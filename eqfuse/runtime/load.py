@@ -12,6 +12,16 @@ uses no more threads than that:
   state R: the calling thread and any OpenMP worker still spinning);
 - free = the CPUs this process may run on minus others, at least 1.
 
+Other runtimes in this process count as other processes do. onnxruntime's threads spin for a
+while after each of its runs, OpenVINO's (TBB's) too: a 2-thread call right after one of theirs
+found its OpenMP worker sharing a core with a spinning thread, and each region's barrier waited
+for the scheduler to give the worker a turn (a call several times as long as alone, and longer
+than on one thread: benchmarks/bench_load.py --kind peers). So the threads of this process that
+count as its own are the calling thread, its OpenMP team (`eqf_team_tids` of the library, once
+per Python thread and team size) and the library's claim-based pool workers (`eqf_pool_tids`):
+every other thread of the process in state R is a peer that holds a core. (torch shares eqfuse's libgomp: its OpenMP workers are the calling thread's team,
+and spinning after torch's run they take eqfuse's next region at once.)
+
 The claim-based pool of the few-rows GEMM (csrc_templates/common_pool.h) is not limited so: its
 caller never waits for a worker that has not started, so it gets the threads asked for
 (`threads_requested`), and its worker shares the busy core.
@@ -26,6 +36,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Collection, Sequence
 
 INTERVAL = 0.05  # seconds between two reads of the running tasks: a load that comes and goes
 # faster than this is not followed; a read's cost, once per INTERVAL, stays small against the calls'
@@ -46,10 +57,13 @@ def running_total(text: str) -> int:
     return int(text.split()[3].split("/")[0])
 
 
-def running_own(task_dir: str = "/proc/self/task") -> int:
-    """This process's threads in state R (running or runnable)."""
+def running_own(task_dir: str = "/proc/self/task", mine: Collection[int] | None = None) -> int:
+    """This process's threads in state R (running or runnable); with `mine`, only those whose
+    thread ids are in it (the calling thread and its OpenMP team: the others are peers)."""
     n = 0
     for tid in os.listdir(task_dir):
+        if mine is not None and int(tid) not in mine:
+            continue
         try:
             with open(f"{task_dir}/{tid}/stat") as f:
                 stat = f.read()
@@ -60,15 +74,16 @@ def running_own(task_dir: str = "/proc/self/task") -> int:
     return n
 
 
-def free_cores(now: float | None = None) -> int:
-    """The cores not taken by other processes (see the module docstring), at least 1."""
+def free_cores(now: float | None = None, mine: Callable[[], Collection[int]] | None = None) -> int:
+    """The cores not taken by other processes, or by threads of this one not in mine() (see the
+    module docstring; asked only when /proc is read), at least 1."""
     now = time.monotonic() if now is None else now
     if now - _last[0] < INTERVAL and _last[1]:
         return _last[1]
     with _lock:
         try:
             with open("/proc/loadavg") as f:
-                others = running_total(f.read()) - running_own()
+                others = running_total(f.read()) - running_own(mine=mine() if mine is not None else None)
         except (OSError, ValueError, IndexError):  # no /proc: every CPU is free
             others = 0
         _last[0], _last[1] = now, max(1, cpus() - max(0, others))
@@ -84,10 +99,28 @@ def threads_requested(requested: int | None) -> int:
     return int(v) if v.isdigit() and int(v) > 0 else cpus()
 
 
-def threads_now(requested: int | None) -> int:
+_local = threading.local()  # per Python thread: team size -> the thread ids of its OpenMP team
+
+
+def team_ids(n: int, team: Callable[[int], Sequence[int]]) -> frozenset[int]:
+    """The calling thread and its OpenMP team of n threads (team(n): eqf_team_tids of a library),
+    asked once per Python thread and size (libgomp keeps a thread's team)."""
+    teams = _local.__dict__.setdefault("teams", {})
+    ids = teams.get(n)
+    if ids is None:
+        ids = teams[n] = frozenset(team(n)) | {threading.get_native_id()}
+    return ids
+
+
+def threads_now(requested: int | None, team: Callable[[int], Sequence[int]] | None = None,
+                pool: Callable[[], Sequence[int]] | None = None) -> int:
     """The threads an OpenMP region of a call uses: what was asked (`threads_requested`), no
-    more than are free."""
+    more than are free. With `team` (see team_ids) the process's other running threads count
+    as taking cores, except the claim-based pool's workers (pool(): their thread ids); without
+    it, the whole process is the call's own."""
     requested = threads_requested(requested)
     if requested == 1:  # nothing to take away: skip the read
         return 1
-    return max(1, min(requested, free_cores()))
+    if team is None:
+        return max(1, min(requested, free_cores()))
+    return max(1, min(requested, free_cores(mine=lambda: team_ids(requested, team) | set(pool() if pool else ()))))

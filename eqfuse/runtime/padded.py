@@ -88,6 +88,7 @@ class PaddedFunction:
         self.padding: dict[str, str] = {}  # padded dim -> "exact", or why it is compiled per value
         self.limits: dict[str, str] = {}  # padded dim -> the first default bucket the model refused
         self.out_axes: dict[str, list[tuple[int, ...]]] = {}  # padded dim -> its axes in each output
+        self.live_modules: dict[tuple, object] = {}  # (dims, live dim) -> Module of a decoder step (live_module)
         self.last = None  # the GraphFunction of the last call's bucket (Module.kernels reads it)
         self.last_module = None
         self._ready = False
@@ -122,6 +123,16 @@ class PaddedFunction:
         outs = (outs,) if one else outs
         outs = tuple(self._crop(k, o, values) for k, o in enumerate(outs))
         return outs[0] if one else outs
+
+    def live_module(self, dims: Mapping[str, int], live: str):
+        """The model compiled with every dim bound by `dims` and `live` a KV cache's run-time length
+        (compile's live=, eqfuse.generate's decode step), compiled once per dims; it shares the
+        weights of the buckets."""
+        key = (tuple(sorted(dims.items())), live)
+        with self._lock:
+            if key not in self.live_modules:
+                self.live_modules[key] = self._build(dict(dims), live=live)
+            return self.live_modules[key]
 
     # ------------------------------------------------------------ dims and buckets
 

@@ -98,6 +98,8 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
     for p in plans:  # in order: a view's root is placed before the view
         if p.into is not None:  # the copy (after it in order) owns its storage: src of itself
             src[p.node], voff[p.node] = p.into
+        elif p.live is not None and p.live.what == "append":  # written in its cache input's storage
+            src[p.node] = p.live.buffer
         elif p.kind == K.VIEW and p.view is not None:
             root, off, _ = p.view
             src[p.node], voff[p.node] = src[root], voff.get(root, 0) + off
@@ -110,6 +112,8 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
     last: dict[int, int] = {}
     for s, p in enumerate(kernels):
         r = src[p.node]  # the kernel's own result, or a concat's storage from its first writer on
+        if r in src and src[r] == r and kg.nodes[r].op == "input":
+            continue  # an append in its cache input's storage (the caller's)
         first.setdefault(r, s)
         last[r] = s
         for a in p.args:
@@ -120,9 +124,12 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
     cslot = {n: len(kg.inputs) + k for k, n in enumerate(consts)}
     owner: dict[int, int] = {}  # kernel result -> the output it is written into
     copies: dict[int, tuple[str, int]] = {}
+    appends = {p.node for p in plans if p.live is not None and p.live.what == "append"}
     for k, o in enumerate(kg.outputs):
         r = src[o]
-        if r in first and r not in owner:
+        if o in appends:  # a KV cache's present: the cache buffer the call was given, as is
+            copies[k] = ("alias", ins[r])
+        elif r in first and r not in owner:
             owner[r] = k
         elif r in owner:
             copies[k] = ("out", owner[r])
@@ -197,6 +204,14 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
              f"static long {name}_kernels(void* const* in, void* const* out, char* arena, long* failed, int* held)",
              "{", "    long bad = 0;", "    (void)in; (void)out; (void)arena; (void)bad; (void)failed; (void)held;",
              f"    const int prof = {name}_profiling;", "    struct timespec t0, t1;", "    (void)t0; (void)t1;"]
+    live = [p.live for p in kernels if p.live is not None]
+    if live:  # a KV cache's live length (eqfuse.backend.live): refused past the buffers' rows
+        slot = len(kg.inputs) - 1  # the length is the last input (eqfuse.ir.live.cache_graph)
+        assert kg.nodes[kg.inputs[slot]].type.shape == (1,), "a live length is an i64[1] input"
+        top = min(b.rows - b.new for b in live)
+        lines += [f"    const long live = *(const long*)in[{slot}];",
+                  f"    if (live < 0 || live > {top}) {{", "        *failed = live;", f"        return {BAD_LENGTH};",
+                  "    }"]
     held = False  # whether the pool may be held before the kernel (see `hold_pool`)
     for s, p in enumerate(kernels):
         hold = hold_pool(p)
@@ -207,8 +222,8 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
         args = ["NULL" if k in p.unread else ptr(a) for k, a in enumerate(p.args)]
         pre = p.prepack
         if pre:
-            args[pre.arg] = f"(float*)in[{prepack_slot[s]}]"
-        call = f"{symbol(p.name)}({', '.join(args + [ptr(p.node)])})"
+            args[pre.arg] = f"(void*)in[{prepack_slot[s]}]"  # (panels: float or int8 elements)
+        call = f"{symbol(p.name)}({', '.join(args + [ptr(p.node)] + (['live'] if p.live else []))})"
         if p.kind == K.INDEX:
             lines += [f"    if ((bad = {call}) != 0) {{", f"        *failed = {s};", "        return bad;", "    }"]
         else:
@@ -233,18 +248,21 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
 
 def hold_pool(p: KernelPlan) -> bool | None:
     """Whether the run function holds the claim-based pool's workers (common_pool.h,
-    eqf_pool_hold) when it calls this kernel: True for a skinny GEMM that uses the pool, False
+    eqf_pool_hold) when it calls this kernel: True for a skinny GEMM or another kernel whose
+    detail says its parallel work runs on the pool (`pool`: the integer GEMM), False
     for a kernel that may open an OpenMP region (its thread would find the pool's worker spinning
     on the core it wants), None for one that runs on the calling thread (the hold stays as it is)."""
     d = p.detail
     par = getattr(d, "parallel", True)
     par = any(par) if isinstance(par, tuple) else bool(par)
-    if getattr(d, "path", None) == "skinny":
+    if getattr(d, "path", None) == "skinny" or getattr(d, "pool", False):
         return True if par else None
     return False if par else None
 
 
+POOL_MAX = 64  # EQF_POOL_MAX of common_pool.h: the pool's most workers
 NOMEM = -1  # EQF_NOMEM of common.h: a kernel could not allocate its scratch buffer
+BAD_LENGTH = -2  # the live length of a KV cache is past its buffers (eqfuse.backend.live)
 _scratch_key: int | None = None  # the process's one pthread key of per-thread scratch buffers
 _scratch_lock = threading.Lock()
 
@@ -352,6 +370,11 @@ class Runner:
         self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
         if self.fn is not None:
             share_scratch_key(lib)
+        # the calling thread's OpenMP team, told from the process's other threads (runtime.load;
+        # None for a library built before eqf_team_tids)
+        self._team = self._team_of if self.fn is not None and hasattr(lib, "eqf_team_tids") else None
+        self._pool_tids = lib.eqf_pool_tids() if self._team is not None and hasattr(lib, "eqf_pool_tids") else None
+        self._pool = self._pool_of if self._pool_tids is not None else None
         self.in_dtypes = [NUMPY_DTYPE[kg.nodes[i].type.dtype] for i in kg.inputs]
         self.consts = [np.array(kg.nodes[i].value, dtype=np.float32) for i in mem.consts]
         self.out_shapes = [(tuple(kg.nodes[o].type.shape), NUMPY_DTYPE[kg.nodes[o].type.dtype]) for o in kg.outputs]
@@ -399,6 +422,16 @@ class Runner:
             a = arrays[pos]
             if isinstance(a, np.ndarray) and a.flags.c_contiguous and a.dtype == self.in_dtypes[pos]:
                 self._panels(s, a)
+
+    def _team_of(self, n: int) -> list[int]:
+        """The thread ids of the calling thread's OpenMP team of n threads (cbuild.COMMON_C)."""
+        out = self.ffi.new("long[]", n)
+        return list(out[0:self.lib.eqf_team_tids(n, out)])
+
+    def _pool_of(self) -> list[int]:
+        """The thread ids of the library's claim-based pool workers (cbuild.HEADER_C: read from
+        its array, no call into C)."""
+        return [t for t in self._pool_tids[0:POOL_MAX] if t]
 
     def _state(self):
         st = self._local.__dict__
@@ -470,7 +503,11 @@ class Runner:
         # of a worker that is not scheduled, and the worker keeps off the caller's CPU
         # (common_pool.h, eqf_pool_place)
         want = threads_requested(threads)
-        bad = self.fn(ins, outs_p, st["arena"], threads_now(want), want, st["failed"])
+        bad = self.fn(ins, outs_p, st["arena"], threads_now(want, self._team, self._pool), want, st["failed"])
+        if bad == BAD_LENGTH:
+            top = min(p.live.rows - p.live.new for p in self.kernels if p.live is not None)
+            raise ArgumentError(f"{self.kg.name}(): the KV cache's live length {st['failed'][0]} is not in 0 .. {top} "
+                                f"(its buffers hold {top} past rows and the new ones)")
         if bad == NOMEM:
             p = self.kernels[st["failed"][0]]
             raise MemoryError(f"eqfuse: kernel {p.name} ({p.kind}) could not allocate its scratch buffer")
@@ -484,6 +521,8 @@ class Runner:
     def _copy(self, k: int, arrays, outs) -> np.ndarray:
         shape, dt = self.out_shapes[k]
         where, at = self.mem.copies[k]
+        if where == "alias":  # a KV cache's present: the buffer given (backend.live)
+            return arrays[at]
         srcs = {"in": arrays, "out": outs}
         a = srcs[where][at] if where in srcs else np.array(self.kg.nodes[at].value, dtype=np.float32)
         return np.array(a, dtype=dt).reshape(shape)

@@ -38,7 +38,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
         if (kb != packed) {
             const float* restrict kp = in1 + ((kb) * 696);
             /* read k in its memory order: the inner loop runs along the smaller stride */
-            for (long kt = 0; kt < SKP / BK; kt++) {
+            for (long kt = 0; kt < (29 + BK - 1) / BK; kt++) {  /* (the key count: run-time over a KV cache) */
                 float* restrict tile = ktp + kt * D * BK;
                 const long nk = eqf_minl(BK, 29 - kt * BK);
 #define eqf_kinds_k5_attention_VEC 0 /* the plan's vec: the AVX-512 micro-kernels */
@@ -82,7 +82,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
             const long nk = eqf_minl(BK, 29 - j0);
             /* Spread over the key tiles: prefetch the next query block's rows of q and this block's
              * rows of the output, so neither waits on memory when its turn comes. */
-            enum { NT = (29 + BK - 1) / BK, PF = (BQ + NT - 1) / NT };
+            const long NT = (29 + BK - 1) / BK, PF = (BQ + NT - 1) / NT;
             for (long ii = j0 / BK * PF; ii < eqf_minl(BQ, (j0 / BK + 1) * PF); ii++) {
                 if (1 == 1 && i0 + BQ + ii < 19)
                     for (long d = 0; d < D; d += 16)

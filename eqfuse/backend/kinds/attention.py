@@ -170,7 +170,11 @@ class Attention(Kind):
         epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={p.qk, p.sm})
         e = epi.value(p.result)
         bk, bq = plan.tiles["bk"], plan.tiles["bq"]
-        return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SQ=Sq, SK=Sk, D=D, DV=Dv,
+        # keys over a KV cache (eqfuse.backend.live): the live length and the new rows, at run time
+        sk = f"(live + {plan.live.new})" if plan.live else str(Sk)
+        if plan.live:
+            params += ", long live"
+        return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SQ=Sq, SK=sk, D=D, DV=Dv,
                       BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=int(d.vec),
                       ZERO_NAN=int(body.nodes[p.sm].attr["zero_nan"]), PARALLEL=int(d.parallel),
                       Q=Q, QOFF=offset("b", batch, qs[:nb]), QR=qs[nb], QC=qs[nb + 1],

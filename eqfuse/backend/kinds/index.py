@@ -311,7 +311,41 @@ def _matmul_integer(an: Node, ins, xs, out, ct, par: str = "0"):
             "}"]
 
 
-BUILDERS = {"matmul_integer": _matmul_integer, "range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
+def _conv_integer(an: Node, ins, xs, out, ct, par=False):
+    """conv2d((int32(x) - x_zp), (int32(w) - w_zp)) in int32, as onnxruntime's ConvInteger and
+    QLinearConv: a padded tap is x_zp, so it is skipped (it adds 0). One output plane (image,
+    output channel) at a time, the output row's pixels innermost; exact."""
+    x, w, xzp, wzp = ins
+    N, C, H, W = xs[0]
+    O, Cg, KH, KW = xs[1]
+    OH, OW = out[2], out[3]
+    (sh, sw), (ph, pw), (dh, dw) = (pair(an.attr["stride"]), pair(an.attr["padding"]), pair(an.attr["dilation"]))
+    og = O // an.attr["group"]
+    wz = f"(int32_t){wzp}[o]" if len(xs[3]) == 1 else f"(int32_t){wzp}[0]"
+    return [f"const int32_t xz = (int32_t){xzp}[0];",
+            f"for (long no = 0; no < {N * O}; no++) {{",
+            f"    const long n = no / {O}, o = no % {O}, c0 = (o / {og}) * {Cg};",
+            f"    const int32_t wz = {wz};",
+            f"    int32_t *y = out + no * {OH * OW};",
+            f"    for (long p = 0; p < {OH * OW}; p++) y[p] = 0;",
+            f"    for (long c = 0; c < {Cg}; c++)",
+            f"        for (long i = 0; i < {KH}; i++)",
+            f"            for (long j = 0; j < {KW}; j++) {{",
+            f"                const int32_t wv = (int32_t){w}[((o * {Cg} + c) * {KH} + i) * {KW} + j] - wz;",
+            f"                const {ct} *xc = {x} + (n * {C} + c0 + c) * {H * W}L;",
+            f"                for (long oh = 0; oh < {OH}; oh++) {{",
+            f"                    const long h = oh * {sh} - {ph} + i * {dh};",
+            f"                    if (h < 0 || h >= {H}) continue;",
+            f"                    for (long ow = 0; ow < {OW}; ow++) {{",
+            f"                        const long v = ow * {sw} - {pw} + j * {dw};",
+            f"                        if (v >= 0 && v < {W}) y[oh * {OW} + ow] += ((int32_t)xc[h * {W} + v] - xz) * wv;",
+            "                    }",
+            "                }",
+            "            }",
+            "}"]
+
+
+BUILDERS = {"matmul_integer": _matmul_integer, "conv_integer": _conv_integer, "range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
             "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool,
             "pool2d_grad": _pool_grad, "scatter_elements_add": _scatter_elements_add}
 

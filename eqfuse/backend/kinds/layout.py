@@ -128,13 +128,18 @@ class Layout(Kind):
             assert an.op == "concat", an.op
             ax = an.attr["axis"] % len(out)
             pos = 0
+            # an append (eqfuse.backend.live): the operands after the past go at the live length
+            at = (lambda pos: f"(live + {pos - (plan.live.rows - plan.live.new)}) * {ocs[ax]}") if plan.live \
+                else (lambda pos: str(pos * ocs[ax]))
             for k, x in enumerate(an.args):
                 xs = body.nodes[x].type.shape
                 if k in plan.unread:  # written in place by its own kernel (eqfuse.backend.stores)
                     next(parallel)
                 else:
-                    block(ptrs[x], list(strides(x)), str(pos * ocs[ax]), xs, list(ocs))
+                    block(ptrs[x], list(strides(x)), at(pos), xs, list(ocs))
                 pos += xs[ax]
+        if plan.live:
+            params += ", long live"
         return render("layout.c", NAME=plan.name, OP=an.op, SPACE=list(out), PARAMS=params, BLOCKS="\n".join(blocks))
 
 

@@ -24,6 +24,7 @@ from eqfuse.backend.kinds.base import (
     parallel_rule,
     vectors,
 )
+from eqfuse.backend.live import emit_repeat
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.kernels import F32, K
@@ -108,6 +109,8 @@ class Pointwise(Kind):
             self.plan(plan, caches)
 
     def emit(self, plan: KernelPlan) -> str:
+        if plan.live is not None:  # a KV cache's repeat for the query heads (eqfuse.backend.live)
+            return emit_repeat(plan)
         body, root = plan.body, plan.body.outputs[0]
         shape = plan.out_shape
         groups = inner_groups(plan)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eqfuse.backend.kinds.base import Kind
-from eqfuse.backend.kinds.contraction import conv, conv_grouped, emit_gemm
+from eqfuse.backend.kinds.contraction import conv, conv_grouped, emit_gemm, qgemm
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     Prepack,
     c_layout,
@@ -33,14 +33,16 @@ class Contraction(Kind):
             return conv_grouped.plan_conv_grouped(plan, m)  # (depthwise and grouped convs)
         if plan.kind == K.CONV2D and conv.plan_conv_direct(plan, m):
             return  # a direct conv (conv.use_direct), else im2col + GEMM
+        if qgemm.is_integer(plan):
+            return qgemm.plan_qgemm(plan, m)  # (matmul_integer: the u8 x s8 GEMM)
         plan_contraction(plan, m)
 
     def writes_through(self, plan: KernelPlan, strides) -> bool:
         """A matmul's GEMM stores C at a row stride and a batch stride (plan_gemm.c_layout), a
         conv2d's at a row, column and image stride (plan_gemm.conv_c_layout); not a row
         epilogue (the row templates walk rows of N)."""
-        if isinstance(plan.detail, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail)):
-            return False  # (writes NCHW contiguous)
+        if isinstance(plan.detail, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail, qgemm.QGemmDetail)):
+            return False  # (writes NCHW contiguous; the integer GEMM writes C contiguous)
         if plan.kind == K.CONV2D:
             return conv_c_layout(plan, strides) is not None
         return plan.kind == K.CONTRACTION and c_layout(plan, strides) is not None
@@ -51,6 +53,8 @@ class Contraction(Kind):
             self.plan(plan, m)
 
     def emit(self, plan: KernelPlan) -> str:
+        if isinstance(plan.detail, qgemm.QGemmDetail):
+            return qgemm.emit_qgemm(plan)
         if isinstance(plan.detail, conv_grouped.ConvGroupedDetail):
             return conv_grouped.emit_conv_grouped(plan)
         if isinstance(plan.detail, conv.ConvDirectDetail):
@@ -66,9 +70,11 @@ def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine) -> None:
     every batch (emit then reads B as panels the runtime packs once). A matmul with few rows
     then takes the memory-bound skinny path (plan_gemm.skinny, planned by plan_skinny)."""
     d = plan.detail
-    if isinstance(d, conv_grouped.ConvGroupedDetail):
+    if isinstance(d, conv_grouped.ConvGroupedDetail) and not d.channels:
         return  # (reads the weights as they are)
-    if isinstance(d, conv.ConvDirectDetail):
+    if isinstance(d, qgemm.QGemmDetail):
+        return qgemm.mark_bound(plan, bound)
+    if isinstance(d, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail)):
         return conv.mark_bound(plan, bound)
     if plan.kind not in GEMM_KINDS or not (d.gemm.mode == "fold" or d.pixels_as_rows):
         return  # (otherwise B differs between batches, or is a conv's column matrix)

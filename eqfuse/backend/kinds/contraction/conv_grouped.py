@@ -12,14 +12,34 @@ lanes. A depthwise conv (one input channel per group, any channel multiplier) is
 the input plane is read from memory once, each output element written twice (the sums, then the
 fused epilogue in place: bias, batchnorm, activation, residual). The same kernel runs any
 stride, padding and dilation.
+
+The channels path (`channels`, chosen by `use_channels`) puts VL output channels in the vector
+lanes instead. A task is a block of VL channels over a band of output rows. A depthwise conv
+transposes the band's input rows into a zero-padded tile [rows][columns][VL] (VL x VL transposes
+in registers) and computes register tiles of RW output pixels of a row: RW accumulators, each tap
+a weight vector of VL channels times an input vector (a kernel row's weights in registers, each
+input vector loaded once per kernel row). The output tile is transposed back into the NCHW
+planes, where the epilogue is applied in place. The lanes are full whatever the image width, and
+a tap is one multiply-add per VL outputs; the price is the two transposes, which a large kernel
+(7 x 7: 49 multiply-adds per output) hides and a 3 x 3 one over wide rows does not
+(benchmarks/bench_conv.py --set grouped). onnxruntime's MLAS runs depthwise convs in its NCHWc
+layout the same way, reordering NCHW in and out. A grouped conv whose groups hold whole vectors
+of output channels (a RegNet's 16-64 per group) runs the same tasks over blocks of VL output
+channels of one group: the band's rows of the group's CG input planes are copied as they are
+(no transpose) and each input pixel, broadcast, multiplies a tap's weights of the VL output
+channels (a direct conv per group). The weights are prepacked [O / VL][CG][KH x KW][VL] when
+bound. EQFUSE_CONV_GROUPED=pixels|channels forces either path where it can run,
+EQFUSE_GROUPED_TILE=RW,BAND a tile and EQFUSE_GROUPED_PREFETCH=0|1 the prefetch, to measure the
+others.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, render
-from eqfuse.backend.kinds.contraction.plan_gemm import parallel
+from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, cdiv, parallel
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.kernels import F32
 from eqfuse.ir.ops import pair
@@ -44,8 +64,25 @@ class ConvGroupedDetail:
     padding: tuple[int, int]
     dilation: tuple[int, int]
     parallel: bool
+    # VL channels in the vector lanes (a depthwise conv, `use_channels`); else a row's pixels
+    channels: bool = False
+    vl: int = 1  # floats per vector (channels)
+    rw: int = 1  # output pixels of a row per register tile (channels)
+    band: int = 1  # output rows per task (channels)
+    prefetch: bool = False  # the next task's image rows prefetched while a task computes (channels)
     blocked_args: tuple[int, ...] = ()  # (the conv epilogue's interface: none read in blocks here)
-    prepack = None  # (the weights are read as they are, OIHW)
+    # channels: the weights bound by params=, in blocks [C / VL][KH x KW][VL] made once (conv.mark_bound);
+    # pixels: always None (the weights are read as they are, OIHW)
+    prepack: Prepack | None = None
+
+    # the decisions derived from the fields above, printed by `eqfuse lower` with them
+    DERIVED = ("grouped",)
+
+    @property
+    def grouped(self) -> bool:
+        """More than one input or output channel per group: the channels path's GROUPED (the
+        group's input planes copied as they are, each input pixel broadcast)."""
+        return self.cg != 1 or self.og != 1
 
     @property
     def cg(self) -> int:
@@ -61,6 +98,57 @@ def is_grouped(cv) -> bool:
     return cv.attr.get("group", 1) != 1
 
 
+def use_channels(d: ConvGroupedDetail) -> bool:
+    """Whether a grouped conv puts channels in the lanes: always when each group's output channels
+    are whole vectors (a RegNet's 16-64 per group; the per-plane kernel re-copies the group's input
+    planes for every output channel); a depthwise conv (one input and one output channel per
+    group) with a kernel of more than 3 x 3 taps (the multiply-adds hide the transposes), a
+    stride (pixels in the lanes would read strided columns) or an output row narrower than two
+    vectors (most lanes of its last vector empty). A 3 x 3 stride-1 conv over wide rows is
+    bound by memory either way and keeps its pixels in the lanes, which reads the input once
+    without transposing it (benchmarks/bench_conv.py --set mobilenet). EQFUSE_CONV_GROUPED=
+    pixels|channels forces either where it can run."""
+    if not (d.cg == 1 and d.og == 1) and d.og % d.vl:
+        return False
+    force = os.environ.get("EQFUSE_CONV_GROUPED", "").strip().lower()
+    if force in ("pixels", "channels"):
+        return force == "channels"
+    if not (d.cg == 1 and d.og == 1):
+        return True  # (grouped, whole vectors of output channels per group: see the module's doc)
+    return d.KH * d.KW > 9 or d.stride != (1, 1) or d.OW < 2 * d.vl
+
+
+def channel_tiles(d: ConvGroupedDetail, m: Machine) -> tuple[int, int]:
+    """(RW, BAND) of the channels path. RW: the register tile's pixels, from 4 up to the
+    accumulators the vector registers leave (KW for a kernel row's weights, one for an input; at
+    most 14), the one
+    that wastes the fewest computed columns (the last tile of a row computes past its end), the
+    largest on a tie. BAND: all the output rows, cut into bands when the (image, channel block)
+    tasks are fewer than 4 per core, and so that a band's input tile fits half of L2."""
+    if os.environ.get("EQFUSE_GROUPED_TILE"):  # "RW,BAND": a tile forced, to measure others
+        rw, band = (int(t) for t in os.environ["EQFUSE_GROUPED_TILE"].split(","))
+        return rw, min(band, d.OH)
+    regs = 32 if d.vl >= 16 else 16
+    rw = min(range(4, max(4, min(regs - d.KW - 1, 14)) + 1), key=lambda r: (cdiv(d.OW, r) * r, -r))
+    tw = cdiv(d.OW, rw) * rw
+    bwp = (tw - 1) * d.stride[1] + (d.KW - 1) * d.dilation[1] + 1
+    per_row = bwp * (d.cg if d.cg != 1 or d.og != 1 else d.vl) * F32
+    tasks = d.N * cdiv(d.O, d.vl)
+    band = cdiv(d.OH, min(d.OH, cdiv(4 * m.cores, tasks)))
+    fit = ((m.l2 // 2) // per_row - (d.KH - 1) * d.dilation[0] - 1) // d.stride[0] + 1
+    return rw, max(1, min(band, fit))
+
+
+def prefetches(d: ConvGroupedDetail) -> bool:
+    """Whether a task prefetches the next one's image rows: with more than 3 x 3 taps, where
+    a task's multiply-adds take long enough to hide the loads (a 3 x 3 conv is bound by memory:
+    nothing to overlap). EQFUSE_GROUPED_PREFETCH=0|1 forces it."""
+    force = os.environ.get("EQFUSE_GROUPED_PREFETCH", "").strip()
+    if d.cg != 1 or d.og != 1:
+        return False  # (the prefetch follows a depthwise task's VL input planes)
+    return force == "1" if force in ("0", "1") else d.KH * d.KW > 9
+
+
 def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     computes_f32(plan, "a depthwise or grouped conv runs in f32 under bf16: no bf16 path for this kernel")
     body, a = plan.body, plan.shape.anchor
@@ -73,7 +161,14 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     # elements it reads and writes too)
     par = parallel(N * O, OH * OW, CG * KH * KW, 1) or N * (C * H * W + O * OH * OW) >= (1 << 17)
     d = ConvGroupedDetail(N, C, H, W, O, g, KH, KW, OH, OW, pair(cv.attr["stride"]), pair(cv.attr["padding"]),
-                          pair(cv.attr["dilation"]), par)
+                          pair(cv.attr["dilation"]), par, vl=m.simd_floats)
+    if use_channels(d):
+        rw, band = channel_tiles(d, m)
+        d = replace(d, channels=True, rw=rw, band=band,
+                    prefetch=prefetches(d))
+        plan.detail = d
+        return _plan_channels(plan, body, a, cv, d, m, macs)
+    d = replace(d, vl=1)
     plan.detail = d
     plan.tiles = {"plane": OH * OW}
     plan.flops = 2 * macs + pointwise_flops(body)
@@ -92,14 +187,43 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
                  UOp(1, "Store", f"plane through the epilogue ({epi or 'none'}) in place, NCHW", N * O)]
 
 
-def emit_conv_grouped(plan: KernelPlan) -> str:
-    from eqfuse.backend.kinds.contraction.conv import epilogue_c
+def _plan_channels(plan: KernelPlan, body, a: int, cv, d: ConvGroupedDetail, m: Machine, macs: int) -> None:
+    plan.tiles = {"rw": d.rw, "band": d.band}
+    plan.flops = 2 * macs + pointwise_flops(body)
+    tw = cdiv(d.OW, d.rw) * d.rw
+    bhp = (d.band - 1) * d.stride[0] + (d.KH - 1) * d.dilation[0] + 1
+    bwp = (tw - 1) * d.stride[1] + (d.KW - 1) * d.dilation[1] + 1
+    grouped = d.cg != 1 or d.og != 1
+    tile = (bhp * bwp * (d.cg if grouped else d.vl) + d.band * tw * d.vl) * F32
+    plan.cache_check = (f"a band's input tile {bhp} x {bwp} x {d.cg if grouped else d.vl} and output tile {d.band} x {tw} x {d.vl}: "
+                        f"{tile} B <= L2 {m.l2} B: {'ok' if tile <= m.l2 else 'NO'}")
+    nt = d.N * cdiv(d.O, d.vl) * cdiv(d.OH, d.band)
+    plan.threads = (f"the {nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows) split evenly"
+                    if d.parallel else "one thread, no parallel region")
+    epi = ops_text(body, skip={a} | set(cv.args))
+    load = (f"the band's rows of the group's {d.cg} input planes copied into zero-padded planes [{d.cg}][{bhp}][{bwp}]"
+            if grouped else f"the band's input rows transposed {d.vl} x {d.vl} into a zero-padded tile "
+                            f"[{bhp}][{bwp}][{d.vl}]")
+    plan.uops = [UOp(0, "Load", f"weights to blocks [{cdiv(d.O, d.vl)}][{d.cg}][{d.KH * d.KW}][{d.vl}]", 1),
+                 UOp(0, "Loop", f"{nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows)", nt),
+                 UOp(1, "Load", load, nt * bhp),
+                 UOp(1, "Exec", f"register tiles of {d.rw} pixels x {d.vl} channels, {d.cg} x {d.KH} x {d.KW} "
+                                "taps, a weight vector each", nt * d.band * (tw // d.rw)),
+                 UOp(1, "Store", f"the output tile transposed into the NCHW planes, then the epilogue "
+                                 f"({epi or 'none'}) in place", nt)]
 
+
+def emit_conv_grouped(plan: KernelPlan) -> str:
     body, a, d = plan.body, plan.shape.anchor, plan.detail
     cv = body.nodes[a]
     params, ptrs = kernel_params(plan)
+    from eqfuse.backend.kinds.contraction.conv import epilogue_c, transpose_c
+
     expr, decls = epilogue_c(plan)
-    return render("conv_grouped.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
-                  WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), PLANE=plan.tiles["plane"], N=d.N, C=d.C, H=d.H, W=d.W,
+    return render("conv_grouped.c", NAME=plan.name, CHANNELS=int(d.channels), VL=d.vl,
+                  PREPACKED=int(d.prepack is not None), PREFETCH=int(d.prefetch),
+                  GROUPED=int(d.grouped), RW=d.rw, BAND=d.band,
+                  TRANSPOSE=transpose_c(d.vl, f"{plan.name}_vf") if d.channels else "", PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
+                  WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), PLANE=plan.tiles.get("plane", 0), N=d.N, C=d.C, H=d.H, W=d.W,
                   O=d.O, G=d.group, CG=d.cg, OG=d.og, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW, SH=d.stride[0],
                   SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], DH=d.dilation[0], DW=d.dilation[1])

@@ -1,0 +1,333 @@
+/* {{NAME}}: C[b] = epilogue((A[b] - a_zp) @ (B[b % NBB] - b_zp)) for b < {{BATCH}}, the integer
+ * GEMM of matmul_integer (ONNX MatMulInteger): M={{M}} N={{N}} K={{K}}, A u8 (or s8) M x K
+ * row-major, B s8 (or u8) K x N row-major, the product exact in int32 (wrapping, as onnxruntime's).
+ *
+ * B is packed into NR-column panels of 4-byte K-groups, [K/4][NR][4] per panel (zero padded in
+ * K and N): one 32-bit lane holds one column's four k, the operand layout of vpdpbusd, followed
+ * by the column sums of B (int32, NPAD). With PREPACKED_B ({{PREPACKED_B}}; B bound by params=)
+ * the B argument is those panels, made once by {{NAME}}_prepack; otherwise each call packs B.
+ * An s8 A (A_S8 {{A_S8}}) is read as u8 a ^ 0x80 = a + 128 and a u8 B (B_U8 {{B_U8}}) as s8
+ * b ^ 0x80 = b - 128, their zero points moved by the same 128, so that the product is always
+ * u8 x s8, and
+ *   sum_k (a - az)(b - bz) = sum_k a b - az colsum(b)[j] - bz[j] rowsum(a)[i] + K az bz[j]
+ * subtracts the activation's zero point once per column (column sums made at pack time); the
+ * row sums of A are computed only when some b_zp is not zero.
+ *
+ * PATH ({{PATH}}, the plan's precision_path): 3 = AVX512_VNNI (vpdpbusd on zmm, 64 u8 x s8
+ * products in 16 lanes per instruction), 2 = AVX-VNNI (the VEX vpdpbusd on ymm), 1 = the exact
+ * fallback: u8 and s8 widened to int16 (the even and odd bytes of each lane) and multiplied by
+ * vpmaddwd, whose two products per lane (at most 255 * 128 each) add exactly in int32 --
+ * vpmaddubsw would saturate their int16 sum; 0 = the same sums in plain C (no AVX2).
+ *
+ * Threads: the NR-column panels are chunks of the claim-based pool (common_pool.h), each panel
+ * computed over all rows in MR-row tiles. Its K is walked in blocks of KC ({{KC}}) so that the
+ * block of B's panel stays in L1 while every row tile passes over it; the int32 partial sums of a
+ * block wait for the next in a buffer of M x NR per thread (eqf_scratch).
+ * The finished MR x NR tile of int32 sums leaves the micro-kernel into a buffer in L1, from where
+ * it reaches C through `{{EPILOGUE}}` (in terms of the exact int32 `acc`, i, j, b and the extra
+ * parameters): the dequantization, bias and activation in f32, and the only store of C. */
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define {{NAME}}_M {{M}}L
+#define {{NAME}}_N {{N}}L
+#define {{NAME}}_K {{K}}L
+#define {{NAME}}_MR {{MR}}
+#define {{NAME}}_NR {{NR}}
+#define {{NAME}}_EDGE ({{NAME}}_M % {{NAME}}_MR ? (int)({{NAME}}_M % {{NAME}}_MR) : {{NAME}}_MR)
+#define {{NAME}}_KC {{KC}}L /* K per block (a multiple of 4, or K itself: one block) */
+/* the plan's other choices (`eqfuse lower`'s plan: and precision: lines) */
+#define {{NAME}}_PATH {{PATH}} /* the instruction path: 3 avx512_vnni, 2 avx_vnni, 1 fallback, 0 plain C */
+#define {{NAME}}_A_S8 {{A_S8}} /* A is s8: read as u8 a ^ 0x80 */
+#define {{NAME}}_B_U8 {{B_U8}} /* B is u8: packed as s8 b ^ 0x80 */
+#define {{NAME}}_BZP_PER_COL {{BZP_PER_COL}} /* b_zp one per column */
+#define {{NAME}}_PREPACKED_B {{PREPACKED_B}} /* B's panels made once by _prepack (B bound by params=) */
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the panels shared by the pool's threads */
+#define {{NAME}}_KCG (({{NAME}}_KC + 3) / 4) /* K-groups per block */
+#define {{NAME}}_KG ({{NAME}}_K / 4) /* whole K-groups of A; a last partial one is KT bytes */
+#define {{NAME}}_KT ({{NAME}}_K % 4)
+#define {{NAME}}_KGP (({{NAME}}_K + 3) / 4) /* K-groups in the panels */
+#define {{NAME}}_NPAD (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR)
+#define {{NAME}}_PANELS ({{NAME}}_NPAD / {{NAME}}_NR)
+#define {{NAME}}_PANEL_BYTES ({{NAME}}_KGP * 4L * {{NAME}}_NR)
+#define {{NAME}}_AXOR ({{NAME}}_A_S8 ? 0x80808080u : 0u)
+#if {{NAME}}_PATH == 3 && !defined(__AVX512VNNI__)
+#error "the plan chose the AVX512_VNNI path (vpdpbusd) but the compiler does not target AVX512_VNNI"
+#endif
+#if {{NAME}}_PATH == 2
+#define {{NAME}}_TARGET __attribute__((target("avx2,fma,avxvnni")))
+#elif {{NAME}}_PATH == 1 && !defined(__AVX2__)
+#error "the plan chose the AVX2 fallback (vpmaddwd) but the compiler does not target AVX2"
+#else
+#define {{NAME}}_TARGET
+#endif
+#ifndef {{NAME}}_TARGET
+#define {{NAME}}_TARGET
+#endif
+
+/* A counting build (-DEQF_COUNT_UKERNEL) counts the micro-kernel calls (`eqfuse lower --uops`). */
+#ifdef EQF_COUNT_UKERNEL
+static long {{NAME}}_calls;
+long {{NAME}}_ukernel_calls(void) { return __atomic_exchange_n(&{{NAME}}_calls, 0, __ATOMIC_RELAXED); }
+#define {{NAME}}_COUNT_CALL() __atomic_fetch_add(&{{NAME}}_calls, 1, __ATOMIC_RELAXED)
+#else
+#define {{NAME}}_COUNT_CALL() ((void)0)
+#endif
+
+/* Four bytes of a row of A from k = 4 g (u8 after the xor of an s8 A); the last partial group
+ * reads only the K % 4 bytes there are (B's padding is zero, so the rest may be anything). */
+static inline uint32_t {{NAME}}_a4(const uint8_t* a, long g)
+{
+    uint32_t w = 0;
+    if (g < {{NAME}}_KG)
+        memcpy(&w, a + 4 * g, 4);
+    else
+        memcpy(&w, a + 4 * g, {{NAME}}_KT);
+    return w ^ {{NAME}}_AXOR;
+}
+
+/* out[r][NR] = init[r][NR] (0 without init) + the sum over the K-groups [g0, g1) of
+ * A[r][k] * panel[k][j] (u8 x s8, int32), for r < mr */
+static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukernel(
+    const int mr, const uint8_t* restrict a, const int8_t* restrict bp, const long g0, const long g1,
+    const int32_t* init, int32_t* out)
+{
+    {{NAME}}_COUNT_CALL();
+#if {{NAME}}_PATH == 3
+    enum { V = {{NAME}}_NR / 16 };
+    __m512i acc[{{NAME}}_MR][V];
+#pragma GCC unroll 16 /* (every row: no accumulator is read unset) */
+    for (int r = 0; r < {{NAME}}_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            acc[r][v] = init && r < mr ? _mm512_loadu_si512((const void*)(init + r * {{NAME}}_NR + 16 * v))
+                                       : _mm512_setzero_si512();
+    for (long g = g0; g < g1; g++) {
+        __m512i b[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            b[v] = _mm512_loadu_si512((const void*)(bp + (g * {{NAME}}_NR + 16 * v) * 4));
+#pragma GCC unroll 16
+        for (int r = 0; r < mr; r++) {
+            const __m512i av = _mm512_set1_epi32((int){{NAME}}_a4(a + r * {{NAME}}_K, g));
+#pragma GCC unroll 8
+            for (int v = 0; v < V; v++)
+                acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, b[v]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            _mm512_storeu_si512((void*)(out + r * {{NAME}}_NR + 16 * v), acc[r][v]);
+#elif {{NAME}}_PATH == 2 || {{NAME}}_PATH == 1
+    enum { V = {{NAME}}_NR / 8 };
+    __m256i acc[{{NAME}}_MR][V];
+#pragma GCC unroll 16 /* (every row: no accumulator is read unset) */
+    for (int r = 0; r < {{NAME}}_MR; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            acc[r][v] = init && r < mr ? _mm256_loadu_si256((const __m256i*)(init + r * {{NAME}}_NR + 8 * v))
+                                       : _mm256_setzero_si256();
+    for (long g = g0; g < g1; g++) {
+#if {{NAME}}_PATH == 2
+        __m256i b[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            b[v] = _mm256_loadu_si256((const __m256i*)(bp + (g * {{NAME}}_NR + 8 * v) * 4));
+#pragma GCC unroll 16
+        for (int r = 0; r < mr; r++) {
+            const __m256i av = _mm256_set1_epi32((int)({{NAME}}_a4(a + r * {{NAME}}_K, g)));
+#pragma GCC unroll 8
+            for (int v = 0; v < V; v++)
+                acc[r][v] = _mm256_dpbusd_avx_epi32(acc[r][v], av, b[v]);
+        }
+#else
+        /* each 32-bit lane: B's bytes b0 b1 b2 b3 as int16 pairs (b0, b2) (sign-extended even
+         * bytes) and (b1, b3) (odd bytes); A's the same way, zero-extended: two vpmaddwd */
+        __m256i be[V], bo[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i*)(bp + (g * {{NAME}}_NR + 8 * v) * 4));
+            be[v] = _mm256_srai_epi16(_mm256_slli_epi16(raw, 8), 8);
+            bo[v] = _mm256_srai_epi16(raw, 8);
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < mr; r++) {
+            const uint32_t w = {{NAME}}_a4(a + r * {{NAME}}_K, g);
+            const __m256i ae = _mm256_set1_epi32((int)(w & 0x00ff00ffu));
+            const __m256i ao = _mm256_set1_epi32((int)((w >> 8) & 0x00ff00ffu));
+#pragma GCC unroll 8
+            for (int v = 0; v < V; v++)
+                acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_add_epi32(_mm256_madd_epi16(ae, be[v]),
+                                                                         _mm256_madd_epi16(ao, bo[v])));
+        }
+#endif
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            _mm256_storeu_si256((__m256i*)(out + r * {{NAME}}_NR + 8 * v), acc[r][v]);
+#else
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < {{NAME}}_NR; j++)
+            out[r * {{NAME}}_NR + j] = init ? init[r * {{NAME}}_NR + j] : 0;
+    for (long g = g0; g < g1; g++)
+        for (int r = 0; r < mr; r++) {
+            const uint32_t w = {{NAME}}_a4(a + r * {{NAME}}_K, g);
+            for (int j = 0; j < {{NAME}}_NR; j++) {
+                const int8_t* q = bp + (g * {{NAME}}_NR + j) * 4;
+                out[r * {{NAME}}_NR + j] += (int32_t)(w & 255) * q[0] + (int32_t)(w >> 8 & 255) * q[1]
+                                             + (int32_t)(w >> 16 & 255) * q[2] + (int32_t)(w >> 24) * q[3];
+            }
+        }
+#endif
+}
+
+/* B (K x N, row stride N) into the panels P and its column sums after them (see above) */
+static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
+{
+    int32_t* restrict colsum = (int32_t*)(P + {{NAME}}_PANELS * {{NAME}}_PANEL_BYTES);
+    for (long j = 0; j < {{NAME}}_NPAD; j++)
+        colsum[j] = 0;
+    for (long p = 0; p < {{NAME}}_PANELS; p++) {
+        int8_t* restrict q = P + p * {{NAME}}_PANEL_BYTES;
+        for (long k = 0; k < {{NAME}}_KGP * 4; k++) /* (B's rows in order: its bytes read once, in sequence) */
+            for (long jj = 0; jj < {{NAME}}_NR; jj++) {
+                const long j = p * {{NAME}}_NR + jj;
+                /* (a u8 B is read as s8 b - 128: its bits xor 0x80) */
+                const int8_t v = j < {{NAME}}_N && k < {{NAME}}_K ? (int8_t)((uint8_t)B[k * {{NAME}}_N + j] ^ ({{NAME}}_B_U8 ? 0x80 : 0)) : 0;
+                q[((k / 4) * {{NAME}}_NR + jj) * 4 + k % 4] = v;
+                colsum[j] += v;
+            }
+    }
+}
+
+typedef struct {
+    const uint8_t* A;
+    const int8_t* P;
+    const int32_t* rowsum;
+    {{OUT_T}}* C;
+    long b;
+    uint32_t az;
+    const {{BZP_T}}* bzp;
+    int* nomem; /* a thread's partial-sum buffer could not be allocated */
+    {{EXTRA_FIELDS}}
+} {{NAME}}_job;
+
+/* One NR-column panel over all M rows of batch b: micro-kernel, then the epilogue per tile */
+static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long p)
+{
+    const {{NAME}}_job* jb = ctx;
+    const uint8_t* restrict A = jb->A;
+    const int8_t* restrict bp = jb->P + p * {{NAME}}_PANEL_BYTES;
+    const int32_t* restrict colsum = (const int32_t*)(jb->P + {{NAME}}_PANELS * {{NAME}}_PANEL_BYTES);
+    const int32_t* restrict rowsum = jb->rowsum;
+    {{OUT_T}}* restrict C = jb->C;
+    const long b = jb->b;
+    const uint32_t az = jb->az;
+    const {{BZP_T}}* restrict bzp = jb->bzp;
+    {{EXTRA_UNPACK}}
+    (void)b;
+    const long j0 = p * {{NAME}}_NR;
+    const long nr = {{NAME}}_N - j0 < {{NAME}}_NR ? {{NAME}}_N - j0 : {{NAME}}_NR;
+    /* per column: -az colsum[j] + K az bz[j] (uint32: wraps as int32 arithmetic does) and bz[j] */
+    uint32_t corr[{{NAME}}_NR], bzj[{{NAME}}_NR];
+    for (long jj = 0; jj < {{NAME}}_NR; jj++) {
+        const long j = j0 + jj < {{NAME}}_N ? j0 + jj : {{NAME}}_N - 1;
+        bzj[jj] = (uint32_t)((int32_t)bzp[{{NAME}}_BZP_PER_COL ? j : 0] - ({{NAME}}_B_U8 ? 128 : 0));
+        corr[jj] = (uint32_t){{NAME}}_K * az * bzj[jj] - az * (uint32_t)colsum[j0 + jj];
+    }
+    int32_t tile[{{NAME}}_MR * {{NAME}}_NR] __attribute__((aligned(64)));
+    /* the partial sums of all M rows between K blocks (none with one block) */
+    enum { ONE_BLOCK = {{NAME}}_KCG >= {{NAME}}_KGP };
+    int32_t* part = ONE_BLOCK ? NULL : (int32_t*)eqf_scratch(EQF_SCRATCH_GEMM_A, {{NAME}}_M * {{NAME}}_NR);
+    if (!ONE_BLOCK && !part) {
+        __atomic_store_n(jb->nomem, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (long g0 = 0; g0 < {{NAME}}_KGP; g0 += {{NAME}}_KCG) {
+      const long g1 = g0 + {{NAME}}_KCG < {{NAME}}_KGP ? g0 + {{NAME}}_KCG : {{NAME}}_KGP;
+      const int last = g1 == {{NAME}}_KGP;
+      for (long i0 = 0; i0 < {{NAME}}_M; i0 += {{NAME}}_MR) {
+        const int mr = {{NAME}}_M - i0 < {{NAME}}_MR ? (int)({{NAME}}_M - i0) : {{NAME}}_MR;
+        const int32_t* init = g0 ? part + i0 * {{NAME}}_NR : NULL;
+        int32_t* dst = last ? tile : part + i0 * {{NAME}}_NR;
+        /* (the last M % MR rows: a kernel of that many rows, unrolled like the full one) */
+        if (mr == {{NAME}}_MR)
+            {{NAME}}_ukernel({{NAME}}_MR, A + i0 * {{NAME}}_K, bp, g0, g1, init, dst);
+        else
+            {{NAME}}_ukernel({{NAME}}_EDGE, A + i0 * {{NAME}}_K, bp, g0, g1, init, dst);
+        if (!last)
+            continue;
+        for (int r = 0; r < mr; r++) {
+            const long i = i0 + r;
+            const uint32_t rs = rowsum ? (uint32_t)rowsum[i] : 0u;
+            {{OUT_T}}* restrict crow = C + i * {{LDC}}L + j0;
+            const int32_t* restrict trow = tile + r * {{NAME}}_NR;
+#pragma omp simd
+            for (long jj = 0; jj < nr; jj++) {
+                const long j = j0 + jj;
+                const int32_t acc = (int32_t)((uint32_t)trow[jj] + corr[jj] - bzj[jj] * rs);
+                (void)j;
+                crow[jj] = {{EPILOGUE}};
+            }
+        }
+      }
+    }
+}
+
+void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const {{BZP_T}}* bzp, {{OUT_T}}* C0{{EXTRA_PARAMS}})
+{
+    /* the zero points as the u8 x s8 product sees them (an s8 A's moved by +128) */
+    const uint32_t az = (uint32_t)((int32_t)azp[0] + ({{NAME}}_A_S8 ? 128 : 0));
+    int bz_zero = 1;
+    for (long j = 0; j < ({{NAME}}_BZP_PER_COL ? {{NAME}}_N : 1); j++)
+        bz_zero &= (int32_t)bzp[j] - ({{NAME}}_B_U8 ? 128 : 0) == 0;
+    const long pbytes = {{NAME}}_PANELS * {{NAME}}_PANEL_BYTES + 4 * {{NAME}}_NPAD;
+    /* scratch: the row sums of A (when needed), then B's panels (when not prepacked) */
+    float* scratch = bz_zero && {{NAME}}_PREPACKED_B ? NULL
+        : eqf_scratch(EQF_SCRATCH_GEMM_B, (bz_zero ? 0 : {{NAME}}_M) + ({{NAME}}_PREPACKED_B ? 0 : (pbytes + 3) / 4));
+    if (!scratch && !(bz_zero && {{NAME}}_PREPACKED_B)) {
+        eqf_nomem_note();
+        return;
+    }
+    int32_t* rowsum = bz_zero ? NULL : (int32_t*)scratch;
+    int8_t* packed = {{NAME}}_PREPACKED_B ? NULL : (int8_t*)(scratch + (bz_zero ? 0 : {{NAME}}_M));
+    const int threads = {{NAME}}_PARALLEL ? eqf_pool_threads() : 1;
+    int nomem = 0;
+    for (long b = 0; b < {{BATCH}} && !__atomic_load_n(&nomem, __ATOMIC_RELAXED); b++) {
+        const uint8_t* A = (const uint8_t*)(A0 + b * {{NAME}}_M * {{NAME}}_K);
+#if {{NAME}}_PREPACKED_B
+        const int8_t* P = (const int8_t*)B0;
+        (void)packed;
+#else
+        if (b < {{NBB}} || {{NBB}} > 1)
+            {{NAME}}_pack(B0 + (b % {{NBB}}) * {{NAME}}_K * {{NAME}}_N, packed);
+        const int8_t* P = packed;
+#endif
+        if (rowsum)
+            for (long i = 0; i < {{NAME}}_M; i++) {
+                uint32_t s = 0;
+                for (long k = 0; k < {{NAME}}_K; k++)
+                    s += A[i * {{NAME}}_K + k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+                rowsum[i] = (int32_t)s;
+            }
+        {{NAME}}_job job = {A, P, rowsum, C0 + b * {{NAME}}_M * {{LDC}}L, b, az, bzp, &nomem{{EXTRA_INIT}}};
+        eqf_parallel_for({{NAME}}_PANELS, {{NAME}}_panel, &job, threads);
+    }
+    if (__atomic_load_n(&nomem, __ATOMIC_RELAXED))
+        eqf_nomem_note();
+}
+
+#if {{NAME}}_PREPACKED_B
+/* The panels and column sums the kernel reads in place of B, in floats (the runtime's unit) */
+long {{NAME}}_prepack_floats(void) { return ({{NAME}}_PANELS * {{NAME}}_PANEL_BYTES + 4 * {{NAME}}_NPAD + 3) / 4; }
+
+void {{NAME}}_prepack(const float* B, float* P) { {{NAME}}_pack((const {{B_T}}*)(const void*)B, (int8_t*)P); }
+#endif

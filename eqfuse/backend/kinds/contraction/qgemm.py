@@ -1,0 +1,175 @@
+"""The integer GEMM of quantized models: matmul_integer (ONNX MatMulInteger, and quantize_dynamic's
+DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul [-> Add] [-> activation]) as one u8 x s8 GEMM
+with its dequantization, bias and activation as a pointwise epilogue on the exact int32 sums
+(csrc_templates/gemm_u8s8.c).
+
+`int8_path` is the one place the instruction path is chosen (the plan's `precision_path`, printed
+by `eqfuse lower`, listed by report["precision"]); `int8_tile` the register tile per path. B is
+packed in 4-byte K-groups with its column sums (once, when bound by params=: plan.detail.prepack).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
+from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
+from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
+from eqfuse.ir.shapes import C_TYPE
+from eqfuse.machine import Machine
+
+# The template's PATH for each instruction path (csrc_templates/gemm_u8s8.c)
+INT8_PATHS = {"avx512_vnni": 3, "avx_vnni": 2, "fallback": 1, "fallback_scalar": 0}
+
+
+def int8_path(m: Machine) -> str:
+    """The instruction path of the integer GEMM on machine m: "avx512_vnni" (vpdpbusd on zmm)
+    where the CPU has AVX512_VNNI and the kernels are built for AVX-512; else "avx_vnni" (the VEX
+    vpdpbusd on ymm) where it has AVX-VNNI; else "fallback" on AVX2 (u8 and s8 widened to int16,
+    vpmaddwd: exact, where vpmaddubsw would saturate), or "fallback_scalar" below AVX2 (plain C).
+    All four compute the same exact int32 sums."""
+    if m.avx512_vnni and m.simd_floats >= 16:
+        return "avx512_vnni"
+    if m.avx_vnni and m.simd_floats >= 8:
+        return "avx_vnni"
+    return "fallback" if m.simd_floats >= 8 else "fallback_scalar"
+
+
+def int8_tile(path: str, N: int) -> tuple[int, int]:
+    """(MR, NR) of the integer micro-kernel: MR x NR/lanes int32 accumulators, NR/lanes vectors of
+    B and the broadcast of A's four bytes, well inside the vector registers (32 zmm, 16 ymm): the
+    accumulators are the source and destination of each vpdpbusd, and a tile near the register
+    count (6 x 64 on zmm: 24 + 4 + 1 of 32) had gcc keep them on the stack, reloaded and stored
+    around every K-group; 8 x 32 (16 + 2 + 1) stays in registers
+    (`benchmarks/bench_gemm.py --int8 --tiles` measures the candidates). The fallback also holds
+    B's even and odd int16 halves and A's two. A narrower NR for few columns (less padding)."""
+    if path == "avx512_vnni":
+        return (16, 16) if N <= 16 else (8, 32)
+    if path == "avx_vnni":  # 4 x 2 + 2 + 1 = 11 of 16 ymm
+        return (8, 8) if N <= 8 else (4, 16)
+    return (6, 8) if N <= 8 else (4, 16)  # 4 x 2 + 2 x 2 + 2 (+ 2 products) = 16 ymm
+
+
+def int8_kc(K: int, nr: int, m: Machine) -> int:
+    """K per block of the integer GEMM (a multiple of 4): the block of a B panel, KC x NR bytes,
+    within half of L1, so that it stays there while every MR-row tile passes over it (with the
+    tile's KC bytes of A per row); K in equal blocks, K itself when it fits. Against one block of
+    all K and blocks in a quarter or an eighth of L1, half was as fast or faster on BERT-base's
+    shapes (`benchmarks/bench_gemm.py --int8 --tiles`)."""
+    groups = cdiv(K, 4)
+    most = max(16, (m.l1 // 2) // (nr * 4))
+    return 4 * cdiv(groups, cdiv(groups, most))
+
+
+@dataclass(frozen=True)
+class QGemmDetail:
+    """The plan of an integer GEMM: what emit_qgemm writes."""
+
+    M: int  # rows of one GEMM call (the batch folded in when B is one matrix)
+    N: int
+    K: int
+    batch: int  # GEMM calls, one per batch of A (1 when folded)
+    nbb: int  # B's matrices (1: one B for every batch)
+    a_s8: bool  # A is s8 (read as u8 a ^ 0x80, its zero point + 128)
+    b_u8: bool  # B is u8 (packed as s8 b ^ 0x80, its zero point - 128)
+    bzp_per_col: bool  # b_zp is one per column
+    parallel: bool  # the panels are shared by the pool's threads (PARALLEL_MIN_FMAS)
+    prepack: Prepack | None = None  # B bound by params=, packed once (kinds.contraction.mark_bound_b)
+    # its panels are chunks of the claim-based pool (the run function keeps the pool's workers
+    # ready across it: runtime.program.hold_pool)
+    pool: ClassVar[bool] = True
+
+
+def is_integer(plan: KernelPlan) -> bool:
+    return plan.body.nodes[plan.shape.anchor].op == "matmul_integer"
+
+
+def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
+    body, a = plan.body, plan.shape.anchor
+    mm = body.nodes[a]
+    at, bt, _, zt = (body.nodes[x].type for x in mm.args)
+    out = tuple(mm.type.shape)
+    M, K, N = at.shape[-2], at.shape[-1], bt.shape[-1]
+    batches = size(out[:-2])
+    nbb = size(bt.shape[:-2])
+    fold = bt.rank == 2
+    gM, calls = (batches * M, 1) if fold else (M, batches)
+    path = int8_path(m)
+    plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
+    mr, nr = int8_tile(path, N)
+    kc = min(int8_kc(K, nr, m), K)
+    plan.tiles = {"mr": mr, "nr": nr, "kc": kc}
+    par = calls * gM * N * K >= PARALLEL_MIN_FMAS
+    plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par)
+    plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
+    kg, panels = cdiv(K, 4), cdiv(N, nr)
+    blocks = cdiv(K, kc)
+    plan.cache_check = (f"B panel block kc x nr = {kc * nr} B <= L1/2 {m.l1 // 2} B: "
+                        f"{'ok' if kc * nr <= m.l1 // 2 else 'NO'} (the whole panel {kg * 4 * nr} B <= L2/2: "
+                        f"{'ok' if kg * 4 * nr <= m.l2 // 2 else 'NO'}); partial sums M x nr x 4 = {gM * nr * 4} B"
+                        + (" per thread between K blocks" if blocks > 1 else " (one K block: none)"))
+    plan.threads = (f"the {panels} {nr}-column panels claimed one at a time by the threads of the claim-based pool "
+                    "(common_pool.h)" if par else
+                    f"one thread ({calls * gM * N * K} multiply-adds < {PARALLEL_MIN_FMAS}, plan_gemm.PARALLEL_MIN_FMAS)")
+    op = {"avx512_vnni": "vpdpbusd zmm (u8 x s8 K-groups of 4, int32)",
+          "avx_vnni": "vpdpbusd ymm, VEX (u8 x s8 K-groups of 4, int32)",
+          "fallback": "vpmaddwd on u8 and s8 widened to int16 (exact)",
+          "fallback_scalar": "int32 multiply-adds in C"}[path]
+    epi = ops_text(body, skip={a} | set(mm.args))
+    tiles = cdiv(gM, mr)
+    plan.uops = [UOp(0, "Loop", f"{calls} GEMM(s) of {gM} x {N} x {K}, u8 x s8 -> int32", calls),
+                 UOp(1, "Load", f"pack B [{K} x {N}] into {kg} K-groups x {nr}-column panels + column sums "
+                     + ("(once, when bound: params=)" if fold else "(per call)"), calls),
+                 UOp(1, "Loop", f"panels over N={N} step nr={nr}", calls * panels),
+                 UOp(2, "Loop", f"K blocks over K={K} step kc={kc}", calls * panels * blocks),
+                 UOp(3, "Loop", f"row tiles over M={gM} step mr={mr}", calls * panels * blocks * tiles),
+                 UOp(4, "Exec", f"micro-kernel {mr} x {nr} x {kc} {op}", calls * panels * blocks * tiles),
+                 UOp(4, "Store", f"C tile {mr} x {nr} on the last K block: - a_zp colsum(B) (- b_zp rowsum(A)), "
+                     f"then the epilogue ({epi or 'none'})", calls * panels * tiles)]
+
+
+def mark_bound(plan: KernelPlan, bound: set[int]) -> None:
+    """detail.prepack when B (a rank-2 matrix, one for every batch) is bound by params= and read by
+    nothing else in the kernel: the runtime packs it (and its column sums) once."""
+    body = plan.body
+    b = body.nodes[plan.shape.anchor].args[1]
+    if b not in bound or body.nodes[b].type.rank != 2 or len([n for n in body.nodes if b in n.args]) != 1:
+        return
+    g = f"{plan.name}_gemm"
+    plan.detail = replace(plan.detail, prepack=Prepack(body.inputs.index(b), f"{g}_prepack", f"{g}_prepack_floats"))
+    plan.uops = [replace(u, what=u.what.replace("(once, when bound: params=)", "packed once when bound (params=)"))
+                 for u in plan.uops]
+
+
+def emit_qgemm(plan: KernelPlan) -> str:
+    body, a = plan.body, plan.shape.anchor
+    mm = body.nodes[a]
+    params, ptrs = kernel_params(plan)
+    d = plan.detail
+    out = tuple(plan.out_shape)
+    nb = len(out) - 2
+    if d.batch == 1:
+        groups = [("i", list(range(nb)) + [nb], False), ("j", [nb + 1], False)]
+    else:
+        groups = [("b", list(range(nb)), False), ("i", [nb], False), ("j", [nb + 1], False)]
+    expr, read = gemm_epilogue(plan, groups, {a: "acc"})
+    extras = [(c_type(body, i), pn) for i, pn in read]
+    gname = f"{plan.name}_gemm"
+    ta, tb, tz, tw = (C_TYPE[body.nodes[x].type.dtype] for x in mm.args)
+    src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
+                 KC=plan.tiles["kc"],
+                 BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
+                 PREPACKED_B=int(d.prepack is not None), PATH=INT8_PATHS[plan.precision_path],
+                 PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
+                 OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
+                 EXTRA_PARAMS="".join(f", const {t}* restrict {n}" for t, n in extras),
+                 EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
+                 EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
+                 EXTRA_INIT="".join(", " + n for _, n in extras))
+    args = [ptrs[x] for x in mm.args] + ["out"] + [ptrs[i] for i, _ in read]
+    shapes = f"integer batch={d.batch} M={d.M} N={d.N} K={d.K} ({plan.precision_path})"
+    wrapper = render("matmul.c", NAME=plan.name, SHAPES=shapes, GEMM=gname, PARAMS=params, OUTER=1,
+                     OFFSETS="        (void)g;", ARGS=", ".join(args))
+    return src + "\n" + wrapper

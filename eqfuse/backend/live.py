@@ -1,0 +1,153 @@
+"""KV cache kernels with a run-time length (compile's live=; the graph rewrite is eqfuse.ir.live).
+
+After the rewrite, a cache input is a buffer [.., C + S, ..] read through slice(buffer, 0:C) by
+one concat with the S new rows, whose result (present) is a graph output; attentions read that
+result as their keys and values. `mark_live` lowers, with L the live length at run time:
+
+- the concat to an *append*: the new rows are written at rows L .. L + S - 1 of the buffer itself
+  (the concat's result is the buffer's storage, eqfuse.runtime.program.plan_memory; the graph
+  returns the buffer as present), and the past rows are not copied: the append moves S rows,
+  whatever L;
+- each attention over its result to L + S keys: its key loop bound is run-time, its tiles and
+  strides (the buffer's) compile-time constants;
+- grouped-query attention's repeat of the cache for the query heads (a pointwise expand of it) to
+  a copy of its L + S live rows (`emit_repeat`).
+
+Any other kernel that reads the cache would read rows past L + S: lowering refuses it.
+"""
+
+from __future__ import annotations
+
+from eqfuse.backend.cexpr import kernel_params
+from eqfuse.backend.indexing import contiguous, offset
+from eqfuse.backend.plan import KernelPlan, LiveBound, UOp, size
+from eqfuse.errors import EqfuseError
+from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import F32, K
+
+
+def _root(plans_by_node: dict[int, KernelPlan], n: int) -> int:
+    """The node whose storage n is a view of (n itself when it is no view)."""
+    p = plans_by_node.get(n)
+    while p is not None and p.kind == K.VIEW and p.view is not None:
+        n = p.view[0]
+        p = plans_by_node.get(n)
+    return n
+
+
+def _body_source(body: Graph, i: int) -> int | None:
+    """The body input that body node i reads through layout ops only (transposes, views)."""
+    while body.nodes[i].op != "input":
+        n = body.nodes[i]
+        if len(n.args) != 1:
+            return None
+        i = n.args[0]
+    return i
+
+
+def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
+    """Set `live` on the appends and attentions of the caches (module docstring); raise when
+    another kernel reads a cache."""
+    if length not in [kg.nodes[i].name for i in kg.inputs]:
+        return
+    by_node = {p.node: p for p in plans}
+    inputs = set(kg.inputs)
+    appends: dict[int, LiveBound] = {}
+    for p in plans:
+        if p.kind != K.LAYOUT or len(p.args) < 2:
+            continue
+        an = p.body.nodes[p.shape.anchor]
+        v = by_node.get(p.args[0])
+        if an.op != "concat" or v is None or v.kind != K.VIEW or v.view is None:
+            continue
+        buf, off, _ = v.view
+        ax = an.attr["axis"] % len(p.out_shape)
+        sl = v.body.nodes[v.shape.anchor]
+        if buf not in inputs or off != 0 or sl.op != "slice" or sl.attr["axis"] % len(p.out_shape) != ax \
+                or tuple(kg.nodes[buf].type.shape) != tuple(p.out_shape):
+            continue
+        rows = p.out_shape[ax]
+        p.live = appends[p.node] = LiveBound("append", rows, rows - kg.nodes[p.args[0]].type.shape[ax], buf, ax)
+        p.unread = frozenset({0})  # the past rows are the buffer's own
+        new = size(p.out_shape) * p.live.new // rows
+        p.bytes = 2 * F32 * new  # the new rows read and written
+        p.cache_check = "streaming copy of the new rows only"
+        lead = size(p.out_shape[:ax])
+        p.uops = [UOp(0, "Loop", f"{lead} x {p.live.new} new rows (the past rows stay in place)", lead * p.live.new),
+                  UOp(1, "Load", f"new row [{new // max(lead * p.live.new, 1)}]", lead * p.live.new),
+                  UOp(1, "Store", "into the cache buffer at row live + k", lead * p.live.new)]
+    if not appends:
+        return
+    caches = {a.buffer for a in appends.values()}
+    for p in plans:  # grouped-query attention's repeat of the keys and values for the query heads
+        body = p.body
+        if p.kind != K.POINTWISE or len(body.nodes) != 2 or body.nodes[1].op != "expand" \
+                or _root(by_node, p.args[0]) not in appends:
+            continue
+        a = appends[_root(by_node, p.args[0])]
+        ins = p.in_strides.get(0) or contiguous(body.nodes[0].type.shape)
+        row = contiguous(kg.nodes[_root(by_node, p.args[0])].type.shape)
+        axis = next((i for i, (n, st) in enumerate(zip(body.nodes[0].type.shape, ins))
+                     if n == a.rows and st == row[a.axis]), None)  # the cache's rows, read in their order
+        if axis is None:
+            continue
+        p.live = LiveBound("repeat", a.rows, a.new, axis=axis)
+        lead = size(p.out_shape[:axis])
+        inner = size(p.out_shape[axis + 1:])
+        p.uops = [UOp(0, "Loop", f"{lead} (batch, head) blocks", lead),
+                  UOp(1, "Loop", f"live + {a.new} rows of {inner} (at most {a.rows})", lead * a.rows),
+                  UOp(2, "Load", f"cache row [{inner}] (strided, heads broadcast)", lead * a.rows),
+                  UOp(2, "Store", f"out row [{inner}]", lead * a.rows)]
+        p.cache_check = "streaming copy of the live rows"
+        p.threads = f"one thread (a copy of at most {size(p.out_shape)} elements per step)"
+        appends[p.node] = p.live  # (attentions read it as they read an append)
+    for p in plans:
+        if p.kind != K.ATTENTION:
+            continue
+        parts = p.shape.parts
+        srcs = [_body_source(p.body, parts.kt), _body_source(p.body, parts.v)]
+        roots = [_root(by_node, p.args[p.body.inputs.index(s)]) if s is not None else None for s in srcs]
+        if all(r in appends for r in roots) and len({appends[r].rows for r in roots}) == 1:
+            a = appends[roots[0]]
+            if p.detail.Sk == a.rows:
+                p.live = LiveBound("keys", a.rows, a.new)
+    for p in plans:  # nothing else may read the caches: its rows past the live ones hold anything
+        if p.kind == K.VIEW or p.live is not None:
+            continue
+        for k, arg in enumerate(p.args):
+            r = _root(by_node, arg)
+            if r in appends or r in caches:
+                raise EqfuseError(f"live=: kernel {p.name} ({p.kind}) reads the KV cache "
+                                  f"{kg.nodes[r].name or f't{r}'}; only the append and attention over it take "
+                                  "the run-time length, so it would read rows past the live ones")
+    for o in kg.outputs:
+        r = _root(by_node, o)
+        if r in caches and o not in appends:
+            raise EqfuseError("live=: the graph returns a KV cache other than as the present of its append")
+
+
+def emit_repeat(plan: KernelPlan) -> str:
+    """The C of a repeat of a KV cache for the query heads (expand): rows 0 .. live + new - 1 of
+    each (batch, head) block, the cache read through its view's strides (0 along the repeat)."""
+    body, b = plan.body, plan.live
+    src, out = body.nodes[0].type.shape, plan.out_shape
+    ins = plan.in_strides.get(0) or contiguous(src)
+    sst = [0 if n == 1 and o != 1 else st for n, o, st in zip(src, out, ins)]
+    dst = plan.out_strides or contiguous(out)
+    ax = b.axis
+    params, _ = kernel_params(plan)
+    lead, inner = out[:ax], out[ax + 1:]
+    return "\n".join([
+        f"/* {plan.name}: the live rows of a KV cache repeated for the query heads, {list(out)} (at most {b.rows} rows) */",
+        f"void {plan.name}({params}, long live)",
+        "{",
+        f"    const long rows = live + {b.new};",
+        f"    for (long o = 0; o < {size(lead)}; o++) {{",
+        f"        const long so = {offset('o', lead, sst[:ax])}, d0 = {offset('o', lead, dst[:ax])};",
+        "        for (long r = 0; r < rows; r++)",
+        "            #pragma omp simd",
+        f"            for (long j = 0; j < {size(inner)}; j++)",
+        f"                out[d0 + r * {dst[ax]} + {offset('j', inner, dst[ax + 1:])}] = "
+        f"in0[so + r * {sst[ax]} + {offset('j', inner, sst[ax + 1:])}];",
+        "    }",
+        "}"])

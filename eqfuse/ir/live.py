@@ -1,0 +1,81 @@
+"""A KV cache with a run-time length: the graph rewrite that `compile(live=...)` runs on a
+decoder step (docs/generation.md, "The decode step").
+
+A decoder export appends one step's keys and values to its past: present = concat(past, new,
+axis). Compiled with the past dim bound to a capacity C, `cache_graph` re-types each past input
+to its concat's result, [.., C + S, ..] (S the new rows): the caller's cache buffer, whose first
+rows are the live past. The graph reads the past through slice(buffer, 0:C), so its meaning at the
+capacity is unchanged (the numpy reference runs it as is). It also gets one more input, the live
+length L (i64[1]); the backend then lowers each such concat to an append in place (the new rows
+written at rows L .. L+S-1 of the buffer, which is also the present output) and each attention
+over its result to L + S keys (eqfuse.backend.live). Rows past L + S are never read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from eqfuse.errors import EqfuseError
+from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.shapes import TType
+
+LENGTH_DTYPE = "i64"
+
+
+def cache_graph(g: Graph, axes: dict[str, int], length: str) -> Graph:
+    """g with each live input (param name -> axis of its past rows) re-typed to the result of the
+    one concat that appends to it, read through a slice of its first rows, and one more input
+    named `length`, i64[1] (module docstring). Refused with a message when a live input is read
+    by anything but the first operand of a concat along that axis."""
+    if length in {n for n, _ in g.params}:
+        raise EqfuseError(f"live=: the graph already has an input named '{length}'")
+    users: dict[int, list[int]] = {}
+    for i, n in enumerate(g.nodes):
+        for a in n.args:
+            users.setdefault(a, []).append(i)
+    cache: dict[int, TType] = {}  # live input node -> its buffer's type
+    for i in g.inputs:
+        name = g.nodes[i].name
+        if name not in axes:
+            continue
+        t, ax = g.nodes[i].type, axes[name]
+        readers = users.get(i, [])
+        while len(readers) == 1 and g.nodes[readers[0]].op == "concat" and len(g.nodes[readers[0]].args) == 1 \
+                and readers[0] not in g.outputs:  # a concat of one operand is the operand (an export's)
+            one = readers[0]
+            readers = users.get(one, [])
+            if not all(g.nodes[r].op == "concat" and g.nodes[r].args[0] == one for r in readers):
+                break
+        first = {r: (g.nodes[r].args[0] if g.nodes[r].op == "concat" else None) for r in readers}
+        why = None
+        if i in g.outputs:
+            why = "it is also returned"
+        elif not readers:
+            why = "nothing reads it"
+        for r in readers:
+            rn = g.nodes[r]
+            if rn.op != "concat" or i in rn.args[1:] or first[r] in rn.args[1:] or rn.attr["axis"] % t.rank != ax:
+                why = f"it is read by {rn.op}, not only as the first operand of a concat along axis {ax}"
+        shapes = {tuple(g.nodes[r].type.shape) for r in readers}
+        if why is None and len(shapes) != 1:
+            why = "the concats that read it have different shapes"
+        if why:
+            raise EqfuseError(f"live=: input '{name}' cannot hold a KV cache with a run-time length: {why}", g.pos)
+        cache[i] = TType(shapes.pop(), t.dtype)
+    out = Graph(g.name, pos=g.pos)
+    ids: dict[int, int] = {}
+    for i, n in enumerate(g.nodes):
+        if i in cache:
+            buf = out.add(replace(n, type=cache[i]))
+            ax = axes[n.name]
+            ids[i] = out.add(Node("slice", (buf,), (("axis", ax), ("start", 0), ("stop", n.type.shape[ax]),
+                                                   ("step", 1)), n.type, pos=n.pos))
+            cache[i] = buf  # (now the buffer's input node)
+        elif n.op == "concat" and len(n.args) == 1 and i not in g.outputs:
+            ids[i] = ids[n.args[0]]  # the identity (as above): no copy of the past
+        else:
+            ids[i] = out.add(replace(n, args=tuple(ids[a] for a in n.args)))
+    out.inputs = [cache.get(i, ids[i]) for i in g.inputs]
+    out.inputs.append(out.add(Node("input", type=TType((1,), LENGTH_DTYPE), name=length)))
+    out.outputs = [ids[o] for o in g.outputs]
+    return out
