@@ -10,3 +10,9 @@ graph qdq(x: f32[B, 8], w: i8[8, 4], ws: f32[4], wz: i8[4], xs: f32, xz: u8) -> 
 graph dynamic(x: u8[B, 8], w: i8[8, 4], xz: u8, wz: i8, scale: f32) -> f32[B, 4] {
     return cast(matmul_integer(x, w, xz, wz), to="f32") * scale
 }
+
+# An integer conv as ONNX ConvInteger: exact in i32, the padding reading x's zero point, the
+# weights' zero point per output channel.
+graph qconv(x: u8[1, 4, 6, 6], w: i8[6, 2, 3, 3], xz: u8, wz: i8[6], scale: f32) -> f32[1, 6, 6, 6] {
+    return cast(conv_integer(x, w, xz, wz, padding=1, group=2), to="f32") * scale
+}
