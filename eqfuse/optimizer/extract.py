@@ -122,6 +122,10 @@ class Problem:
     cands: dict[int, list[Cand]] = field(default_factory=dict)  # class -> legal candidates
     const_of: dict[int, str] = field(default_factory=dict)  # T class -> constant text, if it holds one
     _options: dict[int, list[Cand]] = field(default_factory=dict)  # cache of `options`
+    # S class -> its body node's (attrs, type), or None where the op's shapes fail: an S class's
+    # type depends on the types of the T classes it loads alone, so every candidate body that
+    # holds it shares one inference (kernel_body)
+    _typed: dict[int, tuple | None] = field(default_factory=dict)
 
     def options(self, c: int) -> list[Cand]:
         """Class c's candidates without those another one dominates (no dearer, reads a subset of
@@ -192,14 +196,21 @@ def kernel_body(pb: Problem, n: ENode) -> tuple[Graph, tuple[int, ...]]:
             body.inputs.append(reads[tc])
         return reads[tc]
 
-    def op_node(m: ENode, args: list[int]) -> int:
-        op = OPS[m.op]
-        attrs = node_attrs(m)
-        try:
-            t = op.infer([body.nodes[a].type for a in args], attrs)
-        except (ShapeError, ValueError, TypeError, IndexError, KeyError):
-            raise _Skip() from None
-        return body.add(Node(m.op, tuple(args), tuple((s.name, attrs[s.name]) for s in op.attrs), t))
+    def op_node(m: ENode, args: list[int], sc: int | None = None) -> int:
+        typed = pb._typed.get(sc, False) if sc is not None else False
+        if typed is False:
+            op = OPS[m.op]
+            attrs = node_attrs(m)
+            try:
+                typed = (tuple((s.name, attrs[s.name]) for s in op.attrs),
+                         op.infer([body.nodes[a].type for a in args], attrs))
+            except (ShapeError, ValueError, TypeError, IndexError, KeyError):
+                typed = None
+            if sc is not None:
+                pb._typed[sc] = typed
+        if typed is None:
+            raise _Skip()
+        return body.add(Node(m.op, tuple(args), *typed))
 
     def s_value(sc: int, depth: int = 0) -> int:
         if sc in memo:
@@ -212,7 +223,7 @@ def kernel_body(pb: Problem, n: ENode) -> tuple[Graph, tuple[int, ...]]:
         elif m.kind == "Cs":
             r = body.add(Node("const", attrs=(("value", text_num(m.op)),), type=TType(())))
         else:
-            r = op_node(m, [s_value(x, depth + 1) for x in m.children])
+            r = op_node(m, [s_value(x, depth + 1) for x in m.children], sc)
         memo[sc] = r
         return r
 
