@@ -53,6 +53,9 @@ NO_DEBUG = ("-g0",)
 # from the other threads of the process (eqfuse.runtime.load). The num_threads clause leaves the
 # thread count that torch reads as it is.
 COMMON_C = """
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* before the first system header: sched_getcpu, CPU_SET (common_pool.h) */
+#endif
 #include <omp.h>
 #if defined(__linux__)
 #include <sys/syscall.h>
