@@ -2,7 +2,9 @@
 slices, an epilogue with bias + gelu, B bound by params= or passed per call) through both
 instruction paths, the AVX512_BF16 one (vdpbf16ps; skipped where the CPU lacks it) and the
 fallback (forced by pinning a machine model without AVX512_BF16, so it runs on every x86-64
-machine); an MLP end to end; the report and `eqfuse lower`; the command line's --precision.
+machine); attention (q k^T and p v in bf16, the softmax in f32) on both paths and through the
+portable loops, at its own bound (docs/precision.md, "Attention"); an MLP end to end; the report
+and `eqfuse lower`; the command line's --precision.
 
 Every result is checked twice against float64, at bounds stated in docs/precision.md and
 computed from each test's own |A| @ |B| (no tolerance chosen after the fact):
