@@ -3,6 +3,7 @@
     python benchmarks/bench_models.py [--repeat N] [--model NAME ...] [--exporter torchscript|dynamo]
                                       [--torch [--autotune]] [--no-spin] [--quantized dynamic]
                                       [--compile-only]
+    python benchmarks/bench_models.py --precision f32|bf16 [--repeat N] [--model NAME ...]
 
 BERT, GPT-2 and ViT (transformers, small configs, random weights), ResNet-18, MLP-Mixer, the MLP
 784-1024-1024-10, BERT-base geometry and ResNet-18's stem + layer1 + layer2 at full width on a
@@ -24,6 +25,15 @@ model's output (onnxruntime on the f32 export): max|difference| / max|f32 output
 then not asserted equal: onnxruntime's deployed run fuses the dequantization into its integer
 kernels and rounds the scales in another order (tests/test_quantized.py checks eqfuse against its
 literal run, node by node).
+
+
+`--precision f32|bf16` (docs/precision.md) compares precisions instead: eqfuse in that precision
+(and in f32, when it is bf16), OpenVINO in f32 (INFERENCE_PRECISION_HINT f32) and OpenVINO in its
+default precision (bf16 on a CPU with AVX512_BF16 or AMX), calls interleaved in one process, at 1
+and 2 threads. Each row gives medians, spreads (interquartile range as % of the median), OpenVINO
+default's time over eqfuse's, and each one's error against the f32 reference (onnxruntime f32):
+max|difference| / max|reference|. The `bf16 kernels` column counts eqfuse's kernels that multiply
+in bf16 against all of them (mod.report["precision"]).
 """
 
 from __future__ import annotations
@@ -91,6 +101,80 @@ def quantized_dynamic(path: Path) -> Path:
 def _rel_err(got, ref) -> float:
     return float(np.max(np.abs(np.asarray(got, np.float64) - ref)) / np.max(np.abs(ref)))
 
+def _openvino(path: str, threads: int, hint: str | None):
+    """A run of the ONNX model at `path` in OpenVINO on the CPU (INFERENCE_PRECISION_HINT `hint`,
+    None: its default), and the precision it chose."""
+    import openvino as ov
+
+    cfg = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if hint:
+        cfg["INFERENCE_PRECISION_HINT"] = hint
+    compiled = ov.Core().compile_model(path, "CPU", cfg)
+    got = str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
+    req = compiled.create_infer_request()
+
+    def run(feeds):
+        req.infer(feeds)
+        return np.array(req.get_output_tensor(0).data)
+    return run, ("bf16" if "bf" in got else "f32" if "32" in got else got)
+
+
+def _first(out):
+    return np.asarray(out[0] if isinstance(out, (tuple, list)) else out)
+
+
+def precision_main(args) -> int:
+    """--precision: eqfuse in args.precision (and f32) against OpenVINO f32 and default."""
+    import onnxruntime as ort
+
+    p = args.precision
+    precs = list(dict.fromkeys((p, "f32")))
+    print(f"{'model':<14}{'bf16 kernels':>13}{'thr':>4}"
+          + "".join(f"{'eqf ' + q + ' ms':>13}{'iqr%':>5}" for q in precs)
+          + f"{'OV f32 ms':>11}{'iqr%':>5}{'OV dflt ms':>11}{'iqr%':>5}{'dflt/eqf':>9}"
+          + "".join(f"{'err eqf ' + q:>13}" for q in precs) + f"{'err OV f32':>11}{'err OV dflt':>12}")
+    for name in args.model or me.BENCH_MODELS:
+        path = str(me.export(name, args.exporter))
+        feeds = me.inputs(name)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        ref = np.asarray(ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0],
+                         dtype=np.float64)
+        fns, mods = {}, {}
+        for q in precs:
+            mods[q] = eqfuse.compile(path, precision=q)
+            fns[q] = mods[q].default
+            fns[q](**feeds)  # (a graph with named dims compiles at its first call)
+        entries = mods[p].report["precision"]
+        nbf = sum(e["precision"] == "bf16" for e in entries.values())
+        for th in (1, 2):
+            runs = {}
+            for q in precs:
+                fns[q].threads = th
+                runs[f"eqfuse {q}"] = lambda f=fns[q]: _first(f(**feeds))
+            ov32, _ = _openvino(path, th, "f32")
+            ovd, chose = _openvino(path, th, None)
+            runs["OV f32"], runs["OV default"] = (lambda: ov32(feeds)), (lambda: ovd(feeds))
+            err = {k: float(np.max(np.abs(np.asarray(run(), np.float64) - ref)) / np.max(np.abs(ref)))
+                   for k, run in runs.items()}
+            times: dict[str, list[float]] = {k: [] for k in runs}
+            for _ in range(args.repeat):  # interleaved
+                for k, run in runs.items():
+                    t = time.perf_counter()
+                    run()
+                    times[k].append(time.perf_counter() - t)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            print(f"{name:<14}{f'{nbf}/{len(entries)}':>13}{th:>4}"
+                  + "".join(f"{med[f'eqfuse {q}'] * 1e3:>13.3f}{_iqr(times[f'eqfuse {q}']):>5.0f}" for q in precs)
+                  + f"{med['OV f32'] * 1e3:>11.3f}{_iqr(times['OV f32']):>5.0f}"
+                  + f"{med['OV default'] * 1e3:>11.3f}{_iqr(times['OV default']):>5.0f}"
+                  + f"{med['OV default'] / med[f'eqfuse {p}']:>9.2f}"
+                  + "".join(f"{err[f'eqfuse {q}']:>13.1e}" for q in precs)
+                  + f"{err['OV f32']:>11.1e}{err['OV default']:>12.1e}  (OV default: {chose})", flush=True)
+    print(f"dflt/eqf > 1: eqfuse {p} is faster than OpenVINO's default precision. Errors: max|difference| / "
+          "max|onnxruntime f32 output|. Inputs as without --precision.")
+    return 0
+
 
 def main(argv=None) -> int:
     import onnxruntime as ort
@@ -106,6 +190,8 @@ def main(argv=None) -> int:
                          "(eqfuse/runtime/load.py), then runs its 2-thread calls on one")
     ap.add_argument("--compile-only", action="store_true",
                     help="only the compile line: eqfuse.compile and its first call against onnxruntime's session creation")
+    ap.add_argument("--precision", choices=["f32", "bf16"],
+                    help="eqfuse in this precision against OpenVINO f32 and default instead (see above)")
     ap.add_argument("--autotune", action="store_true",
                     help="with --torch, add torch.compile(mode='max-autotune') with freezing (minutes to compile)")
     ap.add_argument("--quantized", choices=["dynamic"],
@@ -113,6 +199,8 @@ def main(argv=None) -> int:
                          "against the f32 model")
     args = ap.parse_args(argv)
     blas_threads(1)
+    if args.precision:
+        return precision_main(args)
     head = f"{'model':<10}{'kernels':>8}{'thr':>4}{'eqfuse ms':>11}{'iqr%':>6}{'ORT ms':>9}{'iqr%':>6}{'ORT/eqfuse':>11}"
     if args.quantized:
         head += f"{'eqfuse err':>12}{'ORT err':>10}"

@@ -2,6 +2,15 @@
 #define {{NAME}}_BK {{BK}} /* the plan's bk: keys per tile */
 #define {{NAME}}_SCORE_OPS {{SCORE_OPS}} /* the plan's score_ops: the score's own ops run in a score pass */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_BF16 {{BF16}} /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16 */
+#if {{BF16}} == 2 && !defined(__AVX512BF16__)
+#error "the plan chose the AVX512_BF16 path (vdpbf16ps) but the compiler does not target AVX512_BF16"
+#endif
+#if {{BF16}} == 1
+#define {{NAME}}_R(x) eqf_bf16_round(x) /* an operand rounded to bf16, held as f32 (the fallback) */
+#else
+#define {{NAME}}_R(x) (x)
+#endif
 EQF_WIDE_BEGIN
 /* {{NAME}}: flash attention, {{BATCH}} x [{{SQ}} x {{D}}] queries against {{SK}} keys, Dv = {{DV}}.
  * Blocks of {{BQ}} queries run against tiles of {{BK}} keys with an online softmax: only a
@@ -10,25 +19,44 @@ EQF_WIDE_BEGIN
  * zeros), in a per-thread buffer: each key tile is one contiguous block, so it stays in L1 (rows
  * SKP apart would fall into a few cache sets and evict each other).
  * q, k^T and v are read through strides (row, column) and the result is written through
- * strides, so head split and merge transposes cost nothing. */
+ * strides, so head split and merge transposes cost nothing.
+ * BF16 ({{BF16}}; precision="bf16", the plan's path): q k^T and p v multiply bf16 operands and
+ * accumulate in f32; the softmax stays f32. 1 = the fallback: q, k^T, p and v are rounded to bf16
+ * (eqf_bf16, as vcvtne2ps2bf16 rounds) and held as f32, v in a per-head copy of rows of DV; the
+ * f32 FMA multiplies them exactly. 2 = AVX512_BF16: k^T tiles are held as K-pairs of bf16
+ * [D2 / 2][BK][2], v as K-pairs [SKP / 2][DV][2] per head, q and p as bf16 rows, and vdpbf16ps
+ * multiplies them (the vectorized micro-kernels only: the plan takes this path only with vec). */
 void {{NAME}}({{PARAMS}})
 {
-    enum { BQ = {{BQ}}, BK = {{BK}}, D = {{D}}, DV = {{DV}}, SKP = {{SKP}} };
+    enum { BQ = {{BQ}}, BK = {{BK}}, D = {{D}}, DV = {{DV}}, SKP = {{SKP}}, D2 = D + D % 2 };
     const long nqb = ({{SQ}} + BQ - 1) / BQ;
     int nomem = 0; /* a thread's k^T buffer could not be allocated: it skips its blocks, the caller learns it */
     #pragma omp parallel if ({{PARALLEL}})
     {
     /* each thread's copy of one head's k^T, made when its blocks reach a new head (threads take
      * consecutive blocks, so each head is copied about once) */
+#if {{BF16}} == 2
+    /* an f32 staging tile [D][BK], then the K-pairs of every tile; v's K-pairs */
+    float* restrict ktp = eqf_scratch(EQF_SCRATCH_ATTENTION_KT, (long)D * BK + (long)D2 * SKP / 2);
+    uint16_t* restrict kth = ktp ? (uint16_t*)(ktp + (long)D * BK) : NULL;
+    float* restrict vpk = eqf_scratch(EQF_SCRATCH_ATTENTION_V, (long)SKP * DV / 2 + 1);
+    uint16_t* restrict vh = (uint16_t*)vpk;
+#elif {{BF16}} == 1
     float* restrict ktp = eqf_scratch(EQF_SCRATCH_ATTENTION_KT, (long)D * SKP);
-    if (!ktp) {
+    float* restrict vpk = eqf_scratch(EQF_SCRATCH_ATTENTION_V, (long)SKP * DV);  /* v rounded, rows of DV */
+#else
+    float* restrict ktp = eqf_scratch(EQF_SCRATCH_ATTENTION_KT, (long)D * SKP);
+    float* restrict vpk = ktp;  /* (unused: v is read in place) */
+#endif
+    if (!ktp || !vpk) {
         #pragma omp atomic write
         nomem = 1;
     }
-    long packed = -1;
+    long packed = -1, vpacked = -1;
+    (void)vpacked;
     #pragma omp for schedule(static)
     for (long t = 0; t < {{BATCH}} * nqb; t++) {
-        if (!ktp)
+        if (!ktp || !vpk)
             continue;
         const long b = t / nqb;
         const long i0 = (t % nqb) * BQ;
@@ -39,7 +67,7 @@ void {{NAME}}({{PARAMS}})
             const float* restrict kp = {{K}} + ({{KSRC}});
             /* read k in its memory order: the inner loop runs along the smaller stride */
             for (long kt = 0; kt < ({{SK}} + BK - 1) / BK; kt++) {  /* (the key count: run-time over a KV cache) */
-                float* restrict tile = ktp + kt * D * BK;
+                float* restrict tile = {{BF16}} == 2 ? ktp : ktp + kt * D * BK;
                 const long nk = eqf_minl(BK, {{SK}} - kt * BK);
 #define {{NAME}}_VEC {{VEC}} /* the plan's vec: the AVX-512 micro-kernels */
 #if defined(__AVX512F__)
@@ -47,8 +75,7 @@ void {{NAME}}({{PARAMS}})
                     for (long jj = 0; jj < BK; jj += 16)           /* 16 x 16 register transposes */
                         for (long d = 0; d < D; d += 16)
                             eqf_transpose_16x16(kp + d + (kt * BK + jj) * {{KJ}}, {{KJ}}, tile + d * BK + jj, BK);
-                    continue;
-                }
+                } else
 #endif
                 if ({{KD}} <= {{KJ}}) {
                     for (long jj = 0; jj < nk; jj++)
@@ -62,16 +89,56 @@ void {{NAME}}({{PARAMS}})
                 for (long d = 0; d < D; d++)
                     for (long jj = nk; jj < BK; jj++)
                         tile[d * BK + jj] = 0.0f;
+#if {{BF16}} == 1
+                for (long x = 0; x < (long)D * BK; x++)
+                    tile[x] = eqf_bf16_round(tile[x]);
+#elif {{BF16}} == 2
+                uint16_t* restrict kh = kth + kt * D2 * BK;  /* K-pairs: rows d and d + 1 interleaved */
+                for (long d = 0; d < D2; d += 2)
+                    for (long jj = 0; jj < BK; jj++)
+                        ((uint32_t*)kh)[(d >> 1) * BK + jj] =
+                            eqf_bf16_pair(tile[d * BK + jj], d + 1 < D ? tile[(d + 1) * BK + jj] : 0.0f);
+#endif
             }
             packed = kb;
         }
         const float* restrict qp = {{Q}} + ({{QOFF}}) + i0 * {{QR}};
+#if {{BF16}}
+        /* this head's v, rounded to bf16, packed when the blocks reach a new head */
+        if (({{VOFF}}) != vpacked) {
+            const float* restrict vsrc = {{V}} + ({{VOFF}});
+#if {{BF16}} == 2
+            for (long j = 0; j < SKP; j += 2)  /* K-pairs: rows j and j + 1 interleaved, zeros past the keys */
+                for (long e = 0; e < DV; e++)
+                    ((uint32_t*)vh)[(j >> 1) * DV + e] =
+                        eqf_bf16_pair(j < {{SK}} ? vsrc[j * {{VR}} + e * {{VC}}] : 0.0f,
+                                      j + 1 < {{SK}} ? vsrc[(j + 1) * {{VR}} + e * {{VC}}] : 0.0f);
+#else
+            for (long j = 0; j < {{SK}}; j++)
+                for (long e = 0; e < DV; e++)
+                    vpk[j * DV + e] = eqf_bf16_round(vsrc[j * {{VR}} + e * {{VC}}]);
+#endif
+            vpacked = {{VOFF}};
+        }
+        const float* restrict vp = vpk;
+        (void)vp;
+        enum { VRS = DV, VCS = 1 };
+#else
         const float* restrict vp = {{V}} + ({{VOFF}});
+        enum { VRS = {{VR}}, VCS = {{VC}} };
+#endif
 {{OFFSETS}}
         float qb[BQ][D], s[BQ][BK], acc[BQ][DV], m[BQ], l[BQ][16];
+#if {{BF16}} == 2
+        uint16_t qh[BQ][D2], ph[BQ][BK];  /* q and p rounded to bf16: rows of K-pairs */
+#endif
         for (long ii = 0; ii < BQ; ii++) {
             for (long d = 0; d < D; d++)
-                qb[ii][d] = ii < nq ? qp[ii * {{QR}} + d * {{QC}}] * {{QSCALE}} : 0.0f;
+                qb[ii][d] = {{NAME}}_R(ii < nq ? qp[ii * {{QR}} + d * {{QC}}] * {{QSCALE}} : 0.0f);
+#if {{BF16}} == 2
+            for (long d = 0; d < D2; d++)
+                qh[ii][d] = d < D ? eqf_bf16(qb[ii][d]) : 0;
+#endif
             for (long e = 0; e < DV; e++)
                 acc[ii][e] = 0.0f;
             m[ii] = -INFINITY;
@@ -95,8 +162,13 @@ void {{NAME}}({{PARAMS}})
             if (!{{SCORE_OPS}} && nk == BK && BK == 64) {
                 /* scores and their softmax step in registers (the score scale is in the q block) */
                 for (long ii = 0; ii < BQ; ii += 4)
+#if {{BF16}} == 2
+                    eqf_qk_softmax2_bf16_4x64(&qh[ii][0], D2, kth + j0 * D2, BK, D2, &s[ii][0], BK, &m[ii],
+                                              &l[ii][0], &acc[ii][0], DV, DV);
+#else
                     eqf_qk_softmax2_4x64(&qb[ii][0], D, ktp + j0 * D, BK, D, &s[ii][0], BK, &m[ii], &l[ii][0],
                                          &acc[ii][0], DV, DV);
+#endif
             } else
 #endif
             {
@@ -104,7 +176,11 @@ void {{NAME}}({{PARAMS}})
 #if defined(__AVX512F__) && {{NAME}}_VEC
                 for (long ii = 0; ii < BQ; ii += 4)
                     for (long jb = 0; jb < BK; jb += 64)
+#if {{BF16}} == 2
+                        eqf_qk_bf16_4x64(&qh[ii][0], D2, kth + j0 * D2 + 2 * jb, BK, D2, &s[ii][jb], BK);
+#else
                         eqf_qk_4x64(&qb[ii][0], D, ktp + j0 * D + jb, BK, D, &s[ii][jb], BK);
+#endif
 #else
                 for (long ii = 0; ii < BQ; ii++) {
                     float sr[BK];
@@ -144,27 +220,49 @@ void {{NAME}}({{PARAMS}})
                     eqf_softmax2_row(s[ii], BK, &m[ii], l[ii], acc[ii], DV);
 #endif
             }
-            /* acc += p v */
-#if defined(__AVX512F__) && {{NAME}}_VEC
-            for (long ii = 0; ii < BQ; ii += 4) {  /* DV a multiple of 16: 64 columns at a time, then 32, 16 */
+            /* acc += p v (p rounded to bf16 under BF16; the row sums l keep the f32 p) */
+#if {{BF16}} == 1
+            for (long ii = 0; ii < BQ; ii++)
+                for (long jj = 0; jj < BK; jj++)
+                    s[ii][jj] = eqf_bf16_round(s[ii][jj]);
+#endif
+#if {{BF16}} == 2
+            for (long ii = 0; ii < BQ; ii++) {
+                eqf_bf16_row(&s[ii][0], &ph[ii][0], BK);
+                for (long jj = nk; jj < BK; jj++)  /* (an odd nk's last pair: a zero, never a NaN) */
+                    ph[ii][jj] = 0;
+            }
+            for (long ii = 0; ii < BQ; ii += 4) {  /* the same blocks of columns on K-pairs */
                 long e0 = 0;
                 for (; e0 + 64 <= DV; e0 += 64)
-                    eqf_pv_4x64(&s[ii][0], BK, vp + j0 * {{VR}} + e0, {{VR}}, nk, &acc[ii][e0], DV);
+                    eqf_pv_bf16_4x64(&ph[ii][0], BK, vh + j0 * DV + 2 * e0, DV, nk, &acc[ii][e0], DV);
                 if (e0 + 32 <= DV) {
-                    eqf_pv_4x32(&s[ii][0], BK, vp + j0 * {{VR}} + e0, {{VR}}, nk, &acc[ii][e0], DV);
+                    eqf_pv_bf16_4x32(&ph[ii][0], BK, vh + j0 * DV + 2 * e0, DV, nk, &acc[ii][e0], DV);
                     e0 += 32;
                 }
                 if (e0 + 16 <= DV)
-                    eqf_pv_4x16(&s[ii][0], BK, vp + j0 * {{VR}} + e0, {{VR}}, nk, &acc[ii][e0], DV);
+                    eqf_pv_bf16_4x16(&ph[ii][0], BK, vh + j0 * DV + 2 * e0, DV, nk, &acc[ii][e0], DV);
+            }
+#elif defined(__AVX512F__) && {{NAME}}_VEC
+            for (long ii = 0; ii < BQ; ii += 4) {  /* DV a multiple of 16: 64 columns at a time, then 32, 16 */
+                long e0 = 0;
+                for (; e0 + 64 <= DV; e0 += 64)
+                    eqf_pv_4x64(&s[ii][0], BK, vp + j0 * VRS + e0, VRS, nk, &acc[ii][e0], DV);
+                if (e0 + 32 <= DV) {
+                    eqf_pv_4x32(&s[ii][0], BK, vp + j0 * VRS + e0, VRS, nk, &acc[ii][e0], DV);
+                    e0 += 32;
+                }
+                if (e0 + 16 <= DV)
+                    eqf_pv_4x16(&s[ii][0], BK, vp + j0 * VRS + e0, VRS, nk, &acc[ii][e0], DV);
             }
 #else
             for (long jj = 0; jj < nk; jj++) {
-                const float* restrict vr = vp + (j0 + jj) * {{VR}};
+                const float* restrict vr = vp + (j0 + jj) * VRS;
                 for (long ii = 0; ii < BQ; ii++) {
                     const float p = s[ii][jj];
                     #pragma omp simd
                     for (long e = 0; e < DV; e++)
-                        acc[ii][e] += p * vr[e * {{VC}}];
+                        acc[ii][e] += p * vr[e * VCS];
                 }
             }
 #endif

@@ -241,6 +241,116 @@ __attribute__((noinline, unused)) static void eqf_pv_4x16(const float* restrict 
 {
     eqf_pv_rows(p, ldp, v, ldv, nk, acc, ldacc, 1);
 }
+#if defined(__AVX512BF16__)
+/* The bf16 micro-kernels of attention (precision="bf16", the AVX512_BF16 path): operands are
+ * K-pairs of bf16, two consecutive elements of the reduction in one 32-bit lane (lo at the even
+ * index), as vdpbf16ps takes them; it adds both products into the f32 lane. */
+static inline uint32_t eqf_pair_at(const uint16_t* p) { uint32_t x; memcpy(&x, p, 4); return x; }
+
+/* c[4][4 x 16] = q k^T over D2 (even) of the reduction: q rows of bf16 at ldq halves, k^T tile as
+ * K-pairs [D2 / 2][keys at ldk][2] */
+static inline __attribute__((always_inline)) void eqf_qk_bf16_regs(const uint16_t* restrict q, long ldq,
+                                                                   const uint16_t* restrict kt, long ldk, long D2,
+                                                                   __m512 c[4][4])
+{
+    for (int r = 0; r < 4; r++)
+        for (int u = 0; u < 4; u++)
+            c[r][u] = _mm512_setzero_ps();
+    for (long dp = 0; dp < D2 / 2; dp++) {
+        const uint16_t* kr = kt + dp * 2 * ldk;
+        __m512i k0 = _mm512_loadu_si512(kr), k1 = _mm512_loadu_si512(kr + 32);
+        __m512i k2 = _mm512_loadu_si512(kr + 64), k3 = _mm512_loadu_si512(kr + 96);
+        EQF_IN_REGISTERS(k0, k1, k2, k3);
+        for (int r = 0; r < 4; r++) {
+            const __m512bh a = (__m512bh)_mm512_set1_epi32((int)eqf_pair_at(q + r * ldq + 2 * dp));
+            c[r][0] = _mm512_dpbf16_ps(c[r][0], a, (__m512bh)k0);
+            c[r][1] = _mm512_dpbf16_ps(c[r][1], a, (__m512bh)k1);
+            c[r][2] = _mm512_dpbf16_ps(c[r][2], a, (__m512bh)k2);
+            c[r][3] = _mm512_dpbf16_ps(c[r][3], a, (__m512bh)k3);
+        }
+    }
+}
+
+/* eqf_qk_4x64 on bf16 operands */
+__attribute__((noinline, unused)) static void eqf_qk_bf16_4x64(const uint16_t* restrict q, long ldq,
+                                                              const uint16_t* restrict kt, long ldk, long D2,
+                                                              float* restrict s, long lds)
+{
+    __m512 c[4][4];
+    eqf_qk_bf16_regs(q, ldq, kt, ldk, D2, c);
+    for (int r = 0; r < 4; r++)
+        for (int u = 0; u < 4; u++)
+            _mm512_storeu_ps(s + r * lds + u * 16, c[r][u]);
+}
+
+/* eqf_qk_softmax2_4x64 on bf16 operands */
+__attribute__((noinline, unused)) static void eqf_qk_softmax2_bf16_4x64(const uint16_t* restrict q, long ldq,
+                                                                       const uint16_t* restrict kt, long ldk,
+                                                                       long D2, float* restrict s, long lds,
+                                                                       float* restrict m, float* restrict l,
+                                                                       float* restrict acc, long ldacc, long dv)
+{
+    __m512 c[4][4];
+    eqf_qk_bf16_regs(q, ldq, kt, ldk, D2, c);
+    eqf_softmax2_regs(c, s, lds, m, l, acc, ldacc, dv);
+}
+
+/* dst[n] = x[n] rounded to bf16 by vcvtne2ps2bf16 (n a multiple of 32) */
+static inline void eqf_bf16_row(const float* restrict x, uint16_t* restrict dst, long n)
+{
+    for (long j = 0; j < n; j += 32)
+        _mm512_storeu_si512(dst + j, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + j + 16), _mm512_loadu_ps(x + j)));
+}
+
+/* acc[4][V x 16] += p[4][nk] . v[nk][V x 16] on bf16 K-pairs: p rows at ldp halves, v as K-pairs
+ * [nk / 2][columns at ldv][2] (an odd nk's last pair completed by zeros in p and v) */
+static inline __attribute__((always_inline)) void eqf_pv_bf16_rows(const uint16_t* restrict p, long ldp,
+                                                                   const uint16_t* restrict v, long ldv, long nk,
+                                                                   float* restrict acc, long ldacc, const int V)
+{
+    __m512 c[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int u = 0; u < V; u++)
+            c[r][u] = _mm512_loadu_ps(acc + r * ldacc + u * 16);
+    for (long jp = 0; jp < (nk + 1) / 2; jp++) {
+        const uint16_t* w = v + jp * 2 * ldv;
+        __m512i v0 = _mm512_loadu_si512(w), v1 = V > 1 ? _mm512_loadu_si512(w + 32) : v0;
+        __m512i v2 = V > 2 ? _mm512_loadu_si512(w + 64) : v0, v3 = V > 2 ? _mm512_loadu_si512(w + 96) : v0;
+        EQF_IN_REGISTERS(v0, v1, v2, v3);
+        for (int r = 0; r < 4; r++) {
+            const __m512bh a = (__m512bh)_mm512_set1_epi32((int)eqf_pair_at(p + r * ldp + 2 * jp));
+            c[r][0] = _mm512_dpbf16_ps(c[r][0], a, (__m512bh)v0);
+            if (V > 1)
+                c[r][1] = _mm512_dpbf16_ps(c[r][1], a, (__m512bh)v1);
+            if (V > 2) {
+                c[r][2] = _mm512_dpbf16_ps(c[r][2], a, (__m512bh)v2);
+                c[r][3] = _mm512_dpbf16_ps(c[r][3], a, (__m512bh)v3);
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int u = 0; u < V; u++)
+            _mm512_storeu_ps(acc + r * ldacc + u * 16, c[r][u]);
+}
+__attribute__((noinline, unused)) static void eqf_pv_bf16_4x64(const uint16_t* restrict p, long ldp,
+                                                              const uint16_t* restrict v, long ldv, long nk,
+                                                              float* restrict acc, long ldacc)
+{
+    eqf_pv_bf16_rows(p, ldp, v, ldv, nk, acc, ldacc, 4);
+}
+__attribute__((noinline, unused)) static void eqf_pv_bf16_4x32(const uint16_t* restrict p, long ldp,
+                                                              const uint16_t* restrict v, long ldv, long nk,
+                                                              float* restrict acc, long ldacc)
+{
+    eqf_pv_bf16_rows(p, ldp, v, ldv, nk, acc, ldacc, 2);
+}
+__attribute__((noinline, unused)) static void eqf_pv_bf16_4x16(const uint16_t* restrict p, long ldp,
+                                                              const uint16_t* restrict v, long ldv, long nk,
+                                                              float* restrict acc, long ldacc)
+{
+    eqf_pv_bf16_rows(p, ldp, v, ldv, nk, acc, ldacc, 1);
+}
+#endif
 #endif
 
 /* Passes of the row templates (row_softmax.c, row_layernorm.c) over a row y of n floats at stride

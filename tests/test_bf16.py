@@ -2,7 +2,9 @@
 slices, an epilogue with bias + gelu, B bound by params= or passed per call) through both
 instruction paths, the AVX512_BF16 one (vdpbf16ps; skipped where the CPU lacks it) and the
 fallback (forced by pinning a machine model without AVX512_BF16, so it runs on every x86-64
-machine); an MLP end to end; the report and `eqfuse lower`; the command line's --precision.
+machine); attention (q k^T and p v in bf16, the softmax in f32) on both paths and through the
+portable loops, at its own bound (docs/precision.md, "Attention"); an MLP end to end; the report
+and `eqfuse lower`; the command line's --precision.
 
 Every result is checked twice against float64, at bounds stated in docs/precision.md and
 computed from each test's own |A| @ |B| (no tolerance chosen after the fact):
@@ -151,6 +153,78 @@ def test_the_paths_round_the_same_operands():
     acc = 2 * 1.01 * K * EPS * (np.abs(bf16(x)).astype(np.float64) @ np.abs(bf16(w)).astype(np.float64)) \
         + 2 * EPS * np.abs(out[False])
     assert np.all(np.abs(out[True].astype(np.float64) - out[False]) <= acc)
+
+
+# ------------------------------------------------------------------ attention
+
+def attention_graph(Sq, Sk, D, Dv, scale, mask):
+    m = ", mk: f32[{Sq}, {Sk}]".format(Sq=Sq, Sk=Sk) if mask else ""
+    score = f"q @ transpose(k, perm=[0, 2, 1]) * {scale}" + (" + mk" if mask else "")
+    return (f"graph g(q: f32[2, {Sq}, {D}], k: f32[2, {Sk}, {D}], v: f32[2, {Sk}, {Dv}]{m}) -> f32[2, {Sq}, {Dv}] {{\n"
+            f"  return softmax({score}, axis=-1) @ v\n}}")
+
+
+def attention_bound(q, k, v, scale, mask, bk, u=U):
+    """The documented bound of bf16 attention (docs/precision.md, "Attention") of each output
+    element, from the float64 softmax weights w and sum_j w_ij |v_je|; u=0 gives what an f32
+    kernel's arithmetic alone may add."""
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    b64 = 0.0 if mask is None else mask.astype(np.float64)
+    s = q64 @ k64.transpose(0, 2, 1) * scale + b64
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    D, Sk = q.shape[-1], k.shape[-2]
+    T = -(-Sk // bk)
+    dots = abs(scale) * (np.abs(q64) @ np.abs(k64).transpose(0, 2, 1))
+    delta = ((2 * u + u * u + (1.02 * D + 6) * EPS) * dots + 4 * EPS * np.abs(b64)).max(-1, keepdims=True)
+    log2e = 1 / np.log(2)
+    R = 8 + log2e * (s.max(-1, keepdims=True) - s.min(-1, keepdims=True) + 2 * delta)
+    theta = 2 * (T + 1) * (R + 5) * EPS + 1.01 * (Sk + T + 16) * EPS + 2 * EPS
+    factor = np.exp(2 * delta) * (1 + theta) * (1 + 2 * u + u * u) * (1 + 1.02 * (Sk + T) * EPS) - 1
+    return w @ v64, factor * (w @ np.abs(v64)) + Sk * 2.0**-126 * np.abs(v64).max()
+
+
+# (Sq, Sk, D, Dv, mask): whole 64-key tiles and an odd last one (the vectorized micro-kernels; with
+# a mask, the score pass), then a few keys (one tile of 16: the portable loops, the fallback)
+ATTENTION = [(40, 101, 64, 64, False), (12, 130, 32, 48, True), (10, 10, 24, 8, False)]
+
+
+@pytest.mark.parametrize("Sq,Sk,D,Dv,mask", ATTENTION)
+def test_bf16_attention_within_the_bound(path, Sq, Sk, D, Dv, mask):
+    rng = np.random.default_rng(5)
+    q, k = (rng.standard_normal((2, S, D)).astype(np.float32) for S in (Sq, Sk))
+    v = rng.standard_normal((2, Sk, Dv)).astype(np.float32)
+    mk = np.triu(np.full((Sq, Sk), -1e4, np.float32), 1 + Sk - Sq) if mask else None
+    scale = 1 / np.sqrt(D)
+    mod = eqfuse.compile(attention_graph(Sq, Sk, D, Dv, scale, mask), precision="bf16")
+    y = mod(q, k, v, *([mk] if mask else [])).astype(np.float64)
+    (p,) = [p for p in mod.default.last.plans if p.kind == "attention"]
+    want = path if p.detail.vec else "fallback"  # (the portable loops run the fallback)
+    assert (p.precision, p.precision_path) == ("bf16", want)
+    assert mod.report["precision"][p.name]["path"] == want
+    assert p.detail.vec == (Sk > 16) and p.detail.score_ops == mask
+    ref, bound = attention_bound(q, k, v, scale, mk, p.tiles["bk"])
+    err = np.abs(y - ref)
+    assert np.all(err <= bound), float(np.max(err / bound))
+    # the operands really were rounded: the error passes what f32 arithmetic alone may add
+    _, f32_part = attention_bound(q, k, v, scale, mk, p.tiles["bk"], u=0.0)
+    assert np.any(err > f32_part)
+
+
+def test_bf16_attention_paths_agree():
+    """vdpbf16ps and the fallback multiply the same bf16 values; only the order of f32 additions
+    differs (the two results are both within the bound; here, within each other's reach)."""
+    if not machine.host_isa()["avx512_bf16"] or machine.machine().simd_floats < 16:
+        pytest.skip("this CPU has no AVX512_BF16: only the fallback path can run here")
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, 70, 64)).astype(np.float32) for _ in range(3))
+    out = {}
+    for flag in (True, False):
+        with machine.pinned(dataclasses.replace(machine.machine(), avx512_bf16=flag)):
+            out[flag] = eqfuse.compile(attention_graph(70, 70, 64, 64, 0.125, False), precision="bf16")(q, k, v)
+    ref, bound = attention_bound(q, k, v, 0.125, None, 64)
+    assert np.all(np.abs(out[True] - ref) <= bound) and np.all(np.abs(out[False] - ref) <= bound)
+    assert np.abs(out[True] - out[False]).max() < np.abs(out[True] - ref).max()
 
 
 # ------------------------------------------------------------------ end to end, report, lower

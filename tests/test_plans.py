@@ -82,7 +82,8 @@ def test_the_gemm_tiles_follow_the_machine(machine_model):
 # written with. Every other placeholder is listed with the reason it is not a choice.
 ROW_PARALLEL = {"PARALLEL": "parallel"}  # (-1 in a GEMM's row epilogue: run by the GEMM's threads, split=rows)
 CHOICES: dict[str, dict[str, str]] = {
-    "attention.c": {"BQ": "bq", "BK": "bk", "VEC": "vec", "SCORE_OPS": "score_ops", "PARALLEL": "parallel"},
+    "attention.c": {"BQ": "bq", "BK": "bk", "VEC": "vec", "SCORE_OPS": "score_ops", "PARALLEL": "parallel",
+                    "BF16": "precision_path"},
     "attention_grad.c": {"RB": "rb", "VEC": "vec", "PARALLEL": "parallel"},
     "conv2d.c": {"IM2COL": "im2col", "PARALLEL": "parallel"},
     "conv_direct.c": {"CB": "cb", "VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "ROWS": "rows",
@@ -290,7 +291,7 @@ def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypa
     # both values of the flags this covers cheaply
     for key in [("gemm.c", "PARALLEL"), ("gemm.c", "BF16"), ("gemm.c", "DIRECT_B"), ("gemm_skinny.c", "PACK_PARTS"),
                 ("pointwise.c", "STREAM"), ("row_softmax.c", "PARALLEL"), ("conv2d.c", "IM2COL"),
-                ("attention.c", "SCORE_OPS")]:
+                ("attention.c", "SCORE_OPS"), ("attention.c", "BF16")]:
         assert len(seen[key]) > 1, (key, seen[key])
 
 

@@ -41,9 +41,9 @@ def _optimizer_options(c) -> None:
     c.add_argument("--cost", choices=["memory", "launches", "time"], default="memory", help=COST_HELP)
     _rule_options(c)
     c.add_argument("--precision", default="f32", metavar="P",
-                   help="what the GEMMs (matmuls, convs through im2col) multiply in: f32, or bf16 (operands "
-                        "rounded to bf16, products accumulated in f32, epilogues, norms and softmax in f32; "
-                        "vdpbf16ps on CPUs with AVX512_BF16, else a fallback that widens bf16 weights; "
+                   help="what the GEMMs (matmuls, convs through im2col) and attention multiply in: f32, or "
+                        "bf16 (operands rounded to bf16, products accumulated in f32, epilogues, norms and "
+                        "softmax in f32; vdpbf16ps on CPUs with AVX512_BF16, else a fallback that widens bf16 weights; "
                         "docs/precision.md gives the error bound) (default: f32)")
     c.add_argument("--no-check-rules", action="store_true",
                    help="use the --rules files without first checking each rule's soundness on random "

@@ -2,6 +2,15 @@
 #define eqf_kinds_k5_attention_BK 64 /* the plan's bk: keys per tile */
 #define eqf_kinds_k5_attention_SCORE_OPS 0 /* the plan's score_ops: the score's own ops run in a score pass */
 #define eqf_kinds_k5_attention_PARALLEL 0 /* the plan's parallel: the `if` of the parallel region */
+#define eqf_kinds_k5_attention_BF16 0 /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16 */
+#if 0 == 2 && !defined(__AVX512BF16__)
+#error "the plan chose the AVX512_BF16 path (vdpbf16ps) but the compiler does not target AVX512_BF16"
+#endif
+#if 0 == 1
+#define eqf_kinds_k5_attention_R(x) eqf_bf16_round(x) /* an operand rounded to bf16, held as f32 (the fallback) */
+#else
+#define eqf_kinds_k5_attention_R(x) (x)
+#endif
 EQF_WIDE_BEGIN
 /* eqf_kinds_k5_attention: flash attention, 3 x [19 x 24] queries against 29 keys, Dv = 40.
  * Blocks of 32 queries run against tiles of 64 keys with an online softmax: only a
@@ -10,25 +19,44 @@ EQF_WIDE_BEGIN
  * zeros), in a per-thread buffer: each key tile is one contiguous block, so it stays in L1 (rows
  * SKP apart would fall into a few cache sets and evict each other).
  * q, k^T and v are read through strides (row, column) and the result is written through
- * strides, so head split and merge transposes cost nothing. */
+ * strides, so head split and merge transposes cost nothing.
+ * BF16 (0; precision="bf16", the plan's path): q k^T and p v multiply bf16 operands and
+ * accumulate in f32; the softmax stays f32. 1 = the fallback: q, k^T, p and v are rounded to bf16
+ * (eqf_bf16, as vcvtne2ps2bf16 rounds) and held as f32, v in a per-head copy of rows of DV; the
+ * f32 FMA multiplies them exactly. 2 = AVX512_BF16: k^T tiles are held as K-pairs of bf16
+ * [D2 / 2][BK][2], v as K-pairs [SKP / 2][DV][2] per head, q and p as bf16 rows, and vdpbf16ps
+ * multiplies them (the vectorized micro-kernels only: the plan takes this path only with vec). */
 void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1, const float* restrict in2, float* restrict out)
 {
-    enum { BQ = 32, BK = 64, D = 24, DV = 40, SKP = 64 };
+    enum { BQ = 32, BK = 64, D = 24, DV = 40, SKP = 64, D2 = D + D % 2 };
     const long nqb = (19 + BQ - 1) / BQ;
     int nomem = 0; /* a thread's k^T buffer could not be allocated: it skips its blocks, the caller learns it */
     #pragma omp parallel if (0)
     {
     /* each thread's copy of one head's k^T, made when its blocks reach a new head (threads take
      * consecutive blocks, so each head is copied about once) */
+#if 0 == 2
+    /* an f32 staging tile [D][BK], then the K-pairs of every tile; v's K-pairs */
+    float* restrict ktp = eqf_scratch(EQF_SCRATCH_ATTENTION_KT, (long)D * BK + (long)D2 * SKP / 2);
+    uint16_t* restrict kth = ktp ? (uint16_t*)(ktp + (long)D * BK) : NULL;
+    float* restrict vpk = eqf_scratch(EQF_SCRATCH_ATTENTION_V, (long)SKP * DV / 2 + 1);
+    uint16_t* restrict vh = (uint16_t*)vpk;
+#elif 0 == 1
     float* restrict ktp = eqf_scratch(EQF_SCRATCH_ATTENTION_KT, (long)D * SKP);
-    if (!ktp) {
+    float* restrict vpk = eqf_scratch(EQF_SCRATCH_ATTENTION_V, (long)SKP * DV);  /* v rounded, rows of DV */
+#else
+    float* restrict ktp = eqf_scratch(EQF_SCRATCH_ATTENTION_KT, (long)D * SKP);
+    float* restrict vpk = ktp;  /* (unused: v is read in place) */
+#endif
+    if (!ktp || !vpk) {
         #pragma omp atomic write
         nomem = 1;
     }
-    long packed = -1;
+    long packed = -1, vpacked = -1;
+    (void)vpacked;
     #pragma omp for schedule(static)
     for (long t = 0; t < 3 * nqb; t++) {
-        if (!ktp)
+        if (!ktp || !vpk)
             continue;
         const long b = t / nqb;
         const long i0 = (t % nqb) * BQ;
@@ -39,7 +67,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
             const float* restrict kp = in1 + ((kb) * 696);
             /* read k in its memory order: the inner loop runs along the smaller stride */
             for (long kt = 0; kt < (29 + BK - 1) / BK; kt++) {  /* (the key count: run-time over a KV cache) */
-                float* restrict tile = ktp + kt * D * BK;
+                float* restrict tile = 0 == 2 ? ktp : ktp + kt * D * BK;
                 const long nk = eqf_minl(BK, 29 - kt * BK);
 #define eqf_kinds_k5_attention_VEC 0 /* the plan's vec: the AVX-512 micro-kernels */
 #if defined(__AVX512F__)
@@ -47,8 +75,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
                     for (long jj = 0; jj < BK; jj += 16)           /* 16 x 16 register transposes */
                         for (long d = 0; d < D; d += 16)
                             eqf_transpose_16x16(kp + d + (kt * BK + jj) * 24, 24, tile + d * BK + jj, BK);
-                    continue;
-                }
+                } else
 #endif
                 if (1 <= 24) {
                     for (long jj = 0; jj < nk; jj++)
@@ -62,16 +89,56 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
                 for (long d = 0; d < D; d++)
                     for (long jj = nk; jj < BK; jj++)
                         tile[d * BK + jj] = 0.0f;
+#if 0 == 1
+                for (long x = 0; x < (long)D * BK; x++)
+                    tile[x] = eqf_bf16_round(tile[x]);
+#elif 0 == 2
+                uint16_t* restrict kh = kth + kt * D2 * BK;  /* K-pairs: rows d and d + 1 interleaved */
+                for (long d = 0; d < D2; d += 2)
+                    for (long jj = 0; jj < BK; jj++)
+                        ((uint32_t*)kh)[(d >> 1) * BK + jj] =
+                            eqf_bf16_pair(tile[d * BK + jj], d + 1 < D ? tile[(d + 1) * BK + jj] : 0.0f);
+#endif
             }
             packed = kb;
         }
         const float* restrict qp = in0 + ((b) * 456) + i0 * 24;
+#if 0
+        /* this head's v, rounded to bf16, packed when the blocks reach a new head */
+        if (((b) * 1160) != vpacked) {
+            const float* restrict vsrc = in2 + ((b) * 1160);
+#if 0 == 2
+            for (long j = 0; j < SKP; j += 2)  /* K-pairs: rows j and j + 1 interleaved, zeros past the keys */
+                for (long e = 0; e < DV; e++)
+                    ((uint32_t*)vh)[(j >> 1) * DV + e] =
+                        eqf_bf16_pair(j < 29 ? vsrc[j * 40 + e * 1] : 0.0f,
+                                      j + 1 < 29 ? vsrc[(j + 1) * 40 + e * 1] : 0.0f);
+#else
+            for (long j = 0; j < 29; j++)
+                for (long e = 0; e < DV; e++)
+                    vpk[j * DV + e] = eqf_bf16_round(vsrc[j * 40 + e * 1]);
+#endif
+            vpacked = (b) * 1160;
+        }
+        const float* restrict vp = vpk;
+        (void)vp;
+        enum { VRS = DV, VCS = 1 };
+#else
         const float* restrict vp = in2 + ((b) * 1160);
+        enum { VRS = 40, VCS = 1 };
+#endif
 
         float qb[BQ][D], s[BQ][BK], acc[BQ][DV], m[BQ], l[BQ][16];
+#if 0 == 2
+        uint16_t qh[BQ][D2], ph[BQ][BK];  /* q and p rounded to bf16: rows of K-pairs */
+#endif
         for (long ii = 0; ii < BQ; ii++) {
             for (long d = 0; d < D; d++)
-                qb[ii][d] = ii < nq ? qp[ii * 24 + d * 1] * 0.2885390081777927f : 0.0f;
+                qb[ii][d] = eqf_kinds_k5_attention_R(ii < nq ? qp[ii * 24 + d * 1] * 0.2885390081777927f : 0.0f);
+#if 0 == 2
+            for (long d = 0; d < D2; d++)
+                qh[ii][d] = d < D ? eqf_bf16(qb[ii][d]) : 0;
+#endif
             for (long e = 0; e < DV; e++)
                 acc[ii][e] = 0.0f;
             m[ii] = -INFINITY;
@@ -95,8 +162,13 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
             if (!0 && nk == BK && BK == 64) {
                 /* scores and their softmax step in registers (the score scale is in the q block) */
                 for (long ii = 0; ii < BQ; ii += 4)
+#if 0 == 2
+                    eqf_qk_softmax2_bf16_4x64(&qh[ii][0], D2, kth + j0 * D2, BK, D2, &s[ii][0], BK, &m[ii],
+                                              &l[ii][0], &acc[ii][0], DV, DV);
+#else
                     eqf_qk_softmax2_4x64(&qb[ii][0], D, ktp + j0 * D, BK, D, &s[ii][0], BK, &m[ii], &l[ii][0],
                                          &acc[ii][0], DV, DV);
+#endif
             } else
 #endif
             {
@@ -104,7 +176,11 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
 #if defined(__AVX512F__) && eqf_kinds_k5_attention_VEC
                 for (long ii = 0; ii < BQ; ii += 4)
                     for (long jb = 0; jb < BK; jb += 64)
+#if 0 == 2
+                        eqf_qk_bf16_4x64(&qh[ii][0], D2, kth + j0 * D2 + 2 * jb, BK, D2, &s[ii][jb], BK);
+#else
                         eqf_qk_4x64(&qb[ii][0], D, ktp + j0 * D + jb, BK, D, &s[ii][jb], BK);
+#endif
 #else
                 for (long ii = 0; ii < BQ; ii++) {
                     float sr[BK];
@@ -144,27 +220,49 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
                     eqf_softmax2_row(s[ii], BK, &m[ii], l[ii], acc[ii], DV);
 #endif
             }
-            /* acc += p v */
-#if defined(__AVX512F__) && eqf_kinds_k5_attention_VEC
-            for (long ii = 0; ii < BQ; ii += 4) {  /* DV a multiple of 16: 64 columns at a time, then 32, 16 */
+            /* acc += p v (p rounded to bf16 under BF16; the row sums l keep the f32 p) */
+#if 0 == 1
+            for (long ii = 0; ii < BQ; ii++)
+                for (long jj = 0; jj < BK; jj++)
+                    s[ii][jj] = eqf_bf16_round(s[ii][jj]);
+#endif
+#if 0 == 2
+            for (long ii = 0; ii < BQ; ii++) {
+                eqf_bf16_row(&s[ii][0], &ph[ii][0], BK);
+                for (long jj = nk; jj < BK; jj++)  /* (an odd nk's last pair: a zero, never a NaN) */
+                    ph[ii][jj] = 0;
+            }
+            for (long ii = 0; ii < BQ; ii += 4) {  /* the same blocks of columns on K-pairs */
                 long e0 = 0;
                 for (; e0 + 64 <= DV; e0 += 64)
-                    eqf_pv_4x64(&s[ii][0], BK, vp + j0 * 40 + e0, 40, nk, &acc[ii][e0], DV);
+                    eqf_pv_bf16_4x64(&ph[ii][0], BK, vh + j0 * DV + 2 * e0, DV, nk, &acc[ii][e0], DV);
                 if (e0 + 32 <= DV) {
-                    eqf_pv_4x32(&s[ii][0], BK, vp + j0 * 40 + e0, 40, nk, &acc[ii][e0], DV);
+                    eqf_pv_bf16_4x32(&ph[ii][0], BK, vh + j0 * DV + 2 * e0, DV, nk, &acc[ii][e0], DV);
                     e0 += 32;
                 }
                 if (e0 + 16 <= DV)
-                    eqf_pv_4x16(&s[ii][0], BK, vp + j0 * 40 + e0, 40, nk, &acc[ii][e0], DV);
+                    eqf_pv_bf16_4x16(&ph[ii][0], BK, vh + j0 * DV + 2 * e0, DV, nk, &acc[ii][e0], DV);
+            }
+#elif defined(__AVX512F__) && eqf_kinds_k5_attention_VEC
+            for (long ii = 0; ii < BQ; ii += 4) {  /* DV a multiple of 16: 64 columns at a time, then 32, 16 */
+                long e0 = 0;
+                for (; e0 + 64 <= DV; e0 += 64)
+                    eqf_pv_4x64(&s[ii][0], BK, vp + j0 * VRS + e0, VRS, nk, &acc[ii][e0], DV);
+                if (e0 + 32 <= DV) {
+                    eqf_pv_4x32(&s[ii][0], BK, vp + j0 * VRS + e0, VRS, nk, &acc[ii][e0], DV);
+                    e0 += 32;
+                }
+                if (e0 + 16 <= DV)
+                    eqf_pv_4x16(&s[ii][0], BK, vp + j0 * VRS + e0, VRS, nk, &acc[ii][e0], DV);
             }
 #else
             for (long jj = 0; jj < nk; jj++) {
-                const float* restrict vr = vp + (j0 + jj) * 40;
+                const float* restrict vr = vp + (j0 + jj) * VRS;
                 for (long ii = 0; ii < BQ; ii++) {
                     const float p = s[ii][jj];
                     #pragma omp simd
                     for (long e = 0; e < DV; e++)
-                        acc[ii][e] += p * vr[e * 1];
+                        acc[ii][e] += p * vr[e * VCS];
                 }
             }
 #endif

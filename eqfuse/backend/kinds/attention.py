@@ -11,8 +11,9 @@ from itertools import count
 from eqfuse.backend.cexpr import I1, I3, I4, Exprs, Space, kernel_params, render
 from eqfuse.backend.indexing import bstrides, offset, result_strides, view_strides
 from eqfuse.backend.kinds.base import Kind
-from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS
-from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, size
+from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
+from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, bf16_path
+from eqfuse.backend.plan import KernelPlan, UOp, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
 from eqfuse.ir.ops import flit
@@ -60,7 +61,9 @@ class Attention(Kind):
     kinds = (K.ATTENTION,)
 
     def plan(self, plan: KernelPlan, c) -> None:
-        computes_f32(plan, "attention runs in f32 under bf16 (a documented choice: docs/precision.md)")
+        # precision="bf16": q k^T and p v multiply bf16 operands, accumulating in f32; the softmax
+        # stays f32. The instruction path is chosen in after_views (it needs `vec`).
+        plan.precision = "bf16" if plan.wanted_precision == "bf16" else "f32"
         body, p = plan.body, plan.shape.parts
         qs, kts, vs = (body.nodes[i].type.shape for i in (p.q, p.kt, p.v))
         pv = body.nodes[plan.shape.anchor]
@@ -103,17 +106,18 @@ class Attention(Kind):
             return "" if body.nodes[i].op == "input" else " (strided, through its layout view)"
 
         out_via = "" if p.result == body.outputs[0] else " (strided, through the output transpose)"
+        mul = ", bf16 operands, f32 accumulation" if plan.precision == "bf16" else ""
         plan.uops += [
             UOp(0, "Loop", f"batch {batch} x query blocks of {bq} (parallel)", batch * nqb),
             UOp(1, "Load", f"q block [{bq} x {D}]{via(p.q)}", batch * nqb),
             UOp(1, "Loop", f"key tiles of {bk} over {Sk}", batch * nqb * nkt),
             UOp(2, "Load", f"k^T tile [{D} x {bk}] of the per-head padded copy of k^T{via(p.kt)}", batch * nqb * nkt),
-            UOp(2, "Exec", f"scores {bq} x {bk} = q k^T ({bq * bk * D} FMA) + score ops"
+            UOp(2, "Exec", f"scores {bq} x {bk} = q k^T ({bq * bk * D} FMA{mul}) + score ops"
                            f"{' + mask' if p.mask is not None else ''}", batch * nqb * nkt),
             UOp(2, "Exec", "online softmax in base 2: row max, lazy rescale (only when the max rises "
                            "by more than 2^8), exp2", batch * nqb * nkt),
             UOp(2, "Load", f"v tile [{bk} x {Dv}]{via(p.v)}", batch * nqb * nkt),
-            UOp(2, "Exec", f"acc [{bq} x {Dv}] += p v ({bq * bk * Dv} FMA)", batch * nqb * nkt),
+            UOp(2, "Exec", f"acc [{bq} x {Dv}] += p v ({bq * bk * Dv} FMA{mul})", batch * nqb * nkt),
             UOp(1, "Store", f"out block [{bq} x {Dv}] / row sums, epilogue{out_via}", batch * nqb)]
         self.after_views(plan, c)
 
@@ -124,6 +128,13 @@ class Attention(Kind):
         nb = len(plan.body.nodes[plan.shape.parts.result].type.shape) - 2
         vec = t["bk"] % 64 == 0 and t["bq"] % 4 == 0 and d.Dv % 16 == 0 and _v_strides(plan)[nb + 1] == 1
         plan.detail = replace(d, vec=vec)
+        # bf16: vdpbf16ps in the vectorized micro-kernels where the CPU has AVX512_BF16; the
+        # portable loops (and CPUs without it) multiply operands rounded to bf16 with the f32 FMA
+        if plan.precision == "bf16":
+            path = bf16_path(caches)
+            plan.precision_path = path if vec else "fallback"
+            plan.precision_note = "" if path == plan.precision_path else \
+                "the fallback: the tiles are not whole 64-key tiles with rows of v in vectors of 16"
 
     def emit(self, plan: KernelPlan) -> str:
         """q, k^T and v are read in place through their views (strides), the result is written
@@ -184,4 +195,4 @@ class Attention(Kind):
                       OUT_OFF=offset("b", batch, os_[:nb]), OR=os_[nb], OC=os_[nb + 1],
                       OFFSETS="\n".join(sspace.decls + ospace.decls),
                       SCORE_BODY=sc.text(), SCORE=score, QSCALE=qscale, SCORE_LOG2E=slog2e, SCORE_OPS=int(d.score_ops),
-                      EPI_BODY=epi.text(), EPI=e)
+                      EPI_BODY=epi.text(), EPI=e, BF16=BF16_PATHS[plan.precision_path])
