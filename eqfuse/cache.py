@@ -150,7 +150,10 @@ def info() -> dict:
     root = cache_dir()
     out: dict = {"dir": str(root)}
     for kind, files in _entries(root).items():
-        n = sum(1 for f in files if f.suffix not in (".sha256", ".lock") and not f.name.startswith(".tmp-"))
+        # (an optimized graph's pickle is a second form of its entry, and a memo a fact derived
+        # from one: not entries; their bytes count)
+        n = sum(1 for f in files if f.suffix not in (".sha256", ".lock", ".pickle", ".memo")
+                and not f.name.startswith(".tmp-"))
         size = 0
         for f in files:
             with contextlib.suppress(OSError):

@@ -47,6 +47,7 @@ from eqfuse.ir.printer import graph_text, kernel_text, module_text
 from eqfuse.ir.reference import Reference, bind_arrays
 from eqfuse.ir.separable import batch_dims
 from eqfuse.machine import machine
+from eqfuse.optimizer import graph_cache
 from eqfuse.optimizer.cost import MODELS as COST_MODELS
 from eqfuse.optimizer.fold import Folded, fold_params
 from eqfuse.optimizer.optimize import (
@@ -342,10 +343,21 @@ def count_kernels(report: dict, source: Graph, opt: Graph, dims: Mapping[str, in
         views = view_kernels(opt, kg, after)
         if views:
             report["graph"] = graph_text(opt, views)
-    before = lower(source, dims, False, params, precision)[2]
-    (kb, vb), (ka, va) = running(before), running(after)
+    (kb, vb), (ka, va) = unfused_count(source, dims, params, precision), running(after)
     report.update(kernels_before=kb, views_before=vb, kernels_after=ka, views_after=va, kernels_counted="lowered")
     return report
+
+
+def unfused_count(source: Graph, dims: Mapping[str, int], params: frozenset[str] = frozenset(),
+                  precision: str = "f32") -> tuple[int, int]:
+    """running() of `source` lowered unfused (every op its own kernel): kept in the optimized-graph
+    cache (graph_cache.memo, keyed by the graph's text, dims, bound params, precision and the
+    machine model), so that a warm compile does not lower the unfused graph only to count it."""
+    parts = {"graph": graph_text(source), "dims": sorted(dims.items()), "params": sorted(params),
+             "precision": precision, "machine": repr(machine())}
+    kb, vb = graph_cache.memo("unfused kernel count", parts,
+                              lambda: list(running(lower(source, dims, False, params, precision)[2])))
+    return int(kb), int(vb)
 
 
 def view_kernels(opt: Graph, kg: Graph, plans) -> frozenset[int]:

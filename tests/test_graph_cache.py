@@ -37,7 +37,8 @@ def runs(monkeypatch, tmp_path):
 
 def entries(tmp_path):
     d = tmp_path / "cache" / "graphs"
-    return sorted(d.iterdir()) if d.is_dir() else []
+    # (the optimized graphs' entries; beside them their pickles and memos, eqfuse.optimizer.graph_cache)
+    return sorted(f for f in d.iterdir() if f.suffix == ".json") if d.is_dir() else []
 
 
 def test_a_repeated_compile_skips_the_e_graph(runs, tmp_path):
@@ -114,6 +115,27 @@ def test_cli_no_cache_and_cache_info_clear(runs, tmp_path, capsys):
     assert "optimized graphs: 1 entry" in out and str(tmp_path / "cache") in out
     assert main(["cache", "clear"]) == 0
     assert "1 optimized graphs" in capsys.readouterr().out
-    assert entries(tmp_path) == []
+    assert list((tmp_path / "cache" / "graphs").iterdir()) == []  # the pickles and memos too
     assert main(["cache", "info"]) == 0
     assert "optimized graphs: 0 entries" in capsys.readouterr().out
+
+
+def test_a_warm_compile_neither_optimizes_nor_lowers_the_unfused_graph(runs, monkeypatch):
+    """Both caches warm (issue 32): the compile reads the fused graph back (its pickle, no parse)
+    and its unfused kernel count (a memo), so it lowers only the fused graph it builds."""
+    import eqfuse
+    from eqfuse import pipeline
+    from eqfuse.frontend import load as frontend_load
+
+    first = eqfuse.compile(SRC)
+    lowered, parsed = [], []
+    real_lower, real_load = pipeline.lower, frontend_load.load
+    monkeypatch.setattr(pipeline, "lower", lambda g, d, fuse=True, *a, **kw: (lowered.append(fuse),
+                                                                             real_lower(g, d, fuse, *a, **kw))[1])
+    monkeypatch.setattr(frontend_load, "load", lambda src, *a, **kw: (parsed.append(src != SRC),
+                                                                     real_load(src, *a, **kw))[1])
+    again = eqfuse.compile(SRC)
+    assert again.report["graph_cache"] == "hit" and len(runs) == 1
+    assert lowered == [True] and parsed == [False]  # the model's own text parsed, no fused graph's
+    for k in ("kernels_before", "views_before", "kernels_after", "views_after", "kernels_counted"):
+        assert again.report[k] == first.report[k]

@@ -3,9 +3,12 @@
 After lowering, every kernel that is one reshape, transpose or slice of one tensor is a
 candidate view. Its elements are elements of one buffer in memory, its root (a graph input, a
 constant or a kernel's result), at element offsets composed along the chain of layout ops from
-that root. The composition is computed exactly, on an index array: numpy applies the chain's ops
-(the op table's own numpy semantics) to `arange` over the root's shape, and the result is the
-offset of every element of the view in the root.
+that root. The composition is computed exactly by numpy, with the op table's own numpy semantics:
+the chain's ops are applied to a one-byte-per-element buffer over the root's shape (allocated,
+never written), and a view numpy makes of it gives the offset and strides in elements. Where a
+reshape in the chain cannot be a view (numpy copies), the chain goes on from an index array (the
+offset of every element in the root), so that a later op may still make it affine. No index array
+is built over a weight that is only transposed or sliced.
 
 A view is an *affine* index map (one offset plus one stride per axis). A candidate is read in
 place when its map is affine and every kernel reading it can take that map:
@@ -144,8 +147,7 @@ def place_views(kg: Graph, plans: list[KernelPlan]) -> None:
         return
     forced: set[int] = set()
     while True:
-        idx = _compose(kg, plans, cands, forced)
-        maps = {n: affine(a) for n, (_, a) in idx.items()}
+        idx, maps = _compose(kg, plans, cands, forced)
         need: set[int] = set()
         for p in plans:  # every kernel that stays one reads its args at their maps
             if p.node in idx:
@@ -195,8 +197,13 @@ def place_views(kg: Graph, plans: list[KernelPlan]) -> None:
 
 
 def _compose(kg: Graph, plans: list[KernelPlan], cands: dict[int, KernelPlan], forced: set[int]):
-    """node -> (root, index array) for every candidate not forced to be a kernel."""
+    """(node -> (root, index map), node -> affine map or None) for every candidate not forced to
+    be a kernel. An index map is a numpy
+    view of a one-byte-per-element buffer over the root (never written, so never touched: its
+    offset and strides are the view's, no index array is built), or an index array once a
+    reshape in the chain cannot be a view (numpy copies; then the index values are composed)."""
     idx: dict[int, tuple[int, np.ndarray]] = {}
+    bufs: dict[int, np.ndarray] = {}  # root -> its byte buffer
     for p in plans:
         if p.node not in cands or p.node in forced:
             continue
@@ -205,7 +212,44 @@ def _compose(kg: Graph, plans: list[KernelPlan], cands: dict[int, KernelPlan], f
         if math.prod(shape) > MAX_ELEMENTS:
             forced.add(p.node)
             continue
-        root, base = idx[a] if a in idx else (a, np.arange(math.prod(shape), dtype=np.int64).reshape(shape))
+        if a in idx:
+            root, base = idx[a]
+        else:
+            root = a
+            if root not in bufs:
+                bufs[root] = np.empty(math.prod(shape), dtype=np.uint8)
+            base = bufs[root].reshape(shape)
         n = p.body.nodes[p.shape.anchor]
-        idx[p.node] = (root, np.ascontiguousarray(OPS[n.op].numpy([base], n.attr)))
-    return idx
+        out = OPS[n.op].numpy([base], n.attr)
+        if base.dtype == np.uint8 and not np.may_share_memory(out, bufs[root]):
+            # a reshape numpy could not make a view: compose the index values instead
+            out = OPS[n.op].numpy([_index_array(base, bufs[root])], n.attr)
+        idx[p.node] = (root, out if out.dtype == np.uint8 else np.ascontiguousarray(out))
+    return idx, {n: index_map(a, bufs[root]) for n, (root, a) in idx.items()}
+
+
+def _index_array(view: np.ndarray, buf: np.ndarray) -> np.ndarray:
+    """The element offsets into `buf` of every element of `view` (a view of it), as an array."""
+    off, strides = _view_map(view, buf)
+    out = np.full(view.shape, off, dtype=np.int64)
+    for k, (n, s) in enumerate(zip(view.shape, strides)):
+        shape = [1] * view.ndim
+        shape[k] = n
+        out = out + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    return out
+
+
+def _view_map(view: np.ndarray, buf: np.ndarray) -> tuple[int, tuple[int, ...]]:
+    """(offset, strides) in elements of a view of a one-byte buffer (stride 0 along size-1 dims,
+    as `affine` gives them)."""
+    off = view.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
+    return off, tuple(0 if n == 1 else s for n, s in zip(view.shape, view.strides))
+
+
+def index_map(a: np.ndarray, buf: np.ndarray | None) -> tuple[int, tuple[int, ...]] | None:
+    """affine() of a candidate's map: a view's offset and strides, or an index array checked."""
+    if a.size == 0:
+        return None
+    if a.dtype == np.uint8:
+        return _view_map(a, buf)
+    return affine(a)

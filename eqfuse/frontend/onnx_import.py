@@ -370,8 +370,12 @@ class _Importer:
         i = self.add_input(base, TType(tuple(int(d) for d in arr.shape), dtype))
         if 0 in arr.shape:
             raise Unsupported(f"zero-size tensor '{base}'")
-        # np.array, not np.ascontiguousarray: that makes a rank-0 parameter (a zero point) 1-D
-        self.params[self.graph.nodes[i].name] = np.array(arr, dtype=NUMPY_DTYPE[dtype], order="C")
+        # np.array, not np.ascontiguousarray: that makes a rank-0 parameter (a zero point) 1-D. An
+        # initializer's read-only array (numpy's view of its immutable bytes, which nothing can
+        # change) is kept as it is when it has the dtype and layout: a second copy of every weight
+        # was most of a warm compile's import
+        keep = not arr.flags.writeable and arr.flags.c_contiguous and arr.dtype == NUMPY_DTYPE[dtype]
+        self.params[self.graph.nodes[i].name] = arr if keep else np.array(arr, dtype=NUMPY_DTYPE[dtype], order="C")
         self.param_ids.append(i)
         return i
 

@@ -88,10 +88,12 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         from eqfuse.frontend.load import load
 
         text, report = hit
-        try:
-            (out,) = load(text)
-        except (EqfuseError, ValueError):  # an entry this build cannot read back: optimize again
-            out = None
+        out = graph_cache.get_graph(key)  # the pickled graph, else the text parsed
+        if out is None:
+            try:
+                (out,) = load(text)
+            except (EqfuseError, ValueError):  # an entry this build cannot read back: optimize again
+                out = None
         if out is not None:
             seconds = time.perf_counter() - t0
             report = dict(report, graph_name=graph.name, graph_cache="hit", optimize_seconds=seconds,
@@ -102,7 +104,8 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     r.report["graph_cache"] = "miss"
     if r.report["stop_reason"] != "time_limit" and "time_limit" not in str(r.report.get("ilp")):
         # a result the clock cut short depends on the machine's load: not kept
-        graph_cache.put(key, r.report["graph"], r.report)
+        if graph_cache.put(key, r.report["graph"], r.report):
+            graph_cache.put_graph(key, r.graph)
     return r
 
 
