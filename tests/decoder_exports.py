@@ -48,7 +48,48 @@ def llama(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, position
     return m
 
 
-MODELS = {"gpt2": (gpt2, HEADS), "llama": (llama, KV_HEADS)}  # -> (maker, key/value heads)
+def qwen2(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
+    """A transformers Qwen2ForCausalLM (seeded, as gpt2): the Llama's layout with biases on the
+    query, key and value projections, grouped-query attention with 2 key/value heads."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.Qwen2Config(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                        num_attention_heads=heads, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
+                        max_position_embeddings=positions, tie_word_embeddings=False, use_sliding_window=False,
+                        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
+    m = T.Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():  # random norm weights and biases (they start at 1 and 0)
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+            elif n.endswith("bias"):
+                p.uniform_(-0.5, 0.5)
+    return m
+
+
+def phi(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
+    """A transformers PhiForCausalLM (seeded, as gpt2): LayerNorm, attention and the GELU MLP in
+    parallel off one norm, rotary embeddings on half of each head (partial_rotary_factor 0.5)."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.PhiConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=heads, vocab_size=VOCAB,
+                      max_position_embeddings=positions, partial_rotary_factor=0.5,
+                      bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
+    m = T.PhiForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "layernorm" in n and n.endswith("weight"):
+                p.uniform_(0.5, 1.5)
+    return m
+
+
+MODELS = {"gpt2": (gpt2, HEADS), "llama": (llama, KV_HEADS), "qwen2": (qwen2, KV_HEADS),
+          "phi": (phi, HEADS)}  # -> (maker, key/value heads)
 
 
 def _wrapped(model, layers: int = LAYERS):
@@ -90,10 +131,10 @@ def export_gpt2(exporter: str, layers: int = LAYERS, width: int = WIDTH, heads: 
 
 def export_decoder(model: str, exporter: str, layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS,
                    positions: int = POSITIONS):
-    """The path of a decoder export ("gpt2" or "llama") through `exporter` ("torchscript" or "dynamo")."""
+    """The path of a decoder export (a key of MODELS) through `exporter` ("torchscript" or "dynamo")."""
     past_names, input_names, output_names = names(layers)
     make, kv = MODELS[model]
-    kv = heads if model == "gpt2" else kv
+    kv = heads if model in ("gpt2", "phi") else kv
 
     def write(path):
         import torch

@@ -30,7 +30,7 @@ from eqfuse.generation import (  # noqa: E402
 B, S, STEPS = 2, 8, 20
 NEW = STEPS + 1  # a prefill and 20 decode steps make 21 tokens
 CAPACITY = capacity_for(S + NEW - 1)  # 32: every test here runs the same two bindings
-MODELS = ["gpt2", pytest.param("llama", marks=pytest.mark.extended)]
+MODELS = ["gpt2"] + [pytest.param(m, marks=pytest.mark.extended) for m in ("llama", "qwen2", "phi")]
 
 
 def compiled(exporter: str, model: str = "gpt2"):
