@@ -117,7 +117,8 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
         for k, arg in enumerate(p.args):
             r = _root(by_node, arg)
             if r in appends or r in caches:
-                raise EqfuseError(f"live=: kernel {p.name} ({p.kind}) reads the KV cache "
+                ops = ", ".join(dict.fromkeys(n.op for n in p.body.nodes if n.op != "input")) if p.body else "?"
+                raise EqfuseError(f"live=: kernel {p.name} ({p.kind}: {ops}) reads the KV cache "
                                   f"{kg.nodes[r].name or f't{r}'}; only the append and attention over it take "
                                   "the run-time length, so it would read rows past the live ones")
     for o in kg.outputs:
