@@ -1,15 +1,29 @@
-"""Generation with a KV cache: eqfuse.generate's prefill and decode against onnxruntime.
+"""Greedy generation with a KV cache: eqfuse against onnxruntime, OpenVINO, torch eager and
+torch.compile, prefill and decode apart, against the machine's memory bandwidth.
 
-    python benchmarks/bench_generate.py [--layers 2] [--width 256] [--heads 4] [--prompt 128]
-                                        [--new 128] [--batch 1] [--threads 1]
+    flock /tmp/eqfuse-bench.lock python benchmarks/bench_generate.py --model gpt2 --threads 1
+        [--batch 1 --batch 4] [--prompt 128] [--new 128] [--peers eqfuse,ort,ov,ov-default,torch,compile]
 
-A GPT-2 LM with random weights (tests/decoder_exports.py, TorchScript export with past key
-values, 512 positions), through eqfuse.generate's Decoder, greedy tokens: eqfuse's decode step
-over the cache in place with its length a run-time value (live=, docs/generation.md), and, on the
-same feeds, eqfuse and onnxruntime at a fixed capacity (the rows past the live length masked:
-every step attends over the whole capacity). Prints tokens per second of the prefill and of the
-decode, and the median time per token at tokens 1-8 and at the last 8. The first generation
-compiles (the prefill and the decode steps) and is not timed.
+Models (random weights, tests/decoder_exports.py, the TorchScript export with past key values):
+`gpt2`, GPT-2-small-sized (12 layers, 768 wide, 12 heads, 50257 tokens, 1024 positions, the LM
+head tied to the token table); `llama`, Llama-style of about 300M parameters (20 layers, 1024
+wide, 16 heads, 4 key/value heads, MLP 2816, 32000 tokens, untied head); `--layers/--width` for a
+smaller quick run. One process per thread count (each library's threads set once, at start).
+
+Each peer generates `--new` tokens greedily from the same prompt: the prefill (the prompt in one
+call, giving token 1) and `--new - 1` decode steps, each timed. eqfuse runs eqfuse.generate's
+Decoder (the decode step over its cache in place, docs/generation.md); onnxruntime and OpenVINO
+run the same .onnx as their users do (the presents fed back as the next past, the past growing);
+torch eager and torch.compile(dynamic=True) run the transformers module with its DynamicCache.
+The first generation of each peer compiles and warms up and is not timed.
+
+Printed per peer: prefill tokens/s, decode tokens/s (median step), ms per token at the first 8
+decode steps (tokens 2-9) and the last 8 (tokens 121-128 at --new 128), and at batch 1 the
+weight stream's GB/s (the bytes of the weights one decode step reads: every matrix, the lm head,
+not the embedding tables it only gathers a row from) and its fraction of STREAM triad bandwidth,
+measured in this process at the same thread count (a[i] = b[i] + s * c[i], 3 x 128 MiB, 24 bytes
+per element as STREAM counts them). Then eqfuse's decode step profiled per kernel (top 10, at the
+last live length).
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -26,63 +41,234 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+MODELS = {  # name -> (export_decoder's model, layers, width, heads, sizes)
+    "gpt2": ("gpt2", 12, 768, 12, {"vocab": 50257}),
+    "llama": ("llama", 20, 1024, 16, {"vocab": 32000, "ff": 2816, "kv_heads": 4}),
+}
+GATHERED = ("wpe", "embed_tokens")  # tables a decode step reads one row of (GPT-2's wte is also its lm head)
 
-def run(decoder, ids: np.ndarray, new: int) -> tuple[float, list[float]]:
-    """(prefill seconds, seconds of each decode step) of one greedy generation."""
-    t = time.perf_counter()
-    logits = decoder.prefill(ids)
-    prefill = time.perf_counter() - t
-    steps = []
-    for _ in range(new - 1):
-        tok = logits.argmax(-1)[:, None].astype(np.int64)
+TRIAD_C = r"""
+void triad(float* restrict a, const float* restrict b, const float* restrict c, float s, long n)
+{
+    #pragma omp parallel for simd schedule(static)
+    for (long i = 0; i < n; i++) a[i] = b[i] + s * c[i];
+}
+"""
+
+
+def triad_gbs(threads: int, repeat: int = 15) -> float:
+    """STREAM triad GB/s at `threads` (the best of `repeat`, as STREAM reports)."""
+    from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build
+
+    built = build(COMMON_C + TRIAD_C, COMMON_CDEF + "void triad(float* a, const float* b, const float* c, "
+                  "float s, long n);", "bench_triad")
+    lib, ffi = built.lib, built.ffi
+    n = 32 << 20
+    a, b, c = np.zeros(n, np.float32), np.ones(n, np.float32), np.full(n, 2, np.float32)
+    p = lambda x: ffi.cast("float *", x.ctypes.data)  # noqa: E731
+    lib.eqf_set_threads(threads)
+    best = float("inf")
+    for _ in range(repeat):
         t = time.perf_counter()
-        logits = decoder.step(tok)
+        lib.triad(p(a), p(b), p(c), 3.0, n)
+        best = min(best, time.perf_counter() - t)
+    assert a[0] == 7.0 and a[-1] == 7.0
+    return 24 * n / best / 1e9
+
+
+def greedy(prefill, step, ids: np.ndarray, new: int) -> tuple[float, list[float], np.ndarray]:
+    """(prefill seconds, seconds of each decode step, the generated ids [B, new])."""
+    t = time.perf_counter()
+    logits = prefill(ids)
+    first = time.perf_counter() - t
+    toks, steps = [logits.argmax(-1)], []
+    for _ in range(new - 1):
+        tok = toks[-1][:, None].astype(np.int64)
+        t = time.perf_counter()
+        logits = step(tok)
         steps.append(time.perf_counter() - t)
-    return prefill, steps
+        toks.append(logits.argmax(-1))
+    return first, steps, np.stack(toks, 1)
+
+
+class Growing:
+    """An ONNX runtime fed as its users do: the presents come back as the next past."""
+
+    def __init__(self, run, past_names: list[str], kv: int, head: int):
+        self.run, self.past_names, self.kv, self.head = run, past_names, kv, head
+
+    def prefill(self, ids):
+        b, s = ids.shape
+        self.past = [np.zeros((b, self.kv, 0, self.head), np.float32) for _ in self.past_names]
+        self.n = 0
+        return self._call(ids)
+
+    def step(self, tok):
+        return self._call(tok)
+
+    def _call(self, ids):
+        b, s = ids.shape
+        feeds = {"input_ids": ids, "attention_mask": np.ones((b, self.n + s), np.int64),
+                 "position_ids": np.tile(np.arange(self.n, self.n + s), (b, 1))}
+        feeds.update(zip(self.past_names, self.past))
+        outs = self.run(feeds)
+        self.past, self.n = outs[1:], self.n + s
+        return outs[0][:, -1]
+
+
+class Torch:
+    """The transformers module (or its torch.compile) with a DynamicCache."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def prefill(self, ids):
+        import torch
+
+        with torch.inference_mode():
+            ids = torch.from_numpy(ids)
+            self.n = ids.shape[1]
+            out = self.fn(input_ids=ids, position_ids=torch.arange(self.n).expand(ids.shape), use_cache=True)
+            self.cache = out.past_key_values
+            return out.logits[:, -1].float().numpy()
+
+    def step(self, tok):
+        import torch
+
+        with torch.inference_mode():
+            tok = torch.from_numpy(tok)
+            out = self.fn(input_ids=tok, position_ids=torch.full(tok.shape, self.n), past_key_values=self.cache,
+                          use_cache=True)
+            self.n += 1
+            self.cache = out.past_key_values
+            return out.logits[:, -1].float().numpy()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--model", choices=sorted(MODELS), default="gpt2")
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--width", type=int)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", type=int, action="append")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--peers", default="eqfuse,ort,ov,ov-default,torch,compile")
     a = ap.parse_args()
     os.environ["EQFUSE_NUM_THREADS"] = str(a.threads)
+    warnings.simplefilter("ignore")  # (transformers' deprecation notes on past_key_values)
+    import torch
+    import transformers
 
+    transformers.logging.set_verbosity_error()
+
+    torch.set_num_threads(a.threads)
     import decoder_exports as de
-    import onnxruntime as ort
 
     import eqfuse
-    from eqfuse.frontend.onnx_inputs import input_shapes
     from eqfuse.generation import Decoder, capacity_for, onnx_signature, step_maker
 
-    path = de.export_gpt2("torchscript", layers=a.layers, width=a.width, heads=a.heads, positions=512)
-    sig = onnx_signature(path)
-    cap = capacity_for(a.prompt + a.new - 1)
-    mod = eqfuse.compile(path, threads=a.threads)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = a.threads
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    onnx_name = {p: o for o, p, _ in input_shapes(str(path))}
-    live = step_maker(mod, sig)
-    ours = lambda f: mod(**f)  # noqa: E731
-    peers = {"eqfuse": (ours, live), "eqfuse masked": (ours, None),
-             "onnxruntime": (lambda f: sess.run(None, {onnx_name[k]: v for k, v in f.items()}), None)}
-    ids = np.random.default_rng(0).integers(0, de.VOCAB, (a.batch, a.prompt)).astype(np.int64)
+    kind, layers, width, heads, sizes = MODELS[a.model]
+    layers, width = a.layers or layers, a.width or width
+    positions = 1024 if kind == "gpt2" else 2048
     t = time.perf_counter()
-    run(Decoder(sig, ours, cap, live), ids, 2)  # compiles the prefill and the decode step
-    run(Decoder(sig, ours, cap), ids, 2)  # and the decode binding at the capacity
-    print(f"GPT-2 {a.layers} layers x {a.width}, batch {a.batch}, prompt {a.prompt}, {a.new} new tokens, "
-          f"cache capacity {cap}, {a.threads} thread(s); eqfuse's compile {time.perf_counter() - t:.1f} s")
-    print(f"{'':12} {'prefill tok/s':>14} {'decode tok/s':>13} {'ms/token 1-8':>13} {'ms/token last 8':>16}")
-    for name, (fn, step) in peers.items():
-        prefill, steps = run(Decoder(sig, fn, cap, step), ids, a.new)
-        print(f"{name:12} {a.batch * a.prompt / prefill:14.0f} {a.batch * len(steps) / sum(steps):13.0f} "
-              f"{1e3 * statistics.median(steps[:8]):13.3f} {1e3 * statistics.median(steps[-8:]):16.3f}")
+    path = de.export_decoder(kind, "torchscript", layers, width, heads, positions, **sizes)
+    module = de.MODELS[kind][0](layers, width, heads, positions, **sizes)
+    weights = sum(p.numel() for p in module.parameters())
+    streamed = 4 * sum(  # (named_parameters lists GPT-2's tied wte / lm head once)
+        p.numel() for n, p in module.named_parameters() if not any(g in n for g in GATHERED))
+    vocab = sizes["vocab"]
+    past_names, _, _ = de.names(layers)
+    kv = sizes.get("kv_heads", heads)
+    head = width // heads
+    triad = triad_gbs(a.threads)
+    load = os.getloadavg()
+    print(f"{a.model}: {layers} layers x {width}, {weights / 1e6:.0f}M parameters, decode weight stream "
+          f"{streamed / 1e6:.0f} MB f32; prompt {a.prompt}, {a.new} new tokens, {a.threads} thread(s); "
+          f"triad {triad:.1f} GB/s; load average {load[0]:.1f} {load[1]:.1f}; export {time.perf_counter() - t:.0f} s")
+
+    peers = a.peers.split(",")
+    cap = capacity_for(a.prompt + a.new - 1)
+    makers = {}
+    if "eqfuse" in peers:
+        t = time.perf_counter()
+        mod = eqfuse.compile(path, threads=a.threads)
+        sig = onnx_signature(path)
+        live = step_maker(mod, sig)
+        makers["eqfuse"] = lambda: Decoder(sig, lambda f: mod(**f), cap, live)
+        print(f"  eqfuse compile (the prefill and decode step compile at the first generation) "
+              f"{time.perf_counter() - t:.0f} s")
+    if "ort" in peers:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = a.threads, 1
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        makers["onnxruntime"] = lambda: Growing(lambda f: sess.run(None, f), past_names, kv, head)
+    for name, hint in (("OpenVINO f32", "f32"), ("OpenVINO default", None)):
+        if ("ov" if hint else "ov-default") not in peers:
+            continue
+        import openvino as ov
+
+        core = ov.Core()
+        cfg = {"INFERENCE_NUM_THREADS": a.threads, "PERFORMANCE_HINT": "LATENCY"}
+        if hint:
+            cfg["INFERENCE_PRECISION_HINT"] = hint
+        cm = core.compile_model(core.read_model(str(path)), "CPU", cfg)
+        name = f"{name} ({cm.get_property('INFERENCE_PRECISION_HINT').get_type_name()})" if not hint else name
+
+        def ov_run(feeds, cm=cm, req=cm.create_infer_request()):
+            res = req.infer(feeds)
+            return [np.array(res[o]) for o in cm.outputs]  # (the request reuses its output buffers)
+        makers[name] = lambda ov_run=ov_run: Growing(ov_run, past_names, kv, head)
+    if "torch" in peers:
+        makers["torch eager"] = lambda: Torch(module)
+    if "compile" in peers:
+        compiled = torch.compile(module, dynamic=True)
+        makers["torch.compile"] = lambda: Torch(compiled)
+
+    for batch in a.batch or [1]:
+        ids = np.random.default_rng(0).integers(0, vocab, (batch, a.prompt)).astype(np.int64)
+        print(f"batch {batch} (eqfuse's cache capacity {cap}):")
+        print(f"  {'':24} {'prefill tok/s':>13} {'decode tok/s':>12} {'ms/tok 2-9':>11} {'ms/tok last 8':>13} "
+              f"{'flat':>6} {'weights GB/s':>12} {'of triad':>8} {'warm-up s':>9}")
+        ref = None
+        for name, make in makers.items():
+            try:
+                t = time.perf_counter()
+                r = make()
+                greedy(r.prefill, r.step, ids, 3)  # compiles (eqfuse: the prefill and the decode step)
+                warm = time.perf_counter() - t
+                pre, steps, toks = greedy(r.prefill, r.step, ids, a.new)
+            except Exception as e:  # a peer that cannot run this model: said, and the others go on
+                print(f"  {name:24} failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
+                continue
+            med = statistics.median(steps)
+            first, last = statistics.median(steps[:8]), statistics.median(steps[-8:])
+            gbs = streamed / med / 1e9
+            bw = f"{gbs:12.1f} {gbs / triad:8.0%}" if batch == 1 else f"{'':12} {'':8}"
+            same = "" if ref is None else f"  ids {'=' if (toks == ref).all() else '!='} first peer's"
+            ref = toks if ref is None else ref
+            print(f"  {name:24} {batch * a.prompt / pre:13.0f} {batch / med:12.2f} {1e3 * first:11.2f} "
+                  f"{1e3 * last:13.2f} {last / first - 1:+6.0%} {bw} {warm:9.0f}{same}", flush=True)
+            if name == "eqfuse" and batch == 1:
+                profile_step(mod, r, sig)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+def profile_step(mod, dec, sig) -> None:
+    """eqfuse's decode step per kernel (eqfuse.runtime.profile), at the live length the
+    generation ended at."""
+    from eqfuse.runtime.profile import profile, table
+
+    b = dec.cache[0].shape[0]
+    dims = {sig.shapes[sig.ids][0]: b, sig.shapes[sig.ids][1]: 1, sig.pasts[0][1][2]: dec.capacity,
+            sig.shapes[sig.mask][1]: dec.capacity + 1}
+    step = mod.default.live_module(dims, sig.pasts[0][1][2])
+    feeds = {sig.ids: np.zeros((b, 1), np.int64), sig.mask: np.ones((b, dec.capacity + 1), np.int64),
+             sig.positions: np.full((b, 1), dec.length, np.int64), "past_length": np.array([dec.length])}
+    feeds.update({n: c for (n, _), c in zip(sig.pasts, dec.cache)})
+    print("\n".join("    " + line for line in table(profile(step, repeat=10, **feeds), top=10).splitlines()))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from eqfuse.errors import ArgumentError, DimsNeeded, EqfuseError
 from eqfuse.frontend.load import is_onnx, load_with_weights
 from eqfuse.frontend.load import load as load_graphs
 from eqfuse.grad.api import LazyGradFunction, differentiate
-from eqfuse.ir.graph import Graph, bind_dims, oversized
+from eqfuse.ir.graph import Graph, Node, bind_dims, oversized
 from eqfuse.ir.kernels import K
 from eqfuse.ir.live import cache_graph
 from eqfuse.ir.printer import graph_text, kernel_text, module_text
@@ -218,7 +218,7 @@ def load(src, opts: Options, shared: SharedArrays | None = None) -> Loaded:
         named = {d for g in graphs for d in g.dims()}
         check_dims(graphs, {k: v for k, v in opts.dims.items() if k in named})
     else:
-        graphs, weights = load_with_weights(src)
+        graphs, weights = load_with_weights(src, opts.dims)
         check_dims(graphs, opts.dims)
     params = {**weights, **opts.params}
     if shared is not None:  # a bucket of a padded model: the weights an earlier bucket holds
@@ -478,7 +478,9 @@ def compile_model(src, opts: Options, shared: SharedArrays | None = None) -> Mod
         return padded_module(src, opts, sums=e.sums)
     graphs, params = loaded.graphs, loaded.params
     if opts.live is not None:
-        graphs = [live_graph(graphs[0], src, opts.live)] + graphs[1:]
+        graphs = [live_graph(graphs[0], src, opts.live, opts.dims)] + graphs[1:]
+    if not is_onnx(src):
+        graphs = [bind_sums(g, opts.dims) for g in graphs]
     if opts.grad is None and not is_onnx(src) and padded_dims(graphs, opts.buckets, opts.dims, params):
         g = graphs[0]
         return padded_module(src, replace(opts, dims=bind(g, params_of(g, params), opts.dims)), graph=g)
@@ -508,12 +510,25 @@ def compile_model(src, opts: Options, shared: SharedArrays | None = None) -> Mod
     return Module(functions, report, text, opts.precision)
 
 
+def bind_sums(g: Graph, dims: Mapping[str, int]) -> Graph:
+    """g with the dims dims= binds made numbers when a concat of g sums named dims (a .g decode
+    step's past + new rows: frontend.builder gave that concat its bound length): the optimizer
+    needs every type to agree with its operands'."""
+    def sums(n: Node) -> bool:
+        ax = n.attr["axis"] % n.type.rank
+        return any(isinstance(g.nodes[a].type.shape[ax], str) for a in n.args)
+
+    if not any(n.op == "concat" and sums(n) for n in g.nodes):
+        return g
+    return bind_dims(g, {k: int(v) for k, v in dims.items() if k in g.dims()})
+
+
 def length_input(live: str) -> str:
     """The name of the input that holds the run-time length of dim `live` (compile's live=)."""
     return f"{live}_length"
 
 
-def live_graph(g: Graph, src, live: str) -> Graph:
+def live_graph(g: Graph, src, live: str, dims: Mapping[str, int]) -> Graph:
     """The first graph with its inputs along dim `live` made cache buffers (eqfuse.ir.live)."""
     if is_onnx(src):
         from eqfuse.frontend.onnx_inputs import input_shapes
@@ -524,7 +539,7 @@ def live_graph(g: Graph, src, live: str) -> Graph:
     axes = {n: list(s).index(live) for n, s in shapes.items() if live in s}
     if not axes:
         raise ArgumentError(f"live='{live}': no input of {g.name} has a dimension named {live}")
-    return cache_graph(g, axes, length_input(live))
+    return cache_graph(g, axes, length_input(live), dict(dims))
 
 
 def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, shared: SharedArrays | None):
@@ -638,7 +653,9 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
     # its initializers folded, so the plans are the ones a compiled model runs
     graphs, weights = load_with_weights(src, dims)
     if live is not None:
-        graphs = [live_graph(graphs[0], src, live)] + graphs[1:]
+        graphs = [live_graph(graphs[0], src, live, dims or {})] + graphs[1:]
+    if not is_onnx(src):
+        graphs = [bind_sums(g, dims or {}) for g in graphs]
     for g in graphs:
         if graph is not None and g.name != graph:
             continue

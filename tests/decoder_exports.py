@@ -16,14 +16,15 @@ HEAD = WIDTH // HEADS
 EOS = 99  # the config's eos token (in the vocabulary: transformers' generate stops at it)
 
 
-def gpt2(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
+def gpt2(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS,
+         vocab: int = VOCAB, **_):
     """The transformers GPT2LMHeadModel the exports are made from (seeded: the same weights
     in every process); the sizes are the tests' unless benchmarks/bench_generate.py sets them."""
     import torch
     import transformers as T
 
     torch.manual_seed(0)
-    cfg = T.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=VOCAB, n_positions=positions,
+    cfg = T.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=positions,
                        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
     return T.GPT2LMHeadModel(cfg).eval()
 
@@ -31,14 +32,16 @@ def gpt2(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions
 KV_HEADS = 2  # the Llama's key/value heads (grouped-query attention: 2 query heads share each)
 
 
-def llama(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
-    """The transformers LlamaForCausalLM the Llama exports are made from (seeded, as gpt2)."""
+def llama(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS,
+          vocab: int = VOCAB, ff: int | None = None, kv_heads: int = KV_HEADS):
+    """The transformers LlamaForCausalLM the Llama exports are made from (seeded, as gpt2); `ff`
+    is the MLP's width (2 x width by default)."""
     import torch
     import transformers as T
 
     torch.manual_seed(0)
-    cfg = T.LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
-                        num_attention_heads=heads, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
+    cfg = T.LlamaConfig(hidden_size=width, intermediate_size=ff or 2 * width, num_hidden_layers=layers,
+                        num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
                         max_position_embeddings=positions, bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
     m = T.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # random norm weights (they start at 1): the test sees a norm's weight applied
@@ -48,7 +51,48 @@ def llama(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, position
     return m
 
 
-MODELS = {"gpt2": (gpt2, HEADS), "llama": (llama, KV_HEADS)}  # -> (maker, key/value heads)
+def qwen2(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
+    """A transformers Qwen2ForCausalLM (seeded, as gpt2): the Llama's layout with biases on the
+    query, key and value projections, grouped-query attention with 2 key/value heads."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.Qwen2Config(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                        num_attention_heads=heads, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
+                        max_position_embeddings=positions, tie_word_embeddings=False, use_sliding_window=False,
+                        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
+    m = T.Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():  # random norm weights and biases (they start at 1 and 0)
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+            elif n.endswith("bias"):
+                p.uniform_(-0.5, 0.5)
+    return m
+
+
+def phi(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
+    """A transformers PhiForCausalLM (seeded, as gpt2): LayerNorm, attention and the GELU MLP in
+    parallel off one norm, rotary embeddings on half of each head (partial_rotary_factor 0.5)."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.PhiConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=heads, vocab_size=VOCAB,
+                      max_position_embeddings=positions, partial_rotary_factor=0.5,
+                      bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
+    m = T.PhiForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "layernorm" in n and n.endswith("weight"):
+                p.uniform_(0.5, 1.5)
+    return m
+
+
+MODELS = {"gpt2": (gpt2, HEADS), "llama": (llama, KV_HEADS), "qwen2": (qwen2, KV_HEADS),
+          "phi": (phi, HEADS)}  # -> (maker, key/value heads)
 
 
 def _wrapped(model, layers: int = LAYERS):
@@ -89,18 +133,19 @@ def export_gpt2(exporter: str, layers: int = LAYERS, width: int = WIDTH, heads: 
 
 
 def export_decoder(model: str, exporter: str, layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS,
-                   positions: int = POSITIONS):
-    """The path of a decoder export ("gpt2" or "llama") through `exporter` ("torchscript" or "dynamo")."""
+                   positions: int = POSITIONS, **sizes):
+    """The path of a decoder export (a key of MODELS) through `exporter` ("torchscript" or "dynamo");
+    `sizes` (vocab=, and the Llama's ff=, kv_heads=) as benchmarks/bench_generate.py sets them."""
     past_names, input_names, output_names = names(layers)
     make, kv = MODELS[model]
-    kv = heads if model == "gpt2" else kv
+    kv = heads if model in ("gpt2", "phi") else sizes.get("kv_heads", kv)
 
     def write(path):
         import torch
 
-        step = _wrapped(make(layers, width, heads, positions), layers)
+        step = _wrapped(make(layers, width, heads, positions, **sizes), layers)
         b, s, p = 2, 3, 5
-        args = (torch.randint(0, VOCAB, (b, s)), torch.ones(b, p + s, dtype=torch.long),
+        args = (torch.randint(0, sizes.get("vocab", VOCAB), (b, s)), torch.ones(b, p + s, dtype=torch.long),
                 torch.arange(p, p + s).expand(b, s).contiguous(),
                 *(torch.randn(b, kv, p, width // heads) for _ in past_names))
         if exporter == "torchscript":
@@ -119,6 +164,6 @@ def export_decoder(model: str, exporter: str, layers: int = LAYERS, width: int =
                       "position_ids": {0: batch, 1: seq}, "past": tuple({0: batch, 2: past} for _ in past_names)}
             torch.onnx.export(step, args, str(path), input_names=input_names, output_names=output_names,
                               dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)
-    sizes = "" if (layers, width, heads, positions) == (LAYERS, WIDTH, HEADS, POSITIONS) else \
-        f"-{layers}x{width}h{heads}p{positions}"
-    return cached(f"{model}-decoder{sizes}-{exporter}", write)
+    tag = "" if (layers, width, heads, positions) == (LAYERS, WIDTH, HEADS, POSITIONS) and not sizes else \
+        f"-{layers}x{width}h{heads}p{positions}" + "".join(f"{k}{v}" for k, v in sorted(sizes.items()))
+    return cached(f"{model}-decoder{tag}-{exporter}", write)

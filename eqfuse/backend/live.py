@@ -79,9 +79,11 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
     if not appends:
         return
     caches = {a.buffer for a in appends.values()}
-    for p in plans:  # grouped-query attention's repeat of the keys and values for the query heads
+    # grouped-query attention's repeat of the keys and values for the query heads, and a
+    # constant scale on them (an export's sqrt(scale) on the keys, when not folded into the attention)
+    for p in plans:
         body = p.body
-        if p.kind != K.POINTWISE or len(body.nodes) != 2 or body.nodes[1].op != "expand" \
+        if p.kind != K.POINTWISE or len(p.args) != 1 or not _row_wise(body) \
                 or _root(by_node, p.args[0]) not in appends:
             continue
         a = appends[_root(by_node, p.args[0])]
@@ -117,13 +119,47 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
         for k, arg in enumerate(p.args):
             r = _root(by_node, arg)
             if r in appends or r in caches:
-                raise EqfuseError(f"live=: kernel {p.name} ({p.kind}) reads the KV cache "
+                ops = ", ".join(dict.fromkeys(n.op for n in p.body.nodes if n.op != "input")) if p.body else "?"
+                raise EqfuseError(f"live=: kernel {p.name} ({p.kind}: {ops}) reads the KV cache "
                                   f"{kg.nodes[r].name or f't{r}'}; only the append and attention over it take "
                                   "the run-time length, so it would read rows past the live ones")
     for o in kg.outputs:
         r = _root(by_node, o)
         if r in caches and o not in appends:
             raise EqfuseError("live=: the graph returns a KV cache other than as the present of its append")
+
+
+ROW_WISE = {"expand": "{0}", "mul": "({0} * {1})", "div": "({0} / {1})"}  # ops a live copy may apply
+
+
+def _row_wise(body: Graph) -> bool:
+    """A body of one input, scalar constants and ROW_WISE ops with a constant operand: each
+    output row is its input row's, so the rows past the live ones need not be computed."""
+    ins = [n for n in body.nodes if n.op == "input"]
+    if len(ins) != 1 or body.nodes[0].op != "input" or body.nodes[-1].op not in ROW_WISE:
+        return False
+    for n in body.nodes:
+        if n.op in ("input",) or (n.op == "const" and not n.type.shape):
+            continue
+        if n.op not in ROW_WISE or sum(body.nodes[a].op != "const" for a in n.args) != 1 \
+                or body.nodes[n.args[0]].op == "const":
+            return False
+    return True
+
+
+def _row_expr(body: Graph, load: str) -> str:
+    """The C of a _row_wise body's output at one element, its input read by `load`."""
+    from eqfuse.ir.ops import flit
+
+    vals: dict[int, str] = {}
+    for i, n in enumerate(body.nodes):
+        if n.op == "input":
+            vals[i] = load
+        elif n.op == "const":
+            vals[i] = flit(n.value)
+        else:
+            vals[i] = ROW_WISE[n.op].format(*(vals[a] for a in n.args))
+    return vals[body.outputs[0] if body.outputs else len(body.nodes) - 1]
 
 
 def emit_repeat(plan: KernelPlan) -> str:
@@ -148,6 +184,6 @@ def emit_repeat(plan: KernelPlan) -> str:
         "            #pragma omp simd",
         f"            for (long j = 0; j < {size(inner)}; j++)",
         f"                out[d0 + r * {dst[ax]} + {offset('j', inner, dst[ax + 1:])}] = "
-        f"in0[so + r * {sst[ax]} + {offset('j', inner, sst[ax + 1:])}];",
+        f"{_row_expr(body, f'in0[so + r * {sst[ax]} + ' + offset('j', inner, sst[ax + 1:]) + ']')};",
         "    }",
         "}"])

@@ -62,8 +62,8 @@ def selected_graphs(args, one_graph: bool = False):
                 raise UsageError(f"--dim {name}: {args.model} has no dimension named '{name}' "
                                  f"(its named dimensions: {', '.join(have) or 'none'})")
         graphs = load(args.model, dims)
-    else:
-        graphs = load(args.model)
+    else:  # (a .g model's --dim only give a concat along named dims its length, frontend.builder)
+        graphs = load(args.model, dims)
     if one_graph and args.graph is None and len(graphs) > 1:  # (docs/README.md: which graphs of a file)
         print(f"note: graph {graphs[0].name}, the first of {len(graphs)} in {args.model} "
               f"({', '.join(g.name for g in graphs)}); --graph NAME picks another", file=sys.stderr)

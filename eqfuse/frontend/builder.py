@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 
-from eqfuse.errors import EqfuseError, Pos, ShapeError, did_you_mean
+from eqfuse.errors import EqfuseError, NamedSum, Pos, ShapeError, did_you_mean
 from eqfuse.frontend import syntax as S
 from eqfuse.ir.graph import MAX_ELEMENTS, Graph, Node
 from eqfuse.ir.kernels import SUPPORTED, Split, Unsupported, classify
@@ -42,8 +43,10 @@ def check_size(t: TType, pos: Pos | None) -> TType:
 class GraphBuilder:
     """Builds one Graph; a kernel block gets its own builder whose outer scope is this one."""
 
-    def __init__(self, name: str, pos: Pos | None, outer: "GraphBuilder | None" = None):
+    def __init__(self, name: str, pos: Pos | None, outer: "GraphBuilder | None" = None,
+                 dims: Mapping[str, int] | None = None):
         self.graph = Graph(name, pos=pos)
+        self.dims = dict(dims or {}) if outer is None else outer.dims  # compile's dims= (NamedSum below)
         self.scope: dict[str, int] = {}
         self.defined_at: dict[str, Pos] = {}
         self.outer = outer
@@ -81,7 +84,12 @@ class GraphBuilder:
     def add_op(self, op: str, args: list[int], attrs: dict, pos: Pos) -> int:
         types = [self.graph.nodes[a].type for a in args]
         try:
-            t = OPS[op].infer(types, attrs)
+            try:
+                t = OPS[op].infer(types, attrs)
+            except NamedSum as e:  # concat along a named dim: holds when dims= binds the names it sums
+                if not all(d in self.dims for d in e.names):
+                    raise NamedSum(f"{e}: bind {', '.join(e.names)} with compile's dims= (--dim)", e.names) from None
+                t = OPS[op].infer([u.bind({d: self.dims[d] for d in e.names}) for u in types], attrs)
             op, attrs = canonical(op, types, attrs)
         except ShapeError as e:
             raise EqfuseError(str(e), pos) from None
@@ -155,8 +163,11 @@ class GraphBuilder:
         return self.graph.add(Node("kernel", tuple(inner.outer_args), (), t, pos=e.pos, body=body))
 
 
-def build_graph(g: S.GraphAst) -> Graph:
-    b = GraphBuilder(g.name, g.pos)
+def build_graph(g: S.GraphAst, dims: Mapping[str, int] | None = None) -> Graph:
+    """The graph of g. `dims` (compile's dims=) gives a concat along named dims its length (the
+    sum of their values: a decode step's past + new rows, errors.NamedSum); every other type
+    keeps its names."""
+    b = GraphBuilder(g.name, g.pos, dims=dims)
     for p in g.params:
         node = b.graph.add(Node("input", type=build_type(p.type), name=p.name, pos=p.pos))
         b.graph.inputs.append(node)
@@ -173,11 +184,11 @@ def build_graph(g: S.GraphAst) -> Graph:
     if ret is None:
         raise EqfuseError(f"graph '{g.name}' has no return statement", g.end,
                           "end the body with: return EXPR")
-    _check_results(g, ret, b.graph)
+    _check_results(g, ret, b.graph, b.dims)
     return b.graph
 
 
-def _check_results(g: S.GraphAst, ret: S.Return, graph: Graph) -> None:
+def _check_results(g: S.GraphAst, ret: S.Return, graph: Graph, dims: Mapping[str, int]) -> None:
     if g.results is None:
         return
     got = graph.result_types
@@ -186,16 +197,16 @@ def _check_results(g: S.GraphAst, ret: S.Return, graph: Graph) -> None:
                           f"but declares {len(g.results)}", ret.pos)
     for e, want_ast, t in zip(ret.exprs, g.results, got):
         want = build_type(want_ast)
-        if want != t:
+        if want != t and want.bind(dims) != t.bind(dims):  # (a result a NamedSum made a number)
             raise EqfuseError(f"graph '{g.name}' returns {t} here but declares {want}", e.pos)
 
 
-def build_module(m: S.ModuleAst) -> list[Graph]:
+def build_module(m: S.ModuleAst, dims: Mapping[str, int] | None = None) -> list[Graph]:
     seen: dict[str, Pos] = {}
     graphs = []
     for g in m.graphs:
         if g.name in seen:
             raise EqfuseError(f"graph '{g.name}' is already defined at line {seen[g.name].line}", g.pos)
         seen[g.name] = g.pos
-        graphs.append(build_graph(g))
+        graphs.append(build_graph(g, dims))
     return graphs

@@ -69,7 +69,8 @@ def load_with_weights(src: str | os.PathLike, dims: Mapping[str, int] | None = N
 
 def load(src: str | os.PathLike, dims: Mapping[str, int] | None = None) -> list[Graph]:
     """Parse and check every graph of a model (a .g path, source text, or an .onnx path). `dims`
-    binds an ONNX model's symbolic dims at import (a .g model's are bound later, by compile)."""
+    binds an ONNX model's symbolic dims at import (a .g model's are bound later, by compile; they
+    only give a concat along named dims its length, frontend.builder)."""
     text, file = read_source(src)
     if file.endswith(".onnx"):
         from eqfuse.frontend.onnx_import import (
@@ -77,4 +78,4 @@ def load(src: str | os.PathLike, dims: Mapping[str, int] | None = None) -> list[
         )
 
         return [import_onnx(file, dims=dims)]
-    return build_module(parse(text, file))
+    return build_module(parse(text, file), dims)

@@ -22,11 +22,12 @@ from eqfuse.ir.shapes import TType
 LENGTH_DTYPE = "i64"
 
 
-def cache_graph(g: Graph, axes: dict[str, int], length: str) -> Graph:
+def cache_graph(g: Graph, axes: dict[str, int], length: str, dims: dict[str, int] | None = None) -> Graph:
     """g with each live input (param name -> axis of its past rows) re-typed to the result of the
     one concat that appends to it, read through a slice of its first rows, and one more input
     named `length`, i64[1] (module docstring). Refused with a message when a live input is read
-    by anything but the first operand of a concat along that axis."""
+    by anything but the first operand of a concat along that axis. `dims` binds a live input's
+    named past dim (a .g graph's; an ONNX import's dims are numbers)."""
     if length in {n for n, _ in g.params}:
         raise EqfuseError(f"live=: the graph already has an input named '{length}'")
     users: dict[int, list[int]] = {}
@@ -68,7 +69,8 @@ def cache_graph(g: Graph, axes: dict[str, int], length: str) -> Graph:
         if i in cache:
             buf = out.add(replace(n, type=cache[i]))
             ax = axes[n.name]
-            ids[i] = out.add(Node("slice", (buf,), (("axis", ax), ("start", 0), ("stop", n.type.shape[ax]),
+            stop = n.type.shape[ax]
+            ids[i] = out.add(Node("slice", (buf,), (("axis", ax), ("start", 0), ("stop", (dims or {}).get(stop, stop)),
                                                    ("step", 1)), n.type, pos=n.pos))
             cache[i] = buf  # (now the buffer's input node)
         elif n.op == "concat" and len(n.args) == 1 and i not in g.outputs:
