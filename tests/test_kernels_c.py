@@ -598,9 +598,10 @@ def test_sin_cos_table_is_2_over_pi():
     2^72 for E = 1..104, in 24-bit chunks."""
     mpmath = pytest.importorskip("mpmath")
     import re
-    from pathlib import Path
 
-    text = (Path(eqfuse.__file__).resolve().parent.parent / "csrc_templates" / "common.h").read_text()
+    from eqfuse.backend.cbuild import templates_dir
+
+    text = (templates_dir() / "common.h").read_text()  # (inside the package when installed)
     body = text[text.index("eqf_2opi[3][104] = {"):]
     body = body[:body.index("};")]
     chunks = [[int(v) for v in re.findall(r"\d+", part)] for part in body.split("{")[2:]]
