@@ -143,6 +143,7 @@ def test_the_paths_round_the_same_operands():
     """The fallback and vdpbf16ps multiply the same bf16 values: their results differ only by the
     order of f32 additions (both within the accumulation bound of the bf16 operands)."""
     if not machine.host_isa()["avx512_bf16"] or machine.machine().simd_floats < 16:
+        # an instruction path the host lacks is skipped with its reason (the fallback's own tests run everywhere)
         pytest.skip("this CPU has no AVX512_BF16: only the fallback path can run here")
     M, K, N = 24, 515, 64
     x, w, b = arrays(M, K, N, seed=2)
@@ -215,6 +216,7 @@ def test_bf16_attention_paths_agree():
     """vdpbf16ps and the fallback multiply the same bf16 values; only the order of f32 additions
     differs (the two results are both within the bound; here, within each other's reach)."""
     if not machine.host_isa()["avx512_bf16"] or machine.machine().simd_floats < 16:
+        # an instruction path the host lacks is skipped with its reason (the fallback's own tests run everywhere)
         pytest.skip("this CPU has no AVX512_BF16: only the fallback path can run here")
     rng = np.random.default_rng(6)
     q, k, v = (rng.standard_normal((2, 70, 64)).astype(np.float32) for _ in range(3))
