@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -467,9 +468,49 @@ def compile(src: str | os.PathLike, cost: str = "memory", rules: Sequence = (), 
     return compile_model(src, opts)
 
 
+@contextlib.contextmanager
+def objects_before_frozen():
+    """Python's collector ignores the objects that existed before the compile, while it runs
+    (gc.freeze, then gc.unfreeze): a compile makes many small objects, each hundred thousand of
+    which triggered a full collection that walked every object of the process. With torch and
+    transformers imported, those full collections were two thirds of BERT-base's warm compile
+    (`gc.callbacks` timing, benchmarks/bench_models.py --model bert-base --compile-only). Nothing
+    is lost: the compile's own garbage is still collected, the older objects' after it. Left
+    alone when the process has frozen objects of its own (a server that froze them before a fork)
+    and inside a compile already doing this (a padded model's buckets)."""
+    import gc
+
+    with _FREEZE_LOCK:
+        if _FROZEN[0] == 0:
+            _FROZEN[1] = gc.isenabled() and gc.get_freeze_count() == 0
+            if _FROZEN[1]:
+                gc.freeze()
+        _FROZEN[0] += 1
+    try:
+        yield
+    finally:
+        with _FREEZE_LOCK:
+            _FROZEN[0] -= 1
+            if _FROZEN[0] == 0 and _FROZEN[1]:
+                gc.unfreeze()
+                _FROZEN[1] = False
+
+
+# compiles in progress (of any thread: the first freezes, the last unfreezes), and whether the
+# first froze
+_FROZEN: list = [0, False]
+_FREEZE_LOCK = threading.Lock()
+
+
 def compile_model(src, opts: Options, shared: SharedArrays | None = None) -> Module:
     """The stages for checked options; `shared` is set when this compile is one bucket of a
     padded model (its weights and their panels are the other buckets')."""
+    with objects_before_frozen():
+        return stages(src, opts, shared)
+
+
+def stages(src, opts: Options, shared: SharedArrays | None = None) -> Module:
+    """compile_model's body."""
     try:
         loaded = load(src, opts, shared)
     except DimsNeeded as e:  # an ONNX model with named dims only bound per call: compiled per bucket of them

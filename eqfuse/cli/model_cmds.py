@@ -122,9 +122,11 @@ def cmd_cache(args) -> int:
         print(f"cache directory: {i['dir']}")
         print(line("compiled kernels", i["kernels"]))
         print(line("optimized graphs", i["graphs"]))
+        print(line("imported models", i["imports"]))
     else:
         i = cache.clear()
-        print(f"cleared {i['dir']}: {i['kernels']['entries']} compiled kernels, {i['graphs']['entries']} optimized graphs")
+        print(f"cleared {i['dir']}: {i['kernels']['entries']} compiled kernels, {i['graphs']['entries']} optimized graphs, "
+              f"{i['imports']['entries']} imported models")
     return 0
 
 def cmd_export(args) -> int:

@@ -36,9 +36,9 @@ def model_weights(src, dims: Mapping[str, int] | None = None) -> dict:
     model imports at `dims`; none for a .g model. The command line binds them too (run, bench, opt)."""
     if not is_onnx(src):
         return {}
-    from eqfuse.frontend.onnx_import import onnx_params
+    from eqfuse.frontend.onnx_cache import import_path
 
-    return onnx_params(src, dims=dims or None)
+    return import_path(src, dims=dims or None).params
 
 
 def input_aliases(src, dims: Mapping[str, int] | None = None) -> dict[str, str]:
@@ -47,22 +47,23 @@ def input_aliases(src, dims: Mapping[str, int] | None = None) -> dict[str, str]:
     imported with."""
     if not is_onnx(src):
         return {}
-    from eqfuse.frontend.onnx_import import import_model
+    from eqfuse.frontend.onnx_cache import import_path
 
-    imp = import_model(src, dims=dims or None)
+    imp = import_path(src, dims=dims or None)
     return {imp.graph.nodes[i].name: onnx for i, onnx in zip(imp.graph.inputs, imp.inputs)}
 
 
 def load_with_weights(src: str | os.PathLike, dims: Mapping[str, int] | None = None) -> tuple[list[Graph], dict]:
     """load(), and an ONNX model's weights (its initializers, bound as params by default) from the
-    same import: reading BERT-base's 440 MB file and importing it is slow enough to do once."""
+    same import: reading BERT-base's 440 MB file and importing it is slow enough to do once
+    (and once only, across processes: the import cache, eqfuse.frontend.onnx_cache)."""
     if is_onnx(src):
-        from eqfuse.frontend.onnx_import import import_model
+        from eqfuse.frontend.onnx_cache import import_path
 
         path = Path(src)
         if path.is_dir():
             raise EqfuseError(f"{path} is a directory, not a model file")
-        imp = import_model(path, dims=dims)
+        imp = import_path(path, dims=dims)
         return [imp.graph], imp.params
     return load(src, dims), {}
 

@@ -21,7 +21,7 @@ inputs at import time (the onnx backend uses it for integer inputs such as a Res
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -33,6 +33,7 @@ from eqfuse.frontend import onnx_symbolic_ops as so
 from eqfuse.frontend.builder import check_size
 from eqfuse.frontend.onnx_inputs import (
     DIMS_HINT,
+    Imported,
     graph_name,
     load_model,
     sanitize,
@@ -58,14 +59,6 @@ except ImportError:  # pragma: no cover - exercised only without the optional de
     onnx = None
 
 F32 = np.float32
-
-
-@dataclass
-class Imported:
-    graph: Graph
-    params: dict[str, np.ndarray]  # parameter name -> float32 array, in parameter order
-    inputs: list[str]  # ONNX names of the runtime inputs, in parameter order
-    outputs: list[str]  # ONNX names of the outputs
 
 
 def import_onnx(model, *, dims: Mapping[str, int] | None = None,

@@ -6,13 +6,12 @@ from __future__ import annotations
 import keyword
 import os
 import re
+from dataclasses import dataclass
+
+import numpy as np
 
 from eqfuse.errors import EqfuseError
-
-try:
-    import onnx
-except ImportError:  # pragma: no cover - exercised only without the optional dependency
-    onnx = None
+from eqfuse.ir.graph import Graph
 
 RESERVED = {"graph", "kernel", "return", "true", "false", "f32"}
 
@@ -42,7 +41,22 @@ def input_dims(model) -> list[str]:
     return list(dict.fromkeys(named + [d for d in raw if d]))
 
 
-def load_model(model) -> "onnx.ModelProto":
+@dataclass
+class Imported:
+    """An imported ONNX model (eqfuse.frontend.onnx_import, or its cache: onnx_cache)."""
+
+    graph: Graph
+    params: dict[str, np.ndarray]  # parameter name -> array, in parameter order
+    inputs: list[str]  # ONNX names of the runtime inputs, in parameter order
+    outputs: list[str]  # ONNX names of the outputs
+
+
+def load_model(model, where: str | None = None) -> "onnx.ModelProto":
+    """A ModelProto from a path, the file's bytes (`where`: the file they were read from, for
+    messages) or a ModelProto. onnx is imported here, not with this module: a model served by the
+    import cache (eqfuse.frontend.onnx_cache) never needs it."""
+    import onnx
+
     if isinstance(model, onnx.ModelProto):
         return model
     try:
@@ -52,7 +66,8 @@ def load_model(model) -> "onnx.ModelProto":
     except FileNotFoundError:
         raise EqfuseError(f"{model}: no such file") from None
     except Exception as e:  # a protobuf DecodeError or an unreadable external-data file
-        raise EqfuseError(f"{model}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+        what = where if isinstance(model, bytes) and where else model
+        raise EqfuseError(f"{what}: not a readable ONNX model ({type(e).__name__}: {e})") from None
 
 
 DIMS_HINT = ("bind the named dims: --dim NAME=N on the command line; eqfuse.compile without dims= binds them "

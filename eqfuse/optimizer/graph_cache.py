@@ -1,8 +1,8 @@
 """The optimized-graph cache: a graph optimized once is not optimized again.
 
 optimize_graph looks here first. The key is everything the fused graph depends on: the graph's
-canonical text (eqfuse.ir.printer.graph_text), the rules in force (each rule's name, direction and
-text, built-in and user files alike, after --disable), the cost model, the bound dims, the limits,
+canonical text (eqfuse.ir.printer.graph_text), the rules in force (the bytes of every rule file,
+built-in and user files alike, and the --disable names: a hit parses no rule), the cost model, the bound dims, the limits,
 the machine model (the planner's machine, and the measured speeds for the time cost model), eqfuse's
 version and a digest of eqfuse's own sources (an edited checkout never reads an entry of another).
 The value is the fused graph's text and its report, as JSON, and beside it the fused graph
@@ -24,7 +24,6 @@ them; `eqfuse cache info|clear` shows and empties them with the kernel cache.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from pathlib import Path
@@ -39,21 +38,10 @@ def enabled() -> bool:
     return ENABLED and not no_cache()
 
 
-@functools.lru_cache(maxsize=None)
 def _code_digest() -> str:
-    """eqfuse's version and every source file of the package, read once per process."""
-    from eqfuse.version import __version__
+    from eqfuse.cache import code_digest
 
-    h = hashlib.sha256(__version__.encode() + b"\0")
-    package = Path(__file__).parent.parent
-    for f in sorted(package.rglob("*")):
-        if f.suffix in (".py", ".rw", ".lark") and "__pycache__" not in f.parts:
-            h.update(str(f.relative_to(package)).encode() + b"\0")
-            try:
-                h.update(f.read_bytes())
-            except OSError:
-                pass
-    return h.hexdigest()
+    return code_digest()
 
 
 def key(graph_text: str, rules, disable, cost: str, dims, limits, perf=None, machine=None) -> str:
@@ -61,8 +49,8 @@ def key(graph_text: str, rules, disable, cost: str, dims, limits, perf=None, mac
     planner's machine model extraction was given)."""
     h = hashlib.sha256(b"eqfuse optimized graph\0")
     h.update(_code_digest().encode())
-    for r in rules:
-        h.update(f"{r.name}\0{int(r.reverse)}\0{r.text}\0".encode())
+    for name, data in rules:  # (eqfuse.optimizer.optimize.rule_sources)
+        h.update(f"{name}\0{len(data)}\0".encode() + data)
     parts = {"disable": sorted(disable), "cost": cost, "dims": sorted((dims or {}).items()),
              "limits": list(limits), "machine": repr(machine), "perf": repr(perf)}
     h.update(json.dumps(parts, sort_keys=True, default=str).encode())

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from eqfuse.errors import EqfuseError
@@ -47,7 +48,7 @@ from eqfuse.optimizer.egraph import (
 )
 from eqfuse.optimizer.explain import Joins
 from eqfuse.optimizer.layout import sink_reshapes
-from eqfuse.optimizer.rules import load_rules
+from eqfuse.optimizer.rules import load_rules, rule_files
 from eqfuse.optimizer.simplify import fold_constants, smallest
 from eqfuse.optimizer.wide import cut_wide, stitch
 
@@ -80,9 +81,9 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
         return r
     t0 = time.perf_counter()
     bound = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
-    rule_list = cached_rules(tuple(str(r) for r in rules), tuple(disable))
-    key = graph_cache.key(graph_text(graph), rule_list, disable, cost, bound, (iter_limit, node_limit, time_limit),
-                          C.perf() if cost == "time" else None, machine)
+    key = graph_cache.key(graph_text(graph), rule_sources(tuple(str(r) for r in rules), tuple(disable)), disable,
+                          cost, bound, (iter_limit, node_limit, time_limit), C.perf() if cost == "time" else None,
+                          machine)
     hit = graph_cache.get(key)
     if hit is not None:
         from eqfuse.frontend.load import load
@@ -289,9 +290,23 @@ def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages,
     return OptResult(out, report, joins)
 
 
+def rule_sources(files: tuple[str, ...], disable: tuple[str, ...]) -> list[tuple[str, bytes]]:
+    """(name, bytes) of every rule file in force, built-in then the user's: what the rules are
+    made of, for the optimized-graph cache's key. A hit then needs no rule parsed (unpickling the
+    parsed built-in rules was a third of a warm compile's own time). Files that do not load (a
+    missing file, a duplicate rule name, an unknown --disable) are refused here as load_rules
+    refuses them: such a set never optimized a graph, so it has no entry to find."""
+    out = [(p.name, p.read_bytes()) for p in rule_files()]
+    try:
+        out += [(f, Path(f).read_bytes()) for f in files]
+    except OSError:
+        cached_rules(files, disable)  # its message
+        raise
+    return out
+
+
 def cached_rules(files: tuple[str, ...], disable: tuple[str, ...]) -> list:
     """load_rules, kept while the rule files are unchanged (a file of 5000 graphs reads them once)."""
-    from pathlib import Path
 
     key = (files, disable, tuple(Path(f).read_bytes() if Path(f).is_file() else b"" for f in files))
     if key not in _RULES:

@@ -340,6 +340,43 @@ def aligned_floats(n: int) -> np.ndarray:
     return raw[shift:shift + n]
 
 
+# Packed panels of a weight the import cache maps (eqfuse.frontend.onnx_cache) are kept beside it,
+# memory-mapped like it: a warm compile packs nothing. Their name is a digest of where the weight's
+# bytes are (eqfuse.cache.origin_of: the weights file, named by the ONNX file's digest, an offset
+# and a length), the library (its module name is the kernel cache's key: the C source and every
+# flag, so the packing code and the plan's tiles) and the packing function.
+
+
+def _panels_path(lib, fn: str, b: np.ndarray, n: int):
+    from eqfuse.cache import no_cache, origin_of, usable_cache_dir
+
+    origin = origin_of(b)
+    module = getattr(lib, "__name__", None)
+    if origin is None or module is None or no_cache():
+        return None
+    import hashlib
+
+    h = hashlib.sha256(f"eqfuse panels\0{origin}\0{module}\0{fn}\0{n}".encode()).hexdigest()
+    return usable_cache_dir() / "imports" / f"{h}.panels"
+
+
+def cached_panels(lib, fn: str, b: np.ndarray, n: int) -> np.ndarray | None:
+    """The panels `fn` packs of b, read-only from the cache, or None."""
+    from eqfuse.cache import read_mapped
+
+    path = _panels_path(lib, fn, b, n)
+    mm = read_mapped(path, 4 * n) if path is not None else None
+    return np.frombuffer(mm, dtype=np.float32, count=n) if mm is not None else None  # (page-aligned)
+
+
+def keep_panels(lib, fn: str, b: np.ndarray, P: np.ndarray) -> None:
+    from eqfuse.cache import write_mapped
+
+    path = _panels_path(lib, fn, b, P.size)
+    if path is not None:
+        write_mapped(path, [P.data])
+
+
 def give_back_memory() -> None:
     """Return the C heap's free memory to the system (glibc's malloc_trim; elsewhere nothing).
     Importing an ONNX model frees its protobuf and its intermediate arrays, and glibc keeps the
@@ -393,9 +430,13 @@ class Runner:
                 if got is None or got[0] is not b:
                     p = self.kernels[s]
                     pre, own = p.prepack, self.alias.get(p.name, p.name)
-                    P = aligned_floats(getattr(self.lib, pre.floats.replace(p.name, own))())
-                    getattr(self.lib, pre.fn.replace(p.name, own))(self.ffi.cast("float *", b.ctypes.data),
-                                                                   self.ffi.cast("float *", P.ctypes.data))
+                    n, fn = getattr(self.lib, pre.floats.replace(p.name, own))(), pre.fn.replace(p.name, own)
+                    P = cached_panels(self.lib, fn, b, n)
+                    if P is None:
+                        P = aligned_floats(n)
+                        getattr(self.lib, fn)(self.ffi.cast("float *", b.ctypes.data),
+                                              self.ffi.cast("float *", P.ctypes.data))
+                        keep_panels(self.lib, fn, b, P)
                     if self.shared_panels is not None:
                         P = self.shared_panels.share(b, P)
                     got = self._packed[s] = (b, P)

@@ -1,0 +1,200 @@
+"""The import cache: an ONNX file imported once is not parsed again.
+
+A warm compile of BERT-base spent most of its time reading the 340 MB protobuf and turning its
+initializers into arrays, before any stage of its own. `import_path(path, dims)` keeps what
+`onnx_import.import_model` made of the file, beside the kernel cache (`<cache dir>/imports/`):
+
+- `<key>.entry`: the imported graph, the runtime inputs' and outputs' ONNX names, each weight's
+  name, dtype, shape and offset, the identity of the ONNX file and of the weights file, pickled,
+  written whole and read back only when its digest matches (eqfuse.cache.write_entry / read_entry);
+- `<key>-<digest>.weights`: every weight, raw, each at a 64-byte aligned offset, memory-mapped
+  read-only on a hit: a warm import reads no weight until a kernel does, and copies none.
+
+The key is the file's real path, the dims bound at import and eqfuse's sources
+(eqfuse.cache.code_digest: the pickle's classes are the ones that wrote it). The value is served
+only while the file is the one that was imported. **The rule**, as git's index applies it: the
+file's identity is its device, inode, size, mtime and ctime, in nanoseconds. Any write to the file
+changes its mtime and ctime; `touch -d` or `os.utime` can put the mtime back but sets the ctime to
+now, which no unprivileged call can set back; replacing the file (a new export renamed over it)
+changes the inode. Timestamps advance in ticks of the kernel's clock (milliseconds, seconds on some
+file systems), so a file changed within the tick in which it was stat'ed could keep its identity:
+an entry whose file was modified less than `RACY_SECONDS` before the entry was written is *racy*,
+and each hit on a racy entry reads the file again and compares its sha256 with the one of the
+bytes that were imported (and, once the file is older than that, writes the entry as not racy).
+So a big file is never hashed on a warm compile, and a changed file is never served.
+
+The weights file is checked by its own identity (inode, size, mtime, ctime, recorded when it was
+written) and the cache's ownership rule (eqfuse.cache.owned_privately); its content digest is in
+its name but not recomputed on a hit (reading 340 MB to hash it costs what the cache saves), as
+the weights of an artifact are not (eqfuse.runtime.artifact).
+
+Not cached: a model given as bytes or a ModelProto, `values=` (the onnx backend's fixed inputs), a
+model whose weights are in external data files, an import that fails. EQFUSE_NO_CACHE=1
+(`--no-cache`) neither reads nor writes entries; `eqfuse cache info|clear` counts and removes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from eqfuse.frontend.onnx_inputs import Imported, load_model
+
+SUBDIR = "imports"
+ENABLED = True  # False turns the cache off in this process (the test suite does, but in its cache tests)
+RACY_SECONDS = 2.0  # a file modified this close to its entry's writing is checked by its content
+ALIGN = 64
+FORMAT = 1
+
+
+def enabled() -> bool:
+    from eqfuse.cache import no_cache
+
+    return ENABLED and not no_cache()
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _racy(st: os.stat_result, now_ns: int) -> bool:
+    return max(st.st_mtime_ns, st.st_ctime_ns) >= now_ns - int(RACY_SECONDS * 1e9)
+
+
+def _key(path: Path, dims: Mapping[str, int] | None) -> str:
+    from eqfuse.cache import code_digest
+
+    h = hashlib.sha256(b"eqfuse onnx import\0")
+    h.update(f"{FORMAT}\0{code_digest()}\0{path}\0".encode())
+    h.update(repr(sorted((dims or {}).items())).encode())
+    return h.hexdigest()
+
+
+def _dir() -> Path | None:
+    from eqfuse.cache import usable_cache_dir
+
+    try:
+        return usable_cache_dir() / SUBDIR
+    except OSError:
+        return None
+
+
+def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) -> Imported:
+    """onnx_import.import_model(path, dims=dims), from the cache when the file is the one it holds."""
+    if not enabled():
+        from eqfuse.frontend.onnx_import import import_model
+
+        return import_model(path, dims=dims)
+    real = Path(os.path.realpath(path))
+    root = _dir()
+    key = _key(real, dims)
+    got = _get(root, key, real) if root is not None else None
+    if got is not None:
+        return got
+    from eqfuse.frontend.onnx_import import import_model
+
+    if root is None:
+        return import_model(path, dims=dims)
+    try:
+        before = os.stat(real)
+        data = real.read_bytes()
+    except OSError:
+        return import_model(path, dims=dims)  # its own message
+    proto = load_model(data, where=str(path))
+    if _external(proto):
+        return import_model(path, dims=dims)  # (onnx reads the other files beside it)
+    imp = import_model(proto, dims=dims)
+    with contextlib.suppress(OSError):
+        if _identity(os.stat(real)) == _identity(before):  # not changed while it was read
+            if _put(root, key, real, before, hashlib.sha256(data).hexdigest(), imp):
+                # the weights as a warm compile maps them: this process's memory holds no copy,
+                # and the kernels' panels of them are kept too (runtime.program)
+                del data, proto
+                imp = _get(root, key, real) or imp
+    return imp
+
+
+def _external(proto) -> bool:
+    """Whether some tensor's data is in another file (read by onnx beside the model's)."""
+    from onnx.external_data_helper import uses_external_data
+
+    tensors = list(proto.graph.initializer)
+    for n in proto.graph.node:
+        tensors += [a.t for a in n.attribute if a.HasField("t")]
+    return any(uses_external_data(t) for t in tensors)
+
+
+def _get(root: Path, key: str, real: Path) -> Imported | None:
+    from eqfuse.cache import note_origin, read_entry, read_mapped
+
+    payload = read_entry(root / f"{key}.entry")
+    if payload is None:
+        return None
+    try:
+        e = pickle.loads(payload)
+        st = os.stat(real)
+        if e["format"] != FORMAT or _identity(st) != e["file"]:
+            return None
+        if e["racy"]:
+            if hashlib.sha256(real.read_bytes()).hexdigest() != e["sha256"]:
+                return None
+            if not _racy(st, time.time_ns()):  # verified, and old enough now: no more hashing
+                from eqfuse.cache import write_entry
+
+                write_entry(root / f"{key}.entry", pickle.dumps({**e, "racy": False}, protocol=pickle.HIGHEST_PROTOCOL))
+        params = {}
+        if e["params"]:
+            blob = root / e["blob"]
+            if _identity(os.stat(blob)) != e["blob_file"]:
+                return None
+            mm = read_mapped(blob, e["blob_file"][2])  # (the ownership rule)
+            if mm is None:
+                return None
+            for name, dtype, shape, offset in e["params"]:
+                dt = np.dtype(dtype)
+                a = np.frombuffer(mm, dtype=dt, count=int(np.prod(shape, dtype=np.int64)), offset=offset).reshape(shape)
+                note_origin(a, f"{e['blob']}:{offset}:{a.nbytes}:{dtype}:{shape}")  # (runtime.program's panels)
+                params[name] = a
+        return Imported(e["graph"], params, e["inputs"], e["outputs"])
+    except (OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError, AttributeError, EOFError):
+        return None
+
+
+def _put(root: Path, key: str, real: Path, st: os.stat_result, digest: str, imp: Imported) -> bool:
+    """Write the weights file, then the entry that names it (a reader finds the old entry and its
+    file, or the new ones). Other weights files of the key (an older version of the model) go."""
+    from eqfuse.cache import write_entry, write_mapped
+
+    table, offset = [], 0
+    for name, a in imp.params.items():
+        offset += -offset % ALIGN
+        table.append((name, a.dtype.str, tuple(int(d) for d in a.shape), offset))
+        offset += a.nbytes
+    blob = root / f"{key}-{digest[:24]}.weights"
+    def chunks():
+        at = 0
+        for (_, _, _, offset), a in zip(table, imp.params.values()):
+            yield b"\0" * (offset - at)
+            yield np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
+            at = offset + a.nbytes
+
+    try:
+        if not write_mapped(blob, chunks()):
+            return False
+        for old in root.glob(f"{key}-*.weights"):
+            if old != blob:
+                with contextlib.suppress(OSError):
+                    old.unlink()
+        entry = {"format": FORMAT, "file": _identity(st), "racy": _racy(st, time.time_ns()), "sha256": digest,
+                 "graph": imp.graph, "inputs": imp.inputs, "outputs": imp.outputs, "params": table,
+                 "blob": blob.name, "blob_file": _identity(os.stat(blob))}
+        return write_entry(root / f"{key}.entry", pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
+    except (OSError, pickle.PicklingError):
+        return False
