@@ -39,6 +39,12 @@ from eqfuse.optimizer import graph_cache as _graph_cache  # noqa: E402
 
 _graph_cache.ENABLED = False
 
+# ... and so is the import cache of ONNX files (tests rewrite and re-import their exports), but in
+# its tests (tests/test_import_cache.py)
+from eqfuse.frontend import onnx_cache as _onnx_cache  # noqa: E402
+
+_onnx_cache.ENABLED = False
+
 import pytest  # noqa: E402
 
 

@@ -1,0 +1,146 @@
+"""The import cache (eqfuse/frontend/onnx_cache.py): an ONNX file imported again comes back without
+parsing it, its weights memory-mapped and their packed panels kept; a changed file is never served
+the old import, whichever way it changed; --no-cache and `eqfuse cache info|clear` apply to it."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import eqfuse  # noqa: E402
+from eqfuse.frontend import onnx_cache  # noqa: E402
+from eqfuse.frontend import onnx_import  # noqa: E402
+from eqfuse.runtime import program  # noqa: E402
+
+X = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
+
+
+def write_model(path, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """relu(x @ w + b), x: [4, 32], w: [32, 48] (a GEMM with a bound, packed weight); the same
+    size of file for every seed."""
+    rng = np.random.default_rng(seed)
+    w, b = rng.standard_normal((32, 48)).astype(np.float32), rng.standard_normal(48).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y0"]),
+         helper.make_node("Relu", ["y0"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 48])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return w, b
+
+
+def expected(w, b):
+    return np.maximum(X @ w + b, 0)
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory):
+    """One cache directory for the file's tests: the model's kernels are built once."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def imports(monkeypatch, cache_root):
+    """The import cache on, with no entry; the list gets one item per protobuf import."""
+    import shutil
+
+    shutil.rmtree(cache_root / "imports", ignore_errors=True)
+    monkeypatch.setattr(onnx_cache, "ENABLED", True)
+    monkeypatch.setenv("EQFUSE_CACHE_DIR", str(cache_root))
+    monkeypatch.delenv("EQFUSE_NO_CACHE", raising=False)
+    calls = []
+    real = onnx_import.import_model
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(onnx_import, "import_model", counted)
+    return calls
+
+
+def run(path):
+    return eqfuse.compile(str(path)).default(x=X)
+
+
+def files(root, suffix):
+    d = root / "imports"
+    return sorted(f for f in d.iterdir() if f.suffix == suffix) if d.is_dir() else []
+
+
+def test_an_imported_model_is_mapped_and_its_panels_kept(imports, cache_root, tmp_path, monkeypatch):
+    path = tmp_path / "m.onnx"
+    w, b = write_model(path, 0)
+    np.testing.assert_allclose(run(path), expected(w, b), rtol=1e-4, atol=1e-5)
+    assert len(imports) == 1 and len(files(cache_root, ".entry")) == 1 and len(files(cache_root, ".weights")) == 1
+    assert files(cache_root, ".panels")  # (the first compile already runs on the mapped weights)
+    got = onnx_cache.import_path(path)
+    assert len(imports) == 1  # served: no protobuf parsed
+    assert all(not a.flags.writeable for a in got.params.values())  # read-only, mapped
+    np.testing.assert_array_equal(got.params["w"], w)
+
+    def no_packing(*a):
+        raise AssertionError("a warm compile packs no weight it has packed before")
+
+    monkeypatch.setattr(program, "keep_panels", no_packing)
+    np.testing.assert_allclose(run(path), expected(w, b), rtol=1e-4, atol=1e-5)
+    assert len(imports) == 1
+
+
+def test_a_changed_file_is_imported_again(imports, cache_root, tmp_path, monkeypatch):
+    """Same size, the old mtime put back (os.utime): the ctime differs, so the entry is not served.
+    RACY_SECONDS = 0 makes the entry trusted by the file's identity alone."""
+    monkeypatch.setattr(onnx_cache, "RACY_SECONDS", 0.0)
+    path = tmp_path / "m.onnx"
+    write_model(path, 0)
+    run(path)
+    st = os.stat(path)
+    w, b = write_model(path, 1)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size
+    np.testing.assert_allclose(run(path), expected(w, b), rtol=1e-4, atol=1e-5)
+    assert len(imports) == 2
+    assert len(files(cache_root, ".entry")) == 1 and len(files(cache_root, ".weights")) == 1  # the old weights went
+    run(path)
+    assert len(imports) == 2  # the new entry serves
+
+
+def test_a_racy_entry_is_checked_by_content(imports, cache_root, tmp_path, monkeypatch):
+    """A file changed within its timestamps' tick keeps its identity (here: a file system whose
+    identity is device, inode and size alone); the entry was written within RACY_SECONDS of the
+    file's change, so its content is compared, and the change is seen."""
+    monkeypatch.setattr(onnx_cache, "_identity", lambda st: (st.st_dev, st.st_ino, st.st_size))
+    monkeypatch.setattr(onnx_cache, "RACY_SECONDS", 3600.0)
+    path = tmp_path / "m.onnx"
+    write_model(path, 0)
+    run(path)
+    run(path)
+    assert len(imports) == 1  # the same content: served after the check
+    with open(path, "r+b") as f:  # rewritten in place: the same inode
+        w, b = write_model(tmp_path / "other.onnx", 2)
+        f.write((tmp_path / "other.onnx").read_bytes())
+    np.testing.assert_allclose(run(path), expected(w, b), rtol=1e-4, atol=1e-5)
+    assert len(imports) == 2
+
+
+def test_no_cache_and_the_cache_command(imports, cache_root, tmp_path, monkeypatch, capsys):
+    from eqfuse.cli.main import main
+
+    path = tmp_path / "m.onnx"
+    write_model(path, 0)
+    monkeypatch.setenv("EQFUSE_NO_CACHE", "1")
+    run(path)
+    assert files(cache_root, ".entry") == []
+    monkeypatch.delenv("EQFUSE_NO_CACHE")
+    run(path)
+    assert main(["cache", "info"]) == 0
+    assert "imported models: 1 entry" in capsys.readouterr().out
+    assert main(["cache", "clear"]) == 0
+    assert "1 imported models" in capsys.readouterr().out
+    assert list((cache_root / "imports").iterdir()) == []  # the weights and panels too
