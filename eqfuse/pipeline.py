@@ -211,7 +211,7 @@ def load(src, opts: Options, shared: SharedArrays | None = None) -> Loaded:
     """The model's graphs, checked against dims= and params=. An ONNX model's dims are bound at
     import (its shape arithmetic folds with them); DimsNeeded when some are only bound per call."""
     if is_onnx(src):
-        from eqfuse.frontend.onnx_inputs import input_dims
+        from eqfuse.frontend.onnx_cache import input_dims
 
         if opts.dims and shared is None:  # (a padded model's bucket: checked by its first compile)
             check_dim_values(input_dims(src), opts.dims)

@@ -20,16 +20,16 @@ from eqfuse.runtime import program  # noqa: E402
 X = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
 
 
-def write_model(path, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """relu(x @ w + b), x: [4, 32], w: [32, 48] (a GEMM with a bound, packed weight); the same
+def write_model(path, seed: int, batch: int | str = 4) -> tuple[np.ndarray, np.ndarray]:
+    """relu(x @ w + b), x: [batch, 32], w: [32, 48] (a GEMM with a bound, packed weight); the same
     size of file for every seed."""
     rng = np.random.default_rng(seed)
     w, b = rng.standard_normal((32, 48)).astype(np.float32), rng.standard_normal(48).astype(np.float32)
     g = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y0"]),
          helper.make_node("Relu", ["y0"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 48])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 48])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return w, b
@@ -90,6 +90,24 @@ def test_an_imported_model_is_mapped_and_its_panels_kept(imports, cache_root, tm
 
     monkeypatch.setattr(program, "keep_panels", no_packing)
     np.testing.assert_allclose(run(path), expected(w, b), rtol=1e-4, atol=1e-5)
+    assert len(imports) == 1
+
+
+def test_a_warm_compile_with_dims_parses_nothing(imports, cache_root, tmp_path, monkeypatch):
+    """dims= is checked against the model's named dims, which are kept too."""
+    from eqfuse.frontend import onnx_inputs
+
+    path = tmp_path / "b.onnx"
+    w, b = write_model(path, 0, batch="B")
+    eqfuse.compile(str(path), dims={"B": 4})
+
+    def no_parse(*a, **kw):
+        raise AssertionError("the protobuf was parsed")
+
+    monkeypatch.setattr(onnx_inputs, "load_model", no_parse)
+    monkeypatch.setattr(onnx_cache, "load_model", no_parse)
+    np.testing.assert_allclose(eqfuse.compile(str(path), dims={"B": 4}).default(x=X), expected(w, b),
+                               rtol=1e-4, atol=1e-5)
     assert len(imports) == 1
 
 

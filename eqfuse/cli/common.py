@@ -54,7 +54,7 @@ def selected_graphs(args, one_graph: bool = False):
     dims = parse_dims(args.dim)
     if str(args.model).endswith(".onnx") and dims:
         # an ONNX model's dims are bound at import, where its shape arithmetic folds with them
-        from eqfuse.frontend.onnx_inputs import input_dims
+        from eqfuse.frontend.onnx_cache import input_dims
 
         have = input_dims(args.model)
         for name in dims:

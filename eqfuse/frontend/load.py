@@ -72,11 +72,7 @@ def load(src: str | os.PathLike, dims: Mapping[str, int] | None = None) -> list[
     """Parse and check every graph of a model (a .g path, source text, or an .onnx path). `dims`
     binds an ONNX model's symbolic dims at import (a .g model's are bound later, by compile; they
     only give a concat along named dims its length, frontend.builder)."""
+    if is_onnx(src):
+        return load_with_weights(src, dims)[0]  # (through the import cache)
     text, file = read_source(src)
-    if file.endswith(".onnx"):
-        from eqfuse.frontend.onnx_import import (
-            import_onnx,  # optional dependency, imported only when needed
-        )
-
-        return [import_onnx(file, dims=dims)]
     return build_module(parse(text, file), dims)

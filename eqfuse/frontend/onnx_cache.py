@@ -131,24 +131,65 @@ def _external(proto) -> bool:
     return any(uses_external_data(t) for t in tensors)
 
 
-def _get(root: Path, key: str, real: Path) -> Imported | None:
-    from eqfuse.cache import note_origin, read_entry, read_mapped
+def _entry(path: Path, real: Path) -> dict | None:
+    """The entry at path when it is of the file as it is now (the module's rule), else None."""
+    from eqfuse.cache import read_entry, write_entry
 
-    payload = read_entry(root / f"{key}.entry")
+    payload = read_entry(path)
     if payload is None:
         return None
-    try:
-        e = pickle.loads(payload)
-        st = os.stat(real)
-        if e["format"] != FORMAT or _identity(st) != e["file"]:
+    e = pickle.loads(payload)
+    st = os.stat(real)
+    if e["format"] != FORMAT or _identity(st) != e["file"]:
+        return None
+    if e["racy"]:
+        if hashlib.sha256(real.read_bytes()).hexdigest() != e["sha256"]:
             return None
-        if e["racy"]:
-            if hashlib.sha256(real.read_bytes()).hexdigest() != e["sha256"]:
-                return None
-            if not _racy(st, time.time_ns()):  # verified, and old enough now: no more hashing
-                from eqfuse.cache import write_entry
+        if not _racy(st, time.time_ns()):  # verified, and old enough now: no more hashing
+            write_entry(path, pickle.dumps({**e, "racy": False}, protocol=pickle.HIGHEST_PROTOCOL))
+    return e
 
-                write_entry(root / f"{key}.entry", pickle.dumps({**e, "racy": False}, protocol=pickle.HIGHEST_PROTOCOL))
+
+def _stamp(st: os.stat_result, digest: str) -> dict:
+    """What an entry records of the file it was made from (read after `st` was taken)."""
+    return {"format": FORMAT, "file": _identity(st), "racy": _racy(st, time.time_ns()), "sha256": digest}
+
+
+def input_dims(path: str | os.PathLike) -> list[str]:
+    """onnx_inputs.input_dims(path), kept as imports are: checking dims= against a model served by
+    the cache parses nothing."""
+    from eqfuse.frontend import onnx_inputs
+
+    root = _dir() if enabled() else None
+    if root is None:
+        return onnx_inputs.input_dims(path)
+    real = Path(os.path.realpath(path))
+    at = root / f"{_key(real, {'(input dims)': 0})}.dims"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError, EOFError):
+        e = _entry(at, real)
+        if e is not None:
+            return list(e["dims"])
+    try:
+        before = os.stat(real)
+        data = real.read_bytes()
+    except OSError:
+        return onnx_inputs.input_dims(path)  # its own message
+    out = onnx_inputs.input_dims(load_model(data, where=str(path)))
+    with contextlib.suppress(OSError):
+        if _identity(os.stat(real)) == _identity(before):
+            from eqfuse.cache import write_entry
+
+            write_entry(at, pickle.dumps({**_stamp(before, hashlib.sha256(data).hexdigest()), "dims": out}))
+    return out
+
+
+def _get(root: Path, key: str, real: Path) -> Imported | None:
+    from eqfuse.cache import note_origin, read_mapped
+
+    try:
+        e = _entry(root / f"{key}.entry", real)
+        if e is None:
+            return None
         params = {}
         if e["params"]:
             blob = root / e["blob"]
@@ -192,8 +233,7 @@ def _put(root: Path, key: str, real: Path, st: os.stat_result, digest: str, imp:
             if old != blob:
                 with contextlib.suppress(OSError):
                     old.unlink()
-        entry = {"format": FORMAT, "file": _identity(st), "racy": _racy(st, time.time_ns()), "sha256": digest,
-                 "graph": imp.graph, "inputs": imp.inputs, "outputs": imp.outputs, "params": table,
+        entry = {**_stamp(st, digest), "graph": imp.graph, "inputs": imp.inputs, "outputs": imp.outputs, "params": table,
                  "blob": blob.name, "blob_file": _identity(os.stat(blob))}
         return write_entry(root / f"{key}.entry", pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
     except (OSError, pickle.PicklingError):
