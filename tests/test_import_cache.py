@@ -13,8 +13,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import eqfuse  # noqa: E402
-from eqfuse.frontend import onnx_cache  # noqa: E402
-from eqfuse.frontend import onnx_import  # noqa: E402
+from eqfuse.frontend import onnx_cache, onnx_import  # noqa: E402
 from eqfuse.runtime import program  # noqa: E402
 
 X = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)

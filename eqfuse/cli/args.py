@@ -50,7 +50,7 @@ def _optimizer_options(c) -> None:
                         "inputs (default: check, as 'eqfuse check-rules' does, once per file content; "
                         "an unsound rule is refused, exit status 2)")
     c.add_argument("--no-cache", action="store_true",
-                   help="neither read nor keep optimized graphs and compiled kernels in the cache directory "
+                   help="neither read nor keep optimized graphs, imported models and compiled kernels in the cache directory "
                         "(as EQFUSE_CACHE_DIR or ~/.cache/eqfuse; the same as EQFUSE_NO_CACHE=1; default: use it)")
 
 
@@ -193,9 +193,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "float32 standard normal, integers in [0, 4), bools half true); the expected "
                         "outputs are the numpy reference's")
 
-    c = sub.add_parser("cache", help="show or empty the cache of compiled kernels and optimized graphs",
-                       description="show (info) or empty (clear) the cache directory's compiled kernels and "
-                                   "optimized graphs: $EQFUSE_CACHE_DIR, else $XDG_CACHE_HOME/eqfuse, else "
+    c = sub.add_parser("cache", help="show or empty the cache of compiled kernels, optimized graphs and imported models",
+                       description="show (info) or empty (clear) the cache directory's compiled kernels, "
+                                   "optimized graphs and imported ONNX models: $EQFUSE_CACHE_DIR, else $XDG_CACHE_HOME/eqfuse, else "
                                    "~/.cache/eqfuse")
     c.add_argument("action", choices=["info", "clear"],
                    help="info: the directory, and the entries and bytes of each kind; clear: remove them all")

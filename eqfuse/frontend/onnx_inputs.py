@@ -7,11 +7,15 @@ import keyword
 import os
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph
+
+if TYPE_CHECKING:
+    import onnx
 
 RESERVED = {"graph", "kernel", "return", "true", "false", "f32"}
 
