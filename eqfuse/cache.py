@@ -169,7 +169,9 @@ _ORIGINS: dict[int, tuple] = {}  # id(array) -> (a weak reference to it, where i
 
 def note_origin(a, origin: str) -> None:
     """Record that array a holds, read-only, the bytes that `origin` names (a mapped file's name,
-    an offset and a length): whatever is computed from a alone can be kept under that name."""
+    an offset and a length): whatever is computed from a alone can be kept under that name. The
+    file's name up to its first '-' names the entry it belongs to: files kept of it are named
+    with that prefix, and go when the entry is replaced (eqfuse.frontend.onnx_cache)."""
     import weakref
 
     k = id(a)

@@ -117,15 +117,32 @@ def test_a_changed_file_is_imported_again(imports, cache_root, tmp_path, monkeyp
     path = tmp_path / "m.onnx"
     write_model(path, 0)
     run(path)
+    panels = len(files(cache_root, ".panels"))
     st = os.stat(path)
     w, b = write_model(path, 1)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert os.stat(path).st_size == st.st_size
     np.testing.assert_allclose(run(path), expected(w, b), rtol=1e-4, atol=1e-5)
     assert len(imports) == 2
-    assert len(files(cache_root, ".entry")) == 1 and len(files(cache_root, ".weights")) == 1  # the old weights went
+    # the old weights went, and their panels
+    assert len(files(cache_root, ".entry")) == 1 and len(files(cache_root, ".weights")) == 1
+    assert len(files(cache_root, ".panels")) == panels
     run(path)
     assert len(imports) == 2  # the new entry serves
+
+
+def test_another_eqfuse_replaces_the_entry(imports, cache_root, tmp_path, monkeypatch):
+    """An entry holds the digest of the eqfuse sources that wrote it: another version imports the
+    file again and replaces the entry, its weights and their panels (one entry per model)."""
+    import eqfuse.cache
+
+    path = tmp_path / "m.onnx"
+    w, b = write_model(path, 0)
+    run(path)
+    monkeypatch.setattr(eqfuse.cache, "code_digest", lambda: "another eqfuse")
+    np.testing.assert_allclose(run(path), expected(w, b), rtol=1e-4, atol=1e-5)
+    assert len(imports) == 2
+    assert len(files(cache_root, ".entry")) == 1 and len(files(cache_root, ".weights")) == 1
 
 
 def test_a_racy_entry_is_checked_by_content(imports, cache_root, tmp_path, monkeypatch):

@@ -10,9 +10,10 @@ initializers into arrays, before any stage of its own. `import_path(path, dims)`
 - `<key>-<digest>.weights`: every weight, raw, each at a 64-byte aligned offset, memory-mapped
   read-only on a hit: a warm import reads no weight until a kernel does, and copies none.
 
-The key is the file's real path, the dims bound at import and eqfuse's sources
-(eqfuse.cache.code_digest: the pickle's classes are the ones that wrote it). The value is served
-only while the file is the one that was imported. **The rule**, as git's index applies it: the
+The key is the file's real path and the dims bound at import; the entry holds the digest of
+eqfuse's sources (eqfuse.cache.code_digest: the pickle's classes are the ones that wrote it) and is
+replaced, with its weights and panels, when it differs, so a model has one entry whatever version
+of eqfuse ran last. The value is served only while the file is the one that was imported. **The rule**, as git's index applies it: the
 file's identity is its device, inode, size, mtime and ctime, in nanoseconds. Any write to the file
 changes its mtime and ctime; `touch -d` or `os.utime` can put the mtime back but sets the ctime to
 now, which no unprivileged call can set back; replacing the file (a new export renamed over it)
@@ -69,10 +70,11 @@ def _racy(st: os.stat_result, now_ns: int) -> bool:
 
 
 def _key(path: Path, dims: Mapping[str, int] | None) -> str:
-    from eqfuse.cache import code_digest
-
+    """The entry's name: the file's path and the dims. eqfuse's sources are checked inside the
+    entry instead (`_entry`), so that a new eqfuse (or an edited checkout) replaces a model's entry,
+    its weights and their panels, rather than leaving them beside a new one."""
     h = hashlib.sha256(b"eqfuse onnx import\0")
-    h.update(f"{FORMAT}\0{code_digest()}\0{path}\0".encode())
+    h.update(f"{FORMAT}\0{path}\0".encode())
     h.update(repr(sorted((dims or {}).items())).encode())
     return h.hexdigest()
 
@@ -138,9 +140,11 @@ def _entry(path: Path, real: Path) -> dict | None:
     payload = read_entry(path)
     if payload is None:
         return None
+    from eqfuse.cache import code_digest
+
     e = pickle.loads(payload)
     st = os.stat(real)
-    if e["format"] != FORMAT or _identity(st) != e["file"]:
+    if e["format"] != FORMAT or e["code"] != code_digest() or _identity(st) != e["file"]:
         return None
     if e["racy"]:
         if hashlib.sha256(real.read_bytes()).hexdigest() != e["sha256"]:
@@ -152,7 +156,9 @@ def _entry(path: Path, real: Path) -> dict | None:
 
 def _stamp(st: os.stat_result, digest: str) -> dict:
     """What an entry records of the file it was made from (read after `st` was taken)."""
-    return {"format": FORMAT, "file": _identity(st), "racy": _racy(st, time.time_ns()), "sha256": digest}
+    from eqfuse.cache import code_digest
+
+    return {"format": FORMAT, "code": code_digest(), "file": _identity(st), "racy": _racy(st, time.time_ns()), "sha256": digest}
 
 
 def input_dims(path: str | os.PathLike) -> list[str]:
@@ -229,8 +235,8 @@ def _put(root: Path, key: str, real: Path, st: os.stat_result, digest: str, imp:
     try:
         if not write_mapped(blob, chunks()):
             return False
-        for old in root.glob(f"{key}-*.weights"):
-            if old != blob:
+        for old in [*root.glob(f"{key}-*.weights"), *root.glob(f"{key}-*.panels")]:
+            if old != blob:  # (an older file or eqfuse's: their panels with them)
                 with contextlib.suppress(OSError):
                     old.unlink()
         entry = {**_stamp(st, digest), "graph": imp.graph, "inputs": imp.inputs, "outputs": imp.outputs, "params": table,

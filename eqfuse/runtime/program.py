@@ -357,7 +357,8 @@ def _panels_path(lib, fn: str, b: np.ndarray, n: int):
     import hashlib
 
     h = hashlib.sha256(f"eqfuse panels\0{origin}\0{module}\0{fn}\0{n}".encode()).hexdigest()
-    return usable_cache_dir() / "imports" / f"{h}.panels"
+    # (named after the weights file's entry, which removes them when it is replaced)
+    return usable_cache_dir() / "imports" / f"{origin.split('-')[0]}-{h[:32]}.panels"
 
 
 def cached_panels(lib, fn: str, b: np.ndarray, n: int) -> np.ndarray | None:
