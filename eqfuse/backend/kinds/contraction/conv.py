@@ -57,9 +57,9 @@ import os
 from dataclasses import dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, render
-from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
-from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, cdiv, parallel
-from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
+from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS, c_type, gemm_epilogue
+from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, bf16_path, cdiv, parallel
+from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
 from eqfuse.ir.ops import pair
@@ -217,12 +217,17 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     if not force and not use_direct(KH, KW, sh, sw):
         return False
     vl = m.simd_floats
-    cb = min(C, vl)
-    v, rw, rows = choose_tile(m, (N, OH, OW, O, cb * KW, cdiv(C, cb) * KH))
+    bf16 = plan.wanted_precision == "bf16"
+    # (bf16: a block of an even number of channels, the K-pairs; a zero channel completes an odd C)
+    cb = min(C + C % 2 if bf16 else C, vl)
+    # (bf16: an instruction step multiplies a K-pair, so a tap row is half as many steps)
+    v, rw, rows = choose_tile(m, (N, OH, OW, O, cb * KW // (2 if bf16 else 1), cdiv(C, cb) * KH))
     # one vector of output channels: each FMA would need its own broadcast input value; with
     # the pixels in the lanes, RO broadcast weights serve RPH x RPW vectors of pixels
     pixels = choose_pixel_tile(m, N, OH, OW, O) if v == 1 and 2 * OW >= vl and \
         os.environ.get("EQFUSE_CONV_PIXELS", "1") != "0" else None
+    if bf16:  # (conv_pixels.c has no bf16 path: channels in the lanes, which do)
+        pixels = None
     if os.environ.get("EQFUSE_CONV_TILE"):  # "V,RW,ROWS": a tile forced, to measure others
         v, rw, rows = (int(t) for t in os.environ["EQFUSE_CONV_TILE"].split(","))
         if (v, rw) not in register_tiles(vl, bool(rows)):
@@ -236,8 +241,8 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     if pixels:
         plan.tiles = dict(zip(("ro", "rph", "rpw"), pixels))
     plan.flops = 2 * NP * O * K + pointwise_flops(body)
-    # (direct and Winograd convs have no bf16 path: said so in report["precision"])
-    computes_f32(plan, "the direct conv (and Winograd) runs in f32 under bf16: no bf16 path for this algorithm")
+    path = bf16_path(m) if bf16 else "f32"
+    plan.precision, plan.precision_path, plan.precision_note = ("bf16" if bf16 else "f32"), path, ""
     if use_winograd(d, vl):
         plan_winograd(plan, m, d)
         return True
@@ -245,20 +250,25 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     nt = N * OH * cdiv(OW, rw) if rows else cdiv(NP, rw)
     hp, wp = (OH - 1) * sh + KH, (OW - 1) * sw + KW
     regs = rw * v + v + 1
+    eb = 2 if bf16 else F32  # (bytes of a blocked weight: bf16 halves)
     plan.cache_check = (f"registers: {rw} x {v} accumulators + {v} weights + 1 broadcast = {regs} vectors; "
-                        f"one tap's weights {cb} x {d.obw} x {F32} = {cb * d.obw * F32} B, "
-                        f"a channel block's {ncb * KH * KW * cb * d.obw * F32} B <= L2 {m.l2} B: "
-                        f"{'ok' if ncb * KH * KW * cb * d.obw * F32 <= m.l2 else 'NO'}")
+                        f"one tap's weights {cb} x {d.obw} x {eb} = {cb * d.obw * eb} B, "
+                        f"a channel block's {ncb * KH * KW * cb * d.obw * eb} B <= L2 {m.l2} B: "
+                        f"{'ok' if ncb * KH * KW * cb * d.obw * eb <= m.l2 else 'NO'}")
     plan.threads = (f"the {nob} channel blocks x {nt} pixel tiles split evenly, channel blocks outermost"
                     if par else f"one thread, no parallel region ({NP * O * K} multiply-adds < 2^18)")
     epi = ops_text(body, skip={a} | set(cv.args))
+    op = {"avx512_bf16": "vdpbf16ps K-pair steps", "fallback": "K-pair steps (bf16 widened, FMA)"}.get(path,
+                                                                                                    "FMA steps")
     plan.uops += [
-        UOp(0, "Exec", "weights to blocks [NOB][NCB][KH][KW][CB][OBW] (once when bound by params=)", 1),
-        UOp(0, "Load", f"input to a zero-padded copy [N][{ncb}][{hp}][{wp}][{cb}]", N * ncb * hp),
+        UOp(0, "Exec", "weights to blocks [NOB][NCB][KH][KW][CB][OBW] (once when bound by params=)"
+                       + (", bf16 K-pairs [NOB][NCB][KH][KW x CB / 2][OBW][2]" if bf16 else ""), 1),
+        UOp(0, "Load", f"input to a zero-padded copy [N][{ncb}][{hp}][{wp}][{cb}]"
+                       + (", rounded to bf16" if bf16 else ""), N * ncb * hp),
         UOp(0, "Loop", f"{nob} channel blocks of {d.obw} x {nt} tiles of {rw} pixels"
                        f"{' along an output row' if rows else ''}", nob * nt),
-        UOp(1, "Exec", f"{rw} x {d.obw} register tile over {ncb} x {KH} taps of {KW} x {cb} FMA steps",
-            nob * nt * ncb * KH),
+        UOp(1, "Exec", f"{rw} x {d.obw} register tile over {ncb} x {KH} taps of "
+                       f"{KW * cb // (2 if bf16 else 1)} {op}", nob * nt * ncb * KH),
         UOp(1, "Store", f"tile through the epilogue ({epi or 'none'}) into NCHW", nob * nt)]
     if pixels:
         _pixel_plan(plan, m, epi)
@@ -377,7 +387,7 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
                   RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
-                  INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(d.reorder),
+                  INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(d.reorder), BF16=BF16_PATHS[plan.precision_path],
                   REORDER_FN=reorder_fn(plan.name, d.vl) if d.reorder else "",
                   EPI_BLOCKED=int(d.epi_blocked), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
 
@@ -437,6 +447,7 @@ def plan_winograd(plan: KernelPlan, m: Machine, d) -> None:
     th, tw = cdiv(d.OH, 2), cdiv(d.OW, 2)
     t = d.N * th * tw  # (plan.flops stays the conv's own count: 2 x 9 x C per output element)
     regs, scratch = rw * v + v + 1, tb * (16 * (d.C + d.O) + 32) * F32
+    bf16 = plan.precision == "bf16"
     plan.cache_check = (f"registers: {rw} x {v} accumulators + {v} weights + 1 broadcast = {regs} vectors; "
                         f"a thread's transformed tiles {tb} x (16 x ({d.C} + {d.O}) + 32) x {F32} = {scratch} B "
                         f"<= L2 / 2 {m.l2 // 2} B: {'ok' if scratch <= m.l2 // 2 else 'NO (one register tile of rows)'}")
@@ -446,11 +457,15 @@ def plan_winograd(plan: KernelPlan, m: Machine, d) -> None:
     nb = cdiv(t, tb)
     plan.uops = [
         UOp(0, "Exec", "weights to blocks, Winograd-transformed: U = G g G^T, [16][O / OBW][C][OBW] "
-                       "(once when bound by params=)", 1),
+                       "(once when bound by params=)" + (", bf16 K-pairs [16][O / OBW][C / 2][OBW][2]" if bf16 else ""),
+            1),
         UOp(0, "Loop", f"{nb} blocks of {tb} tiles of 2 x 2 output pixels", nb),
-        UOp(1, "Load", f"input windows 4 x 4 x {d.vl} channels, B^T d B into [16][{tb}][{d.C}]",
+        UOp(1, "Load", f"input windows 4 x 4 x {d.vl} channels, B^T d B into [16][{tb}][{d.C}]"
+                       + (" (f32), rounded to bf16 as stored" if bf16 else ""),
             t * (d.C // d.vl)),
-        UOp(1, "Exec", f"16 GEMMs {tb} x {d.C} x {d.O}: {rw} x {d.obw} register tiles over {d.C} steps",
+        UOp(1, "Exec", f"16 GEMMs {tb} x {d.C} x {d.O}: {rw} x {d.obw} register tiles over "
+                       + (f"{d.C // 2} K-pair steps ({'vdpbf16ps' if plan.precision_path == 'avx512_bf16' else 'bf16 widened, FMA'}"
+                          ", f32 accumulation)" if bf16 else f"{d.C} steps"),
             16 * (d.O // d.obw) * t // rw),
         UOp(1, "Store", f"A^T m A per tile and {d.vl} output channels through the epilogue ({epi or 'none'})"
                         " into NCHW", t * (d.O // d.vl))]
@@ -470,6 +485,7 @@ def emit_conv_winograd(plan: KernelPlan) -> str:
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, OH=d.OH, OW=d.OW, PH=d.padding[0],
                   PW=d.padding[1], VL=d.vl, V=d.v, OBW=d.obw, RW=d.rw, TB=d.winograd, IN_BLOCKED=int(d.in_blocked),
+                  BF16=BF16_PATHS[plan.precision_path],
                   OUT_BLOCKED=int(d.out_blocked), REORDER=int(ro), REORDER_FN=reorder_fn(plan.name, d.vl) if ro else "")
 
 
@@ -589,10 +605,12 @@ def _mark_in(q: KernelPlan, k: int, how: str, vl: int) -> None:
     if how == "pool":
         q.detail = replace(q.detail, in_blocked=True, vl=vl)
         return
-    in_place = q.detail.rows and os.environ.get("EQFUSE_CONV_INPLACE", "1") != "0"
+    # (bf16: never in place, the copy rounds the input to bf16)
+    in_place = q.detail.rows and q.precision != "bf16" and os.environ.get("EQFUSE_CONV_INPLACE", "1") != "0"
     q.detail = replace(q.detail, in_blocked=True, in_place=in_place)
     what = ("input, in blocks already, read in place (a tile's window copied, zero padded, at the image's left "
-            "and right edges)" if in_place else "input, in blocks already, to a zero-padded copy (a row copy)")
+            "and right edges)" if in_place else "input, in blocks already, to a zero-padded copy (a row copy)"
+            + (", rounded to bf16" if q.precision == "bf16" else ""))
     q.uops = [replace(u, what=what) if u.what.startswith("input to a zero-padded copy") else u for u in q.uops]
 
 
