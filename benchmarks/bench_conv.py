@@ -1,7 +1,7 @@
 """Single convs (conv2d + batchnorm + relu, weights bound): eqfuse's direct and im2col paths and
 onnxruntime, interleaved in one process.
 
-    python benchmarks/bench_conv.py [--repeat N] [--threads T ...] [--set resnet18|resnet56|all]
+    python benchmarks/bench_conv.py [--repeat N] [--threads T ...] [--set resnet18|resnet56|all] [--precision f32|bf16]
     python benchmarks/bench_conv.py --set mobilenet|convnext|regnet|whisper|grouped [--repeat N] [--threads T ...]
 
 The shapes: every conv of the narrow ResNet-18 of tests/model_exports.py at 64x64 images, batch 2
@@ -11,7 +11,9 @@ Winograd F(2x2, 3x3) where it can run (3x3, stride 1: EQFUSE_CONV_WINOGRAD=1), w
 EQFUSE_CONV=im2col (eqfuse.backend.kinds.contraction.conv, conv_winograd), and with none (the planner's
 choice, "auto"); onnxruntime runs
 a Conv -> BatchNormalization -> Relu model (ORT_ENABLE_ALL fuses it into one NCHWc conv) on the
-same thread count. Each row: median microseconds per call and ORT / eqfuse-auto.
+same thread count. Each row: median microseconds per call and ORT / eqfuse-auto. `--precision bf16`
+compiles eqfuse's paths in bf16 (docs/precision.md; onnxruntime stays f32), and the outputs are
+then compared at bf16's scale (rtol and atol 3e-2) rather than f32's.
 
 The grouped sets (`grouped` is all four): MobileNetV2's depthwise 3x3 convs (+ batchnorm +
 ReLU6) at 112, 56, 28 and 14 pixels, ConvNeXt-T's depthwise 7x7 convs (+ bias), RegNetX-400MF's
@@ -67,7 +69,7 @@ def _arrays(N, C, H, O, k):
     return {"x": f(N, C, H, H), "w": f(O, C, k, k) * 0.1, "m": f(O) * 0.1, "v": np.abs(f(O)) + 0.5, "g": f(O), "be": f(O)}
 
 
-def _eqfuse(shape, xs, path):
+def _eqfuse(shape, xs, path, precision="f32"):
     N, C, H, O, k, s, p = shape
     src = f"""
 graph c(x: f32[{N}, {C}, {H}, {H}], w: f32[{O}, {C}, {k}, {k}], m: f32[{O}], v: f32[{O}], g: f32[{O}],
@@ -80,7 +82,7 @@ graph c(x: f32[{N}, {C}, {H}, {H}], w: f32[{O}, {C}, {k}, {k}], m: f32[{O}], v: 
     old = {k: os.environ.pop(k, None) for k in ("EQFUSE_CONV", "EQFUSE_CONV_WINOGRAD")}
     os.environ.update(env)
     try:
-        mod = eqfuse.compile(src, params={n: a for n, a in xs.items() if n != "x"})
+        mod = eqfuse.compile(src, params={n: a for n, a in xs.items() if n != "x"}, precision=precision)
     finally:
         for k, v in old.items():
             os.environ.pop(k, None)
@@ -254,6 +256,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, action="append")
     ap.add_argument("--set", default="all",
                     choices=("resnet18", "resnet56", "all", "mobilenet", "convnext", "regnet", "whisper", "grouped"))
+    ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                    help="eqfuse's precision (onnxruntime stays f32)")
     args = ap.parse_args(argv)
     blas_threads(1)
     if args.set in GROUPED or args.set == "grouped":
@@ -266,7 +270,7 @@ def main(argv=None) -> int:
         for name, shape in shapes.items():
             xs = _arrays(*shape[:5])
             wino = shape[4] == 3 and shape[5] == 1  # (3x3, stride 1: eqfuse.backend.kinds.contraction.conv.can_run)
-            fns = {path: _eqfuse(shape, xs, path) for path in ("direct", "winograd", "im2col", "auto")
+            fns = {path: _eqfuse(shape, xs, path, args.precision) for path in ("direct", "winograd", "im2col", "auto")
                    if path != "winograd" or wino}
             runs = {}
             for path, fn in fns.items():
@@ -275,7 +279,8 @@ def main(argv=None) -> int:
             runs["ort"] = _ort(shape, xs, th)
             want = runs["ort"]()
             for k, run in runs.items():
-                np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-3, atol=1e-3, err_msg=k)
+                tol = 3e-2 if args.precision == "bf16" else 1e-3
+                np.testing.assert_allclose(np.asarray(run()), want, rtol=tol, atol=tol, err_msg=k)
             times: dict[str, list[float]] = {k: [] for k in runs}
             for _ in range(args.repeat):  # interleaved
                 for k, run in runs.items():

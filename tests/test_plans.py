@@ -89,7 +89,7 @@ CHOICES: dict[str, dict[str, str]] = {
     "conv_direct.c": {"CB": "cb", "VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "ROWS": "rows",
                       "IN_BLOCKED": "in_blocked", "OUT_BLOCKED": "out_blocked", "INPLACE": "in_place",
                       "PREPACKED": "prepacked_b", "EPI_BLOCKED": "epi_blocked", "REORDER": "reorder",
-                      "PARALLEL": "parallel"},
+                      "PARALLEL": "parallel", "BF16": "precision_path"},
     "conv_grouped.c": {"PLANE": "plane", "PARALLEL": "parallel", "CHANNELS": "channels", "VL": "vl", "RW": "rw",
                        "BAND": "band", "GROUPED": "grouped", "PREFETCH": "prefetch", "PREPACKED": "prepacked_b"},
     "conv_pixels.c": {"VL": "vl", "RO": "ro", "RPH": "rph", "RPW": "rpw", "PREPACKED": "prepacked_b",
@@ -97,7 +97,7 @@ CHOICES: dict[str, dict[str, str]] = {
     "conv_reorder.c": {"VL": "vl"},
     "conv_winograd.c": {"VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "TB": "tb", "IN_BLOCKED": "in_blocked",
                         "OUT_BLOCKED": "out_blocked", "PREPACKED": "prepacked_b", "REORDER": "reorder",
-                        "PARALLEL": "parallel"},
+                        "PARALLEL": "parallel", "BF16": "precision_path"},
     "copy_block.c": {"PARALLEL": "block_parallel"},  # (block k of the plan's "/"-joined flags)
     "gemm.c": {"MR": "mr", "NR": "nr", "MC": "mc", "NC": "nc", "KC": "kc", "DIRECT_A": "direct_a",
                "DIRECT_B": "direct_b", "PREPACKED_B": "prepacked_b", "SPLIT": "split", "PARALLEL": "parallel",
@@ -291,7 +291,8 @@ def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypa
     # both values of the flags this covers cheaply
     for key in [("gemm.c", "PARALLEL"), ("gemm.c", "BF16"), ("gemm.c", "DIRECT_B"), ("gemm_skinny.c", "PACK_PARTS"),
                 ("pointwise.c", "STREAM"), ("row_softmax.c", "PARALLEL"), ("conv2d.c", "IM2COL"),
-                ("attention.c", "SCORE_OPS"), ("attention.c", "BF16")]:
+                ("attention.c", "SCORE_OPS"), ("attention.c", "BF16"), ("conv_direct.c", "BF16"),
+                ("conv_winograd.c", "BF16")]:
         assert len(seen[key]) > 1, (key, seen[key])
 
 

@@ -58,7 +58,12 @@ from dataclasses import dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS, c_type, gemm_epilogue
-from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, bf16_path, cdiv, parallel
+from eqfuse.backend.kinds.contraction.plan_gemm import (
+    Prepack,
+    bf16_path,
+    cdiv,
+    parallel,
+)
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
