@@ -133,7 +133,12 @@ static inline void {{NAME}}_pad_row(const float* restrict x, {{NAME}}_xt* restri
 #if {{BF16}}
     {
         const float* restrict s = x + ((n * NCB + cb) * H + ih) * (long)W * CB;
-        for (long q = 0; q < iw1 * CB; q++)
+        long q = 0;
+#if {{BF16}} == 2 /* (a pixel's CB = VL = 16 channels: one vcvtneps2bf16) */
+        for (; q < iw1 * CB; q += 16)
+            _mm256_storeu_si256((__m256i*)(d + q), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + q)));
+#endif
+        for (; q < iw1 * CB; q++)
             d[q] = eqf_bf16(s[q]);
     }
 #else
