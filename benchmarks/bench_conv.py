@@ -13,7 +13,8 @@ choice, "auto"); onnxruntime runs
 a Conv -> BatchNormalization -> Relu model (ORT_ENABLE_ALL fuses it into one NCHWc conv) on the
 same thread count. Each row: median microseconds per call and ORT / eqfuse-auto. `--precision bf16`
 compiles eqfuse's paths in bf16 (docs/precision.md; onnxruntime stays f32), and the outputs are
-then compared at bf16's scale (max|difference| / max|output| <= 3e-2) rather than f32's.
+then compared at bf16's scale (max|difference| / max|output| <= 3e-2) rather than f32's; the
+column "f32 auto" is the planner's choice in f32, interleaved with the rest.
 
 The grouped sets (`grouped` is all four): MobileNetV2's depthwise 3x3 convs (+ batchnorm +
 ReLU6) at 112, 56, 28 and 14 pixels, ConvNeXt-T's depthwise 7x7 convs (+ bias), RegNetX-400MF's
@@ -264,14 +265,17 @@ def main(argv=None) -> int:
         return main_grouped(list(GROUPED) if args.set == "grouped" else [args.set], args.repeat, args.threads or [1])
     shapes = {**(RESNET18 if args.set in ("resnet18", "all") else {}),
               **(RESNET56 if args.set in ("resnet56", "all") else {})}
+    bf = args.precision == "bf16"
     print(f"{'conv (N=batch)':<26}{'thr':>4}{'direct us':>11}{'winograd us':>13}{'im2col us':>11}{'auto us':>9}"
-          f"{'ORT us':>9}{'ORT/auto':>10}  auto path")
+          + (f"{'f32 auto us':>13}" if bf else "") + f"{'ORT us':>9}{'ORT/auto':>10}  auto path")
     for th in args.threads or [1]:
         for name, shape in shapes.items():
             xs = _arrays(*shape[:5])
             wino = shape[4] == 3 and shape[5] == 1  # (3x3, stride 1: eqfuse.backend.kinds.contraction.conv.can_run)
             fns = {path: _eqfuse(shape, xs, path, args.precision) for path in ("direct", "winograd", "im2col", "auto")
                    if path != "winograd" or wino}
+            if bf:  # (the planner's choice in f32 too, interleaved with the rest)
+                fns["f32"] = _eqfuse(shape, xs, "auto")
             runs = {}
             for path, fn in fns.items():
                 fn.threads = th
@@ -295,7 +299,7 @@ def main(argv=None) -> int:
             path = "im2col" if type(auto).__name__ != "ConvDirectDetail" else "winograd" if auto.winograd else "direct"
             wg = f"{med['winograd']:>13.1f}" if "winograd" in med else f"{'-':>13}"
             print(f"{name:<26}{th:>4}{med['direct']:>11.1f}{wg}{med['im2col']:>11.1f}{med['auto']:>9.1f}"
-                  f"{med['ort']:>9.1f}{med['ort'] / med['auto']:>10.2f}  {path}", flush=True)
+                  + (f"{med['f32']:>13.1f}" if bf else "") + f"{med['ort']:>9.1f}{med['ort'] / med['auto']:>10.2f}  {path}", flush=True)
     return 0
 
 
