@@ -131,11 +131,12 @@ SHAPES = {"x1": (2, 3, 20, 20), "ws": (16, 3, 7, 7), "x2": (1, 16, 18, 18), "w1"
 BOUND = ("ws", "w1", "w2", "wp")  # (ww passed at each call)
 
 
-@pytest.fixture(scope="module", params=["avx512_bf16", "fallback"])
+# (the fallback at AVX2's 8 floats a vector too: x86-64-v3 kernels, in the extended tier)
+@pytest.fixture(scope="module", params=["avx512_bf16", "fallback", pytest.param("fallback-avx2", marks=pytest.mark.extended)])
 def run(request):
     """(path, arrays, outputs, plans) of SRC compiled in bf16 for a machine with (AVX512_BF16) or
     without (fallback) vdpbf16ps; one module per path, shared by the tests."""
-    m = machine.machine()
+    m = machine.MODELS["avx2"] if request.param == "fallback-avx2" else machine.machine()
     if request.param == "avx512_bf16" and not (machine.host_isa()["avx512_bf16"] and m.simd_floats >= 16):
         pytest.skip("this CPU (or the pinned machine model's vector width) has no AVX512_BF16: the vdpbf16ps "
                     "path cannot run here (the fallback's run covers the bf16 convs)")
@@ -144,7 +145,7 @@ def run(request):
     with machine.pinned(dataclasses.replace(m, avx512_bf16=request.param == "avx512_bf16")):
         mod = eqfuse.compile(SRC, params={k: xs[k] for k in BOUND}, precision="bf16")
         ys = mod(*(xs[k] for k in SHAPES if k not in BOUND))
-    return request.param, xs, [np.asarray(y, np.float64) for y in ys], mod
+    return request.param.split("-")[0], xs, [np.asarray(y, np.float64) for y in ys], mod
 
 
 def test_every_conv_runs_in_bf16_on_its_path(run):
