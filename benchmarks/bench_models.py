@@ -33,7 +33,9 @@ default precision (bf16 on a CPU with AVX512_BF16 or AMX), calls interleaved in 
 and 2 threads. Each row gives medians, spreads (interquartile range as % of the median), OpenVINO
 default's time over eqfuse's, and each one's error against the f32 reference (onnxruntime f32):
 max|difference| / max|reference|. The `bf16 kernels` column counts eqfuse's kernels that multiply
-in bf16 against all of them (mod.report["precision"]).
+in bf16 against all of them (mod.report["precision"]). `--error-seeds N` adds, per model, eqfuse's
+and OpenVINO default's errors over N inputs (seeds 0..N-1): the median, the range, and on how
+many eqfuse's is the smaller.
 """
 
 from __future__ import annotations
@@ -171,6 +173,17 @@ def precision_main(args) -> int:
                   + f"{med['OV default'] / med[f'eqfuse {p}']:>9.2f}"
                   + "".join(f"{err[f'eqfuse {q}']:>13.1e}" for q in precs)
                   + f"{err['OV f32']:>11.1e}{err['OV default']:>12.1e}  (OV default: {chose})", flush=True)
+        if args.error_seeds:  # the errors over several inputs: one input's is one draw of a random variable
+            sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            es, eo = [], []
+            for seed in range(args.error_seeds):
+                fs = me.inputs(name, seed)
+                r = np.asarray(sess.run(None, fs)[0], np.float64)
+                es.append(_rel_err(_first(fns[p](**fs)), r))
+                eo.append(_rel_err(ovd(fs), r))
+            print(f"{name:<14} errors over inputs 0..{args.error_seeds - 1}: eqfuse {p} median {np.median(es):.1e} "
+                  f"({min(es):.1e}-{max(es):.1e}), OV default median {np.median(eo):.1e} ({min(eo):.1e}-{max(eo):.1e}); "
+                  f"eqfuse's the smaller on {sum(a < b for a, b in zip(es, eo))} of {len(es)}", flush=True)
     print(f"dflt/eqf > 1: eqfuse {p} is faster than OpenVINO's default precision. Errors: max|difference| / "
           "max|onnxruntime f32 output|. Inputs as without --precision.")
     return 0
@@ -192,6 +205,8 @@ def main(argv=None) -> int:
                     help="only the compile line: eqfuse.compile and its first call against onnxruntime's session creation")
     ap.add_argument("--precision", choices=["f32", "bf16"],
                     help="eqfuse in this precision against OpenVINO f32 and default instead (see above)")
+    ap.add_argument("--error-seeds", type=int, default=0,
+                    help="with --precision, also each one's error over this many inputs (seeds 0..N-1)")
     ap.add_argument("--autotune", action="store_true",
                     help="with --torch, add torch.compile(mode='max-autotune') with freezing (minutes to compile)")
     ap.add_argument("--quantized", choices=["dynamic"],
