@@ -32,10 +32,10 @@
  * output's shape may be in blocks too (a residual, eqfuse.backend.conv_blocked): it is read at
  * `blk`, the output element's offset in that layout.
  * BF16 ({{BF16}}; precision="bf16", docs/precision.md): the padded copy and the weights hold bf16
- * (the copy rounds the input as it makes it; the prepack rounds the weights once), CB is even and
- * the weights are K-pairs, w[NOB][NCB][KH][KW x CB / 2][OBW][2]: the (kw, ci) steps of a kernel row
- * two at a time, both in one 32-bit lane; the register tile accumulates in f32 and the epilogue
- * is f32. 2 = vdpbf16ps (AVX512_BF16); 1 = the fallback: the pairs widened to f32 by a shift and
+ * (the copy rounds the input as it makes it; the prepack rounds the weights once), and the
+ * weights are K-pairs, w[NOB][NCB][KH][KWC / 2][OBW][2]: the (kw, ci) steps of a kernel row two at
+ * a time, both in one 32-bit lane (an odd row's last step alone); the register tile accumulates
+ * in f32 and the epilogue is f32. 2 = vdpbf16ps (AVX512_BF16); 1 = the fallback: the pairs widened to f32 by a shift and
  * a mask, two FMAs (the same bf16 operands). Never INPLACE (the input is converted by the copy). */
 #define {{NAME}}_REORDER {{REORDER}} /* the plan's reorder: NCHW stored in blocks, then reordered */
 #define {{NAME}}_DIMS                                                                              \
@@ -43,7 +43,8 @@
            OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, CB = {{CB}},                  \
            NCB = (C + CB - 1) / CB, HP = (OH - 1) * SH + KH, WP = (OW - 1) * SW + KW, VL = {{VL}},        \
            V = {{V}}, OBW = {{OBW}} /* V x VL */, NOB = (O + OBW - 1) / OBW, RW = {{RW}}, P = OH * OW,                   \
-           NP = N * P, ROWS = {{ROWS}}, TR = (OW + RW - 1) / RW, NT = ROWS ? N * OH * TR : (NP + RW - 1) / RW }
+           NP = N * P, ROWS = {{ROWS}}, TR = (OW + RW - 1) / RW, NT = ROWS ? N * OH * TR : (NP + RW - 1) / RW,  \
+           KWC = {{BF16}} ? (KW * CB + 1) / 2 * 2 : KW * CB /* a kernel row's weight rows (bf16: whole pairs) */ }
 typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
 typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
 #if {{BF16}}
@@ -78,7 +79,7 @@ typedef float {{NAME}}_xt;
 long {{NAME}}_prepack_floats(void)
 {
     {{NAME}}_DIMS;
-    return (long)NOB * NCB * KH * KW * CB * OBW / ({{BF16}} ? 2 : 1); /* (bf16: halves, CB even) */
+    return (long)NOB * NCB * KH * KWC * OBW / ({{BF16}} ? 2 : 1); /* (bf16: halves) */
 }
 
 /* OIHW weights -> w[NOB][NCB][KH][KW][CB][OBW], zero padded in both channel counts. */
@@ -86,6 +87,12 @@ void {{NAME}}_prepack(const float* restrict wt, float* restrict wf)
 {
     {{NAME}}_DIMS;
     {{NAME}}_xt* restrict wp = ({{NAME}}_xt*)wf;
+#if {{BF16}}
+    if (KW * CB % 2) /* (an odd kernel row: its last pair's high halves are zero) */
+        for (long row = 0; row < (long)NOB * NCB * KH; row++)
+            for (long oo = 0; oo < OBW; oo++)
+                wp[(row * KWC + KWC - 2) * OBW + 2 * oo + 1] = 0;
+#endif
     for (long ob = 0; ob < NOB; ob++)
         for (long cb = 0; cb < NCB; cb++)
             for (long kh = 0; kh < KH; kh++)
@@ -94,7 +101,7 @@ void {{NAME}}_prepack(const float* restrict wt, float* restrict wf)
                         const long c = cb * CB + ci;
 #if {{BF16}} /* step t = kw x CB + ci of the kernel row: pair t / 2, half t % 2 of each channel's lane */
                         const long t = kw * CB + ci;
-                        {{NAME}}_xt* restrict dst = wp + ((((ob * NCB + cb) * KH + kh) * KW * CB + t / 2 * 2) * OBW) + t % 2;
+                        {{NAME}}_xt* restrict dst = wp + ((((ob * NCB + cb) * KH + kh) * KWC + t / 2 * 2) * OBW) + t % 2;
                         for (long oo = 0; oo < OBW; oo++) {
                             const long o = ob * OBW + oo;
                             dst[2 * oo] = eqf_bf16((o < O && c < C) ? wt[((o * C + c) * KH + kh) * KW + kw] : 0.0f);
@@ -192,7 +199,7 @@ static inline void {{NAME}}_tile(const {{NAME}}_xt* restrict xb, long bs, long r
                 for (int q = 0; q < ((RW - 1) * SW + KW) * CB; q += 64 / (int)sizeof({{NAME}}_xt))
                     __builtin_prefetch(nx + q);
             }
-            const {{NAME}}_xt* restrict wk = w + ((long)cb * KH + kh) * KW * CB * OBW;
+            const {{NAME}}_xt* restrict wk = w + ((long)cb * KH + kh) * KWC * OBW;
             /* ROWS: the tile's pixels are one output row's, SW x CB floats apart (constant
              * displacements from one pointer); else each its own pointer */
             const {{NAME}}_xt* px[RW];
@@ -222,6 +229,21 @@ static inline void {{NAME}}_tile(const {{NAME}}_xt* restrict xb, long bs, long r
 #pragma GCC unroll 8
                     for (int v = 0; v < V; v++)
                         acc[r][v] = {{NAME}}_dp(acc[r][v], a, wv[v]);
+                }
+            }
+            if (KW * CB % 2) { /* an odd kernel row (a stem's 3 channels x 7): its last step alone, the
+                                * bf16 operands widened (exact) and one FMA, not a pair whose other
+                                * half would multiply the next pixel's value by a zero weight */
+                {{NAME}}_vf wl[V];
+#pragma GCC unroll 8
+                for (int v = 0; v < V; v++)
+                    wl[v] = ({{NAME}}_vf)(*(const {{NAME}}_vp*)(wk + ((KWC / 2 - 1) * OBW + v * VL) * 2) << 16);
+#pragma GCC unroll 32
+                for (int r = 0; r < RW; r++) {
+                    const float a = eqf_bf16_f32(px[r][KW * CB - 1]);
+#pragma GCC unroll 8
+                    for (int v = 0; v < V; v++)
+                        acc[r][v] += a * wl[v];
                 }
             }
 #else
@@ -378,7 +400,7 @@ void {{NAME}}({{PARAMS}})
                 }
             }
             float tile[RW * OBW] __attribute__((aligned(64)));
-            {{NAME}}_tile(xb, bs, rs, kh0, kh1, xoff, w + ob * ((long)NCB * KH * KW * CB * OBW), tile);
+            {{NAME}}_tile(xb, bs, rs, kh0, kh1, xoff, w + ob * ((long)NCB * KH * KWC * OBW), tile);
             const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
 #if {{OUT_BLOCKED}} || {{EPI_BLOCKED}} || {{NAME}}_REORDER
             /* the epilogue along each pixel's channels, VL at a time, where an operand in blocks of

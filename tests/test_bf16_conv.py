@@ -2,8 +2,8 @@
 both instruction paths (the AVX512_BF16 one skipped where the CPU lacks it, the fallback forced by
 pinning a machine model without it), in one module per path:
 
-- the direct conv (channels in the lanes), a stem's odd channel count (completed by a zero
-  channel) at 7x7 stride 2;
+- the direct conv (channels in the lanes), a stem's 3 channels at 7x7 stride 2 (a kernel row of
+  21 steps: 10 K-pairs, then one step alone);
 - two direct convs with the blocked layout between them (the second rounds its blocked input to
   bf16 as it copies it), checked at the composed bound;
 - Winograd F(2x2, 3x3), its weights passed at each call (transformed and rounded per call), at

@@ -223,10 +223,9 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
         return False
     vl = m.simd_floats
     bf16 = plan.wanted_precision == "bf16"
-    # (bf16: a block of an even number of channels, the K-pairs; a zero channel completes an odd C)
-    cb = min(C + C % 2 if bf16 else C, vl)
-    # (bf16: an instruction step multiplies a K-pair, so a tap row is half as many steps)
-    v, rw, rows = choose_tile(m, (N, OH, OW, O, cb * KW // (2 if bf16 else 1), cdiv(C, cb) * KH))
+    cb = min(C, vl)
+    # (bf16: an instruction step multiplies a K-pair, so a tap row is half as many steps, rounded up)
+    v, rw, rows = choose_tile(m, (N, OH, OW, O, cdiv(cb * KW, 2) if bf16 else cb * KW, cdiv(C, cb) * KH))
     # one vector of output channels: each FMA would need its own broadcast input value; with
     # the pixels in the lanes, RO broadcast weights serve RPH x RPW vectors of pixels
     pixels = choose_pixel_tile(m, N, OH, OW, O) if v == 1 and 2 * OW >= vl and \
@@ -267,13 +266,14 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
                                                                                                     "FMA steps")
     plan.uops += [
         UOp(0, "Exec", "weights to blocks [NOB][NCB][KH][KW][CB][OBW] (once when bound by params=)"
-                       + (", bf16 K-pairs [NOB][NCB][KH][KW x CB / 2][OBW][2]" if bf16 else ""), 1),
+                       + (", bf16 K-pairs [NOB][NCB][KH][KW x CB / 2, rounded up][OBW][2]" if bf16 else ""), 1),
         UOp(0, "Load", f"input to a zero-padded copy [N][{ncb}][{hp}][{wp}][{cb}]"
                        + (", rounded to bf16" if bf16 else ""), N * ncb * hp),
         UOp(0, "Loop", f"{nob} channel blocks of {d.obw} x {nt} tiles of {rw} pixels"
                        f"{' along an output row' if rows else ''}", nob * nt),
         UOp(1, "Exec", f"{rw} x {d.obw} register tile over {ncb} x {KH} taps of "
-                       f"{KW * cb // (2 if bf16 else 1)} {op}", nob * nt * ncb * KH),
+                       + (f"{KW * cb // 2} {op}" + (" + 1 FMA step" if KW * cb % 2 else "") if bf16 else f"{KW * cb} {op}"),
+            nob * nt * ncb * KH),
         UOp(1, "Store", f"tile through the epilogue ({epi or 'none'}) into NCHW", nob * nt)]
     if pixels:
         _pixel_plan(plan, m, epi)
