@@ -5,8 +5,8 @@ onnxruntime, interleaved in one process.
     python benchmarks/bench_conv.py --set mobilenet|convnext|regnet|whisper|grouped [--repeat N] [--threads T ...]
 
 The shapes: every conv of the narrow ResNet-18 of tests/model_exports.py at 64x64 images, batch 2
-("resnet18"), and the convs of torchvision's ResNet-18 at 56x56 (after the stem), batch 1
-("resnet56"). eqfuse compiles each conv with EQFUSE_CONV=direct (EQFUSE_CONV_WINOGRAD=0), as
+("resnet18"), and the convs of torchvision's ResNet-18: its stem at 224x224, then at 56x56 and
+below, batch 1 ("resnet56"). eqfuse compiles each conv with EQFUSE_CONV=direct (EQFUSE_CONV_WINOGRAD=0), as
 Winograd F(2x2, 3x3) where it can run (3x3, stride 1: EQFUSE_CONV_WINOGRAD=1), with
 EQFUSE_CONV=im2col (eqfuse.backend.kinds.contraction.conv, conv_winograd), and with none (the planner's
 choice, "auto"); onnxruntime runs
@@ -55,6 +55,7 @@ RESNET18 = {
     "l4 128 3x3 @2": (2, 128, 2, 128, 3, 1, 1),
 }
 RESNET56 = {
+    "stem 3->64 7x7/2 @224": (1, 3, 224, 64, 7, 2, 3),
     "64 3x3 @56": (1, 64, 56, 64, 3, 1, 1),
     "64->128 3x3/2 @56": (1, 64, 56, 128, 3, 2, 1),
     "128 3x3 @28": (1, 128, 28, 128, 3, 1, 1),
