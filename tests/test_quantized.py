@@ -563,3 +563,77 @@ def test_a_counting_build_makes_the_integer_micro_kernel_calls_lower_prints():
         getattr(lib.lib, n)(*args)
         assert getattr(lib.lib, f"{n}_gemm_ukernel_calls")() == want[n], n
     assert max(want.values()) > len(want)  # (K blocks, panels and row tiles multiply)
+
+
+F32T, I8, I32 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT8, onnx.TensorProto.INT32
+
+
+def _one_node(op, ins, opset=17, **attrs):
+    """A model of one node named 'qnode' over `ins` [(name, value)]: a numpy value is an
+    initializer, a (TensorProto type, shape) pair a graph input, None an absent optional input."""
+    h = onnx.helper
+    inputs = [h.make_tensor_value_info(n, *v) for n, v in ins if isinstance(v, tuple)]
+    inits = [onnx.numpy_helper.from_array(np.asarray(v), n) for n, v in ins if isinstance(v, np.ndarray)]
+    node = h.make_node(op, [n if v is not None else "" for n, v in ins], ["y"], name="qnode", **attrs)
+    g = h.make_graph([node], "q", inputs, [onnx.ValueInfoProto(name="y")], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+
+
+def _a(v, dt):
+    return np.asarray(v, dt)
+
+
+W8 = np.random.default_rng(2).integers(-128, 128, (8, 6)).astype(np.int8)
+WC = np.random.default_rng(3).integers(-128, 128, (2, 2, 3, 3)).astype(np.int8)
+S, Z = _a(0.05, np.float32), _a(3, np.uint8)
+QLINEAR_CONV = [("x", (U8, [1, 2, 5, 5])), ("xs", S), ("xz", Z), ("w", WC), ("ws", S), ("wz", _a(0, np.int8)),
+                ("ys", S), ("yz", Z)]
+
+
+def _replaced(ins, **new):
+    return [(n, new.get(n, v)) for n, v in ins] + [(n, v) for n, v in new.items() if n not in dict(ins)]
+
+
+@pytest.mark.parametrize("op, ins, attrs, message", [
+    ("QuantizeLinear", [("x", (F32T, [4, 4])), ("s", _a([[0.1, 0.2], [0.3, 0.4]], np.float32)), ("z", Z)], {},
+     "scale or zero point of shape [2, 2] ('s'; blocked quantization)"),
+    ("QuantizeLinear", [("x", (F32T, [4, 4])), ("s", (F32T, [2, 2])), ("z", Z)], {},
+     "scale or zero point of shape [2, 2] ('s'; blocked quantization)"),
+    ("QuantizeLinear", [("x", (F32T, [4, 4])), ("s", _a([0.1, 0.2], np.float32)), ("z", _a([0, 0], np.uint8))],
+     {"block_size": 2, "axis": 1}, "attribute 'block_size' = 2 (blocked quantization)"),
+    ("QuantizeLinear", [("x", (F32T, [4])), ("s", S)], {"output_dtype": onnx.TensorProto.UINT16},
+     "attribute 'output_dtype' = UINT16 (eqfuse quantizes to uint8, int8)"),
+    ("DequantizeLinear", [("x", _a([1, 2], np.int16)), ("s", S)], {},
+     "input type int16 (eqfuse dequantizes uint8, int8 and int32)"),
+    ("MatMulInteger", [("a", (U8, [8])), ("b", W8)], {}, "operands of rank 1 and 2 (eqfuse takes rank >= 2)"),
+    ("MatMulInteger", [("a", (U8, [4, 8])), ("b", W8), ("az", _a([1, 2, 3, 4], np.uint8))], {},
+     "a_zero_point per row (eqfuse takes a scalar)"),
+    ("MatMulInteger", [("a", (I32, [4, 8])), ("b", W8)], {}, "input type i32 (input 0; eqfuse takes uint8 and int8)"),
+    ("QLinearMatMul", [("a", (U8, [4, 8])), ("as", S), ("az", Z), ("b", W8), ("bs", S), ("bz", _a(0, np.int8)),
+                       ("ys", (F32T, [])), ("yz", Z)], {}, "scales computed at run time (eqfuse takes constant scales)"),
+    ("QLinearMatMul", [("a", (I32, [4, 8])), ("as", S), ("az", _a(0, np.int32)), ("b", W8), ("bs", S),
+                       ("bz", _a(0, np.int8)), ("ys", S), ("yz", Z)], {}, "input type i32 (input 0;"),
+    ("ConvInteger", [("x", (I32, [1, 2, 5, 5])), ("w", WC)], {}, "input type i32 (x, input 0; eqfuse takes uint8 and int8)"),
+    ("ConvInteger", [("x", (U8, [1, 2, 5, 5])), ("w", WC), ("xz", Z), ("wz", _a([0, 0, 0], np.int8))], {},
+     "w_zero_point of shape [3] (eqfuse takes a scalar or one per output channel, 2)"),
+    ("ConvInteger", [("x", (U8, [1, 2, 7, 6])), ("w", WC), ("xz", (U8, []))], {"pads": [0, 0, 1, 0], "strides": [2, 2]},
+     "asymmetric pads [[0, 1], [0, 0]] with stride 2 (and x's zero point computed at run time, or named dims)"),
+    ("QLinearConv", _replaced(QLINEAR_CONV, ys=(F32T, [])), {}, "scales computed at run time"),
+    ("QLinearConv", _replaced(QLINEAR_CONV, ws=_a([0.1, 0.2, 0.3], np.float32)), {},
+     "w_scale of shape [3] (eqfuse takes a scalar or one per output channel, 2)"),
+    ("QLinearConv", _replaced(QLINEAR_CONV, b=_a([1, 2], np.int8)), {}, "bias type i8 (input 8; QLinearConv's bias is int32)"),
+    ("QLinearConv", _replaced(QLINEAR_CONV, b=_a([1, 2, 3], np.int32)), {},
+     "bias of shape [3] (one int32 per output channel, 2)"),
+], ids=["scale-2d", "scale-2d-at-run-time", "block-size", "output-dtype", "dequantize-int16", "matmul-rank-1",
+        "a-zero-point-per-row", "matmul-integer-i32", "qlinear-matmul-run-time-scale", "qlinear-matmul-i32",
+        "conv-integer-i32", "w-zero-point-shape", "asymmetric-pads-run-time-zero-point", "qlinear-conv-run-time-scale",
+        "w-scale-shape", "bias-type", "bias-shape"])
+def test_an_unsupported_quantized_node_is_refused_naming_the_node(op, ins, attrs, message, tmp_path, capsys):
+    """Each form the importer does not take: exit status 2 and one message naming the node."""
+    from eqfuse.cli.main import main
+
+    f = tmp_path / "bad.onnx"
+    onnx.save(_one_node(op, ins, 21, **attrs), str(f))
+    assert main(["opt", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and f"of ONNX op '{op}' in node 'qnode'" in err and "Traceback" not in err, err

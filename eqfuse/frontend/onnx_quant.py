@@ -24,6 +24,12 @@ def _dtype(imp, v) -> str | None:
     return dtype_of_numpy(np.asarray(v).dtype) if imp.is_const(v) else imp.type(v).dtype
 
 
+def _dtype_text(imp, v) -> str:
+    """The dtype of v for a message: eqfuse's name, or numpy's for a constant eqfuse has no dtype
+    for (int16, uint16)."""
+    return _dtype(imp, v) or str(np.asarray(v).dtype)
+
+
 def _zero_point(imp, ins, i: int, dtype: str, allowed: tuple[str, ...]) -> tuple[object, str]:
     """Input i as a zero point (a zero of `dtype` when absent) and its dtype, refused unless allowed."""
     v = ins[i] if len(ins) > i and ins[i] is not None else np.zeros((), NUMPY_DTYPE[dtype])
@@ -90,7 +96,7 @@ def _dequantize(imp, ins, at):
     _check_attrs(at)
     xdt = _dtype(imp, ins[0])
     if xdt not in QUANT_DTYPES + ("i32",):
-        raise Unsupported(f"input type {xdt} (eqfuse dequantizes uint8, int8 and int32)")
+        raise Unsupported(f"input type {_dtype_text(imp, ins[0])} (eqfuse dequantizes uint8, int8 and int32)")
     zp, _ = _zero_point(imp, ins, 2, xdt, (xdt,))
     x = imp.data(ins[0], imp.node.input[0])
     rank, axis = imp.type(x).rank, at.get("axis", 1)
@@ -134,7 +140,7 @@ def _matmul_integer(imp, ins, at):
     adt, bdt = _dtype(imp, ins[0]), _dtype(imp, ins[1])
     for dt, i in ((adt, 0), (bdt, 1)):
         if dt not in QUANT_DTYPES:
-            raise Unsupported(f"input type {dt} (input {i}; eqfuse takes uint8 and int8)")
+            raise Unsupported(f"input type {_dtype_text(imp, ins[i])} (input {i}; eqfuse takes uint8 and int8)")
     azp, _ = _zero_point(imp, ins, 2, adt, (adt,))
     bzp, _ = _zero_point(imp, ins, 3, bdt, (bdt,))
     a, b = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
@@ -149,7 +155,7 @@ def _qlinear_matmul(imp, ins, at):
     adt, bdt = _dtype(imp, ins[0]), _dtype(imp, ins[3])
     for dt, i in ((adt, 0), (bdt, 3)):
         if dt not in QUANT_DTYPES:
-            raise Unsupported(f"input type {dt} (input {i}; eqfuse takes uint8 and int8)")
+            raise Unsupported(f"input type {_dtype_text(imp, ins[i])} (input {i}; eqfuse takes uint8 and int8)")
     azp, _ = _zero_point(imp, ins, 2, adt, (adt,))
     bzp, _ = _zero_point(imp, ins, 5, bdt, (bdt,))
     yzp, _ = _zero_point(imp, ins, 7, "u8", QUANT_DTYPES)
@@ -211,7 +217,7 @@ def _integer_operands(imp, ins, ia: int, ib: int, what=("x", "w")) -> tuple[str,
     dts = _dtype(imp, ins[ia]), _dtype(imp, ins[ib])
     for dt, i, name in zip(dts, (ia, ib), what):
         if dt not in QUANT_DTYPES:
-            raise Unsupported(f"input type {dt} ({name}, input {i}; eqfuse takes uint8 and int8)")
+            raise Unsupported(f"input type {_dtype_text(imp, ins[i])} ({name}, input {i}; eqfuse takes uint8 and int8)")
     return dts
 
 
@@ -248,7 +254,7 @@ def _qlinear_conv(imp, ins, at):
     if len(ins) > 8 and ins[8] is not None:
         bdt = _dtype(imp, ins[8])
         if bdt != "i32":
-            raise Unsupported(f"bias type {bdt} (input 8; QLinearConv's bias is int32)")
+            raise Unsupported(f"bias type {_dtype_text(imp, ins[8])} (input 8; QLinearConv's bias is int32)")
         b = imp.data(ins[8], imp.node.input[8])
         if imp.type(b).shape != (M,):
             raise Unsupported(f"bias of shape {list(imp.type(b).shape)} (one int32 per output channel, {M})")
