@@ -637,3 +637,31 @@ def test_an_unsupported_quantized_node_is_refused_naming_the_node(op, ins, attrs
     assert main(["opt", str(f)]) == 2
     err = capsys.readouterr().err
     assert message in err and f"of ONNX op '{op}' in node 'qnode'" in err and "Traceback" not in err, err
+
+
+X4 = np.random.default_rng(4).uniform(-6, 6, (4, 8)).astype(np.float32)
+A8 = np.random.default_rng(5).integers(0, 256, (4, 8)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("op, ins, attrs, feeds", [
+    ("QuantizeLinear", [("x", (F32T, [4, 8])), ("s", (F32T, [])), ("z", (U8, []))], {},
+     {"x": X4, "s": _a(0.04, np.float32), "z": _a(128, np.uint8)}),
+    ("QuantizeLinear", [("x", (F32T, [4, 8])), ("s", (F32T, [1])), ("z", (I8, [1]))], {},
+     {"x": X4, "s": _a([0.03], np.float32), "z": _a([-5], np.int8)}),
+    ("QuantizeLinear", [("x", (F32T, [4, 8])), ("s", (F32T, [4])), ("z", (U8, [4]))], {"axis": 0},
+     {"x": X4, "s": np.linspace(0.02, 0.08, 4).astype(np.float32), "z": np.arange(120, 124).astype(np.uint8)}),
+    ("QuantizeLinear", [("x", (F32T, [4, 8])), ("s", _a(0.05, np.float32))], {"output_dtype": I8}, {"x": X4}),
+    ("QLinearMatMul", [("a", (U8, [4, 8])), ("as", S), ("az", Z), ("b", W8), ("bs", _a(0.02, np.float32)),
+                       ("bz", _a(0, np.int8)), ("ys", _a(0.3, np.float32)), ("yz", _a(100, np.uint8))], {}, {"a": A8}),
+], ids=["run-time-scale", "run-time-one-element", "run-time-per-channel", "output-dtype-int8", "qlinear-matmul"])
+def test_quantized_node_forms_import_as_onnxruntime_computes_them(op, ins, attrs, feeds, tmp_path):
+    """Scales and zero points given at run time (a scalar, one element, one per channel), the
+    output_dtype attribute, and QLinearMatMul's requantization: eqfuse's reference of the
+    imported graph gives onnxruntime's integers (run literally), dtype and all."""
+    model = _one_node(op, ins, 21 if "output_dtype" in attrs else 17, **attrs)
+    f = tmp_path / "q.onnx"
+    onnx.save(model, str(f))
+    (want,) = _literal(model, feeds)
+    got = np.asarray(eqfuse.reference(str(f))(**feeds, **onnx_params(str(f))))
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want), (got, want)
+    assert len(np.unique(want)) > 10  # (not a constant: the scale and zero point were applied)
