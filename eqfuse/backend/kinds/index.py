@@ -180,8 +180,9 @@ def _pool(an: Node, ins, xs, out, ct, par: str = "0"):
     head = [f"#pragma omp parallel for if ({par})",
             f"for (long nc = 0; nc < {out[0] * out[1]}; nc++)",
             f"    for (long oh = 0; oh < {OH}; oh++) {{"]
+    s2 = par.removesuffix("_PARALLEL") + "_POOL_S2"  # (par is NAME_PARALLEL: the #define of the plan's pool_s2)
     if is_max and sw == 2:  # (ResNet's 3x3/2 pool)
-        head += _max_pool_stride2(ins[0], H, W, OH, OW, kh, kw, sh, ph, pw)
+        head += _max_pool_stride2(ins[0], H, W, OH, OW, kh, kw, sh, ph, pw, s2)
     return head + [
             f"        float a[{OW}]{'' if is_max else f', cnt[{OW}]'};",
             f"        for (long ow = 0; ow < {OW}; ow++) {{ a[ow] = {init};{'' if is_max else ' cnt[ow] = 0.0f;'} }}",
@@ -210,18 +211,20 @@ def _pool(an: Node, ins, xs, out, ct, par: str = "0"):
             "    }"]
 
 
-def _max_pool_stride2(x: str, H, W, OH, OW, kh, kw, sh, ph, pw) -> list[str]:
-    """With AVX-512, one output row of a stride-2 max pool 16 pixels at a time: a tap's 16 inputs
+def _max_pool_stride2(x: str, H, W, OH, OW, kh, kw, sh, ph, pw, flag: str) -> list[str]:
+    """With AVX-512 (the plan's pool_s2, the #define `flag`), one output row of a stride-2 max
+    pool 16 pixels at a time: a tap's 16 inputs
     are the even lanes of two masked loads (taps outside the image load -inf, which no max
     keeps), picked by one permute. The compiler's own vector loop gathered them lane by lane
     (vinsertps), several times slower than onnxruntime on ResNet-18's 2 x 16 x 32 x 32 stem pool
     (`benchmarks/bench_models.py --model resnet18`).
-    NaN is kept as the scalar loop keeps it: a = (v > a || v != v) ? v : a. Without AVX-512,
-    the loop below it (#else)."""
+    NaN is kept as the scalar loop keeps it: a = (v > a || v != v) ? v : a. Without it, the loop
+    below it (#else); `defined(__AVX512F__)` as well, so that a plan can never ask a build
+    without AVX-512 for its intrinsics."""
     def inside(w0: str) -> str:  # the mask of lanes w0 + i inside [0, W)
         return f"eqf_pool_lanes({w0}, {W})"
     return [
-        "#if defined(__AVX512F__)",
+        f"#if {flag} && defined(__AVX512F__)",
         "        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);",
         "        const __m512 ninf = _mm512_set1_ps(-INFINITY);",
         "        for (long ow0 = 0; ow0 < " + str(OW) + "; ow0 += 16) {",
@@ -359,6 +362,9 @@ class IndexDetail:
     in_blocked: bool = False
     out_blocked: bool = False
     vl: int = 0  # the channels of a block (set with in_blocked / out_blocked)
+    # a stride-2 max_pool2d, NCHW, 16 output pixels per AVX-512 vector (_max_pool_stride2): the
+    # machine's vectors hold 16 floats
+    pool_s2: bool = False
 
 
 class Index(Kind):
@@ -368,7 +374,8 @@ class Index(Kind):
         an = plan.body.nodes[plan.shape.anchor]
         total = _size(plan.out_shape)
         par = an.op in POOLS and total >= PARALLEL_MIN
-        plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par)
+        s2 = an.op == "max_pool2d" and pair(an.attr["stride"] or an.attr["kernel_size"])[1] == 2 and c.simd_floats >= 16
+        plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par, pool_s2=s2)
         plan.threads = (parallel_rule(par, f"{total} output elements", PARALLEL_MIN, "the images x channels")
                         if an.op in POOLS else "one thread, no parallel region (a selection)")
         plan.cache_check = "streaming selection (no reuse to block for)"
@@ -386,10 +393,10 @@ class Index(Kind):
         d = plan.detail
         par = f"{plan.name}_PARALLEL"  # (the template's #define of the plan's parallel)
         if d.in_blocked or d.out_blocked:
-            lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), par, d.in_blocked, d.out_blocked, d.vl)
+            lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), plan.name)
         else:
             lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par)
         return render("index.c", NAME=plan.name, OP=an.op, SPACE=list(plan.out_shape), PARAMS=params,
                       PARALLEL=int(d.parallel), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
-                      VL=d.vl, CHECKED=int(d.checked),
+                      VL=d.vl, CHECKED=int(d.checked), POOL_S2=int(d.pool_s2),
                       BODY="\n".join("    " + ln for ln in lines))
