@@ -116,3 +116,21 @@ def test_generate_refuses_a_module_that_is_no_decoder_export(steps):
                                                  r"past_k, past_v, wq, wk, wv, wo, wout, P_length\); eqfuse.generate "
                                                  "needs a decoder export"):
         eqfuse.generate(steps("heads"), np.zeros((B, 3), np.int64))
+
+
+@pytest.mark.parametrize("change, why", [
+    (("return h @ wout, keys, values", "return h @ wout, keys, values, past_k"), "it is also returned"),
+    (("wout: f32[64, 100])", "wout: f32[64, 100], past_q: f32[B, 4, P, 16])"), "nothing reads it"),
+    (("values = concat(past_v, v, axis=2)", "values = concat(past_v, v, axis=2)\n    more = concat(past_v, v, v, axis=2)"),
+     "the concats that read it have different shapes"),
+], ids=["returned", "unread", "two-lengths"])
+def test_an_input_that_cannot_hold_a_live_cache_is_refused(change, why):
+    """live="P" makes every input with the dim P a cache buffer: each must be read once, as the
+    first operand of its concat (before any optimization: the message names the input)."""
+    text = SRC.read_text().replace(*change)
+    if "more" in text:
+        text = text.replace("return h @ wout, keys, values", "return h @ wout, keys, values, more")
+    name = {"it is also returned": "past_k", "nothing reads it": "past_q"}.get(why, "past_v")
+    with pytest.raises(eqfuse.EqfuseError, match=f"live=: input '{name}' cannot hold a KV cache with a run-time "
+                                                 f"length: {why}"):
+        eqfuse.compile(text, dims={"B": B, "P": CAP}, live="P")
