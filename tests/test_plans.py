@@ -295,7 +295,7 @@ def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypa
     assert blocked and any(p.detail.pool_s2 for p, _ in pools)
     for p, c in blocked:
         assert f"#if {p.name}_IN_BLOCKED" in c and f"#if {p.name}_OUT_BLOCKED" in c and f"l < {p.name}_VL;" in c, p.name
-        assert not re.search(rf"\bl < \d+;", c), p.name  # (no lane count but the plan's)
+        assert not re.search(r"\bl < \d+;", c), p.name  # (no lane count but the plan's)
     for p, c in pools:
         if p.detail.pool_s2:
             assert f"#if {p.name}_POOL_S2 && defined(__AVX512F__)" in c, p.name
