@@ -121,6 +121,12 @@ MEMORY = "where an operand or the result lies: offsets, strides, leading dimensi
 EXPR = "an op expression or constant from the op table (the op, its attributes, the fused prologue/epilogue)"
 TEXT = "text of a comment (from the op or the flags asserted here)"
 DERIVED = "computed from shapes and the choices asserted here, in one way"
+# a row kernel's NEXT: the address of a later row of the first input its prologue reads in whole
+# rows (row.next_row), prefetched while this row computes, or NULL when there is none, or in a
+# GEMM's row epilogue (whose rows are the GEMM's, in cache: split=rows, asserted here). How far
+# ahead is the op's (softmax: the next block of rows, which its passes go over together; the
+# norms: the next row). No alternative is weighed: an address fixed by the operands' layout.
+PREFETCH_ROW = "the address of the row after, fixed by the operands' layout and the op"
 NOT_CHOICES: dict[str, dict[str, str]] = {
     "attention.c": {SIGNATURE: "NAME PARAMS Q K V", SHAPE: "BATCH SQ SK D DV", DERIVED: "SKP",
                     MEMORY: "QOFF QR QC KSRC KBI KD KJ VOFF VR VC OUT_OFF OR OC OFFSETS",
@@ -158,13 +164,13 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
                  EXPR: "OP INIT OMP_OP COMBINE COMBINE_NAN NAN_TRACK SCALE PRO_BODY X EPI_BODY EPI"},
     "row_grad.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE YS",
                    EXPR: "OP MODE A1 GAMMA_J EPS PRO_BODY X EPI_BODY EPI"},
-    "row_layernorm.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE NEXT",
+    "row_layernorm.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE", PREFETCH_ROW: "NEXT",
                         EXPR: "GAMMA BETA EPS PRO_BODY X EPI_BODY EPI"},
     "row_reduce.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS", MEMORY: "OFFSETS EPI_OFFSETS",
                      EXPR: "OP INIT RED COMBINE NAN_TRACK SCALE PRO_BODY X EPI_BODY EPI"},
-    "row_rmsnorm.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE NEXT",
+    "row_rmsnorm.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE", PREFETCH_ROW: "NEXT",
                       EXPR: "GAMMA EPS PRO_BODY X EPI_BODY EPI"},
-    "row_softmax.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE YS NEXT",
+    "row_softmax.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE YS", PREFETCH_ROW: "NEXT",
                       EXPR: "ZERO_NAN PRO_BODY X EPI_BODY EPI"},
 }
 
