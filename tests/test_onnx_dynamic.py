@@ -283,8 +283,30 @@ def expanded_batch():
     return model(nodes, [("x", ("B", 4), F)], ["y"], INITS + [("two", ints(2))]), normal("B", 4)
 
 
+def computed_at_run_time():
+    """Shape values eqfuse cannot fold at import, computed at run time instead: B + 1, B == S of
+    two named dims, the shape plus a run-time input, the shape reshaped to [1, 2], and elements
+    of a flattened [B, 2, 3, 2] by flat index (a group of three ints after the batch)."""
+    nodes = [node("Shape", ["x"], "sx"), node("Gather", ["sx", "zero"], "b"), node("Add", ["b", "one"], "b1"),
+             node("Gather", ["sx", "one"], "s"), node("Equal", ["b", "s"], "same"), node("Add", ["sx", "k"], "sk"),
+             node("Reshape", ["sx", "r12"], "s12"),
+             *(node("Cast", [i], i + "f", to=F) for i in ("b1", "sk", "s12")),
+             node("Neg", ["x"], "nx"), node("Where", ["same", "x", "nx"], "w"), node("Add", ["w", "b1f"], "t"),
+             node("ReduceSum", ["t", "ax1"], "rs"), node("Add", ["skf", "s12f"], "u"), node("Mul", ["u", "rs"], "y0"),
+             node("Reshape", ["z", "m1"], "zf"), node("Gather", ["zf", "idx"], "g"), node("Add", ["y0", "g"], "y")]
+    inits = [("zero", np.array(0, np.int64)), ("one", np.array(1, np.int64)), ("r12", ints(1, 2)), ("m1", ints(-1)),
+             ("idx", ints(11, 0)), ("ax1", ints(1))]
+    m = model(nodes, [("x", ("B", "S"), F), ("k", (2,), I64), ("z", ("B", 2, 3, 2), F)], ["y"], inits)
+
+    def feeds(b):
+        rng = np.random.default_rng(b)
+        return {"x": rng.standard_normal((b, 2)).astype(np.float32), "k": ints(3, -1),
+                "z": rng.standard_normal((b, 2, 3, 2)).astype(np.float32)}
+    return m, feeds
+
+
 FOLDS = {f.__name__: f for f in (merged_ops, merged_matmul, flat_gather_two_ints, shape_arithmetic, shape_comparisons,
-                                 expanded_batch)}
+                                 expanded_batch, computed_at_run_time)}
 
 
 @pytest.mark.parametrize("name", FOLDS)
