@@ -285,8 +285,8 @@ def expanded_batch():
 
 def computed_at_run_time():
     """Shape values eqfuse cannot fold at import, computed at run time instead: B + 1, B == S of
-    two named dims, the shape plus a run-time input, the shape reshaped to [1, 2], and elements
-    of a flattened [B, 2, 3, 2] by flat index (a group of three ints after the batch)."""
+    two named dims, the shape plus a run-time input, the shape reshaped to [1, 2]; and elements
+    of a flattened [B, 2, 3, 2] by flat index (its ints merged: B*12)."""
     nodes = [node("Shape", ["x"], "sx"), node("Gather", ["sx", "zero"], "b"), node("Add", ["b", "one"], "b1"),
              node("Gather", ["sx", "one"], "s"), node("Equal", ["b", "s"], "same"), node("Add", ["sx", "k"], "sk"),
              node("Reshape", ["sx", "r12"], "s12"),
