@@ -345,9 +345,37 @@ def _conv_integer(an: Node, ins, xs, out, ct, par=False):
             "}"]
 
 
+def _dynamic_range(x: str, n: int) -> list[str]:
+    """C lines setting dlo = min(x, 0), dhi = max(x, 0) over n floats and DynamicQuantizeLinear's
+    scale: 16 running minima and maxima (a vector each), started at 0 so the range holds 0; a NaN
+    is passed over (v < lo is false). The scale in f32 as onnxruntime: (hi - lo) / 255, divided."""
+    mm = "lo[j] = v < lo[j] ? v : lo[j]; hi[j] = v > hi[j] ? v : hi[j];"
+    body = n // 16 * 16
+    return ["float lo[16] = {0}, hi[16] = {0};",
+            f"for (long i = 0; i < {body}L; i += 16)",
+            f"    for (int j = 0; j < 16; j++) {{ const float v = {x}[i + j]; {mm} }}",
+            f"for (int j = 0; j < {n - body}; j++) {{ const float v = {x}[{body}L + j]; {mm} }}",
+            "for (int j = 1; j < 16; j++) {",
+            "    lo[0] = lo[j] < lo[0] ? lo[j] : lo[0];",
+            "    hi[0] = hi[j] > hi[0] ? hi[j] : hi[0];",
+            "}",
+            "const float dlo = lo[0], dhi = hi[0];",
+            "const float scale = dhi == dlo ? 1.0f : (dhi - dlo) / 255.0f;"]
+
+
+def _dynamic_scale(an: Node, ins, xs, out, ct, par=False):
+    return _dynamic_range(ins[0], _size(xs[0])) + ["out[0] = scale;"]
+
+
+def _dynamic_zero_point(an: Node, ins, xs, out, ct, par=False):
+    """saturate(round_half_even(-lo / scale)): onnxruntime's qmin - lo / scale, clamped, rounded."""
+    return _dynamic_range(ins[0], _size(xs[0])) + ["out[0] = (uint8_t)eqf_quantize(-dlo, scale, 0.0f, 0.0f, 255.0f);"]
+
+
 BUILDERS = {"matmul_integer": _matmul_integer, "conv_integer": _conv_integer, "range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
             "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool,
-            "pool2d_grad": _pool_grad, "scatter_elements_add": _scatter_elements_add}
+            "pool2d_grad": _pool_grad, "scatter_elements_add": _scatter_elements_add,
+            "dynamic_scale": _dynamic_scale, "dynamic_zero_point": _dynamic_zero_point}
 
 
 @dataclass(frozen=True)
