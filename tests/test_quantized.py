@@ -319,9 +319,32 @@ def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_
         # (the scale, x_scale * w_scale, is a kernel of its own: a product of scalars starts no kernel)
         assert re.search(r"kernel \{ relu\(cast\(matmul_integer\(\w+, \w+, \w+, \w+\), to=\"f32\"\) \* \w+ "
                          r"\+ \w+\) \}", text), text
+    if how == "dynamic":  # each DynamicQuantizeLinear: its scale and zero point one op each, then the quantize
+        dql = sum(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
+        assert text.count("dynamic_scale(") == text.count("dynamic_zero_point(") == dql, text
     g = tmp_path / "q.g"
     g.write_text(text)
     assert list(eqfuse.reference(str(g)).graphs)
+
+
+SCALES_G = """graph scales(x: f32[8, 16], a: u8[8, 16], w: i8[16, 16], az: u8, wz: i8, s: f32) -> f32[8, 16] {
+    return cast(matmul_integer(a, w, az, wz), to="f32") * (s * 0.5) + x
+}
+"""
+
+
+def test_a_product_of_scalars_starts_no_kernel(tmp_path, capsys):
+    """Must not rewrite: quantize_dynamic's x_scale * w_scale (two scalars) is a kernel of its own
+    that the integer GEMM's epilogue reads, not also a body every reader may take in (each residual
+    add of a dynamically quantized transformer would double the candidate kernels)."""
+    from eqfuse.cli.main import main
+
+    g = tmp_path / "scales.g"
+    g.write_text(SCALES_G)
+    assert main(["opt", str(g)]) == 0
+    body = capsys.readouterr().out.split("# report")[0]
+    assert re.search(r"(\w+) = kernel \{ s \* 0\.5 \}", body), body
+    assert re.search(r"kernel \{ cast\(matmul_integer\(a, w, az, wz\), to=\"f32\"\) \* \w+ \+ x \}", body), body
 
 
 def _pairs_model():
@@ -563,3 +586,43 @@ def test_a_counting_build_makes_the_integer_micro_kernel_calls_lower_prints():
         getattr(lib.lib, n)(*args)
         assert getattr(lib.lib, f"{n}_gemm_ukernel_calls")() == want[n], n
     assert max(want.values()) > len(want)  # (K blocks, panels and row tiles multiply)
+
+
+def _dequantized_model():
+    """MatMulInteger and ConvInteger, each followed by quantize_dynamic's dequantization (Cast, Mul by
+    a scale, Add of a bias): the integer GEMM's epilogue, and a pointwise kernel reading the conv's
+    i32 sum."""
+    h, nh = onnx.helper, onnx.numpy_helper
+    rng = np.random.default_rng(7)
+    inits = [nh.from_array(rng.integers(-128, 128, (96, 80)).astype(np.int8), "w"),
+             nh.from_array(rng.integers(-128, 128, (8, 3, 3, 3)).astype(np.int8), "k"),
+             nh.from_array(np.asarray(131, np.uint8), "az"), nh.from_array(np.asarray(0.0123457, np.float32), "s"),
+             nh.from_array(rng.standard_normal(80).astype(np.float32), "b"),
+             nh.from_array(rng.standard_normal((8, 1, 1)).astype(np.float32), "cb")]
+    nodes = [h.make_node("MatMulInteger", ["a", "w", "az"], ["i"]), h.make_node("Cast", ["i"], ["f"], to=1),
+             h.make_node("Mul", ["f", "s"], ["m"]), h.make_node("Add", ["m", "b"], ["y"]),
+             h.make_node("ConvInteger", ["x", "k", "az"], ["ci"], pads=[1, 1, 1, 1]),
+             h.make_node("Cast", ["ci"], ["cf"], to=1), h.make_node("Mul", ["cf", "s"], ["cm"]),
+             h.make_node("Add", ["cm", "cb"], ["z"])]
+    g = h.make_graph(nodes, "dq", [h.make_tensor_value_info("a", U8, [64, 96]), h.make_tensor_value_info("x", U8, [1, 3, 12, 12])],
+                     [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in ("y", "z")], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_dequantization_rounds_each_step_as_onnxruntime(tmp_path):
+    """cast(sum) * scale + bias rounds the product and the sum each in f32, as onnxruntime's Cast,
+    Mul and Add nodes do: no FMA, whose single rounding is an ulp away on many elements (and, before
+    a DynamicQuantizeLinear, one quantization step away where that crosses a rounding boundary).
+    The kernels say so (fp_contract=0, `eqfuse lower`'s rounding line) and the result is
+    onnxruntime's, bit for bit."""
+    model = _dequantized_model()
+    f = tmp_path / "dq.onnx"
+    onnx.save(model, str(f))
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.integers(0, 256, (64, 96)).astype(np.uint8), "x": rng.integers(0, 256, (1, 3, 12, 12)).astype(np.uint8)}
+    mod = eqfuse.compile(str(f))
+    float_kernels = [k for k in mod.kernels if k.kind in ("contraction", "pointwise")]
+    assert len(float_kernels) == 2 and all('optimize("fp-contract=off")' in k.c_source for k in float_kernels)
+    assert uops_text(str(f)).count("rounding: each multiply and add as written") == len(mod.kernels) == 3
+    for want, got in zip(_literal(model, feeds), mod(**feeds)):
+        assert got.dtype == want.dtype and np.array_equal(got, want), int(np.sum(got != want))
