@@ -134,8 +134,8 @@ class Problem:
         if c not in self._options:
             # cheapest first, so a candidate kept before cd costs no more than cd: cd is dominated
             # when one of them reads a subset of cd's classes. Of candidates reading the same set,
-            # only the first can be kept, so the subset tests run over distinct read sets (a class
-            # deep in a chain of residual adds has thousands of candidates and far fewer sets)
+            # only the first can be kept; each read set is built once (a class deep in a chain of
+            # residual adds has thousands of candidates, nearly all kept: the tests are n^2 / 2)
             first: dict[frozenset[int], Cand] = {}
             for cd in sorted(self.cands.get(c, []), key=lambda x: (x.cost, len(set(x.reads)), x.node)):
                 first.setdefault(frozenset(cd.reads), cd)
