@@ -1,4 +1,4 @@
-#define eqf_kinds_k7_index_PARALLEL 0 /* the plan's parallel: the `if` of a pooling kernel's parallel loop */
+#define eqf_kinds_k7_index_PARALLEL 0 /* the plan's parallel: the `if` of a pooling or integer conv kernel's parallel loop */
 #define eqf_kinds_k7_index_IN_BLOCKED 0 /* the plan's in_blocked: the input in blocks of VL channels */
 #define eqf_kinds_k7_index_OUT_BLOCKED 0 /* the plan's out_blocked: the output in blocks of VL channels */
 #define eqf_kinds_k7_index_VL 0 /* the plan's vl: the channels of a block (0: not blocked) */
