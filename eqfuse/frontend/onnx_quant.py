@@ -109,16 +109,9 @@ def _dequantize(imp, ins, at):
 def _dynamic_quantize(imp, ins, at):
     """onnxruntime's formula in f32: the range [min(x, 0), max(x, 0)], scale = its width / 255 (1
     when it is empty), zero point = saturate(round(-min / scale)), y = saturate(round(x / scale) + zp).
-    The 255 is a bound parameter, not a literal, so that the optimizer's x / c => x * (1 / c) cannot
-    round the scale differently from onnxruntime's division."""
+    The scale and the zero point are one op each (eqfuse.ir.ops_quant), y a quantize_linear."""
     x = imp.data(ins[0], imp.node.input[0])
-    zero = imp.const(0.0)
-    lo = imp.op("minimum", [imp.op("min", [x]), zero])
-    hi = imp.op("maximum", [imp.op("max", [x]), zero])
-    width = imp.op("sub", [hi, lo])
-    scale = imp.op("where", [imp.op("eq", [hi, lo]), imp.const(1.0),
-                             imp.op("div", [width, imp.new_param("u8_range", np.asarray(255, F32))])])
-    zp = imp.op("quantize_linear", [imp.op("neg", [lo]), scale, imp.data(np.zeros((), np.uint8))])
+    scale, zp = imp.op("dynamic_scale", [x]), imp.op("dynamic_zero_point", [x])
     return [imp.op("quantize_linear", [x, scale, zp]), scale, zp]
 
 
