@@ -20,7 +20,7 @@ after its imports, has both caches warm.
 
 `--quantized dynamic` runs each export as onnxruntime.quantization.quantize_dynamic writes it (MatMul
 weights int8, activations quantized to u8 per call: DynamicQuantizeLinear -> MatMulInteger -> Cast ->
-Mul), eqfuse and onnxruntime on the same quantized file, and adds each one's error against the f32
+Mul), eqfuse, onnxruntime and OpenVINO (its default precision) on the same quantized file, and adds each one's error against the f32
 model's output (onnxruntime on the f32 export): max|difference| / max|f32 output|. The outputs are
 then not asserted equal: onnxruntime's deployed run fuses the dequantization into its integer
 kernels and rounds the scales in another order (tests/test_quantized.py checks eqfuse against its
@@ -218,7 +218,7 @@ def main(argv=None) -> int:
         return precision_main(args)
     head = f"{'model':<10}{'kernels':>8}{'thr':>4}{'eqfuse ms':>11}{'iqr%':>6}{'ORT ms':>9}{'iqr%':>6}{'ORT/eqfuse':>11}"
     if args.quantized:
-        head += f"{'eqfuse err':>12}{'ORT err':>10}"
+        head += f"{'OV ms':>9}{'iqr%':>6}{'OV/eqfuse':>10}{'eqfuse err':>12}{'ORT err':>10}{'OV err':>10}"
     if args.torch:
         head += f"{'eager ms':>10}{'compile ms':>12}{'compile/eqfuse':>15}"
     if args.torch and args.autotune:
@@ -261,6 +261,9 @@ def main(argv=None) -> int:
             sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
             compile_s["onnxruntime"] = time.perf_counter() - t0
             runs["onnxruntime"] = lambda: sess.run(None, feeds)[0]
+            if args.quantized:  # OpenVINO on the same quantized file, in its default precision
+                ov_run, _ = _openvino(path, th, None)
+                runs["openvino"] = lambda: ov_run(feeds)
             want = runs["onnxruntime"]()
             errs = {}
             for k, run in runs.items():
@@ -283,7 +286,8 @@ def main(argv=None) -> int:
                     f"{med['onnxruntime'] * 1e3:>9.3f}{_iqr(times['onnxruntime']):>6.0f}"
                     f"{med['onnxruntime'] / med['eqfuse']:>11.2f}")
             if ref is not None:
-                line += f"{errs['eqfuse']:>12.2e}{errs['onnxruntime']:>10.2e}"
+                line += (f"{med['openvino'] * 1e3:>9.3f}{_iqr(times['openvino']):>6.0f}{med['openvino'] / med['eqfuse']:>10.2f}"
+                         f"{errs['eqfuse']:>12.2e}{errs['onnxruntime']:>10.2e}{errs['openvino']:>10.2e}")
             if args.torch:
                 line += (f"{med['torch'] * 1e3:>10.3f}{med['torch.compile'] * 1e3:>12.3f}"
                          f"{med['torch.compile'] / med['eqfuse']:>15.2f}")

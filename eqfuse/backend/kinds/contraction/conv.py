@@ -596,7 +596,7 @@ def block_between_convs(kg: Graph, plans: list[KernelPlan], m: Machine) -> None:
 
 
 def _mark_out(p: KernelPlan, vl: int) -> None:
-    p.detail = replace(p.detail, out_blocked=True, **({"vl": vl} if _is_pool(p) else {}))
+    p.detail = replace(p.detail, out_blocked=True, **({"vl": vl, "pool_s2": False} if _is_pool(p) else {}))
     p.uops = [replace(u, what=f"{u.what}, into blocks of {vl} channels (read so by the next kernels)")
               if u.op == "Store" else u for u in p.uops]
 
@@ -607,8 +607,8 @@ def _mark_in(q: KernelPlan, k: int, how: str, vl: int) -> None:
         return
     # read in place along output rows (the padded copy cost a few percent of a 3x3 conv at 56 x 56,
     # 64 channels); EQFUSE_CONV_INPLACE=0 keeps the copy (to measure both with benchmarks/bench_conv.py)
-    if how == "pool":
-        q.detail = replace(q.detail, in_blocked=True, vl=vl)
+    if how == "pool":  # (the blocked pooling has no stride-2 path of its own)
+        q.detail = replace(q.detail, in_blocked=True, vl=vl, pool_s2=False)
         return
     # (bf16: never in place, the copy rounds the input to bf16)
     in_place = q.detail.rows and q.precision != "bf16" and os.environ.get("EQFUSE_CONV_INPLACE", "1") != "0"
@@ -619,23 +619,44 @@ def _mark_in(q: KernelPlan, k: int, how: str, vl: int) -> None:
     q.uops = [replace(u, what=what) if u.what.startswith("input to a zero-padded copy") else u for u in q.uops]
 
 
-def pool_blocked(an, x: str, xs, out, par: str, in_blocked: bool, out_blocked: bool, vl: int) -> list[str]:
+def _blocked_layout(name: str, H, W, OH, OW) -> list[str]:
+    """The macros a blocked pooling reads its operands through, chosen by the template's #defines
+    of the plan's in_blocked, out_blocked and vl (NAME_IN_BLOCKED, ...): a pixel's VL channels are
+    VL consecutive floats (blocked) or VL planes apart (NCHW); nb = n x C / VL + the channel block."""
+    vl = f"{name}_VL"
+    return [f"#if {name}_IN_BLOCKED",
+            f"#define {name}_ROW(nb, h) (((nb) * {H} + (h)) * {W}L * {vl})",
+            f"#define {name}_PX {vl}",
+            f"#define {name}_LANE(l) (l)",
+            "#else",
+            f"#define {name}_ROW(nb, h) ((nb) * {vl} * {H * W}L + (h) * {W}L)",
+            f"#define {name}_PX 1",
+            f"#define {name}_LANE(l) ((l) * {H * W}L)",
+            "#endif",
+            f"#if {name}_OUT_BLOCKED",
+            f"#define {name}_DST(nb, oh, ow, l) ((((nb) * {OH} + (oh)) * {OW}L + (ow)) * {vl} + (l))",
+            "#else",
+            f"#define {name}_DST(nb, oh, ow, l) (((nb) * {vl} + (l)) * {OH * OW}L + (oh) * {OW}L + (ow))",
+            "#endif"]
+
+
+def _undef(name: str) -> list[str]:
+    return [f"#undef {name}_{m}" for m in ("ROW", "PX", "LANE", "DST")]
+
+
+def pool_blocked(an, x: str, xs, out, name: str) -> list[str]:
     """C lines of a max or avg pooling over VL channels at a time, the input and the output each
-    NCHW or in blocks of VL channels: one vector per output pixel, the window's in-bounds taps
-    (max_pool2d keeps a NaN, as the NCHW loop does)."""
+    NCHW or in blocks of VL channels (kernel `name`'s NAME_IN_BLOCKED, NAME_OUT_BLOCKED and
+    NAME_VL, its plan's choices, which the C reads): one vector per output pixel, the window's
+    in-bounds taps (max_pool2d keeps a NaN, as the NCHW loop does)."""
     N, C, H, W = xs[0]
     OH, OW = out[2], out[3]
     (kh, kw), (sh, sw), (ph, pw) = (pair(an.attr["kernel_size"]), pair(an.attr["stride"] or an.attr["kernel_size"]),
                                     pair(an.attr["padding"]))
     is_max = an.op == "max_pool2d"
     if is_max and kh * kw <= 25 and ph < kh and pw < kw:
-        return _max_pool_taps(x, (N, C, H, W), (OH, OW), (kh, kw), (sh, sw), (ph, pw), par, in_blocked, out_blocked, vl)
-    # nb = n x C / VL + channel block; a pixel's VL channels: VL consecutive floats (blocked) or
-    # VL planes apart (NCHW, nb x VL being the block's first plane)
-    src = f"(nb * {H} + h) * {W * vl}L + w * {vl}" if in_blocked else f"nb * {vl * H * W}L + h * {W}L + w"
-    lane_in = "l" if in_blocked else f"l * {H * W}L"
-    dst = f"(nb * {OH} + oh) * {OW * vl}L + ow * {vl} + l" if out_blocked else \
-        f"nb * {vl * OH * OW}L + l * {OH * OW}L + oh * {OW}L + ow"
+        return _max_pool_taps(x, (N, C, H, W), (OH, OW), (kh, kw), (sh, sw), (ph, pw), name)
+    vl = f"{name}_VL"
     val = "a[l] = ((v > a[l]) | (v != v)) ? v : a[l];" if is_max else "a[l] += v;"
     if is_max:
         fin = "a[l]"
@@ -643,8 +664,9 @@ def pool_blocked(an, x: str, xs, out, par: str, in_blocked: bool, out_blocked: b
         fin = f"a[l] / {kh * kw}.0f"
     else:
         fin = "a[l] / cnt"
-    return [f"#pragma omp parallel for if ({par})",
-            f"for (long t = 0; t < {N * (C // vl) * OH}; t++) {{",
+    return [*_blocked_layout(name, H, W, OH, OW),
+            f"#pragma omp parallel for if ({name}_PARALLEL)",
+            f"for (long t = 0; t < {N * C}L / {vl} * {OH}; t++) {{",
             f"    const long nb = t / {OH}, oh = t % {OH};",
             f"    for (long ow = 0; ow < {OW}; ow++) {{",
             f"        float a[{vl}];{'' if is_max else ' float cnt = 0.0f;'}",
@@ -655,24 +677,24 @@ def pool_blocked(an, x: str, xs, out, par: str, in_blocked: bool, out_blocked: b
             f"            for (long dw = 0; dw < {kw}; dw++) {{",
             f"                const long w = ow * {sw} - {pw} + dw;",
             f"                if (w < 0 || w >= {W}) continue;",
-            f"                const float* restrict s = {x} + {src};",
+            f"                const float* restrict s = {x} + {name}_ROW(nb, h) + w * {name}_PX;",
             *([] if is_max else ["                cnt += 1.0f;"]),
             "#pragma omp simd",
             f"                for (long l = 0; l < {vl}; l++) {{",
-            f"                    const float v = s[{lane_in}];",
+            f"                    const float v = s[{name}_LANE(l)];",
             f"                    {val}",
             "                }",
             "            }",
             "        }",
             "#pragma omp simd",
             f"        for (long l = 0; l < {vl}; l++)",
-            f"            out[{dst}] = {fin};",
+            f"            out[{name}_DST(nb, oh, ow, l)] = {fin};",
             "    }",
-            "}"]
+            "}",
+            *_undef(name)]
 
 
-def _max_pool_taps(x: str, xs, os_, k, st, pad, par: str, in_blocked: bool, out_blocked: bool,
-                   vl: int) -> list[str]:
+def _max_pool_taps(x: str, xs, os_, k, st, pad, name: str) -> list[str]:
     """max_pool2d over VL channels at a time, the window's taps unrolled: one vector loop per output
     pixel (lanes: channels) with a max per tap and no bounds branches: a tap outside the image
     reads the nearest row / column inside instead, which is in the same window (the padding is
@@ -684,39 +706,40 @@ def _max_pool_taps(x: str, xs, os_, k, st, pad, par: str, in_blocked: bool, out_
     N, C, H, W = xs
     OH, OW = os_
     (kh, kw), (sh, sw), (ph, pw) = k, st, pad
-    # a pixel's VL channels: VL consecutive floats (blocked) or VL planes apart (NCHW)
-    row = (lambda h: f"{x} + (nb * {H} + ({h})) * {W * vl}L") if in_blocked else \
-        (lambda h: f"{x} + nb * {vl * H * W}L + ({h}) * {W}L")
-    px, lane = (vl, "l") if in_blocked else (1, f"l * {H * W}L")
-    dst = f"(nb * {OH} + oh) * {OW * vl}L + ow * {vl} + l" if out_blocked else \
-        f"nb * {vl * OH * OW}L + l * {OH * OW}L + oh * {OW}L + ow"
+    vl = f"{name}_VL"
     clamp = lambda v, n: f"{v} < 0 ? 0 : {v} > {n - 1} ? {n - 1} : {v}"
-    lines = [f"#pragma omp parallel for if ({par})",
-             f"for (long t = 0; t < {N * (C // vl) * OH}; t++) {{",
+    lines = [*_blocked_layout(name, H, W, OH, OW),
+             f"#pragma omp parallel for if ({name}_PARALLEL)",
+             f"for (long t = 0; t < {N * C}L / {vl} * {OH}; t++) {{",
              f"    const long nb = t / {OH}, oh = t % {OH};"]
     for dh in range(kh):
         lines += [f"    const long h{dh} = oh * {sh} - {ph} + {dh};",
-                  f"    const float* restrict r{dh} = {row(clamp(f'h{dh}', H))};"]
+                  f"    const float* restrict r{dh} = {x} + {name}_ROW(nb, {clamp(f'h{dh}', H)});"]
     # the next output row's new input rows into the cache along this row (blocked input): the
-    # ResNet stem's output, 3.2 MB, comes from L3 in the model, where this is faster, though
-    # slower with the input in L2 (the prefetches' load slots): benchmarks/bench_models.py --model resnet_stages
-    ahead = [dh for dh in range(max(0, kh - sh), kh)] if in_blocked else []
-    for dh in ahead:
-        lines += [f"    const float* p{dh} = {row(clamp(f'h{dh} + {sh}', H))};"]
+    # ResNet stem's output comes from L3 in the model, where this is faster, though slower with
+    # the input in L2 (the prefetches' load slots): benchmarks/bench_models.py --model resnet_stages
+    ahead = list(range(max(0, kh - sh), kh))
+    if ahead:
+        lines += [f"#if {name}_IN_BLOCKED",
+                  *(f"    const float* p{dh} = {x} + {name}_ROW(nb, {clamp(f'h{dh} + {sh}', H)});" for dh in ahead),
+                  "#endif"]
     lines += [f"    for (long ow = 0; ow < {OW}; ow++) {{"]
     for dw in range(kw):
-        lines += [f"        const long w{dw} = ow * {sw} - {pw} + {dw}, c{dw} = ({clamp(f'w{dw}', W)}) * {px}L;"]
-    for dh in ahead:
-        lines += [f"        __builtin_prefetch(p{dh} + c{kw - 1} + {q * 16});" for q in range(max(1, sw * vl // 16))]
+        lines += [f"        const long w{dw} = ow * {sw} - {pw} + {dw}, c{dw} = ({clamp(f'w{dw}', W)}) * {name}_PX;"]
+    if ahead:  # the cache lines of the next sw pixels of the rows the next output row adds
+        lines += [f"#if {name}_IN_BLOCKED",
+                  *(f"        for (long q = 0; q < ({sw} * {vl} / 16 > 1 ? {sw} * {vl} / 16 : 1); q++) __builtin_prefetch(p{dh} + c{kw - 1} + q * 16);"
+                    for dh in ahead),
+                  "#endif"]
     lines += ["#pragma omp simd", f"        for (long l = 0; l < {vl}; l++) {{"]
     taps = [(dh, dw) for dh in range(kh) for dw in range(kw)]
     for i, (dh, dw) in enumerate(taps):
-        v = f"r{dh}[c{dw} + {lane}]"
+        v = f"r{dh}[c{dw} + {name}_LANE(l)]"
         if i == 0:
             lines += [f"            float a = {v};", "            int u = a != a;"]
         else:
             lines += [f"            const float v{i} = {v};",
                       f"            a = v{i} > a ? v{i} : a;",
                       f"            u |= v{i} != v{i};"]
-    lines += [f"            out[{dst}] = u ? NAN : a;", "        }", "    }", "}"]
+    lines += [f"            out[{name}_DST(nb, oh, ow, l)] = u ? NAN : a;", "        }", "    }", "}", *_undef(name)]
     return lines
