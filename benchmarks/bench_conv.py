@@ -1,17 +1,20 @@
 """Single convs (conv2d + batchnorm + relu, weights bound): eqfuse's direct and im2col paths and
 onnxruntime, interleaved in one process.
 
-    python benchmarks/bench_conv.py [--repeat N] [--threads T ...] [--set resnet18|resnet56|all]
+    python benchmarks/bench_conv.py [--repeat N] [--threads T ...] [--set resnet18|resnet56|all] [--precision f32|bf16]
     python benchmarks/bench_conv.py --set mobilenet|convnext|regnet|whisper|grouped [--repeat N] [--threads T ...]
 
 The shapes: every conv of the narrow ResNet-18 of tests/model_exports.py at 64x64 images, batch 2
-("resnet18"), and the convs of torchvision's ResNet-18 at 56x56 (after the stem), batch 1
-("resnet56"). eqfuse compiles each conv with EQFUSE_CONV=direct (EQFUSE_CONV_WINOGRAD=0), as
+("resnet18"), and the convs of torchvision's ResNet-18: its stem at 224x224, then at 56x56 and
+below, batch 1 ("resnet56"). eqfuse compiles each conv with EQFUSE_CONV=direct (EQFUSE_CONV_WINOGRAD=0), as
 Winograd F(2x2, 3x3) where it can run (3x3, stride 1: EQFUSE_CONV_WINOGRAD=1), with
 EQFUSE_CONV=im2col (eqfuse.backend.kinds.contraction.conv, conv_winograd), and with none (the planner's
 choice, "auto"); onnxruntime runs
 a Conv -> BatchNormalization -> Relu model (ORT_ENABLE_ALL fuses it into one NCHWc conv) on the
-same thread count. Each row: median microseconds per call and ORT / eqfuse-auto.
+same thread count. Each row: median microseconds per call and ORT / eqfuse-auto. `--precision bf16`
+compiles eqfuse's paths in bf16 (docs/precision.md; onnxruntime stays f32), and the outputs are
+then compared at bf16's scale (max|difference| / max|output| <= 3e-2) rather than f32's; the
+column "f32 auto" is the planner's choice in f32, interleaved with the rest.
 
 The grouped sets (`grouped` is all four): MobileNetV2's depthwise 3x3 convs (+ batchnorm +
 ReLU6) at 112, 56, 28 and 14 pixels, ConvNeXt-T's depthwise 7x7 convs (+ bias), RegNetX-400MF's
@@ -52,6 +55,7 @@ RESNET18 = {
     "l4 128 3x3 @2": (2, 128, 2, 128, 3, 1, 1),
 }
 RESNET56 = {
+    "stem 3->64 7x7/2 @224": (1, 3, 224, 64, 7, 2, 3),
     "64 3x3 @56": (1, 64, 56, 64, 3, 1, 1),
     "64->128 3x3/2 @56": (1, 64, 56, 128, 3, 2, 1),
     "128 3x3 @28": (1, 128, 28, 128, 3, 1, 1),
@@ -67,7 +71,7 @@ def _arrays(N, C, H, O, k):
     return {"x": f(N, C, H, H), "w": f(O, C, k, k) * 0.1, "m": f(O) * 0.1, "v": np.abs(f(O)) + 0.5, "g": f(O), "be": f(O)}
 
 
-def _eqfuse(shape, xs, path):
+def _eqfuse(shape, xs, path, precision="f32"):
     N, C, H, O, k, s, p = shape
     src = f"""
 graph c(x: f32[{N}, {C}, {H}, {H}], w: f32[{O}, {C}, {k}, {k}], m: f32[{O}], v: f32[{O}], g: f32[{O}],
@@ -80,7 +84,7 @@ graph c(x: f32[{N}, {C}, {H}, {H}], w: f32[{O}, {C}, {k}, {k}], m: f32[{O}], v: 
     old = {k: os.environ.pop(k, None) for k in ("EQFUSE_CONV", "EQFUSE_CONV_WINOGRAD")}
     os.environ.update(env)
     try:
-        mod = eqfuse.compile(src, params={n: a for n, a in xs.items() if n != "x"})
+        mod = eqfuse.compile(src, params={n: a for n, a in xs.items() if n != "x"}, precision=precision)
     finally:
         for k, v in old.items():
             os.environ.pop(k, None)
@@ -254,20 +258,25 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, action="append")
     ap.add_argument("--set", default="all",
                     choices=("resnet18", "resnet56", "all", "mobilenet", "convnext", "regnet", "whisper", "grouped"))
+    ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                    help="eqfuse's precision (onnxruntime stays f32)")
     args = ap.parse_args(argv)
     blas_threads(1)
     if args.set in GROUPED or args.set == "grouped":
         return main_grouped(list(GROUPED) if args.set == "grouped" else [args.set], args.repeat, args.threads or [1])
     shapes = {**(RESNET18 if args.set in ("resnet18", "all") else {}),
               **(RESNET56 if args.set in ("resnet56", "all") else {})}
+    bf = args.precision == "bf16"
     print(f"{'conv (N=batch)':<26}{'thr':>4}{'direct us':>11}{'winograd us':>13}{'im2col us':>11}{'auto us':>9}"
-          f"{'ORT us':>9}{'ORT/auto':>10}  auto path")
+          + (f"{'f32 auto us':>13}" if bf else "") + f"{'ORT us':>9}{'ORT/auto':>10}  auto path")
     for th in args.threads or [1]:
         for name, shape in shapes.items():
             xs = _arrays(*shape[:5])
             wino = shape[4] == 3 and shape[5] == 1  # (3x3, stride 1: eqfuse.backend.kinds.contraction.conv.can_run)
-            fns = {path: _eqfuse(shape, xs, path) for path in ("direct", "winograd", "im2col", "auto")
+            fns = {path: _eqfuse(shape, xs, path, args.precision) for path in ("direct", "winograd", "im2col", "auto")
                    if path != "winograd" or wino}
+            if bf:  # (the planner's choice in f32 too, interleaved with the rest)
+                fns["f32"] = _eqfuse(shape, xs, "auto")
             runs = {}
             for path, fn in fns.items():
                 fn.threads = th
@@ -275,7 +284,11 @@ def main(argv=None) -> int:
             runs["ort"] = _ort(shape, xs, th)
             want = runs["ort"]()
             for k, run in runs.items():
-                np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-3, atol=1e-3, err_msg=k)
+                if args.precision == "bf16":  # (bf16's scale: max|difference| / max|f32 output|)
+                    err = np.max(np.abs(np.asarray(run()) - want)) / np.max(np.abs(want))
+                    assert err <= 3e-2, (k, err)
+                else:
+                    np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-3, atol=1e-3, err_msg=k)
             times: dict[str, list[float]] = {k: [] for k in runs}
             for _ in range(args.repeat):  # interleaved
                 for k, run in runs.items():
@@ -287,7 +300,7 @@ def main(argv=None) -> int:
             path = "im2col" if type(auto).__name__ != "ConvDirectDetail" else "winograd" if auto.winograd else "direct"
             wg = f"{med['winograd']:>13.1f}" if "winograd" in med else f"{'-':>13}"
             print(f"{name:<26}{th:>4}{med['direct']:>11.1f}{wg}{med['im2col']:>11.1f}{med['auto']:>9.1f}"
-                  f"{med['ort']:>9.1f}{med['ort'] / med['auto']:>10.2f}  {path}", flush=True)
+                  + (f"{med['f32']:>13.1f}" if bf else "") + f"{med['ort']:>9.1f}{med['ort'] / med['auto']:>10.2f}  {path}", flush=True)
     return 0
 
 

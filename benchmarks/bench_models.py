@@ -22,7 +22,7 @@ them: run it twice, and the second run, in a fresh process after its imports, ha
 
 `--quantized dynamic` runs each export as onnxruntime.quantization.quantize_dynamic writes it (MatMul
 weights int8, activations quantized to u8 per call: DynamicQuantizeLinear -> MatMulInteger -> Cast ->
-Mul), eqfuse and onnxruntime on the same quantized file, and adds each one's error against the f32
+Mul), eqfuse, onnxruntime and OpenVINO (its default precision) on the same quantized file, and adds each one's error against the f32
 model's output (onnxruntime on the f32 export): max|difference| / max|f32 output|. The outputs are
 then not asserted equal: onnxruntime's deployed run fuses the dequantization into its integer
 kernels and rounds the scales in another order (tests/test_quantized.py checks eqfuse against its
@@ -35,7 +35,9 @@ default precision (bf16 on a CPU with AVX512_BF16 or AMX), calls interleaved in 
 and 2 threads. Each row gives medians, spreads (interquartile range as % of the median), OpenVINO
 default's time over eqfuse's, and each one's error against the f32 reference (onnxruntime f32):
 max|difference| / max|reference|. The `bf16 kernels` column counts eqfuse's kernels that multiply
-in bf16 against all of them (mod.report["precision"]).
+in bf16 against all of them (mod.report["precision"]). `--error-seeds N` adds, per model, eqfuse's
+and OpenVINO default's errors over N inputs (seeds 0..N-1): the median, the range, and on how
+many eqfuse's is the smaller.
 """
 
 from __future__ import annotations
@@ -173,6 +175,17 @@ def precision_main(args) -> int:
                   + f"{med['OV default'] / med[f'eqfuse {p}']:>9.2f}"
                   + "".join(f"{err[f'eqfuse {q}']:>13.1e}" for q in precs)
                   + f"{err['OV f32']:>11.1e}{err['OV default']:>12.1e}  (OV default: {chose})", flush=True)
+        if args.error_seeds:  # the errors over several inputs: one input's is one draw of a random variable
+            sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            es, eo = [], []
+            for seed in range(args.error_seeds):
+                fs = me.inputs(name, seed)
+                r = np.asarray(sess.run(None, fs)[0], np.float64)
+                es.append(_rel_err(_first(fns[p](**fs)), r))
+                eo.append(_rel_err(ovd(fs), r))
+            print(f"{name:<14} errors over inputs 0..{args.error_seeds - 1}: eqfuse {p} median {np.median(es):.1e} "
+                  f"({min(es):.1e}-{max(es):.1e}), OV default median {np.median(eo):.1e} ({min(eo):.1e}-{max(eo):.1e}); "
+                  f"eqfuse's the smaller on {sum(a < b for a, b in zip(es, eo))} of {len(es)}", flush=True)
     print(f"dflt/eqf > 1: eqfuse {p} is faster than OpenVINO's default precision. Errors: max|difference| / "
           "max|onnxruntime f32 output|. Inputs as without --precision.")
     return 0
@@ -194,6 +207,8 @@ def main(argv=None) -> int:
                     help="only the compile line: eqfuse.compile and its first call against onnxruntime's session creation")
     ap.add_argument("--precision", choices=["f32", "bf16"],
                     help="eqfuse in this precision against OpenVINO f32 and default instead (see above)")
+    ap.add_argument("--error-seeds", type=int, default=0,
+                    help="with --precision, also each one's error over this many inputs (seeds 0..N-1)")
     ap.add_argument("--autotune", action="store_true",
                     help="with --torch, add torch.compile(mode='max-autotune') with freezing (minutes to compile)")
     ap.add_argument("--quantized", choices=["dynamic"],
@@ -205,7 +220,7 @@ def main(argv=None) -> int:
         return precision_main(args)
     head = f"{'model':<10}{'kernels':>8}{'thr':>4}{'eqfuse ms':>11}{'iqr%':>6}{'ORT ms':>9}{'iqr%':>6}{'ORT/eqfuse':>11}"
     if args.quantized:
-        head += f"{'eqfuse err':>12}{'ORT err':>10}"
+        head += f"{'OV ms':>9}{'iqr%':>6}{'OV/eqfuse':>10}{'eqfuse err':>12}{'ORT err':>10}{'OV err':>10}"
     if args.torch:
         head += f"{'eager ms':>10}{'compile ms':>12}{'compile/eqfuse':>15}"
     if args.torch and args.autotune:
@@ -257,6 +272,9 @@ def main(argv=None) -> int:
             sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
             compile_s["onnxruntime"] = time.perf_counter() - t0
             runs["onnxruntime"] = lambda: sess.run(None, feeds)[0]
+            if args.quantized:  # OpenVINO on the same quantized file, in its default precision
+                ov_run, _ = _openvino(path, th, None)
+                runs["openvino"] = lambda: ov_run(feeds)
             want = runs["onnxruntime"]()
             errs = {}
             for k, run in runs.items():
@@ -279,7 +297,8 @@ def main(argv=None) -> int:
                     f"{med['onnxruntime'] * 1e3:>9.3f}{_iqr(times['onnxruntime']):>6.0f}"
                     f"{med['onnxruntime'] / med['eqfuse']:>11.2f}")
             if ref is not None:
-                line += f"{errs['eqfuse']:>12.2e}{errs['onnxruntime']:>10.2e}"
+                line += (f"{med['openvino'] * 1e3:>9.3f}{_iqr(times['openvino']):>6.0f}{med['openvino'] / med['eqfuse']:>10.2f}"
+                         f"{errs['eqfuse']:>12.2e}{errs['onnxruntime']:>10.2e}{errs['openvino']:>10.2e}")
             if args.torch:
                 line += (f"{med['torch'] * 1e3:>10.3f}{med['torch.compile'] * 1e3:>12.3f}"
                          f"{med['torch.compile'] / med['eqfuse']:>15.2f}")

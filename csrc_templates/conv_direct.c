@@ -10,6 +10,7 @@
 #define {{NAME}}_PREPACKED {{PREPACKED}} /* the plan's prepacked_b: the weights blocked once (params=) */
 #define {{NAME}}_EPI_BLOCKED {{EPI_BLOCKED}} /* the plan's epi_blocked: the epilogue reads operands in blocks */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_BF16 {{BF16}} /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16 */
 /* {{NAME}}: direct conv2d, {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}},
  * padding {{PH}}x{{PW}} -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out), the epilogue fused into the store.
  *
@@ -29,63 +30,127 @@
  * blocks of VL channels, [N][C / VL][H][W][VL]: the producer stores the tile's vectors as they
  * are, the consumer copies rows of blocks into its padded copy. An epilogue operand of the
  * output's shape may be in blocks too (a residual, eqfuse.backend.conv_blocked): it is read at
- * `blk`, the output element's offset in that layout. */
+ * `blk`, the output element's offset in that layout.
+ * BF16 ({{BF16}}; precision="bf16", docs/precision.md): the padded copy and the weights hold bf16
+ * (the copy rounds the input as it makes it; the prepack rounds the weights once), and the
+ * weights are K-pairs, w[NOB][NCB][KH][KWC / 2][OBW][2]: the (kw, ci) steps of a kernel row two at
+ * a time, both in one 32-bit lane (an odd row's last step alone); the register tile accumulates
+ * in f32 and the epilogue is f32. 2 = vdpbf16ps (AVX512_BF16); 1 = the fallback: the pairs widened to f32 by a shift and
+ * a mask, two FMAs (the same bf16 operands). Never INPLACE (the input is converted by the copy). */
 #define {{NAME}}_REORDER {{REORDER}} /* the plan's reorder: NCHW stored in blocks, then reordered */
 #define {{NAME}}_DIMS                                                                              \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}},   \
            OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, CB = {{CB}},                  \
            NCB = (C + CB - 1) / CB, HP = (OH - 1) * SH + KH, WP = (OW - 1) * SW + KW, VL = {{VL}},        \
            V = {{V}}, OBW = {{OBW}} /* V x VL */, NOB = (O + OBW - 1) / OBW, RW = {{RW}}, P = OH * OW,                   \
-           NP = N * P, ROWS = {{ROWS}}, TR = (OW + RW - 1) / RW, NT = ROWS ? N * OH * TR : (NP + RW - 1) / RW }
+           NP = N * P, ROWS = {{ROWS}}, TR = (OW + RW - 1) / RW, NT = ROWS ? N * OH * TR : (NP + RW - 1) / RW,  \
+           KWC = {{BF16}} ? (KW * CB + 1) / 2 * 2 : KW * CB /* a kernel row's weight rows (bf16: whole pairs) */ }
 typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
 typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
+#if {{BF16}}
+#if {{BF16}} == 2 && !(defined(__AVX512BF16__) && {{VL}} == 16)
+#error "the plan chose the AVX512_BF16 path (vdpbf16ps) but the compiler does not target AVX512_BF16"
+#endif
+#if {{BF16}} == 2
+#include <immintrin.h>
+#endif
+typedef uint32_t {{NAME}}_vp __attribute__((vector_size({{VL}} * 4), aligned(4))); /* VL bf16 K-pairs */
+typedef uint16_t {{NAME}}_xt; /* an element of the padded copy and of the blocked weights */
+#define {{NAME}}_CVT(x) eqf_bf16(x)
+/* acc + lo(a) lo(w) + hi(a) hi(w), lane by lane: a one K-pair, w VL pairs */
+static inline __attribute__((always_inline)) {{NAME}}_vf {{NAME}}_dp({{NAME}}_vf acc, uint32_t a, {{NAME}}_vp w)
+{
+#if {{BF16}} == 2
+    return (__m512)_mm512_dpbf16_ps((__m512)acc, (__m512bh)_mm512_set1_epi32((int)a), (__m512bh)w);
+#else
+    const uint32_t al = a << 16, ah = a & 0xffff0000u;
+    float lo, hi;
+    memcpy(&lo, &al, 4);
+    memcpy(&hi, &ah, 4);
+    acc += lo * ({{NAME}}_vf)(w << 16);
+    return acc + hi * ({{NAME}}_vf)(w & 0xffff0000u);
+#endif
+}
+#else
+typedef float {{NAME}}_xt;
+#define {{NAME}}_CVT(x) (x)
+#endif
 
 long {{NAME}}_prepack_floats(void)
 {
     {{NAME}}_DIMS;
-    return (long)NOB * NCB * KH * KW * CB * OBW;
+    return (long)NOB * NCB * KH * KWC * OBW / ({{BF16}} ? 2 : 1); /* (bf16: halves) */
 }
 
 /* OIHW weights -> w[NOB][NCB][KH][KW][CB][OBW], zero padded in both channel counts. */
-void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
+void {{NAME}}_prepack(const float* restrict wt, float* restrict wf)
 {
     {{NAME}}_DIMS;
+    {{NAME}}_xt* restrict wp = ({{NAME}}_xt*)wf;
+#if {{BF16}}
+    if (KW * CB % 2) /* (an odd kernel row: its last pair's high halves are zero) */
+        for (long row = 0; row < (long)NOB * NCB * KH; row++)
+            for (long oo = 0; oo < OBW; oo++)
+                wp[(row * KWC + KWC - 2) * OBW + 2 * oo + 1] = 0;
+#endif
     for (long ob = 0; ob < NOB; ob++)
         for (long cb = 0; cb < NCB; cb++)
             for (long kh = 0; kh < KH; kh++)
                 for (long kw = 0; kw < KW; kw++)
                     for (long ci = 0; ci < CB; ci++) {
-                        float* restrict dst = wp + ((((ob * NCB + cb) * KH + kh) * KW + kw) * CB + ci) * OBW;
                         const long c = cb * CB + ci;
+#if {{BF16}} /* step t = kw x CB + ci of the kernel row: pair t / 2, half t % 2 of each channel's lane */
+                        const long t = kw * CB + ci;
+                        {{NAME}}_xt* restrict dst = wp + ((((ob * NCB + cb) * KH + kh) * KWC + t / 2 * 2) * OBW) + t % 2;
+                        for (long oo = 0; oo < OBW; oo++) {
+                            const long o = ob * OBW + oo;
+                            dst[2 * oo] = eqf_bf16((o < O && c < C) ? wt[((o * C + c) * KH + kh) * KW + kw] : 0.0f);
+                        }
+#else
+                        float* restrict dst = wp + ((((ob * NCB + cb) * KH + kh) * KW + kw) * CB + ci) * OBW;
                         for (long oo = 0; oo < OBW; oo++) {
                             const long o = ob * OBW + oo;
                             dst[oo] = (o < O && c < C) ? wt[((o * C + c) * KH + kh) * KW + kw] : 0.0f;
                         }
+#endif
                     }
 }
 
 /* One row (n, cb, hp) of the padded, channel-blocked input: the CB input rows read side by
  * side, each pixel's CB channels written together. */
-static inline void {{NAME}}_pad_row(const float* restrict x, float* restrict xp, long row)
+static inline void {{NAME}}_pad_row(const float* restrict x, {{NAME}}_xt* restrict xp, long row)
 {
     {{NAME}}_DIMS;
     const long hp = row % HP, cb = row / HP % NCB, n = row / HP / NCB, ih = hp - PH;
     const long cn = C - cb * CB < CB ? C - cb * CB : CB; /* channels of this block (a last one may be short) */
     const long iw1 = W < WP - PW ? W : WP - PW;         /* input columns read (a stride may skip the last) */
-    float* restrict dst = xp + row * WP * CB;
+    {{NAME}}_xt* restrict dst = xp + row * WP * CB;
     if (ih < 0 || ih >= H || iw1 <= 0) {
-        memset(dst, 0, sizeof(float) * WP * CB);
+        memset(dst, 0, sizeof({{NAME}}_xt) * WP * CB);
         return;
     }
-    memset(dst, 0, sizeof(float) * PW * CB);
+    memset(dst, 0, sizeof({{NAME}}_xt) * PW * CB);
     if (WP > PW + iw1)
-        memset(dst + (PW + iw1) * CB, 0, sizeof(float) * (WP - PW - iw1) * CB);
-    float* restrict d = dst + PW * CB;
+        memset(dst + (PW + iw1) * CB, 0, sizeof({{NAME}}_xt) * (WP - PW - iw1) * CB);
+    {{NAME}}_xt* restrict d = dst + PW * CB;
 #if {{IN_BLOCKED}}
     /* the input in blocks of CB channels already ([N][C / CB][H][W][CB], made by the conv that
      * produced it): a row of the block is the padded row's interior */
     (void)cn;
+#if {{BF16}}
+    {
+        const float* restrict s = x + ((n * NCB + cb) * H + ih) * (long)W * CB;
+        long q = 0;
+#if {{BF16}} == 2 /* (a pixel's CB = VL = 16 channels: one vcvtneps2bf16) */
+        for (; q < iw1 * CB; q += 16)
+            _mm256_storeu_si256((__m256i*)(d + q), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + q)));
+#endif
+        for (; q < iw1 * CB; q++)
+            d[q] = eqf_bf16(s[q]);
+    }
+#else
     memcpy(d, x + ((n * NCB + cb) * H + ih) * (long)W * CB, sizeof(float) * iw1 * CB);
+#endif
     return;
 #endif
     const float* restrict src = x + ((n * C + cb * CB) * H + ih) * W;
@@ -93,11 +158,11 @@ static inline void {{NAME}}_pad_row(const float* restrict x, float* restrict xp,
         for (long iw = 0; iw < iw1; iw++)
 #pragma GCC unroll 16
             for (long ci = 0; ci < CB; ci++)
-                d[iw * CB + ci] = src[ci * (long)H * W + iw];
+                d[iw * CB + ci] = {{NAME}}_CVT(src[ci * (long)H * W + iw]);
     } else {
         for (long iw = 0; iw < iw1; iw++)
             for (long ci = 0; ci < CB; ci++)
-                d[iw * CB + ci] = ci < cn ? src[ci * (long)H * W + iw] : 0.0f;
+                d[iw * CB + ci] = {{NAME}}_CVT(ci < cn ? src[ci * (long)H * W + iw] : 0.0f);
     }
 }
 
@@ -110,8 +175,8 @@ static inline void {{NAME}}_pad_row(const float* restrict x, float* restrict xp,
 __attribute__((optimize("no-predictive-commoning", "no-tree-pre")))
 /* The input: kernel row kh (kh0 <= kh < kh1: the rows inside the image) of channel block cb at
  * xb + cb x bs + (kh - kh0) x rs, plus xoff[r] for pixel r (ROWS: xoff[0] + r x SW x CB). */
-static inline void {{NAME}}_tile(const float* restrict xb, long bs, long rs, int kh0, int kh1,
-                                 const long* restrict xoff, const float* restrict w, float* restrict tile)
+static inline void {{NAME}}_tile(const {{NAME}}_xt* restrict xb, long bs, long rs, int kh0, int kh1,
+                                 const long* restrict xoff, const {{NAME}}_xt* restrict w, float* restrict tile)
 {
     {{NAME}}_DIMS;
     {{NAME}}_vf acc[RW][V];
@@ -125,19 +190,19 @@ static inline void {{NAME}}_tile(const float* restrict xb, long bs, long rs, int
      * one loop over both (a 7x7 stem of 3 channels: 21 steps per kernel row, not 7 of 3). */
     for (int cb = 0; cb < NCB; cb++)
         for (int kh = kh0; kh < kh1; kh++) {
-            const float* restrict xk = xb + cb * bs + (kh - kh0) * rs;
+            const {{NAME}}_xt* restrict xk = xb + cb * bs + (kh - kh0) * rs;
             if (ROWS && (kh + 1 < kh1 || cb + 1 < NCB)) {
                 /* the next kernel row's window into L1 while this one computes: a tile's input is
                  * short runs of lines that the hardware prefetcher misses (resnet_stages:
                  * benchmarks/bench_models.py --model resnet_stages) */
-                const float* nx = (kh + 1 < kh1 ? xk + rs : xb + (cb + 1) * bs) + xoff[0];
-                for (int q = 0; q < ((RW - 1) * SW + KW) * CB; q += 64 / 4)
+                const {{NAME}}_xt* nx = (kh + 1 < kh1 ? xk + rs : xb + (cb + 1) * bs) + xoff[0];
+                for (int q = 0; q < ((RW - 1) * SW + KW) * CB; q += 64 / (int)sizeof({{NAME}}_xt))
                     __builtin_prefetch(nx + q);
             }
-            const float* restrict wk = w + ((long)cb * KH + kh) * KW * CB * OBW;
+            const {{NAME}}_xt* restrict wk = w + ((long)cb * KH + kh) * KWC * OBW;
             /* ROWS: the tile's pixels are one output row's, SW x CB floats apart (constant
              * displacements from one pointer); else each its own pointer */
-            const float* px[RW];
+            const {{NAME}}_xt* px[RW];
 #pragma GCC unroll 32
             for (int r = 0; r < RW; r++)
                 px[r] = xk + (ROWS ? xoff[0] + r * SW * CB : xoff[r]);
@@ -145,6 +210,43 @@ static inline void {{NAME}}_tile(const float* restrict xb, long bs, long rs, int
  * slightly faster (the loop's exit branch mispredicted once per kernel row and channel block), but
  * gcc took several times as long to compile one such conv, and those convs run as Winograd now
  * (conv_winograd.c); the stem and the stride-2 convs left here measured within the noise) */
+#if {{BF16}}
+            /* KW x CB / 2 K-pairs: V vectors of VL pairs, one broadcast pair per pixel */
+#pragma GCC unroll 16
+            for (int t2 = 0; t2 < KW * CB / 2; t2++) {
+                {{NAME}}_vp wv[V];
+#pragma GCC unroll 8
+                for (int v = 0; v < V; v++) {
+                    wv[v] = *(const {{NAME}}_vp*)(wk + (t2 * OBW + v * VL) * 2);
+#if defined(__x86_64__) && (defined(__AVX512F__) || ({{VL}} <= 8 && defined(__AVX__)) || {{VL}} <= 4)
+                    __asm__("" : "+v"(wv[v])); /* in a register (as below) */
+#endif
+                }
+#pragma GCC unroll 32
+                for (int r = 0; r < RW; r++) {
+                    uint32_t a;
+                    memcpy(&a, px[r] + 2 * t2, 4);
+#pragma GCC unroll 8
+                    for (int v = 0; v < V; v++)
+                        acc[r][v] = {{NAME}}_dp(acc[r][v], a, wv[v]);
+                }
+            }
+            if (KW * CB % 2) { /* an odd kernel row (a stem's 3 channels x 7): its last step alone, the
+                                * bf16 operands widened (exact) and one FMA, not a pair whose other
+                                * half would multiply the next pixel's value by a zero weight */
+                {{NAME}}_vf wl[V];
+#pragma GCC unroll 8
+                for (int v = 0; v < V; v++)
+                    wl[v] = ({{NAME}}_vf)(*(const {{NAME}}_vp*)(wk + ((KWC / 2 - 1) * OBW + v * VL) * 2) << 16);
+#pragma GCC unroll 32
+                for (int r = 0; r < RW; r++) {
+                    const float a = eqf_bf16_f32(px[r][KW * CB - 1]);
+#pragma GCC unroll 8
+                    for (int v = 0; v < V; v++)
+                        acc[r][v] += a * wl[v];
+                }
+            }
+#else
 #pragma GCC unroll 16
             for (int t = 0; t < KW * CB; t++) {
                 {{NAME}}_vf wv[V];
@@ -165,6 +267,7 @@ static inline void {{NAME}}_tile(const float* restrict xb, long bs, long rs, int
                         acc[r][v] += a * wv[v];
                 }
             }
+#endif
         }
 #pragma GCC unroll 32
     for (int r = 0; r < RW; r++)
@@ -203,7 +306,7 @@ void {{NAME}}({{PARAMS}})
     {{NAME}}_DIMS;
 {{EXTRAS}}
 #if {{INPLACE}}
-    float* xp = NULL;
+    {{NAME}}_xt* xp = NULL;
     float* es = eqf_scratch(EQF_SCRATCH_CONV_COL, (long){{NAME}}_NE * N * NCB * H * {{NAME}}_WL * CB + 1);
     if (!es) {
         eqf_nomem_note();
@@ -211,12 +314,12 @@ void {{NAME}}({{PARAMS}})
     }
 #else
     /* (+ slack: a ROWS tile past a row's end reads up to RW x SW pixels further) */
-    float* xp = eqf_scratch(EQF_SCRATCH_CONV_COL, (long)N * NCB * HP * WP * CB + (long)RW * SW * CB);
+    {{NAME}}_xt* xp = ({{NAME}}_xt*)eqf_scratch(EQF_SCRATCH_CONV_COL, (long)N * NCB * HP * WP * CB + (long)RW * SW * CB);
     if (!xp) {
         eqf_nomem_note();
         return;
     }
-    memset(xp + (long)N * NCB * HP * WP * CB, 0, sizeof(float) * RW * SW * CB);
+    memset(xp + (long)N * NCB * HP * WP * CB, 0, sizeof({{NAME}}_xt) * RW * SW * CB);
 #endif
 #if {{NAME}}_REORDER
     float* ys = eqf_scratch(EQF_SCRATCH_GEMM_A, (long)N * O * P); /* the output in blocks, then NCHW */
@@ -226,9 +329,9 @@ void {{NAME}}({{PARAMS}})
     }
 #endif
 #if {{PREPACKED}}
-    const float* w = {{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
+    const {{NAME}}_xt* w = (const {{NAME}}_xt*){{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
 #else
-    float* w = eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
+    {{NAME}}_xt* w = ({{NAME}}_xt*)eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
 #endif
     if (!w) {
         eqf_nomem_note();
@@ -238,7 +341,7 @@ void {{NAME}}({{PARAMS}})
     {
 #if !{{PREPACKED}}
 #pragma omp single nowait
-        {{NAME}}_prepack({{WEIGHTS}}, w);
+        {{NAME}}_prepack({{WEIGHTS}}, (float*)w);
 #endif
 #if {{INPLACE}}
         /* (its end's barrier also waits for the weights blocked by the single above) */
@@ -254,7 +357,7 @@ void {{NAME}}({{PARAMS}})
         for (long it = 0; it < (long)NOB * NT; it++) {
             const long ob = it / NT, t = it % NT;
             long xoff[RW], pb[RW], pj[RW];
-            const float* xb = xp;
+            const {{NAME}}_xt* xb = xp;
             long bs = (long)HP * WP * CB, rs = (long)WP * CB;
             int rw, kh0 = 0, kh1 = KH;
             if (ROWS) { /* tile t: image n, output row oh, columns ow0.. (a short last tile computes
@@ -297,7 +400,7 @@ void {{NAME}}({{PARAMS}})
                 }
             }
             float tile[RW * OBW] __attribute__((aligned(64)));
-            {{NAME}}_tile(xb, bs, rs, kh0, kh1, xoff, w + ob * ((long)NCB * KH * KW * CB * OBW), tile);
+            {{NAME}}_tile(xb, bs, rs, kh0, kh1, xoff, w + ob * ((long)NCB * KH * KWC * OBW), tile);
             const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
 #if {{OUT_BLOCKED}} || {{EPI_BLOCKED}} || {{NAME}}_REORDER
             /* the epilogue along each pixel's channels, VL at a time, where an operand in blocks of

@@ -7,6 +7,7 @@
 #define {{NAME}}_OUT_BLOCKED {{OUT_BLOCKED}} /* the plan's out_blocked: the output in blocks of VL channels */
 #define {{NAME}}_PREPACKED {{PREPACKED}} /* the plan's prepacked_b: the weights transformed once (params=) */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_BF16 {{BF16}} /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16 */
 /* {{NAME}}: conv2d 3x3, stride 1, padding {{PH}}x{{PW}}, by Winograd F(2x2, 3x3):
  * {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x3x3 -> {{N}}x{{O}}x{{OH}}x{{OW}}, the epilogue fused into the store.
  *
@@ -31,26 +32,69 @@
  * (by xi, the transforms took about twice their share of that conv's time).
  * Rounding: B and A hold 0 and +-1, G +-1/2: F(2x2, 3x3) adds about one rounding of the sums'
  * magnitude per transform, the error of a direct conv's order of summation (checked against
- * numpy in tests/test_contraction/conv.py). */
+ * numpy in tests/test_contraction/conv.py).
+ * BF16 ({{BF16}}; precision="bf16", docs/precision.md): the 16 GEMMs multiply bf16 K-pairs (two
+ * consecutive input channels in one 32-bit lane) and accumulate in f32; U is held as
+ * U[16][NOB][C / 2][OBW][2] bf16, rounded once by the prepack, and the input transform rounds Vb
+ * to bf16 as it stores it (same offsets, in halves). The transforms and the epilogue stay f32.
+ * 2 = vdpbf16ps (AVX512_BF16); 1 = the fallback: the pairs widened to f32 by a shift and a mask,
+ * two FMAs (the same bf16 operands). */
 #define {{NAME}}_REORDER {{REORDER}} /* the plan's reorder: NCHW stored in blocks, then reordered */
 #include <omp.h>
+#if {{BF16}} == 2
+#include <immintrin.h>
+#endif
 #define {{NAME}}_DIMS                                                                                     \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, OH = {{OH}}, OW = {{OW}}, PH = {{PH}},        \
            PW = {{PW}}, VL = {{VL}}, V = {{V}}, OBW = {{OBW}}, RW = {{RW}}, TB = {{TB}}, NCB = C / VL,            \
            NOB = O / OBW, RA = 16 * C + 16, RM = 16 * O + 16, TH = (OH + 1) / 2, TW = (OW + 1) / 2, T = N * TH * TW, P = OH * OW }
 typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
 typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
+#if {{BF16}}
+#if {{BF16}} == 2 && !(defined(__AVX512BF16__) && {{VL}} == 16)
+#error "the plan chose the AVX512_BF16 path (vdpbf16ps) but the compiler does not target AVX512_BF16"
+#endif
+typedef uint32_t {{NAME}}_vp __attribute__((vector_size({{VL}} * 4), aligned(4))); /* VL bf16 K-pairs */
+typedef uint16_t {{NAME}}_vt; /* an element of U and Vb */
+/* acc + lo(a) lo(w) + hi(a) hi(w), lane by lane: a one K-pair (lo: channel c, hi: c + 1), w VL pairs */
+static inline __attribute__((always_inline)) {{NAME}}_vf {{NAME}}_dp({{NAME}}_vf acc, uint32_t a, {{NAME}}_vp w)
+{
+#if {{BF16}} == 2
+    return (__m512)_mm512_dpbf16_ps((__m512)acc, (__m512bh)_mm512_set1_epi32((int)a), (__m512bh)w);
+#else
+    const uint32_t al = a << 16, ah = a & 0xffff0000u;
+    float lo, hi;
+    memcpy(&lo, &al, 4);
+    memcpy(&hi, &ah, 4);
+    acc += lo * ({{NAME}}_vf)(w << 16);
+    return acc + hi * ({{NAME}}_vf)(w & 0xffff0000u);
+#endif
+}
+/* dst[VL] = x rounded to bf16 (as vcvtne2ps2bf16: eqf_bf16) */
+static inline void {{NAME}}_to_bf16({{NAME}}_vf x, uint16_t* restrict dst)
+{
+#if {{BF16}} == 2
+    _mm256_storeu_si256((__m256i*)dst, (__m256i)_mm512_cvtneps_pbh((__m512)x));
+#else
+    for (int l = 0; l < {{VL}}; l++)
+        dst[l] = eqf_bf16(x[l]);
+#endif
+}
+#else
+typedef float {{NAME}}_vt;
+#endif
 
 long {{NAME}}_prepack_floats(void)
 {
     {{NAME}}_DIMS;
-    return 16L * C * O;
+    return {{BF16}} ? 8L * C * O : 16L * C * O; /* (bf16: halves, C even) */
 }
 
 /* OIHW weights -> U[16][NOB][C][OBW], U = G g G^T for each output and input channel, with
  * G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1] (in double, rounded once). */
-void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
+void {{NAME}}_prepack(const float* restrict wt, float* restrict wf)
 {
+    {{NAME}}_vt* restrict wp = ({{NAME}}_vt*)wf;
     {{NAME}}_DIMS;
     for (long o = 0; o < O; o++)
         for (long c = 0; c < C; c++) {
@@ -69,7 +113,12 @@ void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
                 u[i][3] = t[i][2];
             }
             for (int xi = 0; xi < 16; xi++)
+#if {{BF16}} /* [16][NOB][C / 2][OBW][2]: the K-pair (c, c + 1) of an output channel in one 32-bit lane */
+                wp[(((xi * (long)NOB + o / OBW) * C + c / 2 * 2) * OBW + o % OBW * 2) + c % 2] =
+                    eqf_bf16((float)u[xi / 4][xi % 4]);
+#else
                 wp[((xi * (long)NOB + o / OBW) * C + c) * OBW + o % OBW] = (float)u[xi / 4][xi % 4];
+#endif
         }
 }
 
@@ -77,7 +126,7 @@ void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
  * block; B^T d B = rows (d0 - d2, d1 + d2, d2 - d1, d1 - d3), then the same along columns.
  * A window inside the image is read with plain loads; one across its edge, pixel by pixel
  * (zero outside). */
-static inline void {{NAME}}_in(const float* restrict x, float* restrict vb, long r, long n, long ih0, long iw0)
+static inline void {{NAME}}_in(const float* restrict x, {{NAME}}_vt* restrict vb, long r, long n, long ih0, long iw0)
 {
     {{NAME}}_DIMS;
     typedef {{NAME}}_vf vf;
@@ -100,20 +149,26 @@ static inline void {{NAME}}_in(const float* restrict x, float* restrict vb, long
             t[2][j] = d[2][j] - d[1][j];
             t[3][j] = d[1][j] - d[3][j];
         }
-        float* restrict dst = vb + r * RA + cb * VL;
+        {{NAME}}_vt* restrict dst = vb + r * RA + cb * VL;
+#if {{BF16}}
+#define {{NAME}}_ST(p, v) {{NAME}}_to_bf16((v), (p))
+#else
+#define {{NAME}}_ST(p, v) (*(vf*)(p) = (v))
+#endif
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            *(vf*)(dst + (4 * i + 0) * C) = t[i][0] - t[i][2];
-            *(vf*)(dst + (4 * i + 1) * C) = t[i][1] + t[i][2];
-            *(vf*)(dst + (4 * i + 2) * C) = t[i][2] - t[i][1];
-            *(vf*)(dst + (4 * i + 3) * C) = t[i][1] - t[i][3];
+            {{NAME}}_ST(dst + (4 * i + 0) * C, t[i][0] - t[i][2]);
+            {{NAME}}_ST(dst + (4 * i + 1) * C, t[i][1] + t[i][2]);
+            {{NAME}}_ST(dst + (4 * i + 2) * C, t[i][2] - t[i][1]);
+            {{NAME}}_ST(dst + (4 * i + 3) * C, t[i][1] - t[i][3]);
         }
+#undef {{NAME}}_ST
     }
 }
 
 /* Step 2's register tile: m[RW][OBW] (rows RM apart) = a[RW][C] (rows RA apart) . u[C][OBW]. */
 __attribute__((optimize("no-predictive-commoning")))
-static inline void {{NAME}}_gemm(const float* restrict a, const float* restrict u, float* restrict m)
+static inline void {{NAME}}_gemm(const {{NAME}}_vt* restrict a, const {{NAME}}_vt* restrict u, float* restrict m)
 {
     {{NAME}}_DIMS;
     {{NAME}}_vf acc[RW][V];
@@ -122,6 +177,28 @@ static inline void {{NAME}}_gemm(const float* restrict a, const float* restrict 
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             acc[r][v] = ({{NAME}}_vf){0};
+#if {{BF16}}
+    /* C / 2 K-pairs: V vectors of VL pairs of U, one broadcast pair of each row of a */
+#pragma GCC unroll 16
+    for (int c2 = 0; c2 < C / 2; c2++) {
+        {{NAME}}_vp wv[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++) {
+            wv[v] = *(const {{NAME}}_vp*)(u + (c2 * OBW + v * VL) * 2);
+#if defined(__x86_64__) && (defined(__AVX512F__) || ({{VL}} <= 8 && defined(__AVX__)) || {{VL}} <= 4)
+            __asm__("" : "+v"(wv[v])); /* in a register, not folded into each instruction */
+#endif
+        }
+#pragma GCC unroll 32
+        for (int r = 0; r < RW; r++) {
+            uint32_t s;
+            memcpy(&s, a + r * RA + 2 * c2, 4);
+#pragma GCC unroll 8
+            for (int v = 0; v < V; v++)
+                acc[r][v] = {{NAME}}_dp(acc[r][v], s, wv[v]);
+        }
+    }
+#else
 #pragma GCC unroll 16
     for (int c = 0; c < C; c++) {
         {{NAME}}_vf wv[V];
@@ -140,6 +217,7 @@ static inline void {{NAME}}_gemm(const float* restrict a, const float* restrict 
                 acc[r][v] += s * wv[v];
         }
     }
+#endif
 #pragma GCC unroll 32
     for (int r = 0; r < RW; r++)
 #pragma GCC unroll 8
@@ -170,9 +248,9 @@ void {{NAME}}({{PARAMS}})
     }
 #endif
 #if {{PREPACKED}}
-    const float* w = {{WEIGHTS}}; /* U, made once by {{NAME}}_prepack */
+    const {{NAME}}_vt* w = (const {{NAME}}_vt*){{WEIGHTS}}; /* U, made once by {{NAME}}_prepack */
 #else
-    float* w = eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
+    {{NAME}}_vt* w = ({{NAME}}_vt*)eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
     if (!w) {
         eqf_nomem_note();
         return;
@@ -183,7 +261,7 @@ void {{NAME}}({{PARAMS}})
     {
 #if !{{PREPACKED}}
 #pragma omp single nowait
-        {{NAME}}_prepack({{WEIGHTS}}, w);
+        {{NAME}}_prepack({{WEIGHTS}}, (float*)w);
 #endif
 #if !{{IN_BLOCKED}}
         /* NCHW rows to blocks: xb[n][cb][h][w][VL] (its end's barrier also waits for the single above) */
@@ -200,7 +278,9 @@ void {{NAME}}({{PARAMS}})
 #elif !{{PREPACKED}}
 #pragma omp barrier
 #endif
-        float* restrict vb = eqf_scratch(EQF_SCRATCH_ATTN_ROW, (long)TB * (RA + RM));
+        /* (Vb's TB x RA elements, then Mb: in bf16 the first half of Vb's floats is used) */
+        float* restrict vbf = eqf_scratch(EQF_SCRATCH_ATTN_ROW, (long)TB * (RA + RM));
+        {{NAME}}_vt* restrict vb = ({{NAME}}_vt*)vbf;
         if (!vb) {
 #pragma omp atomic write
             nomem = 1;
@@ -209,11 +289,11 @@ void {{NAME}}({{PARAMS}})
         const long nt = omp_get_num_threads(), me = omp_get_thread_num();
         const long ta = T * me / nt, tz = T * (me + 1) / nt;
         for (long t0 = ta; vb && t0 < tz; t0 += TB) {
-            float* restrict mb = vb + (long)TB * RA;
+            float* restrict mb = vbf + (long)TB * RA;
             const long nr = tz - t0 < TB ? tz - t0 : TB, nrw = (nr + RW - 1) / RW * RW;
             for (long r = 0; r < nrw; r++) {
                 if (r >= nr) { /* (rows of the last register tile past the run: zeros, not stored) */
-                    memset(vb + r * RA, 0, sizeof(float) * 16 * C);
+                    memset(vb + r * RA, 0, sizeof({{NAME}}_vt) * 16 * C);
                     continue;
                 }
                 const long t = t0 + r, n = t / (TH * TW), ty = t / TW % TH, tx = t % TW;

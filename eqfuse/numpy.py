@@ -73,7 +73,7 @@ def _alias(name: str, op: str):
 for _np_name, _op_name in {"subtract": "sub", "multiply": "mul", "divide": "div", "true_divide": "div",
                            "power": "pow", "negative": "neg", "absolute": "abs", "equal": "eq",
                            "not_equal": "ne", "less": "lt", "less_equal": "le", "greater": "gt",
-                           "greater_equal": "ge", "take_along_axis": "gather_elements"}.items():
+                           "greater_equal": "ge"}.items():
     globals()[_np_name] = _alias(_np_name, _op_name)
 del _np_name, _op_name
 
@@ -207,6 +207,14 @@ def take(x, indices, axis=None):
     if axis is None:
         x, axis = reshape(x, -1), 0
     return apply("gather", [x, indices], {"axis": axis})
+
+
+def take_along_axis(arr, indices, axis):
+    """numpy.take_along_axis: the op gather_elements along axis (None: of the flattened array),
+    axis by position as numpy takes it."""
+    if axis is None:
+        arr, axis = reshape(arr, -1), 0
+    return apply("gather_elements", [arr, indices], {"axis": axis})
 
 
 def arange(start, stop=None, step=1, dtype=None):

@@ -244,3 +244,21 @@ def test_time_cost_is_a_roofline():
     assert C.value(mm, "time", p) == pytest.approx(1e-3 + 1e-6)
     assert C.value(pw, "time", p) == pytest.approx(1e-3 + 1e-6)
     assert C.value(C.KCost(2, 0, 0.0), "launches") == 2
+
+
+def test_options_drop_exactly_the_dominated_candidates():
+    """Problem.options keeps a candidate unless one no dearer reads a subset of its classes (ties
+    broken by fewer reads, then node): the same list as that definition tested pair by pair, on
+    random candidates with repeated read sets, equal costs and empty reads."""
+    import random
+
+    rnd = random.Random(5)
+    for trial in range(200):
+        cands = [X.Cand(node=i, cls=0, reads=tuple(sorted(rnd.sample(range(6), rnd.randint(0, 4)))), kc=None,
+                        cost=float(rnd.randint(0, 5)), body=None) for i in range(rnd.randint(1, 40))]
+        want: list = []
+        for cd in sorted(cands, key=lambda x: (x.cost, len(set(x.reads)), x.node)):
+            if not any(o.cost <= cd.cost and set(o.reads) <= set(cd.reads) for o in want):
+                want.append(cd)
+        got = X.Problem(d=None, types={}, roots=[], cands={0: cands}).options(0)
+        assert [c.node for c in got] == [c.node for c in want], trial

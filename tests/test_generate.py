@@ -146,7 +146,8 @@ def test_generate_from_a_path_and_its_limits():
 
 def test_sampling():
     """The same seed gives the same ids, another seed others; top_k=1 is greedy; eos_token_id
-    ends a sequence (its later tokens are eos) and generation stops when all have ended."""
+    ends a sequence (its later tokens are eos) and generation stops when all have ended; no new
+    tokens is the prompt."""
     _, mod = compiled("torchscript")
     ids = prompt(3)
     greedy = eqfuse.generate(mod, ids, max_new_tokens=NEW)
@@ -166,6 +167,7 @@ def test_sampling():
     np.testing.assert_array_equal(ended[0, :first], greedy[0, :first])
     both = eqfuse.generate(mod, np.repeat(ids[:1], B, axis=0), max_new_tokens=NEW, eos_token_id=eos)
     assert both.shape == (B, first + 1)  # every row ended: no token after the last eos
+    np.testing.assert_array_equal(eqfuse.generate(mod, ids[0], max_new_tokens=0), ids[:1])  # [S] is [1, S]
 
 
 def test_no_compile_over_decode_steps(monkeypatch):

@@ -134,6 +134,81 @@ def test_functions_run_eagerly_on_numpy_arrays():
     close(enp.sum(x, 1), x.sum(1))
 
 
+X, Y = rand(3, 4), rand(3, 4, seed=1)
+ORDER = np.argsort(X, axis=1)
+# numpy's names in eqfuse.numpy, each beside the numpy call it stands for (same result, dtype and shape)
+NUMPY_NAMES = [
+    ("std", lambda: enp.std(X, 1, keepdims=True), lambda: np.std(X, 1, keepdims=True)),
+    ("swapaxes", lambda: enp.swapaxes(X[None], 0, 2), lambda: np.swapaxes(X[None], 0, 2)),
+    ("permute_dims", lambda: enp.permute_dims(X[None], (2, 0, 1)), lambda: np.transpose(X[None], (2, 0, 1))),
+    ("transpose", lambda: enp.transpose(X), lambda: X.T),
+    ("concat of a list", lambda: enp.concat([X, Y], axis=1), lambda: np.concatenate([X, Y], 1)),
+    ("concat of arrays", lambda: enp.concat(X, Y), lambda: np.concatenate([X, Y])),
+    ("stack", lambda: enp.stack([X, Y], axis=1), lambda: np.stack([X, Y], 1)),
+    ("expand_dims", lambda: enp.expand_dims(X, 1), lambda: np.expand_dims(X, 1)),
+    ("broadcast_to", lambda: enp.broadcast_to(X[:1], (3, 4)), lambda: np.broadcast_to(X[:1], (3, 4))),
+    ("reshape to an int", lambda: enp.reshape(X, 12), lambda: X.reshape(12)),
+    ("astype", lambda: enp.astype(X * 3, np.int32), lambda: (X * 3).astype(np.int32)),
+    ("clip", lambda: enp.clip(X, -0.5, 0.5), lambda: np.clip(X, -0.5, 0.5)),
+    ("clip below", lambda: enp.clip(X, a_min=0.0), lambda: np.maximum(X, np.float32(0))),
+    ("square", lambda: enp.square(X), lambda: np.square(X)),
+    ("reciprocal", lambda: enp.reciprocal(Y), lambda: np.reciprocal(Y)),
+    ("dot", lambda: enp.dot(X, Y.T), lambda: np.dot(X, Y.T)),
+    ("cumsum flat", lambda: enp.cumsum(X), lambda: np.cumsum(X)),
+    ("cumulative_sum", lambda: enp.cumulative_sum(X, axis=1), lambda: np.cumsum(X, 1)),
+    ("argmax flat", lambda: enp.argmax(X), lambda: np.argmax(X)),
+    ("argmax", lambda: enp.argmax(X, axis=1, keepdims=True), lambda: np.argmax(X, 1, keepdims=True)),
+    ("take flat", lambda: enp.take(X, np.array([[0, 11]])), lambda: np.take(X, [[0, 11]])),
+    ("take", lambda: enp.take(X, np.array([3, 1]), axis=1), lambda: np.take(X, [3, 1], axis=1)),
+    ("take_along_axis", lambda: enp.take_along_axis(X, ORDER, 1), lambda: np.take_along_axis(X, ORDER, 1)),
+    ("take_along_axis flat", lambda: enp.take_along_axis(X, np.array([11, 0]), None),
+     lambda: np.take_along_axis(X, np.array([11, 0]), None)),
+    ("arange", lambda: enp.arange(5), lambda: np.arange(5)),
+    ("arange by 3", lambda: enp.arange(2, 11, 3, dtype=np.int32), lambda: np.arange(2, 11, 3, dtype=np.int32)),
+    ("arange of floats", lambda: enp.arange(0, 4, dtype="f32"), lambda: np.arange(0, 4, dtype=np.float32)),
+    ("full", lambda: enp.full((2, 3), 7, dtype=np.int64), lambda: np.full((2, 3), 7, np.int64)),
+    ("zeros", lambda: enp.zeros(3), lambda: np.zeros(3, np.float32)),
+    ("ones", lambda: enp.ones((2, 2), dtype="bool"), lambda: np.ones((2, 2), bool)),
+    ("full_like", lambda: enp.full_like(X, 2.5), lambda: np.full_like(X, 2.5)),
+    ("zeros_like", lambda: enp.zeros_like(X, dtype=np.int32), lambda: np.zeros_like(X, np.int32)),
+    ("ones_like", lambda: enp.ones_like(X), lambda: np.ones_like(X)),
+    ("pad", lambda: enp.pad(X, ((1, 0), (2, 1)), constant_values=-1), lambda: np.pad(X, ((1, 0), (2, 1)), constant_values=-1)),
+    ("pad by one", lambda: enp.pad(X, 1), lambda: np.pad(X, 1)),
+    ("log_softmax", lambda: enp.log_softmax(X, 1), lambda: X - np.log(np.exp(X).sum(1, keepdims=True))),
+    ("amax", lambda: enp.amax(X, 0), lambda: np.amax(X, 0)),
+    ("amin", lambda: enp.amin(X, keepdims=True), lambda: np.amin(X, keepdims=True)),
+    ("prod", lambda: enp.prod(X, 1), lambda: np.prod(X, 1)),
+    ("subtract", lambda: enp.subtract(X, Y), lambda: np.subtract(X, Y)),
+    ("power", lambda: enp.power(np.abs(X), Y), lambda: np.power(np.abs(X), Y)),
+    ("greater_equal", lambda: enp.greater_equal(X, Y), lambda: np.greater_equal(X, Y)),
+]
+
+
+def test_numpy_names_run_eagerly_as_numpy():
+    """Outside a trace each numpy name of eqfuse.numpy gives numpy's values, dtype and shape."""
+    for name, ours, theirs in NUMPY_NAMES:
+        got, want = np.asarray(ours()), np.asarray(theirs())
+        assert got.dtype == want.dtype and got.shape == want.shape, (name, got.dtype, got.shape, want.dtype, want.shape)
+        close(got, want)
+
+
+def test_numpy_names_traced_match_numpy():
+    """The same names recorded in a trace and compiled; clip's array bounds become maximum and
+    minimum (the clip op takes numbers)."""
+    @eqfuse.jit
+    def f(x, y, lo, hi):
+        s = enp.stack([enp.clip(x, lo, hi), enp.clip(y, a_max=hi)], axis=0)
+        return enp.log_softmax(s, -1) + enp.std(x, 1, keepdims=True), enp.take_along_axis(x, ORDER, 1)
+
+    lo, hi = rand(3, 1, seed=2) - 1, rand(1, 4, seed=3) + 1
+    s, taken = f(X, Y, lo, hi)
+    t = np.stack([np.clip(X, lo, hi), np.minimum(Y, hi)])
+    close(s, t - t.max(-1, keepdims=True) - np.log(np.exp(t - t.max(-1, keepdims=True)).sum(-1, keepdims=True))
+          + X.std(1, keepdims=True))
+    close(taken, np.take_along_axis(X, ORDER, 1))
+    assert "maximum(" in f.graph and "minimum(" in f.graph
+
+
 def _line_of(text: str) -> int:
     return next(i for i, ln in enumerate(open(HERE).read().splitlines(), 1) if ln.strip().endswith(text))
 
@@ -187,6 +262,7 @@ def test_shape_errors_name_the_users_line():
     (lambda x: enp.softmax(x, axis=3), "axis 3 is out of range"),
     (lambda x: enp.softmax(x, dim=1), "softmax has no attribute dim="),
     (lambda x: enp.astype(x, np.complex64), "unknown dtype"),
+    (lambda x: enp.astype(x, "half a float"), "unknown dtype 'half a float': eqfuse has float32"),
     (lambda x: np.linalg.inv(x), "numpy.inv cannot run on a traced array"),
     (lambda x: "not an array", "must return traced arrays"),
 ])

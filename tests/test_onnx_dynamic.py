@@ -217,6 +217,151 @@ def test_reshapes_of_a_named_dim_import_right_or_fail_clearly():
     assert imported >= 36  # those ending in a merged [B*3, ...] tensor as the output fail, by design
 
 
+def node(op, ins, out, **attrs):
+    return helper.make_node(op, ins, [out], **attrs)
+
+
+def normal(*shape):
+    """Feeds of x at batch b, x's shape `shape` with "B" for the batch."""
+    return lambda b: {"x": np.random.default_rng(b).standard_normal([b if d == "B" else d for d in shape]).astype(np.float32)}
+
+
+def merged_ops():
+    """[B, 3, 4] viewed as [B*3, 4]: flattened, scaled, gathered along the 4 and viewed back with
+    the batch read from its Shape."""
+    nodes = [node("Reshape", ["x", "m14"], "r"), node("Flatten", ["r"], "f", axis=1), node("Mul", ["f", "half"], "h"),
+             node("Gather", ["h", "pick"], "g", axis=1), node("Identity", ["g"], "gi"), node("Shape", ["x"], "sx"),
+             node("Shape", ["g"], "sg", start=1), node("Slice", ["sx", "z1", "two"], "lead"),
+             node("Concat", ["lead", "sg"], "back", axis=0), node("Reshape", ["gi", "back"], "y")]
+    inits = [("m14", ints(-1, 4)), ("half", np.float32(0.5)), ("pick", ints(3, 0)), ("z1", ints(0)), ("two", ints(2))]
+    return model(nodes, [("x", ("B", 3, 4), F)], ["y"], inits), normal("B", 3, 4)
+
+
+def merged_matmul():
+    """A MatMul of two merged operands, [B*2, 3, 4] @ [B*2, 4, 5], viewed back to [B, 2, 3, 5]."""
+    nodes = [node("Reshape", ["x", "m134"], "a"), node("Reshape", ["w", "m145"], "b"), node("MatMul", ["a", "b"], "p"),
+             node("Shape", ["x"], "sx"), node("Slice", ["sx", "z1", "two"], "lead"),
+             node("Concat", ["lead", "c35"], "back", axis=0), node("Reshape", ["p", "back"], "y")]
+    inits = [("m134", ints(-1, 3, 4)), ("m145", ints(-1, 4, 5)), ("z1", ints(0)), ("two", ints(2)), ("c35", ints(3, 5))]
+    m = model(nodes, [("x", ("B", 2, 3, 4), F), ("w", ("B", 2, 4, 5), F)], ["y"], inits)
+    return m, lambda b: {**normal("B", 2, 3, 4)(b),
+                         "w": np.random.default_rng(b + 9).standard_normal((b, 2, 4, 5)).astype(np.float32)}
+
+
+def flat_gather_two_ints():
+    """Elements of a flattened [B, 2, 3] by flat index (negative ones too): a group of two ints
+    after the batch."""
+    nodes = [node("Reshape", ["x", "m1"], "r"), node("Gather", ["r", "idx"], "y", axis=0)]
+    return model(nodes, [("x", ("B", 2, 3), F)], ["y"], [("m1", ints(-1)), ("idx", ints(5, 0, -1, -6, 4))]), normal("B", 2, 3)
+
+
+def shape_arithmetic():
+    """[B, 4] * [1, 2] + [0, 0] (on either side) - [0, 1] = [B, 7], through an Identity; a
+    ConstantOfShape of a float and one of an int over it."""
+    nodes = [node("Shape", ["x"], "sx"), node("Identity", ["sx"], "si"), node("Mul", ["si", "c12"], "s2"),
+             node("Add", ["s2", "c00"], "s3"), node("Add", ["c00", "s3"], "s4"), node("Sub", ["s4", "c01"], "s5"),
+             node("ConstantOfShape", ["s5"], "k", value=numpy_helper.from_array(np.array([2.5], np.float32))),
+             node("ConstantOfShape", ["s5"], "ki", value=numpy_helper.from_array(ints(3))), node("Cast", ["ki"], "kf", to=F),
+             node("Add", ["k", "kf"], "y")]
+    inits = [("c12", ints(1, 2)), ("c00", ints(0, 0)), ("c01", ints(0, 1))]
+    return model(nodes, [("x", ("B", 4), F)], ["y"], inits), normal("B", 4)
+
+
+def shape_comparisons():
+    """Comparisons of the shape [B, 2]: known from dims being positive (B < 0 is false), of equal
+    entries, and one unknown at import time (B > 16: computed at run time)."""
+    nodes = [node("Shape", ["x"], "sx"), node("Equal", ["sx", "sx"], "e"), node("Less", ["sx", "c03"], "lt"),
+             node("Greater", ["sx", "c16"], "gt"), node("Or", ["lt", "gt"], "o"), node("And", ["o", "e"], "c"),
+             node("Neg", ["x"], "nx"), node("Where", ["c", "x", "nx"], "y")]
+    return model(nodes, [("x", ("B", 2), F)], ["y"], [("c03", ints(0, 3)), ("c16", ints(16, 1))]), normal("B", 2)
+
+
+def expanded_batch():
+    """Expand of [B] to two entries: a ConstantOfShape [B, B]."""
+    nodes = SHAPE_OF_X + [node("Expand", ["b1", "two"], "bb"),
+                          node("ConstantOfShape", ["bb"], "y", value=numpy_helper.from_array(np.array([1.5], np.float32)))]
+    return model(nodes, [("x", ("B", 4), F)], ["y"], INITS + [("two", ints(2))]), normal("B", 4)
+
+
+def computed_at_run_time():
+    """Shape values eqfuse cannot fold at import, computed at run time instead: B + 1, B == S of
+    two named dims, the shape plus a run-time input, the shape reshaped to [1, 2]; and elements
+    of a flattened [B, 2, 3, 2] by flat index (its ints merged: B*12)."""
+    nodes = [node("Shape", ["x"], "sx"), node("Gather", ["sx", "zero"], "b"), node("Add", ["b", "one"], "b1"),
+             node("Gather", ["sx", "one"], "s"), node("Equal", ["b", "s"], "same"), node("Add", ["sx", "k"], "sk"),
+             node("Reshape", ["sx", "r12"], "s12"),
+             *(node("Cast", [i], i + "f", to=F) for i in ("b1", "sk", "s12")),
+             node("Neg", ["x"], "nx"), node("Where", ["same", "x", "nx"], "w"), node("Add", ["w", "b1f"], "t"),
+             node("ReduceSum", ["t", "ax1"], "rs"), node("Add", ["skf", "s12f"], "u"), node("Mul", ["u", "rs"], "y0"),
+             node("Reshape", ["z", "m1"], "zf"), node("Gather", ["zf", "idx"], "g"), node("Add", ["y0", "g"], "y")]
+    inits = [("zero", np.array(0, np.int64)), ("one", np.array(1, np.int64)), ("r12", ints(1, 2)), ("m1", ints(-1)),
+             ("idx", ints(11, 0)), ("ax1", ints(1))]
+    m = model(nodes, [("x", ("B", "S"), F), ("k", (2,), I64), ("z", ("B", 2, 3, 2), F)], ["y"], inits)
+
+    def feeds(b):
+        rng = np.random.default_rng(b)
+        return {"x": rng.standard_normal((b, 2)).astype(np.float32), "k": ints(3, -1),
+                "z": rng.standard_normal((b, 2, 3, 2)).astype(np.float32)}
+    return m, feeds
+
+
+FOLDS = {f.__name__: f for f in (merged_ops, merged_matmul, flat_gather_two_ints, shape_arithmetic, shape_comparisons,
+                                 expanded_batch, computed_at_run_time)}
+
+
+@pytest.mark.parametrize("name", FOLDS)
+def test_shape_arithmetic_and_merged_batches_import_as_onnx_evaluates(name):
+    """Each graph imported once (no C build) matches onnx's evaluator at batch 1, 2 and 5."""
+    check_batches(*FOLDS[name]())
+
+
+SHAPE = [node("Shape", ["x"], "sx")]
+BATCH = SHAPE_OF_X + [node("Squeeze", ["b1", "ax0"], "bs")]
+SCALARS = [("one", np.array(1, np.int64)), ("z", np.array(0, np.int64)), ("three", np.array(3, np.int64))]
+
+
+@pytest.mark.parametrize("nodes, inputs, inits, message", [
+    (SHAPE + [node("Gather", ["sx", "three"], "g", name="bad"), node("Unsqueeze", ["g", "ax0"], "g1"),
+              node("Reshape", ["x", "g1"], "y")], [("x", ("B", 4), F)], INITS + SCALARS,
+     "Gather: index 3 out of range for 2 entries in node 'bad'"),
+    (BATCH + [node("Range", ["one", "bs", "one"], "r", name="bad"), node("Cast", ["r"], "y", to=F)],
+     [("x", ("B", 4), F)], INITS + SCALARS, "Range(1, B, 1) (only Range(0, n, 1) up to a named dim) of ONNX op 'Range' in node 'bad'"),
+    (BATCH + [node("Range", ["start", "bs", "one"], "r", name="bad"), node("Cast", ["r"], "y", to=F)],
+     [("x", ("B", 4), F), ("start", (), I64)], INITS + SCALARS,
+     "Range up to B from a start or with a step not known at import time of ONNX op 'Range' in node 'bad'"),
+    (BATCH + [node("Mul", ["bs", "three"], "b3"), node("Range", ["z", "b3", "one"], "r", name="bad"),
+              node("Cast", ["r"], "y", to=F)], [("x", ("B", 4), F)], INITS + SCALARS,
+     "Range up to B*3 (a product of named dims) of ONNX op 'Range' in node 'bad'"),
+    (SHAPE + [node("Add", ["sx", "c123"], "s", name="bad"), node("Reshape", ["x", "s"], "y")], [("x", ("B", 4), F)],
+     [("c123", ints(1, 2, 3))], "Add: cannot broadcast 2 with 3 entries in node 'bad'"),
+    ([node("Reshape", ["x", "m14"], "r"), node("Softmax", ["r"], "sm", name="bad"), node("Shape", ["x"], "sx"),
+      node("Reshape", ["sm", "sx"], "y")], [("x", ("B", 3, 4), F)], [("m14", ints(-1, 4))],
+     "Softmax of a tensor of shape [B*3, 4] (a named dim multiplied with others; bind it with dims=) of ONNX op "
+     "'Softmax' in node 'bad'"),
+    ([node("Reshape", ["x", "m1"], "r"), node("Gather", ["r", "idx"], "y", axis=0, name="bad")], [("x", ("B", "S"), F)],
+     [("m1", ints(-1)), ("idx", ints(0, 1))], "Gather along dim B*S of a tensor of shape [B*S] of ONNX op 'Gather' in node 'bad'"),
+    ([node("Reshape", ["x", "mm"], "y", name="bad")], [("x", ("B", 4), F)], [("mm", ints(-1, -1))],
+     "Reshape: shape [-1, -1] has more than one -1 or a negative size in node 'bad'"),
+    ([node("Reshape", ["x", "zzz"], "y", name="bad")], [("x", ("B", 4), F)], [("zzz", ints(0, 0, 0))],
+     "Reshape: cannot reshape [B, 4] to [0, 0, 0]: a 0 past the input's rank in node 'bad'"),
+    (SHAPE_OF_X + [node("Concat", ["b1", "three1"], "t", axis=0), node("Expand", ["x", "t"], "y", name="bad")],
+     [("x", ("B", 4), F)], INITS + [("three1", ints(3))], "Expand: cannot expand [B, 4] to [B, 3] in node 'bad'"),
+    (SHAPE_OF_X + [node("Concat", ["b1", "c35"], "t", axis=0), node("Reshape", ["x", "t"], "y", name="bad")],
+     [("x", ("B", 4), F)], INITS + [("c35", ints(3, 5))], "Reshape: cannot reshape [B, 4] to [B, 3, 5] in node 'bad'"),
+    (SHAPE + [node("Concat", ["sx", "z1"], "s", axis=0), node("Reshape", ["x", "s"], "y", name="bad", allowzero=1)],
+     [("x", ("B", 4), F)], [("z1", ints(0))],
+     "allowzero with a zero in the shape (zero-size tensors) of ONNX op 'Reshape' in node 'bad'"),
+], ids=["gather-out-of-range", "range-from-one", "range-run-time-start", "range-of-a-product", "broadcast-entries",
+        "merged-softmax", "gather-two-names", "two-minus-ones", "zero-past-rank", "expand-mismatch", "reshape-sizes",
+        "allowzero"])
+def test_shape_arithmetic_eqfuse_cannot_fold_is_one_error_naming_the_node(nodes, inputs, inits, message):
+    """One error, its first line naming the node (a named dim's error adds a note on binding it)."""
+    with pytest.raises(EqfuseError) as e:
+        import_onnx(model(nodes, inputs, ["y"], inits))
+    lines = str(e.value).splitlines()
+    assert message in lines[0] and all(ln.startswith("note: ") for ln in lines[1:]), str(e.value)
+
+
 # ---------------------------------------------------------------- real exports
 
 

@@ -89,7 +89,7 @@ CHOICES: dict[str, dict[str, str]] = {
     "conv_direct.c": {"CB": "cb", "VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "ROWS": "rows",
                       "IN_BLOCKED": "in_blocked", "OUT_BLOCKED": "out_blocked", "INPLACE": "in_place",
                       "PREPACKED": "prepacked_b", "EPI_BLOCKED": "epi_blocked", "REORDER": "reorder",
-                      "PARALLEL": "parallel"},
+                      "PARALLEL": "parallel", "BF16": "precision_path"},
     "conv_grouped.c": {"PLANE": "plane", "PARALLEL": "parallel", "CHANNELS": "channels", "VL": "vl", "RW": "rw",
                        "BAND": "band", "GROUPED": "grouped", "PREFETCH": "prefetch", "PREPACKED": "prepacked_b"},
     "conv_pixels.c": {"VL": "vl", "RO": "ro", "RPH": "rph", "RPW": "rpw", "PREPACKED": "prepacked_b",
@@ -97,7 +97,7 @@ CHOICES: dict[str, dict[str, str]] = {
     "conv_reorder.c": {"VL": "vl"},
     "conv_winograd.c": {"VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "TB": "tb", "IN_BLOCKED": "in_blocked",
                         "OUT_BLOCKED": "out_blocked", "PREPACKED": "prepacked_b", "REORDER": "reorder",
-                        "PARALLEL": "parallel"},
+                        "PARALLEL": "parallel", "BF16": "precision_path"},
     "copy_block.c": {"PARALLEL": "block_parallel"},  # (block k of the plan's "/"-joined flags)
     "gemm.c": {"MR": "mr", "NR": "nr", "MC": "mc", "NC": "nc", "KC": "kc", "DIRECT_A": "direct_a",
                "DIRECT_B": "direct_b", "PREPACKED_B": "prepacked_b", "SPLIT": "split", "PARALLEL": "parallel",
@@ -107,7 +107,7 @@ CHOICES: dict[str, dict[str, str]] = {
     "gemm_u8s8.c": {"MR": "mr", "NR": "nr", "KC": "kc", "PATH": "precision_path", "A_S8": "a_s8", "B_U8": "b_u8",
                     "BZP_PER_COL": "bzp_per_col", "PREPACKED_B": "prepacked_b", "PARALLEL": "parallel"},
     "index.c": {"PARALLEL": "parallel", "IN_BLOCKED": "in_blocked", "OUT_BLOCKED": "out_blocked", "VL": "vl",
-                "CHECKED": "checked"},
+                "CHECKED": "checked", "POOL_S2": "pool_s2"},
     "layout.c": {},
     "matmul.c": {},
     "pointwise.c": {"TILE": "tile", "STREAM": "stream", "PARALLEL": "parallel"},
@@ -121,6 +121,12 @@ MEMORY = "where an operand or the result lies: offsets, strides, leading dimensi
 EXPR = "an op expression or constant from the op table (the op, its attributes, the fused prologue/epilogue)"
 TEXT = "text of a comment (from the op or the flags asserted here)"
 DERIVED = "computed from shapes and the choices asserted here, in one way"
+# a row kernel's NEXT: the address of a later row of the first input its prologue reads in whole
+# rows (row.next_row), prefetched while this row computes, or NULL when there is none, or in a
+# GEMM's row epilogue (whose rows are the GEMM's, in cache: split=rows, asserted here). How far
+# ahead is the op's (softmax: the next block of rows, which its passes go over together; the
+# norms: the next row). No alternative is weighed: an address fixed by the operands' layout.
+PREFETCH_ROW = "the address of the row after, fixed by the operands' layout and the op"
 NOT_CHOICES: dict[str, dict[str, str]] = {
     "attention.c": {SIGNATURE: "NAME PARAMS Q K V", SHAPE: "BATCH SQ SK D DV", DERIVED: "SKP",
                     MEMORY: "QOFF QR QC KSRC KBI KD KJ VOFF VR VC OUT_OFF OR OC OFFSETS",
@@ -158,13 +164,13 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
                  EXPR: "OP INIT OMP_OP COMBINE COMBINE_NAN NAN_TRACK SCALE PRO_BODY X EPI_BODY EPI"},
     "row_grad.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE YS",
                    EXPR: "OP MODE A1 GAMMA_J EPS PRO_BODY X EPI_BODY EPI"},
-    "row_layernorm.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE NEXT",
+    "row_layernorm.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE", PREFETCH_ROW: "NEXT",
                         EXPR: "GAMMA BETA EPS PRO_BODY X EPI_BODY EPI"},
     "row_reduce.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS", MEMORY: "OFFSETS EPI_OFFSETS",
                      EXPR: "OP INIT RED COMBINE NAN_TRACK SCALE PRO_BODY X EPI_BODY EPI"},
-    "row_rmsnorm.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE NEXT",
+    "row_rmsnorm.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE", PREFETCH_ROW: "NEXT",
                       EXPR: "GAMMA EPS PRO_BODY X EPI_BODY EPI"},
-    "row_softmax.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE YS NEXT",
+    "row_softmax.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE YS", PREFETCH_ROW: "NEXT",
                       EXPR: "ZERO_NAN PRO_BODY X EPI_BODY EPI"},
 }
 
@@ -288,10 +294,22 @@ def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypa
                 seen.setdefault((template, x), set()).add(value)
     assert set(seen) == {(t, x) for t, xs in CHOICES.items() for x in xs}, \
         sorted({(t, x) for t, xs in CHOICES.items() for x in xs} - set(seen))
+    # a pooling's C reads its choices through their #defines, not a copy of their values: the
+    # blocked layout and lanes (between convs), the stride-2 max pool's vector path
+    pools = [(p, c) for p, c, _ in kernels if p.kind == "index" and p.detail.op in ("max_pool2d", "avg_pool2d")]
+    blocked = [(p, c) for p, c in pools if p.detail.in_blocked or p.detail.out_blocked]
+    assert blocked and any(p.detail.pool_s2 for p, _ in pools)
+    for p, c in blocked:
+        assert f"#if {p.name}_IN_BLOCKED" in c and f"#if {p.name}_OUT_BLOCKED" in c and f"l < {p.name}_VL;" in c, p.name
+        assert not re.search(r"\bl < \d+;", c), p.name  # (no lane count but the plan's)
+    for p, c in pools:
+        if p.detail.pool_s2:
+            assert f"#if {p.name}_POOL_S2 && defined(__AVX512F__)" in c, p.name
     # both values of the flags this covers cheaply
     for key in [("gemm.c", "PARALLEL"), ("gemm.c", "BF16"), ("gemm.c", "DIRECT_B"), ("gemm_skinny.c", "PACK_PARTS"),
                 ("pointwise.c", "STREAM"), ("row_softmax.c", "PARALLEL"), ("conv2d.c", "IM2COL"),
-                ("attention.c", "SCORE_OPS"), ("attention.c", "BF16")]:
+                ("attention.c", "SCORE_OPS"), ("attention.c", "BF16"), ("conv_direct.c", "BF16"),
+                ("conv_winograd.c", "BF16")]:
         assert len(seen[key]) > 1, (key, seen[key])
 
 

@@ -293,6 +293,13 @@ OP_SEMANTICS = {
     "conv_integer": ("x: u8[1, 2, 4, 3], y: i8[4, 2, 3, 2], za: u8, zb: i8[4]",
                      'cast(conv_integer(x, y, za, zb, padding=[1, 0]), to="f32")',
                      lambda x, y, za, zb: conv2d_loops(x - za, y - zb[:, None, None, None], padding=(1, 0))),
+    # DynamicQuantizeLinear's scale and zero point: the range [min(x, 0), max(x, 0)] over 255 steps
+    # (in f32), and -min / scale rounded half to even (x + 0.5 keeps min(x) inside the range)
+    "dynamic_scale": ("x: f32[3, 4]", "dynamic_scale(x + 0.5)",
+                      lambda x: np.float32(max(x.max() + 0.5, 0) - min(x.min() + 0.5, 0)) / np.float32(255)),
+    "dynamic_zero_point": ("x: f32[3, 4]", 'cast(dynamic_zero_point(x + 0.5), to="f32")',
+                           lambda x: min(255, max(0, round(-min(x.min() + 0.5, 0) / (
+                               (max(x.max() + 0.5, 0) - min(x.min() + 0.5, 0)) / 255))))),
 }
 
 

@@ -46,7 +46,11 @@ def prototype(plan: KernelPlan) -> str:
 
 
 def emit_kernel(plan: KernelPlan) -> str:
-    return KIND[plan.kind].emit(plan)
+    c = KIND[plan.kind].emit(plan)
+    if plan.fp_contract:
+        return c
+    # the plan's fp_contract: gcc's options for these functions only (helpers inlined into them too)
+    return f'#pragma GCC push_options\n#pragma GCC optimize("fp-contract=off")\n{c}\n#pragma GCC pop_options\n'
 
 
 def emit_graph(plans: list[KernelPlan], share: bool = False) -> Emitted:

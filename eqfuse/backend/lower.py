@@ -16,7 +16,7 @@ from eqfuse.backend.kinds import KIND
 from eqfuse.backend.kinds.contraction import mark_bound_b
 from eqfuse.backend.kinds.contraction.conv import block_between_convs
 from eqfuse.backend.live import mark_live
-from eqfuse.backend.plan import KernelPlan, size
+from eqfuse.backend.plan import KernelPlan, rounds_as_written, size
 from eqfuse.backend.stores import place_stores, store_uop
 from eqfuse.backend.views import place_views
 from eqfuse.errors import EqfuseError
@@ -105,7 +105,8 @@ def plan_kernel(g: Graph, node_id: int, name: str, m: Machine, precision: str = 
         raise EqfuseError(f"this kernel block cannot be lowered: {why}", n.pos,
                           f"supported kernel shapes: {SUPPORTED}") from None
     out_shape = tuple(body.nodes[body.outputs[0]].type.shape)
-    plan = KernelPlan(name, ks.kind, node_id, tuple(n.args), body, ks, out_shape, wanted_precision=precision)
+    plan = KernelPlan(name, ks.kind, node_id, tuple(n.args), body, ks, out_shape, wanted_precision=precision,
+                      fp_contract=not rounds_as_written(body))
     plan.bytes = F32 * (_reads(body) + size(out_shape))
     KIND[ks.kind].plan(plan, m)
     if precision != "f32" and plan.precision == "f32" and not plan.precision_note:
@@ -215,6 +216,8 @@ def format_uops(plans: list[KernelPlan], uops: bool = True) -> str:
         if p.wanted_precision != "f32" or p.precision != "f32":
             lines.append(f"  precision: {p.precision}, path: {p.precision_path}"
                          + (f" ({p.precision_note})" if p.precision_note else ""))
+        if not p.fp_contract:
+            lines.append("  rounding: each multiply and add as written (fp_contract=0: a quantized model's integer path)")
         if p.threads:
             lines.append(f"  threads (decided at run time): {p.threads}")
         if p.live is not None:  # a KV cache's run-time length (eqfuse.backend.live)

@@ -85,6 +85,10 @@ class KernelPlan:
     precision: str = "f32"
     precision_path: str = "f32"
     precision_note: str = ""
+    # whether the C compiler may fuse a multiply and an add into one FMA (one rounding instead of
+    # two); false for a kernel of a quantized model's integer path (`rounds_as_written`), whose
+    # C is then compiled with -ffp-contract=off (eqfuse.backend.emit). `eqfuse lower` prints it.
+    fp_contract: bool = True
 
     @property
     def prepack(self):
@@ -94,6 +98,24 @@ class KernelPlan:
     def base_strides(self) -> dict[int, tuple[int, ...]]:
         """body input -> the strides it is read through, for the inputs read through views."""
         return {self.body.inputs[k]: st for k, st in self.in_strides.items()}
+
+
+# The ops of a quantized model's integer path (eqfuse.ir.ops_quant): onnxruntime runs each as its
+# own node, rounding every product and every sum in f32.
+QUANT_OPS = frozenset({"quantize_linear", "dequantize_linear", "matmul_integer", "conv_integer", "dynamic_scale",
+                       "dynamic_zero_point"})
+
+
+def rounds_as_written(body: Graph) -> bool:
+    """Whether a kernel must round each multiply and add as written (KernelPlan.fp_contract
+    false): it holds a quantize op or reads an integer tensor (an i32 sum to dequantize, u8 / i8
+    data). Its f32 steps are onnxruntime's separate nodes (Cast, Mul by the scale, Add of the bias),
+    and the value it computes often feeds the next DynamicQuantizeLinear: an FMA's single rounding
+    moves it by an ulp, enough to cross a rounding boundary of that quantization and move an integer
+    by one step (on a dynamically quantized ResNet-18, 1.3e-3 at the output; exact without)."""
+    if any(n.op in QUANT_OPS for _, _, n in body.walk()):
+        return True
+    return any(body.nodes[i].type.dtype in ("i32", "u8", "i8") for i in body.inputs)
 
 
 def computes_f32(plan: KernelPlan, why: str = "") -> None:

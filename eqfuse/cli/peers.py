@@ -61,6 +61,12 @@ def _conv_integer(t, a, at):
     return y.int()
 
 
+def _dynamic_scale(t, x):
+    """DynamicQuantizeLinear's scale in f32: (max(x, 0) - min(x, 0)) / 255, 1 for an empty range."""
+    lo, hi = t.clamp(x.min(), max=0), t.clamp(x.max(), min=0)
+    return t.where(hi == lo, t.ones_like(hi), (hi - lo) / 255)
+
+
 def _conv1d(t, a, at):
     bias = a[2] if len(a) == 3 else None
     return t.nn.functional.conv1d(a[0], a[1], bias, stride=at["stride"], padding=at["padding"],
@@ -178,6 +184,8 @@ TORCH: dict[str, Callable] = {
         (0, 255) if a[2].dtype == t.uint8 else (-128, 127))).to(a[2].dtype),
     "dequantize_linear": lambda t, a, at: (a[0].int() - a[2].int()).float() * a[1],
     "conv_integer": _conv_integer,
+    "dynamic_scale": lambda t, a, at: _dynamic_scale(t, a[0]),
+    "dynamic_zero_point": lambda t, a, at: t.clamp(t.round(-t.clamp(a[0].min(), max=0) / _dynamic_scale(t, a[0])), 0, 255).to(t.uint8),
     "matmul_integer": lambda t, a, at: t.matmul(a[0].long() - a[2].long(), a[1].long() - a[3].long()).int(),
     "expand": lambda t, a, at: t.broadcast_to(a[0], t.broadcast_shapes(a[0].shape, tuple(at["shape"]))),
     "clip": lambda t, a, at: t.clamp(a[0], at["min"], at["max"]),

@@ -24,6 +24,12 @@ def _dtype(imp, v) -> str | None:
     return dtype_of_numpy(np.asarray(v).dtype) if imp.is_const(v) else imp.type(v).dtype
 
 
+def _dtype_text(imp, v) -> str:
+    """The dtype of v for a message: eqfuse's name, or numpy's for a constant eqfuse has no dtype
+    for (int16, uint16)."""
+    return _dtype(imp, v) or str(np.asarray(v).dtype)
+
+
 def _zero_point(imp, ins, i: int, dtype: str, allowed: tuple[str, ...]) -> tuple[object, str]:
     """Input i as a zero point (a zero of `dtype` when absent) and its dtype, refused unless allowed."""
     v = ins[i] if len(ins) > i and ins[i] is not None else np.zeros((), NUMPY_DTYPE[dtype])
@@ -90,7 +96,7 @@ def _dequantize(imp, ins, at):
     _check_attrs(at)
     xdt = _dtype(imp, ins[0])
     if xdt not in QUANT_DTYPES + ("i32",):
-        raise Unsupported(f"input type {xdt} (eqfuse dequantizes uint8, int8 and int32)")
+        raise Unsupported(f"input type {_dtype_text(imp, ins[0])} (eqfuse dequantizes uint8, int8 and int32)")
     zp, _ = _zero_point(imp, ins, 2, xdt, (xdt,))
     x = imp.data(ins[0], imp.node.input[0])
     rank, axis = imp.type(x).rank, at.get("axis", 1)
@@ -103,16 +109,9 @@ def _dequantize(imp, ins, at):
 def _dynamic_quantize(imp, ins, at):
     """onnxruntime's formula in f32: the range [min(x, 0), max(x, 0)], scale = its width / 255 (1
     when it is empty), zero point = saturate(round(-min / scale)), y = saturate(round(x / scale) + zp).
-    The 255 is a bound parameter, not a literal, so that the optimizer's x / c => x * (1 / c) cannot
-    round the scale differently from onnxruntime's division."""
+    The scale and the zero point are one op each (eqfuse.ir.ops_quant), y a quantize_linear."""
     x = imp.data(ins[0], imp.node.input[0])
-    zero = imp.const(0.0)
-    lo = imp.op("minimum", [imp.op("min", [x]), zero])
-    hi = imp.op("maximum", [imp.op("max", [x]), zero])
-    width = imp.op("sub", [hi, lo])
-    scale = imp.op("where", [imp.op("eq", [hi, lo]), imp.const(1.0),
-                             imp.op("div", [width, imp.new_param("u8_range", np.asarray(255, F32))])])
-    zp = imp.op("quantize_linear", [imp.op("neg", [lo]), scale, imp.data(np.zeros((), np.uint8))])
+    scale, zp = imp.op("dynamic_scale", [x]), imp.op("dynamic_zero_point", [x])
     return [imp.op("quantize_linear", [x, scale, zp]), scale, zp]
 
 
@@ -134,7 +133,7 @@ def _matmul_integer(imp, ins, at):
     adt, bdt = _dtype(imp, ins[0]), _dtype(imp, ins[1])
     for dt, i in ((adt, 0), (bdt, 1)):
         if dt not in QUANT_DTYPES:
-            raise Unsupported(f"input type {dt} (input {i}; eqfuse takes uint8 and int8)")
+            raise Unsupported(f"input type {_dtype_text(imp, ins[i])} (input {i}; eqfuse takes uint8 and int8)")
     azp, _ = _zero_point(imp, ins, 2, adt, (adt,))
     bzp, _ = _zero_point(imp, ins, 3, bdt, (bdt,))
     a, b = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
@@ -149,7 +148,7 @@ def _qlinear_matmul(imp, ins, at):
     adt, bdt = _dtype(imp, ins[0]), _dtype(imp, ins[3])
     for dt, i in ((adt, 0), (bdt, 3)):
         if dt not in QUANT_DTYPES:
-            raise Unsupported(f"input type {dt} (input {i}; eqfuse takes uint8 and int8)")
+            raise Unsupported(f"input type {_dtype_text(imp, ins[i])} (input {i}; eqfuse takes uint8 and int8)")
     azp, _ = _zero_point(imp, ins, 2, adt, (adt,))
     bzp, _ = _zero_point(imp, ins, 5, bdt, (bdt,))
     yzp, _ = _zero_point(imp, ins, 7, "u8", QUANT_DTYPES)
@@ -211,7 +210,7 @@ def _integer_operands(imp, ins, ia: int, ib: int, what=("x", "w")) -> tuple[str,
     dts = _dtype(imp, ins[ia]), _dtype(imp, ins[ib])
     for dt, i, name in zip(dts, (ia, ib), what):
         if dt not in QUANT_DTYPES:
-            raise Unsupported(f"input type {dt} ({name}, input {i}; eqfuse takes uint8 and int8)")
+            raise Unsupported(f"input type {_dtype_text(imp, ins[i])} ({name}, input {i}; eqfuse takes uint8 and int8)")
     return dts
 
 
@@ -248,7 +247,7 @@ def _qlinear_conv(imp, ins, at):
     if len(ins) > 8 and ins[8] is not None:
         bdt = _dtype(imp, ins[8])
         if bdt != "i32":
-            raise Unsupported(f"bias type {bdt} (input 8; QLinearConv's bias is int32)")
+            raise Unsupported(f"bias type {_dtype_text(imp, ins[8])} (input 8; QLinearConv's bias is int32)")
         b = imp.data(ins[8], imp.node.input[8])
         if imp.type(b).shape != (M,):
             raise Unsupported(f"bias of shape {list(imp.type(b).shape)} (one int32 per output channel, {M})")

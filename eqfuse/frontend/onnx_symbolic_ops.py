@@ -6,8 +6,6 @@ them before its handlers (eqfuse/frontend/onnx_import.py, import_node).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from eqfuse.frontend.onnx_registry import HANDLERS, NeedsDims, Unsupported, tensor_array
@@ -88,7 +86,8 @@ def _same_layout(imp, v, m: Merged) -> bool:
 def gather(imp, m: Merged, index, axis: int):
     """Gather along logical axis of a Merged table: along one physical axis when the logical one
     is a single dim; else the flat index i splits into (i // G, i % G) over the group's trailing
-    ints G, and a gather then gather_elements read the physical element."""
+    int G (reshape merges consecutive ints, so a group is at most a named dim and one int), and a
+    gather then a gather_elements read the physical element."""
     rank = len(m.groups)
     axis %= rank
     idx = imp.data(index, imp.node.input[1])
@@ -98,25 +97,14 @@ def gather(imp, m: Merged, index, axis: int):
     if len(group) == 1:
         y = imp.op("gather", [m.node, idx], axis=pos)
         return merged(y, m.groups[:axis] + tuple((d,) for d in ishape) + m.groups[axis + 1:])
-    tail = group[1:]
-    if not all(isinstance(d, int) for d in tail) or imp.type(idx).dtype not in ("i64", "i32"):
+    if len(group) != 2 or not isinstance(group[1], int) or imp.type(idx).dtype not in ("i64", "i32"):
         raise NeedsDims(f"Gather along dim {product(group)} of a tensor of shape {m}")
-    G = math.prod(tail)
-    q, r = _floordiv(imp, idx, G)
+    q, r = _floordiv(imp, idx, group[1])
     pre = tuple(d for g in m.groups[:axis] for d in g)
     post = tuple(d for g in m.groups[axis + 1:] for d in g)
-    y = imp.op("gather", [m.node, q], axis=pos)  # pre + ishape + tail + post
-    at = pos + len(ishape)
-    for k, g in enumerate(tail):
-        inner = tail[k + 1:]
-        stride = math.prod(inner)
-        rk = r if stride == 1 else _floordiv(imp, r, stride)[0]
-        if k + 1 < len(tail):
-            r = imp.op("sub", [r, imp.op("mul", [rk, imp.const(stride)])])
-        e = imp.reshape_to(rk, ishape + (1,) * (1 + len(inner) + len(post)))
-        e = broadcast_to(imp, e, list(pre + ishape + (1,) + inner + post))
-        y = imp.op("gather_elements", [y, e], axis=at)
-        y = imp.reshape_to(y, pre + ishape + inner + post)
+    y = imp.op("gather", [m.node, q], axis=pos)  # pre + ishape + (G,) + post
+    e = broadcast_to(imp, imp.reshape_to(r, ishape + (1,) * (1 + len(post))), list(pre + ishape + (1,) + post))
+    y = imp.reshape_to(imp.op("gather_elements", [y, e], axis=pos + len(ishape)), pre + ishape + post)
     return merged(y, m.groups[:axis] + tuple((d,) for d in ishape) + m.groups[axis + 1:])
 
 

@@ -56,6 +56,7 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
     quantize        x and scale f32, the zero point u8 or i8: the zero point's dtype
     dequantize      q and its zero point of one dtype (u8, i8 or i32), scale f32: f32
     matmul_integer  a, b u8 or i8, each zero point of its operand's dtype: i32 (conv_integer too)
+    dynamic_zero_point  x f32: u8 (DynamicQuantizeLinear's zero point)
     """
     if rule == "float":
         for t in ts:
@@ -101,6 +102,9 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
             if z.dtype != t.dtype:
                 raise ShapeError(f"{opname} needs each zero point of its operand's dtype, got {t.dtype} and {z.dtype}")
         return "i32"
+    if rule == "dynamic_zero_point":
+        _need(opname, ts[0].dtype, ("f32",), "f32")
+        return "u8"
     if rule == "dtype_attr":
         return attrs["dtype"]
     raise ValueError(f"unknown dtype rule {rule}")

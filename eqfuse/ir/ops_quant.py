@@ -7,6 +7,15 @@ QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger nodes 
     conv_integer(x, w, x_zp, w_zp)   conv2d(int32(x) - x_zp, int32(w) - w_zp), exact in i32; the
                                      padding is x_zp (a padded tap adds 0), as onnxruntime's
                                      ConvInteger and QLinearConv pad
+    dynamic_scale(x)                 DynamicQuantizeLinear's scale of x: over the range
+                                     [lo, hi] = [min(x, 0), max(x, 0)], (hi - lo) / 255 in f32 (1
+                                     when hi == lo)
+    dynamic_zero_point(x)            its zero point: saturate(round_half_even(-lo / scale)), u8
+
+The last two are one op each, not the min / max / where / divide they are made of: each is one
+pass over x (an index kernel), and the e-graph does not fuse the dozen scalar ops of every
+DynamicQuantizeLinear into each other and into every kernel that reads the scale (which, before
+every conv of a dynamically quantized ResNet, grew the fusion e-graph past its time limit).
 
 scale and zp broadcast against x as numpy does: per-tensor they are scalars, per-channel (ONNX's
 axis=) they are shaped to broadcast along that axis ([C, 1, 1] for axis 1 of NCHW), so the first two
@@ -76,6 +85,28 @@ def _conv_integer_np(args, attrs):
     return conv2d_numpy([x - xzp, w - wzp], attrs).astype(np.int32)
 
 
+def _dynamic_range(x) -> tuple[np.float32, np.float32]:
+    x = np.asarray(x, np.float32)
+    # the range always holds 0 (onnxruntime's min(min(x), 0), max(max(x), 0)); a NaN is passed over
+    return np.fmin.reduce(x, axis=None, initial=np.float32(0)), np.fmax.reduce(x, axis=None, initial=np.float32(0))
+
+
+def _dynamic_scale_np(args, attrs):
+    lo, hi = _dynamic_range(args[0])
+    # f32 arithmetic as onnxruntime: (hi - lo) rounded, then divided (not times 1/255)
+    return np.asarray(np.float32(1) if hi == lo else np.float32(hi - lo) / np.float32(255), np.float32)
+
+
+def _dynamic_zero_point_np(args, attrs):
+    lo, _ = _dynamic_range(args[0])
+    scale = _dynamic_scale_np(args, attrs)
+    return _quantize_np([-lo, scale, np.zeros((), np.uint8)], {})
+
+
+def _scalar_infer(ts, attrs):
+    return TType(())
+
+
 # The C reads the saturation range off the zero point's C type (EQF_QLO / EQF_QHI in common.h).
 define(name="quantize_linear", kind="pointwise", arity=(3, 3), infer=bcast_infer, dtype="quantize",
     numpy=_quantize_np, flops=4, c="eqf_quantize({0}, {1}, (float)({2}), EQF_QLO({2}), EQF_QHI({2}))")
@@ -87,3 +118,7 @@ define(name="matmul_integer", kind="contraction", arity=(4, 4), infer=_matmul_in
     numpy=_matmul_integer_np)
 define(name="conv_integer", kind="index", arity=(4, 4), infer=_conv_integer_infer, dtype="matmul_integer",
     numpy=_conv_integer_np, attrs=OPS["conv2d"].attrs)
+# DynamicQuantizeLinear's scale and zero point: index kernels (one pass over x each, eqfuse.backend.kinds.index)
+define(name="dynamic_scale", kind="index", arity=(1, 1), infer=_scalar_infer, dtype="float", numpy=_dynamic_scale_np)
+define(name="dynamic_zero_point", kind="index", arity=(1, 1), infer=_scalar_infer, dtype="dynamic_zero_point",
+    numpy=_dynamic_zero_point_np)

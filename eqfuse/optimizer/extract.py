@@ -132,10 +132,20 @@ class Problem:
         the classes): swapping in the dominating one never costs more nor closes a cycle, so the
         ILP never needs them. (Many K e-nodes are the same kernel written differently.)"""
         if c not in self._options:
-            kept: list[Cand] = []
+            # cheapest first, so a candidate kept before cd costs no more than cd: cd is dominated
+            # when one of them reads a subset of cd's classes. Of candidates reading the same set,
+            # only the first can be kept; each read set is built once (a class deep in a chain of
+            # residual adds has thousands of candidates, nearly all kept: the tests are n^2 / 2)
+            first: dict[frozenset[int], Cand] = {}
             for cd in sorted(self.cands.get(c, []), key=lambda x: (x.cost, len(set(x.reads)), x.node)):
-                if not any(o.cost <= cd.cost and set(o.reads) <= set(cd.reads) for o in kept):
+                first.setdefault(frozenset(cd.reads), cd)
+            # and a kept set is filed under its least class: one inside cd's reads holds that class
+            kept: list[Cand] = []
+            by_least: dict[int | None, list[frozenset[int]]] = {}
+            for reads, cd in first.items():
+                if not any(k <= reads for r in (None, *reads) for k in by_least.get(r, ())):
                     kept.append(cd)
+                    by_least.setdefault(min(reads, default=None), []).append(reads)
             self._options[c] = kept
         return self._options[c]
 

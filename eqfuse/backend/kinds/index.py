@@ -180,8 +180,9 @@ def _pool(an: Node, ins, xs, out, ct, par: str = "0"):
     head = [f"#pragma omp parallel for if ({par})",
             f"for (long nc = 0; nc < {out[0] * out[1]}; nc++)",
             f"    for (long oh = 0; oh < {OH}; oh++) {{"]
+    s2 = par.removesuffix("_PARALLEL") + "_POOL_S2"  # (par is NAME_PARALLEL: the #define of the plan's pool_s2)
     if is_max and sw == 2:  # (ResNet's 3x3/2 pool)
-        head += _max_pool_stride2(ins[0], H, W, OH, OW, kh, kw, sh, ph, pw)
+        head += _max_pool_stride2(ins[0], H, W, OH, OW, kh, kw, sh, ph, pw, s2)
     return head + [
             f"        float a[{OW}]{'' if is_max else f', cnt[{OW}]'};",
             f"        for (long ow = 0; ow < {OW}; ow++) {{ a[ow] = {init};{'' if is_max else ' cnt[ow] = 0.0f;'} }}",
@@ -210,18 +211,20 @@ def _pool(an: Node, ins, xs, out, ct, par: str = "0"):
             "    }"]
 
 
-def _max_pool_stride2(x: str, H, W, OH, OW, kh, kw, sh, ph, pw) -> list[str]:
-    """With AVX-512, one output row of a stride-2 max pool 16 pixels at a time: a tap's 16 inputs
+def _max_pool_stride2(x: str, H, W, OH, OW, kh, kw, sh, ph, pw, flag: str) -> list[str]:
+    """With AVX-512 (the plan's pool_s2, the #define `flag`), one output row of a stride-2 max
+    pool 16 pixels at a time: a tap's 16 inputs
     are the even lanes of two masked loads (taps outside the image load -inf, which no max
     keeps), picked by one permute. The compiler's own vector loop gathered them lane by lane
     (vinsertps), several times slower than onnxruntime on ResNet-18's 2 x 16 x 32 x 32 stem pool
     (`benchmarks/bench_models.py --model resnet18`).
-    NaN is kept as the scalar loop keeps it: a = (v > a || v != v) ? v : a. Without AVX-512,
-    the loop below it (#else)."""
+    NaN is kept as the scalar loop keeps it: a = (v > a || v != v) ? v : a. Without it, the loop
+    below it (#else); `defined(__AVX512F__)` as well, so that a plan can never ask a build
+    without AVX-512 for its intrinsics."""
     def inside(w0: str) -> str:  # the mask of lanes w0 + i inside [0, W)
         return f"eqf_pool_lanes({w0}, {W})"
     return [
-        "#if defined(__AVX512F__)",
+        f"#if {flag} && defined(__AVX512F__)",
         "        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);",
         "        const __m512 ninf = _mm512_set1_ps(-INFINITY);",
         "        for (long ow0 = 0; ow0 < " + str(OW) + "; ow0 += 16) {",
@@ -314,7 +317,8 @@ def _matmul_integer(an: Node, ins, xs, out, ct, par: str = "0"):
 def _conv_integer(an: Node, ins, xs, out, ct, par=False):
     """conv2d((int32(x) - x_zp), (int32(w) - w_zp)) in int32, as onnxruntime's ConvInteger and
     QLinearConv: a padded tap is x_zp, so it is skipped (it adds 0). One output plane (image,
-    output channel) at a time, the output row's pixels innermost; exact."""
+    output channel) per iteration, the planes split among the threads (the plan's parallel), the
+    output row's pixels innermost; exact."""
     x, w, xzp, wzp = ins
     N, C, H, W = xs[0]
     O, Cg, KH, KW = xs[1]
@@ -323,6 +327,7 @@ def _conv_integer(an: Node, ins, xs, out, ct, par=False):
     og = O // an.attr["group"]
     wz = f"(int32_t){wzp}[o]" if len(xs[3]) == 1 else f"(int32_t){wzp}[0]"
     return [f"const int32_t xz = (int32_t){xzp}[0];",
+            f"#pragma omp parallel for if ({par})",
             f"for (long no = 0; no < {N * O}; no++) {{",
             f"    const long n = no / {O}, o = no % {O}, c0 = (o / {og}) * {Cg};",
             f"    const int32_t wz = {wz};",
@@ -345,20 +350,48 @@ def _conv_integer(an: Node, ins, xs, out, ct, par=False):
             "}"]
 
 
+def _dynamic_range(x: str, n: int) -> list[str]:
+    """C lines setting dlo = min(x, 0), dhi = max(x, 0) over n floats and DynamicQuantizeLinear's
+    scale: one vectorized pass (omp simd min and max reductions), started at 0 so the range holds
+    0; a NaN is passed over (v < dlo is false). The scale in f32 as onnxruntime: (hi - lo) / 255,
+    divided."""
+    return ["float dlo = 0.0f, dhi = 0.0f;",
+            "#pragma omp simd reduction(min:dlo) reduction(max:dhi)",
+            f"for (long i = 0; i < {n}L; i++) {{",
+            f"    const float v = {x}[i];",
+            "    dlo = v < dlo ? v : dlo;",
+            "    dhi = v > dhi ? v : dhi;",
+            "}",
+            "const float scale = dhi == dlo ? 1.0f : (dhi - dlo) / 255.0f;"]
+
+
+def _dynamic_scale(an: Node, ins, xs, out, ct, par=False):
+    return _dynamic_range(ins[0], _size(xs[0])) + ["out[0] = scale;"]
+
+
+def _dynamic_zero_point(an: Node, ins, xs, out, ct, par=False):
+    """saturate(round_half_even(-lo / scale)): onnxruntime's qmin - lo / scale, clamped, rounded."""
+    return _dynamic_range(ins[0], _size(xs[0])) + ["out[0] = (uint8_t)eqf_quantize(-dlo, scale, 0.0f, 0.0f, 255.0f);"]
+
+
 BUILDERS = {"matmul_integer": _matmul_integer, "conv_integer": _conv_integer, "range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
             "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool,
-            "pool2d_grad": _pool_grad, "scatter_elements_add": _scatter_elements_add}
+            "pool2d_grad": _pool_grad, "scatter_elements_add": _scatter_elements_add,
+            "dynamic_scale": _dynamic_scale, "dynamic_zero_point": _dynamic_zero_point}
 
 
 @dataclass(frozen=True)
 class IndexDetail:
     op: str
     checked: bool  # the kernel returns how many indices were out of range
-    parallel: bool  # the `if` of the pooling kernels' parallel loop (the others run on one thread)
+    parallel: bool  # the `if` of the pooling and integer conv kernels' parallel loop (the others run on one thread)
     # pooling between direct convs: input / output in blocks of VL channels (eqfuse.backend.kinds.contraction.conv)
     in_blocked: bool = False
     out_blocked: bool = False
     vl: int = 0  # the channels of a block (set with in_blocked / out_blocked)
+    # a stride-2 max_pool2d, NCHW, 16 output pixels per AVX-512 vector (_max_pool_stride2): the
+    # machine's vectors hold 16 floats
+    pool_s2: bool = False
 
 
 class Index(Kind):
@@ -367,10 +400,18 @@ class Index(Kind):
     def plan(self, plan: KernelPlan, c) -> None:
         an = plan.body.nodes[plan.shape.anchor]
         total = _size(plan.out_shape)
-        par = an.op in POOLS and total >= PARALLEL_MIN
-        plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par)
-        plan.threads = (parallel_rule(par, f"{total} output elements", PARALLEL_MIN, "the images x channels")
-                        if an.op in POOLS else "one thread, no parallel region (a selection)")
+        if an.op == "conv_integer":  # its multiply-adds: output elements x taps of one output channel
+            w = plan.body.nodes[an.args[1]].type.shape
+            work = total * _size(w[1:])
+            par = work >= PARALLEL_MIN
+            threads = parallel_rule(par, f"{work} multiply-adds", PARALLEL_MIN, "the images x output channels")
+        else:
+            par = an.op in POOLS and total >= PARALLEL_MIN
+            threads = (parallel_rule(par, f"{total} output elements", PARALLEL_MIN, "the images x channels")
+                       if an.op in POOLS else "one thread, no parallel region (a selection)")
+        s2 = an.op == "max_pool2d" and pair(an.attr["stride"] or an.attr["kernel_size"])[1] == 2 and c.simd_floats >= 16
+        plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par, pool_s2=s2)
+        plan.threads = threads
         plan.cache_check = "streaming selection (no reuse to block for)"
         plan.uops = [UOp(0, "Loop", f"{total} output elements of {an.op}", total),
                      UOp(1, "Load", "the selected input element(s)", total),
@@ -386,10 +427,10 @@ class Index(Kind):
         d = plan.detail
         par = f"{plan.name}_PARALLEL"  # (the template's #define of the plan's parallel)
         if d.in_blocked or d.out_blocked:
-            lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), par, d.in_blocked, d.out_blocked, d.vl)
+            lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), plan.name)
         else:
             lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par)
         return render("index.c", NAME=plan.name, OP=an.op, SPACE=list(plan.out_shape), PARAMS=params,
                       PARALLEL=int(d.parallel), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
-                      VL=d.vl, CHECKED=int(d.checked),
+                      VL=d.vl, CHECKED=int(d.checked), POOL_S2=int(d.pool_s2),
                       BODY="\n".join("    " + ln for ln in lines))

@@ -57,9 +57,14 @@ import os
 from dataclasses import dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, render
-from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
-from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, cdiv, parallel
-from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
+from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS, c_type, gemm_epilogue
+from eqfuse.backend.kinds.contraction.plan_gemm import (
+    Prepack,
+    bf16_path,
+    cdiv,
+    parallel,
+)
+from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
 from eqfuse.ir.ops import pair
@@ -217,12 +222,16 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     if not force and not use_direct(KH, KW, sh, sw):
         return False
     vl = m.simd_floats
+    bf16 = plan.wanted_precision == "bf16"
     cb = min(C, vl)
-    v, rw, rows = choose_tile(m, (N, OH, OW, O, cb * KW, cdiv(C, cb) * KH))
+    # (bf16: an instruction step multiplies a K-pair, so a tap row is half as many steps, rounded up)
+    v, rw, rows = choose_tile(m, (N, OH, OW, O, cdiv(cb * KW, 2) if bf16 else cb * KW, cdiv(C, cb) * KH))
     # one vector of output channels: each FMA would need its own broadcast input value; with
     # the pixels in the lanes, RO broadcast weights serve RPH x RPW vectors of pixels
     pixels = choose_pixel_tile(m, N, OH, OW, O) if v == 1 and 2 * OW >= vl and \
         os.environ.get("EQFUSE_CONV_PIXELS", "1") != "0" else None
+    if bf16:  # (conv_pixels.c has no bf16 path: channels in the lanes, which do)
+        pixels = None
     if os.environ.get("EQFUSE_CONV_TILE"):  # "V,RW,ROWS": a tile forced, to measure others
         v, rw, rows = (int(t) for t in os.environ["EQFUSE_CONV_TILE"].split(","))
         if (v, rw) not in register_tiles(vl, bool(rows)):
@@ -236,8 +245,8 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     if pixels:
         plan.tiles = dict(zip(("ro", "rph", "rpw"), pixels))
     plan.flops = 2 * NP * O * K + pointwise_flops(body)
-    # (direct and Winograd convs have no bf16 path: said so in report["precision"])
-    computes_f32(plan, "the direct conv (and Winograd) runs in f32 under bf16: no bf16 path for this algorithm")
+    path = bf16_path(m) if bf16 else "f32"
+    plan.precision, plan.precision_path, plan.precision_note = ("bf16" if bf16 else "f32"), path, ""
     if use_winograd(d, vl):
         plan_winograd(plan, m, d)
         return True
@@ -245,19 +254,25 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     nt = N * OH * cdiv(OW, rw) if rows else cdiv(NP, rw)
     hp, wp = (OH - 1) * sh + KH, (OW - 1) * sw + KW
     regs = rw * v + v + 1
+    eb = 2 if bf16 else F32  # (bytes of a blocked weight: bf16 halves)
     plan.cache_check = (f"registers: {rw} x {v} accumulators + {v} weights + 1 broadcast = {regs} vectors; "
-                        f"one tap's weights {cb} x {d.obw} x {F32} = {cb * d.obw * F32} B, "
-                        f"a channel block's {ncb * KH * KW * cb * d.obw * F32} B <= L2 {m.l2} B: "
-                        f"{'ok' if ncb * KH * KW * cb * d.obw * F32 <= m.l2 else 'NO'}")
+                        f"one tap's weights {cb} x {d.obw} x {eb} = {cb * d.obw * eb} B, "
+                        f"a channel block's {ncb * KH * KW * cb * d.obw * eb} B <= L2 {m.l2} B: "
+                        f"{'ok' if ncb * KH * KW * cb * d.obw * eb <= m.l2 else 'NO'}")
     plan.threads = (f"the {nob} channel blocks x {nt} pixel tiles split evenly, channel blocks outermost"
                     if par else f"one thread, no parallel region ({NP * O * K} multiply-adds < 2^18)")
     epi = ops_text(body, skip={a} | set(cv.args))
+    op = {"avx512_bf16": "vdpbf16ps K-pair steps", "fallback": "K-pair steps (bf16 widened, FMA)"}.get(path,
+                                                                                                    "FMA steps")
     plan.uops += [
-        UOp(0, "Exec", "weights to blocks [NOB][NCB][KH][KW][CB][OBW] (once when bound by params=)", 1),
-        UOp(0, "Load", f"input to a zero-padded copy [N][{ncb}][{hp}][{wp}][{cb}]", N * ncb * hp),
+        UOp(0, "Exec", "weights to blocks [NOB][NCB][KH][KW][CB][OBW] (once when bound by params=)"
+                       + (", bf16 K-pairs [NOB][NCB][KH][KW x CB / 2, rounded up][OBW][2]" if bf16 else ""), 1),
+        UOp(0, "Load", f"input to a zero-padded copy [N][{ncb}][{hp}][{wp}][{cb}]"
+                       + (", rounded to bf16" if bf16 else ""), N * ncb * hp),
         UOp(0, "Loop", f"{nob} channel blocks of {d.obw} x {nt} tiles of {rw} pixels"
                        f"{' along an output row' if rows else ''}", nob * nt),
-        UOp(1, "Exec", f"{rw} x {d.obw} register tile over {ncb} x {KH} taps of {KW} x {cb} FMA steps",
+        UOp(1, "Exec", f"{rw} x {d.obw} register tile over {ncb} x {KH} taps of "
+                       + (f"{KW * cb // 2} {op}" + (" + 1 FMA step" if KW * cb % 2 else "") if bf16 else f"{KW * cb} {op}"),
             nob * nt * ncb * KH),
         UOp(1, "Store", f"tile through the epilogue ({epi or 'none'}) into NCHW", nob * nt)]
     if pixels:
@@ -377,7 +392,7 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
                   RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
-                  INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(d.reorder),
+                  INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(d.reorder), BF16=BF16_PATHS[plan.precision_path],
                   REORDER_FN=reorder_fn(plan.name, d.vl) if d.reorder else "",
                   EPI_BLOCKED=int(d.epi_blocked), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
 
@@ -437,6 +452,7 @@ def plan_winograd(plan: KernelPlan, m: Machine, d) -> None:
     th, tw = cdiv(d.OH, 2), cdiv(d.OW, 2)
     t = d.N * th * tw  # (plan.flops stays the conv's own count: 2 x 9 x C per output element)
     regs, scratch = rw * v + v + 1, tb * (16 * (d.C + d.O) + 32) * F32
+    bf16 = plan.precision == "bf16"
     plan.cache_check = (f"registers: {rw} x {v} accumulators + {v} weights + 1 broadcast = {regs} vectors; "
                         f"a thread's transformed tiles {tb} x (16 x ({d.C} + {d.O}) + 32) x {F32} = {scratch} B "
                         f"<= L2 / 2 {m.l2 // 2} B: {'ok' if scratch <= m.l2 // 2 else 'NO (one register tile of rows)'}")
@@ -446,11 +462,15 @@ def plan_winograd(plan: KernelPlan, m: Machine, d) -> None:
     nb = cdiv(t, tb)
     plan.uops = [
         UOp(0, "Exec", "weights to blocks, Winograd-transformed: U = G g G^T, [16][O / OBW][C][OBW] "
-                       "(once when bound by params=)", 1),
+                       "(once when bound by params=)" + (", bf16 K-pairs [16][O / OBW][C / 2][OBW][2]" if bf16 else ""),
+            1),
         UOp(0, "Loop", f"{nb} blocks of {tb} tiles of 2 x 2 output pixels", nb),
-        UOp(1, "Load", f"input windows 4 x 4 x {d.vl} channels, B^T d B into [16][{tb}][{d.C}]",
+        UOp(1, "Load", f"input windows 4 x 4 x {d.vl} channels, B^T d B into [16][{tb}][{d.C}]"
+                       + (" (f32), rounded to bf16 as stored" if bf16 else ""),
             t * (d.C // d.vl)),
-        UOp(1, "Exec", f"16 GEMMs {tb} x {d.C} x {d.O}: {rw} x {d.obw} register tiles over {d.C} steps",
+        UOp(1, "Exec", f"16 GEMMs {tb} x {d.C} x {d.O}: {rw} x {d.obw} register tiles over "
+                       + (f"{d.C // 2} K-pair steps ({'vdpbf16ps' if plan.precision_path == 'avx512_bf16' else 'bf16 widened, FMA'}"
+                          ", f32 accumulation)" if bf16 else f"{d.C} steps"),
             16 * (d.O // d.obw) * t // rw),
         UOp(1, "Store", f"A^T m A per tile and {d.vl} output channels through the epilogue ({epi or 'none'})"
                         " into NCHW", t * (d.O // d.vl))]
@@ -470,6 +490,7 @@ def emit_conv_winograd(plan: KernelPlan) -> str:
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, OH=d.OH, OW=d.OW, PH=d.padding[0],
                   PW=d.padding[1], VL=d.vl, V=d.v, OBW=d.obw, RW=d.rw, TB=d.winograd, IN_BLOCKED=int(d.in_blocked),
+                  BF16=BF16_PATHS[plan.precision_path],
                   OUT_BLOCKED=int(d.out_blocked), REORDER=int(ro), REORDER_FN=reorder_fn(plan.name, d.vl) if ro else "")
 
 
@@ -575,7 +596,7 @@ def block_between_convs(kg: Graph, plans: list[KernelPlan], m: Machine) -> None:
 
 
 def _mark_out(p: KernelPlan, vl: int) -> None:
-    p.detail = replace(p.detail, out_blocked=True, **({"vl": vl} if _is_pool(p) else {}))
+    p.detail = replace(p.detail, out_blocked=True, **({"vl": vl, "pool_s2": False} if _is_pool(p) else {}))
     p.uops = [replace(u, what=f"{u.what}, into blocks of {vl} channels (read so by the next kernels)")
               if u.op == "Store" else u for u in p.uops]
 
@@ -586,33 +607,56 @@ def _mark_in(q: KernelPlan, k: int, how: str, vl: int) -> None:
         return
     # read in place along output rows (the padded copy cost a few percent of a 3x3 conv at 56 x 56,
     # 64 channels); EQFUSE_CONV_INPLACE=0 keeps the copy (to measure both with benchmarks/bench_conv.py)
-    if how == "pool":
-        q.detail = replace(q.detail, in_blocked=True, vl=vl)
+    if how == "pool":  # (the blocked pooling has no stride-2 path of its own)
+        q.detail = replace(q.detail, in_blocked=True, vl=vl, pool_s2=False)
         return
-    in_place = q.detail.rows and os.environ.get("EQFUSE_CONV_INPLACE", "1") != "0"
+    # (bf16: never in place, the copy rounds the input to bf16)
+    in_place = q.detail.rows and q.precision != "bf16" and os.environ.get("EQFUSE_CONV_INPLACE", "1") != "0"
     q.detail = replace(q.detail, in_blocked=True, in_place=in_place)
     what = ("input, in blocks already, read in place (a tile's window copied, zero padded, at the image's left "
-            "and right edges)" if in_place else "input, in blocks already, to a zero-padded copy (a row copy)")
+            "and right edges)" if in_place else "input, in blocks already, to a zero-padded copy (a row copy)"
+            + (", rounded to bf16" if q.precision == "bf16" else ""))
     q.uops = [replace(u, what=what) if u.what.startswith("input to a zero-padded copy") else u for u in q.uops]
 
 
-def pool_blocked(an, x: str, xs, out, par: str, in_blocked: bool, out_blocked: bool, vl: int) -> list[str]:
+def _blocked_layout(name: str, H, W, OH, OW) -> list[str]:
+    """The macros a blocked pooling reads its operands through, chosen by the template's #defines
+    of the plan's in_blocked, out_blocked and vl (NAME_IN_BLOCKED, ...): a pixel's VL channels are
+    VL consecutive floats (blocked) or VL planes apart (NCHW); nb = n x C / VL + the channel block."""
+    vl = f"{name}_VL"
+    return [f"#if {name}_IN_BLOCKED",
+            f"#define {name}_ROW(nb, h) (((nb) * {H} + (h)) * {W}L * {vl})",
+            f"#define {name}_PX {vl}",
+            f"#define {name}_LANE(l) (l)",
+            "#else",
+            f"#define {name}_ROW(nb, h) ((nb) * {vl} * {H * W}L + (h) * {W}L)",
+            f"#define {name}_PX 1",
+            f"#define {name}_LANE(l) ((l) * {H * W}L)",
+            "#endif",
+            f"#if {name}_OUT_BLOCKED",
+            f"#define {name}_DST(nb, oh, ow, l) ((((nb) * {OH} + (oh)) * {OW}L + (ow)) * {vl} + (l))",
+            "#else",
+            f"#define {name}_DST(nb, oh, ow, l) (((nb) * {vl} + (l)) * {OH * OW}L + (oh) * {OW}L + (ow))",
+            "#endif"]
+
+
+def _undef(name: str) -> list[str]:
+    return [f"#undef {name}_{m}" for m in ("ROW", "PX", "LANE", "DST")]
+
+
+def pool_blocked(an, x: str, xs, out, name: str) -> list[str]:
     """C lines of a max or avg pooling over VL channels at a time, the input and the output each
-    NCHW or in blocks of VL channels: one vector per output pixel, the window's in-bounds taps
-    (max_pool2d keeps a NaN, as the NCHW loop does)."""
+    NCHW or in blocks of VL channels (kernel `name`'s NAME_IN_BLOCKED, NAME_OUT_BLOCKED and
+    NAME_VL, its plan's choices, which the C reads): one vector per output pixel, the window's
+    in-bounds taps (max_pool2d keeps a NaN, as the NCHW loop does)."""
     N, C, H, W = xs[0]
     OH, OW = out[2], out[3]
     (kh, kw), (sh, sw), (ph, pw) = (pair(an.attr["kernel_size"]), pair(an.attr["stride"] or an.attr["kernel_size"]),
                                     pair(an.attr["padding"]))
     is_max = an.op == "max_pool2d"
     if is_max and kh * kw <= 25 and ph < kh and pw < kw:
-        return _max_pool_taps(x, (N, C, H, W), (OH, OW), (kh, kw), (sh, sw), (ph, pw), par, in_blocked, out_blocked, vl)
-    # nb = n x C / VL + channel block; a pixel's VL channels: VL consecutive floats (blocked) or
-    # VL planes apart (NCHW, nb x VL being the block's first plane)
-    src = f"(nb * {H} + h) * {W * vl}L + w * {vl}" if in_blocked else f"nb * {vl * H * W}L + h * {W}L + w"
-    lane_in = "l" if in_blocked else f"l * {H * W}L"
-    dst = f"(nb * {OH} + oh) * {OW * vl}L + ow * {vl} + l" if out_blocked else \
-        f"nb * {vl * OH * OW}L + l * {OH * OW}L + oh * {OW}L + ow"
+        return _max_pool_taps(x, (N, C, H, W), (OH, OW), (kh, kw), (sh, sw), (ph, pw), name)
+    vl = f"{name}_VL"
     val = "a[l] = ((v > a[l]) | (v != v)) ? v : a[l];" if is_max else "a[l] += v;"
     if is_max:
         fin = "a[l]"
@@ -620,8 +664,9 @@ def pool_blocked(an, x: str, xs, out, par: str, in_blocked: bool, out_blocked: b
         fin = f"a[l] / {kh * kw}.0f"
     else:
         fin = "a[l] / cnt"
-    return [f"#pragma omp parallel for if ({par})",
-            f"for (long t = 0; t < {N * (C // vl) * OH}; t++) {{",
+    return [*_blocked_layout(name, H, W, OH, OW),
+            f"#pragma omp parallel for if ({name}_PARALLEL)",
+            f"for (long t = 0; t < {N * C}L / {vl} * {OH}; t++) {{",
             f"    const long nb = t / {OH}, oh = t % {OH};",
             f"    for (long ow = 0; ow < {OW}; ow++) {{",
             f"        float a[{vl}];{'' if is_max else ' float cnt = 0.0f;'}",
@@ -632,24 +677,24 @@ def pool_blocked(an, x: str, xs, out, par: str, in_blocked: bool, out_blocked: b
             f"            for (long dw = 0; dw < {kw}; dw++) {{",
             f"                const long w = ow * {sw} - {pw} + dw;",
             f"                if (w < 0 || w >= {W}) continue;",
-            f"                const float* restrict s = {x} + {src};",
+            f"                const float* restrict s = {x} + {name}_ROW(nb, h) + w * {name}_PX;",
             *([] if is_max else ["                cnt += 1.0f;"]),
             "#pragma omp simd",
             f"                for (long l = 0; l < {vl}; l++) {{",
-            f"                    const float v = s[{lane_in}];",
+            f"                    const float v = s[{name}_LANE(l)];",
             f"                    {val}",
             "                }",
             "            }",
             "        }",
             "#pragma omp simd",
             f"        for (long l = 0; l < {vl}; l++)",
-            f"            out[{dst}] = {fin};",
+            f"            out[{name}_DST(nb, oh, ow, l)] = {fin};",
             "    }",
-            "}"]
+            "}",
+            *_undef(name)]
 
 
-def _max_pool_taps(x: str, xs, os_, k, st, pad, par: str, in_blocked: bool, out_blocked: bool,
-                   vl: int) -> list[str]:
+def _max_pool_taps(x: str, xs, os_, k, st, pad, name: str) -> list[str]:
     """max_pool2d over VL channels at a time, the window's taps unrolled: one vector loop per output
     pixel (lanes: channels) with a max per tap and no bounds branches: a tap outside the image
     reads the nearest row / column inside instead, which is in the same window (the padding is
@@ -661,39 +706,40 @@ def _max_pool_taps(x: str, xs, os_, k, st, pad, par: str, in_blocked: bool, out_
     N, C, H, W = xs
     OH, OW = os_
     (kh, kw), (sh, sw), (ph, pw) = k, st, pad
-    # a pixel's VL channels: VL consecutive floats (blocked) or VL planes apart (NCHW)
-    row = (lambda h: f"{x} + (nb * {H} + ({h})) * {W * vl}L") if in_blocked else \
-        (lambda h: f"{x} + nb * {vl * H * W}L + ({h}) * {W}L")
-    px, lane = (vl, "l") if in_blocked else (1, f"l * {H * W}L")
-    dst = f"(nb * {OH} + oh) * {OW * vl}L + ow * {vl} + l" if out_blocked else \
-        f"nb * {vl * OH * OW}L + l * {OH * OW}L + oh * {OW}L + ow"
+    vl = f"{name}_VL"
     clamp = lambda v, n: f"{v} < 0 ? 0 : {v} > {n - 1} ? {n - 1} : {v}"
-    lines = [f"#pragma omp parallel for if ({par})",
-             f"for (long t = 0; t < {N * (C // vl) * OH}; t++) {{",
+    lines = [*_blocked_layout(name, H, W, OH, OW),
+             f"#pragma omp parallel for if ({name}_PARALLEL)",
+             f"for (long t = 0; t < {N * C}L / {vl} * {OH}; t++) {{",
              f"    const long nb = t / {OH}, oh = t % {OH};"]
     for dh in range(kh):
         lines += [f"    const long h{dh} = oh * {sh} - {ph} + {dh};",
-                  f"    const float* restrict r{dh} = {row(clamp(f'h{dh}', H))};"]
+                  f"    const float* restrict r{dh} = {x} + {name}_ROW(nb, {clamp(f'h{dh}', H)});"]
     # the next output row's new input rows into the cache along this row (blocked input): the
-    # ResNet stem's output, 3.2 MB, comes from L3 in the model, where this is faster, though
-    # slower with the input in L2 (the prefetches' load slots): benchmarks/bench_models.py --model resnet_stages
-    ahead = [dh for dh in range(max(0, kh - sh), kh)] if in_blocked else []
-    for dh in ahead:
-        lines += [f"    const float* p{dh} = {row(clamp(f'h{dh} + {sh}', H))};"]
+    # ResNet stem's output comes from L3 in the model, where this is faster, though slower with
+    # the input in L2 (the prefetches' load slots): benchmarks/bench_models.py --model resnet_stages
+    ahead = list(range(max(0, kh - sh), kh))
+    if ahead:
+        lines += [f"#if {name}_IN_BLOCKED",
+                  *(f"    const float* p{dh} = {x} + {name}_ROW(nb, {clamp(f'h{dh} + {sh}', H)});" for dh in ahead),
+                  "#endif"]
     lines += [f"    for (long ow = 0; ow < {OW}; ow++) {{"]
     for dw in range(kw):
-        lines += [f"        const long w{dw} = ow * {sw} - {pw} + {dw}, c{dw} = ({clamp(f'w{dw}', W)}) * {px}L;"]
-    for dh in ahead:
-        lines += [f"        __builtin_prefetch(p{dh} + c{kw - 1} + {q * 16});" for q in range(max(1, sw * vl // 16))]
+        lines += [f"        const long w{dw} = ow * {sw} - {pw} + {dw}, c{dw} = ({clamp(f'w{dw}', W)}) * {name}_PX;"]
+    if ahead:  # the cache lines of the next sw pixels of the rows the next output row adds
+        lines += [f"#if {name}_IN_BLOCKED",
+                  *(f"        for (long q = 0; q < ({sw} * {vl} / 16 > 1 ? {sw} * {vl} / 16 : 1); q++) __builtin_prefetch(p{dh} + c{kw - 1} + q * 16);"
+                    for dh in ahead),
+                  "#endif"]
     lines += ["#pragma omp simd", f"        for (long l = 0; l < {vl}; l++) {{"]
     taps = [(dh, dw) for dh in range(kh) for dw in range(kw)]
     for i, (dh, dw) in enumerate(taps):
-        v = f"r{dh}[c{dw} + {lane}]"
+        v = f"r{dh}[c{dw} + {name}_LANE(l)]"
         if i == 0:
             lines += [f"            float a = {v};", "            int u = a != a;"]
         else:
             lines += [f"            const float v{i} = {v};",
                       f"            a = v{i} > a ? v{i} : a;",
                       f"            u |= v{i} != v{i};"]
-    lines += [f"            out[{dst}] = u ? NAN : a;", "        }", "    }", "}"]
+    lines += [f"            out[{name}_DST(nb, oh, ow, l)] = u ? NAN : a;", "        }", "    }", "}", *_undef(name)]
     return lines
