@@ -30,8 +30,8 @@
  * (a depthwise conv: channel o; a channel multiplier: a channel in OG lanes; groups of fewer than
  * VL channels: each group's inputs in its lanes); a register tile is RW = {{RW}} output pixels of a
  * row, each tap a weight vector (the tap's weight of the VL channels) times the input vector at the
- * pixel's tap; the output tile ob[BAND][TW] is transposed back into the NCHW planes, where the
- * epilogue goes over the band's rows in place. Both transposes take VL consecutive pixels of the
+ * pixel's tap; the output tile ob[BAND][TW] is transposed back into the NCHW planes through the
+ * epilogue (one pass over the output, while it is in registers). Both transposes take VL consecutive pixels of the
  * band (across rows: any width fills the lanes); a block of fewer than VL channels (C % VL) or a
  * band of fewer than VL pixels is transposed element by element. GROUPED = {{GROUPED}}: a grouped conv
  * whose VL output channels of a task lie in one group: the band's rows of the group's CG input
@@ -230,33 +230,40 @@ void {{NAME}}({{PARAMS}})
                         ob[oh * TW + ow0 + r] = acc[r];
                 }
             }
-            /* the output tile back into the NCHW planes (the band's rows are consecutive pixels j
-             * of each plane: VL at a time), then the epilogue over them in place */
+            /* the output tile back into the NCHW planes through the epilogue (the band's rows are
+             * consecutive pixels of each plane: VL at a time; the last VL may overlap the previous
+             * ones, which writes the same values again) */
             float* restrict dst = out + (b * O + c0) * (long)OH * OW + oh0 * OW;
             if (cc == VL && nh * OW >= VL) {
-                for (long j = 0; j < nh * OW; j += VL) {
-                    const long js = j + VL <= nh * OW ? j : nh * OW - VL;
+                for (long j0 = 0; j0 < nh * OW; j0 += VL) {
+                    const long js = j0 + VL <= nh * OW ? j0 : nh * OW - VL;
                     vf m[VL];
 #pragma GCC unroll 16
                     for (int p = 0; p < VL; p++)
                         m[p] = ob[(js + p) / OW * TW + (js + p) % OW];
 {{TRANSPOSE}}
 #pragma GCC unroll 16
-                    for (int l = 0; l < VL; l++)
-                        *(vfu*)(dst + l * (long)OH * OW + js) = m[l];
+                    for (int l = 0; l < VL; l++) {
+                        const long i = c0 + l;
+                        float* restrict q = dst + l * (long)OH * OW + js;
+                        #pragma omp simd
+                        for (int e = 0; e < VL; e++) {
+                            const long j = oh0 * OW + js + e;
+                            const float acc = m[l][e];
+                            (void)i, (void)j;
+                            q[e] = {{EPILOGUE}};
+                        }
+                    }
                 }
             } else {
-                for (long l = 0; l < cc; l++)
-                    for (long j = 0; j < nh * OW; j++)
-                        dst[l * (long)OH * OW + j] = ob[j / OW * TW + j % OW][l];
-            }
-            for (long l = 0; l < cc; l++) {
-                const long i = c0 + l;
-                float* restrict p = out + (b * O + i) * (long)OH * OW;
-                #pragma omp simd
-                for (long j = oh0 * OW; j < (oh0 + nh) * OW; j++) {
-                    const float acc = p[j];
-                    p[j] = {{EPILOGUE}};
+                for (long l = 0; l < cc; l++) {
+                    const long i = c0 + l;
+                    for (long jt = 0; jt < nh * OW; jt++) {
+                        const long j = oh0 * OW + jt;
+                        const float acc = ob[jt / OW * TW + jt % OW][l];
+                        (void)i, (void)j;
+                        dst[l * (long)OH * OW + jt] = {{EPILOGUE}};
+                    }
                 }
             }
         }

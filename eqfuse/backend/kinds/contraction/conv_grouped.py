@@ -19,7 +19,7 @@ transposes the band's input rows into a zero-padded tile [rows][columns][VL] (VL
 in registers) and computes register tiles of RW output pixels of a row: RW accumulators, each tap
 a weight vector of VL channels times an input vector (a kernel row's weights in registers, each
 input vector loaded once per kernel row). The output tile is transposed back into the NCHW
-planes, where the epilogue is applied in place. The lanes are full whatever the image width, and
+planes through the epilogue. The lanes are full whatever the image width, and
 a tap is one multiply-add per VL outputs; the price is the two transposes, which a large kernel
 (7 x 7: 49 multiply-adds per output) hides and a 3 x 3 one over wide rows does not
 (benchmarks/bench_conv.py --set grouped). onnxruntime's MLAS runs depthwise convs in its NCHWc
@@ -216,8 +216,8 @@ def _plan_channels(plan: KernelPlan, body, a: int, cv, d: ConvGroupedDetail, m: 
                  UOp(1, "Load", load, nt * bhp),
                  UOp(1, "Exec", f"register tiles of {d.rw} pixels x {d.vl} channels, {d.cg} x {d.KH} x {d.KW} "
                                 "taps, a weight vector each", nt * d.band * (tw // d.rw)),
-                 UOp(1, "Store", f"the output tile transposed into the NCHW planes, then the epilogue "
-                                 f"({epi or 'none'}) in place", nt)]
+                 UOp(1, "Store", f"the output tile transposed into the NCHW planes through the epilogue "
+                                 f"({epi or 'none'})", nt)]
 
 
 def emit_conv_grouped(plan: KernelPlan) -> str:
