@@ -9,7 +9,16 @@ import math
 from dataclasses import dataclass
 from itertools import count
 
-from eqfuse.backend.cexpr import I1, I2, Exprs, Space, ctypes_of, has_fast_form, kernel_params, render
+from eqfuse.backend.cexpr import (
+    I1,
+    I2,
+    Exprs,
+    Space,
+    ctypes_of,
+    has_fast_form,
+    kernel_params,
+    render,
+)
 from eqfuse.backend.indexing import (
     coalesce,
     contiguous,
