@@ -215,7 +215,8 @@ void {{NAME}}({{PARAMS}})
                             wk[kw] = wv[(ci * KH + kh) * KW + kw];
 #pragma GCC unroll 64
                         for (int c = 0; c < (RW - 1) * SW + (KW - 1) * DW + 1; c++) {
-                            const vf xv = xr[c];
+                            vf xv = xr[c];
+                            EQF_IN_REGISTER(xv);
 #pragma GCC unroll 32
                             for (int kw = 0; kw < KW; kw++) {
                                 const int e = c - kw * DW;
