@@ -183,6 +183,11 @@ void {{NAME}}({{PARAMS}})
                     for (long l = 0; l < ncc; l++)
                         for (long q = nq0 + (nq1 - nq0) * oh / nh; q < nq0 + (nq1 - nq0) * (oh + 1) / nh; q += 16)
                             __builtin_prefetch(nsrc + l * (long)H * W + q, 0, 2);
+                /* the kernel rows that read image rows (the others read the tile's zero border:
+                 * skipped, a large kernel over a small image reads many) */
+                const long ihk = ih0 + oh * SH; /* the image row of kernel row 0 */
+                const long kh0 = ihk >= 0 ? 0 : (-ihk + DH - 1) / DH;
+                const long kh1 = H - 1 - ihk < 0 ? 0 : ((H - 1 - ihk) / DH + 1 < KH ? (H - 1 - ihk) / DH + 1 : KH);
                 for (long ow0 = 0; ow0 < TW; ow0 += RW) {
                     vf acc[RW];
 #pragma GCC unroll 16
@@ -194,7 +199,7 @@ void {{NAME}}({{PARAMS}})
 #if {{GROUPED}}
                     /* each input channel's pixel (a scalar, broadcast) times the tap's weights of
                      * the VL output channels */
-                    for (long kh = 0; kh < KH; kh++)
+                    for (long kh = kh0; kh < kh1; kh++)
                         for (long ci = 0; ci < CG; ci++) {
                             const float* restrict xr = xs + (ci * BHP + oh * SH + kh * DH) * (long)BWP + ow0 * SW;
 #pragma GCC unroll 32
@@ -207,7 +212,7 @@ void {{NAME}}({{PARAMS}})
                         }
 #else
                     for (long ci = 0; ci < CG; ci++)
-                    for (long kh = 0; kh < KH; kh++) {
+                    for (long kh = kh0; kh < kh1; kh++) {
                         const vf* restrict xr = xb + (ci * BHP + oh * SH + kh * DH) * (long)BWP + ow0 * SW;
                         vf wk[KW];
 #pragma GCC unroll 32
