@@ -2,7 +2,8 @@
 onnxruntime, interleaved in one process.
 
     python benchmarks/bench_conv.py [--repeat N] [--threads T ...] [--set resnet18|resnet56|all] [--precision f32|bf16]
-    python benchmarks/bench_conv.py --set mobilenet|convnext|regnet|whisper|grouped [--repeat N] [--threads T ...]
+    python benchmarks/bench_conv.py --set mobilenet|convnext|regnet|multiplier|whisper|grouped [--repeat N]
+        [--threads T ...]
 
 The shapes: every conv of the narrow ResNet-18 of tests/model_exports.py at 64x64 images, batch 2
 ("resnet18"), and the convs of torchvision's ResNet-18: its stem at 224x224, then at 56x56 and
@@ -16,9 +17,10 @@ compiles eqfuse's paths in bf16 (docs/precision.md; onnxruntime stays f32), and 
 then compared at bf16's scale (max|difference| / max|output| <= 3e-2) rather than f32's; the
 column "f32 auto" is the planner's choice in f32, interleaved with the rest.
 
-The grouped sets (`grouped` is all four): MobileNetV2's depthwise 3x3 convs (+ batchnorm +
+The grouped sets (`grouped` is all five): MobileNetV2's depthwise 3x3 convs (+ batchnorm +
 ReLU6) at 112, 56, 28 and 14 pixels, ConvNeXt-T's depthwise 7x7 convs (+ bias), RegNetX-400MF's
-grouped 3x3 convs (16 channels per group, + batchnorm + ReLU6), and Whisper-tiny's
+grouped 3x3 convs (16 channels per group, + batchnorm + ReLU6), depthwise convs with a channel
+multiplier of 2 and groups of 4 and 8 channels ("multiplier"), and Whisper-tiny's
 encoder convs (conv1d k=3 over 3000 frames, + bias + GELU), batch 1, weights bound; eqfuse's
 planner's choice against onnxruntime and OpenVINO's CPU plugin (INFERENCE_PRECISION_HINT f32; the
 column is "-" without openvino) on the same thread count. The path column names the plan: a
@@ -134,6 +136,15 @@ GROUPED = {
         "regnet g16 64 3x3 @28": ("conv2d", 1, 64, 28, 64, 3, 1, 1, 4, "bn_relu6"),
         "regnet g16 160 3x3 @14": ("conv2d", 1, 160, 14, 160, 3, 1, 1, 10, "bn_relu6"),
         "regnet g16 400 3x3 @7": ("conv2d", 1, 400, 7, 400, 3, 1, 1, 25, "bn_relu6"),
+    },
+    # depthwise convs with a channel multiplier (out = 2 x in channels) and groups of 4 and 8
+    # channels (fewer than a vector): channels in the lanes, each lane reading its group's inputs
+    "multiplier": {
+        "dw x2 32->64 3x3 @56": ("conv2d", 1, 32, 56, 64, 3, 1, 1, 32, "bn_relu6"),
+        "dw x2 64->128 3x3/2 @56": ("conv2d", 1, 64, 56, 128, 3, 2, 1, 64, "bn_relu6"),
+        "dw x2 96->192 7x7 @28": ("conv2d", 1, 96, 28, 192, 7, 1, 3, 96, "bias"),
+        "g4 128 3x3 @28": ("conv2d", 1, 128, 28, 128, 3, 1, 1, 32, "bn_relu6"),
+        "g8 256 3x3 @14": ("conv2d", 1, 256, 14, 256, 3, 1, 1, 32, "bn_relu6"),
     },
     "whisper": {
         "whisper conv1 80->384 k3 @3000": ("conv1d", 1, 80, 3000, 384, 3, 1, 1, 1, "bias_gelu"),
@@ -257,7 +268,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--threads", type=int, action="append")
     ap.add_argument("--set", default="all",
-                    choices=("resnet18", "resnet56", "all", "mobilenet", "convnext", "regnet", "whisper", "grouped"))
+                    choices=("resnet18", "resnet56", "all", "mobilenet", "convnext", "regnet", "multiplier", "whisper",
+                             "grouped"))
     ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
                     help="eqfuse's precision (onnxruntime stays f32)")
     args = ap.parse_args(argv)

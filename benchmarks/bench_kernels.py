@@ -67,6 +67,12 @@ def cases(rng):
     src = f"graph sc(x: f32[{n}]) -> f32[{n}] {{ return kernel {{ sin(x) * cos(x) }} }}"
     out.append(("sin(x) * cos(x), 1M angles in [-1e4, 1e4]", src, (ang,), lambda: np.sin(ang) * np.cos(ang), 0.1,
                 None))
+    # the same with one angle in 4096 beyond 2^24: the pointwise kernel's two passes compute each
+    # tile that holds one again with the table reduction (`eqfuse lower` prints the tile)
+    mixed = ang.copy()
+    mixed[::4096] = np.float32(3e7)
+    out.append(("sin(x) * cos(x), 1M angles, 1 in 4096 beyond 2^24", src, (mixed,),
+                lambda: np.sin(mixed) * np.cos(mixed), 0.1, None))
     return out
 
 

@@ -282,6 +282,32 @@ static const int32_t eqf_2opi[3][104] = {
   }
 };
 
+/* sin r or cos r by the quadrant q (n + cosine) mod 4, rounded once to float */
+static inline float eqf_sincos_poly(double r, int32_t q)
+{
+    const double r2 = r * r;
+    const double s = r + r * r2 * (-1.6666666666666666e-1 + r2 * (8.3333333333333333e-3 + r2 * (-1.9841269841269841e-4
+                     + r2 * (2.7557319223985891e-6 + r2 * (-2.5052108385441719e-8)))));
+    const double c = 1.0 + r2 * (-0.5 + r2 * (4.1666666666666667e-2 + r2 * (-1.3888888888888889e-3
+                     + r2 * (2.4801587301587302e-5 + r2 * (-2.7557319223985891e-7 + r2 * 2.0876756987868099e-9)))));
+    const double v = q & 1 ? c : s;
+    return (float)(q & 2 ? -v : v);
+}
+
+/* The reduction of |x| < 2^24 only (Cody and Waite), and its result: exact there, meaningless
+ * for larger |x|, inf and NaN. A pointwise kernel computes a tile with it and, if any element of
+ * the tile fails the op table's guard (|x| < 2^24, false for NaN), computes the tile again with
+ * eqf_sincos: the table reduction's loads and integer steps are then paid only by tiles that need
+ * them, where a single vector loop would compute both reductions for every lane. */
+static inline float eqf_sincos_small(float x, int cosine)
+{
+    const double xd = x, big = 6755399441055744.0; /* 1.5 x 2^52: adding it rounds to an integer */
+    const double n = (xd * 0.63661977236758134 + big) - big;
+    const double r = ((xd - n * 1.5707963258028030) - n * 9.9209357742879870e-10) - n * 2.2517417741562176e-18;
+    const float res = eqf_sincos_poly(r, ((int32_t)n + cosine) & 3);
+    return !cosine && x == 0.0f ? x : res;
+}
+
 static inline float eqf_sincos(float x, int cosine)
 {
     const double xd = x, big = 6755399441055744.0; /* 1.5 x 2^52: adding it rounds to an integer */
@@ -301,18 +327,13 @@ static inline float eqf_sincos(float x, int cosine)
     const double rl = (y - nl) * 1.5707963267948966;
     const int large = fabsf(x) >= 16777216.0f;
     const double r = large ? (x < 0.0f ? -rl : rl) : rm, n = large ? (x < 0.0f ? -nl : nl) : nm;
-    const int32_t q = ((int32_t)n + cosine) & 3;
-    const double r2 = r * r;
-    const double s = r + r * r2 * (-1.6666666666666666e-1 + r2 * (8.3333333333333333e-3 + r2 * (-1.9841269841269841e-4
-                     + r2 * (2.7557319223985891e-6 + r2 * (-2.5052108385441719e-8)))));
-    const double c = 1.0 + r2 * (-0.5 + r2 * (4.1666666666666667e-2 + r2 * (-1.3888888888888889e-3
-                     + r2 * (2.4801587301587302e-5 + r2 * (-2.7557319223985891e-7 + r2 * 2.0876756987868099e-9)))));
-    const double v = q & 1 ? c : s;
-    const float res = (float)(q & 2 ? -v : v);
+    const float res = eqf_sincos_poly(r, ((int32_t)n + cosine) & 3);
     return fabsf(x) <= 3.4028235e38f ? (!cosine && x == 0.0f ? x : res) : x - x;
 }
 static inline float eqf_sinf(float x) { return eqf_sincos(x, 0); }
 static inline float eqf_cosf(float x) { return eqf_sincos(x, 1); }
+static inline float eqf_sinf_small(float x) { return eqf_sincos_small(x, 0); }
+static inline float eqf_cosf_small(float x) { return eqf_sincos_small(x, 1); }
 
 /* Online softmax step of flash attention, in base 2 (scores arrive multiplied by log2 e), for one
  * row of n scores s (in place: s becomes p = 2^(s - m)). m is the row's running maximum; it is

@@ -5,6 +5,14 @@
  * (softmax 12x128x128 and 4096x1024: benchmarks/bench_rows.py --threads 1). */
 #define EQF_ROW_BLOCK(L) ((L) <= 64 ? 8 : (L) <= 128 ? 4 : (L) <= 256 ? 2 : 1)
 
+/* Keep a loaded vector in a register: gcc may otherwise fold its load into every FMA that uses
+ * it (a memory operand per FMA: bound by loads; conv_grouped.c's register tiles). */
+#if defined(__x86_64__) && defined(__SSE__)
+#define EQF_IN_REGISTER(a) __asm__("" : "+v"(a))
+#else
+#define EQF_IN_REGISTER(a) ((void)0)
+#endif
+
 /* Everything below uses the x86 intrinsics, and is compiled only in a module whose code needs
  * them: the module defines EQF_INTRINSICS before this header (eqfuse.backend.cbuild.intrinsics_define
  * decides from the code). <immintrin.h> alone is about half of gcc's time on a small module

@@ -21,14 +21,17 @@
  * (the copy, then its rows from L1) and writes each output element twice: it is bound by memory,
  * not by multiply-adds.
  *
- * CHANNELS = {{CHANNELS}}: a depthwise conv with VL = {{VL}} channels in the vector lanes instead
- * (conv_grouped.py's use_channels). A task is (image, block of VL channels, band of BAND = {{BAND}}
- * output rows), the tasks of a band consecutive (a thread zeroes its tile's border once per band,
- * the fills write only inside the image): the band's input rows are transposed VL x VL in registers into a zero-padded
- * tile xb[BHP][BWP] of VL-channel vectors; a register tile is RW = {{RW}} output pixels of a row,
- * each tap a weight vector (the tap's weight of the VL channels) times the input vector at the
- * pixel's tap; the output tile ob[BAND][TW] is transposed back into the NCHW planes, where the
- * epilogue goes over the band's rows in place. Both transposes take VL consecutive pixels of the
+ * CHANNELS = {{CHANNELS}}: VL = {{VL}} output channels in the vector lanes instead (conv_grouped.py's
+ * use_channels). A task is (image, block of VL output channels, band of BAND = {{BAND}} output rows),
+ * the tasks of a band consecutive (a thread zeroes its tiles' border once per band, the fills write
+ * only inside the image): for each of the CG input channels ci of a group, the band's input rows
+ * are transposed VL x VL in registers into a zero-padded tile xb[ci][BHP][BWP] of VL-channel
+ * vectors, lane l holding the input channel (o / OG) CG + ci that output channel o = c0 + l reads
+ * (a depthwise conv: channel o; a channel multiplier: a channel in OG lanes; groups of fewer than
+ * VL channels: each group's inputs in its lanes); a register tile is RW = {{RW}} output pixels of a
+ * row, each tap a weight vector (the tap's weight of the VL channels) times the input vector at the
+ * pixel's tap; the output tile ob[BAND][TW] is transposed back into the NCHW planes through the
+ * epilogue (one pass over the output, while it is in registers). Both transposes take VL consecutive pixels of the
  * band (across rows: any width fills the lanes); a block of fewer than VL channels (C % VL) or a
  * band of fewer than VL pixels is transposed element by element. GROUPED = {{GROUPED}}: a grouped conv
  * whose VL output channels of a task lie in one group: the band's rows of the group's CG input
@@ -89,7 +92,7 @@ void {{NAME}}({{PARAMS}})
     #pragma omp parallel if ({{PARALLEL}}) reduction(| : failed)
     {
         /* (grouped: the band's rows of the group's CG input planes, zero-padded, as they are) */
-        const size_t xbytes = ((size_t)BHP * BWP * (GROUPED ? CG * sizeof(float) : sizeof(vf)) + 63) / 64 * 64;
+        const size_t xbytes = ((size_t)BHP * BWP * CG * (GROUPED ? sizeof(float) : sizeof(vf)) + 63) / 64 * 64;
         const size_t obytes = ((size_t)BAND * TW * sizeof(vf) + 63) / 64 * 64;
         vf* restrict xb = (vf*)aligned_alloc(64, xbytes);
         vf* restrict ob = (vf*)aligned_alloc(64, obytes);
@@ -124,40 +127,47 @@ void {{NAME}}({{PARAMS}})
             }
             zeroed = oh0;
 #else
-            for (long r = 0; r < rows && zeroed != oh0; r++) {
-                vf* restrict row = xb + r * (long)BWP;
-                const long ih = ih0 + r;
-                for (long c = 0; c < BWP; c++)
-                    if (ih < 0 || ih >= H || c < PW || c >= PW + wc)
-                        row[c] = (vf){0};
-            }
-            zeroed = oh0;
-            /* the image rows of the band are consecutive pixels q of each plane: VL at a time
-             * transposed (the last VL overlapping the previous ones), each to its row and column */
+            /* per input channel ci of a group, a tile whose lane l holds input channel
+             * ((c0 + l) / OG) CG + ci, the one output channel c0 + l reads (a depthwise conv: CG = OG
+             * = 1, lane l is channel c0 + l) */
             const long r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < rows ? H - ih0 : rows;
             const long q0 = (ih0 + r0) * W, q1 = (ih0 + r1) * W;
-            const float* restrict src = x + (b * C + c0) * (long)H * W;
-            if (cc == VL && q1 - q0 >= VL) {
-                for (long q = q0; q < q1; q += VL) {
-                    const long qs = q + VL <= q1 ? q : q1 - VL;
-                    vf m[VL];
+            for (long ci = 0; ci < CG; ci++) {
+                vf* restrict xt = xb + ci * (long)BHP * BWP;
+                for (long r = 0; r < rows && zeroed != oh0; r++) {
+                    vf* restrict row = xt + r * (long)BWP;
+                    const long ih = ih0 + r;
+                    for (long c = 0; c < BWP; c++)
+                        if (ih < 0 || ih >= H || c < PW || c >= PW + wc)
+                            row[c] = (vf){0};
+                }
+                /* the image rows of the band are consecutive pixels q of each plane: VL at a time
+                 * transposed (the last VL overlapping the previous ones), each to its row and column */
+                const float* restrict src = x + (b * C + ci) * (long)H * W;
+                if (cc == VL && q1 - q0 >= VL) {
+                    for (long q = q0; q < q1; q += VL) {
+                        const long qs = q + VL <= q1 ? q : q1 - VL;
+                        vf m[VL];
 #pragma GCC unroll 16
-                    for (int p = 0; p < VL; p++)
-                        m[p] = *(const vfu*)(src + p * (long)H * W + qs);
+                        for (int p = 0; p < VL; p++)
+                            m[p] = *(const vfu*)(src + (c0 + p) / OG * CG * (long)H * W + qs);
 {{TRANSPOSE}}
 #pragma GCC unroll 16
-                    for (int p = 0; p < VL; p++) {
-                        const long ih = (qs + p) / W, iw = (qs + p) % W;
-                        if (iw < wc)
-                            xb[(ih - ih0) * BWP + PW + iw] = m[p];
+                        for (int p = 0; p < VL; p++) {
+                            const long ih = (qs + p) / W, iw = (qs + p) % W;
+                            if (iw < wc)
+                                xt[(ih - ih0) * BWP + PW + iw] = m[p];
+                        }
                     }
+                } else {
+                    for (long q = q0; q < q1; q++)
+                        if (q % W < wc)
+                            for (long l = 0; l < VL; l++)
+                                xt[(q / W - ih0) * BWP + PW + q % W][l] =
+                                    l < cc ? src[(c0 + l) / OG * CG * (long)H * W + q] : 0.0f;
                 }
-            } else {
-                for (long q = q0; q < q1; q++)
-                    if (q % W < wc)
-                        for (long l = 0; l < VL; l++)
-                            xb[(q / W - ih0) * BWP + PW + q % W][l] = l < cc ? src[l * (long)H * W + q] : 0.0f;
             }
+            zeroed = oh0;
 #endif
             /* the image rows the next task reads, prefetched a slice per output row as this one
              * computes (the transposes then read them from cache: memory and multiply-adds overlap) */
@@ -173,6 +183,11 @@ void {{NAME}}({{PARAMS}})
                     for (long l = 0; l < ncc; l++)
                         for (long q = nq0 + (nq1 - nq0) * oh / nh; q < nq0 + (nq1 - nq0) * (oh + 1) / nh; q += 16)
                             __builtin_prefetch(nsrc + l * (long)H * W + q, 0, 2);
+                /* the kernel rows that read image rows (the others read the tile's zero border:
+                 * skipped, a large kernel over a small image reads many) */
+                const long ihk = ih0 + oh * SH; /* the image row of kernel row 0 */
+                const long kh0 = ihk >= 0 ? 0 : (-ihk + DH - 1) / DH;
+                const long kh1 = H - 1 - ihk < 0 ? 0 : ((H - 1 - ihk) / DH + 1 < KH ? (H - 1 - ihk) / DH + 1 : KH);
                 for (long ow0 = 0; ow0 < TW; ow0 += RW) {
                     vf acc[RW];
 #pragma GCC unroll 16
@@ -184,7 +199,7 @@ void {{NAME}}({{PARAMS}})
 #if {{GROUPED}}
                     /* each input channel's pixel (a scalar, broadcast) times the tap's weights of
                      * the VL output channels */
-                    for (long kh = 0; kh < KH; kh++)
+                    for (long kh = kh0; kh < kh1; kh++)
                         for (long ci = 0; ci < CG; ci++) {
                             const float* restrict xr = xs + (ci * BHP + oh * SH + kh * DH) * (long)BWP + ow0 * SW;
 #pragma GCC unroll 32
@@ -196,15 +211,17 @@ void {{NAME}}({{PARAMS}})
                             }
                         }
 #else
-                    for (long kh = 0; kh < KH; kh++) {
-                        const vf* restrict xr = xb + (oh * SH + kh * DH) * (long)BWP + ow0 * SW;
+                    for (long ci = 0; ci < CG; ci++)
+                    for (long kh = kh0; kh < kh1; kh++) {
+                        const vf* restrict xr = xb + (ci * BHP + oh * SH + kh * DH) * (long)BWP + ow0 * SW;
                         vf wk[KW];
 #pragma GCC unroll 32
                         for (int kw = 0; kw < KW; kw++)
-                            wk[kw] = wv[kh * KW + kw];
+                            wk[kw] = wv[(ci * KH + kh) * KW + kw];
 #pragma GCC unroll 64
                         for (int c = 0; c < (RW - 1) * SW + (KW - 1) * DW + 1; c++) {
-                            const vf xv = xr[c];
+                            vf xv = xr[c];
+                            EQF_IN_REGISTER(xv);
 #pragma GCC unroll 32
                             for (int kw = 0; kw < KW; kw++) {
                                 const int e = c - kw * DW;
@@ -219,33 +236,40 @@ void {{NAME}}({{PARAMS}})
                         ob[oh * TW + ow0 + r] = acc[r];
                 }
             }
-            /* the output tile back into the NCHW planes (the band's rows are consecutive pixels j
-             * of each plane: VL at a time), then the epilogue over them in place */
+            /* the output tile back into the NCHW planes through the epilogue (the band's rows are
+             * consecutive pixels of each plane: VL at a time; the last VL may overlap the previous
+             * ones, which writes the same values again) */
             float* restrict dst = out + (b * O + c0) * (long)OH * OW + oh0 * OW;
             if (cc == VL && nh * OW >= VL) {
-                for (long j = 0; j < nh * OW; j += VL) {
-                    const long js = j + VL <= nh * OW ? j : nh * OW - VL;
+                for (long j0 = 0; j0 < nh * OW; j0 += VL) {
+                    const long js = j0 + VL <= nh * OW ? j0 : nh * OW - VL;
                     vf m[VL];
 #pragma GCC unroll 16
                     for (int p = 0; p < VL; p++)
                         m[p] = ob[(js + p) / OW * TW + (js + p) % OW];
 {{TRANSPOSE}}
 #pragma GCC unroll 16
-                    for (int l = 0; l < VL; l++)
-                        *(vfu*)(dst + l * (long)OH * OW + js) = m[l];
+                    for (int l = 0; l < VL; l++) {
+                        const long i = c0 + l;
+                        float* restrict q = dst + l * (long)OH * OW + js;
+                        #pragma omp simd
+                        for (int e = 0; e < VL; e++) {
+                            const long j = oh0 * OW + js + e;
+                            const float acc = m[l][e];
+                            (void)i, (void)j;
+                            q[e] = {{EPILOGUE}};
+                        }
+                    }
                 }
             } else {
-                for (long l = 0; l < cc; l++)
-                    for (long j = 0; j < nh * OW; j++)
-                        dst[l * (long)OH * OW + j] = ob[j / OW * TW + j % OW][l];
-            }
-            for (long l = 0; l < cc; l++) {
-                const long i = c0 + l;
-                float* restrict p = out + (b * O + i) * (long)OH * OW;
-                #pragma omp simd
-                for (long j = oh0 * OW; j < (oh0 + nh) * OW; j++) {
-                    const float acc = p[j];
-                    p[j] = {{EPILOGUE}};
+                for (long l = 0; l < cc; l++) {
+                    const long i = c0 + l;
+                    for (long jt = 0; jt < nh * OW; jt++) {
+                        const long j = oh0 * OW + jt;
+                        const float acc = ob[jt / OW * TW + jt % OW][l];
+                        (void)i, (void)j;
+                        dst[l * (long)OH * OW + jt] = {{EPILOGUE}};
+                    }
                 }
             }
         }

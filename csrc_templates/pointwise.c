@@ -12,6 +12,13 @@
  * [jt, j1) get ordinary stores, every whole line in [jh, jt) is computed as one 16-float
  * vector and streamed, so no line is written both ways. */
 #define {{NAME}}_STREAM {{STREAM}}
+/* TWO_PASS ({{TWO_PASS}}): an op of the body has a fast form exact only under a guard (sin and
+ * cos: |x| < 2^24, common.h's eqf_sincos_small). Each run of elements (RUN of a tile's loop, a
+ * streamed line) is computed with the fast forms while the guards are OR-ed into `big`; if any
+ * failed, the run is computed again with the exact forms (in and out never alias: restrict).
+ * Without it a run is the whole tile, computed once. */
+#define {{NAME}}_TWO_PASS {{TWO_PASS}}
+#define {{NAME}}_RUN {{RUN}} /* the plan's run: elements per run of the two passes */
 void {{NAME}}({{PARAMS}})
 {
     const long inner = {{INNER}}, tile = {{TILE}}, ntiles = {{NTILES}};
@@ -38,14 +45,39 @@ void {{NAME}}({{PARAMS}})
         const long jh = j1;
 #endif
 {{OFFSETS}}
-        #pragma omp simd
-        for (long j = j0; j < jh; j++) {
+        for (long jr = j0; jr < jh; jr += {{NAME}}_RUN) {
+            const long je = eqf_minl(jr + {{NAME}}_RUN, jh);
+            int big = !{{NAME}}_TWO_PASS;
+#if {{NAME}}_TWO_PASS
+            #pragma omp simd reduction(|:big)
+            for (long j = jr; j < je; j++) {
+{{FAST_BODY}}
+                big |= !({{GUARD}});
+                dst[{{DST_J}}] = {{FAST_RESULT}};
+            }
+#endif
+            if (big) {
+                #pragma omp simd
+                for (long j = jr; j < je; j++) {
 {{BODY}}
-            dst[{{DST_J}}] = {{RESULT}};
+                    dst[{{DST_J}}] = {{RESULT}};
+                }
+            }
         }
 #if {{NAME}}_STREAM
         for (long jl = jh; jl < jt; jl += 16) {
             float line[16] __attribute__((aligned(64)));
+#if {{NAME}}_TWO_PASS
+            int lbig = 0;
+            #pragma omp simd reduction(|:lbig)
+            for (int k = 0; k < 16; k++) {
+                const long j = jl + k;
+{{FAST_LINE_BODY}}
+                lbig |= !({{GUARD}});
+                line[k] = {{FAST_RESULT}};
+            }
+            if (lbig)
+#endif
             #pragma omp simd
             for (int k = 0; k < 16; k++) {
                 const long j = jl + k;
@@ -54,6 +86,16 @@ void {{NAME}}({{PARAMS}})
             }
             eqf_stream_line(dst + jl, line);
         }
+#if {{NAME}}_TWO_PASS
+        int tbig = 0;
+        #pragma omp simd reduction(|:tbig)
+        for (long j = jt; j < j1; j++) {
+{{FAST_BODY}}
+            tbig |= !({{GUARD}});
+            dst[j] = {{FAST_RESULT}};
+        }
+        if (tbig)
+#endif
         #pragma omp simd
         for (long j = jt; j < j1; j++) {
 {{BODY}}

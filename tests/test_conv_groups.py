@@ -205,6 +205,11 @@ def _modules():
                                (2, 8, 9, 9)),
         "grouped_dilated": (nn.Conv2d(6, 4, 3, stride=2, padding=2, dilation=2, groups=2), (2, 6, 11, 10)),
         "multiplier": (nn.Conv2d(4, 8, (3, 5), padding=(1, 2), groups=4, bias=False), (1, 4, 7, 6)),
+        # channel multiplier 3, 36 output channels (a last block of fewer than a vector)
+        "multiplier_7x7": (nn.Conv2d(12, 36, 7, padding=3, groups=12), (1, 12, 9, 11)),
+        # groups of 4 channels, fewer than a vector
+        "groups_of_4": (nn.Sequential(nn.Conv2d(24, 24, 3, stride=(1, 2), padding=1, groups=6), nn.BatchNorm2d(24),
+                                      nn.ReLU()), (2, 24, 10, 12)),
         "conv1d": (nn.Sequential(nn.Conv1d(6, 4, 3, padding=1), nn.GELU(), nn.Conv1d(4, 8, 3, stride=2, padding=1)),
                    (2, 6, 17)),
         "conv1d_grouped": (nn.Conv1d(6, 6, 5, padding=4, dilation=2, groups=3), (2, 6, 15)),
@@ -212,7 +217,11 @@ def _modules():
     }
 
 
-MODULES = ["depthwise_bn_relu6", "grouped_dilated", "multiplier", "conv1d", "conv1d_grouped", "conv_transpose"]
+MODULES = ["depthwise_bn_relu6", "grouped_dilated", "multiplier", "multiplier_7x7", "groups_of_4", "conv1d",
+           "conv1d_grouped", "conv_transpose"]
+# these run with output channels in the vector lanes, each lane reading its own group's inputs
+# (conv_grouped.use_channels: a channel multiplier, groups smaller than a vector)
+LANES = {"multiplier", "multiplier_7x7", "groups_of_4"}
 
 
 def _randomized(m):
@@ -241,11 +250,15 @@ def test_onnx_import_matches_onnxruntime(name, tmp_path):
         warnings.simplefilter("ignore")
         torch.onnx.export(m, (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
     want = ort.InferenceSession(str(path)).run(None, {"x": x.numpy()})[0]
-    got = eqfuse.compile(str(path))(x.numpy())
+    mod = eqfuse.compile(str(path))
+    got = mod(x.numpy())
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    if name in LANES:
+        assert [k.decisions["channels"] for k in mod.kernels if k.kind == "conv2d"] == [1]
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.extended) if n in LANES - {"multiplier"} else n
+                                  for n in MODULES])
 def test_torch_compile_matches_eager(name):
     torch = pytest.importorskip("torch")
     from eqfuse import torch_backend

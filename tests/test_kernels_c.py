@@ -593,6 +593,45 @@ def test_sin_cos_accuracy(sin_cos_results, op):
         assert np.array_equal(np.signbit(g[zeros]), np.signbit(x[zeros]))
 
 
+def test_sin_cos_two_passes_over_mixed_arguments():
+    """A pointwise kernel computes sin and cos of each run of elements with the |x| < 2^24 forms
+    and again exactly if any element fails that guard (plan field two_pass; pointwise.c). Runs
+    mixing small and large x, NaN and inf meet test_sin_cos_accuracy's bounds, and a small x gets
+    the same bits whether its run was computed again or not. Planned for this host with a small
+    L3, the output is streamed, so the streamed lines and a row's partial first and last lines
+    take both passes too."""
+    from dataclasses import replace
+
+    from eqfuse.machine import machine, pinned
+
+    n = (1 << 16) + 13
+    rng = np.random.default_rng(1)
+    small = rng.uniform(-1e4, 1e4, n).astype(np.float32)
+    x = small.copy()
+    at = np.arange(0, n // 2, 97)  # one large argument in about every 100 of the first half
+    x[at] = (rng.uniform(1, 2, at.size) * 2.0 ** rng.integers(24, 128, at.size)).astype(np.float32)
+    x[at[::7]] = -x[at[::7]]
+    x[at[1::50]], x[at[2::50]] = np.nan, np.inf
+    src = f"graph t(x: f32[{n}]) -> (f32[{n}], f32[{n}]) {{ s = kernel {{ sin(x) }}\n c = kernel {{ cos(x) }}\n return s, c }}"
+    with pinned(replace(machine(), l3=1 << 18)):  # outputs from 128 KiB on are streamed
+        mod = eqfuse.compile(src, fuse="manual")
+    assert [(k.tiles["stream"], k.decisions["two_pass"]) for k in mod.kernels] == [(1, 1), (1, 1)]
+    s, c = mod(x)
+    s0, c0 = mod(small)
+    finite = np.isfinite(x)
+    kept = np.ones(n, bool)
+    kept[at] = False
+    for op, g, g0 in (("sin", s, s0), ("cos", c, c0)):
+        true = getattr(np, op)(x[finite].astype(np.float64))
+        ulp = np.spacing(np.abs(true).astype(np.float32)).astype(np.float64)
+        err = np.abs(g[finite].astype(np.float64) - true)
+        lo = np.abs(x[finite]) < 2.0 ** 24
+        assert np.all(err[lo] <= ulp[lo]), op
+        assert np.all(err[~lo] <= ulp[~lo] + 3e-14), op
+        assert np.all(np.isnan(g[~finite])), op
+        np.testing.assert_array_equal(g[kept].view(np.int32), g0[kept].view(np.int32))
+
+
 def test_sin_cos_table_is_2_over_pi():
     """The reduction table in common.h holds the bits of 2/pi it says: int(2^(E + 71) / pi) mod
     2^72 for E = 1..104, in 24-bit chunks."""

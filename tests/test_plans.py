@@ -110,7 +110,8 @@ CHOICES: dict[str, dict[str, str]] = {
                 "CHECKED": "checked", "POOL_S2": "pool_s2"},
     "layout.c": {},
     "matmul.c": {},
-    "pointwise.c": {"TILE": "tile", "STREAM": "stream", "PARALLEL": "parallel"},
+    "pointwise.c": {"TILE": "tile", "STREAM": "stream", "PARALLEL": "parallel", "TWO_PASS": "two_pass",
+                    "RUN": "run"},
     "reduce.c": {"PARALLEL": "parallel", "THREAD_LOOP": "thread_loop", "ACC": "acc"},
     "row_grad.c": ROW_PARALLEL, "row_layernorm.c": ROW_PARALLEL, "row_reduce.c": ROW_PARALLEL,
     "row_rmsnorm.c": ROW_PARALLEL, "row_softmax.c": ROW_PARALLEL,
@@ -158,7 +159,8 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
     "layout.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE", EXPR: "OP", DERIVED: "BLOCKS"},
     "matmul.c": {SIGNATURE: "NAME PARAMS GEMM ARGS", SHAPE: "OUTER", MEMORY: "OFFSETS", TEXT: "SHAPES"},
     "pointwise.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE OUTER INNER", DERIVED: "NTILES",
-                    MEMORY: "OFFSETS DST_BASE DST_J OTYPE", EXPR: "BODY LINE_BODY RESULT"},
+                    MEMORY: "OFFSETS DST_BASE DST_J OTYPE",
+                    EXPR: "BODY LINE_BODY RESULT FAST_BODY FAST_LINE_BODY FAST_RESULT GUARD"},
     "reduce.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE OUT_SPACE AXES OUT_SIZE N0 N1 N2 N3 N4", TEXT: "RUNS",
                  MEMORY: "OUT_OFFSET EPI_OFFSETS",
                  EXPR: "OP INIT OMP_OP COMBINE COMBINE_NAN NAN_TRACK SCALE PRO_BODY X EPI_BODY EPI"},
@@ -230,7 +232,8 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
     w2 = kernel { relu(conv2d(p1, f, padding=1)) }
     d2 = kernel { relu(conv2d(cd, f, stride=2, padding=1)) }
     qm = kernel { relu(cast(matmul_integer(qa, qw, qz, wz), to="f32")) }
-    return sk, sp, bg, ag, am, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm
+    tr = kernel { sin(y) * cos(y) }
+    return sk, sp, bg, ag, am, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, tr
 }
 """
 
@@ -307,8 +310,8 @@ def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypa
             assert f"#if {p.name}_POOL_S2 && defined(__AVX512F__)" in c, p.name
     # both values of the flags this covers cheaply
     for key in [("gemm.c", "PARALLEL"), ("gemm.c", "BF16"), ("gemm.c", "DIRECT_B"), ("gemm_skinny.c", "PACK_PARTS"),
-                ("pointwise.c", "STREAM"), ("row_softmax.c", "PARALLEL"), ("conv2d.c", "IM2COL"),
-                ("attention.c", "SCORE_OPS"), ("attention.c", "BF16"), ("conv_direct.c", "BF16"),
+                ("pointwise.c", "STREAM"), ("pointwise.c", "TWO_PASS"), ("row_softmax.c", "PARALLEL"),
+                ("conv2d.c", "IM2COL"), ("attention.c", "SCORE_OPS"), ("attention.c", "BF16"), ("conv_direct.c", "BF16"),
                 ("conv_winograd.c", "BF16")]:
         assert len(seen[key]) > 1, (key, seen[key])
 

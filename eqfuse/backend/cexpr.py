@@ -60,12 +60,22 @@ CHANNEL_C = {  # ops of kind "channel": parameters broadcast along axis 1
 }
 
 
+def has_fast_form(body: Graph) -> bool:
+    """Whether an op of the body has a fast C form (the op table's c_fast): a pointwise kernel
+    then computes each tile in two passes (csrc_templates/pointwise.c)."""
+    return any(n.op in OPS and OPS[n.op].c_fast for n in body.nodes)
+
+
 class Exprs:
-    """Statements computing body values at one element of a Space (one `const float` per node)."""
+    """Statements computing body values at one element of a Space (one `const float` per node).
+    With `fast`, ops use their fast C form (the op table's c_fast) and `guards` collects the
+    conditions under which those are exact."""
 
     def __init__(self, body: Graph, space: Space, ptrs: dict[int, str], preset: dict[int, str],
-                 indent: str, forbid: set[int] = frozenset(), prefix: str = "v", strides: dict | None = None):
+                 indent: str, forbid: set[int] = frozenset(), prefix: str = "v", strides: dict | None = None,
+                 fast: bool = False):
         self.body, self.space, self.ptrs, self.preset = body, space, ptrs, preset
+        self.fast, self.guards = fast, []
         self.strides = strides or {}  # body input -> the strides of the view it is read through
         self.prefix = prefix
         self.indent, self.forbid = indent, forbid
@@ -96,7 +106,12 @@ class Exprs:
                 args = [self.value(n.args[0], chan)] + [self.value(a, xr) for a in n.args[1:]]
                 expr = CHANNEL_C[n.op](n.attr).format(*args)
             elif op.kind == OpKind.POINTWISE:
-                expr = op.c_expr(n.attr).format(*(self._operand(n, a, chan) for a in n.args))
+                args = [self._operand(n, a, chan) for a in n.args]
+                if self.fast and op.c_fast:
+                    expr = op.c_fast.format(*args)
+                    self.guards.append(op.c_fast_guard.format(*args))
+                else:
+                    expr = op.c_expr(n.attr).format(*args)
             else:
                 raise AssertionError(f"match let through {n.op} inside a kernel's loop")
         self.stmts.append(f"{self.indent}const {C_TYPE[n.type.dtype]} {var} = {expr};")
@@ -115,6 +130,10 @@ class Exprs:
 
     def text(self) -> str:
         return "\n".join(self.stmts)
+
+    def guard(self) -> str:
+        """The C condition that every fast form used was exact (1 without any)."""
+        return " && ".join(f"({g})" for g in dict.fromkeys(self.guards)) or "1"
 
     def expression(self, i: int) -> str:
         """One C expression (a GNU statement expression when statements are needed)."""

@@ -84,6 +84,11 @@ class Op:
     numpy: Callable[..., np.ndarray]  # numpy(args, attrs) -> float32 array
     attrs: tuple[Attr, ...] = ()
     c: str | Callable[[Mapping[str, Any]], str] | None = None  # pointwise: C expr over {0}, {1}
+    # pointwise: a cheaper C expression exact only where `c_fast_guard` holds (both over {0}, {1}).
+    # A pointwise kernel runs a tile with it and reruns the tile with `c` if the guard failed for
+    # any element (csrc_templates/pointwise.c's two passes)
+    c_fast: str | None = None
+    c_fast_guard: str | None = None
     infix: str | None = None  # binary infix symbol, or "-" prefix for neg
     flops: int = 1  # per output element (pointwise and row ops)
     dtype: str = "float"  # the dtype rule of eqfuse.ir.dtypes.result_dtype
@@ -164,7 +169,8 @@ _UNARY = [
     ("erf", lambda a, _: _erf(a[0]), "eqf_erff({0})", 8),
     ("silu", lambda a, _: a[0] / (1 + np.exp(-a[0])), "eqf_silu({0})", 5),
     # common.h's eqf_sinf and eqf_cosf: reduced correctly for every finite x (rotary angles reach
-    # thousands), within 1 ulp, and vectorizable (libm's sinf and cosf are scalar calls)
+    # thousands), within 1 ulp, and vectorizable (libm's sinf and cosf are scalar calls); their
+    # fast forms (_TWO_PASS) skip the table reduction of |x| >= 2^24
     ("sin", lambda a, _: np.sin(a[0]), "eqf_sinf({0})", 8),
     ("cos", lambda a, _: np.cos(a[0]), "eqf_cosf({0})", 8),
     # -1, 0 or 1 in the operand's dtype; a NaN stays NaN (x != x is false for integers)
@@ -172,9 +178,16 @@ _UNARY = [
     ("ceil", lambda a, _: np.ceil(a[0]), "ceilf({0})", 1),
     ("floor", lambda a, _: np.floor(a[0]), "floorf({0})", 1),
 ]
+# op -> (fast C expression, the guard under which it is exact)
+_TWO_PASS = {
+    "sin": ("eqf_sinf_small({0})", "fabsf({0}) < 16777216.0f"),
+    "cos": ("eqf_cosf_small({0})", "fabsf({0}) < 16777216.0f"),
+}
 for _name, _np, _c, _fl in _UNARY:
+    _fast, _guard = _TWO_PASS.get(_name, (None, None))
     define(name=_name, kind="pointwise", arity=(1, 1), infer=same_infer, numpy=_np, c=_c, flops=_fl,
-        infix="-" if _name == "neg" else None, dtype="numeric" if _name in ("neg", "abs", "sign") else "float")
+        infix="-" if _name == "neg" else None, dtype="numeric" if _name in ("neg", "abs", "sign") else "float",
+        c_fast=_fast, c_fast_guard=_guard)
 define(name="gelu", kind="pointwise", arity=(1, 1), infer=same_infer, numpy=_gelu_np, c=_gelu_c, flops=10,
     attrs=(Attr("approximate", "str", "none", ("none", "tanh")),))
 

@@ -9,7 +9,16 @@ import math
 from dataclasses import dataclass
 from itertools import count
 
-from eqfuse.backend.cexpr import I1, I2, Exprs, Space, ctypes_of, kernel_params, render
+from eqfuse.backend.cexpr import (
+    I1,
+    I2,
+    Exprs,
+    Space,
+    ctypes_of,
+    has_fast_form,
+    kernel_params,
+    render,
+)
 from eqfuse.backend.indexing import (
     coalesce,
     contiguous,
@@ -40,6 +49,8 @@ class PointwiseDetail:
     inner: int  # elements of the inner loop (the innermost dims every operand walks with one stride)
     stream_bytes: int  # outputs of at least this many bytes are streamed (non-temporal stores)
     parallel: bool  # the `if` of the parallel region
+    two_pass: bool  # an op has a fast form (sin, cos): each run computed with it, again exactly if a guard failed
+    run: int  # elements per run of the two passes (4 vectors: a run that fails costs little); the tile without
 
 
 def inner_groups(plan: KernelPlan) -> list[list[int]]:
@@ -88,7 +99,8 @@ class Pointwise(Kind):
             tile = min(tile, inner)  # a tile never spans two rows of the inner loop
         plan.tiles = {"tile": tile, "stream": int(stream)}
         par = total >= PARALLEL_MIN
-        plan.detail = PointwiseDetail(inner, stream_bytes, par)
+        two = has_fast_form(plan.body)
+        plan.detail = PointwiseDetail(inner, stream_bytes, par, two, 4 * c.simd_floats if two else tile)
         plan.flops = pointwise_flops(plan.body)
         # the C walks outer rows x tiles of each row; streaming tiles start on the output's 64-byte
         # lines, so a row has up to 15 more elements to cover
@@ -124,6 +136,9 @@ class Pointwise(Kind):
         space = Space(shape, [("o", outer_dims, True), ("j", inner_dims, False)], I1, count())
         ex = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
         res = ex.value(root)
+        # the fast pass (TWO_PASS), empty under `#if 0` without it
+        fx = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides(), fast=True)
+        fres = fx.value(root) if plan.detail.two_pass else "0"
         dst_base, dst_j = "o * inner", "j"  # a contiguous output: rows of `inner` elements
         if plan.out_strides:  # the inner loop walks the output with one stride (inner_groups)
             ost = plan.out_strides
@@ -136,6 +151,8 @@ class Pointwise(Kind):
         return render("pointwise.c", NAME=plan.name, SPACE=list(shape), PARAMS=params, INNER=inner, TILE=tile,
                       OTYPE=ctypes_of(plan)[1], DST_BASE=dst_base, DST_J=dst_j,
                       STREAM=stream, NTILES=ntiles, OUTER=outer,
-                      PARALLEL=int(plan.detail.parallel),
+                      PARALLEL=int(plan.detail.parallel), TWO_PASS=int(plan.detail.two_pass), RUN=plan.detail.run,
                       OFFSETS="\n".join(space.decls), BODY=ex.text(), RESULT=res,
-                      LINE_BODY="\n".join("    " + ln for ln in ex.text().splitlines()))
+                      LINE_BODY="\n".join("    " + ln for ln in ex.text().splitlines()),
+                      FAST_BODY=fx.text(), FAST_RESULT=fres, GUARD=fx.guard(),
+                      FAST_LINE_BODY="\n".join("    " + ln for ln in fx.text().splitlines()))

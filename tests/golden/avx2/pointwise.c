@@ -12,6 +12,13 @@
  * [jt, j1) get ordinary stores, every whole line in [jh, jt) is computed as one 16-float
  * vector and streamed, so no line is written both ways. */
 #define eqf_kinds_k0_pointwise_STREAM 0
+/* TWO_PASS (0): an op of the body has a fast form exact only under a guard (sin and
+ * cos: |x| < 2^24, common.h's eqf_sincos_small). Each run of elements (RUN of a tile's loop, a
+ * streamed line) is computed with the fast forms while the guards are OR-ed into `big`; if any
+ * failed, the run is computed again with the exact forms (in and out never alias: restrict).
+ * Without it a run is the whole tile, computed once. */
+#define eqf_kinds_k0_pointwise_TWO_PASS 0
+#define eqf_kinds_k0_pointwise_RUN 53 /* the plan's run: elements per run of the two passes */
 void eqf_kinds_k0_pointwise(const float* restrict in0, const float* restrict in1, float* restrict out)
 {
     const long inner = 53, tile = 53, ntiles = 1;
@@ -38,18 +45,43 @@ void eqf_kinds_k0_pointwise(const float* restrict in0, const float* restrict in1
         const long jh = j1;
 #endif
         const long off0 = (o) * 53;
-        #pragma omp simd
-        for (long j = j0; j < jh; j++) {
+        for (long jr = j0; jr < jh; jr += eqf_kinds_k0_pointwise_RUN) {
+            const long je = eqf_minl(jr + eqf_kinds_k0_pointwise_RUN, jh);
+            int big = !eqf_kinds_k0_pointwise_TWO_PASS;
+#if eqf_kinds_k0_pointwise_TWO_PASS
+            #pragma omp simd reduction(|:big)
+            for (long j = jr; j < je; j++) {
+
+                big |= !(1);
+                dst[j] = 0;
+            }
+#endif
+            if (big) {
+                #pragma omp simd
+                for (long j = jr; j < je; j++) {
             const float v0 = in0[off0 + j];
             const float v2 = (v0 * 2.0f);
             const float v3 = in1[j];
             const float v4 = (v2 + v3);
             const float v5 = eqf_relu(v4);
-            dst[j] = v5;
+                    dst[j] = v5;
+                }
+            }
         }
 #if eqf_kinds_k0_pointwise_STREAM
         for (long jl = jh; jl < jt; jl += 16) {
             float line[16] __attribute__((aligned(64)));
+#if eqf_kinds_k0_pointwise_TWO_PASS
+            int lbig = 0;
+            #pragma omp simd reduction(|:lbig)
+            for (int k = 0; k < 16; k++) {
+                const long j = jl + k;
+
+                lbig |= !(1);
+                line[k] = 0;
+            }
+            if (lbig)
+#endif
             #pragma omp simd
             for (int k = 0; k < 16; k++) {
                 const long j = jl + k;
@@ -62,6 +94,16 @@ void eqf_kinds_k0_pointwise(const float* restrict in0, const float* restrict in1
             }
             eqf_stream_line(dst + jl, line);
         }
+#if eqf_kinds_k0_pointwise_TWO_PASS
+        int tbig = 0;
+        #pragma omp simd reduction(|:tbig)
+        for (long j = jt; j < j1; j++) {
+
+            tbig |= !(1);
+            dst[j] = 0;
+        }
+        if (tbig)
+#endif
         #pragma omp simd
         for (long j = jt; j < j1; j++) {
             const float v0 = in0[off0 + j];

@@ -19,7 +19,7 @@ transposes the band's input rows into a zero-padded tile [rows][columns][VL] (VL
 in registers) and computes register tiles of RW output pixels of a row: RW accumulators, each tap
 a weight vector of VL channels times an input vector (a kernel row's weights in registers, each
 input vector loaded once per kernel row). The output tile is transposed back into the NCHW
-planes, where the epilogue is applied in place. The lanes are full whatever the image width, and
+planes through the epilogue. The lanes are full whatever the image width, and
 a tap is one multiply-add per VL outputs; the price is the two transposes, which a large kernel
 (7 x 7: 49 multiply-adds per output) hides and a 3 x 3 one over wide rows does not
 (benchmarks/bench_conv.py --set grouped). onnxruntime's MLAS runs depthwise convs in its NCHWc
@@ -80,9 +80,12 @@ class ConvGroupedDetail:
 
     @property
     def grouped(self) -> bool:
-        """More than one input or output channel per group: the channels path's GROUPED (the
-        group's input planes copied as they are, each input pixel broadcast)."""
-        return self.cg != 1 or self.og != 1
+        """Groups of whole vectors of output channels, not a depthwise conv: the channels path's
+        GROUPED (the group's input planes copied as they are, each input pixel broadcast). Else
+        the channels path's lanes are VL output channels of any groups, each input tile's lane the
+        input channel its output channel reads (a depthwise conv, a channel multiplier, groups
+        smaller than a vector)."""
+        return (self.cg != 1 or self.og != 1) and self.og % self.vl == 0
 
     @property
     def cg(self) -> int:
@@ -101,20 +104,23 @@ def is_grouped(cv) -> bool:
 def use_channels(d: ConvGroupedDetail) -> bool:
     """Whether a grouped conv puts channels in the lanes: always when each group's output channels
     are whole vectors (a RegNet's 16-64 per group; the per-plane kernel re-copies the group's input
-    planes for every output channel); a depthwise conv (one input and one output channel per
-    group) with a kernel of more than 3 x 3 taps (the multiply-adds hide the transposes), a
-    stride (pixels in the lanes would read strided columns) or an output row narrower than two
-    vectors (most lanes of its last vector empty). A 3 x 3 stride-1 conv over wide rows is
-    bound by memory either way and keeps its pixels in the lanes, which reads the input once
-    without transposing it (benchmarks/bench_conv.py --set mobilenet). EQFUSE_CONV_GROUPED=
-    pixels|channels forces either where it can run."""
-    if not (d.cg == 1 and d.og == 1) and d.og % d.vl:
+    planes for every output channel) or fewer than a vector with more than one input channel
+    (the per-plane kernel copies each input plane once per output channel of its group); a
+    depthwise conv (one input channel per group, any channel multiplier) with a kernel of more
+    than 3 x 3 taps (the multiply-adds hide the transposes), a stride (pixels in the lanes would
+    read strided columns) or an output row narrower than two vectors (most lanes of its last
+    vector empty). A 3 x 3 stride-1 depthwise conv over wide rows is bound by memory either way
+    and keeps its pixels in the lanes, which reads the input once without transposing it
+    (benchmarks/bench_conv.py --set mobilenet). Groups of more output channels than a vector but
+    not whole vectors keep the pixels path. EQFUSE_CONV_GROUPED=pixels|channels forces either
+    where it can run."""
+    if d.og > d.vl and d.og % d.vl:
         return False
     force = os.environ.get("EQFUSE_CONV_GROUPED", "").strip().lower()
     if force in ("pixels", "channels"):
         return force == "channels"
-    if not (d.cg == 1 and d.og == 1):
-        return True  # (grouped, whole vectors of output channels per group: see the module's doc)
+    if d.cg != 1 or d.grouped:
+        return True  # (whole vectors of output channels per group, or fewer than a vector: see above)
     return d.KH * d.KW > 9 or d.stride != (1, 1) or d.OW < 2 * d.vl
 
 
@@ -132,7 +138,7 @@ def channel_tiles(d: ConvGroupedDetail, m: Machine) -> tuple[int, int]:
     rw = min(range(4, max(4, min(regs - d.KW - 1, 14)) + 1), key=lambda r: (cdiv(d.OW, r) * r, -r))
     tw = cdiv(d.OW, rw) * rw
     bwp = (tw - 1) * d.stride[1] + (d.KW - 1) * d.dilation[1] + 1
-    per_row = bwp * (d.cg if d.cg != 1 or d.og != 1 else d.vl) * F32
+    per_row = bwp * d.cg * (1 if d.grouped else d.vl) * F32
     tasks = d.N * cdiv(d.O, d.vl)
     band = cdiv(d.OH, min(d.OH, cdiv(4 * m.cores, tasks)))
     fit = ((m.l2 // 2) // per_row - (d.KH - 1) * d.dilation[0] - 1) // d.stride[0] + 1
@@ -193,24 +199,25 @@ def _plan_channels(plan: KernelPlan, body, a: int, cv, d: ConvGroupedDetail, m: 
     tw = cdiv(d.OW, d.rw) * d.rw
     bhp = (d.band - 1) * d.stride[0] + (d.KH - 1) * d.dilation[0] + 1
     bwp = (tw - 1) * d.stride[1] + (d.KW - 1) * d.dilation[1] + 1
-    grouped = d.cg != 1 or d.og != 1
-    tile = (bhp * bwp * (d.cg if grouped else d.vl) + d.band * tw * d.vl) * F32
-    plan.cache_check = (f"a band's input tile {bhp} x {bwp} x {d.cg if grouped else d.vl} and output tile {d.band} x {tw} x {d.vl}: "
+    grouped = d.grouped
+    tile = (bhp * bwp * d.cg * (1 if grouped else d.vl) + d.band * tw * d.vl) * F32
+    lanes = d.cg if grouped else f"{d.cg} x {d.vl}"
+    plan.cache_check = (f"a band's input tile {bhp} x {bwp} x {lanes} and output tile {d.band} x {tw} x {d.vl}: "
                         f"{tile} B <= L2 {m.l2} B: {'ok' if tile <= m.l2 else 'NO'}")
     nt = d.N * cdiv(d.O, d.vl) * cdiv(d.OH, d.band)
     plan.threads = (f"the {nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows) split evenly"
                     if d.parallel else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
     load = (f"the band's rows of the group's {d.cg} input planes copied into zero-padded planes [{d.cg}][{bhp}][{bwp}]"
-            if grouped else f"the band's input rows transposed {d.vl} x {d.vl} into a zero-padded tile "
-                            f"[{bhp}][{bwp}][{d.vl}]")
+            if grouped else f"the band's input rows transposed {d.vl} x {d.vl} into zero-padded tiles "
+                            f"[{d.cg}][{bhp}][{bwp}][{d.vl}], lane l the input channel output channel l reads")
     plan.uops = [UOp(0, "Load", f"weights to blocks [{cdiv(d.O, d.vl)}][{d.cg}][{d.KH * d.KW}][{d.vl}]", 1),
                  UOp(0, "Loop", f"{nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows)", nt),
                  UOp(1, "Load", load, nt * bhp),
                  UOp(1, "Exec", f"register tiles of {d.rw} pixels x {d.vl} channels, {d.cg} x {d.KH} x {d.KW} "
                                 "taps, a weight vector each", nt * d.band * (tw // d.rw)),
-                 UOp(1, "Store", f"the output tile transposed into the NCHW planes, then the epilogue "
-                                 f"({epi or 'none'}) in place", nt)]
+                 UOp(1, "Store", f"the output tile transposed into the NCHW planes through the epilogue "
+                                 f"({epi or 'none'})", nt)]
 
 
 def emit_conv_grouped(plan: KernelPlan) -> str:
