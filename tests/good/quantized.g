@@ -16,3 +16,11 @@ graph dynamic(x: u8[B, 8], w: i8[8, 4], xz: u8, wz: i8, scale: f32) -> f32[B, 4]
 graph qconv(x: u8[1, 4, 6, 6], w: i8[6, 2, 3, 3], xz: u8, wz: i8[6], scale: f32) -> f32[1, 6, 6, 6] {
     return cast(conv_integer(x, w, xz, wz, padding=1, group=2), to="f32") * scale
 }
+
+# ONNX DynamicQuantizeLinear as the importer writes it: the activation's scale and zero point from
+# its own range, then the quantize step with them.
+graph dynamic_quantize(x: f32[B, 8]) -> (u8[B, 8], f32, u8) {
+    s = dynamic_scale(x)
+    z = dynamic_zero_point(x)
+    return quantize_linear(x, s, z), s, z
+}
