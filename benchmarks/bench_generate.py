@@ -21,9 +21,11 @@ Printed per peer: prefill tokens/s, decode tokens/s (median step), ms per token 
 decode steps (tokens 2-9) and the last 8 (tokens 121-128 at --new 128), and at batch 1 the
 weight stream's GB/s (the bytes of the weights one decode step reads: every matrix, the lm head,
 not the embedding tables it only gathers a row from) and its fraction of STREAM triad bandwidth,
-measured in this process at the same thread count (a[i] = b[i] + s * c[i], 3 x 128 MiB, 24 bytes
-per element as STREAM counts them). Then eqfuse's decode step profiled per kernel (top 10, at the
-last live length).
+measured in this process at the same thread count (a[i] = b[i] + s * c[i] over float32 arrays of
+128 MiB each: 12 bytes an element, the bytes STREAM counts, without the write's allocating read.
+Until 2026-11-28 this counted 24, STREAM's bytes for doubles: it printed twice the bandwidth, and
+the fractions of triad in the RESULTS.md sections before then are half the true ones). Then
+eqfuse's decode step profiled per kernel (top 10, at the last live length).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def triad_gbs(threads: int, repeat: int = 15) -> float:
         lib.triad(p(a), p(b), p(c), 3.0, n)
         best = min(best, time.perf_counter() - t)
     assert a[0] == 7.0 and a[-1] == 7.0
-    return 24 * n / best / 1e9
+    return 12 * n / best / 1e9  # (three float32 arrays: 12 bytes an element)
 
 
 def greedy(prefill, step, ids: np.ndarray, new: int) -> tuple[float, list[float], np.ndarray]:

@@ -39,6 +39,7 @@ EQF_NOMEM, and the call raises MemoryError (never abort()).
 from __future__ import annotations
 
 import ctypes
+import mmap
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -340,6 +341,38 @@ def aligned_floats(n: int) -> np.ndarray:
     return raw[shift:shift + n]
 
 
+HUGE_PAGE = 2 << 20  # bytes of an x86-64 transparent huge page
+
+
+def panel_floats(n: int) -> np.ndarray:
+    """An empty float32 array of n for a bound weight's packed panels, in transparent huge pages
+    where the system allows them (Linux's madvise(MADV_HUGEPAGE); elsewhere aligned_floats).
+
+    A decode step streams every weight once from memory, and with 4 KiB pages the stream is cut
+    every 4 KiB: a TLB miss (a nested page walk in a VM) and the hardware prefetcher, which stops
+    at a page's end, starting over. In 2 MiB pages a plain read of the same bytes ran at twice
+    the bandwidth (`benchmarks/bench_skinny.py`, its `read` rows). numpy asks for huge pages
+    only for arrays of 4 MiB or more, and then only over the 2 MiB blocks inside them: a
+    768 x 768 weight (2.4 MB) got none. So the array starts on a 2 MiB boundary of its own
+    anonymous mapping, the whole 2 MiB blocks of it are advised as huge pages and its tail (less
+    than 2 MiB) is not, so that no page is resident beyond the bytes the panels fill. The
+    mapping, 2 MiB longer than the array, is unmapped with the last array that views it."""
+    nbytes = 4 * n
+    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return aligned_floats(n)
+    try:
+        mm = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, ValueError):
+        return aligned_floats(n)
+    raw = np.frombuffer(mm, dtype=np.uint8)
+    shift = -raw.ctypes.data % HUGE_PAGE
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE, shift, nbytes // HUGE_PAGE * HUGE_PAGE)
+    except OSError:  # (a kernel without transparent huge pages: 4 KiB pages, as before)
+        pass
+    return raw[shift:shift + nbytes].view(np.float32)
+
+
 def give_back_memory() -> None:
     """Return the C heap's free memory to the system (glibc's malloc_trim; elsewhere nothing).
     Importing an ONNX model frees its protobuf and its intermediate arrays, and glibc keeps the
@@ -393,7 +426,7 @@ class Runner:
                 if got is None or got[0] is not b:
                     p = self.kernels[s]
                     pre, own = p.prepack, self.alias.get(p.name, p.name)
-                    P = aligned_floats(getattr(self.lib, pre.floats.replace(p.name, own))())
+                    P = panel_floats(getattr(self.lib, pre.floats.replace(p.name, own))())
                     getattr(self.lib, pre.fn.replace(p.name, own))(self.ffi.cast("float *", b.ctypes.data),
                                                                    self.ffi.cast("float *", P.ctypes.data))
                     if self.shared_panels is not None:
