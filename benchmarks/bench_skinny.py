@@ -14,7 +14,7 @@ calls the kernel once per copy, in order, holding the claim-based pool as the gr
 function does (one call of the loop streams every copy once: nothing is in cache). Printed per
 shape: the weight stream's GB/s (packed bytes over the median time of a loop) and its fraction
 of triad, and the time per call. Then the fixed cost of a call: the same kernel over a weight
-of 1 x 64 (one panel, in L1), per call, at the thread count.
+of 64 x 128 (two panels, in L1), per call, at the thread count.
 
 Every kernel's result is checked first against float64 numpy: f32 to 1e-5 of the largest
 |y|, bf16 to the bound of docs/precision.md (the inputs rounded to bf16, f32 accumulation).
@@ -105,7 +105,7 @@ def measure(threads: int, precisions: list[str], rows: list[int], repeat: int, p
     for prec in precisions:
         path = "f32" if prec == "f32" else bf16_path(m)
         for M in rows:
-            for K, N, bt in SHAPES + [(64, 64, False)]:
+            for K, N, bt in SHAPES + [(64, 128, False)]:
                 t = skinny_tiles(M, N, m)
                 name = f"sk_{prec}_{M}_{K}_{N}"
                 src, cd = emit_gemm_skinny(name, M=M, N=N, K=K, lda=K, ldb=K if bt else N, ldc=N, mr=t["mr"],
@@ -129,7 +129,7 @@ def measure(threads: int, precisions: list[str], rows: list[int], repeat: int, p
         w = (rng.standard_normal((N, K) if bt else (K, N)) / np.sqrt(K)).astype(np.float32)
         x = rng.standard_normal((M, K), dtype=np.float32)
         floats = getattr(lib, f"{name}_prepack_floats")()
-        small = K * N < 1 << 16
+        small = K * N <= 1 << 13
         copies = 1 if small else max(2, STREAM_BYTES // (4 * floats))
         packs = [alloc(floats) for _ in range(copies)]
         for p in packs:

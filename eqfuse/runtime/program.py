@@ -342,6 +342,7 @@ def aligned_floats(n: int) -> np.ndarray:
 
 
 HUGE_PAGE = 2 << 20  # bytes of an x86-64 transparent huge page
+HUGE_MIN = 1 << 20  # bytes of panels from which they take huge pages (panel_floats)
 
 
 def panel_floats(n: int) -> np.ndarray:
@@ -351,23 +352,26 @@ def panel_floats(n: int) -> np.ndarray:
     A decode step streams every weight once from memory, and with 4 KiB pages the stream is cut
     every 4 KiB: a TLB miss (a nested page walk in a VM) and the hardware prefetcher, which stops
     at a page's end, starting over. In 2 MiB pages a plain read of the same bytes ran at twice
-    the bandwidth (`benchmarks/bench_skinny.py`, its `read` rows). numpy asks for huge pages
-    only for arrays of 4 MiB or more, and then only over the 2 MiB blocks inside them: a
-    768 x 768 weight (2.4 MB) got none. So the array starts on a 2 MiB boundary of its own
-    anonymous mapping, the whole 2 MiB blocks of it are advised as huge pages and its tail (less
-    than 2 MiB) is not, so that no page is resident beyond the bytes the panels fill. The
-    mapping, 2 MiB longer than the array, is unmapped with the last array that views it."""
+    the bandwidth (`benchmarks/bench_skinny.py --pages 4k` against `--pages huge`). numpy asks
+    for huge pages only for arrays of 4 MiB or more, and then only over the 2 MiB blocks inside
+    them: a 768 x 768 weight (2.4 MB) got none. So panels of HUGE_MIN bytes or more start on a
+    2 MiB boundary of their own anonymous mapping, advised as huge pages over their whole 2 MiB
+    blocks and over the last, partial one when it is at least HUGE_MIN long (less than HUGE_MIN
+    unused: a weight of 1 to 2 MiB takes one whole huge page); a shorter tail stays in 4 KiB
+    pages, resident only as far as the panels fill it. The mapping, 2 MiB longer than the array,
+    is unmapped with the last array that views it. Smaller panels stay in cache between calls."""
     nbytes = 4 * n
-    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if nbytes < HUGE_MIN or not hasattr(mmap, "MADV_HUGEPAGE"):
         return aligned_floats(n)
     try:
-        mm = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mm = mmap.mmap(-1, nbytes + 2 * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (OSError, ValueError):
         return aligned_floats(n)
     raw = np.frombuffer(mm, dtype=np.uint8)
     shift = -raw.ctypes.data % HUGE_PAGE
+    whole = nbytes // HUGE_PAGE + (nbytes % HUGE_PAGE >= HUGE_MIN)
     try:
-        mm.madvise(mmap.MADV_HUGEPAGE, shift, nbytes // HUGE_PAGE * HUGE_PAGE)
+        mm.madvise(mmap.MADV_HUGEPAGE, shift, whole * HUGE_PAGE)
     except OSError:  # (a kernel without transparent huge pages: 4 KiB pages, as before)
         pass
     return raw[shift:shift + nbytes].view(np.float32)
