@@ -10,7 +10,8 @@ benchmark builds the plan's skinny kernel (csrc_templates/gemm_skinny.c, its til
 prefetch from plan_gemm.skinny_tiles for this machine) for the shapes of GPT-2-small's layers
 (K x N = 768 x 2304, 768 x 768, 768 x 3072, 3072 x 768) and of its lm head (768 x 50257, given
 transposed), prepacks as many copies of each weight as make 256 MB, and times a C loop that
-calls the kernel once per copy, in order, holding the claim-based pool as the graph's run
+calls the kernel once per copy, in order (on the pool's threads where the plan's rule,
+plan_gemm.skinny_parallel, shares it), holding the claim-based pool as the graph's run
 function does (one call of the loop streams every copy once: nothing is in cache). Printed per
 shape: the weight stream's GB/s (packed bytes over the median time of a loop) and its fraction
 of triad, and the time per call. Then the fixed cost of a call: the same kernel over a weight
@@ -92,7 +93,11 @@ def triad_gbs(lib, ffi, repeat: int) -> float:
 def measure(threads: int, precisions: list[str], rows: list[int], repeat: int, pages: str) -> None:
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
     from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm_skinny
-    from eqfuse.backend.kinds.contraction.plan_gemm import bf16_path, skinny_tiles
+    from eqfuse.backend.kinds.contraction.plan_gemm import (
+        bf16_path,
+        skinny_parallel,
+        skinny_tiles,
+    )
     from eqfuse.machine import machine
     from eqfuse.runtime.program import aligned_floats, panel_floats
 
@@ -109,7 +114,8 @@ def measure(threads: int, precisions: list[str], rows: list[int], repeat: int, p
                 t = skinny_tiles(M, N, m)
                 name = f"sk_{prec}_{M}_{K}_{N}"
                 src, cd = emit_gemm_skinny(name, M=M, N=N, K=K, lda=K, ldb=K if bt else N, ldc=N, mr=t["mr"],
-                                           nr=t["nr"], pf=t["pf"], b_transposed=bt, parallel=threads > 1,
+                                           nr=t["nr"], pf=t["pf"], b_transposed=bt,
+                                           parallel=threads > 1 and (K * N <= 1 << 13 or skinny_parallel(M, N, K, 4 if prec == "f32" else 2)),
                                            path=path)
                 code += [src, LOOP_C.format(name=name)]
                 cdef += [cd, f"void loop_{name}(const float* A, float* const* P, float* C, long copies);"]
