@@ -2,7 +2,7 @@
 triad measured in the same process at the same thread count.
 
     flock /tmp/eqfuse-bench.lock python benchmarks/bench_skinny.py [--threads 1] [--threads 2]
-        [--precision f32 --precision bf16] [--rows 1 --rows 4] [--repeat 7]
+        [--precision f32 --precision bf16] [--rows 1 --rows 4] [--repeat 7] [--pages huge|4k]
 
 A decode step at batch 1 is a chain of GEMMs of 1 to 4 rows, each over a different weight, that
 together read far more than the last-level cache holds: every weight comes from memory. This
@@ -12,13 +12,17 @@ prefetch from plan_gemm.skinny_tiles for this machine) for the shapes of GPT-2-s
 transposed), prepacks as many copies of each weight as make 256 MB, and times a C loop that
 calls the kernel once per copy, in order (on the pool's threads where the plan's rule,
 plan_gemm.skinny_parallel, shares it), holding the claim-based pool as the graph's run
-function does (one call of the loop streams every copy once: nothing is in cache). Printed per
-shape: the weight stream's GB/s (packed bytes over the median time of a loop) and its fraction
-of triad, and the time per call. Then the fixed cost of a call: the same kernel over a weight
-of 64 x 128 (two panels, in L1), per call, at the thread count.
+function does (one call of the loop streams every copy once: nothing is in cache). The copies
+are allocated as the runtime allocates panels (eqfuse.runtime.program.panel_floats: huge pages),
+or with `--pages 4k` in 4 KiB pages as before it. Printed per shape: the weight stream's GB/s
+(packed bytes over the median time of a loop, and over the best), the best's fraction of triad,
+`read`: a plain read of the same copies (OpenMP, 8 sums), interleaved with the loop (the best,
+as STREAM reports), what streaming them can reach; and the median time per call. Then the fixed
+cost of a call: the same kernel over a weight of 64 x 128 (two panels, in L1), at the thread count.
 
-Every kernel's result is checked first against float64 numpy: f32 to 1e-5 of the largest
-|y|, bf16 to the bound of docs/precision.md (the inputs rounded to bf16, f32 accumulation).
+Every kernel's result is checked first against float64 numpy: f32 to 1e-5 of the largest |y|,
+bf16 against the exact product of the operands rounded to bf16 (so only the f32 accumulation's
+error remains), to 1e-5 of the largest |y|.
 """
 
 from __future__ import annotations
