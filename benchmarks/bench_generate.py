@@ -2,7 +2,8 @@
 torch.compile, prefill and decode apart, against the machine's memory bandwidth.
 
     flock /tmp/eqfuse-bench.lock python benchmarks/bench_generate.py --model gpt2 --threads 1
-        [--batch 1 --batch 4] [--prompt 128] [--new 128] [--peers eqfuse,ort,ov,ov-default,torch,compile]
+        [--batch 1 --batch 4] [--prompt 128] [--new 128]
+        [--peers eqfuse,eqfuse-bf16,ort,ov,ov-default,torch,compile]
 
 Models (random weights, tests/decoder_exports.py, the TorchScript export with past key values):
 `gpt2`, GPT-2-small-sized (12 layers, 768 wide, 12 heads, 50257 tokens, 1024 positions, the LM
@@ -12,7 +13,8 @@ smaller quick run. One process per thread count (each library's threads set once
 
 Each peer generates `--new` tokens greedily from the same prompt: the prefill (the prompt in one
 call, giving token 1) and `--new - 1` decode steps, each timed. eqfuse runs eqfuse.generate's
-Decoder (the decode step over its cache in place, docs/generation.md); onnxruntime and OpenVINO
+Decoder (the decode step over its cache in place, docs/generation.md), in f32 and with
+precision="bf16" (`eqfuse-bf16`: its weight stream is half the bytes); onnxruntime and OpenVINO
 run the same .onnx as their users do (the presents fed back as the next past, the past growing);
 torch eager and torch.compile(dynamic=True) run the transformers module with its DynamicCache.
 The first generation of each peer compiles and warms up and is not timed.
@@ -21,9 +23,11 @@ Printed per peer: prefill tokens/s, decode tokens/s (median step), ms per token 
 decode steps (tokens 2-9) and the last 8 (tokens 121-128 at --new 128), and at batch 1 the
 weight stream's GB/s (the bytes of the weights one decode step reads: every matrix, the lm head,
 not the embedding tables it only gathers a row from) and its fraction of STREAM triad bandwidth,
-measured in this process at the same thread count (a[i] = b[i] + s * c[i], 3 x 128 MiB, 24 bytes
-per element as STREAM counts them). Then eqfuse's decode step profiled per kernel (top 10, at the
-last live length).
+measured in this process at the same thread count (a[i] = b[i] + s * c[i] over float32 arrays of
+128 MiB each: 12 bytes an element, the bytes STREAM counts, without the write's allocating read.
+Until 2026-11-28 this counted 24, STREAM's bytes for doubles: it printed twice the bandwidth, and
+the fractions of triad in the RESULTS.md sections before then are half the true ones). Then
+eqfuse's decode step profiled per kernel (top 10, at the last live length).
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ def triad_gbs(threads: int, repeat: int = 15) -> float:
         lib.triad(p(a), p(b), p(c), 3.0, n)
         best = min(best, time.perf_counter() - t)
     assert a[0] == 7.0 and a[-1] == 7.0
-    return 24 * n / best / 1e9
+    return 12 * n / best / 1e9  # (three float32 arrays: 12 bytes an element)
 
 
 def greedy(prefill, step, ids: np.ndarray, new: int) -> tuple[float, list[float], np.ndarray]:
@@ -153,7 +157,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--batch", type=int, action="append")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--peers", default="eqfuse,ort,ov,ov-default,torch,compile")
+    ap.add_argument("--peers", default="eqfuse,eqfuse-bf16,ort,ov,ov-default,torch,compile")
     a = ap.parse_args()
     os.environ["EQFUSE_NUM_THREADS"] = str(a.threads)
     warnings.simplefilter("ignore")  # (transformers' deprecation notes on past_key_values)
@@ -190,13 +194,16 @@ def main() -> None:
     peers = a.peers.split(",")
     cap = capacity_for(a.prompt + a.new - 1)
     makers = {}
-    if "eqfuse" in peers:
+    mods = {}
+    for peer, name, precision in (("eqfuse", "eqfuse", "f32"), ("eqfuse-bf16", "eqfuse bf16", "bf16")):
+        if peer not in peers:
+            continue
         t = time.perf_counter()
-        mod = eqfuse.compile(path, threads=a.threads)
+        mod = mods[name] = eqfuse.compile(path, threads=a.threads, precision=precision)
         sig = onnx_signature(path)
         live = step_maker(mod, sig)
-        makers["eqfuse"] = lambda: Decoder(sig, lambda f: mod(**f), cap, live)
-        print(f"  eqfuse compile (the prefill and decode step compile at the first generation) "
+        makers[name] = lambda mod=mod, live=live, sig=sig: Decoder(sig, lambda f: mod(**f), cap, live)
+        print(f"  {name} compile (the prefill and decode step compile at the first generation) "
               f"{time.perf_counter() - t:.0f} s")
     if "ort" in peers:
         import onnxruntime as ort
@@ -245,14 +252,14 @@ def main() -> None:
                 continue
             med = statistics.median(steps)
             first, last = statistics.median(steps[:8]), statistics.median(steps[-8:])
-            gbs = streamed / med / 1e9
+            gbs = streamed / (2 if name == "eqfuse bf16" else 1) / med / 1e9  # (its panels hold bf16)
             bw = f"{gbs:12.1f} {gbs / triad:8.0%}" if batch == 1 else f"{'':12} {'':8}"
             same = "" if ref is None else f"  ids {'=' if (toks == ref).all() else '!='} first peer's"
             ref = toks if ref is None else ref
             print(f"  {name:24} {batch * a.prompt / pre:13.0f} {batch / med:12.2f} {1e3 * first:11.2f} "
                   f"{1e3 * last:13.2f} {last / first - 1:+6.0%} {bw} {warm:9.0f}{same}", flush=True)
-            if name == "eqfuse" and batch == 1:
-                profile_step(mod, r, sig)
+            if name in mods and batch == 1:
+                profile_step(mods[name], r, onnx_signature(path))
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

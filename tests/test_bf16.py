@@ -328,3 +328,18 @@ def test_torch_backend_precision_option(path):
     with pytest.raises(Exception, match=r"precision= expects one of f32, bf16, got 'int4'"):
         torch.compile(lin, backend="eqfuse", options={"precision": "int4"})(x)
     torch._dynamo.reset()
+
+
+def test_bf16_decode_gemm_on_two_threads(path, monkeypatch):
+    """A decode step's GEMM (one row, a 768 x 768 weight bound: 1.2 MB of bf16 panels) shares its
+    panels among two threads (plan_gemm.skinny_parallel) and stays within the bound."""
+    import eqfuse.runtime.program as program
+
+    monkeypatch.setattr(program, "threads_now", lambda t, *own: t)  # two threads, however loaded the machine
+    x, w, b = arrays(1, 768, 768, seed=3)
+    mod = eqfuse.compile(gemm_graph(1, 768, 768), params={"w": w, "b": b}, precision="bf16", threads=2)
+    for _ in range(2):  # the second call reads the panels of the first
+        check_gemm(mod(x), x, w, bias=b)
+    assert_bf16(mod, path)
+    p = gemm_plan(mod)
+    assert p.detail.path == "skinny" and p.detail.parallel

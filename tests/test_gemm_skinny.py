@@ -274,3 +274,21 @@ def test_transformer_sized_gemms_on_two_threads(M, monkeypatch):
     mod = compiled(CHAIN.format(M=M), params, {"x": rng.standard_normal((M, 768), dtype=np.float32)}, threads=2)
     skinny = [k for k in mod.kernels if SKINNY in k.c_source]
     assert len(skinny) == 3 and all(re.search(r"_PACK_PARTS [1-9]", k.c_source) for k in skinny)
+
+
+@pytest.mark.parametrize("M,N,K,parallel", [(1, 768, 768, True), (2, 3000, 96, True), (1, 192, 64, False)])
+def test_a_weight_that_streams_from_memory_is_shared_by_the_threads(M, N, K, parallel, monkeypatch):
+    """A decode step's few-rows GEMM over a weight of a megabyte or more runs on the pool however
+    few its multiply-adds (plan_gemm.skinny_parallel: its time is the stream of the weight);
+    a small one stays on the calling thread. Each against numpy, on two threads."""
+    import eqfuse.runtime.program as program
+
+    monkeypatch.setattr(program, "threads_now", lambda t, *own: t)  # two threads, however loaded the machine
+    rng = np.random.default_rng(N)
+    w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+    mod = compiled(GRAPH.format(M=M, N=N, K=K), {"w": w},
+                   {"x": rng.standard_normal((M, K), dtype=np.float32), "b": rng.standard_normal(N, dtype=np.float32)},
+                   threads=2)
+    (k,) = mod.kernels
+    assert SKINNY in k.c_source and bool(k.decisions["parallel"]) is parallel
+    assert re.search(rf"#define \w+_PARALLEL {int(parallel)}\b", k.c_source)

@@ -4,6 +4,9 @@ numpy reference of the graph with the same arrays."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 from helpers import one_graph
@@ -106,3 +109,31 @@ def test_non_contiguous_bound_weight():
     mod = check(src, {"w": w}, {"x": arr(7, 33)}, calls=3)
     assert prepacked(mod) == [True]
     assert mod.f.params["w"].flags.c_contiguous
+
+
+def vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_panels_of_a_streamed_weight_start_on_a_huge_page():
+    """A weight's panels of 2 MiB or more start on a 2 MiB boundary of a mapping advised as huge
+    pages (eqfuse.runtime.program.panel_floats: a decode step streams them from memory, and
+    4 KiB pages halve the stream), and the GEMM over them is still right."""
+    w, b, x = arr(768, 768), arr(768), arr(1, 768)
+    mod = eqfuse.compile("graph f(x: f32[1, 768], w: f32[768, 768], b: f32[768]) -> f32[1, 768] { return x @ w + b }",
+                         params={"w": w, "b": b}, threads=1)
+    got = mod(x)
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w + b, rtol=1e-4, atol=1e-4)
+    (P,) = mod.default.compiled({}).runner.packed().values()
+    assert P.nbytes >= 2 << 20 and P.ctypes.data % (2 << 20) == 0
+    if sys.platform == "linux" and os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+        assert "hg" in vm_flags(P.ctypes.data)  # (MADV_HUGEPAGE: the kernel's policy decides the rest)

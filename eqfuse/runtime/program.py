@@ -39,6 +39,7 @@ EQF_NOMEM, and the call raises MemoryError (never abort()).
 from __future__ import annotations
 
 import ctypes
+import mmap
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -378,6 +379,42 @@ def keep_panels(lib, fn: str, b: np.ndarray, P: np.ndarray) -> None:
         write_mapped(path, [P.data])
 
 
+HUGE_PAGE = 2 << 20  # bytes of an x86-64 transparent huge page
+HUGE_MIN = 1 << 20  # bytes of panels from which they take huge pages (panel_floats)
+
+
+def panel_floats(n: int) -> np.ndarray:
+    """An empty float32 array of n for a bound weight's packed panels, in transparent huge pages
+    where the system allows them (Linux's madvise(MADV_HUGEPAGE); elsewhere aligned_floats).
+
+    A decode step streams every weight once from memory, and with 4 KiB pages the stream is cut
+    every 4 KiB: a TLB miss (a nested page walk in a VM) and the hardware prefetcher, which stops
+    at a page's end, starting over. In 2 MiB pages a plain read of the same bytes ran at twice
+    the bandwidth (`benchmarks/bench_skinny.py --pages 4k` against `--pages huge`). numpy asks
+    for huge pages only for arrays of 4 MiB or more, and then only over the 2 MiB blocks inside
+    them: a 768 x 768 weight (2.4 MB) got none. So panels of HUGE_MIN bytes or more start on a
+    2 MiB boundary of their own anonymous mapping, advised as huge pages over their whole 2 MiB
+    blocks and over the last, partial one when it is at least HUGE_MIN long (less than HUGE_MIN
+    unused: a weight of 1 to 2 MiB takes one whole huge page); a shorter tail stays in 4 KiB
+    pages, resident only as far as the panels fill it. The mapping, 2 MiB longer than the array,
+    is unmapped with the last array that views it. Smaller panels stay in cache between calls."""
+    nbytes = 4 * n
+    if nbytes < HUGE_MIN or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return aligned_floats(n)
+    try:
+        mm = mmap.mmap(-1, nbytes + 2 * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, ValueError):
+        return aligned_floats(n)
+    raw = np.frombuffer(mm, dtype=np.uint8)
+    shift = -raw.ctypes.data % HUGE_PAGE
+    whole = nbytes // HUGE_PAGE + (nbytes % HUGE_PAGE >= HUGE_MIN)
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE, shift, whole * HUGE_PAGE)
+    except OSError:  # (a kernel without transparent huge pages: 4 KiB pages, as before)
+        pass
+    return raw[shift:shift + nbytes].view(np.float32)
+
+
 def give_back_memory() -> None:
     """Return the C heap's free memory to the system (glibc's malloc_trim; elsewhere nothing).
     Importing an ONNX model frees its protobuf and its intermediate arrays, and glibc keeps the
@@ -432,9 +469,9 @@ class Runner:
                     p = self.kernels[s]
                     pre, own = p.prepack, self.alias.get(p.name, p.name)
                     n, fn = getattr(self.lib, pre.floats.replace(p.name, own))(), pre.fn.replace(p.name, own)
-                    P = cached_panels(self.lib, fn, b, n)
+                    P = cached_panels(self.lib, fn, b, n)  # (mapped from the import cache: 4 KiB pages)
                     if P is None:
-                        P = aligned_floats(n)
+                        P = panel_floats(n)
                         getattr(self.lib, fn)(self.ffi.cast("float *", b.ctypes.data),
                                               self.ffi.cast("float *", P.ctypes.data))
                         keep_panels(self.lib, fn, b, P)

@@ -192,6 +192,19 @@ SKINNY_PF = 1024  # its software prefetch distance in floats, 4 KiB ahead of the
 # 393K multiply-adds) were slower on 2 threads than on 1; the MLP's (8 x 1024 x 784, 6.4M) gain
 # (benchmarks/bench_models.py --model gpt2 --model mlp).
 SKINNY_PARALLEL_MIN = 1 << 21
+# ... unless its packed B is this many bytes or more: then it streams from memory (a decode step's
+# weights, read once a step, are far past the last-level cache), the time is that of the stream,
+# and two cores keep twice the cache misses in flight. A 768 x 768 weight of a GPT-2-small
+# decode step (2.4 MB f32, 1.2 MB bf16; 590K multiply-adds at one row) streams in 20-40 us where
+# the pool's workers, held by the run function between kernels, take a job in a few
+# (`benchmarks/bench_skinny.py`: its fixed cost of a call over two panels).
+SKINNY_PARALLEL_BYTES = 1 << 20
+
+
+def skinny_parallel(M: int, N: int, K: int, element_bytes: int) -> bool:
+    """Whether a skinny GEMM may share its panels among the pool's threads: enough multiply-adds
+    (SKINNY_PARALLEL_MIN), or a packed B long enough to stream from memory (SKINNY_PARALLEL_BYTES)."""
+    return M * N * K >= SKINNY_PARALLEL_MIN or K * N * element_bytes >= SKINNY_PARALLEL_BYTES
 
 
 SKINNY_PACK_MIN = 8192  # floats of A from which the pool's threads pack it (`skinny_pack_parts`)
@@ -248,17 +261,18 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     M, N, K = d.gemm.M, d.N, d.K
     t = plan.tiles = skinny_tiles(M, N, m)
     mr, nr, groups = t["mr"], t["nr"], t["groups"]
-    par = d.parallel and M * N * K >= SKINNY_PARALLEL_MIN
+    eb = 2 if plan.precision == "bf16" else F32  # (bytes of a packed element: bf16 halves)
+    par = d.parallel and skinny_parallel(M, N, K, eb)
     plan.detail = d = replace(d, path="skinny", direct_b=False, direct_a=False, parallel=par,
                               pack_parts=skinny_pack_parts(M, K, par))
-    eb = 2 if plan.precision == "bf16" else F32  # (bytes of a packed element: bf16 halves)
     texts = bf16_texts(plan.precision_path)
     plan.cache_check = (f"A packed [{groups * mr} x {K}] = {groups * mr * K * eb} B, read by every panel; "
                         f"B panel K x nr = {K * nr * eb} B streamed once per group"
                         + (f" (<= L2 {m.l2} B for the later groups)" if groups > 1 else ""))
     panels, parts = cdiv(N, nr), d.pack_parts
     plan.threads = (f"one thread, no parallel region ({M * N * K} multiply-adds < {SKINNY_PARALLEL_MIN}, "
-                    "plan_gemm.SKINNY_PARALLEL_MIN)" if not d.parallel else
+                    f"a packed B of {K * N * eb} B < {SKINNY_PARALLEL_BYTES}: plan_gemm.skinny_parallel)"
+                    if not d.parallel else
                     (f"A packed by the threads of the claim-based pool in {groups} x {parts} parts, then " if parts else "")
                     + f"the {panels} {nr}-column panels claimed one at a time by the threads of the claim-based pool "
                     "(common_pool.h: the caller waits only for claimed panels)"
