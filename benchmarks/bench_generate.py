@@ -3,7 +3,7 @@ torch.compile, prefill and decode apart, against the machine's memory bandwidth.
 
     flock /tmp/eqfuse-bench.lock python benchmarks/bench_generate.py --model gpt2 --threads 1
         [--batch 1 --batch 4] [--prompt 128] [--new 128]
-        [--peers eqfuse,eqfuse-bf16,ort,ov,ov-default,torch,compile]
+        [--peers eqfuse,eqfuse-bf16,ort,ov,ov-default,torch,compile] [--capacity 2048]
 
 Models (random weights, tests/decoder_exports.py, the TorchScript export with past key values):
 `gpt2`, GPT-2-small-sized (12 layers, 768 wide, 12 heads, 50257 tokens, 1024 positions, the LM
@@ -157,6 +157,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--batch", type=int, action="append")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--capacity", type=int, help="eqfuse's cache capacity (default: the power of two that holds "
+                    "the prompt and the new tokens); the decode step's time should not depend on it")
     ap.add_argument("--peers", default="eqfuse,eqfuse-bf16,ort,ov,ov-default,torch,compile")
     a = ap.parse_args()
     os.environ["EQFUSE_NUM_THREADS"] = str(a.threads)
@@ -192,7 +194,9 @@ def main() -> None:
           f"triad {triad:.1f} GB/s; load average {load[0]:.1f} {load[1]:.1f}; export {time.perf_counter() - t:.0f} s")
 
     peers = a.peers.split(",")
-    cap = capacity_for(a.prompt + a.new - 1)
+    cap = a.capacity or capacity_for(a.prompt + a.new - 1)
+    if cap < a.prompt + a.new - 1:
+        ap.error(f"--capacity {cap} does not hold the prompt and the new tokens ({a.prompt + a.new - 1})")
     makers = {}
     mods = {}
     for peer, name, precision in (("eqfuse", "eqfuse", "f32"), ("eqfuse-bf16", "eqfuse bf16", "bf16")):

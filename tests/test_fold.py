@@ -197,3 +197,25 @@ def test_onnx_conv_bn_folds(tmp_path):
     mod = compile_and_check(str(path), inits, x, folds=2)
     assert_same_values([mod(x)], ReferenceEvaluator(str(path)).run(None, {"x": x}))
     assert mod.stem.free == ["x"]
+
+
+# ---------------------------------------------------------------- a gather of every element in order is a view
+
+
+@pytest.mark.parametrize("idx, folds", [
+    (np.arange(6).reshape(2, 3), True),               # an exported mask's b x total + j
+    (np.array([[0, 1, 2], [3, 4, -1]]), True),         # -1: the last row, in order
+    (np.array([[0, 1, 2], [3, 5, 4]]), False),         # two rows swapped
+    (np.array([[0, 1, 2], [3, 4, 4]]), False),         # a row read twice, one never
+])
+def test_gather_by_bound_indices_in_order_folds_to_a_reshape(idx, folds):
+    """gather(x, idx) with idx bound to 0 .. n - 1 in order (flattened) is reshape(x); any other
+    bound idx stays a gather. Values against the reference of the original graph, exactly."""
+    src = """graph f(x: f32[6, 4], idx: i64[2, 3]) {
+        return gather(x, idx) * 2
+    }"""
+    x = np.random.default_rng(5).standard_normal((6, 4)).astype(np.float32)
+    got, want, f = fold_and_evaluate(src, {"idx": idx.astype(np.int64)}, x)
+    assert_same_values(got, want, exact=True)
+    assert [n.op for n in f.graph.nodes if n.op in ("gather", "reshape")] == (["reshape"] if folds else ["gather"])
+    assert len(f.notes) == folds and ("idx" not in [f.graph.nodes[i].name for i in f.graph.inputs]) == folds

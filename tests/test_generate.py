@@ -101,6 +101,26 @@ def test_decode_steps_match_onnxruntime(exporter, model):  # (the dynamo export 
             assert np.isnan(mine[:, :, n:]).all()  # the rows past the live length are untouched
 
 
+def test_no_decode_step_kernel_loops_over_the_capacity():
+    """Every kernel of the decode step (at the batch and capacity of the test above: its compile
+    reused) with an axis of the cache's C + 1 rows takes the live length at run time, so a step's
+    cost does not grow with the reserved capacity: the appends, the attentions over the live keys,
+    and the attention mask's cast from the driver's [B, C + 1] integers, over its live positions
+    (its gather by the export's indices 0 .. B x (C + 1) - 1 folds to a view: no index kernel)."""
+    path, mod = compiled("torchscript")
+    sig = onnx_signature(path)
+    step = mod.default.live_module({"batch": B, "sequence": 1, "past": CAPACITY, "total": CAPACITY + 1}, "past")
+    plans = [p for p in step.default.compiled({}).plans if p.kind != "view"]
+    over = [p for p in plans if CAPACITY + 1 in p.out_shape or CAPACITY in p.out_shape]
+    assert over and all(p.live is not None for p in over), [(p.name, p.out_shape) for p in over if p.live is None]
+    kinds = sorted({p.live.what for p in plans if p.live is not None})
+    assert kinds == ["append", "keys", "rows"], kinds
+    mask = [p for p in plans if p.live is not None and p.live.what == "rows"]
+    assert [p.out_shape for p in mask] == [(B, CAPACITY + 1)]  # the mask's cast, once for every layer
+    assert not [p for p in plans if p.kind == "index" and sig.mask in [step.default.compiled({}).kgraph.nodes[a].name
+                                                                       for a in p.args]]
+
+
 def hf_generate(ids: np.ndarray, new: int, model: str = "gpt2"):
     """transformers' greedy generation from the same weights: (ids, the logits of each step)."""
     import torch

@@ -11,7 +11,11 @@ result as their keys and values. `mark_live` lowers, with L the live length at r
 - each attention over its result to L + S keys: its key loop bound is run-time, its tiles and
   strides (the buffer's) compile-time constants;
 - grouped-query attention's repeat of the cache for the query heads (a pointwise expand of it) to
-  a copy of its L + S live rows (`emit_repeat`).
+  a copy of its L + S live rows (`emit_repeat`);
+- a pointwise kernel whose last axis is those attentions' keys and whose only readers are they
+  (or kernels bound so), as the attention mask's cast from the driver's [B, C + S] integers, to
+  elements 0 .. L + S - 1 of each row (`_mark_rows`; the pointwise template with a run-time
+  inner bound), so no kernel of a step loops over the capacity.
 
 Any other kernel that reads the cache would read rows past L + S: lowering refuses it.
 """
@@ -24,6 +28,7 @@ from eqfuse.backend.plan import KernelPlan, LiveBound, UOp, size
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
+from eqfuse.ir.ops import OPS, OpKind
 
 
 def _root(plans_by_node: dict[int, KernelPlan], n: int) -> int:
@@ -113,6 +118,7 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
             a = appends[roots[0]]
             if p.detail.Sk == a.rows:
                 p.live = LiveBound("keys", a.rows, a.new)
+    _mark_rows(kg, plans, by_node)
     for p in plans:  # nothing else may read the caches: its rows past the live ones hold anything
         if p.kind == K.VIEW or p.live is not None:
             continue
@@ -127,6 +133,58 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
         r = _root(by_node, o)
         if r in caches and o not in appends:
             raise EqfuseError("live=: the graph returns a KV cache other than as the present of its append")
+
+
+def _reshapes_to(by_node: dict[int, KernelPlan], arg: int, rows: int) -> int | None:
+    """The kernel node that `arg` is, or is a view of through reshapes that keep the last axis
+    `rows` long (so element j of that axis stays element j); None for any other view."""
+    p = by_node.get(arg)
+    while p is not None and p.kind == K.VIEW and p.view is not None:
+        if p.out_shape[-1] != rows or any(n.op not in ("input", "reshape") for n in p.body.nodes):
+            return None
+        arg = p.view[0]
+        p = by_node.get(arg)
+    return arg
+
+
+def _mark_rows(kg: Graph, plans: list[KernelPlan], by_node: dict[int, KernelPlan]) -> None:
+    """Bound to the live keys the pointwise kernels whose last axis is the live attentions' keys
+    and whose every reader reads only those: the attention mask's arithmetic over [B, C + new]
+    (its cast, its logical_and). Such a kernel computes elements 0 .. L + new - 1 of each row
+    ("rows" at run time); the others are never read. Walked from the graph's end, so that a
+    kernel read only by kernels bound so is bound too."""
+    keys = {p.live.rows: p.live.new for p in plans if p.kind == K.ATTENTION and p.live is not None}
+    if not keys:
+        return
+    readers: dict[int, list[tuple[KernelPlan, int]]] = {}  # kernel node -> (reader, body input)
+    for p in plans:
+        if p.kind == K.VIEW:
+            continue
+        for k, arg in enumerate(p.args):
+            rows = p.body.nodes[p.body.inputs[k]].type.shape[-1:] or (0,)
+            src = _reshapes_to(by_node, arg, rows[0])
+            readers.setdefault(arg if src is None else src, []).append((p, p.body.inputs[k] if src is not None else -1))
+    returned = {_root(by_node, o) for o in kg.outputs}
+
+    def reads_live(r: KernelPlan, i: int, rows: int) -> bool:
+        """Whether reader r reads its body input i at elements 0 .. L + new - 1 of the last axis only."""
+        if i < 0 or r.live is None or r.live.rows != rows or r.body.nodes[i].type.shape[-1] != rows \
+                or r.in_strides.get(r.body.inputs.index(i)):
+            return False
+        # read by pointwise ops only, which broadcast it right-aligned: its last axis is the reader's,
+        # an attention's keys (against its scores [.., 1 query row, keys]) or a rows kernel's rows
+        pointwise = all(OPS[n.op].kind == OpKind.POINTWISE for n in r.body.nodes if i in n.args)
+        if r.kind == K.ATTENTION:
+            return pointwise and r.live.what == "keys" and r.detail.Sq != rows
+        return pointwise and r.live.what == "rows"
+
+    for p in reversed(plans):
+        rows = p.out_shape[-1] if p.out_shape else 0
+        if p.kind != K.POINTWISE or p.live is not None or rows not in keys or p.out_strides \
+                or p.node in returned or not readers.get(p.node):
+            continue
+        if all(reads_live(r, i, rows) for r, i in readers[p.node]):
+            p.live = LiveBound("rows", rows, keys[rows], axis=len(p.out_shape) - 1)
 
 
 ROW_WISE = {"expand": "{0}", "mul": "({0} * {1})", "div": "({0} / {1})"}  # ops a live copy may apply

@@ -33,11 +33,12 @@ class LiveBound:
     ("keys") reads keys 0 .. L + new - 1. `rows` is the buffer's length along that axis (the
     compile-time bound: L <= rows - new)."""
 
-    what: str  # "append", "keys" or "repeat" (grouped-query attention's copy for the query heads)
+    what: str  # "append", "keys", "repeat" (grouped-query attention's copy for the query heads) or
+    # "rows" (a pointwise kernel over [.., rows] that the attentions read only at their live keys)
     rows: int
     new: int
     buffer: int = -1  # an append's cache input (graph node): its result's storage, returned as is
-    axis: int = -1  # a repeat's axis of rows
+    axis: int = -1  # a repeat's or a rows kernel's axis of rows
 
     def __str__(self) -> str:
         return f"{self.what} at run time: live + {self.new} of {self.rows} rows"

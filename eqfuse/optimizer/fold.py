@@ -52,13 +52,48 @@ class _ConvBN:
 
 
 def fold_params(g: Graph, params: Mapping[str, np.ndarray]) -> Folded:
-    """Fold every batchnorm after a conv2d whose constants are all bound (repeated: bn(bn(conv)) folds too)."""
+    """Fold every batchnorm after a conv2d whose constants are all bound (repeated: bn(bn(conv)) folds
+    too), and every gather whose bound indices select each element once, in order (a reshape)."""
     g = unfused(g)  # see through hand-written kernel blocks, as the optimizer that runs next does
     params, notes = dict(params), []
     while (m := _find_conv_bn(g, params)) is not None:
         g, note = _fold(g, params, m)
         notes.append(note)
-    return Folded(g, params, notes)
+    g, gathers = _identity_gathers(g, params)
+    return Folded(g, params, notes + gathers)
+
+
+def _identity_gathers(g: Graph, params: Mapping[str, np.ndarray]) -> tuple[Graph, list[str]]:
+    """g with each gather(x, idx, axis) whose idx is bound and, flattened, is 0 .. n - 1 (n the
+    axis's length, negative indices counted from its end) replaced by reshape(x) to the gather's
+    shape: that gather reads every element once, in order, so it is a view.
+
+    An exported attention mask reads its padding mask so: transformers' `mask[batch_idx, kv_idx]`
+    becomes a gather of the flattened [B x total] mask at the indices b x total + j, computed from
+    the shapes and bound once the dims are (a decoder step's). As a gather it is an index kernel
+    over the whole mask at every call; as a view the mask's cast fuses into its reader, the
+    attention, which over a KV cache reads only the live keys' (eqfuse.backend.live). Found here
+    and not by a rule for fold_params' reason: the e-graph knows the indices by name, not value."""
+    notes, swap = [], {}
+    for i, n in enumerate(g.nodes):
+        if n.op != "gather":
+            continue
+        x, idx = (g.nodes[a] for a in n.args)
+        ax = n.attr["axis"] % x.type.rank
+        v = _bound(g, n.args[1], params)
+        size = x.type.shape[ax]
+        if v is None or not isinstance(size, int) or not np.issubdtype(np.asarray(v).dtype, np.integer) \
+                or np.asarray(v).size != size or not all(isinstance(d, int) for d in n.type.shape):
+            continue
+        flat = np.asarray(v).ravel()
+        if np.array_equal(np.where(flat < 0, flat + size, flat), np.arange(size)):
+            swap[i] = Node("reshape", (n.args[0],), (("shape", tuple(n.type.shape)),), n.type, n.name, n.pos)
+            notes.append(f"gather({_label(g, n.args[0]) if x.op == 'input' else 'x'}, {idx.name}) -> reshape "
+                         f"(its indices are 0 .. {size - 1} in order)")
+    if not swap:
+        return g, notes
+    nodes = [swap.get(i, n) for i, n in enumerate(g.nodes)]
+    return drop_unused_params(Graph(g.name, nodes, list(g.inputs), list(g.outputs), g.pos), params), notes
 
 
 def _bound(g: Graph, i: int, params: Mapping[str, np.ndarray]) -> np.ndarray | None:

@@ -57,7 +57,10 @@ def inner_groups(plan: KernelPlan) -> list[list[int]]:
     """The output's dims grouped into loops every operand walks with one stride each."""
     shape = plan.out_shape
     sets = leaf_strides(plan.body, plan.body.outputs[0], shape, plan.base_strides()) + [out_strides(plan)]
-    return joint_groups(shape, sets)
+    groups = joint_groups(shape, sets)
+    if plan.live is not None and plan.live.what == "rows" and len(groups[-1]) > 1:  # (eqfuse.backend.live) its last axis, bounded at
+        groups[-1:] = [groups[-1][:-1], groups[-1][-1:]]  # run time, is the inner loop by itself
+    return groups
 
 
 def out_strides(plan: KernelPlan) -> tuple[int, ...]:
@@ -116,12 +119,14 @@ class Pointwise(Kind):
         plan.uops.append(UOp(1, "Store", f"out tile [{tile}]" + (" (non-temporal)" if stream else ""), ntiles))
 
     def after_views(self, plan: KernelPlan, caches) -> None:
-        if plan.in_strides or plan.out_strides:  # reading or writing views, it walks other strides: its loops again
+        # reading or writing views, it walks other strides; bounded at the live keys, its last
+        # axis is its inner loop (inner_groups): its loops again
+        if plan.in_strides or plan.out_strides or (plan.live is not None and plan.live.what == "rows"):
             plan.tiles, plan.uops = {}, []
             self.plan(plan, caches)
 
     def emit(self, plan: KernelPlan) -> str:
-        if plan.live is not None:  # a KV cache's repeat for the query heads (eqfuse.backend.live)
+        if plan.live is not None and plan.live.what == "repeat":  # a KV cache's repeat for the query heads (eqfuse.backend.live)
             return emit_repeat(plan)
         body, root = plan.body, plan.body.outputs[0]
         shape = plan.out_shape
@@ -148,6 +153,10 @@ class Pointwise(Kind):
             dst_j = f"j * {si[0]}" if si and si[0] != 1 else "j"
         # Streaming tiles start on the output's 64-byte lines: up to 15 more elements per row to cover.
         ntiles = -(-(inner + 15 * stream) // tile)
+        if plan.live is not None and plan.live.what == "rows":  # (eqfuse.backend.live) the row's live elements
+            params += ", long live"
+            dst_base = f"o * {inner}" if not plan.out_strides else dst_base  # (the row's length, not its bound)
+            inner = f"(live + {plan.live.new})"
         return render("pointwise.c", NAME=plan.name, SPACE=list(shape), PARAMS=params, INNER=inner, TILE=tile,
                       OTYPE=ctypes_of(plan)[1], DST_BASE=dst_base, DST_J=dst_j,
                       STREAM=stream, NTILES=ntiles, OUTER=outer,
