@@ -169,6 +169,19 @@ MODELS = ("bert", "gpt2", "vit", "resnet18", "mixer")
 # and ResNet-18's stem and first two stages at full width on one 224x224 image (layer1 at 56x56).
 BENCH_MODELS = MODELS + ("mlp", "bert-base", "resnet_stages")
 EXPORTERS = ("torchscript", "dynamo")
+# The exporter of each model that the default run takes in a model x exporter matrix (`matrix`):
+# both exporters stay represented, and `-m extended` (its own step of .ci/run) runs the other.
+DEFAULT_EXPORTER = {"bert": "dynamo", "gpt2": "torchscript", "vit": "dynamo", "resnet18": "dynamo",
+                    "mixer": "torchscript"}
+
+
+def matrix(names=MODELS, exporters=EXPORTERS) -> list:
+    """pytest params (name, exporter) of every model and exporter; the pairs that are not the
+    model's DEFAULT_EXPORTER are marked `extended`."""
+    import pytest
+
+    return [pytest.param(n, e, marks=[] if DEFAULT_EXPORTER.get(n, e) == e else [pytest.mark.extended], id=f"{n}-{e}")
+            for n in names for e in exporters]
 
 
 def inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
+import model_exports  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
@@ -398,8 +399,7 @@ def _feeds(name: str, b: int) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-@pytest.mark.parametrize("name", ["bert", "gpt2", "vit", "mixer", "resnet18"])
+@pytest.mark.parametrize("name, exporter", model_exports.matrix())
 def test_dynamic_batch_export_runs_at_any_batch(name, exporter):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")

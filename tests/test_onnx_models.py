@@ -15,8 +15,7 @@ import eqfuse  # noqa: E402
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("exporter", me.EXPORTERS)
-@pytest.mark.parametrize("name", me.MODELS)
+@pytest.mark.parametrize("name, exporter", me.matrix())
 def test_exported_model_matches_onnxruntime(name, exporter):
     path = str(me.export(name, exporter))
     mod = eqfuse.compile(path)
