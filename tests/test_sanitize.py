@@ -64,7 +64,7 @@ def sanitized_env(tmp_path) -> dict[str, str]:
             "LD_PRELOAD": libasan, "ASAN_OPTIONS": "detect_leaks=0", "EQFUSE_WERROR": "1"}
 
 
-@pytest.mark.heavy
+@pytest.mark.extended  # (with the pass over every kernel case below: CI's extended step; the 8-minute budget)
 def test_kernel_kinds_under_sanitizers(tmp_path):
     p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=sanitized_env(tmp_path),
                        capture_output=True, text=True, timeout=900)
