@@ -2,8 +2,8 @@
 onnxruntime, interleaved in one process.
 
     python benchmarks/bench_conv.py [--repeat N] [--threads T ...] [--set resnet18|resnet56|all] [--precision f32|bf16]
-    python benchmarks/bench_conv.py --set mobilenet|convnext|regnet|multiplier|whisper|grouped [--repeat N]
-        [--threads T ...]
+    python benchmarks/bench_conv.py --set mobilenet|convnext|regnet|regnet_widths|multiplier|whisper|grouped
+        [--repeat N] [--threads T ...] [--precision f32|bf16]
 
 The shapes: every conv of the narrow ResNet-18 of tests/model_exports.py at 64x64 images, batch 2
 ("resnet18"), and the convs of torchvision's ResNet-18: its stem at 224x224, then at 56x56 and
@@ -17,14 +17,20 @@ compiles eqfuse's paths in bf16 (docs/precision.md; onnxruntime stays f32), and 
 then compared at bf16's scale (max|difference| / max|output| <= 3e-2) rather than f32's; the
 column "f32 auto" is the planner's choice in f32, interleaved with the rest.
 
-The grouped sets (`grouped` is all five): MobileNetV2's depthwise 3x3 convs (+ batchnorm +
+The grouped sets (`grouped` is all six): MobileNetV2's depthwise 3x3 convs (+ batchnorm +
 ReLU6) at 112, 56, 28 and 14 pixels, ConvNeXt-T's depthwise 7x7 convs (+ bias), RegNetX-400MF's
-grouped 3x3 convs (16 channels per group, + batchnorm + ReLU6), depthwise convs with a channel
+grouped 3x3 convs (16 channels per group, + batchnorm + ReLU6), the group widths of larger RegNets
+(24: X-1.6GF, 48: X-3.2GF, 56: Y-8GF, 120: X-8GF; "regnet_widths": all but 48 are not whole
+vectors of AVX-512's 16 lanes), depthwise convs with a channel
 multiplier of 2 and groups of 4 and 8 channels ("multiplier"), and Whisper-tiny's
 encoder convs (conv1d k=3 over 3000 frames, + bias + GELU), batch 1, weights bound; eqfuse's
 planner's choice against onnxruntime and OpenVINO's CPU plugin (INFERENCE_PRECISION_HINT f32; the
 column is "-" without openvino) on the same thread count. The path column names the plan: a
-grouped conv's pixels or channels in the lanes (conv_grouped.use_channels).
+grouped conv's pixels or channels in the lanes (conv_grouped.use_channels). With `--precision bf16`
+eqfuse runs in bf16 (and, interleaved, in f32: the column "eqfuse f32 us") and OpenVINO in its
+default precision (bf16 on a CPU with AVX512_BF16), each with its error max|difference| /
+max|f32 output| against onnxruntime's f32 output; the path column adds each conv's precision and
+instruction path (report["precision"]).
 """
 
 from __future__ import annotations
@@ -137,6 +143,14 @@ GROUPED = {
         "regnet g16 160 3x3 @14": ("conv2d", 1, 160, 14, 160, 3, 1, 1, 10, "bn_relu6"),
         "regnet g16 400 3x3 @7": ("conv2d", 1, 400, 7, 400, 3, 1, 1, 25, "bn_relu6"),
     },
+    "regnet_widths": {  # larger RegNets' group widths: RegNetX-1.6GF (24), X-3.2GF (48), Y-8GF (56), X-8GF (120)
+        "regnet g24 72 3x3 @56": ("conv2d", 1, 72, 56, 72, 3, 1, 1, 3, "bn_relu6"),
+        "regnet g24 168 3x3 @28": ("conv2d", 1, 168, 28, 168, 3, 1, 1, 7, "bn_relu6"),
+        "regnet g24 408 3x3 @14": ("conv2d", 1, 408, 14, 408, 3, 1, 1, 17, "bn_relu6"),
+        "regnet g48 192 3x3 @28": ("conv2d", 1, 192, 28, 192, 3, 1, 1, 4, "bn_relu6"),
+        "regnet g56 448 3x3 @28": ("conv2d", 1, 448, 28, 448, 3, 1, 1, 8, "bn_relu6"),
+        "regnet g120 720 3x3 @14": ("conv2d", 1, 720, 14, 720, 3, 1, 1, 6, "bn_relu6"),
+    },
     # depthwise convs with a channel multiplier (out = 2 x in channels) and groups of 4 and 8
     # channels (fewer than a vector): channels in the lanes, each lane reading its group's inputs
     "multiplier": {
@@ -161,7 +175,7 @@ def _grouped_arrays(op, N, C, L, O, k, g):
             "v": np.abs(f(O)) + 0.5, "ga": f(O), "be": f(O)}
 
 
-def _grouped_eqfuse(shape, xs):
+def _grouped_eqfuse(shape, xs, precision="f32"):
     op, N, C, L, O, k, s, p, g, epi = shape
     out = (L + 2 * p - k) // s + 1
     sp, osp = ((L, L), (out, out)) if op == "conv2d" else ((L,), (out,))
@@ -172,7 +186,7 @@ def _grouped_eqfuse(shape, xs):
     names = ["w", "b"] + (["m", "v", "ga", "be"] if epi == "bn_relu6" else [])
     ps = ", ".join(f"{n}: f32[{dims(xs[n].shape)}]" for n in names)
     src = f"graph c(x: f32[{N}, {C}, {dims(sp)}], {ps}) -> f32[{N}, {O}, {dims(osp)}] {{\n  return {body}\n}}\n"
-    mod = eqfuse.compile(src, params={n: xs[n] for n in names})
+    mod = eqfuse.compile(src, params={n: xs[n] for n in names}, precision=precision)
     (fn,) = mod.functions.values()
     return fn
 
@@ -210,17 +224,17 @@ def _grouped_ort(shape, xs, threads):
     return lambda: sess.run(None, {"x": xs["x"]})[0]
 
 
-def _grouped_openvino(shape, xs, threads):
-    """OpenVINO's CPU plugin in f32 (INFERENCE_PRECISION_HINT f32) on `threads` threads; None if
-    openvino is not installed."""
+def _grouped_openvino(shape, xs, threads, hint="f32"):
+    """OpenVINO's CPU plugin in f32 (INFERENCE_PRECISION_HINT f32; hint None: its default
+    precision) on `threads` threads; None if openvino is not installed."""
     try:
         import openvino as ov
     except ImportError:
         return None
     core = ov.Core()
     model = core.read_model(_grouped_model(shape, xs), b"")
-    req = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                            "INFERENCE_NUM_THREADS": threads}).create_infer_request()
+    config = {"INFERENCE_NUM_THREADS": threads} | ({"INFERENCE_PRECISION_HINT": hint} if hint else {})
+    req = core.compile_model(model, "CPU", config).create_infer_request()
 
     def run():
         req.infer({"x": xs["x"]})
@@ -228,22 +242,34 @@ def _grouped_openvino(shape, xs, threads):
     return run
 
 
-def main_grouped(sets: list[str], repeat: int, threads: list[int]) -> int:
-    print(f"{'conv (batch 1)':<34}{'thr':>4}{'eqfuse us':>11}{'ORT us':>9}{'OV us':>9}{'ORT/eqfuse':>12}"
-          f"{'OV/eqfuse':>11}{'GB/s eqfuse':>13}  path")
+def main_grouped(sets: list[str], repeat: int, threads: list[int], precision: str = "f32") -> int:
+    bf = precision == "bf16"
+    print(f"{'conv (batch 1)':<34}{'thr':>4}{'eqfuse us':>11}" + (f"{'eqfuse f32 us':>15}" if bf else "")
+          + f"{'ORT us':>9}{'OV us' if not bf else 'OV dflt us':>11}{'ORT/eqfuse':>12}{'OV/eqfuse':>11}"
+          + (f"{'err eqfuse':>12}{'err OV':>10}" if bf else f"{'GB/s eqfuse':>13}") + "  path")
     for th in threads:
         for name, shape in {k: v for s in sets for k, v in GROUPED[s].items()}.items():
             op, N, C, L, O, k, s, p, g, epi = shape
             xs = _grouped_arrays(op, N, C, L, O, k, g)
-            fn = _grouped_eqfuse(shape, xs)
+            fn = _grouped_eqfuse(shape, xs, precision)
             fn.threads = th
-            runs = {"eqfuse": functools.partial(fn, x=xs["x"]), "ort": _grouped_ort(shape, xs, th)}
-            ov = _grouped_openvino(shape, xs, th)
+            runs = {"eqfuse": functools.partial(fn, x=xs["x"])}
+            if bf:  # (eqfuse in f32 too, interleaved with the rest)
+                f32 = _grouped_eqfuse(shape, xs)
+                f32.threads = th
+                runs["f32"] = functools.partial(f32, x=xs["x"])
+            runs["ort"] = _grouped_ort(shape, xs, th)
+            ov = _grouped_openvino(shape, xs, th, None if bf else "f32")
             if ov is not None:
                 runs["ov"] = ov
             want = runs["ort"]()
+            err = {}
             for key, run in runs.items():
-                np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-3, atol=1e-3, err_msg=f"{name} {key}")
+                if bf and key in ("eqfuse", "ov"):  # (bf16's scale: max|difference| / max|f32 output|)
+                    err[key] = float(np.max(np.abs(np.asarray(run()) - want)) / np.max(np.abs(want)))
+                    assert err[key] <= 3e-2, (name, key, err[key])
+                else:
+                    np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-3, atol=1e-3, err_msg=f"{name} {key}")
             times: dict[str, list[float]] = {k: [] for k in runs}
             for _ in range(repeat):  # interleaved
                 for key, run in runs.items():
@@ -256,10 +282,14 @@ def main_grouped(sets: list[str], repeat: int, threads: list[int]) -> int:
             d = plan.detail
             path = type(d).__name__ + (" channels" if getattr(d, "channels", False) else
                                        " pixels" if hasattr(d, "channels") else "")
-            ovt = f"{med['ov']:>9.1f}" if "ov" in med else f"{'-':>9}"
+            if bf:
+                path += f" {plan.precision} ({plan.precision_path})"
+            ovt = f"{med['ov']:>11.1f}" if "ov" in med else f"{'-':>11}"
             ovr = f"{med['ov'] / med['eqfuse']:>11.2f}" if "ov" in med else f"{'-':>11}"
-            print(f"{name:<34}{th:>4}{med['eqfuse']:>11.1f}{med['ort']:>9.1f}{ovt}{med['ort'] / med['eqfuse']:>12.2f}"
-                  f"{ovr}{moved / med['eqfuse'] / 1e3:>13.2f}  {path}", flush=True)
+            tail = (f"{err['eqfuse']:>12.1e}" + (f"{err['ov']:>10.1e}" if "ov" in err else f"{'-':>10}") if bf
+                    else f"{moved / med['eqfuse'] / 1e3:>13.2f}")
+            print(f"{name:<34}{th:>4}{med['eqfuse']:>11.1f}" + (f"{med['f32']:>15.1f}" if bf else "")
+                  + f"{med['ort']:>9.1f}{ovt}{med['ort'] / med['eqfuse']:>12.2f}{ovr}{tail}  {path}", flush=True)
     return 0
 
 
@@ -268,14 +298,14 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--threads", type=int, action="append")
     ap.add_argument("--set", default="all",
-                    choices=("resnet18", "resnet56", "all", "mobilenet", "convnext", "regnet", "multiplier", "whisper",
-                             "grouped"))
+                    choices=("resnet18", "resnet56", "all", *GROUPED, "grouped"))
     ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
                     help="eqfuse's precision (onnxruntime stays f32)")
     args = ap.parse_args(argv)
     blas_threads(1)
     if args.set in GROUPED or args.set == "grouped":
-        return main_grouped(list(GROUPED) if args.set == "grouped" else [args.set], args.repeat, args.threads or [1])
+        return main_grouped(list(GROUPED) if args.set == "grouped" else [args.set], args.repeat, args.threads or [1],
+                            args.precision)
     shapes = {**(RESNET18 if args.set in ("resnet18", "all") else {}),
               **(RESNET56 if args.set in ("resnet56", "all") else {})}
     bf = args.precision == "bf16"

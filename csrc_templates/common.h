@@ -58,15 +58,16 @@ static inline float eqf_mod_f(float a, float b)
  * denormal input to a zero of its sign, a NaN to a quiet NaN. The scalar packing code and the
  * fallback path (no AVX512_BF16) round with it, so every path multiplies the same bf16 values
  * (docs/precision.md). */
+static inline uint32_t eqf_bf16_bits(uint32_t u) /* (of an f32's bits; branchless: loops of it vectorize) */
+{
+    const uint32_t r = (u & 0x7f800000u) == 0 ? (u >> 16) & 0x8000u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x0040u) & 0xffffu : r;
+}
 static inline uint16_t eqf_bf16(float x)
 {
     uint32_t u;
     memcpy(&u, &x, 4);
-    if ((u & 0x7f800000u) == 0)
-        return (uint16_t)((u >> 16) & 0x8000u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return (uint16_t)eqf_bf16_bits(u);
 }
 /* a bf16 widened to f32 (exact: a shift) */
 static inline float eqf_bf16_f32(uint16_t h)
@@ -80,6 +81,23 @@ static inline float eqf_bf16_f32(uint16_t h)
 static inline float eqf_bf16_round(float x) { return eqf_bf16_f32(eqf_bf16(x)); }
 /* the K-pair (lo at k, hi at k + 1) as one 32-bit lane of a vdpbf16ps operand: lo in the low half */
 static inline uint32_t eqf_bf16_pair(float lo, float hi) { return (uint32_t)eqf_bf16(lo) | (uint32_t)eqf_bf16(hi) << 16; }
+/* dst[c] = the K-pairs (lo[c], hi[c]) for c < n, hi NULL: a zero high half (a row of pairs of two
+ * input planes, the bf16 grouped conv's copy, conv_grouped.c) */
+static inline void eqf_bf16_pairs(const float* restrict lo, const float* restrict hi, uint32_t* restrict dst, long n)
+{
+    uint32_t a, b;
+    if (hi)
+        for (long c = 0; c < n; c++) {
+            memcpy(&a, lo + c, 4);
+            memcpy(&b, hi + c, 4);
+            dst[c] = eqf_bf16_bits(a) | eqf_bf16_bits(b) << 16;
+        }
+    else
+        for (long c = 0; c < n; c++) {
+            memcpy(&a, lo + c, 4);
+            dst[c] = eqf_bf16_bits(a);
+        }
+}
 
 /* ONNX QuantizeLinear as onnxruntime computes it: x / scale (a true division), rounded half to even
  * (nearbyintf in the default rounding mode), plus the zero point, saturated to [lo, hi] (the

@@ -57,20 +57,6 @@ typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4)));
 typedef uint32_t {{NAME}}_vp __attribute__((vector_size({{VL}} * 4), aligned(4))); /* VL bf16 K-pairs */
 typedef uint16_t {{NAME}}_xt; /* an element of the padded copy and of the blocked weights */
 #define {{NAME}}_CVT(x) eqf_bf16(x)
-/* acc + lo(a) lo(w) + hi(a) hi(w), lane by lane: a one K-pair, w VL pairs */
-static inline __attribute__((always_inline)) {{NAME}}_vf {{NAME}}_dp({{NAME}}_vf acc, uint32_t a, {{NAME}}_vp w)
-{
-#if {{BF16}} == 2
-    return (__m512)_mm512_dpbf16_ps((__m512)acc, (__m512bh)_mm512_set1_epi32((int)a), (__m512bh)w);
-#else
-    const uint32_t al = a << 16, ah = a & 0xffff0000u;
-    float lo, hi;
-    memcpy(&lo, &al, 4);
-    memcpy(&hi, &ah, 4);
-    acc += lo * ({{NAME}}_vf)(w << 16);
-    return acc + hi * ({{NAME}}_vf)(w & 0xffff0000u);
-#endif
-}
 #else
 typedef float {{NAME}}_xt;
 #define {{NAME}}_CVT(x) (x)
@@ -228,7 +214,7 @@ static inline void {{NAME}}_tile(const {{NAME}}_xt* restrict xb, long bs, long r
                     memcpy(&a, px[r] + 2 * t2, 4);
 #pragma GCC unroll 8
                     for (int v = 0; v < V; v++)
-                        acc[r][v] = {{NAME}}_dp(acc[r][v], a, wv[v]);
+                        acc[r][v] = EQF_DP_BF16({{BF16}}, acc[r][v], a, wv[v]);
                 }
             }
             if (KW * CB % 2) { /* an odd kernel row (a stem's 3 channels x 7): its last step alone, the

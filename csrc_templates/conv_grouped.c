@@ -7,6 +7,7 @@
 #define {{NAME}}_GROUPED {{GROUPED}} /* the plan's grouped (derived, printed) */
 #define {{NAME}}_PREFETCH {{PREFETCH}} /* the plan's prefetch */
 #define {{NAME}}_PREPACKED {{PREPACKED}} /* the plan's prepacked_b */
+#define {{NAME}}_BF16 {{BF16}} /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16 */
 /* {{NAME}}: grouped conv2d, {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{CG}}x{{KH}}x{{KW}} in {{G}} groups, stride {{SH}}x{{SW}},
  * padding {{PH}}x{{PW}}, dilation {{DH}}x{{DW}} -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out), the epilogue
  * fused into the store.
@@ -36,27 +37,62 @@
  * band of fewer than VL pixels is transposed element by element. GROUPED = {{GROUPED}}: a grouped conv
  * whose VL output channels of a task lie in one group: the band's rows of the group's CG input
  * planes are copied as they are into zero-padded planes, and each input pixel (broadcast) times the
- * tap's weight vector of the VL output channels is added to the pixel's accumulator. PREFETCH = {{PREFETCH}}: while a
- * task computes, the image rows of the next one are prefetched, a slice per output row. */
+ * tap's weight vector of the VL output channels is added to the pixel's accumulator. A group of OG
+ * output channels that are not whole vectors (24 with VL = 16) takes ceil(OG / VL) blocks, its last
+ * one masked (lanes past the group computed on zero weights and not stored); the blocks of one group
+ * follow each other, so a thread copies the group's input rows once for all of them. PREFETCH =
+ * {{PREFETCH}}: while a task computes, the image rows of the next one are prefetched, a slice per
+ * output row.
+ * BF16 = {{BF16}} (GROUPED only; precision="bf16", docs/precision.md): the group's input planes are
+ * copied as bf16 K-pairs of consecutive input channels (lane halves ci, ci + 1; a zero channel after
+ * an odd CG), rounding as they are copied, the weights prepacked once as K-pairs
+ * [NCB][CG / 2][KH x KW][VL][2] bf16, and each pixel's pair, broadcast, multiplies a tap's VL pairs
+ * (EQF_DP_BF16: vdpbf16ps on 2, the widening fallback on 1) into the f32 accumulators; the epilogue
+ * is f32. */
 typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
 typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
 
+/* The blocks of VL output channels: within a group's OG (GROUPED), else within all O, each span's
+ * last block masked past its end; CGP: the input channels a tap steps over (bf16: K-pairs). */
+#define {{NAME}}_BLOCKS                                                                           \
+    enum { SPAN = {{GROUPED}} ? {{OG}} : {{O}}, BPS = (SPAN + {{VL}} - 1) / {{VL}} /* blocks per span */, \
+           NCB = {{O}} / SPAN * BPS, CGP = {{BF16}} ? ({{CG}} + 1) / 2 : {{CG}} }
+#if {{BF16}}
+#if {{BF16}} == 2 && !(defined(__AVX512BF16__) && {{VL}} == 16)
+#error "the plan chose the AVX512_BF16 path (vdpbf16ps) but the compiler does not target AVX512_BF16"
+#endif
+#if {{BF16}} == 2
+#include <immintrin.h>
+#endif
+typedef uint32_t {{NAME}}_vp __attribute__((vector_size({{VL}} * 4), aligned(4))); /* VL bf16 K-pairs */
+#endif
 #if {{CHANNELS}}
 long {{NAME}}_prepack_floats(void)
 {
-    return (long)({{O}} + {{VL}} - 1) / {{VL}} * {{CG}} * {{KH}} * {{KW}} * {{VL}};
+    {{NAME}}_BLOCKS;
+    return (long)NCB * CGP * {{KH}} * {{KW}} * {{VL}}; /* (bf16: a K-pair of halves per float) */
 }
 
-/* OIHW weights -> w[O / VL][CG][KH x KW][VL] (a tap's weights of VL output channels, one vector),
- * zero past the last channel; made once by the runtime when bound by params=. */
+/* OIHW weights -> w[NCB][CG][KH x KW][VL] (a tap's weights of a block's VL output channels, one
+ * vector), zero past the span's last channel; bf16: w[NCB][CGP][KH x KW][VL][2], the K-pair of input
+ * channels 2 cp and 2 cp + 1 in one 32-bit lane. Made once by the runtime when bound by params=. */
 void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
 {
-    enum { O = {{O}}, CG = {{CG}}, VL = {{VL}}, KK = {{KH}} * {{KW}} };
-    for (long ob = 0; ob < (O + VL - 1) / VL; ob++)
-        for (long ci = 0; ci < CG; ci++)
+    enum { CG = {{CG}}, VL = {{VL}}, KK = {{KH}} * {{KW}} };
+    {{NAME}}_BLOCKS;
+    for (long ob = 0; ob < NCB; ob++) {
+        const long o0 = ob / BPS * SPAN + ob % BPS * VL, n = SPAN - ob % BPS * VL < VL ? SPAN - ob % BPS * VL : VL;
+        for (long ci = 0; ci < CGP * ({{BF16}} ? 2 : 1); ci++)
             for (long k = 0; k < KK; k++)
-                for (long l = 0; l < VL; l++)
-                    wp[((ob * CG + ci) * KK + k) * VL + l] = ob * VL + l < O ? wt[((ob * VL + l) * CG + ci) * KK + k] : 0.0f;
+                for (long l = 0; l < VL; l++) {
+                    const float v = l < n && ci < CG ? wt[((o0 + l) * CG + ci) * KK + k] : 0.0f;
+#if {{BF16}}
+                    ((uint16_t*)wp)[(((ob * CGP + ci / 2) * KK + k) * VL + l) * 2 + ci % 2] = eqf_bf16(v);
+#else
+                    wp[((ob * CG + ci) * KK + k) * VL + l] = v;
+#endif
+                }
+    }
 }
 #endif
 
@@ -68,9 +104,10 @@ void {{NAME}}({{PARAMS}})
            /* the input rows and columns that some tap reads */
            HC = H < HP - PH ? H : HP - PH, WC = W < WP - PW ? W : WP - PW,
            CHANNELS = {{CHANNELS}}, PREFETCH = {{PREFETCH}}, VL = {{VL}}, RW = {{RW}}, BAND = {{BAND}},
-           GROUPED = {{GROUPED}}, NCB = (O + VL - 1) / VL /* blocks of output channels */, NBAND = (OH + BAND - 1) / BAND,
+           GROUPED = {{GROUPED}}, NBAND = (OH + BAND - 1) / BAND,
            TW = (OW + RW - 1) / RW * RW /* the columns computed: whole register tiles */,
            BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, BWP = (TW - 1) * SW + (KW - 1) * DW + 1 };
+    {{NAME}}_BLOCKS; /* SPAN, BPS, NCB (the blocks of output channels), CGP */
 {{EXTRAS}}
     const float* restrict x = {{X}};
     int failed = 0;
@@ -92,40 +129,57 @@ void {{NAME}}({{PARAMS}})
     #pragma omp parallel if ({{PARALLEL}}) reduction(| : failed)
     {
         /* (grouped: the band's rows of the group's CG input planes, zero-padded, as they are) */
-        const size_t xbytes = ((size_t)BHP * BWP * CG * (GROUPED ? sizeof(float) : sizeof(vf)) + 63) / 64 * 64;
+        const size_t xbytes = ((size_t)BHP * BWP * (GROUPED ? CGP * sizeof(float) : CG * sizeof(vf)) + 63) / 64 * 64;
         const size_t obytes = ((size_t)BAND * TW * sizeof(vf) + 63) / 64 * 64;
         vf* restrict xb = (vf*)aligned_alloc(64, xbytes);
         vf* restrict ob = (vf*)aligned_alloc(64, obytes);
         if (!xb || !ob)
             failed = 1;
         long zeroed = -1; /* the band whose zero border xb holds (tasks of one band follow each other) */
+        long held = -1; /* GROUPED: the (band, image, group) whose input rows xb holds */
+        (void)held;
         #pragma omp for schedule(static)
         for (long t = 0; t < (long)N * NCB * NBAND; t++) {
             if (!xb || !ob)
                 continue;
-            const long oh0 = t / (N * NCB) * BAND, b = t % (N * NCB) / NCB, c0 = t % NCB * VL;
-            const long cc = O - c0 < VL ? O - c0 : VL, nh = OH - oh0 < BAND ? OH - oh0 : BAND;
+            const long oh0 = t / (N * NCB) * BAND, b = t % (N * NCB) / NCB, cb = t % NCB;
+            const long c0 = cb / BPS * SPAN + cb % BPS * VL; /* the block's first output channel */
+            const long cc = SPAN - cb % BPS * VL < VL ? SPAN - cb % BPS * VL : VL, nh = OH - oh0 < BAND ? OH - oh0 : BAND;
             const long ih0 = oh0 * SH - PH;
-            const vfu* restrict wv = (const vfu*)(wpk + c0 * (long)CG * KH * KW);
+            const vfu* restrict wv = (const vfu*)(wpk + cb * (long)CGP * KH * KW * VL);
             /* the band's input rows, channels in the lanes, zero outside the image */
             const long rows = (nh - 1) * SH + (KH - 1) * DH + 1;
             const long wc = W < BWP - PW ? W : BWP - PW; /* the columns some tap reads */
 #if {{GROUPED}}
             /* the group's CG input planes (c0 / OG its group: a block of VL output channels lies in
-             * one group), the band's rows copied as they are into zero-padded planes */
-            float* restrict xs = (float*)xb;
+             * one group), the band's rows copied as they are into zero-padded planes (bf16: K-pairs
+             * of planes), once for the group's blocks that follow each other */
+#if {{BF16}}
+            typedef uint32_t xs_t;
+#else
+            typedef float xs_t;
+#endif
+            xs_t* restrict xs = (xs_t*)xb;
             const long r0 = ih0 < 0 ? -ih0 : 0, r1 = H - ih0 < rows ? H - ih0 : rows;
-            for (long ci = 0; ci < CG; ci++) {
-                float* restrict pl = xs + ci * (long)BHP * BWP;
+            const long key = (oh0 * N + b) * (O / SPAN) + cb / BPS;
+            for (long cp = 0; cp < CGP && key != held; cp++) {
+                xs_t* restrict pl = xs + cp * (long)BHP * BWP;
                 for (long r = 0; r < rows && zeroed != oh0; r++)
                     for (long c = 0; c < BWP; c++)
                         if (r < r0 || r >= r1 || c < PW || c >= PW + wc)
-                            pl[r * BWP + c] = 0.0f;
-                const float* restrict src = x + ((b * C + c0 / OG * CG + ci) * H + ih0) * (long)W;
+                            pl[r * BWP + c] = 0;
+#if {{BF16}}
+                const float* restrict src = x + ((b * C + c0 / OG * CG + 2 * cp) * H + ih0) * (long)W;
+                for (long r = r0; r < r1; r++)
+                    eqf_bf16_pairs(src + r * W, 2 * cp + 1 < CG ? src + (long)H * W + r * W : NULL,
+                                   pl + r * BWP + PW, wc);
+#else
+                const float* restrict src = x + ((b * C + c0 / OG * CG + cp) * H + ih0) * (long)W;
                 for (long r = r0; r < r1; r++)
                     memcpy(pl + r * BWP + PW, src + r * W, (size_t)wc * sizeof(float));
+#endif
             }
-            zeroed = oh0;
+            zeroed = oh0, held = key;
 #else
             /* per input channel ci of a group, a tile whose lane l holds input channel
              * ((c0 + l) / OG) CG + ci, the one output channel c0 + l reads (a depthwise conv: CG = OG
@@ -198,16 +252,24 @@ void {{NAME}}({{PARAMS}})
                      * pixel reads it (RW + KW + 1 vector registers) */
 #if {{GROUPED}}
                     /* each input channel's pixel (a scalar, broadcast) times the tap's weights of
-                     * the VL output channels */
+                     * the VL output channels (bf16: a pixel's K-pair of channels times the tap's VL
+                     * pairs) */
                     for (long kh = kh0; kh < kh1; kh++)
-                        for (long ci = 0; ci < CG; ci++) {
-                            const float* restrict xr = xs + (ci * BHP + oh * SH + kh * DH) * (long)BWP + ow0 * SW;
+                        for (long cp = 0; cp < CGP; cp++) {
+                            const xs_t* restrict xr = xs + (cp * BHP + oh * SH + kh * DH) * (long)BWP + ow0 * SW;
 #pragma GCC unroll 32
                             for (int kw = 0; kw < KW; kw++) {
-                                const vf wk = wv[(ci * KH + kh) * KW + kw];
+#if {{BF16}}
+                                const {{NAME}}_vp wk = ((const {{NAME}}_vp*)wv)[(cp * KH + kh) * KW + kw];
+#pragma GCC unroll 16
+                                for (int r = 0; r < RW; r++)
+                                    acc[r] = EQF_DP_BF16({{BF16}}, acc[r], xr[r * SW + kw * DW], wk);
+#else
+                                const vf wk = wv[(cp * KH + kh) * KW + kw];
 #pragma GCC unroll 16
                                 for (int r = 0; r < RW; r++)
                                     acc[r] += xr[r * SW + kw * DW] * wk;
+#endif
                             }
                         }
 #else
@@ -240,7 +302,7 @@ void {{NAME}}({{PARAMS}})
              * consecutive pixels of each plane: VL at a time; the last VL may overlap the previous
              * ones, which writes the same values again) */
             float* restrict dst = out + (b * O + c0) * (long)OH * OW + oh0 * OW;
-            if (cc == VL && nh * OW >= VL) {
+            if (nh * OW >= VL) { /* (a masked block: its first cc lanes stored) */
                 for (long j0 = 0; j0 < nh * OW; j0 += VL) {
                     const long js = j0 + VL <= nh * OW ? j0 : nh * OW - VL;
                     vf m[VL];
@@ -250,6 +312,8 @@ void {{NAME}}({{PARAMS}})
 {{TRANSPOSE}}
 #pragma GCC unroll 16
                     for (int l = 0; l < VL; l++) {
+                        if (l >= cc)
+                            break;
                         const long i = c0 + l;
                         float* restrict q = dst + l * (long)OH * OW + js;
                         #pragma omp simd

@@ -56,20 +56,6 @@ typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4)));
 #endif
 typedef uint32_t {{NAME}}_vp __attribute__((vector_size({{VL}} * 4), aligned(4))); /* VL bf16 K-pairs */
 typedef uint16_t {{NAME}}_vt; /* an element of U and Vb */
-/* acc + lo(a) lo(w) + hi(a) hi(w), lane by lane: a one K-pair (lo: channel c, hi: c + 1), w VL pairs */
-static inline __attribute__((always_inline)) {{NAME}}_vf {{NAME}}_dp({{NAME}}_vf acc, uint32_t a, {{NAME}}_vp w)
-{
-#if {{BF16}} == 2
-    return (__m512)_mm512_dpbf16_ps((__m512)acc, (__m512bh)_mm512_set1_epi32((int)a), (__m512bh)w);
-#else
-    const uint32_t al = a << 16, ah = a & 0xffff0000u;
-    float lo, hi;
-    memcpy(&lo, &al, 4);
-    memcpy(&hi, &ah, 4);
-    acc += lo * ({{NAME}}_vf)(w << 16);
-    return acc + hi * ({{NAME}}_vf)(w & 0xffff0000u);
-#endif
-}
 /* dst[VL] = x rounded to bf16 (as vcvtne2ps2bf16: eqf_bf16) */
 static inline void {{NAME}}_to_bf16({{NAME}}_vf x, uint16_t* restrict dst)
 {
@@ -195,7 +181,7 @@ static inline void {{NAME}}_gemm(const {{NAME}}_vt* restrict a, const {{NAME}}_v
             memcpy(&s, a + r * RA + 2 * c2, 4);
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
-                acc[r][v] = {{NAME}}_dp(acc[r][v], s, wv[v]);
+                acc[r][v] = EQF_DP_BF16({{BF16}}, acc[r][v], s, wv[v]);
         }
     }
 #else

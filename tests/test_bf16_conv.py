@@ -188,3 +188,67 @@ def test_blocked_chain_within_the_composed_bound(run):
 def test_winograd_within_its_bound(run):
     _, xs, ys, _ = run
     winograd_check(ys[2], xs["x3"], xs["ww"])
+
+
+# ---------------------------------------------------------------- grouped and depthwise convs
+# (docs/precision.md, "Depthwise and grouped convolutions"): a grouped conv of at least a vector of
+# output channels per group multiplies bf16 K-pairs of its group's input channels; ga: 24 output
+# channels a group (a vector and a masked half at 16 lanes), its weights bound; gb: 15 input
+# channels a group (an odd count: a zero channel completes the last pair), stride 2, its weights
+# passed at each call; dw: a depthwise conv, which stays f32 and says why.
+SRC_G = """graph gconvs(x1: f32[1, 48, 9, 11], w1: f32[48, 24, 3, 3], x2: f32[2, 30, 10, 9], w2: f32[32, 15, 3, 3],
+                   x3: f32[1, 16, 8, 8], w3: f32[16, 1, 3, 3]) -> (f32[1, 48, 9, 11], f32[2, 32, 5, 5], f32[1, 16, 8, 8]) {
+  ga = relu(conv2d(x1, w1, padding=1, group=2))
+  gb = relu(conv2d(x2, w2, stride=2, padding=1, group=2))
+  dw = relu(conv2d(x3, w3, padding=1, group=16))
+  return ga, gb, dw
+}"""
+SHAPES_G = {"x1": (1, 48, 9, 11), "w1": (48, 24, 3, 3), "x2": (2, 30, 10, 9), "w2": (32, 15, 3, 3),
+            "x3": (1, 16, 8, 8), "w3": (16, 1, 3, 3)}
+
+
+def conv64_groups(x, w, stride, padding, group):
+    """A grouped conv2d in float64: each group's channels a conv of their own."""
+    cg, og = x.shape[1] // group, w.shape[0] // group
+    return np.concatenate([conv64(x[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og], stride, padding)
+                           for g in range(group)], axis=1)
+
+
+@pytest.fixture(scope="module", params=["avx512_bf16", "fallback"])
+def run_grouped(request):
+    """(path, arrays, outputs, module) of SRC_G compiled in bf16 on each instruction path."""
+    m = machine.machine()
+    if request.param == "avx512_bf16" and not (machine.host_isa()["avx512_bf16"] and m.simd_floats >= 16):
+        pytest.skip("this CPU (or the pinned machine model's vector width) has no AVX512_BF16: the vdpbf16ps "
+                    "path cannot run here (the fallback's run covers the bf16 grouped convs)")
+    rng = np.random.default_rng(11)
+    xs = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES_G.items()}
+    with machine.pinned(dataclasses.replace(m, avx512_bf16=request.param == "avx512_bf16")):
+        mod = eqfuse.compile(SRC_G, params={"w1": xs["w1"]}, precision="bf16")
+        ys = mod(*(xs[k] for k in SHAPES_G if k != "w1"))
+    return request.param, xs, [np.asarray(y, np.float64) for y in ys], mod
+
+
+def test_grouped_convs_run_in_bf16_and_depthwise_in_f32_with_a_note(run_grouped):
+    path, xs, ys, mod = run_grouped
+    convs = [p for p in mod.default.last.plans if p.kind == "conv2d"]
+    got = sorted((p.detail.cg, p.precision, p.precision_path) for p in convs)
+    assert got == [(1, "f32", "f32"), (15, "bf16", path), (24, "bf16", path)]
+    (dw,) = [p for p in convs if p.detail.cg == 1]
+    assert "depthwise" in mod.report["precision"][dw.name]["note"]
+    np.testing.assert_allclose(ys[2], np.maximum(conv64_groups(xs["x3"], xs["w3"], 1, 1, 16), 0), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("out, x, w, stride, group", [(0, "x1", "w1", 1, 2), (1, "x2", "w2", 2, 2)])
+def test_grouped_conv_within_the_bound(run_grouped, out, x, w, stride, group):
+    """Each output element is a dot product of K = CG x KH x KW terms of its group: the direct
+    conv's bound over the group's magnitudes; and the exact result of the bf16-rounded operands at
+    the accumulation bound alone, which an f32 kernel fails."""
+    _, xs, ys, _ = run_grouped
+    xa, wa = xs[x], xs[w]
+    K = wa.shape[1] * wa.shape[2] * wa.shape[3]
+    full = (2 * U + U * U + 1.01 * K * EPS) * conv64_groups(np.abs(xa), np.abs(wa), stride, 1, group)
+    acc = 1.01 * K * EPS * conv64_groups(np.abs(bf16(xa)), np.abs(bf16(wa)), stride, 1, group)
+    for xo, wo, bound in ((xa, wa, full), (bf16(xa), bf16(wa), acc)):
+        err = np.abs(ys[out] - np.maximum(conv64_groups(xo, wo, stride, 1, group), 0))
+        assert np.all(err <= bound), float(np.max(err - bound))

@@ -119,6 +119,66 @@ def test_reference_matches_torch(case):
     np.testing.assert_allclose(got, want.numpy(), rtol=RTOL, atol=ATOL)
 
 
+# Groups of at least a vector of output channels that are not whole vectors (RegNet's group widths
+# 24, 56, 120 over AVX-512's 16 lanes): ceil(OG / VL) blocks of one group each, the last one masked
+# (conv_grouped.ConvGroupedDetail.grouped). (name, x shape, w shape, attributes as written in .g)
+WIDTHS = [
+    ("g24", (1, 48, 9, 11), (48, 24, 3, 3), "padding=1, group=2"),  # 16 + 8 (AVX2: 3 x 8)
+    ("g20_s2", (2, 20, 10, 9), (40, 10, 3, 3), "stride=2, padding=1, group=2"),  # 16 + 4, 10 inputs a group
+    ("g40_dil", (1, 80, 8, 7), (80, 40, 3, 3), "padding=2, dilation=2, group=2"),  # 16 + 16 + 8
+    ("g56_5x5", (1, 112, 6, 5), (112, 56, 5, 5), "padding=2, group=2"),  # 3 x 16 + 8
+    ("g24_mult", (1, 2, 7, 8), (48, 1, 3, 3), "padding=1, group=2"),  # one input channel, 24 outputs a group
+]
+
+
+def _width_graph(name, xs, ws, at) -> str:
+    return _graph(name, "conv2d", xs, ws, True, at)
+
+
+@pytest.fixture(scope="module")
+def widths():
+    """Every WIDTHS case as one graph of one module, compiled once."""
+    return eqfuse.compile("".join(_width_graph(*c) for c in WIDTHS))
+
+
+@pytest.mark.parametrize("case", WIDTHS, ids=[c[0] for c in WIDTHS])
+def test_groups_of_part_vectors_run_channels_in_the_lanes(widths, case):
+    name, xs, ws, at = case
+    full = _attrs((name, "conv2d", xs, ws, True, at))
+    rng = np.random.default_rng(WIDTHS.index(case))
+    args = [rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32),
+            rng.standard_normal(ws[0]).astype(np.float32)]
+    want = np.maximum(OPS["conv2d"].numpy(args, full), 0)
+    np.testing.assert_allclose(getattr(widths, name)(*args), want, rtol=RTOL, atol=ATOL)
+    (k,) = [k for k in widths.functions[name].last.kernels if k.kind == "conv2d"]
+    assert (k.decisions["channels"], k.decisions["grouped"]) == (1, 1)
+
+
+def test_groups_of_24_channels_match_onnxruntime(tmp_path):
+    """RegNet's group width 24 (a vector and a masked half on AVX-512), Conv + BatchNormalization +
+    Relu as an ONNX file, weights bound: eqfuse against onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    inits = {"w": f(72, 24, 3, 3) * 0.2, "g": f(72), "be": f(72), "m": f(72) * 0.1, "v": np.abs(f(72)) + 0.5}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1] * 4, group=3),
+             helper.make_node("BatchNormalization", ["c", "g", "be", "m", "v"], ["bn"], epsilon=1e-5),
+             helper.make_node("Relu", ["bn"], ["y"])]
+    gr = helper.make_graph(nodes, "g24", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 72, 10, 12])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                           [numpy_helper.from_array(a, n) for n, a in inits.items()])
+    path = tmp_path / "g24.onnx"
+    onnx.save(helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    x = f(1, 72, 10, 12)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    mod = eqfuse.compile(str(path))
+    np.testing.assert_allclose(mod(x), want, rtol=RTOL, atol=ATOL)
+    assert [(k.decisions["channels"], k.decisions["grouped"]) for k in mod.kernels if k.kind == "conv2d"] == [(1, 1)]
+
+
 def test_depthwise_block_fuses_batchnorm_and_relu6():
     """A MobileNetV2 inverted residual block: three kernels, the depthwise conv's batchnorm and
     ReLU6 in its epilogue (folded into its weights when bound)."""

@@ -39,7 +39,8 @@ import os
 from dataclasses import dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, render
-from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, cdiv, parallel
+from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
+from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, bf16_path, cdiv, parallel
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.kernels import F32
 from eqfuse.ir.ops import pair
@@ -80,12 +81,18 @@ class ConvGroupedDetail:
 
     @property
     def grouped(self) -> bool:
-        """Groups of whole vectors of output channels, not a depthwise conv: the channels path's
-        GROUPED (the group's input planes copied as they are, each input pixel broadcast). Else
-        the channels path's lanes are VL output channels of any groups, each input tile's lane the
-        input channel its output channel reads (a depthwise conv, a channel multiplier, groups
-        smaller than a vector)."""
-        return (self.cg != 1 or self.og != 1) and self.og % self.vl == 0
+        """Groups of at least a vector of output channels, not a depthwise conv: the channels
+        path's GROUPED (the group's input planes copied as they are, each input pixel broadcast;
+        a group of OG channels that are not whole vectors takes ceil(OG / VL) blocks, the last
+        masked). Else the channels path's lanes are VL output channels of any groups, each input
+        tile's lane the input channel its output channel reads (a depthwise conv, a channel
+        multiplier, groups smaller than a vector)."""
+        return (self.cg != 1 or self.og != 1) and self.og >= self.vl
+
+    @property
+    def blocks(self) -> int:
+        """The tasks' blocks of VL output channels: per group (GROUPED), else over all O."""
+        return self.group * cdiv(self.og, self.vl) if self.grouped else cdiv(self.O, self.vl)
 
     @property
     def cg(self) -> int:
@@ -102,20 +109,18 @@ def is_grouped(cv) -> bool:
 
 
 def use_channels(d: ConvGroupedDetail) -> bool:
-    """Whether a grouped conv puts channels in the lanes: always when each group's output channels
-    are whole vectors (a RegNet's 16-64 per group; the per-plane kernel re-copies the group's input
-    planes for every output channel) or fewer than a vector with more than one input channel
+    """Whether a grouped conv puts channels in the lanes: always when each group has at least a
+    vector of output channels (a RegNet's 16-120 per group, whole vectors or not: 24 per group are
+    a vector and a masked half; the per-plane kernel re-copies the group's input planes for every
+    output channel) or fewer than a vector with more than one input channel
     (the per-plane kernel copies each input plane once per output channel of its group); a
     depthwise conv (one input channel per group, any channel multiplier) with a kernel of more
     than 3 x 3 taps (the multiply-adds hide the transposes), a stride (pixels in the lanes would
     read strided columns) or an output row narrower than two vectors (most lanes of its last
     vector empty). A 3 x 3 stride-1 depthwise conv over wide rows is bound by memory either way
     and keeps its pixels in the lanes, which reads the input once without transposing it
-    (benchmarks/bench_conv.py --set mobilenet). Groups of more output channels than a vector but
-    not whole vectors keep the pixels path. EQFUSE_CONV_GROUPED=pixels|channels forces either
+    (benchmarks/bench_conv.py --set mobilenet). EQFUSE_CONV_GROUPED=pixels|channels forces either
     where it can run."""
-    if d.og > d.vl and d.og % d.vl:
-        return False
     force = os.environ.get("EQFUSE_CONV_GROUPED", "").strip().lower()
     if force in ("pixels", "channels"):
         return force == "channels"
@@ -155,8 +160,24 @@ def prefetches(d: ConvGroupedDetail) -> bool:
     return force == "1" if force in ("0", "1") else d.KH * d.KW > 9
 
 
+def multiplies_bf16(d: ConvGroupedDetail) -> bool:
+    """Whether a grouped conv multiplies in bf16 under precision="bf16": the channels path's GROUPED
+    convs of at least two input channels per group (K-pairs of a group's input channels). A
+    depthwise conv (one input channel per group) stays f32: it is bound by memory, and its bytes
+    are its f32 input and output (docs/precision.md, "Depthwise and grouped convolutions")."""
+    return d.channels and d.grouped and d.cg >= 2
+
+
+def f32_note(d: ConvGroupedDetail) -> str:
+    """report["precision"]'s note of a grouped conv that computes in f32 under precision="bf16"."""
+    if d.cg == 1:
+        return ("a depthwise conv runs in f32 under bf16: bound by memory, its f32 input and output are "
+                "the bytes it moves (bf16 weights would save under 1% of them; docs/precision.md)")
+    return ("a grouped conv of fewer output channels per group than a vector runs in f32 under bf16: "
+            "no bf16 path for this kernel")
+
+
 def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
-    computes_f32(plan, "a depthwise or grouped conv runs in f32 under bf16: no bf16 path for this kernel")
     body, a = plan.body, plan.shape.anchor
     cv = body.nodes[a]
     (N, C, H, W), (O, CG, KH, KW) = (tuple(body.nodes[i].type.shape) for i in cv.args[:2])
@@ -167,13 +188,18 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     # elements it reads and writes too)
     par = parallel(N * O, OH * OW, CG * KH * KW, 1) or N * (C * H * W + O * OH * OW) >= (1 << 17)
     d = ConvGroupedDetail(N, C, H, W, O, g, KH, KW, OH, OW, pair(cv.attr["stride"]), pair(cv.attr["padding"]),
-                          pair(cv.attr["dilation"]), par, vl=m.simd_floats)
+                          pair(cv.attr["dilation"]), par, vl=int(os.environ.get("EQFUSE_GROUPED_VL") or m.simd_floats))
     if use_channels(d):
         rw, band = channel_tiles(d, m)
         d = replace(d, channels=True, rw=rw, band=band,
                     prefetch=prefetches(d))
         plan.detail = d
+        if plan.wanted_precision == "bf16" and multiplies_bf16(d):
+            plan.precision, plan.precision_path, plan.precision_note = "bf16", bf16_path(m), ""
+        else:
+            computes_f32(plan, f32_note(d))
         return _plan_channels(plan, body, a, cv, d, m, macs)
+    computes_f32(plan, f32_note(d))
     d = replace(d, vl=1)
     plan.detail = d
     plan.tiles = {"plane": OH * OW}
@@ -204,18 +230,25 @@ def _plan_channels(plan: KernelPlan, body, a: int, cv, d: ConvGroupedDetail, m: 
     lanes = d.cg if grouped else f"{d.cg} x {d.vl}"
     plan.cache_check = (f"a band's input tile {bhp} x {bwp} x {lanes} and output tile {d.band} x {tw} x {d.vl}: "
                         f"{tile} B <= L2 {m.l2} B: {'ok' if tile <= m.l2 else 'NO'}")
-    nt = d.N * cdiv(d.O, d.vl) * cdiv(d.OH, d.band)
+    nt = d.N * d.blocks * cdiv(d.OH, d.band)
     plan.threads = (f"the {nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows) split evenly"
                     if d.parallel else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
+    bf16 = plan.precision == "bf16"
     load = (f"the band's rows of the group's {d.cg} input planes copied into zero-padded planes [{d.cg}][{bhp}][{bwp}]"
+            + (f", as bf16 K-pairs of planes [{cdiv(d.cg, 2)}][{bhp}][{bwp}][2]" if bf16 else "")
+            + (", once for the group's blocks" if d.og > d.vl else "")
             if grouped else f"the band's input rows transposed {d.vl} x {d.vl} into zero-padded tiles "
                             f"[{d.cg}][{bhp}][{bwp}][{d.vl}], lane l the input channel output channel l reads")
-    plan.uops = [UOp(0, "Load", f"weights to blocks [{cdiv(d.O, d.vl)}][{d.cg}][{d.KH * d.KW}][{d.vl}]", 1),
+    masked = f", each group's last block masked ({d.og % d.vl} of {d.vl})" if grouped and d.og % d.vl else ""
+    mul = ("vdpbf16ps" if plan.precision_path == "avx512_bf16" else "bf16 widened, FMA") if bf16 else "FMA"
+    wts = (f"[{d.blocks}][{cdiv(d.cg, 2)}][{d.KH * d.KW}][{d.vl}][2] bf16 K-pairs" if bf16
+           else f"[{d.blocks}][{d.cg}][{d.KH * d.KW}][{d.vl}]")
+    plan.uops = [UOp(0, "Load", f"weights to blocks {wts}{masked}", 1),
                  UOp(0, "Loop", f"{nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows)", nt),
                  UOp(1, "Load", load, nt * bhp),
                  UOp(1, "Exec", f"register tiles of {d.rw} pixels x {d.vl} channels, {d.cg} x {d.KH} x {d.KW} "
-                                "taps, a weight vector each", nt * d.band * (tw // d.rw)),
+                                f"taps, a weight vector each ({mul})", nt * d.band * (tw // d.rw)),
                  UOp(1, "Store", f"the output tile transposed into the NCHW planes through the epilogue "
                                  f"({epi or 'none'})", nt)]
 
@@ -228,7 +261,7 @@ def emit_conv_grouped(plan: KernelPlan) -> str:
 
     expr, decls = epilogue_c(plan)
     return render("conv_grouped.c", NAME=plan.name, CHANNELS=int(d.channels), VL=d.vl,
-                  PREPACKED=int(d.prepack is not None), PREFETCH=int(d.prefetch),
+                  PREPACKED=int(d.prepack is not None), PREFETCH=int(d.prefetch), BF16=BF16_PATHS[plan.precision_path],
                   GROUPED=int(d.grouped), RW=d.rw, BAND=d.band,
                   TRANSPOSE=transpose_c(d.vl, f"{plan.name}_vf") if d.channels else "", PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), PLANE=plan.tiles.get("plane", 0), N=d.N, C=d.C, H=d.H, W=d.W,
