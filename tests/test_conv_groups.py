@@ -146,8 +146,10 @@ def test_groups_of_part_vectors_run_channels_in_the_lanes(widths, case):
     name, xs, ws, at = case
     full = _attrs((name, "conv2d", xs, ws, True, at))
     rng = np.random.default_rng(WIDTHS.index(case))
-    args = [rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32),
-            rng.standard_normal(ws[0]).astype(np.float32)]
+    # (weights scaled by 1 / sqrt(K), K = CG x KH x KW, as a trained layer's are: outputs of unit
+    # scale, whose f32 rounding the project's atol covers)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    args = [rng.standard_normal(xs).astype(np.float32), w, rng.standard_normal(ws[0]).astype(np.float32)]
     want = np.maximum(OPS["conv2d"].numpy(args, full), 0)
     np.testing.assert_allclose(getattr(widths, name)(*args), want, rtol=RTOL, atol=ATOL)
     (k,) = [k for k in widths.functions[name].last.kernels if k.kind == "conv2d"]

@@ -23,12 +23,15 @@ planes through the epilogue. The lanes are full whatever the image width, and
 a tap is one multiply-add per VL outputs; the price is the two transposes, which a large kernel
 (7 x 7: 49 multiply-adds per output) hides and a 3 x 3 one over wide rows does not
 (benchmarks/bench_conv.py --set grouped). onnxruntime's MLAS runs depthwise convs in its NCHWc
-layout the same way, reordering NCHW in and out. A grouped conv whose groups hold whole vectors
-of output channels (a RegNet's 16-64 per group) runs the same tasks over blocks of VL output
-channels of one group: the band's rows of the group's CG input planes are copied as they are
-(no transpose) and each input pixel, broadcast, multiplies a tap's weights of the VL output
-channels (a direct conv per group). The weights are prepacked [O / VL][CG][KH x KW][VL] when
-bound. EQFUSE_CONV_GROUPED=pixels|channels forces either path where it can run,
+layout the same way, reordering NCHW in and out. A grouped conv whose groups hold at least a
+vector of output channels (a RegNet's 16-120 per group) runs the same tasks over blocks of VL
+output channels of one group: the band's rows of the group's CG input planes are copied as they
+are (no transpose; once for the group's blocks, which follow each other) and each input pixel,
+broadcast, multiplies a tap's weights of the VL output channels (a direct conv per group). A group
+that is not whole vectors (24 per group at VL = 16) has ceil(OG / VL) blocks, the last one masked:
+its lanes past the group multiply zero weights and are not stored. The weights are prepacked
+[blocks][CG][KH x KW][VL] when bound. Under precision="bf16" these grouped convs multiply bf16
+K-pairs of a group's input channels (multiplies_bf16); a depthwise conv stays f32 (f32_note). EQFUSE_CONV_GROUPED=pixels|channels forces either path where it can run,
 EQFUSE_GROUPED_TILE=RW,BAND a tile and EQFUSE_GROUPED_PREFETCH=0|1 the prefetch, to measure the
 others.
 """
