@@ -132,6 +132,27 @@ def use_channels(d: ConvGroupedDetail) -> bool:
     return d.KH * d.KW > 9 or d.stride != (1, 1) or d.OW < 2 * d.vl
 
 
+# The cost of a block of half-width vectors against one of full width, in a grouped conv's
+# channels path: it computes half the lanes in fewer than half the time of a full one, since the
+# same broadcasts and loop feed twice the instructions (`benchmarks/bench_conv.py --set
+# regnet_widths`: the g48 row, whole vectors at both widths, ran 1.2x longer at 8 lanes than at 16)
+HALF_BLOCK_COST = 0.6
+
+
+def lanes(og: int, cg: int, m: Machine, bf16: bool) -> int:
+    """VL of a grouped conv: the machine's vector width, or half of it for groups of at least a
+    vector of output channels whose blocks cost less at half width (HALF_BLOCK_COST): 24 per group
+    at 16 lanes are two blocks, a quarter of their lanes masked, or three of 8 lanes (1.8 against 2);
+    56 and 120 keep 16 lanes (4 against 4.2, 8 against 9). Not under bf16 on the vdpbf16ps path (16
+    lanes) nor where the half is narrower than 8. EQFUSE_GROUPED_VL forces one."""
+    if os.environ.get("EQFUSE_GROUPED_VL"):
+        return int(os.environ["EQFUSE_GROUPED_VL"])
+    vl, half = m.simd_floats, m.simd_floats // 2
+    if half < 8 or og < vl or (bf16 and bf16_path(m) == "avx512_bf16") or (cg == 1 and og == 1):
+        return vl
+    return half if HALF_BLOCK_COST * cdiv(og, half) < cdiv(og, vl) else vl
+
+
 def channel_tiles(d: ConvGroupedDetail, m: Machine) -> tuple[int, int]:
     """(RW, BAND) of the channels path. RW: the register tile's pixels, from 4 up to the
     accumulators the vector registers leave (KW for a kernel row's weights, one for an input; at
@@ -142,7 +163,7 @@ def channel_tiles(d: ConvGroupedDetail, m: Machine) -> tuple[int, int]:
     if os.environ.get("EQFUSE_GROUPED_TILE"):  # "RW,BAND": a tile forced, to measure others
         rw, band = (int(t) for t in os.environ["EQFUSE_GROUPED_TILE"].split(","))
         return rw, min(band, d.OH)
-    regs = 32 if d.vl >= 16 else 16
+    regs = 32 if m.simd_floats >= 16 else 16  # (AVX-512's 32 registers at either width)
     rw = min(range(4, max(4, min(regs - d.KW - 1, 14)) + 1), key=lambda r: (cdiv(d.OW, r) * r, -r))
     tw = cdiv(d.OW, rw) * rw
     bwp = (tw - 1) * d.stride[1] + (d.KW - 1) * d.dilation[1] + 1
@@ -191,7 +212,8 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     # elements it reads and writes too)
     par = parallel(N * O, OH * OW, CG * KH * KW, 1) or N * (C * H * W + O * OH * OW) >= (1 << 17)
     d = ConvGroupedDetail(N, C, H, W, O, g, KH, KW, OH, OW, pair(cv.attr["stride"]), pair(cv.attr["padding"]),
-                          pair(cv.attr["dilation"]), par, vl=int(os.environ.get("EQFUSE_GROUPED_VL") or m.simd_floats))
+                          pair(cv.attr["dilation"]), par,
+                          vl=lanes(O // g, CG, m, plan.wanted_precision == "bf16" and CG >= 2))
     if use_channels(d):
         rw, band = channel_tiles(d, m)
         d = replace(d, channels=True, rw=rw, band=band,
