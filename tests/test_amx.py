@@ -1,0 +1,161 @@
+"""The AMX-BF16 path of the blocked bf16 GEMM (docs/precision.md, "AMX-BF16"): tdpbf16ps on 2 x 2
+C tiles of 16 x 16 f32, A packed as rows of bf16, B as the K-pairs of the vdpbf16ps path.
+
+A CPU without AMX tests it three ways, and one with AMX a fourth:
+- emulated: the kernels' own C, built with -DEQF_AMX_EMULATE (through EQFUSE_CFLAGS), where
+  csrc_templates/common_amx.h replaces the tile instructions by C that follows the operation
+  sections of Intel's SDM; planned for a machine model with AMX-BF16 (pinned without clamping it
+  to the host), over odd shapes with epilogues, against float64 at the documented bf16 bound
+  (tests/test_bf16.py's check_gemm);
+- the plan: a machine model with AMX-BF16 plans the path, and `eqfuse lower --precision bf16`
+  prints it; the few-rows GEMM keeps vdpbf16ps and says why;
+- compiled for a CPU with AMX (gcc -mamx-tile -mamx-bf16): the assembly holds the tile
+  instructions;
+- on the hardware, where /proc/cpuinfo has amx_bf16 and amx_tile (skipped with the reason elsewhere).
+"""
+
+import dataclasses
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from test_bf16 import EPS, GELU_F32, GELU_LIP, check_gemm, gelu
+
+import eqfuse
+from eqfuse import machine
+from eqfuse.backend.cbuild import COMMON_C, compiler, header_c
+from eqfuse.backend.emit import emit_graph
+from eqfuse.cli.main import main
+from eqfuse.errors import EqfuseError
+from eqfuse.frontend.load import load
+from eqfuse.pipeline import lower
+
+# Odd shapes (no size a multiple of 16 or 32): one K slice with a bias, B bound; K in several
+# slices with a short last one, B bound; B passed per call with relu and 33 rows (one whole row
+# tile and one row of the next); a transposed B passed per call, with bias and gelu.
+GRAPH = """
+graph amx(x1: f32[70, 301], w1: f32[301, 200], b1: f32[200], x2: f32[40, 1101], w2: f32[1101, 96],
+          x3: f32[33, 77], w3: f32[77, 130], x4: f32[48, 257], w4t: f32[80, 257], b4: f32[80]) {
+    y1 = kernel { x1 @ w1 + b1 }
+    y2 = kernel { x2 @ w2 }
+    y3 = kernel { relu(x3 @ w3) }
+    y4 = kernel { gelu(x4 @ transpose(w4t) + b4) }
+    return y1, y2, y3, y4
+}
+"""
+SHAPES = {"x1": (70, 301), "w1": (301, 200), "b1": (200,), "x2": (40, 1101), "w2": (1101, 96), "x3": (33, 77),
+          "w3": (77, 130), "x4": (48, 257), "w4t": (80, 257), "b4": (80,)}
+BOUND = ("w1", "b1", "w2")  # (params=: packed once)
+
+
+def amx_model() -> machine.Machine:
+    """This host's model with AMX-BF16 (and AVX512_BF16, which every CPU with AMX-BF16 has)."""
+    return dataclasses.replace(machine.machine(), simd_floats=16, avx512_bf16=True, amx_bf16=True)
+
+
+def host_has_amx() -> bool:
+    flags = machine.cpu_flags()
+    return "amx_bf16" in flags and "amx_tile" in flags
+
+
+def arrays(seed=0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+
+
+def compile_amx(a: dict[str, np.ndarray]):
+    return eqfuse.compile(GRAPH, fuse="manual", params={k: a[k] for k in BOUND}, precision="bf16")
+
+
+def check_all(mod, a: dict[str, np.ndarray]) -> None:
+    """Every GEMM planned on the AMX path and within the documented bound of float64."""
+    plans = [p for p in mod.default.last.plans if p.kind == "contraction"]
+    assert len(plans) == 4
+    for p in plans:
+        assert (p.precision, p.precision_path, p.detail.path) == ("bf16", "amx_bf16", "blocked"), p.name
+        assert (p.tiles["mr"], p.tiles["nr"]) == (32, 32) and mod.report["precision"][p.name]["path"] == "amx_bf16"
+    assert any(p.tiles["kc"] < p.detail.K for p in plans)  # (K in several slices)
+    y1, y2, y3, y4 = mod(*[a[k] for k in SHAPES if k not in BOUND])
+    check_gemm(y1, a["x1"], a["w1"], bias=a["b1"])
+    check_gemm(y2, a["x2"], a["w2"])
+    check_gemm(y3, a["x3"], a["w3"], epilogue=lambda z: np.maximum(z, 0))
+    check_gemm(y4, a["x4"], a["w4t"].T, epilogue=gelu, lip=GELU_LIP, own=EPS + GELU_F32, bias=a["b4"])
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    """The AMX kernels built with the emulated tile instructions (EQF_AMX_EMULATE)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
+        with machine.pinned(amx_model(), clamp=False):
+            a = arrays()
+            yield compile_amx(a), a
+
+
+def test_emulated_amx_gemms_are_within_the_bf16_bound(emulated):
+    mod, a = emulated
+    check_all(mod, a)
+
+
+def test_a_refused_tile_state_is_an_error_not_a_signal(monkeypatch):
+    """The operating system's refusal (emulated: eqf_amx_ready() says no) stops the GEMM before
+    any tile instruction, and the call raises an error that says what to do."""
+    monkeypatch.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE -DEQF_AMX_EMULATE_REFUSED")
+    src = "graph g(x: f32[40, 50], w: f32[50, 60]) -> f32[40, 60] {\n  return x @ w\n}"
+    with machine.pinned(amx_model(), clamp=False):
+        mod = eqfuse.compile(src, precision="bf16")
+        with pytest.raises(EqfuseError, match="refused this process the tile state.*EQFUSE_AMX=0"):
+            mod(np.ones((40, 50), np.float32), np.ones((50, 60), np.float32))
+
+
+@pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)")
+def test_amx_gemms_on_the_hardware_are_within_the_bf16_bound():
+    with machine.pinned(amx_model()):
+        check_all(compile_amx(arrays(1)), arrays(1))
+
+
+def test_a_machine_with_amx_plans_the_tiles_and_lower_prints_it(tmp_path, capsys):
+    model = tmp_path / "g.g"
+    model.write_text("graph g(x: f32[1024, 1024], w: f32[1024, 1024], b: f32[1024]) -> f32[1024, 1024] {\n"
+                     "  return relu(x @ w + b)\n}\n")
+    with machine.pinned(machine.MODELS["xeon-spr"], clamp=False):
+        assert main(["lower", str(model), "--precision", "bf16"]) == 0
+        text = capsys.readouterr().out
+        assert "precision: bf16, path: amx_bf16" in text
+        tiles = dict(re.findall(r"(\w+)=(\d+)", re.search(r"tiles: (.*)", text).group(1)))
+        assert (tiles["mr"], tiles["nr"]) == ("32", "32") and int(tiles["kc"]) % 32 == 0 and int(tiles["kc"]) < 1024
+        # the few-rows GEMM over a bound weight stays on vdpbf16ps, and says so
+        src = "graph s(x: f32[4, 256], w: f32[256, 128]) -> f32[4, 128] {\n  return kernel { x @ w }\n}"
+        _, _, plans = lower(load(src)[0], {}, fuse="manual", params=frozenset({"w"}), precision="bf16")
+    (p,) = [p for p in plans if p.kind == "contraction"]
+    assert (p.detail.path, p.precision_path) == ("skinny", "avx512_bf16") and "AMX" in p.precision_note
+    # a machine without AMX keeps its path
+    with machine.pinned(dataclasses.replace(machine.MODELS["xeon-spr"], amx_bf16=False), clamp=False):
+        assert main(["lower", str(model), "--precision", "bf16"]) == 0
+        assert "path: avx512_bf16" in capsys.readouterr().out
+
+
+def test_the_real_amx_kernels_compile_for_a_cpu_with_amx(tmp_path):
+    """The C of the real path (no emulation), built for a CPU with AMX-TILE and AMX-BF16, holds
+    the tile instructions (compiled only: this CPU may have no AMX)."""
+    cc = compiler().split()
+    if not shutil.which(cc[0]):
+        pytest.skip(f"no C compiler {cc[0]}")
+    with machine.pinned(amx_model(), clamp=False):
+        _, _, plans = lower(load(GRAPH)[0], {}, fuse="manual", params=frozenset(BOUND), precision="bf16")
+        code = "\n".join(emit_graph(plans).kernel_sources.values())
+    assert "_tile_dpbf16ps" in code
+    src = tmp_path / "amx.c"
+    src.write_text(header_c(code) + COMMON_C + code)
+    flags = ["-O2", "-fopenmp", "-std=gnu11", "-Wall", "-Werror", "-march=x86-64-v4", "-mavx512bf16", "-mamx-tile",
+             "-mamx-bf16", "-S", "-o", str(tmp_path / "amx.s"), str(src)]
+    out = subprocess.run(cc + flags, capture_output=True, text=True)
+    if out.returncode and "amx" in out.stderr and "unrecognized" in out.stderr:
+        pytest.skip(f"{cc[0]} does not know AMX: {out.stderr.strip()[:200]}")
+    assert out.returncode == 0, out.stderr[:4000]
+    asm = (tmp_path / "amx.s").read_text()
+    for insn in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilezero", "tilerelease"):
+        assert insn in asm, insn
+    assert "syscall(SYS_arch_prctl, 0x1023, 18)" in header_c(code)  # (the permission, asked before the tiles)
