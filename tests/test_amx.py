@@ -157,3 +157,40 @@ def test_the_real_amx_kernels_compile_for_a_cpu_with_amx(tmp_path):
     for insn in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilezero", "tilerelease"):
         assert insn in asm, insn
     assert "syscall(SYS_arch_prctl, 0x1023, 18)" in header_c(code)  # (the permission, asked before the tiles)
+
+
+# The other mappings of a GEMM onto the AMX kernel: strided batches (one call, a stride per
+# operand) and an im2col conv; each against the avx512_bf16 path on the same bf16 operands.
+MAPPINGS = """
+graph maps(xb: f32[3, 19, 45], wb: f32[3, 45, 33], img: f32[2, 5, 11, 13], f: f32[7, 5, 3, 3]) {
+    b = kernel { xb @ wb }
+    c = kernel { relu(conv2d(img, f, padding=1)) }
+    return b, c
+}
+"""
+
+
+@pytest.mark.extended
+def test_emulated_amx_batches_and_im2col_convs_agree_with_vdpbf16ps(monkeypatch):
+    """Both paths multiply the same bf16 values: they differ by the order of the f32 additions,
+    within twice the accumulation bound of the bf16 operands (tests/test_bf16.py's paths test)."""
+    from test_bf16 import bf16
+
+    monkeypatch.setenv("EQFUSE_CONV", "im2col")
+    rng = np.random.default_rng(3)
+    shapes = {"xb": (3, 19, 45), "wb": (3, 45, 33), "img": (2, 5, 11, 13), "f": (7, 5, 3, 3)}
+    a = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    out = {}
+    for amx in (True, False):
+        monkeypatch.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE" if amx else "")
+        with machine.pinned(dataclasses.replace(amx_model(), amx_bf16=amx), clamp=False):
+            mod = eqfuse.compile(MAPPINGS, fuse="manual", precision="bf16")
+        assert {e["path"] for e in mod.report["precision"].values()} == {"amx_bf16" if amx else "avx512_bf16"}
+        out[amx] = mod(*[a[k] for k in shapes])
+    absb = lambda x: np.abs(bf16(x)).astype(np.float64)  # noqa: E731
+    cols = np.lib.stride_tricks.sliding_window_view(np.pad(absb(a["img"]), ((0, 0), (0, 0), (1, 1), (1, 1))),
+                                                    (3, 3), axis=(2, 3))  # [n, c, oh, ow, kh, kw]
+    sums = [absb(a["xb"]) @ absb(a["wb"]), np.einsum("nchwij,ocij->nohw", cols, absb(a["f"]))]
+    for (y_amx, y_vdp, s, K) in zip(out[True], out[False], sums, (45, 5 * 9)):
+        bound = 2 * 1.01 * K * EPS * s + 2 * EPS * np.abs(y_vdp)
+        assert np.all(np.abs(y_amx.astype(np.float64) - y_vdp) <= bound)
