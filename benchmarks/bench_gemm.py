@@ -59,7 +59,8 @@ vfmadd231ps on zmm registers (16 lanes x 2 FLOPs each); the bf16 one is derived 
 vdpbf16ps does two multiply-adds per 32-bit lane, at the FMA's throughput), and the loop of
 vdpbf16ps is measured beside it as a check. A row on AMX-BF16 tiles (the path `amx_bf16` in
 report["precision"]) is given as a fraction of the AMX peak, derived as 16 times the f32 one
-(eqfuse.machine.bf16_peak_ratio: tdpbf16ps's 512 multiply-adds per cycle over two 16-lane FMAs).
+(eqfuse.machine.bf16_peak_ratio: tdpbf16ps's 512 multiply-adds per cycle over two 16-lane FMAs),
+and a loop of tdpbf16ps on four C tiles is measured beside it as a check.
 
 `--int8` (docs/precision.md) measures a dynamically quantized linear layer y = x @ W + b as
 onnxruntime.quantization.quantize_dynamic writes it (W int8, x quantized to u8 per call:
@@ -121,6 +122,43 @@ float peak_loop(long n, int bf16)
         s = _mm512_add_ps(s, c[r]);
     return _mm512_reduce_add_ps(s);
 }
+
+/* n steps of four tdpbf16ps on four independent C tiles (16 x 16 x 32 multiply-adds each), where
+ * the kernels are built for AMX-BF16 (or emulate it); -1 elsewhere, or when the operating system
+ * refuses the tile state (csrc_templates/common_amx.h) */
+float peak_amx(long n)
+{
+#if (defined(__AMX_TILE__) && defined(__AMX_BF16__)) || defined(EQF_AMX_EMULATE)
+    static uint16_t ones[16 * 32] __attribute__((aligned(64)));
+    float out[16 * 16] __attribute__((aligned(64)));
+    if (!eqf_amx_ready())
+        return -1.0f;
+    for (int i = 0; i < 16 * 32; i++)
+        ones[i] = 0x2c00; /* bf16 2^-39: the sums stay far from overflow */
+    eqf_amx_begin();
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    EQF_AMX_FENCE();
+    _tile_loadd(4, ones, 64);
+    _tile_loadd(5, ones, 64);
+    _tile_loadd(6, ones, 64);
+    _tile_loadd(7, ones, 64);
+    for (long i = 0; i < n; i++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    return out[0];
+#else
+    (void)n;
+    return -1.0f;
+#endif
+}
 """
 
 
@@ -133,19 +171,23 @@ def measure_peaks(threads: int) -> dict:
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
     from eqfuse.machine import bf16_peak_ratio, machine
 
-    lib = build(header_c() + COMMON_C + PEAK_C, COMMON_CDEF + "\nfloat peak_loop(long n, int bf16);", "peak").lib
+    lib = build(header_c() + COMMON_C + PEAK_C,
+                COMMON_CDEF + "\nfloat peak_loop(long n, int bf16);\nfloat peak_amx(long n);", "peak").lib
     n = 1_000_000  # (~25 ms a run: short runs, many of them, find the core's quiet moments)
     out = {}
-    for name, bf16, per in (("f32", 0, 12 * 16 * 2), ("bf16_vdpbf16ps", 1, 12 * 16 * 4)):
-        if lib.peak_loop(1, bf16) < 0:
+    loops = (("f32", lambda k: lib.peak_loop(k, 0), n, 12 * 16 * 2),
+             ("bf16_vdpbf16ps", lambda k: lib.peak_loop(k, 1), n, 12 * 16 * 4),
+             ("bf16_tdpbf16ps", lib.peak_amx, n // 8, 4 * 16 * 16 * 32 * 2))
+    for name, loop, steps, per in loops:
+        if loop(1) < 0:
             out[name] = float("nan")
             continue
         best = 0.0
         with ThreadPoolExecutor(threads) as ex:
             for _ in range(20):
                 t0 = time.perf_counter()
-                list(ex.map(lambda _: lib.peak_loop(n, bf16), range(threads)))
-                best = max(best, threads * n * per / (time.perf_counter() - t0) / 1e9)
+                list(ex.map(lambda _: loop(steps), range(threads)))
+                best = max(best, threads * steps * per / (time.perf_counter() - t0) / 1e9)
         out[name] = best
     out["bf16"] = 2 * out["f32"]  # (derived: two multiply-adds per lane per instruction)
     # (derived: tdpbf16ps's multiply-adds per cycle over the f32 FMA's, eqfuse.machine.bf16_peak_ratio)
@@ -250,7 +292,8 @@ def print_precision(results: list[dict], repeat: int, rounds: int) -> None:
         amx = any(r["peak_of"] == "bf16_amx" for r in res["rows"])
         print(f"\nthreads={t}: peaks measured here, f32 FMA {pk['f32']:.1f} GFLOP/s, bf16 2x = {pk['bf16']:.1f} "
               f"(a vdpbf16ps loop measured {pk['bf16_vdpbf16ps']:.1f})"
-              + (f", AMX-BF16 {pk['bf16_amx'] / pk['f32']:.0f}x = {pk['bf16_amx']:.1f} (derived, not measured)" if amx else ""))
+              + (f", AMX-BF16 {pk['bf16_amx'] / pk['f32']:.0f}x = {pk['bf16_amx']:.1f} "
+                 f"(a tdpbf16ps loop measured {pk.get('bf16_tdpbf16ps', float('nan')):.1f})" if amx else ""))
         head = f"{'shape':>14} {'':<44} {'ms':>8} {'spread':>7} {'GFLOP/s':>8} {'of peak':>8} {'error':>9}"
         print(head)
         print("-" * len(head))
