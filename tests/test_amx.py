@@ -194,3 +194,16 @@ def test_emulated_amx_batches_and_im2col_convs_agree_with_vdpbf16ps(monkeypatch)
     for (y_amx, y_vdp, s, K) in zip(out[True], out[False], sums, (45, 5 * 9)):
         bound = 2 * 1.01 * K * EPS * s + 2 * EPS * np.abs(y_vdp)
         assert np.all(np.abs(y_amx.astype(np.float64) - y_vdp) <= bound)
+
+
+def test_eqfuse_amx_0_turns_the_tiles_off(monkeypatch):
+    """A host whose /proc/cpuinfo has amx_bf16 and amx_tile plans the tiles, unless EQFUSE_AMX=0
+    (the way out when the operating system refuses the tile state)."""
+    flags = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    monkeypatch.setattr(machine, "cpu_flags", lambda: flags)
+    assert machine.host_isa()["amx_bf16"]
+    monkeypatch.setenv("EQFUSE_AMX", "0")
+    assert not machine.host_isa()["amx_bf16"] and machine.host_isa()["avx512_bf16"]
+    monkeypatch.setattr(machine, "cpu_flags", lambda: flags - {"amx_tile"})
+    monkeypatch.delenv("EQFUSE_AMX")
+    assert not machine.host_isa()["amx_bf16"]
