@@ -25,7 +25,7 @@ from test_bf16 import EPS, GELU_F32, GELU_LIP, check_gemm, gelu
 
 import eqfuse
 from eqfuse import machine
-from eqfuse.backend.cbuild import COMMON_C, compiler, header_c
+from eqfuse.backend.cbuild import COMMON_C, build, compiler, header_c
 from eqfuse.backend.emit import emit_graph
 from eqfuse.cli.main import main
 from eqfuse.errors import EqfuseError
@@ -207,3 +207,52 @@ def test_eqfuse_amx_0_turns_the_tiles_off(monkeypatch):
     monkeypatch.setattr(machine, "cpu_flags", lambda: flags - {"amx_tile"})
     monkeypatch.delenv("EQFUSE_AMX")
     assert not machine.host_isa()["amx_bf16"]
+
+
+TDP_C = r"""
+/* one tdpbf16ps: c (16 x 16 f32) += a (16 rows x 32 bf16) . b (16 K-pairs x 16 columns) */
+void tdp(const uint16_t* a, const uint16_t* b, float* c)
+{
+    eqf_amx_begin();
+    _tile_loadd(0, c, 64);
+    _tile_loadd(4, a, 64);
+    _tile_loadd(6, b, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_stored(0, c, 64);
+    _tile_release();
+}
+"""
+
+
+def test_the_emulated_tdpbf16ps_is_the_sdm_operation():
+    """The emulation against the SDM's operation written again in numpy, bit for bit: per output
+    element two f32 sums (even and odd elements of the K-pairs) over the 16 pairs, then their sum
+    added to C, every step rounded to nearest even and flushed (DAZ = FTZ = 1). One element reads
+    a denormal bf16 and another makes a denormal product, where the flushes show."""
+    built = build(header_c(TDP_C) + COMMON_C + TDP_C, "void tdp(const uint16_t* a, const uint16_t* b, float* c);",
+                  "tdp", extra_flags=("-DEQF_AMX_EMULATE", "-O0"))
+    rng = np.random.default_rng(4)
+    to_bf16 = lambda x: (np.asarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)  # noqa: E731 (exact here)
+    a = to_bf16(rng.standard_normal((16, 32)) * 2.0 ** rng.integers(-4, 5, (16, 32)))
+    b = to_bf16(rng.standard_normal((16, 32)))
+    a[0, :], a[0, 0], b[0, 0] = 0, 0x0001, to_bf16(2.0**100)  # a denormal bf16 (2^-133) x 2^100: 2^-33 unless read as 0
+    a[1, :], a[1, 2], b[1, 4] = 0, to_bf16(2.0**-70), to_bf16(2.0**-60)  # a denormal product, 2^-130, unless flushed
+    c = rng.standard_normal((16, 16)).astype(np.float32)
+    c[0, 0] = c[1, 2] = 0
+    got = c.copy()
+    built.lib.tdp(*(built.ffi.from_buffer(t, x) for t, x in (("uint16_t[]", a), ("uint16_t[]", b), ("float[]", got))))
+
+    def sdm(flush):
+        f32 = lambda h: (h.astype(np.uint32) << 16).view(np.float32)  # noqa: E731 (make_fp32)
+        fa, fb = flush(f32(a)), flush(f32(b))
+        even, odd = np.zeros((16, 16), np.float32), np.zeros((16, 16), np.float32)
+        for k in range(16):  # (a bf16 product is exact in f32: the FMA rounds once, at the add)
+            even = flush(even + fa[:, 2 * k, None] * fb[None, k, 0::2])
+            odd = flush(odd + fa[:, 2 * k + 1, None] * fb[None, k, 1::2])
+        return flush(flush(c) + flush(even + odd))
+
+    with np.errstate(over="ignore", under="ignore"):
+        want = sdm(lambda x: np.where(np.abs(x) < 2.0**-126, np.copysign(np.float32(0), x), x).astype(np.float32))
+        plain = sdm(lambda x: x.astype(np.float32))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert got[0, 0] == got[1, 2] == 0 and plain[0, 0] == 2.0**-33 and plain[1, 2] == 2.0**-130  # (the flushes show)
