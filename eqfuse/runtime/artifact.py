@@ -222,11 +222,13 @@ def _function_state(f, parts: _Parts, libs: dict, target: str) -> dict:
 
 def target_extensions(target: str, precision: str) -> list[str]:
     """The ISA extensions beyond the level `target` that its code uses: a bf16 model's GEMMs take
-    the AVX512_BF16 path (vdpbf16ps, as the compiled Module's do: its outputs, bit for bit) where
-    this machine has it and the level is AVX-512; nothing else does. The artifact then runs only
-    on a CPU with them (`_choose_target`)."""
+    the AVX512_BF16 path (vdpbf16ps), and its blocked GEMMs the AMX-BF16 one (tdpbf16ps), as the
+    compiled Module's do (its outputs, bit for bit), where this machine has them and the level is
+    AVX-512; nothing else does. The artifact then runs only on a CPU with them (`_choose_target`)."""
     m = machine()
-    return ["avx512_bf16"] if precision == "bf16" and m.avx512_bf16 and LEVELS[target][1] >= 16 else []
+    if precision != "bf16" or not m.avx512_bf16 or LEVELS[target][1] < 16:
+        return []
+    return ["avx512_bf16"] + (["amx_bf16"] if m.amx_bf16 else [])
 
 
 def _target_state(fns: list, parts: _Parts, target: str, extensions: list[str]) -> dict:

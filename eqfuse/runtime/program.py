@@ -24,8 +24,9 @@ output.
 threads, int pool_threads, long* failed)`: it sets OpenMP's thread count (threads > 0) and the
 claim-based pool's (pool_threads > 0; else OpenMP's), calls every kernel in order
 and returns 0, or the count of bad indices of the first index kernel that met any, or EQF_NOMEM
-(-1) when a kernel could not allocate its scratch buffer (the plan index of that kernel in
-*failed; the kernels after it do not run). `eqf_<graph>_run_profile(1)` makes it add each
+(-1) when a kernel could not allocate its scratch buffer, or EQF_NO_AMX (-3) when an AMX GEMM
+found the tile state refused (the plan index of that kernel in *failed; the kernels after it do
+not run). `eqf_<graph>_run_profile(1)` makes it add each
 kernel's wall time to a table that `eqf_<graph>_run_times` copies out (eqfuse.runtime.profile).
 
 `Runner` makes the one cffi call per graph call. Each Python thread has its own arena, pointer
@@ -49,7 +50,7 @@ from operator import is_not
 import numpy as np
 
 from eqfuse.backend.plan import KernelPlan, size
-from eqfuse.errors import ArgumentError
+from eqfuse.errors import ArgumentError, EqfuseError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K
 from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
@@ -232,7 +233,7 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
         lines += ["    if (prof) {", "        clock_gettime(CLOCK_MONOTONIC, &t1);",
                   f"        {name}_ns[{s}] += (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);", "    }"]
         if p.kind in SCRATCH_KINDS:
-            lines += ["    if (eqf_nomem_take()) {", f"        *failed = {s};", "        return EQF_NOMEM;", "    }"]
+            lines += ["    if ((bad = eqf_nomem_take()) != 0) {", f"        *failed = {s};", "        return bad;", "    }"]
     lines += ["    return 0;", "}"]
     # The calling thread's OpenMP thread count is set for the call and given back at its end:
     # libgomp is the process's, shared with torch (whose get_num_threads reads this very count,
@@ -263,6 +264,7 @@ def hold_pool(p: KernelPlan) -> bool | None:
 
 POOL_MAX = 64  # EQF_POOL_MAX of common_pool.h: the pool's most workers
 NOMEM = -1  # EQF_NOMEM of common.h: a kernel could not allocate its scratch buffer
+NO_AMX = -3  # EQF_NO_AMX of common.h: the operating system refused an AMX GEMM the tile state
 BAD_LENGTH = -2  # the live length of a KV cache is past its buffers (eqfuse.backend.live)
 _scratch_key: int | None = None  # the process's one pthread key of per-thread scratch buffers
 _scratch_lock = threading.Lock()
@@ -590,6 +592,13 @@ class Runner:
         if bad == NOMEM:
             p = self.kernels[st["failed"][0]]
             raise MemoryError(f"eqfuse: kernel {p.name} ({p.kind}) could not allocate its scratch buffer")
+        if bad == NO_AMX:
+            p = self.kernels[st["failed"][0]]
+            raise EqfuseError(f"eqfuse: kernel {p.name} multiplies on AMX-BF16 tiles, but the operating system "
+                              "refused this process the tile state (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM, "
+                              "XFEATURE_XTILEDATA) failed: it needs Linux 5.16 or later, and sigaltstacks large "
+                              "enough for the tile state); with EQFUSE_AMX=0 in the environment eqfuse plans "
+                              "vdpbf16ps instead")
         if bad:  # an index kernel met indices outside the axis it reads
             p = self.kernels[st["failed"][0]]
             raise ArgumentError(f"{bad} index value(s) out of range in {p.detail.op} (kernel {p.name})")
