@@ -43,7 +43,12 @@ from dataclasses import dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
-from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, bf16_path, cdiv, parallel
+from eqfuse.backend.kinds.contraction.plan_gemm import (
+    Prepack,
+    bf16_path,
+    cdiv,
+    parallel,
+)
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.kernels import F32
 from eqfuse.ir.ops import pair
@@ -187,16 +192,18 @@ def prefetches(d: ConvGroupedDetail) -> bool:
 def multiplies_bf16(d: ConvGroupedDetail) -> bool:
     """Whether a grouped conv multiplies in bf16 under precision="bf16": the channels path's GROUPED
     convs of at least two input channels per group (K-pairs of a group's input channels). A
-    depthwise conv (one input channel per group) stays f32: it is bound by memory, and its bytes
-    are its f32 input and output (docs/precision.md, "Depthwise and grouped convolutions")."""
+    depthwise conv (one input channel per group) stays f32: one multiply-add per tap of each
+    output, its time is its f32 input's and output's traffic (docs/precision.md, "Depthwise and
+    grouped convolutions")."""
     return d.channels and d.grouped and d.cg >= 2
 
 
 def f32_note(d: ConvGroupedDetail) -> str:
     """report["precision"]'s note of a grouped conv that computes in f32 under precision="bf16"."""
     if d.cg == 1:
-        return ("a depthwise conv runs in f32 under bf16: bound by memory, its f32 input and output are "
-                "the bytes it moves (bf16 weights would save under 1% of them; docs/precision.md)")
+        return ("a depthwise conv runs in f32 under bf16: one multiply-add per tap of each output, its time is "
+                "its f32 input's and output's traffic and its transposes, not the multiplies "
+                "(docs/precision.md, \"Depthwise and grouped convolutions\")")
     return ("a grouped conv of fewer output channels per group than a vector runs in f32 under bf16: "
             "no bf16 path for this kernel")
 
