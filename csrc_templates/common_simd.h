@@ -14,18 +14,24 @@
 #endif
 
 /* acc + lo(a) lo(w) + hi(a) hi(w), lane by lane: `a` one bf16 K-pair (lo at k, hi at k + 1, as
- * eqf_bf16_pair makes it), `w` a vector of K-pairs (32-bit lanes), `acc` a vector of as many floats
- * (GCC vector types of any width). The register tiles of the bf16 convs (conv_direct.c,
- * conv_winograd.c, conv_grouped.c) on their plan's path, a literal PATH (the templates' BF16):
- * 2 = vdpbf16ps (AVX512_BF16, 16 lanes; the template includes <immintrin.h>); 1 = the fallback,
- * w's halves widened to f32 by a shift and a mask, two FMAs on the same bf16 operands (products of
- * two bf16 are exact in f32: both paths give the same sums up to the order of the two adds). */
-#define EQF_DP_BF16(PATH, acc, a, w) EQF_DP_BF16_##PATH(acc, a, w)
-#define EQF_DP_BF16_1(acc, a, w)                                                                  \
+ * eqf_bf16_pair makes it), `w` a vector of VL K-pairs (32-bit lanes), `acc` a vector of VL floats
+ * (GCC vector types). The register tiles of the bf16 convs (conv_direct.c, conv_winograd.c,
+ * conv_grouped.c) on their plan's path, PATH and VL literals (the templates' BF16 and VL):
+ * 2 = vdpbf16ps (AVX512_BF16: on zmm at 16 lanes, on ymm at 8 with AVX512VL; the template includes
+ * <immintrin.h>); 1 = the fallback, w's halves widened to f32 by a shift and a mask, two FMAs on
+ * the same bf16 operands (products of two bf16 are exact in f32: both paths give the same sums
+ * up to the order of the two adds). */
+#define EQF_DP_BF16(PATH, VL, acc, a, w) EQF_DP_BF16_##PATH##_##VL(acc, a, w)
+#define EQF_DP_WIDEN(acc, a, w)                                                                   \
     ((acc) + eqf_bf16_f32((uint16_t)(a)) * (__typeof__(acc))((w) << 16)                           \
      + eqf_bf16_f32((uint16_t)((a) >> 16)) * (__typeof__(acc))((w) & 0xffff0000u))
-#define EQF_DP_BF16_2(acc, a, w)                                                                  \
+#define EQF_DP_BF16_1_4(acc, a, w) EQF_DP_WIDEN(acc, a, w)
+#define EQF_DP_BF16_1_8(acc, a, w) EQF_DP_WIDEN(acc, a, w)
+#define EQF_DP_BF16_1_16(acc, a, w) EQF_DP_WIDEN(acc, a, w)
+#define EQF_DP_BF16_2_16(acc, a, w)                                                               \
     ((__typeof__(acc))_mm512_dpbf16_ps((__m512)(acc), (__m512bh)_mm512_set1_epi32((int)(a)), (__m512bh)(w)))
+#define EQF_DP_BF16_2_8(acc, a, w)                                                                \
+    ((__typeof__(acc))_mm256_dpbf16_ps((__m256)(acc), (__m256bh)_mm256_set1_epi32((int)(a)), (__m256bh)(w)))
 
 /* Everything below uses the x86 intrinsics, and is compiled only in a module whose code needs
  * them: the module defines EQF_INTRINSICS before this header (eqfuse.backend.cbuild.intrinsics_define

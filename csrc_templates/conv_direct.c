@@ -214,7 +214,7 @@ static inline void {{NAME}}_tile(const {{NAME}}_xt* restrict xb, long bs, long r
                     memcpy(&a, px[r] + 2 * t2, 4);
 #pragma GCC unroll 8
                     for (int v = 0; v < V; v++)
-                        acc[r][v] = EQF_DP_BF16({{BF16}}, acc[r][v], a, wv[v]);
+                        acc[r][v] = EQF_DP_BF16({{BF16}}, {{VL}}, acc[r][v], a, wv[v]);
                 }
             }
             if (KW * CB % 2) { /* an odd kernel row (a stem's 3 channels x 7): its last step alone, the

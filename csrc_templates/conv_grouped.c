@@ -47,8 +47,8 @@
  * copied as bf16 K-pairs of consecutive input channels (lane halves ci, ci + 1; a zero channel after
  * an odd CG), rounding as they are copied, the weights prepacked once as K-pairs
  * [NCB][CG / 2][KH x KW][VL][2] bf16, and each pixel's pair, broadcast, multiplies a tap's VL pairs
- * (EQF_DP_BF16: vdpbf16ps on 2, the widening fallback on 1) into the f32 accumulators; the epilogue
- * is f32. */
+ * (EQF_DP_BF16: vdpbf16ps on 2, on zmm or at VL = 8 on ymm; the widening fallback on 1) into the
+ * f32 accumulators; the epilogue is f32. */
 typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
 typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
 
@@ -58,7 +58,7 @@ typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4)));
     enum { SPAN = {{GROUPED}} ? {{OG}} : {{O}}, BPS = (SPAN + {{VL}} - 1) / {{VL}} /* blocks per span */, \
            NCB = {{O}} / SPAN * BPS, CGP = {{BF16}} ? ({{CG}} + 1) / 2 : {{CG}} }
 #if {{BF16}}
-#if {{BF16}} == 2 && !(defined(__AVX512BF16__) && {{VL}} == 16)
+#if {{BF16}} == 2 && !(defined(__AVX512BF16__) && ({{VL}} == 16 || ({{VL}} == 8 && defined(__AVX512VL__))))
 #error "the plan chose the AVX512_BF16 path (vdpbf16ps) but the compiler does not target AVX512_BF16"
 #endif
 #if {{BF16}} == 2
@@ -263,7 +263,7 @@ void {{NAME}}({{PARAMS}})
                                 const {{NAME}}_vp wk = ((const {{NAME}}_vp*)wv)[(cp * KH + kh) * KW + kw];
 #pragma GCC unroll 16
                                 for (int r = 0; r < RW; r++)
-                                    acc[r] = EQF_DP_BF16({{BF16}}, acc[r], xr[r * SW + kw * DW], wk);
+                                    acc[r] = EQF_DP_BF16({{BF16}}, {{VL}}, acc[r], xr[r * SW + kw * DW], wk);
 #else
                                 const vf wk = wv[(cp * KH + kh) * KW + kw];
 #pragma GCC unroll 16

@@ -181,7 +181,7 @@ static inline void {{NAME}}_gemm(const {{NAME}}_vt* restrict a, const {{NAME}}_v
             memcpy(&s, a + r * RA + 2 * c2, 4);
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
-                acc[r][v] = EQF_DP_BF16({{BF16}}, acc[r][v], s, wv[v]);
+                acc[r][v] = EQF_DP_BF16({{BF16}}, {{VL}}, acc[r][v], s, wv[v]);
         }
     }
 #else

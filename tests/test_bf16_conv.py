@@ -193,7 +193,7 @@ def test_winograd_within_its_bound(run):
 # ---------------------------------------------------------------- grouped and depthwise convs
 # (docs/precision.md, "Depthwise and grouped convolutions"): a grouped conv of at least a vector of
 # output channels per group multiplies bf16 K-pairs of its group's input channels; ga: 24 output
-# channels a group (a vector and a masked half at 16 lanes), its weights bound; gb: 15 input
+# channels a group (three vectors of 8 lanes, conv_grouped.lanes), its weights bound; gb: 15 input
 # channels a group (an odd count: a zero channel completes the last pair), stride 2, its weights
 # passed at each call; dw: a depthwise conv, which stays f32 and says why.
 SRC_G = """graph gconvs(x1: f32[1, 48, 9, 11], w1: f32[48, 24, 3, 3], x2: f32[2, 30, 10, 9], w2: f32[32, 15, 3, 3],
@@ -234,6 +234,8 @@ def test_grouped_convs_run_in_bf16_and_depthwise_in_f32_with_a_note(run_grouped)
     convs = [p for p in mod.default.last.plans if p.kind == "conv2d"]
     got = sorted((p.detail.cg, p.precision, p.precision_path) for p in convs)
     assert got == [(1, "f32", "f32"), (15, "bf16", path), (24, "bf16", path)]
+    # (24 per group at half width, three blocks of 8 lanes: vdpbf16ps's ymm form on that path)
+    assert {p.detail.cg: p.detail.vl for p in convs}[24] == machine.machine().simd_floats // 2
     (dw,) = [p for p in convs if p.detail.cg == 1]
     assert "depthwise" in mod.report["precision"][dw.name]["note"]
     np.testing.assert_allclose(ys[2], np.maximum(conv64_groups(xs["x3"], xs["w3"], 1, 1, 16), 0), rtol=1e-4, atol=1e-5)

@@ -144,16 +144,17 @@ def use_channels(d: ConvGroupedDetail) -> bool:
 HALF_BLOCK_COST = 0.6
 
 
-def lanes(og: int, cg: int, m: Machine, bf16: bool) -> int:
+def lanes(og: int, cg: int, m: Machine) -> int:
     """VL of a grouped conv: the machine's vector width, or half of it for groups of at least a
     vector of output channels whose blocks cost less at half width (HALF_BLOCK_COST): 24 per group
     at 16 lanes are two blocks, a quarter of their lanes masked, or three of 8 lanes (1.8 against 2);
-    56 and 120 keep 16 lanes (4 against 4.2, 8 against 9). Not under bf16 on the vdpbf16ps path (16
-    lanes) nor where the half is narrower than 8. EQFUSE_GROUPED_VL forces one."""
+    56 and 120 keep 16 lanes (4 against 4.2, 8 against 9). The same in bf16 (vdpbf16ps has a ymm
+    form on 8 lanes, as its zmm one on 16). Not where the half is narrower than 8.
+    EQFUSE_GROUPED_VL forces one."""
     if os.environ.get("EQFUSE_GROUPED_VL"):
         return int(os.environ["EQFUSE_GROUPED_VL"])
     vl, half = m.simd_floats, m.simd_floats // 2
-    if half < 8 or og < vl or (bf16 and bf16_path(m) == "avx512_bf16") or (cg == 1 and og == 1):
+    if half < 8 or og < vl or (cg == 1 and og == 1):
         return vl
     return half if HALF_BLOCK_COST * cdiv(og, half) < cdiv(og, vl) else vl
 
@@ -220,7 +221,7 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     par = parallel(N * O, OH * OW, CG * KH * KW, 1) or N * (C * H * W + O * OH * OW) >= (1 << 17)
     d = ConvGroupedDetail(N, C, H, W, O, g, KH, KW, OH, OW, pair(cv.attr["stride"]), pair(cv.attr["padding"]),
                           pair(cv.attr["dilation"]), par,
-                          vl=lanes(O // g, CG, m, plan.wanted_precision == "bf16" and CG >= 2))
+                          vl=lanes(O // g, CG, m))
     if use_channels(d):
         rw, band = channel_tiles(d, m)
         d = replace(d, channels=True, rw=rw, band=band,
