@@ -135,10 +135,15 @@ def _width_graph(name, xs, ws, at) -> str:
     return _graph(name, "conv2d", xs, ws, True, at)
 
 
-@pytest.fixture(scope="module")
-def widths():
-    """Every WIDTHS case as one graph of one module, compiled once."""
-    return eqfuse.compile("".join(_width_graph(*c) for c in WIDTHS))
+@pytest.fixture(scope="module", params=["zen4", pytest.param("avx2", marks=pytest.mark.extended)])
+def widths(request):
+    """Every WIDTHS case as one graph of one module, compiled once per machine model: AVX-512's 16
+    lanes (24 per group at 8 lanes, the others with a masked block), and AVX2's 8 (x86-64-v3
+    kernels: 20 per group masked, 8 + 8 + 4; the others whole vectors)."""
+    from eqfuse import machine
+
+    with machine.pinned(request.param):
+        return eqfuse.compile("".join(_width_graph(*c) for c in WIDTHS))
 
 
 @pytest.mark.parametrize("case", WIDTHS, ids=[c[0] for c in WIDTHS])
