@@ -254,3 +254,46 @@ def test_grouped_conv_within_the_bound(run_grouped, out, x, w, stride, group):
     for xo, wo, bound in ((xa, wa, full), (bf16(xa), bf16(wa), acc)):
         err = np.abs(ys[out] - np.maximum(conv64_groups(xo, wo, stride, 1, group), 0))
         assert np.all(err <= bound), float(np.max(err - bound))
+
+
+ROUND_C = """
+void round_all(const float* x, uint16_t* scalar, uint32_t* pairs, uint16_t* hw, long n)
+{
+    for (long i = 0; i < n; i++)
+        scalar[i] = eqf_bf16(x[i]);
+    eqf_bf16_pairs(x, x + n / 2, pairs, n / 2);
+#if defined(__AVX512BF16__)
+    for (long i = 0; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i*)(hw + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+#else
+    (void)hw;
+#endif
+}
+"""
+
+
+def test_the_c_rounding_is_vcvtneps2bf16s():
+    """eqf_bf16 (branchless, so that the grouped conv's copies vectorize) and eqf_bf16_pairs on random
+    bit patterns and the special values (zeros, denormals, infinities, NaNs): equal to vcvtneps2bf16
+    itself where the CPU has it, and to its definition (round to nearest even; a zero or denormal
+    to a zero of its sign; a NaN quieted) everywhere."""
+    from eqfuse.backend.cbuild import COMMON_C, build, header_c
+
+    built = build(header_c(ROUND_C) + COMMON_C + ROUND_C,
+                  "void round_all(const float* x, uint16_t* scalar, uint32_t* pairs, uint16_t* hw, long n);", "round")
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+    bits[:16] = [0, 0x80000000, 1, 0x807FFFFF, 0x7F800000, 0xFF800000, 0x7F800001, 0xFFC00000, 0x7FFFFFFF,
+                 0x3F808000, 0x3F818000, 0x3F807FFF, 0x7F7FFFFF, 0x00800000, 0x7F7F8000, 0x3F80C000]
+    x = bits.view(np.float32)
+    scalar, pairs, hw = np.zeros(4096, np.uint16), np.zeros(2048, np.uint32), np.zeros(4096, np.uint16)
+    built.lib.round_all(*(built.ffi.from_buffer(t, a) for t, a in (("float[]", x), ("uint16_t[]", scalar),
+                                                                    ("uint32_t[]", pairs), ("uint16_t[]", hw))), 4096)
+    u = bits.astype(np.uint64)
+    want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    want = np.where((bits & 0x7F800000) == 0, (bits >> 16) & 0x8000, want).astype(np.uint16)
+    want = np.where((bits & 0x7FFFFFFF) > 0x7F800000, (bits >> 16) | 0x40, want).astype(np.uint16)
+    np.testing.assert_array_equal(scalar, want)
+    np.testing.assert_array_equal(pairs, want[:2048].astype(np.uint32) | want[2048:].astype(np.uint32) << 16)
+    if machine.host_isa()["avx512_bf16"]:
+        np.testing.assert_array_equal(scalar, hw)
