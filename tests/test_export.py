@@ -15,6 +15,7 @@ import eqfuse
 from eqfuse.cli.main import main
 from eqfuse.export import export
 from eqfuse.frontend.load import load
+from eqfuse.runtime.verify import OUTPUT, compare, scale_for
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
@@ -243,3 +244,8 @@ def test_a_winograd_conv_library_checks_its_example_against_the_outputs_scale(tm
     expected.tofile(out / "example_expected.bin")
     r = subprocess.run([str(out / "example"), str(out)], capture_output=True, text=True)
     assert r.returncode == 1 and "MISMATCH" in r.stdout, r.stdout
+    # compile's verify= (and `eqfuse run --verify`) by the same rule: it raised CheckFailed here
+    mod = eqfuse.compile(model, params=w, verify=True)
+    assert scale_for(mod.default.last.plans) == OUTPUT
+    mod(x)
+    assert compare([want + 2e-4 * np.abs(want).max()], [want], scale=OUTPUT)  # and still fails beyond it
