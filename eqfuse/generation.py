@@ -366,7 +366,7 @@ def prefill_plan(model, sig: Signature, s: int) -> tuple[int, int]:
 
 
 def _model(model):
-    """(run, Signature, step maker) of a Module or of the path of an ONNX decoder export."""
+    """(Module, run, Signature, step maker) of a Module or of the path of an ONNX decoder export."""
     if isinstance(model, (str, os.PathLike)):
         module, sig = load_decoder(model)
     elif hasattr(model, "default") and hasattr(model, "functions"):
@@ -374,7 +374,7 @@ def _model(model):
     else:
         raise EqfuseError(f"generate: model must be an eqfuse Module or the path of an ONNX decoder export, "
                           f"not {type(model).__name__}")
-    return (lambda feeds: module(**feeds)), sig, step_maker(module, sig)
+    return module, (lambda feeds: module(**feeds)), sig, step_maker(module, sig)
 
 
 def held_steps(model, sig: Signature, batch: int) -> tuple[set[int], set[int]] | None:
@@ -427,7 +427,7 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     are eos_token_id, and generation stops when every sequence is finished (so `new` may be less
     than max_new_tokens)."""
     ids = _check_args(input_ids, max_new_tokens, temperature, top_k, top_p)
-    run, sig, step = _model(model)
+    model, run, sig, step = _model(model)
     b, s = ids.shape
     if max_new_tokens == 0:
         return ids
