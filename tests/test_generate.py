@@ -386,6 +386,23 @@ def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
 
 
 @pytest.mark.extended
+def test_a_loaded_decoder_with_batch_buckets_generates_any_batch(tmp_path):
+    """Saved after one generation at batch 2 with buckets={"batch": [2]}: the artifact holds the
+    prefill at its bucket and the decode step on the batch bucket, so the loaded Module generates
+    at batches 1 and 3 (never compiled) without the compiler, the compiled Module's ids."""
+    path = de.export_gpt2("torchscript")
+    mod = eqfuse.compile(path, buckets={"batch": [2]})
+    eqfuse.generate(mod, prompt(7), max_new_tokens=NEW)
+    loaded = eqfuse.load(mod.save(tmp_path / "gpt2.eqf"))
+    assert [dict(key) for key, _ in loaded.default.live_modules] == [{"past": CAPACITY, "sequence": 1,
+                                                                       "total": CAPACITY + 1}]  # no batch: bucketed
+    for b in (1, 3):
+        ids = np.random.default_rng(b).integers(0, de.VOCAB, (b, 6)).astype(np.int64)
+        np.testing.assert_array_equal(eqfuse.generate(loaded, ids, max_new_tokens=NEW),
+                                      eqfuse.generate(mod, ids, max_new_tokens=NEW))
+
+
+@pytest.mark.extended
 def test_deep_grouped_query_llama_steps_match_onnxruntime():
     """A 20-layer Llama with 16 query heads over 4 key/value heads: in a graph this large a
     constant scale on the cached keys stays its own pointwise kernel; it runs over the live rows
