@@ -20,7 +20,7 @@ from eqfuse.pipeline import uops_text
 SCALE = 0.125  # (the first attention's; the second's is 0.2)
 STEP = """
 graph step(q: f32[2, 4, 1, 64], past_k: f32[2, 2, P, 64], past_v: f32[2, 2, P, 64], k: f32[2, 2, 1, 64],
-           v: f32[2, 2, 1, 64], mask: f32[2, 1, 1, T], q2: f32[2, 3, 1, 24], past_k2: f32[2, 3, P, 24],
+           v: f32[2, 2, 1, 64], mask: f32[2, 1, 1, {cap1}], q2: f32[2, 3, 1, 24], past_k2: f32[2, 3, P, 24],
            past_v2: f32[2, 3, P, 8], k2: f32[2, 3, 1, 24], v2: f32[2, 3, 1, 8]) {
     keys = concat(past_k, k, axis=2)
     values = concat(past_v, v, axis=2)
@@ -43,8 +43,8 @@ def steps():
 
     def get(precision: str, cap: int):
         if (precision, cap) not in compiled:
-            compiled[precision, cap] = eqfuse.compile(STEP, dims={"P": cap, "T": cap + 1}, live="P",
-                                                      precision=precision)
+            compiled[precision, cap] = eqfuse.compile(STEP.replace("{cap1}", str(cap + 1)), dims={"P": cap},
+                                                      live="P", precision=precision)
         return compiled[precision, cap]
     return get
 
@@ -117,3 +117,37 @@ def test_lower_prints_the_decode_plan():
     one, four = uops_text(g.format(n=1)), uops_text(g.format(n=4))
     assert "decode=1" in one and "tiles: bk=64\n" in one and "k rows [32] in place" in one
     assert "decode=0" in four and "bq=" in four
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_attention_rising_scores_and_masked_blocks(threads):
+    """The lazy rescale of one query row: its scores grow block after block, so the running maximum
+    is raised (and the accumulators rescaled) several times; a -inf mask hides the first block of 64
+    keys from row 1 (its maximum starts at -inf) and every key from row 2 (NaN, as numpy's softmax
+    gives). Head size 64 (the vector paths) and 24 with values of 8 (the portable loops), at the
+    same tolerance as the general kernel's test (tests/test_kernels_c.py)."""
+    sk, rng = 150, np.random.default_rng(3)
+    src = ("graph att(q: f32[3, 1, 64], k: f32[3, 150, 64], v: f32[3, 150, 64], m: f32[3, 1, 150], "
+           "q2: f32[3, 1, 24], k2: f32[3, 150, 24], v2: f32[3, 150, 8]) {\n"
+           "    a = kernel { softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.5 + m) @ v }\n"
+           "    b = kernel { softmax(q2 @ transpose(k2, perm=[0, 2, 1]) * 0.5 + m) @ v2 }\n"
+           "    return a, b\n}\n")
+    mod = eqfuse.compile(src, fuse="manual", threads=threads)
+    assert [k.decisions["decode"] for k in mod.kernels] == [1, 1]
+    growth = np.linspace(0.2, 3.0, sk, dtype=np.float32)[:, None]
+    x = {}
+    for n, d, dv in (("", 64, 64), ("2", 24, 8)):
+        x["q" + n] = rng.standard_normal((3, 1, d), dtype=np.float32)
+        x["k" + n] = (rng.standard_normal((3, sk, d)) * growth).astype(np.float32)
+        x["v" + n] = rng.standard_normal((3, sk, dv), dtype=np.float32)
+    m = np.zeros((3, 1, sk), np.float32)
+    m[1, :, :64] = -np.inf
+    m[2] = -np.inf
+    got = mod(**x, m=m)
+    for g, n in zip(got, ("", "2")):
+        s = x["q" + n].astype(np.float64) @ x["k" + n].astype(np.float64).transpose(0, 2, 1) * 0.5 + m
+        with np.errstate(invalid="ignore"):
+            e = np.exp(s - s.max(-1, keepdims=True))
+            want = (e / e.sum(-1, keepdims=True)) @ x["v" + n].astype(np.float64)
+        assert np.all(np.diff(s[0, 0]) != 0) and np.isnan(want[2]).all() and np.isnan(g[2]).all()
+        np.testing.assert_allclose(g[:2], want[:2], rtol=2e-5, atol=2e-5)
