@@ -1,6 +1,8 @@
 """The attention kind: softmax(q @ k^T * scale [+ mask]) @ v in one pass over key tiles with an
 online softmax (csrc_templates/attention.c); q, k^T and v read in place through layout views,
-the result possibly written through transposes (the head merge)."""
+the result possibly written through transposes (the head merge). One query row per (batch, head)
+(a decode step's attention over its KV cache) is the plan's `decode`:
+csrc_templates/attention_decode.c, its keys and values read row by row where they lie."""
 
 from __future__ import annotations
 
@@ -137,7 +139,7 @@ class Attention(Kind):
         # that set this kernel's time, and converting them costs instructions
         computes_f32(plan, "the decode attention reads the f32 KV cache in place; its time is the cache's "
                            "bytes, which bf16 operands would not reduce")
-        bk = 64
+        bk = 64  # four 16-lane vectors of scores per softmax step
         plan.tiles = {"bk": bk}
         plan.flops = batch * (2 * Sk * D + 2 * Sk * Dv + 6 * Sk)
         fmas = batch * Sk * (D + Dv)
