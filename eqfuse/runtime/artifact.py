@@ -23,6 +23,9 @@ libraries it uses. A library is extracted into the kernel cache under its digest
 file; the cache's ownership rule and a digest check before loading, as for compiled kernels).
 The weights and panels are memory-mapped, read-only, and checked by size (the file's); their
 digests only with verify=True (reading BERT-base's 800 MB takes longer than the rest of the load).
+A file mapping is in 4 KiB pages: the few-rows GEMMs' panels (a decoder's weight stream) of 1 MiB
+or more are copied into transparent huge pages at their first use (eqfuse.runtime.program.
+skinny_panels), as a compiled Module packs them.
 Nothing here imports the frontend, the optimizer or a C compiler.
 
 A pickled Module is its artifact's bytes (`dumps`, `loads`): loaded from bytes, the parts are
@@ -69,6 +72,7 @@ from eqfuse.machine import (
 from eqfuse.runtime.buckets import Bucketed
 from eqfuse.runtime.module import Compiled, GraphFunction, Module
 from eqfuse.runtime.padded import PaddedFunction
+from eqfuse.runtime.program import HugeCopies
 from eqfuse.version import __version__
 
 MAGIC = b"EQFUSE\x00A"
@@ -456,6 +460,7 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
         return arrays[name]
 
     libs: dict[str, object] = {}
+    huge = HugeCopies()  # the skinny GEMMs' panels in huge pages, copied at their first use (one copy each)
 
     def library(ref):
         name, module_name = ref
@@ -485,7 +490,7 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
             names = [n for n, _ in f.optimized.params]
             for s, pname in st["panels"].items():
                 pos = dict(st["memory"].prepacks)[s]
-                c.runner.adopt_packed(s, f.params[names[pos]], array(pname))
+                c.runner.adopt_packed(s, f.params[names[pos]], array(pname), huge)
             return c
 
         for key, st in fs["compiled"]:
