@@ -121,9 +121,10 @@ def test_reference_matches_torch(case):
 
 # Groups of at least a vector of output channels that are not whole vectors (RegNet's group widths
 # 24, 56, 120 over AVX-512's 16 lanes): ceil(OG / VL) blocks of one group each, the last one masked
-# (conv_grouped.ConvGroupedDetail.grouped). (name, x shape, w shape, attributes as written in .g)
+# (conv_grouped.ConvGroupedDetail.grouped; 24 runs as three blocks of 8 lanes, conv_grouped.lanes).
+# (name, x shape, w shape, attributes as written in .g)
 WIDTHS = [
-    ("g24", (1, 48, 9, 11), (48, 24, 3, 3), "padding=1, group=2"),  # 16 + 8 (AVX2: 3 x 8)
+    ("g24", (1, 48, 9, 11), (48, 24, 3, 3), "padding=1, group=2"),  # 3 x 8 lanes
     ("g20_s2", (2, 20, 10, 9), (40, 10, 3, 3), "stride=2, padding=1, group=2"),  # 16 + 4, 10 inputs a group
     ("g40_dil", (1, 80, 8, 7), (80, 40, 3, 3), "padding=2, dilation=2, group=2"),  # 16 + 16 + 8
     ("g56_5x5", (1, 112, 6, 5), (112, 56, 5, 5), "padding=2, group=2"),  # 3 x 16 + 8
