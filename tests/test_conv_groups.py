@@ -125,7 +125,7 @@ def test_reference_matches_torch(case):
 # (name, x shape, w shape, attributes as written in .g)
 WIDTHS = [
     ("g24", (1, 48, 9, 11), (48, 24, 3, 3), "padding=1, group=2"),  # 3 x 8 lanes
-    ("g20_s2", (2, 20, 10, 9), (40, 10, 3, 3), "stride=2, padding=1, group=2"),  # 16 + 4, 10 inputs a group
+    ("g20_s2", (2, 20, 10, 9), (40, 10, 3, 3), "stride=2, padding=1, group=2"),  # 8 + 8 + 4 lanes, 10 inputs a group
     ("g40_dil", (1, 80, 8, 7), (80, 40, 3, 3), "padding=2, dilation=2, group=2"),  # 16 + 16 + 8
     ("g56_5x5", (1, 112, 6, 5), (112, 56, 5, 5), "padding=2, group=2"),  # 3 x 16 + 8
     ("g24_mult", (1, 2, 7, 8), (48, 1, 3, 3), "padding=1, group=2"),  # one input channel, 24 outputs a group
