@@ -66,6 +66,7 @@ e-graph of the current size (EXTRACT_SECONDS_PER_NODE) would pass the deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -483,8 +484,10 @@ def constructors(text: str) -> int:
     return max(0, n - 2)
 
 
-# The bases of this thread: an egglog e-graph may only be used by the thread that made it (pyo3
-# panics otherwise: "EGraph is unsendable"), so two threads compiling at once each keep their own.
+# The bases of this thread: an egglog e-graph may only be used, and dropped, by the thread that
+# made it (pyo3 panics otherwise: "EGraph is unsendable, but is being dropped on another thread"),
+# so two threads compiling at once each keep their own, and only the main thread keeps them after
+# its optimize returns (own_thread).
 _LOCAL = threading.local()
 
 
@@ -492,6 +495,24 @@ def _bases() -> dict[tuple, _Base]:
     if not hasattr(_LOCAL, "bases"):
         _LOCAL.bases = {}
     return _LOCAL.bases
+
+
+@contextlib.contextmanager
+def own_thread():
+    """Around an optimize: on leaving the outermost one, a thread other than the main one drops
+    its e-graphs (the kept bases), here, in the thread that made them. Kept, they would be dropped
+    wherever the thread's state is cleared last: a pool's worker that outlives the compile holds
+    them until the process forks, and the fork's child clears every other thread's state, its
+    thread-locals with it, in the forking thread (pyo3's "unsendable" panic, printed from
+    os.fork()). The main thread keeps them for its next graph."""
+    depth = getattr(_LOCAL, "depth", 0)
+    _LOCAL.depth = depth + 1
+    try:
+        yield
+    finally:
+        _LOCAL.depth = depth
+        if depth == 0 and threading.current_thread() is not threading.main_thread():
+            _LOCAL.__dict__.pop("bases", None)  # (the last references: the e-graphs end here)
 
 
 class EGraph:
@@ -533,10 +554,12 @@ class EGraph:
         self._run("(run facts 1)")
 
     def close(self) -> None:
-        """Drop the graph, keep the rules for the next one."""
-        if self._base.in_use:
+        """Drop the graph, keep the rules for the next one (in _bases(); this object lets go of
+        the e-graph, so that where it is dropped is decided there: own_thread)."""
+        if self._base is not None and self._base.in_use:
             self._run("(pop)")
             self._base.in_use = False
+        self._base = self.eg = None
 
     def _run(self, text: str):
         return self.eg.run_program(*self.eg.parse_program(text))
