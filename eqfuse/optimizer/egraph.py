@@ -68,7 +68,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
+import weakref
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -343,6 +345,8 @@ class _Base:
     def __init__(self, rules: list[Rule], phase_of, arities, t_ops=None, s_ops=None):
         bindings = egglog_bindings()
         self.eg = bindings.EGraph()
+        self.thread = threading.get_ident()  # (the one thread that may drop it: _before_fork)
+        _ALL.add(self)
         self.in_use = False
         # One command per run_program: egglog's time and memory for one program grow with the
         # square of its commands (benchmarks/bench_opt.py measures the load; the figures are in
@@ -495,6 +499,40 @@ def _bases() -> dict[tuple, _Base]:
     if not hasattr(_LOCAL, "bases"):
         _LOCAL.bases = {}
     return _LOCAL.bases
+
+
+# Every base of the process, whatever its thread (weakly: a thread's own references decide when it
+# goes). os.fork in one thread while another holds bases: the child clears the other threads'
+# states, their thread-locals with them, in the forking thread, which would drop those e-graphs
+# there. So before a fork the forking thread takes one more reference to each of them, and the
+# child keeps it for good (they go with the child's process, never dropped); the parent lets it
+# go after the fork (not the last reference: their threads still hold theirs). This is what
+# happens when a library forks from its own worker thread after a compile in the main thread
+# (OpenVINO's compile_model, multiprocessing's fork from a pool's thread).
+_ALL: "weakref.WeakSet[_Base]" = weakref.WeakSet()
+_AT_FORK: list = []
+
+
+def _before_fork() -> None:
+    me = threading.get_ident()
+    _AT_FORK[:] = [b.eg for b in list(_ALL) if b.thread != me]
+
+
+def _after_fork_in_parent() -> None:
+    _AT_FORK.clear()
+
+
+def _after_fork_in_child() -> None:
+    import ctypes
+
+    for eg in _AT_FORK:  # another thread's e-graph: one reference the child never gives back
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(eg))
+    _AT_FORK.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager
