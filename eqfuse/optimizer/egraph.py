@@ -70,8 +70,8 @@ import contextlib
 import json
 import os
 import threading
-import weakref
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable

@@ -47,6 +47,7 @@ from eqfuse.optimizer import cost as C
 from eqfuse.optimizer.edata import EData, ENode
 from eqfuse.optimizer.egraph_text import text_attr, text_num
 
+
 def _now() -> float:
     """The clock the deadlines here are read on (time.perf_counter; a test replaces it)."""
     return time.perf_counter()
