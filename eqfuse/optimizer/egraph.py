@@ -768,7 +768,8 @@ def run_phase(eg, ruleset: str, st, lim: Limits, *, node_limit: int | None = Non
     """Step `ruleset` until nothing changes (True) or a limit or max_steps stops it (False; a
     limit sets st.stop_reason and st.limit_note). A rule whose matches would pass the node limit
     is not applied (bounded_step); the others go on to saturation, and the node limit is the
-    stop reason."""
+    stop reason. The same for the e-nodes the time left can extract (EXTRACT_SECONDS_PER_NODE
+    each, after the step): past them the time limit is the stop reason."""
     if ruleset not in eg.rulesets:
         return True
     nodes = lim.nodes if node_limit is None else node_limit
@@ -791,7 +792,11 @@ def run_phase(eg, ruleset: str, st, lim: Limits, *, node_limit: int | None = Non
             _stop(st, reason, lim, nodes, starved)
             return False
         t = time.perf_counter()
-        step = bounded_step(eg, ruleset, nodes - size)
+        # nor grows the e-graph past what the time left can extract: a larger one would leave
+        # extraction part of its candidates (docs/optimizing.md, "Limits")
+        room = int((lim.deadline - t - 2 * last - reserve) / EXTRACT_SECONDS_PER_NODE) - size
+        timed = room < nodes - size
+        step = bounded_step(eg, ruleset, max(0, min(nodes - size, room)))
         last = time.perf_counter() - t
         steps += 1
         st.iterations += 1
@@ -811,7 +816,7 @@ def run_phase(eg, ruleset: str, st, lim: Limits, *, node_limit: int | None = Non
             progress(st)
         if not step.changed:
             if starved:
-                _stop(st, "node_limit", lim, nodes, starved)
+                _stop(st, "time_limit" if timed else "node_limit", lim, nodes, starved)
                 return False
             return True
 
