@@ -135,3 +135,17 @@ def test_a_real_time_limit_says_where_it_stopped_and_the_result_is_correct(bert,
     assert r.report["time_limit_cut"], r.report["stage_seconds"]
     assert set(r.report["time_limit_cut"]) <= {"recognition", "fusion", "candidates", "extraction", "explain"}
     assert_correct(bert, r.graph)
+
+
+def test_saturation_grows_the_egraph_no_further_than_the_time_left_can_extract(bert, monkeypatch):
+    """Each step's node budget is capped by what the time left can extract at
+    EXTRACT_SECONDS_PER_NODE each (made large here, so that the cap, not the node limit, binds):
+    the e-graph stops below limit / EXTRACT_SECONDS_PER_NODE e-nodes, at the time limit."""
+    from eqfuse.optimizer import egraph
+
+    monkeypatch.setenv("EQFUSE_REPEATS", "0")
+    monkeypatch.setattr(egraph, "EXTRACT_SECONDS_PER_NODE", 10.0 / 600)
+    r = optimize_graph(bert, dims=DIMS, time_limit=10.0)
+    assert r.report["egraph_nodes"] <= 600 and r.report["stop_reason"] == "time_limit"
+    assert r.report["time_limit_cut"]["fusion"] == "stopped before saturation"
+    assert_correct(bert, r.graph)
