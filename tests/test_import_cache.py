@@ -178,3 +178,68 @@ def test_no_cache_and_the_cache_command(imports, cache_root, tmp_path, monkeypat
     assert main(["cache", "clear"]) == 0
     assert "1 imported models" in capsys.readouterr().out
     assert list((cache_root / "imports").iterdir()) == []  # the weights and panels too
+
+
+def write_external(path, seed: int) -> None:
+    """write_model's model with its weights in an external data file beside it (`m.data`), as
+    large exports are written; the same size of files for every seed."""
+    write_model(path, seed)
+    m = onnx.load(str(path))
+    onnx.save(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="m.data",
+              size_threshold=0)
+
+
+def rewrite_data(data, seed: int) -> None:
+    """Seed's weights written over the data file in place (the same inode and size; onnx appends to
+    an existing data file, so they are made in a directory of their own first)."""
+    other = data.parent / f"seed{seed}"
+    other.mkdir()
+    write_external(other / "m.onnx", seed)
+    data.write_bytes((other / "m.data").read_bytes())
+
+
+def onnxruntime_output(path) -> np.ndarray:
+    ort = pytest.importorskip("onnxruntime")
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+
+
+def test_a_model_with_external_data_is_cached_and_a_changed_data_file_is_seen(imports, cache_root, tmp_path,
+                                                                              monkeypatch):
+    """Keyed by the model file's and its data file's identity: the second compile parses nothing;
+    the data file rewritten (same size, its old mtime put back: the ctime differs) is imported again."""
+    monkeypatch.setattr(onnx_cache, "RACY_SECONDS", 0.0)
+    path, data = tmp_path / "m.onnx", tmp_path / "m.data"
+    write_external(path, 0)
+    assert data.stat().st_size > 32 * 48 * 4  # (the weights are there, not in the model's file)
+    np.testing.assert_allclose(run(path), onnxruntime_output(path), rtol=1e-4, atol=1e-5)
+    assert len(imports) == 1 and len(files(cache_root, ".entry")) == 1
+    np.testing.assert_allclose(run(path), onnxruntime_output(path), rtol=1e-4, atol=1e-5)
+    assert len(imports) == 1  # served: no protobuf parsed, no data file read
+    model_st, data_st = os.stat(path), os.stat(data)
+    before = onnxruntime_output(path)
+    rewrite_data(data, 1)
+    os.utime(data, ns=(data_st.st_atime_ns, data_st.st_mtime_ns))
+    st = os.stat(data)
+    assert (st.st_ino, st.st_size, st.st_mtime_ns) == (data_st.st_ino, data_st.st_size, data_st.st_mtime_ns)
+    assert os.stat(path).st_mtime_ns == model_st.st_mtime_ns  # (the model's file is untouched)
+    assert not np.allclose(onnxruntime_output(path), before)
+    np.testing.assert_allclose(run(path), onnxruntime_output(path), rtol=1e-4, atol=1e-5)
+    assert len(imports) == 2
+    assert len(files(cache_root, ".entry")) == 1 and len(files(cache_root, ".weights")) == 1
+    run(path)
+    assert len(imports) == 2  # the new entry serves
+
+
+def test_a_racy_data_file_is_checked_by_content(imports, cache_root, tmp_path, monkeypatch):
+    """As the model file: a data file changed within its timestamps' tick keeps its identity (here:
+    device, inode and size alone), so a racy entry compares its content at each hit."""
+    monkeypatch.setattr(onnx_cache, "_identity", lambda st: (st.st_dev, st.st_ino, st.st_size))
+    monkeypatch.setattr(onnx_cache, "RACY_SECONDS", 3600.0)
+    path, data = tmp_path / "m.onnx", tmp_path / "m.data"
+    write_external(path, 0)
+    run(path)
+    run(path)
+    assert len(imports) == 1  # the same content: served after the check
+    rewrite_data(data, 2)
+    np.testing.assert_allclose(run(path), onnxruntime_output(path), rtol=1e-4, atol=1e-5)
+    assert len(imports) == 2

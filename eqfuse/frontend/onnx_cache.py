@@ -24,13 +24,19 @@ and each hit on a racy entry reads the file again and compares its sha256 with t
 bytes that were imported (and, once the file is older than that, writes the entry as not racy).
 So a big file is never hashed on a warm compile, and a changed file is never served.
 
+A model whose weights are in external data files (`onnx.save(..., save_as_external_data=True)`,
+as large exports are written) is cached the same way: the entry also records each data file's real
+path, identity and sha256 (the `location` of its tensors, beside the model), and is served only
+while every one of them is the file that was imported, by the same rule (a racy data file is
+hashed again at each hit); the weights come from the cache's own mapped file, not the data files.
+
 The weights file is checked by its own identity (inode, size, mtime, ctime, recorded when it was
 written) and the cache's ownership rule (eqfuse.cache.owned_privately); its content digest is in
 its name but not recomputed on a hit (reading 340 MB to hash it costs what the cache saves), as
 the weights of an artifact are not (eqfuse.runtime.artifact).
 
 Not cached: a model given as bytes or a ModelProto, `values=` (the onnx backend's fixed inputs), a
-model whose weights are in external data files, an import that fails. EQFUSE_NO_CACHE=1
+model whose external data cannot be read (its own message), an import that fails. EQFUSE_NO_CACHE=1
 (`--no-cache`) neither reads nor writes entries; `eqfuse cache info|clear` counts and removes them.
 """
 
@@ -110,12 +116,23 @@ def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) 
     except OSError:
         return import_model(path, dims=dims)  # its own message
     proto = load_model(data, where=str(path))
-    if _external(proto):
-        return import_model(path, dims=dims)  # (onnx reads the other files beside it)
+    external = _external_files(proto, real.parent)
+    try:
+        ext = [(f, os.stat(f), _file_digest(f)) for f in external]
+    except OSError:
+        return import_model(path, dims=dims)  # (onnx's message for the missing or unreadable file)
+    if external:
+        try:
+            from onnx.external_data_helper import load_external_data_for_model
+
+            load_external_data_for_model(proto, str(real.parent))
+        except Exception:  # (onnx refuses a location outside the model's directory, a short file, ...)
+            return import_model(path, dims=dims)  # its own message
     imp = import_model(proto, dims=dims)
     with contextlib.suppress(OSError):
-        if _identity(os.stat(real)) == _identity(before):  # not changed while it was read
-            if _put(root, key, real, before, hashlib.sha256(data).hexdigest(), imp):
+        if _identity(os.stat(real)) == _identity(before) and all(
+                _identity(os.stat(f)) == _identity(st) for f, st, _ in ext):  # not changed while read
+            if _put(root, key, real, before, hashlib.sha256(data).hexdigest(), imp, ext):
                 # the weights as a warm compile maps them: this process's memory holds no copy,
                 # and the kernels' panels of them are kept too (runtime.program)
                 del data, proto
@@ -123,14 +140,40 @@ def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) 
     return imp
 
 
-def _external(proto) -> bool:
-    """Whether some tensor's data is in another file (read by onnx beside the model's)."""
+def _tensors(graph):
+    """Every TensorProto of an ONNX graph: initializers and tensor attributes, subgraphs' too."""
+    yield from graph.initializer
+    for n in graph.node:
+        for a in n.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("g"):
+                yield from _tensors(a.g)
+            for g in a.graphs:
+                yield from _tensors(g)
+
+
+def _external_files(proto, base: Path) -> list[Path]:
+    """The real paths of the files holding some tensor's data (read by onnx beside the model's),
+    in order of first use; none for a model that holds its weights."""
     from onnx.external_data_helper import uses_external_data
 
-    tensors = list(proto.graph.initializer)
-    for n in proto.graph.node:
-        tensors += [a.t for a in n.attribute if a.HasField("t")]
-    return any(uses_external_data(t) for t in tensors)
+    out: dict[Path, None] = {}
+    for t in _tensors(proto.graph):
+        if uses_external_data(t):
+            loc = next((e.value for e in t.external_data if e.key == "location"), "")
+            out.setdefault(Path(os.path.realpath(base / loc)), None)
+    return list(out)
+
+
+def _file_digest(path: Path) -> str:
+    """The sha256 of a file's bytes, read in blocks (an external data file can be gigabytes)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _entry(path: Path, real: Path) -> dict | None:
@@ -146,19 +189,32 @@ def _entry(path: Path, real: Path) -> dict | None:
     st = os.stat(real)
     if e["format"] != FORMAT or e["code"] != code_digest() or _identity(st) != e["file"]:
         return None
+    now = time.time_ns()
     if e["racy"]:
         if hashlib.sha256(real.read_bytes()).hexdigest() != e["sha256"]:
             return None
-        if not _racy(st, time.time_ns()):  # verified, and old enough now: no more hashing
-            write_entry(path, pickle.dumps({**e, "racy": False}, protocol=pickle.HIGHEST_PROTOCOL))
+    external = []
+    for x in e.get("external", ()):  # the external data files, each by the same rule
+        xst = os.stat(x["path"])
+        if _identity(xst) != x["file"] or (x["racy"] and _file_digest(Path(x["path"])) != x["sha256"]):
+            return None
+        external.append({**x, "racy": x["racy"] and _racy(xst, now)})
+    was = (e["racy"], [x["racy"] for x in e.get("external", ())])
+    e = {**e, "racy": e["racy"] and _racy(st, now), "external": external}
+    if (e["racy"], [x["racy"] for x in external]) != was:  # verified, and old enough now: no more hashing
+        write_entry(path, pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL))
     return e
 
 
-def _stamp(st: os.stat_result, digest: str) -> dict:
-    """What an entry records of the file it was made from (read after `st` was taken)."""
+def _stamp(st: os.stat_result, digest: str, external=()) -> dict:
+    """What an entry records of the file it was made from (read after `st` was taken), and of
+    its external data files: (real path, stat, sha256) each."""
     from eqfuse.cache import code_digest
 
-    return {"format": FORMAT, "code": code_digest(), "file": _identity(st), "racy": _racy(st, time.time_ns()), "sha256": digest}
+    now = time.time_ns()
+    return {"format": FORMAT, "code": code_digest(), "file": _identity(st), "racy": _racy(st, now), "sha256": digest,
+            "external": [{"path": str(f), "file": _identity(xst), "racy": _racy(xst, now), "sha256": d}
+                         for f, xst, d in external]}
 
 
 def input_dims(path: str | os.PathLike) -> list[str]:
@@ -214,9 +270,10 @@ def _get(root: Path, key: str, real: Path) -> Imported | None:
         return None
 
 
-def _put(root: Path, key: str, real: Path, st: os.stat_result, digest: str, imp: Imported) -> bool:
+def _put(root: Path, key: str, real: Path, st: os.stat_result, digest: str, imp: Imported, external=()) -> bool:
     """Write the weights file, then the entry that names it (a reader finds the old entry and its
-    file, or the new ones). Other weights files of the key (an older version of the model) go."""
+    file, or the new ones). Other weights files of the key (an older version of the model) go.
+    `external`: the model's data files, (real path, stat, sha256) each, read after the stat."""
     from eqfuse.cache import write_entry, write_mapped
 
     table, offset = [], 0
@@ -224,7 +281,9 @@ def _put(root: Path, key: str, real: Path, st: os.stat_result, digest: str, imp:
         offset += -offset % ALIGN
         table.append((name, a.dtype.str, tuple(int(d) for d in a.shape), offset))
         offset += a.nbytes
-    blob = root / f"{key}-{digest[:24]}.weights"
+    named = hashlib.sha256("\0".join([digest, *(d for _, _, d in external)]).encode()).hexdigest() if external \
+        else digest  # (the weights' name follows the data files' content too)
+    blob = root / f"{key}-{named[:24]}.weights"
     def chunks():
         at = 0
         for (_, _, _, offset), a in zip(table, imp.params.values()):
@@ -239,7 +298,7 @@ def _put(root: Path, key: str, real: Path, st: os.stat_result, digest: str, imp:
             if old != blob:  # (an older file or eqfuse's: their panels with them)
                 with contextlib.suppress(OSError):
                     old.unlink()
-        entry = {**_stamp(st, digest), "graph": imp.graph, "inputs": imp.inputs, "outputs": imp.outputs, "params": table,
+        entry = {**_stamp(st, digest, external), "graph": imp.graph, "inputs": imp.inputs, "outputs": imp.outputs, "params": table,
                  "blob": blob.name, "blob_file": _identity(os.stat(blob))}
         return write_entry(root / f"{key}.entry", pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
     except (OSError, pickle.PicklingError):

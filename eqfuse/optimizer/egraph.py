@@ -66,9 +66,12 @@ e-graph of the current size (EXTRACT_SECONDS_PER_NODE) would pass the deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import threading
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -342,6 +345,8 @@ class _Base:
     def __init__(self, rules: list[Rule], phase_of, arities, t_ops=None, s_ops=None):
         bindings = egglog_bindings()
         self.eg = bindings.EGraph()
+        self.thread = threading.get_ident()  # (the one thread that may drop it: _before_fork)
+        _ALL.add(self)
         self.in_use = False
         # One command per run_program: egglog's time and memory for one program grow with the
         # square of its commands (benchmarks/bench_opt.py measures the load; the figures are in
@@ -483,8 +488,10 @@ def constructors(text: str) -> int:
     return max(0, n - 2)
 
 
-# The bases of this thread: an egglog e-graph may only be used by the thread that made it (pyo3
-# panics otherwise: "EGraph is unsendable"), so two threads compiling at once each keep their own.
+# The bases of this thread: an egglog e-graph may only be used, and dropped, by the thread that
+# made it (pyo3 panics otherwise: "EGraph is unsendable, but is being dropped on another thread"),
+# so two threads compiling at once each keep their own, and only the main thread keeps them after
+# its optimize returns (own_thread).
 _LOCAL = threading.local()
 
 
@@ -492,6 +499,58 @@ def _bases() -> dict[tuple, _Base]:
     if not hasattr(_LOCAL, "bases"):
         _LOCAL.bases = {}
     return _LOCAL.bases
+
+
+# Every base of the process, whatever its thread (weakly: a thread's own references decide when it
+# goes). os.fork in one thread while another holds bases: the child clears the other threads'
+# states, their thread-locals with them, in the forking thread, which would drop those e-graphs
+# there. So before a fork the forking thread takes one more reference to each of them, and the
+# child keeps it for good (they go with the child's process, never dropped); the parent lets it
+# go after the fork (not the last reference: their threads still hold theirs). This is what
+# happens when a library forks from its own worker thread after a compile in the main thread
+# (OpenVINO's compile_model, multiprocessing's fork from a pool's thread).
+_ALL: "weakref.WeakSet[_Base]" = weakref.WeakSet()
+_AT_FORK: list = []
+
+
+def _before_fork() -> None:
+    me = threading.get_ident()
+    _AT_FORK[:] = [b.eg for b in list(_ALL) if b.thread != me]
+
+
+def _after_fork_in_parent() -> None:
+    _AT_FORK.clear()
+
+
+def _after_fork_in_child() -> None:
+    import ctypes
+
+    for eg in _AT_FORK:  # another thread's e-graph: one reference the child never gives back
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(eg))
+    _AT_FORK.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
+
+
+@contextlib.contextmanager
+def own_thread():
+    """Around an optimize: on leaving the outermost one, a thread other than the main one drops
+    its e-graphs (the kept bases), here, in the thread that made them. Kept, they would be dropped
+    wherever the thread's state is cleared last: a pool's worker that outlives the compile holds
+    them until the process forks, and the fork's child clears every other thread's state, its
+    thread-locals with it, in the forking thread (pyo3's "unsendable" panic, printed from
+    os.fork()). The main thread keeps them for its next graph."""
+    depth = getattr(_LOCAL, "depth", 0)
+    _LOCAL.depth = depth + 1
+    try:
+        yield
+    finally:
+        _LOCAL.depth = depth
+        if depth == 0 and threading.current_thread() is not threading.main_thread():
+            _LOCAL.__dict__.pop("bases", None)  # (the last references: the e-graphs end here)
 
 
 class EGraph:
@@ -533,10 +592,12 @@ class EGraph:
         self._run("(run facts 1)")
 
     def close(self) -> None:
-        """Drop the graph, keep the rules for the next one."""
-        if self._base.in_use:
+        """Drop the graph, keep the rules for the next one (in _bases(); this object lets go of
+        the e-graph, so that where it is dropped is decided there: own_thread)."""
+        if self._base is not None and self._base.in_use:
             self._run("(pop)")
             self._base.in_use = False
+        self._base = self.eg = None
 
     def _run(self, text: str):
         return self.eg.run_program(*self.eg.parse_program(text))
@@ -707,7 +768,8 @@ def run_phase(eg, ruleset: str, st, lim: Limits, *, node_limit: int | None = Non
     """Step `ruleset` until nothing changes (True) or a limit or max_steps stops it (False; a
     limit sets st.stop_reason and st.limit_note). A rule whose matches would pass the node limit
     is not applied (bounded_step); the others go on to saturation, and the node limit is the
-    stop reason."""
+    stop reason. The same for the e-nodes the time left can extract (EXTRACT_SECONDS_PER_NODE
+    each, after the step): past them the time limit is the stop reason."""
     if ruleset not in eg.rulesets:
         return True
     nodes = lim.nodes if node_limit is None else node_limit
@@ -730,7 +792,11 @@ def run_phase(eg, ruleset: str, st, lim: Limits, *, node_limit: int | None = Non
             _stop(st, reason, lim, nodes, starved)
             return False
         t = time.perf_counter()
-        step = bounded_step(eg, ruleset, nodes - size)
+        # nor grows the e-graph past what the time left can extract: a larger one would leave
+        # extraction part of its candidates (docs/optimizing.md, "Limits")
+        room = int((lim.deadline - t - 2 * last - reserve) / EXTRACT_SECONDS_PER_NODE) - size
+        timed = room < nodes - size
+        step = bounded_step(eg, ruleset, max(0, min(nodes - size, room)))
         last = time.perf_counter() - t
         steps += 1
         st.iterations += 1
@@ -750,7 +816,7 @@ def run_phase(eg, ruleset: str, st, lim: Limits, *, node_limit: int | None = Non
             progress(st)
         if not step.changed:
             if starved:
-                _stop(st, "node_limit", lim, nodes, starved)
+                _stop(st, "time_limit" if timed else "node_limit", lim, nodes, starved)
                 return False
             return True
 

@@ -47,6 +47,12 @@ from eqfuse.optimizer import cost as C
 from eqfuse.optimizer.edata import EData, ENode
 from eqfuse.optimizer.egraph_text import text_attr, text_num
 
+
+def _now() -> float:
+    """The clock the deadlines here are read on (time.perf_counter; a test replaces it)."""
+    return time.perf_counter()
+
+
 ILP_MAX_NODES = 20000  # whole ILP up to here (BERT-base x12: 3.5k e-nodes, x48: 14k; benchmarks/bench_opt.py --layers 48)
 ILP_TIME_LIMIT = 1.0
 REGION_SIZE = 150  # ILP variables (candidates) per region
@@ -121,6 +127,7 @@ class Problem:
     roots: list[int]
     cands: dict[int, list[Cand]] = field(default_factory=dict)  # class -> legal candidates
     const_of: dict[int, str] = field(default_factory=dict)  # T class -> constant text, if it holds one
+    cut: str = ""  # what a deadline left out of the candidates (build_problem), for the report
     _options: dict[int, list[Cand]] = field(default_factory=dict)  # cache of `options`
     # S class -> its body node's (attrs, type), or None where the op's shapes fail: an S class's
     # type depends on the types of the T classes it loads alone, so every candidate body that
@@ -150,9 +157,17 @@ class Problem:
         return self._options[c]
 
 
-def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None, machine: Machine | None = None) -> Problem:
+def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None, machine: Machine | None = None,
+                  deadline: float | None = None) -> Problem:
     """The candidates of every class: the e-nodes whose kernel body classify accepts on `machine`
-    (the planner's, passed down by the driver; None: without its L1 check), with their costs."""
+    (the planner's, passed down by the driver; None: without its L1 check), with their costs.
+
+    `deadline` (a time.perf_counter() value: the optimizer's time limit): the e-nodes that are
+    not fused kernels (inputs, constants, one op over tensors) are built first, which makes a
+    complete problem (the graph as loaded is in it); then the `K` e-nodes, the fused kernels,
+    until the deadline: those left are left out, and `Problem.cut` says how many. A deadline
+    passed before the first part is done raises OutOfTime (the caller falls back to one kernel
+    per op)."""
     types = class_types(d, graph)
     roots = [d.outputs[k] for k in sorted(d.outputs)]
     pb = Problem(d, types, roots)
@@ -162,26 +177,43 @@ def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None, mach
             if n.kind == "Cn":
                 pb.const_of.setdefault(c, n.op)
     p = perf if model == "time" else None
-    for c, nids in d.classes.items():
-        if d.sort[c] != "T":
-            continue
-        out = []
-        for nid in nids:
-            n = d.nodes[nid]
-            if n.kind in ("In", "Cn"):
-                out.append(Cand(nid, c, (), C.ZERO, 0.0, None))
-                continue
-            try:
-                body, reads = kernel_body(pb, n)
-                classify(body, machine)
-            except (Unsupported, _Skip):
-                continue
-            kc = C.kernel_cost(body, dims)
-            # ties go to fewer kernels (memory) or fewer bytes (launches)
-            tie = 1e-3 * (kc.launches - kc.views) if model == "memory" else 1e-12 * kc.bytes
-            out.append(Cand(nid, c, reads, kc, C.value(kc, model, p) + tie, body))
-        pb.cands[c] = out
+
+    def candidate(c: int, nid: int) -> Cand | None:
+        n = d.nodes[nid]
+        if n.kind in ("In", "Cn"):
+            return Cand(nid, c, (), C.ZERO, 0.0, None)
+        try:
+            body, reads = kernel_body(pb, n)
+            classify(body, machine)
+        except (Unsupported, _Skip):
+            return None
+        kc = C.kernel_cost(body, dims)
+        # ties go to fewer kernels (memory) or fewer bytes (launches)
+        tie = 1e-3 * (kc.launches - kc.views) if model == "memory" else 1e-12 * kc.bytes
+        return Cand(nid, c, reads, kc, C.value(kc, model, p) + tie, body)
+
+    tensors = [c for c in d.classes if d.sort[c] == "T"]
+    built: dict[int, dict[int, Cand | None]] = {c: {} for c in tensors}
+    for c in tensors:  # what is not a fused kernel: a complete problem
+        for nid in d.classes[c]:
+            if d.nodes[nid].kind != "K":
+                built[c][nid] = candidate(c, nid)
+        if deadline is not None and _now() > deadline:
+            raise OutOfTime("no time to build the one-op kernels' candidates")
+    fused = [(c, nid) for c in tensors for nid in d.classes[c] if d.nodes[nid].kind == "K"]
+    for k, (c, nid) in enumerate(fused):  # the fused kernels, while there is time
+        if deadline is not None and _now() > deadline:
+            pb.cut = (f"fused-kernel candidates built for {k} of {len(fused)} e-nodes, "
+                      f"the rest left out")
+            break
+        built[c][nid] = candidate(c, nid)
+    for c in tensors:  # (in the e-class's order, which greedy's ties follow)
+        pb.cands[c] = [cd for nid in d.classes[c] if (cd := built[c].get(nid)) is not None]
     return pb
+
+
+class OutOfTime(Exception):
+    """A deadline passed before a complete problem or selection existed."""
 
 
 class _Skip(Exception):
@@ -248,12 +280,21 @@ def kernel_body(pb: Problem, n: ENode) -> tuple[Graph, tuple[int, ...]]:
 # ---------------------------------------------------------------- greedy
 
 
-def greedy(pb: Problem) -> dict[int, Cand]:
-    """Each class's candidate of least tree cost (bottom-up to a fixed point)."""
+def greedy(pb: Problem, deadline: float | None = None, cut: list[str] | None = None) -> dict[int, Cand]:
+    """Each class's candidate of least tree cost (bottom-up to a fixed point). Past `deadline`
+    the fixed point stops at the end of a sweep once every root has a candidate (each pick is
+    still the least tree cost of its class as far as the sweeps went), and so does the DAG-aware
+    refinement after it; `cut` gets a note of what stopped."""
     best: dict[int, float] = {}
     pick: dict[int, Cand] = {}
     changed = True
     while changed:
+        if deadline is not None and best and _now() > deadline:
+            _complete(pb, pick, best)
+            if all(r in pick for r in pb.roots):
+                if cut is not None:
+                    cut.append("greedy stopped before its fixed point")
+                return _refine(pb, pick, best, rounds=0)
         changed = False
         for c, cands in pb.cands.items():
             for cd in cands:
@@ -264,18 +305,52 @@ def greedy(pb: Problem) -> dict[int, Cand]:
                     best[c] = v
                     pick[c] = cd
                     changed = True
-    return _refine(pb, pick, best)
+    return _refine(pb, pick, best, deadline=deadline, cut=cut)
 
 
-def _refine(pb: Problem, pick: dict[int, Cand], best: dict[int, float], rounds: int = 3) -> dict[int, Cand]:
+def _complete(pb: Problem, pick: dict[int, Cand], best: dict[int, float]) -> None:
+    """Picks for the classes the roots need that have none yet, in one pass, operands first (a
+    deep graph takes as many of greedy's sweeps as it has levels): where the deadline stopped
+    greedy, the selection is completed at the cost of one sweep. A class on a cycle of the
+    e-graph may be left without a pick; greedy's sweeps then go on."""
+    state: dict[int, bool] = {}  # False: operands pending, True: done
+    for root in pb.roots:
+        stack = [root]
+        while stack:
+            c = stack[-1]
+            if c in best or state.get(c):
+                stack.pop()
+                continue
+            if c not in state:
+                state[c] = False
+                stack.extend(r for cd in pb.cands.get(c, ()) for r in cd.reads if r not in best and r not in state)
+                continue
+            stack.pop()
+            state[c] = True
+            for cd in pb.cands.get(c, ()):
+                if all(r in best for r in cd.reads):
+                    v = cd.cost + sum(best[r] for r in cd.reads)
+                    if v < best.get(c, INF) - 1e-9:
+                        best[c] = v
+                        pick[c] = cd
+
+
+def _refine(pb: Problem, pick: dict[int, Cand], best: dict[int, float], rounds: int = 3,
+            deadline: float | None = None, cut: list[str] | None = None) -> dict[int, Cand]:
     """DAG-aware passes over the greedy choice: a class switches to a candidate whose own cost plus
     the tree cost of the operands not yet materialized is lower (a tensor some kernel already
-    writes is free to read again, at the cost of its read)."""
+    writes is free to read again, at the cost of its read). Past `deadline` the passes stop
+    (the selection so far stands)."""
     sel = _reachable(pb, pick)
     readers = _reader_counts(sel)
-    for _ in range(rounds):
+    for k in range(rounds):
         improved = False
-        for c in list(sel):
+        for i, c in enumerate(list(sel)):
+            if deadline is not None and _now() > deadline:
+                if cut is not None:
+                    cut.append(f"greedy's refinement stopped in pass {k + 1} of {rounds}, "
+                               f"at class {i} of {len(sel)}")
+                return sel
             if c not in sel:
                 continue
             cur = sel[c]
@@ -430,16 +505,21 @@ class Extraction:
     greedy: Graph  # the greedy extraction, for comparison
     classes: dict[int, int] = field(default_factory=dict)  # graph's kernel node -> its e-class
     enodes: dict[int, int] = field(default_factory=dict)  # graph's kernel node -> the e-node chosen for it
+    cut: list[str] = field(default_factory=list)  # what the deadline stopped, for the report
 
 
 def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, max_nodes: int | None = None,
-            region_size: int | None = None, time_limit: float | None = None, spare: float = 0.0) -> Extraction:
+            region_size: int | None = None, time_limit: float | None = None, spare: float = 0.0,
+            deadline: float | None = None) -> Extraction:
     """Greedy, then the exact ILP: over the whole e-graph when it has at most `max_nodes` e-nodes,
     else (or when that ILP runs out of time) region by region (`region_ilp`). Every selection is rescored exactly (`cost.graph_value`
     of its Graph) and the cheapest wins, greedy on ties; any ILP failure leaves the greedy result.
     Unset limits are the module's ILP_MAX_NODES, REGION_SIZE and ILP_TIME_LIMIT. Loading the
     solver (importing scipy.optimize, once per process) is not the ILP's time: up to `spare`
-    seconds of it (what the caller's own limit leaves beyond time_limit) extend time_limit."""
+    seconds of it (what the caller's own limit leaves beyond time_limit) extend time_limit.
+    `deadline` (a time.perf_counter() value, the optimizer's time limit) stops greedy's fixed
+    point and refinement (`greedy`); the ILP does not start past it (`ilp` is then "skipped
+    (time limit)"), and `Extraction.cut` says what was stopped."""
     max_nodes = ILP_MAX_NODES if max_nodes is None else max_nodes
     region_size = REGION_SIZE if region_size is None else region_size
     time_limit = ILP_TIME_LIMIT if time_limit is None else time_limit
@@ -457,9 +537,15 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
             chosen[id(g)] = {k: sel[c].node for k, c in cmap.items()}
         return graphs[key]
 
-    sel0 = greedy(pb)
+    cut: list[str] = []
+    sel0 = greedy(pb, deadline, cut)
     g, v = rescore(sel0)
-    best = Extraction(g, "greedy", "", v, g)
+    best = Extraction(g, "greedy", "", v, g, cut=cut)
+    if deadline is not None and _now() > deadline:
+        best.ilp = "skipped (time limit)"
+        cut.append("the ILP not started")
+        best.classes, best.enodes = classes[id(g)], chosen[id(g)]
+        return best
     if all(len(pb.options(c)) <= 1 for c in _live_classes(pb)):  # nothing to choose: no solver
         best.ilp = "optimal (one candidate per class)"
         best.classes, best.enodes = classes[id(g)], chosen[id(g)]
@@ -472,7 +558,7 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
         if sel is None:  # too large, or the whole ILP ran out of time: region by region
             whole = f"whole ILP {best.ilp}; " if best.ilp else ""
             sel, best.ilp = region_ilp(pb, sel0, lambda s: rescore(s)[1], region_size,
-                                       time_limit + min(spare, _load_solver()))
+                                       time_limit + (min(spare, _load_solver()) if spare > 0 else 0.0))
             best.ilp = whole + best.ilp
             how = "ilp by regions"
     except (RuntimeError, ValueError, MemoryError) as e:  # the solver's failures: greedy stands, the report says why
@@ -480,7 +566,7 @@ def extract(pb: Problem, original: Graph, model: str, dims=None, perf=None, *, m
     if sel is not None and sel is not sel0:
         g, v = rescore(sel)
         if v < best.value - 1e-9 * max(1.0, abs(best.value)):
-            best = Extraction(g, how, best.ilp, v, best.greedy)
+            best = Extraction(g, how, best.ilp, v, best.greedy, cut=cut)
     best.classes, best.enodes = classes[id(best.graph)], chosen[id(best.graph)]
     return best
 
@@ -503,7 +589,9 @@ def ilp(pb: Problem, time_limit: float = ILP_TIME_LIMIT, start: dict[int, Cand] 
     found = search(pb, live, start=start) if sum(len(pb.options(c)) for c in live) <= SEARCH_CANDIDATES else None
     if found is not None:
         return found
-    return _solve(pb, live, {}, deadline + min(spare, _load_solver()))
+    if time_limit <= 0 and spare <= 0:  # (no time for the solver: not even for its import)
+        return None, "time_limit"
+    return _solve(pb, live, {}, deadline + (min(spare, _load_solver()) if spare > 0 else 0.0))
 
 
 def _load_solver() -> float:

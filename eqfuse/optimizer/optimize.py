@@ -42,6 +42,7 @@ from eqfuse.optimizer.egraph import (
     SaturationStats,
     fusion_seconds,
     load_seconds,
+    own_thread,
     recognize,
     rule_phase,
     run_phase,
@@ -70,10 +71,18 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     says "hit", "miss" or "off"; EQFUSE_NO_CACHE=1 turns it off). `machine` is the planner's machine
     model, which the driver reads and passes down: extraction keeps only bodies that classify
     lowers as one kernel on it (a GEMM's row epilogue must fit its L1); None: without that check."""
-    from eqfuse.optimizer import graph_cache
-
     if cost not in C.MODELS:
         raise EqfuseError(f"unknown cost model '{cost}' (known: {', '.join(C.MODELS)})")
+    with own_thread():  # (a thread but the main one drops its e-graphs before this returns)
+        return _cached(graph, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
+                       node_limit=node_limit, time_limit=time_limit, progress=progress, machine=machine)
+
+
+def _cached(graph: Graph, *, cost, rules, disable, dims, iter_limit, node_limit, time_limit, progress,
+            machine) -> OptResult:
+    """optimize_graph's body: from the optimized-graph cache, else optimized and kept there."""
+    from eqfuse.optimizer import graph_cache
+
     if not graph_cache.enabled():
         r = _optimize_graph(graph, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
                             node_limit=node_limit, time_limit=time_limit, progress=progress, machine=machine)
@@ -82,7 +91,8 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     t0 = time.perf_counter()
     bound = {k: v for k, v in (dims or {}).items() if k in graph.dims()}
     key = graph_cache.key(graph_text(graph), rule_sources(tuple(str(r) for r in rules), tuple(disable)), disable,
-                          cost, bound, (iter_limit, node_limit, time_limit), C.perf() if cost == "time" else None,
+                          cost, bound, (iter_limit, node_limit, time_limit, repeats.enabled()),
+                          C.perf() if cost == "time" else None,
                           machine)
     hit = graph_cache.get(key)
     if hit is not None:
@@ -103,7 +113,8 @@ def optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (), 
     r = _optimize_graph(graph, cost=cost, rules=rules, disable=disable, dims=dims, iter_limit=iter_limit,
                         node_limit=node_limit, time_limit=time_limit, progress=progress, machine=machine)
     r.report["graph_cache"] = "miss"
-    if r.report["stop_reason"] != "time_limit" and "time_limit" not in str(r.report.get("ilp")):
+    if r.report["stop_reason"] != "time_limit" and "time_limit" not in str(r.report.get("ilp")) \
+            and not r.report["time_limit_cut"]:
         # a result the clock cut short depends on the machine's load: not kept
         if graph_cache.put(key, r.report["graph"], r.report):
             graph_cache.put_graph(key, r.graph)
@@ -122,7 +133,7 @@ def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (),
     rule_list = cached_rules(tuple(str(r) for r in rules), tuple(disable))
     src0 = fold_constants(expand_convs(C.unfused(graph)))  # (conv1d, conv_transpose2d: as conv2d)
     t = time.perf_counter()
-    pieces = repeats.find(src0)
+    pieces = repeats.find(src0) if repeats.enabled() else None
     found = time.perf_counter() - t
     kw = dict(cost=cost, rule_list=rule_list, dims=dims, lim=lim, progress=progress, machine=machine)
     if pieces is None:
@@ -136,7 +147,7 @@ def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (),
         joins = f.joins.spread(ids) if f.joins is not None else None
         f.stages["repeats"] = found + time.perf_counter() - t
     r = _report(graph, src0, out, greedy_g, f.how, f.ilp, f.data, f.st, f.recognition, f.stages, cost, dims, t0,
-                disable, lim.deadline, joins, machine)
+                disable, lim.deadline, joins, machine, f.cut)
     r.report["repeats"] = pieces.note() if pieces is not None else None
     return r
 
@@ -153,15 +164,16 @@ class _Fused:
     stages: dict[str, float]
     joins: Joins | None
     parts: list[Graph] | None = None
+    cut: dict[str, str] | None = None  # phase -> what the time limit cut short in it
 
 
 def _fuse(src: Graph, parts: list[Graph] | None = None, *, cost: str, rule_list: list, dims: Mapping[str, int],
           lim: Limits, progress=None, machine: Machine | None = None) -> _Fused:
     """The recognition e-graph, the fusion e-graph and extraction, on one unfused graph."""
     src0 = src
-    cut = cut_wide(src)  # wide concats stay out of the e-graphs (eqfuse.optimizer.wide)
-    if cut:
-        src = cut.graph
+    wide = cut_wide(src)  # wide concats stay out of the e-graphs (eqfuse.optimizer.wide)
+    if wide:
+        src = wide.graph
     perf = C.perf() if cost == "time" else None
 
     st = SaturationStats()
@@ -176,49 +188,75 @@ def _fuse(src: Graph, parts: list[Graph] | None = None, *, cost: str, rule_list:
     stage("load")
     pre = [r for r in rule_list if rule_phase(r) != FUSE]
     recognition = {"egraph_nodes": 0, "iterations": 0}
+    cut: dict[str, str] = {}  # phase -> what the time limit cut short (report["time_limit_cut"])
     if pre and lim.left() < load_seconds(src):
         st.stop_reason, st.limit_note = "time_limit", "time limit: no time for the recognition e-graph"
+        cut["recognition"] = "not started (no time to load its e-graph)"
     elif pre:  # the recognition e-graph
         # every rule goes into the e-graph, each phase in its own ruleset, so that the recognition
         # and the fusion e-graph are one egglog program, declared once per process (EGraph)
         eg = EGraph(src, rule_list, phase_of=rule_phase)
-        st.skipped_rules.update(eg.skipped)
-        stage("recognition e-graph load")
-        recognize(eg, st, lim, progress=progress)  # if fusion has no time left after it, its result stands
-        stage("recognition")
-        recognition = {"egraph_nodes": st.egraph_nodes, "iterations": st.iterations}
-        st.iterations = 0  # the iteration limit holds for each e-graph
-        if st.rules_fired:
-            src = smallest(eg.serialize(), src)
-        eg.close()
+        try:  # (closed in this thread whatever happens: eqfuse.optimizer.egraph.own_thread)
+            st.skipped_rules.update(eg.skipped)
+            stage("recognition e-graph load")
+            recognize(eg, st, lim, progress=progress)  # if fusion has no time left after it, its result stands
+            if st.stop_reason == "time_limit":
+                cut["recognition"] = "stopped before saturation"
+            stage("recognition")
+            recognition = {"egraph_nodes": st.egraph_nodes, "iterations": st.iterations}
+            st.iterations = 0  # the iteration limit holds for each e-graph
+            data = eg.serialize() if st.rules_fired else None
+        finally:
+            eg.close()
+        if data is not None:
+            src = smallest(data, src)
         stage("smallest term")
     src = sink_reshapes(src)  # exporters' flatten / GEMM / unflatten is one batched GEMM (eqfuse.optimizer.layout)
     if lim.left() < fusion_seconds(src):  # the best so far: every op its own kernel
         st.stop_reason, st.limit_note = "time_limit", "time limit: no time for the fusion e-graph"
-        one = stitch(cut, singletons(src), src0) if cut else singletons(src)
-        return _Fused(one, one, "none (time limit)", "", None, st, recognition, stages, None, parts)
+        cut["fusion"] = "not started (no time to load and extract its e-graph): every op its own kernel"
+        return _one_per_op(wide, src, src0, st, recognition, stages, parts, cut)
     eg = EGraph(src, rule_list, phase_of=rule_phase)
-    st.skipped_rules.update(eg.skipped)
-    stage("fusion e-graph load")
-    run_phase(eg, FUSE, st, lim, progress=progress)
-    stage("fusion")
-    data = eg.serialize()
-    eg.close()
+    try:
+        st.skipped_rules.update(eg.skipped)
+        stage("fusion e-graph load")
+        if not run_phase(eg, FUSE, st, lim, progress=progress) and st.stop_reason == "time_limit":
+            cut["fusion"] = "stopped before saturation"
+        stage("fusion")
+        data = eg.serialize()
+    finally:
+        eg.close()
     stage("serialize")
-    pb = X.build_problem(data, src, cost, dims, perf, machine)
+    try:  # past the deadline, the fused kernels not built yet are left out (build_problem)
+        pb = X.build_problem(data, src, cost, dims, perf, machine, deadline=lim.deadline)
+    except X.OutOfTime as e:
+        stage("candidates")
+        cut["candidates"] = f"{e}: every op its own kernel"
+        return _one_per_op(wide, src, src0, st, recognition, stages, parts, cut)
+    if pb.cut:
+        cut["candidates"] = pb.cut
     stage("candidates")
 
     left = lim.left() - EXTRACT_SECONDS_PER_NODE * data.num_nodes
     ex = X.extract(pb, src, cost, dims, perf, time_limit=max(0.0, min(X.ILP_TIME_LIMIT, left)),
-                   spare=max(0.0, left - X.ILP_TIME_LIMIT))  # (the solver's import, within the limit)
+                   spare=max(0.0, left - X.ILP_TIME_LIMIT),  # (the solver's import, within the limit)
+                   deadline=lim.deadline)
+    if ex.cut:
+        cut["extraction"] = "; ".join(ex.cut)
     out, greedy_g = ex.graph, ex.greedy
     joins = Joins(data, ex.classes, ex.enodes)
-    if cut:
+    if wide:
         ids: dict[int, int] = {}
-        out, greedy_g = stitch(cut, out, src0, ids), stitch(cut, greedy_g, src0)
+        out, greedy_g = stitch(wide, out, src0, ids), stitch(wide, greedy_g, src0)
         joins = joins.renumbered(ids)
     stage("extraction")
-    return _Fused(out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, joins, parts)
+    return _Fused(out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, joins, parts, cut)
+
+
+def _one_per_op(wide, src: Graph, src0: Graph, st, recognition, stages, parts, cut) -> _Fused:
+    """What _fuse gives when the time limit leaves no time to fuse: every op its own kernel."""
+    one = stitch(wide, singletons(src), src0) if wide else singletons(src)
+    return _Fused(one, one, "none (time limit)", "", None, st, recognition, stages, None, parts, cut)
 
 
 def singletons(g: Graph) -> Graph:
@@ -246,9 +284,10 @@ def singletons(g: Graph) -> Graph:
 
 
 def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages, cost, dims, t0,
-            disable=(), deadline=None, joins=None, machine: Machine | None = None) -> OptResult:
+            disable=(), deadline=None, joins=None, machine: Machine | None = None, cut=None) -> OptResult:
     from eqfuse.optimizer.explain import explain
 
+    t_report = time.perf_counter()
     check(out)
     before, after = C.graph_kernels(src0, dims), C.graph_kernels(out, dims)
     greedy = C.graph_kernels(greedy_g, dims)
@@ -282,11 +321,18 @@ def _report(graph, src0, out, greedy_g, how, ilp, data, st, recognition, stages,
         "recognition": recognition,  # the recognition e-graph's size and iterations
         "optimize_seconds": time.perf_counter() - t0,
         "stage_seconds": stages,  # where the time went
+        "time_limit_cut": dict(cut or {}),  # phase -> what the time limit cut short in it (none: nothing)
         "graph": text,
     }
     # why each tensor between two kernels is stored, and what each fused kernel saves (eqfuse.optimizer.explain)
     report.update(explain(out, cost, dims, stop_reason=st.stop_reason, limit=st.limit_note or None,
                           disabled=tuple(disable), p=p, deadline=deadline, ilp=ilp, joins=joins, machine=machine))
+    late = sum(b.get("reason") == "limit" and b.get("detail", "").startswith("not examined")
+               for b in report["boundaries"])
+    if late:
+        report["time_limit_cut"]["explain"] = f"{late} of {len(report['boundaries'])} boundaries not examined"
+    stages["report"] = time.perf_counter() - t_report  # (the counts, costs and explanation above)
+    report["optimize_seconds"] = time.perf_counter() - t0
     return OptResult(out, report, joins)
 
 
@@ -394,6 +440,9 @@ def report_text(r: dict) -> str:
         f"#   optimize time: {us(r['optimize_seconds'])} in all"
         + (f" ({', '.join(f'{k} {us(v)}' for k, v in r['stage_seconds'].items())})" if r.get("stage_seconds") else ""),
     ]
+    if r.get("time_limit_cut"):  # the phases the time limit cut short: the result is the best found by then
+        lines.append("#   time limit reached: " + "; ".join(f"{k}: {v}" for k, v in r["time_limit_cut"].items())
+                     + " (the result is the best found by then)")
     if r.get("same_as"):  # optimize_graphs: the same graph but its name, optimized once
         lines.append(f"#   the same graph as {r['same_as']} but its name: its result, renamed (rules fired, "
                      f"e-graph and extraction are that optimization's)")
@@ -422,6 +471,12 @@ def optimize_graphs(graphs: Sequence[Graph], before_each=None, **kw) -> list:
     only share one count). A graph the same as an earlier one but for its name (a file of
     generated variants) is optimized once: its result is the earlier one's, renamed, and its
     report says so (`same_as`). `before_each(i)`, when given, is called before graph i (a progress line)."""
+    with own_thread():  # (the e-graphs are kept from one graph to the next, dropped at the end)
+        return _each(graphs, before_each, **kw)
+
+
+def _each(graphs: Sequence[Graph], before_each=None, **kw) -> list:
+    """optimize_graphs' body."""
     dims = kw.pop("dims", None) or {}
     out: list = []
     seen: dict[tuple, int] = {}  # (the graph's text but its name, its dims bound) -> its first index

@@ -150,6 +150,14 @@ def _renamed(body: Graph, rename: dict[str, str | None]) -> Graph:
     return Graph(body.name, nodes, list(body.inputs), list(body.outputs), body.pos)
 
 
+def enabled() -> bool:
+    """EQFUSE_REPEATS=0 turns the pieces off: every graph is optimized whole (to measure what the
+    pieces save, or to compare their result with the whole graph's)."""
+    import os
+
+    return os.environ.get("EQFUSE_REPEATS", "") != "0"
+
+
 def find(g: Graph) -> Pieces | None:
     """The graph cut into pieces with its repeated blocks, or None when no block repeats."""
     order = [i for i, n in enumerate(g.nodes) if n.op not in SOURCES]
