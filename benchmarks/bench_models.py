@@ -109,7 +109,12 @@ def quantized_static(path: Path, name: str, fmt: str) -> Path:
     """The export as quantize_static writes it, made once beside it: u8 activations, i8 weights,
     calibrated on four inputs of the model (seeds 100..103); `fmt` "static" is the QDQ format,
     "qoperator" the QOperator format (QLinearConv, QGemm, QLinearAdd, ... per-channel weights)."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self):

@@ -1,7 +1,10 @@
 """ONNX handlers of quantized models as onnxruntime's quantizers write them: QuantizeLinear and
 DequantizeLinear (QDQ, per tensor and per channel), DynamicQuantizeLinear, MatMulInteger and
-ConvInteger (quantize_dynamic), QLinearMatMul and QLinearConv (quantize_static's QOperator format). Each turns into the ops of eqfuse.ir.ops_quant, whose numpy
-reference and C compute what onnxruntime computes, integer for integer.
+ConvInteger (quantize_dynamic), QLinearMatMul and QLinearConv (quantize_static's QOperator format)
+and the com.microsoft contrib ops that format writes (QLinearAdd, QLinearGlobalAveragePool, QGemm,
+...: the end of this file). Each turns into the ops of eqfuse.ir.ops_quant, whose numpy reference
+and C compute what onnxruntime computes, integer for integer (the contrib ops that onnxruntime
+computes with f32 steps of its own: to one step, docs/precision.md).
 
 Per-channel (axis=) scales and zero points are reshaped to broadcast along the axis ([C, 1, 1]
 for axis 1 of a rank-4 tensor), so the ops stay pointwise. A zero point of another type than uint8
@@ -14,7 +17,13 @@ from __future__ import annotations
 import numpy as np
 
 from eqfuse.frontend.onnx_handlers import conv_geometry
-from eqfuse.frontend.onnx_registry import HANDLERS, ONNX_DTYPES, Unsupported, dtype_name, handles
+from eqfuse.frontend.onnx_registry import (
+    HANDLERS,
+    ONNX_DTYPES,
+    Unsupported,
+    dtype_name,
+    handles,
+)
 from eqfuse.ir.shapes import NUMPY_DTYPE, QUANT_DTYPES, dtype_of_numpy
 
 F32 = np.float32
