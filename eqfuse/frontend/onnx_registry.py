@@ -1,7 +1,8 @@
 """What every ONNX op handler shares: the registry of handlers (`HANDLERS`, filled by the
-`@handles` decorators of onnx_handlers, onnx_ops, onnx_quant and onnx_symbolic_ops, keyed by
-handler_key: an op of another domain than ONNX's own, as onnxruntime's com.microsoft ops, by
-"domain.OpType"; eqfuse.frontend.onnx_import imports them once), the importer's errors, and the checks of an ONNX file's own data before the
+`@handles` decorators of onnx_handlers, onnx_ops, onnx_quant and onnx_symbolic_ops, which
+eqfuse.frontend.onnx_import imports once; keyed by handler_key, an op of another domain than
+ONNX's own, as onnxruntime's com.microsoft ops, by "domain.OpType"), the importer's errors,
+and the checks of an ONNX file's own data before the
 importer trusts it: an initializer's dims and bytes, an input's dims. A damaged or hostile file
 gets one clear error, never a numpy exception."""
 
