@@ -1,5 +1,6 @@
 """Single convs (conv2d + batchnorm + relu, weights bound): eqfuse's direct and im2col paths and
-onnxruntime, interleaved in one process.
+onnxruntime, alternating in one process (call by call at 1 thread, in blocks after the
+others' threads sleep at more: benchmarks/timing.py).
 
     python benchmarks/bench_conv.py [--repeat N] [--threads T ...] [--set resnet18|resnet56|all] [--precision f32|bf16]
     python benchmarks/bench_conv.py --set mobilenet|convnext|regnet|multiplier|whisper|grouped [--repeat N]
@@ -34,12 +35,13 @@ import functools
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from timing import alternate  # benchmarks/timing.py
 
 import eqfuse
 from eqfuse.cli.bench import blas_threads
@@ -244,12 +246,7 @@ def main_grouped(sets: list[str], repeat: int, threads: list[int]) -> int:
             want = runs["ort"]()
             for key, run in runs.items():
                 np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-3, atol=1e-3, err_msg=f"{name} {key}")
-            times: dict[str, list[float]] = {k: [] for k in runs}
-            for _ in range(repeat):  # interleaved
-                for key, run in runs.items():
-                    t = time.perf_counter()
-                    run()
-                    times[key].append(time.perf_counter() - t)
+            times = alternate(runs, repeat, th)
             med = {key: statistics.median(v) * 1e6 for key, v in times.items()}
             moved = 4 * (xs["x"].size + want.size)  # bytes in and out (the floor of a memory-bound conv)
             plan = next(q for q in fn.last.plans if q.kind == "conv2d")
@@ -301,12 +298,7 @@ def main(argv=None) -> int:
                     assert err <= 3e-2, (k, err)
                 else:
                     np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-3, atol=1e-3, err_msg=k)
-            times: dict[str, list[float]] = {k: [] for k in runs}
-            for _ in range(args.repeat):  # interleaved
-                for k, run in runs.items():
-                    t = time.perf_counter()
-                    run()
-                    times[k].append(time.perf_counter() - t)
+            times = alternate(runs, args.repeat, th)
             med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
             auto = next(p.detail for p in fns["auto"].last.plans if p.kind == "conv2d")
             path = "im2col" if type(auto).__name__ != "ConvDirectDetail" else "winograd" if auto.winograd else "direct"

@@ -57,7 +57,10 @@ max|y - y_ref| / max|y_ref| against the float64 result of the f32 inputs, measur
 for every row. The peaks are measured on this core first: the f32 one by a loop of independent
 vfmadd231ps on zmm registers (16 lanes x 2 FLOPs each); the bf16 one is derived as twice it (a
 vdpbf16ps does two multiply-adds per 32-bit lane, at the FMA's throughput), and the loop of
-vdpbf16ps is measured beside it as a check.
+vdpbf16ps is measured beside it as a check. A row on AMX-BF16 tiles (the path `amx_bf16` in
+report["precision"]) is given as a fraction of the AMX peak, derived as 16 times the f32 one
+(eqfuse.machine.bf16_peak_ratio: tdpbf16ps's 512 multiply-adds per cycle over two 16-lane FMAs),
+and a loop of tdpbf16ps on four C tiles is measured beside it as a check.
 
 `--int8` (docs/precision.md) measures a dynamically quantized linear layer y = x @ W + b as
 onnxruntime.quantization.quantize_dynamic writes it (W int8, x quantized to u8 per call:
@@ -119,6 +122,43 @@ float peak_loop(long n, int bf16)
         s = _mm512_add_ps(s, c[r]);
     return _mm512_reduce_add_ps(s);
 }
+
+/* n steps of four tdpbf16ps on four independent C tiles (16 x 16 x 32 multiply-adds each), where
+ * the kernels are built for AMX-BF16 (or emulate it); -1 elsewhere, or when the operating system
+ * refuses the tile state (csrc_templates/common_amx.h) */
+float peak_amx(long n)
+{
+#if (defined(__AMX_TILE__) && defined(__AMX_BF16__)) || defined(EQF_AMX_EMULATE)
+    static uint16_t ones[16 * 32] __attribute__((aligned(64)));
+    float out[16 * 16] __attribute__((aligned(64)));
+    if (!eqf_amx_ready())
+        return -1.0f;
+    for (int i = 0; i < 16 * 32; i++)
+        ones[i] = 0x2c00; /* bf16 2^-39: the sums stay far from overflow */
+    eqf_amx_begin();
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    EQF_AMX_FENCE();
+    _tile_loadd(4, ones, 64);
+    _tile_loadd(5, ones, 64);
+    _tile_loadd(6, ones, 64);
+    _tile_loadd(7, ones, 64);
+    for (long i = 0; i < n; i++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    return out[0];
+#else
+    (void)n;
+    return -1.0f;
+#endif
+}
 """
 
 
@@ -129,22 +169,29 @@ def measure_peaks(threads: int) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
+    from eqfuse.machine import bf16_peak_ratio, machine
 
-    lib = build(header_c() + COMMON_C + PEAK_C, COMMON_CDEF + "\nfloat peak_loop(long n, int bf16);", "peak").lib
+    lib = build(header_c() + COMMON_C + PEAK_C,
+                COMMON_CDEF + "\nfloat peak_loop(long n, int bf16);\nfloat peak_amx(long n);", "peak").lib
     n = 1_000_000  # (~25 ms a run: short runs, many of them, find the core's quiet moments)
     out = {}
-    for name, bf16, per in (("f32", 0, 12 * 16 * 2), ("bf16_vdpbf16ps", 1, 12 * 16 * 4)):
-        if lib.peak_loop(1, bf16) < 0:
+    loops = (("f32", lambda k: lib.peak_loop(k, 0), n, 12 * 16 * 2),
+             ("bf16_vdpbf16ps", lambda k: lib.peak_loop(k, 1), n, 12 * 16 * 4),
+             ("bf16_tdpbf16ps", lib.peak_amx, n // 8, 4 * 16 * 16 * 32 * 2))
+    for name, loop, steps, per in loops:
+        if loop(1) < 0:
             out[name] = float("nan")
             continue
         best = 0.0
         with ThreadPoolExecutor(threads) as ex:
             for _ in range(20):
                 t0 = time.perf_counter()
-                list(ex.map(lambda _: lib.peak_loop(n, bf16), range(threads)))
-                best = max(best, threads * n * per / (time.perf_counter() - t0) / 1e9)
+                list(ex.map(lambda _: loop(steps), range(threads)))
+                best = max(best, threads * steps * per / (time.perf_counter() - t0) / 1e9)
         out[name] = best
     out["bf16"] = 2 * out["f32"]  # (derived: two multiply-adds per lane per instruction)
+    # (derived: tdpbf16ps's multiply-adds per cycle over the f32 FMA's, eqfuse.machine.bf16_peak_ratio)
+    out["bf16_amx"] = bf16_peak_ratio(machine(), "amx_bf16") * out["f32"]
     return out
 
 
@@ -171,6 +218,7 @@ def measure_precision(threads: int, precision: str, repeat: int, rounds: int) ->
     import numpy as np
 
     import eqfuse
+    from eqfuse.machine import machine
 
     peaks = measure_peaks(threads)
     rows = []
@@ -186,7 +234,8 @@ def measure_precision(threads: int, precision: str, repeat: int, rounds: int) ->
         for p in dict.fromkeys(("f32", precision)):
             mod = eqfuse.compile(src, params={"w": w, "b": b}, precision=p, threads=threads)
             paths = sorted({e["path"] for e in mod.report["precision"].values()})
-            peers[f"eqfuse {p} ({', '.join(paths)})"] = (p, lambda m=mod: m(x))
+            peak = "bf16_amx" if "amx_bf16" in paths else p  # (the peak of the path the GEMM runs)
+            peers[f"eqfuse {p} ({', '.join(paths)})"] = (p, lambda m=mod: m(x), peak)
         try:
             import openvino as ov
 
@@ -208,27 +257,29 @@ def measure_precision(threads: int, precision: str, repeat: int, rounds: int) ->
                         return req.get_output_tensor(0).data
 
                     label = f"OpenVINO {'f32' if hint else 'default'} ({chose})"
-                    peers[label] = ("bf16" if chose == "bf16" else "f32", run)
+                    prec = "bf16" if chose == "bf16" else "f32"
+                    # (on a CPU with AMX-BF16 its bf16 runs on the tiles too: oneDNN's brgemm)
+                    peers[label] = (prec, run, "bf16_amx" if prec == "bf16" and machine().amx_bf16 else prec)
         except ImportError:
             pass
         times: dict[str, list[float]] = {k: [] for k in peers}
         errs = {}
-        for k, (_, fn) in peers.items():
+        for k, (_, fn, _) in peers.items():
             y = np.asarray(fn(), dtype=np.float64)
             errs[k] = float(np.max(np.abs(y - ref)) / np.max(np.abs(ref)))
         for _ in range(rounds):
-            for k, (_, fn) in peers.items():
+            for k, (_, fn, _) in peers.items():
                 ts = []
                 for _ in range(repeat):
                     t0 = time.perf_counter()
                     fn()
                     ts.append(time.perf_counter() - t0)
                 times[k].append(statistics.median(ts))
-        for k, (p, _) in peers.items():
+        for k, (p, _, peak) in peers.items():
             t = statistics.median(times[k])
             gf = 2 * M * N * K / t / 1e9
             rows.append({"shape": f"{M}x{N}x{K}", "threads": threads, "who": k, "ms": t * 1e3, "gflops": gf,
-                         "peak": gf / peaks[p], "precision": p, "error": errs[k],
+                         "peak": gf / peaks[peak], "precision": p, "peak_of": peak, "error": errs[k],
                          "spread": 100 * (max(times[k]) - min(times[k])) / t})
     return {"peaks": peaks, "rows": rows}
 
@@ -238,16 +289,20 @@ def print_precision(results: list[dict], repeat: int, rounds: int) -> None:
     for res in results:
         pk = res["peaks"]
         t = res["rows"][0]["threads"]
+        amx = any(r["peak_of"] == "bf16_amx" for r in res["rows"])
         print(f"\nthreads={t}: peaks measured here, f32 FMA {pk['f32']:.1f} GFLOP/s, bf16 2x = {pk['bf16']:.1f} "
-              f"(a vdpbf16ps loop measured {pk['bf16_vdpbf16ps']:.1f})")
+              f"(a vdpbf16ps loop measured {pk['bf16_vdpbf16ps']:.1f})"
+              + (f", AMX-BF16 {pk['bf16_amx'] / pk['f32']:.0f}x = {pk['bf16_amx']:.1f} "
+                 f"(a tdpbf16ps loop measured {pk.get('bf16_tdpbf16ps', float('nan')):.1f})" if amx else ""))
         head = f"{'shape':>14} {'':<44} {'ms':>8} {'spread':>7} {'GFLOP/s':>8} {'of peak':>8} {'error':>9}"
         print(head)
         print("-" * len(head))
         for r in res["rows"]:
             print(f"{r['shape']:>14} {r['who']:<44} {r['ms']:8.3f} {r['spread']:6.0f}% {r['gflops']:8.1f} "
                   f"{100 * r['peak']:7.0f}% {r['error']:9.1e}")
-    print("\nof peak: of the f32 FMA peak for an f32 row, of the bf16 peak (2x) for a bf16 row; "
-          "error: max|y - y_ref| / max|y_ref|, y_ref the float64 result of the f32 inputs")
+    print("\nof peak: of the f32 FMA peak for an f32 row, of the bf16 peak (2x) for a bf16 row, of the AMX-BF16 "
+          "peak (tdpbf16ps: 512 multiply-adds per cycle, 16x the f32 FMA's two 16-lane FMAs; "
+          "eqfuse.machine.bf16_peak_ratio) for a row on AMX tiles; error: max|y - y_ref| / max|y_ref|, y_ref the float64 result of the f32 inputs")
 
 
 def pin(name: str) -> None:

@@ -4,6 +4,7 @@ torch.compile, prefill and decode apart, against the machine's memory bandwidth.
     flock /tmp/eqfuse-bench.lock python benchmarks/bench_generate.py --model gpt2 --threads 1
         [--batch 1 --batch 4] [--prompt 128] [--new 128]
         [--peers eqfuse,eqfuse-bf16,ort,ov,ov-default,torch,compile] [--capacity 2048]
+    flock /tmp/eqfuse-bench.lock python benchmarks/bench_generate.py --model gpt2 --peers eqfuse,eqfuse-loaded
 
 Models (random weights, tests/decoder_exports.py, the TorchScript export with past key values):
 `gpt2`, GPT-2-small-sized (12 layers, 768 wide, 12 heads, 50257 tokens, 1024 positions, the LM
@@ -159,7 +160,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--capacity", type=int, help="eqfuse's cache capacity (default: the power of two that holds "
                     "the prompt and the new tokens); the decode step's time should not depend on it")
-    ap.add_argument("--peers", default="eqfuse,eqfuse-bf16,ort,ov,ov-default,torch,compile")
+    ap.add_argument("--peers", default="eqfuse,eqfuse-bf16,ort,ov,ov-default,torch,compile",
+                    help="also eqfuse-loaded: the f32 Module saved and loaded back (eqfuse.load), after eqfuse")
     a = ap.parse_args()
     os.environ["EQFUSE_NUM_THREADS"] = str(a.threads)
     warnings.simplefilter("ignore")  # (transformers' deprecation notes on past_key_values)
@@ -209,6 +211,25 @@ def main() -> None:
         makers[name] = lambda mod=mod, live=live, sig=sig: Decoder(sig, lambda f: mod(**f), cap, live)
         print(f"  {name} compile (the prefill and decode step compile at the first generation) "
               f"{time.perf_counter() - t:.0f} s")
+    if "eqfuse-loaded" in peers and "eqfuse" in mods:
+        # the f32 Module saved after its own generation at this batch (so the artifact holds its
+        # prefill and decode step) and loaded back: eqfuse.load's Module, its weights mapped from
+        # the file and its skinny panels copied into huge pages at the first call (docs/deploy.md)
+        import atexit
+        import shutil
+        import tempfile
+
+        where = Path(tempfile.mkdtemp(prefix="bench-generate-"))
+        atexit.register(shutil.rmtree, where, True)
+
+        def loaded_decoder(sig=onnx_signature(path)):
+            saved = mods["eqfuse"].save(where / "decoder.eqf")
+            t = time.perf_counter()
+            lm = eqfuse.load(saved)
+            print(f"  eqfuse.load of the saved decoder ({saved.stat().st_size / 1e6:.0f} MB): "
+                  f"{1e3 * (time.perf_counter() - t):.1f} ms")
+            return Decoder(sig, lambda f: lm(**f), cap, step_maker(lm, sig))
+        makers["eqfuse loaded"] = loaded_decoder
     if "ort" in peers:
         import onnxruntime as ort
 

@@ -2,14 +2,15 @@
 lengths: its time should not depend on the capacity reserved.
 
     flock /tmp/eqfuse-bench.lock python benchmarks/bench_live_capacity.py --threads 1
-        [--batch 1] [--capacity 256 --capacity 2048] [--live 16 --live 250] [--calls 40]
+        [--batch 1] [--capacity 256 --capacity 2048] [--live 16 --live 250] [--calls 40] [--precision bf16]
 
 The GPT-2-small-sized export of benchmarks/bench_generate.py (12 layers, 768 wide, 12 heads,
 random weights), its decode step compiled once per capacity (eqfuse.generation's step, sharing
 the weights), the caches random. At each live length the capacities' steps are called in turn,
 `--calls` times each (so the machine's load falls on both alike): the median and the fastest call
 in ms, then one profile (eqfuse.runtime.profile, 10 calls) for the median attention kernel per
-layer and the pointwise and index kernels' total (the mask's cast; the embedding gathers).
+layer and the pointwise and index kernels' total (the mask's cast; the embedding gathers). The
+attention's K/V stream: the bytes of one layer's live key and value rows (f32) over its time.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, action="append")
     ap.add_argument("--live", type=int, action="append")
     ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("--precision", default="f32", choices=["f32", "bf16"])
     a = ap.parse_args()
     caps, lives = a.capacity or [256, 2048], a.live or [16, 250]
     if max(lives) > min(caps):
@@ -44,7 +46,7 @@ def main() -> None:
     from eqfuse.runtime.profile import profile
 
     path = de.export_decoder("gpt2", "torchscript", 12, 768, 12, 1024, vocab=50257)
-    mod = eqfuse.compile(path, threads=a.threads)
+    mod = eqfuse.compile(path, threads=a.threads, precision=a.precision)
     rng = np.random.default_rng(0)
     b = a.batch
     steps, feeds = {}, {}
@@ -56,9 +58,10 @@ def main() -> None:
             for kv in ("key", "value"):
                 f[f"past_key_values_{i}_{kv}"] = rng.standard_normal((b, 12, c + 1, 64), dtype=np.float32)
         feeds[c] = f
-    print(f"GPT-2-small decode step, batch {b}, {a.threads} thread(s), load average {os.getloadavg()[0]:.1f}")
+    print(f"GPT-2-small decode step, {a.precision}, batch {b}, {a.threads} thread(s), "
+          f"load average {os.getloadavg()[0]:.1f}")
     print(f"  {'live':>4} {'capacity':>8} {'median ms':>9} {'min ms':>7} {'attention us/layer':>18} "
-          f"{'pointwise us':>12} {'index us':>8}")
+          f"{'K/V GB/s':>8} {'pointwise us':>12} {'index us':>8}")
     for n in lives:
         times: dict[int, list[float]] = {c: [] for c in caps}
         for c in caps:
@@ -78,8 +81,9 @@ def main() -> None:
             att = statistics.median(us for _, k, us, _ in rows if k == "attention")
             pw = sum(us for _, k, us, _ in rows if k == "pointwise")
             ix = sum(us for _, k, us, _ in rows if k == "index")
+            kv = 2 * b * 12 * (n + 1) * 64 * 4  # one layer's live keys and values, the new row's too
             print(f"  {n:>4} {c:>8} {1e3 * statistics.median(times[c]):9.2f} {1e3 * min(times[c]):7.2f} "
-                  f"{att:18.0f} {pw:12.1f} {ix:8.1f}", flush=True)
+                  f"{att:18.0f} {kv / att / 1e3:8.1f} {pw:12.1f} {ix:8.1f}", flush=True)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -8,7 +8,8 @@
 BERT, GPT-2 and ViT (transformers, small configs, random weights), ResNet-18, MLP-Mixer, the MLP
 784-1024-1024-10, BERT-base geometry and ResNet-18's stem + layer1 + layer2 at full width on a
 224x224 image ("resnet_stages") (tests/model_exports.py, BENCH_MODELS), exported to ONNX. For 1 and 2 threads, calls of eqfuse and of
-onnxruntime (ORT_ENABLE_ALL, that many intra-op threads) alternate; each row gives both medians,
+onnxruntime (ORT_ENABLE_ALL, that many intra-op threads) alternate (call by call at 1 thread, in
+blocks after the others' threads sleep at 2: benchmarks/timing.py); each row gives both medians,
 the spread (interquartile range as % of the median) and the ratio. The outputs are checked
 against each other first. `--torch` adds the torch module the export came from, eager and under
 torch.compile (default mode), in the same interleaving. The compile line of each model gives
@@ -34,8 +35,8 @@ format (QLinearConv, QGemm and onnxruntime's com.microsoft QLinearAdd, QLinearGl
 
 `--precision f32|bf16` (docs/precision.md) compares precisions instead: eqfuse in that precision
 (and in f32, when it is bf16), OpenVINO in f32 (INFERENCE_PRECISION_HINT f32) and OpenVINO in its
-default precision (bf16 on a CPU with AVX512_BF16 or AMX), calls interleaved in one process, at 1
-and 2 threads. Each row gives medians, spreads (interquartile range as % of the median), OpenVINO
+default precision (bf16 on a CPU with AVX512_BF16 or AMX), alternating in one process at 1
+and 2 threads as above. Each row gives medians, spreads (interquartile range as % of the median), OpenVINO
 default's time over eqfuse's, and each one's error against the f32 reference (onnxruntime f32):
 max|difference| / max|reference|. The `bf16 kernels` column counts eqfuse's kernels that multiply
 in bf16 against all of them (mod.report["precision"]). `--error-seeds N` adds, per model, eqfuse's
@@ -56,6 +57,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import model_exports as me  # noqa: E402
+from timing import alternate  # noqa: E402  (benchmarks/timing.py)
 
 import eqfuse  # noqa: E402
 from eqfuse.cli.bench import blas_threads  # noqa: E402
@@ -192,12 +194,7 @@ def precision_main(args) -> int:
             runs["OV f32"], runs["OV default"] = (lambda: ov32(feeds)), (lambda: ovd(feeds))
             err = {k: float(np.max(np.abs(np.asarray(run(), np.float64) - ref)) / np.max(np.abs(ref)))
                    for k, run in runs.items()}
-            times: dict[str, list[float]] = {k: [] for k in runs}
-            for _ in range(args.repeat):  # interleaved
-                for k, run in runs.items():
-                    t = time.perf_counter()
-                    run()
-                    times[k].append(time.perf_counter() - t)
+            times = alternate(runs, args.repeat, th)
             med = {k: statistics.median(v) for k, v in times.items()}
             print(f"{name:<14}{f'{nbf}/{len(entries)}':>13}{th:>4}"
                   + "".join(f"{med[f'eqfuse {q}'] * 1e3:>13.3f}{_iqr(times[f'eqfuse {q}']):>5.0f}" for q in precs)
@@ -320,12 +317,7 @@ def main(argv=None) -> int:
             if args.torch:
                 import torch
                 torch.set_num_threads(th)
-            times: dict[str, list[float]] = {k: [] for k in runs}
-            for _ in range(args.repeat):  # interleaved
-                for k, run in runs.items():
-                    t = time.perf_counter()
-                    run()
-                    times[k].append(time.perf_counter() - t)
+            times = alternate(runs, args.repeat, th)
             med = {k: statistics.median(v) for k, v in times.items()}
             nk = len([k for k in fn.last.kernels if k.kind != "view"])
             line = (f"{name:<10}{nk:>8}{th:>4}{med['eqfuse'] * 1e3:>11.3f}{_iqr(times['eqfuse']):>6.0f}"

@@ -9,7 +9,8 @@ code), eqfuse.compile's time (with the kernel and graph caches as they are: `EQF
 pointing to an empty directory gives the cold time), then at 1 and 2 threads eqfuse's median time
 and the ratios eqfuse / onnxruntime (ORT_ENABLE_ALL, that many intra-op threads) and
 eqfuse / OpenVINO (CPU, INFERENCE_PRECISION_HINT f32, INFERENCE_NUM_THREADS that many):
-below 1, eqfuse is faster. Calls of the three alternate; a sample times `inner` calls in a row
+below 1, eqfuse is faster. Calls of the three alternate (call by call at 1 thread, in blocks
+after the others' threads sleep at 2: benchmarks/timing.py); a sample times `inner` calls in a row
 (as many as take about 2 ms of eqfuse), and the spread column gives each one's interquartile
 range as % of its median (eqfuse / ORT / OpenVINO). The outputs are checked against
 onnxruntime's first (rtol 1e-4, atol 1e-4).
@@ -37,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import zoo_models as zm  # noqa: E402
+from timing import alternate  # noqa: E402  (benchmarks/timing.py)
 
 import eqfuse  # noqa: E402
 from eqfuse.cli.bench import blas_threads  # noqa: E402
@@ -86,19 +88,13 @@ def _openvino(path: str, threads: int):
     return run
 
 
-def _time(runs: dict, feeds: dict, repeat: int) -> dict[str, list[float]]:
-    """Per run, `repeat` samples of seconds per call, the runs interleaved."""
+def _time(runs: dict, feeds: dict, repeat: int, threads: int) -> dict[str, list[float]]:
+    """Per run, `repeat` samples of seconds per call (benchmarks/timing.py: interleaved at 1 thread,
+    in blocks at 2)."""
     t = time.perf_counter()
     runs["eqfuse"](feeds)
     inner = max(1, min(1000, int(2e-3 / max(time.perf_counter() - t, 1e-7))))
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(repeat):
-        for k, run in runs.items():
-            t = time.perf_counter()
-            for _ in range(inner):
-                run(feeds)
-            times[k].append((time.perf_counter() - t) / inner)
-    return times
+    return alternate({k: (lambda r=run: r(feeds)) for k, run in runs.items()}, repeat, threads, inner)
 
 
 def bench(family: str, exporter: str, repeat: int, spin: bool) -> dict:
@@ -135,7 +131,7 @@ def bench(family: str, exporter: str, repeat: int, spin: bool) -> dict:
             if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
                 row.setdefault("mismatch", []).append(f"{k} at {th} thread(s): max |diff| "
                                                       f"{float(np.max(np.abs(got - want))):.2g}")
-        times = _time(runs, feeds, repeat)
+        times = _time(runs, feeds, repeat, th)
         med = {k: statistics.median(v) for k, v in times.items()}
         row[th] = {"eqfuse_ms": med["eqfuse"] * 1e3,
                    "ort": med["eqfuse"] / med["ort"],

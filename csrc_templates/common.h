@@ -436,10 +436,13 @@ __attribute__((unused)) static float* eqf_scratch(int slot, long floats)
 
 /* A kernel whose scratch buffer could not be allocated skips its work and, on the calling thread
  * after its parallel region, calls eqf_nomem_note(); the graph's run function checks
- * eqf_nomem_take() after each kernel and returns EQF_NOMEM (Python raises MemoryError). */
-enum { EQF_NOMEM = -1 };
-static _Thread_local int eqf_nomem;
-__attribute__((unused)) static void eqf_nomem_note(void) { eqf_nomem = 1; }
+ * eqf_nomem_take() after each kernel and returns EQF_NOMEM (Python raises MemoryError). A kernel
+ * that cannot run for another reason notes its code the same way (eqf_fail_note): EQF_NO_AMX, the
+ * AMX tile state refused by the operating system (common_amx.h). */
+enum { EQF_NOMEM = -1, EQF_NO_AMX = -3 };
+static _Thread_local int eqf_nomem; /* 0, or the code of the failure a kernel noted */
+__attribute__((unused)) static void eqf_nomem_note(void) { eqf_nomem = EQF_NOMEM; }
+__attribute__((unused)) static void eqf_fail_note(int code) { eqf_nomem = code; }
 __attribute__((unused)) static int eqf_nomem_take(void)
 {
     const int r = eqf_nomem;

@@ -81,6 +81,7 @@ class ExportedGraph:
     signature: str
     example_inputs: list[np.ndarray]
     example_outputs: list[np.ndarray]
+    check_scale: str = "element"  # the example's error rule (eqfuse.runtime.verify.scale_for)
 
 
 def c_name(name: str, taken: set[str]) -> str:
@@ -177,6 +178,7 @@ def _exported(g: Graph, opt: Graph, folded, gw, gd, lib, example_inputs, seed, p
     from eqfuse.ir.kernels import K
     from eqfuse.pipeline import lower
     from eqfuse.runtime.program import emit_run, plan_memory
+    from eqfuse.runtime.verify import scale_for
 
     entry = f"{lib}_{g.name}"
     opt = Graph(entry, opt.nodes, opt.inputs, opt.outputs, opt.pos)  # kernel names carry the library's
@@ -217,7 +219,7 @@ def _exported(g: Graph, opt: Graph, folded, gw, gd, lib, example_inputs, seed, p
     full = [gw[n] if n in gw else ex_in[in_pos[n]] for n, _ in src.params]
     ex_out = evaluate(src, full)
     return ExportedGraph(g.name, entry, ins, outs, wlist, slots, packs, copies, mem.arena_bytes, bool(kernels),
-                         body + "\n" + run_c, gd, src.signature(), ex_in, ex_out)
+                         body + "\n" + run_c, gd, src.signature(), ex_in, ex_out, scale_for(plans))
 
 
 def _example_inputs(src: Graph, gw, ins: list[Tensor], given: Mapping[str, np.ndarray], seed: int) -> list[np.ndarray]:

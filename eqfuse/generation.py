@@ -23,9 +23,10 @@ tokens): rows past the live length hold zeros and the attention mask marks them 
 softmax weight is exactly 0 (the mask adds the most negative float to their scores), and the
 positions come from `position_ids`, not from the cache's length. Each decode step runs at
 past = C, sequence = 1, and its one new row (present's row C) is copied into the cache at the
-live length. A generation thus compiles two bindings: the prefill (sequence = S, past = 1, one
-masked row: eqfuse needs positive dims) and the decode step (sequence = 1, past = C). Every later
-call at the same prompt length and capacity reuses them.
+live length. A generation thus compiles two bindings: the prefill (past = 1, one masked row:
+eqfuse needs positive dims; sequence = the prompt's bucket, the prompt padded to it: prefill_plan)
+and the decode step (sequence = 1, past = C). Every later call with a prompt of that bucket and
+the same capacity reuses them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 from eqfuse.errors import ArgumentError, EqfuseError
 
 MIN_CAPACITY = 16  # the smallest cache capacity: a short generation shares one decode compile
+PREFILL_MIN = 16  # the shortest prefill compiled: short prompts share one compile (prefill_plan)
 
 
 def capacity_for(length: int) -> int:
@@ -138,30 +140,42 @@ class Decoder:
                               f"logits and one present per past input ({1 + len(self.sig.pasts)})")
         return outs[0], outs[1:]
 
-    def prefill(self, ids: np.ndarray) -> np.ndarray:
+    def prefill(self, ids: np.ndarray, length: int | None = None) -> np.ndarray:
+        """The logits of the prompt's last position, the cache filled with its rows. `length`
+        (at least the prompt's) pads the prompt at its end to that many tokens, the model's
+        prefill bucket (prefill_plan): the padded tokens are id 0 at position 0, masked out
+        (attention_mask 0), and come after every real one, so a real position's query, which a
+        causal model never lets see a later key, and its keys and values are those of the
+        prompt alone; the padded rows' results are dropped."""
         b, s = ids.shape
+        n = s if length is None else length
+        if n < s:
+            raise ArgumentError(f"generate: a prefill of {n} tokens cannot hold a prompt of {s}")
         if s + 1 > self.capacity + 1:
             raise ArgumentError(f"generate: a prompt of {s} tokens does not fit a cache of {self.capacity}")
         self._check_positions(s - 1)
         past = [np.zeros((b, h, 1, d), np.float32) for _, (_, h, _, d) in self.sig.pasts]  # one masked row
-        mask = np.ones((b, 1 + s), np.int64)
-        mask[:, 0] = 0
-        positions = np.broadcast_to(np.arange(s, dtype=np.int64), (b, s)).copy()
-        logits, present = self._call(ids, mask, positions, past)
+        mask = np.zeros((b, 1 + n), np.int64)
+        mask[:, 1:1 + s] = 1
+        positions = np.zeros((b, n), np.int64)
+        positions[:, :s] = np.arange(s, dtype=np.int64)
+        padded = np.zeros((b, n), np.int64)
+        padded[:, :s] = ids
+        logits, present = self._call(padded, mask, positions, past)
         # the decode step over a cache in place, compiled now: the decode steps run no compiler
         self.live_step = self.make_step(b, self.capacity) if self.make_step else None
         rows = self.capacity + (self.live_step is not None)  # (its buffers hold the new row too)
         self.cache = []
-        for (n, (_, h, _, d)), p in zip(self.sig.pasts, present):
-            self._check_present(n, p, (b, h, 1 + s, d))
+        for (name, (_, h, _, d)), p in zip(self.sig.pasts, present):
+            self._check_present(name, p, (b, h, 1 + n, d))
             buf = np.zeros((b, h, rows, d), np.float32)
-            buf[:, :, :s] = p[:, :, 1:]
+            buf[:, :, :s] = p[:, :, 1:1 + s]
             self.cache.append(buf)
         self.length = s
         self.mask = np.zeros((b, self.capacity + 1), np.int64)
         self.mask[:, :s] = 1
         self.mask[:, -1 if self.live_step is None else s] = 1
-        return logits[:, -1]
+        return logits[:, s - 1]
 
     def prefill_by_steps(self, ids: np.ndarray) -> np.ndarray:
         """prefill's result, the prompt fed one token at a time to the decode step (an empty cache
@@ -292,23 +306,67 @@ def load_decoder(path: str | os.PathLike):
 LENGTH = "past_length"  # the decode step's live length input (compile's live="past": pipeline.length_input)
 
 
+def step_dims(sig: Signature, capacity: int, batch: int | None = None) -> dict[str, int]:
+    """The dims of the decode step over a cache of `capacity` rows (one new token, the mask over
+    the capacity and the new row), with the batch when it is given (a step compiled per batch
+    size) and left a batch dim when not (a step compiled on the batch buckets)."""
+    ids, mask, past = sig.shapes[sig.ids], sig.shapes[sig.mask], sig.pasts[0][1]
+    dims = {ids[0]: batch, ids[1]: 1, past[2]: capacity, mask[1]: capacity + 1}
+    return {k: v for k, v in dims.items() if isinstance(k, str) and v is not None}
+
+
 def step_maker(module, sig: Signature):
     """(batch, capacity) -> the decode step over a cache in place (module docstring), for a model
-    bound per call (an ONNX decoder compiled by eqfuse.compile); None for another Module."""
+    bound per call (an ONNX decoder compiled by eqfuse.compile); None for another Module.
+
+    The step is compiled once per capacity and batch size; once per capacity when the model was
+    compiled with buckets= for its batch dim (`eqfuse.compile(path, buckets={"batch": [1, 4]})`),
+    the step then compiled at those batch sizes and any batch running on them (eqfuse.runtime.
+    buckets), as the prefill does. A loaded artifact's step on its buckets serves every batch."""
     f = module.default
     if not hasattr(f, "live_module"):
         return None
-    ids, mask, past = sig.shapes[sig.ids], sig.shapes[sig.mask], sig.pasts[0][1]
+    live = sig.pasts[0][1][2]
 
     def make(batch: int, capacity: int):
-        dims = {ids[0]: batch, ids[1]: 1, past[2]: capacity, mask[1]: capacity + 1}
-        step = f.live_module({k: v for k, v in dims.items() if isinstance(k, str)}, past[2])
+        any_batch = step_dims(sig, capacity)
+        key = (tuple(sorted(any_batch.items())), live)
+        bucketed = key in f.live_modules or (f.batch_dim is not None and f.batch_dim in getattr(f, "batch_buckets", {}))
+        step = f.live_module(any_batch if bucketed else step_dims(sig, capacity, batch), live)
         return lambda feeds: step(**feeds)
     return make
 
 
+def prefill_plan(model, sig: Signature, s: int) -> tuple[int, int]:
+    """(how many of a prompt of s tokens the prefill takes, the length it runs at, the prompt
+    padded: Decoder.prefill); the rest goes through the decode step a token at a time.
+
+    A model bound per call (an ONNX decoder compiled by eqfuse.compile) has its prefill compiled
+    per length: the prompt is padded to the smallest length compiled that holds it, so a prompt
+    of any length up to it runs without the compiler. With none, the prefill compiles at the
+    prompt's bucket: the power of two at or above it, at least PREFILL_MIN (within the model's
+    positions), so that a process compiles one prefill per power of two of its prompts' lengths,
+    not one per length. A Module loaded from an artifact cannot compile: a prompt longer than every
+    prefill it holds runs its first tokens through the longest one, and the rest through the decode
+    step. Any other model runs the prompt as it is."""
+    f = model.default
+    if not hasattr(f, "live_modules"):
+        return s, s
+    seq, past = sig.shapes[sig.ids][1], sig.pasts[0][1][2]
+    held = sorted({b[seq] for b in (dict(zip(f.padded, key)) for key in f.modules) if b.get(past) == 1 and seq in b})
+    fits = [n for n in held if n >= s]
+    if fits:
+        return s, fits[0]
+    if getattr(model, "artifact", None) is not None:
+        return (held[-1], held[-1]) if held else (0, 0)
+    n = max(PREFILL_MIN, 1 << max(s - 1, 0).bit_length())
+    if sig.max_positions is not None:  # (the masked past row takes a position too)
+        n = max(s, min(n, sig.max_positions - 1))
+    return s, n
+
+
 def _model(model):
-    """(run, Signature, step maker) of a Module or of the path of an ONNX decoder export."""
+    """(Module, run, Signature, step maker) of a Module or of the path of an ONNX decoder export."""
     if isinstance(model, (str, os.PathLike)):
         module, sig = load_decoder(model)
     elif hasattr(model, "default") and hasattr(model, "functions"):
@@ -316,7 +374,7 @@ def _model(model):
     else:
         raise EqfuseError(f"generate: model must be an eqfuse Module or the path of an ONNX decoder export, "
                           f"not {type(model).__name__}")
-    return (lambda feeds: module(**feeds)), sig, step_maker(module, sig)
+    return module, (lambda feeds: module(**feeds)), sig, step_maker(module, sig)
 
 
 def held_steps(model, sig: Signature, batch: int) -> tuple[set[int], set[int]] | None:
@@ -369,7 +427,7 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     are eos_token_id, and generation stops when every sequence is finished (so `new` may be less
     than max_new_tokens)."""
     ids = _check_args(input_ids, max_new_tokens, temperature, top_k, top_p)
-    run, sig, step = _model(model)
+    model, run, sig, step = _model(model)
     b, s = ids.shape
     if max_new_tokens == 0:
         return ids
@@ -390,7 +448,13 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     rng = np.random.default_rng(seed)
     out = [ids]
     done = np.zeros(b, bool)
-    logits = dec.prefill(ids) if held is None or s in held[0] else dec.prefill_by_steps(ids)
+    first, length = prefill_plan(model, sig, s) if step is not None else (s, s)
+    if first:
+        logits = dec.prefill(ids[:, :first], length)
+        for j in range(first, s):  # (a loaded Module's prompt longer than its prefills)
+            logits = dec.step(ids[:, j:j + 1])
+    else:
+        logits = dec.prefill_by_steps(ids)
     for k in range(max_new_tokens):
         tok = choose(logits, do_sample, temperature, top_k, top_p, rng).astype(np.int64)
         if eos_token_id is not None:
@@ -403,4 +467,4 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     return np.concatenate(out, axis=1)
 
 
-__all__ = ["generate", "load_decoder", "Decoder", "held_steps", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]
+__all__ = ["generate", "load_decoder", "Decoder", "held_steps", "prefill_plan", "step_dims", "step_maker", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]

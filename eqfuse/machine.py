@@ -176,10 +176,31 @@ def simd_width_floats() -> int:
 
 
 def host_isa() -> dict[str, bool]:
-    """The Machine's ISA extension fields for this host (its /proc/cpuinfo flags)."""
+    """The Machine's ISA extension fields for this host (its /proc/cpuinfo flags). EQFUSE_AMX=0
+    turns the AMX-BF16 tiles off (a Linux kernel that refuses the tile state: docs/precision.md)."""
     words = cpu_flags()
-    return {"avx512_bf16": "avx512_bf16" in words, "amx_bf16": "amx_bf16" in words and "amx_tile" in words,
+    amx = "amx_bf16" in words and "amx_tile" in words and os.environ.get("EQFUSE_AMX") != "0"
+    return {"avx512_bf16": "avx512_bf16" in words, "amx_bf16": amx,
             "avx512_vnni": "avx512_vnni" in words, "avx_vnni": "avx_vnni" in words}
+
+
+# The multiply-adds per cycle of one core's bf16 instruction paths, against its f32 FMA peak
+# (FMA_UNITS vector FMAs of simd_floats lanes per cycle), for the fraction of the peak that
+# `benchmarks/bench_gemm.py --precision bf16` prints:
+# - vdpbf16ps does two multiply-adds per 32-bit lane at the FMA's throughput: twice the f32 peak;
+# - one tdpbf16ps multiplies a 16 x 32 A tile by a 32 x 16 B tile (16 x 16 x 32 = 8192
+#   multiply-adds) and the tile unit issues one every AMX_TDP_CYCLES cycles (Intel's optimization
+#   manual): 512 multiply-adds, 1024 FLOPs, per cycle, 16 times the f32 peak of two 16-lane FMAs.
+FMA_UNITS = 2
+AMX_TDP_FMAS = 16 * 16 * 32
+AMX_TDP_CYCLES = 16
+
+
+def bf16_peak_ratio(m: Machine, path: str) -> float:
+    """The peak of a bf16 instruction path (plan_gemm's precision_path) over the f32 FMA peak."""
+    if path == "amx_bf16":
+        return AMX_TDP_FMAS / AMX_TDP_CYCLES / (FMA_UNITS * m.simd_floats)
+    return 2.0 if path == "avx512_bf16" else 1.0
 
 
 # The ISA extensions that need AVX-512 kernels (zmm, EVEX): off in a model narrower than 16 floats.

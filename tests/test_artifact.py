@@ -328,3 +328,49 @@ def test_a_bf16_artifact_keeps_its_precision_and_instruction_path(tmp_path):
         check_gemm(low(x), x, w, bias=b)
         with pytest.raises(ArtifactError, match=f"built for {here}\\+avx512_bf16; this CPU lacks avx512_bf16"):
             eqfuse.load(only)
+
+
+SKINNY = """
+graph step(x: f32[1, 512], w: f32[512, 1024]) -> f32[1, 1024] {
+    return x @ w
+}
+"""
+
+
+def advised_huge(a: np.ndarray) -> bool:
+    """Whether the mapping that holds a's first byte is advised as huge pages (`hg` in its VmFlags)."""
+    at, inside = a.ctypes.data, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= at < hi
+            elif inside and head == "VmFlags:":
+                return "hg" in line.split()[1:]
+    return False
+
+
+def test_a_loaded_decode_weight_stream_is_copied_into_huge_pages_at_its_first_call(tmp_path):
+    """A file mapping is in 4 KiB pages: a loaded artifact's few-rows GEMM panels (a decode
+    step's weight stream, 2 MiB here) stay mapped through the load, and its first call copies
+    them into memory advised as transparent huge pages, as a compiled Module packs them, where the
+    system has THP (else they stay mapped). The results are the compiled Module's, bit for bit."""
+    from eqfuse.runtime.program import huge_pages
+
+    rng = np.random.default_rng(0)
+    w, x = rng.standard_normal((512, 1024), dtype=np.float32), rng.standard_normal((1, 512), dtype=np.float32)
+    mod = eqfuse.compile(SKINNY, params={"w": w})
+    want = mod(x)
+    loaded = eqfuse.load(mod.save(tmp_path / "step.eqf"))
+    c = loaded.default.last
+    assert [p.name for p in c.plans if getattr(p.detail, "path", None) == "skinny"]
+    ((s, mapped),) = c.runner.packed().items()
+    assert not mapped.flags.writeable and mapped.nbytes >= 1 << 20  # the file's pages: the load copied nothing
+    np.testing.assert_array_equal(loaded(x), want)
+    now = c.runner.packed()[s]
+    np.testing.assert_array_equal(now, mapped)
+    if huge_pages():
+        assert now.flags.writeable and advised_huge(now) and not advised_huge(mapped)
+    else:
+        assert now is mapped

@@ -79,7 +79,7 @@ def path(request):
         if not (machine.host_isa()["avx512_bf16"] and m.simd_floats >= 16):
             pytest.skip("this CPU (or the pinned machine model's vector width) has no AVX512_BF16: "
                         "the vdpbf16ps path cannot run here (the fallback's test covers bf16)")
-        model = dataclasses.replace(m, avx512_bf16=True)
+        model = dataclasses.replace(m, avx512_bf16=True, amx_bf16=False)  # (the AMX path: tests/test_amx.py)
     else:
         model = dataclasses.replace(m, avx512_bf16=False)
     with machine.pinned(model):
@@ -149,7 +149,7 @@ def test_the_paths_round_the_same_operands():
     x, w, b = arrays(M, K, N, seed=2)
     out = {}
     for flag in (True, False):
-        with machine.pinned(dataclasses.replace(machine.machine(), avx512_bf16=flag)):
+        with machine.pinned(dataclasses.replace(machine.machine(), avx512_bf16=flag, amx_bf16=False)):
             out[flag] = eqfuse.compile(gemm_graph(M, K, N), params={"w": w, "b": b}, precision="bf16")(x)
     acc = 2 * 1.01 * K * EPS * (np.abs(bf16(x)).astype(np.float64) @ np.abs(bf16(w)).astype(np.float64)) \
         + 2 * EPS * np.abs(out[False])

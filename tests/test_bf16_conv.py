@@ -142,7 +142,7 @@ def run(request):
                     "path cannot run here (the fallback's run covers the bf16 convs)")
     rng = np.random.default_rng(7)
     xs = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
-    with machine.pinned(dataclasses.replace(m, avx512_bf16=request.param == "avx512_bf16")):
+    with machine.pinned(dataclasses.replace(m, avx512_bf16=request.param == "avx512_bf16", amx_bf16=False)):
         mod = eqfuse.compile(SRC, params={k: xs[k] for k in BOUND}, precision="bf16")
         ys = mod(*(xs[k] for k in SHAPES if k not in BOUND))
     return request.param.split("-")[0], xs, [np.asarray(y, np.float64) for y in ys], mod

@@ -15,6 +15,7 @@ import eqfuse
 from eqfuse.cli.main import main
 from eqfuse.export import export
 from eqfuse.frontend.load import load
+from eqfuse.runtime.verify import OUTPUT, compare, scale_for
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
@@ -197,3 +198,54 @@ def test_onnx_model_initializers_are_the_weights(tmp_path):
     run_example(tmp_path / "lib")
     np.testing.assert_allclose(np.fromfile(tmp_path / "lib/example_expected.bin", dtype=np.float32).reshape(3, 8),
                                np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-6)
+
+
+CONV_G = """
+graph blk(x: f32[1, 16, 32, 32], w1: f32[16, 16, 3, 3], w2: f32[16, 16, 3, 3]) -> f32[1, 16, 32, 32] {
+    h = relu(conv2d(x, w1, padding=1))
+    return relu(conv2d(h, w2, padding=1) + x)
+}
+"""
+
+
+@pytest.mark.heavy
+def test_a_winograd_conv_library_checks_its_example_against_the_outputs_scale(tmp_path):
+    """A ResNet-style block of two 3x3 stride-1 convs (16 channels, 32 x 32, weights of standard
+    deviation 1: outputs up to about 400) runs them as Winograd F(2x2, 3x3), whose rounding is
+    bounded relative to the map's magnitudes, not each element's (eqfuse.runtime.verify): outputs
+    near zero among large ones missed the elementwise rule, a false MISMATCH from `make check`
+    (max error 1.5e-4 against the numpy reference's f32, which is itself 1.3e-4 from the exact
+    result). The example checks such a graph's floats within 1e-5 + 1e-4 x the output's largest
+    value, as `eqfuse run --verify` does; one element off by twice that bound is still a MISMATCH."""
+    rng = np.random.default_rng(0)
+    w = {"w1": rng.standard_normal((16, 16, 3, 3)).astype(np.float32),
+         "w2": rng.standard_normal((16, 16, 3, 3)).astype(np.float32)}
+    model, out = tmp_path / "blk.g", tmp_path / "blk"
+    model.write_text(CONV_G)
+    export(model, out, weights=w)
+    assert (out / "blk_blk.c").read_text().count("by Winograd F(2x2, 3x3)") == 2
+    make(out)
+    x = np.fromfile(out / "example_inputs.bin", dtype=np.float32).reshape(1, 16, 32, 32)
+    want = eqfuse.reference(model)(x, **w)
+    lib = ctypes.CDLL(str(out / "libblk.so"))
+    lib.blk_load.restype = ctypes.c_void_p
+    lib.blk_load.argtypes = [ctypes.c_char_p]
+    lib.blk_blk.argtypes = [ctypes.c_void_p] * 3
+    m = lib.blk_load(str(out / "weights.bin").encode())
+    got = np.empty_like(want)
+    assert lib.blk_blk(ctypes.c_void_p(m), f32p(x), f32p(got)) == 0
+    err = np.abs(got.astype(np.float64) - want)
+    assert (err > 1e-5 + 1e-4 * np.abs(want)).any()  # the elementwise rule would fail this output
+    assert err.max() <= 1e-5 + 1e-4 * np.abs(want).max()
+    assert "relative to the output's largest value" in run_example(out)
+    expected = np.fromfile(out / "example_expected.bin", dtype=np.float32)
+    k = int(np.argmax(np.abs(expected)))
+    expected[k] += 2e-4 * np.abs(expected).max()  # one element off by twice the bound: caught
+    expected.tofile(out / "example_expected.bin")
+    r = subprocess.run([str(out / "example"), str(out)], capture_output=True, text=True)
+    assert r.returncode == 1 and "MISMATCH" in r.stdout, r.stdout
+    # compile's verify= (and `eqfuse run --verify`) by the same rule: it raised CheckFailed here
+    mod = eqfuse.compile(model, params=w, verify=True)
+    assert scale_for(mod.default.last.plans) == OUTPUT
+    mod(x)
+    assert compare([want + 2e-4 * np.abs(want).max()], [want], scale=OUTPUT)  # and still fails beyond it

@@ -20,10 +20,12 @@ import decoder_exports as de  # noqa: E402
 
 import eqfuse  # noqa: E402
 from eqfuse.generation import (  # noqa: E402
+    PREFILL_MIN,
     Decoder,
     capacity_for,
     load_decoder,
     onnx_signature,
+    prefill_plan,
     step_maker,
 )
 
@@ -71,7 +73,7 @@ def test_decode_steps_match_onnxruntime(exporter, model):  # (the dynamo export 
     live = ort_run(path)
 
     ids = prompt()
-    a, b = ours.prefill(ids), theirs.prefill(ids)
+    a, b = ours.prefill(ids, PREFILL_MIN), theirs.prefill(ids)  # (ours padded to its bucket, as generate runs it)
     assert ours.live_step is not None and ours.cache[0].shape == (B, heads, CAPACITY + 1, de.HEAD)
     for c in ours.cache:
         c[:, :, S:] = np.nan
@@ -133,24 +135,30 @@ def hf_generate(ids: np.ndarray, new: int, model: str = "gpt2"):
     return out.sequences.numpy(), [t.numpy() for t in out.logits]
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_greedy_matches_transformers(model):
+def assert_greedy_matches_transformers(ours: np.ndarray, ids: np.ndarray, new: int, model: str = "gpt2") -> None:
     """Token for token; where a token differs, only at a step whose top two logits are closer
     than 1e-4 (a tie f32 rounding may break either way), and the row is not compared after it."""
+    theirs, logits = hf_generate(ids, new, model)
+    b, s = ids.shape
+    assert ours.shape[0] == b and ours.shape[1] >= s + 1
+    np.testing.assert_array_equal(ours[:, :s], ids)
+    for r in range(b):
+        for j in range(s, max(ours.shape[1], theirs.shape[1])):
+            a = ours[r, j] if j < ours.shape[1] else de.EOS  # a shorter result is padded with eos
+            t = theirs[r, j] if j < theirs.shape[1] else de.EOS
+            if a != t:
+                top = np.sort(logits[j - s][r])[-2:]
+                assert top[1] - top[0] < 1e-4, f"row {r} token {j}: {a} vs transformers' {t}"
+                break
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_greedy_matches_transformers(model):
+    """eqfuse.generate's greedy ids are transformers' (assert_greedy_matches_transformers)."""
     path, mod = compiled("torchscript", model)
     ids = prompt(1)
-    ours = eqfuse.generate(mod, ids, max_new_tokens=NEW, eos_token_id=de.EOS)
-    theirs, logits = hf_generate(ids, NEW, model)
-    assert ours.shape[0] == B and ours.shape[1] >= S + 1
-    np.testing.assert_array_equal(ours[:, :S], ids)
-    for r in range(B):
-        for j in range(S, max(ours.shape[1], theirs.shape[1])):
-            a = ours[r, j] if j < ours.shape[1] else de.EOS  # a shorter result is padded with eos
-            b = theirs[r, j] if j < theirs.shape[1] else de.EOS
-            if a != b:
-                top = np.sort(logits[j - S][r])[-2:]
-                assert top[1] - top[0] < 1e-4, f"row {r} token {j}: {a} vs transformers' {b}"
-                break
+    assert_greedy_matches_transformers(eqfuse.generate(mod, ids, max_new_tokens=NEW, eos_token_id=de.EOS), ids,
+                                       NEW, model)
 
 
 def test_generate_from_a_path_and_its_limits():
@@ -190,10 +198,14 @@ def test_sampling():
     np.testing.assert_array_equal(eqfuse.generate(mod, ids[0], max_new_tokens=0), ids[:1])  # [S] is [1, S]
 
 
-def test_no_compile_over_decode_steps(monkeypatch):
-    """C builds and optimizer runs of a fresh Module: the prefill compiles its binding and the
-    decode step (past at the cache's capacity, its length at run time), and the 20 decode steps
-    none."""
+def test_no_compile_after_the_first_generation(monkeypatch):
+    """C builds and optimizer runs of a fresh Module compiled with batch buckets: the first
+    prefill compiles its bucket of prompt lengths (16 for 8 tokens: prefill_plan) and the decode
+    step (past at the cache's capacity, its length at run time, the batch on its buckets), and
+    the 20 decode steps none. Then prompts of three other lengths, at batch sizes 2, 1 and 3,
+    compile nothing: each prompt padded to the prefill's 16 tokens, each batch on the one bucket
+    of 2 (1 padded to 2, its cache rows appended in a copy and copied back; 3 as a chunk of 2
+    appending in place and 1 padded); and each generation is transformers' greedy one."""
     import eqfuse.pipeline as pipeline
 
     counts = {"build": 0, "optimize": 0}
@@ -207,11 +219,12 @@ def test_no_compile_over_decode_steps(monkeypatch):
     monkeypatch.setattr(pipeline.cbuild, "build", counting("build", pipeline.cbuild.build))
     monkeypatch.setattr(pipeline, "optimize", counting("optimize", pipeline.optimize))
     path = de.export_gpt2("torchscript")
-    mod = eqfuse.compile(path)
+    mod = eqfuse.compile(path, buckets={"batch": [2]})
     sig = onnx_signature(path)
+    assert prefill_plan(mod, sig, S) == (S, PREFILL_MIN)  # (nothing compiled yet: the prompt's bucket)
     dec = Decoder(sig, lambda feeds: mod(**feeds), CAPACITY, step_maker(mod, sig))
     seen = []
-    logits = dec.prefill(prompt())
+    logits = dec.prefill(prompt(), PREFILL_MIN)
     seen.append(dict(counts))
     for _ in range(STEPS):
         logits = dec.step(logits.argmax(-1)[:, None].astype(np.int64))
@@ -219,7 +232,14 @@ def test_no_compile_over_decode_steps(monkeypatch):
     assert seen[0]["optimize"] >= 2 and seen[0]["build"] >= 2  # the prefill compiled itself and the step
     assert dec.live_step is not None
     assert seen[-1] == seen[0]  # the 20 decode steps ran without the compiler
-    print(f"prefill: {seen[0]}; decode steps 1-{STEPS}: none")
+    new = 13  # (every generation below needs a cache of 17 to 28 rows: the capacity 32 compiled above)
+    for b, s in ((2, 5), (1, 11), (3, 16)):
+        assert prefill_plan(mod, sig, s) == (s, PREFILL_MIN)
+        ids = np.random.default_rng(s).integers(0, de.VOCAB, (b, s)).astype(np.int64)
+        ours = eqfuse.generate(mod, ids, max_new_tokens=new, eos_token_id=de.EOS)
+        assert counts == seen[0], f"batch {b}, {s} tokens: {counts} after the first generation's {seen[0]}"
+        assert_greedy_matches_transformers(ours, ids, new)
+    print(f"first prefill and step: {seen[0]}; decode steps 1-{STEPS} and 3 generations: none")
 
 
 def test_bad_cache_and_arguments_are_refused():
@@ -312,7 +332,7 @@ def test_cache_grows_past_its_capacity():
     sig = onnx_signature(path)
     ours = Decoder(sig, lambda f: mod(**f), 16, step_maker(mod, sig))
     theirs = Decoder(sig, ort_run(path), 64)
-    a, b = ours.prefill(prompt()), theirs.prefill(prompt())
+    a, b = ours.prefill(prompt(), PREFILL_MIN), theirs.prefill(prompt())
     for step in range(30):
         tok = b.argmax(-1)[:, None].astype(np.int64)
         a, b = ours.step(tok), theirs.step(tok)
@@ -335,10 +355,11 @@ def ort_greedy(path, ids: np.ndarray, new: int, capacity: int) -> np.ndarray:
 @pytest.mark.extended  # (the artifact's libraries, built for its level: some 30 s of C builds when the cache is cold)
 def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
     """The artifact of a decoder that has generated keeps its bindings (the prefill at the prompt's
-    length, the decode step over the cache in place at its capacity): generate on eqfuse.load's Module gives the
+    bucket, the decode step over the cache in place at its capacity): generate on eqfuse.load's Module gives the
     compiled Module's tokens. A generation it holds no binding for runs without the compiler: a
-    shorter one at the capacity held, a prompt of another length fed to the decode step token by
-    token; one that needs a larger cache is refused with what to do."""
+    shorter one at the capacity held, a shorter prompt padded to the prefill held, a longer one
+    through it and then the decode step a token at a time; one that needs a larger cache is
+    refused with what to do."""
     path, mod = compiled("torchscript")
     ids = prompt(4)
     ours = eqfuse.generate(mod, ids, max_new_tokens=NEW)
@@ -349,11 +370,36 @@ def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
     short = prompt(5)[:, :5]
     np.testing.assert_array_equal(eqfuse.generate(loaded, short, max_new_tokens=4),
                                   ort_greedy(path, short, 4, CAPACITY))
+    # a prompt longer than every prefill held: its first tokens through the longest, the rest by steps
+    longest = max(n for n, past in ((dict(zip(loaded.default.padded, k))["sequence"],
+                                     dict(zip(loaded.default.padded, k))["past"]) for k in loaded.default.modules)
+                  if past == 1)
+    long = np.random.default_rng(6).integers(0, de.VOCAB, (B, longest + 3)).astype(np.int64)
+    assert prefill_plan(loaded, onnx_signature(path), longest + 3) == (longest, longest)
+    np.testing.assert_array_equal(eqfuse.generate(loaded, long, max_new_tokens=4),
+                                  ort_greedy(path, long, 4, capacity_for(longest + 6)))
     # one row more than the largest cache it holds (other tests of this file may have generated
     # with the shared module at a larger capacity before it was saved)
     most = max(dict(key)["past"] for key, _ in loaded.default.live_modules)
     with pytest.raises(eqfuse.ArgumentError, match=rf"compiled for caches of .*{most} rows at batch 2; .* need {most + 1}"):
         eqfuse.generate(loaded, ids, max_new_tokens=most + 2 - ids.shape[1])
+
+
+@pytest.mark.extended
+def test_a_loaded_decoder_with_batch_buckets_generates_any_batch(tmp_path):
+    """Saved after one generation at batch 2 with buckets={"batch": [2]}: the artifact holds the
+    prefill at its bucket and the decode step on the batch bucket, so the loaded Module generates
+    at batches 1 and 3 (never compiled) without the compiler, the compiled Module's ids."""
+    path = de.export_gpt2("torchscript")
+    mod = eqfuse.compile(path, buckets={"batch": [2]})
+    eqfuse.generate(mod, prompt(7), max_new_tokens=NEW)
+    loaded = eqfuse.load(mod.save(tmp_path / "gpt2.eqf"))
+    assert [dict(key) for key, _ in loaded.default.live_modules] == [{"past": CAPACITY, "sequence": 1,
+                                                                       "total": CAPACITY + 1}]  # no batch: bucketed
+    for b in (1, 3):
+        ids = np.random.default_rng(b).integers(0, de.VOCAB, (b, 6)).astype(np.int64)
+        np.testing.assert_array_equal(eqfuse.generate(loaded, ids, max_new_tokens=NEW),
+                                      eqfuse.generate(mod, ids, max_new_tokens=NEW))
 
 
 @pytest.mark.extended

@@ -84,9 +84,10 @@ def in_place(copies=False):
     return make
 
 
-def generate_greedy(dec, prompt, new, by_steps=False):
-    """Greedy ids through the Decoder, and its logits at each position it fed."""
-    logits = [dec.prefill_by_steps(prompt) if by_steps else dec.prefill(prompt)]
+def generate_greedy(dec, prompt, new, by_steps=False, length=None):
+    """Greedy ids through the Decoder, and its logits at each position it fed (the prefill
+    padded to `length` tokens when given)."""
+    logits = [dec.prefill_by_steps(prompt) if by_steps else dec.prefill(prompt, length)]
     ids = [prompt]
     for _ in range(new):
         ids.append(logits[-1].argmax(-1)[:, None].astype(np.int64))
@@ -97,14 +98,17 @@ def generate_greedy(dec, prompt, new, by_steps=False):
 PROMPT = np.random.default_rng(1).integers(0, V, (B, 5)).astype(np.int64)
 
 
-@pytest.mark.parametrize("how", ["fixed capacity", "in place", "in place, copied presents", "prompt by steps"])
+@pytest.mark.parametrize("how", ["fixed capacity", "in place", "in place, copied presents", "prompt by steps",
+                                 "in place, prefill padded"])
 def test_decoder_steps_match_the_model_without_a_cache(how):
     """A prompt of 5 and 20 decode steps from a cache of 16 rows: the cache fills at the 12th step
     and doubles to 32 (once); every step's logits are the logits of the whole sequence at its
-    position, within f32 rounding of the same sums in another order."""
+    position, within f32 rounding of the same sums in another order. The prefill padded to 16
+    tokens (its bucket: generation.prefill_plan) gives the unpadded one's logits and cache rows."""
     step = in_place(copies="copied" in how) if "in place" in how or "steps" in how else None
     dec = Decoder(SIG, export, 16, step)
-    ids, logits = generate_greedy(dec, PROMPT, 20, by_steps=how == "prompt by steps")
+    ids, logits = generate_greedy(dec, PROMPT, 20, by_steps=how == "prompt by steps",
+                                  length=16 if "padded" in how else None)
     want = whole(ids)
     for k, got in enumerate(logits):
         np.testing.assert_allclose(got, want[:, 4 + k], rtol=1e-5, atol=1e-5, err_msg=f"position {4 + k}")

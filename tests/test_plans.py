@@ -84,6 +84,7 @@ ROW_PARALLEL = {"PARALLEL": "parallel"}  # (-1 in a GEMM's row epilogue: run by 
 CHOICES: dict[str, dict[str, str]] = {
     "attention.c": {"BQ": "bq", "BK": "bk", "VEC": "vec", "SCORE_OPS": "score_ops", "PARALLEL": "parallel",
                     "BF16": "precision_path"},
+    "attention_decode.c": {"BK": "bk", "SCORE_OPS": "score_ops", "PARALLEL": "parallel"},
     "attention_grad.c": {"RB": "rb", "VEC": "vec", "PARALLEL": "parallel"},
     "conv2d.c": {"IM2COL": "im2col", "PARALLEL": "parallel"},
     "conv_direct.c": {"CB": "cb", "VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "ROWS": "rows",
@@ -132,6 +133,9 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
     "attention.c": {SIGNATURE: "NAME PARAMS Q K V", SHAPE: "BATCH SQ SK D DV", DERIVED: "SKP",
                     MEMORY: "QOFF QR QC KSRC KBI KD KJ VOFF VR VC OUT_OFF OR OC OFFSETS",
                     EXPR: "SCORE_BODY SCORE QSCALE SCORE_LOG2E EPI_BODY EPI ZERO_NAN"},
+    "attention_decode.c": {SIGNATURE: "NAME PARAMS Q K V", SHAPE: "BATCH SK D DV",
+                           MEMORY: "QOFF QC KOFF KD KJ VOFF VR VC OUT_OFF OR OC OFFSETS",
+                           EXPR: "SCORE_BODY SCORE QSCALE SCORE_LOG2E EPI_BODY EPI ZERO_NAN"},
     "attention_grad.c": {SIGNATURE: "NAME PARAMS Q K V DY", SHAPE: "BATCH SQ SK D DV OUTD", TEXT: "WHAT",
                          MEMORY: "QOFF QR QC KOFF KR KC VOFF VR VC DYOFF DYR DYC OOFF OR OC",
                          EXPR: "MODE SCALE ZERO_NAN MASK_IJ"},
@@ -207,12 +211,14 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
            f2: f32[16, 16, 3, 3], dw: f32[6, 1, 3, 3], im6: f32[2, 6, 9, 9], f1: f32[8, 6, 1, 1],
            pl: f32[2, 16, 64, 64], mk: f32[8, 8], dx: f32[1, 20, 9, 9], dw7: f32[20, 1, 7, 7],
            gx: f32[1, 32, 6, 6], gw: f32[32, 16, 3, 3], qa: u8[7, 37], qw: i8[37, 53],
-           qz: u8, wz: i8) {
+           qz: u8, wz: i8, q1: f32[2, 1, 16], m1: f32[1, 8]) {
     sk = kernel { relu(x @ w) }
     sp = kernel { relu(xs @ ws) }
     bg = kernel { big @ wb }
     ag = kernel { attention_dq(q, k, v, dq, scale=0.25) }
     am = kernel { softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.25 + mk) @ v }
+    a1 = kernel { softmax(q1 @ transpose(k, perm=[0, 2, 1]) * 0.25) @ v }
+    a2 = kernel { softmax(q1 @ transpose(k, perm=[0, 2, 1]) * 0.25 + m1) @ v }
     sg = kernel { softmax_grad(dy, y) }
     rm = kernel { rmsnorm(y, g) }
     ln = kernel { layernorm(y, g, be) }
@@ -233,7 +239,7 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
     d2 = kernel { relu(conv2d(cd, f, stride=2, padding=1)) }
     qm = kernel { relu(cast(matmul_integer(qa, qw, qz, wz), to="f32")) }
     tr = kernel { sin(y) * cos(y) }
-    return sk, sp, bg, ag, am, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, tr
+    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, tr
 }
 """
 
@@ -311,7 +317,8 @@ def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypa
     # both values of the flags this covers cheaply
     for key in [("gemm.c", "PARALLEL"), ("gemm.c", "BF16"), ("gemm.c", "DIRECT_B"), ("gemm_skinny.c", "PACK_PARTS"),
                 ("pointwise.c", "STREAM"), ("pointwise.c", "TWO_PASS"), ("row_softmax.c", "PARALLEL"),
-                ("conv2d.c", "IM2COL"), ("attention.c", "SCORE_OPS"), ("attention.c", "BF16"), ("conv_direct.c", "BF16"),
+                ("conv2d.c", "IM2COL"), ("attention.c", "SCORE_OPS"), ("attention.c", "BF16"),
+                ("attention_decode.c", "SCORE_OPS"), ("conv_direct.c", "BF16"),
                 ("conv_winograd.c", "BF16")]:
         assert len(seen[key]) > 1, (key, seen[key])
 

@@ -419,7 +419,7 @@ def template(name: str) -> str:
 
 
 # The header every generated source starts with: csrc_templates/common.h, then its continuations.
-HEADERS = ("common.h", "common_simd.h", "common_pool.h")
+HEADERS = ("common.h", "common_simd.h", "common_pool.h", "common_amx.h")
 
 
 def header_c(code: str = "") -> str:
@@ -436,7 +436,7 @@ def _intrinsic_use() -> re.Pattern:
     part = text[text.index("#if defined(EQF_INTRINSICS)"):]
     names = set(re.findall(r"^#define (\w+)", part, re.M))
     names |= set(re.findall(r"^(?:static|__attribute__)[^;{]*?\b(eqf_\w+)\s*\(", part, re.M))
-    return re.compile(r"\b(?:_mm\w*|__m(?:128|256|512)\w*|__mmask\w*|" + "|".join(sorted(names)) + r")\b")
+    return re.compile(r"\b(?:_mm\w*|_tile_\w+|__m(?:128|256|512)\w*|__mmask\w*|" + "|".join(sorted(names)) + r")\b")
 
 
 # `#if 0` up to its #else, #elif or #endif: code the compiler never sees. Also `#if NAME` of a

@@ -79,8 +79,9 @@ class KernelPlan:
     live: "LiveBound | None" = None
     # compile's precision= (`wanted_precision`, set before the kind plans), what the kernel computes
     # in (`precision`) and by which instruction path (`precision_path`: "f32", or for bf16
-    # "avx512_bf16" or "fallback"; an integer GEMM is "int8" whatever was asked, by the path of
-    # kinds.contraction.qgemm.int8_path), and for a kernel that computes in f32 under precision="bf16",
+    # "amx_bf16" (the blocked GEMM only), "avx512_bf16" or "fallback"; an integer GEMM is "int8"
+    # whatever was asked, by the path of kinds.contraction.qgemm.int8_path), and for a kernel that
+    # computes in f32 under precision="bf16", or that takes another path than the machine's best,
     # why (`precision_note`). `eqfuse lower` prints them; report["precision"] lists them.
     wanted_precision: str = "f32"
     precision: str = "f32"

@@ -81,9 +81,10 @@ def cmd_run_artifact(args) -> int:
         res = f(**given)
         outs = list(res) if isinstance(res, tuple) else [res]
         if args.verify:
-            from eqfuse.runtime.verify import compare
+            from eqfuse.runtime.verify import compare, scale_for
 
-            bad = compare(outs, evaluate(f.source, [named[n] for n, _ in f.source.params]))
+            bad = compare(outs, evaluate(f.source, [named[n] for n, _ in f.source.params]),
+                          scale=scale_for(getattr(getattr(f, "last", None), "plans", ())))
             if bad:
                 raise CheckFailed("verification failed: " + "; ".join(bad))
             print("verified: every output matches the numpy reference", file=sys.stderr)

@@ -23,6 +23,9 @@ libraries it uses. A library is extracted into the kernel cache under its digest
 file; the cache's ownership rule and a digest check before loading, as for compiled kernels).
 The weights and panels are memory-mapped, read-only, and checked by size (the file's); their
 digests only with verify=True (reading BERT-base's 800 MB takes longer than the rest of the load).
+A file mapping is in 4 KiB pages: the few-rows GEMMs' panels (a decoder's weight stream) of 1 MiB
+or more are copied into transparent huge pages at their first use (eqfuse.runtime.program.
+skinny_panels), as a compiled Module packs them.
 Nothing here imports the frontend, the optimizer or a C compiler.
 
 A pickled Module is its artifact's bytes (`dumps`, `loads`): loaded from bytes, the parts are
@@ -69,6 +72,7 @@ from eqfuse.machine import (
 from eqfuse.runtime.buckets import Bucketed
 from eqfuse.runtime.module import Compiled, GraphFunction, Module
 from eqfuse.runtime.padded import PaddedFunction
+from eqfuse.runtime.program import HugeCopies
 from eqfuse.version import __version__
 
 MAGIC = b"EQFUSE\x00A"
@@ -222,11 +226,13 @@ def _function_state(f, parts: _Parts, libs: dict, target: str) -> dict:
 
 def target_extensions(target: str, precision: str) -> list[str]:
     """The ISA extensions beyond the level `target` that its code uses: a bf16 model's GEMMs take
-    the AVX512_BF16 path (vdpbf16ps, as the compiled Module's do: its outputs, bit for bit) where
-    this machine has it and the level is AVX-512; nothing else does. The artifact then runs only
-    on a CPU with them (`_choose_target`)."""
+    the AVX512_BF16 path (vdpbf16ps), and its blocked GEMMs the AMX-BF16 one (tdpbf16ps), as the
+    compiled Module's do (its outputs, bit for bit), where this machine has them and the level is
+    AVX-512; nothing else does. The artifact then runs only on a CPU with them (`_choose_target`)."""
     m = machine()
-    return ["avx512_bf16"] if precision == "bf16" and m.avx512_bf16 and LEVELS[target][1] >= 16 else []
+    if precision != "bf16" or not m.avx512_bf16 or LEVELS[target][1] < 16:
+        return []
+    return ["avx512_bf16"] + (["amx_bf16"] if m.amx_bf16 else [])
 
 
 def _target_state(fns: list, parts: _Parts, target: str, extensions: list[str]) -> dict:
@@ -454,6 +460,7 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
         return arrays[name]
 
     libs: dict[str, object] = {}
+    huge = HugeCopies()  # the skinny GEMMs' panels in huge pages, copied at their first use (one copy each)
 
     def library(ref):
         name, module_name = ref
@@ -483,7 +490,7 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
             names = [n for n, _ in f.optimized.params]
             for s, pname in st["panels"].items():
                 pos = dict(st["memory"].prepacks)[s]
-                c.runner.adopt_packed(s, f.params[names[pos]], array(pname))
+                c.runner.adopt_packed(s, f.params[names[pos]], array(pname), huge)
             return c
 
         for key, st in fs["compiled"]:

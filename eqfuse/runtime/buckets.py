@@ -154,18 +154,27 @@ class Bucketed:
         chunks = self.schedule(n)
         arrays = [np.ascontiguousarray(a) if b else a for a, b in zip(arrays, self.in_batch)]
         shapes = self.largest.runner.out_shapes
-        outs: list = [np.empty((n,) + tuple(s[1:]), dtype=dt) if b else None
-                      for (s, dt), b in zip(shapes, self.out_batch)]
+        # a KV cache's present is the input buffer itself (eqfuse.backend.live's append): a whole
+        # chunk appends into its rows of the caller's buffer in place, a padded one into its copy
+        # of them, whose rows are copied back; the buffer is returned, as one call returns it
+        alias = {k: at for k, (where, at) in self.largest.runner.mem.copies.items() if where == "alias"}
+        outs: list = [np.empty((n,) + tuple(s[1:]), dtype=dt) if b and k not in alias else None
+                      for k, ((s, dt), b) in enumerate(zip(shapes, self.out_batch))]
         for c in chunks:
             lo, hi, whole = c.start, c.start + c.count, c.count == c.bucket
             ins = self._inputs(arrays, lo, hi, c.bucket)  # padded: the chunk's first sample repeated
-            into = [o[lo:hi] if (b and whole) else None for o, b in zip(outs, self.out_batch)]
+            into = [o[lo:hi] if (o is not None and b and whole) else None for o, b in zip(outs, self.out_batch)]
             got = self.compiled[c.bucket].run(ins, threads, into)
             for k, g in enumerate(got):
-                if not self.out_batch[k]:  # holds no batch: the same for every chunk
+                if k in alias:
+                    if not whole:
+                        arrays[alias[k]][lo:hi] = g[:c.count]
+                elif not self.out_batch[k]:  # holds no batch: the same for every chunk
                     outs[k] = g
                 elif g is not into[k]:  # padded, or an output the runner copies (an input returned)
                     outs[k][lo:hi] = g[:c.count]
+        for k, at in alias.items():
+            outs[k] = arrays[at]
         return outs
 
 

@@ -23,7 +23,7 @@ from eqfuse.ir.kernels import K
 from eqfuse.ir.reference import bind_arrays, call_arrays, evaluate
 from eqfuse.runtime.buckets import Bucketed, default_sizes
 from eqfuse.runtime.program import MemoryPlan, PanelPool, Runner, plan_memory
-from eqfuse.runtime.verify import compare
+from eqfuse.runtime.verify import compare, scale_for
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,8 @@ class GraphFunction:
         if not self.verify:
             self._repeat = (tuple((named[n].shape, named[n].dtype) for n in self.free), run)
         if self.verify:
-            bad = compare(outs, evaluate(self.source, [named[n] for n, _ in self.source.params]))
+            bad = compare(outs, evaluate(self.source, [named[n] for n, _ in self.source.params]),
+                          scale=scale_for(self.last.plans if self.last is not None else ()))
             if bad:
                 raise CheckFailed(f"{self.name}: compiled result differs from the numpy reference: " + "; ".join(bad))
         return outs[0] if len(outs) == 1 else tuple(outs)

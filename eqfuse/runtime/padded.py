@@ -83,6 +83,8 @@ class PaddedFunction:
         self.batch_dim = batch  # left unbound: each compiled graph takes it at any size (runtime.buckets)
         self.padded = [d for d in named if d != batch]
         self.sizes = {d: sorted({int(v) for v in buckets[d]}) for d in self.padded if d in buckets}
+        # the batch dim's sizes buckets= gives (eqfuse.generate then compiles its decode step on them)
+        self.batch_buckets = {batch: sorted({int(v) for v in buckets[batch]})} if batch in buckets else {}
         self._build, self._source = build, source
         self.modules: dict[tuple[int, ...], object] = {}  # bucket values of the padded dims -> Module
         self.padding: dict[str, str] = {}  # padded dim -> "exact", or why it is compiled per value

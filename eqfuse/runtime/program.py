@@ -24,8 +24,9 @@ output.
 threads, int pool_threads, long* failed)`: it sets OpenMP's thread count (threads > 0) and the
 claim-based pool's (pool_threads > 0; else OpenMP's), calls every kernel in order
 and returns 0, or the count of bad indices of the first index kernel that met any, or EQF_NOMEM
-(-1) when a kernel could not allocate its scratch buffer (the plan index of that kernel in
-*failed; the kernels after it do not run). `eqf_<graph>_run_profile(1)` makes it add each
+(-1) when a kernel could not allocate its scratch buffer, or EQF_NO_AMX (-3) when an AMX GEMM
+found the tile state refused (the plan index of that kernel in *failed; the kernels after it do
+not run). `eqf_<graph>_run_profile(1)` makes it add each
 kernel's wall time to a table that `eqf_<graph>_run_times` copies out (eqfuse.runtime.profile).
 
 `Runner` makes the one cffi call per graph call. Each Python thread has its own arena, pointer
@@ -49,7 +50,7 @@ from operator import is_not
 import numpy as np
 
 from eqfuse.backend.plan import KernelPlan, size
-from eqfuse.errors import ArgumentError
+from eqfuse.errors import ArgumentError, EqfuseError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K
 from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
@@ -232,7 +233,7 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
         lines += ["    if (prof) {", "        clock_gettime(CLOCK_MONOTONIC, &t1);",
                   f"        {name}_ns[{s}] += (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);", "    }"]
         if p.kind in SCRATCH_KINDS:
-            lines += ["    if (eqf_nomem_take()) {", f"        *failed = {s};", "        return EQF_NOMEM;", "    }"]
+            lines += ["    if ((bad = eqf_nomem_take()) != 0) {", f"        *failed = {s};", "        return bad;", "    }"]
     lines += ["    return 0;", "}"]
     # The calling thread's OpenMP thread count is set for the call and given back at its end:
     # libgomp is the process's, shared with torch (whose get_num_threads reads this very count,
@@ -263,6 +264,7 @@ def hold_pool(p: KernelPlan) -> bool | None:
 
 POOL_MAX = 64  # EQF_POOL_MAX of common_pool.h: the pool's most workers
 NOMEM = -1  # EQF_NOMEM of common.h: a kernel could not allocate its scratch buffer
+NO_AMX = -3  # EQF_NO_AMX of common.h: the operating system refused an AMX GEMM the tile state
 BAD_LENGTH = -2  # the live length of a KV cache is past its buffers (eqfuse.backend.live)
 _scratch_key: int | None = None  # the process's one pthread key of per-thread scratch buffers
 _scratch_lock = threading.Lock()
@@ -415,6 +417,54 @@ def panel_floats(n: int) -> np.ndarray:
     return raw[shift:shift + nbytes].view(np.float32)
 
 
+_THP = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def huge_pages() -> bool:
+    """Whether madvise(MADV_HUGEPAGE) gets transparent huge pages here: Linux with THP in mode
+    `always` or `madvise` (the selected mode is the bracketed word of the sysfs file)."""
+    global _huge
+    if _huge is None:
+        try:
+            with open(_THP) as fh:
+                mode = fh.read()
+        except OSError:
+            mode = ""
+        _huge = hasattr(mmap, "MADV_HUGEPAGE") and ("[always]" in mode or "[madvise]" in mode)
+    return _huge
+
+
+_huge: bool | None = None
+
+
+def skinny_panels(plan: KernelPlan, P: np.ndarray) -> bool:
+    """Whether a memory-mapped copy of these panels is worth copying into huge pages: the
+    few-rows GEMM's (a decode step streams them from memory at every call, gemm_skinny.c), of
+    HUGE_MIN bytes or more, where the system has transparent huge pages (panel_floats). A file
+    mapping (an artifact's, the import cache's panels) is in 4 KiB pages."""
+    return getattr(plan.detail, "path", None) == "skinny" and P.nbytes >= HUGE_MIN and huge_pages()
+
+
+class HugeCopies:
+    """Huge-page copies of memory-mapped panels (skinny_panels), made at their first use and once
+    per array, so that the runners of several buckets that adopted the same mapped panels (an
+    artifact's: eqfuse.runtime.artifact) share one copy."""
+
+    def __init__(self):
+        self._copies: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def of(self, P: np.ndarray) -> np.ndarray:
+        with self._lock:
+            got = self._copies.get(id(P))
+            if got is None or got[0] is not P:
+                flat = P.reshape(-1).view(np.uint8)
+                Q = panel_floats(-(-flat.size // 4)).view(np.uint8)[:flat.size]
+                Q[:] = flat
+                got = self._copies[id(P)] = (P, Q.view(P.dtype).reshape(P.shape))
+            return got[1]
+
+
 def give_back_memory() -> None:
     """Return the C heap's free memory to the system (glibc's malloc_trim; elsewhere nothing).
     Importing an ONNX model frees its protobuf and its intermediate arrays, and glibc keeps the
@@ -455,6 +505,7 @@ class Runner:
         self.out_shapes = [(tuple(kg.nodes[o].type.shape), NUMPY_DTYPE[kg.nodes[o].type.dtype]) for o in kg.outputs]
         self._prepack_pos = [pos for _, pos in mem.prepacks]  # the input each packed B comes from
         self._packed: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # plan index -> (bound B, its panels)
+        self._to_huge: dict[int, HugeCopies] = {}  # adopted mapped panels still to copy (adopt_packed)
         self._pack_lock = threading.Lock()
         self._local = threading.local()
 
@@ -462,14 +513,18 @@ class Runner:
         # A B bound by params= is the same array at every call: pack it once (kept with the
         # array it came from, and redone should a different array ever arrive).
         got = self._packed.get(s)
-        if got is None or got[0] is not b:
+        if got is None or got[0] is not b or s in self._to_huge:
             with self._pack_lock:
                 got = self._packed.get(s)
+                if got is not None and got[0] is b and s in self._to_huge:  # adopted, mapped: copied at first use
+                    got = self._packed[s] = (b, self._to_huge.pop(s).of(got[1]))
                 if got is None or got[0] is not b:
                     p = self.kernels[s]
                     pre, own = p.prepack, self.alias.get(p.name, p.name)
                     n, fn = getattr(self.lib, pre.floats.replace(p.name, own))(), pre.fn.replace(p.name, own)
                     P = cached_panels(self.lib, fn, b, n)  # (mapped from the import cache: 4 KiB pages)
+                    if P is not None and skinny_panels(p, P):
+                        P = HugeCopies().of(P)
                     if P is None:
                         P = panel_floats(n)
                         getattr(self.lib, fn)(self.ffi.cast("float *", b.ctypes.data),
@@ -484,11 +539,14 @@ class Runner:
         """{kernel step: its bound weight's panels} of the weights packed so far (Module.save)."""
         return {s: P for s, (_, P) in self._packed.items()}
 
-    def adopt_packed(self, s: int, b: np.ndarray, P: np.ndarray) -> None:
+    def adopt_packed(self, s: int, b: np.ndarray, P: np.ndarray, huge: HugeCopies | None = None) -> None:
         """Use P as kernel step s's panels of the bound weight b (an artifact's, packed when it
-        was saved: eqfuse.runtime.artifact)."""
+        was saved: eqfuse.runtime.artifact). With `huge`, panels that skinny_panels chooses are
+        copied into huge pages at their first use, not now (a load stays a few ms)."""
         with self._pack_lock:
             self._packed[s] = (b, P)
+            if huge is not None and skinny_panels(self.kernels[s], P):
+                self._to_huge[s] = huge
 
     def warm(self, arrays: list[np.ndarray]) -> None:
         """Pack the bound weights among `arrays` (the call's, in input order) and make this
@@ -590,6 +648,13 @@ class Runner:
         if bad == NOMEM:
             p = self.kernels[st["failed"][0]]
             raise MemoryError(f"eqfuse: kernel {p.name} ({p.kind}) could not allocate its scratch buffer")
+        if bad == NO_AMX:
+            p = self.kernels[st["failed"][0]]
+            raise EqfuseError(f"eqfuse: kernel {p.name} multiplies on AMX-BF16 tiles, but the operating system "
+                              "refused this process the tile state (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM, "
+                              "XFEATURE_XTILEDATA) failed: it needs Linux 5.16 or later, and sigaltstacks large "
+                              "enough for the tile state); with EQFUSE_AMX=0 in the environment eqfuse plans "
+                              "vdpbf16ps instead")
         if bad:  # an index kernel met indices outside the axis it reads
             p = self.kernels[st["failed"][0]]
             raise ArgumentError(f"{bad} index value(s) out of range in {p.detail.op} (kernel {p.name})")

@@ -45,7 +45,7 @@ EQF_WIDE_END
 #define eqf_kinds_k2_contraction_row_gemm_PREPACKED_B 0 /* the plan's prepacked_b: B's panels packed once (params=) */
 #define eqf_kinds_k2_contraction_row_gemm_SPLIT 1 /* the plan's split: 0 auto, 1 rows, 2 columns (emit_gemm.SPLITS) */
 #define eqf_kinds_k2_contraction_row_gemm_PARALLEL 0 /* the plan's parallel: the `if` of the parallel region */
-#define eqf_kinds_k2_contraction_row_gemm_BF16 0 /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16 */
+#define eqf_kinds_k2_contraction_row_gemm_BF16 0 /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16, 3 AMX-BF16 */
 #define eqf_kinds_k2_contraction_row_gemm_A_TRANSPOSED 0 /* the plan's a_transposed: A given as K x M */
 #define eqf_kinds_k2_contraction_row_gemm_B_TRANSPOSED 0 /* the plan's b_transposed: B given as N x K */
 /* eqf_kinds_k2_contraction_row_gemm: C[b] = epilogue(A[b] @ B[b]) for b < 1; M=7 N=53 K=37, row-major,
@@ -72,7 +72,11 @@ EQF_WIDE_END
  * ([kc][NR]), widened to f32 by a shift in the micro-kernel; A is packed as f32 values rounded to
  * bf16; f32 FMA. Either way A and B are rounded alike (eqf_bf16, common.h) and a K slice's depth
  * in the panels is even (a zero pads an odd one); the epilogue is f32. B is never read in place
- * (DIRECT_B) nor A (DIRECT_A): both are converted while packed.
+ * (DIRECT_B) nor A (DIRECT_A): both are converted while packed. 3 = AMX-BF16 (MR = NR = 32): B's
+ * panels are the K-pairs of path 2, A is packed per K slice as rows of bf16, and the micro-kernel
+ * multiplies 2 x 2 C tiles of 16 x 16 f32 by tdpbf16ps (common_amx.h: the tile configuration, the
+ * operating system's permission, and an emulation for CPUs without AMX); a K slice's depth in both
+ * panels is padded by zeros to whole blocks of 32, one row of an A tile.
  *
  * The epilogue: a KC slice that is not the last one adds its partial sums into C; the last one
  * leaves the finished MR x NR tile in a buffer in L1, from where it reaches C through
@@ -105,7 +109,11 @@ EQF_WIDE_END
 #define eqf_kinds_k2_contraction_row_gemm_NPAD ((eqf_kinds_k2_contraction_row_gemm_N + eqf_kinds_k2_contraction_row_gemm_NR - 1) / eqf_kinds_k2_contraction_row_gemm_NR * eqf_kinds_k2_contraction_row_gemm_NR) /* N in whole panels */
 #if 0
 typedef uint16_t eqf_kinds_k2_contraction_row_gemm_bt; /* an element of B's panels: bf16 bits */
+#if 0 == 3
+#define eqf_kinds_k2_contraction_row_gemm_KEVEN(kc) (((kc) + 31) & ~31L) /* a K slice's depth in the panels: whole 32-element blocks */
+#else
 #define eqf_kinds_k2_contraction_row_gemm_KEVEN(kc) (((kc) + 1) & ~1L) /* a K slice's depth in the panels: whole K-pairs */
+#endif
 #define eqf_kinds_k2_contraction_row_gemm_AROUND(x) eqf_bf16_round(x) /* A packed as f32 values rounded to bf16 (the fallback) */
 #else
 typedef float eqf_kinds_k2_contraction_row_gemm_bt;
@@ -115,6 +123,12 @@ typedef float eqf_kinds_k2_contraction_row_gemm_bt;
 #if 0 == 2 && !defined(__AVX512BF16__)
 #error "the plan chose the AVX512_BF16 path (vdpbf16ps) but the compiler does not target AVX512_BF16"
 #endif
+#if 0 == 3 && !defined(EQF_AMX_EMULATE) && !(defined(__AMX_TILE__) && defined(__AMX_BF16__))
+#error "the plan chose the AMX-BF16 path (tdpbf16ps) but the compiler does not target AMX-TILE and AMX-BF16"
+#endif
+/* floats of scratch per row of a packed A block or column of a packed B panel: KC, or the padded
+ * depth of path 3 in bf16 when that is more */
+#define eqf_kinds_k2_contraction_row_gemm_KFLOATS (eqf_kinds_k2_contraction_row_gemm_KEVEN(eqf_kinds_k2_contraction_row_gemm_KC) / 2 > eqf_kinds_k2_contraction_row_gemm_KC ? eqf_kinds_k2_contraction_row_gemm_KEVEN(eqf_kinds_k2_contraction_row_gemm_KC) / 2 : eqf_kinds_k2_contraction_row_gemm_KC)
 
 /* A counting build (-DEQF_COUNT_UKERNEL) counts the micro-kernel calls, to check them against
  * the uop counts of `eqfuse lower --uops`; eqf_kinds_k2_contraction_row_gemm_ukernel_calls() reads and resets the count. */
@@ -330,6 +344,42 @@ static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_g
 }
 #endif
 
+#if 0 == 3
+/* tile[MR][NR] (MR = NR = 32) = A . B over a K slice of depth KEVEN(kc) (zero padded in both
+ * panels), by tdpbf16ps. A's micro-panel holds MR rows of KEVEN(kc) bf16: an A tile is 16 rows x
+ * 32 bf16 of it, at a row stride of KEVEN(kc) elements. B's micro-panel holds the K-pairs
+ * [KEVEN(kc)/2][NR][2]: a B tile is 16 K-pairs x 16 columns (64 bytes a row), at a row stride of
+ * NR pairs. Tiles: C 0-3 (rows 0-15 x columns 0-15, rows 0-15 x 16-31, rows 16-31 x 0-15, rows
+ * 16-31 x 16-31), A 4-5 (rows 0-15, 16-31), B 6-7 (columns 0-15, 16-31). The rows past M of the
+ * last tile are zero in the packed A, and the epilogue stores only the rows that exist. */
+_Static_assert(eqf_kinds_k2_contraction_row_gemm_MR == 32 && eqf_kinds_k2_contraction_row_gemm_NR == 32, "the AMX micro-kernel is 2 x 2 C tiles of 16 x 16");
+static inline __attribute__((always_inline)) void eqf_kinds_k2_contraction_row_gemm_ukernel_amx(long kc, const uint16_t* restrict a,
+                                                                    const uint16_t* restrict b, float* restrict tile)
+{
+    const long kb = eqf_kinds_k2_contraction_row_gemm_KEVEN(kc);
+    EQF_AMX_FENCE(); /* (the packed panels are in memory before the first tile load) */
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (long k = 0; k < kb; k += 32) {
+        _tile_loadd(4, a + k, 2 * kb);
+        _tile_loadd(5, a + 16 * kb + k, 2 * kb);
+        _tile_loadd(6, b + k * eqf_kinds_k2_contraction_row_gemm_NR, 4 * eqf_kinds_k2_contraction_row_gemm_NR);
+        _tile_loadd(7, b + k * eqf_kinds_k2_contraction_row_gemm_NR + 32, 4 * eqf_kinds_k2_contraction_row_gemm_NR);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, tile, 4 * eqf_kinds_k2_contraction_row_gemm_NR);
+    _tile_stored(1, tile + 16, 4 * eqf_kinds_k2_contraction_row_gemm_NR);
+    _tile_stored(2, tile + 16 * eqf_kinds_k2_contraction_row_gemm_NR, 4 * eqf_kinds_k2_contraction_row_gemm_NR);
+    _tile_stored(3, tile + 16 * eqf_kinds_k2_contraction_row_gemm_NR + 16, 4 * eqf_kinds_k2_contraction_row_gemm_NR);
+    EQF_AMX_FENCE();
+}
+#endif
+
 /* B[pc:pc+kc, jc+jr0 : jc+jr1] -> NR-column micro-panels, k-major inside a panel, zero padded.
  * B_AT is the element (k, j) of B for the layout this kernel was built for; the loops run along
  * that layout's rows so that the reads are contiguous. */
@@ -380,9 +430,11 @@ static void eqf_kinds_k2_contraction_row_gemm_pack_b(const float* restrict B, lo
     }
 }
 #else
-/* K-pair panels, [KEVEN(kc)/2][NR][2] each: the pair of rows (2p, 2p + 1) of column j at
- * dst[p * 2 NR + 2 j], an odd kc's last pair completed by a zero. Full panels of a B with rows in
- * memory: two rows interleaved (vpermt2ps) and rounded by vcvtne2ps2bf16, 16 columns at a time. */
+/* K-pair panels, [KEVEN(kc)/2][NR][2] each (paths 2 and 3: vdpbf16ps's operand, and 16 pairs of
+ * it are a B tile): the pair of rows (2p, 2p + 1) of column j at dst[p * 2 NR + 2 j], the depth
+ * past kc (an odd kc's last element; path 3: up to the 32-element block) zero. Full panels of a B
+ * with rows in memory: two rows interleaved (vpermt2ps) and rounded by vcvtne2ps2bf16, 16 columns
+ * at a time (without AVX512_BF16, only path 3's emulation: by eqf_bf16, which rounds alike). */
 static void eqf_kinds_k2_contraction_row_gemm_pack_b(const float* restrict B, long pc, long kc, long jc, long jr0, long jr1, long nc,
                             uint16_t* restrict bp)
 {
@@ -391,7 +443,7 @@ static void eqf_kinds_k2_contraction_row_gemm_pack_b(const float* restrict B, lo
         uint16_t* restrict dst = bp + jr * kc2;
         const long nr = nc - jr < eqf_kinds_k2_contraction_row_gemm_NR ? nc - jr : eqf_kinds_k2_contraction_row_gemm_NR;
         long k0 = 0;
-#if !0
+#if !0 && defined(__AVX512BF16__)
         if (nr == eqf_kinds_k2_contraction_row_gemm_NR) {
             const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
             const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
@@ -414,7 +466,7 @@ static void eqf_kinds_k2_contraction_row_gemm_pack_b(const float* restrict B, lo
 }
 #endif
 
-#if 0 != 2
+#if 0 < 2
 /* A[ic:ic+mc, pc:pc+kc] -> MR-row micro-panels, k-major inside a panel, zero padded. */
 static void eqf_kinds_k2_contraction_row_gemm_pack_a(const float* restrict A, long ic, long mc, long pc, long kc, float* restrict ap)
 {
@@ -492,6 +544,39 @@ static void eqf_kinds_k2_contraction_row_gemm_pack_a_pairs(const float* restrict
 }
 #endif
 
+#if 0 == 3
+/* A[ic:ic+mc, pc:pc+kc] -> rows of bf16 for the A tiles: row r of the chunk at ap[r * KEVEN(kc)],
+ * its K slice rounded to bf16 and zero padded to whole blocks of 32; the rows past mc, up to whole
+ * MR-row micro-panels, zero. A with rows in memory: 32 elements rounded by one vcvtne2ps2bf16. */
+static void eqf_kinds_k2_contraction_row_gemm_pack_a_rows(const float* restrict A, long ic, long mc, long pc, long kc, uint16_t* restrict ap)
+{
+    const long kb = eqf_kinds_k2_contraction_row_gemm_KEVEN(kc), rows = (mc + eqf_kinds_k2_contraction_row_gemm_MR - 1) / eqf_kinds_k2_contraction_row_gemm_MR * eqf_kinds_k2_contraction_row_gemm_MR;
+    for (long r = 0; r < rows; r++) {
+        uint16_t* restrict dst = ap + r * kb;
+        long k = 0;
+        if (r < mc) {
+#if 0
+            /* A given transposed (K x M, row stride LDA) */
+            const float* restrict col = A + pc * 37L + ic + r;
+            for (; k < kc; k++)
+                dst[k] = eqf_bf16(col[k * 37L]);
+#else
+            const float* restrict src = A + (ic + r) * 37L + pc;
+#if defined(__AVX512BF16__)
+            for (; k + 32 <= kc; k += 32)
+                _mm512_storeu_si512((void*)(dst + k), (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16),
+                                                                                    _mm512_loadu_ps(src + k)));
+#endif
+            for (; k < kc; k++)
+                dst[k] = eqf_bf16(src[k]);
+#endif
+        }
+        for (; k < kb; k++)
+            dst[k] = 0;
+    }
+}
+#endif
+
 /* C[ic:ic+mc, jc:jc+nc] (+)= packed A block . packed B panel; the epilogue on the last K slice.
  * ir outer: one MR x kc micro-panel of A stays in L1 while the B panel streams from L2. */
 static void eqf_kinds_k2_contraction_row_gemm_macro(const float* restrict A, const float* restrict ap, const eqf_kinds_k2_contraction_row_gemm_bt* restrict bp,
@@ -538,6 +623,10 @@ static void eqf_kinds_k2_contraction_row_gemm_macro(const float* restrict A, con
                 else
                     eqf_kinds_k2_contraction_row_gemm_ukernel_bf16(eqf_kinds_k2_contraction_row_gemm_EDGE, kc, aq, bq, tile);
             }
+            (void)A;
+#elif 0 == 3
+            /* rows of bf16 A and K-pairs of B: tdpbf16ps on 2 x 2 C tiles (all MR rows: those past M are zero) */
+            eqf_kinds_k2_contraction_row_gemm_ukernel_amx(kc, (const uint16_t*)ap + ir * eqf_kinds_k2_contraction_row_gemm_KEVEN(kc), bp + jr * eqf_kinds_k2_contraction_row_gemm_KEVEN(kc), tile);
             (void)A;
 #elif eqf_kinds_k2_contraction_row_gemm_DIRECT_A
             if (eqf_kinds_k2_contraction_row_gemm_EDGE_MR == 0 || mr == eqf_kinds_k2_contraction_row_gemm_MR)
@@ -613,6 +702,8 @@ static void eqf_kinds_k2_contraction_row_gemm_block(const float* A, const float*
             const long mc = ic >= m1 ? 0 : (m1 - ic < MC ? m1 - ic : MC);
 #if 0 == 2
             eqf_kinds_k2_contraction_row_gemm_pack_a_pairs(A, ic, mc, pc, kc, (uint32_t*)ap);
+#elif 0 == 3
+            eqf_kinds_k2_contraction_row_gemm_pack_a_rows(A, ic, mc, pc, kc, (uint16_t*)ap);
 #else
             if (!eqf_kinds_k2_contraction_row_gemm_DIRECT_A)
                 eqf_kinds_k2_contraction_row_gemm_pack_a(A, ic, mc, pc, kc, ap);
@@ -674,8 +765,14 @@ static int eqf_kinds_k2_contraction_row_gemm_split(int nt)
 void eqf_kinds_k2_contraction_row_gemm(const float* A0, const float* B0, float* C0, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
     const long M = eqf_kinds_k2_contraction_row_gemm_M, N = eqf_kinds_k2_contraction_row_gemm_N, BATCH = 1;
-    const long KC = eqf_kinds_k2_contraction_row_gemm_KC, NC = eqf_kinds_k2_contraction_row_gemm_NC, MC = eqf_kinds_k2_contraction_row_gemm_MC;
+    const long KF = eqf_kinds_k2_contraction_row_gemm_KFLOATS, NC = eqf_kinds_k2_contraction_row_gemm_NC, MC = eqf_kinds_k2_contraction_row_gemm_MC; /* (KF: of the scratch, KFLOATS) */
     const long NCP = (NC + eqf_kinds_k2_contraction_row_gemm_NR - 1) / eqf_kinds_k2_contraction_row_gemm_NR * eqf_kinds_k2_contraction_row_gemm_NR; /* NC padded to whole panels */
+#if 0 == 3
+    if (!eqf_amx_ready()) { /* the tile state refused (common_amx.h): no tile instruction runs */
+        eqf_fail_note(EQF_NO_AMX);
+        return;
+    }
+#endif
     /* Enough batches: each thread computes whole batches, with no synchronisation at all.
      * Otherwise the threads split the rows or the columns of each batch (see _split). */
     /* PARALLEL (0, the plan's rule): 0 runs the whole GEMM on the calling thread, with
@@ -684,7 +781,7 @@ void eqf_kinds_k2_contraction_row_gemm(const float* A0, const float* B0, float* 
     const int nt_max = 0 ? omp_get_max_threads() : 1;
     const int by_batch = BATCH >= nt_max && BATCH > 1;
     const int by_cols = !by_batch && eqf_kinds_k2_contraction_row_gemm_split(nt_max) == 2;
-    float* bp_shared = by_batch || by_cols || 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, KC * NCP);
+    float* bp_shared = by_batch || by_cols || 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, KF * NCP);
     int nomem = 0; /* a scratch buffer could not be allocated: no thread computes, the caller learns it */
 #pragma omp parallel if (0)
     {
@@ -710,10 +807,11 @@ void eqf_kinds_k2_contraction_row_gemm(const float* A0, const float* B0, float* 
         /* equal chunks of at most MC rows: a thin last chunk would repack all of B for a few rows */
         const long nchunks = (rows + MC - 1) / MC;
         const long mcb = ((rows + nchunks - 1) / nchunks + eqf_kinds_k2_contraction_row_gemm_MR - 1) / eqf_kinds_k2_contraction_row_gemm_MR * eqf_kinds_k2_contraction_row_gemm_MR;
-        /* (bf16 K-pairs of A: ceil(KC / 2) x mcb 32-bit lanes, within KC x mcb floats) */
-        float* ap = eqf_kinds_k2_contraction_row_gemm_DIRECT_A ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_A, KC * mcb);
-        /* (bf16 panels: KEVEN(KC) x ncb halves, within KC x ncb floats) */
-        eqf_kinds_k2_contraction_row_gemm_bt* bp = (eqf_kinds_k2_contraction_row_gemm_bt*)((by_batch || by_cols) && !0 ? eqf_scratch(EQF_SCRATCH_GEMM_B, KC * ncb)
+        /* (bf16 K-pairs of A: ceil(KC / 2) x mcb 32-bit lanes, within KC x mcb floats; path 3's rows:
+         * KEVEN(KC) x mcb halves, within KFLOATS x mcb) */
+        float* ap = eqf_kinds_k2_contraction_row_gemm_DIRECT_A ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_A, KF * mcb);
+        /* (bf16 panels: KEVEN(KC) x ncb halves, within KFLOATS x ncb floats) */
+        eqf_kinds_k2_contraction_row_gemm_bt* bp = (eqf_kinds_k2_contraction_row_gemm_bt*)((by_batch || by_cols) && !0 ? eqf_scratch(EQF_SCRATCH_GEMM_B, KF * ncb)
                                                                                  : bp_shared);
         if ((!ap && !eqf_kinds_k2_contraction_row_gemm_DIRECT_A) || (!bp && !0)) {
 #pragma omp atomic write
@@ -725,10 +823,16 @@ void eqf_kinds_k2_contraction_row_gemm(const float* A0, const float* B0, float* 
         int stop;
 #pragma omp atomic read
         stop = nomem;
+#if 0 == 3
+        eqf_amx_begin(); /* (in each thread: the tile configuration is a thread's) */
+#endif
         for (long b = by_batch ? me : 0; b < BATCH && !stop; b += by_batch ? nt : 1)
             eqf_kinds_k2_contraction_row_gemm_block(A0 + b * 0L, B0 + b * 0L, C0 + b * 0L,
                            b, m0, m1, nchunks, mcb, n0, n1, ncb, ap, bp, !by_batch && !by_cols, me,
                            nt, eqf_e2, eqf_e3, eqf_e4);
+#if 0 == 3
+        _tile_release();
+#endif
     }
     if (nomem)
         eqf_nomem_note();

@@ -1,6 +1,8 @@
 """The attention kind: softmax(q @ k^T * scale [+ mask]) @ v in one pass over key tiles with an
 online softmax (csrc_templates/attention.c); q, k^T and v read in place through layout views,
-the result possibly written through transposes (the head merge)."""
+the result possibly written through transposes (the head merge). One query row per (batch, head)
+(a decode step's attention over its KV cache) is the plan's `decode`:
+csrc_templates/attention_decode.c, its keys and values read row by row where they lie."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from eqfuse.backend.indexing import bstrides, offset, result_strides, view_strid
 from eqfuse.backend.kinds.base import Kind
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, bf16_path
-from eqfuse.backend.plan import KernelPlan, UOp, size
+from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
 from eqfuse.ir.ops import flit
@@ -31,6 +33,9 @@ class AttentionDetail:
     # the score has ops of its own (a mask, a bias) run in a score pass; else it is q k^T times a
     # constant, folded into the q block (`_score_scale`)
     score_ops: bool = False
+    # one query row per (batch, head) (Sq = 1, a decode step): csrc_templates/attention_decode.c,
+    # the keys and values read in place row by row, in f32 (`_plan_decode`); else attention.c
+    decode: bool = False
 
 
 
@@ -71,6 +76,8 @@ class Attention(Kind):
         Sk = kts[-1]
         Dv = vs[-1]
         batch = size(pv.type.shape[:-2])
+        if Sq == 1:
+            return self._plan_decode(plan, c, batch, Sk, D, Dv)
         # A key tile of 64 is four 16-lane vectors (the micro-kernels' width). The query block is
         # the largest whose q block, score tile and accumulators share L1 with the key tile, when
         # the key tile takes at most half of L1; a larger one (head size 128: 32 KiB) streams from
@@ -121,10 +128,55 @@ class Attention(Kind):
             UOp(1, "Store", f"out block [{bq} x {Dv}] / row sums, epilogue{out_via}", batch * nqb)]
         self.after_views(plan, c)
 
+    def _plan_decode(self, plan: KernelPlan, c, batch: int, Sk: int, D: int, Dv: int) -> None:
+        """One query row per task (a decode step's attention over its KV cache): each task reads its
+        keys and values once, in place, in blocks of 64 keys (whose scores stay on the stack). The
+        general kernel would pad the row to a block of 4 queries and copy each head's k^T into a
+        tile first, so the keys would be read twice and written once before any score
+        (benchmarks/RESULTS.md, "The decode attention reads the cache in place")."""
+        body, p = plan.body, plan.shape.parts
+        # f32 under precision="bf16" too: the cache is f32, so bf16 operands would not cut the bytes
+        # that set this kernel's time, and converting them costs instructions
+        computes_f32(plan, "the decode attention reads the f32 KV cache in place; its time is the cache's "
+                           "bytes, which bf16 operands would not reduce")
+        bk = 64  # four 16-lane vectors of scores per softmax step
+        plan.tiles = {"bk": bk}
+        plan.flops = batch * (2 * Sk * D + 2 * Sk * Dv + 6 * Sk)
+        fmas = batch * Sk * (D + Dv)
+        par = batch > 1 and fmas >= PARALLEL_MIN_FMAS
+        score_ops = _score_scale(body, body.nodes[p.sm].args[0], p.qk) is None
+        plan.detail = AttentionDetail(batch, 1, Sk, D, Dv, par, score_ops=score_ops, decode=True)
+        plan.threads = (f"the {batch} (batch, head) query rows split evenly among the threads" if par else
+                        f"one thread, no parallel region ({fmas} multiply-adds < {PARALLEL_MIN_FMAS}, "
+                        "plan_gemm.PARALLEL_MIN_FMAS)")
+        ws = (bk + D + Dv + 16) * F32
+        plan.cache_check = (f"q row, {bk} scores, accumulators and row sum {ws} B on the stack; "
+                            f"k and v rows stream once, in place")
+        nkt = -(-Sk // bk)
+
+        def via(i):
+            return "" if body.nodes[i].op == "input" else " (strided, through its layout view)"
+
+        out_via = "" if p.result == body.outputs[0] else " (strided, through the output transpose)"
+        plan.uops += [
+            UOp(0, "Loop", f"{batch} (batch, head) query rows (parallel)", batch),
+            UOp(1, "Load", f"q row [{D}]{via(p.q)}, times the folded score scale", batch),
+            UOp(1, "Loop", f"key blocks of {bk} over {Sk}", batch * nkt),
+            UOp(2, "Load", f"{bk} k rows [{D}] in place{via(p.kt)}", batch * nkt),
+            UOp(2, "Exec", f"scores [{bk}] = k q ({bk * D} FMA) + score ops"
+                           f"{' + mask' if p.mask is not None else ''}", batch * nkt),
+            UOp(2, "Exec", "online softmax in base 2: block max, lazy rescale (only when the max rises "
+                           "by more than 2^8), exp2", batch * nkt),
+            UOp(2, "Load", f"{bk} v rows [{Dv}] in place{via(p.v)}", batch * nkt),
+            UOp(2, "Exec", f"acc [{Dv}] += p v ({bk * Dv} FMA)", batch * nkt),
+            UOp(1, "Store", f"out row [{Dv}] / row sum, epilogue{out_via}", batch)]
+
     def after_views(self, plan: KernelPlan, caches) -> None:
         """The vectorized micro-kernels need whole 64-key tiles, blocks of 4 queries, and rows of
         v that are contiguous vectors of 16 (v's strides are known once views are placed)."""
         d, t = plan.detail, plan.tiles
+        if d.decode:
+            return
         nb = len(plan.body.nodes[plan.shape.parts.result].type.shape) - 2
         vec = t["bk"] % 64 == 0 and t["bq"] % 4 == 0 and d.Dv % 16 == 0 and _v_strides(plan)[nb + 1] == 1
         plan.detail = replace(d, vec=vec)
@@ -180,11 +232,21 @@ class Attention(Kind):
         ospace = Space(res, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1, ids)
         epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={p.qk, p.sm})
         e = epi.value(p.result)
-        bk, bq = plan.tiles["bk"], plan.tiles["bq"]
+        bk, bq = plan.tiles["bk"], plan.tiles.get("bq", 1)
         # keys over a KV cache (eqfuse.backend.live): the live length and the new rows, at run time
         sk = f"(live + {plan.live.new})" if plan.live else str(Sk)
         if plan.live:
             params += ", long live"
+        if d.decode:
+            return render("attention_decode.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SK=sk, D=D, DV=Dv,
+                          BK=bk, PARALLEL=int(d.parallel), ZERO_NAN=int(body.nodes[p.sm].attr["zero_nan"]),
+                          Q=Q, QOFF=offset("b", batch, qs[:nb]), QC=qs[nb + 1],
+                          K=Kp, KOFF=offset("b", batch, ks[:nb]), KD=ks[nb], KJ=ks[nb + 1],
+                          V=V, VOFF=offset("b", batch, vs[:nb]), VR=vs[nb], VC=vs[nb + 1],
+                          OUT_OFF=offset("b", batch, os_[:nb]), OR=os_[nb], OC=os_[nb + 1],
+                          OFFSETS="\n".join(sspace.decls + ospace.decls),
+                          SCORE_BODY=sc.text(), SCORE=score, QSCALE=qscale, SCORE_LOG2E=slog2e,
+                          SCORE_OPS=int(d.score_ops), EPI_BODY=epi.text(), EPI=e)
         return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SQ=Sq, SK=sk, D=D, DV=Dv,
                       BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=int(d.vec),
                       ZERO_NAN=int(body.nodes[p.sm].attr["zero_nan"]), PARALLEL=int(d.parallel),

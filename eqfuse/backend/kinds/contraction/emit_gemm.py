@@ -32,6 +32,9 @@ from eqfuse.backend.cexpr import I1, I2, Exprs, Space, render
 from eqfuse.backend.cexpr import kernel_params as _params
 from eqfuse.backend.indexing import bstrides, offset
 from eqfuse.backend.kinds.contraction.plan_gemm import (
+    AMX_KB,
+    AMX_MR,
+    AMX_NR,
     blocking,
     c_layout,
     conv_c_layout,
@@ -48,8 +51,9 @@ from eqfuse.ir.shapes import C_TYPE
 # How threads share one GEMM when there are fewer batches than threads (the template's SPLIT).
 SPLITS = {"auto": 0, "rows": 1, "cols": 2}
 # The templates' BF16 for a plan's instruction path (KernelPlan.precision_path): f32; bf16 on the
-# fallback (bf16 B widened by a shift, f32 FMA); bf16 K-pairs through vdpbf16ps (AVX512_BF16)
-BF16_PATHS = {"f32": 0, "fallback": 1, "avx512_bf16": 2}
+# fallback (bf16 B widened by a shift, f32 FMA); bf16 K-pairs through vdpbf16ps (AVX512_BF16);
+# bf16 tiles through tdpbf16ps (AMX-BF16: gemm.c only)
+BF16_PATHS = {"f32": 0, "fallback": 1, "avx512_bf16": 2, "amx_bf16": 3}
 
 
 def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stride: int = 0,
@@ -86,8 +90,9 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     `NAME_prepack_floats()` floats, both in the cdef), for a B bound by params= and shared by
     every batch (b_batch_stride 0).
     `path`: the instruction path (BF16_PATHS): "f32", or bf16 operands ("avx512_bf16":
-    vdpbf16ps; "fallback": bf16 B widened to f32), which packs A and B (never in place) and
-    needs an even KC when K takes more than one slice.
+    vdpbf16ps; "fallback": bf16 B widened to f32; "amx_bf16": tdpbf16ps on tiles, with the
+    blocking of plan_gemm.amx_tiles), which packs A and B (never in place) and needs an even KC
+    (AMX: a multiple of AMX_KB) when K takes more than one slice.
     """
     if prepacked_b and b_batch_stride and batch > 1:
         raise ValueError("a prepacked B is one matrix shared by every batch")
@@ -110,6 +115,10 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
         raise ValueError(f"a bf16 GEMM's K slices are whole K-pairs: KC={kc} must be even")
     if bf16 == 2 and nr % 16:
         raise ValueError(f"the vdpbf16ps micro-kernel needs NR a multiple of 16, got {nr}")
+    if bf16 == 3 and (mr, nr) != (AMX_MR, AMX_NR):
+        raise ValueError(f"the AMX micro-kernel's tile is {AMX_MR} x {AMX_NR} (2 x 2 C tiles), got {mr} x {nr}")
+    if bf16 == 3 and kc < K and kc % AMX_KB:
+        raise ValueError(f"an AMX GEMM's K slices are whole {AMX_KB}-element blocks: KC={kc}")
     if bf16:  # (A and B converted while packed: the plan says so, plan_gemm.plan_contraction)
         if direct_b or direct_a:
             raise ValueError("a bf16 GEMM packs A and B (converted while packed): neither is read in place")
@@ -157,6 +166,8 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
         raise ValueError(f"skinny GEMM: leading dimensions lda={lda} ldb={ldb} ldc={ldc} too small")
     if BF16_PATHS[path] == 2 and nr % 16:
         raise ValueError(f"the vdpbf16ps micro-kernel needs NR a multiple of 16, got {nr}")
+    if BF16_PATHS[path] == 3:
+        raise ValueError("the few-rows GEMM has no AMX path (plan_gemm.plan_skinny plans vdpbf16ps)")
     a_at = "A[k * {0}L + i]" if a_transposed else "A[i * {0}L + k]"
     b_at = "B[(j0 + j) * {0}L + k]" if b_transposed else "B[k * {0}L + j0 + j]"
     src = render("gemm_skinny.c", NAME=name, M=M, N=N, K=K, MR=mr, NR=nr, GROUPS=-(-M // mr), PF=pf, LDC=ldc,

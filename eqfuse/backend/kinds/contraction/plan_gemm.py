@@ -102,8 +102,25 @@ def cdiv(a: int, b: int) -> int:
 def bf16_path(m: Machine) -> str:
     """The instruction path of a bf16 GEMM on machine m: "avx512_bf16" (vdpbf16ps on K-pairs,
     f32 accumulation) where the CPU has AVX512_BF16, else "fallback" (bf16 weights widened to f32
-    by a shift, f32 FMA: the same bf16 operands, half the weight bytes). AMX tiles are not used."""
+    by a shift, f32 FMA: the same bf16 operands, half the weight bytes). The convs, attention and
+    the few-rows GEMM take this path; the blocked GEMM may take AMX tiles (gemm_bf16_path)."""
     return "avx512_bf16" if m.avx512_bf16 and m.simd_floats >= 16 else "fallback"
+
+
+# The AMX-BF16 blocked GEMM (csrc_templates/gemm.c, BF16 3): the 8 tiles of palette 1, each 16
+# rows of 64 bytes, as 2 x 2 C tiles of 16 x 16 f32 (the AMX_MR x AMX_NR register tile), two A
+# tiles of 16 rows x 32 bf16 and two B tiles of 16 K-pairs x 16 columns. K goes through the tiles
+# in blocks of AMX_KB (one A tile row): each slice's depth in the panels is padded to whole blocks.
+AMX_MR, AMX_NR, AMX_KB = 32, 32, 32
+BF16 = 2  # bytes of a bf16
+
+
+def gemm_bf16_path(m: Machine) -> str:
+    """The instruction path of a blocked bf16 GEMM (matmul, im2col conv) on machine m: "amx_bf16"
+    (tdpbf16ps on tiles, f32 accumulation) where it has AMX-BF16 besides AVX512_BF16 (whose
+    vcvtne2ps2bf16 the packing rounds with, and which every CPU with AMX-BF16 has), else bf16_path's."""
+    path = bf16_path(m)
+    return "amx_bf16" if path == "avx512_bf16" and m.amx_bf16 else path
 
 
 def bf16_texts(path: str) -> dict[str, str]:
@@ -114,6 +131,10 @@ def bf16_texts(path: str) -> dict[str, str]:
     if path == "fallback":
         return {"a": "rounded to bf16 (held as f32)", "b": "bf16 [kc][nr]",
                 "op": "FMA on bf16 B widened to f32 by a shift (no AVX512_BF16)"}
+    if path == "amx_bf16":
+        return {"a": f"converted to bf16 rows of whole {AMX_KB}-element K blocks (16 x {AMX_KB} A tiles)",
+                "b": "bf16 K-pairs [kc/2][nr][2] (16 K-pairs x 16 columns a B tile)",
+                "op": "tdpbf16ps on 2 x 2 C tiles of 16 x 16 f32 (AMX-BF16)"}
     return {"a": "", "b": "", "op": "FMA"}
 
 
@@ -142,14 +163,34 @@ def gemm_tiles(M: int, N: int, K: int, m: Machine, even_kc: bool = False) -> dic
     return {"mr": mr, "nr": nr, "kc": min(kc, K), "mc": min(mc, cdiv(M, mr) * mr), "nc": min(nc, cdiv(N, nr) * nr)}
 
 
+def amx_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
+    """MR, NR, KC, MC, NC of one M x N x K GEMM on AMX tiles (gemm_bf16_path "amx_bf16").
+
+    The register tile is the tiles' own, AMX_MR x AMX_NR. The rest follows gemm_tiles' rules for
+    bf16 panels: KC as deep as lets the A micro-panel (MR x KC bf16, A tile rows) fill half of L1,
+    at most 512, in whole AMX_KB blocks; a K up to half again KC is one slice, a deeper one equal
+    slices of whole blocks (only the last may end in part of one, padded by zeros in the panels);
+    NC makes the B panel (KC x NC bf16) half of L2, and MC the A block two L2s."""
+    top = max(AMX_KB, min(512, (m.l1 // 2) // (AMX_MR * BF16) // AMX_KB * AMX_KB))
+    kc = cdiv(K, 1 if K <= top * 3 // 2 else cdiv(K, top))
+    if kc < K:
+        kc = cdiv(kc, AMX_KB) * AMX_KB
+    depth = cdiv(kc, AMX_KB) * AMX_KB  # (of the panels)
+    nc = max(AMX_NR, (m.l2 // 2) // (depth * BF16) // AMX_NR * AMX_NR)
+    mc = max(AMX_MR, (2 * m.l2) // (depth * BF16) // AMX_MR * AMX_MR)
+    return {"mr": AMX_MR, "nr": AMX_NR, "kc": min(kc, K), "mc": min(mc, cdiv(M, AMX_MR) * AMX_MR),
+            "nc": min(nc, cdiv(N, AMX_NR) * AMX_NR)}
+
+
 def blocking(t: dict[str, int]) -> tuple[int, int, int, int, int]:
     """emit_gemm's `blocking` (MC, NC, KC, MR, NR) of the tiles gemm_tiles gives."""
     return t["mc"], t["nc"], t["kc"], t["mr"], t["nr"]
 
 
-def gemm_checks(t: dict[str, int], m: Machine) -> list[tuple[str, bool]]:
-    """The cache constraints the blocking targets (machine.gemm_blocking), each (text, holds)."""
-    a_micro, b_panel, a_block = (t["mr"] * t["kc"] * F32, t["kc"] * t["nc"] * F32, t["mc"] * t["kc"] * F32)
+def gemm_checks(t: dict[str, int], m: Machine, eb: int = F32) -> list[tuple[str, bool]]:
+    """The cache constraints the blocking targets (machine.gemm_blocking), each (text, holds), for
+    packed elements of eb bytes."""
+    a_micro, b_panel, a_block = (t["mr"] * t["kc"] * eb, t["kc"] * t["nc"] * eb, t["mc"] * t["kc"] * eb)
     return [(f"A micro-panel mr x kc = {a_micro} B <= L1/2 {m.l1 // 2} B (stays in L1 while B streams)",
              a_micro <= m.l1 // 2),
             (f"B panel kc x nc = {b_panel} B <= L2/2 {m.l2 // 2} B", b_panel <= m.l2 // 2),
@@ -261,6 +302,9 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     M, N, K = d.gemm.M, d.N, d.K
     t = plan.tiles = skinny_tiles(M, N, m)
     mr, nr, groups = t["mr"], t["nr"], t["groups"]
+    if plan.precision_path == "amx_bf16":  # (few rows: a group of at most 16 would fill an A tile in part)
+        plan.precision_path = bf16_path(m)
+        plan.precision_note = "few rows: the memory-bound few-rows GEMM, on vdpbf16ps (AMX tiles: the blocked GEMM)"
     eb = 2 if plan.precision == "bf16" else F32  # (bytes of a packed element: bf16 halves)
     par = d.parallel and skinny_parallel(M, N, K, eb)
     plan.detail = d = replace(d, path="skinny", direct_b=False, direct_a=False, parallel=par,
@@ -449,12 +493,14 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
         plan.flops = 2 * batch * M * Nn * K + pointwise_flops(body)
     gM = g.M
     bf16 = plan.wanted_precision == "bf16"
-    path = bf16_path(m) if bf16 else "f32"
+    path = gemm_bf16_path(m) if bf16 else "f32"
     plan.precision, plan.precision_path, plan.precision_note = ("bf16" if bf16 else "f32"), path, ""
     texts = bf16_texts(path)
-    t = plan.tiles = gemm_tiles(gM, Nn, K, m, even_kc=bf16)
+    amx = path == "amx_bf16"
+    t = plan.tiles = amx_tiles(gM, Nn, K, m) if amx else gemm_tiles(gM, Nn, K, m, even_kc=bf16)
     mr, nr, kc, mc, nc = t["mr"], t["nr"], t["kc"], t["mc"], t["nc"]
-    plan.cache_check = "; ".join(f"{text}: {'ok' if ok else 'NO'}" for text, ok in gemm_checks(t, m))
+    plan.cache_check = "; ".join(f"{text}: {'ok' if ok else 'NO'}"
+                                 for text, ok in gemm_checks(t, m, BF16 if amx else F32))
     row = _plan_row_epilogue(plan, m, Nn) if plan.kind == Kind.CONTRACTION_ROW else None
     par = parallel(gM, Nn, K, g.batch)  # per GEMM call: each opens its own region
     # (bf16: A and B are converted while packed, never read in place)

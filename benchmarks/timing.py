@@ -1,0 +1,53 @@
+"""Timing runtimes side by side in one process: calls interleaved, or blocks of calls with the
+others' threads asleep.
+
+At one thread every runtime calls on the caller's thread alone, so calls are interleaved one by
+one and a disturbance of the machine hits every runtime alike.
+
+At more threads a runtime's worker threads keep running for a while after its call: onnxruntime's
+intra-op threads spin for tens of milliseconds, OpenVINO's for under a millisecond (probed by
+sampling /proc/self/task/*/stat after a run). A call that follows another runtime's at once then
+shares the cores with those spinning threads. eqfuse notices them and calls on fewer threads
+(eqfuse/runtime/load.py); the others do not notice, and their barriers wait. That is the
+in-process-peers case, which `benchmarks/bench_load.py --kind peers` measures. A comparison of
+runtimes instead measures each as its own process would see it, alone. So at more than one thread
+each runtime's calls come in blocks: the other runtimes' threads are given `SETTLE` seconds to
+sleep, one untimed call warms the runtime's own threads, then `BLOCK` timed calls. The blocks
+rotate through the runtimes, round after round, so slow drifts of the machine still hit all alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+SETTLE = 0.1  # seconds before a block: above onnxruntime's spinning after a run (the probe above)
+BLOCK = 10  # timed calls per block
+
+
+def alternate(runs: dict[str, Callable[[], object]], repeat: int, threads: int,
+              inner: int = 1) -> dict[str, list[float]]:
+    """`repeat` samples of seconds per call for each run (each sample the mean of `inner` calls):
+    interleaved call by call at one thread, in blocks after a settle at more (module docstring)."""
+    times: dict[str, list[float]] = {k: [] for k in runs}
+
+    def sample(run) -> float:
+        t = time.perf_counter()
+        for _ in range(inner):
+            run()
+        return (time.perf_counter() - t) / inner
+
+    if threads <= 1:
+        for _ in range(repeat):
+            for k, run in runs.items():
+                times[k].append(sample(run))
+        return times
+    while any(len(v) < repeat for v in times.values()):
+        for k, run in runs.items():
+            n = min(BLOCK, repeat - len(times[k]))
+            if n <= 0:
+                continue
+            time.sleep(SETTLE)
+            run()
+            times[k].extend(sample(run) for _ in range(n))
+    return times

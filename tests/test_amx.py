@@ -1,0 +1,258 @@
+"""The AMX-BF16 path of the blocked bf16 GEMM (docs/precision.md, "AMX-BF16"): tdpbf16ps on 2 x 2
+C tiles of 16 x 16 f32, A packed as rows of bf16, B as the K-pairs of the vdpbf16ps path.
+
+A CPU without AMX tests it three ways, and one with AMX a fourth:
+- emulated: the kernels' own C, built with -DEQF_AMX_EMULATE (through EQFUSE_CFLAGS), where
+  csrc_templates/common_amx.h replaces the tile instructions by C that follows the operation
+  sections of Intel's SDM; planned for a machine model with AMX-BF16 (pinned without clamping it
+  to the host), over odd shapes with epilogues, against float64 at the documented bf16 bound
+  (tests/test_bf16.py's check_gemm);
+- the plan: a machine model with AMX-BF16 plans the path, and `eqfuse lower --precision bf16`
+  prints it; the few-rows GEMM keeps vdpbf16ps and says why;
+- compiled for a CPU with AMX (gcc -mamx-tile -mamx-bf16): the assembly holds the tile
+  instructions;
+- on the hardware, where /proc/cpuinfo has amx_bf16 and amx_tile (skipped with the reason elsewhere).
+"""
+
+import dataclasses
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from test_bf16 import EPS, GELU_F32, GELU_LIP, check_gemm, gelu
+
+import eqfuse
+from eqfuse import machine
+from eqfuse.backend.cbuild import COMMON_C, build, compiler, header_c
+from eqfuse.backend.emit import emit_graph
+from eqfuse.cli.main import main
+from eqfuse.errors import EqfuseError
+from eqfuse.frontend.load import load
+from eqfuse.pipeline import lower
+
+# Odd shapes (no size a multiple of 16 or 32), two GEMMs (one module: each is a gcc run):
+# - B passed per call (packed at each call, whole panels by vcvtne2ps2bf16 where the CPU has it),
+#   one K slice, bias and relu;
+# - a transposed B bound by params= (packed once), K in several slices with a short last one, 33
+#   rows (one whole row tile and one row of the next), bias and gelu.
+GRAPH = """
+graph amx(x1: f32[70, 301], w1: f32[301, 200], b1: f32[200], x2: f32[33, 1101], w2t: f32[130, 1101],
+          b2: f32[130]) {
+    y1 = kernel { relu(x1 @ w1 + b1) }
+    y2 = kernel { gelu(x2 @ transpose(w2t) + b2) }
+    return y1, y2
+}
+"""
+SHAPES = {"x1": (70, 301), "w1": (301, 200), "b1": (200,), "x2": (33, 1101), "w2t": (130, 1101), "b2": (130,)}
+BOUND = ("w2t", "b2")  # (params=: packed once)
+
+
+def amx_model() -> machine.Machine:
+    """This host's model with AMX-BF16 (and AVX512_BF16, which every CPU with AMX-BF16 has)."""
+    return dataclasses.replace(machine.machine(), simd_floats=16, avx512_bf16=True, amx_bf16=True)
+
+
+def host_has_amx() -> bool:
+    flags = machine.cpu_flags()
+    return "amx_bf16" in flags and "amx_tile" in flags
+
+
+def arrays(seed=0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+
+
+def compile_amx(a: dict[str, np.ndarray]):
+    return eqfuse.compile(GRAPH, fuse="manual", params={k: a[k] for k in BOUND}, precision="bf16")
+
+
+def check_all(mod, a: dict[str, np.ndarray]) -> None:
+    """Every GEMM planned on the AMX path and within the documented bound of float64."""
+    plans = [p for p in mod.default.last.plans if p.kind == "contraction"]
+    assert len(plans) == 2 and plans[1].detail.prepack is not None
+    for p in plans:
+        assert (p.precision, p.precision_path, p.detail.path) == ("bf16", "amx_bf16", "blocked"), p.name
+        assert (p.tiles["mr"], p.tiles["nr"]) == (32, 32) and mod.report["precision"][p.name]["path"] == "amx_bf16"
+    assert any(p.tiles["kc"] < p.detail.K for p in plans)  # (K in several slices)
+    y1, y2 = mod(*[a[k] for k in SHAPES if k not in BOUND])
+    check_gemm(y1, a["x1"], a["w1"], epilogue=lambda z: np.maximum(z, 0), bias=a["b1"])
+    check_gemm(y2, a["x2"], a["w2t"].T, epilogue=gelu, lip=GELU_LIP, own=EPS + GELU_F32, bias=a["b2"])
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    """The AMX kernels built with the emulated tile instructions (EQF_AMX_EMULATE)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
+        with machine.pinned(amx_model(), clamp=False):
+            a = arrays()
+            yield compile_amx(a), a
+
+
+def test_emulated_amx_gemms_are_within_the_bf16_bound(emulated):
+    mod, a = emulated
+    check_all(mod, a)
+
+
+def test_a_refused_tile_state_is_an_error_not_a_signal(monkeypatch):
+    """The operating system's refusal (emulated: eqf_amx_ready() says no) stops the GEMM before
+    any tile instruction, and the call raises an error that says what to do."""
+    monkeypatch.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE -DEQF_AMX_EMULATE_REFUSED -O0")  # (-O0: gcc's time only)
+    src = "graph g(x: f32[40, 50], w: f32[50, 60]) -> f32[40, 60] {\n  return x @ w\n}"
+    with machine.pinned(amx_model(), clamp=False):
+        mod = eqfuse.compile(src, precision="bf16")
+        with pytest.raises(EqfuseError, match="refused this process the tile state.*EQFUSE_AMX=0"):
+            mod(np.ones((40, 50), np.float32), np.ones((50, 60), np.float32))
+
+
+@pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)")
+def test_amx_gemms_on_the_hardware_are_within_the_bf16_bound():
+    with machine.pinned(amx_model()):
+        check_all(compile_amx(arrays(1)), arrays(1))
+
+
+def test_a_machine_with_amx_plans_the_tiles_and_lower_prints_it(tmp_path, capsys):
+    model = tmp_path / "g.g"
+    model.write_text("graph g(x: f32[1024, 1024], w: f32[1024, 1024], b: f32[1024]) -> f32[1024, 1024] {\n"
+                     "  return relu(x @ w + b)\n}\n")
+    with machine.pinned(machine.MODELS["xeon-spr"], clamp=False):
+        assert main(["lower", str(model), "--precision", "bf16"]) == 0
+        text = capsys.readouterr().out
+        assert "precision: bf16, path: amx_bf16" in text
+        tiles = dict(re.findall(r"(\w+)=(\d+)", re.search(r"tiles: (.*)", text).group(1)))
+        assert (tiles["mr"], tiles["nr"]) == ("32", "32") and int(tiles["kc"]) % 32 == 0 and int(tiles["kc"]) < 1024
+        # the few-rows GEMM over a bound weight stays on vdpbf16ps, and says so
+        src = "graph s(x: f32[4, 256], w: f32[256, 128]) -> f32[4, 128] {\n  return kernel { x @ w }\n}"
+        _, _, plans = lower(load(src)[0], {}, fuse="manual", params=frozenset({"w"}), precision="bf16")
+    (p,) = [p for p in plans if p.kind == "contraction"]
+    assert (p.detail.path, p.precision_path) == ("skinny", "avx512_bf16") and "AMX" in p.precision_note
+    # a machine without AMX keeps its path
+    with machine.pinned(dataclasses.replace(machine.MODELS["xeon-spr"], amx_bf16=False), clamp=False):
+        assert main(["lower", str(model), "--precision", "bf16"]) == 0
+        assert "path: avx512_bf16" in capsys.readouterr().out
+
+
+def test_the_real_amx_kernels_compile_for_a_cpu_with_amx(tmp_path):
+    """The C of the real path (no emulation), built for a CPU with AMX-TILE and AMX-BF16, holds
+    the tile instructions (compiled only: this CPU may have no AMX)."""
+    cc = compiler().split()
+    if not shutil.which(cc[0]):
+        pytest.skip(f"no C compiler {cc[0]}")
+    src = "graph g(x: f32[40, 1101], w: f32[1101, 96]) -> f32[40, 96] {\n  return kernel { x @ w }\n}"
+    with machine.pinned(amx_model(), clamp=False):  # (K in several slices, B bound: every part of the path)
+        _, _, plans = lower(load(src)[0], {}, fuse="manual", params=frozenset({"w"}), precision="bf16")
+        code = "\n".join(emit_graph(plans).kernel_sources.values())
+    assert "_tile_dpbf16ps" in code
+    src = tmp_path / "amx.c"
+    src.write_text(header_c(code) + COMMON_C + code)
+    flags = ["-O1", "-fopenmp", "-std=gnu11", "-Wall", "-Werror", "-march=x86-64-v4", "-mavx512bf16", "-mamx-tile",
+             "-mamx-bf16", "-S", "-o", str(tmp_path / "amx.s"), str(src)]
+    out = subprocess.run(cc + flags, capture_output=True, text=True)
+    if out.returncode and "amx" in out.stderr and "unrecognized" in out.stderr:
+        pytest.skip(f"{cc[0]} does not know AMX: {out.stderr.strip()[:200]}")
+    assert out.returncode == 0, out.stderr[:4000]
+    asm = (tmp_path / "amx.s").read_text()
+    for insn in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilezero", "tilerelease"):
+        assert insn in asm, insn
+    assert "syscall(SYS_arch_prctl, 0x1023, 18)" in header_c(code)  # (the permission, asked before the tiles)
+
+
+# The other mappings of a GEMM onto the AMX kernel: strided batches (one call, a stride per
+# operand) and an im2col conv; each against the avx512_bf16 path on the same bf16 operands.
+MAPPINGS = """
+graph maps(xb: f32[3, 19, 45], wb: f32[3, 45, 33], img: f32[2, 5, 11, 13], f: f32[7, 5, 3, 3]) {
+    b = kernel { xb @ wb }
+    c = kernel { relu(conv2d(img, f, padding=1)) }
+    return b, c
+}
+"""
+
+
+@pytest.mark.extended
+def test_emulated_amx_batches_and_im2col_convs_agree_with_vdpbf16ps(monkeypatch):
+    """Both paths multiply the same bf16 values: they differ by the order of the f32 additions,
+    within twice the accumulation bound of the bf16 operands (tests/test_bf16.py's paths test)."""
+    from test_bf16 import bf16
+
+    monkeypatch.setenv("EQFUSE_CONV", "im2col")
+    rng = np.random.default_rng(3)
+    shapes = {"xb": (3, 19, 45), "wb": (3, 45, 33), "img": (2, 5, 11, 13), "f": (7, 5, 3, 3)}
+    a = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    out = {}
+    for amx in (True, False):
+        monkeypatch.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE" if amx else "")
+        with machine.pinned(dataclasses.replace(amx_model(), amx_bf16=amx), clamp=False):
+            mod = eqfuse.compile(MAPPINGS, fuse="manual", precision="bf16")
+        assert {e["path"] for e in mod.report["precision"].values()} == {"amx_bf16" if amx else "avx512_bf16"}
+        out[amx] = mod(*[a[k] for k in shapes])
+    absb = lambda x: np.abs(bf16(x)).astype(np.float64)  # noqa: E731
+    cols = np.lib.stride_tricks.sliding_window_view(np.pad(absb(a["img"]), ((0, 0), (0, 0), (1, 1), (1, 1))),
+                                                    (3, 3), axis=(2, 3))  # [n, c, oh, ow, kh, kw]
+    sums = [absb(a["xb"]) @ absb(a["wb"]), np.einsum("nchwij,ocij->nohw", cols, absb(a["f"]))]
+    for (y_amx, y_vdp, s, K) in zip(out[True], out[False], sums, (45, 5 * 9)):
+        bound = 2 * 1.01 * K * EPS * s + 2 * EPS * np.abs(y_vdp)
+        assert np.all(np.abs(y_amx.astype(np.float64) - y_vdp) <= bound)
+
+
+def test_eqfuse_amx_0_turns_the_tiles_off(monkeypatch):
+    """A host whose /proc/cpuinfo has amx_bf16 and amx_tile plans the tiles, unless EQFUSE_AMX=0
+    (the way out when the operating system refuses the tile state)."""
+    flags = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    monkeypatch.setattr(machine, "cpu_flags", lambda: flags)
+    assert machine.host_isa()["amx_bf16"]
+    monkeypatch.setenv("EQFUSE_AMX", "0")
+    assert not machine.host_isa()["amx_bf16"] and machine.host_isa()["avx512_bf16"]
+    monkeypatch.setattr(machine, "cpu_flags", lambda: flags - {"amx_tile"})
+    monkeypatch.delenv("EQFUSE_AMX")
+    assert not machine.host_isa()["amx_bf16"]
+
+
+TDP_C = r"""
+/* one tdpbf16ps: c (16 x 16 f32) += a (16 rows x 32 bf16) . b (16 K-pairs x 16 columns) */
+void tdp(const uint16_t* a, const uint16_t* b, float* c)
+{
+    eqf_amx_begin();
+    _tile_loadd(0, c, 64);
+    _tile_loadd(4, a, 64);
+    _tile_loadd(6, b, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_stored(0, c, 64);
+    _tile_release();
+}
+"""
+
+
+def test_the_emulated_tdpbf16ps_is_the_sdm_operation():
+    """The emulation against the SDM's operation written again in numpy, bit for bit: per output
+    element two f32 sums (even and odd elements of the K-pairs) over the 16 pairs, then their sum
+    added to C, every step rounded to nearest even and flushed (DAZ = FTZ = 1). One element reads
+    a denormal bf16 and another makes a denormal product, where the flushes show."""
+    built = build(header_c(TDP_C) + COMMON_C + TDP_C, "void tdp(const uint16_t* a, const uint16_t* b, float* c);",
+                  "tdp", extra_flags=("-DEQF_AMX_EMULATE", "-O0"))
+    rng = np.random.default_rng(4)
+    to_bf16 = lambda x: (np.asarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)  # noqa: E731 (exact here)
+    a = to_bf16(rng.standard_normal((16, 32)) * 2.0 ** rng.integers(-4, 5, (16, 32)))
+    b = to_bf16(rng.standard_normal((16, 32)))
+    a[0, :], a[0, 0], b[0, 0] = 0, 0x0001, to_bf16(2.0**100)  # a denormal bf16 (2^-133) x 2^100: 2^-33 unless read as 0
+    a[1, :], a[1, 2], b[1, 4] = 0, to_bf16(2.0**-70), to_bf16(2.0**-60)  # a denormal product, 2^-130, unless flushed
+    c = rng.standard_normal((16, 16)).astype(np.float32)
+    c[0, 0] = c[1, 2] = 0
+    got = c.copy()
+    built.lib.tdp(*(built.ffi.from_buffer(t, x) for t, x in (("uint16_t[]", a), ("uint16_t[]", b), ("float[]", got))))
+
+    def sdm(flush):
+        f32 = lambda h: (h.astype(np.uint32) << 16).view(np.float32)  # noqa: E731 (make_fp32)
+        fa, fb = flush(f32(a)), flush(f32(b))
+        even, odd = np.zeros((16, 16), np.float32), np.zeros((16, 16), np.float32)
+        for k in range(16):  # (a bf16 product is exact in f32: the FMA rounds once, at the add)
+            even = flush(even + fa[:, 2 * k, None] * fb[None, k, 0::2])
+            odd = flush(odd + fa[:, 2 * k + 1, None] * fb[None, k, 1::2])
+        return flush(flush(c) + flush(even + odd))
+
+    with np.errstate(over="ignore", under="ignore"):
+        want = sdm(lambda x: np.where(np.abs(x) < 2.0**-126, np.copysign(np.float32(0), x), x).astype(np.float32))
+        plain = sdm(lambda x: x.astype(np.float32))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert got[0, 0] == got[1, 2] == 0 and plain[0, 0] == 2.0**-33 and plain[1, 2] == 2.0**-130  # (the flushes show)

@@ -1,0 +1,153 @@
+"""The decode attention (the attention plan's `decode`, csrc_templates/attention_decode.c): one query
+row per (batch, head) against a KV cache's live rows, read in place. Two attentions in one step
+compiled with live="P": grouped-query (4 query heads over 2 key/value heads, repeated), head size
+64, an additive mask (the score pass); and 3 heads of 24 with values of 8 (the portable loops: no
+whole vectors). Every live length that ends a key block or passes one (1, 15, 16, 17, 250 keys), at
+two capacities, the buffers' spare rows and the mask's spare columns NaN, so a read past the live
+length shows; against float64 at the documented attention bound (docs/precision.md, "Attention":
+u = 0 for f32, what its arithmetic may add; u = 2^-8 under precision="bf16", where this kernel
+computes in f32 and says so)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_bf16 import U, attention_bound
+
+import eqfuse
+from eqfuse.pipeline import uops_text
+
+SCALE = 0.125  # (the first attention's; the second's is 0.2)
+STEP = """
+graph step(q: f32[2, 4, 1, 64], past_k: f32[2, 2, P, 64], past_v: f32[2, 2, P, 64], k: f32[2, 2, 1, 64],
+           v: f32[2, 2, 1, 64], mask: f32[2, 1, 1, {cap1}], q2: f32[2, 3, 1, 24], past_k2: f32[2, 3, P, 24],
+           past_v2: f32[2, 3, P, 8], k2: f32[2, 3, 1, 24], v2: f32[2, 3, 1, 8]) {
+    keys = concat(past_k, k, axis=2)
+    values = concat(past_v, v, axis=2)
+    rk = reshape(expand(unsqueeze(keys, axis=2), shape=[1, 1, 2, 1, 1]), shape=[2, 4, -1, 64])
+    rv = reshape(expand(unsqueeze(values, axis=2), shape=[1, 1, 2, 1, 1]), shape=[2, 4, -1, 64])
+    a = softmax(q @ transpose(rk, perm=[0, 1, 3, 2]) * 0.125 + mask, axis=-1) @ rv
+    keys2 = concat(past_k2, k2, axis=2)
+    values2 = concat(past_v2, v2, axis=2)
+    a2 = softmax(q2 @ transpose(keys2, perm=[0, 1, 3, 2]) * 0.2, axis=-1) @ values2
+    return a, a2, keys, values, keys2, values2
+}
+"""
+CACHES = {"past_k": (2, 64), "past_v": (2, 64), "past_k2": (3, 24), "past_v2": (3, 8)}  # (heads, width)
+
+
+@pytest.fixture(scope="module")
+def steps():
+    """(precision, capacity) -> the step, compiled once per module."""
+    compiled = {}
+
+    def get(precision: str, cap: int):
+        if (precision, cap) not in compiled:
+            compiled[precision, cap] = eqfuse.compile(STEP.replace("{cap1}", str(cap + 1)), dims={"P": cap},
+                                                      live="P", precision=precision)
+        return compiled[precision, cap]
+    return get
+
+
+def reference(q, keys, values, scale, mask=None):
+    """float64 attention of q [2, H, 1, D] over keys, values [2, KV, n, .] (each key head repeated
+    for H / KV query heads), as (result, bound) from test_bf16.attention_bound on [2 H, 1, .]."""
+    H, n = q.shape[1], keys.shape[2]
+    ks, vs = (np.repeat(x, H // x.shape[1], axis=1).reshape(2 * H, n, -1) for x in (keys, values))
+    mk = None if mask is None else np.repeat(mask[..., :n], H, axis=1).reshape(2 * H, 1, n)
+    return q.reshape(2 * H, 1, -1), ks, vs, mk
+
+
+def run_steps(step, cap: int, lives, u: float):
+    rng = np.random.default_rng(cap)
+    bufs = {name: np.full((2, h, cap + 1, w), np.nan, np.float32) for name, (h, w) in CACHES.items()}
+    for t in lives:
+        for name, b in bufs.items():  # the past rows 0 .. t - 1; row t is the append's; the rest NaN
+            b[:, :, :t] = rng.standard_normal(b[:, :, :t].shape, dtype=np.float32)
+            b[:, :, t:] = np.nan
+        mask = np.full((2, 1, 1, cap + 1), np.nan, np.float32)
+        mask[..., :t + 1] = np.where(rng.random((2, 1, 1, t + 1)) < 0.2, -1e4, 0.0)
+        mask[..., t] = 0.0  # (the new token sees itself)
+        new = {"q": (2, 4, 1, 64), "k": (2, 2, 1, 64), "v": (2, 2, 1, 64), "q2": (2, 3, 1, 24),
+               "k2": (2, 3, 1, 24), "v2": (2, 3, 1, 8)}
+        x = {n: rng.standard_normal(s, dtype=np.float32) for n, s in new.items()}
+        a, a2, *_ = step(**x, mask=mask, P_length=np.array([t]), **bufs)
+        for name in bufs:
+            assert np.isnan(bufs[name][:, :, t + 1:]).all(), (name, t)  # appended at row t only
+        for y, qn, kn, vn, scale, mk in ((a, "q", "past_k", "past_v", SCALE, mask), (a2, "q2", "past_k2", "past_v2", 0.2, None)):
+            live = [bufs[n][:, :, :t + 1].astype(np.float64) for n in (kn, vn)]
+            q3, k3, v3, m3 = reference(x[qn].astype(np.float64), *live, scale, mk)
+            ref, bound = attention_bound(q3, k3, v3, scale, m3, 64, u=u)
+            err = np.abs(y.reshape(ref.shape).astype(np.float64) - ref)
+            assert np.all(err <= bound), (qn, t + 1, float(np.max(err / bound)))
+
+
+def decode_kernels(step):
+    ks = [k for k in step.kernels if k.kind == "attention"]
+    assert len(ks) == 2
+    for k in ks:
+        assert k.decisions["decode"] == 1 and k.decisions["live"].startswith("keys"), k.decisions
+        assert "EQF_SCRATCH_ATTENTION_KT" not in k.c_source  # (no copy of k^T)
+    return ks
+
+
+def test_decode_attention_over_live_lengths_f32(steps):
+    """1, 15, 16, 17 and 250 keys (a partial block, one key short of, at and past a block of 16; 4
+    blocks of 64 with a partial last one) at capacity 256."""
+    step = steps("f32", 256)
+    decode_kernels(step)
+    run_steps(step, 256, [0, 14, 15, 16, 249], u=0.0)
+
+
+def test_decode_attention_under_bf16_reads_f32_and_says_so(steps):
+    """Under precision="bf16" the decode attention computes in f32 (the cache is f32: bf16 operands
+    would not cut its bytes) and the report says why; its result is within the bf16 bound, here
+    at capacity 16, up to the whole buffer (17 keys)."""
+    step = steps("bf16", 16)
+    for k in decode_kernels(step):
+        e = step.report["precision"][k.name]
+        assert (e["precision"], e["path"]) == ("f32", "f32") and "KV cache" in e["note"], e
+    run_steps(step, 16, [0, 15, 16], u=U)
+
+
+def test_lower_prints_the_decode_plan():
+    """One query row is the decode plan (`decode=1`, tiles bk only); more rows the general one."""
+    g = ("graph g(q: f32[6, {n}, 32], k: f32[6, 40, 32], v: f32[6, 40, 32]) {{\n"
+         "  return softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.5, axis=-1) @ v\n}}")
+    one, four = uops_text(g.format(n=1)), uops_text(g.format(n=4))
+    assert "decode=1" in one and "tiles: bk=64\n" in one and "k rows [32] in place" in one
+    assert "decode=0" in four and "bq=" in four
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_attention_rising_scores_and_masked_blocks(threads):
+    """The lazy rescale of one query row: its scores grow block after block, so the running maximum
+    is raised (and the accumulators rescaled) several times; a -inf mask hides the first block of 64
+    keys from row 1 (its maximum starts at -inf) and every key from row 2 (NaN, as numpy's softmax
+    gives). Head size 64 (the vector paths) and 24 with values of 8 (the portable loops), at the
+    same tolerance as the general kernel's test (tests/test_kernels_c.py)."""
+    sk, rng = 150, np.random.default_rng(3)
+    src = ("graph att(q: f32[3, 1, 64], k: f32[3, 150, 64], v: f32[3, 150, 64], m: f32[3, 1, 150], "
+           "q2: f32[3, 1, 24], k2: f32[3, 150, 24], v2: f32[3, 150, 8]) {\n"
+           "    a = kernel { softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.5 + m) @ v }\n"
+           "    b = kernel { softmax(q2 @ transpose(k2, perm=[0, 2, 1]) * 0.5 + m) @ v2 }\n"
+           "    return a, b\n}\n")
+    mod = eqfuse.compile(src, fuse="manual", threads=threads)
+    assert [k.decisions["decode"] for k in mod.kernels] == [1, 1]
+    growth = np.linspace(0.2, 3.0, sk, dtype=np.float32)[:, None]
+    x = {}
+    for n, d, dv in (("", 64, 64), ("2", 24, 8)):
+        x["q" + n] = rng.standard_normal((3, 1, d), dtype=np.float32)
+        x["k" + n] = (rng.standard_normal((3, sk, d)) * growth).astype(np.float32)
+        x["v" + n] = rng.standard_normal((3, sk, dv), dtype=np.float32)
+    m = np.zeros((3, 1, sk), np.float32)
+    m[1, :, :64] = -np.inf
+    m[2] = -np.inf
+    got = mod(**x, m=m)
+    for g, n in zip(got, ("", "2")):
+        s = x["q" + n].astype(np.float64) @ x["k" + n].astype(np.float64).transpose(0, 2, 1) * 0.5 + m
+        with np.errstate(invalid="ignore"):
+            e = np.exp(s - s.max(-1, keepdims=True))
+            want = (e / e.sum(-1, keepdims=True)) @ x["v" + n].astype(np.float64)
+        assert np.all(np.diff(s[0, 0]) != 0) and np.isnan(want[2]).all() and np.isnan(g[2]).all()
+        np.testing.assert_allclose(g[:2], want[:2], rtol=2e-5, atol=2e-5)
