@@ -40,12 +40,14 @@ from eqfuse.frontend.onnx_inputs import (
 )
 from eqfuse.frontend.onnx_registry import (
     HANDLERS,
+    ONNX_DOMAINS,
     ONNX_DTYPES,
     NeedsDims,
     Unsupported,
     check_dims,
     dtype_name,
     f32_float,
+    handler_key,
     tensor_array,
 )
 from eqfuse.ir.graph import Graph, Node
@@ -156,7 +158,7 @@ class _Importer:
         inputs = [self.env[n] for n in runtime]
         for k, node in enumerate(g.node):
             self.node = node
-            if node.op_type not in HANDLERS or node.domain not in ("", "ai.onnx"):
+            if handler_key(node.op_type, node.domain) not in HANDLERS:
                 # before the first error, look ahead: the message lists every op missing
                 consts = {n for n, v in self.env.items() if self.is_const(v) or isinstance(v, sy.Sym)}
                 self.check_ops(list(g.node)[k:], consts)
@@ -176,11 +178,11 @@ class _Importer:
         consts = consts - self.weights
         missing: dict[str, list[str]] = {}
         for node in nodes:
-            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-            all_const = all(n in consts for n in node.input if n) and node.domain in ("", "ai.onnx")
+            key = handler_key(node.op_type, node.domain)
+            all_const = all(n in consts for n in node.input if n) and node.domain in ONNX_DOMAINS
             if node.op_type in ("Shape", "Size") or (all_const and node.op_type != "Identity"):
                 consts.update(o for o in node.output if o)
-            elif node.op_type not in HANDLERS or node.domain not in ("", "ai.onnx"):
+            elif key not in HANDLERS:
                 missing.setdefault(key, []).append(node.name or (node.output[0] if node.output else key))
         if not missing:
             return
@@ -234,8 +236,9 @@ class _Importer:
         return i
 
     def import_node(self, node) -> None:
-        if node.domain not in ("", "ai.onnx"):
-            raise self.error(f"unsupported ONNX op '{node.domain}.{node.op_type}'")
+        key = handler_key(node.op_type, node.domain)
+        if key not in HANDLERS and node.domain not in ONNX_DOMAINS:
+            raise self.error(f"unsupported ONNX op '{key}'")
         for name in node.input:
             if name and name not in self.env:
                 raise self.error(f"input '{name}' is not defined before its use")
@@ -258,10 +261,10 @@ class _Importer:
                 try:
                     outs = self.fold(node, ins)
                 except EqfuseError:
-                    if node.op_type not in HANDLERS:
+                    if key not in HANDLERS:
                         raise  # else import it as an op over constants, which the optimizer folds or computes
             if outs is None:
-                handler = HANDLERS.get(node.op_type)
+                handler = HANDLERS.get(key)
                 if handler is None:
                     raise self.error(f"unsupported ONNX op '{node.op_type}'")
                 fn, known = handler
@@ -309,7 +312,7 @@ class _Importer:
         return isinstance(v, np.ndarray)
 
     def foldable(self, node, ins) -> bool:
-        if node.op_type in ("Constant", "Identity") or not node.input:
+        if node.op_type in ("Constant", "Identity") or not node.input or node.domain not in ONNX_DOMAINS:
             return False
         data = [(v, n) for v, n in zip(ins, node.input) if n]
         return all(self.is_const(v) and n not in self.weights for v, n in data)

@@ -1,7 +1,10 @@
 """ONNX handlers of quantized models as onnxruntime's quantizers write them: QuantizeLinear and
 DequantizeLinear (QDQ, per tensor and per channel), DynamicQuantizeLinear, MatMulInteger and
-ConvInteger (quantize_dynamic), QLinearMatMul and QLinearConv (quantize_static's QOperator format). Each turns into the ops of eqfuse.ir.ops_quant, whose numpy
-reference and C compute what onnxruntime computes, integer for integer.
+ConvInteger (quantize_dynamic), QLinearMatMul and QLinearConv (quantize_static's QOperator format)
+and the com.microsoft contrib ops that format writes (QLinearAdd, QLinearGlobalAveragePool, QGemm,
+...: the end of this file). Each turns into the ops of eqfuse.ir.ops_quant, whose numpy reference
+and C compute what onnxruntime computes, integer for integer (the contrib ops that onnxruntime
+computes with f32 steps of its own: to one step, docs/precision.md).
 
 Per-channel (axis=) scales and zero points are reshaped to broadcast along the axis ([C, 1, 1]
 for axis 1 of a rank-4 tensor), so the ops stay pointwise. A zero point of another type than uint8
@@ -14,7 +17,13 @@ from __future__ import annotations
 import numpy as np
 
 from eqfuse.frontend.onnx_handlers import conv_geometry
-from eqfuse.frontend.onnx_registry import ONNX_DTYPES, Unsupported, dtype_name, handles
+from eqfuse.frontend.onnx_registry import (
+    HANDLERS,
+    ONNX_DTYPES,
+    Unsupported,
+    dtype_name,
+    handles,
+)
 from eqfuse.ir.shapes import NUMPY_DTYPE, QUANT_DTYPES, dtype_of_numpy
 
 F32 = np.float32
@@ -165,10 +174,18 @@ def _requantize(imp, acc, a_scale, b_scale, y_scale, yzp, rank: int):
     output channel: axis 1 of a rank-4 conv output, the last axis of a matmul's when rank is 1),
     rounded half to even, plus y's zero point, saturated (quantize_linear with scale 1: x / 1 is x)."""
     mult = (np.asarray(a_scale, F32).reshape(()) * np.asarray(b_scale, F32).reshape(-1)) / np.asarray(y_scale, F32).reshape(())
+    zp_name = imp.node.input[7] if len(imp.node.input) > 7 else "y_zero_point"
+    return _requantize_by(imp, acc, mult, yzp, zp_name, rank)
+
+
+def _requantize_by(imp, acc, mult: np.ndarray, yzp, zp_name: str, rank: int):
+    """acc (f32, the exact integer sum) times the f32 multiplier `mult` (one, or one per channel of
+    axis 1 of a rank-4 result, the last axis when rank is 1), rounded half to even, plus y's zero
+    point, saturated: MLAS's MlasRequantizeOutput, which QLinearMatMul, QLinearConv, QGemm and
+    QLinearGlobalAveragePool end with."""
     mult = mult.reshape(()) if mult.size == 1 else mult.reshape((mult.size,) + (1,) * (rank - 1))
     mult = imp.data(mult, None)
     one = imp.new_param("unit_scale", np.asarray(1, F32))
-    zp_name = imp.node.input[7] if len(imp.node.input) > 7 else "y_zero_point"
     return imp.op("quantize_linear", [imp.op("mul", [acc, mult]), one, _along(imp, yzp, zp_name, 0, 0)])
 
 
@@ -253,3 +270,215 @@ def _qlinear_conv(imp, ins, at):
             raise Unsupported(f"bias of shape {list(imp.type(b).shape)} (one int32 per output channel, {M})")
         acc = imp.op("add", [acc, imp.reshape_to(b, (M, 1, 1))])
     return _requantize(imp, imp.op("cast", [acc], to="f32"), ins[1], ins[4], ins[6], yzp, 3)
+
+
+# ---------------------------------------------------------------- onnxruntime's QOperator contrib ops
+# quantize_static(..., quant_format=QuantFormat.QOperator) writes these in the com.microsoft domain
+# around its QLinearConv and QLinearMatMul: each takes u8 (or i8) tensors with a scale and zero point
+# per tensor and gives one. Each is imported as what it means, dequantize -> the f32 op ->
+# quantize, which the optimizer fuses into the kernel of the f32 op; QGemm and
+# QLinearGlobalAveragePool as the exact integer sums onnxruntime computes, requantized as
+# QLinearMatMul is.
+
+MS = "com.microsoft"
+
+
+def _per_tensor(imp, v, name: str):
+    """A per-tensor scale or zero point (a scalar or a one-element tensor) as a node."""
+    size = np.asarray(v).size if imp.is_const(v) else None
+    if size is None:
+        t = imp.type(v)
+        size = 1 if t.rank == 0 or (t.rank == 1 and t.shape[0] == 1) else None
+    if size != 1:
+        shape = list(np.asarray(v).shape) if imp.is_const(v) else list(imp.type(v).shape)
+        raise Unsupported(f"scale or zero point of shape {shape} ('{name}'; this op takes one per tensor)")
+    return _along(imp, v, name, 0, 0)
+
+
+def _input_name(imp, i: int, default: str) -> str:
+    return imp.node.input[i] if len(imp.node.input) > i and imp.node.input[i] else default
+
+
+def _dequantized(imp, ins, i: int):
+    """Inputs i, i + 1, i + 2 (x, its scale, its optional zero point) as dequantize_linear(x, s, zp),
+    and x's dtype."""
+    dt = _dtype(imp, ins[i])
+    if dt not in QUANT_DTYPES:
+        raise Unsupported(f"input type {_dtype_text(imp, ins[i])} (input {i}; eqfuse takes uint8 and int8)")
+    zp, _ = _zero_point(imp, ins, i + 2, dt, (dt,))
+    x = imp.data(ins[i], imp.node.input[i])
+    scale = _per_tensor(imp, ins[i + 1], _input_name(imp, i + 1, "scale"))
+    return imp.op("dequantize_linear", [x, scale, _per_tensor(imp, zp, _input_name(imp, i + 2, "zero point"))]), dt
+
+
+def _quantized(imp, y, ins, i: int, dt: str):
+    """The f32 y quantized by inputs i (scale) and i + 1 (the optional zero point, of dtype dt: a
+    contrib op's output has its input's type)."""
+    zp, _ = _zero_point(imp, ins, i + 1, dt, (dt,))
+    scale = _per_tensor(imp, ins[i], _input_name(imp, i, "y_scale"))
+    return imp.op("quantize_linear", [y, scale, _per_tensor(imp, zp, _input_name(imp, i + 1, "y_zero_point"))])
+
+
+@handles("QLinearAdd", "QLinearMul", domain=MS)
+def _qlinear_binary(imp, ins, at):
+    """C = quantize(dequantize(A) op dequantize(B)), broadcasting as Add and Mul. onnxruntime's
+    kernel folds the scale ratios A_scale / C_scale, B_scale / C_scale and the zero points into one
+    multiply-add per operand before it rounds, so where the exact value lies within f32 rounding of
+    a half-integer the two round to neighbouring integers: one step of C apart (docs/precision.md)."""
+    a, dt = _dequantized(imp, ins, 0)
+    b, bdt = _dequantized(imp, ins, 3)
+    if bdt != dt:
+        raise Unsupported(f"operands of types {dt} and {bdt} (QLinear ops take one type)")
+    y = imp.op("add" if imp.node.op_type == "QLinearAdd" else "mul", [a, b])
+    return _quantized(imp, y, ins, 6, dt)
+
+
+@handles("QLinearSigmoid", "QLinearLeakyRelu", attrs=("alpha",), domain=MS)
+def _qlinear_activation(imp, ins, at):
+    """quantize(f(dequantize(x))): onnxruntime tabulates exactly this for the 256 values of x."""
+    x, dt = _dequantized(imp, ins, 0)
+    if imp.node.op_type == "QLinearSigmoid":
+        y = imp.op("sigmoid", [x])
+    else:
+        y = imp.op("leaky_relu", [x], alpha=at.get("alpha", 0.01))
+    return _quantized(imp, y, ins, 3, dt)
+
+
+@handles("QLinearAveragePool", attrs=("auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape",
+                                      "pads", "strides", "channels_last"), domain=MS)
+def _qlinear_average_pool(imp, ins, at):
+    """quantize(AveragePool(dequantize(x))): onnxruntime dequantizes x, pools in f32 and quantizes
+    (adding the zero point before it rounds, which can move a value one step at a tie)."""
+    if at.get("channels_last", 0):
+        raise Unsupported("attribute 'channels_last' = 1 (eqfuse takes NCHW)")
+    x, dt = _dequantized(imp, ins, 0)
+    fn, _ = HANDLERS["AveragePool"]
+    y = fn(imp, [x], {k: v for k, v in at.items() if k != "channels_last"})
+    return _quantized(imp, y, ins, 3, dt)
+
+
+# the f32 sum of u8 or i8 values is an exact integer while it stays below 2^24
+_EXACT_SUM_PIXELS = (1 << 24) // 256
+
+
+@handles("QLinearGlobalAveragePool", attrs=("channels_last",), domain=MS)
+def _qlinear_global_average_pool(imp, ins, at):
+    """onnxruntime's kernel (MLAS's QLinearGlobalAveragePool): the integer sum over each channel's N
+    pixels minus N x_zp, times x_scale / (y_scale * N) computed in that order in f32, then
+    requantized as QLinearMatMul. Here the sum is an f32 sum of the integers, exact (every partial
+    sum an integer below 2^24) for N up to 65536 pixels, so the result is onnxruntime's integer for
+    integer."""
+    if at.get("channels_last", 0):
+        raise Unsupported("attribute 'channels_last' = 1 (eqfuse takes NCHW)")
+    dt = _dtype(imp, ins[0])
+    if dt not in QUANT_DTYPES:
+        raise Unsupported(f"input type {_dtype_text(imp, ins[0])} (input 0; eqfuse takes uint8 and int8)")
+    xzp, _ = _zero_point(imp, ins, 2, dt, (dt,))
+    yzp, _ = _zero_point(imp, ins, 4, dt, (dt,))
+    if not all(imp.is_const(v) for v in (ins[1], ins[3], xzp)):
+        raise Unsupported("scales or zero point computed at run time (eqfuse takes constants)")
+    for v, i in ((ins[1], 1), (ins[3], 3), (xzp, 2)):
+        _per_tensor(imp, v, _input_name(imp, i, "zero point"))
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = imp.type(x).shape
+    if len(shape) < 3 or not all(isinstance(d, int) for d in shape[2:]):
+        raise Unsupported(f"input of shape {list(shape)} (eqfuse takes N, C and known spatial dims)")
+    n = int(np.prod(shape[2:]))
+    if n > _EXACT_SUM_PIXELS:
+        raise Unsupported(f"{n} pixels per channel (eqfuse's exact sum takes at most {_EXACT_SUM_PIXELS})")
+    axes = tuple(range(2, len(shape)))
+    acc = imp.op("sum", [imp.op("cast", [x], to="f32")], axis=axes, keepdims=True)
+    offset = int(np.asarray(xzp).reshape(())) * n
+    if offset:
+        acc = imp.op("sub", [acc, imp.const(offset)])
+    x_scale, y_scale = np.asarray(ins[1], F32).reshape(()), np.asarray(ins[3], F32).reshape(())
+    mult = np.asarray(x_scale / (y_scale * F32(n)), F32)
+    return _requantize_by(imp, acc, mult, yzp, _input_name(imp, 4, "y_zero_point"), 0)
+
+
+@handles("QLinearSoftmax", attrs=("axis", "opset"), domain=MS)
+def _qlinear_softmax(imp, ins, at):
+    """quantize(softmax(dequantize(x))) over the last axis (where the softmax of every opset is the
+    same). onnxruntime tabulates exp of the 256 values of x - max(x) and divides by the row's sum:
+    its f32 steps are not eqfuse's, so the two agree to one step of y."""
+    x, dt = _dequantized(imp, ins, 0)
+    rank = imp.type(x).rank
+    opset = at.get("opset", imp.opset)
+    axis = at.get("axis", 1 if opset < 13 else -1)
+    if axis % max(rank, 1) != rank - 1:
+        raise Unsupported(f"attribute 'axis' = {axis} (eqfuse takes the last axis, {rank - 1})")
+    return _quantized(imp, imp.op("softmax", [x], axis=-1), ins, 3, dt)
+
+
+@handles("QLinearConcat", attrs=("axis",), domain=MS)
+def _qlinear_concat(imp, ins, at):
+    """Inputs y_scale, y_zero_point, then (x, scale, zero point) per tensor: each x requantized to
+    y's scale and zero point, quantize(dequantize(x)) (onnxruntime's table for an x of another
+    scale; the same values where they are equal, which the rule dequantize_quantize removes), then
+    concatenated."""
+    if len(ins) < 5 or (len(ins) - 2) % 3:
+        raise Unsupported(f"{len(ins)} inputs (y_scale, y_zero_point, then three per tensor)")
+    parts, dt = [], None
+    for i in range(2, len(ins), 3):
+        x, xdt = _dequantized(imp, ins, i)
+        if dt not in (None, xdt):
+            raise Unsupported(f"tensors of types {dt} and {xdt} (QLinear ops take one type)")
+        dt = xdt
+        parts.append(x)
+    ys = _per_tensor(imp, ins[0], _input_name(imp, 0, "y_scale"))
+    yzp, _ = _zero_point(imp, ins, 1, dt, (dt,))
+    yz = _per_tensor(imp, yzp, _input_name(imp, 1, "y_zero_point"))
+    parts = [imp.op("quantize_linear", [p, ys, yz]) for p in parts]
+    if "axis" not in at:
+        raise Unsupported("no attribute 'axis'")
+    rank = imp.type(parts[0]).rank
+    return parts[0] if len(parts) == 1 else imp.op("concat", parts, axis=at["axis"] % rank)
+
+
+@handles("QGemm", attrs=("alpha", "transA", "transB"), domain=MS)
+def _qgemm(imp, ins, at):
+    """onnxruntime's QGemm: the exact i32 product of (A - a_zp) and (B - b_zp) (each transposed as
+    transA, transB say), plus the i32 bias C, then times alpha * a_scale * b_scale (per tensor or
+    per column, in that order in f32), divided by y_scale and requantized as QLinearMatMul; without
+    y_scale and y_zero_point the f32 product is the output."""
+    adt, bdt = _integer_operands(imp, ins, 0, 3, ("A", "B"))
+    azp, _ = _zero_point(imp, ins, 2, adt, (adt,))
+    bzp, _ = _zero_point(imp, ins, 5, bdt, (bdt,))
+    has_y = [len(ins) > k and ins[k] is not None for k in (7, 8)]
+    if has_y[0] != has_y[1]:
+        raise Unsupported("y_scale without y_zero_point or the reverse (eqfuse takes both or neither)")
+    scales = [ins[1], ins[4]] + ([ins[7]] if has_y[0] else [])
+    if not all(imp.is_const(v) for v in scales):
+        raise Unsupported("scales computed at run time (eqfuse takes constant scales)")
+    a = imp.data(ins[0], imp.node.input[0])
+    if imp.type(a).rank != 2:
+        raise Unsupported(f"A of rank {imp.type(a).rank} (QGemm's A is a matrix)")
+    if at.get("transA", 0):
+        a = imp.op("transpose", [a], perm=(1, 0))
+    b = ins[3]
+    if imp.is_const(b) and np.asarray(b).ndim == 2 and at.get("transB", 0):
+        b = imp.new_param(f"{imp.node.input[3]}_t", np.ascontiguousarray(np.asarray(b).T))
+    else:
+        b = imp.data(b, imp.node.input[3])
+        if imp.type(b).rank != 2:
+            raise Unsupported(f"B of rank {imp.type(b).rank} (QGemm's B is a matrix)")
+        if at.get("transB", 0):
+            b = imp.op("transpose", [b], perm=(1, 0))
+    N = imp.type(b).shape[1]
+    if np.asarray(ins[4]).size not in (1, N) or np.asarray(ins[1]).size != 1:
+        raise Unsupported(f"a_scale of shape {list(np.asarray(ins[1]).shape)} and b_scale of shape "
+                          f"{list(np.asarray(ins[4]).shape)} (eqfuse takes one a_scale and one or {N} b_scales)")
+    acc = _matmul_integer_node(imp, a, b, azp, bzp)
+    if len(ins) > 6 and ins[6] is not None:
+        if _dtype(imp, ins[6]) != "i32":
+            raise Unsupported(f"bias type {_dtype_text(imp, ins[6])} (input 6; QGemm's C is int32)")
+        c = np.asarray(ins[6]).reshape(-1) if imp.is_const(ins[6]) and np.asarray(ins[6]).ndim == 0 else ins[6]
+        acc = imp.op("add", [acc, imp.data(c, imp.node.input[6])])
+    acc = imp.op("cast", [acc], to="f32")
+    mult = (F32(at.get("alpha", 1.0)) * np.asarray(ins[1], F32).reshape(())) * np.asarray(ins[4], F32).reshape(-1)
+    if not has_y[0]:
+        mult = mult.reshape(()) if mult.size == 1 else mult
+        return imp.op("mul", [acc, imp.data(np.asarray(mult, F32), None)])
+    mult = mult / np.asarray(ins[7], F32).reshape(())
+    yzp, _ = _zero_point(imp, ins, 8, "u8", QUANT_DTYPES)
+    return _requantize_by(imp, acc, np.asarray(mult, F32), yzp, _input_name(imp, 8, "y_zero_point"), 1)

@@ -1,6 +1,8 @@
 """What every ONNX op handler shares: the registry of handlers (`HANDLERS`, filled by the
-`@handles` decorators of onnx_handlers, onnx_ops and onnx_symbolic_ops, which eqfuse.frontend.onnx_import
-imports once), the importer's errors, and the checks of an ONNX file's own data before the
+`@handles` decorators of onnx_handlers, onnx_ops, onnx_quant and onnx_symbolic_ops, which
+eqfuse.frontend.onnx_import imports once; keyed by handler_key, an op of another domain than
+ONNX's own, as onnxruntime's com.microsoft ops, by "domain.OpType"), the importer's errors,
+and the checks of an ONNX file's own data before the
 importer trusts it: an initializer's dims and bytes, an input's dims. A damaged or hostile file
 gets one clear error, never a numpy exception."""
 
@@ -71,13 +73,21 @@ BIG = 2**31  # ONNX writes "to the end" as INT64_MAX (or INT32_MAX)
 ONNX_DTYPES = {1: "f32", 7: "i64", 6: "i32", 9: "bool", 2: "u8", 3: "i8"}  # TensorProto element types eqfuse computes in
 
 
-HANDLERS: dict[str, tuple[Callable, set[str]]] = {}
+HANDLERS: dict[str, tuple[Callable, set[str]]] = {}  # keyed by handler_key
+
+ONNX_DOMAINS = ("", "ai.onnx")  # the standard ops; another domain's ops are keyed "domain.OpType"
 
 
-def handles(*op_types: str, attrs: tuple[str, ...] = ()):
+def handler_key(op_type: str, domain: str = "") -> str:
+    """The key of an op in HANDLERS: its type for a standard op, "com.microsoft.QLinearAdd" for an op of
+    another domain (onnxruntime's contrib ops), so that an op of one domain never takes another's handler."""
+    return op_type if domain in ONNX_DOMAINS else f"{domain}.{op_type}"
+
+
+def handles(*op_types: str, attrs: tuple[str, ...] = (), domain: str = ""):
     def deco(fn):
         for t in op_types:
-            HANDLERS[t] = (fn, set(attrs))
+            HANDLERS[handler_key(t, domain)] = (fn, set(attrs))
         return fn
     return deco
 
