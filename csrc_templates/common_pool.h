@@ -288,3 +288,16 @@ __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, vo
     }
     pthread_mutex_unlock(&eqf_pool_busy);
 }
+
+/* ---- A kernel's parallel loop on the pool (eqf_region).
+ * eqf_region(n, fn, ctx, parallel) runs fn(ctx, 0..n-1): with `parallel` (the plan's) on the
+ * claim-based pool with the threads the call asked for (eqf_pool_threads), else on the calling
+ * thread in order. Each chunk's arithmetic is the template's and the plan's, whichever thread
+ * claims it, so a kernel's result does not depend on the thread count. A kernel whose loops are
+ * regions of the pool, not OpenMP regions, never waits for a thread that has not started: beside
+ * another runtime whose threads hold the other core, the caller runs every chunk itself
+ * (benchmarks/bench_load.py --kind peers). */
+__attribute__((unused)) static void eqf_region(long n, eqf_chunk_fn fn, void* ctx, int parallel)
+{
+    eqf_parallel_for(n, fn, ctx, parallel ? eqf_pool_threads() : 1);
+}

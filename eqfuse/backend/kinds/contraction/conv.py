@@ -56,7 +56,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.cexpr import kernel_params, param_job, render
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, cdiv, parallel
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
@@ -117,6 +117,13 @@ class ConvDirectDetail:
         """The template: winograd (conv_winograd.c), pixels in the lanes (conv_pixels.c) or
         channels in the lanes (conv_direct.c)."""
         return "winograd" if self.winograd else "pixels" if self.pixels else "channels"
+
+    @property
+    def pool(self) -> bool:
+        """Whether the parallel loops are chunks of the claim-based pool (common_pool.h,
+        eqf_region: Winograd's), not OpenMP regions; the run function then holds the pool's
+        workers over the kernel (eqfuse.runtime.program.hold_pool)."""
+        return bool(self.winograd)
 
     @property
     def reorder(self) -> bool:
@@ -436,14 +443,15 @@ def plan_winograd(plan: KernelPlan, m: Machine, d) -> None:
     plan.tiles = {"obw": d.obw, "rw": rw, "tb": tb}  # (constants of the C)
     th, tw = cdiv(d.OH, 2), cdiv(d.OW, 2)
     t = d.N * th * tw  # (plan.flops stays the conv's own count: 2 x 9 x C per output element)
+    nb = cdiv(t, tb)
     regs, scratch = rw * v + v + 1, tb * (16 * (d.C + d.O) + 32) * F32
     plan.cache_check = (f"registers: {rw} x {v} accumulators + {v} weights + 1 broadcast = {regs} vectors; "
                         f"a thread's transformed tiles {tb} x (16 x ({d.C} + {d.O}) + 32) x {F32} = {scratch} B "
                         f"<= L2 / 2 {m.l2 // 2} B: {'ok' if scratch <= m.l2 // 2 else 'NO (one register tile of rows)'}")
-    plan.threads = (f"the {t} tiles of 2 x 2 pixels split evenly, each thread its own run, in blocks of {tb}"
-                    if d.parallel else "one thread, no parallel region")
+    plan.threads = (f"the input's rows, the {nb} blocks of {tb} tiles of 2 x 2 pixels and the reorder's rows claimed "
+                    "one at a time by the threads of the claim-based pool (common_pool.h: the caller waits for no "
+                    "thread that has not started)" if d.parallel else "one thread, no parallel region")
     epi = ops_text(plan.body, skip={plan.shape.anchor} | set(plan.body.nodes[plan.shape.anchor].args))
-    nb = cdiv(t, tb)
     plan.uops = [
         UOp(0, "Exec", "weights to blocks, Winograd-transformed: U = G g G^T, [16][O / OBW][C][OBW] "
                        "(once when bound by params=)", 1),
@@ -470,7 +478,8 @@ def emit_conv_winograd(plan: KernelPlan) -> str:
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, OH=d.OH, OW=d.OW, PH=d.padding[0],
                   PW=d.padding[1], VL=d.vl, V=d.v, OBW=d.obw, RW=d.rw, TB=d.winograd, IN_BLOCKED=int(d.in_blocked),
-                  OUT_BLOCKED=int(d.out_blocked), REORDER=int(ro), REORDER_FN=reorder_fn(plan.name, d.vl) if ro else "")
+                  OUT_BLOCKED=int(d.out_blocked), REORDER=int(ro), REORDER_FN=reorder_fn(plan.name, d.vl) if ro else "",
+                  **param_job(params))
 
 
 POOL_OPS = ("max_pool2d", "avg_pool2d")
