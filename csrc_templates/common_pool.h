@@ -290,14 +290,40 @@ __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, vo
 }
 
 /* ---- A kernel's parallel loop on the pool (eqf_region).
- * eqf_region(n, fn, ctx, parallel) runs fn(ctx, 0..n-1): with `parallel` (the plan's) on the
- * claim-based pool with the threads the call asked for (eqf_pool_threads), else on the calling
- * thread in order. Each chunk's arithmetic is the template's and the plan's, whichever thread
- * claims it, so a kernel's result does not depend on the thread count. A kernel whose loops are
- * regions of the pool, not OpenMP regions, never waits for a thread that has not started: beside
- * another runtime whose threads hold the other core, the caller runs every chunk itself
- * (benchmarks/bench_load.py --kind peers). */
-__attribute__((unused)) static void eqf_region(long n, eqf_chunk_fn fn, void* ctx, int parallel)
+ * eqf_region(n, fn, ctx, parallel) runs fn(ctx, lo, hi) over ranges that cover the items 0..n-1
+ * once each: with `parallel` (the plan's) as chunks of the claim-based pool above, with the threads
+ * the call asked for (eqf_pool_threads), else as one range on the calling thread. A kernel whose
+ * loops are regions of the pool, not OpenMP regions, never waits for a thread that has not
+ * started: beside another runtime whose threads hold the other core, the caller claims every
+ * chunk itself (benchmarks/bench_load.py --kind peers). Each item's arithmetic is the template's
+ * and the plan's whichever thread runs it and whatever range holds it, so the result does not
+ * depend on the thread count. The ranges are EQF_REGION_CHUNKS equal runs of items (a
+ * scheduling constant, not a choice of the result): few claims on the shared counter, and a
+ * worker stopped by the scheduler in the middle of one holds up at most that share of the loop. */
+typedef void (*eqf_range_fn)(void* ctx, long lo, long hi);
+enum { EQF_REGION_CHUNKS = 64 };
+typedef struct {
+    eqf_range_fn fn;
+    void* ctx;
+    long n, per;
+} eqf_region_job;
+
+static void eqf_region_chunk(void* job, long k)
 {
-    eqf_parallel_for(n, fn, ctx, parallel ? eqf_pool_threads() : 1);
+    const eqf_region_job* r = job;
+    const long lo = k * r->per;
+    r->fn(r->ctx, lo, r->n - lo < r->per ? r->n : lo + r->per);
+}
+
+__attribute__((unused)) static void eqf_region(long n, eqf_range_fn fn, void* ctx, int parallel)
+{
+    const int threads = parallel ? eqf_pool_threads() : 1;
+    if (threads <= 1 || n <= 1) {
+        if (n > 0)
+            fn(ctx, 0, n);
+        return;
+    }
+    const long per = (n + EQF_REGION_CHUNKS - 1) / EQF_REGION_CHUNKS;
+    eqf_region_job job = {fn, ctx, n, per};
+    eqf_parallel_for((n + per - 1) / per, eqf_region_chunk, &job, threads);
 }

@@ -161,24 +161,26 @@ typedef struct {
 } {{NAME}}_job;
 
 #if !{{IN_BLOCKED}}
-/* chunk `row` of the input's copy into blocks: NCHW rows to xb[n][cb][h][w][VL] */
-static void {{NAME}}_block_row(void* job, long row)
+/* rows [lo, hi) of the input's copy into blocks: NCHW rows to xb[n][cb][h][w][VL] */
+static void {{NAME}}_block_rows(void* job, long lo, long hi)
 {
     {{NAME}}_DIMS;
     const {{NAME}}_job* jb = job;
     {{PARAM_UNPACK}}
-    const long h = row % H, cb = row / H % NCB, n = row / H / NCB;
-    const float* restrict src = {{X}} + ((n * C + cb * VL) * H + h) * (long)W;
-    float* restrict dst = (float*)jb->xb + row * (long)W * VL;
-    for (long iw = 0; iw < W; iw++)
+    for (long row = lo; row < hi; row++) {
+        const long h = row % H, cb = row / H % NCB, n = row / H / NCB;
+        const float* restrict src = {{X}} + ((n * C + cb * VL) * H + h) * (long)W;
+        float* restrict dst = (float*)jb->xb + row * (long)W * VL;
+        for (long iw = 0; iw < W; iw++)
 #pragma GCC unroll 16
-        for (long l = 0; l < VL; l++)
-            dst[iw * VL + l] = src[l * (long)H * W + iw];
+            for (long l = 0; l < VL; l++)
+                dst[iw * VL + l] = src[l * (long)H * W + iw];
+    }
 }
 #endif
 
-/* chunk k: the block of TB tiles from k x TB, with the thread's own Vb and Mb */
-static void {{NAME}}_tiles(void* job, long k)
+/* block k of TB tiles (from k x TB), with the thread's own Vb and Mb */
+static void {{NAME}}_tile_block(void* job, long k)
 {
     {{NAME}}_DIMS;
     {{NAME}}_job* jb = job;
@@ -262,13 +264,21 @@ static void {{NAME}}_tiles(void* job, long k)
     }
 }
 
+/* blocks [lo, hi) */
+static void {{NAME}}_tiles(void* job, long lo, long hi)
+{
+    for (long k = lo; k < hi; k++)
+        {{NAME}}_tile_block(job, k);
+}
+
 #if {{NAME}}_REORDER
-/* chunk q: row q of the output in blocks, reordered into NCHW */
-static void {{NAME}}_reorder_chunk(void* job, long q)
+/* rows [lo, hi) of the output in blocks, reordered into NCHW */
+static void {{NAME}}_reorder_rows(void* job, long lo, long hi)
 {
     const {{NAME}}_job* jb = job;
     {{PARAM_UNPACK}}
-    {{NAME}}_reorder_row(jb->ys, out, q);
+    for (long q = lo; q < hi; q++)
+        {{NAME}}_reorder_row(jb->ys, out, q);
 }
 #endif
 
@@ -307,11 +317,11 @@ void {{NAME}}({{PARAMS}})
      * worker is run by the caller, so no loop waits for a thread that has no core. */
     {{NAME}}_job job = { {{PARAM_INIT}}, xb, w, ys, 0 };
 #if !{{IN_BLOCKED}}
-    eqf_region((long)N * NCB * H, {{NAME}}_block_row, &job, {{PARALLEL}});
+    eqf_region((long)N * NCB * H, {{NAME}}_block_rows, &job, {{PARALLEL}});
 #endif
     eqf_region((T + TB - 1) / TB, {{NAME}}_tiles, &job, {{PARALLEL}});
 #if {{NAME}}_REORDER
-    eqf_region((long)N * (O / VL) * OH, {{NAME}}_reorder_chunk, &job, {{PARALLEL}});
+    eqf_region((long)N * (O / VL) * OH, {{NAME}}_reorder_rows, &job, {{PARALLEL}});
 #endif
     if (job.nomem)
         eqf_nomem_note();

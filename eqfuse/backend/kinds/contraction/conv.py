@@ -121,9 +121,9 @@ class ConvDirectDetail:
     @property
     def pool(self) -> bool:
         """Whether the parallel loops are chunks of the claim-based pool (common_pool.h,
-        eqf_region: Winograd's), not OpenMP regions; the run function then holds the pool's
-        workers over the kernel (eqfuse.runtime.program.hold_pool)."""
-        return bool(self.winograd)
+        eqf_region: Winograd's and channels in the lanes'), not OpenMP regions; the run function
+        then holds the pool's workers over the kernel (eqfuse.runtime.program.hold_pool)."""
+        return not self.pixels
 
     @property
     def reorder(self) -> bool:
@@ -256,7 +256,9 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
                         f"one tap's weights {cb} x {d.obw} x {F32} = {cb * d.obw * F32} B, "
                         f"a channel block's {ncb * KH * KW * cb * d.obw * F32} B <= L2 {m.l2} B: "
                         f"{'ok' if ncb * KH * KW * cb * d.obw * F32 <= m.l2 else 'NO'}")
-    plan.threads = (f"the {nob} channel blocks x {nt} pixel tiles split evenly, channel blocks outermost"
+    plan.threads = (f"the input copy's rows, then the {nob} channel blocks x {nt} pixel tiles (channel blocks "
+                    "outermost), in ranges claimed one at a time by the threads of the claim-based pool (common_pool.h: "
+                    "the caller waits for no thread that has not started)"
                     if par else f"one thread, no parallel region ({NP * O * K} multiply-adds < 2^18)")
     epi = ops_text(body, skip={a} | set(cv.args))
     plan.uops += [
@@ -386,7 +388,8 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
                   INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(d.reorder),
                   REORDER_FN=reorder_fn(plan.name, d.vl) if d.reorder else "",
-                  EPI_BLOCKED=int(d.epi_blocked), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
+                  EPI_BLOCKED=int(d.epi_blocked), EPILOGUE_NCHW="acc" if d.blocked_args else expr,
+                  **param_job(params))
 
 
 # (the blocked layout's decisions and pooling in it; imported here, after the names it uses,
@@ -448,8 +451,8 @@ def plan_winograd(plan: KernelPlan, m: Machine, d) -> None:
     plan.cache_check = (f"registers: {rw} x {v} accumulators + {v} weights + 1 broadcast = {regs} vectors; "
                         f"a thread's transformed tiles {tb} x (16 x ({d.C} + {d.O}) + 32) x {F32} = {scratch} B "
                         f"<= L2 / 2 {m.l2 // 2} B: {'ok' if scratch <= m.l2 // 2 else 'NO (one register tile of rows)'}")
-    plan.threads = (f"the input's rows, the {nb} blocks of {tb} tiles of 2 x 2 pixels and the reorder's rows claimed "
-                    "one at a time by the threads of the claim-based pool (common_pool.h: the caller waits for no "
+    plan.threads = (f"the input's rows, the {nb} blocks of {tb} tiles of 2 x 2 pixels and the reorder's rows, in "
+                    "ranges claimed one at a time by the threads of the claim-based pool (common_pool.h: the caller waits for no "
                     "thread that has not started)" if d.parallel else "one thread, no parallel region")
     epi = ops_text(plan.body, skip={plan.shape.anchor} | set(plan.body.nodes[plan.shape.anchor].args))
     plan.uops = [
