@@ -292,7 +292,7 @@ __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, vo
 /* ---- A kernel's parallel loop on the pool (eqf_region).
  * eqf_region(n, fn, ctx, parallel) runs fn(ctx, lo, hi) over ranges that cover the items 0..n-1
  * once each: with `parallel` (the plan's) as chunks of the claim-based pool above, with the threads
- * the call asked for (eqf_pool_threads), else as one range on the calling thread. A kernel whose
+ * the call gives them (eqf_region_request), else as one range on the calling thread. A kernel whose
  * loops are regions of the pool, not OpenMP regions, never waits for a thread that has not
  * started: beside another runtime whose threads hold the other core, the caller claims every
  * chunk itself (benchmarks/bench_load.py --kind peers). Each item's arithmetic is the template's
@@ -315,9 +315,15 @@ static void eqf_region_chunk(void* job, long k)
     r->fn(r->ctx, lo, r->n - lo < r->per ? r->n : lo + r->per);
 }
 
+/* The threads a parallel loop may use in the current call, set by the graph's run function: the
+ * Python runtime gives it the cores other processes leave free, this process's other runtimes
+ * not counted (eqfuse.runtime.load.region_threads). 0: the pool's (eqf_pool_threads). */
+static int eqf_region_request;
+
 __attribute__((unused)) static void eqf_region(long n, eqf_range_fn fn, void* ctx, int parallel)
 {
-    const int threads = parallel ? eqf_pool_threads() : 1;
+    const int asked = __atomic_load_n(&eqf_region_request, __ATOMIC_RELAXED);
+    const int threads = !parallel ? 1 : asked > 0 ? asked : eqf_pool_threads();
     if (threads <= 1 || n <= 1) {
         if (n > 0)
             fn(ctx, 0, n);

@@ -4,7 +4,9 @@
 #define {{NAME}}_VL {{VL}} /* the plan's vl: the channels of a block (0: not blocked) */
 #define {{NAME}}_CHECKED {{CHECKED}} /* the plan's checked: the kernel counts indices out of range */
 /* {{NAME}}: {{OP}} over {{SPACE}}. An index kernel: it selects or moves elements. It returns
- * how many indices were out of range (0 for a kernel that reads no indices). */
+ * how many indices were out of range (0 for a kernel that reads no indices). A pooling kernel's
+ * loop is a range function of the claim-based pool (eqfuse.backend.kinds.index.on_pool). */
+{{RANGES}}
 long {{NAME}}({{PARAMS}})
 {
     long bad = 0;

@@ -21,8 +21,10 @@ returned twice) are copied in Python after the call, so no output aliases an inp
 output.
 
 `emit_run` writes `long eqf_<graph>_run(void* const* in, void* const* out, char* arena, int
-threads, int pool_threads, long* failed)`: it sets OpenMP's thread count (threads > 0) and the
-claim-based pool's (pool_threads > 0; else OpenMP's), calls every kernel in order
+threads, int pool_threads, int region_threads, long* failed)`: it sets OpenMP's thread count
+(threads > 0), the claim-based pool's for the few-rows GEMMs (pool_threads > 0; else OpenMP's)
+and for the pool's parallel loops of other kernels (region_threads > 0, eqf_region; else the
+pool's), calls every kernel in order
 and returns 0, or the count of bad indices of the first index kernel that met any, or EQF_NOMEM
 (-1) when a kernel could not allocate its scratch buffer (the plan index of that kernel in
 *failed; the kernels after it do not run). `eqf_<graph>_run_profile(1)` makes it add each
@@ -52,7 +54,7 @@ from eqfuse.errors import ArgumentError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K
 from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
-from eqfuse.runtime.load import threads_now, threads_requested
+from eqfuse.runtime.load import region_threads, threads_now, threads_requested
 
 ALIGN = 64  # bytes: every arena buffer starts on a cache line
 _POOL_ONLY = 3  # references to a pooled output held by the pool itself, a local and getrefcount
@@ -172,7 +174,8 @@ def run_name(graph: str) -> str:
     return f"eqf_{graph}_run"
 
 
-RUN_CDEF = "long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, long* failed);"
+RUN_CDEF = ("long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, "
+            "int region_threads, long* failed);")
 PROFILE_CDEF = "\nvoid {name}_profile(int on);\nvoid {name}_times(double* ns);"
 
 
@@ -236,10 +239,12 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
     # The calling thread's OpenMP thread count is set for the call and given back at its end:
     # libgomp is the process's, shared with torch (whose get_num_threads reads this very count,
     # and whose dynamo guards on it) and any other OpenMP code.
-    lines += [f"long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, long* failed)",
+    lines += [f"long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, "
+              "int region_threads, long* failed)",
               "{", "    const int before = omp_get_max_threads();", "    const int set = threads > 0 && threads != before;",
               "    if (set)", "        omp_set_num_threads(threads);",
-              "    __atomic_store_n(&eqf_pool_request, pool_threads, __ATOMIC_RELAXED);", "    int held = 0;",
+              "    __atomic_store_n(&eqf_pool_request, pool_threads, __ATOMIC_RELAXED);",
+              "    __atomic_store_n(&eqf_region_request, region_threads, __ATOMIC_RELAXED);", "    int held = 0;",
               f"    const long r = {name}_kernels(in, out, arena, failed, &held);", "    eqf_pool_hold(&held, 0);",
               "    if (set)", "        omp_set_num_threads(before);", "    return r;"]
     lines.append("}")
@@ -498,12 +503,15 @@ class Runner:
                 o = pool[k] = np.empty(shape, dtype=dt)
             outs[k] = o
             outs_p[k] = fb(o)
-        # OpenMP gets the cores other processes leave free (its regions wait at their end for
-        # every thread); the claim-based pool gets what was asked: its caller takes the chunks
-        # of a worker that is not scheduled, and the worker keeps off the caller's CPU
-        # (common_pool.h, eqf_pool_place)
+        # OpenMP gets the cores other processes and other runtimes' running threads leave free
+        # (its regions wait at their end for every thread); the claim-based pool gets what was
+        # asked for the few-rows GEMMs (its caller takes the chunks of a worker that is not
+        # scheduled, and the worker keeps off the caller's CPU: common_pool.h, eqf_pool_place),
+        # and for the parallel loops of other kernels the cores other processes leave free
+        # (eqfuse.runtime.load.region_threads)
         want = threads_requested(threads)
-        bad = self.fn(ins, outs_p, st["arena"], threads_now(want, self._team, self._pool), want, st["failed"])
+        bad = self.fn(ins, outs_p, st["arena"], threads_now(want, self._team, self._pool), want,
+                      region_threads(want, self._team, self._pool), st["failed"])
         if bad == BAD_LENGTH:
             top = min(p.live.rows - p.live.new for p in self.kernels if p.live is not None)
             raise ArgumentError(f"{self.kg.name}(): the KV cache's live length {st['failed'][0]} is not in 0 .. {top} "

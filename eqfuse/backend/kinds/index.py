@@ -10,9 +10,11 @@ numpy and onnxruntime refuse such an index instead of reading past the tensor).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
+from typing import ClassVar
 
-from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.cexpr import kernel_params, param_job, render
 from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
 from eqfuse.backend.kinds.contraction.conv import pool_blocked
 from eqfuse.backend.plan import KernelPlan, UOp
@@ -355,6 +357,9 @@ class IndexDetail:
     op: str
     checked: bool  # the kernel returns how many indices were out of range
     parallel: bool  # the `if` of the pooling kernels' parallel loop (the others run on one thread)
+    # the pooling kernels' loop runs on the claim-based pool (`on_pool`): the run function holds its
+    # workers over the kernel (eqfuse.runtime.program.hold_pool)
+    pool: ClassVar[bool] = True
     # pooling between direct convs: input / output in blocks of VL channels (eqfuse.backend.kinds.contraction.conv)
     in_blocked: bool = False
     out_blocked: bool = False
@@ -369,7 +374,10 @@ class Index(Kind):
         total = _size(plan.out_shape)
         par = an.op in POOLS and total >= PARALLEL_MIN
         plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par)
-        plan.threads = (parallel_rule(par, f"{total} output elements", PARALLEL_MIN, "the images x channels")
+        plan.threads = ((f"the images x channels in ranges claimed one at a time by the threads of the claim-based "
+                         f"pool (common_pool.h: the caller waits for no thread that has not started; {total} output "
+                         f"elements >= {PARALLEL_MIN})" if par else parallel_rule(par, f"{total} output elements",
+                                                                                   PARALLEL_MIN, ""))
                         if an.op in POOLS else "one thread, no parallel region (a selection)")
         plan.cache_check = "streaming selection (no reuse to block for)"
         plan.uops = [UOp(0, "Loop", f"{total} output elements of {an.op}", total),
@@ -389,7 +397,32 @@ class Index(Kind):
             lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), par, d.in_blocked, d.out_blocked, d.vl)
         else:
             lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par)
+        lines, ranges = on_pool(plan.name, params, lines)
         return render("index.c", NAME=plan.name, OP=an.op, SPACE=list(plan.out_shape), PARAMS=params,
                       PARALLEL=int(d.parallel), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
-                      VL=d.vl, CHECKED=int(d.checked),
+                      VL=d.vl, CHECKED=int(d.checked), RANGES=ranges,
                       BODY="\n".join("    " + ln for ln in lines))
+
+
+PARALLEL_FOR = re.compile(r"#pragma omp parallel for if \((\w+)\)")
+LOOP = re.compile(r"for \(long (\w+) = 0; \1 < (\d+); \1\+\+\)(.*)")
+
+
+def on_pool(name: str, params: str, lines: list[str]) -> tuple[list[str], str]:
+    """A pooling kernel's parallel loop (`#pragma omp parallel for if (P)` over `for (long v = 0;
+    v < n; v++)`) as a range function of the claim-based pool (common_pool.h, eqf_region, which
+    never waits for a thread that has not started): (the kernel's lines, the C of the range
+    function before it). Lines without such a loop come back as they are, with no function."""
+    if not lines or not (m := PARALLEL_FOR.fullmatch(lines[0])):
+        return lines, ""
+    loop = LOOP.fullmatch(lines[1])
+    assert loop, lines[1]
+    v, n, rest = loop.groups()
+    job = param_job(params)
+    fn = [f"/* {name}: the loop's items [lo, hi), read from the call's job (its arguments) */",
+          f"typedef struct {{ {job['PARAM_FIELDS']} }} {name}_job;",
+          f"static void {name}_range(void* job, long lo, long hi)", "{", f"    const {name}_job* jb = job;",
+          f"    {job['PARAM_UNPACK']}", f"    for (long {v} = lo; {v} < hi; {v}++){rest}",
+          *("    " + ln for ln in lines[2:]), "}", ""]
+    call = [f"{name}_job job = {{ {job['PARAM_INIT']} }};", f"eqf_region({n}, {name}_range, &job, {m.group(1)});"]
+    return call, "\n".join(fn)
