@@ -6,8 +6,7 @@
 /* {{NAME}}: {{OP}} over {{SPACE}}. An index kernel: it selects or moves elements. It returns
  * how many indices were out of range (0 for a kernel that reads no indices). A pooling kernel's
  * loop is a range function of the claim-based pool (eqfuse.backend.kinds.index.on_pool). */
-{{RANGES}}
-long {{NAME}}({{PARAMS}})
+{{RANGES}}long {{NAME}}({{PARAMS}})
 {
     long bad = 0;
 {{BODY}}
