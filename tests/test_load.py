@@ -54,6 +54,44 @@ def test_one_thread_asked_reads_nothing(monkeypatch):
     assert load.threads_now(None) == 1
 
 
+def test_a_module_of_one_thread_kernels_reads_nothing(monkeypatch):
+    # every kernel below its parallel bar (GPT-2 tiny's): a 2-thread call runs as a 1-thread one
+    # and reads no load, which after another runtime's long call cost more than the call
+    src = "graph g(x: f32[8, 16], w: f32[16, 16]) -> f32[8, 16] { return relu(x @ w) + 1 }"
+    mod = eqfuse.compile(src, threads=2)
+    x, w = np.ones((8, 16), np.float32), np.ones((16, 16), np.float32)
+
+    def no_read(now=None, mine=None):
+        raise AssertionError("read /proc for a call whose kernels all run on the calling thread")
+
+    monkeypatch.setattr(load, "free_cores", no_read)
+    monkeypatch.setattr(load, "free_cores_beside_peers", no_read)
+    np.testing.assert_array_equal(mod(x, w), np.maximum(x @ w, 0) + 1)
+
+
+def test_region_threads_leave_out_other_processes_only(monkeypatch):
+    # the pool's loops: another process's running task takes a core, this process's do not
+    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
+    monkeypatch.setattr(load, "_local", __import__("threading").local())  # (team_ids' answers: this test's own)
+    monkeypatch.setattr(load, "cpus", lambda: 2)
+    monkeypatch.setattr(load, "running_counts", lambda mine=None: (3, 1))  # 2 peer threads running
+    real_open = open
+
+    def fake_open(path, *a, **k):
+        if path == "/proc/loadavg":
+            import io
+            return io.StringIO("0.5 0.5 0.5 4/300 1")  # 3 of this process's + 1 other process's
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert load.threads_now(2, team=lambda n: [1]) == 1
+    assert load.region_threads(2, team=lambda n: [1]) == 1  # the other process's task holds a core
+    load._last[:] = [0.0, 0, 0]
+    monkeypatch.setattr(load, "running_counts", lambda mine=None: (4, 1))  # 3 peer threads, no other process
+    assert load.threads_now(2, team=lambda n: [1]) == 1
+    assert load.region_threads(2, team=lambda n: [1]) == 2
+
+
 def test_a_busy_process_alongside_leaves_results_unchanged():
     # the call runs with fewer threads while another process spins; its result is the same
     src = "graph g(x: f32[64, 256], w: f32[256, 256]) -> f32[64, 256] { return relu(x @ w) }"

@@ -258,11 +258,17 @@ def hold_pool(p: KernelPlan) -> bool | None:
     for a kernel that may open an OpenMP region (its thread would find the pool's worker spinning
     on the core it wants), None for one that runs on the calling thread (the hold stays as it is)."""
     d = p.detail
-    par = getattr(d, "parallel", True)
-    par = any(par) if isinstance(par, tuple) else bool(par)
+    par = may_run_parallel(p)
     if getattr(d, "path", None) == "skinny" or getattr(d, "pool", False):
         return True if par else None
     return False if par else None
+
+
+def may_run_parallel(p: KernelPlan) -> bool:
+    """Whether a kernel may use more than one thread: its detail's `parallel` (a layout's, one per
+    copy block: any of them); a detail without one may."""
+    par = getattr(p.detail, "parallel", True)
+    return any(par) if isinstance(par, tuple) else bool(par)
 
 
 POOL_MAX = 64  # EQF_POOL_MAX of common_pool.h: the pool's most workers
@@ -372,6 +378,10 @@ class Runner:
         self.shared_panels = panels
         self.alias = alias or {}  # plan name -> the kernel whose C it runs (eqfuse.backend.emit, share=True)
         self.kernels = [p for p in plans if p.kind != K.VIEW]
+        # every kernel on the calling thread (GPT-2 tiny): a call asks for one thread and reads no
+        # load (eqfuse.runtime.load; right after another runtime's long call, a read of /proc
+        # cost more than such a whole call: benchmarks/bench_load.py --kind peers)
+        self._serial = not any(may_run_parallel(p) for p in plans)
         self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
         if self.fn is not None:
             share_scratch_key(lib)
@@ -509,7 +519,7 @@ class Runner:
         # scheduled, and the worker keeps off the caller's CPU: common_pool.h, eqf_pool_place),
         # and for the parallel loops of other kernels the cores other processes leave free
         # (eqfuse.runtime.load.region_threads)
-        want = threads_requested(threads)
+        want = 1 if self._serial else threads_requested(threads)
         bad = self.fn(ins, outs_p, st["arena"], threads_now(want, self._team, self._pool), want,
                       region_threads(want, self._team, self._pool), st["failed"])
         if bad == BAD_LENGTH:
