@@ -27,8 +27,8 @@ def test_this_process_counts_its_own_running_threads(tmp_path):
 
 def test_free_cores_leave_out_other_processes(monkeypatch):
     monkeypatch.setattr(load, "cpus", lambda: 2)
-    monkeypatch.setattr(load, "_last", [0.0, 0])
-    monkeypatch.setattr(load, "running_own", lambda mine=None: 1)
+    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
+    monkeypatch.setattr(load, "running_counts", lambda mine=None: (1, 1))
     real_open = open
 
     def fake_open(path, *a, **k):  # one other process running
