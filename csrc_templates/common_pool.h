@@ -320,10 +320,15 @@ static void eqf_region_chunk(void* job, long k)
  * not counted (eqfuse.runtime.load.region_threads). 0: the pool's (eqf_pool_threads). */
 static int eqf_region_request;
 
-__attribute__((unused)) static void eqf_region(long n, eqf_range_fn fn, void* ctx, int parallel)
+__attribute__((unused)) static int eqf_region_threads(void)
 {
     const int asked = __atomic_load_n(&eqf_region_request, __ATOMIC_RELAXED);
-    const int threads = !parallel ? 1 : asked > 0 ? asked : eqf_pool_threads();
+    return asked > 0 ? asked : eqf_pool_threads();
+}
+
+__attribute__((unused)) static void eqf_region(long n, eqf_range_fn fn, void* ctx, int parallel)
+{
+    const int threads = parallel ? eqf_region_threads() : 1;
     if (threads <= 1 || n <= 1) {
         if (n > 0)
             fn(ctx, 0, n);

@@ -219,7 +219,7 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
     for s, p in enumerate(kernels):
         hold = hold_pool(p)
         if hold is not None and hold != held:
-            lines.append(f"    eqf_pool_hold(held, {int(hold)});")
+            lines.append(f"    eqf_pool_hold(held, {hold if isinstance(hold, str) else int(hold)});")
             held = hold
         lines.append("    if (prof) clock_gettime(CLOCK_MONOTONIC, &t0);")
         args = ["NULL" if k in p.unread else ptr(a) for k, a in enumerate(p.args)]
@@ -251,16 +251,25 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
     return "\n".join(lines) + "\n", RUN_CDEF.format(name=name) + PROFILE_CDEF.format(name=name)
 
 
-def hold_pool(p: KernelPlan) -> bool | None:
+HOLD_REGIONS = "eqf_region_threads() > 1"  # (held over a kernel of pool loops when they may use a worker)
+
+
+def hold_pool(p: KernelPlan) -> bool | str | None:
     """Whether the run function holds the claim-based pool's workers (common_pool.h,
     eqf_pool_hold) when it calls this kernel: True for a skinny GEMM or another kernel whose
-    detail says its parallel work runs on the pool (`pool`: the integer GEMM), False
-    for a kernel that may open an OpenMP region (its thread would find the pool's worker spinning
-    on the core it wants), None for one that runs on the calling thread (the hold stays as it is)."""
+    detail says its parallel work runs on the pool (`pool`: the integer GEMM); HOLD_REGIONS,
+    held when the call gives the pool's parallel loops more than one thread, for a kernel whose
+    loops are those (`regions`: the direct and Winograd convs, pooling; a worker spinning
+    through a call whose loops all run on the caller would only take a core from others);
+    False for a kernel that may open an OpenMP region (its thread would find the pool's worker
+    spinning on the core it wants), None for one that runs on the calling thread (the hold
+    stays as it is)."""
     d = p.detail
     par = may_run_parallel(p)
     if getattr(d, "path", None) == "skinny" or getattr(d, "pool", False):
         return True if par else None
+    if getattr(d, "regions", False):
+        return HOLD_REGIONS if par else None
     return False if par else None
 
 

@@ -359,7 +359,7 @@ class IndexDetail:
     parallel: bool  # the `if` of the pooling kernels' parallel loop (the others run on one thread)
     # the pooling kernels' loop runs on the claim-based pool (`on_pool`): the run function holds its
     # workers over the kernel (eqfuse.runtime.program.hold_pool)
-    pool: ClassVar[bool] = True
+    regions: ClassVar[bool] = True
     # pooling between direct convs: input / output in blocks of VL channels (eqfuse.backend.kinds.contraction.conv)
     in_blocked: bool = False
     out_blocked: bool = False

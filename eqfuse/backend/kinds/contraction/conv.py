@@ -119,8 +119,8 @@ class ConvDirectDetail:
         return "winograd" if self.winograd else "pixels" if self.pixels else "channels"
 
     @property
-    def pool(self) -> bool:
-        """Whether the parallel loops are chunks of the claim-based pool (common_pool.h,
+    def regions(self) -> bool:
+        """Whether the parallel loops are ranges of the claim-based pool (common_pool.h,
         eqf_region: Winograd's and channels in the lanes'), not OpenMP regions; the run function
         then holds the pool's workers over the kernel (eqfuse.runtime.program.hold_pool)."""
         return not self.pixels
