@@ -134,7 +134,7 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
     "conv_grouped.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS",
                        SHAPE: "N C H W O G CG OG KH KW OH OW SH SW PH PW DH DW", EXPR: "EPILOGUE",
                        DERIVED: "TRANSPOSE"},
-    "conv_pixels.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
+    "conv_pixels.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
                       EXPR: "EPILOGUE"},
     "conv_reorder.c": {SIGNATURE: "NAME", DERIVED: "TRANSPOSE"},
     "conv_winograd.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "N C H W O OH OW PH PW",

@@ -121,9 +121,10 @@ class ConvDirectDetail:
     @property
     def regions(self) -> bool:
         """Whether the parallel loops are ranges of the claim-based pool (common_pool.h,
-        eqf_region: Winograd's and channels in the lanes'), not OpenMP regions; the run function
-        then holds the pool's workers over the kernel (eqfuse.runtime.program.hold_pool)."""
-        return not self.pixels
+        eqf_region), not OpenMP regions: every template's (Winograd, channels or pixels in the
+        lanes); the run function then holds the pool's workers over the kernel
+        (eqfuse.runtime.program.hold_pool)."""
+        return True
 
     @property
     def reorder(self) -> bool:
@@ -285,7 +286,9 @@ def _pixel_plan(plan: KernelPlan, m: Machine, epi: str) -> None:
     plan.cache_check = (f"registers: {ro} x {rph} x {rpw} accumulators + {rph * rpw} pixel vectors + 1 broadcast = "
                         f"{regs} vectors <= {32 if m.simd_floats >= 16 else 16}: ok")
     if d.parallel:
-        plan.threads = f"the {nt} tiles ({ro} channels x {rph} rows x {tw} pixels) split evenly"
+        plan.threads = (f"the padded copy's rows, then the {nt} tiles ({ro} channels x {rph} rows x {tw} pixels), in "
+                        "ranges claimed one at a time by the threads of the claim-based pool (common_pool.h: the caller "
+                        "waits for no thread that has not started)")
     plan.uops = [
         UOp(0, "Exec", "weights to [C][KH][KW][OPAD] (once when bound by params=)", 1),
         UOp(0, "Load", f"input to a zero-padded copy, rows split by column phase [N][{d.C}][{hp}][{d.stride[1]}][{wq}]",
@@ -379,7 +382,7 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                       WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                       EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                       SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], VL=d.vl, RO=ro, RPH=rph,
-                      RPW=rpw)
+                      RPW=rpw, **param_job(params))
     el, er = edge_tiles(d)
     return render("conv_direct.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
