@@ -381,14 +381,16 @@ def test_k_is_cut_into_equal_slices(K, slices):
 
 def test_small_gemms_open_no_parallel_region_and_the_plan_says_so(machine_model):
     """GEMMs and convs below plan_gemm.PARALLEL_MIN_FMAS run on the calling thread: the plan's
-    detail.parallel is the `if` of the C's parallel regions, and its thread rule says so."""
+    detail.parallel is the `if` of the C's parallel regions (or the `parallel` of its loops on the
+    claim-based pool, eqf_region), and its thread rule says so."""
     mod = eqfuse.compile(GEMMS, fuse="manual")
     plans = {p.name: p for p in mod.gemms.last.plans}
     seen = set()
     for k in mod.kernels:
         p = plans[k.name]
         par = p.detail.parallel
-        assert f"#pragma omp parallel if ({int(par)})" in k.c_source, k.name
+        assert (f"#pragma omp parallel if ({int(par)})" in k.c_source
+                or re.search(rf"eqf_region\(.*, {int(par)}\);", k.c_source)), k.name
         assert p.threads.startswith("one thread, no parallel region") == (not par), k.name
         if k.kind == "conv2d" and "direct conv2d" not in k.c_source:  # im2col's loop (not the direct kernel's)
             assert f"collapse(2) schedule(static) if ({int(par)})" in k.c_source
