@@ -387,7 +387,7 @@ class Runner:
         self.shared_panels = panels
         self.alias = alias or {}  # plan name -> the kernel whose C it runs (eqfuse.backend.emit, share=True)
         self.kernels = [p for p in plans if p.kind != K.VIEW]
-        # every kernel on the calling thread (GPT-2 tiny): a call asks for one thread and reads no
+        # every kernel on the calling thread (GPT-2 tiny): a call sets no thread count and reads no
         # load (eqfuse.runtime.load; right after another runtime's long call, a read of /proc
         # cost more than such a whole call: benchmarks/bench_load.py --kind peers)
         self._serial = not any(may_run_parallel(p) for p in plans)
@@ -528,9 +528,12 @@ class Runner:
         # scheduled, and the worker keeps off the caller's CPU: common_pool.h, eqf_pool_place),
         # and for the parallel loops of other kernels the cores other processes leave free
         # (eqfuse.runtime.load.region_threads)
-        want = 1 if self._serial else threads_requested(threads)
-        bad = self.fn(ins, outs_p, st["arena"], threads_now(want, self._team, self._pool), want,
-                      region_threads(want, self._team, self._pool), st["failed"])
+        if self._serial:  # (OpenMP's count left as it is: no region opens)
+            bad = self.fn(ins, outs_p, st["arena"], 0, 1, 1, st["failed"])
+        else:
+            want = threads_requested(threads)
+            bad = self.fn(ins, outs_p, st["arena"], threads_now(want, self._team, self._pool), want,
+                          region_threads(want, self._team, self._pool), st["failed"])
         if bad == BAD_LENGTH:
             top = min(p.live.rows - p.live.new for p in self.kernels if p.live is not None)
             raise ArgumentError(f"{self.kg.name}(): the KV cache's live length {st['failed'][0]} is not in 0 .. {top} "
