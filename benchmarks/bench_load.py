@@ -1,4 +1,4 @@
-"""Calls under load: `python benchmarks/bench_load.py [--kind processes|peers|all] [--whole-process] [--repeat 200] [--rounds 3] [--no-spin]`.
+"""Calls under load: `python benchmarks/bench_load.py [--kind processes|peers|cpu|all] [--whole-process] [--repeat 200] [--rounds 3] [--no-spin]`.
 
 The MLP 784-1024-1024-10 at batch 8 (one ONNX model, random weights) run by eqfuse and by
 onnxruntime (ORT_ENABLE_ALL, the same thread count), interleaved in one process, on 1 and 2
@@ -21,6 +21,11 @@ median, spread and ratios to its alone and 1-thread times, and the peer's median
 interleaved at most 1.3x alone, and never above the 1-thread call. `--whole-process` adds rows
 with the rule before in-process peers counted (every thread of the process the call's own), in
 the same rounds.
+
+`--kind cpu`: each model's 2-thread call alone with two threads forced whatever the load, and its
+1-thread call, with the CPU time per call of the calling thread and of the process's other
+threads (from /proc/self/task): a parallel loop that waits for a thread with no core spins the
+waiting one, which the CPU time shows where the wall time mostly shows the machine's load.
 """
 
 from __future__ import annotations
@@ -175,10 +180,62 @@ def peers_main(args) -> None:
           "per row and round; each peer at 2 threads, its other settings its own.")
 
 
+def task_ticks() -> dict[int, int]:
+    """CPU time (clock ticks, user + system) of each thread of this process so far."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(tid)] = int(fields[11]) + int(fields[12])
+    return out
+
+
+def cpu_main(args) -> None:
+    """The CPU kind: each model's 2-thread call with two threads whatever the load (the rule of
+    eqfuse/runtime/load.py bypassed), alone, against its 1-thread call. On a loaded machine a
+    parallel region that waits at a barrier for a thread with no core spins the waiting thread:
+    the CPU time per call of the calling thread and of the process's other threads shows it,
+    where wall times mostly show the load."""
+    load.free_cores = load.free_cores_beside_peers = lambda now=None, mine=None: 2
+    hz = os.sysconf("SC_CLK_TCK")
+    me_ = __import__("threading").get_native_id()
+    print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f}")
+    print(f"{'model':<17} {'threads':>7} {'wall ms':>8} {'iqr%':>5} {'caller CPU ms':>14} {'others CPU ms':>14}")
+    for name in args.models:
+        feeds = me.inputs(name)
+        path = me.export(name, "torchscript")
+        mods = {t: eqfuse.compile(str(path), threads=t) for t in (2, 1)}
+        times = {t: [] for t in mods}
+        ticks = {t: [0, 0] for t in mods}
+        for _ in range(args.rounds):
+            for t, mod in mods.items():
+                mod(**feeds)
+                a = task_ticks()
+                for _ in range(args.repeat):
+                    t0 = time.perf_counter()
+                    mod(**feeds)
+                    times[t].append(time.perf_counter() - t0)
+                b = task_ticks()
+                ticks[t][0] += b.get(me_, 0) - a.get(me_, 0)
+                ticks[t][1] += sum(v - a.get(k, 0) for k, v in b.items() if k != me_)
+        for t in mods:
+            med, iqr = stats(times[t])
+            n = args.rounds * args.repeat
+            print(f"{PEER_MODELS.get(name, name):<17} {t:>7} {med:>8.3f} {iqr:>5.0f} "
+                  f"{1e3 * ticks[t][0] / hz / n:>14.3f} {1e3 * ticks[t][1] / hz / n:>14.3f}")
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}; {args.rounds} rounds, {args.repeat} calls "
+          f"per row and round; CPU time from /proc/self/task (clock ticks of {1e3 / hz:.0f} ms), per call.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", choices=["processes", "peers", "all"], default="all",
-                    help="processes: quiet and a busy process (the MLP); peers: other runtimes in this process")
+    ap.add_argument("--kind", choices=["processes", "peers", "cpu", "all"], default="all",
+                    help="processes: quiet and a busy process (the MLP); peers: other runtimes in this process; "
+                         "cpu: CPU time per call with two threads forced (not part of all)")
     ap.add_argument("--repeat", type=int, default=200, help="interleaved pairs of calls per row and round")
     ap.add_argument("--rounds", type=int, default=3,
                     help="the load kinds alternate this many times (a shared VM drifts; every row sees each phase)")
@@ -188,6 +245,8 @@ def main() -> None:
     ap.add_argument("--whole-process", action="store_true",
                     help="peers: also rows with the former rule (every thread of the process the call's own)")
     args = ap.parse_args()
+    if args.kind == "cpu":
+        cpu_main(args)
     if args.kind in ("peers", "all"):
         peers_main(args)
     if args.kind in ("processes", "all"):
