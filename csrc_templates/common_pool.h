@@ -298,7 +298,7 @@ __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, vo
  * chunk itself (benchmarks/bench_load.py --kind peers). Each item's arithmetic is the template's
  * and the plan's whichever thread runs it and whatever range holds it, so the result does not
  * depend on the thread count. The ranges are EQF_REGION_CHUNKS equal runs of items (a
- * scheduling constant, not a choice of the result): few claims on the shared counter, and a
+ * scheduling constant, not a choice of the result): few claims on the shared word, and a
  * worker stopped by the scheduler in the middle of one holds up at most that share of the loop. */
 typedef void (*eqf_range_fn)(void* ctx, long lo, long hi);
 enum { EQF_REGION_CHUNKS = 64 };
@@ -306,12 +306,29 @@ typedef struct {
     eqf_range_fn fn;
     void* ctx;
     long n, per;
+    unsigned long ends; /* the ranges not yet claimed: first << 32 | last + 1 (atomic) */
 } eqf_region_job;
+/* The caller claims ranges from the front, the workers from the back: each thread keeps to its
+ * own end of the loop, as a static split would (the items a thread wrote in one loop are in its
+ * core's caches when the next loop reads them), and the two ends meet wherever the threads'
+ * speeds put them. Each run of eqf_region_chunk claims one range, and the pool runs it once per
+ * range, so every range is claimed exactly once. */
+static _Thread_local int eqf_region_front;
 
 static void eqf_region_chunk(void* job, long k)
 {
-    const eqf_region_job* r = job;
-    const long lo = k * r->per;
+    eqf_region_job* r = job;
+    (void)k;
+    unsigned long w = __atomic_load_n(&r->ends, __ATOMIC_ACQUIRE), next;
+    long c;
+    do {
+        const long first = (long)(w >> 32), end = (long)(w & 0xffffffffUL);
+        if (first >= end)
+            return; /* (not reached: as many claims as ranges) */
+        c = eqf_region_front ? first : end - 1;
+        next = eqf_region_front ? w + (1UL << 32) : w - 1;
+    } while (!__atomic_compare_exchange_n(&r->ends, &w, next, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    const long lo = c * r->per;
     r->fn(r->ctx, lo, r->n - lo < r->per ? r->n : lo + r->per);
 }
 
@@ -334,7 +351,9 @@ __attribute__((unused)) static void eqf_region(long n, eqf_range_fn fn, void* ct
             fn(ctx, 0, n);
         return;
     }
-    const long per = (n + EQF_REGION_CHUNKS - 1) / EQF_REGION_CHUNKS;
-    eqf_region_job job = {fn, ctx, n, per};
-    eqf_parallel_for((n + per - 1) / per, eqf_region_chunk, &job, threads);
+    const long per = (n + EQF_REGION_CHUNKS - 1) / EQF_REGION_CHUNKS, chunks = (n + per - 1) / per;
+    eqf_region_job job = {fn, ctx, n, per, (unsigned long)chunks};
+    eqf_region_front = 1;
+    eqf_parallel_for(chunks, eqf_region_chunk, &job, threads);
+    eqf_region_front = 0;
 }
