@@ -21,7 +21,8 @@ median, spread and ratios to its alone and 1-thread times, and the peer's median
 interleaved at most 1.3x alone, and never above the 1-thread call. `--whole-process` adds rows
 with the rule before in-process peers counted (every thread of the process the call's own), in
 the same rounds. The `pool%` column: the share of the row's calls whose conv and pooling loops
-ran on the claim-based pool (another runtime's threads seen running), not as OpenMP's split.
+ran on the claim-based pool at 2 threads (another runtime's threads seen running), not as
+OpenMP's split or on the calling thread alone.
 
 `--kind cpu`: each model's 2-thread call alone with two threads forced whatever the load, and its
 1-thread call, with the CPU time per call of the calling thread and of the process's other

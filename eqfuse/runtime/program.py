@@ -542,14 +542,15 @@ class Runner:
         """The threads the calling Python thread's last call used (None before its first):
         `openmp`, OpenMP's count (0: left as it was, no region opens); `pool`, the few-rows
         GEMMs'; `regions`, how the eqf_region loops of the convs and pooling ran: "openmp"
-        (OpenMP's static split, every core free) or "pool" (the claim-based pool, another
-        runtime's threads or another process running), with `region_threads` threads."""
+        (OpenMP's static split, every core free), "pool" (the claim-based pool with
+        `region_threads` threads: another runtime's threads running in the process) or "caller"
+        (the calling thread alone: one thread asked, or other processes holding the cores)."""
         t = self._local.__dict__.get("threads")
         if t is None:
             return None
         omp, pool, regions = t
-        return {"openmp": omp, "pool": pool, "regions": "openmp" if regions == OPENMP else "pool",
-                "region_threads": omp if regions == OPENMP else regions}
+        mode = "openmp" if regions == OPENMP else "pool" if regions > 1 else "caller"
+        return {"openmp": omp, "pool": pool, "regions": mode, "region_threads": omp if regions == OPENMP else regions}
 
     def _state(self):
         st = self._local.__dict__
