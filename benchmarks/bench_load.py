@@ -1,4 +1,4 @@
-"""Calls under load: `python benchmarks/bench_load.py [--kind processes|peers|all] [--whole-process] [--repeat 200] [--rounds 3] [--no-spin]`.
+"""Calls under load: `python benchmarks/bench_load.py [--kind processes|peers|cpu|all] [--whole-process] [--repeat 200] [--rounds 3] [--no-spin]`.
 
 The MLP 784-1024-1024-10 at batch 8 (one ONNX model, random weights) run by eqfuse and by
 onnxruntime (ORT_ENABLE_ALL, the same thread count), interleaved in one process, on 1 and 2
@@ -20,7 +20,14 @@ run, OpenVINO's and torch's as they do by default), against eqfuse's 2-thread ca
 median, spread and ratios to its alone and 1-thread times, and the peer's median. The targets:
 interleaved at most 1.3x alone, and never above the 1-thread call. `--whole-process` adds rows
 with the rule before in-process peers counted (every thread of the process the call's own), in
-the same rounds.
+the same rounds. The `pool%` column: the share of the row's calls whose conv and pooling loops
+ran on the claim-based pool at 2 threads (another runtime's threads seen running), not as
+OpenMP's split or on the calling thread alone.
+
+`--kind cpu`: each model's 2-thread call alone with two threads forced whatever the load, and its
+1-thread call, with the CPU time per call of the calling thread and of the process's other
+threads (from /proc/self/task): a parallel loop that waits for a thread with no core spins the
+waiting one, which the CPU time shows where the wall time mostly shows the machine's load.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ import model_exports as me  # noqa: E402
 
 import eqfuse  # noqa: E402
 from eqfuse.runtime import load, program  # noqa: E402
-from eqfuse.runtime.load import threads_now  # noqa: E402
+from eqfuse.runtime.load import OPENMP, call_threads, threads_now  # noqa: E402
 
 
 def mlp_onnx(path: Path) -> None:
@@ -125,8 +132,16 @@ WHOLE = " (whole process own)"
 
 
 def whole_process(requested, *own):
-    """The rule before in-process peers counted: every thread of the process is the call's own."""
-    return threads_now(requested)
+    """The rule before in-process peers counted: every thread of the process is the call's own,
+    and the loops run as OpenMP's split."""
+    return threads_now(requested), OPENMP
+
+
+def on_pool(mod) -> int:
+    """1 when the module's last call ran its eqf_region loops on the claim-based pool."""
+    f = next(iter(mod.functions.values()))
+    t = f.last.runner.last_threads() if f.last is not None else None
+    return int(t is not None and t["regions"] == "pool")
 
 
 def peers_main(args) -> None:
@@ -134,7 +149,8 @@ def peers_main(args) -> None:
     if "torch" in args.peers:
         import torch  # noqa: F401  (loaded first, as in a torch application: its libgomp is the process's)
     print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f}")
-    print(f"{'model':<17} {'eqfuse 2 threads':<34} {'ms':>7} {'iqr%':>5} {'/alone':>7} {'/1-thread':>9} {'peer ms':>8}")
+    print(f"{'model':<17} {'eqfuse 2 threads':<34} {'ms':>7} {'iqr%':>5} {'/alone':>7} {'/1-thread':>9} {'pool%':>6} "
+          f"{'peer ms':>8}")
     for name in args.models:
         feeds = me.inputs(name)
         path = me.export(name, "torchscript")
@@ -150,35 +166,90 @@ def peers_main(args) -> None:
             kinds += [f"with {p}{WHOLE}" for p in calls]
         times = {k: [] for k in kinds}
         peer_times = {k: [] for k in kinds}
+        pooled = {k: 0 for k in kinds}
         for _ in range(args.rounds):
             for k in kinds:
                 mod = one if k == "1 thread" else two
                 peer = calls.get(k[5:].removesuffix(WHOLE)) if k.startswith("with ") else None
-                program.threads_now = whole_process if k.endswith(WHOLE) else threads_now
+                program.call_threads = whole_process if k.endswith(WHOLE) else call_threads
                 load._last[0] = 0.0  # the next call reads /proc again
                 for _ in range(args.repeat):
                     t0 = time.perf_counter()
                     mod(**feeds)
                     t1 = time.perf_counter()
                     times[k].append(t1 - t0)
+                    pooled[k] += on_pool(mod)
                     if peer is not None:
                         peer()
                         peer_times[k].append(time.perf_counter() - t1)
-                program.threads_now = threads_now
+                program.call_threads = call_threads
         alone, single = stats(times["alone"])[0], stats(times["1 thread"])[0]
         for k in kinds:
             med, iqr = stats(times[k])
             peer = f"{stats(peer_times[k])[0]:>8.3f}" if k.startswith("with ") else ""
+            share = 100 * pooled[k] / len(times[k])
             print(f"{PEER_MODELS.get(name, name):<17} {k:<34} {med:>7.3f} {iqr:>5.0f} {med / alone:>7.2f} "
-                  f"{med / single:>9.2f} {peer}")
+                  f"{med / single:>9.2f} {share:>6.0f} {peer}")
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}; {args.rounds} rounds, {args.repeat} calls "
           "per row and round; each peer at 2 threads, its other settings its own.")
 
 
+def task_ticks() -> dict[int, int]:
+    """CPU time (clock ticks, user + system) of each thread of this process so far."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(tid)] = int(fields[11]) + int(fields[12])
+    return out
+
+
+def cpu_main(args) -> None:
+    """The CPU kind: each model's 2-thread call with two threads whatever the load (the rule of
+    eqfuse/runtime/load.py bypassed), alone, against its 1-thread call. On a loaded machine a
+    parallel region that waits at a barrier for a thread with no core spins the waiting thread:
+    the CPU time per call of the calling thread and of the process's other threads shows it,
+    where wall times mostly show the load."""
+    load.free_cores = load.free_cores_beside_peers = lambda now=None, mine=None: 2
+    hz = os.sysconf("SC_CLK_TCK")
+    me_ = __import__("threading").get_native_id()
+    print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f}")
+    print(f"{'model':<17} {'threads':>7} {'wall ms':>8} {'iqr%':>5} {'caller CPU ms':>14} {'others CPU ms':>14}")
+    for name in args.models:
+        feeds = me.inputs(name)
+        path = me.export(name, "torchscript")
+        mods = {t: eqfuse.compile(str(path), threads=t) for t in (2, 1)}
+        times = {t: [] for t in mods}
+        ticks = {t: [0, 0] for t in mods}
+        for _ in range(args.rounds):
+            for t, mod in mods.items():
+                mod(**feeds)
+                a = task_ticks()
+                for _ in range(args.repeat):
+                    t0 = time.perf_counter()
+                    mod(**feeds)
+                    times[t].append(time.perf_counter() - t0)
+                b = task_ticks()
+                ticks[t][0] += b.get(me_, 0) - a.get(me_, 0)
+                ticks[t][1] += sum(v - a.get(k, 0) for k, v in b.items() if k != me_)
+        for t in mods:
+            med, iqr = stats(times[t])
+            n = args.rounds * args.repeat
+            print(f"{PEER_MODELS.get(name, name):<17} {t:>7} {med:>8.3f} {iqr:>5.0f} "
+                  f"{1e3 * ticks[t][0] / hz / n:>14.3f} {1e3 * ticks[t][1] / hz / n:>14.3f}")
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}; {args.rounds} rounds, {args.repeat} calls "
+          f"per row and round; CPU time from /proc/self/task (clock ticks of {1e3 / hz:.0f} ms), per call.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", choices=["processes", "peers", "all"], default="all",
-                    help="processes: quiet and a busy process (the MLP); peers: other runtimes in this process")
+    ap.add_argument("--kind", choices=["processes", "peers", "cpu", "all"], default="all",
+                    help="processes: quiet and a busy process (the MLP); peers: other runtimes in this process; "
+                         "cpu: CPU time per call with two threads forced (not part of all)")
     ap.add_argument("--repeat", type=int, default=200, help="interleaved pairs of calls per row and round")
     ap.add_argument("--rounds", type=int, default=3,
                     help="the load kinds alternate this many times (a shared VM drifts; every row sees each phase)")
@@ -188,6 +259,8 @@ def main() -> None:
     ap.add_argument("--whole-process", action="store_true",
                     help="peers: also rows with the former rule (every thread of the process the call's own)")
     args = ap.parse_args()
+    if args.kind == "cpu":
+        cpu_main(args)
     if args.kind in ("peers", "all"):
         peers_main(args)
     if args.kind in ("processes", "all"):

@@ -288,3 +288,94 @@ __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, vo
     }
     pthread_mutex_unlock(&eqf_pool_busy);
 }
+
+/* ---- A kernel's parallel loop (eqf_region), run in the mode the call picked.
+ * eqf_region(n, fn, ctx, parallel) runs fn(ctx, lo, hi) over ranges that cover the items 0..n-1
+ * once each. With `parallel` (the plan's), the call's mode (eqf_region_request, set by the graph's
+ * run function from eqfuse.runtime.load.region_mode) says how:
+ * - 0, every core free: OpenMP's static split, one range per thread of OpenMP's team (the count
+ *   the run function set). Fastest when each thread has a core, and torch's OpenMP workers, which
+ *   share eqfuse's libgomp, are this team: spinning after torch's run they take the region at once.
+ * - k > 0, another runtime's threads running in this process (or k = 1, cores taken by other
+ *   processes): chunks of the claim-based pool above with k threads. Its caller never waits for
+ *   a thread that has not started: beside onnxruntime's or OpenVINO's spinning threads the caller
+ *   claims every chunk the worker does not reach, so the loop costs at most what one thread costs,
+ *   and a peer that stops spinning gives its core back to the worker mid-call
+ *   (benchmarks/bench_load.py --kind peers). An OpenMP barrier there waited for a thread with no core.
+ * Without `parallel`, one range on the calling thread. Each item's arithmetic is the template's
+ * and the plan's whichever thread runs it and whatever range holds it, so the result does not
+ * depend on the mode or the thread count (tests/test_regions.py). On the pool the ranges are
+ * EQF_REGION_CHUNKS equal runs of items (a scheduling constant, not a choice of the result): few
+ * claims on the shared word, and a worker stopped by the scheduler in the middle of one holds up
+ * at most that share of the loop. */
+typedef void (*eqf_range_fn)(void* ctx, long lo, long hi);
+enum { EQF_REGION_CHUNKS = 64 };
+typedef struct {
+    eqf_range_fn fn;
+    void* ctx;
+    long n, per;
+    unsigned long ends; /* the ranges not yet claimed: first << 32 | last + 1 (atomic) */
+} eqf_region_job;
+/* The caller claims ranges from the front, the workers from the back: each thread keeps to its
+ * own end of the loop, as a static split would (the items a thread wrote in one loop are in its
+ * core's caches when the next loop reads them), and the two ends meet wherever the threads'
+ * speeds put them. Each run of eqf_region_chunk claims one range, and the pool runs it once per
+ * range, so every range is claimed exactly once. */
+static _Thread_local int eqf_region_front;
+
+static void eqf_region_chunk(void* job, long k)
+{
+    eqf_region_job* r = job;
+    (void)k;
+    unsigned long w = __atomic_load_n(&r->ends, __ATOMIC_ACQUIRE), next;
+    long c;
+    do {
+        const long first = (long)(w >> 32), end = (long)(w & 0xffffffffUL);
+        if (first >= end)
+            return; /* (not reached: as many claims as ranges) */
+        c = eqf_region_front ? first : end - 1;
+        next = eqf_region_front ? w + (1UL << 32) : w - 1;
+    } while (!__atomic_compare_exchange_n(&r->ends, &w, next, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    const long lo = c * r->per;
+    r->fn(r->ctx, lo, r->n - lo < r->per ? r->n : lo + r->per);
+}
+
+/* The call's mode for its parallel loops (see above), set by the graph's run function on the
+ * calling thread (the thread that runs every kernel and opens every loop): 0 OpenMP's static
+ * split, k > 0 the claim-based pool with k threads. Each calling thread has its own. */
+static _Thread_local int eqf_region_request;
+
+/* Whether the call's loops run on the claim-based pool with a worker (the run function then
+ * holds the pool over their kernels: eqfuse.runtime.program.HOLD_REGIONS). */
+__attribute__((unused)) static int eqf_region_on_pool(void)
+{
+    return eqf_region_request > 1;
+}
+
+__attribute__((unused)) static void eqf_region(long n, eqf_range_fn fn, void* ctx, int parallel)
+{
+    const int pool = eqf_region_request;
+    if (parallel && pool == 0 && n > 1) {
+#if defined(_OPENMP)
+#pragma omp parallel if (omp_get_max_threads() > 1)
+        {
+            const long nt = omp_get_num_threads(), me = omp_get_thread_num();
+            const long lo = n * me / nt, hi = n * (me + 1) / nt;
+            if (lo < hi)
+                fn(ctx, lo, hi);
+        }
+        return;
+#endif
+    }
+    const int threads = parallel ? pool : 1;
+    if (threads <= 1 || n <= 1) {
+        if (n > 0)
+            fn(ctx, 0, n);
+        return;
+    }
+    const long per = (n + EQF_REGION_CHUNKS - 1) / EQF_REGION_CHUNKS, chunks = (n + per - 1) / per;
+    eqf_region_job job = {fn, ctx, n, per, (unsigned long)chunks};
+    eqf_region_front = 1;
+    eqf_parallel_for(chunks, eqf_region_chunk, &job, threads);
+    eqf_region_front = 0;
+}

@@ -287,10 +287,176 @@ static inline void {{NAME}}_strip_row(const float* restrict x, float* restrict s
 
 {{REORDER_FN}}
 
+/* The call's job, read by the ranges of its parallel loops (common_pool.h, eqf_region): the
+ * kernel's arguments and its buffers. */
+typedef struct {
+    {{PARAM_FIELDS}}
+    {{NAME}}_xt* xp;
+    float* es;
+    float* ys;
+    const {{NAME}}_xt* w;
+} {{NAME}}_job;
+
+/* rows [lo, hi) of the input's copy: edge strips (INPLACE) or the padded, blocked input */
+static void {{NAME}}_copy_rows(void* job, long lo, long hi)
+{
+    const {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+    for (long row = lo; row < hi; row++)
+#if {{INPLACE}}
+        {{NAME}}_strip_row({{X}}, jb->es, row);
+#else
+        {{NAME}}_pad_row({{X}}, jb->xp, row);
+#endif
+}
+
+/* tiles [lo, hi) of the NOB x NT (output-channel block, pixel tile) */
+static void {{NAME}}_tiles(void* job, long lo, long hi)
+{
+    {{NAME}}_DIMS;
+    const {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+{{EXTRAS}}
+    const {{NAME}}_xt* restrict xp = jb->xp;
+    const float* restrict es = jb->es;
+    float* restrict ys = jb->ys;
+    const {{NAME}}_xt* restrict w = jb->w;
+    (void)xp;
+    (void)es;
+    (void)ys;
+    for (long it = lo; it < hi; it++) {
+        const long ob = it / NT, t = it % NT;
+        long xoff[RW], pb[RW], pj[RW];
+        const {{NAME}}_xt* xb = xp;
+        long bs = (long)HP * WP * CB, rs = (long)WP * CB;
+        int rw, kh0 = 0, kh1 = KH;
+        if (ROWS) { /* tile t: image n, output row oh, columns ow0.. (a short last tile computes
+                     * past the row end, reading the padded copy's slack, and stores rw) */
+            const long n = t / (OH * TR), oh = t / TR % OH, ow0 = t % TR * RW;
+            rw = OW - ow0 < RW ? (int)(OW - ow0) : RW;
+            for (int r = 0; r < RW; r++) {
+                pb[r] = n;
+                pj[r] = oh * OW + ow0 + r;
+            }
+#if {{INPLACE}}
+            const long ih0 = oh * SH - PH, iw0 = ow0 * SW - PW;
+            kh0 = ih0 < 0 ? (int)-ih0 : 0;
+            kh1 = H - ih0 < KH ? (int)(H - ih0) : KH;
+            xoff[0] = 0;
+            if (kh1 <= kh0) { /* (no kernel row inside the image: the tile is 0) */
+                xb = {{X}};
+            } else if (t % TR >= {{NAME}}_EL && t % TR < {{NAME}}_ER) { /* the window inside: in place */
+                xb = {{X}} + ((n * NCB * H) + ih0 + kh0) * (long)W * CB + iw0 * CB;
+                bs = (long)H * W * CB;
+                rs = (long)W * CB;
+            } else { /* an edge strip: tile column tr = t % TR */
+                const long tr = t % TR, se = tr < {{NAME}}_EL ? tr : {{NAME}}_EL + tr - {{NAME}}_ER;
+                xb = es + (((se * N + n) * NCB * H) + ih0 + kh0) * (long){{NAME}}_WL * CB;
+                bs = (long)H * {{NAME}}_WL * CB;
+                rs = (long){{NAME}}_WL * CB;
+            }
+#else
+            xoff[0] = ((n * NCB * HP) + oh * SH) * (long)WP * CB + ow0 * SW * CB;
+#endif
+        } else { /* tile t: the RW pixels from t x RW in (n, oh, ow) order */
+            const long q0 = t * RW;
+            rw = NP - q0 < RW ? (int)(NP - q0) : RW;
+            for (int r = 0; r < RW; r++) {
+                const long q = q0 + (r < rw ? r : rw - 1); /* a short tile repeats its last pixel */
+                const long n = q / P, j = q % P, oh = j / OW, ow = j % OW;
+                xoff[r] = ((n * NCB * HP) + oh * SH) * (long)WP * CB + ow * SW * CB;
+                pb[r] = n;
+                pj[r] = j;
+            }
+        }
+        float tile[RW * OBW] __attribute__((aligned(64)));
+        {{NAME}}_tile(xb, bs, rs, kh0, kh1, xoff, w + ob * ((long)NCB * KH * KWC * OBW), tile);
+        const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
+#if {{OUT_BLOCKED}} || {{EPI_BLOCKED}} || {{NAME}}_REORDER
+        /* the epilogue along each pixel's channels, VL at a time, where an operand in blocks of
+         * VL channels is read contiguously (at blk): a vector store per VL channels when the
+         * output is in blocks too ([N][O / VL][OH][OW][VL]: the next kernels read it so, see
+         * eqfuse.backend.conv_blocked), else into the tile, which the NCHW store below takes */
+        for (int r = 0; r < rw; r++) {
+            const long b = pb[r], j = pj[r];
+            (void)b; (void)j;
+            for (long v0 = 0; v0 < oc; v0 += VL) {
+                const long blk0 = ((b * (O / VL) + (o0 + v0) / VL) * (long)P + j) * VL;
+#if {{NAME}}_REORDER
+                float* restrict dst = ys + blk0;
+                const float* restrict src = tile + r * OBW + v0;
+#elif {{OUT_BLOCKED}}
+                float* restrict dst = out + blk0;
+                const float* restrict src = tile + r * OBW + v0;
+#else
+                float* dst = tile + r * OBW + v0;
+                const float* src = dst;
+#endif
+#pragma omp simd
+                for (long l = 0; l < VL; l++) {
+                    const long i = o0 + v0 + l, blk = blk0 + l;
+                    const float acc = src[l];
+                    (void)i; (void)blk;
+                    dst[l] = {{EPILOGUE}};
+                }
+            }
+        }
+#endif
+#if !{{OUT_BLOCKED}} && !{{NAME}}_REORDER
+        /* NCHW keeps a channel's pixels together: the tile transposed (channels x pixels),
+         * then the epilogue along each channel's pixels (unless applied above), where a
+         * residual or any tensor of the output's shape is read contiguously, as the result
+         * is stored */
+        float tt[OBW * RW] __attribute__((aligned(64)));
+        for (int r = 0; r < RW; r++)
+            for (int oo = 0; oo < OBW; oo++)
+                tt[oo * RW + r] = tile[r * OBW + oo];
+        if (pb[0] == pb[rw - 1]) { /* one image: the pixels are consecutive in each channel */
+            const long b = pb[0], j0 = pj[0];
+            (void)b;
+            for (long oo = 0; oo < oc; oo++) {
+                const long i = o0 + oo;
+                float* restrict orow = out + (b * O + i) * (long)P + j0;
+                const float* restrict trow = tt + oo * RW;
+                (void)i;
+#pragma omp simd
+                for (int r = 0; r < rw; r++) {
+                    const long j = j0 + r;
+                    const float acc = trow[r];
+                    (void)j;
+                    orow[r] = {{EPILOGUE_NCHW}};
+                }
+            }
+        } else {
+            for (int r = 0; r < rw; r++) {
+                const long b = pb[r], j = pj[r];
+                (void)b; (void)j;
+                for (long oo = 0; oo < oc; oo++) {
+                    const long i = o0 + oo;
+                    const float acc = tt[oo * RW + r];
+                    (void)i;
+                    out[(b * O + i) * (long)P + j] = {{EPILOGUE_NCHW}};
+                }
+            }
+        }
+#endif
+    }
+}
+
+#if {{NAME}}_REORDER
+/* rows [lo, hi) of the output in blocks, reordered into NCHW */
+static void {{NAME}}_reorder_rows(void* job, long lo, long hi)
+{
+    const {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+    for (long q = lo; q < hi; q++)
+        {{NAME}}_reorder_row(jb->ys, out, q);
+}
+#endif
+
 void {{NAME}}({{PARAMS}})
 {
     {{NAME}}_DIMS;
-{{EXTRAS}}
 #if {{INPLACE}}
     {{NAME}}_xt* xp = NULL;
     float* es = eqf_scratch(EQF_SCRATCH_CONV_COL, (long){{NAME}}_NE * N * NCB * H * {{NAME}}_WL * CB + 1);
@@ -299,6 +465,7 @@ void {{NAME}}({{PARAMS}})
         return;
     }
 #else
+    float* es = NULL;
     /* (+ slack: a ROWS tile past a row's end reads up to RW x SW pixels further) */
     {{NAME}}_xt* xp = ({{NAME}}_xt*)eqf_scratch(EQF_SCRATCH_CONV_COL, (long)N * NCB * HP * WP * CB + (long)RW * SW * CB);
     if (!xp) {
@@ -307,8 +474,9 @@ void {{NAME}}({{PARAMS}})
     }
     memset(xp + (long)N * NCB * HP * WP * CB, 0, sizeof({{NAME}}_xt) * RW * SW * CB);
 #endif
+    float* ys = NULL;
 #if {{NAME}}_REORDER
-    float* ys = eqf_scratch(EQF_SCRATCH_GEMM_A, (long)N * O * P); /* the output in blocks, then NCHW */
+    ys = eqf_scratch(EQF_SCRATCH_GEMM_A, (long)N * O * P); /* the output in blocks, then NCHW */
     if (!ys) {
         eqf_nomem_note();
         return;
@@ -323,142 +491,20 @@ void {{NAME}}({{PARAMS}})
         eqf_nomem_note();
         return;
     }
-#pragma omp parallel if ({{PARALLEL}})
-    {
 #if !{{PREPACKED}}
-#pragma omp single nowait
-        {{NAME}}_prepack({{WEIGHTS}}, (float*)w);
+    {{NAME}}_prepack({{WEIGHTS}}, (float*)w); /* (weights not bound by params=: blocked at each call) */
 #endif
+    /* Three parallel loops on the claim-based pool, one after another: the input's copy (by
+     * row), the tiles, the reorder into NCHW (by row). A range that no worker has claimed is run
+     * by the caller, so no loop waits for a thread that has no core. */
+    {{NAME}}_job job = { {{PARAM_INIT}}, xp, es, ys, w };
 #if {{INPLACE}}
-        /* (its end's barrier also waits for the weights blocked by the single above) */
-#pragma omp for schedule(static)
-        for (long row = 0; row < (long){{NAME}}_NE * N * NCB * H; row++)
-            {{NAME}}_strip_row({{X}}, es, row);
+    eqf_region((long){{NAME}}_NE * N * NCB * H, {{NAME}}_copy_rows, &job, {{PARALLEL}});
 #else
-#pragma omp for schedule(static)
-        for (long row = 0; row < (long)N * NCB * HP; row++)
-            {{NAME}}_pad_row({{X}}, xp, row);
+    eqf_region((long)N * NCB * HP, {{NAME}}_copy_rows, &job, {{PARALLEL}});
 #endif
-#pragma omp for schedule(static)
-        for (long it = 0; it < (long)NOB * NT; it++) {
-            const long ob = it / NT, t = it % NT;
-            long xoff[RW], pb[RW], pj[RW];
-            const {{NAME}}_xt* xb = xp;
-            long bs = (long)HP * WP * CB, rs = (long)WP * CB;
-            int rw, kh0 = 0, kh1 = KH;
-            if (ROWS) { /* tile t: image n, output row oh, columns ow0.. (a short last tile computes
-                         * past the row end, reading the padded copy's slack, and stores rw) */
-                const long n = t / (OH * TR), oh = t / TR % OH, ow0 = t % TR * RW;
-                rw = OW - ow0 < RW ? (int)(OW - ow0) : RW;
-                for (int r = 0; r < RW; r++) {
-                    pb[r] = n;
-                    pj[r] = oh * OW + ow0 + r;
-                }
-#if {{INPLACE}}
-                const long ih0 = oh * SH - PH, iw0 = ow0 * SW - PW;
-                kh0 = ih0 < 0 ? (int)-ih0 : 0;
-                kh1 = H - ih0 < KH ? (int)(H - ih0) : KH;
-                xoff[0] = 0;
-                if (kh1 <= kh0) { /* (no kernel row inside the image: the tile is 0) */
-                    xb = {{X}};
-                } else if (t % TR >= {{NAME}}_EL && t % TR < {{NAME}}_ER) { /* the window inside: in place */
-                    xb = {{X}} + ((n * NCB * H) + ih0 + kh0) * (long)W * CB + iw0 * CB;
-                    bs = (long)H * W * CB;
-                    rs = (long)W * CB;
-                } else { /* an edge strip: tile column tr = t % TR */
-                    const long tr = t % TR, se = tr < {{NAME}}_EL ? tr : {{NAME}}_EL + tr - {{NAME}}_ER;
-                    xb = es + (((se * N + n) * NCB * H) + ih0 + kh0) * (long){{NAME}}_WL * CB;
-                    bs = (long)H * {{NAME}}_WL * CB;
-                    rs = (long){{NAME}}_WL * CB;
-                }
-#else
-                xoff[0] = ((n * NCB * HP) + oh * SH) * (long)WP * CB + ow0 * SW * CB;
-#endif
-            } else { /* tile t: the RW pixels from t x RW in (n, oh, ow) order */
-                const long q0 = t * RW;
-                rw = NP - q0 < RW ? (int)(NP - q0) : RW;
-                for (int r = 0; r < RW; r++) {
-                    const long q = q0 + (r < rw ? r : rw - 1); /* a short tile repeats its last pixel */
-                    const long n = q / P, j = q % P, oh = j / OW, ow = j % OW;
-                    xoff[r] = ((n * NCB * HP) + oh * SH) * (long)WP * CB + ow * SW * CB;
-                    pb[r] = n;
-                    pj[r] = j;
-                }
-            }
-            float tile[RW * OBW] __attribute__((aligned(64)));
-            {{NAME}}_tile(xb, bs, rs, kh0, kh1, xoff, w + ob * ((long)NCB * KH * KWC * OBW), tile);
-            const long o0 = ob * OBW, oc = O - o0 < OBW ? O - o0 : OBW;
-#if {{OUT_BLOCKED}} || {{EPI_BLOCKED}} || {{NAME}}_REORDER
-            /* the epilogue along each pixel's channels, VL at a time, where an operand in blocks of
-             * VL channels is read contiguously (at blk): a vector store per VL channels when the
-             * output is in blocks too ([N][O / VL][OH][OW][VL]: the next kernels read it so, see
-             * eqfuse.backend.conv_blocked), else into the tile, which the NCHW store below takes */
-            for (int r = 0; r < rw; r++) {
-                const long b = pb[r], j = pj[r];
-                (void)b; (void)j;
-                for (long v0 = 0; v0 < oc; v0 += VL) {
-                    const long blk0 = ((b * (O / VL) + (o0 + v0) / VL) * (long)P + j) * VL;
+    eqf_region((long)NOB * NT, {{NAME}}_tiles, &job, {{PARALLEL}});
 #if {{NAME}}_REORDER
-                    float* restrict dst = ys + blk0;
-                    const float* restrict src = tile + r * OBW + v0;
-#elif {{OUT_BLOCKED}}
-                    float* restrict dst = out + blk0;
-                    const float* restrict src = tile + r * OBW + v0;
-#else
-                    float* dst = tile + r * OBW + v0;
-                    const float* src = dst;
+    eqf_region((long)N * (O / VL) * OH, {{NAME}}_reorder_rows, &job, {{PARALLEL}});
 #endif
-#pragma omp simd
-                    for (long l = 0; l < VL; l++) {
-                        const long i = o0 + v0 + l, blk = blk0 + l;
-                        const float acc = src[l];
-                        (void)i; (void)blk;
-                        dst[l] = {{EPILOGUE}};
-                    }
-                }
-            }
-#endif
-#if !{{OUT_BLOCKED}} && !{{NAME}}_REORDER
-            /* NCHW keeps a channel's pixels together: the tile transposed (channels x pixels),
-             * then the epilogue along each channel's pixels (unless applied above), where a
-             * residual or any tensor of the output's shape is read contiguously, as the result
-             * is stored */
-            float tt[OBW * RW] __attribute__((aligned(64)));
-            for (int r = 0; r < RW; r++)
-                for (int oo = 0; oo < OBW; oo++)
-                    tt[oo * RW + r] = tile[r * OBW + oo];
-            if (pb[0] == pb[rw - 1]) { /* one image: the pixels are consecutive in each channel */
-                const long b = pb[0], j0 = pj[0];
-                (void)b;
-                for (long oo = 0; oo < oc; oo++) {
-                    const long i = o0 + oo;
-                    float* restrict orow = out + (b * O + i) * (long)P + j0;
-                    const float* restrict trow = tt + oo * RW;
-                    (void)i;
-#pragma omp simd
-                    for (int r = 0; r < rw; r++) {
-                        const long j = j0 + r;
-                        const float acc = trow[r];
-                        (void)j;
-                        orow[r] = {{EPILOGUE_NCHW}};
-                    }
-                }
-            } else {
-                for (int r = 0; r < rw; r++) {
-                    const long b = pb[r], j = pj[r];
-                    (void)b; (void)j;
-                    for (long oo = 0; oo < oc; oo++) {
-                        const long i = o0 + oo;
-                        const float acc = tt[oo * RW + r];
-                        (void)i;
-                        out[(b * O + i) * (long)P + j] = {{EPILOGUE_NCHW}};
-                    }
-                }
-            }
-#endif
-        }
-#if {{NAME}}_REORDER
-        {{NAME}}_reorder(ys, out); /* (after the tiles' loop's barrier) */
-#endif
-    }
 }

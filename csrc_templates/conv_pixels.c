@@ -97,10 +97,59 @@ static inline void {{NAME}}_tile(const float* restrict xq, const float* restrict
             *({{NAME}}_vfu*)(tile + (r * RPH + p / RPW) * TW + (p % RPW) * VL) = acc[r][p];
 }
 
+/* The call's job, read by the ranges of its parallel loops (common_pool.h, eqf_region): the
+ * kernel's arguments and its buffers. */
+typedef struct {
+    {{PARAM_FIELDS}}
+    float* xq;
+    const float* w;
+} {{NAME}}_job;
+
+/* rows [lo, hi) of the padded input copy */
+static void {{NAME}}_pad_rows(void* job, long lo, long hi)
+{
+    const {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+    for (long row = lo; row < hi; row++)
+        {{NAME}}_pad_row({{X}}, jb->xq, row);
+}
+
+/* tiles [lo, hi) of the NTO x N x NTH x NTW */
+static void {{NAME}}_tiles(void* job, long lo, long hi)
+{
+    {{NAME}}_DIMS;
+    const {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+{{EXTRAS}}
+    const float* restrict xq = jb->xq;
+    const float* restrict w = jb->w;
+    for (long it = lo; it < hi; it++) {
+        const long to = it / (N * NTH * NTW), t = it % (N * NTH * NTW);
+        const long b = t / (NTH * NTW), oh0 = t / NTW % NTH * RPH, ow0 = t % NTW * TW, o0 = to * RO;
+        float tile[RO * RPH * TW] __attribute__((aligned(64)));
+        {{NAME}}_tile(xq, w, b, o0, oh0, ow0, tile);
+        const long cw = OW - ow0 < TW ? OW - ow0 : TW;
+        (void)b;
+        for (long r = 0; r < RO && o0 + r < O; r++)
+            for (long h = 0; h < RPH && oh0 + h < OH; h++) {
+                const long i = o0 + r, j0 = (oh0 + h) * OW + ow0;
+                const float* restrict trow = tile + (r * RPH + h) * TW;
+                float* restrict orow = out + (b * O + i) * (long)P + j0;
+                (void)i;
+#pragma omp simd
+                for (long q = 0; q < cw; q++) {
+                    const long j = j0 + q;
+                    const float acc = trow[q];
+                    (void)j;
+                    orow[q] = {{EPILOGUE}};
+                }
+            }
+    }
+}
+
 void {{NAME}}({{PARAMS}})
 {
     {{NAME}}_DIMS;
-{{EXTRAS}}
     float* xq = eqf_scratch(EQF_SCRATCH_CONV_COL, (long)N * C * HP * SW * WQ);
 #if {{PREPACKED}}
     const float* w = {{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
@@ -111,37 +160,13 @@ void {{NAME}}({{PARAMS}})
         eqf_nomem_note();
         return;
     }
-#pragma omp parallel if ({{PARALLEL}})
-    {
 #if !{{PREPACKED}}
-#pragma omp single nowait
-        {{NAME}}_prepack({{WEIGHTS}}, w);
+    {{NAME}}_prepack({{WEIGHTS}}, w); /* (weights not bound by params=: blocked at each call) */
 #endif
-#pragma omp for schedule(static)
-        for (long row = 0; row < (long)N * C * HP; row++)
-            {{NAME}}_pad_row({{X}}, xq, row);
-#pragma omp for schedule(static)
-        for (long it = 0; it < (long)NTO * N * NTH * NTW; it++) {
-            const long to = it / (N * NTH * NTW), t = it % (N * NTH * NTW);
-            const long b = t / (NTH * NTW), oh0 = t / NTW % NTH * RPH, ow0 = t % NTW * TW, o0 = to * RO;
-            float tile[RO * RPH * TW] __attribute__((aligned(64)));
-            {{NAME}}_tile(xq, w, b, o0, oh0, ow0, tile);
-            const long cw = OW - ow0 < TW ? OW - ow0 : TW;
-            (void)b;
-            for (long r = 0; r < RO && o0 + r < O; r++)
-                for (long h = 0; h < RPH && oh0 + h < OH; h++) {
-                    const long i = o0 + r, j0 = (oh0 + h) * OW + ow0;
-                    const float* restrict trow = tile + (r * RPH + h) * TW;
-                    float* restrict orow = out + (b * O + i) * (long)P + j0;
-                    (void)i;
-#pragma omp simd
-                    for (long q = 0; q < cw; q++) {
-                        const long j = j0 + q;
-                        const float acc = trow[q];
-                        (void)j;
-                        orow[q] = {{EPILOGUE}};
-                    }
-                }
-        }
-    }
+    /* Two parallel loops on the claim-based pool, one after the other: the input's padded copy
+     * (by row), the tiles. A range that no worker has claimed is run by the caller, so no loop
+     * waits for a thread that has no core. */
+    {{NAME}}_job job = { {{PARAM_INIT}}, xq, w };
+    eqf_region((long)N * C * HP, {{NAME}}_pad_rows, &job, {{PARALLEL}});
+    eqf_region((long)NTO * N * NTH * NTW, {{NAME}}_tiles, &job, {{PARALLEL}});
 }

@@ -6,13 +6,13 @@
  * part of the 128-channel conv at 28 x 28 that writes the ResNet stages' output
  * (benchmarks/bench_models.py --model resnet_stages); MLAS too stores its
  * NCHWc output and reorders it in a pass of its own. */
-static inline void {{NAME}}_reorder(const float* restrict ys, float* restrict out)
+/* row q of the N x O / VL x OH block rows */
+static inline void {{NAME}}_reorder_row(const float* restrict ys, float* restrict out, long q)
 {
     {{NAME}}_DIMS;
     typedef int vi __attribute__((vector_size({{VL}} * 4)));
     (void)sizeof(vi);
-#pragma omp for schedule(static)
-    for (long q = 0; q < (long)N * (O / VL) * OH; q++) {
+    {
         const long b = q / ((O / VL) * OH), cb = q / OH % (O / VL), oh = q % OH;
         const float* restrict src = ys + q * OW * VL;
         float* restrict dst = out + (b * O + cb * VL) * (long)P + oh * OW;

@@ -23,7 +23,8 @@
  * 3. output transform: the 2x2 pixels A^T m A of each tile and output channel vector, through the
  *    epilogue, stored in blocks of VL channels (OUT_BLOCKED {{OUT_BLOCKED}}: the next conv reads
  *    them so), or NCHW (REORDER {{REORDER}}: in blocks first, then reordered; else pixel by pixel).
- * Vb and Mb are each thread's own (scratch), sized for L2; each thread takes an equal run of tiles.
+ * Vb and Mb are each thread's own (scratch), sized for L2; the threads of the claim-based pool
+ * (common_pool.h) claim the blocks of TB tiles one at a time.
  * A tile's 16 rows of Vb (of Mb) are together, and tiles RA = 16 x C + 16 (RM) floats apart: the
  * GEMM reads RW tiles' rows at once, and at 16 x C floats apart (4 KiB for 64 channels) they
  * would all fall in one set of the L1 (a 64-channel conv at 56 x 56 took 1.5x as long: its row
@@ -213,10 +214,143 @@ static inline void {{NAME}}_gemm(const {{NAME}}_vt* restrict a, const {{NAME}}_v
 
 {{REORDER_FN}}
 
+/* The call's job, read by the chunks of its parallel loops (common_pool.h, eqf_region): the
+ * kernel's arguments and its buffers. */
+typedef struct {
+    {{PARAM_FIELDS}}
+    const float* xb;
+    const {{NAME}}_vt* w;
+    float* ys;
+    int nomem;
+} {{NAME}}_job;
+
+#if !{{IN_BLOCKED}}
+/* rows [lo, hi) of the input's copy into blocks: NCHW rows to xb[n][cb][h][w][VL] */
+static void {{NAME}}_block_rows(void* job, long lo, long hi)
+{
+    {{NAME}}_DIMS;
+    const {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+    for (long row = lo; row < hi; row++) {
+        const long h = row % H, cb = row / H % NCB, n = row / H / NCB;
+        const float* restrict src = {{X}} + ((n * C + cb * VL) * H + h) * (long)W;
+        float* restrict dst = (float*)jb->xb + row * (long)W * VL;
+        for (long iw = 0; iw < W; iw++)
+#pragma GCC unroll 16
+            for (long l = 0; l < VL; l++)
+                dst[iw * VL + l] = src[l * (long)H * W + iw];
+    }
+}
+#endif
+
+/* block k of TB tiles (from k x TB), with the thread's own Vb and Mb */
+static void {{NAME}}_tile_block(void* job, long k)
+{
+    {{NAME}}_DIMS;
+    {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+{{EXTRAS}}
+    const float* restrict xb = jb->xb;
+    const {{NAME}}_vt* restrict w = jb->w;
+    float* restrict ys = jb->ys;
+    (void)ys;
+    /* (Vb's TB x RA elements, then Mb: in bf16 the first half of Vb's floats is used) */
+    float* restrict vbf = eqf_scratch(EQF_SCRATCH_ATTN_ROW, (long)TB * (RA + RM));
+    {{NAME}}_vt* restrict vb = ({{NAME}}_vt*)vbf;
+    if (!vb) { /* the block is skipped, the caller learns it */
+        __atomic_store_n(&jb->nomem, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    const long t0 = k * TB, tz = T - t0 < TB ? T : t0 + TB;
+    float* restrict mb = vbf + (long)TB * RA;
+    const long nr = tz - t0 < TB ? tz - t0 : TB, nrw = (nr + RW - 1) / RW * RW;
+    for (long r = 0; r < nrw; r++) {
+        if (r >= nr) { /* (rows of the last register tile past the run: zeros, not stored) */
+            memset(vb + r * RA, 0, sizeof({{NAME}}_vt) * 16 * C);
+            continue;
+        }
+        const long t = t0 + r, n = t / (TH * TW), ty = t / TW % TH, tx = t % TW;
+        {{NAME}}_in(xb, vb, r, n, 2 * ty - PH, 2 * tx - PW);
+    }
+    for (int xi = 0; xi < 16; xi++)
+        for (long ob = 0; ob < NOB; ob++)
+            for (long r0 = 0; r0 < nrw; r0 += RW)
+                {{NAME}}_gemm(vb + r0 * RA + xi * C, w + (xi * (long)NOB + ob) * C * OBW,
+                              mb + r0 * RM + xi * O + ob * OBW);
+    /* step 3: A^T m A, A^T = [1 1 1 0; 0 1 -1 -1]; then the epilogue per pixel */
+    for (long r = 0; r < nr; r++) {
+        const long t = t0 + r, n = t / (TH * TW), oh0 = t / TW % TH * 2, ow0 = t % TW * 2;
+        for (long o0 = 0; o0 < O; o0 += VL) {
+            {{NAME}}_vf mm[16], s[2][4];
+#pragma GCC unroll 16
+            for (int xi = 0; xi < 16; xi++)
+                mm[xi] = *(const {{NAME}}_vf*)(mb + r * RM + xi * O + o0);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                s[0][j] = mm[j] + mm[4 + j] + mm[8 + j];
+                s[1][j] = mm[4 + j] - mm[8 + j] - mm[12 + j];
+            }
+            float y[4][VL] __attribute__((aligned(64)));
+#pragma GCC unroll 2
+            for (int i = 0; i < 2; i++) {
+                *({{NAME}}_vf*)y[2 * i] = s[i][0] + s[i][1] + s[i][2];
+                *({{NAME}}_vf*)y[2 * i + 1] = s[i][1] - s[i][2] - s[i][3];
+            }
+            for (int q = 0; q < 4; q++) {
+                const long oh = oh0 + q / 2, ow = ow0 + q % 2;
+                if (oh >= OH || ow >= OW)
+                    continue;
+                const long b = n, j = oh * OW + ow, blk0 = ((b * (O / VL) + o0 / VL) * (long)P + j) * VL;
+                (void)b;
+                (void)j;
+#if {{OUT_BLOCKED}} || {{NAME}}_REORDER
+#if {{OUT_BLOCKED}}
+                float* restrict dst = out + blk0;
+#else
+                float* restrict dst = ys + blk0;
+#endif
+#pragma omp simd
+                for (long l = 0; l < VL; l++) {
+                    const long i = o0 + l, blk = blk0 + l;
+                    const float acc = y[q][l];
+                    (void)i;
+                    (void)blk;
+                    dst[l] = {{EPILOGUE}};
+                }
+#else
+                for (long l = 0; l < VL; l++) {
+                    const long i = o0 + l, blk = blk0 + l;
+                    const float acc = y[q][l];
+                    (void)blk;
+                    out[(b * O + i) * (long)P + j] = {{EPILOGUE}};
+                }
+#endif
+            }
+        }
+    }
+}
+
+/* blocks [lo, hi) */
+static void {{NAME}}_tiles(void* job, long lo, long hi)
+{
+    for (long k = lo; k < hi; k++)
+        {{NAME}}_tile_block(job, k);
+}
+
+#if {{NAME}}_REORDER
+/* rows [lo, hi) of the output in blocks, reordered into NCHW */
+static void {{NAME}}_reorder_rows(void* job, long lo, long hi)
+{
+    const {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+    for (long q = lo; q < hi; q++)
+        {{NAME}}_reorder_row(jb->ys, out, q);
+}
+#endif
+
 void {{NAME}}({{PARAMS}})
 {
     {{NAME}}_DIMS;
-{{EXTRAS}}
 #if {{IN_BLOCKED}}
     const float* xb = {{X}};
 #else
@@ -226,8 +360,9 @@ void {{NAME}}({{PARAMS}})
         return;
     }
 #endif
+    float* ys = NULL;
 #if {{NAME}}_REORDER
-    float* ys = eqf_scratch(EQF_SCRATCH_GEMM_A, (long)N * O * P); /* the output in blocks, then NCHW */
+    ys = eqf_scratch(EQF_SCRATCH_GEMM_A, (long)N * O * P); /* the output in blocks, then NCHW */
     if (!ys) {
         eqf_nomem_note();
         return;
@@ -241,112 +376,19 @@ void {{NAME}}({{PARAMS}})
         eqf_nomem_note();
         return;
     }
+    {{NAME}}_prepack({{WEIGHTS}}, (float*)w); /* (weights not bound by params=: transformed at each call) */
 #endif
-    int nomem = 0; /* a thread's Vb / Mb could not be allocated: it skips its tiles, the caller learns it */
-#pragma omp parallel if ({{PARALLEL}})
-    {
-#if !{{PREPACKED}}
-#pragma omp single nowait
-        {{NAME}}_prepack({{WEIGHTS}}, (float*)w);
-#endif
+    /* Three parallel loops on the claim-based pool, one after another: the input into blocks (by
+     * row), the tiles (by block of TB), the reorder into NCHW (by row). A chunk claimed by no
+     * worker is run by the caller, so no loop waits for a thread that has no core. */
+    {{NAME}}_job job = { {{PARAM_INIT}}, xb, w, ys, 0 };
 #if !{{IN_BLOCKED}}
-        /* NCHW rows to blocks: xb[n][cb][h][w][VL] (its end's barrier also waits for the single above) */
-#pragma omp for schedule(static)
-        for (long row = 0; row < (long)N * NCB * H; row++) {
-            const long h = row % H, cb = row / H % NCB, n = row / H / NCB;
-            const float* restrict src = {{X}} + ((n * C + cb * VL) * H + h) * (long)W;
-            float* restrict dst = xb + row * (long)W * VL;
-            for (long iw = 0; iw < W; iw++)
-#pragma GCC unroll 16
-                for (long l = 0; l < VL; l++)
-                    dst[iw * VL + l] = src[l * (long)H * W + iw];
-        }
-#elif !{{PREPACKED}}
-#pragma omp barrier
+    eqf_region((long)N * NCB * H, {{NAME}}_block_rows, &job, {{PARALLEL}});
 #endif
-        /* (Vb's TB x RA elements, then Mb: in bf16 the first half of Vb's floats is used) */
-        float* restrict vbf = eqf_scratch(EQF_SCRATCH_ATTN_ROW, (long)TB * (RA + RM));
-        {{NAME}}_vt* restrict vb = ({{NAME}}_vt*)vbf;
-        if (!vb) {
-#pragma omp atomic write
-            nomem = 1;
-        }
-        /* each thread an equal run of tiles, in blocks of TB */
-        const long nt = omp_get_num_threads(), me = omp_get_thread_num();
-        const long ta = T * me / nt, tz = T * (me + 1) / nt;
-        for (long t0 = ta; vb && t0 < tz; t0 += TB) {
-            float* restrict mb = vbf + (long)TB * RA;
-            const long nr = tz - t0 < TB ? tz - t0 : TB, nrw = (nr + RW - 1) / RW * RW;
-            for (long r = 0; r < nrw; r++) {
-                if (r >= nr) { /* (rows of the last register tile past the run: zeros, not stored) */
-                    memset(vb + r * RA, 0, sizeof({{NAME}}_vt) * 16 * C);
-                    continue;
-                }
-                const long t = t0 + r, n = t / (TH * TW), ty = t / TW % TH, tx = t % TW;
-                {{NAME}}_in(xb, vb, r, n, 2 * ty - PH, 2 * tx - PW);
-            }
-            for (int xi = 0; xi < 16; xi++)
-                for (long ob = 0; ob < NOB; ob++)
-                    for (long r0 = 0; r0 < nrw; r0 += RW)
-                        {{NAME}}_gemm(vb + r0 * RA + xi * C, w + (xi * (long)NOB + ob) * C * OBW,
-                                      mb + r0 * RM + xi * O + ob * OBW);
-            /* step 3: A^T m A, A^T = [1 1 1 0; 0 1 -1 -1]; then the epilogue per pixel */
-            for (long r = 0; r < nr; r++) {
-                const long t = t0 + r, n = t / (TH * TW), oh0 = t / TW % TH * 2, ow0 = t % TW * 2;
-                for (long o0 = 0; o0 < O; o0 += VL) {
-                    {{NAME}}_vf mm[16], s[2][4];
-#pragma GCC unroll 16
-                    for (int xi = 0; xi < 16; xi++)
-                        mm[xi] = *(const {{NAME}}_vf*)(mb + r * RM + xi * O + o0);
-#pragma GCC unroll 4
-                    for (int j = 0; j < 4; j++) {
-                        s[0][j] = mm[j] + mm[4 + j] + mm[8 + j];
-                        s[1][j] = mm[4 + j] - mm[8 + j] - mm[12 + j];
-                    }
-                    float y[4][VL] __attribute__((aligned(64)));
-#pragma GCC unroll 2
-                    for (int i = 0; i < 2; i++) {
-                        *({{NAME}}_vf*)y[2 * i] = s[i][0] + s[i][1] + s[i][2];
-                        *({{NAME}}_vf*)y[2 * i + 1] = s[i][1] - s[i][2] - s[i][3];
-                    }
-                    for (int q = 0; q < 4; q++) {
-                        const long oh = oh0 + q / 2, ow = ow0 + q % 2;
-                        if (oh >= OH || ow >= OW)
-                            continue;
-                        const long b = n, j = oh * OW + ow, blk0 = ((b * (O / VL) + o0 / VL) * (long)P + j) * VL;
-                        (void)b;
-                        (void)j;
-#if {{OUT_BLOCKED}} || {{NAME}}_REORDER
-#if {{OUT_BLOCKED}}
-                        float* restrict dst = out + blk0;
-#else
-                        float* restrict dst = ys + blk0;
-#endif
-#pragma omp simd
-                        for (long l = 0; l < VL; l++) {
-                            const long i = o0 + l, blk = blk0 + l;
-                            const float acc = y[q][l];
-                            (void)i;
-                            (void)blk;
-                            dst[l] = {{EPILOGUE}};
-                        }
-#else
-                        for (long l = 0; l < VL; l++) {
-                            const long i = o0 + l, blk = blk0 + l;
-                            const float acc = y[q][l];
-                            (void)blk;
-                            out[(b * O + i) * (long)P + j] = {{EPILOGUE}};
-                        }
-#endif
-                    }
-                }
-            }
-        }
+    eqf_region((T + TB - 1) / TB, {{NAME}}_tiles, &job, {{PARALLEL}});
 #if {{NAME}}_REORDER
-#pragma omp barrier
-        {{NAME}}_reorder(ys, out);
+    eqf_region((long)N * (O / VL) * OH, {{NAME}}_reorder_rows, &job, {{PARALLEL}});
 #endif
-    }
-    if (nomem)
+    if (job.nomem)
         eqf_nomem_note();
 }

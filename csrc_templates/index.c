@@ -5,8 +5,9 @@
 #define {{NAME}}_CHECKED {{CHECKED}} /* the plan's checked: the kernel counts indices out of range */
 #define {{NAME}}_POOL_S2 {{POOL_S2}} /* the plan's pool_s2: a stride-2 max pool's rows in AVX-512 vectors */
 /* {{NAME}}: {{OP}} over {{SPACE}}. An index kernel: it selects or moves elements. It returns
- * how many indices were out of range (0 for a kernel that reads no indices). */
-long {{NAME}}({{PARAMS}})
+ * how many indices were out of range (0 for a kernel that reads no indices). A pooling kernel's
+ * loop is a range function of the claim-based pool (eqfuse.backend.kinds.index.on_pool). */
+{{RANGES}}long {{NAME}}({{PARAMS}})
 {
     long bad = 0;
 {{BODY}}

@@ -152,7 +152,7 @@ def model_source(lib: str, graphs, embed: bool) -> str:
     for g in graphs:  # the run and prepack functions of NAME_GRAPH.c
         if g.has_run:
             out.append(f"long eqf_{g.entry}_run(void* const* in, void* const* out, char* arena, int threads, "
-                       "int pool_threads, long* failed);")
+                       "int pool_threads, int region_threads, long* failed);")
         for fn, floats, _ in g.packs:
             out.append(f"long {floats}(void);\nvoid {fn}(const float* B, float* P);")
     if embed:
@@ -224,7 +224,7 @@ def entry_point(lib: str, g, gi: int, wbase: int, pbase: int) -> list[str]:
             out.append(f"    in[{s}] = {src};")
         for k, t in enumerate(g.outputs):
             out.append(f"    out[{k}] = {'NULL' if k in g.copies else t.name};")
-        out += [f"    bad = eqf_{g.entry}_run(in, out, m->arena[{gi}], 0, 0, &failed);", "    if (bad)", "        return bad;"]
+        out += [f"    bad = eqf_{g.entry}_run(in, out, m->arena[{gi}], 0, 0, 0, &failed);", "    if (bad)", "        return bad;"]
     for t in g.inputs:
         out.append(f"    (void){t.name};")
     out.append("    (void)m;")

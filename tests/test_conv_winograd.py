@@ -93,14 +93,15 @@ def test_an_nchw_output_wide_enough_is_reordered_and_a_narrow_one_stored_pixel_b
     monkeypatch.setenv("EQFUSE_CONV_WINOGRAD", "1")
     for W, reorder in ((20, True), (5, False)):  # (OW 20 and 5: at least VL, or less, on either machine)
         _, c = _check(1, 16, 10, W, 16, 1)
-        assert ("_reorder(const float" in c) == reorder  # (the function is there only when used)
+        assert ("_reorder_row(const float" in c) == reorder  # (the function is there only when used)
 
 
 def test_two_threads_match_one(monkeypatch):
-    # each thread takes its own run of tiles: a run that ends inside a register tile of rows
+    # the pool's threads claim blocks of tiles: the last block ends inside a register tile of rows
     # (two threads even with the other core busy: eqfuse.runtime.load would give one)
     from eqfuse.runtime import load
     monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: 2)
+    monkeypatch.setattr(load, "free_cores_beside_peers", lambda now=None, mine=None: 2)
     monkeypatch.setenv("EQFUSE_CONV_WINOGRAD", "1")
     conv, _ = _check(2, 32, 15, 13, 32, 1, threads=2)
     assert conv.detail.parallel

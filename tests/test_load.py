@@ -27,8 +27,8 @@ def test_this_process_counts_its_own_running_threads(tmp_path):
 
 def test_free_cores_leave_out_other_processes(monkeypatch):
     monkeypatch.setattr(load, "cpus", lambda: 2)
-    monkeypatch.setattr(load, "_last", [0.0, 0])
-    monkeypatch.setattr(load, "running_own", lambda mine=None: 1)
+    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
+    monkeypatch.setattr(load, "running_counts", lambda mine=None: (1, 1))
     real_open = open
 
     def fake_open(path, *a, **k):  # one other process running
@@ -52,6 +52,44 @@ def test_one_thread_asked_reads_nothing(monkeypatch):
     assert load.threads_now(1) == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert load.threads_now(None) == 1
+
+
+def test_a_module_of_one_thread_kernels_reads_nothing(monkeypatch):
+    # every kernel below its parallel bar (GPT-2 tiny's): a 2-thread call runs as a 1-thread one
+    # and reads no load, which after another runtime's long call cost more than the call
+    src = "graph g(x: f32[8, 16], w: f32[16, 16]) -> f32[8, 16] { return relu(x @ w) + 1 }"
+    mod = eqfuse.compile(src, threads=2)
+    x, w = np.ones((8, 16), np.float32), np.ones((16, 16), np.float32)
+
+    def no_read(now=None, mine=None):
+        raise AssertionError("read /proc for a call whose kernels all run on the calling thread")
+
+    monkeypatch.setattr(load, "free_cores", no_read)
+    monkeypatch.setattr(load, "free_cores_beside_peers", no_read)
+    np.testing.assert_array_equal(mod(x, w), np.maximum(x @ w, 0) + 1)
+
+
+def test_region_threads_leave_out_other_processes_only(monkeypatch):
+    # the pool's loops: another process's running task takes a core, this process's do not
+    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
+    monkeypatch.setattr(load, "_local", __import__("threading").local())  # (team_ids' answers: this test's own)
+    monkeypatch.setattr(load, "cpus", lambda: 2)
+    monkeypatch.setattr(load, "running_counts", lambda mine=None: (3, 1))  # 2 peer threads running
+    real_open = open
+
+    def fake_open(path, *a, **k):
+        if path == "/proc/loadavg":
+            import io
+            return io.StringIO("0.5 0.5 0.5 4/300 1")  # 3 of this process's + 1 other process's
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert load.threads_now(2, team=lambda n: [1]) == 1
+    assert load.region_threads(2, team=lambda n: [1]) == 1  # the other process's task holds a core
+    load._last[:] = [0.0, 0, 0]
+    monkeypatch.setattr(load, "running_counts", lambda mine=None: (4, 1))  # 3 peer threads, no other process
+    assert load.threads_now(2, team=lambda n: [1]) == 1
+    assert load.region_threads(2, team=lambda n: [1]) == 2
 
 
 def test_a_busy_process_alongside_leaves_results_unchanged():
@@ -105,3 +143,48 @@ def test_the_team_is_the_calling_threads_openmp_threads(monkeypatch):
     assert load.threads_now(2, runner._team, lambda: [7]) == 1 and seen == [team | {7}]  # and the pool's workers
     assert load.threads_now(2) == 1 and seen[-1] is None  # no team: the whole process is the call's
     assert runner._pool is not None and set(runner._pool()) <= tasks  # (none started: no few-rows GEMM ran)
+
+
+def _reading(monkeypatch, total: int, process: int, own: int):
+    """/proc faked: `total` tasks running system-wide, `process` of this process's threads, `own`
+    of them the call's (its team and pool), on 2 CPUs."""
+    import io
+
+    monkeypatch.setattr(load, "cpus", lambda: 2)
+    monkeypatch.setattr(load, "_local", __import__("threading").local())
+    monkeypatch.setattr(load, "running_counts", lambda mine=None: (process, own))
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: io.StringIO(f"0.5 0.5 0.5 {total}/300 1")
+                        if path == "/proc/loadavg" else real_open(path, *a, **k))
+
+
+def test_each_call_picks_openmp_the_pool_or_the_caller_for_its_loops(monkeypatch):
+    team = lambda n: [1]  # noqa: E731
+    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
+    _reading(monkeypatch, total=1, process=1, own=1)  # quiet: the loops as OpenMP's split
+    assert load.call_threads(2, team) == (2, load.OPENMP)
+    load._last[0] = 0.0
+    _reading(monkeypatch, total=3, process=3, own=1)  # two peer threads spinning: the pool, 2 threads
+    assert load.call_threads(2, team) == (1, 2)
+    load._last[0] = 0.0
+    _reading(monkeypatch, total=2, process=1, own=1)  # another process: the caller alone
+    assert load.call_threads(2, team) == (1, 1)
+    assert load.call_threads(1, team) == (1, 1)  # (one thread asked: nothing read)
+
+
+def test_a_reading_that_saw_peers_is_kept_a_short_while(monkeypatch):
+    team = lambda n: [1]  # noqa: E731
+    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
+    now = [100.0]
+    monkeypatch.setattr(load.time, "monotonic", lambda: now[0])
+    _reading(monkeypatch, total=3, process=3, own=1)
+    assert load.call_threads(2, team) == (1, 2)
+    _reading(monkeypatch, total=1, process=1, own=1)  # the peer stopped spinning
+    now[0] += load.PEERS_INTERVAL / 2
+    assert load.call_threads(2, team) == (1, 2)  # (kept)
+    now[0] += load.PEERS_INTERVAL
+    assert load.call_threads(2, team) == (2, load.OPENMP)  # read again well before INTERVAL
+    _reading(monkeypatch, total=3, process=3, own=1)
+    now[0] += load.PEERS_INTERVAL * 2
+    assert load.call_threads(2, team) == (2, load.OPENMP)  # a quiet reading is kept for INTERVAL
+    assert load.PEERS_INTERVAL * 2 < load.INTERVAL

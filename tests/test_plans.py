@@ -141,15 +141,15 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
                          MEMORY: "QOFF QR QC KOFF KR KC VOFF VR VC DYOFF DYR DYC OOFF OR OC",
                          EXPR: "MODE SCALE ZERO_NAN MASK_IJ"},
     "conv2d.c": {SIGNATURE: "NAME PARAMS X GEMM ARGS", SHAPE: "N C H W O KH KW OH OW SH SW PH PW DH DW"},
-    "conv_direct.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
+    "conv_direct.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
                       EXPR: "EPILOGUE EPILOGUE_NCHW", DERIVED: "EDGE_L EDGE_R REORDER_FN"},
     "conv_grouped.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS",
                        SHAPE: "N C H W O G CG OG KH KW OH OW SH SW PH PW DH DW", EXPR: "EPILOGUE",
                        DERIVED: "TRANSPOSE"},
-    "conv_pixels.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
+    "conv_pixels.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
                       EXPR: "EPILOGUE"},
     "conv_reorder.c": {SIGNATURE: "NAME", DERIVED: "TRANSPOSE"},
-    "conv_winograd.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS", SHAPE: "N C H W O OH OW PH PW",
+    "conv_winograd.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "N C H W O OH OW PH PW",
                         EXPR: "EPILOGUE", DERIVED: "REORDER_FN"},
     "copy_block.c": {SIGNATURE: "NAME SRC DST", SHAPE: "OUTER INNER", MEMORY: "OFFSETS SRC_STRIDE DST_STRIDE"},
     "gemm.c": {SIGNATURE: "NAME EXTRA_ARGS EXTRA_PARAMS", SHAPE: "M N K BATCH", TEXT: "A_LAYOUT B_LAYOUT",
@@ -160,7 +160,7 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
                       EXPR: "EPILOGUE ROW_EPILOGUE ROW_EPILOGUE_ON"},
     "gemm_u8s8.c": {SIGNATURE: "NAME EXTRA_PARAMS EXTRA_FIELDS EXTRA_INIT EXTRA_UNPACK A_T B_T AZP_T BZP_T OUT_T",
                     SHAPE: "M N K BATCH NBB", MEMORY: "LDC", EXPR: "EPILOGUE"},
-    "index.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE", EXPR: "OP BODY"},
+    "index.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE", EXPR: "OP BODY", DERIVED: "RANGES"},
     "layout.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE", EXPR: "OP", DERIVED: "BLOCKS"},
     "matmul.c": {SIGNATURE: "NAME PARAMS GEMM ARGS", SHAPE: "OUTER", MEMORY: "OFFSETS", TEXT: "SHAPES"},
     "pointwise.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE OUTER INNER", DERIVED: "NTILES",
@@ -410,14 +410,16 @@ def test_k_is_cut_into_equal_slices(K, slices):
 
 def test_small_gemms_open_no_parallel_region_and_the_plan_says_so(machine_model):
     """GEMMs and convs below plan_gemm.PARALLEL_MIN_FMAS run on the calling thread: the plan's
-    detail.parallel is the `if` of the C's parallel regions, and its thread rule says so."""
+    detail.parallel is the `if` of the C's parallel regions (or the `parallel` of its loops on the
+    claim-based pool, eqf_region), and its thread rule says so."""
     mod = eqfuse.compile(GEMMS, fuse="manual")
     plans = {p.name: p for p in mod.gemms.last.plans}
     seen = set()
     for k in mod.kernels:
         p = plans[k.name]
         par = p.detail.parallel
-        assert f"#pragma omp parallel if ({int(par)})" in k.c_source, k.name
+        assert (f"#pragma omp parallel if ({int(par)})" in k.c_source
+                or re.search(rf"eqf_region\(.*, {int(par)}\);", k.c_source)), k.name
         assert p.threads.startswith("one thread, no parallel region") == (not par), k.name
         if k.kind == "conv2d" and "direct conv2d" not in k.c_source:  # im2col's loop (not the direct kernel's)
             assert f"collapse(2) schedule(static) if ({int(par)})" in k.c_source

@@ -294,6 +294,7 @@ def test_the_host_process_keeps_its_threads_affinities_and_environment(monkeypat
     from eqfuse.runtime import load
 
     monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: free)
+    monkeypatch.setattr(load, "free_cores_beside_peers", lambda now=None, mine=None: free)
     monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -160,6 +160,18 @@ def kernel_params(plan: KernelPlan) -> tuple[str, dict[int, str]]:
     return ", ".join(ps), ptrs
 
 
+def param_job(params: str) -> dict[str, str]:
+    """The kernel's parameters (kernel_params' C text) carried into the chunks of a parallel loop
+    on the claim-based pool (common_pool.h, eqf_region): PARAM_FIELDS, the members of the job
+    struct; PARAM_INIT, its initializer's values; PARAM_UNPACK, a chunk's locals of the same names
+    read from `jb` (the job), so the template's expressions read them as in the kernel."""
+    decls = [p.strip() for p in params.split(",")]
+    names = [d.split()[-1] for d in decls]
+    return {"PARAM_FIELDS": " ".join(f"{d};" for d in decls),
+            "PARAM_INIT": ", ".join(names),
+            "PARAM_UNPACK": " ".join(f"{d} = jb->{n}; (void){n};" for d, n in zip(decls, names))}
+
+
 I1, I2, I3, I4 = " " * 8, " " * 12, " " * 16, " " * 20
 
 

@@ -26,7 +26,16 @@ The claim-based pool of the few-rows GEMM (csrc_templates/common_pool.h) is not 
 caller never waits for a worker that has not started, so it gets the threads asked for
 (`threads_requested`), and its worker shares the busy core.
 
-The count is read at most every `INTERVAL` seconds and is Linux only; elsewhere every CPU
+The convs' and pooling's parallel loops (eqf_region ranges, written once) run in a mode each call
+picks from the same reading (`call_threads`): OpenMP's static split when every core is free (the
+fastest alone, and beside torch, whose spinning OpenMP workers are the call's team); the
+claim-based pool with the threads other processes leave free when another runtime's threads are
+running (not one thread: the caller claims what the worker does not reach, so a spinning peer
+costs at most what one thread costs, and one that stops gives its core back mid-call); the
+calling thread alone when other processes hold the cores.
+
+The count is read at most every `INTERVAL` seconds (`PEERS_INTERVAL` after a reading that saw
+another runtime's threads running, whose spinning ends soon) and is Linux only; elsewhere every CPU
 counts as free. A read costs tens of microseconds on a quiet machine and several times that
 right after a long call has pushed /proc's data out of the caches, so a call that asks for one thread does not read it at all.
 """
@@ -40,9 +49,14 @@ from collections.abc import Callable, Collection, Sequence
 
 INTERVAL = 0.05  # seconds between two reads of the running tasks: a load that comes and goes
 # faster than this is not followed; a read's cost, once per INTERVAL, stays small against the calls'
+PEERS_INTERVAL = 0.005  # seconds a reading that saw another runtime's threads running is kept:
+# their spinning ends soon after their run (OpenVINO's within a millisecond, onnxruntime's within
+# tens), and a call that finds every core free again runs its loops as OpenMP's static split
 
 _lock = threading.Lock()
-_last = [0.0, 0]  # (time of the last read, free cores then)
+# (time of the last read, free cores then with this process's other running threads counted as
+# holding cores, and with them counted as the call's own: `free_cores`, `free_cores_beside_peers`)
+_last = [0.0, 0, 0]
 
 
 def cpus() -> int:
@@ -57,13 +71,11 @@ def running_total(text: str) -> int:
     return int(text.split()[3].split("/")[0])
 
 
-def running_own(task_dir: str = "/proc/self/task", mine: Collection[int] | None = None) -> int:
-    """This process's threads in state R (running or runnable); with `mine`, only those whose
-    thread ids are in it (the calling thread and its OpenMP team: the others are peers)."""
-    n = 0
+def running_counts(task_dir: str = "/proc/self/task", mine: Collection[int] | None = None) -> tuple[int, int]:
+    """(this process's threads in state R, running or runnable; those of them whose thread ids are
+    in `mine`, all of them without it), in one pass over the task directory."""
+    n = own = 0
     for tid in os.listdir(task_dir):
-        if mine is not None and int(tid) not in mine:
-            continue
         try:
             with open(f"{task_dir}/{tid}/stat") as f:
                 stat = f.read()
@@ -71,23 +83,44 @@ def running_own(task_dir: str = "/proc/self/task", mine: Collection[int] | None 
             continue
         if stat[stat.rindex(")") + 2] == "R":  # the state follows the command name "(...)"
             n += 1
-    return n
+            own += mine is None or int(tid) in mine
+    return n, own
+
+
+def running_own(task_dir: str = "/proc/self/task", mine: Collection[int] | None = None) -> int:
+    """This process's threads in state R (running or runnable); with `mine`, only those whose
+    thread ids are in it (the calling thread and its OpenMP team: the others are peers)."""
+    return running_counts(task_dir, mine)[1]
+
+
+def _read(now: float | None, mine: Callable[[], Collection[int]] | None) -> list:
+    """`_last`, read again from /proc when it is INTERVAL old (PEERS_INTERVAL when it saw another
+    runtime's threads running: `_last[1] < _last[2]`)."""
+    now = time.monotonic() if now is None else now
+    if now - _last[0] < (INTERVAL if _last[1] == _last[2] else PEERS_INTERVAL) and _last[1]:
+        return _last
+    with _lock:
+        try:
+            with open("/proc/loadavg") as f:
+                total = running_total(f.read())
+            process, own = running_counts(mine=mine() if mine is not None else None)
+        except (OSError, ValueError, IndexError):  # no /proc: every CPU is free
+            total = process = own = 0
+        _last[:] = [now, max(1, cpus() - max(0, total - own)), max(1, cpus() - max(0, total - process))]
+        return _last
 
 
 def free_cores(now: float | None = None, mine: Callable[[], Collection[int]] | None = None) -> int:
     """The cores not taken by other processes, or by threads of this one not in mine() (see the
     module docstring; asked only when /proc is read), at least 1."""
-    now = time.monotonic() if now is None else now
-    if now - _last[0] < INTERVAL and _last[1]:
-        return _last[1]
-    with _lock:
-        try:
-            with open("/proc/loadavg") as f:
-                others = running_total(f.read()) - running_own(mine=mine() if mine is not None else None)
-        except (OSError, ValueError, IndexError):  # no /proc: every CPU is free
-            others = 0
-        _last[0], _last[1] = now, max(1, cpus() - max(0, others))
-        return _last[1]
+    return _read(now, mine)[1]
+
+
+def free_cores_beside_peers(now: float | None = None, mine: Callable[[], Collection[int]] | None = None) -> int:
+    """The cores not taken by other processes, every thread of this one counted as the call's own
+    (another runtime's included), at least 1: the parallel loops of the claim-based pool (see
+    `region_threads`)."""
+    return _read(now, mine)[2]
 
 
 def threads_requested(requested: int | None) -> int:
@@ -124,3 +157,47 @@ def threads_now(requested: int | None, team: Callable[[int], Sequence[int]] | No
     if team is None:
         return max(1, min(requested, free_cores()))
     return max(1, min(requested, free_cores(mine=lambda: team_ids(requested, team) | set(pool() if pool else ()))))
+
+
+def region_threads(requested: int | None, team: Callable[[int], Sequence[int]] | None = None,
+                   pool: Callable[[], Sequence[int]] | None = None) -> int:
+    """The threads of the claim-based pool's parallel loops (common_pool.h, eqf_region) when they
+    run there: what was asked, no more than other processes leave free; this process's other
+    runtimes do not count. Its caller never waits for a worker that has not started, so beside
+    another runtime's spinning threads the worker takes what share of the other core it gets and
+    the caller the rest; beside another process's steady load a worker stopped by the scheduler
+    in the middle of its range holds the caller up for a time slice (the 2-thread call took longer
+    than the 1-thread one: benchmarks/bench_load.py --kind peers, under load).
+    (team and pool as for `threads_now`: one read of /proc serves both counts.)"""
+    requested = threads_requested(requested)
+    if requested == 1:
+        return 1
+    mine = (lambda: team_ids(requested, team) | set(pool() if pool else ())) if team is not None else None
+    return max(1, min(requested, free_cores_beside_peers(mine=mine)))
+
+
+OPENMP = 0  # the mode of the eqf_region loops when every core is free: OpenMP's static split
+
+
+def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | None = None,
+                 pool: Callable[[], Sequence[int]] | None = None) -> tuple[int, int]:
+    """(OpenMP's threads, the mode of the eqf_region loops: OPENMP or the claim-based pool's
+    threads) for one call, from one reading (team and pool as for `threads_now`):
+
+    - every core free (`threads_now` gives what was asked): the loops run as OpenMP's static split
+      on its team, the fastest split when each thread has a core; torch's OpenMP workers are that
+      team (one libgomp), so a call beside torch runs so too;
+    - another runtime's threads running in this process (onnxruntime's, OpenVINO's): not one
+      thread, but the loops on the claim-based pool with the threads other processes leave free
+      (`region_threads`): the caller claims whatever the worker does not reach, so a spinning peer
+      costs at most what one thread costs, and one that stops gives its core back mid-call;
+    - cores taken by other processes: the free ones (one thread: the loops on the caller).
+
+    OpenMP's own kernels (GEMMs, row kernels, ...) get `threads_now`'s count in every case."""
+    requested = threads_requested(requested)
+    if requested == 1:
+        return 1, 1
+    omp = threads_now(requested, team, pool)
+    if omp == requested:
+        return omp, OPENMP
+    return omp, region_threads(requested, team, pool)

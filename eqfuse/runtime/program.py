@@ -21,8 +21,11 @@ returned twice) are copied in Python after the call, so no output aliases an inp
 output.
 
 `emit_run` writes `long eqf_<graph>_run(void* const* in, void* const* out, char* arena, int
-threads, int pool_threads, long* failed)`: it sets OpenMP's thread count (threads > 0) and the
-claim-based pool's (pool_threads > 0; else OpenMP's), calls every kernel in order
+threads, int pool_threads, int region_threads, long* failed)`: it sets OpenMP's thread count
+(threads > 0), the claim-based pool's for the few-rows GEMMs (pool_threads > 0; else OpenMP's)
+and the mode of the eqf_region loops of the convs and pooling (region_threads: 0 OpenMP's static
+split, k > 0 the claim-based pool with k threads; eqfuse.runtime.load.call_threads picks it per
+call), calls every kernel in order
 and returns 0, or the count of bad indices of the first index kernel that met any, or EQF_NOMEM
 (-1) when a kernel could not allocate its scratch buffer, or EQF_NO_AMX (-3) when an AMX GEMM
 found the tile state refused (the plan index of that kernel in *failed; the kernels after it do
@@ -54,7 +57,7 @@ from eqfuse.errors import ArgumentError, EqfuseError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K
 from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
-from eqfuse.runtime.load import threads_now, threads_requested
+from eqfuse.runtime.load import OPENMP, call_threads, threads_requested
 
 ALIGN = 64  # bytes: every arena buffer starts on a cache line
 _POOL_ONLY = 3  # references to a pooled output held by the pool itself, a local and getrefcount
@@ -174,7 +177,8 @@ def run_name(graph: str) -> str:
     return f"eqf_{graph}_run"
 
 
-RUN_CDEF = "long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, long* failed);"
+RUN_CDEF = ("long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, "
+            "int region_threads, long* failed);")
 PROFILE_CDEF = "\nvoid {name}_profile(int on);\nvoid {name}_times(double* ns);"
 
 
@@ -218,7 +222,7 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
     for s, p in enumerate(kernels):
         hold = hold_pool(p)
         if hold is not None and hold != held:
-            lines.append(f"    eqf_pool_hold(held, {int(hold)});")
+            lines.append(f"    eqf_pool_hold(held, {hold if isinstance(hold, str) else int(hold)});")
             held = hold
         lines.append("    if (prof) clock_gettime(CLOCK_MONOTONIC, &t0);")
         args = ["NULL" if k in p.unread else ptr(a) for k, a in enumerate(p.args)]
@@ -238,28 +242,46 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
     # The calling thread's OpenMP thread count is set for the call and given back at its end:
     # libgomp is the process's, shared with torch (whose get_num_threads reads this very count,
     # and whose dynamo guards on it) and any other OpenMP code.
-    lines += [f"long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, long* failed)",
+    lines += [f"long {name}(void* const* in, void* const* out, char* arena, int threads, int pool_threads, "
+              "int region_threads, long* failed)",
               "{", "    const int before = omp_get_max_threads();", "    const int set = threads > 0 && threads != before;",
               "    if (set)", "        omp_set_num_threads(threads);",
-              "    __atomic_store_n(&eqf_pool_request, pool_threads, __ATOMIC_RELAXED);", "    int held = 0;",
+              "    __atomic_store_n(&eqf_pool_request, pool_threads, __ATOMIC_RELAXED);",
+              "    __atomic_store_n(&eqf_region_request, region_threads, __ATOMIC_RELAXED);", "    int held = 0;",
               f"    const long r = {name}_kernels(in, out, arena, failed, &held);", "    eqf_pool_hold(&held, 0);",
               "    if (set)", "        omp_set_num_threads(before);", "    return r;"]
     lines.append("}")
     return "\n".join(lines) + "\n", RUN_CDEF.format(name=name) + PROFILE_CDEF.format(name=name)
 
 
-def hold_pool(p: KernelPlan) -> bool | None:
+HOLD_REGIONS = "eqf_region_on_pool()"  # (held over a kernel of eqf_region loops when they run on the pool with a worker)
+
+
+def hold_pool(p: KernelPlan) -> bool | str | None:
     """Whether the run function holds the claim-based pool's workers (common_pool.h,
     eqf_pool_hold) when it calls this kernel: True for a skinny GEMM or another kernel whose
-    detail says its parallel work runs on the pool (`pool`: the integer GEMM), False
-    for a kernel that may open an OpenMP region (its thread would find the pool's worker spinning
-    on the core it wants), None for one that runs on the calling thread (the hold stays as it is)."""
+    detail says its parallel work runs on the pool (`pool`: the integer GEMM); HOLD_REGIONS,
+    held when the call runs the eqf_region loops on the pool with more than one thread, for a
+    kernel whose loops are those (`regions`: the direct and Winograd convs, pooling; released when
+    they run as OpenMP's split, whose threads want the cores, or all on the caller, where a
+    spinning worker would only take a core from others);
+    False for a kernel that may open an OpenMP region (its thread would find the pool's worker
+    spinning on the core it wants), None for one that runs on the calling thread (the hold
+    stays as it is)."""
     d = p.detail
-    par = getattr(d, "parallel", True)
-    par = any(par) if isinstance(par, tuple) else bool(par)
+    par = may_run_parallel(p)
     if getattr(d, "path", None) == "skinny" or getattr(d, "pool", False):
         return True if par else None
+    if getattr(d, "regions", False):
+        return HOLD_REGIONS if par else None
     return False if par else None
+
+
+def may_run_parallel(p: KernelPlan) -> bool:
+    """Whether a kernel may use more than one thread: its detail's `parallel` (a layout's, one per
+    copy block: any of them); a detail without one may."""
+    par = getattr(p.detail, "parallel", True)
+    return any(par) if isinstance(par, tuple) else bool(par)
 
 
 POOL_MAX = 64  # EQF_POOL_MAX of common_pool.h: the pool's most workers
@@ -492,6 +514,10 @@ class Runner:
         self.shared_panels = panels
         self.alias = alias or {}  # plan name -> the kernel whose C it runs (eqfuse.backend.emit, share=True)
         self.kernels = [p for p in plans if p.kind != K.VIEW]
+        # every kernel on the calling thread (GPT-2 tiny): a call sets no thread count and reads no
+        # load (eqfuse.runtime.load; right after another runtime's long call, a read of /proc
+        # cost more than such a whole call: benchmarks/bench_load.py --kind peers)
+        self._serial = not any(may_run_parallel(p) for p in plans)
         self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
         if self.fn is not None:
             share_scratch_key(lib)
@@ -570,6 +596,20 @@ class Runner:
         its array, no call into C)."""
         return [t for t in self._pool_tids[0:POOL_MAX] if t]
 
+    def last_threads(self) -> dict | None:
+        """The threads the calling Python thread's last call used (None before its first):
+        `openmp`, OpenMP's count (0: left as it was, no region opens); `pool`, the few-rows
+        GEMMs'; `regions`, how the eqf_region loops of the convs and pooling ran: "openmp"
+        (OpenMP's static split, every core free), "pool" (the claim-based pool with
+        `region_threads` threads: another runtime's threads running in the process) or "caller"
+        (the calling thread alone: one thread asked, or other processes holding the cores)."""
+        t = self._local.__dict__.get("threads")
+        if t is None:
+            return None
+        omp, pool, regions = t
+        mode = "openmp" if regions == OPENMP else "pool" if regions > 1 else "caller"
+        return {"openmp": omp, "pool": pool, "regions": mode, "region_threads": omp if regions == OPENMP else regions}
+
     def _state(self):
         st = self._local.__dict__
         if "ins" not in st:  # this thread's first call: its own arena and pointer arrays
@@ -635,12 +675,19 @@ class Runner:
                 o = pool[k] = np.empty(shape, dtype=dt)
             outs[k] = o
             outs_p[k] = fb(o)
-        # OpenMP gets the cores other processes leave free (its regions wait at their end for
-        # every thread); the claim-based pool gets what was asked: its caller takes the chunks
-        # of a worker that is not scheduled, and the worker keeps off the caller's CPU
-        # (common_pool.h, eqf_pool_place)
-        want = threads_requested(threads)
-        bad = self.fn(ins, outs_p, st["arena"], threads_now(want, self._team, self._pool), want, st["failed"])
+        # OpenMP gets the cores other processes and other runtimes' running threads leave free
+        # (its regions wait at their end for every thread); the claim-based pool gets what was
+        # asked for the few-rows GEMMs (its caller takes the chunks of a worker that is not
+        # scheduled, and the worker keeps off the caller's CPU: common_pool.h, eqf_pool_place);
+        # the eqf_region loops run as OpenMP's split when every core is free, else on the pool
+        # (eqfuse.runtime.load.call_threads)
+        if self._serial:  # (OpenMP's count left as it is: no region opens)
+            st["threads"] = (0, 1, 1)
+        else:
+            want = threads_requested(threads)
+            omp, regions = call_threads(want, self._team, self._pool)
+            st["threads"] = (omp, want, regions)
+        bad = self.fn(ins, outs_p, st["arena"], *st["threads"], st["failed"])
         if bad == BAD_LENGTH:
             top = min(p.live.rows - p.live.new for p in self.kernels if p.live is not None)
             raise ArgumentError(f"{self.kg.name}(): the KV cache's live length {st['failed'][0]} is not in 0 .. {top} "

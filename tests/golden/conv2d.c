@@ -97,10 +97,59 @@ static inline void eqf_kinds_k8_conv2d_tile(const float* restrict xq, const floa
             *(eqf_kinds_k8_conv2d_vfu*)(tile + (r * RPH + p / RPW) * TW + (p % RPW) * VL) = acc[r][p];
 }
 
+/* The call's job, read by the ranges of its parallel loops (common_pool.h, eqf_region): the
+ * kernel's arguments and its buffers. */
+typedef struct {
+    const float* restrict in0; const float* restrict in1; float* restrict out;
+    float* xq;
+    const float* w;
+} eqf_kinds_k8_conv2d_job;
+
+/* rows [lo, hi) of the padded input copy */
+static void eqf_kinds_k8_conv2d_pad_rows(void* job, long lo, long hi)
+{
+    const eqf_kinds_k8_conv2d_job* jb = job;
+    const float* restrict in0 = jb->in0; (void)in0; const float* restrict in1 = jb->in1; (void)in1; float* restrict out = jb->out; (void)out;
+    for (long row = lo; row < hi; row++)
+        eqf_kinds_k8_conv2d_pad_row(in0, jb->xq, row);
+}
+
+/* tiles [lo, hi) of the NTO x N x NTH x NTW */
+static void eqf_kinds_k8_conv2d_tiles(void* job, long lo, long hi)
+{
+    eqf_kinds_k8_conv2d_DIMS;
+    const eqf_kinds_k8_conv2d_job* jb = job;
+    const float* restrict in0 = jb->in0; (void)in0; const float* restrict in1 = jb->in1; (void)in1; float* restrict out = jb->out; (void)out;
+
+    const float* restrict xq = jb->xq;
+    const float* restrict w = jb->w;
+    for (long it = lo; it < hi; it++) {
+        const long to = it / (N * NTH * NTW), t = it % (N * NTH * NTW);
+        const long b = t / (NTH * NTW), oh0 = t / NTW % NTH * RPH, ow0 = t % NTW * TW, o0 = to * RO;
+        float tile[RO * RPH * TW] __attribute__((aligned(64)));
+        eqf_kinds_k8_conv2d_tile(xq, w, b, o0, oh0, ow0, tile);
+        const long cw = OW - ow0 < TW ? OW - ow0 : TW;
+        (void)b;
+        for (long r = 0; r < RO && o0 + r < O; r++)
+            for (long h = 0; h < RPH && oh0 + h < OH; h++) {
+                const long i = o0 + r, j0 = (oh0 + h) * OW + ow0;
+                const float* restrict trow = tile + (r * RPH + h) * TW;
+                float* restrict orow = out + (b * O + i) * (long)P + j0;
+                (void)i;
+#pragma omp simd
+                for (long q = 0; q < cw; q++) {
+                    const long j = j0 + q;
+                    const float acc = trow[q];
+                    (void)j;
+                    orow[q] = ({ const float eqf_v3 = eqf_relu(acc); eqf_v3; });
+                }
+            }
+    }
+}
+
 void eqf_kinds_k8_conv2d(const float* restrict in0, const float* restrict in1, float* restrict out)
 {
     eqf_kinds_k8_conv2d_DIMS;
-
     float* xq = eqf_scratch(EQF_SCRATCH_CONV_COL, (long)N * C * HP * SW * WQ);
 #if 0
     const float* w = in1; /* the blocks eqf_kinds_k8_conv2d_prepack made once */
@@ -111,37 +160,13 @@ void eqf_kinds_k8_conv2d(const float* restrict in0, const float* restrict in1, f
         eqf_nomem_note();
         return;
     }
-#pragma omp parallel if (0)
-    {
 #if !0
-#pragma omp single nowait
-        eqf_kinds_k8_conv2d_prepack(in1, w);
+    eqf_kinds_k8_conv2d_prepack(in1, w); /* (weights not bound by params=: blocked at each call) */
 #endif
-#pragma omp for schedule(static)
-        for (long row = 0; row < (long)N * C * HP; row++)
-            eqf_kinds_k8_conv2d_pad_row(in0, xq, row);
-#pragma omp for schedule(static)
-        for (long it = 0; it < (long)NTO * N * NTH * NTW; it++) {
-            const long to = it / (N * NTH * NTW), t = it % (N * NTH * NTW);
-            const long b = t / (NTH * NTW), oh0 = t / NTW % NTH * RPH, ow0 = t % NTW * TW, o0 = to * RO;
-            float tile[RO * RPH * TW] __attribute__((aligned(64)));
-            eqf_kinds_k8_conv2d_tile(xq, w, b, o0, oh0, ow0, tile);
-            const long cw = OW - ow0 < TW ? OW - ow0 : TW;
-            (void)b;
-            for (long r = 0; r < RO && o0 + r < O; r++)
-                for (long h = 0; h < RPH && oh0 + h < OH; h++) {
-                    const long i = o0 + r, j0 = (oh0 + h) * OW + ow0;
-                    const float* restrict trow = tile + (r * RPH + h) * TW;
-                    float* restrict orow = out + (b * O + i) * (long)P + j0;
-                    (void)i;
-#pragma omp simd
-                    for (long q = 0; q < cw; q++) {
-                        const long j = j0 + q;
-                        const float acc = trow[q];
-                        (void)j;
-                        orow[q] = ({ const float eqf_v3 = eqf_relu(acc); eqf_v3; });
-                    }
-                }
-        }
-    }
+    /* Two parallel loops on the claim-based pool, one after the other: the input's padded copy
+     * (by row), the tiles. A range that no worker has claimed is run by the caller, so no loop
+     * waits for a thread that has no core. */
+    eqf_kinds_k8_conv2d_job job = { in0, in1, out, xq, w };
+    eqf_region((long)N * C * HP, eqf_kinds_k8_conv2d_pad_rows, &job, 0);
+    eqf_region((long)NTO * N * NTH * NTW, eqf_kinds_k8_conv2d_tiles, &job, 0);
 }

@@ -10,10 +10,11 @@ numpy and onnxruntime refuse such an index instead of reading past the tensor).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
-from eqfuse.backend.cexpr import kernel_params, render
-from eqfuse.backend.kinds.base import PARALLEL_MIN, Kind, parallel_rule
+from eqfuse.backend.cexpr import kernel_params, param_job, render
+from eqfuse.backend.kinds.base import PARALLEL_MIN, REGIONS, Kind, parallel_rule
 from eqfuse.backend.kinds.contraction.conv import pool_blocked
 from eqfuse.backend.plan import KernelPlan, UOp
 from eqfuse.ir.graph import Node
@@ -393,6 +394,13 @@ class IndexDetail:
     # machine's vectors hold 16 floats
     pool_s2: bool = False
 
+    @property
+    def regions(self) -> bool:
+        """Whether the kernel's parallel loop is eqf_region ranges (a pooling kernel's, `on_pool`): the
+        call runs them as OpenMP's static split or on the claim-based pool, and the run function
+        holds the pool's workers over the kernel in the latter (eqfuse.runtime.program.hold_pool)."""
+        return self.op in POOLS
+
 
 class Index(Kind):
     kinds = (K.INDEX,)
@@ -407,7 +415,8 @@ class Index(Kind):
             threads = parallel_rule(par, f"{work} multiply-adds", PARALLEL_MIN, "the images x output channels")
         else:
             par = an.op in POOLS and total >= PARALLEL_MIN
-            threads = (parallel_rule(par, f"{total} output elements", PARALLEL_MIN, "the images x channels")
+            threads = ((f"the images x channels, {REGIONS} ({total} output elements >= {PARALLEL_MIN})" if par
+                        else parallel_rule(par, f"{total} output elements", PARALLEL_MIN, ""))
                        if an.op in POOLS else "one thread, no parallel region (a selection)")
         s2 = an.op == "max_pool2d" and pair(an.attr["stride"] or an.attr["kernel_size"])[1] == 2 and c.simd_floats >= 16
         plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par, pool_s2=s2)
@@ -430,7 +439,35 @@ class Index(Kind):
             lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), plan.name)
         else:
             lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par)
+        lines, ranges = on_pool(plan.name, params, lines) if an.op in POOLS else (lines, "")
         return render("index.c", NAME=plan.name, OP=an.op, SPACE=list(plan.out_shape), PARAMS=params,
                       PARALLEL=int(d.parallel), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
-                      VL=d.vl, CHECKED=int(d.checked), POOL_S2=int(d.pool_s2),
+                      VL=d.vl, CHECKED=int(d.checked), POOL_S2=int(d.pool_s2), RANGES=ranges,
                       BODY="\n".join("    " + ln for ln in lines))
+
+
+PARALLEL_FOR = re.compile(r"#pragma omp parallel for if \((\w+)\)")
+LOOP = re.compile(r"for \(long (\w+) = 0; \1 < ([^;]+); \1\+\+\)(.*)")
+
+
+def on_pool(name: str, params: str, lines: list[str]) -> tuple[list[str], str]:
+    """A pooling kernel's parallel loop (`#pragma omp parallel for if (P)` over `for (long v = 0;
+    v < n; v++)`) as a range function of the claim-based pool (common_pool.h, eqf_region, which
+    never waits for a thread that has not started, or OpenMP's static split: the call picks): (the
+    kernel's lines, the C of the range function before it). The lines before the loop (a blocked
+    pooling's macros) open the range function; the loop is the kernel's last statement. Lines
+    without such a loop come back as they are, with no function."""
+    i = next((k for k, ln in enumerate(lines) if PARALLEL_FOR.fullmatch(ln)), None)
+    if i is None:
+        return lines, ""
+    m, loop = PARALLEL_FOR.fullmatch(lines[i]), LOOP.fullmatch(lines[i + 1])
+    assert loop, lines[i + 1]
+    v, n, rest = loop.groups()
+    job = param_job(params)
+    fn = [f"/* {name}: the loop's items [lo, hi), read from the call's job (its arguments) */",
+          f"typedef struct {{ {job['PARAM_FIELDS']} }} {name}_job;",
+          f"static void {name}_range(void* job, long lo, long hi)", "{", f"    const {name}_job* jb = job;",
+          f"    {job['PARAM_UNPACK']}", *("    " + ln for ln in lines[:i]),
+          f"    for (long {v} = lo; {v} < hi; {v}++){rest}", *("    " + ln for ln in lines[i + 2:]), "}", ""]
+    call = [f"{name}_job job = {{ {job['PARAM_INIT']} }};", f"eqf_region({n}, {name}_range, &job, {m.group(1)});"]
+    return call, "\n".join(fn)

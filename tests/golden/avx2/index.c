@@ -5,7 +5,8 @@
 #define eqf_kinds_k7_index_CHECKED 1 /* the plan's checked: the kernel counts indices out of range */
 #define eqf_kinds_k7_index_POOL_S2 0 /* the plan's pool_s2: a stride-2 max pool's rows in AVX-512 vectors */
 /* eqf_kinds_k7_index: gather over [5, 7]. An index kernel: it selects or moves elements. It returns
- * how many indices were out of range (0 for a kernel that reads no indices). */
+ * how many indices were out of range (0 for a kernel that reads no indices). A pooling kernel's
+ * loop is a range function of the claim-based pool (eqfuse.backend.kinds.index.on_pool). */
 long eqf_kinds_k7_index(const float* restrict in0, const int64_t* restrict in1, float* restrict out)
 {
     long bad = 0;

@@ -56,7 +56,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.cexpr import kernel_params, param_job, render
+from eqfuse.backend.kinds.base import REGIONS
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS, c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     Prepack,
@@ -122,6 +123,14 @@ class ConvDirectDetail:
         """The template: winograd (conv_winograd.c), pixels in the lanes (conv_pixels.c) or
         channels in the lanes (conv_direct.c)."""
         return "winograd" if self.winograd else "pixels" if self.pixels else "channels"
+
+    @property
+    def regions(self) -> bool:
+        """Whether the parallel loops are eqf_region ranges (common_pool.h), which the call runs as
+        OpenMP's static split or on the claim-based pool (eqfuse.runtime.load.region_mode): every
+        template's (Winograd, channels or pixels in the lanes); the run function holds the pool's
+        workers over the kernel when they run on the pool (eqfuse.runtime.program.hold_pool)."""
+        return True
 
     @property
     def reorder(self) -> bool:
@@ -259,7 +268,8 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
                         f"one tap's weights {cb} x {d.obw} x {eb} = {cb * d.obw * eb} B, "
                         f"a channel block's {ncb * KH * KW * cb * d.obw * eb} B <= L2 {m.l2} B: "
                         f"{'ok' if ncb * KH * KW * cb * d.obw * eb <= m.l2 else 'NO'}")
-    plan.threads = (f"the {nob} channel blocks x {nt} pixel tiles split evenly, channel blocks outermost"
+    plan.threads = (f"the input copy's rows, then the {nob} channel blocks x {nt} pixel tiles (channel blocks "
+                    f"outermost), {REGIONS}"
                     if par else f"one thread, no parallel region ({NP * O * K} multiply-adds < 2^18)")
     epi = ops_text(body, skip={a} | set(cv.args))
     op = {"avx512_bf16": "vdpbf16ps K-pair steps", "fallback": "K-pair steps (bf16 widened, FMA)"}.get(path,
@@ -291,7 +301,8 @@ def _pixel_plan(plan: KernelPlan, m: Machine, epi: str) -> None:
     plan.cache_check = (f"registers: {ro} x {rph} x {rpw} accumulators + {rph * rpw} pixel vectors + 1 broadcast = "
                         f"{regs} vectors <= {32 if m.simd_floats >= 16 else 16}: ok")
     if d.parallel:
-        plan.threads = f"the {nt} tiles ({ro} channels x {rph} rows x {tw} pixels) split evenly"
+        plan.threads = (f"the padded copy's rows, then the {nt} tiles ({ro} channels x {rph} rows x {tw} pixels), "
+                        f"{REGIONS}")
     plan.uops = [
         UOp(0, "Exec", "weights to [C][KH][KW][OPAD] (once when bound by params=)", 1),
         UOp(0, "Load", f"input to a zero-padded copy, rows split by column phase [N][{d.C}][{hp}][{d.stride[1]}][{wq}]",
@@ -385,7 +396,7 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                       WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                       EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                       SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], VL=d.vl, RO=ro, RPH=rph,
-                      RPW=rpw)
+                      RPW=rpw, **param_job(params))
     el, er = edge_tiles(d)
     return render("conv_direct.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
@@ -394,7 +405,8 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
                   INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(d.reorder), BF16=BF16_PATHS[plan.precision_path],
                   REORDER_FN=reorder_fn(plan.name, d.vl) if d.reorder else "",
-                  EPI_BLOCKED=int(d.epi_blocked), EPILOGUE_NCHW="acc" if d.blocked_args else expr)
+                  EPI_BLOCKED=int(d.epi_blocked), EPILOGUE_NCHW="acc" if d.blocked_args else expr,
+                  **param_job(params))
 
 
 # (the blocked layout's decisions and pooling in it; imported here, after the names it uses,
@@ -451,15 +463,15 @@ def plan_winograd(plan: KernelPlan, m: Machine, d) -> None:
     plan.tiles = {"obw": d.obw, "rw": rw, "tb": tb}  # (constants of the C)
     th, tw = cdiv(d.OH, 2), cdiv(d.OW, 2)
     t = d.N * th * tw  # (plan.flops stays the conv's own count: 2 x 9 x C per output element)
+    nb = cdiv(t, tb)
     regs, scratch = rw * v + v + 1, tb * (16 * (d.C + d.O) + 32) * F32
     bf16 = plan.precision == "bf16"
     plan.cache_check = (f"registers: {rw} x {v} accumulators + {v} weights + 1 broadcast = {regs} vectors; "
                         f"a thread's transformed tiles {tb} x (16 x ({d.C} + {d.O}) + 32) x {F32} = {scratch} B "
                         f"<= L2 / 2 {m.l2 // 2} B: {'ok' if scratch <= m.l2 // 2 else 'NO (one register tile of rows)'}")
-    plan.threads = (f"the {t} tiles of 2 x 2 pixels split evenly, each thread its own run, in blocks of {tb}"
-                    if d.parallel else "one thread, no parallel region")
+    plan.threads = (f"the input's rows, the {nb} blocks of {tb} tiles of 2 x 2 pixels and the reorder's rows, "
+                    f"{REGIONS}" if d.parallel else "one thread, no parallel region")
     epi = ops_text(plan.body, skip={plan.shape.anchor} | set(plan.body.nodes[plan.shape.anchor].args))
-    nb = cdiv(t, tb)
     plan.uops = [
         UOp(0, "Exec", "weights to blocks, Winograd-transformed: U = G g G^T, [16][O / OBW][C][OBW] "
                        "(once when bound by params=)" + (", bf16 K-pairs [16][O / OBW][C / 2][OBW][2]" if bf16 else ""),
@@ -491,7 +503,8 @@ def emit_conv_winograd(plan: KernelPlan) -> str:
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, OH=d.OH, OW=d.OW, PH=d.padding[0],
                   PW=d.padding[1], VL=d.vl, V=d.v, OBW=d.obw, RW=d.rw, TB=d.winograd, IN_BLOCKED=int(d.in_blocked),
                   BF16=BF16_PATHS[plan.precision_path],
-                  OUT_BLOCKED=int(d.out_blocked), REORDER=int(ro), REORDER_FN=reorder_fn(plan.name, d.vl) if ro else "")
+                  OUT_BLOCKED=int(d.out_blocked), REORDER=int(ro), REORDER_FN=reorder_fn(plan.name, d.vl) if ro else "",
+                  **param_job(params))
 
 
 POOL_OPS = ("max_pool2d", "avg_pool2d")

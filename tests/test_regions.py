@@ -1,0 +1,127 @@
+"""The parallel loops written once as eqf_region ranges (csrc_templates/common_pool.h: the direct
+convs with channels and pixels in the lanes, Winograd, pooling in both layouts) run in the mode
+each call picks (eqfuse.runtime.load.call_threads): OpenMP's static split when every core is
+free, the claim-based pool when another runtime's threads run in the process, the calling thread
+alone when other processes hold the cores. The mode, and which thread ran a range, change no bit
+of a result; each result is numpy's within the documented bound.
+
+One f32 module holds a few-rows GEMM (the pool's panels), a reduction of rows (OpenMP), direct
+convs (channels and pixels in the lanes), a max pool between convs (blocked), an average pool
+(NCHW) and a Winograd conv; one bf16 module a direct conv and a Winograd conv (their bf16
+templates; under -m extended). Each is compiled once, at 2 threads, and called in every mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eqfuse
+from eqfuse.runtime import load
+
+SRC = """
+graph g(a: f32[8, 512], w: f32[512, 1024], q: f32[64, 4096], x: f32[1, 8, 128, 128], k0: f32[32, 8, 3, 3],
+        k1: f32[32, 32, 3, 3], k2: f32[4, 8, 3, 3]) -> (f32[8, 1024], f32[64], f32[1, 32, 32, 32],
+                                                    f32[1, 4, 128, 128], f32[1, 8, 127, 127]) {
+  p = max_pool2d(relu(conv2d(x, k0, stride=2, padding=1)), kernel_size=3, stride=2, padding=1)
+  c = relu(conv2d(p, k1, padding=1))
+  return relu(a @ w), sum(q * q, axis=[1]), c, conv2d(x, k2, padding=1), avg_pool2d(x, kernel_size=2, stride=1)
+}
+"""
+
+BF16 = """
+graph h(x: f32[1, 32, 28, 28], k0: f32[32, 32, 3, 3], k1: f32[64, 32, 3, 3]) -> (f32[1, 32, 28, 28], f32[1, 64, 14, 14]) {
+  return relu(conv2d(x, k0, padding=1)), conv2d(x, k1, stride=2, padding=1)
+}
+"""
+
+# the mode -> (free_cores: this process's other runtimes counted; free_cores_beside_peers: not)
+MODES = {"openmp": (2, 2), "pool": (1, 2), "caller": (1, 1)}
+
+
+def _mode(monkeypatch, mode: str) -> None:
+    free, beside = MODES[mode]
+    monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: free)
+    monkeypatch.setattr(load, "free_cores_beside_peers", lambda now=None, mine=None: beside)
+
+
+def _inputs(shapes: dict, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    return {n: (rng.standard_normal(s) / np.sqrt(np.prod(s[1:]) if len(s) == 4 else 1)).astype(np.float32)
+            for n, s in shapes.items()}
+
+
+@pytest.fixture(scope="module")
+def f32():
+    xs = _inputs({"a": (8, 512), "w": (512, 1024), "q": (64, 4096), "x": (1, 8, 128, 128), "k0": (32, 8, 3, 3),
+                  "k1": (32, 32, 3, 3), "k2": (4, 8, 3, 3)}, 0)
+    w = {"w": xs.pop("w") / 23}  # bound: the few-rows GEMM's prepacked path
+    return eqfuse.compile(SRC, params=w, threads=2), xs, w
+
+
+@pytest.fixture(scope="module")
+def bf16():
+    xs = _inputs({"x": (1, 32, 28, 28), "k0": (32, 32, 3, 3), "k1": (64, 32, 3, 3)}, 1)
+    w = {k: xs.pop(k) for k in ("k0", "k1")}
+    return eqfuse.compile(BF16, params=w, threads=2, precision="bf16"), xs, w
+
+
+def _regions(mod) -> dict:
+    return next(iter(mod.functions.values())).last.runner.last_threads()
+
+
+def _region_kinds(mod, xs) -> tuple[set, set]:
+    """{(precision, algorithm or op)} of the module's parallel eqf_region kernels, and those of them
+    in blocks of channels."""
+    mod(**xs)
+    seen, blocked = set(), set()
+    for p in next(iter(mod.functions.values())).last.plans:
+        d = p.detail
+        if getattr(d, "regions", False) and d.parallel is True:
+            kind = getattr(d, "algorithm", None) or d.op
+            seen.add((p.precision, kind))
+            if getattr(d, "in_blocked", False) or getattr(d, "out_blocked", False):
+                blocked.add(kind)
+    return seen, blocked
+
+
+def test_the_kernels_under_test_are_eqf_region_loops(f32):
+    seen, blocked = _region_kinds(*f32[:2])
+    assert {("f32", "channels"), ("f32", "pixels"), ("f32", "winograd"), ("f32", "max_pool2d"),
+            ("f32", "avg_pool2d")} <= seen, seen
+    assert "max_pool2d" in blocked, blocked  # the pooling between convs, in blocks of channels
+
+
+def test_every_mode_gives_the_same_bits_and_numpys_result(f32, monkeypatch):
+    mod, xs, w = f32
+    ref = [np.asarray(r) for r in eqfuse.reference(SRC)(**xs, **w)]
+    want = None
+    for mode in ("caller", "openmp", "pool"):
+        _mode(monkeypatch, mode)
+        for _ in range(5):  # on the pool the ranges go to either thread differently from call to call
+            got = mod(**xs)
+            t = _regions(mod)
+            assert (t["regions"], t["region_threads"]) == {"openmp": ("openmp", 2), "pool": ("pool", 2),
+                                                           "caller": ("caller", 1)}[mode]
+            assert t["openmp"] == (2 if mode == "openmp" else 1) and t["pool"] == 2
+            if want is None:
+                want = got
+                for g, r in zip(got, ref):  # f32 with sums of up to 4096 terms
+                    np.testing.assert_allclose(g, r.reshape(g.shape), rtol=2e-4, atol=2e-3)
+            for g, r in zip(got, want):
+                assert np.array_equal(g, r), mode
+
+
+@pytest.mark.extended
+def test_bf16_convs_give_the_same_bits_in_every_mode(bf16, monkeypatch):
+    # (their error bound against numpy: tests/test_bf16_conv.py, on the same templates)
+    mod, xs, _ = bf16
+    assert {("bf16", "channels"), ("bf16", "winograd")} <= _region_kinds(mod, xs)[0]
+    want = None
+    for mode in ("caller", "openmp", "pool"):
+        _mode(monkeypatch, mode)
+        for _ in range(3):
+            got = mod(**xs)
+            assert _regions(mod)["regions"] == mode
+            want = got if want is None else want
+            for g, r in zip(got, want):
+                assert np.array_equal(g, r), mode
