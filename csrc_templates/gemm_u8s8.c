@@ -13,6 +13,12 @@
  * subtracts the activation's zero point once per column (column sums made at pack time); the
  * row sums of A are computed only when some b_zp is not zero.
  *
+ * With QUANT_A ({{QUANT_A}}; A is quantize_linear(x, scale, zp), DynamicQuantizeLinear's y) the A
+ * argument is the f32 x, quantized here as quantize_linear computes it (eqf_quantize: x / scale
+ * rounded half to even, + zp, saturated) into the kernel's A buffer, M x K bytes of scratch that
+ * every batch reuses, before the panels read it (with A's row sums, when needed, in the same
+ * pass): the u8 tensor is never written out and read back.
+ *
  * PATH ({{PATH}}, the plan's precision_path): 3 = AVX512_VNNI (vpdpbusd on zmm, 64 u8 x s8
  * products in 16 lanes per instruction), 2 = AVX-VNNI (the VEX vpdpbusd on ymm), 1 = the exact
  * fallback: u8 and s8 widened to int16 (the even and odd bytes of each lane) and multiplied by
@@ -47,6 +53,7 @@
 #define {{NAME}}_BZP_PER_COL {{BZP_PER_COL}} /* b_zp one per column */
 #define {{NAME}}_PREPACKED_B {{PREPACKED_B}} /* B's panels made once by _prepack (B bound by params=) */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the panels shared by the pool's threads */
+#define {{NAME}}_QUANT_A {{QUANT_A}} /* A is f32 x, quantized into the kernel's A buffer */
 #define {{NAME}}_KCG (({{NAME}}_KC + 3) / 4) /* K-groups per block */
 #define {{NAME}}_KG ({{NAME}}_K / 4) /* whole K-groups of A; a last partial one is KT bytes */
 #define {{NAME}}_KT ({{NAME}}_K % 4)
@@ -208,6 +215,38 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
     }
 }
 
+/* The quantization of A (QUANT_A): rows [r0, r1) of the f32 x into the u8 buffer (an s8 zero
+ * point's results stored as their bits, which the micro-kernel reads as u8 ^ 0x80), and their
+ * row sums as the micro-kernel sees them when rowsum is not NULL */
+typedef struct {
+    const float* X;
+    uint8_t* A;
+    int32_t* rowsum;
+    float scale, zp, lo, hi;
+} {{NAME}}_qjob;
+
+#define {{NAME}}_QROWS 16L /* rows per chunk of the quantization */
+
+static void {{NAME}}_quantize(void* ctx, long c)
+{
+    const {{NAME}}_qjob* q = ctx;
+    const long r0 = c * {{NAME}}_QROWS, r1 = r0 + {{NAME}}_QROWS < {{NAME}}_M ? r0 + {{NAME}}_QROWS : {{NAME}}_M;
+    const float scale = q->scale, zp = q->zp, lo = q->lo, hi = q->hi;
+    for (long i = r0; i < r1; i++) {
+        const float* restrict x = q->X + i * {{NAME}}_K;
+        uint8_t* restrict a = q->A + i * {{NAME}}_K;
+#pragma omp simd
+        for (long k = 0; k < {{NAME}}_K; k++)
+            a[k] = (uint8_t)(int)eqf_quantize(x[k], scale, zp, lo, hi);
+        if (q->rowsum) {
+            uint32_t s = 0;
+            for (long k = 0; k < {{NAME}}_K; k++)
+                s += a[k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+            q->rowsum[i] = (int32_t)s;
+        }
+    }
+}
+
 typedef struct {
     const uint8_t* A;
     const int8_t* P;
@@ -282,27 +321,40 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long p)
     }
 }
 
-void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const {{BZP_T}}* bzp, {{OUT_T}}* C0{{EXTRA_PARAMS}})
+void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const {{BZP_T}}* bzp, const float* a_scale,
+              {{OUT_T}}* C0{{EXTRA_PARAMS}})
 {
+    (void)a_scale; /* (QUANT_A's scale; NULL otherwise) */
     /* the zero points as the u8 x s8 product sees them (an s8 A's moved by +128) */
     const uint32_t az = (uint32_t)((int32_t)azp[0] + ({{NAME}}_A_S8 ? 128 : 0));
     int bz_zero = 1;
     for (long j = 0; j < ({{NAME}}_BZP_PER_COL ? {{NAME}}_N : 1); j++)
         bz_zero &= (int32_t)bzp[j] - ({{NAME}}_B_U8 ? 128 : 0) == 0;
     const long pbytes = {{NAME}}_PANELS * {{NAME}}_PANEL_BYTES + 4 * {{NAME}}_NPAD;
-    /* scratch: the row sums of A (when needed), then B's panels (when not prepacked) */
-    float* scratch = bz_zero && {{NAME}}_PREPACKED_B ? NULL
-        : eqf_scratch(EQF_SCRATCH_GEMM_B, (bz_zero ? 0 : {{NAME}}_M) + ({{NAME}}_PREPACKED_B ? 0 : (pbytes + 3) / 4));
-    if (!scratch && !(bz_zero && {{NAME}}_PREPACKED_B)) {
+    /* scratch: the row sums of A (when needed), then B's panels (when not prepacked), then the
+     * quantized A (QUANT_A) */
+    const long rfloats = bz_zero ? 0 : {{NAME}}_M, pfloats = {{NAME}}_PREPACKED_B ? 0 : (pbytes + 3) / 4;
+    const long qfloats = {{NAME}}_QUANT_A ? ({{NAME}}_M * {{NAME}}_K + 3) / 4 : 0;
+    float* scratch = rfloats + pfloats + qfloats == 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, rfloats + pfloats + qfloats);
+    if (!scratch && rfloats + pfloats + qfloats) {
         eqf_nomem_note();
         return;
     }
     int32_t* rowsum = bz_zero ? NULL : (int32_t*)scratch;
-    int8_t* packed = {{NAME}}_PREPACKED_B ? NULL : (int8_t*)(scratch + (bz_zero ? 0 : {{NAME}}_M));
+    int8_t* packed = {{NAME}}_PREPACKED_B ? NULL : (int8_t*)(scratch + rfloats);
+    uint8_t* qa = {{NAME}}_QUANT_A ? (uint8_t*)(scratch + rfloats + pfloats) : NULL;
+    (void)qa;
     const int threads = {{NAME}}_PARALLEL ? eqf_pool_threads() : 1;
     int nomem = 0;
     for (long b = 0; b < {{BATCH}} && !__atomic_load_n(&nomem, __ATOMIC_RELAXED); b++) {
+#if {{NAME}}_QUANT_A
+        {{NAME}}_qjob qj = {(const float*)(const void*)(A0 + b * {{NAME}}_M * {{NAME}}_K), qa, rowsum, a_scale[0],
+                            (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0])};
+        eqf_parallel_for(({{NAME}}_M + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
+        const uint8_t* A = qa;
+#else
         const uint8_t* A = (const uint8_t*)(A0 + b * {{NAME}}_M * {{NAME}}_K);
+#endif
 #if {{NAME}}_PREPACKED_B
         const int8_t* P = (const int8_t*)B0;
         (void)packed;
@@ -311,7 +363,7 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
             {{NAME}}_pack(B0 + (b % {{NBB}}) * {{NAME}}_K * {{NAME}}_N, packed);
         const int8_t* P = packed;
 #endif
-        if (rowsum)
+        if (rowsum && !{{NAME}}_QUANT_A)
             for (long i = 0; i < {{NAME}}_M; i++) {
                 uint32_t s = 0;
                 for (long k = 0; k < {{NAME}}_K; k++)

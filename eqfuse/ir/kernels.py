@@ -125,6 +125,24 @@ class Facts:
         return None
 
 
+def quantized_a(body: Graph, anchor: int, inputs: set[int]) -> int | None:
+    """The f32 x of a matmul_integer whose A is quantize_linear(x, scale, zp) of kernel inputs,
+    scale and zp scalars, zp the GEMM's own a_zp, and read by nothing else: the integer GEMM
+    quantizes x into its u8 A buffer itself (rule kernel_matmul_integer_qa; qgemm's quantize_a)."""
+    mm = body.nodes[anchor]
+    if mm.op != "matmul_integer":
+        return None
+    q = body.nodes[mm.args[0]]
+    if q.op != "quantize_linear" or body.users()[mm.args[0]] != 1:
+        return None
+    x, scale, zp = q.args
+    if not {x, scale, zp} <= inputs or zp != mm.args[2] or body.nodes[scale].type.rank != 0:
+        return None
+    if body.nodes[x].type.dtype != "f32" or body.nodes[scale].type.dtype != "f32" or body.nodes[zp].type.rank != 0:
+        return None
+    return x
+
+
 def swaps_last_two(n: Node) -> bool:
     if n.op != "transpose" or n.type.rank < 2:
         return False
@@ -208,7 +226,7 @@ def _match_gemm(body: Graph, facts: Facts) -> KernelShape | None:
     if a is not None:
         n = body.nodes[a]
         check_epilogue(body, a, facts.out)
-        if not all(x in inputs for x in n.args):
+        if not all(x in inputs or (i == 0 and quantized_a(body, a, inputs) is not None) for i, x in enumerate(n.args)):
             raise Unsupported(f"the operands of {n.op} must be kernel inputs (tensors in memory), "
                               "not values computed inside the kernel")
         return KernelShape(K.CONV2D if n.op == "conv2d" else K.CONTRACTION, a)

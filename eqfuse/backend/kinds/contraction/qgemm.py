@@ -6,6 +6,8 @@ with its dequantization, bias and activation as a pointwise epilogue on the exac
 `int8_path` is the one place the instruction path is chosen (the plan's `precision_path`, printed
 by `eqfuse lower`, listed by report["precision"]); `int8_tile` the register tile per path. B is
 packed in 4-byte K-groups with its column sums (once, when bound by params=: plan.detail.prepack).
+An A that is quantize_linear(x, scale, zp) of an f32 x (DynamicQuantizeLinear's y, joined by the rule
+kernel_matmul_integer_qa) is quantized by the kernel into its own A buffer (plan.detail.quantize_a).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
+from eqfuse.ir.kernels import quantized_a
 from eqfuse.ir.shapes import C_TYPE
 from eqfuse.machine import Machine
 
@@ -76,6 +79,9 @@ class QGemmDetail:
     b_u8: bool  # B is u8 (packed as s8 b ^ 0x80, its zero point - 128)
     bzp_per_col: bool  # b_zp is one per column
     parallel: bool  # the panels are shared by the pool's threads (PARALLEL_MIN_FMAS)
+    # A is quantize_linear(x, scale, zp) of an f32 x: the kernel quantizes x into its A buffer (a
+    # scratch of M x K bytes, reused by every batch) before the panels, so the u8 A is never a tensor
+    quantize_a: bool
     prepack: Prepack | None = None  # B bound by params=, packed once (kinds.contraction.mark_bound_b)
     # its panels are chunks of the claim-based pool (the run function keeps the pool's workers
     # ready across it: runtime.program.hold_pool)
@@ -90,6 +96,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     body, a = plan.body, plan.shape.anchor
     mm = body.nodes[a]
     at, bt, _, zt = (body.nodes[x].type for x in mm.args)
+    qa = quantized_a(body, a, set(body.inputs)) is not None
     out = tuple(mm.type.shape)
     M, K, N = at.shape[-2], at.shape[-1], bt.shape[-1]
     batches = size(out[:-2])
@@ -102,7 +109,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     kc = min(int8_kc(K, nr, m), K)
     plan.tiles = {"mr": mr, "nr": nr, "kc": kc}
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
-    plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par)
+    plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par, qa)
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
@@ -119,7 +126,9 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
           "fallback_scalar": "int32 multiply-adds in C"}[path]
     epi = ops_text(body, skip={a} | set(mm.args))
     tiles = cdiv(gM, mr)
-    plan.uops = [UOp(0, "Loop", f"{calls} GEMM(s) of {gM} x {N} x {K}, u8 x s8 -> int32", calls),
+    quant = [UOp(1, "Load", f"quantize A [{gM} x {K}] f32 -> {at.dtype} (x / scale, round half to even, + zp, saturate) "
+                 "into the kernel's A buffer" + (", row blocks shared by the pool's threads" if par else ""), calls)]
+    plan.uops = [UOp(0, "Loop", f"{calls} GEMM(s) of {gM} x {N} x {K}, u8 x s8 -> int32", calls), *quant[:qa],
                  UOp(1, "Load", f"pack B [{K} x {N}] into {kg} K-groups x {nr}-column panels + column sums "
                      + ("(once, when bound: params=)" if fold else "(per call)"), calls),
                  UOp(1, "Loop", f"panels over N={N} step nr={nr}", calls * panels),
@@ -148,6 +157,8 @@ def emit_qgemm(plan: KernelPlan) -> str:
     mm = body.nodes[a]
     params, ptrs = kernel_params(plan)
     d = plan.detail
+    q = body.nodes[mm.args[0]]  # (quantize_linear(x, scale, zp) with quantize_a)
+    a_in, a_scale = (q.args[0], ptrs[q.args[1]]) if d.quantize_a else (mm.args[0], "NULL")
     out = tuple(plan.out_shape)
     nb = len(out) - 2
     if d.batch == 1:
@@ -157,19 +168,20 @@ def emit_qgemm(plan: KernelPlan) -> str:
     expr, read = gemm_epilogue(plan, groups, {a: "acc"})
     extras = [(c_type(body, i), pn) for i, pn in read]
     gname = f"{plan.name}_gemm"
-    ta, tb, tz, tw = (C_TYPE[body.nodes[x].type.dtype] for x in mm.args)
+    ta, tb, tz, tw = (C_TYPE[body.nodes[x].type.dtype] for x in (a_in, *mm.args[1:]))
     src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
                  KC=plan.tiles["kc"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
-                 PREPACKED_B=int(d.prepack is not None), PATH=INT8_PATHS[plan.precision_path],
+                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), PATH=INT8_PATHS[plan.precision_path],
                  PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
                  EXTRA_PARAMS="".join(f", const {t}* restrict {n}" for t, n in extras),
                  EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
                  EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
                  EXTRA_INIT="".join(", " + n for _, n in extras))
-    args = [ptrs[x] for x in mm.args] + ["out"] + [ptrs[i] for i, _ in read]
-    shapes = f"integer batch={d.batch} M={d.M} N={d.N} K={d.K} ({plan.precision_path})"
+    args = [ptrs[a_in]] + [ptrs[x] for x in mm.args[1:]] + [a_scale, "out"] + [ptrs[i] for i, _ in read]
+    shapes = (f"integer batch={d.batch} M={d.M} N={d.N} K={d.K} ({plan.precision_path}"
+              + (", A quantized from f32)" if d.quantize_a else ")"))
     wrapper = render("matmul.c", NAME=plan.name, SHAPES=shapes, GEMM=gname, PARAMS=params, OUTER=1,
                      OFFSETS="        (void)g;", ARGS=", ".join(args))
     return src + "\n" + wrapper
