@@ -215,6 +215,7 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
     }
 }
 
+#if {{NAME}}_QUANT_A
 /* The quantization of A (QUANT_A): rows [r0, r1) of the f32 x into the u8 buffer (an s8 zero
  * point's results stored as their bits, which the micro-kernel reads as u8 ^ 0x80), and their
  * row sums as the micro-kernel sees them when rowsum is not NULL */
@@ -246,6 +247,7 @@ static void {{NAME}}_quantize(void* ctx, long c)
         }
     }
 }
+#endif
 
 typedef struct {
     const uint8_t* A;

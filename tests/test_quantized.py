@@ -45,6 +45,7 @@ import model_exports as me  # noqa: E402
 import eqfuse  # noqa: E402
 from eqfuse.backend.kinds.contraction import qgemm  # noqa: E402
 from eqfuse.frontend.onnx_import import onnx_params  # noqa: E402
+from eqfuse.ir.ops import OPS  # noqa: E402
 from eqfuse.machine import machine  # noqa: E402
 from eqfuse.pipeline import uops_text  # noqa: E402
 
@@ -209,6 +210,10 @@ def test_quantized_model_matches_onnxruntime(quantized):
     if "MatMulInteger" in ops:  # each MatMulInteger one integer GEMM, on this machine's instruction path
         int8 = [v["path"] for v in module.report["precision"].values() if v["precision"] == "int8"]
         assert int8 == [qgemm.int8_path(machine())] * sum(n.op_type == "MatMulInteger" for n in model.graph.node)
+    if how == "dynamic" and "MatMulInteger" in ops:  # each GEMM quantizes its A itself: no u8 tensor, no kernel
+        quantizing = [k.name for k in module.kernels if k.decisions.get("quantize_a")]
+        assert len(quantizing) == sum(n.op_type == "MatMulInteger" for n in model.graph.node), quantizing
+        assert not any(k.kind == "pointwise" and "quantize_linear" in k.c_source for k in module.kernels)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     for seed in range(3):
         feeds = _inputs(name, seed)
@@ -315,10 +320,11 @@ def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_
     assert ("u8" in text or "dynamic_zero_point(" in text) and "i8" in text and "quantize_linear(" in text
     if how == "static" and name in ("gpt2", "vit"):  # the quantizer's redundant DQ -> Q pairs are removed
         assert "dequantize_quantize x" in text
-    if (name, how) == ("mlp", "dynamic"):  # the dequantization, bias and activation in the integer GEMM's kernel
-        # (the scale, x_scale * w_scale, is a kernel of its own: a product of scalars starts no kernel)
-        assert re.search(r"kernel \{ relu\(cast\(matmul_integer\(\w+, \w+, \w+, \w+\), to=\"f32\"\) \* \w+ "
-                         r"\+ \w+\) \}", text), text
+    if (name, how) == ("mlp", "dynamic"):  # the quantization of A, the dequantization, bias and activation in
+        # the integer GEMM's kernel (the scale, x_scale * w_scale, is a kernel of its own: a product of
+        # scalars starts no kernel)
+        assert re.search(r"kernel \{ relu\(cast\(matmul_integer\(quantize_linear\((\w+), (\w+), (\w+)\), \w+, \3, \w+\), "
+                         r"to=\"f32\"\) \* \w+ \+ \w+\) \}", text), text
     if how == "dynamic":  # each DynamicQuantizeLinear: its scale and zero point one op each, then the quantize
         dql = sum(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
         assert text.count("dynamic_scale(") == text.count("dynamic_zero_point(") == dql, text
@@ -461,14 +467,17 @@ def test_dequantize_quantize_does_not_fire_where_its_guard_is_false(tmp_path, ca
 # Odd shapes (K not a multiple of 4, M and N not multiples of any tile, N below the narrowest
 # tile), each operand type, a zero point per column, a batched B read per call, one B bound by
 # params= (packed once, with its column sums), one deep enough for K blocks (partial sums kept
-# between them) and large enough to share its panels among threads, and an int32 result next to
-# a dequantized one: all in one module per path.
+# between them) and large enough to share its panels among threads, an int32 result next to
+# a dequantized one, and two whose A is quantize_linear of an f32 x (DynamicQuantizeLinear's y),
+# quantized by the GEMM into its A buffer (quantize_a; a u8 and an s8 zero point, the row sums of
+# A made in the same pass for the non-zero b_zp): all in one module per path.
 INTEGER_GEMMS = """
 graph ig(a: u8[7, 37], b: i8[37, 53], az: u8, bz: i8, s: i8[13, 5], t: u8[5, 70], sz: i8, tz: u8[70],
          c: u8[2, 33, 130], d: i8[2, 130, 7], cz: u8, dz: i8, e: u8[40, 1101], f: i8[1101, 70],
-         w: i8[37, 53], sc: f32[53], bias: f32[53]) {
+         w: i8[37, 53], sc: f32[53], bias: f32[53], xa: f32[7, 37], xs: f32[13, 5], qs: f32) {
     return matmul_integer(a, b, az, bz), matmul_integer(s, t, sz, tz), matmul_integer(c, d, cz, dz),
-           matmul_integer(e, f, az, bz), relu(cast(matmul_integer(a, w, az, bz), to="f32") * sc + bias)
+           matmul_integer(e, f, az, bz), relu(cast(matmul_integer(a, w, az, bz), to="f32") * sc + bias),
+           matmul_integer(quantize_linear(xa, qs, az), b, az, bz), matmul_integer(quantize_linear(xs, qs, sz), t, sz, tz)
 }
 """
 
@@ -505,20 +514,31 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
          "e": u8(40, 1101), "f": i8(1101, 70),
          "sc": rng.uniform(1e-4, 1e-3, 53).astype(np.float32), "bias": rng.standard_normal(53).astype(np.float32)}
     x["w"] = x["b"].copy()
+    # f32 activations whose quantization saturates at both ends, ties included (k + 0.5 steps)
+    x["qs"] = np.asarray(0.25, np.float32)
+    x["xa"] = np.concatenate([rng.uniform(-40, 40, (7, 30)), (rng.integers(-80, 80, (7, 7)) + 0.5) * 0.25], 1).astype(np.float32)
+    x["xs"] = rng.uniform(-60, 60, (13, 5)).astype(np.float32)
     mod = eqfuse.compile(INTEGER_GEMMS, params={"w": x["w"]})
     plans = [p for p in mod.default.last.plans if p.kind == "contraction"]
-    assert len(plans) == 5 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
+    assert len(plans) == 7 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
+    assert sum(p.detail.quantize_a for p in plans) == 2 and len(mod.kernels) == 7  # (no quantize kernel)
     assert sum(p.prepack is not None for p in plans) == 1 and sum(p.detail.parallel for p in plans) == 1
     assert sum(p.tiles["kc"] < p.detail.K for p in plans) == 1
     for k in mod.kernels:  # the plan is what runs: its tiles are the constants of the C
         if k.kind == "contraction":
             assert all(re.search(rf"#define \w+_{t.upper()} {v}L?\b", k.c_source) for t, v in k.tiles.items()), k.name
     text = uops_text(INTEGER_GEMMS)  # (eqfuse lower)
-    assert text.count(f"precision: int8, path: {int8_path}") == 5 and "kc=" in text
+    assert text.count(f"precision: int8, path: {int8_path}") == 7 and "kc=" in text
+    assert text.count("quantize_a=1") == 2
     got = mod(**{k: v for k, v in x.items() if k != "w"})
     exact = lambda p, q, pz, qz: np.matmul(p.astype(np.int64) - np.int64(pz), q.astype(np.int64) - qz.astype(np.int64))  # noqa: E731
     want = [exact(x["a"], x["b"], x["az"], x["bz"]), exact(x["s"], x["t"], x["sz"], x["tz"]),
             exact(x["c"], x["d"], x["cz"], x["dz"]), exact(x["e"], x["f"], x["az"], x["bz"])]
+    quantize = OPS["quantize_linear"].numpy  # (the reference of quantize_linear)
+    qa, qs = quantize([x["xa"], x["qs"], x["az"]], {}), quantize([x["xs"], x["qs"], x["sz"]], {})
+    assert qa.min() == 0 and qa.max() == 255 and qs.min() == -128 and qs.max() == 127
+    for g, w in zip(got[5:], [exact(qa, x["b"], x["az"], x["bz"]), exact(qs, x["t"], x["sz"], x["tz"])]):
+        assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), w)
     for g, w in zip(got[:4], want):
         assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), w)
     # the epilogue in f32 on the exact sum: the product and the add round once each (or once, fused
