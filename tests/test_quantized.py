@@ -207,9 +207,10 @@ def test_quantized_model_matches_onnxruntime(quantized):
                 {"DynamicQuantizeLinear", "ConvInteger"}, "static": {"QuantizeLinear", "DequantizeLinear"},
                 "qoperator": {"QuantizeLinear", "QLinearConv", "DequantizeLinear"}}[how]
     assert want_ops <= ops, ops
-    if "MatMulInteger" in ops:  # each MatMulInteger one integer GEMM, on this machine's instruction path
+    integer = ("MatMulInteger", "ConvInteger", "QLinearConv")
+    if ops & set(integer):  # each integer matmul and conv one integer GEMM, on this machine's instruction path
         int8 = [v["path"] for v in module.report["precision"].values() if v["precision"] == "int8"]
-        assert int8 == [qgemm.int8_path(machine())] * sum(n.op_type == "MatMulInteger" for n in model.graph.node)
+        assert int8 == [qgemm.int8_path(machine())] * sum(n.op_type in integer for n in model.graph.node)
     if how == "dynamic" and "MatMulInteger" in ops:  # each GEMM quantizes its A itself: no u8 tensor, no kernel
         quantizing = [k.name for k in module.kernels if k.decisions.get("quantize_a")]
         assert len(quantizing) == sum(n.op_type == "MatMulInteger" for n in model.graph.node), quantizing
@@ -470,14 +471,20 @@ def test_dequantize_quantize_does_not_fire_where_its_guard_is_false(tmp_path, ca
 # between them) and large enough to share its panels among threads, an int32 result next to
 # a dequantized one, and two whose A is quantize_linear of an f32 x (DynamicQuantizeLinear's y),
 # quantized by the GEMM into its A buffer (quantize_a; a u8 and an s8 zero point, the row sums of
-# A made in the same pass for the non-zero b_zp): all in one module per path.
+# A made in the same pass for the non-zero b_zp), and three integer convs, the same GEMM over the
+# im2col of x (strided, padded, dilated, grouped; u8 and s8 x, i8 and u8 w, w's zero point per
+# output channel; one with its weights bound and a dequantizing epilogue): all in one module per path.
 INTEGER_GEMMS = """
 graph ig(a: u8[7, 37], b: i8[37, 53], az: u8, bz: i8, s: i8[13, 5], t: u8[5, 70], sz: i8, tz: u8[70],
          c: u8[2, 33, 130], d: i8[2, 130, 7], cz: u8, dz: i8, e: u8[40, 1101], f: i8[1101, 70],
-         w: i8[37, 53], sc: f32[53], bias: f32[53], xa: f32[7, 37], xs: f32[13, 5], qs: f32) {
+         w: i8[37, 53], sc: f32[53], bias: f32[53], xa: f32[7, 37], xs: f32[13, 5], qs: f32,
+         cx: u8[2, 6, 9, 11], cw: i8[8, 3, 3, 3], cwz: i8[8], cy: i8[1, 5, 7, 8], cv: u8[70, 5, 2, 2],
+         cw2: i8[8, 6, 3, 3], csc: f32[8, 1, 1]) {
     return matmul_integer(a, b, az, bz), matmul_integer(s, t, sz, tz), matmul_integer(c, d, cz, dz),
            matmul_integer(e, f, az, bz), relu(cast(matmul_integer(a, w, az, bz), to="f32") * sc + bias),
-           matmul_integer(quantize_linear(xa, qs, az), b, az, bz), matmul_integer(quantize_linear(xs, qs, sz), t, sz, tz)
+           matmul_integer(quantize_linear(xa, qs, az), b, az, bz), matmul_integer(quantize_linear(xs, qs, sz), t, sz, tz),
+           conv_integer(cx, cw, az, cwz, stride=2, padding=1, group=2), conv_integer(cy, cv, sz, tz, padding=1, dilation=2),
+           cast(conv_integer(cx, cw2, az, bz, padding=1), to="f32") * csc
 }
 """
 
@@ -518,19 +525,22 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     x["qs"] = np.asarray(0.25, np.float32)
     x["xa"] = np.concatenate([rng.uniform(-40, 40, (7, 30)), (rng.integers(-80, 80, (7, 7)) + 0.5) * 0.25], 1).astype(np.float32)
     x["xs"] = rng.uniform(-60, 60, (13, 5)).astype(np.float32)
-    mod = eqfuse.compile(INTEGER_GEMMS, params={"w": x["w"]})
+    x.update(cx=u8(2, 6, 9, 11), cw=i8(8, 3, 3, 3), cwz=i8(8), cy=i8(1, 5, 7, 8), cv=u8(70, 5, 2, 2), cw2=i8(8, 6, 3, 3),
+             csc=rng.uniform(1e-4, 1e-3, (8, 1, 1)).astype(np.float32))
+    mod = eqfuse.compile(INTEGER_GEMMS, params={"w": x["w"], "cw2": x["cw2"]})
     plans = [p for p in mod.default.last.plans if p.kind == "contraction"]
-    assert len(plans) == 7 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
-    assert sum(p.detail.quantize_a for p in plans) == 2 and len(mod.kernels) == 7  # (no quantize kernel)
-    assert sum(p.prepack is not None for p in plans) == 1 and sum(p.detail.parallel for p in plans) == 1
+    assert len(plans) == 10 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
+    assert sum(p.detail.quantize_a for p in plans) == 2 and sum(p.detail.im2col for p in plans) == 3
+    assert len(mod.kernels) == 10  # (no quantize kernel; each conv's epilogue in its kernel)
+    assert sum(p.prepack is not None for p in plans) == 2 and sum(p.detail.parallel for p in plans) == 1
     assert sum(p.tiles["kc"] < p.detail.K for p in plans) == 1
     for k in mod.kernels:  # the plan is what runs: its tiles are the constants of the C
         if k.kind == "contraction":
             assert all(re.search(rf"#define \w+_{t.upper()} {v}L?\b", k.c_source) for t, v in k.tiles.items()), k.name
     text = uops_text(INTEGER_GEMMS)  # (eqfuse lower)
-    assert text.count(f"precision: int8, path: {int8_path}") == 7 and "kc=" in text
-    assert text.count("quantize_a=1") == 2
-    got = mod(**{k: v for k, v in x.items() if k != "w"})
+    assert text.count(f"precision: int8, path: {int8_path}") == 10 and "kc=" in text
+    assert text.count("quantize_a=1") == 2 and text.count("im2col=1") == 3
+    got = mod(**{k: v for k, v in x.items() if k not in ("w", "cw2")})
     exact = lambda p, q, pz, qz: np.matmul(p.astype(np.int64) - np.int64(pz), q.astype(np.int64) - qz.astype(np.int64))  # noqa: E731
     want = [exact(x["a"], x["b"], x["az"], x["bz"]), exact(x["s"], x["t"], x["sz"], x["tz"]),
             exact(x["c"], x["d"], x["cz"], x["dz"]), exact(x["e"], x["f"], x["az"], x["bz"])]
@@ -539,6 +549,14 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     assert qa.min() == 0 and qa.max() == 255 and qs.min() == -128 and qs.max() == 127
     for g, w in zip(got[5:], [exact(qa, x["b"], x["az"], x["bz"]), exact(qs, x["t"], x["sz"], x["tz"])]):
         assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), w)
+    conv = OPS["conv_integer"].numpy  # (the reference: int64 sums of (x - x_zp) (w - w_zp), padded with 0)
+    geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
+    convs = [conv([x["cx"], x["cw"], x["az"], x["cwz"]], geo(stride=2, padding=1, group=2)),
+             conv([x["cy"], x["cv"], x["sz"], x["tz"]], geo(padding=1, dilation=2))]
+    for g, w in zip(got[7:9], convs):
+        assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w)
+    acc = conv([x["cx"], x["cw2"], x["az"], x["bz"]], geo(padding=1)).astype(np.float64)
+    assert np.all(np.abs(got[9] - acc * x["csc"]) <= 2.0**-24 * np.abs(acc * x["csc"]))  # (one rounding: the product)
     for g, w in zip(got[:4], want):
         assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), w)
     # the epilogue in f32 on the exact sum: the product and the add round once each (or once, fused

@@ -407,7 +407,7 @@ ROW_OPS = ("softmax", "layernorm", "rmsnorm", "softmax_grad", "layernorm_grad") 
 # The index ops that have a kernel (eqfuse.backend.kinds.index.BUILDERS has one builder each).
 INDEX_KERNEL_OPS = frozenset({"range", "gather", "scatter_add", "gather_elements", "cumsum", "argmax", "tril",
                               "triu", "pad", "max_pool2d", "avg_pool2d", "pool2d_grad", "scatter_elements_add",
-                              "conv_integer", "dynamic_scale", "dynamic_zero_point"})
+                              "dynamic_scale", "dynamic_zero_point"})
 
 
 def _match_pointwise(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
@@ -441,13 +441,14 @@ def _match_index(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
 
 def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
     dtype = body.nodes[facts.out].type.dtype
-    integer = [i for i in facts.heavy if body.nodes[i].op == "matmul_integer"]
+    integer = [i for i in facts.heavy if body.nodes[i].op in ("matmul_integer", "conv_integer")]
     if integer and (len(facts.heavy) != 1 or dtype not in ("f32", "i32", "u8", "i8")):
         # the integer GEMM (u8 x s8, csrc_templates/gemm_u8s8.c) takes a pointwise epilogue only,
         # and stores f32 (dequantized), its exact int32 sums or u8 / i8 (requantized: QLinearMatMul)
-        raise Unsupported(f"a matmul_integer kernel is the integer GEMM with a pointwise epilogue, writing f32, i32, "
+        what = body.nodes[integer[0]].op
+        raise Unsupported(f"a {what} kernel is the integer GEMM with a pointwise epilogue, writing f32, i32, "
                           f"u8 or i8, not {dtype}" if dtype not in ("f32", "i32", "u8", "i8") else
-                          "a matmul_integer kernel takes a pointwise epilogue only")
+                          f"a {what} kernel takes a pointwise epilogue only")
     if dtype != "f32" and not integer and any(facts.kinds[i] == "contraction" for i in facts.heavy):
         # the GEMM and conv templates store floats: a mask computed from a product (`x @ w > 0`,
         # as a relu's gradient reads) is a pointwise kernel of its own
