@@ -612,7 +612,7 @@ def test_a_counting_build_makes_the_integer_micro_kernel_calls_lower_prints():
         if m:
             want[name] = int(m.group(1))
     gemms = [k for k in eqfuse.compile(INTEGER_GEMMS).kernels if k.kind == "contraction"]
-    assert sorted(want) == sorted(k.name for k in gemms) and len(gemms) == 5
+    assert sorted(want) == sorted(k.name for k in gemms) and len(gemms) == 10
     sigs = {k.name: re.search(rf"void {k.name}\(([^)]*)\)", k.c_source).group(1).replace("restrict ", "") for k in gemms}
     code = "\n".join(k.c_source for k in gemms)
     lib = build(header_c(code) + COMMON_C + code,
