@@ -566,6 +566,25 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     assert np.all(np.abs(got[4] - np.maximum(z, 0)) <= 2.0**-24 * (np.abs(prod) + np.abs(z)))
 
 
+SLICED_G = """graph sliced(x: f32[4, 8, 32], w: i8[32, 16], wz: i8, z: u8, s: f32) {
+    return matmul_integer(quantize_linear(reshape(slice(x, axis=1, start=0, stop=1), shape=[4, 32]), s, z), w, z, wz)
+}
+"""
+
+
+def test_the_integer_gemm_quantizes_a_strided_view_as_a_copy():
+    """Must not read through strides: the GEMM quantizes its x row by row from contiguous memory,
+    so a strided view of x (the first token of each sequence) is copied first, not taken as a view
+    (eqfuse.backend.views); its integers are the reference's."""
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((4, 8, 32)).astype(np.float32), "w": rng.integers(-128, 128, (32, 16)).astype(np.int8),
+             "wz": np.asarray(0, np.int8), "z": np.asarray(100, np.uint8), "s": np.asarray(0.02, np.float32)}
+    mod = eqfuse.compile(SLICED_G)
+    assert [k.decisions.get("quantize_a") for k in mod.kernels if k.kind == "contraction"] == [1]
+    assert any(k.kind == "layout" for k in mod.kernels)
+    assert np.array_equal(mod(**feeds), eqfuse.reference(SLICED_G)(**feeds))
+
+
 @pytest.mark.extended  # (a compile of its own; the default tier's integer GEMM cases are above)
 def test_qlinear_matmul_is_one_integer_gemm_kernel_and_matches_onnxruntime(tmp_path):
     """QLinearMatMul (per-tensor and per-column b_scale, odd shapes) is one kernel: the integer GEMM
