@@ -239,14 +239,16 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
 }
 
 #if {{NAME}}_QUANT_A
-/* The quantization of A (QUANT_A): rows [r0, r1) of the f32 x into the u8 buffer (an s8 zero
- * point's results stored as their bits, which the micro-kernel reads as u8 ^ 0x80), and their
- * row sums as the micro-kernel sees them when rowsum is not NULL */
+/* The quantization of A (QUANT_A): rows [r0, r1) of `rows` rows of `len` f32 x into the u8
+ * buffer (an s8 zero point's results stored as their bits, which the micro-kernel reads as
+ * u8 ^ 0x80), and their row sums as the micro-kernel sees them when rowsum is not NULL. (A conv's
+ * rows are its group's channel planes of the image, which the im2col then reads.) */
 typedef struct {
     const float* X;
     uint8_t* A;
     int32_t* rowsum;
     float scale, zp, lo, hi;
+    long rows, len;
 } {{NAME}}_qjob;
 
 #define {{NAME}}_QROWS 16L /* rows per chunk of the quantization */
@@ -254,17 +256,18 @@ typedef struct {
 static void {{NAME}}_quantize(void* ctx, long c)
 {
     const {{NAME}}_qjob* q = ctx;
-    const long r0 = c * {{NAME}}_QROWS, r1 = r0 + {{NAME}}_QROWS < {{NAME}}_M ? r0 + {{NAME}}_QROWS : {{NAME}}_M;
+    const long r0 = c * {{NAME}}_QROWS, r1 = r0 + {{NAME}}_QROWS < q->rows ? r0 + {{NAME}}_QROWS : q->rows;
     const float scale = q->scale, zp = q->zp, lo = q->lo, hi = q->hi;
+    const long len = q->len;
     for (long i = r0; i < r1; i++) {
-        const float* restrict x = q->X + i * {{NAME}}_K;
-        uint8_t* restrict a = q->A + i * {{NAME}}_K;
+        const float* restrict x = q->X + i * len;
+        uint8_t* restrict a = q->A + i * len;
 #pragma omp simd
-        for (long k = 0; k < {{NAME}}_K; k++)
+        for (long k = 0; k < len; k++)
             a[k] = (uint8_t)(int)eqf_quantize(x[k], scale, zp, lo, hi);
         if (q->rowsum) {
             uint32_t s = 0;
-            for (long k = 0; k < {{NAME}}_K; k++)
+            for (long k = 0; k < len; k++)
                 s += a[k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
             q->rowsum[i] = (int32_t)s;
         }
@@ -404,7 +407,9 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
     /* scratch: the row sums of A (when needed), then B's panels (when not prepacked), then the
      * quantized A (QUANT_A) */
     const long rfloats = bz_zero ? 0 : {{NAME}}_M, pfloats = {{NAME}}_PREPACKED_B ? 0 : (pbytes + 3) / 4;
-    const long qfloats = {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? ({{NAME}}_M * {{NAME}}_K + 3) / 4 : 0;
+    /* (a conv whose x it quantizes: the image's group of channels in bytes, after the A buffer) */
+    const long xbytes = {{NAME}}_QUANT_A && {{NAME}}_IM2COL ? {{NAME}}_CI / {{NAME}}_G * {{NAME}}_H * {{NAME}}_W : 0;
+    const long qfloats = {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? ({{NAME}}_M * {{NAME}}_K + xbytes + 3) / 4 : 0;
     float* scratch = rfloats + pfloats + qfloats == 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, rfloats + pfloats + qfloats);
     if (!scratch && rfloats + pfloats + qfloats) {
         eqf_nomem_note();
@@ -417,9 +422,19 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
     const int threads = {{NAME}}_PARALLEL ? eqf_pool_threads() : 1;
     int nomem = 0;
     for (long b = 0; b < {{BATCH}} && !__atomic_load_n(&nomem, __ATOMIC_RELAXED); b++) {
-#if {{NAME}}_QUANT_A
+#if {{NAME}}_QUANT_A && {{NAME}}_IM2COL
+        /* the image's group of channels quantized (planes as rows), then their im2col */
+        {{NAME}}_qjob qj = {(const float*)(const void*)(A0 + ((b / {{NAME}}_G) * {{NAME}}_CI + (b % {{NAME}}_G) * ({{NAME}}_CI / {{NAME}}_G))
+                                                        * {{NAME}}_H * {{NAME}}_W),
+                            qa + {{NAME}}_M * {{NAME}}_K, NULL, a_scale[0], (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0]),
+                            {{NAME}}_CI / {{NAME}}_G, {{NAME}}_H * {{NAME}}_W};
+        eqf_parallel_for(({{NAME}}_CI / {{NAME}}_G + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
+        {{NAME}}_cjob cj = {qa + {{NAME}}_M * {{NAME}}_K, qa, rowsum, (uint8_t)azp[0]};
+        eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);
+        const uint8_t* A = qa;
+#elif {{NAME}}_QUANT_A
         {{NAME}}_qjob qj = {(const float*)(const void*)(A0 + b * {{NAME}}_M * {{NAME}}_K), qa, rowsum, a_scale[0],
-                            (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0])};
+                            (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0]), {{NAME}}_M, {{NAME}}_K};
         eqf_parallel_for(({{NAME}}_M + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
         const uint8_t* A = qa;
 #elif {{NAME}}_IM2COL

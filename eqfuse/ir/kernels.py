@@ -126,11 +126,12 @@ class Facts:
 
 
 def quantized_a(body: Graph, anchor: int, inputs: set[int]) -> int | None:
-    """The f32 x of a matmul_integer whose A is quantize_linear(x, scale, zp) of kernel inputs,
-    scale and zp scalars, zp the GEMM's own a_zp, and read by nothing else: the integer GEMM
-    quantizes x into its u8 A buffer itself (rule kernel_matmul_integer_qa; qgemm's quantize_a)."""
+    """The f32 x of a matmul_integer (or conv_integer) whose A (x) is quantize_linear(x, scale, zp)
+    of kernel inputs, scale and zp scalars, zp the GEMM's own a_zp, and read by nothing else: the
+    integer GEMM quantizes x itself (rules kernel_matmul_integer_qa, kernel_conv_integer_qa;
+    qgemm's quantize_a)."""
     mm = body.nodes[anchor]
-    if mm.op != "matmul_integer":
+    if mm.op not in ("matmul_integer", "conv_integer"):
         return None
     q = body.nodes[mm.args[0]]
     if q.op != "quantize_linear" or body.users()[mm.args[0]] != 1:

@@ -157,10 +157,12 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     quant = [UOp(1, "Load", f"quantize A [{gM} x {K}] f32 -> {at.dtype} (x / scale, round half to even, + zp, saturate) "
                  "into the kernel's A buffer" + (", row blocks shared by the pool's threads" if par else ""), calls)]
     if conv:
-        quant = [UOp(1, "Load", f"im2col of x into the kernel's A buffer [{gM} pixels x {K} taps], {at.dtype}, "
-                     "padded with x's zero point" + (", row blocks shared by the pool's threads" if par else ""), calls)]
+        plane = f"the group's {geo[0] // nbb} channels of x ({geo[1]} x {geo[2]})"
+        quant = [UOp(1, "Load", f"quantize {plane} f32 -> {at.dtype} into the kernel's scratch", calls)][:qa] + \
+            [UOp(1, "Load", f"im2col of x into the kernel's A buffer [{gM} pixels x {K} taps], {at.dtype}, "
+                 "padded with x's zero point" + (", row blocks shared by the pool's threads" if par else ""), calls)]
     plan.uops = [UOp(0, "Loop", f"{calls} GEMM(s) of {gM} x {N} x {K}, u8 x s8 -> int32"
-                     + (f" (images x {nbb} groups)" if conv and nbb > 1 else ""), calls), *quant[:qa or conv],
+                     + (f" (images x {nbb} groups)" if conv and nbb > 1 else ""), calls), *(quant if qa or conv else []),
                  UOp(1, "Load", f"pack B [{K} x {N}] into {kg} K-groups x {nr}-column panels + column sums "
                      + ("(once, when bound: params=)" if fold else "(per call)"), calls),
                  UOp(1, "Loop", f"panels over N={N} step nr={nr}", calls * panels),
