@@ -211,10 +211,11 @@ def test_quantized_model_matches_onnxruntime(quantized):
     if ops & set(integer):  # each integer matmul and conv one integer GEMM, on this machine's instruction path
         int8 = [v["path"] for v in module.report["precision"].values() if v["precision"] == "int8"]
         assert int8 == [qgemm.int8_path(machine())] * sum(n.op_type in integer for n in model.graph.node)
-    if how == "dynamic":  # each integer GEMM and conv quantizes its A (x) itself: no u8 tensor, no kernel
+    if how == "dynamic":  # each integer GEMM quantizes its A itself: no u8 tensor, no kernel
         quantizing = [k.name for k in module.kernels if k.decisions.get("quantize_a")]
-        assert len(quantizing) == sum(n.op_type in ("MatMulInteger", "ConvInteger") for n in model.graph.node), quantizing
-        assert not any(k.kind == "pointwise" and "quantize_linear" in k.c_source for k in module.kernels)
+        assert len(quantizing) == sum(n.op_type == "MatMulInteger" for n in model.graph.node), quantizing
+        if "ConvInteger" not in ops:  # (a conv's x is quantized by a pointwise kernel: no rule takes it in)
+            assert not any(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in module.kernels)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     for seed in range(3):
         feeds = _inputs(name, seed)
@@ -473,20 +474,26 @@ def test_dequantize_quantize_does_not_fire_where_its_guard_is_false(tmp_path, ca
 # quantized by the GEMM into its A buffer (quantize_a; a u8 and an s8 zero point, the row sums of
 # A made in the same pass for the non-zero b_zp), and three integer convs, the same GEMM over the
 # im2col of x (strided, padded, dilated, grouped; u8 and s8 x, i8 and u8 w, w's zero point per
-# output channel; one with its weights bound and a dequantizing epilogue; one quantizing its f32 x
-# itself, as DynamicQuantizeLinear -> ConvInteger): all in one module per path.
+# output channel; one with its weights bound and a dequantizing epilogue): all in one module per
+# path; and a conv that quantizes its x (QCONV_G).
 INTEGER_GEMMS = """
 graph ig(a: u8[7, 37], b: i8[37, 53], az: u8, bz: i8, s: i8[13, 5], t: u8[5, 70], sz: i8, tz: u8[70],
          c: u8[2, 33, 130], d: i8[2, 130, 7], cz: u8, dz: i8, e: u8[40, 1101], f: i8[1101, 70],
          w: i8[37, 53], sc: f32[53], bias: f32[53], xa: f32[7, 37], xs: f32[13, 5], qs: f32,
          cx: u8[2, 6, 9, 11], cw: i8[8, 3, 3, 3], cwz: i8[8], cy: i8[1, 5, 7, 8], cv: u8[70, 5, 2, 2],
-         cw2: i8[8, 6, 3, 3], csc: f32[8, 1, 1], cf: f32[2, 6, 9, 11]) {
+         cw2: i8[8, 6, 3, 3], csc: f32[8, 1, 1]) {
     return matmul_integer(a, b, az, bz), matmul_integer(s, t, sz, tz), matmul_integer(c, d, cz, dz),
            matmul_integer(e, f, az, bz), relu(cast(matmul_integer(a, w, az, bz), to="f32") * sc + bias),
            matmul_integer(quantize_linear(xa, qs, az), b, az, bz), matmul_integer(quantize_linear(xs, qs, sz), t, sz, tz),
            conv_integer(cx, cw, az, cwz, stride=2, padding=1, group=2), conv_integer(cy, cv, sz, tz, padding=1, dilation=2),
-           cast(conv_integer(cx, cw2, az, bz, padding=1), to="f32") * csc,
-           conv_integer(quantize_linear(cf, qs, az), cw, az, cwz, stride=2, padding=1, group=2)
+           cast(conv_integer(cx, cw2, az, bz, padding=1), to="f32") * csc
+}
+"""
+# A conv quantizing its f32 x itself: a hand-written kernel block (no rule takes the quantize into
+# a conv's kernel), compiled as written (fuse="manual")
+QCONV_G = """
+graph qc(cf: f32[2, 6, 9, 11], qs: f32, az: u8, cw: i8[8, 3, 3, 3], cwz: i8[8]) {
+    return kernel { conv_integer(quantize_linear(cf, qs, az), cw, az, cwz, stride=2, padding=1, group=2) }
 }
 """
 
@@ -528,20 +535,20 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     x["xa"] = np.concatenate([rng.uniform(-40, 40, (7, 30)), (rng.integers(-80, 80, (7, 7)) + 0.5) * 0.25], 1).astype(np.float32)
     x["xs"] = rng.uniform(-60, 60, (13, 5)).astype(np.float32)
     x.update(cx=u8(2, 6, 9, 11), cw=i8(8, 3, 3, 3), cwz=i8(8), cy=i8(1, 5, 7, 8), cv=u8(70, 5, 2, 2), cw2=i8(8, 6, 3, 3),
-             csc=rng.uniform(1e-4, 1e-3, (8, 1, 1)).astype(np.float32), cf=rng.uniform(-40, 40, (2, 6, 9, 11)).astype(np.float32))
+             csc=rng.uniform(1e-4, 1e-3, (8, 1, 1)).astype(np.float32))
     mod = eqfuse.compile(INTEGER_GEMMS, params={"w": x["w"], "cw2": x["cw2"]})
     plans = [p for p in mod.default.last.plans if p.kind == "contraction"]
-    assert len(plans) == 11 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
-    assert sum(p.detail.quantize_a for p in plans) == 3 and sum(p.detail.im2col for p in plans) == 4
-    assert len(mod.kernels) == 11  # (no quantize kernel; each conv's epilogue in its kernel)
+    assert len(plans) == 10 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
+    assert sum(p.detail.quantize_a for p in plans) == 2 and sum(p.detail.im2col for p in plans) == 3
+    assert len(mod.kernels) == 10  # (no quantize kernel; each conv's epilogue in its kernel)
     assert sum(p.prepack is not None for p in plans) == 2 and sum(p.detail.parallel for p in plans) == 1
     assert sum(p.tiles["kc"] < p.detail.K for p in plans) == 1
     for k in mod.kernels:  # the plan is what runs: its tiles are the constants of the C
         if k.kind == "contraction":
             assert all(re.search(rf"#define \w+_{t.upper()} {v}L?\b", k.c_source) for t, v in k.tiles.items()), k.name
     text = uops_text(INTEGER_GEMMS)  # (eqfuse lower)
-    assert text.count(f"precision: int8, path: {int8_path}") == 11 and "kc=" in text
-    assert text.count("quantize_a=1") == 3 and text.count("im2col=1") == 4
+    assert text.count(f"precision: int8, path: {int8_path}") == 10 and "kc=" in text
+    assert text.count("quantize_a=1") == 2 and text.count("im2col=1") == 3
     got = mod(**{k: v for k, v in x.items() if k not in ("w", "cw2")})
     exact = lambda p, q, pz, qz: np.matmul(p.astype(np.int64) - np.int64(pz), q.astype(np.int64) - qz.astype(np.int64))  # noqa: E731
     want = [exact(x["a"], x["b"], x["az"], x["bz"]), exact(x["s"], x["t"], x["sz"], x["tz"]),
@@ -559,10 +566,14 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
         assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w)
     acc = conv([x["cx"], x["cw2"], x["az"], x["bz"]], geo(padding=1)).astype(np.float64)
     assert np.all(np.abs(got[9] - acc * x["csc"]) <= 2.0**-24 * np.abs(acc * x["csc"]))  # (one rounding: the product)
-    qc = quantize([x["cf"], x["qs"], x["az"]], {})
+    cf = rng.uniform(-40, 40, (2, 6, 9, 11)).astype(np.float32)
+    qmod = eqfuse.compile(QCONV_G, fuse="manual")
+    assert [k.decisions["quantize_a"] for k in qmod.kernels] == [1] and qmod.kernels[0].decisions["im2col"] == 1
+    qc = quantize([cf, x["qs"], x["az"]], {})
     assert qc.min() == 0 and qc.max() == 255
     want_qc = conv([qc, x["cw"], x["az"], x["cwz"]], geo(stride=2, padding=1, group=2))
-    assert got[10].dtype == np.int32 and np.array_equal(got[10], want_qc)
+    got_qc = qmod(cf=cf, qs=x["qs"], az=x["az"], cw=x["cw"], cwz=x["cwz"])
+    assert got_qc.dtype == np.int32 and np.array_equal(got_qc, want_qc)
     for g, w in zip(got[:4], want):
         assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), w)
     # the epilogue in f32 on the exact sum: the product and the add round once each (or once, fused
@@ -637,7 +648,7 @@ def test_a_counting_build_makes_the_integer_micro_kernel_calls_lower_prints():
         if m:
             want[name] = int(m.group(1))
     gemms = [k for k in eqfuse.compile(INTEGER_GEMMS).kernels if k.kind == "contraction"]
-    assert sorted(want) == sorted(k.name for k in gemms) and len(gemms) == 11
+    assert sorted(want) == sorted(k.name for k in gemms) and len(gemms) == 10
     sigs = {k.name: re.search(rf"void {k.name}\(([^)]*)\)", k.c_source).group(1).replace("restrict ", "") for k in gemms}
     code = "\n".join(k.c_source for k in gemms)
     lib = build(header_c(code) + COMMON_C + code,
