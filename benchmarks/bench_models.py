@@ -1,7 +1,7 @@
 """Real exported models: eqfuse against onnxruntime, side by side in one process.
 
     python benchmarks/bench_models.py [--repeat N] [--model NAME ...] [--exporter torchscript|dynamo]
-                                      [--torch [--autotune]] [--no-spin] [--quantized dynamic|static|qoperator]
+                                      [--torch [--autotune]] [--no-spin] [--quantized dynamic|dynamic-conv|static|qoperator]
                                       [--compile-only]
     python benchmarks/bench_models.py --precision f32|bf16 [--repeat N] [--model NAME ...]
 
@@ -32,6 +32,10 @@ literal run, node by node).
 activations, i8 weights, calibrated on four inputs of the model), in the QDQ and the QOperator
 format (QLinearConv, QGemm and onnxruntime's com.microsoft QLinearAdd, QLinearGlobalAveragePool,
 ..., with per-channel weights); OpenVINO is left out where it cannot read the file.
+`--quantized dynamic-conv` quantizes the convs too (op_types MatMul and
+Conv: DynamicQuantizeLinear -> ConvInteger -> Cast -> Mul -> Add per conv), for the integer conv
+of a CNN (resnet18, resnet_stages); OpenVINO's column is left out when it cannot load the file.
+
 
 `--precision f32|bf16` (docs/precision.md) compares precisions instead: eqfuse in that precision
 (and in f32, when it is bf16), OpenVINO in f32 (INFERENCE_PRECISION_HINT f32) and OpenVINO in its
@@ -95,14 +99,16 @@ def _torch_runs(name: str, feeds: dict, compile_s: dict, autotune: bool) -> dict
     return runs
 
 
-def quantized_dynamic(path: Path) -> Path:
-    """The export as quantize_dynamic writes it (int8 MatMul weights), made once beside it."""
+def quantized_dynamic(path: Path, convs: bool = False) -> Path:
+    """The export as quantize_dynamic writes it (int8 MatMul weights; with convs, Conv weights too:
+    ConvInteger), made once beside it."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    out = path.with_name(path.stem + "-qdynamic.onnx")
+    out = path.with_name(path.stem + ("-qdynconv.onnx" if convs else "-qdynamic.onnx"))
     if not out.exists():
         tmp = out.with_suffix(".tmp.onnx")
-        quantize_dynamic(str(path), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+        quantize_dynamic(str(path), str(tmp), weight_type=QuantType.QInt8,
+                         op_types_to_quantize=["MatMul", "Conv"] if convs else ["MatMul"])
         tmp.replace(out)
     return out
 
@@ -239,9 +245,10 @@ def main(argv=None) -> int:
                     help="with --precision, also each one's error over this many inputs (seeds 0..N-1)")
     ap.add_argument("--autotune", action="store_true",
                     help="with --torch, add torch.compile(mode='max-autotune') with freezing (minutes to compile)")
-    ap.add_argument("--quantized", choices=["dynamic", "static", "qoperator"],
-                    help="run the exports as onnxruntime's quantize_dynamic (dynamic) or quantize_static (static: QDQ, "
-                         "qoperator: QOperator) writes them, and add each one's error against the f32 model")
+    ap.add_argument("--quantized", choices=["dynamic", "dynamic-conv", "static", "qoperator"],
+                    help="run the exports as onnxruntime's quantize_dynamic (dynamic; dynamic-conv: the convs too) or "
+                         "quantize_static (static: QDQ, qoperator: QOperator) writes them, and add each one's error against "
+                         "the f32 model")
     args = ap.parse_args(argv)
     blas_threads(1)
     if args.precision:
@@ -260,7 +267,8 @@ def main(argv=None) -> int:
         ref = None
         if args.quantized:  # the f32 model's output, then the quantized file in its place
             ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)[0].astype(np.float64)
-            path = str(quantized_dynamic(Path(path)) if args.quantized == "dynamic" else
+            path = str(quantized_dynamic(Path(path), convs=args.quantized == "dynamic-conv")
+                       if args.quantized in ("dynamic", "dynamic-conv") else
                        quantized_static(Path(path), name, args.quantized))
         t0 = time.perf_counter()
         mod = eqfuse.compile(path)

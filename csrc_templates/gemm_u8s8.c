@@ -13,6 +13,19 @@
  * subtracts the activation's zero point once per column (column sums made at pack time); the
  * row sums of A are computed only when some b_zp is not zero.
  *
+ * With QUANT_A ({{QUANT_A}}; A is quantize_linear(x, scale, zp), DynamicQuantizeLinear's y) the A
+ * argument is the f32 x, quantized here as quantize_linear computes it (eqf_quantize: x / scale
+ * rounded half to even, + zp, saturated) into the kernel's A buffer, M x K bytes of scratch that
+ * every batch reuses, before the panels read it (with A's row sums, when needed, in the same
+ * pass): the u8 tensor is never written out and read back.
+ *
+ * With IM2COL ({{IM2COL}}; conv_integer, ONNX ConvInteger and QLinearConv) call b is image b / G,
+ * group b % G of G ({{G}}): A is the im2col of that image's group of channels, written here into
+ * the same A buffer, M = OH x OW pixels by K = C/G x KH x KW taps, a padded tap being x's zero point
+ * (it then adds 0, as onnxruntime pads); B is the group's weights, read as N x K (N = O/G output
+ * channels), and C is stored transposed, channels x pixels: NCHW. j in the epilogue is the output
+ * channel, i the pixel.
+ *
  * PATH ({{PATH}}, the plan's precision_path): 3 = AVX512_VNNI (vpdpbusd on zmm, 64 u8 x s8
  * products in 16 lanes per instruction), 2 = AVX-VNNI (the VEX vpdpbusd on ymm), 1 = the exact
  * fallback: u8 and s8 widened to int16 (the even and odd bytes of each lane) and multiplied by
@@ -47,6 +60,21 @@
 #define {{NAME}}_BZP_PER_COL {{BZP_PER_COL}} /* b_zp one per column */
 #define {{NAME}}_PREPACKED_B {{PREPACKED_B}} /* B's panels made once by _prepack (B bound by params=) */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the panels shared by the pool's threads */
+#define {{NAME}}_QUANT_A {{QUANT_A}} /* A is f32 x, quantized into the kernel's A buffer */
+#define {{NAME}}_IM2COL {{IM2COL}} /* A is the im2col of a conv's x, C stored NCHW */
+#define {{NAME}}_G {{G}}L /* the conv's groups: B one matrix per group */
+#define {{NAME}}_CI {{CI}}L /* the conv's geometry: x's channels, height, width; the kernel, stride, padding, dilation */
+#define {{NAME}}_H {{H}}L
+#define {{NAME}}_W {{W}}L
+#define {{NAME}}_KH {{KH}}L
+#define {{NAME}}_KW {{KW}}L
+#define {{NAME}}_SH {{SH}}L
+#define {{NAME}}_SW {{SW}}L
+#define {{NAME}}_PH {{PH}}L
+#define {{NAME}}_PW {{PW}}L
+#define {{NAME}}_DH {{DH}}L
+#define {{NAME}}_DW {{DW}}L
+#define {{NAME}}_OW {{OW}}L
 #define {{NAME}}_KCG (({{NAME}}_KC + 3) / 4) /* K-groups per block */
 #define {{NAME}}_KG ({{NAME}}_K / 4) /* whole K-groups of A; a last partial one is KT bytes */
 #define {{NAME}}_KT ({{NAME}}_K % 4)
@@ -201,12 +229,92 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
             for (long jj = 0; jj < {{NAME}}_NR; jj++) {
                 const long j = p * {{NAME}}_NR + jj;
                 /* (a u8 B is read as s8 b - 128: its bits xor 0x80) */
-                const int8_t v = j < {{NAME}}_N && k < {{NAME}}_K ? (int8_t)((uint8_t)B[k * {{NAME}}_N + j] ^ ({{NAME}}_B_U8 ? 0x80 : 0)) : 0;
+                /* (a conv's weights are N x K: each output channel's taps in a row) */
+                const long at = {{NAME}}_IM2COL ? j * {{NAME}}_K + k : k * {{NAME}}_N + j;
+                const int8_t v = j < {{NAME}}_N && k < {{NAME}}_K ? (int8_t)((uint8_t)B[at] ^ ({{NAME}}_B_U8 ? 0x80 : 0)) : 0;
                 q[((k / 4) * {{NAME}}_NR + jj) * 4 + k % 4] = v;
                 colsum[j] += v;
             }
     }
 }
+
+#if {{NAME}}_QUANT_A
+/* The quantization of A (QUANT_A): rows [r0, r1) of `rows` rows of `len` f32 x into the u8
+ * buffer (an s8 zero point's results stored as their bits, which the micro-kernel reads as
+ * u8 ^ 0x80), and their row sums as the micro-kernel sees them when rowsum is not NULL. (A conv's
+ * rows are its group's channel planes of the image, which the im2col then reads.) */
+typedef struct {
+    const float* X;
+    uint8_t* A;
+    int32_t* rowsum;
+    float scale, zp, lo, hi;
+    long rows, len;
+} {{NAME}}_qjob;
+
+#define {{NAME}}_QROWS 16L /* rows per chunk of the quantization */
+
+static void {{NAME}}_quantize(void* ctx, long c)
+{
+    const {{NAME}}_qjob* q = ctx;
+    const long r0 = c * {{NAME}}_QROWS, r1 = r0 + {{NAME}}_QROWS < q->rows ? r0 + {{NAME}}_QROWS : q->rows;
+    const float scale = q->scale, zp = q->zp, lo = q->lo, hi = q->hi;
+    const long len = q->len;
+    for (long i = r0; i < r1; i++) {
+        const float* restrict x = q->X + i * len;
+        uint8_t* restrict a = q->A + i * len;
+#pragma omp simd
+        for (long k = 0; k < len; k++)
+            a[k] = (uint8_t)(int)eqf_quantize(x[k], scale, zp, lo, hi);
+        if (q->rowsum) {
+            uint32_t s = 0;
+            for (long k = 0; k < len; k++)
+                s += a[k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+            q->rowsum[i] = (int32_t)s;
+        }
+    }
+}
+#endif
+
+#if {{NAME}}_IM2COL
+/* The im2col of one image's group of channels X (IM2COL): rows [r0, r1) (pixels) of the A buffer,
+ * tap k = (c KH + u) KW + v of pixel (oh, ow) reading x[c][oh SH - PH + u DH][ow SW - PW + v DW],
+ * or the zero point's byte where that is padding; and the rows' sums when rowsum is not NULL */
+typedef struct {
+    const uint8_t* X;
+    uint8_t* A;
+    int32_t* rowsum;
+    uint8_t zp;
+} {{NAME}}_cjob;
+
+#define {{NAME}}_CROWS 32L /* pixels per chunk of the im2col */
+
+static void {{NAME}}_im2col(void* ctx, long ch)
+{
+    const {{NAME}}_cjob* q = ctx;
+    const long r0 = ch * {{NAME}}_CROWS, r1 = r0 + {{NAME}}_CROWS < {{NAME}}_M ? r0 + {{NAME}}_CROWS : {{NAME}}_M;
+    for (long p = r0; p < r1; p++) {
+        const long oh = p / {{NAME}}_OW, ow = p % {{NAME}}_OW;
+        uint8_t* restrict a = q->A + p * {{NAME}}_K;
+        for (long c = 0; c < {{NAME}}_K / ({{NAME}}_KH * {{NAME}}_KW); c++) {
+            const uint8_t* restrict xc = q->X + c * {{NAME}}_H * {{NAME}}_W;
+            for (long u = 0; u < {{NAME}}_KH; u++) {
+                const long h = oh * {{NAME}}_SH - {{NAME}}_PH + u * {{NAME}}_DH;
+                for (long v = 0; v < {{NAME}}_KW; v++) {
+                    const long w = ow * {{NAME}}_SW - {{NAME}}_PW + v * {{NAME}}_DW;
+                    a[(c * {{NAME}}_KH + u) * {{NAME}}_KW + v] =
+                        h >= 0 && h < {{NAME}}_H && w >= 0 && w < {{NAME}}_W ? xc[h * {{NAME}}_W + w] : q->zp;
+                }
+            }
+        }
+        if (q->rowsum) {
+            uint32_t s = 0;
+            for (long k = 0; k < {{NAME}}_K; k++)
+                s += a[k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+            q->rowsum[p] = (int32_t)s;
+        }
+    }
+}
+#endif
 
 typedef struct {
     const uint8_t* A;
@@ -214,6 +322,7 @@ typedef struct {
     const int32_t* rowsum;
     {{OUT_T}}* C;
     long b;
+    long jofs; /* the first output channel of the call's group (IM2COL) */
     uint32_t az;
     const {{BZP_T}}* bzp;
     int* nomem; /* a thread's partial-sum buffer could not be allocated */
@@ -229,11 +338,12 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long p)
     const int32_t* restrict colsum = (const int32_t*)(jb->P + {{NAME}}_PANELS * {{NAME}}_PANEL_BYTES);
     const int32_t* restrict rowsum = jb->rowsum;
     {{OUT_T}}* restrict C = jb->C;
-    const long b = jb->b;
+    const long b = jb->b, jofs = jb->jofs;
     const uint32_t az = jb->az;
     const {{BZP_T}}* restrict bzp = jb->bzp;
     {{EXTRA_UNPACK}}
     (void)b;
+    (void)jofs;
     const long j0 = p * {{NAME}}_NR;
     const long nr = {{NAME}}_N - j0 < {{NAME}}_NR ? {{NAME}}_N - j0 : {{NAME}}_NR;
     /* per column: -az colsum[j] + K az bz[j] (uint32: wraps as int32 arithmetic does) and bz[j] */
@@ -268,41 +378,73 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long p)
         for (int r = 0; r < mr; r++) {
             const long i = i0 + r;
             const uint32_t rs = rowsum ? (uint32_t)rowsum[i] : 0u;
-            {{OUT_T}}* restrict crow = C + i * {{LDC}}L + j0;
+            /* C[i][j], or C[j][i] for a conv (NCHW: a column of the tile per channel plane) */
+            {{OUT_T}}* restrict crow = C + ({{NAME}}_IM2COL ? i + j0 * {{NAME}}_M : i * {{LDC}}L + j0);
+            const long cstep = {{NAME}}_IM2COL ? {{NAME}}_M : 1;
             const int32_t* restrict trow = tile + r * {{NAME}}_NR;
 #pragma omp simd
             for (long jj = 0; jj < nr; jj++) {
-                const long j = j0 + jj;
+                const long j = jofs + j0 + jj;
                 const int32_t acc = (int32_t)((uint32_t)trow[jj] + corr[jj] - bzj[jj] * rs);
                 (void)j;
-                crow[jj] = {{EPILOGUE}};
+                crow[jj * cstep] = {{EPILOGUE}};
             }
         }
       }
     }
 }
 
-void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const {{BZP_T}}* bzp, {{OUT_T}}* C0{{EXTRA_PARAMS}})
+void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const {{BZP_T}}* bzp, const float* a_scale,
+              {{OUT_T}}* C0{{EXTRA_PARAMS}})
 {
+    (void)a_scale; /* (QUANT_A's scale; NULL otherwise) */
     /* the zero points as the u8 x s8 product sees them (an s8 A's moved by +128) */
     const uint32_t az = (uint32_t)((int32_t)azp[0] + ({{NAME}}_A_S8 ? 128 : 0));
     int bz_zero = 1;
-    for (long j = 0; j < ({{NAME}}_BZP_PER_COL ? {{NAME}}_N : 1); j++)
+    for (long j = 0; j < ({{NAME}}_BZP_PER_COL ? {{NAME}}_G * {{NAME}}_N : 1); j++)
         bz_zero &= (int32_t)bzp[j] - ({{NAME}}_B_U8 ? 128 : 0) == 0;
     const long pbytes = {{NAME}}_PANELS * {{NAME}}_PANEL_BYTES + 4 * {{NAME}}_NPAD;
-    /* scratch: the row sums of A (when needed), then B's panels (when not prepacked) */
-    float* scratch = bz_zero && {{NAME}}_PREPACKED_B ? NULL
-        : eqf_scratch(EQF_SCRATCH_GEMM_B, (bz_zero ? 0 : {{NAME}}_M) + ({{NAME}}_PREPACKED_B ? 0 : (pbytes + 3) / 4));
-    if (!scratch && !(bz_zero && {{NAME}}_PREPACKED_B)) {
+    /* scratch: the row sums of A (when needed), then B's panels (when not prepacked), then the
+     * quantized A (QUANT_A) */
+    const long rfloats = bz_zero ? 0 : {{NAME}}_M, pfloats = {{NAME}}_PREPACKED_B ? 0 : (pbytes + 3) / 4;
+    /* (a conv whose x it quantizes: the image's group of channels in bytes, after the A buffer) */
+    const long xbytes = {{NAME}}_QUANT_A && {{NAME}}_IM2COL ? {{NAME}}_CI / {{NAME}}_G * {{NAME}}_H * {{NAME}}_W : 0;
+    const long qfloats = {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? ({{NAME}}_M * {{NAME}}_K + xbytes + 3) / 4 : 0;
+    float* scratch = rfloats + pfloats + qfloats == 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, rfloats + pfloats + qfloats);
+    if (!scratch && rfloats + pfloats + qfloats) {
         eqf_nomem_note();
         return;
     }
     int32_t* rowsum = bz_zero ? NULL : (int32_t*)scratch;
-    int8_t* packed = {{NAME}}_PREPACKED_B ? NULL : (int8_t*)(scratch + (bz_zero ? 0 : {{NAME}}_M));
+    int8_t* packed = {{NAME}}_PREPACKED_B ? NULL : (int8_t*)(scratch + rfloats);
+    uint8_t* qa = {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? (uint8_t*)(scratch + rfloats + pfloats) : NULL;
+    (void)qa;
     const int threads = {{NAME}}_PARALLEL ? eqf_pool_threads() : 1;
     int nomem = 0;
     for (long b = 0; b < {{BATCH}} && !__atomic_load_n(&nomem, __ATOMIC_RELAXED); b++) {
+#if {{NAME}}_QUANT_A && {{NAME}}_IM2COL
+        /* the image's group of channels quantized (planes as rows), then their im2col */
+        {{NAME}}_qjob qj = {(const float*)(const void*)(A0 + ((b / {{NAME}}_G) * {{NAME}}_CI + (b % {{NAME}}_G) * ({{NAME}}_CI / {{NAME}}_G))
+                                                        * {{NAME}}_H * {{NAME}}_W),
+                            qa + {{NAME}}_M * {{NAME}}_K, NULL, a_scale[0], (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0]),
+                            {{NAME}}_CI / {{NAME}}_G, {{NAME}}_H * {{NAME}}_W};
+        eqf_parallel_for(({{NAME}}_CI / {{NAME}}_G + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
+        {{NAME}}_cjob cj = {qa + {{NAME}}_M * {{NAME}}_K, qa, rowsum, (uint8_t)azp[0]};
+        eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);
+        const uint8_t* A = qa;
+#elif {{NAME}}_QUANT_A
+        {{NAME}}_qjob qj = {(const float*)(const void*)(A0 + b * {{NAME}}_M * {{NAME}}_K), qa, rowsum, a_scale[0],
+                            (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0]), {{NAME}}_M, {{NAME}}_K};
+        eqf_parallel_for(({{NAME}}_M + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
+        const uint8_t* A = qa;
+#elif {{NAME}}_IM2COL
+        {{NAME}}_cjob cj = {(const uint8_t*)(A0 + ((b / {{NAME}}_G) * {{NAME}}_CI + (b % {{NAME}}_G) * ({{NAME}}_CI / {{NAME}}_G))
+                                             * {{NAME}}_H * {{NAME}}_W), qa, rowsum, (uint8_t)azp[0]};
+        eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);
+        const uint8_t* A = qa;
+#else
         const uint8_t* A = (const uint8_t*)(A0 + b * {{NAME}}_M * {{NAME}}_K);
+#endif
 #if {{NAME}}_PREPACKED_B
         const int8_t* P = (const int8_t*)B0;
         (void)packed;
@@ -311,14 +453,17 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
             {{NAME}}_pack(B0 + (b % {{NBB}}) * {{NAME}}_K * {{NAME}}_N, packed);
         const int8_t* P = packed;
 #endif
-        if (rowsum)
+        if (rowsum && !{{NAME}}_QUANT_A && !{{NAME}}_IM2COL)
             for (long i = 0; i < {{NAME}}_M; i++) {
                 uint32_t s = 0;
                 for (long k = 0; k < {{NAME}}_K; k++)
                     s += A[i * {{NAME}}_K + k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
                 rowsum[i] = (int32_t)s;
             }
-        {{NAME}}_job job = {A, P, rowsum, C0 + b * {{NAME}}_M * {{LDC}}L, b, az, bzp, &nomem{{EXTRA_INIT}}};
+        /* (a conv's call b: image b / G, its group's channels from jofs, their zero points) */
+        const long img = {{NAME}}_IM2COL ? b / {{NAME}}_G : b, jofs = {{NAME}}_IM2COL ? (b % {{NAME}}_G) * {{NAME}}_N : 0;
+        {{NAME}}_job job = {A, P, rowsum, C0 + b * {{NAME}}_M * {{LDC}}L, img, jofs, az,
+                            bzp + ({{NAME}}_BZP_PER_COL ? jofs : 0), &nomem{{EXTRA_INIT}}};
         eqf_parallel_for({{NAME}}_PANELS, {{NAME}}_panel, &job, threads);
     }
     if (__atomic_load_n(&nomem, __ATOMIC_RELAXED))

@@ -107,7 +107,8 @@ CHOICES: dict[str, dict[str, str]] = {
     "gemm_skinny.c": {"MR": "mr", "NR": "nr", "GROUPS": "groups", "PF": "pf", "PACK_PARTS": "pack_parts",
                       "PARALLEL": "parallel", "BF16": "precision_path", "A_TRANSPOSED": "a_transposed"},
     "gemm_u8s8.c": {"MR": "mr", "NR": "nr", "KC": "kc", "PATH": "precision_path", "A_S8": "a_s8", "B_U8": "b_u8",
-                    "BZP_PER_COL": "bzp_per_col", "PREPACKED_B": "prepacked_b", "PARALLEL": "parallel"},
+                    "BZP_PER_COL": "bzp_per_col", "PREPACKED_B": "prepacked_b", "PARALLEL": "parallel",
+                    "QUANT_A": "quantize_a", "IM2COL": "im2col"},
     "index.c": {"PARALLEL": "parallel", "IN_BLOCKED": "in_blocked", "OUT_BLOCKED": "out_blocked", "VL": "vl",
                 "CHECKED": "checked", "POOL_S2": "pool_s2"},
     "layout.c": {},
@@ -159,7 +160,7 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
                       SHAPE: "M N K", TEXT: "A_LAYOUT B_LAYOUT", MEMORY: "LDC A_AT B_AT",
                       EXPR: "EPILOGUE ROW_EPILOGUE ROW_EPILOGUE_ON"},
     "gemm_u8s8.c": {SIGNATURE: "NAME EXTRA_PARAMS EXTRA_FIELDS EXTRA_INIT EXTRA_UNPACK A_T B_T AZP_T BZP_T OUT_T",
-                    SHAPE: "M N K BATCH NBB", MEMORY: "LDC", EXPR: "EPILOGUE"},
+                    SHAPE: "M N K BATCH NBB G CI H W KH KW SH SW PH PW DH DW OW", MEMORY: "LDC", EXPR: "EPILOGUE"},
     "index.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE", EXPR: "OP BODY", DERIVED: "RANGES"},
     "layout.c": {SIGNATURE: "NAME PARAMS", SHAPE: "SPACE", EXPR: "OP", DERIVED: "BLOCKS"},
     "matmul.c": {SIGNATURE: "NAME PARAMS GEMM ARGS", SHAPE: "OUTER", MEMORY: "OFFSETS", TEXT: "SHAPES"},
@@ -212,7 +213,8 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
            f2: f32[16, 16, 3, 3], dw: f32[6, 1, 3, 3], im6: f32[2, 6, 9, 9], f1: f32[8, 6, 1, 1],
            pl: f32[2, 16, 64, 64], mk: f32[8, 8], dx: f32[1, 20, 9, 9], dw7: f32[20, 1, 7, 7],
            gx: f32[1, 32, 6, 6], gw: f32[32, 16, 3, 3], qa: u8[7, 37], qw: i8[37, 53],
-           qz: u8, wz: i8, q1: f32[2, 1, 16], m1: f32[1, 8]) {
+           qz: u8, wz: i8, q1: f32[2, 1, 16], m1: f32[1, 8], qs: f32,
+           cq: u8[1, 3, 6, 6], cqw: i8[4, 3, 3, 3]) {
     sk = kernel { relu(x @ w) }
     sp = kernel { relu(xs @ ws) }
     bg = kernel { big @ wb }
@@ -239,8 +241,10 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
     w2 = kernel { relu(conv2d(p1, f, padding=1)) }
     d2 = kernel { relu(conv2d(cd, f, stride=2, padding=1)) }
     qm = kernel { relu(cast(matmul_integer(qa, qw, qz, wz), to="f32")) }
+    qq = kernel { matmul_integer(quantize_linear(x, qs, qz), qw, qz, wz) }
+    qc = kernel { conv_integer(cq, cqw, qz, wz, padding=1) }
     tr = kernel { sin(y) * cos(y) }
-    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, tr
+    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, qq, qc, tr
 }
 """
 

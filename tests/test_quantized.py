@@ -45,6 +45,7 @@ import model_exports as me  # noqa: E402
 import eqfuse  # noqa: E402
 from eqfuse.backend.kinds.contraction import qgemm  # noqa: E402
 from eqfuse.frontend.onnx_import import onnx_params  # noqa: E402
+from eqfuse.ir.ops import OPS  # noqa: E402
 from eqfuse.machine import machine  # noqa: E402
 from eqfuse.pipeline import uops_text  # noqa: E402
 
@@ -277,9 +278,15 @@ def test_quantized_model_matches_onnxruntime(quantized, tmp_path):
                 {"DynamicQuantizeLinear", "ConvInteger"}, "static": {"QuantizeLinear", "DequantizeLinear"},
                 "qoperator": {"QuantizeLinear", "DequantizeLinear"} | QOPERATOR_OPS.get(name, set())}[how]
     assert want_ops <= ops, ops
-    if "MatMulInteger" in ops:  # each MatMulInteger one integer GEMM, on this machine's instruction path
+    integer = ("MatMulInteger", "ConvInteger", "QLinearConv")
+    if ops & set(integer):  # each integer matmul and conv one integer GEMM, on this machine's instruction path
         int8 = [v["path"] for v in module.report["precision"].values() if v["precision"] == "int8"]
-        assert int8 == [qgemm.int8_path(machine())] * sum(n.op_type == "MatMulInteger" for n in model.graph.node)
+        assert int8 == [qgemm.int8_path(machine())] * sum(n.op_type in integer for n in model.graph.node)
+    if how == "dynamic":  # each integer GEMM quantizes its A itself: no u8 tensor, no kernel
+        quantizing = [k.name for k in module.kernels if k.decisions.get("quantize_a")]
+        assert len(quantizing) == sum(n.op_type == "MatMulInteger" for n in model.graph.node), quantizing
+        if "ConvInteger" not in ops:  # (a conv's x is quantized by a pointwise kernel: no rule takes it in)
+            assert not any(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in module.kernels)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     (last,) = [n for n in model.graph.node if model.graph.output[0].name in n.output]
     tracer = None
@@ -399,10 +406,11 @@ def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_
     assert ("u8" in text or "dynamic_zero_point(" in text) and "i8" in text and "quantize_linear(" in text
     if how == "static" and name in ("gpt2", "vit"):  # the quantizer's redundant DQ -> Q pairs are removed
         assert "dequantize_quantize x" in text
-    if (name, how) == ("mlp", "dynamic"):  # the dequantization, bias and activation in the integer GEMM's kernel
-        # (the scale, x_scale * w_scale, is a kernel of its own: a product of scalars starts no kernel)
-        assert re.search(r"kernel \{ relu\(cast\(matmul_integer\(\w+, \w+, \w+, \w+\), to=\"f32\"\) \* \w+ "
-                         r"\+ \w+\) \}", text), text
+    if (name, how) == ("mlp", "dynamic"):  # the quantization of A, the dequantization, bias and activation in
+        # the integer GEMM's kernel (the scale, x_scale * w_scale, is a kernel of its own: a product of
+        # scalars starts no kernel)
+        assert re.search(r"kernel \{ relu\(cast\(matmul_integer\(quantize_linear\((\w+), (\w+), (\w+)\), \w+, \3, \w+\), "
+                         r"to=\"f32\"\) \* \w+ \+ \w+\) \}", text), text
     if how == "dynamic":  # each DynamicQuantizeLinear: its scale and zero point one op each, then the quantize
         dql = sum(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
         assert text.count("dynamic_scale(") == text.count("dynamic_zero_point(") == dql, text
@@ -545,14 +553,31 @@ def test_dequantize_quantize_does_not_fire_where_its_guard_is_false(tmp_path, ca
 # Odd shapes (K not a multiple of 4, M and N not multiples of any tile, N below the narrowest
 # tile), each operand type, a zero point per column, a batched B read per call, one B bound by
 # params= (packed once, with its column sums), one deep enough for K blocks (partial sums kept
-# between them) and large enough to share its panels among threads, and an int32 result next to
-# a dequantized one: all in one module per path.
+# between them) and large enough to share its panels among threads, an int32 result next to
+# a dequantized one, and two whose A is quantize_linear of an f32 x (DynamicQuantizeLinear's y),
+# quantized by the GEMM into its A buffer (quantize_a; a u8 and an s8 zero point, the row sums of
+# A made in the same pass for the non-zero b_zp), and three integer convs, the same GEMM over the
+# im2col of x (strided, padded, dilated, grouped; u8 and s8 x, i8 and u8 w, w's zero point per
+# output channel; one with its weights bound and a dequantizing epilogue): all in one module per
+# path; and a conv that quantizes its x (QCONV_G, on the fallback path, which runs everywhere).
 INTEGER_GEMMS = """
 graph ig(a: u8[7, 37], b: i8[37, 53], az: u8, bz: i8, s: i8[13, 5], t: u8[5, 70], sz: i8, tz: u8[70],
          c: u8[2, 33, 130], d: i8[2, 130, 7], cz: u8, dz: i8, e: u8[40, 1101], f: i8[1101, 70],
-         w: i8[37, 53], sc: f32[53], bias: f32[53]) {
+         w: i8[37, 53], sc: f32[53], bias: f32[53], xa: f32[7, 37], xs: f32[13, 5], qs: f32,
+         cx: u8[2, 6, 9, 11], cw: i8[8, 3, 3, 3], cwz: i8[8], cy: i8[1, 5, 7, 8], cv: u8[70, 5, 2, 2],
+         cw2: i8[8, 6, 3, 3], csc: f32[8, 1, 1]) {
     return matmul_integer(a, b, az, bz), matmul_integer(s, t, sz, tz), matmul_integer(c, d, cz, dz),
-           matmul_integer(e, f, az, bz), relu(cast(matmul_integer(a, w, az, bz), to="f32") * sc + bias)
+           matmul_integer(e, f, az, bz), relu(cast(matmul_integer(a, w, az, bz), to="f32") * sc + bias),
+           matmul_integer(quantize_linear(xa, qs, az), b, az, bz), matmul_integer(quantize_linear(xs, qs, sz), t, sz, tz),
+           conv_integer(cx, cw, az, cwz, stride=2, padding=1, group=2), conv_integer(cy, cv, sz, tz, padding=1, dilation=2),
+           cast(conv_integer(cx, cw2, az, bz, padding=1), to="f32") * csc
+}
+"""
+# A conv quantizing its f32 x itself: a hand-written kernel block (no rule takes the quantize into
+# a conv's kernel), compiled as written (fuse="manual")
+QCONV_G = """
+graph qc(cf: f32[2, 6, 9, 11], qs: f32, az: u8, cw: i8[8, 3, 3, 3], cwz: i8[8]) {
+    return kernel { conv_integer(quantize_linear(cf, qs, az), cw, az, cwz, stride=2, padding=1, group=2) }
 }
 """
 
@@ -589,20 +614,52 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
          "e": u8(40, 1101), "f": i8(1101, 70),
          "sc": rng.uniform(1e-4, 1e-3, 53).astype(np.float32), "bias": rng.standard_normal(53).astype(np.float32)}
     x["w"] = x["b"].copy()
-    mod = eqfuse.compile(INTEGER_GEMMS, params={"w": x["w"]})
+    # f32 activations whose quantization saturates at both ends, ties included (k + 0.5 steps)
+    x["qs"] = np.asarray(0.25, np.float32)
+    x["xa"] = np.concatenate([rng.uniform(-40, 40, (7, 30)), (rng.integers(-80, 80, (7, 7)) + 0.5) * 0.25], 1).astype(np.float32)
+    x["xs"] = rng.uniform(-60, 60, (13, 5)).astype(np.float32)
+    x.update(cx=u8(2, 6, 9, 11), cw=i8(8, 3, 3, 3), cwz=i8(8), cy=i8(1, 5, 7, 8), cv=u8(70, 5, 2, 2), cw2=i8(8, 6, 3, 3),
+             csc=rng.uniform(1e-4, 1e-3, (8, 1, 1)).astype(np.float32))
+    mod = eqfuse.compile(INTEGER_GEMMS, params={"w": x["w"], "cw2": x["cw2"]})
     plans = [p for p in mod.default.last.plans if p.kind == "contraction"]
-    assert len(plans) == 5 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
-    assert sum(p.prepack is not None for p in plans) == 1 and sum(p.detail.parallel for p in plans) == 1
+    assert len(plans) == 10 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
+    assert sum(p.detail.quantize_a for p in plans) == 2 and sum(p.detail.im2col for p in plans) == 3
+    assert len(mod.kernels) == 10  # (no quantize kernel; each conv's epilogue in its kernel)
+    assert sum(p.prepack is not None for p in plans) == 2 and sum(p.detail.parallel for p in plans) == 1
     assert sum(p.tiles["kc"] < p.detail.K for p in plans) == 1
     for k in mod.kernels:  # the plan is what runs: its tiles are the constants of the C
         if k.kind == "contraction":
             assert all(re.search(rf"#define \w+_{t.upper()} {v}L?\b", k.c_source) for t, v in k.tiles.items()), k.name
     text = uops_text(INTEGER_GEMMS)  # (eqfuse lower)
-    assert text.count(f"precision: int8, path: {int8_path}") == 5 and "kc=" in text
-    got = mod(**{k: v for k, v in x.items() if k != "w"})
+    assert text.count(f"precision: int8, path: {int8_path}") == 10 and "kc=" in text
+    assert text.count("quantize_a=1") == 2 and text.count("im2col=1") == 3
+    got = mod(**{k: v for k, v in x.items() if k not in ("w", "cw2")})
     exact = lambda p, q, pz, qz: np.matmul(p.astype(np.int64) - np.int64(pz), q.astype(np.int64) - qz.astype(np.int64))  # noqa: E731
     want = [exact(x["a"], x["b"], x["az"], x["bz"]), exact(x["s"], x["t"], x["sz"], x["tz"]),
             exact(x["c"], x["d"], x["cz"], x["dz"]), exact(x["e"], x["f"], x["az"], x["bz"])]
+    quantize = OPS["quantize_linear"].numpy  # (the reference of quantize_linear)
+    qa, qs = quantize([x["xa"], x["qs"], x["az"]], {}), quantize([x["xs"], x["qs"], x["sz"]], {})
+    assert qa.min() == 0 and qa.max() == 255 and qs.min() == -128 and qs.max() == 127
+    for g, w in zip(got[5:], [exact(qa, x["b"], x["az"], x["bz"]), exact(qs, x["t"], x["sz"], x["tz"])]):
+        assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), w)
+    conv = OPS["conv_integer"].numpy  # (the reference: int64 sums of (x - x_zp) (w - w_zp), padded with 0)
+    geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
+    convs = [conv([x["cx"], x["cw"], x["az"], x["cwz"]], geo(stride=2, padding=1, group=2)),
+             conv([x["cy"], x["cv"], x["sz"], x["tz"]], geo(padding=1, dilation=2))]
+    for g, w in zip(got[7:9], convs):
+        assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w)
+    acc = conv([x["cx"], x["cw2"], x["az"], x["bz"]], geo(padding=1)).astype(np.float64)
+    assert np.all(np.abs(got[9] - acc * x["csc"]) <= 2.0**-24 * np.abs(acc * x["csc"]))  # (one rounding: the product)
+    if int8_path != "fallback":
+        return  # (the conv quantizing its x: its quantize and im2col are one code on every path, checked once)
+    cf = rng.uniform(-40, 40, (2, 6, 9, 11)).astype(np.float32)
+    qmod = eqfuse.compile(QCONV_G, fuse="manual")
+    assert [k.decisions["quantize_a"] for k in qmod.kernels] == [1] and qmod.kernels[0].decisions["im2col"] == 1
+    qc = quantize([cf, x["qs"], x["az"]], {})
+    assert qc.min() == 0 and qc.max() == 255
+    want_qc = conv([qc, x["cw"], x["az"], x["cwz"]], geo(stride=2, padding=1, group=2))
+    got_qc = qmod(cf=cf, qs=x["qs"], az=x["az"], cw=x["cw"], cwz=x["cwz"])
+    assert got_qc.dtype == np.int32 and np.array_equal(got_qc, want_qc)
     for g, w in zip(got[:4], want):
         assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), w)
     # the epilogue in f32 on the exact sum: the product and the add round once each (or once, fused
@@ -610,6 +667,25 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     prod = want[0] * x["sc"].astype(np.float64)
     z = prod + x["bias"]
     assert np.all(np.abs(got[4] - np.maximum(z, 0)) <= 2.0**-24 * (np.abs(prod) + np.abs(z)))
+
+
+SLICED_G = """graph sliced(x: f32[4, 8, 32], w: i8[32, 16], wz: i8, z: u8, s: f32) {
+    return matmul_integer(quantize_linear(reshape(slice(x, axis=1, start=0, stop=1), shape=[4, 32]), s, z), w, z, wz)
+}
+"""
+
+
+def test_the_integer_gemm_quantizes_a_strided_view_as_a_copy():
+    """Must not read through strides: the GEMM quantizes its x row by row from contiguous memory,
+    so a strided view of x (the first token of each sequence) is copied first, not taken as a view
+    (eqfuse.backend.views); its integers are the reference's."""
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((4, 8, 32)).astype(np.float32), "w": rng.integers(-128, 128, (32, 16)).astype(np.int8),
+             "wz": np.asarray(0, np.int8), "z": np.asarray(100, np.uint8), "s": np.asarray(0.02, np.float32)}
+    mod = eqfuse.compile(SLICED_G)
+    assert [k.decisions.get("quantize_a") for k in mod.kernels if k.kind == "contraction"] == [1]
+    assert any(k.kind == "layout" for k in mod.kernels)
+    assert np.array_equal(mod(**feeds), eqfuse.reference(SLICED_G)(**feeds))
 
 
 @pytest.mark.extended  # (a compile of its own; the default tier's integer GEMM cases are above)
@@ -658,7 +734,7 @@ def test_a_counting_build_makes_the_integer_micro_kernel_calls_lower_prints():
         if m:
             want[name] = int(m.group(1))
     gemms = [k for k in eqfuse.compile(INTEGER_GEMMS).kernels if k.kind == "contraction"]
-    assert sorted(want) == sorted(k.name for k in gemms) and len(gemms) == 5
+    assert sorted(want) == sorted(k.name for k in gemms) and len(gemms) == 10
     sigs = {k.name: re.search(rf"void {k.name}\(([^)]*)\)", k.c_source).group(1).replace("restrict ", "") for k in gemms}
     code = "\n".join(k.c_source for k in gemms)
     lib = build(header_c(code) + COMMON_C + code,
@@ -821,7 +897,8 @@ def test_dequantization_rounds_each_step_as_onnxruntime(tmp_path):
     mod = eqfuse.compile(str(f))
     float_kernels = [k for k in mod.kernels if k.kind in ("contraction", "pointwise")]
     assert len(float_kernels) == 2 and all('optimize("fp-contract=off")' in k.c_source for k in float_kernels)
-    assert uops_text(str(f)).count("rounding: each multiply and add as written") == len(mod.kernels) == 3
+    # (the ConvInteger's dequantization in its integer GEMM's epilogue, as the MatMulInteger's)
+    assert uops_text(str(f)).count("rounding: each multiply and add as written") == len(mod.kernels) == 2
     for want, got in zip(_literal(model, feeds), mod(**feeds)):
         assert got.dtype == want.dtype and np.array_equal(got, want), int(np.sum(got != want))
 

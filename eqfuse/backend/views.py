@@ -90,6 +90,9 @@ def _accepts(p: KernelPlan, k: int, strides) -> bool:
         return _attention_reads(p, p.body.inputs[k], strides)
     if p.kind == K.ATTENTION_GRAD:  # every operand read element by element at its strides
         return True
+    if p.kind == K.CONTRACTION and p.body.nodes[p.shape.anchor].op in ("matmul_integer", "conv_integer") \
+            and p.body.inputs[k] in p.body.ancestors(p.shape.anchor):
+        return False  # (the integer GEMM reads its operands, and the x it quantizes or im2cols, contiguous)
     if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW) and _gemm_operand(p, p.body.inputs[k]) is not None:
         x = _gemm_operand(p, p.body.inputs[k])
         st = view_strides(p.body, x, {p.body.inputs[k]: strides})[1]

@@ -125,6 +125,25 @@ class Facts:
         return None
 
 
+def quantized_a(body: Graph, anchor: int, inputs: set[int]) -> int | None:
+    """The f32 x of a matmul_integer (or conv_integer) whose A (x) is quantize_linear(x, scale, zp)
+    of kernel inputs, scale and zp scalars, zp the GEMM's own a_zp, and read by nothing else: the
+    integer GEMM quantizes x itself (rules kernel_matmul_integer_qa, kernel_conv_integer_qa;
+    qgemm's quantize_a)."""
+    mm = body.nodes[anchor]
+    if mm.op not in ("matmul_integer", "conv_integer"):
+        return None
+    q = body.nodes[mm.args[0]]
+    if q.op != "quantize_linear" or body.users()[mm.args[0]] != 1:
+        return None
+    x, scale, zp = q.args
+    if not {x, scale, zp} <= inputs or zp != mm.args[2] or body.nodes[scale].type.rank != 0:
+        return None
+    if body.nodes[x].type.dtype != "f32" or body.nodes[scale].type.dtype != "f32" or body.nodes[zp].type.rank != 0:
+        return None
+    return x
+
+
 def swaps_last_two(n: Node) -> bool:
     if n.op != "transpose" or n.type.rank < 2:
         return False
@@ -208,7 +227,7 @@ def _match_gemm(body: Graph, facts: Facts) -> KernelShape | None:
     if a is not None:
         n = body.nodes[a]
         check_epilogue(body, a, facts.out)
-        if not all(x in inputs for x in n.args):
+        if not all(x in inputs or (i == 0 and quantized_a(body, a, inputs) is not None) for i, x in enumerate(n.args)):
             raise Unsupported(f"the operands of {n.op} must be kernel inputs (tensors in memory), "
                               "not values computed inside the kernel")
         return KernelShape(K.CONV2D if n.op == "conv2d" else K.CONTRACTION, a)
@@ -389,7 +408,7 @@ ROW_OPS = ("softmax", "layernorm", "rmsnorm", "softmax_grad", "layernorm_grad") 
 # The index ops that have a kernel (eqfuse.backend.kinds.index.BUILDERS has one builder each).
 INDEX_KERNEL_OPS = frozenset({"range", "gather", "scatter_add", "gather_elements", "cumsum", "argmax", "tril",
                               "triu", "pad", "max_pool2d", "avg_pool2d", "pool2d_grad", "scatter_elements_add",
-                              "conv_integer", "dynamic_scale", "dynamic_zero_point"})
+                              "dynamic_scale", "dynamic_zero_point"})
 
 
 def _match_pointwise(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
@@ -423,13 +442,14 @@ def _match_index(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
 
 def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
     dtype = body.nodes[facts.out].type.dtype
-    integer = [i for i in facts.heavy if body.nodes[i].op == "matmul_integer"]
+    integer = [i for i in facts.heavy if body.nodes[i].op in ("matmul_integer", "conv_integer")]
     if integer and (len(facts.heavy) != 1 or dtype not in ("f32", "i32", "u8", "i8")):
         # the integer GEMM (u8 x s8, csrc_templates/gemm_u8s8.c) takes a pointwise epilogue only,
         # and stores f32 (dequantized), its exact int32 sums or u8 / i8 (requantized: QLinearMatMul)
-        raise Unsupported(f"a matmul_integer kernel is the integer GEMM with a pointwise epilogue, writing f32, i32, "
+        what = body.nodes[integer[0]].op
+        raise Unsupported(f"a {what} kernel is the integer GEMM with a pointwise epilogue, writing f32, i32, "
                           f"u8 or i8, not {dtype}" if dtype not in ("f32", "i32", "u8", "i8") else
-                          "a matmul_integer kernel takes a pointwise epilogue only")
+                          f"a {what} kernel takes a pointwise epilogue only")
     if dtype != "f32" and not integer and any(facts.kinds[i] == "contraction" for i in facts.heavy):
         # the GEMM and conv templates store floats: a mask computed from a product (`x @ w > 0`,
         # as a relu's gradient reads) is a pointwise kernel of its own

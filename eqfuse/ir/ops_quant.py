@@ -116,7 +116,9 @@ define(name="dequantize_linear", kind="pointwise", arity=(3, 3), infer=bcast_inf
 # its dequantization, bias and activation a pointwise epilogue on the exact int32 sum.
 define(name="matmul_integer", kind="contraction", arity=(4, 4), infer=_matmul_integer_infer, dtype="matmul_integer",
     numpy=_matmul_integer_np)
-define(name="conv_integer", kind="index", arity=(4, 4), infer=_conv_integer_infer, dtype="matmul_integer",
+# conv_integer is a contraction too: im2col into the integer GEMM's A buffer (qgemm's im2col), the
+# weights its B, the requantization or dequantization its epilogue
+define(name="conv_integer", kind="contraction", arity=(4, 4), infer=_conv_integer_infer, dtype="matmul_integer",
     numpy=_conv_integer_np, attrs=OPS["conv2d"].attrs)
 # DynamicQuantizeLinear's scale and zero point: index kernels (one pass over x each, eqfuse.backend.kinds.index)
 define(name="dynamic_scale", kind="index", arity=(1, 1), infer=_scalar_infer, dtype="float", numpy=_dynamic_scale_np)

@@ -66,7 +66,7 @@ def op_flops(body: Graph, i: int, dims) -> float:
     out = numel(n.type, dims)
     if n.op in ("matmul", "matmul_integer"):
         return 2.0 * out * _dim(body.nodes[n.args[0]].type.shape[-1], dims)
-    if n.op == "conv2d":
+    if n.op in ("conv2d", "conv_integer"):
         w = body.nodes[n.args[1]].type.shape
         return 2.0 * out * math.prod(_dim(d, dims) for d in w[1:])
     op = OPS[n.op]

@@ -315,42 +315,6 @@ def _matmul_integer(an: Node, ins, xs, out, ct, par: str = "0"):
             "}"]
 
 
-def _conv_integer(an: Node, ins, xs, out, ct, par=False):
-    """conv2d((int32(x) - x_zp), (int32(w) - w_zp)) in int32, as onnxruntime's ConvInteger and
-    QLinearConv: a padded tap is x_zp, so it is skipped (it adds 0). One output plane (image,
-    output channel) per iteration, the planes split among the threads (the plan's parallel), the
-    output row's pixels innermost; exact."""
-    x, w, xzp, wzp = ins
-    N, C, H, W = xs[0]
-    O, Cg, KH, KW = xs[1]
-    OH, OW = out[2], out[3]
-    (sh, sw), (ph, pw), (dh, dw) = (pair(an.attr["stride"]), pair(an.attr["padding"]), pair(an.attr["dilation"]))
-    og = O // an.attr["group"]
-    wz = f"(int32_t){wzp}[o]" if len(xs[3]) == 1 else f"(int32_t){wzp}[0]"
-    return [f"const int32_t xz = (int32_t){xzp}[0];",
-            f"#pragma omp parallel for if ({par})",
-            f"for (long no = 0; no < {N * O}; no++) {{",
-            f"    const long n = no / {O}, o = no % {O}, c0 = (o / {og}) * {Cg};",
-            f"    const int32_t wz = {wz};",
-            f"    int32_t *y = out + no * {OH * OW};",
-            f"    for (long p = 0; p < {OH * OW}; p++) y[p] = 0;",
-            f"    for (long c = 0; c < {Cg}; c++)",
-            f"        for (long i = 0; i < {KH}; i++)",
-            f"            for (long j = 0; j < {KW}; j++) {{",
-            f"                const int32_t wv = (int32_t){w}[((o * {Cg} + c) * {KH} + i) * {KW} + j] - wz;",
-            f"                const {ct} *xc = {x} + (n * {C} + c0 + c) * {H * W}L;",
-            f"                for (long oh = 0; oh < {OH}; oh++) {{",
-            f"                    const long h = oh * {sh} - {ph} + i * {dh};",
-            f"                    if (h < 0 || h >= {H}) continue;",
-            f"                    for (long ow = 0; ow < {OW}; ow++) {{",
-            f"                        const long v = ow * {sw} - {pw} + j * {dw};",
-            f"                        if (v >= 0 && v < {W}) y[oh * {OW} + ow] += ((int32_t)xc[h * {W} + v] - xz) * wv;",
-            "                    }",
-            "                }",
-            "            }",
-            "}"]
-
-
 def _dynamic_range(x: str, n: int) -> list[str]:
     """C lines setting dlo = min(x, 0), dhi = max(x, 0) over n floats and DynamicQuantizeLinear's
     scale: one vectorized pass (omp simd min and max reductions), started at 0 so the range holds
@@ -375,7 +339,7 @@ def _dynamic_zero_point(an: Node, ins, xs, out, ct, par=False):
     return _dynamic_range(ins[0], _size(xs[0])) + ["out[0] = (uint8_t)eqf_quantize(-dlo, scale, 0.0f, 0.0f, 255.0f);"]
 
 
-BUILDERS = {"matmul_integer": _matmul_integer, "conv_integer": _conv_integer, "range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
+BUILDERS = {"matmul_integer": _matmul_integer, "range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
             "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool,
             "pool2d_grad": _pool_grad, "scatter_elements_add": _scatter_elements_add,
             "dynamic_scale": _dynamic_scale, "dynamic_zero_point": _dynamic_zero_point}
@@ -385,7 +349,7 @@ BUILDERS = {"matmul_integer": _matmul_integer, "conv_integer": _conv_integer, "r
 class IndexDetail:
     op: str
     checked: bool  # the kernel returns how many indices were out of range
-    parallel: bool  # the `if` of the pooling and integer conv kernels' parallel loop (the others run on one thread)
+    parallel: bool  # the `if` of the pooling kernels' parallel loop (the others run on one thread)
     # pooling between direct convs: input / output in blocks of VL channels (eqfuse.backend.kinds.contraction.conv)
     in_blocked: bool = False
     out_blocked: bool = False
@@ -408,16 +372,10 @@ class Index(Kind):
     def plan(self, plan: KernelPlan, c) -> None:
         an = plan.body.nodes[plan.shape.anchor]
         total = _size(plan.out_shape)
-        if an.op == "conv_integer":  # its multiply-adds: output elements x taps of one output channel
-            w = plan.body.nodes[an.args[1]].type.shape
-            work = total * _size(w[1:])
-            par = work >= PARALLEL_MIN
-            threads = parallel_rule(par, f"{work} multiply-adds", PARALLEL_MIN, "the images x output channels")
-        else:
-            par = an.op in POOLS and total >= PARALLEL_MIN
-            threads = ((f"the images x channels, {REGIONS} ({total} output elements >= {PARALLEL_MIN})" if par
-                        else parallel_rule(par, f"{total} output elements", PARALLEL_MIN, ""))
-                       if an.op in POOLS else "one thread, no parallel region (a selection)")
+        par = an.op in POOLS and total >= PARALLEL_MIN
+        threads = ((f"the images x channels, {REGIONS} ({total} output elements >= {PARALLEL_MIN})" if par
+                    else parallel_rule(par, f"{total} output elements", PARALLEL_MIN, ""))
+                   if an.op in POOLS else "one thread, no parallel region (a selection)")
         s2 = an.op == "max_pool2d" and pair(an.attr["stride"] or an.attr["kernel_size"])[1] == 2 and c.simd_floats >= 16
         plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par, pool_s2=s2)
         plan.threads = threads

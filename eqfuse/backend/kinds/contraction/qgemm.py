@@ -6,6 +6,11 @@ with its dequantization, bias and activation as a pointwise epilogue on the exac
 `int8_path` is the one place the instruction path is chosen (the plan's `precision_path`, printed
 by `eqfuse lower`, listed by report["precision"]); `int8_tile` the register tile per path. B is
 packed in 4-byte K-groups with its column sums (once, when bound by params=: plan.detail.prepack).
+An A that is quantize_linear(x, scale, zp) of an f32 x (DynamicQuantizeLinear's y, joined by the rule
+kernel_matmul_integer_qa) is quantized by the kernel into its own A buffer (plan.detail.quantize_a).
+conv_integer (ConvInteger, QLinearConv) is the same GEMM per image and group, pixels x output
+channels: the kernel writes the im2col of x into its A buffer (plan.detail.im2col; a padded tap is
+x's zero point) and stores C transposed, NCHW; the weights, [O, C/group x KH x KW], are its B.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
+from eqfuse.ir.kernels import quantized_a
+from eqfuse.ir.ops import pair
 from eqfuse.ir.shapes import C_TYPE
 from eqfuse.machine import Machine
 
@@ -76,33 +83,61 @@ class QGemmDetail:
     b_u8: bool  # B is u8 (packed as s8 b ^ 0x80, its zero point - 128)
     bzp_per_col: bool  # b_zp is one per column
     parallel: bool  # the panels are shared by the pool's threads (PARALLEL_MIN_FMAS)
+    # A is quantize_linear(x, scale, zp) of an f32 x: the kernel quantizes x into its A buffer (a
+    # scratch of M x K bytes, reused by every batch) before the panels, so the u8 A is never a tensor
+    quantize_a: bool
     prepack: Prepack | None = None  # B bound by params=, packed once (kinds.contraction.mark_bound_b)
+    # conv_integer: A is the im2col of x, written by the kernel into its A buffer (M pixels x K
+    # taps per image and group), B the weights read as N x K, C stored transposed (NCHW)
+    im2col: bool = False
+    groups: int = 1  # the conv's groups (calls are images x groups, B one matrix per group)
+    # the conv's geometry (C, H, W, KH, KW, stride, padding, dilation, OW): shapes, not choices
+    geometry: tuple = ()
     # its panels are chunks of the claim-based pool (the run function keeps the pool's workers
     # ready across it: runtime.program.hold_pool)
     pool: ClassVar[bool] = True
 
 
 def is_integer(plan: KernelPlan) -> bool:
-    return plan.body.nodes[plan.shape.anchor].op == "matmul_integer"
+    return plan.body.nodes[plan.shape.anchor].op in ("matmul_integer", "conv_integer")
+
+
+def _conv_gemm(body, a: int) -> tuple:
+    """(M, N, K, calls, nbb, geometry) of a conv_integer as GEMMs: per image and group, the
+    OH x OW pixels (rows) by the O / group output channels (columns) over C / group x KH x KW taps."""
+    cv = body.nodes[a]
+    n, c, h, w = body.nodes[cv.args[0]].type.shape
+    o, cg, kh, kw = body.nodes[cv.args[1]].type.shape
+    _, _, oh, ow = cv.type.shape
+    g = cv.attr["group"]
+    geo = (c, h, w, kh, kw, pair(cv.attr["stride"]), pair(cv.attr["padding"]), pair(cv.attr["dilation"]), ow)
+    return oh * ow, o // g, cg * kh * kw, n * g, g, geo
 
 
 def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     body, a = plan.body, plan.shape.anchor
     mm = body.nodes[a]
     at, bt, _, zt = (body.nodes[x].type for x in mm.args)
+    qa = quantized_a(body, a, set(body.inputs)) is not None
     out = tuple(mm.type.shape)
-    M, K, N = at.shape[-2], at.shape[-1], bt.shape[-1]
-    batches = size(out[:-2])
-    nbb = size(bt.shape[:-2])
-    fold = bt.rank == 2
-    gM, calls = (batches * M, 1) if fold else (M, batches)
+    conv = mm.op == "conv_integer"
+    if conv:
+        M, N, K, batches, nbb, geo = _conv_gemm(body, a)
+        fold, gM, calls = nbb == 1, M, batches
+    else:
+        M, K, N = at.shape[-2], at.shape[-1], bt.shape[-1]
+        batches = size(out[:-2])
+        nbb = size(bt.shape[:-2])
+        fold = bt.rank == 2
+        gM, calls = (batches * M, 1) if fold else (M, batches)
     path = int8_path(m)
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
     kc = min(int8_kc(K, nr, m), K)
     plan.tiles = {"mr": mr, "nr": nr, "kc": kc}
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
-    plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par)
+    plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par, qa,
+                              im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else ())
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
@@ -119,7 +154,15 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
           "fallback_scalar": "int32 multiply-adds in C"}[path]
     epi = ops_text(body, skip={a} | set(mm.args))
     tiles = cdiv(gM, mr)
-    plan.uops = [UOp(0, "Loop", f"{calls} GEMM(s) of {gM} x {N} x {K}, u8 x s8 -> int32", calls),
+    quant = [UOp(1, "Load", f"quantize A [{gM} x {K}] f32 -> {at.dtype} (x / scale, round half to even, + zp, saturate) "
+                 "into the kernel's A buffer" + (", row blocks shared by the pool's threads" if par else ""), calls)]
+    if conv:
+        plane = f"the group's {geo[0] // nbb} channels of x ({geo[1]} x {geo[2]})"
+        quant = [UOp(1, "Load", f"quantize {plane} f32 -> {at.dtype} into the kernel's scratch", calls)][:qa] + \
+            [UOp(1, "Load", f"im2col of x into the kernel's A buffer [{gM} pixels x {K} taps], {at.dtype}, "
+                 "padded with x's zero point" + (", row blocks shared by the pool's threads" if par else ""), calls)]
+    plan.uops = [UOp(0, "Loop", f"{calls} GEMM(s) of {gM} x {N} x {K}, u8 x s8 -> int32"
+                     + (f" (images x {nbb} groups)" if conv and nbb > 1 else ""), calls), *(quant if qa or conv else []),
                  UOp(1, "Load", f"pack B [{K} x {N}] into {kg} K-groups x {nr}-column panels + column sums "
                      + ("(once, when bound: params=)" if fold else "(per call)"), calls),
                  UOp(1, "Loop", f"panels over N={N} step nr={nr}", calls * panels),
@@ -127,15 +170,18 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
                  UOp(3, "Loop", f"row tiles over M={gM} step mr={mr}", calls * panels * blocks * tiles),
                  UOp(4, "Exec", f"micro-kernel {mr} x {nr} x {kc} {op}", calls * panels * blocks * tiles),
                  UOp(4, "Store", f"C tile {mr} x {nr} on the last K block: - a_zp colsum(B) (- b_zp rowsum(A)), "
-                     f"then the epilogue ({epi or 'none'})", calls * panels * tiles)]
+                     f"then the epilogue ({epi or 'none'})" + (", stored transposed (NCHW)" if conv else ""),
+                     calls * panels * tiles)]
 
 
 def mark_bound(plan: KernelPlan, bound: set[int]) -> None:
-    """detail.prepack when B (a rank-2 matrix, one for every batch) is bound by params= and read by
-    nothing else in the kernel: the runtime packs it (and its column sums) once."""
+    """detail.prepack when B (a rank-2 matrix, one for every batch; a conv's weights of one group)
+    is bound by params= and read by nothing else in the kernel: the runtime packs it (and its column
+    sums) once."""
     body = plan.body
     b = body.nodes[plan.shape.anchor].args[1]
-    if b not in bound or body.nodes[b].type.rank != 2 or len([n for n in body.nodes if b in n.args]) != 1:
+    one = plan.detail.groups == 1 if plan.detail.im2col else body.nodes[b].type.rank == 2
+    if b not in bound or not one or len([n for n in body.nodes if b in n.args]) != 1:
         return
     g = f"{plan.name}_gemm"
     plan.detail = replace(plan.detail, prepack=Prepack(body.inputs.index(b), f"{g}_prepack", f"{g}_prepack_floats"))
@@ -148,28 +194,35 @@ def emit_qgemm(plan: KernelPlan) -> str:
     mm = body.nodes[a]
     params, ptrs = kernel_params(plan)
     d = plan.detail
+    q = body.nodes[mm.args[0]]  # (quantize_linear(x, scale, zp) with quantize_a)
+    a_in, a_scale = (q.args[0], ptrs[q.args[1]]) if d.quantize_a else (mm.args[0], "NULL")
     out = tuple(plan.out_shape)
     nb = len(out) - 2
-    if d.batch == 1:
+    if d.im2col:  # (C^T per image: pixels x channels, stored NCHW)
+        groups = [("b", [0], False), ("j", [1], False), ("i", [2, 3], False)]
+    elif d.batch == 1:
         groups = [("i", list(range(nb)) + [nb], False), ("j", [nb + 1], False)]
     else:
         groups = [("b", list(range(nb)), False), ("i", [nb], False), ("j", [nb + 1], False)]
     expr, read = gemm_epilogue(plan, groups, {a: "acc"})
     extras = [(c_type(body, i), pn) for i, pn in read]
     gname = f"{plan.name}_gemm"
-    ta, tb, tz, tw = (C_TYPE[body.nodes[x].type.dtype] for x in mm.args)
+    c, h, w, kh, kw, (sh, sw), (ph, pw), (dh, dw), ow = d.geometry or (0, 0, 0, 0, 0, (0, 0), (0, 0), (0, 0), 0)
+    ta, tb, tz, tw = (C_TYPE[body.nodes[x].type.dtype] for x in (a_in, *mm.args[1:]))
     src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
                  KC=plan.tiles["kc"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
-                 PREPACKED_B=int(d.prepack is not None), PATH=INT8_PATHS[plan.precision_path],
+                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col),
+                 G=d.groups, CI=c, H=h, W=w, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, OW=ow, PATH=INT8_PATHS[plan.precision_path],
                  PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
                  EXTRA_PARAMS="".join(f", const {t}* restrict {n}" for t, n in extras),
                  EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
                  EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
                  EXTRA_INIT="".join(", " + n for _, n in extras))
-    args = [ptrs[x] for x in mm.args] + ["out"] + [ptrs[i] for i, _ in read]
-    shapes = f"integer batch={d.batch} M={d.M} N={d.N} K={d.K} ({plan.precision_path})"
+    args = [ptrs[a_in]] + [ptrs[x] for x in mm.args[1:]] + [a_scale, "out"] + [ptrs[i] for i, _ in read]
+    shapes = (f"integer batch={d.batch} M={d.M} N={d.N} K={d.K} ({plan.precision_path}"
+              + (", A quantized from f32)" if d.quantize_a else ", A the im2col of x, C stored NCHW)" if d.im2col else ")"))
     wrapper = render("matmul.c", NAME=plan.name, SHAPES=shapes, GEMM=gname, PARAMS=params, OUTER=1,
                      OFFSETS="        (void)g;", ARGS=", ".join(args))
     return src + "\n" + wrapper
