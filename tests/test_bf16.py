@@ -335,7 +335,7 @@ def test_bf16_decode_gemm_on_two_threads(path, monkeypatch):
     panels among two threads (plan_gemm.skinny_parallel) and stays within the bound."""
     import eqfuse.runtime.program as program
 
-    monkeypatch.setattr(program, "threads_now", lambda t, *own: t)  # two threads, however loaded the machine
+    monkeypatch.setattr(program, "call_threads", lambda t, *own: (t, program.OPENMP))  # two threads, however loaded
     x, w, b = arrays(1, 768, 768, seed=3)
     mod = eqfuse.compile(gemm_graph(1, 768, 768), params={"w": w, "b": b}, precision="bf16", threads=2)
     for _ in range(2):  # the second call reads the panels of the first

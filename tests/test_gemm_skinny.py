@@ -266,7 +266,7 @@ def test_transformer_sized_gemms_on_two_threads(M, monkeypatch):
     before an OpenMP region (softmax), each result against numpy, call after call."""
     import eqfuse.runtime.program as program
 
-    monkeypatch.setattr(program, "threads_now", lambda t, *own: t)  # two threads, however loaded the machine
+    monkeypatch.setattr(program, "call_threads", lambda t, *own: (t, program.OPENMP))  # two threads, however loaded
     rng = np.random.default_rng(M)
     arr = lambda *s: (rng.standard_normal(s) / np.sqrt(s[0])).astype(np.float32)
     params = {"w1": arr(768, 3072), "b1": arr(3072), "w2": arr(3072, 768), "b2": arr(768), "g": arr(768),
@@ -283,7 +283,7 @@ def test_a_weight_that_streams_from_memory_is_shared_by_the_threads(M, N, K, par
     a small one stays on the calling thread. Each against numpy, on two threads."""
     import eqfuse.runtime.program as program
 
-    monkeypatch.setattr(program, "threads_now", lambda t, *own: t)  # two threads, however loaded the machine
+    monkeypatch.setattr(program, "call_threads", lambda t, *own: (t, program.OPENMP))  # two threads, however loaded
     rng = np.random.default_rng(N)
     w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
     mod = compiled(GRAPH.format(M=M, N=N, K=K), {"w": w},
