@@ -108,6 +108,9 @@ class GraphFunction:
         self._repeat: tuple | None = None  # (the last call's (shape, dtype) per array, its run function)
         self.cache: dict[tuple, Compiled] = {}
         self.last: Compiled | None = None
+        # the inputs that are bf16 KV caches (a live= decode step under precision="bf16"): they take
+        # uint16 arrays too (Runner.bf16_slots)
+        self.bf16_caches: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         # the batch dim taken at run time and its bucket sizes (None: from the first binding)
         self.batch_dim, self.bucket_sizes = batch if batch else (None, None)
@@ -172,7 +175,7 @@ class GraphFunction:
             outs = repeat[1](run, self.threads if self.threads is not None else env_threads())
             return outs[0] if len(outs) == 1 else tuple(outs)
         named = self.named_arrays(arrays, keywords)
-        dims = bind_arrays(self._passed, [named[n] for n in self.free], self.dims)
+        dims = bind_arrays(self._passed, [named[n] for n in self.free], self.dims, self.bf16_caches)
         # The optimized graph's params may differ from the source's: folding replaces bound ones.
         arrays = [named[n] for n in self._optimized_names]
         threads = self.threads if self.threads is not None else env_threads()
