@@ -16,6 +16,7 @@ from test_bf16 import U, attention_bound
 
 import eqfuse
 from eqfuse.pipeline import uops_text
+from eqfuse.runtime.program import bf16_bits, bf16_widen
 
 SCALE = 0.125  # (the first attention's; the second's is 0.2)
 STEP = """
@@ -58,9 +59,14 @@ def reference(q, keys, values, scale, mask=None):
     return q.reshape(2 * H, 1, -1), ks, vs, mk
 
 
-def run_steps(step, cap: int, lives, u: float):
+def run_steps(step, cap: int, lives, u: float, bf16: bool = False):
+    """Decode steps at live lengths `lives`; with `bf16`, the buffers passed are bf16 KV caches
+    (uint16 bits, the spare rows NaN) and the reference takes the f32 values before their rounding,
+    so the bound covers k and v rounded to bf16; returns the largest error / bound with u = 0 (what
+    f32 arithmetic alone may add)."""
     rng = np.random.default_rng(cap)
     bufs = {name: np.full((2, h, cap + 1, w), np.nan, np.float32) for name, (h, w) in CACHES.items()}
+    worst = 0.0
     for t in lives:
         for name, b in bufs.items():  # the past rows 0 .. t - 1; row t is the append's; the rest NaN
             b[:, :, :t] = rng.standard_normal(b[:, :, :t].shape, dtype=np.float32)
@@ -71,15 +77,27 @@ def run_steps(step, cap: int, lives, u: float):
         new = {"q": (2, 4, 1, 64), "k": (2, 2, 1, 64), "v": (2, 2, 1, 64), "q2": (2, 3, 1, 24),
                "k2": (2, 3, 1, 24), "v2": (2, 3, 1, 8)}
         x = {n: rng.standard_normal(s, dtype=np.float32) for n, s in new.items()}
-        a, a2, *_ = step(**x, mask=mask, P_length=np.array([t]), **bufs)
-        for name in bufs:
-            assert np.isnan(bufs[name][:, :, t + 1:]).all(), (name, t)  # appended at row t only
+        passed = {n: bf16_bits(b) for n, b in bufs.items()} if bf16 else bufs
+        a, a2, *presents = step(**x, mask=mask, P_length=np.array([t]), **passed)
+        assert all(pr is b for pr, b in zip(presents, [passed[n] for n in ("past_k", "past_v", "past_k2", "past_v2")]))
+        for name, b in passed.items():
+            got = bf16_widen(b) if bf16 else b
+            assert np.isnan(got[:, :, t + 1:]).all(), (name, t)  # appended at row t only
+            if bf16:  # the new row rounded to nearest even, the past rows as they were
+                assert b.dtype == np.uint16 and np.array_equal(b[:, :, :t], bf16_bits(bufs[name][:, :, :t]))
+                newrow = x[{"past_k": "k", "past_v": "v", "past_k2": "k2", "past_v2": "v2"}[name]][:, :, 0]
+                assert np.array_equal(b[:, :, t], bf16_bits(newrow)), (name, t)
+        for name, nn in (("past_k", "k"), ("past_v", "v"), ("past_k2", "k2"), ("past_v2", "v2")):
+            bufs[name][:, :, t] = x[nn][:, :, 0]  # (the reference's f32 new row, not rounded)
         for y, qn, kn, vn, scale, mk in ((a, "q", "past_k", "past_v", SCALE, mask), (a2, "q2", "past_k2", "past_v2", 0.2, None)):
             live = [bufs[n][:, :, :t + 1].astype(np.float64) for n in (kn, vn)]
             q3, k3, v3, m3 = reference(x[qn].astype(np.float64), *live, scale, mk)
             ref, bound = attention_bound(q3, k3, v3, scale, m3, 64, u=u)
             err = np.abs(y.reshape(ref.shape).astype(np.float64) - ref)
             assert np.all(err <= bound), (qn, t + 1, float(np.max(err / bound)))
+            _, f32_bound = attention_bound(q3, k3, v3, scale, m3, 64, u=0.0)
+            worst = max(worst, float(np.max(err / f32_bound)))
+    return worst
 
 
 def decode_kernels(step):
@@ -97,17 +115,38 @@ def test_decode_attention_over_live_lengths_f32(steps):
     step = steps("f32", 256)
     decode_kernels(step)
     run_steps(step, 256, [0, 14, 15, 16, 249], u=0.0)
+    assert all(k.decisions["k_bf16"] == 0 for k in step.kernels if k.kind == "attention")
 
 
-def test_decode_attention_under_bf16_reads_f32_and_says_so(steps):
-    """Under precision="bf16" the decode attention computes in f32 (the cache is f32: bf16 operands
-    would not cut its bytes) and the report says why; its result is within the bf16 bound, here
-    at capacity 16, up to the whole buffer (17 keys)."""
+def test_decode_attention_over_a_bf16_cache(steps):
+    """Under precision="bf16" the KV caches are bf16 (uint16): the appends round the new rows to
+    nearest even, the decode attention widens the keys and values it reads (q, the scores and the
+    softmax stay f32), and the report and the plan say so. Its result is within the documented bf16
+    bound against float64 attention over the f32 values before their rounding (k and v rounded are
+    in that bound), here at capacity 16 up to the whole buffer (17 keys), the spare rows NaN; the
+    bound with u = 0 (f32 arithmetic alone) is exceeded somewhere, so an f32 cache would not be
+    told apart by luck. An f32 past given to the step is rounded into a new bf16 buffer, which is
+    returned as the present."""
     step = steps("bf16", 16)
-    for k in decode_kernels(step):
-        e = step.report["precision"][k.name]
-        assert (e["precision"], e["path"]) == ("f32", "f32") and "KV cache" in e["note"], e
-    run_steps(step, 16, [0, 15, 16], u=U)
+    gqa, direct = decode_kernels(step)  # (the first reads the repeats' f32 copies of its caches)
+    e = step.report["precision"][direct.name]
+    assert (e["precision"], e["path"]) == ("bf16", "widen") and "bf16 KV cache" in e["note"], e
+    assert "bf16 cache" in direct.decisions["live"] and direct.decisions["k_bf16"] == direct.decisions["v_bf16"] == 1
+    assert step.report["precision"][gqa.name]["path"] == "f32" and gqa.decisions["k_bf16"] == 0
+    repeats = [k for k in step.kernels if k.decisions.get("live", "").startswith("repeat")]
+    assert len(repeats) == 2 and all(step.report["precision"][k.name]["path"] == "widen" for k in repeats)
+    appends = [k for k in step.kernels if k.decisions.get("live", "").startswith("append")]
+    assert len(appends) == 4 and all("bf16 cache" in k.decisions["live"] for k in appends)
+    assert all(step.report["precision"][k.name]["path"] == "round" for k in appends)
+    assert run_steps(step, 16, [0, 15, 16], u=U, bf16=True) > 1.0
+    rng = np.random.default_rng(0)
+    f32 = {n: rng.standard_normal((2, h, 17, w), dtype=np.float32) for n, (h, w) in CACHES.items()}
+    x = {n: np.zeros(s, np.float32) for n, s in (("q", (2, 4, 1, 64)), ("k", (2, 2, 1, 64)), ("v", (2, 2, 1, 64)),
+                                                 ("q2", (2, 3, 1, 24)), ("k2", (2, 3, 1, 24)), ("v2", (2, 3, 1, 8)))}
+    *_, pk, pv, pk2, pv2 = step(**x, mask=np.zeros((2, 1, 1, 17), np.float32), P_length=np.array([5]), **f32)
+    for p, n in zip((pk, pv, pk2, pv2), CACHES):
+        assert p.dtype == np.uint16 and np.array_equal(p[:, :, :5], bf16_bits(f32[n][:, :, :5]))
+        assert not p[:, :, 5].any()  # (the new row: zeros)
 
 
 def test_lower_prints_the_decode_plan():
