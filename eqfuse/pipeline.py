@@ -608,7 +608,6 @@ def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, s
                       opts.verify, opts.threads, batch, shared.panels if shared is not None else None)
     if all(d in dims for d in g.dims()):
         c = f.compiled(dims)  # everything is known: compile now, so errors show here
-        f.bf16_caches = frozenset(c.kgraph.nodes[c.kgraph.inputs[k]].name for k in c.runner.bf16_slots)
         if opts.fuse is True:  # the report counts the kernels the module runs, views apart
             count_kernels(report, g, opt, dims, frozenset(folded.params), opts.precision, after=c.plans)
         return f, report, opt

@@ -123,8 +123,14 @@ class GraphFunction:
             c = self.cache.get(key)
             if c is None:
                 c = self.cache[key] = self._build(self.optimized, [dict(key)], panels=self.panels)[0]
+                self.note_bf16_caches(c)
             self.last = c
         return c
+
+    def note_bf16_caches(self, c: Compiled) -> None:
+        """The inputs of c that are bf16 KV caches take uint16 arrays (bf16_caches)."""
+        kg = c.kgraph
+        self.bf16_caches |= {kg.nodes[kg.inputs[k]].name for k in c.runner.bf16_slots}
 
     def bucketed(self, dims: Mapping[str, int]) -> Bucketed:
         """The graph compiled at every bucket size of its batch dim, with `dims`' other values
@@ -139,6 +145,8 @@ class GraphFunction:
                 names = [f"{self.optimized.name}_{d}{s}" for s in sizes]
                 built = self._build(self.optimized, binds, names=names, panels=self.panels or PanelPool())
                 b = self.buckets[key] = Bucketed(d, self.optimized, dict(zip(sizes, built)))
+                for c in built:
+                    self.note_bf16_caches(c)
             self.last = b.compiled.get(dims.get(d), b.largest)  # the bucket this call runs whole, if any
         return b
 
