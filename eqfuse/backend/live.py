@@ -179,6 +179,9 @@ def cache_bf16(plans: list[KernelPlan], by_node: dict[int, KernelPlan], appends:
                 _, (k16, v16) = reads[id(r)]
                 d = r.detail
                 r.detail = replace(d, k_bf16=d.k_bf16 or k16, v_bf16=d.v_bf16 or v16)
+                r.uops = [UOp(u.depth, u.op, u.what.replace(" rows [", " rows (bf16, widened) [", 1), u.count)
+                          if u.op == "Load" and ((k16 and u.what.split(" ")[1] == "k") or (v16 and u.what.split(" ")[1] == "v"))
+                          else u for u in r.uops]
                 r.precision, r.precision_path = "bf16", "widen"
                 r.precision_note = ("k and v read from the bf16 KV cache, widened to f32 by a 16-bit shift; "
                                     "q, the scores and the softmax in f32")
