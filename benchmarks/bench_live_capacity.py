@@ -10,7 +10,8 @@ the weights), the caches random. At each live length the capacities' steps are c
 `--calls` times each (so the machine's load falls on both alike): the median and the fastest call
 in ms, then one profile (eqfuse.runtime.profile, 10 calls) for the median attention kernel per
 layer and the pointwise and index kernels' total (the mask's cast; the embedding gathers). The
-attention's K/V stream: the bytes of one layer's live key and value rows (f32) over its time.
+attention's K/V stream: the bytes of one layer's live key and value rows (f32, or bf16 under
+`--precision bf16`: the cache is bf16) over its time.
 """
 
 from __future__ import annotations
@@ -70,7 +71,10 @@ def main() -> None:
             f["attention_mask"][:, :n + 1] = 1  # the live rows and the new token's
             f["position_ids"][:] = n
             f["past_length"][0] = n
-            steps[c](**f)
+            outs = steps[c](**f)
+            # the presents are the caches the step holds (bf16 under precision="bf16": the f32
+            # arrays rounded once, here), fed back as the past, as eqfuse.generate does
+            f.update(zip([k for k in f if k.startswith("past_key_values")], outs[1:]))
         for _ in range(a.calls):
             for c in caps:
                 t = time.perf_counter()
@@ -81,7 +85,8 @@ def main() -> None:
             att = statistics.median(us for _, k, us, _ in rows if k == "attention")
             pw = sum(us for _, k, us, _ in rows if k == "pointwise")
             ix = sum(us for _, k, us, _ in rows if k == "index")
-            kv = 2 * b * 12 * (n + 1) * 64 * 4  # one layer's live keys and values, the new row's too
+            elem = f["past_key_values_0_key"].itemsize  # (2: a bf16 cache)
+            kv = 2 * b * 12 * (n + 1) * 64 * elem  # one layer's live keys and values, the new row's too
             print(f"  {n:>4} {c:>8} {1e3 * statistics.median(times[c]):9.2f} {1e3 * min(times[c]):7.2f} "
                   f"{att:18.0f} {kv / att / 1e3:8.1f} {pw:12.1f} {ix:8.1f}", flush=True)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")

@@ -1,6 +1,27 @@
 #define {{NAME}}_BK {{BK}} /* the plan's bk: keys per block (their scores on the stack) */
 #define {{NAME}}_SCORE_OPS {{SCORE_OPS}} /* the plan's score_ops: the score's own ops run in a score pass */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_K_BF16 {{K_BF16}} /* the plan's k_bf16: the keys are a bf16 KV cache (uint16) */
+#define {{NAME}}_V_BF16 {{V_BF16}} /* the plan's v_bf16: the values are a bf16 KV cache (uint16) */
+/* an element of k or v as f32: a bf16 cache's widened by a 16-bit shift (exact) */
+#if {{K_BF16}}
+typedef uint16_t {{NAME}}_kt;
+#define {{NAME}}_KW(x) eqf_bf16_f32(x)
+#define {{NAME}}_KLOAD(p) eqf_bf16_load16(p)
+#else
+typedef float {{NAME}}_kt;
+#define {{NAME}}_KW(x) (x)
+#define {{NAME}}_KLOAD(p) _mm512_loadu_ps(p)
+#endif
+#if {{V_BF16}}
+typedef uint16_t {{NAME}}_vt;
+#define {{NAME}}_VW(x) eqf_bf16_f32(x)
+#define {{NAME}}_VLOAD(p) eqf_bf16_load16(p)
+#else
+typedef float {{NAME}}_vt;
+#define {{NAME}}_VW(x) (x)
+#define {{NAME}}_VLOAD(p) _mm512_loadu_ps(p)
+#endif
 EQF_WIDE_BEGIN
 /* {{NAME}}: decode attention (the plan's decode), {{BATCH}} (batch x head) rows of one query
  * [{{D}}] against {{SK}} keys, Dv = {{DV}}. One task per query row. Its keys and values are read
@@ -9,8 +30,8 @@ EQF_WIDE_BEGIN
  * dot product along D), the score ops (a mask) or the keys past the end to -inf, the online
  * softmax in base 2 (the block's maximum; the running maximum raised only when the block's
  * passes it by more than 2^8, rescaling the accumulators; exp2), then acc += p_j v_j over the
- * value rows. f32 under either precision: the cache is f32, so the bytes streamed, which set
- * this kernel's time, are the same with bf16 multiplies. */
+ * value rows, in f32. A bf16 KV cache (K_BF16, V_BF16: precision="bf16") is read as uint16 and
+ * widened by a shift: half the bytes streamed, which set this kernel's time. */
 void {{NAME}}({{PARAMS}})
 {
     enum { BK = {{BK}}, D = {{D}}, DV = {{DV}} };
@@ -19,8 +40,8 @@ void {{NAME}}({{PARAMS}})
         const long i = 0;  /* (the one query row) */
         (void)i;
         const float* restrict qp = {{Q}} + ({{QOFF}});
-        const float* restrict kp = {{K}} + ({{KOFF}});
-        const float* restrict vp = {{V}} + ({{VOFF}});
+        const {{NAME}}_kt* restrict kp = (const {{NAME}}_kt*){{K}} + ({{KOFF}});
+        const {{NAME}}_vt* restrict vp = (const {{NAME}}_vt*){{V}} + ({{VOFF}});
 {{OFFSETS}}
         float qv[D + 16] __attribute__((aligned(64)));  /* q times the folded score scale */
         float acc[DV + 16] __attribute__((aligned(64)));
@@ -39,25 +60,25 @@ void {{NAME}}({{PARAMS}})
 #if defined(__AVX512F__)
             if ({{KD}} == 1 && D % 16 == 0) {  /* k rows contiguous: 16 lanes of D at a time */
                 for (long jj = 0; jj < nk; jj++) {
-                    const float* restrict kr = kp + (j0 + jj) * {{KJ}};
+                    const {{NAME}}_kt* restrict kr = kp + (j0 + jj) * {{KJ}};
                     __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps();
                     long d = 0;
                     for (; d + 32 <= D; d += 32) {
-                        c0 = _mm512_fmadd_ps(_mm512_load_ps(qv + d), _mm512_loadu_ps(kr + d), c0);
-                        c1 = _mm512_fmadd_ps(_mm512_load_ps(qv + d + 16), _mm512_loadu_ps(kr + d + 16), c1);
+                        c0 = _mm512_fmadd_ps(_mm512_load_ps(qv + d), {{NAME}}_KLOAD(kr + d), c0);
+                        c1 = _mm512_fmadd_ps(_mm512_load_ps(qv + d + 16), {{NAME}}_KLOAD(kr + d + 16), c1);
                     }
                     if (d < D)
-                        c0 = _mm512_fmadd_ps(_mm512_load_ps(qv + d), _mm512_loadu_ps(kr + d), c0);
+                        c0 = _mm512_fmadd_ps(_mm512_load_ps(qv + d), {{NAME}}_KLOAD(kr + d), c0);
                     s[jj] = _mm512_reduce_add_ps(_mm512_add_ps(c0, c1));
                 }
             } else
 #endif
             for (long jj = 0; jj < nk; jj++) {
-                const float* restrict kr = kp + (j0 + jj) * {{KJ}};
+                const {{NAME}}_kt* restrict kr = kp + (j0 + jj) * {{KJ}};
                 float dot = 0.0f;
                 #pragma omp simd reduction(+:dot)
                 for (long d = 0; d < D; d++)
-                    dot += qv[d] * kr[d * {{KD}}];
+                    dot += qv[d] * {{NAME}}_KW(kr[d * {{KD}}]);
                 s[jj] = dot;
             }
             /* score ops (scale, mask), in base 2: times log2 e. A score that is only q k^T times a
@@ -110,9 +131,9 @@ void {{NAME}}({{PARAMS}})
                     a[u] = _mm512_load_ps(acc + 16 * u);
                 for (long jj = 0; jj < nk; jj++) {
                     const __m512 p = _mm512_set1_ps(s[jj]);
-                    const float* restrict vr = vp + (j0 + jj) * {{VR}};
+                    const {{NAME}}_vt* restrict vr = vp + (j0 + jj) * {{VR}};
                     for (int u = 0; u < DV / 16; u++)
-                        a[u] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * u), a[u]);
+                        a[u] = _mm512_fmadd_ps(p, {{NAME}}_VLOAD(vr + 16 * u), a[u]);
                 }
                 for (int u = 0; u < DV / 16; u++)
                     _mm512_store_ps(acc + 16 * u, a[u]);
@@ -120,10 +141,10 @@ void {{NAME}}({{PARAMS}})
 #endif
             for (long jj = 0; jj < nk; jj++) {
                 const float p = s[jj];
-                const float* restrict vr = vp + (j0 + jj) * {{VR}};
+                const {{NAME}}_vt* restrict vr = vp + (j0 + jj) * {{VR}};
                 #pragma omp simd
                 for (long e = 0; e < DV; e++)
-                    acc[e] += p * vr[e * {{VC}}];
+                    acc[e] += p * {{NAME}}_VW(vr[e * {{VC}}]);
             }
         }
         float lsum = 0.0f;
@@ -142,3 +163,7 @@ void {{NAME}}({{PARAMS}})
     }
 }
 EQF_WIDE_END
+#undef {{NAME}}_KW
+#undef {{NAME}}_KLOAD
+#undef {{NAME}}_VW
+#undef {{NAME}}_VLOAD

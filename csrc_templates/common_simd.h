@@ -43,6 +43,13 @@
 #if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE__)
 #include <immintrin.h>
 #endif
+#if defined(__AVX512F__)
+/* 16 bf16 (a bf16 KV cache's row) widened to f32: each shifted into the top half of its lane (exact) */
+static inline __m512 eqf_bf16_load16(const uint16_t* p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+#endif
 /* Store one 64-byte line (16 floats, dst 64-byte aligned, src aligned) with a non-temporal
  * store: no read-for-ownership of the destination, for outputs much larger than the caches.
  * gcc keeps `src` (a line computed by a 16-iteration SIMD loop) in a register. Each thread that

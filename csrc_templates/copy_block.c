@@ -4,5 +4,5 @@
 {{OFFSETS}}
         #pragma omp simd
         for (long j = 0; j < {{INNER}}; j++)
-            {{DST}}[dst_off + j * {{DST_STRIDE}}] = {{SRC}}[src_off + j * {{SRC_STRIDE}}];
+            {{DST}}[dst_off + j * {{DST_STRIDE}}] = {{CVT}}({{SRC}}[src_off + j * {{SRC_STRIDE}}]);
     }

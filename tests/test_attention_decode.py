@@ -1,12 +1,13 @@
 """The decode attention (the attention plan's `decode`, csrc_templates/attention_decode.c): one query
-row per (batch, head) against a KV cache's live rows, read in place. Two attentions in one step
+row per (batch, head) against a KV cache's live rows, read in place. Three attentions in one step
 compiled with live="P": grouped-query (4 query heads over 2 key/value heads, repeated), head size
-64, an additive mask (the score pass); and 3 heads of 24 with values of 8 (the portable loops: no
-whole vectors). Every live length that ends a key block or passes one (1, 15, 16, 17, 250 keys), at
+64, an additive mask (the score pass); 3 heads of 24 with values of 8 (the portable loops: no
+whole vectors); and 2 heads of 64 with values of 32 and the mask, over their caches directly (the
+vector paths, which read a bf16 cache under precision="bf16"). Every live length that ends a key block or passes one (1, 15, 16, 17, 250 keys), at
 two capacities, the buffers' spare rows and the mask's spare columns NaN, so a read past the live
 length shows; against float64 at the documented attention bound (docs/precision.md, "Attention":
-u = 0 for f32, what its arithmetic may add; u = 2^-8 under precision="bf16", where this kernel
-computes in f32 and says so)."""
+u = 0 for f32, what its arithmetic may add; u = 2^-8 under precision="bf16", where the caches
+the attentions read in place are bf16 and the kernel widens them)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from test_bf16 import U, attention_bound
 
 import eqfuse
 from eqfuse.pipeline import uops_text
+from eqfuse.runtime.program import bf16_bits, bf16_widen
 
 SCALE = 0.125  # (the first attention's; the second's is 0.2)
 STEP = """
 graph step(q: f32[2, 4, 1, 64], past_k: f32[2, 2, P, 64], past_v: f32[2, 2, P, 64], k: f32[2, 2, 1, 64],
            v: f32[2, 2, 1, 64], mask: f32[2, 1, 1, {cap1}], q2: f32[2, 3, 1, 24], past_k2: f32[2, 3, P, 24],
-           past_v2: f32[2, 3, P, 8], k2: f32[2, 3, 1, 24], v2: f32[2, 3, 1, 8]) {
+           past_v2: f32[2, 3, P, 8], k2: f32[2, 3, 1, 24], v2: f32[2, 3, 1, 8], q3: f32[2, 2, 1, 64],
+           past_k3: f32[2, 2, P, 64], past_v3: f32[2, 2, P, 32], k3: f32[2, 2, 1, 64], v3: f32[2, 2, 1, 32]) {
     keys = concat(past_k, k, axis=2)
     values = concat(past_v, v, axis=2)
     rk = reshape(expand(unsqueeze(keys, axis=2), shape=[1, 1, 2, 1, 1]), shape=[2, 4, -1, 64])
@@ -30,10 +33,15 @@ graph step(q: f32[2, 4, 1, 64], past_k: f32[2, 2, P, 64], past_v: f32[2, 2, P, 6
     keys2 = concat(past_k2, k2, axis=2)
     values2 = concat(past_v2, v2, axis=2)
     a2 = softmax(q2 @ transpose(keys2, perm=[0, 1, 3, 2]) * 0.2, axis=-1) @ values2
-    return a, a2, keys, values, keys2, values2
+    keys3 = concat(past_k3, k3, axis=2)
+    values3 = concat(past_v3, v3, axis=2)
+    a3 = softmax(q3 @ transpose(keys3, perm=[0, 1, 3, 2]) * 0.125 + mask, axis=-1) @ values3
+    return a, a2, a3, keys, values, keys2, values2, keys3, values3
 }
 """
-CACHES = {"past_k": (2, 64), "past_v": (2, 64), "past_k2": (3, 24), "past_v2": (3, 8)}  # (heads, width)
+CACHES = {"past_k": (2, 64), "past_v": (2, 64), "past_k2": (3, 24), "past_v2": (3, 8),
+          "past_k3": (2, 64), "past_v3": (2, 32)}  # (heads, width)
+NEW = {"past_k": "k", "past_v": "v", "past_k2": "k2", "past_v2": "v2", "past_k3": "k3", "past_v3": "v3"}
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +66,14 @@ def reference(q, keys, values, scale, mask=None):
     return q.reshape(2 * H, 1, -1), ks, vs, mk
 
 
-def run_steps(step, cap: int, lives, u: float):
+def run_steps(step, cap: int, lives, u: float, bf16: bool = False):
+    """Decode steps at live lengths `lives`; with `bf16`, the buffers passed are bf16 KV caches
+    (uint16 bits, the spare rows NaN) and the reference takes the f32 values before their rounding,
+    so the bound covers k and v rounded to bf16; returns the largest error / bound with u = 0 (what
+    f32 arithmetic alone may add)."""
     rng = np.random.default_rng(cap)
     bufs = {name: np.full((2, h, cap + 1, w), np.nan, np.float32) for name, (h, w) in CACHES.items()}
+    worst = 0.0
     for t in lives:
         for name, b in bufs.items():  # the past rows 0 .. t - 1; row t is the append's; the rest NaN
             b[:, :, :t] = rng.standard_normal(b[:, :, :t].shape, dtype=np.float32)
@@ -69,22 +82,36 @@ def run_steps(step, cap: int, lives, u: float):
         mask[..., :t + 1] = np.where(rng.random((2, 1, 1, t + 1)) < 0.2, -1e4, 0.0)
         mask[..., t] = 0.0  # (the new token sees itself)
         new = {"q": (2, 4, 1, 64), "k": (2, 2, 1, 64), "v": (2, 2, 1, 64), "q2": (2, 3, 1, 24),
-               "k2": (2, 3, 1, 24), "v2": (2, 3, 1, 8)}
+               "k2": (2, 3, 1, 24), "v2": (2, 3, 1, 8), "q3": (2, 2, 1, 64), "k3": (2, 2, 1, 64),
+               "v3": (2, 2, 1, 32)}
         x = {n: rng.standard_normal(s, dtype=np.float32) for n, s in new.items()}
-        a, a2, *_ = step(**x, mask=mask, P_length=np.array([t]), **bufs)
-        for name in bufs:
-            assert np.isnan(bufs[name][:, :, t + 1:]).all(), (name, t)  # appended at row t only
-        for y, qn, kn, vn, scale, mk in ((a, "q", "past_k", "past_v", SCALE, mask), (a2, "q2", "past_k2", "past_v2", 0.2, None)):
+        passed = {n: bf16_bits(b) for n, b in bufs.items()} if bf16 else bufs
+        a, a2, a3, *presents = step(**x, mask=mask, P_length=np.array([t]), **passed)
+        assert all(pr is passed[n] for pr, n in zip(presents, CACHES))
+        for name, b in passed.items():
+            got = bf16_widen(b) if bf16 else b
+            assert np.isnan(got[:, :, t + 1:]).all(), (name, t)  # appended at row t only
+            if bf16:  # the new row rounded to nearest even, the past rows as they were
+                assert b.dtype == np.uint16 and np.array_equal(b[:, :, :t], bf16_bits(bufs[name][:, :, :t]))
+                newrow = x[NEW[name]][:, :, 0]
+                assert np.array_equal(b[:, :, t], bf16_bits(newrow)), (name, t)
+        for name, nn in NEW.items():
+            bufs[name][:, :, t] = x[nn][:, :, 0]  # (the reference's f32 new row, not rounded)
+        for y, qn, kn, vn, scale, mk in ((a, "q", "past_k", "past_v", SCALE, mask), (a2, "q2", "past_k2", "past_v2", 0.2, None),
+                                         (a3, "q3", "past_k3", "past_v3", SCALE, mask)):
             live = [bufs[n][:, :, :t + 1].astype(np.float64) for n in (kn, vn)]
             q3, k3, v3, m3 = reference(x[qn].astype(np.float64), *live, scale, mk)
             ref, bound = attention_bound(q3, k3, v3, scale, m3, 64, u=u)
             err = np.abs(y.reshape(ref.shape).astype(np.float64) - ref)
             assert np.all(err <= bound), (qn, t + 1, float(np.max(err / bound)))
+            _, f32_bound = attention_bound(q3, k3, v3, scale, m3, 64, u=0.0)
+            worst = max(worst, float(np.max(err / f32_bound)))
+    return worst
 
 
 def decode_kernels(step):
     ks = [k for k in step.kernels if k.kind == "attention"]
-    assert len(ks) == 2
+    assert len(ks) == 3
     for k in ks:
         assert k.decisions["decode"] == 1 and k.decisions["live"].startswith("keys"), k.decisions
         assert "EQF_SCRATCH_ATTENTION_KT" not in k.c_source  # (no copy of k^T)
@@ -97,17 +124,40 @@ def test_decode_attention_over_live_lengths_f32(steps):
     step = steps("f32", 256)
     decode_kernels(step)
     run_steps(step, 256, [0, 14, 15, 16, 249], u=0.0)
+    assert all(k.decisions["k_bf16"] == 0 for k in step.kernels if k.kind == "attention")
 
 
-def test_decode_attention_under_bf16_reads_f32_and_says_so(steps):
-    """Under precision="bf16" the decode attention computes in f32 (the cache is f32: bf16 operands
-    would not cut its bytes) and the report says why; its result is within the bf16 bound, here
-    at capacity 16, up to the whole buffer (17 keys)."""
+def test_decode_attention_over_a_bf16_cache(steps):
+    """Under precision="bf16" the KV caches are bf16 (uint16): the appends round the new rows to
+    nearest even, the decode attention widens the keys and values it reads (q, the scores and the
+    softmax stay f32), and the report and the plan say so. Its result is within the documented bf16
+    bound against float64 attention over the f32 values before their rounding (k and v rounded are
+    in that bound), here at capacity 16 up to the whole buffer (17 keys), the spare rows NaN; the
+    bound with u = 0 (f32 arithmetic alone) is exceeded somewhere, so an f32 cache would not be
+    told apart by luck. An f32 past given to the step is rounded into a new bf16 buffer, which is
+    returned as the present."""
     step = steps("bf16", 16)
-    for k in decode_kernels(step):
+    gqa, *direct = decode_kernels(step)  # (the first reads the repeats' f32 copies of its caches)
+    for k in direct:
         e = step.report["precision"][k.name]
-        assert (e["precision"], e["path"]) == ("f32", "f32") and "KV cache" in e["note"], e
-    run_steps(step, 16, [0, 15, 16], u=U)
+        assert (e["precision"], e["path"]) == ("bf16", "widen") and "bf16 KV cache" in e["note"], e
+        assert "bf16 cache" in k.decisions["live"] and k.decisions["k_bf16"] == k.decisions["v_bf16"] == 1
+    assert step.report["precision"][gqa.name]["path"] == "f32" and gqa.decisions["k_bf16"] == 0
+    repeats = [k for k in step.kernels if k.decisions.get("live", "").startswith("repeat")]
+    assert len(repeats) == 2 and all(step.report["precision"][k.name]["path"] == "widen" for k in repeats)
+    appends = [k for k in step.kernels if k.decisions.get("live", "").startswith("append")]
+    assert len(appends) == 6 and all("bf16 cache" in k.decisions["live"] for k in appends)
+    assert all(step.report["precision"][k.name]["path"] == "round" for k in appends)
+    assert run_steps(step, 16, [0, 15, 16], u=U, bf16=True) > 1.0
+    rng = np.random.default_rng(0)
+    f32 = {n: rng.standard_normal((2, h, 17, w), dtype=np.float32) for n, (h, w) in CACHES.items()}
+    x = {n: np.zeros(s, np.float32) for n, s in (("q", (2, 4, 1, 64)), ("k", (2, 2, 1, 64)), ("v", (2, 2, 1, 64)),
+                                                 ("q2", (2, 3, 1, 24)), ("k2", (2, 3, 1, 24)), ("v2", (2, 3, 1, 8)),
+                                                 ("q3", (2, 2, 1, 64)), ("k3", (2, 2, 1, 64)), ("v3", (2, 2, 1, 32)))}
+    presents = step(**x, mask=np.zeros((2, 1, 1, 17), np.float32), P_length=np.array([5]), **f32)[3:]
+    for p, n in zip(presents, CACHES):
+        assert p.dtype == np.uint16 and np.array_equal(p[:, :, :5], bf16_bits(f32[n][:, :, :5]))
+        assert not p[:, :, 5].any()  # (the new row: zeros)
 
 
 def test_lower_prints_the_decode_plan():

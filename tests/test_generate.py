@@ -242,6 +242,40 @@ def test_no_compile_after_the_first_generation(monkeypatch):
     print(f"first prefill and step: {seen[0]}; decode steps 1-{STEPS} and 3 generations: none")
 
 
+def test_bf16_greedy_with_a_bf16_cache():
+    """precision="bf16": the decode step holds its KV cache as bf16 (uint16: the driver's buffers
+    become the step's bf16 presents at its first step, an f32 past rounded once), and greedy ids
+    are transformers' f32 ones, except after a step whose top two f32 logits are closer than the
+    rule below (a near tie that bf16's rounding may break either way; the row is not compared
+    after it). The rule, fixed before any run: each bf16 product along a logit's path (4 GEMMs a
+    layer, the attention's two, the head) rounds its operands, 2u relative (u = 2^-8), so twice
+    their sum relative to the largest logit; the cache's own part (k and v rounded) is within the
+    attention bound (tests/test_attention_decode.py)."""
+    path = de.export_gpt2("torchscript")
+    mod = eqfuse.compile(path, precision="bf16")
+    sig = onnx_signature(path)
+    dec = Decoder(sig, lambda feeds: mod(**feeds), CAPACITY, step_maker(mod, sig))
+    ids = prompt(1)
+    logits = dec.prefill(ids, PREFILL_MIN)
+    assert all(c.dtype == np.float32 for c in dec.cache)
+    for _ in range(3):
+        logits = dec.step(logits.argmax(-1)[:, None].astype(np.int64))
+        assert all(c.dtype == np.uint16 and c.shape[2] == CAPACITY + 1 for c in dec.cache)
+    (step,) = mod.default.live_modules.values()
+    paths = [e["path"] for e in step.report["precision"].values()]
+    assert paths.count("round") == 2 * de.LAYERS and paths.count("widen") == de.LAYERS  # (k and v appends, attentions)
+    ours = eqfuse.generate(mod, ids, max_new_tokens=NEW, eos_token_id=de.EOS)
+    theirs, hf_logits = hf_generate(ids, NEW)
+    b, s = ids.shape
+    rule = 2 * (4 * de.LAYERS + 2 + 1) * 2 * 2.0**-8
+    for r in range(b):
+        for j in range(s, min(ours.shape[1], theirs.shape[1])):
+            if ours[r, j] != theirs[r, j]:
+                top = np.sort(hf_logits[j - s][r])[-2:]
+                assert top[1] - top[0] < rule * np.abs(hf_logits[j - s][r]).max(), (r, j)
+                break
+
+
 def test_bad_cache_and_arguments_are_refused():
     """Mismatched cache shapes, a model that is no decoder export, and bad arguments: one
     EqfuseError with a message each, before any compile."""

@@ -84,7 +84,8 @@ ROW_PARALLEL = {"PARALLEL": "parallel"}  # (-1 in a GEMM's row epilogue: run by 
 CHOICES: dict[str, dict[str, str]] = {
     "attention.c": {"BQ": "bq", "BK": "bk", "VEC": "vec", "SCORE_OPS": "score_ops", "PARALLEL": "parallel",
                     "BF16": "precision_path"},
-    "attention_decode.c": {"BK": "bk", "SCORE_OPS": "score_ops", "PARALLEL": "parallel"},
+    "attention_decode.c": {"BK": "bk", "SCORE_OPS": "score_ops", "PARALLEL": "parallel", "K_BF16": "k_bf16",
+                           "V_BF16": "v_bf16"},
     "attention_grad.c": {"RB": "rb", "VEC": "vec", "PARALLEL": "parallel"},
     "conv2d.c": {"IM2COL": "im2col", "PARALLEL": "parallel"},
     "conv_direct.c": {"CB": "cb", "VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "ROWS": "rows",
@@ -152,7 +153,8 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
     "conv_reorder.c": {SIGNATURE: "NAME", DERIVED: "TRANSPOSE"},
     "conv_winograd.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "N C H W O OH OW PH PW",
                         EXPR: "EPILOGUE", DERIVED: "REORDER_FN"},
-    "copy_block.c": {SIGNATURE: "NAME SRC DST", SHAPE: "OUTER INNER", MEMORY: "OFFSETS SRC_STRIDE DST_STRIDE"},
+    "copy_block.c": {SIGNATURE: "NAME SRC DST", SHAPE: "OUTER INNER", MEMORY: "OFFSETS SRC_STRIDE DST_STRIDE",
+                     DERIVED: "CVT"},  # (eqf_bf16 into a bf16 KV cache: the plan's live, "bf16 cache")
     "gemm.c": {SIGNATURE: "NAME EXTRA_ARGS EXTRA_PARAMS", SHAPE: "M N K BATCH", TEXT: "A_LAYOUT B_LAYOUT",
                MEMORY: "LDA LDB LDC CSC A_BATCH_STRIDE B_BATCH_STRIDE C_BATCH_STRIDE B_AT",
                EXPR: "EPILOGUE ROW_EPILOGUE"},

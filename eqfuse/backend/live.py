@@ -22,6 +22,8 @@ Any other kernel that reads the cache would read rows past L + S: lowering refus
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from eqfuse.backend.cexpr import kernel_params
 from eqfuse.backend.indexing import contiguous, offset
 from eqfuse.backend.plan import KernelPlan, LiveBound, UOp, size
@@ -118,6 +120,7 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
             a = appends[roots[0]]
             if p.detail.Sk == a.rows:
                 p.live = LiveBound("keys", a.rows, a.new)
+    cache_bf16(plans, by_node, appends)
     _mark_rows(kg, plans, by_node)
     for p in plans:  # nothing else may read the caches: its rows past the live ones hold anything
         if p.kind == K.VIEW or p.live is not None:
@@ -133,6 +136,58 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
         r = _root(by_node, o)
         if r in caches and o not in appends:
             raise EqfuseError("live=: the graph returns a KV cache other than as the present of its append")
+
+
+def cache_bf16(plans: list[KernelPlan], by_node: dict[int, KernelPlan], appends: dict[int, LiveBound]) -> None:
+    """Under precision="bf16", hold each KV cache as bf16 (uint16: its bytes halved, which set the
+    decode attention's time) when every kernel that reads it can: a repeat (it widens the rows
+    it copies) or a decode attention reading it as its keys or values in place (widened by a
+    16-bit shift; q, the scores and the softmax stay f32). The append rounds its new rows to
+    nearest even (eqf_bf16). Any other reader keeps the cache f32. The runtime takes the buffer
+    as uint16 and rounds an f32 array given for it (eqfuse.runtime.program.Runner)."""
+    for node, a in list(appends.items()):
+        ap = by_node[node]
+        if a.what != "append" or ap.wanted_precision != "bf16":
+            continue
+        readers = [p for p in plans if p.kind != K.VIEW and p is not ap
+                   and any(_root(by_node, x) == node for x in p.args)]
+        reads = {}  # attention -> (reads k from it, reads v from it)
+        ok = bool(readers)
+        for r in readers:
+            if r.live is not None and r.live.what == "repeat":
+                continue
+            if r.kind != K.ATTENTION or r.live is None or not r.detail.decode:
+                ok = False
+                break
+            srcs = [_body_source(r.body, r.shape.parts.kt), _body_source(r.body, r.shape.parts.v)]
+            mine = [s is not None and _root(by_node, r.args[r.body.inputs.index(s)]) == node for s in srcs]
+            other = [k for k, x in enumerate(r.args) if _root(by_node, x) == node
+                     and r.body.inputs[k] not in [s for s, m in zip(srcs, mine) if m]]
+            if other:
+                ok = False
+                break
+            reads[id(r)] = (r, mine)
+        if not ok:
+            continue
+        ap.live = appends[node] = replace(a, bf16=True)
+        ap.bytes = ap.bytes * 3 // 4  # f32 read, bf16 written
+        ap.precision, ap.precision_path = "bf16", "round"
+        ap.precision_note = "the new rows rounded to nearest even into the bf16 KV cache"
+        for r in readers:
+            r.live = replace(r.live, bf16=True)
+            if r.kind == K.ATTENTION:
+                _, (k16, v16) = reads[id(r)]
+                d = r.detail
+                r.detail = replace(d, k_bf16=d.k_bf16 or k16, v_bf16=d.v_bf16 or v16)
+                r.uops = [UOp(u.depth, u.op, u.what.replace(" rows [", " rows (bf16, widened) [", 1), u.count)
+                          if u.op == "Load" and ((k16 and u.what.split(" ")[1] == "k") or (v16 and u.what.split(" ")[1] == "v"))
+                          else u for u in r.uops]
+                r.precision, r.precision_path = "bf16", "widen"
+                r.precision_note = ("k and v read from the bf16 KV cache, widened to f32 by a 16-bit shift; "
+                                    "q, the scores and the softmax in f32")
+            else:
+                r.precision, r.precision_path = "bf16", "widen"
+                r.precision_note = "the rows of the bf16 KV cache widened to f32 by a 16-bit shift"
 
 
 def _reshapes_to(by_node: dict[int, KernelPlan], arg: int, rows: int) -> int | None:
@@ -231,6 +286,9 @@ def emit_repeat(plan: KernelPlan) -> str:
     ax = b.axis
     params, _ = kernel_params(plan)
     lead, inner = out[:ax], out[ax + 1:]
+    at = f"so + r * {sst[ax]} + {offset('j', inner, sst[ax + 1:])}"
+    # (a bf16 KV cache's rows widened by a shift: cache_bf16)
+    load = f"eqf_bf16_f32(((const uint16_t*)in0)[{at}])" if b.bf16 else f"in0[{at}]"
     return "\n".join([
         f"/* {plan.name}: the live rows of a KV cache repeated for the query heads, {list(out)} (at most {b.rows} rows) */",
         f"void {plan.name}({params}, long live)",
@@ -242,6 +300,6 @@ def emit_repeat(plan: KernelPlan) -> str:
         "            #pragma omp simd",
         f"            for (long j = 0; j < {size(inner)}; j++)",
         f"                out[d0 + r * {dst[ax]} + {offset('j', inner, dst[ax + 1:])}] = "
-        f"{_row_expr(body, f'in0[so + r * {sst[ax]} + ' + offset('j', inner, sst[ax + 1:]) + ']')};",
+        f"{_row_expr(body, load)};",
         "    }",
         "}"])

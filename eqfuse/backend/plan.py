@@ -39,9 +39,12 @@ class LiveBound:
     new: int
     buffer: int = -1  # an append's cache input (graph node): its result's storage, returned as is
     axis: int = -1  # a repeat's or a rows kernel's axis of rows
+    # the cache held as bf16 (uint16, precision="bf16"): an append rounds its new rows to it, a
+    # repeat or the decode attention widens what it reads (eqfuse.backend.live, `cache_bf16`)
+    bf16: bool = False
 
     def __str__(self) -> str:
-        return f"{self.what} at run time: live + {self.new} of {self.rows} rows"
+        return f"{self.what} at run time: live + {self.new} of {self.rows} rows" + (", bf16 cache" if self.bf16 else "")
 
 
 @dataclass

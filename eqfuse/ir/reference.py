@@ -12,8 +12,10 @@ from eqfuse.ir.ops import OPS
 from eqfuse.ir.shapes import NUMPY_DTYPE
 
 
-def bind_arrays(graph: Graph, arrays: Sequence, fixed: Mapping[str, int] | None = None) -> dict[str, int]:
+def bind_arrays(graph: Graph, arrays: Sequence, fixed: Mapping[str, int] | None = None,
+                bf16: frozenset[str] = frozenset()) -> dict[str, int]:
     """Check a call's arrays against the graph's parameters; return the named dims they bind.
+    The parameters named in `bf16` (a decode step's bf16 KV caches) take uint16 (bf16 bits) too.
 
     Errors name the parameter, what was expected and what was given.
     """
@@ -27,7 +29,7 @@ def bind_arrays(graph: Graph, arrays: Sequence, fixed: Mapping[str, int] | None 
             raise ArgumentError(f"{graph.name}(): parameter '{name}' expects a numpy array of {t}, "
                                 f"got {type(a).__name__}")
         want_dt = NUMPY_DTYPE[t.dtype]
-        if a.dtype != want_dt:
+        if a.dtype != want_dt and not (name in bf16 and a.dtype == np.uint16):
             raise ArgumentError(f"{graph.name}(): parameter '{name}' expects dtype {want_dt} ({t}), got {a.dtype}")
         if a.ndim != t.rank:
             raise ArgumentError(f"{graph.name}(): parameter '{name}' expects {t} (rank {t.rank}), "

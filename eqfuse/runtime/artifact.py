@@ -495,8 +495,11 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
 
         for key, st in fs["compiled"]:
             f.cache[key] = compiled(st)
+            f.note_bf16_caches(f.cache[key])
         for key, sts, cost in fs["buckets"]:
             f.buckets[key] = Bucketed(f.batch_dim, f.optimized, {s: compiled(st) for s, st in sts.items()}, cost)
+            for c in f.buckets[key].compiled.values():
+                f.note_bf16_caches(c)
         last = fm["last"]
         if last is not None:
             f.last = f.cache[last[1]] if last[0] == "compiled" else f.buckets[last[1]].compiled[last[2]]

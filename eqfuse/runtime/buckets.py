@@ -32,6 +32,7 @@ import numpy as np
 
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K
+from eqfuse.runtime.program import bf16_bits
 
 CALL_S = 5e-6  # the run function's Python side per call (benchmarks/bench_runtime.py)
 # The speeds the schedule assumes; None: this machine's, measured (eqfuse.machine).
@@ -153,6 +154,9 @@ class Bucketed:
             return whole.run(arrays, threads)
         chunks = self.schedule(n)
         arrays = [np.ascontiguousarray(a) if b else a for a, b in zip(arrays, self.in_batch)]
+        for k in self.largest.runner.bf16_slots:  # an f32 past for a bf16 KV cache: rounded once, here
+            if arrays[k].dtype != np.uint16:
+                arrays[k] = bf16_bits(arrays[k])
         shapes = self.largest.runner.out_shapes
         # a KV cache's present is the input buffer itself (eqfuse.backend.live's append): a whole
         # chunk appends into its rows of the caller's buffer in place, a padded one into its copy

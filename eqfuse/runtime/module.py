@@ -108,6 +108,9 @@ class GraphFunction:
         self._repeat: tuple | None = None  # (the last call's (shape, dtype) per array, its run function)
         self.cache: dict[tuple, Compiled] = {}
         self.last: Compiled | None = None
+        # the inputs that are bf16 KV caches (a live= decode step under precision="bf16"): they take
+        # uint16 arrays too (Runner.bf16_slots)
+        self.bf16_caches: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         # the batch dim taken at run time and its bucket sizes (None: from the first binding)
         self.batch_dim, self.bucket_sizes = batch if batch else (None, None)
@@ -120,8 +123,14 @@ class GraphFunction:
             c = self.cache.get(key)
             if c is None:
                 c = self.cache[key] = self._build(self.optimized, [dict(key)], panels=self.panels)[0]
+                self.note_bf16_caches(c)
             self.last = c
         return c
+
+    def note_bf16_caches(self, c: Compiled) -> None:
+        """The inputs of c that are bf16 KV caches take uint16 arrays (bf16_caches)."""
+        kg = c.kgraph
+        self.bf16_caches |= {kg.nodes[kg.inputs[k]].name for k in c.runner.bf16_slots}
 
     def bucketed(self, dims: Mapping[str, int]) -> Bucketed:
         """The graph compiled at every bucket size of its batch dim, with `dims`' other values
@@ -136,6 +145,8 @@ class GraphFunction:
                 names = [f"{self.optimized.name}_{d}{s}" for s in sizes]
                 built = self._build(self.optimized, binds, names=names, panels=self.panels or PanelPool())
                 b = self.buckets[key] = Bucketed(d, self.optimized, dict(zip(sizes, built)))
+                for c in built:
+                    self.note_bf16_caches(c)
             self.last = b.compiled.get(dims.get(d), b.largest)  # the bucket this call runs whole, if any
         return b
 
@@ -172,7 +183,7 @@ class GraphFunction:
             outs = repeat[1](run, self.threads if self.threads is not None else env_threads())
             return outs[0] if len(outs) == 1 else tuple(outs)
         named = self.named_arrays(arrays, keywords)
-        dims = bind_arrays(self._passed, [named[n] for n in self.free], self.dims)
+        dims = bind_arrays(self._passed, [named[n] for n in self.free], self.dims, self.bf16_caches)
         # The optimized graph's params may differ from the source's: folding replaces bound ones.
         arrays = [named[n] for n in self._optimized_names]
         threads = self.threads if self.threads is not None else env_threads()

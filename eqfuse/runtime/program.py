@@ -173,6 +173,20 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
 SCRATCH_KINDS = frozenset({K.CONTRACTION, K.CONTRACTION_ROW, K.CONV2D, K.ATTENTION, K.ATTENTION_GRAD})
 
 
+def bf16_bits(a: np.ndarray) -> np.ndarray:
+    """An f32 array rounded to bf16 as common.h's eqf_bf16 rounds (to nearest even; a zero or
+    denormal to a zero of its sign, a NaN to a quiet NaN), as uint16 bits: a bf16 KV cache."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    r = ((u + np.uint32(0x7fff) + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    r = np.where((u & 0x7f800000) == 0, ((u >> 16) & 0x8000).astype(np.uint16), r)
+    return np.where((u & 0x7fffffff) > 0x7f800000, ((u >> 16) | 0x40).astype(np.uint16), r).astype(np.uint16)
+
+
+def bf16_widen(b: np.ndarray) -> np.ndarray:
+    """bf16 bits (uint16) widened to f32 (exact)."""
+    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
 def run_name(graph: str) -> str:
     return f"eqf_{graph}_run"
 
@@ -529,6 +543,16 @@ class Runner:
         self.in_dtypes = [NUMPY_DTYPE[kg.nodes[i].type.dtype] for i in kg.inputs]
         self.consts = [np.array(kg.nodes[i].value, dtype=np.float32) for i in mem.consts]
         self.out_shapes = [(tuple(kg.nodes[o].type.shape), NUMPY_DTYPE[kg.nodes[o].type.dtype]) for o in kg.outputs]
+        # bf16 KV caches (eqfuse.backend.live.cache_bf16): the buffer is uint16 (bf16 bits); an f32
+        # array given for it is rounded (to nearest even) into a new buffer, which the call
+        # returns as the present (its "alias" output)
+        self.bf16_slots = frozenset(kg.inputs.index(p.live.buffer) for p in self.kernels
+                                    if p.live is not None and p.live.what == "append" and p.live.bf16)
+        for k in self.bf16_slots:
+            self.in_dtypes[k] = np.dtype(np.uint16)
+        for k, (where, at) in mem.copies.items():
+            if where == "alias" and at in self.bf16_slots:
+                self.out_shapes[k] = (self.out_shapes[k][0], np.dtype(np.uint16))
         self._prepack_pos = [pos for _, pos in mem.prepacks]  # the input each packed B comes from
         self._packed: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # plan index -> (bound B, its panels)
         self._to_huge: dict[int, HugeCopies] = {}  # adopted mapped panels still to copy (adopt_packed)
@@ -648,6 +672,8 @@ class Runner:
         held = st["held"]
         arrays = list(arrays)
         for k in compress(range(len(arrays)), map(is_not, arrays, held)):
+            if k in self.bf16_slots and arrays[k].dtype != np.uint16:
+                arrays[k] = bf16_bits(arrays[k])
             a = arrays[k] = np.ascontiguousarray(arrays[k], dtype=self.in_dtypes[k])
             if a is not held[k]:
                 ins[k] = fb(a)

@@ -36,6 +36,10 @@ class AttentionDetail:
     # one query row per (batch, head) (Sq = 1, a decode step): csrc_templates/attention_decode.c,
     # the keys and values read in place row by row, in f32 (`_plan_decode`); else attention.c
     decode: bool = False
+    # the decode plan's keys / values read from a bf16 KV cache (uint16), widened to f32 by a
+    # 16-bit shift (eqfuse.backend.live.cache_bf16)
+    k_bf16: bool = False
+    v_bf16: bool = False
 
 
 
@@ -135,9 +139,10 @@ class Attention(Kind):
         tile first, so the keys would be read twice and written once before any score
         (benchmarks/RESULTS.md, "The decode attention reads the cache in place")."""
         body, p = plan.body, plan.shape.parts
-        # f32 under precision="bf16" too: the cache is f32, so bf16 operands would not cut the bytes
-        # that set this kernel's time, and converting them costs instructions
-        computes_f32(plan, "the decode attention reads the f32 KV cache in place; its time is the cache's "
+        # f32 arithmetic under precision="bf16" too: its time is the cache's bytes, which bf16
+        # operands would not reduce. A bf16 KV cache (eqfuse.backend.live.cache_bf16, after this)
+        # halves them: k and v then widen to f32 as they are read.
+        computes_f32(plan, "the decode attention reads an f32 KV cache in place; its time is the cache's "
                            "bytes, which bf16 operands would not reduce")
         bk = 64  # four 16-lane vectors of scores per softmax step
         plan.tiles = {"bk": bk}
@@ -246,7 +251,8 @@ class Attention(Kind):
                           OUT_OFF=offset("b", batch, os_[:nb]), OR=os_[nb], OC=os_[nb + 1],
                           OFFSETS="\n".join(sspace.decls + ospace.decls),
                           SCORE_BODY=sc.text(), SCORE=score, QSCALE=qscale, SCORE_LOG2E=slog2e,
-                          SCORE_OPS=int(d.score_ops), EPI_BODY=epi.text(), EPI=e)
+                          SCORE_OPS=int(d.score_ops), EPI_BODY=epi.text(), EPI=e,
+                          K_BF16=int(d.k_bf16), V_BF16=int(d.v_bf16))
         return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SQ=Sq, SK=sk, D=D, DV=Dv,
                       BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=int(d.vec),
                       ZERO_NAN=int(body.nodes[p.sm].attr["zero_nan"]), PARALLEL=int(d.parallel),

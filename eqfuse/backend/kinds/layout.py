@@ -81,7 +81,7 @@ class Layout(Kind):
         blocks = []
         parallel = iter(enumerate(plan.detail.parallel))
 
-        def block(src: str, src_strides_in_out_space, dst_base: str, dst_space, dst_strides, base_src="0"):
+        def block(src: str, src_strides_in_out_space, dst_base: str, dst_space, dst_strides, base_src="0", bf16=False):
             # walk `dst_space` (a shape); inner loop over its last non-1 group
             sets = [src_strides_in_out_space, dst_strides]
             groups = joint_groups(dst_space, sets) or [[]]
@@ -96,7 +96,8 @@ class Layout(Kind):
                     f"        const long dst_off = {dst_base} + {do};\n        (void)o;")
             k, par = next(parallel)
             blocks.append(render("copy_block.c", NAME=f"{plan.name}_copy{k}", PARALLEL=int(par), OUTER=outer,
-                                 OFFSETS=decl, INNER=inner, DST="out", DST_STRIDE=dsi[0] if dsi else 0,
+                                 OFFSETS=decl, INNER=inner, DST="((uint16_t*)out)" if bf16 else "out",
+                                 CVT="eqf_bf16" if bf16 else "", DST_STRIDE=dsi[0] if dsi else 0,
                                  SRC=src, SRC_STRIDE=ssi[0] if ssi else 0))
 
         def strides(x):  # the input's strides: contiguous, or those of the view it is read through
@@ -136,7 +137,8 @@ class Layout(Kind):
                 if k in plan.unread:  # written in place by its own kernel (eqfuse.backend.stores)
                     next(parallel)
                 else:
-                    block(ptrs[x], list(strides(x)), at(pos), xs, list(ocs))
+                    # (into a bf16 KV cache: the new rows rounded to nearest even, eqfuse.backend.live)
+                    block(ptrs[x], list(strides(x)), at(pos), xs, list(ocs), bf16=bool(plan.live and plan.live.bf16))
                 pos += xs[ax]
         if plan.live:
             params += ", long live"

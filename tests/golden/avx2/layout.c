@@ -9,7 +9,7 @@ void eqf_kinds_k6_layout(const float* restrict in0, float* restrict out)
         (void)o;
         #pragma omp simd
         for (long j = 0; j < 45; j++)
-            out[dst_off + j * 1] = in0[src_off + j * 13];
+            out[dst_off + j * 1] = (in0[src_off + j * 13]);
     }
 
 }
