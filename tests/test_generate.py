@@ -242,6 +242,7 @@ def test_no_compile_after_the_first_generation(monkeypatch):
     print(f"first prefill and step: {seen[0]}; decode steps 1-{STEPS} and 3 generations: none")
 
 
+@pytest.mark.extended  # (the bf16 cache's kernels are checked at their bound by test_attention_decode.py)
 def test_bf16_greedy_with_a_bf16_cache():
     """precision="bf16": the decode step holds its KV cache as bf16 (uint16: the driver's buffers
     become the step's bf16 presents at its first step, an f32 past rounded once), and greedy ids
