@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eqfuse.backend.cexpr import kernel_params
-from eqfuse.backend.indexing import contiguous, offset
+from eqfuse.backend.indexing import bstrides, contiguous, offset, view_strides
 from eqfuse.backend.plan import KernelPlan, LiveBound, UOp, size
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph
@@ -120,6 +120,7 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
             a = appends[roots[0]]
             if p.detail.Sk == a.rows:
                 p.live = LiveBound("keys", a.rows, a.new)
+                _read_through_repeats(kg, p, plans, by_node, appends)
     cache_bf16(plans, by_node, appends)
     _mark_rows(kg, plans, by_node)
     for p in plans:  # nothing else may read the caches: its rows past the live ones hold anything
@@ -136,6 +137,120 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
         r = _root(by_node, o)
         if r in caches and o not in appends:
             raise EqfuseError("live=: the graph returns a KV cache other than as the present of its append")
+
+
+def _read_through_repeats(kg: Graph, p: KernelPlan, plans: list[KernelPlan], by_node: dict[int, KernelPlan],
+                          appends: dict[int, LiveBound]) -> None:
+    """A decode attention whose keys and values are both grouped-query repeats of KV caches (each
+    a pure expand, read by this attention only) reads the caches themselves: query head h reads
+    key/value head h / g (the plan's `kv_group` g). Its k and v args become the repeats' inputs
+    and their batch offsets the caches' (`kv_read`: the attention's batch dims refined into the
+    repeats' output axes, each with the cache's stride, 0 along the repeat), so the repeat
+    kernels and their copy of the live rows leave the step."""
+    d, parts = p.detail, p.shape.parts
+    if not d.decode:
+        return
+    body = p.body
+    reads, group, gone = [], set(), []
+    for node, tail in ((parts.kt, (d.D, d.Sk)), (parts.v, (d.Sk, d.Dv))):
+        s = _body_source(body, node)
+        if s is None:
+            return
+        k = body.inputs.index(s)
+        x = p.args[k]
+        r = by_node.get(_root(by_node, x))
+        if r is None or r.live is None or r.live.what != "repeat" or r.out_strides is not None \
+                or any(n.op not in ("input", "expand") for n in r.body.nodes):
+            return
+        chain = [x]  # the repeat's result and the views of it the attention reads through
+        while chain[-1] != r.node:
+            v = by_node[chain[-1]]
+            if v.view[1] != 0:
+                return
+            chain.append(v.view[0])
+        others = [q for q in plans if q is not p and q.node not in chain and any(a in chain for a in q.args)]
+        if others or any(o in chain for o in kg.outputs):
+            return
+        res = tuple(body.nodes[parts.result].type.shape)
+        batch = res[:-2]
+        _, st = view_strides(body, node, p.base_strides())
+        if st is None:
+            return
+        strides = bstrides(body.nodes[node].type.shape, batch + tail, st)
+        m = _repeat_map(r, batch, tail, strides)
+        if m is None:
+            return
+        reads.append((k, r.args[0], m))
+        group.add(m[2])
+        gone += [by_node[c] for c in chain]
+    if len(group) != 1 or min(group) < 2:
+        return
+    args = list(p.args)
+    for k, arg, _ in reads:
+        args[k] = arg
+        p.in_strides.pop(k, None)  # (the offsets are kv_read's)
+    p.args = tuple(args)
+    g = group.pop()
+    p.detail = replace(d, kv_group=g, kv_read=tuple(m[:2] for _, _, m in reads))
+    p.uops = [UOp(u.depth, u.op, u.what.replace(" in place", f" in place from the KV cache, head h / {g}", 1), u.count)
+              if u.op == "Load" and u.what.split(" ")[1] in ("k", "v") else u for u in p.uops]
+    for q in gone:
+        appends.pop(q.node, None)
+        if q in plans:
+            plans.remove(q)
+            by_node.pop(q.node, None)
+
+
+def _repeat_map(r: KernelPlan, batch: tuple[int, ...], dims: tuple[int, int], strides: tuple[int, ...]):
+    """How an attention that reads repeat r's contiguous result at `strides` (over its batch dims,
+    then its two matrix dims `dims`) reads r's input, the cache: ((batch sizes refined into r's output
+    axes, the cache's strides along them), (the two matrix dims' cache strides), the repeat's
+    factor along the axis it expands), or None when a dim of the attention's is no run of r's
+    axes."""
+    out = tuple(r.out_shape)
+    src = r.body.nodes[0].type.shape
+    if len(src) != len(out):
+        return None
+    ins = r.in_strides.get(0) or contiguous(src)
+    sst = [0 if n == 1 and o != 1 else st for n, o, st in zip(src, out, ins)]
+    cst = contiguous(out)
+    sizes: list[int] = []
+    cache: list[int] = []
+
+    def run(n: int, stride: int):  # r's axes that one index of n, stride `stride` walks, outermost first
+        if n == 1 or stride == 0:
+            return [(n, 0)] if stride == 0 else []
+        t = next((t for t in range(len(out)) if out[t] > 1 and cst[t] == stride), None)
+        if t is None:
+            return None
+        axes, m = [t], out[t]
+        while m < n:
+            t -= 1
+            while t >= 0 and out[t] == 1:
+                t -= 1
+            if t < 0:
+                return None
+            axes.insert(0, t)
+            m *= out[t]
+        return [(out[a], sst[a]) for a in axes] if m == n else None
+
+    for n, stride in zip(batch, strides[:len(batch)]):
+        w = run(n, stride)
+        if w is None:
+            return None
+        for a, b in w:
+            sizes.append(a)
+            cache.append(b)
+    tail = []
+    for n, stride in zip(dims, strides[len(batch):]):
+        w = run(n, stride)
+        tail.append(None if w is None or len(w) > 1 else w[0][1] if w else 0)
+    if None in tail:
+        return None
+    expanded = [o for n, o in zip(src, out) if n == 1 and o != 1]
+    if len(expanded) != 1:
+        return None
+    return (tuple(sizes), tuple(cache)), tuple(tail), expanded[0]
 
 
 def cache_bf16(plans: list[KernelPlan], by_node: dict[int, KernelPlan], appends: dict[int, LiveBound]) -> None:
