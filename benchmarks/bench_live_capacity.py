@@ -67,7 +67,8 @@ def main() -> None:
                 f[f"past_key_values_{i}_{kv}"] = rng.standard_normal((b, kvh, c + 1, 64), dtype=np.float32)
         feeds[c] = f
     name = "GPT-2-small" if a.model == "gpt2" else "Llama-style (GQA, 12 query heads over 4)"
-    print(f"{name} decode step, {a.precision}, batch {b}, {a.threads} thread(s), "
+    copies = sum(k.decisions.get("live", "").startswith("repeat") for k in steps[caps[0]].kernels)
+    print(f"{name} decode step ({copies} kernels copying the live rows of a cache for the query heads), {a.precision}, batch {b}, {a.threads} thread(s), "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"  {'live':>4} {'capacity':>8} {'median ms':>9} {'min ms':>7} {'attention us/layer':>18} "
           f"{'K/V GB/s':>8} {'pointwise us':>12} {'index us':>8}")
