@@ -47,6 +47,9 @@ class AttentionDetail:
     # strides)), a layout like the strides of a view
     kv_group: int = 1
     kv_read: tuple = ()
+    # a constant the keys were scaled by in front of the repeat (an export's sqrt(scale)), folded
+    # into q with the score scale
+    k_scale: float = 1.0
 
 
 
@@ -243,9 +246,9 @@ class Attention(Kind):
         scale = _score_scale(body, body.nodes[p.sm].args[0], p.qk)
         assert (scale is None) == d.score_ops, "the plan's score_ops"
         if d.score_ops:
-            score, qscale, slog2e = sc.value(body.nodes[p.sm].args[0]), "1.0f", "EQF_LOG2E"
+            score, qscale, slog2e = sc.value(body.nodes[p.sm].args[0]), "1.0f" if d.k_scale == 1.0 else flit(d.k_scale), "EQF_LOG2E"
         else:
-            score, qscale, slog2e = "acc_s", flit(scale * math.log2(math.e)), "1.0f"
+            score, qscale, slog2e = "acc_s", flit(d.k_scale * scale * math.log2(math.e)), "1.0f"
         ospace = Space(res, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1, ids)
         epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={p.qk, p.sm})
         e = epi.value(p.result)
