@@ -204,3 +204,43 @@ def test_decode_attention_rising_scores_and_masked_blocks(threads):
             want = (e / e.sum(-1, keepdims=True)) @ x["v" + n].astype(np.float64)
         assert np.all(np.diff(s[0, 0]) != 0) and np.isnan(want[2]).all() and np.isnan(g[2]).all()
         np.testing.assert_allclose(g[:2], want[:2], rtol=2e-5, atol=2e-5)
+
+
+
+SCALED = """
+graph step(q: f32[2, 4, 1, 64], past_k: f32[2, 2, P, 64], past_v: f32[2, 2, P, 64], k: f32[2, 2, 1, 64],
+           v: f32[2, 2, 1, 64]) {
+    keys = concat(past_k, k, axis=2)
+    values = concat(past_v, v, axis=2)
+    uk = unsqueeze(keys, axis=2)
+    uv = unsqueeze(values, axis=2)
+    ek = kernel { expand(uk, shape=[1, 1, 2, 1, 1]) }
+    ev = kernel { expand(uv, shape=[1, 1, 2, 1, 1]) }
+    rk = reshape(ek, shape=[2, 4, -1, 64])
+    rv = reshape(ev, shape=[2, 4, -1, 64])
+    sk = kernel { rk * 0.5 }
+    a = kernel { softmax(q @ transpose(sk, perm=[0, 1, 3, 2]) * 0.125, axis=-1) @ rv }
+    return a, keys, values
+}
+"""
+
+
+def test_grouped_query_keys_scaled_in_front_of_the_repeat():
+    """Keys repeated for the query heads, then scaled by a kernel of their own (as the export of a
+    deep Llama leaves its sqrt(scale)): the attention reads the 2 cache heads itself, the scale
+    folded into q; no kernel but the appends and the attention runs, and 1 and 16 keys (the whole
+    buffer), the spare rows NaN, are within the f32 attention bound against float64."""
+    step = eqfuse.compile(SCALED, dims={"P": 16}, live="P", fuse="manual")
+    ks = [k for k in step.kernels if k.kind not in ("view",)]
+    assert [k.kind for k in ks] == ["layout", "layout", "attention"] and ks[2].decisions["kv_group"] == 2
+    rng = np.random.default_rng(5)
+    for t in (0, 15):
+        bufs = [np.full((2, 2, 17, 64), np.nan, np.float32) for _ in range(2)]
+        for b in bufs:
+            b[:, :, :t] = rng.standard_normal((2, 2, t, 64), dtype=np.float32)
+        q, k, v = (rng.standard_normal(s, dtype=np.float32) for s in ((2, 4, 1, 64), (2, 2, 1, 64), (2, 2, 1, 64)))
+        a, *_ = step(q=q, k=k, v=v, past_k=bufs[0], past_v=bufs[1], P_length=np.array([t]))
+        live = [b[:, :, :t + 1].astype(np.float64) for b in bufs]
+        q3, k3, v3, _ = reference(q.astype(np.float64), *live, 0.0625)
+        ref, bound = attention_bound(q3, k3, v3, 0.0625, None, 64, u=0.0)
+        assert np.all(np.abs(a.reshape(ref.shape) - ref) <= bound), t
