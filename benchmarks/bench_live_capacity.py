@@ -3,12 +3,15 @@ lengths: its time should not depend on the capacity reserved.
 
     flock /tmp/eqfuse-bench.lock python benchmarks/bench_live_capacity.py --threads 1
         [--batch 1] [--capacity 256 --capacity 2048] [--live 16 --live 250] [--calls 40] [--precision bf16]
+        [--model llama]
 
 The GPT-2-small-sized export of benchmarks/bench_generate.py (12 layers, 768 wide, 12 heads,
-random weights), its decode step compiled once per capacity (eqfuse.generation's step, sharing
-the weights), the caches random. At each live length the capacities' steps are called in turn,
-`--calls` times each (so the machine's load falls on both alike): the median and the fastest call
-in ms, then one profile (eqfuse.runtime.profile, 10 calls) for the median attention kernel per
+random weights), or with `--model llama` a Llama-style export of the same size with grouped-query
+attention (12 query heads over 4 key/value heads: the decode attention reads each cache head for
+3 query heads, no repeat kernel), its decode step compiled once per capacity
+(eqfuse.generation's step, sharing the weights), the caches random. At each live length the
+capacities' steps are called in turn, `--calls` times each (so the machine's load falls on both
+alike): the median and the fastest call in ms, then one profile (eqfuse.runtime.profile, 10 calls) for the median attention kernel per
 layer and the pointwise and index kernels' total (the mask's cast; the embedding gathers). The
 attention's K/V stream: the bytes of one layer's live key and value rows (f32, or bf16 under
 `--precision bf16`: the cache is bf16) over its time.
@@ -36,6 +39,7 @@ def main() -> None:
     ap.add_argument("--live", type=int, action="append")
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--precision", default="f32", choices=["f32", "bf16"])
+    ap.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
     a = ap.parse_args()
     caps, lives = a.capacity or [256, 2048], a.live or [16, 250]
     if max(lives) > min(caps):
@@ -46,7 +50,10 @@ def main() -> None:
     import eqfuse
     from eqfuse.runtime.profile import profile
 
-    path = de.export_decoder("gpt2", "torchscript", 12, 768, 12, 1024, vocab=50257)
+    if a.model == "gpt2":
+        path, kvh = de.export_decoder("gpt2", "torchscript", 12, 768, 12, 1024, vocab=50257), 12
+    else:
+        path, kvh = de.export_decoder("llama", "torchscript", 12, 768, 12, 1024, vocab=32000, ff=2048, kv_heads=4), 4
     mod = eqfuse.compile(path, threads=a.threads, precision=a.precision)
     rng = np.random.default_rng(0)
     b = a.batch
@@ -57,9 +64,11 @@ def main() -> None:
              "position_ids": np.zeros((b, 1), np.int64), "past_length": np.array([0])}
         for i in range(12):
             for kv in ("key", "value"):
-                f[f"past_key_values_{i}_{kv}"] = rng.standard_normal((b, 12, c + 1, 64), dtype=np.float32)
+                f[f"past_key_values_{i}_{kv}"] = rng.standard_normal((b, kvh, c + 1, 64), dtype=np.float32)
         feeds[c] = f
-    print(f"GPT-2-small decode step, {a.precision}, batch {b}, {a.threads} thread(s), "
+    name = "GPT-2-small" if a.model == "gpt2" else "Llama-style (GQA, 12 query heads over 4)"
+    copies = sum(k.decisions.get("live", "").startswith("repeat") for k in steps[caps[0]].kernels)
+    print(f"{name} decode step ({copies} kernels copying the live rows of a cache for the query heads), {a.precision}, batch {b}, {a.threads} thread(s), "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"  {'live':>4} {'capacity':>8} {'median ms':>9} {'min ms':>7} {'attention us/layer':>18} "
           f"{'K/V GB/s':>8} {'pointwise us':>12} {'index us':>8}")
@@ -86,7 +95,7 @@ def main() -> None:
             pw = sum(us for _, k, us, _ in rows if k == "pointwise")
             ix = sum(us for _, k, us, _ in rows if k == "index")
             elem = f["past_key_values_0_key"].itemsize  # (2: a bf16 cache)
-            kv = 2 * b * 12 * (n + 1) * 64 * elem  # one layer's live keys and values, the new row's too
+            kv = 2 * b * kvh * (n + 1) * 64 * elem  # one layer's live keys and values, the new row's too
             print(f"  {n:>4} {c:>8} {1e3 * statistics.median(times[c]):9.2f} {1e3 * min(times[c]):7.2f} "
                   f"{att:18.0f} {kv / att / 1e3:8.1f} {pw:12.1f} {ix:8.1f}", flush=True)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")

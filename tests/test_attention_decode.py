@@ -1,7 +1,7 @@
 """The decode attention (the attention plan's `decode`, csrc_templates/attention_decode.c): one query
 row per (batch, head) against a KV cache's live rows, read in place. Three attentions in one step
-compiled with live="P": grouped-query (4 query heads over 2 key/value heads, repeated), head size
-64, an additive mask (the score pass); 3 heads of 24 with values of 8 (the portable loops: no
+compiled with live="P": grouped-query (4 query heads over 2 key/value heads, repeated in the graph;
+the attention reads the 2 heads of the caches itself, no repeat kernel), head size 64, an additive mask (the score pass); 3 heads of 24 with values of 8 (the portable loops: no
 whole vectors); and 2 heads of 64 with values of 32 and the mask, over their caches directly (the
 vector paths, which read a bf16 cache under precision="bf16"). Every live length that ends a key block or passes one (1, 15, 16, 17, 250 keys), at
 two capacities, the buffers' spare rows and the mask's spare columns NaN, so a read past the live
@@ -110,11 +110,18 @@ def run_steps(step, cap: int, lives, u: float, bf16: bool = False):
 
 
 def decode_kernels(step):
+    """The three decode attentions, after checking that the step is 6 appends and 3 attentions:
+    no kernel copies a cache (the grouped-query attention reads its 2 key/value heads itself,
+    query head h at head h / 2: the plan's kv_group, no repeat kernel)."""
     ks = [k for k in step.kernels if k.kind == "attention"]
     assert len(ks) == 3
     for k in ks:
         assert k.decisions["decode"] == 1 and k.decisions["live"].startswith("keys"), k.decisions
         assert "EQF_SCRATCH_ATTENTION_KT" not in k.c_source  # (no copy of k^T)
+    assert [k.decisions["kv_group"] for k in ks] == [2, 1, 1]
+    rest = [k for k in step.kernels if k.kind not in ("attention", "view")]
+    assert len(rest) == 6 and all(k.decisions.get("live", "").startswith("append") for k in rest), \
+        [(k.name, k.decisions.get("live")) for k in rest]
     return ks
 
 
@@ -137,14 +144,10 @@ def test_decode_attention_over_a_bf16_cache(steps):
     told apart by luck. An f32 past given to the step is rounded into a new bf16 buffer, which is
     returned as the present."""
     step = steps("bf16", 16)
-    gqa, *direct = decode_kernels(step)  # (the first reads the repeats' f32 copies of its caches)
-    for k in direct:
+    for k in decode_kernels(step):  # (the grouped-query one too: it reads its caches, no f32 copy)
         e = step.report["precision"][k.name]
         assert (e["precision"], e["path"]) == ("bf16", "widen") and "bf16 KV cache" in e["note"], e
         assert "bf16 cache" in k.decisions["live"] and k.decisions["k_bf16"] == k.decisions["v_bf16"] == 1
-    assert step.report["precision"][gqa.name]["path"] == "f32" and gqa.decisions["k_bf16"] == 0
-    repeats = [k for k in step.kernels if k.decisions.get("live", "").startswith("repeat")]
-    assert len(repeats) == 2 and all(step.report["precision"][k.name]["path"] == "widen" for k in repeats)
     appends = [k for k in step.kernels if k.decisions.get("live", "").startswith("append")]
     assert len(appends) == 6 and all("bf16 cache" in k.decisions["live"] for k in appends)
     assert all(step.report["precision"][k.name]["path"] == "round" for k in appends)
@@ -201,3 +204,43 @@ def test_decode_attention_rising_scores_and_masked_blocks(threads):
             want = (e / e.sum(-1, keepdims=True)) @ x["v" + n].astype(np.float64)
         assert np.all(np.diff(s[0, 0]) != 0) and np.isnan(want[2]).all() and np.isnan(g[2]).all()
         np.testing.assert_allclose(g[:2], want[:2], rtol=2e-5, atol=2e-5)
+
+
+
+SCALED = """
+graph step(q: f32[2, 4, 1, 64], past_k: f32[2, 2, P, 64], past_v: f32[2, 2, P, 64], k: f32[2, 2, 1, 64],
+           v: f32[2, 2, 1, 64]) {
+    keys = concat(past_k, k, axis=2)
+    values = concat(past_v, v, axis=2)
+    uk = unsqueeze(keys, axis=2)
+    uv = unsqueeze(values, axis=2)
+    ek = kernel { expand(uk, shape=[1, 1, 2, 1, 1]) }
+    ev = kernel { expand(uv, shape=[1, 1, 2, 1, 1]) }
+    rk = reshape(ek, shape=[2, 4, -1, 64])
+    rv = reshape(ev, shape=[2, 4, -1, 64])
+    sk = kernel { rk * 0.5 }
+    a = kernel { softmax(q @ transpose(sk, perm=[0, 1, 3, 2]) * 0.125, axis=-1) @ rv }
+    return a, keys, values
+}
+"""
+
+
+def test_grouped_query_keys_scaled_in_front_of_the_repeat():
+    """Keys repeated for the query heads, then scaled by a kernel of their own (as the export of a
+    deep Llama leaves its sqrt(scale)): the attention reads the 2 cache heads itself, the scale
+    folded into q; no kernel but the appends and the attention runs, and 1 and 16 keys (the whole
+    buffer), the spare rows NaN, are within the f32 attention bound against float64."""
+    step = eqfuse.compile(SCALED, dims={"P": 16}, live="P", fuse="manual")
+    ks = [k for k in step.kernels if k.kind not in ("view",)]
+    assert [k.kind for k in ks] == ["layout", "layout", "attention"] and ks[2].decisions["kv_group"] == 2
+    rng = np.random.default_rng(5)
+    for t in (0, 15):
+        bufs = [np.full((2, 2, 17, 64), np.nan, np.float32) for _ in range(2)]
+        for b in bufs:
+            b[:, :, :t] = rng.standard_normal((2, 2, t, 64), dtype=np.float32)
+        q, k, v = (rng.standard_normal(s, dtype=np.float32) for s in ((2, 4, 1, 64), (2, 2, 1, 64), (2, 2, 1, 64)))
+        a, *_ = step(q=q, k=k, v=v, past_k=bufs[0], past_v=bufs[1], P_length=np.array([t]))
+        live = [b[:, :, :t + 1].astype(np.float64) for b in bufs]
+        q3, k3, v3, _ = reference(q.astype(np.float64), *live, 0.0625)
+        ref, bound = attention_bound(q3, k3, v3, 0.0625, None, 64, u=0.0)
+        assert np.all(np.abs(a.reshape(ref.shape) - ref) <= bound), t

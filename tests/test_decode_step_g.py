@@ -2,7 +2,7 @@
 with live="P" (the cache's capacity bound by dims=, its live length a run-time input), 10 steps
 against a numpy reference of the same attention decoder over the live rows, the cache's spare
 rows NaN so no step reads past its live length; the same with grouped-query attention (2 key and
-value heads repeated for 4 query heads: the repeat copies the live rows only); and the errors
+value heads repeated for 4 query heads: the attention reads the 2 cache heads itself); and the errors
 when dims= does not bind P, when another kernel reads the cache, and when the step is given to
 eqfuse.generate, which needs a decoder export."""
 
@@ -71,7 +71,9 @@ def test_hand_written_decode_step_over_a_live_cache(steps, how):
     vbuf = np.full_like(kbuf, np.nan)
     kinds = [k.decisions.get("live", "") for k in step.kernels]
     assert sum(k.startswith("append") for k in kinds) == 2 and sum(k.startswith("keys") for k in kinds) == 1
-    assert sum(k.startswith("repeat") for k in kinds) == (2 if how == "grouped-query" else 0)
+    assert not any(k.startswith("repeat") for k in kinds)  # (grouped-query: the attention reads the cache heads)
+    att = [k for k in step.kernels if k.kind == "attention"]
+    assert [k.decisions["kv_group"] for k in att] == [H // kv]
     for t in range(STEPS):
         x = rng.standard_normal((B, 1, E)).astype(np.float32)
         logits, keys, values = step(x=x, past_k=kbuf, past_v=vbuf, P_length=np.array([t]), **w)

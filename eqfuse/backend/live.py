@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eqfuse.backend.cexpr import kernel_params
-from eqfuse.backend.indexing import contiguous, offset
+from eqfuse.backend.indexing import bstrides, contiguous, offset, view_strides
 from eqfuse.backend.plan import KernelPlan, LiveBound, UOp, size
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph
@@ -120,6 +120,7 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
             a = appends[roots[0]]
             if p.detail.Sk == a.rows:
                 p.live = LiveBound("keys", a.rows, a.new)
+                _read_through_repeats(kg, p, plans, by_node, appends)
     cache_bf16(plans, by_node, appends)
     _mark_rows(kg, plans, by_node)
     for p in plans:  # nothing else may read the caches: its rows past the live ones hold anything
@@ -136,6 +137,143 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
         r = _root(by_node, o)
         if r in caches and o not in appends:
             raise EqfuseError("live=: the graph returns a KV cache other than as the present of its append")
+
+
+def _read_through_repeats(kg: Graph, p: KernelPlan, plans: list[KernelPlan], by_node: dict[int, KernelPlan],
+                          appends: dict[int, LiveBound]) -> None:
+    """A decode attention whose keys and values are both grouped-query repeats of KV caches (each
+    a pure expand, read by this attention only; the keys' possibly through a kernel that scales
+    them by a constant, the export's sqrt(scale), folded into q as the plan's `k_scale`) reads the
+    caches themselves: query head h reads key/value head h / g (the plan's `kv_group` g). Its k
+    and v args become the caches and their batch offsets the caches' (`kv_read`: the attention's
+    batch dims refined into the repeats' output axes, each with the cache's stride, 0 along the
+    repeat), so the repeat kernels and their copy of the live rows leave the step."""
+    d, parts = p.detail, p.shape.parts
+    if not d.decode:
+        return
+    body = p.body
+    reads, group, gone, k_scale = [], set(), [], 1.0
+    for node, tail in ((parts.kt, (d.D, d.Sk)), (parts.v, (d.Sk, d.Dv))):
+        s = _body_source(body, node)
+        if s is None:
+            return
+        k = body.inputs.index(s)
+        res = tuple(body.nodes[parts.result].type.shape)
+        batch = res[:-2]
+        _, st = view_strides(body, node, p.base_strides())
+        if st is None:
+            return
+        strides = bstrides(body.nodes[node].type.shape, batch + tail, st)
+        groups = [[(n, x)] for n, x in zip(batch + tail, strides)]
+        x, reader, factor, expanded = p.args[k], p, 1.0, []
+        while True:  # the kernels back from the attention: a scale, then the repeat
+            r = by_node.get(_root(by_node, x))
+            if r is None or r.live is None or r.live.what != "repeat" or r.out_strides is not None:
+                return
+            chain = [x]  # r's result and the views of it read through
+            while chain[-1] != r.node:
+                v = by_node[chain[-1]]
+                if v.view[1] != 0:
+                    return
+                chain.append(v.view[0])
+            seen = set(chain)  # and every view of them (a view no kernel reads goes with them)
+            for q in plans:
+                if q.kind == K.VIEW and q.view is not None and (q.view[0] in seen or set(q.args) & seen):
+                    seen.add(q.node)
+            others = [q for q in plans if q is not reader and q.node not in seen and set(q.args) & seen]
+            if others or any(o in seen for o in kg.outputs):
+                return
+            chain = [c for c in seen if c in by_node]
+            groups = _through(r, groups)
+            if groups is None:
+                return
+            gone += [by_node[c] for c in chain]
+            src, out = r.body.nodes[0].type.shape, r.out_shape
+            expanded += [o for n, o in zip(src, out) if n == 1 and o != 1]
+            pure = all(n.op in ("input", "expand") for n in r.body.nodes)
+            if pure:
+                break
+            if node != parts.kt or reader is not p or expanded:
+                return  # (a scale on the keys only, in front of the repeat's copy)
+            factor = _row_factor(r.body)
+            x, reader = r.args[0], r
+        if len(expanded) != 1 or any(len(gr) > 1 for gr in groups[len(batch):]):
+            return
+        sizes = tuple(n for gr in groups[:len(batch)] for n, _ in gr)
+        cache = tuple(x for gr in groups[:len(batch)] for _, x in gr)
+        reads.append((k, r.args[0], ((sizes, cache), tuple(gr[0][1] if gr else 0 for gr in groups[len(batch):]))))
+        group.add(expanded[0])
+        k_scale *= factor
+    if len(group) != 1 or min(group) < 2:
+        return
+    args = list(p.args)
+    for k, arg, _ in reads:
+        args[k] = arg
+        p.in_strides.pop(k, None)  # (the offsets are kv_read's)
+    p.args = tuple(args)
+    g = group.pop()
+    p.detail = replace(d, kv_group=g, kv_read=tuple(m for _, _, m in reads), k_scale=k_scale)
+    p.uops = [UOp(u.depth, u.op, u.what.replace(" in place", f" in place from the KV cache, head h / {g}", 1), u.count)
+              if u.op == "Load" and u.what.split(" ")[1] in ("k", "v") else u for u in p.uops]
+    for q in gone:
+        appends.pop(q.node, None)
+        if q in plans:
+            plans.remove(q)
+            by_node.pop(q.node, None)
+
+
+def _row_factor(body: Graph) -> float:
+    """c of a _row_wise body that computes c x (its ops mul and div by constants, and expands)."""
+    vals: dict[int, float] = {}
+    for i, n in enumerate(body.nodes):
+        if n.op == "input":
+            vals[i] = 1.0
+        elif n.op == "const":
+            vals[i] = float(n.value)
+        elif n.op == "expand":
+            vals[i] = vals[n.args[0]]
+        else:
+            a, b = (vals[x] for x in n.args)
+            vals[i] = a * b if n.op == "mul" else a / b
+    return vals[body.outputs[0] if body.outputs else len(body.nodes) - 1]
+
+
+def _through(r: KernelPlan, groups):
+    """The dims `groups` (each a list of (size, stride) in r's contiguous result) as read from r's
+    input: each (size, stride) refined into the run of r's axes it walks, each with r's input
+    stride (0 along an axis r expands); None when one is no run of r's axes."""
+    out = tuple(r.out_shape)
+    src = r.body.nodes[0].type.shape
+    if len(src) != len(out):
+        return None
+    ins = r.in_strides.get(0) or contiguous(src)
+    sst = [0 if n == 1 and o != 1 else st for n, o, st in zip(src, out, ins)]
+    cst = contiguous(out)
+
+    def run(n: int, stride: int):  # r's axes that one index of n, stride `stride` walks, outermost first
+        if n == 1 or stride == 0:
+            return [(n, 0)] if stride == 0 else []
+        t = next((t for t in range(len(out)) if out[t] > 1 and cst[t] == stride), None)
+        if t is None:
+            return None
+        axes, m = [t], out[t]
+        while m < n:
+            t -= 1
+            while t >= 0 and out[t] == 1:
+                t -= 1
+            if t < 0:
+                return None
+            axes.insert(0, t)
+            m *= out[t]
+        return [(out[a], sst[a]) for a in axes] if m == n else None
+
+    new = []
+    for gr in groups:
+        ws = [run(n, x) for n, x in gr]
+        if any(w is None for w in ws):
+            return None
+        new.append([y for w in ws for y in w])
+    return new
 
 
 def cache_bf16(plans: list[KernelPlan], by_node: dict[int, KernelPlan], appends: dict[int, LiveBound]) -> None:

@@ -40,6 +40,16 @@ class AttentionDetail:
     # 16-bit shift (eqfuse.backend.live.cache_bf16)
     k_bf16: bool = False
     v_bf16: bool = False
+    # the decode plan's k and v read from KV caches of fewer heads than the query's (grouped-query
+    # attention): query head h reads key/value head h / kv_group, the repeat kernel that copied
+    # the cache for the query heads gone (eqfuse.backend.live._read_through_repeats). kv_read is
+    # how: for k then v, ((batch sizes, the cache's strides along them), (its two matrix dims'
+    # strides)), a layout like the strides of a view
+    kv_group: int = 1
+    kv_read: tuple = ()
+    # a constant the keys were scaled by in front of the repeat (an export's sqrt(scale)), folded
+    # into q with the score scale
+    k_scale: float = 1.0
 
 
 
@@ -216,6 +226,11 @@ class Attention(Kind):
         Kp, ks = strided(p.kt, (D, Sk))
         V, vs = strided(p.v, (Sk, Dv))
         os_ = result_strides(body, p.result)
+        koff, voff = offset("b", batch, ks[:nb]), offset("b", batch, vs[:nb])
+        if d.kv_read:  # grouped-query: the caches themselves, head h / kv_group (the plan's kv_group)
+            ((kn, kst), (kd, kj)), ((vn, vst), (vr, vc)) = d.kv_read
+            koff, voff = offset("b", kn, kst), offset("b", vn, vst)
+            ks, vs = ks[:nb] + (kd, kj), vs[:nb] + (vr, vc)
         # k^T is transposed once per distinct head: the batch dims along which it does not broadcast
         kdims = [i for i in bdims if ks[i] != 0]
         kb_index = [0] * nb
@@ -231,9 +246,9 @@ class Attention(Kind):
         scale = _score_scale(body, body.nodes[p.sm].args[0], p.qk)
         assert (scale is None) == d.score_ops, "the plan's score_ops"
         if d.score_ops:
-            score, qscale, slog2e = sc.value(body.nodes[p.sm].args[0]), "1.0f", "EQF_LOG2E"
+            score, qscale, slog2e = sc.value(body.nodes[p.sm].args[0]), "1.0f" if d.k_scale == 1.0 else flit(d.k_scale), "EQF_LOG2E"
         else:
-            score, qscale, slog2e = "acc_s", flit(scale * math.log2(math.e)), "1.0f"
+            score, qscale, slog2e = "acc_s", flit(d.k_scale * scale * math.log2(math.e)), "1.0f"
         ospace = Space(res, [("b", bdims, True), ("i", [nb], False), ("e", [nb + 1], False)], I1, ids)
         epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={p.qk, p.sm})
         e = epi.value(p.result)
@@ -246,8 +261,8 @@ class Attention(Kind):
             return render("attention_decode.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SK=sk, D=D, DV=Dv,
                           BK=bk, PARALLEL=int(d.parallel), ZERO_NAN=int(body.nodes[p.sm].attr["zero_nan"]),
                           Q=Q, QOFF=offset("b", batch, qs[:nb]), QC=qs[nb + 1],
-                          K=Kp, KOFF=offset("b", batch, ks[:nb]), KD=ks[nb], KJ=ks[nb + 1],
-                          V=V, VOFF=offset("b", batch, vs[:nb]), VR=vs[nb], VC=vs[nb + 1],
+                          K=Kp, KOFF=koff, KD=ks[nb], KJ=ks[nb + 1],
+                          V=V, VOFF=voff, VR=vs[nb], VC=vs[nb + 1],
                           OUT_OFF=offset("b", batch, os_[:nb]), OR=os_[nb], OC=os_[nb + 1],
                           OFFSETS="\n".join(sspace.decls + ospace.decls),
                           SCORE_BODY=sc.text(), SCORE=score, QSCALE=qscale, SCORE_LOG2E=slog2e,
