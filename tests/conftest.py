@@ -66,6 +66,10 @@ def machine_model(request):
 #   - the onnx package's backend node tests after the first FAST_CASES of each ONNX op (the word
 #     after "test_" in the case's name: test_reduce_min_... is a case of "reduce").
 FAST_CASES = 1
+# The whole suite's budget (8 minutes on 2 cores, docs/testing.md): the onnx package's node tests
+# after the first DEFAULT_NODE_CASES of each ONNX op are `extended` (each builds a library; the
+# first cases of an op cover its attributes' common forms, and `-m extended` runs every case).
+DEFAULT_NODE_CASES = 4
 
 
 def _group(item) -> tuple:
@@ -80,5 +84,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         key = _group(item)
         seen[key] = seen.get(key, 0) + 1
+        if (item.cls is not None and item.cls.__name__ == "OnnxBackendNodeModelTest"
+                and seen[key] > DEFAULT_NODE_CASES):
+            item.add_marker(pytest.mark.extended)
         if item.get_closest_marker("heavy") or item.get_closest_marker("extended") or seen[key] > FAST_CASES:
             item.add_marker(pytest.mark.slow)

@@ -110,7 +110,7 @@ BLOCK = """graph block(x: f32[2, 4, 6, 6], w1: f32[4, 4, 3, 3], g1: f32[4], b1: 
 }"""
 
 
-@pytest.mark.heavy
+@pytest.mark.extended  # (the suite's budget: conv gradients are checked op by op in the default run)
 def test_resnet_basic_block_matches_torch():
     rng = np.random.default_rng(2)
     a = dict(x=_randn(rng, 2, 4, 6, 6), w1=_randn(rng, 4, 4, 3, 3, scale=0.3), g1=1 + _randn(rng, 4, scale=0.1),

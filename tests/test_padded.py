@@ -77,7 +77,7 @@ def _torch(model, ids, mask):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("name", ["bert", "gpt2"])
+@pytest.mark.parametrize("name", ["bert", pytest.param("gpt2", marks=pytest.mark.extended)])  # (the budget)
 def test_any_sequence_length_within_the_buckets_runs_without_compiling_again(name):
     """BERT (its attention mask hides the padding) and GPT-2 (causal: no position reads a later
     one) load without dims=; after the first call, every (batch, sequence) within the buckets
@@ -213,7 +213,7 @@ def test_a_g_graph_pads_a_dim_buckets_name_beside_its_batch_dim():
     assert f.out_axes["S"] == [(1,), (1,), ()]
 
 
-@pytest.mark.heavy
+@pytest.mark.extended  # (the suite's budget: the TorchScript exports above take the same path)
 def test_a_dynamo_export_with_dynamic_batch_and_sequence():
     """torch.onnx.export(dynamo=True) with dynamic_shapes for batch and sequence: the same path."""
     torch = pytest.importorskip("torch")

@@ -236,9 +236,9 @@ SKINNY_PARALLEL_MIN = 1 << 21
 # ... unless its packed B is this many bytes or more: then it streams from memory (a decode step's
 # weights, read once a step, are far past the last-level cache), the time is that of the stream,
 # and two cores keep twice the cache misses in flight. A 768 x 768 weight of a GPT-2-small
-# decode step (2.4 MB f32, 1.2 MB bf16; 590K multiply-adds at one row) streams in 20-40 us where
-# the pool's workers, held by the run function between kernels, take a job in a few
-# (`benchmarks/bench_skinny.py`: its fixed cost of a call over two panels).
+# decode step (2.4 MB f32, 1.2 MB bf16; 590K multiply-adds at one row) streams for many times
+# as long as the pool's workers, held by the run function between kernels, take to start a job
+# (`benchmarks/bench_skinny.py` measures both: its fixed cost of a call over two panels).
 SKINNY_PARALLEL_BYTES = 1 << 20
 
 
