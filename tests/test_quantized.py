@@ -278,7 +278,7 @@ def test_quantized_model_matches_onnxruntime(quantized, tmp_path):
                 {"DynamicQuantizeLinear", "ConvInteger"}, "static": {"QuantizeLinear", "DequantizeLinear"},
                 "qoperator": {"QuantizeLinear", "DequantizeLinear"} | QOPERATOR_OPS.get(name, set())}[how]
     assert want_ops <= ops, ops
-    integer = ("MatMulInteger", "ConvInteger", "QLinearConv")
+    integer = ("MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul", "QGemm")
     if ops & set(integer):  # each integer matmul and conv one integer GEMM, on this machine's instruction path
         int8 = [v["path"] for v in module.report["precision"].values() if v["precision"] == "int8"]
         assert int8 == [qgemm.int8_path(machine())] * sum(n.op_type in integer for n in model.graph.node)
