@@ -151,14 +151,29 @@ def _tri(an: Node, ins, xs, out, ct, par: str = "0"):
 
 
 def _pad(an: Node, ins, xs, out, ct, par: str = "0"):
+    # one output row (the last axis) at a time: a row outside the input is the value, a row inside
+    # is the value, the input's row (a copy the compiler vectorizes) and the value. Element by
+    # element, each element split its flat index over every axis (a division and a modulo per
+    # axis) and tested every bound: a MobileNetV2's padding before its depthwise convs cost more
+    # than all its convs (python benchmarks/bench_zoo.py --family mobilenet-v2 --spin)
     x, r = xs[0], len(out)
-    lo = an.attr["pads"][:r]
-    xst = _strides(x)
-    inside = " && ".join(f"i{d} >= {lo[d]} && i{d} < {lo[d] + x[d]}" for d in range(r)) or "1"
-    src = " + ".join(f"(i{d} - {lo[d]}) * {xst[d]}" for d in range(r)) or "0"
-    return [f"for (long n = 0; n < {_size(out)}; n++) {{",
-            *("    " + ln for ln in _unflatten("n", out, "i")),
-            f"    out[n] = ({inside}) ? {ins[0]}[{src}] : ({ct}){flit(an.attr['value'])};",
+    lo, val = an.attr["pads"][:r], f"({ct}){flit(an.attr['value'])}"
+    if r == 0:
+        return [f"out[0] = {ins[0]}[0];"]
+    xst, W, w, left = _strides(x), out[-1], x[-1], lo[-1]
+    inside = " && ".join(f"i{d} >= {lo[d]} && i{d} < {lo[d] + x[d]}" for d in range(r - 1)) or "1"
+    src = " + ".join(f"(i{d} - {lo[d]}) * {xst[d]}" for d in range(r - 1)) or "0"
+    return [f"for (long n = 0; n < {_size(out[:-1])}; n++) {{",
+            *("    " + ln for ln in _unflatten("n", out[:-1], "i")),
+            f"    {ct}* restrict o = out + n * {W};",
+            f"    if ({inside}) {{",
+            f"        const {ct}* restrict s = {ins[0]} + {src};",
+            f"        for (long j = 0; j < {left}; j++) o[j] = {val};",
+            f"        for (long j = 0; j < {w}; j++) o[{left} + j] = s[j];",
+            f"        for (long j = {left + w}; j < {W}; j++) o[j] = {val};",
+            "    } else {",
+            f"        for (long j = 0; j < {W}; j++) o[j] = {val};",
+            "    }",
             "}"]
 
 
