@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from eqfuse.ir.graph import Graph, Node
-from eqfuse.ir.ops import OPS
+from eqfuse.ir.ops import OPS, pair
 from eqfuse.machine import Machine
 
 F32 = 4  # bytes per element
@@ -79,13 +79,29 @@ class RowEpilogue:
 
 
 @dataclass(frozen=True)
+class ConvPrologue:
+    """The depthwise conv of a conv2d kernel whose 1x1 conv reads it (an inverted residual:
+    eqfuse.backend.kinds.contraction.conv_dwpw): `dw` is the depthwise conv2d over kernel inputs,
+    `value` the node the 1x1 conv reads (the depthwise conv through pointwise ops, its
+    activation)."""
+
+    dw: int
+    value: int
+
+
+# the most bytes of one output row of a fused depthwise conv, over all its channels: the kernel
+# keeps a band of its rows (at least one) in a buffer on the thread's stack
+DW_ROW_BYTES_MAX = 1 << 17
+
+
+@dataclass(frozen=True)
 class KernelShape:
     """What `match` found: the kind, the anchor (the body node of the matmul/conv2d, the row or
     reduce op, attention's last matmul, the layout or index op) and the kind's typed parts."""
 
     kind: K
     anchor: int | None = None
-    parts: AttentionParts | RowEpilogue | None = None
+    parts: AttentionParts | RowEpilogue | ConvPrologue | None = None
 
 
 def op_kind(n: Node) -> str:
@@ -440,6 +456,55 @@ def _match_index(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
     return KernelShape(K.INDEX, a)
 
 
+def _is_depthwise(body: Graph, i: int) -> bool:
+    n = body.nodes[i]
+    if n.op != "conv2d" or len(n.type.shape) != 4:
+        return False
+    C, O = body.nodes[n.args[0]].type.shape[1], n.type.shape[1]
+    return n.attr.get("group", 1) == C == O and body.nodes[n.args[1]].type.shape[1] == 1
+
+
+def _is_pointwise_conv(n: Node, body: Graph) -> bool:
+    w = body.nodes[n.args[1]].type.shape
+    return (n.op == "conv2d" and n.attr.get("group", 1) == 1 and tuple(w[2:]) == (1, 1)
+            and pair(n.attr["stride"]) == (1, 1) and pair(n.attr["padding"]) == (0, 0))
+
+
+def _match_dw_pw(body: Graph, facts: Facts) -> KernelShape | None:
+    """A 1x1 conv2d (stride 1, no padding, one group) over pointwise ops of a depthwise conv2d of
+    kernel inputs, the 1x1 conv's weights and bias kernel inputs, its result flowing through
+    pointwise ops: MobileNetV2's depthwise conv + batchnorm + ReLU6, then its projection +
+    batchnorm (+ the residual add), as one kernel (rule fuse_dw_pw)."""
+    heavy = facts.heavy
+    if len(heavy) != 2 or not all(body.nodes[i].op == "conv2d" for i in heavy):
+        return None
+    dw = next((i for i in heavy if _is_depthwise(body, i)), None)
+    pw = next((i for i in heavy if i != dw), None)
+    if dw is None or not _is_pointwise_conv(body.nodes[pw], body):
+        return None
+    pn, dn = body.nodes[pw], body.nodes[dw]
+    value = pn.args[0]
+    if dw not in body.ancestors(value) or any(dw in body.ancestors(a) for a in pn.args[1:]):
+        return None
+    if not all(x in facts.inputs for x in pn.args[1:]) or not all(x in facts.inputs for x in dn.args):
+        raise Unsupported("the weights and biases of a fused depthwise and 1x1 conv must be kernel inputs")
+    # the prologue (the depthwise conv's activation) is pointwise over the depthwise conv's
+    # values and per-channel or scalar inputs; nothing after the 1x1 conv reads it
+    check_computable(body, value, {dw})
+    if tuple(body.nodes[value].type.shape) != tuple(dn.type.shape):
+        raise Split("the depthwise conv's activation broadcasts its result")
+    users = body.users()
+    if any(users[j] != 1 for j in computed_ancestors(body, value)):
+        raise Split("a value of the depthwise conv is read twice")
+    check_epilogue(body, pw, facts.out)
+    check_computable(body, facts.out, {pw}, forbid=computed_ancestors(body, value))
+    _, C, OH, OW = dn.type.shape
+    if C * OW * F32 > DW_ROW_BYTES_MAX:
+        raise Split(f"a row of the depthwise conv's output ({C} channels x {OW} pixels) is larger than "
+                    f"{DW_ROW_BYTES_MAX} bytes")
+    return KernelShape(K.CONV2D, pw, ConvPrologue(dw, value))
+
+
 def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
     dtype = body.nodes[facts.out].type.dtype
     integer = [i for i in facts.heavy if body.nodes[i].op in ("matmul_integer", "conv_integer")]
@@ -454,7 +519,7 @@ def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> Ke
         # the GEMM and conv templates store floats: a mask computed from a product (`x @ w > 0`,
         # as a relu's gradient reads) is a pointwise kernel of its own
         raise Unsupported(f"a matmul or conv2d kernel writes f32, not {dtype}")
-    shape = _match_gemm(body, facts)
+    shape = _match_gemm(body, facts) or _match_dw_pw(body, facts)
     if shape is not None:
         check_no_broadcast(body, shape.anchor, facts.out, shape.kind)
         return shape

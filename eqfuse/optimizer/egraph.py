@@ -254,6 +254,15 @@ def compile_rule(rule: Rule, ruleset: str = RULESET) -> str:
     return f"(rule ({' '.join(query)}) ((union ?root__ {rhs})) :ruleset {ruleset} :name {q(name)})"
 
 
+def _pops(x):
+    """Every op of a pattern, x's own first."""
+    if isinstance(x, (POp, PKernel)):
+        if isinstance(x, POp):
+            yield x
+        for a in (x.args if isinstance(x, POp) else (x.result,)):
+            yield from _pops(a)
+
+
 def _heavy_guard(p, tvars: set[str]) -> list[str]:
     """For each kernel the right side builds: its heavy ops (written + those of the S variables
     it embeds) stay within the limit."""
@@ -296,8 +305,11 @@ def _heavy_guard(p, tvars: set[str]) -> list[str]:
         while isinstance(under, POp) and len(under.args) == 1 and heavy_weight(under.op) == 0:
             under = under.args[0]
         row = isinstance(under, POp) and under.op in ("layernorm", "rmsnorm")
+        # a conv2d reading a kernel body (rule fuse_dw_pw): a depthwise conv may be its prologue
+        prologue = any(isinstance(x, POp) and x.op == "conv2d" and isinstance(x.args[0], PVar)
+                       and x.args[0].name in svars for x in _pops(k.result))
         limit = (HEAVY_LIMIT_ATTENTION if root in ("softmax", "matmul")
-                 else HEAVY_LIMIT_ROW if root in ("layernorm", "rmsnorm") or row else HEAVY_LIMIT)
+                 else HEAVY_LIMIT_ROW if root in ("layernorm", "rmsnorm") or row or prologue else HEAVY_LIMIT)
         total = str(written)
         for v in svars:
             out.append(f"(= ?{v}__hv (hv ?{v}))")

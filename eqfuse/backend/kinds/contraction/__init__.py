@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eqfuse.backend.kinds.base import Kind
-from eqfuse.backend.kinds.contraction import conv, conv_grouped, emit_gemm, qgemm
+from eqfuse.backend.kinds.contraction import conv, conv_dwpw, conv_grouped, emit_gemm, qgemm
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     Prepack,
     c_layout,
@@ -29,6 +29,8 @@ class Contraction(Kind):
     writes_strided = True  # a matmul's GEMM only (writes_through)
 
     def plan(self, plan: KernelPlan, m: Machine) -> None:
+        if plan.kind == K.CONV2D and conv_dwpw.is_fused(plan):
+            return conv_dwpw.plan_conv_dwpw(plan, m)  # (a depthwise conv and its 1x1 conv)
         if plan.kind == K.CONV2D and conv_grouped.is_grouped(plan.body.nodes[plan.shape.anchor]):
             return conv_grouped.plan_conv_grouped(plan, m)  # (depthwise and grouped convs)
         if plan.kind == K.CONV2D and conv.plan_conv_direct(plan, m):
@@ -41,7 +43,8 @@ class Contraction(Kind):
         """A matmul's GEMM stores C at a row stride and a batch stride (plan_gemm.c_layout), a
         conv2d's at a row, column and image stride (plan_gemm.conv_c_layout); not a row
         epilogue (the row templates walk rows of N)."""
-        if isinstance(plan.detail, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail, qgemm.QGemmDetail)):
+        if isinstance(plan.detail, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail, qgemm.QGemmDetail,
+                                    conv_dwpw.ConvDwPwDetail)):
             return False  # (writes NCHW contiguous; the integer GEMM writes C contiguous)
         if plan.kind == K.CONV2D:
             return conv_c_layout(plan, strides) is not None
@@ -57,6 +60,8 @@ class Contraction(Kind):
             return qgemm.emit_qgemm(plan)
         if isinstance(plan.detail, conv_grouped.ConvGroupedDetail):
             return conv_grouped.emit_conv_grouped(plan)
+        if isinstance(plan.detail, conv_dwpw.ConvDwPwDetail):
+            return conv_dwpw.emit_conv_dwpw(plan)
         if isinstance(plan.detail, conv.ConvDirectDetail):
             return conv.emit_conv_direct(plan)
         if plan.kind == K.CONV2D:
@@ -70,7 +75,7 @@ def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine) -> None:
     every batch (emit then reads B as panels the runtime packs once). A matmul with few rows
     then takes the memory-bound skinny path (plan_gemm.skinny, planned by plan_skinny)."""
     d = plan.detail
-    if isinstance(d, conv_grouped.ConvGroupedDetail) and not d.channels:
+    if isinstance(d, conv_grouped.ConvGroupedDetail) and not d.channels or isinstance(d, conv_dwpw.ConvDwPwDetail):
         return  # (reads the weights as they are)
     if isinstance(d, qgemm.QGemmDetail):
         return qgemm.mark_bound(plan, bound)

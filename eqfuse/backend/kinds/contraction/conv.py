@@ -524,7 +524,7 @@ def _direct_1x1(q: KernelPlan) -> bool:
     """An im2col conv that the direct kernel can run instead: a 1x1 window, no views, its own
     storage (the direct kernel writes NCHW contiguous or blocks)."""
     if q.kind != K.CONV2D or isinstance(q.detail, ConvDirectDetail) or q.in_strides or q.into is not None \
-            or q.out_strides is not None:
+            or q.out_strides is not None or q.shape.parts is not None:  # (parts: a depthwise prologue)
         return False
     cv = q.body.nodes[q.shape.anchor]
     if cv.attr.get("group", 1) != 1:

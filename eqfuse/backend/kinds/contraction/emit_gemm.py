@@ -196,12 +196,13 @@ def _eptrs(body: Graph) -> dict[int, str]:
     return {i: f"eqf_e{k}" for k, i in enumerate(body.inputs)}  # names unlikely to meet the GEMM's own
 
 
-def gemm_epilogue(plan: KernelPlan, groups, preset: dict[int, str], root: int | None = None):
+def gemm_epilogue(plan: KernelPlan, groups, preset: dict[int, str], root: int | None = None, shape=None):
     """The GEMM epilogue expression (the value of `root`, by default the body's output) and the
-    tensors it reads (extra parameters e<k>)."""
+    tensors it reads (extra parameters e<k>); `shape`: the index space of root, when it is not the
+    kernel's output (a fused depthwise conv's prologue, conv_dwpw)."""
     body = plan.body
     eptrs = _eptrs(body)
-    space = Space(plan.out_shape, groups, "", count())
+    space = Space(plan.out_shape if shape is None else shape, groups, "", count())
     ex = Exprs(body, space, eptrs, preset, "", prefix="eqf_v", strides=plan.base_strides())
     expr = ex.expression(body.outputs[0] if root is None else root)
     return expr, [(i, eptrs[i]) for i in body.inputs if f"{eptrs[i]}[" in expr]

@@ -1,0 +1,129 @@
+"""A depthwise conv2d and the 1x1 conv2d that reads it, as one kernel (csrc_templates/conv_dwpw.c):
+MobileNetV2's inverted residual, its depthwise 3x3 + batchnorm + ReLU6 then its projection 1x1 +
+batchnorm (+ the residual add). The optimizer's rule fuse_dw_pw proposes the kernel,
+eqfuse.ir.kernels classifies it (ConvPrologue: the depthwise conv and the value the 1x1 conv reads)
+and the cost model chooses it over the two kernels.
+
+A task is an image's band of BAND output rows. The depthwise conv of every channel over the band
+goes, through its prologue (the activation), into a tile [C][BAND x OW] on the thread's stack,
+which stays in cache; the 1x1 conv is then a GEMM over that tile: register tiles of RO output
+channels x VL pixels, each channel of the tile a vector of pixels times a broadcast weight, and
+the stores go through the epilogue (the 1x1 conv's bias, the residual add). The depthwise conv's
+output is never written to memory, and the two kernels' calls are one. The band is all the rows
+when the tile fits half of L2 and the tasks are enough for the cores, else fewer rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.kinds.contraction.conv import epilogue_c
+from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
+from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, cdiv
+from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
+from eqfuse.ir.kernels import F32, ConvPrologue
+from eqfuse.ir.ops import pair
+from eqfuse.machine import Machine
+
+
+@dataclass(frozen=True)
+class ConvDwPwDetail:
+    """The plan of a fused depthwise + 1x1 conv: the constants of csrc_templates/conv_dwpw.c."""
+
+    N: int
+    C: int
+    H: int
+    W: int
+    O: int
+    KH: int
+    KW: int
+    OH: int
+    OW: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    parallel: bool
+    vl: int  # pixels per vector of the 1x1 conv's register tile
+    ro: int  # output channels per register tile of the 1x1 conv
+    band: int  # output rows per task
+    blocked_args: tuple[int, ...] = ()  # (the conv epilogue's interface: none read in blocks here)
+    prepack: None = None  # (the weights are read as they are)
+
+
+def is_fused(plan: KernelPlan) -> bool:
+    """Whether a conv2d plan is a depthwise conv with its 1x1 conv (ir.kernels.ConvPrologue)."""
+    return isinstance(plan.shape.parts, ConvPrologue)
+
+
+def band_rows(C: int, OH: int, OW: int, N: int, m: Machine) -> int:
+    """BAND: all the output rows, cut into bands when the images are fewer than 4 tasks per core
+    (then each band at least two rows), and so that the tile [C][BAND x OW] fits half of L2."""
+    band = cdiv(OH, min(OH, max(1, cdiv(4 * m.cores, N))))
+    band = max(band, min(OH, 2))
+    fit = (m.l2 // 2) // (C * OW * F32)
+    return max(1, min(band, fit))
+
+
+def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
+    body, parts = plan.body, plan.shape.parts
+    pw, dw = body.nodes[plan.shape.anchor], body.nodes[parts.dw]
+    N, C, H, W = body.nodes[dw.args[0]].type.shape
+    _, _, KH, KW = body.nodes[dw.args[1]].type.shape
+    _, O, OH, OW = pw.type.shape
+    macs = N * C * OH * OW * (KH * KW + O)
+    band = band_rows(C, OH, OW, N, m)
+    tasks = N * cdiv(OH, band)
+    regs = 32 if m.simd_floats >= 16 else 16
+    ro = min(O, regs // 4)  # (the accumulators, a pixel vector and the broadcast weights)
+    d = ConvDwPwDetail(N, C, H, W, O, KH, KW, OH, OW, pair(dw.attr["stride"]), pair(dw.attr["padding"]),
+                       pair(dw.attr["dilation"]), macs >= PARALLEL_MIN_FMAS and tasks > 1, m.simd_floats, ro, band)
+    plan.detail = d
+    computes_f32(plan, "a fused depthwise and 1x1 conv runs in f32: no bf16 path for this kernel")
+    plan.tiles = {"band": band, "ro": ro}
+    plan.flops = 2 * macs + pointwise_flops(body)
+    bp = cdiv(band * OW, d.vl) * d.vl
+    tile = C * bp * F32
+    plan.cache_check = (f"a band's depthwise tile {C} x {bp} (band {band} x {OW} pixels, whole vectors): "
+                        f"{tile} B <= L2/2 {m.l2 // 2} B: {'ok' if tile <= m.l2 // 2 else 'NO'}")
+    plan.threads = (f"the {tasks} tasks (image, band of {band} output rows) split evenly" if d.parallel
+                    else "one thread, no parallel region")
+    pro = ops_text(body, skip=set(range(len(body.nodes))) - (body.ancestors(parts.value) - body.ancestors(parts.dw)))
+    epi = ops_text(body, skip=body.ancestors(plan.shape.anchor))
+    plan.uops = [UOp(0, "Loop", f"{tasks} tasks (image, band of {band} output rows)", tasks),
+                 UOp(1, "Exec", f"the depthwise {KH} x {KW} conv of the {C} channels over the band, through its "
+                                f"prologue ({pro or 'none'}), into the tile [{C}][{bp}]", tasks * C),
+                 UOp(1, "Exec", f"the 1x1 conv: register tiles of {ro} output channels x {d.vl} pixels over the "
+                                f"{C} channels of the tile (FMA, broadcast weights)", tasks * cdiv(O, ro) * (bp // d.vl)),
+                 UOp(1, "Store", f"the band's {O} output planes through the epilogue ({epi or 'none'}), NCHW",
+                     tasks)]
+
+
+def prologue_c(plan: KernelPlan) -> tuple[str, list[tuple[int, str]]]:
+    """(the prologue's C expression of `acc`, the depthwise conv's sum at element (b, i, j) of its
+    output, i its channel and j = oh x OW + ow; the inputs it reads)."""
+    body, parts = plan.body, plan.shape.parts
+    dn = body.nodes[parts.dw]
+    bias = f"eqf_e{body.inputs.index(dn.args[2])}" if len(dn.args) == 3 else None
+    groups = [("b", [0], False), ("i", [1], False), ("j", [2, 3], False)]
+    expr, extras = gemm_epilogue(plan, groups, {parts.dw: f"(acc + {bias}[i])" if bias else "acc"},
+                                 root=parts.value, shape=tuple(dn.type.shape))
+    if bias and dn.args[2] not in dict(extras):
+        extras.append((dn.args[2], bias))
+    return expr, extras
+
+
+def emit_conv_dwpw(plan: KernelPlan) -> str:
+    body, d, parts = plan.body, plan.detail, plan.shape.parts
+    pw, dw = body.nodes[plan.shape.anchor], body.nodes[parts.dw]
+    params, ptrs = kernel_params(plan)
+    epi, decls = epilogue_c(plan)
+    pro, pextras = prologue_c(plan)
+    have = set(decls.split("\n")) if decls else set()
+    more = [f"    const {c_type(body, i)}* restrict {name} = {ptrs[i]};" for i, name in pextras]
+    decls = "\n".join([x for x in decls.split("\n") if x] + [x for x in more if x not in have])
+    return render("conv_dwpw.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[dw.args[0]],
+                  WD=ptrs[dw.args[1]], WP=ptrs[pw.args[1]], PROLOGUE=pro, EPILOGUE=epi,
+                  PARALLEL=int(d.parallel), VL=d.vl, RO=d.ro, BAND=d.band, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O,
+                  KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW, SH=d.stride[0], SW=d.stride[1], PH=d.padding[0],
+                  PW=d.padding[1], DH=d.dilation[0], DW=d.dilation[1])
