@@ -92,6 +92,13 @@ class ConvPrologue:
 # the most bytes of one output row of a fused depthwise conv, over all its channels: the kernel
 # keeps a band of its rows (at least one) in a buffer on the thread's stack
 DW_ROW_BYTES_MAX = 1 << 17
+# A depthwise conv joins its 1x1 conv while its output of one image fits this share of L1: there
+# the call and the round trip of the depthwise output through memory that the fused kernel saves
+# outweigh what it loses against the separate depthwise kernel (which transposes its input in
+# registers; the fused one copies it element by element). Measured per block of the zoo's tiny
+# MobileNetV2 (`python benchmarks/bench_conv.py --set inverted_residual`): ahead up to 8 KB per
+# image (48 channels at 4 x 4, 8 at 16 x 16), behind from 12 KB (48 channels at 8 x 8)
+DW_FUSE_L1_SHARE = 4
 
 
 @dataclass(frozen=True)
@@ -470,7 +477,7 @@ def _is_pointwise_conv(n: Node, body: Graph) -> bool:
             and pair(n.attr["stride"]) == (1, 1) and pair(n.attr["padding"]) == (0, 0))
 
 
-def _match_dw_pw(body: Graph, facts: Facts) -> KernelShape | None:
+def _match_dw_pw(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
     """A 1x1 conv2d (stride 1, no padding, one group) over pointwise ops of a depthwise conv2d of
     kernel inputs, the 1x1 conv's weights and bias kernel inputs, its result flowing through
     pointwise ops: MobileNetV2's depthwise conv + batchnorm + ReLU6, then its projection +
@@ -499,6 +506,9 @@ def _match_dw_pw(body: Graph, facts: Facts) -> KernelShape | None:
     check_epilogue(body, pw, facts.out)
     check_computable(body, facts.out, {pw}, forbid=computed_ancestors(body, value))
     _, C, OH, OW = dn.type.shape
+    if machine is not None and C * OH * OW * F32 > machine.l1 // DW_FUSE_L1_SHARE:
+        raise Split(f"the depthwise conv's output of an image ({C} x {OH} x {OW}) is larger than L1 / "
+                    f"{DW_FUSE_L1_SHARE}: the separate depthwise and 1x1 kernels are faster")
     if C * OW * F32 > DW_ROW_BYTES_MAX:
         raise Split(f"a row of the depthwise conv's output ({C} channels x {OW} pixels) is larger than "
                     f"{DW_ROW_BYTES_MAX} bytes")
@@ -519,7 +529,7 @@ def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> Ke
         # the GEMM and conv templates store floats: a mask computed from a product (`x @ w > 0`,
         # as a relu's gradient reads) is a pointwise kernel of its own
         raise Unsupported(f"a matmul or conv2d kernel writes f32, not {dtype}")
-    shape = _match_gemm(body, facts) or _match_dw_pw(body, facts)
+    shape = _match_gemm(body, facts) or _match_dw_pw(body, facts, machine)
     if shape is not None:
         check_no_broadcast(body, shape.anchor, facts.out, shape.kind)
         return shape

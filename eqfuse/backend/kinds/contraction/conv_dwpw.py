@@ -15,12 +15,13 @@ when the tile fits half of L2 and the tasks are enough for the cores, else fewer
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.kinds.contraction.conv import epilogue_c
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
-from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, cdiv
+from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.kernels import F32, ConvPrologue
 from eqfuse.ir.ops import pair
@@ -45,10 +46,18 @@ class ConvDwPwDetail:
     dilation: tuple[int, int]
     parallel: bool
     vl: int  # pixels per vector of the 1x1 conv's register tile
-    ro: int  # output channels per register tile of the 1x1 conv
+    ro: int  # the 1x1 conv's register tile: its output channels (pixels in the lanes), else its pixels
     band: int  # output rows per task
+    # the depthwise sums as vectors over the band's zero-padded rows taken as one run (a tap is one
+    # shifted load for every pixel, whatever the image's width; a stride computes the positions
+    # between the outputs too), else pixel by pixel (uses_flat)
+    flat: bool = False
+    # the 1x1 conv's output channels in the vector lanes, its weights transposed (olanes_cheaper),
+    # else a band's pixels in the lanes
+    olanes: bool = False
     blocked_args: tuple[int, ...] = ()  # (the conv epilogue's interface: none read in blocks here)
-    prepack: None = None  # (the weights are read as they are)
+    # olanes: the 1x1 conv's weights bound by params=, transposed [C][O] once (conv.mark_bound)
+    prepack: Prepack | None = None
 
 
 def is_fused(plan: KernelPlan) -> bool:
@@ -56,13 +65,43 @@ def is_fused(plan: KernelPlan) -> bool:
     return isinstance(plan.shape.parts, ConvPrologue)
 
 
-def band_rows(C: int, OH: int, OW: int, N: int, m: Machine) -> int:
-    """BAND: all the output rows, cut into bands when the images are fewer than 4 tasks per core
-    (then each band at least two rows), and so that the tile [C][BAND x OW] fits half of L2."""
-    band = cdiv(OH, min(OH, max(1, cdiv(4 * m.cores, N))))
-    band = max(band, min(OH, 2))
-    fit = (m.l2 // 2) // (C * OW * F32)
+def band_rows(C: int, OH: int, OW: int, KH: int, KW: int, stride, dilation, N: int, par: bool, m: Machine) -> int:
+    """BAND: all the output rows, cut into bands when the kernel runs in parallel and the images
+    are fewer than 4 tasks per core (then each band at least two rows), and so that the tile
+    [C][BAND x OW] and the padded input rows fit half of L2 (stack_bytes)."""
+    vl = m.simd_floats
+    band = max(cdiv(OH, min(OH, max(1, cdiv(4 * m.cores, N)))), min(OH, 2)) if par else OH
+    fit = max(b for b in range(1, OH + 1) if b == 1 or stack_bytes(C, b, OW, KH, KW, stride, dilation, vl) <= m.l2 // 2)
     return max(1, min(band, fit))
+
+
+def stack_bytes(C: int, band: int, OW: int, KH: int, KW: int, stride, dilation, vl: int) -> int:
+    """The bytes of a task's buffers on the stack (csrc_templates/conv_dwpw.c), the larger of its
+    two layouts: the tile [C][BP] and the padded input rows [C][BHP x WP + VL + KW DW]; or
+    (OLANES) the transposed input [BHP x WP][CP], the weights [KH x KW][CP] and the tile [BP][CP]."""
+    bp, cp = cdiv(band * OW, vl) * vl, cdiv(C, vl) * vl
+    bhp, wp = (band - 1) * stride[0] + (KH - 1) * dilation[0] + 1, (OW - 1) * stride[1] + (KW - 1) * dilation[1] + 1
+    return max(C * (bp + bhp * wp + vl + KW * dilation[1]) + bhp * wp + vl, (bhp * wp + KH * KW + bp) * cp) * F32
+
+
+def uses_flat(band: int, OW: int, KW: int, stride, dilation, vl: int) -> bool:
+    """FLAT: the sums of a band's padded rows as one run of vectors when the run is at least two
+    vectors; a shorter one (a 2 x 2 or 1 x 1 image) computes mostly positions that no output
+    reads, and its pixels one by one cost less."""
+    wp = (OW - 1) * stride[1] + (KW - 1) * dilation[1] + 1
+    return ((band - 1) * stride[0] + 1) * wp >= 2 * vl
+
+
+def olanes_cheaper(O: int, P: int, vl: int, ro: int) -> bool:
+    """Whether the 1x1 conv of a band of P pixels costs fewer vector multiply-adds with its
+    output channels in the lanes (tiles of ro pixels x vl channels) than with the pixels in the
+    lanes (ro channels x vl pixels): a small image's band, fewer pixels than a vector, wastes
+    most lanes of the second."""
+    force = os.environ.get("EQFUSE_DWPW", "").strip().lower()
+    if force in ("pixels", "channels"):
+        return force == "channels"
+    rp = min(ro, P)
+    return cdiv(O, vl) * cdiv(P, rp) * rp < cdiv(O, ro) * cdiv(P, vl) * ro
 
 
 def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
@@ -72,20 +111,26 @@ def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
     _, _, KH, KW = body.nodes[dw.args[1]].type.shape
     _, O, OH, OW = pw.type.shape
     macs = N * C * OH * OW * (KH * KW + O)
-    band = band_rows(C, OH, OW, N, m)
+    band = band_rows(C, OH, OW, KH, KW, pair(dw.attr["stride"]), pair(dw.attr["dilation"]), N,
+                     macs >= PARALLEL_MIN_FMAS, m)
     tasks = N * cdiv(OH, band)
     regs = 32 if m.simd_floats >= 16 else 16
     ro = min(O, regs // 4)  # (the accumulators, a pixel vector and the broadcast weights)
     d = ConvDwPwDetail(N, C, H, W, O, KH, KW, OH, OW, pair(dw.attr["stride"]), pair(dw.attr["padding"]),
-                       pair(dw.attr["dilation"]), macs >= PARALLEL_MIN_FMAS and tasks > 1, m.simd_floats, ro, band)
+                       pair(dw.attr["dilation"]), macs >= PARALLEL_MIN_FMAS and tasks > 1, m.simd_floats, ro, band,
+                       flat=uses_flat(band, OW, KW, pair(dw.attr["stride"]), pair(dw.attr["dilation"]), m.simd_floats),
+                       olanes=olanes_cheaper(O, band * OW, m.simd_floats, ro))
+    if d.olanes:  # (a tile of at most the band's pixels)
+        d = replace(d, ro=min(ro, band * OW))
+        ro = d.ro
     plan.detail = d
     computes_f32(plan, "a fused depthwise and 1x1 conv runs in f32: no bf16 path for this kernel")
     plan.tiles = {"band": band, "ro": ro}
     plan.flops = 2 * macs + pointwise_flops(body)
     bp = cdiv(band * OW, d.vl) * d.vl
-    tile = C * bp * F32
-    plan.cache_check = (f"a band's depthwise tile {C} x {bp} (band {band} x {OW} pixels, whole vectors): "
-                        f"{tile} B <= L2/2 {m.l2 // 2} B: {'ok' if tile <= m.l2 // 2 else 'NO'}")
+    tile = stack_bytes(C, band, OW, KH, KW, d.stride, d.dilation, d.vl)
+    plan.cache_check = (f"a band's depthwise tile {C} x {bp} (band {band} x {OW} pixels, whole vectors) and padded "
+                        f"input rows: {tile} B <= L2/2 {m.l2 // 2} B: {'ok' if tile <= m.l2 // 2 else 'NO'}")
     plan.threads = (f"the {tasks} tasks (image, band of {band} output rows) split evenly" if d.parallel
                     else "one thread, no parallel region")
     pro = ops_text(body, skip=set(range(len(body.nodes))) - (body.ancestors(parts.value) - body.ancestors(parts.dw)))
@@ -93,8 +138,11 @@ def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
     plan.uops = [UOp(0, "Loop", f"{tasks} tasks (image, band of {band} output rows)", tasks),
                  UOp(1, "Exec", f"the depthwise {KH} x {KW} conv of the {C} channels over the band, through its "
                                 f"prologue ({pro or 'none'}), into the tile [{C}][{bp}]", tasks * C),
+                 UOp(1, "Exec", f"the 1x1 conv: register tiles of {ro} pixels x {d.vl} output channels over the "
+                                f"{C} channels of the tile (FMA, broadcast pixels, weights transposed [{C}][{O}])",
+                     tasks * cdiv(O, d.vl) * cdiv(band * OW, ro)) if d.olanes else
                  UOp(1, "Exec", f"the 1x1 conv: register tiles of {ro} output channels x {d.vl} pixels over the "
-                                f"{C} channels of the tile (FMA, broadcast weights)", tasks * cdiv(O, ro) * (bp // d.vl)),
+                                f"{C} channels of the tile (FMA, broadcast weights)", tasks * cdiv(O, ro) * cdiv(band * OW, d.vl)),
                  UOp(1, "Store", f"the band's {O} output planes through the epilogue ({epi or 'none'}), NCHW",
                      tasks)]
 
@@ -124,6 +172,7 @@ def emit_conv_dwpw(plan: KernelPlan) -> str:
     decls = "\n".join([x for x in decls.split("\n") if x] + [x for x in more if x not in have])
     return render("conv_dwpw.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[dw.args[0]],
                   WD=ptrs[dw.args[1]], WP=ptrs[pw.args[1]], PROLOGUE=pro, EPILOGUE=epi,
-                  PARALLEL=int(d.parallel), VL=d.vl, RO=d.ro, BAND=d.band, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O,
+                  PARALLEL=int(d.parallel), FLAT=int(d.flat), OLANES=int(d.olanes),
+                  PREPACKED=int(d.prepack is not None), VL=d.vl, RO=d.ro, BAND=d.band, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O,
                   KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW, SH=d.stride[0], SW=d.stride[1], PH=d.padding[0],
                   PW=d.padding[1], DH=d.dilation[0], DW=d.dilation[1])
