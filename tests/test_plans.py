@@ -95,6 +95,8 @@ CHOICES: dict[str, dict[str, str]] = {
     "conv_grouped.c": {"PLANE": "plane", "PARALLEL": "parallel", "CHANNELS": "channels", "VL": "vl", "RW": "rw",
                        "BAND": "band", "GROUPED": "grouped", "PREFETCH": "prefetch", "PREPACKED": "prepacked_b",
                        "BF16": "precision_path"},
+    "conv_dwpw.c": {"PARALLEL": "parallel", "VL": "vl", "RO": "ro", "BAND": "band", "FLAT": "flat", "OLANES": "olanes",
+                    "PREPACKED": "prepacked_b"},
     "conv_pixels.c": {"VL": "vl", "RO": "ro", "RPH": "rph", "RPW": "rpw", "PREPACKED": "prepacked_b",
                       "PARALLEL": "parallel"},
     "conv_reorder.c": {"VL": "vl"},
@@ -148,6 +150,8 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
     "conv_grouped.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS",
                        SHAPE: "N C H W O G CG OG KH KW OH OW SH SW PH PW DH DW", EXPR: "EPILOGUE",
                        DERIVED: "TRANSPOSE"},
+    "conv_dwpw.c": {SIGNATURE: "NAME PARAMS X WD WP EXTRAS", SHAPE: "N C H W O KH KW OH OW SH SW PH PW DH DW",
+                    EXPR: "PROLOGUE EPILOGUE"},
     "conv_pixels.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
                       EXPR: "EPILOGUE"},
     "conv_reorder.c": {SIGNATURE: "NAME", DERIVED: "TRANSPOSE"},
@@ -216,7 +220,8 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
            pl: f32[2, 16, 64, 64], mk: f32[8, 8], dx: f32[1, 20, 9, 9], dw7: f32[20, 1, 7, 7],
            gx: f32[1, 32, 6, 6], gw: f32[32, 16, 3, 3], qa: u8[7, 37], qw: i8[37, 53],
            qz: u8, wz: i8, q1: f32[2, 1, 16], m1: f32[1, 8], qs: f32,
-           cq: u8[1, 3, 6, 6], cqw: i8[4, 3, 3, 3]) {
+           cq: u8[1, 3, 6, 6], cqw: i8[4, 3, 3, 3], sx: f32[1, 24, 2, 2], sdw: f32[24, 1, 3, 3],
+           spw: f32[32, 24, 1, 1]) {
     sk = kernel { relu(x @ w) }
     sp = kernel { relu(xs @ ws) }
     bg = kernel { big @ wb }
@@ -246,7 +251,9 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
     qq = kernel { matmul_integer(quantize_linear(x, qs, qz), qw, qz, wz) }
     qc = kernel { conv_integer(cq, cqw, qz, wz, padding=1) }
     tr = kernel { sin(y) * cos(y) }
-    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, qq, qc, tr
+    ir = kernel { conv2d(clip(conv2d(im6, dw, padding=1, group=6), min=0.0, max=6.0), f1) }
+    is = kernel { conv2d(relu(conv2d(sx, sdw, padding=1, group=24)), spw) }
+    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, qq, qc, tr, ir, is
 }
 """
 
@@ -295,7 +302,7 @@ def chosen(p, template: str, name: str, field: str) -> int:
 def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypatch):
     """Each choice placeholder of each template a kernel was written from (CHOICES) holds what the
     plan printed by `eqfuse lower` says; every choice of every template is seen at least once."""
-    kernels = (emitted(KINDS, monkeypatch) + emitted(MORE, monkeypatch, params={"w", "ws", "wb", "f2", "dw7"})
+    kernels = (emitted(KINDS, monkeypatch) + emitted(MORE, monkeypatch, params={"w", "ws", "wb", "f2", "dw7", "spw"})
                + emitted(MORE.replace("graph more", "graph bf"), monkeypatch, precision="bf16"))
     monkeypatch.setenv("EQFUSE_CONV", "im2col")  # (a 3x3 conv's column matrix)
     kernels += emitted(KINDS.replace("graph kinds", "graph cols"), monkeypatch)

@@ -120,8 +120,8 @@ def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
                        pair(dw.attr["dilation"]), macs >= PARALLEL_MIN_FMAS and tasks > 1, m.simd_floats, ro, band,
                        flat=uses_flat(band, OW, KW, pair(dw.attr["stride"]), pair(dw.attr["dilation"]), m.simd_floats),
                        olanes=olanes_cheaper(O, band * OW, m.simd_floats, ro))
-    if d.olanes:  # (a tile of at most the band's pixels)
-        d = replace(d, ro=min(ro, band * OW))
+    if d.olanes:  # (a tile of at most the band's pixels; the depthwise sums with channels in the lanes)
+        d = replace(d, ro=min(ro, band * OW), flat=False)
         ro = d.ro
     plan.detail = d
     computes_f32(plan, "a fused depthwise and 1x1 conv runs in f32: no bf16 path for this kernel")

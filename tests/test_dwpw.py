@@ -1,0 +1,125 @@
+"""The inverted residual as one kernel (rule fuse_dw_pw, eqfuse.ir.kernels.ConvPrologue,
+backend/kinds/contraction/conv_dwpw.py): a depthwise conv + its bias and ReLU6, then the 1x1 conv
+reading it + its bias (+ the residual add), compiled from .g and checked against the numpy
+reference at the project's tolerances (rtol 1e-4, atol 1e-5). The cases take each path of the
+kernel: the band's pixels in the lanes with the depthwise sums as one run of vectors (flat) or
+pixel by pixel, channels in the lanes (olanes: a small image), strides 1 and 2, a dilation,
+channel counts that are not a multiple of the vector width, with and without biases and the
+residual add, and the 1x1 conv's weights transposed once when bound (params=)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eqfuse
+from eqfuse.frontend.load import load
+from eqfuse.ir.reference import evaluate
+
+RTOL, ATOL = 1e-4, 1e-5
+
+# (name, N, C, H, O, K, stride, padding, dilation, biases, residual, the path the plan takes)
+CASES = [
+    ("flat_res", 2, 13, 11, 13, 3, 1, 1, 1, True, True, dict(flat=1, olanes=0)),
+    ("flat_s2", 1, 19, 13, 6, 3, 2, 1, 1, True, False, dict(flat=1, olanes=0)),
+    ("olanes_res", 2, 37, 2, 37, 3, 1, 1, 1, True, True, dict(flat=0, olanes=1)),
+    ("olanes_s2", 2, 21, 4, 40, 3, 2, 1, 1, True, False, dict(flat=0, olanes=1)),
+    ("pixels_nobias", 1, 5, 4, 3, 3, 1, 1, 1, False, False, dict(flat=0, olanes=0)),
+    ("flat_dil_5x5", 1, 7, 9, 6, 5, 1, 4, 2, True, False, dict(flat=1, olanes=0)),
+]
+
+
+def _out(h, k, s, p, d) -> int:
+    return (h + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _graph(name, n, c, h, o, k, s, p, d, biases, residual, _path) -> str:
+    oh = _out(h, k, s, p, d)
+    ps = [f"x: f32[{n}, {c}, {h}, {h}]", f"wd: f32[{c}, 1, {k}, {k}]", f"wp: f32[{o}, {c}, 1, 1]"]
+    ps += [f"bd: f32[{c}]", f"bp: f32[{o}]"] if biases else []
+    ps += [f"r: f32[{n}, {o}, {oh}, {oh}]"] if residual else []
+    bd, bp = (", bd", ", bp") if biases else ("", "")
+    dw = f"clip(conv2d(x, wd{bd}, stride={s}, padding={p}, dilation={d}, group={c}), min=0.0, max=6.0)"
+    body = f"conv2d({dw}, wp{bp})"
+    return f"graph {name}({', '.join(ps)}) {{\n    return {'r + ' if residual else ''}{body}\n}}\n"
+
+
+def _arrays(case) -> list[np.ndarray]:
+    g = load(_graph(*case))[0]
+    rng = np.random.default_rng(CASES.index(case))
+    out = []
+    for name, t in g.params:
+        a = rng.standard_normal(t.shape).astype(np.float32)
+        if name in ("wd", "wp"):  # (sums of about unit size)
+            a /= np.float32(np.sqrt(np.prod(t.shape[1:])))
+        out.append(a)
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Every case as one graph of one module: compiled once."""
+    return eqfuse.compile("".join(_graph(*c) for c in CASES))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_fused_inverted_residual_matches_the_reference(compiled, case):
+    g = load(_graph(*case))[0]
+    args = _arrays(case)
+    want = evaluate(g, args)[0]
+    fn = getattr(compiled, case[0])
+    got = fn(*args)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    (k,) = fn.last.kernels  # one kernel, on the path the case is for
+    assert k.kind == "conv2d" and {f: k.decisions[f] for f in case[-1]} == case[-1], k.decisions
+
+
+def test_bound_weights_are_transposed_once_and_match():
+    case = CASES[2]
+    g = load(_graph(*case))[0]
+    args = _arrays(case)
+    names = [n for n, _ in g.params]
+    params = {n: a for n, a in zip(names, args) if n not in ("x", "r")}
+    mod = eqfuse.compile(_graph(*case), params=params)
+    (k,) = mod.kernels
+    assert k.decisions["olanes"] == 1 and k.decisions["prepacked_b"] == 1
+    got = mod(args[names.index("x")], args[names.index("r")])
+    np.testing.assert_allclose(got, evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_a_large_depthwise_output_stays_two_kernels():
+    """Above L1 / DW_FUSE_L1_SHARE per image (here 48 channels at 8 x 8) the separate depthwise
+    and 1x1 kernels are faster: extraction keeps them apart, and the result is the same."""
+    case = ("big", 1, 48, 8, 8, 3, 1, 1, 1, True, False, {})
+    mod = eqfuse.compile(_graph(*case))
+    assert mod.report["kernels_after"] == 2
+    g = load(_graph(*case))[0]
+    rng = np.random.default_rng(9)
+    args = [rng.standard_normal(t.shape).astype(np.float32) / 8 for _, t in g.params]
+    np.testing.assert_allclose(mod(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+
+
+PADS = """
+graph pads(a: f32[5], b: f32[3, 4], c: f32[2, 3, 5, 6], x: f32[2, 8, 6, 6], w: f32[8, 1, 3, 3], bw: f32[8]) {
+    pa = pad(a, pads=[2, 3], value=1.5)
+    pb = pad(b, pads=[1, 0, 0, 2], value=-7)
+    pc = pad(c, pads=[0, 1, 0, 2, 1, 0, 3, 1])
+    cv = conv2d(pad(x, pads=[0, 0, 1, 1, 0, 0, 1, 1]), w, bw, group=8)
+    return pa, pb, pc, cv
+}
+"""
+
+
+def test_pad_rows_and_a_pad_folded_into_the_conv_match_the_reference():
+    """The pad kernel (a row at a time: the value, the input's row, the value) over ranks 1, 2 and
+    4 with pads on every side; a zero pad of 1 on every side of a conv2d's image is its padding
+    (rule conv2d_pad_1: no pad kernel)."""
+    mod = eqfuse.compile(PADS)
+    g = load(PADS)[0]
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal(t.shape).astype(np.float32) for _, t in g.params]
+    for got, want in zip(mod(*args), evaluate(g, args)):
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    assert "conv2d_pad_1" in mod.report["rules_fired"]
+    cv = [line for line in mod.report["graph"].splitlines() if "conv2d(" in line]
+    assert cv and "padding=1" in cv[0] and "pad(" not in cv[0]
