@@ -96,7 +96,7 @@ DW_ROW_BYTES_MAX = 1 << 17
 # the call and the round trip of the depthwise output through memory that the fused kernel saves
 # outweigh what it loses against the separate depthwise kernel (which transposes its input in
 # registers; the fused one copies it element by element). Measured per block of the zoo's tiny
-# MobileNetV2 (`python benchmarks/bench_conv.py --set inverted_residual`): ahead up to 8 KB per
+# MobileNetV2 (`python benchmarks/bench_dwpw.py --profile`): ahead up to 8 KB per
 # image (48 channels at 4 x 4, 8 at 16 x 16), behind from 12 KB (48 channels at 8 x 8)
 DW_FUSE_L1_SHARE = 4
 

@@ -10,7 +10,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eqfuse.backend.kinds.base import Kind
-from eqfuse.backend.kinds.contraction import conv, conv_dwpw, conv_grouped, emit_gemm, qgemm
+from eqfuse.backend.kinds.contraction import (
+    conv,
+    conv_dwpw,
+    conv_grouped,
+    emit_gemm,
+    qgemm,
+)
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     Prepack,
     c_layout,
