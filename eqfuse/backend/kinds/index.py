@@ -151,30 +151,38 @@ def _tri(an: Node, ins, xs, out, ct, par: str = "0"):
 
 
 def _pad(an: Node, ins, xs, out, ct, par: str = "0"):
-    # one output row (the last axis) at a time: a row outside the input is the value, a row inside
-    # is the value, the input's row (a copy the compiler vectorizes) and the value. Element by
-    # element, each element split its flat index over every axis (a division and a modulo per
-    # axis) and tested every bound: a MobileNetV2's padding before its depthwise convs cost more
-    # than all its convs (python benchmarks/bench_zoo.py --family mobilenet-v2 --spin)
+    # one output row (the last axis) at a time, in nested loops over the other axes: a row outside
+    # the input is the value, a row inside is the value, the input's row (a copy the compiler
+    # vectorizes) and the value. Element by element, each element split its flat index over every
+    # axis (a division and a modulo per axis) and tested every bound: a MobileNetV2's padding
+    # before its depthwise convs cost more than all its convs (python benchmarks/bench_zoo.py
+    # --family mobilenet-v2 --spin)
     x, r = xs[0], len(out)
     lo, val = an.attr["pads"][:r], f"({ct}){flit(an.attr['value'])}"
     if r == 0:
         return [f"out[0] = {ins[0]}[0];"]
     xst, W, w, left = _strides(x), out[-1], x[-1], lo[-1]
-    inside = " && ".join(f"i{d} >= {lo[d]} && i{d} < {lo[d] + x[d]}" for d in range(r - 1)) or "1"
-    src = " + ".join(f"(i{d} - {lo[d]}) * {xst[d]}" for d in range(r - 1)) or "0"
-    return [f"for (long n = 0; n < {_size(out[:-1])}; n++) {{",
-            *("    " + ln for ln in _unflatten("n", out[:-1], "i")),
-            f"    {ct}* restrict o = out + n * {W};",
-            f"    if ({inside}) {{",
-            f"        const {ct}* restrict s = {ins[0]} + {src};",
-            f"        for (long j = 0; j < {left}; j++) o[j] = {val};",
-            f"        for (long j = 0; j < {w}; j++) o[{left} + j] = s[j];",
-            f"        for (long j = {left + w}; j < {W}; j++) o[j] = {val};",
-            "    } else {",
-            f"        for (long j = 0; j < {W}; j++) o[j] = {val};",
-            "    }",
+    lines, ind, o, src, inside = [], "", "0", "0", []
+    for d in range(r - 1):
+        lines.append(f"{ind}for (long i{d} = 0; i{d} < {out[d]}; i{d}++) {{")
+        ind += "    "
+        o = f"({o}) * {out[d]} + i{d}" if d else f"i{d}"
+        src += f" + (i{d} - {lo[d]}) * {xst[d]}"
+        inside.append(f"i{d} >= {lo[d]} && i{d} < {lo[d] + x[d]}")
+    body = [f"{ct}* restrict o = out + ({o}) * {W};",
+            f"if ({' && '.join(inside) or '1'}) {{",
+            f"    const {ct}* restrict s = {ins[0]} + {src};",
+            f"    for (long j = 0; j < {left}; j++) o[j] = {val};",
+            f"    for (long j = 0; j < {w}; j++) o[{left} + j] = s[j];",
+            f"    for (long j = {left + w}; j < {W}; j++) o[j] = {val};",
+            "} else {",
+            f"    for (long j = 0; j < {W}; j++) o[j] = {val};",
             "}"]
+    lines += [ind + b for b in body]
+    for d in reversed(range(r - 1)):
+        ind = ind[4:]
+        lines.append(f"{ind}}}")
+    return lines
 
 
 def _pool(an: Node, ins, xs, out, ct, par: str = "0"):
