@@ -123,3 +123,34 @@ def test_pad_rows_and_a_pad_folded_into_the_conv_match_the_reference():
     assert "conv2d_pad_1_nobias" in mod.report["rules_fired"]
     cv = [line for line in mod.report["graph"].splitlines() if "conv2d(" in line]
     assert cv and "padding=1" in cv[0] and "pad(" not in cv[0]
+
+
+def test_an_onnx_zero_pad_before_a_conv_joins_its_padding_when_the_sum_is_symmetric(tmp_path):
+    """ONNX Pad (1 on every side of the image) + depthwise Conv with a bias: one conv2d of
+    padding 1, no pad kernel; the (0, 1) Pad before a stride-2 Conv stays. Both against
+    onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((4, 1, 3, 3)) / 3).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+             numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "p1"),
+             numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "p2")]
+    nodes = [helper.make_node("Pad", ["x", "p1"], ["xp1"]),
+             helper.make_node("Conv", ["xp1", "w", "b"], ["y1"], group=4),
+             helper.make_node("Pad", ["x", "p2"], ["xp2"]),
+             helper.make_node("Conv", ["xp2", "w", "b"], ["y2"], group=4, strides=[2, 2])]
+    g = helper.make_graph(nodes, "padconv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                          [helper.make_tensor_value_info("y1", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("y2", TensorProto.FLOAT, None)], inits)
+    path = tmp_path / "padconv.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    mod = eqfuse.compile(str(path))
+    for got, ref in zip(mod(x), want):
+        np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
+    lines = [line for line in mod.report["graph"].splitlines() if "kernel {" in line]
+    assert sum("pad(" in line for line in lines) == 1 and any("padding=1" in line for line in lines), lines

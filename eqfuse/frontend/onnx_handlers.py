@@ -363,6 +363,25 @@ def conv_geometry(xs, ws, at) -> tuple[list[int], list[tuple[int, int]], list[in
     return strides, pads, dilations, spans
 
 
+def _zero_pad_into(imp, x: int, pads: list[tuple[int, int]]):
+    """(x, its shape, the conv's pads): a zero Pad of only the spatial axes before the Conv (the TF
+    "same" padding that Hugging Face's MobileNetV2 exports before each depthwise conv) joins the
+    Conv's own pads when the sum is symmetric, so that the conv reads the unpadded tensor and pads
+    the band it copies (no pad kernel, no padded tensor); a sum that is not symmetric (the (0, 1)
+    pad before a stride-2 conv) keeps the Pad. A Pad read by other nodes too stays for them."""
+    n = imp.graph.nodes[x]
+    if n.op != "pad" or n.attr["value"] != 0.0:
+        return x, imp.type(x).shape, pads
+    p, r = n.attr["pads"], len(imp.type(x).shape)
+    if any(p[:2]) or any(p[r:r + 2]):
+        return x, imp.type(x).shape, pads
+    both = [(a + p[2 + i], b + p[r + 2 + i]) for i, (a, b) in enumerate(pads)]
+    if any(a != b for a, b in both):
+        return x, imp.type(x).shape, pads
+    src = n.args[0]
+    return src, imp.type(src).shape, both
+
+
 @handles("Conv", attrs=("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"))
 def _conv(imp, ins, at):
     x, w = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
@@ -372,6 +391,7 @@ def _conv(imp, ins, at):
         raise Unsupported(f"{nd}-D convolution (eqfuse supports 1-D, NCW, and 2-D, NCHW)")
     group = at.get("group", 1)
     strides, pads, dilations, spans = conv_geometry(xs, ws, at)
+    x, xs, pads = _zero_pad_into(imp, x, pads)
     # Asymmetric padding: pad both sides by the larger amount and slice the extra outputs off;
     # when the extra is at the end and the stride does not divide it, concatenate zeros there.
     for axis, ((a, b), s) in enumerate(zip(pads, strides), start=2):
