@@ -4,9 +4,8 @@ MobileNetV2 (tests/zoo_models.py: 32x32 images, batch 2, TorchScript export).
 
     python benchmarks/bench_dwpw.py [--threads N] [--repeat N] [--profile]
 
-Three builds of the one export: fused (eqfuse's default), unfused (the fuse_dw_pw rules disabled:
-the depthwise and 1x1 convs as separate kernels) and unfused without the pad fold (also
-conv2d_pad_1_nobias disabled). Their calls alternate, 50 calls a sample; the table gives each
+Two builds of the one export: fused (eqfuse's default) and unfused (the fuse_dw_pw rules disabled:
+the depthwise and 1x1 convs as separate kernels). Their calls alternate, 50 calls a sample; the table gives each
 one's kernels, its largest difference from the unfused output, and the median and minimum
 microseconds a call. --profile adds each build's kernels with their times inside the call
 (eqfuse.runtime.profile), in the order they run, with the shapes of the convs: the kernels a
@@ -43,8 +42,7 @@ def main() -> None:
     path = str(zm.export("mobilenet-v2", "torchscript"))
     arrays = list(zm.inputs("mobilenet-v2").values())
     mods = {"fused": eqfuse.compile(path, threads=a.threads),
-            "unfused": eqfuse.compile(path, threads=a.threads, disable=FUSE),
-            "unfused, pads": eqfuse.compile(path, threads=a.threads, disable=FUSE + ("conv2d_pad_1_nobias",))}
+            "unfused": eqfuse.compile(path, threads=a.threads, disable=FUSE)}
     ref = mods["unfused"](*arrays)
     times: dict[str, list[float]] = {k: [] for k in mods}
     for _ in range(a.repeat):
