@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import covering
 
 import eqfuse
 from eqfuse.backend.kinds.contraction.conv import (
@@ -21,7 +22,6 @@ from eqfuse.backend.kinds.contraction.conv import (
     use_winograd,
 )
 from eqfuse.machine import MODELS, pinned
-from helpers import covering
 
 
 def _rand(*shape, seed=0):
