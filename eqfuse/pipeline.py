@@ -663,6 +663,7 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
         batch = next((s[0] for _, s in inputs if s and isinstance(s[0], str) and s[0] not in dims), None)
         f = PaddedFunction(graph_name(proto), inputs, dims, batch, buckets or {}, build_bucket,
                            lambda d: import_with_params(src, dims={**dims, **d}))
+        f.onnx_path = os.fspath(src)  # (eqfuse.generate reads a decoder's position table from it)
         del proto
     else:
         params = opts.params

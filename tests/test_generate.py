@@ -23,7 +23,10 @@ from eqfuse.generation import (  # noqa: E402
     PREFILL_MIN,
     Decoder,
     capacity_for,
+    chunk_plan,
+    live_capacity,
     load_decoder,
+    module_signature,
     onnx_signature,
     prefill_plan,
     step_maker,
@@ -200,12 +203,15 @@ def test_sampling():
 
 def test_no_compile_after_the_first_generation(monkeypatch):
     """C builds and optimizer runs of a fresh Module compiled with batch buckets: the first
-    prefill compiles its bucket of prompt lengths (16 for 8 tokens: prefill_plan) and the decode
-    step (past at the cache's capacity, its length at run time, the batch on its buckets), and
-    the 20 decode steps none. Then prompts of three other lengths, at batch sizes 2, 1 and 3,
-    compile nothing: each prompt padded to the prefill's 16 tokens, each batch on the one bucket
-    of 2 (1 padded to 2, its cache rows appended in a copy and copied back; 3 as a chunk of 2
-    appending in place and 1 padded); and each generation is transformers' greedy one."""
+    prefill compiles the chunk step of its bucket of prompt lengths (16 rows for 8 tokens:
+    chunk_plan) and the decode step, both over the cache at the model's 128 positions
+    (live_capacity), their lengths at run time and the batch on its buckets; the 20 decode steps
+    compile nothing. Then prompts of 5, 11, 16, 40 and 100 tokens at batch sizes 2, 1, 3, 2 and 1
+    compile nothing: a prompt of up to 16 tokens is one chunk padded to 16, a longer one, longer
+    than every chunk compiled, runs as chunks of 16 over the cache in place (Decoder.
+    prefill_chunks), each batch on the one bucket of 2 (1 padded to 2, its cache rows appended in
+    a copy and copied back; 3 as a chunk of 2 appending in place and 1 padded); and each
+    generation is transformers' greedy one."""
     import eqfuse.pipeline as pipeline
 
     counts = {"build": 0, "optimize": 0}
@@ -220,26 +226,65 @@ def test_no_compile_after_the_first_generation(monkeypatch):
     monkeypatch.setattr(pipeline, "optimize", counting("optimize", pipeline.optimize))
     path = de.export_gpt2("torchscript")
     mod = eqfuse.compile(path, buckets={"batch": [2]})
-    sig = onnx_signature(path)
-    assert prefill_plan(mod, sig, S) == (S, PREFILL_MIN)  # (nothing compiled yet: the prompt's bucket)
-    dec = Decoder(sig, lambda feeds: mod(**feeds), CAPACITY, step_maker(mod, sig))
+    sig = module_signature(mod)
+    cap = live_capacity(sig, S + NEW - 1)
+    assert cap == de.POSITIONS  # (the position table, read from the file the Module was compiled from)
+    assert chunk_plan(mod, sig, S, B, cap) == PREFILL_MIN  # (nothing compiled yet: the prompt's bucket)
+    dec = Decoder(sig, lambda feeds: mod(**feeds), cap, step_maker(mod, sig))
     seen = []
-    logits = dec.prefill(prompt(), PREFILL_MIN)
+    logits = dec.prefill_chunks(prompt(), PREFILL_MIN)
     seen.append(dict(counts))
     for _ in range(STEPS):
         logits = dec.step(logits.argmax(-1)[:, None].astype(np.int64))
         seen.append(dict(counts))
-    assert seen[0]["optimize"] >= 2 and seen[0]["build"] >= 2  # the prefill compiled itself and the step
+    assert seen[0]["optimize"] >= 2 and seen[0]["build"] >= 2  # the chunk step and the decode step
     assert dec.live_step is not None
     assert seen[-1] == seen[0]  # the 20 decode steps ran without the compiler
-    new = 13  # (every generation below needs a cache of 17 to 28 rows: the capacity 32 compiled above)
-    for b, s in ((2, 5), (1, 11), (3, 16)):
-        assert prefill_plan(mod, sig, s) == (s, PREFILL_MIN)
+    for b, s, new in ((2, 5, 13), (1, 11, 13), (3, 16, 13), (2, 40, 6), (1, 100, 6)):
+        assert chunk_plan(mod, sig, s, b, cap) == PREFILL_MIN
         ids = np.random.default_rng(s).integers(0, de.VOCAB, (b, s)).astype(np.int64)
         ours = eqfuse.generate(mod, ids, max_new_tokens=new, eos_token_id=de.EOS)
         assert counts == seen[0], f"batch {b}, {s} tokens: {counts} after the first generation's {seen[0]}"
         assert_greedy_matches_transformers(ours, ids, new)
-    print(f"first prefill and step: {seen[0]}; decode steps 1-{STEPS} and 3 generations: none")
+    print(f"first prefill and step: {seen[0]}; decode steps 1-{STEPS} and 5 generations: none")
+
+
+def test_chunked_prefill_matches_onnxruntime():
+    """A prompt of 37 tokens prefilled as chunks of 16, 16 and 5 (padded to 16) over the cache in
+    place, every row not yet live NaN before each chunk (a chunk reads only the rows before it
+    and, causally, its own): the logits at every prompt position and the cache's rows are
+    onnxruntime's on the whole prompt within the f32 bound, 1e-5 of the largest magnitude
+    (docs/precision.md: the same ops in f32, differing in their order of summation only)."""
+    path, mod = compiled("torchscript")
+    sig = module_signature(mod)
+    s = 37
+    ids = np.random.default_rng(7).integers(0, de.VOCAB, (B, s)).astype(np.int64)
+    dec = Decoder(sig, None, de.POSITIONS, step_maker(mod, sig))
+    chunk, seen = dec.make_step(B, de.POSITIONS, PREFILL_MIN), []
+
+    def spy(feeds):
+        t = int(feeds["past_length"][0])
+        for n, _ in sig.pasts:
+            feeds[n][:, :, t:] = np.nan
+        seen.append(out := chunk(feeds))
+        return out
+
+    step = dec.make_step
+    dec.make_step = lambda b, c, rows=1: spy if rows > 1 else step(b, c)
+    last = dec.prefill_chunks(ids, PREFILL_MIN)
+    assert len(seen) == 3
+    ours = np.concatenate([o[0][:, :min(PREFILL_MIN, s - k * PREFILL_MIN)] for k, o in enumerate(seen)], axis=1)
+    past = [np.zeros((B, h, 1, d), np.float32) for _, (_, h, _, d) in sig.pasts]
+    mask = np.ones((B, 1 + s), np.int64)
+    mask[:, 0] = 0  # (one masked past row: the export takes no empty past)
+    feeds = {sig.ids: ids, sig.mask: mask, sig.positions: np.repeat(np.arange(s)[None], B, 0)}
+    feeds.update({n: p for (n, _), p in zip(sig.pasts, past)})
+    ref = ort_run(path)(feeds)
+    assert np.abs(ours - ref[0]).max() <= 1e-5 * np.abs(ref[0]).max()
+    np.testing.assert_array_equal(last, ours[:, -1])
+    for c, r in zip(dec.cache, ref[1:]):  # the cache's rows: the prompt's keys and values
+        assert not np.isnan(c[:, :, :s]).any()
+        assert np.abs(c[:, :, :s] - r[:, :, 1:]).max() <= 1e-5 * np.abs(r).max()
 
 
 @pytest.mark.extended  # (the bf16 cache's kernels are checked at their bound by test_attention_decode.py)
