@@ -406,6 +406,18 @@ def step_maker(module, sig: Signature):
     return make
 
 
+def held_chunks(model, sig: Signature, batch: int, capacity: int) -> list[int]:
+    """The lengths of the chunk steps (step_dims' rows > 1) a model bound per call holds compiled
+    over a cache of `capacity` rows at `batch` (or on batch buckets), shortest first."""
+    f = model.default
+    if not hasattr(f, "live_modules"):
+        return []
+    seq, past = sig.shapes[sig.ids][1], sig.pasts[0][1][2]
+    batch_dim = sig.shapes[sig.ids][0]
+    return sorted({d[seq] for d in (dict(key) for key, live in f.live_modules if live == past)
+                   if d.get(seq, 1) > 1 and d[past] + d[seq] == capacity + 1 and d.get(batch_dim, batch) == batch})
+
+
 def chunk_plan(model, sig: Signature, s: int, batch: int, capacity: int) -> int:
     """The chunk length n a prompt of s tokens is prefilled with (Decoder.prefill_chunks), for a
     model bound per call (an ONNX decoder compiled by eqfuse.compile) at this capacity and batch:
@@ -413,11 +425,7 @@ def chunk_plan(model, sig: Signature, s: int, batch: int, capacity: int) -> int:
     (the prompt in chunks of it, with no compile); with none, the prompt's bucket, the power of
     two at or above s, at least PREFILL_MIN and at most CHUNK_MAX (and the capacity): compiled
     once, then it serves every prompt up to the capacity."""
-    f = model.default
-    seq, past = sig.shapes[sig.ids][1], sig.pasts[0][1][2]
-    batch_dim = sig.shapes[sig.ids][0]
-    held = sorted({d[seq] for d in (dict(key) for key, live in f.live_modules if live == past)
-                   if d.get(seq, 1) > 1 and d[past] + d[seq] == capacity + 1 and d.get(batch_dim, batch) == batch})
+    held = held_chunks(model, sig, batch, capacity)
     fits = [n for n in held if n >= s]
     if fits:
         return fits[0]
@@ -478,7 +486,7 @@ def held_steps(model, sig: Signature, batch: int) -> tuple[set[int], set[int]] |
     seq, past = shapes[sig.ids][1], shapes[sig.pasts[0][0]][2]
     if hasattr(f, "live_modules"):  # bound per call (runtime.padded): its buckets and decode steps
         binds = [dict(zip(f.padded, key)) for key in f.modules]
-        steps = [dict(key) for key, live in f.live_modules if live == past]
+        steps = [d for d in (dict(key) for key, live in f.live_modules if live == past) if d.get(seq, 1) == 1]
     else:
         binds = [dict(key) for key in list(f.cache) + list(f.buckets)]
         steps = [b for b in binds if b.get(seq) == 1]
@@ -534,6 +542,8 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
                                 f"tokens and {max_new_tokens} new tokens need {need}: generate with the compiled "
                                 "model at this length and batch once, then save it again")
         capacity = fits[0]
+        # (a loaded Module runs its prompt in chunks when it holds a chunk step at that capacity)
+        chunked = step is not None and bool(held_chunks(model, sig, b, capacity))
     dec = Decoder(sig, run, capacity, step)
     rng = np.random.default_rng(seed)
     out = [ids]

@@ -256,7 +256,22 @@ def _read_through_repeats(kg: Graph, p: KernelPlan, plans: list[KernelPlan], by_
         p.in_strides.pop(k, None)  # (the offsets are kv_read's)
     p.args = tuple(args)
     g = group.pop()
-    p.detail = replace(d, kv_group=g, kv_read=tuple(m for _, _, m in reads), k_scale=k_scale)
+    # the g query heads of a key/value head are consecutive rows b when the repeat's axis is the
+    # innermost of the batch dims (stride 0 there, for k and v): one task then reads the rows once
+    # for all g (the plan's kv_rows)
+    rows = g if all(m[0][0][-1:] == (g,) and m[0][1][-1] == 0 for _, _, m in reads) else 1
+    tasks = d.batch // rows
+    par = d.parallel and tasks > 1
+    p.detail = replace(d, kv_group=g, kv_read=tuple(m for _, _, m in reads), k_scale=k_scale, kv_rows=rows,
+                       parallel=par)
+    if rows > 1:
+        p.threads = (f"the {tasks} (batch, key/value head) tasks of {rows} query rows split evenly among the threads"
+                     if par else p.threads)
+        p.uops = [replace(u, what=u.what.replace("(batch, head) query rows", f"(batch, key/value head) tasks of {rows} "
+                                                  "query rows, each k and v row read once for them"), count=u.count // rows)
+                  if u.depth == 0 else
+                  replace(u, count=u.count // rows) if u.op == "Load" and u.what.split(" ")[1] in ("k", "v") else u
+                  for u in p.uops]
     p.uops = [UOp(u.depth, u.op, u.what.replace(" in place", f" in place from the KV cache, head h / {g}", 1), u.count)
               if u.op == "Load" and u.what.split(" ")[1] in ("k", "v") else u for u in p.uops]
     for q in gone:
