@@ -24,6 +24,7 @@ from eqfuse.generation import (  # noqa: E402
     Decoder,
     capacity_for,
     chunk_plan,
+    held_chunks,
     live_capacity,
     load_decoder,
     module_signature,
@@ -434,33 +435,31 @@ def ort_greedy(path, ids: np.ndarray, new: int, capacity: int) -> np.ndarray:
 
 @pytest.mark.extended  # (the artifact's libraries, built for its level: some 30 s of C builds when the cache is cold)
 def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
-    """The artifact of a decoder that has generated keeps its bindings (the prefill at the prompt's
-    bucket, the decode step over the cache in place at its capacity): generate on eqfuse.load's Module gives the
-    compiled Module's tokens. A generation it holds no binding for runs without the compiler: a
-    shorter one at the capacity held, a shorter prompt padded to the prefill held, a longer one
-    through it and then the decode step a token at a time; one that needs a larger cache is
-    refused with what to do."""
+    """The artifact of a decoder that has generated keeps its bindings (the chunk step of the
+    prompt's bucket and the decode step over the cache in place at its capacity): generate on
+    eqfuse.load's Module gives the compiled Module's tokens. A generation it holds no binding for
+    runs without the compiler: a shorter one at the capacity held, a shorter prompt padded to the
+    chunk held, a longer one than every chunk held in chunks of the longest; one that needs a
+    larger cache is refused with what to do."""
     path, mod = compiled("torchscript")
     ids = prompt(4)
     ours = eqfuse.generate(mod, ids, max_new_tokens=NEW)
     loaded = eqfuse.load(mod.save(tmp_path / "gpt2.eqf"))
-    assert list(loaded.default.live_modules) == list(mod.default.live_modules)  # (dims, "past"): the decode steps
+    assert list(loaded.default.live_modules) == list(mod.default.live_modules)  # (dims, "past"): the steps
     np.testing.assert_array_equal(eqfuse.generate(loaded, ids, max_new_tokens=NEW), ours)
-    # 5 tokens and 4 new: onnxruntime's greedy ids at the capacity the artifact holds
+    sig = onnx_signature(path)
+    assert held_chunks(loaded, sig, B, de.POSITIONS)  # (the chunk step over the cache at 128 rows)
+    # 5 tokens and 4 new: onnxruntime's greedy ids
     short = prompt(5)[:, :5]
     np.testing.assert_array_equal(eqfuse.generate(loaded, short, max_new_tokens=4),
                                   ort_greedy(path, short, 4, CAPACITY))
-    # a prompt longer than every prefill held: its first tokens through the longest, the rest by steps
-    longest = max(n for n, past in ((dict(zip(loaded.default.padded, k))["sequence"],
-                                     dict(zip(loaded.default.padded, k))["past"]) for k in loaded.default.modules)
-                  if past == 1)
-    long = np.random.default_rng(6).integers(0, de.VOCAB, (B, longest + 3)).astype(np.int64)
-    assert prefill_plan(loaded, onnx_signature(path), longest + 3) == (longest, longest)
+    # a prompt longer than every chunk held: in chunks of the longest
+    longest = max(held_chunks(loaded, sig, B, de.POSITIONS))
+    long = np.random.default_rng(6).integers(0, de.VOCAB, (B, 2 * longest + 3)).astype(np.int64)
     np.testing.assert_array_equal(eqfuse.generate(loaded, long, max_new_tokens=4),
-                                  ort_greedy(path, long, 4, capacity_for(longest + 6)))
-    # one row more than the largest cache it holds (other tests of this file may have generated
-    # with the shared module at a larger capacity before it was saved)
-    most = max(dict(key)["past"] for key, _ in loaded.default.live_modules)
+                                  ort_greedy(path, long, 4, capacity_for(2 * longest + 6)))
+    # one row more than the largest cache it holds (the loaded Module knows no position table)
+    most = max(d["past"] for d in (dict(key) for key, _ in loaded.default.live_modules) if d["sequence"] == 1)
     with pytest.raises(eqfuse.ArgumentError, match=rf"compiled for caches of .*{most} rows at batch 2; .* need {most + 1}"):
         eqfuse.generate(loaded, ids, max_new_tokens=most + 2 - ids.shape[1])
 
@@ -474,8 +473,10 @@ def test_a_loaded_decoder_with_batch_buckets_generates_any_batch(tmp_path):
     mod = eqfuse.compile(path, buckets={"batch": [2]})
     eqfuse.generate(mod, prompt(7), max_new_tokens=NEW)
     loaded = eqfuse.load(mod.save(tmp_path / "gpt2.eqf"))
-    assert [dict(key) for key, _ in loaded.default.live_modules] == [{"past": CAPACITY, "sequence": 1,
-                                                                       "total": CAPACITY + 1}]  # no batch: bucketed
+    cap = de.POSITIONS  # (the chunk step of 16 rows and the decode step over the cache at 128 rows)
+    assert [dict(key) for key, _ in loaded.default.live_modules] == [
+        {"past": cap + 1 - PREFILL_MIN, "sequence": PREFILL_MIN, "total": cap + 1},
+        {"past": cap, "sequence": 1, "total": cap + 1}]  # no batch: bucketed
     for b in (1, 3):
         ids = np.random.default_rng(b).integers(0, de.VOCAB, (b, 6)).astype(np.int64)
         np.testing.assert_array_equal(eqfuse.generate(loaded, ids, max_new_tokens=NEW),
