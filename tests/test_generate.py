@@ -29,7 +29,6 @@ from eqfuse.generation import (  # noqa: E402
     load_decoder,
     module_signature,
     onnx_signature,
-    prefill_plan,
     step_maker,
 )
 
