@@ -711,6 +711,7 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
                               f"{', '.join(missing)}; bind with --dim NAME=INT")
         folded = fold(g, params_of(g, weights), opts.get("fuse", True))
         opt, _ = optimize(folded.graph, dims=gd, **opts)
-        _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision, live=live)
+        _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision, live=live,
+                             arrays=folded.params if live else None)
         out.append(f"# graph {g.name}: {running(plans)[0]} kernels\n" + format_uops(plans, uops))
     return "\n\n".join(out)

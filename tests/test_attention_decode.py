@@ -303,3 +303,45 @@ def test_grouped_query_decode_reads_each_cache_row_once():
             assert np.all(err <= bound), (g, t + 1, float(np.max(err / bound)))
     text = uops_text(GROUPED, dims={"P": 160}, live="P")
     assert "kv_rows=4" in text and "tasks of 4 query rows, each k and v row read once for them" in text
+
+
+CHUNK = """
+graph step(q: f32[1, 2, 3, 16], past_k: f32[1, 2, P, 16], past_v: f32[1, 2, P, 16], k: f32[1, 2, 3, 16],
+           v: f32[1, 2, 3, 16], cm: f32[3, 9]) {
+    keys = concat(past_k, k, axis=2)
+    values = concat(past_v, v, axis=2)
+    a = softmax(q @ transpose(keys, perm=[0, 1, 3, 2]) * 0.25 + cm, axis=-1) @ values
+    return a, keys, values
+}
+"""
+
+
+def test_an_attention_over_several_new_rows_reads_its_causal_mask_at_the_live_length():
+    """A step of 3 new rows over a cache of capacity 6 (a prompt's chunk): its causal mask, bound
+    and computed with the past at the capacity (0 where key j <= 6 + query i, -inf elsewhere), is
+    read at key column j + 6 - L (the plan's causal_input), so query i sees keys 0 .. L + i. At
+    live lengths 0 .. 6, the spare rows NaN, within the f32 attention bound against float64. A
+    mask over the query rows and keys that is not that one is refused: it would hold the
+    capacity's mask, not the live length's."""
+    causal = np.where(np.arange(9)[None, :] <= 6 + np.arange(3)[:, None], 0.0, -np.inf).astype(np.float32)
+    step = eqfuse.compile(CHUNK, dims={"P": 6}, live="P", params={"cm": causal})
+    (att,) = [k for k in step.kernels if k.kind == "attention"]
+    assert att.decisions["causal_input"] >= 0 and att.decisions["live"] == "keys at run time: live + 3 of 9 rows"
+    rng = np.random.default_rng(2)
+    for t in range(7):
+        bufs = [np.full((1, 2, 9, 16), np.nan, np.float32) for _ in range(2)]
+        for b in bufs:
+            b[:, :, :t] = rng.standard_normal((1, 2, t, 16), dtype=np.float32)
+        q, k, v = (rng.standard_normal((1, 2, 3, 16), dtype=np.float32) for _ in range(3))
+        a, keys, values = step(q=q, k=k, v=v, past_k=bufs[0], past_v=bufs[1], P_length=np.array([t]))
+        assert np.isnan(keys[:, :, t + 3:]).all() and np.array_equal(keys[:, :, t:t + 3], k)
+        kk, vv = (np.concatenate([b[:, :, :t], x], axis=2).astype(np.float64).reshape(2, t + 3, 16)
+                  for b, x in ((bufs[0], k), (bufs[1], v)))
+        for i in range(3):  # query i against its keys 0 .. t + i (the others weigh exactly 0)
+            ref, bound = attention_bound(q.astype(np.float64).reshape(2, 3, 16)[:, i:i + 1], kk[:, :t + i + 1],
+                                         vv[:, :t + i + 1], 0.25, None, 64, u=0.0)
+            assert np.all(np.abs(a[:, :, i:i + 1].reshape(ref.shape) - ref) <= bound), (t, i)
+    other = causal.copy()
+    other[0, 2] = -np.inf  # (a key hidden from query 0 as well: not the causal mask)
+    with pytest.raises(eqfuse.EqfuseError, match="not a causal mask computed at compile time"):
+        eqfuse.compile(CHUNK, dims={"P": 6}, live="P", params={"cm": other})
