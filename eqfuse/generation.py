@@ -12,6 +12,14 @@ present; its attentions read keys 0 .. t. So a decode step at any t <= C runs th
 code, never reads the rows past t, and copies one row per cache, whatever t. It is compiled
 during the prefill: the decode steps run no compiler.
 
+The prefill in chunks. The same model compiled with sequence = n and past = C + 1 - n (the chunk
+step: its buffers and mask are the decode step's) appends n rows at rows t .. t + n - 1 and
+attends to the rows before them and, causally, to its own (the export's causal mask read at the
+live length: eqfuse.backend.live._causal). A prompt runs as chunks of a compiled n
+(Decoder.prefill_chunks, chunk_plan), so once a model has its chunk and decode steps, a prompt
+of any length up to the capacity runs with no compiler; the capacity is the model's position
+table's length when it has one (live_capacity).
+
 Without such a step (onnxruntime in the tests, a Module compiled with its dims bound), the driver
 falls back to the cache at a fixed capacity described next.
 
@@ -436,7 +444,9 @@ def chunk_plan(model, sig: Signature, s: int, batch: int, capacity: int) -> int:
 
 def prefill_plan(model, sig: Signature, s: int) -> tuple[int, int]:
     """(how many of a prompt of s tokens the prefill takes, the length it runs at, the prompt
-    padded: Decoder.prefill); the rest goes through the decode step a token at a time.
+    padded: Decoder.prefill); the rest goes through the decode step a token at a time. For a
+    model without a chunk step (generate prefills in chunks where it can: chunk_plan): a Module
+    loaded from an artifact saved before chunked prefill.
 
     A model bound per call (an ONNX decoder compiled by eqfuse.compile) has its prefill compiled
     per length: the prompt is padded to the smallest length compiled that holds it, so a prompt
