@@ -51,6 +51,10 @@ PREFILL_MIN = 16  # the shortest prefill compiled: short prompts share one compi
 # the longest prompt chunk compiled (chunk_plan): a longer prompt runs as chunks of it, or of the
 # longest chunk already compiled, with no compile
 CHUNK_MAX = 256
+# the largest position table whose every position the cache holds from the first generation
+# (live_capacity): GPT-2's 1024 and models of 2048 or 4096 positions; a longer table's cache
+# would take memory for positions few generations reach, so it grows as needed instead
+LIVE_CAPACITY_MAX = 4096
 
 
 def capacity_for(length: int) -> int:
@@ -60,10 +64,10 @@ def capacity_for(length: int) -> int:
 
 def live_capacity(sig: "Signature", length: int) -> int:
     """The capacity of a cache in place (the chunk and decode steps, compiled per capacity): every
-    position of the model's position table when it has one (so that any prompt and generation
-    the model can hold runs on the steps compiled once: a larger capacity costs the buffers'
-    memory, not time, docs/generation.md), else capacity_for(length)."""
-    if sig.max_positions is not None and sig.max_positions >= length:
+    position of the model's position table when it has one of at most LIVE_CAPACITY_MAX (so that
+    any prompt and generation the model can hold runs on the steps compiled once: a larger
+    capacity costs the buffers' memory, not time, docs/generation.md), else capacity_for(length)."""
+    if sig.max_positions is not None and length <= sig.max_positions <= LIVE_CAPACITY_MAX:
         return max(MIN_CAPACITY, sig.max_positions)
     return capacity_for(length)
 
