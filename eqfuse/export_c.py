@@ -311,7 +311,7 @@ def weights_source(lib: str, data: bytes) -> str:
 def example_source(lib: str, graphs) -> str:
     """example.c: every graph run on example_inputs.bin and compared with example_expected.bin
     (floats within atol 1e-5 + rtol 1e-4 of each element, or of the output's largest element in a
-    graph with a Winograd conv, as `eqfuse run --verify`: eqfuse.runtime.verify; integers and bools
+    graph with a kernel that sums products, as `eqfuse run --verify`: eqfuse.runtime.verify; integers and bools
     exactly)."""
     from eqfuse.runtime.verify import ATOL, OUTPUT, RTOL
 
@@ -370,9 +370,9 @@ static void* take(buffer* b, long bytes)
     return p;
 }}
 
-/* floats within ATOL + RTOL x |expected| per element, or with by_output (a graph with a Winograd
- * conv, whose rounding is bounded relative to its map's magnitudes, not each element's: see
- * eqfuse's runtime/verify.py) ATOL + RTOL x the output's largest |expected|; the rest exactly */
+/* floats within ATOL + RTOL x |expected| per element, or with by_output (a graph with a kernel
+ * that sums products, whose rounding is bounded relative to the products' magnitudes, not each
+ * element's: see eqfuse's runtime/verify.py) ATOL + RTOL x the output's largest |expected|; the rest exactly */
 static int check(const char* graph, const char* name, const void* got, const void* want, long n, int item, char kind,
                  int by_output)
 {{
@@ -406,7 +406,7 @@ static int check(const char* graph, const char* name, const void* got, const voi
             worst = err;
     }}
     printf("%s: %s: %ld elements, max abs error %.3g%s: %s\\n", graph, name, n, worst,
-           by_output && kind == 'f' ? " (bound relative to the output's largest value: a Winograd conv)" : "",
+           by_output && kind == 'f' ? " (bound relative to the output's largest value: a sum of products)" : "",
            bad ? "MISMATCH" : "ok");
     return bad != 0;
 }}

@@ -12,6 +12,14 @@ present; its attentions read keys 0 .. t. So a decode step at any t <= C runs th
 code, never reads the rows past t, and copies one row per cache, whatever t. It is compiled
 during the prefill: the decode steps run no compiler.
 
+The prefill in chunks. The same model compiled with sequence = n and past = C + 1 - n (the chunk
+step: its buffers and mask are the decode step's) appends n rows at rows t .. t + n - 1 and
+attends to the rows before them and, causally, to its own (the export's causal mask read at the
+live length: eqfuse.backend.live._causal). A prompt runs as chunks of a compiled n
+(Decoder.prefill_chunks, chunk_plan), so once a model has its chunk and decode steps, a prompt
+of any length up to the capacity runs with no compiler; the capacity is the model's position
+table's length when it has one (live_capacity).
+
 Without such a step (onnxruntime in the tests, a Module compiled with its dims bound), the driver
 falls back to the cache at a fixed capacity described next.
 
@@ -40,11 +48,28 @@ from eqfuse.errors import ArgumentError, EqfuseError
 
 MIN_CAPACITY = 16  # the smallest cache capacity: a short generation shares one decode compile
 PREFILL_MIN = 16  # the shortest prefill compiled: short prompts share one compile (prefill_plan)
+# the longest prompt chunk compiled (chunk_plan): a longer prompt runs as chunks of it, or of the
+# longest chunk already compiled, with no compile
+CHUNK_MAX = 256
+# the largest position table whose every position the cache holds from the first generation
+# (live_capacity): GPT-2's 1024 and models of 2048 or 4096 positions; a longer table's cache
+# would take memory for positions few generations reach, so it grows as needed instead
+LIVE_CAPACITY_MAX = 4096
 
 
 def capacity_for(length: int) -> int:
     """The cache capacity that holds `length` rows: the power of two at or above it, at least 16."""
     return max(MIN_CAPACITY, 1 << max(length - 1, 0).bit_length())
+
+
+def live_capacity(sig: "Signature", length: int) -> int:
+    """The capacity of a cache in place (the chunk and decode steps, compiled per capacity): every
+    position of the model's position table when it has one of at most LIVE_CAPACITY_MAX (so that
+    any prompt and generation the model can hold runs on the steps compiled once: a larger
+    capacity costs the buffers' memory, not time, docs/generation.md), else capacity_for(length)."""
+    if sig.max_positions is not None and length <= sig.max_positions <= LIVE_CAPACITY_MAX:
+        return max(MIN_CAPACITY, sig.max_positions)
+    return capacity_for(length)
 
 
 class Signature:
@@ -99,13 +124,24 @@ def onnx_signature(path: str | os.PathLike) -> Signature:
     return sig
 
 
+_POSITIONS: dict[tuple, int | None] = {}  # (path, mtime, size) -> its position table's length
+
+
 def module_signature(model) -> Signature:
-    """The Signature of a compiled Module's first graph (no position limit: the ONNX file has it)."""
+    """The Signature of a compiled Module's first graph, with the position limit of the ONNX file
+    it was compiled from (read once per file) when it was compiled from one."""
     f = model.default
     inputs = getattr(f, "inputs", None)  # a model bound per call (runtime.padded)
     if inputs is None:
         inputs = [(n, t.shape) for n, t in f.source.params if n in f.free]
-    return Signature(inputs, getattr(model, "max_positions", None))
+    sig = Signature(inputs, getattr(model, "max_positions", None))
+    path = getattr(f, "onnx_path", None)
+    if sig.max_positions is None and path is not None and os.path.isfile(path):
+        key = (os.path.realpath(path), os.path.getmtime(path), os.path.getsize(path))
+        if key not in _POSITIONS:
+            _POSITIONS[key] = onnx_signature(path).max_positions
+        sig.max_positions = _POSITIONS[key]
+    return sig
 
 
 class Decoder:
@@ -176,6 +212,49 @@ class Decoder:
         self.mask[:, :s] = 1
         self.mask[:, -1 if self.live_step is None else s] = 1
         return logits[:, s - 1]
+
+    def prefill_chunks(self, ids: np.ndarray, n: int) -> np.ndarray:
+        """prefill's result through the chunk step of n rows (a live step: make_step(batch,
+        capacity, n)), the prompt run as successive chunks of n tokens at live lengths 0, n, 2n,
+        ...: each appends its rows to the cache in place and attends to the rows before it (the
+        earlier chunks') and, causally, to its own. The last chunk is padded at its end to n
+        tokens (id 0 at position 0, masked out; its padded rows, written past the live ones, are
+        never read: the next token's row overwrites the first). A last chunk whose n rows would
+        not fit the buffers runs through the decode step a token at a time."""
+        b, s = ids.shape
+        cap = self.capacity
+        if s > cap:
+            raise ArgumentError(f"generate: a prompt of {s} tokens does not fit a cache of {cap}")
+        chunk = self.make_step(b, cap, n)
+        self.live_step = self.make_step(b, cap)
+        self.cache = [np.zeros((b, h, cap + 1, d), np.float32) for _, (_, h, _, d) in self.sig.pasts]
+        self.mask = np.zeros((b, cap + 1), np.int64)
+        t, logits = 0, None
+        while t < s and t + n <= cap + 1:
+            m = min(n, s - t)
+            self._check_positions(t + m - 1)
+            part = np.zeros((b, n), np.int64)
+            part[:, :m] = ids[:, t:t + m]
+            positions = np.zeros((b, n), np.int64)
+            positions[:, :m] = np.arange(t, t + m, dtype=np.int64)
+            self.mask[:, :t + m] = 1
+            self.mask[:, t + m:] = 0
+            feeds = {self.sig.ids: part, self.sig.mask: self.mask, self.sig.positions: positions,
+                     LENGTH: np.array([t], np.int64)}
+            feeds.update({name: c for (name, _), c in zip(self.sig.pasts, self.cache)})
+            outs = list(chunk(feeds))
+            for k, (p, c) in enumerate(zip(outs[1:], self.cache)):
+                if p is not c:
+                    self._check_present(self.sig.pasts[k][0], p, c.shape)
+                    self.cache[k] = p
+            logits = outs[0][:, m - 1]
+            t += m
+        self.length = t
+        self.mask[:, t + 1:] = 0
+        self.mask[:, :t + 1] = 1  # the live rows and the next token's
+        for j in range(t, s):  # (a last chunk that would not fit: a token at a time)
+            logits = self.step(ids[:, j:j + 1])
+        return logits
 
     def prefill_by_steps(self, ids: np.ndarray) -> np.ndarray:
         """prefill's result, the prompt fed one token at a time to the decode step (an empty cache
@@ -306,12 +385,14 @@ def load_decoder(path: str | os.PathLike):
 LENGTH = "past_length"  # the decode step's live length input (compile's live="past": pipeline.length_input)
 
 
-def step_dims(sig: Signature, capacity: int, batch: int | None = None) -> dict[str, int]:
+def step_dims(sig: Signature, capacity: int, batch: int | None = None, rows: int = 1) -> dict[str, int]:
     """The dims of the decode step over a cache of `capacity` rows (one new token, the mask over
     the capacity and the new row), with the batch when it is given (a step compiled per batch
-    size) and left a batch dim when not (a step compiled on the batch buckets)."""
+    size) and left a batch dim when not (a step compiled on the batch buckets). With `rows` > 1,
+    the chunk step of that many new tokens over the same buffers: past = capacity + 1 - rows,
+    so that its buffers [.., past + rows, ..] and mask are the decode step's."""
     ids, mask, past = sig.shapes[sig.ids], sig.shapes[sig.mask], sig.pasts[0][1]
-    dims = {ids[0]: batch, ids[1]: 1, past[2]: capacity, mask[1]: capacity + 1}
+    dims = {ids[0]: batch, ids[1]: rows, past[2]: capacity + 1 - rows, mask[1]: capacity + 1}
     return {k: v for k, v in dims.items() if isinstance(k, str) and v is not None}
 
 
@@ -328,18 +409,48 @@ def step_maker(module, sig: Signature):
         return None
     live = sig.pasts[0][1][2]
 
-    def make(batch: int, capacity: int):
-        any_batch = step_dims(sig, capacity)
+    def make(batch: int, capacity: int, rows: int = 1):
+        any_batch = step_dims(sig, capacity, rows=rows)
         key = (tuple(sorted(any_batch.items())), live)
         bucketed = key in f.live_modules or (f.batch_dim is not None and f.batch_dim in getattr(f, "batch_buckets", {}))
-        step = f.live_module(any_batch if bucketed else step_dims(sig, capacity, batch), live)
+        step = f.live_module(any_batch if bucketed else step_dims(sig, capacity, batch, rows), live)
         return lambda feeds: step(**feeds)
     return make
 
 
+def held_chunks(model, sig: Signature, batch: int, capacity: int) -> list[int]:
+    """The lengths of the chunk steps (step_dims' rows > 1) a model bound per call holds compiled
+    over a cache of `capacity` rows at `batch` (or on batch buckets), shortest first."""
+    f = model.default
+    if not hasattr(f, "live_modules"):
+        return []
+    seq, past = sig.shapes[sig.ids][1], sig.pasts[0][1][2]
+    batch_dim = sig.shapes[sig.ids][0]
+    return sorted({d[seq] for d in (dict(key) for key, live in f.live_modules if live == past)
+                   if d.get(seq, 1) > 1 and d[past] + d[seq] == capacity + 1 and d.get(batch_dim, batch) == batch})
+
+
+def chunk_plan(model, sig: Signature, s: int, batch: int, capacity: int) -> int:
+    """The chunk length n a prompt of s tokens is prefilled with (Decoder.prefill_chunks), for a
+    model bound per call (an ONNX decoder compiled by eqfuse.compile) at this capacity and batch:
+    the shortest chunk step compiled that holds the prompt (one chunk); else the longest compiled
+    (the prompt in chunks of it, with no compile); with none, the prompt's bucket, the power of
+    two at or above s, at least PREFILL_MIN and at most CHUNK_MAX (and the capacity): compiled
+    once, then it serves every prompt up to the capacity."""
+    held = held_chunks(model, sig, batch, capacity)
+    fits = [n for n in held if n >= s]
+    if fits:
+        return fits[0]
+    if held:
+        return held[-1]
+    return min(max(PREFILL_MIN, 1 << max(s - 1, 0).bit_length()), CHUNK_MAX, capacity)
+
+
 def prefill_plan(model, sig: Signature, s: int) -> tuple[int, int]:
     """(how many of a prompt of s tokens the prefill takes, the length it runs at, the prompt
-    padded: Decoder.prefill); the rest goes through the decode step a token at a time.
+    padded: Decoder.prefill); the rest goes through the decode step a token at a time. For a
+    model without a chunk step (generate prefills in chunks where it can: chunk_plan): a Module
+    loaded from an artifact saved before chunked prefill.
 
     A model bound per call (an ONNX decoder compiled by eqfuse.compile) has its prefill compiled
     per length: the prompt is padded to the smallest length compiled that holds it, so a prompt
@@ -389,7 +500,7 @@ def held_steps(model, sig: Signature, batch: int) -> tuple[set[int], set[int]] |
     seq, past = shapes[sig.ids][1], shapes[sig.pasts[0][0]][2]
     if hasattr(f, "live_modules"):  # bound per call (runtime.padded): its buckets and decode steps
         binds = [dict(zip(f.padded, key)) for key in f.modules]
-        steps = [dict(key) for key, live in f.live_modules if live == past]
+        steps = [d for d in (dict(key) for key, live in f.live_modules if live == past) if d.get(seq, 1) == 1]
     else:
         binds = [dict(key) for key in list(f.cache) + list(f.buckets)]
         steps = [b for b in binds if b.get(seq) == 1]
@@ -435,7 +546,8 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
         raise ArgumentError(f"generate: a prompt of {s} tokens and {max_new_tokens} new tokens reach position "
                             f"{s + max_new_tokens - 2}, past the model's maximum of {sig.max_positions} positions")
     need, held = s + max_new_tokens - 1, held_steps(model, sig, b)
-    capacity = capacity_for(need)
+    chunked = held is None and step is not None  # a prompt in chunks over the cache in place
+    capacity = live_capacity(sig, need) if chunked else capacity_for(need)
     if held is not None:  # a loaded Module: the smallest capacity it holds that fits
         fits = sorted(c for c in held[1] if c >= need)
         if not fits:
@@ -444,12 +556,16 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
                                 f"tokens and {max_new_tokens} new tokens need {need}: generate with the compiled "
                                 "model at this length and batch once, then save it again")
         capacity = fits[0]
+        # (a loaded Module runs its prompt in chunks when it holds a chunk step at that capacity)
+        chunked = step is not None and bool(held_chunks(model, sig, b, capacity))
     dec = Decoder(sig, run, capacity, step)
     rng = np.random.default_rng(seed)
     out = [ids]
     done = np.zeros(b, bool)
-    first, length = prefill_plan(model, sig, s) if step is not None else (s, s)
-    if first:
+    first, length = prefill_plan(model, sig, s) if step is not None and not chunked else (s, s)
+    if chunked:
+        logits = dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, capacity))
+    elif first:
         logits = dec.prefill(ids[:, :first], length)
         for j in range(first, s):  # (a loaded Module's prompt longer than its prefills)
             logits = dec.step(ids[:, j:j + 1])
@@ -467,4 +583,4 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     return np.concatenate(out, axis=1)
 
 
-__all__ = ["generate", "load_decoder", "Decoder", "held_steps", "prefill_plan", "step_dims", "step_maker", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]
+__all__ = ["generate", "load_decoder", "Decoder", "held_steps", "prefill_plan", "chunk_plan", "live_capacity", "step_dims", "step_maker", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]

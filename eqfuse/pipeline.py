@@ -311,14 +311,15 @@ def optimize_model(src, *, cost: str = "memory", rules: Sequence = (), disable: 
 
 
 def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: frozenset[str] = frozenset(),
-          precision: str = "f32", live: str | None = None):
+          precision: str = "f32", live: str | None = None, arrays: Mapping | None = None):
     """(kernelized graph, plans) for one dims binding; `params` names the inputs bound by params=
     (a GEMM prepacks such a B operand once); `precision` is compile's precision= (each plan says
     what its kernel computes in: KernelPlan.precision); `live` is compile's live= (the cache
-    appends and attentions then take the live length at run time: eqfuse.backend.live)."""
+    appends and attentions then take the live length at run time: eqfuse.backend.live), which
+    may read the bound inputs' values `arrays` (a causal mask over a prompt's chunk)."""
     bound = bind_dims(g, dims) if g.dims() else g
     return bound, *lower_graph(bound, machine(), fuse=fuse is not False, params=params, precision=precision,
-                               live=None if live is None else length_input(live))
+                               live=None if live is None else length_input(live), arrays=arrays)
 
 
 def running(plans) -> tuple[int, int]:
@@ -387,14 +388,14 @@ def kernel_infos(kg: Graph, plans, sources: Mapping[str, str], graph: str | None
 
 def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: frozenset[str] = frozenset(),
           names: list[str] | None = None, panels=None, precision: str = "f32",
-          record: dict | None = None, live: str | None = None) -> list[Compiled]:
+          record: dict | None = None, live: str | None = None, arrays: Mapping | None = None) -> list[Compiled]:
     """One Compiled per dims binding, all in one C module (one compiler run); `names` renames the
     graph per binding, so that their kernels and run functions differ. `record` (the report's
     "precision") gets each kernel's precision and instruction path."""
     lowered = []
     for k, dims in enumerate(bindings):
         gk = replace(g, name=names[k]) if names else g
-        bound, kg, plans = lower(gk, dims, fuse, params, precision, live)
+        bound, kg, plans = lower(gk, dims, fuse, params, precision, live, arrays)
         lowered.append((bound, kg, plans, plan_memory(kg, plans)))
         if record is not None:
             record.update(precision_entries(plans))
@@ -417,10 +418,11 @@ def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: froze
 
 
 def builder(fuse: bool | str, params: frozenset[str] = frozenset(), precision: str = "f32",
-            record: dict | None = None, live: str | None = None):
-    """`build` for a GraphFunction, which calls it with each new dims binding."""
+            record: dict | None = None, live: str | None = None, arrays: Mapping | None = None):
+    """`build` for a GraphFunction, which calls it with each new dims binding (`arrays`: the
+    bound inputs' values, for live=)."""
     def build_bindings(g: Graph, bindings: list[dict], names: list[str] | None = None, panels=None):
-        return build(g, bindings, fuse, params, names, panels, precision, record, live)
+        return build(g, bindings, fuse, params, names, panels, precision, record, live, arrays)
     return build_bindings
 
 
@@ -604,7 +606,8 @@ def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, s
                                 f"a dimension is either fixed or a batch dim")
     batch = batch_dim(g, dims, opts.buckets, params)
     f = GraphFunction(g, opt, folded.params, dims, builder(opts.fuse, frozenset(folded.params), opts.precision,
-                                                           report["precision"], opts.live),
+                                                           report["precision"], opts.live,
+                                                           folded.params if opts.live else None),
                       opts.verify, opts.threads, batch, shared.panels if shared is not None else None)
     if all(d in dims for d in g.dims()):
         c = f.compiled(dims)  # everything is known: compile now, so errors show here
@@ -660,6 +663,7 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
         batch = next((s[0] for _, s in inputs if s and isinstance(s[0], str) and s[0] not in dims), None)
         f = PaddedFunction(graph_name(proto), inputs, dims, batch, buckets or {}, build_bucket,
                            lambda d: import_with_params(src, dims={**dims, **d}))
+        f.onnx_path = os.fspath(src)  # (eqfuse.generate reads a decoder's position table from it)
         del proto
     else:
         params = opts.params
@@ -707,6 +711,7 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
                               f"{', '.join(missing)}; bind with --dim NAME=INT")
         folded = fold(g, params_of(g, weights), opts.get("fuse", True))
         opt, _ = optimize(folded.graph, dims=gd, **opts)
-        _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision, live=live)
+        _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision, live=live,
+                             arrays=folded.params if live else None)
         out.append(f"# graph {g.name}: {running(plans)[0]} kernels\n" + format_uops(plans, uops))
     return "\n\n".join(out)

@@ -113,6 +113,29 @@ def selected_params(request, test: str, name: str, **given) -> list:
     return out
 
 
+def covering(*axes, ids=None) -> list:
+    """pytest params of every combination of the axes' values (a value that is a tuple gives
+    several arguments: a tuple argument is written as a 1-tuple of it), the combinations beyond a covering set marked `extended` (the suite's time,
+    docs/testing.md): the default run takes the cases i = (each axis's value i mod its length)
+    for i below the longest axis's length, so every value of every axis runs there, and
+    `-m extended` runs the rest of the product.
+
+        @pytest.mark.parametrize("op,H", covering(["max", "avg"], [3, 5, 7]))  # 3 cases, 3 extended
+    """
+    import itertools
+
+    import pytest
+
+    longest = max(len(a) for a in axes)
+    default = {tuple(a[i % len(a)] for a in axes) for i in range(longest)}
+    out = []
+    for combo in itertools.product(*axes):
+        args = [x for v in combo for x in (v if isinstance(v, tuple) else (v,))]
+        marks = [] if combo in default else [pytest.mark.extended]
+        out.append(pytest.param(*args, marks=marks, id=ids(combo) if ids else None))
+    return out
+
+
 def nearest_f32(text: str) -> np.float32:
     """The oracle: the f32 nearest to the exact rational value of a decimal, ties to the even
     significand, inf from the overflow threshold on (IEEE 754 round to nearest, with 2^128 as the

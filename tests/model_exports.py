@@ -175,13 +175,15 @@ DEFAULT_EXPORTER = {"bert": "dynamo", "gpt2": "torchscript", "vit": "dynamo", "r
                     "mixer": "torchscript"}
 
 
-def matrix(names=MODELS, exporters=EXPORTERS) -> list:
+def matrix(names=MODELS, exporters=EXPORTERS, default=MODELS) -> list:
     """pytest params (name, exporter) of every model and exporter; the pairs that are not the
-    model's DEFAULT_EXPORTER are marked `extended`."""
+    model's DEFAULT_EXPORTER, and every pair of a model not in `default`, are marked `extended`."""
     import pytest
 
-    return [pytest.param(n, e, marks=[] if DEFAULT_EXPORTER.get(n, e) == e else [pytest.mark.extended], id=f"{n}-{e}")
-            for n in names for e in exporters]
+    def marks(n, e):
+        return [] if n in default and DEFAULT_EXPORTER.get(n, e) == e else [pytest.mark.extended]
+
+    return [pytest.param(n, e, marks=marks(n, e), id=f"{n}-{e}") for n in names for e in exporters]
 
 
 def inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:

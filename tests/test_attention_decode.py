@@ -244,3 +244,104 @@ def test_grouped_query_keys_scaled_in_front_of_the_repeat():
         q3, k3, v3, _ = reference(q.astype(np.float64), *live, 0.0625)
         ref, bound = attention_bound(q3, k3, v3, 0.0625, None, 64, u=0.0)
         assert np.all(np.abs(a.reshape(ref.shape) - ref) <= bound), t
+
+
+GROUPS = ((1, 64, 64), (2, 64, 64), (3, 24, 8), (4, 64, 32))  # (g query heads per key/value head, D, Dv)
+GROUPED = "graph step(" + ", ".join(
+    f"q{g}: f32[2, {2 * g}, 1, {d}], pk{g}: f32[2, 2, P, {d}], pv{g}: f32[2, 2, P, {dv}], k{g}: f32[2, 2, 1, {d}], "
+    f"v{g}: f32[2, 2, 1, {dv}], m{g}: f32[2, {2 * g}, 1, 161]" for g, d, dv in GROUPS) + ") {\n" + "".join(
+    f"    keys{g} = concat(pk{g}, k{g}, axis=2)\n    values{g} = concat(pv{g}, v{g}, axis=2)\n"
+    + (f"    rk{g} = keys{g}\n    rv{g} = values{g}\n" if g == 1 else
+       f"    rk{g} = reshape(expand(unsqueeze(keys{g}, axis=2), shape=[1, 1, {g}, 1, 1]), shape=[2, {2 * g}, -1, {d}])\n"
+       f"    rv{g} = reshape(expand(unsqueeze(values{g}, axis=2), shape=[1, 1, {g}, 1, 1]), shape=[2, {2 * g}, -1, {dv}])\n")
+    + f"    a{g} = softmax(q{g} @ transpose(rk{g}, perm=[0, 1, 3, 2]) * 0.125 + m{g}, axis=-1) @ rv{g}\n"
+    for g, d, dv in GROUPS) + "    return " + ", ".join(f"a{g}" for g, _, _ in GROUPS) + ", " + ", ".join(
+    f"keys{g}, values{g}" for g, _, _ in GROUPS) + "\n}\n"
+
+
+def test_grouped_query_decode_reads_each_cache_row_once():
+    """Grouped-query decode attention with g = 1, 2, 3 and 4 query heads per key/value head (2 of
+    them; head sizes 64 and 24 with values of 8, the vector and portable paths): one task per
+    (batch, key/value head) computes its g query rows in one pass over the cache's rows (the plan's
+    kv_rows = g; each k and v row loaded once per task: the schedule's counts), with a mask of its
+    own per query head (each row's score ops at its own offsets). Live lengths that end a block
+    of 64 keys, and pass it, up to the whole buffer (1, 63, 64, 65, 128, 129 and 160 keys) at
+    capacity 160, the spare rows and mask columns NaN: within the f32 attention bound (u = 0)
+    against float64."""
+    step = eqfuse.compile(GROUPED, dims={"P": 160}, live="P")
+    ks = [k for k in step.kernels if k.kind == "attention"]
+    assert [(k.decisions["kv_group"], k.decisions["kv_rows"]) for k in ks] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+    assert all(k.decisions["decode"] == 1 for k in ks)
+    assert all(k.kind in ("attention", "layout", "view") for k in step.kernels)  # (no repeat kernel)
+    rng = np.random.default_rng(11)
+    bufs = {f"p{x}{g}": np.full((2, 2, 161, d if x == "k" else dv), np.nan, np.float32)
+            for g, d, dv in GROUPS for x in "kv"}
+    for t in (0, 62, 63, 64, 127, 128, 159):
+        for b in bufs.values():
+            b[:, :, :t] = rng.standard_normal(b[:, :, :t].shape, dtype=np.float32)
+            b[:, :, t:] = np.nan
+        x = {}
+        for g, d, dv in GROUPS:
+            x[f"q{g}"] = rng.standard_normal((2, 2 * g, 1, d), dtype=np.float32)
+            x[f"k{g}"] = rng.standard_normal((2, 2, 1, d), dtype=np.float32)
+            x[f"v{g}"] = rng.standard_normal((2, 2, 1, dv), dtype=np.float32)
+            m = np.full((2, 2 * g, 1, 161), np.nan, np.float32)
+            m[..., :t + 1] = np.where(rng.random((2, 2 * g, 1, t + 1)) < 0.2, -1e4, 0.0)
+            m[..., t] = 0.0
+            x[f"m{g}"] = m
+        outs = step(**x, **bufs, P_length=np.array([t]))
+        for (g, d, dv), y in zip(GROUPS, outs):
+            live = [bufs[f"p{c}{g}"][:, :, :t + 1].astype(np.float64) for c in "kv"]
+            for c, w in zip(live, (x[f"k{g}"], x[f"v{g}"])):
+                c[:, :, t] = w[:, :, 0]  # (the new row, appended at t)
+            H = 2 * g
+            q3 = x[f"q{g}"].astype(np.float64).reshape(2 * H, 1, d)
+            k3, v3 = (np.repeat(c, g, axis=1).reshape(2 * H, t + 1, -1) for c in live)
+            m3 = x[f"m{g}"][..., :t + 1].astype(np.float64).reshape(2 * H, 1, t + 1)
+            ref, bound = attention_bound(q3, k3, v3, 0.125, m3, 64, u=0.0)
+            err = np.abs(y.reshape(ref.shape).astype(np.float64) - ref)
+            assert np.all(err <= bound), (g, t + 1, float(np.max(err / bound)))
+    text = uops_text(GROUPED, dims={"P": 160}, live="P")
+    assert "kv_rows=4" in text and "tasks of 4 query rows, each k and v row read once for them" in text
+
+
+CHUNK = """
+graph step(q: f32[1, 2, 3, 16], past_k: f32[1, 2, P, 16], past_v: f32[1, 2, P, 16], k: f32[1, 2, 3, 16],
+           v: f32[1, 2, 3, 16], cm: f32[3, 9]) {
+    keys = concat(past_k, k, axis=2)
+    values = concat(past_v, v, axis=2)
+    a = softmax(q @ transpose(keys, perm=[0, 1, 3, 2]) * 0.25 + cm, axis=-1) @ values
+    return a, keys, values
+}
+"""
+
+
+def test_an_attention_over_several_new_rows_reads_its_causal_mask_at_the_live_length():
+    """A step of 3 new rows over a cache of capacity 6 (a prompt's chunk): its causal mask, bound
+    and computed with the past at the capacity (0 where key j <= 6 + query i, -inf elsewhere), is
+    read at key column j + 6 - L (the plan's causal_input), so query i sees keys 0 .. L + i. At
+    live lengths 0 .. 6, the spare rows NaN, within the f32 attention bound against float64. A
+    mask over the query rows and keys that is not that one is refused: it would hold the
+    capacity's mask, not the live length's."""
+    causal = np.where(np.arange(9)[None, :] <= 6 + np.arange(3)[:, None], 0.0, -np.inf).astype(np.float32)
+    step = eqfuse.compile(CHUNK, dims={"P": 6}, live="P", params={"cm": causal})
+    (att,) = [k for k in step.kernels if k.kind == "attention"]
+    assert att.decisions["causal_input"] >= 0 and att.decisions["live"] == "keys at run time: live + 3 of 9 rows"
+    rng = np.random.default_rng(2)
+    for t in range(7):
+        bufs = [np.full((1, 2, 9, 16), np.nan, np.float32) for _ in range(2)]
+        for b in bufs:
+            b[:, :, :t] = rng.standard_normal((1, 2, t, 16), dtype=np.float32)
+        q, k, v = (rng.standard_normal((1, 2, 3, 16), dtype=np.float32) for _ in range(3))
+        a, keys, values = step(q=q, k=k, v=v, past_k=bufs[0], past_v=bufs[1], P_length=np.array([t]))
+        assert np.isnan(keys[:, :, t + 3:]).all() and np.array_equal(keys[:, :, t:t + 3], k)
+        kk, vv = (np.concatenate([b[:, :, :t], x], axis=2).astype(np.float64).reshape(2, t + 3, 16)
+                  for b, x in ((bufs[0], k), (bufs[1], v)))
+        for i in range(3):  # query i against its keys 0 .. t + i (the others weigh exactly 0)
+            ref, bound = attention_bound(q.astype(np.float64).reshape(2, 3, 16)[:, i:i + 1], kk[:, :t + i + 1],
+                                         vv[:, :t + i + 1], 0.25, None, 64, u=0.0)
+            assert np.all(np.abs(a[:, :, i:i + 1].reshape(ref.shape) - ref) <= bound), (t, i)
+    other = causal.copy()
+    other[0, 2] = -np.inf  # (a key hidden from query 0 as well: not the causal mask)
+    with pytest.raises(eqfuse.EqfuseError, match="not a causal mask computed at compile time"):
+        eqfuse.compile(CHUNK, dims={"P": 6}, live="P", params={"cm": other})

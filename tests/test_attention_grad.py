@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import covering
 
 import eqfuse
 from eqfuse.ir.ops import OPS
@@ -27,9 +28,8 @@ def _numpy(op, arrays, names, attrs):
                          {"scale": attrs.get("scale", 1.0), "zero_nan": attrs.get("zero_nan", False)})
 
 
-@pytest.mark.parametrize("machine", ["avx2", "zen4"])
-@pytest.mark.parametrize("op", sorted(RESULT))
-@pytest.mark.parametrize("mask", [None, "2, 1, 1, 7", "2, 3, 5, 7"])
+@pytest.mark.parametrize("op,mask,machine", covering(
+    [(op, mask) for op in sorted(RESULT) for mask in (None, "2, 1, 1, 7", "2, 3, 5, 7")], ["avx2", "zen4"]))
 def test_kernel_matches_numpy(op, mask, machine):
     rng = np.random.default_rng(len(op) + (len(mask) if mask else 0))
     a = _arrays(rng)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import covering
 
 import eqfuse
 from eqfuse.backend.kinds.contraction.plan_gemm import pixels_as_rows
@@ -31,8 +32,8 @@ CASES = {  # (N, C, H, O, k, stride, padding): output pixels vs channels
 }
 
 
-@pytest.mark.parametrize("bound", [False, True], ids=["weights", "bound-weights"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case,bound", covering(list(CASES), [False, True],
+                                               ids=lambda c: f"{c[0]}-{'bound-weights' if c[1] else 'weights'}"))
 def test_conv_with_bias_batchnorm_relu_and_residual_matches_the_reference(case, bound):
     N, C, H, O, k, s, p = CASES[case]
     OH = (H + 2 * p - k) // s + 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import covering
 
 import eqfuse
 from eqfuse.backend.kinds.contraction.conv import ConvDirectDetail
@@ -44,8 +45,7 @@ def _resnet(N, C, D, H):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("model,C,D", [("zen4", 32, 64), ("avx2", 16, 24)])
-@pytest.mark.parametrize("bound", [False, True], ids=["weights", "bound-weights"])
+@pytest.mark.parametrize("model,C,D,bound", covering([("zen4", 32, 64), ("avx2", 16, 24)], [True, False]))
 def test_a_resnet_stem_and_two_stages_stay_blocked_and_match_the_reference(model, C, D, bound):
     src, xs = _resnet(2, C, D, 30)
     ws = {k: v for k, v in xs.items() if k[0] == "w"}
@@ -92,9 +92,9 @@ graph p(x: f32[2, {C}, {H}, {H}], w: f32[{C}, {C}, 3, 3], v: f32[{C}, {C}, 3, 3]
 """
 
 
-@pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d", "avg_pool2d_pad"])
-@pytest.mark.parametrize("where", ["between", "in", "out"])
-@pytest.mark.parametrize("H,k,s,p", [(9, 3, 2, 1), (8, 2, 2, 0), (7, 3, 1, 1), (11, 3, 2, 1), (10, 5, 2, 2)])
+@pytest.mark.parametrize("op,where,H,k,s,p", covering(
+    [(op, where) for op in ("max_pool2d", "avg_pool2d", "avg_pool2d_pad") for where in ("between", "in", "out")],
+    [(9, 3, 2, 1), (8, 2, 2, 0), (7, 3, 1, 1), (11, 3, 2, 1), (10, 5, 2, 2)]))
 def test_pooling_in_blocks_matches_the_reference(op, where, H, k, s, p, monkeypatch):
     # between two convs (blocks in and out), after a conv as the graph's output (blocks in), on
     # the graph's input before a conv (NCHW); the channel-vector kernel (16 channels would
@@ -141,8 +141,7 @@ graph t(x: f32[1, 16, 6, 6], w1: f32[16, 16, 3, 3], w2: f32[16, 16, 3, 3]) -> (f
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("in_place", ["1", "0"], ids=["in-place", "padded-copy"])
-@pytest.mark.parametrize("H,s", [(12, 1), (13, 2), (5, 1), (3, 1)])
+@pytest.mark.parametrize("in_place,H,s", covering(["1", "0"], [(12, 1), (13, 2), (5, 1), (3, 1)]))
 def test_a_blocked_input_read_in_place_or_through_the_padded_copy_matches_the_reference(in_place, H, s, monkeypatch):
     # in place: the tiles whose window crosses the image's edges (all of them at 3 x 3, where the
     # window is wider than the image) copy it, zero padded; unbound weights (blocked in the call,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import covering
 
 import eqfuse
 from eqfuse.backend.kinds.contraction.conv import (
@@ -78,8 +79,8 @@ CASES = {  # (N, C, H, O, k, stride, padding)
 }
 
 
-@pytest.mark.parametrize("bound", [False, True], ids=["weights", "bound-weights"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case,bound", covering(list(CASES), [False, True],
+                                               ids=lambda c: f"{c[0]}-{'bound-weights' if c[1] else 'weights'}"))
 def test_direct_conv_with_bias_batchnorm_relu_and_residual_matches_the_reference(case, bound):
     conv = _check(*CASES[case], bound=bound)
     d = conv.detail
@@ -171,9 +172,8 @@ graph s(x: f32[2, 3, 32, 32], w: f32[16, 3, 7, 7]) -> f32[2, 16, 8, 8] {
     assert isinstance(kinds[0], ConvDirectDetail)
 
 
-@pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d"])
-@pytest.mark.parametrize("H,k,s,p", [(9, 3, 2, 1), (7, 3, 1, 1), (6, 2, 2, 1), (5, 5, 3, 2), (3, 3, 1, 1),
-                                     (37, 3, 2, 1), (40, 2, 2, 0), (70, 5, 2, 2)])
+@pytest.mark.parametrize("op,H,k,s,p", covering(["max_pool2d", "avg_pool2d"], [
+    (9, 3, 2, 1), (7, 3, 1, 1), (6, 2, 2, 1), (5, 5, 3, 2), (3, 3, 1, 1), (37, 3, 2, 1), (40, 2, 2, 0), (70, 5, 2, 2)]))
 def test_pooling_interior_and_border_pixels_match_the_reference(op, H, k, s, p):
     # stride 2 with more than 16 output pixels a row: the AVX-512 max pool's full and partial
     # 16-pixel steps, and its masked loads at both borders
@@ -310,8 +310,7 @@ def test_a_pixel_vector_conv_keeps_nchw():
             assert not p.detail.in_blocked and not p.detail.out_blocked
 
 
-@pytest.mark.parametrize("model", ["avx2", "zen4"])
-@pytest.mark.parametrize("H,s", [(16, 1), (23, 1), (37, 2), (20, 1)])
+@pytest.mark.parametrize("model,H,s", covering(["avx2", "zen4"], [(16, 1), (23, 1), (37, 2), (20, 1)]))
 def test_an_nchw_output_stored_in_blocks_then_reordered_matches_the_reference(model, H, s, monkeypatch):
     # conv_direct.c's REORDER: the result in blocks, then transposed VL x VL into NCHW rows (a
     # row's last VL pixels overlapping the previous ones unless VL divides it); with an NCHW

@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import covering
 
 import eqfuse
 from eqfuse.backend.kinds.contraction.conv import (
@@ -76,9 +77,9 @@ CASES = {  # (N, C, H, W, O, padding)
 }
 
 
-@pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
-@pytest.mark.parametrize("bound", [True, False], ids=["bound", "unbound"])
-def test_winograd_conv_matches_the_reference(case, bound, monkeypatch):
+@pytest.mark.parametrize("name,bound", covering(list(CASES), [True, False]))
+def test_winograd_conv_matches_the_reference(name, bound, monkeypatch):
+    case = CASES[name]
     monkeypatch.setenv("EQFUSE_CONV_WINOGRAD", "1")
     _check(*case, bound=bound)
 

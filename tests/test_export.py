@@ -15,7 +15,7 @@ import eqfuse
 from eqfuse.cli.main import main
 from eqfuse.export import export
 from eqfuse.frontend.load import load
-from eqfuse.runtime.verify import OUTPUT, compare, scale_for
+from eqfuse.runtime.verify import ELEMENT, OUTPUT, compare, scale_for
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
@@ -249,3 +249,22 @@ def test_a_winograd_conv_library_checks_its_example_against_the_outputs_scale(tm
     assert scale_for(mod.default.last.plans) == OUTPUT
     mod(x)
     assert compare([want + 2e-4 * np.abs(want).max()], [want], scale=OUTPUT)  # and still fails beyond it
+
+
+def test_the_output_scale_rule_covers_every_kernel_that_sums_products():
+    """A sum of K products rounds relative to the products' magnitudes (eqfuse.runtime.verify): a
+    matmul's or a direct conv's graph is checked against its output's scale, as Winograd's is; a
+    graph of pointwise kernels keeps the elementwise rule."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
+    mm = eqfuse.compile("graph m(x: f32[4, 8], w: f32[8, 3]) -> f32[4, 3] { return relu(x @ w) }", verify=True)
+    mm(x, w)
+    assert scale_for(mm.default.last.plans) == OUTPUT
+    pw = eqfuse.compile("graph p(x: f32[4, 8]) -> f32[4, 8] { return tanh(x) * 2 }", verify=True)
+    pw(x)
+    assert scale_for(pw.default.last.plans) == ELEMENT
+    # an element that cancels: 1e-3 from 0 where the output's scale is 1e3 passes by the output's
+    # rule and not by the elementwise one
+    want = np.array([[1e3, 0.0]], np.float32)
+    got = np.array([[1e3, 1e-3]], np.float32)
+    assert compare([got], [want], scale=OUTPUT) == [] and compare([got], [want], scale=ELEMENT) != []

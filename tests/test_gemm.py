@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import covering
 
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c, warnings_for
 from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm
@@ -87,19 +88,32 @@ def build_many(variants, hint):
     return build(HEADER + "\n".join(s for s, _ in parts), COMMON_CDEF + "\n" + "\n".join(c for _, c in parts), hint)
 
 
+def selected_variants(request) -> list:
+    """The variants the selected tests of this module run (`VARIANTS_OF`), in VARIANTS' order: the
+    default run takes a covering set of each test's cases (helpers.covering), `-m extended` all."""
+    want = set()
+    for item in request.session.items:
+        if item.module is request.module and getattr(item, "originalname", None) in VARIANTS_OF:
+            params = {k: v for k, v in item.callspec.params.items() if k != "threads"} \
+                if hasattr(item, "callspec") else {}
+            want.update(VARIANTS_OF[item.originalname](**params))
+    return [v for v in VARIANTS if v in want]
+
+
 @pytest.fixture(scope="module")
-def modules(tmp_path_factory):
+def modules(tmp_path_factory, request):
     cache = tmp_path_factory.mktemp("gemm-cache")
     mp = pytest.MonkeyPatch()
     mp.setenv("EQFUSE_CACHE_DIR", str(cache))
-    halves = [VARIANTS[: len(VARIANTS) // 2], VARIANTS[len(VARIANTS) // 2:]]
+    chosen = selected_variants(request)
+    halves = [chosen[: len(chosen) // 2], chosen[len(chosen) // 2:]]
     # One child process builds the second half (into the shared cache) while this one builds the
     # first; the second half is then a cache hit here. The child plans for the machine pinned
     # here (conftest's pin does not run there), else its sources would differ.
     pinned = dataclasses.asdict(machine())
-    child = subprocess.Popen([sys.executable, "-c", "from eqfuse import machine as m; "
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, 'tests'); from eqfuse import machine as m; "
                               f"m.pin(m.Machine(**{pinned!r}), clamp=False); import tests.test_gemm as t; "
-                              "t.build_many(t.VARIANTS[len(t.VARIANTS) // 2:], 'gemm_test_b')"],
+                              f"t.build_many({halves[1]!r}, 'gemm_test_b')"],
                              cwd=Path(__file__).parent.parent, env={**os.environ, "EQFUSE_CACHE_DIR": str(cache)},
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     first = build_many(halves[0], "gemm_test_a")
@@ -141,61 +155,69 @@ def run(modules, variant, threads=2, seed=0):
     np.testing.assert_allclose(C, want, rtol=1e-4, atol=tol)
 
 
-@pytest.mark.parametrize("M,N,K", SHAPES)
-@pytest.mark.parametrize("bt", [False, True])
-@pytest.mark.parametrize("epi", sorted(EPILOGUES))
+# The variants each test runs, from its parameters (the module fixture builds the selected ones).
+VARIANTS_OF = {
+    "test_gemm_matches_numpy": lambda M, N, K, bt, epi: [(M, N, K, 1, bt, epi, None, "auto", None)],
+    "test_batched": lambda bt: [(37, 71, 29, 3, bt, "residual", None, "auto", None)],
+    "test_small_blocks": lambda blocking, bt, direct: [(53, 101, 61, 2, bt, "bias_relu", blocking, "rows", direct),
+                                                       (53, 101, 61, 1, bt, "residual", blocking, "rows", direct)],
+    "test_column_split": lambda M, N, K, blocking, bt, batch, direct: [
+        (M, N, K, batch, bt, "bias_res", blocking, "cols", direct)],
+    "test_operand_modes": lambda mode, M, N, K, bt: [(M, N, K, 1, bt, "bias_relu", None, "auto", mode)],
+    "test_operand_modes_small_blocks": lambda mode, blocking, bt, split: [
+        (53, 101, 61, 2, bt, "bias_res", blocking, split, mode)],
+    "test_nan_and_inf_propagate_through_the_epilogue": lambda: [(7, 13, 5, 1, False, "acc", None, "auto", None)],
+}
+
+
+@pytest.mark.parametrize("M,N,K,bt,epi", covering(SHAPES, [False, True], sorted(EPILOGUES)))
 def test_gemm_matches_numpy(modules, M, N, K, bt, epi):
-    run(modules, (M, N, K, 1, bt, epi, None, "auto", None))
+    (v,) = VARIANTS_OF["test_gemm_matches_numpy"](M, N, K, bt, epi)
+    run(modules, v)
 
 
 @pytest.mark.parametrize("threads", [2, 1])  # 3 batches on 2 threads: by batch; on 1: serial
 @pytest.mark.parametrize("bt", [False, True])
 def test_batched(modules, threads, bt):
-    run(modules, (37, 71, 29, 3, bt, "residual", None, "auto", None), threads=threads)
+    (v,) = VARIANTS_OF["test_batched"](bt)
+    run(modules, v, threads=threads)
 
 
-@pytest.mark.parametrize("blocking", BLOCKINGS)
-@pytest.mark.parametrize("bt", [False, True])
-@pytest.mark.parametrize("threads", [2, 1])
-@pytest.mark.parametrize("direct", [None, False])
+@pytest.mark.parametrize("blocking,bt,threads,direct", covering([(b,) for b in BLOCKINGS], [False, True], [2, 1], [None, False]))
 def test_small_blocks(modules, blocking, bt, threads, direct):
-    run(modules, (53, 101, 61, 2, bt, "bias_relu", blocking, "rows", direct), threads)
-    run(modules, (53, 101, 61, 1, bt, "residual", blocking, "rows", direct), threads)  # 1 batch, 2 threads: rows split
+    # 2 batches, then 1 batch on 2 threads: the rows split
+    for v in VARIANTS_OF["test_small_blocks"](blocking, bt, direct):
+        run(modules, v, threads)
 
 
-@pytest.mark.parametrize("M,N,K", COL_SHAPES)
-@pytest.mark.parametrize("blocking", COL_BLOCKINGS)
-@pytest.mark.parametrize("bt,batch", [(False, 2), (True, 1)])
-@pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("direct", [None, False])
+@pytest.mark.parametrize("M,N,K,blocking,bt,batch,threads,direct", covering(
+    COL_SHAPES, [(b,) for b in COL_BLOCKINGS], [(False, 2), (True, 1)], [1, 2, 3], [None, False]))
 def test_column_split(modules, M, N, K, blocking, bt, batch, threads, direct):
     """Threads that split the columns: each its own B panels and packed A, the epilogue reading
     a per-column bias and a full residual; 3 threads on 2 batches split each batch."""
-    run(modules, (M, N, K, batch, bt, "bias_res", blocking, "cols", direct), threads)
+    (v,) = VARIANTS_OF["test_column_split"](M, N, K, blocking, bt, batch, direct)
+    run(modules, v, threads)
 
 
 MODES = ["prepacked", "a_transposed", "packed_a"]
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("M,N,K", SHAPES)
-@pytest.mark.parametrize("bt", [False, True])
+@pytest.mark.parametrize("mode,M,N,K,bt", covering(MODES, SHAPES, [False, True]))
 def test_operand_modes(modules, mode, M, N, K, bt):
     """prepacked: B bound by params=, the kernel reads panels packed once by NAME_prepack.
     a_transposed: A given transposed (K x M in memory), packed from there into the same panels.
     packed_a: A row-major, packed into MR-row panels (by default the micro-kernel reads it in place)."""
-    run(modules, (M, N, K, 1, bt, "bias_relu", None, "auto", mode))
+    (v,) = VARIANTS_OF["test_operand_modes"](mode, M, N, K, bt)
+    run(modules, v)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("blocking", BLOCKINGS)
-@pytest.mark.parametrize("bt", [False, True])
-@pytest.mark.parametrize("split", ["rows", "cols"])
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("mode,blocking,bt,split,threads", covering(
+    MODES, [(b,) for b in BLOCKINGS], [False, True], ["rows", "cols"], [1, 2, 3]))
 def test_operand_modes_small_blocks(modules, mode, blocking, bt, split, threads):
     """Several K slices and column blocks, 2 batches (sharing the prepacked B), the threads
     splitting rows or columns (3 threads on 2 batches split each batch)."""
-    run(modules, (53, 101, 61, 2, bt, "bias_res", blocking, split, mode), threads)
+    (v,) = VARIANTS_OF["test_operand_modes_small_blocks"](mode, blocking, bt, split)
+    run(modules, v, threads)
 
 
 def test_nan_and_inf_propagate_through_the_epilogue(modules):

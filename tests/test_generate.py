@@ -23,9 +23,12 @@ from eqfuse.generation import (  # noqa: E402
     PREFILL_MIN,
     Decoder,
     capacity_for,
+    chunk_plan,
+    held_chunks,
+    live_capacity,
     load_decoder,
+    module_signature,
     onnx_signature,
-    prefill_plan,
     step_maker,
 )
 
@@ -200,12 +203,15 @@ def test_sampling():
 
 def test_no_compile_after_the_first_generation(monkeypatch):
     """C builds and optimizer runs of a fresh Module compiled with batch buckets: the first
-    prefill compiles its bucket of prompt lengths (16 for 8 tokens: prefill_plan) and the decode
-    step (past at the cache's capacity, its length at run time, the batch on its buckets), and
-    the 20 decode steps none. Then prompts of three other lengths, at batch sizes 2, 1 and 3,
-    compile nothing: each prompt padded to the prefill's 16 tokens, each batch on the one bucket
-    of 2 (1 padded to 2, its cache rows appended in a copy and copied back; 3 as a chunk of 2
-    appending in place and 1 padded); and each generation is transformers' greedy one."""
+    prefill compiles the chunk step of its bucket of prompt lengths (16 rows for 8 tokens:
+    chunk_plan) and the decode step, both over the cache at the model's 128 positions
+    (live_capacity), their lengths at run time and the batch on its buckets; the 20 decode steps
+    compile nothing. Then prompts of 5, 11, 16, 40 and 100 tokens at batch sizes 2, 1, 3, 2 and 1
+    compile nothing: a prompt of up to 16 tokens is one chunk padded to 16, a longer one, longer
+    than every chunk compiled, runs as chunks of 16 over the cache in place (Decoder.
+    prefill_chunks), each batch on the one bucket of 2 (1 padded to 2, its cache rows appended in
+    a copy and copied back; 3 as a chunk of 2 appending in place and 1 padded); and each
+    generation is transformers' greedy one."""
     import eqfuse.pipeline as pipeline
 
     counts = {"build": 0, "optimize": 0}
@@ -220,26 +226,64 @@ def test_no_compile_after_the_first_generation(monkeypatch):
     monkeypatch.setattr(pipeline, "optimize", counting("optimize", pipeline.optimize))
     path = de.export_gpt2("torchscript")
     mod = eqfuse.compile(path, buckets={"batch": [2]})
-    sig = onnx_signature(path)
-    assert prefill_plan(mod, sig, S) == (S, PREFILL_MIN)  # (nothing compiled yet: the prompt's bucket)
-    dec = Decoder(sig, lambda feeds: mod(**feeds), CAPACITY, step_maker(mod, sig))
+    sig = module_signature(mod)
+    cap = live_capacity(sig, S + NEW - 1)
+    assert cap == de.POSITIONS  # (the position table, read from the file the Module was compiled from)
+    assert chunk_plan(mod, sig, S, B, cap) == PREFILL_MIN  # (nothing compiled yet: the prompt's bucket)
+    dec = Decoder(sig, lambda feeds: mod(**feeds), cap, step_maker(mod, sig))
     seen = []
-    logits = dec.prefill(prompt(), PREFILL_MIN)
+    logits = dec.prefill_chunks(prompt(), PREFILL_MIN)
     seen.append(dict(counts))
     for _ in range(STEPS):
         logits = dec.step(logits.argmax(-1)[:, None].astype(np.int64))
         seen.append(dict(counts))
-    assert seen[0]["optimize"] >= 2 and seen[0]["build"] >= 2  # the prefill compiled itself and the step
+    assert seen[0]["optimize"] >= 2 and seen[0]["build"] >= 2  # the chunk step and the decode step
     assert dec.live_step is not None
     assert seen[-1] == seen[0]  # the 20 decode steps ran without the compiler
-    new = 13  # (every generation below needs a cache of 17 to 28 rows: the capacity 32 compiled above)
-    for b, s in ((2, 5), (1, 11), (3, 16)):
-        assert prefill_plan(mod, sig, s) == (s, PREFILL_MIN)
+    for b, s, new in ((2, 5, 13), (1, 11, 13), (3, 16, 13), (2, 40, 6), (1, 100, 6)):
+        assert chunk_plan(mod, sig, s, b, cap) == PREFILL_MIN
         ids = np.random.default_rng(s).integers(0, de.VOCAB, (b, s)).astype(np.int64)
         ours = eqfuse.generate(mod, ids, max_new_tokens=new, eos_token_id=de.EOS)
         assert counts == seen[0], f"batch {b}, {s} tokens: {counts} after the first generation's {seen[0]}"
         assert_greedy_matches_transformers(ours, ids, new)
-    print(f"first prefill and step: {seen[0]}; decode steps 1-{STEPS} and 3 generations: none")
+    print(f"first prefill and step: {seen[0]}; decode steps 1-{STEPS} and 5 generations: none")
+
+
+def test_chunked_prefill_matches_onnxruntime():
+    """A prompt of 37 tokens prefilled as chunks of 16, 16 and 5 (padded to 16) over the cache in
+    place, every row not yet live NaN before each chunk (a chunk reads only the rows before it
+    and, causally, its own): the logits at every prompt position and the cache's rows are
+    onnxruntime's on the whole prompt at the f32 tolerance of the other decoder tests here
+    (test_decode_steps_match_onnxruntime: rtol and atol 1e-4)."""
+    path, mod = compiled("torchscript")
+    sig = module_signature(mod)
+    s = 37
+    ids = np.random.default_rng(7).integers(0, de.VOCAB, (B, s)).astype(np.int64)
+    dec = Decoder(sig, None, de.POSITIONS, step_maker(mod, sig))
+    chunk, seen = dec.make_step(B, de.POSITIONS, PREFILL_MIN), []
+
+    def spy(feeds):
+        t = int(feeds["past_length"][0])
+        for n, _ in sig.pasts:
+            feeds[n][:, :, t:] = np.nan
+        seen.append(out := chunk(feeds))
+        return out
+
+    step = dec.make_step
+    dec.make_step = lambda b, c, rows=1: spy if rows > 1 else step(b, c)
+    last = dec.prefill_chunks(ids, PREFILL_MIN)
+    assert len(seen) == 3
+    ours = np.concatenate([o[0][:, :min(PREFILL_MIN, s - k * PREFILL_MIN)] for k, o in enumerate(seen)], axis=1)
+    past = [np.zeros((B, h, 1, d), np.float32) for _, (_, h, _, d) in sig.pasts]
+    mask = np.ones((B, 1 + s), np.int64)
+    mask[:, 0] = 0  # (one masked past row: the export takes no empty past)
+    feeds = {sig.ids: ids, sig.mask: mask, sig.positions: np.repeat(np.arange(s)[None], B, 0)}
+    feeds.update({n: p for (n, _), p in zip(sig.pasts, past)})
+    ref = ort_run(path)(feeds)
+    np.testing.assert_allclose(ours, ref[0], atol=1e-4, rtol=1e-4)
+    np.testing.assert_array_equal(last, ours[:, -1])
+    for c, r in zip(dec.cache, ref[1:]):  # the cache's rows: the prompt's keys and values
+        np.testing.assert_allclose(c[:, :, :s], r[:, :, 1:], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.extended  # (the bf16 cache's kernels are checked at their bound by test_attention_decode.py)
@@ -251,7 +295,13 @@ def test_bf16_greedy_with_a_bf16_cache():
     after it). The rule, fixed before any run: each bf16 product along a logit's path (4 GEMMs a
     layer, the attention's two, the head) rounds its operands, 2u relative (u = 2^-8), so twice
     their sum relative to the largest logit; the cache's own part (k and v rounded) is within the
-    attention bound (tests/test_attention_decode.py)."""
+    attention bound (tests/test_attention_decode.py). It is an estimate, not a bound: carrying
+    docs/precision.md's bounds through the model (each bf16 GEMM's (2u + u^2 + 1.01 K eps)
+    sum |a||W| plus its input's error times |W|, the attention bound at the perturbed scores, each
+    layernorm's error divided by its sigma less the change of sigma) gives none here: in this
+    GPT-2 (random weights of 0.02, K = 64) a GEMM's sum |a||W| is several times its result, and
+    the error bound of the second layernorm's input is already 0.45 of its sigma (0.011 against
+    0.024), that of the third 240 times it, where the bound of its output has no finite value."""
     path = de.export_gpt2("torchscript")
     mod = eqfuse.compile(path, precision="bf16")
     sig = onnx_signature(path)
@@ -389,33 +439,31 @@ def ort_greedy(path, ids: np.ndarray, new: int, capacity: int) -> np.ndarray:
 
 @pytest.mark.extended  # (the artifact's libraries, built for its level: some 30 s of C builds when the cache is cold)
 def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
-    """The artifact of a decoder that has generated keeps its bindings (the prefill at the prompt's
-    bucket, the decode step over the cache in place at its capacity): generate on eqfuse.load's Module gives the
-    compiled Module's tokens. A generation it holds no binding for runs without the compiler: a
-    shorter one at the capacity held, a shorter prompt padded to the prefill held, a longer one
-    through it and then the decode step a token at a time; one that needs a larger cache is
-    refused with what to do."""
+    """The artifact of a decoder that has generated keeps its bindings (the chunk step of the
+    prompt's bucket and the decode step over the cache in place at its capacity): generate on
+    eqfuse.load's Module gives the compiled Module's tokens. A generation it holds no binding for
+    runs without the compiler: a shorter one at the capacity held, a shorter prompt padded to the
+    chunk held, a longer one than every chunk held in chunks of the longest; one that needs a
+    larger cache is refused with what to do."""
     path, mod = compiled("torchscript")
     ids = prompt(4)
     ours = eqfuse.generate(mod, ids, max_new_tokens=NEW)
     loaded = eqfuse.load(mod.save(tmp_path / "gpt2.eqf"))
-    assert list(loaded.default.live_modules) == list(mod.default.live_modules)  # (dims, "past"): the decode steps
+    assert list(loaded.default.live_modules) == list(mod.default.live_modules)  # (dims, "past"): the steps
     np.testing.assert_array_equal(eqfuse.generate(loaded, ids, max_new_tokens=NEW), ours)
-    # 5 tokens and 4 new: onnxruntime's greedy ids at the capacity the artifact holds
+    sig = onnx_signature(path)
+    assert held_chunks(loaded, sig, B, de.POSITIONS)  # (the chunk step over the cache at 128 rows)
+    # 5 tokens and 4 new: onnxruntime's greedy ids
     short = prompt(5)[:, :5]
     np.testing.assert_array_equal(eqfuse.generate(loaded, short, max_new_tokens=4),
                                   ort_greedy(path, short, 4, CAPACITY))
-    # a prompt longer than every prefill held: its first tokens through the longest, the rest by steps
-    longest = max(n for n, past in ((dict(zip(loaded.default.padded, k))["sequence"],
-                                     dict(zip(loaded.default.padded, k))["past"]) for k in loaded.default.modules)
-                  if past == 1)
-    long = np.random.default_rng(6).integers(0, de.VOCAB, (B, longest + 3)).astype(np.int64)
-    assert prefill_plan(loaded, onnx_signature(path), longest + 3) == (longest, longest)
+    # a prompt longer than every chunk held: in chunks of the longest
+    longest = max(held_chunks(loaded, sig, B, de.POSITIONS))
+    long = np.random.default_rng(6).integers(0, de.VOCAB, (B, 2 * longest + 3)).astype(np.int64)
     np.testing.assert_array_equal(eqfuse.generate(loaded, long, max_new_tokens=4),
-                                  ort_greedy(path, long, 4, capacity_for(longest + 6)))
-    # one row more than the largest cache it holds (other tests of this file may have generated
-    # with the shared module at a larger capacity before it was saved)
-    most = max(dict(key)["past"] for key, _ in loaded.default.live_modules)
+                                  ort_greedy(path, long, 4, capacity_for(2 * longest + 6)))
+    # one row more than the largest cache it holds (the loaded Module knows no position table)
+    most = max(d["past"] for d in (dict(key) for key, _ in loaded.default.live_modules) if d["sequence"] == 1)
     with pytest.raises(eqfuse.ArgumentError, match=rf"compiled for caches of .*{most} rows at batch 2; .* need {most + 1}"):
         eqfuse.generate(loaded, ids, max_new_tokens=most + 2 - ids.shape[1])
 
@@ -429,8 +477,10 @@ def test_a_loaded_decoder_with_batch_buckets_generates_any_batch(tmp_path):
     mod = eqfuse.compile(path, buckets={"batch": [2]})
     eqfuse.generate(mod, prompt(7), max_new_tokens=NEW)
     loaded = eqfuse.load(mod.save(tmp_path / "gpt2.eqf"))
-    assert [dict(key) for key, _ in loaded.default.live_modules] == [{"past": CAPACITY, "sequence": 1,
-                                                                       "total": CAPACITY + 1}]  # no batch: bucketed
+    cap = de.POSITIONS  # (the chunk step of 16 rows and the decode step over the cache at 128 rows)
+    assert [dict(key) for key, _ in loaded.default.live_modules] == [
+        {"past": cap + 1 - PREFILL_MIN, "sequence": PREFILL_MIN, "total": cap + 1},
+        {"past": cap, "sequence": 1, "total": cap + 1}]  # no batch: bucketed
     for b in (1, 3):
         ids = np.random.default_rng(b).integers(0, de.VOCAB, (b, 6)).astype(np.int64)
         np.testing.assert_array_equal(eqfuse.generate(loaded, ids, max_new_tokens=NEW),

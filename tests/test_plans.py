@@ -85,7 +85,7 @@ CHOICES: dict[str, dict[str, str]] = {
     "attention.c": {"BQ": "bq", "BK": "bk", "VEC": "vec", "SCORE_OPS": "score_ops", "PARALLEL": "parallel",
                     "BF16": "precision_path"},
     "attention_decode.c": {"BK": "bk", "SCORE_OPS": "score_ops", "PARALLEL": "parallel", "K_BF16": "k_bf16",
-                           "V_BF16": "v_bf16"},
+                           "V_BF16": "v_bf16", "G": "kv_rows"},
     "attention_grad.c": {"RB": "rb", "VEC": "vec", "PARALLEL": "parallel"},
     "conv2d.c": {"IM2COL": "im2col", "PARALLEL": "parallel"},
     "conv_direct.c": {"CB": "cb", "VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "ROWS": "rows",

@@ -59,7 +59,7 @@ def ray_head():
         shutil.rmtree(temp, ignore_errors=True)
 
 
-@pytest.mark.heavy  # (a Ray head starts: the whole suite, not the fast tier)
+@pytest.mark.extended  # (a Ray head starts: .ci/run's Ray step and the extended tier, the suite's time)
 def test_batch_inference_on_a_ray_cluster_matches_numpy(ray_head):
     spec = importlib.util.spec_from_file_location("ray_batch_inference", EXAMPLE)
     example = importlib.util.module_from_spec(spec)

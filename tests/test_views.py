@@ -310,8 +310,8 @@ def _per_layer(name, exporter):
     return len(_kinds(two)) - len(_kinds(one)), two
 
 
-@pytest.mark.heavy
-@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.heavy  # (one exporter of each model in the default run, both in the extended tier: the suite's time)
+@pytest.mark.parametrize("exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.extended)])
 def test_exported_gpt2_runs_at_most_seven_kernels_per_layer(exporter):
     pytest.importorskip("transformers")
     per_layer, mod = _per_layer("gpt2", exporter)
@@ -320,7 +320,7 @@ def test_exported_gpt2_runs_at_most_seven_kernels_per_layer(exporter):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("exporter", [pytest.param("torchscript", marks=pytest.mark.extended), "dynamo"])
 def test_exported_mlp_mixer_token_mixing_runs_in_at_most_four_kernels(exporter):
     pytest.importorskip("torch")
     per_block, mod = _per_layer("mixer", exporter)

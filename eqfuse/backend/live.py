@@ -22,7 +22,10 @@ Any other kernel that reads the cache would read rows past L + S: lowering refus
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+
+import numpy as np
 
 from eqfuse.backend.cexpr import kernel_params
 from eqfuse.backend.indexing import bstrides, contiguous, offset, view_strides
@@ -52,9 +55,10 @@ def _body_source(body: Graph, i: int) -> int | None:
     return i
 
 
-def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
+def mark_live(kg: Graph, plans: list[KernelPlan], length: str, arrays: Mapping[str, object] | None = None) -> None:
     """Set `live` on the appends and attentions of the caches (module docstring); raise when
-    another kernel reads a cache."""
+    another kernel reads a cache. `arrays` holds the bound inputs' values (compile's folded
+    params): an attention of several new rows reads its causal mask from them (`_causal`)."""
     if length not in [kg.nodes[i].name for i in kg.inputs]:
         return
     by_node = {p.node: p for p in plans}
@@ -121,6 +125,7 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
             if p.detail.Sk == a.rows:
                 p.live = LiveBound("keys", a.rows, a.new)
                 _read_through_repeats(kg, p, plans, by_node, appends)
+                _causal(kg, p, arrays or {})
     cache_bf16(plans, by_node, appends)
     _mark_rows(kg, plans, by_node)
     for p in plans:  # nothing else may read the caches: its rows past the live ones hold anything
@@ -137,6 +142,45 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
         r = _root(by_node, o)
         if r in caches and o not in appends:
             raise EqfuseError("live=: the graph returns a KV cache other than as the present of its append")
+
+
+def _causal(kg: Graph, p: KernelPlan, arrays: Mapping[str, object]) -> None:
+    """An attention over a cache with several new rows (a chunk of a prompt, `new` > 1) reads its
+    keys 0 .. L + new - 1, the new ones at rows L .. L + new - 1; query row i may see keys
+    0 .. L + i. An export computes that causal mask from the past's length, a compile-time one
+    (the capacity, rows - new): a bound [.., new, rows] input M with M[i, j] one value where
+    j <= rows - new + i and another elsewhere. Read at column j + (rows - new - L), it is the
+    mask at live length L: the plan's `causal_input` (the kernel input read so). Any other
+    input over [.., new, rows] (a mask of other values, or one computed at run time) would hold
+    the capacity's mask, not L's: refused."""
+    new, rows = p.live.new, p.live.rows
+    if new <= 1:
+        return
+    body = p.body
+    causal = np.arange(rows)[None, :] <= (rows - new) + np.arange(new)[:, None]
+    found = None
+    for k, i in enumerate(body.inputs):
+        shape = tuple(body.nodes[i].type.shape)
+        if len(shape) < 2 or shape[-2:] != (new, rows):
+            continue
+        node = kg.nodes[p.args[k]]
+        value = arrays.get(node.name) if node.op == "input" and node.name else None
+        ok = value is not None and not p.in_strides.get(k) and found is None
+        if ok:
+            v = np.broadcast_to(np.asarray(value), shape)
+            inside, outside = v[..., causal], v[..., ~causal]
+            ok = inside.size > 0 and outside.size > 0 and bool(np.all(inside == inside.flat[0])) \
+                and bool(np.all(outside == outside.flat[0])) and inside.flat[0] != outside.flat[0]
+        if not ok:
+            raise EqfuseError(f"live=: attention {p.name} over {new} new rows reads {node.name or f't{p.args[k]}'} "
+                              f"{list(shape)}, which is not a causal mask computed at compile time (one value "
+                              "where key j <= past + query i, another elsewhere): it would hold the mask at the "
+                              "capacity, not at the live length")
+        found = k
+    if found is not None:
+        p.detail = replace(p.detail, causal_input=found)
+        p.uops = [UOp(u.depth, u.op, u.what + f"; causal mask in{found} read at key + {rows - new} - live", u.count)
+                  if u.op == "Exec" and u.what.startswith("scores") else u for u in p.uops]
 
 
 def _read_through_repeats(kg: Graph, p: KernelPlan, plans: list[KernelPlan], by_node: dict[int, KernelPlan],
@@ -212,7 +256,22 @@ def _read_through_repeats(kg: Graph, p: KernelPlan, plans: list[KernelPlan], by_
         p.in_strides.pop(k, None)  # (the offsets are kv_read's)
     p.args = tuple(args)
     g = group.pop()
-    p.detail = replace(d, kv_group=g, kv_read=tuple(m for _, _, m in reads), k_scale=k_scale)
+    # the g query heads of a key/value head are consecutive rows b when the repeat's axis is the
+    # innermost of the batch dims (stride 0 there, for k and v): one task then reads the rows once
+    # for all g (the plan's kv_rows)
+    rows = g if all(m[0][0][-1:] == (g,) and m[0][1][-1] == 0 for _, _, m in reads) else 1
+    tasks = d.batch // rows
+    par = d.parallel and tasks > 1
+    p.detail = replace(d, kv_group=g, kv_read=tuple(m for _, _, m in reads), k_scale=k_scale, kv_rows=rows,
+                       parallel=par)
+    if rows > 1:
+        p.threads = (f"the {tasks} (batch, key/value head) tasks of {rows} query rows split evenly among the threads"
+                     if par else p.threads)
+        p.uops = [replace(u, what=u.what.replace("(batch, head) query rows", f"(batch, key/value head) tasks of {rows} "
+                                                  "query rows, each k and v row read once for them"), count=u.count // rows)
+                  if u.depth == 0 else
+                  replace(u, count=u.count // rows) if u.op == "Load" and u.what.split(" ")[1] in ("k", "v") else u
+                  for u in p.uops]
     p.uops = [UOp(u.depth, u.op, u.what.replace(" in place", f" in place from the KV cache, head h / {g}", 1), u.count)
               if u.op == "Load" and u.what.split(" ")[1] in ("k", "v") else u for u in p.uops]
     for q in gone:

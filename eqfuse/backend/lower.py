@@ -118,14 +118,14 @@ def plan_kernel(g: Graph, node_id: int, name: str, m: Machine, precision: str = 
 
 
 def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] = frozenset(),
-                precision: str = "f32", live: str | None = None) -> tuple[Graph, list[KernelPlan]]:
+                precision: str = "f32", live: str | None = None, arrays=None) -> tuple[Graph, list[KernelPlan]]:
     """(the kernelized graph, one plan per kernel) for a graph with concrete shapes, planned for
     machine m. `params` names the inputs bound by params=: a GEMM whose B is one of them is marked
     b_bound (emit then prepacks it, when B is one matrix shared by every batch). `precision` is
     compile's precision=: each plan records what its kernel computes in and by which instruction
     path (KernelPlan.precision, .precision_path). `live` names the input that holds a KV cache's
     live length (compile's live=): its appends and attentions take it at run time
-    (eqfuse.backend.live)."""
+    (eqfuse.backend.live); `arrays` the bound inputs' values, which it may read (a causal mask)."""
     g = expand_convs(g)  # (conv1d, conv_transpose2d as conv2d, when the optimizer did not run)
     split: set[int] = set()
     while True:
@@ -152,7 +152,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
         if not retry:
             place_views(kg, plans)
             if live is not None:
-                mark_live(kg, plans, live)
+                mark_live(kg, plans, live, arrays)
             place_stores(kg, plans)
             for p in plans:  # decisions that depend on the strides the inputs are read through
                 if p.kind != K.VIEW:

@@ -149,7 +149,7 @@ def _check_targets(targets) -> list[str]:
 def _savable(f) -> None:
     """Refuse a function the artifact cannot hold, with what to do instead."""
     if isinstance(f, PaddedFunction):
-        if not f.modules:
+        if not f.modules and not f.live_modules:  # (eqfuse.generate compiles only its chunk and decode steps)
             raise ArtifactError(f"graph {f.name} is not compiled yet ({', '.join(f.padded)} bound per call): call it "
                                 "once before saving (its buckets are compiled at the first call)")
         for m in list(f.modules.values()) + list(f.live_modules.values()):

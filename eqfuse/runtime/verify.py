@@ -1,13 +1,14 @@
 """Comparing compiled results with the numpy reference (rtol 1e-4, atol 1e-5).
 
 Each element of an output is within atol + rtol |reference| of the reference's element, except in
-a graph that runs a Winograd conv (`scale_for`): there each element is within atol + rtol
-max|reference| over its output. Winograd F(2x2, 3x3) rounds the transformed input and weights and
-sums their products, so its error is bounded relative to the transforms' magnitudes, which follow
-the size of the map's values, not each output element's own (docs/precision.md: the bound, with
-u = 0 for f32): an output element near zero among large ones can miss the elementwise rule by
-many times a direct conv's rounding while the whole output is as close as the direct conv's
-(tests/test_conv_winograd.py::test_rounding_is_close_to_the_direct_kernels: max|error| /
+a graph with a kernel that sums products (a matmul, a conv, an attention: `scale_for`): there each
+element is within atol + rtol max|reference| over its output. The rounding of a sum of K products
+is bounded relative to the sum of the products' magnitudes, not to the sum itself, and so is the
+numpy reference's own f32 rounding: an element that cancels to near zero among large ones can
+differ from the reference by more than rtol x its own value although both are as close to the
+exact result as f32 sums get. Winograd F(2x2, 3x3) also rounds the transformed input and weights,
+whose magnitudes follow the map's values (docs/precision.md: the bound, with u = 0 for f32;
+tests/test_conv_winograd.py::test_rounding_is_close_to_the_direct_kernels: max|error| /
 max|output| within 8x the direct kernel's and below 2e-6). `eqfuse run --verify`, compile's
 verify= and the example of `eqfuse export` (`make check`) use this one rule.
 """
@@ -16,13 +17,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from eqfuse.ir.kernels import GEMM_KINDS, K
+
 RTOL, ATOL = 1e-4, 1e-5
 ELEMENT, OUTPUT = "element", "output"  # what rtol is relative to: each element, or its output's largest
 
 
+SUMS_OF_PRODUCTS = (*GEMM_KINDS, K.ATTENTION, K.ATTENTION_GRAD)
+
+
 def scale_for(plans) -> str:
-    """OUTPUT for the kernels of a graph that runs a Winograd conv, else ELEMENT (module docstring)."""
-    return OUTPUT if any(getattr(p.detail, "winograd", 0) for p in plans or ()) else ELEMENT
+    """OUTPUT for the kernels of a graph with a kernel that sums products, else ELEMENT (module
+    docstring)."""
+    return OUTPUT if any(p.kind in SUMS_OF_PRODUCTS for p in plans or ()) else ELEMENT
 
 
 def compare(got, want, rtol: float = RTOL, atol: float = ATOL, scale: str = ELEMENT) -> list[str]:
@@ -35,7 +42,7 @@ def compare(got, want, rtol: float = RTOL, atol: float = ATOL, scale: str = ELEM
         if scale == OUTPUT and w.size and w.dtype.kind == "f":
             top = float(np.nanmax(np.abs(w), initial=0.0))
             ok = np.isclose(g, w, rtol=0.0, atol=atol + rtol * top, equal_nan=True)
-            rule = f" (within {atol:g} + {rtol:g} x max|reference| {top:.3g}: a Winograd conv)"
+            rule = f" (within {atol:g} + {rtol:g} x max|reference| {top:.3g}: a sum of products)"
         else:
             ok = np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
             rule = ""

@@ -7,6 +7,7 @@ csrc_templates/attention_decode.c, its keys and values read row by row where the
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from itertools import count
 
@@ -47,10 +48,17 @@ class AttentionDetail:
     # strides)), a layout like the strides of a view
     kv_group: int = 1
     kv_read: tuple = ()
+    # the decode plan's query rows per task, sharing one pass over the keys and values: kv_group
+    # when a key/value head's query heads are consecutive rows (the repeat's axis the innermost
+    # batch dim), so each cache row is read once per key/value head, not once per query head
+    kv_rows: int = 1
     # a constant the keys were scaled by in front of the repeat (an export's sqrt(scale)), folded
     # into q with the score scale
     k_scale: float = 1.0
-
+    # over a KV cache with several new rows (a prompt's chunk): the kernel input holding the causal
+    # mask computed with the past at its capacity, read at key column j + (rows - new - live) so
+    # that query i sees keys 0 .. live + i (eqfuse.backend.live._causal); -1: none
+    causal_input: int = -1
 
 
 def _score_scale(body: Graph, score: int, qk: int) -> float | None:
@@ -222,6 +230,9 @@ class Attention(Kind):
             src, st = view_strides(body, i, base)
             return ptrs[src], bstrides(body.nodes[i].type.shape, batch + tail, st)
 
+        if d.causal_input >= 0:  # (the live causal mask, shifted by the run-time length)
+            i = body.inputs[d.causal_input]
+            ptrs[i] = f"({ptrs[i]} + ({plan.live.rows - plan.live.new} - live))"
         Q, qs = strided(p.q, (Sq, D))
         Kp, ks = strided(p.kt, (D, Sk))
         V, vs = strided(p.v, (Sk, Dv))
@@ -258,16 +269,19 @@ class Attention(Kind):
         if plan.live:
             params += ", long live"
         if d.decode:
+            # (the offsets are declared where each of a task's rows is: some scopes use none)
+            decls = sspace.decls + ospace.decls
+            used = [f"{I1}(void){m.group(1)};" for x in decls for m in [re.search(r"(\w+)\s*=", x)] if m]
             return render("attention_decode.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SK=sk, D=D, DV=Dv,
                           BK=bk, PARALLEL=int(d.parallel), ZERO_NAN=int(body.nodes[p.sm].attr["zero_nan"]),
                           Q=Q, QOFF=offset("b", batch, qs[:nb]), QC=qs[nb + 1],
                           K=Kp, KOFF=koff, KD=ks[nb], KJ=ks[nb + 1],
                           V=V, VOFF=voff, VR=vs[nb], VC=vs[nb + 1],
                           OUT_OFF=offset("b", batch, os_[:nb]), OR=os_[nb], OC=os_[nb + 1],
-                          OFFSETS="\n".join(sspace.decls + ospace.decls),
+                          OFFSETS="\n".join(decls + used),
                           SCORE_BODY=sc.text(), SCORE=score, QSCALE=qscale, SCORE_LOG2E=slog2e,
                           SCORE_OPS=int(d.score_ops), EPI_BODY=epi.text(), EPI=e,
-                          K_BF16=int(d.k_bf16), V_BF16=int(d.v_bf16))
+                          K_BF16=int(d.k_bf16), V_BF16=int(d.v_bf16), G=d.kv_rows)
         return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SQ=Sq, SK=sk, D=D, DV=Dv,
                       BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=int(d.vec),
                       ZERO_NAN=int(body.nodes[p.sm].attr["zero_nan"]), PARALLEL=int(d.parallel),
