@@ -987,3 +987,43 @@ def test_a_contrib_op_eqfuse_lacks_is_named_with_its_domain(tmp_path, capsys):
     assert main(["opt", str(f)]) == 2
     err = capsys.readouterr().err
     assert "unsupported ONNX op 'com.microsoft.QLinearWhere' in node 'qnode'" in err and "Traceback" not in err, err
+
+
+def _dynamic_quantize_model(shape):
+    h = onnx.helper
+    node = h.make_node("DynamicQuantizeLinear", ["x"], ["y", "ys", "yz"], name="dql")
+    g = h.make_graph([node], "dql", [h.make_tensor_value_info("x", F32T, shape)],
+                     [onnx.ValueInfoProto(name=n) for n in ("y", "ys", "yz")])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_dynamic_quantize_reads_x_once_and_matches_onnxruntime(tmp_path):
+    """DynamicQuantizeLinear's range is one pass over x (dynamic_range), its scale and zero point
+    scalar kernels over those two floats: y, scale and zero point equal onnxruntime's, on a size
+    that is not a multiple of the pass's 64 lanes, with the minimum or maximum in the tail, all
+    negative, all positive, all zero; a NaN is passed over as eqfuse's reference does."""
+    f = tmp_path / "dql.onnx"
+    onnx.save(_dynamic_quantize_model([3, 67]), str(f))
+    module = eqfuse.compile(str(f))
+    # x's 201 floats looped over by the range and the quantize only; the scale and zero point
+    # from the range's two floats
+    ops = {k.decisions["op"]: "201L" in k.c_source for k in module.kernels if k.kind == "index"}
+    assert ops == {"dynamic_range": True, "dynamic_scale": False, "dynamic_zero_point": False}, ops
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 67)).astype(np.float32)
+    tail_min, tail_max = x.copy(), x.copy()
+    tail_min[2, 66], tail_max[2, 65] = -9.0, 9.0
+    cases = {"random": x, "tail-min": tail_min, "tail-max": tail_max, "negative": -np.abs(x) - 0.1,
+             "positive": np.abs(x) + 0.1, "zero": np.zeros_like(x)}
+    for what, v in cases.items():
+        want = _literal(_dynamic_quantize_model([3, 67]), {"x": v})
+        got = module(x=v)
+        for w, g in zip(want, got):
+            g = np.asarray(g)
+            assert g.dtype == w.dtype and np.array_equal(g.reshape(w.shape), w), (what, g, w)
+    ref = eqfuse.reference(str(f))
+    nan = x.copy()
+    nan[1, 5] = np.nan
+    for w, g in zip(ref(x=nan), module(x=nan)):
+        w, g = np.asarray(w), np.asarray(g)
+        assert np.array_equal(g, w), (g, w)
