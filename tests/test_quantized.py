@@ -1027,3 +1027,84 @@ def test_dynamic_quantize_reads_x_once_and_matches_onnxruntime(tmp_path):
     for w, g in zip(ref(x=nan), module(x=nan)):
         w, g = np.asarray(w), np.asarray(g)
         assert np.array_equal(g, w), (g, w)
+
+
+# Integer convs whose kernel rows take each of the im2col's copies: a 5 x 5 kernel (rows of five
+# bytes, memcpy), 1 x 1 (one byte: four at once but at a pixel's last row), 3 x 3 at stride 1 on a
+# width whose last columns leave fewer than four bytes in the x row (per tap there).
+IM2COL_G = """
+graph im(x: u8[2, 3, 9, 10], w5: i8[4, 3, 5, 5], w1: i8[5, 3, 1, 1], w3: i8[6, 3, 3, 3], xz: u8, wz: i8) {
+    return conv_integer(x, w5, xz, wz, stride=2, padding=2), conv_integer(x, w1, xz, wz),
+           conv_integer(x, w3, xz, wz, padding=1)
+}
+"""
+
+
+def test_the_integer_conv_im2col_copies_every_kernel_row_width():
+    rng = np.random.default_rng(7)
+    x = {"x": rng.integers(0, 256, (2, 3, 9, 10)).astype(np.uint8), "xz": np.asarray(77, np.uint8),
+         "wz": np.asarray(-5, np.int8)}
+    for n, s in (("w5", (4, 3, 5, 5)), ("w1", (5, 3, 1, 1)), ("w3", (6, 3, 3, 3))):
+        x[n] = rng.integers(-128, 128, s).astype(np.int8)
+    mod = eqfuse.compile(IM2COL_G)
+    assert sum(k.decisions.get("im2col", 0) for k in mod.kernels) == 3
+    conv = OPS["conv_integer"].numpy
+    geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
+    want = [conv([x["x"], x["w5"], x["xz"], x["wz"]], geo(stride=2, padding=2)),
+            conv([x["x"], x["w1"], x["xz"], x["wz"]], geo()), conv([x["x"], x["w3"], x["xz"], x["wz"]], geo(padding=1))]
+    for g, w in zip(mod(**x), want):
+        assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w)
+
+
+def _qdq_conv_model(path):
+    """Two convs as quantize_static writes them (QDQ: u8 activations, i8 weights per tensor, the
+    first with a bias, whose ReLU the quantizer folds into the next QuantizeLinear)."""
+    h = onnx.helper
+    rng = np.random.default_rng(11)
+    w1, b1 = (rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32), (rng.standard_normal(16) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((16, 16, 3, 3)) * 0.1).astype(np.float32)
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", F32T, [1, 8, 12, 12])],
+                     [h.make_tensor_value_info("y", F32T, [1, 16, 6, 6])],
+                     [onnx.numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"))])
+    f32 = path.with_name("conv-f32.onnx")
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(f32))
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": rng.standard_normal((1, 8, 12, 12)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quant.quantize_static(str(f32), str(path), Reader(), quant_format=quant.QuantFormat.QDQ,
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    return onnx.load(str(path))
+
+
+def test_qdq_convs_run_on_the_integer_conv_and_match_onnxruntime(tmp_path):
+    """A QDQ conv (DequantizeLinear of x and of the weight, Conv, QuantizeLinear) runs as the
+    integer conv (rules conv_dequantized, conv_dequantized_bias), its dequantization, bias and
+    requantization in the kernel's epilogue (fuse_requantize_conv, _bias): one int8 kernel per conv,
+    no f32 conv, no separate quantize kernel after it. Its output is within one step of the
+    output's scale of onnxruntime's, literal and deployed (docs/precision.md's bound). (The rules'
+    soundness: tests/test_soundness.py, as every built-in rule's.)"""
+    f = tmp_path / "conv-qdq.onnx"
+    model = _qdq_conv_model(f)
+    assert {n.op_type for n in model.graph.node} >= {"QuantizeLinear", "DequantizeLinear", "Conv"}
+    mod = eqfuse.compile(str(f))
+    convs = [k for k in mod.kernels if k.kind == "contraction"]
+    assert len(convs) == 2 and all(k.decisions.get("im2col") == 1 for k in convs)
+    assert [mod.report["precision"][k.name]["precision"] for k in convs] == ["int8", "int8"]
+    assert all("eqf_quantize(" in k.c_source for k in convs)  # (the requantization in each conv's epilogue)
+    # the only other quantize: the model input's, x's QuantizeLinear
+    assert sum(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in mod.kernels) == 1
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    (last,) = [n for n in model.graph.node if "y" in n.output]
+    step = float(inits[last.input[1]])
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((1, 8, 12, 12)).astype(np.float32)}
+        got = np.asarray(mod(**feeds))
+        for want in (_literal(model, feeds)[0], _ort(model, feeds)[0]):
+            assert np.max(np.abs(got - want)) <= step
