@@ -291,6 +291,9 @@ typedef struct {
 } {{NAME}}_cjob;
 
 #define {{NAME}}_CROWS 32L /* pixels per chunk of the im2col */
+/* a kernel row of fewer than 4 bytes copied as 4 (one load and store; rows of 4-7 as 8 were
+ * slower on the 7 x 7 stem of `benchmarks/bench_models.py --quantized static --model resnet18`) */
+#define {{NAME}}_WIDE ({{NAME}}_KW < 4 ? 4L : 0L)
 
 static void {{NAME}}_im2col(void* ctx, long ch)
 {
@@ -313,13 +316,12 @@ static void {{NAME}}_im2col(void* ctx, long ch)
                 }
                 const uint8_t* restrict xr = xc + h * {{NAME}}_W;
                 const long kofs = (c * {{NAME}}_KH + u) * {{NAME}}_KW;
-                if (inside && {{NAME}}_KW < 4 && {{NAME}}_DW == 1 && w0 + 4 <= {{NAME}}_W && kofs + 4 <= {{NAME}}_K) {
-                    /* four bytes moved at once: the ones past KW belong to the next kernel row of
-                     * this pixel, which overwrites them next (never the next pixel's: kofs + 4 <= K) */
-                    uint32_t four;
-                    memcpy(&four, xr + w0, 4);
-                    memcpy(ar, &four, 4);
-                } else if (inside && {{NAME}}_DW == 1)
+                if (inside && {{NAME}}_WIDE && {{NAME}}_DW == 1 && w0 + {{NAME}}_WIDE <= {{NAME}}_W
+                    && kofs + {{NAME}}_WIDE <= {{NAME}}_K)
+                    /* WIDE bytes moved at once: the ones past KW belong to the next kernel row of
+                     * this pixel, which overwrites them next (never the next pixel's: kofs + WIDE <= K) */
+                    memcpy(ar, xr + w0, {{NAME}}_WIDE);
+                else if (inside && {{NAME}}_DW == 1)
                     memcpy(ar, xr + w0, {{NAME}}_KW);
                 else if (inside)
                     for (long v = 0; v < {{NAME}}_KW; v++)
