@@ -282,11 +282,10 @@ def test_quantized_model_matches_onnxruntime(quantized, tmp_path):
     if ops & set(integer):  # each integer matmul and conv one integer GEMM, on this machine's instruction path
         int8 = [v["path"] for v in module.report["precision"].values() if v["precision"] == "int8"]
         assert int8 == [qgemm.int8_path(machine())] * sum(n.op_type in integer for n in model.graph.node)
-    if how == "dynamic":  # each integer GEMM quantizes its A itself: no u8 tensor, no kernel
+    if how == "dynamic":  # each integer GEMM and conv quantizes its A itself: no u8 tensor, no kernel
         quantizing = [k.name for k in module.kernels if k.decisions.get("quantize_a")]
-        assert len(quantizing) == sum(n.op_type == "MatMulInteger" for n in model.graph.node), quantizing
-        if "ConvInteger" not in ops:  # (a conv's x is quantized by a pointwise kernel: no rule takes it in)
-            assert not any(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in module.kernels)
+        assert len(quantizing) == sum(n.op_type in ("MatMulInteger", "ConvInteger") for n in model.graph.node), quantizing
+        assert not any(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in module.kernels)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     (last,) = [n for n in model.graph.node if model.graph.output[0].name in n.output]
     tracer = None
