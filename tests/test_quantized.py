@@ -1107,3 +1107,37 @@ def test_qdq_convs_run_on_the_integer_conv_and_match_onnxruntime(tmp_path):
         got = np.asarray(mod(**feeds))
         for want in (_literal(model, feeds)[0], _ort(model, feeds)[0]):
             assert np.max(np.abs(got - want)) <= step
+
+
+def test_a_qdq_matmul_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path):
+    """A QDQ MatMul (rule matmul_dequantized) is one int8 GEMM kernel, its requantization in the
+    epilogue (fuse_requantize), within one output step of onnxruntime (literal and deployed)."""
+    h = onnx.helper
+    rng = np.random.default_rng(13)
+    w = (rng.standard_normal((24, 40)) * 0.2).astype(np.float32)
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g", [h.make_tensor_value_info("x", F32T, [3, 5, 24])],
+                     [h.make_tensor_value_info("y", F32T, [3, 5, 40])], [onnx.numpy_helper.from_array(w, "w")])
+    f32, f = tmp_path / "mm.onnx", tmp_path / "mm-qdq.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(f32))
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": rng.standard_normal((3, 5, 24)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quant.quantize_static(str(f32), str(f), Reader(), quant_format=quant.QuantFormat.QDQ,
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    model = onnx.load(str(f))
+    mod = eqfuse.compile(str(f))
+    (gemm,) = [k for k in mod.kernels if k.kind == "contraction"]
+    assert mod.report["precision"][gemm.name]["precision"] == "int8" and "eqf_quantize(" in gemm.c_source
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    (last,) = [n for n in model.graph.node if "y" in n.output]
+    step = float(inits[last.input[1]])
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((3, 5, 24)).astype(np.float32)}
+        got = np.asarray(mod(**feeds))
+        for want in (_literal(model, feeds)[0], _ort(model, feeds)[0]):
+            assert np.max(np.abs(got - want)) <= step
