@@ -1039,6 +1039,31 @@ graph im(x: u8[2, 3, 9, 10], w5: i8[4, 3, 5, 5], w1: i8[5, 3, 1, 1], w3: i8[6, 3
 """
 
 
+# A conv of 16 output channels (one 16-column panel) large enough to share among threads: its
+# chunks are the panel's blocks of rows (tile "mb"), here run on 2 threads
+ROW_BLOCKS_G = """
+graph rb(x: u8[1, 16, 20, 20], w: i8[16, 16, 3, 3], xz: u8, wz: i8, s: f32, z: u8) {
+    return quantize_linear(cast(conv_integer(x, w, xz, wz, padding=1), to="f32") * s, 1.0, z)
+}
+"""
+
+
+def test_an_integer_conv_of_one_panel_splits_its_rows_among_threads():
+    rng = np.random.default_rng(8)
+    mod = eqfuse.compile(ROW_BLOCKS_G)
+    (k,) = [k for k in mod.kernels if k.kind == "contraction"]
+    assert k.decisions["parallel"] == 1 and k.tiles["nr"] == 16 and k.tiles["mb"] < 400, k.tiles
+    assert re.search(rf"#define \w+_MB {k.tiles['mb']}L", k.c_source)
+    mod.default.threads = 2
+    x = {"x": rng.integers(0, 256, (1, 16, 20, 20)).astype(np.uint8), "w": rng.integers(-128, 128, (16, 16, 3, 3)).astype(np.int8),
+         "xz": np.asarray(3, np.uint8), "wz": np.asarray(0, np.int8), "s": np.asarray(1e-3, np.float32),
+         "z": np.asarray(128, np.uint8)}
+    got = mod(**x)
+    acc = OPS["conv_integer"].numpy([x["x"], x["w"], x["xz"], x["wz"]], {"stride": 1, "padding": 1, "dilation": 1, "group": 1})
+    want = OPS["quantize_linear"].numpy([(acc.astype(np.float32) * x["s"]).astype(np.float32), np.float32(1.0), x["z"]], {})
+    assert got.dtype == np.uint8 and np.array_equal(got, want)
+
+
 def test_the_integer_conv_im2col_copies_every_kernel_row_width():
     rng = np.random.default_rng(7)
     x = {"x": rng.integers(0, 256, (2, 3, 9, 10)).astype(np.uint8), "xz": np.asarray(77, np.uint8),
