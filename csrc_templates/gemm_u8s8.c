@@ -33,7 +33,8 @@
  * vpmaddubsw would saturate their int16 sum; 0 = the same sums in plain C (no AVX2).
  *
  * Threads: the NR-column panels are chunks of the claim-based pool (common_pool.h), each panel
- * computed over all rows in MR-row tiles. Its K is walked in blocks of KC ({{KC}}) so that the
+ * computed over all rows in MR-row tiles; with few panels (MB {{MB}} < M), a chunk is a panel's
+ * block of MB rows (chunk c: panel c / RBLOCKS, rows from (c % RBLOCKS) MB). Its K is walked in blocks of KC ({{KC}}) so that the
  * block of B's panel stays in L1 while every row tile passes over it; the int32 partial sums of a
  * block wait for the next in a buffer of M x NR per thread (eqf_scratch).
  * The finished MR x NR tile of int32 sums leaves the micro-kernel into a buffer in L1, from where
@@ -53,6 +54,8 @@
 #define {{NAME}}_NR {{NR}}
 #define {{NAME}}_EDGE ({{NAME}}_M % {{NAME}}_MR ? (int)({{NAME}}_M % {{NAME}}_MR) : {{NAME}}_MR)
 #define {{NAME}}_KC {{KC}}L /* K per block (a multiple of 4, or K itself: one block) */
+#define {{NAME}}_MB {{MB}}L /* rows per chunk of the threads' work (M: a chunk is a whole panel) */
+#define {{NAME}}_RBLOCKS (({{NAME}}_M + {{NAME}}_MB - 1) / {{NAME}}_MB)
 /* the plan's other choices (`eqfuse lower`'s plan: and precision: lines) */
 #define {{NAME}}_PATH {{PATH}} /* the instruction path: 3 avx512_vnni, 2 avx_vnni, 1 fallback, 0 plain C */
 #define {{NAME}}_A_S8 {{A_S8}} /* A is s8: read as u8 a ^ 0x80 */
@@ -278,7 +281,11 @@ static void {{NAME}}_quantize(void* ctx, long c)
 #if {{NAME}}_IM2COL
 /* The im2col of one image's group of channels X (IM2COL): rows [r0, r1) (pixels) of the A buffer,
  * tap k = (c KH + u) KW + v of pixel (oh, ow) reading x[c][oh SH - PH + u DH][ow SW - PW + v DW],
- * or the zero point's byte where that is padding; and the rows' sums when rowsum is not NULL */
+ * or the zero point's byte where that is padding; and the rows' sums when rowsum is not NULL.
+ * A kernel row (c, u) is KW bytes: the zero point's where its x row is padding; copied with no
+ * test per tap where every tap of it lies inside x (all pixels but the few at the left and right
+ * edges): a memcpy without dilation, four bytes at once for a row of fewer (3 x 3 convs); tested
+ * tap by tap at the edges. */
 typedef struct {
     const uint8_t* X;
     uint8_t* A;
@@ -287,6 +294,9 @@ typedef struct {
 } {{NAME}}_cjob;
 
 #define {{NAME}}_CROWS 32L /* pixels per chunk of the im2col */
+/* a kernel row of fewer than 4 bytes copied as 4 (one load and store; rows of 4-7 as 8 were
+ * slower on the 7 x 7 stem of `benchmarks/bench_models.py --quantized static --model resnet18`) */
+#define {{NAME}}_WIDE ({{NAME}}_KW < 4 ? 4L : 0L)
 
 static void {{NAME}}_im2col(void* ctx, long ch)
 {
@@ -294,16 +304,36 @@ static void {{NAME}}_im2col(void* ctx, long ch)
     const long r0 = ch * {{NAME}}_CROWS, r1 = r0 + {{NAME}}_CROWS < {{NAME}}_M ? r0 + {{NAME}}_CROWS : {{NAME}}_M;
     for (long p = r0; p < r1; p++) {
         const long oh = p / {{NAME}}_OW, ow = p % {{NAME}}_OW;
+        const long w0 = ow * {{NAME}}_SW - {{NAME}}_PW;
+        const int inside = w0 >= 0 && w0 + ({{NAME}}_KW - 1) * {{NAME}}_DW < {{NAME}}_W;
         uint8_t* restrict a = q->A + p * {{NAME}}_K;
         for (long c = 0; c < {{NAME}}_K / ({{NAME}}_KH * {{NAME}}_KW); c++) {
             const uint8_t* restrict xc = q->X + c * {{NAME}}_H * {{NAME}}_W;
             for (long u = 0; u < {{NAME}}_KH; u++) {
                 const long h = oh * {{NAME}}_SH - {{NAME}}_PH + u * {{NAME}}_DH;
-                for (long v = 0; v < {{NAME}}_KW; v++) {
-                    const long w = ow * {{NAME}}_SW - {{NAME}}_PW + v * {{NAME}}_DW;
-                    a[(c * {{NAME}}_KH + u) * {{NAME}}_KW + v] =
-                        h >= 0 && h < {{NAME}}_H && w >= 0 && w < {{NAME}}_W ? xc[h * {{NAME}}_W + w] : q->zp;
+                uint8_t* restrict ar = a + (c * {{NAME}}_KH + u) * {{NAME}}_KW;
+                if (h < 0 || h >= {{NAME}}_H) {
+                    for (long v = 0; v < {{NAME}}_KW; v++)
+                        ar[v] = q->zp;
+                    continue;
                 }
+                const uint8_t* restrict xr = xc + h * {{NAME}}_W;
+                const long kofs = (c * {{NAME}}_KH + u) * {{NAME}}_KW;
+                if (inside && {{NAME}}_WIDE && {{NAME}}_DW == 1 && w0 + {{NAME}}_WIDE <= {{NAME}}_W
+                    && kofs + {{NAME}}_WIDE <= {{NAME}}_K)
+                    /* WIDE bytes moved at once: the ones past KW belong to the next kernel row of
+                     * this pixel, which overwrites them next (never the next pixel's: kofs + WIDE <= K) */
+                    memcpy(ar, xr + w0, {{NAME}}_WIDE);
+                else if (inside && {{NAME}}_DW == 1)
+                    memcpy(ar, xr + w0, {{NAME}}_KW);
+                else if (inside)
+                    for (long v = 0; v < {{NAME}}_KW; v++)
+                        ar[v] = xr[w0 + v * {{NAME}}_DW];
+                else
+                    for (long v = 0; v < {{NAME}}_KW; v++) {
+                        const long w = w0 + v * {{NAME}}_DW;
+                        ar[v] = w >= 0 && w < {{NAME}}_W ? xr[w] : q->zp;
+                    }
             }
         }
         if (q->rowsum) {
@@ -329,9 +359,12 @@ typedef struct {
     {{EXTRA_FIELDS}}
 } {{NAME}}_job;
 
-/* One NR-column panel over all M rows of batch b: micro-kernel, then the epilogue per tile */
-static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long p)
+/* One NR-column panel over a block of MB rows of batch b (all M rows when MB is M): micro-kernel,
+ * then the epilogue per tile */
+static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
 {
+    const long p = chunk / {{NAME}}_RBLOCKS, m0 = chunk % {{NAME}}_RBLOCKS * {{NAME}}_MB;
+    const long m1 = m0 + {{NAME}}_MB < {{NAME}}_M ? m0 + {{NAME}}_MB : {{NAME}}_M;
     const {{NAME}}_job* jb = ctx;
     const uint8_t* restrict A = jb->A;
     const int8_t* restrict bp = jb->P + p * {{NAME}}_PANEL_BYTES;
@@ -364,8 +397,8 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long p)
     for (long g0 = 0; g0 < {{NAME}}_KGP; g0 += {{NAME}}_KCG) {
       const long g1 = g0 + {{NAME}}_KCG < {{NAME}}_KGP ? g0 + {{NAME}}_KCG : {{NAME}}_KGP;
       const int last = g1 == {{NAME}}_KGP;
-      for (long i0 = 0; i0 < {{NAME}}_M; i0 += {{NAME}}_MR) {
-        const int mr = {{NAME}}_M - i0 < {{NAME}}_MR ? (int)({{NAME}}_M - i0) : {{NAME}}_MR;
+      for (long i0 = m0; i0 < m1; i0 += {{NAME}}_MR) {
+        const int mr = m1 - i0 < {{NAME}}_MR ? (int)(m1 - i0) : {{NAME}}_MR;
         const int32_t* init = g0 ? part + i0 * {{NAME}}_NR : NULL;
         int32_t* dst = last ? tile : part + i0 * {{NAME}}_NR;
         /* (the last M % MR rows: a kernel of that many rows, unrolled like the full one) */
@@ -464,7 +497,7 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
         const long img = {{NAME}}_IM2COL ? b / {{NAME}}_G : b, jofs = {{NAME}}_IM2COL ? (b % {{NAME}}_G) * {{NAME}}_N : 0;
         {{NAME}}_job job = {A, P, rowsum, C0 + b * {{NAME}}_M * {{LDC}}L, img, jofs, az,
                             bzp + ({{NAME}}_BZP_PER_COL ? jofs : 0), &nomem{{EXTRA_INIT}}};
-        eqf_parallel_for({{NAME}}_PANELS, {{NAME}}_panel, &job, threads);
+        eqf_parallel_for({{NAME}}_PANELS * {{NAME}}_RBLOCKS, {{NAME}}_panel, &job, threads);
     }
     if (__atomic_load_n(&nomem, __ATOMIC_RELAXED))
         eqf_nomem_note();

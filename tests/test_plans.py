@@ -109,7 +109,7 @@ CHOICES: dict[str, dict[str, str]] = {
                "BF16": "precision_path", "A_TRANSPOSED": "a_transposed", "B_TRANSPOSED": "b_transposed"},
     "gemm_skinny.c": {"MR": "mr", "NR": "nr", "GROUPS": "groups", "PF": "pf", "PACK_PARTS": "pack_parts",
                       "PARALLEL": "parallel", "BF16": "precision_path", "A_TRANSPOSED": "a_transposed"},
-    "gemm_u8s8.c": {"MR": "mr", "NR": "nr", "KC": "kc", "PATH": "precision_path", "A_S8": "a_s8", "B_U8": "b_u8",
+    "gemm_u8s8.c": {"MR": "mr", "NR": "nr", "KC": "kc", "MB": "mb", "PATH": "precision_path", "A_S8": "a_s8", "B_U8": "b_u8",
                     "BZP_PER_COL": "bzp_per_col", "PREPACKED_B": "prepacked_b", "PARALLEL": "parallel",
                     "QUANT_A": "quantize_a", "IM2COL": "im2col"},
     "index.c": {"PARALLEL": "parallel", "IN_BLOCKED": "in_blocked", "OUT_BLOCKED": "out_blocked", "VL": "vl",

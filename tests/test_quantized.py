@@ -282,11 +282,10 @@ def test_quantized_model_matches_onnxruntime(quantized, tmp_path):
     if ops & set(integer):  # each integer matmul and conv one integer GEMM, on this machine's instruction path
         int8 = [v["path"] for v in module.report["precision"].values() if v["precision"] == "int8"]
         assert int8 == [qgemm.int8_path(machine())] * sum(n.op_type in integer for n in model.graph.node)
-    if how == "dynamic":  # each integer GEMM quantizes its A itself: no u8 tensor, no kernel
+    if how == "dynamic":  # each integer GEMM and conv quantizes its A itself: no u8 tensor, no kernel
         quantizing = [k.name for k in module.kernels if k.decisions.get("quantize_a")]
-        assert len(quantizing) == sum(n.op_type == "MatMulInteger" for n in model.graph.node), quantizing
-        if "ConvInteger" not in ops:  # (a conv's x is quantized by a pointwise kernel: no rule takes it in)
-            assert not any(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in module.kernels)
+        assert len(quantizing) == sum(n.op_type in ("MatMulInteger", "ConvInteger") for n in model.graph.node), quantizing
+        assert not any(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in module.kernels)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     (last,) = [n for n in model.graph.node if model.graph.output[0].name in n.output]
     tracer = None
@@ -987,3 +986,183 @@ def test_a_contrib_op_eqfuse_lacks_is_named_with_its_domain(tmp_path, capsys):
     assert main(["opt", str(f)]) == 2
     err = capsys.readouterr().err
     assert "unsupported ONNX op 'com.microsoft.QLinearWhere' in node 'qnode'" in err and "Traceback" not in err, err
+
+
+def _dynamic_quantize_model(shape):
+    h = onnx.helper
+    node = h.make_node("DynamicQuantizeLinear", ["x"], ["y", "ys", "yz"], name="dql")
+    g = h.make_graph([node], "dql", [h.make_tensor_value_info("x", F32T, shape)],
+                     [onnx.ValueInfoProto(name=n) for n in ("y", "ys", "yz")])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_dynamic_quantize_reads_x_once_and_matches_onnxruntime(tmp_path):
+    """DynamicQuantizeLinear's range is one pass over x (dynamic_range), its scale and zero point
+    scalar kernels over those two floats: y, scale and zero point equal onnxruntime's, on a size
+    that is not a multiple of the pass's 64 lanes, with the minimum or maximum in the tail, all
+    negative, all positive, all zero; a NaN is passed over as eqfuse's reference does."""
+    f = tmp_path / "dql.onnx"
+    onnx.save(_dynamic_quantize_model([3, 67]), str(f))
+    module = eqfuse.compile(str(f))
+    # x's 201 floats looped over by the range and the quantize only; the scale and zero point
+    # from the range's two floats
+    ops = {k.decisions["op"]: "201L" in k.c_source for k in module.kernels if k.kind == "index"}
+    assert ops == {"dynamic_range": True, "dynamic_scale": False, "dynamic_zero_point": False}, ops
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 67)).astype(np.float32)
+    tail_min, tail_max = x.copy(), x.copy()
+    tail_min[2, 66], tail_max[2, 65] = -9.0, 9.0
+    cases = {"random": x, "tail-min": tail_min, "tail-max": tail_max, "negative": -np.abs(x) - 0.1,
+             "positive": np.abs(x) + 0.1, "zero": np.zeros_like(x)}
+    for what, v in cases.items():
+        want = _literal(_dynamic_quantize_model([3, 67]), {"x": v})
+        got = module(x=v)
+        for w, g in zip(want, got):
+            g = np.asarray(g)
+            assert g.dtype == w.dtype and np.array_equal(g.reshape(w.shape), w), (what, g, w)
+    ref = eqfuse.reference(str(f))
+    nan = x.copy()
+    nan[1, 5] = np.nan
+    for w, g in zip(ref(x=nan), module(x=nan)):
+        w, g = np.asarray(w), np.asarray(g)
+        assert np.array_equal(g, w), (g, w)
+
+
+# Integer convs whose kernel rows take each of the im2col's copies: a 5 x 5 kernel (rows of five
+# bytes, memcpy), 1 x 1 (one byte: four at once but at a pixel's last row), 3 x 3 at stride 1 on a
+# width whose last columns leave fewer than four bytes in the x row (per tap there).
+IM2COL_G = """
+graph im(x: u8[2, 3, 9, 10], w5: i8[4, 3, 5, 5], w1: i8[5, 3, 1, 1], w3: i8[6, 3, 3, 3], xz: u8, wz: i8) {
+    return conv_integer(x, w5, xz, wz, stride=2, padding=2), conv_integer(x, w1, xz, wz),
+           conv_integer(x, w3, xz, wz, padding=1)
+}
+"""
+
+
+# A conv of 16 output channels (one 16-column panel) large enough to share among threads: its
+# chunks are the panel's blocks of rows (tile "mb"), here run on 2 threads
+ROW_BLOCKS_G = """
+graph rb(x: u8[1, 16, 20, 20], w: i8[16, 16, 3, 3], xz: u8, wz: i8, s: f32, z: u8) {
+    return quantize_linear(cast(conv_integer(x, w, xz, wz, padding=1), to="f32") * s, 1.0, z)
+}
+"""
+
+
+def test_an_integer_conv_of_one_panel_splits_its_rows_among_threads():
+    rng = np.random.default_rng(8)
+    mod = eqfuse.compile(ROW_BLOCKS_G)
+    (k,) = [k for k in mod.kernels if k.kind == "contraction"]
+    assert k.decisions["parallel"] == 1 and k.tiles["nr"] == 16 and k.tiles["mb"] < 400, k.tiles
+    assert re.search(rf"#define \w+_MB {k.tiles['mb']}L", k.c_source)
+    mod.default.threads = 2
+    x = {"x": rng.integers(0, 256, (1, 16, 20, 20)).astype(np.uint8), "w": rng.integers(-128, 128, (16, 16, 3, 3)).astype(np.int8),
+         "xz": np.asarray(3, np.uint8), "wz": np.asarray(0, np.int8), "s": np.asarray(1e-3, np.float32),
+         "z": np.asarray(128, np.uint8)}
+    got = mod(**x)
+    acc = OPS["conv_integer"].numpy([x["x"], x["w"], x["xz"], x["wz"]], {"stride": 1, "padding": 1, "dilation": 1, "group": 1})
+    want = OPS["quantize_linear"].numpy([(acc.astype(np.float32) * x["s"]).astype(np.float32), np.float32(1.0), x["z"]], {})
+    assert got.dtype == np.uint8 and np.array_equal(got, want)
+
+
+def test_the_integer_conv_im2col_copies_every_kernel_row_width():
+    rng = np.random.default_rng(7)
+    x = {"x": rng.integers(0, 256, (2, 3, 9, 10)).astype(np.uint8), "xz": np.asarray(77, np.uint8),
+         "wz": np.asarray(-5, np.int8)}
+    for n, s in (("w5", (4, 3, 5, 5)), ("w1", (5, 3, 1, 1)), ("w3", (6, 3, 3, 3))):
+        x[n] = rng.integers(-128, 128, s).astype(np.int8)
+    mod = eqfuse.compile(IM2COL_G)
+    assert sum(k.decisions.get("im2col", 0) for k in mod.kernels) == 3
+    conv = OPS["conv_integer"].numpy
+    geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
+    want = [conv([x["x"], x["w5"], x["xz"], x["wz"]], geo(stride=2, padding=2)),
+            conv([x["x"], x["w1"], x["xz"], x["wz"]], geo()), conv([x["x"], x["w3"], x["xz"], x["wz"]], geo(padding=1))]
+    for g, w in zip(mod(**x), want):
+        assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w)
+
+
+def _qdq_conv_model(path):
+    """Two convs as quantize_static writes them (QDQ: u8 activations, i8 weights per tensor, the
+    first with a bias, whose ReLU the quantizer folds into the next QuantizeLinear)."""
+    h = onnx.helper
+    rng = np.random.default_rng(11)
+    w1, b1 = (rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32), (rng.standard_normal(16) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((16, 16, 3, 3)) * 0.1).astype(np.float32)
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", F32T, [1, 8, 12, 12])],
+                     [h.make_tensor_value_info("y", F32T, [1, 16, 6, 6])],
+                     [onnx.numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"))])
+    f32 = path.with_name("conv-f32.onnx")
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(f32))
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": rng.standard_normal((1, 8, 12, 12)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quant.quantize_static(str(f32), str(path), Reader(), quant_format=quant.QuantFormat.QDQ,
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    return onnx.load(str(path))
+
+
+def test_qdq_convs_run_on_the_integer_conv_and_match_onnxruntime(tmp_path):
+    """A QDQ conv (DequantizeLinear of x and of the weight, Conv, QuantizeLinear) runs as the
+    integer conv (rules conv_dequantized, conv_dequantized_bias), its dequantization, bias and
+    requantization in the kernel's epilogue (fuse_requantize_conv, _bias): one int8 kernel per conv,
+    no f32 conv, no separate quantize kernel after it. Its output is within one step of the
+    output's scale of onnxruntime's, literal and deployed (docs/precision.md's bound). (The rules'
+    soundness: tests/test_soundness.py, as every built-in rule's.)"""
+    f = tmp_path / "conv-qdq.onnx"
+    model = _qdq_conv_model(f)
+    assert {n.op_type for n in model.graph.node} >= {"QuantizeLinear", "DequantizeLinear", "Conv"}
+    mod = eqfuse.compile(str(f))
+    convs = [k for k in mod.kernels if k.kind == "contraction"]
+    assert len(convs) == 2 and all(k.decisions.get("im2col") == 1 for k in convs)
+    assert [mod.report["precision"][k.name]["precision"] for k in convs] == ["int8", "int8"]
+    assert all("eqf_quantize(" in k.c_source for k in convs)  # (the requantization in each conv's epilogue)
+    # the only other quantize: the model input's, x's QuantizeLinear
+    assert sum(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in mod.kernels) == 1
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    (last,) = [n for n in model.graph.node if "y" in n.output]
+    step = float(inits[last.input[1]])
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((1, 8, 12, 12)).astype(np.float32)}
+        got = np.asarray(mod(**feeds))
+        for want in (_literal(model, feeds)[0], _ort(model, feeds)[0]):
+            assert np.max(np.abs(got - want)) <= step
+
+
+def test_a_qdq_matmul_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path):
+    """A QDQ MatMul (rule matmul_dequantized) is one int8 GEMM kernel, its requantization in the
+    epilogue (fuse_requantize), within one output step of onnxruntime (literal and deployed)."""
+    h = onnx.helper
+    rng = np.random.default_rng(13)
+    w = (rng.standard_normal((24, 40)) * 0.2).astype(np.float32)
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g", [h.make_tensor_value_info("x", F32T, [3, 5, 24])],
+                     [h.make_tensor_value_info("y", F32T, [3, 5, 40])], [onnx.numpy_helper.from_array(w, "w")])
+    f32, f = tmp_path / "mm.onnx", tmp_path / "mm-qdq.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(f32))
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": rng.standard_normal((3, 5, 24)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quant.quantize_static(str(f32), str(f), Reader(), quant_format=quant.QuantFormat.QDQ,
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    model = onnx.load(str(f))
+    mod = eqfuse.compile(str(f))
+    (gemm,) = [k for k in mod.kernels if k.kind == "contraction"]
+    assert mod.report["precision"][gemm.name]["precision"] == "int8" and "eqf_quantize(" in gemm.c_source
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    (last,) = [n for n in model.graph.node if "y" in n.output]
+    step = float(inits[last.input[1]])
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((3, 5, 24)).astype(np.float32)}
+        got = np.asarray(mod(**feeds))
+        for want in (_literal(model, feeds)[0], _ort(model, feeds)[0]):
+            assert np.max(np.abs(got - want)) <= step

@@ -300,6 +300,10 @@ OP_SEMANTICS = {
     "dynamic_zero_point": ("x: f32[3, 4]", 'cast(dynamic_zero_point(x + 0.5), to="f32")',
                            lambda x: min(255, max(0, round(-min(x.min() + 0.5, 0) / (
                                (max(x.max() + 0.5, 0) - min(x.min() + 0.5, 0)) / 255))))),
+    # ... the range itself, [min(x, 0), max(x, 0)], and the scale of it: that of x
+    "dynamic_range": ("x: f32[3, 4]", "dynamic_range(x + 0.5) + dynamic_scale(dynamic_range(x - 1.0))",
+                      lambda x: np.array([min(x.min() + 0.5, 0), max(x.max() + 0.5, 0)], np.float32)
+                      + np.float32(max(x.max() - 1, 0) - min(x.min() - 1, 0)) / np.float32(255)),
 }
 
 

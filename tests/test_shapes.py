@@ -133,7 +133,7 @@ CASES = {
                        (["i8: 2, 4, 3", "i8: 2, 3, 5", "i8: ", "i8: "], "")],
     "conv_integer": [(["u8: B, 4, 8, 8", "i8: 6, 2, 3, 3", "u8: ", "i8: 6"], "padding=1, group=2"),
                      (["i8: 1, 3, 9, 7", "i8: 4, 3, 3, 3", "i8: ", "i8: "], "stride=2, dilation=[1, 2]")],
-    **{name: [(["B, 3"], ""), ([""], ""), (["2, 3, 4"], "")] for name in ("dynamic_scale", "dynamic_zero_point")},
+    **{name: [(["B, 3"], ""), ([""], ""), (["2, 3, 4"], "")] for name in ("dynamic_scale", "dynamic_zero_point", "dynamic_range")},
     "cast": [(["i64: B, 3"], 'to="f32"'), (["u8: 4"], 'to="i32"'), (["i8: 4"], 'to="f32"'), (["B, 3"], 'to="i8"'), (["B, 3"], 'to="i64"'), (["bool: 4"], 'to="i32"'), (["i32: 4"], 'to="bool"')],
     "expand": [(["3"], "shape=[2, 3]"), (["B, 1"], "shape=[1, 5]"), ([""], "shape=[4]")],
     "clip": [(["B, 3"], "min=0"), (["i64: 4"], "min=0, max=2"), (["4"], "")],

@@ -57,6 +57,11 @@ UNSOUND = {
     # quantizing rounds: the other order is not the identity
     "q_dq": "rule q_dq: dequantize_linear(quantize_linear(?x, ?s, ?z), ?s, ?z) => ?x "
             "where const(?s) and ?s > 0 and ?s <= 1e36 and rank(?z) == 0",
+    # a conv of dequantized operands scaled by x's scale only (conv shapes are drawn: found)
+    "conv_dq_one_scale": "rule conv_dq_one_scale: conv2d(dequantize_linear(?x, ?xs, ?xz), dequantize_linear(?w, ?ws, ?wz), "
+                         "stride=?s, padding=?p, dilation=?d, group=?g) => cast(conv_integer(?x, ?w, ?xz, ?wz, stride=?s, "
+                         "padding=?p, dilation=?d, group=?g), to=\"f32\") * ?xs where const(?xs) and const(?ws) "
+                         "and ?xs >= 1e-10 and ?xs <= 1e10 and ?ws >= 1e-10 and ?ws <= 1e10 and rank(?xz) == 0 and rank(?wz) == 0",
     # softmax over the wrong axis
     "softmax_axis": "rule softmax_axis: exp(?x) / sum(exp(?x), axis=0, keepdims=true) => softmax(?x) "
                     "where rank(?x) >= 1",

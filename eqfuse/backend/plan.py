@@ -108,7 +108,7 @@ class KernelPlan:
 # The ops of a quantized model's integer path (eqfuse.ir.ops_quant): onnxruntime runs each as its
 # own node, rounding every product and every sum in f32.
 QUANT_OPS = frozenset({"quantize_linear", "dequantize_linear", "matmul_integer", "conv_integer", "dynamic_scale",
-                       "dynamic_zero_point"})
+                       "dynamic_zero_point", "dynamic_range"})
 
 
 def rounds_as_written(body: Graph) -> bool:

@@ -186,6 +186,7 @@ TORCH: dict[str, Callable] = {
     "conv_integer": _conv_integer,
     "dynamic_scale": lambda t, a, at: _dynamic_scale(t, a[0]),
     "dynamic_zero_point": lambda t, a, at: t.clamp(t.round(-t.clamp(a[0].min(), max=0) / _dynamic_scale(t, a[0])), 0, 255).to(t.uint8),
+    "dynamic_range": lambda t, a, at: t.stack([t.clamp(a[0].min(), max=0), t.clamp(a[0].max(), min=0)]),
     "matmul_integer": lambda t, a, at: t.matmul(a[0].long() - a[2].long(), a[1].long() - a[3].long()).int(),
     "expand": lambda t, a, at: t.broadcast_to(a[0], t.broadcast_shapes(a[0].shape, tuple(at["shape"]))),
     "clip": lambda t, a, at: t.clamp(a[0], at["min"], at["max"]),

@@ -118,9 +118,12 @@ def _dequantize(imp, ins, at):
 def _dynamic_quantize(imp, ins, at):
     """onnxruntime's formula in f32: the range [min(x, 0), max(x, 0)], scale = its width / 255 (1
     when it is empty), zero point = saturate(round(-min / scale)), y = saturate(round(x / scale) + zp).
-    The scale and the zero point are one op each (eqfuse.ir.ops_quant), y a quantize_linear."""
+    The scale and the zero point are one op each (eqfuse.ir.ops_quant), y a quantize_linear; both
+    are taken of dynamic_range(x), the same values (a range's range is itself), so that x is read
+    once for the range, not once for each."""
     x = imp.data(ins[0], imp.node.input[0])
-    scale, zp = imp.op("dynamic_scale", [x]), imp.op("dynamic_zero_point", [x])
+    r = imp.op("dynamic_range", [x])
+    scale, zp = imp.op("dynamic_scale", [r]), imp.op("dynamic_zero_point", [r])
     return [imp.op("quantize_linear", [x, scale, zp]), scale, zp]
 
 

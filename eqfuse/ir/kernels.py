@@ -431,7 +431,7 @@ ROW_OPS = ("softmax", "layernorm", "rmsnorm", "softmax_grad", "layernorm_grad") 
 # The index ops that have a kernel (eqfuse.backend.kinds.index.BUILDERS has one builder each).
 INDEX_KERNEL_OPS = frozenset({"range", "gather", "scatter_add", "gather_elements", "cumsum", "argmax", "tril",
                               "triu", "pad", "max_pool2d", "avg_pool2d", "pool2d_grad", "scatter_elements_add",
-                              "dynamic_scale", "dynamic_zero_point"})
+                              "dynamic_scale", "dynamic_zero_point", "dynamic_range"})
 
 
 def _match_pointwise(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:

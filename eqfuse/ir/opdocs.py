@@ -78,6 +78,7 @@ DOCS: dict[str, tuple[str, str]] = {
     "conv_integer": ("x, w, x_zp, w_zp", "conv2d(x - x_zp, w - w_zp) of u8/i8 operands, exact in i32, padded with x_zp (x_zp scalar, w_zp scalar or per output channel): ONNX ConvInteger"),
     "dynamic_scale": ("x", "ONNX DynamicQuantizeLinear's scale of x: (hi - lo) / 255 in f32 (1 when hi == lo) over lo = min(x, 0), hi = max(x, 0)"),
     "dynamic_zero_point": ("x", "ONNX DynamicQuantizeLinear's zero point of x: saturate(round_half_even(-lo / dynamic_scale(x))), u8"),
+    "dynamic_range": ("x", "[lo, hi] = [min(x, 0), max(x, 0)] in f32 (NaN passed over), shape [2]: dynamic_scale and dynamic_zero_point of it are those of x"),
     "expand": ("x", "x broadcast to shape= (numpy broadcasting of x with that shape)"),
     "clip": ("x", "x limited to [min, max] (either bound optional); NaN stays NaN"),
     "leaky_relu": ("x", "x where x >= 0, else alpha * x"),

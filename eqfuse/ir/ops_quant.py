@@ -11,11 +11,15 @@ QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger nodes 
                                      [lo, hi] = [min(x, 0), max(x, 0)], (hi - lo) / 255 in f32 (1
                                      when hi == lo)
     dynamic_zero_point(x)            its zero point: saturate(round_half_even(-lo / scale)), u8
+    dynamic_range(x)                 the range itself, f32 [2]: [min(x, 0), max(x, 0)]
 
-The last two are one op each, not the min / max / where / divide they are made of: each is one
-pass over x (an index kernel), and the e-graph does not fuse the dozen scalar ops of every
-DynamicQuantizeLinear into each other and into every kernel that reads the scale (which, before
-every conv of a dynamically quantized ResNet, grew the fusion e-graph past its time limit).
+The last three are one op each, not the min / max / where / divide they are made of: each is an
+index kernel, and the e-graph does not fuse the dozen scalar ops of every DynamicQuantizeLinear
+into each other and into every kernel that reads the scale (which, before every conv of a
+dynamically quantized ResNet, grew the fusion e-graph past its time limit).
+The range of a range is itself (it holds 0: lo <= 0 <= hi), so dynamic_scale(dynamic_range(x)) is
+dynamic_scale(x) and likewise the zero point: the ONNX importer writes them so, x read in one pass
+by dynamic_range and the scale and zero point two scalar kernels over its two floats.
 
 scale and zp broadcast against x as numpy does: per-tensor they are scalars, per-channel (ONNX's
 axis=) they are shaped to broadcast along that axis ([C, 1, 1] for axis 1 of NCHW), so the first two
@@ -103,8 +107,16 @@ def _dynamic_zero_point_np(args, attrs):
     return _quantize_np([-lo, scale, np.zeros((), np.uint8)], {})
 
 
+def _dynamic_range_np(args, attrs):
+    return np.asarray(_dynamic_range(args[0]), np.float32)
+
+
 def _scalar_infer(ts, attrs):
     return TType(())
+
+
+def _pair_infer(ts, attrs):
+    return TType((2,))
 
 
 # The C reads the saturation range off the zero point's C type (EQF_QLO / EQF_QHI in common.h).
@@ -120,7 +132,9 @@ define(name="matmul_integer", kind="contraction", arity=(4, 4), infer=_matmul_in
 # weights its B, the requantization or dequantization its epilogue
 define(name="conv_integer", kind="contraction", arity=(4, 4), infer=_conv_integer_infer, dtype="matmul_integer",
     numpy=_conv_integer_np, attrs=OPS["conv2d"].attrs)
-# DynamicQuantizeLinear's scale and zero point: index kernels (one pass over x each, eqfuse.backend.kinds.index)
+# DynamicQuantizeLinear's scale and zero point, and the range they are computed over: index kernels
+# (one pass over x each, eqfuse.backend.kinds.index)
 define(name="dynamic_scale", kind="index", arity=(1, 1), infer=_scalar_infer, dtype="float", numpy=_dynamic_scale_np)
 define(name="dynamic_zero_point", kind="index", arity=(1, 1), infer=_scalar_infer, dtype="dynamic_zero_point",
     numpy=_dynamic_zero_point_np)
+define(name="dynamic_range", kind="index", arity=(1, 1), infer=_pair_infer, dtype="float", numpy=_dynamic_range_np)

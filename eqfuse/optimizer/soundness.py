@@ -9,11 +9,14 @@ How inputs are drawn (`eqfuse check-rules` and the test suite use this module):
   every axis, every variable the base shape, one axis, a suffix or a broadcast of it), which meets
   patterns of several matmuls over one batch (attention's gradient). A variable tested with
   `const(?c)` is a scalar. A condition `?v == TERM` (an attribute variable or a constant compared
-  with a shape term) sets ?v directly.
+  with a shape term) sets ?v directly, and a condition rank(?v) == 0 makes ?v a scalar, as
+  const(?v) does (a per-tensor scale or zero point beside a rank-4 conv input is then met as
+  often as the conv's operands are).
 - Attribute variables take values the left side admits, drawn when the op that reads them is
   evaluated: a permutation of the input's axes for perm=, a reshape target of the same size
   (sometimes with -1) for shape=, an axis or axis set of the input's rank, true/false, one of a
-  string attribute's choices, a small eps.
+  string attribute's choices, a small eps; a conv's stride and dilation 1 or 2, its padding 0 or
+  1, its group mostly 1, else a divisor of the input's channels.
 - Values: even trials draw from +-[0.25, 3] (both signs, away from 0 so a quotient stays
   finite), odd trials from [0.25, 3] (the domain of log, sqrt, rsqrt and fractional pow, so
   those ops are compared on real numbers too). A NaN must appear at the same places on both
@@ -29,9 +32,9 @@ How inputs are drawn (`eqfuse check-rules` and the test suite use this module):
 - Quantized ops (the op table's dtype rules quantize, dequantize, matmul_integer): per trial one
   dtype, u8 or i8, is drawn; a variable in an integer position (the data of dequantize_linear, a
   zero point, an operand of matmul_integer) takes integers over that dtype's whole range, kept in
-  that dtype, and a variable in a scale position is half the time an f32 edge value (0,
-  a subnormal, 1e36, a value whose products overflow), so that a rule true only for ordinary
-  scales gets a counterexample. u8 / i8 results keep their dtype; the sides must then
+  that dtype (a zero point is a scalar in three draws of four, per tensor), and a variable in a
+  scale position is half the time an f32 edge value (0, a subnormal, 1e36, a value whose
+  products overflow), so that a rule true only for ordinary scales gets a counterexample. u8 / i8 results keep their dtype; the sides must then
   have the same dtype and be equal integer for integer.
 """
 
@@ -52,12 +55,13 @@ RTOL, ATOL = 1e-4, 1e-5
 OP_TOLERANCE: dict[str, tuple[float, float]] = {}  # op name -> (rtol, atol) when a rule uses it
 # The roles of a quantized op's operands, by the op's dtype rule (eqfuse.ir.dtypes).
 QUANT_ROLES: dict[str, dict[int, str]] = {
-    "quantize": {1: "scale", 2: "int"},
-    "dequantize": {0: "int", 1: "scale", 2: "int"},
-    "matmul_integer": {0: "int", 1: "int", 2: "int", 3: "int"},
+    "quantize": {1: "scale", 2: "zp"},
+    "dequantize": {0: "int", 1: "scale", 2: "zp"},
+    "matmul_integer": {0: "int", 1: "int", 2: "zp", 3: "zp"},
 }
 EDGE_SCALES = (0.0, 1e-44, 1e36, 3e38)  # zero, a subnormal, the largest whose 255 multiple is finite, overflowing
 ATTEMPTS = 400  # shape draws per trial before giving up
+CONV_OPS = ("conv2d", "conv_integer")  # ops whose group= and dilation= are drawn as a conv's (draw_attr)
 SQUARE_AFTER = 200  # then every other draw is square (draw_shapes)
 
 
@@ -137,7 +141,8 @@ def ops_used(p) -> set[str]:
 
 
 def roles(p, out: dict[str, str] | None = None) -> dict[str, str]:
-    """Tensor variable -> "int" or "scale", where a quantized op reads it (the first such use)."""
+    """Tensor variable -> "int", "zp" (an integer that is a zero point) or "scale", where a
+    quantized op reads it (the first such use)."""
     out = {} if out is None else out
     for q in walk(p):
         if isinstance(q, POp):
@@ -161,7 +166,7 @@ class Env:
         self.attrs: dict[str, Any] = {}
 
     def values(self, shape, role: str | None = None) -> np.ndarray:
-        if role == "int":
+        if role in ("int", "zp"):
             info = np.iinfo(NUMPY_DTYPE[self.qdtype])
             return self.rng.integers(info.min, info.max + 1, size=shape).astype(info.dtype)
         if role == "scale" and self.rng.random() < 0.5:
@@ -256,6 +261,11 @@ def draw_attr(rng, spec, op: str, x: np.ndarray | None):
         k = int(rng.integers(1, rank + 1))
         axes = sorted(int(a) for a in rng.choice(rank, size=k, replace=False))
         return tuple(a - rank if rng.random() < 0.5 else a for a in axes)
+    if spec.name == "group" and op in CONV_OPS:  # (one group, or a divisor of x's channels)
+        c = x.shape[1] if x is not None and x.ndim == 4 else 1
+        return 1 if rng.random() < 0.6 else int(rng.choice([g for g in range(1, c + 1) if c % g == 0]))
+    if spec.name == "dilation" and op in CONV_OPS:
+        return int(rng.integers(1, 3))
     if spec.kind == "int":
         if spec.name in ("start", "stop"):
             return int(rng.integers(-3, 4))
@@ -349,6 +359,17 @@ def holds(c: Cond, env: Env) -> bool:
         return False
 
 
+def scalar_vars(conds) -> set[str]:
+    """The tensor variables a condition rank(?v) == 0 makes scalars (drawn of shape ())."""
+    out = set()
+    for c in conds:
+        if isinstance(c, Cond) and c.op == "==":
+            for a, b in ((c.lhs, c.rhs), (c.rhs, c.lhs)):
+                if isinstance(a, tuple) and len(a) == 2 and a[0] == "rank" and b == 0:
+                    out.add(a[1])
+    return out
+
+
 def _solve(conds, env: Env) -> None:
     """Conditions `?v == TERM` set an attribute variable or a constant directly."""
     for c in conds:
@@ -372,11 +393,14 @@ def _solve(conds, env: Env) -> None:
 
 def _draw(rule: Rule, rng, positive: bool) -> tuple[Env, np.ndarray] | None:
     consts = {c.var for c in rule.conds if isinstance(c, Test) and c.fn == "const"}
+    scalars = consts | scalar_vars(rule.conds)
     names = tensor_vars(rule.lhs)
     kinds = roles(rule.rhs, roles(rule.lhs))
     for attempt in range(ATTEMPTS):
         env = Env(rng, positive, consts, kinds)
-        env.shapes = draw_shapes(rng, names, consts, square=attempt >= SQUARE_AFTER and attempt % 2 == 1)
+        # (a zero point is per tensor in most draws, as quantizers write activations' zero points)
+        zps = {n for n, r in kinds.items() if r == "zp" and rng.random() < 0.75}
+        env.shapes = draw_shapes(rng, names, scalars | zps, square=attempt >= SQUARE_AFTER and attempt % 2 == 1)
         env.tensors = {n: env.values(s, kinds.get(n)) for n, s in env.shapes.items()}
         try:
             _solve(rule.conds, env)

@@ -59,6 +59,20 @@ def int8_tile(path: str, N: int) -> tuple[int, int]:
     return (6, 8) if N <= 8 else (4, 16)  # 4 x 2 + 2 x 2 + 2 (+ 2 products) = 16 ymm
 
 
+CHUNKS_MIN = 4  # chunks per call the threads share: panels, or panels x row blocks when there are fewer
+
+
+def int8_row_block(M: int, panels: int, mr: int, parallel: bool) -> int:
+    """Rows per chunk of the threads' work (tile "mb"): all M when the panels alone are
+    CHUNKS_MIN or more (each chunk one panel over every row, as B's panel block stays in L1 while
+    every row tile passes over it); else M split into row blocks (a whole number of MR-row tiles)
+    so that panels x blocks reach CHUNKS_MIN: a conv of 16 or 32 output channels is one panel,
+    which one thread would otherwise compute alone while the others wait."""
+    if not parallel or panels >= CHUNKS_MIN:
+        return M
+    return min(M, cdiv(cdiv(M, cdiv(CHUNKS_MIN, panels)), mr) * mr)
+
+
 def int8_kc(K: int, nr: int, m: Machine) -> int:
     """K per block of the integer GEMM (a multiple of 4): the block of a B panel, KC x NR bytes,
     within half of L1, so that it stays there while every MR-row tile passes over it (with the
@@ -134,8 +148,8 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
     kc = min(int8_kc(K, nr, m), K)
-    plan.tiles = {"mr": mr, "nr": nr, "kc": kc}
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
+    plan.tiles = {"mr": mr, "nr": nr, "kc": kc, "mb": int8_row_block(gM, cdiv(N, nr), mr, par)}
     plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par, qa,
                               im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else ())
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
@@ -145,8 +159,9 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
                         f"{'ok' if kc * nr <= m.l1 // 2 else 'NO'} (the whole panel {kg * 4 * nr} B <= L2/2: "
                         f"{'ok' if kg * 4 * nr <= m.l2 // 2 else 'NO'}); partial sums M x nr x 4 = {gM * nr * 4} B"
                         + (" per thread between K blocks" if blocks > 1 else " (one K block: none)"))
-    plan.threads = (f"the {panels} {nr}-column panels claimed one at a time by the threads of the claim-based pool "
-                    "(common_pool.h)" if par else
+    mb = plan.tiles["mb"]
+    plan.threads = (f"the {panels} {nr}-column panels" + (f" x {cdiv(gM, mb)} blocks of {mb} rows" if mb < gM else "")
+                    + " claimed one at a time by the threads of the claim-based pool (common_pool.h)" if par else
                     f"one thread ({calls * gM * N * K} multiply-adds < {PARALLEL_MIN_FMAS}, plan_gemm.PARALLEL_MIN_FMAS)")
     op = {"avx512_vnni": "vpdpbusd zmm (u8 x s8 K-groups of 4, int32)",
           "avx_vnni": "vpdpbusd ymm, VEX (u8 x s8 K-groups of 4, int32)",
@@ -210,7 +225,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
     c, h, w, kh, kw, (sh, sw), (ph, pw), (dh, dw), ow = d.geometry or (0, 0, 0, 0, 0, (0, 0), (0, 0), (0, 0), 0)
     ta, tb, tz, tw = (C_TYPE[body.nodes[x].type.dtype] for x in (a_in, *mm.args[1:]))
     src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
-                 KC=plan.tiles["kc"],
+                 KC=plan.tiles["kc"], MB=plan.tiles["mb"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
                  PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col),
                  G=d.groups, CI=c, H=h, W=w, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, OW=ow, PATH=INT8_PATHS[plan.precision_path],
