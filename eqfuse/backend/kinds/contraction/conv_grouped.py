@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.cexpr import kernel_params, param_job, render
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     Prepack,
@@ -96,6 +96,13 @@ class ConvGroupedDetail:
         tile's lane the input channel its output channel reads (a depthwise conv, a channel
         multiplier, groups smaller than a vector)."""
         return (self.cg != 1 or self.og != 1) and self.og >= self.vl
+
+    @property
+    def regions(self) -> bool:
+        """Whether the parallel loop is an eqf_region range (common_pool.h), which the call runs as
+        OpenMP's static split or on the claim-based pool (eqfuse.runtime.load.call_threads): the
+        channels path's tasks; the pixels path keeps its OpenMP loop."""
+        return self.channels
 
     @property
     def blocks(self) -> int:
@@ -299,4 +306,5 @@ def emit_conv_grouped(plan: KernelPlan) -> str:
                   TRANSPOSE=transpose_c(d.vl, f"{plan.name}_vf") if d.channels else "", PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), PLANE=plan.tiles.get("plane", 0), N=d.N, C=d.C, H=d.H, W=d.W,
                   O=d.O, G=d.group, CG=d.cg, OG=d.og, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW, SH=d.stride[0],
-                  SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], DH=d.dilation[0], DW=d.dilation[1])
+                  SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], DH=d.dilation[0], DW=d.dilation[1],
+                  **param_job(params))
