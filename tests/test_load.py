@@ -172,6 +172,23 @@ def test_each_call_picks_openmp_the_pool_or_the_caller_for_its_loops(monkeypatch
     assert load.call_threads(1, team) == (1, 1)  # (one thread asked: nothing read)
 
 
+def test_a_graph_without_openmp_kernels_runs_its_loops_on_the_pool_when_every_core_is_free(monkeypatch):
+    # (docs/backend.md "Threads": a single conv between calls from Python finds OpenMP's worker
+    # asleep; the pool's caller starts at once and its worker lingers after the call)
+    team = lambda n: [1]  # noqa: E731
+    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
+    _reading(monkeypatch, total=1, process=1, own=1)  # quiet
+    assert load.call_threads(2, team, openmp_kernels=False) == (2, 2)
+    assert load.call_threads(2, team, openmp_kernels=True) == (2, load.OPENMP)
+    load._last[0] = 0.0
+    _reading(monkeypatch, total=3, process=3, own=1)  # peer threads spinning: the pool, as before
+    assert load.call_threads(2, team, openmp_kernels=False) == (1, 2)
+    load._last[0] = 0.0
+    _reading(monkeypatch, total=2, process=1, own=1)  # another process: the caller alone, as before
+    assert load.call_threads(2, team, openmp_kernels=False) == (1, 1)
+    assert load.call_threads(1, team, openmp_kernels=False) == (1, 1)
+
+
 def test_a_reading_that_saw_peers_is_kept_a_short_while(monkeypatch):
     team = lambda n: [1]  # noqa: E731
     monkeypatch.setattr(load, "_last", [0.0, 0, 0])

@@ -8,7 +8,10 @@ of a result; each result is numpy's within the documented bound.
 One f32 module holds a few-rows GEMM (the pool's panels), a reduction of rows (OpenMP), direct
 convs (channels and pixels in the lanes), a max pool between convs (blocked), an average pool
 (NCHW) and a Winograd conv; one bf16 module a direct conv and a Winograd conv (their bf16
-templates; under -m extended). Each is compiled once, at 2 threads, and called in every mode."""
+templates; under -m extended). Each is compiled once, at 2 threads, and called in every mode.
+A third module has only eqf_region kernels (grouped convs with channels in the lanes: depthwise,
+and groups of a masked vector; a small max pool on one thread): with no OpenMP kernel its call runs the loops on the
+pool even when every core is free (load.call_threads' `openmp_kernels`)."""
 
 from __future__ import annotations
 
@@ -31,6 +34,13 @@ graph g(a: f32[8, 512], w: f32[512, 1024], q: f32[64, 4096], x: f32[1, 8, 128, 1
 BF16 = """
 graph h(x: f32[1, 32, 28, 28], k0: f32[32, 32, 3, 3], k1: f32[64, 32, 3, 3]) -> (f32[1, 32, 28, 28], f32[1, 64, 14, 14]) {
   return relu(conv2d(x, k0, padding=1)), conv2d(x, k1, stride=2, padding=1)
+}
+"""
+
+GROUPED = """
+graph gr(x: f32[1, 48, 30, 30], k0: f32[48, 1, 7, 7], k1: f32[48, 24, 3, 3]) -> f32[1, 48, 15, 15] {
+  d = relu(conv2d(x, k0, padding=3, group=48))
+  return max_pool2d(conv2d(d, k1, padding=1, group=2), kernel_size=2, stride=2)
 }
 """
 
@@ -65,6 +75,13 @@ def bf16():
     return eqfuse.compile(BF16, params=w, threads=2, precision="bf16"), xs, w
 
 
+@pytest.fixture(scope="module")
+def grouped():
+    xs = _inputs({"x": (1, 48, 30, 30), "k0": (48, 1, 7, 7), "k1": (48, 24, 3, 3)}, 2)
+    w = {k: xs.pop(k) for k in ("k0", "k1")}
+    return eqfuse.compile(GROUPED, params=w, threads=2), xs, w
+
+
 def _regions(mod) -> dict:
     return next(iter(mod.functions.values())).last.runner.last_threads()
 
@@ -77,7 +94,7 @@ def _region_kinds(mod, xs) -> tuple[set, set]:
     for p in next(iter(mod.functions.values())).last.plans:
         d = p.detail
         if getattr(d, "regions", False) and d.parallel is True:
-            kind = getattr(d, "algorithm", None) or d.op
+            kind = getattr(d, "algorithm", None) or getattr(d, "op", None) or type(d).__name__
             seen.add((p.precision, kind))
             if getattr(d, "in_blocked", False) or getattr(d, "out_blocked", False):
                 blocked.add(kind)
@@ -125,3 +142,30 @@ def test_bf16_convs_give_the_same_bits_in_every_mode(bf16, monkeypatch):
             want = got if want is None else want
             for g, r in zip(got, want):
                 assert np.array_equal(g, r), mode
+
+
+def test_a_graph_of_region_loops_alone_runs_them_on_the_pool_in_every_mode_with_the_same_bits(grouped, monkeypatch):
+    mod, xs, w = grouped
+    seen, _ = _region_kinds(mod, xs)
+    assert ("f32", "ConvGroupedDetail") in seen, seen
+    plans = next(iter(mod.functions.values())).last.plans
+    convs = [p.detail for p in plans if type(p.detail).__name__ == "ConvGroupedDetail"]
+    assert [(d.channels, d.grouped, d.parallel) for d in convs] == [(True, False, True), (True, True, True)], convs
+    runner = next(iter(mod.functions.values())).last.runner
+    assert runner._openmp is False  # (no kernel opens an OpenMP region)
+    ref = np.asarray(eqfuse.reference(GROUPED)(**xs, **w))
+    want = None
+    # every core free: the pool (the rule); forced to OpenMP's static split as a graph with OpenMP
+    # kernels would run it; another runtime's threads: the pool; other processes: the caller
+    for mode, openmp, expect in (("openmp", False, ("pool", 2)), ("openmp", True, ("openmp", 2)),
+                                 ("pool", False, ("pool", 2)), ("caller", False, ("caller", 1))):
+        _mode(monkeypatch, mode)
+        monkeypatch.setattr(runner, "_openmp", openmp)
+        for _ in range(5):
+            got = np.asarray(mod(**xs))
+            t = _regions(mod)
+            assert (t["regions"], t["region_threads"]) == expect, (mode, openmp, t)
+            if want is None:
+                want = got
+                np.testing.assert_allclose(got, ref.reshape(got.shape), rtol=2e-4, atol=2e-4)
+            assert np.array_equal(got, want), (mode, openmp)

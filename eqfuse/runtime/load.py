@@ -180,13 +180,22 @@ OPENMP = 0  # the mode of the eqf_region loops when every core is free: OpenMP's
 
 
 def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | None = None,
-                 pool: Callable[[], Sequence[int]] | None = None) -> tuple[int, int]:
+                 pool: Callable[[], Sequence[int]] | None = None, openmp_kernels: bool = True) -> tuple[int, int]:
     """(OpenMP's threads, the mode of the eqf_region loops: OPENMP or the claim-based pool's
     threads) for one call, from one reading (team and pool as for `threads_now`):
 
-    - every core free (`threads_now` gives what was asked): the loops run as OpenMP's static split
-      on its team, the fastest split when each thread has a core; torch's OpenMP workers are that
-      team (one libgomp), so a call beside torch runs so too;
+    - every core free (`threads_now` gives what was asked), in a graph with OpenMP kernels
+      (`openmp_kernels`: GEMMs, row kernels, ...): the loops run as OpenMP's static split on its
+      team, the fastest split when each thread has a core, and one team for the whole call;
+      torch's OpenMP workers are that team (one libgomp), so a call beside torch runs so too;
+    - every core free in a graph whose parallel loops are all eqf_region or pool loops (a single
+      conv, a chain of convs and pooling): the loops on the claim-based pool with the threads
+      asked. Between two calls from Python OpenMP's worker has gone to sleep (GOMP_SPINCOUNT,
+      docs/backend.md "Threads"), and a static split waits at its end for a worker that comes
+      late; the pool's caller starts at once and claims what the worker does not reach, and the
+      worker lingers a few hundred microseconds after the call (common_pool.h,
+      EQF_POOL_LINGER_NS), so that the next call finds it awake
+      (benchmarks/bench_conv.py --set convnext --threads 1 --threads 2);
     - another runtime's threads running in this process (onnxruntime's, OpenVINO's): not one
       thread, but the loops on the claim-based pool with the threads other processes leave free
       (`region_threads`): the caller claims whatever the worker does not reach, so a spinning peer
@@ -199,5 +208,5 @@ def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | N
         return 1, 1
     omp = threads_now(requested, team, pool)
     if omp == requested:
-        return omp, OPENMP
+        return omp, OPENMP if openmp_kernels else requested
     return omp, region_threads(requested, team, pool)

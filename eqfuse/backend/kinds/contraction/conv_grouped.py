@@ -42,6 +42,7 @@ import os
 from dataclasses import dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, param_job, render
+from eqfuse.backend.kinds.base import REGIONS
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     Prepack,
@@ -271,7 +272,7 @@ def _plan_channels(plan: KernelPlan, body, a: int, cv, d: ConvGroupedDetail, m: 
     plan.cache_check = (f"a band's input tile {bhp} x {bwp} x {lanes} and output tile {d.band} x {tw} x {d.vl}: "
                         f"{tile} B <= L2 {m.l2} B: {'ok' if tile <= m.l2 else 'NO'}")
     nt = d.N * d.blocks * cdiv(d.OH, d.band)
-    plan.threads = (f"the {nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows) split evenly"
+    plan.threads = (f"the {nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows), {REGIONS}"
                     if d.parallel else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
     bf16 = plan.precision == "bf16"
