@@ -107,16 +107,17 @@ void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
            TW = (OW + RW - 1) / RW * RW /* the columns computed: whole register tiles */,                    \
            BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, BWP = (TW - 1) * SW + (KW - 1) * DW + 1 }
 
-#if {{CHANNELS}}
-/* The channels path's parallel loop over its tasks, an eqf_region range (common_pool.h): run as
- * OpenMP's static split or on the claim-based pool, as the call picked. A range's tiles are the
- * thread's scratch buffers (EQF_SCRATCH_CONV_TILE), their zero border made at the range's first
- * task of a band. */
+/* The parallel loop over the tasks (channels) or the output planes (pixels), an eqf_region range
+ * (common_pool.h): run as OpenMP's static split or on the claim-based pool, as the call picked. A
+ * range's tiles are the thread's scratch buffers (EQF_SCRATCH_CONV_TILE), their zero border made
+ * at the range's first task of a band (channels) or at its start (pixels). */
 typedef struct {
     {{PARAM_FIELDS}}
-    const float* wpk;
-    int failed; /* a range could not get its tiles (atomic) */
+    const float* wpk; /* (channels) */
+    int failed;       /* a range could not get its tiles (atomic) */
 } {{NAME}}_job;
+
+#if {{CHANNELS}}
 
 static void {{NAME}}_tasks(void* job, long lo, long hi)
 {
@@ -342,40 +343,27 @@ static void {{NAME}}_tasks(void* job, long lo, long hi)
         }
     }
 }
-#endif
-
-void {{NAME}}({{PARAMS}})
+#else
+static void {{NAME}}_planes(void* job, long lo, long hi)
 {
     {{NAME}}_DIMS;
-    int failed = 0;
-#if {{CHANNELS}}
-    {{NAME}}_BLOCKS;
-#if {{PREPACKED}}
-    const float* wpk = {{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
-#else
-    float* wpk = eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
-    if (!wpk) {
-        eqf_nomem_note();
-        return;
-    }
-    {{NAME}}_prepack({{WEIGHTS}}, wpk);
-#endif
-    {{NAME}}_job job = { {{PARAM_INIT}}, wpk, 0 };
-    eqf_region((long)N * NCB * NBAND, {{NAME}}_tasks, &job, {{PARALLEL}});
-    failed = job.failed;
-#else
+    {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
 {{EXTRAS}}
     const float* restrict x = {{X}};
     const float* restrict wt = {{WEIGHTS}};
-    #pragma omp parallel if ({{PARALLEL}}) reduction(| : failed)
     {
-        float* restrict xp = (float*)calloc((size_t)HP * WP, sizeof(float));
-        if (!xp)
-            failed = 1;
-        #pragma omp for schedule(static)
-        for (long t = 0; t < (long)N * O; t++) {
-            if (!xp)
-                continue;
+        float* restrict xp = eqf_scratch(EQF_SCRATCH_CONV_TILE, (long)HP * WP);
+        if (!xp) {
+            __atomic_store_n(&jb->failed, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        /* the copy's border, which no task writes (the copies fill rows PH.. and columns PW..) */
+        for (long r = 0; r < HP; r++)
+            for (long c = 0; c < WP; c++)
+                if (r < PH || r >= PH + HC || c < PW || c >= PW + WC)
+                    xp[r * WP + c] = 0.0f;
+        for (long t = lo; t < hi; t++) {
             const long b = t / O, i = t % O, grp = i / OG;
             float* restrict acc_plane = out + t * (long){{NAME}}_PLANE;
             for (long ci = 0; ci < CG; ci++) {
@@ -405,8 +393,33 @@ void {{NAME}}({{PARAMS}})
             }
             (void)b;
         }
-        free(xp);
     }
+}
+#endif
+
+void {{NAME}}({{PARAMS}})
+{
+    {{NAME}}_DIMS;
+    int failed = 0;
+#if {{CHANNELS}}
+    {{NAME}}_BLOCKS;
+#if {{PREPACKED}}
+    const float* wpk = {{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
+#else
+    float* wpk = eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
+    if (!wpk) {
+        eqf_nomem_note();
+        return;
+    }
+    {{NAME}}_prepack({{WEIGHTS}}, wpk);
+#endif
+    {{NAME}}_job job = { {{PARAM_INIT}}, wpk, 0 };
+    eqf_region((long)N * NCB * NBAND, {{NAME}}_tasks, &job, {{PARALLEL}});
+    failed = job.failed;
+#else
+    {{NAME}}_job job = { {{PARAM_INIT}}, NULL, 0 };
+    eqf_region((long)N * O, {{NAME}}_planes, &job, {{PARALLEL}});
+    failed = job.failed;
 #endif
     if (failed)
         eqf_nomem_note();

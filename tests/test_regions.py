@@ -9,8 +9,8 @@ One f32 module holds a few-rows GEMM (the pool's panels), a reduction of rows (O
 convs (channels and pixels in the lanes), a max pool between convs (blocked), an average pool
 (NCHW) and a Winograd conv; one bf16 module a direct conv and a Winograd conv (their bf16
 templates; under -m extended). Each is compiled once, at 2 threads, and called in every mode.
-A third module has only eqf_region kernels (grouped convs with channels in the lanes: depthwise,
-and groups of a masked vector; a small max pool on one thread): with no OpenMP kernel its call runs the loops on the
+A third module has only eqf_region kernels (grouped convs with channels in the lanes, depthwise
+and groups of a masked vector, and with pixels in the lanes; a small max pool on one thread): with no OpenMP kernel its call runs the loops on the
 pool even when every core is free (load.call_threads' `openmp_kernels`)."""
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ graph h(x: f32[1, 32, 28, 28], k0: f32[32, 32, 3, 3], k1: f32[64, 32, 3, 3]) -> 
 """
 
 GROUPED = """
-graph gr(x: f32[1, 48, 30, 30], k0: f32[48, 1, 7, 7], k1: f32[48, 24, 3, 3]) -> f32[1, 48, 15, 15] {
+graph gr(x: f32[1, 48, 40, 40], k0: f32[48, 1, 7, 7], k1: f32[48, 24, 3, 3], k2: f32[48, 1, 3, 3]) -> f32[1, 48, 20, 20] {
   d = relu(conv2d(x, k0, padding=3, group=48))
-  return max_pool2d(conv2d(d, k1, padding=1, group=2), kernel_size=2, stride=2)
+  e = conv2d(conv2d(d, k1, padding=1, group=2), k2, padding=1, group=48)
+  return max_pool2d(e, kernel_size=2, stride=2)
 }
 """
 
@@ -77,8 +78,8 @@ def bf16():
 
 @pytest.fixture(scope="module")
 def grouped():
-    xs = _inputs({"x": (1, 48, 30, 30), "k0": (48, 1, 7, 7), "k1": (48, 24, 3, 3)}, 2)
-    w = {k: xs.pop(k) for k in ("k0", "k1")}
+    xs = _inputs({"x": (1, 48, 40, 40), "k0": (48, 1, 7, 7), "k1": (48, 24, 3, 3), "k2": (48, 1, 3, 3)}, 2)
+    w = {k: xs.pop(k) for k in ("k0", "k1", "k2")}
     return eqfuse.compile(GROUPED, params=w, threads=2), xs, w
 
 
@@ -150,7 +151,9 @@ def test_a_graph_of_region_loops_alone_runs_them_on_the_pool_in_every_mode_with_
     assert ("f32", "ConvGroupedDetail") in seen, seen
     plans = next(iter(mod.functions.values())).last.plans
     convs = [p.detail for p in plans if type(p.detail).__name__ == "ConvGroupedDetail"]
-    assert [(d.channels, d.grouped, d.parallel) for d in convs] == [(True, False, True), (True, True, True)], convs
+    # depthwise 7x7 and groups of 24 with channels in the lanes, depthwise 3x3 with pixels
+    assert [(d.channels, d.grouped, d.parallel) for d in convs] == [(True, False, True), (True, True, True),
+                                                                    (False, False, True)], convs
     runner = next(iter(mod.functions.values())).last.runner
     assert runner._openmp is False  # (no kernel opens an OpenMP region)
     ref = np.asarray(eqfuse.reference(GROUPED)(**xs, **w))

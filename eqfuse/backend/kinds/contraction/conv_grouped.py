@@ -101,9 +101,9 @@ class ConvGroupedDetail:
     @property
     def regions(self) -> bool:
         """Whether the parallel loop is an eqf_region range (common_pool.h), which the call runs as
-        OpenMP's static split or on the claim-based pool (eqfuse.runtime.load.call_threads): the
-        channels path's tasks; the pixels path keeps its OpenMP loop."""
-        return self.channels
+        OpenMP's static split or on the claim-based pool (eqfuse.runtime.load.call_threads): both
+        paths' (the channels path's tasks, the pixels path's output planes)."""
+        return True
 
     @property
     def blocks(self) -> int:
@@ -249,7 +249,7 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     plane = (hp * wp + OH * OW) * F32
     plan.cache_check = (f"a padded input plane {hp} x {wp} and an output plane {OH} x {OW}: {plane} B <= L2 {m.l2} B: "
                         f"{'ok' if plane <= m.l2 else 'NO'}")
-    plan.threads = (f"the {N * O} output planes (image, channel) split evenly" if par
+    plan.threads = (f"the {N * O} output planes (image, channel), {REGIONS}" if par
                     else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
     plan.uops = [UOp(0, "Loop", f"{N * O} output planes (image, channel), {g} groups of {CG} input channels",
