@@ -55,8 +55,9 @@ PEERS_INTERVAL = 0.005  # seconds a reading that saw another runtime's threads r
 
 _lock = threading.Lock()
 # (time of the last read, free cores then with this process's other running threads counted as
-# holding cores, and with them counted as the call's own: `free_cores`, `free_cores_beside_peers`)
-_last = [0.0, 0, 0]
+# holding cores, and with them counted as the call's own: `free_cores`, `free_cores_beside_peers`;
+# the OpenMP team's workers then running, when the reading asked: `call_threads`)
+_last = [0.0, 0, 0, 0]
 
 
 def cpus() -> int:
@@ -71,10 +72,12 @@ def running_total(text: str) -> int:
     return int(text.split()[3].split("/")[0])
 
 
-def running_counts(task_dir: str = "/proc/self/task", mine: Collection[int] | None = None) -> tuple[int, int]:
+def running_counts(task_dir: str = "/proc/self/task", mine: Collection[int] | None = None,
+                   also: Collection[int] | None = None) -> tuple[int, ...]:
     """(this process's threads in state R, running or runnable; those of them whose thread ids are
-    in `mine`, all of them without it), in one pass over the task directory."""
-    n = own = 0
+    in `mine`, all of them without it), in one pass over the task directory; with `also`, a third
+    count: those whose ids are in it."""
+    n = own = other = 0
     for tid in os.listdir(task_dir):
         try:
             with open(f"{task_dir}/{tid}/stat") as f:
@@ -84,7 +87,8 @@ def running_counts(task_dir: str = "/proc/self/task", mine: Collection[int] | No
         if stat[stat.rindex(")") + 2] == "R":  # the state follows the command name "(...)"
             n += 1
             own += mine is None or int(tid) in mine
-    return n, own
+            other += also is not None and int(tid) in also
+    return (n, own) if also is None else (n, own, other)
 
 
 def running_own(task_dir: str = "/proc/self/task", mine: Collection[int] | None = None) -> int:
@@ -93,20 +97,26 @@ def running_own(task_dir: str = "/proc/self/task", mine: Collection[int] | None 
     return running_counts(task_dir, mine)[1]
 
 
-def _read(now: float | None, mine: Callable[[], Collection[int]] | None) -> list:
+def _read(now: float | None, mine: Callable[[], Collection[int]] | None,
+          workers: Callable[[], Collection[int]] | None = None) -> list:
     """`_last`, read again from /proc when it is INTERVAL old (PEERS_INTERVAL when it saw another
-    runtime's threads running: `_last[1] < _last[2]`)."""
+    runtime's threads running: `_last[1] < _last[2]`); with `workers` (the OpenMP team's threads
+    but the caller), `_last[3]` counts those of them running."""
     now = time.monotonic() if now is None else now
     if now - _last[0] < (INTERVAL if _last[1] == _last[2] else PEERS_INTERVAL) and _last[1]:
         return _last
     with _lock:
+        awake = 0
         try:
             with open("/proc/loadavg") as f:
                 total = running_total(f.read())
-            process, own = running_counts(mine=mine() if mine is not None else None)
+            if workers is None:
+                process, own = running_counts(mine=mine() if mine is not None else None)
+            else:
+                process, own, awake = running_counts(mine=mine() if mine is not None else None, also=workers())
         except (OSError, ValueError, IndexError):  # no /proc: every CPU is free
             total = process = own = 0
-        _last[:] = [now, max(1, cpus() - max(0, total - own)), max(1, cpus() - max(0, total - process))]
+        _last[:] = [now, max(1, cpus() - max(0, total - own)), max(1, cpus() - max(0, total - process)), awake]
         return _last
 
 
@@ -195,7 +205,10 @@ def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | N
       late; the pool's caller starts at once and claims what the worker does not reach, and the
       worker lingers a few hundred microseconds after the call (common_pool.h,
       EQF_POOL_LINGER_NS), so that the next call finds it awake
-      (benchmarks/bench_conv.py --set convnext --threads 1 --threads 2);
+      (benchmarks/bench_conv.py --set convnext --threads 1 --threads 2). But when the team's
+      OpenMP workers are running at the reading (torch's, spinning after its run: one libgomp),
+      they are awake: OpenMP's split, as in a graph with OpenMP kernels (a pool worker would
+      share a core with them: benchmarks/bench_load.py --kind peers, beside torch);
     - another runtime's threads running in this process (onnxruntime's, OpenVINO's): not one
       thread, but the loops on the claim-based pool with the threads other processes leave free
       (`region_threads`): the caller claims whatever the worker does not reach, so a spinning peer
@@ -206,7 +219,10 @@ def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | N
     requested = threads_requested(requested)
     if requested == 1:
         return 1, 1
+    if not openmp_kernels and team is not None:  # (one reading: the team's workers running too)
+        _read(None, lambda: team_ids(requested, team) | set(pool() if pool else ()),
+              lambda: team_ids(requested, team) - {threading.get_native_id()})
     omp = threads_now(requested, team, pool)
     if omp == requested:
-        return omp, OPENMP if openmp_kernels else requested
+        return omp, OPENMP if openmp_kernels or (len(_last) > 3 and _last[3] > 0) else requested
     return omp, region_threads(requested, team, pool)
