@@ -53,6 +53,7 @@ def _mode(monkeypatch, mode: str) -> None:
     free, beside = MODES[mode]
     monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: free)
     monkeypatch.setattr(load, "free_cores_beside_peers", lambda now=None, mine=None: beside)
+    monkeypatch.setattr(load, "team_running", lambda *a, **k: 0)  # (no OpenMP worker seen spinning)
 
 
 def _inputs(shapes: dict, seed: int) -> dict:

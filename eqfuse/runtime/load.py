@@ -219,10 +219,19 @@ def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | N
     requested = threads_requested(requested)
     if requested == 1:
         return 1, 1
-    if not openmp_kernels and team is not None:  # (one reading: the team's workers running too)
-        _read(None, lambda: team_ids(requested, team) | set(pool() if pool else ()),
-              lambda: team_ids(requested, team) - {threading.get_native_id()})
+    # (the reading that counts the team's workers first: threads_now's then finds it kept)
+    awake = not openmp_kernels and team is not None and team_running(requested, team, pool) > 0
     omp = threads_now(requested, team, pool)
     if omp == requested:
-        return omp, OPENMP if openmp_kernels or (len(_last) > 3 and _last[3] > 0) else requested
+        return omp, OPENMP if openmp_kernels or awake else requested
     return omp, region_threads(requested, team, pool)
+
+
+def team_running(requested: int, team: Callable[[int], Sequence[int]],
+                 pool: Callable[[], Sequence[int]] | None = None, now: float | None = None) -> int:
+    """The calling thread's OpenMP team's workers (team_ids but the caller) running at the reading
+    (read now when the last reading is old, with the call's own threads as `threads_now` counts
+    them). The first reading of a Python thread can find them spinning after `eqf_team_tids`'s
+    own region: its call then runs as OpenMP's split, as before this rule."""
+    return _read(now, lambda: team_ids(requested, team) | set(pool() if pool else ()),
+                 lambda: team_ids(requested, team) - {threading.get_native_id()})[3]
