@@ -134,11 +134,26 @@ def expand_convs(g: Graph) -> Graph:
     out = Graph(g.name, pos=g.pos)
     em = _GraphEm(out)
     ids: dict[int, int] = {}
+    # a conv1d's reshape back to [N, O, W] -> the conv2d-shaped value it views: a one-input
+    # pointwise op over it is applied before the reshape instead (elementwise, it commutes with
+    # any reshape), so that it can join the conv2d's kernel as its epilogue (Whisper's GELU after
+    # its conv1d: benchmarks/bench_conv.py --set whisper)
+    viewed: dict[int, int] = {}
     for i, n in enumerate(g.nodes):
         args = [ids[a] for a in n.args]
-        if n.op in EXPANDED:
+        if (n.body is None and len(args) == 1 and args[0] in viewed and OPS.get(n.op) is not None
+                and OPS[n.op].kind == "pointwise"):
+            em.pos = n.pos
+            inner = em.op(n.op, [viewed[args[0]]], **dict(n.attr))
+            ids[i] = em.op("reshape", [inner], shape=tuple(n.type.shape))
+            viewed[ids[i]] = inner
+            if n.name is not None:
+                out.nodes[ids[i]] = replace(out.nodes[ids[i]], name=n.name)
+        elif n.op in EXPANDED:
             em.pos = n.pos
             ids[i] = expand_node(em, n, args)
+            if n.op == "conv1d":
+                viewed[ids[i]] = out.nodes[ids[i]].args[0]
             if n.name is not None and out.nodes[ids[i]].name is None:
                 out.nodes[ids[i]] = replace(out.nodes[ids[i]], name=n.name)
         else:
