@@ -7,7 +7,8 @@ them (`expand_convs`); the .g text keeps them as written (`eqfuse opt` prints th
 optimized, in which they are conv2d):
 
 - conv1d(x [N, C, W], w [O, I, K]) is conv2d over a height of 1: reshape x to [N, C, 1, W] and
-  w to [O, I, 1, K], stride, padding and dilation [1, s], [0, p], [1, d], and reshape back;
+  w to [O, I, 1, K], stride, padding and dilation [1, s], [0, p], [1, d], and reshape back (after
+  the one-input pointwise ops that follow it, which then join the conv2d's kernel);
 - conv_transpose2d(x [N, C, H, W], w [C, O / g, kh, kw]) scatters each input pixel times the
   kernel into the output at stride x pixel - padding. That is a stride-1 conv2d over the input
   with (stride - 1) zeros between its pixels, padded by (kh - 1) x dilation - padding, with the
