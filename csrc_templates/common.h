@@ -403,7 +403,7 @@ static inline void eqf_softmax2_row(float* restrict s, long n, float* restrict m
  * EQFUSE_SCRATCH_LIMIT=BYTES (read when a buffer grows) makes any larger buffer fail as an
  * allocation failure would: a cap, and the hook the tests use to check the MemoryError path. */
 enum { EQF_SCRATCH_GEMM_A, EQF_SCRATCH_GEMM_B, EQF_SCRATCH_ATTENTION_KT, EQF_SCRATCH_CONV_COL, EQF_SCRATCH_ATTN_ROW,
-       EQF_SCRATCH_ATTN_STATS, EQF_SCRATCH_ATTENTION_V, EQF_SCRATCH_SLOTS };
+       EQF_SCRATCH_ATTN_STATS, EQF_SCRATCH_ATTENTION_V, EQF_SCRATCH_CONV_TILE, EQF_SCRATCH_SLOTS };
 typedef struct { float* buf[EQF_SCRATCH_SLOTS]; long cap[EQF_SCRATCH_SLOTS]; } eqf_scratch_set;
 static pthread_key_t eqf_scratch_key;
 static pthread_once_t eqf_scratch_once = PTHREAD_ONCE_INIT;

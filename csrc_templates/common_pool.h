@@ -72,6 +72,19 @@ static void eqf_pool_drain(unsigned long gen)
 enum { EQF_POOL_SPIN = 512 };
 static int eqf_pool_hot; /* run functions now holding the pool (eqf_pool_hold) */
 
+/* After a call whose parallel loops ran on the pool (eqf_region with a worker), the workers spin
+ * on until EQF_POOL_LINGER_NS after its end (eqf_pool_linger; checked every EQF_POOL_SPIN pauses,
+ * yielding the core to any other thread that wants it), then sleep on the condition variable (a
+ * futex). A time, not a count of pauses: a call of one parallel region (a single conv called
+ * again and again from Python) comes back within tens of microseconds, and a worker woken from
+ * sleep came late by more than its half of the region: on two threads such a call ran slower
+ * than on one (benchmarks/bench_conv.py --set convnext --threads 1 --threads 2). The linger is
+ * a few hundred microseconds, against libgomp's spin of a count of pauses (GOMP_SPINCOUNT, docs/backend.md
+ * "Threads"), which eqfuse leaves short for the OpenMP kernels. */
+enum { EQF_POOL_LINGER_NS = 300000 };
+static long eqf_pool_linger_until; /* monotonic ns until which idle workers spin (atomic) */
+static _Thread_local int eqf_region_pooled; /* the calling thread ran an eqf_region on the pool */
+
 /* Where the workers run: on any CPU the process may use except the caller's. Left to the
  * scheduler, a woken worker often went to the caller's CPU (the waker's), where the two took
  * turns: with another process busy on the other core, the MLP at batch 8 on 2 threads ran at
@@ -163,8 +176,12 @@ static void* eqf_pool_worker(void* arg)
                         sched_yield();
                         spin = 0; /* (released, it spins EQF_POOL_SPIN pauses more, as after a job) */
                     }
-                } else if (spin > EQF_POOL_SPIN)
-                    break;
+                } else if (spin > EQF_POOL_SPIN) {
+                    if (eqf_pool_now_ns() >= __atomic_load_n(&eqf_pool_linger_until, __ATOMIC_RELAXED))
+                        break;
+                    sched_yield(); /* (lingering: see EQF_POOL_LINGER_NS) */
+                    spin = 0;
+                }
                 eqf_pause();
             }
             if ((__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) != seen)
@@ -212,7 +229,8 @@ __attribute__((unused)) static int eqf_pool_threads(void)
 /* The run function's hold on the pool (*held: whether it holds it now). on = 1 before a kernel
  * that uses the pool, when the call may use more than one thread: the workers spin between jobs
  * instead of sleeping, and a sleeping one is woken now, so that it spins by the time the job
- * comes. on = 0 before a kernel that may open an OpenMP region, and at the call's end. */
+ * comes. on = 0 before a kernel that may open an OpenMP region, and at the call's end; it also
+ * ends the workers' linger after the last call (eqf_pool_linger). */
 __attribute__((unused)) static void eqf_pool_hold(int* held, int on)
 {
     if (on && !*held && eqf_pool_threads() > 1) {
@@ -227,6 +245,18 @@ __attribute__((unused)) static void eqf_pool_hold(int* held, int on)
         __atomic_fetch_sub(&eqf_pool_hot, 1, __ATOMIC_RELAXED);
         *held = 0;
     }
+    if (!on && __atomic_load_n(&eqf_pool_linger_until, __ATOMIC_RELAXED) != 0) /* (an OpenMP kernel's threads want the cores) */
+        __atomic_store_n(&eqf_pool_linger_until, 0, __ATOMIC_RELAXED);
+}
+
+/* The run function's end: after a call that ran an eqf_region on the pool, the workers linger
+ * (EQF_POOL_LINGER_NS); after any other, they stop lingering (an OpenMP kernel's threads want the
+ * cores). */
+__attribute__((unused)) static void eqf_pool_linger(void)
+{
+    __atomic_store_n(&eqf_pool_linger_until, eqf_region_pooled ? eqf_pool_now_ns() + EQF_POOL_LINGER_NS : 0,
+                     __ATOMIC_RELAXED);
+    eqf_region_pooled = 0;
 }
 
 __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, void* ctx, int threads)
@@ -376,6 +406,7 @@ __attribute__((unused)) static void eqf_region(long n, eqf_range_fn fn, void* ct
     const long per = (n + EQF_REGION_CHUNKS - 1) / EQF_REGION_CHUNKS, chunks = (n + per - 1) / per;
     eqf_region_job job = {fn, ctx, n, per, (unsigned long)chunks};
     eqf_region_front = 1;
+    eqf_region_pooled = 1;
     eqf_parallel_for(chunks, eqf_region_chunk, &job, threads);
     eqf_region_front = 0;
 }

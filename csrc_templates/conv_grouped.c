@@ -96,52 +96,56 @@ void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
 }
 #endif
 
-void {{NAME}}({{PARAMS}})
+#define {{NAME}}_DIMS                                                                                  \
+    enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, CG = {{CG}}, OG = {{OG}}, KH = {{KH}}, KW = {{KW}},   \
+           OH = {{OH}}, OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, DH = {{DH}}, DW = {{DW}},   \
+           HP = (OH - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1,                     \
+           /* the input rows and columns that some tap reads */                                             \
+           HC = H < HP - PH ? H : HP - PH, WC = W < WP - PW ? W : WP - PW,                                     \
+           CHANNELS = {{CHANNELS}}, PREFETCH = {{PREFETCH}}, VL = {{VL}}, RW = {{RW}}, BAND = {{BAND}},          \
+           GROUPED = {{GROUPED}}, NBAND = (OH + BAND - 1) / BAND,                                              \
+           TW = (OW + RW - 1) / RW * RW /* the columns computed: whole register tiles */,                    \
+           BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, BWP = (TW - 1) * SW + (KW - 1) * DW + 1 }
+
+/* The parallel loop over the tasks (channels) or the output planes (pixels), an eqf_region range
+ * (common_pool.h): run as OpenMP's static split or on the claim-based pool, as the call picked. A
+ * range's tiles are the thread's scratch buffers (EQF_SCRATCH_CONV_TILE), their zero border made
+ * at the range's first task of a band (channels) or at its start (pixels). */
+typedef struct {
+    {{PARAM_FIELDS}}
+    const float* wpk; /* (channels) */
+    int failed;       /* a range could not get its tiles (atomic) */
+} {{NAME}}_job;
+
+#if {{CHANNELS}}
+
+static void {{NAME}}_tasks(void* job, long lo, long hi)
 {
-    enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, CG = {{CG}}, OG = {{OG}}, KH = {{KH}}, KW = {{KW}},
-           OH = {{OH}}, OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, DH = {{DH}}, DW = {{DW}},
-           HP = (OH - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1,
-           /* the input rows and columns that some tap reads */
-           HC = H < HP - PH ? H : HP - PH, WC = W < WP - PW ? W : WP - PW,
-           CHANNELS = {{CHANNELS}}, PREFETCH = {{PREFETCH}}, VL = {{VL}}, RW = {{RW}}, BAND = {{BAND}},
-           GROUPED = {{GROUPED}}, NBAND = (OH + BAND - 1) / BAND,
-           TW = (OW + RW - 1) / RW * RW /* the columns computed: whole register tiles */,
-           BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, BWP = (TW - 1) * SW + (KW - 1) * DW + 1 };
+    {{NAME}}_DIMS;
     {{NAME}}_BLOCKS; /* SPAN, BPS, NCB (the blocks of output channels), CGP */
+    {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
 {{EXTRAS}}
     const float* restrict x = {{X}};
-    int failed = 0;
-#if {{CHANNELS}}
-#if {{PREPACKED}}
-    const float* wpk = {{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
-#else
-    float* wpk = eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
-    if (!wpk) {
-        eqf_nomem_note();
-        return;
-    }
-    {{NAME}}_prepack({{WEIGHTS}}, wpk);
-#endif
+    const float* wpk = jb->wpk;
     typedef {{NAME}}_vf vf;
     typedef {{NAME}}_vfu vfu;
     typedef int vi __attribute__((vector_size({{VL}} * 4)));
     (void)sizeof(vi);
-    #pragma omp parallel if ({{PARALLEL}}) reduction(| : failed)
     {
         /* (grouped: the band's rows of the group's CG input planes, zero-padded, as they are) */
         const size_t xbytes = ((size_t)BHP * BWP * (GROUPED ? CGP * sizeof(float) : CG * sizeof(vf)) + 63) / 64 * 64;
         const size_t obytes = ((size_t)BAND * TW * sizeof(vf) + 63) / 64 * 64;
-        vf* restrict xb = (vf*)aligned_alloc(64, xbytes);
-        vf* restrict ob = (vf*)aligned_alloc(64, obytes);
-        if (!xb || !ob)
-            failed = 1;
+        vf* restrict xb = (vf*)eqf_scratch(EQF_SCRATCH_CONV_TILE, (long)((xbytes + obytes) / sizeof(float)));
+        vf* restrict ob = xb ? xb + xbytes / sizeof(vf) : NULL;
+        if (!xb) {
+            __atomic_store_n(&jb->failed, 1, __ATOMIC_RELAXED);
+            return;
+        }
         long zeroed = -1; /* the band whose zero border xb holds (tasks of one band follow each other) */
         long held = -1; /* GROUPED: the (band, image, group) whose input rows xb holds */
         (void)held;
-        #pragma omp for schedule(static)
-        for (long t = 0; t < (long)N * NCB * NBAND; t++) {
-            if (!xb || !ob)
-                continue;
+        for (long t = lo; t < hi; t++) {
             const long oh0 = t / (N * NCB) * BAND, b = t % (N * NCB) / NCB, cb = t % NCB;
             const long c0 = cb / BPS * SPAN + cb % BPS * VL; /* the block's first output channel */
             const long cc = SPAN - cb % BPS * VL < VL ? SPAN - cb % BPS * VL : VL, nh = OH - oh0 < BAND ? OH - oh0 : BAND;
@@ -337,20 +341,29 @@ void {{NAME}}({{PARAMS}})
                 }
             }
         }
-        free(xb);
-        free(ob);
     }
+}
 #else
+static void {{NAME}}_planes(void* job, long lo, long hi)
+{
+    {{NAME}}_DIMS;
+    {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+{{EXTRAS}}
+    const float* restrict x = {{X}};
     const float* restrict wt = {{WEIGHTS}};
-    #pragma omp parallel if ({{PARALLEL}}) reduction(| : failed)
     {
-        float* restrict xp = (float*)calloc((size_t)HP * WP, sizeof(float));
-        if (!xp)
-            failed = 1;
-        #pragma omp for schedule(static)
-        for (long t = 0; t < (long)N * O; t++) {
-            if (!xp)
-                continue;
+        float* restrict xp = eqf_scratch(EQF_SCRATCH_CONV_TILE, (long)HP * WP);
+        if (!xp) {
+            __atomic_store_n(&jb->failed, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        /* the copy's border, which no task writes (the copies fill rows PH.. and columns PW..) */
+        for (long r = 0; r < HP; r++)
+            for (long c = 0; c < WP; c++)
+                if (r < PH || r >= PH + HC || c < PW || c >= PW + WC)
+                    xp[r * WP + c] = 0.0f;
+        for (long t = lo; t < hi; t++) {
             const long b = t / O, i = t % O, grp = i / OG;
             float* restrict acc_plane = out + t * (long){{NAME}}_PLANE;
             for (long ci = 0; ci < CG; ci++) {
@@ -380,8 +393,33 @@ void {{NAME}}({{PARAMS}})
             }
             (void)b;
         }
-        free(xp);
     }
+}
+#endif
+
+void {{NAME}}({{PARAMS}})
+{
+    {{NAME}}_DIMS;
+    int failed = 0;
+#if {{CHANNELS}}
+    {{NAME}}_BLOCKS;
+#if {{PREPACKED}}
+    const float* wpk = {{WEIGHTS}}; /* the blocks {{NAME}}_prepack made once */
+#else
+    float* wpk = eqf_scratch(EQF_SCRATCH_GEMM_B, {{NAME}}_prepack_floats());
+    if (!wpk) {
+        eqf_nomem_note();
+        return;
+    }
+    {{NAME}}_prepack({{WEIGHTS}}, wpk);
+#endif
+    {{NAME}}_job job = { {{PARAM_INIT}}, wpk, 0 };
+    eqf_region((long)N * NCB * NBAND, {{NAME}}_tasks, &job, {{PARALLEL}});
+    failed = job.failed;
+#else
+    {{NAME}}_job job = { {{PARAM_INIT}}, NULL, 0 };
+    eqf_region((long)N * O, {{NAME}}_planes, &job, {{PARALLEL}});
+    failed = job.failed;
 #endif
     if (failed)
         eqf_nomem_note();

@@ -345,3 +345,18 @@ def test_torch_compile_matches_eager(name):
     assert REPORTS and all(r.partitions for r in REPORTS), "eqfuse computed nothing"
     assert not {op for r in REPORTS for op, _ in r.fallbacks}, [r.summary() for r in REPORTS]
     torch._dynamo.reset()
+
+
+def test_a_pointwise_op_after_a_conv1d_joins_its_kernel():
+    # conv1d is conv2d between two reshapes (eqfuse.ir.conv_forms): a one-input pointwise op after
+    # it is applied before the reshape back, so it is the conv2d kernel's epilogue (Whisper's GELU),
+    # not its own pass over the output
+    src = ("graph c(x: f32[1, 8, 40], w: f32[16, 8, 3], b: f32[16]) -> f32[1, 16, 40] {\n"
+           "  return relu(gelu(conv1d(x, w, b, padding=1)))\n}\n")
+    rng = np.random.default_rng(3)
+    xs = {"x": rng.standard_normal((1, 8, 40)).astype(np.float32),
+          "w": (rng.standard_normal((16, 8, 3)) / 5).astype(np.float32), "b": rng.standard_normal(16).astype(np.float32)}
+    mod = eqfuse.compile(src)
+    got = mod.c(**xs)
+    assert [str(p.kind) for p in mod.c.last.plans if str(p.kind) != "view"] == ["conv2d"]
+    np.testing.assert_allclose(got, np.asarray(eqfuse.reference(src)(**xs)), rtol=RTOL, atol=ATOL)

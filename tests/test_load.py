@@ -23,6 +23,8 @@ def test_this_process_counts_its_own_running_threads(tmp_path):
         (tmp_path / str(tid) / "stat").write_text(f"{tid} (python (x) y) {state} 1 2 3\n")
     assert load.running_own(str(tmp_path)) == 2
     assert load.running_own() >= 1  # at least the thread reading it
+    # (with `also`, those of the running ones in it: the OpenMP team's workers)
+    assert load.running_counts(str(tmp_path), mine={1, 2}, also={2, 3, 4}) == (2, 1, 1)
 
 
 def test_free_cores_leave_out_other_processes(monkeypatch):
@@ -145,14 +147,15 @@ def test_the_team_is_the_calling_threads_openmp_threads(monkeypatch):
     assert runner._pool is not None and set(runner._pool()) <= tasks  # (none started: no few-rows GEMM ran)
 
 
-def _reading(monkeypatch, total: int, process: int, own: int):
+def _reading(monkeypatch, total: int, process: int, own: int, awake: int = 0):
     """/proc faked: `total` tasks running system-wide, `process` of this process's threads, `own`
-    of them the call's (its team and pool), on 2 CPUs."""
+    of them the call's (its team and pool), `awake` of them the team's OpenMP workers, on 2 CPUs."""
     import io
 
     monkeypatch.setattr(load, "cpus", lambda: 2)
     monkeypatch.setattr(load, "_local", __import__("threading").local())
-    monkeypatch.setattr(load, "running_counts", lambda mine=None: (process, own))
+    monkeypatch.setattr(load, "running_counts",
+                        lambda mine=None, also=None: (process, own) if also is None else (process, own, awake))
     real_open = open
     monkeypatch.setattr("builtins.open", lambda path, *a, **k: io.StringIO(f"0.5 0.5 0.5 {total}/300 1")
                         if path == "/proc/loadavg" else real_open(path, *a, **k))
@@ -170,6 +173,28 @@ def test_each_call_picks_openmp_the_pool_or_the_caller_for_its_loops(monkeypatch
     _reading(monkeypatch, total=2, process=1, own=1)  # another process: the caller alone
     assert load.call_threads(2, team) == (1, 1)
     assert load.call_threads(1, team) == (1, 1)  # (one thread asked: nothing read)
+
+
+def test_a_graph_without_openmp_kernels_runs_its_loops_on_the_pool_when_every_core_is_free(monkeypatch):
+    # (docs/backend.md "Threads": a single conv between calls from Python finds OpenMP's worker
+    # asleep; the pool's caller starts at once and its worker lingers after the call)
+    team = lambda n: [1]  # noqa: E731
+    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
+    _reading(monkeypatch, total=1, process=1, own=1)  # quiet
+    assert load.call_threads(2, team, openmp_kernels=False) == (2, 2)
+    assert load.call_threads(2, team, openmp_kernels=True) == (2, load.OPENMP)
+    load._last[0] = 0.0
+    # the team's OpenMP worker running (torch's, spinning after its run): it is awake, OpenMP's split
+    monkeypatch.setattr(load, "_local", __import__("threading").local())
+    _reading(monkeypatch, total=2, process=2, own=2, awake=1)
+    assert load.call_threads(2, lambda n: [1, 2], openmp_kernels=False) == (2, load.OPENMP)
+    load._last[0] = 0.0
+    _reading(monkeypatch, total=3, process=3, own=1)  # peer threads spinning: the pool, as before
+    assert load.call_threads(2, team, openmp_kernels=False) == (1, 2)
+    load._last[0] = 0.0
+    _reading(monkeypatch, total=2, process=1, own=1)  # another process: the caller alone, as before
+    assert load.call_threads(2, team, openmp_kernels=False) == (1, 1)
+    assert load.call_threads(1, team, openmp_kernels=False) == (1, 1)
 
 
 def test_a_reading_that_saw_peers_is_kept_a_short_while(monkeypatch):

@@ -8,7 +8,10 @@ of a result; each result is numpy's within the documented bound.
 One f32 module holds a few-rows GEMM (the pool's panels), a reduction of rows (OpenMP), direct
 convs (channels and pixels in the lanes), a max pool between convs (blocked), an average pool
 (NCHW) and a Winograd conv; one bf16 module a direct conv and a Winograd conv (their bf16
-templates; under -m extended). Each is compiled once, at 2 threads, and called in every mode."""
+templates; under -m extended). Each is compiled once, at 2 threads, and called in every mode.
+A third module has only eqf_region kernels (grouped convs with channels in the lanes, depthwise
+and groups of a masked vector, and with pixels in the lanes; a small max pool on one thread): with no OpenMP kernel its call runs the loops on the
+pool even when every core is free (load.call_threads' `openmp_kernels`)."""
 
 from __future__ import annotations
 
@@ -34,6 +37,14 @@ graph h(x: f32[1, 32, 28, 28], k0: f32[32, 32, 3, 3], k1: f32[64, 32, 3, 3]) -> 
 }
 """
 
+GROUPED = """
+graph gr(x: f32[1, 48, 40, 40], k0: f32[48, 1, 7, 7], k1: f32[48, 24, 3, 3], k2: f32[48, 1, 3, 3]) -> f32[1, 48, 20, 20] {
+  d = relu(conv2d(x, k0, padding=3, group=48))
+  e = conv2d(conv2d(d, k1, padding=1, group=2), k2, padding=1, group=48)
+  return max_pool2d(e, kernel_size=2, stride=2)
+}
+"""
+
 # the mode -> (free_cores: this process's other runtimes counted; free_cores_beside_peers: not)
 MODES = {"openmp": (2, 2), "pool": (1, 2), "caller": (1, 1)}
 
@@ -42,6 +53,7 @@ def _mode(monkeypatch, mode: str) -> None:
     free, beside = MODES[mode]
     monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: free)
     monkeypatch.setattr(load, "free_cores_beside_peers", lambda now=None, mine=None: beside)
+    monkeypatch.setattr(load, "team_running", lambda *a, **k: 0)  # (no OpenMP worker seen spinning)
 
 
 def _inputs(shapes: dict, seed: int) -> dict:
@@ -65,6 +77,13 @@ def bf16():
     return eqfuse.compile(BF16, params=w, threads=2, precision="bf16"), xs, w
 
 
+@pytest.fixture(scope="module")
+def grouped():
+    xs = _inputs({"x": (1, 48, 40, 40), "k0": (48, 1, 7, 7), "k1": (48, 24, 3, 3), "k2": (48, 1, 3, 3)}, 2)
+    w = {k: xs.pop(k) for k in ("k0", "k1", "k2")}
+    return eqfuse.compile(GROUPED, params=w, threads=2), xs, w
+
+
 def _regions(mod) -> dict:
     return next(iter(mod.functions.values())).last.runner.last_threads()
 
@@ -77,7 +96,7 @@ def _region_kinds(mod, xs) -> tuple[set, set]:
     for p in next(iter(mod.functions.values())).last.plans:
         d = p.detail
         if getattr(d, "regions", False) and d.parallel is True:
-            kind = getattr(d, "algorithm", None) or d.op
+            kind = getattr(d, "algorithm", None) or getattr(d, "op", None) or type(d).__name__
             seen.add((p.precision, kind))
             if getattr(d, "in_blocked", False) or getattr(d, "out_blocked", False):
                 blocked.add(kind)
@@ -125,3 +144,32 @@ def test_bf16_convs_give_the_same_bits_in_every_mode(bf16, monkeypatch):
             want = got if want is None else want
             for g, r in zip(got, want):
                 assert np.array_equal(g, r), mode
+
+
+def test_a_graph_of_region_loops_alone_runs_them_on_the_pool_in_every_mode_with_the_same_bits(grouped, monkeypatch):
+    mod, xs, w = grouped
+    seen, _ = _region_kinds(mod, xs)
+    assert ("f32", "ConvGroupedDetail") in seen, seen
+    plans = next(iter(mod.functions.values())).last.plans
+    convs = [p.detail for p in plans if type(p.detail).__name__ == "ConvGroupedDetail"]
+    # depthwise 7x7 and groups of 24 with channels in the lanes, depthwise 3x3 with pixels
+    assert [(d.channels, d.grouped, d.parallel) for d in convs] == [(True, False, True), (True, True, True),
+                                                                    (False, False, True)], convs
+    runner = next(iter(mod.functions.values())).last.runner
+    assert runner._openmp is False  # (no kernel opens an OpenMP region)
+    ref = np.asarray(eqfuse.reference(GROUPED)(**xs, **w))
+    want = None
+    # every core free: the pool (the rule); forced to OpenMP's static split as a graph with OpenMP
+    # kernels would run it; another runtime's threads: the pool; other processes: the caller
+    for mode, openmp, expect in (("openmp", False, ("pool", 2)), ("openmp", True, ("openmp", 2)),
+                                 ("pool", False, ("pool", 2)), ("caller", False, ("caller", 1))):
+        _mode(monkeypatch, mode)
+        monkeypatch.setattr(runner, "_openmp", openmp)
+        for _ in range(5):
+            got = np.asarray(mod(**xs))
+            t = _regions(mod)
+            assert (t["regions"], t["region_threads"]) == expect, (mode, openmp, t)
+            if want is None:
+                want = got
+                np.testing.assert_allclose(got, ref.reshape(got.shape), rtol=2e-4, atol=2e-4)
+            assert np.array_equal(got, want), (mode, openmp)

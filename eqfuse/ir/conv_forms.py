@@ -7,7 +7,8 @@ them (`expand_convs`); the .g text keeps them as written (`eqfuse opt` prints th
 optimized, in which they are conv2d):
 
 - conv1d(x [N, C, W], w [O, I, K]) is conv2d over a height of 1: reshape x to [N, C, 1, W] and
-  w to [O, I, 1, K], stride, padding and dilation [1, s], [0, p], [1, d], and reshape back;
+  w to [O, I, 1, K], stride, padding and dilation [1, s], [0, p], [1, d], and reshape back (after
+  the one-input pointwise ops that follow it, which then join the conv2d's kernel);
 - conv_transpose2d(x [N, C, H, W], w [C, O / g, kh, kw]) scatters each input pixel times the
   kernel into the output at stride x pixel - padding. That is a stride-1 conv2d over the input
   with (stride - 1) zeros between its pixels, padded by (kh - 1) x dilation - padding, with the
@@ -134,11 +135,26 @@ def expand_convs(g: Graph) -> Graph:
     out = Graph(g.name, pos=g.pos)
     em = _GraphEm(out)
     ids: dict[int, int] = {}
+    # a conv1d's reshape back to [N, O, W] -> the conv2d-shaped value it views: a one-input
+    # pointwise op over it is applied before the reshape instead (elementwise, it commutes with
+    # any reshape), so that it can join the conv2d's kernel as its epilogue (Whisper's GELU after
+    # its conv1d: benchmarks/bench_conv.py --set whisper)
+    viewed: dict[int, int] = {}
     for i, n in enumerate(g.nodes):
         args = [ids[a] for a in n.args]
-        if n.op in EXPANDED:
+        if (n.body is None and len(args) == 1 and args[0] in viewed and OPS.get(n.op) is not None
+                and OPS[n.op].kind == "pointwise"):
+            em.pos = n.pos
+            inner = em.op(n.op, [viewed[args[0]]], **dict(n.attr))
+            ids[i] = em.op("reshape", [inner], shape=tuple(n.type.shape))
+            viewed[ids[i]] = inner
+            if n.name is not None:
+                out.nodes[ids[i]] = replace(out.nodes[ids[i]], name=n.name)
+        elif n.op in EXPANDED:
             em.pos = n.pos
             ids[i] = expand_node(em, n, args)
+            if n.op == "conv1d":
+                viewed[ids[i]] = out.nodes[ids[i]].args[0]
             if n.name is not None and out.nodes[ids[i]].name is None:
                 out.nodes[ids[i]] = replace(out.nodes[ids[i]], name=n.name)
         else:

@@ -55,8 +55,9 @@ PEERS_INTERVAL = 0.005  # seconds a reading that saw another runtime's threads r
 
 _lock = threading.Lock()
 # (time of the last read, free cores then with this process's other running threads counted as
-# holding cores, and with them counted as the call's own: `free_cores`, `free_cores_beside_peers`)
-_last = [0.0, 0, 0]
+# holding cores, and with them counted as the call's own: `free_cores`, `free_cores_beside_peers`;
+# the OpenMP team's workers then running, when the reading asked: `call_threads`)
+_last = [0.0, 0, 0, 0]
 
 
 def cpus() -> int:
@@ -71,10 +72,12 @@ def running_total(text: str) -> int:
     return int(text.split()[3].split("/")[0])
 
 
-def running_counts(task_dir: str = "/proc/self/task", mine: Collection[int] | None = None) -> tuple[int, int]:
+def running_counts(task_dir: str = "/proc/self/task", mine: Collection[int] | None = None,
+                   also: Collection[int] | None = None) -> tuple[int, ...]:
     """(this process's threads in state R, running or runnable; those of them whose thread ids are
-    in `mine`, all of them without it), in one pass over the task directory."""
-    n = own = 0
+    in `mine`, all of them without it), in one pass over the task directory; with `also`, a third
+    count: those whose ids are in it."""
+    n = own = other = 0
     for tid in os.listdir(task_dir):
         try:
             with open(f"{task_dir}/{tid}/stat") as f:
@@ -84,7 +87,8 @@ def running_counts(task_dir: str = "/proc/self/task", mine: Collection[int] | No
         if stat[stat.rindex(")") + 2] == "R":  # the state follows the command name "(...)"
             n += 1
             own += mine is None or int(tid) in mine
-    return n, own
+            other += also is not None and int(tid) in also
+    return (n, own) if also is None else (n, own, other)
 
 
 def running_own(task_dir: str = "/proc/self/task", mine: Collection[int] | None = None) -> int:
@@ -93,20 +97,26 @@ def running_own(task_dir: str = "/proc/self/task", mine: Collection[int] | None 
     return running_counts(task_dir, mine)[1]
 
 
-def _read(now: float | None, mine: Callable[[], Collection[int]] | None) -> list:
+def _read(now: float | None, mine: Callable[[], Collection[int]] | None,
+          workers: Callable[[], Collection[int]] | None = None) -> list:
     """`_last`, read again from /proc when it is INTERVAL old (PEERS_INTERVAL when it saw another
-    runtime's threads running: `_last[1] < _last[2]`)."""
+    runtime's threads running: `_last[1] < _last[2]`); with `workers` (the OpenMP team's threads
+    but the caller), `_last[3]` counts those of them running."""
     now = time.monotonic() if now is None else now
     if now - _last[0] < (INTERVAL if _last[1] == _last[2] else PEERS_INTERVAL) and _last[1]:
         return _last
     with _lock:
+        awake = 0
         try:
             with open("/proc/loadavg") as f:
                 total = running_total(f.read())
-            process, own = running_counts(mine=mine() if mine is not None else None)
+            if workers is None:
+                process, own = running_counts(mine=mine() if mine is not None else None)
+            else:
+                process, own, awake = running_counts(mine=mine() if mine is not None else None, also=workers())
         except (OSError, ValueError, IndexError):  # no /proc: every CPU is free
             total = process = own = 0
-        _last[:] = [now, max(1, cpus() - max(0, total - own)), max(1, cpus() - max(0, total - process))]
+        _last[:] = [now, max(1, cpus() - max(0, total - own)), max(1, cpus() - max(0, total - process)), awake]
         return _last
 
 
@@ -180,13 +190,25 @@ OPENMP = 0  # the mode of the eqf_region loops when every core is free: OpenMP's
 
 
 def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | None = None,
-                 pool: Callable[[], Sequence[int]] | None = None) -> tuple[int, int]:
+                 pool: Callable[[], Sequence[int]] | None = None, openmp_kernels: bool = True) -> tuple[int, int]:
     """(OpenMP's threads, the mode of the eqf_region loops: OPENMP or the claim-based pool's
     threads) for one call, from one reading (team and pool as for `threads_now`):
 
-    - every core free (`threads_now` gives what was asked): the loops run as OpenMP's static split
-      on its team, the fastest split when each thread has a core; torch's OpenMP workers are that
-      team (one libgomp), so a call beside torch runs so too;
+    - every core free (`threads_now` gives what was asked), in a graph with OpenMP kernels
+      (`openmp_kernels`: GEMMs, row kernels, ...): the loops run as OpenMP's static split on its
+      team, the fastest split when each thread has a core, and one team for the whole call;
+      torch's OpenMP workers are that team (one libgomp), so a call beside torch runs so too;
+    - every core free in a graph whose parallel loops are all eqf_region or pool loops (a single
+      conv, a chain of convs and pooling): the loops on the claim-based pool with the threads
+      asked. Between two calls from Python OpenMP's worker has gone to sleep (GOMP_SPINCOUNT,
+      docs/backend.md "Threads"), and a static split waits at its end for a worker that comes
+      late; the pool's caller starts at once and claims what the worker does not reach, and the
+      worker lingers a few hundred microseconds after the call (common_pool.h,
+      EQF_POOL_LINGER_NS), so that the next call finds it awake
+      (benchmarks/bench_conv.py --set convnext --threads 1 --threads 2). But when the team's
+      OpenMP workers are running at the reading (torch's, spinning after its run: one libgomp),
+      they are awake: OpenMP's split, as in a graph with OpenMP kernels (a pool worker would
+      share a core with them: benchmarks/bench_load.py --kind peers, beside torch);
     - another runtime's threads running in this process (onnxruntime's, OpenVINO's): not one
       thread, but the loops on the claim-based pool with the threads other processes leave free
       (`region_threads`): the caller claims whatever the worker does not reach, so a spinning peer
@@ -197,7 +219,19 @@ def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | N
     requested = threads_requested(requested)
     if requested == 1:
         return 1, 1
+    # (the reading that counts the team's workers first: threads_now's then finds it kept)
+    awake = not openmp_kernels and team is not None and team_running(requested, team, pool) > 0
     omp = threads_now(requested, team, pool)
     if omp == requested:
-        return omp, OPENMP
+        return omp, OPENMP if openmp_kernels or awake else requested
     return omp, region_threads(requested, team, pool)
+
+
+def team_running(requested: int, team: Callable[[int], Sequence[int]],
+                 pool: Callable[[], Sequence[int]] | None = None, now: float | None = None) -> int:
+    """The calling thread's OpenMP team's workers (team_ids but the caller) running at the reading
+    (read now when the last reading is old, with the call's own threads as `threads_now` counts
+    them). The first reading of a Python thread can find them spinning after `eqf_team_tids`'s
+    own region: its call then runs as OpenMP's split, as before this rule."""
+    return _read(now, lambda: team_ids(requested, team) | set(pool() if pool else ()),
+                 lambda: team_ids(requested, team) - {threading.get_native_id()})[3]

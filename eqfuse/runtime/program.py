@@ -232,7 +232,10 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
         lines += [f"    const long live = *(const long*)in[{slot}];",
                   f"    if (live < 0 || live > {top}) {{", "        *failed = live;", f"        return {BAD_LENGTH};",
                   "    }"]
-    held = False  # whether the pool may be held before the kernel (see `hold_pool`)
+    # whether the pool may be held before the kernel (see `hold_pool`); None before the first
+    # kernel that says, so that its call is always written (eqf_pool_hold(held, 0) also ends the
+    # pool workers' linger after the last call: an OpenMP kernel's threads want the cores)
+    held = None
     for s, p in enumerate(kernels):
         hold = hold_pool(p)
         if hold is not None and hold != held:
@@ -263,6 +266,7 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
               "    __atomic_store_n(&eqf_pool_request, pool_threads, __ATOMIC_RELAXED);",
               "    __atomic_store_n(&eqf_region_request, region_threads, __ATOMIC_RELAXED);", "    int held = 0;",
               f"    const long r = {name}_kernels(in, out, arena, failed, &held);", "    eqf_pool_hold(&held, 0);",
+              "    eqf_pool_linger();",
               "    if (set)", "        omp_set_num_threads(before);", "    return r;"]
     lines.append("}")
     return "\n".join(lines) + "\n", RUN_CDEF.format(name=name) + PROFILE_CDEF.format(name=name)
@@ -532,6 +536,9 @@ class Runner:
         # load (eqfuse.runtime.load; right after another runtime's long call, a read of /proc
         # cost more than such a whole call: benchmarks/bench_load.py --kind peers)
         self._serial = not any(may_run_parallel(p) for p in plans)
+        # whether a kernel may open an OpenMP region: without one, a call on a quiet machine runs
+        # its eqf_region loops on the claim-based pool (eqfuse.runtime.load.call_threads)
+        self._openmp = any(hold_pool(p) is False for p in self.kernels)
         self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
         if self.fn is not None:
             share_scratch_key(lib)
@@ -711,7 +718,7 @@ class Runner:
             st["threads"] = (0, 1, 1)
         else:
             want = threads_requested(threads)
-            omp, regions = call_threads(want, self._team, self._pool)
+            omp, regions = call_threads(want, self._team, self._pool, self._openmp)
             st["threads"] = (omp, want, regions)
         bad = self.fn(ins, outs_p, st["arena"], *st["threads"], st["failed"])
         if bad == BAD_LENGTH:

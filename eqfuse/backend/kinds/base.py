@@ -25,9 +25,9 @@ PARALLEL_MIN = 1 << 15
 
 # How the parallel loops of a kernel written as eqf_region ranges (common_pool.h: the direct and
 # Winograd convs, pooling) are shared: the call picks the mode (eqfuse.runtime.load.region_mode)
-REGIONS = ("split evenly among OpenMP's threads when the call finds every core free, else in ranges claimed "
-           "one at a time by the claim-based pool's threads (common_pool.h, eqf_region: the caller waits for "
-           "no thread that has not started)")
+REGIONS = ("split evenly among OpenMP's threads when the call finds every core free and its graph has OpenMP "
+           "kernels, else in ranges claimed one at a time by the claim-based pool's threads (common_pool.h, "
+           "eqf_region: the caller waits for no thread that has not started)")
 
 
 class Kind:

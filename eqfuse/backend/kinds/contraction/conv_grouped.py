@@ -41,7 +41,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.cexpr import kernel_params, param_job, render
+from eqfuse.backend.kinds.base import REGIONS
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     Prepack,
@@ -96,6 +97,13 @@ class ConvGroupedDetail:
         tile's lane the input channel its output channel reads (a depthwise conv, a channel
         multiplier, groups smaller than a vector)."""
         return (self.cg != 1 or self.og != 1) and self.og >= self.vl
+
+    @property
+    def regions(self) -> bool:
+        """Whether the parallel loop is an eqf_region range (common_pool.h), which the call runs as
+        OpenMP's static split or on the claim-based pool (eqfuse.runtime.load.call_threads): both
+        paths' (the channels path's tasks, the pixels path's output planes)."""
+        return True
 
     @property
     def blocks(self) -> int:
@@ -241,7 +249,7 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     plane = (hp * wp + OH * OW) * F32
     plan.cache_check = (f"a padded input plane {hp} x {wp} and an output plane {OH} x {OW}: {plane} B <= L2 {m.l2} B: "
                         f"{'ok' if plane <= m.l2 else 'NO'}")
-    plan.threads = (f"the {N * O} output planes (image, channel) split evenly" if par
+    plan.threads = (f"the {N * O} output planes (image, channel), {REGIONS}" if par
                     else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
     plan.uops = [UOp(0, "Loop", f"{N * O} output planes (image, channel), {g} groups of {CG} input channels",
@@ -264,7 +272,7 @@ def _plan_channels(plan: KernelPlan, body, a: int, cv, d: ConvGroupedDetail, m: 
     plan.cache_check = (f"a band's input tile {bhp} x {bwp} x {lanes} and output tile {d.band} x {tw} x {d.vl}: "
                         f"{tile} B <= L2 {m.l2} B: {'ok' if tile <= m.l2 else 'NO'}")
     nt = d.N * d.blocks * cdiv(d.OH, d.band)
-    plan.threads = (f"the {nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows) split evenly"
+    plan.threads = (f"the {nt} tasks (image, block of {d.vl} channels, band of {d.band} output rows), {REGIONS}"
                     if d.parallel else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
     bf16 = plan.precision == "bf16"
@@ -299,4 +307,5 @@ def emit_conv_grouped(plan: KernelPlan) -> str:
                   TRANSPOSE=transpose_c(d.vl, f"{plan.name}_vf") if d.channels else "", PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), PLANE=plan.tiles.get("plane", 0), N=d.N, C=d.C, H=d.H, W=d.W,
                   O=d.O, G=d.group, CG=d.cg, OG=d.og, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW, SH=d.stride[0],
-                  SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], DH=d.dilation[0], DW=d.dilation[1])
+                  SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], DH=d.dilation[0], DW=d.dilation[1],
+                  **param_job(params))
