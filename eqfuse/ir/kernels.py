@@ -83,10 +83,14 @@ class ConvPrologue:
     """The depthwise conv of a conv2d kernel whose 1x1 conv reads it (an inverted residual:
     eqfuse.backend.kinds.contraction.conv_dwpw): `dw` is the depthwise conv2d over kernel inputs,
     `value` the node the 1x1 conv reads (the depthwise conv through pointwise ops, its
-    activation)."""
+    activation). With the inverted residual's expand 1x1 conv fused too (rule fuse_pw_dw): `ex`
+    is that 1x1 conv over kernel inputs and `xv` the value the depthwise conv reads (the expand
+    conv through pointwise ops, its bias and activation); else both None."""
 
     dw: int
     value: int
+    ex: int | None = None
+    xv: int | None = None
 
 
 # the most bytes of one output row of a fused depthwise conv, over all its channels: the kernel
@@ -99,6 +103,11 @@ DW_ROW_BYTES_MAX = 1 << 17
 # MobileNetV2 (`python benchmarks/bench_dwpw.py --profile`): ahead up to 8 KB per
 # image (48 channels at 4 x 4, 8 at 16 x 16), behind from 12 KB (48 channels at 8 x 8)
 DW_FUSE_L1_SHARE = 4
+# The expand 1x1 conv before the depthwise conv joins the fused kernel while the depthwise conv's
+# input of an image (the expanded tensor, which the fused kernel then never writes) fits this
+# share of L1; a band recomputes the expand conv over its halo rows. Measured per block of the
+# zoo's tiny MobileNetV2 (`python benchmarks/bench_dwpw.py --profile`)
+DW_EXPAND_L1_SHARE = 1
 
 
 @dataclass(frozen=True)
@@ -481,19 +490,38 @@ def _match_dw_pw(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
     """A 1x1 conv2d (stride 1, no padding, one group) over pointwise ops of a depthwise conv2d of
     kernel inputs, the 1x1 conv's weights and bias kernel inputs, its result flowing through
     pointwise ops: MobileNetV2's depthwise conv + batchnorm + ReLU6, then its projection +
-    batchnorm (+ the residual add), as one kernel (rule fuse_dw_pw)."""
+    batchnorm (+ the residual add), as one kernel (rule fuse_dw_pw). The depthwise conv may read
+    a 1x1 conv of kernel inputs through pointwise ops instead (the expand conv + batchnorm +
+    ReLU6: the whole inverted residual, rule fuse_pw_dw)."""
     heavy = facts.heavy
-    if len(heavy) != 2 or not all(body.nodes[i].op == "conv2d" for i in heavy):
+    if len(heavy) not in (2, 3) or not all(body.nodes[i].op == "conv2d" for i in heavy):
         return None
     dw = next((i for i in heavy if _is_depthwise(body, i)), None)
-    pw = next((i for i in heavy if i != dw), None)
-    if dw is None or not _is_pointwise_conv(body.nodes[pw], body):
+    if dw is None:
+        return None
+    pw = next((i for i in heavy if i != dw and dw in body.ancestors(body.nodes[i].args[0])), None)
+    ex = next((i for i in heavy if i not in (dw, pw)), None)
+    if pw is None or not _is_pointwise_conv(body.nodes[pw], body):
         return None
     pn, dn = body.nodes[pw], body.nodes[dw]
     value = pn.args[0]
-    if dw not in body.ancestors(value) or any(dw in body.ancestors(a) for a in pn.args[1:]):
+    if any(dw in body.ancestors(a) for a in pn.args[1:]):
         return None
-    if not all(x in facts.inputs for x in pn.args[1:]) or not all(x in facts.inputs for x in dn.args):
+    xv = None
+    if ex is not None:
+        xn = body.nodes[ex]
+        xv = dn.args[0]
+        if not _is_pointwise_conv(xn, body) or ex not in body.ancestors(xv) or \
+                any(ex in body.ancestors(a) for a in dn.args[1:]):
+            return None
+        if not all(x in facts.inputs for x in xn.args) or not all(x in facts.inputs for x in dn.args[1:]):
+            raise Unsupported("the weights and biases of a fused inverted residual must be kernel inputs")
+        check_computable(body, xv, {ex})
+        if tuple(body.nodes[xv].type.shape) != tuple(xn.type.shape):
+            raise Split("the expand conv's activation broadcasts its result")
+    elif not all(x in facts.inputs for x in dn.args):
+        raise Unsupported("the weights and biases of a fused depthwise and 1x1 conv must be kernel inputs")
+    if not all(x in facts.inputs for x in pn.args[1:]):
         raise Unsupported("the weights and biases of a fused depthwise and 1x1 conv must be kernel inputs")
     # the prologue (the depthwise conv's activation) is pointwise over the depthwise conv's
     # values and per-channel or scalar inputs; nothing after the 1x1 conv reads it
@@ -509,10 +537,14 @@ def _match_dw_pw(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
     if machine is not None and C * OH * OW * F32 > machine.l1 // DW_FUSE_L1_SHARE:
         raise Split(f"the depthwise conv's output of an image ({C} x {OH} x {OW}) is larger than L1 / "
                     f"{DW_FUSE_L1_SHARE}: the separate depthwise and 1x1 kernels are faster")
-    if C * OW * F32 > DW_ROW_BYTES_MAX:
-        raise Split(f"a row of the depthwise conv's output ({C} channels x {OW} pixels) is larger than "
-                    f"{DW_ROW_BYTES_MAX} bytes")
-    return KernelShape(K.CONV2D, pw, ConvPrologue(dw, value))
+    _, _, H, W = body.nodes[dn.args[0]].type.shape
+    if ex is not None and machine is not None and C * H * W * F32 > machine.l1 // DW_EXPAND_L1_SHARE:
+        raise Split(f"the depthwise conv's input of an image ({C} x {H} x {W}) is larger than L1 / "
+                    f"{DW_EXPAND_L1_SHARE}: the expand conv as its own kernel is faster")
+    if C * OW * F32 > DW_ROW_BYTES_MAX or (ex is not None and C * W * F32 > DW_ROW_BYTES_MAX):
+        raise Split(f"a row of the depthwise conv's output or input ({C} channels x {max(OW, W)} pixels) is "
+                    f"larger than {DW_ROW_BYTES_MAX} bytes")
+    return KernelShape(K.CONV2D, pw, ConvPrologue(dw, value, ex, xv))
 
 
 def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
