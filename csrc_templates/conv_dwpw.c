@@ -27,7 +27,7 @@
  * EXPAND = {{EXPAND}} (the whole inverted residual): the depthwise conv's input is the expand 1x1 conv
  * {{C}}x{{CI}}x1x1 of the kernel's input x {{N}}x{{CI}}x{{H}}x{{W}} through its prologue (its bias and
  * activation), computed per task for the band's input rows (the halo rows again in each band)
- * into xe[C][BHP x W] on the stack, which the padded buffers then read in place of x.
+ * into xe[C][BHP x W, whole vectors + VL] on the stack, which the padded buffers then read in place of x.
  * The depthwise output never leaves the thread's tile. */
 typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
 typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
@@ -84,30 +84,45 @@ void {{NAME}}({{PARAMS}})
         const long rows = OH - r0 < BAND ? OH - r0 : BAND, P = rows * OW;
         const long bh = (rows - 1) * SH + (KH - 1) * DH + 1; /* the band's padded input rows */
 #if {{EXPAND}}
-        /* the expand 1x1 conv of the band's input rows inside the image, a row of CI channels at
-         * a time (it stays in L1 while every output channel reads it), each output row a vector
-         * sum over the columns, then through its prologue */
-        float xe[C][BHP * W] __attribute__((aligned(64)));
-        for (long hr = 0; hr < bh; hr++) {
-            const long ih = r0 * SH - PH + hr;
-            if (ih < 0 || ih >= H)
-                continue;
-            for (long c = 0; c < C; c++) {
-                float* restrict e = &xe[c][hr * W];
-                for (long iw = 0; iw < W; iw++)
-                    e[iw] = 0.0f;
+        /* the expand 1x1 conv of the band's input rows inside the image: those rows of an input
+         * channel are one run of the NCHW input, copied into xb[CI][XEP] (zero past the run, so
+         * that whole vectors read it); each vector of the run is then a register tile of RC = 4
+         * output channels, a sum over the input channels of a broadcast weight times the vector,
+         * and the stored rows go through the expand conv's prologue */
+        enum { XEP = (BHP * W + VL - 1) / VL * VL + VL /* (whole vectors, and a run's last stores past it) */, RC = 4 };
+        float xe[C][XEP] __attribute__((aligned(64)));
+        float xb[CI][XEP] __attribute__((aligned(64)));
+        const long hlo = r0 * SH - PH < 0 ? PH - r0 * SH : 0; /* the band's first row inside */
+        const long hhi = r0 * SH - PH + bh > H ? H - (r0 * SH - PH) : bh; /* (and past its last) */
+        const long ih0 = r0 * SH - PH + hlo, run = (hhi - hlo) * W, o0 = hlo * W;
+        for (long k = 0; k < CI; k++) {
+            const float* restrict xr = x + ((b * CI + k) * (long)H + ih0) * W;
+            for (long q = 0; q < run; q++)
+                xb[k][q] = xr[q];
+            for (long q = run; q < (run + VL - 1) / VL * VL; q++)
+                xb[k][q] = 0.0f;
+        }
+        for (long q0 = 0; q0 < run; q0 += VL)
+            for (long c0 = 0; c0 < C; c0 += RC) {
+                const long nc = C - c0 < RC ? C - c0 : RC;
+                {{NAME}}_vf ea[RC];
+                for (long u = 0; u < RC; u++)
+                    ea[u] = ({{NAME}}_vf){0};
                 for (long k = 0; k < CI; k++) {
-                    const float wk = we[c * CI + k];
-                    const float* restrict xr = x + ((b * CI + k) * (long)H + ih) * W;
-                    for (long iw = 0; iw < W; iw++)
-                        e[iw] += wk * xr[iw];
+                    const {{NAME}}_vf xv = *(const {{NAME}}_vf*)&xb[k][q0];
+                    for (long u = 0; u < RC; u++) /* (past C: the last channel's weights again, not stored) */
+                        ea[u] += we[(c0 + (u < nc ? u : nc - 1)) * CI + k] * xv;
                 }
-                for (long iw = 0; iw < W; iw++) {
-                    const long i = c, j = ih * W + iw;
-                    (void)i; (void)j;
-                    const float acc = e[iw];
-                    e[iw] = {{EXPROLOGUE}};
-                }
+                for (long u = 0; u < nc; u++)
+                    *({{NAME}}_vfu*)&xe[c0 + u][o0 + q0] = ea[u];
+            }
+        for (long c = 0; c < C; c++) {
+            float* restrict e = &xe[c][o0];
+            for (long q = 0; q < run; q++) {
+                const long i = c, j = ih0 * W + q;
+                (void)i; (void)j;
+                const float acc = e[q];
+                e[q] = {{EXPROLOGUE}};
             }
         }
 #define {{NAME}}_ROW(c, hr, ih) (&xe[c][(hr) * W]) /* the depthwise conv's input row ih (band row hr) */

@@ -75,26 +75,28 @@ def is_fused(plan: KernelPlan) -> bool:
 
 
 def band_rows(C: int, OH: int, OW: int, KH: int, KW: int, stride, dilation, N: int, par: bool, m: Machine,
-              W: int = 0) -> int:
+              W: int = 0, CI: int = 0) -> int:
     """BAND: all the output rows, cut into bands when the kernel runs in parallel and the images
     are fewer than 4 tasks per core (then each band at least two rows), and so that the tile
     [C][BAND x OW] and the padded input rows fit half of L2 (stack_bytes)."""
     vl = m.simd_floats
     band = max(cdiv(OH, min(OH, max(1, cdiv(4 * m.cores, N)))), min(OH, 2)) if par else OH
     fit = max(b for b in range(1, OH + 1)
-              if b == 1 or stack_bytes(C, b, OW, KH, KW, stride, dilation, vl, W) <= m.l2 // 2)
+              if b == 1 or stack_bytes(C, b, OW, KH, KW, stride, dilation, vl, W, CI) <= m.l2 // 2)
     return max(1, min(band, fit))
 
 
-def stack_bytes(C: int, band: int, OW: int, KH: int, KW: int, stride, dilation, vl: int, W: int = 0) -> int:
+def stack_bytes(C: int, band: int, OW: int, KH: int, KW: int, stride, dilation, vl: int, W: int = 0,
+                CI: int = 0) -> int:
     """The bytes of a task's buffers on the stack (csrc_templates/conv_dwpw.c), the larger of its
     two layouts: the tile [C][BP] and the padded input rows [C][BHP x WP + VL + KW DW]; or
     (OLANES) the transposed input [BHP x WP][CP], the weights [KH x KW][CP] and the tile [BP][CP];
-    with the expand conv's rows [C][BHP x W] (EXPAND: W the image's width, else 0)."""
+    with the expand conv's input and output rows [CI + C][BHP x W in whole vectors + VL] (EXPAND: W the image's
+    width and CI its input channels, else 0)."""
     bp, cp = cdiv(band * OW, vl) * vl, cdiv(C, vl) * vl
     bhp, wp = (band - 1) * stride[0] + (KH - 1) * dilation[0] + 1, (OW - 1) * stride[1] + (KW - 1) * dilation[1] + 1
     return (max(C * (bp + bhp * wp + vl + KW * dilation[1]) + bhp * wp + vl, (bhp * wp + KH * KW + bp) * cp)
-            + C * bhp * W) * F32
+            + ((C + CI) * (cdiv(bhp * W, vl) + 1) * vl if W else 0)) * F32
 
 
 def uses_flat(band: int, OW: int, KW: int, stride, dilation, vl: int) -> bool:
@@ -127,7 +129,7 @@ def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
     CI = body.nodes[ex.args[0]].type.shape[1] if ex is not None else 0
     macs = N * C * OH * OW * (KH * KW + O) + N * C * H * W * CI
     band = band_rows(C, OH, OW, KH, KW, pair(dw.attr["stride"]), pair(dw.attr["dilation"]), N,
-                     macs >= PARALLEL_MIN_FMAS, m, W if ex is not None else 0)
+                     macs >= PARALLEL_MIN_FMAS, m, W if ex is not None else 0, CI)
     tasks = N * cdiv(OH, band)
     regs = 32 if m.simd_floats >= 16 else 16
     ro = min(O, regs // 4)  # (the accumulators, a pixel vector and the broadcast weights)
@@ -143,7 +145,7 @@ def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
     plan.tiles = {"band": band, "ro": ro}
     plan.flops = 2 * macs + pointwise_flops(body)
     bp = cdiv(band * OW, d.vl) * d.vl
-    tile = stack_bytes(C, band, OW, KH, KW, d.stride, d.dilation, d.vl, W if d.expand else 0)
+    tile = stack_bytes(C, band, OW, KH, KW, d.stride, d.dilation, d.vl, W if d.expand else 0, CI)
     plan.cache_check = (f"a band's depthwise tile {C} x {bp} (band {band} x {OW} pixels, whole vectors) and padded "
                         f"input rows: {tile} B <= L2/2 {m.l2 // 2} B: {'ok' if tile <= m.l2 // 2 else 'NO'}")
     plan.threads = (f"the {tasks} tasks (image, band of {band} output rows) split evenly" if d.parallel
@@ -155,8 +157,9 @@ def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
         if d.expand else ""
     plan.uops = [UOp(0, "Loop", f"{tasks} tasks (image, band of {band} output rows)", tasks)]
     plan.uops += [UOp(1, "Exec", f"the expand 1x1 conv of {CI} channels to {C} over the band's (up to {bhp}) input "
-                                 f"rows, through its prologue ({xpro or 'none'}), into the rows [{C}][{bhp} x {W}]",
-                      tasks * C * bhp)] if d.expand else []
+                                 f"rows (vectors over the run of rows, register tiles of 4 channels), through its prologue "
+                                 f"({xpro or 'none'}), into the rows [{C}][{bhp} x {W}]",
+                      tasks * cdiv(C, 4) * cdiv(bhp * W, d.vl))] if d.expand else []
     plan.uops += [UOp(1, "Exec", f"the depthwise {KH} x {KW} conv of the {C} channels over the band, through its "
                                 f"prologue ({pro or 'none'}), into the tile [{C}][{bp}]", tasks * C),
                  UOp(1, "Exec", f"the 1x1 conv: register tiles of {ro} pixels x {d.vl} output channels over the "
