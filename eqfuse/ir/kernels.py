@@ -105,11 +105,14 @@ DW_ROW_BYTES_MAX = 1 << 17
 DW_FUSE_L1_SHARE = 4
 # The expand 1x1 conv before the depthwise conv joins the fused kernel while the depthwise conv's
 # input of an image (the expanded tensor, which the fused kernel then never writes) fits this
-# share of L1, and only while the depthwise output of an image holds at least a vector of pixels:
-# the kernel computes the expand conv as vectors over runs of pixels, and over the 1 x 1 and 2 x 2
-# images of MobileNetV2's last stages those runs are a few scalars (the expand conv as a GEMM
-# kernel of its own is faster there). Measured per block of the zoo's tiny MobileNetV2
-# (`python benchmarks/bench_dwpw.py --profile`)
+# share of L1, and only while that image holds at least a vector of pixels: the kernel computes
+# the expand conv as vectors over runs of pixels, and over the 2 x 2 and 1 x 1 images of
+# MobileNetV2's last stages a run fills a quarter of a vector or less (there the fused kernel is
+# behind the expand conv as a GEMM kernel of its own, 3.7 against 2.7 us at 96 channels of 2 x 2,
+# 10 against 4.7 us at 240 of 1 x 1: `python benchmarks/bench_dwpw.py --profile`). With the
+# share at 1 it is ahead on every block the depthwise rule above admits (a depthwise output of at
+# most L1 / 4, so an input of at most L1 at strides up to 2), from 3 KB to 32 KB
+# (`python benchmarks/bench_dwpw.py --blocks`); the share bounds larger strides
 DW_EXPAND_L1_SHARE = 1
 
 
@@ -544,9 +547,9 @@ def _match_dw_pw(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
     if ex is not None and machine is not None and C * H * W * F32 > machine.l1 // DW_EXPAND_L1_SHARE:
         raise Split(f"the depthwise conv's input of an image ({C} x {H} x {W}) is larger than L1 / "
                     f"{DW_EXPAND_L1_SHARE}: the expand conv as its own kernel is faster")
-    if ex is not None and machine is not None and OH * OW < machine.simd_floats:
-        raise Split(f"the depthwise conv's output image ({OH} x {OW}) is less than a vector of pixels: the "
-                    f"expand conv as its own kernel is faster")
+    if ex is not None and machine is not None and H * W < machine.simd_floats:
+        raise Split(f"the expand conv's image ({H} x {W}) is less than a vector of pixels: the expand conv as "
+                    f"its own kernel is faster")
     if C * OW * F32 > DW_ROW_BYTES_MAX or (ex is not None and C * W * F32 > DW_ROW_BYTES_MAX):
         raise Split(f"a row of the depthwise conv's output or input ({C} channels x {max(OW, W)} pixels) is "
                     f"larger than {DW_ROW_BYTES_MAX} bytes")
