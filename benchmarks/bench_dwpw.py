@@ -35,7 +35,7 @@ import zoo_models as zm  # noqa: E402
 import eqfuse  # noqa: E402
 import eqfuse.runtime.profile as prof  # noqa: E402
 
-EXPAND = ("fuse_pw_dw", "fuse_pw_dw_nobias", "fuse_pw_dw_clip", "fuse_pw_dw_relu")
+EXPAND = ("fuse_pw_dw", "fuse_pw_dw_nobias", "fuse_pw_dw_clip")
 FUSE = ("fuse_dw_pw", "fuse_dw_pw_res", "fuse_dw_pw_res_r", "fuse_dw_pw_nobias") + EXPAND
 SHOWN = ("C", "O", "H", "OH", "OW", "M", "N", "K", "group", "olanes", "flat", "expand", "CI", "band", "ro")
 
