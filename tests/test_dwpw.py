@@ -82,7 +82,9 @@ BLOCKS = [
     ("ex_pixels_res", 2, 4, 37, 4, 11, 1, True, dict(expand=1, flat=0, olanes=0)),
     ("ex_band_s2", 1, 24, 32, 16, 24, 2, False, dict(expand=1, flat=1, band=2, parallel=1)),
     ("ex_small_res", 2, 7, 21, 2, 7, 1, True, dict(expand=0, flat=0, olanes=1)),
+    ("ex_l1_res", 1, 8, 48, 8, 8, 1, True, dict(expand=1, flat=1, olanes=0)),  # (12 KB: > L1 / 4, whole)
 ]
+BIG_BLOCK = ("ex_big", 1, 24, 144, 8, 24, 1, True, {})  # (36 KB: > L1, three kernels)
 
 
 def _block(name, n, ci, c, h, o, s, residual, _path) -> str:
@@ -98,7 +100,8 @@ def _block(name, n, ci, c, h, o, s, residual, _path) -> str:
 @pytest.fixture(scope="module")
 def compiled():
     """Every case, the large one and the pads as graphs of one module: compiled once."""
-    return eqfuse.compile("".join(_graph(*c) for c in CASES + [BIG]) + "".join(_block(*b) for b in BLOCKS) + PADS)
+    return eqfuse.compile("".join(_graph(*c) for c in CASES + [BIG]) + "".join(_block(*b) for b in BLOCKS + [BIG_BLOCK])
+                          + PADS)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -128,6 +131,17 @@ def test_whole_inverted_residual_matches_the_reference(compiled, case):
     ks = fn.last.kernels  # the whole block one kernel (else the expand conv, then the rest), on the case's path
     assert [k.kind for k in ks] == ["conv2d"] * (2 - case[-1]["expand"])
     assert {f: ks[-1].decisions[f] for f in case[-1]} == case[-1], ks[-1].decisions
+
+
+def test_an_expanded_tensor_larger_than_l1_stays_three_kernels(compiled):
+    """Above L1 / DW_EXPAND_L1_SHARE per image (144 channels at 8 x 8) the expand conv, the
+    depthwise conv and the 1x1 conv are three kernels (the depthwise output is above L1 / 4 too),
+    with the same result."""
+    g = load(_block(*BIG_BLOCK))[0]
+    rng = np.random.default_rng(11)
+    args = [rng.standard_normal(t.shape).astype(np.float32) / 8 for _, t in g.params]
+    np.testing.assert_allclose(compiled.ex_big(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+    assert [k.kind for k in compiled.ex_big.last.kernels] == ["conv2d"] * 3
 
 
 def test_bound_weights_are_transposed_once_and_match():

@@ -104,15 +104,17 @@ DW_ROW_BYTES_MAX = 1 << 17
 # image (48 channels at 4 x 4, 8 at 16 x 16), behind from 12 KB (48 channels at 8 x 8)
 DW_FUSE_L1_SHARE = 4
 # The expand 1x1 conv before the depthwise conv joins the fused kernel while the depthwise conv's
-# input of an image (the expanded tensor, which the fused kernel then never writes) fits this
-# share of L1, and only while that image holds at least a vector of pixels: the kernel computes
-# the expand conv as vectors over runs of pixels, and over the 2 x 2 and 1 x 1 images of
-# MobileNetV2's last stages a run fills a quarter of a vector or less (there the fused kernel is
-# behind the expand conv as a GEMM kernel of its own, 3.7 against 2.7 us at 96 channels of 2 x 2,
-# 10 against 4.7 us at 240 of 1 x 1: `python benchmarks/bench_dwpw.py --profile`). With the
-# share at 1 it is ahead on every block the depthwise rule above admits (a depthwise output of at
-# most L1 / 4, so an input of at most L1 at strides up to 2), from 3 KB to 32 KB
-# (`python benchmarks/bench_dwpw.py --blocks`); the share bounds larger strides
+# input and output of an image (the expanded tensor, which the fused kernel then never writes)
+# fit this share of L1 (then DW_FUSE_L1_SHARE does not apply: the whole block saves two round
+# trips through memory, not one), and only while the input image holds at least a vector of
+# pixels: the kernel computes the expand conv as vectors over runs of pixels, and over the 2 x 2
+# and 1 x 1 images of MobileNetV2's last stages a run fills a quarter of a vector or less (there
+# the fused kernel is behind the expand conv as a GEMM kernel of its own, 3.7 against 2.7 us at
+# 96 channels of 2 x 2, 10 against 4.7 us at 240 of 1 x 1: `python benchmarks/bench_dwpw.py
+# --profile`). With the share at 1 the whole block is ahead of the expand kernel + the fused
+# depthwise and 1x1 kernel, and of three kernels, from 3 KB to 24 KB (96 channels at 8 x 8:
+# 14.5 against 19.3 us as three kernels), and a 32 KB stride-2 input
+# (`python benchmarks/bench_dwpw.py --blocks`); 36 KB (144 channels at 8 x 8) stays three
 DW_EXPAND_L1_SHARE = 1
 
 
@@ -540,13 +542,13 @@ def _match_dw_pw(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
     check_epilogue(body, pw, facts.out)
     check_computable(body, facts.out, {pw}, forbid=computed_ancestors(body, value))
     _, C, OH, OW = dn.type.shape
-    if machine is not None and C * OH * OW * F32 > machine.l1 // DW_FUSE_L1_SHARE:
+    if ex is None and machine is not None and C * OH * OW * F32 > machine.l1 // DW_FUSE_L1_SHARE:
         raise Split(f"the depthwise conv's output of an image ({C} x {OH} x {OW}) is larger than L1 / "
                     f"{DW_FUSE_L1_SHARE}: the separate depthwise and 1x1 kernels are faster")
     _, _, H, W = body.nodes[dn.args[0]].type.shape
-    if ex is not None and machine is not None and C * H * W * F32 > machine.l1 // DW_EXPAND_L1_SHARE:
-        raise Split(f"the depthwise conv's input of an image ({C} x {H} x {W}) is larger than L1 / "
-                    f"{DW_EXPAND_L1_SHARE}: the expand conv as its own kernel is faster")
+    if ex is not None and machine is not None and C * max(H * W, OH * OW) * F32 > machine.l1 // DW_EXPAND_L1_SHARE:
+        raise Split(f"the depthwise conv's input or output of an image ({C} x {H} x {W}, {C} x {OH} x {OW}) is "
+                    f"larger than L1 / {DW_EXPAND_L1_SHARE}: the expand conv as its own kernel is faster")
     if ex is not None and machine is not None and H * W < machine.simd_floats:
         raise Split(f"the expand conv's image ({H} x {W}) is less than a vector of pixels: the expand conv as "
                     f"its own kernel is faster")
