@@ -1,15 +1,21 @@
 """The inverted residual fused (rule fuse_dw_pw: a depthwise conv and its 1x1 conv as one kernel,
-backend/kinds/contraction/conv_dwpw.py) against the same model without it, on the model zoo's tiny
-MobileNetV2 (tests/zoo_models.py: 32x32 images, batch 2, TorchScript export).
+backend/kinds/contraction/conv_dwpw.py; rule fuse_pw_dw: its expand 1x1 conv too) against the same
+model without it, on the model zoo's tiny MobileNetV2 (tests/zoo_models.py: 32x32 images, batch 2,
+TorchScript export).
 
-    python benchmarks/bench_dwpw.py [--threads N] [--repeat N] [--profile]
+    python benchmarks/bench_dwpw.py [--threads N] [--repeat N] [--profile] [--blocks]
 
-Two builds of the one export: fused (eqfuse's default) and unfused (the fuse_dw_pw rules disabled:
-the depthwise and 1x1 convs as separate kernels). Their calls alternate, 50 calls a sample; the table gives each
-one's kernels, its largest difference from the unfused output, and the median and minimum
-microseconds a call. --profile adds each build's kernels with their times inside the call
+Three builds of the one export: fused (eqfuse's default), dwpw (the fuse_pw_dw rules disabled: the
+expand conv a kernel of its own) and unfused (the fuse_dw_pw and fuse_pw_dw rules disabled: the
+depthwise and 1x1 convs as separate kernels). Their calls alternate, 50 calls a sample; the table
+gives each one's kernels, its largest difference from the unfused output, and the median and
+minimum microseconds a call. --profile adds each build's kernels with their times inside the call
 (eqfuse.runtime.profile), in the order they run, with the shapes of the convs: the kernels a
-fused one replaces are the depthwise kernel and the 1x1 kernel after it.
+fused one replaces are the expand kernel (expand=1), the depthwise kernel and the 1x1 kernel.
+--blocks times single inverted residuals (expand 1x1 + ReLU6, depthwise 3x3 + ReLU6, project 1x1,
+the residual add at stride 1; batch 1) of growing expanded tensors instead, fused with the expand
+conv and without it (the fuse_pw_dw rules disabled), each with its expanded tensor's bytes per
+image and the kernel count: what ir.kernels.DW_EXPAND_L1_SHARE is set from.
 """
 
 from __future__ import annotations
@@ -29,8 +35,48 @@ import zoo_models as zm  # noqa: E402
 import eqfuse  # noqa: E402
 import eqfuse.runtime.profile as prof  # noqa: E402
 
-FUSE = ("fuse_dw_pw", "fuse_dw_pw_res", "fuse_dw_pw_res_r", "fuse_dw_pw_nobias")
-SHOWN = ("C", "O", "OH", "OW", "M", "N", "K", "group", "olanes", "flat", "band", "ro")
+EXPAND = ("fuse_pw_dw", "fuse_pw_dw_nobias", "fuse_pw_dw_clip")
+FUSE = ("fuse_dw_pw", "fuse_dw_pw_res", "fuse_dw_pw_res_r", "fuse_dw_pw_nobias") + EXPAND
+SHOWN = ("C", "O", "H", "OH", "OW", "M", "N", "K", "group", "olanes", "flat", "expand", "CI", "band", "ro")
+
+
+# (input channels, expanded channels, image side, stride)
+BLOCKS = [(8, 48, 4, 1), (16, 96, 4, 1), (8, 48, 8, 2), (16, 32, 8, 1), (8, 48, 16, 2), (16, 64, 8, 1),
+          (16, 32, 16, 2), (16, 96, 8, 1), (16, 64, 16, 2), (24, 144, 8, 1)]
+
+
+def _time(fn, arrays, repeat: int) -> float:
+    samples = []
+    for _ in range(repeat):
+        for _ in range(5):
+            fn(*arrays)
+        t = time.perf_counter()
+        for _ in range(50):
+            fn(*arrays)
+        samples.append((time.perf_counter() - t) / 50 * 1e6)
+    return statistics.median(samples)
+
+
+def blocks(threads: int, repeat: int) -> None:
+    print(f"inverted residuals, batch 1, {threads} thread(s); expanded = the expand conv's output bytes per image")
+    print(f"{'CI':>4s} {'C':>4s} {'side':>4s} {'s':>2s} {'expanded B':>10s} {'kernels':>7s} {'fused us':>9s} "
+          f"{'dwpw us':>8s}")
+    for ci, c, h, st in BLOCKS:
+        res = "x + " if st == 1 else ""
+        src = (f"graph blk(x: f32[1, {ci}, {h}, {h}], we: f32[{c}, {ci}, 1, 1], be: f32[{c}], wd: f32[{c}, 1, 3, 3], "
+               f"bd: f32[{c}], wp: f32[{ci}, {c}, 1, 1], bp: f32[{ci}]) {{\n"
+               f"    e = clip(conv2d(x, we, be), min=0.0, max=6.0)\n"
+               f"    d = clip(conv2d(e, wd, bd, stride={st}, padding=1, group={c}), min=0.0, max=6.0)\n"
+               f"    return {res}conv2d(d, wp, bp)\n}}\n")
+        rng = np.random.default_rng(0)
+        shapes = [(1, ci, h, h), (c, ci, 1, 1), (c,), (c, 1, 3, 3), (c,), (ci, c, 1, 1), (ci,)]
+        arrays = [(rng.standard_normal(sh) / 4).astype(np.float32) for sh in shapes]
+        fused = eqfuse.compile(src, threads=threads)
+        dwpw = eqfuse.compile(src, threads=threads, disable=EXPAND)
+        np.testing.assert_allclose(fused(*arrays), dwpw(*arrays), rtol=1e-4, atol=1e-5)
+        tf, td = _time(fused, arrays, repeat), _time(dwpw, arrays, repeat)
+        print(f"{ci:4d} {c:4d} {h:4d} {st:2d} {c * h * h * 4:10d} {len(fused.kernels):3d}/{len(dwpw.kernels):<3d} "
+              f"{tf:9.2f} {td:8.2f}")
 
 
 def main() -> None:
@@ -38,10 +84,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=30, help="samples per build")
     ap.add_argument("--profile", action="store_true", help="each build's kernels and their times")
+    ap.add_argument("--blocks", action="store_true", help="single inverted residuals of growing sizes")
     a = ap.parse_args()
+    if a.blocks:
+        return blocks(a.threads, a.repeat)
     path = str(zm.export("mobilenet-v2", "torchscript"))
     arrays = list(zm.inputs("mobilenet-v2").values())
     mods = {"fused": eqfuse.compile(path, threads=a.threads),
+            "dwpw": eqfuse.compile(path, threads=a.threads, disable=EXPAND),
             "unfused": eqfuse.compile(path, threads=a.threads, disable=FUSE)}
     ref = mods["unfused"](*arrays)
     times: dict[str, list[float]] = {k: [] for k in mods}
@@ -60,7 +110,7 @@ def main() -> None:
         print(f"{k:14s} {m.report['kernels_after']:7d} {diff:9.2e} {statistics.median(times[k]):10.1f} "
               f"{min(times[k]):8.1f}")
     if a.profile:
-        for k in ("fused", "unfused"):
+        for k in mods:
             r = prof.profile(mods[k], *arrays, repeat=1000)
             print(f"\n{k}: kernels {sum(x[2] for x in r['kernels']):.1f} us of a {r['call_us']:.1f} us call")
             for (name, _, us, _), kk in zip(r["kernels"], mods[k].kernels):

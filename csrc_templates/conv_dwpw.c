@@ -5,6 +5,7 @@
 #define {{NAME}}_FLAT {{FLAT}} /* the plan's flat */
 #define {{NAME}}_OLANES {{OLANES}} /* the plan's olanes */
 #define {{NAME}}_PREPACKED {{PREPACKED}} /* the plan's prepacked_b */
+#define {{NAME}}_EXPAND {{EXPAND}} /* the plan's expand */
 /* {{NAME}}: a depthwise conv2d {{N}}x{{C}}x{{H}}x{{W}} * {{C}}x1x{{KH}}x{{KW}}, stride {{SH}}x{{SW}}, padding
  * {{PH}}x{{PW}}, dilation {{DH}}x{{DW}}, through its prologue (its bias and activation), then the 1x1 conv2d
  * {{O}}x{{C}}x1x1 that reads it, through the epilogue -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out): an
@@ -23,6 +24,10 @@
  * 1x1 conv has VL output channels in the lanes and RO pixels a register tile, its weights
  * transposed [C][O] (PREPACKED = {{PREPACKED}}: once, when bound by params=; else into a scratch
  * buffer per call).
+ * EXPAND = {{EXPAND}} (the whole inverted residual): the depthwise conv's input is the expand 1x1 conv
+ * {{C}}x{{CI}}x1x1 of the kernel's input x {{N}}x{{CI}}x{{H}}x{{W}} through its prologue (its bias and
+ * activation), computed per task for the band's input rows (the halo rows again in each band)
+ * into xe[C][BHP x W, whole vectors + VL] on the stack, which the padded buffers then read in place of x.
  * The depthwise output never leaves the thread's tile. */
 typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
 typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
@@ -51,11 +56,15 @@ void {{NAME}}({{PARAMS}})
            CP = (C + VL - 1) / VL * VL /* (OLANES: the channels, whole vectors) */,
            BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1 /* a band's padded input */,
            WC = W < WP - PW ? W : WP - PW /* the input columns that some tap reads */,
-           XP = BHP * WP + VL + KW * DW /* (and what the last vector over q reads past the rows) */ };
+           XP = BHP * WP + VL + KW * DW /* (and what the last vector over q reads past the rows) */,
+           CI = {{CI}} /* EXPAND: the expand conv's input channels */ };
 {{EXTRAS}}
     const float* restrict x = {{X}};
     const float* restrict wd = {{WD}};
     const float* restrict wp = {{WP}};
+#if {{EXPAND}}
+    const float* restrict we = {{WE}};
+#endif
 #if {{OLANES}}
 #if {{PREPACKED}}
     const float* wpk = {{WP}}; /* the weights {{NAME}}_prepack made once */
@@ -74,6 +83,52 @@ void {{NAME}}({{PARAMS}})
         const long b = task / NBAND, r0 = task % NBAND * BAND;
         const long rows = OH - r0 < BAND ? OH - r0 : BAND, P = rows * OW;
         const long bh = (rows - 1) * SH + (KH - 1) * DH + 1; /* the band's padded input rows */
+#if {{EXPAND}}
+        /* the expand 1x1 conv of the band's input rows inside the image: those rows of an input
+         * channel are one run of the NCHW input, copied into xb[CI][XEP] (zero past the run, so
+         * that whole vectors read it); each vector of the run is then a register tile of RC = 4
+         * output channels, a sum over the input channels of a broadcast weight times the vector,
+         * and the stored rows go through the expand conv's prologue */
+        enum { XEP = (BHP * W + VL - 1) / VL * VL + VL /* (whole vectors, and a run's last stores past it) */, RC = 4 };
+        float xe[C][XEP] __attribute__((aligned(64)));
+        float xb[CI][XEP] __attribute__((aligned(64)));
+        const long hlo = r0 * SH - PH < 0 ? PH - r0 * SH : 0; /* the band's first row inside */
+        const long hhi = r0 * SH - PH + bh > H ? H - (r0 * SH - PH) : bh; /* (and past its last) */
+        const long ih0 = r0 * SH - PH + hlo, run = (hhi - hlo) * W, o0 = hlo * W;
+        for (long k = 0; k < CI; k++) {
+            const float* restrict xr = x + ((b * CI + k) * (long)H + ih0) * W;
+            for (long q = 0; q < run; q++)
+                xb[k][q] = xr[q];
+            for (long q = run; q < (run + VL - 1) / VL * VL; q++)
+                xb[k][q] = 0.0f;
+        }
+        for (long q0 = 0; q0 < run; q0 += VL)
+            for (long c0 = 0; c0 < C; c0 += RC) {
+                const long nc = C - c0 < RC ? C - c0 : RC;
+                {{NAME}}_vf ea[RC];
+                for (long u = 0; u < RC; u++)
+                    ea[u] = ({{NAME}}_vf){0};
+                for (long k = 0; k < CI; k++) {
+                    const {{NAME}}_vf xv = *(const {{NAME}}_vf*)&xb[k][q0];
+                    for (long u = 0; u < RC; u++) /* (past C: the last channel's weights again, not stored) */
+                        ea[u] += we[(c0 + (u < nc ? u : nc - 1)) * CI + k] * xv;
+                }
+                for (long u = 0; u < nc; u++)
+                    *({{NAME}}_vfu*)&xe[c0 + u][o0 + q0] = ea[u];
+            }
+        for (long c = 0; c < C; c++) {
+            float* restrict e = &xe[c][o0];
+            for (long q = 0; q < run; q++) {
+                const long i = c, j = ih0 * W + q;
+                (void)i; (void)j;
+                const float acc = e[q];
+                e[q] = {{EXPROLOGUE}};
+            }
+        }
+#define {{NAME}}_ROW(c, hr, ih) (&xe[c][(hr) * W]) /* the depthwise conv's input row ih (band row hr) */
+#else
+#define {{NAME}}_ROW(c, hr, ih) (x + ((b * C + (c)) * (long)H + (ih)) * W)
+#endif
 #if {{OLANES}}
         /* channels in the lanes: the band's padded input rows transposed, xt[pixel][channel] (zero
          * past the image and past C), the depthwise weights wt[tap][channel] */
@@ -87,13 +142,13 @@ void {{NAME}}({{PARAMS}})
             for (long c = 0; c < CP; c++)
                 wt[k][c] = c < C ? wd[c * KH * KW + k] : 0.0f;
         for (long c = 0; c < C; c++) {
-            const float* restrict xc = x + (b * C + c) * (long)H * W;
             for (long hr = 0; hr < bh; hr++) {
                 const long ih = r0 * SH - PH + hr;
                 if (ih < 0 || ih >= H)
                     continue;
+                const float* restrict xs = {{NAME}}_ROW(c, hr, ih);
                 for (long iw = 0; iw < WC; iw++)
-                    xt[hr * WP + PW + iw][c] = xc[ih * W + iw];
+                    xt[hr * WP + PW + iw][c] = xs[iw];
             }
         }
         for (long r = 0; r < rows; r++)
@@ -147,7 +202,6 @@ void {{NAME}}({{PARAMS}})
          * all of them before any is read: a vector load of a row just written by scalar stores
          * would wait for them (no store forwarding across stores) */
         for (long c = 0; c < C; c++) {
-            const float* restrict xc = x + (b * C + c) * (long)H * W;
             float* restrict xq = xp[c];
             for (long hr = 0; hr < bh; hr++) {
                 const long ih = r0 * SH - PH + hr;
@@ -159,8 +213,9 @@ void {{NAME}}({{PARAMS}})
                 }
                 for (long q = 0; q < PW; q++)
                     xr[q] = 0.0f;
+                const float* restrict xs = {{NAME}}_ROW(c, hr, ih);
                 for (long iw = 0; iw < WC; iw++)
-                    xr[PW + iw] = xc[ih * W + iw];
+                    xr[PW + iw] = xs[iw];
                 for (long q = PW + WC; q < WP; q++)
                     xr[q] = 0.0f;
             }
@@ -233,5 +288,6 @@ void {{NAME}}({{PARAMS}})
             }
         }
 #endif
+#undef {{NAME}}_ROW
     }
 }

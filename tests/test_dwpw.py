@@ -5,7 +5,10 @@ reference at the project's tolerances (rtol 1e-4, atol 1e-5). The cases take eac
 kernel: the band's pixels in the lanes with the depthwise sums as one run of vectors (flat) or
 pixel by pixel, channels in the lanes (olanes: a small image), strides 1 and 2, a dilation,
 channel counts that are not a multiple of the vector width, with and without biases and the
-residual add, and the 1x1 conv's weights transposed once when bound (params=)."""
+residual add, and the 1x1 conv's weights transposed once when bound (params=). The whole block
+(rule fuse_pw_dw, ConvPrologue.ex): the expand 1x1 conv + its bias and ReLU6 before the depthwise
+conv, on each path, with a parallel band of two output rows recomputing the expand conv of its
+halo rows."""
 
 from __future__ import annotations
 
@@ -69,11 +72,36 @@ graph pads(a: f32[5], b: f32[3, 4], c: f32[2, 3, 5, 6], x: f32[2, 8, 6, 6], w: f
 
 BIG = ("big", 1, 48, 8, 8, 3, 1, 1, 1, True, False, {})
 
+# the whole inverted residual: (name, N, CI, C, H, O, stride, residual, the path the plan takes).
+# The depthwise conv is 3x3 with padding 1, every conv has its bias, ReLU6 after the expand and
+# the depthwise convs; CI, C and O are not multiples of the vector width. Below a vector of
+# output pixels (2 x 2) the expand conv stays a kernel of its own (ir.kernels.DW_EXPAND_L1_SHARE)
+BLOCKS = [
+    ("ex_flat_res", 2, 5, 13, 8, 5, 1, True, dict(expand=1, flat=1, olanes=0)),
+    ("ex_flat_s2", 1, 6, 19, 9, 7, 2, False, dict(expand=1, flat=1, olanes=0)),
+    ("ex_pixels_res", 2, 4, 37, 4, 11, 1, True, dict(expand=1, flat=0, olanes=0)),
+    ("ex_band_s2", 1, 24, 32, 16, 24, 2, False, dict(expand=1, flat=1, band=2, parallel=1)),
+    ("ex_small_res", 2, 7, 21, 2, 7, 1, True, dict(expand=0, flat=0, olanes=1)),
+    ("ex_l1_res", 1, 8, 48, 8, 8, 1, True, dict(expand=1, flat=1, olanes=0)),  # (12 KB: > L1 / 4, whole)
+]
+BIG_BLOCK = ("ex_big", 1, 24, 144, 8, 24, 1, True, {})  # (36 KB: > L1, three kernels)
+
+
+def _block(name, n, ci, c, h, o, s, residual, _path) -> str:
+    oh = _out(h, 3, s, 1, 1)
+    ps = [f"x: f32[{n}, {ci}, {h}, {h}]", f"we: f32[{c}, {ci}, 1, 1]", f"be: f32[{c}]", f"wd: f32[{c}, 1, 3, 3]",
+          f"bd: f32[{c}]", f"wp: f32[{o}, {c}, 1, 1]", f"bp: f32[{o}]"]
+    ps += [f"r: f32[{n}, {o}, {oh}, {oh}]"] if residual else []
+    e = "clip(conv2d(x, we, be), min=0.0, max=6.0)"
+    d = f"clip(conv2d({e}, wd, bd, stride={s}, padding=1, group={c}), min=0.0, max=6.0)"
+    return f"graph {name}({', '.join(ps)}) {{\n    return {'r + ' if residual else ''}conv2d({d}, wp, bp)\n}}\n"
+
 
 @pytest.fixture(scope="module")
 def compiled():
     """Every case, the large one and the pads as graphs of one module: compiled once."""
-    return eqfuse.compile("".join(_graph(*c) for c in CASES + [BIG]) + PADS)
+    return eqfuse.compile("".join(_graph(*c) for c in CASES + [BIG]) + "".join(_block(*b) for b in BLOCKS + [BIG_BLOCK])
+                          + PADS)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -86,6 +114,34 @@ def test_fused_inverted_residual_matches_the_reference(compiled, case):
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     (k,) = fn.last.kernels  # one kernel, on the path the case is for
     assert k.kind == "conv2d" and {f: k.decisions[f] for f in case[-1]} == case[-1], k.decisions
+
+
+@pytest.mark.parametrize("case", BLOCKS, ids=[b[0] for b in BLOCKS])
+def test_whole_inverted_residual_matches_the_reference(compiled, case):
+    g = load(_block(*case))[0]
+    rng = np.random.default_rng(BLOCKS.index(case) + 20)
+    args = []
+    for name, t in g.params:
+        a = rng.standard_normal(t.shape).astype(np.float32)
+        if name in ("we", "wd", "wp"):  # (sums of about unit size)
+            a /= np.float32(np.sqrt(np.prod(t.shape[1:])))
+        args.append(a)
+    fn = getattr(compiled, case[0])
+    np.testing.assert_allclose(fn(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+    ks = fn.last.kernels  # the whole block one kernel (else the expand conv, then the rest), on the case's path
+    assert [k.kind for k in ks] == ["conv2d"] * (2 - case[-1]["expand"])
+    assert {f: ks[-1].decisions[f] for f in case[-1]} == case[-1], ks[-1].decisions
+
+
+def test_an_expanded_tensor_larger_than_l1_stays_three_kernels(compiled):
+    """Above L1 / DW_EXPAND_L1_SHARE per image (144 channels at 8 x 8) the expand conv, the
+    depthwise conv and the 1x1 conv are three kernels (the depthwise output is above L1 / 4 too),
+    with the same result."""
+    g = load(_block(*BIG_BLOCK))[0]
+    rng = np.random.default_rng(11)
+    args = [rng.standard_normal(t.shape).astype(np.float32) / 8 for _, t in g.params]
+    np.testing.assert_allclose(compiled.ex_big(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+    assert [k.kind for k in compiled.ex_big.last.kernels] == ["conv2d"] * 3
 
 
 def test_bound_weights_are_transposed_once_and_match():

@@ -83,10 +83,14 @@ class ConvPrologue:
     """The depthwise conv of a conv2d kernel whose 1x1 conv reads it (an inverted residual:
     eqfuse.backend.kinds.contraction.conv_dwpw): `dw` is the depthwise conv2d over kernel inputs,
     `value` the node the 1x1 conv reads (the depthwise conv through pointwise ops, its
-    activation)."""
+    activation). With the inverted residual's expand 1x1 conv fused too (rule fuse_pw_dw): `ex`
+    is that 1x1 conv over kernel inputs and `xv` the value the depthwise conv reads (the expand
+    conv through pointwise ops, its bias and activation); else both None."""
 
     dw: int
     value: int
+    ex: int | None = None
+    xv: int | None = None
 
 
 # the most bytes of one output row of a fused depthwise conv, over all its channels: the kernel
@@ -99,6 +103,19 @@ DW_ROW_BYTES_MAX = 1 << 17
 # MobileNetV2 (`python benchmarks/bench_dwpw.py --profile`): ahead up to 8 KB per
 # image (48 channels at 4 x 4, 8 at 16 x 16), behind from 12 KB (48 channels at 8 x 8)
 DW_FUSE_L1_SHARE = 4
+# The expand 1x1 conv before the depthwise conv joins the fused kernel while the depthwise conv's
+# input and output of an image (the expanded tensor, which the fused kernel then never writes)
+# fit this share of L1 (then DW_FUSE_L1_SHARE does not apply: the whole block saves two round
+# trips through memory, not one), and only while the input image holds at least a vector of
+# pixels: the kernel computes the expand conv as vectors over runs of pixels, and over the 2 x 2
+# and 1 x 1 images of MobileNetV2's last stages a run fills a quarter of a vector or less (there
+# the fused kernel is behind the expand conv as a GEMM kernel of its own, 3.7 against 2.7 us at
+# 96 channels of 2 x 2, 10 against 4.7 us at 240 of 1 x 1: `python benchmarks/bench_dwpw.py
+# --profile`). With the share at 1 the whole block is ahead of the expand kernel + the fused
+# depthwise and 1x1 kernel, and of three kernels, from 3 KB to 24 KB (96 channels at 8 x 8:
+# 14.5 against 19.3 us as three kernels), and a 32 KB stride-2 input
+# (`python benchmarks/bench_dwpw.py --blocks`); 36 KB (144 channels at 8 x 8) stays three
+DW_EXPAND_L1_SHARE = 1
 
 
 @dataclass(frozen=True)
@@ -481,19 +498,38 @@ def _match_dw_pw(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
     """A 1x1 conv2d (stride 1, no padding, one group) over pointwise ops of a depthwise conv2d of
     kernel inputs, the 1x1 conv's weights and bias kernel inputs, its result flowing through
     pointwise ops: MobileNetV2's depthwise conv + batchnorm + ReLU6, then its projection +
-    batchnorm (+ the residual add), as one kernel (rule fuse_dw_pw)."""
+    batchnorm (+ the residual add), as one kernel (rule fuse_dw_pw). The depthwise conv may read
+    a 1x1 conv of kernel inputs through pointwise ops instead (the expand conv + batchnorm +
+    ReLU6: the whole inverted residual, rule fuse_pw_dw)."""
     heavy = facts.heavy
-    if len(heavy) != 2 or not all(body.nodes[i].op == "conv2d" for i in heavy):
+    if len(heavy) not in (2, 3) or not all(body.nodes[i].op == "conv2d" for i in heavy):
         return None
     dw = next((i for i in heavy if _is_depthwise(body, i)), None)
-    pw = next((i for i in heavy if i != dw), None)
-    if dw is None or not _is_pointwise_conv(body.nodes[pw], body):
+    if dw is None:
+        return None
+    pw = next((i for i in heavy if i != dw and dw in body.ancestors(body.nodes[i].args[0])), None)
+    ex = next((i for i in heavy if i not in (dw, pw)), None)
+    if pw is None or not _is_pointwise_conv(body.nodes[pw], body):
         return None
     pn, dn = body.nodes[pw], body.nodes[dw]
     value = pn.args[0]
-    if dw not in body.ancestors(value) or any(dw in body.ancestors(a) for a in pn.args[1:]):
+    if any(dw in body.ancestors(a) for a in pn.args[1:]):
         return None
-    if not all(x in facts.inputs for x in pn.args[1:]) or not all(x in facts.inputs for x in dn.args):
+    xv = None
+    if ex is not None:
+        xn = body.nodes[ex]
+        xv = dn.args[0]
+        if not _is_pointwise_conv(xn, body) or ex not in body.ancestors(xv) or \
+                any(ex in body.ancestors(a) for a in dn.args[1:]):
+            return None
+        if not all(x in facts.inputs for x in xn.args) or not all(x in facts.inputs for x in dn.args[1:]):
+            raise Unsupported("the weights and biases of a fused inverted residual must be kernel inputs")
+        check_computable(body, xv, {ex})
+        if tuple(body.nodes[xv].type.shape) != tuple(xn.type.shape):
+            raise Split("the expand conv's activation broadcasts its result")
+    elif not all(x in facts.inputs for x in dn.args):
+        raise Unsupported("the weights and biases of a fused depthwise and 1x1 conv must be kernel inputs")
+    if not all(x in facts.inputs for x in pn.args[1:]):
         raise Unsupported("the weights and biases of a fused depthwise and 1x1 conv must be kernel inputs")
     # the prologue (the depthwise conv's activation) is pointwise over the depthwise conv's
     # values and per-channel or scalar inputs; nothing after the 1x1 conv reads it
@@ -506,13 +542,20 @@ def _match_dw_pw(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
     check_epilogue(body, pw, facts.out)
     check_computable(body, facts.out, {pw}, forbid=computed_ancestors(body, value))
     _, C, OH, OW = dn.type.shape
-    if machine is not None and C * OH * OW * F32 > machine.l1 // DW_FUSE_L1_SHARE:
+    if ex is None and machine is not None and C * OH * OW * F32 > machine.l1 // DW_FUSE_L1_SHARE:
         raise Split(f"the depthwise conv's output of an image ({C} x {OH} x {OW}) is larger than L1 / "
                     f"{DW_FUSE_L1_SHARE}: the separate depthwise and 1x1 kernels are faster")
-    if C * OW * F32 > DW_ROW_BYTES_MAX:
-        raise Split(f"a row of the depthwise conv's output ({C} channels x {OW} pixels) is larger than "
-                    f"{DW_ROW_BYTES_MAX} bytes")
-    return KernelShape(K.CONV2D, pw, ConvPrologue(dw, value))
+    _, _, H, W = body.nodes[dn.args[0]].type.shape
+    if ex is not None and machine is not None and C * max(H * W, OH * OW) * F32 > machine.l1 // DW_EXPAND_L1_SHARE:
+        raise Split(f"the depthwise conv's input or output of an image ({C} x {H} x {W}, {C} x {OH} x {OW}) is "
+                    f"larger than L1 / {DW_EXPAND_L1_SHARE}: the expand conv as its own kernel is faster")
+    if ex is not None and machine is not None and H * W < machine.simd_floats:
+        raise Split(f"the expand conv's image ({H} x {W}) is less than a vector of pixels: the expand conv as "
+                    f"its own kernel is faster")
+    if C * OW * F32 > DW_ROW_BYTES_MAX or (ex is not None and C * W * F32 > DW_ROW_BYTES_MAX):
+        raise Split(f"a row of the depthwise conv's output or input ({C} channels x {max(OW, W)} pixels) is "
+                    f"larger than {DW_ROW_BYTES_MAX} bytes")
+    return KernelShape(K.CONV2D, pw, ConvPrologue(dw, value, ex, xv))
 
 
 def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:

@@ -82,6 +82,7 @@ from eqfuse.optimizer.edata import ANALYSES, FACTS, EData
 from eqfuse.optimizer.egraph_text import (  # the encoding's text (eqfuse/optimizer/egraph_text.py)
     HEAVY_LIMIT,
     HEAVY_LIMIT_ATTENTION,
+    HEAVY_LIMIT_PROLOGUE,
     HEAVY_LIMIT_ROW,
     RULESET,
     VIEW_OPS,
@@ -305,11 +306,13 @@ def _heavy_guard(p, tvars: set[str]) -> list[str]:
         while isinstance(under, POp) and len(under.args) == 1 and heavy_weight(under.op) == 0:
             under = under.args[0]
         row = isinstance(under, POp) and under.op in ("layernorm", "rmsnorm")
-        # a conv2d reading a kernel body (rule fuse_dw_pw): a depthwise conv may be its prologue
+        # a conv2d reading a kernel body (rules fuse_dw_pw, fuse_pw_dw): a depthwise conv may be
+        # its prologue, and an expand 1x1 conv the depthwise conv's
         prologue = any(isinstance(x, POp) and x.op == "conv2d" and isinstance(x.args[0], PVar)
                        and x.args[0].name in svars for x in _pops(k.result))
         limit = (HEAVY_LIMIT_ATTENTION if root in ("softmax", "matmul")
-                 else HEAVY_LIMIT_ROW if root in ("layernorm", "rmsnorm") or row or prologue else HEAVY_LIMIT)
+                 else HEAVY_LIMIT_PROLOGUE if prologue
+                 else HEAVY_LIMIT_ROW if root in ("layernorm", "rmsnorm") or row else HEAVY_LIMIT)
         total = str(written)
         for v in svars:
             out.append(f"(= ?{v}__hv (hv ?{v}))")

@@ -151,6 +151,10 @@ HEAVY_LIMIT_ATTENTION = 3  # when the kernel's root op is softmax or matmul
 # op over a GEMM weigh one grew BERT-base x12's e-graph from 3.5k e-nodes to the node limit);
 # they do in a hand-written kernel block.
 HEAVY_LIMIT_ROW = 2
+# a conv2d reading a kernel body (rules fuse_dw_pw, fuse_pw_dw): the whole inverted residual, its
+# expand 1x1 conv, depthwise conv and projection 1x1 conv, weighs three (fuse_pw_dw joins only a
+# depthwise conv to the kernel it reads, so a chain of three convs forms only around one)
+HEAVY_LIMIT_PROLOGUE = 3
 VIEW_OPS = ("transpose", "reshape")
 
 

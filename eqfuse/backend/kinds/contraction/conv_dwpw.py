@@ -11,6 +11,11 @@ channels x VL pixels, each channel of the tile a vector of pixels times a broadc
 the stores go through the epilogue (the 1x1 conv's bias, the residual add). The depthwise conv's
 output is never written to memory, and the two kernels' calls are one. The band is all the rows
 when the tile fits half of L2 and the tasks are enough for the cores, else fewer rows.
+
+EXPAND (rule fuse_pw_dw, ConvPrologue.ex): the depthwise conv reads the inverted residual's expand
+1x1 conv (+ its bias and activation, a second prologue) of the kernel's input, and a task first
+computes that conv for the input rows its band reads (the halo rows again in the next band) into
+a buffer on its stack: the whole block is one kernel and the expanded tensor is never written.
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ class ConvDwPwDetail:
     blocked_args: tuple[int, ...] = ()  # (the conv epilogue's interface: none read in blocks here)
     # olanes: the 1x1 conv's weights bound by params=, transposed [C][O] once (conv.mark_bound)
     prepack: Prepack | None = None
+    # the expand 1x1 conv of CI input channels computed per band (ConvPrologue.ex), else the
+    # depthwise conv reads its input from memory
+    expand: bool = False
+    CI: int = 0
 
 
 def is_fused(plan: KernelPlan) -> bool:
@@ -65,23 +74,29 @@ def is_fused(plan: KernelPlan) -> bool:
     return isinstance(plan.shape.parts, ConvPrologue)
 
 
-def band_rows(C: int, OH: int, OW: int, KH: int, KW: int, stride, dilation, N: int, par: bool, m: Machine) -> int:
+def band_rows(C: int, OH: int, OW: int, KH: int, KW: int, stride, dilation, N: int, par: bool, m: Machine,
+              W: int = 0, CI: int = 0) -> int:
     """BAND: all the output rows, cut into bands when the kernel runs in parallel and the images
     are fewer than 4 tasks per core (then each band at least two rows), and so that the tile
     [C][BAND x OW] and the padded input rows fit half of L2 (stack_bytes)."""
     vl = m.simd_floats
     band = max(cdiv(OH, min(OH, max(1, cdiv(4 * m.cores, N)))), min(OH, 2)) if par else OH
-    fit = max(b for b in range(1, OH + 1) if b == 1 or stack_bytes(C, b, OW, KH, KW, stride, dilation, vl) <= m.l2 // 2)
+    fit = max(b for b in range(1, OH + 1)
+              if b == 1 or stack_bytes(C, b, OW, KH, KW, stride, dilation, vl, W, CI) <= m.l2 // 2)
     return max(1, min(band, fit))
 
 
-def stack_bytes(C: int, band: int, OW: int, KH: int, KW: int, stride, dilation, vl: int) -> int:
+def stack_bytes(C: int, band: int, OW: int, KH: int, KW: int, stride, dilation, vl: int, W: int = 0,
+                CI: int = 0) -> int:
     """The bytes of a task's buffers on the stack (csrc_templates/conv_dwpw.c), the larger of its
     two layouts: the tile [C][BP] and the padded input rows [C][BHP x WP + VL + KW DW]; or
-    (OLANES) the transposed input [BHP x WP][CP], the weights [KH x KW][CP] and the tile [BP][CP]."""
+    (OLANES) the transposed input [BHP x WP][CP], the weights [KH x KW][CP] and the tile [BP][CP];
+    with the expand conv's input and output rows [CI + C][BHP x W in whole vectors + VL] (EXPAND: W the image's
+    width and CI its input channels, else 0)."""
     bp, cp = cdiv(band * OW, vl) * vl, cdiv(C, vl) * vl
     bhp, wp = (band - 1) * stride[0] + (KH - 1) * dilation[0] + 1, (OW - 1) * stride[1] + (KW - 1) * dilation[1] + 1
-    return max(C * (bp + bhp * wp + vl + KW * dilation[1]) + bhp * wp + vl, (bhp * wp + KH * KW + bp) * cp) * F32
+    return (max(C * (bp + bhp * wp + vl + KW * dilation[1]) + bhp * wp + vl, (bhp * wp + KH * KW + bp) * cp)
+            + ((C + CI) * (cdiv(bhp * W, vl) + 1) * vl if W else 0)) * F32
 
 
 def uses_flat(band: int, OW: int, KW: int, stride, dilation, vl: int) -> bool:
@@ -110,16 +125,18 @@ def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
     N, C, H, W = body.nodes[dw.args[0]].type.shape
     _, _, KH, KW = body.nodes[dw.args[1]].type.shape
     _, O, OH, OW = pw.type.shape
-    macs = N * C * OH * OW * (KH * KW + O)
+    ex = body.nodes[parts.ex] if parts.ex is not None else None
+    CI = body.nodes[ex.args[0]].type.shape[1] if ex is not None else 0
+    macs = N * C * OH * OW * (KH * KW + O) + N * C * H * W * CI
     band = band_rows(C, OH, OW, KH, KW, pair(dw.attr["stride"]), pair(dw.attr["dilation"]), N,
-                     macs >= PARALLEL_MIN_FMAS, m)
+                     macs >= PARALLEL_MIN_FMAS, m, W if ex is not None else 0, CI)
     tasks = N * cdiv(OH, band)
     regs = 32 if m.simd_floats >= 16 else 16
     ro = min(O, regs // 4)  # (the accumulators, a pixel vector and the broadcast weights)
     d = ConvDwPwDetail(N, C, H, W, O, KH, KW, OH, OW, pair(dw.attr["stride"]), pair(dw.attr["padding"]),
                        pair(dw.attr["dilation"]), macs >= PARALLEL_MIN_FMAS and tasks > 1, m.simd_floats, ro, band,
                        flat=uses_flat(band, OW, KW, pair(dw.attr["stride"]), pair(dw.attr["dilation"]), m.simd_floats),
-                       olanes=olanes_cheaper(O, band * OW, m.simd_floats, ro))
+                       olanes=olanes_cheaper(O, band * OW, m.simd_floats, ro), expand=ex is not None, CI=CI)
     if d.olanes:  # (a tile of at most the band's pixels; the depthwise sums with channels in the lanes)
         d = replace(d, ro=min(ro, band * OW), flat=False)
         ro = d.ro
@@ -128,15 +145,22 @@ def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
     plan.tiles = {"band": band, "ro": ro}
     plan.flops = 2 * macs + pointwise_flops(body)
     bp = cdiv(band * OW, d.vl) * d.vl
-    tile = stack_bytes(C, band, OW, KH, KW, d.stride, d.dilation, d.vl)
+    tile = stack_bytes(C, band, OW, KH, KW, d.stride, d.dilation, d.vl, W if d.expand else 0, CI)
     plan.cache_check = (f"a band's depthwise tile {C} x {bp} (band {band} x {OW} pixels, whole vectors) and padded "
                         f"input rows: {tile} B <= L2/2 {m.l2 // 2} B: {'ok' if tile <= m.l2 // 2 else 'NO'}")
     plan.threads = (f"the {tasks} tasks (image, band of {band} output rows) split evenly" if d.parallel
                     else "one thread, no parallel region")
     pro = ops_text(body, skip=set(range(len(body.nodes))) - (body.ancestors(parts.value) - body.ancestors(parts.dw)))
     epi = ops_text(body, skip=body.ancestors(plan.shape.anchor))
-    plan.uops = [UOp(0, "Loop", f"{tasks} tasks (image, band of {band} output rows)", tasks),
-                 UOp(1, "Exec", f"the depthwise {KH} x {KW} conv of the {C} channels over the band, through its "
+    bhp = (band - 1) * d.stride[0] + (KH - 1) * d.dilation[0] + 1
+    xpro = ops_text(body, skip=set(range(len(body.nodes))) - (body.ancestors(parts.xv) - body.ancestors(parts.ex))) \
+        if d.expand else ""
+    plan.uops = [UOp(0, "Loop", f"{tasks} tasks (image, band of {band} output rows)", tasks)]
+    plan.uops += [UOp(1, "Exec", f"the expand 1x1 conv of {CI} channels to {C} over the band's (up to {bhp}) input "
+                                 f"rows (vectors over the run of rows, register tiles of 4 channels), through its prologue "
+                                 f"({xpro or 'none'}), into the rows [{C}][{bhp} x {W}]",
+                      tasks * cdiv(C, 4) * cdiv(bhp * W, d.vl))] if d.expand else []
+    plan.uops += [UOp(1, "Exec", f"the depthwise {KH} x {KW} conv of the {C} channels over the band, through its "
                                 f"prologue ({pro or 'none'}), into the tile [{C}][{bp}]", tasks * C),
                  UOp(1, "Exec", f"the 1x1 conv: register tiles of {ro} pixels x {d.vl} output channels over the "
                                 f"{C} channels of the tile (FMA, broadcast pixels, weights transposed [{C}][{O}])",
@@ -161,16 +185,37 @@ def prologue_c(plan: KernelPlan) -> tuple[str, list[tuple[int, str]]]:
     return expr, extras
 
 
+def expand_prologue_c(plan: KernelPlan) -> tuple[str, list[tuple[int, str]]]:
+    """(the expand conv's prologue, its C expression of `acc`, the expand conv's sum at element
+    (b, i, j) of its output, i its channel and j = ih x W + iw; the inputs it reads), or ("0", [])
+    without the expand conv."""
+    body, parts = plan.body, plan.shape.parts
+    if parts.ex is None:
+        return "0", []
+    xn = body.nodes[parts.ex]
+    bias = f"eqf_e{body.inputs.index(xn.args[2])}" if len(xn.args) == 3 else None
+    groups = [("b", [0], False), ("i", [1], False), ("j", [2, 3], False)]
+    expr, extras = gemm_epilogue(plan, groups, {parts.ex: f"(acc + {bias}[i])" if bias else "acc"},
+                                 root=parts.xv, shape=tuple(xn.type.shape))
+    if bias and xn.args[2] not in dict(extras):
+        extras.append((xn.args[2], bias))
+    return expr, extras
+
+
 def emit_conv_dwpw(plan: KernelPlan) -> str:
     body, d, parts = plan.body, plan.detail, plan.shape.parts
     pw, dw = body.nodes[plan.shape.anchor], body.nodes[parts.dw]
     params, ptrs = kernel_params(plan)
     epi, decls = epilogue_c(plan)
     pro, pextras = prologue_c(plan)
+    xpro, xextras = expand_prologue_c(plan)
     have = set(decls.split("\n")) if decls else set()
-    more = [f"    const {c_type(body, i)}* restrict {name} = {ptrs[i]};" for i, name in pextras]
-    decls = "\n".join([x for x in decls.split("\n") if x] + [x for x in more if x not in have])
-    return render("conv_dwpw.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[dw.args[0]],
+    more = [f"    const {c_type(body, i)}* restrict {name} = {ptrs[i]};" for i, name in pextras + xextras]
+    decls = "\n".join([x for x in decls.split("\n") if x] + list(dict.fromkeys(x for x in more if x not in have)))
+    xn = body.nodes[parts.ex] if d.expand else None
+    return render("conv_dwpw.c", NAME=plan.name, PARAMS=params, EXTRAS=decls,
+                  X=ptrs[xn.args[0]] if xn is not None else ptrs[dw.args[0]],
+                  WE=ptrs[xn.args[1]] if xn is not None else "0", EXPAND=int(d.expand), CI=d.CI, EXPROLOGUE=xpro,
                   WD=ptrs[dw.args[1]], WP=ptrs[pw.args[1]], PROLOGUE=pro, EPILOGUE=epi,
                   PARALLEL=int(d.parallel), FLAT=int(d.flat), OLANES=int(d.olanes),
                   PREPACKED=int(d.prepack is not None), VL=d.vl, RO=d.ro, BAND=d.band, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O,
