@@ -286,6 +286,14 @@ def test_quantized_model_matches_onnxruntime(quantized, tmp_path):
         quantizing = [k.name for k in module.kernels if k.decisions.get("quantize_a")]
         assert len(quantizing) == sum(n.op_type in ("MatMulInteger", "ConvInteger") for n in model.graph.node), quantizing
         assert not any(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in module.kernels)
+        # and computes the scale and zero point from the two floats of its A's range: the only
+        # other kernel of each DynamicQuantizeLinear is that range's pass over x, and no kernel
+        # is a scalar's (the scale, the zero point, x_scale * w_scale)
+        ranges = [k for k in module.kernels if k.kind == "index" and k.decisions.get("op") == "dynamic_range"]
+        assert len(ranges) == sum(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node), ranges
+        assert {k.name for k in module.kernels if "dynamic_scale(" in k.body} == set(quantizing), module.kernels
+        scalars = [k.body for k in module.kernels if k.bytes <= 16]  # (two floats in, one out: 12 bytes)
+        assert not scalars, scalars
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     (last,) = [n for n in model.graph.node if model.graph.output[0].name in n.output]
     tracer = None
@@ -405,11 +413,11 @@ def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_
     assert ("u8" in text or "dynamic_zero_point(" in text) and "i8" in text and "quantize_linear(" in text
     if how == "static" and name in ("gpt2", "vit"):  # the quantizer's redundant DQ -> Q pairs are removed
         assert "dequantize_quantize x" in text
-    if (name, how) == ("mlp", "dynamic"):  # the quantization of A, the dequantization, bias and activation in
-        # the integer GEMM's kernel (the scale, x_scale * w_scale, is a kernel of its own: a product of
-        # scalars starts no kernel)
-        assert re.search(r"kernel \{ relu\(cast\(matmul_integer\(quantize_linear\((\w+), (\w+), (\w+)\), \w+, \3, \w+\), "
-                         r"to=\"f32\"\) \* \w+ \+ \w+\) \}", text), text
+    if (name, how) == ("mlp", "dynamic"):  # the quantization of A, its scale and zero point from the range's
+        # two floats, the dequantization (x_scale * w_scale), bias and activation in the integer GEMM's kernel
+        assert re.search(r"kernel \{\s*(t\d+) = dynamic_scale\((\w+)\)\s*(t\d+) = dynamic_zero_point\(\2\)\s*"
+                         r"relu\(cast\(matmul_integer\(quantize_linear\(\w+, \1, \3\), \w+, \3, \w+\), "
+                         r"to=\"f32\"\) \* \(\1 \* [-\d.e]+\) \+ \w+\)\s*\}", text), text
     if how == "dynamic":  # each DynamicQuantizeLinear: its scale and zero point one op each, then the quantize
         dql = sum(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
         assert text.count("dynamic_scale(") == text.count("dynamic_zero_point(") == dql, text
@@ -998,7 +1006,8 @@ def _dynamic_quantize_model(shape):
 
 def test_dynamic_quantize_reads_x_once_and_matches_onnxruntime(tmp_path):
     """DynamicQuantizeLinear's range is one pass over x (dynamic_range), its scale and zero point
-    scalar kernels over those two floats: y, scale and zero point equal onnxruntime's, on a size
+    C expressions of those two floats (here two scalar kernels, the model's outputs; in a model,
+    the integer GEMM's): y, scale and zero point equal onnxruntime's, on a size
     that is not a multiple of the pass's 64 lanes, with the minimum or maximum in the tail, all
     negative, all positive, all zero; a NaN is passed over as eqfuse's reference does."""
     f = tmp_path / "dql.onnx"
@@ -1007,7 +1016,9 @@ def test_dynamic_quantize_reads_x_once_and_matches_onnxruntime(tmp_path):
     # x's 201 floats looped over by the range and the quantize only; the scale and zero point
     # from the range's two floats
     ops = {k.decisions["op"]: "201L" in k.c_source for k in module.kernels if k.kind == "index"}
-    assert ops == {"dynamic_range": True, "dynamic_scale": False, "dynamic_zero_point": False}, ops
+    assert ops == {"dynamic_range": True}, ops
+    scalars = [k for k in module.kernels if k.kind == "pointwise" and "eqf_range_" in k.c_source]
+    assert len(scalars) == 2 and not any("201" in k.c_source for k in scalars), module.kernels
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 67)).astype(np.float32)
     tail_min, tail_max = x.copy(), x.copy()

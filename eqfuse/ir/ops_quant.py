@@ -111,6 +111,12 @@ def _dynamic_range_np(args, attrs):
     return np.asarray(_dynamic_range(args[0]), np.float32)
 
 
+# DynamicQuantizeLinear's scale and zero point, ops of dynamic_range's two floats: C expressions of
+# those two floats (eqf_range_scale, eqf_range_zero_point in common.h), so a kernel that reads the
+# range computes them itself (eqfuse.ir.kernels.range_scalar): no kernel of their own
+RANGE_SCALARS = ("dynamic_scale", "dynamic_zero_point")
+
+
 def _scalar_infer(ts, attrs):
     return TType(())
 

@@ -8,6 +8,8 @@ by `eqfuse lower`, listed by report["precision"]); `int8_tile` the register tile
 packed in 4-byte K-groups with its column sums (once, when bound by params=: plan.detail.prepack).
 An A that is quantize_linear(x, scale, zp) of an f32 x (DynamicQuantizeLinear's y, joined by the rule
 kernel_matmul_integer_qa) is quantized by the kernel into its own A buffer (plan.detail.quantize_a).
+When that scale and zero point are dynamic_scale(r) and dynamic_zero_point(r) of dynamic_range's two
+floats r (rule kernel_matmul_integer_dqa), the kernel computes them from r before the GEMM.
 conv_integer (ConvInteger, QLinearConv) is the same GEMM per image and group, pixels x output
 channels: the kernel writes the im2col of x into its A buffer (plan.detail.im2col; a padded tap is
 x's zero point) and stores C transposed, NCHW; the weights, [O, C/group x KH x KW], are its B.
@@ -18,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.cexpr import kernel_params, range_scalar_c, render
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
-from eqfuse.ir.kernels import quantized_a
+from eqfuse.ir.kernels import dynamic_qparams, quantized_a
 from eqfuse.ir.ops import pair
 from eqfuse.ir.shapes import C_TYPE
 from eqfuse.machine import Machine
@@ -210,7 +212,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
     params, ptrs = kernel_params(plan)
     d = plan.detail
     q = body.nodes[mm.args[0]]  # (quantize_linear(x, scale, zp) with quantize_a)
-    a_in, a_scale = (q.args[0], ptrs[q.args[1]]) if d.quantize_a else (mm.args[0], "NULL")
+    a_in, a_scale = (q.args[0], ptrs.get(q.args[1])) if d.quantize_a else (mm.args[0], "NULL")
     out = tuple(plan.out_shape)
     nb = len(out) - 2
     if d.im2col:  # (C^T per image: pixels x channels, stored NCHW)
@@ -235,9 +237,16 @@ def emit_qgemm(plan: KernelPlan) -> str:
                  EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
                  EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
                  EXTRA_INIT="".join(", " + n for _, n in extras))
+    offsets = "        (void)g;"
+    if dynamic_qparams(body, a, set(body.inputs)):  # scale and zero point from the range [lo, hi]
+        r = ptrs[body.nodes[q.args[1]].args[0]]
+        a_scale = "&eqf_dq_scale"
+        ptrs = {**ptrs, mm.args[2]: "&eqf_dq_zp"}
+        offsets += (f"\n        const float eqf_dq_scale = {range_scalar_c('dynamic_scale', r)};"
+                    f"\n        const uint8_t eqf_dq_zp = {range_scalar_c('dynamic_zero_point', r)};")
     args = [ptrs[a_in]] + [ptrs[x] for x in mm.args[1:]] + [a_scale, "out"] + [ptrs[i] for i, _ in read]
     shapes = (f"integer batch={d.batch} M={d.M} N={d.N} K={d.K} ({plan.precision_path}"
               + (", A quantized from f32)" if d.quantize_a else ", A the im2col of x, C stored NCHW)" if d.im2col else ")"))
     wrapper = render("matmul.c", NAME=plan.name, SHAPES=shapes, GEMM=gname, PARAMS=params, OUTER=1,
-                     OFFSETS="        (void)g;", ARGS=", ".join(args))
+                     OFFSETS=offsets, ARGS=", ".join(args))
     return src + "\n" + wrapper
