@@ -292,7 +292,7 @@ def test_quantized_model_matches_onnxruntime(quantized, tmp_path):
         ranges = [k for k in module.kernels if k.kind == "index" and k.decisions.get("op") == "dynamic_range"]
         assert len(ranges) == sum(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node), ranges
         assert {k.name for k in module.kernels if "dynamic_scale(" in k.body} == set(quantizing), module.kernels
-        scalars = [k.body for k in module.kernels if k.bytes <= 16]  # (two floats in, one out: 12 bytes)
+        scalars = [k.body for k in module.kernels if 0 < k.bytes <= 16]  # (two floats in, one out: 12 bytes; a view: 0)
         assert not scalars, scalars
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     (last,) = [n for n in model.graph.node if model.graph.output[0].name in n.output]
@@ -418,9 +418,12 @@ def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_
         assert re.search(r"kernel \{\s*(t\d+) = dynamic_scale\((\w+)\)\s*(t\d+) = dynamic_zero_point\(\2\)\s*"
                          r"relu\(cast\(matmul_integer\(quantize_linear\(\w+, \1, \3\), \w+, \3, \w+\), "
                          r"to=\"f32\"\) \* \(\1 \* [-\d.e]+\) \+ \w+\)\s*\}", text), text
-    if how == "dynamic":  # each DynamicQuantizeLinear: its scale and zero point one op each, then the quantize
+    if how == "dynamic":  # each DynamicQuantizeLinear: its range one op, its scale and zero point one op
+        # each in every integer GEMM that quantizes by them (computed from the range there)
         dql = sum(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
-        assert text.count("dynamic_scale(") == text.count("dynamic_zero_point(") == dql, text
+        gemms = sum(n.op_type in ("MatMulInteger", "ConvInteger") for n in model.graph.node)
+        assert text.count("dynamic_range(") == dql, text
+        assert text.count("dynamic_scale(") == text.count("dynamic_zero_point(") == gemms, text
     g = tmp_path / "q.g"
     g.write_text(text)
     assert list(eqfuse.reference(str(g)).graphs)
@@ -1002,6 +1005,39 @@ def _dynamic_quantize_model(shape):
     g = h.make_graph([node], "dql", [h.make_tensor_value_info("x", F32T, shape)],
                      [onnx.ValueInfoProto(name=n) for n in ("y", "ys", "yz")])
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("mode", ["openmp", "pool", "caller"])
+def test_dynamic_range_in_blocks_over_threads_matches_onnxruntime(mode, tmp_path, monkeypatch):
+    """dynamic_range's pass over an x larger than a block, in blocks (the plan's `block`, the
+    last one part of a 64-lane group) split over 2 threads in each mode a call may pick (OpenMP's
+    split, the claim-based pool, the calling thread: tests/test_regions.py's modes): y, scale and
+    zero point equal onnxruntime's with the minimum or maximum in the first, a middle or the last
+    block's tail."""
+    from eqfuse.runtime import load
+
+    free, beside = {"openmp": (2, 2), "pool": (1, 2), "caller": (1, 1)}[mode]
+    monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: free)
+    monkeypatch.setattr(load, "free_cores_beside_peers", lambda now=None, mine=None: beside)
+    f = tmp_path / "dql.onnx"
+    model = _dynamic_quantize_model([129, 300])
+    onnx.save(model, str(f))
+    module = eqfuse.compile(str(f), threads=2)
+    (k,) = [k for k in module.kernels if k.decisions.get("op") == "dynamic_range"]
+    n, block = 129 * 300, k.decisions["block"]
+    assert k.decisions["parallel"] and n > 2 * block and n % block % 64, k.decisions
+    x = np.random.default_rng(7).standard_normal((129, 300)).astype(np.float32)
+    cases = {"random": x}
+    for where, i in {"first": 3, "middle": n // 2 + 5, "tail": n - 2}.items():
+        for sign in (-1, 1):
+            v = x.copy().reshape(-1)
+            v[i] = 9.0 * sign
+            cases[f"{where}{sign:+d}"] = v.reshape(x.shape)
+    for what, v in cases.items():
+        want = _literal(model, {"x": v})
+        for w, g in zip(want, module(x=v)):
+            g = np.asarray(g)
+            assert g.dtype == w.dtype and np.array_equal(g.reshape(w.shape), w), (mode, what, g, w)
 
 
 def test_dynamic_quantize_reads_x_once_and_matches_onnxruntime(tmp_path):
