@@ -17,6 +17,7 @@ x's zero point) and stores C transposed, NCHW; the weights, [O, C/group x KH x K
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -28,6 +29,9 @@ from eqfuse.ir.kernels import dynamic_qparams, quantized_a
 from eqfuse.ir.ops import pair
 from eqfuse.ir.shapes import C_TYPE
 from eqfuse.machine import Machine
+
+# cexpr.range_scalar_c's call on an epilogue's extra parameter (its two floats)
+RANGE_CALL = re.compile(r"eqf_range_(scale|zero_point)\((\w+)\[0\], \2\[1\]\)")
 
 # The template's PATH for each instruction path (csrc_templates/gemm_u8s8.c)
 INT8_PATHS = {"avx512_vnni": 3, "avx_vnni": 2, "fallback": 1, "fallback_scalar": 0}
@@ -223,6 +227,14 @@ def emit_qgemm(plan: KernelPlan) -> str:
         groups = [("b", list(range(nb)), False), ("i", [nb], False), ("j", [nb + 1], False)]
     expr, read = gemm_epilogue(plan, groups, {a: "acc"})
     extras = [(c_type(body, i), pn) for i, pn in read]
+    # a scale of the range's two floats the epilogue reads (x_scale * w_scale of quantize_dynamic):
+    # computed once per panel, before its loops, not per element (cexpr.range_scalar_c's calls)
+    hoisted = {}
+    for m in RANGE_CALL.finditer(expr):
+        hoisted.setdefault(m.group(0), f"eqf_rs{len(hoisted)}_{m.group(2)}")
+    for call, var in hoisted.items():
+        expr = expr.replace(call, var)
+    unpack = [f"const {'float' if 'scale' in c else 'uint8_t'} {v} = {c};" for c, v in hoisted.items()]
     gname = f"{plan.name}_gemm"
     c, h, w, kh, kw, (sh, sw), (ph, pw), (dh, dw), ow = d.geometry or (0, 0, 0, 0, 0, (0, 0), (0, 0), (0, 0), 0)
     ta, tb, tz, tw = (C_TYPE[body.nodes[x].type.dtype] for x in (a_in, *mm.args[1:]))
@@ -235,7 +247,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
                  EXTRA_PARAMS="".join(f", const {t}* restrict {n}" for t, n in extras),
                  EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
-                 EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
+                 EXTRA_UNPACK=" ".join([f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras] + unpack),
                  EXTRA_INIT="".join(", " + n for _, n in extras))
     offsets = "        (void)g;"
     if dynamic_qparams(body, a, set(body.inputs)):  # scale and zero point from the range [lo, hi]
