@@ -1213,3 +1213,47 @@ def test_a_qdq_matmul_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path)
         got = np.asarray(mod(**feeds))
         for want in (_literal(model, feeds)[0], _ort(model, feeds)[0]):
             assert np.max(np.abs(got - want)) <= step
+
+
+def test_a_qdq_gemm_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path):
+    """A QDQ Gemm with transB=1 and a bias, as torch exports a Linear (rule gemm_dequantized): one
+    int8 GEMM kernel reading the [N, K] weight transposed (plan b_transposed), no f32 matmul, within
+    one output step of onnxruntime (literal and deployed): its u8 integers (the QuantizeLinear
+    after it, exposed) differ by at most one."""
+    h = onnx.helper
+    rng = np.random.default_rng(17)
+    w, b = (rng.standard_normal((40, 24)) * 0.2).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    g = h.make_graph([h.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "g", [h.make_tensor_value_info("x", F32T, [6, 24])],
+                     [h.make_tensor_value_info("y", F32T, [6, 40])], [onnx.numpy_helper.from_array(w, "w"),
+                                                                       onnx.numpy_helper.from_array(b, "b")])
+    f32, f = tmp_path / "gemm.onnx", tmp_path / "gemm-qdq.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(f32))
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": rng.standard_normal((6, 24)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quant.quantize_static(str(f32), str(f), Reader(), quant_format=quant.QuantFormat.QDQ,
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    model = onnx.load(str(f))
+    assert "Gemm" in {n.op_type for n in model.graph.node}
+    (last,) = [n for n in model.graph.node if "y" in n.output]
+    q = last.input[0]  # the Gemm's requantized u8 output, exposed
+    exposed = _exposed(model, [q])
+    onnx.save(exposed, str(tmp_path / "exposed.onnx"))
+    mod = eqfuse.compile(str(tmp_path / "exposed.onnx"))
+    (gemm,) = [k for k in mod.kernels if k.kind == "contraction"]
+    assert mod.report["precision"][gemm.name]["precision"] == "int8" and gemm.decisions["b_transposed"]
+    assert not any("matmul(" in k.body or " @ " in k.body for k in mod.kernels), [k.body for k in mod.kernels]
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    step = float(inits[last.input[1]])
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((6, 24)).astype(np.float32)}
+        got = [np.asarray(o) for o in mod(**feeds)]
+        for want in (_literal(exposed, feeds), _ort(exposed, feeds)):
+            assert np.max(np.abs(got[0] - want[0])) <= step
+            assert got[1].dtype == want[1].dtype == np.uint8
+            assert np.max(np.abs(got[1].astype(np.int32) - want[1].astype(np.int32))) <= 1

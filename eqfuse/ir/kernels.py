@@ -284,11 +284,13 @@ def _match_gemm(body: Graph, facts: Facts) -> KernelShape | None:
     through a swap of their last two axes (x @ transpose(w), transpose(x) @ w, ...: the GEMM
     packs them so), its result flowing through pointwise ops."""
     heavy, inputs = facts.heavy, facts.inputs
-    a = facts.single("contraction")
+    a = facts.single("contraction") or integer_bt(body, facts)
     if a is not None:
         n = body.nodes[a]
         check_epilogue(body, a, facts.out)
         computed = set(dynamic_qparams(body, a, inputs))  # (the zero point, computed from A's range)
+        if integer_bt(body, facts) is not None:  # (B read transposed)
+            computed.add(n.args[1])
         if not all(x in inputs | computed or (i == 0 and quantized_a(body, a, inputs) is not None)
                    for i, x in enumerate(n.args)):
             raise Unsupported(f"the operands of {n.op} must be kernel inputs (tensors in memory), "
@@ -310,6 +312,22 @@ def _match_gemm(body: Graph, facts: Facts) -> KernelShape | None:
             check_epilogue(body, m, facts.out)
             return KernelShape(K.CONTRACTION, m)
     return None
+
+
+def integer_bt(body: Graph, facts: Facts) -> int | None:
+    """The matmul_integer whose B is transpose(b) of a 2-D kernel input b, read by it only, when
+    those two are the body's only heavy ops: the integer GEMM packs B from b's [N, K] rows (a QDQ
+    Gemm's transB weight, rule gemm_dequantized; qgemm's b_transposed)."""
+    if len(facts.heavy) != 2:
+        return None
+    mm = next((i for i in facts.heavy if body.nodes[i].op == "matmul_integer"), None)
+    if mm is None:
+        return None
+    t = body.nodes[mm].args[1]
+    tn = body.nodes[t]
+    if set(facts.heavy) != {mm, t} or not swaps_last_two(tn) or tn.type.rank != 2 or tn.args[0] not in facts.inputs:
+        return None
+    return mm if body.users()[t] == 1 else None
 
 
 def _match_contraction_row(body: Graph, facts: Facts) -> KernelShape | None:
@@ -558,7 +576,7 @@ def _match_dw_pw(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
 def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
     dtype = body.nodes[facts.out].type.dtype
     integer = [i for i in facts.heavy if body.nodes[i].op in ("matmul_integer", "conv_integer")]
-    if integer and (len(facts.heavy) != 1 or dtype not in ("f32", "i32", "u8", "i8")):
+    if integer and (len(facts.heavy) != 1 + (integer_bt(body, facts) is not None) or dtype not in ("f32", "i32", "u8", "i8")):
         # the integer GEMM (u8 x s8, csrc_templates/gemm_u8s8.c) takes a pointwise epilogue only,
         # and stores f32 (dequantized), its exact int32 sums or u8 / i8 (requantized: QLinearMatMul)
         what = body.nodes[integer[0]].op

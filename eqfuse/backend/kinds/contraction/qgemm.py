@@ -113,6 +113,9 @@ class QGemmDetail:
     groups: int = 1  # the conv's groups (calls are images x groups, B one matrix per group)
     # the conv's geometry (C, H, W, KH, KW, stride, padding, dilation, OW): shapes, not choices
     geometry: tuple = ()
+    # B is transpose(b) of a kernel input b, [N, K] in memory (a QDQ Gemm's transB weight, rule
+    # gemm_dequantized): packed from there, as a conv's weights are
+    b_transposed: bool = False
     # its panels are chunks of the claim-based pool (the run function keeps the pool's workers
     # ready across it: runtime.program.hold_pool)
     pool: ClassVar[bool] = True
@@ -157,7 +160,8 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
     plan.tiles = {"mr": mr, "nr": nr, "kc": kc, "mb": int8_row_block(gM, cdiv(N, nr), mr, par)}
     plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par, qa,
-                              im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else ())
+                              im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else (),
+                              b_transposed=body.nodes[mm.args[1]].op == "transpose")
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
@@ -195,12 +199,18 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
                      calls * panels * tiles)]
 
 
+def b_input(body, a: int) -> int:
+    """The kernel input B is read from: B itself, or b of a B that is transpose(b) (b_transposed)."""
+    b = body.nodes[a].args[1]
+    return body.nodes[b].args[0] if body.nodes[b].op == "transpose" else b
+
+
 def mark_bound(plan: KernelPlan, bound: set[int]) -> None:
     """detail.prepack when B (a rank-2 matrix, one for every batch; a conv's weights of one group)
     is bound by params= and read by nothing else in the kernel: the runtime packs it (and its column
     sums) once."""
     body = plan.body
-    b = body.nodes[plan.shape.anchor].args[1]
+    b = b_input(body, plan.shape.anchor)
     one = plan.detail.groups == 1 if plan.detail.im2col else body.nodes[b].type.rank == 2
     if b not in bound or not one or len([n for n in body.nodes if b in n.args]) != 1:
         return
@@ -241,7 +251,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
     src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
                  KC=plan.tiles["kc"], MB=plan.tiles["mb"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
-                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col),
+                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), B_TRANSPOSED=int(d.b_transposed),
                  G=d.groups, CI=c, H=h, W=w, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, OW=ow, PATH=INT8_PATHS[plan.precision_path],
                  PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
@@ -256,7 +266,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
         ptrs = {**ptrs, mm.args[2]: "&eqf_dq_zp"}
         offsets += (f"\n        const float eqf_dq_scale = {range_scalar_c('dynamic_scale', r)};"
                     f"\n        const uint8_t eqf_dq_zp = {range_scalar_c('dynamic_zero_point', r)};")
-    args = [ptrs[a_in]] + [ptrs[x] for x in mm.args[1:]] + [a_scale, "out"] + [ptrs[i] for i, _ in read]
+    args = [ptrs[a_in], ptrs[b_input(body, a)]] + [ptrs[x] for x in mm.args[2:]] + [a_scale, "out"] + [ptrs[i] for i, _ in read]
     shapes = (f"integer batch={d.batch} M={d.M} N={d.N} K={d.K} ({plan.precision_path}"
               + (", A quantized from f32)" if d.quantize_a else ", A the im2col of x, C stored NCHW)" if d.im2col else ")"))
     wrapper = render("matmul.c", NAME=plan.name, SHAPES=shapes, GEMM=gname, PARAMS=params, OUTER=1,
