@@ -398,20 +398,23 @@ def _range_block(n: int) -> int:
 def _dynamic_range_pooled(name: str, x: str, n: int, block: int, par: str) -> tuple[list[str], str]:
     """[lo, hi]: the one pass over x whose two floats dynamic_scale and dynamic_zero_point then
     read, over blocks of `block` floats, the items of an eqf_region loop (common_pool.h: split over
-    the call's threads when the plan is parallel). Each block writes its [lo, hi] pair; the calling
-    thread then takes the range of the pairs (min and max are exact: the result is the one pass's,
-    whatever thread ran which block). (the kernel's lines, the C of the range function)"""
+    the call's threads when the plan is parallel). Each range of blocks is one pass (on one thread,
+    all of x in one pass) that writes its [lo, hi] pair at its first block, and [0, 0] at the
+    others (0 is in every range: those change nothing); the calling thread then takes the range
+    of the pairs (min and max are exact: the result is the one pass's, whatever thread ran which
+    blocks). (the kernel's lines, the C of the range function)"""
     nb = -(-n // block)
-    fn = [f"/* {name}: dynamic_range's blocks [lo, hi) of {block} floats, each writing its [lo, hi] pair */",
+    fn = [f"/* {name}: dynamic_range's blocks [b0, b1) of {block} floats, one pass writing their [lo, hi] pair */",
           f"typedef struct {{ const float* x; float* part; }} {name}_job;",
           f"static void {name}_range(void* job, long b0, long b1)", "{", f"    const {name}_job* jb = job;",
           "    const float* restrict x = jb->x;",
-          "    for (long b = b0; b < b1; b++) {",
-          f"        const long s = b * {block}L, e = s + {block}L < {n}L ? s + {block}L : {n}L;",
-          *("        " + ln for ln in _range_pass("x", "s", "e")),
-          "        jb->part[2 * b] = dlo;",
-          "        jb->part[2 * b + 1] = dhi;",
-          "    }", "}", ""]
+          f"    const long s = b0 * {block}L, e = b1 * {block}L < {n}L ? b1 * {block}L : {n}L;",
+          *("    " + ln for ln in _range_pass("x", "s", "e")),
+          "    jb->part[2 * b0] = dlo;",
+          "    jb->part[2 * b0 + 1] = dhi;",
+          "    for (long b = b0 + 1; b < b1; b++)",
+          "        jb->part[2 * b] = jb->part[2 * b + 1] = 0.0f;",
+          "}", ""]
     lines = [f"float part[2 * {nb}];",
              f"{name}_job job = {{ {x}, part }};",
              f"eqf_region({nb}, {name}_range, &job, {par});",
