@@ -1257,3 +1257,53 @@ def test_a_qdq_gemm_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path):
             assert np.max(np.abs(got[0] - want[0])) <= step
             assert got[1].dtype == want[1].dtype == np.uint8
             assert np.max(np.abs(got[1].astype(np.int32) - want[1].astype(np.int32))) <= 1
+
+
+def _qattention_model(unidirectional: int, mask: bool = False):
+    h = onnx.helper
+    rng = np.random.default_rng(3)
+    inits = [onnx.numpy_helper.from_array(rng.integers(-60, 60, (16, 48)).astype(np.int8), "w"),
+             onnx.numpy_helper.from_array(rng.standard_normal(48).astype(np.float32), "b"),
+             onnx.numpy_helper.from_array(np.array(0.05, np.float32), "xs"),
+             onnx.numpy_helper.from_array(np.array(0.01, np.float32), "ws"),
+             onnx.numpy_helper.from_array(np.array(120, np.uint8), "xz"),
+             onnx.numpy_helper.from_array(np.array(0, np.int8), "wz")]
+    inputs = [h.make_tensor_value_info("x", U8, [2, 5, 16])]
+    if mask:
+        inputs.append(h.make_tensor_value_info("m", onnx.TensorProto.INT32, [2]))
+    n = h.make_node("QAttention", ["x", "w", "b", "xs", "ws", "m" if mask else "", "xz", "wz"], ["y"],
+                    domain="com.microsoft", num_heads=4, unidirectional=unidirectional, name="qatt")
+    g = h.make_graph([n], "g", inputs, [h.make_tensor_value_info("y", F32T, [2, 5, 16])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
+
+
+def test_qattention_is_the_integer_gemm_and_attention_and_matches_onnxruntime(tmp_path):
+    """com.microsoft QAttention (without mask_index or past), with and without unidirectional: one
+    int8 GEMM kernel (Q, K and V with their scale and bias) and one attention kernel, within the
+    f32 rounding of the float tail (1e-5 * max|output|, as a dynamic model's) of onnxruntime."""
+    outs = {}
+    for uni in (0, 1):
+        f = tmp_path / f"qatt{uni}.onnx"
+        onnx.save(_qattention_model(uni), str(f))
+        mod = eqfuse.compile(str(f))
+        kinds = sorted(str(k.kind) for k in mod.kernels if k.kind != "view")
+        assert kinds == ["attention", "contraction"], kinds
+        (gemm,) = [k for k in mod.kernels if k.kind == "contraction"]
+        assert mod.report["precision"][gemm.name]["precision"] == "int8"
+        for seed in range(3):
+            x = np.random.default_rng(seed).integers(0, 256, (2, 5, 16)).astype(np.uint8)
+            (want,) = _ort(_qattention_model(uni), {"x": x})
+            got = np.asarray(mod(x=x))
+            assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), (uni, seed)
+            outs[uni, seed] = want
+    assert not np.allclose(outs[0, 0], outs[1, 0])  # (the causal mask changes the result)
+
+
+def test_qattention_with_a_mask_index_is_refused_by_name(tmp_path, capsys):
+    from eqfuse.cli.main import main
+
+    f = tmp_path / "qatt-mask.onnx"
+    onnx.save(_qattention_model(0, mask=True), str(f))
+    assert main(["opt", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "qatt" in err and "mask_index" in err and "Traceback" not in err, err
