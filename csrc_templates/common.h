@@ -108,6 +108,24 @@ static inline float eqf_quantize(float x, float s, float zp, float lo, float hi)
     const float r = nearbyintf(x / s) + zp;
     return r != r ? lo : r < lo ? lo : r > hi ? hi : r;
 }
+/* ONNX DynamicQuantizeLinear's scale and zero point of the two floats (a, b) of dynamic_range: the
+ * range [lo, hi] of {a, b, 0} (a NaN passed over, as the range pass does; over a range, lo = a
+ * and hi = b), scale = (hi - lo) / 255 in f32 (1 when hi == lo), zero point =
+ * saturate(round_half_even(-lo / scale)) as onnxruntime. Read by the kernels that compute them
+ * from the range's two floats (a scalar kernel, a GEMM epilogue, the integer GEMM's quantize_a). */
+static inline float eqf_range_scale(float a, float b)
+{
+    float lo = a < 0.0f ? a : 0.0f, hi = a > 0.0f ? a : 0.0f;
+    lo = b < lo ? b : lo;
+    hi = b > hi ? b : hi;
+    return hi == lo ? 1.0f : (hi - lo) / 255.0f;
+}
+static inline uint8_t eqf_range_zero_point(float a, float b)
+{
+    float lo = a < 0.0f ? a : 0.0f;
+    lo = b < lo ? b : lo;
+    return (uint8_t)eqf_quantize(-lo, eqf_range_scale(a, b), 0.0f, 0.0f, 255.0f);
+}
 #define EQF_QSIGNED(z) ((__typeof__(z))-1 < 0)
 #define EQF_QLO(z) (EQF_QSIGNED(z) ? -128.0f : 0.0f)
 #define EQF_QHI(z) (EQF_QSIGNED(z) ? 127.0f : 255.0f)

@@ -60,6 +60,7 @@
 #define {{NAME}}_PATH {{PATH}} /* the instruction path: 3 avx512_vnni, 2 avx_vnni, 1 fallback, 0 plain C */
 #define {{NAME}}_A_S8 {{A_S8}} /* A is s8: read as u8 a ^ 0x80 */
 #define {{NAME}}_B_U8 {{B_U8}} /* B is u8: packed as s8 b ^ 0x80 */
+#define {{NAME}}_B_TRANSPOSED {{B_TRANSPOSED}} /* B is read as N x K (a QDQ Gemm's transB weight), packed from there */
 #define {{NAME}}_BZP_PER_COL {{BZP_PER_COL}} /* b_zp one per column */
 #define {{NAME}}_PREPACKED_B {{PREPACKED_B}} /* B's panels made once by _prepack (B bound by params=) */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the panels shared by the pool's threads */
@@ -233,7 +234,7 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
                 const long j = p * {{NAME}}_NR + jj;
                 /* (a u8 B is read as s8 b - 128: its bits xor 0x80) */
                 /* (a conv's weights are N x K: each output channel's taps in a row) */
-                const long at = {{NAME}}_IM2COL ? j * {{NAME}}_K + k : k * {{NAME}}_N + j;
+                const long at = {{NAME}}_IM2COL || {{NAME}}_B_TRANSPOSED ? j * {{NAME}}_K + k : k * {{NAME}}_N + j;
                 const int8_t v = j < {{NAME}}_N && k < {{NAME}}_K ? (int8_t)((uint8_t)B[at] ^ ({{NAME}}_B_U8 ? 0x80 : 0)) : 0;
                 q[((k / 4) * {{NAME}}_NR + jj) * 4 + k % 4] = v;
                 colsum[j] += v;

@@ -1,4 +1,4 @@
-#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of a pooling or integer conv kernel's parallel loop */
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of a pooling, dynamic_range or integer conv kernel's parallel loop */
 #define {{NAME}}_IN_BLOCKED {{IN_BLOCKED}} /* the plan's in_blocked: the input in blocks of VL channels (a pooling between convs reads it) */
 #define {{NAME}}_OUT_BLOCKED {{OUT_BLOCKED}} /* the plan's out_blocked: the output in blocks of VL channels (read too) */
 #define {{NAME}}_VL {{VL}} /* the plan's vl: the channels of a block, the lanes of the blocked pooling's loops (0: not blocked) */

@@ -286,6 +286,14 @@ def test_quantized_model_matches_onnxruntime(quantized, tmp_path):
         quantizing = [k.name for k in module.kernels if k.decisions.get("quantize_a")]
         assert len(quantizing) == sum(n.op_type in ("MatMulInteger", "ConvInteger") for n in model.graph.node), quantizing
         assert not any(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in module.kernels)
+        # and computes the scale and zero point from the two floats of its A's range: the only
+        # other kernel of each DynamicQuantizeLinear is that range's pass over x, and no kernel
+        # is a scalar's (the scale, the zero point, x_scale * w_scale)
+        ranges = [k for k in module.kernels if k.kind == "index" and k.decisions.get("op") == "dynamic_range"]
+        assert len(ranges) == sum(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node), ranges
+        assert {k.name for k in module.kernels if "dynamic_scale(" in k.body} == set(quantizing), module.kernels
+        scalars = [k.body for k in module.kernels if 0 < k.bytes <= 16]  # (two floats in, one out: 12 bytes; a view: 0)
+        assert not scalars, scalars
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     (last,) = [n for n in model.graph.node if model.graph.output[0].name in n.output]
     tracer = None
@@ -405,14 +413,17 @@ def test_the_opt_output_of_a_quantized_model_parses_back(quantized, capsys, tmp_
     assert ("u8" in text or "dynamic_zero_point(" in text) and "i8" in text and "quantize_linear(" in text
     if how == "static" and name in ("gpt2", "vit"):  # the quantizer's redundant DQ -> Q pairs are removed
         assert "dequantize_quantize x" in text
-    if (name, how) == ("mlp", "dynamic"):  # the quantization of A, the dequantization, bias and activation in
-        # the integer GEMM's kernel (the scale, x_scale * w_scale, is a kernel of its own: a product of
-        # scalars starts no kernel)
-        assert re.search(r"kernel \{ relu\(cast\(matmul_integer\(quantize_linear\((\w+), (\w+), (\w+)\), \w+, \3, \w+\), "
-                         r"to=\"f32\"\) \* \w+ \+ \w+\) \}", text), text
-    if how == "dynamic":  # each DynamicQuantizeLinear: its scale and zero point one op each, then the quantize
+    if (name, how) == ("mlp", "dynamic"):  # the quantization of A, its scale and zero point from the range's
+        # two floats, the dequantization (x_scale * w_scale), bias and activation in the integer GEMM's kernel
+        assert re.search(r"kernel \{\s*(t\d+) = dynamic_scale\((\w+)\)\s*(t\d+) = dynamic_zero_point\(\2\)\s*"
+                         r"relu\(cast\(matmul_integer\(quantize_linear\(\w+, \1, \3\), \w+, \3, \w+\), "
+                         r"to=\"f32\"\) \* \(\1 \* [-\d.e]+\) \+ \w+\)\s*\}", text), text
+    if how == "dynamic":  # each DynamicQuantizeLinear: its range one op, its scale and zero point one op
+        # each in every integer GEMM that quantizes by them (computed from the range there)
         dql = sum(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
-        assert text.count("dynamic_scale(") == text.count("dynamic_zero_point(") == dql, text
+        gemms = sum(n.op_type in ("MatMulInteger", "ConvInteger") for n in model.graph.node)
+        assert text.count("dynamic_range(") == dql, text
+        assert text.count("dynamic_scale(") == text.count("dynamic_zero_point(") == gemms, text
     g = tmp_path / "q.g"
     g.write_text(text)
     assert list(eqfuse.reference(str(g)).graphs)
@@ -996,9 +1007,43 @@ def _dynamic_quantize_model(shape):
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
 
+@pytest.mark.parametrize("mode", ["openmp", "pool", "caller"])
+def test_dynamic_range_in_blocks_over_threads_matches_onnxruntime(mode, tmp_path, monkeypatch):
+    """dynamic_range's pass over an x larger than a block, in blocks (the plan's `block`, the
+    last one part of a 64-lane group) split over 2 threads in each mode a call may pick (OpenMP's
+    split, the claim-based pool, the calling thread: tests/test_regions.py's modes): y, scale and
+    zero point equal onnxruntime's with the minimum or maximum in the first, a middle or the last
+    block's tail."""
+    from eqfuse.runtime import load
+
+    free, beside = {"openmp": (2, 2), "pool": (1, 2), "caller": (1, 1)}[mode]
+    monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: free)
+    monkeypatch.setattr(load, "free_cores_beside_peers", lambda now=None, mine=None: beside)
+    f = tmp_path / "dql.onnx"
+    model = _dynamic_quantize_model([129, 300])
+    onnx.save(model, str(f))
+    module = eqfuse.compile(str(f), threads=2)
+    (k,) = [k for k in module.kernels if k.decisions.get("op") == "dynamic_range"]
+    n, block = 129 * 300, k.decisions["block"]
+    assert k.decisions["parallel"] and n > 2 * block and n % block % 64, k.decisions
+    x = np.random.default_rng(7).standard_normal((129, 300)).astype(np.float32)
+    cases = {"random": x}
+    for where, i in {"first": 3, "middle": n // 2 + 5, "tail": n - 2}.items():
+        for sign in (-1, 1):
+            v = x.copy().reshape(-1)
+            v[i] = 9.0 * sign
+            cases[f"{where}{sign:+d}"] = v.reshape(x.shape)
+    for what, v in cases.items():
+        want = _literal(model, {"x": v})
+        for w, g in zip(want, module(x=v)):
+            g = np.asarray(g)
+            assert g.dtype == w.dtype and np.array_equal(g.reshape(w.shape), w), (mode, what, g, w)
+
+
 def test_dynamic_quantize_reads_x_once_and_matches_onnxruntime(tmp_path):
     """DynamicQuantizeLinear's range is one pass over x (dynamic_range), its scale and zero point
-    scalar kernels over those two floats: y, scale and zero point equal onnxruntime's, on a size
+    C expressions of those two floats (here two scalar kernels, the model's outputs; in a model,
+    the integer GEMM's): y, scale and zero point equal onnxruntime's, on a size
     that is not a multiple of the pass's 64 lanes, with the minimum or maximum in the tail, all
     negative, all positive, all zero; a NaN is passed over as eqfuse's reference does."""
     f = tmp_path / "dql.onnx"
@@ -1007,7 +1052,9 @@ def test_dynamic_quantize_reads_x_once_and_matches_onnxruntime(tmp_path):
     # x's 201 floats looped over by the range and the quantize only; the scale and zero point
     # from the range's two floats
     ops = {k.decisions["op"]: "201L" in k.c_source for k in module.kernels if k.kind == "index"}
-    assert ops == {"dynamic_range": True, "dynamic_scale": False, "dynamic_zero_point": False}, ops
+    assert ops == {"dynamic_range": True}, ops
+    scalars = [k for k in module.kernels if k.kind == "pointwise" and "eqf_range_" in k.c_source]
+    assert len(scalars) == 2 and not any("201" in k.c_source for k in scalars), module.kernels
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 67)).astype(np.float32)
     tail_min, tail_max = x.copy(), x.copy()
@@ -1166,3 +1213,97 @@ def test_a_qdq_matmul_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path)
         got = np.asarray(mod(**feeds))
         for want in (_literal(model, feeds)[0], _ort(model, feeds)[0]):
             assert np.max(np.abs(got - want)) <= step
+
+
+def test_a_qdq_gemm_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path):
+    """A QDQ Gemm with transB=1 and a bias, as torch exports a Linear (rule gemm_dequantized): one
+    int8 GEMM kernel reading the [N, K] weight transposed (plan b_transposed), no f32 matmul, within
+    one output step of onnxruntime (literal and deployed): its u8 integers (the QuantizeLinear
+    after it, exposed) differ by at most one."""
+    h = onnx.helper
+    rng = np.random.default_rng(17)
+    w, b = (rng.standard_normal((40, 24)) * 0.2).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    g = h.make_graph([h.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "g", [h.make_tensor_value_info("x", F32T, [6, 24])],
+                     [h.make_tensor_value_info("y", F32T, [6, 40])], [onnx.numpy_helper.from_array(w, "w"),
+                                                                       onnx.numpy_helper.from_array(b, "b")])
+    f32, f = tmp_path / "gemm.onnx", tmp_path / "gemm-qdq.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(f32))
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": rng.standard_normal((6, 24)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quant.quantize_static(str(f32), str(f), Reader(), quant_format=quant.QuantFormat.QDQ,
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    model = onnx.load(str(f))
+    assert "Gemm" in {n.op_type for n in model.graph.node}
+    (last,) = [n for n in model.graph.node if "y" in n.output]
+    q = last.input[0]  # the Gemm's requantized u8 output, exposed
+    exposed = _exposed(model, [q])
+    onnx.save(exposed, str(tmp_path / "exposed.onnx"))
+    mod = eqfuse.compile(str(tmp_path / "exposed.onnx"))
+    (gemm,) = [k for k in mod.kernels if k.kind == "contraction"]
+    assert mod.report["precision"][gemm.name]["precision"] == "int8" and gemm.decisions["b_transposed"]
+    assert not any("matmul(" in k.body or " @ " in k.body for k in mod.kernels), [k.body for k in mod.kernels]
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    step = float(inits[last.input[1]])
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((6, 24)).astype(np.float32)}
+        got = [np.asarray(o) for o in mod(**feeds)]
+        for want in (_literal(exposed, feeds), _ort(exposed, feeds)):
+            assert np.max(np.abs(got[0] - want[0])) <= step
+            assert got[1].dtype == want[1].dtype == np.uint8
+            assert np.max(np.abs(got[1].astype(np.int32) - want[1].astype(np.int32))) <= 1
+
+
+def _qattention_model(unidirectional: int, mask: bool = False):
+    h = onnx.helper
+    rng = np.random.default_rng(3)
+    inits = [onnx.numpy_helper.from_array(rng.integers(-60, 60, (16, 48)).astype(np.int8), "w"),
+             onnx.numpy_helper.from_array(rng.standard_normal(48).astype(np.float32), "b"),
+             onnx.numpy_helper.from_array(np.array(0.05, np.float32), "xs"),
+             onnx.numpy_helper.from_array(np.array(0.01, np.float32), "ws"),
+             onnx.numpy_helper.from_array(np.array(120, np.uint8), "xz"),
+             onnx.numpy_helper.from_array(np.array(0, np.int8), "wz")]
+    inputs = [h.make_tensor_value_info("x", U8, [2, 5, 16])]
+    if mask:
+        inputs.append(h.make_tensor_value_info("m", onnx.TensorProto.INT32, [2]))
+    n = h.make_node("QAttention", ["x", "w", "b", "xs", "ws", "m" if mask else "", "xz", "wz"], ["y"],
+                    domain="com.microsoft", num_heads=4, unidirectional=unidirectional, name="qatt")
+    g = h.make_graph([n], "g", inputs, [h.make_tensor_value_info("y", F32T, [2, 5, 16])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
+
+
+def test_qattention_is_the_integer_gemm_and_attention_and_matches_onnxruntime(tmp_path):
+    """com.microsoft QAttention (without mask_index or past), with and without unidirectional: one
+    int8 GEMM kernel (Q, K and V with their scale and bias) and one attention kernel, within the
+    f32 rounding of the float tail (1e-5 * max|output|, as a dynamic model's) of onnxruntime."""
+    outs = {}
+    for uni in (0, 1):
+        f = tmp_path / f"qatt{uni}.onnx"
+        onnx.save(_qattention_model(uni), str(f))
+        mod = eqfuse.compile(str(f))
+        kinds = sorted(str(k.kind) for k in mod.kernels if k.kind != "view")
+        assert kinds == ["attention", "contraction"], kinds
+        (gemm,) = [k for k in mod.kernels if k.kind == "contraction"]
+        assert mod.report["precision"][gemm.name]["precision"] == "int8"
+        for seed in range(3):
+            x = np.random.default_rng(seed).integers(0, 256, (2, 5, 16)).astype(np.uint8)
+            (want,) = _ort(_qattention_model(uni), {"x": x})
+            got = np.asarray(mod(x=x))
+            assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), (uni, seed)
+            outs[uni, seed] = want
+    assert not np.allclose(outs[0, 0], outs[1, 0])  # (the causal mask changes the result)
+
+
+def test_qattention_with_a_mask_index_is_refused_by_name(tmp_path, capsys):
+    from eqfuse.cli.main import main
+
+    f = tmp_path / "qatt-mask.onnx"
+    onnx.save(_qattention_model(0, mask=True), str(f))
+    assert main(["opt", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "qatt" in err and "mask_index" in err and "Traceback" not in err, err

@@ -14,6 +14,7 @@ from eqfuse.backend.cbuild import render as cb_render
 from eqfuse.backend.indexing import bstrides, offset
 from eqfuse.backend.plan import KernelPlan
 from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.kernels import range_scalar
 from eqfuse.ir.ops import OPS, OpKind, flit
 from eqfuse.ir.shapes import C_TYPE, INT_DTYPES
 
@@ -99,6 +100,8 @@ class Exprs:
             if chan is not None and len(view) == 1:
                 view = view + (1,) * (chan - 2)
             expr = self.space.access(self.ptrs[i], view, self.strides.get(i) if chan is None else None)
+        elif range_scalar(self.body, i):  # DynamicQuantizeLinear's scale or zero point of a range's two floats
+            expr = range_scalar_c(n.op, self.ptrs[n.args[0]])
         else:
             op = OPS[n.op]
             if op.kind == OpKind.CHANNEL:
@@ -141,6 +144,12 @@ class Exprs:
         if not self.stmts:
             return v
         return "({ " + " ".join(s.strip() for s in self.stmts) + f" {v}; }})"
+
+
+def range_scalar_c(op: str, r: str) -> str:
+    """The C of dynamic_scale or dynamic_zero_point of the two floats at r (eqfuse.ir.kernels.
+    range_scalar; common.h's eqf_range_scale and eqf_range_zero_point)."""
+    return f"eqf_range_{op.removeprefix('dynamic_')}({r}[0], {r}[1])"
 
 
 def render(template: str, **values) -> str:

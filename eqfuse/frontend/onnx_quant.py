@@ -485,3 +485,55 @@ def _qgemm(imp, ins, at):
     mult = mult / np.asarray(ins[7], F32).reshape(())
     yzp, _ = _zero_point(imp, ins, 8, "u8", QUANT_DTYPES)
     return _requantize_by(imp, acc, np.asarray(mult, F32), yzp, _input_name(imp, 8, "y_zero_point"), 1)
+
+
+@handles("QAttention", attrs=("num_heads", "unidirectional", "mask_filter_value", "do_rotary", "qkv_hidden_sizes",
+                              "scale", "past_present_share_buffer"), domain=MS)
+def _qattention(imp, ins, at):
+    """onnxruntime's QAttention (com.microsoft, its quantized Attention), without mask_index or past:
+    Q, K and V = the exact i32 product of (input - input_zero_point) and (weight - weight_zero_point)
+    (weight [hidden, 3 x H]: Q's columns, then K's, then V's, each num_heads heads of H / num_heads),
+    times input_scale * weight_scale, plus the bias, in f32; then per head softmax(q k^T * scale) v
+    (scale 1 / sqrt(head size) unless given; unidirectional=1 adds mask_filter_value to the scores of
+    later keys, as onnxruntime does), the heads side by side."""
+    adt, bdt = _dtype(imp, ins[0]), _dtype(imp, ins[1])
+    for dt, i in ((adt, 0), (bdt, 1)):
+        if dt not in QUANT_DTYPES:
+            raise Unsupported(f"input type {_dtype_text(imp, ins[i])} (input {i}; eqfuse takes uint8 and int8)")
+    for i, what in ((5, "mask_index"), (8, "past")):
+        if len(ins) > i and ins[i] is not None:
+            raise Unsupported(f"a {what} input (input {i}; eqfuse takes QAttention without it)")
+    if at.get("do_rotary", 0) or at.get("qkv_hidden_sizes"):
+        raise Unsupported("do_rotary or qkv_hidden_sizes (eqfuse takes Q, K and V of one size, no rotary embedding)")
+    if not all(len(ins) > k and imp.is_const(ins[k]) and np.asarray(ins[k]).size == 1 for k in (3, 4)):
+        raise Unsupported("scales computed at run time or per column (eqfuse takes one constant input_scale "
+                          "and weight_scale)")
+    azp, _ = _zero_point(imp, ins, 6, adt, (adt,))
+    bzp, _ = _zero_point(imp, ins, 7, bdt, (bdt,))
+    x, w = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
+    tx, tw = imp.type(x), imp.type(w)
+    nh = int(at.get("num_heads", 0))
+    if tx.rank != 3 or tw.rank != 2 or tw.shape[1] % 3 or nh <= 0 or tw.shape[1] // 3 % nh:
+        raise Unsupported(f"input of shape {list(tx.shape)} and weight of shape {list(tw.shape)} with num_heads "
+                          f"{nh} (eqfuse takes input [batch, sequence, hidden], weight [hidden, 3 x H], H a "
+                          "multiple of num_heads)")
+    B, S, _ = tx.shape
+    H = tw.shape[1] // 3
+    hd = H // nh
+    acc = imp.op("cast", [_matmul_integer_node(imp, x, w, azp, bzp)], to="f32")
+    scale = np.asarray(np.asarray(ins[3], F32).reshape(()) * np.asarray(ins[4], F32).reshape(()), F32)
+    qkv = imp.op("add", [imp.op("mul", [acc, imp.data(scale)]), imp.data(ins[2], imp.node.input[2])])
+    qkv = imp.op("reshape", [qkv], shape=(B, S, 3, nh, hd))
+
+    def part(k):  # [B, heads, S, head size]
+        p = imp.op("reshape", [imp.op("slice", [qkv], axis=2, start=k, stop=k + 1)], shape=(B, S, nh, hd))
+        return imp.op("transpose", [p], perm=(0, 2, 1, 3))
+
+    q, k, v = part(0), part(1), part(2)
+    s = F32(at.get("scale", 0.0) or 1.0 / np.sqrt(hd))
+    scores = imp.op("mul", [imp.op("matmul", [q, imp.op("transpose", [k], perm=(0, 1, 3, 2))]), imp.data(np.asarray(s, F32))])
+    if at.get("unidirectional", 0):
+        mask = np.triu(np.full((S, S), F32(at.get("mask_filter_value", -10000.0)), F32), 1)
+        scores = imp.op("add", [scores, imp.data(mask)])
+    ctx = imp.op("matmul", [imp.op("softmax", [scores], axis=-1), v])
+    return [imp.op("reshape", [imp.op("transpose", [ctx], perm=(0, 2, 1, 3))], shape=(B, S, H))]

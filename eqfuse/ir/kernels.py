@@ -22,6 +22,7 @@ from enum import StrEnum
 
 from eqfuse.ir.graph import Graph, Node
 from eqfuse.ir.ops import OPS, pair
+from eqfuse.ir.ops_quant import RANGE_SCALARS
 from eqfuse.machine import Machine
 
 F32 = 4  # bytes per element
@@ -152,7 +153,8 @@ class Facts:
         ops = [(i, n) for i, n in enumerate(body.nodes) if n.op not in ("input", "const")]
         if not ops:
             raise Unsupported("the kernel computes nothing")
-        kinds = {i: op_kind(n) for i, n in ops}
+        # (a scale or zero point of a range's two floats is a scalar expression: range_scalar)
+        kinds = {i: "pointwise" if range_scalar(body, i) else op_kind(n) for i, n in ops}
         if "kernel" in kinds.values():
             raise Unsupported("kernel blocks cannot be nested")
         heavy = [i for i, k in kinds.items() if k != "pointwise"]
@@ -163,6 +165,41 @@ class Facts:
         if len(self.heavy) == 1 and self.kinds[self.heavy[0]] in op_kinds:
             return self.heavy[0]
         return None
+
+
+def range_scalar(body: Graph, i: int) -> bool:
+    """Whether node i is dynamic_scale or dynamic_zero_point of a kernel input of two floats (the
+    range [lo, hi] dynamic_range writes, as the ONNX importer writes DynamicQuantizeLinear): a C
+    expression of those two floats (eqf_range_scale, eqf_range_zero_point), computed by the
+    kernel that reads it like a pointwise op, not a kernel of its own (cexpr.Exprs; qgemm's
+    quantize_a)."""
+    n = body.nodes[i]
+    return (n.op in RANGE_SCALARS and body.nodes[n.args[0]].op == "input"
+            and tuple(body.nodes[n.args[0]].type.shape) == (2,) and body.nodes[n.args[0]].type.dtype == "f32")
+
+
+def dynamic_qparams(body: Graph, anchor: int, inputs: set[int]) -> tuple[int, ...]:
+    """(scale, zp) when node `anchor` is a matmul_integer (or conv_integer) whose A is
+    quantize_linear(x, dynamic_scale(r), dynamic_zero_point(r)) of a kernel input r (the two
+    floats of dynamic_range: range_scalar) and whose a_zp is that zero point: the GEMM computes
+    both from r itself before it quantizes x (rule kernel_matmul_integer_dqa; qgemm), so that
+    they are no kernels of their own. () otherwise. (The GEMM's zero point too, when it is
+    another node than the quantize's.)"""
+    mm = body.nodes[anchor]
+    if mm.op not in ("matmul_integer", "conv_integer"):
+        return ()
+    q = body.nodes[mm.args[0]]
+    if q.op != "quantize_linear":
+        return ()
+    x, scale, zp = q.args
+    s, z, gz = body.nodes[scale], body.nodes[zp], body.nodes[mm.args[2]]
+    if s.op != "dynamic_scale" or {z.op, gz.op} != {"dynamic_zero_point"} or not s.args == z.args == gz.args:
+        return ()
+    # (the GEMM's zero point is the quantize's node, or the same op of the same r written twice;
+    # an epilogue may read the scale too, as an expression of r: cexpr.Exprs)
+    if not range_scalar(body, scale):
+        return ()
+    return tuple(dict.fromkeys((scale, zp, mm.args[2])))
 
 
 def quantized_a(body: Graph, anchor: int, inputs: set[int]) -> int | None:
@@ -177,7 +214,8 @@ def quantized_a(body: Graph, anchor: int, inputs: set[int]) -> int | None:
     if q.op != "quantize_linear" or body.users()[mm.args[0]] != 1:
         return None
     x, scale, zp = q.args
-    if not {x, scale, zp} <= inputs or zp != mm.args[2] or body.nodes[scale].type.rank != 0:
+    computed = set(dynamic_qparams(body, anchor, inputs))
+    if not {x, scale, zp} <= inputs | computed or (zp != mm.args[2] and not computed) or body.nodes[scale].type.rank != 0:
         return None
     if body.nodes[x].type.dtype != "f32" or body.nodes[scale].type.dtype != "f32" or body.nodes[zp].type.rank != 0:
         return None
@@ -263,11 +301,15 @@ def _match_gemm(body: Graph, facts: Facts) -> KernelShape | None:
     through a swap of their last two axes (x @ transpose(w), transpose(x) @ w, ...: the GEMM
     packs them so), its result flowing through pointwise ops."""
     heavy, inputs = facts.heavy, facts.inputs
-    a = facts.single("contraction")
+    a = facts.single("contraction") or integer_bt(body, facts)
     if a is not None:
         n = body.nodes[a]
         check_epilogue(body, a, facts.out)
-        if not all(x in inputs or (i == 0 and quantized_a(body, a, inputs) is not None) for i, x in enumerate(n.args)):
+        computed = set(dynamic_qparams(body, a, inputs))  # (the zero point, computed from A's range)
+        if integer_bt(body, facts) is not None:  # (B read transposed)
+            computed.add(n.args[1])
+        if not all(x in inputs | computed or (i == 0 and quantized_a(body, a, inputs) is not None)
+                   for i, x in enumerate(n.args)):
             raise Unsupported(f"the operands of {n.op} must be kernel inputs (tensors in memory), "
                               "not values computed inside the kernel")
         return KernelShape(K.CONV2D if n.op == "conv2d" else K.CONTRACTION, a)
@@ -287,6 +329,22 @@ def _match_gemm(body: Graph, facts: Facts) -> KernelShape | None:
             check_epilogue(body, m, facts.out)
             return KernelShape(K.CONTRACTION, m)
     return None
+
+
+def integer_bt(body: Graph, facts: Facts) -> int | None:
+    """The matmul_integer whose B is transpose(b) of a 2-D kernel input b, read by it only, when
+    those two are the body's only heavy ops: the integer GEMM packs B from b's [N, K] rows (a QDQ
+    Gemm's transB weight, rule gemm_dequantized; qgemm's b_transposed)."""
+    if len(facts.heavy) != 2:
+        return None
+    mm = next((i for i in facts.heavy if body.nodes[i].op == "matmul_integer"), None)
+    if mm is None:
+        return None
+    t = body.nodes[mm].args[1]
+    tn = body.nodes[t]
+    if set(facts.heavy) != {mm, t} or not swaps_last_two(tn) or tn.type.rank != 2 or tn.args[0] not in facts.inputs:
+        return None
+    return mm if body.users()[t] == 1 else None
 
 
 def _match_contraction_row(body: Graph, facts: Facts) -> KernelShape | None:
@@ -561,7 +619,7 @@ def _match_dw_pw(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
 def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
     dtype = body.nodes[facts.out].type.dtype
     integer = [i for i in facts.heavy if body.nodes[i].op in ("matmul_integer", "conv_integer")]
-    if integer and (len(facts.heavy) != 1 or dtype not in ("f32", "i32", "u8", "i8")):
+    if integer and (len(facts.heavy) != 1 + (integer_bt(body, facts) is not None) or dtype not in ("f32", "i32", "u8", "i8")):
         # the integer GEMM (u8 x s8, csrc_templates/gemm_u8s8.c) takes a pointwise epilogue only,
         # and stores f32 (dequantized), its exact int32 sums or u8 / i8 (requantized: QLinearMatMul)
         what = body.nodes[integer[0]].op

@@ -13,13 +13,15 @@ QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger nodes 
     dynamic_zero_point(x)            its zero point: saturate(round_half_even(-lo / scale)), u8
     dynamic_range(x)                 the range itself, f32 [2]: [min(x, 0), max(x, 0)]
 
-The last three are one op each, not the min / max / where / divide they are made of: each is an
-index kernel, and the e-graph does not fuse the dozen scalar ops of every DynamicQuantizeLinear
-into each other and into every kernel that reads the scale (which, before every conv of a
-dynamically quantized ResNet, grew the fusion e-graph past its time limit).
+The last three are one op each, not the min / max / where / divide they are made of: the
+e-graph does not fuse the dozen scalar ops of every DynamicQuantizeLinear into each other and into
+every kernel that reads the scale (which, before every conv of a dynamically quantized ResNet,
+grew the fusion e-graph past its time limit). Over a tensor x each is an index kernel.
 The range of a range is itself (it holds 0: lo <= 0 <= hi), so dynamic_scale(dynamic_range(x)) is
 dynamic_scale(x) and likewise the zero point: the ONNX importer writes them so, x read in one pass
-by dynamic_range and the scale and zero point two scalar kernels over its two floats.
+by dynamic_range. Of those two floats the scale and the zero point are C expressions
+(RANGE_SCALARS, below), computed by the kernels that read them: the integer GEMM that quantizes
+x by them, and its epilogue's x_scale * w_scale.
 
 scale and zp broadcast against x as numpy does: per-tensor they are scalars, per-channel (ONNX's
 axis=) they are shaped to broadcast along that axis ([C, 1, 1] for axis 1 of NCHW), so the first two
@@ -109,6 +111,12 @@ def _dynamic_zero_point_np(args, attrs):
 
 def _dynamic_range_np(args, attrs):
     return np.asarray(_dynamic_range(args[0]), np.float32)
+
+
+# DynamicQuantizeLinear's scale and zero point, ops of dynamic_range's two floats: C expressions of
+# those two floats (eqf_range_scale, eqf_range_zero_point in common.h), so a kernel that reads the
+# range computes them itself (eqfuse.ir.kernels.range_scalar): no kernel of their own
+RANGE_SCALARS = ("dynamic_scale", "dynamic_zero_point")
 
 
 def _scalar_infer(ts, attrs):

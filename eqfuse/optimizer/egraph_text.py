@@ -12,6 +12,7 @@ import numpy as np
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.ops import OPS
+from eqfuse.ir.ops_quant import RANGE_SCALARS
 
 RULESET = "eqf"
 
@@ -134,9 +135,11 @@ def declarations(concat_arities: Iterable[int] = (), t_ops=None, s_ops=None) -> 
     return "\n".join(lines)
 
 
+# (RANGE_SCALARS: DynamicQuantizeLinear's scale and zero point of dynamic_range's two floats, C
+# expressions of those two floats that the kernel reading them computes, eqfuse.ir.kernels.range_scalar)
 def heavy_weight(op: str) -> int:
     """1 for an op that is not pointwise (a kernel body may hold one), else 0."""
-    return 0 if OPS[op].kind in ("pointwise", "channel") else 1
+    return 0 if OPS[op].kind in ("pointwise", "channel") or op in RANGE_SCALARS else 1
 
 
 # A candidate kernel body may hold at most one heavy op, except on the way to attention

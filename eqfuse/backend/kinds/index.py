@@ -338,25 +338,24 @@ def _matmul_integer(an: Node, ins, xs, out, ct, par: str = "0"):
             "}"]
 
 
-def _dynamic_range(x: str, n: int) -> list[str]:
-    """C lines setting dlo = min(x, 0), dhi = max(x, 0) over n floats and DynamicQuantizeLinear's
-    scale: one vectorized pass, started at 0 so the range holds 0; a NaN is passed over (v < lo is
-    false). 64 lanes of minima and maxima side by side (four vectors of each on AVX-512), so that
-    the compare-selects of consecutive vectors do not wait for each other; min and max are exact,
-    so the order they are taken in changes nothing. The scale in f32 as onnxruntime: (hi - lo) /
-    255, divided."""
+def _range_pass(x: str, start: str, end: str) -> list[str]:
+    """C lines setting dlo = min(x, 0), dhi = max(x, 0) over the floats x[start, end): one
+    vectorized pass, started at 0 so the range holds 0; a NaN is passed over (v < lo is false). 64
+    lanes of minima and maxima side by side (four vectors of each on AVX-512), so that the
+    compare-selects of consecutive vectors do not wait for each other; min and max are exact, so
+    the order they are taken in (and how the pass is split into blocks) changes nothing."""
     return ["float dlo = 0.0f, dhi = 0.0f;",
             "{",
             "    float lo[64] = {0.0f}, hi[64] = {0.0f};",
-            f"    const long whole = {n}L / 64 * 64;",
-            "    for (long i = 0; i < whole; i += 64)",
+            f"    const long whole = {start} + ({end} - {start}) / 64 * 64;",
+            f"    for (long i = {start}; i < whole; i += 64)",
             "#pragma omp simd",
             "        for (int j = 0; j < 64; j++) {",
             f"            const float v = {x}[i + j];",
             "            lo[j] = v < lo[j] ? v : lo[j];",
             "            hi[j] = v > hi[j] ? v : hi[j];",
             "        }",
-            f"    for (long i = whole; i < {n}L; i++) {{",
+            f"    for (long i = whole; i < {end}; i++) {{",
             f"        const float v = {x}[i];",
             "        lo[0] = v < lo[0] ? v : lo[0];",
             "        hi[0] = v > hi[0] ? v : hi[0];",
@@ -365,17 +364,17 @@ def _dynamic_range(x: str, n: int) -> list[str]:
             "        dlo = lo[j] < dlo ? lo[j] : dlo;",
             "        dhi = hi[j] > dhi ? hi[j] : dhi;",
             "    }",
-            "}",
-            "const float scale = dhi == dlo ? 1.0f : (dhi - dlo) / 255.0f;"]
+            "}"]
+
+
+def _dynamic_range(x: str, n: int) -> list[str]:
+    """The pass over all n floats of x, then DynamicQuantizeLinear's scale in f32 as onnxruntime:
+    (hi - lo) / 255, divided."""
+    return _range_pass(x, "0L", f"{n}L") + ["const float scale = dhi == dlo ? 1.0f : (dhi - dlo) / 255.0f;"]
 
 
 def _dynamic_scale(an: Node, ins, xs, out, ct, par=False):
     return _dynamic_range(ins[0], _size(xs[0])) + ["out[0] = scale;"]
-
-
-def _dynamic_range_kernel(an: Node, ins, xs, out, ct, par=False):
-    """[lo, hi]: the one pass over x whose two floats dynamic_scale and dynamic_zero_point then read."""
-    return _dynamic_range(ins[0], _size(xs[0]))[:-1] + ["out[0] = dlo;", "out[1] = dhi;"]
 
 
 def _dynamic_zero_point(an: Node, ins, xs, out, ct, par=False):
@@ -383,11 +382,57 @@ def _dynamic_zero_point(an: Node, ins, xs, out, ct, par=False):
     return _dynamic_range(ins[0], _size(xs[0])) + ["out[0] = (uint8_t)eqf_quantize(-dlo, scale, 0.0f, 0.0f, 255.0f);"]
 
 
+# dynamic_range's pass in blocks of floats (the plan's `block`, _range_block), the items of its
+# parallel loop: at least RANGE_BLOCK_MIN floats each (a block's 64-lane partial minima and maxima
+# are combined once per block), and at most RANGE_BLOCKS_MAX blocks (their [lo, hi] pairs are an
+# array on the calling thread's stack)
+RANGE_BLOCK_MIN = 4096
+RANGE_BLOCKS_MAX = 256
+
+
+def _range_block(n: int) -> int:
+    per = max(RANGE_BLOCK_MIN, -(-n // RANGE_BLOCKS_MAX))
+    return -(-per // 64) * 64
+
+
+def _dynamic_range_pooled(name: str, x: str, n: int, block: int, par: str) -> tuple[list[str], str]:
+    """[lo, hi]: the one pass over x whose two floats dynamic_scale and dynamic_zero_point then
+    read, over blocks of `block` floats, the items of an eqf_region loop (common_pool.h: split over
+    the call's threads when the plan is parallel). Each range of blocks is one pass (on one thread,
+    all of x in one pass) that writes its [lo, hi] pair at its first block, and [0, 0] at the
+    others (0 is in every range: those change nothing); the calling thread then takes the range
+    of the pairs (min and max are exact: the result is the one pass's, whatever thread ran which
+    blocks). (the kernel's lines, the C of the range function)"""
+    nb = -(-n // block)
+    fn = [f"/* {name}: dynamic_range's blocks [b0, b1) of {block} floats, one pass writing their [lo, hi] pair */",
+          f"typedef struct {{ const float* x; float* part; }} {name}_job;",
+          f"static void {name}_range(void* job, long b0, long b1)", "{", f"    const {name}_job* jb = job;",
+          "    const float* restrict x = jb->x;",
+          f"    const long s = b0 * {block}L, e = b1 * {block}L < {n}L ? b1 * {block}L : {n}L;",
+          *("    " + ln for ln in _range_pass("x", "s", "e")),
+          "    jb->part[2 * b0] = dlo;",
+          "    jb->part[2 * b0 + 1] = dhi;",
+          "    for (long b = b0 + 1; b < b1; b++)",
+          "        jb->part[2 * b] = jb->part[2 * b + 1] = 0.0f;",
+          "}", ""]
+    lines = [f"float part[2 * {nb}];",
+             f"{name}_job job = {{ {x}, part }};",
+             f"eqf_region({nb}, {name}_range, &job, {par});",
+             "float dlo = 0.0f, dhi = 0.0f;",
+             f"for (long b = 0; b < {nb}; b++) {{",
+             "    dlo = part[2 * b] < dlo ? part[2 * b] : dlo;",
+             "    dhi = part[2 * b + 1] > dhi ? part[2 * b + 1] : dhi;",
+             "}",
+             "out[0] = dlo;",
+             "out[1] = dhi;"]
+    return lines, "\n".join(fn)
+
+
 BUILDERS = {"matmul_integer": _matmul_integer, "range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
             "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool,
             "pool2d_grad": _pool_grad, "scatter_elements_add": _scatter_elements_add,
             "dynamic_scale": _dynamic_scale, "dynamic_zero_point": _dynamic_zero_point,
-            "dynamic_range": _dynamic_range_kernel}
+            "dynamic_range": _dynamic_range_pooled}  # (with its range function: Index.emit calls it)
 
 
 @dataclass(frozen=True)
@@ -402,13 +447,15 @@ class IndexDetail:
     # a stride-2 max_pool2d, NCHW, 16 output pixels per AVX-512 vector (_max_pool_stride2): the
     # machine's vectors hold 16 floats
     pool_s2: bool = False
+    # dynamic_range: the floats of one block of its pass, the items of its parallel loop (_range_block)
+    block: int = 0
 
     @property
     def regions(self) -> bool:
         """Whether the kernel's parallel loop is eqf_region ranges (a pooling kernel's, `on_pool`): the
         call runs them as OpenMP's static split or on the claim-based pool, and the run function
         holds the pool's workers over the kernel in the latter (eqfuse.runtime.program.hold_pool)."""
-        return self.op in POOLS
+        return self.op in POOLS or self.op == "dynamic_range"
 
 
 class Index(Kind):
@@ -421,8 +468,14 @@ class Index(Kind):
         threads = ((f"the images x channels, {REGIONS} ({total} output elements >= {PARALLEL_MIN})" if par
                     else parallel_rule(par, f"{total} output elements", PARALLEL_MIN, ""))
                    if an.op in POOLS else "one thread, no parallel region (a selection)")
+        block = 0
+        if an.op == "dynamic_range":  # a reduction of all of x: its blocks over the threads
+            n = _size(plan.body.nodes[an.args[0]].type.shape)
+            block, par = _range_block(n), n >= PARALLEL_MIN
+            threads = (f"blocks of {block} floats of x, {REGIONS} ({n} floats >= {PARALLEL_MIN})" if par
+                       else parallel_rule(par, f"{n} floats of x", PARALLEL_MIN, ""))
         s2 = an.op == "max_pool2d" and pair(an.attr["stride"] or an.attr["kernel_size"])[1] == 2 and c.simd_floats >= 16
-        plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par, pool_s2=s2)
+        plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par, pool_s2=s2, block=block)
         plan.threads = threads
         plan.cache_check = "streaming selection (no reuse to block for)"
         plan.uops = [UOp(0, "Loop", f"{total} output elements of {an.op}", total),
@@ -440,9 +493,12 @@ class Index(Kind):
         par = f"{plan.name}_PARALLEL"  # (the template's #define of the plan's parallel)
         if d.in_blocked or d.out_blocked:
             lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), plan.name)
+        elif an.op == "dynamic_range":
+            lines, ranges = _dynamic_range_pooled(plan.name, ins[0], _size(xs[0]), d.block, par)
         else:
             lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par)
-        lines, ranges = on_pool(plan.name, params, lines) if an.op in POOLS else (lines, "")
+        if an.op != "dynamic_range":
+            lines, ranges = on_pool(plan.name, params, lines) if an.op in POOLS else (lines, "")
         return render("index.c", NAME=plan.name, OP=an.op, SPACE=list(plan.out_shape), PARAMS=params,
                       PARALLEL=int(d.parallel), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
                       VL=d.vl, CHECKED=int(d.checked), POOL_S2=int(d.pool_s2), RANGES=ranges,

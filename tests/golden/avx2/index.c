@@ -1,4 +1,4 @@
-#define eqf_kinds_k7_index_PARALLEL 0 /* the plan's parallel: the `if` of a pooling or integer conv kernel's parallel loop */
+#define eqf_kinds_k7_index_PARALLEL 0 /* the plan's parallel: the `if` of a pooling, dynamic_range or integer conv kernel's parallel loop */
 #define eqf_kinds_k7_index_IN_BLOCKED 0 /* the plan's in_blocked: the input in blocks of VL channels (a pooling between convs reads it) */
 #define eqf_kinds_k7_index_OUT_BLOCKED 0 /* the plan's out_blocked: the output in blocks of VL channels (read too) */
 #define eqf_kinds_k7_index_VL 0 /* the plan's vl: the channels of a block, the lanes of the blocked pooling's loops (0: not blocked) */

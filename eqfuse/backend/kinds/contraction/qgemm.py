@@ -8,6 +8,8 @@ by `eqfuse lower`, listed by report["precision"]); `int8_tile` the register tile
 packed in 4-byte K-groups with its column sums (once, when bound by params=: plan.detail.prepack).
 An A that is quantize_linear(x, scale, zp) of an f32 x (DynamicQuantizeLinear's y, joined by the rule
 kernel_matmul_integer_qa) is quantized by the kernel into its own A buffer (plan.detail.quantize_a).
+When that scale and zero point are dynamic_scale(r) and dynamic_zero_point(r) of dynamic_range's two
+floats r (rule kernel_matmul_integer_dqa), the kernel computes them from r before the GEMM.
 conv_integer (ConvInteger, QLinearConv) is the same GEMM per image and group, pixels x output
 channels: the kernel writes the im2col of x into its A buffer (plan.detail.im2col; a padded tap is
 x's zero point) and stores C transposed, NCHW; the weights, [O, C/group x KH x KW], are its B.
@@ -15,17 +17,21 @@ x's zero point) and stores C transposed, NCHW; the weights, [O, C/group x KH x K
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.cexpr import kernel_params, range_scalar_c, render
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
-from eqfuse.ir.kernels import quantized_a
+from eqfuse.ir.kernels import dynamic_qparams, quantized_a
 from eqfuse.ir.ops import pair
 from eqfuse.ir.shapes import C_TYPE
 from eqfuse.machine import Machine
+
+# cexpr.range_scalar_c's call on an epilogue's extra parameter (its two floats)
+RANGE_CALL = re.compile(r"eqf_range_(scale|zero_point)\((\w+)\[0\], \2\[1\]\)")
 
 # The template's PATH for each instruction path (csrc_templates/gemm_u8s8.c)
 INT8_PATHS = {"avx512_vnni": 3, "avx_vnni": 2, "fallback": 1, "fallback_scalar": 0}
@@ -107,6 +113,9 @@ class QGemmDetail:
     groups: int = 1  # the conv's groups (calls are images x groups, B one matrix per group)
     # the conv's geometry (C, H, W, KH, KW, stride, padding, dilation, OW): shapes, not choices
     geometry: tuple = ()
+    # B is transpose(b) of a kernel input b, [N, K] in memory (a QDQ Gemm's transB weight, rule
+    # gemm_dequantized): packed from there, as a conv's weights are
+    b_transposed: bool = False
     # its panels are chunks of the claim-based pool (the run function keeps the pool's workers
     # ready across it: runtime.program.hold_pool)
     pool: ClassVar[bool] = True
@@ -151,7 +160,8 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
     plan.tiles = {"mr": mr, "nr": nr, "kc": kc, "mb": int8_row_block(gM, cdiv(N, nr), mr, par)}
     plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par, qa,
-                              im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else ())
+                              im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else (),
+                              b_transposed=body.nodes[mm.args[1]].op == "transpose")
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
@@ -189,12 +199,18 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
                      calls * panels * tiles)]
 
 
+def b_input(body, a: int) -> int:
+    """The kernel input B is read from: B itself, or b of a B that is transpose(b) (b_transposed)."""
+    b = body.nodes[a].args[1]
+    return body.nodes[b].args[0] if body.nodes[b].op == "transpose" else b
+
+
 def mark_bound(plan: KernelPlan, bound: set[int]) -> None:
     """detail.prepack when B (a rank-2 matrix, one for every batch; a conv's weights of one group)
     is bound by params= and read by nothing else in the kernel: the runtime packs it (and its column
     sums) once."""
     body = plan.body
-    b = body.nodes[plan.shape.anchor].args[1]
+    b = b_input(body, plan.shape.anchor)
     one = plan.detail.groups == 1 if plan.detail.im2col else body.nodes[b].type.rank == 2
     if b not in bound or not one or len([n for n in body.nodes if b in n.args]) != 1:
         return
@@ -210,7 +226,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
     params, ptrs = kernel_params(plan)
     d = plan.detail
     q = body.nodes[mm.args[0]]  # (quantize_linear(x, scale, zp) with quantize_a)
-    a_in, a_scale = (q.args[0], ptrs[q.args[1]]) if d.quantize_a else (mm.args[0], "NULL")
+    a_in, a_scale = (q.args[0], ptrs.get(q.args[1])) if d.quantize_a else (mm.args[0], "NULL")
     out = tuple(plan.out_shape)
     nb = len(out) - 2
     if d.im2col:  # (C^T per image: pixels x channels, stored NCHW)
@@ -221,23 +237,38 @@ def emit_qgemm(plan: KernelPlan) -> str:
         groups = [("b", list(range(nb)), False), ("i", [nb], False), ("j", [nb + 1], False)]
     expr, read = gemm_epilogue(plan, groups, {a: "acc"})
     extras = [(c_type(body, i), pn) for i, pn in read]
+    # a scale of the range's two floats the epilogue reads (x_scale * w_scale of quantize_dynamic):
+    # computed once per panel, before its loops, not per element (cexpr.range_scalar_c's calls)
+    hoisted = {}
+    for m in RANGE_CALL.finditer(expr):
+        hoisted.setdefault(m.group(0), f"eqf_rs{len(hoisted)}_{m.group(2)}")
+    for call, var in hoisted.items():
+        expr = expr.replace(call, var)
+    unpack = [f"const {'float' if 'scale' in c else 'uint8_t'} {v} = {c};" for c, v in hoisted.items()]
     gname = f"{plan.name}_gemm"
     c, h, w, kh, kw, (sh, sw), (ph, pw), (dh, dw), ow = d.geometry or (0, 0, 0, 0, 0, (0, 0), (0, 0), (0, 0), 0)
     ta, tb, tz, tw = (C_TYPE[body.nodes[x].type.dtype] for x in (a_in, *mm.args[1:]))
     src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
                  KC=plan.tiles["kc"], MB=plan.tiles["mb"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
-                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col),
+                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), B_TRANSPOSED=int(d.b_transposed),
                  G=d.groups, CI=c, H=h, W=w, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, OW=ow, PATH=INT8_PATHS[plan.precision_path],
                  PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
                  EXTRA_PARAMS="".join(f", const {t}* restrict {n}" for t, n in extras),
                  EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
-                 EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
+                 EXTRA_UNPACK=" ".join([f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras] + unpack),
                  EXTRA_INIT="".join(", " + n for _, n in extras))
-    args = [ptrs[a_in]] + [ptrs[x] for x in mm.args[1:]] + [a_scale, "out"] + [ptrs[i] for i, _ in read]
+    offsets = "        (void)g;"
+    if dynamic_qparams(body, a, set(body.inputs)):  # scale and zero point from the range [lo, hi]
+        r = ptrs[body.nodes[q.args[1]].args[0]]
+        a_scale = "&eqf_dq_scale"
+        ptrs = {**ptrs, mm.args[2]: "&eqf_dq_zp"}
+        offsets += (f"\n        const float eqf_dq_scale = {range_scalar_c('dynamic_scale', r)};"
+                    f"\n        const uint8_t eqf_dq_zp = {range_scalar_c('dynamic_zero_point', r)};")
+    args = [ptrs[a_in], ptrs[b_input(body, a)]] + [ptrs[x] for x in mm.args[2:]] + [a_scale, "out"] + [ptrs[i] for i, _ in read]
     shapes = (f"integer batch={d.batch} M={d.M} N={d.N} K={d.K} ({plan.precision_path}"
               + (", A quantized from f32)" if d.quantize_a else ", A the im2col of x, C stored NCHW)" if d.im2col else ")"))
     wrapper = render("matmul.c", NAME=plan.name, SHAPES=shapes, GEMM=gname, PARAMS=params, OUTER=1,
-                     OFFSETS="        (void)g;", ARGS=", ".join(args))
+                     OFFSETS=offsets, ARGS=", ".join(args))
     return src + "\n" + wrapper
