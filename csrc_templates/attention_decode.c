@@ -46,6 +46,7 @@ void {{NAME}}({{PARAMS}})
         const {{NAME}}_vt* restrict vp;
         {
             const long b = bg * G;  /* (the G rows read the same keys and values) */
+            (void)b;
             kp = (const {{NAME}}_kt*){{K}} + ({{KOFF}});
             vp = (const {{NAME}}_vt*){{V}} + ({{VOFF}});
         }
@@ -56,6 +57,7 @@ void {{NAME}}({{PARAMS}})
         float m[G];
         for (int r = 0; r < G; r++) {
             const long b = bg * G + r;
+            (void)b;
 {{OFFSETS}}
             const float* restrict qp = {{Q}} + ({{QOFF}});
             m[r] = -INFINITY;
@@ -106,6 +108,7 @@ void {{NAME}}({{PARAMS}})
             }
             for (int r = 0; r < G; r++) {
                 const long b = bg * G + r;
+                (void)b;
                 (void)b;
 {{OFFSETS}}
                 /* score ops (scale, mask), in base 2: times log2 e. A score that is only q k^T times
@@ -183,6 +186,7 @@ void {{NAME}}({{PARAMS}})
         }
         for (int r = 0; r < G; r++) {
             const long b = bg * G + r;
+            (void)b;
 {{OFFSETS}}
             float lsum = 0.0f;
             for (int u = 0; u < 16; u++)

@@ -24,3 +24,12 @@ graph dynamic_quantize(x: f32[B, 8]) -> (u8[B, 8], f32, u8) {
     z = dynamic_zero_point(x)
     return quantize_linear(x, s, z), s, z
 }
+
+# The same as the importer writes it now: x's range read once (dynamic_range, [min(x, 0),
+# max(x, 0)]), the scale and zero point of its two floats (the range of a range is itself).
+graph dynamic_quantize_once(x: f32[B, 8]) -> (u8[B, 8], f32, u8) {
+    r = dynamic_range(x)
+    s = dynamic_scale(r)
+    z = dynamic_zero_point(r)
+    return quantize_linear(x, s, z), s, z
+}
