@@ -110,11 +110,10 @@ DW_FUSE_L1_SHARE = 4
 # trips through memory, not one), and only while the input image holds at least a vector of
 # pixels: the kernel computes the expand conv as vectors over runs of pixels, and over the 2 x 2
 # and 1 x 1 images of MobileNetV2's last stages a run fills a quarter of a vector or less (there
-# the fused kernel is behind the expand conv as a GEMM kernel of its own, 3.7 against 2.7 us at
-# 96 channels of 2 x 2, 10 against 4.7 us at 240 of 1 x 1: `python benchmarks/bench_dwpw.py
-# --profile`). With the share at 1 the whole block is ahead of the expand kernel + the fused
-# depthwise and 1x1 kernel, and of three kernels, from 3 KB to 24 KB (96 channels at 8 x 8:
-# 14.5 against 19.3 us as three kernels), and a 32 KB stride-2 input
+# the fused kernel is behind the expand conv as a GEMM kernel of its own at 96 channels of 2 x 2
+# and 240 of 1 x 1: `python benchmarks/bench_dwpw.py --profile`, benchmarks/RESULTS.md). With the
+# share at 1 the whole block is ahead of the expand kernel + the fused depthwise and 1x1 kernel,
+# and of three kernels, from 3 KB to 24 KB (96 channels at 8 x 8) and a 32 KB stride-2 input
 # (`python benchmarks/bench_dwpw.py --blocks`); 36 KB (144 channels at 8 x 8) stays three
 DW_EXPAND_L1_SHARE = 1
 
