@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import selected_params
 
 import eqfuse
 from eqfuse.frontend.load import load
@@ -98,9 +99,12 @@ def _block(name, n, ci, c, h, o, s, residual, _path) -> str:
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    """Every case, the large one and the pads as graphs of one module: compiled once."""
-    return eqfuse.compile("".join(_graph(*c) for c in CASES + [BIG]) + "".join(_block(*b) for b in BLOCKS + [BIG_BLOCK])
+def compiled(request):
+    """The selected cases (the fast tier runs the first of each test), the large ones and the pads
+    as graphs of one module: compiled once."""
+    cases = selected_params(request, "test_fused_inverted_residual_matches_the_reference", "case")
+    blocks = selected_params(request, "test_whole_inverted_residual_matches_the_reference", "case")
+    return eqfuse.compile("".join(_graph(*c) for c in cases + [BIG]) + "".join(_block(*b) for b in blocks + [BIG_BLOCK])
                           + PADS)
 
 
