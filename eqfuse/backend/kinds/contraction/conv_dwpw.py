@@ -174,31 +174,29 @@ def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
 def prologue_c(plan: KernelPlan) -> tuple[str, list[tuple[int, str]]]:
     """(the prologue's C expression of `acc`, the depthwise conv's sum at element (b, i, j) of its
     output, i its channel and j = oh x OW + ow; the inputs it reads)."""
-    body, parts = plan.body, plan.shape.parts
-    dn = body.nodes[parts.dw]
-    bias = f"eqf_e{body.inputs.index(dn.args[2])}" if len(dn.args) == 3 else None
-    groups = [("b", [0], False), ("i", [1], False), ("j", [2, 3], False)]
-    expr, extras = gemm_epilogue(plan, groups, {parts.dw: f"(acc + {bias}[i])" if bias else "acc"},
-                                 root=parts.value, shape=tuple(dn.type.shape))
-    if bias and dn.args[2] not in dict(extras):
-        extras.append((dn.args[2], bias))
-    return expr, extras
+    parts = plan.shape.parts
+    return _conv_sum_c(plan, parts.dw, parts.value)
 
 
 def expand_prologue_c(plan: KernelPlan) -> tuple[str, list[tuple[int, str]]]:
     """(the expand conv's prologue, its C expression of `acc`, the expand conv's sum at element
     (b, i, j) of its output, i its channel and j = ih x W + iw; the inputs it reads), or ("0", [])
     without the expand conv."""
-    body, parts = plan.body, plan.shape.parts
-    if parts.ex is None:
-        return "0", []
-    xn = body.nodes[parts.ex]
-    bias = f"eqf_e{body.inputs.index(xn.args[2])}" if len(xn.args) == 3 else None
+    parts = plan.shape.parts
+    return ("0", []) if parts.ex is None else _conv_sum_c(plan, parts.ex, parts.xv)
+
+
+def _conv_sum_c(plan: KernelPlan, conv: int, root: int) -> tuple[str, list[tuple[int, str]]]:
+    """The C expression of `acc`, the sum of the conv at body node `conv` at element (b, i, j) of
+    its output (+ its bias), through the pointwise ops up to `root`; the inputs it reads."""
+    body = plan.body
+    n = body.nodes[conv]
+    bias = f"eqf_e{body.inputs.index(n.args[2])}" if len(n.args) == 3 else None
     groups = [("b", [0], False), ("i", [1], False), ("j", [2, 3], False)]
-    expr, extras = gemm_epilogue(plan, groups, {parts.ex: f"(acc + {bias}[i])" if bias else "acc"},
-                                 root=parts.xv, shape=tuple(xn.type.shape))
-    if bias and xn.args[2] not in dict(extras):
-        extras.append((xn.args[2], bias))
+    expr, extras = gemm_epilogue(plan, groups, {conv: f"(acc + {bias}[i])" if bias else "acc"},
+                                 root=root, shape=tuple(n.type.shape))
+    if bias and n.args[2] not in dict(extras):
+        extras.append((n.args[2], bias))
     return expr, extras
 
 
