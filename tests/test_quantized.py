@@ -1261,6 +1261,69 @@ def test_a_qdq_gemm_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path):
             assert np.max(np.abs(got[1].astype(np.int32) - want[1].astype(np.int32))) <= 1
 
 
+def _qdq_linears(path):
+    """x -> Gemm (transB, bias) -> Relu -> Gemm (transB, bias) as quantize_static writes it (QDQ):
+    each bias a DequantizeLinear of an int32 initializer, each Gemm's output quantized (the Relu
+    folded into the first QuantizeLinear), the last one dequantized as the model's output."""
+    h = onnx.helper
+    rng = np.random.default_rng(19)
+    arrays = {"w1": rng.standard_normal((40, 24)) * 0.2, "b1": rng.standard_normal(40),
+              "w2": rng.standard_normal((16, 40)) * 0.2, "b2": rng.standard_normal(16)}
+    nodes = [h.make_node("Gemm", ["x", "w1", "b1"], ["g1"], transB=1), h.make_node("Relu", ["g1"], ["r1"]),
+             h.make_node("Gemm", ["r1", "w2", "b2"], ["y"], transB=1)]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", F32T, [6, 24])], [h.make_tensor_value_info("y", F32T, [6, 16])],
+                     [onnx.numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()])
+    f32 = path.with_name("linears-f32.onnx")
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(f32))
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": rng.standard_normal((6, 24)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quant.quantize_static(str(f32), str(path), Reader(), quant_format=quant.QuantFormat.QDQ,
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    return onnx.load(str(path))
+
+
+def test_a_qdq_gemm_with_bias_and_requantization_is_one_kernel(tmp_path):
+    """A QDQ Gemm's bias (DequantizeLinear of int32) is folded at compile time (optimizer/fold.py)
+    and its requantization joins the integer GEMM's epilogue (fuse_requantize_bias), as does the
+    DequantizeLinear of the last one's output (fuse_dequantize_requantized_bias): the model runs as
+    x's QuantizeLinear and one int8 kernel per Gemm, nothing else. The first Gemm's u8 output
+    (exposed) is within one of onnxruntime's integers, the model's output within one step of it
+    (literal and deployed), as test_a_qdq_gemm_runs_on_the_integer_gemm_and_matches_onnxruntime."""
+    f = tmp_path / "linears-qdq.onnx"
+    model = _qdq_linears(f)
+    biases = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0].startswith("b")]
+    assert len(biases) == 2 and {n.op_type for n in model.graph.node} == {"QuantizeLinear", "DequantizeLinear", "Gemm"}
+    (q1,) = [n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "r1"]
+    exposed = _exposed(model, [q1])
+    onnx.save(exposed, str(tmp_path / "exposed.onnx"))
+    mod = eqfuse.compile(str(tmp_path / "exposed.onnx"))
+    running = [k for k in mod.kernels if k.kind != "view"]
+    assert [str(k.kind) for k in running] == ["pointwise", "contraction", "contraction"], [k.body for k in running]
+    assert "quantize_linear(x," in running[0].body
+    for k in running[1:]:
+        assert mod.report["precision"][k.name]["precision"] == "int8" and "eqf_quantize(" in k.c_source, k.body
+        assert "quantize_linear(" in k.body and "_dq" in k.body, k.body  # (the requantization; the folded bias)
+    assert sum("-> b" in n and "bound: computed once" in n for n in mod.report["folded"]) == 2, mod.report["folded"]
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    (last,) = [n for n in model.graph.node if "y" in n.output]
+    step = float(inits[last.input[1]])
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((6, 24)).astype(np.float32)}
+        got = [np.asarray(o) for o in mod(**feeds)]
+        literal, deployed = _literal(exposed, feeds), _ort(exposed, feeds)
+        own = float(np.max(np.abs(deployed[0] - literal[0])))
+        for want, bound in ((literal, step), (deployed, step + own)):
+            assert np.max(np.abs(got[0] - want[0])) <= bound
+            assert got[1].dtype == want[1].dtype == np.uint8
+            assert np.max(np.abs(got[1].astype(np.int32) - want[1].astype(np.int32))) <= 1
+
+
 def _qattention_model(unidirectional: int, mask: bool = False):
     h = onnx.helper
     rng = np.random.default_rng(3)
