@@ -1324,7 +1324,8 @@ def test_a_qdq_gemm_with_bias_and_requantization_is_one_kernel(tmp_path):
             assert np.max(np.abs(got[1].astype(np.int32) - want[1].astype(np.int32))) <= 1
 
 
-def _qattention_model(unidirectional: int, mask: bool = False):
+def _qattention_model(unidirectional: int, mask: tuple | None = None, past: bool = False):
+    """One QAttention node over x [2, 5, 16] (4 heads), with a mask_index input m of shape `mask`."""
     h = onnx.helper
     rng = np.random.default_rng(3)
     inits = [onnx.numpy_helper.from_array(rng.integers(-60, 60, (16, 48)).astype(np.int8), "w"),
@@ -1334,10 +1335,12 @@ def _qattention_model(unidirectional: int, mask: bool = False):
              onnx.numpy_helper.from_array(np.array(120, np.uint8), "xz"),
              onnx.numpy_helper.from_array(np.array(0, np.int8), "wz")]
     inputs = [h.make_tensor_value_info("x", U8, [2, 5, 16])]
-    if mask:
-        inputs.append(h.make_tensor_value_info("m", onnx.TensorProto.INT32, [2]))
-    n = h.make_node("QAttention", ["x", "w", "b", "xs", "ws", "m" if mask else "", "xz", "wz"], ["y"],
-                    domain="com.microsoft", num_heads=4, unidirectional=unidirectional, name="qatt")
+    if mask is not None:
+        inputs.append(h.make_tensor_value_info("m", onnx.TensorProto.INT32, list(mask)))
+    if past:
+        inputs.append(h.make_tensor_value_info("past", F32T, [2, 2, 4, 3, 4]))
+    n = h.make_node("QAttention", ["x", "w", "b", "xs", "ws", "m" if mask else "", "xz", "wz"] + ["past"] * past,
+                    ["y"], domain="com.microsoft", num_heads=4, unidirectional=unidirectional, name="qatt")
     g = h.make_graph([n], "g", inputs, [h.make_tensor_value_info("y", F32T, [2, 5, 16])], inits)
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
 
@@ -1364,11 +1367,52 @@ def test_qattention_is_the_integer_gemm_and_attention_and_matches_onnxruntime(tm
     assert not np.allclose(outs[0, 0], outs[1, 0])  # (the causal mask changes the result)
 
 
-def test_qattention_with_a_mask_index_is_refused_by_name(tmp_path, capsys):
+# mask_index forms (onnxruntime's contrib op spec) and a value of each: every query keeps a key
+# (a query whose keys are all masked attends to them at -10000 + score, where f32 keeps only
+# about three digits of the score: the docstring below)
+QATT_MASKS = {"key_padding": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32),
+              "lengths": np.array([3, 5], np.int32),
+              "ends_starts": np.array([4, 5, 1, 0], np.int32),
+              "per_query": np.random.default_rng(1).integers(0, 2, (2, 5, 5)).astype(np.int32) | np.eye(5, dtype=np.int32),
+              "dummy": np.array([[0], [1]], np.int32)}
+QATT_CASES = [("key_padding", 0), ("key_padding", 1), ("lengths", 0)]
+QATT_EXTENDED = [("lengths", 1), ("ends_starts", 0), ("per_query", 0), ("per_query", 1), ("dummy", 0)]
+
+
+@pytest.mark.parametrize("form, uni", QATT_CASES + [pytest.param(*c, marks=pytest.mark.extended) for c in QATT_EXTENDED],
+                         ids=lambda p: str(p))
+def test_qattention_with_a_mask_index_matches_onnxruntime(form, uni, tmp_path):
+    """QAttention's mask_index as BERT exports with onnxruntime's transformer optimizer write it: the
+    2-D 0/1 key padding mask [batch, sequence], 1-D key lengths [batch] (right padding), 1-D end and
+    start positions [2 x batch], a 3-D mask [batch, sequence, sequence], the dummy [batch, 1]. The
+    mask is where(keep, 0, mask_filter_value) added to the scores inside the attention kernel (one
+    comparison kernel over the int32 mask before it), with unidirectional too; within the f32
+    rounding of the float tail (1e-5 * max|output|), as the test without a mask. The masked scores
+    do change the result."""
+    m = QATT_MASKS[form]
+    model = _qattention_model(uni, m.shape)
+    f = tmp_path / "qatt-mask.onnx"
+    onnx.save(model, str(f))
+    mod = eqfuse.compile(str(f))
+    kinds = sorted(str(k.kind) for k in mod.kernels if k.kind != "view")
+    assert kinds == ["attention", "contraction"] + ["pointwise"] * (form != "dummy"), kinds
+    (att,) = [k for k in mod.kernels if k.kind == "attention"]
+    assert ("where(" in att.body) == (form != "dummy"), att.body
+    for seed in range(2):
+        x = np.random.default_rng(seed).integers(0, 256, (2, 5, 16)).astype(np.uint8)
+        (want,) = _ort(model, {"x": x, "m": m})
+        got = np.asarray(mod(x=x, m=m))
+        assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), (form, uni, seed)
+        (unmasked,) = _ort(_qattention_model(uni), {"x": x})
+        assert np.allclose(want, unmasked) == (form == "dummy")
+
+
+@pytest.mark.parametrize("what, message", [("past", "past input"), ("mask4d", "mask_index of shape [2, 1, 5, 5]")])
+def test_qattention_with_past_or_an_unknown_mask_form_is_refused_by_name(what, message, tmp_path, capsys):
     from eqfuse.cli.main import main
 
-    f = tmp_path / "qatt-mask.onnx"
-    onnx.save(_qattention_model(0, mask=True), str(f))
+    f = tmp_path / "qatt-refused.onnx"
+    onnx.save(_qattention_model(0, mask=(2, 1, 5, 5) if what == "mask4d" else None, past=what == "past"), str(f))
     assert main(["opt", str(f)]) == 2
     err = capsys.readouterr().err
-    assert "qatt" in err and "mask_index" in err and "Traceback" not in err, err
+    assert "qatt" in err and message in err and "Traceback" not in err, err
