@@ -1291,10 +1291,11 @@ def _qdq_linears(path):
 def test_a_qdq_gemm_with_bias_and_requantization_is_one_kernel(tmp_path):
     """A QDQ Gemm's bias (DequantizeLinear of int32) is folded at compile time (optimizer/fold.py)
     and its requantization joins the integer GEMM's epilogue (fuse_requantize_bias), as does the
-    DequantizeLinear of the last one's output (fuse_dequantize_requantized_bias): the model runs as
-    x's QuantizeLinear and one int8 kernel per Gemm, nothing else. The first Gemm's u8 output
-    (exposed) is within one of onnxruntime's integers, the model's output within one step of it
-    (literal and deployed), as test_a_qdq_gemm_runs_on_the_integer_gemm_and_matches_onnxruntime."""
+    DequantizeLinear of the last one's output (fuse_dequantize_requantized_bias); the first one
+    quantizes the model's input x into its own A buffer (gemm_dequantized_qa): the model runs as
+    one int8 kernel per Gemm, nothing else. The first Gemm's u8 output (exposed) is within one of
+    onnxruntime's integers, the model's output within one step of it (literal and deployed), as
+    test_a_qdq_gemm_runs_on_the_integer_gemm_and_matches_onnxruntime."""
     f = tmp_path / "linears-qdq.onnx"
     model = _qdq_linears(f)
     biases = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0].startswith("b")]
@@ -1304,11 +1305,11 @@ def test_a_qdq_gemm_with_bias_and_requantization_is_one_kernel(tmp_path):
     onnx.save(exposed, str(tmp_path / "exposed.onnx"))
     mod = eqfuse.compile(str(tmp_path / "exposed.onnx"))
     running = [k for k in mod.kernels if k.kind != "view"]
-    assert [str(k.kind) for k in running] == ["pointwise", "contraction", "contraction"], [k.body for k in running]
-    assert "quantize_linear(x," in running[0].body
-    for k in running[1:]:
+    assert [str(k.kind) for k in running] == ["contraction", "contraction"], [k.body for k in running]
+    assert [k.decisions["quantize_a"] for k in running] == [1, 0]
+    for k in running:  # (the requantization in the epilogue; the bias a bound f32 input)
         assert mod.report["precision"][k.name]["precision"] == "int8" and "eqf_quantize(" in k.c_source, k.body
-        assert "quantize_linear(" in k.body and "_dq" in k.body, k.body  # (the requantization; the folded bias)
+        assert "quantize_linear(cast(matmul_integer(" in k.body and "_dq" in k.body, k.body
     assert sum("-> b" in n and "bound: computed once" in n for n in mod.report["folded"]) == 2, mod.report["folded"]
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     (last,) = [n for n in model.graph.node if "y" in n.output]
