@@ -560,6 +560,28 @@ def test_dequantize_quantize_does_not_fire_where_its_guard_is_false(tmp_path, ca
     assert "dequantize_quantize x1" in text
 
 
+VIEW_PAIRS_G = """
+graph vp(q: u8[4, 8], z: u8) {
+    return quantize_linear(reshape(dequantize_linear(q, 0.5, z), shape=[8, 4]), 0.5, z),
+           quantize_linear(transpose(dequantize_linear(q, 0.5, z), perm=[1, 0]), 0.25, z)
+}
+"""
+
+
+def test_a_dequantize_quantize_pair_through_a_view_is_the_view_only_at_one_scale(tmp_path, capsys):
+    """dequantize_reshape_quantize makes the pair around a reshape of one scale the reshape of the
+    integers; must not rewrite: around the transpose the quantize's scale is another (it rounds)."""
+    from eqfuse.cli.main import main
+
+    g = tmp_path / "view-pairs.g"
+    g.write_text(VIEW_PAIRS_G)
+    assert main(["opt", str(g)]) == 0
+    text = capsys.readouterr().out
+    body = text[:text.index("# report")]
+    assert "return reshape(q, shape=[8, 4])," in body and "quantize_linear(t2, 0.25, z)" in body, body
+    assert "dequantize_reshape_quantize x1" in text and "dequantize_transpose_quantize" not in text
+
+
 # ------------------------------------------------------------------ the integer GEMM's instruction paths
 
 # Odd shapes (K not a multiple of 4, M and N not multiples of any tile, N below the narrowest
