@@ -93,17 +93,10 @@ def kernel_cost(body: Graph, dims: Mapping[str, int] | None = None) -> KCost:
     """Exact cost of one kernel: reads every body input once, writes its result once."""
     if _is_view(body):
         return KCost(1, 0, 0.0, 1)
-    reads = sum(tensor_bytes(body.nodes[i].type, dims) for i in body.inputs)
-    out = tensor_bytes(body.nodes[body.outputs[0]].type, dims)
+    reads = sum(numel(body.nodes[i].type, dims) for i in body.inputs)
+    out = numel(body.nodes[body.outputs[0]].type, dims)
     flops = sum(op_flops(body, j, dims) for j in range(len(body.nodes)))
-    return KCost(1, reads + out, flops)
-
-
-def tensor_bytes(t, dims: Mapping[str, int] | None) -> int:
-    """The bytes of a tensor of type t: a quantized u8 or i8 tensor is a quarter of an f32 one (an
-    integer GEMM that requantizes its result writes a quarter of the bytes of one that stores
-    f32), the other dtypes are counted as f32's BYTES, as they always were."""
-    return numel(t, dims) * (1 if t.dtype in ("u8", "i8") else BYTES)
+    return KCost(1, BYTES * (reads + out), flops)
 
 
 def value(kc: KCost, model: str, p: dict | None = None) -> float:
