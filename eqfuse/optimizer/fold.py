@@ -79,8 +79,10 @@ def _quantized_constants(g: Graph, params: dict[str, np.ndarray]) -> tuple[Graph
     initializers (and a Mul's or Add's literal as QuantizeLinear of it, then DequantizeLinear):
     each was a kernel of its own, run on every call, or an operand a kernel dequantized per
     element. The dequantization of a weight that a matmul or conv reads (directly or through a
-    transpose) stays: the rules matmul_dequantized, gemm_dequantized and conv_dequantized turn that
-    contraction into the integer GEMM of its integers. Found here and not by a rule for
+    transpose) stays when it is per tensor: the rules matmul_dequantized, gemm_dequantized and
+    conv_dequantized turn that contraction into the integer GEMM of its integers. A per-channel
+    one, which those rules do not take, folds too: its contraction runs in f32 on the bound f32
+    weight instead of dequantizing it on every call. Found here and not by a rule for
     fold_params' reason: the e-graph knows a tensor by name, not by value."""
     readers: list[list[int]] = [[] for _ in g.nodes]
     for i, n in enumerate(g.nodes):
@@ -91,7 +93,8 @@ def _quantized_constants(g: Graph, params: dict[str, np.ndarray]) -> tuple[Graph
         if n.op not in QUANT_OPS or i in g.outputs or not all(isinstance(d, int) for d in n.type.shape):
             continue
         args = [values[a] if a in values else _bound(g, a, params) for a in n.args]
-        if any(a is None for a in args) or any(_reads_as_operand(g, r, readers) for r in readers[i]):
+        per_tensor = all(g.nodes[a].type.rank == 0 for a in n.args[1:])
+        if any(a is None for a in args) or (per_tensor and any(_reads_as_operand(g, r, readers) for r in readers[i])):
             continue
         values[i] = np.ascontiguousarray(OPS[n.op].numpy(args, n.attr))
     keep = {i for i in values if any(r not in values for r in readers[i])}  # (the others feed only folded nodes)
