@@ -1,0 +1,168 @@
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_VL {{VL}} /* the plan's vl */
+#define {{NAME}}_RO {{RO}} /* the plan's ro */
+#define {{NAME}}_NV {{NV}} /* the plan's nv */
+#define {{NAME}}_BAND {{BAND}} /* the plan's band */
+#define {{NAME}}_FLAT {{FLAT}} /* the plan's flat */
+/* {{NAME}}: a depthwise conv2d {{N}}x{{C}}x{{H}}x{{W}} * {{C}}x1x{{KH}}x{{KW}} (+ its bias), stride {{SH}}x{{SW}},
+ * padding {{PH}}x{{PW}}, dilation {{DH}}x{{DW}}, read as NHWC, a layernorm over its {{C}} channels (eps
+ * {{EPS}}), then a matmul by the weights {{C}}x{{F}} through the epilogue -> {{N}}x{{OH}}x{{OW}}x{{F}} (NCHW in,
+ * NHWC out): ConvNeXt's depthwise conv, permute, LayerNorm and first Linear in one kernel (conv_dwln.py).
+ *
+ * A task is (image, band of BAND = {{BAND}} output rows). Channel by channel, the band's input rows go
+ * into a zero-padded buffer (the next channel's copied before this channel's sums, so that no vector
+ * load waits for the stores just made), and each output pixel's sum over the KH x KW taps (+ the
+ * bias) into the tile t[c][pixel] on the stack, its pixels padded with zeros. FLAT = {{FLAT}}: the sums
+ * are vectors over the band's padded rows as one run, else pixel by pixel. The layernorm of a pixel
+ * runs over a column of the tile: VL = {{VL}} pixels a vector, the mean, then the variance around it
+ * (two passes, as the reference), then the tile normalized in place. The matmul is a GEMM over
+ * the tile with the output's channels in the lanes: a register tile of RO = {{RO}} pixels x NV = {{NV}}
+ * vectors of channels, each pixel's value broadcast times the weight vectors of its row; each
+ * result goes through the epilogue into the NHWC output. Neither the depthwise output nor the
+ * normalized tensor leaves the thread's tile (the permutes are the tile's layout). */
+typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
+typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
+
+void {{NAME}}({{PARAMS}})
+{
+    enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, F = {{F}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}}, OW = {{OW}},
+           SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, DH = {{DH}}, DW = {{DW}}, VL = {{VL}}, RO = {{RO}},
+           NV = {{NV}}, BAND = {{BAND}}, NBAND = (OH + BAND - 1) / BAND,
+           BP = (BAND * OW + RO + VL - 1) / VL * VL /* a band's pixels and a register tile past, whole vectors */,
+           BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1 /* a band's padded input */,
+           WC = W < WP - PW ? W : WP - PW /* the input columns that some tap reads */,
+           XP = BHP * WP + VL + KW * DW /* (and what the last vector over q reads past the rows) */ };
+{{EXTRAS}}
+    const float* restrict x = {{X}};
+    const float* restrict wd = {{WD}};
+    const float* restrict wm = {{WM}};
+    const float* restrict lg = {{LG}};
+    const float* restrict lb = {{LB}};
+#if {{BIAS}}
+    const float* restrict bd = {{BD}};
+#endif
+    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+    for (long task = 0; task < (long)N * NBAND; task++) {
+        const long b = task / NBAND, r0 = task % NBAND * BAND;
+        const long rows = OH - r0 < BAND ? OH - r0 : BAND, P = rows * OW;
+        const long bh = (rows - 1) * SH + (KH - 1) * DH + 1; /* the band's padded input rows */
+        float t[C][BP] __attribute__((aligned(64)));
+        float xq2[2][XP] __attribute__((aligned(64)));
+        float sums[BHP * WP + VL] __attribute__((aligned(64))); /* (FLAT: the sums over q) */
+        (void)sums;
+        for (long c = -1; c < C; c++) {
+            if (c + 1 < C) { /* channel c + 1's padded input rows */
+                float* restrict xq = xq2[(c + 1) & 1];
+                for (long hr = 0; hr < bh; hr++) {
+                    const long ih = r0 * SH - PH + hr;
+                    float* restrict xr = xq + hr * WP;
+                    if (ih < 0 || ih >= H) {
+                        for (long q = 0; q < WP; q++)
+                            xr[q] = 0.0f;
+                        continue;
+                    }
+                    for (long q = 0; q < PW; q++)
+                        xr[q] = 0.0f;
+                    const float* restrict xs = x + ((b * C + (c + 1)) * (long)H + ih) * W;
+                    for (long iw = 0; iw < WC; iw++)
+                        xr[PW + iw] = xs[iw];
+                    for (long q = PW + WC; q < WP; q++)
+                        xr[q] = 0.0f;
+                }
+                for (long q = bh * WP; q < ({{FLAT}} ? XP : 0); q++) /* (FLAT's last vector reads past the rows) */
+                    xq[q] = 0.0f;
+            }
+            if (c < 0)
+                continue;
+            const float* restrict xq = xq2[c & 1];
+            float wv[KH * KW];
+            for (long k = 0; k < KH * KW; k++)
+                wv[k] = wd[c * KH * KW + k];
+#if {{BIAS}}
+            const float bias = bd[c];
+#else
+            const float bias = 0.0f;
+#endif
+            float* restrict d = t[c];
+#if {{FLAT}}
+            /* output pixel (r, ow) is the sum at q = r SH WP + ow SW of the padded rows, where tap
+             * (kh, kw) reads xq[q + kh DH WP + kw DW] (as conv_dwpw.c) */
+            for (long q = 0; q < ((rows - 1) * SH + 1) * WP; q += VL) {
+                {{NAME}}_vf acc = ({{NAME}}_vf){0};
+                for (long kh = 0; kh < KH; kh++)
+                    for (long kw = 0; kw < KW; kw++)
+                        acc += wv[kh * KW + kw] * *(const {{NAME}}_vfu*)&xq[q + kh * DH * WP + kw * DW];
+                *({{NAME}}_vf*)&sums[q] = acc;
+            }
+            for (long r = 0; r < rows; r++)
+                for (long ow = 0; ow < OW; ow++)
+                    d[r * OW + ow] = sums[r * SH * WP + ow * SW] + bias;
+#else
+            for (long r = 0; r < rows; r++)
+                for (long ow = 0; ow < OW; ow++) {
+                    float acc = 0.0f;
+                    for (long kh = 0; kh < KH; kh++)
+                        for (long kw = 0; kw < KW; kw++)
+                            acc += xq[(r * SH + kh * DH) * WP + ow * SW + kw * DW] * wv[kh * KW + kw];
+                    d[r * OW + ow] = acc + bias;
+                }
+#endif
+            for (long p = P; p < BP; p++) /* (the vectors' and the last register tile's pixels past the band) */
+                d[p] = 0.0f;
+        }
+        /* the layernorm of each pixel over the channels: a column of the tile, VL pixels a vector */
+        for (long p0 = 0; p0 < P; p0 += VL) {
+            {{NAME}}_vf s = ({{NAME}}_vf){0}, v = ({{NAME}}_vf){0}, rs;
+            for (long c = 0; c < C; c++)
+                s += *({{NAME}}_vf*)&t[c][p0];
+            const {{NAME}}_vf mu = s / (float)C;
+            for (long c = 0; c < C; c++) {
+                const {{NAME}}_vf e = *({{NAME}}_vf*)&t[c][p0] - mu;
+                v += e * e;
+            }
+            v = v / (float)C + {{EPS}};
+            for (long l = 0; l < VL; l++)
+                rs[l] = 1.0f / sqrtf(v[l]);
+            for (long c = 0; c < C; c++)
+                *({{NAME}}_vf*)&t[c][p0] = (*({{NAME}}_vf*)&t[c][p0] - mu) * rs * lg[c] + lb[c];
+        }
+        /* the matmul: output channels in the lanes, a register tile of RO pixels x NV vectors, each
+         * a broadcast of the tile's value times the weights' row; the channels past the last whole
+         * vector one by one */
+        float* restrict ob = out + (b * (long)OH * OW + r0 * OW) * F;
+        long f0 = 0;
+        for (; f0 + NV * VL <= F; f0 += NV * VL)
+            for (long p0 = 0; p0 < P; p0 += RO) {
+                const long np = P - p0 < RO ? P - p0 : RO;
+                {{NAME}}_vf va[RO][NV];
+                for (long q = 0; q < RO; q++)
+                    for (long u = 0; u < NV; u++)
+                        va[q][u] = ({{NAME}}_vf){0};
+                for (long c = 0; c < C; c++) {
+                    {{NAME}}_vf wq[NV];
+                    for (long u = 0; u < NV; u++)
+                        wq[u] = *(const {{NAME}}_vfu*)&wm[c * (long)F + f0 + u * VL];
+                    for (long q = 0; q < RO; q++)
+                        for (long u = 0; u < NV; u++)
+                            va[q][u] += t[c][p0 + q] * wq[u];
+                }
+                for (long q = 0; q < np; q++)
+                    for (long u = 0; u < NV; u++)
+                        for (long l = 0; l < VL; l++) {
+                            const long i = f0 + u * VL + l, j = r0 * OW + p0 + q;
+                            (void)j;
+                            const float acc = va[q][u][l];
+                            ob[(p0 + q) * (long)F + i] = {{EPILOGUE}};
+                        }
+            }
+        for (; f0 < F; f0++) /* (F not a whole number of register tiles) */
+            for (long p = 0; p < P; p++) {
+                float acc = 0.0f;
+                for (long c = 0; c < C; c++)
+                    acc += t[c][p] * wm[c * (long)F + f0];
+                const long i = f0, j = r0 * OW + p;
+                (void)j;
+                ob[p * (long)F + i] = {{EPILOGUE}};
+            }
+    }
+}
