@@ -86,14 +86,13 @@ def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine) -> None:
     every batch (emit then reads B as panels the runtime packs once). A matmul with few rows
     then takes the memory-bound skinny path (plan_gemm.skinny, planned by plan_skinny)."""
     d = plan.detail
-    if isinstance(d, conv_dwln.ConvDwLnDetail):
-        return  # (reads the weights as they are)
     if isinstance(d, conv_grouped.ConvGroupedDetail) and not d.channels or \
             isinstance(d, conv_dwpw.ConvDwPwDetail) and not d.olanes:
         return  # (reads the weights as they are)
     if isinstance(d, qgemm.QGemmDetail):
         return qgemm.mark_bound(plan, bound)
-    if isinstance(d, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail, conv_dwpw.ConvDwPwDetail)):
+    if isinstance(d, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail, conv_dwpw.ConvDwPwDetail,
+                      conv_dwln.ConvDwLnDetail)):
         return conv.mark_bound(plan, bound)
     if plan.kind not in GEMM_KINDS or not (d.gemm.mode == "fold" or d.pixels_as_rows):
         return  # (otherwise B differs between batches, or is a conv's column matrix)

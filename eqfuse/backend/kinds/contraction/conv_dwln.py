@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
-from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, cdiv
+from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.kernels import F32, ConvNorm
 from eqfuse.ir.ops import pair
@@ -51,6 +51,9 @@ class ConvDwLnDetail:
     # the depthwise sums as vectors over the band's zero-padded rows taken as one run, else pixel by
     # pixel (conv_dwpw.uses_flat)
     flat: bool = False
+    # the matmul's weights bound by params=, packed once into panels [F / (nv vl)][C][nv vl]
+    # (conv.mark_bound), else packed per call
+    prepack: Prepack | None = None
 
 
 def is_fused(plan: KernelPlan) -> bool:
@@ -61,19 +64,19 @@ def is_fused(plan: KernelPlan) -> bool:
 def stack_bytes(C: int, band: int, OW: int, KH: int, KW: int, stride, dilation, vl: int, ro: int) -> int:
     """The bytes of a task's buffers on the stack (csrc_templates/conv_dwln.c): the tile [C][BP],
     two channels' padded input rows and the sums over them."""
-    bp = cdiv(band * OW + ro, vl) * vl
+    bp = cdiv(band * OW, vl) * vl
     bhp, wp = (band - 1) * stride[0] + (KH - 1) * dilation[0] + 1, (OW - 1) * stride[1] + (KW - 1) * dilation[1] + 1
-    return (C * bp + 3 * (bhp * wp + vl + KW * dilation[1])) * F32
+    return (2 * C * bp + 3 * (bhp * wp + 4 * vl + KW * dilation[1])) * F32
 
 
 def band_rows(C: int, OH: int, OW: int, KH: int, KW: int, stride, dilation, N: int, par: bool, m: Machine,
               ro: int) -> int:
-    """BAND: all the output rows, cut into bands when the kernel runs in parallel and the images
-    are fewer than 4 tasks per core (then each band at least two rows), and so that the tile
-    and the padded input rows fit half of L2 (the matmul reads the tile once per vector block of
-    output channels)."""
+    """BAND: all the output rows, cut into one band per core when the kernel runs in parallel and
+    the images are fewer than the cores, and so that the tile and the padded input rows fit half
+    of L2. Bands as large as that: a band's depthwise conv recomputes nothing but copies its
+    KH - 1 halo rows again, and its matmul reads the weights once."""
     vl = m.simd_floats
-    band = max(cdiv(OH, min(OH, max(1, cdiv(4 * m.cores, N)))), min(OH, 2)) if par else OH
+    band = cdiv(OH, min(OH, max(1, cdiv(m.cores, N)))) if par else OH
     fit = max(b for b in range(1, OH + 1)
               if b == 1 or stack_bytes(C, b, OW, KH, KW, stride, dilation, vl, ro) <= m.l2 // 2)
     return max(1, min(band, fit))
@@ -96,8 +99,9 @@ def plan_conv_dwln(plan: KernelPlan, m: Machine) -> None:
     stride, dilation = pair(dw.attr["stride"]), pair(dw.attr["dilation"])
     macs = N * OH * OW * C * (KH * KW + F)
     regs = 32 if m.simd_floats >= 16 else 16
-    nv = 2
-    ro = (regs - nv - 2) // nv  # (the accumulators, the weight vectors and a broadcast pixel)
+    import os
+    nv = int(os.environ.get("DWLN_NV", "3" if regs == 32 else "2"))
+    ro = int(os.environ.get("DWLN_RO", "0")) or min(m.simd_floats, 8 if regs == 32 else 4)  # (the accumulators, the weight vectors and a broadcast pixel)
     band = band_rows(C, OH, OW, KH, KW, stride, dilation, N, macs >= PARALLEL_MIN_FMAS, m, ro)
     tasks = N * cdiv(OH, band)
     d = ConvDwLnDetail(N, C, H, W, F, KH, KW, OH, OW, stride, pair(dw.attr["padding"]), dilation,
@@ -108,7 +112,7 @@ def plan_conv_dwln(plan: KernelPlan, m: Machine) -> None:
     plan.tiles = {"band": band, "ro": ro, "nv": nv}
     plan.flops = 2 * macs + 8 * N * OH * OW * C + pointwise_flops(body, skip={parts.ln})
     tile = stack_bytes(C, band, OW, KH, KW, stride, dilation, d.vl, ro)
-    bp = cdiv(band * OW + ro, d.vl) * d.vl
+    bp = cdiv(band * OW, d.vl) * d.vl
     plan.cache_check = (f"a band's tile {C} x {bp} (band {band} x {OW} pixels, whole vectors, a register tile past) "
                         f"and two channels' padded input rows: {tile} B <= L2/2 {m.l2 // 2} B: "
                         f"{'ok' if tile <= m.l2 // 2 else 'NO'}")
@@ -123,7 +127,7 @@ def plan_conv_dwln(plan: KernelPlan, m: Machine) -> None:
                                 f"(vectors of {d.vl} pixels; mean, then variance), in place", tasks * cdiv(band * OW, d.vl)),
                  UOp(1, "Exec", f"the matmul {C} -> {F}: register tiles of {ro} pixels x {nv} x {d.vl} output "
                                 f"channels over the {C} channels of the tile (FMA, broadcast pixels, weights [{C}][{F}] "
-                                f"as they are)", tasks * (F // (nv * d.vl)) * cdiv(band * OW, ro)),
+                                f"in panels [{cdiv(F, nv * d.vl)}][{C}][{nv * d.vl}], packed per call or once when bound)", tasks * cdiv(F, nv * d.vl) * cdiv(band * OW, ro)),
                  UOp(1, "Store", f"the band's pixels through the epilogue ({epi or 'none'}), NHWC", tasks)]
 
 
@@ -137,7 +141,7 @@ def emit_conv_dwln(plan: KernelPlan) -> str:
     bias = len(dw.args) == 3
     return render("conv_dwln.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[dw.args[0]],
                   WD=ptrs[dw.args[1]], BD=ptrs[dw.args[2]] if bias else "0", BIAS=int(bias),
-                  LG=ptrs[ln.args[1]], LB=ptrs[ln.args[2]], WM=ptrs[mm.args[1]], EPS=f"{d.eps!r}f",
+                  LG=ptrs[ln.args[1]], LB=ptrs[ln.args[2]], WM=ptrs[mm.args[1]], PREPACKED=int(d.prepack is not None), EPS=f"{d.eps!r}f",
                   EPILOGUE=epi, PARALLEL=int(d.parallel), FLAT=int(d.flat), VL=d.vl, RO=d.ro, NV=d.nv,
                   BAND=d.band, N=d.N, C=d.C, H=d.H, W=d.W, F=d.F, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], DH=d.dilation[0],
