@@ -51,7 +51,7 @@ void {{NAME}}({{PARAMS}})
            BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1 /* a band's padded input */,
            WC = W < WP - PW ? W : WP - PW /* the input columns that some tap reads */,
            QU = 4 /* FLAT: vectors of sums at once */,
-           XP = BHP * WP + QU * VL + KW * DW /* (and what the last vectors over q read past the rows) */ };
+           XP = BHP * WP + VL + KW * DW /* (and what the last vector over q reads past the rows) */ };
 {{EXTRAS}}
     const float* restrict x = {{X}};
     const float* restrict wd = {{WD}};
@@ -78,7 +78,7 @@ void {{NAME}}({{PARAMS}})
         float t[C][BP] __attribute__((aligned(64)));
         float tp[BP / RO][C][RO] __attribute__((aligned(64))); /* the normalized tile in panels */
         float xq2[2][XP] __attribute__((aligned(64)));
-        float sums[BHP * WP + QU * VL] __attribute__((aligned(64))); /* (FLAT: the sums over q) */
+        float sums[BHP * WP + VL] __attribute__((aligned(64))); /* (FLAT: the sums over q) */
         (void)sums;
         for (long c = -1; c < C; c++) {
             if (c + 1 < C) { /* channel c + 1's padded input rows */
@@ -117,7 +117,9 @@ void {{NAME}}({{PARAMS}})
 #if {{FLAT}}
             /* output pixel (r, ow) is the sum at q = r SH WP + ow SW of the padded rows, where tap
              * (kh, kw) reads xq[q + kh DH WP + kw DW] (as conv_dwpw.c) */
-            for (long q = 0; q < ((rows - 1) * SH + 1) * WP; q += QU * VL) {
+            const long run = ((rows - 1) * SH + 1) * WP;
+            long q = 0;
+            for (; q + QU * VL <= run; q += QU * VL) {
                 {{NAME}}_vf acc[QU]; /* (QU independent sums: one would wait on its FMA's latency each tap) */
                 for (long u = 0; u < QU; u++)
                     acc[u] = ({{NAME}}_vf){0};
@@ -127,6 +129,13 @@ void {{NAME}}({{PARAMS}})
                             acc[u] += wv[kh * KW + kw] * *(const {{NAME}}_vfu*)&xq[q + u * VL + kh * DH * WP + kw * DW];
                 for (long u = 0; u < QU; u++)
                     *({{NAME}}_vf*)&sums[q + u * VL] = acc[u];
+            }
+            for (; q < run; q += VL) { /* (the run's last vectors one by one) */
+                {{NAME}}_vf acc = ({{NAME}}_vf){0};
+                for (long kh = 0; kh < KH; kh++)
+                    for (long kw = 0; kw < KW; kw++)
+                        acc += wv[kh * KW + kw] * *(const {{NAME}}_vfu*)&xq[q + kh * DH * WP + kw * DW];
+                *({{NAME}}_vf*)&sums[q] = acc;
             }
             for (long r = 0; r < rows; r++)
                 for (long ow = 0; ow < OW; ow++)

@@ -128,9 +128,14 @@ DW_FUSE_L1_SHARE = 4
 # and of three kernels, from 3 KB to 24 KB (96 channels at 8 x 8) and a 32 KB stride-2 input
 # (`python benchmarks/bench_dwpw.py --blocks`); 36 KB (144 channels at 8 x 8) stays three
 DW_EXPAND_L1_SHARE = 1
-# A depthwise conv joins the layernorm over its channels and the 1x1 conv (a Linear C -> F over
-# NHWC) after it (ConvNeXt's block: rules fuse_dw_ln_mm*) while ... (set below, measured)
-DWLN_MAX_CHANNELS = 1 << 30
+# A depthwise conv joins the layernorm over its channels and the Linear C -> F after it (ConvNeXt's
+# block: rules fuse_dw_ln_mm*, eqfuse.backend.kinds.contraction.conv_dwln) while its image holds
+# at least this many vectors of pixels. Measured with `python benchmarks/bench_dwpw.py --convnext`
+# (benchmarks/RESULTS.md): from 7 x 7 and 8 x 8 images up (16 to 768 channels) the fused kernel is
+# level with the three kernels or ahead (768 channels at 7 x 7: the three kernels' matmul of 49
+# rows is the slow one); at 4 x 4 (32 channels, the zoo's tiny ConvNeXt's second stage) it is
+# behind: its depthwise sums and register tiles run mostly over padding
+DWLN_MIN_PIXEL_VECTORS = 2
 
 
 @dataclass(frozen=True)
@@ -659,8 +664,9 @@ def _match_dw_ln(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
     if C * OW * F32 > DW_ROW_BYTES_MAX:
         raise Split(f"a row of the depthwise conv's output ({C} channels x {OW} pixels) is larger than "
                     f"{DW_ROW_BYTES_MAX} bytes")
-    if C > DWLN_MAX_CHANNELS:
-        raise Split(f"the depthwise conv has more than {DWLN_MAX_CHANNELS} channels: ... ")
+    if machine is not None and OH * OW < DWLN_MIN_PIXEL_VECTORS * machine.simd_floats:
+        raise Split(f"the depthwise conv's image ({OH} x {OW}) is less than {DWLN_MIN_PIXEL_VECTORS} vectors of "
+                    f"pixels: the separate depthwise, layernorm and matmul kernels are faster")
     return KernelShape(K.CONV2D, mm, ConvNorm(dw, tr, ln))
 
 

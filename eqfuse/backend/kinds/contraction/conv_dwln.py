@@ -66,7 +66,7 @@ def stack_bytes(C: int, band: int, OW: int, KH: int, KW: int, stride, dilation, 
     two channels' padded input rows and the sums over them."""
     bp = cdiv(band * OW, vl) * vl
     bhp, wp = (band - 1) * stride[0] + (KH - 1) * dilation[0] + 1, (OW - 1) * stride[1] + (KW - 1) * dilation[1] + 1
-    return (2 * C * bp + 3 * (bhp * wp + 4 * vl + KW * dilation[1])) * F32
+    return (2 * C * bp + 3 * (bhp * wp + vl + KW * dilation[1])) * F32
 
 
 def band_rows(C: int, OH: int, OW: int, KH: int, KW: int, stride, dilation, N: int, par: bool, m: Machine,
@@ -99,9 +99,10 @@ def plan_conv_dwln(plan: KernelPlan, m: Machine) -> None:
     stride, dilation = pair(dw.attr["stride"]), pair(dw.attr["dilation"])
     macs = N * OH * OW * C * (KH * KW + F)
     regs = 32 if m.simd_floats >= 16 else 16
-    import os
-    nv = int(os.environ.get("DWLN_NV", "3" if regs == 32 else "2"))
-    ro = int(os.environ.get("DWLN_RO", "0")) or min(m.simd_floats, 8 if regs == 32 else 4)  # (the accumulators, the weight vectors and a broadcast pixel)
+    # two vectors of output channels by 8 pixels (4 with 16 registers): the pixels of a panel
+    # divide a vector (the layernorm stores its vectors of pixels into the panels); three vectors
+    # by 8 ran no faster (`python benchmarks/bench_dwpw.py --convnext`)
+    nv, ro = 2, min(m.simd_floats, 8 if regs == 32 else 4)  # (the accumulators, the weight vectors and a broadcast pixel)
     band = band_rows(C, OH, OW, KH, KW, stride, dilation, N, macs >= PARALLEL_MIN_FMAS, m, ro)
     tasks = N * cdiv(OH, band)
     d = ConvDwLnDetail(N, C, H, W, F, KH, KW, OH, OW, stride, pair(dw.attr["padding"]), dilation,
