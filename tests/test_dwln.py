@@ -96,6 +96,7 @@ def test_bound_weights_are_packed_once_and_match():
     np.testing.assert_allclose(mod(args[0]), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.heavy  # (an export and a model's compile: about 5 s on the 2-vCPU VM; not in the fast tier)
 def test_the_zoo_convnext_matches_onnxruntime_with_the_fused_block():
     """The zoo's tiny ConvNeXt (TorchScript export): its first stage's block (16 channels at
     8 x 8) is one kernel, its second's (32 channels at 4 x 4) three; the output matches
