@@ -100,8 +100,8 @@ def plan_conv_dwln(plan: KernelPlan, m: Machine) -> None:
     macs = N * OH * OW * C * (KH * KW + F)
     regs = 32 if m.simd_floats >= 16 else 16
     # two vectors of output channels by 8 pixels (4 with 16 registers): the pixels of a panel
-    # divide a vector (the layernorm stores its vectors of pixels into the panels); three vectors
-    # by 8 ran no faster (`python benchmarks/bench_dwpw.py --convnext`)
+    # divide a vector (the layernorm stores its vectors of pixels into the panels); three or four
+    # vectors were no faster (benchmarks/RESULTS.md, 2026-11-28 evening)
     nv, ro = 2, min(m.simd_floats, 8 if regs == 32 else 4)  # (the accumulators, the weight vectors and a broadcast pixel)
     band = band_rows(C, OH, OW, KH, KW, stride, dilation, N, macs >= PARALLEL_MIN_FMAS, m, ro)
     tasks = N * cdiv(OH, band)
