@@ -23,17 +23,21 @@ from eqfuse.machine import machine
 
 RTOL, ATOL = 1e-4, 1e-5
 
-# (name, N, C, H, W, F, k, padding, the bias after the matmul (else before), GELU, the path)
+# (name, N, C, H, W, F, k, padding, stride, the bias after the matmul (else before), GELU, the path)
 CASES = [
-    ("odd_gelu", 2, 13, 9, 11, 52, 7, 3, False, True, dict(flat=1, band=9, parallel=0)),
-    ("bands_gelu", 1, 24, 13, 13, 96, 7, 3, False, True, dict(flat=1, band=7, parallel=1)),
-    ("pixels_bias_r", 1, 48, 2, 16, 192, 7, 3, True, False, dict(flat=0, band=1, parallel=1)),
-    ("k3_bias", 2, 17, 6, 7, 20, 3, 1, False, False, dict(flat=1, band=6, parallel=0)),
+    ("odd_gelu", 2, 13, 9, 11, 52, 7, 3, 1, False, True, dict(flat=1, band=9, parallel=0)),
+    ("bands_gelu", 1, 24, 13, 13, 96, 7, 3, 1, False, True, dict(flat=1, band=7, parallel=1)),
+    ("pixels_bias_r", 1, 48, 2, 16, 192, 7, 3, 1, True, False, dict(flat=0, band=1, parallel=1)),
+    ("k3_bias", 2, 17, 6, 7, 20, 3, 1, 1, False, False, dict(flat=1, band=6, parallel=0)),
+    # a stride of 2 over rows of 9 pixels, the first band's top rows in the padding (the padded
+    # rows' copy once compiled wrongly here)
+    ("s2_bands", 1, 33, 20, 9, 132, 7, 3, 2, False, True, dict(flat=1, band=5, parallel=1)),
 ]
 
 
-def _graph(name, n, c, h, w, f, k, p, after, gelu, _path) -> str:
-    mm = f"layernorm(transpose(conv2d(x, wd, bd, padding={p}, group={c}), perm=[0, 2, 3, 1]), ga, be, eps=1e-6) @ w1"
+def _graph(name, n, c, h, w, f, k, p, s, after, gelu, _path) -> str:
+    mm = (f"layernorm(transpose(conv2d(x, wd, bd, stride={s}, padding={p}, group={c}), perm=[0, 2, 3, 1]), ga, be, "
+          f"eps=1e-6) @ w1")
     e = f"{mm} + b1" if after else f"b1 + {mm}"
     return (f"graph {name}(x: f32[{n}, {c}, {h}, {w}], wd: f32[{c}, 1, {k}, {k}], bd: f32[{c}], ga: f32[{c}], "
             f"be: f32[{c}], w1: f32[{c}, {f}], b1: f32[{f}]) {{\n    return {f'gelu({e})' if gelu else e}\n}}\n")
@@ -51,7 +55,7 @@ def _arrays(case, seed: int) -> list[np.ndarray]:
     return out
 
 
-REFUSED = ("small", 2, 32, 4, 4, 128, 7, 3, False, True, {})  # 16 pixels: < 2 vectors of AVX-512 or AVX2
+REFUSED = ("small", 2, 32, 4, 4, 128, 7, 3, 1, False, True, {})  # 16 pixels: < 2 vectors of AVX-512 or AVX2
 
 
 @pytest.fixture(scope="module")
