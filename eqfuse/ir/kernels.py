@@ -132,8 +132,8 @@ DW_EXPAND_L1_SHARE = 1
 # block: rules fuse_dw_ln_mm*, eqfuse.backend.kinds.contraction.conv_dwln) while its image holds
 # at least this many vectors of pixels. Measured with `python benchmarks/bench_dwpw.py --convnext`
 # (benchmarks/RESULTS.md): from 7 x 7 and 8 x 8 images up (16 to 768 channels) the fused kernel is
-# level with the three kernels or ahead (768 channels at 7 x 7: the three kernels' matmul of 49
-# rows is the slow one); at 4 x 4 (32 channels, the zoo's tiny ConvNeXt's second stage) it is
+# within about a tenth of the three kernels' time either way, and ahead at 768 channels of 7 x 7
+# (the three kernels' matmul of 49 rows is the slow one); at 4 x 4 (32 channels, the zoo's tiny ConvNeXt's second stage) it is
 # behind: its depthwise sums and register tiles run mostly over padding
 DWLN_MIN_PIXEL_VECTORS = 2
 
