@@ -4,6 +4,7 @@ model without it, on the model zoo's tiny MobileNetV2 (tests/zoo_models.py: 32x3
 TorchScript export).
 
     python benchmarks/bench_dwpw.py [--threads N] [--repeat N] [--profile] [--blocks]
+    python benchmarks/bench_dwpw.py --convnext [--threads N] [--repeat N]
 
 Three builds of the one export: fused (eqfuse's default), dwpw (the fuse_pw_dw rules disabled: the
 expand conv a kernel of its own) and unfused (the fuse_dw_pw and fuse_pw_dw rules disabled: the
@@ -16,6 +17,17 @@ fused one replaces are the expand kernel (expand=1), the depthwise kernel and th
 the residual add at stride 1; batch 1) of growing expanded tensors instead, fused with the expand
 conv and without it (the fuse_pw_dw rules disabled), each with its expanded tensor's bytes per
 image and the kernel count: what ir.kernels.DW_EXPAND_L1_SHARE is set from.
+--convnext times ConvNeXt's block up to its first Linear (rules fuse_dw_ln_mm*: depthwise 7x7
+conv + bias, permute to NHWC, LayerNorm, Linear C -> 4C + bias, GELU; an ONNX model, batch 1
+unless said) at ConvNeXt-T's four stages and at smaller widths: eqfuse fused (one kernel,
+backend/kinds/contraction/conv_dwln.py), eqfuse unfused (the fuse_dw_ln_mm rules disabled: the
+depthwise, layernorm and matmul kernels), onnxruntime and OpenVINO's CPU plugin in f32
+(INFERENCE_PRECISION_HINT f32; "-" without openvino), calls interleaved (benchmarks/timing.py),
+median wall microseconds; the last column is unfused / fused in the process's CPU time per call
+(the best of three medians), which the other processes of a shared machine move less; where the
+cost rule refuses the fused kernel (kernels 3/3) that column is marked * and times the fused
+kernel all the same (compiled with the rule off): what ir.kernels.DWLN_MIN_PIXEL_VECTORS is set
+from.
 """
 
 from __future__ import annotations
@@ -35,6 +47,11 @@ import zoo_models as zm  # noqa: E402
 import eqfuse  # noqa: E402
 import eqfuse.runtime.profile as prof  # noqa: E402
 
+CONVNEXT_RULES = ("fuse_dw_ln_mm_gelu", "fuse_dw_ln_mm_bias", "fuse_dw_ln_mm_gelu_r", "fuse_dw_ln_mm_bias_r")
+# (batch, channels, image side): the zoo's tiny ConvNeXt's two stages, smaller widths, ConvNeXt-T's
+# four stages at 224 x 224
+CONVNEXT = [(2, 16, 8), (2, 32, 4), (1, 64, 4), (1, 48, 16), (1, 64, 16), (1, 96, 56), (1, 128, 14), (1, 192, 28),
+            (1, 256, 14), (1, 384, 14), (1, 768, 7)]
 EXPAND = ("fuse_pw_dw", "fuse_pw_dw_nobias", "fuse_pw_dw_clip")
 FUSE = ("fuse_dw_pw", "fuse_dw_pw_res", "fuse_dw_pw_res_r", "fuse_dw_pw_nobias") + EXPAND
 SHOWN = ("C", "O", "H", "OH", "OW", "M", "N", "K", "group", "olanes", "flat", "expand", "CI", "band", "ro")
@@ -79,13 +96,129 @@ def blocks(threads: int, repeat: int) -> None:
               f"{tf:9.2f} {td:8.2f}")
 
 
+def _convnext_model(n: int, c: int, h: int, rng) -> tuple[bytes, np.ndarray]:
+    """The ONNX model of ConvNeXt's block up to its GELU (as the TorchScript exporter writes it:
+    GELU as Erf) and an input."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    f = 4 * c
+    arrays = {"wd": rng.standard_normal((c, 1, 7, 7)) / 7, "bd": rng.standard_normal(c) / 4,
+              "g": 1 + rng.standard_normal(c) / 4, "be": rng.standard_normal(c) / 4,
+              "w1": rng.standard_normal((c, f)) / np.sqrt(c), "b1": rng.standard_normal(f) / 4,
+              "s2": np.array(np.sqrt(2)), "one": np.array(1.0), "half": np.array(0.5)}
+    inits = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in arrays.items()]
+    nodes = [helper.make_node("Conv", ["x", "wd", "bd"], ["d"], group=c, kernel_shape=[7, 7], pads=[3] * 4),
+             helper.make_node("Transpose", ["d"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "g", "be"], ["ln"], axis=-1, epsilon=1e-6),
+             helper.make_node("MatMul", ["ln", "w1"], ["mm"]), helper.make_node("Add", ["mm", "b1"], ["a"]),
+             helper.make_node("Div", ["a", "s2"], ["q"]), helper.make_node("Erf", ["q"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["a", "e1"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["y"])]
+    g = helper.make_graph(nodes, "convnext", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, h])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return model.SerializeToString(), rng.standard_normal((n, c, h, h)).astype(np.float32)
+
+
+def _forced(path: str, threads: int):
+    """The model compiled with the fused kernel where the cost rule refuses it
+    (ir.kernels.DWLN_MIN_PIXEL_VECTORS at 0, the optimized-graph cache off)."""
+    import os
+
+    import eqfuse.ir.kernels as ik
+
+    old, was = ik.DWLN_MIN_PIXEL_VECTORS, os.environ.get("EQFUSE_NO_CACHE")
+    ik.DWLN_MIN_PIXEL_VECTORS, os.environ["EQFUSE_NO_CACHE"] = 0, "1"
+    try:
+        return eqfuse.compile(path, threads=threads)
+    finally:
+        ik.DWLN_MIN_PIXEL_VECTORS = old
+        if was is None:
+            del os.environ["EQFUSE_NO_CACHE"]
+        else:
+            os.environ["EQFUSE_NO_CACHE"] = was
+
+
+def _cpu_us(run, repeat: int) -> float:
+    """The median CPU seconds of the process (all its threads) per call, in microseconds, over
+    `repeat` samples of a few calls: less moved than the wall time by the other processes of a
+    shared machine, which take the cores away but do not count here."""
+    samples = []
+    for _ in range(repeat):
+        t, n = time.process_time(), 0
+        while n < 3 or time.process_time() - t < 2e-3:
+            run()
+            n += 1
+        samples.append((time.process_time() - t) / n * 1e6)
+    return statistics.median(samples)
+
+
+def convnext(threads: int, repeat: int) -> None:
+    import tempfile
+
+    import onnxruntime as ort
+    from timing import alternate  # benchmarks/timing.py
+
+    print(f"ConvNeXt's dwconv 7x7 + permute + LayerNorm + Linear C->4C + GELU, {threads} thread(s); "
+          f"tile = a row of the depthwise output, C x W x 4 bytes")
+    print(f"{'N':>2s} {'C':>4s} {'side':>4s} {'tile B':>7s} {'kernels':>7s} {'fused us':>9s} {'unfused us':>10s} "
+          f"{'ORT us':>9s} {'OV us':>9s} {'unf/fused':>9s} {'ORT/fused':>9s} {'OV/fused':>8s} {'cpu unf/fu':>11s}")
+    for n, c, h in CONVNEXT:
+        model, x = _convnext_model(n, c, h, np.random.default_rng(c))
+        with tempfile.NamedTemporaryFile(suffix=".onnx") as fh:
+            fh.write(model)
+            fh.flush()
+            fused = eqfuse.compile(fh.name, threads=threads)
+            unfused = eqfuse.compile(fh.name, threads=threads, disable=CONVNEXT_RULES)
+            refused = len(fused.kernels) == len(unfused.kernels)
+            if refused:  # (the cost rule keeps three kernels: the fused kernel as it would run, for the last column)
+                forced = _forced(fh.name, threads)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        runs = {"fused": lambda: fused(x), "unfused": lambda: unfused(x), "ort": lambda: sess.run(None, {"x": x})[0]}
+        try:
+            import openvino as ov
+
+            core = ov.Core()
+            req = core.compile_model(core.read_model(model, b""), "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                                      "INFERENCE_PRECISION_HINT": "f32"}
+                                     ).create_infer_request()
+
+            def ovrun():
+                req.infer({"x": x})
+                return req.get_output_tensor(0).data
+            runs["ov"] = ovrun
+        except ImportError:
+            pass
+        want = runs["ort"]()
+        for k, run in runs.items():
+            np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-3, atol=1e-4, err_msg=f"{c}@{h} {k}")
+        kinds = len([k for k in fused.kernels if k.kind != "view"]), len([k for k in unfused.kernels if k.kind != "view"])
+        med = {k: statistics.median(v) * 1e6 for k, v in alternate(runs, repeat, threads).items()}
+        cruns = {"fused": (lambda: forced(x)) if refused else runs["fused"], "unfused": runs["unfused"]}
+        cpu = {k: _cpu_us(cruns[k], repeat) for k in cruns}
+        for _ in range(2):  # (the best of three medians, the builds interleaved)
+            for k in cpu:
+                cpu[k] = min(cpu[k], _cpu_us(cruns[k], repeat))
+        ovt, ovr = (f"{med['ov']:9.1f}", f"{med['ov'] / med['fused']:8.2f}") if "ov" in med else (f"{'-':>9s}", f"{'-':>8s}")
+        print(f"{n:2d} {c:4d} {h:4d} {c * h * 4:7d} {kinds[0]:3d}/{kinds[1]:<3d} {med['fused']:9.1f} "
+              f"{med['unfused']:10.1f} {med['ort']:9.1f} {ovt} {med['unfused'] / med['fused']:9.2f} "
+              f"{med['ort'] / med['fused']:9.2f} {ovr} {cpu['unfused'] / cpu['fused']:10.2f}{'*' if refused else ' '}",
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=30, help="samples per build")
     ap.add_argument("--profile", action="store_true", help="each build's kernels and their times")
     ap.add_argument("--blocks", action="store_true", help="single inverted residuals of growing sizes")
+    ap.add_argument("--convnext", action="store_true", help="ConvNeXt's block up to its first Linear, fused or not")
     a = ap.parse_args()
+    if a.convnext:
+        return convnext(a.threads, a.repeat)
     if a.blocks:
         return blocks(a.threads, a.repeat)
     path = str(zm.export("mobilenet-v2", "torchscript"))

@@ -201,24 +201,28 @@ void {{NAME}}({{PARAMS}})
         /* the band's input rows of every channel into zero-padded buffers (every tap reads inside),
          * all of them before any is read: a vector load of a row just written by scalar stores
          * would wait for them (no store forwarding across stores) */
+        /* (the rows above the image [0, hlo), inside it [hlo, hhi), below it [hhi, bh): three loops
+         * without a branch inside, as conv_dwln.c: gcc 12 at -O3 vectorized one loop with the
+         * branch over the rows wrongly, a stride-2 conv of 9-pixel rows reading garbage) */
+        const long ptop = r0 * SH - PH; /* the input row of padded row 0 */
+        const long plo = ptop < 0 ? (-ptop < bh ? -ptop : bh) : 0;
+        const long phi = H - ptop < plo ? plo : (H - ptop < bh ? H - ptop : bh);
         for (long c = 0; c < C; c++) {
             float* restrict xq = xp[c];
-            for (long hr = 0; hr < bh; hr++) {
-                const long ih = r0 * SH - PH + hr;
-                float* restrict xr = xq + hr * WP;
-                if (ih < 0 || ih >= H) {
-                    for (long q = 0; q < WP; q++)
-                        xr[q] = 0.0f;
-                    continue;
-                }
+            for (long q = 0; q < plo * WP; q++)
+                xq[q] = 0.0f;
+            for (long hr = plo; hr < phi; hr++) {
+                float* xr = xq + hr * WP;
                 for (long q = 0; q < PW; q++)
                     xr[q] = 0.0f;
-                const float* restrict xs = {{NAME}}_ROW(c, hr, ih);
+                const float* restrict xs = {{NAME}}_ROW(c, hr, ptop + hr);
                 for (long iw = 0; iw < WC; iw++)
                     xr[PW + iw] = xs[iw];
                 for (long q = PW + WC; q < WP; q++)
                     xr[q] = 0.0f;
             }
+            for (long q = phi * WP; q < bh * WP; q++)
+                xq[q] = 0.0f;
             for (long q = bh * WP; q < ({{FLAT}} ? XP : 0); q++) /* (FLAT's last vector reads past the rows) */
                 xq[q] = 0.0f;
         }

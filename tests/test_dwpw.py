@@ -213,3 +213,17 @@ def test_an_onnx_zero_pad_before_a_conv_joins_its_padding_when_the_sum_is_symmet
         np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
     lines = [line for line in mod.report["graph"].splitlines() if "kernel {" in line]
     assert sum("pad(" in line for line in lines) == 1 and any("padding=1" in line for line in lines), lines
+
+
+def test_a_stride_2_conv_of_narrow_rows_matches_the_reference():
+    """A 7x7 stride-2 depthwise conv of 9-pixel rows, the top rows of its band in the padding
+    (flat path): the padded rows' copy once compiled wrongly there (conv_dwpw.c)."""
+    src = ("graph s2(x: f32[1, 12, 20, 9], wd: f32[12, 1, 7, 7], bd: f32[12], wp: f32[8, 12, 1, 1], bp: f32[8]) {\n"
+           "    return conv2d(clip(conv2d(x, wd, bd, stride=2, padding=3, group=12), min=0.0, max=6.0), wp, bp)\n}\n")
+    g = load(src)[0]
+    rng = np.random.default_rng(13)
+    args = [rng.standard_normal(t.shape).astype(np.float32) for _, t in g.params]
+    mod = eqfuse.compile(src)
+    np.testing.assert_allclose(mod(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+    (k,) = mod.kernels
+    assert k.kind == "conv2d" and k.decisions["flat"] == 1 and k.decisions["olanes"] == 0, k.decisions

@@ -97,6 +97,8 @@ CHOICES: dict[str, dict[str, str]] = {
                        "BF16": "precision_path"},
     "conv_dwpw.c": {"PARALLEL": "parallel", "VL": "vl", "RO": "ro", "BAND": "band", "FLAT": "flat", "OLANES": "olanes",
                     "PREPACKED": "prepacked_b", "EXPAND": "expand"},
+    "conv_dwln.c": {"PARALLEL": "parallel", "VL": "vl", "RO": "ro", "NV": "nv", "BAND": "band", "FLAT": "flat",
+                    "PREPACKED": "prepacked_b"},
     "conv_pixels.c": {"VL": "vl", "RO": "ro", "RPH": "rph", "RPW": "rpw", "PREPACKED": "prepacked_b",
                       "PARALLEL": "parallel"},
     "conv_reorder.c": {"VL": "vl"},
@@ -152,6 +154,8 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
                        DERIVED: "TRANSPOSE"},
     "conv_dwpw.c": {SIGNATURE: "NAME PARAMS X WE WD WP EXTRAS", SHAPE: "N CI C H W O KH KW OH OW SH SW PH PW DH DW",
                     EXPR: "EXPROLOGUE PROLOGUE EPILOGUE"},
+    "conv_dwln.c": {SIGNATURE: "NAME PARAMS X WD BD BIAS LG LB WM EXTRAS",
+                    SHAPE: "N C H W F KH KW OH OW SH SW PH PW DH DW EPS", EXPR: "EPILOGUE"},
     "conv_pixels.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
                       EXPR: "EPILOGUE"},
     "conv_reorder.c": {SIGNATURE: "NAME", DERIVED: "TRANSPOSE"},
@@ -221,7 +225,8 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
            gx: f32[1, 32, 6, 6], gw: f32[32, 16, 3, 3], qa: u8[7, 37], qw: i8[37, 53],
            qz: u8, wz: i8, q1: f32[2, 1, 16], m1: f32[1, 8], qs: f32,
            cq: u8[1, 3, 6, 6], cqw: i8[4, 3, 3, 3], sx: f32[1, 24, 2, 2], sdw: f32[24, 1, 3, 3],
-           spw: f32[32, 24, 1, 1]) {
+           spw: f32[32, 24, 1, 1], nx: f32[1, 16, 9, 9], nwd: f32[16, 1, 7, 7], nbd: f32[16], ng: f32[16],
+           nbe: f32[16], nw1: f32[16, 64], nb1: f32[64]) {
     sk = kernel { relu(x @ w) }
     sp = kernel { relu(xs @ ws) }
     bg = kernel { big @ wb }
@@ -253,7 +258,8 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
     tr = kernel { sin(y) * cos(y) }
     ir = kernel { conv2d(clip(conv2d(im6, dw, padding=1, group=6), min=0.0, max=6.0), f1) }
     is = kernel { conv2d(relu(conv2d(sx, sdw, padding=1, group=24)), spw) }
-    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, qq, qc, tr, ir, is
+    cn = kernel { gelu(nb1 + layernorm(transpose(conv2d(nx, nwd, nbd, padding=3, group=16), perm=[0, 2, 3, 1]), ng, nbe) @ nw1) }
+    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, qq, qc, tr, ir, is, cn
 }
 """
 

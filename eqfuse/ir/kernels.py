@@ -94,6 +94,18 @@ class ConvPrologue:
     xv: int | None = None
 
 
+@dataclass(frozen=True)
+class ConvNorm:
+    """The depthwise conv and the layernorm of a matmul kernel that reads them (ConvNeXt's block:
+    eqfuse.backend.kinds.contraction.conv_dwln): `dw` is the depthwise conv2d over kernel inputs,
+    `tr` the transpose of its output to NHWC, `ln` the layernorm over the channels that the
+    matmul (the kernel's anchor, its weights a kernel input) reads."""
+
+    dw: int
+    tr: int
+    ln: int
+
+
 # the most bytes of one output row of a fused depthwise conv, over all its channels: the kernel
 # keeps a band of its rows (at least one) in a buffer on the thread's stack
 DW_ROW_BYTES_MAX = 1 << 17
@@ -116,6 +128,14 @@ DW_FUSE_L1_SHARE = 4
 # and of three kernels, from 3 KB to 24 KB (96 channels at 8 x 8) and a 32 KB stride-2 input
 # (`python benchmarks/bench_dwpw.py --blocks`); 36 KB (144 channels at 8 x 8) stays three
 DW_EXPAND_L1_SHARE = 1
+# A depthwise conv joins the layernorm over its channels and the Linear C -> F after it (ConvNeXt's
+# block: rules fuse_dw_ln_mm*, eqfuse.backend.kinds.contraction.conv_dwln) while its image holds
+# at least this many vectors of pixels. Measured with `python benchmarks/bench_dwpw.py --convnext`
+# (benchmarks/RESULTS.md): from 7 x 7 and 8 x 8 images up (16 to 768 channels) the fused kernel is
+# within about a tenth of the three kernels' time either way, and ahead at 768 channels of 7 x 7
+# (the three kernels' matmul of 49 rows is the slow one); at 4 x 4 (32 channels, the zoo's tiny ConvNeXt's second stage) it is
+# behind: its depthwise sums and register tiles run mostly over padding
+DWLN_MIN_PIXEL_VECTORS = 2
 
 
 @dataclass(frozen=True)
@@ -125,7 +145,7 @@ class KernelShape:
 
     kind: K
     anchor: int | None = None
-    parts: AttentionParts | RowEpilogue | ConvPrologue | None = None
+    parts: AttentionParts | RowEpilogue | ConvPrologue | ConvNorm | None = None
 
 
 def op_kind(n: Node) -> str:
@@ -616,6 +636,41 @@ def _match_dw_pw(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
     return KernelShape(K.CONV2D, pw, ConvPrologue(dw, value, ex, xv))
 
 
+def _match_dw_ln(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
+    """A matmul over a layernorm (over the last axis) of the NHWC transpose of a depthwise
+    conv2d of kernel inputs, the matmul's weights a kernel input matrix and its result flowing
+    through pointwise ops: ConvNeXt's depthwise 7x7 conv, permute, LayerNorm and first Linear
+    (+ its bias and GELU) as one kernel (rules fuse_dw_ln_mm*)."""
+    heavy = facts.heavy
+    if len(heavy) != 4 or sorted(body.nodes[i].op for i in heavy) != ["conv2d", "layernorm", "matmul", "transpose"]:
+        return None
+    mm, ln, tr, dw = (next(i for i in heavy if body.nodes[i].op == o) for o in ("matmul", "layernorm", "transpose", "conv2d"))
+    mn, lnn, trn, dn = body.nodes[mm], body.nodes[ln], body.nodes[tr], body.nodes[dw]
+    if not _is_depthwise(body, dw) or trn.args[0] != dw or lnn.args[0] != tr or mn.args[0] != ln:
+        return None
+    if tuple(trn.attr["perm"]) != (0, 2, 3, 1) or lnn.attr["axis"] % 4 != 3:
+        return None
+    if not all(x in facts.inputs for x in dn.args + lnn.args[1:] + mn.args[1:]):
+        raise Unsupported("the weights and biases of a fused depthwise conv, layernorm and matmul must be kernel inputs")
+    C = dn.type.shape[1]
+    if tuple(body.nodes[mn.args[1]].type.shape)[:1] != (C,) or body.nodes[mn.args[1]].type.rank != 2 or \
+            any(tuple(body.nodes[a].type.shape) != (C,) for a in lnn.args[1:]):
+        return None
+    users = body.users()
+    if any(users[j] != 1 for j in (dw, tr, ln)):
+        raise Split("a value of the depthwise conv or its layernorm is read twice")
+    check_epilogue(body, mm, facts.out)
+    check_computable(body, facts.out, {mm}, forbid={dw, tr, ln})
+    _, _, OH, OW = dn.type.shape
+    if C * OW * F32 > DW_ROW_BYTES_MAX:
+        raise Split(f"a row of the depthwise conv's output ({C} channels x {OW} pixels) is larger than "
+                    f"{DW_ROW_BYTES_MAX} bytes")
+    if machine is not None and OH * OW < DWLN_MIN_PIXEL_VECTORS * machine.simd_floats:
+        raise Split(f"the depthwise conv's image ({OH} x {OW}) is less than {DWLN_MIN_PIXEL_VECTORS} vectors of "
+                    f"pixels: the separate depthwise, layernorm and matmul kernels are faster")
+    return KernelShape(K.CONV2D, mm, ConvNorm(dw, tr, ln))
+
+
 def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
     dtype = body.nodes[facts.out].type.dtype
     integer = [i for i in facts.heavy if body.nodes[i].op in ("matmul_integer", "conv_integer")]
@@ -630,7 +685,7 @@ def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> Ke
         # the GEMM and conv templates store floats: a mask computed from a product (`x @ w > 0`,
         # as a relu's gradient reads) is a pointwise kernel of its own
         raise Unsupported(f"a matmul or conv2d kernel writes f32, not {dtype}")
-    shape = _match_gemm(body, facts) or _match_dw_pw(body, facts, machine)
+    shape = _match_gemm(body, facts) or _match_dw_pw(body, facts, machine) or _match_dw_ln(body, facts, machine)
     if shape is not None:
         check_no_broadcast(body, shape.anchor, facts.out, shape.kind)
         return shape

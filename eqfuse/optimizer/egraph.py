@@ -82,6 +82,7 @@ from eqfuse.optimizer.edata import ANALYSES, FACTS, EData
 from eqfuse.optimizer.egraph_text import (  # the encoding's text (eqfuse/optimizer/egraph_text.py)
     HEAVY_LIMIT,
     HEAVY_LIMIT_ATTENTION,
+    HEAVY_LIMIT_CONVNORM,
     HEAVY_LIMIT_PROLOGUE,
     HEAVY_LIMIT_ROW,
     RULESET,
@@ -310,7 +311,11 @@ def _heavy_guard(p, tvars: set[str]) -> list[str]:
         # its prologue, and an expand 1x1 conv the depthwise conv's
         prologue = any(isinstance(x, POp) and x.op == "conv2d" and isinstance(x.args[0], PVar)
                        and x.args[0].name in svars for x in _pops(k.result))
-        limit = (HEAVY_LIMIT_ATTENTION if root in ("softmax", "matmul")
+        convnorm = any(isinstance(x, POp) and x.op == "layernorm" and isinstance(x.args[0], POp)
+                       and x.args[0].op == "transpose" and isinstance(x.args[0].args[0], POp)
+                       and x.args[0].args[0].op == "conv2d" for x in _pops(k.result))
+        limit = (HEAVY_LIMIT_CONVNORM if convnorm
+                 else HEAVY_LIMIT_ATTENTION if root in ("softmax", "matmul")
                  else HEAVY_LIMIT_PROLOGUE if prologue
                  else HEAVY_LIMIT_ROW if root in ("layernorm", "rmsnorm") or row else HEAVY_LIMIT)
         total = str(written)

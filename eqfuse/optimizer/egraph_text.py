@@ -158,6 +158,9 @@ HEAVY_LIMIT_ROW = 2
 # expand 1x1 conv, depthwise conv and projection 1x1 conv, weighs three (fuse_pw_dw joins only a
 # depthwise conv to the kernel it reads, so a chain of three convs forms only around one)
 HEAVY_LIMIT_PROLOGUE = 3
+# a layernorm over the NHWC transpose of a conv2d inside the body (rules fuse_dw_ln_mm*: ConvNeXt's
+# depthwise conv, permute, layernorm and Linear) weighs four
+HEAVY_LIMIT_CONVNORM = 4
 VIEW_OPS = ("transpose", "reshape")
 
 

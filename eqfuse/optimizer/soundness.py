@@ -11,7 +11,9 @@ How inputs are drawn (`eqfuse check-rules` and the test suite use this module):
   `const(?c)` is a scalar. A condition `?v == TERM` (an attribute variable or a constant compared
   with a shape term) sets ?v directly, and a condition rank(?v) == 0 makes ?v a scalar, as
   const(?v) does (a per-tensor scale or zero point beside a rank-4 conv input is then met as
-  often as the conv's operands are).
+  often as the conv's operands are); rank(?v) == k keeps the last k axes of ?v's draw, and
+  dim(?v, i) == n sets its axis i (shape_conds: one draw in four that fails is followed by such a
+  shaped draw, from a generator of its own).
 - Attribute variables take values the left side admits, drawn when the op that reads them is
   evaluated: a permutation of the input's axes for perm=, a reshape target of the same size
   (sometimes with -1) for shape=, an axis or axis set of the input's rank, true/false, one of a
@@ -370,6 +372,25 @@ def scalar_vars(conds) -> set[str]:
     return out
 
 
+def shape_conds(conds, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Conditions `rank(?v) == k` (k > 0) and `dim(?v, i) == n` (a number) shape a drawn tensor
+    directly: its last k axes, its axis i set to n (when it has that many axes), so that a pattern
+    of several such conditions (ConvNeXt's depthwise conv, layernorm and matmul: rules
+    fuse_dw_ln_mm*) is met as often as its shapes are, not as often as random draws satisfy each."""
+    for c in conds:
+        if not isinstance(c, Cond) or c.op != "==":
+            continue
+        for a, b in ((c.lhs, c.rhs), (c.rhs, c.lhs)):
+            if not (isinstance(a, tuple) and a and a[0] in ("rank", "dim") and isinstance(b, int)
+                    and not isinstance(b, bool) and a[1] in shapes):
+                continue
+            s = shapes[a[1]]
+            if a[0] == "rank" and 0 < b <= len(s):
+                shapes[a[1]] = s[len(s) - b:]
+            elif a[0] == "dim" and -len(s) <= a[2] < len(s):
+                shapes[a[1]] = s[:a[2] % len(s)] + (b,) + s[a[2] % len(s) + 1:]
+
+
 def _solve(conds, env: Env) -> None:
     """Conditions `?v == TERM` set an attribute variable or a constant directly."""
     for c in conds:
@@ -396,11 +417,15 @@ def _draw(rule: Rule, rng, positive: bool) -> tuple[Env, np.ndarray] | None:
     scalars = consts | scalar_vars(rule.conds)
     names = tensor_vars(rule.lhs)
     kinds = roles(rule.rhs, roles(rule.lhs))
-    for attempt in range(ATTEMPTS):
-        env = Env(rng, positive, consts, kinds)
+    shaped = _shaping(rule.conds)
+
+    def attempt_with(g, attempt: int, force: bool) -> tuple[Env, np.ndarray] | None:
+        env = Env(g, positive, consts, kinds)
         # (a zero point is per tensor in most draws, as quantizers write activations' zero points)
-        zps = {n for n, r in kinds.items() if r == "zp" and rng.random() < 0.75}
-        env.shapes = draw_shapes(rng, names, scalars | zps, square=attempt >= SQUARE_AFTER and attempt % 2 == 1)
+        zps = {n for n, r in kinds.items() if r == "zp" and g.random() < 0.75}
+        env.shapes = draw_shapes(g, names, scalars | zps, square=attempt >= SQUARE_AFTER and attempt % 2 == 1)
+        if force:
+            shape_conds(rule.conds, env.shapes)
         env.tensors = {n: env.values(s, kinds.get(n)) for n, s in env.shapes.items()}
         try:
             _solve(rule.conds, env)
@@ -408,8 +433,25 @@ def _draw(rule: Rule, rng, positive: bool) -> tuple[Env, np.ndarray] | None:
             if all(holds(c, env) for c in rule.conds if isinstance(c, Cond)):
                 return env, left
         except Reject:
-            continue
+            pass
+        return None
+
+    for attempt in range(ATTEMPTS):
+        found = attempt_with(rng, attempt, False)
+        if found is None and shaped and attempt % 4 == 3:
+            # a draw shaped by the conditions (shape_conds), from a generator of its own so that
+            # the draws above stay what they are without it
+            found = attempt_with(np.random.default_rng([attempt, *rule.name.encode()]), attempt, True)
+        if found is not None:
+            return found
     return None
+
+
+def _shaping(conds) -> bool:
+    """Whether shape_conds acts on some condition of a rule."""
+    return any(isinstance(c, Cond) and c.op == "==" and any(
+        isinstance(a, tuple) and a and a[0] in ("rank", "dim") and isinstance(b, int) and not isinstance(b, bool)
+        and (a[0] == "dim" or b > 0) for a, b in ((c.lhs, c.rhs), (c.rhs, c.lhs))) for c in conds)
 
 
 def tolerance(rule: Rule) -> tuple[float, float]:

@@ -12,6 +12,7 @@ from dataclasses import replace
 from eqfuse.backend.kinds.base import Kind
 from eqfuse.backend.kinds.contraction import (
     conv,
+    conv_dwln,
     conv_dwpw,
     conv_grouped,
     emit_gemm,
@@ -35,6 +36,8 @@ class Contraction(Kind):
     writes_strided = True  # a matmul's GEMM only (writes_through)
 
     def plan(self, plan: KernelPlan, m: Machine) -> None:
+        if plan.kind == K.CONV2D and conv_dwln.is_fused(plan):
+            return conv_dwln.plan_conv_dwln(plan, m)  # (a depthwise conv, its layernorm and matmul)
         if plan.kind == K.CONV2D and conv_dwpw.is_fused(plan):
             return conv_dwpw.plan_conv_dwpw(plan, m)  # (a depthwise conv and its 1x1 conv)
         if plan.kind == K.CONV2D and conv_grouped.is_grouped(plan.body.nodes[plan.shape.anchor]):
@@ -50,8 +53,8 @@ class Contraction(Kind):
         conv2d's at a row, column and image stride (plan_gemm.conv_c_layout); not a row
         epilogue (the row templates walk rows of N)."""
         if isinstance(plan.detail, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail, qgemm.QGemmDetail,
-                                    conv_dwpw.ConvDwPwDetail)):
-            return False  # (writes NCHW contiguous; the integer GEMM writes C contiguous)
+                                    conv_dwpw.ConvDwPwDetail, conv_dwln.ConvDwLnDetail)):
+            return False  # (writes NCHW contiguous, conv_dwln NHWC; the integer GEMM writes C contiguous)
         if plan.kind == K.CONV2D:
             return conv_c_layout(plan, strides) is not None
         return plan.kind == K.CONTRACTION and c_layout(plan, strides) is not None
@@ -68,6 +71,8 @@ class Contraction(Kind):
             return conv_grouped.emit_conv_grouped(plan)
         if isinstance(plan.detail, conv_dwpw.ConvDwPwDetail):
             return conv_dwpw.emit_conv_dwpw(plan)
+        if isinstance(plan.detail, conv_dwln.ConvDwLnDetail):
+            return conv_dwln.emit_conv_dwln(plan)
         if isinstance(plan.detail, conv.ConvDirectDetail):
             return conv.emit_conv_direct(plan)
         if plan.kind == K.CONV2D:
@@ -86,7 +91,8 @@ def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine) -> None:
         return  # (reads the weights as they are)
     if isinstance(d, qgemm.QGemmDetail):
         return qgemm.mark_bound(plan, bound)
-    if isinstance(d, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail, conv_dwpw.ConvDwPwDetail)):
+    if isinstance(d, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail, conv_dwpw.ConvDwPwDetail,
+                      conv_dwln.ConvDwLnDetail)):
         return conv.mark_bound(plan, bound)
     if plan.kind not in GEMM_KINDS or not (d.gemm.mode == "fold" or d.pixels_as_rows):
         return  # (otherwise B differs between batches, or is a conv's column matrix)

@@ -1,0 +1,149 @@
+"""A depthwise conv2d, the layernorm over its channels (read as NHWC) and the matmul that reads
+it, as one kernel (csrc_templates/conv_dwln.c): ConvNeXt's block up to its first Linear, its
+depthwise 7x7 conv (+ bias), permute to NHWC, LayerNorm and Linear C -> F (+ bias + GELU). The
+optimizer's rules fuse_dw_ln_mm* propose the kernel, eqfuse.ir.kernels classifies it (ConvNorm)
+and the cost model chooses it over the separate kernels.
+
+A task is an image's band of BAND output rows. The depthwise conv of every channel over the band
+goes into a tile [C][BAND x OW] on the thread's stack; each pixel's layernorm is then a pass over
+a column of the tile (vectors of pixels), and the matmul a GEMM over the normalized tile, the
+output channels in the vector lanes (the weights [C][F] read as they are) and RO pixels a register
+tile, its stores through the epilogue into the NHWC output. The two permutes are the tile's
+layout; the depthwise conv's and the layernorm's outputs never reach memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
+from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
+from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
+from eqfuse.ir.kernels import F32, ConvNorm
+from eqfuse.ir.ops import pair
+from eqfuse.machine import Machine
+
+
+@dataclass(frozen=True)
+class ConvDwLnDetail:
+    """The plan of a fused depthwise conv + layernorm + matmul: the constants of
+    csrc_templates/conv_dwln.c."""
+
+    N: int
+    C: int
+    H: int
+    W: int
+    F: int
+    KH: int
+    KW: int
+    OH: int
+    OW: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    eps: float
+    parallel: bool
+    vl: int  # the output channels per vector of the matmul's register tile
+    ro: int  # the matmul's register tile: its pixels
+    nv: int  # ... and its vectors of output channels
+    band: int  # output rows per task
+    # the depthwise sums as vectors over the band's zero-padded rows taken as one run, else pixel by
+    # pixel (conv_dwpw.uses_flat)
+    flat: bool = False
+    # the matmul's weights bound by params=, packed once into panels [F / (nv vl)][C][nv vl]
+    # (conv.mark_bound), else packed per call
+    prepack: Prepack | None = None
+
+
+def is_fused(plan: KernelPlan) -> bool:
+    """Whether a conv2d plan is a depthwise conv, layernorm and matmul (ir.kernels.ConvNorm)."""
+    return isinstance(plan.shape.parts, ConvNorm)
+
+
+def stack_bytes(C: int, band: int, OW: int, KH: int, KW: int, stride, dilation, vl: int, ro: int) -> int:
+    """The bytes of a task's buffers on the stack (csrc_templates/conv_dwln.c): the tile [C][BP],
+    two channels' padded input rows and the sums over them."""
+    bp = cdiv(band * OW, vl) * vl
+    bhp, wp = (band - 1) * stride[0] + (KH - 1) * dilation[0] + 1, (OW - 1) * stride[1] + (KW - 1) * dilation[1] + 1
+    return (2 * C * bp + 3 * (bhp * wp + vl + KW * dilation[1])) * F32
+
+
+def band_rows(C: int, OH: int, OW: int, KH: int, KW: int, stride, dilation, N: int, par: bool, m: Machine,
+              ro: int) -> int:
+    """BAND: all the output rows, cut into one band per core when the kernel runs in parallel and
+    the images are fewer than the cores, and so that the tile and the padded input rows fit half
+    of L2. Bands as large as that: a band's depthwise conv recomputes nothing but copies its
+    KH - 1 halo rows again, and its matmul reads the weights once."""
+    vl = m.simd_floats
+    band = cdiv(OH, min(OH, max(1, cdiv(m.cores, N)))) if par else OH
+    fit = max(b for b in range(1, OH + 1)
+              if b == 1 or stack_bytes(C, b, OW, KH, KW, stride, dilation, vl, ro) <= m.l2 // 2)
+    return max(1, min(band, fit))
+
+
+def uses_flat(band: int, OW: int, KW: int, stride, dilation, vl: int) -> bool:
+    """FLAT: as conv_dwpw.uses_flat (the sums of a band's padded rows as one run of vectors when
+    the run is at least two vectors)."""
+    wp = (OW - 1) * stride[1] + (KW - 1) * dilation[1] + 1
+    return ((band - 1) * stride[0] + 1) * wp >= 2 * vl
+
+
+def plan_conv_dwln(plan: KernelPlan, m: Machine) -> None:
+    body, parts = plan.body, plan.shape.parts
+    mm, dw, ln = body.nodes[plan.shape.anchor], body.nodes[parts.dw], body.nodes[parts.ln]
+    N, C, H, W = body.nodes[dw.args[0]].type.shape
+    _, _, KH, KW = body.nodes[dw.args[1]].type.shape
+    F = body.nodes[mm.args[1]].type.shape[1]
+    _, _, OH, OW = dw.type.shape
+    stride, dilation = pair(dw.attr["stride"]), pair(dw.attr["dilation"])
+    macs = N * OH * OW * C * (KH * KW + F)
+    regs = 32 if m.simd_floats >= 16 else 16
+    # two vectors of output channels by 8 pixels (4 with 16 registers): the pixels of a panel
+    # divide a vector (the layernorm stores its vectors of pixels into the panels); three or four
+    # vectors were no faster (benchmarks/RESULTS.md, 2026-11-28 evening)
+    nv, ro = 2, min(m.simd_floats, 8 if regs == 32 else 4)  # (the accumulators, the weight vectors and a broadcast pixel)
+    band = band_rows(C, OH, OW, KH, KW, stride, dilation, N, macs >= PARALLEL_MIN_FMAS, m, ro)
+    tasks = N * cdiv(OH, band)
+    d = ConvDwLnDetail(N, C, H, W, F, KH, KW, OH, OW, stride, pair(dw.attr["padding"]), dilation,
+                       float(ln.attr["eps"]), macs >= PARALLEL_MIN_FMAS and tasks > 1, m.simd_floats, ro, nv, band,
+                       flat=uses_flat(band, OW, KW, stride, dilation, m.simd_floats))
+    plan.detail = d
+    computes_f32(plan, "a fused depthwise conv, layernorm and matmul runs in f32: no bf16 path for this kernel")
+    plan.tiles = {"band": band, "ro": ro, "nv": nv}
+    plan.flops = 2 * macs + 8 * N * OH * OW * C + pointwise_flops(body, skip={parts.ln})
+    tile = stack_bytes(C, band, OW, KH, KW, stride, dilation, d.vl, ro)
+    bp = cdiv(band * OW, d.vl) * d.vl
+    plan.cache_check = (f"a band's tile {C} x {bp} (band {band} x {OW} pixels, whole vectors, a register tile past) "
+                        f"and two channels' padded input rows: {tile} B <= L2/2 {m.l2 // 2} B: "
+                        f"{'ok' if tile <= m.l2 // 2 else 'NO'}")
+    plan.threads = (f"the {tasks} tasks (image, band of {band} output rows) split evenly" if d.parallel
+                    else "one thread, no parallel region")
+    epi = ops_text(body, skip=body.ancestors(plan.shape.anchor))
+    plan.uops = [UOp(0, "Loop", f"{tasks} tasks (image, band of {band} output rows)", tasks),
+                 UOp(1, "Exec", f"the depthwise {KH} x {KW} conv of the {C} channels over the band "
+                                f"({'vectors over the run of padded rows' if d.flat else 'pixel by pixel'}), "
+                                f"+ its bias, into the tile [{C}][{bp}]", tasks * C),
+                 UOp(1, "Exec", f"the layernorm of each pixel over the {C} channels of its tile column "
+                                f"(vectors of {d.vl} pixels; mean, then variance), in place", tasks * cdiv(band * OW, d.vl)),
+                 UOp(1, "Exec", f"the matmul {C} -> {F}: register tiles of {ro} pixels x {nv} x {d.vl} output "
+                                f"channels over the {C} channels of the tile (FMA, broadcast pixels, weights [{C}][{F}] "
+                                f"in panels [{cdiv(F, nv * d.vl)}][{C}][{nv * d.vl}], packed per call or once when bound)", tasks * cdiv(F, nv * d.vl) * cdiv(band * OW, ro)),
+                 UOp(1, "Store", f"the band's pixels through the epilogue ({epi or 'none'}), NHWC", tasks)]
+
+
+def emit_conv_dwln(plan: KernelPlan) -> str:
+    body, d, parts = plan.body, plan.detail, plan.shape.parts
+    mm, dw, ln = body.nodes[plan.shape.anchor], body.nodes[parts.dw], body.nodes[parts.ln]
+    params, ptrs = kernel_params(plan)
+    groups = [("b", [0], False), ("j", [1, 2], False), ("i", [3], False)]
+    epi, extras = gemm_epilogue(plan, groups, {plan.shape.anchor: "acc"})
+    decls = "\n".join(f"    const {c_type(body, i)}* restrict {name} = {ptrs[i]};" for i, name in extras)
+    bias = len(dw.args) == 3
+    return render("conv_dwln.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[dw.args[0]],
+                  WD=ptrs[dw.args[1]], BD=ptrs[dw.args[2]] if bias else "0", BIAS=int(bias),
+                  LG=ptrs[ln.args[1]], LB=ptrs[ln.args[2]], WM=ptrs[mm.args[1]], PREPACKED=int(d.prepack is not None), EPS=f"{d.eps!r}f",
+                  EPILOGUE=epi, PARALLEL=int(d.parallel), FLAT=int(d.flat), VL=d.vl, RO=d.ro, NV=d.nv,
+                  BAND=d.band, N=d.N, C=d.C, H=d.H, W=d.W, F=d.F, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
+                  SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], DH=d.dilation[0],
+                  DW=d.dilation[1])

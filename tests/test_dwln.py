@@ -1,0 +1,118 @@
+"""ConvNeXt's block up to its first Linear as one kernel (rules fuse_dw_ln_mm*,
+eqfuse.ir.kernels.ConvNorm, backend/kinds/contraction/conv_dwln.py): a depthwise conv + its bias,
+the permute to NHWC, the layernorm over the channels and the matmul C -> F (+ its bias, + GELU),
+compiled from .g and checked against the numpy reference at the project's tolerances (rtol 1e-4,
+atol 1e-5). The cases take each path of the kernel: the depthwise sums as one run of vectors
+(flat) or pixel by pixel, one band or parallel bands whose last band is shorter, odd channel
+counts and an F that is not a whole number of register tiles, the bias before or after the
+matmul, with and without GELU, the weights packed per call or once when bound (params=). Then
+the zoo's tiny ConvNeXt's ONNX export against onnxruntime with the kernel in its plan, and the
+cost rule's refusal (an image of fewer than DWLN_MIN_PIXEL_VECTORS vectors of pixels)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import selected_params
+
+import eqfuse
+from eqfuse.frontend.load import load
+from eqfuse.ir.kernels import DWLN_MIN_PIXEL_VECTORS
+from eqfuse.ir.reference import evaluate
+from eqfuse.machine import machine
+
+RTOL, ATOL = 1e-4, 1e-5
+
+# (name, N, C, H, W, F, k, padding, stride, the bias after the matmul (else before), GELU, the path)
+CASES = [
+    ("odd_gelu", 2, 13, 9, 11, 52, 7, 3, 1, False, True, dict(flat=1, band=9, parallel=0)),
+    ("bands_gelu", 1, 24, 13, 13, 96, 7, 3, 1, False, True, dict(flat=1, band=7, parallel=1)),
+    ("pixels_bias_r", 1, 48, 2, 16, 192, 7, 3, 1, True, False, dict(flat=0, band=1, parallel=1)),
+    ("k3_bias", 2, 17, 6, 7, 20, 3, 1, 1, False, False, dict(flat=1, band=6, parallel=0)),
+    # a stride of 2 over rows of 9 pixels, the first band's top rows in the padding (the padded
+    # rows' copy once compiled wrongly here)
+    ("s2_bands", 1, 33, 20, 9, 132, 7, 3, 2, False, True, dict(flat=1, band=5, parallel=1)),
+]
+
+
+def _graph(name, n, c, h, w, f, k, p, s, after, gelu, _path) -> str:
+    mm = (f"layernorm(transpose(conv2d(x, wd, bd, stride={s}, padding={p}, group={c}), perm=[0, 2, 3, 1]), ga, be, "
+          f"eps=1e-6) @ w1")
+    e = f"{mm} + b1" if after else f"b1 + {mm}"
+    return (f"graph {name}(x: f32[{n}, {c}, {h}, {w}], wd: f32[{c}, 1, {k}, {k}], bd: f32[{c}], ga: f32[{c}], "
+            f"be: f32[{c}], w1: f32[{c}, {f}], b1: f32[{f}]) {{\n    return {f'gelu({e})' if gelu else e}\n}}\n")
+
+
+def _arrays(case, seed: int) -> list[np.ndarray]:
+    g = load(_graph(*case))[0]
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, t in g.params:
+        a = rng.standard_normal(t.shape).astype(np.float32)
+        if name in ("wd", "w1"):  # (sums of about unit size)
+            a /= np.float32(np.sqrt(np.prod(t.shape[1:]) if name == "wd" else t.shape[0]))
+        out.append(a)
+    return out
+
+
+REFUSED = ("small", 2, 32, 4, 4, 128, 7, 3, 1, False, True, {})  # 16 pixels: < 2 vectors of AVX-512 or AVX2
+
+
+@pytest.fixture(scope="module")
+def compiled(request):
+    """The selected cases (the fast tier runs the first of each test) and the refused one as
+    graphs of one module: compiled once."""
+    cases = selected_params(request, "test_fused_depthwise_layernorm_matmul_matches_the_reference", "case")
+    return eqfuse.compile("".join(_graph(*c) for c in cases + [REFUSED]))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_fused_depthwise_layernorm_matmul_matches_the_reference(compiled, case):
+    g = load(_graph(*case))[0]
+    args = _arrays(case, CASES.index(case))
+    fn = getattr(compiled, case[0])
+    np.testing.assert_allclose(fn(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+    (k,) = fn.last.kernels  # one kernel, on the path the case is for (with 2 cores: the bands)
+    want = case[-1] if machine().cores == 2 else {f: v for f, v in case[-1].items() if f == "flat"}
+    assert k.kind == "conv2d" and {f: k.decisions[f] for f in want} == want, k.decisions
+    assert {"band", "ro", "nv", "flat", "parallel", "prepacked_b"} <= set(k.decisions)
+
+
+def test_an_image_of_few_pixels_stays_three_kernels(compiled):
+    """Below DWLN_MIN_PIXEL_VECTORS vectors of pixels (a 4 x 4 image) the depthwise conv, the
+    layernorm and the matmul stay separate kernels, with the same result."""
+    assert 16 < DWLN_MIN_PIXEL_VECTORS * machine().simd_floats
+    g = load(_graph(*REFUSED))[0]
+    args = _arrays(REFUSED, 7)
+    np.testing.assert_allclose(compiled.small(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+    kinds = [k.kind for k in compiled.small.last.kernels if k.kind != "view"]
+    assert kinds == ["conv2d", "row", "contraction"], kinds
+
+
+def test_bound_weights_are_packed_once_and_match():
+    case = CASES[0]
+    g = load(_graph(*case))[0]
+    args = _arrays(case, 0)
+    names = [n for n, _ in g.params]
+    mod = eqfuse.compile(_graph(*case), params={n: a for n, a in zip(names, args) if n != "x"})
+    (k,) = mod.kernels
+    assert k.kind == "conv2d" and k.decisions["prepacked_b"] == 1
+    np.testing.assert_allclose(mod(args[0]), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.heavy  # (an export and a model's compile: about 5 s on the 2-vCPU VM; not in the fast tier)
+def test_the_zoo_convnext_matches_onnxruntime_with_the_fused_block():
+    """The zoo's tiny ConvNeXt (TorchScript export): its first stage's block (16 channels at
+    8 x 8) is one kernel, its second's (32 channels at 4 x 4) three; the output matches
+    onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("transformers")
+    import zoo_models as zm
+
+    path = str(zm.export("convnext", "torchscript"))
+    ins = zm.inputs("convnext")
+    mod = eqfuse.compile(path)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, ins)[0]
+    np.testing.assert_allclose(mod(**ins), want, rtol=RTOL, atol=ATOL)
+    fused = [line for line in mod.report["graph"].splitlines() if "layernorm(transpose(conv2d(" in line]
+    assert len(fused) == 1 and "group=16" in fused[0] and "gelu(" in fused[0], fused
