@@ -4,6 +4,7 @@
 #define {{NAME}}_RPW {{RPW}} /* the plan's rpw: pixel vectors per row of a tile */
 #define {{NAME}}_PREPACKED {{PREPACKED}} /* the plan's prepacked_b: the weights blocked once (params=) */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_OINNER {{OINNER}} /* the plan's o_inner: the channel tiles innermost, pixel tiles outer */
 /* {{NAME}}: direct conv2d with output pixels in the vector lanes, {{N}}x{{C}}x{{H}}x{{W}} *
  * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}}, padding {{PH}}x{{PW}} -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in
  * and out), the epilogue fused into the store. For few output channels (eqfuse.backend.conv_direct):
@@ -12,8 +13,12 @@
  * vectors and broadcasts RO weights for RO x RPH x RPW FMAs.
  * The input is copied zero padded, each row split into its SW column phases
  * (xq[N][C][HP][SW][WQ], element wp of a padded row at [wp % SW][wp / SW]), so that the input of
- * VL output pixels at any tap is VL consecutive floats. The weights are [C][KH][KW][OPAD]
- * (prepacked once when bound by params=). */
+ * VL output pixels at any tap is VL consecutive floats. The weights are [NTO][C][KH][KW][RO]
+ * (prepacked once when bound by params=): a tile's RO broadcasts per step are consecutive, and its
+ * whole share one stream. OINNER ({{OINNER}}): the tiles run with the channel tiles innermost,
+ * so a pixel tile's input window stays in L1 while every channel tile reads it (the weights
+ * stream from L2 instead); else the channel tiles outermost (a tile's weights stay in L1, the
+ * input streams). */
 #define {{NAME}}_DIMS                                                                              \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}},   \
            OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, VL = {{VL}}, RO = {{RO}},        \
@@ -29,14 +34,17 @@ long {{NAME}}_prepack_floats(void)
     return (long)C * KH * KW * OPAD;
 }
 
-/* OIHW weights -> w[C][KH][KW][OPAD], zero padded. */
+/* OIHW weights -> w[NTO][C][KH][KW][RO], zero padded. */
 void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
 {
     {{NAME}}_DIMS;
-    for (long c = 0; c < C; c++)
-        for (long k = 0; k < KH * KW; k++)
-            for (long o = 0; o < OPAD; o++)
-                wp[(c * KH * KW + k) * OPAD + o] = o < O ? wt[(o * C + c) * KH * KW + k] : 0.0f;
+    for (long to = 0; to < NTO; to++)
+        for (long c = 0; c < C; c++)
+            for (long k = 0; k < KH * KW; k++)
+                for (long r = 0; r < RO; r++) {
+                    const long o = to * RO + r;
+                    wp[((to * C + c) * KH * KW + k) * RO + r] = o < O ? wt[(o * C + c) * KH * KW + k] : 0.0f;
+                }
 }
 
 /* One padded row (n, c, hp), split into its SW column phases. */
@@ -69,7 +77,7 @@ static inline void {{NAME}}_tile(const float* restrict xq, const float* restrict
     for (long c = 0; c < C; c++)
         for (long kh = 0; kh < KH; kh++) {
             const float* restrict xr = xq + ((n * C + c) * HP + oh0 * SH + kh) * (long)SW * WQ + ow0;
-            const float* restrict wr = w + (c * KH + kh) * KW * (long)OPAD + o0;
+            const float* restrict wr = w + ((o0 / RO * C + c) * KH + kh) * KW * (long)RO;
 #pragma GCC unroll 16
             for (int kw = 0; kw < KW; kw++) {
                 {{NAME}}_vf xv[RPH * RPW];
@@ -83,7 +91,7 @@ static inline void {{NAME}}_tile(const float* restrict xq, const float* restrict
                 }
 #pragma GCC unroll 32
                 for (int r = 0; r < RO; r++) {
-                    const float a = wr[kw * OPAD + r];
+                    const float a = wr[kw * RO + r];
 #pragma GCC unroll 8
                     for (int p = 0; p < RPH * RPW; p++)
                         acc[r][p] += a * xv[p];
@@ -124,7 +132,7 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
     const float* restrict xq = jb->xq;
     const float* restrict w = jb->w;
     for (long it = lo; it < hi; it++) {
-        const long to = it / (N * NTH * NTW), t = it % (N * NTH * NTW);
+        const long to = {{OINNER}} ? it % NTO : it / (N * NTH * NTW), t = {{OINNER}} ? it / NTO : it % (N * NTH * NTW);
         const long b = t / (NTH * NTW), oh0 = t / NTW % NTH * RPH, ow0 = t % NTW * TW, o0 = to * RO;
         float tile[RO * RPH * TW] __attribute__((aligned(64)));
         {{NAME}}_tile(xq, w, b, o0, oh0, ow0, tile);
