@@ -238,7 +238,7 @@ def o_inner(N: int, C: int, KH: int, KW: int, OH: int, OW: int, O: int, SH: int,
     ro, rph, rpw = pixels
     tw = rpw * vl
     nto, nth, ntw = cdiv(O, ro), cdiv(OH, rph), cdiv(OW, tw)
-    hp, wq = (nth * rph - 1) * SH + KH, ntw * tw + (KW - 1) // SW + 1
+    hp, wq = (nth * rph - 1) * SH + KH, cdiv(ntw * tw + (KW - 1) // SW + 1, vl) * vl
     return nto * N * C * hp * SW * wq > N * nth * ntw * C * KH * KW * nto * ro
 
 
@@ -343,7 +343,8 @@ def _pixel_plan(plan: KernelPlan, m: Machine, epi: str) -> None:
     ro, rph, rpw = d.pixels
     tw = rpw * d.vl
     nt = cdiv(d.O, ro) * d.N * cdiv(d.OH, rph) * cdiv(d.OW, tw)
-    hp, wq = (cdiv(d.OH, rph) * rph - 1) * d.stride[0] + d.KH, cdiv(d.OW, tw) * tw + (d.KW - 1) // d.stride[1] + 1
+    hp = (cdiv(d.OH, rph) * rph - 1) * d.stride[0] + d.KH
+    wq = cdiv(cdiv(d.OW, tw) * tw + (d.KW - 1) // d.stride[1] + 1, d.vl) * d.vl  # (whole vectors)
     regs = ro * rph * rpw + rph * rpw + 1
     plan.cache_check = (f"registers: {ro} x {rph} x {rpw} accumulators + {rph * rpw} pixel vectors + 1 broadcast = "
                         f"{regs} vectors <= {32 if m.simd_floats >= 16 else 16}: ok")
