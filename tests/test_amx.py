@@ -91,6 +91,7 @@ def emulated():
             yield compile_amx(a), a
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_emulated_amx_gemms_are_within_the_bf16_bound(emulated):
     mod, a = emulated
     check_all(mod, a)

@@ -259,6 +259,7 @@ GROUPED = "graph step(" + ", ".join(
     f"keys{g}, values{g}" for g, _, _ in GROUPS) + "\n}\n"
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_grouped_query_decode_reads_each_cache_row_once():
     """Grouped-query decode attention with g = 1, 2, 3 and 4 query heads per key/value head (2 of
     them; head sizes 64 and 24 with values of 8, the vector and portable paths): one task per

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import selected_params
 
 import eqfuse
 from eqfuse.errors import EqfuseError
@@ -138,13 +139,15 @@ def _width_graph(name, xs, ws, at) -> str:
 
 @pytest.fixture(scope="module", params=["zen4", pytest.param("avx2", marks=pytest.mark.extended)])
 def widths(request):
-    """Every WIDTHS case as one graph of one module, compiled once per machine model: AVX-512's 16
-    lanes (24 per group at 8 lanes, the others with a masked block), and AVX2's 8 (x86-64-v3
-    kernels: 20 per group masked, 8 + 8 + 4; the others whole vectors)."""
+    """The selected WIDTHS cases as graphs of one module, compiled once per machine model: AVX-512's
+    16 lanes (24 per group at 8 lanes, the others with a masked block), and AVX2's 8 (x86-64-v3
+    kernels: 20 per group masked, 8 + 8 + 4; the others whole vectors). The fast tier selects one
+    case and compiles one graph (helpers.selected_params)."""
     from eqfuse import machine
 
+    chosen = selected_params(request, "test_groups_of_part_vectors_run_channels_in_the_lanes", "case")
     with machine.pinned(request.param):
-        return eqfuse.compile("".join(_width_graph(*c) for c in WIDTHS))
+        return eqfuse.compile("".join(_width_graph(*c) for c in WIDTHS if c in chosen))
 
 
 @pytest.mark.parametrize("case", WIDTHS, ids=[c[0] for c in WIDTHS])
@@ -187,6 +190,7 @@ def test_groups_of_24_channels_match_onnxruntime(tmp_path):
     assert [(k.decisions["channels"], k.decisions["grouped"]) for k in mod.kernels if k.kind == "conv2d"] == [(1, 1)]
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_depthwise_block_fuses_batchnorm_and_relu6():
     """A MobileNetV2 inverted residual block: three kernels, the depthwise conv's batchnorm and
     ReLU6 in its epilogue; bound, the batchnorms fold into the weights and biases and the block is
@@ -247,6 +251,7 @@ def test_gradients_match_finite_differences():
             assert r.ok, r
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_compiled_gradients_of_a_depthwise_and_a_transposed_conv():
     src = """graph t(x: f32[2, 4, 7, 6], w: f32[8, 1, 3, 3], b: f32[8], v: f32[8, 3, 2, 2]) {
         h = relu(conv2d(x, w, b, stride=2, padding=1, dilation=[1, 2], group=4))
@@ -327,6 +332,7 @@ def test_onnx_import_matches_onnxruntime(name, tmp_path):
         assert [k.decisions["channels"] for k in mod.kernels if k.kind == "conv2d"] == [1]
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.extended) if n in LANES - {"multiplier"} else n
                                   for n in MODULES])
 def test_torch_compile_matches_eager(name):

@@ -219,3 +219,25 @@ def test_gather_by_bound_indices_in_order_folds_to_a_reshape(idx, folds):
     assert_same_values(got, want, exact=True)
     assert [n.op for n in f.graph.nodes if n.op in ("gather", "reshape")] == (["reshape"] if folds else ["gather"])
     assert len(f.notes) == folds and ("idx" not in [f.graph.nodes[i].name for i in f.graph.inputs]) == folds
+
+
+@pytest.mark.parametrize("wscale, folded", [
+    ("0.02", ["b"]),                  # a per-tensor weight: its dequantization stays (the integer GEMM's rules)
+    ("ws", ["b", "w"]),               # a per-channel one, which those rules do not take, folds too
+])
+def test_bound_dequantizations_fold_except_a_per_tensor_weight(wscale, folded):
+    """quantize_static's QDQ Gemm: DequantizeLinear of the int32 bias and of the int8 weight, all
+    bound. The bias folds to f32 (computed once, by the op table's numpy form: the same f32 steps,
+    so the values are exactly the original graph's); the weight folds only when per channel."""
+    src = f"""graph f(x: f32[3, 8], w: i8[5, 8], wz: i8, ws: f32[5, 1], b: i32[5], bz: i32) {{
+        return x @ transpose(dequantize_linear(w, {wscale}, wz), perm=[1, 0]) + dequantize_linear(b, 0.001, bz)
+    }}"""
+    rng = np.random.default_rng(7)
+    params = {"w": rng.integers(-127, 128, (5, 8)).astype(np.int8), "wz": np.array(0, np.int8),
+              "ws": rng.uniform(0.01, 0.03, (5, 1)).astype(np.float32),
+              "b": rng.integers(-5000, 5000, 5).astype(np.int32), "bz": np.array(0, np.int32)}
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    got, want, f = fold_and_evaluate(src, params, x)
+    assert_same_values(got, want, exact=True)
+    assert sorted(n.split("(")[1].split(",")[0] for n in f.notes) == folded, f.notes
+    assert sum(n.op == "dequantize_linear" for n in f.graph.nodes) == 2 - len(folded)

@@ -97,6 +97,7 @@ def _arrays(rng, g, **domains):
     return out
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_compiled_gradients_match_the_reference_of_the_joint_graph():
     """An embedding (gather's gradient is scatter_add), layernorm, softmax and a slice: compiled
     gradients against the numpy reference of the same joint graph (verify=True checks every call)."""

@@ -44,6 +44,7 @@ def _randn(rng, *shape, scale=1.0):
     return (rng.normal(0, 1, shape) * scale).astype(np.float32)
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_mlp_matches_torch():
     src = """graph mlp(x: f32[16, 12], w1: f32[12, 32], b1: f32[32], w2: f32[32, 5], b2: f32[5], t: f32[16, 5]) {
         h = gelu(x @ w1 + b1)
@@ -146,6 +147,7 @@ def _numpy_step(p, x, labels, lr):
         p[k] -= np.float32(lr) * g.astype(np.float32)
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_train_mlp_matches_numpy_sgd():
     tm = _train_module()
     rng = np.random.default_rng(0)

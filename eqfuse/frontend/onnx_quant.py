@@ -490,19 +490,20 @@ def _qgemm(imp, ins, at):
 @handles("QAttention", attrs=("num_heads", "unidirectional", "mask_filter_value", "do_rotary", "qkv_hidden_sizes",
                               "scale", "past_present_share_buffer"), domain=MS)
 def _qattention(imp, ins, at):
-    """onnxruntime's QAttention (com.microsoft, its quantized Attention), without mask_index or past:
+    """onnxruntime's QAttention (com.microsoft, its quantized Attention), without past:
     Q, K and V = the exact i32 product of (input - input_zero_point) and (weight - weight_zero_point)
     (weight [hidden, 3 x H]: Q's columns, then K's, then V's, each num_heads heads of H / num_heads),
     times input_scale * weight_scale, plus the bias, in f32; then per head softmax(q k^T * scale) v
     (scale 1 / sqrt(head size) unless given; unidirectional=1 adds mask_filter_value to the scores of
-    later keys, as onnxruntime does), the heads side by side."""
+    later keys, as onnxruntime does), the heads side by side. A mask_index sets the scores of the keys
+    it masks to mask_filter_value plus the score (onnxruntime's mask: set once, not added twice where
+    unidirectional masks the key too): _attention_keep's forms."""
     adt, bdt = _dtype(imp, ins[0]), _dtype(imp, ins[1])
     for dt, i in ((adt, 0), (bdt, 1)):
         if dt not in QUANT_DTYPES:
             raise Unsupported(f"input type {_dtype_text(imp, ins[i])} (input {i}; eqfuse takes uint8 and int8)")
-    for i, what in ((5, "mask_index"), (8, "past")):
-        if len(ins) > i and ins[i] is not None:
-            raise Unsupported(f"a {what} input (input {i}; eqfuse takes QAttention without it)")
+    if len(ins) > 8 and ins[8] is not None:
+        raise Unsupported("a past input (input 8; eqfuse takes QAttention without it)")
     if at.get("do_rotary", 0) or at.get("qkv_hidden_sizes"):
         raise Unsupported("do_rotary or qkv_hidden_sizes (eqfuse takes Q, K and V of one size, no rotary embedding)")
     if not all(len(ins) > k and imp.is_const(ins[k]) and np.asarray(ins[k]).size == 1 for k in (3, 4)):
@@ -532,8 +533,50 @@ def _qattention(imp, ins, at):
     q, k, v = part(0), part(1), part(2)
     s = F32(at.get("scale", 0.0) or 1.0 / np.sqrt(hd))
     scores = imp.op("mul", [imp.op("matmul", [q, imp.op("transpose", [k], perm=(0, 1, 3, 2))]), imp.data(np.asarray(s, F32))])
-    if at.get("unidirectional", 0):
-        mask = np.triu(np.full((S, S), F32(at.get("mask_filter_value", -10000.0)), F32), 1)
-        scores = imp.op("add", [scores, imp.data(mask)])
+    fill = F32(at.get("mask_filter_value", -10000.0))
+    later = np.triu(np.ones((S, S), bool), 1) if at.get("unidirectional", 0) else None
+    keep = _attention_keep(imp, ins[5], B, S) if len(ins) > 5 and ins[5] is not None else None
+    if keep is not None:  # a masked key's score plus mask_filter_value; a later key's (unidirectional)
+        # plus the lowest float, which onnxruntime sets over the padding's value (a query whose keys
+        # are all masked then attends to the padded keys before it, as onnxruntime's does)
+        mask = imp.op("where", [keep, imp.const(0.0), imp.const(fill)])
+        if later is not None:
+            mask = imp.op("where", [imp.data(later), imp.const(float(np.finfo(F32).min)), mask])
+        scores = imp.op("add", [scores, mask])
+    elif later is not None:
+        scores = imp.op("add", [scores, imp.data(np.where(later, fill, F32(0)).astype(F32))])
     ctx = imp.op("matmul", [imp.op("softmax", [scores], axis=-1), v])
     return [imp.op("reshape", [imp.op("transpose", [ctx], perm=(0, 2, 1, 3))], shape=(B, S, H))]
+
+
+def _attention_keep(imp, mask, B: int, S: int) -> int | None:
+    """Which keys each query of each batch attends to, as a bool tensor broadcasting against the
+    scores [B, heads, S, S], from an Attention's int32 mask_index in the forms of onnxruntime's
+    contrib op spec (without past, the total sequence is S):
+      [B, S]     key padding, the raw 0/1 attention mask (a key is kept where the mask is > 0);
+      [B, S, S]  per query (likewise);
+      [B]        right padding: the keys before each batch's end position (its length);
+      [2 x B]    the end positions, then the start positions (left padding: keys from the start);
+      [1, 1] or [B, 1] (S > 1): onnxruntime's dummy mask, no mask (None)."""
+    m = imp.data(mask, imp.node.input[5])
+    t = imp.type(m)
+    if t.dtype != "i32":
+        raise Unsupported(f"mask_index of type {_dtype_text(imp, mask)} (input 5; QAttention's mask_index is int32)")
+    shape = tuple(t.shape)
+    if shape in ((1, 1), (B, 1)) and S > 1:
+        return None
+    zero = imp.const(0.0)
+    if shape == (B, S):
+        return imp.op("reshape", [imp.op("gt", [m, zero])], shape=(B, 1, 1, S))
+    if shape == (B, S, S):
+        return imp.op("reshape", [imp.op("gt", [m, zero])], shape=(B, 1, S, S))
+    if shape in ((B,), (2 * B,)):
+        keys = imp.data(np.arange(S, dtype=np.int32).reshape(1, S))
+        end = imp.op("reshape", [imp.op("slice", [m], axis=0, start=0, stop=B)], shape=(B, 1))
+        keep = imp.op("lt", [keys, end])
+        if shape == (2 * B,):
+            start = imp.op("reshape", [imp.op("slice", [m], axis=0, start=B, stop=2 * B)], shape=(B, 1))
+            keep = imp.op("logical_and", [keep, imp.op("ge", [keys, start])])
+        return imp.op("reshape", [keep], shape=(B, 1, 1, S))
+    raise Unsupported(f"mask_index of shape {list(shape)} (input 5; eqfuse takes [batch], [2 x batch], "
+                      f"[batch, sequence] and [batch, sequence, sequence]: [{B}], [{2 * B}], [{B}, {S}], [{B}, {S}, {S}])")

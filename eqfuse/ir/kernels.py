@@ -203,7 +203,7 @@ def dynamic_qparams(body: Graph, anchor: int, inputs: set[int]) -> tuple[int, ..
 
 def quantized_a(body: Graph, anchor: int, inputs: set[int]) -> int | None:
     """The f32 x of a matmul_integer (or conv_integer) whose A (x) is quantize_linear(x, scale, zp)
-    of kernel inputs, scale and zp scalars, zp the GEMM's own a_zp, and read by nothing else: the
+    of kernel inputs (the scale may be a literal), scale and zp scalars, zp the GEMM's own a_zp, and read by nothing else: the
     integer GEMM quantizes x itself (rules kernel_matmul_integer_qa, kernel_conv_integer_qa;
     qgemm's quantize_a)."""
     mm = body.nodes[anchor]
@@ -214,7 +214,8 @@ def quantized_a(body: Graph, anchor: int, inputs: set[int]) -> int | None:
         return None
     x, scale, zp = q.args
     computed = set(dynamic_qparams(body, anchor, inputs))
-    if not {x, scale, zp} <= inputs | computed or (zp != mm.args[2] and not computed) or body.nodes[scale].type.rank != 0:
+    literal = {scale} if body.nodes[scale].op == "const" else set()  # (a QDQ model's: matmul_dequantized_qa)
+    if not {x, scale, zp} <= inputs | computed | literal or (zp != mm.args[2] and not computed) or body.nodes[scale].type.rank != 0:
         return None
     if body.nodes[x].type.dtype != "f32" or body.nodes[scale].type.dtype != "f32" or body.nodes[zp].type.rank != 0:
         return None

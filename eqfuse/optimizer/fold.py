@@ -29,6 +29,7 @@ from typing import Mapping
 import numpy as np
 
 from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.ops import OPS, OpKind
 from eqfuse.ir.shapes import TType
 from eqfuse.optimizer.cost import unfused
 
@@ -60,7 +61,73 @@ def fold_params(g: Graph, params: Mapping[str, np.ndarray]) -> Folded:
         g, note = _fold(g, params, m)
         notes.append(note)
     g, gathers = _identity_gathers(g, params)
-    return Folded(g, params, notes + gathers)
+    g, quantized = _quantized_constants(g, params)
+    return Folded(g, params, notes + gathers + quantized)
+
+
+QUANT_OPS = ("quantize_linear", "dequantize_linear")
+
+
+def _quantized_constants(g: Graph, params: dict[str, np.ndarray]) -> tuple[Graph, list[str]]:
+    """g with each quantize_linear and dequantize_linear of bound operands (params, literals, or
+    nodes folded before it) that no contraction reads replaced by a bound param of its value,
+    computed once here by the op table's numpy implementation (the f32 steps the kernel's C takes:
+    ir.ops_quant, onnxruntime's semantics), so that it runs on no call.
+
+    quantize_static writes a Gemm's bias as DequantizeLinear of an int32 initializer, an Add's
+    constant operand and a LayerNorm's weight and bias as DequantizeLinear of u8, i8 or int32
+    initializers (and a Mul's or Add's literal as QuantizeLinear of it, then DequantizeLinear):
+    each was a kernel of its own, run on every call, or an operand a kernel dequantized per
+    element. The dequantization of a weight that a matmul or conv reads (directly or through a
+    transpose) stays when it is per tensor: the rules matmul_dequantized, gemm_dequantized and
+    conv_dequantized turn that contraction into the integer GEMM of its integers. A per-channel
+    one, which those rules do not take, folds too: its contraction runs in f32 on the bound f32
+    weight instead of dequantizing it on every call. Found here and not by a rule for
+    fold_params' reason: the e-graph knows a tensor by name, not by value."""
+    readers: list[list[int]] = [[] for _ in g.nodes]
+    for i, n in enumerate(g.nodes):
+        for a in n.args:
+            readers[a].append(i)
+    values: dict[int, np.ndarray] = {}
+    for i, n in enumerate(g.nodes):
+        if n.op not in QUANT_OPS or i in g.outputs or not all(isinstance(d, int) for d in n.type.shape):
+            continue
+        args = [values[a] if a in values else _bound(g, a, params) for a in n.args]
+        per_tensor = all(g.nodes[a].type.rank == 0 for a in n.args[1:])
+        if any(a is None for a in args) or (per_tensor and any(_reads_as_operand(g, r, readers) for r in readers[i])):
+            continue
+        values[i] = np.ascontiguousarray(OPS[n.op].numpy(args, n.attr))
+    keep = {i for i in values if any(r not in values for r in readers[i])}  # (the others feed only folded nodes)
+    if not keep:
+        return g, []
+    out, ids, notes = Graph(g.name, pos=g.pos), {}, []
+    for i in g.inputs:
+        ids[i] = out.add(g.nodes[i])
+    new = []
+    for i in sorted(keep):
+        n = g.nodes[i]
+        first = g.nodes[n.args[0]]
+        name = _fresh(f"{first.name if first.op == 'input' else 'q'}_{'dq' if n.op == 'dequantize_linear' else 'q'}",
+                      g, params)
+        params[name] = values[i]
+        new.append(out.add(Node("input", type=TType(tuple(values[i].shape), n.type.dtype), name=name)))
+        ids[i] = new[-1]
+        args = ", ".join(_label(g, a) if g.nodes[a].op in ("input", "const") else g.nodes[a].op for a in n.args)
+        notes.append(f"{n.op}({args}) -> {name} (bound: computed once)")
+    out.inputs = [ids[i] for i in g.inputs] + new
+    for i, n in enumerate(g.nodes):
+        if i not in ids and i not in values and n.op != "input":  # (a folded node not kept is dead)
+            ids[i] = out.add(replace(n, args=tuple(ids[a] for a in n.args)))
+    out.outputs = [ids[o] for o in g.outputs]
+    return drop_unused_params(out, params), notes
+
+
+def _reads_as_operand(g: Graph, r: int, readers: list[list[int]]) -> bool:
+    """Whether node r is a contraction, or a view (transpose, reshape) that one reads."""
+    n = g.nodes[r]
+    if n.op in OPS and OPS[n.op].kind == OpKind.CONTRACTION:
+        return True
+    return n.op in ("transpose", "reshape") and any(_reads_as_operand(g, u, readers) for u in readers[r])
 
 
 def _identity_gathers(g: Graph, params: Mapping[str, np.ndarray]) -> tuple[Graph, list[str]]:

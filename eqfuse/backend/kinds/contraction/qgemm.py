@@ -26,7 +26,7 @@ from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
 from eqfuse.ir.kernels import dynamic_qparams, quantized_a
-from eqfuse.ir.ops import pair
+from eqfuse.ir.ops import flit, pair
 from eqfuse.ir.shapes import C_TYPE
 from eqfuse.machine import Machine
 
@@ -260,6 +260,9 @@ def emit_qgemm(plan: KernelPlan) -> str:
                  EXTRA_UNPACK=" ".join([f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras] + unpack),
                  EXTRA_INIT="".join(", " + n for _, n in extras))
     offsets = "        (void)g;"
+    if d.quantize_a and body.nodes[q.args[1]].op == "const":  # a literal scale (a QDQ model's)
+        a_scale = "&eqf_qa_scale"
+        offsets += f"\n        const float eqf_qa_scale = {flit(body.nodes[q.args[1]].value)};"
     if dynamic_qparams(body, a, set(body.inputs)):  # scale and zero point from the range [lo, hi]
         r = ptrs[body.nodes[q.args[1]].args[0]]
         a_scale = "&eqf_dq_scale"
