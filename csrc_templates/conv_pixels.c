@@ -5,6 +5,7 @@
 #define {{NAME}}_PREPACKED {{PREPACKED}} /* the plan's prepacked_b: the weights blocked once (params=) */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
 #define {{NAME}}_OINNER {{OINNER}} /* the plan's o_inner: the channel tiles innermost, pixel tiles outer */
+#define {{NAME}}_ALIGN {{ALIGN}} /* the plan's row_align: each column phase of the padded copy whole vectors */
 /* {{NAME}}: direct conv2d with output pixels in the vector lanes, {{N}}x{{C}}x{{H}}x{{W}} *
  * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}}, padding {{PH}}x{{PW}} -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in
  * and out), the epilogue fused into the store. For few output channels (eqfuse.backend.conv_direct):
@@ -24,7 +25,7 @@
            OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, VL = {{VL}}, RO = {{RO}},        \
            RPH = {{RPH}}, RPW = {{RPW}}, TW = RPW * VL, NTW = (OW + TW - 1) / TW, NTH = (OH + RPH - 1) / RPH, \
            NTO = (O + RO - 1) / RO, OPAD = NTO * RO, HP = (NTH * RPH - 1) * SH + KH,                     \
-           WQ = (NTW * TW + (KW - 1) / SW + 1 + VL - 1) / VL * VL /* whole vectors: see pad_row */, P = OH * OW }
+           WQ = {{ALIGN}} ? (NTW * TW + (KW - 1) / SW + 1 + VL - 1) / VL * VL : NTW * TW + (KW - 1) / SW + 1, P = OH * OW }
 typedef float {{NAME}}_vf __attribute__((vector_size({{VL}} * 4)));
 typedef float {{NAME}}_vfu __attribute__((vector_size({{VL}} * 4), aligned(4))); /* an unaligned access */
 
@@ -47,11 +48,13 @@ void {{NAME}}_prepack(const float* restrict wt, float* restrict wp)
                 }
 }
 
-/* One padded row (n, c, hp), split into its SW column phases. Each phase is a whole number of
- * vectors (WQ), so that every phase starts on a vector's boundary: a tap's pixel vectors at kw / SW
- * = 0 are aligned loads, the others cross one line boundary less often than from a row start
- * anywhere (Whisper's conv1, 80 rows of 3011 floats otherwise: 1-3% less time,
- * `benchmarks/bench_conv.py --set whisper --cpu-time`). */
+/* One padded row (n, c, hp), split into its SW column phases. ALIGN ({{ALIGN}}): each phase is a
+ * whole number of vectors (WQ), so that every phase starts on a vector's boundary: a tap's pixel
+ * vectors at kw / SW = 0 are aligned loads, the others cross one line boundary less often than
+ * from a row start anywhere (Whisper's conv1, 80 rows of 3011 floats otherwise: 1-3% less time,
+ * `benchmarks/bench_conv.py --set whisper --cpu-time`). Short 2-D rows do not take it: there the
+ * padding adds up to a third to the copy (the 7x7 stem of `benchmarks/bench_conv.py --set
+ * resnet18`'s shapes on the direct path, 36 -> 48 floats a phase: 3% more CPU time). */
 static inline void {{NAME}}_pad_row(const float* restrict x, float* restrict xq, long row)
 {
     {{NAME}}_DIMS;

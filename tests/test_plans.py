@@ -98,7 +98,7 @@ CHOICES: dict[str, dict[str, str]] = {
     "conv_dwpw.c": {"PARALLEL": "parallel", "VL": "vl", "RO": "ro", "BAND": "band", "FLAT": "flat", "OLANES": "olanes",
                     "PREPACKED": "prepacked_b", "EXPAND": "expand"},
     "conv_pixels.c": {"VL": "vl", "RO": "ro", "RPH": "rph", "RPW": "rpw", "PREPACKED": "prepacked_b",
-                      "PARALLEL": "parallel", "OINNER": "o_inner"},
+                      "PARALLEL": "parallel", "OINNER": "o_inner", "ALIGN": "row_align"},
     "conv_reorder.c": {"VL": "vl"},
     "conv_winograd.c": {"VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "TB": "tb", "IN_BLOCKED": "in_blocked",
                         "OUT_BLOCKED": "out_blocked", "PREPACKED": "prepacked_b", "REORDER": "reorder",

@@ -5,6 +5,7 @@
 #define eqf_kinds_k8_conv2d_PREPACKED 0 /* the plan's prepacked_b: the weights blocked once (params=) */
 #define eqf_kinds_k8_conv2d_PARALLEL 0 /* the plan's parallel: the `if` of the parallel region */
 #define eqf_kinds_k8_conv2d_OINNER 0 /* the plan's o_inner: the channel tiles innermost, pixel tiles outer */
+#define eqf_kinds_k8_conv2d_ALIGN 0 /* the plan's row_align: each column phase of the padded copy whole vectors */
 /* eqf_kinds_k8_conv2d: direct conv2d with output pixels in the vector lanes, 2x3x11x13 *
  * 5x3x3x3, stride 1x1, padding 1x1 -> 2x5x11x13 (NCHW in
  * and out), the epilogue fused into the store. For few output channels (eqfuse.backend.conv_direct):
@@ -24,7 +25,7 @@
            OW = 13, SH = 1, SW = 1, PH = 1, PW = 1, VL = 8, RO = 6,        \
            RPH = 1, RPW = 2, TW = RPW * VL, NTW = (OW + TW - 1) / TW, NTH = (OH + RPH - 1) / RPH, \
            NTO = (O + RO - 1) / RO, OPAD = NTO * RO, HP = (NTH * RPH - 1) * SH + KH,                     \
-           WQ = (NTW * TW + (KW - 1) / SW + 1 + VL - 1) / VL * VL /* whole vectors: see pad_row */, P = OH * OW }
+           WQ = 0 ? (NTW * TW + (KW - 1) / SW + 1 + VL - 1) / VL * VL : NTW * TW + (KW - 1) / SW + 1, P = OH * OW }
 typedef float eqf_kinds_k8_conv2d_vf __attribute__((vector_size(8 * 4)));
 typedef float eqf_kinds_k8_conv2d_vfu __attribute__((vector_size(8 * 4), aligned(4))); /* an unaligned access */
 
@@ -47,11 +48,13 @@ void eqf_kinds_k8_conv2d_prepack(const float* restrict wt, float* restrict wp)
                 }
 }
 
-/* One padded row (n, c, hp), split into its SW column phases. Each phase is a whole number of
- * vectors (WQ), so that every phase starts on a vector's boundary: a tap's pixel vectors at kw / SW
- * = 0 are aligned loads, the others cross one line boundary less often than from a row start
- * anywhere (Whisper's conv1, 80 rows of 3011 floats otherwise: 1-3% less time,
- * `benchmarks/bench_conv.py --set whisper --cpu-time`). */
+/* One padded row (n, c, hp), split into its SW column phases. ALIGN (0): each phase is a
+ * whole number of vectors (WQ), so that every phase starts on a vector's boundary: a tap's pixel
+ * vectors at kw / SW = 0 are aligned loads, the others cross one line boundary less often than
+ * from a row start anywhere (Whisper's conv1, 80 rows of 3011 floats otherwise: 1-3% less time,
+ * `benchmarks/bench_conv.py --set whisper --cpu-time`). Short 2-D rows do not take it: there the
+ * padding adds up to a third to the copy (the 7x7 stem of `benchmarks/bench_conv.py --set
+ * resnet18`'s shapes on the direct path, 36 -> 48 floats a phase: 3% more CPU time). */
 static inline void eqf_kinds_k8_conv2d_pad_row(const float* restrict x, float* restrict xq, long row)
 {
     eqf_kinds_k8_conv2d_DIMS;

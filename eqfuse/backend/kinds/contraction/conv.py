@@ -106,6 +106,7 @@ class ConvDirectDetail:
     in_place: bool = False  # the input in blocks read where it is, no padded copy (conv._mark_in)
     winograd: int = 0  # tiles per block of a Winograd F(2x2, 3x3) conv (contraction/conv.py), 0: direct
     o_inner: bool = False  # pixels in the lanes: the channel tiles innermost (conv_pixels.c's OINNER)
+    row_align: bool = False  # pixels in the lanes: each column phase of the padded copy whole vectors (ALIGN)
 
     @property
     def obw(self) -> int:
@@ -228,7 +229,7 @@ def one_d_pixels(m: Machine, N: int, C: int, H: int, KH: int, KW: int, OH: int, 
 
 
 def o_inner(N: int, C: int, KH: int, KW: int, OH: int, OW: int, O: int, SH: int, SW: int, vl: int,
-            pixels: tuple[int, int, int]) -> bool:
+            pixels: tuple[int, int, int], row_align: bool = False) -> bool:
     """conv_pixels.c's OINNER: the channel tiles innermost when the input streamed once per channel
     tile (channel tiles outermost) is more than the weights streamed once per pixel tile (the
     input window of a pixel tile, held in cache while every channel tile reads it). Whisper's conv2
@@ -238,7 +239,8 @@ def o_inner(N: int, C: int, KH: int, KW: int, OH: int, OW: int, O: int, SH: int,
     ro, rph, rpw = pixels
     tw = rpw * vl
     nto, nth, ntw = cdiv(O, ro), cdiv(OH, rph), cdiv(OW, tw)
-    hp, wq = (nth * rph - 1) * SH + KH, cdiv(ntw * tw + (KW - 1) // SW + 1, vl) * vl
+    hp, wq = (nth * rph - 1) * SH + KH, ntw * tw + (KW - 1) // SW + 1
+    wq = cdiv(wq, vl) * vl if row_align else wq
     return nto * N * C * hp * SW * wq > N * nth * ntw * C * KH * KW * nto * ro
 
 
@@ -294,8 +296,9 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     par = parallel(NP, O, K, 1)
     d = ConvDirectDetail(N, C, H, W, O, KH, KW, OH, OW, (sh, sw), pair(cv.attr["padding"]), cb, vl, v, rw, rows,
                          par, pixels=pixels)
-    if pixels:
-        d = replace(d, o_inner=o_inner(N, C, KH, KW, OH, OW, O, sh, sw, vl, pixels))
+    if pixels:  # (a 1-D conv's long rows: aligned at the cost of under a vector each, `one_d_pixels`)
+        d = replace(d, o_inner=o_inner(N, C, KH, KW, OH, OW, O, sh, sw, vl, pixels, bool(one_d)),
+                    row_align=bool(one_d))
     plan.detail = d
     plan.tiles = {"cb": cb, "obw": d.obw, "rw": rw, "rows": int(rows)}  # (constants of the C)
     if pixels:
@@ -344,7 +347,8 @@ def _pixel_plan(plan: KernelPlan, m: Machine, epi: str) -> None:
     tw = rpw * d.vl
     nt = cdiv(d.O, ro) * d.N * cdiv(d.OH, rph) * cdiv(d.OW, tw)
     hp = (cdiv(d.OH, rph) * rph - 1) * d.stride[0] + d.KH
-    wq = cdiv(cdiv(d.OW, tw) * tw + (d.KW - 1) // d.stride[1] + 1, d.vl) * d.vl  # (whole vectors)
+    wq = cdiv(d.OW, tw) * tw + (d.KW - 1) // d.stride[1] + 1
+    wq = cdiv(wq, d.vl) * d.vl if d.row_align else wq  # (whole vectors)
     regs = ro * rph * rpw + rph * rpw + 1
     plan.cache_check = (f"registers: {ro} x {rph} x {rpw} accumulators + {rph * rpw} pixel vectors + 1 broadcast = "
                         f"{regs} vectors <= {32 if m.simd_floats >= 16 else 16}: ok")
@@ -446,7 +450,7 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                       WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                       EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                       SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], VL=d.vl, RO=ro, RPH=rph,
-                      RPW=rpw, OINNER=int(d.o_inner), **param_job(params))
+                      RPW=rpw, OINNER=int(d.o_inner), ALIGN=int(d.row_align), **param_job(params))
     el, er = edge_tiles(d)
     return render("conv_direct.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
