@@ -4,7 +4,7 @@ others' threads sleep at more: benchmarks/timing.py).
 
     python benchmarks/bench_conv.py [--repeat N] [--threads T ...] [--set resnet18|resnet56|all] [--precision f32|bf16]
     python benchmarks/bench_conv.py --set mobilenet|convnext|regnet|regnet_widths|multiplier|whisper|grouped
-        [--repeat N] [--threads T ...] [--precision f32|bf16]
+        [--repeat N] [--threads T ...] [--precision f32|bf16] [--cpu-time]
 
 The shapes: every conv of the narrow ResNet-18 of tests/model_exports.py at 64x64 images, batch 2
 ("resnet18"), and the convs of torchvision's ResNet-18: its stem at 224x224, then at 56x56 and
@@ -31,7 +31,9 @@ grouped conv's pixels or channels in the lanes (conv_grouped.use_channels). With
 eqfuse runs in bf16 (and, interleaved, in f32: the column "eqfuse f32 us") and OpenVINO in its
 default precision (bf16 on a CPU with AVX512_BF16), each with its error max|difference| /
 max|f32 output| against onnxruntime's f32 output; the path column adds each conv's precision and
-instruction path (report["precision"]).
+instruction path (report["precision"]). `--cpu-time` (one thread) times the grouped sets' calls by
+the process's CPU time (benchmarks/timing.py): on a shared machine the time slices that other
+processes take are then not counted, where wall-clock medians of every runtime move with the load.
 """
 
 from __future__ import annotations
@@ -244,7 +246,8 @@ def _grouped_openvino(shape, xs, threads, hint="f32"):
     return run
 
 
-def main_grouped(sets: list[str], repeat: int, threads: list[int], precision: str = "f32") -> int:
+def main_grouped(sets: list[str], repeat: int, threads: list[int], precision: str = "f32",
+                 cpu_time: bool = False) -> int:
     bf = precision == "bf16"
     print(f"{'conv (batch 1)':<34}{'thr':>4}{'eqfuse us':>11}" + (f"{'eqfuse f32 us':>15}" if bf else "")
           + f"{'ORT us':>9}{'OV us' if not bf else 'OV dflt us':>11}{'ORT/eqfuse':>12}{'OV/eqfuse':>11}"
@@ -272,13 +275,14 @@ def main_grouped(sets: list[str], repeat: int, threads: list[int], precision: st
                     assert err[key] <= 3e-2, (name, key, err[key])
                 else:
                     np.testing.assert_allclose(np.asarray(run()), want, rtol=1e-3, atol=1e-3, err_msg=f"{name} {key}")
-            times = alternate(runs, repeat, th)
+            times = alternate(runs, repeat, th, cpu_time=cpu_time)
             med = {key: statistics.median(v) * 1e6 for key, v in times.items()}
             moved = 4 * (xs["x"].size + want.size)  # bytes in and out (the floor of a memory-bound conv)
             plan = next(q for q in fn.last.plans if q.kind == "conv2d")
             d = plan.detail
             path = type(d).__name__ + (" channels" if getattr(d, "channels", False) else
                                        " pixels" if hasattr(d, "channels") else "")
+            path += f" {d.algorithm}" if hasattr(d, "algorithm") else ""  # (a direct conv's template)
             if bf:
                 path += f" {plan.precision} ({plan.precision_path})"
             ovt = f"{med['ov']:>11.1f}" if "ov" in med else f"{'-':>11}"
@@ -298,11 +302,16 @@ def main(argv=None) -> int:
                     choices=("resnet18", "resnet56", "all", *GROUPED, "grouped"))
     ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
                     help="eqfuse's precision (onnxruntime stays f32)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="the grouped sets at one thread: time calls by the process's CPU time (on a shared "
+                         "machine the time slices other processes take are then not counted)")
     args = ap.parse_args(argv)
+    if args.cpu_time and (args.threads or [1]) != [1]:
+        ap.error("--cpu-time counts every thread of the process: --threads 1 only")
     blas_threads(1)
     if args.set in GROUPED or args.set == "grouped":
         return main_grouped(list(GROUPED) if args.set == "grouped" else [args.set], args.repeat, args.threads or [1],
-                            args.precision)
+                            args.precision, args.cpu_time)
     shapes = {**(RESNET18 if args.set in ("resnet18", "all") else {}),
               **(RESNET56 if args.set in ("resnet56", "all") else {})}
     bf = args.precision == "bf16"

@@ -26,16 +26,22 @@ BLOCK = 10  # timed calls per block
 
 
 def alternate(runs: dict[str, Callable[[], object]], repeat: int, threads: int,
-              inner: int = 1) -> dict[str, list[float]]:
+              inner: int = 1, cpu_time: bool = False) -> dict[str, list[float]]:
     """`repeat` samples of seconds per call for each run (each sample the mean of `inner` calls):
-    interleaved call by call at one thread, in blocks after a settle at more (module docstring)."""
+    interleaved call by call at one thread, in blocks after a settle at more (module docstring).
+    `cpu_time` (one thread only): the process's CPU seconds rather than wall-clock seconds, so that
+    the time slices other processes take from a shared core are not counted (their effect on the
+    caches still is)."""
+    if cpu_time and threads != 1:
+        raise ValueError("cpu_time counts every thread of the process: one thread only")
+    clock = time.process_time if cpu_time else time.perf_counter
     times: dict[str, list[float]] = {k: [] for k in runs}
 
     def sample(run) -> float:
-        t = time.perf_counter()
+        t = clock()
         for _ in range(inner):
             run()
-        return (time.perf_counter() - t) / inner
+        return (clock() - t) / inner
 
     if threads <= 1:
         for _ in range(repeat):

@@ -14,6 +14,7 @@ import eqfuse
 from eqfuse.backend.kinds.contraction.conv import (
     ConvDirectDetail,
     choose_tile,
+    one_d_pixels,
     register_tiles,
     use_direct,
 )
@@ -296,6 +297,50 @@ def test_pixel_vectors_can_be_turned_off_and_wide_channels_never_use_them(monkey
     monkeypatch.delenv("EQFUSE_CONV_PIXELS")
     assert _check(2, 16, 16, 64, 3, 1, 1, bound=True).detail.pixels is None  # 64 channels: 4 vectors
     assert _check(2, 16, 3, 16, 3, 1, 1, bound=True).detail.pixels is None  # 3 pixels a row: lanes idle
+
+
+def test_a_long_conv1d_takes_pixels_in_the_lanes_while_its_window_fits_l1():
+    # Whisper's encoder convs on the pinned model: conv1 (80 -> 384, 3000 frames) a 6 x 64 pixel
+    # tile whose 21 KB window fits L1; conv2 (384 channels, stride 2: a 200 KB window) keeps
+    # channels in the lanes, as do 2-D convs and rows shorter than 4 vectors
+    m = MODELS["zen4"]
+    assert one_d_pixels(m, 1, 80, 1, 1, 3, 1, 3000, 384, 1) == (6, 1, 4)
+    assert one_d_pixels(m, 1, 384, 1, 1, 3, 1, 1500, 384, 2) is None
+    assert one_d_pixels(m, 1, 80, 2, 1, 3, 2, 3000, 384, 1) is None
+    assert one_d_pixels(m, 1, 80, 1, 1, 3, 1, 63, 384, 1) is None
+
+
+CONV1D_PIXELS = {  # graph: (N, C, L, O, k, stride, padding); many output channels, long rows
+    "s1": (2, 8, 150, 44, 3, 1, 1),  # a short last tile, channels not a whole tile, channel tiles outermost
+    "s2": (1, 12, 201, 20, 5, 2, 2),  # two column phases, channel tiles innermost
+}
+
+
+def test_a_long_conv1d_with_pixels_in_the_lanes_matches_the_reference():
+    # the 1-D path of conv_pixels.c (one_d_pixels; the weights in channel tiles, o_inner both ways),
+    # the GELU in its epilogue, weights not bound (blocked at each call)
+    with pinned("zen4") as m:
+        if m.simd_floats < 16:
+            pytest.skip("16-lane tiles on a host without AVX-512")
+        src = ""
+        for name, (N, C, L, O, k, s, p) in CONV1D_PIXELS.items():
+            ol = (L + 2 * p - k) // s + 1
+            src += (f"graph {name}(x: f32[{N}, {C}, {L}], w: f32[{O}, {C}, {k}], b: f32[{O}]) -> f32[{N}, {O}, {ol}] {{\n"
+                    f"  return gelu(conv1d(x, w, b, stride={s}, padding={p}))\n}}\n")
+        mod = eqfuse.compile(src)
+    rng = np.random.default_rng(5)
+    orders = set()
+    for name, (N, C, L, O, k, s, p) in CONV1D_PIXELS.items():
+        xs = {"x": rng.standard_normal((N, C, L)).astype(np.float32),
+              "w": (rng.standard_normal((O, C, k)) / np.sqrt(C * k)).astype(np.float32),
+              "b": rng.standard_normal(O).astype(np.float32)}
+        fn = mod.functions[name]
+        got = fn(**xs)
+        (conv,) = [q for q in fn.last.plans if str(q.kind) == "conv2d"]
+        assert conv.detail.algorithm == "pixels", name
+        orders.add(conv.detail.o_inner)
+        np.testing.assert_allclose(got, np.asarray(getattr(eqfuse.reference(src), name)(**xs)), rtol=1e-4, atol=1e-5)
+    assert orders == {False, True}  # (both tile orders)
 
 
 def test_a_pixel_vector_conv_keeps_nchw():

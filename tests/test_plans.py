@@ -100,7 +100,7 @@ CHOICES: dict[str, dict[str, str]] = {
     "conv_dwln.c": {"PARALLEL": "parallel", "VL": "vl", "RO": "ro", "NV": "nv", "BAND": "band", "FLAT": "flat",
                     "PREPACKED": "prepacked_b"},
     "conv_pixels.c": {"VL": "vl", "RO": "ro", "RPH": "rph", "RPW": "rpw", "PREPACKED": "prepacked_b",
-                      "PARALLEL": "parallel"},
+                      "PARALLEL": "parallel", "OINNER": "o_inner", "ALIGN": "row_align"},
     "conv_reorder.c": {"VL": "vl"},
     "conv_winograd.c": {"VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "TB": "tb", "IN_BLOCKED": "in_blocked",
                         "OUT_BLOCKED": "out_blocked", "PREPACKED": "prepacked_b", "REORDER": "reorder",

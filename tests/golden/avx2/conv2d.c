@@ -4,6 +4,8 @@
 #define eqf_kinds_k8_conv2d_RPW 2 /* the plan's rpw: pixel vectors per row of a tile */
 #define eqf_kinds_k8_conv2d_PREPACKED 0 /* the plan's prepacked_b: the weights blocked once (params=) */
 #define eqf_kinds_k8_conv2d_PARALLEL 0 /* the plan's parallel: the `if` of the parallel region */
+#define eqf_kinds_k8_conv2d_OINNER 0 /* the plan's o_inner: the channel tiles innermost, pixel tiles outer */
+#define eqf_kinds_k8_conv2d_ALIGN 0 /* the plan's row_align: each column phase of the padded copy whole vectors */
 /* eqf_kinds_k8_conv2d: direct conv2d with output pixels in the vector lanes, 2x3x11x13 *
  * 5x3x3x3, stride 1x1, padding 1x1 -> 2x5x11x13 (NCHW in
  * and out), the epilogue fused into the store. For few output channels (eqfuse.backend.conv_direct):
@@ -12,14 +14,18 @@
  * vectors and broadcasts RO weights for RO x RPH x RPW FMAs.
  * The input is copied zero padded, each row split into its SW column phases
  * (xq[N][C][HP][SW][WQ], element wp of a padded row at [wp % SW][wp / SW]), so that the input of
- * VL output pixels at any tap is VL consecutive floats. The weights are [C][KH][KW][OPAD]
- * (prepacked once when bound by params=). */
+ * VL output pixels at any tap is VL consecutive floats. The weights are [NTO][C][KH][KW][RO]
+ * (prepacked once when bound by params=): a tile's RO broadcasts per step are consecutive, and its
+ * whole share one stream. OINNER (0): the tiles run with the channel tiles innermost,
+ * so a pixel tile's input window stays in L1 while every channel tile reads it (the weights
+ * stream from L2 instead); else the channel tiles outermost (a tile's weights stay in L1, the
+ * input streams). */
 #define eqf_kinds_k8_conv2d_DIMS                                                                              \
     enum { N = 2, C = 3, H = 11, W = 13, O = 5, KH = 3, KW = 3, OH = 11,   \
            OW = 13, SH = 1, SW = 1, PH = 1, PW = 1, VL = 8, RO = 6,        \
            RPH = 1, RPW = 2, TW = RPW * VL, NTW = (OW + TW - 1) / TW, NTH = (OH + RPH - 1) / RPH, \
            NTO = (O + RO - 1) / RO, OPAD = NTO * RO, HP = (NTH * RPH - 1) * SH + KH,                     \
-           WQ = NTW * TW + (KW - 1) / SW + 1, P = OH * OW }
+           WQ = 0 ? (NTW * TW + (KW - 1) / SW + 1 + VL - 1) / VL * VL : NTW * TW + (KW - 1) / SW + 1, P = OH * OW }
 typedef float eqf_kinds_k8_conv2d_vf __attribute__((vector_size(8 * 4)));
 typedef float eqf_kinds_k8_conv2d_vfu __attribute__((vector_size(8 * 4), aligned(4))); /* an unaligned access */
 
@@ -29,17 +35,26 @@ long eqf_kinds_k8_conv2d_prepack_floats(void)
     return (long)C * KH * KW * OPAD;
 }
 
-/* OIHW weights -> w[C][KH][KW][OPAD], zero padded. */
+/* OIHW weights -> w[NTO][C][KH][KW][RO], zero padded. */
 void eqf_kinds_k8_conv2d_prepack(const float* restrict wt, float* restrict wp)
 {
     eqf_kinds_k8_conv2d_DIMS;
-    for (long c = 0; c < C; c++)
-        for (long k = 0; k < KH * KW; k++)
-            for (long o = 0; o < OPAD; o++)
-                wp[(c * KH * KW + k) * OPAD + o] = o < O ? wt[(o * C + c) * KH * KW + k] : 0.0f;
+    for (long to = 0; to < NTO; to++)
+        for (long c = 0; c < C; c++)
+            for (long k = 0; k < KH * KW; k++)
+                for (long r = 0; r < RO; r++) {
+                    const long o = to * RO + r;
+                    wp[((to * C + c) * KH * KW + k) * RO + r] = o < O ? wt[(o * C + c) * KH * KW + k] : 0.0f;
+                }
 }
 
-/* One padded row (n, c, hp), split into its SW column phases. */
+/* One padded row (n, c, hp), split into its SW column phases. ALIGN (0): each phase is a
+ * whole number of vectors (WQ), so that every phase starts on a vector's boundary: a tap's pixel
+ * vectors at kw / SW = 0 are aligned loads, the others cross one line boundary less often than
+ * from a row start anywhere (Whisper's conv1, 80 rows of 3011 floats otherwise: 1-3% less time,
+ * `benchmarks/bench_conv.py --set whisper --cpu-time`). Short 2-D rows do not take it: there the
+ * padding adds up to a third to the copy (the 7x7 stem of `benchmarks/bench_conv.py --set
+ * resnet18`'s shapes on the direct path, 36 -> 48 floats a phase: 3% more CPU time). */
 static inline void eqf_kinds_k8_conv2d_pad_row(const float* restrict x, float* restrict xq, long row)
 {
     eqf_kinds_k8_conv2d_DIMS;
@@ -69,7 +84,7 @@ static inline void eqf_kinds_k8_conv2d_tile(const float* restrict xq, const floa
     for (long c = 0; c < C; c++)
         for (long kh = 0; kh < KH; kh++) {
             const float* restrict xr = xq + ((n * C + c) * HP + oh0 * SH + kh) * (long)SW * WQ + ow0;
-            const float* restrict wr = w + (c * KH + kh) * KW * (long)OPAD + o0;
+            const float* restrict wr = w + ((o0 / RO * C + c) * KH + kh) * KW * (long)RO;
 #pragma GCC unroll 16
             for (int kw = 0; kw < KW; kw++) {
                 eqf_kinds_k8_conv2d_vf xv[RPH * RPW];
@@ -83,7 +98,7 @@ static inline void eqf_kinds_k8_conv2d_tile(const float* restrict xq, const floa
                 }
 #pragma GCC unroll 32
                 for (int r = 0; r < RO; r++) {
-                    const float a = wr[kw * OPAD + r];
+                    const float a = wr[kw * RO + r];
 #pragma GCC unroll 8
                     for (int p = 0; p < RPH * RPW; p++)
                         acc[r][p] += a * xv[p];
@@ -124,9 +139,21 @@ static void eqf_kinds_k8_conv2d_tiles(void* job, long lo, long hi)
     const float* restrict xq = jb->xq;
     const float* restrict w = jb->w;
     for (long it = lo; it < hi; it++) {
-        const long to = it / (N * NTH * NTW), t = it % (N * NTH * NTW);
+        const long to = 0 ? it % NTO : it / (N * NTH * NTW), t = 0 ? it / NTO : it % (N * NTH * NTW);
         const long b = t / (NTH * NTW), oh0 = t / NTW % NTH * RPH, ow0 = t % NTW * TW, o0 = to * RO;
         float tile[RO * RPH * TW] __attribute__((aligned(64)));
+        if (it + 1 < hi) {
+            /* the next tile's output lines, prefetched for writing while this tile computes: its
+             * stores then find them in cache (Whisper's conv1, a 4.6 MB output: 2% less time with
+             * its GELU, `benchmarks/bench_conv.py --set whisper`) */
+            const long it1 = it + 1;
+            const long to1 = 0 ? it1 % NTO : it1 / (N * NTH * NTW), t1 = 0 ? it1 / NTO : it1 % (N * NTH * NTW);
+            const long b1 = t1 / (NTH * NTW), oh1 = t1 / NTW % NTH * RPH, ow1 = t1 % NTW * TW, o1 = to1 * RO;
+            for (long r = 0; r < RO && o1 + r < O; r++)
+                for (long h = 0; h < RPH && oh1 + h < OH; h++)
+                    for (long q = 0; q < TW && ow1 + q < OW; q += 64 / (long)sizeof(float))
+                        __builtin_prefetch(out + (b1 * O + o1 + r) * (long)P + (oh1 + h) * OW + ow1 + q, 1);
+        }
         eqf_kinds_k8_conv2d_tile(xq, w, b, o0, oh0, ow0, tile);
         const long cw = OW - ow0 < TW ? OW - ow0 : TW;
         (void)b;

@@ -105,6 +105,8 @@ class ConvDirectDetail:
     blocked_args: tuple[int, ...] = ()  # body inputs of the epilogue read in blocks of VL channels
     in_place: bool = False  # the input in blocks read where it is, no padded copy (conv._mark_in)
     winograd: int = 0  # tiles per block of a Winograd F(2x2, 3x3) conv (contraction/conv.py), 0: direct
+    o_inner: bool = False  # pixels in the lanes: the channel tiles innermost (conv_pixels.c's OINNER)
+    row_align: bool = False  # pixels in the lanes: each column phase of the padded copy whole vectors (ALIGN)
 
     @property
     def obw(self) -> int:
@@ -180,25 +182,66 @@ def choose_tile(m: Machine, shape: tuple[int, int, int, int, int, int]) -> tuple
     return min(cands, key=lambda t: (tile_cost(shape, m, *t), -t[0], -t[1], not t[2]))
 
 
-def pixel_tiles(simd_floats: int) -> list[tuple[int, int, int]]:
+def pixel_tiles(simd_floats: int, one_d: bool = False) -> list[tuple[int, int, int]]:
     """(RO, RPH, RPW) tiles of the pixel-vector kernel: RO x RPH x RPW accumulators, the RPH x RPW
-    input vectors and one broadcast weight fit the vector registers."""
+    input vectors and one broadcast weight fit the vector registers. A 1-D conv's long rows
+    (`one_d`) may also take rows of 4 or 6 vectors."""
     regs = 32 if simd_floats >= 16 else 16
-    return [(ro, rph, rpw) for ro in (2, 4, 6, 8, 12, 16) for rph in (1, 2, 3, 4) for rpw in (1, 2, 3)
+    return [(ro, rph, rpw) for ro in (2, 4, 6, 8, 12, 16) for rph in (1, 2, 3, 4)
+            for rpw in ((1, 2, 3, 4, 6) if one_d and rph == 1 else (1, 2, 3))
             if ro * rph * rpw + rph * rpw + 1 <= regs]
 
 
-def choose_pixel_tile(m: Machine, N: int, OH: int, OW: int, O: int) -> tuple[int, int, int]:
+def choose_pixel_tile(m: Machine, N: int, OH: int, OW: int, O: int, one_d: bool = False) -> tuple[int, int, int]:
     """The pixel-vector tile of least work (padding pixels and channels included) per load of
     its inner step (RPH x RPW vectors, RO broadcasts for RO x RPH x RPW FMAs), at least 5
-    cycles a step (an FMA's latency); ties go to fewer rows."""
+    cycles a step (an FMA's latency); ties go to fewer rows, then (`one_d`) to fewer loads per FMA
+    (whisper conv1, RO x RPW of 6 x 4 against 12 x 2: `benchmarks/bench_conv.py --set whisper`),
+    then to more channels."""
     vl = m.simd_floats
 
     def cost(t):
         ro, rph, rpw = t
         tiles = cdiv(O, ro) * N * cdiv(OH, rph) * cdiv(OW, rpw * vl)
-        return tiles * max(ro * rph * rpw / 2, 5, (ro + rph * rpw) / 1.5), rph, -ro
-    return min(pixel_tiles(vl), key=cost)
+        return tiles * max(ro * rph * rpw / 2, 5, (ro + rph * rpw) / 1.5), rph, (ro + rph * rpw) / (ro * rph * rpw) if one_d else 0, -ro
+    return min(pixel_tiles(vl, one_d), key=cost)
+
+
+def one_d_pixels(m: Machine, N: int, C: int, H: int, KH: int, KW: int, OH: int, OW: int, O: int,
+                 SW: int) -> tuple[int, int, int] | None:
+    """The pixel tile of a 1-D conv (one input row, one kernel row: conv1d) that puts its pixels in
+    the vector lanes (conv_pixels.c) whatever its channel count, or None: when its rows hold at
+    least 4 vectors of pixels and a tile's input window (C rows of RPW x VL x SW + KW floats) and
+    its channel tile's weights fit L1, so that the channel tiles, run innermost, read the window
+    from L1. A tile row is then the output's NCHW row (no reorder pass) and its input a window of
+    the padded row read where it is: the GEMM of overlapping windows without an im2col copy.
+    Measured with their GELU (`benchmarks/bench_conv.py --set whisper`, figures in
+    benchmarks/RESULTS.md): Whisper's conv1 (80 -> 384 channels, 3000 frames; a 21 KB window) 6%
+    less time than channels in the lanes; its conv2 (384 channels, stride 2; a 200 KB window)
+    even to 5% more, so it keeps channels in the lanes."""
+    vl = m.simd_floats
+    if not (H == 1 and KH == 1 and OH == 1 and OW >= 4 * vl):
+        return None
+    t = choose_pixel_tile(m, N, OH, OW, O, one_d=True)
+    ro, _, rpw = t
+    window = C * (rpw * vl * SW + KW) * F32
+    return t if window + C * KW * ro * F32 <= m.l1 else None
+
+
+def o_inner(N: int, C: int, KH: int, KW: int, OH: int, OW: int, O: int, SH: int, SW: int, vl: int,
+            pixels: tuple[int, int, int], row_align: bool = False) -> bool:
+    """conv_pixels.c's OINNER: the channel tiles innermost when the input streamed once per channel
+    tile (channel tiles outermost) is more than the weights streamed once per pixel tile (the
+    input window of a pixel tile, held in cache while every channel tile reads it). Whisper's conv2
+    (384 -> 384, stride 2, 3000 frames) with its pixel tile forced (EQFUSE_CONV_PIXELS=6,1,4):
+    4.6 MB of input x 64 channel tiles against 1.8 MB of weights x 24 pixel tiles, 19% less time
+    inner (`benchmarks/bench_conv.py --set whisper`)."""
+    ro, rph, rpw = pixels
+    tw = rpw * vl
+    nto, nth, ntw = cdiv(O, ro), cdiv(OH, rph), cdiv(OW, tw)
+    hp, wq = (nth * rph - 1) * SH + KH, ntw * tw + (KW - 1) // SW + 1
+    wq = cdiv(wq, vl) * vl if row_align else wq
+    return nto * N * C * hp * SW * wq > N * nth * ntw * C * KH * KW * nto * ro
 
 
 def use_direct(KH: int, KW: int, SH: int, SW: int) -> bool:
@@ -237,8 +280,12 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     v, rw, rows = choose_tile(m, (N, OH, OW, O, cdiv(cb * KW, 2) if bf16 else cb * KW, cdiv(C, cb) * KH))
     # one vector of output channels: each FMA would need its own broadcast input value; with
     # the pixels in the lanes, RO broadcast weights serve RPH x RPW vectors of pixels
-    pixels = choose_pixel_tile(m, N, OH, OW, O) if v == 1 and 2 * OW >= vl and \
+    # (a 1-D conv's long rows: `one_d_pixels`)
+    one_d = one_d_pixels(m, N, C, H, KH, KW, OH, OW, O, sw)
+    pixels = (one_d or choose_pixel_tile(m, N, OH, OW, O)) if (v == 1 and 2 * OW >= vl or one_d) and \
         os.environ.get("EQFUSE_CONV_PIXELS", "1") != "0" else None
+    if "," in os.environ.get("EQFUSE_CONV_PIXELS", ""):  # "RO,RPH,RPW": a pixel tile forced, to measure others
+        pixels = tuple(int(t) for t in os.environ["EQFUSE_CONV_PIXELS"].split(","))
     if bf16:  # (conv_pixels.c has no bf16 path: channels in the lanes, which do)
         pixels = None
     if os.environ.get("EQFUSE_CONV_TILE"):  # "V,RW,ROWS": a tile forced, to measure others
@@ -249,6 +296,9 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     par = parallel(NP, O, K, 1)
     d = ConvDirectDetail(N, C, H, W, O, KH, KW, OH, OW, (sh, sw), pair(cv.attr["padding"]), cb, vl, v, rw, rows,
                          par, pixels=pixels)
+    if pixels:  # (a 1-D conv's long rows: aligned at the cost of under a vector each, `one_d_pixels`)
+        d = replace(d, o_inner=o_inner(N, C, KH, KW, OH, OW, O, sh, sw, vl, pixels, bool(one_d)),
+                    row_align=bool(one_d))
     plan.detail = d
     plan.tiles = {"cb": cb, "obw": d.obw, "rw": rw, "rows": int(rows)}  # (constants of the C)
     if pixels:
@@ -296,18 +346,22 @@ def _pixel_plan(plan: KernelPlan, m: Machine, epi: str) -> None:
     ro, rph, rpw = d.pixels
     tw = rpw * d.vl
     nt = cdiv(d.O, ro) * d.N * cdiv(d.OH, rph) * cdiv(d.OW, tw)
-    hp, wq = (cdiv(d.OH, rph) * rph - 1) * d.stride[0] + d.KH, cdiv(d.OW, tw) * tw + (d.KW - 1) // d.stride[1] + 1
+    hp = (cdiv(d.OH, rph) * rph - 1) * d.stride[0] + d.KH
+    wq = cdiv(d.OW, tw) * tw + (d.KW - 1) // d.stride[1] + 1
+    wq = cdiv(wq, d.vl) * d.vl if d.row_align else wq  # (whole vectors)
     regs = ro * rph * rpw + rph * rpw + 1
     plan.cache_check = (f"registers: {ro} x {rph} x {rpw} accumulators + {rph * rpw} pixel vectors + 1 broadcast = "
                         f"{regs} vectors <= {32 if m.simd_floats >= 16 else 16}: ok")
     if d.parallel:
-        plan.threads = (f"the padded copy's rows, then the {nt} tiles ({ro} channels x {rph} rows x {tw} pixels), "
-                        f"{REGIONS}")
+        order = "channel tiles innermost" if d.o_inner else "channel tiles outermost"
+        plan.threads = (f"the padded copy's rows, then the {nt} tiles ({ro} channels x {rph} rows x {tw} pixels, "
+                        f"{order}), {REGIONS}")
     plan.uops = [
-        UOp(0, "Exec", "weights to [C][KH][KW][OPAD] (once when bound by params=)", 1),
+        UOp(0, "Exec", "weights to [NTO][C][KH][KW][RO] (once when bound by params=)", 1),
         UOp(0, "Load", f"input to a zero-padded copy, rows split by column phase [N][{d.C}][{hp}][{d.stride[1]}][{wq}]",
             d.N * d.C * hp),
-        UOp(0, "Loop", f"{nt} tiles of {ro} output channels x {rph} rows x {tw} pixels", nt),
+        UOp(0, "Loop", f"{nt} tiles of {ro} output channels x {rph} rows x {tw} pixels"
+                       f"{', channel tiles innermost' if d.o_inner else ''}", nt),
         UOp(1, "Exec", f"{rph * rpw} pixel vectors x {ro} broadcast weights per input channel and tap",
             nt * d.C * d.KH * d.KW),
         UOp(1, "Store", f"tile through the epilogue ({epi or 'none'}) into NCHW, a channel's pixels together", nt)]
@@ -396,7 +450,7 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                       WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                       EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                       SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], VL=d.vl, RO=ro, RPH=rph,
-                      RPW=rpw, **param_job(params))
+                      RPW=rpw, OINNER=int(d.o_inner), ALIGN=int(d.row_align), **param_job(params))
     el, er = edge_tiles(d)
     return render("conv_direct.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
