@@ -11,7 +11,16 @@ import re
 from dataclasses import dataclass, replace
 from itertools import count
 
-from eqfuse.backend.cexpr import I1, I3, I4, Exprs, Space, kernel_params, param_job, render
+from eqfuse.backend.cexpr import (
+    I1,
+    I3,
+    I4,
+    Exprs,
+    Space,
+    kernel_params,
+    param_job,
+    render,
+)
 from eqfuse.backend.indexing import bstrides, offset, result_strides, view_strides
 from eqfuse.backend.kinds.base import Kind
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
