@@ -1,6 +1,7 @@
 #define {{NAME}}_BK {{BK}} /* the plan's bk: keys per block (their scores on the stack) */
 #define {{NAME}}_SCORE_OPS {{SCORE_OPS}} /* the plan's score_ops: the score's own ops run in a score pass */
-#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the tasks shared among the threads */
+#define {{NAME}}_POOL {{POOL}} /* the plan's pool: the tasks are chunks of the claim-based pool, not an OpenMP region */
 #define {{NAME}}_K_BF16 {{K_BF16}} /* the plan's k_bf16: the keys are a bf16 KV cache (uint16) */
 #define {{NAME}}_V_BF16 {{V_BF16}} /* the plan's v_bf16: the values are a bf16 KV cache (uint16) */
 #define {{NAME}}_G {{G}} /* the plan's kv_rows: query rows per task, sharing one pass over the keys and values */
@@ -34,12 +35,23 @@ EQF_WIDE_BEGIN
  * block's maximum; its running maximum raised only when the block's passes it by more than 2^8,
  * rescaling its accumulators; exp2), then acc_r += p_rj v_j over each value row, in f32. A bf16
  * KV cache (K_BF16, V_BF16: precision="bf16") is read as uint16 and widened by a shift: half the
- * bytes streamed, which set this kernel's time. */
-void {{NAME}}({{PARAMS}})
+ * bytes streamed, which set this kernel's time.
+ * The tasks are independent (each writes its G rows of out and nothing else), so the result does
+ * not depend on which thread runs which. With POOL ({{POOL}}) they are chunks of the claim-based
+ * pool (common_pool.h), one task a chunk, as the decode step's few-rows GEMMs before and after
+ * this kernel: the run function keeps the pool's workers spinning across the step
+ * (runtime.program.hold_pool), and no OpenMP team is woken between the GEMMs. Else an OpenMP
+ * region when PARALLEL. */
+typedef struct {
+    {{PARAM_FIELDS}}
+} {{NAME}}_job;
+
+static void {{NAME}}_task(void* job, long bg)
 {
     enum { BK = {{BK}}, D = {{D}}, DV = {{DV}}, G = {{NAME}}_G };
-    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
-    for (long bg = 0; bg < {{BATCH}} / G; bg++) {
+    const {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+    {
         const long i = 0;  /* (the one query row of each of the G) */
         (void)i;
         const {{NAME}}_kt* restrict kp;
@@ -203,6 +215,18 @@ void {{NAME}}({{PARAMS}})
             }
         }
     }
+}
+
+void {{NAME}}({{PARAMS}})
+{
+    {{NAME}}_job job = { {{PARAM_INIT}} };
+#if {{POOL}}
+    eqf_parallel_for({{BATCH}} / {{NAME}}_G, {{NAME}}_task, &job, {{PARALLEL}} ? eqf_pool_threads() : 1);
+#else
+    #pragma omp parallel for schedule(static) if ({{PARALLEL}})
+    for (long bg = 0; bg < {{BATCH}} / {{NAME}}_G; bg++)
+        {{NAME}}_task(&job, bg);
+#endif
 }
 EQF_WIDE_END
 #undef {{NAME}}_KW

@@ -414,7 +414,16 @@ def step_maker(module, sig: Signature):
         key = (tuple(sorted(any_batch.items())), live)
         bucketed = key in f.live_modules or (f.batch_dim is not None and f.batch_dim in getattr(f, "batch_buckets", {}))
         step = f.live_module(any_batch if bucketed else step_dims(sig, capacity, batch, rows), live)
-        return lambda feeds: step(**feeds)
+        free = tuple(step.default.free)
+
+        def run(feeds: dict):
+            # by position when the feeds are the step's parameters: a call with the last call's
+            # shapes and dtypes then goes straight to its run function (Function.__call__), where
+            # by keyword each step matched every name and checked every array again
+            if len(feeds) == len(free) and all(map(feeds.__contains__, free)):
+                return step(*map(feeds.__getitem__, free))
+            return step(**feeds)
+        return run
     return make
 
 

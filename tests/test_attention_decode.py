@@ -346,3 +346,48 @@ def test_an_attention_over_several_new_rows_reads_its_causal_mask_at_the_live_le
     other[0, 2] = -np.inf  # (a key hidden from query 0 as well: not the causal mask)
     with pytest.raises(eqfuse.EqfuseError, match="not a causal mask computed at compile time"):
         eqfuse.compile(CHUNK, dims={"P": 6}, live="P", params={"cm": other})
+
+
+POOLED = """
+graph step(q: f32[1, 8, 1, 64], past_k: f32[1, 8, P, 64], past_v: f32[1, 8, P, 64], k: f32[1, 8, 1, 64],
+           v: f32[1, 8, 1, 64]) {
+    keys = concat(past_k, k, axis=2)
+    values = concat(past_v, v, axis=2)
+    a = softmax(q @ transpose(keys, perm=[0, 1, 3, 2]) * 0.125, axis=-1) @ values
+    return a, keys, values
+}
+"""
+
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_decode_attention_tasks_on_the_pool_give_the_same_bits_on_1_and_2_threads(precision):
+    """With enough work to share (8 heads over 257 keys), the decode attention's tasks are chunks
+    of the claim-based pool (the plan's pool: the run function keeps the pool held across it, as
+    across the step's few-rows GEMMs), and the appends, which copy the new rows only, say one
+    thread (block_parallel 0/0: a parallel flag would let go of the pool before them). Each task
+    writes its own rows, so the result on 2 threads has the bits of the result on 1, and both are
+    within the attention bound against float64 (u = 2^-8 with the bf16 cache)."""
+    mods = [eqfuse.compile(POOLED, dims={"P": 256}, live="P", precision=precision, threads=t) for t in (1, 2)]
+    for mod in mods:
+        att = [k for k in mod.kernels if k.kind == "attention"]
+        assert len(att) == 1 and att[0].decisions["pool"] == 1 and att[0].decisions["parallel"] == 1
+        assert f"#define {att[0].name}_POOL 1" in att[0].c_source
+        appends = [k for k in mod.kernels if k.decisions.get("live", "").startswith("append")]
+        assert len(appends) == 2 and all(k.decisions["block_parallel"] == "0/0" for k in appends)
+    rng = np.random.default_rng(7)
+    for t in (3, 200, 256):
+        past = [rng.standard_normal((1, 8, 257, 64), dtype=np.float32) for _ in range(2)]
+        past = [bf16_widen(bf16_bits(p)) for p in past] if precision == "bf16" else past
+        q, k, v = (rng.standard_normal((1, 8, 1, 64), dtype=np.float32) for _ in range(3))
+        outs = []
+        for mod in mods:
+            bufs = [bf16_bits(p) if precision == "bf16" else p.copy() for p in past]
+            outs.append(mod(q=q, k=k, v=v, past_k=bufs[0], past_v=bufs[1], P_length=np.array([t]))[0])
+        assert np.array_equal(outs[0], outs[1]), t
+        kv = [np.concatenate([p[:, :, :t], n], axis=2).astype(np.float64) for p, n in zip(past, (k, v))]
+        if precision == "bf16":  # (the new rows rounded into the cache, as the reference's keys)
+            kv = [np.concatenate([x[:, :, :t], bf16_widen(bf16_bits(n)).astype(np.float64)], axis=2)
+                  for x, n in zip(kv, (k, v))]
+        ref, bound = attention_bound(q.astype(np.float64).reshape(8, 1, 64), *(x.reshape(8, t + 1, 64) for x in kv),
+                                     0.125, None, 64, u=U if precision == "bf16" else 0.0)
+        assert np.all(np.abs(outs[0].reshape(ref.shape) - ref) <= bound), t

@@ -81,6 +81,13 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str, arrays: Mapping[s
         p.live = appends[p.node] = LiveBound("append", rows, rows - kg.nodes[p.args[0]].type.shape[ax], buf, ax)
         p.unread = frozenset({0})  # the past rows are the buffer's own
         new = size(p.out_shape) * p.live.new // rows
+        # The past's copy block is not emitted, so its flag must not say parallel: the run function
+        # reads it (runtime.program.hold_pool) and would let go of the claim-based pool before the
+        # append, so the pool's worker slept and was woken again at the next few-rows GEMM.
+        p.detail = replace(p.detail, parallel=tuple(par and k not in p.unread
+                                                    for k, par in enumerate(p.detail.parallel)))
+        if not any(p.detail.parallel):
+            p.threads = f"one thread, no parallel region (the new rows only: {new} elements; the past rows stay in place)"
         p.bytes = 2 * F32 * new  # the new rows read and written
         p.cache_check = "streaming copy of the new rows only"
         lead = size(p.out_shape[:ax])
@@ -263,9 +270,11 @@ def _read_through_repeats(kg: Graph, p: KernelPlan, plans: list[KernelPlan], by_
     tasks = d.batch // rows
     par = d.parallel and tasks > 1
     p.detail = replace(d, kv_group=g, kv_read=tuple(m for _, _, m in reads), k_scale=k_scale, kv_rows=rows,
-                       parallel=par)
+                       parallel=par, pool=d.pool and par)
     if rows > 1:
-        p.threads = (f"the {tasks} (batch, key/value head) tasks of {rows} query rows split evenly among the threads"
+        p.threads = (f"the {tasks} (batch, key/value head) tasks of {rows} query rows "
+                     + ("claimed one at a time by the threads of the claim-based pool (common_pool.h), as the "
+                        "decode step's few-rows GEMMs" if p.detail.pool else "split evenly among the threads")
                      if par else p.threads)
         p.uops = [replace(u, what=u.what.replace("(batch, head) query rows", f"(batch, key/value head) tasks of {rows} "
                                                   "query rows, each k and v row read once for them"), count=u.count // rows)

@@ -11,7 +11,16 @@ import re
 from dataclasses import dataclass, replace
 from itertools import count
 
-from eqfuse.backend.cexpr import I1, I3, I4, Exprs, Space, kernel_params, render
+from eqfuse.backend.cexpr import (
+    I1,
+    I3,
+    I4,
+    Exprs,
+    Space,
+    kernel_params,
+    param_job,
+    render,
+)
 from eqfuse.backend.indexing import bstrides, offset, result_strides, view_strides
 from eqfuse.backend.kinds.base import Kind
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
@@ -59,6 +68,11 @@ class AttentionDetail:
     # mask computed with the past at its capacity, read at key column j + (rows - new - live) so
     # that query i sees keys 0 .. live + i (eqfuse.backend.live._causal); -1: none
     causal_input: int = -1
+    # the decode plan's tasks are chunks of the claim-based pool (common_pool.h), as its step's
+    # few-rows GEMMs: the run function then holds the pool across the attention
+    # (runtime.program.hold_pool), where an OpenMP region would let the pool's worker fall asleep
+    # and wake OpenMP's, both at every layer; else an OpenMP region (the `if` is `parallel`)
+    pool: bool = False
 
 
 def _score_scale(body: Graph, score: int, qk: int) -> float | None:
@@ -168,8 +182,9 @@ class Attention(Kind):
         fmas = batch * Sk * (D + Dv)
         par = batch > 1 and fmas >= PARALLEL_MIN_FMAS
         score_ops = _score_scale(body, body.nodes[p.sm].args[0], p.qk) is None
-        plan.detail = AttentionDetail(batch, 1, Sk, D, Dv, par, score_ops=score_ops, decode=True)
-        plan.threads = (f"the {batch} (batch, head) query rows split evenly among the threads" if par else
+        plan.detail = AttentionDetail(batch, 1, Sk, D, Dv, par, score_ops=score_ops, decode=True, pool=par)
+        plan.threads = (f"the {batch} (batch, head) query rows claimed one at a time by the threads of the "
+                        "claim-based pool (common_pool.h), as the decode step's few-rows GEMMs" if par else
                         f"one thread, no parallel region ({fmas} multiply-adds < {PARALLEL_MIN_FMAS}, "
                         "plan_gemm.PARALLEL_MIN_FMAS)")
         ws = (bk + D + Dv + 16) * F32
@@ -281,7 +296,8 @@ class Attention(Kind):
                           OFFSETS="\n".join(decls + used),
                           SCORE_BODY=sc.text(), SCORE=score, QSCALE=qscale, SCORE_LOG2E=slog2e,
                           SCORE_OPS=int(d.score_ops), EPI_BODY=epi.text(), EPI=e,
-                          K_BF16=int(d.k_bf16), V_BF16=int(d.v_bf16), G=d.kv_rows)
+                          K_BF16=int(d.k_bf16), V_BF16=int(d.v_bf16), G=d.kv_rows, POOL=int(d.pool),
+                          **param_job(params))
         return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SQ=Sq, SK=sk, D=D, DV=Dv,
                       BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=int(d.vec),
                       ZERO_NAN=int(body.nodes[p.sm].attr["zero_nan"]), PARALLEL=int(d.parallel),
