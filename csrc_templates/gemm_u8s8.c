@@ -303,46 +303,55 @@ static void {{NAME}}_im2col(void* ctx, long ch)
 {
     const {{NAME}}_cjob* q = ctx;
     const long r0 = ch * {{NAME}}_CROWS, r1 = r0 + {{NAME}}_CROWS < {{NAME}}_M ? r0 + {{NAME}}_CROWS : {{NAME}}_M;
-    for (long p = r0; p < r1; p++) {
-        const long oh = p / {{NAME}}_OW, ow = p % {{NAME}}_OW;
-        const long w0 = ow * {{NAME}}_SW - {{NAME}}_PW;
-        const int inside = w0 >= 0 && w0 + ({{NAME}}_KW - 1) * {{NAME}}_DW < {{NAME}}_W;
-        uint8_t* restrict a = q->A + p * {{NAME}}_K;
+    /* the chunk's pixels by output row: per kernel row (c, u), its x row (or padding) is found
+     * once, then copied to every pixel of the output row in a tight loop (dst K bytes apart) */
+    for (long p0 = r0; p0 < r1;) {
+        const long oh = p0 / {{NAME}}_OW, owa = p0 % {{NAME}}_OW;
+        const long pe = (oh + 1) * {{NAME}}_OW < r1 ? (oh + 1) * {{NAME}}_OW : r1;
+        const long owb = owa + (pe - p0);
         for (long c = 0; c < {{NAME}}_K / ({{NAME}}_KH * {{NAME}}_KW); c++) {
             const uint8_t* restrict xc = q->X + c * {{NAME}}_H * {{NAME}}_W;
             for (long u = 0; u < {{NAME}}_KH; u++) {
                 const long h = oh * {{NAME}}_SH - {{NAME}}_PH + u * {{NAME}}_DH;
-                uint8_t* restrict ar = a + (c * {{NAME}}_KH + u) * {{NAME}}_KW;
+                const long kofs = (c * {{NAME}}_KH + u) * {{NAME}}_KW;
+                uint8_t* restrict ar = q->A + p0 * {{NAME}}_K + kofs;
                 if (h < 0 || h >= {{NAME}}_H) {
-                    for (long v = 0; v < {{NAME}}_KW; v++)
-                        ar[v] = q->zp;
+                    for (long ow = owa; ow < owb; ow++, ar += {{NAME}}_K)
+                        for (long v = 0; v < {{NAME}}_KW; v++)
+                            ar[v] = q->zp;
                     continue;
                 }
                 const uint8_t* restrict xr = xc + h * {{NAME}}_W;
-                const long kofs = (c * {{NAME}}_KH + u) * {{NAME}}_KW;
-                if (inside && {{NAME}}_WIDE && {{NAME}}_DW == 1 && w0 + {{NAME}}_WIDE <= {{NAME}}_W
-                    && kofs + {{NAME}}_WIDE <= {{NAME}}_K)
-                    /* WIDE bytes moved at once: the ones past KW belong to the next kernel row of
-                     * this pixel, which overwrites them next (never the next pixel's: kofs + WIDE <= K) */
-                    memcpy(ar, xr + w0, {{NAME}}_WIDE);
-                else if (inside && {{NAME}}_DW == 1)
-                    memcpy(ar, xr + w0, {{NAME}}_KW);
-                else if (inside)
-                    for (long v = 0; v < {{NAME}}_KW; v++)
-                        ar[v] = xr[w0 + v * {{NAME}}_DW];
-                else
-                    for (long v = 0; v < {{NAME}}_KW; v++) {
-                        const long w = w0 + v * {{NAME}}_DW;
-                        ar[v] = w >= 0 && w < {{NAME}}_W ? xr[w] : q->zp;
-                    }
+                for (long ow = owa; ow < owb; ow++, ar += {{NAME}}_K) {
+                    const long w0 = ow * {{NAME}}_SW - {{NAME}}_PW;
+                    const int inside = w0 >= 0 && w0 + ({{NAME}}_KW - 1) * {{NAME}}_DW < {{NAME}}_W;
+                    if (inside && {{NAME}}_WIDE && {{NAME}}_DW == 1 && w0 + {{NAME}}_WIDE <= {{NAME}}_W
+                        && kofs + {{NAME}}_WIDE <= {{NAME}}_K)
+                        /* WIDE bytes moved at once: the ones past KW belong to the next kernel row of
+                         * this pixel, which overwrites them next (never the next pixel's: kofs + WIDE <= K) */
+                        memcpy(ar, xr + w0, {{NAME}}_WIDE);
+                    else if (inside && {{NAME}}_DW == 1)
+                        memcpy(ar, xr + w0, {{NAME}}_KW);
+                    else if (inside)
+                        for (long v = 0; v < {{NAME}}_KW; v++)
+                            ar[v] = xr[w0 + v * {{NAME}}_DW];
+                    else
+                        for (long v = 0; v < {{NAME}}_KW; v++) {
+                            const long w = w0 + v * {{NAME}}_DW;
+                            ar[v] = w >= 0 && w < {{NAME}}_W ? xr[w] : q->zp;
+                        }
+                }
             }
         }
-        if (q->rowsum) {
-            uint32_t s = 0;
-            for (long k = 0; k < {{NAME}}_K; k++)
-                s += a[k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
-            q->rowsum[p] = (int32_t)s;
-        }
+        if (q->rowsum)
+            for (long p = p0; p < pe; p++) {
+                const uint8_t* restrict a = q->A + p * {{NAME}}_K;
+                uint32_t s = 0;
+                for (long k = 0; k < {{NAME}}_K; k++)
+                    s += a[k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+                q->rowsum[p] = (int32_t)s;
+            }
+        p0 = pe;
     }
 }
 #endif
