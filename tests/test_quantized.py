@@ -1146,6 +1146,8 @@ def test_the_integer_conv_im2col_copies_every_kernel_row_width():
         x[n] = rng.integers(-128, 128, s).astype(np.int8)
     mod = eqfuse.compile(IM2COL_G)
     assert sum(k.decisions.get("im2col", 0) for k in mod.kernels) == 4
+    # the 5 x 5 and 7 x 7 by output row, the 1 x 1 and 3 x 3 pixel by pixel (im2col_by_rows)
+    assert sorted(k.decisions["im2col_rows"] for k in mod.kernels if k.kind == "contraction") == [0, 0, 1, 1]
     conv = OPS["conv_integer"].numpy
     geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
     want = [conv([x["x"], x["w5"], x["xz"], x["wz"]], geo(stride=2, padding=2)),
