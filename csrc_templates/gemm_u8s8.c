@@ -66,6 +66,7 @@
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the panels shared by the pool's threads */
 #define {{NAME}}_QUANT_A {{QUANT_A}} /* A is f32 x, quantized into the kernel's A buffer */
 #define {{NAME}}_IM2COL {{IM2COL}} /* A is the im2col of a conv's x, C stored NCHW */
+#define {{NAME}}_IM2COL_ROWS {{IM2COL_ROWS}} /* the im2col by output row, kernel row outermost (else pixel by pixel) */
 #define {{NAME}}_G {{G}}L /* the conv's groups: B one matrix per group */
 #define {{NAME}}_CI {{CI}}L /* the conv's geometry: x's channels, height, width; the kernel, stride, padding, dilation */
 #define {{NAME}}_H {{H}}L
@@ -83,6 +84,9 @@
 #define {{NAME}}_KG ({{NAME}}_K / 4) /* whole K-groups of A; a last partial one is KT bytes */
 #define {{NAME}}_KT ({{NAME}}_K % 4)
 #define {{NAME}}_KGP (({{NAME}}_K + 3) / 4) /* K-groups in the panels */
+/* A's row stride: a conv's im2col rows padded to whole K-groups (the pad bytes meet B's zero
+ * padding), so that every group of four is one aligned-stride load with no partial last group */
+#define {{NAME}}_LDA ({{NAME}}_IM2COL ? {{NAME}}_KGP * 4 : {{NAME}}_K)
 #define {{NAME}}_NPAD (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR)
 #define {{NAME}}_PANELS ({{NAME}}_NPAD / {{NAME}}_NR)
 #define {{NAME}}_PANEL_BYTES ({{NAME}}_KGP * 4L * {{NAME}}_NR)
@@ -115,7 +119,7 @@ long {{NAME}}_ukernel_calls(void) { return __atomic_exchange_n(&{{NAME}}_calls, 
 static inline uint32_t {{NAME}}_a4(const uint8_t* a, long g)
 {
     uint32_t w = 0;
-    if (g < {{NAME}}_KG)
+    if (g < {{NAME}}_KG || {{NAME}}_LDA % 4 == 0)
         memcpy(&w, a + 4 * g, 4);
     else
         memcpy(&w, a + 4 * g, {{NAME}}_KT);
@@ -145,7 +149,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             b[v] = _mm512_loadu_si512((const void*)(bp + (g * {{NAME}}_NR + 16 * v) * 4));
 #pragma GCC unroll 16
         for (int r = 0; r < mr; r++) {
-            const __m512i av = _mm512_set1_epi32((int){{NAME}}_a4(a + r * {{NAME}}_K, g));
+            const __m512i av = _mm512_set1_epi32((int){{NAME}}_a4(a + r * {{NAME}}_LDA, g));
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, b[v]);
@@ -173,7 +177,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             b[v] = _mm256_loadu_si256((const __m256i*)(bp + (g * {{NAME}}_NR + 8 * v) * 4));
 #pragma GCC unroll 16
         for (int r = 0; r < mr; r++) {
-            const __m256i av = _mm256_set1_epi32((int)({{NAME}}_a4(a + r * {{NAME}}_K, g)));
+            const __m256i av = _mm256_set1_epi32((int)({{NAME}}_a4(a + r * {{NAME}}_LDA, g)));
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 acc[r][v] = _mm256_dpbusd_avx_epi32(acc[r][v], av, b[v]);
@@ -190,7 +194,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
         }
 #pragma GCC unroll 16
         for (int r = 0; r < mr; r++) {
-            const uint32_t w = {{NAME}}_a4(a + r * {{NAME}}_K, g);
+            const uint32_t w = {{NAME}}_a4(a + r * {{NAME}}_LDA, g);
             const __m256i ae = _mm256_set1_epi32((int)(w & 0x00ff00ffu));
             const __m256i ao = _mm256_set1_epi32((int)((w >> 8) & 0x00ff00ffu));
 #pragma GCC unroll 8
@@ -211,7 +215,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             out[r * {{NAME}}_NR + j] = init ? init[r * {{NAME}}_NR + j] : 0;
     for (long g = g0; g < g1; g++)
         for (int r = 0; r < mr; r++) {
-            const uint32_t w = {{NAME}}_a4(a + r * {{NAME}}_K, g);
+            const uint32_t w = {{NAME}}_a4(a + r * {{NAME}}_LDA, g);
             for (int j = 0; j < {{NAME}}_NR; j++) {
                 const int8_t* q = bp + (g * {{NAME}}_NR + j) * 4;
                 out[r * {{NAME}}_NR + j] += (int32_t)(w & 255) * q[0] + (int32_t)(w >> 8 & 255) * q[1]
@@ -299,15 +303,76 @@ typedef struct {
  * slower on the 7 x 7 stem of `benchmarks/bench_models.py --quantized static --model resnet18`) */
 #define {{NAME}}_WIDE ({{NAME}}_KW < 4 ? 4L : 0L)
 
+#if {{NAME}}_IM2COL_ROWS
 static void {{NAME}}_im2col(void* ctx, long ch)
 {
+    const {{NAME}}_cjob* q = ctx;
+    const long r0 = ch * {{NAME}}_CROWS, r1 = r0 + {{NAME}}_CROWS < {{NAME}}_M ? r0 + {{NAME}}_CROWS : {{NAME}}_M;
+    /* IM2COL_ROWS: the chunk's pixels by output row: per kernel row (c, u), its x row (or padding)
+     * is found once, then copied to every pixel of the output row in a tight loop (dst LDA bytes
+     * apart) */
+    for (long p0 = r0; p0 < r1;) {
+        const long oh = p0 / {{NAME}}_OW, owa = p0 % {{NAME}}_OW;
+        const long pe = (oh + 1) * {{NAME}}_OW < r1 ? (oh + 1) * {{NAME}}_OW : r1;
+        const long owb = owa + (pe - p0);
+        for (long c = 0; c < {{NAME}}_K / ({{NAME}}_KH * {{NAME}}_KW); c++) {
+            const uint8_t* restrict xc = q->X + c * {{NAME}}_H * {{NAME}}_W;
+            for (long u = 0; u < {{NAME}}_KH; u++) {
+                const long h = oh * {{NAME}}_SH - {{NAME}}_PH + u * {{NAME}}_DH;
+                const long kofs = (c * {{NAME}}_KH + u) * {{NAME}}_KW;
+                uint8_t* restrict ar = q->A + p0 * {{NAME}}_LDA + kofs;
+                if (h < 0 || h >= {{NAME}}_H) {
+                    for (long ow = owa; ow < owb; ow++, ar += {{NAME}}_LDA)
+                        for (long v = 0; v < {{NAME}}_KW; v++)
+                            ar[v] = q->zp;
+                    continue;
+                }
+                const uint8_t* restrict xr = xc + h * {{NAME}}_W;
+                for (long ow = owa; ow < owb; ow++, ar += {{NAME}}_LDA) {
+                    const long w0 = ow * {{NAME}}_SW - {{NAME}}_PW;
+                    const int inside = w0 >= 0 && w0 + ({{NAME}}_KW - 1) * {{NAME}}_DW < {{NAME}}_W;
+                    if (inside && {{NAME}}_WIDE && {{NAME}}_DW == 1 && w0 + {{NAME}}_WIDE <= {{NAME}}_W
+                        && kofs + {{NAME}}_WIDE <= {{NAME}}_LDA)
+                        /* WIDE bytes moved at once: the ones past KW belong to the next kernel row of
+                         * this pixel, which overwrites them next, or its pad bytes, zeroed after (never the next pixel's: kofs + WIDE <= LDA) */
+                        memcpy(ar, xr + w0, {{NAME}}_WIDE);
+                    else if (inside && {{NAME}}_DW == 1)
+                        memcpy(ar, xr + w0, {{NAME}}_KW);
+                    else if (inside)
+                        for (long v = 0; v < {{NAME}}_KW; v++)
+                            ar[v] = xr[w0 + v * {{NAME}}_DW];
+                    else
+                        for (long v = 0; v < {{NAME}}_KW; v++) {
+                            const long w = w0 + v * {{NAME}}_DW;
+                            ar[v] = w >= 0 && w < {{NAME}}_W ? xr[w] : q->zp;
+                        }
+                }
+            }
+        }
+        for (long p = p0; p < pe && {{NAME}}_LDA > {{NAME}}_K; p++) /* (the pad bytes: zero) */
+            memset(q->A + p * {{NAME}}_LDA + {{NAME}}_K, 0, {{NAME}}_LDA - {{NAME}}_K);
+        if (q->rowsum)
+            for (long p = p0; p < pe; p++) {
+                const uint8_t* restrict a = q->A + p * {{NAME}}_LDA;
+                uint32_t s = 0;
+                for (long k = 0; k < {{NAME}}_K; k++)
+                    s += a[k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+                q->rowsum[p] = (int32_t)s;
+            }
+        p0 = pe;
+    }
+}
+#else
+static void {{NAME}}_im2col(void* ctx, long ch)
+{
+    /* pixel by pixel, each of its kernel rows found and copied in turn */
     const {{NAME}}_cjob* q = ctx;
     const long r0 = ch * {{NAME}}_CROWS, r1 = r0 + {{NAME}}_CROWS < {{NAME}}_M ? r0 + {{NAME}}_CROWS : {{NAME}}_M;
     for (long p = r0; p < r1; p++) {
         const long oh = p / {{NAME}}_OW, ow = p % {{NAME}}_OW;
         const long w0 = ow * {{NAME}}_SW - {{NAME}}_PW;
         const int inside = w0 >= 0 && w0 + ({{NAME}}_KW - 1) * {{NAME}}_DW < {{NAME}}_W;
-        uint8_t* restrict a = q->A + p * {{NAME}}_K;
+        uint8_t* restrict a = q->A + p * {{NAME}}_LDA;
         for (long c = 0; c < {{NAME}}_K / ({{NAME}}_KH * {{NAME}}_KW); c++) {
             const uint8_t* restrict xc = q->X + c * {{NAME}}_H * {{NAME}}_W;
             for (long u = 0; u < {{NAME}}_KH; u++) {
@@ -321,9 +386,9 @@ static void {{NAME}}_im2col(void* ctx, long ch)
                 const uint8_t* restrict xr = xc + h * {{NAME}}_W;
                 const long kofs = (c * {{NAME}}_KH + u) * {{NAME}}_KW;
                 if (inside && {{NAME}}_WIDE && {{NAME}}_DW == 1 && w0 + {{NAME}}_WIDE <= {{NAME}}_W
-                    && kofs + {{NAME}}_WIDE <= {{NAME}}_K)
+                    && kofs + {{NAME}}_WIDE <= {{NAME}}_LDA)
                     /* WIDE bytes moved at once: the ones past KW belong to the next kernel row of
-                     * this pixel, which overwrites them next (never the next pixel's: kofs + WIDE <= K) */
+                     * this pixel, which overwrites them next or its pad bytes, zeroed after (never the next pixel's: kofs + WIDE <= LDA) */
                     memcpy(ar, xr + w0, {{NAME}}_WIDE);
                 else if (inside && {{NAME}}_DW == 1)
                     memcpy(ar, xr + w0, {{NAME}}_KW);
@@ -337,6 +402,8 @@ static void {{NAME}}_im2col(void* ctx, long ch)
                     }
             }
         }
+        if ({{NAME}}_LDA > {{NAME}}_K) /* (the pad bytes: zero) */
+            memset(a + {{NAME}}_K, 0, {{NAME}}_LDA - {{NAME}}_K);
         if (q->rowsum) {
             uint32_t s = 0;
             for (long k = 0; k < {{NAME}}_K; k++)
@@ -345,6 +412,7 @@ static void {{NAME}}_im2col(void* ctx, long ch)
         }
     }
 }
+#endif
 #endif
 
 typedef struct {
@@ -404,9 +472,9 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
         int32_t* dst = last ? tile : part + i0 * {{NAME}}_NR;
         /* (the last M % MR rows: a kernel of that many rows, unrolled like the full one) */
         if (mr == {{NAME}}_MR)
-            {{NAME}}_ukernel({{NAME}}_MR, A + i0 * {{NAME}}_K, bp, g0, g1, init, dst);
+            {{NAME}}_ukernel({{NAME}}_MR, A + i0 * {{NAME}}_LDA, bp, g0, g1, init, dst);
         else
-            {{NAME}}_ukernel({{NAME}}_EDGE, A + i0 * {{NAME}}_K, bp, g0, g1, init, dst);
+            {{NAME}}_ukernel({{NAME}}_EDGE, A + i0 * {{NAME}}_LDA, bp, g0, g1, init, dst);
         if (!last)
             continue;
         for (int r = 0; r < mr; r++) {
@@ -443,7 +511,7 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
     const long rfloats = bz_zero ? 0 : {{NAME}}_M, pfloats = {{NAME}}_PREPACKED_B ? 0 : (pbytes + 3) / 4;
     /* (a conv whose x it quantizes: the image's group of channels in bytes, after the A buffer) */
     const long xbytes = {{NAME}}_QUANT_A && {{NAME}}_IM2COL ? {{NAME}}_CI / {{NAME}}_G * {{NAME}}_H * {{NAME}}_W : 0;
-    const long qfloats = {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? ({{NAME}}_M * {{NAME}}_K + xbytes + 3) / 4 : 0;
+    const long qfloats = {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? ({{NAME}}_M * {{NAME}}_LDA + xbytes + 3) / 4 : 0;
     float* scratch = rfloats + pfloats + qfloats == 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, rfloats + pfloats + qfloats);
     if (!scratch && rfloats + pfloats + qfloats) {
         eqf_nomem_note();
@@ -460,10 +528,10 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
         /* the image's group of channels quantized (planes as rows), then their im2col */
         {{NAME}}_qjob qj = {(const float*)(const void*)(A0 + ((b / {{NAME}}_G) * {{NAME}}_CI + (b % {{NAME}}_G) * ({{NAME}}_CI / {{NAME}}_G))
                                                         * {{NAME}}_H * {{NAME}}_W),
-                            qa + {{NAME}}_M * {{NAME}}_K, NULL, a_scale[0], (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0]),
+                            qa + {{NAME}}_M * {{NAME}}_LDA, NULL, a_scale[0], (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0]),
                             {{NAME}}_CI / {{NAME}}_G, {{NAME}}_H * {{NAME}}_W};
         eqf_parallel_for(({{NAME}}_CI / {{NAME}}_G + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
-        {{NAME}}_cjob cj = {qa + {{NAME}}_M * {{NAME}}_K, qa, rowsum, (uint8_t)azp[0]};
+        {{NAME}}_cjob cj = {qa + {{NAME}}_M * {{NAME}}_LDA, qa, rowsum, (uint8_t)azp[0]};
         eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);
         const uint8_t* A = qa;
 #elif {{NAME}}_QUANT_A

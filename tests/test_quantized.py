@@ -1101,11 +1101,14 @@ def test_dynamic_quantize_reads_x_once_and_matches_onnxruntime(tmp_path):
 
 # Integer convs whose kernel rows take each of the im2col's copies: a 5 x 5 kernel (rows of five
 # bytes, memcpy), 1 x 1 (one byte: four at once but at a pixel's last row), 3 x 3 at stride 1 on a
-# width whose last columns leave fewer than four bytes in the x row (per tap there).
+# width whose last columns leave fewer than four bytes in the x row (per tap there). And a 7 x 7
+# (the quantized ResNet stem's kernel rows of seven bytes) of 90 pixels: the im2col's chunks of 32
+# pixels start inside an output row, and three of its kernel rows lie in the padding at the top and bottom.
 IM2COL_G = """
-graph im(x: u8[2, 3, 9, 10], w5: i8[4, 3, 5, 5], w1: i8[5, 3, 1, 1], w3: i8[6, 3, 3, 3], xz: u8, wz: i8) {
+graph im(x: u8[2, 3, 9, 10], w5: i8[4, 3, 5, 5], w1: i8[5, 3, 1, 1], w3: i8[6, 3, 3, 3], w7: i8[4, 3, 7, 7],
+         xz: u8, wz: i8) {
     return conv_integer(x, w5, xz, wz, stride=2, padding=2), conv_integer(x, w1, xz, wz),
-           conv_integer(x, w3, xz, wz, padding=1)
+           conv_integer(x, w3, xz, wz, padding=1), conv_integer(x, w7, xz, wz, padding=3)
 }
 """
 
@@ -1139,14 +1142,17 @@ def test_the_integer_conv_im2col_copies_every_kernel_row_width():
     rng = np.random.default_rng(7)
     x = {"x": rng.integers(0, 256, (2, 3, 9, 10)).astype(np.uint8), "xz": np.asarray(77, np.uint8),
          "wz": np.asarray(-5, np.int8)}
-    for n, s in (("w5", (4, 3, 5, 5)), ("w1", (5, 3, 1, 1)), ("w3", (6, 3, 3, 3))):
+    for n, s in (("w5", (4, 3, 5, 5)), ("w1", (5, 3, 1, 1)), ("w3", (6, 3, 3, 3)), ("w7", (4, 3, 7, 7))):
         x[n] = rng.integers(-128, 128, s).astype(np.int8)
     mod = eqfuse.compile(IM2COL_G)
-    assert sum(k.decisions.get("im2col", 0) for k in mod.kernels) == 3
+    assert sum(k.decisions.get("im2col", 0) for k in mod.kernels) == 4
+    # the 5 x 5 and 7 x 7 by output row, the 1 x 1 and 3 x 3 pixel by pixel (im2col_by_rows)
+    assert sorted(k.decisions["im2col_rows"] for k in mod.kernels if k.kind == "contraction") == [0, 0, 1, 1]
     conv = OPS["conv_integer"].numpy
     geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
     want = [conv([x["x"], x["w5"], x["xz"], x["wz"]], geo(stride=2, padding=2)),
-            conv([x["x"], x["w1"], x["xz"], x["wz"]], geo()), conv([x["x"], x["w3"], x["xz"], x["wz"]], geo(padding=1))]
+            conv([x["x"], x["w1"], x["xz"], x["wz"]], geo()), conv([x["x"], x["w3"], x["xz"], x["wz"]], geo(padding=1)),
+            conv([x["x"], x["w7"], x["xz"], x["wz"]], geo(padding=3))]
     for g, w in zip(mod(**x), want):
         assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w)
 

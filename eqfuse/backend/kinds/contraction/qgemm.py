@@ -116,6 +116,9 @@ class QGemmDetail:
     # B is transpose(b) of a kernel input b, [N, K] in memory (a QDQ Gemm's transB weight, rule
     # gemm_dequantized): packed from there, as a conv's weights are
     b_transposed: bool = False
+    # the im2col by output row (IM2COL_ROWS, im2col_by_rows): per kernel row of x, its x row found once
+    # and copied to each pixel of the output row, against pixel by pixel with every kernel row in turn
+    im2col_rows: bool = False
     # its panels are chunks of the claim-based pool (the run function keeps the pool's workers
     # ready across it: runtime.program.hold_pool)
     pool: ClassVar[bool] = True
@@ -135,6 +138,19 @@ def _conv_gemm(body, a: int) -> tuple:
     g = cv.attr["group"]
     geo = (c, h, w, kh, kw, pair(cv.attr["stride"]), pair(cv.attr["padding"]), pair(cv.attr["dilation"]), ow)
     return oh * ow, o // g, cg * kh * kw, n * g, g, geo
+
+
+IM2COL_ROW_BYTES = 4  # kernel rows of more bytes than this: the im2col by output row (im2col_by_rows)
+
+
+def im2col_by_rows(kw: int) -> bool:
+    """The order of a conv's im2col: by output row (each kernel row's x row found once, then copied
+    to every pixel of the output row) for kernel rows of more than IM2COL_ROW_BYTES bytes (a 5 x 5,
+    the 7 x 7 stem), pixel by pixel (every kernel row of a pixel in turn) for shorter rows, which
+    are moved as one 4-byte word. By output row the 7 x 7 stem of the quantized ResNet-18 was
+    faster, its 3 x 3 and 1 x 1 convs slower (`benchmarks/bench_models.py --quantized static
+    --model resnet18` and its kernels' profile, benchmarks/RESULTS.md)."""
+    return kw > IM2COL_ROW_BYTES
 
 
 def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
@@ -161,7 +177,8 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     plan.tiles = {"mr": mr, "nr": nr, "kc": kc, "mb": int8_row_block(gM, cdiv(N, nr), mr, par)}
     plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par, qa,
                               im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else (),
-                              b_transposed=body.nodes[mm.args[1]].op == "transpose")
+                              b_transposed=body.nodes[mm.args[1]].op == "transpose",
+                              im2col_rows=conv and im2col_by_rows(geo[4]))
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
@@ -251,7 +268,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
     src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
                  KC=plan.tiles["kc"], MB=plan.tiles["mb"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
-                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), B_TRANSPOSED=int(d.b_transposed),
+                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), B_TRANSPOSED=int(d.b_transposed),
                  G=d.groups, CI=c, H=h, W=w, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, OW=ow, PATH=INT8_PATHS[plan.precision_path],
                  PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
