@@ -63,8 +63,8 @@ def machine_model(request):
 #   - the tests marked `heavy` (more than about 1.5 s each on a Zen 5 core, 3 s on the Zen 4 VM)
 #     or `extended`;
 #   - every case after the first FAST_CASES of a parametrized test;
-#   - the onnx package's backend node tests after the first FAST_CASES of each ONNX op (the word
-#     after "test_" in the case's name: test_reduce_min_... is a case of "reduce").
+#   - the onnx package's backend node tests (its conformance cases, not test functions of ours:
+#     the whole suite runs the first DEFAULT_NODE_CASES of each ONNX op, `-m extended` every one).
 FAST_CASES = 1
 # The whole suite's budget (8 minutes on 2 cores, docs/testing.md): the onnx package's node tests
 # after the first DEFAULT_NODE_CASES of each ONNX op are `extended` (each builds a library; the
@@ -87,5 +87,6 @@ def pytest_collection_modifyitems(config, items):
         if (item.cls is not None and item.cls.__name__ == "OnnxBackendNodeModelTest"
                 and seen[key] > DEFAULT_NODE_CASES):
             item.add_marker(pytest.mark.extended)
-        if item.get_closest_marker("heavy") or item.get_closest_marker("extended") or seen[key] > FAST_CASES:
+        node_test = item.cls is not None and item.cls.__name__ == "OnnxBackendNodeModelTest"
+        if item.get_closest_marker("heavy") or item.get_closest_marker("extended") or seen[key] > FAST_CASES or node_test:
             item.add_marker(pytest.mark.slow)

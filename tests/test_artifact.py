@@ -275,6 +275,7 @@ def test_a_process_pool_runs_a_pickled_module(saved):
         assert not compare([y], [reference(x, w)])
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_a_padded_dim_keeps_its_buckets_in_the_artifact(tmp_path):
     """A dim that is not a batch dim, padded per call to its buckets (eqfuse.runtime.padded): saved
     after the first call, the artifact runs every length within them and refuses one beyond."""

@@ -232,7 +232,33 @@ def test_cache_entries_are_private_whatever_the_umask(tmp_path, monkeypatch):
         os.umask(old)
     assert root.stat().st_mode & 0o777 == 0o700
     modes = {p.suffix: p.stat().st_mode & 0o777 for p in root.iterdir()}
-    assert modes == {".so": 0o644, ".c": 0o644, ".sha256": 0o644, ".lock": 0o600}, modes
+    assert modes == {".so": 0o644, ".c": 0o644, ".sha256": 0o644, ".lock": 0o600, ".h": 0o644, ".gch": 0o644}, modes
+
+
+def test_the_precompiled_system_headers_are_built_once_and_a_damaged_one_is_not_used(tmp_path, monkeypatch):
+    """The system headers are parsed once per compiler and flags into X.h.gch (cbuild.PRECOMPILED_HEADERS);
+    a .gch that others can write is built again, and one that is damaged costs the header's text, not
+    the build: the library still compiles and runs."""
+    import os
+
+    from eqfuse.backend.cbuild import compiler_version
+
+    if "gcc" not in compiler_version().lower():
+        pytest.skip("the precompiled header is gcc's")
+    monkeypatch.setenv("EQFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("EQFUSE_NO_PCH", raising=False)
+    assert build("int pch1(void) { return 1; }", "int pch1(void);", "pch1").lib.pch1() == 1
+    (gch,) = tmp_path.glob("_eqf_pre_*.h.gch")
+    first = gch.stat().st_ino
+    assert build("int pch2(void) { return 2; }", "int pch2(void);", "pch2").lib.pch2() == 2
+    assert gch.stat().st_ino == first  # built once
+    gch.chmod(0o666)
+    assert build("int pch3(void) { return 3; }", "int pch3(void);", "pch3").lib.pch3() == 3
+    assert gch.stat().st_ino != first and gch.stat().st_mode & 0o777 == 0o644
+    with open(gch, "r+b") as f:
+        f.truncate(1000)
+    os.chmod(gch, 0o644)
+    assert build("int pch4(void) { return 4; }", "int pch4(void);", "pch4").lib.pch4() == 4
 
 
 def _unsafe_cache(tmp_path, monkeypatch, kind):

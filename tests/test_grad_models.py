@@ -166,6 +166,7 @@ def test_train_mlp_matches_numpy_sgd():
     assert np.mean(losses[-5:]) < np.mean(losses[:5])  # it learns
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_pooling_and_gather_elements_match_torch():
     # conv, max pool (3x3, stride 2, padding 1: ResNet's stem), avg pool, a class pick by
     # gather_elements (a cross-entropy's -log p[label])

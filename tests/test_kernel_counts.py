@@ -53,6 +53,7 @@ def running(kernels) -> tuple[int, int]:
     return len(kernels) - views, views
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_the_opt_report_counts_views_apart_as_the_compiled_module_runs(capsys, tmp_path):
     path = block(tmp_path)
     r = json.loads(cli(capsys, "opt", path, "--report", "json"))

@@ -638,6 +638,7 @@ def int8_path(request):
         yield request.param
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     rng = np.random.default_rng(3)
     u8 = lambda *s: rng.integers(0, 256, s).astype(np.uint8)  # noqa: E731
@@ -1138,6 +1139,7 @@ def test_an_integer_conv_of_one_panel_splits_its_rows_among_threads():
     assert got.dtype == np.uint8 and np.array_equal(got, want)
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_the_integer_conv_im2col_copies_every_kernel_row_width():
     rng = np.random.default_rng(7)
     x = {"x": rng.integers(0, 256, (2, 3, 9, 10)).astype(np.uint8), "xz": np.asarray(77, np.uint8),
@@ -1374,6 +1376,7 @@ def _qattention_model(unidirectional: int, mask: tuple | None = None, past: bool
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_qattention_is_the_integer_gemm_and_attention_and_matches_onnxruntime(tmp_path):
     """com.microsoft QAttention (without mask_index or past), with and without unidirectional: one
     int8 GEMM kernel (Q, K and V with their scale and bias) and one attention kernel, within the

@@ -122,6 +122,7 @@ def test_a_bad_index_stops_the_call_with_the_kernel_named():
         mod(t, np.array([0, 11, 2, -12, 1]))
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_profile_times_every_kernel_of_the_call(capsys):
     from eqfuse.cli.main import main
     from eqfuse.runtime.profile import profile, table

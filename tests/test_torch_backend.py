@@ -167,6 +167,7 @@ class Sorting(nn.Module):
         return torch.tanh(self.b(h) * 2.0)
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_unsupported_op_runs_in_torch_and_is_listed():
     torch.manual_seed(0)
     with pytest.warns(FallbackWarning, match=r"1 of \d+ ops run in torch[\s\S]*sort\.default x1: no eqfuse equivalent"):

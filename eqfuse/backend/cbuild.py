@@ -349,9 +349,17 @@ def _compile(name: str, source: str, cdef: str, root: Path, final: Path, digest:
         cc = new_compiler()
         customize_compiler(cc)
         built = tmp / (name + _suffix())
+        include = sysconfig.get_paths()["include"]
+        flags = list(compiler_flags(extra_flags))
         try:
-            objs = cc.compile([str(c_file)], output_dir=str(tmp), include_dirs=[sysconfig.get_paths()["include"]],
-                              extra_postargs=list(compiler_flags(extra_flags)))
+            pre = _precompiled_header(root, list(cc.compiler_so), include, flags)
+            try:
+                objs = cc.compile([str(c_file)], output_dir=str(tmp), include_dirs=[include],
+                                  extra_postargs=flags + (["-include", str(pre)] if pre else []))
+            except Exception:
+                if pre is None:
+                    raise
+                objs = cc.compile([str(c_file)], output_dir=str(tmp), include_dirs=[include], extra_postargs=flags)
             cc.link_shared_object(objs, str(built), extra_postargs=list(link_flags()))
         except Exception as e:  # the compiler's failure: setuptools' CompileError or LinkError, by version from different modules
             msg = _compiler_message(tmp, name, extra_flags) or str(e)
@@ -367,6 +375,50 @@ def _compile(name: str, source: str, cdef: str, root: Path, final: Path, digest:
         os.replace(built, final)  # atomic: a reader sees no library or the whole library
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# The system headers every kernel library includes, parsed once per compiler, flags and cache
+# directory into a precompiled header (gcc's `-include X.h` reads X.h.gch when it was built with
+# the same options, and the header's text otherwise). immintrin.h alone is most of a small
+# kernel library's compile time. _GNU_SOURCE first, with the value Python.h's pyconfig.h gives it:
+# the feature macros are then the ones the module would have had with Python.h first.
+PRECOMPILED_HEADERS = ("stdio.h", "immintrin.h", "omp.h", "math.h", "pthread.h", "sched.h", "stddef.h",
+                       "stdint.h", "stdlib.h", "string.h", "time.h", "sys/syscall.h", "unistd.h")
+
+
+def _precompiled_header(root: Path, compiler_so: list[str], include: str, flags: list[str]) -> Path | None:
+    """The path X.h of the precompiled system headers for these options (X.h.gch beside it),
+    built under `root` on first use (atomically, under a lock: several processes share the
+    cache); None when the compiler is not gcc, caching is off, or the build fails: the
+    library then compiles with the headers' text, as before."""
+    if no_cache() or os.environ.get("EQFUSE_NO_PCH") or "gcc" not in compiler_version(compiler_so[0]).lower():
+        return None
+    text = "#define _GNU_SOURCE 1\n" + "".join(f"#include <{h}>\n" for h in PRECOMPILED_HEADERS)
+    key = hashlib.sha256("\0".join([*compiler_so, include, *flags, compiler_version(compiler_so[0]), text])
+                         .encode()).hexdigest()[:16]
+    header, gch = root / f"_eqf_pre_{key}.h", root / f"_eqf_pre_{key}.h.gch"
+    ready = lambda: header.exists() and gch.exists() and owned_privately(header) and owned_privately(gch)  # noqa: E731
+    if ready():
+        return header
+    try:
+        with open(os.open(root / f"_eqf_pre_{key}.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if ready():
+                return header
+            tmp = Path(tempfile.mkdtemp(prefix=f"_eqf_pre_{key}.", dir=root))
+            try:
+                (tmp / "pre.h").write_text(text)
+                subprocess.run([*compiler_so, f"-I{include}", *flags, "-x", "c-header", str(tmp / "pre.h"),
+                                "-o", str(tmp / "pre.h.gch")], check=True, capture_output=True)
+                for f in (tmp / "pre.h", tmp / "pre.h.gch"):
+                    os.chmod(f, 0o644)
+                os.replace(tmp / "pre.h.gch", gch)  # the .gch first: a reader that sees X.h sees its .gch
+                os.replace(tmp / "pre.h", header)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return header
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def _compiler_message(tmp: Path, name: str, extra_flags) -> str:
