@@ -303,6 +303,28 @@ typedef struct {
  * slower on the 7 x 7 stem of `benchmarks/bench_models.py --quantized static --model resnet18`) */
 #define {{NAME}}_WIDE ({{NAME}}_KW < 4 ? 4L : 0L)
 
+/* One kernel row (KW taps) of a pixel whose first tap is at column w0 of the x row xr (inside: every
+ * tap lies in x), into ar at tap offset kofs of the pixel's A row. WIDE bytes moved at once: the
+ * ones past KW belong to the next kernel row of this pixel, which overwrites them next, or to its
+ * pad bytes, zeroed after (never the next pixel's: kofs + WIDE <= LDA). Both im2col orders below. */
+static inline __attribute__((always_inline)) void {{NAME}}_krow(uint8_t* restrict ar, const uint8_t* restrict xr,
+                                                              long w0, int inside, long kofs, uint8_t zp)
+{
+    if (inside && {{NAME}}_WIDE && {{NAME}}_DW == 1 && w0 + {{NAME}}_WIDE <= {{NAME}}_W
+        && kofs + {{NAME}}_WIDE <= {{NAME}}_LDA)
+        memcpy(ar, xr + w0, {{NAME}}_WIDE);
+    else if (inside && {{NAME}}_DW == 1)
+        memcpy(ar, xr + w0, {{NAME}}_KW);
+    else if (inside)
+        for (long v = 0; v < {{NAME}}_KW; v++)
+            ar[v] = xr[w0 + v * {{NAME}}_DW];
+    else
+        for (long v = 0; v < {{NAME}}_KW; v++) {
+            const long w = w0 + v * {{NAME}}_DW;
+            ar[v] = w >= 0 && w < {{NAME}}_W ? xr[w] : zp;
+        }
+}
+
 #if {{NAME}}_IM2COL_ROWS
 static void {{NAME}}_im2col(void* ctx, long ch)
 {
@@ -330,22 +352,7 @@ static void {{NAME}}_im2col(void* ctx, long ch)
                 const uint8_t* restrict xr = xc + h * {{NAME}}_W;
                 for (long ow = owa; ow < owb; ow++, ar += {{NAME}}_LDA) {
                     const long w0 = ow * {{NAME}}_SW - {{NAME}}_PW;
-                    const int inside = w0 >= 0 && w0 + ({{NAME}}_KW - 1) * {{NAME}}_DW < {{NAME}}_W;
-                    if (inside && {{NAME}}_WIDE && {{NAME}}_DW == 1 && w0 + {{NAME}}_WIDE <= {{NAME}}_W
-                        && kofs + {{NAME}}_WIDE <= {{NAME}}_LDA)
-                        /* WIDE bytes moved at once: the ones past KW belong to the next kernel row of
-                         * this pixel, which overwrites them next, or its pad bytes, zeroed after (never the next pixel's: kofs + WIDE <= LDA) */
-                        memcpy(ar, xr + w0, {{NAME}}_WIDE);
-                    else if (inside && {{NAME}}_DW == 1)
-                        memcpy(ar, xr + w0, {{NAME}}_KW);
-                    else if (inside)
-                        for (long v = 0; v < {{NAME}}_KW; v++)
-                            ar[v] = xr[w0 + v * {{NAME}}_DW];
-                    else
-                        for (long v = 0; v < {{NAME}}_KW; v++) {
-                            const long w = w0 + v * {{NAME}}_DW;
-                            ar[v] = w >= 0 && w < {{NAME}}_W ? xr[w] : q->zp;
-                        }
+                    {{NAME}}_krow(ar, xr, w0, w0 >= 0 && w0 + ({{NAME}}_KW - 1) * {{NAME}}_DW < {{NAME}}_W, kofs, q->zp);
                 }
             }
         }
@@ -384,22 +391,7 @@ static void {{NAME}}_im2col(void* ctx, long ch)
                     continue;
                 }
                 const uint8_t* restrict xr = xc + h * {{NAME}}_W;
-                const long kofs = (c * {{NAME}}_KH + u) * {{NAME}}_KW;
-                if (inside && {{NAME}}_WIDE && {{NAME}}_DW == 1 && w0 + {{NAME}}_WIDE <= {{NAME}}_W
-                    && kofs + {{NAME}}_WIDE <= {{NAME}}_LDA)
-                    /* WIDE bytes moved at once: the ones past KW belong to the next kernel row of
-                     * this pixel, which overwrites them next or its pad bytes, zeroed after (never the next pixel's: kofs + WIDE <= LDA) */
-                    memcpy(ar, xr + w0, {{NAME}}_WIDE);
-                else if (inside && {{NAME}}_DW == 1)
-                    memcpy(ar, xr + w0, {{NAME}}_KW);
-                else if (inside)
-                    for (long v = 0; v < {{NAME}}_KW; v++)
-                        ar[v] = xr[w0 + v * {{NAME}}_DW];
-                else
-                    for (long v = 0; v < {{NAME}}_KW; v++) {
-                        const long w = w0 + v * {{NAME}}_DW;
-                        ar[v] = w >= 0 && w < {{NAME}}_W ? xr[w] : q->zp;
-                    }
+                {{NAME}}_krow(ar, xr, w0, inside, (c * {{NAME}}_KH + u) * {{NAME}}_KW, q->zp);
             }
         }
         if ({{NAME}}_LDA > {{NAME}}_K) /* (the pad bytes: zero) */
