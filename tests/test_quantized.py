@@ -1260,16 +1260,7 @@ def test_a_qdq_gemm_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path):
                                                                        onnx.numpy_helper.from_array(b, "b")])
     f32, f = tmp_path / "gemm.onnx", tmp_path / "gemm-qdq.onnx"
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(f32))
-
-    class Reader(quant.CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"x": rng.standard_normal((6, 24)).astype(np.float32)} for _ in range(4)])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quant.quantize_static(str(f32), str(f), Reader(), quant_format=quant.QuantFormat.QDQ,
-                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    _quantize_qdq_6x24(f32, f, rng)
     model = onnx.load(str(f))
     assert "Gemm" in {n.op_type for n in model.graph.node}
     (last,) = [n for n in model.graph.node if "y" in n.output]
@@ -1291,6 +1282,21 @@ def test_a_qdq_gemm_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path):
             assert np.max(np.abs(got[1].astype(np.int32) - want[1].astype(np.int32))) <= 1
 
 
+
+def _quantize_qdq_6x24(f32, out, rng) -> None:
+    """quantize_static (QDQ, u8 activations, s8 weights) of a model whose input x is [6, 24],
+    calibrated on 4 draws of `rng`."""
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": rng.standard_normal((6, 24)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quant.quantize_static(str(f32), str(out), Reader(), quant_format=quant.QuantFormat.QDQ,
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+
 def _qdq_linears(path):
     """x -> Gemm (transB, bias) -> Relu -> Gemm (transB, bias) as quantize_static writes it (QDQ):
     each bias a DequantizeLinear of an int32 initializer, each Gemm's output quantized (the Relu
@@ -1305,16 +1311,7 @@ def _qdq_linears(path):
                      [onnx.numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()])
     f32 = path.with_name("linears-f32.onnx")
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(f32))
-
-    class Reader(quant.CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"x": rng.standard_normal((6, 24)).astype(np.float32)} for _ in range(4)])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quant.quantize_static(str(f32), str(path), Reader(), quant_format=quant.QuantFormat.QDQ,
-                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    _quantize_qdq_6x24(f32, path, rng)
     return onnx.load(str(path))
 
 
