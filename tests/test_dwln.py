@@ -32,14 +32,18 @@ CASES = [
     # a stride of 2 over rows of 9 pixels, the first band's top rows in the padding (the padded
     # rows' copy once compiled wrongly here)
     ("s2_bands", 1, 33, 20, 9, 132, 7, 3, 2, False, True, dict(flat=1, band=5, parallel=1)),
+    # a depthwise conv without its bias (rules fuse_dw_ln_mm*_nobias)
+    ("nobias_gelu", 1, 20, 8, 8, 80, 7, 3, 1, False, True, dict(flat=1, band=8, parallel=0)),
 ]
+NO_DW_BIAS = {"nobias_gelu"}
 
 
 def _graph(name, n, c, h, w, f, k, p, s, after, gelu, _path) -> str:
-    mm = (f"layernorm(transpose(conv2d(x, wd, bd, stride={s}, padding={p}, group={c}), perm=[0, 2, 3, 1]), ga, be, "
+    bd, pbd = ("", "") if name in NO_DW_BIAS else (", bd", f" bd: f32[{c}],")
+    mm = (f"layernorm(transpose(conv2d(x, wd{bd}, stride={s}, padding={p}, group={c}), perm=[0, 2, 3, 1]), ga, be, "
           f"eps=1e-6) @ w1")
     e = f"{mm} + b1" if after else f"b1 + {mm}"
-    return (f"graph {name}(x: f32[{n}, {c}, {h}, {w}], wd: f32[{c}, 1, {k}, {k}], bd: f32[{c}], ga: f32[{c}], "
+    return (f"graph {name}(x: f32[{n}, {c}, {h}, {w}], wd: f32[{c}, 1, {k}, {k}],{pbd} ga: f32[{c}], "
             f"be: f32[{c}], w1: f32[{c}, {f}], b1: f32[{f}]) {{\n    return {f'gelu({e})' if gelu else e}\n}}\n")
 
 
