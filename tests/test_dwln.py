@@ -120,3 +120,40 @@ def test_the_zoo_convnext_matches_onnxruntime_with_the_fused_block():
     np.testing.assert_allclose(mod(**ins), want, rtol=RTOL, atol=ATOL)
     fused = [line for line in mod.report["graph"].splitlines() if "layernorm(transpose(conv2d(" in line]
     assert len(fused) == 1 and "group=16" in fused[0] and "gelu(" in fused[0], fused
+
+
+def _block(n: int, c: int, h: int) -> str:
+    """ConvNeXt's whole block as the TorchScript export writes it: the fused first half, then the
+    second Linear (4C -> C), its bias, the layer scale, the permute back to NCHW and the residual
+    add (rules add_through_nchw_*: the add joins the second Linear's GEMM)."""
+    f = 4 * c
+    return (f"graph block{n}(x: f32[{n}, {c}, {h}, {h}], wd: f32[{c}, 1, 7, 7], bd: f32[{c}], ga: f32[{c}], "
+            f"be: f32[{c}], w1: f32[{c}, {f}], b1: f32[{f}], w2: f32[{f}, {c}], b2: f32[{c}], ls: f32[{c}]) {{\n"
+            f"    h = gelu(b1 + layernorm(transpose(conv2d(x, wd, bd, padding=3, group={c}), perm=[0, 2, 3, 1]), "
+            f"ga, be, eps=1e-6) @ w1)\n"
+            f"    return x + transpose(ls * (b2 + h @ w2), perm=[0, 3, 1, 2])\n}}\n")
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    return eqfuse.compile(_block(1, 16, 8) + _block(2, 16, 8))
+
+
+@pytest.mark.parametrize("n, kinds", [(1, ["conv2d", "contraction"]), (2, ["conv2d", "contraction", "layout"])])
+def test_the_whole_block_is_two_kernels_on_one_image(blocks, n, kinds):
+    """One image: the second Linear's GEMM adds the residual (read through the NHWC view) and
+    writes its result through the permute to NCHW, so the block is two kernels. Two images: the
+    GEMM's rows run over both images, which the NCHW result does not lay out at one row stride,
+    so the permute stays a copy (the add is in the GEMM all the same)."""
+    src = _block(n, 16, 8)
+    g = load(src)[0]
+    rng = np.random.default_rng(n)
+    args = []
+    for name, t in g.params:
+        a = rng.standard_normal(t.shape).astype(np.float32)
+        if name in ("wd", "w1", "w2"):  # (sums of about unit size)
+            a /= np.float32(np.sqrt(np.prod(t.shape[1:]) if name == "wd" else t.shape[0]))
+        args.append(a)
+    fn = getattr(blocks, f"block{n}")
+    np.testing.assert_allclose(fn(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+    assert [k.kind for k in fn.last.kernels if k.kind != "view"] == kinds
