@@ -812,7 +812,7 @@ def peel_transposes(body: Graph) -> Peeled | None:
         elif i in peeled:
             ids[i] = inner.add(Node("input", type=n.type, name=body.nodes[n.args[0]].name))
             inner.inputs.append(ids[i])
-            sources.append((body.inputs.index(n.args[0]), tuple(n.attr["perm"])))
+            sources.append((body.inputs.index(n.args[0]), _perm(n)))
         else:
             ids[i] = inner.add(replace(n, args=tuple(ids[a] for a in n.args)))
     inner.outputs = [ids[on.args[0]]]
@@ -822,7 +822,12 @@ def peel_transposes(body: Graph) -> Peeled | None:
         return None
     if len(facts.heavy) != 1 or inner.nodes[facts.heavy[0]].op != "matmul":
         return None
-    return Peeled(inner, tuple(sources), tuple(on.attr["perm"]))
+    return Peeled(inner, tuple(sources), _perm(on))
+
+
+def _perm(n: Node) -> tuple[int, ...]:
+    """A transpose's perm (none given: the axes reversed)."""
+    return tuple(n.attr["perm"] or reversed(range(n.type.rank)))
 
 
 def classify(body: Graph, machine: Machine | None = None) -> KernelShape:
