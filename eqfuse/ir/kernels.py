@@ -817,10 +817,10 @@ def peel_transposes(body: Graph) -> Peeled | None:
             ids[i] = inner.add(replace(n, args=tuple(ids[a] for a in n.args)))
     inner.outputs = [ids[on.args[0]]]
     try:
-        facts = Facts.of(inner)
+        shape = _match_gemm(inner, Facts.of(inner))
     except Unsupported:
         return None
-    if len(facts.heavy) != 1 or inner.nodes[facts.heavy[0]].op != "matmul":
+    if shape is None or inner.nodes[shape.anchor].op != "matmul":
         return None
     return Peeled(inner, tuple(sources), _perm(on))
 
