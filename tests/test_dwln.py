@@ -157,3 +157,44 @@ def test_the_whole_block_is_two_kernels_on_one_image(blocks, n, kinds):
     fn = getattr(blocks, f"block{n}")
     np.testing.assert_allclose(fn(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
     assert [k.kind for k in fn.last.kernels if k.kind != "view"] == kinds
+
+
+@pytest.mark.heavy  # (dynamo's trace and a compile: about 4 s on the 2-vCPU VM; not in the fast tier)
+def test_the_block_through_torch_compile_is_the_same_two_kernels():
+    """torch.compile(backend="eqfuse") of ConvNeXt's block, its depthwise conv without a bias: the
+    FX import gives each Linear as the matmul over the NHWC tensor (torch_aten._linear_of) and the
+    fused kernel reads the Linear's [F][C] weight through its transpose, so the block is the
+    fused first half and the second Linear's GEMM with the layer scale and the residual, as from
+    ONNX; the result matches eager."""
+    torch = pytest.importorskip("torch")
+    from eqfuse import torch_backend
+    from eqfuse.torch_backend import REPORTS
+
+    class Block(torch.nn.Module):
+        def __init__(self, c: int):
+            super().__init__()
+            self.dw = torch.nn.Conv2d(c, c, 7, padding=3, groups=c, bias=False)
+            self.ln = torch.nn.LayerNorm(c, eps=1e-6)
+            self.fc1, self.fc2 = torch.nn.Linear(c, 4 * c), torch.nn.Linear(4 * c, c)
+            self.gamma = torch.nn.Parameter(torch.rand(c) + 0.5)
+
+        def forward(self, x):
+            y = self.ln(self.dw(x).permute(0, 2, 3, 1))
+            y = self.gamma * self.fc2(torch.nn.functional.gelu(self.fc1(y)))
+            return x + y.permute(0, 3, 1, 2)
+
+    torch.manual_seed(0)
+    model = Block(16).eval()
+    x = torch.randn(1, 16, 8, 8)
+    torch_backend.register()
+    torch._dynamo.reset()
+    del REPORTS[:]
+    try:
+        with torch.no_grad():
+            got, want = torch.compile(model, backend="eqfuse")(x), model(x)
+        (part,) = [p for r in REPORTS for p in r.partitions]
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    kinds = [k.kind for k in eqfuse.compile(part).kernels if k.kind != "view"]
+    assert kinds == ["conv2d", "contraction"], kinds
