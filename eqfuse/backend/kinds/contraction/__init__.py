@@ -25,7 +25,6 @@ from eqfuse.backend.kinds.contraction.plan_gemm import (
     plan_contraction,
     plan_skinny,
     skinny,
-    swap_layout,
 )
 from eqfuse.backend.plan import KernelPlan
 from eqfuse.ir.kernels import GEMM_KINDS, K
@@ -50,22 +49,18 @@ class Contraction(Kind):
         plan_contraction(plan, m)
 
     def writes_through(self, plan: KernelPlan, strides) -> bool:
-        """A matmul's GEMM stores C at a row, column and batch stride (plan_gemm.c_layout), or
-        as C^T per image (plan_gemm.swap_layout: planned again so, after_views), a conv2d's at a
-        row, column and image stride (plan_gemm.conv_c_layout); not a row epilogue (the row
-        templates walk rows of N)."""
+        """A matmul's GEMM stores C at a row stride and a batch stride (plan_gemm.c_layout), a
+        conv2d's at a row, column and image stride (plan_gemm.conv_c_layout); not a row
+        epilogue (the row templates walk rows of N)."""
         if isinstance(plan.detail, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail, qgemm.QGemmDetail,
                                     conv_dwpw.ConvDwPwDetail, conv_dwln.ConvDwLnDetail)):
             return False  # (writes NCHW contiguous, conv_dwln NHWC; the integer GEMM writes C contiguous)
         if plan.kind == K.CONV2D:
             return conv_c_layout(plan, strides) is not None
-        return plan.kind == K.CONTRACTION and (c_layout(plan, strides) is not None or
-                                               swap_layout(plan, strides) is not None)
+        return plan.kind == K.CONTRACTION and c_layout(plan, strides) is not None
 
     def after_views(self, plan: KernelPlan, m: Machine) -> None:
-        # A or B read through a view, or C written at strides that the swapped GEMM takes: planned again
-        swap = plan.out_strides is not None and swap_layout(plan, plan.out_strides) is not None
-        if (plan.in_strides or swap) and plan.kind != K.CONV2D:
+        if plan.in_strides and plan.kind != K.CONV2D:  # A or B read through a view: planned again
             plan.tiles, plan.detail, plan.uops = {}, None, []
             self.plan(plan, m)
 

@@ -39,7 +39,6 @@ from eqfuse.backend.kinds.contraction.plan_gemm import (
     c_layout,
     conv_c_layout,
     direct,
-    swap_layout,
 )
 from eqfuse.backend.kinds.contraction.plan_gemm import direct_a as direct_a_rule
 from eqfuse.backend.plan import KernelPlan, size
@@ -267,9 +266,7 @@ def emit_contraction(plan: KernelPlan) -> str:
     mode, Asrc, Bsrc, ast, bst = g.mode, g.a_src, g.b_src, g.a_strides, g.b_strides
     batch = out[:-2]
     nbatch = size(batch)
-    if mode == "swap":  # C^T = B^T A^T per image: rows the result's channels, columns an image's rows
-        groups = [("b", [0], False), ("j", list(range(1, nb + 1)), False), ("i", [nb + 1], False)]
-    elif mode == "fold":  # B shared by every batch: one GEMM with M' = batch * M
+    if mode == "fold":  # B shared by every batch: one GEMM with M' = batch * M
         groups = [("i", list(range(nb)) + [nb], False), ("j", [nb + 1], False)]
     elif mode == "batch":
         groups = [("b", list(range(nb)), False), ("i", [nb], False), ("j", [nb + 1], False)]
@@ -300,10 +297,7 @@ def emit_contraction(plan: KernelPlan) -> str:
     assert not prepacked or (mode == "fold" and d.prepack.fn == f"{gname}_prepack")
     sa, sb, sc = g.strides
     ldc, csc = N, 1
-    if mode == "swap":  # (planned from the strides C is written at: plan_gemm.swap_layout)
-        ldc, sc = swap_layout(plan, plan.out_strides)
-        assert (g.M, N, g.strides[2]) == (d.M, d.N, sc), "the plan's GEMM is this swap's"
-    elif plan.out_strides is not None:  # C written in place into a layout's storage (eqfuse.backend.stores)
+    if plan.out_strides is not None:  # C written in place into a layout's storage (eqfuse.backend.stores)
         ldc, csc, sc = c_layout(plan, plan.out_strides)
     if d.path == "skinny":  # few rows over a bound B: the memory-bound kernel (plan_gemm.skinny)
         assert prepacked and g.batch == 1 and sc == 0 and csc == 1

@@ -30,8 +30,7 @@ class GemmCalls:
     """How a contraction maps onto calls of the GEMM (csrc_templates/gemm.c, eqfuse.backend.kinds.contraction.emit_gemm)."""
 
     mode: str  # "fold" (one GEMM over every batch's rows), "batch" (one call, a stride per operand),
-    #            "loop" (the wrapper calls the GEMM once per batch), "conv" (one call per image) or
-    #            "swap" (C^T = B^T A^T per image: `swap_layout`)
+    #            "loop" (the wrapper calls the GEMM once per batch) or "conv" (one call per image)
     M: int  # rows of one GEMM (fold: batch x M)
     batch: int  # batches inside one call
     outer: int  # calls the wrapper makes
@@ -80,8 +79,6 @@ class GemmDetail:
     direct_a: bool = False  # the micro-kernel reads A in place, not packed (`direct_a`): gemm.c's DIRECT_A
     pack_parts: int = 0  # skinny path: A packed by the pool in this many parts of K (`skinny_pack_parts`)
     im2col: bool = False  # conv2d: the column matrix is built (False: a 1x1, stride-1, unpadded conv reads x)
-    # a matmul computed as C^T = B^T A^T per image, written as NCHW (the "swap" mode: swap_layout)
-    c_transposed: bool = False
 
 
 DIRECT_MAX_TILES = 32  # B read in place up to this many MR-row tiles (see `direct`)
@@ -411,29 +408,6 @@ def c_layout(plan: KernelPlan, strides) -> tuple[int, int, int] | None:
     return (ldc, 1, sc) if ldc >= N else None
 
 
-def swap_layout(plan: KernelPlan, strides) -> tuple[int, int] | None:
-    """(ldc, image stride) of C^T = B^T A^T, one GEMM per image of a matmul [I, ..., M, K] x [K, N]
-    whose result is stored at `strides` with its columns at a stride and the rows of an image at
-    unit stride (an NHWC result written as NCHW: ConvNeXt's second Linear with the residual add,
-    rules add_through_nchw_*): the GEMM's rows are the N channels, its columns an image's pixels,
-    so that C is stored and the epilogue's NCHW operands read a row of pixels at a time. A is
-    contiguous rows, B one matrix for every image; None otherwise."""
-    if plan.kind != Kind.CONTRACTION or plan.shape.parts is not None:
-        return None
-    body, mm = plan.body, plan.body.nodes[plan.shape.anchor]
-    out = tuple(plan.out_shape)
-    if mm.op != "matmul" or len(out) < 3 or out[-1] == 1 or strides[-1] == 1:
-        return None
-    a, b = (body.nodes[x] for x in mm.args)
-    if a.op != "input" or a.type.shape[:-1] != out[:-1] or plan.base_strides().get(mm.args[0]) is not None:
-        return None  # (A: contiguous rows [I, ..., M, K] in memory)
-    if b.type.rank != 2 or (b.op != "input" and (b.op != "transpose" or body.nodes[b.args[0]].op != "input")):
-        return None
-    if _flat_stride(out[1:-1], strides[1:-1]) not in (0, 1):
-        return None
-    return strides[-1], (strides[0] if out[0] > 1 else 0)
-
-
 def pixels_as_rows(O: int, P: int) -> bool:
     """Whether a conv2d with O output channels and P = OH x OW output pixels per image runs as
     the GEMM C^T = col^T . W^T (P x O per image) rather than C = W . col (O x P). The columns are
@@ -524,12 +498,6 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
         batch = size(mm.type.shape[:-2])
         g, at, bt = _matmul_gemm(plan, M)
         plan.flops = 2 * batch * M * Nn * K + pointwise_flops(body)
-        swapped = plan.out_strides is not None and swap_layout(plan, plan.out_strides)
-        if swapped:  # C^T = B^T A^T per image: A' the weights (B, its transpose read), B' an image's rows of A
-            images, pixels = plan.out_shape[0], size(plan.out_shape[1:-1])
-            wsrc, bt0, ldb, _ = _operand(body, mm.args[1], plan.base_strides(), ())
-            g = GemmCalls("swap", Nn, images, 1, (0, pixels * K, swapped[1]), wsrc, mm.args[0], (), (), ldb, K)
-            at, bt, M, Nn, batch = not bt0, True, Nn, pixels, images
     gM = g.M
     bf16 = plan.wanted_precision == "bf16"
     path = gemm_bf16_path(m) if bf16 else "f32"
@@ -547,8 +515,7 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
                              split="rows" if row is not None else "auto", parallel=par,
                              row_op=body.nodes[row].op if row is not None else None,
                              pixels_as_rows=mm.op == "conv2d" and at, direct_a=not bf16 and direct_a(at),
-                             im2col=mm.op == "conv2d" and not _reads_x_as_columns(body, mm),
-                             c_transposed=g.mode == "swap")
+                             im2col=mm.op == "conv2d" and not _reads_x_as_columns(body, mm))
     plan.threads = thread_rule(gM, Nn, g.batch, mr, nr, rows_only=row is not None, par=par, K=K)
     skip = {a} | set(mm.args) | ({mm.args[1]} if body.nodes[mm.args[1]].op == "transpose" else set())
     if row is not None:
