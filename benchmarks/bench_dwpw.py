@@ -29,8 +29,9 @@ cost rule refuses the fused kernel (kernels 3/3) that column is marked * and tim
 kernel all the same (compiled with the rule off): what ir.kernels.DWLN_MIN_PIXEL_VECTORS is set
 from.
 --convnext --block times ConvNeXt's whole block instead (then the second Linear 4C -> C + bias,
-the layer scale, the permute back to NCHW and the residual add): fused is eqfuse's default, unfused
-has the rules add_through_nchw_* disabled (the residual add a kernel of its own after the GEMM).
+the layer scale, the permute back to NCHW and the residual add): fused has the opt-in rules of
+eqfuse/optimizer/rules/extra/nchw_residual.rw (the residual add in the GEMM, which writes NCHW at a
+column stride), unfused is eqfuse's default (the residual add a kernel of its own after the GEMM).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import eqfuse  # noqa: E402
 import eqfuse.runtime.profile as prof  # noqa: E402
 
 CONVNEXT_RULES = ("fuse_dw_ln_mm_gelu", "fuse_dw_ln_mm_bias", "fuse_dw_ln_mm_gelu_r", "fuse_dw_ln_mm_bias_r")
-ADD_THROUGH_RULES = ("add_through_nchw_r", "add_through_nchw_l")
+NCHW_RESIDUAL = Path(eqfuse.__file__).parent / "optimizer" / "rules" / "extra" / "nchw_residual.rw"
 # (batch, channels, image side): the zoo's tiny ConvNeXt's two stages, smaller widths, ConvNeXt-T's
 # four stages at 224 x 224
 CONVNEXT = [(2, 16, 8), (2, 32, 4), (1, 64, 4), (1, 48, 16), (1, 64, 16), (1, 96, 56), (1, 128, 14), (1, 192, 28),
@@ -181,8 +182,12 @@ def convnext(threads: int, repeat: int, whole: bool = False) -> None:
         with tempfile.NamedTemporaryFile(suffix=".onnx") as fh:
             fh.write(model)
             fh.flush()
-            fused = eqfuse.compile(fh.name, threads=threads)
-            unfused = eqfuse.compile(fh.name, threads=threads, disable=ADD_THROUGH_RULES if whole else CONVNEXT_RULES)
+            if whole:
+                fused = eqfuse.compile(fh.name, threads=threads, rules=[str(NCHW_RESIDUAL)])
+                unfused = eqfuse.compile(fh.name, threads=threads)
+            else:
+                fused = eqfuse.compile(fh.name, threads=threads)
+                unfused = eqfuse.compile(fh.name, threads=threads, disable=CONVNEXT_RULES)
             refused = len(fused.kernels) == len(unfused.kernels) and not whole
             if refused:  # (the cost rule keeps three kernels: the fused kernel as it would run, for the last column)
                 forced = _forced(fh.name, threads)

@@ -11,6 +11,8 @@ cost rule's refusal (an image of fewer than DWLN_MIN_PIXEL_VECTORS vectors of pi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import selected_params
@@ -122,10 +124,13 @@ def test_the_zoo_convnext_matches_onnxruntime_with_the_fused_block():
     assert len(fused) == 1 and "group=16" in fused[0] and "gelu(" in fused[0], fused
 
 
+NCHW_RESIDUAL = Path(eqfuse.__file__).parent / "optimizer" / "rules" / "extra" / "nchw_residual.rw"
+
+
 def _block(n: int, c: int, h: int) -> str:
     """ConvNeXt's whole block as the TorchScript export writes it: the fused first half, then the
     second Linear (4C -> C), its bias, the layer scale, the permute back to NCHW and the residual
-    add (rules add_through_nchw_*: the add joins the second Linear's GEMM)."""
+    add."""
     f = 4 * c
     return (f"graph block{n}(x: f32[{n}, {c}, {h}, {h}], wd: f32[{c}, 1, 7, 7], bd: f32[{c}], ga: f32[{c}], "
             f"be: f32[{c}], w1: f32[{c}, {f}], b1: f32[{f}], w2: f32[{f}, {c}], b2: f32[{c}], ls: f32[{c}]) {{\n"
@@ -136,15 +141,22 @@ def _block(n: int, c: int, h: int) -> str:
 
 @pytest.fixture(scope="module")
 def blocks():
-    return eqfuse.compile(_block(1, 16, 8) + _block(2, 16, 8))
+    """The blocks of one and two images, by default and with the opt-in rules of
+    rules/extra/nchw_residual.rw."""
+    src = _block(1, 16, 8) + _block(2, 16, 8)
+    return eqfuse.compile(src), eqfuse.compile(src, rules=[str(NCHW_RESIDUAL)])
 
 
-@pytest.mark.parametrize("n, kinds", [(1, ["conv2d", "contraction"]), (2, ["conv2d", "contraction", "layout"])])
-def test_the_whole_block_is_two_kernels_on_one_image(blocks, n, kinds):
-    """One image: the second Linear's GEMM adds the residual (read through the NHWC view) and
-    writes its result through the permute to NCHW, so the block is two kernels. Two images: the
-    GEMM's rows run over both images, which the NCHW result does not lay out at one row stride,
-    so the permute stays a copy (the add is in the GEMM all the same)."""
+@pytest.mark.parametrize("n, opt_in, kinds", [
+    (1, False, ["conv2d", "contraction", "pointwise"]), (2, False, ["conv2d", "contraction", "pointwise"]),
+    (1, True, ["conv2d", "contraction"]), (2, True, ["conv2d", "contraction", "layout"])])
+def test_the_whole_block_matches_with_its_residual_add_fused_or_not(blocks, n, opt_in, kinds):
+    """By default the residual add after the permute back to NCHW is a kernel of its own. With
+    rules/extra/nchw_residual.rw (slower on the CPUs measured) the second Linear's GEMM adds the
+    residual (read through the NHWC view): one image, it writes its result through the permute
+    (the channels at a column stride), so the block is two kernels; two images, the GEMM's rows
+    run over both, which the NCHW result does not lay out at one row stride, and the permute
+    stays a copy."""
     src = _block(n, 16, 8)
     g = load(src)[0]
     rng = np.random.default_rng(n)
@@ -154,17 +166,17 @@ def test_the_whole_block_is_two_kernels_on_one_image(blocks, n, kinds):
         if name in ("wd", "w1", "w2"):  # (sums of about unit size)
             a /= np.float32(np.sqrt(np.prod(t.shape[1:]) if name == "wd" else t.shape[0]))
         args.append(a)
-    fn = getattr(blocks, f"block{n}")
+    fn = getattr(blocks[opt_in], f"block{n}")
     np.testing.assert_allclose(fn(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
     assert [k.kind for k in fn.last.kernels if k.kind != "view"] == kinds
 
 
 @pytest.mark.heavy  # (dynamo's trace and a compile: about 4 s on the 2-vCPU VM; not in the fast tier)
-def test_the_block_through_torch_compile_is_the_same_two_kernels():
+def test_the_block_through_torch_compile_is_the_same_kernels():
     """torch.compile(backend="eqfuse") of ConvNeXt's block, its depthwise conv without a bias: the
     FX import gives each Linear as the matmul over the NHWC tensor (torch_aten._linear_of) and the
     fused kernel reads the Linear's [F][C] weight through its transpose, so the block is the
-    fused first half and the second Linear's GEMM with the layer scale and the residual, as from
+    fused first half, the second Linear's GEMM with the layer scale and the residual add, as from
     ONNX; the result matches eager."""
     torch = pytest.importorskip("torch")
     from eqfuse import torch_backend
@@ -197,4 +209,4 @@ def test_the_block_through_torch_compile_is_the_same_two_kernels():
         torch._dynamo.reset()
     torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
     kinds = [k.kind for k in eqfuse.compile(part).kernels if k.kind != "view"]
-    assert kinds == ["conv2d", "contraction"], kinds
+    assert kinds == ["conv2d", "contraction", "pointwise"], kinds
