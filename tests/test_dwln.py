@@ -173,9 +173,10 @@ def test_the_whole_block_matches_with_its_residual_add_fused_or_not(blocks, n, o
 
 @pytest.mark.heavy  # (dynamo's trace and a compile: about 4 s on the 2-vCPU VM; not in the fast tier)
 def test_the_block_through_torch_compile_is_the_same_kernels():
-    """torch.compile(backend="eqfuse") of ConvNeXt's block, its depthwise conv without a bias: the
-    FX import gives each Linear as the matmul over the NHWC tensor (torch_aten._linear_of) and the
-    fused kernel reads the Linear's [F][C] weight through its transpose, so the block is the
+    """torch.compile(backend="eqfuse") of ConvNeXt's block, its depthwise conv without a bias: each
+    Linear, reshape(reshape(y, [P, C]) @ transpose(w) + b, ...) from AOTAutograd, is the matmul
+    over the NHWC tensor once optimizer/layout.py takes the reshapes away, and the fused kernel
+    reads the Linear's [F][C] weight through its transpose (no copy kernel), so the block is the
     fused first half, the second Linear's GEMM with the layer scale and the residual add, as from
     ONNX; the result matches eager."""
     torch = pytest.importorskip("torch")

@@ -239,31 +239,7 @@ def _copy(cv, x, *args, **kw):
 @aten("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "squeeze.dim", "squeeze.dims", "flatten.using_ints")
 def _reshape(cv, x, *args):
     shape = cv.out_type.shape
-    if cv.type(x).shape == shape:
-        return x
-    return _linear_of(cv, x, shape) or cv.op("reshape", x, shape=shape)
-
-
-def _linear_of(cv, x, shape) -> V | None:
-    """z @ w (+ b) when x is reshape(z, [M, K]) @ w (+ b) and `shape` is z's with its last axis
-    w's columns: aten.linear over a tensor of rank > 2, which AOTAutograd writes as view, mm or
-    addmm, view. The matmul over z itself is what the ONNX import gives and the rules match
-    (ConvNeXt's layernorm @ w after the permute to NHWC, rules fuse_dw_ln_mm*); the reshapes of
-    the 2-D form stay unread."""
-    nodes = cv.graph.nodes
-    xn = nodes[x.id]
-    mm, bias = (xn.args[0], xn.args[1]) if xn.op == "add" else (x.id, None)
-    if nodes[mm].op != "matmul" or (bias is not None and nodes[bias].type.rank > 1):
-        return None
-    r, w = nodes[mm].args
-    if nodes[r].op != "reshape" or nodes[r].type.rank != 2 or nodes[w].type.rank != 2:
-        return None
-    z = nodes[r].args[0]
-    zt = nodes[z].type
-    if zt.rank <= 2 or tuple(shape) != tuple(zt.shape[:-1]) + (nodes[w].type.shape[-1],):
-        return None
-    y = cv.op("matmul", V(z), V(w))
-    return y if bias is None else cv.op("add", y, V(bias))
+    return x if cv.type(x).shape == shape else cv.op("reshape", x, shape=shape)
 
 
 @aten("permute")
