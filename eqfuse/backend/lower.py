@@ -22,7 +22,15 @@ from eqfuse.backend.views import place_views
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.conv_forms import expand_convs
 from eqfuse.ir.graph import Graph, Node
-from eqfuse.ir.kernels import F32, SUPPORTED, K, Split, Unsupported, classify, peel_transposes
+from eqfuse.ir.kernels import (
+    F32,
+    SUPPORTED,
+    K,
+    Split,
+    Unsupported,
+    classify,
+    peel_transposes,
+)
 from eqfuse.machine import Machine
 
 # ------------------------------------------------------------------ the machine
