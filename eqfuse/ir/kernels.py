@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from eqfuse.ir.graph import Graph, Node
-from eqfuse.ir.ops import OPS, pair
+from eqfuse.ir.ops import OPS, pair, symmetric_pads
 from eqfuse.ir.ops_quant import RANGE_SCALARS
 from eqfuse.machine import Machine
 
@@ -830,6 +830,18 @@ def _perm(n: Node) -> tuple[int, ...]:
     return tuple(n.attr["perm"] or reversed(range(n.type.rank)))
 
 
+def _check_uneven_pads(body: Graph, shape: KernelShape) -> None:
+    """A conv2d padded unevenly ([top, left, bottom, right], rule conv2d_pad_same) lowers only as
+    the depthwise conv of a fused depthwise and 1x1 conv (conv_dwpw: its band copy zero-fills
+    whatever a tap reads outside the image, so only the top and left padding are constants); any
+    other kernel keeps the pad op before the conv (extraction takes that form)."""
+    fused = shape.parts.dw if isinstance(shape.parts, ConvPrologue) else None
+    for i, n in enumerate(body.nodes):
+        if n.op == "conv2d" and i != fused and symmetric_pads(n.attr["padding"]) is None:
+            raise Unsupported(f"conv2d padding {list(n.attr['padding'])} (uneven) is lowered only as the depthwise "
+                              "conv of a fused depthwise and 1x1 conv; write the pad op before the conv")
+
+
 def classify(body: Graph, machine: Machine | None = None) -> KernelShape:
     """The kernel shape of a kernel body; Unsupported with the reason when no kind lowers it,
     Split when its kind lowers it only as separate kernels (on `machine`, when given: the
@@ -841,6 +853,7 @@ def classify(body: Graph, machine: Machine | None = None) -> KernelShape:
     for shape in SHAPES:
         found = shape.match(body, facts, machine)
         if found is not None:
+            _check_uneven_pads(body, found)
             return found
     names = ", ".join(body.nodes[i].op for i in facts.heavy)
     raise Unsupported(f"the kernel mixes {names}; it must have at most one non-pointwise op")

@@ -7,7 +7,8 @@ from eqfuse.ir.opdocs import DOCS
 from eqfuse.ir.ops import OPS, REQUIRED
 
 _KIND_OF_ATTR = {"int": "int", "float": "float", "bool": "bool", "str": "string", "ints": "[int, ...]",
-                 "int_or_ints": "int or [int, int]", "axes": "int or [int, ...]"}
+                 "int_or_ints": "int or [int, int]",
+                 "pads2d": "int, [int, int] or [top, left, bottom, right]", "axes": "int or [int, ...]"}
 
 
 def literal(v) -> str:

@@ -31,7 +31,8 @@ REQUIRED = object()
 
 # Attribute kinds: how a value written in a .g file is checked and normalized.
 #   int, float, bool, str; ints (list of ints); int_or_ints (an int or a list, normalized to a
-#   tuple); axes (None, an int or a list of ints, normalized to a tuple or None).
+#   tuple); pads2d (conv2d's padding: an int, [h, w], or [top, left, bottom, right]); axes (None,
+#   an int or a list of ints, normalized to a tuple or None).
 
 
 def flit(v: float) -> str:
@@ -253,14 +254,31 @@ def pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def _conv_out(h: Dim, k: Dim, s: int, p: int, d: int = 1, op: str = "conv2d") -> Dim:
-    """Output size of a convolution window k (dilation d: it spans (k - 1) x d + 1 inputs)."""
+def conv_pads(padding) -> tuple[int, int, int, int]:
+    """conv2d's padding as (top, left, bottom, right): an int pads every side, [h, w] both sides
+    of each axis, [top, left, bottom, right] each side (the TF "same" padding of a stride-2 conv,
+    (0, 1) on each axis, folded from a pad op by rule conv2d_pad_same)."""
+    p = pair(padding)
+    return (p[0], p[1], p[0], p[1]) if len(p) == 2 else tuple(p)
+
+
+def symmetric_pads(padding) -> tuple[int, int] | None:
+    """conv2d's padding as (h, w) when each axis is padded alike on both sides, else None: the
+    kernels other than the fused depthwise + 1x1 conv (conv_dwpw) take only such padding."""
+    t, left, b, r = conv_pads(padding)
+    return (t, left) if (t, left) == (b, r) else None
+
+
+def _conv_out(h: Dim, k: Dim, s: int, p: int, d: int = 1, op: str = "conv2d", p_end: int | None = None) -> Dim:
+    """Output size of a convolution window k (dilation d: it spans (k - 1) x d + 1 inputs) over
+    an input padded by p before and p_end (p when None) after."""
+    p_end = p if p_end is None else p_end
     if not (isinstance(h, int) and isinstance(k, int)):
-        if k == 1 and s == 1 and p == 0:
+        if k == 1 and s == 1 and p == 0 and p_end == 0:
             return h
         raise ShapeError(f"{op} needs concrete spatial dimensions (bind them with --dim)")
     span = (k - 1) * d + 1
-    out = (h + 2 * p - span) // s + 1
+    out = (h + p + p_end - span) // s + 1
     if out <= 0:
         what = f"window {k}" + (f" (dilation {d}: {span} wide)" if d != 1 else "")
         raise ShapeError(f"{op} {what} with padding {p} does not fit input size {h}")
@@ -296,21 +314,22 @@ def _conv_infer(ts, attrs):
     _conv_groups("conv2d", x, w, attrs["group"])
     if len(ts) == 3 and ts[2].shape != (w.shape[0],):
         raise ShapeError(f"conv2d bias must have shape [{w.shape[0]}], got {fmt(ts[2].shape)}")
-    (sh, sw), (ph, pw), (dh, dw) = pair(attrs["stride"]), pair(attrs["padding"]), pair(attrs["dilation"])
-    if min(sh, sw) < 1 or min(ph, pw) < 0:
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = pair(attrs["stride"]), conv_pads(attrs["padding"]), pair(attrs["dilation"])
+    if min(sh, sw) < 1 or min(pt, pl, pb, pr) < 0:
         raise ShapeError("conv2d stride must be >= 1 and padding >= 0")
     if min(dh, dw) < 1:
         raise ShapeError("conv2d dilation must be >= 1")
-    return TType((x.shape[0], w.shape[0], _conv_out(x.shape[2], w.shape[2], sh, ph, dh),
-                  _conv_out(x.shape[3], w.shape[3], sw, pw, dw)))
+    return TType((x.shape[0], w.shape[0], _conv_out(x.shape[2], w.shape[2], sh, pt, dh, p_end=pb),
+                  _conv_out(x.shape[3], w.shape[3], sw, pl, dw, p_end=pr)))
 
 
 def _conv2d_one(x, w, stride, padding, dilation):
     """One group's convolution (float32 in, float32 out): windows of the padded input, every
-    dilation-th element of a (k - 1) x dilation + 1 span, contracted with w."""
-    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    dilation-th element of a (k - 1) x dilation + 1 span, contracted with w; padding is (top,
+    left, bottom, right)."""
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = stride, padding, dilation
     kh, kw = w.shape[2:]
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
     win = np.lib.stride_tricks.sliding_window_view(xp, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
     return np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
@@ -318,7 +337,7 @@ def _conv2d_one(x, w, stride, padding, dilation):
 
 def conv2d_numpy(args, attrs):
     x, w = args[0], args[1]
-    geo = pair(attrs["stride"]), pair(attrs["padding"]), pair(attrs.get("dilation", 1))
+    geo = pair(attrs["stride"]), conv_pads(attrs["padding"]), pair(attrs.get("dilation", 1))
     g = attrs.get("group", 1)
     if g == 1:
         out = _conv2d_one(x, w, *geo)
@@ -331,7 +350,7 @@ def conv2d_numpy(args, attrs):
     return out
 
 
-_CONV_ATTRS = (Attr("stride", "int_or_ints", 1), Attr("padding", "int_or_ints", 0),
+_CONV_ATTRS = (Attr("stride", "int_or_ints", 1), Attr("padding", "pads2d", 0),
                Attr("dilation", "int_or_ints", 1), Attr("group", "int", 1))
 define(name="conv2d", kind="contraction", arity=(2, 3), infer=_conv_infer, numpy=conv2d_numpy, attrs=_CONV_ATTRS)
 
@@ -652,6 +671,12 @@ def normalize_attr(spec: Attr, value: Any) -> Any:
         if is_ints and len(value) == 2:
             return value
         raise ValueError("must be an integer or a list of two integers")
+    if k == "pads2d":
+        if is_int:
+            return value
+        if is_ints and len(value) in (2, 4):
+            return value
+        raise ValueError("must be an integer, a list of two integers [h, w] or of four [top, left, bottom, right]")
     if k == "axes":
         if is_int:
             return (value,)

@@ -280,6 +280,8 @@ def draw_attr(rng, spec, op: str, x: np.ndarray | None):
         return str(rng.choice(list(spec.choices)))
     if spec.kind == "int_or_ints":
         return int(rng.integers(1, 3)) if spec.name == "stride" else int(rng.integers(0, 2))
+    if spec.kind == "pads2d":
+        return int(rng.integers(0, 2))
     if spec.kind == "ints":
         return tuple(int(i) for i in rng.permutation(rank))
     return None if spec.default is REQUIRED else spec.default

@@ -29,7 +29,7 @@ from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.kernels import F32, ConvPrologue
-from eqfuse.ir.ops import pair
+from eqfuse.ir.ops import conv_pads, pair
 from eqfuse.machine import Machine
 
 
@@ -47,7 +47,7 @@ class ConvDwPwDetail:
     OH: int
     OW: int
     stride: tuple[int, int]
-    padding: tuple[int, int]
+    padding: tuple[int, int]  # top, left (a tap past the image's bottom or right edge reads a zero)
     dilation: tuple[int, int]
     parallel: bool
     vl: int  # pixels per vector of the 1x1 conv's register tile
@@ -133,7 +133,7 @@ def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
     tasks = N * cdiv(OH, band)
     regs = 32 if m.simd_floats >= 16 else 16
     ro = min(O, regs // 4)  # (the accumulators, a pixel vector and the broadcast weights)
-    d = ConvDwPwDetail(N, C, H, W, O, KH, KW, OH, OW, pair(dw.attr["stride"]), pair(dw.attr["padding"]),
+    d = ConvDwPwDetail(N, C, H, W, O, KH, KW, OH, OW, pair(dw.attr["stride"]), conv_pads(dw.attr["padding"])[:2],
                        pair(dw.attr["dilation"]), macs >= PARALLEL_MIN_FMAS and tasks > 1, m.simd_floats, ro, band,
                        flat=uses_flat(band, OW, KW, pair(dw.attr["stride"]), pair(dw.attr["dilation"]), m.simd_floats),
                        olanes=olanes_cheaper(O, band * OW, m.simd_floats, ro), expand=ex is not None, CI=CI)
