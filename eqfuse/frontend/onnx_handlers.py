@@ -393,17 +393,20 @@ def _conv(imp, ins, at):
     strides, pads, dilations, spans = conv_geometry(xs, ws, at)
     x, xs, pads = _zero_pad_into(imp, x, pads)
     # Asymmetric padding: pad both sides by the larger amount and slice the extra outputs off;
-    # when the extra is at the end and the stride does not divide it, concatenate zeros there.
+    # when the extra is at the end and the stride does not divide it, one zero pad op pads the
+    # ends of those axes by it (TF's "same" padding of a stride-2 conv, as the dynamo exporter
+    # writes Hugging Face's MobileNetV2: the pad that rules kernel_conv2d_pad_same* fold into a
+    # fused depthwise + 1x1 conv, as they fold the TorchScript exporter's Pad node).
+    ends = [0] * len(xs)
     for axis, ((a, b), s) in enumerate(zip(pads, strides), start=2):
         if b > a and (b - a) % s:
-            shape = list(imp.type(x).shape)
-            if not all(isinstance(d, int) for d in shape):
+            if not isinstance(xs[axis], int):
                 raise NeedsDims(f"asymmetric pads {[p for p in pads]} with stride {s} over named dims")
-            shape[axis] = b - a
-            zeros = imp.new_param(f"{imp.node.name or imp.node.output[0]}_pad", np.zeros(shape, F32))
-            x = imp.op("concat", [x, zeros], axis=axis)
-            xs = imp.type(x).shape
+            ends[axis] = b - a
             pads[axis - 2] = (a, a)
+    if any(ends):
+        x = imp.op("pad", [x], pads=tuple([0] * len(xs) + ends), value=0.0)
+        xs = imp.type(x).shape
     pad = [max(a, b) for a, b in pads]
     args = [x, w] + ([imp.data(ins[2], imp.node.input[2])] if len(ins) > 2 and ins[2] is not None else [])
     if nd == 1:
