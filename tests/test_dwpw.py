@@ -8,7 +8,9 @@ channel counts that are not a multiple of the vector width, with and without bia
 residual add, and the 1x1 conv's weights transposed once when bound (params=). The whole block
 (rule fuse_pw_dw, ConvPrologue.ex): the expand 1x1 conv + its bias and ReLU6 before the depthwise
 conv, on each path, with a parallel band of two output rows recomputing the expand conv of its
-halo rows."""
+halo rows. TF's "same" padding of a stride-2 depthwise conv ((0, 1) on each axis: a pad op, or
+padding [0, 0, 1, 1] on the conv) folds into the fused kernel (rules kernel_conv2d_pad_same*,
+fuse_pw_pad_dw_clip), and stays a pad kernel before any other conv."""
 
 from __future__ import annotations
 
@@ -70,6 +72,29 @@ graph pads(a: f32[5], b: f32[3, 4], c: f32[2, 3, 5, 6], x: f32[2, 8, 6, 6], w: f
 }
 """
 
+# TF's "same" padding before a stride-2 conv, (0, 1) on each axis (Hugging Face's MobileNetV2)
+SAME = """
+graph same(x: f32[2, 13, 8, 8], wd: f32[13, 1, 3, 3], bd: f32[13], wp: f32[9, 13, 1, 1], bp: f32[9]) {
+    d = clip(conv2d(pad(x, pads=[0, 0, 0, 0, 0, 0, 1, 1]), wd, bd, stride=2, group=13), min=0.0, max=6.0)
+    return conv2d(d, wp, bp)
+}
+graph same_block(x: f32[1, 6, 8, 8], we: f32[21, 6, 1, 1], be: f32[21], wd: f32[21, 1, 3, 3], bd: f32[21],
+                 wp: f32[7, 21, 1, 1], bp: f32[7]) {
+    e = clip(conv2d(x, we, be), min=0.0, max=6.0)
+    d = clip(conv2d(pad(e, pads=[0, 0, 0, 0, 0, 0, 1, 1]), wd, bd, stride=2, group=21), min=0.0, max=6.0)
+    return conv2d(d, wp, bp)
+}
+graph same_written(x: f32[1, 5, 7, 6], wd: f32[5, 1, 3, 3], wp: f32[4, 5, 1, 1]) {
+    return conv2d(conv2d(x, wd, stride=2, padding=[0, 0, 1, 1], group=5), wp)
+}
+graph same_dense(x: f32[1, 4, 6, 6], w: f32[3, 4, 3, 3]) {
+    return conv2d(x, w, stride=2, padding=[0, 0, 1, 1])
+}
+"""
+# graph -> its kernels: the fused kernel (the whole block with its expand conv); a dense conv
+# (not depthwise) keeps its pad kernel
+SAME_KERNELS = {"same": ["conv2d"], "same_block": ["conv2d"], "same_written": ["conv2d"],
+                "same_dense": ["index", "conv2d"]}
 
 BIG = ("big", 1, 48, 8, 8, 3, 1, 1, 1, True, False, {})
 
@@ -105,7 +130,7 @@ def compiled(request):
     cases = selected_params(request, "test_fused_inverted_residual_matches_the_reference", "case")
     blocks = selected_params(request, "test_whole_inverted_residual_matches_the_reference", "case")
     return eqfuse.compile("".join(_graph(*c) for c in cases + [BIG]) + "".join(_block(*b) for b in blocks + [BIG_BLOCK])
-                          + PADS)
+                          + PADS + SAME)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -182,6 +207,37 @@ def test_pad_rows_and_a_pad_folded_into_the_conv_match_the_reference(compiled):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     kinds = sorted(k.kind for k in compiled.pads.last.kernels if k.kind != "view")
     assert kinds == ["conv2d", "index", "index", "index"], kinds  # (three pads; the fourth is the conv's padding)
+
+
+@pytest.mark.parametrize("name", list(SAME_KERNELS))
+def test_tf_same_padding_folds_into_the_fused_depthwise_kernel(compiled, name):
+    """A (0, 1) zero pad before a stride-2 depthwise conv (or the conv's padding [0, 0, 1, 1]) is
+    the fused kernel's padding: no pad kernel, one kernel for the depthwise and 1x1 convs (and
+    the expand conv before them); before a dense conv the pad stays a kernel. Against the numpy
+    reference, which pads the input explicitly."""
+    g = next(x for x in load(SAME) if x.name == name)
+    rng = np.random.default_rng(sorted(SAME_KERNELS).index(name) + 30)
+    args = []
+    for pname, t in g.params:
+        a = rng.standard_normal(t.shape).astype(np.float32)
+        if pname != "x":  # (sums of about unit size)
+            a /= np.float32(np.sqrt(np.prod(t.shape[1:]) if len(t.shape) > 1 else 4))
+        args.append(a)
+    fn = getattr(compiled, name)
+    np.testing.assert_allclose(fn(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+    assert [k.kind for k in fn.last.kernels if k.kind != "view"] == SAME_KERNELS[name]
+
+
+def test_an_uneven_conv_padding_is_the_explicit_pad():
+    """The reference of conv2d padding [top, left, bottom, right]: the conv of the input padded
+    so, without padding."""
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((1, 2, 5, 4)).astype(np.float32), rng.standard_normal((3, 2, 3, 2)).astype(np.float32)
+    from eqfuse.ir.ops import conv2d_numpy
+    got = conv2d_numpy([x, w], {"stride": (2, 1), "padding": (2, 0, 1, 3)})
+    want = conv2d_numpy([np.pad(x, ((0, 0), (0, 0), (2, 1), (0, 3))), w], {"stride": (2, 1), "padding": 0})
+    assert got.shape == (1, 3, 3, 6)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_an_onnx_zero_pad_before_a_conv_joins_its_padding_when_the_sum_is_symmetric(tmp_path):

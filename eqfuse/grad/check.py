@@ -55,6 +55,10 @@ CASES: list[tuple[str, dict]] = [
     ("conv2d(x, w, stride=2, padding=[1, 0], dilation=[2, 1], group=2)",
      {"x": ((2, 4, 7, 5), N), "w": ((6, 2, 3, 2), N)}),
     ("conv2d(x, w, padding=2, dilation=2)", {"x": ((1, 2, 5, 6), N), "w": ((3, 2, 3, 3), N)}),
+    # padding [top, left, bottom, right]: TF's "same" padding of a stride-2 conv, and a dense one
+    ("conv2d(x, w, b, stride=2, padding=[0, 0, 1, 1], group=3)", {"x": ((1, 3, 6, 4), N), "w": ((3, 1, 3, 3), N),
+                                                                  "b": ((3,), N)}),
+    ("conv2d(x, w, padding=[2, 0, 1, 1])", {"x": ((1, 2, 4, 5), N), "w": ((2, 2, 3, 2), N)}),
     ("conv2d(x, w, stride=[1, 2], dilation=[1, 2], group=3)", {"x": ((1, 3, 4, 8), N), "w": ((6, 1, 2, 2), N)}),
     ("conv1d(x, w, b, stride=2, padding=1, dilation=2, group=2)",
      {"x": ((2, 4, 9), N), "w": ((4, 2, 3), N), "b": ((4,), N)}),

@@ -14,7 +14,7 @@ from typing import Callable
 from eqfuse.grad.emitter import Emitter
 from eqfuse.ir.conv_forms import flip, transposed_conv, zero_stuff
 from eqfuse.ir.graph import Node
-from eqfuse.ir.ops import pair, reduce_axes, slice_bounds
+from eqfuse.ir.ops import conv_pads, pair, reduce_axes, slice_bounds, symmetric_pads
 from eqfuse.ir.shapes import norm_axis
 
 
@@ -266,6 +266,39 @@ def _conv1d_dw(em, ctx, args, at):
     return em.op("reshape", [r], shape=em.shape(w))
 
 
+def _evened(em, x, at):
+    """(x zero-padded by what is more than the symmetric part of conv2d's padding, the attributes
+    with that part, the pad's (top, left)): an unevenly padded conv2d ([top, left, bottom, right])
+    is the evenly padded conv2d of the padded x."""
+    t, left, b, r = conv_pads(at["padding"])
+    h, w = min(t, b), min(left, r)
+    xp = em.op("pad", [x], pads=(0, 0, t - h, left - w, 0, 0, b - h, r - w), value=0.0)
+    return xp, dict(at, padding=h if h == w else (h, w)), (t - h, left - w)
+
+
+def _conv2d_uneven_dx(em, ctx, args, at):
+    """dx of an unevenly padded conv2d: the padded x's, cropped to x."""
+    dy, x, w = args
+    if symmetric_pads(at["padding"]) is not None:
+        return _conv2d_dx(em, ctx, args, at)
+    xp, even, (t, left) = _evened(em, x, at)
+    r = _conv2d_dx(em, ctx, [dy, xp, w], even)
+    _, _, h, wd = em.shape(x)
+    if em.shape(r)[2] != h:
+        r = em.op("slice", [r], axis=2, start=t, stop=t + h)
+    if em.shape(r)[3] != wd:
+        r = em.op("slice", [r], axis=3, start=left, stop=left + wd)
+    return r
+
+
+def _conv2d_uneven_dw(em, ctx, args, at):
+    dy, x, w = args
+    if symmetric_pads(at["padding"]) is not None:
+        return _conv2d_dw(em, ctx, args, at)
+    xp, even, _ = _evened(em, x, at)
+    return _conv2d_dw(em, ctx, [dy, xp, w], even)
+
+
 # name -> (function, tensor arguments, attribute names)
 HELPERS: dict[str, tuple[Callable, int, tuple[str, ...]]] = {
     "unreduce": (_unreduce, 2, ("axis", "keepdims")),
@@ -282,8 +315,8 @@ HELPERS: dict[str, tuple[Callable, int, tuple[str, ...]]] = {
     "unpad": (_unpad, 2, ("pads",)),
     "unconcat": (_unconcat, 1, ("axis",)),
     "zeros_like": (_zeros_like, 1, ()),
-    "conv2d_dx": (_conv2d_dx, 3, ("stride", "padding", "dilation", "group")),
-    "conv2d_dw": (_conv2d_dw, 3, ("stride", "padding", "dilation", "group")),
+    "conv2d_dx": (_conv2d_uneven_dx, 3, ("stride", "padding", "dilation", "group")),
+    "conv2d_dw": (_conv2d_uneven_dw, 3, ("stride", "padding", "dilation", "group")),
     "conv1d_dx": (_conv1d_dx, 3, ("stride", "padding", "dilation", "group")),
     "conv1d_dw": (_conv1d_dw, 3, ("stride", "padding", "dilation", "group")),
 }

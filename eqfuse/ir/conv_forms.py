@@ -15,6 +15,11 @@ optimized, in which they are conv2d):
   kernel flipped and its two channel axes swapped within each group (`transposed_conv`). The
   same construction is the gradient of conv2d with respect to its input (eqfuse.grad.helpers).
 
+A conv2d padded unevenly (padding [top, left, bottom, right]) becomes a zero pad op of what is
+more than the conv2d's symmetric part, then the conv2d of that part: only the fused depthwise +
+1x1 conv kernel lowers uneven padding, and the fusion rules kernel_conv2d_pad_same* fold the pad
+back into it there.
+
 `transposed_conv` is written against an emitter (`op(name, args, **attrs)`, `shape(t)`): the
 gradient's (eqfuse.grad.emitter) or `_GraphEm` below.
 """
@@ -24,7 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eqfuse.ir.graph import Graph, Node
-from eqfuse.ir.ops import OPS, complete_attrs, pair
+from eqfuse.ir.ops import OPS, complete_attrs, conv_pads, pair, symmetric_pads
 
 EXPANDED = ("conv1d", "conv_transpose2d")
 
@@ -112,9 +117,19 @@ class _GraphEm:
         return self.g.add(Node(name, tuple(args), tuple(full.items()), t, pos=self.pos))
 
 
+def _uneven(n: Node) -> bool:
+    return n.op == "conv2d" and symmetric_pads(n.attr["padding"]) is None
+
+
 def expand_node(em, n: Node, args: list[int]) -> int:
-    """The conv2d form of a conv1d or conv_transpose2d node n over the ids `args`."""
+    """The conv2d form of a conv1d or conv_transpose2d node n over the ids `args`; a conv2d
+    padded unevenly as a pad op and a conv2d padded evenly."""
     at = n.attr
+    if _uneven(n):
+        t, left, b, r = conv_pads(at["padding"])
+        h, w = min(t, b), min(left, r)
+        x = em.op("pad", [args[0]], pads=(0, 0, t - h, left - w, 0, 0, b - h, r - w), value=0.0)
+        return em.op("conv2d", [x, *args[1:]], **dict(at, padding=h if h == w else (h, w)))  # (as rules write it)
     if n.op == "conv1d":
         (N, C, W), (O, I, K) = em.shape(args[0]), em.shape(args[1])
         x = em.op("reshape", [args[0]], shape=(N, C, 1, W))
@@ -127,10 +142,12 @@ def expand_node(em, n: Node, args: list[int]) -> int:
     return transposed_conv(em, args[0], args[1], b, at["stride"], at["padding"], n.type.shape[2:], at["group"])
 
 
-def expand_convs(g: Graph) -> Graph:
-    """g with every conv1d and conv_transpose2d (in kernel bodies too) as conv2d; g itself when
-    it has none. Types must be concrete where they are."""
-    if not any(n.op in EXPANDED for _, _, n in g.walk()):
+def expand_convs(g: Graph, body: bool = False) -> Graph:
+    """g with every conv1d and conv_transpose2d (in kernel bodies too) as conv2d, and every
+    unevenly padded conv2d outside kernel bodies (a kernel block's stays, for the fused depthwise
+    + 1x1 conv) as a pad and an evenly padded conv2d; g itself when it has none. Types must be
+    concrete where they are."""
+    if not any(n.op in EXPANDED or _uneven(n) for _, _, n in g.walk()):
         return g
     out = Graph(g.name, pos=g.pos)
     em = _GraphEm(out)
@@ -150,7 +167,7 @@ def expand_convs(g: Graph) -> Graph:
             viewed[ids[i]] = inner
             if n.name is not None:
                 out.nodes[ids[i]] = replace(out.nodes[ids[i]], name=n.name)
-        elif n.op in EXPANDED:
+        elif n.op in EXPANDED or (_uneven(n) and not body):
             em.pos = n.pos
             ids[i] = expand_node(em, n, args)
             if n.op == "conv1d":
@@ -158,8 +175,8 @@ def expand_convs(g: Graph) -> Graph:
             if n.name is not None and out.nodes[ids[i]].name is None:
                 out.nodes[ids[i]] = replace(out.nodes[ids[i]], name=n.name)
         else:
-            body = expand_convs(n.body) if n.body is not None else None
-            ids[i] = out.add(replace(n, args=tuple(args), body=body))
+            inner = expand_convs(n.body, body=True) if n.body is not None else None
+            ids[i] = out.add(replace(n, args=tuple(args), body=inner))
     out.inputs = [ids[i] for i in g.inputs]
     out.outputs = [ids[o] for o in g.outputs]
     return out
