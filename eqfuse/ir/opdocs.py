@@ -38,8 +38,8 @@ DOCS: dict[str, tuple[str, str]] = {
     "mod": ("a, b", "a - floordiv(a, b) * b, with the sign of b (numpy's remainder); an integer mod 0 gives 0"),
     "matmul": ("a, b", "numpy.matmul: [..., M, K] @ [..., K, N] -> [..., M, N], rank >= 2, batch dims broadcast"),
     "conv2d": ("x, w[, b]", "2-D convolution (cross-correlation): x NCHW, w OIHW with I = C / group, bias b[O]; "
-                            "stride, padding and dilation an int or [h, w]; group splits the channels "
-                            "(group = C: depthwise)"),
+                            "stride and dilation an int or [h, w], padding an int, [h, w] or [top, left, bottom, right] "
+                            "(uneven: TF's \"same\" padding); group splits the channels (group = C: depthwise)"),
     "conv1d": ("x, w[, b]", "1-D convolution (cross-correlation): x NCW, w OIW with I = C / group, bias b[O]; "
                             "stride, padding, dilation and group as conv2d's"),
     "conv_transpose2d": ("x, w[, b]", "2-D transposed convolution (conv2d's gradient with respect to its input): "
