@@ -6,8 +6,9 @@ TorchScript export).
     python benchmarks/bench_dwpw.py [--threads N] [--repeat N] [--profile] [--blocks]
     python benchmarks/bench_dwpw.py --convnext [--block] [--threads N] [--repeat N]
 
-Three builds of the one export: fused (eqfuse's default), dwpw (the fuse_pw_dw rules disabled: the
-expand conv a kernel of its own) and unfused (the fuse_dw_pw and fuse_pw_dw rules disabled: the
+Four builds of the one export: fused (eqfuse's default), whole (the expand conv joins at every
+image size: ir.kernels.DW_EXPAND_MIN_PIXEL_VECTORS at 0, so the 2 x 2 and 1 x 1 blocks are one
+kernel too), dwpw (the fuse_pw_dw rules disabled: the expand conv a kernel of its own) and unfused (the fuse_dw_pw and fuse_pw_dw rules disabled: the
 depthwise and 1x1 convs as separate kernels). Their calls alternate, 50 calls a sample; the table
 gives each one's kernels, its largest difference from the unfused output, and the median and
 minimum microseconds a call. --profile adds each build's kernels with their times inside the call
@@ -57,7 +58,7 @@ NCHW_RESIDUAL = Path(eqfuse.__file__).parent / "optimizer" / "rules" / "extra" /
 # four stages at 224 x 224
 CONVNEXT = [(2, 16, 8), (2, 32, 4), (1, 64, 4), (1, 48, 16), (1, 64, 16), (1, 96, 56), (1, 128, 14), (1, 192, 28),
             (1, 256, 14), (1, 384, 14), (1, 768, 7)]
-EXPAND = ("fuse_pw_dw", "fuse_pw_dw_nobias", "fuse_pw_dw_clip")
+EXPAND = ("fuse_pw_dw", "fuse_pw_dw_nobias", "fuse_pw_dw_clip", "fuse_pw_pad_dw_clip")
 FUSE = ("fuse_dw_pw", "fuse_dw_pw_res", "fuse_dw_pw_res_r", "fuse_dw_pw_nobias") + EXPAND
 SHOWN = ("C", "O", "H", "OH", "OW", "M", "N", "K", "group", "olanes", "flat", "expand", "CI", "band", "ro")
 
@@ -133,19 +134,20 @@ def _convnext_model(n: int, c: int, h: int, rng, whole: bool = False) -> tuple[b
     return model.SerializeToString(), rng.standard_normal((n, c, h, h)).astype(np.float32)
 
 
-def _forced(path: str, threads: int):
-    """The model compiled with the fused kernel where the cost rule refuses it
-    (ir.kernels.DWLN_MIN_PIXEL_VECTORS at 0, the optimized-graph cache off)."""
+def _forced(path: str, threads: int, rule: str = "DWLN_MIN_PIXEL_VECTORS"):
+    """The model compiled with the fused kernel where the cost rule `rule` refuses it (that
+    constant of ir.kernels at 0, the optimized-graph cache off)."""
     import os
 
     import eqfuse.ir.kernels as ik
 
-    old, was = ik.DWLN_MIN_PIXEL_VECTORS, os.environ.get("EQFUSE_NO_CACHE")
-    ik.DWLN_MIN_PIXEL_VECTORS, os.environ["EQFUSE_NO_CACHE"] = 0, "1"
+    old, was = getattr(ik, rule), os.environ.get("EQFUSE_NO_CACHE")
+    setattr(ik, rule, 0)
+    os.environ["EQFUSE_NO_CACHE"] = "1"
     try:
         return eqfuse.compile(path, threads=threads)
     finally:
-        ik.DWLN_MIN_PIXEL_VECTORS = old
+        setattr(ik, rule, old)
         if was is None:
             del os.environ["EQFUSE_NO_CACHE"]
         else:
@@ -243,6 +245,7 @@ def main() -> None:
     path = str(zm.export("mobilenet-v2", "torchscript"))
     arrays = list(zm.inputs("mobilenet-v2").values())
     mods = {"fused": eqfuse.compile(path, threads=a.threads),
+            "whole": _forced(path, a.threads, "DW_EXPAND_MIN_PIXEL_VECTORS"),
             "dwpw": eqfuse.compile(path, threads=a.threads, disable=EXPAND),
             "unfused": eqfuse.compile(path, threads=a.threads, disable=FUSE)}
     ref = mods["unfused"](*arrays)

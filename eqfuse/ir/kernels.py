@@ -119,15 +119,19 @@ DW_FUSE_L1_SHARE = 4
 # The expand 1x1 conv before the depthwise conv joins the fused kernel while the depthwise conv's
 # input and output of an image (the expanded tensor, which the fused kernel then never writes)
 # fit this share of L1 (then DW_FUSE_L1_SHARE does not apply: the whole block saves two round
-# trips through memory, not one), and only while the input image holds at least a vector of
-# pixels: the kernel computes the expand conv as vectors over runs of pixels, and over the 2 x 2
-# and 1 x 1 images of MobileNetV2's last stages a run fills a quarter of a vector or less (there
-# the fused kernel is behind the expand conv as a GEMM kernel of its own at 96 channels of 2 x 2
-# and 240 of 1 x 1: `python benchmarks/bench_dwpw.py --profile`, benchmarks/RESULTS.md). With the
-# share at 1 the whole block is ahead of the expand kernel + the fused depthwise and 1x1 kernel,
+# trips through memory, not one), and only while the input image holds DW_EXPAND_MIN_PIXEL_VECTORS
+# vectors of pixels (below). With the share at 1 the whole block is ahead of the expand kernel + the fused depthwise and 1x1 kernel,
 # and of three kernels, from 3 KB to 24 KB (96 channels at 8 x 8) and a 32 KB stride-2 input
 # (`python benchmarks/bench_dwpw.py --blocks`); 36 KB (144 channels at 8 x 8) stays three
 DW_EXPAND_L1_SHARE = 1
+# The expand conv joins the fused kernel only while its input image holds at least this many
+# vectors of pixels: the kernel computes the expand conv as vectors over runs of pixels, and over
+# the 2 x 2 and 1 x 1 images of MobileNetV2's last stages a run fills a quarter of a vector or
+# less. There the whole block as one kernel is behind the expand conv as a GEMM kernel of its own
+# + the fused depthwise and 1x1 kernel, at 96 and 144 channels of 2 x 2 and 240 of 1 x 1
+# (`python benchmarks/bench_dwpw.py --profile`: its build "whole" lifts this rule;
+# benchmarks/RESULTS.md, 2026-11-28 late evening)
+DW_EXPAND_MIN_PIXEL_VECTORS = 1
 # A depthwise conv joins the layernorm over its channels and the Linear C -> F after it (ConvNeXt's
 # block: rules fuse_dw_ln_mm*, eqfuse.backend.kinds.contraction.conv_dwln) while its image holds
 # at least this many vectors of pixels. Measured with `python benchmarks/bench_dwpw.py --convnext`
@@ -627,7 +631,7 @@ def _match_dw_pw(body: Graph, facts: Facts, machine: Machine | None) -> KernelSh
     if ex is not None and machine is not None and C * max(H * W, OH * OW) * F32 > machine.l1 // DW_EXPAND_L1_SHARE:
         raise Split(f"the depthwise conv's input or output of an image ({C} x {H} x {W}, {C} x {OH} x {OW}) is "
                     f"larger than L1 / {DW_EXPAND_L1_SHARE}: the expand conv as its own kernel is faster")
-    if ex is not None and machine is not None and H * W < machine.simd_floats:
+    if ex is not None and machine is not None and H * W < DW_EXPAND_MIN_PIXEL_VECTORS * machine.simd_floats:
         raise Split(f"the expand conv's image ({H} x {W}) is less than a vector of pixels: the expand conv as "
                     f"its own kernel is faster")
     if C * OW * F32 > DW_ROW_BYTES_MAX or (ex is not None and C * W * F32 > DW_ROW_BYTES_MAX):
