@@ -14,7 +14,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from eqfuse.ir.graph import Graph
-from eqfuse.ir.ops import norm_axis, pair, perm_of, reduce_axes, slice_bounds
+from eqfuse.ir.ops import (
+    conv_pads,
+    norm_axis,
+    pair,
+    perm_of,
+    reduce_axes,
+    slice_bounds,
+    symmetric_pads,
+)
 from eqfuse.ir.shapes import NUMPY_DTYPE
 
 
@@ -49,7 +57,11 @@ def _reduce(fn: str):
 
 def _conv2d(t, a, at):
     bias = a[2] if len(a) == 3 else None
-    return t.nn.functional.conv2d(a[0], a[1], bias, stride=pair(at["stride"]), padding=pair(at["padding"]),
+    x, pad = a[0], symmetric_pads(at["padding"])
+    if pad is None:  # (torch pads evenly: an uneven padding is F.pad's)
+        top, left, bottom, right = conv_pads(at["padding"])
+        x, pad = t.nn.functional.pad(x, (left, right, top, bottom)), (0, 0)
+    return t.nn.functional.conv2d(x, a[1], bias, stride=pair(at["stride"]), padding=pad,
                                   dilation=pair(at["dilation"]), groups=at["group"])
 
 
