@@ -695,15 +695,36 @@ class Runner:
         st = self._state()
         bound = self._bind(st, arrays)
         token = st["bound_by"] = object()
-        owner = threading.get_ident()
+        owner, get_ident = threading.get_ident(), threading.get_ident
+        # the outputs that are the arrays given (a KV cache's presents) filled in once
+        template: list = [None] * len(self.out_shapes)
+        for k, at in self._aliases:
+            template[k] = bound[at]
+        if self._copied or len(self._written) != 1:
+            return lambda: self._run(st, bound, threads, None) if get_ident() == owner else self(bound, threads)
+        # one output the kernels write (a decode step's logits): the pool's buffer or the one
+        # before it, as _run takes them
+        (k,) = self._written
+        shape, dt = self.out_shapes[k]
+        outs_p, pool, spare, getrefcount, fb = st["outs"], st["pool"], st["spare"], sys.getrefcount, self.ffi.from_buffer
 
         def run() -> list[np.ndarray]:
-            if threading.get_ident() != owner:  # (another thread: its own state, the whole call)
+            if get_ident() != owner:  # (another thread: its own state, the whole call)
                 return self(bound, threads)
             if st["bound_by"] is not token:  # another call of this thread set other pointers
                 self._bind(st, bound)
                 st["bound_by"] = token
-            return self._run(st, bound, threads, None)
+            o = pool[k]
+            if o is None or getrefcount(o) > _POOL_ONLY:
+                o = spare[k]
+                if o is None or getrefcount(o) > _POOL_ONLY:
+                    o = np.empty(shape, dtype=dt)
+                spare[k], pool[k] = pool[k], o
+            outs_p[k] = fb(o)
+            self._call(st, threads)
+            outs = template.copy()
+            outs[k] = o
+            return outs
         return run
 
     def _bind(self, st: dict, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -769,13 +790,22 @@ class Runner:
         # scheduled, and the worker keeps off the caller's CPU: common_pool.h, eqf_pool_place);
         # the eqf_region loops run as OpenMP's split when every core is free, else on the pool
         # (eqfuse.runtime.load.call_threads)
+        self._call(st, threads)
+        for k, at in self._aliases:  # (a KV cache's present: the buffer given, backend.live)
+            outs[k] = arrays[at]
+        for k in self._copied:
+            outs[k] = self._copy(k, arrays, outs)
+        return outs
+
+    def _call(self, st: dict, threads: int | None) -> None:
+        """The C call over the pointers in st, its failures raised."""
         if self._serial:  # (OpenMP's count left as it is: no region opens)
             st["threads"] = (0, 1, 1)
         else:
             want = threads_requested(threads)
             omp, regions = call_threads(want, self._team, self._pool, self._openmp)
             st["threads"] = (omp, want, regions)
-        bad = self.fn(st["ins"], outs_p, st["arena"], *st["threads"], st["failed"])
+        bad = self.fn(st["ins"], st["outs"], st["arena"], *st["threads"], st["failed"])
         if bad == BAD_LENGTH:
             top = min(p.live.rows - p.live.new for p in self.kernels if p.live is not None)
             raise ArgumentError(f"{self.kg.name}(): the KV cache's live length {st['failed'][0]} is not in 0 .. {top} "
@@ -793,11 +823,6 @@ class Runner:
         if bad:  # an index kernel met indices outside the axis it reads
             p = self.kernels[st["failed"][0]]
             raise ArgumentError(f"{bad} index value(s) out of range in {p.detail.op} (kernel {p.name})")
-        for k, at in self._aliases:  # (a KV cache's present: the buffer given, backend.live)
-            outs[k] = arrays[at]
-        for k in self._copied:
-            outs[k] = self._copy(k, arrays, outs)
-        return outs
 
     def _copy(self, k: int, arrays, outs) -> np.ndarray:
         shape, dt = self.out_shapes[k]
