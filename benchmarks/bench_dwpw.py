@@ -4,7 +4,7 @@ model without it, on the model zoo's tiny MobileNetV2 (tests/zoo_models.py: 32x3
 TorchScript export).
 
     python benchmarks/bench_dwpw.py [--threads N] [--repeat N] [--profile] [--blocks]
-    python benchmarks/bench_dwpw.py --convnext [--threads N] [--repeat N]
+    python benchmarks/bench_dwpw.py --convnext [--block] [--threads N] [--repeat N]
 
 Three builds of the one export: fused (eqfuse's default), dwpw (the fuse_pw_dw rules disabled: the
 expand conv a kernel of its own) and unfused (the fuse_dw_pw and fuse_pw_dw rules disabled: the
@@ -28,6 +28,10 @@ median wall microseconds; the last column is unfused / fused in the process's CP
 cost rule refuses the fused kernel (kernels 3/3) that column is marked * and times the fused
 kernel all the same (compiled with the rule off): what ir.kernels.DWLN_MIN_PIXEL_VECTORS is set
 from.
+--convnext --block times ConvNeXt's whole block instead (then the second Linear 4C -> C + bias,
+the layer scale, the permute back to NCHW and the residual add): fused has the opt-in rules of
+eqfuse/optimizer/rules/extra/nchw_residual.rw (the residual add in the GEMM, which writes NCHW at a
+column stride), unfused is eqfuse's default (the residual add a kernel of its own after the GEMM).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import eqfuse  # noqa: E402
 import eqfuse.runtime.profile as prof  # noqa: E402
 
 CONVNEXT_RULES = ("fuse_dw_ln_mm_gelu", "fuse_dw_ln_mm_bias", "fuse_dw_ln_mm_gelu_r", "fuse_dw_ln_mm_bias_r")
+NCHW_RESIDUAL = Path(eqfuse.__file__).parent / "optimizer" / "rules" / "extra" / "nchw_residual.rw"
 # (batch, channels, image side): the zoo's tiny ConvNeXt's two stages, smaller widths, ConvNeXt-T's
 # four stages at 224 x 224
 CONVNEXT = [(2, 16, 8), (2, 32, 4), (1, 64, 4), (1, 48, 16), (1, 64, 16), (1, 96, 56), (1, 128, 14), (1, 192, 28),
@@ -96,9 +101,9 @@ def blocks(threads: int, repeat: int) -> None:
               f"{tf:9.2f} {td:8.2f}")
 
 
-def _convnext_model(n: int, c: int, h: int, rng) -> tuple[bytes, np.ndarray]:
+def _convnext_model(n: int, c: int, h: int, rng, whole: bool = False) -> tuple[bytes, np.ndarray]:
     """The ONNX model of ConvNeXt's block up to its GELU (as the TorchScript exporter writes it:
-    GELU as Erf) and an input."""
+    GELU as Erf), or `whole` with its second Linear, layer scale and residual, and an input."""
     from onnx import TensorProto, helper, numpy_helper
 
     f = 4 * c
@@ -113,7 +118,15 @@ def _convnext_model(n: int, c: int, h: int, rng) -> tuple[bytes, np.ndarray]:
              helper.make_node("MatMul", ["ln", "w1"], ["mm"]), helper.make_node("Add", ["mm", "b1"], ["a"]),
              helper.make_node("Div", ["a", "s2"], ["q"]), helper.make_node("Erf", ["q"], ["e"]),
              helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["a", "e1"], ["m"]),
-             helper.make_node("Mul", ["m", "half"], ["y"])]
+             helper.make_node("Mul", ["m", "half"], ["y" if not whole else "h"])]
+    if whole:
+        more = {"w2": rng.standard_normal((f, c)) / np.sqrt(f), "b2": rng.standard_normal(c) / 4,
+                "ls": rng.standard_normal(c) / 4}
+        inits += [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in more.items()]
+        nodes += [helper.make_node("MatMul", ["h", "w2"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["a2"]),
+                  helper.make_node("Mul", ["a2", "ls"], ["s"]),
+                  helper.make_node("Transpose", ["s"], ["sn"], perm=[0, 3, 1, 2]),
+                  helper.make_node("Add", ["x", "sn"], ["y"])]
     g = helper.make_graph(nodes, "convnext", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, h])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
@@ -153,24 +166,29 @@ def _cpu_us(run, repeat: int) -> float:
     return statistics.median(samples)
 
 
-def convnext(threads: int, repeat: int) -> None:
+def convnext(threads: int, repeat: int, whole: bool = False) -> None:
     import tempfile
 
     import onnxruntime as ort
     from timing import alternate  # benchmarks/timing.py
 
-    print(f"ConvNeXt's dwconv 7x7 + permute + LayerNorm + Linear C->4C + GELU, {threads} thread(s); "
+    print(f"ConvNeXt's dwconv 7x7 + permute + LayerNorm + Linear C->4C + GELU"
+          f"{' + Linear 4C->C + layer scale + permute + residual add' if whole else ''}, {threads} thread(s); "
           f"tile = a row of the depthwise output, C x W x 4 bytes")
     print(f"{'N':>2s} {'C':>4s} {'side':>4s} {'tile B':>7s} {'kernels':>7s} {'fused us':>9s} {'unfused us':>10s} "
           f"{'ORT us':>9s} {'OV us':>9s} {'unf/fused':>9s} {'ORT/fused':>9s} {'OV/fused':>8s} {'cpu unf/fu':>11s}")
     for n, c, h in CONVNEXT:
-        model, x = _convnext_model(n, c, h, np.random.default_rng(c))
+        model, x = _convnext_model(n, c, h, np.random.default_rng(c), whole)
         with tempfile.NamedTemporaryFile(suffix=".onnx") as fh:
             fh.write(model)
             fh.flush()
-            fused = eqfuse.compile(fh.name, threads=threads)
-            unfused = eqfuse.compile(fh.name, threads=threads, disable=CONVNEXT_RULES)
-            refused = len(fused.kernels) == len(unfused.kernels)
+            if whole:
+                fused = eqfuse.compile(fh.name, threads=threads, rules=[str(NCHW_RESIDUAL)])
+                unfused = eqfuse.compile(fh.name, threads=threads)
+            else:
+                fused = eqfuse.compile(fh.name, threads=threads)
+                unfused = eqfuse.compile(fh.name, threads=threads, disable=CONVNEXT_RULES)
+            refused = len(fused.kernels) == len(unfused.kernels) and not whole
             if refused:  # (the cost rule keeps three kernels: the fused kernel as it would run, for the last column)
                 forced = _forced(fh.name, threads)
         so = ort.SessionOptions()
@@ -216,9 +234,10 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="each build's kernels and their times")
     ap.add_argument("--blocks", action="store_true", help="single inverted residuals of growing sizes")
     ap.add_argument("--convnext", action="store_true", help="ConvNeXt's block up to its first Linear, fused or not")
+    ap.add_argument("--block", action="store_true", help="with --convnext: the whole block, its residual add fused or not")
     a = ap.parse_args()
     if a.convnext:
-        return convnext(a.threads, a.repeat)
+        return convnext(a.threads, a.repeat, a.block)
     if a.blocks:
         return blocks(a.threads, a.repeat)
     path = str(zm.export("mobilenet-v2", "torchscript"))

@@ -32,14 +32,15 @@ long {{NAME}}_prepack_floats(void)
     return (long){{C}} * {{NAME}}_FPAD;
 }
 
-/* the matmul's weights [C][F] -> panels [F / FB][C][FB], a panel's row of FB output channels
- * contiguous (zero past F); made once by the runtime when bound by params=, else per call. */
+/* the matmul's weights [C][F] (element c, f at {{WM_AT}}: as they are, or a view such as the
+ * transpose of torch's [F][C] Linear weight) -> panels [F / FB][C][FB], a panel's row of FB output
+ * channels contiguous (zero past F); made once by the runtime when bound by params=, else per call. */
 void {{NAME}}_prepack(const float* restrict wm, float* restrict wp)
 {
     for (long f0 = 0; f0 < {{NAME}}_FPAD; f0 += {{NAME}}_FB)
         for (long c = 0; c < {{C}}; c++)
             for (long l = 0; l < {{NAME}}_FB; l++)
-                wp[f0 * {{C}} + c * {{NAME}}_FB + l] = f0 + l < {{F}} ? wm[c * (long){{F}} + f0 + l] : 0.0f;
+                wp[f0 * {{C}} + c * {{NAME}}_FB + l] = f0 + l < {{F}} ? {{WM_AT}} : 0.0f;
 }
 
 void {{NAME}}({{PARAMS}})

@@ -11,6 +11,8 @@ cost rule's refusal (an image of fewer than DWLN_MIN_PIXEL_VECTORS vectors of pi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import selected_params
@@ -32,14 +34,18 @@ CASES = [
     # a stride of 2 over rows of 9 pixels, the first band's top rows in the padding (the padded
     # rows' copy once compiled wrongly here)
     ("s2_bands", 1, 33, 20, 9, 132, 7, 3, 2, False, True, dict(flat=1, band=5, parallel=1)),
+    # a depthwise conv without its bias (rules fuse_dw_ln_mm*_nobias)
+    ("nobias_gelu", 1, 20, 8, 8, 80, 7, 3, 1, False, True, dict(flat=1, band=8, parallel=0)),
 ]
+NO_DW_BIAS = {"nobias_gelu"}
 
 
 def _graph(name, n, c, h, w, f, k, p, s, after, gelu, _path) -> str:
-    mm = (f"layernorm(transpose(conv2d(x, wd, bd, stride={s}, padding={p}, group={c}), perm=[0, 2, 3, 1]), ga, be, "
+    bd, pbd = ("", "") if name in NO_DW_BIAS else (", bd", f" bd: f32[{c}],")
+    mm = (f"layernorm(transpose(conv2d(x, wd{bd}, stride={s}, padding={p}, group={c}), perm=[0, 2, 3, 1]), ga, be, "
           f"eps=1e-6) @ w1")
     e = f"{mm} + b1" if after else f"b1 + {mm}"
-    return (f"graph {name}(x: f32[{n}, {c}, {h}, {w}], wd: f32[{c}, 1, {k}, {k}], bd: f32[{c}], ga: f32[{c}], "
+    return (f"graph {name}(x: f32[{n}, {c}, {h}, {w}], wd: f32[{c}, 1, {k}, {k}],{pbd} ga: f32[{c}], "
             f"be: f32[{c}], w1: f32[{c}, {f}], b1: f32[{f}]) {{\n    return {f'gelu({e})' if gelu else e}\n}}\n")
 
 
@@ -116,3 +122,98 @@ def test_the_zoo_convnext_matches_onnxruntime_with_the_fused_block():
     np.testing.assert_allclose(mod(**ins), want, rtol=RTOL, atol=ATOL)
     fused = [line for line in mod.report["graph"].splitlines() if "layernorm(transpose(conv2d(" in line]
     assert len(fused) == 1 and "group=16" in fused[0] and "gelu(" in fused[0], fused
+
+
+NCHW_RESIDUAL = Path(eqfuse.__file__).parent / "optimizer" / "rules" / "extra" / "nchw_residual.rw"
+
+
+def _block(n: int, c: int, h: int) -> str:
+    """ConvNeXt's whole block as the TorchScript export writes it: the fused first half, then the
+    second Linear (4C -> C), its bias, the layer scale, the permute back to NCHW and the residual
+    add."""
+    f = 4 * c
+    return (f"graph block{n}(x: f32[{n}, {c}, {h}, {h}], wd: f32[{c}, 1, 7, 7], bd: f32[{c}], ga: f32[{c}], "
+            f"be: f32[{c}], w1: f32[{c}, {f}], b1: f32[{f}], w2: f32[{f}, {c}], b2: f32[{c}], ls: f32[{c}]) {{\n"
+            f"    h = gelu(b1 + layernorm(transpose(conv2d(x, wd, bd, padding=3, group={c}), perm=[0, 2, 3, 1]), "
+            f"ga, be, eps=1e-6) @ w1)\n"
+            f"    return x + transpose(ls * (b2 + h @ w2), perm=[0, 3, 1, 2])\n}}\n")
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    """The blocks of one and two images, by default (False) and with the opt-in rules of
+    rules/extra/nchw_residual.rw (True), each module compiled when a case first asks for it (the
+    fast tier runs the first case only)."""
+    src, mods = _block(1, 16, 8) + _block(2, 16, 8), {}
+
+    def get(opt_in: bool):
+        if opt_in not in mods:
+            mods[opt_in] = eqfuse.compile(src, rules=[str(NCHW_RESIDUAL)] if opt_in else [])
+        return mods[opt_in]
+    return get
+
+
+@pytest.mark.parametrize("n, opt_in, kinds", [
+    (1, True, ["conv2d", "contraction"]), (2, True, ["conv2d", "contraction", "layout"]),
+    (1, False, ["conv2d", "contraction", "pointwise"]), (2, False, ["conv2d", "contraction", "pointwise"])])
+def test_the_whole_block_matches_with_its_residual_add_fused_or_not(blocks, n, opt_in, kinds):
+    """By default the residual add after the permute back to NCHW is a kernel of its own. With
+    rules/extra/nchw_residual.rw (slower on the CPUs measured) the second Linear's GEMM adds the
+    residual (read through the NHWC view): one image, it writes its result through the permute
+    (the channels at a column stride), so the block is two kernels; two images, the GEMM's rows
+    run over both, which the NCHW result does not lay out at one row stride, and the permute
+    stays a copy."""
+    src = _block(n, 16, 8)
+    g = load(src)[0]
+    rng = np.random.default_rng(n)
+    args = []
+    for name, t in g.params:
+        a = rng.standard_normal(t.shape).astype(np.float32)
+        if name in ("wd", "w1", "w2"):  # (sums of about unit size)
+            a /= np.float32(np.sqrt(np.prod(t.shape[1:]) if name == "wd" else t.shape[0]))
+        args.append(a)
+    fn = getattr(blocks(opt_in), f"block{n}")
+    np.testing.assert_allclose(fn(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+    assert [k.kind for k in fn.last.kernels if k.kind != "view"] == kinds
+
+
+@pytest.mark.heavy  # (dynamo's trace and a compile: about 4 s on the 2-vCPU VM; not in the fast tier)
+def test_the_block_through_torch_compile_is_the_same_kernels():
+    """torch.compile(backend="eqfuse") of ConvNeXt's block, its depthwise conv without a bias: each
+    Linear, reshape(reshape(y, [P, C]) @ transpose(w) + b, ...) from AOTAutograd, is the matmul
+    over the NHWC tensor once optimizer/layout.py takes the reshapes away, and the fused kernel
+    reads the Linear's [F][C] weight through its transpose (no copy kernel), so the block is the
+    fused first half, the second Linear's GEMM with the layer scale and the residual add, as from
+    ONNX; the result matches eager."""
+    torch = pytest.importorskip("torch")
+    from eqfuse import torch_backend
+    from eqfuse.torch_backend import REPORTS
+
+    class Block(torch.nn.Module):
+        def __init__(self, c: int):
+            super().__init__()
+            self.dw = torch.nn.Conv2d(c, c, 7, padding=3, groups=c, bias=False)
+            self.ln = torch.nn.LayerNorm(c, eps=1e-6)
+            self.fc1, self.fc2 = torch.nn.Linear(c, 4 * c), torch.nn.Linear(4 * c, c)
+            self.gamma = torch.nn.Parameter(torch.rand(c) + 0.5)
+
+        def forward(self, x):
+            y = self.ln(self.dw(x).permute(0, 2, 3, 1))
+            y = self.gamma * self.fc2(torch.nn.functional.gelu(self.fc1(y)))
+            return x + y.permute(0, 3, 1, 2)
+
+    torch.manual_seed(0)
+    model = Block(16).eval()
+    x = torch.randn(1, 16, 8, 8)
+    torch_backend.register()
+    torch._dynamo.reset()
+    del REPORTS[:]
+    try:
+        with torch.no_grad():
+            got, want = torch.compile(model, backend="eqfuse")(x), model(x)
+        (part,) = [p for r in REPORTS for p in r.partitions]
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    kinds = [k.kind for k in eqfuse.compile(part).kernels if k.kind != "view"]
+    assert kinds == ["conv2d", "contraction", "pointwise"], kinds

@@ -156,7 +156,7 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
     "conv_dwpw.c": {SIGNATURE: "NAME PARAMS X WE WD WP EXTRAS", SHAPE: "N CI C H W O KH KW OH OW SH SW PH PW DH DW",
                     EXPR: "EXPROLOGUE PROLOGUE EPILOGUE"},
     "conv_dwln.c": {SIGNATURE: "NAME PARAMS X WD BD BIAS LG LB WM EXTRAS",
-                    SHAPE: "N C H W F KH KW OH OW SH SW PH PW DH DW EPS", EXPR: "EPILOGUE"},
+                    SHAPE: "N C H W F KH KW OH OW SH SW PH PW DH DW EPS", EXPR: "EPILOGUE", MEMORY: "WM_AT"},
     "conv_pixels.c": {SIGNATURE: "NAME PARAMS X WEIGHTS EXTRAS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "N C H W O KH KW OH OW SH SW PH PW",
                       EXPR: "EPILOGUE"},
     "conv_reorder.c": {SIGNATURE: "NAME", DERIVED: "TRANSPOSE"},

@@ -22,7 +22,15 @@ from eqfuse.backend.views import place_views
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.conv_forms import expand_convs
 from eqfuse.ir.graph import Graph, Node
-from eqfuse.ir.kernels import F32, SUPPORTED, K, Split, Unsupported, classify
+from eqfuse.ir.kernels import (
+    F32,
+    SUPPORTED,
+    K,
+    Split,
+    Unsupported,
+    classify,
+    peel_transposes,
+)
 from eqfuse.machine import Machine
 
 # ------------------------------------------------------------------ the machine
@@ -52,17 +60,36 @@ def _single_op_kernel(out: Graph, ids: dict[int, int], n: Node) -> int:
     return out.add(Node("kernel", tuple(args), (), n.type, name=n.name, pos=n.pos, body=body))
 
 
-def kernelize(g: Graph, fuse: bool = True, split: frozenset[int] = frozenset()) -> Graph:
+def kernelize(g: Graph, fuse: bool = True, split: frozenset[int] = frozenset(),
+              origins: dict[int, int] | None = None) -> Graph:
     """The graph with only input/const/kernel nodes at top level.
 
     Kernel blocks stay (unless fuse=False or their id is in `split`: then their bodies are
-    inlined); every other op becomes a kernel of its own.
+    inlined); every other op becomes a kernel of its own. A GEMM kernel between transposes
+    (eqfuse.ir.kernels.peel_transposes) becomes the transposes and the GEMM's kernel, whose node
+    `origins` maps to the kernel block it came from.
     """
+    origins = {} if origins is None else origins
     out = Graph(g.name, pos=g.pos)
     mapping: dict[int, int] = {}
     for i, n in enumerate(g.nodes):
         if n.op in ("input", "const"):
             mapping[i] = out.add(n)
+        elif n.op == "kernel" and fuse and i not in split and (p := peel_transposes(n.body)) is not None:
+            # a GEMM between transposes: the transposes as layout ops around the GEMM's kernel
+            # (the one it reads a view, the one after it a copy it writes in place: place_views,
+            # place_stores)
+            args = []
+            for k, perm in p.sources:
+                a = mapping[n.args[k]]
+                if perm is not None:
+                    a = _single_op_kernel(out, {a: a}, Node("transpose", (a,), (("perm", perm),),
+                                                             p.body.nodes[p.body.inputs[len(args)]].type))
+                args.append(a)
+            k = out.add(replace(n, args=tuple(args), body=p.body, type=p.body.nodes[p.body.outputs[0]].type))
+            origins[k] = i
+            mapping[i] = _single_op_kernel(out, {k: k}, Node("transpose", (k,), (("perm", p.out_perm),), n.type,
+                                                             name=n.name, pos=n.pos))
         elif n.op == "kernel" and fuse and i not in split:
             mapping[i] = out.add(replace(n, args=tuple(mapping[a] for a in n.args)))
         elif n.op == "kernel":
@@ -129,7 +156,8 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
     g = expand_convs(g)  # (conv1d, conv_transpose2d as conv2d, when the optimizer did not run)
     split: set[int] = set()
     while True:
-        kg = kernelize(g, fuse=fuse, split=frozenset(split))
+        origins: dict[int, int] = {}
+        kg = kernelize(g, fuse=fuse, split=frozenset(split), origins=origins)
         plans: list[KernelPlan] = []
         retry = False
         count = 0
@@ -139,7 +167,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
             try:
                 plan = plan_kernel(kg, i, "", m, precision)
             except Split:
-                orig = _origin(g, kg, i)
+                orig = origins.get(i, _origin(g, kg, i))
                 if orig is None or orig in split:
                     raise
                 split.add(orig)

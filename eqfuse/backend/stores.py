@@ -14,8 +14,9 @@ kernel that computes it (its *writer*) when:
 - the writer's positions in C's storage are affine (one offset, one stride per axis of its
   result): the operand's places composed with the view's index map;
 - they are contiguous, or the writer's kind writes through strides (`Kind.writes_strided`,
-  `Kind.writes_through`: pointwise kernels, layout copies and softmax rows; the GEMM kinds not
-  yet, and other rows write rows of their own length).
+  `Kind.writes_through`: pointwise kernels, layout copies and softmax rows; a matmul's GEMM at a
+  row, column and batch stride (plan_gemm.c_layout), a conv2d's GEMM; other rows write rows of
+  their own length).
 
 The writer then gets `into = (C, offset)` and `out_strides` (None when contiguous), and C becomes
 a view plan with `view` None that owns the storage (eqfuse.runtime.program.plan_memory gives it

@@ -16,7 +16,9 @@ place when its map is affine and every kernel reading it can take that map:
 - a pointwise kernel reads any operand through any strides, attention reads q, k^T and v
   through any strides (its head split and k^T transposes are strides already), a GEMM reads A
   and B as rows or columns in memory at any leading dimension and batch strides (and its
-  epilogue's operands at any strides), and a layout copy (a concat too) reads any affine view;
+  epilogue's operands at any strides), the fused depthwise conv + layernorm + matmul its matmul's
+  weights at any strides (torch's Linear weight, transposed), and a layout copy (a concat too)
+  reads any affine view;
 - a graph output must be its root's whole buffer.
 A candidate read by a kernel that cannot take its map stays a kernel (a strided copy). A
 candidate read only by other candidates need not be affine at all: GPT-2's k^T is
@@ -41,7 +43,7 @@ from eqfuse.backend.indexing import contiguous, view_strides
 from eqfuse.backend.kinds.contraction.plan_gemm import matrix_layout
 from eqfuse.backend.plan import KernelPlan, UOp
 from eqfuse.ir.graph import Graph
-from eqfuse.ir.kernels import K
+from eqfuse.ir.kernels import ConvNorm, K
 from eqfuse.ir.ops import OPS, OpKind
 from eqfuse.ir.shapes import NUMPY_DTYPE
 
@@ -98,6 +100,12 @@ def _accepts(p: KernelPlan, k: int, strides) -> bool:
         st = view_strides(p.body, x, {p.body.inputs[k]: strides})[1]
         readers = [n for n in p.body.nodes if p.body.inputs[k] in n.args]
         return st is not None and len(readers) == 1 and matrix_layout(p.body.nodes[x].type.shape, st) is not None
+    if p.kind == K.CONV2D and isinstance(p.shape.parts, ConvNorm):
+        # the fused depthwise conv + layernorm + matmul packs its matmul's weights element by
+        # element (conv_dwln.c's WM_AT): any 2-D strides, the weights read by the matmul alone
+        w = p.body.nodes[p.shape.anchor].args[1]
+        return p.body.inputs[k] == w and len(strides) == 2 and \
+            sum(w in n.args for n in p.body.nodes) == 1
     if p.kind in (K.POINTWISE, K.ROW, K.REDUCE, K.CONTRACTION, K.CONTRACTION_ROW):
         # an operand of the pointwise ops around the main op, or a row op's or reduction's input:
         # read element by element at an index (not a GEMM operand, a row op's parameter or a

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from eqfuse.ir.graph import Graph, Node
@@ -767,10 +767,76 @@ _ORDER = (K.POINTWISE, K.CONTRACTION, K.ROW, K.REDUCE, K.ATTENTION, K.ATTENTION_
 SUPPORTED = "; ".join(next(s.supported for s in SHAPES if k in s.kinds) for k in _ORDER)
 
 
+@dataclass(frozen=True)
+class Peeled:
+    """A GEMM kernel between transposes (rules add_through_nchw_*: ConvNeXt's residual add after
+    its NHWC Linear and layer scale, moved before the permute back to NCHW): `body` is the GEMM
+    and its epilogue; `sources[k]` says what its input k is, (the index of the outer body's input,
+    the perm that input is read through, or None); `out_perm` is the transpose its result is
+    written through. The backend lowers the transposes as layout ops around the GEMM kernel, a view
+    that the epilogue reads at strides and a copy that the GEMM writes in place
+    (eqfuse.backend.views, eqfuse.backend.stores)."""
+
+    body: Graph
+    sources: tuple[tuple[int, tuple[int, ...] | None], ...]
+    out_perm: tuple[int, ...]
+
+
+def peel_transposes(body: Graph) -> Peeled | None:
+    """The GEMM kernel inside `body` when body is transpose(e) of a matmul's pointwise epilogue e
+    whose other operands may be inputs read through transposes (only by pointwise ops); None
+    otherwise."""
+    out = body.outputs[0]
+    on = body.nodes[out]
+    if on.op != "transpose" or body.nodes[on.args[0]].op in ("input", "const"):
+        return None
+    users: dict[int, list[int]] = {}
+    for i, n in enumerate(body.nodes):
+        for a in n.args:
+            users.setdefault(a, []).append(i)
+    peeled = {i for i, n in enumerate(body.nodes)
+              if n.op == "transpose" and i != out and body.nodes[n.args[0]].op == "input"
+              and all(op_kind(body.nodes[u]) == "pointwise" for u in users.get(i, []))}
+    inner = Graph(body.name)
+    ids: dict[int, int] = {}
+    sources: list[tuple[int, tuple[int, ...] | None]] = []
+    for i, n in enumerate(body.nodes):
+        if i == out:
+            continue
+        if n.op == "input" and any(u not in peeled for u in users.get(i, [])):
+            ids[i] = inner.add(n)
+            inner.inputs.append(ids[i])
+            sources.append((body.inputs.index(i), None))
+        elif n.op == "input":
+            continue
+        elif i in peeled:
+            ids[i] = inner.add(Node("input", type=n.type, name=body.nodes[n.args[0]].name))
+            inner.inputs.append(ids[i])
+            sources.append((body.inputs.index(n.args[0]), _perm(n)))
+        else:
+            ids[i] = inner.add(replace(n, args=tuple(ids[a] for a in n.args)))
+    inner.outputs = [ids[on.args[0]]]
+    try:
+        shape = _match_gemm(inner, Facts.of(inner))
+    except Unsupported:
+        return None
+    if shape is None or inner.nodes[shape.anchor].op != "matmul":
+        return None
+    return Peeled(inner, tuple(sources), _perm(on))
+
+
+def _perm(n: Node) -> tuple[int, ...]:
+    """A transpose's perm (none given: the axes reversed)."""
+    return tuple(n.attr["perm"] or reversed(range(n.type.rank)))
+
+
 def classify(body: Graph, machine: Machine | None = None) -> KernelShape:
     """The kernel shape of a kernel body; Unsupported with the reason when no kind lowers it,
     Split when its kind lowers it only as separate kernels (on `machine`, when given: the
-    planner's caches)."""
+    planner's caches). A GEMM between transposes (peel_transposes) is the GEMM's."""
+    peeled = peel_transposes(body)
+    if peeled is not None:
+        return classify(peeled.body, machine)
     facts = Facts.of(body)
     for shape in SHAPES:
         found = shape.match(body, facts, machine)

@@ -109,5 +109,6 @@ def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine) -> None:
                  if u.op == "Load" and ("pack B panel" in u.what or u.what.startswith("B read in place")) else u
                  for u in plan.uops]  # the tile schedule says so
     d = plan.detail
-    if plan.kind != K.CONV2D and d.gemm.mode == "fold" and skinny(d.gemm.M, d.N, d.K, m):
+    unit_columns = plan.out_strides is None or plan.out_shape[-1] == 1 or plan.out_strides[-1] == 1
+    if plan.kind != K.CONV2D and d.gemm.mode == "fold" and skinny(d.gemm.M, d.N, d.K, m) and unit_columns:
         plan_skinny(plan, m)

@@ -7,7 +7,8 @@ and the cost model chooses it over the separate kernels.
 A task is an image's band of BAND output rows. The depthwise conv of every channel over the band
 goes into a tile [C][BAND x OW] on the thread's stack; each pixel's layernorm is then a pass over
 a column of the tile (vectors of pixels), and the matmul a GEMM over the normalized tile, the
-output channels in the vector lanes (the weights [C][F] read as they are) and RO pixels a register
+output channels in the vector lanes (the weights [C][F] packed into panels, read as they are or
+through a transposed view) and RO pixels a register
 tile, its stores through the epilogue into the NHWC output. The two permutes are the tile's
 layout; the depthwise conv's and the layernorm's outputs never reach memory.
 """
@@ -140,9 +141,13 @@ def emit_conv_dwln(plan: KernelPlan) -> str:
     epi, extras = gemm_epilogue(plan, groups, {plan.shape.anchor: "acc"})
     decls = "\n".join(f"    const {c_type(body, i)}* restrict {name} = {ptrs[i]};" for i, name in extras)
     bias = len(dw.args) == 3
+    # the weights' element strides: [C][F] as they are, or the view they are read through
+    # (eqfuse.backend.views: torch's Linear weight [F][C] transposed)
+    wc, wf = plan.base_strides().get(mm.args[1], (d.F, 1))
+    wm_at = f"wm[c * {wc}L + (f0 + l) * {wf}L]"
     return render("conv_dwln.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[dw.args[0]],
                   WD=ptrs[dw.args[1]], BD=ptrs[dw.args[2]] if bias else "0", BIAS=int(bias),
-                  LG=ptrs[ln.args[1]], LB=ptrs[ln.args[2]], WM=ptrs[mm.args[1]], PREPACKED=int(d.prepack is not None), EPS=f"{d.eps!r}f",
+                  LG=ptrs[ln.args[1]], LB=ptrs[ln.args[2]], WM=ptrs[mm.args[1]], WM_AT=wm_at, PREPACKED=int(d.prepack is not None), EPS=f"{d.eps!r}f",
                   EPILOGUE=epi, PARALLEL=int(d.parallel), FLAT=int(d.flat), VL=d.vl, RO=d.ro, NV=d.nv,
                   BAND=d.band, N=d.N, C=d.C, H=d.H, W=d.W, F=d.F, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], DH=d.dilation[0],

@@ -296,11 +296,11 @@ def emit_contraction(plan: KernelPlan) -> str:
     prepacked = d.prepack is not None
     assert not prepacked or (mode == "fold" and d.prepack.fn == f"{gname}_prepack")
     sa, sb, sc = g.strides
-    ldc = N
+    ldc, csc = N, 1
     if plan.out_strides is not None:  # C written in place into a layout's storage (eqfuse.backend.stores)
-        ldc, sc = c_layout(plan, plan.out_strides)
+        ldc, csc, sc = c_layout(plan, plan.out_strides)
     if d.path == "skinny":  # few rows over a bound B: the memory-bound kernel (plan_gemm.skinny)
-        assert prepacked and g.batch == 1 and sc == 0
+        assert prepacked and g.batch == 1 and sc == 0 and csc == 1
         t = plan.tiles
         src, _ = emit_gemm_skinny(gname, M=g.M, N=N, K=K, lda=g.lda, ldb=g.ldb, ldc=ldc, mr=t["mr"], nr=t["nr"],
                                   pf=t["pf"], b_transposed=bt, a_transposed=at, epilogue=expr,
@@ -308,7 +308,7 @@ def emit_contraction(plan: KernelPlan) -> str:
                                   parallel=d.parallel, pack_parts=d.pack_parts, path=plan.precision_path)
     else:
         src, _ = emit_gemm(gname, M=g.M, N=N, K=K, batch=g.batch, a_batch_stride=sa, b_batch_stride=sb,
-                           c_batch_stride=sc, lda=g.lda, ldb=g.ldb, ldc=ldc, b_transposed=bt,
+                           c_batch_stride=sc, lda=g.lda, ldb=g.ldb, ldc=ldc, csc=csc, b_transposed=bt,
                            a_transposed=at, epilogue=expr, prepacked_b=prepacked, row_epilogue=row_call,
                            **_gemm_args(plan, extras))
     shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (A transposed)" if at else "") + \

@@ -379,15 +379,20 @@ def _flat_stride(shape, strides) -> int | None:
     return 0 if s is None else s
 
 
-def c_layout(plan: KernelPlan, strides) -> tuple[int, int] | None:
-    """(ldc, batch stride of C) when a matmul's GEMM can store its result at these element strides:
-    columns at unit stride, rows at ldc >= N; the "fold" mode's rows of every batch one after the
-    other at ldc, the "batch" mode's batches at one stride. None otherwise (the "loop" mode, whose
-    wrapper offsets C by whole matrices, writes contiguous only)."""
+def c_layout(plan: KernelPlan, strides) -> tuple[int, int, int] | None:
+    """(ldc, column stride, batch stride of C) when a matmul's GEMM can store its result at these
+    element strides: rows at ldc, columns at unit stride (ldc >= N) or at their own stride (a
+    transposed C: an NHWC result written through the permute to NCHW, ConvNeXt's Linear whose
+    residual add joined it, rules add_through_nchw_*; one image, whose pixels are the rows); the
+    "fold" mode's rows of every batch one after the other at ldc, the "batch" mode's batches at
+    one stride. None otherwise (the "loop" mode, whose wrapper offsets C by whole matrices, writes
+    contiguous only; a row epilogue, which walks rows of C in memory, and the skinny path write
+    unit columns)."""
     out = tuple(plan.out_shape)
     nb, (M, N) = len(out) - 2, out[-2:]
     mode = plan.detail.gemm.mode
-    if N > 1 and strides[-1] != 1:
+    csc = strides[-1] if N > 1 else 1
+    if csc != 1 and (plan.kind != Kind.CONTRACTION or plan.detail.path == "skinny"):
         return None
     if mode == "fold":
         ldc, sc = _flat_stride(out[:-1], strides[:-1]), 0
@@ -397,8 +402,10 @@ def c_layout(plan: KernelPlan, strides) -> tuple[int, int] | None:
         return None
     if ldc is None or sc is None:
         return None
+    if csc != 1:
+        return (ldc or 1, csc, sc) if ldc != csc else None
     ldc = ldc or N  # (one row: any row stride)
-    return (ldc, sc) if ldc >= N else None
+    return (ldc, 1, sc) if ldc >= N else None
 
 
 def pixels_as_rows(O: int, P: int) -> bool:
