@@ -687,7 +687,7 @@ class Runner:
         call's?) and every output, and after a long call, such as a decode step streaming its
         weights, none of the objects it touches is in any cache, so each costs a trip to memory
         (about a tenth of a millisecond a step for GPT-2's 28 arrays, more than the Python's
-        own time). The pointers are set once here; a call checks that no other call of this
+        own time: benchmarks/bench_generate.py --model gpt2, benchmarks/RESULTS.md). The pointers are set once here; a call checks that no other call of this
         Python thread set others since (then it sets them again) and runs."""
         if self.fn is None or not all(type(a) is np.ndarray and a.flags.c_contiguous and a.dtype == dt
                                       for a, dt in zip(arrays, self.in_dtypes)):
