@@ -303,7 +303,9 @@ class Decoder:
         self._check_positions(t)
         fast = self._prepared
         if fast is None or not fast.serves(self, ids):
-            fast = self._prepared = PreparedStep(self, ids)
+            fast = PreparedStep(self, ids)
+            if ids.dtype.kind in "iu":  # (other ids go the checked way, to its message)
+                self._prepared = fast
         if fast.run is not None:  # (memoryviews: a numpy call costs more, its code and data cold)
             np.copyto(fast.ids, ids)
             for i in range(b):
@@ -371,16 +373,16 @@ class PreparedStep:
         self.mask = memoryview(dec.mask.reshape(-1))
         prepare = getattr(dec.live_step, "prepare", None)
         self.run = None
-        if prepare is not None and ids.shape == (b, 1) and dec.mask.flags.c_contiguous:
+        if prepare is not None and ids.shape == (b, 1) and ids.dtype.kind in "iu" and dec.mask.flags.c_contiguous:
             feeds = {dec.sig.ids: self.ids, dec.sig.mask: dec.mask, dec.sig.positions: positions,
                      LENGTH: length}
             feeds.update({n: c for (n, _), c in zip(dec.sig.pasts, dec.cache)})
             self.run = prepare(feeds)
 
     def serves(self, dec: Decoder, ids: np.ndarray) -> bool:
-        """Made for this Decoder's step, buffers and batch (the identity of each)."""
+        """Made for this Decoder's step, buffers and batch (the identity of each), and integer ids."""
         return (self.step is dec.live_step and self.of_mask is dec.mask and ids.shape == self.shape
-                and all(map(is_, self.cache, dec.cache)))
+                and ids.dtype.kind in "iu" and all(map(is_, self.cache, dec.cache)))
 
 
 # ---------------------------------------------------------------- choosing tokens
