@@ -1190,7 +1190,8 @@ def test_qdq_convs_run_on_the_integer_conv_and_match_onnxruntime(tmp_path):
     """A QDQ conv (DequantizeLinear of x and of the weight, Conv, QuantizeLinear) runs as the
     integer conv (rules conv_dequantized, conv_dequantized_bias), its dequantization, bias and
     requantization in the kernel's epilogue (fuse_requantize_conv, _bias): one int8 kernel per conv,
-    no f32 conv, no separate quantize kernel after it. Its output is within one step of the
+    no f32 conv, no separate quantize kernel after it, and the model input quantized by the first
+    conv (conv_dequantized_bias_qa). Its output is within one step of the
     output's scale of onnxruntime's, literal and deployed (docs/precision.md's bound). (The rules'
     soundness: tests/test_soundness.py, as every built-in rule's.)"""
     f = tmp_path / "conv-qdq.onnx"
@@ -1201,8 +1202,10 @@ def test_qdq_convs_run_on_the_integer_conv_and_match_onnxruntime(tmp_path):
     assert len(convs) == 2 and all(k.decisions.get("im2col") == 1 for k in convs)
     assert [mod.report["precision"][k.name]["precision"] for k in convs] == ["int8", "int8"]
     assert all("eqf_quantize(" in k.c_source for k in convs)  # (the requantization in each conv's epilogue)
-    # the only other quantize: the model input's, x's QuantizeLinear
-    assert sum(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in mod.kernels) == 1
+    # the model input's QuantizeLinear in the first conv (conv_dequantized_bias_qa: quantize_a), no
+    # quantize kernel of its own
+    assert [k.decisions.get("quantize_a") for k in convs] == [1, 0]
+    assert not any(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in mod.kernels)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     (last,) = [n for n in model.graph.node if "y" in n.output]
     step = float(inits[last.input[1]])
