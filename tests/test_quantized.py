@@ -1139,6 +1139,52 @@ def test_an_integer_conv_of_one_panel_splits_its_rows_among_threads():
     assert got.dtype == np.uint8 and np.array_equal(got, want)
 
 
+# Integer convs read in place from a padded copy of x, without an im2col (direct_x: stride 1, kernel
+# rows of 3 or 4 taps, output rows of 8 pixels or more): padded and not, a 4-tap kernel (no tap of
+# weight 0 added), an s8 x, w's zero points per output channel and not zero (the row sums of the
+# virtual pixels), two groups, x quantized from f32 by the conv; and a stride-2 conv beside them
+# that keeps its im2col
+DIRECT_X_G = """
+graph dx(x: u8[2, 5, 9, 12], w: i8[7, 5, 3, 3], w4: i8[6, 5, 2, 4], wg: i8[8, 2, 3, 3], y: i8[1, 4, 8, 10],
+         wy: i8[5, 4, 3, 3], xf: f32[1, 4, 8, 10], qs: f32, xz: u8, yz: i8, wz: i8[7], wz0: i8) {
+    q = kernel { conv_integer(quantize_linear(xf, qs, xz), wy, xz, wz0) }
+    return conv_integer(x, w, xz, wz, padding=1), conv_integer(x, w4, xz, wz0), conv_integer(y, wy, yz, wz0, padding=1),
+           conv_integer(y, wg, yz, wz0, padding=1, group=2), q, conv_integer(x, w, xz, wz, stride=2, padding=1)
+}
+"""
+
+
+def test_integer_convs_without_im2col_read_a_padded_copy_of_x():
+    _check_direct_x()
+
+
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
+def test_integer_convs_without_im2col_on_every_path(int8_path):
+    _check_direct_x()
+
+
+def _check_direct_x():
+    rng = np.random.default_rng(12)
+    i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
+    x = {"x": rng.integers(0, 256, (2, 5, 9, 12)).astype(np.uint8), "w": i8(7, 5, 3, 3), "w4": i8(6, 5, 2, 4),
+         "wg": i8(8, 2, 3, 3), "y": i8(1, 4, 8, 10), "wy": i8(5, 4, 3, 3),
+         "xf": rng.uniform(-40, 40, (1, 4, 8, 10)).astype(np.float32), "qs": np.asarray(0.25, np.float32),
+         "xz": np.asarray(77, np.uint8), "yz": np.asarray(-9, np.int8), "wz": i8(7), "wz0": np.asarray(0, np.int8)}
+    mod = eqfuse.compile(DIRECT_X_G, fuse="manual")
+    convs = [k for k in mod.kernels if k.kind == "contraction"]
+    assert sorted(k.decisions["direct_x"] for k in convs) == [0, 1, 1, 1, 1, 1]
+    assert sum(k.decisions["quantize_a"] for k in convs) == 1 and uops_text(DIRECT_X_G).count("padded with its zero point") == 5
+    conv, quantize = OPS["conv_integer"].numpy, OPS["quantize_linear"].numpy
+    geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
+    qx = quantize([x["xf"], x["qs"], x["xz"]], {})
+    want = [conv([x["x"], x["w"], x["xz"], x["wz"]], geo(padding=1)), conv([x["x"], x["w4"], x["xz"], x["wz0"]], geo()),
+            conv([x["y"], x["wy"], x["yz"], x["wz0"]], geo(padding=1)),
+            conv([x["y"], x["wg"], x["yz"], x["wz0"]], geo(padding=1, group=2)), conv([qx, x["wy"], x["xz"], x["wz0"]], geo()),
+            conv([x["x"], x["w"], x["xz"], x["wz"]], geo(stride=2, padding=1))]
+    for g, w in zip(mod(**x), want):
+        assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w)
+
+
 @pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_the_integer_conv_im2col_copies_every_kernel_row_width():
     rng = np.random.default_rng(7)
