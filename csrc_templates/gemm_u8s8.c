@@ -26,15 +26,17 @@
  * channels), and C is stored transposed, channels x pixels: NCHW. j in the epilogue is the output
  * channel, i the pixel.
  *
- * With DIRECT_X ({{DIRECT_X}}; a conv of stride 1 and kernel rows of 3 or 4 taps) there is no
- * im2col: x is copied once per image and group into a padded buffer (planes of HP x WP bytes,
- * the padding x's zero point), and the micro-kernel reads A's four bytes in place from there.
- * A K-group is one kernel row (c, u) of four taps (a row of 3 gets a fourth whose weight is 0),
- * so K in the panels is KP = C/G x KH x 4; the rows are virtual pixels q = oh WP + ow, ow < WP,
- * whose K-group g starts at byte (c HP + oh + u) WP + ow of the buffer: one address plus r for
- * row r of a tile. The M = (OH - 1) WP + OW virtual pixels include the WP - OW of each output row
- * past its end, computed and not stored. The row sums (when some b_zp is not zero) count only
- * the real taps, as the column sums do (the fourth tap's weight is 0).
+ * With DIRECT_X ({{DIRECT_X}}; no dilation, kernel rows of 3, 4, 7 or 8 taps) there is no im2col:
+ * x is copied once per image and group into a padded buffer (planes of HP x WP bytes, the
+ * padding x's zero point), and the micro-kernel reads A's four bytes in place from there. A
+ * kernel row (c, u) is KWG = ceil(KW / 4) K-groups of four taps (the taps past KW get weight 0),
+ * so K in the panels is KP = C/G x KH x KWG x 4; K-group (c, u, t) of pixel (oh, ow) starts at
+ * byte (c HP + oh SH + u) WP + ow SW + 4 t of the buffer: one address per K-group, plus r SW for
+ * row r of a tile when the tile's pixels are in one output row. DIRECT_X 2: they are (OW is a
+ * multiple of MR). DIRECT_X 1 (stride 1): the rows are virtual pixels q = oh WP + ow, ow < WP, at
+ * byte q + the K-group's offset, so that a tile may cross output rows; the M = (OH - 1) WP + OW
+ * virtual pixels include the WP - OW past each output row's end, computed and not stored. The
+ * row sums (when some b_zp is not zero) count only the real taps, as the column sums do.
  *
  * PATH ({{PATH}}, the plan's precision_path): 3 = AVX512_VNNI (vpdpbusd on zmm, 64 u8 x s8
  * products in 16 lanes per instruction), 2 = AVX-VNNI (the VEX vpdpbusd on ymm), 1 = the exact
@@ -96,15 +98,14 @@
 #define {{NAME}}_HP ({{NAME}}_H + 2 * {{NAME}}_PH) /* DIRECT_X's padded planes */
 #define {{NAME}}_WP ({{NAME}}_W + 2 * {{NAME}}_PW)
 #define {{NAME}}_CG ({{NAME}}_CI / {{NAME}}_G)
-#define {{NAME}}_KP ({{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_KH * 4 : {{NAME}}_K) /* K in the panels */
+#define {{NAME}}_KWG ({{NAME}}_DIRECT_X ? ({{NAME}}_KW + 3) / 4 : 1L) /* DIRECT_X: K-groups per kernel row */
+#define {{NAME}}_KP ({{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_KH * {{NAME}}_KWG * 4 : {{NAME}}_K) /* K in the panels */
 #define {{NAME}}_KG ({{NAME}}_KP / 4) /* whole K-groups of A; a last partial one is KT bytes */
 #define {{NAME}}_KT ({{NAME}}_KP % 4)
 #define {{NAME}}_KGP (({{NAME}}_KP + 3) / 4) /* K-groups in the panels */
 /* A's row stride: a conv's im2col rows padded to whole K-groups (the pad bytes meet B's zero
  * padding), so that every group of four is one aligned-stride load with no partial last group */
 #define {{NAME}}_LDA ({{NAME}}_IM2COL ? {{NAME}}_KGP * 4 : {{NAME}}_K)
-/* bytes from one row of A to the next: an A row, or one virtual pixel (DIRECT_X) */
-#define {{NAME}}_ASTEP ({{NAME}}_DIRECT_X ? 1L : {{NAME}}_LDA)
 /* the A buffer's bytes: the im2col, or the padded copy and the bytes the last virtual pixels'
  * fourth taps read past it */
 #define {{NAME}}_ABYTES ({{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_HP * {{NAME}}_WP + 64L : {{NAME}}_M * {{NAME}}_LDA)
@@ -147,13 +148,14 @@ static inline uint32_t {{NAME}}_a4(const uint8_t* a, long g)
     return w ^ {{NAME}}_AXOR;
 }
 
-/* K-group g of row r of a tile whose first row is at a (DIRECT_X: g = c KH + u, four bytes of x's
- * padded row (c, oh + u) from the virtual pixel's column; else A's row r) */
+/* K-group g of row r of a tile whose first row is at a (DIRECT_X: four bytes of x's padded row
+ * (c, oh SH + u) from the pixel's column + 4 t; else A's row r) */
 static inline uint32_t {{NAME}}_arow(const uint8_t* a, int r, long g)
 {
 #if {{NAME}}_DIRECT_X
+    const long cu = g / {{NAME}}_KWG; /* (kernel row (c, u) = (cu / KH, cu % KH), its taps from 4 (g % KWG)) */
     uint32_t w;
-    memcpy(&w, a + (g / {{NAME}}_KH * {{NAME}}_HP + g % {{NAME}}_KH) * {{NAME}}_WP + r, 4);
+    memcpy(&w, a + (cu / {{NAME}}_KH * {{NAME}}_HP + cu % {{NAME}}_KH) * {{NAME}}_WP + g % {{NAME}}_KWG * 4 + r * {{NAME}}_SW, 4);
     return w ^ {{NAME}}_AXOR;
 #else
     return {{NAME}}_a4(a + r * {{NAME}}_LDA, g);
@@ -272,9 +274,10 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
                 const long j = p * {{NAME}}_NR + jj;
                 /* (a u8 B is read as s8 b - 128: its bits xor 0x80) */
                 /* (a conv's weights are N x K: each output channel's taps in a row) */
-                /* (DIRECT_X: K-group k / 4 is kernel row (c, u), its fourth tap past a row of 3 is 0) */
-                const long kk = {{NAME}}_DIRECT_X ? k / 4 * {{NAME}}_KW + k % 4 : k;
-                const int real = {{NAME}}_DIRECT_X ? k % 4 < {{NAME}}_KW && k < {{NAME}}_KP : k < {{NAME}}_K;
+                /* (DIRECT_X: k is tap t of kernel row (c, u), weight 0 past KW) */
+                const long t = k % ({{NAME}}_KWG * 4);
+                const long kk = {{NAME}}_DIRECT_X ? k / ({{NAME}}_KWG * 4) * {{NAME}}_KW + t : k;
+                const int real = {{NAME}}_DIRECT_X ? t < {{NAME}}_KW && k < {{NAME}}_KP : k < {{NAME}}_K;
                 const long at = {{NAME}}_IM2COL || {{NAME}}_B_TRANSPOSED ? j * {{NAME}}_K + kk : kk * {{NAME}}_N + j;
                 const int8_t v = j < {{NAME}}_N && real ? (int8_t)((uint8_t)B[at] ^ ({{NAME}}_B_U8 ? 0x80 : 0)) : 0;
                 q[((k / 4) * {{NAME}}_NR + jj) * 4 + k % 4] = v;
@@ -445,6 +448,18 @@ static void {{NAME}}_im2col(void* ctx, long ch)
 #endif
 
 #if {{NAME}}_DIRECT_X
+/* DIRECT_X: the byte of the padded planes where pixel q's kernel starts (q a virtual pixel with
+ * DIRECT_X 1) */
+static inline long {{NAME}}_xofs(long q)
+{
+    if ({{NAME}}_DIRECT_X == 1)
+        return q;
+    return q / {{NAME}}_OW * {{NAME}}_SH * {{NAME}}_WP + q % {{NAME}}_OW * {{NAME}}_SW;
+}
+
+/* where row i0 of A starts: the pixel's first byte in DIRECT_X's padded planes, or i0 LDA */
+static inline long {{NAME}}_arow0(long i0) { return {{NAME}}_xofs(i0); }
+
 /* DIRECT_X: the image's group of channels X into the padded planes XP (x's zero point around
  * it, and in the bytes past the last plane), and the row sums of the virtual pixels' real taps
  * when rowsum is not NULL */
@@ -469,10 +484,12 @@ static void {{NAME}}_pad_x(const uint8_t* restrict X, uint8_t* restrict XP, int3
         for (long c = 0; c < {{NAME}}_CG; c++)
             for (long u = 0; u < {{NAME}}_KH; u++)
                 for (long v = 0; v < {{NAME}}_KW; v++)
-                    s += XP[(c * {{NAME}}_HP + u) * {{NAME}}_WP + q + v] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+                    s += XP[(c * {{NAME}}_HP + u) * {{NAME}}_WP + {{NAME}}_xofs(q) + v] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
         rowsum[q] = (int32_t)s;
     }
 }
+#else
+static inline long {{NAME}}_arow0(long i0) { return i0 * {{NAME}}_LDA; }
 #endif
 
 
@@ -533,14 +550,14 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
         int32_t* dst = last ? tile : part + i0 * {{NAME}}_NR;
         /* (the last M % MR rows: a kernel of that many rows, unrolled like the full one) */
         if (mr == {{NAME}}_MR)
-            {{NAME}}_ukernel({{NAME}}_MR, A + i0 * {{NAME}}_ASTEP, bp, g0, g1, init, dst);
+            {{NAME}}_ukernel({{NAME}}_MR, A + {{NAME}}_arow0(i0), bp, g0, g1, init, dst);
         else
-            {{NAME}}_ukernel({{NAME}}_EDGE, A + i0 * {{NAME}}_ASTEP, bp, g0, g1, init, dst);
+            {{NAME}}_ukernel({{NAME}}_EDGE, A + {{NAME}}_arow0(i0), bp, g0, g1, init, dst);
         if (!last)
             continue;
         for (int r = 0; r < mr; r++) {
             const long q = i0 + r;
-#if {{NAME}}_DIRECT_X /* (virtual pixel q: column q % WP of output row q / WP; past OW not stored) */
+#if {{NAME}}_DIRECT_X == 1 /* (virtual pixel q: column q % WP of output row q / WP; past OW not stored) */
             if (q % {{NAME}}_WP >= {{NAME}}_OW)
                 continue;
             const long i = q / {{NAME}}_WP * {{NAME}}_OW + q % {{NAME}}_WP;

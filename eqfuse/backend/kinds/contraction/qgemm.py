@@ -119,9 +119,9 @@ class QGemmDetail:
     # the im2col by output row (IM2COL_ROWS, im2col_by_rows): per kernel row of x, its x row found once
     # and copied to each pixel of the output row, against pixel by pixel with every kernel row in turn
     im2col_rows: bool = False
-    # no im2col: A read in place from a padded copy of x (DIRECT_X, direct_x()), M then counts
-    # virtual pixels, mo the output's pixels per image
-    direct_x: bool = False
+    # no im2col: A read in place from a padded copy of x (DIRECT_X, direct_x()): 2 pixels by output
+    # row, 1 virtual pixels (M counts them), 0 an im2col; mo the output's pixels per image
+    direct_x: int = 0
     mo: int = 0
     # its panels are chunks of the claim-based pool (the run function keeps the pool's workers
     # ready across it: runtime.program.hold_pool)
@@ -160,16 +160,21 @@ def im2col_by_rows(kw: int) -> bool:
 DIRECT_X_MIN_OW = 8  # output rows of at least this many pixels: no im2col (direct_x)
 
 
-def direct_x(geo: tuple) -> bool:
+def direct_x(geo: tuple, mr: int) -> int:
     """Whether a conv reads A in place from a padded copy of x, without an im2col (the template's
-    DIRECT_X): stride 1, no dilation, kernel rows of 3 or 4 taps (one K-group each, a row of 3
-    padded with a tap of weight 0: a third more multiplies for a 3 x 3 kernel), output rows of at
-    least DIRECT_X_MIN_OW pixels (the WP - OW virtual pixels past each output row's end are
-    computed too: (KW - 1) / OW more). The im2col of a 3 x 3 conv of the quantized ResNet-18 was
-    half its time (`benchmarks/bench_models.py --quantized static --model resnet18`, its kernels'
-    profile: benchmarks/RESULTS.md)."""
+    DIRECT_X), and how its rows are pixels: 2, by output row, when OW is a multiple of the tile's
+    MR rows (any stride); 1, as virtual pixels (stride 1, output rows of at least DIRECT_X_MIN_OW
+    pixels: the WP - OW past each row's end are computed too); 0, with an im2col. No dilation, and
+    kernel rows of 3, 4, 7 or 8 taps: whole K-groups of four, a row of 3 or 7 padded with taps of
+    weight 0 (a third and a seventh more multiplies). The im2col was half the time of the
+    quantized ResNet-18's 3 x 3 convs and its 7 x 7 stem (`benchmarks/bench_models.py --quantized
+    static --model resnet18`, its kernels' profile: benchmarks/RESULTS.md)."""
     _, _, _, _, kw, (sh, sw), _, (dh, dw), ow = geo
-    return sh == sw == 1 and dh == dw == 1 and kw in (3, 4) and ow >= DIRECT_X_MIN_OW
+    if dh != 1 or dw != 1 or kw not in (3, 4, 7, 8):
+        return 0
+    if ow % mr == 0:
+        return 2
+    return 1 if sh == sw == 1 and ow >= DIRECT_X_MIN_OW else 0
 
 
 def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
@@ -182,8 +187,8 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     if conv:
         M, N, K, batches, nbb, geo = _conv_gemm(body, a)
         fold, gM, calls = nbb == 1, M, batches
-        direct = direct_x(geo)
-        if direct:  # (the virtual pixels: each output row WP = W + 2 PW wide, the last OW)
+        direct = direct_x(geo, int8_tile(int8_path(m), N)[0])
+        if direct == 1:  # (the virtual pixels: each output row WP = W + 2 PW wide, the last OW)
             gM = (M // geo[8] - 1) * (geo[2] + 2 * geo[6][1]) + geo[8]
     else:
         M, K, N = at.shape[-2], at.shape[-1], bt.shape[-1]
@@ -191,11 +196,11 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
         nbb = size(bt.shape[:-2])
         fold = bt.rank == 2
         gM, calls = (batches * M, 1) if fold else (M, batches)
-        direct = False
+        direct = 0
     path = int8_path(m)
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
-    kp = geo[0] // nbb * geo[3] * 4 if direct else K  # K in the panels (direct_x: kernel rows of 4 taps)
+    kp = geo[0] // nbb * geo[3] * cdiv(geo[4], 4) * 4 if direct else K  # K in the panels (direct_x: whole K-groups per kernel row)
     kc = min(int8_kc(kp, nr, m), kp)
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
     plan.tiles = {"mr": mr, "nr": nr, "kc": kc, "mb": int8_row_block(gM, cdiv(N, nr), mr, par)}
@@ -226,8 +231,8 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     if conv:
         plane = f"the group's {geo[0] // nbb} channels of x ({geo[1]} x {geo[2]})"
         quant = [UOp(1, "Load", f"quantize {plane} f32 -> {at.dtype} into the kernel's scratch", calls)][:qa] + \
-            ([UOp(1, "Load", f"copy of x padded with its zero point, read in place as A [{gM} virtual pixels x "
-                  f"{kp} taps: kernel rows of 4]", calls)] if direct else
+            ([UOp(1, "Load", f"copy of x padded with its zero point, read in place as A [{gM} "
+                  f"{'virtual ' if direct == 1 else ''}pixels x {kp} taps: kernel rows in K-groups of 4]", calls)] if direct else
              [UOp(1, "Load", f"im2col of x into the kernel's A buffer [{gM} pixels x {K} taps], {at.dtype}, "
                   "padded with x's zero point" + (", row blocks shared by the pool's threads" if par else ""), calls)])
     plan.uops = [UOp(0, "Loop", f"{calls} GEMM(s) of {gM} x {N} x {K}, u8 x s8 -> int32"
