@@ -26,6 +26,18 @@
  * channels), and C is stored transposed, channels x pixels: NCHW. j in the epilogue is the output
  * channel, i the pixel.
  *
+ * With DIRECT_X ({{DIRECT_X}}; no dilation, kernel rows of 3, 4, 7 or 8 taps) there is no im2col:
+ * x is copied once per image and group into a padded buffer (planes of HP x WP bytes, the
+ * padding x's zero point), and the micro-kernel reads A's four bytes in place from there. A
+ * kernel row (c, u) is KWG = ceil(KW / 4) K-groups of four taps (the taps past KW get weight 0),
+ * so K in the panels is KP = C/G x KH x KWG x 4; K-group (c, u, t) of pixel (oh, ow) starts at
+ * byte (c HP + oh SH + u) WP + ow SW + 4 t of the buffer: one address per K-group, plus r SW for
+ * row r of a tile when the tile's pixels are in one output row. DIRECT_X 2: they are (OW is a
+ * multiple of MR). DIRECT_X 1 (stride 1): the rows are virtual pixels q = oh WP + ow, ow < WP, at
+ * byte q + the K-group's offset, so that a tile may cross output rows; the M = (OH - 1) WP + OW
+ * virtual pixels include the WP - OW past each output row's end, computed and not stored. The
+ * row sums (when some b_zp is not zero) count only the real taps, as the column sums do.
+ *
  * PATH ({{PATH}}, the plan's precision_path): 3 = AVX512_VNNI (vpdpbusd on zmm, 64 u8 x s8
  * products in 16 lanes per instruction), 2 = AVX-VNNI (the VEX vpdpbusd on ymm), 1 = the exact
  * fallback: u8 and s8 widened to int16 (the even and odd bytes of each lane) and multiplied by
@@ -67,6 +79,8 @@
 #define {{NAME}}_QUANT_A {{QUANT_A}} /* A is f32 x, quantized into the kernel's A buffer */
 #define {{NAME}}_IM2COL {{IM2COL}} /* A is the im2col of a conv's x, C stored NCHW */
 #define {{NAME}}_IM2COL_ROWS {{IM2COL_ROWS}} /* the im2col by output row, kernel row outermost (else pixel by pixel) */
+#define {{NAME}}_DIRECT_X {{DIRECT_X}} /* no im2col: A read in place from a padded copy of x (kernel rows as K-groups) */
+#define {{NAME}}_MO {{MO}}L /* the output's pixels per image (M counts DIRECT_X's virtual pixels) */
 #define {{NAME}}_G {{G}}L /* the conv's groups: B one matrix per group */
 #define {{NAME}}_CI {{CI}}L /* the conv's geometry: x's channels, height, width; the kernel, stride, padding, dilation */
 #define {{NAME}}_H {{H}}L
@@ -81,12 +95,20 @@
 #define {{NAME}}_DW {{DW}}L
 #define {{NAME}}_OW {{OW}}L
 #define {{NAME}}_KCG (({{NAME}}_KC + 3) / 4) /* K-groups per block */
-#define {{NAME}}_KG ({{NAME}}_K / 4) /* whole K-groups of A; a last partial one is KT bytes */
-#define {{NAME}}_KT ({{NAME}}_K % 4)
-#define {{NAME}}_KGP (({{NAME}}_K + 3) / 4) /* K-groups in the panels */
+#define {{NAME}}_HP ({{NAME}}_H + 2 * {{NAME}}_PH) /* DIRECT_X's padded planes */
+#define {{NAME}}_WP ({{NAME}}_W + 2 * {{NAME}}_PW)
+#define {{NAME}}_CG ({{NAME}}_CI / {{NAME}}_G)
+#define {{NAME}}_KWG ({{NAME}}_DIRECT_X ? ({{NAME}}_KW + 3) / 4 : 1L) /* DIRECT_X: K-groups per kernel row */
+#define {{NAME}}_KP ({{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_KH * {{NAME}}_KWG * 4 : {{NAME}}_K) /* K in the panels */
+#define {{NAME}}_KG ({{NAME}}_KP / 4) /* whole K-groups of A; a last partial one is KT bytes */
+#define {{NAME}}_KT ({{NAME}}_KP % 4)
+#define {{NAME}}_KGP (({{NAME}}_KP + 3) / 4) /* K-groups in the panels */
 /* A's row stride: a conv's im2col rows padded to whole K-groups (the pad bytes meet B's zero
  * padding), so that every group of four is one aligned-stride load with no partial last group */
 #define {{NAME}}_LDA ({{NAME}}_IM2COL ? {{NAME}}_KGP * 4 : {{NAME}}_K)
+/* the A buffer's bytes: the im2col, or the padded copy and the bytes the last virtual pixels'
+ * fourth taps read past it */
+#define {{NAME}}_ABYTES ({{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_HP * {{NAME}}_WP + 64L : {{NAME}}_M * {{NAME}}_LDA)
 #define {{NAME}}_NPAD (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR)
 #define {{NAME}}_PANELS ({{NAME}}_NPAD / {{NAME}}_NR)
 #define {{NAME}}_PANEL_BYTES ({{NAME}}_KGP * 4L * {{NAME}}_NR)
@@ -126,6 +148,20 @@ static inline uint32_t {{NAME}}_a4(const uint8_t* a, long g)
     return w ^ {{NAME}}_AXOR;
 }
 
+/* K-group g of row r of a tile whose first row is at a (DIRECT_X: four bytes of x's padded row
+ * (c, oh SH + u) from the pixel's column + 4 t; else A's row r) */
+static inline uint32_t {{NAME}}_arow(const uint8_t* a, int r, long g)
+{
+#if {{NAME}}_DIRECT_X
+    const long cu = g / {{NAME}}_KWG; /* (kernel row (c, u) = (cu / KH, cu % KH), its taps from 4 (g % KWG)) */
+    uint32_t w;
+    memcpy(&w, a + (cu / {{NAME}}_KH * {{NAME}}_HP + cu % {{NAME}}_KH) * {{NAME}}_WP + g % {{NAME}}_KWG * 4 + r * {{NAME}}_SW, 4);
+    return w ^ {{NAME}}_AXOR;
+#else
+    return {{NAME}}_a4(a + r * {{NAME}}_LDA, g);
+#endif
+}
+
 /* out[r][NR] = init[r][NR] (0 without init) + the sum over the K-groups [g0, g1) of
  * A[r][k] * panel[k][j] (u8 x s8, int32), for r < mr */
 static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukernel(
@@ -149,7 +185,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             b[v] = _mm512_loadu_si512((const void*)(bp + (g * {{NAME}}_NR + 16 * v) * 4));
 #pragma GCC unroll 16
         for (int r = 0; r < mr; r++) {
-            const __m512i av = _mm512_set1_epi32((int){{NAME}}_a4(a + r * {{NAME}}_LDA, g));
+            const __m512i av = _mm512_set1_epi32((int){{NAME}}_arow(a, r, g));
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, b[v]);
@@ -177,7 +213,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             b[v] = _mm256_loadu_si256((const __m256i*)(bp + (g * {{NAME}}_NR + 8 * v) * 4));
 #pragma GCC unroll 16
         for (int r = 0; r < mr; r++) {
-            const __m256i av = _mm256_set1_epi32((int)({{NAME}}_a4(a + r * {{NAME}}_LDA, g)));
+            const __m256i av = _mm256_set1_epi32((int)({{NAME}}_arow(a, r, g)));
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 acc[r][v] = _mm256_dpbusd_avx_epi32(acc[r][v], av, b[v]);
@@ -194,7 +230,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
         }
 #pragma GCC unroll 16
         for (int r = 0; r < mr; r++) {
-            const uint32_t w = {{NAME}}_a4(a + r * {{NAME}}_LDA, g);
+            const uint32_t w = {{NAME}}_arow(a, r, g);
             const __m256i ae = _mm256_set1_epi32((int)(w & 0x00ff00ffu));
             const __m256i ao = _mm256_set1_epi32((int)((w >> 8) & 0x00ff00ffu));
 #pragma GCC unroll 8
@@ -215,7 +251,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             out[r * {{NAME}}_NR + j] = init ? init[r * {{NAME}}_NR + j] : 0;
     for (long g = g0; g < g1; g++)
         for (int r = 0; r < mr; r++) {
-            const uint32_t w = {{NAME}}_a4(a + r * {{NAME}}_LDA, g);
+            const uint32_t w = {{NAME}}_arow(a, r, g);
             for (int j = 0; j < {{NAME}}_NR; j++) {
                 const int8_t* q = bp + (g * {{NAME}}_NR + j) * 4;
                 out[r * {{NAME}}_NR + j] += (int32_t)(w & 255) * q[0] + (int32_t)(w >> 8 & 255) * q[1]
@@ -238,8 +274,12 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
                 const long j = p * {{NAME}}_NR + jj;
                 /* (a u8 B is read as s8 b - 128: its bits xor 0x80) */
                 /* (a conv's weights are N x K: each output channel's taps in a row) */
-                const long at = {{NAME}}_IM2COL || {{NAME}}_B_TRANSPOSED ? j * {{NAME}}_K + k : k * {{NAME}}_N + j;
-                const int8_t v = j < {{NAME}}_N && k < {{NAME}}_K ? (int8_t)((uint8_t)B[at] ^ ({{NAME}}_B_U8 ? 0x80 : 0)) : 0;
+                /* (DIRECT_X: k is tap t of kernel row (c, u), weight 0 past KW) */
+                const long t = k % ({{NAME}}_KWG * 4);
+                const long kk = {{NAME}}_DIRECT_X ? k / ({{NAME}}_KWG * 4) * {{NAME}}_KW + t : k;
+                const int real = {{NAME}}_DIRECT_X ? t < {{NAME}}_KW && k < {{NAME}}_KP : k < {{NAME}}_K;
+                const long at = {{NAME}}_IM2COL || {{NAME}}_B_TRANSPOSED ? j * {{NAME}}_K + kk : kk * {{NAME}}_N + j;
+                const int8_t v = j < {{NAME}}_N && real ? (int8_t)((uint8_t)B[at] ^ ({{NAME}}_B_U8 ? 0x80 : 0)) : 0;
                 q[((k / 4) * {{NAME}}_NR + jj) * 4 + k % 4] = v;
                 colsum[j] += v;
             }
@@ -283,7 +323,7 @@ static void {{NAME}}_quantize(void* ctx, long c)
 }
 #endif
 
-#if {{NAME}}_IM2COL
+#if {{NAME}}_IM2COL && !{{NAME}}_DIRECT_X
 /* The im2col of one image's group of channels X (IM2COL): rows [r0, r1) (pixels) of the A buffer,
  * tap k = (c KH + u) KW + v of pixel (oh, ow) reading x[c][oh SH - PH + u DH][ow SW - PW + v DW],
  * or the zero point's byte where that is padding; and the rows' sums when rowsum is not NULL.
@@ -407,6 +447,52 @@ static void {{NAME}}_im2col(void* ctx, long ch)
 #endif
 #endif
 
+#if {{NAME}}_DIRECT_X
+/* DIRECT_X: the byte of the padded planes where pixel q's kernel starts (q a virtual pixel with
+ * DIRECT_X 1) */
+static inline long {{NAME}}_xofs(long q)
+{
+    if ({{NAME}}_DIRECT_X == 1)
+        return q;
+    return q / {{NAME}}_OW * {{NAME}}_SH * {{NAME}}_WP + q % {{NAME}}_OW * {{NAME}}_SW;
+}
+
+/* where row i0 of A starts: the pixel's first byte in DIRECT_X's padded planes, or i0 LDA */
+static inline long {{NAME}}_arow0(long i0) { return {{NAME}}_xofs(i0); }
+
+/* DIRECT_X: the image's group of channels X into the padded planes XP (x's zero point around
+ * it, and in the bytes past the last plane), and the row sums of the virtual pixels' real taps
+ * when rowsum is not NULL */
+static void {{NAME}}_pad_x(const uint8_t* restrict X, uint8_t* restrict XP, int32_t* restrict rowsum, uint8_t zp)
+{
+    for (long c = 0; c < {{NAME}}_CG; c++) {
+        uint8_t* restrict xp = XP + c * {{NAME}}_HP * {{NAME}}_WP;
+        memset(xp, zp, {{NAME}}_PH * {{NAME}}_WP);
+        for (long h = 0; h < {{NAME}}_H; h++) {
+            uint8_t* restrict row = xp + (h + {{NAME}}_PH) * {{NAME}}_WP;
+            for (long v = 0; v < {{NAME}}_PW; v++)
+                row[v] = row[{{NAME}}_PW + {{NAME}}_W + v] = zp;
+            memcpy(row + {{NAME}}_PW, X + (c * {{NAME}}_H + h) * {{NAME}}_W, {{NAME}}_W);
+        }
+        memset(xp + ({{NAME}}_PH + {{NAME}}_H) * {{NAME}}_WP, zp, {{NAME}}_PH * {{NAME}}_WP);
+    }
+    memset(XP + {{NAME}}_CG * {{NAME}}_HP * {{NAME}}_WP, zp, 64);
+    if (!rowsum)
+        return;
+    for (long q = 0; q < {{NAME}}_M; q++) {
+        uint32_t s = 0;
+        for (long c = 0; c < {{NAME}}_CG; c++)
+            for (long u = 0; u < {{NAME}}_KH; u++)
+                for (long v = 0; v < {{NAME}}_KW; v++)
+                    s += XP[(c * {{NAME}}_HP + u) * {{NAME}}_WP + {{NAME}}_xofs(q) + v] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+        rowsum[q] = (int32_t)s;
+    }
+}
+#else
+static inline long {{NAME}}_arow0(long i0) { return i0 * {{NAME}}_LDA; }
+#endif
+
+
 typedef struct {
     const uint8_t* A;
     const int8_t* P;
@@ -464,17 +550,24 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
         int32_t* dst = last ? tile : part + i0 * {{NAME}}_NR;
         /* (the last M % MR rows: a kernel of that many rows, unrolled like the full one) */
         if (mr == {{NAME}}_MR)
-            {{NAME}}_ukernel({{NAME}}_MR, A + i0 * {{NAME}}_LDA, bp, g0, g1, init, dst);
+            {{NAME}}_ukernel({{NAME}}_MR, A + {{NAME}}_arow0(i0), bp, g0, g1, init, dst);
         else
-            {{NAME}}_ukernel({{NAME}}_EDGE, A + i0 * {{NAME}}_LDA, bp, g0, g1, init, dst);
+            {{NAME}}_ukernel({{NAME}}_EDGE, A + {{NAME}}_arow0(i0), bp, g0, g1, init, dst);
         if (!last)
             continue;
         for (int r = 0; r < mr; r++) {
-            const long i = i0 + r;
-            const uint32_t rs = rowsum ? (uint32_t)rowsum[i] : 0u;
+            const long q = i0 + r;
+#if {{NAME}}_DIRECT_X == 1 /* (virtual pixel q: column q % WP of output row q / WP; past OW not stored) */
+            if (q % {{NAME}}_WP >= {{NAME}}_OW)
+                continue;
+            const long i = q / {{NAME}}_WP * {{NAME}}_OW + q % {{NAME}}_WP;
+#else
+            const long i = q;
+#endif
+            const uint32_t rs = rowsum ? (uint32_t)rowsum[q] : 0u;
             /* C[i][j], or C[j][i] for a conv (NCHW: a column of the tile per channel plane) */
-            {{OUT_T}}* restrict crow = C + ({{NAME}}_IM2COL ? i + j0 * {{NAME}}_M : i * {{LDC}}L + j0);
-            const long cstep = {{NAME}}_IM2COL ? {{NAME}}_M : 1;
+            {{OUT_T}}* restrict crow = C + ({{NAME}}_IM2COL ? i + j0 * {{NAME}}_MO : i * {{LDC}}L + j0);
+            const long cstep = {{NAME}}_IM2COL ? {{NAME}}_MO : 1;
             const int32_t* restrict trow = tile + r * {{NAME}}_NR;
 #pragma omp simd
             for (long jj = 0; jj < nr; jj++) {
@@ -503,7 +596,7 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
     const long rfloats = bz_zero ? 0 : {{NAME}}_M, pfloats = {{NAME}}_PREPACKED_B ? 0 : (pbytes + 3) / 4;
     /* (a conv whose x it quantizes: the image's group of channels in bytes, after the A buffer) */
     const long xbytes = {{NAME}}_QUANT_A && {{NAME}}_IM2COL ? {{NAME}}_CI / {{NAME}}_G * {{NAME}}_H * {{NAME}}_W : 0;
-    const long qfloats = {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? ({{NAME}}_M * {{NAME}}_LDA + xbytes + 3) / 4 : 0;
+    const long qfloats = {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? ({{NAME}}_ABYTES + xbytes + 3) / 4 : 0;
     float* scratch = rfloats + pfloats + qfloats == 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, rfloats + pfloats + qfloats);
     if (!scratch && rfloats + pfloats + qfloats) {
         eqf_nomem_note();
@@ -520,11 +613,15 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
         /* the image's group of channels quantized (planes as rows), then their im2col */
         {{NAME}}_qjob qj = {(const float*)(const void*)(A0 + ((b / {{NAME}}_G) * {{NAME}}_CI + (b % {{NAME}}_G) * ({{NAME}}_CI / {{NAME}}_G))
                                                         * {{NAME}}_H * {{NAME}}_W),
-                            qa + {{NAME}}_M * {{NAME}}_LDA, NULL, a_scale[0], (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0]),
+                            qa + {{NAME}}_ABYTES, NULL, a_scale[0], (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0]),
                             {{NAME}}_CI / {{NAME}}_G, {{NAME}}_H * {{NAME}}_W};
         eqf_parallel_for(({{NAME}}_CI / {{NAME}}_G + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
-        {{NAME}}_cjob cj = {qa + {{NAME}}_M * {{NAME}}_LDA, qa, rowsum, (uint8_t)azp[0]};
+#if {{NAME}}_DIRECT_X
+        {{NAME}}_pad_x(qa + {{NAME}}_ABYTES, qa, rowsum, (uint8_t)azp[0]);
+#else
+        {{NAME}}_cjob cj = {qa + {{NAME}}_ABYTES, qa, rowsum, (uint8_t)azp[0]};
         eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);
+#endif
         const uint8_t* A = qa;
 #elif {{NAME}}_QUANT_A
         {{NAME}}_qjob qj = {(const float*)(const void*)(A0 + b * {{NAME}}_M * {{NAME}}_K), qa, rowsum, a_scale[0],
@@ -532,9 +629,14 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
         eqf_parallel_for(({{NAME}}_M + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
         const uint8_t* A = qa;
 #elif {{NAME}}_IM2COL
-        {{NAME}}_cjob cj = {(const uint8_t*)(A0 + ((b / {{NAME}}_G) * {{NAME}}_CI + (b % {{NAME}}_G) * ({{NAME}}_CI / {{NAME}}_G))
-                                             * {{NAME}}_H * {{NAME}}_W), qa, rowsum, (uint8_t)azp[0]};
+        const uint8_t* X = (const uint8_t*)(A0 + ((b / {{NAME}}_G) * {{NAME}}_CI + (b % {{NAME}}_G) * ({{NAME}}_CI / {{NAME}}_G))
+                                            * {{NAME}}_H * {{NAME}}_W);
+#if {{NAME}}_DIRECT_X
+        {{NAME}}_pad_x(X, qa, rowsum, (uint8_t)azp[0]);
+#else
+        {{NAME}}_cjob cj = {X, qa, rowsum, (uint8_t)azp[0]};
         eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);
+#endif
         const uint8_t* A = qa;
 #else
         const uint8_t* A = (const uint8_t*)(A0 + b * {{NAME}}_M * {{NAME}}_K);
@@ -556,7 +658,7 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
             }
         /* (a conv's call b: image b / G, its group's channels from jofs, their zero points) */
         const long img = {{NAME}}_IM2COL ? b / {{NAME}}_G : b, jofs = {{NAME}}_IM2COL ? (b % {{NAME}}_G) * {{NAME}}_N : 0;
-        {{NAME}}_job job = {A, P, rowsum, C0 + b * {{NAME}}_M * {{LDC}}L, img, jofs, az,
+        {{NAME}}_job job = {A, P, rowsum, C0 + b * {{NAME}}_MO * {{LDC}}L, img, jofs, az,
                             bzp + ({{NAME}}_BZP_PER_COL ? jofs : 0), &nomem{{EXTRA_INIT}}};
         eqf_parallel_for({{NAME}}_PANELS * {{NAME}}_RBLOCKS, {{NAME}}_panel, &job, threads);
     }

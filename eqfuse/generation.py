@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from itertools import compress
+from operator import is_, is_not
 
 import numpy as np
 
@@ -159,6 +161,7 @@ class Decoder:
         self.length = 0  # live rows of the cache
         self.cache: list[np.ndarray] = []
         self.mask: np.ndarray | None = None  # [B, capacity + 1]: the live rows, then the new token's
+        self._prepared: PreparedStep | None = None  # the decode step's call over its buffers (PreparedStep)
 
     def _check_positions(self, last: int) -> None:
         limit = self.sig.max_positions
@@ -298,18 +301,34 @@ class Decoder:
         if t > self.capacity:
             self._grow()
         self._check_positions(t)
-        feeds = {self.sig.ids: ids, self.sig.mask: self.mask, self.sig.positions: np.full((b, 1), t, np.int64),
-                 LENGTH: np.array([t], np.int64)}
-        feeds.update({n: c for (n, _), c in zip(self.sig.pasts, self.cache)})
-        outs = list(self.live_step(feeds))
-        for k, (p, c) in enumerate(zip(outs[1:], self.cache)):
-            if p is not c:  # (the step returns each buffer as is; a copy would be a model's bug)
-                self._check_present(self.sig.pasts[k][0], p, c.shape)
-                self.cache[k] = p
+        fast = self._prepared
+        if fast is None or not fast.serves(self, ids):
+            fast = PreparedStep(self, ids)
+            if ids.dtype.kind in "iu":  # (other ids go the checked way, to its message)
+                self._prepared = fast
+        if fast.run is not None:  # (memoryviews: a numpy call costs more, its code and data cold)
+            np.copyto(fast.ids, ids)
+            for i in range(b):
+                fast.positions[i] = t
+            fast.length[0] = t
+            logits = fast.run()[0]  # (the presents are the buffers given: Runner.prepared)
+            if t + 1 <= self.capacity:
+                for i in range(b):
+                    fast.mask[i * (self.capacity + 1) + t + 1] = 1  # the next token's row
+        else:
+            feeds = {self.sig.ids: ids, self.sig.mask: self.mask, self.sig.positions: np.full((b, 1), t, np.int64),
+                     LENGTH: np.array([t], np.int64)}
+            feeds.update({n: c for (n, _), c in zip(self.sig.pasts, self.cache)})
+            outs = list(self.live_step(feeds))
+            presents, logits = outs[1:], outs[0]
+            for k in compress(range(len(presents)), map(is_not, presents, self.cache)):
+                # (the step returns each buffer as is; a copy would be a model's bug)
+                self._check_present(self.sig.pasts[k][0], presents[k], self.cache[k].shape)
+                self.cache[k] = presents[k]
+            if t + 1 <= self.capacity:
+                self.mask[:, t + 1] = 1  # the next token's row
         self.length = t + 1
-        if t + 1 <= self.capacity:
-            self.mask[:, t + 1] = 1  # the next token's row
-        return outs[0][:, -1]
+        return logits[:, -1]
 
     def _grow(self) -> None:
         """Doubles the capacity (the decode step then compiles once at the new one)."""
@@ -329,6 +348,41 @@ class Decoder:
         if tuple(p.shape) != want:
             raise EqfuseError(f"generate: the model's present output for '{name}' has shape {list(p.shape)}, "
                               f"expected {list(want)} (past and new rows along axis 2)")
+
+
+class PreparedStep:
+    """The decode step's call over the Decoder's buffers, made once and run at every step
+    (eqfuse.runtime.module.GraphFunction.prepare): the step's token ids, positions and live
+    length are arrays of its own, written in place at each step, and the cache buffers and the
+    mask are the Decoder's. A step then runs no argument check and builds no feeds: after a
+    decode step has streamed its weights, nothing the Python of a call touches is in any cache,
+    and each object costs a trip to memory (`benchmarks/bench_generate.py`'s steps: the time
+    outside the C call about a fifth of a millisecond a step by keyword, less by position, and
+    a few hundredths prepared). `run` is None where the step cannot be prepared (a run
+    function without `prepare`, such as onnxruntime's in the tests; a first bf16 step, whose f32
+    caches are rounded into new buffers): the Decoder then calls it with feeds, as before.
+    Made again when the step, the buffers or the batch change."""
+
+    def __init__(self, dec: Decoder, ids: np.ndarray):
+        b = ids.shape[0]
+        self.step, self.of_mask, self.cache, self.shape = dec.live_step, dec.mask, list(dec.cache), ids.shape
+        self.ids = np.zeros((b, 1), np.int64)
+        positions, length = np.zeros((b, 1), np.int64), np.zeros(1, np.int64)
+        # the step's inputs written at each step, as flat memoryviews of the arrays it reads
+        self.positions, self.length = memoryview(positions.reshape(-1)), memoryview(length)
+        self.mask = memoryview(dec.mask.reshape(-1))
+        prepare = getattr(dec.live_step, "prepare", None)
+        self.run = None
+        if prepare is not None and ids.shape == (b, 1) and ids.dtype.kind in "iu" and dec.mask.flags.c_contiguous:
+            feeds = {dec.sig.ids: self.ids, dec.sig.mask: dec.mask, dec.sig.positions: positions,
+                     LENGTH: length}
+            feeds.update({n: c for (n, _), c in zip(dec.sig.pasts, dec.cache)})
+            self.run = prepare(feeds)
+
+    def serves(self, dec: Decoder, ids: np.ndarray) -> bool:
+        """Made for this Decoder's step, buffers and batch (the identity of each), and integer ids."""
+        return (self.step is dec.live_step and self.of_mask is dec.mask and ids.shape == self.shape
+                and ids.dtype.kind in "iu" and all(map(is_, self.cache, dec.cache)))
 
 
 # ---------------------------------------------------------------- choosing tokens
@@ -423,6 +477,13 @@ def step_maker(module, sig: Signature):
             if len(feeds) == len(free) and all(map(feeds.__contains__, free)):
                 return step(*map(feeds.__getitem__, free))
             return step(**feeds)
+
+        def prepare(feeds: dict):
+            # the call over these very arrays, made once (GraphFunction.prepare; PreparedStep)
+            if len(feeds) == len(free) and all(map(feeds.__contains__, free)):
+                return step.default.prepare(*map(feeds.__getitem__, free))
+            return None
+        run.prepare = prepare
         return run
     return make
 

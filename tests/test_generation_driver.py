@@ -57,13 +57,15 @@ def whole(ids):
                    "past_key": empty, "past_value": empty})[0]
 
 
-def in_place(copies=False):
+def in_place(copies=False, prepared=False):
     """The live decode step's contract (a model compiled with live="past"): each cache buffer
     [B, H, capacity + 1, D] gets the new row at the live length t, keys 0 .. t are attended to,
     and the buffers come back as the presents (with copies=True, the new row is written to copies
     of the buffers, which come back instead: a runtime that leaves its inputs alone). Records each
-    (batch, capacity) asked for."""
-    made = []
+    (batch, capacity) asked for. With prepared=True the step also has `prepare(feeds)`, as a
+    compiled step has (GraphFunction.prepare): a call over those very arrays, reading their
+    values at each call; each prepare is recorded."""
+    made, prepares = [], []
 
     def make(batch, capacity):
         made.append((batch, capacity))
@@ -79,8 +81,13 @@ def in_place(copies=False):
             visible = (np.arange(capacity + 1) <= t)[None, None] & (feeds["attention_mask"][:, None, :] != 0)
             logits = attend(x, bufs[0][:, :, :t + 1], bufs[1][:, :, :t + 1], visible[:, :, :t + 1])
             return [logits] + bufs
+        if prepared:
+            def prepare(feeds):
+                prepares.append((batch, capacity))
+                return lambda: step(feeds)
+            step.prepare = prepare
         return step
-    make.made = made
+    make.made, make.prepares = made, prepares
     return make
 
 
@@ -99,13 +106,13 @@ PROMPT = np.random.default_rng(1).integers(0, V, (B, 5)).astype(np.int64)
 
 
 @pytest.mark.parametrize("how", ["fixed capacity", "in place", "in place, copied presents", "prompt by steps",
-                                 "in place, prefill padded"])
+                                 "in place, prefill padded", "in place, prepared"])
 def test_decoder_steps_match_the_model_without_a_cache(how):
     """A prompt of 5 and 20 decode steps from a cache of 16 rows: the cache fills at the 12th step
     and doubles to 32 (once); every step's logits are the logits of the whole sequence at its
     position, within f32 rounding of the same sums in another order. The prefill padded to 16
     tokens (its bucket: generation.prefill_plan) gives the unpadded one's logits and cache rows."""
-    step = in_place(copies="copied" in how) if "in place" in how or "steps" in how else None
+    step = in_place(copies="copied" in how, prepared="prepared" in how) if "in place" in how or "steps" in how else None
     dec = Decoder(SIG, export, 16, step)
     ids, logits = generate_greedy(dec, PROMPT, 20, by_steps=how == "prompt by steps",
                                   length=16 if "padded" in how else None)
@@ -116,6 +123,8 @@ def test_decoder_steps_match_the_model_without_a_cache(how):
     assert dec.cache[0].shape == (B, H, 32 + (step is not None), D)
     if step is not None:
         assert step.made == [(B, 16), (B, 32)]  # the decode step made at each capacity, once
+        # prepared once per step and buffers: the ids, positions, live length and mask written in place
+        assert step.prepares == ([(B, 16), (B, 32)] if "prepared" in how else [])
 
 
 def test_a_position_past_the_table_and_a_prompt_past_the_cache_are_refused():

@@ -1101,15 +1101,16 @@ def test_dynamic_quantize_reads_x_once_and_matches_onnxruntime(tmp_path):
 
 
 # Integer convs whose kernel rows take each of the im2col's copies: a 5 x 5 kernel (rows of five
-# bytes, memcpy), 1 x 1 (one byte: four at once but at a pixel's last row), 3 x 3 at stride 1 on a
+# bytes, memcpy), 1 x 1 (one byte: four at once but at a pixel's last row), 3 x 3 at stride 2 on a
 # width whose last columns leave fewer than four bytes in the x row (per tap there). And a 7 x 7
-# (the quantized ResNet stem's kernel rows of seven bytes) of 90 pixels: the im2col's chunks of 32
-# pixels start inside an output row, and three of its kernel rows lie in the padding at the top and bottom.
+# (the quantized ResNet stem's kernel rows of seven bytes) of 126 pixels in rows of 7 (too short
+# to go without the im2col: direct_x): the im2col's chunks of 32 pixels start inside an output
+# row, and three of its kernel rows lie in the padding at the top and bottom.
 IM2COL_G = """
 graph im(x: u8[2, 3, 9, 10], w5: i8[4, 3, 5, 5], w1: i8[5, 3, 1, 1], w3: i8[6, 3, 3, 3], w7: i8[4, 3, 7, 7],
-         xz: u8, wz: i8) {
+         xz: u8, wz: i8, x7: u8[1, 3, 18, 7]) {
     return conv_integer(x, w5, xz, wz, stride=2, padding=2), conv_integer(x, w1, xz, wz),
-           conv_integer(x, w3, xz, wz, padding=1), conv_integer(x, w7, xz, wz, padding=3)
+           conv_integer(x, w3, xz, wz, stride=2, padding=1), conv_integer(x7, w7, xz, wz, padding=3)
 }
 """
 
@@ -1139,22 +1140,74 @@ def test_an_integer_conv_of_one_panel_splits_its_rows_among_threads():
     assert got.dtype == np.uint8 and np.array_equal(got, want)
 
 
+# Integer convs read in place from a padded copy of x, without an im2col (direct_x): as virtual
+# pixels (1: stride 1, output rows of 8 pixels or more, not a multiple of the tile's rows) padded
+# and not, a 4-tap kernel (no tap of weight 0 added), an s8 x, w's zero points per output channel
+# and not zero (the row sums of the virtual pixels), two groups, x quantized from f32 by the conv;
+# by output row (2: 16 or 32 pixels), a 7 x 7 of stride 2 (two K-groups per kernel row) on an odd
+# height and a 3 x 3; and a stride-2 conv of 6-pixel rows beside them that keeps its im2col
+DIRECT_X_G = """
+graph dx(x: u8[2, 5, 9, 12], w: i8[7, 5, 3, 3], w4: i8[6, 5, 2, 4], wg: i8[8, 2, 3, 3], y: i8[1, 4, 8, 10],
+         wy: i8[5, 4, 3, 3], xf: f32[1, 4, 8, 10], qs: f32, xz: u8, yz: i8, wz: i8[7], wz0: i8,
+         z: u8[1, 3, 21, 32], w7: i8[5, 3, 7, 7], wz7: i8[5], w3: i8[4, 3, 3, 3]) {
+    q = kernel { conv_integer(quantize_linear(xf, qs, xz), wy, xz, wz0) }
+    return conv_integer(x, w, xz, wz, padding=1), conv_integer(x, w4, xz, wz0), conv_integer(y, wy, yz, wz0, padding=1),
+           conv_integer(y, wg, yz, wz0, padding=1, group=2), q, conv_integer(x, w, xz, wz, stride=2, padding=1),
+           conv_integer(z, w7, xz, wz7, stride=2, padding=3), conv_integer(z, w3, xz, wz0, padding=1)
+}
+"""
+
+
+def test_integer_convs_without_im2col_read_a_padded_copy_of_x():
+    _check_direct_x()
+
+
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
+def test_integer_convs_without_im2col_on_every_path(int8_path):
+    _check_direct_x()
+
+
+def _check_direct_x():
+    rng = np.random.default_rng(12)
+    i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
+    x = {"x": rng.integers(0, 256, (2, 5, 9, 12)).astype(np.uint8), "w": i8(7, 5, 3, 3), "w4": i8(6, 5, 2, 4),
+         "wg": i8(8, 2, 3, 3), "y": i8(1, 4, 8, 10), "wy": i8(5, 4, 3, 3),
+         "xf": rng.uniform(-40, 40, (1, 4, 8, 10)).astype(np.float32), "qs": np.asarray(0.25, np.float32),
+         "xz": np.asarray(77, np.uint8), "yz": np.asarray(-9, np.int8), "wz": i8(7), "wz0": np.asarray(0, np.int8),
+         "z": rng.integers(0, 256, (1, 3, 21, 32)).astype(np.uint8), "w7": i8(5, 3, 7, 7), "wz7": i8(5), "w3": i8(4, 3, 3, 3)}
+    mod = eqfuse.compile(DIRECT_X_G, fuse="manual")
+    convs = [k for k in mod.kernels if k.kind == "contraction"]
+    assert sorted(k.decisions["direct_x"] for k in convs) == [0, 1, 1, 1, 1, 1, 2, 2]
+    assert sum(k.decisions["quantize_a"] for k in convs) == 1 and uops_text(DIRECT_X_G).count("padded with its zero point") == 7
+    conv, quantize = OPS["conv_integer"].numpy, OPS["quantize_linear"].numpy
+    geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
+    qx = quantize([x["xf"], x["qs"], x["xz"]], {})
+    want = [conv([x["x"], x["w"], x["xz"], x["wz"]], geo(padding=1)), conv([x["x"], x["w4"], x["xz"], x["wz0"]], geo()),
+            conv([x["y"], x["wy"], x["yz"], x["wz0"]], geo(padding=1)),
+            conv([x["y"], x["wg"], x["yz"], x["wz0"]], geo(padding=1, group=2)), conv([qx, x["wy"], x["xz"], x["wz0"]], geo()),
+            conv([x["x"], x["w"], x["xz"], x["wz"]], geo(stride=2, padding=1)),
+            conv([x["z"], x["w7"], x["xz"], x["wz7"]], geo(stride=2, padding=3)), conv([x["z"], x["w3"], x["xz"], x["wz0"]], geo(padding=1))]
+    for g, w in zip(mod(**x), want):
+        assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w)
+
+
 @pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_the_integer_conv_im2col_copies_every_kernel_row_width():
     rng = np.random.default_rng(7)
     x = {"x": rng.integers(0, 256, (2, 3, 9, 10)).astype(np.uint8), "xz": np.asarray(77, np.uint8),
-         "wz": np.asarray(-5, np.int8)}
+         "wz": np.asarray(-5, np.int8), "x7": rng.integers(0, 256, (1, 3, 18, 7)).astype(np.uint8)}
     for n, s in (("w5", (4, 3, 5, 5)), ("w1", (5, 3, 1, 1)), ("w3", (6, 3, 3, 3)), ("w7", (4, 3, 7, 7))):
         x[n] = rng.integers(-128, 128, s).astype(np.int8)
     mod = eqfuse.compile(IM2COL_G)
     assert sum(k.decisions.get("im2col", 0) for k in mod.kernels) == 4
+    assert not any(k.decisions.get("direct_x") for k in mod.kernels)
     # the 5 x 5 and 7 x 7 by output row, the 1 x 1 and 3 x 3 pixel by pixel (im2col_by_rows)
     assert sorted(k.decisions["im2col_rows"] for k in mod.kernels if k.kind == "contraction") == [0, 0, 1, 1]
     conv = OPS["conv_integer"].numpy
     geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
     want = [conv([x["x"], x["w5"], x["xz"], x["wz"]], geo(stride=2, padding=2)),
-            conv([x["x"], x["w1"], x["xz"], x["wz"]], geo()), conv([x["x"], x["w3"], x["xz"], x["wz"]], geo(padding=1)),
-            conv([x["x"], x["w7"], x["xz"], x["wz"]], geo(padding=3))]
+            conv([x["x"], x["w1"], x["xz"], x["wz"]], geo()), conv([x["x"], x["w3"], x["xz"], x["wz"]], geo(stride=2, padding=1)),
+            conv([x["x7"], x["w7"], x["xz"], x["wz"]], geo(padding=3))]
     for g, w in zip(mod(**x), want):
         assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w)
 
@@ -1190,7 +1243,8 @@ def test_qdq_convs_run_on_the_integer_conv_and_match_onnxruntime(tmp_path):
     """A QDQ conv (DequantizeLinear of x and of the weight, Conv, QuantizeLinear) runs as the
     integer conv (rules conv_dequantized, conv_dequantized_bias), its dequantization, bias and
     requantization in the kernel's epilogue (fuse_requantize_conv, _bias): one int8 kernel per conv,
-    no f32 conv, no separate quantize kernel after it. Its output is within one step of the
+    no f32 conv, no separate quantize kernel after it, and the model input quantized by the first
+    conv (conv_dequantized_bias_qa). Its output is within one step of the
     output's scale of onnxruntime's, literal and deployed (docs/precision.md's bound). (The rules'
     soundness: tests/test_soundness.py, as every built-in rule's.)"""
     f = tmp_path / "conv-qdq.onnx"
@@ -1201,8 +1255,10 @@ def test_qdq_convs_run_on_the_integer_conv_and_match_onnxruntime(tmp_path):
     assert len(convs) == 2 and all(k.decisions.get("im2col") == 1 for k in convs)
     assert [mod.report["precision"][k.name]["precision"] for k in convs] == ["int8", "int8"]
     assert all("eqf_quantize(" in k.c_source for k in convs)  # (the requantization in each conv's epilogue)
-    # the only other quantize: the model input's, x's QuantizeLinear
-    assert sum(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in mod.kernels) == 1
+    # the model input's QuantizeLinear in the first conv (conv_dequantized_bias_qa: quantize_a), no
+    # quantize kernel of its own
+    assert [k.decisions.get("quantize_a") for k in convs] == [1, 0]
+    assert not any(k.kind == "pointwise" and "eqf_quantize(" in k.c_source for k in mod.kernels)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     (last,) = [n for n in model.graph.node if "y" in n.output]
     step = float(inits[last.input[1]])

@@ -187,6 +187,59 @@ def test_a_repeat_call_takes_the_short_way_and_stays_checked():
     np.testing.assert_allclose(mod(np.asfortranarray(x)), ref(x, w), rtol=1e-5, atol=1e-6)  # not C-contiguous
 
 
+def test_a_prepared_call_reads_its_arrays_afresh_beside_other_calls():
+    """GraphFunction.prepare: run() gives the result on the arrays' values at that call, also
+    after calls with other arrays on this thread (which set other pointers) and from another
+    thread; an array C would get as a copy (not C-contiguous) is not prepared, nor a call on
+    batch buckets."""
+    src = "graph g(x: f32[B, 16], w: f32[16, 8]) -> f32[B, 8] { return relu(x @ w) }"
+    ref = eqfuse.reference(src)
+    w = arr(16, 8, seed=1)
+    assert eqfuse.compile(src, params={"w": w}).functions["g"].prepare(arr(4, 16)) is None  # (B: a batch dim)
+    mod = eqfuse.compile(src, params={"w": w}, dims={"B": 4})
+    f = mod.functions["g"]
+    x = arr(4, 16, seed=2)
+    run = f.prepare(x)
+    np.testing.assert_allclose(run(), ref(x, w), rtol=1e-5, atol=1e-6)
+    for seed in (3, 4):
+        x[:] = arr(4, 16, seed=seed)
+        np.testing.assert_allclose(run(), ref(x, w), rtol=1e-5, atol=1e-6)
+        other = arr(4, 16, seed=seed + 10)
+        np.testing.assert_allclose(mod(other), ref(other, w), rtol=1e-5, atol=1e-6)
+    x[:] = arr(4, 16, seed=5)
+    got = []
+    t = threading.Thread(target=lambda: got.append(run()))
+    t.start()
+    t.join()
+    np.testing.assert_allclose(got[0], ref(x, w), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run(), ref(x, w), rtol=1e-5, atol=1e-6)
+    assert f.prepare(np.asfortranarray(x)) is None
+
+
+def test_a_kept_result_is_never_written_and_two_buffers_take_turns():
+    """A caller that keeps each result while it calls again (a decode loop's logits) gets two
+    output buffers in turn (Runner._run: the pool's buffer and the one before it), and a result
+    still held is never written."""
+    src = "graph g(x: f32[4, 16], w: f32[16, 8]) -> f32[4, 8] { return relu(x @ w) }"
+    ref = eqfuse.reference(src)
+    w = arr(16, 8, seed=1)
+    mod = eqfuse.compile(src, params={"w": w})
+    last, seen = None, set()
+    for seed in range(6):
+        x = arr(4, 16, seed=seed)
+        kept = None if last is None else (last, last.copy())
+        last = mod(x)
+        np.testing.assert_allclose(last, ref(x, w), rtol=1e-5, atol=1e-6)
+        if kept is not None:
+            np.testing.assert_array_equal(kept[0], kept[1])  # the previous result, untouched
+        seen.add(last.ctypes.data)
+    assert len(seen) == 2
+    held = [mod(arr(4, 16, seed=s)) for s in range(3)]  # all three held: three buffers
+    assert len({h.ctypes.data for h in held}) == 3
+    for s, h in enumerate(held):
+        np.testing.assert_allclose(h, ref(arr(4, 16, seed=s), w), rtol=1e-5, atol=1e-6)
+
+
 def test_the_c_call_releases_the_gil():
     """Another Python thread runs while a call is in its C. The interpreter is made never to take
     the GIL from a thread (a switch interval of 1000 s): the counting thread, which gives the

@@ -62,6 +62,15 @@ UNSOUND = {
                          "stride=?s, padding=?p, dilation=?d, group=?g) => cast(conv_integer(?x, ?w, ?xz, ?wz, stride=?s, "
                          "padding=?p, dilation=?d, group=?g), to=\"f32\") * ?xs where const(?xs) and const(?ws) "
                          "and ?xs >= 1e-10 and ?xs <= 1e10 and ?ws >= 1e-10 and ?ws <= 1e10 and rank(?xz) == 0 and rank(?wz) == 0",
+    # the conv quantizing its own f32 x, its bias added to the integer sum before the scale: drawn
+    # only through the rank conditions (shape_conds adds a square draw's axes to x, w and b)
+    "conv_dq_qa_bias_unscaled": "rule conv_dq_qa_bias_unscaled: conv2d(dequantize_linear(quantize_linear(?x, ?xs, ?xz), ?xs, ?xz), "
+                                "dequantize_linear(?w, ?ws, ?wz), ?b, stride=?s, padding=?p, dilation=?d, group=?g) => "
+                                "(cast(conv_integer(quantize_linear(?x, ?xs, ?xz), ?w, ?xz, ?wz, stride=?s, padding=?p, "
+                                "dilation=?d, group=?g), to=\"f32\") + reshape(?b, shape=[-1, 1, 1])) * (?xs * ?ws) "
+                                "where const(?xs) and const(?ws) and ?xs >= 1e-10 and ?xs <= 1e10 and ?ws >= 1e-10 "
+                                "and ?ws <= 1e10 and rank(?xz) == 0 and rank(?wz) == 0 and rank(?x) == 4 and rank(?w) == 4 "
+                                "and rank(?b) == 1",
     # softmax over the wrong axis
     "softmax_axis": "rule softmax_axis: exp(?x) / sum(exp(?x), axis=0, keepdims=true) => softmax(?x) "
                     "where rank(?x) >= 1",

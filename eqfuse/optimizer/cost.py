@@ -90,13 +90,27 @@ def _is_view(body: Graph) -> bool:
 
 
 def kernel_cost(body: Graph, dims: Mapping[str, int] | None = None) -> KCost:
-    """Exact cost of one kernel: reads every body input once, writes its result once."""
+    """Exact cost of one kernel: reads every body input once, writes its result once. A scalar
+    input (a quantized op's zero point) is read once into a register and counts nothing: counted
+    as 4 bytes it made a conv that requantizes its output (reading the zero point) dearer than
+    one storing f32 for the next conv to quantize, when both move as many elements."""
     if _is_view(body):
         return KCost(1, 0, 0.0, 1)
-    reads = sum(numel(body.nodes[i].type, dims) for i in body.inputs)
+    reads = sum(numel(body.nodes[i].type, dims) for i in body.inputs if body.nodes[i].type.shape)
     out = numel(body.nodes[body.outputs[0]].type, dims)
     flops = sum(op_flops(body, j, dims) for j in range(len(body.nodes)))
     return KCost(1, BYTES * (reads + out), flops)
+
+
+def stored_bytes(body: Graph, dims: Mapping[str, int] | None = None) -> int:
+    """The bytes a kernel reads and writes with u8 and i8 tensors at one byte each (kernel_cost
+    counts every element as BYTES): the extraction's tie-break between selections of one cost, so
+    that of two equal ones it keeps the one passing quantized tensors between kernels (a conv's
+    requantized u8 output, not its f32 output quantized by the conv reading it)."""
+    if _is_view(body):
+        return 0
+    ts = [t for i in (*body.inputs, body.outputs[0]) if (t := body.nodes[i].type).shape or i in body.outputs]
+    return sum(numel(t, dims) * (1 if t.dtype in ("u8", "i8") else BYTES) for t in ts)
 
 
 def value(kc: KCost, model: str, p: dict | None = None) -> float:

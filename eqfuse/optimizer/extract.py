@@ -188,8 +188,10 @@ def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None, mach
         except (Unsupported, _Skip):
             return None
         kc = C.kernel_cost(body, dims)
-        # ties go to fewer kernels (memory) or fewer bytes (launches)
+        # ties go to fewer kernels (memory) or fewer bytes (launches), then to fewer bytes with u8
+        # and i8 at one byte (C.stored_bytes: an f32 graph's order is unchanged)
         tie = 1e-3 * (kc.launches - kc.views) if model == "memory" else 1e-12 * kc.bytes
+        tie += 1e-9 * C.stored_bytes(body, dims)
         return Cand(nid, c, reads, kc, C.value(kc, model, p) + tie, body)
 
     tensors = [c for c in d.classes if d.sort[c] == "T"]

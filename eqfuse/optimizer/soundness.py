@@ -11,7 +11,8 @@ How inputs are drawn (`eqfuse check-rules` and the test suite use this module):
   `const(?c)` is a scalar. A condition `?v == TERM` (an attribute variable or a constant compared
   with a shape term) sets ?v directly, and a condition rank(?v) == 0 makes ?v a scalar, as
   const(?v) does (a per-tensor scale or zero point beside a rank-4 conv input is then met as
-  often as the conv's operands are); rank(?v) == k keeps the last k axes of ?v's draw, and
+  often as the conv's operands are); rank(?v) == k keeps the last k axes of ?v's draw (adds
+  leading ones of its first size to a draw of fewer), and
   dim(?v, i) == n sets its axis i (shape_conds: one draw in four that fails is followed by such a
   shaped draw, from a generator of its own).
 - Attribute variables take values the left side admits, drawn when the op that reads them is
@@ -376,7 +377,9 @@ def scalar_vars(conds) -> set[str]:
 
 def shape_conds(conds, shapes: dict[str, tuple[int, ...]]) -> None:
     """Conditions `rank(?v) == k` (k > 0) and `dim(?v, i) == n` (a number) shape a drawn tensor
-    directly: its last k axes, its axis i set to n (when it has that many axes), so that a pattern
+    directly: its last k axes (or, with fewer, leading axes of its first size added: in a square
+    draw every axis has one size, so a conv's x, w (rank 4) and bias (rank 1) then agree), its
+    axis i set to n (when it has that many axes), so that a pattern
     of several such conditions (ConvNeXt's depthwise conv, layernorm and matmul: rules
     fuse_dw_ln_mm*) is met as often as its shapes are, not as often as random draws satisfy each."""
     for c in conds:
@@ -389,6 +392,8 @@ def shape_conds(conds, shapes: dict[str, tuple[int, ...]]) -> None:
             s = shapes[a[1]]
             if a[0] == "rank" and 0 < b <= len(s):
                 shapes[a[1]] = s[len(s) - b:]
+            elif a[0] == "rank" and 0 < b:  # too few axes: more in front, of its first size
+                shapes[a[1]] = (s[0] if s else 2,) * (b - len(s)) + s
             elif a[0] == "dim" and -len(s) <= a[2] < len(s):
                 shapes[a[1]] = s[:a[2] % len(s)] + (b,) + s[a[2] % len(s) + 1:]
 

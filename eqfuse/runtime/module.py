@@ -203,6 +203,25 @@ class GraphFunction:
                 raise CheckFailed(f"{self.name}: compiled result differs from the numpy reference: " + "; ".join(bad))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def prepare(self, *arrays) -> Callable[[], Any] | None:
+        """A call by position over these very arrays, made again and again: `run()` gives what
+        `self(*arrays)` would, reading the arrays' contents at each call; the caller writes new
+        values into them between calls, never a new shape (eqfuse.runtime.program.Runner.prepared:
+        no check of the arrays per call). None where that cannot hold: a function that verifies
+        its results, runs on batch buckets, or would pass an array to C as a copy. Compiles for
+        the arrays' dims if needed; runs nothing. (eqfuse.generation's decode step.)"""
+        if self.verify or self.batch_dim is not None:
+            return None
+        named = self.named_arrays(arrays)
+        dims = bind_arrays(self._passed, [named[n] for n in self.free], self.dims, self.bf16_caches)
+        threads = self.threads if self.threads is not None else env_threads()
+        run = self.compiled(dims).runner.prepared([named[n] for n in self._optimized_names], threads)
+        if run is None:
+            return None
+        if len(self.source.outputs) == 1:
+            return lambda: run()[0]
+        return lambda: tuple(run())
+
     def __repr__(self) -> str:
         sig = f"{self.name}({', '.join(self.free)})"
         if self.last is not None:

@@ -46,6 +46,7 @@ import ctypes
 import mmap
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import is_not
@@ -560,6 +561,10 @@ class Runner:
         for k, (where, at) in mem.copies.items():
             if where == "alias" and at in self.bf16_slots:
                 self.out_shapes[k] = (self.out_shapes[k][0], np.dtype(np.uint16))
+        # the outputs the kernels write, those that are an input buffer itself, those copied
+        self._written = [k for k in range(len(kg.outputs)) if k not in mem.copies]
+        self._aliases = [(k, at) for k, (where, at) in mem.copies.items() if where == "alias"]
+        self._copied = [k for k, (where, _) in mem.copies.items() if where != "alias"]
         self._prepack_pos = [pos for _, pos in mem.prepacks]  # the input each packed B comes from
         self._packed: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # plan index -> (bound B, its panels)
         self._to_huge: dict[int, HugeCopies] = {}  # adopted mapped panels still to copy (adopt_packed)
@@ -653,6 +658,7 @@ class Runner:
             st["outs"] = ffi.new("void *[]", max(len(self.kg.outputs), 1))
             st["failed"] = ffi.new("long *")
             st["pool"] = [None] * len(self.kg.outputs)
+            st["spare"] = [None] * len(self.kg.outputs)  # (the buffer before pool's: _run)
             st["held"] = [None] * len(self.kg.inputs)  # the arrays `ins` points into (kept alive)
             st["held_packs"] = [None] * len(self.mem.prepacks)  # the weights whose panels it points to
             for k, c in enumerate(self.consts):
@@ -664,12 +670,67 @@ class Runner:
         """The outputs for the inputs; `into[k]`, when given and not None, is a C-contiguous array of
         output k's shape and dtype that the call writes (eqfuse.runtime.buckets: a chunk's rows
         of the whole batch's result)."""
-        copies = self.mem.copies
         if self.fn is None:  # no kernel: every output is an input or a constant, copied
             arrays = [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(arrays, self.in_dtypes)]
             return [self._copy(k, arrays, []) for k in range(len(self.kg.outputs))]
         st = self._state()
-        ins, outs_p, pool, fb = st["ins"], st["outs"], st["pool"], self.ffi.from_buffer
+        return self._run(st, self._bind(st, arrays), threads, into)
+
+    def prepared(self, arrays: list[np.ndarray], threads: int | None) -> Callable[[], list[np.ndarray]] | None:
+        """A call of this runner over these very arrays, again and again: `run()` gives what
+        `self(arrays, threads)` would, reading the arrays' contents at each call (their shapes,
+        dtypes and memory stay: a caller writes new values into them). None when an array is
+        not passed to C as it is (a copy, a conversion: a later write to it would not be seen)
+        or the graph has no kernel.
+
+        What it saves is Python: the repeat call still looks at every array (is it the last
+        call's?) and every output, and after a long call, such as a decode step streaming its
+        weights, none of the objects it touches is in any cache, so each costs a trip to memory
+        (about a tenth of a millisecond a step for GPT-2's 28 arrays, more than the Python's
+        own time: benchmarks/bench_generate.py --model gpt2, benchmarks/RESULTS.md). The pointers are set once here; a call checks that no other call of this
+        Python thread set others since (then it sets them again) and runs."""
+        if self.fn is None or not all(type(a) is np.ndarray and a.flags.c_contiguous and a.dtype == dt
+                                      for a, dt in zip(arrays, self.in_dtypes)):
+            return None
+        st = self._state()
+        bound = self._bind(st, arrays)
+        token = st["bound_by"] = object()
+        owner, get_ident = threading.get_ident(), threading.get_ident
+        # the outputs that are the arrays given (a KV cache's presents) filled in once
+        template: list = [None] * len(self.out_shapes)
+        for k, at in self._aliases:
+            template[k] = bound[at]
+        if self._copied or len(self._written) != 1:
+            return lambda: self._run(st, bound, threads, None) if get_ident() == owner else self(bound, threads)
+        # one output the kernels write (a decode step's logits): the pool's buffer or the one
+        # before it, as _run takes them
+        (k,) = self._written
+        shape, dt = self.out_shapes[k]
+        outs_p, pool, spare, getrefcount, fb = st["outs"], st["pool"], st["spare"], sys.getrefcount, self.ffi.from_buffer
+
+        def run() -> list[np.ndarray]:
+            if get_ident() != owner:  # (another thread: its own state, the whole call)
+                return self(bound, threads)
+            if st["bound_by"] is not token:  # another call of this thread set other pointers
+                self._bind(st, bound)
+                st["bound_by"] = token
+            o = pool[k]
+            if o is None or getrefcount(o) > _POOL_ONLY:
+                o = spare[k]
+                if o is None or getrefcount(o) > _POOL_ONLY:
+                    o = np.empty(shape, dtype=dt)
+                spare[k], pool[k] = pool[k], o
+            outs_p[k] = fb(o)
+            self._call(st, threads)
+            outs = template.copy()
+            outs[k] = o
+            return outs
+        return run
+
+    def _bind(self, st: dict, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The arrays as passed to C (contiguous, of the input's dtype), their pointers (and the
+        panels of the bound weights among them) set in this thread's state."""
+        ins, fb = st["ins"], self.ffi.from_buffer
         # An array that is the one of the last call (a weight bound by params=) keeps its pointer
         # and its packed panels: per call, only the arrays that changed are looked at. `held`
         # keeps arrays as passed to C (contiguous, of the input's dtype): one that is the same
@@ -678,6 +739,7 @@ class Runner:
         # 42 of them bound, and a loop over them in Python cost a few microseconds a call.)
         held = st["held"]
         arrays = list(arrays)
+        changed = False
         for k in compress(range(len(arrays)), map(is_not, arrays, held)):
             if k in self.bf16_slots and arrays[k].dtype != np.uint16:
                 arrays[k] = bf16_bits(arrays[k])
@@ -685,6 +747,7 @@ class Runner:
             if a is not held[k]:
                 ins[k] = fb(a)
                 held[k] = a
+                changed = True
         prepacks = self.mem.prepacks
         if prepacks:
             base = self.mem.slots - len(prepacks)
@@ -693,19 +756,32 @@ class Runner:
                 s, pos = prepacks[k]
                 ins[base + k] = fb(self._panels(s, arrays[pos]))
                 packs[k] = arrays[pos]
+                changed = True
+        if changed:
+            st["bound_by"] = None  # (a prepared call's pointers replaced)
+        return arrays
+
+    def _run(self, st: dict, arrays: list[np.ndarray], threads: int | None,
+             into: list[np.ndarray | None] | None) -> list[np.ndarray]:
+        """The C call over the arrays _bind set, and the outputs."""
+        outs_p, pool, spare, fb = st["outs"], st["pool"], st["spare"], self.ffi.from_buffer
         outs: list = [None] * len(self.out_shapes)
         getrefcount = sys.getrefcount
-        for k, (shape, dt) in enumerate(self.out_shapes):
-            if k in copies:
-                continue
+        for k in self._written:
+            shape, dt = self.out_shapes[k]
             if into is not None and into[k] is not None:
                 outs[k] = into[k]
                 outs_p[k] = fb(into[k])
                 continue
-            # Reuse last call's buffer when nobody else holds it (a fresh one costs page faults).
+            # Reuse last call's buffer when nobody else holds it (a fresh one costs page faults),
+            # else the one before it: a caller that keeps the last result while it calls again
+            # (a decode loop's logits) gets two buffers in turn, not a new one at every call.
             o = pool[k]
             if o is None or getrefcount(o) > _POOL_ONLY:
-                o = pool[k] = np.empty(shape, dtype=dt)
+                o = spare[k]
+                if o is None or getrefcount(o) > _POOL_ONLY:  # (held: the caller's from now on)
+                    o = np.empty(shape, dtype=dt)
+                spare[k], pool[k] = pool[k], o
             outs[k] = o
             outs_p[k] = fb(o)
         # OpenMP gets the cores other processes and other runtimes' running threads leave free
@@ -714,13 +790,22 @@ class Runner:
         # scheduled, and the worker keeps off the caller's CPU: common_pool.h, eqf_pool_place);
         # the eqf_region loops run as OpenMP's split when every core is free, else on the pool
         # (eqfuse.runtime.load.call_threads)
+        self._call(st, threads)
+        for k, at in self._aliases:  # (a KV cache's present: the buffer given, backend.live)
+            outs[k] = arrays[at]
+        for k in self._copied:
+            outs[k] = self._copy(k, arrays, outs)
+        return outs
+
+    def _call(self, st: dict, threads: int | None) -> None:
+        """The C call over the pointers in st, its failures raised."""
         if self._serial:  # (OpenMP's count left as it is: no region opens)
             st["threads"] = (0, 1, 1)
         else:
             want = threads_requested(threads)
             omp, regions = call_threads(want, self._team, self._pool, self._openmp)
             st["threads"] = (omp, want, regions)
-        bad = self.fn(ins, outs_p, st["arena"], *st["threads"], st["failed"])
+        bad = self.fn(st["ins"], st["outs"], st["arena"], *st["threads"], st["failed"])
         if bad == BAD_LENGTH:
             top = min(p.live.rows - p.live.new for p in self.kernels if p.live is not None)
             raise ArgumentError(f"{self.kg.name}(): the KV cache's live length {st['failed'][0]} is not in 0 .. {top} "
@@ -738,9 +823,6 @@ class Runner:
         if bad:  # an index kernel met indices outside the axis it reads
             p = self.kernels[st["failed"][0]]
             raise ArgumentError(f"{bad} index value(s) out of range in {p.detail.op} (kernel {p.name})")
-        for k in copies:
-            outs[k] = self._copy(k, arrays, outs)
-        return outs
 
     def _copy(self, k: int, arrays, outs) -> np.ndarray:
         shape, dt = self.out_shapes[k]

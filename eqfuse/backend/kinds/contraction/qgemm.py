@@ -119,6 +119,10 @@ class QGemmDetail:
     # the im2col by output row (IM2COL_ROWS, im2col_by_rows): per kernel row of x, its x row found once
     # and copied to each pixel of the output row, against pixel by pixel with every kernel row in turn
     im2col_rows: bool = False
+    # no im2col: A read in place from a padded copy of x (DIRECT_X, direct_x()): 2 pixels by output
+    # row, 1 virtual pixels (M counts them), 0 an im2col; mo the output's pixels per image
+    direct_x: int = 0
+    mo: int = 0
     # its panels are chunks of the claim-based pool (the run function keeps the pool's workers
     # ready across it: runtime.program.hold_pool)
     pool: ClassVar[bool] = True
@@ -153,6 +157,26 @@ def im2col_by_rows(kw: int) -> bool:
     return kw > IM2COL_ROW_BYTES
 
 
+DIRECT_X_MIN_OW = 8  # output rows of at least this many pixels: no im2col (direct_x)
+
+
+def direct_x(geo: tuple, mr: int) -> int:
+    """Whether a conv reads A in place from a padded copy of x, without an im2col (the template's
+    DIRECT_X), and how its rows are pixels: 2, by output row, when OW is a multiple of the tile's
+    MR rows (any stride); 1, as virtual pixels (stride 1, output rows of at least DIRECT_X_MIN_OW
+    pixels: the WP - OW past each row's end are computed too); 0, with an im2col. No dilation, and
+    kernel rows of 3, 4, 7 or 8 taps: whole K-groups of four, a row of 3 or 7 padded with taps of
+    weight 0 (a third and a seventh more multiplies). The im2col was half the time of the
+    quantized ResNet-18's 3 x 3 convs and its 7 x 7 stem (`benchmarks/bench_models.py --quantized
+    static --model resnet18`, its kernels' profile: benchmarks/RESULTS.md)."""
+    _, _, _, _, kw, (sh, sw), _, (dh, dw), ow = geo
+    if dh != 1 or dw != 1 or kw not in (3, 4, 7, 8):
+        return 0
+    if ow % mr == 0:
+        return 2
+    return 1 if sh == sw == 1 and ow >= DIRECT_X_MIN_OW else 0
+
+
 def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     body, a = plan.body, plan.shape.anchor
     mm = body.nodes[a]
@@ -163,22 +187,28 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     if conv:
         M, N, K, batches, nbb, geo = _conv_gemm(body, a)
         fold, gM, calls = nbb == 1, M, batches
+        direct = direct_x(geo, int8_tile(int8_path(m), N)[0])
+        if direct == 1:  # (the virtual pixels: each output row WP = W + 2 PW wide, the last OW)
+            gM = (M // geo[8] - 1) * (geo[2] + 2 * geo[6][1]) + geo[8]
     else:
         M, K, N = at.shape[-2], at.shape[-1], bt.shape[-1]
         batches = size(out[:-2])
         nbb = size(bt.shape[:-2])
         fold = bt.rank == 2
         gM, calls = (batches * M, 1) if fold else (M, batches)
+        direct = 0
     path = int8_path(m)
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
-    kc = min(int8_kc(K, nr, m), K)
+    kp = geo[0] // nbb * geo[3] * cdiv(geo[4], 4) * 4 if direct else K  # K in the panels (direct_x: whole K-groups per kernel row)
+    kc = min(int8_kc(kp, nr, m), kp)
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
     plan.tiles = {"mr": mr, "nr": nr, "kc": kc, "mb": int8_row_block(gM, cdiv(N, nr), mr, par)}
     plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par, qa,
                               im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else (),
                               b_transposed=body.nodes[mm.args[1]].op == "transpose",
-                              im2col_rows=conv and im2col_by_rows(geo[4]))
+                              im2col_rows=conv and not direct and im2col_by_rows(geo[4]), direct_x=direct,
+                              mo=M if conv else gM)
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
@@ -201,8 +231,10 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     if conv:
         plane = f"the group's {geo[0] // nbb} channels of x ({geo[1]} x {geo[2]})"
         quant = [UOp(1, "Load", f"quantize {plane} f32 -> {at.dtype} into the kernel's scratch", calls)][:qa] + \
-            [UOp(1, "Load", f"im2col of x into the kernel's A buffer [{gM} pixels x {K} taps], {at.dtype}, "
-                 "padded with x's zero point" + (", row blocks shared by the pool's threads" if par else ""), calls)]
+            ([UOp(1, "Load", f"copy of x padded with its zero point, read in place as A [{gM} "
+                  f"{'virtual ' if direct == 1 else ''}pixels x {kp} taps: kernel rows in K-groups of 4]", calls)] if direct else
+             [UOp(1, "Load", f"im2col of x into the kernel's A buffer [{gM} pixels x {K} taps], {at.dtype}, "
+                  "padded with x's zero point" + (", row blocks shared by the pool's threads" if par else ""), calls)])
     plan.uops = [UOp(0, "Loop", f"{calls} GEMM(s) of {gM} x {N} x {K}, u8 x s8 -> int32"
                      + (f" (images x {nbb} groups)" if conv and nbb > 1 else ""), calls), *(quant if qa or conv else []),
                  UOp(1, "Load", f"pack B [{K} x {N}] into {kg} K-groups x {nr}-column panels + column sums "
@@ -268,7 +300,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
     src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
                  KC=plan.tiles["kc"], MB=plan.tiles["mb"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
-                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), B_TRANSPOSED=int(d.b_transposed),
+                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), DIRECT_X=int(d.direct_x), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
                  G=d.groups, CI=c, H=h, W=w, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, OW=ow, PATH=INT8_PATHS[plan.precision_path],
                  PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
