@@ -163,7 +163,7 @@ def peers_main(args) -> None:
         import torch  # noqa: F401  (loaded first, as in a torch application: its libgomp is the process's)
     print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f}")
     print(f"{'model':<17} {'eqfuse call':<34} {'ms':>7} {'iqr%':>5} {'/alone':>7} {'/1-thread':>9} "
-          f"{'/1t-beside':>9} {'pool%':>6} {'peer ms':>8}")
+          f"{'/1t-beside':>10} {'pool%':>6} {'peer ms':>8}")
     for name in args.models:
         feeds = me.inputs(name)
         path = me.export(name, "torchscript")
@@ -174,9 +174,7 @@ def peers_main(args) -> None:
         for who, call in calls.items():
             np.testing.assert_allclose(call(), ref, rtol=2e-3, atol=2e-3, err_msg=who)
         np.testing.assert_allclose(one(**feeds), ref, rtol=1e-4, atol=1e-4)
-        kinds = ["alone", "1 thread"] + [f"with {p}" for p in calls] + [f"{ONE}with {p}" for p in calls]
-        if args.whole_process:
-            kinds += [f"with {p}{WHOLE}" for p in calls]
+        kinds = peer_kinds(list(calls), args.whole_process)
         times = {k: [] for k in kinds}
         peer_times = {k: [] for k in kinds}
         pooled = {k: 0 for k in kinds}
@@ -196,22 +194,39 @@ def peers_main(args) -> None:
                         peer()
                         peer_times[k].append(time.perf_counter() - t1)
                 program.call_threads = call_threads
-        med = {k: stats(times[k])[0] for k in kinds}
-        for k in kinds:
-            iqr = stats(times[k])[1]
-            peer = f"{stats(peer_times[k])[0]:>8.3f}" if peer_of(k) else ""
-            share = 100 * pooled[k] / len(times[k])
-            # (each row against its own thread count alone; a 2-thread row beside a peer also
-            # against the 1-thread call beside the same peer: the target's reading)
-            alone = med["1 thread" if k.startswith(ONE) else "alone"]
-            beside = f"{med[k] / med[ONE + 'with ' + peer_of(k)]:>9.2f}" if k.startswith("with ") else f"{'':>9}"
-            print(f"{PEER_MODELS.get(name, name):<17} {k:<34} {med[k]:>7.3f} {iqr:>5.0f} {med[k] / alone:>7.2f} "
-                  f"{med[k] / med['1 thread']:>9.2f} {beside} {share:>6.0f} {peer}")
+        print("\n".join(peer_rows(name, kinds, times, peer_times, pooled)))
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}; {args.rounds} rounds, {args.repeat} calls "
-          "per row and round; each peer at 2 threads, its other settings its own.\n"
-          "/alone: to the same thread count's call alone; /1-thread: to the 1-thread call alone; /1t-beside:\n"
-          "a 2-thread row to the 1-thread call beside the same peer. Targets: /alone at most 1.3, and\n"
-          "/1t-beside at most 1 (2 threads beside a peer never worse than 1 beside it).")
+          f"per row and round; each peer at 2 threads, its other settings its own.\n{PEER_LEGEND}")
+
+
+PEER_LEGEND = ("/alone: to the same thread count's call alone; /1-thread: to the 1-thread call alone; /1t-beside:\n"
+               "a 2-thread row to the 1-thread call beside the same peer. Targets: /alone at most 1.3, and\n"
+               "/1t-beside at most 1 (2 threads beside a peer never worse than 1 beside it).")
+
+
+def peer_kinds(peers: list[str], whole: bool = False) -> list[str]:
+    """The rows of a model in the peers table, in the order they run in each round: eqfuse's
+    2-thread and 1-thread calls alone, its 2-thread call beside each peer, its 1-thread call
+    beside each peer, and with `whole` (--whole-process) the former rule's rows."""
+    kinds = ["alone", "1 thread"] + [f"with {p}" for p in peers] + [f"{ONE}with {p}" for p in peers]
+    return kinds + ([f"with {p}{WHOLE}" for p in peers] if whole else [])
+
+
+def peer_rows(name: str, kinds: list[str], times: dict, peer_times: dict, pooled: dict) -> list[str]:
+    """The table's lines of one model from its samples (seconds per call, per row)."""
+    med = {k: stats(times[k])[0] for k in kinds}
+    rows = []
+    for k in kinds:
+        iqr = stats(times[k])[1]
+        peer = f"{stats(peer_times[k])[0]:>8.3f}" if peer_of(k) else ""
+        share = 100 * pooled[k] / len(times[k])
+        # (each row against its own thread count alone; a 2-thread row beside a peer also
+        # against the 1-thread call beside the same peer: the target's reading)
+        alone = med["1 thread" if k.startswith(ONE) else "alone"]
+        beside = f"{med[k] / med[ONE + 'with ' + peer_of(k)]:>10.2f}" if k.startswith("with ") else f"{'':>10}"
+        rows.append(f"{PEER_MODELS.get(name, name):<17} {k:<34} {med[k]:>7.3f} {iqr:>5.0f} {med[k] / alone:>7.2f} "
+                    f"{med[k] / med['1 thread']:>9.2f} {beside} {share:>6.0f} {peer}")
+    return rows
 
 
 def task_ticks() -> dict[int, int]:

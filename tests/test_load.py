@@ -6,6 +6,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 import eqfuse
 from eqfuse.runtime import load
@@ -213,3 +214,82 @@ def test_a_reading_that_saw_peers_is_kept_a_short_while(monkeypatch):
     now[0] += load.PEERS_INTERVAL * 2
     assert load.call_threads(2, team) == (2, load.OPENMP)  # a quiet reading is kept for INTERVAL
     assert load.PEERS_INTERVAL * 2 < load.INTERVAL
+
+
+def test_a_short_call_runs_on_one_thread_when_a_core_is_held(monkeypatch):
+    # (load.SHORT_S: a worker sharing its core with another thread costs a short call more than
+    # its half core gains; with every core free the call runs on what was asked)
+    team = lambda n: [1]  # noqa: E731
+    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
+    _reading(monkeypatch, total=1, process=1, own=1)  # quiet
+    assert load.call_threads(2, team, short=True) == (2, load.OPENMP)
+    assert load.pool_threads(2, 2, short=True) == 2
+    load._last[0] = 0.0
+    _reading(monkeypatch, total=3, process=3, own=1)  # peer threads spinning
+    assert load.call_threads(2, team, short=True) == (1, 1)
+    assert load.call_threads(2, team, short=False) == (1, 2)
+    assert load.pool_threads(2, 1, short=True) == 1 and load.pool_threads(2, 1, short=False) == 2
+    load._last[0] = 0.0
+    _reading(monkeypatch, total=2, process=1, own=1)  # another process
+    assert load.call_threads(2, team, openmp_kernels=False, short=True) == (1, 1)
+
+
+def test_the_short_decision_of_a_pinned_machine_and_plan():
+    # the time model at the suite's pinned speeds (tests/conftest.py): the MLP at batch 8 of
+    # benchmarks/bench_load.py (7.3 MB of weights, 29 MFLOP) is short, ResNet-18's stages (2 GFLOP) not
+    from types import SimpleNamespace as P
+
+    from eqfuse.ir.kernels import K
+    from eqfuse.runtime import buckets
+    from eqfuse.runtime.program import modelled_s
+
+    speeds = buckets.speeds()
+    assert speeds == buckets.PINNED_SPEEDS
+    mlp = [P(kind=K.CONTRACTION, bytes=3_244_000, flops=12_845_056), P(kind=K.CONTRACTION, bytes=4_231_000, flops=16_777_216),
+           P(kind=K.VIEW, bytes=10**12, flops=0), P(kind=K.CONTRACTION, bytes=41_000, flops=163_840)]
+    resnet = [P(kind=K.CONV2D, bytes=2_000_000, flops=231_000_000)] * 9
+    assert load.short_call(modelled_s(mlp, speeds)) and not load.short_call(modelled_s(resnet, speeds))
+    assert modelled_s(mlp[2:3], speeds) == pytest.approx(5e-6)  # (a view costs nothing)
+
+
+def test_a_short_module_beside_a_held_core_runs_every_loop_on_the_caller(monkeypatch):
+    src = "graph g(x: f32[64, 256], w: f32[256, 256]) -> f32[64, 256] { return relu(x @ w) }"
+    mod = eqfuse.compile(src, threads=2)
+    x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((256, 256)).astype(np.float32)
+    mod(x, w)
+    runner = mod.g.last.runner
+    assert runner.short()  # (at the pinned speeds: a few microseconds)
+    import eqfuse.runtime.program as program
+
+    seen = []
+    monkeypatch.setattr(program, "call_threads", lambda want, team, pool, openmp, short: seen.append(short) or (1, 1))
+    np.testing.assert_allclose(mod(x, w), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-4)
+    assert seen == [True] and runner.last_threads() == {"openmp": 1, "pool": 1, "regions": "caller", "region_threads": 1}
+    monkeypatch.setattr(runner, "_short", False)  # a long call keeps the pool's threads beside a held core
+    mod(x, w)
+    assert seen == [True, False] and runner.last_threads()["pool"] == 2
+
+
+def test_the_peers_table_has_the_one_thread_call_beside_each_peer():
+    # benchmarks/bench_load.py --kind peers: the 1-thread call beside a peer is measured, and each
+    # 2-thread row beside a peer is compared with it (/1t-beside: the target's reading)
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_load
+
+    kinds = bench_load.peer_kinds(["onnxruntime", "torch"])
+    assert kinds == ["alone", "1 thread", "with onnxruntime", "with torch", "1 thread with onnxruntime",
+                     "1 thread with torch"]
+    ms = {"alone": 1.0, "1 thread": 2.0, "with onnxruntime": 1.2, "with torch": 3.0,
+          "1 thread with onnxruntime": 2.4, "1 thread with torch": 2.0}
+    times = {k: [v / 1e3] * 4 for k, v in ms.items()}
+    rows = bench_load.peer_rows("mlp", kinds, times, {k: [1e-3] * 4 for k in kinds}, dict.fromkeys(kinds, 0))
+    cols = {r[18:52].strip(): r[52:].split() for r in rows}
+    assert set(cols) == set(kinds)
+    # ms, iqr%, /alone, /1-thread, /1t-beside, pool%, peer ms
+    assert cols["with onnxruntime"][2:5] == ["1.20", "0.60", "0.50"]
+    assert cols["with torch"][4] == "1.50"  # above 1: slower than the 1-thread call beside torch
+    assert cols["1 thread with onnxruntime"][2:4] == ["1.20", "1.20"] and len(cols["1 thread with onnxruntime"]) == 6
+    assert "/1t-beside at most 1" in bench_load.PEER_LEGEND.replace("\n", " ")

@@ -34,6 +34,14 @@ running (not one thread: the caller claims what the worker does not reach, so a 
 costs at most what one thread costs, and one that stops gives its core back mid-call); the
 calling thread alone when other processes hold the cores.
 
+A short call (its kernels' modelled time on one thread below `SHORT_S`: `short_call`) that finds
+a core held, by another process or by another runtime's running thread, runs every loop on the
+calling thread, the few-rows GEMMs' pool included: a worker that shares its core with another
+thread runs about half the time, and one stopped by the scheduler in the middle of a chunk holds
+the caller up; a short call gains less from the half core than that costs (the MLP at batch 8
+beside a peer: its 2-thread call no faster than its 1-thread call beside the same peer,
+benchmarks/bench_load.py --kind peers). With every core free it runs on the threads asked for.
+
 The count is read at most every `INTERVAL` seconds (`PEERS_INTERVAL` after a reading that saw
 another runtime's threads running, whose spinning ends soon) and is Linux only; elsewhere every CPU
 counts as free. A read costs tens of microseconds on a quiet machine and several times that
@@ -52,6 +60,12 @@ INTERVAL = 0.05  # seconds between two reads of the running tasks: a load that c
 PEERS_INTERVAL = 0.005  # seconds a reading that saw another runtime's threads running is kept:
 # their spinning ends soon after their run (OpenVINO's within a millisecond, onnxruntime's within
 # tens), and a call that finds every core free again runs its loops as OpenMP's static split
+
+SHORT_S = 1e-3  # a call whose modelled 1-thread time (eqfuse.runtime.program.modelled_s) is below
+# this runs on one thread when a core is held (`short_call`): about a scheduler time slice on a
+# 2-CPU machine. `python benchmarks/bench_load.py --kind peers` puts the line between the MLP at
+# batch 8 (modelled 0.6 ms: 2 threads beside a peer no faster than 1 beside it) and ResNet-18's
+# stages (modelled 10 ms: 2 threads beside a peer faster than 1)
 
 _lock = threading.Lock()
 # (time of the last read, free cores then with this process's other running threads counted as
@@ -190,7 +204,8 @@ OPENMP = 0  # the mode of the eqf_region loops when every core is free: OpenMP's
 
 
 def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | None = None,
-                 pool: Callable[[], Sequence[int]] | None = None, openmp_kernels: bool = True) -> tuple[int, int]:
+                 pool: Callable[[], Sequence[int]] | None = None, openmp_kernels: bool = True,
+                 short: bool = False) -> tuple[int, int]:
     """(OpenMP's threads, the mode of the eqf_region loops: OPENMP or the claim-based pool's
     threads) for one call, from one reading (team and pool as for `threads_now`):
 
@@ -213,7 +228,10 @@ def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | N
       thread, but the loops on the claim-based pool with the threads other processes leave free
       (`region_threads`): the caller claims whatever the worker does not reach, so a spinning peer
       costs at most what one thread costs, and one that stops gives its core back mid-call;
-    - cores taken by other processes: the free ones (one thread: the loops on the caller).
+    - cores taken by other processes: the free ones (one thread: the loops on the caller);
+    - `short` (`short_call` of the call's modelled time) and any core held, by another process or
+      another runtime: (1, 1), the whole call on the calling thread (the caller then gives the
+      few-rows GEMMs' pool one thread too: `pool_threads`).
 
     OpenMP's own kernels (GEMMs, row kernels, ...) get `threads_now`'s count in every case."""
     requested = threads_requested(requested)
@@ -224,7 +242,21 @@ def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | N
     omp = threads_now(requested, team, pool)
     if omp == requested:
         return omp, OPENMP if openmp_kernels or awake else requested
+    if short:
+        return 1, 1
     return omp, region_threads(requested, team, pool)
+
+
+def pool_threads(requested: int, omp: int, short: bool) -> int:
+    """The few-rows GEMMs' pool threads for a call that `call_threads` gave `omp` OpenMP threads:
+    what was asked, but one for a short call that found a core held."""
+    return 1 if short and omp < requested else requested
+
+
+def short_call(one_thread_s: float) -> bool:
+    """Whether a call of this modelled 1-thread time runs on one thread when a core is held (see
+    SHORT_S and the module docstring)."""
+    return one_thread_s < SHORT_S
 
 
 def team_running(requested: int, team: Callable[[int], Sequence[int]],
