@@ -6,7 +6,6 @@ import sys
 import time
 
 import numpy as np
-import pytest
 
 import eqfuse
 from eqfuse.runtime import load
@@ -216,60 +215,55 @@ def test_a_reading_that_saw_peers_is_kept_a_short_while(monkeypatch):
     assert load.PEERS_INTERVAL * 2 < load.INTERVAL
 
 
-def test_a_short_call_runs_on_one_thread_when_a_core_is_held(monkeypatch):
-    # (load.SHORT_S: a worker sharing its core with another thread costs a short call more than
-    # its half core gains; with every core free the call runs on what was asked)
-    team = lambda n: [1]  # noqa: E731
-    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
-    _reading(monkeypatch, total=1, process=1, own=1)  # quiet
-    assert load.call_threads(2, team, short=True) == (2, load.OPENMP)
-    assert load.pool_threads(2, 2, short=True) == 2
-    load._last[0] = 0.0
-    _reading(monkeypatch, total=3, process=3, own=1)  # peer threads spinning
-    assert load.call_threads(2, team, short=True) == (1, 1)
-    assert load.call_threads(2, team, short=False) == (1, 2)
-    assert load.pool_threads(2, 1, short=True) == 1 and load.pool_threads(2, 1, short=False) == 2
-    load._last[0] = 0.0
-    _reading(monkeypatch, total=2, process=1, own=1)  # another process
-    assert load.call_threads(2, team, openmp_kernels=False, short=True) == (1, 1)
+def test_a_trial_keeps_the_faster_of_one_thread_and_the_rules_threads(monkeypatch):
+    monkeypatch.setattr(load, "TRIAL_CALLS", 6)
+    monkeypatch.setattr(load, "AGAIN_CALLS", 4)
+    t = load.Trial()
+    seen = []
+    for _ in range(6):  # alternately one thread and the rule's, 3 each; one thread faster
+        one = t.one_thread()
+        seen.append(one)
+        t.record(one, 1.0 if one else 2.0)
+    assert seen == [True, False] * 3 and t.one is True
+    assert [t.one_thread() for _ in range(4)] == [True] * 4  # kept AGAIN_CALLS calls
+    for _ in range(6):  # then measured again: now the threads are faster (a tie keeps them too)
+        one = t.one_thread()
+        t.record(one, 2.0 if one else 1.0)
+    assert t.one is False and not t.one_thread()
+    monkeypatch.setattr(load, "TRIAL_CALLS", 0)  # (the test suite's pin: no trial, the rule's threads)
+    assert not load.Trial().one_thread()
 
 
-def test_the_short_decision_of_a_pinned_machine_and_plan():
-    # the time model at the suite's pinned speeds (tests/conftest.py): the MLP at batch 8 of
-    # benchmarks/bench_load.py (7.3 MB of weights, 29 MFLOP) is short, ResNet-18's stages (2 GFLOP) not
-    from types import SimpleNamespace as P
+def test_a_module_runs_one_thread_where_its_trial_found_it_faster(monkeypatch):
+    import eqfuse.runtime.program as program
 
-    from eqfuse.ir.kernels import K
-    from eqfuse.runtime import buckets
-    from eqfuse.runtime.program import modelled_s
-
-    speeds = buckets.speeds()
-    assert speeds == buckets.PINNED_SPEEDS
-    mlp = [P(kind=K.CONTRACTION, bytes=3_244_000, flops=12_845_056), P(kind=K.CONTRACTION, bytes=4_231_000, flops=16_777_216),
-           P(kind=K.VIEW, bytes=10**12, flops=0), P(kind=K.CONTRACTION, bytes=41_000, flops=163_840)]
-    resnet = [P(kind=K.CONV2D, bytes=2_000_000, flops=231_000_000)] * 9
-    assert load.short_call(modelled_s(mlp, speeds)) and not load.short_call(modelled_s(resnet, speeds))
-    assert modelled_s(mlp[2:3], speeds) == pytest.approx(5e-6)  # (a view costs nothing)
-
-
-def test_a_short_module_beside_a_held_core_runs_every_loop_on_the_caller(monkeypatch):
     src = "graph g(x: f32[64, 256], w: f32[256, 256]) -> f32[64, 256] { return relu(x @ w) }"
     mod = eqfuse.compile(src, threads=2)
     x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
     w = np.random.default_rng(1).standard_normal((256, 256)).astype(np.float32)
     mod(x, w)
     runner = mod.g.last.runner
-    assert runner.short()  # (at the pinned speeds: a few microseconds)
-    import eqfuse.runtime.program as program
+    monkeypatch.setattr(load, "TRIAL_CALLS", 6)
+    now = [0.0]
+    fn = runner.fn
 
-    seen = []
-    monkeypatch.setattr(program, "call_threads", lambda want, team, pool, openmp, short: seen.append(short) or (1, 1))
-    np.testing.assert_allclose(mod(x, w), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-4)
-    assert seen == [True] and runner.last_threads() == {"openmp": 1, "pool": 1, "regions": "caller", "region_threads": 1}
-    monkeypatch.setattr(runner, "_short", False)  # a long call keeps the pool's threads beside a held core
+    def timed(ins, outs, arena, omp, pool, regions, failed):  # one thread 1 s a call, two 2 s
+        now[0] += 1.0 if (omp, pool, regions) == (1, 1, 1) else 2.0
+        return fn(ins, outs, arena, omp, pool, regions, failed)
+
+    monkeypatch.setattr(runner, "fn", timed)
+    monkeypatch.setattr(program, "perf_counter", lambda: now[0])
+    held = [True]
+    monkeypatch.setattr(program, "call_threads", lambda want, *own: (1, 2) if held[0] else (2, program.OPENMP))
+    for _ in range(6):  # a core held: the trial
+        np.testing.assert_allclose(mod(x, w), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-4)
+    assert runner._trials[True].one is True and runner._trials[False].one is None
     mod(x, w)
-    assert seen == [True, False] and runner.last_threads()["pool"] == 2
-
+    assert runner.last_threads() == {"openmp": 1, "pool": 1, "regions": "caller", "region_threads": 1}
+    held[0] = False  # every core free: its own trial, which starts with a one-thread call
+    mod(x, w)
+    mod(x, w)
+    assert runner.last_threads() == {"openmp": 2, "pool": 2, "regions": "openmp", "region_threads": 2}
 
 def test_the_peers_table_has_the_one_thread_call_beside_each_peer():
     # benchmarks/bench_load.py --kind peers: the 1-thread call beside a peer is measured, and each

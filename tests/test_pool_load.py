@@ -57,9 +57,7 @@ needs_two = pytest.mark.skipif(not sys.platform.startswith("linux") or load.cpus
 
 
 @needs_two
-def test_the_worker_runs_off_the_callers_cpu(monkeypatch):
-    # (as a long call: a short one that finds a core held starts no worker, tests/test_load.py)
-    monkeypatch.setattr(load, "SHORT_S", 0.0)
+def test_the_worker_runs_off_the_callers_cpu():
     before = set(os.listdir("/proc/self/task"))
     mod, x, want = mlp()
     process = set(os.sched_getaffinity(0))
@@ -78,7 +76,6 @@ def test_results_stay_right_beside_a_busy_process(monkeypatch):
     """Two threads with a process spinning alongside: OpenMP gets one, the pool two, and its
     worker shares the busy core. (A worker stopped in the middle of a chunk: tests/test_pool.py.)"""
     monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: 1)
-    monkeypatch.setattr(load, "SHORT_S", 0.0)  # (as a long call, whose pool keeps two threads)
     mod, x, want = mlp()
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

@@ -1044,7 +1044,6 @@ def test_dynamic_range_in_blocks_over_threads_matches_onnxruntime(mode, tmp_path
     free, beside = {"openmp": (2, 2), "pool": (1, 2), "caller": (1, 1)}[mode]
     monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: free)
     monkeypatch.setattr(load, "free_cores_beside_peers", lambda now=None, mine=None: beside)
-    monkeypatch.setattr(load, "SHORT_S", 0.0)  # (as a long call: a short one takes the caller beside a held core)
     f = tmp_path / "dql.onnx"
     model = _dynamic_quantize_model([129, 300])
     onnx.save(model, str(f))

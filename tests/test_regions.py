@@ -20,7 +20,6 @@ import pytest
 
 import eqfuse
 from eqfuse.runtime import load
-from eqfuse.runtime.program import Runner
 
 SRC = """
 graph g(a: f32[8, 512], w: f32[512, 1024], q: f32[64, 4096], x: f32[1, 8, 128, 128], k0: f32[32, 8, 3, 3],
@@ -55,8 +54,6 @@ def _mode(monkeypatch, mode: str) -> None:
     monkeypatch.setattr(load, "free_cores", lambda now=None, mine=None: free)
     monkeypatch.setattr(load, "free_cores_beside_peers", lambda now=None, mine=None: beside)
     monkeypatch.setattr(load, "team_running", lambda *a, **k: 0)  # (no OpenMP worker seen spinning)
-    # (as a long call: a short one beside a held core runs on the caller alone, tests/test_load.py)
-    monkeypatch.setattr(Runner, "short", lambda self: False)
 
 
 def _inputs(shapes: dict, seed: int) -> dict:

@@ -34,13 +34,16 @@ running (not one thread: the caller claims what the worker does not reach, so a 
 costs at most what one thread costs, and one that stops gives its core back mid-call); the
 calling thread alone when other processes hold the cores.
 
-A short call (its kernels' modelled time on one thread below `SHORT_S`: `short_call`) that finds
-a core held, by another process or by another runtime's running thread, runs every loop on the
-calling thread, the few-rows GEMMs' pool included: a worker that shares its core with another
-thread runs about half the time, and one stopped by the scheduler in the middle of a chunk holds
-the caller up; a short call gains less from the half core than that costs (the MLP at batch 8
-beside a peer: its 2-thread call no faster than its 1-thread call beside the same peer,
-benchmarks/bench_load.py --kind peers). With every core free it runs on the threads asked for.
+Whether a second thread pays at all is measured (`Trial`), per module and per state of the
+reading (every core free, or a core held by another process or another runtime's thread): the
+first calls in a state run alternately on the calling thread alone (OpenMP, the loops and the
+few-rows GEMMs' pool all at one thread) and as the rule above says; the faster by the median
+is kept for `AGAIN_CALLS` calls in that state, then measured again. A worker that shares its
+core with another thread runs about half the time; whether that pays depends on the call's
+length and on how the other thread runs (the MLP at batch 8 beside a peer ran its 2-thread call
+0.74-1.03x its 1-thread call beside the same peer, ResNet-18's stages 0.62-0.88x:
+benchmarks/bench_load.py --kind peers), which no count of the work predicts, and a call never
+stays slower than its own 1-thread call under the same load for long.
 
 The count is read at most every `INTERVAL` seconds (`PEERS_INTERVAL` after a reading that saw
 another runtime's threads running, whose spinning ends soon) and is Linux only; elsewhere every CPU
@@ -51,6 +54,7 @@ right after a long call has pushed /proc's data out of the caches, so a call tha
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -61,11 +65,10 @@ PEERS_INTERVAL = 0.005  # seconds a reading that saw another runtime's threads r
 # their spinning ends soon after their run (OpenVINO's within a millisecond, onnxruntime's within
 # tens), and a call that finds every core free again runs its loops as OpenMP's static split
 
-SHORT_S = 1e-3  # a call whose modelled 1-thread time (eqfuse.runtime.program.modelled_s) is below
-# this runs on one thread when a core is held (`short_call`): about a scheduler time slice on a
-# 2-CPU machine. `python benchmarks/bench_load.py --kind peers` puts the line between the MLP at
-# batch 8 (modelled 0.6 ms: 2 threads beside a peer no faster than 1 beside it) and ResNet-18's
-# stages (modelled 10 ms: 2 threads beside a peer faster than 1)
+TRIAL_CALLS = 6  # calls of a `Trial`, half on one thread: a median of 3 each (0: no trials, the
+# rule's threads always; the test suite pins that, tests/conftest.py, as no test may depend on timing)
+AGAIN_CALLS = 400  # calls in one state after which its trial runs again: the peer or the load may
+# have changed (the trial's 3 calls on the slower setting cost under 1% of them)
 
 _lock = threading.Lock()
 # (time of the last read, free cores then with this process's other running threads counted as
@@ -204,8 +207,7 @@ OPENMP = 0  # the mode of the eqf_region loops when every core is free: OpenMP's
 
 
 def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | None = None,
-                 pool: Callable[[], Sequence[int]] | None = None, openmp_kernels: bool = True,
-                 short: bool = False) -> tuple[int, int]:
+                 pool: Callable[[], Sequence[int]] | None = None, openmp_kernels: bool = True) -> tuple[int, int]:
     """(OpenMP's threads, the mode of the eqf_region loops: OPENMP or the claim-based pool's
     threads) for one call, from one reading (team and pool as for `threads_now`):
 
@@ -228,10 +230,9 @@ def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | N
       thread, but the loops on the claim-based pool with the threads other processes leave free
       (`region_threads`): the caller claims whatever the worker does not reach, so a spinning peer
       costs at most what one thread costs, and one that stops gives its core back mid-call;
-    - cores taken by other processes: the free ones (one thread: the loops on the caller);
-    - `short` (`short_call` of the call's modelled time) and any core held, by another process or
-      another runtime: (1, 1), the whole call on the calling thread (the caller then gives the
-      few-rows GEMMs' pool one thread too: `pool_threads`).
+    - cores taken by other processes: the free ones (one thread: the loops on the caller).
+
+    (A module's `Trial` may then run the call on one thread instead.)
 
     OpenMP's own kernels (GEMMs, row kernels, ...) get `threads_now`'s count in every case."""
     requested = threads_requested(requested)
@@ -242,21 +243,38 @@ def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | N
     omp = threads_now(requested, team, pool)
     if omp == requested:
         return omp, OPENMP if openmp_kernels or awake else requested
-    if short:
-        return 1, 1
     return omp, region_threads(requested, team, pool)
 
 
-def pool_threads(requested: int, omp: int, short: bool) -> int:
-    """The few-rows GEMMs' pool threads for a call that `call_threads` gave `omp` OpenMP threads:
-    what was asked, but one for a short call that found a core held."""
-    return 1 if short and omp < requested else requested
+class Trial:
+    """The measured choice of one module in one state of the reading (the module docstring):
+    `one_thread()` says how the next call runs, `record(one, seconds)` takes its time. Calls from
+    several Python threads may interleave: a lost sample only delays the choice."""
 
+    def __init__(self) -> None:
+        self.times: tuple[list[float], list[float]] = ([], [])  # (one thread, the rule's threads)
+        self.one: bool | None = None  # the choice, None while measuring
+        self.left = 0  # calls before the next trial
 
-def short_call(one_thread_s: float) -> bool:
-    """Whether a call of this modelled 1-thread time runs on one thread when a core is held (see
-    SHORT_S and the module docstring)."""
-    return one_thread_s < SHORT_S
+    def one_thread(self) -> bool:
+        if TRIAL_CALLS <= 0:
+            return False
+        if self.one is not None:
+            if self.left > 0:
+                self.left -= 1
+                return self.one
+            self.one, self.times = None, ([], [])
+        return len(self.times[0]) <= len(self.times[1])
+
+    def record(self, one: bool, seconds: float) -> None:
+        if self.one is not None or TRIAL_CALLS <= 0:
+            return
+        ones, rules = self.times
+        (ones if one else rules).append(seconds)
+        half = max(1, TRIAL_CALLS // 2)
+        if len(ones) >= half and len(rules) >= half:  # (a tie keeps the threads)
+            self.one = statistics.median(ones) < statistics.median(rules)
+            self.left = AGAIN_CALLS
 
 
 def team_running(requested: int, team: Callable[[int], Sequence[int]],

@@ -49,6 +49,7 @@ import threading
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import is_not
+from time import perf_counter
 
 import numpy as np
 
@@ -57,13 +58,7 @@ from eqfuse.errors import ArgumentError, EqfuseError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K
 from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
-from eqfuse.runtime.load import (
-    OPENMP,
-    call_threads,
-    pool_threads,
-    short_call,
-    threads_requested,
-)
+from eqfuse.runtime.load import OPENMP, Trial, call_threads, threads_requested
 
 ALIGN = 64  # bytes: every arena buffer starts on a cache line
 _POOL_ONLY = 3  # references to a pooled output held by the pool itself, a local and getrefcount
@@ -299,17 +294,6 @@ def hold_pool(p: KernelPlan) -> bool | str | None:
     if getattr(d, "regions", False):
         return HOLD_REGIONS if par else None
     return False if par else None
-
-
-CALL_S = 5e-6  # the run function's Python side per call (benchmarks/bench_runtime.py)
-
-
-def modelled_s(plans: list[KernelPlan], speeds: dict) -> float:
-    """Seconds per call of these kernels on one thread by the time model: each kernel's bytes at
-    speeds["bandwidth"] or its FLOPs at speeds["flops"], whichever is longer, plus
-    speeds["overhead"] per kernel, plus CALL_S (eqfuse.machine.perf measures the speeds)."""
-    ks = [p for p in plans if p.kind != K.VIEW]
-    return CALL_S + sum(max(p.bytes / speeds["bandwidth"], p.flops / speeds["flops"]) + speeds["overhead"] for p in ks)
 
 
 def may_run_parallel(p: KernelPlan) -> bool:
@@ -556,7 +540,10 @@ class Runner:
         # whether a kernel may open an OpenMP region: without one, a call on a quiet machine runs
         # its eqf_region loops on the claim-based pool (eqfuse.runtime.load.call_threads)
         self._openmp = any(hold_pool(p) is False for p in self.kernels)
-        self._short: bool | None = None  # short_call of the modelled 1-thread time, at the first call that asks
+        # whether a second thread pays, measured per state of the load reading (False: every core
+        # free, True: a core held); `_timed` turns on after the first call (its page faults)
+        self._trials = (Trial(), Trial())
+        self._timed = False
         self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
         if self.fn is not None:
             share_scratch_key(lib)
@@ -634,16 +621,6 @@ class Runner:
             a = arrays[pos]
             if isinstance(a, np.ndarray) and a.flags.c_contiguous and a.dtype == self.in_dtypes[pos]:
                 self._panels(s, a)
-
-    def short(self) -> bool:
-        """Whether a call runs on one thread when a core is held (load.short_call of `modelled_s`
-        of its kernels, at the speeds of eqfuse.runtime.buckets.speeds: measured once per machine,
-        pinned in the tests)."""
-        if self._short is None:
-            from eqfuse.runtime.buckets import speeds  # (buckets imports this module)
-
-            self._short = short_call(modelled_s(self.kernels, speeds()))
-        return self._short
 
     def _team_of(self, n: int) -> list[int]:
         """The thread ids of the calling thread's OpenMP team of n threads (cbuild.COMMON_C)."""
@@ -742,15 +719,23 @@ class Runner:
         # scheduled, and the worker keeps off the caller's CPU: common_pool.h, eqf_pool_place);
         # the eqf_region loops run as OpenMP's split when every core is free, else on the pool
         # (eqfuse.runtime.load.call_threads)
-        # (a short call that finds a core held runs on the calling thread alone: load.SHORT_S)
+        # (and the module's Trial for the reading's state may run it on one thread: runtime.load)
+        trial = None
         if self._serial:  # (OpenMP's count left as it is: no region opens)
             st["threads"] = (0, 1, 1)
         else:
             want = threads_requested(threads)
-            short = want > 1 and self.short()
-            omp, regions = call_threads(want, self._team, self._pool, self._openmp, short)
-            st["threads"] = (omp, pool_threads(want, omp, short), regions)
+            omp, regions = call_threads(want, self._team, self._pool, self._openmp)
+            if want > 1:
+                trial = self._trials[omp < want]
+                one = trial.one_thread()
+            st["threads"] = (1, 1, 1) if trial is not None and one else (omp, want, regions)
+        t0 = perf_counter()
         bad = self.fn(ins, outs_p, st["arena"], *st["threads"], st["failed"])
+        if trial is not None:
+            if self._timed:
+                trial.record(one, perf_counter() - t0)
+            self._timed = True
         if bad == BAD_LENGTH:
             top = min(p.live.rows - p.live.new for p in self.kernels if p.live is not None)
             raise ArgumentError(f"{self.kg.name}(): the KV cache's live length {st['failed'][0]} is not in 0 .. {top} "
