@@ -33,12 +33,6 @@ from eqfuse.runtime import buckets as _buckets  # noqa: E402
 
 _buckets.PINNED_SPEEDS = {"flops": 1e11, "bandwidth": 2e10, "overhead": 2e-6}
 
-# ... and no call's thread count is a measured choice (eqfuse.runtime.load.Trial): a call runs on
-# what the load reading gives, as its test fakes it (tests/test_load.py tests the trials)
-from eqfuse.runtime import load as _load  # noqa: E402
-
-_load.TRIAL_CALLS = 0
-
 # Every test optimizes its graphs (several change the optimizer's tunables between two calls on
 # one graph): the optimized-graph cache is off but in the tests of it (tests/test_graph_cache.py).
 from eqfuse.optimizer import graph_cache as _graph_cache  # noqa: E402

@@ -215,56 +215,6 @@ def test_a_reading_that_saw_peers_is_kept_a_short_while(monkeypatch):
     assert load.PEERS_INTERVAL * 2 < load.INTERVAL
 
 
-def test_a_trial_keeps_the_faster_of_one_thread_and_the_rules_threads(monkeypatch):
-    monkeypatch.setattr(load, "TRIAL_CALLS", 6)
-    monkeypatch.setattr(load, "AGAIN_CALLS", 4)
-    t = load.Trial()
-    seen = []
-    for _ in range(6):  # alternately one thread and the rule's, 3 each; one thread faster
-        one = t.one_thread()
-        seen.append(one)
-        t.record(one, 1.0 if one else 2.0)
-    assert seen == [True, False] * 3 and t.one is True
-    assert [t.one_thread() for _ in range(4)] == [True] * 4  # kept AGAIN_CALLS calls
-    for _ in range(6):  # then measured again: now the threads are faster (a tie keeps them too)
-        one = t.one_thread()
-        t.record(one, 2.0 if one else 1.0)
-    assert t.one is False and not t.one_thread()
-    monkeypatch.setattr(load, "TRIAL_CALLS", 0)  # (the test suite's pin: no trial, the rule's threads)
-    assert not load.Trial().one_thread()
-
-
-def test_a_module_runs_one_thread_where_its_trial_found_it_faster(monkeypatch):
-    import eqfuse.runtime.program as program
-
-    src = "graph g(x: f32[64, 256], w: f32[256, 256]) -> f32[64, 256] { return relu(x @ w) }"
-    mod = eqfuse.compile(src, threads=2)
-    x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
-    w = np.random.default_rng(1).standard_normal((256, 256)).astype(np.float32)
-    mod(x, w)
-    runner = mod.g.last.runner
-    monkeypatch.setattr(load, "TRIAL_CALLS", 6)
-    now = [0.0]
-    fn = runner.fn
-
-    def timed(ins, outs, arena, omp, pool, regions, failed):  # one thread 1 s a call, two 2 s
-        now[0] += 1.0 if (omp, pool, regions) == (1, 1, 1) else 2.0
-        return fn(ins, outs, arena, omp, pool, regions, failed)
-
-    monkeypatch.setattr(runner, "fn", timed)
-    monkeypatch.setattr(program, "perf_counter", lambda: now[0])
-    held = [True]
-    monkeypatch.setattr(program, "call_threads", lambda want, *own: (1, 2) if held[0] else (2, program.OPENMP))
-    for _ in range(6):  # a core held: the trial
-        np.testing.assert_allclose(mod(x, w), np.maximum(x @ w, 0), rtol=1e-4, atol=1e-4)
-    assert runner._trials[True].one is True and runner._trials[False].one is None
-    mod(x, w)
-    assert runner.last_threads() == {"openmp": 1, "pool": 1, "regions": "caller", "region_threads": 1}
-    held[0] = False  # every core free: its own trial, which starts with a one-thread call
-    mod(x, w)
-    mod(x, w)
-    assert runner.last_threads() == {"openmp": 2, "pool": 2, "regions": "openmp", "region_threads": 2}
-
 def test_the_peers_table_has_the_one_thread_call_beside_each_peer():
     # benchmarks/bench_load.py --kind peers: the 1-thread call beside a peer is measured, and each
     # 2-thread row beside a peer is compared with it (/1t-beside: the target's reading)

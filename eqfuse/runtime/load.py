@@ -34,17 +34,6 @@ running (not one thread: the caller claims what the worker does not reach, so a 
 costs at most what one thread costs, and one that stops gives its core back mid-call); the
 calling thread alone when other processes hold the cores.
 
-Whether a second thread pays at all is measured (`Trial`), per module and per state of the
-reading (every core free, or a core held by another process or another runtime's thread): the
-first calls in a state run alternately on the calling thread alone (OpenMP, the loops and the
-few-rows GEMMs' pool all at one thread) and as the rule above says; the faster by the median
-is kept for `AGAIN_CALLS` calls in that state, then measured again. A worker that shares its
-core with another thread runs about half the time; whether that pays depends on the call's
-length and on how the other thread runs (the MLP at batch 8 beside a peer ran its 2-thread call
-0.74-1.03x its 1-thread call beside the same peer, ResNet-18's stages 0.62-0.88x:
-benchmarks/bench_load.py --kind peers), which no count of the work predicts, and a call never
-stays slower than its own 1-thread call under the same load for long.
-
 The count is read at most every `INTERVAL` seconds (`PEERS_INTERVAL` after a reading that saw
 another runtime's threads running, whose spinning ends soon) and is Linux only; elsewhere every CPU
 counts as free. A read costs tens of microseconds on a quiet machine and several times that
@@ -54,7 +43,6 @@ right after a long call has pushed /proc's data out of the caches, so a call tha
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -64,11 +52,6 @@ INTERVAL = 0.05  # seconds between two reads of the running tasks: a load that c
 PEERS_INTERVAL = 0.005  # seconds a reading that saw another runtime's threads running is kept:
 # their spinning ends soon after their run (OpenVINO's within a millisecond, onnxruntime's within
 # tens), and a call that finds every core free again runs its loops as OpenMP's static split
-
-TRIAL_CALLS = 6  # calls of a `Trial`, half on one thread: a median of 3 each (0: no trials, the
-# rule's threads always; the test suite pins that, tests/conftest.py, as no test may depend on timing)
-AGAIN_CALLS = 400  # calls in one state after which its trial runs again: the peer or the load may
-# have changed (the trial's 3 calls on the slower setting cost under 1% of them)
 
 _lock = threading.Lock()
 # (time of the last read, free cores then with this process's other running threads counted as
@@ -232,8 +215,6 @@ def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | N
       costs at most what one thread costs, and one that stops gives its core back mid-call;
     - cores taken by other processes: the free ones (one thread: the loops on the caller).
 
-    (A module's `Trial` may then run the call on one thread instead.)
-
     OpenMP's own kernels (GEMMs, row kernels, ...) get `threads_now`'s count in every case."""
     requested = threads_requested(requested)
     if requested == 1:
@@ -244,37 +225,6 @@ def call_threads(requested: int | None, team: Callable[[int], Sequence[int]] | N
     if omp == requested:
         return omp, OPENMP if openmp_kernels or awake else requested
     return omp, region_threads(requested, team, pool)
-
-
-class Trial:
-    """The measured choice of one module in one state of the reading (the module docstring):
-    `one_thread()` says how the next call runs, `record(one, seconds)` takes its time. Calls from
-    several Python threads may interleave: a lost sample only delays the choice."""
-
-    def __init__(self) -> None:
-        self.times: tuple[list[float], list[float]] = ([], [])  # (one thread, the rule's threads)
-        self.one: bool | None = None  # the choice, None while measuring
-        self.left = 0  # calls before the next trial
-
-    def one_thread(self) -> bool:
-        if TRIAL_CALLS <= 0:
-            return False
-        if self.one is not None:
-            if self.left > 0:
-                self.left -= 1
-                return self.one
-            self.one, self.times = None, ([], [])
-        return len(self.times[0]) <= len(self.times[1])
-
-    def record(self, one: bool, seconds: float) -> None:
-        if self.one is not None or TRIAL_CALLS <= 0:
-            return
-        ones, rules = self.times
-        (ones if one else rules).append(seconds)
-        half = max(1, TRIAL_CALLS // 2)
-        if len(ones) >= half and len(rules) >= half:  # (a tie keeps the threads)
-            self.one = statistics.median(ones) < statistics.median(rules)
-            self.left = AGAIN_CALLS
 
 
 def team_running(requested: int, team: Callable[[int], Sequence[int]],

@@ -49,7 +49,6 @@ import threading
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import is_not
-from time import perf_counter
 
 import numpy as np
 
@@ -58,7 +57,7 @@ from eqfuse.errors import ArgumentError, EqfuseError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K
 from eqfuse.ir.shapes import C_TYPE, NUMPY_DTYPE
-from eqfuse.runtime.load import OPENMP, Trial, call_threads, threads_requested
+from eqfuse.runtime.load import OPENMP, call_threads, threads_requested
 
 ALIGN = 64  # bytes: every arena buffer starts on a cache line
 _POOL_ONLY = 3  # references to a pooled output held by the pool itself, a local and getrefcount
@@ -540,10 +539,6 @@ class Runner:
         # whether a kernel may open an OpenMP region: without one, a call on a quiet machine runs
         # its eqf_region loops on the claim-based pool (eqfuse.runtime.load.call_threads)
         self._openmp = any(hold_pool(p) is False for p in self.kernels)
-        # whether a second thread pays, measured per state of the load reading (False: every core
-        # free, True: a core held); `_timed` turns on after the first call (its page faults)
-        self._trials = (Trial(), Trial())
-        self._timed = False
         self.fn = getattr(lib, run_name(kg.name)) if lib is not None and self.kernels else None
         if self.fn is not None:
             share_scratch_key(lib)
@@ -719,23 +714,13 @@ class Runner:
         # scheduled, and the worker keeps off the caller's CPU: common_pool.h, eqf_pool_place);
         # the eqf_region loops run as OpenMP's split when every core is free, else on the pool
         # (eqfuse.runtime.load.call_threads)
-        # (and the module's Trial for the reading's state may run it on one thread: runtime.load)
-        trial = None
         if self._serial:  # (OpenMP's count left as it is: no region opens)
             st["threads"] = (0, 1, 1)
         else:
             want = threads_requested(threads)
             omp, regions = call_threads(want, self._team, self._pool, self._openmp)
-            if want > 1:
-                trial = self._trials[omp < want]
-                one = trial.one_thread()
-            st["threads"] = (1, 1, 1) if trial is not None and one else (omp, want, regions)
-        t0 = perf_counter()
+            st["threads"] = (omp, want, regions)
         bad = self.fn(ins, outs_p, st["arena"], *st["threads"], st["failed"])
-        if trial is not None:
-            if self._timed:
-                trial.record(one, perf_counter() - t0)
-            self._timed = True
         if bad == BAD_LENGTH:
             top = min(p.live.rows - p.live.new for p in self.kernels if p.live is not None)
             raise ArgumentError(f"{self.kg.name}(): the KV cache's live length {st['failed'][0]} is not in 0 .. {top} "
