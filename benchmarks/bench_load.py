@@ -23,7 +23,8 @@ peer's use of caches and memory costs a call that has its core), to the 1-thread
 (`/1t-beside`) a 2-thread row's ratio to the 1-thread call beside the same peer; and the peer's
 median. The targets: interleaved at most 1.3x alone, and never above the 1-thread call, read as
 "never above the 1-thread call under the same load": 2 threads beside a peer never slower than
-1 thread beside it (`/1t-beside` at most 1). `--whole-process` adds rows
+1 thread beside it (`/1t-beside` at most 1). A row alone starts once no other thread of the process
+is running (`settle`: the peers' threads spin on after the previous row). `--whole-process` adds rows
 with the rule before in-process peers counted (every thread of the process the call's own), in
 the same rounds. The `pool%` column: the share of the row's calls whose conv and pooling loops
 ran on the claim-based pool at 2 threads (another runtime's threads seen running), not as
@@ -150,6 +151,20 @@ def whole_process(requested, *own):
     return threads_now(requested), OPENMP
 
 
+SETTLE_S = 0.5  # the longest wait for the peers' threads to stop spinning before a row alone
+
+
+def settle() -> float:
+    """Wait until no thread of this process but the calling one is running (the peers' threads
+    spin for tens of milliseconds after their last run: onnxruntime's and torch's), at most
+    SETTLE_S; the seconds waited. A row "alone" right after a row beside torch ran beside its
+    spinning OpenMP threads (the MLP's 2-thread call alone then took its 1-thread time)."""
+    t0 = time.perf_counter()
+    while load.running_counts()[0] > 1 and time.perf_counter() - t0 < SETTLE_S:
+        time.sleep(0.005)
+    return time.perf_counter() - t0
+
+
 def on_pool(mod) -> int:
     """1 when the module's last call ran its eqf_region loops on the claim-based pool."""
     f = next(iter(mod.functions.values()))
@@ -183,6 +198,8 @@ def peers_main(args) -> None:
                 mod = one if k.startswith("1 thread") else two
                 peer = calls.get(peer_of(k))
                 program.call_threads = whole_process if k.endswith(WHOLE) else call_threads
+                if peer is None:
+                    settle()
                 load._last[0] = 0.0  # the next call reads /proc again
                 for _ in range(args.repeat):
                     t0 = time.perf_counter()
