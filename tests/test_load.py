@@ -215,14 +215,20 @@ def test_a_reading_that_saw_peers_is_kept_a_short_while(monkeypatch):
     assert load.PEERS_INTERVAL * 2 < load.INTERVAL
 
 
-def test_the_peers_table_has_the_one_thread_call_beside_each_peer():
-    # benchmarks/bench_load.py --kind peers: the 1-thread call beside a peer is measured, and each
-    # 2-thread row beside a peer is compared with it (/1t-beside: the target's reading)
+def _bench_load():
+    """benchmarks/bench_load.py as a module."""
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import bench_load
 
+    return bench_load
+
+
+def test_the_peers_table_has_the_one_thread_call_beside_each_peer():
+    # benchmarks/bench_load.py --kind peers: the 1-thread call beside a peer is measured, and each
+    # 2-thread row beside a peer is compared with it (/1t-beside: the target's reading)
+    bench_load = _bench_load()
     kinds = bench_load.peer_kinds(["onnxruntime", "torch"])
     assert kinds == ["alone", "1 thread", "with onnxruntime", "with torch", "1 thread with onnxruntime",
                      "1 thread with torch"]
@@ -237,3 +243,16 @@ def test_the_peers_table_has_the_one_thread_call_beside_each_peer():
     assert cols["with torch"][4] == "1.50"  # above 1: slower than the 1-thread call beside torch
     assert cols["1 thread with onnxruntime"][2:4] == ["1.20", "1.20"] and len(cols["1 thread with onnxruntime"]) == 6
     assert "/1t-beside at most 1" in bench_load.PEER_LEGEND.replace("\n", " ")
+
+
+def test_a_row_alone_waits_for_the_peers_threads(monkeypatch):
+    # benchmarks/bench_load.py: a row alone starts once no other thread of the process runs (the
+    # peers' threads spin after their runs); here two readings see one, the third none
+    bench_load = _bench_load()
+
+    counts = iter([(3, 1), (2, 1), (1, 1)])
+    monkeypatch.setattr(load, "running_counts", lambda *a, **k: next(counts))
+    naps = []
+    monkeypatch.setattr(bench_load.time, "sleep", naps.append)
+    bench_load.settle()
+    assert naps == [0.005, 0.005] and next(counts, None) is None
