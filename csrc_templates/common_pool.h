@@ -114,9 +114,9 @@ static _Thread_local int eqf_region_pooled; /* the calling thread ran an eqf_reg
  * average (at least EQF_POOL_STALL_MIN_NS, at most EQF_POOL_WAIT_NS) takes the worker to its own
  * CPU (sched_setaffinity moves a thread that waits for its turn at once) and sleeps in short naps
  * there: the worker finishes its chunk on the caller's core, and moves back off it at its next
- * eqf_pool_place. (Waiting a fixed EQF_POOL_WAIT_NS, then leaving the worker free to run anywhere
- * for the scheduler to move, lost a tenth of a millisecond in most of the loops beside a
- * spinning peer, whose loops last a few tenths.) */
+ * eqf_pool_place. (Before, the caller waited a fixed EQF_POOL_WAIT_NS, then left the worker free
+ * to run anywhere for the scheduler to move: long against one conv's loop, and beside a spinning
+ * peer the worker is stopped in most loops.) */
 enum { EQF_POOL_WAIT_NS = 100000, EQF_POOL_NAP_NS = 20000, EQF_POOL_STALL = 3, EQF_POOL_STALL_MIN_NS = 5000 };
 static int eqf_pool_caller_cpu = -1;
 static unsigned eqf_pool_freed;          /* times the caller took a worker to its CPU (atomic) */
