@@ -16,9 +16,15 @@ ResNet-18's stem and first two stages on one 224x224 image, and the MLP at batch
 (tests/model_exports.py), eqfuse's 2-thread call alternates with a call of the peer on the same
 inputs (the peer at 2 threads and f32, its own settings otherwise: onnxruntime's threads spin after a
 run, OpenVINO's and torch's as they do by default), against eqfuse's 2-thread call alone and its
-1-thread call alone. The kinds alternate within each of --rounds rounds; the table gives eqfuse's
-median, spread and ratios to its alone and 1-thread times, and the peer's median. The targets:
-interleaved at most 1.3x alone, and never above the 1-thread call. `--whole-process` adds rows
+1-thread call alone; eqfuse's 1-thread call alternates with each peer too (the rows "1 thread
+with ..."). The kinds alternate within each of --rounds rounds; the table gives eqfuse's median,
+spread, its ratio to the same thread count alone (for a 1-thread row beside a peer: what the
+peer's use of caches and memory costs a call that has its core), to the 1-thread call alone, and
+(`/1t-beside`) a 2-thread row's ratio to the 1-thread call beside the same peer; and the peer's
+median. The targets: interleaved at most 1.3x alone, and never above the 1-thread call, read as
+"never above the 1-thread call under the same load": 2 threads beside a peer never slower than
+1 thread beside it (`/1t-beside` at most 1). A row alone starts once no other thread of the process
+is running (`settle`: the peers' threads spin on after the previous row). `--whole-process` adds rows
 with the rule before in-process peers counted (every thread of the process the call's own), in
 the same rounds. The `pool%` column: the share of the row's calls whose conv and pooling loops
 ran on the claim-based pool at 2 threads (another runtime's threads seen running), not as
@@ -129,12 +135,34 @@ def peer_calls(name: str, feeds: dict, peers, threads: int = 2) -> dict:
 
 
 WHOLE = " (whole process own)"
+ONE = "1 thread "  # the prefix of a row of eqfuse's 1-thread call ("1 thread with onnxruntime")
+
+
+def peer_of(kind: str) -> str | None:
+    """The peer runtime a row's calls alternate with ("with torch", "1 thread with torch", "with
+    torch (whole process own)": torch), None for a row alone."""
+    k = kind.removeprefix(ONE)
+    return k[5:].removesuffix(WHOLE) if k.startswith("with ") else None
 
 
 def whole_process(requested, *own):
     """The rule before in-process peers counted: every thread of the process is the call's own,
     and the loops run as OpenMP's split."""
     return threads_now(requested), OPENMP
+
+
+SETTLE_S = 0.5  # the longest wait for the peers' threads to stop spinning before a row alone
+
+
+def settle() -> float:
+    """Wait until no thread of this process but the calling one is running (the peers' threads
+    spin for tens of milliseconds after their last run: onnxruntime's and torch's), at most
+    SETTLE_S; the seconds waited. A row "alone" right after a row beside torch ran beside its
+    spinning OpenMP threads (the MLP's 2-thread call alone then took its 1-thread time)."""
+    t0 = time.perf_counter()
+    while load.running_counts()[0] > 1 and time.perf_counter() - t0 < SETTLE_S:
+        time.sleep(0.005)
+    return time.perf_counter() - t0
 
 
 def on_pool(mod) -> int:
@@ -149,8 +177,8 @@ def peers_main(args) -> None:
     if "torch" in args.peers:
         import torch  # noqa: F401  (loaded first, as in a torch application: its libgomp is the process's)
     print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f}")
-    print(f"{'model':<17} {'eqfuse 2 threads':<34} {'ms':>7} {'iqr%':>5} {'/alone':>7} {'/1-thread':>9} {'pool%':>6} "
-          f"{'peer ms':>8}")
+    print(f"{'model':<17} {'eqfuse call':<34} {'ms':>7} {'iqr%':>5} {'/alone':>7} {'/1-thread':>9} "
+          f"{'/1t-beside':>10} {'pool%':>6} {'peer ms':>8}")
     for name in args.models:
         feeds = me.inputs(name)
         path = me.export(name, "torchscript")
@@ -161,17 +189,17 @@ def peers_main(args) -> None:
         for who, call in calls.items():
             np.testing.assert_allclose(call(), ref, rtol=2e-3, atol=2e-3, err_msg=who)
         np.testing.assert_allclose(one(**feeds), ref, rtol=1e-4, atol=1e-4)
-        kinds = ["alone", "1 thread"] + [f"with {p}" for p in calls]
-        if args.whole_process:
-            kinds += [f"with {p}{WHOLE}" for p in calls]
+        kinds = peer_kinds(list(calls), args.whole_process)
         times = {k: [] for k in kinds}
         peer_times = {k: [] for k in kinds}
         pooled = {k: 0 for k in kinds}
         for _ in range(args.rounds):
             for k in kinds:
-                mod = one if k == "1 thread" else two
-                peer = calls.get(k[5:].removesuffix(WHOLE)) if k.startswith("with ") else None
+                mod = one if k.startswith("1 thread") else two
+                peer = calls.get(peer_of(k))
                 program.call_threads = whole_process if k.endswith(WHOLE) else call_threads
+                if peer is None:
+                    settle()
                 load._last[0] = 0.0  # the next call reads /proc again
                 for _ in range(args.repeat):
                     t0 = time.perf_counter()
@@ -183,15 +211,39 @@ def peers_main(args) -> None:
                         peer()
                         peer_times[k].append(time.perf_counter() - t1)
                 program.call_threads = call_threads
-        alone, single = stats(times["alone"])[0], stats(times["1 thread"])[0]
-        for k in kinds:
-            med, iqr = stats(times[k])
-            peer = f"{stats(peer_times[k])[0]:>8.3f}" if k.startswith("with ") else ""
-            share = 100 * pooled[k] / len(times[k])
-            print(f"{PEER_MODELS.get(name, name):<17} {k:<34} {med:>7.3f} {iqr:>5.0f} {med / alone:>7.2f} "
-                  f"{med / single:>9.2f} {share:>6.0f} {peer}")
+        print("\n".join(peer_rows(name, kinds, times, peer_times, pooled)))
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}; {args.rounds} rounds, {args.repeat} calls "
-          "per row and round; each peer at 2 threads, its other settings its own.")
+          f"per row and round; each peer at 2 threads, its other settings its own.\n{PEER_LEGEND}")
+
+
+PEER_LEGEND = ("/alone: to the same thread count's call alone; /1-thread: to the 1-thread call alone; /1t-beside:\n"
+               "a 2-thread row to the 1-thread call beside the same peer. Targets: /alone at most 1.3, and\n"
+               "/1t-beside at most 1 (2 threads beside a peer never worse than 1 beside it).")
+
+
+def peer_kinds(peers: list[str], whole: bool = False) -> list[str]:
+    """The rows of a model in the peers table, in the order they run in each round: eqfuse's
+    2-thread and 1-thread calls alone, its 2-thread call beside each peer, its 1-thread call
+    beside each peer, and with `whole` (--whole-process) the former rule's rows."""
+    kinds = ["alone", "1 thread"] + [f"with {p}" for p in peers] + [f"{ONE}with {p}" for p in peers]
+    return kinds + ([f"with {p}{WHOLE}" for p in peers] if whole else [])
+
+
+def peer_rows(name: str, kinds: list[str], times: dict, peer_times: dict, pooled: dict) -> list[str]:
+    """The table's lines of one model from its samples (seconds per call, per row)."""
+    med = {k: stats(times[k])[0] for k in kinds}
+    rows = []
+    for k in kinds:
+        iqr = stats(times[k])[1]
+        peer = f"{stats(peer_times[k])[0]:>8.3f}" if peer_of(k) else ""
+        share = 100 * pooled[k] / len(times[k])
+        # (each row against its own thread count alone; a 2-thread row beside a peer also
+        # against the 1-thread call beside the same peer: the target's reading)
+        alone = med["1 thread" if k.startswith(ONE) else "alone"]
+        beside = f"{med[k] / med[ONE + 'with ' + peer_of(k)]:>10.2f}" if k.startswith("with ") else f"{'':>10}"
+        rows.append(f"{PEER_MODELS.get(name, name):<17} {k:<34} {med[k]:>7.3f} {iqr:>5.0f} {med[k] / alone:>7.2f} "
+                    f"{med[k] / med['1 thread']:>9.2f} {beside} {share:>6.0f} {peer}")
+    return rows
 
 
 def task_ticks() -> dict[int, int]:

@@ -34,13 +34,20 @@ static inline void eqf_pause(void)
 /* The counter's low half while the caller writes a new job's fields: no chunk can be claimed. */
 #define EQF_POOL_SETTING 0xffffffffUL
 
-/* claim and run chunks of generation gen until none is left */
-static void eqf_pool_drain(unsigned long gen)
+static long eqf_pool_now_ns(void);
+/* when each worker began the chunk it runs now (monotonic ns; 0: none), read by a caller that
+ * waits for it (see EQF_POOL_STALL) */
+static long eqf_pool_since[EQF_POOL_MAX];
+
+/* claim and run chunks of generation gen until none is left; id: the worker's, -1 the caller.
+ * Returns the chunks it ran. */
+static long eqf_pool_drain(unsigned long gen, int id)
 {
+    long ran = 0;
     for (;;) {
         unsigned long w = __atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE);
         if ((w >> 32) != gen)
-            return;
+            return ran;
         const unsigned long k = w & 0xffffffffUL;
         if (k == EQF_POOL_SETTING) { /* the job is being written: a few stores away */
             eqf_pause();
@@ -53,10 +60,15 @@ static void eqf_pool_drain(unsigned long gen)
          * release fence) make the claim below fail: the counter is no longer w. */
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         if ((long)k >= n)
-            return;
+            return ran;
         if (__atomic_compare_exchange_n(&eqf_pool.word, &w, w + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            if (id >= 0)
+                __atomic_store_n(&eqf_pool_since[id], eqf_pool_now_ns(), __ATOMIC_RELAXED);
             fn(ctx, (long)k);
+            if (id >= 0)
+                __atomic_store_n(&eqf_pool_since[id], 0L, __ATOMIC_RELAXED);
             __atomic_fetch_add(&eqf_pool.done, 1, __ATOMIC_RELEASE);
+            ran++;
         }
     }
 }
@@ -95,13 +107,20 @@ static _Thread_local int eqf_region_pooled; /* the calling thread ran an eqf_reg
  * a worker moves (sched_setaffinity) only when that CPU has changed or the caller freed it.
  *
  * A worker that the scheduler stops in the middle of a chunk keeps the caller waiting for that
- * chunk until the other process's time slice ends (milliseconds: the MLP's busy rows of
- * benchmarks/bench_load.py). So a caller that has waited EQF_POOL_WAIT_NS for claimed chunks frees the workers
- * to run anywhere and sleeps in short naps: its CPU idles, and the scheduler moves the stopped
- * worker there to finish its chunk. */
-enum { EQF_POOL_WAIT_NS = 100000, EQF_POOL_NAP_NS = 20000 };
+ * chunk until the other thread's time slice ends (milliseconds: the MLP's busy rows of
+ * benchmarks/bench_load.py, and every loop of ResNet-18's stages beside onnxruntime, whose
+ * thread spins on the worker's core through eqfuse's call: --kind peers). So a caller whose
+ * worker has run one chunk EQF_POOL_STALL times as long as the caller's own chunks took on
+ * average (at least EQF_POOL_STALL_MIN_NS, at most EQF_POOL_WAIT_NS) takes the worker to its own
+ * CPU (sched_setaffinity moves a thread that waits for its turn at once) and sleeps in short naps
+ * there: the worker finishes its chunk on the caller's core, and moves back off it at its next
+ * eqf_pool_place. (Before, the caller waited a fixed EQF_POOL_WAIT_NS, then left the worker free
+ * to run anywhere for the scheduler to move: long against one conv's loop, and beside a spinning
+ * peer the worker is stopped in most loops.) */
+enum { EQF_POOL_WAIT_NS = 100000, EQF_POOL_NAP_NS = 20000, EQF_POOL_STALL = 3, EQF_POOL_STALL_MIN_NS = 5000 };
 static int eqf_pool_caller_cpu = -1;
-static unsigned eqf_pool_freed;          /* times the caller freed the workers (atomic) */
+static unsigned eqf_pool_freed;          /* times the caller took a worker to its CPU (atomic) */
+static int eqf_pool_pulled[EQF_POOL_MAX]; /* the worker was taken to the caller's CPU (atomic) */
 #if defined(__linux__)
 static pid_t eqf_pool_tid[EQF_POOL_MAX]; /* the workers' thread ids (0: not started yet) */
 static cpu_set_t eqf_pool_base;          /* the CPUs the first caller could use (the workers') */
@@ -114,14 +133,16 @@ static void eqf_pool_publish_cpu(void)
 #endif
 }
 
-/* Called by a worker when it wakes: keep off the caller's CPU. *off: the CPU it keeps off now
- * (-1: none, CPU_SETSIZE: never move), *freed: eqf_pool_freed when it last moved. */
-static void eqf_pool_place(int* off, unsigned* freed)
+/* Called by a worker when it wakes and before each job: keep off the caller's CPU. *off: the CPU
+ * it keeps off now (-1: none, CPU_SETSIZE: never move), *freed: eqf_pool_freed when it last
+ * moved; a worker the caller took to its CPU (eqf_pool_pull) moves back. */
+static void eqf_pool_place(int id, int* off, unsigned* freed)
 {
 #if defined(__linux__)
     const int c = __atomic_load_n(&eqf_pool_caller_cpu, __ATOMIC_RELAXED);
     const unsigned f = __atomic_load_n(&eqf_pool_freed, __ATOMIC_RELAXED);
-    if ((c == *off && f == *freed) || c < 0 || c >= CPU_SETSIZE || *off >= CPU_SETSIZE)
+    const int pulled = __atomic_exchange_n(&eqf_pool_pulled[id], 0, __ATOMIC_ACQ_REL);
+    if ((c == *off && f == *freed && !pulled) || c < 0 || c >= CPU_SETSIZE || *off >= CPU_SETSIZE)
         return;
     cpu_set_t s = eqf_pool_base;
     if (CPU_ISSET(c, &s) && CPU_COUNT(&s) > 1)
@@ -130,23 +151,47 @@ static void eqf_pool_place(int* off, unsigned* freed)
     *off = c;
     *freed = f;
 #else
+    (void)id;
     (void)off;
     (void)freed;
 #endif
 }
 
-/* Called by the caller: let every worker run on any CPU (see above). */
-static void eqf_pool_free_workers(void)
+/* Called by the caller that waits: take each worker whose chunk began before `before` (ns) to
+ * the caller's CPU (see above); with `every`, each worker (one stopped between its claim and
+ * the clock's read). Returns whether it took any. */
+static int eqf_pool_pull(long before, int every)
 {
+    int any = 0;
 #if defined(__linux__)
-    __atomic_fetch_add(&eqf_pool_freed, 1, __ATOMIC_RELAXED);
+    const int c = sched_getcpu();
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    if (c >= 0 && c < CPU_SETSIZE)
+        CPU_SET(c, &s);
+    else
+        s = eqf_pool_base;
     for (int i = 0; i < EQF_POOL_MAX; i++) {
         const pid_t t = __atomic_load_n(&eqf_pool_tid[i], __ATOMIC_RELAXED);
         if (t == 0)
             break;
-        sched_setaffinity(t, sizeof eqf_pool_base, &eqf_pool_base);
+        const long since = __atomic_load_n(&eqf_pool_since[i], __ATOMIC_RELAXED);
+        if (!every && (since == 0 || since >= before))
+            continue;
+        /* (the flag after the move: a worker that finishes the chunk first moves back at its next
+         * eqf_pool_place all the same) */
+        if (sched_setaffinity(t, sizeof s, &s) == 0) {
+            __atomic_store_n(&eqf_pool_pulled[i], 1, __ATOMIC_RELEASE);
+            any = 1;
+        }
     }
+    if (any)
+        __atomic_fetch_add(&eqf_pool_freed, 1, __ATOMIC_RELAXED);
+#else
+    (void)before;
+    (void)every;
 #endif
+    return any;
 }
 
 static long eqf_pool_now_ns(void)
@@ -168,7 +213,7 @@ static void* eqf_pool_worker(void* arg)
     __atomic_store_n(&eqf_pool_tid[id], (pid_t)syscall(SYS_gettid), __ATOMIC_RELAXED);
 #endif
     for (;;) {
-        eqf_pool_place(&off, &freed); /* (woken by a job or by eqf_pool_hold) */
+        eqf_pool_place(id, &off, &freed); /* (woken by a job or by eqf_pool_hold) */
         for (;;) { /* until a new job is published */
             for (int spin = 1; (__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen; spin++) {
                 if (__atomic_load_n(&eqf_pool_hot, __ATOMIC_RELAXED) > 0) {
@@ -196,10 +241,10 @@ static void* eqf_pool_worker(void* arg)
         while (((w = __atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE)) & 0xffffffffUL) == EQF_POOL_SETTING)
             eqf_pause(); /* the job is being written */
         seen = w >> 32;
-        eqf_pool_place(&off, &freed);
+        eqf_pool_place(id, &off, &freed);
         /* (allowed was written before chunk 0 was published, with release order) */
         if (id < __atomic_load_n(&eqf_pool.allowed, __ATOMIC_RELAXED))
-            eqf_pool_drain(seen);
+            eqf_pool_drain(seen, id);
     }
     return NULL;
 }
@@ -298,19 +343,19 @@ __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, vo
     __atomic_store_n(&eqf_pool.word, gen << 32, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&eqf_pool.wake);
     pthread_mutex_unlock(&eqf_pool.mu);
-    eqf_pool_drain(gen);
-    /* every chunk is claimed: wait for the ones running on workers (see EQF_POOL_WAIT_NS) */
-    long waited = 0;
+    const long start = eqf_pool_now_ns();
+    const long ran = eqf_pool_drain(gen, -1);
+    /* every chunk is claimed: wait for the ones running on workers (see EQF_POOL_STALL) */
+    long stall = ran > 0 ? EQF_POOL_STALL * (eqf_pool_now_ns() - start) / ran : EQF_POOL_WAIT_NS;
+    stall = stall < EQF_POOL_STALL_MIN_NS ? EQF_POOL_STALL_MIN_NS : stall > EQF_POOL_WAIT_NS ? EQF_POOL_WAIT_NS : stall;
+    int pulled = 0;
+    const long waiting = eqf_pool_now_ns();
     for (long spins = 1; __atomic_load_n(&eqf_pool.done, __ATOMIC_ACQUIRE) < n; spins++) {
-        if (waited >= 0 && spins % 64 == 0) {
-            if (waited == 0)
-                waited = eqf_pool_now_ns();
-            else if (eqf_pool_now_ns() - waited > EQF_POOL_WAIT_NS) {
-                eqf_pool_free_workers();
-                waited = -1;
-            }
+        if (!pulled && spins % 64 == 0) {
+            const long now = eqf_pool_now_ns();
+            pulled = eqf_pool_pull(now - stall, now - waiting > EQF_POOL_WAIT_NS);
         }
-        if (waited < 0) {
+        if (pulled) {
             const struct timespec nap = {0, EQF_POOL_NAP_NS};
             nanosleep(&nap, NULL);
         } else

@@ -213,3 +213,46 @@ def test_a_reading_that_saw_peers_is_kept_a_short_while(monkeypatch):
     now[0] += load.PEERS_INTERVAL * 2
     assert load.call_threads(2, team) == (2, load.OPENMP)  # a quiet reading is kept for INTERVAL
     assert load.PEERS_INTERVAL * 2 < load.INTERVAL
+
+
+def _bench_load():
+    """benchmarks/bench_load.py as a module."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_load
+
+    return bench_load
+
+
+def test_the_peers_table_has_the_one_thread_call_beside_each_peer():
+    # benchmarks/bench_load.py --kind peers: the 1-thread call beside a peer is measured, and each
+    # 2-thread row beside a peer is compared with it (/1t-beside: the target's reading)
+    bench_load = _bench_load()
+    kinds = bench_load.peer_kinds(["onnxruntime", "torch"])
+    assert kinds == ["alone", "1 thread", "with onnxruntime", "with torch", "1 thread with onnxruntime",
+                     "1 thread with torch"]
+    ms = {"alone": 1.0, "1 thread": 2.0, "with onnxruntime": 1.2, "with torch": 3.0,
+          "1 thread with onnxruntime": 2.4, "1 thread with torch": 2.0}
+    times = {k: [v / 1e3] * 4 for k, v in ms.items()}
+    rows = bench_load.peer_rows("mlp", kinds, times, {k: [1e-3] * 4 for k in kinds}, dict.fromkeys(kinds, 0))
+    cols = {r[18:52].strip(): r[52:].split() for r in rows}
+    assert set(cols) == set(kinds)
+    # ms, iqr%, /alone, /1-thread, /1t-beside, pool%, peer ms
+    assert cols["with onnxruntime"][2:5] == ["1.20", "0.60", "0.50"]
+    assert cols["with torch"][4] == "1.50"  # above 1: slower than the 1-thread call beside torch
+    assert cols["1 thread with onnxruntime"][2:4] == ["1.20", "1.20"] and len(cols["1 thread with onnxruntime"]) == 6
+    assert "/1t-beside at most 1" in bench_load.PEER_LEGEND.replace("\n", " ")
+
+
+def test_a_row_alone_waits_for_the_peers_threads(monkeypatch):
+    # benchmarks/bench_load.py: a row alone starts once no other thread of the process runs (the
+    # peers' threads spin after their runs); here two readings see one, the third none
+    bench_load = _bench_load()
+
+    counts = iter([(3, 1), (2, 1), (1, 1)])
+    monkeypatch.setattr(load, "running_counts", lambda *a, **k: next(counts))
+    naps = []
+    monkeypatch.setattr(bench_load.time, "sleep", naps.append)
+    bench_load.settle()
+    assert naps == [0.005, 0.005] and next(counts, None) is None

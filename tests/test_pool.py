@@ -44,8 +44,9 @@ int main(void)
 """
 
 
-# A worker stopped in the middle of a chunk (here: it sleeps 2 ms in each chunk it claims): the
-# caller waits EQF_POOL_WAIT_NS, frees the workers to run on any CPU and naps until they are done.
+# A worker stopped in the middle of a chunk (here: it sleeps 2 ms in each chunk it claims): once
+# the chunk has run EQF_POOL_STALL times the caller's mean chunk, the caller takes the worker to
+# its own CPU and naps until it is done (eqf_pool_pull, counted in eqf_pool_freed).
 STALLED = r"""
 #include <stdio.h>
 static pthread_t the_caller;
