@@ -297,3 +297,26 @@ def test_the_c_rounding_is_vcvtneps2bf16s():
     np.testing.assert_array_equal(pairs, want[:2048].astype(np.uint32) | want[2048:].astype(np.uint32) << 16)
     if machine.host_isa()["avx512_bf16"]:
         np.testing.assert_array_equal(scalar, hw)
+
+
+def test_grouped_conv_with_uneven_padding_within_the_bound():
+    """TF's "same" padding (conv2d padding [0, 0, 1, 1], stride 2) on the bf16 grouped path: the
+    K-pair copies of the group's input planes zero a tap's reads past the bottom and right edges
+    (eqfuse.ir.kernels.uneven_pads_conv), no pad kernel; at the direct conv's bound of the input
+    padded so, and of the bf16-rounded operands at the accumulation bound alone."""
+    src = ("graph gu(x: f32[1, 30, 10, 9], w: f32[32, 15, 3, 3]) {\n"
+           "  return relu(conv2d(x, w, stride=2, padding=[0, 0, 1, 1], group=2))\n}\n")
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 30, 10, 9)).astype(np.float32)
+    w = rng.standard_normal((32, 15, 3, 3)).astype(np.float32)
+    mod = eqfuse.compile(src, precision="bf16")
+    y = np.asarray(mod(x, w), np.float64)
+    (plan,) = [p for p in mod.default.last.plans if p.kind != "view"]
+    assert plan.kind == "conv2d" and plan.precision == "bf16" and plan.detail.grouped, plan
+    xp = np.pad(x, ((0, 0), (0, 0), (0, 1), (0, 1)))
+    K = 15 * 3 * 3
+    full = (2 * U + U * U + 1.01 * K * EPS) * conv64_groups(np.abs(xp), np.abs(w), 2, 0, 2)
+    acc = 1.01 * K * EPS * conv64_groups(np.abs(bf16(xp)), np.abs(bf16(w)), 2, 0, 2)
+    for xo, wo, bound in ((xp, w, full), (bf16(xp), bf16(w), acc)):
+        err = np.abs(y - np.maximum(conv64_groups(xo, wo, 2, 0, 2), 0))
+        assert np.all(err <= bound), float(np.max(err - bound))

@@ -368,3 +368,49 @@ def test_a_pointwise_op_after_a_conv1d_joins_its_kernel():
     got = mod.c(**xs)
     assert [str(p.kind) for p in mod.c.last.plans if str(p.kind) != "view"] == ["conv2d"]
     np.testing.assert_allclose(got, np.asarray(eqfuse.reference(src)(**xs)), rtol=RTOL, atol=ATOL)
+
+
+# TF's "same" padding of a conv, (0, 1) on each axis (conv2d padding [0, 0, 1, 1]: a pad op and
+# a conv2d before optimization, rule kernel_conv2d_pad_same folds them back into one kernel): the
+# grouped conv kernel takes it on each of its paths (eqfuse.ir.kernels.uneven_pads_conv), a tap
+# past the bottom or right edge reading the copies' zero border; a dense conv keeps the pad kernel.
+# (name, x shape, w shape, attributes, the plan's decisions, the kernels)
+UNEVEN = [
+    ("u_pixels", (1, 4, 9, 40), (4, 1, 3, 3), "group=4", dict(channels=0), ["conv2d"]),
+    # (Hugging Face's tiny MobileNetV2: the 16x16 -> 8x8 stride-2 block, bands of output rows)
+    ("u_dw_s2", (1, 48, 16, 16), (48, 1, 3, 3), "stride=2, group=48", dict(channels=1, grouped=0), ["conv2d"]),
+    ("u_dw5_prefetch", (1, 16, 11, 12), (16, 1, 5, 5), "stride=2, dilation=2, group=16",
+     dict(channels=1, grouped=0, prefetch=1), ["conv2d"]),
+    ("u_mult", (2, 4, 7, 6), (12, 1, 3, 3), "group=4", dict(channels=1, grouped=0), ["conv2d"]),
+    ("u_lanes_cg2", (1, 8, 9, 10), (8, 2, 3, 3), "stride=2, group=4", dict(channels=1, grouped=0), ["conv2d"]),
+    ("u_grouped", (1, 32, 9, 11), (32, 16, 3, 3), "group=2", dict(channels=1, grouped=1), ["conv2d"]),
+    ("u_grouped_masked", (1, 48, 8, 9), (48, 24, 3, 3), "stride=2, group=2", dict(channels=1, grouped=1),
+     ["conv2d"]),
+    ("u_dense", (1, 4, 6, 6), (3, 4, 3, 3), "stride=2", {}, ["index", "conv2d"]),
+]
+
+
+def _uneven_graph(name, xs, ws, at, _decisions, _kernels) -> str:
+    return (f"graph {name}(x: f32[{_dims(xs)}], w: f32[{_dims(ws)}], b: f32[{ws[0]}]) {{\n"
+            f"    return relu(conv2d(x, w, b, padding=[0, 0, 1, 1], {at}))\n}}\n")
+
+
+@pytest.fixture(scope="module")
+def uneven():
+    """The uneven-padding cases as graphs of one module: compiled once."""
+    return eqfuse.compile("".join(_uneven_graph(*c) for c in UNEVEN))
+
+
+@pytest.mark.parametrize("case", UNEVEN, ids=[c[0] for c in UNEVEN])
+def test_uneven_padding_folds_into_the_grouped_conv_on_each_path(uneven, case):
+    name, _, _, _, decisions, kernels = case
+    g = load(_uneven_graph(*case))[0]
+    rng = np.random.default_rng(UNEVEN.index(case))
+    args = [rng.standard_normal(t.shape).astype(np.float32) for _, t in g.params]
+    args[1] /= np.float32(np.sqrt(np.prod(args[1].shape[1:])))  # (sums of about unit size)
+    fn = getattr(uneven, name)
+    np.testing.assert_allclose(fn(*args), evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
+    ks = [k for k in fn.last.kernels if k.kind != "view"]
+    assert [k.kind for k in ks] == kernels
+    conv = ks[-1].decisions
+    assert {k: conv[k] for k in decisions} == decisions, conv

@@ -10,7 +10,8 @@ residual add, and the 1x1 conv's weights transposed once when bound (params=). T
 conv, on each path, with a parallel band of two output rows recomputing the expand conv of its
 halo rows. TF's "same" padding of a stride-2 depthwise conv ((0, 1) on each axis: a pad op, or
 padding [0, 0, 1, 1] on the conv) folds into the fused kernel (rules kernel_conv2d_pad_same*,
-fuse_pw_pad_dw_clip), and stays a pad kernel before any other conv."""
+fuse_pw_pad_dw_clip), and into a grouped conv kernel of its own (tests/test_conv_groups.py); a
+dense conv keeps its pad kernel."""
 
 from __future__ import annotations
 
@@ -242,8 +243,8 @@ def test_an_uneven_conv_padding_is_the_explicit_pad():
 
 def test_an_onnx_zero_pad_before_a_conv_joins_its_padding_when_the_sum_is_symmetric(tmp_path):
     """ONNX Pad (1 on every side of the image) + depthwise Conv with a bias: one conv2d of
-    padding 1, no pad kernel; the (0, 1) Pad before a stride-2 Conv stays. Both against
-    onnxruntime."""
+    padding 1, no pad kernel; the (0, 1) Pad before a stride-2 Conv folds into the grouped conv
+    kernel (padding [0, 0, 1, 1]). Both against onnxruntime."""
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
 
@@ -268,7 +269,8 @@ def test_an_onnx_zero_pad_before_a_conv_joins_its_padding_when_the_sum_is_symmet
     for got, ref in zip(mod(x), want):
         np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
     lines = [line for line in mod.report["graph"].splitlines() if "kernel {" in line]
-    assert sum("pad(" in line for line in lines) == 1 and any("padding=1" in line for line in lines), lines
+    assert not any("pad(" in line for line in lines), lines
+    assert any("padding=1" in line for line in lines) and any("padding=[0, 0, 1, 1]" in line for line in lines), lines
 
 
 def test_a_stride_2_conv_of_narrow_rows_matches_the_reference():

@@ -834,16 +834,31 @@ def _perm(n: Node) -> tuple[int, ...]:
     return tuple(n.attr["perm"] or reversed(range(n.type.rank)))
 
 
+def uneven_pads_conv(body: Graph, shape: KernelShape) -> int | None:
+    """The conv2d of a kernel that may be padded unevenly ([top, left, bottom, right], rule
+    kernel_conv2d_pad_same), the one decision the planners follow: the depthwise conv of a fused
+    depthwise and 1x1 conv (conv_dwpw: its band copy zero-fills whatever a tap reads outside the
+    image), or a grouped conv as its own kernel (conv_grouped, every path: the padded plane, band
+    and tile copies fill only the image's rows and columns and zero the rest, sized by the output's
+    rows and columns), so only the top and left padding are constants. None: every conv of the
+    kernel must be padded evenly (a dense conv's im2col and direct kernels; a depthwise conv
+    fused with its layernorm)."""
+    if isinstance(shape.parts, ConvPrologue):
+        return shape.parts.dw
+    a = body.nodes[shape.anchor] if shape.kind == K.CONV2D and shape.parts is None else None
+    if a is not None and a.op == "conv2d" and a.attr.get("group", 1) != 1:
+        return shape.anchor
+    return None
+
+
 def _check_uneven_pads(body: Graph, shape: KernelShape) -> None:
-    """A conv2d padded unevenly ([top, left, bottom, right], rule conv2d_pad_same) lowers only as
-    the depthwise conv of a fused depthwise and 1x1 conv (conv_dwpw: its band copy zero-fills
-    whatever a tap reads outside the image, so only the top and left padding are constants); any
-    other kernel keeps the pad op before the conv (extraction takes that form)."""
-    fused = shape.parts.dw if isinstance(shape.parts, ConvPrologue) else None
+    """Unsupported when a conv2d other than uneven_pads_conv's is padded unevenly: the other
+    kernels keep the pad op before the conv (extraction takes that form)."""
+    allowed = uneven_pads_conv(body, shape)
     for i, n in enumerate(body.nodes):
-        if n.op == "conv2d" and i != fused and symmetric_pads(n.attr["padding"]) is None:
-            raise Unsupported(f"conv2d padding {list(n.attr['padding'])} (uneven) is lowered only as the depthwise "
-                              "conv of a fused depthwise and 1x1 conv; write the pad op before the conv")
+        if n.op == "conv2d" and i != allowed and symmetric_pads(n.attr["padding"]) is None:
+            raise Unsupported(f"conv2d padding {list(n.attr['padding'])} (uneven) is lowered only by a grouped "
+                              "or depthwise conv kernel; write the pad op before the conv")
 
 
 def classify(body: Graph, machine: Machine | None = None) -> KernelShape:

@@ -11,7 +11,9 @@ pixel's sum over the taps in a register, the taps unrolled and a row's pixels in
 lanes. A depthwise conv (one input channel per group, any channel multiplier) is memory bound:
 the input plane is read from memory once, each output element written twice (the sums, then the
 fused epilogue in place: bias, batchnorm, activation, residual). The same kernel runs any
-stride, padding and dilation.
+stride, padding and dilation, the padding uneven too ([top, left, bottom, right]: TF's "same"
+padding of a stride-2 conv, rule kernel_conv2d_pad_same): only the top and left padding are
+constants, the copies zero whatever a tap reads past the bottom or right edge.
 
 The channels path (`channels`, chosen by `use_channels`) puts VL output channels in the vector
 lanes instead. A task is a block of VL channels over a band of output rows. A depthwise conv
@@ -52,7 +54,7 @@ from eqfuse.backend.kinds.contraction.plan_gemm import (
 )
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.kernels import F32
-from eqfuse.ir.ops import pair
+from eqfuse.ir.ops import conv_pads, pair
 from eqfuse.machine import Machine
 
 
@@ -71,6 +73,9 @@ class ConvGroupedDetail:
     OH: int
     OW: int
     stride: tuple[int, int]
+    # top, left: a tap past the image's bottom or right edge reads the copies' zero border (the
+    # padded plane, band and tile sized by OH and OW), so padding [top, left, bottom, right] runs on
+    # every path (eqfuse.ir.kernels.uneven_pads_conv)
     padding: tuple[int, int]
     dilation: tuple[int, int]
     parallel: bool
@@ -227,7 +232,8 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     # (the multiply-adds of a depthwise conv are few per byte: its parallel rule counts the
     # elements it reads and writes too)
     par = parallel(N * O, OH * OW, CG * KH * KW, 1) or N * (C * H * W + O * OH * OW) >= (1 << 17)
-    d = ConvGroupedDetail(N, C, H, W, O, g, KH, KW, OH, OW, pair(cv.attr["stride"]), pair(cv.attr["padding"]),
+    d = ConvGroupedDetail(N, C, H, W, O, g, KH, KW, OH, OW, pair(cv.attr["stride"]),
+                          conv_pads(cv.attr["padding"])[:2],
                           pair(cv.attr["dilation"]), par,
                           vl=lanes(O // g, CG, m))
     if use_channels(d):
