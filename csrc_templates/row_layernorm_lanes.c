@@ -14,6 +14,7 @@ void {{NAME}}({{PARAMS}})
     for (long blk = 0; blk < {{OUTER}} * {{NB}}; blk++) {
         const long q = blk / {{NB}}, p0 = blk % {{NB}} * {{BLOCK}};
         const long n = {{RUN}} - p0 < {{BLOCK}} ? {{RUN}} - p0 : {{BLOCK}};
+        (void)q;  /* (no offset reads it when there is one run) */
 {{OFFSETS}}
         float t[{{L}}][{{BLOCK}}] __attribute__((aligned(64)));
         float mean[{{BLOCK}}] __attribute__((aligned(64))), acc[{{BLOCK}}] __attribute__((aligned(64)));
