@@ -1,4 +1,5 @@
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: blocks of rows split over threads (1) or on one (0) */
+#define {{NAME}}_BLOCK {{BLOCK}} /* the plan's lanes: rows a block */
 /* {{NAME}}: layernorm over rows of {{L}} ({{ROWS}} rows) with the rows in the lanes (the plan's lanes):
  * the row axis is strided and runs of {{RUN}} consecutive rows lie at stride 1 (a channels-first
  * layernorm: the rows are pixels, a row the channels), so a block of {{BLOCK}} rows is loaded as
