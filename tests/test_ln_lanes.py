@@ -27,8 +27,8 @@ def _reference(x, r, ga, be, res: bool):
 
 
 # (batch, channels, height, width, a residual add before the layernorm, rows in the lanes): the
-# zoo's tiny ConvNeXt's stem (16 channels at 8 x 8, batch 2); a run of 400 rows in blocks of 32
-# (96 channels: LANES_TILE_BYTES) with a last block of 16, on both cores; 2 x 2 images, fewer
+# zoo's tiny ConvNeXt's stem (16 channels at 8 x 8, batch 2); a run of 400 rows in blocks of 160
+# (96 channels: LANES_TILE_BYTES) with a shorter last block, on both cores; 2 x 2 images, fewer
 # rows at stride 1 than a vector: the rows one at a time
 CASES = [(2, 16, 8, 8, False, True), (1, 96, 20, 20, True, True), (3, 8, 2, 2, True, False)]
 

@@ -49,8 +49,12 @@ class RowDetail:
 # strided and at least a vector of consecutive rows lie at stride 1: the channels-first layernorm
 # of ConvNeXt (the layernorm over the channels of an NCHW tensor's NHWC view, the channels at the
 # image's stride), which one row at a time gathers each row element by element. The block's tile
-# (a row's L values x `lanes` rows) is kept within LANES_TILE_BYTES, in L1.
-LANES_TILE_BYTES = 16384
+# (a row's L values x `lanes` rows) is kept within LANES_TILE_BYTES, in L2: read three times, it
+# need not fit L1. `python benchmarks/bench_dwpw.py --layernorm` (benchmarks/RESULTS.md
+# 2026-11-28 late evening (2)): at 1 thread the graph (+ the permute back) is 1.4-2.1x faster than
+# the rows one at a time at the zoo's tiny ConvNeXt's sizes and 2-5x at ConvNeXt-T's; a 64 KB tile
+# is ahead of a 16 KB one from 96 channels of 56 x 56 up (and takes 384 and 768 channels at all)
+LANES_TILE_BYTES = 65536
 
 
 def lanes_run(plan: KernelPlan) -> int:
