@@ -5,6 +5,7 @@ TorchScript export).
 
     python benchmarks/bench_dwpw.py [--threads N] [--repeat N] [--profile] [--blocks]
     python benchmarks/bench_dwpw.py --convnext [--block] [--threads N] [--repeat N]
+    python benchmarks/bench_dwpw.py --layernorm [--threads N] [--repeat N]
 
 Four builds of the one export: fused (eqfuse's default), whole (the expand conv joins at every
 image size: ir.kernels.DW_EXPAND_MIN_PIXEL_VECTORS at 0, so the 2 x 2 and 1 x 1 blocks are one
@@ -33,6 +34,12 @@ from.
 the layer scale, the permute back to NCHW and the residual add): fused has the opt-in rules of
 eqfuse/optimizer/rules/extra/nchw_residual.rw (the residual add in the GEMM, which writes NCHW at a
 column stride), unfused is eqfuse's default (the residual add a kernel of its own after the GEMM).
+--layernorm times ConvNeXt's channels-first LayerNorm (its stem's and downsampling layers'; the
+layernorm over the channels of an NCHW tensor's NHWC view, permuted back) at the zoo's tiny
+ConvNeXt's and ConvNeXt-T's sizes: the rows in the lanes (row_layernorm_lanes.c, the permute back
+written in place) with a tile of at most 16 KB and of at most 64 KB (the default) (eqfuse.backend.kinds.row.LANES_TILE_BYTES),
+against the rows one at a time (LANES_TILE_BYTES at 0: each row's channels gathered, then the
+permute back as a copy kernel); the best of three medians, microseconds a call of the graph.
 """
 
 from __future__ import annotations
@@ -229,6 +236,38 @@ def convnext(threads: int, repeat: int, whole: bool = False) -> None:
               flush=True)
 
 
+# (batch, channels, image side): the zoo's tiny ConvNeXt's stem, ConvNeXt-T's stem and downsamplings
+LAYERNORMS = [(2, 16, 8), (2, 32, 4), (1, 96, 56), (1, 192, 28), (1, 384, 14), (1, 768, 7)]
+
+
+def layernorm(threads: int, repeat: int) -> None:
+    import eqfuse.backend.kinds.row as row
+
+    print(f"channels-first layernorm (+ the permute back), {threads} thread(s); lanes = rows a block per tile size")
+    print(f"{'N':>2s} {'C':>4s} {'side':>4s} {'lanes':>9s} {'rows us':>9s} {'16K us':>9s} {'64K us':>9s} "
+          f"{'rows/16K':>8s} {'rows/64K':>8s}")
+    old = row.LANES_TILE_BYTES
+    for n, c, h in LAYERNORMS:
+        src = (f"graph g(x: f32[{n}, {c}, {h}, {h}], ga: f32[{c}], be: f32[{c}]) {{\n    return transpose(layernorm("
+               f"transpose(x, perm=[0, 2, 3, 1]), ga, be, eps=1e-6), perm=[0, 3, 1, 2])\n}}\n")
+        rng = np.random.default_rng(c)
+        a = [rng.standard_normal((n, c, h, h)).astype(np.float32), rng.standard_normal(c).astype(np.float32),
+             rng.standard_normal(c).astype(np.float32)]
+        mods, lanes = {}, []
+        try:
+            for k, tb in (("rows", 0), ("16K", 16384), ("64K", 65536)):
+                row.LANES_TILE_BYTES = tb
+                mods[k] = eqfuse.compile(src, threads=threads)
+                lanes += [k_.decisions["lanes"] for k_ in mods[k].kernels if k_.kind == "row"]
+        finally:
+            row.LANES_TILE_BYTES = old
+        for k in mods:
+            np.testing.assert_allclose(mods[k](*a), mods["rows"](*a), rtol=1e-4, atol=1e-5)
+        best = {k: min(_time(m, a, repeat) for _ in range(3)) for k, m in mods.items()}
+        print(f"{n:2d} {c:4d} {h:4d} {'/'.join(map(str, lanes[1:])):>9s} {best['rows']:9.1f} {best['16K']:9.1f} "
+              f"{best['64K']:9.1f} {best['rows'] / best['16K']:8.2f} {best['rows'] / best['64K']:8.2f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -237,7 +276,10 @@ def main() -> None:
     ap.add_argument("--blocks", action="store_true", help="single inverted residuals of growing sizes")
     ap.add_argument("--convnext", action="store_true", help="ConvNeXt's block up to its first Linear, fused or not")
     ap.add_argument("--block", action="store_true", help="with --convnext: the whole block, its residual add fused or not")
+    ap.add_argument("--layernorm", action="store_true", help="ConvNeXt's channels-first LayerNorm, rows in the lanes or not")
     a = ap.parse_args()
+    if a.layernorm:
+        return layernorm(a.threads, a.repeat)
     if a.convnext:
         return convnext(a.threads, a.repeat, a.block)
     if a.blocks:

@@ -124,6 +124,7 @@ CHOICES: dict[str, dict[str, str]] = {
     "reduce.c": {"PARALLEL": "parallel", "THREAD_LOOP": "thread_loop", "ACC": "acc"},
     "row_grad.c": ROW_PARALLEL, "row_layernorm.c": ROW_PARALLEL, "row_reduce.c": ROW_PARALLEL,
     "row_rmsnorm.c": ROW_PARALLEL, "row_softmax.c": ROW_PARALLEL,
+    "row_layernorm_lanes.c": {"PARALLEL": "parallel", "BLOCK": "lanes"},
 }
 SIGNATURE = "the kernel's symbol, parameters, operand pointers or the call of a function it holds"
 SHAPE = "a size of the operands or an attribute of the op (stride, padding, groups, axes)"
@@ -185,6 +186,8 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
                    EXPR: "OP MODE A1 GAMMA_J EPS PRO_BODY X EPI_BODY EPI"},
     "row_layernorm.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE", PREFETCH_ROW: "NEXT",
                         EXPR: "GAMMA BETA EPS PRO_BODY X EPI_BODY EPI"},
+    "row_layernorm_lanes.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS", MEMORY: "OFFSETS YOFF RUN",
+                              DERIVED: "OUTER NB", EXPR: "GAMMA BETA EPS PRO_BODY X EPI_BODY EPI"},
     "row_reduce.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS", MEMORY: "OFFSETS EPI_OFFSETS",
                      EXPR: "OP INIT RED COMBINE NAN_TRACK SCALE PRO_BODY X EPI_BODY EPI"},
     "row_rmsnorm.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE", PREFETCH_ROW: "NEXT",
@@ -260,7 +263,9 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
     ir = kernel { conv2d(clip(conv2d(im6, dw, padding=1, group=6), min=0.0, max=6.0), f1) }
     is = kernel { conv2d(relu(conv2d(sx, sdw, padding=1, group=24)), spw) }
     cn = kernel { gelu(nb1 + layernorm(transpose(conv2d(nx, nwd, nbd, padding=3, group=16), perm=[0, 2, 3, 1]), ng, nbe) @ nw1) }
-    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, qq, qc, tr, ir, is, cn
+    tn = transpose(nx, perm=[0, 2, 3, 1])
+    cf = kernel { layernorm(tn, ng, nbe) }
+    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, qq, qc, tr, ir, is, cn, cf
 }
 """
 

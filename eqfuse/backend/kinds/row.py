@@ -6,7 +6,7 @@ row_layernorm.c, row_rmsnorm.c, row_grad.c, row_reduce.c)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import count
 
 from eqfuse.backend.cexpr import I1, I2, Exprs, Space, kernel_params, render
@@ -40,6 +40,51 @@ class RowDetail:
     L: int  # elements of a row
     axis0: int  # the input's first row axis (softmax: its one axis, rows strided when not the last)
     parallel: bool  # the `if` of the loop over rows
+    vl: int = 16  # floats in a vector of the machine
+    lanes: int = 0  # a layernorm's rows in the lanes, this many a block (row_layernorm_lanes.c), else 0
+
+
+# A layernorm reads its rows across the lanes (row_layernorm_lanes.c: a block of rows at a time, the
+# rows' elements loaded as vectors of consecutive rows, no horizontal sums) when its row axis is
+# strided and at least a vector of consecutive rows lie at stride 1: the channels-first layernorm
+# of ConvNeXt (the layernorm over the channels of an NCHW tensor's NHWC view, the channels at the
+# image's stride), which one row at a time gathers each row element by element. The block's tile
+# (a row's L values x `lanes` rows) is kept within LANES_TILE_BYTES, in L2: read three times, it
+# need not fit L1. `python benchmarks/bench_dwpw.py --layernorm` (benchmarks/RESULTS.md
+# 2026-11-28 late evening (2)): at 1 thread the graph (+ the permute back) is 1.4-2.1x faster than
+# the rows one at a time at the zoo's tiny ConvNeXt's sizes and 2-5x at ConvNeXt-T's; a 64 KB tile
+# is ahead of a 16 KB one from 96 channels of 56 x 56 up (and takes 384 and 768 channels at all)
+LANES_TILE_BYTES = 65536
+
+
+def lanes_run(plan: KernelPlan) -> int:
+    """The number of consecutive rows of a layernorm's input at stride 1 (the trailing row dims
+    that are contiguous in memory) when its row axis is strided, else 0."""
+    an = plan.body.nodes[plan.shape.anchor]
+    if an.op != "layernorm" or an.args[0] not in plan.body.inputs:
+        return 0
+    xshape = tuple(plan.body.nodes[an.args[0]].type.shape)
+    k = plan.body.inputs.index(an.args[0])
+    st = plan.in_strides.get(k)
+    axis0 = plan.detail.axis0
+    if st is None or axis0 != len(xshape) - 1 or xshape[axis0] == 1 or st[axis0] == 1:
+        return 0
+    run, e = 1, 1
+    for d in range(axis0 - 1, -1, -1):
+        if xshape[d] != 1 and st[d] != e:
+            break
+        run *= xshape[d]
+        e *= xshape[d]
+    return run
+
+
+def lanes_block(plan: KernelPlan) -> int:
+    """Rows a block of row_layernorm_lanes.c, or 0 when the rows go one at a time: where the run
+    of consecutive rows is at least a vector and a vector of rows' tile fits LANES_TILE_BYTES."""
+    d, run = plan.detail, lanes_run(plan)
+    if run < d.vl or d.L * d.vl * F32 > LANES_TILE_BYTES:
+        return 0
+    return min(run, LANES_TILE_BYTES // (d.L * F32) // d.vl * d.vl)
 
 
 def next_row(decls: list[str], pro_text: str, params: str, rows: int, ahead: str = "1") -> str:
@@ -61,7 +106,7 @@ class Row(Kind):
         """A softmax writes its rows at any strides; a layernorm or rmsnorm writes each row of L
         contiguous (its template walks y[j]), the rows anywhere; a row reduction not at all."""
         an = plan.body.nodes[plan.shape.anchor]
-        if an.op == "softmax":
+        if an.op == "softmax" or lanes_block(plan):  # (the lanes template writes element by element)
             return True
         if an.op not in ("layernorm", "rmsnorm"):  # (the gradients write their own rows)
             return False
@@ -84,7 +129,7 @@ class Row(Kind):
         if an.op in ALONG_AXIS:
             rows, L = size(xshape) // xshape[axis0], xshape[axis0]
         par = rows > 1 and rows * L >= PARALLEL_MIN // 4
-        plan.detail = RowDetail(an.op, rows, L, axis0, par)
+        plan.detail = RowDetail(an.op, rows, L, axis0, par, c.simd_floats)
         plan.threads = parallel_rule(par, f"{rows} rows x {L}", PARALLEL_MIN // 4, f"the {rows} rows")
         plan.flops = OPS[an.op].flops * size(xshape) + pointwise_flops(body, skip={a})
         row_bytes = L * F32 * (len(body.inputs) + 1)
@@ -100,6 +145,15 @@ class Row(Kind):
                                 f"({vectors(L, c.simd_floats)} vectors each)", rows))
         u.append(UOp(1, "Store", f"out row [{L if an.op in ROW_OPS else 1}] after the epilogue", rows))
 
+    def after_views(self, plan: KernelPlan, m) -> None:
+        b = lanes_block(plan)
+        if b:
+            d = plan.detail
+            plan.detail = replace(d, lanes=b)
+            plan.uops[-2] = UOp(1, "Exec", f"layernorm of blocks of {b} rows in the lanes (the row axis strided, "
+                                           f"{lanes_run(plan)} rows at stride 1): sums, mean, deviations as vectors "
+                                           f"over a tile of {d.L} x {b}", d.rows)
+
     def emit(self, plan: KernelPlan) -> str:
         body, a = plan.body, plan.shape.anchor
         an = body.nodes[a]
@@ -114,6 +168,8 @@ class Row(Kind):
             row_dims = list(range(axis0))
         params, ptrs = kernel_params(plan)
         ids = count()
+        if d.lanes:
+            return self._emit_lanes(plan, params, ptrs, ids)
         space = Space(xshape, [("r", row_dims, True), ("j", col_dims, False)], I1, ids)
         pro = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
         x = pro.value(an.args[0])
@@ -153,3 +209,28 @@ class Row(Kind):
                       EPI_BODY=epi.text(), EPI=e, INIT=red[0], RED=red[1], COMBINE=red[2],
                       NAN_TRACK=NAN_TRACK.get(an.op, ""),
                       SCALE=flit(1.0 / L) if an.op == "mean" else "1.0f", **common)
+
+    def _emit_lanes(self, plan: KernelPlan, params: str, ptrs, ids) -> str:
+        """row_layernorm_lanes.c: the rows r = (outer row q, run row p), p in the lanes."""
+        body, d = plan.body, plan.detail
+        an = body.nodes[plan.shape.anchor]
+        xshape = tuple(body.nodes[an.args[0]].type.shape)
+        run = lanes_run(plan)
+        split, n = d.axis0, 1
+        while n < run:  # the trailing row dims that make up the run
+            split -= 1
+            n *= xshape[split]
+        outer, tail, cols = list(range(split)), list(range(split, d.axis0)), [d.axis0]
+        space = Space(xshape, [("q", outer, True), ("p", tail, False), ("j", cols, False)], I1, ids)
+        pro = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
+        x = pro.value(an.args[0])
+        epi = Exprs(body, space, ptrs, {plan.shape.anchor: "v"}, I2, strides=plan.base_strides())
+        e = epi.value(body.outputs[0])
+        cs = plan.out_strides or contiguous(xshape)
+        yoff = " + ".join(t for t in (offset("q", [xshape[k] for k in outer], [cs[k] for k in outer]),
+                                      offset("p", [xshape[k] for k in tail], [cs[k] for k in tail]),
+                                      offset("j", [xshape[k] for k in cols], [cs[k] for k in cols])) if t != "0")
+        return render("row_layernorm_lanes.c", NAME=plan.name, PARAMS=params, ROWS=d.rows, L=d.L,
+                      OUTER=d.rows // run, RUN=run, BLOCK=d.lanes, NB=-(-run // d.lanes), PARALLEL=int(d.parallel),
+                      OFFSETS="\n".join(space.decls), PRO_BODY=pro.text(), X=x, EPI_BODY=epi.text(), EPI=e,
+                      YOFF=yoff or "0", GAMMA=ptrs[an.args[1]], BETA=ptrs[an.args[2]], EPS=flit(an.attr["eps"]))
