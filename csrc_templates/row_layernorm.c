@@ -1,6 +1,9 @@
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
+#define {{NAME}}_QUANTIZE_OUT {{QUANTIZE_OUT}} /* the plan's quantize_out: the result is a quantize_linear (u8 / i8 out), the row held in a scratch row of L floats on the stack (1), or f32 held in the output row (0) */
 /* {{NAME}}: layernorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
- * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1). */
+ * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1),
+ * or, when the output is quantized (u8 / i8), in a scratch row on the stack: the last pass then
+ * quantizes (the epilogue's eqf_quantize) into the output row yq. */
 EQF_WIDE_BEGIN
 void {{NAME}}({{PARAMS}})
 {
@@ -8,7 +11,13 @@ void {{NAME}}({{PARAMS}})
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
 #endif
     for (long r = {{R0}}; r < {{ROWS}}; r++) {
+#if {{NAME}}_QUANTIZE_OUT
+        float yrow[{{L}}];
+        float* restrict y = yrow;
+        __typeof__(out) yq = out + ({{YBASE}});
+#else
         float* restrict y = out + ({{YBASE}});
+#endif
 {{OFFSETS}}
         float s = 0.0f, st;
         #pragma omp simd reduction(+:s)
@@ -36,7 +45,11 @@ void {{NAME}}({{PARAMS}})
         for (long j = 0; j < {{L}}; j++) {
             const float v = ((y[j] - mean0) - dm) * rstd * {{GAMMA}}[j] + {{BETA}}[j];
 {{EPI_BODY}}
+#if {{NAME}}_QUANTIZE_OUT
+            yq[j] = {{EPI}};
+#else
             y[j] = {{EPI}};
+#endif
         }
     }
 }

@@ -27,7 +27,7 @@ from eqfuse.backend.plan import (
     pointwise_flops,
     size,
 )
-from eqfuse.ir.kernels import F32, ROW_OPS, K, computed_ancestors
+from eqfuse.ir.kernels import F32, ROW_OPS, K, computed_ancestors, quantized_row
 from eqfuse.ir.ops import OPS, flit, reduce_axes
 
 ALONG_AXIS = ("softmax", "softmax_grad")  # rows along one axis (strided when not the last), not trailing axes
@@ -40,6 +40,7 @@ class RowDetail:
     L: int  # elements of a row
     axis0: int  # the input's first row axis (softmax: its one axis, rows strided when not the last)
     parallel: bool  # the `if` of the loop over rows
+    quantize_out: bool = False  # the result is quantized (u8 / i8): the rows are computed in scratch rows (QUANTIZE_OUT)
 
 
 def next_row(decls: list[str], pro_text: str, params: str, rows: int, ahead: str = "1") -> str:
@@ -84,7 +85,8 @@ class Row(Kind):
         if an.op in ALONG_AXIS:
             rows, L = size(xshape) // xshape[axis0], xshape[axis0]
         par = rows > 1 and rows * L >= PARALLEL_MIN // 4
-        plan.detail = RowDetail(an.op, rows, L, axis0, par)
+        qout = an.op in ROW_OPS and quantized_row(body, a, body.outputs[0])
+        plan.detail = RowDetail(an.op, rows, L, axis0, par, qout)
         plan.threads = parallel_rule(par, f"{rows} rows x {L}", PARALLEL_MIN // 4, f"the {rows} rows")
         plan.flops = OPS[an.op].flops * size(xshape) + pointwise_flops(body, skip={a})
         row_bytes = L * F32 * (len(body.inputs) + 1)
@@ -98,7 +100,8 @@ class Row(Kind):
             u.append(UOp(1, "Load", f"{nm} row [{L}]" if size(body.nodes[i].type.shape) > 1 else f"{nm} scalar", rows))
         u.append(UOp(1, "Exec", f"prologue ({pro or 'none'}) + {an.op} in {passes} passes over the row in cache "
                                 f"({vectors(L, c.simd_floats)} vectors each)", rows))
-        u.append(UOp(1, "Store", f"out row [{L if an.op in ROW_OPS else 1}] after the epilogue", rows))
+        u.append(UOp(1, "Store", f"out row [{L if an.op in ROW_OPS else 1}] after the epilogue"
+                                 + (" (quantized from an f32 scratch row)" if qout else ""), rows))
 
     def emit(self, plan: KernelPlan) -> str:
         body, a = plan.body, plan.shape.anchor
@@ -124,7 +127,8 @@ class Row(Kind):
             epi = Exprs(body, space, ptrs, {a: "v"}, I2, strides=plan.base_strides())
             e = epi.value(body.outputs[0])
             cs = plan.out_strides or contiguous(xshape)  # a softmax may write through strides
-            common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0)
+            common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0,
+                          QUANTIZE_OUT=int(d.quantize_out))
             ybase = offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims])
             if an.op in ("softmax_grad", "layernorm_grad"):
                 grad = an.op == "layernorm_grad"
