@@ -127,8 +127,7 @@ class Row(Kind):
             epi = Exprs(body, space, ptrs, {a: "v"}, I2, strides=plan.base_strides())
             e = epi.value(body.outputs[0])
             cs = plan.out_strides or contiguous(xshape)  # a softmax may write through strides
-            common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0,
-                          QUANTIZE_OUT=int(d.quantize_out))
+            common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0)
             ybase = offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims])
             if an.op in ("softmax_grad", "layernorm_grad"):
                 grad = an.op == "layernorm_grad"
@@ -136,6 +135,7 @@ class Row(Kind):
                               GAMMA_J=f"{ptrs[an.args[2]]}[j]" if grad else "1.0f",
                               EPS=flit(an.attr["eps"]) if grad else "0.0f", **common)
             ahead = f"EQF_ROW_BLOCK({L})" if an.op == "softmax" else "1"  # softmax: the next block's row
+            common["QUANTIZE_OUT"] = int(d.quantize_out)
             common["NEXT"] = next_row(space.decls, common["PRO_BODY"], params, rows, ahead)
             if an.op == "softmax":
                 return render("row_softmax.c",
