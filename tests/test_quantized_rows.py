@@ -4,6 +4,8 @@ scratch rows and stores only the u8 / i8 result (the plan's quantize_out; docs/p
 "Quantized models"). Its integers are those the separate kernels give, and numpy's quantization
 of the row op's f32 result."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -104,3 +106,33 @@ def test_the_fused_integers_are_within_one_step_of_the_float64_reference_only_at
         assert d.max() <= 1 and not np.any(d[~near]), f"output {k}: {np.argwhere(d[~near] > 0)[:5]}"
         ties += int(near.sum())
     assert ties < sum(r.size for r in refs) // 10  # (the allowance is rare, not every element)
+
+
+MUST_NOT = """graph keep(x: f32[8, 40], w: f32[40, 40], g: f32[40], b: f32[40], s: f32[40], zc: u8[40], z: u8) {
+    return quantize_linear(layernorm(x, g, b), s, zc), quantize_linear(layernorm(x @ w, g, b), 0.02, z)
+}
+"""
+
+
+def test_a_per_channel_quantize_stays_a_kernel_and_a_gemms_row_epilogue_does_not_take_one(tmp_path, capsys):
+    """Must not rewrite: the rules take a per-tensor quantize only (rank(?s) == 0), so a
+    per-channel one stays a pointwise kernel; and classify refuses a quantized GEMM row epilogue
+    (its C is f32), so after a matmul the quantized layernorm is a row kernel of its own."""
+    from eqfuse.cli.main import main
+    path = tmp_path / "keep.g"
+    path.write_text(MUST_NOT)
+    assert main(["opt", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"(k\d+) = kernel \{ layernorm\(x, g, b\) \}", text), text
+    assert re.search(r"kernel \{ quantize_linear\(k\d+, s, zc\) \}", text), text
+    mm = re.search(r"(k\d+) = kernel \{ x @ w \}", text)
+    assert mm and f"kernel {{ quantize_linear(layernorm({mm.group(1)}, g, b), 0.02, z) }}" in text, text
+
+
+def test_a_row_kernel_writing_integers_but_by_a_quantize_is_refused_naming_the_block(tmp_path, capsys):
+    from eqfuse.cli.main import main
+    path = tmp_path / "bad.g"
+    path.write_text('graph bad(x: f32[8, 40]) {\n    return kernel { cast(softmax(x), to="u8") }\n}\n')
+    assert main(["lower", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2:12: error: this kernel block cannot be lowered: a softmax kernel writes f32" in err, err
