@@ -1,4 +1,21 @@
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
+#define {{NAME}}_QUANTIZE_OUT {{QUANTIZE_OUT}} /* the plan's quantize_out: the result is a quantize_linear (u8 / i8 out), the block's rows held in scratch rows of L floats on the stack (1), or f32 held in the output rows (0) */
+/* quantize_out: gcc's partial redundancy elimination turns a scalar the prologue and the quantize
+ * both read (quantize_static's one zero point for a DequantizeLinear and the QuantizeLinear after
+ * the row op) into control flow in the last pass, which then is not vectorized (-fopt-info-vec:
+ * "control flow in loop"); without it, the pass vectorizes */
+#if {{NAME}}_QUANTIZE_OUT
+#define {{NAME}}_QATTR __attribute__((optimize("no-tree-pre")))
+#else
+#define {{NAME}}_QATTR
+#endif
+#if {{NAME}}_QUANTIZE_OUT
+#define {{NAME}}_Y(r) (ybuf + ((r) - rb) * {{L}}L)  /* row r of the block, contiguous */
+#define {{NAME}}_YSTEP 1
+#else
+#define {{NAME}}_Y(r) (out + ({{YBASE}}))
+#define {{NAME}}_YSTEP {{YS}}
+#endif
 /* {{NAME}}: softmax over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
  * One thread owns a block of EQF_ROW_BLOCK({{L}}) rows, and the output rows are the scratch
  * buffer (in L1): the prologue's values and each row's maximum, then y = e^(y - max) and the
@@ -7,11 +24,12 @@
  * Offsets the passes do not all use are declared in both (-Wunused-variable is off). The first
  * pass's last L % 16 elements are a scalar loop of their own: as the epilogue of the SIMD loop,
  * gcc merged them into the vector maximum through the stack (a failed store forwarding per row,
- * on rows of 77). */
+ * on rows of 77). A quantized result (u8 / i8) is computed in scratch rows instead (the output
+ * row cannot hold f32) and quantized into the output row in the last pass (the epilogue's eqf_quantize). */
 EQF_WIDE_BEGIN
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-variable"
-void {{NAME}}({{PARAMS}})
+{{NAME}}_QATTR void {{NAME}}({{PARAMS}})
 {
 #if {{NAME}}_PARALLEL >= 0
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
@@ -19,15 +37,18 @@ void {{NAME}}({{PARAMS}})
     for (long rb = {{R0}}; rb < {{ROWS}}; rb += EQF_ROW_BLOCK({{L}})) {
         const long re = eqf_minl(rb + EQF_ROW_BLOCK({{L}}), {{ROWS}});
         float mx[EQF_ROW_BLOCK({{L}})], sum[EQF_ROW_BLOCK({{L}})];
+#if {{NAME}}_QUANTIZE_OUT
+        float ybuf[EQF_ROW_BLOCK({{L}}) * {{L}}L];
+#endif
         for (long r = rb; r < re; r++) {
-        float* restrict y = out + ({{YBASE}});
+        float* restrict y = {{NAME}}_Y(r);
 {{OFFSETS}}
         float m = -INFINITY, mt;
         #pragma omp simd reduction(max:m)
         for (long j = 0; j < {{L}} / 16 * 16; j++) {
 {{PRO_BODY}}
             const float x = {{X}};
-            y[j * {{YS}}] = x;
+            y[j * {{NAME}}_YSTEP] = x;
             m = x > m ? x : m;
         }
         mt = m;
@@ -35,15 +56,15 @@ void {{NAME}}({{PARAMS}})
         for (long j = {{L}} / 16 * 16; j < {{L}}; j++) {
 {{PRO_BODY}}
             const float x = {{X}};
-            y[j * {{YS}}] = x;
+            y[j * {{NAME}}_YSTEP] = x;
             mt = x > mt ? x : mt;
         }
         mx[r - rb] = mt;
         }
         for (long r = rb; r < re; r++)
-            sum[r - rb] = eqf_row_exp_sum(out + ({{YBASE}}), {{L}}, {{YS}}, mx[r - rb], {{NEXT}});
+            sum[r - rb] = eqf_row_exp_sum({{NAME}}_Y(r), {{L}}, {{NAME}}_YSTEP, mx[r - rb], {{NEXT}});
         for (long r = rb; r < re; r++) {
-        float* restrict y = out + ({{YBASE}});
+        float* restrict y = {{NAME}}_Y(r);
 {{OFFSETS}}
         const float s = sum[r - rb], inv = 1.0f / s;
         /* ZERO_NAN ({{ZERO_NAN}}): a row whose softmax is NaN (a NaN, or a max of +-inf: fully
@@ -51,12 +72,19 @@ void {{NAME}}({{PARAMS}})
         const int zero = {{ZERO_NAN}} && !(s > 0.0f && s <= 3.4028235e38f);
         #pragma omp simd
         for (long j = 0; j < {{L}}; j++) {
-            const float v = zero ? 0.0f : y[j * {{YS}}] * inv;
+            const float v = zero ? 0.0f : y[j * {{NAME}}_YSTEP] * inv;
 {{EPI_BODY}}
-            y[j * {{YS}}] = {{EPI}};
+#if {{NAME}}_QUANTIZE_OUT
+            out[({{YBASE}}) + j * {{YS}}] = {{EPI}};
+#else
+            y[j * {{NAME}}_YSTEP] = {{EPI}};
+#endif
         }
         }
     }
 }
 #pragma GCC diagnostic pop
+#undef {{NAME}}_Y
+#undef {{NAME}}_YSTEP
+#undef {{NAME}}_QATTR
 EQF_WIDE_END

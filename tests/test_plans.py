@@ -81,6 +81,8 @@ def test_the_gemm_tiles_follow_the_machine(machine_model):
 # the template declares it as `#define <NAME>_<PLACEHOLDER> <value>`, so the C says what it was
 # written with. Every other placeholder is listed with the reason it is not a choice.
 ROW_PARALLEL = {"PARALLEL": "parallel"}  # (-1 in a GEMM's row epilogue: run by the GEMM's threads, split=rows)
+# (quantize_out: a quantized result computed in scratch rows; 0 in a GEMM's row epilogue, whose C is f32)
+ROW_QUANTIZE = {**ROW_PARALLEL, "QUANTIZE_OUT": "quantize_out"}
 CHOICES: dict[str, dict[str, str]] = {
     "attention.c": {"BQ": "bq", "BK": "bk", "VEC": "vec", "SCORE_OPS": "score_ops", "PARALLEL": "parallel",
                     "BF16": "precision_path"},
@@ -122,9 +124,14 @@ CHOICES: dict[str, dict[str, str]] = {
     "pointwise.c": {"TILE": "tile", "STREAM": "stream", "PARALLEL": "parallel", "TWO_PASS": "two_pass",
                     "RUN": "run"},
     "reduce.c": {"PARALLEL": "parallel", "THREAD_LOOP": "thread_loop", "ACC": "acc"},
+<<<<<<< HEAD
     "row_grad.c": ROW_PARALLEL, "row_layernorm.c": ROW_PARALLEL, "row_reduce.c": ROW_PARALLEL,
     "row_rmsnorm.c": ROW_PARALLEL, "row_softmax.c": ROW_PARALLEL,
     "row_layernorm_lanes.c": {"PARALLEL": "parallel", "BLOCK": "lanes"},
+=======
+    "row_grad.c": ROW_PARALLEL, "row_layernorm.c": ROW_QUANTIZE, "row_reduce.c": ROW_PARALLEL,
+    "row_rmsnorm.c": ROW_QUANTIZE, "row_softmax.c": ROW_QUANTIZE,
+>>>>>>> qrow
 }
 SIGNATURE = "the kernel's symbol, parameters, operand pointers or the call of a function it holds"
 SHAPE = "a size of the operands or an attribute of the op (stride, padding, groups, axes)"
@@ -263,9 +270,16 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
     ir = kernel { conv2d(clip(conv2d(im6, dw, padding=1, group=6), min=0.0, max=6.0), f1) }
     is = kernel { conv2d(relu(conv2d(sx, sdw, padding=1, group=24)), spw) }
     cn = kernel { gelu(nb1 + layernorm(transpose(conv2d(nx, nwd, nbd, padding=3, group=16), perm=[0, 2, 3, 1]), ng, nbe) @ nw1) }
+<<<<<<< HEAD
     tn = transpose(nx, perm=[0, 2, 3, 1])
     cf = kernel { layernorm(tn, ng, nbe) }
     return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, qq, qc, tr, ir, is, cn, cf
+=======
+    qsm = kernel { quantize_linear(softmax(y), 0.004, qz) }
+    qln = kernel { quantize_linear(layernorm(y, g, be), 0.02, qz) }
+    qrm = kernel { quantize_linear(rmsnorm(y, g), 0.02, qz) }
+    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, qq, qc, tr, ir, is, cn, qsm, qln, qrm
+>>>>>>> qrow
 }
 """
 
@@ -303,6 +317,8 @@ def chosen(p, template: str, name: str, field: str) -> int:
     if field == "parallel" and template.startswith("row_") and p.kind != "row":
         assert printed["split"] == "rows"  # a GEMM's row epilogue: on the thread that finished the rows
         return -1
+    if field == "quantize_out" and template.startswith("row_") and p.kind != "row":
+        return 0  # a GEMM's row epilogue stores into C, f32 (classify refuses a quantized one)
     if field == "plane" and printed.get("channels"):  # (the channels path tiles by rw and band: PLANE 0, unused)
         return 0
     if field == "block_parallel":
@@ -343,6 +359,7 @@ def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypa
     # both values of the flags this covers cheaply
     for key in [("gemm.c", "PARALLEL"), ("gemm.c", "BF16"), ("gemm.c", "DIRECT_B"), ("gemm_skinny.c", "PACK_PARTS"),
                 ("pointwise.c", "STREAM"), ("pointwise.c", "TWO_PASS"), ("row_softmax.c", "PARALLEL"),
+                ("row_softmax.c", "QUANTIZE_OUT"), ("row_layernorm.c", "QUANTIZE_OUT"), ("row_rmsnorm.c", "QUANTIZE_OUT"),
                 ("conv2d.c", "IM2COL"), ("attention.c", "SCORE_OPS"), ("attention.c", "BF16"),
                 ("attention_decode.c", "SCORE_OPS"), ("conv_direct.c", "BF16"),
                 ("conv_winograd.c", "BF16")]:

@@ -700,12 +700,48 @@ def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> Ke
     return shape
 
 
+# The row ops whose template can store a quantized result (u8 / i8): the row is computed in
+# scratch rows of f32 on the thread's stack (row_softmax.c a block of EQF_ROW_BLOCK(L) rows, the
+# norms one row), and the last pass quantizes into the output (the plan's quantize_out)
+QUANTIZE_ROW_OPS = ("softmax", "layernorm", "rmsnorm")
+# the most bytes of those scratch rows: softmax's block of rows is at most 8 rows of 64 (2 KB),
+# so the bound is the norms' one row (and a softmax's single long row), kept well inside a
+# thread's stack (the rule fusing the quantize is then not taken: the quantize is a kernel of
+# its own)
+QUANTIZE_ROW_SCRATCH_MAX = 1 << 16
+
+
+def quantized_row(body: Graph, a: int, out: int) -> bool:
+    """Whether the row kernel of row op `a` stores a quantize_linear of its result (u8 / i8: its
+    output node is that quantize; rules epilogue_*_quantize): its template then holds the row in
+    scratch rows (quantize_out). Unsupported when the output is not f32 otherwise, or the scratch
+    would not fit."""
+    n, o = body.nodes[a], body.nodes[out]
+    if o.type.dtype == "f32":
+        return False
+    if n.op not in QUANTIZE_ROW_OPS or o.op != "quantize_linear" or body.nodes[o.args[0]].type.dtype != "f32":
+        raise Unsupported(f"a {n.op} kernel writes f32, or u8 / i8 through a quantize_linear of its "
+                          f"softmax, layernorm or rmsnorm result; not {o.type.dtype}")
+    shape = tuple(body.nodes[n.args[0]].type.shape)
+    axis = n.attr["axis"] % len(shape) if n.op != "rmsnorm" else len(shape) - 1
+    row = shape[axis:] if n.op != "softmax" else shape[axis:axis + 1]
+    if not all(isinstance(d, int) for d in row):
+        return True  # symbolic (extraction before dims are bound): decided once they are
+    L = math.prod(row)
+    if L * F32 > QUANTIZE_ROW_SCRATCH_MAX:
+        raise Split(f"a quantized {n.op} row of {L} floats does not fit the kernel's scratch row "
+                    f"({QUANTIZE_ROW_SCRATCH_MAX} bytes)")
+    return True
+
+
 def _match_row(body: Graph, facts: Facts, machine: Machine | None) -> KernelShape | None:
     a = match_single(body, facts, row=True)
     if a is None:
         return None
     if body.nodes[a].op not in ROW_OPS:
         check_reduce_epilogue(body, a, facts.out)
+    else:
+        quantized_row(body, a, facts.out)
     return KernelShape(K.ROW, a)
 
 

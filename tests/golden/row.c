@@ -1,4 +1,21 @@
 #define eqf_kinds_k3_row_PARALLEL 0 /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
+#define eqf_kinds_k3_row_QUANTIZE_OUT 0 /* the plan's quantize_out: the result is a quantize_linear (u8 / i8 out), the block's rows held in scratch rows of L floats on the stack (1), or f32 held in the output rows (0) */
+/* quantize_out: gcc's partial redundancy elimination turns a scalar the prologue and the quantize
+ * both read (quantize_static's one zero point for a DequantizeLinear and the QuantizeLinear after
+ * the row op) into control flow in the last pass, which then is not vectorized (-fopt-info-vec:
+ * "control flow in loop"); without it, the pass vectorizes */
+#if eqf_kinds_k3_row_QUANTIZE_OUT
+#define eqf_kinds_k3_row_QATTR __attribute__((optimize("no-tree-pre")))
+#else
+#define eqf_kinds_k3_row_QATTR
+#endif
+#if eqf_kinds_k3_row_QUANTIZE_OUT
+#define eqf_kinds_k3_row_Y(r) (ybuf + ((r) - rb) * 53L)  /* row r of the block, contiguous */
+#define eqf_kinds_k3_row_YSTEP 1
+#else
+#define eqf_kinds_k3_row_Y(r) (out + ((r) * 53))
+#define eqf_kinds_k3_row_YSTEP 1
+#endif
 /* eqf_kinds_k3_row: softmax over rows of 53 (7 rows), prologue and epilogue fused.
  * One thread owns a block of EQF_ROW_BLOCK(53) rows, and the output rows are the scratch
  * buffer (in L1): the prologue's values and each row's maximum, then y = e^(y - max) and the
@@ -7,11 +24,12 @@
  * Offsets the passes do not all use are declared in both (-Wunused-variable is off). The first
  * pass's last L % 16 elements are a scalar loop of their own: as the epilogue of the SIMD loop,
  * gcc merged them into the vector maximum through the stack (a failed store forwarding per row,
- * on rows of 77). */
+ * on rows of 77). A quantized result (u8 / i8) is computed in scratch rows instead (the output
+ * row cannot hold f32) and quantized into the output row in the last pass (the epilogue's eqf_quantize). */
 EQF_WIDE_BEGIN
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-variable"
-void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, float* restrict out)
+eqf_kinds_k3_row_QATTR void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, float* restrict out)
 {
 #if eqf_kinds_k3_row_PARALLEL >= 0
     #pragma omp parallel for schedule(static) if (0)
@@ -19,8 +37,11 @@ void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, floa
     for (long rb = 0; rb < 7; rb += EQF_ROW_BLOCK(53)) {
         const long re = eqf_minl(rb + EQF_ROW_BLOCK(53), 7);
         float mx[EQF_ROW_BLOCK(53)], sum[EQF_ROW_BLOCK(53)];
+#if eqf_kinds_k3_row_QUANTIZE_OUT
+        float ybuf[EQF_ROW_BLOCK(53) * 53L];
+#endif
         for (long r = rb; r < re; r++) {
-        float* restrict y = out + ((r) * 53);
+        float* restrict y = eqf_kinds_k3_row_Y(r);
         const long off0 = (r) * 53;
         float m = -INFINITY, mt;
         #pragma omp simd reduction(max:m)
@@ -29,7 +50,7 @@ void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, floa
             const float v1 = in1[j];
             const float v2 = (v0 + v1);
             const float x = v2;
-            y[j * 1] = x;
+            y[j * eqf_kinds_k3_row_YSTEP] = x;
             m = x > m ? x : m;
         }
         mt = m;
@@ -39,15 +60,15 @@ void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, floa
             const float v1 = in1[j];
             const float v2 = (v0 + v1);
             const float x = v2;
-            y[j * 1] = x;
+            y[j * eqf_kinds_k3_row_YSTEP] = x;
             mt = x > mt ? x : mt;
         }
         mx[r - rb] = mt;
         }
         for (long r = rb; r < re; r++)
-            sum[r - rb] = eqf_row_exp_sum(out + ((r) * 53), 53, 1, mx[r - rb], (r + EQF_ROW_BLOCK(53) < 7 ? in0 + (r + EQF_ROW_BLOCK(53)) * 53 : NULL));
+            sum[r - rb] = eqf_row_exp_sum(eqf_kinds_k3_row_Y(r), 53, eqf_kinds_k3_row_YSTEP, mx[r - rb], (r + EQF_ROW_BLOCK(53) < 7 ? in0 + (r + EQF_ROW_BLOCK(53)) * 53 : NULL));
         for (long r = rb; r < re; r++) {
-        float* restrict y = out + ((r) * 53);
+        float* restrict y = eqf_kinds_k3_row_Y(r);
         const long off0 = (r) * 53;
         const float s = sum[r - rb], inv = 1.0f / s;
         /* ZERO_NAN (0): a row whose softmax is NaN (a NaN, or a max of +-inf: fully
@@ -55,12 +76,19 @@ void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, floa
         const int zero = 0 && !(s > 0.0f && s <= 3.4028235e38f);
         #pragma omp simd
         for (long j = 0; j < 53; j++) {
-            const float v = zero ? 0.0f : y[j * 1] * inv;
+            const float v = zero ? 0.0f : y[j * eqf_kinds_k3_row_YSTEP] * inv;
 
-            y[j * 1] = v;
+#if eqf_kinds_k3_row_QUANTIZE_OUT
+            out[((r) * 53) + j * 1] = v;
+#else
+            y[j * eqf_kinds_k3_row_YSTEP] = v;
+#endif
         }
         }
     }
 }
 #pragma GCC diagnostic pop
+#undef eqf_kinds_k3_row_Y
+#undef eqf_kinds_k3_row_YSTEP
+#undef eqf_kinds_k3_row_QATTR
 EQF_WIDE_END

@@ -27,7 +27,7 @@ from eqfuse.backend.plan import (
     pointwise_flops,
     size,
 )
-from eqfuse.ir.kernels import F32, ROW_OPS, K, computed_ancestors
+from eqfuse.ir.kernels import F32, ROW_OPS, K, computed_ancestors, quantized_row
 from eqfuse.ir.ops import OPS, flit, reduce_axes
 
 ALONG_AXIS = ("softmax", "softmax_grad")  # rows along one axis (strided when not the last), not trailing axes
@@ -40,6 +40,7 @@ class RowDetail:
     L: int  # elements of a row
     axis0: int  # the input's first row axis (softmax: its one axis, rows strided when not the last)
     parallel: bool  # the `if` of the loop over rows
+<<<<<<< HEAD
     vl: int = 16  # floats in a vector of the machine
     lanes: int = 0  # a layernorm's rows in the lanes, this many a block (row_layernorm_lanes.c), else 0
 
@@ -85,6 +86,9 @@ def lanes_block(plan: KernelPlan) -> int:
     if run < d.vl or d.L * d.vl * F32 > LANES_TILE_BYTES:
         return 0
     return min(run, LANES_TILE_BYTES // (d.L * F32) // d.vl * d.vl)
+=======
+    quantize_out: bool = False  # the result is quantized (u8 / i8): the rows are computed in scratch rows (QUANTIZE_OUT)
+>>>>>>> qrow
 
 
 def next_row(decls: list[str], pro_text: str, params: str, rows: int, ahead: str = "1") -> str:
@@ -129,7 +133,12 @@ class Row(Kind):
         if an.op in ALONG_AXIS:
             rows, L = size(xshape) // xshape[axis0], xshape[axis0]
         par = rows > 1 and rows * L >= PARALLEL_MIN // 4
+<<<<<<< HEAD
         plan.detail = RowDetail(an.op, rows, L, axis0, par, c.simd_floats)
+=======
+        qout = an.op in ROW_OPS and quantized_row(body, a, body.outputs[0])
+        plan.detail = RowDetail(an.op, rows, L, axis0, par, qout)
+>>>>>>> qrow
         plan.threads = parallel_rule(par, f"{rows} rows x {L}", PARALLEL_MIN // 4, f"the {rows} rows")
         plan.flops = OPS[an.op].flops * size(xshape) + pointwise_flops(body, skip={a})
         row_bytes = L * F32 * (len(body.inputs) + 1)
@@ -143,7 +152,8 @@ class Row(Kind):
             u.append(UOp(1, "Load", f"{nm} row [{L}]" if size(body.nodes[i].type.shape) > 1 else f"{nm} scalar", rows))
         u.append(UOp(1, "Exec", f"prologue ({pro or 'none'}) + {an.op} in {passes} passes over the row in cache "
                                 f"({vectors(L, c.simd_floats)} vectors each)", rows))
-        u.append(UOp(1, "Store", f"out row [{L if an.op in ROW_OPS else 1}] after the epilogue", rows))
+        u.append(UOp(1, "Store", f"out row [{L if an.op in ROW_OPS else 1}] after the epilogue"
+                                 + (" (quantized from an f32 scratch row)" if qout else ""), rows))
 
     def after_views(self, plan: KernelPlan, m) -> None:
         b = lanes_block(plan)
@@ -188,6 +198,7 @@ class Row(Kind):
                               GAMMA_J=f"{ptrs[an.args[2]]}[j]" if grad else "1.0f",
                               EPS=flit(an.attr["eps"]) if grad else "0.0f", **common)
             ahead = f"EQF_ROW_BLOCK({L})" if an.op == "softmax" else "1"  # softmax: the next block's row
+            common["QUANTIZE_OUT"] = int(d.quantize_out)
             common["NEXT"] = next_row(space.decls, common["PRO_BODY"], params, rows, ahead)
             if an.op == "softmax":
                 return render("row_softmax.c",

@@ -1,14 +1,31 @@
 #define eqf_kinds_k2_contraction_row_rowop_PARALLEL -1 /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
+#define eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT 0 /* the plan's quantize_out: the result is a quantize_linear (u8 / i8 out), the row held in a scratch row of L floats on the stack (1), or f32 held in the output row (0) */
+/* quantize_out: gcc's partial redundancy elimination turns a scalar the prologue and the quantize
+ * both read (quantize_static's one zero point for a DequantizeLinear and the QuantizeLinear after
+ * the row op) into control flow in the last pass, which then is not vectorized (-fopt-info-vec:
+ * "control flow in loop"); without it, the pass vectorizes */
+#if eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT
+#define eqf_kinds_k2_contraction_row_rowop_QATTR __attribute__((optimize("no-tree-pre")))
+#else
+#define eqf_kinds_k2_contraction_row_rowop_QATTR
+#endif
 /* eqf_kinds_k2_contraction_row_rowop: layernorm over rows of 53 (r1 rows), prologue and epilogue fused.
- * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1). */
+ * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1),
+ * or, when the output is quantized (u8 / i8), in a scratch row on the stack: the last pass then
+ * quantizes (the epilogue's eqf_quantize) into the output row. */
 EQF_WIDE_BEGIN
-void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restrict out, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
+eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restrict out, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
 #if eqf_kinds_k2_contraction_row_rowop_PARALLEL >= 0
     #pragma omp parallel for schedule(static) if (-1)
 #endif
     for (long r = r0; r < r1; r++) {
+#if eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT
+        float yrow[53];
+        float* restrict y = yrow;
+#else
         float* restrict y = out + (r * 53L);
+#endif
         (void)b;
         float s = 0.0f, st;
         #pragma omp simd reduction(+:s)
@@ -36,10 +53,15 @@ void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restric
         for (long j = 0; j < 53; j++) {
             const float v = ((y[j] - mean0) - dm) * rstd * eqf_e3[j] + eqf_e4[j];
 
+#if eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT
+            out[(r * 53L) + j] = v;  /* (through out itself: restrict, so the loop needs no overlap check) */
+#else
             y[j] = v;
+#endif
         }
     }
 }
+#undef eqf_kinds_k2_contraction_row_rowop_QATTR
 EQF_WIDE_END
 
 #define eqf_kinds_k2_contraction_row_gemm_PREPACKED_B 0 /* the plan's prepacked_b: B's panels packed once (params=) */
