@@ -124,14 +124,9 @@ CHOICES: dict[str, dict[str, str]] = {
     "pointwise.c": {"TILE": "tile", "STREAM": "stream", "PARALLEL": "parallel", "TWO_PASS": "two_pass",
                     "RUN": "run"},
     "reduce.c": {"PARALLEL": "parallel", "THREAD_LOOP": "thread_loop", "ACC": "acc"},
-<<<<<<< HEAD
-    "row_grad.c": ROW_PARALLEL, "row_layernorm.c": ROW_PARALLEL, "row_reduce.c": ROW_PARALLEL,
-    "row_rmsnorm.c": ROW_PARALLEL, "row_softmax.c": ROW_PARALLEL,
-    "row_layernorm_lanes.c": {"PARALLEL": "parallel", "BLOCK": "lanes"},
-=======
     "row_grad.c": ROW_PARALLEL, "row_layernorm.c": ROW_QUANTIZE, "row_reduce.c": ROW_PARALLEL,
     "row_rmsnorm.c": ROW_QUANTIZE, "row_softmax.c": ROW_QUANTIZE,
->>>>>>> qrow
+    "row_layernorm_lanes.c": {"PARALLEL": "parallel", "BLOCK": "lanes"},
 }
 SIGNATURE = "the kernel's symbol, parameters, operand pointers or the call of a function it holds"
 SHAPE = "a size of the operands or an attribute of the op (stride, padding, groups, axes)"
@@ -270,16 +265,12 @@ graph more(x: f32[7, 37], w: f32[37, 53], xs: f32[16, 1024], ws: f32[1024, 1024]
     ir = kernel { conv2d(clip(conv2d(im6, dw, padding=1, group=6), min=0.0, max=6.0), f1) }
     is = kernel { conv2d(relu(conv2d(sx, sdw, padding=1, group=24)), spw) }
     cn = kernel { gelu(nb1 + layernorm(transpose(conv2d(nx, nwd, nbd, padding=3, group=16), perm=[0, 2, 3, 1]), ng, nbe) @ nw1) }
-<<<<<<< HEAD
     tn = transpose(nx, perm=[0, 2, 3, 1])
     cf = kernel { layernorm(tn, ng, nbe) }
-    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, qq, qc, tr, ir, is, cn, cf
-=======
     qsm = kernel { quantize_linear(softmax(y), 0.004, qz) }
     qln = kernel { quantize_linear(layernorm(y, g, be), 0.02, qz) }
     qrm = kernel { quantize_linear(rmsnorm(y, g), 0.02, qz) }
-    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, qq, qc, tr, ir, is, cn, qsm, qln, qrm
->>>>>>> qrow
+    return sk, sp, bg, ag, am, a1, a2, sg, rm, ln, sm, rr, st, cat, cd, wg, gr, d7, gg, one, mp, w2, d2, qm, qq, qc, tr, ir, is, cn, cf, qsm, qln, qrm
 }
 """
 

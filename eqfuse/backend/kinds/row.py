@@ -40,9 +40,9 @@ class RowDetail:
     L: int  # elements of a row
     axis0: int  # the input's first row axis (softmax: its one axis, rows strided when not the last)
     parallel: bool  # the `if` of the loop over rows
-<<<<<<< HEAD
     vl: int = 16  # floats in a vector of the machine
     lanes: int = 0  # a layernorm's rows in the lanes, this many a block (row_layernorm_lanes.c), else 0
+    quantize_out: bool = False  # the result is quantized (u8 / i8): the rows are computed in scratch rows (QUANTIZE_OUT)
 
 
 # A layernorm reads its rows across the lanes (row_layernorm_lanes.c: a block of rows at a time, the
@@ -81,14 +81,12 @@ def lanes_run(plan: KernelPlan) -> int:
 
 def lanes_block(plan: KernelPlan) -> int:
     """Rows a block of row_layernorm_lanes.c, or 0 when the rows go one at a time: where the run
-    of consecutive rows is at least a vector and a vector of rows' tile fits LANES_TILE_BYTES."""
+    of consecutive rows is at least a vector and a vector of rows' tile fits LANES_TILE_BYTES (and
+    the result is f32: the lanes template has no quantized store)."""
     d, run = plan.detail, lanes_run(plan)
-    if run < d.vl or d.L * d.vl * F32 > LANES_TILE_BYTES:
+    if d.quantize_out or run < d.vl or d.L * d.vl * F32 > LANES_TILE_BYTES:
         return 0
     return min(run, LANES_TILE_BYTES // (d.L * F32) // d.vl * d.vl)
-=======
-    quantize_out: bool = False  # the result is quantized (u8 / i8): the rows are computed in scratch rows (QUANTIZE_OUT)
->>>>>>> qrow
 
 
 def next_row(decls: list[str], pro_text: str, params: str, rows: int, ahead: str = "1") -> str:
@@ -133,12 +131,8 @@ class Row(Kind):
         if an.op in ALONG_AXIS:
             rows, L = size(xshape) // xshape[axis0], xshape[axis0]
         par = rows > 1 and rows * L >= PARALLEL_MIN // 4
-<<<<<<< HEAD
-        plan.detail = RowDetail(an.op, rows, L, axis0, par, c.simd_floats)
-=======
         qout = an.op in ROW_OPS and quantized_row(body, a, body.outputs[0])
-        plan.detail = RowDetail(an.op, rows, L, axis0, par, qout)
->>>>>>> qrow
+        plan.detail = RowDetail(an.op, rows, L, axis0, par, c.simd_floats, quantize_out=qout)
         plan.threads = parallel_rule(par, f"{rows} rows x {L}", PARALLEL_MIN // 4, f"the {rows} rows")
         plan.flops = OPS[an.op].flops * size(xshape) + pointwise_flops(body, skip={a})
         row_bytes = L * F32 * (len(body.inputs) + 1)
