@@ -406,3 +406,4 @@ def test_a_conv1d_s_bound_weights_read_through_a_view_are_blocked_once():
         (step,) = [k for k, q in enumerate(kernels) if q.kind == "conv2d"]
         assert kernels[step].detail.algorithm == algorithm
         assert [k for k, _ in fn.last.memory.prepacks] == [step], algorithm
+        assert any("blocked once" in u.what for u in kernels[step].uops), algorithm
