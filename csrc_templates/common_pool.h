@@ -427,7 +427,18 @@ __attribute__((unused)) static int eqf_region_on_pool(void)
     return eqf_region_request > 1;
 }
 
+/* eqf_region with `nchunks` equal ranges on the pool rather than EQF_REGION_CHUNKS: a kernel whose
+ * plan says its loop's items are costly enough that finer ranges pay (a conv's region_chunks:
+ * eqfuse.backend.kinds.contraction.conv.region_chunks), so that the thread that runs out of
+ * ranges first waits less for the other's last one. */
+__attribute__((unused)) static void eqf_region_n(long n, eqf_range_fn fn, void* ctx, int parallel, long nchunks);
+
 __attribute__((unused)) static void eqf_region(long n, eqf_range_fn fn, void* ctx, int parallel)
+{
+    eqf_region_n(n, fn, ctx, parallel, EQF_REGION_CHUNKS);
+}
+
+__attribute__((unused)) static void eqf_region_n(long n, eqf_range_fn fn, void* ctx, int parallel, long nchunks)
 {
     const int pool = eqf_region_request;
     if (parallel && pool == 0 && n > 1) {
@@ -448,7 +459,7 @@ __attribute__((unused)) static void eqf_region(long n, eqf_range_fn fn, void* ct
             fn(ctx, 0, n);
         return;
     }
-    const long per = (n + EQF_REGION_CHUNKS - 1) / EQF_REGION_CHUNKS, chunks = (n + per - 1) / per;
+    const long per = (n + nchunks - 1) / nchunks, chunks = (n + per - 1) / per;
     eqf_region_job job = {fn, ctx, n, per, (unsigned long)chunks};
     eqf_region_front = 1;
     eqf_region_pooled = 1;

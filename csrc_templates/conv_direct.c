@@ -10,6 +10,7 @@
 #define {{NAME}}_PREPACKED {{PREPACKED}} /* the plan's prepacked_b: the weights blocked once (params=) */
 #define {{NAME}}_EPI_BLOCKED {{EPI_BLOCKED}} /* the plan's epi_blocked: the epilogue reads operands in blocks */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_CHUNKS {{CHUNKS}} /* the plan's region_chunks: equal ranges of the tiles' loop on the pool */
 #define {{NAME}}_BF16 {{BF16}} /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16 */
 /* {{NAME}}: direct conv2d, {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}},
  * padding {{PH}}x{{PW}} -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out), the epilogue fused into the store.
@@ -503,7 +504,7 @@ void {{NAME}}({{PARAMS}})
 #else
     eqf_region((long)N * NCB * HP, {{NAME}}_copy_rows, &job, {{PARALLEL}});
 #endif
-    eqf_region((long)NOB * NT, {{NAME}}_tiles, &job, {{PARALLEL}});
+    eqf_region_n((long)NOB * NT, {{NAME}}_tiles, &job, {{PARALLEL}}, {{NAME}}_CHUNKS);
 #if {{NAME}}_REORDER
     eqf_region((long)N * (O / VL) * OH, {{NAME}}_reorder_rows, &job, {{PARALLEL}});
 #endif

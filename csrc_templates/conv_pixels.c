@@ -4,6 +4,7 @@
 #define {{NAME}}_RPW {{RPW}} /* the plan's rpw: pixel vectors per row of a tile */
 #define {{NAME}}_PREPACKED {{PREPACKED}} /* the plan's prepacked_b: the weights blocked once (params=) */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_CHUNKS {{CHUNKS}} /* the plan's region_chunks: equal ranges of the tiles' loop on the pool */
 #define {{NAME}}_OINNER {{OINNER}} /* the plan's o_inner: the channel tiles innermost, pixel tiles outer */
 #define {{NAME}}_ALIGN {{ALIGN}} /* the plan's row_align: each column phase of the padded copy whole vectors */
 /* {{NAME}}: direct conv2d with output pixels in the vector lanes, {{N}}x{{C}}x{{H}}x{{W}} *
@@ -195,5 +196,5 @@ void {{NAME}}({{PARAMS}})
      * waits for a thread that has no core. */
     {{NAME}}_job job = { {{PARAM_INIT}}, xq, w };
     eqf_region((long)N * C * HP, {{NAME}}_pad_rows, &job, {{PARALLEL}});
-    eqf_region((long)NTO * N * NTH * NTW, {{NAME}}_tiles, &job, {{PARALLEL}});
+    eqf_region_n((long)NTO * N * NTH * NTW, {{NAME}}_tiles, &job, {{PARALLEL}}, {{NAME}}_CHUNKS);
 }

@@ -385,3 +385,25 @@ graph t(x: f32[2, 32, {H}, {H}], w1: f32[32, 32, 3, 3], w2: f32[32, 32, 3, 3], w
             np.testing.assert_allclose(mod(**xs), want, rtol=1e-4, atol=1e-4)
     last = [q for q in mod.functions["t"].last.plans if q.kind == "conv2d" and not q.detail.out_blocked]
     assert last and all(q.detail.blocked_args for q in last if q.detail.in_blocked)
+
+
+def test_a_conv1d_s_bound_weights_read_through_a_view_are_blocked_once():
+    # a conv1d's weights [O][C][K] reach its conv2d as a view [O][C][1][K] of the bound input:
+    # blocked once from the bound array itself (lower._bound_inputs), on both templates
+    rng = np.random.default_rng(7)
+    for algorithm, (C, L, O, s) in {"pixels": (8, 150, 44, 1), "channels": (32, 40, 64, 2)}.items():
+        ol = (L + 2 - 3) // s + 1
+        src = (f"graph c(x: f32[1, {C}, {L}], w: f32[{O}, {C}, 3], b: f32[{O}]) -> f32[1, {O}, {ol}] {{\n"
+               f"  return gelu(conv1d(x, w, b, stride={s}, padding=1))\n}}\n")
+        w = (rng.standard_normal((O, C, 3)) / np.sqrt(3 * C)).astype(np.float32)
+        b = rng.standard_normal(O).astype(np.float32)
+        fn = eqfuse.compile(src, params={"w": w, "b": b}).functions["c"]
+        for seed in (0, 1):  # (the second call reads the blocks the first made)
+            x = _rand(1, C, L, seed=seed)
+            np.testing.assert_allclose(fn(x=x), np.asarray(eqfuse.reference(src).c(x=x, w=w, b=b)),
+                                       rtol=1e-4, atol=1e-5)
+        kernels = [q for q in fn.last.plans if q.kind != "view"]
+        (step,) = [k for k, q in enumerate(kernels) if q.kind == "conv2d"]
+        assert kernels[step].detail.algorithm == algorithm
+        assert [k for k, _ in fn.last.memory.prepacks] == [step], algorithm
+        assert any("blocked once" in u.what for u in kernels[step].uops), algorithm

@@ -176,3 +176,31 @@ def test_a_graph_of_region_loops_alone_runs_them_on_the_pool_in_every_mode_with_
                 want = got
                 np.testing.assert_allclose(got, ref.reshape(got.shape), rtol=2e-4, atol=2e-4)
             assert np.array_equal(got, want), (mode, openmp)
+
+
+def test_a_conv_s_finer_tile_ranges_give_the_same_bits_in_every_mode(monkeypatch):
+    # region_chunks: 256 equal ranges of the tiles' loop for convs of at least 2^27 multiply-adds
+    # (Whisper's two; a small conv keeps 64), here forced on two small conv1d (both templates)
+    from eqfuse.backend.kinds.contraction import conv
+
+    assert conv.region_chunks(1500 * 384 * 384 * 3) == conv.region_chunks(3000 * 384 * 80 * 3) == 256
+    assert conv.region_chunks(56 * 56 * 64 * 64 * 9) == 64
+    monkeypatch.setattr(conv, "region_chunks", lambda macs: 256)
+    # (the pixel conv's 16 x 32 tiles: 256 ranges of 2; the other's 167 tiles: ranges of 1)
+    src = ("graph c(x: f32[1, 8, 2000], w: f32[96, 8, 3], v: f32[64, 96, 3]) -> f32[1, 64, 1000] {\n"
+           "  return gelu(conv1d(gelu(conv1d(x, w, padding=1)), v, stride=2, padding=1))\n}\n")
+    xs = _inputs({"x": (1, 8, 2000), "w": (96, 8, 3), "v": (64, 96, 3)}, 3)
+    xs["w"], xs["v"] = xs["w"] / np.float32(np.sqrt(24)), xs["v"] / np.float32(np.sqrt(288))  # (outputs of order 1)
+    mod = eqfuse.compile(src, threads=2)
+    want = None
+    for mode in ("caller", "pool", "openmp"):
+        _mode(monkeypatch, mode)
+        got = mod(**xs)
+        assert _regions(mod)["regions"] == ("pool" if mode == "openmp" else mode)  # (a graph of region loops alone)
+        plans = [p for p in next(iter(mod.functions.values())).last.plans if p.kind == "conv2d"]
+        assert sorted(p.detail.algorithm for p in plans) == ["channels", "pixels"]
+        assert {p.detail.region_chunks for p in plans} == {256}
+        if want is None:
+            want = got
+            np.testing.assert_allclose(got, np.asarray(eqfuse.reference(src).c(**xs)), rtol=1e-4, atol=1e-5)
+        assert np.array_equal(got, want), mode

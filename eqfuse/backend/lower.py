@@ -18,7 +18,7 @@ from eqfuse.backend.kinds.contraction.conv import block_between_convs
 from eqfuse.backend.live import mark_live
 from eqfuse.backend.plan import KernelPlan, rounds_as_written, size
 from eqfuse.backend.stores import place_stores, store_uop
-from eqfuse.backend.views import place_views
+from eqfuse.backend.views import is_contiguous, place_views
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.conv_forms import expand_convs
 from eqfuse.ir.graph import Graph, Node
@@ -190,15 +190,23 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
                 if p.into is not None:  # after any planning again, which writes the uops anew
                     p.uops = p.uops + [store_uop(p)]
             block_between_convs(kg, plans, m)  # (direct convs: the blocked layout between them)
-            for p in plans:  # a 1x1 conv planned again as a direct conv: its bound weights blocked once too
+            # a 1x1 conv planned again as a direct conv, and a conv whose bound weights it reads
+            # through a view (a conv1d's, reshaped to a conv2d's): their weights blocked once too
+            for p in plans:
                 if p.kind == K.CONV2D and p.prepack is None:
-                    mark_bound_b(p, _bound_inputs(p, kg, params), m)
+                    mark_bound_b(p, _bound_inputs(p, kg, params, plans), m)
             return kg, plans
 
 
-def _bound_inputs(plan: KernelPlan, kg: Graph, params: frozenset[str]) -> set[int]:
-    """The body inputs of a plan that read graph inputs bound by params=."""
-    return {i for i, a in zip(plan.body.inputs, plan.args) if kg.nodes[a].op == "input" and kg.nodes[a].name in params}
+def _bound_inputs(plan: KernelPlan, kg: Graph, params: frozenset[str], plans: list[KernelPlan] = ()) -> set[int]:
+    """The body inputs of a plan that read graph inputs bound by params=: directly or, with the
+    views placed (`plans`), through a view that is the input's elements in their own order (offset
+    0, contiguous strides: a reshape, such as a conv1d's weights seen as a conv2d's), which a
+    prepack then reads from the bound array itself (eqfuse.runtime.program's memory plan)."""
+    whole = {p.node: p.view[0] for p in plans if p.kind == K.VIEW and p.view is not None and p.view[1] == 0
+             and is_contiguous(kg.nodes[p.node].type.shape, p.view[2])}
+    return {i for i, a in zip(plan.body.inputs, plan.args)
+            if kg.nodes[whole.get(a, a)].op == "input" and kg.nodes[whole.get(a, a)].name in params}
 
 
 def _origin(g: Graph, kg: Graph, i: int) -> int | None:

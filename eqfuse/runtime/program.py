@@ -160,7 +160,10 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
     arena = max((_align(o + b) for o, b, _, _ in placed), default=0)
     prepacks = [(s, kernels[s].args[kernels[s].prepack.arg]) for s in range(len(kernels))
                 if kernels[s].prepack]
-    prepacks = [(s, ins[a]) for s, a in prepacks]
+    # (a weight read through a view of a bound input: the input's own elements, at offset 0,
+    # eqfuse.backend.lower._bound_inputs)
+    assert all(voff.get(a, 0) == 0 for _, a in prepacks)
+    prepacks = [(s, ins[src[a]]) for s, a in prepacks]
     root: dict[int, tuple[str, int]] = {}
     for n, r in src.items():
         root[n] = (("in", ins[r]) if r in ins else ("in", cslot[r]) if r in cslot

@@ -4,6 +4,7 @@
 #define eqf_kinds_k8_conv2d_RPW 2 /* the plan's rpw: pixel vectors per row of a tile */
 #define eqf_kinds_k8_conv2d_PREPACKED 0 /* the plan's prepacked_b: the weights blocked once (params=) */
 #define eqf_kinds_k8_conv2d_PARALLEL 0 /* the plan's parallel: the `if` of the parallel region */
+#define eqf_kinds_k8_conv2d_CHUNKS 64 /* the plan's region_chunks: equal ranges of the tiles' loop on the pool */
 #define eqf_kinds_k8_conv2d_OINNER 0 /* the plan's o_inner: the channel tiles innermost, pixel tiles outer */
 #define eqf_kinds_k8_conv2d_ALIGN 0 /* the plan's row_align: each column phase of the padded copy whole vectors */
 /* eqf_kinds_k8_conv2d: direct conv2d with output pixels in the vector lanes, 2x3x11x13 *
@@ -195,5 +196,5 @@ void eqf_kinds_k8_conv2d(const float* restrict in0, const float* restrict in1, f
      * waits for a thread that has no core. */
     eqf_kinds_k8_conv2d_job job = { in0, in1, out, xq, w };
     eqf_region((long)N * C * HP, eqf_kinds_k8_conv2d_pad_rows, &job, 0);
-    eqf_region((long)NTO * N * NTH * NTW, eqf_kinds_k8_conv2d_tiles, &job, 0);
+    eqf_region_n((long)NTO * N * NTH * NTW, eqf_kinds_k8_conv2d_tiles, &job, 0, eqf_kinds_k8_conv2d_CHUNKS);
 }

@@ -107,6 +107,7 @@ class ConvDirectDetail:
     winograd: int = 0  # tiles per block of a Winograd F(2x2, 3x3) conv (contraction/conv.py), 0: direct
     o_inner: bool = False  # pixels in the lanes: the channel tiles innermost (conv_pixels.c's OINNER)
     row_align: bool = False  # pixels in the lanes: each column phase of the padded copy whole vectors (ALIGN)
+    region_chunks: int = 64  # equal ranges of the tiles' loop on the claim-based pool (`region_chunks`)
 
     @property
     def obw(self) -> int:
@@ -244,6 +245,18 @@ def o_inner(N: int, C: int, KH: int, KW: int, OH: int, OW: int, O: int, SH: int,
     return nto * N * C * hp * SW * wq > N * nth * ntw * C * KH * KW * nto * ro
 
 
+def region_chunks(macs: int) -> int:
+    """The equal ranges the tiles' loop of a direct conv is cut into on the claim-based pool
+    (common_pool.h, eqf_region_n): 256 when each then holds at least 2^19 multiply-adds, else
+    common_pool.h's 64. The two threads claim ranges from opposite ends, and the one that runs out
+    first waits for the other's last range: half a range on average, 1/128 of the loop with 64.
+    Whisper's conv2 (384 channels, stride 2, 3000 frames) at 2 threads beside an onnxruntime
+    session: 6.4-6.7 ms with 256 against 6.7-8.0 ms with 64 (`benchmarks/bench_conv.py --set
+    whisper --threads 2`, benchmarks/RESULTS.md); a range of fewer multiply-adds would pay its
+    claim (an atomic on a shared line) more than it saves."""
+    return 256 if macs >= 256 << 19 else 64
+
+
 def use_direct(KH: int, KW: int, SH: int, SW: int) -> bool:
     """Whether the direct kernel runs a conv rather than im2col + GEMM: when its windows overlap
     (a stride smaller than the window). im2col's column matrix holds each input element
@@ -295,7 +308,7 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
         rows = bool(rows)
     par = parallel(NP, O, K, 1)
     d = ConvDirectDetail(N, C, H, W, O, KH, KW, OH, OW, (sh, sw), pair(cv.attr["padding"]), cb, vl, v, rw, rows,
-                         par, pixels=pixels)
+                         par, pixels=pixels, region_chunks=region_chunks(NP * O * K))
     if pixels:  # (a 1-D conv's long rows: aligned at the cost of under a vector each, `one_d_pixels`)
         d = replace(d, o_inner=o_inner(N, C, KH, KW, OH, OW, O, sh, sw, vl, pixels, bool(one_d)),
                     row_align=bool(one_d))
@@ -377,7 +390,7 @@ def mark_bound(plan: KernelPlan, bound: set[int]) -> None:
     plan.detail = replace(plan.detail, prepack=Prepack(body.inputs.index(w), f"{plan.name}_prepack",
                                                        f"{plan.name}_prepack_floats"))
     plan.uops = [replace(u, what="weights blocked once when bound (params=), read in place")
-                 if u.what.startswith("weights to blocks") else u for u in plan.uops]
+                 if u.what.startswith(("weights to blocks", "weights to [NTO]")) else u for u in plan.uops]
 
 
 def edge_tiles(d: ConvDirectDetail) -> tuple[int, int]:
@@ -450,13 +463,14 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                       WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                       EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                       SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], VL=d.vl, RO=ro, RPH=rph,
-                      RPW=rpw, OINNER=int(d.o_inner), ALIGN=int(d.row_align), **param_job(params))
+                      RPW=rpw, OINNER=int(d.o_inner), ALIGN=int(d.row_align), CHUNKS=d.region_chunks,
+                      **param_job(params))
     el, er = edge_tiles(d)
     return render("conv_direct.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
                   SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
-                  RW=d.rw, ROWS=int(d.rows), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
+                  RW=d.rw, ROWS=int(d.rows), CHUNKS=d.region_chunks, IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
                   INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(d.reorder), BF16=BF16_PATHS[plan.precision_path],
                   REORDER_FN=reorder_fn(plan.name, d.vl) if d.reorder else "",
                   EPI_BLOCKED=int(d.epi_blocked), EPILOGUE_NCHW="acc" if d.blocked_args else expr,
