@@ -387,6 +387,7 @@ graph t(x: f32[2, 32, {H}, {H}], w1: f32[32, 32, 3, 3], w2: f32[32, 32, 3, 3], w
     assert last and all(q.detail.blocked_args for q in last if q.detail.in_blocked)
 
 
+@pytest.mark.heavy
 def test_a_conv1d_s_bound_weights_read_through_a_view_are_blocked_once():
     # a conv1d's weights [O][C][K] reach its conv2d as a view [O][C][1][K] of the bound input:
     # blocked once from the bound array itself (lower._bound_inputs), on both templates

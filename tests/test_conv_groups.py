@@ -396,9 +396,11 @@ def _uneven_graph(name, xs, ws, at, _decisions, _kernels) -> str:
 
 
 @pytest.fixture(scope="module")
-def uneven():
-    """The uneven-padding cases as graphs of one module: compiled once."""
-    return eqfuse.compile("".join(_uneven_graph(*c) for c in UNEVEN))
+def uneven(request):
+    """The selected uneven-padding cases (the fast tier runs the first) as graphs of one module:
+    compiled once."""
+    cases = selected_params(request, "test_uneven_padding_folds_into_the_grouped_conv_on_each_path", "case")
+    return eqfuse.compile("".join(_uneven_graph(*c) for c in cases))
 
 
 @pytest.mark.parametrize("case", UNEVEN, ids=[c[0] for c in UNEVEN])

@@ -153,6 +153,7 @@ def blocks():
     return get
 
 
+@pytest.mark.heavy  # (the opt-in rules; the whole suite runs it)
 @pytest.mark.parametrize("n, opt_in, kinds", [
     (1, True, ["conv2d", "contraction"]), (2, True, ["conv2d", "contraction", "layout"]),
     (1, False, ["conv2d", "contraction", "pointwise"]), (2, False, ["conv2d", "contraction", "pointwise"])])

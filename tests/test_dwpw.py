@@ -15,6 +15,8 @@ dense conv keeps its pad kernel."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from helpers import selected_params
@@ -94,6 +96,7 @@ graph same_dense(x: f32[1, 4, 6, 6], w: f32[3, 4, 3, 3]) {
 """
 # graph -> its kernels: the fused kernel (the whole block with its expand conv); a dense conv
 # (not depthwise) keeps its pad kernel
+SAME_SRC = {m.group(1): m.group(0) for m in re.finditer(r"graph (\w+)\(.*?\n}\n", SAME, re.S)}
 SAME_KERNELS = {"same": ["conv2d"], "same_block": ["conv2d"], "same_written": ["conv2d"],
                 "same_dense": ["index", "conv2d"]}
 
@@ -130,8 +133,9 @@ def compiled(request):
     as graphs of one module: compiled once."""
     cases = selected_params(request, "test_fused_inverted_residual_matches_the_reference", "case")
     blocks = selected_params(request, "test_whole_inverted_residual_matches_the_reference", "case")
+    same = selected_params(request, "test_tf_same_padding_folds_into_the_fused_depthwise_kernel", "name")
     return eqfuse.compile("".join(_graph(*c) for c in cases + [BIG]) + "".join(_block(*b) for b in blocks + [BIG_BLOCK])
-                          + PADS + SAME)
+                          + PADS + "".join(SAME_SRC[n] for n in same))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -1158,6 +1158,7 @@ graph dx(x: u8[2, 5, 9, 12], w: i8[7, 5, 3, 3], w4: i8[6, 5, 2, 4], wg: i8[8, 2,
 """
 
 
+@pytest.mark.heavy
 def test_integer_convs_without_im2col_read_a_padded_copy_of_x():
     _check_direct_x()
 

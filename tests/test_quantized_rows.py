@@ -61,6 +61,7 @@ def test_a_quantize_after_a_row_op_is_one_row_kernel_storing_integers(modules):
     assert all(k.decisions["quantize_out"] == 0 for k in separate.kernels if k.kind == "row")
 
 
+@pytest.mark.heavy
 def test_the_fused_integers_are_the_separate_kernels_and_numpys_quantization(modules, feeds):
     fused, separate, f32 = modules
     got, sep, ys = fused(**feeds), separate(**feeds), f32(**feeds)
@@ -73,6 +74,7 @@ def test_the_fused_integers_are_the_separate_kernels_and_numpys_quantization(mod
         assert len(np.unique(q)) > 10, k  # (the scales spread the values over many integers)
 
 
+@pytest.mark.heavy
 def test_the_fused_integers_are_within_one_step_of_the_float64_reference_only_at_ties(feeds, modules):
     """Against the float64 row ops, quantized: an integer may be one step off only where the f32
     result can lie on the other side of a rounding boundary, i.e. where the float64 value y is

@@ -178,6 +178,7 @@ def test_a_graph_of_region_loops_alone_runs_them_on_the_pool_in_every_mode_with_
             assert np.array_equal(got, want), (mode, openmp)
 
 
+@pytest.mark.heavy
 def test_a_conv_s_finer_tile_ranges_give_the_same_bits_in_every_mode(monkeypatch):
     # region_chunks: 256 equal ranges of the tiles' loop for convs of at least 2^27 multiply-adds
     # (Whisper's two; a small conv keeps 64), here forced on two small conv1d (both templates)
