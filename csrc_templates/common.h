@@ -488,6 +488,16 @@ __attribute__((unused)) static int eqf_nomem_take(void)
 
 static inline long eqf_minl(long a, long b) { return a < b ? a : b; }
 
+/* The attribute of a row kernel's function by its plan's quantize_out (EQF_QUANTIZE_ROW_ATTR(1) or
+ * (0)): gcc's partial redundancy elimination turns a scalar the prologue and the quantize both read
+ * (quantize_static's one zero point for a DequantizeLinear and the QuantizeLinear after the row op)
+ * into control flow in the last pass, which then is not vectorized (-fopt-info-vec: "control flow
+ * in loop"); without it, the pass vectorizes. An f32 row keeps gcc's default. */
+#define EQF_QUANTIZE_ROW_ATTR_1 __attribute__((optimize("no-tree-pre")))
+#define EQF_QUANTIZE_ROW_ATTR_0
+#define EQF_QUANTIZE_ROW_ATTR_(q) EQF_QUANTIZE_ROW_ATTR_##q
+#define EQF_QUANTIZE_ROW_ATTR(q) EQF_QUANTIZE_ROW_ATTR_(q)
+
 /* Compute-bound templates open with EQF_WIDE_BEGIN and close with EQF_WIDE_END: gcc prefers
  * 256-bit vectors on these cores by default; full 512-bit ones pay off inside cache-resident tiles. */
 #if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)

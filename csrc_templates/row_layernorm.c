@@ -1,14 +1,6 @@
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
 #define {{NAME}}_QUANTIZE_OUT {{QUANTIZE_OUT}} /* the plan's quantize_out: the result is a quantize_linear (u8 / i8 out), the row held in a scratch row of L floats on the stack (1), or f32 held in the output row (0) */
-/* quantize_out: gcc's partial redundancy elimination turns a scalar the prologue and the quantize
- * both read (quantize_static's one zero point for a DequantizeLinear and the QuantizeLinear after
- * the row op) into control flow in the last pass, which then is not vectorized (-fopt-info-vec:
- * "control flow in loop"); without it, the pass vectorizes */
-#if {{NAME}}_QUANTIZE_OUT
-#define {{NAME}}_QATTR __attribute__((optimize("no-tree-pre")))
-#else
-#define {{NAME}}_QATTR
-#endif
+#define {{NAME}}_QATTR EQF_QUANTIZE_ROW_ATTR({{QUANTIZE_OUT}})
 /* {{NAME}}: layernorm over rows of {{L}} ({{ROWS}} rows), prologue and epilogue fused.
  * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1),
  * or, when the output is quantized (u8 / i8), in a scratch row on the stack: the last pass then

@@ -1,14 +1,6 @@
 #define eqf_kinds_k3_row_PARALLEL 0 /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
 #define eqf_kinds_k3_row_QUANTIZE_OUT 0 /* the plan's quantize_out: the result is a quantize_linear (u8 / i8 out), the block's rows held in scratch rows of L floats on the stack (1), or f32 held in the output rows (0) */
-/* quantize_out: gcc's partial redundancy elimination turns a scalar the prologue and the quantize
- * both read (quantize_static's one zero point for a DequantizeLinear and the QuantizeLinear after
- * the row op) into control flow in the last pass, which then is not vectorized (-fopt-info-vec:
- * "control flow in loop"); without it, the pass vectorizes */
-#if eqf_kinds_k3_row_QUANTIZE_OUT
-#define eqf_kinds_k3_row_QATTR __attribute__((optimize("no-tree-pre")))
-#else
-#define eqf_kinds_k3_row_QATTR
-#endif
+#define eqf_kinds_k3_row_QATTR EQF_QUANTIZE_ROW_ATTR(0)
 #if eqf_kinds_k3_row_QUANTIZE_OUT
 #define eqf_kinds_k3_row_Y(r) (ybuf + ((r) - rb) * 53L)  /* row r of the block, contiguous */
 #define eqf_kinds_k3_row_YSTEP 1
