@@ -250,9 +250,9 @@ def region_chunks(macs: int) -> int:
     (common_pool.h, eqf_region_n): 256 when each then holds at least 2^19 multiply-adds, else
     common_pool.h's 64. The two threads claim ranges from opposite ends, and the one that runs out
     first waits for the other's last range: half a range on average, 1/128 of the loop with 64.
-    Whisper's conv2 (384 channels, stride 2, 3000 frames) at 2 threads beside an onnxruntime
-    session: 6.4-6.7 ms with 256 against 6.7-8.0 ms with 64 (`benchmarks/bench_conv.py --set
-    whisper --threads 2`, benchmarks/RESULTS.md); a range of fewer multiply-adds would pay its
+    Whisper's conv2 (384 channels, stride 2, 3000 frames) at 2 threads is faster with 256 than
+    with 64 (`benchmarks/bench_conv.py --set whisper --threads 2`, its figures in
+    benchmarks/RESULTS.md); a range of fewer multiply-adds would pay its
     claim (an atomic on a shared line) more than it saves."""
     return 256 if macs >= 256 << 19 else 64
 
