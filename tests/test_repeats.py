@@ -85,3 +85,41 @@ def test_a_graph_without_a_repeated_block_is_optimized_whole():
     g = one_graph((ROOT / "examples" / "mlp.g").read_text())
     assert repeats.find(C.unfused(g)) is None
     assert optimize_graph(g).report["repeats"] is None
+
+
+def _decoder_step(layers: int) -> str:
+    """A decode step of `layers` attention layers with a KV cache each (tests/decode_step.g's
+    layer, repeated)."""
+    params = ", ".join(f"pk{i}: f32[2, 4, P, 16], pv{i}: f32[2, 4, P, 16], wq{i}: f32[64, 64], "
+                       f"wk{i}: f32[64, 64], wv{i}: f32[64, 64], wo{i}: f32[64, 64]" for i in range(layers))
+    body, outs = [], []
+    for i in range(layers):
+        x = f"h{i - 1}" if i else "x"
+        heads = "shape=[-1, 1, 4, 16]), perm=[0, 2, 1, 3])"
+        body += [f"q{i} = transpose(reshape({x} @ wq{i}, {heads}",
+                 f"k{i} = concat(pk{i}, transpose(reshape({x} @ wk{i}, {heads}, axis=2)",
+                 f"v{i} = concat(pv{i}, transpose(reshape({x} @ wv{i}, {heads}, axis=2)",
+                 f"a{i} = softmax(q{i} @ transpose(k{i}, perm=[0, 1, 3, 2]) * 0.25, axis=-1) @ v{i}",
+                 f"h{i} = {x} + reshape(transpose(a{i}, perm=[0, 2, 1, 3]), shape=[-1, 1, 64]) @ wo{i}"]
+        outs += [f"k{i}", f"v{i}"]
+    lines = "\n    ".join(body)
+    return f"graph step(x: f32[2, 1, 64], {params}) {{\n    {lines}\n    return h{layers - 1}, {', '.join(outs)}\n}}\n"
+
+
+def test_a_decode_step_with_caches_in_place_is_cut_into_its_layers():
+    """live= reads each cache through a slice of its buffer (eqfuse.ir.live); each slice is
+    written in its own layer, so the layers stay equal pieces and are optimized once. (Beside the
+    inputs, every layer's slice was a tensor made before the first block and read by one layer
+    only: no cut was clean, the whole step went into one e-graph and, on a slow machine, its
+    time limit left a 20-layer Llama's attentions unrecognized, which live= refuses.)"""
+    from eqfuse.ir.live import cache_graph
+
+    g = one_graph(_decoder_step(4).replace("P", "8"))
+    live = cache_graph(g, {f"p{n}{i}": 2 for i in range(4) for n in "kv"}, "t")
+    for i, n in enumerate(live.nodes):
+        if n.op == "slice":
+            assert live.nodes[i + 1].op == "concat" and live.nodes[i + 1].args[0] == i
+    pieces = repeats.find(C.unfused(live))
+    assert pieces is not None and pieces.copies >= 3, pieces
+    step = __import__("eqfuse").compile(_decoder_step(4), dims={"P": 8}, live="P")
+    assert "optimized once per class" in str(step.report["repeats"])

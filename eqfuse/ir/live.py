@@ -65,18 +65,27 @@ def cache_graph(g: Graph, axes: dict[str, int], length: str, dims: dict[str, int
         cache[i] = TType(shapes.pop(), t.dtype)
     out = Graph(g.name, pos=g.pos)
     ids: dict[int, int] = {}
+    # Each slice is written just before its reader, not beside the inputs: a layer's slice then
+    # lies in its layer, where the repeated layers are cut into pieces (eqfuse.optimizer.repeats).
+    later: dict[int, Node] = {}
+
+    def ref(a: int) -> int:
+        if a in later:
+            ids[a] = out.add(later.pop(a))
+        return ids[a]
+
     for i, n in enumerate(g.nodes):
         if i in cache:
             buf = out.add(replace(n, type=cache[i]))
             ax = axes[n.name]
             stop = n.type.shape[ax]
-            ids[i] = out.add(Node("slice", (buf,), (("axis", ax), ("start", 0), ("stop", (dims or {}).get(stop, stop)),
-                                                   ("step", 1)), n.type, pos=n.pos))
+            later[i] = Node("slice", (buf,), (("axis", ax), ("start", 0), ("stop", (dims or {}).get(stop, stop)),
+                                              ("step", 1)), n.type, pos=n.pos)
             cache[i] = buf  # (now the buffer's input node)
         elif n.op == "concat" and len(n.args) == 1 and i not in g.outputs:
-            ids[i] = ids[n.args[0]]  # the identity (as above): no copy of the past
+            ids[i] = ref(n.args[0])  # the identity (as above): no copy of the past
         else:
-            ids[i] = out.add(replace(n, args=tuple(ids[a] for a in n.args)))
+            ids[i] = out.add(replace(n, args=tuple(ref(a) for a in n.args)))
     out.inputs = [cache.get(i, ids[i]) for i in g.inputs]
     out.inputs.append(out.add(Node("input", type=TType((1,), LENGTH_DTYPE), name=length)))
     out.outputs = [ids[o] for o in g.outputs]
