@@ -1409,8 +1409,11 @@ def test_a_qdq_gemm_with_bias_and_requantization_is_one_kernel(tmp_path):
             assert np.max(np.abs(got[1].astype(np.int32) - want[1].astype(np.int32))) <= 1
 
 
-def _qattention_model(unidirectional: int, mask: tuple | None = None, past: bool = False):
-    """One QAttention node over x [2, 5, 16] (4 heads), with a mask_index input m of shape `mask`."""
+def _qattention_model(unidirectional: int, mask: tuple | None = None, past: tuple | None = None, present: bool = False,
+                      S: int = 5):
+    """One QAttention node over x [2, S, 16] (4 heads), with a mask_index input m of shape `mask`,
+    a past input of shape `past` (onnxruntime's is [2, 2, 4, past length, 4]) and, with `present`
+    (or a past), the second output."""
     h = onnx.helper
     rng = np.random.default_rng(3)
     inits = [onnx.numpy_helper.from_array(rng.integers(-60, 60, (16, 48)).astype(np.int8), "w"),
@@ -1419,14 +1422,20 @@ def _qattention_model(unidirectional: int, mask: tuple | None = None, past: bool
              onnx.numpy_helper.from_array(np.array(0.01, np.float32), "ws"),
              onnx.numpy_helper.from_array(np.array(120, np.uint8), "xz"),
              onnx.numpy_helper.from_array(np.array(0, np.int8), "wz")]
-    inputs = [h.make_tensor_value_info("x", U8, [2, 5, 16])]
+    inputs = [h.make_tensor_value_info("x", U8, [2, S, 16])]
     if mask is not None:
         inputs.append(h.make_tensor_value_info("m", onnx.TensorProto.INT32, list(mask)))
-    if past:
-        inputs.append(h.make_tensor_value_info("past", F32T, [2, 2, 4, 3, 4]))
-    n = h.make_node("QAttention", ["x", "w", "b", "xs", "ws", "m" if mask else "", "xz", "wz"] + ["past"] * past,
-                    ["y"], domain="com.microsoft", num_heads=4, unidirectional=unidirectional, name="qatt")
-    g = h.make_graph([n], "g", inputs, [h.make_tensor_value_info("y", F32T, [2, 5, 16])], inits)
+    if past is not None:
+        inputs.append(h.make_tensor_value_info("past", F32T, list(past)))
+    outputs = [h.make_tensor_value_info("y", F32T, [2, S, 16])]
+    if present or past is not None:
+        total = past[3] + S if past is not None and len(past) == 5 and isinstance(past[3], int) else "total"
+        outputs.append(h.make_tensor_value_info("present", F32T, [2, 2, 4, total, 4] if past is not None or present
+                                                else None))
+    n = h.make_node("QAttention", ["x", "w", "b", "xs", "ws", "m" if mask else "", "xz", "wz"]
+                    + ["past"] * (past is not None), [o.name for o in outputs],
+                    domain="com.microsoft", num_heads=4, unidirectional=unidirectional, name="qatt")
+    g = h.make_graph([n], "g", inputs, outputs, inits)
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
 
 

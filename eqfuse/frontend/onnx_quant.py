@@ -490,20 +490,27 @@ def _qgemm(imp, ins, at):
 @handles("QAttention", attrs=("num_heads", "unidirectional", "mask_filter_value", "do_rotary", "qkv_hidden_sizes",
                               "scale", "past_present_share_buffer"), domain=MS)
 def _qattention(imp, ins, at):
-    """onnxruntime's QAttention (com.microsoft, its quantized Attention), without past:
+    """onnxruntime's QAttention (com.microsoft, its quantized Attention):
     Q, K and V = the exact i32 product of (input - input_zero_point) and (weight - weight_zero_point)
     (weight [hidden, 3 x H]: Q's columns, then K's, then V's, each num_heads heads of H / num_heads),
     times input_scale * weight_scale, plus the bias, in f32; then per head softmax(q k^T * scale) v
     (scale 1 / sqrt(head size) unless given; unidirectional=1 adds mask_filter_value to the scores of
     later keys, as onnxruntime does), the heads side by side. A mask_index sets the scores of the keys
     it masks to mask_filter_value plus the score (onnxruntime's mask: set once, not added twice where
-    unidirectional masks the key too): _attention_keep's forms."""
+    unidirectional masks the key too): _attention_keep's forms.
+    A past [2, batch, heads, P, head size] (the keys, then the values, of P earlier positions) puts
+    its keys and values before the new ones: the T = P + sequence keys are concat(past's, new, axis
+    2), query i attends to keys 0 .. P + i under unidirectional=1, a mask_index covers all T keys, and
+    the second output, present [2, batch, heads, T, head size], is the two concats stacked (without
+    a past, the new keys and values alone)."""
     adt, bdt = _dtype(imp, ins[0]), _dtype(imp, ins[1])
     for dt, i in ((adt, 0), (bdt, 1)):
         if dt not in QUANT_DTYPES:
             raise Unsupported(f"input type {_dtype_text(imp, ins[i])} (input {i}; eqfuse takes uint8 and int8)")
-    if len(ins) > 8 and ins[8] is not None:
-        raise Unsupported("a past input (input 8; eqfuse takes QAttention without it)")
+    past = ins[8] if len(ins) > 8 else None
+    if past is not None and at.get("past_present_share_buffer", 0):
+        raise Unsupported("past_present_share_buffer=1 (a past buffer of the maximum length with a run-time "
+                          "past_sequence_length; eqfuse takes a past of the past length, as onnxruntime's CPU kernel)")
     if at.get("do_rotary", 0) or at.get("qkv_hidden_sizes"):
         raise Unsupported("do_rotary or qkv_hidden_sizes (eqfuse takes Q, K and V of one size, no rotary embedding)")
     if not all(len(ins) > k and imp.is_const(ins[k]) and np.asarray(ins[k]).size == 1 for k in (3, 4)):
@@ -531,11 +538,25 @@ def _qattention(imp, ins, at):
         return imp.op("transpose", [p], perm=(0, 2, 1, 3))
 
     q, k, v = part(0), part(1), part(2)
+    P, present = 0, None
+    if past is not None or (len(imp.node.output) > 1 and imp.node.output[1]):
+        # present [2, B, heads, P + S, head size]: the past's keys and values, then the new ones,
+        # along the sequence axis (one concat); the attention reads its keys and values from it
+        present = imp.op("transpose", [imp.op("slice", [qkv], axis=2, start=1, stop=3)], perm=(2, 0, 3, 1, 4))
+        if past is not None:
+            p = _attention_past(imp, past, B, nh, hd)
+            P = imp.type(p).shape[3]
+            present = imp.op("concat", [p, present], axis=3)
+            T = imp.type(present).shape[3]
+            k, v = (imp.reshape_to(imp.op("slice", [present], axis=0, start=i, stop=i + 1), (B, nh, T, hd))
+                    for i in (0, 1))
+    T = imp.type(k).shape[2]
     s = F32(at.get("scale", 0.0) or 1.0 / np.sqrt(hd))
     scores = imp.op("mul", [imp.op("matmul", [q, imp.op("transpose", [k], perm=(0, 1, 3, 2))]), imp.data(np.asarray(s, F32))])
     fill = F32(at.get("mask_filter_value", -10000.0))
-    later = np.triu(np.ones((S, S), bool), 1) if at.get("unidirectional", 0) else None
-    keep = _attention_keep(imp, ins[5], B, S) if len(ins) > 5 and ins[5] is not None else None
+    # query i attends to keys 0 .. P + i (onnxruntime masks nothing when the sequence is one query)
+    later = np.triu(np.ones((S, T), bool), P + 1) if at.get("unidirectional", 0) and S > 1 else None
+    keep = _attention_keep(imp, ins[5], B, S, T) if len(ins) > 5 and ins[5] is not None else None
     if keep is not None:  # a masked key's score plus mask_filter_value; a later key's (unidirectional)
         # plus the lowest float, which onnxruntime sets over the padding's value (a query whose keys
         # are all masked then attends to the padded keys before it, as onnxruntime's does)
@@ -546,37 +567,52 @@ def _qattention(imp, ins, at):
     elif later is not None:
         scores = imp.op("add", [scores, imp.data(np.where(later, fill, F32(0)).astype(F32))])
     ctx = imp.op("matmul", [imp.op("softmax", [scores], axis=-1), v])
-    return [imp.op("reshape", [imp.op("transpose", [ctx], perm=(0, 2, 1, 3))], shape=(B, S, H))]
+    out = imp.op("reshape", [imp.op("transpose", [ctx], perm=(0, 2, 1, 3))], shape=(B, S, H))
+    return [out] if present is None else [out, present]
 
 
-def _attention_keep(imp, mask, B: int, S: int) -> int | None:
+def _attention_past(imp, past, B, nh: int, hd: int) -> int:
+    """An Attention's past input, checked to be [2, B, heads, P, head size] (the keys of P earlier
+    positions, then their values) in f32; P a number, or a name when the past length is a named dim."""
+    p = imp.data(past, imp.node.input[8])
+    t = imp.type(p)
+    if t.dtype != "f32":
+        raise Unsupported(f"past of type {_dtype_text(imp, past)} (input 8; QAttention's past is float32)")
+    if t.rank != 5 or any(d != w for d, w in zip(t.shape, (2, B, nh, None, hd)) if w is not None):
+        raise ValueError(f"past of shape {list(t.shape)} (input 8, '{imp.node.input[8]}'): onnxruntime's past is "
+                         f"[2, batch, num_heads, past length, head size], here [2, {B}, {nh}, P, {hd}]")
+    return p
+
+
+def _attention_keep(imp, mask, B: int, S: int, T) -> int | None:
     """Which keys each query of each batch attends to, as a bool tensor broadcasting against the
-    scores [B, heads, S, S], from an Attention's int32 mask_index in the forms of onnxruntime's
-    contrib op spec (without past, the total sequence is S):
-      [B, S]     key padding, the raw 0/1 attention mask (a key is kept where the mask is > 0);
-      [B, S, S]  per query (likewise);
+    scores [B, heads, S, T] (T = past length + S keys), from an Attention's int32 mask_index in the
+    forms of onnxruntime's contrib op spec (its AttentionBase::CheckMask):
+      [B, T]     key padding, the raw 0/1 attention mask (a key is kept where the mask is > 0);
+      [B, S, T]  per query (likewise);
       [B]        right padding: the keys before each batch's end position (its length);
       [2 x B]    the end positions, then the start positions (left padding: keys from the start);
-      [1, 1] or [B, 1] (S > 1): onnxruntime's dummy mask, no mask (None)."""
+      [1, 1] or [B, 1] (when not [B, T]): onnxruntime's dummy mask, no mask (None)."""
     m = imp.data(mask, imp.node.input[5])
     t = imp.type(m)
     if t.dtype != "i32":
         raise Unsupported(f"mask_index of type {_dtype_text(imp, mask)} (input 5; QAttention's mask_index is int32)")
     shape = tuple(t.shape)
-    if shape in ((1, 1), (B, 1)) and S > 1:
+    if shape != (B, T) and len(shape) == 2 and shape[0] in (1, B) and shape[1] == 1:
         return None
     zero = imp.const(0.0)
-    if shape == (B, S):
-        return imp.op("reshape", [imp.op("gt", [m, zero])], shape=(B, 1, 1, S))
-    if shape == (B, S, S):
-        return imp.op("reshape", [imp.op("gt", [m, zero])], shape=(B, 1, S, S))
-    if shape in ((B,), (2 * B,)):
-        keys = imp.data(np.arange(S, dtype=np.int32).reshape(1, S))
+    if shape == (B, T):
+        return imp.reshape_to(imp.op("gt", [m, zero]), (B, 1, 1, T))
+    if shape == (B, S, T):
+        return imp.reshape_to(imp.op("gt", [m, zero]), (B, 1, S, T))
+    if shape in ((B,), (2 * B,)) and isinstance(T, int):
+        keys = imp.data(np.arange(T, dtype=np.int32).reshape(1, T))
         end = imp.op("reshape", [imp.op("slice", [m], axis=0, start=0, stop=B)], shape=(B, 1))
         keep = imp.op("lt", [keys, end])
         if shape == (2 * B,):
             start = imp.op("reshape", [imp.op("slice", [m], axis=0, start=B, stop=2 * B)], shape=(B, 1))
             keep = imp.op("logical_and", [keep, imp.op("ge", [keys, start])])
-        return imp.op("reshape", [keep], shape=(B, 1, 1, S))
+        return imp.op("reshape", [keep], shape=(B, 1, 1, T))
     raise Unsupported(f"mask_index of shape {list(shape)} (input 5; eqfuse takes [batch], [2 x batch], "
-                      f"[batch, sequence] and [batch, sequence, sequence]: [{B}], [{2 * B}], [{B}, {S}], [{B}, {S}, {S}])")
+                      f"[batch, total] and [batch, sequence, total], total = past length + sequence: "
+                      f"[{B}], [{2 * B}], [{B}, {T}], [{B}, {S}, {T}])")
