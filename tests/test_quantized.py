@@ -1409,11 +1409,18 @@ def test_a_qdq_gemm_with_bias_and_requantization_is_one_kernel(tmp_path):
             assert np.max(np.abs(got[1].astype(np.int32) - want[1].astype(np.int32))) <= 1
 
 
-def _qattention_model(unidirectional: int, mask: tuple | None = None, past: tuple | None = None, present: bool = False,
-                      S: int = 5):
+def _qattention_model(unidirectional: int, mask: tuple | None = None, past: tuple | None = None, S: int = 5,
+                      present: bool = False, **attrs):
     """One QAttention node over x [2, S, 16] (4 heads), with a mask_index input m of shape `mask`,
-    a past input of shape `past` (onnxruntime's is [2, 2, 4, past length, 4]) and, with `present`
-    (or a past), the second output."""
+    a past input of shape `past` (onnxruntime's is [2, 2, 4, past length, 4]) and, with a past or
+    `present`, its second output, present."""
+    return _qattention_graph([(unidirectional, mask, past, S, present, attrs)], suffix=False)
+
+
+def _qattention_graph(cases, suffix: bool = True):
+    """QAttention nodes side by side, one per case (unidirectional, mask shape, past shape, S,
+    present, attributes), sharing the weights: node i reads x{i}, m{i}, past{i} and writes y{i},
+    present{i} (without the index when not `suffix`)."""
     h = onnx.helper
     rng = np.random.default_rng(3)
     inits = [onnx.numpy_helper.from_array(rng.integers(-60, 60, (16, 48)).astype(np.int8), "w"),
@@ -1422,20 +1429,22 @@ def _qattention_model(unidirectional: int, mask: tuple | None = None, past: tupl
              onnx.numpy_helper.from_array(np.array(0.01, np.float32), "ws"),
              onnx.numpy_helper.from_array(np.array(120, np.uint8), "xz"),
              onnx.numpy_helper.from_array(np.array(0, np.int8), "wz")]
-    inputs = [h.make_tensor_value_info("x", U8, [2, S, 16])]
-    if mask is not None:
-        inputs.append(h.make_tensor_value_info("m", onnx.TensorProto.INT32, list(mask)))
-    if past is not None:
-        inputs.append(h.make_tensor_value_info("past", F32T, list(past)))
-    outputs = [h.make_tensor_value_info("y", F32T, [2, S, 16])]
-    if present or past is not None:
-        total = past[3] + S if past is not None and len(past) == 5 and isinstance(past[3], int) else "total"
-        outputs.append(h.make_tensor_value_info("present", F32T, [2, 2, 4, total, 4] if past is not None or present
-                                                else None))
-    n = h.make_node("QAttention", ["x", "w", "b", "xs", "ws", "m" if mask else "", "xz", "wz"]
-                    + ["past"] * (past is not None), [o.name for o in outputs],
-                    domain="com.microsoft", num_heads=4, unidirectional=unidirectional, name="qatt")
-    g = h.make_graph([n], "g", inputs, outputs, inits)
+    inputs, outputs, nodes = [], [], []
+    for i, (uni, mask, past, S, present, attrs) in enumerate(cases):
+        x, m, pa, y, pr = (f"{n}{i}" if suffix else n for n in ("x", "m", "past", "y", "present"))
+        inputs.append(h.make_tensor_value_info(x, U8, [2, S, 16]))
+        if mask is not None:
+            inputs.append(h.make_tensor_value_info(m, onnx.TensorProto.INT32, list(mask)))
+        if past is not None:
+            inputs.append(h.make_tensor_value_info(pa, F32T, list(past)))
+        outs = [h.make_tensor_value_info(y, F32T, [2, S, 16])]
+        if present or past is not None:
+            outs.append(h.make_tensor_value_info(pr, F32T, None))
+        outputs += outs
+        nodes.append(h.make_node("QAttention", [x, "w", "b", "xs", "ws", m if mask else "", "xz", "wz"]
+                                 + [pa] * (past is not None), [o.name for o in outs], domain="com.microsoft",
+                                 num_heads=4, unidirectional=uni, name=f"qatt{i}" if suffix else "qatt", **attrs))
+    g = h.make_graph(nodes, "g", inputs, outputs, inits)
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
 
 
@@ -1502,12 +1511,101 @@ def test_qattention_with_a_mask_index_matches_onnxruntime(form, uni, tmp_path):
         assert np.allclose(want, unmasked) == (form == "dummy")
 
 
-@pytest.mark.parametrize("what, message", [("past", "past input"), ("mask4d", "mask_index of shape [2, 1, 5, 5]")])
-def test_qattention_with_past_or_an_unknown_mask_form_is_refused_by_name(what, message, tmp_path, capsys):
+# QAttention with a past (onnxruntime's [2, batch, heads, P, head size]): (unidirectional, mask_index
+# form over the P + S keys, P, S); every query keeps a key (QATT_MASKS' comment); the last case
+# asks for present without a past (the new keys and values alone)
+QATT_PAST_CASES = [(1, "key_padding", 3, 5), (0, "lengths", 3, 5), (1, None, 6, 1), (1, "per_query", 2, 5),
+                   (0, "ends_starts", 3, 5), (1, None, None, 5)]
+
+
+def _qatt_past_mask(form: str, S: int, T: int) -> np.ndarray:
+    rng = np.random.default_rng(T)
+    if form == "key_padding":
+        return np.array([[1] * (T - 2) + [0, 0], [1] * T], np.int32)
+    if form == "lengths":
+        return np.array([T - 3, T], np.int32)
+    if form == "ends_starts":
+        return np.array([T - 1, T, 1, 0], np.int32)
+    m = rng.integers(0, 2, (2, S, T)).astype(np.int32)  # per query: each keeps its own (new) key
+    m[:, np.arange(S), T - S + np.arange(S)] = 1
+    return m
+
+
+def _qatt_past_feeds(cases, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for i, (_, form, P, S) in enumerate(cases):
+        feeds[f"x{i}"] = rng.integers(0, 256, (2, S, 16)).astype(np.uint8)
+        if form is not None:
+            feeds[f"m{i}"] = _qatt_past_mask(form, S, (P or 0) + S)
+        if P is not None:
+            feeds[f"past{i}"] = rng.standard_normal((2, 2, 4, P, 4)).astype(np.float32)
+    return feeds
+
+
+@pytest.fixture(scope="module")
+def qatt_past(tmp_path_factory):
+    """The QATT_PAST_CASES as one model (one QAttention node each), compiled once."""
+    cases = [(u, None if f is None else _qatt_past_mask(f, S, (P or 0) + S).shape,
+              None if P is None else (2, 2, 4, P, 4), S, True, {}) for u, f, P, S in QATT_PAST_CASES]
+    model = _qattention_graph(cases)
+    f = tmp_path_factory.mktemp("qatt_past") / "qatt-past.onnx"
+    onnx.save(model, str(f))
+    return model, eqfuse.compile(str(f))
+
+
+def test_qattention_with_a_past_matches_onnxruntime(qatt_past):
+    """QAttention's past: the keys attended are the past's then the new ones (one concat along the
+    sequence axis, which is the present output), with unidirectional=1 query i sees keys 0 .. P + i,
+    and a mask_index covers the P + S keys, in its 1-D, 2-D and 3-D forms; a decode step (S = 1),
+    and present without a past. Each node is still one integer GEMM and one attention kernel, and
+    one layout kernel that writes present (the concat; without a past the new keys and values'
+    head-split copy), a mask's comparison at most one pointwise kernel.
+    output within the f32 rounding of the attention (1e-5 x max|output|, docs/precision.md), present
+    within that of the dequantized keys and values (the same bound), its past rows copied exactly."""
+    model, mod = qatt_past
+    running = [k for k in mod.kernels if k.kind != "view"]
+    kinds = [str(k.kind) for k in running]
+    n, masks = len(QATT_PAST_CASES), sum(c[1] is not None for c in QATT_PAST_CASES)
+    assert (kinds.count("contraction"), kinds.count("attention"), kinds.count("layout")) == (n, n, n), kinds
+    assert kinds.count("pointwise") <= masks and len(kinds) <= 3 * n + masks, [k.body for k in running]
+    for seed in range(2):
+        feeds = _qatt_past_feeds(QATT_PAST_CASES, seed)
+        want = dict(zip([o.name for o in model.graph.output], _ort(model, feeds)))
+        got = dict(zip([o.name for o in model.graph.output], [np.asarray(o) for o in mod(**feeds)]))
+        for i, (uni, form, P, S) in enumerate(QATT_PAST_CASES):
+            for o in (f"y{i}", f"present{i}"):
+                assert got[o].shape == want[o].shape, (i, o)
+                assert np.max(np.abs(got[o] - want[o])) <= 1e-5 * np.max(np.abs(want[o])), (i, o, seed)
+            if P is not None:
+                assert np.array_equal(got[f"present{i}"][:, :, :, :P], feeds[f"past{i}"])
+
+
+@pytest.mark.parametrize("past, message", [((2, 2, 4, 3), "past of shape [2, 2, 4, 3]"),
+                                           ((2, 2, 4, 3, 8), "past of shape [2, 2, 4, 3, 8]"),
+                                           ((1, 2, 4, 3, 4), "past of shape [1, 2, 4, 3, 4]")])
+def test_qattention_with_a_past_of_the_wrong_shape_is_refused_by_name(past, message, tmp_path, capsys):
+    """A past that is not [2, batch, num_heads, past length, head size]: one message naming the node
+    and the shape onnxruntime's past has, exit 2."""
+    from eqfuse.cli.main import main
+
+    f = tmp_path / "qatt-bad-past.onnx"
+    onnx.save(_qattention_model(0, past=past), str(f))
+    assert main(["opt", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "qatt" in err and message in err and "[2, batch, num_heads, past length, head size]" in err, err
+    assert "[2, 2, 4, P, 4]" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+
+
+@pytest.mark.parametrize("what, message", [("mask4d", "mask_index of shape [2, 1, 5, 5]"),
+                                           ("shared", "past_present_share_buffer=1")])
+def test_qattention_with_an_unknown_mask_form_or_a_shared_past_buffer_is_refused_by_name(what, message, tmp_path, capsys):
     from eqfuse.cli.main import main
 
     f = tmp_path / "qatt-refused.onnx"
-    onnx.save(_qattention_model(0, mask=(2, 1, 5, 5) if what == "mask4d" else None, past=what == "past"), str(f))
+    onnx.save(_qattention_model(0, mask=(2, 1, 5, 5) if what == "mask4d" else None,
+                                past=(2, 2, 4, 3, 4) if what == "shared" else None,
+                                **({"past_present_share_buffer": 1} if what == "shared" else {})), str(f))
     assert main(["opt", str(f)]) == 2
     err = capsys.readouterr().err
     assert "qatt" in err and message in err and "Traceback" not in err, err
