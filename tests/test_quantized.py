@@ -1581,6 +1581,64 @@ def test_qattention_with_a_past_matches_onnxruntime(qatt_past):
                 assert np.array_equal(got[f"present{i}"][:, :, :, :P], feeds[f"past{i}"])
 
 
+def test_qattention_past_as_a_live_kv_cache_matches_onnxruntime(tmp_path):
+    """A QAttention whose past length is a named dim, compiled with live= (docs/generation.md): its
+    one concat is an append into the caller's [2, batch, heads, C + S, head size] buffer, which the
+    step returns as present, and its attention reads keys 0 .. t + S - 1 at the run-time length t:
+    a decode step (S = 1, the decode attention) and a chunk (S = 5, the causal mask shifted by t,
+    with a key padding mask_index over the capacity's keys). The rows past the live ones are NaN
+    and never read; output within the f32 rounding of the attention (1e-5 x max|output|) of
+    onnxruntime over the past of length t, present's live rows likewise."""
+    C, seqs = 8, (1, 5)
+    past = (2, 2, 4, "past", 4)
+    model = _qattention_graph([(1, None, past, 1, True, {}), (1, (2, "total"), past, 5, True, {})])
+    f = tmp_path / "qatt-live.onnx"
+    onnx.save(model, str(f))
+    step = eqfuse.compile(str(f), dims={"past": C, "total": C + 5}, live="past")
+    lives = [k.decisions.get("live") for k in step.kernels if k.kind in ("layout", "attention")]
+    assert lives == [f"{w} at run time: live + {S} of {C + S} rows" for S in seqs for w in ("append", "keys")], lives
+    assert [k.decisions["decode"] for k in step.kernels if k.kind == "attention"] == [1, 0]
+    rng = np.random.default_rng(0)
+    bufs = [np.full((2, 2, 4, C + S, 4), np.nan, np.float32) for S in seqs]
+    for t in (0, 3, C):
+        feeds, live = {"m1": np.ones((2, t + 5), np.int32)}, {}
+        feeds["m1"][0, t + 3:] = 0
+        feeds["m1"][1, 0] = 0
+        live["m1"] = np.concatenate([feeds["m1"], np.zeros((2, C - t), np.int32)], axis=1)
+        for i, S in enumerate(seqs):
+            feeds[f"x{i}"] = live[f"x{i}"] = rng.integers(0, 256, (2, S, 16)).astype(np.uint8)
+            feeds[f"past{i}"] = rng.standard_normal((2, 2, 4, t, 4)).astype(np.float32)
+            bufs[i][:, :, :, :t] = feeds[f"past{i}"]
+            live[f"past{i}"] = bufs[i]
+        want = _ort(model, feeds)
+        got = step(**live, past_length=np.array([t]))
+        for i, S in enumerate(seqs):
+            y, present = np.asarray(got[2 * i]), np.asarray(got[2 * i + 1])
+            assert np.shares_memory(present, bufs[i])
+            assert np.max(np.abs(y - want[2 * i])) <= 1e-5 * np.max(np.abs(want[2 * i])), (t, S)
+            wp = want[2 * i + 1]
+            assert np.max(np.abs(present[:, :, :, :t + S] - wp)) <= 1e-5 * np.max(np.abs(wp)), (t, S)
+
+
+@pytest.mark.extended
+def test_qattention_with_a_named_past_length_is_bound_per_call(tmp_path):
+    """Without dims= the named past length is bound per call (a library per value, runtime.padded),
+    with a key padding mask_index of the named total length and unidirectional=1."""
+    model = _qattention_model(1, mask=(2, "total"), past=(2, 2, 4, "past", 4))
+    f = tmp_path / "qatt-named-past.onnx"
+    onnx.save(model, str(f))
+    mod = eqfuse.compile(str(f))
+    for P in (2, 6):
+        rng = np.random.default_rng(P)
+        m = np.ones((2, P + 5), np.int32)
+        m[0, -2:] = 0
+        feeds = {"x": rng.integers(0, 256, (2, 5, 16)).astype(np.uint8), "m": m,
+                 "past": rng.standard_normal((2, 2, 4, P, 4)).astype(np.float32)}
+        for got, want in zip(mod(**feeds), _ort(model, feeds)):
+            assert np.asarray(got).shape == want.shape
+            assert np.max(np.abs(np.asarray(got) - want)) <= 1e-5 * np.max(np.abs(want)), P
+
+
 @pytest.mark.parametrize("past, message", [((2, 2, 4, 3), "past of shape [2, 2, 4, 3]"),
                                            ((2, 2, 4, 3, 8), "past of shape [2, 2, 4, 3, 8]"),
                                            ((1, 2, 4, 3, 4), "past of shape [1, 2, 4, 3, 4]")])
