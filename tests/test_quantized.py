@@ -1512,10 +1512,11 @@ def test_qattention_with_a_mask_index_matches_onnxruntime(form, uni, tmp_path):
 
 
 # QAttention with a past (onnxruntime's [2, batch, heads, P, head size]): (unidirectional, mask_index
-# form over the P + S keys, P, S); every query keeps a key (QATT_MASKS' comment); the last case
-# asks for present without a past (the new keys and values alone)
-QATT_PAST_CASES = [(1, "key_padding", 3, 5), (0, "lengths", 3, 5), (1, None, 6, 1), (1, "per_query", 2, 5),
-                   (0, "ends_starts", 3, 5), (1, None, None, 5)]
+# form over the P + S keys, P, S); every query keeps a key (QATT_MASKS' comment). The default
+# set's second case asks for present without a past (the new keys and values alone); the extended
+# set has the other mask forms and a decode step (S = 1; the live= test below has one too)
+QATT_PAST_CASES = {"default": [(1, "key_padding", 3, 5), (1, None, None, 5)],
+                   "forms": [(0, "lengths", 3, 5), (1, "per_query", 2, 5), (0, "ends_starts", 3, 5), (1, None, 6, 1)]}
 
 
 def _qatt_past_mask(form: str, S: int, T: int) -> np.ndarray:
@@ -1543,15 +1544,15 @@ def _qatt_past_feeds(cases, seed: int) -> dict:
     return feeds
 
 
-@pytest.fixture(scope="module")
-def qatt_past(tmp_path_factory):
-    """The QATT_PAST_CASES as one model (one QAttention node each), compiled once."""
-    cases = [(u, None if f is None else _qatt_past_mask(f, S, (P or 0) + S).shape,
-              None if P is None else (2, 2, 4, P, 4), S, True, {}) for u, f, P, S in QATT_PAST_CASES]
-    model = _qattention_graph(cases)
+@pytest.fixture(scope="module", params=["default", pytest.param("forms", marks=pytest.mark.extended)])
+def qatt_past(request, tmp_path_factory):
+    """A set of QATT_PAST_CASES as one model (one QAttention node each), compiled once."""
+    cases = QATT_PAST_CASES[request.param]
+    model = _qattention_graph([(u, None if f is None else _qatt_past_mask(f, S, (P or 0) + S).shape,
+                                None if P is None else (2, 2, 4, P, 4), S, True, {}) for u, f, P, S in cases])
     f = tmp_path_factory.mktemp("qatt_past") / "qatt-past.onnx"
     onnx.save(model, str(f))
-    return model, eqfuse.compile(str(f))
+    return cases, model, eqfuse.compile(str(f))
 
 
 def test_qattention_with_a_past_matches_onnxruntime(qatt_past):
@@ -1563,17 +1564,17 @@ def test_qattention_with_a_past_matches_onnxruntime(qatt_past):
     head-split copy), a mask's comparison at most one pointwise kernel.
     output within the f32 rounding of the attention (1e-5 x max|output|, docs/precision.md), present
     within that of the dequantized keys and values (the same bound), its past rows copied exactly."""
-    model, mod = qatt_past
+    cases, model, mod = qatt_past
     running = [k for k in mod.kernels if k.kind != "view"]
     kinds = [str(k.kind) for k in running]
-    n, masks = len(QATT_PAST_CASES), sum(c[1] is not None for c in QATT_PAST_CASES)
+    n, masks = len(cases), sum(c[1] is not None for c in cases)
     assert (kinds.count("contraction"), kinds.count("attention"), kinds.count("layout")) == (n, n, n), kinds
     assert kinds.count("pointwise") <= masks and len(kinds) <= 3 * n + masks, [k.body for k in running]
     for seed in range(2):
-        feeds = _qatt_past_feeds(QATT_PAST_CASES, seed)
+        feeds = _qatt_past_feeds(cases, seed)
         want = dict(zip([o.name for o in model.graph.output], _ort(model, feeds)))
         got = dict(zip([o.name for o in model.graph.output], [np.asarray(o) for o in mod(**feeds)]))
-        for i, (uni, form, P, S) in enumerate(QATT_PAST_CASES):
+        for i, (uni, form, P, S) in enumerate(cases):
             for o in (f"y{i}", f"present{i}"):
                 assert got[o].shape == want[o].shape, (i, o)
                 assert np.max(np.abs(got[o] - want[o])) <= 1e-5 * np.max(np.abs(want[o])), (i, o, seed)
@@ -1581,6 +1582,7 @@ def test_qattention_with_a_past_matches_onnxruntime(qatt_past):
                 assert np.array_equal(got[f"present{i}"][:, :, :, :P], feeds[f"past{i}"])
 
 
+@pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_qattention_past_as_a_live_kv_cache_matches_onnxruntime(tmp_path):
     """A QAttention whose past length is a named dim, compiled with live= (docs/generation.md): its
     one concat is an append into the caller's [2, batch, heads, C + S, head size] buffer, which the
