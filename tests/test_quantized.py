@@ -1623,22 +1623,29 @@ def test_qattention_past_as_a_live_kv_cache_matches_onnxruntime(tmp_path):
 
 
 @pytest.mark.extended
-def test_qattention_with_a_named_past_length_is_bound_per_call(tmp_path):
-    """Without dims= the named past length is bound per call (a library per value, runtime.padded),
-    with a key padding mask_index of the named total length and unidirectional=1."""
-    model = _qattention_model(1, mask=(2, "total"), past=(2, 2, 4, "past", 4))
-    f = tmp_path / "qatt-named-past.onnx"
-    onnx.save(model, str(f))
-    mod = eqfuse.compile(str(f))
-    for P in (2, 6):
-        rng = np.random.default_rng(P)
-        m = np.ones((2, P + 5), np.int32)
-        m[0, -2:] = 0
-        feeds = {"x": rng.integers(0, 256, (2, 5, 16)).astype(np.uint8), "m": m,
-                 "past": rng.standard_normal((2, 2, 4, P, 4)).astype(np.float32)}
-        for got, want in zip(mod(**feeds), _ort(model, feeds)):
-            assert np.asarray(got).shape == want.shape
-            assert np.max(np.abs(np.asarray(got) - want)) <= 1e-5 * np.max(np.abs(want)), P
+def test_qattention_with_named_dims_is_bound_per_call(tmp_path):
+    """Without dims= a named past length (and sequence, and mask_index length) is bound per call
+    (runtime.padded), the named batch kept by the compiled graph; with a key padding mask_index and
+    unidirectional=1, and a 1-D lengths mask_index of the named batch."""
+    for mask in ((2, "total"), (2,)):
+        model = _qattention_model(1, mask=mask, past=(2, 2, 4, "past", 4))
+        g = model.graph
+        for v, axes in ((g.input[0], (0, 1)), (g.input[1], (0,)), (g.input[2], (1,)), (g.output[0], (0, 1))):
+            for a in axes:
+                v.type.tensor_type.shape.dim[a].dim_param = ("batch", "sequence")[a if v.name in ("x", "y") else 0]
+        f = tmp_path / "qatt-named.onnx"
+        onnx.save(model, str(f))
+        mod = eqfuse.compile(str(f))
+        for B, S, P in ((2, 5, 3), (1, 1, 6), (3, 4, 2)):
+            rng = np.random.default_rng(P)
+            m = np.full(B, P + S - 1, np.int32)  # (the last key masked in batch 0, or in each)
+            if len(mask) == 2:
+                m = (np.arange(P + S) < np.where(np.arange(B) == 0, P + S - 1, P + S)[:, None]).astype(np.int32)
+            feeds = {"x": rng.integers(0, 256, (B, S, 16)).astype(np.uint8), "m": m,
+                     "past": rng.standard_normal((2, B, 4, P, 4)).astype(np.float32)}
+            for got, want in zip(mod(**feeds), _ort(model, feeds)):
+                assert np.asarray(got).shape == want.shape
+                assert np.max(np.abs(np.asarray(got) - want)) <= 1e-5 * np.max(np.abs(want)), (mask, B, S, P)
 
 
 @pytest.mark.parametrize("past, message", [((2, 2, 4, 3), "past of shape [2, 2, 4, 3]"),

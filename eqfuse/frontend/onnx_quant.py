@@ -20,6 +20,7 @@ from eqfuse.frontend.onnx_handlers import conv_geometry
 from eqfuse.frontend.onnx_registry import (
     HANDLERS,
     ONNX_DTYPES,
+    NeedsDims,
     Unsupported,
     dtype_name,
     handles,
@@ -531,10 +532,10 @@ def _qattention(imp, ins, at):
     acc = imp.op("cast", [_matmul_integer_node(imp, x, w, azp, bzp)], to="f32")
     scale = np.asarray(np.asarray(ins[3], F32).reshape(()) * np.asarray(ins[4], F32).reshape(()), F32)
     qkv = imp.op("add", [imp.op("mul", [acc, imp.data(scale)]), imp.data(ins[2], imp.node.input[2])])
-    qkv = imp.op("reshape", [qkv], shape=(B, S, 3, nh, hd))
+    qkv = imp.reshape_to(qkv, (B, S, 3, nh, hd))  # (one named dim at most: NeedsDims)
 
     def part(k):  # [B, heads, S, head size]
-        p = imp.op("reshape", [imp.op("slice", [qkv], axis=2, start=k, stop=k + 1)], shape=(B, S, nh, hd))
+        p = imp.reshape_to(imp.op("slice", [qkv], axis=2, start=k, stop=k + 1), (B, S, nh, hd))
         return imp.op("transpose", [p], perm=(0, 2, 1, 3))
 
     q, k, v = part(0), part(1), part(2)
@@ -567,7 +568,7 @@ def _qattention(imp, ins, at):
     elif later is not None:
         scores = imp.op("add", [scores, imp.data(np.where(later, fill, F32(0)).astype(F32))])
     ctx = imp.op("matmul", [imp.op("softmax", [scores], axis=-1), v])
-    out = imp.op("reshape", [imp.op("transpose", [ctx], perm=(0, 2, 1, 3))], shape=(B, S, H))
+    out = imp.reshape_to(imp.op("transpose", [ctx], perm=(0, 2, 1, 3)), (B, S, H))
     return [out] if present is None else [out, present]
 
 
@@ -605,14 +606,17 @@ def _attention_keep(imp, mask, B: int, S: int, T) -> int | None:
         return imp.reshape_to(imp.op("gt", [m, zero]), (B, 1, 1, T))
     if shape == (B, S, T):
         return imp.reshape_to(imp.op("gt", [m, zero]), (B, 1, S, T))
-    if shape in ((B,), (2 * B,)) and isinstance(T, int):
+    if shape == (B,) or (isinstance(B, int) and shape == (2 * B,)):
         keys = imp.data(np.arange(T, dtype=np.int32).reshape(1, T))
+        if shape == (B,):
+            return imp.reshape_to(imp.op("lt", [keys, imp.reshape_to(m, (B, 1))]), (B, 1, 1, T))
         end = imp.op("reshape", [imp.op("slice", [m], axis=0, start=0, stop=B)], shape=(B, 1))
-        keep = imp.op("lt", [keys, end])
-        if shape == (2 * B,):
-            start = imp.op("reshape", [imp.op("slice", [m], axis=0, start=B, stop=2 * B)], shape=(B, 1))
-            keep = imp.op("logical_and", [keep, imp.op("ge", [keys, start])])
+        start = imp.op("reshape", [imp.op("slice", [m], axis=0, start=B, stop=2 * B)], shape=(B, 1))
+        keep = imp.op("logical_and", [imp.op("lt", [keys, end]), imp.op("ge", [keys, start])])
         return imp.op("reshape", [keep], shape=(B, 1, 1, T))
+    if len(shape) == 1 and isinstance(B, str):  # [2 x batch]: the halves of a named length
+        raise NeedsDims(f"mask_index of shape {list(shape)} (end and start positions of a named batch; bind it "
+                        "with dims=)")
     raise Unsupported(f"mask_index of shape {list(shape)} (input 5; eqfuse takes [batch], [2 x batch], "
                       f"[batch, total] and [batch, sequence, total], total = past length + sequence: "
                       f"[{B}], [{2 * B}], [{B}, {T}], [{B}, {S}, {T}])")
