@@ -20,7 +20,6 @@ from eqfuse.frontend.onnx_handlers import conv_geometry
 from eqfuse.frontend.onnx_registry import (
     HANDLERS,
     ONNX_DTYPES,
-    NeedsDims,
     Unsupported,
     dtype_name,
     handles,
@@ -500,10 +499,10 @@ def _qattention(imp, ins, at):
     it masks to mask_filter_value plus the score (onnxruntime's mask: set once, not added twice where
     unidirectional masks the key too): _attention_keep's forms.
     A past [2, batch, heads, P, head size] (the keys, then the values, of P earlier positions) puts
-    its keys and values before the new ones: the T = P + sequence keys are concat(past's, new, axis
-    2), query i attends to keys 0 .. P + i under unidirectional=1, a mask_index covers all T keys, and
-    the second output, present [2, batch, heads, T, head size], is the two concats stacked (without
-    a past, the new keys and values alone)."""
+    its keys and values before the new ones: the second output, present [2, batch, heads, T, head
+    size], is concat(past, the new keys and values, axis 3) (without a past, the new ones alone),
+    the attention reads its T = P + sequence keys and values from it, query i attends to keys
+    0 .. P + i under unidirectional=1, and a mask_index covers all T keys."""
     adt, bdt = _dtype(imp, ins[0]), _dtype(imp, ins[1])
     for dt, i in ((adt, 0), (bdt, 1)):
         if dt not in QUANT_DTYPES:
@@ -614,9 +613,7 @@ def _attention_keep(imp, mask, B: int, S: int, T) -> int | None:
         start = imp.op("reshape", [imp.op("slice", [m], axis=0, start=B, stop=2 * B)], shape=(B, 1))
         keep = imp.op("logical_and", [imp.op("lt", [keys, end]), imp.op("ge", [keys, start])])
         return imp.op("reshape", [keep], shape=(B, 1, 1, T))
-    if len(shape) == 1 and isinstance(B, str):  # [2 x batch]: the halves of a named length
-        raise NeedsDims(f"mask_index of shape {list(shape)} (end and start positions of a named batch; bind it "
-                        "with dims=)")
+    two = f"2 x {B}" if isinstance(B, str) else 2 * B  # ([2 x batch] of a named batch: bind it with dims=)
     raise Unsupported(f"mask_index of shape {list(shape)} (input 5; eqfuse takes [batch], [2 x batch], "
                       f"[batch, total] and [batch, sequence, total], total = past length + sequence: "
-                      f"[{B}], [{2 * B}], [{B}, {T}], [{B}, {S}, {T}])")
+                      f"[{B}], [{two}], [{B}, {T}], [{B}, {S}, {T}])")
