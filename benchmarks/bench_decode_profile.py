@@ -96,9 +96,11 @@ def main() -> None:
         steps[precision, threads, split] = (step, feeds)
     plan_gemm.skinny_runs = planned
     runs = defaultdict(list)
-    for _ in range(a.rounds):
+    for r in range(a.rounds):  # (interleaved: a change in the machine's bandwidth falls on every step)
         for key, (step, feeds) in steps.items():
             runs[key].append(profile(step, repeat=a.repeat, **feeds))
+        print(f"round {r}: " + "  ".join(f"{p} {t}t {x} {runs[p, t, x][-1]['call_us']:.0f} us" for p, t, x in steps),
+              flush=True)
     triad = {t: bg.triad_gbs(t) for t in sorted({t for _, t, _ in steps})}
     print(f"{a.model} decode step at live length {a.prompt + 1}, capacity {cap}; median of {a.rounds} rounds of "
           f"{a.repeat} calls; triad " + ", ".join(f"{t} thr {g:.1f} GB/s" for t, g in triad.items())
