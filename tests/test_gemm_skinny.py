@@ -193,7 +193,10 @@ def test_row_epilogue_transposed_and_folded_weights():
 def test_the_threads_share_the_panels_in_runs_from_four_panels():
     """plan_gemm.skinny_runs: a parallel skinny GEMM gives each thread a contiguous run of its
     panels from SKINNY_RUNS_MIN_PANELS panels on; a serial one, or fewer panels, claims in turn."""
-    from eqfuse.backend.kinds.contraction.plan_gemm import SKINNY_RUNS_MIN_PANELS, skinny_runs
+    from eqfuse.backend.kinds.contraction.plan_gemm import (
+        SKINNY_RUNS_MIN_PANELS,
+        skinny_runs,
+    )
 
     assert skinny_runs(True, SKINNY_RUNS_MIN_PANELS) and skinny_runs(True, 786)
     assert not skinny_runs(True, SKINNY_RUNS_MIN_PANELS - 1) and not skinny_runs(False, 786)
