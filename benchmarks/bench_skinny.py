@@ -3,6 +3,7 @@ triad measured in the same process at the same thread count.
 
     flock /tmp/eqfuse-bench.lock python benchmarks/bench_skinny.py [--threads 1] [--threads 2]
         [--precision f32 --precision bf16] [--rows 1 --rows 4] [--repeat 7] [--pages huge|4k]
+        [--split runs --split turns]
 
 A decode step at batch 1 is a chain of GEMMs of 1 to 4 rows, each over a different weight, that
 together read far more than the last-level cache holds: every weight comes from memory. This
@@ -14,7 +15,10 @@ calls the kernel once per copy, in order (on the pool's threads where the plan's
 plan_gemm.skinny_parallel, shares it), holding the claim-based pool as the graph's run
 function does (one call of the loop streams every copy once: nothing is in cache). The copies
 are allocated as the runtime allocates panels (eqfuse.runtime.program.panel_floats: huge pages),
-or with `--pages 4k` in 4 KiB pages as before it. Printed per shape: the weight stream's GB/s
+or with `--pages 4k` in 4 KiB pages as before it. `--split` says how the threads share the
+panels: `runs`, one contiguous run per thread (plan_gemm.skinny_runs, the plan's from 4 panels
+on), or `turns`, the next panel claimed in turn (before it); both: each shape's two kernels are
+timed interleaved. Printed per shape: the weight stream's GB/s
 (packed bytes over the median time of a loop, and over the best), the best's fraction of triad,
 `read`: a plain read of the same copies (OpenMP, 8 sums), interleaved with the loop (the best,
 as STREAM reports), what streaming them can reach; and the median time per call. Then the fixed
@@ -94,12 +98,14 @@ def triad_gbs(lib, ffi, repeat: int) -> float:
     return 12 * n / best / 1e9  # (three float32 arrays: 12 bytes an element)
 
 
-def measure(threads: int, precisions: list[str], rows: list[int], repeat: int, pages: str) -> None:
+def measure(threads: int, precisions: list[str], rows: list[int], repeat: int, pages: str,
+            splits: list[str]) -> None:
     from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, build, header_c
     from eqfuse.backend.kinds.contraction.emit_gemm import emit_gemm_skinny
     from eqfuse.backend.kinds.contraction.plan_gemm import (
         bf16_path,
         skinny_parallel,
+        skinny_runs,
         skinny_tiles,
     )
     from eqfuse.machine import machine
@@ -115,15 +121,17 @@ def measure(threads: int, precisions: list[str], rows: list[int], repeat: int, p
         path = "f32" if prec == "f32" else bf16_path(m)
         for M in rows:
             for K, N, bt in SHAPES + [(64, 128, False)]:
-                t = skinny_tiles(M, N, m)
-                name = f"sk_{prec}_{M}_{K}_{N}"
-                src, cd = emit_gemm_skinny(name, M=M, N=N, K=K, lda=K, ldb=K if bt else N, ldc=N, mr=t["mr"],
-                                           nr=t["nr"], pf=t["pf"], b_transposed=bt,
-                                           parallel=threads > 1 and (K * N <= 1 << 13 or skinny_parallel(M, N, K, 4 if prec == "f32" else 2)),
-                                           path=path)
-                code += [src, LOOP_C.format(name=name)]
-                cdef += [cd, f"void loop_{name}(const float* A, float* const* P, float* C, long copies);"]
-                cases.append((prec, M, K, N, bt, name, t))
+                for split in splits:
+                    t = skinny_tiles(M, N, m)
+                    name = f"sk_{prec}_{M}_{K}_{N}_{split}"
+                    par = threads > 1 and (K * N <= 1 << 13 or skinny_parallel(M, N, K, 4 if prec == "f32" else 2))
+                    runs = split == "runs" and skinny_runs(par, -(-N // t["nr"]))
+                    src, cd = emit_gemm_skinny(name, M=M, N=N, K=K, lda=K, ldb=K if bt else N, ldc=N, mr=t["mr"],
+                                               nr=t["nr"], pf=t["pf"], b_transposed=bt, parallel=par, path=path,
+                                               runs=runs)
+                    code += [src, LOOP_C.format(name=name)]
+                    cdef += [cd, f"void loop_{name}(const float* A, float* const* P, float* C, long copies);"]
+                    cases.append((prec, M, K, N, bt, name, t, split))
     built = build(header_c() + COMMON_C + TRIAD_C + "\n".join(code),
                   COMMON_CDEF + "\nfloat read_all(float* const* P, long copies, long n);\nvoid triad(float* a, const float* b, const float* c, float s, long n);\n"
                   + "\n".join(cdef), "bench_skinny")
@@ -132,55 +140,67 @@ def measure(threads: int, precisions: list[str], rows: list[int], repeat: int, p
     triad = triad_gbs(lib, ffi, 15)
     load = os.getloadavg()[0]
     print(f"{threads} thread(s): triad {triad:.1f} GB/s (load average {load:.1f})")
-    print(f"  {'precision':9} {'M':>2} {'K x N':>12} {'tile':>7} {'GB/s':>6} {'best':>6} {'of triad':>8} "
+    print(f"  {'precision':9} {'M':>2} {'K x N':>12} {'tile':>7} {'split':>5} {'GB/s':>6} {'best':>6} {'of triad':>8} "
           f"{'read':>6} {'us/call':>8}")
     ptr = lambda x: ffi.cast("float *", x.ctypes.data)  # noqa: E731
-    for prec, M, K, N, bt, name, t in cases:
+    groups: dict[tuple, list] = {}  # (the splits of one shape, timed interleaved)
+    for case in cases:
+        groups.setdefault(case[:5], []).append(case)
+    for (prec, M, K, N, bt), same in groups.items():
         w = (rng.standard_normal((N, K) if bt else (K, N)) / np.sqrt(K)).astype(np.float32)
         x = rng.standard_normal((M, K), dtype=np.float32)
-        floats = getattr(lib, f"{name}_prepack_floats")()
+        timed = [prepare(lib, ffi, ptr, alloc, prec, M, K, N, bt, name, w, x) + (t, split)
+                 for *_, name, t, split in same]
         small = K * N <= 1 << 13
-        copies = 1 if small else max(2, STREAM_BYTES // (4 * floats))
-        packs = [alloc(floats) for _ in range(copies)]
-        for p in packs:
-            getattr(lib, f"{name}_prepack")(ptr(w), ptr(p))
-        c = np.empty((M, N), np.float32)
-        fn = getattr(lib, name)
-        fn(ptr(x), ptr(packs[0]), ptr(c))
-        wt = w.T if bt else w
-        if prec == "f32":
-            want, bound = x.astype(np.float64) @ wt.astype(np.float64), 1e-5
-        else:  # the inputs rounded to bf16, f32 accumulation (docs/precision.md)
-            r = lambda a: bf16_round(a).astype(np.float64)  # noqa: E731
-            want, bound = r(x) @ r(wt), 1e-5
-        err = float(np.abs(c - want).max() / np.abs(want).max())
-        assert err < bound, f"{name}: relative error {err}"
-        parr = ffi.new("float*[]", [ptr(p) for p in packs])
-        loop = getattr(lib, f"loop_{name}")
         if small:  # the fixed cost: many calls over one weight in L1
-            calls = 20000
-            ts, same = [], ffi.new("float*[]", [ptr(packs[0])] * 1000)
-            for _ in range(repeat):
-                s = time.perf_counter()
-                for _ in range(calls // 1000):
-                    loop(ptr(x), same, ptr(c), 1000)
-                ts.append((time.perf_counter() - s) / calls)
-            print(f"  {prec:9} {M:2} {f'{K} x {N}':>12} {t['mr']}x{t['nr']:<4} {'':6} {'':6} {'':8} {'':6} "
-                  f"{statistics.median(ts) * 1e6:8.2f}  (fixed cost of a call)")
+            for packs, parr, loop, c, floats, copies, t, split in timed:
+                calls = 20000
+                ts, same_w = [], ffi.new("float*[]", [ptr(packs[0])] * 1000)
+                for _ in range(repeat):
+                    s = time.perf_counter()
+                    for _ in range(calls // 1000):
+                        loop(ptr(x), same_w, ptr(c), 1000)
+                    ts.append((time.perf_counter() - s) / calls)
+                print(f"  {prec:9} {M:2} {f'{K} x {N}':>12} {t['mr']}x{t['nr']:<4} {split:>5} {'':6} {'':6} {'':8} {'':6} "
+                      f"{statistics.median(ts) * 1e6:8.2f}  (fixed cost of a call)")
             continue
-        loop(ptr(x), parr, ptr(c), copies)
-        ts, rs = [], []
-        for _ in range(repeat):  # interleaved: a disturbance hits both alike
-            s = time.perf_counter()
+        ts = [[] for _ in timed]
+        rs = []
+        for packs, parr, loop, c, floats, copies, t, split in timed:
             loop(ptr(x), parr, ptr(c), copies)
-            ts.append(time.perf_counter() - s)
+        for _ in range(repeat):  # interleaved: a disturbance hits every split and the read alike
+            for k, (packs, parr, loop, c, floats, copies, t, split) in enumerate(timed):
+                s = time.perf_counter()
+                loop(ptr(x), parr, ptr(c), copies)
+                ts[k].append(time.perf_counter() - s)
             s = time.perf_counter()
-            lib.read_all(parr, copies, floats)
+            lib.read_all(timed[0][1], timed[0][5], timed[0][4])
             rs.append(time.perf_counter() - s)
-        gb = 4 * floats * copies / 1e9
-        med, best, read = statistics.median(ts), min(ts), gb / min(rs)
-        print(f"  {prec:9} {M:2} {f'{K} x {N}':>12} {t['mr']}x{t['nr']:<4} {gb / med:6.1f} {gb / best:6.1f} "
-              f"{gb / best / triad:8.0%} {read:6.1f} {med / copies * 1e6:8.1f}", flush=True)
+        for k, (packs, parr, loop, c, floats, copies, t, split) in enumerate(timed):
+            gb = 4 * floats * copies / 1e9
+            med, best, read = statistics.median(ts[k]), min(ts[k]), gb / min(rs)
+            print(f"  {prec:9} {M:2} {f'{K} x {N}':>12} {t['mr']}x{t['nr']:<4} {split:>5} {gb / med:6.1f} {gb / best:6.1f} "
+                  f"{gb / best / triad:8.0%} {read:6.1f} {med / copies * 1e6:8.1f}", flush=True)
+
+
+def prepare(lib, ffi, ptr, alloc, prec, M, K, N, bt, name, w, x):
+    """(packs, their pointer array, the loop, C, floats a pack, copies) of one kernel, its result checked."""
+    floats = getattr(lib, f"{name}_prepack_floats")()
+    copies = 1 if K * N <= 1 << 13 else max(2, STREAM_BYTES // (4 * floats))
+    packs = [alloc(floats) for _ in range(copies)]
+    for p in packs:
+        getattr(lib, f"{name}_prepack")(ptr(w), ptr(p))
+    c = np.empty((M, N), np.float32)
+    getattr(lib, name)(ptr(x), ptr(packs[0]), ptr(c))
+    wt = w.T if bt else w
+    if prec == "f32":
+        want, bound = x.astype(np.float64) @ wt.astype(np.float64), 1e-5
+    else:  # the inputs rounded to bf16, f32 accumulation (docs/precision.md)
+        r = lambda a: bf16_round(a).astype(np.float64)  # noqa: E731
+        want, bound = r(x) @ r(wt), 1e-5
+    err = float(np.abs(c - want).max() / np.abs(want).max())
+    assert err < bound, f"{name}: relative error {err}"
+    return packs, ffi.new("float*[]", [ptr(p) for p in packs]), getattr(lib, f"loop_{name}"), c, floats, copies
 
 
 def bf16_round(a: np.ndarray) -> np.ndarray:
@@ -197,15 +217,17 @@ def main() -> None:
     ap.add_argument("--rows", type=int, action="append")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--pages", choices=["huge", "4k"], default="huge")
+    ap.add_argument("--split", action="append", choices=["runs", "turns"])
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    precisions, rows = a.precision or ["f32", "bf16"], a.rows or [1, 4]
+    precisions, rows, splits = a.precision or ["f32", "bf16"], a.rows or [1, 4], a.split or ["runs"]
     if a.child:
-        measure(a.child, precisions, rows, a.repeat, a.pages)
+        measure(a.child, precisions, rows, a.repeat, a.pages, splits)
         return
     for n in a.threads or [1, 2]:  # a child per thread count (the threads are set once)
         args = [sys.executable, __file__, "--child", str(n), "--repeat", str(a.repeat), "--pages", a.pages]
         args += [f"--precision={p}" for p in precisions] + [f"--rows={r}" for r in rows]
+        args += [f"--split={x}" for x in splits]
         subprocess.run(args, check=True, env={**os.environ, "EQFUSE_NUM_THREADS": str(n)})
 
 

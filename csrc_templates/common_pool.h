@@ -38,6 +38,8 @@ static long eqf_pool_now_ns(void);
 /* when each worker began the chunk it runs now (monotonic ns; 0: none), read by a caller that
  * waits for it (see EQF_POOL_STALL) */
 static long eqf_pool_since[EQF_POOL_MAX];
+/* which thread of a job this is: 0 the caller, id + 1 worker id (eqf_runs_claim) */
+static _Thread_local int eqf_pool_self;
 
 /* claim and run chunks of generation gen until none is left; id: the worker's, -1 the caller.
  * Returns the chunks it ran. */
@@ -204,6 +206,7 @@ static long eqf_pool_now_ns(void)
 static void* eqf_pool_worker(void* arg)
 {
     const int id = (int)(long)arg;
+    eqf_pool_self = id + 1;
     unsigned long seen = 0;
     int off = -1;
     unsigned freed = 0;
@@ -362,6 +365,52 @@ __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, vo
             eqf_pause();
     }
     pthread_mutex_unlock(&eqf_pool_busy);
+}
+
+/* ---- A job's items as one contiguous run per thread (the skinny GEMM's panels, the plan's `runs`).
+ * eqf_parallel_for hands out chunk numbers in the order they are claimed, so on two threads
+ * each thread's panels alternate with the other's: every thread's stream of B jumps at every
+ * panel (K x NR elements), and the hardware prefetcher starts each panel's stream anew. With
+ * runs, thread t (the caller 0, worker id id + 1) owns the items [t n / T, (t + 1) n / T) and
+ * claims them in order from the front of its run, so each thread reads one sequential stream,
+ * as a static split would; a thread whose run is done takes the others' items one at a time
+ * from the back of their runs, so a worker that another process keeps from its core holds up at
+ * most the item it runs, as with chunk claims. Each chunk the pool runs claims exactly one item
+ * (eqf_runs_claim), and the pool runs as many chunks as there are items, so every item is
+ * claimed once. Each run's word (first << 32 | end) sits on a cache line of its own: a thread
+ * claims its own items without touching the others' line. */
+typedef struct {
+    unsigned long word __attribute__((aligned(64)));
+} eqf_run_t;
+typedef struct {
+    eqf_run_t run[EQF_POOL_MAX];
+    int runs;
+} eqf_runs_t;
+
+__attribute__((unused)) static void eqf_runs_init(eqf_runs_t* r, long n, int threads)
+{
+    r->runs = threads < 1 ? 1 : threads > EQF_POOL_MAX ? EQF_POOL_MAX : threads;
+    for (int t = 0; t < r->runs; t++)
+        r->run[t].word = (unsigned long)(n * t / r->runs) << 32 | (unsigned long)(n * (t + 1) / r->runs);
+}
+
+/* the next item for the calling thread: from the front of its own run, else from the back of
+ * another's (-1 only if every item was claimed, which the pool's chunk count rules out) */
+__attribute__((unused)) static long eqf_runs_claim(eqf_runs_t* r)
+{
+    const int me = eqf_pool_self < r->runs ? eqf_pool_self : 0;
+    unsigned long w = __atomic_load_n(&r->run[me].word, __ATOMIC_ACQUIRE);
+    while ((w >> 32) < (w & 0xffffffffUL))
+        if (__atomic_compare_exchange_n(&r->run[me].word, &w, w + (1UL << 32), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return (long)(w >> 32);
+    for (int d = 1; d < r->runs; d++) {
+        eqf_run_t* o = &r->run[(me + d) % r->runs];
+        w = __atomic_load_n(&o->word, __ATOMIC_ACQUIRE);
+        while ((w >> 32) < (w & 0xffffffffUL))
+            if (__atomic_compare_exchange_n(&o->word, &w, w - 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                return (long)(w & 0xffffffffUL) - 1;
+    }
+    return -1;
 }
 
 /* ---- A kernel's parallel loop (eqf_region), run in the mode the call picked.

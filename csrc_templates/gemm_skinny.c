@@ -36,6 +36,9 @@
 #define {{NAME}}_PANELS (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR)
 #define {{NAME}}_NPAD ({{NAME}}_PANELS * {{NAME}}_NR)
 #define {{NAME}}_PER_CHUNK 1 /* panels per pool chunk */
+/* the plan's runs: each thread's panels one contiguous run, claimed in order, the rest taken
+ * from the back of the others' runs (common_pool.h, eqf_runs_claim); 0: claimed in turn */
+#define {{NAME}}_RUNS {{RUNS}}
 /* Packing A: PACK_PARTS parts of K per group, each a pool chunk, on the pool's threads when
  * PACK_PARALLEL (plan_gemm.skinny_pack_parts) */
 #define {{NAME}}_PACK_PARTS {{PACK_PARTS}} /* the plan's pack_parts (0: the calling thread packs A, in one part) */
@@ -311,6 +314,7 @@ typedef struct {
     float* ap;
     const {{NAME}}_bt* P;
     float* C;
+    eqf_runs_t* runs;
     {{EXTRA_FIELDS}}
 } {{NAME}}_job;
 
@@ -323,10 +327,13 @@ static void {{NAME}}_pack_chunk(void* job, long c)
                     k0 + {{NAME}}_PACK_PART < {{NAME}}_K ? k0 + {{NAME}}_PACK_PART : {{NAME}}_K);
 }
 
-/* pool chunk k: the panels of share k of PANELS */
+/* pool chunk k: the panels of share k of PANELS (with RUNS: the share this thread claims) */
 static void {{NAME}}_chunk(void* job, long k)
 {
     const {{NAME}}_job* jb = job;
+#if {{NAME}}_RUNS
+    k = eqf_runs_claim(jb->runs);
+#endif
     {{EXTRA_UNPACK}}
     {{NAME}}_panels(jb->ap, jb->P, jb->C, k * {{NAME}}_PER_CHUNK,
                     k * {{NAME}}_PER_CHUNK + {{NAME}}_PER_CHUNK < {{NAME}}_PANELS ? k * {{NAME}}_PER_CHUNK + {{NAME}}_PER_CHUNK
@@ -359,7 +366,13 @@ void {{NAME}}(const float* A, const float* P, float* C{{EXTRA_PARAMS}})
      * of A (with PACK_PARALLEL), then the panels, are chunks of the claim-based pool (common.h):
      * A, read by every panel, is packed in full before the first panel */
     const int threads = {{PARALLEL}} ? eqf_pool_threads() : 1;
-    {{NAME}}_job job = {A, ap, (const {{NAME}}_bt*)P, C{{EXTRA_INIT}}};
+#if {{NAME}}_RUNS
+    eqf_runs_t runs;
+    eqf_runs_init(&runs, ({{NAME}}_PANELS + {{NAME}}_PER_CHUNK - 1) / {{NAME}}_PER_CHUNK, threads);
+    {{NAME}}_job job = {A, ap, (const {{NAME}}_bt*)P, C, &runs{{EXTRA_INIT}}};
+#else
+    {{NAME}}_job job = {A, ap, (const {{NAME}}_bt*)P, C, NULL{{EXTRA_INIT}}};
+#endif
     eqf_parallel_for({{NAME}}_GROUPS * {{NAME}}_PACK_NPARTS, {{NAME}}_pack_chunk, &job,
                      {{NAME}}_PACK_PARALLEL ? threads : 1);
     eqf_parallel_for(({{NAME}}_PANELS + {{NAME}}_PER_CHUNK - 1) / {{NAME}}_PER_CHUNK, {{NAME}}_chunk, &job, threads);

@@ -39,7 +39,8 @@ def source(name, case, m, parallel):
     mr, nr = tile(m, M, mr)
     return emit_gemm_skinny(name, M=M, N=N, K=K, lda=M if at else K, ldb=K if bt else N, ldc=N + pad, mr=mr, nr=nr,
                             pf=64 if M == 8 else 0, a_transposed=at, b_transposed=bt, epilogue=EPILOGUE,
-                            extras=[("float", "bias"), ("float", "res")], parallel=parallel)
+                            extras=[("float", "bias"), ("float", "res")], parallel=parallel,
+                            runs=parallel)  # (the panels in runs per thread, skinny_runs, at any count of panels)
 
 
 @pytest.fixture(scope="module", params=sorted(WIDTHS))
@@ -189,6 +190,18 @@ def test_row_epilogue_transposed_and_folded_weights():
     assert "groups" in mod.kernels[0].tiles and "A given transposed (K x M)" in mod.kernels[0].c_source
 
 
+def test_the_threads_share_the_panels_in_runs_from_four_panels():
+    """plan_gemm.skinny_runs: a parallel skinny GEMM gives each thread a contiguous run of its
+    panels from SKINNY_RUNS_MIN_PANELS panels on; a serial one, or fewer panels, claims in turn."""
+    from eqfuse.backend.kinds.contraction.plan_gemm import (
+        SKINNY_RUNS_MIN_PANELS,
+        skinny_runs,
+    )
+
+    assert skinny_runs(True, SKINNY_RUNS_MIN_PANELS) and skinny_runs(True, 786)
+    assert not skinny_runs(True, SKINNY_RUNS_MIN_PANELS - 1) and not skinny_runs(False, 786)
+
+
 def test_a_few_columns_narrow_the_panel():
     """N = 10 (an MLP's last layer): one panel of 16 columns (two AVX2 vectors, one AVX-512),
     not 48 (24 with AVX2) of which most would be padding."""
@@ -292,3 +305,5 @@ def test_a_weight_that_streams_from_memory_is_shared_by_the_threads(M, N, K, par
     (k,) = mod.kernels
     assert SKINNY in k.c_source and bool(k.decisions["parallel"]) is parallel
     assert re.search(rf"#define \w+_PARALLEL {int(parallel)}\b", k.c_source)
+    # each thread's panels one contiguous run where it shares them (plan_gemm.skinny_runs)
+    assert bool(k.decisions["runs"]) is parallel and re.search(rf"#define \w+_RUNS {int(parallel)}\b", k.c_source)

@@ -112,7 +112,7 @@ CHOICES: dict[str, dict[str, str]] = {
                "DIRECT_B": "direct_b", "PREPACKED_B": "prepacked_b", "SPLIT": "split", "PARALLEL": "parallel",
                "BF16": "precision_path", "A_TRANSPOSED": "a_transposed", "B_TRANSPOSED": "b_transposed"},
     "gemm_skinny.c": {"MR": "mr", "NR": "nr", "GROUPS": "groups", "PF": "pf", "PACK_PARTS": "pack_parts",
-                      "PARALLEL": "parallel", "BF16": "precision_path", "A_TRANSPOSED": "a_transposed"},
+                      "PARALLEL": "parallel", "RUNS": "runs", "BF16": "precision_path", "A_TRANSPOSED": "a_transposed"},
     "gemm_u8s8.c": {"MR": "mr", "NR": "nr", "KC": "kc", "MB": "mb", "PATH": "precision_path", "A_S8": "a_s8", "B_U8": "b_u8",
                     "BZP_PER_COL": "bzp_per_col", "PREPACKED_B": "prepacked_b", "PARALLEL": "parallel",
                     "QUANT_A": "quantize_a", "IM2COL": "im2col", "IM2COL_ROWS": "im2col_rows", "DIRECT_X": "direct_x",

@@ -1,5 +1,6 @@
 """The claim-based thread pool of csrc_templates/common_pool.h, alone: two threads submit 20000
-jobs each (1 to 37 chunks, 3 threads per job), and every chunk of every job must run exactly once.
+jobs each (1 to 37 chunks, 3 threads per job), and every chunk of every job must run exactly once;
+the same with the chunks' items in one run per thread (eqf_runs_claim).
 The second caller finds the pool busy and runs its chunks itself; the first one's jobs race the
 workers' claims. A worker that stalls in its chunks is waited for, and freed to run anywhere. With `-m extended` the same program runs under ThreadSanitizer."""
 
@@ -80,6 +81,76 @@ int main(void)
 """
 
 
+# The same jobs with their items in runs (eqf_runs_claim, the skinny GEMM's plan field `runs`):
+# each chunk the pool runs claims one item, from the front of its thread's own run or from the
+# back of another's; every item of every job must run exactly once, and a thread's own items in
+# order (a run is one sequential stream).
+RUNS = r"""
+#include <stdio.h>
+typedef struct { eqf_runs_t runs; long* h; long n; int bad; } job_t;
+static void chunk(void* ctx, long k)
+{
+    job_t* j = ctx;
+    (void)k;
+    const long i = eqf_runs_claim(&j->runs);
+    if (i < 0 || i >= j->n)
+        __atomic_store_n(&j->bad, 1, __ATOMIC_RELAXED);
+    else
+        __atomic_fetch_add(&j->h[i], 1, __ATOMIC_RELAXED);
+}
+static void* caller(void* arg)
+{
+    long* h = arg;
+    for (int it = 0; it < 20000; it++) {
+        job_t j;
+        j.h = h, j.n = 1 + (it * 7) % 37, j.bad = 0;
+        eqf_runs_init(&j.runs, j.n, 3);
+        eqf_parallel_for(j.n, chunk, &j, 3);
+        if (j.bad)
+            return (void*)1;
+    }
+    return NULL;
+}
+int main(void)
+{
+    static long a[64], b[64];
+    pthread_t t1, t2;
+    void *r1, *r2;
+    pthread_create(&t1, NULL, caller, a);
+    pthread_create(&t2, NULL, caller, b);
+    pthread_join(t1, &r1);
+    pthread_join(t2, &r2);
+    if (r1 || r2) {
+        printf("a claim found no item\n");
+        return 1;
+    }
+    long want[64] = {0};
+    for (int it = 0; it < 20000; it++)
+        for (long k = 0; k < 1 + (it * 7) % 37; k++)
+            want[k]++;
+    for (int k = 0; k < 64; k++)
+        if (a[k] != want[k] || b[k] != want[k]) {
+            printf("item %d ran %ld and %ld times, not %ld\n", k, a[k], b[k], want[k]);
+            return 1;
+        }
+    /* one thread alone (the caller, no worker) takes its own run in order, then the others' from their backs */
+    eqf_runs_t r;
+    eqf_runs_init(&r, 10, 3);
+    long order[10];
+    for (int k = 0; k < 10; k++)
+        order[k] = eqf_runs_claim(&r);
+    const long expect[10] = {0, 1, 2, 5, 4, 3, 9, 8, 7, 6};
+    for (int k = 0; k < 10; k++)
+        if (order[k] != expect[k]) {
+            printf("claim %d took item %ld, not %ld\n", k, order[k], expect[k]);
+            return 1;
+        }
+    printf(eqf_runs_claim(&r) == -1 ? "ok\n" : "a claim past the last item\n");
+    return 0;
+}
+"""
+
+
 def _run(tmp_path, *flags, harness=HARNESS):
     src = tmp_path / "pool.c"
     src.write_text(header_c() + harness)
@@ -91,6 +162,11 @@ def _run(tmp_path, *flags, harness=HARNESS):
 
 def test_every_chunk_runs_once(tmp_path):
     p = _run(tmp_path)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
+
+
+def test_every_item_of_runs_is_claimed_once(tmp_path):
+    p = _run(tmp_path, harness=RUNS)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
 
 

@@ -144,7 +144,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
 def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, mr: int, nr: int,
                      pf: int = 0, b_transposed: bool = False, a_transposed: bool = False,
                      epilogue: str = "acc", extras: Sequence[tuple[str, str]] = (), row_epilogue: str = "",
-                     parallel: bool = True, pack_parts: int = 0, path: str = "f32") -> tuple[str, str]:
+                     parallel: bool = True, pack_parts: int = 0, path: str = "f32",
+                     runs: bool = False) -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* P, float* C EXTRA_PARAMS)`
     and of its prepacking functions.
 
@@ -157,8 +158,10 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
     With `parallel`, the panels (then the rows of a row epilogue) are chunks of the claim-based
     pool of common.h (eqf_parallel_for), one panel each; with `pack_parts` (the plan's,
     plan_gemm.skinny_pack_parts) the packing of A is too, before them, in that many parts of K
-    per group of MR rows (0: the calling thread packs A). `path` is the instruction path
-    (BF16_PATHS, as emit_gemm's).
+    per group of MR rows (0: the calling thread packs A). With `runs` (the plan's,
+    plan_gemm.skinny_runs) each thread's panels are one contiguous run (common_pool.h,
+    eqf_runs_claim) instead of claimed in turn. `path` is the instruction path (BF16_PATHS, as
+    emit_gemm's).
     """
     if min(M, N, K, mr, nr) < 1 or nr % 4 or mr > M:
         raise ValueError(f"skinny GEMM: M={M} N={N} K={K} MR={mr} NR={nr} (NR a multiple of 4, MR <= M)")
@@ -181,7 +184,7 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
                  EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
                  EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
                  EXTRA_INIT="".join(", " + n for _, n in extras), BF16=BF16_PATHS[path],
-                 A_TRANSPOSED=int(a_transposed))
+                 A_TRANSPOSED=int(a_transposed), RUNS=int(runs and parallel))
     cdef = (f"void {name}(const float* A, const float* B, float* C{''.join(f', const {t}* {n}' for t, n in extras)});"
             f"\nlong {name}_prepack_floats(void);\nvoid {name}_prepack(const float* B, float* P);")
     return src, cdef
@@ -306,7 +309,8 @@ def emit_contraction(plan: KernelPlan) -> str:
         src, _ = emit_gemm_skinny(gname, M=g.M, N=N, K=K, lda=g.lda, ldb=g.ldb, ldc=ldc, mr=t["mr"], nr=t["nr"],
                                   pf=t["pf"], b_transposed=bt, a_transposed=at, epilogue=expr,
                                   extras=[(c_type(plan.body, i), pn) for i, pn in extras], row_epilogue=row_call,
-                                  parallel=d.parallel, pack_parts=d.pack_parts, path=plan.precision_path)
+                                  parallel=d.parallel, pack_parts=d.pack_parts, path=plan.precision_path,
+                                  runs=d.runs)
     else:
         src, _ = emit_gemm(gname, M=g.M, N=N, K=K, batch=g.batch, a_batch_stride=sa, b_batch_stride=sb,
                            c_batch_stride=sc, lda=g.lda, ldb=g.ldb, ldc=ldc, csc=csc, b_transposed=bt,

@@ -78,6 +78,7 @@ class GemmDetail:
     path: str = "blocked"
     direct_a: bool = False  # the micro-kernel reads A in place, not packed (`direct_a`): gemm.c's DIRECT_A
     pack_parts: int = 0  # skinny path: A packed by the pool in this many parts of K (`skinny_pack_parts`)
+    runs: bool = False  # skinny path: each thread's panels one contiguous run (`skinny_runs`)
     im2col: bool = False  # conv2d: the column matrix is built (False: a 1x1, stride-1, unpadded conv reads x)
 
 
@@ -268,6 +269,24 @@ def skinny_pack_parts(M: int, K: int, parallel: bool) -> int:
     return max(1, min(SKINNY_PACK_PARTS, K // SKINNY_PACK_K))
 
 
+# From this many panels a parallel skinny GEMM gives each thread one contiguous run of them
+# (`skinny_runs`); with fewer, one panel a thread is already all a run could be.
+SKINNY_RUNS_MIN_PANELS = 4
+
+
+def skinny_runs(parallel: bool, panels: int) -> bool:
+    """Whether a skinny GEMM's threads each stream one contiguous run of its panels (thread t of T
+    the panels [t P / T, (t + 1) P / T), in order, then the others' left over one at a time from
+    the back of their runs: common_pool.h, eqf_runs_claim) instead of claiming the next panel in
+    turn. Claimed in turn, two threads' panels alternate: each thread's read of B jumps by a
+    panel (K x NR elements) after every panel, and the hardware prefetcher, the only one on a CPU
+    whose Machine.prefetch is off, begins each panel's stream from cold; in runs each thread's
+    read is one sequential stream, as STREAM's static split is, while a worker that another
+    process keeps off its core still holds the call up by one panel at most
+    (`benchmarks/bench_skinny.py --threads 2 --split runs --split turns`)."""
+    return parallel and panels >= SKINNY_RUNS_MIN_PANELS
+
+
 def skinny(M: int, N: int, K: int, m: Machine) -> bool:
     """Whether a GEMM of M x N x K whose B is bound (prepacked) runs csrc_templates/gemm_skinny.c.
 
@@ -308,7 +327,7 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     eb = 2 if plan.precision == "bf16" else F32  # (bytes of a packed element: bf16 halves)
     par = d.parallel and skinny_parallel(M, N, K, eb)
     plan.detail = d = replace(d, path="skinny", direct_b=False, direct_a=False, parallel=par,
-                              pack_parts=skinny_pack_parts(M, K, par))
+                              pack_parts=skinny_pack_parts(M, K, par), runs=skinny_runs(par, cdiv(N, nr)))
     texts = bf16_texts(plan.precision_path)
     plan.cache_check = (f"A packed [{groups * mr} x {K}] = {groups * mr * K * eb} B, read by every panel; "
                         f"B panel K x nr = {K * nr * eb} B streamed once per group"
@@ -318,8 +337,11 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
                     f"a packed B of {K * N * eb} B < {SKINNY_PARALLEL_BYTES}: plan_gemm.skinny_parallel)"
                     if not d.parallel else
                     (f"A packed by the threads of the claim-based pool in {groups} x {parts} parts, then " if parts else "")
-                    + f"the {panels} {nr}-column panels claimed one at a time by the threads of the claim-based pool "
-                    "(common_pool.h: the caller waits only for claimed panels)"
+                    + (f"the {panels} {nr}-column panels in one contiguous run per thread of the claim-based pool, "
+                       "claimed in order, then the others' left over one at a time from the back of their runs "
+                       "(common_pool.h, eqf_runs_claim: plan_gemm.skinny_runs)" if d.runs else
+                       f"the {panels} {nr}-column panels claimed one at a time by the threads of the claim-based pool")
+                    + " (common_pool.h: the caller waits only for claimed panels)"
                     + (", then the rows for the row epilogue, claimed the same way" if d.row_op else ""))
     body, a = plan.body, plan.shape.anchor
     mm = body.nodes[a]
