@@ -509,7 +509,16 @@ static inline long eqf_minl(long a, long b) { return a < b ? a : b; }
 #endif
 
 /* ---- A depthwise conv over bands of output rows (conv_dwpw.c, conv_dwln.c).
- * Task `task`, of NBAND bands of BAND rows per image: image b's output rows [r0, r0 + rows), its
+ * EQF_BAND_SIZES: the members of a template's enum that follow from its shape (W, OH, OW, KH, KW,
+ * SH, SW, PW, DH, DW), its vector's floats VL and its band's output rows BAND, which it names first.
+ * The padded rows BHP x WP match ConvGeometry.in_rows and in_cols (backend/kinds/contraction/conv_geometry.py). */
+#define EQF_BAND_SIZES                                                                                       \
+    NBAND = (OH + BAND - 1) / BAND /* bands per image */,                                                    \
+    BP = (BAND * OW + VL - 1) / VL * VL /* a band's pixels, whole vectors */,                                \
+    BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1 /* a band's padded input */, \
+    WC = W < WP - PW ? W : WP - PW /* the input columns that some tap reads */,                              \
+    XP = BHP * WP + VL + KW * DW /* (and what the last vector over q reads past the rows) */
+/* Task `task`, of NBAND bands of BAND rows per image: image b's output rows [r0, r0 + rows), its
  * P = rows x OW pixels, which read bh padded input rows: band row hr is input row top + hr, inside
  * the image for hr in [lo, hi), above it before lo, below it from hi. */
 typedef struct {

@@ -47,12 +47,8 @@ void {{NAME}}({{PARAMS}})
 {
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, F = {{F}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}}, OW = {{OW}},
            SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, DH = {{DH}}, DW = {{DW}}, VL = {{VL}}, RO = {{RO}},
-           NV = {{NV}}, BAND = {{BAND}}, NBAND = (OH + BAND - 1) / BAND,
-           BP = (BAND * OW + VL - 1) / VL * VL /* a band's pixels, whole vectors */,
-           BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1 /* a band's padded input */,
-           WC = W < WP - PW ? W : WP - PW /* the input columns that some tap reads */,
-           QU = 4 /* FLAT: vectors of sums at once */,
-           XP = BHP * WP + VL + KW * DW /* (and what the last vector over q reads past the rows) */ };
+           NV = {{NV}}, BAND = {{BAND}}, EQF_BAND_SIZES /* NBAND BP BHP WP WC XP */,
+           QU = 4 /* FLAT: vectors of sums at once */ };
 {{EXTRAS}}
     const float* restrict x = {{X}};
     const float* restrict wd = {{WD}};

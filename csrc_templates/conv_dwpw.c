@@ -51,12 +51,8 @@ void {{NAME}}({{PARAMS}})
 {
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}}, OW = {{OW}},
            SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, DH = {{DH}}, DW = {{DW}}, VL = {{VL}}, RO = {{RO}},
-           BAND = {{BAND}}, NBAND = (OH + BAND - 1) / BAND,
-           BP = (BAND * OW + VL - 1) / VL * VL /* a band's pixels, whole vectors (OLANES: whole register tiles) */,
+           BAND = {{BAND}}, EQF_BAND_SIZES /* NBAND BP (OLANES: whole register tiles) BHP WP WC XP */,
            CP = (C + VL - 1) / VL * VL /* (OLANES: the channels, whole vectors) */,
-           BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1 /* a band's padded input */,
-           WC = W < WP - PW ? W : WP - PW /* the input columns that some tap reads */,
-           XP = BHP * WP + VL + KW * DW /* (and what the last vector over q reads past the rows) */,
            CI = {{CI}} /* EXPAND: the expand conv's input channels */ };
 {{EXTRAS}}
     const float* restrict x = {{X}};

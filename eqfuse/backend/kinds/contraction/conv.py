@@ -452,13 +452,13 @@ def emit_conv_direct(plan: KernelPlan) -> str:
         ro, rph, rpw = d.pixels
         return render("conv_pixels.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                       WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
-                      EPILOGUE=expr, O=d.O, **d.shape_c(dilated=False), VL=d.vl, RO=ro, RPH=rph,
+                      EPILOGUE=expr, O=d.O, **d.shape_c("DH", "DW"), VL=d.vl, RO=ro, RPH=rph,
                       RPW=rpw, OINNER=int(d.o_inner), ALIGN=int(d.row_align), CHUNKS=d.region_chunks,
                       **param_job(params))
     el, er = edge_tiles(d)
     return render("conv_direct.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
-                  EPILOGUE=expr, O=d.O, **d.shape_c(dilated=False), CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
+                  EPILOGUE=expr, O=d.O, **d.shape_c("DH", "DW"), CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
                   RW=d.rw, ROWS=int(d.rows), CHUNKS=d.region_chunks, IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
                   INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(d.reorder), BF16=BF16_PATHS[plan.precision_path],
                   REORDER_FN=reorder_fn(plan.name, d.vl) if d.reorder else "",

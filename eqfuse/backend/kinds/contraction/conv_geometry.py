@@ -1,7 +1,8 @@
 """The geometry of a conv2d as its kernel's C reads it: the one place that reads a conv node's
 shapes and attributes for the conv kernels (conv: direct and Winograd; conv_grouped; conv_dwpw;
-conv_dwln). Their plan details inherit ConvGeometry and add their output channels (a fused
-kernel's are its last conv's or matmul's, not the depthwise conv's) and their choices.
+conv_dwln; the im2col GEMM, plan_gemm and emit_gemm; the integer GEMM of conv_integer, qgemm).
+The conv plan details inherit ConvGeometry and add their output channels (a fused kernel's are
+its last conv's or matmul's, not the depthwise conv's) and their choices.
 """
 
 from __future__ import annotations
@@ -39,16 +40,17 @@ class ConvGeometry:
         """The padded input columns that `out_cols` consecutive output columns read."""
         return (out_cols - 1) * self.stride[1] + (self.KW - 1) * self.dilation[1] + 1
 
-    def shape_c(self, dilated: bool = True) -> dict[str, int]:
+    def shape_c(self, *omit: str) -> dict[str, int]:
         """The templates' shape placeholders: N C H W KH KW OH OW, the stride SH SW, the top and
-        left padding PH PW and (`dilated`: the templates that take one) the dilation DH DW."""
+        left padding PH PW and the dilation DH DW; but those in `omit`, which a template has not."""
         c = dict(N=self.N, C=self.C, H=self.H, W=self.W, KH=self.KH, KW=self.KW, OH=self.OH, OW=self.OW,
-                 SH=self.stride[0], SW=self.stride[1], PH=self.padding[0], PW=self.padding[1])
-        return {**c, "DH": self.dilation[0], "DW": self.dilation[1]} if dilated else c
+                 SH=self.stride[0], SW=self.stride[1], PH=self.padding[0], PW=self.padding[1],
+                 DH=self.dilation[0], DW=self.dilation[1])
+        return {k: v for k, v in c.items() if k not in omit}
 
 
 def conv_geometry(plan: KernelPlan, conv: int) -> ConvGeometry:
-    """The geometry of the conv2d at body node `conv` of the plan's kernel. Only the conv that
+    """The geometry of the conv2d (or conv_integer) at body node `conv` of the plan's kernel. Only the conv that
     ir.kernels.uneven_pads_conv names may be padded unevenly ([top, left, bottom, right]): its
     kernel's copies zero what lies past the bottom and right edges, so (top, left) is all the C
     takes; classify refuses an uneven padding anywhere else (the pad op stays before the conv)."""
