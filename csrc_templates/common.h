@@ -544,7 +544,10 @@ static inline eqf_band_t eqf_band_task(long task, long NBAND, long BAND, long H,
  * to xq[n] (n = bh WP: none; a template's vectors over the run of rows read past them): band row hr
  * inside the image is the WC columns at src + (row0 + hr) W, at column PW. Three loops over the
  * rows without a branch inside: gcc 12 at -O3 vectorized one loop with the branch over the rows
- * wrongly, a stride-2 conv of 9-pixel rows reading garbage. */
+ * wrongly, a stride-2 conv of 9-pixel rows reading garbage. A row's columns are one memcpy of a
+ * constant size, which gcc writes as whole-vector moves; as a loop, once this function was
+ * inlined, gcc unrolled it into scalar moves (benchmarks/bench_dwpw.py --blocks: the fused
+ * inverted residuals 4-5% slower than with the loops in the templates). */
 static inline void eqf_band_rows(float* restrict xq, const float* restrict src, long row0, const eqf_band_t* t,
                                  long W, long WP, long PW, long WC, long n)
 {
@@ -555,8 +558,7 @@ static inline void eqf_band_rows(float* restrict xq, const float* restrict src, 
         const float* restrict xs = src + (row0 + hr) * W;
         for (long q = 0; q < PW; q++)
             xr[q] = 0.0f;
-        for (long iw = 0; iw < WC; iw++)
-            xr[PW + iw] = xs[iw];
+        memcpy(xr + PW, xs, WC * sizeof(float));
         for (long q = PW + WC; q < WP; q++)
             xr[q] = 0.0f;
     }
