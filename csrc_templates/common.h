@@ -546,8 +546,9 @@ static inline eqf_band_t eqf_band_task(long task, long NBAND, long BAND, long H,
  * rows without a branch inside: gcc 12 at -O3 vectorized one loop with the branch over the rows
  * wrongly, a stride-2 conv of 9-pixel rows reading garbage. A row's columns are one memcpy of a
  * constant size, which gcc writes as whole-vector moves; as a loop, once this function was
- * inlined, gcc unrolled it into scalar moves (benchmarks/bench_dwpw.py --blocks: the fused
- * inverted residuals 4-5% slower than with the loops in the templates). */
+ * inlined, gcc unrolled it into scalar moves (the fused inverted residuals of
+ * benchmarks/bench_dwpw.py --blocks, each built from both in one process, calls alternating:
+ * 4-5% slower than with the loop written in conv_dwpw.c). */
 static inline void eqf_band_rows(float* restrict xq, const float* restrict src, long row0, const eqf_band_t* t,
                                  long W, long WP, long PW, long WC, long n)
 {
