@@ -507,3 +507,62 @@ static inline long eqf_minl(long a, long b) { return a < b ? a : b; }
 #define EQF_WIDE_BEGIN
 #define EQF_WIDE_END
 #endif
+
+/* ---- A depthwise conv over bands of output rows (conv_dwpw.c, conv_dwln.c).
+ * EQF_BAND_SIZES: the members of a template's enum that follow from its shape (W, OH, OW, KH, KW,
+ * SH, SW, PW, DH, DW), its vector's floats VL and its band's output rows BAND, which it names first.
+ * The padded rows BHP x WP match ConvGeometry.in_rows and in_cols (backend/kinds/contraction/conv_geometry.py). */
+#define EQF_BAND_SIZES                                                                                       \
+    NBAND = (OH + BAND - 1) / BAND /* bands per image */,                                                    \
+    BP = (BAND * OW + VL - 1) / VL * VL /* a band's pixels, whole vectors */,                                \
+    BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1 /* a band's padded input */, \
+    WC = W < WP - PW ? W : WP - PW /* the input columns that some tap reads */,                              \
+    XP = BHP * WP + VL + KW * DW /* (and what the last vector over q reads past the rows) */
+/* Task `task`, of NBAND bands of BAND rows per image: image b's output rows [r0, r0 + rows), its
+ * P = rows x OW pixels, which read bh padded input rows: band row hr is input row top + hr, inside
+ * the image for hr in [lo, hi), above it before lo, below it from hi. */
+typedef struct {
+    long b, r0, rows, P, bh, top, lo, hi;
+} eqf_band_t;
+
+static inline eqf_band_t eqf_band_task(long task, long NBAND, long BAND, long H, long OH, long OW, long KH, long SH,
+                                       long PH, long DH)
+{
+    eqf_band_t t;
+    t.b = task / NBAND;
+    t.r0 = task % NBAND * BAND;
+    t.rows = OH - t.r0 < BAND ? OH - t.r0 : BAND;
+    t.P = t.rows * OW;
+    t.bh = (t.rows - 1) * SH + (KH - 1) * DH + 1;
+    t.top = t.r0 * SH - PH;
+    t.lo = t.top < 0 ? (-t.top < t.bh ? -t.top : t.bh) : 0;
+    t.hi = H - t.top < t.lo ? t.lo : (H - t.top < t.bh ? H - t.top : t.bh);
+    return t;
+}
+
+/* One channel's band of zero-padded input rows xq[bh][WP] (every tap reads inside), then zeros up
+ * to xq[n] (n = bh WP: none; a template's vectors over the run of rows read past them): band row hr
+ * inside the image is the WC columns at src + (row0 + hr) W, at column PW. Three loops over the
+ * rows without a branch inside: gcc 12 at -O3 vectorized one loop with the branch over the rows
+ * wrongly, a stride-2 conv of 9-pixel rows reading garbage. A row's columns are one memcpy of a
+ * constant size, which gcc writes as whole-vector moves; as a loop, once this function was
+ * inlined, gcc unrolled it into scalar moves (the fused inverted residuals of
+ * benchmarks/bench_dwpw.py --blocks, each built from both in one process, calls alternating:
+ * 4-5% slower than with the loop written in conv_dwpw.c). */
+static inline void eqf_band_rows(float* restrict xq, const float* restrict src, long row0, const eqf_band_t* t,
+                                 long W, long WP, long PW, long WC, long n)
+{
+    for (long q = 0; q < t->lo * WP; q++)
+        xq[q] = 0.0f;
+    for (long hr = t->lo; hr < t->hi; hr++) {
+        float* xr = xq + hr * WP;
+        const float* restrict xs = src + (row0 + hr) * W;
+        for (long q = 0; q < PW; q++)
+            xr[q] = 0.0f;
+        memcpy(xr + PW, xs, WC * sizeof(float));
+        for (long q = PW + WC; q < WP; q++)
+            xr[q] = 0.0f;
+    }
+    for (long q = t->hi * WP; q < n; q++)
+        xq[q] = 0.0f;
+}

@@ -47,12 +47,8 @@ void {{NAME}}({{PARAMS}})
 {
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, F = {{F}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}}, OW = {{OW}},
            SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, DH = {{DH}}, DW = {{DW}}, VL = {{VL}}, RO = {{RO}},
-           NV = {{NV}}, BAND = {{BAND}}, NBAND = (OH + BAND - 1) / BAND,
-           BP = (BAND * OW + VL - 1) / VL * VL /* a band's pixels, whole vectors */,
-           BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1 /* a band's padded input */,
-           WC = W < WP - PW ? W : WP - PW /* the input columns that some tap reads */,
-           QU = 4 /* FLAT: vectors of sums at once */,
-           XP = BHP * WP + VL + KW * DW /* (and what the last vector over q reads past the rows) */ };
+           NV = {{NV}}, BAND = {{BAND}}, EQF_BAND_SIZES /* NBAND BP BHP WP WC XP */,
+           QU = 4 /* FLAT: vectors of sums at once */ };
 {{EXTRAS}}
     const float* restrict x = {{X}};
     const float* restrict wd = {{WD}};
@@ -73,40 +69,17 @@ void {{NAME}}({{PARAMS}})
 #endif
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
     for (long task = 0; task < (long)N * NBAND; task++) {
-        const long b = task / NBAND, r0 = task % NBAND * BAND;
-        const long rows = OH - r0 < BAND ? OH - r0 : BAND, P = rows * OW;
-        const long bh = (rows - 1) * SH + (KH - 1) * DH + 1; /* the band's padded input rows */
+        const eqf_band_t band = eqf_band_task(task, NBAND, BAND, H, OH, OW, KH, SH, PH, DH);
+        const long b = band.b, r0 = band.r0, rows = band.rows, P = band.P;
         float t[C][BP] __attribute__((aligned(64)));
         float tp[BP / RO][C][RO] __attribute__((aligned(64))); /* the normalized tile in panels */
         float xq2[2][XP] __attribute__((aligned(64)));
         float sums[BHP * WP + VL] __attribute__((aligned(64))); /* (FLAT: the sums over q) */
         (void)sums;
         for (long c = -1; c < C; c++) {
-            if (c + 1 < C) { /* channel c + 1's padded input rows */
-                /* the rows above the image [0, hlo), inside it [hlo, hhi), below it [hhi, bh): three
-                 * loops without a branch inside (gcc 12 at -O3 vectorized the one loop with the
-                 * branch over the rows wrongly: a stride-2 conv of 9-pixel rows read garbage) */
-                float* xq = xq2[(c + 1) & 1];
-                const long top = r0 * SH - PH; /* the input row of padded row 0 */
-                const long hlo = top < 0 ? (-top < bh ? -top : bh) : 0;
-                const long hhi = H - top < hlo ? hlo : (H - top < bh ? H - top : bh);
-                for (long q = 0; q < hlo * WP; q++)
-                    xq[q] = 0.0f;
-                for (long hr = hlo; hr < hhi; hr++) {
-                    float* xr = xq + hr * WP;
-                    const float* restrict xs = x + ((b * C + (c + 1)) * (long)H + top + hr) * W;
-                    for (long q = 0; q < PW; q++)
-                        xr[q] = 0.0f;
-                    for (long iw = 0; iw < WC; iw++)
-                        xr[PW + iw] = xs[iw];
-                    for (long q = PW + WC; q < WP; q++)
-                        xr[q] = 0.0f;
-                }
-                for (long q = hhi * WP; q < bh * WP; q++)
-                    xq[q] = 0.0f;
-                for (long q = bh * WP; q < ({{FLAT}} ? XP : 0); q++) /* (FLAT's last vector reads past the rows) */
-                    xq[q] = 0.0f;
-            }
+            if (c + 1 < C) /* channel c + 1's padded input rows (and what FLAT's last vector reads past them) */
+                eqf_band_rows(xq2[(c + 1) & 1], x + (b * C + (c + 1)) * (long)H * W, band.top, &band, W, WP, PW, WC,
+                              {{FLAT}} ? XP : band.bh * WP);
             if (c < 0)
                 continue;
             const float* restrict xq = xq2[c & 1];

@@ -51,12 +51,8 @@ void {{NAME}}({{PARAMS}})
 {
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}}, OW = {{OW}},
            SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, DH = {{DH}}, DW = {{DW}}, VL = {{VL}}, RO = {{RO}},
-           BAND = {{BAND}}, NBAND = (OH + BAND - 1) / BAND,
-           BP = (BAND * OW + VL - 1) / VL * VL /* a band's pixels, whole vectors (OLANES: whole register tiles) */,
+           BAND = {{BAND}}, EQF_BAND_SIZES /* NBAND BP (OLANES: whole register tiles) BHP WP WC XP */,
            CP = (C + VL - 1) / VL * VL /* (OLANES: the channels, whole vectors) */,
-           BHP = (BAND - 1) * SH + (KH - 1) * DH + 1, WP = (OW - 1) * SW + (KW - 1) * DW + 1 /* a band's padded input */,
-           WC = W < WP - PW ? W : WP - PW /* the input columns that some tap reads */,
-           XP = BHP * WP + VL + KW * DW /* (and what the last vector over q reads past the rows) */,
            CI = {{CI}} /* EXPAND: the expand conv's input channels */ };
 {{EXTRAS}}
     const float* restrict x = {{X}};
@@ -80,9 +76,8 @@ void {{NAME}}({{PARAMS}})
     (void)wp;
     #pragma omp parallel for schedule(static) if ({{PARALLEL}})
     for (long task = 0; task < (long)N * NBAND; task++) {
-        const long b = task / NBAND, r0 = task % NBAND * BAND;
-        const long rows = OH - r0 < BAND ? OH - r0 : BAND, P = rows * OW;
-        const long bh = (rows - 1) * SH + (KH - 1) * DH + 1; /* the band's padded input rows */
+        const eqf_band_t band = eqf_band_task(task, NBAND, BAND, H, OH, OW, KH, SH, PH, DH);
+        const long b = band.b, r0 = band.r0, rows = band.rows, P = band.P;
 #if {{EXPAND}}
         /* the expand 1x1 conv of the band's input rows inside the image: those rows of an input
          * channel are one run of the NCHW input, copied into xb[CI][XEP] (zero past the run, so
@@ -92,9 +87,7 @@ void {{NAME}}({{PARAMS}})
         enum { XEP = (BHP * W + VL - 1) / VL * VL + VL /* (whole vectors, and a run's last stores past it) */, RC = 4 };
         float xe[C][XEP] __attribute__((aligned(64)));
         float xb[CI][XEP] __attribute__((aligned(64)));
-        const long hlo = r0 * SH - PH < 0 ? PH - r0 * SH : 0; /* the band's first row inside */
-        const long hhi = r0 * SH - PH + bh > H ? H - (r0 * SH - PH) : bh; /* (and past its last) */
-        const long ih0 = r0 * SH - PH + hlo, run = (hhi - hlo) * W, o0 = hlo * W;
+        const long ih0 = band.top + band.lo, run = (band.hi - band.lo) * W, o0 = band.lo * W;
         for (long k = 0; k < CI; k++) {
             const float* restrict xr = x + ((b * CI + k) * (long)H + ih0) * W;
             for (long q = 0; q < run; q++)
@@ -125,9 +118,12 @@ void {{NAME}}({{PARAMS}})
                 e[q] = {{EXPROLOGUE}};
             }
         }
-#define {{NAME}}_ROW(c, hr, ih) (&xe[c][(hr) * W]) /* the depthwise conv's input row ih (band row hr) */
+        /* the depthwise conv's input rows of channel c: band row hr at {{NAME}}_ROWS(c) + ({{NAME}}_ROW0 + hr) W */
+#define {{NAME}}_ROWS(c) xe[c]
+#define {{NAME}}_ROW0 0
 #else
-#define {{NAME}}_ROW(c, hr, ih) (x + ((b * C + (c)) * (long)H + (ih)) * W)
+#define {{NAME}}_ROWS(c) (x + (b * C + (c)) * (long)H * W)
+#define {{NAME}}_ROW0 band.top
 #endif
 #if {{OLANES}}
         /* channels in the lanes: the band's padded input rows transposed, xt[pixel][channel] (zero
@@ -135,18 +131,15 @@ void {{NAME}}({{PARAMS}})
         float xt[BHP * WP][CP] __attribute__((aligned(64)));
         float wt[KH * KW][CP] __attribute__((aligned(64)));
         float tt[BP][CP] __attribute__((aligned(64))); /* the tile, [pixel][channel] */
-        for (long q = 0; q < bh * WP; q++)
+        for (long q = 0; q < band.bh * WP; q++)
             for (long c = 0; c < CP; c++)
                 xt[q][c] = 0.0f;
         for (long k = 0; k < KH * KW; k++)
             for (long c = 0; c < CP; c++)
                 wt[k][c] = c < C ? wd[c * KH * KW + k] : 0.0f;
         for (long c = 0; c < C; c++) {
-            for (long hr = 0; hr < bh; hr++) {
-                const long ih = r0 * SH - PH + hr;
-                if (ih < 0 || ih >= H)
-                    continue;
-                const float* restrict xs = {{NAME}}_ROW(c, hr, ih);
+            for (long hr = band.lo; hr < band.hi; hr++) {
+                const float* restrict xs = {{NAME}}_ROWS(c) + ({{NAME}}_ROW0 + hr) * W;
                 for (long iw = 0; iw < WC; iw++)
                     xt[hr * WP + PW + iw][c] = xs[iw];
             }
@@ -198,34 +191,12 @@ void {{NAME}}({{PARAMS}})
         float xp[C][XP] __attribute__((aligned(64)));
         float sums[BHP * WP + VL] __attribute__((aligned(64))); /* (FLAT: the sums over q) */
         (void)sums;
-        /* the band's input rows of every channel into zero-padded buffers (every tap reads inside),
-         * all of them before any is read: a vector load of a row just written by scalar stores
-         * would wait for them (no store forwarding across stores) */
-        /* (the rows above the image [0, hlo), inside it [hlo, hhi), below it [hhi, bh): three loops
-         * without a branch inside, as conv_dwln.c: gcc 12 at -O3 vectorized one loop with the
-         * branch over the rows wrongly, a stride-2 conv of 9-pixel rows reading garbage) */
-        const long ptop = r0 * SH - PH; /* the input row of padded row 0 */
-        const long plo = ptop < 0 ? (-ptop < bh ? -ptop : bh) : 0;
-        const long phi = H - ptop < plo ? plo : (H - ptop < bh ? H - ptop : bh);
-        for (long c = 0; c < C; c++) {
-            float* restrict xq = xp[c];
-            for (long q = 0; q < plo * WP; q++)
-                xq[q] = 0.0f;
-            for (long hr = plo; hr < phi; hr++) {
-                float* xr = xq + hr * WP;
-                for (long q = 0; q < PW; q++)
-                    xr[q] = 0.0f;
-                const float* restrict xs = {{NAME}}_ROW(c, hr, ptop + hr);
-                for (long iw = 0; iw < WC; iw++)
-                    xr[PW + iw] = xs[iw];
-                for (long q = PW + WC; q < WP; q++)
-                    xr[q] = 0.0f;
-            }
-            for (long q = phi * WP; q < bh * WP; q++)
-                xq[q] = 0.0f;
-            for (long q = bh * WP; q < ({{FLAT}} ? XP : 0); q++) /* (FLAT's last vector reads past the rows) */
-                xq[q] = 0.0f;
-        }
+        /* the band's input rows of every channel into zero-padded buffers (every tap reads inside;
+         * and what FLAT's last vector reads past them), all of them before any is read: a vector
+         * load of a row just written by scalar stores would wait for them (no store forwarding
+         * across stores) */
+        for (long c = 0; c < C; c++)
+            eqf_band_rows(xp[c], {{NAME}}_ROWS(c), {{NAME}}_ROW0, &band, W, WP, PW, WC, {{FLAT}} ? XP : band.bh * WP);
         for (long c = 0; c < C; c++) {
             const float* restrict xq = xp[c];
             float wv[KH * KW];
@@ -292,6 +263,7 @@ void {{NAME}}({{PARAMS}})
             }
         }
 #endif
-#undef {{NAME}}_ROW
+#undef {{NAME}}_ROWS
+#undef {{NAME}}_ROW0
     }
 }

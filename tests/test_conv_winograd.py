@@ -191,9 +191,10 @@ def test_a_scratch_buffer_that_cannot_be_allocated_is_a_memory_error(monkeypatch
 
 def test_the_rule_takes_3x3_stride_1_convs_of_whole_vectors_on_maps_from_8x8(monkeypatch):
     monkeypatch.delenv("EQFUSE_CONV_WINOGRAD", raising=False)
-    d = ConvDirectDetail(1, 64, 56, 56, 64, 3, 3, 56, 56, (1, 1), (1, 1), 16, 16, 2, 8, True, True)
+    tile = dict(stride=(1, 1), padding=(1, 1), dilation=(1, 1), cb=16, vl=16, v=2, rw=8, rows=True, parallel=True)
+    d = ConvDirectDetail(N=1, C=64, H=56, W=56, O=64, KH=3, KW=3, OH=56, OW=56, **tile)
     assert can_run(d, 16) and use_winograd(d, 16)
-    small = ConvDirectDetail(1, 512, 7, 7, 512, 3, 3, 7, 7, (1, 1), (1, 1), 16, 16, 2, 8, True, True)
+    small = ConvDirectDetail(N=1, C=512, H=7, W=7, O=512, KH=3, KW=3, OH=7, OW=7, **tile)
     assert can_run(small, 16) and not use_winograd(small, 16)  # (16 MB of weights for 16 tiles)
     for other in (dict(stride=(2, 2)), dict(KH=5, KW=5), dict(C=24), dict(O=20)):
         from dataclasses import replace

@@ -54,10 +54,11 @@ and outputs, and every tensor any other kernel reads, stay NCHW: the layout chan
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, param_job, render
 from eqfuse.backend.kinds.base import REGIONS
+from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS, c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     Prepack,
@@ -73,20 +74,10 @@ from eqfuse.machine import Machine
 
 
 @dataclass(frozen=True)
-class ConvDirectDetail:
-    """The plan of a direct conv2d: the constants of csrc_templates/conv_direct.c."""
+class ConvDirectDetail(ConvGeometry):
+    """The plan of a direct conv2d: the constants of csrc_templates/conv_direct.c (never dilated)."""
 
-    N: int
-    C: int
-    H: int
-    W: int
     O: int
-    KH: int
-    KW: int
-    OH: int
-    OW: int
-    stride: tuple[int, int]
-    padding: tuple[int, int]
     cb: int  # input channels per block of the padded input copy
     vl: int  # floats per vector
     v: int  # vectors per output-channel block (OBW = v x vl channels)
@@ -276,14 +267,14 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     nothing."""
     body, a = plan.body, plan.shape.anchor
     cv = body.nodes[a]
-    (N, C, H, W), (O, _, KH, KW) = (tuple(body.nodes[i].type.shape) for i in cv.args[:2])
-    _, _, OH, OW = cv.type.shape
+    g = conv_geometry(plan, a)
+    N, C, H, KH, KW, OH, OW, (sh, sw) = g.N, g.C, g.H, g.KH, g.KW, g.OH, g.OW, g.stride
+    O = cv.type.shape[1]
     if tuple(cv.type.shape) != tuple(plan.out_shape) or plan.in_strides:
         return False  # (an epilogue that broadcasts, inputs read through views: im2col's rules)
-    if pair(cv.attr.get("dilation", 1)) != (1, 1) or cv.attr.get("group", 1) != 1:
+    if g.dilation != (1, 1) or cv.attr.get("group", 1) != 1:
         return False  # (a dilated conv: im2col, which spaces the taps; grouped: conv_grouped)
     NP, K = N * OH * OW, C * KH * KW
-    sh, sw = pair(cv.attr["stride"])
     if not force and not use_direct(KH, KW, sh, sw):
         return False
     vl = m.simd_floats
@@ -307,8 +298,8 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
             raise ValueError(f"EQFUSE_CONV_TILE={v},{rw},{rows} is not a register tile of this machine")
         rows = bool(rows)
     par = parallel(NP, O, K, 1)
-    d = ConvDirectDetail(N, C, H, W, O, KH, KW, OH, OW, (sh, sw), pair(cv.attr["padding"]), cb, vl, v, rw, rows,
-                         par, pixels=pixels, region_chunks=region_chunks(NP * O * K))
+    d = ConvDirectDetail(**asdict(g), O=O, cb=cb, vl=vl, v=v, rw=rw, rows=rows, parallel=par, pixels=pixels,
+                         region_chunks=region_chunks(NP * O * K))
     if pixels:  # (a 1-D conv's long rows: aligned at the cost of under a vector each, `one_d_pixels`)
         d = replace(d, o_inner=o_inner(N, C, KH, KW, OH, OW, O, sh, sw, vl, pixels, bool(one_d)),
                     row_align=bool(one_d))
@@ -461,15 +452,13 @@ def emit_conv_direct(plan: KernelPlan) -> str:
         ro, rph, rpw = d.pixels
         return render("conv_pixels.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                       WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
-                      EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
-                      SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], VL=d.vl, RO=ro, RPH=rph,
+                      EPILOGUE=expr, O=d.O, **d.shape_c("DH", "DW"), VL=d.vl, RO=ro, RPH=rph,
                       RPW=rpw, OINNER=int(d.o_inner), ALIGN=int(d.row_align), CHUNKS=d.region_chunks,
                       **param_job(params))
     el, er = edge_tiles(d)
     return render("conv_direct.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
-                  EPILOGUE=expr, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
-                  SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
+                  EPILOGUE=expr, O=d.O, **d.shape_c("DH", "DW"), CB=d.cb, VL=d.vl, V=d.v, OBW=d.obw,
                   RW=d.rw, ROWS=int(d.rows), CHUNKS=d.region_chunks, IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
                   INPLACE=int(d.in_place), EDGE_L=el, EDGE_R=er, REORDER=int(d.reorder), BF16=BF16_PATHS[plan.precision_path],
                   REORDER_FN=reorder_fn(plan.name, d.vl) if d.reorder else "",

@@ -15,34 +15,25 @@ layout; the depthwise conv's and the layernorm's outputs never reach memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from eqfuse.backend.cexpr import kernel_params, render
+from eqfuse.backend.kinds.contraction.conv_dwpw import uses_flat
+from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.kernels import F32, ConvNorm
-from eqfuse.ir.ops import pair
 from eqfuse.machine import Machine
 
 
 @dataclass(frozen=True)
-class ConvDwLnDetail:
+class ConvDwLnDetail(ConvGeometry):
     """The plan of a fused depthwise conv + layernorm + matmul: the constants of
-    csrc_templates/conv_dwln.c."""
+    csrc_templates/conv_dwln.c. Its geometry is the depthwise conv's (of C channels); F is the
+    matmul's output channels."""
 
-    N: int
-    C: int
-    H: int
-    W: int
     F: int
-    KH: int
-    KW: int
-    OH: int
-    OW: int
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
     eps: float
     parallel: bool
     vl: int  # the output channels per vector of the matmul's register tile
@@ -62,58 +53,44 @@ def is_fused(plan: KernelPlan) -> bool:
     return isinstance(plan.shape.parts, ConvNorm)
 
 
-def stack_bytes(C: int, band: int, OW: int, KH: int, KW: int, stride, dilation, vl: int, ro: int) -> int:
+def stack_bytes(g: ConvGeometry, band: int, vl: int) -> int:
     """The bytes of a task's buffers on the stack (csrc_templates/conv_dwln.c): the tile [C][BP],
     two channels' padded input rows and the sums over them."""
-    bp = cdiv(band * OW, vl) * vl
-    bhp, wp = (band - 1) * stride[0] + (KH - 1) * dilation[0] + 1, (OW - 1) * stride[1] + (KW - 1) * dilation[1] + 1
-    return (2 * C * bp + 3 * (bhp * wp + vl + KW * dilation[1])) * F32
+    bp = cdiv(band * g.OW, vl) * vl
+    return (2 * g.C * bp + 3 * (g.in_rows(band) * g.in_cols(g.OW) + vl + g.KW * g.dilation[1])) * F32
 
 
-def band_rows(C: int, OH: int, OW: int, KH: int, KW: int, stride, dilation, N: int, par: bool, m: Machine,
-              ro: int) -> int:
+def band_rows(g: ConvGeometry, par: bool, m: Machine) -> int:
     """BAND: all the output rows, cut into one band per core when the kernel runs in parallel and
     the images are fewer than the cores, and so that the tile and the padded input rows fit half
     of L2. Bands as large as that: a band's depthwise conv recomputes nothing but copies its
     KH - 1 halo rows again, and its matmul reads the weights once."""
-    vl = m.simd_floats
-    band = cdiv(OH, min(OH, max(1, cdiv(m.cores, N)))) if par else OH
-    fit = max(b for b in range(1, OH + 1)
-              if b == 1 or stack_bytes(C, b, OW, KH, KW, stride, dilation, vl, ro) <= m.l2 // 2)
+    band = cdiv(g.OH, min(g.OH, max(1, cdiv(m.cores, g.N)))) if par else g.OH
+    fit = max(b for b in range(1, g.OH + 1) if b == 1 or stack_bytes(g, b, m.simd_floats) <= m.l2 // 2)
     return max(1, min(band, fit))
-
-
-def uses_flat(band: int, OW: int, KW: int, stride, dilation, vl: int) -> bool:
-    """FLAT: as conv_dwpw.uses_flat (the sums of a band's padded rows as one run of vectors when
-    the run is at least two vectors)."""
-    wp = (OW - 1) * stride[1] + (KW - 1) * dilation[1] + 1
-    return ((band - 1) * stride[0] + 1) * wp >= 2 * vl
 
 
 def plan_conv_dwln(plan: KernelPlan, m: Machine) -> None:
     body, parts = plan.body, plan.shape.parts
-    mm, dw, ln = body.nodes[plan.shape.anchor], body.nodes[parts.dw], body.nodes[parts.ln]
-    N, C, H, W = body.nodes[dw.args[0]].type.shape
-    _, _, KH, KW = body.nodes[dw.args[1]].type.shape
+    mm, ln = body.nodes[plan.shape.anchor], body.nodes[parts.ln]
+    g = conv_geometry(plan, parts.dw)
+    N, C, KH, KW, OH, OW = g.N, g.C, g.KH, g.KW, g.OH, g.OW
     F = body.nodes[mm.args[1]].type.shape[1]
-    _, _, OH, OW = dw.type.shape
-    stride, dilation = pair(dw.attr["stride"]), pair(dw.attr["dilation"])
     macs = N * OH * OW * C * (KH * KW + F)
     regs = 32 if m.simd_floats >= 16 else 16
     # two vectors of output channels by 8 pixels (4 with 16 registers): the pixels of a panel
     # divide a vector (the layernorm stores its vectors of pixels into the panels); three or four
     # vectors were no faster (benchmarks/RESULTS.md, 2026-11-28 evening)
     nv, ro = 2, min(m.simd_floats, 8 if regs == 32 else 4)  # (the accumulators, the weight vectors and a broadcast pixel)
-    band = band_rows(C, OH, OW, KH, KW, stride, dilation, N, macs >= PARALLEL_MIN_FMAS, m, ro)
+    band = band_rows(g, macs >= PARALLEL_MIN_FMAS, m)
     tasks = N * cdiv(OH, band)
-    d = ConvDwLnDetail(N, C, H, W, F, KH, KW, OH, OW, stride, pair(dw.attr["padding"]), dilation,
-                       float(ln.attr["eps"]), macs >= PARALLEL_MIN_FMAS and tasks > 1, m.simd_floats, ro, nv, band,
-                       flat=uses_flat(band, OW, KW, stride, dilation, m.simd_floats))
+    d = ConvDwLnDetail(**asdict(g), F=F, eps=float(ln.attr["eps"]), parallel=macs >= PARALLEL_MIN_FMAS and tasks > 1,
+                       vl=m.simd_floats, ro=ro, nv=nv, band=band, flat=uses_flat(g, band, m.simd_floats))
     plan.detail = d
     computes_f32(plan, "a fused depthwise conv, layernorm and matmul runs in f32: no bf16 path for this kernel")
     plan.tiles = {"band": band, "ro": ro, "nv": nv}
     plan.flops = 2 * macs + 8 * N * OH * OW * C + pointwise_flops(body, skip={parts.ln})
-    tile = stack_bytes(C, band, OW, KH, KW, stride, dilation, d.vl, ro)
+    tile = stack_bytes(d, band, d.vl)
     bp = cdiv(band * OW, d.vl) * d.vl
     plan.cache_check = (f"a band's tile {C} x {bp} (band {band} x {OW} pixels, whole vectors, a register tile past) "
                         f"and two channels' padded input rows: {tile} B <= L2/2 {m.l2 // 2} B: "
@@ -149,6 +126,4 @@ def emit_conv_dwln(plan: KernelPlan) -> str:
                   WD=ptrs[dw.args[1]], BD=ptrs[dw.args[2]] if bias else "0", BIAS=int(bias),
                   LG=ptrs[ln.args[1]], LB=ptrs[ln.args[2]], WM=ptrs[mm.args[1]], WM_AT=wm_at, PREPACKED=int(d.prepack is not None), EPS=f"{d.eps!r}f",
                   EPILOGUE=epi, PARALLEL=int(d.parallel), FLAT=int(d.flat), VL=d.vl, RO=d.ro, NV=d.nv,
-                  BAND=d.band, N=d.N, C=d.C, H=d.H, W=d.W, F=d.F, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW,
-                  SH=d.stride[0], SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], DH=d.dilation[0],
-                  DW=d.dilation[1])
+                  BAND=d.band, F=d.F, **d.shape_c())

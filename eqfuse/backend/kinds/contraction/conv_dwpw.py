@@ -21,34 +21,24 @@ a buffer on its stack: the whole block is one kernel and the expanded tensor is 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, render
 from eqfuse.backend.kinds.contraction.conv import epilogue_c
+from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.kernels import F32, ConvPrologue
-from eqfuse.ir.ops import conv_pads, pair
 from eqfuse.machine import Machine
 
 
 @dataclass(frozen=True)
-class ConvDwPwDetail:
-    """The plan of a fused depthwise + 1x1 conv: the constants of csrc_templates/conv_dwpw.c."""
+class ConvDwPwDetail(ConvGeometry):
+    """The plan of a fused depthwise + 1x1 conv: the constants of csrc_templates/conv_dwpw.c. Its
+    geometry is the depthwise conv's (of C channels); O is the 1x1 conv's output channels."""
 
-    N: int
-    C: int
-    H: int
-    W: int
     O: int
-    KH: int
-    KW: int
-    OH: int
-    OW: int
-    stride: tuple[int, int]
-    padding: tuple[int, int]  # top, left (a tap past the image's bottom or right edge reads a zero)
-    dilation: tuple[int, int]
     parallel: bool
     vl: int  # pixels per vector of the 1x1 conv's register tile
     ro: int  # the 1x1 conv's register tile: its output channels (pixels in the lanes), else its pixels
@@ -74,37 +64,33 @@ def is_fused(plan: KernelPlan) -> bool:
     return isinstance(plan.shape.parts, ConvPrologue)
 
 
-def band_rows(C: int, OH: int, OW: int, KH: int, KW: int, stride, dilation, N: int, par: bool, m: Machine,
-              W: int = 0, CI: int = 0) -> int:
+def band_rows(g: ConvGeometry, par: bool, m: Machine, CI: int = 0) -> int:
     """BAND: all the output rows, cut into bands when the kernel runs in parallel and the images
     are fewer than 4 tasks per core (then each band at least two rows), and so that the tile
     [C][BAND x OW] and the padded input rows fit half of L2 (stack_bytes)."""
-    vl = m.simd_floats
-    band = max(cdiv(OH, min(OH, max(1, cdiv(4 * m.cores, N)))), min(OH, 2)) if par else OH
-    fit = max(b for b in range(1, OH + 1)
-              if b == 1 or stack_bytes(C, b, OW, KH, KW, stride, dilation, vl, W, CI) <= m.l2 // 2)
+    band = max(cdiv(g.OH, min(g.OH, max(1, cdiv(4 * m.cores, g.N)))), min(g.OH, 2)) if par else g.OH
+    fit = max(b for b in range(1, g.OH + 1) if b == 1 or stack_bytes(g, b, m.simd_floats, CI) <= m.l2 // 2)
     return max(1, min(band, fit))
 
 
-def stack_bytes(C: int, band: int, OW: int, KH: int, KW: int, stride, dilation, vl: int, W: int = 0,
-                CI: int = 0) -> int:
+def stack_bytes(g: ConvGeometry, band: int, vl: int, CI: int = 0) -> int:
     """The bytes of a task's buffers on the stack (csrc_templates/conv_dwpw.c), the larger of its
     two layouts: the tile [C][BP] and the padded input rows [C][BHP x WP + VL + KW DW]; or
     (OLANES) the transposed input [BHP x WP][CP], the weights [KH x KW][CP] and the tile [BP][CP];
-    with the expand conv's input and output rows [CI + C][BHP x W in whole vectors + VL] (EXPAND: W the image's
-    width and CI its input channels, else 0)."""
-    bp, cp = cdiv(band * OW, vl) * vl, cdiv(C, vl) * vl
-    bhp, wp = (band - 1) * stride[0] + (KH - 1) * dilation[0] + 1, (OW - 1) * stride[1] + (KW - 1) * dilation[1] + 1
-    return (max(C * (bp + bhp * wp + vl + KW * dilation[1]) + bhp * wp + vl, (bhp * wp + KH * KW + bp) * cp)
-            + ((C + CI) * (cdiv(bhp * W, vl) + 1) * vl if W else 0)) * F32
+    with the expand conv's input and output rows [CI + C][BHP x W in whole vectors + VL] (EXPAND:
+    CI its input channels, else 0)."""
+    C = g.C
+    bp, cp = cdiv(band * g.OW, vl) * vl, cdiv(C, vl) * vl
+    bhp, wp = g.in_rows(band), g.in_cols(g.OW)
+    return (max(C * (bp + bhp * wp + vl + g.KW * g.dilation[1]) + bhp * wp + vl, (bhp * wp + g.KH * g.KW + bp) * cp)
+            + ((C + CI) * (cdiv(bhp * g.W, vl) + 1) * vl if CI else 0)) * F32
 
 
-def uses_flat(band: int, OW: int, KW: int, stride, dilation, vl: int) -> bool:
+def uses_flat(g: ConvGeometry, band: int, vl: int) -> bool:
     """FLAT: the sums of a band's padded rows as one run of vectors when the run is at least two
     vectors; a shorter one (a 2 x 2 or 1 x 1 image) computes mostly positions that no output
-    reads, and its pixels one by one cost less."""
-    wp = (OW - 1) * stride[1] + (KW - 1) * dilation[1] + 1
-    return ((band - 1) * stride[0] + 1) * wp >= 2 * vl
+    reads, and its pixels one by one cost less. (conv_dwln's FLAT too.)"""
+    return ((band - 1) * g.stride[0] + 1) * g.in_cols(g.OW) >= 2 * vl
 
 
 def olanes_cheaper(O: int, P: int, vl: int, ro: int) -> bool:
@@ -121,21 +107,18 @@ def olanes_cheaper(O: int, P: int, vl: int, ro: int) -> bool:
 
 def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
     body, parts = plan.body, plan.shape.parts
-    pw, dw = body.nodes[plan.shape.anchor], body.nodes[parts.dw]
-    N, C, H, W = body.nodes[dw.args[0]].type.shape
-    _, _, KH, KW = body.nodes[dw.args[1]].type.shape
-    _, O, OH, OW = pw.type.shape
+    g = conv_geometry(plan, parts.dw)
+    N, C, H, W, KH, KW, OH, OW = g.N, g.C, g.H, g.W, g.KH, g.KW, g.OH, g.OW
+    O = body.nodes[plan.shape.anchor].type.shape[1]
     ex = body.nodes[parts.ex] if parts.ex is not None else None
     CI = body.nodes[ex.args[0]].type.shape[1] if ex is not None else 0
     macs = N * C * OH * OW * (KH * KW + O) + N * C * H * W * CI
-    band = band_rows(C, OH, OW, KH, KW, pair(dw.attr["stride"]), pair(dw.attr["dilation"]), N,
-                     macs >= PARALLEL_MIN_FMAS, m, W if ex is not None else 0, CI)
+    band = band_rows(g, macs >= PARALLEL_MIN_FMAS, m, CI)
     tasks = N * cdiv(OH, band)
     regs = 32 if m.simd_floats >= 16 else 16
     ro = min(O, regs // 4)  # (the accumulators, a pixel vector and the broadcast weights)
-    d = ConvDwPwDetail(N, C, H, W, O, KH, KW, OH, OW, pair(dw.attr["stride"]), conv_pads(dw.attr["padding"])[:2],
-                       pair(dw.attr["dilation"]), macs >= PARALLEL_MIN_FMAS and tasks > 1, m.simd_floats, ro, band,
-                       flat=uses_flat(band, OW, KW, pair(dw.attr["stride"]), pair(dw.attr["dilation"]), m.simd_floats),
+    d = ConvDwPwDetail(**asdict(g), O=O, parallel=macs >= PARALLEL_MIN_FMAS and tasks > 1, vl=m.simd_floats,
+                       ro=ro, band=band, flat=uses_flat(g, band, m.simd_floats),
                        olanes=olanes_cheaper(O, band * OW, m.simd_floats, ro), expand=ex is not None, CI=CI)
     if d.olanes:  # (a tile of at most the band's pixels; the depthwise sums with channels in the lanes)
         d = replace(d, ro=min(ro, band * OW), flat=False)
@@ -145,14 +128,14 @@ def plan_conv_dwpw(plan: KernelPlan, m: Machine) -> None:
     plan.tiles = {"band": band, "ro": ro}
     plan.flops = 2 * macs + pointwise_flops(body)
     bp = cdiv(band * OW, d.vl) * d.vl
-    tile = stack_bytes(C, band, OW, KH, KW, d.stride, d.dilation, d.vl, W if d.expand else 0, CI)
+    tile = stack_bytes(d, band, d.vl, CI)
     plan.cache_check = (f"a band's depthwise tile {C} x {bp} (band {band} x {OW} pixels, whole vectors) and padded "
                         f"input rows: {tile} B <= L2/2 {m.l2 // 2} B: {'ok' if tile <= m.l2 // 2 else 'NO'}")
     plan.threads = (f"the {tasks} tasks (image, band of {band} output rows) split evenly" if d.parallel
                     else "one thread, no parallel region")
     pro = ops_text(body, skip=set(range(len(body.nodes))) - (body.ancestors(parts.value) - body.ancestors(parts.dw)))
     epi = ops_text(body, skip=body.ancestors(plan.shape.anchor))
-    bhp = (band - 1) * d.stride[0] + (KH - 1) * d.dilation[0] + 1
+    bhp = d.in_rows(band)
     xpro = ops_text(body, skip=set(range(len(body.nodes))) - (body.ancestors(parts.xv) - body.ancestors(parts.ex))) \
         if d.expand else ""
     plan.uops = [UOp(0, "Loop", f"{tasks} tasks (image, band of {band} output rows)", tasks)]
@@ -216,6 +199,4 @@ def emit_conv_dwpw(plan: KernelPlan) -> str:
                   WE=ptrs[xn.args[1]] if xn is not None else "0", EXPAND=int(d.expand), CI=d.CI, EXPROLOGUE=xpro,
                   WD=ptrs[dw.args[1]], WP=ptrs[pw.args[1]], PROLOGUE=pro, EPILOGUE=epi,
                   PARALLEL=int(d.parallel), FLAT=int(d.flat), OLANES=int(d.olanes),
-                  PREPACKED=int(d.prepack is not None), VL=d.vl, RO=d.ro, BAND=d.band, N=d.N, C=d.C, H=d.H, W=d.W, O=d.O,
-                  KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW, SH=d.stride[0], SW=d.stride[1], PH=d.padding[0],
-                  PW=d.padding[1], DH=d.dilation[0], DW=d.dilation[1])
+                  PREPACKED=int(d.prepack is not None), VL=d.vl, RO=d.ro, BAND=d.band, O=d.O, **d.shape_c())

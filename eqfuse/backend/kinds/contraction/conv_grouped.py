@@ -41,10 +41,11 @@ others.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from eqfuse.backend.cexpr import kernel_params, param_job, render
 from eqfuse.backend.kinds.base import REGIONS
+from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     Prepack,
@@ -54,30 +55,17 @@ from eqfuse.backend.kinds.contraction.plan_gemm import (
 )
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
 from eqfuse.ir.kernels import F32
-from eqfuse.ir.ops import conv_pads, pair
 from eqfuse.machine import Machine
 
 
 @dataclass(frozen=True)
-class ConvGroupedDetail:
-    """The plan of a grouped conv2d: the constants of csrc_templates/conv_grouped.c."""
+class ConvGroupedDetail(ConvGeometry):
+    """The plan of a grouped conv2d: the constants of csrc_templates/conv_grouped.c. Its padding
+    may be uneven: the copies (the padded plane, band and tile) zero whatever a tap reads past the
+    image's bottom or right edge, on every path (ConvGeometry.padding)."""
 
-    N: int
-    C: int
-    H: int
-    W: int
     O: int
     group: int
-    KH: int
-    KW: int
-    OH: int
-    OW: int
-    stride: tuple[int, int]
-    # top, left: a tap past the image's bottom or right edge reads the copies' zero border (the
-    # padded plane, band and tile sized by OH and OW), so padding [top, left, bottom, right] runs on
-    # every path (eqfuse.ir.kernels.uneven_pads_conv)
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
     parallel: bool
     # VL channels in the vector lanes (a depthwise conv, `use_channels`); else a row's pixels
     channels: bool = False
@@ -185,7 +173,7 @@ def channel_tiles(d: ConvGroupedDetail, m: Machine) -> tuple[int, int]:
     regs = 32 if m.simd_floats >= 16 else 16  # (AVX-512's 32 registers at either width)
     rw = min(range(4, max(4, min(regs - d.KW - 1, 14)) + 1), key=lambda r: (cdiv(d.OW, r) * r, -r))
     tw = cdiv(d.OW, rw) * rw
-    bwp = (tw - 1) * d.stride[1] + (d.KW - 1) * d.dilation[1] + 1
+    bwp = d.in_cols(tw)
     per_row = bwp * d.cg * (1 if d.grouped else d.vl) * F32
     tasks = d.N * cdiv(d.O, d.vl)
     band = cdiv(d.OH, min(d.OH, cdiv(4 * m.cores, tasks)))
@@ -225,17 +213,15 @@ def f32_note(d: ConvGroupedDetail) -> str:
 def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     body, a = plan.body, plan.shape.anchor
     cv = body.nodes[a]
-    (N, C, H, W), (O, CG, KH, KW) = (tuple(body.nodes[i].type.shape) for i in cv.args[:2])
-    _, _, OH, OW = cv.type.shape
-    g = cv.attr["group"]
+    g = conv_geometry(plan, a)
+    N, C, H, W, KH, KW, OH, OW = g.N, g.C, g.H, g.W, g.KH, g.KW, g.OH, g.OW
+    O, CG = body.nodes[cv.args[1]].type.shape[:2]
+    group = cv.attr["group"]
     macs = N * O * OH * OW * CG * KH * KW
     # (the multiply-adds of a depthwise conv are few per byte: its parallel rule counts the
     # elements it reads and writes too)
     par = parallel(N * O, OH * OW, CG * KH * KW, 1) or N * (C * H * W + O * OH * OW) >= (1 << 17)
-    d = ConvGroupedDetail(N, C, H, W, O, g, KH, KW, OH, OW, pair(cv.attr["stride"]),
-                          conv_pads(cv.attr["padding"])[:2],
-                          pair(cv.attr["dilation"]), par,
-                          vl=lanes(O // g, CG, m))
+    d = ConvGroupedDetail(**asdict(g), O=O, group=group, parallel=par, vl=lanes(O // group, CG, m))
     if use_channels(d):
         rw, band = channel_tiles(d, m)
         d = replace(d, channels=True, rw=rw, band=band,
@@ -251,14 +237,14 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
     plan.detail = d
     plan.tiles = {"plane": OH * OW}
     plan.flops = 2 * macs + pointwise_flops(body)
-    hp, wp = (OH - 1) * d.stride[0] + (KH - 1) * d.dilation[0] + 1, (OW - 1) * d.stride[1] + (KW - 1) * d.dilation[1] + 1
+    hp, wp = d.in_rows(OH), d.in_cols(OW)
     plane = (hp * wp + OH * OW) * F32
     plan.cache_check = (f"a padded input plane {hp} x {wp} and an output plane {OH} x {OW}: {plane} B <= L2 {m.l2} B: "
                         f"{'ok' if plane <= m.l2 else 'NO'}")
     plan.threads = (f"the {N * O} output planes (image, channel), {REGIONS}" if par
                     else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
-    plan.uops = [UOp(0, "Loop", f"{N * O} output planes (image, channel), {g} groups of {CG} input channels",
+    plan.uops = [UOp(0, "Loop", f"{N * O} output planes (image, channel), {group} groups of {CG} input channels",
                      N * O),
                  UOp(1, "Load", f"input plane to a zero-padded copy [{hp}][{wp}]", N * O * CG),
                  UOp(1, "Exec", f"{OH} rows of {OW} pixels, each a sum over {KH} x {KW} taps in a register, "
@@ -270,8 +256,7 @@ def _plan_channels(plan: KernelPlan, body, a: int, cv, d: ConvGroupedDetail, m: 
     plan.tiles = {"rw": d.rw, "band": d.band}
     plan.flops = 2 * macs + pointwise_flops(body)
     tw = cdiv(d.OW, d.rw) * d.rw
-    bhp = (d.band - 1) * d.stride[0] + (d.KH - 1) * d.dilation[0] + 1
-    bwp = (tw - 1) * d.stride[1] + (d.KW - 1) * d.dilation[1] + 1
+    bhp, bwp = d.in_rows(d.band), d.in_cols(tw)
     grouped = d.grouped
     tile = (bhp * bwp * d.cg * (1 if grouped else d.vl) + d.band * tw * d.vl) * F32
     lanes = d.cg if grouped else f"{d.cg} x {d.vl}"
@@ -311,7 +296,5 @@ def emit_conv_grouped(plan: KernelPlan) -> str:
                   PREPACKED=int(d.prepack is not None), PREFETCH=int(d.prefetch), BF16=BF16_PATHS[plan.precision_path],
                   GROUPED=int(d.grouped), RW=d.rw, BAND=d.band,
                   TRANSPOSE=transpose_c(d.vl, f"{plan.name}_vf") if d.channels else "", PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
-                  WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), PLANE=plan.tiles.get("plane", 0), N=d.N, C=d.C, H=d.H, W=d.W,
-                  O=d.O, G=d.group, CG=d.cg, OG=d.og, KH=d.KH, KW=d.KW, OH=d.OH, OW=d.OW, SH=d.stride[0],
-                  SW=d.stride[1], PH=d.padding[0], PW=d.padding[1], DH=d.dilation[0], DW=d.dilation[1],
-                  **param_job(params))
+                  WEIGHTS=ptrs[cv.args[1]], EPILOGUE=expr, PARALLEL=int(d.parallel), PLANE=plan.tiles.get("plane", 0),
+                  O=d.O, G=d.group, CG=d.cg, OG=d.og, **d.shape_c(), **param_job(params))

@@ -31,6 +31,7 @@ from itertools import count
 from eqfuse.backend.cexpr import I1, I2, Exprs, Space, render
 from eqfuse.backend.cexpr import kernel_params as _params
 from eqfuse.backend.indexing import bstrides, offset
+from eqfuse.backend.kinds.contraction.conv_geometry import conv_geometry
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     AMX_KB,
     AMX_MR,
@@ -45,7 +46,7 @@ from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K as PlanKind
 from eqfuse.ir.kernels import computed_ancestors as _ancestors
-from eqfuse.ir.ops import flit, pair
+from eqfuse.ir.ops import flit
 from eqfuse.ir.shapes import C_TYPE
 
 # How threads share one GEMM when there are fewer batches than threads (the template's SPLIT).
@@ -329,12 +330,9 @@ def emit_conv2d(plan: KernelPlan) -> str:
     body, a = plan.body, plan.shape.anchor
     cv = body.nodes[a]
     params, ptrs = _params(plan)
-    (N, C, H, W) = body.nodes[cv.args[0]].type.shape
-    (O, _, KH, KW) = body.nodes[cv.args[1]].type.shape
-    (_, _, OH, OW) = plan.out_shape
-    sh, sw = pair(cv.attr["stride"])
-    ph, pw = pair(cv.attr["padding"])
-    dh, dw = pair(cv.attr.get("dilation", 1))
+    geo = conv_geometry(plan, a)
+    N, C, KH, KW, OH, OW = geo.N, geo.C, geo.KH, geo.KW, geo.OH, geo.OW
+    O = cv.type.shape[1]
     d = plan.detail
     swap = d.pixels_as_rows  # the GEMM's rows are pixels, its columns channels (plan_gemm.pixels_as_rows)
     ch, px = ("j", "i") if swap else ("i", "j")
@@ -365,8 +363,7 @@ def emit_conv2d(plan: KernelPlan) -> str:
                            **_gemm_args(plan, extras))
         args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
     wrapper = render("conv2d.c", NAME=plan.name, PARAMS=params, X=ptrs[cv.args[0]],
-                     N=N, C=C, H=H, W=W, O=O, KH=KH, KW=KW, OH=OH, OW=OW, SH=sh, SW=sw, PH=ph, PW=pw,
-                     DH=dh, DW=dw, IM2COL=int(d.im2col), GEMM=gname, ARGS=", ".join(args), PARALLEL=int(plan.detail.parallel))
+                     O=O, **geo.shape_c(), IM2COL=int(d.im2col), GEMM=gname, ARGS=", ".join(args), PARALLEL=int(plan.detail.parallel))
     return src + "\n" + wrapper
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from eqfuse.backend.indexing import contiguous, joint_groups, view_strides
+from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
 from eqfuse.backend.plan import (
     KernelPlan,
     UOp,
@@ -21,7 +22,7 @@ from eqfuse.backend.plan import (
 )
 from eqfuse.ir.kernels import F32, row_epilogue_fits
 from eqfuse.ir.kernels import K as Kind
-from eqfuse.ir.ops import OPS, pair
+from eqfuse.ir.ops import OPS
 from eqfuse.machine import Machine, gemm_blocking, register_tile, skinny_tile
 
 
@@ -493,11 +494,9 @@ def _matmul_gemm(plan: KernelPlan, M: int) -> tuple[GemmCalls, bool, bool]:
     return GemmCalls("loop", M, 1, nbatch, (0, 0, 0), **ops), at, bt
 
 
-def _reads_x_as_columns(body, cv) -> bool:
+def _reads_x_as_columns(geo: ConvGeometry) -> bool:
     """A 1x1 conv of stride 1, unpadded and undilated: x itself is the column matrix (no im2col)."""
-    kh, kw = body.nodes[cv.args[1]].type.shape[2:]
-    return (kh, kw) == (1, 1) and pair(cv.attr["stride"]) == (1, 1) and pair(cv.attr["padding"]) == (0, 0) \
-        and pair(cv.attr.get("dilation", 1)) == (1, 1)
+    return (geo.KH, geo.KW) == (1, 1) and geo.stride == (1, 1) and geo.padding == (0, 0) and geo.dilation == (1, 1)
 
 
 def plan_contraction(plan: KernelPlan, m: Machine) -> None:
@@ -505,8 +504,9 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
     mm = body.nodes[a]
     assert mm.type.shape == plan.out_shape, "classify splits an epilogue that broadcasts (check_no_broadcast)"
     if mm.op == "conv2d":
-        (N, C, _, _), (O, _, KH, KW) = (body.nodes[i].type.shape for i in mm.args[:2])
-        _, _, OH, OW = mm.type.shape
+        geo = conv_geometry(plan, a)
+        N, C, KH, KW, OH, OW = geo.N, geo.C, geo.KH, geo.KW, geo.OH, geo.OW
+        O = mm.type.shape[1]
         P, K, batch = OH * OW, C * KH * KW, N
         swap = pixels_as_rows(O, P)
         if swap:  # C^T = col^T . W^T: A the column matrix given transposed, B the weights (N x K)
@@ -537,7 +537,7 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
                              split="rows" if row is not None else "auto", parallel=par,
                              row_op=body.nodes[row].op if row is not None else None,
                              pixels_as_rows=mm.op == "conv2d" and at, direct_a=not bf16 and direct_a(at),
-                             im2col=mm.op == "conv2d" and not _reads_x_as_columns(body, mm))
+                             im2col=mm.op == "conv2d" and not _reads_x_as_columns(geo))
     plan.threads = thread_rule(gM, Nn, g.batch, mr, nr, rows_only=row is not None, par=par, K=K)
     skip = {a} | set(mm.args) | ({mm.args[1]} if body.nodes[mm.args[1]].op == "transpose" else set())
     if row is not None:

@@ -22,11 +22,12 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from eqfuse.backend.cexpr import kernel_params, range_scalar_c, render
+from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
 from eqfuse.ir.kernels import dynamic_qparams, quantized_a
-from eqfuse.ir.ops import flit, pair
+from eqfuse.ir.ops import flit
 from eqfuse.ir.shapes import C_TYPE
 from eqfuse.machine import Machine
 
@@ -111,8 +112,8 @@ class QGemmDetail:
     # taps per image and group), B the weights read as N x K, C stored transposed (NCHW)
     im2col: bool = False
     groups: int = 1  # the conv's groups (calls are images x groups, B one matrix per group)
-    # the conv's geometry (C, H, W, KH, KW, stride, padding, dilation, OW): shapes, not choices
-    geometry: tuple = ()
+    # the conv's geometry (conv_geometry.conv_geometry): shapes, not choices
+    geometry: ConvGeometry | None = None
     # B is transpose(b) of a kernel input b, [N, K] in memory (a QDQ Gemm's transB weight, rule
     # gemm_dequantized): packed from there, as a conv's weights are
     b_transposed: bool = False
@@ -132,16 +133,14 @@ def is_integer(plan: KernelPlan) -> bool:
     return plan.body.nodes[plan.shape.anchor].op in ("matmul_integer", "conv_integer")
 
 
-def _conv_gemm(body, a: int) -> tuple:
+def _conv_gemm(plan: KernelPlan, a: int) -> tuple:
     """(M, N, K, calls, nbb, geometry) of a conv_integer as GEMMs: per image and group, the
     OH x OW pixels (rows) by the O / group output channels (columns) over C / group x KH x KW taps."""
-    cv = body.nodes[a]
-    n, c, h, w = body.nodes[cv.args[0]].type.shape
-    o, cg, kh, kw = body.nodes[cv.args[1]].type.shape
-    _, _, oh, ow = cv.type.shape
+    cv = plan.body.nodes[a]
+    geo = conv_geometry(plan, a)
+    o, cg = plan.body.nodes[cv.args[1]].type.shape[:2]
     g = cv.attr["group"]
-    geo = (c, h, w, kh, kw, pair(cv.attr["stride"]), pair(cv.attr["padding"]), pair(cv.attr["dilation"]), ow)
-    return oh * ow, o // g, cg * kh * kw, n * g, g, geo
+    return geo.OH * geo.OW, o // g, cg * geo.KH * geo.KW, geo.N * g, g, geo
 
 
 IM2COL_ROW_BYTES = 4  # kernel rows of more bytes than this: the im2col by output row (im2col_by_rows)
@@ -160,7 +159,7 @@ def im2col_by_rows(kw: int) -> bool:
 DIRECT_X_MIN_OW = 8  # output rows of at least this many pixels: no im2col (direct_x)
 
 
-def direct_x(geo: tuple, mr: int) -> int:
+def direct_x(geo: ConvGeometry, mr: int) -> int:
     """Whether a conv reads A in place from a padded copy of x, without an im2col (the template's
     DIRECT_X), and how its rows are pixels: 2, by output row, when OW is a multiple of the tile's
     MR rows (any stride); 1, as virtual pixels (stride 1, output rows of at least DIRECT_X_MIN_OW
@@ -169,12 +168,11 @@ def direct_x(geo: tuple, mr: int) -> int:
     weight 0 (a third and a seventh more multiplies). The im2col was half the time of the
     quantized ResNet-18's 3 x 3 convs and its 7 x 7 stem (`benchmarks/bench_models.py --quantized
     static --model resnet18`, its kernels' profile: benchmarks/RESULTS.md)."""
-    _, _, _, _, kw, (sh, sw), _, (dh, dw), ow = geo
-    if dh != 1 or dw != 1 or kw not in (3, 4, 7, 8):
+    if geo.dilation != (1, 1) or geo.KW not in (3, 4, 7, 8):
         return 0
-    if ow % mr == 0:
+    if geo.OW % mr == 0:
         return 2
-    return 1 if sh == sw == 1 and ow >= DIRECT_X_MIN_OW else 0
+    return 1 if geo.stride == (1, 1) and geo.OW >= DIRECT_X_MIN_OW else 0
 
 
 def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
@@ -185,11 +183,11 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     out = tuple(mm.type.shape)
     conv = mm.op == "conv_integer"
     if conv:
-        M, N, K, batches, nbb, geo = _conv_gemm(body, a)
+        M, N, K, batches, nbb, geo = _conv_gemm(plan, a)
         fold, gM, calls = nbb == 1, M, batches
         direct = direct_x(geo, int8_tile(int8_path(m), N)[0])
         if direct == 1:  # (the virtual pixels: each output row WP = W + 2 PW wide, the last OW)
-            gM = (M // geo[8] - 1) * (geo[2] + 2 * geo[6][1]) + geo[8]
+            gM = (M // geo.OW - 1) * (geo.W + 2 * geo.padding[1]) + geo.OW
     else:
         M, K, N = at.shape[-2], at.shape[-1], bt.shape[-1]
         batches = size(out[:-2])
@@ -200,14 +198,14 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     path = int8_path(m)
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
-    kp = geo[0] // nbb * geo[3] * cdiv(geo[4], 4) * 4 if direct else K  # K in the panels (direct_x: whole K-groups per kernel row)
+    kp = geo.C // nbb * geo.KH * cdiv(geo.KW, 4) * 4 if direct else K  # K in the panels (direct_x: whole K-groups per kernel row)
     kc = min(int8_kc(kp, nr, m), kp)
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
     plan.tiles = {"mr": mr, "nr": nr, "kc": kc, "mb": int8_row_block(gM, cdiv(N, nr), mr, par)}
     plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par, qa,
-                              im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else (),
+                              im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else None,
                               b_transposed=body.nodes[mm.args[1]].op == "transpose",
-                              im2col_rows=conv and not direct and im2col_by_rows(geo[4]), direct_x=direct,
+                              im2col_rows=conv and not direct and im2col_by_rows(geo.KW), direct_x=direct,
                               mo=M if conv else gM)
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
@@ -229,7 +227,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     quant = [UOp(1, "Load", f"quantize A [{gM} x {K}] f32 -> {at.dtype} (x / scale, round half to even, + zp, saturate) "
                  "into the kernel's A buffer" + (", row blocks shared by the pool's threads" if par else ""), calls)]
     if conv:
-        plane = f"the group's {geo[0] // nbb} channels of x ({geo[1]} x {geo[2]})"
+        plane = f"the group's {geo.C // nbb} channels of x ({geo.H} x {geo.W})"
         quant = [UOp(1, "Load", f"quantize {plane} f32 -> {at.dtype} into the kernel's scratch", calls)][:qa] + \
             ([UOp(1, "Load", f"copy of x padded with its zero point, read in place as A [{gM} "
                   f"{'virtual ' if direct == 1 else ''}pixels x {kp} taps: kernel rows in K-groups of 4]", calls)] if direct else
@@ -295,13 +293,13 @@ def emit_qgemm(plan: KernelPlan) -> str:
         expr = expr.replace(call, var)
     unpack = [f"const {'float' if 'scale' in c else 'uint8_t'} {v} = {c};" for c, v in hoisted.items()]
     gname = f"{plan.name}_gemm"
-    c, h, w, kh, kw, (sh, sw), (ph, pw), (dh, dw), ow = d.geometry or (0, 0, 0, 0, 0, (0, 0), (0, 0), (0, 0), 0)
+    geo = d.geometry or ConvGeometry(0, 0, 0, 0, 0, 0, 0, 0, (0, 0), (0, 0), (0, 0))  # (a matmul: no conv)
     ta, tb, tz, tw = (C_TYPE[body.nodes[x].type.dtype] for x in (a_in, *mm.args[1:]))
     src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
                  KC=plan.tiles["kc"], MB=plan.tiles["mb"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
                  PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), DIRECT_X=int(d.direct_x), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
-                 G=d.groups, CI=c, H=h, W=w, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, OW=ow, PATH=INT8_PATHS[plan.precision_path],
+                 G=d.groups, CI=geo.C, **geo.shape_c("N", "C", "OH"), PATH=INT8_PATHS[plan.precision_path],
                  PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
                  EXTRA_PARAMS="".join(f", const {t}* restrict {n}" for t, n in extras),
