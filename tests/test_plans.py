@@ -82,7 +82,7 @@ def test_the_gemm_tiles_follow_the_machine(machine_model):
 # written with. Every other placeholder is listed with the reason it is not a choice.
 ROW_PARALLEL = {"PARALLEL": "parallel"}  # (-1 in a GEMM's row epilogue: run by the GEMM's threads, split=rows)
 # (quantize_out: a quantized result computed in scratch rows; 0 in a GEMM's row epilogue, whose C is f32)
-ROW_QUANTIZE = {**ROW_PARALLEL, "QUANTIZE_OUT": "quantize_out"}
+ROW_QUANTIZE = {**ROW_PARALLEL, "QUANTIZE_OUT": "quantize_out", "QUANTIZE_FLAT": "quantize_flat"}
 CHOICES: dict[str, dict[str, str]] = {
     "attention.c": {"BQ": "bq", "BK": "bk", "VEC": "vec", "SCORE_OPS": "score_ops", "PARALLEL": "parallel",
                     "BF16": "precision_path"},
@@ -308,7 +308,7 @@ def chosen(p, template: str, name: str, field: str) -> int:
     if field == "parallel" and template.startswith("row_") and p.kind != "row":
         assert printed["split"] == "rows"  # a GEMM's row epilogue: on the thread that finished the rows
         return -1
-    if field == "quantize_out" and template.startswith("row_") and p.kind != "row":
+    if field in ("quantize_out", "quantize_flat") and template.startswith("row_") and p.kind != "row":
         return 0  # a GEMM's row epilogue stores into C, f32 (classify refuses a quantized one)
     if field == "plane" and printed.get("channels"):  # (the channels path tiles by rw and band: PLANE 0, unused)
         return 0

@@ -43,6 +43,7 @@ class RowDetail:
     vl: int = 16  # floats in a vector of the machine
     lanes: int = 0  # a layernorm's rows in the lanes, this many a block (row_layernorm_lanes.c), else 0
     quantize_out: bool = False  # the result is quantized (u8 / i8): the rows are computed in scratch rows (QUANTIZE_OUT)
+    quantize_flat: bool = False  # a block's quantized rows are one loop over the block (QUANTIZE_FLAT, quantize_flat())
 
 
 # A layernorm reads its rows across the lanes (row_layernorm_lanes.c: a block of rows at a time, the
@@ -87,6 +88,26 @@ def lanes_block(plan: KernelPlan) -> int:
     if d.quantize_out or run < d.vl or d.L * d.vl * F32 > LANES_TILE_BYTES:
         return 0
     return min(run, LANES_TILE_BYTES // (d.L * F32) // d.vl * d.vl)
+
+
+def quantize_flat(plan: KernelPlan) -> bool:
+    """Whether a quantized row kernel quantizes a block of rows in one loop over the block (the
+    templates' QUANTIZE_FLAT) rather than row by row: where the block's rows are consecutive in the
+    output (the output contiguous, a softmax along its last axis) and the epilogue is the quantize
+    of the row op's result by a scalar scale and zero point, which reads no row or column. A loop
+    over one row of u8 is vectorized at the u8's width, so a short row's floats take part vectors
+    (a row of 16: 4 floats a vector, `python benchmarks/bench_quantized_rows.py`)."""
+    d, body = plan.detail, plan.body
+    if not d.quantize_out:
+        return False
+    a, q = plan.shape.anchor, body.nodes[body.outputs[0]]
+    if q.args[0] != a or any(size(body.nodes[i].type.shape) != 1 for i in q.args[1:]):
+        return False
+    xshape = tuple(body.nodes[body.nodes[a].args[0]].type.shape)
+    if d.op in ALONG_AXIS and size(xshape[d.axis0 + 1:]) != 1:
+        return False
+    cs = plan.out_strides or contiguous(xshape)
+    return all(cs[k] == size(xshape[k + 1:]) for k in range(len(xshape)) if xshape[k] > 1)
 
 
 def next_row(decls: list[str], pro_text: str, params: str, rows: int, ahead: str = "1") -> str:
@@ -150,6 +171,8 @@ class Row(Kind):
                                  + (" (quantized from an f32 scratch row)" if qout else ""), rows))
 
     def after_views(self, plan: KernelPlan, m) -> None:
+        if quantize_flat(plan):  # (the output's strides are known now)
+            plan.detail = replace(plan.detail, quantize_flat=True)
         b = lanes_block(plan)
         if b:
             d = plan.detail
@@ -192,7 +215,7 @@ class Row(Kind):
                               GAMMA_J=f"{ptrs[an.args[2]]}[j]" if grad else "1.0f",
                               EPS=flit(an.attr["eps"]) if grad else "0.0f", **common)
             ahead = f"EQF_ROW_BLOCK({L})" if an.op == "softmax" else "1"  # softmax: the next block's row
-            common["QUANTIZE_OUT"] = int(d.quantize_out)
+            common["QUANTIZE_OUT"], common["QUANTIZE_FLAT"] = int(d.quantize_out), int(d.quantize_flat)
             common["NEXT"] = next_row(space.decls, common["PRO_BODY"], params, rows, ahead)
             if an.op == "softmax":
                 return render("row_softmax.c",
