@@ -55,7 +55,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     rng = np.random.default_rng(0)
-    print(f"| row op [shape] | fused us | separate us | separate / fused |\n|---|---|---|---|")
+    print("| row op [shape] | fused us | separate us | separate / fused |\n|---|---|---|---|")
     for op, shape, what in CASES:
         src = source(op, shape)
         feeds = {"a": rng.integers(0, 256, shape, dtype=np.uint8), "z": np.array(128, np.uint8),

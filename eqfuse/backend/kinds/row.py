@@ -168,7 +168,7 @@ class Row(Kind):
         u.append(UOp(1, "Exec", f"prologue ({pro or 'none'}) + {an.op} in {passes} passes over the row in cache "
                                 f"({vectors(L, c.simd_floats)} vectors each)", rows))
         u.append(UOp(1, "Store", f"out row [{L if an.op in ROW_OPS else 1}] after the epilogue"
-                                 + (" (quantized from an f32 scratch row)" if qout else ""), rows))
+                                 + (" (quantized from f32 scratch rows, a block of rows at a time)" if qout else ""), rows))
 
     def after_views(self, plan: KernelPlan, m) -> None:
         if quantize_flat(plan):  # (the output's strides are known now)
