@@ -153,9 +153,14 @@ EPI = """graph epi(a: u8[13, 40], az: u8, g: f32[40], b: f32[40], z: u8) {
 
 def test_a_block_of_rows_is_quantized_in_one_loop_where_the_output_rows_are_consecutive(modules, feeds):
     assert [k.decisions["quantize_flat"] for k in modules[0].kernels] == [1, 1, 0, 1, 1, 1]
+    # the norms reading u8 through their prologue sum each row apart (eqf_row_sum: the pass's
+    # vectors hold 64 bytes), in the f32 twins too; a norm reading f32 sums in its first pass
+    for mod in (modules[0], modules[2]):
+        assert [k.decisions.get("sum_apart") for k in mod.kernels] == [1, 0, 0, 1, 0, 1]
     mod = eqfuse.compile(EPI, fuse="manual")  # (the blocks as written)
     q, y = mod(**{n: feeds[n] for n in ("a", "az", "g", "b", "z")})
     rows = [(k.decisions["quantize_out"], k.decisions["quantize_flat"]) for k in mod.kernels if k.kind == "row"]
     assert rows == [(1, 0), (0, 0)]  # (and the dequantize a kernel of its own)
+    assert not any(k.decisions.get("sum_apart") for k in mod.kernels)
     np.testing.assert_array_equal(q, _quantize(y, 0.02, feeds["z"]))
     assert len(np.unique(q)) > 10

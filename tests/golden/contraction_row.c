@@ -1,6 +1,7 @@
 #define eqf_kinds_k2_contraction_row_rowop_PARALLEL -1 /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
 #define eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT 0 /* the plan's quantize_out: the result is a quantize_linear (u8 / i8 out), a block of rows held in scratch rows of L floats on the stack (1), or f32 held in the output row (0) */
 #define eqf_kinds_k2_contraction_row_rowop_QUANTIZE_FLAT 0 /* the plan's quantize_flat: a block's rows quantized in one loop over the block (1), or row by row (0) */
+#define eqf_kinds_k2_contraction_row_rowop_SUM_APART 0 /* the plan's sum_apart: the first pass stores the row, then eqf_row_sum sums it (1), or the pass sums it (0) */
 #define eqf_kinds_k2_contraction_row_rowop_QATTR EQF_QUANTIZE_ROW_ATTR(0)
 #if eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT
 #define eqf_kinds_k2_contraction_row_rowop_RB EQF_ROW_BLOCK(53)
@@ -32,6 +33,14 @@ eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop
         float* restrict y = out + (r * 53L);
 #endif
         (void)b;
+#if eqf_kinds_k2_contraction_row_rowop_SUM_APART
+        #pragma omp simd
+        for (long j = 0; j < 53; j++) {
+
+            y[j] = y[j];
+        }
+        const float st = eqf_row_sum(y, 53, 0);
+#else
         float s = 0.0f, st;
         #pragma omp simd reduction(+:s)
         for (long j = 0; j < 53 / 16 * 16; j++) {
@@ -48,6 +57,7 @@ eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop
             y[j] = x;
             st += x;
         }
+#endif
         const float mean0 = st * (1.0f / 53);
         float dev;
         const float q = eqf_row_sq_dev(y, 53, mean0, NULL, &dev);

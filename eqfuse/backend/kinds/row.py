@@ -44,6 +44,7 @@ class RowDetail:
     lanes: int = 0  # a layernorm's rows in the lanes, this many a block (row_layernorm_lanes.c), else 0
     quantize_out: bool = False  # the result is quantized (u8 / i8): the rows are computed in scratch rows (QUANTIZE_OUT)
     quantize_flat: bool = False  # a block's quantized rows are one loop over the block (QUANTIZE_FLAT, quantize_flat())
+    sum_apart: bool = False  # a norm's first pass only stores the row, eqf_row_sum sums it (SUM_APART, sum_apart())
 
 
 # A layernorm reads its rows across the lanes (row_layernorm_lanes.c: a block of rows at a time, the
@@ -88,6 +89,20 @@ def lanes_block(plan: KernelPlan) -> int:
     if d.quantize_out or run < d.vl or d.L * d.vl * F32 > LANES_TILE_BYTES:
         return 0
     return min(run, LANES_TILE_BYTES // (d.L * F32) // d.vl * d.vl)
+
+
+def sum_apart(body, a: int) -> bool:
+    """Whether a layernorm's or rmsnorm's first pass only stores the row and eqf_row_sum
+    (common_simd.h) sums it, four vectors and a tree, rather than the pass summing it: where the
+    prologue reads a tensor of bytes (u8 / i8: a DequantizeLinear's), gcc's vectors in that pass
+    hold 64 lanes, which a reduction in the loop adds one after another at each row's end. On f32
+    prologues (16 lanes) the pass's own sum is kept. `python benchmarks/bench_quantized_rows.py`."""
+    n = body.nodes[a]
+    if n.op not in ("layernorm", "rmsnorm"):
+        return False
+    up = body.ancestors(n.args[0])
+    return any(body.nodes[i].type.dtype in ("u8", "i8") and size(body.nodes[i].type.shape) > 1
+               for i in body.inputs if i in up)
 
 
 def quantize_flat(plan: KernelPlan) -> bool:
@@ -153,7 +168,8 @@ class Row(Kind):
             rows, L = size(xshape) // xshape[axis0], xshape[axis0]
         par = rows > 1 and rows * L >= PARALLEL_MIN // 4
         qout = an.op in ROW_OPS and quantized_row(body, a, body.outputs[0])
-        plan.detail = RowDetail(an.op, rows, L, axis0, par, c.simd_floats, quantize_out=qout)
+        plan.detail = RowDetail(an.op, rows, L, axis0, par, c.simd_floats, quantize_out=qout,
+                                sum_apart=sum_apart(body, a))
         plan.threads = parallel_rule(par, f"{rows} rows x {L}", PARALLEL_MIN // 4, f"the {rows} rows")
         plan.flops = OPS[an.op].flops * size(xshape) + pointwise_flops(body, skip={a})
         row_bytes = L * F32 * (len(body.inputs) + 1)
@@ -222,7 +238,7 @@ class Row(Kind):
                               YBASE=offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims]),
                               YS=cs[axis0], ZERO_NAN=int(an.attr["zero_nan"]), **common)
             g = ptrs[an.args[1]]
-            extra = {"GAMMA": g, "EPS": flit(an.attr["eps"]),
+            extra = {"GAMMA": g, "EPS": flit(an.attr["eps"]), "SUM_APART": int(d.sum_apart),
                      "YBASE": offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims])}
             if an.op == "layernorm":
                 extra["BETA"] = ptrs[an.args[2]]

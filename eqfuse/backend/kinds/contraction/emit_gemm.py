@@ -240,7 +240,7 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
     if rn.op == "softmax":
         src = render("row_softmax.c", YBASE=f"r * {N}L", YS=1, ZERO_NAN=int(rn.attr["zero_nan"]), **common)
     else:
-        extra = {"GAMMA": eptrs[rn.args[1]], "EPS": flit(rn.attr["eps"]), "YBASE": f"r * {N}L"}
+        extra = {"GAMMA": eptrs[rn.args[1]], "EPS": flit(rn.attr["eps"]), "YBASE": f"r * {N}L", "SUM_APART": 0}
         if rn.op == "layernorm":
             extra["BETA"] = eptrs[rn.args[2]]
         src = render(f"row_{rn.op}.c", **common, **extra)
