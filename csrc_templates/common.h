@@ -102,11 +102,13 @@ static inline void eqf_bf16_pairs(const float* restrict lo, const float* restric
 /* ONNX QuantizeLinear as onnxruntime computes it: x / scale (a true division), rounded half to even
  * (nearbyintf in the default rounding mode), plus the zero point, saturated to [lo, hi] (the
  * integer type's range, from the zero point's C type by EQF_QLO/EQF_QHI); a NaN gives lo, as
- * onnxruntime's max(x, lo) does */
+ * onnxruntime's max(x, lo) does: r > lo is false for a NaN, so the lower bound's compare is the
+ * NaN test too (a vector loop: one compare a bound, no third for r != r) */
 static inline float eqf_quantize(float x, float s, float zp, float lo, float hi)
 {
     const float r = nearbyintf(x / s) + zp;
-    return r != r ? lo : r < lo ? lo : r > hi ? hi : r;
+    const float t = r > lo ? r : lo;
+    return t < hi ? t : hi;
 }
 /* ONNX DynamicQuantizeLinear's scale and zero point of the two floats (a, b) of dynamic_range: the
  * range [lo, hi] of {a, b, 0} (a NaN passed over, as the range pass does; over a range, lo = a

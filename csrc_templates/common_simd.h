@@ -456,6 +456,34 @@ static inline float eqf_row_exp_sum(float* restrict y, long n, long ys, float m,
     return s;
 }
 
+/* The sum of a contiguous row (SQ 0), or of its squares (SQ 1): four vector accumulators, added
+ * as a tree at the end. The norms' first pass calls it (their plan's sum_apart) when its prologue
+ * reads bytes: gcc's loop then has 64 lanes, which a reduction in the loop sums one after another. */
+static inline float eqf_row_sum(const float* restrict y, long n, int sq)
+{
+    long j = 0;
+    float s = 0.0f;
+#if defined(__AVX512F__)
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (; j + 64 <= n; j += 64) {
+        const __m512 a0 = _mm512_loadu_ps(y + j), a1 = _mm512_loadu_ps(y + j + 16);
+        const __m512 a2 = _mm512_loadu_ps(y + j + 32), a3 = _mm512_loadu_ps(y + j + 48);
+        s0 = sq ? _mm512_fmadd_ps(a0, a0, s0) : _mm512_add_ps(s0, a0);
+        s1 = sq ? _mm512_fmadd_ps(a1, a1, s1) : _mm512_add_ps(s1, a1);
+        s2 = sq ? _mm512_fmadd_ps(a2, a2, s2) : _mm512_add_ps(s2, a2);
+        s3 = sq ? _mm512_fmadd_ps(a3, a3, s3) : _mm512_add_ps(s3, a3);
+    }
+    for (; j + 16 <= n; j += 16) {
+        const __m512 a = _mm512_loadu_ps(y + j);
+        s0 = sq ? _mm512_fmadd_ps(a, a, s0) : _mm512_add_ps(s0, a);
+    }
+    s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+#endif
+    for (; j < n; j++)
+        s += sq ? y[j] * y[j] : y[j];
+    return s;
+}
+
 /* Over a contiguous row: the sum of (y - mean)^2, and in *dev the sum of (y - mean), which is
  * not 0 by the rounding of mean: the corrected two-pass algorithm (Chan, Golub and LeVeque) takes
  * it out of both the mean and the variance, so a row of 1000 + N(0, 0.1) keeps its digits. */

@@ -82,7 +82,8 @@ def test_the_gemm_tiles_follow_the_machine(machine_model):
 # written with. Every other placeholder is listed with the reason it is not a choice.
 ROW_PARALLEL = {"PARALLEL": "parallel"}  # (-1 in a GEMM's row epilogue: run by the GEMM's threads, split=rows)
 # (quantize_out: a quantized result computed in scratch rows; 0 in a GEMM's row epilogue, whose C is f32)
-ROW_QUANTIZE = {**ROW_PARALLEL, "QUANTIZE_OUT": "quantize_out"}
+ROW_QUANTIZE = {**ROW_PARALLEL, "QUANTIZE_OUT": "quantize_out", "QUANTIZE_FLAT": "quantize_flat"}
+ROW_NORM = {**ROW_QUANTIZE, "SUM_APART": "sum_apart"}
 CHOICES: dict[str, dict[str, str]] = {
     "attention.c": {"BQ": "bq", "BK": "bk", "VEC": "vec", "SCORE_OPS": "score_ops", "PARALLEL": "parallel",
                     "BF16": "precision_path"},
@@ -124,8 +125,8 @@ CHOICES: dict[str, dict[str, str]] = {
     "pointwise.c": {"TILE": "tile", "STREAM": "stream", "PARALLEL": "parallel", "TWO_PASS": "two_pass",
                     "RUN": "run"},
     "reduce.c": {"PARALLEL": "parallel", "THREAD_LOOP": "thread_loop", "ACC": "acc"},
-    "row_grad.c": ROW_PARALLEL, "row_layernorm.c": ROW_QUANTIZE, "row_reduce.c": ROW_PARALLEL,
-    "row_rmsnorm.c": ROW_QUANTIZE, "row_softmax.c": ROW_QUANTIZE,
+    "row_grad.c": ROW_PARALLEL, "row_layernorm.c": ROW_NORM, "row_reduce.c": ROW_PARALLEL,
+    "row_rmsnorm.c": ROW_NORM, "row_softmax.c": ROW_QUANTIZE,
     "row_layernorm_lanes.c": {"PARALLEL": "parallel", "BLOCK": "lanes"},
 }
 SIGNATURE = "the kernel's symbol, parameters, operand pointers or the call of a function it holds"
@@ -308,7 +309,7 @@ def chosen(p, template: str, name: str, field: str) -> int:
     if field == "parallel" and template.startswith("row_") and p.kind != "row":
         assert printed["split"] == "rows"  # a GEMM's row epilogue: on the thread that finished the rows
         return -1
-    if field == "quantize_out" and template.startswith("row_") and p.kind != "row":
+    if field in ("quantize_out", "quantize_flat", "sum_apart") and template.startswith("row_") and p.kind != "row":
         return 0  # a GEMM's row epilogue stores into C, f32 (classify refuses a quantized one)
     if field == "plane" and printed.get("channels"):  # (the channels path tiles by rw and band: PLANE 0, unused)
         return 0

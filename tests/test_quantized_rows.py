@@ -138,3 +138,29 @@ def test_a_row_kernel_writing_integers_but_by_a_quantize_is_refused_naming_the_b
     assert main(["lower", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}:2:12: error: this kernel block cannot be lowered: a softmax kernel writes f32" in err, err
+
+
+# A kernel block whose epilogue reads the columns (g, b) between the layernorm and the quantize:
+# its block of rows is quantized row by row (quantize_flat 0), the other kernels above in one loop
+# over the block (1; not the softmax along axis 0, whose rows are strided in the output). Its f32
+# twin, in the same module, gives the f32 values it quantizes (the same kernel C but the store).
+EPI = """graph epi(a: u8[13, 40], az: u8, g: f32[40], b: f32[40], z: u8) {
+    x = dequantize_linear(a, 0.05, az)
+    return kernel { quantize_linear(layernorm(x, g, b, eps=1e-5) * g + b, 0.02, z) }, kernel { layernorm(x, g, b, eps=1e-5) * g + b }
+}
+"""
+
+
+def test_a_block_of_rows_is_quantized_in_one_loop_where_the_output_rows_are_consecutive(modules, feeds):
+    assert [k.decisions["quantize_flat"] for k in modules[0].kernels] == [1, 1, 0, 1, 1, 1]
+    # the norms reading u8 through their prologue sum each row apart (eqf_row_sum: the pass's
+    # vectors hold 64 bytes), in the f32 twins too; a norm reading f32 sums in its first pass
+    for mod in (modules[0], modules[2]):
+        assert [k.decisions.get("sum_apart") for k in mod.kernels] == [1, 0, 0, 1, 0, 1]
+    mod = eqfuse.compile(EPI, fuse="manual")  # (the blocks as written)
+    q, y = mod(**{n: feeds[n] for n in ("a", "az", "g", "b", "z")})
+    rows = [(k.decisions["quantize_out"], k.decisions["quantize_flat"]) for k in mod.kernels if k.kind == "row"]
+    assert rows == [(1, 0), (0, 0)]  # (and the dequantize a kernel of its own)
+    assert not any(k.decisions.get("sum_apart") for k in mod.kernels)
+    np.testing.assert_array_equal(q, _quantize(y, 0.02, feeds["z"]))
+    assert len(np.unique(q)) > 10

@@ -700,14 +700,13 @@ def _match_contraction(body: Graph, facts: Facts, machine: Machine | None) -> Ke
     return shape
 
 
-# The row ops whose template can store a quantized result (u8 / i8): the row is computed in
-# scratch rows of f32 on the thread's stack (row_softmax.c a block of EQF_ROW_BLOCK(L) rows, the
-# norms one row), and the last pass quantizes into the output (the plan's quantize_out)
+# The row ops whose template can store a quantized result (u8 / i8): a block of EQF_ROW_BLOCK(L)
+# rows is computed in scratch rows of f32 on the thread's stack, and a last pass quantizes the
+# block into the output (the plan's quantize_out, and quantize_flat: one loop over the block)
 QUANTIZE_ROW_OPS = ("softmax", "layernorm", "rmsnorm")
-# the most bytes of those scratch rows: softmax's block of rows is at most 8 rows of 64 (2 KB),
-# so the bound is the norms' one row (and a softmax's single long row), kept well inside a
-# thread's stack (the rule fusing the quantize is then not taken: the quantize is a kernel of
-# its own)
+# the most bytes of those scratch rows: a block of several rows is at most 8 rows of 64 (2 KB),
+# so the bound is a single long row's, kept well inside a thread's stack (past it, the rule fusing
+# the quantize is not taken: the quantize is a kernel of its own)
 QUANTIZE_ROW_SCRATCH_MAX = 1 << 16
 
 

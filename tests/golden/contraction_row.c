@@ -1,24 +1,46 @@
 #define eqf_kinds_k2_contraction_row_rowop_PARALLEL -1 /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
-#define eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT 0 /* the plan's quantize_out: the result is a quantize_linear (u8 / i8 out), the row held in a scratch row of L floats on the stack (1), or f32 held in the output row (0) */
+#define eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT 0 /* the plan's quantize_out: the result is a quantize_linear (u8 / i8 out), a block of rows held in scratch rows of L floats on the stack (1), or f32 held in the output row (0) */
+#define eqf_kinds_k2_contraction_row_rowop_QUANTIZE_FLAT 0 /* the plan's quantize_flat: a block's rows quantized in one loop over the block (1), or row by row (0) */
+#define eqf_kinds_k2_contraction_row_rowop_SUM_APART 0 /* the plan's sum_apart: the first pass stores the row, then eqf_row_sum sums it (1), or the pass sums it (0) */
 #define eqf_kinds_k2_contraction_row_rowop_QATTR EQF_QUANTIZE_ROW_ATTR(0)
+#if eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT
+#define eqf_kinds_k2_contraction_row_rowop_RB EQF_ROW_BLOCK(53)
+#else
+#define eqf_kinds_k2_contraction_row_rowop_RB 1
+#endif
 /* eqf_kinds_k2_contraction_row_rowop: layernorm over rows of 53 (r1 rows), prologue and epilogue fused.
- * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1),
- * or, when the output is quantized (u8 / i8), in a scratch row on the stack: the last pass then
- * quantizes (the epilogue's eqf_quantize) into the output row. */
+ * Corrected two-pass mean and variance (eqf_row_sq_dev) over the row held in the output row (in L1).
+ * A quantized result (u8 / i8) is computed in scratch rows on the stack, a block of
+ * EQF_ROW_BLOCK(L) rows (as row_softmax.c's), and the block is quantized (the epilogue's
+ * eqf_quantize) in a pass of its own: apart from the rows' passes, it waits on no row's sums. */
 EQF_WIDE_BEGIN
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-variable"  /* (the offsets the row-by-row quantize does not use) */
 eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restrict out, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
 #if eqf_kinds_k2_contraction_row_rowop_PARALLEL >= 0
     #pragma omp parallel for schedule(static) if (-1)
 #endif
-    for (long r = r0; r < r1; r++) {
+    for (long rb = r0; rb < r1; rb += eqf_kinds_k2_contraction_row_rowop_RB) {
 #if eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT
-        float yrow[53];
-        float* restrict y = yrow;
+    const long re = eqf_minl(rb + eqf_kinds_k2_contraction_row_rowop_RB, r1);
+    float ybuf[eqf_kinds_k2_contraction_row_rowop_RB * 53L];
+    for (long r = rb; r < re; r++) {
+        float* restrict y = ybuf + (r - rb) * 53L;
 #else
+    {
+        const long r = rb;
         float* restrict y = out + (r * 53L);
 #endif
         (void)b;
+#if eqf_kinds_k2_contraction_row_rowop_SUM_APART
+        #pragma omp simd
+        for (long j = 0; j < 53; j++) {
+
+            y[j] = y[j];
+        }
+        const float st = eqf_row_sum(y, 53, 0);
+#else
         float s = 0.0f, st;
         #pragma omp simd reduction(+:s)
         for (long j = 0; j < 53 / 16 * 16; j++) {
@@ -35,6 +57,7 @@ eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop
             y[j] = x;
             st += x;
         }
+#endif
         const float mean0 = st * (1.0f / 53);
         float dev;
         const float q = eqf_row_sq_dev(y, 53, mean0, NULL, &dev);
@@ -44,16 +67,39 @@ eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop
         #pragma omp simd
         for (long j = 0; j < 53; j++) {
             const float v = ((y[j] - mean0) - dm) * rstd * eqf_e3[j] + eqf_e4[j];
-
 #if eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT
-            out[(r * 53L) + j] = v;  /* (through out itself: restrict, so the loop needs no overlap check) */
+            y[j] = v;
 #else
+
             y[j] = v;
 #endif
         }
     }
+#if eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT && eqf_kinds_k2_contraction_row_rowop_QUANTIZE_FLAT
+    /* the block's rows are consecutive in the output and the epilogue reads no row or column:
+     * one loop over the block (full vectors also on short rows) */
+    #pragma omp simd
+    for (long i = 0; i < (re - rb) * 53L; i++) {
+        const float v = ybuf[i];
+
+        out[rb * 53L + i] = v;
+    }
+#elif eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT
+    for (long r = rb; r < re; r++) {
+        (void)b;
+        #pragma omp simd
+        for (long j = 0; j < 53; j++) {
+            const float v = ybuf[(r - rb) * 53L + j];
+
+            out[(r * 53L) + j] = v;  /* (through out itself: restrict, so the loop needs no overlap check) */
+        }
+    }
+#endif
+    }
 }
+#pragma GCC diagnostic pop
 #undef eqf_kinds_k2_contraction_row_rowop_QATTR
+#undef eqf_kinds_k2_contraction_row_rowop_RB
 EQF_WIDE_END
 
 #define eqf_kinds_k2_contraction_row_gemm_PREPACKED_B 0 /* the plan's prepacked_b: B's panels packed once (params=) */

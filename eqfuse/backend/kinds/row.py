@@ -43,6 +43,8 @@ class RowDetail:
     vl: int = 16  # floats in a vector of the machine
     lanes: int = 0  # a layernorm's rows in the lanes, this many a block (row_layernorm_lanes.c), else 0
     quantize_out: bool = False  # the result is quantized (u8 / i8): the rows are computed in scratch rows (QUANTIZE_OUT)
+    quantize_flat: bool = False  # a block's quantized rows are one loop over the block (QUANTIZE_FLAT, quantize_flat())
+    sum_apart: bool = False  # a norm's first pass only stores the row, eqf_row_sum sums it (SUM_APART, sum_apart())
 
 
 # A layernorm reads its rows across the lanes (row_layernorm_lanes.c: a block of rows at a time, the
@@ -89,6 +91,40 @@ def lanes_block(plan: KernelPlan) -> int:
     return min(run, LANES_TILE_BYTES // (d.L * F32) // d.vl * d.vl)
 
 
+def sum_apart(body, a: int) -> bool:
+    """Whether a layernorm's or rmsnorm's first pass only stores the row and eqf_row_sum
+    (common_simd.h) sums it, four vectors and a tree, rather than the pass summing it: where the
+    prologue reads a tensor of bytes (u8 / i8: a DequantizeLinear's), gcc's vectors in that pass
+    hold 64 lanes, which a reduction in the loop adds one after another at each row's end. On f32
+    prologues (16 lanes) the pass's own sum is kept. `python benchmarks/bench_quantized_rows.py`."""
+    n = body.nodes[a]
+    if n.op not in ("layernorm", "rmsnorm"):
+        return False
+    up = body.ancestors(n.args[0])
+    return any(body.nodes[i].type.dtype in ("u8", "i8") and size(body.nodes[i].type.shape) > 1
+               for i in body.inputs if i in up)
+
+
+def quantize_flat(plan: KernelPlan) -> bool:
+    """Whether a quantized row kernel quantizes a block of rows in one loop over the block (the
+    templates' QUANTIZE_FLAT) rather than row by row: where the block's rows are consecutive in the
+    output (the output contiguous, a softmax along its last axis) and the epilogue is the quantize
+    of the row op's result by a scalar scale and zero point, which reads no row or column. A loop
+    over one row of u8 is vectorized at the u8's width, so a short row's floats take part vectors
+    (a row of 16: 4 floats a vector, `python benchmarks/bench_quantized_rows.py`)."""
+    d, body = plan.detail, plan.body
+    if not d.quantize_out:
+        return False
+    a, q = plan.shape.anchor, body.nodes[body.outputs[0]]
+    if q.args[0] != a or any(size(body.nodes[i].type.shape) != 1 for i in q.args[1:]):
+        return False
+    xshape = tuple(body.nodes[body.nodes[a].args[0]].type.shape)
+    if d.op in ALONG_AXIS and size(xshape[d.axis0 + 1:]) != 1:
+        return False
+    cs = plan.out_strides or contiguous(xshape)
+    return all(cs[k] == size(xshape[k + 1:]) for k in range(len(xshape)) if xshape[k] > 1)
+
+
 def next_row(decls: list[str], pro_text: str, params: str, rows: int, ahead: str = "1") -> str:
     """The templates' `next` (prefetched while row r computes): row r + ahead of the first f32 input
     the prologue reads as whole contiguous rows (`in<k>[off<m> + j]`), else NULL."""
@@ -132,7 +168,8 @@ class Row(Kind):
             rows, L = size(xshape) // xshape[axis0], xshape[axis0]
         par = rows > 1 and rows * L >= PARALLEL_MIN // 4
         qout = an.op in ROW_OPS and quantized_row(body, a, body.outputs[0])
-        plan.detail = RowDetail(an.op, rows, L, axis0, par, c.simd_floats, quantize_out=qout)
+        plan.detail = RowDetail(an.op, rows, L, axis0, par, c.simd_floats, quantize_out=qout,
+                                sum_apart=sum_apart(body, a))
         plan.threads = parallel_rule(par, f"{rows} rows x {L}", PARALLEL_MIN // 4, f"the {rows} rows")
         plan.flops = OPS[an.op].flops * size(xshape) + pointwise_flops(body, skip={a})
         row_bytes = L * F32 * (len(body.inputs) + 1)
@@ -147,9 +184,11 @@ class Row(Kind):
         u.append(UOp(1, "Exec", f"prologue ({pro or 'none'}) + {an.op} in {passes} passes over the row in cache "
                                 f"({vectors(L, c.simd_floats)} vectors each)", rows))
         u.append(UOp(1, "Store", f"out row [{L if an.op in ROW_OPS else 1}] after the epilogue"
-                                 + (" (quantized from an f32 scratch row)" if qout else ""), rows))
+                                 + (" (quantized from f32 scratch rows, a block of rows at a time)" if qout else ""), rows))
 
     def after_views(self, plan: KernelPlan, m) -> None:
+        if quantize_flat(plan):  # (the output's strides are known now)
+            plan.detail = replace(plan.detail, quantize_flat=True)
         b = lanes_block(plan)
         if b:
             d = plan.detail
@@ -192,14 +231,14 @@ class Row(Kind):
                               GAMMA_J=f"{ptrs[an.args[2]]}[j]" if grad else "1.0f",
                               EPS=flit(an.attr["eps"]) if grad else "0.0f", **common)
             ahead = f"EQF_ROW_BLOCK({L})" if an.op == "softmax" else "1"  # softmax: the next block's row
-            common["QUANTIZE_OUT"] = int(d.quantize_out)
+            common["QUANTIZE_OUT"], common["QUANTIZE_FLAT"] = int(d.quantize_out), int(d.quantize_flat)
             common["NEXT"] = next_row(space.decls, common["PRO_BODY"], params, rows, ahead)
             if an.op == "softmax":
                 return render("row_softmax.c",
                               YBASE=offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims]),
                               YS=cs[axis0], ZERO_NAN=int(an.attr["zero_nan"]), **common)
             g = ptrs[an.args[1]]
-            extra = {"GAMMA": g, "EPS": flit(an.attr["eps"]),
+            extra = {"GAMMA": g, "EPS": flit(an.attr["eps"]), "SUM_APART": int(d.sum_apart),
                      "YBASE": offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims])}
             if an.op == "layernorm":
                 extra["BETA"] = ptrs[an.args[2]]

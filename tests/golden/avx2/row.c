@@ -1,5 +1,6 @@
 #define eqf_kinds_k3_row_PARALLEL 0 /* the plan's parallel: rows split over threads (1) or on one (0); -1: a GEMM's row epilogue, run by the thread that finished the rows (the plan's split=rows) */
 #define eqf_kinds_k3_row_QUANTIZE_OUT 0 /* the plan's quantize_out: the result is a quantize_linear (u8 / i8 out), the block's rows held in scratch rows of L floats on the stack (1), or f32 held in the output rows (0) */
+#define eqf_kinds_k3_row_QUANTIZE_FLAT 0 /* the plan's quantize_flat: a block's rows quantized in one loop over the block (1), or row by row (0) */
 #define eqf_kinds_k3_row_QATTR EQF_QUANTIZE_ROW_ATTR(0)
 #if eqf_kinds_k3_row_QUANTIZE_OUT
 #define eqf_kinds_k3_row_Y(r) (ybuf + ((r) - rb) * 53L)  /* row r of the block, contiguous */
@@ -17,7 +18,9 @@
  * pass's last L % 16 elements are a scalar loop of their own: as the epilogue of the SIMD loop,
  * gcc merged them into the vector maximum through the stack (a failed store forwarding per row,
  * on rows of 77). A quantized result (u8 / i8) is computed in scratch rows instead (the output
- * row cannot hold f32) and quantized into the output row in the last pass (the epilogue's eqf_quantize). */
+ * row cannot hold f32), and the block is quantized (the epilogue's eqf_quantize) in a fourth pass, one
+ * loop over the block's rows where they are consecutive in the output (quantize_flat): a loop over
+ * one short row of floats and u8 is vectorized at the u8's width (a row of 16: 4 floats a vector). */
 EQF_WIDE_BEGIN
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-variable"
@@ -69,14 +72,34 @@ eqf_kinds_k3_row_QATTR void eqf_kinds_k3_row(const float* restrict in0, const fl
         #pragma omp simd
         for (long j = 0; j < 53; j++) {
             const float v = zero ? 0.0f : y[j * eqf_kinds_k3_row_YSTEP] * inv;
-
 #if eqf_kinds_k3_row_QUANTIZE_OUT
-            out[((r) * 53) + j * 1] = v;
+            y[j] = v;
 #else
+
             y[j * eqf_kinds_k3_row_YSTEP] = v;
 #endif
         }
         }
+#if eqf_kinds_k3_row_QUANTIZE_OUT && eqf_kinds_k3_row_QUANTIZE_FLAT
+        /* the block's rows are consecutive in the output and the epilogue reads no row or column:
+         * one loop over the block (full vectors also on short rows) */
+        #pragma omp simd
+        for (long i = 0; i < (re - rb) * 53L; i++) {
+            const float v = ybuf[i];
+
+            out[rb * 53L + i] = v;
+        }
+#elif eqf_kinds_k3_row_QUANTIZE_OUT
+        for (long r = rb; r < re; r++) {
+        const long off0 = (r) * 53;
+        #pragma omp simd
+        for (long j = 0; j < 53; j++) {
+            const float v = ybuf[(r - rb) * 53L + j];
+
+            out[((r) * 53) + j * 1] = v;
+        }
+        }
+#endif
     }
 }
 #pragma GCC diagnostic pop
