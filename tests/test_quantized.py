@@ -1140,6 +1140,41 @@ def test_an_integer_conv_of_one_panel_splits_its_rows_among_threads():
     assert got.dtype == np.uint8 and np.array_equal(got, want)
 
 
+# Integer convs whose images are the threads' chunks (by_image): four images (a multiple of 1, 2 or
+# 4 cores), a 3 x 3 read in place (direct_x) with w's zero points per output channel (each image's
+# row sums), a 3 x 3 on 4 x 4 planes with its im2col, and a 7 x 7 stride-2 stem quantizing its
+# own f32 x (each image's quantized planes), each at 1 and 2 threads against numpy
+BY_IMAGE_G = """
+graph bi(x: u8[4, 16, 16, 16], w: i8[16, 16, 3, 3], y: u8[4, 64, 4, 4], v: i8[64, 64, 3, 3], f: f32[4, 3, 32, 32],
+         w7: i8[16, 3, 7, 7], xz: u8, wz: i8[16], vz: i8, qs: f32) {
+    q = kernel { conv_integer(quantize_linear(f, qs, xz), w7, xz, vz, stride=2, padding=3) }
+    return conv_integer(x, w, xz, wz, padding=1), conv_integer(y, v, xz, vz, padding=1), q
+}
+"""
+
+
+def test_integer_convs_by_image_match_numpy_on_one_and_two_threads():
+    rng = np.random.default_rng(9)
+    i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
+    x = {"x": rng.integers(0, 256, (4, 16, 16, 16)).astype(np.uint8), "w": i8(16, 16, 3, 3),
+         "y": rng.integers(0, 256, (4, 64, 4, 4)).astype(np.uint8), "v": i8(64, 64, 3, 3),
+         "f": rng.uniform(-3, 3, (4, 3, 32, 32)).astype(np.float32), "w7": i8(16, 3, 7, 7),
+         "xz": np.asarray(9, np.uint8), "wz": i8(16), "vz": np.asarray(0, np.int8), "qs": np.asarray(0.03, np.float32)}
+    mod = eqfuse.compile(BY_IMAGE_G, fuse="manual")
+    convs = [k for k in mod.kernels if k.kind == "contraction"]
+    cores = machine().cores
+    assert [k.decisions["by_image"] for k in convs] == [int(cores > 1 and 4 % cores == 0)] * 3
+    assert sorted(k.decisions["direct_x"] for k in convs) == [0, 2, 2] and sum(k.decisions["quantize_a"] for k in convs) == 1
+    conv, quantize = OPS["conv_integer"].numpy, OPS["quantize_linear"].numpy
+    geo = lambda **a: {"stride": 1, "padding": 1, "dilation": 1, "group": 1, **a}  # noqa: E731
+    want = [conv([x["x"], x["w"], x["xz"], x["wz"]], geo()), conv([x["y"], x["v"], x["xz"], x["vz"]], geo()),
+            conv([quantize([x["f"], x["qs"], x["xz"]], {}), x["w7"], x["xz"], x["vz"]], geo(stride=2, padding=3))]
+    for threads in (1, 2):
+        mod.default.threads = threads
+        for g, w in zip(mod(**x), want):
+            assert g.dtype == np.int32 and np.array_equal(g, w), threads
+
+
 # Integer convs read in place from a padded copy of x, without an im2col (direct_x): as virtual
 # pixels (1: stride 1, output rows of 8 pixels or more, not a multiple of the tile's rows) padded
 # and not, a 4-tap kernel (no tap of weight 0 added), an s8 x, w's zero points per output channel
