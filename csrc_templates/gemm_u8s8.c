@@ -600,9 +600,9 @@ typedef struct {
 } {{NAME}}_call_t;
 
 /* GEMM call b (a conv: image b / G, group b % G) on `threads` threads: its A made (quantized, the
- * im2col or the padded copy of x, into the A buffer: BY_IMAGE's own for each image), B packed
- * when not prepacked, then its panels */
-static void {{NAME}}_call(const {{NAME}}_call_t* cx, long b, int threads)
+ * im2col or the padded copy of x, into the A buffer: with `own`, image b's own, else the one
+ * every call reuses), B packed when not prepacked, then its panels */
+static void {{NAME}}_call(const {{NAME}}_call_t* cx, long b, int threads, int own)
 {
     const {{A_T}}* A0 = cx->A0;
     const {{AZP_T}}* azp = cx->azp;
@@ -610,8 +610,8 @@ static void {{NAME}}_call(const {{NAME}}_call_t* cx, long b, int threads)
     (void)A0;
     (void)azp;
     (void)a_scale;
-    uint8_t* const qa = cx->qa ? cx->qa + ({{NAME}}_BY_IMAGE ? b * {{NAME}}_ASTRIDE : 0) : NULL;
-    int32_t* const rowsum = cx->rowsum ? cx->rowsum + ({{NAME}}_BY_IMAGE ? b * {{NAME}}_M : 0) : NULL;
+    uint8_t* const qa = cx->qa ? cx->qa + (own ? b * {{NAME}}_ASTRIDE : 0) : NULL;
+    int32_t* const rowsum = cx->rowsum ? cx->rowsum + (own ? b * {{NAME}}_M : 0) : NULL;
     (void)qa;
 #if {{NAME}}_QUANT_A && {{NAME}}_IM2COL
     /* the image's group of channels quantized (planes as rows), then their im2col */
@@ -675,7 +675,7 @@ static void {{NAME}}_call(const {{NAME}}_call_t* cx, long b, int threads)
 
 #if {{NAME}}_BY_IMAGE
 /* BY_IMAGE's chunk: image b, whole, on the thread that claimed it */
-static void {{NAME}}_image(void* ctx, long b) { {{NAME}}_call(ctx, b, 1); }
+static void {{NAME}}_image(void* ctx, long b) { {{NAME}}_call(ctx, b, 1, 1); }
 #endif
 
 void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const {{BZP_T}}* bzp, const float* a_scale,
@@ -707,13 +707,19 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
     if (threads > 1)
         eqf_region_pooled = 1;
 #if {{NAME}}_BY_IMAGE
+    /* (on one thread the images in turn, in the one A buffer, as without BY_IMAGE) */
 #if !{{NAME}}_PREPACKED_B
     {{NAME}}_pack(B0, cx.packed);
 #endif
-    eqf_parallel_for({{BATCH}}, {{NAME}}_image, &cx, threads);
-#else
+    if (threads > 1) {
+        eqf_parallel_for({{BATCH}}, {{NAME}}_image, &cx, threads);
+        goto done;
+    }
+#endif
     for (long b = 0; b < {{BATCH}} && !__atomic_load_n(&nomem, __ATOMIC_RELAXED); b++)
-        {{NAME}}_call(&cx, b, threads);
+        {{NAME}}_call(&cx, b, threads, 0);
+#if {{NAME}}_BY_IMAGE
+done:
 #endif
     if (__atomic_load_n(&nomem, __ATOMIC_RELAXED))
         eqf_nomem_note();

@@ -192,7 +192,8 @@ def by_image(images: int, groups: int, abytes: int, parallel: bool, cores: int) 
     and wrote output lines beside the other thread's, so that each chunk took twice its time on
     one thread (the quantized ResNet-18 at batch 2: `benchmarks/bench_models.py --quantized static
     --model resnet18`, its kernels' profile, benchmarks/RESULTS.md). By image each thread reads and
-    writes its own image's lines. When the images are a multiple of the machine's cores (each
+    writes its own image's lines. On one thread the images run in turn in one A buffer, as without
+    by_image. When the images are a multiple of the machine's cores (each
     thread the same number), of one group (the weights one matrix), their buffers within
     BY_IMAGE_MAX_BYTES."""
     return parallel and images >= cores > 1 and images % cores == 0 and groups == 1 and images * abytes <= BY_IMAGE_MAX_BYTES
@@ -228,8 +229,9 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     abytes = ((geo[0] // nbb * (geo[1] + 2 * geo[6][0]) * (geo[2] + 2 * geo[6][1]) + 64 if direct else gM * cdiv(K, 4) * 4)
               + (geo[0] // nbb * geo[1] * geo[2] if qa else 0)) if conv else 0
     whole = conv and by_image(calls, nbb, abytes, par, m.cores)
-    # (by image: each image's rows one block, its panels in turn on the thread that claimed it)
-    plan.tiles = {"mr": mr, "nr": nr, "kc": kc, "mb": gM if whole else int8_row_block(gM, cdiv(N, nr), mr, par)}
+    # (by image, its chunks of mb rows run in turn on the thread that claimed the image, and on one
+    # thread as without by_image)
+    plan.tiles = {"mr": mr, "nr": nr, "kc": kc, "mb": int8_row_block(gM, cdiv(N, nr), mr, par)}
     plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par, qa,
                               im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else (),
                               b_transposed=body.nodes[mm.args[1]].op == "transpose",
