@@ -191,7 +191,10 @@ def _pool(an: Node, ins, xs, out, ct, par: str = "0"):
                                     pair(an.attr["padding"]))
     OH, OW = out[2], out[3]
     is_max = an.op == "max_pool2d"
-    init = "-INFINITY" if is_max else "0.0f"
+    # (a max pool of a quantized model's u8 or i8 runs on them: its start the type's least value,
+    # which a tap always passes, as -inf in f32; an average pool is f32)
+    t = ct if is_max else "float"
+    init = {"uint8_t": "0", "int8_t": "-128"}.get(t, "-INFINITY") if is_max else "0.0f"
     # one output row at a time, the window's taps outermost and the row's pixels innermost:
     # the pixels whose taps are all inside the image ([lo, hi)) in a vector loop without
     # branches, the few others with bounds checks. Pixel by pixel, the comparisons branched on
@@ -205,33 +208,33 @@ def _pool(an: Node, ins, xs, out, ct, par: str = "0"):
             f"for (long nc = 0; nc < {out[0] * out[1]}; nc++)",
             f"    for (long oh = 0; oh < {OH}; oh++) {{"]
     s2 = par.removesuffix("_PARALLEL") + "_POOL_S2"  # (par is NAME_PARALLEL: the #define of the plan's pool_s2)
-    if is_max and sw == 2:  # (ResNet's 3x3/2 pool)
+    if is_max and sw == 2 and t == "float":  # (ResNet's 3x3/2 pool)
         head += _max_pool_stride2(ins[0], H, W, OH, OW, kh, kw, sh, ph, pw, s2)
     return head + [
-            f"        float a[{OW}]{'' if is_max else f', cnt[{OW}]'};",
+            f"        {t} a[{OW}]{'' if is_max else f'; float cnt[{OW}]'};",
             f"        for (long ow = 0; ow < {OW}; ow++) {{ a[ow] = {init};{'' if is_max else ' cnt[ow] = 0.0f;'} }}",
             f"        for (long dh = 0; dh < {kh}; dh++) {{",
             f"            const long h = oh * {sh} - {ph} + dh;",
             f"            if (h < 0 || h >= {H}) continue;",
-            f"            const float* restrict row = {ins[0]} + (nc * {H} + h) * {W};",
+            f"            const {t}* restrict row = {ins[0]} + (nc * {H} + h) * {W};",
             f"            for (long dw = 0; dw < {kw}; dw++) {{",
             "#pragma omp simd",
             f"                for (long ow = {lo}; ow < {hi}; ow++) {{",
-            f"                    const float v = row[ow * {sw} - {pw} + dw];",
+            f"                    const {t} v = row[ow * {sw} - {pw} + dw];",
             f"                    {val}",
             "                }",
             *(ln for a, b in ((0, lo), (hi, OW)) if a < b for ln in (
                 f"                for (long ow = {a}; ow < {b}; ow++) {{",
                 f"                    const long w = ow * {sw} - {pw} + dw;",
                 f"                    if (w < 0 || w >= {W}) continue;",
-                "                    const float v = row[w];",
+                f"                    const {t} v = row[w];",
                 f"                    {val}",
                 "                }")),
             "            }",
             "        }",
             f"        for (long ow = 0; ow < {OW}; ow++)",
             f"            out[(nc * {OH} + oh) * {OW} + ow] = {fin};",
-            *(["#endif"] if is_max and sw == 2 else []),
+            *(["#endif"] if is_max and sw == 2 and t == "float" else []),
             "    }"]
 
 
@@ -474,7 +477,8 @@ class Index(Kind):
             block, par = _range_block(n), n >= PARALLEL_MIN
             threads = (f"blocks of {block} floats of x, {REGIONS} ({n} floats >= {PARALLEL_MIN})" if par
                        else parallel_rule(par, f"{n} floats of x", PARALLEL_MIN, ""))
-        s2 = an.op == "max_pool2d" and pair(an.attr["stride"] or an.attr["kernel_size"])[1] == 2 and c.simd_floats >= 16
+        s2 = (an.op == "max_pool2d" and pair(an.attr["stride"] or an.attr["kernel_size"])[1] == 2 and c.simd_floats >= 16
+              and an.type.dtype == "f32")  # (_max_pool_stride2's vectors are floats)
         plan.detail = IndexDetail(an.op, an.op in INDEX_CHECKED, par, pool_s2=s2, block=block)
         plan.threads = threads
         plan.cache_check = "streaming selection (no reuse to block for)"
