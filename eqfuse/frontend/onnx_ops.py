@@ -13,7 +13,6 @@ from eqfuse.frontend import onnx_symbolic as sy
 from eqfuse.frontend import onnx_symbolic_ops as so
 from eqfuse.frontend.onnx_handlers import axes_of
 from eqfuse.frontend.onnx_registry import NeedsDims, Unsupported, handles, pair
-from eqfuse.ir.shapes import QUANT_DTYPES
 
 
 def _rank(imp, v) -> int:
