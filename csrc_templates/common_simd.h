@@ -83,6 +83,16 @@ static inline __mmask16 eqf_pool_lanes(long w0, long W)
     return hi <= lo ? 0 : (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
 }
 
+#if defined(__AVX512BW__)
+/* The lanes i of a 32-byte load at w0 + i that fall inside a row of W bytes (the stride-2 max
+ * pool of u8 / i8, eqfuse.backend.kinds.index._max_pool_stride2_int). */
+static inline __mmask32 eqf_pool_lanes32(long w0, long W)
+{
+    const long lo = w0 < 0 ? -w0 : 0, hi = W - w0 < 32 ? W - w0 : 32;
+    return hi <= lo ? 0 : (__mmask32)((hi == 32 ? ~0u : (1u << hi) - 1) & ~((1u << lo) - 1));
+}
+#endif
+
 /* Keep four loaded vectors in registers: without this gcc folds each load into the FMAs that
  * use it (one memory operand per FMA: 16 loads + 4 broadcasts per 16 FMAs, load-bound). */
 #define EQF_IN_REGISTERS(a, b, c, d) __asm__("" : "+v"(a), "+v"(b), "+v"(c), "+v"(d))

@@ -79,6 +79,7 @@
 #define {{NAME}}_QUANT_A {{QUANT_A}} /* A is f32 x, quantized into the kernel's A buffer */
 #define {{NAME}}_IM2COL {{IM2COL}} /* A is the im2col of a conv's x, C stored NCHW */
 #define {{NAME}}_IM2COL_ROWS {{IM2COL_ROWS}} /* the im2col by output row, kernel row outermost (else pixel by pixel) */
+#define {{NAME}}_BY_IMAGE {{BY_IMAGE}} /* the threads' chunks are whole images (each its A buffer and its GEMM) */
 #define {{NAME}}_DIRECT_X {{DIRECT_X}} /* no im2col: A read in place from a padded copy of x (kernel rows as K-groups) */
 #define {{NAME}}_MO {{MO}}L /* the output's pixels per image (M counts DIRECT_X's virtual pixels) */
 #define {{NAME}}_G {{G}}L /* the conv's groups: B one matrix per group */
@@ -109,6 +110,10 @@
 /* the A buffer's bytes: the im2col, or the padded copy and the bytes the last virtual pixels'
  * fourth taps read past it */
 #define {{NAME}}_ABYTES ({{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_HP * {{NAME}}_WP + 64L : {{NAME}}_M * {{NAME}}_LDA)
+/* a conv whose x it quantizes: the image's group of channels in bytes, after the A buffer */
+#define {{NAME}}_XBYTES ({{NAME}}_QUANT_A && {{NAME}}_IM2COL ? {{NAME}}_CI / {{NAME}}_G * {{NAME}}_H * {{NAME}}_W : 0L)
+/* the A buffer (and quantized x) of each image (BY_IMAGE: one per image, 64-byte aligned) */
+#define {{NAME}}_ASTRIDE (({{NAME}}_ABYTES + {{NAME}}_XBYTES + 63L) / 64 * 64)
 #define {{NAME}}_NPAD (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR)
 #define {{NAME}}_PANELS ({{NAME}}_NPAD / {{NAME}}_NR)
 #define {{NAME}}_PANEL_BYTES ({{NAME}}_KGP * 4L * {{NAME}}_NR)
@@ -581,10 +586,101 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
     }
 }
 
+/* What every call of the kernel shares: its arguments, the scratch, and the job of the panels
+ * (base: the fields every call has alike) */
+typedef struct {
+    const {{A_T}}* A0;
+    const {{B_T}}* B0;
+    const {{AZP_T}}* azp;
+    const float* a_scale;
+    uint8_t* qa;
+    int32_t* rowsum;
+    int8_t* packed;
+    {{NAME}}_job base;
+} {{NAME}}_call_t;
+
+/* GEMM call b (a conv: image b / G, group b % G) on `threads` threads: its A made (quantized, the
+ * im2col or the padded copy of x, into the A buffer: with `own`, image b's own, else the one
+ * every call reuses), B packed when not prepacked, then its panels */
+static void {{NAME}}_call(const {{NAME}}_call_t* cx, long b, int threads, int own)
+{
+    const {{A_T}}* A0 = cx->A0;
+    const {{AZP_T}}* azp = cx->azp;
+    const float* a_scale = cx->a_scale;
+    (void)A0;
+    (void)azp;
+    (void)a_scale;
+    uint8_t* const qa = cx->qa ? cx->qa + (own ? b * {{NAME}}_ASTRIDE : 0) : NULL;
+    int32_t* const rowsum = cx->rowsum ? cx->rowsum + (own ? b * {{NAME}}_M : 0) : NULL;
+    (void)qa;
+#if {{NAME}}_QUANT_A && {{NAME}}_IM2COL
+    /* the image's group of channels quantized (planes as rows), then their im2col */
+    {{NAME}}_qjob qj = {(const float*)(const void*)(A0 + ((b / {{NAME}}_G) * {{NAME}}_CI + (b % {{NAME}}_G) * ({{NAME}}_CI / {{NAME}}_G))
+                                                    * {{NAME}}_H * {{NAME}}_W),
+                        qa + {{NAME}}_ABYTES, NULL, a_scale[0], (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0]),
+                        {{NAME}}_CI / {{NAME}}_G, {{NAME}}_H * {{NAME}}_W};
+    eqf_parallel_for(({{NAME}}_CI / {{NAME}}_G + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
+#if {{NAME}}_DIRECT_X
+    {{NAME}}_pad_x(qa + {{NAME}}_ABYTES, qa, rowsum, (uint8_t)azp[0]);
+#else
+    {{NAME}}_cjob cj = {qa + {{NAME}}_ABYTES, qa, rowsum, (uint8_t)azp[0]};
+    eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);
+#endif
+    const uint8_t* A = qa;
+#elif {{NAME}}_QUANT_A
+    {{NAME}}_qjob qj = {(const float*)(const void*)(A0 + b * {{NAME}}_M * {{NAME}}_K), qa, rowsum, a_scale[0],
+                        (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0]), {{NAME}}_M, {{NAME}}_K};
+    eqf_parallel_for(({{NAME}}_M + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
+    const uint8_t* A = qa;
+#elif {{NAME}}_IM2COL
+    const uint8_t* X = (const uint8_t*)(A0 + ((b / {{NAME}}_G) * {{NAME}}_CI + (b % {{NAME}}_G) * ({{NAME}}_CI / {{NAME}}_G))
+                                        * {{NAME}}_H * {{NAME}}_W);
+#if {{NAME}}_DIRECT_X
+    {{NAME}}_pad_x(X, qa, rowsum, (uint8_t)azp[0]);
+#else
+    {{NAME}}_cjob cj = {X, qa, rowsum, (uint8_t)azp[0]};
+    eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);
+#endif
+    const uint8_t* A = qa;
+#else
+    const uint8_t* A = (const uint8_t*)(A0 + b * {{NAME}}_M * {{NAME}}_K);
+#endif
+#if {{NAME}}_PREPACKED_B
+    const int8_t* P = (const int8_t*)cx->B0;
+#else
+    /* (BY_IMAGE: packed once before the images) */
+    if (!{{NAME}}_BY_IMAGE && (b < {{NBB}} || {{NBB}} > 1))
+        {{NAME}}_pack(cx->B0 + (b % {{NBB}}) * {{NAME}}_K * {{NAME}}_N, cx->packed);
+    const int8_t* P = cx->packed;
+#endif
+    if (rowsum && !{{NAME}}_QUANT_A && !{{NAME}}_IM2COL)
+        for (long i = 0; i < {{NAME}}_M; i++) {
+            uint32_t s = 0;
+            for (long k = 0; k < {{NAME}}_K; k++)
+                s += A[i * {{NAME}}_K + k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+            rowsum[i] = (int32_t)s;
+        }
+    /* (a conv's call b: image b / G, its group's channels from jofs, their zero points) */
+    const long img = {{NAME}}_IM2COL ? b / {{NAME}}_G : b, jofs = {{NAME}}_IM2COL ? (b % {{NAME}}_G) * {{NAME}}_N : 0;
+    {{NAME}}_job job = cx->base;
+    job.A = A;
+    job.P = P;
+    job.rowsum = rowsum;
+    job.C = cx->base.C + b * {{NAME}}_MO * {{LDC}}L;
+    job.b = img;
+    job.jofs = jofs;
+    job.bzp = cx->base.bzp + ({{NAME}}_BZP_PER_COL ? jofs : 0);
+    eqf_parallel_for({{NAME}}_PANELS * {{NAME}}_RBLOCKS, {{NAME}}_panel, &job, threads);
+}
+
+#if {{NAME}}_BY_IMAGE
+/* BY_IMAGE's chunk: image b, whole, on the thread that claimed it */
+static void {{NAME}}_image(void* ctx, long b) { {{NAME}}_call(ctx, b, 1, 1); }
+#endif
+
 void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const {{BZP_T}}* bzp, const float* a_scale,
               {{OUT_T}}* C0{{EXTRA_PARAMS}})
 {
-    (void)a_scale; /* (QUANT_A's scale; NULL otherwise) */
     /* the zero points as the u8 x s8 product sees them (an s8 A's moved by +128) */
     const uint32_t az = (uint32_t)((int32_t)azp[0] + ({{NAME}}_A_S8 ? 128 : 0));
     int bz_zero = 1;
@@ -592,76 +688,39 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
         bz_zero &= (int32_t)bzp[j] - ({{NAME}}_B_U8 ? 128 : 0) == 0;
     const long pbytes = {{NAME}}_PANELS * {{NAME}}_PANEL_BYTES + 4 * {{NAME}}_NPAD;
     /* scratch: the row sums of A (when needed), then B's panels (when not prepacked), then the
-     * quantized A (QUANT_A) */
-    const long rfloats = bz_zero ? 0 : {{NAME}}_M, pfloats = {{NAME}}_PREPACKED_B ? 0 : (pbytes + 3) / 4;
-    /* (a conv whose x it quantizes: the image's group of channels in bytes, after the A buffer) */
-    const long xbytes = {{NAME}}_QUANT_A && {{NAME}}_IM2COL ? {{NAME}}_CI / {{NAME}}_G * {{NAME}}_H * {{NAME}}_W : 0;
-    const long qfloats = {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? ({{NAME}}_ABYTES + xbytes + 3) / 4 : 0;
+     * quantized A (QUANT_A) or a conv's A buffer; BY_IMAGE: row sums and A buffers per image */
+    const long images = {{NAME}}_BY_IMAGE ? {{BATCH}} : 1;
+    const long rfloats = bz_zero ? 0 : images * {{NAME}}_M, pfloats = {{NAME}}_PREPACKED_B ? 0 : (pbytes + 3) / 4;
+    const long qfloats = {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? (images * {{NAME}}_ASTRIDE + 3) / 4 : 0;
     float* scratch = rfloats + pfloats + qfloats == 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, rfloats + pfloats + qfloats);
     if (!scratch && rfloats + pfloats + qfloats) {
         eqf_nomem_note();
         return;
     }
-    int32_t* rowsum = bz_zero ? NULL : (int32_t*)scratch;
-    int8_t* packed = {{NAME}}_PREPACKED_B ? NULL : (int8_t*)(scratch + rfloats);
-    uint8_t* qa = {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? (uint8_t*)(scratch + rfloats + pfloats) : NULL;
-    (void)qa;
-    const int threads = {{NAME}}_PARALLEL ? eqf_pool_threads() : 1;
     int nomem = 0;
-    for (long b = 0; b < {{BATCH}} && !__atomic_load_n(&nomem, __ATOMIC_RELAXED); b++) {
-#if {{NAME}}_QUANT_A && {{NAME}}_IM2COL
-        /* the image's group of channels quantized (planes as rows), then their im2col */
-        {{NAME}}_qjob qj = {(const float*)(const void*)(A0 + ((b / {{NAME}}_G) * {{NAME}}_CI + (b % {{NAME}}_G) * ({{NAME}}_CI / {{NAME}}_G))
-                                                        * {{NAME}}_H * {{NAME}}_W),
-                            qa + {{NAME}}_ABYTES, NULL, a_scale[0], (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0]),
-                            {{NAME}}_CI / {{NAME}}_G, {{NAME}}_H * {{NAME}}_W};
-        eqf_parallel_for(({{NAME}}_CI / {{NAME}}_G + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
-#if {{NAME}}_DIRECT_X
-        {{NAME}}_pad_x(qa + {{NAME}}_ABYTES, qa, rowsum, (uint8_t)azp[0]);
-#else
-        {{NAME}}_cjob cj = {qa + {{NAME}}_ABYTES, qa, rowsum, (uint8_t)azp[0]};
-        eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);
+    {{NAME}}_call_t cx = {A0, B0, azp, a_scale, {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? (uint8_t*)(scratch + rfloats + pfloats) : NULL,
+                          bz_zero ? NULL : (int32_t*)scratch, {{NAME}}_PREPACKED_B ? NULL : (int8_t*)(scratch + rfloats),
+                          {NULL, NULL, NULL, C0, 0, 0, az, bzp, &nomem{{EXTRA_INIT}}}};
+    const int threads = {{NAME}}_PARALLEL ? eqf_pool_threads() : 1;
+    /* (a call that ran this kernel on the pool with a worker: its workers linger after the call,
+     * common_pool.h eqf_pool_linger, as after a call of eqf_region loops on the pool) */
+    if (threads > 1)
+        eqf_region_pooled = 1;
+#if {{NAME}}_BY_IMAGE
+    /* (on one thread the images in turn, in the one A buffer, as without BY_IMAGE) */
+#if !{{NAME}}_PREPACKED_B
+    {{NAME}}_pack(B0, cx.packed);
 #endif
-        const uint8_t* A = qa;
-#elif {{NAME}}_QUANT_A
-        {{NAME}}_qjob qj = {(const float*)(const void*)(A0 + b * {{NAME}}_M * {{NAME}}_K), qa, rowsum, a_scale[0],
-                            (float)azp[0], EQF_QLO(azp[0]), EQF_QHI(azp[0]), {{NAME}}_M, {{NAME}}_K};
-        eqf_parallel_for(({{NAME}}_M + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
-        const uint8_t* A = qa;
-#elif {{NAME}}_IM2COL
-        const uint8_t* X = (const uint8_t*)(A0 + ((b / {{NAME}}_G) * {{NAME}}_CI + (b % {{NAME}}_G) * ({{NAME}}_CI / {{NAME}}_G))
-                                            * {{NAME}}_H * {{NAME}}_W);
-#if {{NAME}}_DIRECT_X
-        {{NAME}}_pad_x(X, qa, rowsum, (uint8_t)azp[0]);
-#else
-        {{NAME}}_cjob cj = {X, qa, rowsum, (uint8_t)azp[0]};
-        eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);
-#endif
-        const uint8_t* A = qa;
-#else
-        const uint8_t* A = (const uint8_t*)(A0 + b * {{NAME}}_M * {{NAME}}_K);
-#endif
-#if {{NAME}}_PREPACKED_B
-        const int8_t* P = (const int8_t*)B0;
-        (void)packed;
-#else
-        if (b < {{NBB}} || {{NBB}} > 1)
-            {{NAME}}_pack(B0 + (b % {{NBB}}) * {{NAME}}_K * {{NAME}}_N, packed);
-        const int8_t* P = packed;
-#endif
-        if (rowsum && !{{NAME}}_QUANT_A && !{{NAME}}_IM2COL)
-            for (long i = 0; i < {{NAME}}_M; i++) {
-                uint32_t s = 0;
-                for (long k = 0; k < {{NAME}}_K; k++)
-                    s += A[i * {{NAME}}_K + k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
-                rowsum[i] = (int32_t)s;
-            }
-        /* (a conv's call b: image b / G, its group's channels from jofs, their zero points) */
-        const long img = {{NAME}}_IM2COL ? b / {{NAME}}_G : b, jofs = {{NAME}}_IM2COL ? (b % {{NAME}}_G) * {{NAME}}_N : 0;
-        {{NAME}}_job job = {A, P, rowsum, C0 + b * {{NAME}}_MO * {{LDC}}L, img, jofs, az,
-                            bzp + ({{NAME}}_BZP_PER_COL ? jofs : 0), &nomem{{EXTRA_INIT}}};
-        eqf_parallel_for({{NAME}}_PANELS * {{NAME}}_RBLOCKS, {{NAME}}_panel, &job, threads);
+    if (threads > 1) {
+        eqf_parallel_for({{BATCH}}, {{NAME}}_image, &cx, threads);
+        goto done;
     }
+#endif
+    for (long b = 0; b < {{BATCH}} && !__atomic_load_n(&nomem, __ATOMIC_RELAXED); b++)
+        {{NAME}}_call(&cx, b, threads, 0);
+#if {{NAME}}_BY_IMAGE
+done:
+#endif
     if (__atomic_load_n(&nomem, __ATOMIC_RELAXED))
         eqf_nomem_note();
 }

@@ -488,6 +488,38 @@ def test_a_dequantize_quantize_pair_of_one_scale_and_zero_point_is_removed(tmp_p
     assert np.array_equal(got, want)
 
 
+def _maxpool_model(dt):
+    """quantize_static's MaxPool in both forms on a dt input q: QDQ (DequantizeLinear -> MaxPool ->
+    QuantizeLinear, one scale and zero point) and QOperator (MaxPool on q itself), ResNet's 3 x 3
+    stride-2 pool with padding 1 (a padded tap in every edge window), and a 2 x 2 one."""
+    h = onnx.helper
+    nodes = [h.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             h.make_node("MaxPool", ["d"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             h.make_node("QuantizeLinear", ["p", "s", "z"], ["y"]),
+             h.make_node("MaxPool", ["q"], ["y2"], kernel_shape=[2, 2], strides=[2, 2])]
+    t = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dt))
+    inits = [onnx.numpy_helper.from_array(np.asarray(0.05, np.float32), "s"), onnx.numpy_helper.from_array(np.asarray(7, dt), "z")]
+    g = h.make_graph(nodes, "pool", [h.make_tensor_value_info("q", t, [2, 3, 9, 10])],
+                     [h.make_tensor_value_info("y", t, [2, 3, 5, 5]), h.make_tensor_value_info("y2", t, [2, 3, 4, 5])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+def test_a_quantized_max_pool_runs_on_its_integers_and_matches_onnxruntime(dt, tmp_path):
+    """The rule maxpool_dequantized (rules/quant.rw) takes the QDQ pool's dequantize and quantize
+    away: both pools are one index kernel each on the integers, exactly onnxruntime's."""
+    f, model = tmp_path / "pool.onnx", _maxpool_model(dt)
+    onnx.save(model, str(f))
+    mod = eqfuse.compile(str(f))
+    assert [k.kind for k in mod.kernels] == ["index", "index"], [k.kind for k in mod.kernels]
+    info = np.iinfo(dt)
+    q = np.random.default_rng(3).integers(info.min, info.max + 1, (2, 3, 9, 10)).astype(dt)
+    q[0, 0] = info.min  # (a plane of the least value: the padding must not be taken for it)
+    want, got = _literal(model, {"q": q}), mod(q)  # (onnxruntime's pool of the dequantized f32, literally)
+    for g, w in zip(got, want):
+        assert g.dtype == dt and np.array_equal(g, w)
+
+
 def _conv_node_model(op, x_type, x_shape, zp, pads=(1, 1, 1, 1), yz=np.uint8(0)):
     """One QLinearConv or ConvInteger node over an x_type input (x's zero point zp, y's yz), its
     weights an i8 constant."""
@@ -1138,6 +1170,41 @@ def test_an_integer_conv_of_one_panel_splits_its_rows_among_threads():
     acc = OPS["conv_integer"].numpy([x["x"], x["w"], x["xz"], x["wz"]], {"stride": 1, "padding": 1, "dilation": 1, "group": 1})
     want = OPS["quantize_linear"].numpy([(acc.astype(np.float32) * x["s"]).astype(np.float32), np.float32(1.0), x["z"]], {})
     assert got.dtype == np.uint8 and np.array_equal(got, want)
+
+
+# Integer convs whose images are the threads' chunks (by_image): four images (a multiple of 1, 2 or
+# 4 cores), a 3 x 3 read in place (direct_x) with w's zero points per output channel (each image's
+# row sums), a 3 x 3 on 4 x 4 planes with its im2col, and a 7 x 7 stride-2 stem quantizing its
+# own f32 x (each image's quantized planes), each at 1 and 2 threads against numpy
+BY_IMAGE_G = """
+graph bi(x: u8[4, 16, 16, 16], w: i8[16, 16, 3, 3], y: u8[4, 64, 4, 4], v: i8[64, 64, 3, 3], f: f32[4, 3, 32, 32],
+         w7: i8[16, 3, 7, 7], xz: u8, wz: i8[16], vz: i8, qs: f32) {
+    q = kernel { conv_integer(quantize_linear(f, qs, xz), w7, xz, vz, stride=2, padding=3) }
+    return conv_integer(x, w, xz, wz, padding=1), conv_integer(y, v, xz, vz, padding=1), q
+}
+"""
+
+
+def test_integer_convs_by_image_match_numpy_on_one_and_two_threads():
+    rng = np.random.default_rng(9)
+    i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
+    x = {"x": rng.integers(0, 256, (4, 16, 16, 16)).astype(np.uint8), "w": i8(16, 16, 3, 3),
+         "y": rng.integers(0, 256, (4, 64, 4, 4)).astype(np.uint8), "v": i8(64, 64, 3, 3),
+         "f": rng.uniform(-3, 3, (4, 3, 32, 32)).astype(np.float32), "w7": i8(16, 3, 7, 7),
+         "xz": np.asarray(9, np.uint8), "wz": i8(16), "vz": np.asarray(0, np.int8), "qs": np.asarray(0.03, np.float32)}
+    mod = eqfuse.compile(BY_IMAGE_G, fuse="manual")
+    convs = [k for k in mod.kernels if k.kind == "contraction"]
+    cores = machine().cores
+    assert [k.decisions["by_image"] for k in convs] == [int(cores > 1 and 4 % cores == 0)] * 3
+    assert sorted(k.decisions["direct_x"] for k in convs) == [0, 2, 2] and sum(k.decisions["quantize_a"] for k in convs) == 1
+    conv, quantize = OPS["conv_integer"].numpy, OPS["quantize_linear"].numpy
+    geo = lambda **a: {"stride": 1, "padding": 1, "dilation": 1, "group": 1, **a}  # noqa: E731
+    want = [conv([x["x"], x["w"], x["xz"], x["wz"]], geo()), conv([x["y"], x["v"], x["xz"], x["vz"]], geo()),
+            conv([quantize([x["f"], x["qs"], x["xz"]], {}), x["w7"], x["xz"], x["vz"]], geo(stride=2, padding=3))]
+    for threads in (1, 2):
+        mod.default.threads = threads
+        for g, w in zip(mod(**x), want):
+            assert g.dtype == np.int32 and np.array_equal(g, w), threads
 
 
 # Integer convs read in place from a padded copy of x, without an im2col (direct_x): as virtual

@@ -13,7 +13,6 @@ from eqfuse.frontend import onnx_symbolic as sy
 from eqfuse.frontend import onnx_symbolic_ops as so
 from eqfuse.frontend.onnx_handlers import axes_of
 from eqfuse.frontend.onnx_registry import NeedsDims, Unsupported, handles, pair
-from eqfuse.ir.shapes import QUANT_DTYPES
 
 
 def _rank(imp, v) -> int:
@@ -209,10 +208,7 @@ def _pool(imp, ins, at):
     kw = dict(kernel_size=pair(list(at["kernel_shape"])), stride=pair(list(at.get("strides", [1, 1]))),
               padding=pair(pads[:2]))
     if imp.node.op_type == "MaxPool":
-        if imp.type(x).dtype in QUANT_DTYPES:  # quantize_static's MaxPool on u8 / i8: exact through f32
-            pooled = imp.op("max_pool2d", [imp.op("cast", [x], to="f32")], **kw)
-            return imp.op("cast", [pooled], to=imp.type(x).dtype)
-        return imp.op("max_pool2d", [x], **kw)
+        return imp.op("max_pool2d", [x], **kw)  # (QOperator's MaxPool on u8 / i8: on them, as ONNX's)
     return imp.op("avg_pool2d", [x], count_include_pad=bool(at.get("count_include_pad", 0)), **kw)
 
 

@@ -57,6 +57,7 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
     dequantize      q and its zero point of one dtype (u8, i8 or i32), scale f32: f32
     matmul_integer  a, b u8 or i8, each zero point of its operand's dtype: i32 (conv_integer too)
     dynamic_zero_point  x f32: u8 (DynamicQuantizeLinear's zero point)
+    max_pool        f32, or a quantized model's u8 or i8 (max_pool2d: rule maxpool_dequantized, quant.rw)
     """
     if rule == "float":
         for t in ts:
@@ -107,6 +108,8 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
         return "u8"
     if rule == "dtype_attr":
         return attrs["dtype"]
+    if rule == "max_pool":
+        return _need(opname, ts[0].dtype, ("f32",) + QUANT_DTYPES, "f32, u8 or i8")
     raise ValueError(f"unknown dtype rule {rule}")
 
 

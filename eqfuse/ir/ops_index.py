@@ -275,7 +275,9 @@ def _pool_infer(ts, attrs):
 
 def pool_numpy(x, at, kind: str):
     (kh, kw), (sh, sw), (ph, pw) = pair(at["kernel_size"]), pair(at["stride"] or at["kernel_size"]), pair(at["padding"])
-    pad = -np.inf if kind == "max" else 0.0
+    # (a max pool's padding is never a window's max: -inf, or the least of an integer dtype; every
+    # window holds a tap of x, as padding < kernel_size)
+    pad = (np.iinfo(x.dtype).min if np.issubdtype(x.dtype, np.integer) else -np.inf) if kind == "max" else 0.0
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=pad)
     win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
     if kind == "max":
@@ -288,7 +290,7 @@ def pool_numpy(x, at, kind: str):
 
 
 _POOL = (Attr("kernel_size", "int_or_ints"), Attr("stride", "int_or_ints", None), Attr("padding", "int_or_ints", 0))
-define(name="max_pool2d", kind="index", arity=(1, 1), infer=_pool_infer, attrs=_POOL,
+define(name="max_pool2d", kind="index", arity=(1, 1), infer=_pool_infer, dtype="max_pool", attrs=_POOL,
     numpy=lambda a, at: pool_numpy(a[0], at, "max"))
 define(name="avg_pool2d", kind="index", arity=(1, 1), infer=_pool_infer,
     attrs=_POOL + (Attr("count_include_pad", "bool", False),), numpy=lambda a, at: pool_numpy(a[0], at, "avg"))

@@ -191,7 +191,10 @@ def _pool(an: Node, ins, xs, out, ct, par: str = "0"):
                                     pair(an.attr["padding"]))
     OH, OW = out[2], out[3]
     is_max = an.op == "max_pool2d"
-    init = "-INFINITY" if is_max else "0.0f"
+    # (a max pool of a quantized model's u8 or i8 runs on them: its start the type's least value,
+    # which a tap always passes, as -inf in f32; an average pool is f32)
+    t = ct if is_max else "float"
+    init = {"uint8_t": "0", "int8_t": "-128"}.get(t, "-INFINITY") if is_max else "0.0f"
     # one output row at a time, the window's taps outermost and the row's pixels innermost:
     # the pixels whose taps are all inside the image ([lo, hi)) in a vector loop without
     # branches, the few others with bounds checks. Pixel by pixel, the comparisons branched on
@@ -206,25 +209,26 @@ def _pool(an: Node, ins, xs, out, ct, par: str = "0"):
             f"    for (long oh = 0; oh < {OH}; oh++) {{"]
     s2 = par.removesuffix("_PARALLEL") + "_POOL_S2"  # (par is NAME_PARALLEL: the #define of the plan's pool_s2)
     if is_max and sw == 2:  # (ResNet's 3x3/2 pool)
-        head += _max_pool_stride2(ins[0], H, W, OH, OW, kh, kw, sh, ph, pw, s2)
+        head += (_max_pool_stride2(ins[0], H, W, OH, OW, kh, kw, sh, ph, pw, s2) if t == "float" else
+                 _max_pool_stride2_int(ins[0], t, H, W, OH, OW, kh, kw, sh, ph, pw, s2))
     return head + [
-            f"        float a[{OW}]{'' if is_max else f', cnt[{OW}]'};",
+            f"        {t} a[{OW}]{'' if is_max else f'; float cnt[{OW}]'};",
             f"        for (long ow = 0; ow < {OW}; ow++) {{ a[ow] = {init};{'' if is_max else ' cnt[ow] = 0.0f;'} }}",
             f"        for (long dh = 0; dh < {kh}; dh++) {{",
             f"            const long h = oh * {sh} - {ph} + dh;",
             f"            if (h < 0 || h >= {H}) continue;",
-            f"            const float* restrict row = {ins[0]} + (nc * {H} + h) * {W};",
+            f"            const {t}* restrict row = {ins[0]} + (nc * {H} + h) * {W};",
             f"            for (long dw = 0; dw < {kw}; dw++) {{",
             "#pragma omp simd",
             f"                for (long ow = {lo}; ow < {hi}; ow++) {{",
-            f"                    const float v = row[ow * {sw} - {pw} + dw];",
+            f"                    const {t} v = row[ow * {sw} - {pw} + dw];",
             f"                    {val}",
             "                }",
             *(ln for a, b in ((0, lo), (hi, OW)) if a < b for ln in (
                 f"                for (long ow = {a}; ow < {b}; ow++) {{",
                 f"                    const long w = ow * {sw} - {pw} + dw;",
                 f"                    if (w < 0 || w >= {W}) continue;",
-                "                    const float v = row[w];",
+                f"                    const {t} v = row[w];",
                 f"                    {val}",
                 "                }")),
             "            }",
@@ -233,6 +237,39 @@ def _pool(an: Node, ins, xs, out, ct, par: str = "0"):
             f"            out[(nc * {OH} + oh) * {OW} + ow] = {fin};",
             *(["#endif"] if is_max and sw == 2 else []),
             "    }"]
+
+
+def _max_pool_stride2_int(x: str, t: str, H, W, OH, OW, kh, kw, sh, ph, pw, flag: str) -> list[str]:
+    """_max_pool_stride2 of u8 or i8 (a quantized model's pool: rule maxpool_dequantized): a tap's
+    16 inputs are the even bytes of a masked 32-byte load (taps outside the image load the type's
+    least value, which no max keeps), picked by a byte shuffle in each 128-bit half and a permute
+    of their 64-bit words. The scalar loop below (#else) took longer than the f32 pool and the
+    dequantize and quantize around it together (`benchmarks/bench_models.py --quantized static
+    --model resnet18`, its kernels' profile: benchmarks/RESULTS.md)."""
+    least, mx = ("0", "_mm_max_epu8") if t == "uint8_t" else ("-128", "_mm_max_epi8")
+    return [
+        f"#if {flag} && defined(__AVX512BW__) && defined(__AVX512VL__)",
+        "        const __m256i even = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1,",
+        "                                              0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);",
+        f"        const __m256i least = _mm256_set1_epi8((char){least});",
+        f"        for (long ow0 = 0; ow0 < {OW}; ow0 += 16) {{",
+        "            __m128i a = _mm256_castsi256_si128(least);",
+        f"            for (long dh = 0; dh < {kh}; dh++) {{",
+        f"                const long h = oh * {sh} - {ph} + dh;",
+        f"                if (h < 0 || h >= {H}) continue;",
+        f"                const {t}* row = {x} + (nc * {H} + h) * {W};",
+        f"                for (long dw = 0; dw < {kw}; dw++) {{",
+        f"                    const long w0 = ow0 * 2 - {pw} + dw;",
+        f"                    const __m256i v = _mm256_mask_loadu_epi8(least, eqf_pool_lanes32(w0, {W}), row + w0);",
+        "                    const __m256i e = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, even), 0x08);",
+        f"                    a = {mx}(a, _mm256_castsi256_si128(e));",
+        "                }",
+        "            }",
+        f"            const long n = {OW} - ow0 < 16 ? {OW} - ow0 : 16;",
+        f"            _mm_mask_storeu_epi8(out + (nc * {OH} + oh) * {OW} + ow0, (__mmask16)((1u << n) - 1), a);",
+        "        }",
+        "#else",
+    ]
 
 
 def _max_pool_stride2(x: str, H, W, OH, OW, kh, kw, sh, ph, pw, flag: str) -> list[str]:

@@ -124,6 +124,9 @@ class QGemmDetail:
     # row, 1 virtual pixels (M counts them), 0 an im2col; mo the output's pixels per image
     direct_x: int = 0
     mo: int = 0
+    # a conv's images are the threads' chunks (by_image()): each image's A buffer made and its GEMM
+    # run by the thread that claimed it, against every image's panels shared by the threads
+    by_image: bool = False
     # its panels are chunks of the claim-based pool (the run function keeps the pool's workers
     # ready across it: runtime.program.hold_pool)
     pool: ClassVar[bool] = True
@@ -175,6 +178,25 @@ def direct_x(geo: ConvGeometry, mr: int) -> int:
     return 1 if geo.stride == (1, 1) and geo.OW >= DIRECT_X_MIN_OW else 0
 
 
+BY_IMAGE_MAX_BYTES = 1 << 22  # the A buffers of every image of a conv at most this: by_image
+
+
+def by_image(images: int, groups: int, abytes: int, parallel: bool, cores: int) -> bool:
+    """Whether the threads' chunks of a conv are its images, whole (the template's BY_IMAGE: each
+    image's A buffer, an im2col or a padded copy of x, made by the thread that claimed the image,
+    then its GEMM), against the panels' row blocks of each image in turn, shared by the threads.
+    Shared, a conv of a small image (a quantized ResNet's 16 x 16, 8 x 8, 4 x 4, 2 x 2 planes)
+    gained nothing from a second thread: every chunk read the A buffer the calling thread had made
+    and wrote output lines beside the other thread's, so that each chunk took twice its time on
+    one thread (the quantized ResNet-18 at batch 2: `benchmarks/bench_models.py --quantized static
+    --model resnet18`, its kernels' profile, benchmarks/RESULTS.md). By image each thread reads and
+    writes its own image's lines. On one thread the images run in turn in one A buffer, as without
+    by_image. When the images are a multiple of the machine's cores (each
+    thread the same number), of one group (the weights one matrix), their buffers within
+    BY_IMAGE_MAX_BYTES."""
+    return parallel and images >= cores > 1 and images % cores == 0 and groups == 1 and images * abytes <= BY_IMAGE_MAX_BYTES
+
+
 def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     body, a = plan.body, plan.shape.anchor
     mm = body.nodes[a]
@@ -201,12 +223,18 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     kp = geo.C // nbb * geo.KH * cdiv(geo.KW, 4) * 4 if direct else K  # K in the panels (direct_x: whole K-groups per kernel row)
     kc = min(int8_kc(kp, nr, m), kp)
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
+    # (a conv's A buffer per image: the padded planes or the im2col's rows of whole K-groups, and x quantized)
+    abytes = ((geo.C // nbb * (geo.H + 2 * geo.padding[0]) * (geo.W + 2 * geo.padding[1]) + 64 if direct else gM * cdiv(K, 4) * 4)
+              + (geo.C // nbb * geo.H * geo.W if qa else 0)) if conv else 0
+    whole = conv and by_image(calls, nbb, abytes, par, m.cores)
+    # (by image, its chunks of mb rows run in turn on the thread that claimed the image, and on one
+    # thread as without by_image)
     plan.tiles = {"mr": mr, "nr": nr, "kc": kc, "mb": int8_row_block(gM, cdiv(N, nr), mr, par)}
     plan.detail = QGemmDetail(gM, N, K, calls, nbb, at.dtype == "i8", bt.dtype == "u8", zt.rank == 1, par, qa,
                               im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else None,
                               b_transposed=body.nodes[mm.args[1]].op == "transpose",
                               im2col_rows=conv and not direct and im2col_by_rows(geo.KW), direct_x=direct,
-                              mo=M if conv else gM)
+                              mo=M if conv else gM, by_image=whole)
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
@@ -215,7 +243,10 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
                         f"{'ok' if kg * 4 * nr <= m.l2 // 2 else 'NO'}); partial sums M x nr x 4 = {gM * nr * 4} B"
                         + (" per thread between K blocks" if blocks > 1 else " (one K block: none)"))
     mb = plan.tiles["mb"]
-    plan.threads = (f"the {panels} {nr}-column panels" + (f" x {cdiv(gM, mb)} blocks of {mb} rows" if mb < gM else "")
+    plan.threads = (f"the {calls} images, each claimed whole (its A buffer and its {panels} {nr}-column panels) by one of the "
+                    "threads of the claim-based pool (common_pool.h)" if whole else
+                    f"the {panels} {nr}-column panels" + (f" x {cdiv(gM, mb)} blocks of {mb} rows" if mb < gM else "")
+
                     + " claimed one at a time by the threads of the claim-based pool (common_pool.h)" if par else
                     f"one thread ({calls * gM * N * K} multiply-adds < {PARALLEL_MIN_FMAS}, plan_gemm.PARALLEL_MIN_FMAS)")
     op = {"avx512_vnni": "vpdpbusd zmm (u8 x s8 K-groups of 4, int32)",
@@ -298,7 +329,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
     src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
                  KC=plan.tiles["kc"], MB=plan.tiles["mb"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
-                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), DIRECT_X=int(d.direct_x), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
+                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), DIRECT_X=int(d.direct_x), BY_IMAGE=int(d.by_image), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
                  G=d.groups, CI=geo.C, **geo.shape_c("N", "C", "OH"), PATH=INT8_PATHS[plan.precision_path],
                  PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
