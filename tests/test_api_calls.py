@@ -32,6 +32,7 @@ def arrays(batch=2):
             {"x": (batch, 4), "w": (4, 3), "b": (3,)}.items()}
 
 
+@pytest.mark.heavy
 def test_keyword_and_mixed_calls_agree_with_positional_ones(mod):
     a = arrays()
     want = eqfuse.reference(SRC)(*a.values())

@@ -95,6 +95,7 @@ def test_default_sizes(first, sizes):
     assert default_sizes(first) == sizes
 
 
+@pytest.mark.heavy
 def test_schedule_covers_the_batch_with_compiled_sizes():
     g = load(MLP)[0]
     mod = eqfuse.compile(MLP, params=weights(g, np.random.default_rng(1)), buckets={"B": [1, 4, 16]})
@@ -198,6 +199,7 @@ def test_concurrent_calls_at_different_batch_sizes():
     assert not bad
 
 
+@pytest.mark.heavy
 def test_buckets_off_compiles_each_binding():
     g = load(MLP)[0]
     mod = eqfuse.compile(MLP, params=weights(g, np.random.default_rng(8)), buckets={})

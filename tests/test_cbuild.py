@@ -212,6 +212,7 @@ def test_unknown_sanitizer_is_a_clear_error(monkeypatch):
         cbuild.compiler_flags()
 
 
+@pytest.mark.heavy
 def test_a_library_others_can_write_is_rebuilt(cache):
     assert _run_twice(cache) == (0, "False 42")
     (lib,) = cache.glob("_eqf_twice_*.so")
@@ -235,6 +236,7 @@ def test_cache_entries_are_private_whatever_the_umask(tmp_path, monkeypatch):
     assert modes == {".so": 0o644, ".c": 0o644, ".sha256": 0o644, ".lock": 0o600, ".h": 0o644, ".gch": 0o644}, modes
 
 
+@pytest.mark.heavy
 def test_the_precompiled_system_headers_are_built_once_and_a_damaged_one_is_not_used(tmp_path, monkeypatch):
     """The system headers are parsed once per compiler and flags into X.h.gch (cbuild.PRECOMPILED_HEADERS);
     a .gch that others can write is built again, and one that is damaged costs the header's text, not

@@ -316,6 +316,7 @@ CONV1D_PIXELS = {  # graph: (N, C, L, O, k, stride, padding); many output channe
 }
 
 
+@pytest.mark.heavy
 def test_a_long_conv1d_with_pixels_in_the_lanes_matches_the_reference():
     # the 1-D path of conv_pixels.c (one_d_pixels; the weights in channel tiles, o_inner both ways),
     # the GELU in its epilogue, weights not bound (blocked at each call)
@@ -358,6 +359,7 @@ def test_a_pixel_vector_conv_keeps_nchw():
 
 
 @pytest.mark.parametrize("model,H,s", covering(["avx2", "zen4"], [(16, 1), (23, 1), (37, 2), (20, 1)]))
+@pytest.mark.heavy
 def test_an_nchw_output_stored_in_blocks_then_reordered_matches_the_reference(model, H, s, monkeypatch):
     # conv_direct.c's REORDER: the result in blocks, then transposed VL x VL into NCHW rows (a
     # row's last VL pixels overlapping the previous ones unless VL divides it); with an NCHW

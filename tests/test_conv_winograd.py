@@ -90,6 +90,7 @@ def test_winograd_conv_without_bias_or_residual(bias, residual, monkeypatch):
     _check(1, 16, 9, 9, 32, 1, bias=bias, residual=residual)
 
 
+@pytest.mark.heavy
 def test_an_nchw_output_wide_enough_is_reordered_and_a_narrow_one_stored_pixel_by_pixel(monkeypatch):
     monkeypatch.setenv("EQFUSE_CONV_WINOGRAD", "1")
     for W, reorder in ((20, True), (5, False)):  # (OW 20 and 5: at least VL, or less, on either machine)

@@ -273,6 +273,7 @@ CHAIN = """graph f(x: f32[{M}, 768], w1: f32[768, 3072], b1: f32[3072], w2: f32[
 
 
 @pytest.mark.parametrize("M", [16, 32])
+@pytest.mark.heavy
 def test_transformer_sized_gemms_on_two_threads(M, monkeypatch):
     """BERT-base's few-rows GEMMs on two threads, as in a model: A packed in parts by the pool,
     the panels claimed by both threads, the pool held over its run of kernels and released

@@ -47,6 +47,7 @@ def test_the_mlp_runs_in_onnxruntime_with_each_kernel_a_function(capsys, tmp_pat
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_views_are_functions_of_kind_view_and_the_block_runs(capsys, tmp_path):
     src = tmp_path / "block.g"
     src.write_text(GPT2_BLOCK)

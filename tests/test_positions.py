@@ -30,6 +30,7 @@ def masked(q: str = "q", extra: str = "") -> str:
     return MASKED.replace("@Q@", q).replace("@EXTRA@", extra)
 
 
+@pytest.mark.heavy
 def test_a_mask_read_at_the_samples_own_position_keeps_the_batch_dim():
     src = masked()
     g = load(src)[0]

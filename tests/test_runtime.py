@@ -87,6 +87,7 @@ def test_outputs_are_right_distinct_and_the_repeated_one_copied():
     np.testing.assert_array_equal(s, s2)
 
 
+@pytest.mark.heavy
 def test_concurrent_calls_from_two_threads_each_get_their_own_arena():
     mod = eqfuse.compile(CHAIN, dims={"B": 256}, threads=1)
     inputs = [chain_args(256, seed=10 * t) for t in range(2)]

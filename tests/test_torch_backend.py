@@ -99,6 +99,7 @@ def test_mlp_matches_eager_in_one_eqfuse_graph():
     assert len(report.partitions) == 1 and "gelu(" in report.partitions[0] and "tanh(" in report.partitions[0]
 
 
+@pytest.mark.heavy
 def test_resnet_basic_block():
     torch.manual_seed(0)
     check(_randomize_bn(BasicBlock()).eval(), torch.randn(2, 8, 16, 16))
