@@ -232,6 +232,8 @@ class Row(Kind):
                               EPS=flit(an.attr["eps"]) if grad else "0.0f", **common)
             ahead = f"EQF_ROW_BLOCK({L})" if an.op == "softmax" else "1"  # softmax: the next block's row
             common["QUANTIZE_OUT"], common["QUANTIZE_FLAT"] = int(d.quantize_out), int(d.quantize_flat)
+            common["QUANTIZE_BLOCK"] = quantize_block(common, ybase, cs[axis0] if an.op == "softmax" else 1) \
+                if d.quantize_out else ""
             common["NEXT"] = next_row(space.decls, common["PRO_BODY"], params, rows, ahead)
             if an.op == "softmax":
                 return render("row_softmax.c",
@@ -278,3 +280,12 @@ class Row(Kind):
                       OUTER=d.rows // run, RUN=run, BLOCK=d.lanes, NB=-(-run // d.lanes), PARALLEL=int(d.parallel),
                       OFFSETS="\n".join(space.decls), PRO_BODY=pro.text(), X=x, EPI_BODY=epi.text(), EPI=e,
                       YOFF=yoff or "0", GAMMA=ptrs[an.args[1]], BETA=ptrs[an.args[2]], EPS=flit(an.attr["eps"]))
+
+
+def quantize_block(common: dict, ybase: str, ys) -> str:
+    """row_quantize_block.c, the last pass of a quantized row kernel (the plan's quantize_out) that
+    the softmax, layernorm and rmsnorm templates share: the block's f32 scratch rows quantized into
+    the output, in one loop over the block (quantize_flat) or row by row, row r at ybase, its
+    elements ys apart."""
+    keys = ("NAME", "L", "EPI_BODY", "EPI", "OFFSETS")
+    return render("row_quantize_block.c", YBASE=ybase, YS=ys, **{k: common[k] for k in keys}).rstrip("\n")

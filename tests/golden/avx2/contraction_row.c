@@ -75,26 +75,7 @@ eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop
 #endif
         }
     }
-#if eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT && eqf_kinds_k2_contraction_row_rowop_QUANTIZE_FLAT
-    /* the block's rows are consecutive in the output and the epilogue reads no row or column:
-     * one loop over the block (full vectors also on short rows) */
-    #pragma omp simd
-    for (long i = 0; i < (re - rb) * 53L; i++) {
-        const float v = ybuf[i];
 
-        out[rb * 53L + i] = v;
-    }
-#elif eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT
-    for (long r = rb; r < re; r++) {
-        (void)b;
-        #pragma omp simd
-        for (long j = 0; j < 53; j++) {
-            const float v = ybuf[(r - rb) * 53L + j];
-
-            out[(r * 53L) + j] = v;  /* (through out itself: restrict, so the loop needs no overlap check) */
-        }
-    }
-#endif
     }
 }
 #pragma GCC diagnostic pop
