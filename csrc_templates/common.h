@@ -163,13 +163,14 @@ static inline float eqf_pow2i(int32_t k)  /* 2^k for -126 <= k <= 127 */
     return s;
 }
 
-/* exp for softmax and attention (inputs <= 0 there): x clamped to [-87, 88], so below -87 it
- * gives ~1e-38 rather than 0; one scale multiply (the op table's exp is eqf_expf). */
+/* exp for softmax and attention (inputs <= 0 there): x clamped to [-87, 88] and 0 below -87,
+ * so that a key masked by f32's lowest value gets probability 0 exactly, as with AVX-512's
+ * vscalefps (eqf_exp2_ps) and onnxruntime; one scale multiply (the op table's exp is eqf_expf). */
 static inline float eqf_exp(float x)
 {
     int32_t k;
     const float y = eqf_exp_parts(x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x), &k);
-    return y * eqf_pow2i(k);
+    return x < -87.0f ? 0.0f : y * eqf_pow2i(k);
 }
 
 /* exp, tanh and erf of the op table (and sigmoid, silu, gelu built on them), written so that gcc
@@ -382,7 +383,7 @@ static inline float eqf_cosf_small(float x) { return eqf_sincos_small(x, 1); }
  * vector per tile and reduces once at the end; this portable one uses lane 0). */
 #define EQF_LAZY 8.0f
 #define EQF_LOG2E 1.44269504088896341f
-static inline float eqf_exp2(float x)  /* 2^x for x <= 0 in softmax; below -126 gives 2^-126 */
+static inline float eqf_exp2(float x)  /* 2^x for x <= 0 in softmax; 0 below -125.5 (eqf_exp) */
 {
     return eqf_exp((x < -126.0f ? -126.0f : x) * 0.693147180559945309f);
 }
