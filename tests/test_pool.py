@@ -12,6 +12,25 @@ import pytest
 
 from eqfuse.backend.cbuild import compiler, header_c
 
+# The counts both callers' histograms must hold after their 20000 jobs of 1 + (it * 7) % 37 chunks
+# (HARNESS and RUNS): item k ran once in every job longer than k.
+COUNTS = r"""
+#include <stdio.h>
+static inline int counts_match(const long* a, const long* b)
+{
+    long want[64] = {0};
+    for (int it = 0; it < 20000; it++)
+        for (long k = 0; k < 1 + (it * 7) % 37; k++)
+            want[k]++;
+    for (int k = 0; k < 64; k++)
+        if (a[k] != want[k] || b[k] != want[k]) {
+            printf("item %d ran %ld and %ld times, not %ld\n", k, a[k], b[k], want[k]);
+            return 0;
+        }
+    return 1;
+}
+"""
+
 HARNESS = r"""
 #include <stdio.h>
 static void chunk(void* ctx, long k) { long* h = ctx; __atomic_fetch_add(&h[k], 1, __ATOMIC_RELAXED); }
@@ -30,15 +49,8 @@ int main(void)
     pthread_create(&t2, NULL, caller, b);
     pthread_join(t1, NULL);
     pthread_join(t2, NULL);
-    long want[64] = {0};
-    for (int it = 0; it < 20000; it++)
-        for (long k = 0; k < 1 + (it * 7) % 37; k++)
-            want[k]++;
-    for (int k = 0; k < 64; k++)
-        if (a[k] != want[k] || b[k] != want[k]) {
-            printf("chunk %d ran %ld and %ld times, not %ld\n", k, a[k], b[k], want[k]);
-            return 1;
-        }
+    if (!counts_match(a, b))
+        return 1;
     printf("ok\n");
     return 0;
 }
@@ -124,15 +136,8 @@ int main(void)
         printf("a claim found no item\n");
         return 1;
     }
-    long want[64] = {0};
-    for (int it = 0; it < 20000; it++)
-        for (long k = 0; k < 1 + (it * 7) % 37; k++)
-            want[k]++;
-    for (int k = 0; k < 64; k++)
-        if (a[k] != want[k] || b[k] != want[k]) {
-            printf("item %d ran %ld and %ld times, not %ld\n", k, a[k], b[k], want[k]);
-            return 1;
-        }
+    if (!counts_match(a, b))
+        return 1;
     /* one thread alone (the caller, no worker) takes its own run in order, then the others' from their backs */
     eqf_runs_t r;
     eqf_runs_init(&r, 10, 3);
@@ -153,7 +158,7 @@ int main(void)
 
 def _run(tmp_path, *flags, harness=HARNESS):
     src = tmp_path / "pool.c"
-    src.write_text(header_c() + harness)
+    src.write_text(header_c() + COUNTS + harness)
     exe = tmp_path / "pool"
     subprocess.run(compiler().split() + ["-O2", "-std=gnu11", *flags, str(src), "-o", str(exe), "-lpthread", "-lm"],
                    check=True, capture_output=True, text=True)
