@@ -50,8 +50,18 @@ import pytest  # noqa: E402
 
 @pytest.fixture(params=["zen4", "xeon-spr"])
 def machine_model(request):
-    """Runs a test once under each of two pinned machines (32 KiB and 48 KiB L1)."""
+    """Runs a test once under each of two pinned machines (32 KiB and 48 KiB L1), narrowed to this
+    host's ISA as the suite's pin is (the test's kernels run here)."""
     with _machine.pinned(request.param) as m:
+        yield m
+
+
+@pytest.fixture(params=["zen4", "xeon-spr"])
+def planned_model(request):
+    """machine_model for a test that only plans (and writes C), never builds or runs a kernel: the
+    two machines as they are (16-float vectors, AVX512_BF16, xeon-spr's AMX), not narrowed to this
+    host, so the test sees the same plans on every host."""
+    with _machine.pinned(request.param, clamp=False) as m:
         yield m
 
 

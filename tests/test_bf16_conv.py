@@ -234,8 +234,9 @@ def test_grouped_convs_run_in_bf16_and_depthwise_in_f32_with_a_note(run_grouped)
     convs = [p for p in mod.default.last.plans if p.kind == "conv2d"]
     got = sorted((p.detail.cg, p.precision, p.precision_path) for p in convs)
     assert got == [(1, "f32", "f32"), (15, "bf16", path), (24, "bf16", path)]
-    # (24 per group at half width, three blocks of 8 lanes: vdpbf16ps's ymm form on that path)
-    assert {p.detail.cg: p.detail.vl for p in convs}[24] == machine.machine().simd_floats // 2
+    # (24 per group in three blocks of 8 lanes: at 16 lanes half width, vdpbf16ps's ymm form on that
+    # path; at 8 the whole width, whose half would be narrower than 8: conv_grouped.lanes)
+    assert {p.detail.cg: p.detail.vl for p in convs}[24] == 8
     (dw,) = [p for p in convs if p.detail.cg == 1]
     assert "depthwise" in mod.report["precision"][dw.name]["note"]
     np.testing.assert_allclose(ys[2], np.maximum(conv64_groups(xs["x3"], xs["w3"], 1, 1, 16), 0), rtol=1e-4, atol=1e-5)

@@ -63,14 +63,13 @@ def test_every_tile_of_every_kind_is_the_constant_in_its_c(machine_model):
     assert tiled == 2 + 2 + 2 * 5 + 3
 
 
-def test_the_gemm_tiles_follow_the_machine(machine_model):
+def test_the_gemm_tiles_follow_the_machine(planned_model, monkeypatch):
     """The register tile narrows for few columns and KC follows L1: the plan changes with the
-    machine, and the C with it."""
-    mod = eqfuse.compile("graph n(x: f32[7, 300], w: f32[300, 13]) { return kernel { x @ w } }", fuse="manual")
-    (k,) = mod.kernels
-    assert (k.tiles["mr"], k.tiles["nr"]) == (14, 16)
-    assert k.tiles["mr"] * k.tiles["kc"] * 4 <= machine_model.l1 // 2
-    assert declared(k.c_source, "kc", k.tiles["kc"])
+    machine, and the C with it (planned and written only: 16-float vectors on any host)."""
+    ((p, c, _),) = emitted("graph n(x: f32[7, 300], w: f32[300, 13]) { return kernel { x @ w } }", monkeypatch)
+    assert (p.tiles["mr"], p.tiles["nr"]) == (14, 16)
+    assert p.tiles["mr"] * p.tiles["kc"] * 4 <= planned_model.l1 // 2
+    assert declared(c, "kc", p.tiles["kc"])
 
 
 # ------------------------------------------------------------------ every placeholder of csrc_templates/
@@ -322,7 +321,7 @@ def chosen(p, template: str, name: str, field: str) -> int:
     return {"split": SPLITS}.get(field, {}).get(value, value)
 
 
-def test_every_choice_of_a_plan_is_the_constant_in_its_c(machine_model, monkeypatch):
+def test_every_choice_of_a_plan_is_the_constant_in_its_c(planned_model, monkeypatch):
     """Each choice placeholder of each template a kernel was written from (CHOICES) holds what the
     plan printed by `eqfuse lower` says; every choice of every template is seen at least once."""
     kernels = (emitted(KINDS, monkeypatch) + emitted(MORE, monkeypatch, params={"w", "ws", "wb", "f2", "dw7", "spw"})

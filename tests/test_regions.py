@@ -187,11 +187,13 @@ def test_a_conv_s_finer_tile_ranges_give_the_same_bits_in_every_mode(monkeypatch
     assert conv.region_chunks(1500 * 384 * 384 * 3) == conv.region_chunks(3000 * 384 * 80 * 3) == 256
     assert conv.region_chunks(56 * 56 * 64 * 64 * 9) == 64
     monkeypatch.setattr(conv, "region_chunks", lambda macs: 256)
-    # (the pixel conv's 16 x 32 tiles: 256 ranges of 2; the other's 167 tiles: ranges of 1)
-    src = ("graph c(x: f32[1, 8, 2000], w: f32[96, 8, 3], v: f32[64, 96, 3]) -> f32[1, 64, 1000] {\n"
+    # The first conv's pixels in the lanes, the second's channels: its input window of 256 channels
+    # is past L1 at 8 lanes as at 16 (conv.one_d_pixels). (At 16 lanes the pixel conv's 1344 tiles
+    # in ranges of 5 or 6, the other's 200 in ranges of 0 or 1; at 8 lanes 5375 and 800 tiles.)
+    src = ("graph c(x: f32[1, 8, 2000], w: f32[256, 8, 3], v: f32[64, 256, 3]) -> f32[1, 64, 1000] {\n"
            "  return gelu(conv1d(gelu(conv1d(x, w, padding=1)), v, stride=2, padding=1))\n}\n")
-    xs = _inputs({"x": (1, 8, 2000), "w": (96, 8, 3), "v": (64, 96, 3)}, 3)
-    xs["w"], xs["v"] = xs["w"] / np.float32(np.sqrt(24)), xs["v"] / np.float32(np.sqrt(288))  # (outputs of order 1)
+    xs = _inputs({"x": (1, 8, 2000), "w": (256, 8, 3), "v": (64, 256, 3)}, 3)
+    xs["w"], xs["v"] = xs["w"] / np.float32(np.sqrt(24)), xs["v"] / np.float32(np.sqrt(768))  # (outputs of order 1)
     mod = eqfuse.compile(src, threads=2)
     want = None
     for mode in ("caller", "pool", "openmp"):
