@@ -3,7 +3,8 @@ onnxruntime on the same quantized file.
 
 The models: an MLP, a tiny BERT-like encoder and a small CNN written here; GPT-2, ViT and a
 ResNet-18 from tests/model_exports.py (small configs, random weights, no download). Each f32
-export is quantized with onnxruntime.quantization:
+export is quantized with onnxruntime.quantization (with 7-bit weights, reduce_range=True, on a CPU
+where onnxruntime's u8 x s8 GEMM saturates: ORT_EXACT_S8):
   - dynamic: quantize_dynamic, int8 weights: DynamicQuantizeLinear + MatMulInteger (ConvInteger
     for convs) + scale multiply;
   - static: quantize_static in the QDQ format, u8 activations, i8 weights, calibrated on a few
@@ -46,7 +47,7 @@ import eqfuse  # noqa: E402
 from eqfuse.backend.kinds.contraction import qgemm  # noqa: E402
 from eqfuse.frontend.onnx_import import onnx_params  # noqa: E402
 from eqfuse.ir.ops import OPS  # noqa: E402
-from eqfuse.machine import machine  # noqa: E402
+from eqfuse.machine import cpu_flags, machine  # noqa: E402
 from eqfuse.pipeline import uops_text  # noqa: E402
 
 
@@ -148,6 +149,27 @@ def _f32_export(name):
     return me.cached(f"quant-{name}-torchscript", write)
 
 
+# onnxruntime's u8 x s8 integer GEMM (MLAS) sums in int32 on a CPU with VNNI or AMX (vpdpbusd,
+# tdpbusd); without them (AVX2, or AVX-512 without VNNI) it multiplies with vpmaddubsw, which
+# saturates the int16 sum of two u8 x s8 products, so there its integers are wrong wherever two
+# full 8-bit weights meet large activations. For such CPUs onnxruntime advises 7-bit weights
+# (reduce_range=True): 2 x 255 x 64 < 2^15 cannot saturate. So on them the tests that compare
+# integers with onnxruntime's quantize with reduce_range and draw their own s8 weights in
+# [-64, 64], where its integers are exact; eqfuse's integer GEMM is exact with full 8-bit weights
+# on every path, against numpy (test_the_integer_gemm_is_exact_on_every_path).
+ORT_EXACT_S8 = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
+
+
+def _s8_weights(rng, shape):
+    """Random s8 weights onnxruntime's integer GEMM computes exactly on this CPU (ORT_EXACT_S8)."""
+    return (rng.integers(-128, 128, shape) if ORT_EXACT_S8 else rng.integers(-64, 65, shape)).astype(np.int8)
+
+
+# the scale of _s8_weights' weights: of 7 bits, twice the scale (the same real weights, the same
+# spread of requantized outputs)
+S8_WEIGHT_SCALE = 1 if ORT_EXACT_S8 else 2
+
+
 class _Reader(quant.CalibrationDataReader):
     """A few random inputs of the model's shapes (the calibration of quantize_static)."""
 
@@ -161,11 +183,13 @@ class _Reader(quant.CalibrationDataReader):
 def _quantize(name, how, f32, q):
     if how == "dynamic":
         ops = ["MatMul"] if name in ("mlp", "bert") else None  # None: every op quantize_dynamic knows (Conv too)
-        quant.quantize_dynamic(str(f32), str(q), weight_type=quant.QuantType.QInt8, op_types_to_quantize=ops)
+        quant.quantize_dynamic(str(f32), str(q), weight_type=quant.QuantType.QInt8, op_types_to_quantize=ops,
+                               reduce_range=not ORT_EXACT_S8)
     else:
         fmt = quant.QuantFormat.QDQ if how == "static" else quant.QuantFormat.QOperator
         quant.quantize_static(str(f32), str(q), _Reader(name), quant_format=fmt, per_channel=how == "qoperator",
-                              activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+                              activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8,
+                              reduce_range=not ORT_EXACT_S8)
 
 
 # One cheap case per format in the default tier; the model matrix runs in the extended tier
@@ -766,9 +790,9 @@ def test_qlinear_matmul_is_one_integer_gemm_kernel_and_matches_onnxruntime(tmp_p
     rng = np.random.default_rng(5)
     inits = [numpy_helper.from_array(np.asarray(0.02, np.float32), "as"),
              numpy_helper.from_array(np.asarray(131, np.uint8), "az"),
-             numpy_helper.from_array(rng.integers(-128, 128, (K, N)).astype(np.int8), "b"),
-             numpy_helper.from_array(np.asarray(0.004, np.float32), "bs"),
-             numpy_helper.from_array(rng.uniform(0.001, 0.01, N).astype(np.float32), "bsc"),
+             numpy_helper.from_array(_s8_weights(rng, (K, N)), "b"),
+             numpy_helper.from_array(np.asarray(0.004 * S8_WEIGHT_SCALE, np.float32), "bs"),
+             numpy_helper.from_array((rng.uniform(0.001, 0.01, N) * S8_WEIGHT_SCALE).astype(np.float32), "bsc"),
              numpy_helper.from_array(np.asarray(0, np.int8), "bz"), numpy_helper.from_array(np.zeros(N, np.int8), "bzc"),
              numpy_helper.from_array(np.asarray(0.12, np.float32), "ys"),
              numpy_helper.from_array(np.asarray(120, np.uint8), "yz")]
@@ -935,8 +959,8 @@ def _dequantized_model():
     i32 sum."""
     h, nh = onnx.helper, onnx.numpy_helper
     rng = np.random.default_rng(7)
-    inits = [nh.from_array(rng.integers(-128, 128, (96, 80)).astype(np.int8), "w"),
-             nh.from_array(rng.integers(-128, 128, (8, 3, 3, 3)).astype(np.int8), "k"),
+    inits = [nh.from_array(_s8_weights(rng, (96, 80)), "w"),
+             nh.from_array(_s8_weights(rng, (8, 3, 3, 3)), "k"),
              nh.from_array(np.asarray(131, np.uint8), "az"), nh.from_array(np.asarray(0.0123457, np.float32), "s"),
              nh.from_array(rng.standard_normal(80).astype(np.float32), "b"),
              nh.from_array(rng.standard_normal((8, 1, 1)).astype(np.float32), "cb")]
@@ -989,7 +1013,7 @@ def _contrib_model(dt):
     zp = (lambda v: np.asarray(v if dt == "u8" else v - 128, np_dt))  # noqa: E731
     inits = {"as": _a(0.031, np.float32), "az": zp(121), "bs": _a(0.017, np.float32), "bz": zp(140),
              "ys": _a(0.045, np.float32), "yz": zp(118), "ps": _a(1 / 256, np.float32), "pz": zp(0),
-             "w": rng.integers(-128, 128, (10, 72)).astype(np.int8), "ws": rng.uniform(0.002, 0.01, 10).astype(np.float32),
+             "w": _s8_weights(rng, (10, 72)), "ws": (rng.uniform(0.002, 0.01, 10) * S8_WEIGHT_SCALE).astype(np.float32),
              "wz": np.zeros(10, np.int8), "c": rng.integers(-3000, 3000, 10).astype(np.int32), "gs": _a(0.9, np.float32),
              "shape": np.asarray([2, 72], np.int64)}
     n = h.make_node
@@ -1174,10 +1198,11 @@ def test_an_integer_conv_of_one_panel_splits_its_rows_among_threads():
 
 # Integer convs whose images are the threads' chunks (by_image): four images (a multiple of 1, 2 or
 # 4 cores), a 3 x 3 read in place (direct_x) with w's zero points per output channel (each image's
-# row sums), a 3 x 3 on 4 x 4 planes with its im2col, and a 7 x 7 stride-2 stem quantizing its
+# row sums), a 3 x 3 on 6 x 6 planes with its im2col (rows of 6 pixels: a multiple of no path's MR
+# of 4, 8 or 16, and under DIRECT_X_MIN_OW), and a 7 x 7 stride-2 stem quantizing its
 # own f32 x (each image's quantized planes), each at 1 and 2 threads against numpy
 BY_IMAGE_G = """
-graph bi(x: u8[4, 16, 16, 16], w: i8[16, 16, 3, 3], y: u8[4, 64, 4, 4], v: i8[64, 64, 3, 3], f: f32[4, 3, 32, 32],
+graph bi(x: u8[4, 16, 16, 16], w: i8[16, 16, 3, 3], y: u8[4, 64, 6, 6], v: i8[64, 64, 3, 3], f: f32[4, 3, 32, 32],
          w7: i8[16, 3, 7, 7], xz: u8, wz: i8[16], vz: i8, qs: f32) {
     q = kernel { conv_integer(quantize_linear(f, qs, xz), w7, xz, vz, stride=2, padding=3) }
     return conv_integer(x, w, xz, wz, padding=1), conv_integer(y, v, xz, vz, padding=1), q
@@ -1189,7 +1214,7 @@ def test_integer_convs_by_image_match_numpy_on_one_and_two_threads():
     rng = np.random.default_rng(9)
     i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
     x = {"x": rng.integers(0, 256, (4, 16, 16, 16)).astype(np.uint8), "w": i8(16, 16, 3, 3),
-         "y": rng.integers(0, 256, (4, 64, 4, 4)).astype(np.uint8), "v": i8(64, 64, 3, 3),
+         "y": rng.integers(0, 256, (4, 64, 6, 6)).astype(np.uint8), "v": i8(64, 64, 3, 3),
          "f": rng.uniform(-3, 3, (4, 3, 32, 32)).astype(np.float32), "w7": i8(16, 3, 7, 7),
          "xz": np.asarray(9, np.uint8), "wz": i8(16), "vz": np.asarray(0, np.int8), "qs": np.asarray(0.03, np.float32)}
     mod = eqfuse.compile(BY_IMAGE_G, fuse="manual")
@@ -1303,7 +1328,8 @@ def _qdq_conv_model(path):
             return next(self.it, None)
 
     quant.quantize_static(str(f32), str(path), Reader(), quant_format=quant.QuantFormat.QDQ,
-                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8,
+                          reduce_range=not ORT_EXACT_S8)
     return onnx.load(str(path))
 
 
@@ -1356,7 +1382,8 @@ def test_a_qdq_matmul_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path)
             return next(self.it, None)
 
     quant.quantize_static(str(f32), str(f), Reader(), quant_format=quant.QuantFormat.QDQ,
-                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8,
+                          reduce_range=not ORT_EXACT_S8)
     model = onnx.load(str(f))
     mod = eqfuse.compile(str(f))
     (gemm,) = [k for k in mod.kernels if k.kind == "contraction"]
@@ -1419,7 +1446,8 @@ def _quantize_qdq_6x24(f32, out, rng) -> None:
             return next(self.it, None)
 
     quant.quantize_static(str(f32), str(out), Reader(), quant_format=quant.QuantFormat.QDQ,
-                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8,
+                          reduce_range=not ORT_EXACT_S8)
 
 def _qdq_linears(path):
     """x -> Gemm (transB, bias) -> Relu -> Gemm (transB, bias) as quantize_static writes it (QDQ):
