@@ -172,6 +172,8 @@ graph maps(xb: f32[3, 19, 45], wb: f32[3, 45, 33], img: f32[2, 5, 11, 13], f: f3
 
 
 @pytest.mark.extended
+@pytest.mark.skipif(not machine.host_isa()["avx512_bf16"],
+                    reason="the vdpbf16ps side runs on the host, and this CPU has no AVX512_BF16")
 def test_emulated_amx_batches_and_im2col_convs_agree_with_vdpbf16ps(monkeypatch):
     """Both paths multiply the same bf16 values: they differ by the order of the f32 additions,
     within twice the accumulation bound of the bf16 operands (tests/test_bf16.py's paths test)."""
