@@ -93,14 +93,26 @@ INT8 = [(128, 768, 768), (128, 3072, 768), (128, 768, 3072)]  # (M, N, K) of --i
 
 PEAK_C = r"""
 #include <immintrin.h>
-/* n steps of 12 independent accumulators: vfmadd231ps (2 x 16 FLOPs each) or, with bf16,
- * vdpbf16ps (4 x 16: two multiply-adds per lane) */
+/* n steps of 12 independent accumulators of peak_lanes() floats: vfmadd231ps (2 FLOPs a lane) or,
+ * with bf16, vdpbf16ps (4 a lane: two multiply-adds); zmm where the build targets AVX-512, else ymm */
+#if defined(__AVX512F__)
+typedef __m512 peak_v;
+#define PEAK_SET1 _mm512_set1_ps
+#define PEAK_FMA _mm512_fmadd_ps
+#define PEAK_ADD _mm512_add_ps
+#else
+typedef __m256 peak_v;
+#define PEAK_SET1 _mm256_set1_ps
+#define PEAK_FMA _mm256_fmadd_ps
+#define PEAK_ADD _mm256_add_ps
+#endif
+int peak_lanes(void) { return (int)(sizeof(peak_v) / sizeof(float)); }
 float peak_loop(long n, int bf16)
 {
-    __m512 c[12];
+    peak_v c[12];
     for (int r = 0; r < 12; r++)
-        c[r] = _mm512_set1_ps((float)r);
-    const __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(1e-8f);
+        c[r] = PEAK_SET1((float)r);
+    const peak_v a = PEAK_SET1(1.0f), b = PEAK_SET1(1e-8f);
     if (bf16) {
 #if defined(__AVX512BF16__)
         const __m512bh ah = (__m512bh)_mm512_set1_epi32(0x3f803f80), bh = (__m512bh)_mm512_set1_epi32(0x32ab32ab);
@@ -115,12 +127,17 @@ float peak_loop(long n, int bf16)
         for (long i = 0; i < n; i++)
 #pragma GCC unroll 12
             for (int r = 0; r < 12; r++)
-                c[r] = _mm512_fmadd_ps(a, b, c[r]);
+                c[r] = PEAK_FMA(a, b, c[r]);
     }
-    __m512 s = c[0];
+    peak_v s = c[0];
     for (int r = 1; r < 12; r++)
-        s = _mm512_add_ps(s, c[r]);
-    return _mm512_reduce_add_ps(s);
+        s = PEAK_ADD(s, c[r]);
+    float lanes[sizeof(peak_v) / sizeof(float)];
+    memcpy(lanes, &s, sizeof lanes);
+    float t = 0.0f;
+    for (int i = 0; i < peak_lanes(); i++)
+        t += lanes[i];
+    return t;
 }
 
 /* n steps of four tdpbf16ps on four independent C tiles (16 x 16 x 32 multiply-adds each), where
@@ -172,11 +189,13 @@ def measure_peaks(threads: int) -> dict:
     from eqfuse.machine import bf16_peak_ratio, machine
 
     lib = build(header_c() + COMMON_C + PEAK_C,
-                COMMON_CDEF + "\nfloat peak_loop(long n, int bf16);\nfloat peak_amx(long n);", "peak").lib
+                COMMON_CDEF + "\nint peak_lanes(void);\nfloat peak_loop(long n, int bf16);\nfloat peak_amx(long n);",
+                "peak").lib
     n = 1_000_000  # (~25 ms a run: short runs, many of them, find the core's quiet moments)
     out = {}
-    loops = (("f32", lambda k: lib.peak_loop(k, 0), n, 12 * 16 * 2),
-             ("bf16_vdpbf16ps", lambda k: lib.peak_loop(k, 1), n, 12 * 16 * 4),
+    lanes = lib.peak_lanes()
+    loops = (("f32", lambda k: lib.peak_loop(k, 0), n, 12 * lanes * 2),
+             ("bf16_vdpbf16ps", lambda k: lib.peak_loop(k, 1), n, 12 * lanes * 4),
              ("bf16_tdpbf16ps", lib.peak_amx, n // 8, 4 * 16 * 16 * 32 * 2))
     for name, loop, steps, per in loops:
         if loop(1) < 0:
@@ -234,7 +253,8 @@ def measure_precision(threads: int, precision: str, repeat: int, rounds: int) ->
         for p in dict.fromkeys(("f32", precision)):
             mod = eqfuse.compile(src, params={"w": w, "b": b}, precision=p, threads=threads)
             paths = sorted({e["path"] for e in mod.report["precision"].values()})
-            peak = "bf16_amx" if "amx_bf16" in paths else p  # (the peak of the path the GEMM runs)
+            # (the peak of the path the GEMM runs: the fallback multiplies with f32 FMAs)
+            peak = "bf16_amx" if "amx_bf16" in paths else "f32" if "fallback" in paths else p
             peers[f"eqfuse {p} ({', '.join(paths)})"] = (p, lambda m=mod: m(x), peak)
         try:
             import openvino as ov
@@ -300,7 +320,8 @@ def print_precision(results: list[dict], repeat: int, rounds: int) -> None:
         for r in res["rows"]:
             print(f"{r['shape']:>14} {r['who']:<44} {r['ms']:8.3f} {r['spread']:6.0f}% {r['gflops']:8.1f} "
                   f"{100 * r['peak']:7.0f}% {r['error']:9.1e}")
-    print("\nof peak: of the f32 FMA peak for an f32 row, of the bf16 peak (2x) for a bf16 row, of the AMX-BF16 "
+    print("\nof peak: of the f32 FMA peak for an f32 row, of the bf16 peak (2x) for a bf16 row (the f32 one for the fallback path, "
+          "which multiplies with f32 FMAs), of the AMX-BF16 "
           "peak (tdpbf16ps: 512 multiply-adds per cycle, 16x the f32 FMA's two 16-lane FMAs; "
           "eqfuse.machine.bf16_peak_ratio) for a row on AMX tiles; error: max|y - y_ref| / max|y_ref|, y_ref the float64 result of the f32 inputs")
 
