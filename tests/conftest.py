@@ -87,7 +87,7 @@ FAST_CASES = 1
 # The whole suite's budget (8 minutes on 2 cores, docs/testing.md): the onnx package's node tests
 # after the first DEFAULT_NODE_CASES of each ONNX op are `extended` (each builds a library; the
 # first cases of an op cover its attributes' common forms, and `-m extended` runs every case).
-DEFAULT_NODE_CASES = 3
+DEFAULT_NODE_CASES = 2
 
 
 def _group(item) -> tuple:

@@ -97,6 +97,7 @@ def test_emulated_amx_gemms_are_within_the_bf16_bound(emulated):
     check_all(mod, a)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_refused_tile_state_is_an_error_not_a_signal(monkeypatch):
     """The operating system's refusal (emulated: eqf_amx_ready() says no) stops the GEMM before
     any tile instruction, and the call raises an error that says what to do."""
@@ -227,6 +228,7 @@ void tdp(const uint16_t* a, const uint16_t* b, float* c)
 """
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_the_emulated_tdpbf16ps_is_the_sdm_operation():
     """The emulation against the SDM's operation written again in numpy, bit for bit: per output
     element two f32 sums (even and odd elements of the K-pairs) over the 16 pairs, then their sum

@@ -54,6 +54,7 @@ def test_bad_keyword_calls_name_the_parameter(mod, call, message):
         call(mod, arrays())
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_parameter_bound_by_params_cannot_be_passed_by_keyword():
     a = arrays()
     m = eqfuse.compile(SRC, params={"w": a["w"]})
@@ -79,6 +80,7 @@ def test_an_empty_model_is_named_as_such():
             eqfuse.compile(src)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_kernels_and_repr_before_and_after_the_first_call():
     m = eqfuse.compile(SRC, dims={"T": 5})
     assert [k.graph for k in m.kernels] == ["scale"]  # lin waits for B

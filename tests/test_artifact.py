@@ -132,6 +132,7 @@ def test_a_cpu_without_the_artifacts_isa_is_refused(saved):
             eqfuse.load(path)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_an_artifact_of_two_levels_runs_the_one_this_cpu_has(saved, tmp_path):
     mod, w, _ = saved
     here = usable_level()
@@ -214,6 +215,7 @@ def test_a_changed_truncated_or_foreign_artifact_is_refused_with_one_message(sav
             eqfuse.load(p)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_call_at_dims_the_artifact_does_not_hold_needs_the_compiler(tmp_path):
     mod = eqfuse.compile("graph sq(x: f32[N, N]) -> f32[N, N] { return x @ x + 1.0 }")
     x = np.random.default_rng(0).standard_normal((8, 8), dtype=np.float32)
@@ -263,6 +265,7 @@ def test_a_module_pickles_to_its_artifact(saved):
         artifact.loads(changed(raw, manifest=lambda m: m.update(eqfuse="9.9.9")))
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_process_pool_runs_a_pickled_module(saved):
     mod, w, _ = saved
     xs = [np.random.default_rng(k).standard_normal((k + 1, 64), dtype=np.float32) for k in range(6)]
@@ -352,6 +355,7 @@ def advised_huge(a: np.ndarray) -> bool:
     return False
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_loaded_decode_weight_stream_is_copied_into_huge_pages_at_its_first_call(tmp_path):
     """A file mapping is in 4 KiB pages: a loaded artifact's few-rows GEMM panels (a decode
     step's weight stream, 2 MiB here) stay mapped through the load, and its first call copies

@@ -125,6 +125,7 @@ def decode_kernels(step):
     return ks
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_decode_attention_over_live_lengths_f32(steps):
     """1, 15, 16, 17 and 250 keys (a partial block, one key short of, at and past a block of 16; 4
     blocks of 64 with a partial last one) at capacity 256."""
@@ -134,6 +135,7 @@ def test_decode_attention_over_live_lengths_f32(steps):
     assert all(k.decisions["k_bf16"] == 0 for k in step.kernels if k.kind == "attention")
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_decode_attention_over_a_bf16_cache(steps):
     """Under precision="bf16" the KV caches are bf16 (uint16): the appends round the new rows to
     nearest even, the decode attention widens the keys and values it reads (q, the scores and the
@@ -317,6 +319,7 @@ graph step(q: f32[1, 2, 3, 16], past_k: f32[1, 2, P, 16], past_v: f32[1, 2, P, 1
 """
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_an_attention_over_several_new_rows_reads_its_causal_mask_at_the_live_length():
     """A step of 3 new rows over a cache of capacity 6 (a prompt's chunk): its causal mask, bound
     and computed with the past at the capacity (0 where key j <= 6 + query i, -inf elsewhere), is
@@ -359,7 +362,8 @@ graph step(q: f32[1, 8, 1, 64], past_k: f32[1, 8, P, 64], past_v: f32[1, 8, P, 6
 """
 
 
-@pytest.mark.parametrize("precision", ["f32", "bf16"])
+@pytest.mark.heavy  # (the fast tier's time)
+@pytest.mark.parametrize("precision", ["f32", pytest.param("bf16", marks=pytest.mark.extended)])  # (the suite's time)
 def test_decode_attention_tasks_on_the_pool_give_the_same_bits_on_1_and_2_threads(precision):
     """With enough work to share (8 heads over 257 keys), the decode attention's tasks are chunks
     of the claim-based pool (the plan's pool: the run function keeps the pool held across it, as

@@ -66,6 +66,7 @@ def test_plans_cover_every_kind_and_fit_caches():
         assert word in text
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_emitted_c_is_deterministic_and_compiles_without_warnings(tmp_path):
     assert "-Wall" in FLAGS
     _, plans = plans_of(EVERY_KIND)
@@ -85,6 +86,7 @@ def test_emitted_c_is_deterministic_and_compiles_without_warnings(tmp_path):
     assert "warning" not in r.stderr, r.stderr
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_streaming_pointwise_c_compiles_without_warnings(monkeypatch):
     """The non-temporal pointwise path (outputs beyond the cache share), at -Wall and -Wextra."""
     from dataclasses import replace
@@ -122,7 +124,9 @@ def test_cli_needs_bound_dims(capsys):
     assert "--dim B=INT" in capsys.readouterr().err
 
 
-@pytest.mark.heavy  # ~8 s: it times every graph of the model
+# (the suite's budget: it times every graph of the model; test_onnx_models.py runs `eqfuse bench` by
+# default)
+@pytest.mark.extended
 def test_cli_bench_prints_table(capsys):
     assert main(["bench", str(EXAMPLES / "elementwise.g"), "--dim", "N=4096", "--repeat", "2",
                  "--threads", "1"]) == 0
@@ -130,6 +134,7 @@ def test_cli_bench_prints_table(capsys):
     assert "numpy op by op" in out and "eqfuse fused (" in out and "eqfuse unfused" in out
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_cli_run_compiles_and_verifies(tmp_path, capsys):
     import numpy as np
 
@@ -146,6 +151,7 @@ def test_cli_run_compiles_and_verifies(tmp_path, capsys):
 
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_bench_reports_the_spread_and_warns_when_it_is_wide(monkeypatch):
     from eqfuse.cli import bench
 

@@ -256,6 +256,7 @@ def test_mlp_end_to_end_within_the_composed_bound(path):
     assert np.all(np.abs(y - ref) <= bound), float(np.max(np.abs(y - ref) - bound))
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_f32_kernels_under_bf16_say_so():
     """fuse=False: the matmul is a bf16 GEMM, the add and relu f32 kernels with a note; precision
     f32 reports every kernel in f32."""

@@ -69,6 +69,7 @@ def test_which_dims_are_batch_dims(src, ok, why):
         assert part in got_why[d]
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_any_batch_size_after_one_compile(no_compiler):
     g = load(MLP)[0]
     rng = np.random.default_rng(0)
@@ -108,6 +109,7 @@ def test_schedule_covers_the_batch_with_compiled_sizes():
         assert [c.bucket for c in chunks[:n // 16]] == [16] * (n // 16)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_few_rows_of_a_memory_bound_model_pad_to_one_chunk():
     # 4 MB of weights read once per chunk, 7 rows: one padded chunk of 8, not 4 + 2 + 1 (at the
     # speeds tests/conftest.py pins: they decide the schedule)
@@ -138,6 +140,7 @@ def test_outputs_without_the_batch_and_inputs_returned_as_they_are(no_compiler):
         assert not np.shares_memory(xx, x)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_attention_over_chunks_of_the_batch(no_compiler):
     src = """graph enc(x: f32[B, 16, 32], wq: f32[32, 32], wk: f32[32, 32], wv: f32[32, 32],
                        g: f32[32], be: f32[32]) -> f32[B, 16, 32] {
@@ -157,6 +160,7 @@ def test_attention_over_chunks_of_the_batch(no_compiler):
         no_compiler["on"] = True
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_conv_batch_and_a_non_contiguous_input():
     src = Path("examples/conv_bn_relu.g").read_text()
     g = load(src)[0]
@@ -169,6 +173,7 @@ def test_conv_batch_and_a_non_contiguous_input():
         np.testing.assert_allclose(mod(x), evaluate(g, [x, *w.values()])[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_buckets_share_equal_packed_weights():
     g = load(MLP)[0]
     mod = eqfuse.compile(MLP, params=weights(g, np.random.default_rng(6)), buckets={"B": [1, 2, 4]})
@@ -179,6 +184,7 @@ def test_buckets_share_equal_packed_weights():
     assert packs and len({id(P) for P in packs}) < len(packs)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_concurrent_calls_at_different_batch_sizes():
     g = load(MLP)[0]
     rng = np.random.default_rng(7)
@@ -288,7 +294,9 @@ def test_profile_at_a_bucket_size_and_refused_between_them():
         profile(mod, np.ones((3, 64), np.float32), repeat=3)
 
 
-@pytest.mark.heavy
+# (the suite's budget: the fixed graphs above run at several batch sizes in the default run,
+# test_random_compile.py's random graphs run there)
+@pytest.mark.extended
 @settings(max_examples=10, deadline=None)
 @given(random_model(), st.lists(st.integers(1, 9), min_size=2, max_size=4))
 def test_random_graphs_at_any_batch_size(src, sizes):

@@ -17,6 +17,7 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_second_build_is_a_cache_hit(cache, monkeypatch):
     src = COMMON_C + "int add3(int a) { return a + 3; }"
     first = build(src, COMMON_CDEF + "\nint add3(int a);", "t")
@@ -35,6 +36,7 @@ def test_key_depends_on_source_and_flags():
     assert cbuild.cache_key("a", "b") != cbuild.cache_key("a", "b", ("-O0",))
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_concurrent_builds_of_one_source(cache):
     script = textwrap.dedent("""
         from eqfuse.backend.cbuild import build, COMMON_C, COMMON_CDEF
@@ -49,6 +51,7 @@ def test_concurrent_builds_of_one_source(cache):
     assert not [d for d in cache.iterdir() if d.is_dir()]  # no temporary build directory left
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_killed_compile_leaves_no_library(cache):
     # A process killed mid-compile leaves its private temporary directory and no library under the
     # final name; the next build of that key ignores the debris, succeeds and clears it.
@@ -61,6 +64,7 @@ def test_killed_compile_leaves_no_library(cache):
     assert not [d for d in cache.iterdir() if d.is_dir()]
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_threads_of_one_process_build_at_once(cache):
     # cffi changes the working directory while compiling: builds from threads must not interfere
     from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +77,7 @@ def test_threads_of_one_process_build_at_once(cache):
     assert [getattr(b.lib, f"k{k}")() for k, b in enumerate(built)] == [0, 1, 2]
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_threads_helper(cache):
     b = build(COMMON_C, COMMON_CDEF, "threads")
     b.lib.eqf_set_threads(1)
@@ -89,6 +94,7 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     assert cache_mod.cache_dir() == tmp_path / "x"
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_compile_error_carries_the_compiler_message(cache):
     with pytest.raises(CompileError, match="expected") as err:
         build("int broken( {", "int broken(void);", "bad")
@@ -148,7 +154,11 @@ def _flip_bit(b: bytes) -> bytes:
     return b[:len(b) // 2] + bytes([b[len(b) // 2] ^ 0x10]) + b[len(b) // 2 + 1:]
 
 
-@pytest.mark.parametrize("damage", [_truncate, lambda b: b"", lambda b: __import__("os").urandom(len(b)), _flip_bit],
+@pytest.mark.heavy  # (the fast tier's time)
+# (the empty and the random library in the extended tier: the suite's time)
+@pytest.mark.parametrize("damage", [_truncate, pytest.param(lambda b: b"", marks=pytest.mark.extended),
+                                    pytest.param(lambda b: __import__("os").urandom(len(b)), marks=pytest.mark.extended),
+                                    _flip_bit],
                          ids=["truncated", "empty", "random", "bit-flipped"])
 def test_a_damaged_library_in_the_cache_is_rebuilt(cache, damage):
     # Each run is a fresh process, as a later run of eqfuse would be: loading a damaged library
@@ -199,6 +209,7 @@ def test_target_isa_spells_out_native():
     assert "-march=native" not in isa and "-m" in isa
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_eqfuse_cflags_reach_the_kernel_build(cache, monkeypatch):
     monkeypatch.setenv("EQFUSE_CFLAGS", "-DEQF_TEST_VALUE=7")
     assert build("int value(void) { return EQF_TEST_VALUE; }", "int value(void);", "cflags").lib.value() == 7
@@ -221,6 +232,7 @@ def test_a_library_others_can_write_is_rebuilt(cache):
     assert lib.stat().st_mode & 0o777 == 0o644
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_cache_entries_are_private_whatever_the_umask(tmp_path, monkeypatch):
     import os
 
@@ -279,6 +291,7 @@ def _unsafe_cache(tmp_path, monkeypatch, kind):
     return root
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("kind", ["a file", "writable by others", "another user's"])
 def test_an_unusable_cache_dir_falls_back_to_a_temporary_one(tmp_path, monkeypatch, kind):
     root = _unsafe_cache(tmp_path, monkeypatch, kind)
@@ -305,6 +318,7 @@ def test_only_code_that_uses_intrinsics_compiles_the_headers_intrinsics():
     assert cbuild.header_c("__m512 v;").startswith(on) and not cbuild.header_c().startswith(on)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_loading_a_module_leaves_the_environment_alone_once_libgomp_is_loaded(cache, monkeypatch):
     # GOMP_SPINCOUNT only matters before libgomp loads; afterwards (torch loaded it, or an earlier
     # module did) os.environ is the host's and is not written, even for the length of a load

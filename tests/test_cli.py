@@ -174,6 +174,7 @@ def test_run_with_a_bad_model_reports_the_model_error(capsys, mlp_npz):
     assert status == 2 and err.startswith(f"{bad}:3:12: error: unknown op 'relux'")
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_run_in_a_subprocess_exits_2_without_a_traceback(tmp_path):
     inputs = tmp_path / "in.npz"
     arrays = mlp_arrays()
@@ -186,6 +187,7 @@ def test_run_in_a_subprocess_exits_2_without_a_traceback(tmp_path):
     assert r.stderr.strip() == ("error: mlp(): parameter 'x' expects dtype float32 (f32[B, 784]), got float64")
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_python_dash_m_eqfuse_is_the_eqfuse_command():
     r = subprocess.run([sys.executable, "-m", "eqfuse", "--version"], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)

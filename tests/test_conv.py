@@ -32,6 +32,7 @@ CASES = {  # (N, C, H, O, k, stride, padding): output pixels vs channels
 }
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("case,bound", covering(list(CASES), [False, True],
                                                ids=lambda c: f"{c[0]}-{'bound-weights' if c[1] else 'weights'}"))
 def test_conv_with_bias_batchnorm_relu_and_residual_matches_the_reference(case, bound):

@@ -72,6 +72,7 @@ def test_a_resnet_stem_and_two_stages_stay_blocked_and_match_the_reference(model
     assert [bool(p.prepack) for p in convs] == [bound] * len(convs)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_channels_that_do_not_fill_the_vectors_stay_nchw():
     src, xs = _resnet(1, 16, 20, 22)  # 20 channels: 1.25 vectors of 16 lanes, 2.5 of 8 (16: whole ones)
     with pinned("zen4"):
@@ -94,6 +95,7 @@ graph p(x: f32[2, {C}, {H}, {H}], w: f32[{C}, {C}, 3, 3], v: f32[{C}, {C}, 3, 3]
 """
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("op,where,H,k,s,p", covering(
     [(op, where) for op in ("max_pool2d", "avg_pool2d", "avg_pool2d_pad") for where in ("between", "in", "out")],
     [(9, 3, 2, 1), (8, 2, 2, 0), (7, 3, 1, 1), (11, 3, 2, 1), (10, 5, 2, 2)]))

@@ -96,6 +96,7 @@ def test_direct_conv_without_bias_or_residual(bias, residual):
     assert isinstance(conv.detail, ConvDirectDetail)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("case", [(2, 24, 5, 40, 1, 1, 0), (1, 16, 9, 32, 1, 2, 0)], ids=["1x1/1", "1x1/2"])
 def test_1x1_conv_is_im2col_unless_forced_and_both_match(case, monkeypatch):
     conv = _check(*case, bound=True)
@@ -216,6 +217,7 @@ graph t(x: f32[{N}, {C}, {H}, {H}], w1: f32[{M}, {C}, 3, 3], b1: f32[{M}], w2: f
 """
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("model", ["avx2", "zen4"])
 @pytest.mark.parametrize("N,C,H,M,O", [(2, 16, 8, 32, 16), (1, 3, 9, 16, 24), (2, 20, 5, 48, 32)])
 def test_the_blocked_layout_is_kept_between_two_direct_convs(model, N, C, H, M, O, monkeypatch):
@@ -346,6 +348,7 @@ def test_a_long_conv1d_with_pixels_in_the_lanes_matches_the_reference():
     assert orders == {False, True}  # (both tile orders)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_pixel_vector_conv_keeps_nchw():
     src = CHAIN.format(N=2, C=16, H=16, M=16, O=16, extra="")
     xs = {"x": _rand(2, 16, 16, 16), "w1": _rand(16, 16, 3, 3, seed=1) * 0.2, "b1": _rand(16, seed=2),

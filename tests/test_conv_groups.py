@@ -333,7 +333,10 @@ def test_onnx_import_matches_onnxruntime(name, tmp_path):
 
 
 @pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.extended) if n in LANES - {"multiplier"} else n
+# (test_onnx_import_matches_onnxruntime runs every module; through torch.compile the extended tier
+# runs the conv1d and grouped-dilated ones and the lanes' but the multiplier: the suite's time)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.extended)
+                                  if n in LANES - {"multiplier"} | {"grouped_dilated", "conv1d", "conv1d_grouped"} else n
                                   for n in MODULES])
 def test_torch_compile_matches_eager(name):
     torch = pytest.importorskip("torch")

@@ -77,6 +77,7 @@ CASES = {  # (N, C, H, W, O, padding)
 }
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("name,bound", covering(list(CASES), [True, False]))
 def test_winograd_conv_matches_the_reference(name, bound, monkeypatch):
     case = CASES[name]
@@ -84,6 +85,7 @@ def test_winograd_conv_matches_the_reference(name, bound, monkeypatch):
     _check(*case, bound=bound)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("bias,residual", [(False, False), (True, False), (False, True)])
 def test_winograd_conv_without_bias_or_residual(bias, residual, monkeypatch):
     monkeypatch.setenv("EQFUSE_CONV_WINOGRAD", "1")
@@ -119,6 +121,7 @@ graph t(x: f32[{N}, {C}, {H}, {H}], w1: f32[{M}, {C}, 3, 3], b1: f32[{M}], w2: f
 """
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("model", ["avx2", "zen4"])
 def test_a_resnet_block_keeps_the_blocked_layout_between_winograd_convs(model):
     # a and h pass between convs in blocks of VL channels; a is also the last conv's residual,
@@ -139,6 +142,7 @@ def test_a_resnet_block_keeps_the_blocked_layout_between_winograd_convs(model):
     assert (third.detail.in_blocked, third.detail.out_blocked, third.detail.blocked_args != ()) == (True, False, True)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_rounding_is_close_to_the_direct_kernels(monkeypatch):
     # against float64, on inputs with a large common offset (the transforms' sums of +-d values
     # are where Winograd loses precision): at most a few times the direct kernel's error

@@ -60,6 +60,7 @@ def reference(x, ks, vs, w):
     return h @ w["wout"]
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("how", ["heads", "grouped-query"])
 def test_hand_written_decode_step_over_a_live_cache(steps, how):
     step = steps(how)

@@ -93,6 +93,7 @@ ATTENTION = """graph att(q: f32[2, 4, 24, 16], k: f32[2, 4, 24, 16], v: f32[2, 4
 """
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_the_mask_of_an_exported_attention_is_read_inside_the_attention_kernel():
     """torch's decomposed scaled_dot_product_attention: scales on q and k, an additive
     where(mask, 0, -inf), and where(isnan(p), 0, p) for fully masked rows: one attention kernel

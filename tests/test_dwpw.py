@@ -143,6 +143,7 @@ def compiled(request):
                           + PADS + "".join(SAME_SRC[n] for n in same))
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_fused_inverted_residual_matches_the_reference(compiled, case):
     g = load(_graph(*case))[0]
@@ -155,6 +156,7 @@ def test_fused_inverted_residual_matches_the_reference(compiled, case):
     assert k.kind == "conv2d" and {f: k.decisions[f] for f in case[-1]} == case[-1], k.decisions
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("case", BLOCKS, ids=[b[0] for b in BLOCKS])
 def test_whole_inverted_residual_matches_the_reference(compiled, case):
     g = load(_block(*case))[0]
@@ -172,6 +174,7 @@ def test_whole_inverted_residual_matches_the_reference(compiled, case):
     assert {f: ks[-1].decisions[f] for f in case[-1]} == case[-1], ks[-1].decisions
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_an_expanded_tensor_larger_than_l1_stays_three_kernels(compiled):
     """Above L1 / DW_EXPAND_L1_SHARE per image (144 channels at 8 x 8) the expand conv, the
     depthwise conv and the 1x1 conv are three kernels (the depthwise output is above L1 / 4 too),
@@ -196,6 +199,7 @@ def test_bound_weights_are_transposed_once_and_match():
     np.testing.assert_allclose(got, evaluate(g, args)[0], rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_large_depthwise_output_stays_two_kernels(compiled):
     """Above L1 / DW_FUSE_L1_SHARE per image (here 48 channels at 8 x 8) the separate depthwise
     and 1x1 kernels are faster: extraction keeps them apart, and the result is the same."""
@@ -206,6 +210,7 @@ def test_a_large_depthwise_output_stays_two_kernels(compiled):
     assert [k.kind for k in compiled.big.last.kernels] == ["conv2d", "conv2d"]
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_pad_rows_and_a_pad_folded_into_the_conv_match_the_reference(compiled):
     """The pad kernel (a row at a time: the value, the input's row, the value) over ranks 1, 2 and
     4 with pads on every side; a zero pad of 1 on every side of a conv2d's image is its padding
@@ -219,6 +224,7 @@ def test_pad_rows_and_a_pad_folded_into_the_conv_match_the_reference(compiled):
     assert kinds == ["conv2d", "index", "index", "index"], kinds  # (three pads; the fourth is the conv's padding)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("name", list(SAME_KERNELS))
 def test_tf_same_padding_folds_into_the_fused_depthwise_kernel(compiled, name):
     """A (0, 1) zero pad before a stride-2 depthwise conv (or the conv's padding [0, 0, 1, 1]) is

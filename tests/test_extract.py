@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from helpers import ROOT, assert_same_values, one_graph, rand_inputs, run
+from helpers import ROOT, assert_same_values, covering, one_graph, rand_inputs, run
 
 from eqfuse.optimizer import cost as C
 from eqfuse.optimizer import extract as X
@@ -150,8 +150,7 @@ def extracted(src, model="memory", **kw):
     return g, pb, greedy_value, X.extract(pb, u, model, {"B": 2}, **kw)
 
 
-@pytest.mark.parametrize("name", REGIONS)
-@pytest.mark.parametrize("model", ["memory", "launches"])
+@pytest.mark.parametrize("name, model", covering(list(REGIONS), ["memory", "launches"]))
 def test_region_ilp_equals_whole_ilp_and_is_never_worse_than_greedy(name, model):
     g, pb, greedy_value, ex = extracted(REGIONS[name], model, max_nodes=0, region_size=15, time_limit=20)
     n = int(ex.ilp.split()[1])

@@ -257,7 +257,7 @@ def test_mutated_onnx_slow(tmp_path_factory, data):
 # ------------------------------------------------------------------ a real process: no signal
 
 
-@pytest.mark.heavy
+@pytest.mark.extended  # (the suite's budget: the in-process fuzzers above run in the default run)
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(g=g_case, data=mutated_onnx())
 def test_mutated_inputs_in_a_subprocess_exit_cleanly(tmp_path_factory, g, data):

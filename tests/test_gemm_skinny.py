@@ -174,6 +174,7 @@ def test_the_plan_follows_the_pinned_machine(model):
     assert (p.tiles["mr"], p.tiles["nr"]) == (mr, nr) == ((8, 48) if model == "zen4" else (4, 24))
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_row_epilogue_transposed_and_folded_weights():
     """A layernorm over each finished row, a weight read transposed, batches folded into rows."""
     rng = np.random.default_rng(5)
@@ -214,6 +215,7 @@ def test_a_few_columns_narrow_the_panel():
     assert (k.tiles["mr"], k.tiles["nr"]) == (mr, 16) and nr > 16
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("M", [3, 20])  # one group of rows, three groups
 def test_a_counting_build_makes_the_micro_kernel_calls_the_plan_counts(M):
     """The uop schedule of a skinny plan is what runs: its micro-kernel count (panels x groups)

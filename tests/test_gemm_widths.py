@@ -10,6 +10,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from helpers import covering
 
 import eqfuse
 from eqfuse import machine
@@ -110,8 +111,8 @@ GRAPH = """graph f(x: f32[{M}, {K}], w: f32[{K}, {N}], b: f32[{N}]) -> f32[{M}, 
 }}"""
 
 
-@pytest.mark.parametrize("bound", [False, True])  # True: w bound by params=, its panels packed once
-@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (9, 31, 700), (67, 1, 5), (3, 50, 1)])
+# bound True: w bound by params=, its panels packed once
+@pytest.mark.parametrize("M,N,K,bound", covering([(1, 1, 1), (9, 31, 700), (67, 1, 5), (3, 50, 1)], [False, True]))
 def test_compiled_portable_gemm_matches_the_reference(M, N, K, bound):
     src = GRAPH.format(M=M, N=N, K=K)
     rng = np.random.default_rng(M + N + K)

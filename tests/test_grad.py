@@ -34,6 +34,7 @@ def test_check_finds_a_wrong_derivative(monkeypatch):
     assert not res.ok and res.rules == ("relu_x",)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_check_grads_command(capsys):
     assert main(["check-grads"]) == 0
     out = capsys.readouterr().out

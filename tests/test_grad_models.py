@@ -85,7 +85,9 @@ def _encoder_torch(x, wq, bq, wk, bk, wv, bv, wo, bo, g1, be1, w1, b1, w2, b2, g
     return ((y - target) ** 2).mean()
 
 
-@pytest.mark.heavy
+# (the suite's budget: the MLP here, and attention's gradients in test_attention_grad.py, in the default
+# run)
+@pytest.mark.extended
 def test_transformer_encoder_layer_matches_torch():
     rng = np.random.default_rng(1)
     shapes = {"x": (2, 8, 16), "target": (2, 8, 16), "w1": (16, 32), "b1": (32,), "w2": (32, 16)}

@@ -41,6 +41,7 @@ def entries(tmp_path):
     return sorted(f for f in d.iterdir() if f.suffix == ".json") if d.is_dir() else []
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_repeated_compile_skips_the_e_graph(runs, tmp_path):
     import eqfuse
 

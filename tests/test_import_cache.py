@@ -73,6 +73,7 @@ def files(root, suffix):
     return sorted(f for f in d.iterdir() if f.suffix == suffix) if d.is_dir() else []
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_an_imported_model_is_mapped_and_its_panels_kept(imports, cache_root, tmp_path, monkeypatch):
     path = tmp_path / "m.onnx"
     w, b = write_model(path, 0)

@@ -192,6 +192,7 @@ def test_numpy_names_run_eagerly_as_numpy():
         close(got, want)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_numpy_names_traced_match_numpy():
     """The same names recorded in a trace and compiled; clip's array bounds become maximum and
     minimum (the clip op takes numbers)."""

@@ -429,6 +429,7 @@ def test_contraction_row_epilogue(row_epi_results, cid):
     check(row_epi_results, cid)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_contraction_row_epilogue_small_blocks(monkeypatch):
     """Tiny GEMM blocks: several K slices (the row op only after the last), row chunks per
     thread, B panels (N = 130 over 64-wide NC blocks: the row op per chunk of rows; N = 37 in one

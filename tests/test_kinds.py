@@ -35,6 +35,7 @@ def test_every_plan_kind_has_one_kind_class():
         assert kind.supported in SUPPORTED
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_plans_carry_kinds_and_the_rule_the_c_applies():
     """Every kernel of each kind: its kind is a K, and its thread rule is the `if` of the C."""
     mod = eqfuse.compile(KINDS_SRC, fuse="manual")

@@ -78,8 +78,10 @@ def test_bench_measures_onnxruntime_on_the_onnx_model():
     assert "onnxruntime (ORT_ENABLE_ALL)" in r.stdout and "eqfuse fused" in r.stdout
 
 
-@pytest.mark.parametrize("exporter", me.EXPORTERS)
-@pytest.mark.parametrize("name", ["bert", "gpt2"])
+# (GPT-2 through dynamo in the extended tier: the suite's time)
+@pytest.mark.parametrize("name, exporter", [
+    pytest.param(n, e, marks=[pytest.mark.extended] if (n, e) == ("gpt2", "dynamo") else [])
+    for n in ("bert", "gpt2") for e in me.EXPORTERS])
 def test_the_attention_masks_of_bert_and_gpt2_are_inside_their_attention_kernels(name, exporter):
     mod = eqfuse.compile(str(me.export(name, exporter)))
     attention = [line for line in mod.graph.splitlines() if "softmax(" in line]

@@ -141,7 +141,9 @@ def test_selection_covers_every_supported_op():
         assert any(re.match(rf"test_{op}(_.*)?_cpu$", n) for n in names), op
 
 
-@pytest.mark.heavy
+# (the suite's budget: a check of the tests' own case selection; test_selection_covers_every_supported_op
+# runs by default)
+@pytest.mark.extended
 def test_the_narrowed_generation_selects_what_the_full_one_does():
     """Every case generator of every ONNX op, run in a fresh process, selects the same tests."""
     code = "import test_onnx_node as t; print('\\n'.join(sorted(t.selected_names())))"

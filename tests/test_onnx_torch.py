@@ -200,6 +200,7 @@ def test_dynamic_batch_is_a_named_dim(tmp_path):
         np.testing.assert_allclose(mod(x.numpy()), want, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_cli_check(exported):
     name, path, x, want = exported
     r = subprocess.run([sys.executable, "-m", "eqfuse.cli", "check", str(path)], capture_output=True, text=True)

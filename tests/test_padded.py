@@ -158,7 +158,7 @@ def test_bad_calls_and_arguments_of_a_padded_model_are_clear_errors():
     assert not mod.default.modules  # nothing compiled for a bad call
 
 
-@pytest.mark.heavy
+@pytest.mark.extended  # (the suite's budget: test_buckets.py checks buckets={} in the default run)
 def test_buckets_off_compiles_each_length():
     """buckets={} turns padding off: each new length (and batch size) compiles on its own."""
     pytest.importorskip("torch")
@@ -240,7 +240,9 @@ def test_a_dynamo_export_with_dynamic_batch_and_sequence():
     assert sorted(f.modules) == [(16,), (32,), (64,)]
 
 
-@pytest.mark.heavy
+# (the suite's budget: the fixed graphs above pad in the default run, test_random_compile.py's random
+# graphs run there)
+@pytest.mark.extended
 @settings(max_examples=10, deadline=None)
 @given(random_model(), st.lists(st.integers(1, 20), min_size=2, max_size=4))
 def test_random_graphs_padded_or_per_value_match_the_reference(src, sizes):

@@ -50,6 +50,7 @@ def test_the_constant_check_tells_a_tile_from_another_value():
     assert not declared(src, "bq", 64) and not declared("/* tile = 53 */", "tile", 53)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_every_tile_of_every_kind_is_the_constant_in_its_c(machine_model):
     mod = eqfuse.compile(KINDS, fuse="manual")
     assert sorted(k.kind for k in mod.kernels) == sorted(ALL_KINDS)
@@ -444,6 +445,7 @@ def test_k_is_cut_into_equal_slices(K, slices):
     assert -(-K // t["kc"]) == slices and t["kc"] * slices - K < slices
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_small_gemms_open_no_parallel_region_and_the_plan_says_so(machine_model):
     """GEMMs and convs below plan_gemm.PARALLEL_MIN_FMAS run on the calling thread: the plan's
     detail.parallel is the `if` of the C's parallel regions (or the `parallel` of its loops on the

@@ -348,6 +348,7 @@ INTEGER_NODES = ("QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "Co
                  "QLinearGlobalAveragePool", "QLinearConcat", "QLinearSoftmax", "QGemm")
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_every_integer_node_matches_onnxruntime_integer_for_integer(quantized, tmp_path):
     """Node by node: each node with integer outputs fed onnxruntime's own inputs (exposed as
     outputs of the quantized model, run literally), its outputs (integers, and the dynamic scale
@@ -974,6 +975,7 @@ def _dequantized_model():
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_dequantization_rounds_each_step_as_onnxruntime(tmp_path):
     """cast(sum) * scale + bias rounds the product and the sum each in f32, as onnxruntime's Cast,
     Mul and Add nodes do: no FMA, whose single rounding is an ulp away on many elements (and, before
@@ -1041,6 +1043,7 @@ def _contrib_model(dt):
     return model, feeds
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("dt", ["u8", pytest.param("i8", marks=pytest.mark.extended)])
 def test_every_qoperator_contrib_op_matches_onnxruntime(dt, tmp_path):
     """Each com.microsoft op quantize_static's QOperator format writes (QLinearAdd, QLinearMul,
@@ -1210,6 +1213,7 @@ graph bi(x: u8[4, 16, 16, 16], w: i8[16, 16, 3, 3], y: u8[4, 64, 6, 6], v: i8[64
 """
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_integer_convs_by_image_match_numpy_on_one_and_two_threads():
     rng = np.random.default_rng(9)
     i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
@@ -1333,6 +1337,7 @@ def _qdq_conv_model(path):
     return onnx.load(str(path))
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_qdq_convs_run_on_the_integer_conv_and_match_onnxruntime(tmp_path):
     """A QDQ conv (DequantizeLinear of x and of the weight, Conv, QuantizeLinear) runs as the
     integer conv (rules conv_dequantized, conv_dequantized_bias), its dequantization, bias and
@@ -1398,6 +1403,7 @@ def test_a_qdq_matmul_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path)
             assert np.max(np.abs(got - want)) <= step
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_qdq_gemm_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path):
     """A QDQ Gemm with transB=1 and a bias, as torch exports a Linear (rule gemm_dequantized): one
     int8 GEMM kernel reading the [N, K] weight transposed (plan b_transposed), no f32 matmul, within
@@ -1467,6 +1473,7 @@ def _qdq_linears(path):
     return onnx.load(str(path))
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_qdq_gemm_with_bias_and_requantization_is_one_kernel(tmp_path):
     """A QDQ Gemm's bias (DequantizeLinear of int32) is folded at compile time (optimizer/fold.py)
     and its requantization joins the integer GEMM's epilogue (fuse_requantize_bias), as does the
@@ -1574,10 +1581,11 @@ QATT_MASKS = {"key_padding": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int
               "ends_starts": np.array([4, 5, 1, 0], np.int32),
               "per_query": np.random.default_rng(1).integers(0, 2, (2, 5, 5)).astype(np.int32) | np.eye(5, dtype=np.int32),
               "dummy": np.array([[0], [1]], np.int32)}
-QATT_CASES = [("key_padding", 0), ("key_padding", 1), ("lengths", 0)]
-QATT_EXTENDED = [("lengths", 1), ("ends_starts", 0), ("per_query", 0), ("per_query", 1), ("dummy", 0)]
+QATT_CASES = [("lengths", 0), ("key_padding", 1)]  # (each form and each unidirectional once: the suite's time)
+QATT_EXTENDED = [("key_padding", 0), ("lengths", 1), ("ends_starts", 0), ("per_query", 0), ("per_query", 1), ("dummy", 0)]
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("form, uni", QATT_CASES + [pytest.param(*c, marks=pytest.mark.extended) for c in QATT_EXTENDED],
                          ids=lambda p: str(p))
 def test_qattention_with_a_mask_index_matches_onnxruntime(form, uni, tmp_path):

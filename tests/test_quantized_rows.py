@@ -51,6 +51,7 @@ def _quantize(y, s, z):
     return np.clip(np.rint(y / y.dtype.type(s)) + int(z), lo, hi).astype(z.dtype)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_quantize_after_a_row_op_is_one_row_kernel_storing_integers(modules):
     fused, separate, _ = modules
     assert [(k.kind, k.decisions["quantize_out"]) for k in fused.kernels] == [("row", 1)] * 6
@@ -151,6 +152,7 @@ EPI = """graph epi(a: u8[13, 40], az: u8, g: f32[40], b: f32[40], z: u8) {
 """
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_block_of_rows_is_quantized_in_one_loop_where_the_output_rows_are_consecutive(modules, feeds):
     assert [k.decisions["quantize_flat"] for k in modules[0].kernels] == [1, 1, 0, 1, 1, 1]
     # the norms reading u8 through their prologue sum each row apart (eqf_row_sum: the pass's

@@ -46,7 +46,7 @@ def test_reductions_over_alternating_axes_match_the_reference(shape, axes, op):
     assert "reduce" in [k.kind for k in mod.kernels]
 
 
-@pytest.mark.heavy
+@pytest.mark.extended  # (the suite's budget: the reductions over alternating axes run in the default run)
 @settings(max_examples=8, deadline=None)
 @given(st.lists(st.integers(1, 4), min_size=2, max_size=6).flatmap(
     lambda s: st.tuples(st.just(tuple(s)), st.sets(st.integers(0, len(s) - 1), min_size=1, max_size=len(s) - 1))))

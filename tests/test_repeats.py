@@ -106,6 +106,7 @@ def _decoder_step(layers: int) -> str:
     return f"graph step(x: f32[2, 1, 64], {params}) {{\n    {lines}\n    return h{layers - 1}, {', '.join(outs)}\n}}\n"
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_a_decode_step_with_caches_in_place_is_cut_into_its_layers():
     """live= reads each cache through a slice of its buffer (eqfuse.ir.live); each slice is
     written in its own layer, so the layers stay equal pieces and are optimized once. (Beside the

@@ -72,6 +72,7 @@ def compiled(request):
         return eqfuse.compile(graph(LENGTHS), fuse="manual", verify=False)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 @pytest.mark.parametrize("scale,shift", [(3.0, 0.0), (300.0, 0.0), (0.5, 1e3)], ids=["normal", "wide", "offset"])
 def test_rows_match_float64_numpy(compiled, scale, shift):
     """Every length and magnitude: wide rows put most exps far below the maximum; an offset of
@@ -87,6 +88,7 @@ def test_rows_match_float64_numpy(compiled, scale, shift):
         close(rms, rmsnorm64(x, g), f"rmsnorm L={n}")
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_softmax_with_minus_inf(compiled):
     """-inf anywhere in a row (and in the masked tail of the vector loop) is 0; a row of -inf only
     is NaN, as in numpy; +inf makes its row NaN."""

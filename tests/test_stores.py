@@ -128,7 +128,7 @@ graph c(x: f32[{batch}, 4, 6], y: f32[{batch}, 4, 6], w: f32[6, 5]) -> f32[{batc
     assert "layout" not in _kinds(mod)
 
 
-@pytest.mark.heavy
+@pytest.mark.extended  # (the suite's budget: the concat tests here run in the default run)
 @settings(max_examples=12, deadline=None)
 @given(st.lists(st.integers(1, 3), min_size=1, max_size=3), st.data())
 def test_random_concats_of_kernels_views_and_inputs_match_the_reference(shape, data):
@@ -340,7 +340,7 @@ graph c(x: f32[2, 64, 128], y: f32[2, 64, 128]) -> (f32[2, 128, 128], f32[2, 64,
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("exporter", [pytest.param("torchscript", marks=pytest.mark.extended), "dynamo"])  # (the suite's time)
 def test_exported_vit_writes_its_patch_tokens_in_place(exporter):
     pytest.importorskip("transformers")
     mod = eqfuse.compile(str(me.export("vit", exporter)))

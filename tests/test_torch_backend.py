@@ -92,6 +92,7 @@ def test_entry_point_is_declared_and_callable():
     assert "eqfuse" in torch._dynamo.list_backends()
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_mlp_matches_eager_in_one_eqfuse_graph():
     torch.manual_seed(0)
     check(MLP().eval(), torch.randn(16, 4).t())  # a transposed (non-contiguous) input
@@ -107,7 +108,7 @@ def test_resnet_basic_block():
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("norm_first", [False, pytest.param(True, marks=pytest.mark.extended)])  # (the suite's time)
 def test_transformer_encoder_layer(norm_first):
     # in eval under no_grad torch takes its fused fast path (_transformer_encoder_layer_fwd), decomposed here
     torch.manual_seed(0)
@@ -120,7 +121,8 @@ def test_transformer_encoder_layer(norm_first):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("name", ["bert", "gpt2"])
+# (GPT-2 in the extended tier: the suite's time; test_zoo.py runs it through torch.compile by default)
+@pytest.mark.parametrize("name", ["bert", pytest.param("gpt2", marks=pytest.mark.extended)])
 def test_hugging_face_models(name):
     sys.path.insert(0, str(ROOT / "tests"))
     import model_exports as me
@@ -212,6 +214,7 @@ def test_training_matches_eager_gradients():
     assert len(REPORTS) == 2 and all(r.partitions for r in REPORTS)  # forward and backward graphs
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_verify_option_and_unknown_option():
     torch.manual_seed(0)
     model = MLP().eval()
@@ -325,6 +328,7 @@ def test_the_host_process_keeps_its_threads_affinities_and_environment(monkeypat
         torch.set_num_threads(threads)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_fallback_warning_names_the_users_line():
     torch.manual_seed(0)
     compiled = torch.compile(Sorting().eval(), backend="eqfuse")

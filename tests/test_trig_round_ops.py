@@ -69,6 +69,7 @@ def test_onnx_import_matches_onnxruntime(op, tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.heavy  # (the fast tier's time)
 def test_torch_compile_runs_sin_cos_sign_ceil_and_repeat_in_eqfuse():
     torch = pytest.importorskip("torch")
     from eqfuse import torch_backend
