@@ -518,7 +518,7 @@ def stages(src, opts: Options, shared: SharedArrays | None = None) -> Module:
     except DimsNeeded as e:  # an ONNX model with named dims only bound per call: compiled per bucket of them
         if opts.grad is not None:
             raise
-        return padded_module(src, opts, sums=e.sums)
+        return padded_module(src, opts, sums=e.sums, needs=e)
     graphs, params = loaded.graphs, loaded.params
     if opts.live is not None:
         graphs = [live_graph(graphs[0], src, opts.live, opts.dims)] + graphs[1:]
@@ -629,7 +629,8 @@ def lazy_grad(g: Graph, params: dict, dims: dict[str, int], opts: Options) -> La
     return LazyGradFunction(g, opts.grad, params, dims, compile_text)
 
 
-def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[str, ...] = ()) -> Module:
+def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[str, ...] = (),
+                  needs: DimsNeeded | None = None) -> Module:
     """The model compiled per bucket of its named dims at run time (eqfuse.runtime.padded): an
     ONNX model that imports only with some bound (the leading one stays a batch dim, the others are
     padded), or `graph`, a .g graph whose buckets= name dims that are not batch dims. opts.dims
@@ -639,7 +640,10 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
     model's other dims then follow from them (its attention mask's total length), and zeros at
     the end of any of them are not absent positions (they sit between the past and the new
     keys), so every non-batch dim is compiled per value. eqfuse.generate calls such a model at a
-    few cache capacities only."""
+    few cache capacities only.
+
+    `needs` is the import's error: raised when the model needs its batch dim bound too (every other
+    named dim is), which no bucket would bind (each would import as this one does)."""
     dims, buckets = opts.dims, opts.buckets
     shared = SharedArrays()  # the buckets' equal weights and their panels, held once
 
@@ -665,6 +669,8 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
                            lambda d: import_with_params(src, dims={**dims, **d}))
         f.onnx_path = os.fspath(src)  # (eqfuse.generate reads a decoder's position table from it)
         del proto
+        if not f.padded and needs is not None:
+            raise needs
     else:
         params = opts.params
         inputs = [(n, t.shape) for n, t in graph.params if n not in params]

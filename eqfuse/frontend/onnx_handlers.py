@@ -199,6 +199,44 @@ def _layernorm(imp, ins, at):
     return outs
 
 
+MS = "com.microsoft"  # onnxruntime's contrib ops, as its transformer optimizer writes them
+
+
+@handles("SkipLayerNormalization", attrs=("epsilon",), domain=MS)
+def _skip_layernorm(imp, ins, at):
+    """onnxruntime's SkipLayerNormalization (input, skip, gamma[, beta[, bias]]): s = input + skip
+    (+ bias), the residual add its transformer optimizer folds into the next norm; outputs
+    layernorm(s) over the last axis and, as output 3 (input_skip_bias_sum), s itself, which the
+    next residual add reads. Outputs 1 and 2 (mean, inv_std_var) onnxruntime's CPU kernel does
+    not compute: refused."""
+    if any(imp.node.output[1:3]):
+        raise Unsupported("output mean or inv_std_var (onnxruntime's CPU kernel computes neither)")
+    if "epsilon" not in at:
+        raise Unsupported("a node without epsilon (onnxruntime requires the attribute)")
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = imp.type(x).shape
+    s = imp.binary("add", x, ins[1], tuple(imp.node.input[:2]))
+    if len(ins) > 4 and ins[4] is not None:
+        s = imp.binary("add", s, ins[4], ("", imp.node.input[4]))
+    if imp.type(s).shape != shape:
+        raise ShapeError(f"skip or bias of shape {list(imp.type(s).shape)} with input of shape {list(shape)} "
+                         "(they broadcast to the input's shape)")
+    tail = shape[-1:]
+    gamma = _norm_param(imp, ins[2], imp.node.input[2], tail, 1.0)
+    beta = _norm_param(imp, ins[3] if len(ins) > 3 else None, imp.node.input[3] if len(ins) > 3 else "", tail, 0.0)
+    return [imp.op("layernorm", [s, gamma, beta], axis=-1, eps=f32_float(at["epsilon"])), None, None, s]
+
+
+@handles("FastGelu", "BiasGelu", "Gelu", domain=MS)
+def _contrib_gelu(imp, ins, at):
+    """onnxruntime's GELUs: FastGelu(x[, bias]) the tanh approximation of x + bias, BiasGelu(x, bias)
+    and Gelu(x) the exact (erf) one."""
+    x = imp.data(ins[0], imp.node.input[0])
+    if len(ins) > 1 and ins[1] is not None:
+        x = imp.binary("add", x, ins[1], ("", imp.node.input[1]))
+    return imp.op("gelu", [x], approximate="tanh" if imp.node.op_type == "FastGelu" else "none")
+
+
 def _norm_param(imp, v, name: str, tail: tuple[Dim, ...], fill: float) -> int:
     """gamma/beta of exactly the normalized shape (ONNX lets them broadcast)."""
     if v is None:

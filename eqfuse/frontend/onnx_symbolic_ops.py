@@ -44,7 +44,10 @@ def merged_op(imp, ins, at):
         shape, axis = m.shape, at.get("axis", 1)
         axis = axis + len(shape) if axis < 0 else axis
         return reshape(imp, m, [product(shape[:axis]), product(shape[axis:])])
-    if op in ("Gemm", "MatMul") and ins[0] is m and all(not isinstance(v, Merged) for v in ins[1:]):
+    if op == "DynamicQuantizeLinear":  # one scale and zero point over all of x: its layout does not matter
+        y, scale, zp = HANDLERS[op][0](imp, [m.node], at)
+        return [merged(y, m.groups), scale, zp]
+    if op in ("Gemm", "MatMul", "MatMulInteger") and ins[0] is m and all(not isinstance(v, Merged) for v in ins[1:]):
         if at.get("transA", 0) or len(m.groups[-1]) != 1:
             raise NeedsDims(f"{op} contracting a dim made of a named dim ({m})")
         y = HANDLERS[op][0](imp, [m.node] + list(ins[1:]), at)
@@ -62,9 +65,12 @@ def merged_op(imp, ins, at):
         phys = [starts[p] + j for p in perm for j in range(len(m.groups[p]))]
         y = m.node if phys == sorted(phys) else imp.op("transpose", [m.node], perm=tuple(phys))
         return merged(y, [m.groups[p] for p in perm])
-    if op in POINTWISE and all(_same_layout(imp, v, m) for v in ins):
-        # elementwise over the physical form: the other operands are scalars or laid out alike
-        return merged(HANDLERS[op][0](imp, [v.node if isinstance(v, Merged) else v for v in ins], at), m.groups)
+    if op in POINTWISE:
+        # elementwise over the physical form: the other operands laid out alike, or broadcasting
+        # along its trailing dims that are one physical axis each
+        phys = [_physical(imp, v, m) for v in ins]
+        if all(p is not False for p in phys):
+            return merged(HANDLERS[op][0](imp, phys, at), m.groups)
     if op == "Gather" and ins[0] is m and not isinstance(ins[1], (Merged, Sym)):
         return gather(imp, m, ins[1], at.get("axis", 0))
     raise NeedsDims(f"{op} of a tensor of shape {m} (a named dim multiplied with others; bind it with dims=)")
@@ -75,12 +81,26 @@ POINTWISE = {"Cast", "Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Sqrt", "Neg", "Ab
              "Add", "Sub", "Mul", "Div", "Pow", "Where", "Not", "IsNaN", "Equal", "Less", "Greater", "And", "Or"}
 
 
-def _same_layout(imp, v, m: Merged) -> bool:
-    """Whether v can meet m elementwise in m's physical form: None, a one-element constant, or a
-    Merged of the same groups."""
-    if v is None or (isinstance(v, Merged) and v.groups == m.groups):
-        return True
-    return imp.is_const(v) and v.size == 1 and v.ndim <= len(m.groups)
+def _physical(imp, v, m: Merged):
+    """v as an operand of an elementwise op with m in m's physical form, or False when it cannot
+    be one: None; a Merged of the same groups (its node); a constant or tensor whose dims other
+    than 1 are m's trailing dims that are one physical axis each (a scalar, a bias along the last
+    axis: quantize_dynamic's computed scale and its bias add after an integer GEMM over batch x
+    sequence rows), without its leading 1s, so that it broadcasts against m's physical shape."""
+    if v is None:
+        return None
+    if isinstance(v, Merged):
+        return v.node if v.groups == m.groups else False
+    if isinstance(v, Sym):
+        return False
+    shape = tuple(v.shape) if imp.is_const(v) else tuple(imp.type(v).shape)
+    lead = next((k for k, d in enumerate(shape) if d != 1), len(shape))
+    tail = shape[lead:]
+    if len(shape) > len(m.groups) or any(len(g) != 1 for g in m.groups[len(m.groups) - len(tail):]):
+        return False
+    if not lead:
+        return v
+    return v.reshape(tail) if imp.is_const(v) else imp.reshape_to(v, tail)
 
 
 def gather(imp, m: Merged, index, axis: int):
