@@ -27,10 +27,11 @@ Mul), eqfuse, onnxruntime and OpenVINO (its default precision) on the same quant
 model's output (onnxruntime on the f32 export): max|difference| / max|f32 output|. The outputs are
 then not asserted equal: onnxruntime's deployed run fuses the dequantization into its integer
 kernels and rounds the scales in another order (tests/test_quantized.py checks eqfuse against its
-literal run, node by node). The weights are quantized with `--reduce-range` (bench_gemm.ort_reduce_range):
-by default (auto) with reduce_range=True, 7-bit weights, on a CPU without VNNI, onnxruntime's own
-recipe there (its vpmaddubsw GEMM saturates with 8-bit weights), where eqfuse's integer GEMMs then
-take the avx2_7bit path; the header line says which, and the file's name ends in -rr.
+literal run, node by node). In every `--quantized` mode the weights are quantized as
+`--reduce-range` says (bench_gemm.ort_reduce_range): by default (auto) with reduce_range=True,
+7-bit weights, on a CPU without VNNI, onnxruntime's own recipe there (its vpmaddubsw GEMM
+saturates with 8-bit weights), where eqfuse's integer GEMMs then take the avx2_7bit path; the
+header line says which, and the quantized file's name ends in -rr.
 `--quantized static` and `--quantized qoperator` run each export as quantize_static writes it (u8
 activations, i8 weights, calibrated on four inputs of the model), in the QDQ and the QOperator
 format (QLinearConv, QGemm and onnxruntime's com.microsoft QLinearAdd, QLinearGlobalAveragePool,
