@@ -69,7 +69,11 @@ DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul -> Add), on the INT8 shape
 epilogue, plus the activation's quantization) against onnxruntime on the same file
 (ORT_ENABLE_ALL), interleaved in one process at each `--threads` count. Columns: median ms over
 `--rounds` rounds (each the median of `--repeat` calls), the spread, eqfuse's GOP/s (2 M N K / time)
-and the instruction path. With `--tiles`, eqfuse alone with each candidate register tile of the
+and each eqfuse row's instruction path (report["precision"]). The weights are quantized with
+`--reduce-range` (ort_reduce_range): by default (auto) with reduce_range=True, 7-bit weights, on a
+CPU without VNNI, onnxruntime's own recipe there, where its vpmaddubsw GEMM saturates with 8-bit
+weights: both are then exact, and eqfuse takes its avx2_7bit path; the header says which.
+With `--tiles`, eqfuse alone with each candidate register tile of the
 integer GEMM instead (qgemm.int8_tile replaced for the compile), then the derived tile with K in
 one block and in blocks of a quarter and an eighth of L1 (qgemm.int8_kc replaced), the derived
 choices marked.
@@ -574,7 +578,18 @@ def measure_tiles(repeat: int, rounds: int) -> None:
         print(f"{shape:>15} {label:>22} {flops / med / 1e9:8.1f}  (spread {(max(ts) - min(ts)) / med * 100:3.0f}%)")
 
 
-def _quantized_linear(d: Path, M: int, N: int, K: int) -> Path:
+def ort_reduce_range(choice: str = "auto") -> bool:
+    """Whether to quantize weights with reduce_range=True (7 bits): "on", "off", or "auto": on
+    where the CPU has no VNNI (cpuinfo avx512_vnni, avx_vnni, amx_int8), where onnxruntime's u8 x s8
+    GEMM (vpmaddubsw) saturates with 8-bit weights and onnxruntime advises 7-bit ones."""
+    if choice != "auto":
+        return choice == "on"
+    from eqfuse.machine import cpu_flags
+
+    return not {"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags()
+
+
+def _quantized_linear(d: Path, M: int, N: int, K: int, reduce_range: bool) -> Path:
     """y = x @ W + b (W, b initializers) as quantize_dynamic writes it."""
     import numpy as np
     import onnx
@@ -590,11 +605,11 @@ def _quantized_linear(d: Path, M: int, N: int, K: int) -> Path:
                           [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     f32, q = d / f"linear{M}x{N}x{K}.onnx", d / f"linear{M}x{N}x{K}-q.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(f32))
-    quantize_dynamic(str(f32), str(q), weight_type=QuantType.QInt8)
+    quantize_dynamic(str(f32), str(q), weight_type=QuantType.QInt8, reduce_range=reduce_range)
     return q
 
 
-def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool) -> None:
+def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool, reduce_range: bool) -> None:
     """The `--int8` table (or with `tiles` the tile candidates), in this process; prints it."""
     import statistics
     import tempfile
@@ -608,14 +623,15 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
     from eqfuse.machine import machine
 
     m = machine()
-    path = qgemm.int8_path(m)
+    path = qgemm.int8_path(m, weights_7bit=reduce_range)  # (7-bit weights, bound: the path they take)
     derived, derived_kc = qgemm.int8_tile, qgemm.int8_kc
     cands = {"avx512_vnni": [(8, 32), (6, 32), (16, 16), (6, 64), (4, 64)],
-             "avx_vnni": [(4, 16), (6, 16), (8, 8)]}.get(path, [(4, 16), (6, 16), (6, 8)])
+             "avx_vnni": [(4, 16), (6, 16), (8, 8)],
+             "avx2_7bit": [(4, 16), (5, 16), (6, 16), (3, 24), (2, 32), (6, 8), (8, 8)]}.get(path, [(4, 16), (6, 16), (6, 8)])
     runs = []  # (shape, label, run, ops)
     with tempfile.TemporaryDirectory() as tmp:
         for M, N, K in INT8:
-            q = _quantized_linear(Path(tmp), M, N, K)
+            q = _quantized_linear(Path(tmp), M, N, K, reduce_range)
             x = np.random.default_rng(1).standard_normal((M, K)).astype(np.float32)
             tile0 = derived(path, N)
             kc0 = min(derived_kc(K, tile0[1], m), K)
@@ -625,9 +641,11 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
             for tile, kc in variants:
                 qgemm.int8_tile = lambda p, n, tile=tile: tile
                 qgemm.int8_kc = derived_kc if kc is None else (lambda k, nr, mm, kc=kc: kc)
-                fn = eqfuse.compile(str(q)).default
+                mod = eqfuse.compile(str(q))
+                fn = mod.default
                 qgemm.int8_tile, qgemm.int8_kc = derived, derived_kc
-                label = f"eqfuse {tile[0]}x{tile[1]} kc={kc or min(derived_kc(K, tile[1], m), K)}" + \
+                paths = sorted({v["path"] for v in mod.report["precision"].values() if v["precision"] == "int8"})
+                label = f"eqfuse {'+'.join(paths)} {tile[0]}x{tile[1]} kc={kc or min(derived_kc(K, tile[1], m), K)}" + \
                     (" (derived)" if tile == tile0 and kc is None else "")
                 runs.append((f"{M}x{N}x{K}", label, fn, x, 2.0 * M * N * K))
             if not tiles:
@@ -654,12 +672,12 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
                         call()
                         ts.append(time.perf_counter() - t0)
                     times[i].append(statistics.median(ts))
-            print(f"quantize_dynamic linear y = x @ W + b, {th} thread(s), path {path}, median of {rounds} "
-                  f"interleaved rounds of {repeat} calls ({m})")
+            print(f"quantize_dynamic linear y = x @ W + b, weights {'7-bit (reduce_range=True)' if reduce_range else '8-bit'}, "
+                  f"{th} thread(s), median of {rounds} interleaved rounds of {repeat} calls ({m})")
             for i, (shape, label, _, ops) in enumerate(calls):
                 ts = times[i]
                 med = statistics.median(ts)
-                print(f"{shape:>15} {label:>31} {med * 1e3:8.3f} ms  (spread {(max(ts) - min(ts)) / med * 100:3.0f}%)"
+                print(f"{shape:>15} {label:>41} {med * 1e3:8.3f} ms  (spread {(max(ts) - min(ts)) / med * 100:3.0f}%)"
                       f"  {ops / med / 1e9:7.1f} GOP/s")
 
 
@@ -782,10 +800,13 @@ def main() -> None:
                     help="eqfuse f32 and this precision against OpenVINO f32 and default (see above) instead")
     ap.add_argument("--int8", action="store_true",
                     help="a quantize_dynamic linear layer, eqfuse against onnxruntime (see above) instead")
+    ap.add_argument("--reduce-range", choices=["auto", "on", "off"], default="auto",
+                    help="--int8: quantize the weights to 7 bits (auto: on a CPU without VNNI; see above)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.int8:
-        measure_int8([int(t) for t in args.threads.split(",")], args.repeat, args.rounds, args.tiles)
+        measure_int8([int(t) for t in args.threads.split(",")], args.repeat, args.rounds, args.tiles,
+                     ort_reduce_range(args.reduce_range))
         return
     if args.precision:
         if args.child:

@@ -27,7 +27,11 @@ Mul), eqfuse, onnxruntime and OpenVINO (its default precision) on the same quant
 model's output (onnxruntime on the f32 export): max|difference| / max|f32 output|. The outputs are
 then not asserted equal: onnxruntime's deployed run fuses the dequantization into its integer
 kernels and rounds the scales in another order (tests/test_quantized.py checks eqfuse against its
-literal run, node by node).
+literal run, node by node). In every `--quantized` mode the weights are quantized as
+`--reduce-range` says (bench_gemm.ort_reduce_range): by default (auto) with reduce_range=True,
+7-bit weights, on a CPU without VNNI, onnxruntime's own recipe there (its vpmaddubsw GEMM
+saturates with 8-bit weights), where eqfuse's integer GEMMs then take the avx2_7bit path; the
+header line says which, and the quantized file's name ends in -rr.
 `--quantized static` and `--quantized qoperator` run each export as quantize_static writes it (u8
 activations, i8 weights, calibrated on four inputs of the model), in the QDQ and the QOperator
 format (QLinearConv, QGemm and onnxruntime's com.microsoft QLinearAdd, QLinearGlobalAveragePool,
@@ -61,6 +65,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import model_exports as me  # noqa: E402
+from bench_gemm import ort_reduce_range  # noqa: E402  (benchmarks/bench_gemm.py)
 from timing import alternate  # noqa: E402  (benchmarks/timing.py)
 
 import eqfuse  # noqa: E402
@@ -99,21 +104,21 @@ def _torch_runs(name: str, feeds: dict, compile_s: dict, autotune: bool) -> dict
     return runs
 
 
-def quantized_dynamic(path: Path, convs: bool = False) -> Path:
+def quantized_dynamic(path: Path, convs: bool = False, reduce_range: bool = False) -> Path:
     """The export as quantize_dynamic writes it (int8 MatMul weights; with convs, Conv weights too:
-    ConvInteger), made once beside it."""
+    ConvInteger; with reduce_range, 7-bit weights), made once beside it."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    out = path.with_name(path.stem + ("-qdynconv.onnx" if convs else "-qdynamic.onnx"))
+    out = path.with_name(path.stem + ("-qdynconv" if convs else "-qdynamic") + ("-rr" if reduce_range else "") + ".onnx")
     if not out.exists():
         tmp = out.with_suffix(".tmp.onnx")
-        quantize_dynamic(str(path), str(tmp), weight_type=QuantType.QInt8,
+        quantize_dynamic(str(path), str(tmp), weight_type=QuantType.QInt8, reduce_range=reduce_range,
                          op_types_to_quantize=["MatMul", "Conv"] if convs else ["MatMul"])
         tmp.replace(out)
     return out
 
 
-def quantized_static(path: Path, name: str, fmt: str) -> Path:
+def quantized_static(path: Path, name: str, fmt: str, reduce_range: bool = False) -> Path:
     """The export as quantize_static writes it, made once beside it: u8 activations, i8 weights,
     calibrated on four inputs of the model (seeds 100..103); `fmt` "static" is the QDQ format,
     "qoperator" the QOperator format (QLinearConv, QGemm, QLinearAdd, ... per-channel weights)."""
@@ -131,12 +136,12 @@ def quantized_static(path: Path, name: str, fmt: str) -> Path:
         def get_next(self):
             return next(self.batches, None)
 
-    out = path.with_name(path.stem + f"-q{fmt}.onnx")
+    out = path.with_name(path.stem + f"-q{fmt}" + ("-rr" if reduce_range else "") + ".onnx")
     if not out.exists():
         tmp = out.with_suffix(".tmp.onnx")
         quantize_static(str(path), str(tmp), Reader(), per_channel=fmt == "qoperator",
                         quant_format=QuantFormat.QOperator if fmt == "qoperator" else QuantFormat.QDQ,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, reduce_range=reduce_range)
         tmp.replace(out)
     return out
 
@@ -249,6 +254,8 @@ def main(argv=None) -> int:
                     help="run the exports as onnxruntime's quantize_dynamic (dynamic; dynamic-conv: the convs too) or "
                          "quantize_static (static: QDQ, qoperator: QOperator) writes them, and add each one's error against "
                          "the f32 model")
+    ap.add_argument("--reduce-range", choices=["auto", "on", "off"], default="auto",
+                    help="--quantized: 7-bit weights (auto: on a CPU without VNNI; see above)")
     args = ap.parse_args(argv)
     blas_threads(1)
     if args.precision:
@@ -260,6 +267,9 @@ def main(argv=None) -> int:
         head += f"{'eager ms':>10}{'compile ms':>12}{'compile/eqfuse':>15}"
     if args.torch and args.autotune:
         head += f"{'autotune ms':>12}{'autotune/eqfuse':>16}"
+    rr = bool(args.quantized) and ort_reduce_range(args.reduce_range)
+    if args.quantized:
+        print(f"quantized {args.quantized}: weights {'7-bit (reduce_range=True)' if rr else '8-bit'}")
     print(head)
     for name in args.model or me.BENCH_MODELS:
         path = str(me.export(name, args.exporter))
@@ -267,9 +277,9 @@ def main(argv=None) -> int:
         ref = None
         if args.quantized:  # the f32 model's output, then the quantized file in its place
             ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)[0].astype(np.float64)
-            path = str(quantized_dynamic(Path(path), convs=args.quantized == "dynamic-conv")
+            path = str(quantized_dynamic(Path(path), convs=args.quantized == "dynamic-conv", reduce_range=rr)
                        if args.quantized in ("dynamic", "dynamic-conv") else
-                       quantized_static(Path(path), name, args.quantized))
+                       quantized_static(Path(path), name, args.quantized, rr))
         t0 = time.perf_counter()
         mod = eqfuse.compile(path)
         t1 = time.perf_counter()

@@ -39,10 +39,15 @@
  * row sums (when some b_zp is not zero) count only the real taps, as the column sums do.
  *
  * PATH ({{PATH}}, the plan's precision_path): 3 = AVX512_VNNI (vpdpbusd on zmm, 64 u8 x s8
- * products in 16 lanes per instruction), 2 = AVX-VNNI (the VEX vpdpbusd on ymm), 1 = the exact
- * fallback: u8 and s8 widened to int16 (the even and odd bytes of each lane) and multiplied by
- * vpmaddwd, whose two products per lane (at most 255 * 128 each) add exactly in int32 --
- * vpmaddubsw would saturate their int16 sum; 0 = the same sums in plain C (no AVX2).
+ * products in 16 lanes per instruction), 2 = AVX-VNNI (the VEX vpdpbusd on ymm), 4 = AVX2 with
+ * 7-bit weights: vpmaddubsw (u8 x s8 byte products, adjacent pairs summed into int16 with
+ * saturation), then vpmaddwd by a vector of ones (the two pairs of a lane summed into int32): the
+ * same four-byte K-groups as vpdpbusd, exact because the plan chose it only for bound weights whose
+ * packed bytes all lie in [-64, 64], so that a pair sum is at most 2 * 255 * 64 = 32640 < 2^15;
+ * 1 = the exact fallback for any weights: u8 and s8 widened to int16 (the even and odd bytes of
+ * each lane) and multiplied by vpmaddwd, whose two products per lane (at most 255 * 128 each) add
+ * exactly in int32 -- vpmaddubsw would saturate their int16 sum; 0 = the same sums in plain C (no
+ * AVX2).
  *
  * Threads: the NR-column panels are chunks of the claim-based pool (common_pool.h), each panel
  * computed over all rows in MR-row tiles; with few panels (MB {{MB}} < M), a chunk is a panel's
@@ -69,7 +74,7 @@
 #define {{NAME}}_MB {{MB}}L /* rows per chunk of the threads' work (M: a chunk is a whole panel) */
 #define {{NAME}}_RBLOCKS (({{NAME}}_M + {{NAME}}_MB - 1) / {{NAME}}_MB)
 /* the plan's other choices (`eqfuse lower`'s plan: and precision: lines) */
-#define {{NAME}}_PATH {{PATH}} /* the instruction path: 3 avx512_vnni, 2 avx_vnni, 1 fallback, 0 plain C */
+#define {{NAME}}_PATH {{PATH}} /* the instruction path: 3 avx512_vnni, 2 avx_vnni, 4 avx2_7bit, 1 fallback, 0 plain C */
 #define {{NAME}}_A_S8 {{A_S8}} /* A is s8: read as u8 a ^ 0x80 */
 #define {{NAME}}_B_U8 {{B_U8}} /* B is u8: packed as s8 b ^ 0x80 */
 #define {{NAME}}_B_TRANSPOSED {{B_TRANSPOSED}} /* B is read as N x K (a QDQ Gemm's transB weight), packed from there */
@@ -123,8 +128,8 @@
 #endif
 #if {{NAME}}_PATH == 2
 #define {{NAME}}_TARGET __attribute__((target("avx2,fma,avxvnni")))
-#elif {{NAME}}_PATH == 1 && !defined(__AVX2__)
-#error "the plan chose the AVX2 fallback (vpmaddwd) but the compiler does not target AVX2"
+#elif ({{NAME}}_PATH == 1 || {{NAME}}_PATH == 4) && !defined(__AVX2__)
+#error "the plan chose an AVX2 path (vpmaddwd, vpmaddubsw) but the compiler does not target AVX2"
 #else
 #define {{NAME}}_TARGET
 #endif
@@ -201,7 +206,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             _mm512_storeu_si512((void*)(out + r * {{NAME}}_NR + 16 * v), acc[r][v]);
-#elif {{NAME}}_PATH == 2 || {{NAME}}_PATH == 1
+#elif {{NAME}}_PATH == 2 || {{NAME}}_PATH == 4 || {{NAME}}_PATH == 1
     enum { V = {{NAME}}_NR / 8 };
     __m256i acc[{{NAME}}_MR][V];
 #pragma GCC unroll 16 /* (every row: no accumulator is read unset) */
@@ -222,6 +227,21 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 acc[r][v] = _mm256_dpbusd_avx_epi32(acc[r][v], av, b[v]);
+        }
+#elif {{NAME}}_PATH == 4
+        /* vpdpbusd's sums in two steps: the u8 x s8 pairs in int16 (no saturation with 7-bit
+         * weights), then the two pairs of each lane in int32 */
+        const __m256i ones = _mm256_set1_epi16(1);
+        __m256i b[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; v++)
+            b[v] = _mm256_loadu_si256((const __m256i*)(bp + (g * {{NAME}}_NR + 8 * v) * 4));
+#pragma GCC unroll 16
+        for (int r = 0; r < mr; r++) {
+            const __m256i av = _mm256_set1_epi32((int)({{NAME}}_arow(a, r, g)));
+#pragma GCC unroll 8
+            for (int v = 0; v < V; v++)
+                acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_madd_epi16(_mm256_maddubs_epi16(av, b[v]), ones));
         }
 #else
         /* each 32-bit lane: B's bytes b0 b1 b2 b3 as int16 pairs (b0, b2) (sign-extended even

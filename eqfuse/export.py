@@ -182,7 +182,7 @@ def _exported(g: Graph, opt: Graph, folded, gw, gd, lib, example_inputs, seed, p
 
     entry = f"{lib}_{g.name}"
     opt = Graph(entry, opt.nodes, opt.inputs, opt.outputs, opt.pos)  # kernel names carry the library's
-    _, kg, plans = lower(opt, gd, True, frozenset(folded.params), precision)
+    _, kg, plans = lower(opt, gd, True, frozenset(folded.params), precision, arrays=folded.params)
     emitted = emit_graph(plans)
     mem = plan_memory(kg, plans)
     kernels = [p for p in plans if p.kind != K.VIEW]

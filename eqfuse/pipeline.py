@@ -316,7 +316,8 @@ def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: fr
     (a GEMM prepacks such a B operand once); `precision` is compile's precision= (each plan says
     what its kernel computes in: KernelPlan.precision); `live` is compile's live= (the cache
     appends and attentions then take the live length at run time: eqfuse.backend.live), which
-    may read the bound inputs' values `arrays` (a causal mask over a prompt's chunk)."""
+    may read the bound inputs' values `arrays` (a causal mask over a prompt's chunk), as an integer
+    GEMM does (its bound weights' range chooses its instruction path)."""
     bound = bind_dims(g, dims) if g.dims() else g
     return bound, *lower_graph(bound, machine(), fuse=fuse is not False, params=params, precision=precision,
                                live=None if live is None else length_input(live), arrays=arrays)
@@ -420,7 +421,7 @@ def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: froze
 def builder(fuse: bool | str, params: frozenset[str] = frozenset(), precision: str = "f32",
             record: dict | None = None, live: str | None = None, arrays: Mapping | None = None):
     """`build` for a GraphFunction, which calls it with each new dims binding (`arrays`: the
-    bound inputs' values, for live=)."""
+    bound inputs' values, for live= and the integer GEMMs' paths)."""
     def build_bindings(g: Graph, bindings: list[dict], names: list[str] | None = None, panels=None):
         return build(g, bindings, fuse, params, names, panels, precision, record, live, arrays)
     return build_bindings
@@ -606,8 +607,7 @@ def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, s
                                 f"a dimension is either fixed or a batch dim")
     batch = batch_dim(g, dims, opts.buckets, params)
     f = GraphFunction(g, opt, folded.params, dims, builder(opts.fuse, frozenset(folded.params), opts.precision,
-                                                           report["precision"], opts.live,
-                                                           folded.params if opts.live else None),
+                                                           report["precision"], opts.live, folded.params),
                       opts.verify, opts.threads, batch, shared.panels if shared is not None else None)
     if all(d in dims for d in g.dims()):
         c = f.compiled(dims)  # everything is known: compile now, so errors show here
@@ -718,6 +718,6 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
         folded = fold(g, params_of(g, weights), opts.get("fuse", True))
         opt, _ = optimize(folded.graph, dims=gd, **opts)
         _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision, live=live,
-                             arrays=folded.params if live else None)
+                             arrays=folded.params)
         out.append(f"# graph {g.name}: {running(plans)[0]} kernels\n" + format_uops(plans, uops))
     return "\n\n".join(out)

@@ -335,8 +335,12 @@ def test_quantized_model_matches_onnxruntime(quantized, tmp_path):
     assert want_ops <= ops, ops
     integer = ("MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul", "QGemm")
     if ops & set(integer):  # each integer matmul and conv one integer GEMM, on this machine's instruction path
-        int8 = [v["path"] for v in module.report["precision"].values() if v["precision"] == "int8"]
-        assert int8 == [qgemm.int8_path(machine())] * sum(n.op_type in integer for n in model.graph.node)
+        # (weights packed once take avx2_7bit on a CPU without VNNI: there they are quantized with
+        # reduce_range, 7 bits, ORT_EXACT_S8)
+        prepacked = {k.name: bool(k.decisions.get("prepacked_b")) for k in module.kernels}
+        int8 = [(v["path"], prepacked[k]) for k, v in module.report["precision"].items() if v["precision"] == "int8"]
+        assert len(int8) == sum(n.op_type in integer for n in model.graph.node)
+        assert all(path == qgemm.int8_path(machine(), weights_7bit=packed and not ORT_EXACT_S8) for path, packed in int8), int8
     if how == "dynamic":  # each integer GEMM and conv quantizes its A itself: no u8 tensor, no kernel
         quantizing = [k.name for k in module.kernels if k.decisions.get("quantize_a")]
         assert len(quantizing) == sum(n.op_type in ("MatMulInteger", "ConvInteger") for n in model.graph.node), quantizing
@@ -704,16 +708,18 @@ graph qc(cf: f32[2, 6, 9, 11], qs: f32, az: u8, cw: i8[8, 3, 3, 3], cwz: i8[8]) 
 """
 
 
-@pytest.fixture(params=["avx512_vnni", "avx_vnni", "fallback", pytest.param("fallback_scalar", marks=pytest.mark.extended)])
+@pytest.fixture(params=["avx512_vnni", "avx_vnni", "avx2_7bit", "fallback",
+                        pytest.param("fallback_scalar", marks=pytest.mark.extended)])
 def int8_path(request):
-    """Plans for a machine with that path: AVX512_VNNI, AVX-VNNI (ymm), plain AVX2 (the vpmaddwd
-    fallback) or below AVX2 (plain C). The machine model is pinned, so the fallbacks run here too."""
+    """Plans for a machine with that path: AVX512_VNNI, AVX-VNNI (ymm), plain AVX2 (vpmaddubsw for
+    bound 7-bit weights: the test binds such weights; else the vpmaddwd fallback) or below AVX2
+    (plain C). The machine model is pinned, so the AVX2 paths and the fallbacks run here too."""
     import dataclasses
 
     from eqfuse import machine
 
     m, host = machine.machine(), machine.host_isa()
-    lanes = {"avx512_vnni": 16, "avx_vnni": 8, "fallback": 8, "fallback_scalar": 4}[request.param]
+    lanes = {"avx512_vnni": 16, "avx_vnni": 8, "avx2_7bit": 8, "fallback": 8, "fallback_scalar": 4}[request.param]
     # an instruction path the host lacks is skipped with its reason; the exact AVX2 fallback runs everywhere
     if request.param in host and not host[request.param]:
         pytest.skip(f"this CPU has no {request.param.upper().replace('_', '-') if request.param == 'avx_vnni' else 'AVX512_VNNI'} "
@@ -731,7 +737,11 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     rng = np.random.default_rng(3)
     u8 = lambda *s: rng.integers(0, 256, s).astype(np.uint8)  # noqa: E731
     i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
-    x = {"a": u8(7, 37), "b": i8(37, 53), "az": np.asarray(131, np.uint8), "bz": np.asarray(-3, np.int8),
+    # avx2_7bit: the bound weights (w = b, cw2) of 7 bits, their first column (output channel) at
+    # 64, A's first row at 255; the other GEMMs read B at run time and take the fallback
+    seven = int8_path == "avx2_7bit"
+    w7 = lambda *s: rng.integers(-64, 65, s).astype(np.int8)  # noqa: E731
+    x = {"a": u8(7, 37), "b": w7(37, 53) if seven else i8(37, 53), "az": np.asarray(131, np.uint8), "bz": np.asarray(-3, np.int8),
          "s": i8(13, 5), "t": u8(5, 70), "sz": np.asarray(-77, np.int8), "tz": u8(70),
          "c": u8(2, 33, 130), "d": i8(2, 130, 7), "cz": np.asarray(0, np.uint8), "dz": np.asarray(0, np.int8),
          "e": u8(40, 1101), "f": i8(1101, 70),
@@ -741,11 +751,15 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     x["qs"] = np.asarray(0.25, np.float32)
     x["xa"] = np.concatenate([rng.uniform(-40, 40, (7, 30)), (rng.integers(-80, 80, (7, 7)) + 0.5) * 0.25], 1).astype(np.float32)
     x["xs"] = rng.uniform(-60, 60, (13, 5)).astype(np.float32)
-    x.update(cx=u8(2, 6, 9, 11), cw=i8(8, 3, 3, 3), cwz=i8(8), cy=i8(1, 5, 7, 8), cv=u8(70, 5, 2, 2), cw2=i8(8, 6, 3, 3),
-             csc=rng.uniform(1e-4, 1e-3, (8, 1, 1)).astype(np.float32))
+    x.update(cx=u8(2, 6, 9, 11), cw=i8(8, 3, 3, 3), cwz=i8(8), cy=i8(1, 5, 7, 8), cv=u8(70, 5, 2, 2),
+             cw2=w7(8, 6, 3, 3) if seven else i8(8, 6, 3, 3), csc=rng.uniform(1e-4, 1e-3, (8, 1, 1)).astype(np.float32))
+    if seven:
+        x["a"][0], x["b"][:, 0], x["w"][:, 0], x["cw2"][0], x["cx"][0] = 255, 64, 64, 64, 255
     mod = eqfuse.compile(INTEGER_GEMMS, params={"w": x["w"], "cw2": x["cw2"]})
     plans = [p for p in mod.default.last.plans if p.kind == "contraction"]
-    assert len(plans) == 10 and {(p.precision, p.precision_path) for p in plans} == {("int8", int8_path)}
+    paths = {True: int8_path, False: "fallback" if seven else int8_path}  # (by whether B is packed once)
+    assert len(plans) == 10 and [(p.precision, p.precision_path) for p in plans] == \
+        [("int8", paths[p.prepack is not None]) for p in plans]
     assert sum(p.detail.quantize_a for p in plans) == 2 and sum(p.detail.im2col for p in plans) == 3
     assert len(mod.kernels) == 10  # (no quantize kernel; each conv's epilogue in its kernel)
     assert sum(p.prepack is not None for p in plans) == 2 and sum(p.detail.parallel for p in plans) == 1
@@ -754,7 +768,7 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
         if k.kind == "contraction":
             assert all(re.search(rf"#define \w+_{t.upper()} {v}L?\b", k.c_source) for t, v in k.tiles.items()), k.name
     text = uops_text(INTEGER_GEMMS)  # (eqfuse lower)
-    assert text.count(f"precision: int8, path: {int8_path}") == 10 and "kc=" in text
+    assert text.count(f"precision: int8, path: {paths[False]}") == 10 and "kc=" in text  # (no bound weights)
     assert text.count("quantize_a=1") == 2 and text.count("im2col=1") == 3
     got = mod(**{k: v for k, v in x.items() if k not in ("w", "cw2")})
     exact = lambda p, q, pz, qz: np.matmul(p.astype(np.int64) - np.int64(pz), q.astype(np.int64) - qz.astype(np.int64))  # noqa: E731
@@ -773,6 +787,13 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
         assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w)
     acc = conv([x["cx"], x["cw2"], x["az"], x["bz"]], geo(padding=1)).astype(np.float64)
     assert np.all(np.abs(got[9] - acc * x["csc"]) <= 2.0**-24 * np.abs(acc * x["csc"]))  # (one rounding: the product)
+    for g, w in zip(got[:4], want):
+        assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), w)
+    # the epilogue in f32 on the exact sum: the product and the add round once each (or once, fused
+    # into an FMA), so |got - exact| <= 2^-24 (|acc sc| + |acc sc + bias|), relu being 1-Lipschitz
+    prod = want[0] * x["sc"].astype(np.float64)
+    z = prod + x["bias"]
+    assert np.all(np.abs(got[4] - np.maximum(z, 0)) <= 2.0**-24 * (np.abs(prod) + np.abs(z)))
     if int8_path != "fallback":
         return  # (the conv quantizing its x: its quantize and im2col are one code on every path, checked once)
     cf = rng.uniform(-40, 40, (2, 6, 9, 11)).astype(np.float32)
@@ -783,13 +804,6 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     want_qc = conv([qc, x["cw"], x["az"], x["cwz"]], geo(stride=2, padding=1, group=2))
     got_qc = qmod(cf=cf, qs=x["qs"], az=x["az"], cw=x["cw"], cwz=x["cwz"])
     assert got_qc.dtype == np.int32 and np.array_equal(got_qc, want_qc)
-    for g, w in zip(got[:4], want):
-        assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), w)
-    # the epilogue in f32 on the exact sum: the product and the add round once each (or once, fused
-    # into an FMA), so |got - exact| <= 2^-24 (|acc sc| + |acc sc + bias|), relu being 1-Lipschitz
-    prod = want[0] * x["sc"].astype(np.float64)
-    z = prod + x["bias"]
-    assert np.all(np.abs(got[4] - np.maximum(z, 0)) <= 2.0**-24 * (np.abs(prod) + np.abs(z)))
 
 
 SLICED_G = """graph sliced(x: f32[4, 8, 32], w: i8[32, 16], wz: i8, z: u8, s: f32) {
@@ -1292,20 +1306,31 @@ def test_integer_convs_without_im2col_read_a_padded_copy_of_x():
 
 @pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_integer_convs_without_im2col_on_every_path(int8_path):
-    _check_direct_x()
+    _check_direct_x(seven=int8_path == "avx2_7bit")
 
 
-def _check_direct_x():
+def _check_direct_x(seven: bool = False):
+    """DIRECT_X_G against the reference; `seven`: the weights of 7 bits, bound (params=), those of
+    one group packed once and so on the avx2_7bit path, the first output channel's at 64 and x's
+    first image at 255."""
     rng = np.random.default_rng(12)
-    i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
+    i8 = lambda *s: rng.integers(-64, 65, s).astype(np.int8) if seven else rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
     x = {"x": rng.integers(0, 256, (2, 5, 9, 12)).astype(np.uint8), "w": i8(7, 5, 3, 3), "w4": i8(6, 5, 2, 4),
          "wg": i8(8, 2, 3, 3), "y": i8(1, 4, 8, 10), "wy": i8(5, 4, 3, 3),
          "xf": rng.uniform(-40, 40, (1, 4, 8, 10)).astype(np.float32), "qs": np.asarray(0.25, np.float32),
          "xz": np.asarray(77, np.uint8), "yz": np.asarray(-9, np.int8), "wz": i8(7), "wz0": np.asarray(0, np.int8),
          "z": rng.integers(0, 256, (1, 3, 21, 32)).astype(np.uint8), "w7": i8(5, 3, 7, 7), "wz7": i8(5), "w3": i8(4, 3, 3, 3)}
-    mod = eqfuse.compile(DIRECT_X_G, fuse="manual")
+    weights = ("w", "w4", "wg", "wy", "w7", "w3") if seven else ()
+    for k in weights:
+        x[k][0] = 64
+    if seven:
+        x["x"][0], x["z"][0] = 255, 255
+    mod = eqfuse.compile(DIRECT_X_G, fuse="manual", params={k: x[k] for k in weights})
     convs = [k for k in mod.kernels if k.kind == "contraction"]
     assert sorted(k.decisions["direct_x"] for k in convs) == [0, 1, 1, 1, 1, 1, 2, 2]
+    paths = [mod.report["precision"][k.name]["path"] for k in convs]
+    if seven:  # (wg's two groups are not packed once: the fallback)
+        assert paths == ["avx2_7bit" if k.decisions["prepacked_b"] else "fallback" for k in convs] and paths.count("fallback") == 1
     assert sum(k.decisions["quantize_a"] for k in convs) == 1 and uops_text(DIRECT_X_G).count("padded with its zero point") == 7
     conv, quantize = OPS["conv_integer"].numpy, OPS["quantize_linear"].numpy
     geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
@@ -1315,7 +1340,7 @@ def _check_direct_x():
             conv([x["y"], x["wg"], x["yz"], x["wz0"]], geo(padding=1, group=2)), conv([qx, x["wy"], x["xz"], x["wz0"]], geo()),
             conv([x["x"], x["w"], x["xz"], x["wz"]], geo(stride=2, padding=1)),
             conv([x["z"], x["w7"], x["xz"], x["wz7"]], geo(stride=2, padding=3)), conv([x["z"], x["w3"], x["xz"], x["wz0"]], geo(padding=1))]
-    for g, w in zip(mod(**x), want):
+    for g, w in zip(mod(**{k: v for k, v in x.items() if k not in weights}), want):
         assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w)
 
 

@@ -152,7 +152,8 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
     compile's precision=: each plan records what its kernel computes in and by which instruction
     path (KernelPlan.precision, .precision_path). `live` names the input that holds a KV cache's
     live length (compile's live=): its appends and attentions take it at run time
-    (eqfuse.backend.live); `arrays` the bound inputs' values, which it may read (a causal mask)."""
+    (eqfuse.backend.live); `arrays` the bound inputs' values, which it may read (a causal mask; an
+    integer GEMM's bound weights, whose range chooses its instruction path: qgemm.mark_bound)."""
     g = expand_convs(g)  # (conv1d, conv_transpose2d as conv2d, when the optimizer did not run)
     split: set[int] = set()
     while True:
@@ -175,7 +176,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
                 break
             plan.name = f"eqf_{g.name}_k{count}_{plan.kind}"
             count += 1
-            mark_bound_b(plan, _bound_inputs(plan, kg, params), m)
+            mark_bound_b(plan, _bound_inputs(plan, kg, params), m, _bound_values(plan, kg, params, arrays))
             plans.append(plan)
         if not retry:
             place_views(kg, plans)
@@ -186,7 +187,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
                 if p.kind != K.VIEW:
                     KIND[p.kind].after_views(p, m)
                     if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW) and p.in_strides:  # planned again
-                        mark_bound_b(p, _bound_inputs(p, kg, params), m)
+                        mark_bound_b(p, _bound_inputs(p, kg, params), m, _bound_values(p, kg, params, arrays))
                 if p.into is not None:  # after any planning again, which writes the uops anew
                     p.uops = p.uops + [store_uop(p)]
             block_between_convs(kg, plans, m)  # (direct convs: the blocked layout between them)
@@ -194,7 +195,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
             # through a view (a conv1d's, reshaped to a conv2d's): their weights blocked once too
             for p in plans:
                 if p.kind == K.CONV2D and p.prepack is None:
-                    mark_bound_b(p, _bound_inputs(p, kg, params, plans), m)
+                    mark_bound_b(p, _bound_inputs(p, kg, params, plans), m, _bound_values(p, kg, params, arrays, plans))
             return kg, plans
 
 
@@ -203,10 +204,23 @@ def _bound_inputs(plan: KernelPlan, kg: Graph, params: frozenset[str], plans: li
     views placed (`plans`), through a view that is the input's elements in their own order (offset
     0, contiguous strides: a reshape, such as a conv1d's weights seen as a conv2d's), which a
     prepack then reads from the bound array itself (eqfuse.runtime.program's memory plan)."""
+    return set(_bound_names(plan, kg, params, plans))
+
+
+def _bound_names(plan: KernelPlan, kg: Graph, params: frozenset[str], plans: list[KernelPlan] = ()) -> dict[int, str]:
+    """_bound_inputs, each with the name of the graph input it reads."""
     whole = {p.node: p.view[0] for p in plans if p.kind == K.VIEW and p.view is not None and p.view[1] == 0
              and is_contiguous(kg.nodes[p.node].type.shape, p.view[2])}
-    return {i for i, a in zip(plan.body.inputs, plan.args)
+    return {i: kg.nodes[whole.get(a, a)].name for i, a in zip(plan.body.inputs, plan.args)
             if kg.nodes[whole.get(a, a)].op == "input" and kg.nodes[whole.get(a, a)].name in params}
+
+
+def _bound_values(plan: KernelPlan, kg: Graph, params: frozenset[str], arrays, plans: list[KernelPlan] = ()) -> dict:
+    """The bound inputs of a plan whose values `arrays` holds: body input -> the array (an integer
+    GEMM chooses its instruction path by its bound weights' range, qgemm.mark_bound)."""
+    if not arrays:
+        return {}
+    return {i: arrays[n] for i, n in _bound_names(plan, kg, params, plans).items() if n in arrays}
 
 
 def _origin(g: Graph, kg: Graph, i: int) -> int | None:

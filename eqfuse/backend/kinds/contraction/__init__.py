@@ -7,7 +7,10 @@ eqfuse.backend.kinds.contraction.emit_gemm (epilogues, wrappers) around eqfuse.b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+
+import numpy as np
 
 from eqfuse.backend.kinds.base import Kind
 from eqfuse.backend.kinds.contraction import (
@@ -80,17 +83,19 @@ class Contraction(Kind):
         return emit_gemm.emit_contraction(plan)
 
 
-def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine) -> None:
+def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[int, np.ndarray] | None = None) -> None:
     """detail.prepack for a matmul GEMM whose B (or the matrix its transpose reads) is one of
     the body inputs `bound` by params=, read by nothing else in the kernel, and one matrix for
     every batch (emit then reads B as panels the runtime packs once). A matmul with few rows
-    then takes the memory-bound skinny path (plan_gemm.skinny, planned by plan_skinny)."""
+    then takes the memory-bound skinny path (plan_gemm.skinny, planned by plan_skinny). `values`
+    (body input -> its bound array, where known) lets an integer GEMM choose its path by its
+    weights' range (qgemm.mark_bound)."""
     d = plan.detail
     if isinstance(d, conv_grouped.ConvGroupedDetail) and not d.channels or \
             isinstance(d, conv_dwpw.ConvDwPwDetail) and not d.olanes:
         return  # (reads the weights as they are)
     if isinstance(d, qgemm.QGemmDetail):
-        return qgemm.mark_bound(plan, bound)
+        return qgemm.mark_bound(plan, bound, m, values)
     if isinstance(d, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail, conv_dwpw.ConvDwPwDetail,
                       conv_dwln.ConvDwLnDetail)):
         return conv.mark_bound(plan, bound)

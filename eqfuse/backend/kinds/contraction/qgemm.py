@@ -6,6 +6,9 @@ with its dequantization, bias and activation as a pointwise epilogue on the exac
 `int8_path` is the one place the instruction path is chosen (the plan's `precision_path`, printed
 by `eqfuse lower`, listed by report["precision"]); `int8_tile` the register tile per path. B is
 packed in 4-byte K-groups with its column sums (once, when bound by params=: plan.detail.prepack).
+Bound weights whose packed bytes all fit 7 bits (`fits_7_bits`: onnxruntime's reduce_range=True
+weights) take "avx2_7bit" on a CPU without VNNI (`mark_bound` plans again with them): their range
+is known when the plan is made, and the plan is what runs.
 An A that is quantize_linear(x, scale, zp) of an f32 x (DynamicQuantizeLinear's y, joined by the rule
 kernel_matmul_integer_qa) is quantized by the kernel into its own A buffer (plan.detail.quantize_a).
 When that scale and zero point are dynamic_scale(r) and dynamic_zero_point(r) of dynamic_range's two
@@ -18,8 +21,11 @@ x's zero point) and stores C transposed, NCHW; the weights, [O, C/group x KH x K
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import ClassVar
+
+import numpy as np
 
 from eqfuse.backend.cexpr import kernel_params, range_scalar_c, render
 from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
@@ -35,20 +41,39 @@ from eqfuse.machine import Machine
 RANGE_CALL = re.compile(r"eqf_range_(scale|zero_point)\((\w+)\[0\], \2\[1\]\)")
 
 # The template's PATH for each instruction path (csrc_templates/gemm_u8s8.c)
-INT8_PATHS = {"avx512_vnni": 3, "avx_vnni": 2, "fallback": 1, "fallback_scalar": 0}
+INT8_PATHS = {"avx512_vnni": 3, "avx_vnni": 2, "avx2_7bit": 4, "fallback": 1, "fallback_scalar": 0}
+
+# The packed weights (s8, a u8 B read as b - 128) for which vpmaddubsw cannot saturate: the int16
+# sum of two u8 x s8 products is then at most 2 x 255 x 64 = 32640 < 2^15 in magnitude
+WEIGHT_7BIT = (-64, 64)
 
 
-def int8_path(m: Machine) -> str:
+def int8_path(m: Machine, weights_7bit: bool = False) -> str:
     """The instruction path of the integer GEMM on machine m: "avx512_vnni" (vpdpbusd on zmm)
     where the CPU has AVX512_VNNI and the kernels are built for AVX-512; else "avx_vnni" (the VEX
-    vpdpbusd on ymm) where it has AVX-VNNI; else "fallback" on AVX2 (u8 and s8 widened to int16,
-    vpmaddwd: exact, where vpmaddubsw would saturate), or "fallback_scalar" below AVX2 (plain C).
-    All four compute the same exact int32 sums."""
+    vpdpbusd on ymm) where it has AVX-VNNI; else on AVX2 "avx2_7bit" when the weights are known to
+    fit 7 bits (`weights_7bit`: bound, checked by fits_7_bits; vpmaddubsw + vpmaddwd by ones, exact
+    there), "fallback" for any weights (u8 and s8 widened to int16, vpmaddwd: exact, where
+    vpmaddubsw would saturate), or "fallback_scalar" below AVX2 (plain C). All compute the same
+    exact int32 sums."""
     if m.avx512_vnni and m.simd_floats >= 16:
         return "avx512_vnni"
     if m.avx_vnni and m.simd_floats >= 8:
         return "avx_vnni"
-    return "fallback" if m.simd_floats >= 8 else "fallback_scalar"
+    if m.simd_floats < 8:
+        return "fallback_scalar"
+    return "avx2_7bit" if weights_7bit else "fallback"
+
+
+def fits_7_bits(w: np.ndarray, b_u8: bool) -> bool:
+    """Whether every weight as the kernel packs it (an s8 w as it is, a u8 w as w - 128) lies in
+    WEIGHT_7BIT, where the avx2_7bit path is exact. A u8 B of full range re-read as w - 128 does not."""
+    if w.size == 0:
+        return True
+    lo, hi = int(w.min()), int(w.max())
+    if b_u8:
+        lo, hi = lo - 128, hi - 128
+    return WEIGHT_7BIT[0] <= lo and hi <= WEIGHT_7BIT[1]
 
 
 def int8_tile(path: str, N: int) -> tuple[int, int]:
@@ -58,11 +83,16 @@ def int8_tile(path: str, N: int) -> tuple[int, int]:
     count (6 x 64 on zmm: 24 + 4 + 1 of 32) had gcc keep them on the stack, reloaded and stored
     around every K-group; 8 x 32 (16 + 2 + 1) stays in registers
     (`benchmarks/bench_gemm.py --int8 --tiles` measures the candidates). The fallback also holds
-    B's even and odd int16 halves and A's two. A narrower NR for few columns (less padding)."""
+    B's even and odd int16 halves and A's two; avx2_7bit a vector of ones and each product: 3 x 24
+    was as fast as 4 x 16 and 2 x 32 with K in blocks, and faster than 4 x 16 with K = 768 in one
+    block, which int8_kc gives 4 x 16 (BERT-base's shapes, `--int8 --tiles`). A narrower NR for few
+    columns (less padding)."""
     if path == "avx512_vnni":
         return (16, 16) if N <= 16 else (8, 32)
     if path == "avx_vnni":  # 4 x 2 + 2 + 1 = 11 of 16 ymm
         return (8, 8) if N <= 8 else (4, 16)
+    if path == "avx2_7bit":  # 3 x 3 + 3 + 1 + ones + product = 15 of 16 ymm
+        return (6, 8) if N <= 8 else (4, 16) if N <= 16 else (3, 24)
     return (6, 8) if N <= 8 else (4, 16)  # 4 x 2 + 2 x 2 + 2 (+ 2 products) = 16 ymm
 
 
@@ -197,7 +227,8 @@ def by_image(images: int, groups: int, abytes: int, parallel: bool, cores: int) 
     return parallel and images >= cores > 1 and images % cores == 0 and groups == 1 and images * abytes <= BY_IMAGE_MAX_BYTES
 
 
-def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
+def plan_qgemm(plan: KernelPlan, m: Machine, weights_7bit: bool = False) -> None:
+    """The plan of an integer GEMM; `weights_7bit`: its B is bound and fits 7 bits (mark_bound)."""
     body, a = plan.body, plan.shape.anchor
     mm = body.nodes[a]
     at, bt, _, zt = (body.nodes[x].type for x in mm.args)
@@ -207,7 +238,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
     if conv:
         M, N, K, batches, nbb, geo = _conv_gemm(plan, a)
         fold, gM, calls = nbb == 1, M, batches
-        direct = direct_x(geo, int8_tile(int8_path(m), N)[0])
+        direct = direct_x(geo, int8_tile(int8_path(m, weights_7bit), N)[0])
         if direct == 1:  # (the virtual pixels: each output row WP = W + 2 PW wide, the last OW)
             gM = (M // geo.OW - 1) * (geo.W + 2 * geo.padding[1]) + geo.OW
     else:
@@ -217,7 +248,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
         fold = bt.rank == 2
         gM, calls = (batches * M, 1) if fold else (M, batches)
         direct = 0
-    path = int8_path(m)
+    path = int8_path(m, weights_7bit)
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
     kp = geo.C // nbb * geo.KH * cdiv(geo.KW, 4) * 4 if direct else K  # K in the panels (direct_x: whole K-groups per kernel row)
@@ -251,6 +282,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine) -> None:
                     f"one thread ({calls * gM * N * K} multiply-adds < {PARALLEL_MIN_FMAS}, plan_gemm.PARALLEL_MIN_FMAS)")
     op = {"avx512_vnni": "vpdpbusd zmm (u8 x s8 K-groups of 4, int32)",
           "avx_vnni": "vpdpbusd ymm, VEX (u8 x s8 K-groups of 4, int32)",
+          "avx2_7bit": "vpmaddubsw + vpmaddwd by ones (u8 x s8 K-groups of 4, int32; exact: 7-bit weights)",
           "fallback": "vpmaddwd on u8 and s8 widened to int16 (exact)",
           "fallback_scalar": "int32 multiply-adds in C"}[path]
     epi = ops_text(body, skip={a} | set(mm.args))
@@ -283,15 +315,20 @@ def b_input(body, a: int) -> int:
     return body.nodes[b].args[0] if body.nodes[b].op == "transpose" else b
 
 
-def mark_bound(plan: KernelPlan, bound: set[int]) -> None:
+def mark_bound(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[int, np.ndarray] | None = None) -> None:
     """detail.prepack when B (a rank-2 matrix, one for every batch; a conv's weights of one group)
     is bound by params= and read by nothing else in the kernel: the runtime packs it (and its column
-    sums) once."""
+    sums) once. When its values (`values`: body input -> the bound array) fit 7 bits and that gives
+    m another path (avx2_7bit on a CPU without VNNI), the GEMM is planned again for it: the weights
+    packed are the ones checked, so the path cannot meet a weight it would saturate on."""
     body = plan.body
     b = b_input(body, plan.shape.anchor)
     one = plan.detail.groups == 1 if plan.detail.im2col else body.nodes[b].type.rank == 2
     if b not in bound or not one or len([n for n in body.nodes if b in n.args]) != 1:
         return
+    w = (values or {}).get(b)
+    if w is not None and int8_path(m, True) != plan.precision_path and fits_7_bits(w, plan.detail.b_u8):
+        plan_qgemm(plan, m, weights_7bit=True)
     g = f"{plan.name}_gemm"
     plan.detail = replace(plan.detail, prepack=Prepack(body.inputs.index(b), f"{g}_prepack", f"{g}_prepack_floats"))
     plan.uops = [replace(u, what=u.what.replace("(once, when bound: params=)", "packed once when bound (params=)"))

@@ -1,0 +1,175 @@
+"""The integer GEMM's avx2_7bit path (kinds.contraction.qgemm.int8_path): on a CPU without VNNI,
+bound weights whose packed bytes all lie in [-64, 64] (onnxruntime's reduce_range=True) are
+multiplied by vpmaddubsw, whose int16 pair sums cannot saturate there (2 x 255 x 64 = 32640), then
+summed into int32 by vpmaddwd with ones. The choice is the plan's, made from the bound weights'
+range; any other B keeps the exact vpmaddwd fallback.
+
+The tests that run kernels pin a machine model without VNNI (the host's, VNNI turned off), so that
+the path runs on every AVX2, AVX-512 and AMX host; the plan tests pin models as they are."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from helpers import one_graph
+
+import eqfuse
+from eqfuse import machine
+from eqfuse.backend.kinds.contraction import qgemm
+from eqfuse.backend.lower import format_uops, lower_graph
+from eqfuse.ir.ops import OPS
+
+
+@pytest.fixture
+def no_vnni():
+    """This host's machine model without VNNI: the integer GEMM's paths are avx2_7bit and fallback."""
+    m = machine.machine()
+    if m.simd_floats < 8:
+        pytest.skip(f"this CPU's vectors hold {m.simd_floats} floats: the avx2_7bit path needs AVX2")
+    with machine.pinned(dataclasses.replace(m, simd_floats=8, avx512_vnni=False, avx_vnni=False)) as pinned:
+        yield pinned
+
+
+def seven_bit(rng, shape, dtype=np.int8):
+    """Random 7-bit weights (u8: 64..192, read by the kernel as w - 128), the first two output
+    channels (last axis of a matmul's B, first of a conv's) at the two extremes, so that every
+    vpmaddubsw pair of them meets A's 255s at the largest sums that must not saturate."""
+    lo, hi = (-64, 64) if dtype == np.int8 else (64, 192)
+    w = rng.integers(lo, hi + 1, shape).astype(dtype)
+    first = (slice(None), 0) if len(shape) == 2 else (0,)
+    second = (slice(None), 1) if len(shape) == 2 else (1,)
+    w[first], w[second] = hi, lo
+    return w
+
+
+# Odd shapes (M, N, K not multiples of the tiles 3 x 24, 4 x 16, 6 x 8; K not a multiple of 4), a u8 A
+# and an s8 one, a zero point per column, a u8 B of 7 bits after its - 128, one with K in blocks
+# (partial sums between them) and its panels shared by the threads
+MATMULS = """
+graph mm(a1: u8[7, 37], w1: i8[37, 53], a2: i8[13, 130], w2: i8[130, 70], a3: u8[11, 6], w3: i8[6, 5],
+         a4: u8[10, 30], w4: u8[30, 16], a5: u8[40, 1101], w5: i8[1101, 70], az: u8, sz: i8, wz: i8, wzc: i8[70],
+         uz: u8) {
+    return matmul_integer(a1, w1, az, wz), matmul_integer(a2, w2, sz, wzc), matmul_integer(a3, w3, az, wz),
+           matmul_integer(a4, w4, az, uz), matmul_integer(a5, w5, az, wz)
+}
+"""
+
+
+def test_the_7bit_path_is_exact_on_edge_tiles_and_extreme_weights(no_vnni):
+    rng = np.random.default_rng(30)
+    u8 = lambda *s: rng.integers(0, 256, s).astype(np.uint8)  # noqa: E731
+    w = {"w1": seven_bit(rng, (37, 53)), "w2": seven_bit(rng, (130, 70)), "w3": seven_bit(rng, (6, 5)),
+         "w4": seven_bit(rng, (30, 16), np.uint8), "w5": seven_bit(rng, (1101, 70))}
+    x = {"a1": u8(7, 37), "a2": rng.integers(-128, 128, (13, 130)).astype(np.int8), "a3": u8(11, 6), "a4": u8(10, 30),
+         "a5": u8(40, 1101), "az": np.asarray(131, np.uint8), "sz": np.asarray(-77, np.int8),
+         "wz": np.asarray(-3, np.int8), "wzc": rng.integers(-128, 128, 70).astype(np.int8), "uz": np.asarray(200, np.uint8)}
+    for k in ("a1", "a3", "a4", "a5"):
+        x[k][0] = 255  # (a row of the largest activations)
+    x["a2"][0] = 127  # (read as u8 a + 128 = 255)
+    mod = eqfuse.compile(MATMULS, params=w)
+    plans = [p for p in mod.default.last.plans if p.kind == "contraction"]
+    assert [p.precision_path for p in plans] == ["avx2_7bit"] * 5 and all(p.prepack is not None for p in plans)
+    assert sorted((p.tiles["mr"], p.tiles["nr"]) for p in plans) == [(3, 24), (3, 24), (3, 24), (4, 16), (6, 8)]
+    assert [p.tiles["kc"] < p.detail.K for p in plans] == [p.detail.parallel for p in plans] == [0, 0, 0, 0, 1]
+    assert all("_PATH 4 " in k.c_source for k in mod.kernels if k.kind == "contraction")  # (the plan is what runs)
+    ab = [("a1", "w1", "az", "wz"), ("a2", "w2", "sz", "wzc"), ("a3", "w3", "az", "wz"), ("a4", "w4", "az", "uz"),
+          ("a5", "w5", "az", "wz")]
+    want = [(x[a].astype(np.int64) - x[az].astype(np.int64)) @ (w[b].astype(np.int64) - x[bz].astype(np.int64))
+            for a, b, az, bz in ab]
+    assert max(np.abs(wi).max() for wi in want) > 1 << 15  # (sums past int16: the int32 step is exercised)
+    for threads in (1, 2):
+        mod.default.threads = threads
+        for (a, *_), g, wi in zip(ab, mod(**x), want):
+            assert g.dtype == np.int32 and np.array_equal(g.astype(np.int64), wi), (a, threads)
+
+
+# Integer convs with bound 7-bit weights of one group: read in place as virtual pixels (DIRECT_X 1:
+# OW = 11, stride 1), by output row (DIRECT_X 2: OW = 6, a multiple of the tile's 3 rows), and a
+# 5 x 5 through its im2col; more output channels than one panel
+CONVS = """
+graph cv(x: u8[2, 6, 9, 11], w: i8[30, 6, 3, 3], w5: i8[20, 6, 5, 5], xz: u8, wz: i8[30], wz0: i8) {
+    return conv_integer(x, w, xz, wz, padding=1), conv_integer(x, w, xz, wz, stride=2, padding=1),
+           conv_integer(x, w5, xz, wz0, padding=2)
+}
+"""
+
+
+def test_the_7bit_path_is_exact_in_integer_convs(no_vnni):
+    rng = np.random.default_rng(31)
+    w = {"w": seven_bit(rng, (30, 6, 3, 3)), "w5": seven_bit(rng, (20, 6, 5, 5))}
+    x = {"x": rng.integers(0, 256, (2, 6, 9, 11)).astype(np.uint8), "xz": np.asarray(77, np.uint8),
+         "wz": rng.integers(-128, 128, 30).astype(np.int8), "wz0": np.asarray(0, np.int8)}
+    x["x"][0] = 255  # (an image of the largest activations)
+    mod = eqfuse.compile(CONVS, params=w)
+    convs = [k for k in mod.kernels if k.kind == "contraction"]
+    assert [k.decisions["prepacked_b"] for k in convs] == [1, 1, 1]
+    assert sorted(k.decisions["direct_x"] for k in convs) == [0, 1, 2]
+    assert all(v["path"] == "avx2_7bit" for v in mod.report["precision"].values() if v["precision"] == "int8")
+    conv = OPS["conv_integer"].numpy  # (the reference: int64 sums of (x - x_zp) (w - w_zp))
+    geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
+    want = [conv([x["x"], w["w"], x["xz"], x["wz"]], geo(padding=1)),
+            conv([x["x"], w["w"], x["xz"], x["wz"]], geo(stride=2, padding=1)),
+            conv([x["x"], w["w5"], x["xz"], x["wz0"]], geo(padding=2))]
+    for threads in (1, 2):
+        mod.default.threads = threads
+        for g, wi in zip(mod(**x), want):
+            assert g.dtype == np.int32 and g.shape == wi.shape and np.array_equal(g, wi), threads
+
+
+ONE = "graph one(a: u8[16, 40], w: {t}[40, 48], az: u8, wz: {t}) {{ return matmul_integer(a, w, az, wz) }}"
+CONV_G = """graph c(x: u8[1, 4, 8, 8], w: i8[8, {c}, 3, 3], xz: u8, wz: i8) {{
+    return conv_integer(x, w, xz, wz, padding=1, group={g})
+}}"""
+
+
+def _path(src: str, model: str, w: np.ndarray | None, bound: bool = True) -> tuple[str, str]:
+    """(the integer GEMM's precision_path, `eqfuse lower`'s text) planned for `model` as it is,
+    with w bound (params=) and its values known (w None: bound, values unknown) or a run-time input."""
+    with machine.pinned(model, clamp=False) as m:
+        arrays = None if w is None else {"w": w}
+        _, plans = lower_graph(one_graph(src), m, params=frozenset({"w"} if bound else ()), arrays=arrays)
+    (p,) = [p for p in plans if p.kind == "contraction"]
+    return p.precision_path, format_uops(plans)
+
+
+@pytest.mark.parametrize("extreme", [-128, -65, 65, 127])
+def test_weights_past_7_bits_keep_the_exact_vpmaddwd_path(extreme):
+    w = np.random.default_rng(1).integers(-64, 65, (40, 48)).astype(np.int8)
+    assert _path(ONE.format(t="i8"), "avx2", w)[0] == "avx2_7bit"
+    w[7, 9] = extreme  # (one weight vpmaddubsw could saturate on)
+    assert _path(ONE.format(t="i8"), "avx2", w)[0] == "fallback"
+
+
+def test_only_bound_7bit_weights_choose_vpmaddubsw_and_only_without_vnni():
+    rng = np.random.default_rng(2)
+    w = rng.integers(-64, 65, (40, 48)).astype(np.int8)
+    path, text = _path(ONE.format(t="i8"), "avx2", w)
+    assert path == "avx2_7bit" and "precision: int8, path: avx2_7bit" in text and "vpmaddubsw + vpmaddwd by ones" in text
+    assert _path(ONE.format(t="i8"), "avx2", w, bound=False)[0] == "fallback"  # (B a run-time input: any range)
+    assert _path(ONE.format(t="i8"), "avx2", None)[0] == "fallback"  # (bound, its values not given)
+    assert _path(ONE.format(t="i8"), "zen4", w)[0] == "avx512_vnni"  # (vpdpbusd where the CPU has it)
+    # a u8 B is packed as w - 128: 64..192 fits 7 bits, its full range does not
+    u = rng.integers(64, 193, (40, 48)).astype(np.uint8)
+    assert _path(ONE.format(t="u8"), "avx2", u)[0] == "avx2_7bit"
+    for v in (63, 193, 0, 255):
+        full = u.copy()
+        full[3, 4] = v
+        assert _path(ONE.format(t="u8"), "avx2", full)[0] == "fallback", v
+
+
+def test_a_conv_takes_the_7bit_path_only_with_its_weights_packed_once():
+    w1 = np.random.default_rng(3).integers(-64, 65, (8, 4, 3, 3)).astype(np.int8)
+    assert _path(CONV_G.format(c=4, g=1), "avx2", w1)[0] == "avx2_7bit"
+    # two groups: the weights are not prepacked (qgemm.mark_bound), so their range is not the plan's
+    assert _path(CONV_G.format(c=2, g=2), "avx2", w1[:, :2].copy())[0] == "fallback"
+
+
+def test_fits_7_bits_reads_the_weights_as_the_kernel_packs_them():
+    assert qgemm.fits_7_bits(np.array([-64, 0, 64], np.int8), False)
+    assert not qgemm.fits_7_bits(np.array([-65, 0], np.int8), False)
+    assert not qgemm.fits_7_bits(np.array([0, 65], np.int8), False)
+    assert qgemm.fits_7_bits(np.array([64, 128, 192], np.uint8), True)
+    assert not qgemm.fits_7_bits(np.array([63, 128], np.uint8), True)
+    assert not qgemm.fits_7_bits(np.array([128, 193], np.uint8), True)
