@@ -90,8 +90,8 @@ FAST_CASES = 1
 DEFAULT_NODE_CASES = 2
 
 
-def _group(item) -> tuple:
-    if item.cls is not None and item.cls.__name__ == "OnnxBackendNodeModelTest":
+def _group(item, node_test: bool) -> tuple:
+    if node_test:
         return item.path, item.name.split("_")[1]
     return item.path, getattr(item, "originalname", item.name)
 
@@ -100,11 +100,12 @@ def _group(item) -> tuple:
 def pytest_collection_modifyitems(config, items):
     seen: dict[tuple, int] = {}
     for item in items:
-        key = _group(item)
+        cls = item.cls
+        node_test = cls is not None and cls.__name__ == "OnnxBackendNodeModelTest"
+        key = _group(item, node_test)
         seen[key] = seen.get(key, 0) + 1
-        if (item.cls is not None and item.cls.__name__ == "OnnxBackendNodeModelTest"
-                and seen[key] > DEFAULT_NODE_CASES):
+        if node_test and seen[key] > DEFAULT_NODE_CASES:
             item.add_marker(pytest.mark.extended)
-        node_test = item.cls is not None and item.cls.__name__ == "OnnxBackendNodeModelTest"
-        if item.get_closest_marker("heavy") or item.get_closest_marker("extended") or seen[key] > FAST_CASES or node_test:
+        # (the markers looked up last: a lookup walks the item's parents, for each of thousands of items)
+        if node_test or seen[key] > FAST_CASES or item.get_closest_marker("heavy") or item.get_closest_marker("extended"):
             item.add_marker(pytest.mark.slow)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from pathlib import Path
@@ -96,6 +97,50 @@ def tree(graph: Graph, i: int | None = None):
     kids = tuple(tree(graph, a) for a in n.args)
     attrs = tuple((k, v) for k, v in n.attrs)
     return (n.op, *kids, *((dict(attrs),) if attrs else ()))
+
+
+def skip_unless_installed(*names: str, reason: str | None = None) -> None:
+    """pytest.importorskip at a test module's top, without the import: the module is skipped
+    unless each named package is installed. Collection imports every test module in every xdist
+    worker, also in a tier that runs none of its tests, and transformers costs seconds there."""
+    import importlib.util
+
+    import pytest
+
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(reason or f"could not import {name!r}", allow_module_level=True)
+
+
+@functools.cache
+def compile_once(src: str, model: str | None = None, **kw):
+    """`eqfuse.compile(src, **kw)` (planned for the machine model `model` when given, as
+    `machine.pinned(model)`), once per process: the module is kept for every later test that asks
+    for the same source. (Hashable keywords only: dims as a tuple of pairs.)"""
+    import eqfuse
+    from eqfuse import machine
+
+    kw = {k: dict(v) if k == "dims" else v for k, v in kw.items()}
+    if model is None:
+        return eqfuse.compile(src, **kw)
+    with machine.pinned(model):
+        return eqfuse.compile(src, **kw)
+
+
+class Compiled:
+    """Graphs compiled when a test first reads one, each as a module of its own (`compile_once`):
+    `Compiled({"f": src}).f` is the function of graph f. It stands where a module fixture compiled
+    every case into one module, which every xdist worker built whole (each collects every test)
+    and a selection of a few cases built whole too: a worker now builds only the cases it runs,
+    and no case's graph is compiled twice."""
+
+    def __init__(self, sources: Mapping[str, str], model: str | None = None, **kw):
+        self._sources, self._model, self._kw = dict(sources), model, kw
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in self._sources:
+            raise AttributeError(name)
+        return getattr(compile_once(self._sources[name], self._model, **self._kw), name)
 
 
 def selected_params(request, test: str, name: str, **given) -> list:

@@ -214,11 +214,11 @@ def torch_model(name: str, layers: int = 2):
 
 def cached(tag: str, write) -> Path:
     """The path of an export the caller makes with write(path) (once, then taken from the cache):
-    `tag` names the model and everything that shapes the export (exporter, dynamic axes)."""
-    import torch
-    import transformers
+    `tag` names the model and everything that shapes the export (exporter, dynamic axes). (The
+    versions are read from the packages' metadata: a cached export imports neither.)"""
+    from importlib.metadata import version
 
-    path = _cache() / f"{tag}-torch{torch.__version__}-tf{transformers.__version__}.onnx"
+    path = _cache() / f"{tag}-torch{version('torch')}-tf{version('transformers')}.onnx"
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

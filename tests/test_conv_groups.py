@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import selected_params
+from helpers import Compiled
 
 import eqfuse
 from eqfuse.errors import EqfuseError
@@ -71,9 +71,8 @@ def _attrs(case) -> dict:
 
 @pytest.fixture(scope="module")
 def compiled():
-    """Every case as one graph of one module: compiled once."""
-    src = "".join(_graph(*c) for c in CASES_C)
-    return eqfuse.compile(src)
+    """Every case's graph, compiled when its test first runs (helpers.Compiled)."""
+    return Compiled({c[0]: _graph(*c) for c in CASES_C})
 
 
 def _out_channels(op, ws, full) -> int:
@@ -86,7 +85,7 @@ def _inputs(rng, op, xs, ws, bias, full):
     return [x, w] + ([rng.standard_normal(_out_channels(op, ws, full)).astype(np.float32)] if bias else [])
 
 
-@pytest.mark.heavy  # (one module of every compiled case)
+@pytest.mark.heavy  # (a module compiled for each case)
 @pytest.mark.parametrize("case", CASES_C, ids=[c[0] for c in CASES_C])
 def test_compiled_matches_reference(compiled, case):
     name, op, xs, ws, bias, at = case
@@ -139,15 +138,11 @@ def _width_graph(name, xs, ws, at) -> str:
 
 @pytest.fixture(scope="module", params=["zen4", pytest.param("avx2", marks=pytest.mark.extended)])
 def widths(request):
-    """The selected WIDTHS cases as graphs of one module, compiled once per machine model: AVX-512's
-    16 lanes (24 per group at 8 lanes, the others with a masked block), and AVX2's 8 (x86-64-v3
-    kernels: 20 per group masked, 8 + 8 + 4; the others whole vectors). The fast tier selects one
-    case and compiles one graph (helpers.selected_params)."""
-    from eqfuse import machine
-
-    chosen = selected_params(request, "test_groups_of_part_vectors_run_channels_in_the_lanes", "case")
-    with machine.pinned(request.param):
-        return eqfuse.compile("".join(_width_graph(*c) for c in WIDTHS if c in chosen))
+    """The WIDTHS cases' graphs, each compiled when its test first runs (helpers.Compiled), once
+    per machine model: AVX-512's 16 lanes (24 per group at 8 lanes, the others with a masked
+    block), and AVX2's 8 (x86-64-v3 kernels: 20 per group masked, 8 + 8 + 4; the others whole
+    vectors)."""
+    return Compiled({c[0]: _width_graph(*c) for c in WIDTHS}, request.param)
 
 
 @pytest.mark.parametrize("case", WIDTHS, ids=[c[0] for c in WIDTHS])
@@ -161,7 +156,7 @@ def test_groups_of_part_vectors_run_channels_in_the_lanes(widths, case):
     args = [rng.standard_normal(xs).astype(np.float32), w, rng.standard_normal(ws[0]).astype(np.float32)]
     want = np.maximum(OPS["conv2d"].numpy(args, full), 0)
     np.testing.assert_allclose(getattr(widths, name)(*args), want, rtol=RTOL, atol=ATOL)
-    (k,) = [k for k in widths.functions[name].last.kernels if k.kind == "conv2d"]
+    (k,) = [k for k in getattr(widths, name).last.kernels if k.kind == "conv2d"]
     assert (k.decisions["channels"], k.decisions["grouped"]) == (1, 1)
 
 
@@ -399,11 +394,9 @@ def _uneven_graph(name, xs, ws, at, _decisions, _kernels) -> str:
 
 
 @pytest.fixture(scope="module")
-def uneven(request):
-    """The selected uneven-padding cases (the fast tier runs the first) as graphs of one module:
-    compiled once."""
-    cases = selected_params(request, "test_uneven_padding_folds_into_the_grouped_conv_on_each_path", "case")
-    return eqfuse.compile("".join(_uneven_graph(*c) for c in cases))
+def uneven():
+    """The uneven-padding cases' graphs, each compiled when its test first runs (helpers.Compiled)."""
+    return Compiled({c[0]: _uneven_graph(*c) for c in UNEVEN})
 
 
 @pytest.mark.parametrize("case", UNEVEN, ids=[c[0] for c in UNEVEN])

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from helpers import ROOT, load_text, rand_inputs, selected_params
+from helpers import ROOT, compile_once, load_text, rand_inputs
 
 import eqfuse
 from eqfuse.errors import ArgumentError, EqfuseError
@@ -13,24 +13,19 @@ DIMS = {"B": 3, "S": 5}
 
 
 @pytest.fixture(scope="module")
-def masks(request):
-    """The graphs of masks.g that this run tests, compiled (the fast tier tests one: compiling all
-    nine took 4.9 s), and the reference of all."""
-    chosen = selected_params(request, "test_mask_and_index_graphs_compile_to_the_reference", "graph")
-    graphs = [g for g in load_text(MASKS) if g.name in chosen]
-    if len(graphs) == len(load_text(MASKS)):
-        return eqfuse.compile(MASKS, dims=DIMS), eqfuse.reference(MASKS)
-    dims = {d: v for d, v in DIMS.items() if any(d in g.dims() for g in graphs)}
-    return eqfuse.compile(module_text(graphs), dims=dims), eqfuse.reference(MASKS)
+def reference():
+    """The numpy reference of every graph of masks.g."""
+    return eqfuse.reference(MASKS)
 
 
 @pytest.mark.parametrize("graph", [g.name for g in load_text(MASKS)])
-def test_mask_and_index_graphs_compile_to_the_reference(masks, graph):
-    mod, ref = masks
+def test_mask_and_index_graphs_compile_to_the_reference(reference, graph):
     g = next(g for g in load_text(MASKS) if g.name == graph)
+    # (the graph alone, so that a worker or a selection builds only the graphs it tests)
+    mod = compile_once(module_text([g]), dims=tuple((d, v) for d, v in DIMS.items() if d in g.dims()))
     for seed in range(3):
         xs = rand_inputs(g, DIMS, seed=seed)
-        got, want = getattr(mod, graph)(*xs), getattr(ref, graph)(*xs)
+        got, want = getattr(mod, graph)(*xs), getattr(reference, graph)(*xs)
         got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
         for a, b in zip(got, want):
             assert a.dtype == b.dtype and a.shape == b.shape

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import selected_params
+from helpers import Compiled
 
 import eqfuse
 from eqfuse.frontend.load import load
@@ -68,11 +68,10 @@ REFUSED = ("small", 2, 32, 3, 5, 128, 7, 3, 1, False, True, {})  # 15 pixels: < 
 
 
 @pytest.fixture(scope="module")
-def compiled(request):
-    """The selected cases (the fast tier runs the first of each test) and the refused one as
-    graphs of one module: compiled once."""
-    cases = selected_params(request, "test_fused_depthwise_layernorm_matmul_matches_the_reference", "case")
-    return eqfuse.compile("".join(_graph(*c) for c in cases + [REFUSED]))
+def compiled():
+    """The cases and the refused one: each graph compiled when its test first runs
+    (helpers.Compiled)."""
+    return Compiled({c[0]: _graph(*c) for c in CASES + [REFUSED]})
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 import pytest
-from helpers import selected_params
+from helpers import Compiled
 
 import eqfuse
 from eqfuse.frontend.load import load
@@ -133,14 +133,11 @@ def _block(name, n, ci, c, h, o, s, residual, _path) -> str:
 
 
 @pytest.fixture(scope="module")
-def compiled(request):
-    """The selected cases (the fast tier runs the first of each test), the large ones and the pads
-    as graphs of one module: compiled once."""
-    cases = selected_params(request, "test_fused_inverted_residual_matches_the_reference", "case")
-    blocks = selected_params(request, "test_whole_inverted_residual_matches_the_reference", "case")
-    same = selected_params(request, "test_tf_same_padding_folds_into_the_fused_depthwise_kernel", "name")
-    return eqfuse.compile("".join(_graph(*c) for c in cases + [BIG]) + "".join(_block(*b) for b in blocks + [BIG_BLOCK])
-                          + PADS + "".join(SAME_SRC[n] for n in same))
+def compiled():
+    """The cases, the large ones, the pads and the same paddings: each graph compiled when its
+    test first runs (helpers.Compiled)."""
+    return Compiled({c[0]: _graph(*c) for c in CASES + [BIG]} | {b[0]: _block(*b) for b in BLOCKS + [BIG_BLOCK]}
+                    | {"pads": PADS} | SAME_SRC)
 
 
 @pytest.mark.heavy  # (the fast tier's time)

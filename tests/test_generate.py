@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import skip_unless_installed
 
 pytest.importorskip("torch")
-pytest.importorskip("transformers")
+skip_unless_installed("transformers")
 pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 

@@ -7,6 +7,7 @@ modules (torch, onnx, ...) may be imported lazily, and they are not eqfuse's."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "eqfuse"
@@ -45,11 +46,18 @@ def modules() -> dict[str, Path]:
     return out
 
 
+@functools.cache
+def parsed(text: str) -> tuple[ast.AST, ...]:
+    """The import statements and attribute reads of a source file, in ast.walk's order: parsed and
+    walked once for the tests that read every module's (none changes a node)."""
+    return tuple(n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import, ast.ImportFrom, ast.Attribute)))
+
+
 def imports(module: str, path: Path, known: dict[str, Path]) -> list[tuple[str, str, int]]:
     """(imported module, imported name or "", line) for every eqfuse import in the file."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in parsed(path.read_text()):
         if isinstance(node, ast.Import):
             found += [(a.name, "", node.lineno) for a in node.names if a.name.split(".")[0] == "eqfuse"]
         elif isinstance(node, ast.ImportFrom):
@@ -181,7 +189,7 @@ def machine_reads(module: str, path: Path) -> list[str]:
     if "machine" not in text and "pin" not in text:
         return []
     found, modules_named, attributes = [], set(), []
-    for node in ast.walk(ast.parse(text)):
+    for node in parsed(text):
         if isinstance(node, ast.ImportFrom) and node.module == "eqfuse.machine":
             found += [f"{module}:{node.lineno} imports {a.name}" for a in node.names if a.name in READERS]
         elif isinstance(node, ast.ImportFrom) and node.module == "eqfuse":

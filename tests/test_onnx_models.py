@@ -4,9 +4,10 @@ each through the TorchScript (opset 17) and dynamo (opset 18) exporters (tests/m
 
 import numpy as np
 import pytest
+from helpers import skip_unless_installed
 
 pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extras: pip install '.[test]'")
-pytest.importorskip("transformers", reason="transformers is in the test extras: pip install '.[test]'")
+skip_unless_installed("transformers", reason="transformers is in the test extras: pip install '.[test]'")
 
 import model_exports as me  # noqa: E402
 import onnxruntime as ort  # noqa: E402

@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
-pytest.importorskip("ray.data")
-
-import eqfuse  # noqa: E402
+import eqfuse
 
 EXAMPLE = ROOT / "examples" / "ray_batch_inference.py"
 
@@ -34,6 +32,8 @@ def ray_head():
     """The address of a Ray head on localhost with 2 CPUs, started for this test. It is stopped by
     its process group, not with `ray stop`, which stops every Ray process of the machine (other
     users' too)."""
+    # (here, not at the module's top: importing ray.data would cost every collection of the suite)
+    pytest.importorskip("ray.data")
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # (short: Ray's socket paths have a length limit)
     port = free_port()
     cmd = ["ray", "start", "--head", "--num-cpus", "2", "--port", str(port),

@@ -18,9 +18,10 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import skip_unless_installed
 
 pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extras: pip install '.[test]'")
-pytest.importorskip("transformers", reason="transformers is in the test extras: pip install '.[test]'")
+skip_unless_installed("transformers", reason="transformers is in the test extras: pip install '.[test]'")
 torch = pytest.importorskip("torch", reason="torch is in the test extras: pip install '.[test]'")
 
 import onnxruntime as ort  # noqa: E402
