@@ -19,8 +19,12 @@
  * K-pairs of bf16 ([K2/2][NR][2], half the bytes to stream), A is packed as K-pairs of bf16
  * (a 32-bit lane per row and pair, rounded by vcvtne2ps2bf16), multiplied by vdpbf16ps into f32
  * accumulators. 1 = the fallback for CPUs without it: the panels hold bf16 ([K2][NR]), widened
- * to f32 by a shift before an f32 FMA; A is packed as f32 values rounded to bf16. An odd K is
- * completed by a zero (K2 = K rounded up to even). The epilogue is f32. */
+ * to f32 before an f32 FMA; A is packed as f32 values rounded to bf16. With vectors of W floats
+ * and NR a multiple of 2 W (N_PAIRS), each k's 2 W columns of a vector pair are stored as W
+ * 32-bit lanes, lane i holding column i in its low half and column W + i in its high half: one
+ * load, then a shift (the low halves) and a mask (the high halves, already in place) widen both
+ * vectors, where widening each by itself takes a vpmovzxwd and a shift. An odd K is completed by
+ * a zero (K2 = K rounded up to even). The epilogue is f32. */
 #include <stdlib.h>
 #include <omp.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -83,6 +87,10 @@ typedef __m512 {{NAME}}_vec;
 #define {{NAME}}_ZERO() _mm512_setzero_ps()
 #if {{BF16}}
 #define {{NAME}}_LOAD(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p))), 16))
+#define {{NAME}}_N_PAIRS ({{BF16}} == 1 && {{NR}} % 32 == 0)
+#define {{NAME}}_LOAD_PAIR(p, lo, hi) do { const __m512i x_ = _mm512_loadu_si512((const void*)(p)); \
+    (lo) = _mm512_castsi512_ps(_mm512_slli_epi32(x_, 16)); \
+    (hi) = _mm512_castsi512_ps(_mm512_and_si512(x_, _mm512_set1_epi32((int)0xFFFF0000u))); } while (0)
 #else
 #define {{NAME}}_LOAD(p) _mm512_loadu_ps(p)
 #endif
@@ -94,6 +102,10 @@ typedef __m256 {{NAME}}_vec;
 #define {{NAME}}_ZERO() _mm256_setzero_ps()
 #if {{BF16}}
 #define {{NAME}}_LOAD(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p))), 16))
+#define {{NAME}}_N_PAIRS ({{BF16}} == 1 && {{NR}} % 16 == 0)
+#define {{NAME}}_LOAD_PAIR(p, lo, hi) do { const __m256i x_ = _mm256_loadu_si256((const __m256i*)(p)); \
+    (lo) = _mm256_castsi256_ps(_mm256_slli_epi32(x_, 16)); \
+    (hi) = _mm256_castsi256_ps(_mm256_and_si256(x_, _mm256_set1_epi32((int)0xFFFF0000u))); } while (0)
 #else
 #define {{NAME}}_LOAD(p) _mm256_loadu_ps(p)
 #endif
@@ -112,6 +124,9 @@ typedef float {{NAME}}_vecu __attribute__((vector_size(16), aligned(4)));
 #endif
 #define {{NAME}}_FMA(x, p, c) ((c) + (x) * (p))
 #define {{NAME}}_STORE(p, v) (*({{NAME}}_vec*)(p) = (v))
+#endif
+#ifndef {{NAME}}_N_PAIRS
+#define {{NAME}}_N_PAIRS 0
 #endif
 
 #if {{BF16}} == 2
@@ -174,9 +189,15 @@ static inline void {{NAME}}_ukernel(const float* restrict a, const {{NAME}}_bt* 
         for (int v = 0; v < {{NAME}}_NR; v += 16)
             __builtin_prefetch(b + {{NAME}}_PF + v, 0, 3);
 #endif
+#if {{NAME}}_N_PAIRS
+#pragma GCC unroll 16
+        for (int v = 0; v < V; v += 2)
+            {{NAME}}_LOAD_PAIR(b + {{NAME}}_W * v, bv[v], bv[v + 1]);
+#else
 #pragma GCC unroll 16
         for (int v = 0; v < V; v++)
             bv[v] = {{NAME}}_LOAD(b + {{NAME}}_W * v);
+#endif
 #pragma GCC unroll 64
         for (int r = 0; r < {{NAME}}_MR; r++)
 #pragma GCC unroll 16
@@ -216,8 +237,12 @@ void {{NAME}}_prepack(const float* B, float* Pf)
                 dst[(k >> 1) * 2 * {{NAME}}_NR + 2 * j + (k & 1)] = k < {{NAME}}_K && j < nr ? eqf_bf16({{B_AT}}) : 0;
 #elif {{BF16}} == 1
         for (long k = 0; k < {{NAME}}_K2; k++)
-            for (long j = 0; j < {{NAME}}_NR; j++)
-                dst[k * {{NAME}}_NR + j] = k < {{NAME}}_K && j < nr ? eqf_bf16({{B_AT}}) : 0;
+            for (long j = 0; j < {{NAME}}_NR; j++) {
+                /* N_PAIRS: column j = 2 W g + h W + i of the k-row at half 2 W g + 2 i + h */
+                const long at = {{NAME}}_N_PAIRS ? j / (2 * {{NAME}}_W) * 2 * {{NAME}}_W + 2 * (j % {{NAME}}_W)
+                                                   + j / {{NAME}}_W % 2 : j;
+                dst[k * {{NAME}}_NR + at] = k < {{NAME}}_K && j < nr ? eqf_bf16({{B_AT}}) : 0;
+            }
 #else
         for (long k = 0; k < {{NAME}}_K; k++) {
             for (long j = 0; j < nr; j++)
