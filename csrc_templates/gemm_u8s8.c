@@ -172,6 +172,16 @@ static inline uint32_t {{NAME}}_arow(const uint8_t* a, int r, long g)
 #endif
 }
 
+#if {{NAME}}_PATH == 2
+/* acc + the sums of each lane's four u8 x s8 byte products */
+#define {{NAME}}_dot4(acc, a, b) _mm256_dpbusd_avx_epi32(acc, a, b)
+#elif {{NAME}}_PATH == 4
+/* vpdpbusd's sums in two steps: the u8 x s8 pairs in int16 (no saturation with 7-bit weights),
+ * then the two pairs of each lane in int32 */
+#define {{NAME}}_dot4(acc, a, b) \
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
+#endif
+
 /* out[r][NR] = init[r][NR] (0 without init) + the sum over the K-groups [g0, g1) of
  * A[r][k] * panel[k][j] (u8 x s8, int32), for r < mr */
 static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukernel(
@@ -216,7 +226,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             acc[r][v] = init && r < mr ? _mm256_loadu_si256((const __m256i*)(init + r * {{NAME}}_NR + 8 * v))
                                        : _mm256_setzero_si256();
     for (long g = g0; g < g1; g++) {
-#if {{NAME}}_PATH == 2
+#if {{NAME}}_PATH == 2 || {{NAME}}_PATH == 4
         __m256i b[V];
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
@@ -226,22 +236,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             const __m256i av = _mm256_set1_epi32((int)({{NAME}}_arow(a, r, g)));
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
-                acc[r][v] = _mm256_dpbusd_avx_epi32(acc[r][v], av, b[v]);
-        }
-#elif {{NAME}}_PATH == 4
-        /* vpdpbusd's sums in two steps: the u8 x s8 pairs in int16 (no saturation with 7-bit
-         * weights), then the two pairs of each lane in int32 */
-        const __m256i ones = _mm256_set1_epi16(1);
-        __m256i b[V];
-#pragma GCC unroll 8
-        for (int v = 0; v < V; v++)
-            b[v] = _mm256_loadu_si256((const __m256i*)(bp + (g * {{NAME}}_NR + 8 * v) * 4));
-#pragma GCC unroll 16
-        for (int r = 0; r < mr; r++) {
-            const __m256i av = _mm256_set1_epi32((int)({{NAME}}_arow(a, r, g)));
-#pragma GCC unroll 8
-            for (int v = 0; v < V; v++)
-                acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_madd_epi16(_mm256_maddubs_epi16(av, b[v]), ones));
+                acc[r][v] = {{NAME}}_dot4(acc[r][v], av, b[v]);
         }
 #else
         /* each 32-bit lane: B's bytes b0 b1 b2 b3 as int16 pairs (b0, b2) (sign-extended even
@@ -255,9 +250,12 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
         }
 #pragma GCC unroll 16
         for (int r = 0; r < mr; r++) {
-            const uint32_t w = {{NAME}}_arow(a, r, g);
-            const __m256i ae = _mm256_set1_epi32((int)(w & 0x00ff00ffu));
-            const __m256i ao = _mm256_set1_epi32((int)((w >> 8) & 0x00ff00ffu));
+            /* (A's four bytes broadcast from memory and split in the vector registers: splitting
+             * them in a general register first moved each half over with vmovd + vpbroadcastd,
+             * the fallback's bottleneck, `bench_gemm.py --int8 --reduce-range off`) */
+            const __m256i aw = _mm256_set1_epi32((int){{NAME}}_arow(a, r, g));
+            const __m256i ae = _mm256_srli_epi16(_mm256_slli_epi16(aw, 8), 8); /* (no mask: its register holds an accumulator) */
+            const __m256i ao = _mm256_srli_epi16(aw, 8);
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_add_epi32(_mm256_madd_epi16(ae, be[v]),
