@@ -634,18 +634,19 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
             q = _quantized_linear(Path(tmp), M, N, K, reduce_range)
             x = np.random.default_rng(1).standard_normal((M, K)).astype(np.float32)
             tile0 = derived(path, N)
-            kc0 = min(derived_kc(K, tile0[1], m), K)
-            blocks = [K, 4 * (m.l1 // 4 // (4 * tile0[1])), 4 * (m.l1 // 8 // (4 * tile0[1]))]
+            kc0 = min(derived_kc(K, tile0[1], m, path), K)
+            gb = 8 if path == 'fallback' else 4  # (a K-group's bytes per column in the panels)
+            blocks = [K, 4 * (m.l1 // 4 // (gb * tile0[1])), 4 * (m.l1 // 8 // (gb * tile0[1]))]
             variants = [(t, None) for t in cands] + [(tile0, kc) for kc in blocks if kc != kc0] if tiles else \
                 [(tile0, None)]
             for tile, kc in variants:
                 qgemm.int8_tile = lambda p, n, tile=tile: tile
-                qgemm.int8_kc = derived_kc if kc is None else (lambda k, nr, mm, kc=kc: kc)
+                qgemm.int8_kc = derived_kc if kc is None else (lambda k, nr, mm, p='', kc=kc: kc)
                 mod = eqfuse.compile(str(q))
                 fn = mod.default
                 qgemm.int8_tile, qgemm.int8_kc = derived, derived_kc
                 paths = sorted({v["path"] for v in mod.report["precision"].values() if v["precision"] == "int8"})
-                label = f"eqfuse {'+'.join(paths)} {tile[0]}x{tile[1]} kc={kc or min(derived_kc(K, tile[1], m), K)}" + \
+                label = f"eqfuse {'+'.join(paths)} {tile[0]}x{tile[1]} kc={kc or min(derived_kc(K, tile[1], m, path), K)}" + \
                     (" (derived)" if tile == tile0 and kc is None else "")
                 runs.append((f"{M}x{N}x{K}", label, fn, x, 2.0 * M * N * K))
             if not tiles:

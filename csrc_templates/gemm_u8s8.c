@@ -121,7 +121,9 @@
 #define {{NAME}}_ASTRIDE (({{NAME}}_ABYTES + {{NAME}}_XBYTES + 63L) / 64 * 64)
 #define {{NAME}}_NPAD (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR)
 #define {{NAME}}_PANELS ({{NAME}}_NPAD / {{NAME}}_NR)
-#define {{NAME}}_PANEL_BYTES ({{NAME}}_KGP * 4L * {{NAME}}_NR)
+/* (the fallback's panels hold each K-group as two vectors of int16 pairs, 8 bytes a column) */
+#define {{NAME}}_GROUP_BYTES ({{NAME}}_PATH == 1 ? 8L : 4L)
+#define {{NAME}}_PANEL_BYTES ({{NAME}}_KGP * {{NAME}}_GROUP_BYTES * {{NAME}}_NR)
 #define {{NAME}}_AXOR ({{NAME}}_A_S8 ? 0x80808080u : 0u)
 #if {{NAME}}_PATH == 3 && !defined(__AVX512VNNI__)
 #error "the plan chose the AVX512_VNNI path (vpdpbusd) but the compiler does not target AVX512_VNNI"
@@ -239,14 +241,14 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
                 acc[r][v] = {{NAME}}_dot4(acc[r][v], av, b[v]);
         }
 #else
-        /* each 32-bit lane: B's bytes b0 b1 b2 b3 as int16 pairs (b0, b2) (sign-extended even
-         * bytes) and (b1, b3) (odd bytes); A's the same way, zero-extended: two vpmaddwd */
+        /* each 32-bit lane: B's bytes b0 b1 b2 b3 as the int16 pairs (b0, b2) and (b1, b3), packed
+         * so (the group's even vector, then its odd one); A's the same way, zero-extended: two
+         * vpmaddwd */
         __m256i be[V], bo[V];
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i*)(bp + (g * {{NAME}}_NR + 8 * v) * 4));
-            be[v] = _mm256_srai_epi16(_mm256_slli_epi16(raw, 8), 8);
-            bo[v] = _mm256_srai_epi16(raw, 8);
+            be[v] = _mm256_loadu_si256((const __m256i*)(bp + ((2 * g) * {{NAME}}_NR + 8 * v) * 4));
+            bo[v] = _mm256_loadu_si256((const __m256i*)(bp + ((2 * g + 1) * {{NAME}}_NR + 8 * v) * 4));
         }
 #pragma GCC unroll 16
         for (int r = 0; r < mr; r++) {
@@ -303,7 +305,10 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
                 const int real = {{NAME}}_DIRECT_X ? t < {{NAME}}_KW && k < {{NAME}}_KP : k < {{NAME}}_K;
                 const long at = {{NAME}}_IM2COL || {{NAME}}_B_TRANSPOSED ? j * {{NAME}}_K + kk : kk * {{NAME}}_N + j;
                 const int8_t v = j < {{NAME}}_N && real ? (int8_t)((uint8_t)B[at] ^ ({{NAME}}_B_U8 ? 0x80 : 0)) : 0;
-                q[((k / 4) * {{NAME}}_NR + jj) * 4 + k % 4] = v;
+                if ({{NAME}}_PATH == 1) /* (k's int16 in the even (k % 2 = 0) or odd vector of its group) */
+                    ((int16_t*)q)[(((k / 4) * 2 + k % 2) * {{NAME}}_NR + jj) * 2 + k % 4 / 2] = v;
+                else
+                    q[((k / 4) * {{NAME}}_NR + jj) * 4 + k % 4] = v;
                 colsum[j] += v;
             }
     }

@@ -110,14 +110,14 @@ def int8_row_block(M: int, panels: int, mr: int, parallel: bool) -> int:
     return min(M, cdiv(cdiv(M, cdiv(CHUNKS_MIN, panels)), mr) * mr)
 
 
-def int8_kc(K: int, nr: int, m: Machine) -> int:
-    """K per block of the integer GEMM (a multiple of 4): the block of a B panel, KC x NR bytes,
-    within half of L1, so that it stays there while every MR-row tile passes over it (with the
+def int8_kc(K: int, nr: int, m: Machine, path: str = "") -> int:
+    """K per block of the integer GEMM (a multiple of 4): the block of a B panel, KC x NR bytes
+    (twice that on the fallback path, whose panels hold int16), within half of L1, so that it stays there while every MR-row tile passes over it (with the
     tile's KC bytes of A per row); K in equal blocks, K itself when it fits. Against one block of
     all K and blocks in a quarter or an eighth of L1, half was as fast or faster on BERT-base's
     shapes (`benchmarks/bench_gemm.py --int8 --tiles`)."""
     groups = cdiv(K, 4)
-    most = max(16, (m.l1 // 2) // (nr * 4))
+    most = max(16, (m.l1 // 2) // (nr * (8 if path == "fallback" else 4)))
     return 4 * cdiv(groups, cdiv(groups, most))
 
 
@@ -252,7 +252,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_7bit: bool = False) -> None
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
     kp = geo.C // nbb * geo.KH * cdiv(geo.KW, 4) * 4 if direct else K  # K in the panels (direct_x: whole K-groups per kernel row)
-    kc = min(int8_kc(kp, nr, m), kp)
+    kc = min(int8_kc(kp, nr, m, path), kp)
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
     # (a conv's A buffer per image: the padded planes or the im2col's rows of whole K-groups, and x quantized)
     abytes = ((geo.C // nbb * (geo.H + 2 * geo.padding[0]) * (geo.W + 2 * geo.padding[1]) + 64 if direct else gM * cdiv(K, 4) * 4)
