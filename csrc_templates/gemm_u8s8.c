@@ -83,10 +83,6 @@
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the panels shared by the pool's threads */
 #define {{NAME}}_QUANT_A {{QUANT_A}} /* A is f32 x, quantized into the kernel's A buffer */
 #define {{NAME}}_IM2COL {{IM2COL}} /* A is the im2col of a conv's x, C stored NCHW */
-/* The fallback's quantized A rows (QUANT_A, not a conv) are written split, as the micro-kernel
- * reads them: each K-group's bytes a0 a1 a2 a3 as the two words of int16 pairs (a0, a2) and
- * (a1, a3), broadcast from memory with no work per panel (LDA = 8 bytes a K-group) */
-#define {{NAME}}_ASPLIT ({{NAME}}_PATH == 1 && {{NAME}}_QUANT_A && !{{NAME}}_IM2COL)
 #define {{NAME}}_IM2COL_ROWS {{IM2COL_ROWS}} /* the im2col by output row, kernel row outermost (else pixel by pixel) */
 #define {{NAME}}_BY_IMAGE {{BY_IMAGE}} /* the threads' chunks are whole images (each its A buffer and its GEMM) */
 #define {{NAME}}_DIRECT_X {{DIRECT_X}} /* no im2col: A read in place from a padded copy of x (kernel rows as K-groups) */
@@ -115,7 +111,7 @@
 #define {{NAME}}_KGP (({{NAME}}_KP + 3) / 4) /* K-groups in the panels */
 /* A's row stride: a conv's im2col rows padded to whole K-groups (the pad bytes meet B's zero
  * padding), so that every group of four is one aligned-stride load with no partial last group */
-#define {{NAME}}_LDA ({{NAME}}_ASPLIT ? {{NAME}}_KGP * 8 : {{NAME}}_IM2COL ? {{NAME}}_KGP * 4 : {{NAME}}_K)
+#define {{NAME}}_LDA ({{NAME}}_IM2COL ? {{NAME}}_KGP * 4 : {{NAME}}_K)
 /* the A buffer's bytes: the im2col, or the padded copy and the bytes the last virtual pixels'
  * fourth taps read past it */
 #define {{NAME}}_ABYTES ({{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_HP * {{NAME}}_WP + 64L : {{NAME}}_M * {{NAME}}_LDA)
@@ -256,20 +252,12 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
         }
 #pragma GCC unroll 16
         for (int r = 0; r < mr; r++) {
-            /* (A's two words as the quantization wrote them (ASPLIT), or its four bytes broadcast
-             * from memory and split in the vector registers: splitting them in a general register
-             * moved each half over with vmovd + vpbroadcastd, the fallback's bottleneck once,
-             * `bench_gemm.py --int8 --reduce-range off`) */
-#if {{NAME}}_ASPLIT
-            uint32_t we, wo;
-            memcpy(&we, a + r * {{NAME}}_LDA + 8 * g, 4);
-            memcpy(&wo, a + r * {{NAME}}_LDA + 8 * g + 4, 4);
-            const __m256i ae = _mm256_set1_epi32((int)we), ao = _mm256_set1_epi32((int)wo);
-#else
+            /* (A's four bytes broadcast from memory and split in the vector registers: splitting
+             * them in a general register first moved each half over with vmovd + vpbroadcastd,
+             * the fallback's bottleneck, `bench_gemm.py --int8 --reduce-range off`) */
             const __m256i aw = _mm256_set1_epi32((int){{NAME}}_arow(a, r, g));
             const __m256i ae = _mm256_srli_epi16(_mm256_slli_epi16(aw, 8), 8); /* (no mask: its register holds an accumulator) */
             const __m256i ao = _mm256_srli_epi16(aw, 8);
-#endif
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_add_epi32(_mm256_madd_epi16(ae, be[v]),
@@ -349,34 +337,6 @@ static void {{NAME}}_quantize(void* ctx, long c)
     const long len = q->len;
     for (long i = r0; i < r1; i++) {
         const float* restrict x = q->X + i * len;
-#if {{NAME}}_ASPLIT
-        uint8_t* restrict a = q->A + i * {{NAME}}_LDA;
-        /* (through a chunk of bytes on the stack, the last group's pad bytes read as 0: they
-         * meet B's zero padding) */
-        enum { CH = 1024 };
-        uint8_t bytes[CH] __attribute__((aligned(64)));
-        uint32_t s = 0;
-        for (long k0 = 0; k0 < {{NAME}}_KGP * 4; k0 += CH) {
-            const long n = len - k0 < CH ? len - k0 : CH, groups = ({{NAME}}_KGP * 4 - k0 < CH ? {{NAME}}_KGP * 4 - k0 : CH) / 4;
-#pragma omp simd
-            for (long k = 0; k < n; k++)
-                bytes[k] = (uint8_t)(int)eqf_quantize(x[k0 + k], scale, zp, lo, hi);
-            for (long k = n; k < groups * 4; k++)
-                bytes[k] = {{NAME}}_A_S8 ? 0x80 : 0;
-            for (long k = 0; k < n; k++)
-                s += bytes[k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
-            uint32_t* restrict w = (uint32_t*)(void*)(a + k0 * 2);
-            for (long g = 0; g < groups; g++) {
-                uint32_t b4;
-                memcpy(&b4, bytes + 4 * g, 4);
-                b4 ^= {{NAME}}_AXOR;
-                w[2 * g] = b4 & 0x00ff00ffu;
-                w[2 * g + 1] = b4 >> 8 & 0x00ff00ffu;
-            }
-        }
-        if (q->rowsum)
-            q->rowsum[i] = (int32_t)s;
-#else
         uint8_t* restrict a = q->A + i * len;
 #pragma omp simd
         for (long k = 0; k < len; k++)
@@ -387,7 +347,6 @@ static void {{NAME}}_quantize(void* ctx, long c)
                 s += a[k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
             q->rowsum[i] = (int32_t)s;
         }
-#endif
     }
 }
 #endif

@@ -1,11 +1,11 @@
 """The integer GEMM's exact AVX2 fallback (kinds.contraction.qgemm.int8_path "fallback": any s8 or
 u8 weights on a CPU without VNNI, vpmaddwd on int16 pairs). Its panels hold each K-group as two
-vectors of int16 (B's even and odd bytes), and an A that the kernel quantizes itself is written
-split the same way (ASPLIT in csrc_templates/gemm_u8s8.c), so that its micro-kernel shifts nothing
-per panel. These tests check those layouts against numpy's int64 products: K past the
-quantization's chunk of 1024 bytes and not a multiple of 4, an s8 and a u8 zero point, a zero
-point per weight column (the row sums), A in K blocks (partial sums between them), 1 and 2
-threads. A model without VNNI is pinned, so the path runs on every AVX2, AVX-512 and AMX host."""
+vectors of int16 (B's even and odd bytes, csrc_templates/gemm_u8s8.c), and A's four bytes of a
+K-group are split the same way in the vector registers. These tests check that layout against
+numpy's int64 products where the kernel quantizes its A itself: K not a multiple of 4, an s8 and a
+u8 zero point, a zero point per weight column (the row sums), the weights' extremes, K in blocks
+(partial sums between them), 1 and 2 threads. A model without VNNI is pinned, so the path runs on
+every AVX2, AVX-512 and AMX host."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import eqfuse
 from eqfuse import machine
 
-# quantize_linear inside the GEMM's kernel (QUANT_A): rows of 1101 bytes (two chunks, a last
+# quantize_linear inside the GEMM's kernel (QUANT_A): rows of 1101 bytes (K in blocks, a last
 # partial K-group) with a u8 zero point, and rows of 30 with an s8 one and a zero point per column
 QUANT_A = """
 graph qm(x: f32[9, 1101], w: i8[1101, 37], s: f32, az: u8, wz: i8, y: f32[21, 30], w2: i8[30, 70], sz: i8,
@@ -42,7 +42,7 @@ def _quantize(x, s, zp, lo, hi):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_fallback_is_exact_with_a_split_quantized_a(fallback, threads):
+def test_the_fallback_is_exact_on_its_int16_panels(fallback, threads):
     rng = np.random.default_rng(31)
     w = rng.integers(-128, 128, (1101, 37)).astype(np.int8)
     w2 = rng.integers(-128, 128, (30, 70)).astype(np.int8)
