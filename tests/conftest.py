@@ -73,6 +73,20 @@ def planned_model(request):
         yield m
 
 
+
+@pytest.fixture
+def no_vnni():
+    """This host's machine model without VNNI: the integer GEMM's paths are avx2_7bit and the
+    exact fallback (kinds.contraction.qgemm.int8_path), so they run on every AVX2, AVX-512 and AMX
+    host (tests/test_qgemm_7bit.py, tests/test_qgemm_fallback.py)."""
+    import dataclasses
+
+    m = _machine.machine()
+    if m.simd_floats < 8:
+        pytest.skip(f"this CPU's vectors hold {m.simd_floats} floats: the integer GEMM's AVX2 paths need AVX2")
+    with _machine.pinned(dataclasses.replace(m, simd_floats=8, avx512_vnni=False, avx_vnni=False)) as pinned:
+        yield pinned
+
 # ------------------------------------------------------------------ the test tiers
 # `pytest` runs the whole suite but the tests marked `extended` (the sanitizer pass and the fuzzers:
 # `-m extended` runs them). `pytest -m "not slow" -n 2` is the fast tier, under 2 minutes on 2 cores:

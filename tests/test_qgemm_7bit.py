@@ -9,8 +9,6 @@ the path runs on every AVX2, AVX-512 and AMX host; the plan tests pin models as 
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from helpers import one_graph
@@ -20,16 +18,6 @@ from eqfuse import machine
 from eqfuse.backend.kinds.contraction import qgemm
 from eqfuse.backend.lower import format_uops, lower_graph
 from eqfuse.ir.ops import OPS
-
-
-@pytest.fixture
-def no_vnni():
-    """This host's machine model without VNNI: the integer GEMM's paths are avx2_7bit and fallback."""
-    m = machine.machine()
-    if m.simd_floats < 8:
-        pytest.skip(f"this CPU's vectors hold {m.simd_floats} floats: the avx2_7bit path needs AVX2")
-    with machine.pinned(dataclasses.replace(m, simd_floats=8, avx512_vnni=False, avx_vnni=False)) as pinned:
-        yield pinned
 
 
 def seven_bit(rng, shape, dtype=np.int8):

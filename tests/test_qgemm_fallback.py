@@ -9,13 +9,10 @@ every AVX2, AVX-512 and AMX host."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse import machine
 
 # quantize_linear inside the GEMM's kernel (QUANT_A): rows of 1101 bytes (K in blocks, a last
 # partial K-group) with a u8 zero point, and rows of 30 with an s8 one and a zero point per column
@@ -28,21 +25,12 @@ graph qm(x: f32[9, 1101], w: i8[1101, 37], s: f32, az: u8, wz: i8, y: f32[21, 30
 """
 
 
-@pytest.fixture
-def fallback():
-    m = machine.machine()
-    if m.simd_floats < 8:
-        pytest.skip(f"this CPU's vectors hold {m.simd_floats} floats: the fallback path needs AVX2")
-    with machine.pinned(dataclasses.replace(m, simd_floats=8, avx512_vnni=False, avx_vnni=False)) as pinned:
-        yield pinned
-
-
 def _quantize(x, s, zp, lo, hi):
     return np.clip(np.rint(x / s) + zp, lo, hi).astype(np.int64)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_fallback_is_exact_on_its_int16_panels(fallback, threads):
+def test_the_fallback_is_exact_on_its_int16_panels(no_vnni, threads):
     rng = np.random.default_rng(31)
     w = rng.integers(-128, 128, (1101, 37)).astype(np.int8)
     w2 = rng.integers(-128, 128, (30, 70)).astype(np.int8)
