@@ -85,14 +85,19 @@ def int8_tile(path: str, N: int) -> tuple[int, int]:
     (`benchmarks/bench_gemm.py --int8 --tiles` measures the candidates). The fallback also holds
     B's even and odd int16 halves and A's two; avx2_7bit a vector of ones and each product: 3 x 24
     was as fast as 4 x 16 and 2 x 32 with K in blocks, and faster than 4 x 16 with K = 768 in one
-    block, which int8_kc gives 4 x 16 (BERT-base's shapes, `--int8 --tiles`). A narrower NR for few
-    columns (less padding)."""
+    block, which int8_kc gives 4 x 16 (BERT-base's shapes, `--int8 --tiles`); of the two, the one
+    that pads N less (N = 32 or 64: 4 x 16, none, where 3 x 24 computes 48 or 72 columns): a
+    quantized ResNet-18, ViT and BERT ran 13-20% faster than with 3 x 24 for every N, the same
+    bits (`benchmarks/bench_models.py --quantized static`, benchmarks/RESULTS.md, 2026-11-29,
+    "avx2_7bit tiles by padding"). A narrower NR for few columns (less padding)."""
     if path == "avx512_vnni":
         return (16, 16) if N <= 16 else (8, 32)
     if path == "avx_vnni":  # 4 x 2 + 2 + 1 = 11 of 16 ymm
         return (8, 8) if N <= 8 else (4, 16)
     if path == "avx2_7bit":  # 3 x 3 + 3 + 1 + ones + product = 15 of 16 ymm
-        return (6, 8) if N <= 8 else (4, 16) if N <= 16 else (3, 24)
+        if N <= 8:
+            return (6, 8)
+        return min((3, 24), (4, 16), key=lambda t: cdiv(N, t[1]) * t[1])  # (a tie: 3 x 24, the first)
     return (6, 8) if N <= 8 else (4, 16)  # 4 x 2 + 2 x 2 + 2 (+ 2 products) = 16 ymm
 
 
