@@ -86,10 +86,10 @@ def int8_tile(path: str, N: int) -> tuple[int, int]:
     B's even and odd int16 halves and A's two; avx2_7bit a vector of ones and each product: 3 x 24
     was as fast as 4 x 16 and 2 x 32 with K in blocks, and faster than 4 x 16 with K = 768 in one
     block, which int8_kc gives 4 x 16 (BERT-base's shapes, `--int8 --tiles`); of the two, the one
-    that pads N less (N = 32 or 64: 4 x 16, none, where 3 x 24 computes 48 or 72 columns): a
-    quantized ResNet-18, ViT and BERT ran 13-20% faster than with 3 x 24 for every N, the same
-    bits (`benchmarks/bench_models.py --quantized static`, benchmarks/RESULTS.md, 2026-11-29,
-    "avx2_7bit tiles by padding"). A narrower NR for few columns (less padding)."""
+    that pads N less (N = 32 or 64: 4 x 16, none, where 3 x 24 computes 48 or 72 columns): small
+    quantized ResNet-18, ViT and BERT exports ran faster so than with 3 x 24 for every N
+    (`benchmarks/bench_models.py --quantized static`; benchmarks/RESULTS.md, "avx2_7bit tiles by
+    padding"). A narrower NR for few columns (less padding)."""
     if path == "avx512_vnni":
         return (16, 16) if N <= 16 else (8, 32)
     if path == "avx_vnni":  # 4 x 2 + 2 + 1 = 11 of 16 ymm
@@ -117,8 +117,9 @@ def int8_row_block(M: int, panels: int, mr: int, parallel: bool) -> int:
 
 def int8_kc(K: int, nr: int, m: Machine, path: str = "") -> int:
     """K per block of the integer GEMM (a multiple of 4): the block of a B panel, KC x NR bytes
-    (twice that on the fallback path, whose panels hold int16), within half of L1, so that it stays there while every MR-row tile passes over it (with the
-    tile's KC bytes of A per row); K in equal blocks, K itself when it fits. Against one block of
+    (twice that on the fallback path, whose panels hold int16), within half of L1, so that it
+    stays there while every MR-row tile passes over it (with the tile's KC bytes of A per row); K
+    in equal blocks, K itself when it fits. Against one block of
     all K and blocks in a quarter or an eighth of L1, half was as fast or faster on BERT-base's
     shapes (`benchmarks/bench_gemm.py --int8 --tiles`)."""
     groups = cdiv(K, 4)
