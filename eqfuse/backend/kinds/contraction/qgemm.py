@@ -304,7 +304,8 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_7bit: bool = False) -> None
                   "padded with x's zero point" + (", row blocks shared by the pool's threads" if par else ""), calls)])
     plan.uops = [UOp(0, "Loop", f"{calls} GEMM(s) of {gM} x {N} x {K}, u8 x s8 -> int32"
                      + (f" (images x {nbb} groups)" if conv and nbb > 1 else ""), calls), *(quant if qa or conv else []),
-                 UOp(1, "Load", f"pack B [{K} x {N}] into {kg} K-groups x {nr}-column panels + column sums "
+                 UOp(1, "Load", f"pack B [{K} x {N}] into {kg} K-groups x {nr}-column panels"
+                     + (" (each K-group as its even and odd int16 vectors)" if path == "fallback" else "") + " + column sums "
                      + ("(once, when bound: params=)" if fold else "(per call)"), calls),
                  UOp(1, "Loop", f"panels over N={N} step nr={nr}", calls * panels),
                  UOp(2, "Loop", f"K blocks over K={K} step kc={kc}", calls * panels * blocks),
