@@ -184,10 +184,11 @@ static inline void {{NAME}}_ukernel(const float* restrict a, const {{NAME}}_bt* 
         {{NAME}}_vec bv[V];
 #if {{NAME}}_PF > 0
         /* the stream is sequential, but the hardware prefetcher alone does not keep enough
-         * lines in flight for an FMA loop this short per line */
+         * lines in flight for an FMA loop this short per line (PF floats ahead: 4 PF bytes, one
+         * prefetch per 64-byte line of the k-row, whose elements are floats or bf16 halves) */
 #pragma GCC unroll 16
-        for (int v = 0; v < {{NAME}}_NR; v += 16)
-            __builtin_prefetch(b + {{NAME}}_PF + v, 0, 3);
+        for (int v = 0; v < {{NAME}}_NR; v += 64 / (int)sizeof({{NAME}}_bt))
+            __builtin_prefetch(b + {{NAME}}_PF * 4 / (long)sizeof({{NAME}}_bt) + v, 0, 3);
 #endif
 #if {{NAME}}_N_PAIRS
 #pragma GCC unroll 16

@@ -22,6 +22,7 @@ import pytest
 
 import eqfuse
 from eqfuse import machine
+from eqfuse.backend.kinds.contraction.plan_gemm import SKINNY_PF
 from eqfuse.cli.main import main
 from eqfuse.errors import ArgumentError
 
@@ -123,6 +124,8 @@ def test_bf16_gemm_within_the_bound(path, M, K, N, bound, kernel):
     assert_bf16(mod, path)
     p = gemm_plan(mod)
     assert p.detail.path == kernel
+    if kernel == "skinny" and path == "fallback":  # (its stream prefetched even where f32's is not: the
+        assert p.tiles["pf"] == SKINNY_PF > 0      # suite's pinned model has Machine.prefetch off)
     if kernel == "blocked" and K > 1000:
         assert p.tiles["kc"] < K and p.tiles["kc"] % 2 == 0  # (several K slices, whole K-pairs each)
     check_gemm(y, x, w, bias=b)

@@ -325,6 +325,13 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     if plan.precision_path == "amx_bf16":  # (few rows: a group of at most 16 would fill an A tile in part)
         plan.precision_path = bf16_path(m)
         plan.precision_note = "few rows: the memory-bound few-rows GEMM, on vdpbf16ps (AMX tiles: the blocked GEMM)"
+    if plan.precision == "bf16" and plan.precision_path == "fallback":
+        # The bf16 fallback widens its panels before the FMAs: more instructions per line of the
+        # stream, so the out-of-order window runs fewer lines ahead, and the software prefetch
+        # pays even on a CPU whose f32 stream goes without it (Machine.prefetch off; interleaved
+        # in one process, `benchmarks/bench_decode_profile.py --precision f32 --precision bf16`,
+        # benchmarks/RESULTS.md "The bf16 fallback's stream prefetched")
+        t["pf"] = SKINNY_PF
     eb = 2 if plan.precision == "bf16" else F32  # (bytes of a packed element: bf16 halves)
     par = d.parallel and skinny_parallel(M, N, K, eb)
     plan.detail = d = replace(d, path="skinny", direct_b=False, direct_a=False, parallel=par,
