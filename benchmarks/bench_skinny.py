@@ -122,7 +122,7 @@ def measure(threads: int, precisions: list[str], rows: list[int], repeat: int, p
         for M in rows:
             for K, N, bt in SHAPES + [(64, 128, False)]:
                 for split in splits:
-                    t = skinny_tiles(M, N, m)
+                    t = skinny_tiles(M, N, m, path)  # (the plan's prefetch for this path too)
                     name = f"sk_{prec}_{M}_{K}_{N}_{split}"
                     par = threads > 1 and (K * N <= 1 << 13 or skinny_parallel(M, N, K, 4 if prec == "f32" else 2))
                     runs = split == "runs" and skinny_runs(par, -(-N // t["nr"]))

@@ -73,7 +73,6 @@ def planned_model(request):
         yield m
 
 
-
 @pytest.fixture
 def no_vnni():
     """This host's machine model without VNNI: the integer GEMM's paths are avx2_7bit and the
@@ -86,6 +85,7 @@ def no_vnni():
         pytest.skip(f"this CPU's vectors hold {m.simd_floats} floats: the integer GEMM's AVX2 paths need AVX2")
     with _machine.pinned(dataclasses.replace(m, simd_floats=8, avx512_vnni=False, avx_vnni=False)) as pinned:
         yield pinned
+
 
 # ------------------------------------------------------------------ the test tiers
 # `pytest` runs the whole suite but the tests marked `extended` (the sanitizer pass and the fuzzers:

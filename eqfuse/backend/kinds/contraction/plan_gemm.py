@@ -307,12 +307,20 @@ def skinny(M: int, N: int, K: int, m: Machine) -> bool:
     return M <= SKINNY_MAX_M and (cdiv(M, mr) == 1 or K * nr * F32 <= m.l2)
 
 
-def skinny_tiles(M: int, N: int, m: Machine) -> dict[str, int]:
+def skinny_tiles(M: int, N: int, m: Machine, path: str = "f32") -> dict[str, int]:
     """MR, NR (machine.skinny_tile; no wider than N in whole vectors, for a few columns), the
-    groups of MR rows and the prefetch distance (0: none, on a CPU whose Machine.prefetch is off)."""
+    groups of MR rows and the prefetch distance (0: none, on a CPU whose Machine.prefetch is off),
+    for the precision path (`path`: "f32" or bf16's).
+
+    The bf16 fallback's stream is prefetched on every CPU: it widens its panels before the FMAs,
+    so its loop has more instructions per line of the stream, the out-of-order window runs fewer
+    lines ahead, and the software prefetch pays even where the f32 stream goes without it
+    (`benchmarks/bench_decode_profile.py --precision f32 --precision bf16`; benchmarks/RESULTS.md,
+    "The bf16 fallback's stream prefetched")."""
     mr, nr = skinny_tile(m.simd_floats, M)
     nr = min(nr, cdiv(N, m.simd_floats) * m.simd_floats)
-    return {"mr": mr, "nr": nr, "groups": cdiv(M, mr), "pf": SKINNY_PF if m.prefetch else 0}
+    pf = SKINNY_PF if m.prefetch or path == "fallback" else 0
+    return {"mr": mr, "nr": nr, "groups": cdiv(M, mr), "pf": pf}
 
 
 def plan_skinny(plan: KernelPlan, m: Machine) -> None:
@@ -320,18 +328,11 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     skinny path: its tiles, the thread rule and the uop schedule of csrc_templates/gemm_skinny.c."""
     d = plan.detail
     M, N, K = d.gemm.M, d.N, d.K
-    t = plan.tiles = skinny_tiles(M, N, m)
-    mr, nr, groups = t["mr"], t["nr"], t["groups"]
     if plan.precision_path == "amx_bf16":  # (few rows: a group of at most 16 would fill an A tile in part)
         plan.precision_path = bf16_path(m)
         plan.precision_note = "few rows: the memory-bound few-rows GEMM, on vdpbf16ps (AMX tiles: the blocked GEMM)"
-    if plan.precision == "bf16" and plan.precision_path == "fallback":
-        # The bf16 fallback widens its panels before the FMAs: more instructions per line of the
-        # stream, so the out-of-order window runs fewer lines ahead, and the software prefetch
-        # pays even on a CPU whose f32 stream goes without it (Machine.prefetch off; interleaved
-        # in one process, `benchmarks/bench_decode_profile.py --precision f32 --precision bf16`,
-        # benchmarks/RESULTS.md "The bf16 fallback's stream prefetched")
-        t["pf"] = SKINNY_PF
+    t = plan.tiles = skinny_tiles(M, N, m, plan.precision_path if plan.precision == "bf16" else "f32")
+    mr, nr, groups = t["mr"], t["nr"], t["groups"]
     eb = 2 if plan.precision == "bf16" else F32  # (bytes of a packed element: bf16 halves)
     par = d.parallel and skinny_parallel(M, N, K, eb)
     plan.detail = d = replace(d, path="skinny", direct_b=False, direct_a=False, parallel=par,
