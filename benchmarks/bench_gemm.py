@@ -72,7 +72,13 @@ epilogue, plus the activation's quantization) against onnxruntime on the same fi
 and each eqfuse row's instruction path (report["precision"]). The weights are quantized with
 `--reduce-range` (ort_reduce_range): by default (auto) with reduce_range=True, 7-bit weights, on a
 CPU without VNNI, onnxruntime's own recipe there, where its vpmaddubsw GEMM saturates with 8-bit
-weights: both are then exact, and eqfuse takes its avx2_7bit path; the header says which.
+weights. eqfuse's bound weights take its avx2_maddubs path on such a CPU either way (exact: the
+few pairs of 8-bit weights that could saturate corrected); the header says which weights.
+`--int8 --pairs` measures what the avx2_maddubs path's corrected weight pairs cost (only on a
+CPU without VNNI): one 128 x 768 x 768 integer GEMM with bound weights of 7 bits, and with a
+growing share of its weight pairs past vpmaddubsw's int16 (qgemm.pair_corrections), each on that
+path and the densest also on the vpmaddwd fallback, interleaved (qgemm.CORRECTED_PAIRS_MAX
+replaced for the compile); every result checked against numpy's int64 product first.
 With `--tiles`, eqfuse alone with each candidate register tile of the
 integer GEMM instead (qgemm.int8_tile replaced for the compile), then the derived tile with K in
 one block and in blocks of a quarter and an eighth of L1 (qgemm.int8_kc replaced), the derived
@@ -623,11 +629,11 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
     from eqfuse.machine import machine
 
     m = machine()
-    path = qgemm.int8_path(m, weights_7bit=reduce_range)  # (7-bit weights, bound: the path they take)
+    path = qgemm.int8_path(m, weights_bound=True)  # (the weights are bound: the path they take)
     derived, derived_kc = qgemm.int8_tile, qgemm.int8_kc
     cands = {"avx512_vnni": [(8, 32), (6, 32), (16, 16), (6, 64), (4, 64)],
              "avx_vnni": [(4, 16), (6, 16), (8, 8)],
-             "avx2_7bit": [(4, 16), (5, 16), (6, 16), (3, 24), (2, 32), (6, 8), (8, 8)]}.get(path, [(4, 16), (6, 16), (6, 8)])
+             "avx2_maddubs": [(4, 16), (5, 16), (6, 16), (3, 24), (2, 32), (6, 8), (8, 8)]}.get(path, [(4, 16), (6, 16), (6, 8)])
     runs = []  # (shape, label, run, ops)
     with tempfile.TemporaryDirectory() as tmp:
         for M, N, K in INT8:
@@ -680,6 +686,59 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
                 med = statistics.median(ts)
                 print(f"{shape:>15} {label:>41} {med * 1e3:8.3f} ms  (spread {(max(ts) - min(ts)) / med * 100:3.0f}%)"
                       f"  {ops / med / 1e9:7.1f} GOP/s")
+
+
+def measure_pairs(thread_counts: list[int], repeat: int, rounds: int) -> None:
+    """The `--int8 --pairs` table, in this process; prints it."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    import eqfuse
+    from eqfuse.backend.kinds.contraction import qgemm
+    from eqfuse.machine import machine
+
+    m = machine()
+    if qgemm.int8_path(m, weights_bound=True) != "avx2_maddubs":
+        sys.exit(f"--pairs: this machine's integer GEMM takes {qgemm.int8_path(m, True)}, not avx2_maddubs ({m})")
+    M, K, N = 128, 768, 768
+    src = f"graph g(a: u8[{M}, {K}], w: i8[{K}, {N}], az: u8, wz: i8) {{ return matmul_integer(a, w, az, wz) }}"
+    rng = np.random.default_rng(0)
+    x = {"a": rng.integers(0, 256, (M, K)).astype(np.uint8), "az": np.asarray(3, np.uint8), "wz": np.asarray(0, np.int8)}
+    base, pairs = rng.integers(-40, 41, (K, N)).astype(np.int8), K // 2 * N
+    runs, limit = [], qgemm.CORRECTED_PAIRS_MAX
+    try:
+        for share in (0, 1 / 1024, 1 / 256, 1 / 128, 1 / 64):
+            w = base.copy()
+            k2, j = np.divmod(rng.choice(pairs, int(share * pairs), replace=False), N)
+            w[2 * k2, j], w[2 * k2 + 1, j] = 120, 100  # (one sign, 220 > 128: each pair corrected)
+            for cap in (1.0, 0.0) if share == 1 / 64 else (1.0,):
+                qgemm.CORRECTED_PAIRS_MAX = cap
+                fn = eqfuse.compile(src, params={"w": w}).default
+                (p,) = [p for p in fn.last.plans if p.kind == "contraction"]
+                assert np.array_equal(fn(**x).astype(np.int64), (x["a"].astype(np.int64) - 3) @ w.astype(np.int64))
+                runs.append((f"{share * 100:5.2f}% of pairs", p.precision_path, p.detail.corrections, fn))
+    finally:
+        qgemm.CORRECTED_PAIRS_MAX = limit
+    for th in thread_counts:
+        times: dict[int, list[float]] = {i: [] for i in range(len(runs))}
+        for _ in range(rounds):
+            for i, (*_, fn) in enumerate(runs):
+                fn.threads = th
+                fn(**x)
+                ts = []
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    fn(**x)
+                    ts.append(time.perf_counter() - t0)
+                times[i].append(statistics.median(ts))
+        print(f"integer GEMM {M}x{N}x{K}, weight pairs past int16, {th} thread(s), median of {rounds} interleaved rounds "
+              f"of {repeat} calls ({m}); CORRECTED_PAIRS_MAX = {limit:.4f} ({limit * 100:.2f}%)")
+        for i, (what, path, n, _) in enumerate(runs):
+            med = statistics.median(times[i])
+            print(f"{what:>18} {path:>13} {n:6d} corrections {med * 1e3:8.3f} ms  (spread "
+                  f"{(max(times[i]) - min(times[i])) / med * 100:3.0f}%)")
 
 
 def measure_peers(threads: int, repeat: int, rounds: int, only: str = "") -> list[dict]:
@@ -803,8 +862,12 @@ def main() -> None:
                     help="a quantize_dynamic linear layer, eqfuse against onnxruntime (see above) instead")
     ap.add_argument("--reduce-range", choices=["auto", "on", "off"], default="auto",
                     help="--int8: quantize the weights to 7 bits (auto: on a CPU without VNNI; see above)")
+    ap.add_argument("--pairs", action="store_true", help="--int8: what corrected weight pairs cost (see above)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.int8 and args.pairs:
+        measure_pairs([int(t) for t in args.threads.split(",")], args.repeat, args.rounds)
+        return
     if args.int8:
         measure_int8([int(t) for t in args.threads.split(",")], args.repeat, args.rounds, args.tiles,
                      ort_reduce_range(args.reduce_range))

@@ -30,7 +30,7 @@ kernels and rounds the scales in another order (tests/test_quantized.py checks e
 literal run, node by node). In every `--quantized` mode the weights are quantized as
 `--reduce-range` says (bench_gemm.ort_reduce_range): by default (auto) with reduce_range=True,
 7-bit weights, on a CPU without VNNI, onnxruntime's own recipe there (its vpmaddubsw GEMM
-saturates with 8-bit weights), where eqfuse's integer GEMMs then take the avx2_7bit path; the
+saturates with 8-bit weights; eqfuse's integer GEMMs take the avx2_maddubs path with either); the
 header line says which, and the quantized file's name ends in -rr.
 `--quantized static` and `--quantized qoperator` run each export as quantize_static writes it (u8
 activations, i8 weights, calibrated on four inputs of the model), in the QDQ and the QOperator

@@ -40,14 +40,16 @@
  *
  * PATH ({{PATH}}, the plan's precision_path): 3 = AVX512_VNNI (vpdpbusd on zmm, 64 u8 x s8
  * products in 16 lanes per instruction), 2 = AVX-VNNI (the VEX vpdpbusd on ymm), 4 = AVX2 with
- * 7-bit weights: vpmaddubsw (u8 x s8 byte products, adjacent pairs summed into int16 with
+ * bound weights: vpmaddubsw (u8 x s8 byte products, adjacent pairs summed into int16 with
  * saturation), then vpmaddwd by a vector of ones (the two pairs of a lane summed into int32): the
- * same four-byte K-groups as vpdpbusd, exact because the plan chose it only for bound weights whose
- * packed bytes all lie in [-64, 64], so that a pair sum is at most 2 * 255 * 64 = 32640 < 2^15;
+ * same four-byte K-groups as vpdpbusd. A pair of weights of one sign whose magnitudes sum past 128
+ * could saturate there (255 x 129 > 2^15): the pack reduces the larger to 128 minus the smaller's
+ * magnitude and lists the pair (NCORR {{NCORR}} of them, the plan's count: qgemm.pair_corrections)
+ * with its remainder, which the panel adds to the tile times A's byte after the micro-kernel, so
+ * the sums are exact (onnxruntime's reduce_range=True weights, 7 bits, have none);
  * 1 = the exact fallback for any weights: u8 and s8 widened to int16 (the even and odd bytes of
  * each lane) and multiplied by vpmaddwd, whose two products per lane (at most 255 * 128 each) add
- * exactly in int32 -- vpmaddubsw would saturate their int16 sum; 0 = the same sums in plain C (no
- * AVX2).
+ * exactly in int32; 0 = the same sums in plain C (no AVX2).
  *
  * Threads: the NR-column panels are chunks of the claim-based pool (common_pool.h), each panel
  * computed over all rows in MR-row tiles; with few panels (MB {{MB}} < M), a chunk is a panel's
@@ -74,7 +76,8 @@
 #define {{NAME}}_MB {{MB}}L /* rows per chunk of the threads' work (M: a chunk is a whole panel) */
 #define {{NAME}}_RBLOCKS (({{NAME}}_M + {{NAME}}_MB - 1) / {{NAME}}_MB)
 /* the plan's other choices (`eqfuse lower`'s plan: and precision: lines) */
-#define {{NAME}}_PATH {{PATH}} /* the instruction path: 3 avx512_vnni, 2 avx_vnni, 4 avx2_7bit, 1 fallback, 0 plain C */
+#define {{NAME}}_PATH {{PATH}} /* the instruction path: 3 avx512_vnni, 2 avx_vnni, 4 avx2_maddubs, 1 fallback, 0 plain C */
+#define {{NAME}}_NCORR {{NCORR}}L /* PATH 4: the weight pairs packed reduced, their remainders added to the tiles */
 #define {{NAME}}_A_S8 {{A_S8}} /* A is s8: read as u8 a ^ 0x80 */
 #define {{NAME}}_B_U8 {{B_U8}} /* B is u8: packed as s8 b ^ 0x80 */
 #define {{NAME}}_B_TRANSPOSED {{B_TRANSPOSED}} /* B is read as N x K (a QDQ Gemm's transB weight), packed from there */
@@ -125,6 +128,9 @@
 #define {{NAME}}_GROUP_BYTES ({{NAME}}_PATH == 1 ? 8L : 4L)
 #define {{NAME}}_PANEL_BYTES ({{NAME}}_KGP * {{NAME}}_GROUP_BYTES * {{NAME}}_NR)
 #define {{NAME}}_AXOR ({{NAME}}_A_S8 ? 0x80808080u : 0u)
+#if {{NAME}}_NCORR && ({{NAME}}_PATH != 4 || !{{NAME}}_PREPACKED_B)
+#error "weight pairs are corrected only on the avx2_maddubs path, with the weights packed once"
+#endif
 #if {{NAME}}_PATH == 3 && !defined(__AVX512VNNI__)
 #error "the plan chose the AVX512_VNNI path (vpdpbusd) but the compiler does not target AVX512_VNNI"
 #endif
@@ -178,8 +184,8 @@ static inline uint32_t {{NAME}}_arow(const uint8_t* a, int r, long g)
 /* acc + the sums of each lane's four u8 x s8 byte products */
 #define {{NAME}}_dot4(acc, a, b) _mm256_dpbusd_avx_epi32(acc, a, b)
 #elif {{NAME}}_PATH == 4
-/* vpdpbusd's sums in two steps: the u8 x s8 pairs in int16 (no saturation with 7-bit weights),
- * then the two pairs of each lane in int32 */
+/* vpdpbusd's sums in two steps: the u8 x s8 pairs in int16 (no saturation: the packed pairs'
+ * magnitudes sum to at most 128), then the two pairs of each lane in int32 */
 #define {{NAME}}_dot4(acc, a, b) \
     _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
 #endif
@@ -286,6 +292,46 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
 #endif
 }
 
+#if {{NAME}}_NCORR
+/* PATH 4's pairs that vpmaddubsw could saturate on: after the column sums, where each panel's
+ * list starts (PANELS + 1 int32), then the pairs in panel order: the packed K index of the
+ * reduced weight, its column in the panel and the remainder (weight - reduced) */
+typedef struct {
+    int32_t k;
+    int16_t jj, rem;
+} {{NAME}}_fix_t;
+#define {{NAME}}_FIX_START(P) ((int32_t*)((P) + {{NAME}}_PANELS * {{NAME}}_PANEL_BYTES + 4 * {{NAME}}_NPAD))
+#define {{NAME}}_FIXES(P) (({{NAME}}_fix_t*)({{NAME}}_FIX_START(P) + {{NAME}}_PANELS + 1))
+#define {{NAME}}_FIX_BYTES (4 * ({{NAME}}_PANELS + 1) + (long)sizeof({{NAME}}_fix_t) * {{NAME}}_NCORR)
+
+/* Each pair (k even, k + 1) of a packed column whose weights have one sign and magnitudes summing
+ * past 128: the larger reduced to 128 minus the smaller's magnitude, the pair listed (the column
+ * sums, made before, keep the weights themselves). The plan counted them on the same packed
+ * weights (qgemm.pair_corrections), NCORR; a pair past that count (never) is left as it is. */
+static void {{NAME}}_reduce_pairs(int8_t* restrict P)
+{
+    int32_t* restrict start = {{NAME}}_FIX_START(P);
+    {{NAME}}_fix_t* restrict fix = {{NAME}}_FIXES(P);
+    long n = 0;
+    for (long p = 0; p < {{NAME}}_PANELS; p++) {
+        int8_t* restrict q = P + p * {{NAME}}_PANEL_BYTES;
+        start[p] = (int32_t)n;
+        for (long g = 0; g < {{NAME}}_KGP; g++)
+            for (long jj = 0; jj < {{NAME}}_NR; jj++)
+                for (int h = 0; h < 2; h++) {
+                    int8_t* v = q + (g * {{NAME}}_NR + jj) * 4 + 2 * h;
+                    const int a = v[0], b = v[1], big = abs(b) > abs(a);
+                    if (a * b <= 0 || abs(a) + abs(b) <= 128 || n >= {{NAME}}_NCORR)
+                        continue;
+                    const int keep = (v[big] > 0 ? 1 : -1) * (128 - abs(v[!big]));
+                    fix[n++] = ({{NAME}}_fix_t){(int32_t)(4 * g + 2 * h + big), (int16_t)jj, (int16_t)(v[big] - keep)};
+                    v[big] = (int8_t)keep;
+                }
+    }
+    start[{{NAME}}_PANELS] = (int32_t)n;
+}
+#endif
+
 /* B (K x N, row stride N) into the panels P and its column sums after them (see above) */
 static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
 {
@@ -312,6 +358,9 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
                 colsum[j] += v;
             }
     }
+#if {{NAME}}_NCORR
+    {{NAME}}_reduce_pairs(P);
+#endif
 }
 
 #if {{NAME}}_QUANT_A
@@ -583,6 +632,18 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
             {{NAME}}_ukernel({{NAME}}_EDGE, A + {{NAME}}_arow0(i0), bp, g0, g1, init, dst);
         if (!last)
             continue;
+#if {{NAME}}_NCORR
+        /* the pairs packed reduced: A's byte times the remainder (A's rows as the micro-kernel reads them) */
+        {
+            const int32_t* start = {{NAME}}_FIX_START(jb->P);
+            const {{NAME}}_fix_t* fix = {{NAME}}_FIXES(jb->P);
+            for (long c = start[p]; c < start[p + 1]; c++)
+                for (int r = 0; r < mr; r++) { /* (uint32: wraps as the int32 sums do) */
+                    const int32_t byte = (int32_t)({{NAME}}_arow(A + {{NAME}}_arow0(i0), r, fix[c].k / 4) >> 8 * (fix[c].k % 4) & 255);
+                    tile[r * {{NAME}}_NR + fix[c].jj] = (int32_t)((uint32_t)tile[r * {{NAME}}_NR + fix[c].jj] + (uint32_t)(byte * fix[c].rem));
+                }
+        }
+#endif
         for (int r = 0; r < mr; r++) {
             const long q = i0 + r;
 #if {{NAME}}_DIRECT_X == 1 /* (virtual pixel q: column q % WP of output row q / WP; past OW not stored) */
@@ -750,7 +811,14 @@ done:
 
 #if {{NAME}}_PREPACKED_B
 /* The panels and column sums the kernel reads in place of B, in floats (the runtime's unit) */
-long {{NAME}}_prepack_floats(void) { return ({{NAME}}_PANELS * {{NAME}}_PANEL_BYTES + 4 * {{NAME}}_NPAD + 3) / 4; }
+long {{NAME}}_prepack_floats(void)
+{
+#if {{NAME}}_NCORR
+    return ({{NAME}}_PANELS * {{NAME}}_PANEL_BYTES + 4 * {{NAME}}_NPAD + {{NAME}}_FIX_BYTES + 3) / 4;
+#else
+    return ({{NAME}}_PANELS * {{NAME}}_PANEL_BYTES + 4 * {{NAME}}_NPAD + 3) / 4;
+#endif
+}
 
 void {{NAME}}_prepack(const float* B, float* P) { {{NAME}}_pack((const {{B_T}}*)(const void*)B, (int8_t*)P); }
 #endif

@@ -75,9 +75,9 @@ def planned_model(request):
 
 @pytest.fixture
 def no_vnni():
-    """This host's machine model without VNNI: the integer GEMM's paths are avx2_7bit and the
+    """This host's machine model without VNNI: the integer GEMM's paths are avx2_maddubs and the
     exact fallback (kinds.contraction.qgemm.int8_path), so they run on every AVX2, AVX-512 and AMX
-    host (tests/test_qgemm_7bit.py, tests/test_qgemm_fallback.py)."""
+    host (tests/test_qgemm_maddubs.py, tests/test_qgemm_fallback.py)."""
     import dataclasses
 
     m = _machine.machine()

@@ -335,12 +335,11 @@ def test_quantized_model_matches_onnxruntime(quantized, tmp_path):
     assert want_ops <= ops, ops
     integer = ("MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul", "QGemm")
     if ops & set(integer):  # each integer matmul and conv one integer GEMM, on this machine's instruction path
-        # (weights packed once take avx2_7bit on a CPU without VNNI: there they are quantized with
-        # reduce_range, 7 bits, ORT_EXACT_S8)
+        # (weights packed once take avx2_maddubs on a CPU without VNNI)
         prepacked = {k.name: bool(k.decisions.get("prepacked_b")) for k in module.kernels}
         int8 = [(v["path"], prepacked[k]) for k, v in module.report["precision"].items() if v["precision"] == "int8"]
         assert len(int8) == sum(n.op_type in integer for n in model.graph.node)
-        assert all(path == qgemm.int8_path(machine(), weights_7bit=packed and not ORT_EXACT_S8) for path, packed in int8), int8
+        assert all(path == qgemm.int8_path(machine(), weights_bound=packed) for path, packed in int8), int8
     if how == "dynamic":  # each integer GEMM and conv quantizes its A itself: no u8 tensor, no kernel
         quantizing = [k.name for k in module.kernels if k.decisions.get("quantize_a")]
         assert len(quantizing) == sum(n.op_type in ("MatMulInteger", "ConvInteger") for n in model.graph.node), quantizing
@@ -708,18 +707,19 @@ graph qc(cf: f32[2, 6, 9, 11], qs: f32, az: u8, cw: i8[8, 3, 3, 3], cwz: i8[8]) 
 """
 
 
-@pytest.fixture(params=["avx512_vnni", "avx_vnni", "avx2_7bit", "fallback",
+@pytest.fixture(params=["avx512_vnni", "avx_vnni", "avx2_maddubs", "fallback",
                         pytest.param("fallback_scalar", marks=pytest.mark.extended)])
 def int8_path(request):
     """Plans for a machine with that path: AVX512_VNNI, AVX-VNNI (ymm), plain AVX2 (vpmaddubsw for
-    bound 7-bit weights: the test binds such weights; else the vpmaddwd fallback) or below AVX2
+    bound weights: the test binds 7-bit ones, tests/test_qgemm_maddubs.py 8-bit ones; else the
+    vpmaddwd fallback) or below AVX2
     (plain C). The machine model is pinned, so the AVX2 paths and the fallbacks run here too."""
     import dataclasses
 
     from eqfuse import machine
 
     m, host = machine.machine(), machine.host_isa()
-    lanes = {"avx512_vnni": 16, "avx_vnni": 8, "avx2_7bit": 8, "fallback": 8, "fallback_scalar": 4}[request.param]
+    lanes = {"avx512_vnni": 16, "avx_vnni": 8, "avx2_maddubs": 8, "fallback": 8, "fallback_scalar": 4}[request.param]
     # an instruction path the host lacks is skipped with its reason; the exact AVX2 fallback runs everywhere
     if request.param in host and not host[request.param]:
         pytest.skip(f"this CPU has no {request.param.upper().replace('_', '-') if request.param == 'avx_vnni' else 'AVX512_VNNI'} "
@@ -737,9 +737,9 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     rng = np.random.default_rng(3)
     u8 = lambda *s: rng.integers(0, 256, s).astype(np.uint8)  # noqa: E731
     i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
-    # avx2_7bit: the bound weights (w = b, cw2) of 7 bits, their first column (output channel) at
+    # avx2_maddubs: the bound weights (w = b, cw2) of 7 bits, their first column (output channel) at
     # 64, A's first row at 255; the other GEMMs read B at run time and take the fallback
-    seven = int8_path == "avx2_7bit"
+    seven = int8_path == "avx2_maddubs"
     w7 = lambda *s: rng.integers(-64, 65, s).astype(np.int8)  # noqa: E731
     x = {"a": u8(7, 37), "b": w7(37, 53) if seven else i8(37, 53), "az": np.asarray(131, np.uint8), "bz": np.asarray(-3, np.int8),
          "s": i8(13, 5), "t": u8(5, 70), "sz": np.asarray(-77, np.int8), "tz": u8(70),
@@ -1306,12 +1306,12 @@ def test_integer_convs_without_im2col_read_a_padded_copy_of_x():
 
 @pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_integer_convs_without_im2col_on_every_path(int8_path):
-    _check_direct_x(seven=int8_path == "avx2_7bit")
+    _check_direct_x(seven=int8_path == "avx2_maddubs")
 
 
 def _check_direct_x(seven: bool = False):
     """DIRECT_X_G against the reference; `seven`: the weights of 7 bits, bound (params=), those of
-    one group packed once and so on the avx2_7bit path, the first output channel's at 64 and x's
+    one group packed once and so on the avx2_maddubs path, the first output channel's at 64 and x's
     first image at 255."""
     rng = np.random.default_rng(12)
     i8 = lambda *s: rng.integers(-64, 65, s).astype(np.int8) if seven else rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
@@ -1330,7 +1330,7 @@ def _check_direct_x(seven: bool = False):
     assert sorted(k.decisions["direct_x"] for k in convs) == [0, 1, 1, 1, 1, 1, 2, 2]
     paths = [mod.report["precision"][k.name]["path"] for k in convs]
     if seven:  # (wg's two groups are not packed once: the fallback)
-        assert paths == ["avx2_7bit" if k.decisions["prepacked_b"] else "fallback" for k in convs] and paths.count("fallback") == 1
+        assert paths == ["avx2_maddubs" if k.decisions["prepacked_b"] else "fallback" for k in convs] and paths.count("fallback") == 1
     assert sum(k.decisions["quantize_a"] for k in convs) == 1 and uops_text(DIRECT_X_G).count("padded with its zero point") == 7
     conv, quantize = OPS["conv_integer"].numpy, OPS["quantize_linear"].numpy
     geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731

@@ -6,9 +6,10 @@ with its dequantization, bias and activation as a pointwise epilogue on the exac
 `int8_path` is the one place the instruction path is chosen (the plan's `precision_path`, printed
 by `eqfuse lower`, listed by report["precision"]); `int8_tile` the register tile per path. B is
 packed in 4-byte K-groups with its column sums (once, when bound by params=: plan.detail.prepack).
-Bound weights whose packed bytes all fit 7 bits (`fits_7_bits`: onnxruntime's reduce_range=True
-weights) take "avx2_7bit" on a CPU without VNNI (`mark_bound` plans again with them): their range
-is known when the plan is made, and the plan is what runs.
+Bound weights take "avx2_maddubs" on a CPU without VNNI (`mark_bound` plans again with them):
+vpmaddubsw, exact because the few pairs of weights whose int16 sum could saturate are reduced when
+packed and their remainders added to the tiles after (`pair_corrections`); their values are known
+when the plan is made, and the plan is what runs.
 An A that is quantize_linear(x, scale, zp) of an f32 x (DynamicQuantizeLinear's y, joined by the rule
 kernel_matmul_integer_qa) is quantized by the kernel into its own A buffer (plan.detail.quantize_a).
 When that scale and zero point are dynamic_scale(r) and dynamic_zero_point(r) of dynamic_range's two
@@ -41,39 +42,61 @@ from eqfuse.machine import Machine
 RANGE_CALL = re.compile(r"eqf_range_(scale|zero_point)\((\w+)\[0\], \2\[1\]\)")
 
 # The template's PATH for each instruction path (csrc_templates/gemm_u8s8.c)
-INT8_PATHS = {"avx512_vnni": 3, "avx_vnni": 2, "avx2_7bit": 4, "fallback": 1, "fallback_scalar": 0}
+INT8_PATHS = {"avx512_vnni": 3, "avx_vnni": 2, "avx2_maddubs": 4, "fallback": 1, "fallback_scalar": 0}
 
-# The packed weights (s8, a u8 B read as b - 128) for which vpmaddubsw cannot saturate: the int16
-# sum of two u8 x s8 products is then at most 2 x 255 x 64 = 32640 < 2^15 in magnitude
-WEIGHT_7BIT = (-64, 64)
+# vpmaddubsw sums the u8 x s8 products of two adjacent bytes (k even and k + 1 of a column) into
+# int16 with saturation: with A's bytes up to 255, a pair of weights of one sign whose magnitudes
+# sum to more than PAIR_MAX can leave int16 (255 x 128 = 32640 < 2^15 <= 255 x 129); of opposite
+# signs, or summing to at most PAIR_MAX, it cannot. onnxruntime's reduce_range=True weights (7 bits,
+# [-64, 64]) never reach it.
+PAIR_MAX = 128
+# At most this share of a GEMM's weight pairs corrected (each a scalar multiply-add per row of A)
+# on the avx2_maddubs path; past it the exact vpmaddwd fallback. At 1/256 the corrections cost
+# about half of what the fallback loses, at 1/128 nearly all of it; weights quantized from a
+# layer's (a bell-shaped spread, the largest at +-127) have about one pair in a thousand to correct
+# (`benchmarks/bench_gemm.py --int8 --pairs`, benchmarks/RESULTS.md).
+CORRECTED_PAIRS_MAX = 1 / 256
 
 
-def int8_path(m: Machine, weights_7bit: bool = False) -> str:
+def int8_path(m: Machine, weights_bound: bool = False) -> str:
     """The instruction path of the integer GEMM on machine m: "avx512_vnni" (vpdpbusd on zmm)
     where the CPU has AVX512_VNNI and the kernels are built for AVX-512; else "avx_vnni" (the VEX
-    vpdpbusd on ymm) where it has AVX-VNNI; else on AVX2 "avx2_7bit" when the weights are known to
-    fit 7 bits (`weights_7bit`: bound, checked by fits_7_bits; vpmaddubsw + vpmaddwd by ones, exact
-    there), "fallback" for any weights (u8 and s8 widened to int16, vpmaddwd: exact, where
-    vpmaddubsw would saturate), or "fallback_scalar" below AVX2 (plain C). All compute the same
-    exact int32 sums."""
+    vpdpbusd on ymm) where it has AVX-VNNI; else on AVX2 "avx2_maddubs" when the weights are bound
+    and their values known (`weights_bound`: vpmaddubsw + vpmaddwd by ones, exact with the pairs
+    pair_corrections finds reduced and corrected), "fallback" for any weights (u8 and s8 widened
+    to int16, vpmaddwd: exact, where vpmaddubsw would saturate), or "fallback_scalar" below AVX2
+    (plain C). All compute the same exact int32 sums."""
     if m.avx512_vnni and m.simd_floats >= 16:
         return "avx512_vnni"
     if m.avx_vnni and m.simd_floats >= 8:
         return "avx_vnni"
     if m.simd_floats < 8:
         return "fallback_scalar"
-    return "avx2_7bit" if weights_7bit else "fallback"
+    return "avx2_maddubs" if weights_bound else "fallback"
 
 
-def fits_7_bits(w: np.ndarray, b_u8: bool) -> bool:
-    """Whether every weight as the kernel packs it (an s8 w as it is, a u8 w as w - 128) lies in
-    WEIGHT_7BIT, where the avx2_7bit path is exact. A u8 B of full range re-read as w - 128 does not."""
-    if w.size == 0:
-        return True
-    lo, hi = int(w.min()), int(w.max())
-    if b_u8:
-        lo, hi = lo - 128, hi - 128
-    return WEIGHT_7BIT[0] <= lo and hi <= WEIGHT_7BIT[1]
+def packed_weights(w: np.ndarray, d: QGemmDetail) -> np.ndarray:
+    """The bound weights w as the kernel packs them (`_pack` in csrc_templates/gemm_u8s8.c), one
+    column per output column: [K in the panels, rounded up to whole K-groups of 4] x N, int16 of
+    the s8 values (a u8 B read as b - 128; DIRECT_X: each kernel row padded with taps of weight 0
+    to whole K-groups)."""
+    v = w.astype(np.int16) - (128 if d.b_u8 else 0)
+    mat = v.reshape(d.N, -1).T if d.im2col or d.b_transposed else v.reshape(d.K, d.N)
+    if d.direct_x:
+        kw = d.geometry.KW
+        rows = mat.reshape(-1, kw, d.N)
+        mat = np.concatenate([rows, np.zeros((rows.shape[0], cdiv(kw, 4) * 4 - kw, d.N), np.int16)], 1).reshape(-1, d.N)
+    return np.concatenate([mat, np.zeros((-mat.shape[0] % 4, d.N), np.int16)])
+
+
+def pair_corrections(packed: np.ndarray) -> int:
+    """How many pairs of packed weights (k even and k + 1 of a column) vpmaddubsw could saturate
+    on: of one sign, their magnitudes summing past PAIR_MAX. The kernel packs the larger of each
+    such pair reduced to PAIR_MAX minus the smaller's magnitude, and adds A's byte times the
+    remainder to the tile after the micro-kernel (one correction per pair)."""
+    pairs = packed.astype(np.int32).reshape(-1, 2, packed.shape[1])
+    a, b = pairs[:, 0], pairs[:, 1]
+    return int(np.count_nonzero((a * b > 0) & (np.abs(a) + np.abs(b) > PAIR_MAX)))
 
 
 def int8_tile(path: str, N: int) -> tuple[int, int]:
@@ -83,7 +106,7 @@ def int8_tile(path: str, N: int) -> tuple[int, int]:
     count (6 x 64 on zmm: 24 + 4 + 1 of 32) had gcc keep them on the stack, reloaded and stored
     around every K-group; 8 x 32 (16 + 2 + 1) stays in registers
     (`benchmarks/bench_gemm.py --int8 --tiles` measures the candidates). The fallback also holds
-    B's even and odd int16 halves and A's two; avx2_7bit a vector of ones and each product: 3 x 24
+    B's even and odd int16 halves and A's two; avx2_maddubs a vector of ones and each product: 3 x 24
     was as fast as 4 x 16 and 2 x 32 with K in blocks, and faster than 4 x 16 with K = 768 in one
     block, which int8_kc gives 4 x 16 (BERT-base's shapes, `--int8 --tiles`); of the two, the one
     that pads N less (N = 32 or 64: 4 x 16, none, where 3 x 24 computes 48 or 72 columns): small
@@ -94,7 +117,7 @@ def int8_tile(path: str, N: int) -> tuple[int, int]:
         return (16, 16) if N <= 16 else (8, 32)
     if path == "avx_vnni":  # 4 x 2 + 2 + 1 = 11 of 16 ymm
         return (8, 8) if N <= 8 else (4, 16)
-    if path == "avx2_7bit":  # 3 x 3 + 3 + 1 + ones + product = 15 of 16 ymm
+    if path == "avx2_maddubs":  # 3 x 3 + 3 + 1 + ones + product = 15 of 16 ymm
         if N <= 8:
             return (6, 8)
         return min((3, 24), (4, 16), key=lambda t: cdiv(N, t[1]) * t[1])  # (a tie: 3 x 24, the first)
@@ -163,6 +186,9 @@ class QGemmDetail:
     # a conv's images are the threads' chunks (by_image()): each image's A buffer made and its GEMM
     # run by the thread that claimed it, against every image's panels shared by the threads
     by_image: bool = False
+    # avx2_maddubs: the weight pairs packed reduced, whose remainders the kernel adds to its tiles
+    # (pair_corrections; their list after the panels and column sums)
+    corrections: int = 0
     # its panels are chunks of the claim-based pool (the run function keeps the pool's workers
     # ready across it: runtime.program.hold_pool)
     pool: ClassVar[bool] = True
@@ -233,8 +259,8 @@ def by_image(images: int, groups: int, abytes: int, parallel: bool, cores: int) 
     return parallel and images >= cores > 1 and images % cores == 0 and groups == 1 and images * abytes <= BY_IMAGE_MAX_BYTES
 
 
-def plan_qgemm(plan: KernelPlan, m: Machine, weights_7bit: bool = False) -> None:
-    """The plan of an integer GEMM; `weights_7bit`: its B is bound and fits 7 bits (mark_bound)."""
+def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> None:
+    """The plan of an integer GEMM; `weights_bound`: its B is bound and its values known (mark_bound)."""
     body, a = plan.body, plan.shape.anchor
     mm = body.nodes[a]
     at, bt, _, zt = (body.nodes[x].type for x in mm.args)
@@ -244,7 +270,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_7bit: bool = False) -> None
     if conv:
         M, N, K, batches, nbb, geo = _conv_gemm(plan, a)
         fold, gM, calls = nbb == 1, M, batches
-        direct = direct_x(geo, int8_tile(int8_path(m, weights_7bit), N)[0])
+        direct = direct_x(geo, int8_tile(int8_path(m, weights_bound), N)[0])
         if direct == 1:  # (the virtual pixels: each output row WP = W + 2 PW wide, the last OW)
             gM = (M // geo.OW - 1) * (geo.W + 2 * geo.padding[1]) + geo.OW
     else:
@@ -254,7 +280,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_7bit: bool = False) -> None
         fold = bt.rank == 2
         gM, calls = (batches * M, 1) if fold else (M, batches)
         direct = 0
-    path = int8_path(m, weights_7bit)
+    path = int8_path(m, weights_bound)
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
     kp = geo.C // nbb * geo.KH * cdiv(geo.KW, 4) * 4 if direct else K  # K in the panels (direct_x: whole K-groups per kernel row)
@@ -288,7 +314,8 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_7bit: bool = False) -> None
                     f"one thread ({calls * gM * N * K} multiply-adds < {PARALLEL_MIN_FMAS}, plan_gemm.PARALLEL_MIN_FMAS)")
     op = {"avx512_vnni": "vpdpbusd zmm (u8 x s8 K-groups of 4, int32)",
           "avx_vnni": "vpdpbusd ymm, VEX (u8 x s8 K-groups of 4, int32)",
-          "avx2_7bit": "vpmaddubsw + vpmaddwd by ones (u8 x s8 K-groups of 4, int32; exact: 7-bit weights)",
+          "avx2_maddubs": "vpmaddubsw + vpmaddwd by ones (u8 x s8 K-groups of 4, int32; exact: pairs of weights that "
+                          "could saturate reduced, their remainders added after)",
           "fallback": "vpmaddwd on u8 and s8 widened to int16 (exact)",
           "fallback_scalar": "int32 multiply-adds in C"}[path]
     epi = ops_text(body, skip={a} | set(mm.args))
@@ -325,17 +352,30 @@ def b_input(body, a: int) -> int:
 def mark_bound(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[int, np.ndarray] | None = None) -> None:
     """detail.prepack when B (a rank-2 matrix, one for every batch; a conv's weights of one group)
     is bound by params= and read by nothing else in the kernel: the runtime packs it (and its column
-    sums) once. When its values (`values`: body input -> the bound array) fit 7 bits and that gives
-    m another path (avx2_7bit on a CPU without VNNI), the GEMM is planned again for it: the weights
-    packed are the ones checked, so the path cannot meet a weight it would saturate on."""
+    sums) once. When its values (`values`: body input -> the bound array) are known and that gives
+    m another path (avx2_maddubs on a CPU without VNNI), the GEMM is planned again for it, with the
+    number of weight pairs the kernel corrects (pair_corrections, at most CORRECTED_PAIRS_MAX of
+    them; else the fallback stays): the weights packed are the ones counted, so the path cannot
+    meet a pair it would saturate on."""
     body = plan.body
     b = b_input(body, plan.shape.anchor)
     one = plan.detail.groups == 1 if plan.detail.im2col else body.nodes[b].type.rank == 2
     if b not in bound or not one or len([n for n in body.nodes if b in n.args]) != 1:
         return
     w = (values or {}).get(b)
-    if w is not None and int8_path(m, True) != plan.precision_path and fits_7_bits(w, plan.detail.b_u8):
-        plan_qgemm(plan, m, weights_7bit=True)
+    if w is not None and int8_path(m, True) != plan.precision_path:
+        plan_qgemm(plan, m, weights_bound=True)
+        packed = packed_weights(w, plan.detail)
+        n = pair_corrections(packed)
+        if n > CORRECTED_PAIRS_MAX * packed.size / 2:
+            plan_qgemm(plan, m)
+        elif n:
+            plan.detail = replace(plan.detail, corrections=n)
+            calls, tiles, panels = plan.detail.batch, cdiv(plan.detail.M, plan.tiles["mr"]), cdiv(plan.detail.N, plan.tiles["nr"])
+            at = next(i for i, u in enumerate(plan.uops) if u.what.startswith("micro-kernel")) + 1
+            plan.uops.insert(at, UOp(4, "Exec", f"on the last K block, the {n} weight pairs vpmaddubsw could saturate on "
+                                     "(packed reduced): A's byte x the remainder added to the tile, per pair of its panel",
+                                     calls * panels * tiles))
     g = f"{plan.name}_gemm"
     plan.detail = replace(plan.detail, prepack=Prepack(body.inputs.index(b), f"{g}_prepack", f"{g}_prepack_floats"))
     plan.uops = [replace(u, what=u.what.replace("(once, when bound: params=)", "packed once when bound (params=)"))
@@ -374,7 +414,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
                  KC=plan.tiles["kc"], MB=plan.tiles["mb"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
                  PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), DIRECT_X=int(d.direct_x), BY_IMAGE=int(d.by_image), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
-                 G=d.groups, CI=geo.C, **geo.shape_c("N", "C", "OH"), PATH=INT8_PATHS[plan.precision_path],
+                 G=d.groups, CI=geo.C, **geo.shape_c("N", "C", "OH"), PATH=INT8_PATHS[plan.precision_path], NCORR=d.corrections,
                  PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
                  EXTRA_PARAMS="".join(f", const {t}* restrict {n}" for t, n in extras),
