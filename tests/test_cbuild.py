@@ -275,6 +275,41 @@ def test_the_precompiled_system_headers_are_built_once_and_a_damaged_one_is_not_
     assert build("int pch4(void) { return 4; }", "int pch4(void);", "pch4").lib.pch4() == 4
 
 
+@pytest.mark.heavy
+def test_a_module_source_reads_every_system_header_from_the_precompiled_one(tmp_path, monkeypatch):
+    """cffi's module source (Python.h first, then the kernels' headers) compiled with the
+    precompiled header as cbuild does: gcc uses the .gch (-H marks it "!") and parses no system
+    header's text (a nested "..", Python.h's own, would mean the .gch no longer covers it)."""
+    import subprocess
+    import sysconfig
+
+    import cffi
+    from cffi.recompiler import make_c_source
+    from setuptools._distutils.ccompiler import new_compiler
+    from setuptools._distutils.sysconfig import customize_compiler
+
+    from eqfuse.backend.cbuild import COMMON_C, compiler_flags, compiler_version, header_c
+
+    if "gcc" not in compiler_version().lower():
+        pytest.skip("the precompiled header is gcc's")
+    monkeypatch.setenv("EQFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("EQFUSE_NO_PCH", raising=False)
+    code = header_c("_mm256_setzero_ps()") + COMMON_C + "int pch6(void) { return 6; }"
+    assert build(code, "int pch6(void);", "pch6").lib.pch6() == 6
+    (gch,) = tmp_path.glob("_eqf_pre_*.h.gch")
+    ffi = cffi.FFI()
+    ffi.cdef("int pch6(void);")
+    make_c_source(ffi, "_pch6", code, str(tmp_path / "m.c"), verbose=False)
+    cc = new_compiler()
+    customize_compiler(cc)
+    out = subprocess.run([*cc.compiler_so, f"-I{sysconfig.get_paths()['include']}", *compiler_flags(), "-Winvalid-pch", "-H",
+                          "-include", str(gch)[:-4], "-c", str(tmp_path / "m.c"), "-o", str(tmp_path / "m.o")],
+                         capture_output=True, text=True, check=True)
+    lines = out.stderr.splitlines()
+    assert f"! {gch}" in lines, out.stderr[:2000]
+    assert not [line for line in lines if line.startswith("..")], out.stderr[:2000]
+
+
 def _unsafe_cache(tmp_path, monkeypatch, kind):
     import os
 

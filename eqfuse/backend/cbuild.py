@@ -380,8 +380,11 @@ def _compile(name: str, source: str, cdef: str, root: Path, final: Path, digest:
 # The system headers every kernel library includes, parsed once per compiler, flags and cache
 # directory into a precompiled header (gcc's `-include X.h` reads X.h.gch when it was built with
 # the same options, and the header's text otherwise). immintrin.h alone is most of a small
-# kernel library's compile time. _GNU_SOURCE first, with the value Python.h's pyconfig.h gives it:
-# the feature macros are then the ones the module would have had with Python.h first.
+# kernel library's compile time. Python.h first, as cffi's module source includes it (with
+# Py_LIMITED_API, cffi's choice for a release build of Python; a debug build, which has
+# sys.gettotalrefcount, gets neither): the module's own #include of it then finds it included,
+# and the feature macros are the ones its pyconfig.h gives (_GNU_SOURCE 1).
+PRECOMPILED_PYTHON = "" if hasattr(sys, "gettotalrefcount") else "#define Py_LIMITED_API\n#include <Python.h>\n"
 PRECOMPILED_HEADERS = ("stdio.h", "immintrin.h", "omp.h", "math.h", "pthread.h", "sched.h", "stddef.h",
                        "stdint.h", "stdlib.h", "string.h", "time.h", "sys/syscall.h", "unistd.h")
 
@@ -393,7 +396,7 @@ def _precompiled_header(root: Path, compiler_so: list[str], include: str, flags:
     library then compiles with the headers' text, as before."""
     if no_cache() or os.environ.get("EQFUSE_NO_PCH") or "gcc" not in compiler_version(compiler_so[0]).lower():
         return None
-    text = "#define _GNU_SOURCE 1\n" + "".join(f"#include <{h}>\n" for h in PRECOMPILED_HEADERS)
+    text = PRECOMPILED_PYTHON + "#define _GNU_SOURCE 1\n" + "".join(f"#include <{h}>\n" for h in PRECOMPILED_HEADERS)
     key = hashlib.sha256("\0".join([*compiler_so, include, *flags, compiler_version(compiler_so[0]), text])
                          .encode()).hexdigest()[:16]
     header, gch = root / f"_eqf_pre_{key}.h", root / f"_eqf_pre_{key}.h.gch"
