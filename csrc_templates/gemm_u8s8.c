@@ -44,8 +44,8 @@
  * saturation), then vpmaddwd by a vector of ones (the two pairs of a lane summed into int32): the
  * same four-byte K-groups as vpdpbusd. A pair of weights of one sign whose magnitudes sum past 128
  * could saturate there (255 x 129 > 2^15): the pack reduces the larger to 128 minus the smaller's
- * magnitude and lists the pair (NCORR {{NCORR}} of them, the plan's count: qgemm.pair_corrections)
- * with its remainder, which the panel adds to the tile times A's byte after the micro-kernel, so
+ * magnitude and lists the pair (room for NCORR {{NCORR}}, from the shape: qgemm.correction_room;
+ * the plan counted fewer, qgemm.pair_corrections) with its remainder, which the panel adds to the tile times A's byte after the micro-kernel, so
  * the sums are exact (onnxruntime's reduce_range=True weights, 7 bits, have none);
  * 1 = the exact fallback for any weights: u8 and s8 widened to int16 (the even and odd bytes of
  * each lane) and multiplied by vpmaddwd, whose two products per lane (at most 255 * 128 each) add
@@ -77,7 +77,7 @@
 #define {{NAME}}_RBLOCKS (({{NAME}}_M + {{NAME}}_MB - 1) / {{NAME}}_MB)
 /* the plan's other choices (`eqfuse lower`'s plan: and precision: lines) */
 #define {{NAME}}_PATH {{PATH}} /* the instruction path: 3 avx512_vnni, 2 avx_vnni, 4 avx2_maddubs, 1 fallback, 0 plain C */
-#define {{NAME}}_NCORR {{NCORR}}L /* PATH 4: the weight pairs packed reduced, their remainders added to the tiles */
+#define {{NAME}}_NCORR {{NCORR}}L /* PATH 4: room for the weight pairs packed reduced, their remainders added to the tiles */
 #define {{NAME}}_A_S8 {{A_S8}} /* A is s8: read as u8 a ^ 0x80 */
 #define {{NAME}}_B_U8 {{B_U8}} /* B is u8: packed as s8 b ^ 0x80 */
 #define {{NAME}}_B_TRANSPOSED {{B_TRANSPOSED}} /* B is read as N x K (a QDQ Gemm's transB weight), packed from there */
@@ -307,7 +307,7 @@ typedef struct {
 /* Each pair (k even, k + 1) of a packed column whose weights have one sign and magnitudes summing
  * past 128: the larger reduced to 128 minus the smaller's magnitude, the pair listed (the column
  * sums, made before, keep the weights themselves). The plan counted them on the same packed
- * weights (qgemm.pair_corrections), NCORR; a pair past that count (never) is left as it is. */
+ * weights (qgemm.pair_corrections), at most NCORR; a pair past that room (never) is left as it is. */
 static void {{NAME}}_reduce_pairs(int8_t* restrict P)
 {
     int32_t* restrict start = {{NAME}}_FIX_START(P);

@@ -10,6 +10,8 @@ the path runs on every AVX2, AVX-512 and AMX host; the plan tests pin models as 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from helpers import one_graph
@@ -86,12 +88,18 @@ def test_the_maddubs_path_is_exact_on_edge_tiles_and_extreme_weights(no_vnni, bi
     assert [p.precision_path for p in plans] == ["avx2_maddubs"] * 5 and all(p.prepack is not None for p in plans)
     # (7 bits: no pair to correct; 8 bits: the planted ones and those of the random weights, the same
     # count as the numpy model of the packed weights gives)
+    # (the C's room for them from the shape alone, `eqfuse lower` saying how many there are)
     names = {(237, 53): "w1", (130, 70): "w2", (6, 5): "w3", (600, 16): "w4", (1101, 70): "w5"}
-    fixes = {names[p.detail.K, p.detail.N]: (p.detail.corrections, qgemm.pair_corrections(
-        qgemm.packed_weights(w[names[p.detail.K, p.detail.N]], p.detail))) for p in plans}
-    assert all(planned == counted for planned, counted in fixes.values()), fixes
-    assert fixes["w3"][0] == 0
-    assert all(fixes[k][0] == 0 if bits == 7 else fixes[k][0] >= 2 * CORRECTED for k in ("w1", "w2", "w4", "w5")), fixes
+    text = {p.name: format_uops([p]) for p in plans}
+    fixes = {}
+    for p in plans:
+        packed = qgemm.packed_weights(w[names[p.detail.K, p.detail.N]], p.detail)
+        n = qgemm.pair_corrections(packed)
+        assert p.detail.corrections == (qgemm.correction_room(packed) if n else 0), p.name
+        assert (f"the {n} weight pairs vpmaddubsw could saturate on" in text[p.name]) == (n > 0), p.name
+        fixes[names[p.detail.K, p.detail.N]] = n
+    assert fixes["w3"] == 0
+    assert all(fixes[k] == 0 if bits == 7 else fixes[k] >= 2 * CORRECTED for k in ("w1", "w2", "w4", "w5")), fixes
     # (N = 53: 4 x 16 pads to 64, 3 x 24 to 72; N = 70: 3 x 24 to 72, 4 x 16 to 80; N = 16 and 5)
     assert sorted((p.tiles["mr"], p.tiles["nr"]) for p in plans) == [(3, 24), (3, 24), (4, 16), (4, 16), (6, 8)]
     assert sorted(p.detail.K for p in plans if p.tiles["kc"] < p.detail.K) == sorted(p.detail.K for p in plans if p.detail.parallel) == [1101]
@@ -135,8 +143,9 @@ def test_the_maddubs_path_is_exact_in_integer_convs(no_vnni, bits):
     assert [k.decisions["prepacked_b"] for k in convs] == [1, 1, 1]
     assert sorted(k.decisions["direct_x"] for k in convs) == [0, 1, 2]
     assert all(v["path"] == "avx2_maddubs" for v in mod.report["precision"].values() if v["precision"] == "int8")
-    fixes = [p.detail.corrections for p in mod.default.last.plans if p.kind == "contraction"]
-    assert fixes == [0, 0, 0] if bits == 7 else min(fixes) >= CORRECTED, fixes
+    text = format_uops([p for p in mod.default.last.plans if p.kind == "contraction"])
+    fixes = [int(n) for n in re.findall(r"the (\d+) weight pairs vpmaddubsw could saturate on", text)]
+    assert fixes == [] if bits == 7 else len(fixes) == 3 and min(fixes) >= CORRECTED, fixes
     conv = OPS["conv_integer"].numpy  # (the reference: int64 sums of (x - x_zp) (w - w_zp))
     geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
     want = [conv([x["x"], w["w"], x["xz"], x["wz"]], geo(padding=1)),

@@ -89,6 +89,12 @@ def packed_weights(w: np.ndarray, d: QGemmDetail) -> np.ndarray:
     return np.concatenate([mat, np.zeros((-mat.shape[0] % 4, d.N), np.int16)])
 
 
+def correction_room(packed: np.ndarray) -> int:
+    """The most pairs of these packed weights the avx2_maddubs path corrects (CORRECTED_PAIRS_MAX of
+    them): the list's room in the packed weights, a function of the shape only."""
+    return int(CORRECTED_PAIRS_MAX * packed.size / 2)
+
+
 def pair_corrections(packed: np.ndarray) -> int:
     """How many pairs of packed weights (k even and k + 1 of a column) vpmaddubsw could saturate
     on: of one sign, their magnitudes summing past PAIR_MAX. The kernel packs the larger of each
@@ -186,8 +192,9 @@ class QGemmDetail:
     # a conv's images are the threads' chunks (by_image()): each image's A buffer made and its GEMM
     # run by the thread that claimed it, against every image's panels shared by the threads
     by_image: bool = False
-    # avx2_maddubs: the weight pairs packed reduced, whose remainders the kernel adds to its tiles
-    # (pair_corrections; their list after the panels and column sums)
+    # avx2_maddubs: room for the weight pairs packed reduced, whose remainders the kernel adds to
+    # its tiles (their list after the panels and column sums): 0 when there are none, else
+    # correction_room(), from the shape alone, so that layers of one shape share their C
     corrections: int = 0
     # its panels are chunks of the claim-based pool (the run function keeps the pool's workers
     # ready across it: runtime.program.hold_pool)
@@ -367,10 +374,10 @@ def mark_bound(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[in
         plan_qgemm(plan, m, weights_bound=True)
         packed = packed_weights(w, plan.detail)
         n = pair_corrections(packed)
-        if n > CORRECTED_PAIRS_MAX * packed.size / 2:
+        if n > correction_room(packed):
             plan_qgemm(plan, m)
         elif n:
-            plan.detail = replace(plan.detail, corrections=n)
+            plan.detail = replace(plan.detail, corrections=correction_room(packed))
             calls, tiles, panels = plan.detail.batch, cdiv(plan.detail.M, plan.tiles["mr"]), cdiv(plan.detail.N, plan.tiles["nr"])
             at = next(i for i, u in enumerate(plan.uops) if u.what.startswith("micro-kernel")) + 1
             plan.uops.insert(at, UOp(4, "Exec", f"on the last K block, the {n} weight pairs vpmaddubsw could saturate on "
