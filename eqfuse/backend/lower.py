@@ -15,6 +15,7 @@ from dataclasses import replace
 from eqfuse.backend.kinds import KIND
 from eqfuse.backend.kinds.contraction import mark_bound_b
 from eqfuse.backend.kinds.contraction.conv import block_between_convs
+from eqfuse.backend.literals import lift_literals
 from eqfuse.backend.live import mark_live
 from eqfuse.backend.plan import KernelPlan, rounds_as_written, size
 from eqfuse.backend.stores import place_stores, store_uop
@@ -158,7 +159,12 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
     split: set[int] = set()
     while True:
         origins: dict[int, int] = {}
-        kg = kernelize(g, fuse=fuse, split=frozenset(split), origins=origins)
+        kg0 = kernelize(g, fuse=fuse, split=frozenset(split), origins=origins)
+        kg, ids = lift_literals(kg0)  # (twin kernels apart only by literals: one C)
+        origins = {ids[k]: v for k, v in origins.items()}
+        for i, j in ids.items():  # (a body with literals lifted is a new one: _origin finds it no more)
+            if kg.nodes[j].body is not kg0.nodes[i].body and j not in origins:
+                origins[j] = _origin(g, kg0, i)
         plans: list[KernelPlan] = []
         retry = False
         count = 0
