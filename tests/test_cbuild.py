@@ -288,7 +288,12 @@ def test_a_module_source_reads_every_system_header_from_the_precompiled_one(tmp_
     from setuptools._distutils.ccompiler import new_compiler
     from setuptools._distutils.sysconfig import customize_compiler
 
-    from eqfuse.backend.cbuild import COMMON_C, compiler_flags, compiler_version, header_c
+    from eqfuse.backend.cbuild import (
+        COMMON_C,
+        compiler_flags,
+        compiler_version,
+        header_c,
+    )
 
     if "gcc" not in compiler_version().lower():
         pytest.skip("the precompiled header is gcc's")

@@ -18,7 +18,6 @@ from dataclasses import replace
 
 from eqfuse.ir.graph import Graph, Node
 
-
 # the ops whose argument at this position is a float scale whatever their other arguments' types
 SCALE_ARG = {"quantize_linear": 1, "dequantize_linear": 1}
 
