@@ -110,19 +110,12 @@ class Signature:
 def onnx_signature(path: str | os.PathLike) -> Signature:
     """The Signature of an ONNX decoder export, with its position table's length when position_ids
     index an initializer (GPT-2's wpe), perhaps through a Cast or a reshape."""
-    from eqfuse.frontend.onnx_inputs import input_shapes, load_model
+    from eqfuse.frontend.onnx_cache import header
 
-    proto = load_model(path)
-    sig = Signature([(p, s) for _, p, s in input_shapes(proto)])
-    onnx_pos = next(o for o, p, _ in input_shapes(proto) if p == sig.positions)
-    inits = {t.name: tuple(t.dims) for t in proto.graph.initializer}
-    names, passes = {onnx_pos}, ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Flatten", "Expand")
-    for node in proto.graph.node:  # in topological order: follow position_ids to the Gather it indexes
-        if node.op_type in passes and node.input and node.input[0] in names:
-            names.update(node.output)
-        elif node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in names and node.input[0] in inits:
-            sig.max_positions = int(inits[node.input[0]][0])
-            break
+    head = header(path)
+    sig = Signature([(p, s) for _, p, s in head.inputs])
+    onnx_pos = next(o for o, p, _ in head.inputs if p == sig.positions)
+    sig.max_positions = head.tables.get(onnx_pos)
     return sig
 
 

@@ -575,9 +575,9 @@ def length_input(live: str) -> str:
 def live_graph(g: Graph, src, live: str, dims: Mapping[str, int]) -> Graph:
     """The first graph with its inputs along dim `live` made cache buffers (eqfuse.ir.live)."""
     if is_onnx(src):
-        from eqfuse.frontend.onnx_inputs import input_shapes
+        from eqfuse.frontend.onnx_cache import header
 
-        shapes = {p: s for _, p, s in input_shapes(src)}
+        shapes = {p: s for _, p, s in header(src).inputs}
     else:
         shapes = {n: t.shape for n, t in g.params}
     axes = {n: list(s).index(live) for n, s in shapes.items() if live in s}
@@ -653,22 +653,16 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
                                           buckets={} if buckets == {} else batch or None), shared)
 
     if graph is None:
+        from eqfuse.frontend.onnx_cache import header
         from eqfuse.frontend.onnx_import import import_with_params
-        from eqfuse.frontend.onnx_inputs import (
-            graph_name,
-            input_dims,
-            input_shapes,
-            load_model,
-        )
 
-        proto = load_model(src)  # read once here (not kept: BERT-base's is 440 MB)
-        check_bucket_values(input_dims(proto), buckets)
-        inputs = [(name, shape) for _, name, shape in input_shapes(proto)]
+        head = header(src)  # (one parse of the file per process, not kept: BERT-base's is 440 MB)
+        check_bucket_values(list(head.dims), buckets)
+        inputs = [(name, shape) for _, name, shape in head.inputs]
         batch = next((s[0] for _, s in inputs if s and isinstance(s[0], str) and s[0] not in dims), None)
-        f = PaddedFunction(graph_name(proto), inputs, dims, batch, buckets or {}, build_bucket,
+        f = PaddedFunction(head.name, inputs, dims, batch, buckets or {}, build_bucket,
                            lambda d: import_with_params(src, dims={**dims, **d}))
         f.onnx_path = os.fspath(src)  # (eqfuse.generate reads a decoder's position table from it)
-        del proto
         if not f.padded and needs is not None:
             raise needs
     else:

@@ -111,6 +111,30 @@ def test_a_warm_compile_with_dims_parses_nothing(imports, cache_root, tmp_path, 
     assert len(imports) == 1
 
 
+def test_a_files_header_is_parsed_once_and_a_changed_file_again(imports, tmp_path, monkeypatch):
+    """The inputs, dims and name the stages read before an import (a decoder compiled per bucket
+    asks at each bucket) come from one parse per file: kept in the process and beside the imports;
+    a changed file (its ctime differs) is parsed again."""
+    from eqfuse.frontend import onnx_inputs
+
+    monkeypatch.setattr(onnx_cache, "RACY_SECONDS", 0.0)
+    monkeypatch.setattr(onnx_cache, "_HEADERS", {})
+    parses = []
+    real = onnx_inputs.header
+    monkeypatch.setattr(onnx_inputs, "header", lambda m: parses.append(1) or real(m))
+    path = tmp_path / "h.onnx"
+    write_model(path, 0, batch="B")
+    first = onnx_cache.header(path)
+    assert first.dims == ("B",) and first.inputs == (("x", "x", ("B", 32)),) and first.name == "g"
+    assert onnx_cache.header(path) is first and onnx_cache.input_dims(path) == ["B"] and len(parses) == 1
+    onnx_cache._HEADERS.clear()  # a new process: the entry beside the imports serves
+    assert onnx_cache.header(path) == first and len(parses) == 1
+    st = os.stat(path)
+    write_model(path, 0, batch="N")  # the same size, the old mtime put back
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert onnx_cache.header(path).dims == ("N",) and len(parses) == 2
+
+
 def test_a_changed_file_is_imported_again(imports, cache_root, tmp_path, monkeypatch):
     """Same size, the old mtime put back (os.utime): the ctime differs, so the entry is not served.
     RACY_SECONDS = 0 makes the entry trusted by the file's identity alone."""

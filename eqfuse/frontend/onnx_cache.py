@@ -9,6 +9,9 @@ initializers into arrays, before any stage of its own. `import_path(path, dims)`
   written whole and read back only when its digest matches (eqfuse.cache.write_entry / read_entry);
 - `<key>-<digest>.weights`: every weight, raw, each at a 64-byte aligned offset, memory-mapped
   read-only on a hit: a warm import reads no weight until a kernel does, and copies none.
+- `<key>.header`: what the stages read before an import (`header`: the graph's name, its inputs,
+  their named dims, the tables the inputs index), by the same rule; kept in the process too, so a
+  decoder compiled at several dims parses its file for them once.
 
 The key is the file's real path and the dims bound at import; the entry holds the digest of
 eqfuse's sources (eqfuse.cache.code_digest: the pickle's classes are the ones that wrote it) and is
@@ -52,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eqfuse.frontend.onnx_inputs import Imported, load_model
+from eqfuse.frontend.onnx_inputs import Header, Imported, load_model
 
 SUBDIR = "imports"
 ENABLED = True  # False turns the cache off in this process (the test suite does, but in its cache tests)
@@ -217,32 +220,61 @@ def _stamp(st: os.stat_result, digest: str, external=()) -> dict:
                          for f, xst, d in external]}
 
 
-def input_dims(path: str | os.PathLike) -> list[str]:
-    """onnx_inputs.input_dims(path), kept as imports are: checking dims= against a model served by
-    the cache parses nothing."""
+_HEADERS: dict[tuple, Header] = {}  # (real path, identity) -> its header, in this process
+
+
+def header(model) -> Header:
+    """onnx_inputs.header(model), read once per file: kept in this process, and beside the imports
+    (by the module's rule, with the digest of eqfuse's sources), so that the stages asking a model's
+    inputs, dims and name before its import (a decoder compiled per bucket asks them at each
+    bucket) parse it once, and a model served by the cache is not parsed at all. A file modified
+    within RACY_SECONDS is read again at each call. A model given as bytes or a ModelProto is read
+    as it is."""
     from eqfuse.frontend import onnx_inputs
 
-    root = _dir() if enabled() else None
-    if root is None:
-        return onnx_inputs.input_dims(path)
-    real = Path(os.path.realpath(path))
-    at = root / f"{_key(real, {'(input dims)': 0})}.dims"
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError, EOFError):
-        e = _entry(at, real)
-        if e is not None:
-            return list(e["dims"])
+    if not isinstance(model, (str, os.PathLike)):
+        return onnx_inputs.header(model)
+    real = Path(os.path.realpath(model))
     try:
-        before = os.stat(real)
+        st = os.stat(real)
+    except OSError:
+        return onnx_inputs.header(model)  # its own message
+    held = _HEADERS.get((real, _identity(st)))
+    if held is not None:
+        return held
+    root = _dir() if enabled() else None
+    at = root / f"{_key(real, {'(header)': 0})}.header" if root is not None else None
+    if at is not None:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError, EOFError,
+                                 AttributeError):
+            e = _entry(at, real)
+            if e is not None and isinstance(e.get("header"), Header):
+                return _hold(real, st, e["header"])
+    try:
         data = real.read_bytes()
     except OSError:
-        return onnx_inputs.input_dims(path)  # its own message
-    out = onnx_inputs.input_dims(load_model(data, where=str(path)))
+        return onnx_inputs.header(model)  # its own message
+    out = onnx_inputs.header(load_model(data, where=str(model)))
     with contextlib.suppress(OSError):
-        if _identity(os.stat(real)) == _identity(before):
-            from eqfuse.cache import write_entry
+        if _identity(os.stat(real)) == _identity(st):  # not changed while read
+            if at is not None:
+                from eqfuse.cache import write_entry
 
-            write_entry(at, pickle.dumps({**_stamp(before, hashlib.sha256(data).hexdigest()), "dims": out}))
+                write_entry(at, pickle.dumps({**_stamp(st, hashlib.sha256(data).hexdigest()), "header": out}))
+            _hold(real, st, out)
     return out
+
+
+def _hold(real: Path, st: os.stat_result, h: Header) -> Header:
+    if not _racy(st, time.time_ns()):
+        _HEADERS[(real, _identity(st))] = h
+    return h
+
+
+def input_dims(path: str | os.PathLike) -> list[str]:
+    """onnx_inputs.input_dims(path), from the file's header: checking dims= against a model served
+    by the cache parses nothing."""
+    return list(header(path).dims)
 
 
 def _get(root: Path, key: str, real: Path) -> Imported | None:

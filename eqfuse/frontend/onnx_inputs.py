@@ -6,6 +6,7 @@ from __future__ import annotations
 import keyword
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,43 @@ def input_dims(model) -> list[str]:
     raw = [d.dim_param for vi in proto.graph.input if vi.name not in init for d in vi.type.tensor_type.shape.dim]
     named = [d for _, _, shape in input_shapes(proto) for d in shape if isinstance(d, str)]
     return list(dict.fromkeys(named + [d for d in raw if d]))
+
+
+# the ops an input's values pass through unchanged on their way to index a table (tables())
+_PASSES = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Flatten", "Expand")
+
+
+def tables(model) -> dict[str, int]:
+    """ONNX input name -> the rows of the initializer that input indexes (the first Gather, in
+    topological order, whose indices are the input, perhaps through a Cast or a reshape): a
+    decoder's position ids index its position table (GPT-2's wpe), whose rows bound them."""
+    proto = load_model(model)
+    inits = {t.name: tuple(t.dims) for t in proto.graph.initializer}
+    origin = {vi.name: vi.name for vi in proto.graph.input if vi.name not in inits}
+    rows: dict[str, int] = {}
+    for node in proto.graph.node:
+        if node.op_type in _PASSES and node.input and node.input[0] in origin:
+            origin.update(dict.fromkeys(node.output, origin[node.input[0]]))
+        elif (node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in origin
+              and node.input[0] in inits and inits[node.input[0]]):
+            rows.setdefault(origin[node.input[1]], int(inits[node.input[0]][0]))
+    return rows
+
+
+@dataclass(frozen=True)
+class Header:
+    """What the stages read of an ONNX model before importing its graph, from one parse of it
+    (onnx_cache.header keeps it per file: a parse of a decoder's protobuf is a second or more)."""
+
+    name: str  # graph_name
+    inputs: tuple[tuple[str, str, tuple[int | str, ...]], ...]  # input_shapes
+    dims: tuple[str, ...]  # input_dims
+    tables: Mapping[str, int]  # tables
+
+
+def header(model) -> Header:
+    proto = load_model(model)
+    return Header(graph_name(proto), tuple(input_shapes(proto)), tuple(input_dims(proto)), tables(proto))
 
 
 @dataclass
