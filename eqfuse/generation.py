@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from itertools import compress
 from operator import is_, is_not
 
@@ -221,8 +222,10 @@ class Decoder:
         cap = self.capacity
         if s > cap:
             raise ArgumentError(f"generate: a prompt of {s} tokens does not fit a cache of {cap}")
-        chunk = self.make_step(b, cap, n)
-        self.live_step = self.make_step(b, cap)
+        # compiled together: one's C compiler runs while the other imports and optimizes
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            chunk_made, step_made = pool.submit(self.make_step, b, cap, n), pool.submit(self.make_step, b, cap)
+            chunk, self.live_step = chunk_made.result(), step_made.result()
         self.cache = [np.zeros((b, h, cap + 1, d), np.float32) for _, (_, h, _, d) in self.sig.pasts]
         self.mask = np.zeros((b, cap + 1), np.int64)
         t, logits = 0, None

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_random_compile import random_model
 
 import eqfuse
-from eqfuse.errors import ArgumentError, DimsNeeded
+from eqfuse.errors import ArgumentError, DimsNeeded, EqfuseError
 from eqfuse.runtime.padded import pad_sizes
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -291,3 +291,44 @@ def test_bad_arrays_at_the_first_call_are_clear_errors_before_anything_compiles(
         mod(ids + 1000, mask)
     assert not mod.default.modules
     np.testing.assert_equal(mod(ids, mask).shape, (2, 12, 64))
+
+
+def test_two_live_steps_compile_at_once_and_one_step_once():
+    """PaddedFunction.live_module (eqfuse.generate's chunk and decode steps): two threads compile
+    two steps at once (each build waits at a barrier for the other: built one after the other, the
+    barrier breaks); two threads asking for one step get one build, and when it fails (once the
+    other thread waits for it) both raise its error; the next call builds it again."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from eqfuse.runtime.padded import PaddedFunction
+
+    both = threading.Barrier(2, timeout=60)
+    builds = []
+
+    def build(dims, live=None):
+        p = dims["p"]
+        builds.append(p)
+        if p == 3 and builds.count(3) == 1:
+            pending = f._building[((("p", 3),), "p")]
+            deadline = time.monotonic() + 60
+            while not pending._condition._waiters:  # until the other thread waits for this build
+                assert time.monotonic() < deadline, "the second thread never waited for the build"
+                time.sleep(0.001)
+            raise EqfuseError("this step failed")
+        if p != 3:
+            both.wait()  # (the steps of p 1 and p 2 are built together)
+        return f"step {p}"
+
+    f = PaddedFunction("g", [("x", ("p",))], {}, None, {}, build, build)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        assert [r.result() for r in [pool.submit(f.live_module, {"p": p}, "p") for p in (1, 2)]] == ["step 1", "step 2"]
+    assert sorted(builds) == [1, 2]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for r in [pool.submit(f.live_module, {"p": 3}, "p") for _ in range(2)]:
+            with pytest.raises(EqfuseError, match="this step failed"):
+                r.result()
+    assert builds.count(3) == 1
+    assert f.live_module({"p": 3}, "p") == "step 3" and builds.count(3) == 2
+    assert f.live_module({"p": 1}, "p") == "step 1" and len(builds) == 4

@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -91,6 +91,7 @@ class PaddedFunction:
         self.limits: dict[str, str] = {}  # padded dim -> the first default bucket the model refused
         self.out_axes: dict[str, list[tuple[int, ...]]] = {}  # padded dim -> its axes in each output
         self.live_modules: dict[tuple, object] = {}  # (dims, live dim) -> Module of a decoder step (live_module)
+        self._building: dict[tuple, Future] = {}  # live_module's keys being built, by one thread each
         self.last = None  # the GraphFunction of the last call's bucket (Module.kernels reads it)
         self.last_module = None
         self._ready = False
@@ -129,12 +130,31 @@ class PaddedFunction:
     def live_module(self, dims: Mapping[str, int], live: str):
         """The model compiled with every dim bound by `dims` and `live` a KV cache's run-time length
         (compile's live=, eqfuse.generate's decode step), compiled once per dims; it shares the
-        weights of the buckets."""
+        weights of the buckets. Two threads may compile two of them at once (eqfuse.generate's
+        chunk and decode steps: one's C compiler runs while the other imports and optimizes, as
+        _first's buckets do); a thread asking for one being compiled waits for it."""
         key = (tuple(sorted(dims.items())), live)
         with self._lock:
-            if key not in self.live_modules:
-                self.live_modules[key] = self._build(dict(dims), live=live)
-            return self.live_modules[key]
+            if key in self.live_modules:
+                return self.live_modules[key]
+            building = self._building.get(key)
+            mine = building is None
+            if mine:  # built outside the lock: another thread may build another step meanwhile
+                building = self._building[key] = Future()
+        if not mine:
+            return building.result()  # (the thread building it raises its error here too)
+        try:
+            mod = self._build(dict(dims), live=live)
+        except BaseException as e:
+            with self._lock:
+                del self._building[key]
+            building.set_exception(e)
+            raise
+        with self._lock:
+            self.live_modules[key] = mod
+            del self._building[key]
+        building.set_result(mod)
+        return mod
 
     # ------------------------------------------------------------ dims and buckets
 
