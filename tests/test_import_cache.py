@@ -119,6 +119,7 @@ def test_a_files_header_is_parsed_once_and_a_changed_file_again(imports, tmp_pat
 
     monkeypatch.setattr(onnx_cache, "RACY_SECONDS", 0.0)
     monkeypatch.setattr(onnx_cache, "_HEADERS", {})
+    monkeypatch.setattr(onnx_cache, "_DIGESTS", {})
     parses = []
     real = onnx_inputs.header
     monkeypatch.setattr(onnx_inputs, "header", lambda m: parses.append(1) or real(m))
@@ -133,6 +134,13 @@ def test_a_files_header_is_parsed_once_and_a_changed_file_again(imports, tmp_pat
     write_model(path, 0, batch="N")  # the same size, the old mtime put back
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert onnx_cache.header(path).dims == ("N",) and len(parses) == 2
+    # the import hashes the file's bytes no more: the header's digest of them serves
+    import hashlib
+
+    size, hashed, sha256 = os.stat(path).st_size, [], hashlib.sha256
+    monkeypatch.setattr(hashlib, "sha256", lambda b=b"": hashed.append(len(b)) or sha256(b))
+    onnx_cache.import_path(path)
+    assert size not in hashed and len(imports) == 1
 
 
 def test_a_changed_file_is_imported_again(imports, cache_root, tmp_path, monkeypatch):

@@ -135,7 +135,7 @@ def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) 
     with contextlib.suppress(OSError):
         if _identity(os.stat(real)) == _identity(before) and all(
                 _identity(os.stat(f)) == _identity(st) for f, st, _ in ext):  # not changed while read
-            if _put(root, key, real, before, hashlib.sha256(data).hexdigest(), imp, ext):
+            if _put(root, key, real, before, _content_digest(real, before, data), imp, ext):
                 # the weights as a warm compile maps them: this process's memory holds no copy,
                 # and the kernels' panels of them are kept too (runtime.program)
                 del data, proto
@@ -168,6 +168,21 @@ def _external_files(proto, base: Path) -> list[Path]:
             loc = next((e.value for e in t.external_data if e.key == "location"), "")
             out.setdefault(Path(os.path.realpath(base / loc)), None)
     return list(out)
+
+
+_DIGESTS: dict[tuple, str] = {}  # (real path, identity) -> the sha256 of its bytes, in this process
+
+
+def _content_digest(real: Path, st: os.stat_result, data: bytes) -> str:
+    """The sha256 of `data`, the bytes of `real` read after `st` was taken; hashed once per file in a
+    process (a decoder's imports at two dims and its header hash 650 MB each), unless racy."""
+    key = (real, _identity(st))
+    if key in _DIGESTS:
+        return _DIGESTS[key]
+    digest = hashlib.sha256(data).hexdigest()
+    if not _racy(st, time.time_ns()):
+        _DIGESTS[key] = digest
+    return digest
 
 
 def _file_digest(path: Path) -> str:
@@ -260,7 +275,7 @@ def header(model) -> Header:
             if at is not None:
                 from eqfuse.cache import write_entry
 
-                write_entry(at, pickle.dumps({**_stamp(st, hashlib.sha256(data).hexdigest()), "header": out}))
+                write_entry(at, pickle.dumps({**_stamp(st, _content_digest(real, st, data)), "header": out}))
             _hold(real, st, out)
     return out
 
