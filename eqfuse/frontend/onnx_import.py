@@ -156,12 +156,17 @@ class _Importer:
             self.env[vi.name] = self.input(vi)
             runtime.append(vi.name)
         inputs = [self.env[n] for n in runtime]
+        looked = False
         for k, node in enumerate(g.node):
             self.node = node
-            if handler_key(node.op_type, node.domain) not in HANDLERS:
-                # before the first error, look ahead: the message lists every op missing
+            if not looked and handler_key(node.op_type, node.domain) not in HANDLERS:
+                # before the first error, look ahead: the message lists every op missing. Once:
+                # the look-ahead follows the constants through the nodes after this one, so it
+                # has checked theirs (a model's every shape op looked ahead over the rest of its
+                # graph: a second of a 5,000-node decoder's import)
                 consts = {n for n, v in self.env.items() if self.is_const(v) or isinstance(v, sy.Sym)}
                 self.check_ops(list(g.node)[k:], consts)
+                looked = True
             self.import_node(node)
         self.node = None
         outputs = [self.output(vi) for vi in g.output]
