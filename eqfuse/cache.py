@@ -227,9 +227,9 @@ def info() -> dict:
     out: dict = {"dir": str(root)}
     for kind, files in _entries(root).items():
         # (an optimized graph's pickle is a second form of its entry, and a memo a fact derived
-        # from one, an imported model's weights, their packed panels and its header parts of
-        # its entry: not entries; their bytes count)
-        n = sum(1 for f in files if f.suffix not in (".sha256", ".lock", ".pickle", ".memo", ".weights", ".panels", ".header")
+        # from one, an imported model's weights, their packed panels and its header and an import's
+        # DimsNeeded parts of its entry: not entries; their bytes count)
+        n = sum(1 for f in files if f.suffix not in (".sha256", ".lock", ".pickle", ".memo", ".weights", ".panels", ".header", ".needs")
                 and not f.name.startswith(".tmp-"))
         size = 0
         for f in files:

@@ -143,6 +143,48 @@ def test_a_files_header_is_parsed_once_and_a_changed_file_again(imports, tmp_pat
     assert size not in hashed and len(imports) == 1
 
 
+def test_an_import_that_needs_dims_is_remembered(imports, tmp_path, monkeypatch):
+    """A model that imports only with its dims bound (a concat along a named dim, as a decoder's
+    cache is) is refused again from its entry, with the same message and the dims the concat adds,
+    and without a parse; a changed file is imported again."""
+    from eqfuse.errors import DimsNeeded
+    from eqfuse.frontend import onnx_inputs
+
+    monkeypatch.setattr(onnx_cache, "RACY_SECONDS", 0.0)
+    path = tmp_path / "cat.onnx"
+
+    def write(axis_name):
+        g = helper.make_graph(
+            [helper.make_node("Concat", ["past", "new"], ["y"], axis=1)], "g",
+            [helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, axis_name, 8]),
+             helper.make_tensor_value_info("new", TensorProto.FLOAT, [1, "s", 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "t", 8])])
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+    write("p")
+    with pytest.raises(DimsNeeded) as first:
+        onnx_cache.import_path(path)
+    assert len(imports) == 1 and first.value.sums
+
+    def no_parse(*a, **kw):
+        raise AssertionError("the protobuf was parsed")
+
+    with monkeypatch.context() as m:
+        m.setattr(onnx_inputs, "load_model", no_parse)
+        m.setattr(onnx_cache, "load_model", no_parse)
+        with pytest.raises(DimsNeeded) as again:
+            onnx_cache.import_path(path)
+    assert (again.value.message, again.value.hint, again.value.sums) == (
+        first.value.message, first.value.hint, first.value.sums) and len(imports) == 1
+    assert str(again.value) == str(first.value)
+    st = os.stat(path)
+    write("q")  # the same size, the old mtime put back
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(DimsNeeded) as changed:
+        onnx_cache.import_path(path)
+    assert len(imports) == 2 and "q" in changed.value.sums
+
+
 def test_a_changed_file_is_imported_again(imports, cache_root, tmp_path, monkeypatch):
     """Same size, the old mtime put back (os.utime): the ctime differs, so the entry is not served.
     RACY_SECONDS = 0 makes the entry trusted by the file's identity alone."""

@@ -9,6 +9,8 @@ initializers into arrays, before any stage of its own. `import_path(path, dims)`
   written whole and read back only when its digest matches (eqfuse.cache.write_entry / read_entry);
 - `<key>-<digest>.weights`: every weight, raw, each at a 64-byte aligned offset, memory-mapped
   read-only on a hit: a warm import reads no weight until a kernel does, and copies none.
+- `<key>.needs`: an import that stopped with DimsNeeded (the model imports only with some of its
+  named dims bound: a decoder's concat along its past), raised again from here, by the same rule;
 - `<key>.header`: what the stages read before an import (`header`: the graph's name, its inputs,
   their named dims, the tables the inputs index), by the same rule; kept in the process too, so a
   decoder compiled at several dims parses its file for them once.
@@ -55,6 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
+from eqfuse.errors import DimsNeeded
 from eqfuse.frontend.onnx_inputs import Header, Imported, load_model
 
 SUBDIR = "imports"
@@ -109,6 +112,9 @@ def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) 
     got = _get(root, key, real) if root is not None else None
     if got is not None:
         return got
+    needs = _needs(root / f"{key}.needs", real) if root is not None else None
+    if needs is not None:
+        raise needs
     from eqfuse.frontend.onnx_import import import_model
 
     if root is None:
@@ -131,16 +137,46 @@ def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) 
             load_external_data_for_model(proto, str(real.parent))
         except Exception:  # (onnx refuses a location outside the model's directory, a short file, ...)
             return import_model(path, dims=dims)  # its own message
-    imp = import_model(proto, dims=dims)
+    try:
+        imp = import_model(proto, dims=dims)
+    except DimsNeeded as e:
+        # kept as an import is: a decoder's export is imported at no dims first, to learn that it
+        # needs them bound (a concat along its past), and a warm compile need not parse it for that
+        with contextlib.suppress(OSError, pickle.PicklingError):
+            if _unchanged(real, before, ext):
+                from eqfuse.cache import write_entry
+
+                write_entry(root / f"{key}.needs", pickle.dumps(
+                    {**_stamp(before, _content_digest(real, before, data), ext),
+                     "needs": (e.message, e.pos, e.hint, tuple(e.sums))}, protocol=pickle.HIGHEST_PROTOCOL))
+        raise
     with contextlib.suppress(OSError):
-        if _identity(os.stat(real)) == _identity(before) and all(
-                _identity(os.stat(f)) == _identity(st) for f, st, _ in ext):  # not changed while read
+        if _unchanged(real, before, ext):  # not changed while read
             if _put(root, key, real, before, _content_digest(real, before, data), imp, ext):
                 # the weights as a warm compile maps them: this process's memory holds no copy,
                 # and the kernels' panels of them are kept too (runtime.program)
                 del data, proto
                 imp = _get(root, key, real) or imp
     return imp
+
+
+def _unchanged(real: Path, before: os.stat_result, ext) -> bool:
+    """The file and its external data files are as they were stat'ed before being read."""
+    return _identity(os.stat(real)) == _identity(before) and all(
+        _identity(os.stat(f)) == _identity(st) for f, st, _ in ext)
+
+
+def _needs(at: Path, real: Path) -> DimsNeeded | None:
+    """The DimsNeeded an import of the file as it is now raised at these dims, kept at `at`."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError, EOFError,
+                             AttributeError):
+        e = _entry(at, real)
+        if e is not None:
+            message, pos, hint, sums = e["needs"]
+            err = DimsNeeded(message, pos, hint)
+            err.sums = tuple(sums)
+            return err
+    return None
 
 
 def _tensors(graph):
