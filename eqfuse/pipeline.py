@@ -515,7 +515,8 @@ def compile_model(src, opts: Options, shared: SharedArrays | None = None) -> Mod
 def stages(src, opts: Options, shared: SharedArrays | None = None) -> Module:
     """compile_model's body."""
     try:
-        loaded = load(src, opts, shared)
+        with shared.importing if shared is not None else contextlib.nullcontext():
+            loaded = load(src, opts, shared)
     except DimsNeeded as e:  # an ONNX model with named dims only bound per call: compiled per bucket of them
         if opts.grad is not None:
             raise

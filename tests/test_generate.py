@@ -127,6 +127,16 @@ def test_no_decode_step_kernel_loops_over_the_capacity():
                                                                        for a in p.args]]
 
 
+def test_a_step_is_compiled_with_its_weights_packed():
+    """live_module packs the bound weights' panels in the thread that compiles the step (the
+    chunk and decode steps compile on two threads: one packs while the other compiles), so the
+    first call finds every one of them ready."""
+    path, mod = compiled("torchscript")
+    step = mod.default.live_module({"batch": 1, "sequence": 1, "past": CAPACITY, "total": CAPACITY + 1}, "past")
+    runner = step.default.compiled({}).runner
+    assert runner.mem.prepacks and {s for s, _ in runner.mem.prepacks} <= set(runner._packed)
+
+
 def hf_generate(ids: np.ndarray, new: int, model: str = "gpt2"):
     """transformers' greedy generation from the same weights: (ids, the logits of each step)."""
     import torch

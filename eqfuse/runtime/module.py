@@ -127,6 +127,13 @@ class GraphFunction:
             self.last = c
         return c
 
+    def pack_bound(self) -> None:
+        """Pack the panels of the bound weights of every binding compiled so far now, in the
+        calling thread, rather than at each one's first call (eqfuse.generate's chunk and decode
+        steps: each packs in the thread that compiled it, while the other compiles)."""
+        for c in list(self.cache.values()):
+            c.runner.pack(self._template)
+
     def note_bf16_caches(self, c: Compiled) -> None:
         """The inputs of c that are bf16 KV caches take uint16 arrays (bf16_caches)."""
         kg = c.kgraph

@@ -145,6 +145,9 @@ class PaddedFunction:
             return building.result()  # (the thread building it raises its error here too)
         try:
             mod = self._build(dict(dims), live=live)
+            pack = getattr(getattr(mod, "default", None), "pack_bound", None)
+            if pack is not None:  # (its weights' panels: packed in this thread too)
+                pack()
         except BaseException as e:
             with self._lock:
                 del self._building[key]

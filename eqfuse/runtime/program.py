@@ -361,6 +361,10 @@ class SharedArrays:
         # so that one's C compiler overlaps the other's optimizer, and no optimizer's time limit
         # (wall clock) is spent waiting for the other's.
         self.optimizing = threading.Lock()
+        # Their imports take turns too: an import is Python under the GIL, so two at once end
+        # together, late, where one after the other lets the first bucket's optimizer and C
+        # compiler start while the second imports (benchmarks/RESULTS.md, 2026-11-29 afternoon).
+        self.importing = threading.Lock()
 
     def arrays(self, named: dict) -> dict:
         """`named` with each array replaced by an equal one held already (name, shape and dtype
@@ -620,6 +624,11 @@ class Runner:
         if self.fn is None:
             return
         self._state()
+        self.pack(arrays)
+
+    def pack(self, arrays: list[np.ndarray | None]) -> None:
+        """Pack the bound weights among `arrays` (in input order; None for one passed per call)
+        now, in this thread, for the calls to find their panels ready."""
         for s, pos in self.mem.prepacks:
             a = arrays[pos]
             if isinstance(a, np.ndarray) and a.flags.c_contiguous and a.dtype == self.in_dtypes[pos]:
