@@ -185,6 +185,46 @@ def test_an_import_that_needs_dims_is_remembered(imports, tmp_path, monkeypatch)
     assert len(imports) == 2 and "q" in changed.value.sums
 
 
+def test_imports_of_a_file_at_other_dims_write_each_weight_once(imports, cache_root, tmp_path, monkeypatch):
+    """A model imported at two dims in one process (a decoder's chunk and decode steps, a padded
+    model's buckets) writes each weight once: the second entry names the first's file. Of weights
+    that differ under the same name and shape (compared element by element), only those are
+    written again; an entry one of whose files is gone is not served, and the model is imported
+    again."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    monkeypatch.setattr(onnx_cache, "RACY_SECONDS", 0.0)
+    monkeypatch.setattr(onnx_cache, "_WRITTEN", {})
+    path = tmp_path / "shared.onnx"
+    w, b = write_model(path, 0, batch="B")
+    for n in (4, 8):
+        onnx_cache.import_path(path, {"B": n})
+    assert len(imports) == 2 and len(files(cache_root, ".entry")) == 2 and len(files(cache_root, ".weights")) == 1
+    for n in (4, 8):  # both served from the one file, mapped
+        got = onnx_cache.import_path(path, {"B": n})
+        assert not got.params["w"].flags.writeable
+        np.testing.assert_array_equal(got.params["w"], w)
+        np.testing.assert_array_equal(got.params["b"], b)
+    assert len(imports) == 2
+    real = Path(os.path.realpath(path))
+    root, st = cache_root / "imports", os.stat(real)
+    first = files(cache_root, ".weights")[0]
+    imp = onnx_cache.import_path(path, {"B": 4})
+    other = replace(imp, params={k: np.array(v) + (k == "w") for k, v in imp.params.items()})
+    key = onnx_cache._key(real, {"B": 16})
+    assert onnx_cache._put(root, key, real, st, onnx_cache._content_digest(real, st, real.read_bytes()), other)
+    second = [f for f in files(cache_root, ".weights") if f != first]
+    assert len(second) == 1 and second[0].stat().st_size == w.nbytes  # w + 1 alone: b is the first file's
+    got = onnx_cache._get(root, key, real)
+    np.testing.assert_array_equal(got.params["w"], w + 1)
+    np.testing.assert_array_equal(got.params["b"], b)
+    first.unlink()
+    assert onnx_cache._get(root, key, real) is None and onnx_cache._get(root, onnx_cache._key(real, {"B": 8}), real) is None
+    np.testing.assert_array_equal(onnx_cache.import_path(path, {"B": 8}).params["w"], w)
+    assert len(imports) == 3
+
+
 def test_a_changed_file_is_imported_again(imports, cache_root, tmp_path, monkeypatch):
     """Same size, the old mtime put back (os.utime): the ctime differs, so the entry is not served.
     RACY_SECONDS = 0 makes the entry trusted by the file's identity alone."""

@@ -8,7 +8,9 @@ initializers into arrays, before any stage of its own. `import_path(path, dims)`
   name, dtype, shape and offset, the identity of the ONNX file and of the weights file, pickled,
   written whole and read back only when its digest matches (eqfuse.cache.write_entry / read_entry);
 - `<key>-<digest>.weights`: every weight, raw, each at a 64-byte aligned offset, memory-mapped
-  read-only on a hit: a warm import reads no weight until a kernel does, and copies none.
+  read-only on a hit: a warm import reads no weight until a kernel does, and copies none. A weight
+  equal to one this process wrote for an import of the same file at other dims is not written
+  again: the entry names that import's file (a decoder's two steps, a padded model's buckets);
 - `<key>.needs`: an import that stopped with DimsNeeded (the model imports only with some of its
   named dims bound: a decoder's concat along its past), raised again from here, by the same rule;
 - `<key>.header`: what the stages read before an import (`header`: the graph's name, its inputs,
@@ -51,6 +53,7 @@ import contextlib
 import hashlib
 import os
 import pickle
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -335,54 +338,106 @@ def _get(root: Path, key: str, real: Path) -> Imported | None:
         e = _entry(root / f"{key}.entry", real)
         if e is None:
             return None
-        params = {}
-        if e["params"]:
-            blob = root / e["blob"]
-            if _identity(os.stat(blob)) != e["blob_file"]:
+        maps = []
+        for name, identity in e["blobs"]:
+            blob = root / name
+            if _identity(os.stat(blob)) != identity:
                 return None
-            mm = read_mapped(blob, e["blob_file"][2])  # (the ownership rule)
+            mm = read_mapped(blob, identity[2])  # (the ownership rule)
             if mm is None:
                 return None
-            for name, dtype, shape, offset in e["params"]:
-                dt = np.dtype(dtype)
-                a = np.frombuffer(mm, dtype=dt, count=int(np.prod(shape, dtype=np.int64)), offset=offset).reshape(shape)
-                note_origin(a, f"{e['blob']}:{offset}:{a.nbytes}:{dtype}:{shape}")  # (runtime.program's panels)
-                params[name] = a
+            maps.append((name, mm))
+        params = {}
+        for name, dtype, shape, j, offset in e["params"]:
+            blob, mm = maps[j]
+            dt = np.dtype(dtype)
+            a = np.frombuffer(mm, dtype=dt, count=int(np.prod(shape, dtype=np.int64)), offset=offset).reshape(shape)
+            note_origin(a, f"{blob}:{offset}:{a.nbytes}:{dtype}:{shape}")  # (runtime.program's panels)
+            params[name] = a
         return Imported(e["graph"], params, e["inputs"], e["outputs"])
     except (OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError, AttributeError, EOFError):
         return None
 
 
+# (cache directory, real path, its identity, the weights' name digest) -> the weights files this
+# process wrote of that file: [(file, its identity, its mapping, {(name, dtype, shape): offset})].
+# The imports of one file at other dims (a decoder's chunk and decode steps, a padded model's
+# buckets) hold mostly the same weights (each binding folds a few constants of its own), which
+# _put writes once.
+_WRITTEN: dict[tuple, list[tuple[Path, tuple, object, dict]]] = {}
+_WRITING = threading.Lock()  # (one _put at a time: of two imports at once, the second finds the first's)
+
+
+def _written_equal(held: list, name: str, a: np.ndarray, mine: Path) -> tuple[Path, tuple, int] | None:
+    """(file, identity, offset) of an array equal to `a` under its name among the files `held`
+    that are still the ones written, but `mine` (the file about to be written again)."""
+    key = (name, a.dtype.str, tuple(int(d) for d in a.shape))
+    for blob, identity, mm, arrays in held:
+        offset = arrays.get(key)
+        if offset is None or blob == mine:
+            continue
+        with contextlib.suppress(OSError):
+            if _identity(os.stat(blob)) == identity and np.array_equal(
+                    np.frombuffer(mm, dtype=a.dtype, count=a.size, offset=offset).reshape(a.shape), a):
+                return blob, identity, offset
+    return None
+
+
 def _put(root: Path, key: str, real: Path, st: os.stat_result, digest: str, imp: Imported, external=()) -> bool:
     """Write the weights file, then the entry that names it (a reader finds the old entry and its
     file, or the new ones). Other weights files of the key (an older version of the model) go.
-    `external`: the model's data files, (real path, stat, sha256) each, read after the stat."""
-    from eqfuse.cache import write_entry, write_mapped
+    `external`: the model's data files, (real path, stat, sha256) each, read after the stat.
 
-    table, offset = [], 0
-    for name, a in imp.params.items():
-        offset += -offset % ALIGN
-        table.append((name, a.dtype.str, tuple(int(d) for d in a.shape), offset))
-        offset += a.nbytes
+    A weight equal (name, dtype, shape and every element) to one of the same file that this process
+    wrote for another import (at other dims) is not written again: the entry names that file and
+    its offset. The reader checks each file's identity, so an entry one of whose files was replaced
+    or removed is not served (the model is imported again)."""
+    from eqfuse.cache import read_mapped, write_entry, write_mapped
+
     named = hashlib.sha256("\0".join([digest, *(d for _, _, d in external)]).encode()).hexdigest() if external \
         else digest  # (the weights' name follows the data files' content too)
     blob = root / f"{key}-{named[:24]}.weights"
-    def chunks():
-        at = 0
-        for (_, _, _, offset), a in zip(table, imp.params.values()):
-            yield b"\0" * (offset - at)
-            yield np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
-            at = offset + a.nbytes
-
+    written = (root, real, _identity(st), named)
     try:
-        if not write_mapped(blob, chunks()):
-            return False
-        for old in [*root.glob(f"{key}-*.weights"), *root.glob(f"{key}-*.panels")]:
-            if old != blob:  # (an older file or eqfuse's: their panels with them)
-                with contextlib.suppress(OSError):
-                    old.unlink()
-        entry = {**_stamp(st, digest, external), "graph": imp.graph, "inputs": imp.inputs, "outputs": imp.outputs, "params": table,
-                 "blob": blob.name, "blob_file": _identity(os.stat(blob))}
+        with _WRITING:
+            held = _WRITTEN.setdefault(written, [])
+            files: list[tuple[str, tuple]] = []  # the entry's weights files: (name, identity)
+            table, own, offset = [], [], 0  # (name, dtype, shape, file, offset); the arrays written here
+            for name, a in imp.params.items():
+                shape = tuple(int(d) for d in a.shape)
+                found = _written_equal(held, name, a, blob) if a.nbytes >= ALIGN else None
+                if found is not None:
+                    if (found[0].name, found[1]) not in files:
+                        files.append((found[0].name, found[1]))
+                    table.append((name, a.dtype.str, shape, files.index((found[0].name, found[1])), found[2]))
+                    continue
+                offset += -offset % ALIGN
+                table.append((name, a.dtype.str, shape, None, offset))
+                own.append((offset, a))
+                offset += a.nbytes
+
+            def chunks():
+                at = 0
+                for at_, a in own:
+                    yield b"\0" * (at_ - at)
+                    yield np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
+                    at = at_ + a.nbytes
+
+            if own:
+                if not write_mapped(blob, chunks()):
+                    return False
+                identity = _identity(os.stat(blob))
+                mm = read_mapped(blob, identity[2])
+                if mm is not None:
+                    held.append((blob, identity, mm, {(n, dt, sh): o for n, dt, sh, j, o in table if j is None}))
+                files.append((blob.name, identity))
+                table = [(n, dt, sh, len(files) - 1 if j is None else j, o) for n, dt, sh, j, o in table]
+            for old in [*root.glob(f"{key}-*.weights"), *root.glob(f"{key}-*.panels")]:
+                if old != blob or not own:  # (an older file or eqfuse's: their panels with them)
+                    with contextlib.suppress(OSError):
+                        old.unlink()
+        entry = {**_stamp(st, digest, external), "graph": imp.graph, "inputs": imp.inputs, "outputs": imp.outputs,
+                 "params": table, "blobs": files}
         return write_entry(root / f"{key}.entry", pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
     except (OSError, pickle.PicklingError):
         return False
