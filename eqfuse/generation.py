@@ -427,8 +427,10 @@ def load_decoder(path: str | os.PathLike):
         raise EqfuseError(f"{path}: no such file")
     key = (real, os.path.getmtime(real), os.path.getsize(real))
     if key not in _MODULES:
-        sig = onnx_signature(real)
-        _MODULES[key] = (compile_model(real), sig)
+        # compiled first: its import keeps the file's header, which onnx_signature then reads
+        # without parsing the file again (a non-decoder is refused after its compile)
+        module = compile_model(real)
+        _MODULES[key] = (module, onnx_signature(real))
     return _MODULES[key]
 
 

@@ -141,6 +141,12 @@ def test_a_files_header_is_parsed_once_and_a_changed_file_again(imports, tmp_pat
     monkeypatch.setattr(hashlib, "sha256", lambda b=b"": hashed.append(len(b)) or sha256(b))
     onnx_cache.import_path(path)
     assert size not in hashed and len(imports) == 1
+    # an import keeps the header of the file it parsed: asked after it, the header needs no parse
+    other = tmp_path / "h2.onnx"
+    write_model(other, 1, batch="M")
+    onnx_cache.import_path(other)
+    before = len(parses)
+    assert onnx_cache.header(other).dims == ("M",) and len(parses) == before
 
 
 def test_an_import_that_needs_dims_is_remembered(imports, tmp_path, monkeypatch):

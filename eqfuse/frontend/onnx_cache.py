@@ -128,6 +128,9 @@ def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) 
     except OSError:
         return import_model(path, dims=dims)  # its own message
     proto = load_model(data, where=str(path))
+    if (real, _identity(before)) not in _HEADERS:
+        with contextlib.suppress(Exception):  # (a by-product: the import gives its own message)
+            _keep_header(root, real, before, data, proto)
     external = _external_files(proto, real.parent)
     try:
         ext = [(f, os.stat(f), _file_digest(f)) for f in external]
@@ -308,13 +311,23 @@ def header(model) -> Header:
         data = real.read_bytes()
     except OSError:
         return onnx_inputs.header(model)  # its own message
-    out = onnx_inputs.header(load_model(data, where=str(model)))
+    return _keep_header(root, real, st, data, load_model(data, where=str(model)))
+
+
+def _keep_header(root: Path | None, real: Path, st: os.stat_result, data: bytes, proto) -> Header:
+    """The header of `proto`, parsed from `data`, the bytes of `real` read after `st` was taken,
+    kept (in the process, and under `root` when there is one) if the file did not change meanwhile;
+    an import keeps it too, so that the stages asking after it do not parse the file again."""
+    from eqfuse.frontend import onnx_inputs
+
+    out = onnx_inputs.header(proto)
     with contextlib.suppress(OSError):
         if _identity(os.stat(real)) == _identity(st):  # not changed while read
-            if at is not None:
+            if root is not None:
                 from eqfuse.cache import write_entry
 
-                write_entry(at, pickle.dumps({**_stamp(st, _content_digest(real, st, data)), "header": out}))
+                write_entry(root / f"{_key(real, {'(header)': 0})}.header",
+                            pickle.dumps({**_stamp(st, _content_digest(real, st, data)), "header": out}))
             _hold(real, st, out)
     return out
 
