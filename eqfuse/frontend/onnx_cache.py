@@ -5,7 +5,7 @@ initializers into arrays, before any stage of its own. `import_path(path, dims)`
 `onnx_import.import_model` made of the file, beside the kernel cache (`<cache dir>/imports/`):
 
 - `<key>.entry`: the imported graph, the runtime inputs' and outputs' ONNX names, each weight's
-  name, dtype, shape and offset, the identity of the ONNX file and of the weights file, pickled,
+  name, dtype, shape, weights file and offset, the identity of the ONNX file and of the weights files, pickled,
   written whole and read back only when its digest matches (eqfuse.cache.write_entry / read_entry);
 - `<key>-<digest>.weights`: every weight, raw, each at a 64-byte aligned offset, memory-mapped
   read-only on a hit: a warm import reads no weight until a kernel does, and copies none. A weight
@@ -217,7 +217,7 @@ _DIGESTS: dict[tuple, str] = {}  # (real path, identity) -> the sha256 of its by
 
 def _content_digest(real: Path, st: os.stat_result, data: bytes) -> str:
     """The sha256 of `data`, the bytes of `real` read after `st` was taken; hashed once per file in a
-    process (a decoder's imports at two dims and its header hash 650 MB each), unless racy."""
+    process (a decoder's header and its imports at two dims each hashed the whole file), unless racy."""
     key = (real, _identity(st))
     if key in _DIGESTS:
         return _DIGESTS[key]

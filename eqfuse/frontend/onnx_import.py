@@ -162,8 +162,8 @@ class _Importer:
             if not looked and handler_key(node.op_type, node.domain) not in HANDLERS:
                 # before the first error, look ahead: the message lists every op missing. Once:
                 # the look-ahead follows the constants through the nodes after this one, so it
-                # has checked theirs (a model's every shape op looked ahead over the rest of its
-                # graph: a second of a 5,000-node decoder's import)
+                # has checked theirs (a look-ahead at every node without a handler made the import
+                # quadratic in the graph's size)
                 consts = {n for n, v in self.env.items() if self.is_const(v) or isinstance(v, sy.Sym)}
                 self.check_ops(list(g.node)[k:], consts)
                 looked = True

@@ -70,7 +70,7 @@ def tables(model) -> dict[str, int]:
 @dataclass(frozen=True)
 class Header:
     """What the stages read of an ONNX model before importing its graph, from one parse of it
-    (onnx_cache.header keeps it per file: a parse of a decoder's protobuf is a second or more)."""
+    (onnx_cache.header keeps it per file: parsing a decoder's protobuf reads all of its weights)."""
 
     name: str  # graph_name
     inputs: tuple[tuple[str, str, tuple[int | str, ...]], ...]  # input_shapes
