@@ -5,6 +5,7 @@ torch.compile, prefill and decode apart, against the machine's memory bandwidth.
         [--batch 1 --batch 4] [--prompt 128] [--new 128]
         [--peers eqfuse,eqfuse-bf16,ort,ov,ov-default,torch,compile] [--capacity 2048] [--rounds 5]
     flock /tmp/eqfuse-bench.lock python benchmarks/bench_generate.py --model gpt2 --peers eqfuse,eqfuse-loaded
+    flock /tmp/eqfuse-bench.lock python benchmarks/bench_generate.py --model llama --first [--rounds 2]
 
 Models (random weights, tests/decoder_exports.py, the TorchScript export with past key values):
 `gpt2`, GPT-2-small-sized (12 layers, 768 wide, 12 heads, 50257 tokens, 1024 positions, the LM
@@ -37,6 +38,14 @@ measured in this process at the same thread count (a[i] = b[i] + s * c[i] over f
 Until 2026-11-28 this counted 24, STREAM's bytes for doubles: it printed twice the bandwidth, and
 the fractions of triad in the RESULTS.md sections before then are half the true ones). Then
 eqfuse's decode step profiled per kernel (top 10, at the last live length).
+
+`--first` times what the table above leaves out: the first generation of `--new` tokens in a new
+process, from the model's file to the last token. eqfuse: `eqfuse.generate(path, ...)` with its
+caches empty (`cold`: the import, the optimizer, the C builds, the panels) and then filled by that
+run (`warm`: a later process on the same machine); onnxruntime: its session's creation and the
+same greedy generation; OpenVINO f32: read_model, compile_model and the generation. Each a child
+process (`--child-first`), the peers interleaved over `--rounds`; printed per peer, its median and
+range over the rounds.
 """
 
 from __future__ import annotations
@@ -157,6 +166,94 @@ class Torch:
             return out.logits[:, -1].float().numpy()
 
 
+def export_path(a):
+    """(the export's path, its model's sizes) for --model, --layers, --width."""
+    import decoder_exports as de
+
+    kind, layers, width, heads, sizes = MODELS[a.model]
+    layers, width = a.layers or layers, a.width or width
+    positions = 1024 if kind == "gpt2" else 2048
+    return de.export_decoder(kind, "torchscript", layers, width, heads, positions, **sizes), layers, heads, sizes
+
+
+FIRST_PEERS = ("eqfuse cold", "eqfuse warm", "onnxruntime", "OpenVINO f32")
+
+
+def first_generation(a) -> None:
+    """--first: each peer's first generation in a child process (module docstring)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    export_path(a)  # (made here, once: the children find it cached)
+    times: dict[str, list[float]] = {p: [] for p in FIRST_PEERS}
+    for r in range(a.rounds):
+        cache = Path(tempfile.mkdtemp(prefix="bench-first-")) / "cache"
+        try:
+            for peer in FIRST_PEERS:  # (warm after cold: the cold child fills the cache)
+                env = {**os.environ, "EQFUSE_CACHE_DIR": str(cache)}
+                out = subprocess.run([sys.executable, __file__, "--child-first", peer, "--model", a.model,
+                                      "--threads", str(a.threads), "--prompt", str(a.prompt), "--new", str(a.new)]
+                                     + (["--layers", str(a.layers)] if a.layers else [])
+                                     + (["--width", str(a.width)] if a.width else []),
+                                     env=env, capture_output=True, text=True, check=False)
+                line = next((x for x in out.stdout.splitlines() if x.startswith("FIRST ")), None)
+                if line is None:
+                    print(f"  {peer}: failed: {(out.stderr.strip().splitlines() or ['?'])[-1][:200]}")
+                    continue
+                times[peer].append(float(line.split()[1]))
+                print(f"  round {r}: {peer} {times[peer][-1]:.1f} s", flush=True)
+        finally:
+            shutil.rmtree(cache.parent, ignore_errors=True)
+    print(f"{a.model}: the first generation of {a.new} tokens after a prompt of {a.prompt}, in a new process, "
+          f"{a.threads} thread(s), {a.rounds} round(s); load average {os.getloadavg()[0]:.1f}")
+    print(f"  {'':16} {'median s':>9} {'range s':>14}")
+    for peer, ts in times.items():
+        if ts:
+            print(f"  {peer:16} {statistics.median(ts):9.1f} {min(ts):6.1f}-{max(ts):<7.1f}")
+
+
+def child_first(a) -> None:
+    """One peer's first generation, from the file (--first's child): prints FIRST <seconds>."""
+    warnings.simplefilter("ignore")
+    import decoder_exports as de
+
+    path, layers, heads, sizes = export_path(a)
+    past_names, _, _ = de.names(layers)
+    kv, head = sizes.get("kv_heads", heads), (a.width or MODELS[a.model][2]) // heads
+    ids = np.random.default_rng(0).integers(0, sizes["vocab"], (1, a.prompt)).astype(np.int64)
+    peer = a.child_first
+    if peer.startswith("eqfuse"):
+        import eqfuse
+
+        t = time.perf_counter()
+        eqfuse.generate(str(path), ids, max_new_tokens=a.new)
+    elif peer == "onnxruntime":
+        import onnxruntime as ort
+
+        t = time.perf_counter()
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = a.threads, 1
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        r = Growing(lambda f: sess.run(None, f), past_names, kv, head)
+        greedy(r.prefill, r.step, ids, a.new)
+    else:
+        import openvino as ov
+
+        t = time.perf_counter()
+        core = ov.Core()
+        cm = core.compile_model(core.read_model(str(path)), "CPU", {
+            "INFERENCE_NUM_THREADS": a.threads, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"})
+        req = cm.create_infer_request()
+
+        def ov_run(feeds):
+            res = req.infer(feeds)
+            return [np.array(res[o]) for o in cm.outputs]
+        r = Growing(ov_run, past_names, kv, head)
+        greedy(r.prefill, r.step, ids, a.new)
+    print(f"FIRST {time.perf_counter() - t:.3f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="gpt2")
@@ -172,8 +269,17 @@ def main() -> None:
                     "each position's time is its median over the rounds")
     ap.add_argument("--peers", default="eqfuse,eqfuse-bf16,ort,ov,ov-default,torch,compile",
                     help="also eqfuse-loaded: the f32 Module saved and loaded back (eqfuse.load), after eqfuse")
+    ap.add_argument("--first", action="store_true", help="the first generation in a new process, cold and warm "
+                    "(see above) instead")
+    ap.add_argument("--child-first", help=argparse.SUPPRESS)
     a = ap.parse_args()
     os.environ["EQFUSE_NUM_THREADS"] = str(a.threads)
+    if a.first:
+        first_generation(a)
+        return
+    if a.child_first:
+        child_first(a)
+        return
     warnings.simplefilter("ignore")  # (transformers' deprecation notes on past_key_values)
     import torch
     import transformers
