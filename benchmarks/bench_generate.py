@@ -292,11 +292,11 @@ def main() -> None:
     import eqfuse
     from eqfuse.generation import Decoder, capacity_for, onnx_signature, step_maker
 
-    kind, layers, width, heads, sizes = MODELS[a.model]
-    layers, width = a.layers or layers, a.width or width
+    kind, _, width, heads, sizes = MODELS[a.model]
+    width = a.width or width
     positions = 1024 if kind == "gpt2" else 2048
     t = time.perf_counter()
-    path = de.export_decoder(kind, "torchscript", layers, width, heads, positions, **sizes)
+    path, layers, heads, sizes = export_path(a)
     module = de.MODELS[kind][0](layers, width, heads, positions, **sizes)
     weights = sum(p.numel() for p in module.parameters())
     streamed = 4 * sum(  # (named_parameters lists GPT-2's tied wte / lm head once)

@@ -300,7 +300,7 @@ def header(model) -> Header:
     if held is not None:
         return held
     root = _dir() if enabled() else None
-    at = root / f"{_key(real, {'(header)': 0})}.header" if root is not None else None
+    at = _header_at(root, real) if root is not None else None
     if at is not None:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError, EOFError,
                                  AttributeError):
@@ -312,6 +312,11 @@ def header(model) -> Header:
     except OSError:
         return onnx_inputs.header(model)  # its own message
     return _keep_header(root, real, st, data, load_model(data, where=str(model)))
+
+
+def _header_at(root: Path, real: Path) -> Path:
+    """Where the header of the file at `real` is kept under `root`."""
+    return root / f"{_key(real, {'(header)': 0})}.header"
 
 
 def _keep_header(root: Path | None, real: Path, st: os.stat_result, data: bytes, proto) -> Header:
@@ -326,7 +331,7 @@ def _keep_header(root: Path | None, real: Path, st: os.stat_result, data: bytes,
             if root is not None:
                 from eqfuse.cache import write_entry
 
-                write_entry(root / f"{_key(real, {'(header)': 0})}.header",
+                write_entry(_header_at(root, real),
                             pickle.dumps({**_stamp(st, _content_digest(real, st, data)), "header": out}))
             _hold(real, st, out)
     return out
