@@ -137,3 +137,51 @@ def test_an_input_that_cannot_hold_a_live_cache_is_refused(change, why):
     with pytest.raises(eqfuse.EqfuseError, match=f"live=: input '{name}' cannot hold a KV cache with a run-time "
                                                  f"length: {why}"):
         eqfuse.compile(text, dims={"B": B, "P": CAP}, live="P")
+
+
+FUSED = """graph chunk(x: f32[1, 4, 64], past_k: f32[1, 4, P, 16], past_v: f32[1, 4, P, 16], wqkv: f32[64, 192]) {
+    qkv = x @ wqkv
+    q = transpose(reshape(slice(qkv, axis=2, start=0, stop=64) * 0.25, shape=[-1, 4, 4, 16]), perm=[0, 2, 1, 3])
+    k = transpose(reshape(slice(qkv, axis=2, start=64, stop=128) * 2.0, shape=[-1, 4, 4, 16]), perm=[0, 2, 1, 3])
+    v = transpose(reshape(slice(qkv, axis=2, start=128, stop=192), shape=[-1, 4, 4, 16]), perm=[0, 2, 1, 3])
+    keys = concat(past_k, k, axis=2)
+    values = concat(past_v, v, axis=2)
+    return softmax(q @ transpose(keys, perm=[0, 1, 3, 2]), axis=-1) @ values, keys, values
+}
+"""
+
+
+def test_the_rows_an_append_reads_stay_alive_until_it_runs():
+    """Four rows a step, their query, keys and values sliced from one fused projection (Phi-3's
+    qkv_proj): the values are a view of the projection's result, which the append reads after the
+    query's and the keys' kernels have. The memory plan keeps every buffer a kernel reads alive at
+    that kernel's step, the append's too, so no kernel between reuses its memory (a Phi-3 chunk
+    step's value rows were overwritten so)."""
+    from eqfuse.ir.kernels import K
+
+    mod = eqfuse.compile(FUSED, dims={"P": CAP}, live="P")
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((E, 192)) / 8).astype(np.float32)
+    kbuf = np.full((1, H, CAP + 4, D), np.nan, np.float32)
+    vbuf = np.full_like(kbuf, np.nan)
+    for t in range(0, 12, 4):
+        x = rng.standard_normal((1, 4, E)).astype(np.float32)
+        out, _, _ = mod(x=x, past_k=kbuf, past_v=vbuf, P_length=np.array([t]), wqkv=w)
+        qkv = x.astype(np.float64) @ w
+        heads = [qkv[..., i:i + 64].reshape(1, 4, H, D).transpose(0, 2, 1, 3) for i in (0, 64, 128)]
+        np.testing.assert_allclose(kbuf[:, :, t:t + 4], heads[1] * 2, rtol=1e-5, atol=1e-5, err_msg=f"keys at {t}")
+        np.testing.assert_allclose(vbuf[:, :, t:t + 4], heads[2], rtol=1e-5, atol=1e-5, err_msg=f"values at {t}")
+        s = heads[0] * 0.25 @ kbuf[:, :, :t + 4].astype(np.float64).transpose(0, 1, 3, 2)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        want = p / p.sum(-1, keepdims=True) @ vbuf[:, :, :t + 4].astype(np.float64)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5, err_msg=f"attention at {t}")
+    c = mod.default.last
+    kernels = [p for p in c.plans if p.kind != K.VIEW]
+    assert any(p.live is not None and p.live.what == "append" for p in kernels)
+    mem = c.memory
+    for s, p in enumerate(kernels):
+        for a in p.args:
+            r = mem.storage[a]
+            if r in mem.lifetimes:
+                _, first, last = mem.lifetimes[r]
+                assert first <= s <= last, f"{p.name} reads node {r} outside its lifetime {first}..{last}"

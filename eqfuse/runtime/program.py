@@ -80,6 +80,7 @@ class MemoryPlan:
     arena_bytes: int
     lifetimes: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # arena node -> (bytes, first, last step)
     view_offsets: dict[int, int] = field(default_factory=dict)  # view node -> element offset in its root's storage
+    storage: dict[int, int] = field(default_factory=dict)  # kg node -> the node whose storage holds it (views followed)
 
     @property
     def slots(self) -> int:
@@ -118,11 +119,10 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
     last: dict[int, int] = {}
     for s, p in enumerate(kernels):
         r = src[p.node]  # the kernel's own result, or a concat's storage from its first writer on
-        if r in src and src[r] == r and kg.nodes[r].op == "input":
-            continue  # an append in its cache input's storage (the caller's)
-        first.setdefault(r, s)
-        last[r] = s
-        for a in p.args:
+        if not (src.get(r) == r and kg.nodes[r].op == "input"):  # (an append writes its cache input's storage)
+            first.setdefault(r, s)
+            last[r] = s
+        for a in p.args:  # (an append's too: the new rows it reads stay alive until it has run)
             r = src[a]
             if r in last:
                 last[r] = max(last[r], s)
@@ -169,7 +169,7 @@ def plan_memory(kg: Graph, plans: list[KernelPlan]) -> MemoryPlan:
         root[n] = (("in", ins[r]) if r in ins else ("in", cslot[r]) if r in cslot
                    else ("out", owner[r]) if r in owner else ("arena", offsets[r]))
     return MemoryPlan(root, len(kg.inputs), consts, prepacks, copies, arena, lifetimes,
-                      {n: o for n, o in voff.items() if o})
+                      {n: o for n, o in voff.items() if o}, src)
 
 
 # Kernel kinds whose C takes a scratch buffer (eqf_scratch in csrc_templates/common.h): the run
