@@ -91,8 +91,29 @@ def phi(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions:
     return m
 
 
+def phi3(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
+    """A transformers Phi3ForCausalLM (seeded, as gpt2): RMSNorm, one fused projection for the
+    query, keys and values and one for the SwiGLU's gate and up, rotary embeddings over the whole
+    head (its export slices an empty pass-through part), grouped-query attention with 2 key/value
+    heads."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.Phi3Config(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
+                       max_position_embeddings=positions, original_max_position_embeddings=positions,
+                       bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
+    m = T.Phi3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+    return m
+
+
 MODELS = {"gpt2": (gpt2, HEADS), "llama": (llama, KV_HEADS), "qwen2": (qwen2, KV_HEADS),
-          "phi": (phi, HEADS)}  # -> (maker, key/value heads)
+          "phi": (phi, HEADS), "phi3": (phi3, KV_HEADS)}  # -> (maker, key/value heads)
 
 
 def _wrapped(model, layers: int = LAYERS):

@@ -36,7 +36,9 @@ from eqfuse.generation import (  # noqa: E402
 B, S, STEPS = 2, 8, 20
 NEW = STEPS + 1  # a prefill and 20 decode steps make 21 tokens
 CAPACITY = capacity_for(S + NEW - 1)  # 32: every test here runs the same two bindings
-MODELS = ["gpt2"] + [pytest.param(m, marks=pytest.mark.extended) for m in ("llama", "qwen2", "phi")]
+# (Phi-3 in the default run: its chunk step's value rows are a view of the fused projection, which
+# the memory plan once let a kernel overwrite before the append read them)
+MODELS = ["gpt2", "phi3"] + [pytest.param(m, marks=pytest.mark.extended) for m in ("llama", "qwen2", "phi")]
 
 
 def compiled(exporter: str, model: str = "gpt2"):

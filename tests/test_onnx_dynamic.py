@@ -363,6 +363,36 @@ def test_shape_arithmetic_eqfuse_cannot_fold_is_one_error_naming_the_node(nodes,
     assert message in lines[0] and all(ln.startswith("note: ") for ln in lines[1:]), str(e.value)
 
 
+def test_an_empty_slice_concatenated_adds_nothing():
+    """The pass-through part of a rotary embedding over the whole head (Phi-3's `q[..., rot:]`):
+    an empty slice, which a concat takes as no operand; at any batch the graph is onnx's."""
+    nodes = [node("Slice", ["x", "s0", "s4", "ax2"], "rot"), node("Slice", ["x", "s4", "big", "ax2"], "rest"),
+             node("Mul", ["rot", "two"], "r2"), node("Concat", ["r2", "rest"], "y", axis=-1)]
+    inits = [("s0", ints(0)), ("s4", ints(4)), ("big", ints(2**63 - 1)), ("ax2", ints(2)),
+             ("two", np.float32(2))]
+    m = model(nodes, [("x", ("B", 3, 4), F)], ["y"], inits)
+    rng = np.random.default_rng(0)
+    check_batches(m, lambda b: {"x": rng.standard_normal((b, 3, 4)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("use, message", [
+    ([node("Relu", ["rest"], "y", name="bad")],
+     ("unsupported empty slice on axis 2 (zero-size tensors), read by this op of ONNX op 'Relu' in node 'bad'")),
+    ([node("Concat", ["rest", "rest"], "y", axis=2, name="bad")],
+     ("unsupported empty slice on axis 2, concatenated only with empty tensors (zero-size tensors) of ONNX op "
+      "'Concat' in node 'bad'")),
+    ([node("Concat", ["x", "rest"], "y", axis=1, name="bad")],
+     ("Concat: concat of shapes [B, 3, 4] and [B, 3, 0] along axis 1 in node 'bad'")),
+    ([node("Identity", ["rest"], "y")], "unsupported empty slice on axis 2 (zero-size tensors)"),
+], ids=["read", "only-empty", "other-axis", "output"])
+def test_an_empty_slice_read_otherwise_is_one_error(use, message):
+    m = model([node("Slice", ["x", "s4", "big", "ax2"], "rest")] + use, [("x", ("B", 3, 4), F)], ["y"],
+              [("s4", ints(4)), ("big", ints(2**63 - 1)), ("ax2", ints(2))])
+    with pytest.raises(EqfuseError) as e:
+        import_onnx(m)
+    assert message in str(e.value).splitlines()[0], str(e.value)
+
+
 # ---------------------------------------------------------------- real exports
 
 

@@ -15,6 +15,7 @@ from eqfuse.frontend.onnx_registry import (
     BIG,
     HANDLERS,
     ONNX_DTYPES,
+    Empty,
     NeedsDims,
     Unsupported,
     dtype_name,
@@ -361,8 +362,9 @@ def _slice(imp, ins, at):
         else:
             r = range(n)[lo:min(hi, BIG):step]
             lo, hi = r.start, r.stop
-            if len(r) == 0:
-                raise Unsupported(f"empty slice on axis {axis} (zero-size tensors)")
+            if len(r) == 0:  # (only a concat takes it: the pass-through half of a whole-head rotary)
+                shape = imp.type(x).shape
+                return Empty(shape[:axis] + (0,) + shape[axis + 1:], f"empty slice on axis {axis}")
             if lo == 0 and hi == n and step == 1:
                 continue
         x = imp.op("slice", [x], axis=axis, start=lo, stop=hi, step=step)
@@ -371,8 +373,23 @@ def _slice(imp, ins, at):
 
 @handles("Concat", attrs=("axis",))
 def _concat(imp, ins, at):
-    args = [imp.data(v, n) for v, n in zip(ins, imp.node.input)]
-    return imp.op("concat", args, axis=at.get("axis", 0 if imp.opset < 4 else None))
+    axis = at.get("axis", 0 if imp.opset < 4 else None)
+    args = [imp.data(v, n) for v, n in zip(ins, imp.node.input) if not isinstance(v, Empty)]
+    empty = [v for v in ins if isinstance(v, Empty)]
+    if empty:  # a zero-size operand adds nothing, once its other dims agree
+        if not args:
+            raise Unsupported(f"{empty[0].why}, concatenated only with empty tensors (zero-size tensors)")
+        shape = imp.type(args[0]).shape
+        rank = len(shape)
+        if axis is None or not -rank <= axis < rank:
+            raise ShapeError(f"concat axis {axis} out of range for rank {rank}")
+        k = axis % rank
+        for e in empty:
+            if len(e.shape) != rank or any(a != b for i, (a, b) in enumerate(zip(e.shape, shape)) if i != k):
+                raise ShapeError(f"concat of shapes {sy.fmt(shape)} and {sy.fmt(e.shape)} along axis {axis}")
+        if len(args) == 1:
+            return args[0]
+    return imp.op("concat", args, axis=axis)
 
 
 def conv_geometry(xs, ws, at) -> tuple[list[int], list[tuple[int, int]], list[int], list]:

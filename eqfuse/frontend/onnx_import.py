@@ -42,6 +42,7 @@ from eqfuse.frontend.onnx_registry import (
     HANDLERS,
     ONNX_DOMAINS,
     ONNX_DTYPES,
+    Empty,
     NeedsDims,
     Unsupported,
     check_dims,
@@ -251,6 +252,9 @@ class _Importer:
         ins = [self.env[n] if n else None for n in node.input]
         try:
             outs = None
+            empty = next((v for v in ins if isinstance(v, Empty)), None)
+            if empty is not None and node.op_type != "Concat":
+                raise Unsupported(f"{empty.why} (zero-size tensors), read by this op")
             attrs = {a.name: _attr(a) for a in node.attribute}
             try:
                 if any(isinstance(v, sy.Merged) for v in ins):
@@ -347,6 +351,8 @@ class _Importer:
         """A value as a node id: a constant becomes a "const" (a scalar) or a parameter."""
         if isinstance(v, sy.Sym):
             return sy.materialize(self, v)
+        if isinstance(v, Empty):
+            raise Unsupported(f"{v.why} (zero-size tensors)")
         if isinstance(v, sy.Merged):
             raise NeedsDims(f"a tensor of shape {v} (a named dim multiplied with others; bind it with dims=)")
         if not self.is_const(v):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,6 +27,16 @@ except ImportError:  # the importer refuses models without it
 
 class Unsupported(Exception):
     """Raised inside an ONNX handler; the importer adds the op type and node name."""
+
+
+@dataclass(frozen=True)
+class Empty:
+    """A zero-size tensor, which the IR cannot hold: an empty slice, as the pass-through part of a
+    rotary embedding that covers the whole head (Phi-3's `q[..., rotary_dim:]`). Concat takes it as
+    no operand; any other use is refused with `why` (onnx_import.Importer.import_node)."""
+
+    shape: tuple[Dim, ...]
+    why: str
 
 
 class NeedsDims(Unsupported):
