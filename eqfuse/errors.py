@@ -62,6 +62,12 @@ class DimsNeeded(EqfuseError):
     sums: tuple[str, ...] = ()
 
 
+class ChunkRefused(EqfuseError):
+    """A live step over several new rows (a prompt's chunk) that cannot take the run-time length:
+    its attention reads a mask computed at run time (eqfuse.backend.live). eqfuse.generate then
+    prefills the prompt whole, as a model without a live step does."""
+
+
 class ShapeError(Exception):
     """Raised by an op's shape rule; the graph builder turns it into an EqfuseError at the op."""
 

@@ -47,7 +47,7 @@ from operator import is_, is_not
 
 import numpy as np
 
-from eqfuse.errors import ArgumentError, EqfuseError
+from eqfuse.errors import ArgumentError, ChunkRefused, EqfuseError
 
 MIN_CAPACITY = 16  # the smallest cache capacity: a short generation shares one decode compile
 PREFILL_MIN = 16  # the shortest prefill compiled: short prompts share one compile (prefill_plan)
@@ -630,15 +630,20 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     rng = np.random.default_rng(seed)
     out = [ids]
     done = np.zeros(b, bool)
-    first, length = prefill_plan(model, sig, s) if step is not None and not chunked else (s, s)
+    logits = None
     if chunked:
-        logits = dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, capacity))
-    elif first:
-        logits = dec.prefill(ids[:, :first], length)
-        for j in range(first, s):  # (a loaded Module's prompt longer than its prefills)
-            logits = dec.step(ids[:, j:j + 1])
-    else:
-        logits = dec.prefill_by_steps(ids)
+        try:
+            logits = dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, capacity))
+        except ChunkRefused:  # (an export whose mask is computed at run time: the prompt whole)
+            pass
+    if logits is None:
+        first, length = prefill_plan(model, sig, s) if step is not None else (s, s)
+        if first:
+            logits = dec.prefill(ids[:, :first], length)
+            for j in range(first, s):  # (a loaded Module's prompt longer than its prefills)
+                logits = dec.step(ids[:, j:j + 1])
+        else:
+            logits = dec.prefill_by_steps(ids)
     for k in range(max_new_tokens):
         tok = choose(logits, do_sample, temperature, top_k, top_p, rng).astype(np.int64)
         if eos_token_id is not None:

@@ -214,6 +214,48 @@ def test_sampling():
     np.testing.assert_array_equal(eqfuse.generate(mod, ids[0], max_new_tokens=0), ids[:1])  # [S] is [1, S]
 
 
+@pytest.mark.extended  # (the dynamo exports: some 25 s each when the export cache is cold)
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_greedy_from_a_dynamo_export_matches_transformers(model):
+    """The dynamo exporter computes the attention mask at run time from attention_mask and the
+    causal structure, which a chunk step over a run-time length cannot take (ChunkRefused):
+    generate prefills the prompt whole, then decodes over the cache in place."""
+    path = de.export_decoder(model, "dynamo")
+    ids = prompt(1)
+    assert_greedy_matches_transformers(eqfuse.generate(str(path), ids, max_new_tokens=NEW, eos_token_id=de.EOS), ids,
+                                       NEW, model)
+
+
+def test_a_refused_chunk_step_prefills_whole_and_is_not_tried_again(monkeypatch):
+    """A chunk step the live lowering refuses (ChunkRefused: as for a dynamo export's run-time
+    mask, here refused for every chunk) leaves generate to prefill the prompt whole, with the same
+    tokens; the module remembers the refusal, so a second generation builds no chunk step."""
+    import eqfuse.backend.live as live
+    import eqfuse.pipeline as pipeline
+    from eqfuse.errors import ChunkRefused
+
+    causal = live._causal
+
+    def refuse(kg, p, arrays):
+        if p.live.new > 1:
+            raise ChunkRefused("live=: refused for the test")
+        causal(kg, p, arrays)
+    monkeypatch.setattr(live, "_causal", refuse)
+    optimized = []
+    optimize = pipeline.optimize
+    monkeypatch.setattr(pipeline, "optimize", lambda *a, **k: optimized.append(1) or optimize(*a, **k))
+    path, ids = de.export_gpt2("torchscript"), prompt(2)
+    mod = eqfuse.compile(path)
+    ours = eqfuse.generate(mod, ids, max_new_tokens=NEW, eos_token_id=de.EOS)
+    assert any(len(dict(key)) and live_len for key, live_len in mod.default.live_modules)  # the decode step
+    assert mod.default._refused  # the chunk step's key, refused
+    first = len(optimized)
+    again = eqfuse.generate(mod, ids, max_new_tokens=NEW, eos_token_id=de.EOS)
+    assert len(optimized) == first  # neither the chunk step tried again nor anything else compiled
+    np.testing.assert_array_equal(again, ours)
+    assert_greedy_matches_transformers(ours, ids, NEW)
+
+
 def test_no_compile_after_the_first_generation(monkeypatch):
     """C builds and optimizer runs of a fresh Module compiled with batch buckets: the first
     prefill compiles the chunk step of its bucket of prompt lengths (16 rows for 8 tokens:

@@ -30,7 +30,7 @@ import numpy as np
 from eqfuse.backend.cexpr import kernel_params
 from eqfuse.backend.indexing import bstrides, contiguous, offset, view_strides
 from eqfuse.backend.plan import KernelPlan, LiveBound, UOp, size
-from eqfuse.errors import EqfuseError
+from eqfuse.errors import ChunkRefused, EqfuseError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
 from eqfuse.ir.ops import OPS, OpKind
@@ -179,7 +179,7 @@ def _causal(kg: Graph, p: KernelPlan, arrays: Mapping[str, object]) -> None:
             ok = inside.size > 0 and outside.size > 0 and bool(np.all(inside == inside.flat[0])) \
                 and bool(np.all(outside == outside.flat[0])) and inside.flat[0] != outside.flat[0]
         if not ok:
-            raise EqfuseError(f"live=: attention {p.name} over {new} new rows reads {node.name or f't{p.args[k]}'} "
+            raise ChunkRefused(f"live=: attention {p.name} over {new} new rows reads {node.name or f't{p.args[k]}'} "
                               f"{list(shape)}, which is not a causal mask computed at compile time (one value "
                               "where key j <= past + query i, another elsewhere): it would hold the mask at the "
                               "capacity, not at the live length")

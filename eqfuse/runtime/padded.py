@@ -36,7 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from eqfuse.errors import ArgumentError, EqfuseError
+from eqfuse.errors import ArgumentError, ChunkRefused, EqfuseError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.reference import bind_arrays, call_arrays, evaluate
 from eqfuse.runtime.load import cpus
@@ -92,6 +92,7 @@ class PaddedFunction:
         self.out_axes: dict[str, list[tuple[int, ...]]] = {}  # padded dim -> its axes in each output
         self.live_modules: dict[tuple, object] = {}  # (dims, live dim) -> Module of a decoder step (live_module)
         self._building: dict[tuple, Future] = {}  # live_module's keys being built, by one thread each
+        self._refused: dict[tuple, ChunkRefused] = {}  # live_module's keys whose chunk step cannot be built
         self.last = None  # the GraphFunction of the last call's bucket (Module.kernels reads it)
         self.last_module = None
         self._ready = False
@@ -137,6 +138,8 @@ class PaddedFunction:
         with self._lock:
             if key in self.live_modules:
                 return self.live_modules[key]
+            if key in self._refused:  # (refused once: not imported and optimized again to learn it)
+                raise self._refused[key]
             building = self._building.get(key)
             mine = building is None
             if mine:  # built outside the lock: another thread may build another step meanwhile
@@ -151,6 +154,8 @@ class PaddedFunction:
         except BaseException as e:
             with self._lock:
                 del self._building[key]
+                if isinstance(e, ChunkRefused):
+                    self._refused[key] = e
             building.set_exception(e)
             raise
         with self._lock:
