@@ -595,21 +595,14 @@ def _check_args(input_ids, max_new_tokens, temperature, top_k, top_p) -> np.ndar
     return ids.astype(np.int64)
 
 
-def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False, temperature: float = 1.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int | None = None, eos_token_id: int | None = None,
-             ) -> np.ndarray:
-    """Generate up to max_new_tokens after input_ids [B, S] (or [S]); returns the ids [B, S + new].
-
-    do_sample=False takes the most likely token (greedy, as transformers' generate(do_sample=False));
-    do_sample=True samples with temperature, top_k (0: no limit) and top_p (1: no limit) from a
-    generator seeded by `seed`. A sequence that emits eos_token_id is finished: its later tokens
-    are eos_token_id, and generation stops when every sequence is finished (so `new` may be less
-    than max_new_tokens)."""
-    ids = _check_args(input_ids, max_new_tokens, temperature, top_k, top_p)
+def _start(model, ids: np.ndarray, max_new_tokens: int):
+    """(the Decoder over the model's cache, the logits of the prompt's last position): the model
+    compiled (a path) or checked, the capacity chosen and the prompt prefilled; (None, None) for
+    no new tokens."""
     model, run, sig, step = _model(model)
     b, s = ids.shape
     if max_new_tokens == 0:
-        return ids
+        return None, None
     if sig.max_positions is not None and s + max_new_tokens - 1 > sig.max_positions:
         raise ArgumentError(f"generate: a prompt of {s} tokens and {max_new_tokens} new tokens reach position "
                             f"{s + max_new_tokens - 2}, past the model's maximum of {sig.max_positions} positions")
@@ -627,9 +620,6 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
         # (a loaded Module runs its prompt in chunks when it holds a chunk step at that capacity)
         chunked = step is not None and bool(held_chunks(model, sig, b, capacity))
     dec = Decoder(sig, run, capacity, step)
-    rng = np.random.default_rng(seed)
-    out = [ids]
-    done = np.zeros(b, bool)
     logits = None
     if chunked:
         try:
@@ -644,6 +634,30 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
                 logits = dec.step(ids[:, j:j + 1])
         else:
             logits = dec.prefill_by_steps(ids)
+    return dec, logits
+
+
+def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False, temperature: float = 1.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int | None = None, eos_token_id: int | None = None,
+             ) -> np.ndarray:
+    """Generate up to max_new_tokens after input_ids [B, S] (or [S]); returns the ids [B, S + new].
+
+    do_sample=False takes the most likely token (greedy, as transformers' generate(do_sample=False));
+    do_sample=True samples with temperature, top_k (0: no limit) and top_p (1: no limit) from a
+    generator seeded by `seed`. A sequence that emits eos_token_id is finished: its later tokens
+    are eos_token_id, and generation stops when every sequence is finished (so `new` may be less
+    than max_new_tokens)."""
+    ids = _check_args(input_ids, max_new_tokens, temperature, top_k, top_p)
+    from eqfuse.frontend.onnx_cache import sharing_parses
+
+    with sharing_parses():  # (a path's first compile imports the file three times: one parse)
+        dec, logits = _start(model, ids, max_new_tokens)
+    if logits is None:
+        return ids
+    b = ids.shape[0]
+    rng = np.random.default_rng(seed)
+    out = [ids]
+    done = np.zeros(b, bool)
     for k in range(max_new_tokens):
         tok = choose(logits, do_sample, temperature, top_k, top_p, rng).astype(np.int64)
         if eos_token_id is not None:

@@ -364,3 +364,39 @@ def test_a_racy_data_file_is_checked_by_content(imports, cache_root, tmp_path, m
     rewrite_data(data, 2)
     np.testing.assert_allclose(run(path), onnxruntime_output(path), rtol=1e-4, atol=1e-5)
     assert len(imports) == 2
+
+
+def test_imports_at_other_dims_share_one_parse_while_asked(imports, cache_root, tmp_path, monkeypatch):
+    """Within onnx_cache.sharing_parses() (eqfuse.generate's first compile: a decoder's import at
+    no dims and its chunk and decode steps' imports), a file imported at several dims is read and
+    parsed once; outside it each import parses the file, and the parse is not kept. With external
+    data, an import from the shared parse still records the data file: a changed one is seen."""
+    monkeypatch.setattr(onnx_cache, "RACY_SECONDS", 0.0)
+    parses = []
+    real_load = onnx_cache.load_model
+    monkeypatch.setattr(onnx_cache, "load_model", lambda *a, **k: parses.append(1) or real_load(*a, **k))
+
+    def external(where, seed):
+        w, _ = write_model(where / "m.onnx", seed, batch="B")
+        onnx.save(onnx.load(str(where / "m.onnx")), str(where / "m.onnx"), save_as_external_data=True,
+                  all_tensors_to_one_file=True, location="m.data", size_threshold=0)
+        return w
+
+    path, data = tmp_path / "m.onnx", tmp_path / "m.data"
+    w = external(tmp_path, 0)
+    with onnx_cache.sharing_parses():
+        for n in (2, 3, 5):
+            np.testing.assert_array_equal(onnx_cache.import_path(path, {"B": n}).params["w"], w)
+    assert len(imports) == 3 and len(parses) == 1  # three imports, one parse
+    assert not onnx_cache._PARSES  # dropped with the context
+    for n in (7, 9):
+        onnx_cache.import_path(path, {"B": n})
+    assert len(imports) == 5 and len(parses) == 3
+    other = tmp_path / "seed1"
+    other.mkdir()
+    w1 = external(other, 1)
+    st = os.stat(data)
+    data.write_bytes((other / "m.data").read_bytes())
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))  # (the same size and mtime: the ctime differs)
+    np.testing.assert_array_equal(onnx_cache.import_path(path, {"B": 5}).params["w"], w1)
+    assert len(imports) == 6

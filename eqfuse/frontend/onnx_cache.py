@@ -124,14 +124,19 @@ def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) 
         return import_model(path, dims=dims)
     try:
         before = os.stat(real)
-        data = real.read_bytes()
+        shared = _shared(real, before)
+        data = shared[0] if shared else real.read_bytes()
     except OSError:
         return import_model(path, dims=dims)  # its own message
-    proto = load_model(data, where=str(path))
+    if shared:
+        proto, external = shared[1:]
+    else:
+        proto = load_model(data, where=str(path))
+        external = _external_files(proto, real.parent)
+        _share(real, before, data, proto, external)
     if (real, _identity(before)) not in _HEADERS:
         with contextlib.suppress(Exception):  # (a by-product: the import gives its own message)
             _keep_header(root, real, before, data, proto)
-    external = _external_files(proto, real.parent)
     try:
         ext = [(f, os.stat(f), _file_digest(f)) for f in external]
     except OSError:
@@ -164,6 +169,43 @@ def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) 
                 del data, proto
                 imp = _get(root, key, real) or imp
     return imp
+
+
+# A file's parse kept for its next imports while `sharing_parses()` is active: eqfuse.generate's
+# first compile imports a decoder export three times (at no dims, which learns that the past must
+# be bound, then its chunk and decode steps), and a parse of a large export is seconds (reading
+# and parsing the ~300M Llama-style decoder's 1.2 GB: ~3 s). Kept with the external data files
+# it names, read before their data was loaded into it, so a later import's entry records them
+# too. Dropped when the outermost `sharing_parses` exits: the memory of an import's parse is
+# held, at most, until the compiles that asked for it are done.
+_PARSES: dict[tuple, tuple[bytes, object, list[Path]]] = {}  # (real path, identity) -> (bytes, proto, external)
+_SHARING = [0]  # active sharing_parses() contexts, in any thread
+_PARSES_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def sharing_parses():
+    """Within it, a file imported at several dims is parsed once (eqfuse.generation's two steps)."""
+    with _PARSES_LOCK:
+        _SHARING[0] += 1
+    try:
+        yield
+    finally:
+        with _PARSES_LOCK:
+            _SHARING[0] -= 1
+            if not _SHARING[0]:
+                _PARSES.clear()
+
+
+def _shared(real: Path, st: os.stat_result):
+    with _PARSES_LOCK:
+        return _PARSES.get((real, _identity(st)))
+
+
+def _share(real: Path, st: os.stat_result, data: bytes, proto, external: list[Path]) -> None:
+    with _PARSES_LOCK:
+        if _SHARING[0]:
+            _PARSES[(real, _identity(st))] = (data, proto, external)
 
 
 def _unchanged(real: Path, before: os.stat_result, ext) -> bool:
