@@ -173,11 +173,11 @@ def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) 
 
 # A file's parse kept for its next imports while `sharing_parses()` is active: eqfuse.generate's
 # first compile imports a decoder export three times (at no dims, which learns that the past must
-# be bound, then its chunk and decode steps), and a parse reads and decodes the whole file, most of
-# a cold import of a large export. Kept with the external data files
-# it names, read before their data was loaded into it, so a later import's entry records them
-# too. Dropped when the outermost `sharing_parses` exits: the memory of an import's parse is
-# held, at most, until the compiles that asked for it are done.
+# be bound, then its chunk and decode steps), and a parse reads and decodes the whole file, most
+# of a cold import of a large export. Kept with the external data files it names, read before
+# their data was loaded into it, so a later import's entry records them too. Dropped when the
+# outermost `sharing_parses` exits: an import's parse is held, at most, until the compiles that
+# asked for it are done.
 _PARSES: dict[tuple, tuple[bytes, object, list[Path]]] = {}  # (real path, identity) -> (bytes, proto, external)
 _SHARING = [0]  # active sharing_parses() contexts, in any thread
 _PARSES_LOCK = threading.Lock()
