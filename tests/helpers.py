@@ -86,6 +86,23 @@ def assert_same_values(got: Sequence[np.ndarray], want: Sequence[np.ndarray], ex
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
+def assert_reads_alive(module) -> None:
+    """Every arena buffer each kernel of each graph's last compiled binding reads is alive at that
+    kernel's step in the memory plan (eqfuse.runtime.program.plan_memory): no kernel between its
+    writer and its last reader may reuse its memory."""
+    from eqfuse.ir.kernels import K
+
+    for f in module.functions.values():
+        c = f.last
+        kernels = [p for p in c.plans if p.kind != K.VIEW]
+        for s, p in enumerate(kernels):
+            for a in p.args:
+                r = c.memory.storage[a]
+                if r in c.memory.lifetimes:
+                    _, first, last = c.memory.lifetimes[r]
+                    assert first <= s <= last, f"{p.name} reads node {r} outside its lifetime {first}..{last}"
+
+
 def tree(graph: Graph, i: int | None = None):
     """A node as a nested tuple: ("add", "x", ("neg", 2.0)); params by name, constants as floats."""
     i = graph.outputs[0] if i is None else i

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import one_graph, rand_inputs, run
+from helpers import assert_reads_alive, one_graph, rand_inputs, run
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -58,7 +58,9 @@ def test_random_graphs_compile_and_match_the_reference(src, fuse):
     g = one_graph(src)
     xs = rand_inputs(g, seed=5)
     want = run(g, xs)
-    got = eqfuse.compile(src, fuse=fuse)(*xs)
+    mod = eqfuse.compile(src, fuse=fuse)
+    got = mod(*xs)
+    assert_reads_alive(mod)
     got = [got] if isinstance(got, np.ndarray) else list(got)
     assert len(got) == len(want)
     for o, w in zip(got, want):
@@ -163,7 +165,9 @@ def test_random_shape_changing_graphs_compile_and_match_the_reference(src, fuse)
     g = one_graph(src)
     xs = rand_inputs(g, seed=7)
     want = run(g, xs)
-    got = eqfuse.compile(src, fuse=fuse)(*xs)
+    mod = eqfuse.compile(src, fuse=fuse)
+    got = mod(*xs)
+    assert_reads_alive(mod)
     got = [got] if isinstance(got, np.ndarray) else list(got)
     for o, w in zip(got, want):
         assert o.shape == w.shape and o.dtype == np.float32
