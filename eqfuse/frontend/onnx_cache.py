@@ -185,7 +185,7 @@ _PARSES_LOCK = threading.Lock()
 
 @contextlib.contextmanager
 def sharing_parses():
-    """Within it, a file imported at several dims is parsed once (eqfuse.generation's two steps)."""
+    """Within it, the imports of one file at several dims parse it once (eqfuse.generate's first compile)."""
     with _PARSES_LOCK:
         _SHARING[0] += 1
     try:
