@@ -140,6 +140,20 @@ def module_signature(model) -> Signature:
     return sig
 
 
+def prompt_mask(real, shape: tuple) -> np.ndarray:
+    """The prompt's attention mask as int64 [B, S]: all ones for None."""
+    return np.ones(shape, np.int64) if real is None else real
+
+
+def prompt_positions(real: np.ndarray) -> np.ndarray:
+    """The positions of a prompt's tokens under its attention mask [B, S], as transformers'
+    generate gives them: a real token's is the number of real tokens before it, a padding
+    token's 1 (never attended to, so any position would do)."""
+    at = np.cumsum(real, axis=1) - 1
+    at[real == 0] = 1
+    return at
+
+
 class Decoder:
     """Runs a decoder export step by step over a cache at a fixed capacity (module docstring).
 
@@ -155,7 +169,21 @@ class Decoder:
         self.length = 0  # live rows of the cache
         self.cache: list[np.ndarray] = []
         self.mask: np.ndarray | None = None  # [B, capacity + 1]: the live rows, then the new token's
+        self.skipped = np.zeros(0, np.int64)  # (the property below)
         self._prepared: PreparedStep | None = None  # the decode step's call over its buffers (PreparedStep)
+
+    @property
+    def skipped(self) -> np.ndarray:
+        """Per sequence, the masked tokens among its cache's rows (a left-padded prompt's padding):
+        a row's next token is at position length - skipped, as transformers counts positions."""
+        return self._skipped
+
+    @skipped.setter
+    def skipped(self, value) -> None:
+        self._skipped = np.asarray(value, np.int64)
+        # (as Python ints for the prepared step, whose Python time per step is a few microseconds)
+        self._skipped_rows = self._skipped.tolist()
+        self._skipped_least = min(self._skipped_rows, default=0)
 
     def _check_positions(self, last: int) -> None:
         limit = self.sig.max_positions
@@ -173,8 +201,9 @@ class Decoder:
                               f"logits and one present per past input ({1 + len(self.sig.pasts)})")
         return outs[0], outs[1:]
 
-    def prefill(self, ids: np.ndarray, length: int | None = None) -> np.ndarray:
-        """The logits of the prompt's last position, the cache filled with its rows. `length`
+    def prefill(self, ids: np.ndarray, length: int | None = None, real: np.ndarray | None = None) -> np.ndarray:
+        """The logits of the prompt's last position, the cache filled with its rows (`real`: the
+        prompt's attention mask, prompt_mask; None: every token real). `length`
         (at least the prompt's) pads the prompt at its end to that many tokens, the model's
         prefill bucket (prefill_plan): the padded tokens are id 0 at position 0, masked out
         (attention_mask 0), and come after every real one, so a real position's query, which a
@@ -186,12 +215,14 @@ class Decoder:
             raise ArgumentError(f"generate: a prefill of {n} tokens cannot hold a prompt of {s}")
         if s + 1 > self.capacity + 1:
             raise ArgumentError(f"generate: a prompt of {s} tokens does not fit a cache of {self.capacity}")
-        self._check_positions(s - 1)
+        real = prompt_mask(real, ids.shape)
+        at = prompt_positions(real)
+        self._check_positions(int(at.max()))
         past = [np.zeros((b, h, 1, d), np.float32) for _, (_, h, _, d) in self.sig.pasts]  # one masked row
         mask = np.zeros((b, 1 + n), np.int64)
-        mask[:, 1:1 + s] = 1
+        mask[:, 1:1 + s] = real
         positions = np.zeros((b, n), np.int64)
-        positions[:, :s] = np.arange(s, dtype=np.int64)
+        positions[:, :s] = at
         padded = np.zeros((b, n), np.int64)
         padded[:, :s] = ids
         logits, present = self._call(padded, mask, positions, past)
@@ -204,13 +235,13 @@ class Decoder:
             buf = np.zeros((b, h, rows, d), np.float32)
             buf[:, :, :s] = p[:, :, 1:1 + s]
             self.cache.append(buf)
-        self.length = s
+        self.length, self.skipped = s, s - real.sum(axis=1)
         self.mask = np.zeros((b, self.capacity + 1), np.int64)
-        self.mask[:, :s] = 1
+        self.mask[:, :s] = real
         self.mask[:, -1 if self.live_step is None else s] = 1
         return logits[:, s - 1]
 
-    def prefill_chunks(self, ids: np.ndarray, n: int) -> np.ndarray:
+    def prefill_chunks(self, ids: np.ndarray, n: int, real: np.ndarray | None = None) -> np.ndarray:
         """prefill's result through the chunk step of n rows (a live step: make_step(batch,
         capacity, n)), the prompt run as successive chunks of n tokens at live lengths 0, n, 2n,
         ...: each appends its rows to the cache in place and attends to the rows before it (the
@@ -220,6 +251,8 @@ class Decoder:
         not fit the buffers runs through the decode step a token at a time."""
         b, s = ids.shape
         cap = self.capacity
+        real = prompt_mask(real, ids.shape)
+        at = prompt_positions(real)
         if s > cap:
             raise ArgumentError(f"generate: a prompt of {s} tokens does not fit a cache of {cap}")
         # compiled together: one's C compiler runs while the other imports and optimizes
@@ -231,12 +264,12 @@ class Decoder:
         t, logits = 0, None
         while t < s and t + n <= cap + 1:
             m = min(n, s - t)
-            self._check_positions(t + m - 1)
+            self._check_positions(int(at[:, t:t + m].max()))
             part = np.zeros((b, n), np.int64)
             part[:, :m] = ids[:, t:t + m]
             positions = np.zeros((b, n), np.int64)
-            positions[:, :m] = np.arange(t, t + m, dtype=np.int64)
-            self.mask[:, :t + m] = 1
+            positions[:, :m] = at[:, t:t + m]
+            self.mask[:, :t + m] = real[:, :t + m]
             self.mask[:, t + m:] = 0
             feeds = {self.sig.ids: part, self.sig.mask: self.mask, self.sig.positions: positions,
                      LENGTH: np.array([t], np.int64)}
@@ -248,14 +281,15 @@ class Decoder:
                     self.cache[k] = p
             logits = outs[0][:, m - 1]
             t += m
-        self.length = t
+        self.length, self.skipped = t, t - real[:, :t].sum(axis=1)
         self.mask[:, t + 1:] = 0
-        self.mask[:, :t + 1] = 1  # the live rows and the next token's
+        self.mask[:, :t] = real[:, :t]
+        self.mask[:, t] = 1  # the next token's row
         for j in range(t, s):  # (a last chunk that would not fit: a token at a time)
-            logits = self.step(ids[:, j:j + 1])
+            logits = self.step(ids[:, j:j + 1], real[:, j])
         return logits
 
-    def prefill_by_steps(self, ids: np.ndarray) -> np.ndarray:
+    def prefill_by_steps(self, ids: np.ndarray, real: np.ndarray | None = None) -> np.ndarray:
         """prefill's result, the prompt fed one token at a time to the decode step (an empty cache
         first): a Module loaded from an artifact holds no prefill at a prompt length it was not
         saved with, and cannot compile one."""
@@ -265,38 +299,51 @@ class Decoder:
         self.live_step = self.make_step(b, self.capacity) if self.make_step else None
         rows = self.capacity + (self.live_step is not None)
         self.cache = [np.zeros((b, h, rows, d), np.float32) for _, (_, h, _, d) in self.sig.pasts]
-        self.length = 0
+        self.length, self.skipped = 0, np.zeros(b, np.int64)
         self.mask = np.zeros((b, self.capacity + 1), np.int64)
         self.mask[:, -1 if self.live_step is None else 0] = 1  # the first token's row
+        real = prompt_mask(real, ids.shape)
         for j in range(s):
-            logits = self.step(ids[:, j:j + 1])
+            logits = self.step(ids[:, j:j + 1], real[:, j])
         return logits
 
-    def step(self, ids: np.ndarray) -> np.ndarray:
+    def step(self, ids: np.ndarray, real: np.ndarray | None = None) -> np.ndarray:
+        """The logits of one token per sequence, fed at the live length. `real` [B] (a prompt's
+        token fed by steps) is its attention mask: 0 for a padding token, which no later token
+        attends to; None: every token real."""
+        if real is not None and real.all():
+            real = None
         if self.live_step is not None:
-            return self._step_in_place(ids)
+            return self._step_in_place(ids, real)
         b = ids.shape[0]
         t = self.length
         if t >= self.capacity:
             self._grow()
-        self._check_positions(t)
-        positions = np.full((b, 1), t, np.int64)
+        positions = (t - self.skipped)[:, None]
+        self._check_positions(int(positions.max()))
+        if real is not None:
+            self.mask[:, -1] = real  # (the new token's column)
         logits, present = self._call(ids, self.mask, positions, self.cache)
         for (n, (_, h, _, d)), p, buf in zip(self.sig.pasts, present, self.cache):
             self._check_present(n, p, (b, h, self.capacity + 1, d))
             buf[:, :, t] = p[:, :, self.capacity]  # the new row, written at the live length
         self.mask[:, t] = 1
+        if real is not None:
+            self.mask[:, t], self.mask[:, -1] = real, 1
+            self.skipped = self.skipped + (1 - real)
         self.length = t + 1
         return logits[:, -1]
 
-    def _step_in_place(self, ids: np.ndarray) -> np.ndarray:
+    def _step_in_place(self, ids: np.ndarray, real: np.ndarray | None = None) -> np.ndarray:
         """One decode step at live length t: the cache buffers are the step's past inputs and
         come back as its presents, with the new row written at row t (mask row t is the new
         token's, the rows after it are never read)."""
         b, t = ids.shape[0], self.length
         if t > self.capacity:
             self._grow()
-        self._check_positions(t)
+        self._check_positions(t - self._skipped_least)
+        if real is not None:
+            self.mask[:, t] = real  # (the token's own row: a padding token's, masked)
         fast = self._prepared
         if fast is None or not fast.serves(self, ids):
             fast = PreparedStep(self, ids)
@@ -304,15 +351,15 @@ class Decoder:
                 self._prepared = fast
         if fast.run is not None:  # (memoryviews: a numpy call costs more, its code and data cold)
             np.copyto(fast.ids, ids)
-            for i in range(b):
-                fast.positions[i] = t
+            for i, k in enumerate(self._skipped_rows):
+                fast.positions[i] = t - k
             fast.length[0] = t
             logits = fast.run()[0]  # (the presents are the buffers given: Runner.prepared)
             if t + 1 <= self.capacity:
                 for i in range(b):
                     fast.mask[i * (self.capacity + 1) + t + 1] = 1  # the next token's row
         else:
-            feeds = {self.sig.ids: ids, self.sig.mask: self.mask, self.sig.positions: np.full((b, 1), t, np.int64),
+            feeds = {self.sig.ids: ids, self.sig.mask: self.mask, self.sig.positions: (t - self.skipped)[:, None],
                      LENGTH: np.array([t], np.int64)}
             feeds.update({n: c for (n, _), c in zip(self.sig.pasts, self.cache)})
             outs = list(self.live_step(feeds))
@@ -323,6 +370,8 @@ class Decoder:
                 self.cache[k] = presents[k]
             if t + 1 <= self.capacity:
                 self.mask[:, t + 1] = 1  # the next token's row
+        if real is not None:
+            self.skipped = self.skipped + (1 - real)
         self.length = t + 1
         return logits[:, -1]
 
@@ -333,7 +382,7 @@ class Decoder:
         self.cache = [np.concatenate([c, np.zeros(c.shape[:2] + (rows - c.shape[2],) + c.shape[3:], c.dtype)], axis=2)
                       for c in self.cache]
         mask = np.zeros((self.mask.shape[0], cap + 1), np.int64)
-        mask[:, :self.length] = 1
+        mask[:, :self.length] = self.mask[:, :self.length]
         mask[:, -1 if self.live_step is None else self.length] = 1
         if self.live_step is not None:
             self.live_step = self.make_step(self.mask.shape[0], cap)
@@ -577,6 +626,27 @@ def held_steps(model, sig: Signature, batch: int) -> tuple[set[int], set[int]] |
     return prompts, {b[past] for b in steps if past in b and b.get(batch_dim, batch) == batch}
 
 
+def _check_mask(attention_mask, ids: np.ndarray) -> np.ndarray | None:
+    """The attention mask as int64 [B, S] of zeros and ones, each row with a one; None when absent
+    or all ones (every token real: the plain prompt's path)."""
+    if attention_mask is None:
+        return None
+    m = np.asarray(attention_mask)
+    if m.ndim == 1:
+        m = m[None]
+    if m.shape != ids.shape or m.dtype.kind not in "biu":
+        raise ArgumentError(f"generate: attention_mask must be integers or booleans of input_ids' shape "
+                            f"{list(ids.shape)}, got {m.dtype} {list(m.shape)}")
+    if not np.isin(m, (0, 1)).all():
+        raise ArgumentError("generate: attention_mask must hold 0 (a padding token) and 1 (a real token) only")
+    m = m.astype(np.int64)
+    empty = np.flatnonzero(m.sum(axis=1) == 0)
+    if empty.size:
+        raise ArgumentError(f"generate: attention_mask row {int(empty[0])} masks every token of its prompt; "
+                            "a prompt needs one real token")
+    return None if m.all() else m
+
+
 def _check_args(input_ids, max_new_tokens, temperature, top_k, top_p) -> np.ndarray:
     ids = np.asarray(input_ids)
     if ids.ndim == 1:
@@ -595,17 +665,18 @@ def _check_args(input_ids, max_new_tokens, temperature, top_k, top_p) -> np.ndar
     return ids.astype(np.int64)
 
 
-def _start(model, ids: np.ndarray, max_new_tokens: int):
+def _start(model, ids: np.ndarray, max_new_tokens: int, real: np.ndarray | None = None):
     """(the Decoder over the model's cache, the logits of the prompt's last position): the model
-    compiled (a path) or checked, the capacity chosen and the prompt prefilled; (None, None) for
-    no new tokens."""
+    compiled (a path) or checked, the capacity chosen and the prompt prefilled (`real`: its
+    attention mask, None for all real); (None, None) for no new tokens."""
     model, run, sig, step = _model(model)
     b, s = ids.shape
     if max_new_tokens == 0:
         return None, None
-    if sig.max_positions is not None and s + max_new_tokens - 1 > sig.max_positions:
-        raise ArgumentError(f"generate: a prompt of {s} tokens and {max_new_tokens} new tokens reach position "
-                            f"{s + max_new_tokens - 2}, past the model's maximum of {sig.max_positions} positions")
+    longest = s if real is None else int(real.sum(axis=1).max())  # (padding takes rows, not positions)
+    if sig.max_positions is not None and longest + max_new_tokens - 1 > sig.max_positions:
+        raise ArgumentError(f"generate: a prompt of {longest} tokens and {max_new_tokens} new tokens reach position "
+                            f"{longest + max_new_tokens - 2}, past the model's maximum of {sig.max_positions} positions")
     need, held = s + max_new_tokens - 1, held_steps(model, sig, b)
     chunked = held is None and step is not None  # a prompt in chunks over the cache in place
     capacity = live_capacity(sig, need) if chunked else capacity_for(need)
@@ -623,24 +694,29 @@ def _start(model, ids: np.ndarray, max_new_tokens: int):
     logits = None
     if chunked:
         try:
-            logits = dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, capacity))
+            logits = dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, capacity), real)
         except ChunkRefused:  # (an export whose mask is computed at run time: the prompt whole)
             pass
     if logits is None:
         first, length = prefill_plan(model, sig, s) if step is not None else (s, s)
+        real = prompt_mask(real, ids.shape)
         if first:
-            logits = dec.prefill(ids[:, :first], length)
+            logits = dec.prefill(ids[:, :first], length, real[:, :first])
             for j in range(first, s):  # (a loaded Module's prompt longer than its prefills)
-                logits = dec.step(ids[:, j:j + 1])
+                logits = dec.step(ids[:, j:j + 1], real[:, j])
         else:
-            logits = dec.prefill_by_steps(ids)
+            logits = dec.prefill_by_steps(ids, real)
     return dec, logits
 
 
 def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False, temperature: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, seed: int | None = None, eos_token_id: int | None = None,
-             ) -> np.ndarray:
+             attention_mask=None) -> np.ndarray:
     """Generate up to max_new_tokens after input_ids [B, S] (or [S]); returns the ids [B, S + new].
+
+    attention_mask [B, S] (as transformers takes it: 1 a real token, 0 padding) lets prompts of
+    different lengths share a batch, padded on the left: padding tokens take cache rows but no
+    positions, and no token attends to them.
 
     do_sample=False takes the most likely token (greedy, as transformers' generate(do_sample=False));
     do_sample=True samples with temperature, top_k (0: no limit) and top_p (1: no limit) from a
@@ -648,10 +724,11 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     are eos_token_id, and generation stops when every sequence is finished (so `new` may be less
     than max_new_tokens)."""
     ids = _check_args(input_ids, max_new_tokens, temperature, top_k, top_p)
+    real = _check_mask(attention_mask, ids)
     from eqfuse.frontend.onnx_cache import sharing_parses
 
     with sharing_parses():  # (a path's first compile imports the file three times: one parse)
-        dec, logits = _start(model, ids, max_new_tokens)
+        dec, logits = _start(model, ids, max_new_tokens, real)
     if logits is None:
         return ids
     b = ids.shape[0]

@@ -140,22 +140,24 @@ def test_a_step_is_compiled_with_its_weights_packed():
     assert runner.mem.prepacks and {s for s, _ in runner.mem.prepacks} <= set(runner._packed)
 
 
-def hf_generate(ids: np.ndarray, new: int, model: str = "gpt2"):
+def hf_generate(ids: np.ndarray, new: int, model: str = "gpt2", mask: np.ndarray | None = None):
     """transformers' greedy generation from the same weights: (ids, the logits of each step)."""
     import torch
 
     model = de.MODELS[model][0]()
+    mask = np.ones(ids.shape, np.int64) if mask is None else mask
     with torch.no_grad():
-        out = model.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+        out = model.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
                              do_sample=False, max_new_tokens=new, min_new_tokens=0, output_logits=True,
                              return_dict_in_generate=True, eos_token_id=de.EOS, pad_token_id=de.EOS)
     return out.sequences.numpy(), [t.numpy() for t in out.logits]
 
 
-def assert_greedy_matches_transformers(ours: np.ndarray, ids: np.ndarray, new: int, model: str = "gpt2") -> None:
+def assert_greedy_matches_transformers(ours: np.ndarray, ids: np.ndarray, new: int, model: str = "gpt2",
+                                       mask: np.ndarray | None = None) -> None:
     """Token for token; where a token differs, only at a step whose top two logits are closer
     than 1e-4 (a tie f32 rounding may break either way), and the row is not compared after it."""
-    theirs, logits = hf_generate(ids, new, model)
+    theirs, logits = hf_generate(ids, new, model, mask)
     b, s = ids.shape
     assert ours.shape[0] == b and ours.shape[1] >= s + 1
     np.testing.assert_array_equal(ours[:, :s], ids)
@@ -178,6 +180,51 @@ def test_greedy_matches_transformers(model):
                                        NEW, model)
 
 
+def left_padded(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, attention_mask) [B, S]: prompts of S, S - 3 (and S - 7, ...) tokens padded on the
+    left with the pad token, as transformers' tokenizers pad a batch for generation."""
+    ids = prompt(seed)
+    mask = np.ones_like(ids)
+    for r in range(1, B):
+        mask[r, :min(4 * r - 1, S - 1)] = 0
+    return np.where(mask == 1, ids, de.EOS), mask
+
+
+@pytest.mark.parametrize("model", ["gpt2", "phi3", pytest.param("llama", marks=pytest.mark.extended)])
+def test_a_left_padded_batch_matches_transformers(model):
+    """Prompts of different lengths in one batch, padded on the left, with their attention_mask:
+    greedy ids are transformers' on the same batch and mask, and each row's new tokens are its
+    prompt's alone. (Positions count real tokens only: GPT-2's position table sees them, where
+    rotary embeddings, relative, would not see a row's positions all shifted.)"""
+    path, mod = compiled("torchscript", model)
+    ids, mask = left_padded(8)
+    ours = eqfuse.generate(mod, ids, max_new_tokens=NEW, attention_mask=mask)
+    assert_greedy_matches_transformers(ours, ids, NEW, model, mask)
+    alone = eqfuse.generate(mod, ids[1:2, mask[1] == 1], max_new_tokens=NEW)
+    np.testing.assert_array_equal(ours[1, S:], alone[0, -NEW:])
+    np.testing.assert_array_equal(eqfuse.generate(mod, ids, max_new_tokens=NEW, attention_mask=np.ones_like(ids)),
+                                  eqfuse.generate(mod, ids, max_new_tokens=NEW))
+
+
+def test_a_left_padded_prompt_fed_by_steps_matches_onnxruntime():
+    """The other two ways a prompt reaches the cache, with an attention_mask: a token at a time
+    through the decode step over the cache in place (a loaded Module holding no prefill for the
+    prompt's length: Decoder.prefill_by_steps), and the whole prompt at once into a cache of fixed
+    capacity, here onnxruntime's (Decoder.prefill): the same logits, and the same logits at each
+    of 4 greedy steps after."""
+    path, mod = compiled("torchscript")
+    sig = module_signature(mod)
+    ids, mask = left_padded(9)
+    ours = Decoder(sig, lambda f: mod(**f), CAPACITY, step_maker(mod, sig))
+    theirs = Decoder(onnx_signature(path), ort_run(path), CAPACITY)
+    a, b = ours.prefill_by_steps(ids, mask), theirs.prefill(ids, None, mask)
+    for _ in range(4):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+        tok = b.argmax(-1)[:, None].astype(np.int64)
+        a, b = ours.step(tok), theirs.step(tok)
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
 def test_generate_from_a_path_and_its_limits():
     """A path compiles (once per file) and runs as the Module; a position past the model's 128
     is refused before any compile, with the arithmetic in the message."""
@@ -187,6 +234,12 @@ def test_generate_from_a_path_and_its_limits():
                                   eqfuse.generate(mod, ids, max_new_tokens=NEW))
     with pytest.raises(eqfuse.ArgumentError, match="past the model's maximum of 128 positions"):
         eqfuse.generate(str(path), ids, max_new_tokens=de.POSITIONS - S + 2)
+    for bad, message in [(np.ones((B, S + 1), np.int64), r"input_ids' shape \[2, 8\], got int64 \[2, 9\]"),
+                         (np.full((B, S), 2), r"0 \(a padding token\) and 1 \(a real token\) only"),
+                         (np.ones((B, S), np.float32), "must be integers or booleans"),
+                         (np.zeros((B, S), bool), "row 0 masks every token of its prompt")]:
+        with pytest.raises(eqfuse.ArgumentError, match=message):
+            eqfuse.generate(mod, ids, max_new_tokens=2, attention_mask=bad)
 
 
 def test_sampling():
@@ -255,6 +308,9 @@ def test_a_refused_chunk_step_prefills_whole_and_is_not_tried_again(monkeypatch)
     assert len(optimized) == first  # neither the chunk step tried again nor anything else compiled
     np.testing.assert_array_equal(again, ours)
     assert_greedy_matches_transformers(ours, ids, NEW)
+    padded, mask = left_padded(8)  # (the whole prompt's prefill with padding on the left)
+    assert_greedy_matches_transformers(eqfuse.generate(mod, padded, max_new_tokens=NEW, eos_token_id=de.EOS,
+                                                       attention_mask=mask), padded, NEW, mask=mask)
 
 
 def test_no_compile_after_the_first_generation(monkeypatch):
