@@ -196,7 +196,7 @@ def test_a_left_padded_batch_matches_transformers(model):
     greedy ids are transformers' on the same batch and mask, and each row's new tokens are its
     prompt's alone. (Positions count real tokens only: GPT-2's position table sees them, where
     rotary embeddings, relative, would not see a row's positions all shifted.)"""
-    path, mod = compiled("torchscript", model)
+    _, mod = compiled("torchscript", model)
     ids, mask = left_padded(8)
     ours = eqfuse.generate(mod, ids, max_new_tokens=NEW, attention_mask=mask)
     assert_greedy_matches_transformers(ours, ids, NEW, model, mask)
