@@ -72,6 +72,38 @@ def test_a_huge_tensor_type_is_refused_at_check(capsys, tmp_path):
     assert err.startswith(f"{model}:1:12: error: a tensor of 10000000000000000000000 elements is too large"), err
 
 
+def test_parsers_are_built_one_at_a_time():
+    """Each thread builds its own lark parser (parser.per_thread), but never two at once: a
+    grammar's build reads its literals with ast.literal_eval, whose recursion check CPython 3.11
+    keeps per interpreter, and two threads building at once failed test_two_threads_compile_at_once
+    with "AST constructor recursion depth mismatch" (parser._BUILDING)."""
+    import threading
+    import time
+
+    from eqfuse.frontend.parser import per_thread
+
+    active, most, lock = [0], [0], threading.Lock()
+
+    @per_thread
+    def build(key):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.02)
+        with lock:
+            active[0] -= 1
+        return key, threading.get_ident()
+
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(build("g"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1
+    assert len({ident for _, ident in got}) == 4  # (one parser per thread still)
+
+
 @pytest.mark.heavy
 def test_two_threads_compile_at_once(tmp_path, monkeypatch):
     """Two threads of one process compiling at once (cold cache): the egglog e-graph each

@@ -32,16 +32,25 @@ def data_dir(name: str) -> Path:
     return installed if installed.is_dir() else package.parent / name
 
 
+# Parsers are built one at a time: building a lark grammar reads its string literals with
+# ast.literal_eval, and CPython before 3.11.8 and 3.12.1 keeps the AST validator's recursion depth
+# per interpreter, not per thread, so two threads building at once may fail with "AST constructor
+# recursion depth mismatch" (CPython gh-106905; tests/test_reliability.py's two compiling threads).
+_BUILDING = threading.Lock()
+
+
 def per_thread(make):
     """functools.cache with one cache per thread: a lark parser's post-lexer keeps state while it
-    parses (the brackets still open), so two threads parsing at once must not share one."""
+    parses (the brackets still open), so two threads parsing at once must not share one. Built
+    under _BUILDING."""
     local = threading.local()
 
     @functools.wraps(make)
     def get(*args):
         cache = local.__dict__.setdefault("cache", {})
         if args not in cache:
-            cache[args] = make(*args)
+            with _BUILDING:
+                cache[args] = make(*args)
         return cache[args]
     return get
 

@@ -69,6 +69,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 import weakref
@@ -674,10 +675,9 @@ def _sizes(out) -> dict[str, int]:
     try:
         return dict(out[0])
     except (TypeError, KeyError, IndexError):  # the binding's repr is the fallback: PrintAllFunctionsSize([('In', 2), ...])
-        import ast
-
-        text = repr(out)
-        return dict(ast.literal_eval(text[text.index("["):text.rindex("]") + 1]))
+        # (read with a pattern, not ast.literal_eval, which races with a parser built in another
+        # thread: eqfuse.frontend.parser._BUILDING)
+        return {name: int(n) for name, n in re.findall(r"\('([^']*)', (\d+)\)", repr(out))}
 
 
 SIMPLIFY, GROW, FUSE = "simplify", "grow", "fuse"
