@@ -12,6 +12,7 @@ import warnings
 from importlib import import_module
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -134,6 +135,37 @@ def test_hugging_face_models(name):
     check(model, **feeds)
     text = REPORTS[0].partitions[0]
     assert "gather(" in text and "softmax(" in text and "layernorm(" in text
+
+
+@pytest.mark.extended  # (some 25 s of compiles when the kernel cache is cold)
+def test_transformers_generate_with_a_static_cache_compiles_once():
+    """transformers' generate over a compiled forward with its static cache
+    (cache_implementation="static": the cache at its full length from the start, written in place
+    with index_copy_, which stays in torch): the prefill and the decode step are two graphs of fixed
+    shapes, each compiled once; greedy ids are eager's, and a second generation compiles nothing.
+    (With the default dynamic cache the keys grow by a row a token, and each length compiles:
+    docs/torch.md.)"""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import decoder_exports as de
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = de.gpt2()
+        ids = torch.from_numpy(np.random.default_rng(0).integers(0, de.VOCAB, (2, 8)))
+        args = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10, min_new_tokens=10,
+                    pad_token_id=de.EOS, cache_implementation="static")
+        with torch.no_grad():
+            eager = model.generate(ids, **args)
+            model.forward = torch.compile(model.forward, backend="eqfuse")
+            first = model.generate(ids, **args)
+            graphs = len(REPORTS)
+            again = model.generate(ids, **args)
+    assert graphs == 2, [r.name for r in REPORTS]  # the prefill and the decode step
+    assert len(REPORTS) == graphs  # nothing compiled again
+    torch.testing.assert_close(first, eager, rtol=0, atol=0)
+    torch.testing.assert_close(again, eager, rtol=0, atol=0)
+    ops = {op for r in REPORTS for op, _ in r.fallbacks}
+    assert ops <= {"index_copy.default", "copy_.default"}, ops  # the cache's in-place writes
 
 
 def test_parameters_never_go_stale():
