@@ -14,8 +14,8 @@ during the prefill: the decode steps run no compiler.
 
 The prefill in chunks. The same model compiled with sequence = n and past = C + 1 - n (the chunk
 step: its buffers and mask are the decode step's) appends n rows at rows t .. t + n - 1 and
-attends to the rows before them and, causally, to its own (the export's causal mask read at the
-live length: eqfuse.backend.live._causal). A prompt runs as chunks of a compiled n
+attends to the rows before them and, causally, to its own (the export's causal mask computed
+from the live length: eqfuse.ir.live.causal_from_length). A prompt runs as chunks of a compiled n
 (Decoder.prefill_chunks, chunk_plan), so once a model has its chunk and decode steps, a prompt
 of any length up to the capacity runs with no compiler; the capacity is the model's position
 table's length when it has one (live_capacity).

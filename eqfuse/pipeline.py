@@ -43,7 +43,7 @@ from eqfuse.frontend.load import load as load_graphs
 from eqfuse.grad.api import LazyGradFunction, differentiate
 from eqfuse.ir.graph import Graph, Node, bind_dims, oversized
 from eqfuse.ir.kernels import K
-from eqfuse.ir.live import cache_graph
+from eqfuse.ir.live import cache_graph, causal_from_length
 from eqfuse.ir.printer import graph_text, kernel_text, module_text
 from eqfuse.ir.reference import Reference, bind_arrays
 from eqfuse.ir.separable import batch_dims
@@ -270,9 +270,14 @@ def padded_dims(graphs: list[Graph], buckets, dims, params) -> list[str]:
 # ---------------------------------------------------------------- fold, optimize
 
 
-def fold(g: Graph, params: dict, fuse: bool | str) -> Folded:
-    """The bound params folded into the graph (only when the optimizer fuses: fuse=True)."""
-    return fold_params(g, params) if fuse is True else Folded(g, params, [])
+def fold(g: Graph, params: dict, fuse: bool | str, live: str | None = None) -> Folded:
+    """The bound params folded into the graph (only when the optimizer fuses: fuse=True); with
+    compile's live=, the folded causal masks of a step of several new rows then computed from the
+    live length (eqfuse.ir.live.causal_from_length)."""
+    folded = fold_params(g, params) if fuse is True else Folded(g, params, [])
+    if live is not None:
+        folded = replace(folded, graph=causal_from_length(folded.graph, folded.params, length_input(live)))
+    return folded
 
 
 def optimize(g: Graph, cost="memory", rules=(), disable=(), dims=None, fuse: bool | str = True) -> tuple[Graph, Any]:
@@ -590,7 +595,7 @@ def live_graph(g: Graph, src, live: str, dims: Mapping[str, int]) -> Graph:
 def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, shared: SharedArrays | None):
     """(GraphFunction, report, optimized graph) of one graph: fold -> optimize; lower and build
     now when every dim is known, else at the first call of each binding."""
-    folded = fold(g, params, opts.fuse)
+    folded = fold(g, params, opts.fuse, opts.live)
     if shared is not None:
         folded = replace(folded, params=shared.arrays(folded.params))
     with shared.optimizing if shared is not None else contextlib.nullcontext():
@@ -710,7 +715,7 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
         if missing:
             raise EqfuseError(f"graph {g.name} has unbound dimension{'s' * (len(missing) > 1)} "
                               f"{', '.join(missing)}; bind with --dim NAME=INT")
-        folded = fold(g, params_of(g, weights), opts.get("fuse", True))
+        folded = fold(g, params_of(g, weights), opts.get("fuse", True), live)
         opt, _ = optimize(folded.graph, dims=gd, **opts)
         _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision, live=live,
                              arrays=folded.params)

@@ -317,38 +317,56 @@ graph step(q: f32[1, 2, 3, 16], past_k: f32[1, 2, P, 16], past_v: f32[1, 2, P, 1
     return a, keys, values
 }
 """
+# the dynamo exporter's form: the causal mask, bound, and the padding mask, a run-time input,
+# combined into one mask over the query rows and the keys before the attention reads it
+CHUNK_PADDED = """
+graph step(q: f32[1, 2, 3, 16], past_k: f32[1, 2, P, 16], past_v: f32[1, 2, P, 16], k: f32[1, 2, 3, 16],
+           v: f32[1, 2, 3, 16], cm: bool[3, 9], keep: bool[1, 9]) {
+    keys = concat(past_k, k, axis=2)
+    values = concat(past_v, v, axis=2)
+    a = softmax(q @ transpose(keys, perm=[0, 1, 3, 2]) * 0.25 + where(logical_and(cm, keep), 0, -inf), axis=-1) @ values
+    return a, keys, values
+}
+"""
 
 
 @pytest.mark.heavy  # (the fast tier's time)
-def test_an_attention_over_several_new_rows_reads_its_causal_mask_at_the_live_length():
+@pytest.mark.parametrize("padded", [False, True])
+def test_an_attention_over_several_new_rows_computes_its_causal_mask_from_the_live_length(padded):
     """A step of 3 new rows over a cache of capacity 6 (a prompt's chunk): its causal mask, bound
-    and computed with the past at the capacity (0 where key j <= 6 + query i, -inf elsewhere), is
-    read at key column j + 6 - L (the plan's causal_input), so query i sees keys 0 .. L + i. At
-    live lengths 0 .. 6, the spare rows NaN, within the f32 attention bound against float64. A
-    mask over the query rows and keys that is not that one is refused: it would hold the
-    capacity's mask, not the live length's."""
-    causal = np.where(np.arange(9)[None, :] <= 6 + np.arange(3)[:, None], 0.0, -np.inf).astype(np.float32)
-    step = eqfuse.compile(CHUNK, dims={"P": 6}, live="P", params={"cm": causal})
+    and computed with the past at the capacity (key j visible to query i where j <= 6 + i), is
+    computed from the live length L instead (eqfuse.ir.live.causal_from_length), so query i sees
+    keys 0 .. L + i; the same when the mask is combined with a run-time padding mask first (the
+    dynamo exporter's form), key 1 then hidden. At live lengths 0 .. 6, the spare rows NaN,
+    within the f32 attention bound against float64. A mask over the query rows and the keys that
+    is not the causal one is refused: it would hold the capacity's mask, not the live length's."""
+    causal = np.arange(9)[None, :] <= 6 + np.arange(3)[:, None]
+    src = CHUNK_PADDED if padded else CHUNK
+    cm = causal if padded else np.where(causal, 0.0, -np.inf).astype(np.float32)
+    step = eqfuse.compile(src, dims={"P": 6}, live="P", params={"cm": cm})
     (att,) = [k for k in step.kernels if k.kind == "attention"]
-    assert att.decisions["causal_input"] >= 0 and att.decisions["live"] == "keys at run time: live + 3 of 9 rows"
+    assert att.decisions["live"] == "keys at run time: live + 3 of 9 rows"
     rng = np.random.default_rng(2)
+    keep = np.ones((1, 9), bool)
     for t in range(7):
         bufs = [np.full((1, 2, 9, 16), np.nan, np.float32) for _ in range(2)]
         for b in bufs:
             b[:, :, :t] = rng.standard_normal((1, 2, t, 16), dtype=np.float32)
         q, k, v = (rng.standard_normal((1, 2, 3, 16), dtype=np.float32) for _ in range(3))
-        a, keys, values = step(q=q, k=k, v=v, past_k=bufs[0], past_v=bufs[1], P_length=np.array([t]))
+        feeds = {"keep": (keep := np.arange(9)[None] != 1)} if padded else {}
+        a, keys, values = step(q=q, k=k, v=v, past_k=bufs[0], past_v=bufs[1], P_length=np.array([t]), **feeds)
         assert np.isnan(keys[:, :, t + 3:]).all() and np.array_equal(keys[:, :, t:t + 3], k)
         kk, vv = (np.concatenate([b[:, :, :t], x], axis=2).astype(np.float64).reshape(2, t + 3, 16)
                   for b, x in ((bufs[0], k), (bufs[1], v)))
-        for i in range(3):  # query i against its keys 0 .. t + i (the others weigh exactly 0)
-            ref, bound = attention_bound(q.astype(np.float64).reshape(2, 3, 16)[:, i:i + 1], kk[:, :t + i + 1],
-                                         vv[:, :t + i + 1], 0.25, None, 64, u=0.0)
+        for i in range(3):  # query i against its keys 0 .. t + i not hidden (the others weigh exactly 0)
+            seen = np.flatnonzero(keep[0, :t + i + 1])
+            ref, bound = attention_bound(q.astype(np.float64).reshape(2, 3, 16)[:, i:i + 1], kk[:, seen],
+                                         vv[:, seen], 0.25, None, 64, u=0.0)
             assert np.all(np.abs(a[:, :, i:i + 1].reshape(ref.shape) - ref) <= bound), (t, i)
-    other = causal.copy()
-    other[0, 2] = -np.inf  # (a key hidden from query 0 as well: not the causal mask)
-    with pytest.raises(eqfuse.EqfuseError, match="not a causal mask computed at compile time"):
-        eqfuse.compile(CHUNK, dims={"P": 6}, live="P", params={"cm": other})
+    other = cm.copy()
+    other[0, 2] = other[0, 7]  # (a key hidden from query 0 as well: not the causal mask)
+    with pytest.raises(eqfuse.EqfuseError, match="not computed from the live length"):
+        eqfuse.compile(src, dims={"P": 6}, live="P", params={"cm": other})
 
 
 POOLED = """

@@ -271,13 +271,19 @@ def test_sampling():
 @pytest.mark.extended  # (the dynamo exports: some 25 s each when the export cache is cold)
 @pytest.mark.parametrize("model", ["gpt2", "llama"])
 def test_greedy_from_a_dynamo_export_matches_transformers(model):
-    """The dynamo exporter computes the attention mask at run time from attention_mask and the
-    causal structure, which a chunk step over a run-time length cannot take (ChunkRefused):
-    generate prefills the prompt whole, then decodes over the cache in place."""
+    """The dynamo exporter combines the causal mask (folded at the capacity) with the padding
+    mask before the attentions read it: the chunk step computes the causal part from the live
+    length (eqfuse.ir.live.causal_from_length), so the prompt runs in chunks over the cache in
+    place, as a TorchScript export's does, with transformers' ids, a left-padded batch too."""
     path = de.export_decoder(model, "dynamo")
     ids = prompt(1)
     assert_greedy_matches_transformers(eqfuse.generate(str(path), ids, max_new_tokens=NEW, eos_token_id=de.EOS), ids,
                                        NEW, model)
+    mod, sig = load_decoder(path)
+    assert not mod.default._refused and held_chunks(mod, sig, B, live_capacity(sig, S + NEW - 1))
+    padded, mask = left_padded(8)
+    assert_greedy_matches_transformers(eqfuse.generate(str(path), padded, max_new_tokens=NEW, eos_token_id=de.EOS,
+                                                       attention_mask=mask), padded, NEW, model, mask)
 
 
 def test_a_refused_chunk_step_prefills_whole_and_is_not_tried_again(monkeypatch):
@@ -290,10 +296,10 @@ def test_a_refused_chunk_step_prefills_whole_and_is_not_tried_again(monkeypatch)
 
     causal = live._causal
 
-    def refuse(kg, p, arrays):
+    def refuse(kg, p, length):
         if p.live.new > 1:
             raise ChunkRefused("live=: refused for the test")
-        causal(kg, p, arrays)
+        causal(kg, p, length)
     monkeypatch.setattr(live, "_causal", refuse)
     optimized = []
     optimize = pipeline.optimize

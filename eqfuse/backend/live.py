@@ -22,10 +22,7 @@ Any other kernel that reads the cache would read rows past L + S: lowering refus
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
-
-import numpy as np
 
 from eqfuse.backend.cexpr import kernel_params
 from eqfuse.backend.indexing import bstrides, contiguous, offset, view_strides
@@ -55,10 +52,10 @@ def _body_source(body: Graph, i: int) -> int | None:
     return i
 
 
-def mark_live(kg: Graph, plans: list[KernelPlan], length: str, arrays: Mapping[str, object] | None = None) -> None:
+def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
     """Set `live` on the appends and attentions of the caches (module docstring); raise when
-    another kernel reads a cache. `arrays` holds the bound inputs' values (compile's folded
-    params): an attention of several new rows reads its causal mask from them (`_causal`)."""
+    another kernel reads a cache, or when an attention of several new rows reads a mask not
+    computed from the live length (`_causal`)."""
     if length not in [kg.nodes[i].name for i in kg.inputs]:
         return
     by_node = {p.node: p for p in plans}
@@ -132,7 +129,7 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str, arrays: Mapping[s
             if p.detail.Sk == a.rows:
                 p.live = LiveBound("keys", a.rows, a.new)
                 _read_through_repeats(kg, p, plans, by_node, appends)
-                _causal(kg, p, arrays or {})
+                _causal(kg, p, length)
     cache_bf16(plans, by_node, appends)
     _mark_rows(kg, plans, by_node)
     for p in plans:  # nothing else may read the caches: its rows past the live ones hold anything
@@ -151,43 +148,55 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str, arrays: Mapping[s
             raise EqfuseError("live=: the graph returns a KV cache other than as the present of its append")
 
 
-def _causal(kg: Graph, p: KernelPlan, arrays: Mapping[str, object]) -> None:
+def _causal(kg: Graph, p: KernelPlan, length: str) -> None:
     """An attention over a cache with several new rows (a chunk of a prompt, `new` > 1) reads its
     keys 0 .. L + new - 1, the new ones at rows L .. L + new - 1; query row i may see keys
     0 .. L + i. An export computes that causal mask from the past's length, a compile-time one
-    (the capacity, rows - new): a bound [.., new, rows] input M with M[i, j] one value where
-    j <= rows - new + i and another elsewhere. Read at column j + (rows - new - L), it is the
-    mask at live length L: the plan's `causal_input` (the kernel input read so). Any other
-    input over [.., new, rows] (a mask of other values, or one computed at run time) would hold
-    the capacity's mask, not L's: refused."""
+    here (the capacity, rows - new); eqfuse.ir.live.causal_from_length has computed each bound
+    one from L instead. So a mask input over [.., new, rows] must be computed from the `length`
+    input, whether it is the causal mask or that mask combined with the padding mask (the dynamo
+    exporter's); any other (a bound mask that is not causal, one computed without L) would hold
+    the mask at the capacity, not at L: refused."""
     new, rows = p.live.new, p.live.rows
     if new <= 1:
         return
-    body = p.body
-    causal = np.arange(rows)[None, :] <= (rows - new) + np.arange(new)[:, None]
-    found = None
-    for k, i in enumerate(body.inputs):
-        shape = tuple(body.nodes[i].type.shape)
-        if len(shape) < 2 or shape[-2:] != (new, rows):
+    operands = _matmul_operands(p.body)
+    for k, i in enumerate(p.body.inputs):
+        shape = tuple(p.body.nodes[i].type.shape)
+        if len(shape) < 2 or shape[-2:] != (new, rows) or i in operands:
+            continue  # (not a mask: the keys as [head size, rows] when the head size is `new`)
+        if not _reads_input(kg, p.args[k], length):
+            name = kg.nodes[p.args[k]].name or f"t{p.args[k]}"
+            raise ChunkRefused(f"live=: attention {p.name} over {new} new rows reads {name} {list(shape)}, which is not "
+                               "computed from the live length: a mask over the new rows and the keys other than the "
+                               "causal one (one value where key j <= past + query i, another elsewhere) would hold "
+                               "the mask at the capacity, not at the live length")
+
+
+def _matmul_operands(body: Graph) -> set[int]:
+    """The body nodes a matmul reads as an operand, through layout ops (the keys' transpose)."""
+    found = set()
+    for n in body.nodes:
+        if n.op == "matmul":
+            for a in n.args:
+                while body.nodes[a].op in OPS and OPS[body.nodes[a].op].kind == OpKind.LAYOUT:
+                    a = body.nodes[a].args[0]
+                found.add(a)
+    return found
+
+
+def _reads_input(kg: Graph, node: int, name: str) -> bool:
+    """Whether kernel graph node `node` is computed from the input named `name`."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
             continue
-        node = kg.nodes[p.args[k]]
-        value = arrays.get(node.name) if node.op == "input" and node.name else None
-        ok = value is not None and not p.in_strides.get(k) and found is None
-        if ok:
-            v = np.broadcast_to(np.asarray(value), shape)
-            inside, outside = v[..., causal], v[..., ~causal]
-            ok = inside.size > 0 and outside.size > 0 and bool(np.all(inside == inside.flat[0])) \
-                and bool(np.all(outside == outside.flat[0])) and inside.flat[0] != outside.flat[0]
-        if not ok:
-            raise ChunkRefused(f"live=: attention {p.name} over {new} new rows reads {node.name or f't{p.args[k]}'} "
-                              f"{list(shape)}, which is not a causal mask computed at compile time (one value "
-                              "where key j <= past + query i, another elsewhere): it would hold the mask at the "
-                              "capacity, not at the live length")
-        found = k
-    if found is not None:
-        p.detail = replace(p.detail, causal_input=found)
-        p.uops = [UOp(u.depth, u.op, u.what + f"; causal mask in{found} read at key + {rows - new} - live", u.count)
-                  if u.op == "Exec" and u.what.startswith("scores") else u for u in p.uops]
+        seen.add(n)
+        if kg.nodes[n].op == "input" and kg.nodes[n].name == name:
+            return True
+        todo.extend(kg.nodes[n].args)
+    return False
 
 
 def _read_through_repeats(kg: Graph, p: KernelPlan, plans: list[KernelPlan], by_node: dict[int, KernelPlan],

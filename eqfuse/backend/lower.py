@@ -153,7 +153,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
     compile's precision=: each plan records what its kernel computes in and by which instruction
     path (KernelPlan.precision, .precision_path). `live` names the input that holds a KV cache's
     live length (compile's live=): its appends and attentions take it at run time
-    (eqfuse.backend.live); `arrays` the bound inputs' values, which it may read (a causal mask; an
+    (eqfuse.backend.live); `arrays` the bound inputs' values, which it may read (an
     integer GEMM's bound weights, whose range chooses its instruction path: qgemm.mark_bound)."""
     g = expand_convs(g)  # (conv1d, conv_transpose2d as conv2d, when the optimizer did not run)
     split: set[int] = set()
@@ -187,7 +187,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
         if not retry:
             place_views(kg, plans)
             if live is not None:
-                mark_live(kg, plans, live, arrays)
+                mark_live(kg, plans, live)
             place_stores(kg, plans)
             for p in plans:  # decisions that depend on the strides the inputs are read through
                 if p.kind != K.VIEW:

@@ -9,14 +9,25 @@ capacity is unchanged (the numpy reference runs it as is). It also gets one more
 length L (i64[1]); the backend then lowers each such concat to an append in place (the new rows
 written at rows L .. L+S-1 of the buffer, which is also the present output) and each attention
 over its result to L + S keys (eqfuse.backend.live). Rows past L + S are never read.
+
+A step of several new rows (a chunk of a prompt, S > 1) has a causal mask: query i sees keys
+0 .. C + i, which an export computes from the past's length, at compile time here: a bound
+constant [.., S, C + S] with one value where key j <= C + i and another elsewhere. Given the
+bound inputs' values, `cache_graph` computes each such constant from the live length instead,
+where(j <= L + i, inside, outside) (`_live_causal`), so the mask is right at any L whatever
+reads it: the attention itself, or a kernel that combines it with the run-time padding mask
+(the dynamo exporter's decoders) whose result the attention reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
+import numpy as np
+
 from eqfuse.errors import EqfuseError
-from eqfuse.ir.graph import Graph, Node
+from eqfuse.ir.graph import Graph, Node, infer_type
 from eqfuse.ir.shapes import TType
 
 LENGTH_DTYPE = "i64"
@@ -90,3 +101,77 @@ def cache_graph(g: Graph, axes: dict[str, int], length: str, dims: dict[str, int
     out.inputs.append(out.add(Node("input", type=TType((1,), LENGTH_DTYPE), name=length)))
     out.outputs = [ids[o] for o in g.outputs]
     return out
+
+
+def causal_from_length(g: Graph, arrays: Mapping[str, np.ndarray], length: str) -> Graph:
+    """g (a cache_graph, its bound values folded: `arrays`) with each bound causal mask of a step
+    of several new rows computed from the live length input `length` (module docstring); g
+    itself when it has none. The new rows S and the buffers' rows C + S of each step are read off
+    the slices of the cache buffers that cache_graph made (slice(buffer, 0:C), read by a concat)."""
+    at = {n.name: i for i, n in enumerate(g.nodes) if n.op == "input"}
+    steps = set()
+    for n in g.nodes:
+        if n.op == "concat" and g.nodes[n.args[0]].op == "slice":
+            sl = g.nodes[n.args[0]]
+            buf = g.nodes[sl.args[0]]
+            if buf.op == "input" and buf.name not in arrays and sl.attr.get("start") == 0:
+                rows = buf.type.shape[sl.attr["axis"]]
+                if isinstance(rows, int) and isinstance(sl.attr["stop"], int):
+                    steps.add((rows - sl.attr["stop"], rows))
+    steps = {(new, rows) for new, rows in steps if new > 1}  # (a step of one row has no causal mask)
+    if length not in at or not steps:
+        return g
+    out = Graph(g.name, pos=g.pos)
+    ids: dict[int, int] = {}
+    for i, n in enumerate(g.nodes):  # the inputs first, so that a mask may follow the length input
+        if n.op == "input":
+            ids[i] = out.add(n)
+    swapped: dict[int, int] = {}  # a causal mask's input -> the node computing it from the length
+    for i, n in enumerate(g.nodes):
+        if n.op == "input" and n.name in arrays:
+            for new, rows in sorted(steps):  # (a graph may append steps of several lengths: QAttentions)
+                mask = _live_causal(out, ids[at[length]], ids[i], np.asarray(arrays[n.name]), new, rows)
+                if mask is not None:
+                    swapped[i] = mask
+                    break
+    if not swapped:
+        return g
+    for i, n in enumerate(g.nodes):
+        if n.op != "input":
+            ids[i] = out.add(replace(n, args=tuple(swapped[a] if a in swapped else ids[a] for a in n.args)))
+    out.inputs = [ids[i] for i in g.inputs]  # (a swapped input stays a parameter, read by nothing)
+    out.outputs = [swapped[o] if o in swapped else ids[o] for o in g.outputs]
+    return out
+
+
+def _live_causal(out: Graph, length: int, node: int, value: np.ndarray, new: int, rows: int) -> int | None:
+    """The node of where(j <= L + i, inside, outside) in `out`, shaped as the bound input `node`,
+    when its value is a causal mask over [.., new, rows] at the capacity rows - new (one value
+    where key j <= rows - new + i, another elsewhere; leading dims of one); else None."""
+    t = out.nodes[node].type
+    shape = tuple(t.shape)
+    if len(shape) < 2 or shape[-2:] != (new, rows) or any(d != 1 for d in shape[:-2]) or value.shape != shape:
+        return None
+    causal = np.arange(rows)[None, :] <= (rows - new) + np.arange(new)[:, None]
+    v = value.reshape(new, rows)
+    inside, outside = v[causal], v[~causal]
+    if not (np.all(inside == inside[0]) and np.all(outside == outside[0]) and inside[0] != outside[0]):
+        return None
+
+    def op(name: str, *args: int, **attrs) -> int:
+        n = Node(name, tuple(args), tuple(attrs.items()))
+        return out.add(replace(n, type=infer_type(n, [out.nodes[a].type for a in args])))
+
+    def const(x) -> int:
+        return out.add(Node("const", attrs=(("value", float(x)),), type=TType(())))
+
+    keys = op("range", start=0, stop=rows, step=1, dtype=LENGTH_DTYPE)
+    queries = op("reshape", op("range", start=0, stop=new, step=1, dtype=LENGTH_DTYPE), shape=(new, 1))
+    seen = op("le", keys, op("add", length, queries))  # bool [new, rows]: key j <= L + query i
+    if t.dtype == "bool":
+        mask = seen if bool(inside[0]) else op("logical_not", seen)
+    else:
+        mask = op("where", seen, const(inside[0]), const(outside[0]))
+        if out.nodes[mask].type.dtype != t.dtype:
+            mask = op("cast", mask, to=t.dtype)
+    return op("reshape", mask, shape=shape)

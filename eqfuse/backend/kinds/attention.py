@@ -64,10 +64,6 @@ class AttentionDetail:
     # a constant the keys were scaled by in front of the repeat (an export's sqrt(scale)), folded
     # into q with the score scale
     k_scale: float = 1.0
-    # over a KV cache with several new rows (a prompt's chunk): the kernel input holding the causal
-    # mask computed with the past at its capacity, read at key column j + (rows - new - live) so
-    # that query i sees keys 0 .. live + i (eqfuse.backend.live._causal); -1: none
-    causal_input: int = -1
     # the decode plan's tasks are chunks of the claim-based pool (common_pool.h), as its step's
     # few-rows GEMMs: the run function then holds the pool across the attention
     # (runtime.program.hold_pool), where an OpenMP region would let the pool's worker fall asleep
@@ -245,9 +241,6 @@ class Attention(Kind):
             src, st = view_strides(body, i, base)
             return ptrs[src], bstrides(body.nodes[i].type.shape, batch + tail, st)
 
-        if d.causal_input >= 0:  # (the live causal mask, shifted by the run-time length)
-            i = body.inputs[d.causal_input]
-            ptrs[i] = f"({ptrs[i]} + ({plan.live.rows - plan.live.new} - live))"
         Q, qs = strided(p.q, (Sq, D))
         Kp, ks = strided(p.kt, (D, Sk))
         V, vs = strided(p.v, (Sk, Dv))
