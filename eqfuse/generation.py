@@ -58,6 +58,12 @@ CHUNK_MAX = 256
 # (live_capacity): GPT-2's 1024 and models of 2048 or 4096 positions; a longer table's cache
 # would take memory for positions few generations reach, so it grows as needed instead
 LIVE_CAPACITY_MAX = 4096
+# a model without a position table (rotary embeddings from position_ids) has no known maximum:
+# its cache starts at this many rows, or fewer if its buffers would pass LIVE_CACHE_BYTES, so that
+# the usual prompts and generations run on the steps compiled once (each larger capacity compiles
+# the chunk and decode steps again), as a model with a position table of that length does
+LIVE_CAPACITY_DEFAULT = 2048
+LIVE_CACHE_BYTES = 256 << 20  # every layer's keys and values, the whole batch: the memory it may take
 
 
 def capacity_for(length: int) -> int:
@@ -65,14 +71,21 @@ def capacity_for(length: int) -> int:
     return max(MIN_CAPACITY, 1 << max(length - 1, 0).bit_length())
 
 
-def live_capacity(sig: "Signature", length: int) -> int:
+def live_capacity(sig: "Signature", length: int, batch: int = 1) -> int:
     """The capacity of a cache in place (the chunk and decode steps, compiled per capacity): every
     position of the model's position table when it has one of at most LIVE_CAPACITY_MAX (so that
     any prompt and generation the model can hold runs on the steps compiled once: a larger
-    capacity costs the buffers' memory, not time, docs/generation.md), else capacity_for(length)."""
+    capacity costs the buffers' memory, not time, docs/generation.md); without a table, the
+    power of two that holds `length` rows, doubled up to LIVE_CAPACITY_DEFAULT while the
+    buffers of `batch` sequences stay within LIVE_CACHE_BYTES; else capacity_for(length)."""
     if sig.max_positions is not None and length <= sig.max_positions <= LIVE_CAPACITY_MAX:
         return max(MIN_CAPACITY, sig.max_positions)
-    return capacity_for(length)
+    cap = capacity_for(length)
+    if sig.max_positions is None:
+        row = batch * sum(4 * h * d for _, (_, h, _, d) in sig.pasts)  # bytes of one row of every cache
+        while cap < LIVE_CAPACITY_DEFAULT and 2 * cap * row <= LIVE_CACHE_BYTES:
+            cap *= 2
+    return cap
 
 
 class Signature:
@@ -679,7 +692,7 @@ def _start(model, ids: np.ndarray, max_new_tokens: int, real: np.ndarray | None 
                             f"{longest + max_new_tokens - 2}, past the model's maximum of {sig.max_positions} positions")
     need, held = s + max_new_tokens - 1, held_steps(model, sig, b)
     chunked = held is None and step is not None  # a prompt in chunks over the cache in place
-    capacity = live_capacity(sig, need) if chunked else capacity_for(need)
+    capacity = live_capacity(sig, need, b) if chunked else capacity_for(need)
     if held is not None:  # a loaded Module: the smallest capacity it holds that fits
         fits = sorted(c for c in held[1] if c >= need)
         if not fits:

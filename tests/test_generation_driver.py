@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 
 import eqfuse
-from eqfuse.generation import LENGTH, Decoder, Signature, capacity_for
+from eqfuse.generation import (
+    LENGTH,
+    LIVE_CACHE_BYTES,
+    LIVE_CAPACITY_DEFAULT,
+    Decoder,
+    Signature,
+    capacity_for,
+    live_capacity,
+)
 
 B, V, E, H, D, POSITIONS = 2, 13, 8, 2, 4, 40
 RNG = np.random.default_rng(0)
@@ -152,6 +160,23 @@ def test_a_present_of_the_wrong_shape_is_refused_at_the_step():
 
 def test_capacity_is_a_power_of_two_from_16():
     assert [capacity_for(n) for n in (0, 1, 16, 17, 33, 100)] == [16, 16, 16, 32, 64, 128]
+
+
+def test_a_cache_in_place_holds_the_position_table_or_a_default_within_its_memory():
+    """live_capacity: a model's whole position table; without one, 2048 rows, fewer when the
+    buffers of the batch would pass 256 MB, and always the generation's own rows."""
+    assert live_capacity(SIG, 10) == POSITIONS and live_capacity(SIG, 50) == 64  # (past the table: its own)
+
+    def sig(layers, heads, head):  # a model without a position table
+        pasts = [(f"past_{i}", ("b", heads, "p", head)) for i in range(2 * layers)]
+        return Signature([("input_ids", ("b", "s")), ("attention_mask", ("b", "t")),
+                          ("position_ids", ("b", "s")), *pasts])
+    assert live_capacity(sig(2, 2, 16), 10) == LIVE_CAPACITY_DEFAULT == 2048
+    assert live_capacity(sig(2, 2, 16), 5000) == 8192  # (longer: the power of two that holds it)
+    big = sig(32, 8, 128)  # 256 KB a row
+    row = 2 * 32 * 8 * 128 * 4
+    assert live_capacity(big, 10) * row == LIVE_CACHE_BYTES  # 1024 rows at batch 1
+    assert live_capacity(big, 10, batch=8) == 128 and live_capacity(big, 300, batch=8) == 512
 
 
 @pytest.mark.parametrize("inputs, message", [
