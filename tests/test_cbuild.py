@@ -1,8 +1,10 @@
 """The C build cache: hits skip the compiler, concurrent builds agree, errors are reported."""
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -386,3 +388,52 @@ def test_gomp_loaded_reads_the_process_maps(tmp_path):
     assert not cbuild.gomp_loaded(str(maps))
     maps.write_text("7f00-7f01 r-xp 0 08:01 1 /x/torch/lib/libgomp.so.1\n")
     assert cbuild.gomp_loaded(str(maps)) and cbuild.gomp_loaded(str(tmp_path / "absent"))
+
+
+def test_libraries_load_one_at_a_time_around_the_spin_variable(monkeypatch):
+    """Before libgomp is loaded, a load sets GOMP_SPINCOUNT around it; two threads loading at
+    once (generate builds its chunk and decode steps on two) saw each other's setting, and the
+    second to finish deleted a variable already gone: KeyError 'GOMP_SPINCOUNT' (a warm first
+    generation, its libraries loaded from the cache at once). Loads now take turns: none
+    overlaps, each sees the variable, and it is gone after."""
+    import threading
+    import time
+    import types
+
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(cbuild, "gomp_loaded", lambda *a: False)
+    active, most, seen, lock = [0], [0], [], threading.Lock()
+
+    class Loader:
+        def exec_module(self, mod):
+            with lock:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            seen.append(os.environ.get(cbuild.SPIN_VAR))
+            time.sleep(0.02)
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(cbuild.importlib.util, "spec_from_file_location",
+                        lambda name, path: types.SimpleNamespace(name=name, loader=Loader()))
+    monkeypatch.setattr(cbuild.importlib.util, "module_from_spec", lambda spec: types.ModuleType(spec.name))
+    names = [f"_eqf_test_turns_{i}" for i in range(4)]
+    errors = []
+
+    def load(name):
+        try:
+            cbuild.load_library(name, Path("/nonexistent.so"))
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(repr(e))
+    threads = [threading.Thread(target=load, args=(n,)) for n in names]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for n in names:
+            sys.modules.pop(n, None)
+    assert not errors and most[0] == 1 and seen == [cbuild.SPIN_COUNT] * 4
+    assert cbuild.SPIN_VAR not in os.environ

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -261,25 +262,32 @@ def gomp_loaded(maps: str = "/proc/self/maps") -> bool:
         return True
 
 
+# One library loads at a time: SPIN_VAR is set in the process's environment around a load, and
+# two threads loading at once (generate builds its chunk and decode steps on two) would see each
+# other's setting, and the second to finish would delete a variable already gone (KeyError).
+_LOADING = threading.Lock()
+
+
 def load_library(name: str, path: Path) -> ModuleType:
     """Import the built library at `path` as the extension module `name` (the name it was built
     with; a module already imported under it is returned as is)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    user = "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ or gomp_loaded()
-    if not user:
-        os.environ[SPIN_VAR] = SPIN_COUNT
-    try:
-        # (module_from_spec is what loads an extension, and libgomp with it: with the variable set
-        # only around exec_module, libgomp never saw it and its threads spun 300000 pauses)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
+    with _LOADING:
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        user = "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ or gomp_loaded()
         if not user:
-            del os.environ[SPIN_VAR]
-    sys.modules[name] = mod
-    return mod
+            os.environ[SPIN_VAR] = SPIN_COUNT
+        try:
+            # (module_from_spec is what loads an extension, and libgomp with it: with the variable set
+            # only around exec_module, libgomp never saw it and its threads spun 300000 pauses)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        finally:
+            if not user:
+                del os.environ[SPIN_VAR]
+        sys.modules[name] = mod
+        return mod
 
 
 def _asan_loaded() -> bool:
