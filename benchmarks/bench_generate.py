@@ -167,13 +167,13 @@ class Torch:
 
 
 def export_path(a):
-    """(the export's path, its model's sizes) for --model, --layers, --width."""
+    """(the export's path, its model's sizes) for --model, --layers, --width, --exporter."""
     import decoder_exports as de
 
     kind, layers, width, heads, sizes = MODELS[a.model]
     layers, width = a.layers or layers, a.width or width
     positions = 1024 if kind == "gpt2" else 2048
-    return de.export_decoder(kind, "torchscript", layers, width, heads, positions, **sizes), layers, heads, sizes
+    return de.export_decoder(kind, a.exporter, layers, width, heads, positions, **sizes), layers, heads, sizes
 
 
 FIRST_PEERS = ("eqfuse cold", "eqfuse warm", "onnxruntime", "OpenVINO f32")
@@ -193,6 +193,7 @@ def first_generation(a) -> None:
             for peer in FIRST_PEERS:  # (warm after cold: the cold child fills the cache)
                 env = {**os.environ, "EQFUSE_CACHE_DIR": str(cache)}
                 out = subprocess.run([sys.executable, __file__, "--child-first", peer, "--model", a.model,
+                                      "--exporter", a.exporter,
                                       "--threads", str(a.threads), "--prompt", str(a.prompt), "--new", str(a.new)]
                                      + (["--layers", str(a.layers)] if a.layers else [])
                                      + (["--width", str(a.width)] if a.width else []),
@@ -205,7 +206,7 @@ def first_generation(a) -> None:
                 print(f"  round {r}: {peer} {times[peer][-1]:.1f} s", flush=True)
         finally:
             shutil.rmtree(cache.parent, ignore_errors=True)
-    print(f"{a.model}: the first generation of {a.new} tokens after a prompt of {a.prompt}, in a new process, "
+    print(f"{a.model} ({a.exporter} export): the first generation of {a.new} tokens after a prompt of {a.prompt}, in a new process, "
           f"{a.threads} thread(s), {a.rounds} round(s); load average {os.getloadavg()[0]:.1f}")
     print(f"  {'':16} {'median s':>9} {'range s':>14}")
     for peer, ts in times.items():
@@ -257,6 +258,8 @@ def child_first(a) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="gpt2")
+    ap.add_argument("--exporter", choices=["torchscript", "dynamo"], default="torchscript",
+                    help="the torch exporter that makes the .onnx every ONNX peer runs")
     ap.add_argument("--layers", type=int)
     ap.add_argument("--width", type=int)
     ap.add_argument("--prompt", type=int, default=128)
