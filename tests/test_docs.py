@@ -10,8 +10,8 @@ from helpers import ROOT
 
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
-MANUAL = ["README", "language", "optimizing", "backend", "onnx", "torch", "training", "export", "deploy", "testing",
-          "performance"]
+MANUAL = ["README", "language", "optimizing", "backend", "onnx", "torch", "training", "generation", "export",
+          "precision", "deploy", "testing", "performance"]
 MAX_README_LINES = 220
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
