@@ -79,21 +79,26 @@ def live_capacity(sig: "Signature", length: int, batch: int = 1) -> int:
     power of two that holds `length` rows, doubled up to LIVE_CAPACITY_DEFAULT while the
     buffers of `batch` sequences stay within LIVE_CACHE_BYTES; else capacity_for(length)."""
     if sig.max_positions is not None and length <= sig.max_positions <= LIVE_CAPACITY_MAX:
-        return max(MIN_CAPACITY, sig.max_positions)
-    cap = capacity_for(length)
-    if sig.max_positions is None:
-        row = batch * sum(4 * h * d for _, (_, h, _, d) in sig.pasts)  # bytes of one row of every cache
-        while cap < LIVE_CAPACITY_DEFAULT and 2 * cap * row <= LIVE_CACHE_BYTES:
-            cap *= 2
-    return cap
+        cap = max(MIN_CAPACITY, sig.max_positions)
+    else:
+        cap = capacity_for(length)
+        if sig.max_positions is None:
+            row = batch * sum(4 * h * d for _, (_, h, _, d) in sig.pasts)  # bytes of one row of every cache
+            while cap < LIVE_CAPACITY_DEFAULT and 2 * cap * row <= LIVE_CACHE_BYTES:
+                cap *= 2
+    # a sliding-window model: its chunk and decode steps (C + 1 rows: past and new) within the
+    # rows its sliding layers keep
+    return cap if sig.fits_window(cap, 1) else max(length, sig.window_rows - 1)
 
 
 class Signature:
     """Where a decoder's inputs and outputs are: the names of its id, mask and position inputs,
-    its past inputs in order with their [heads, head size], and the number of positions its
-    position table holds (None when unknown)."""
+    its past inputs in order with their [heads, head size], the number of positions its
+    position table holds (None when unknown), and the rows a sliding-window layer's cache keeps
+    (`window_rows`, sliding_window - 1; None when no layer slides)."""
 
-    def __init__(self, inputs: Sequence[tuple[str, tuple]], max_positions: int | None = None):
+    def __init__(self, inputs: Sequence[tuple[str, tuple]], max_positions: int | None = None,
+                 window_rows: int | None = None):
         names = [n for n, _ in inputs]
         self.names = names
 
@@ -119,6 +124,13 @@ class Signature:
             raise EqfuseError(f"generate: the model has inputs eqfuse.generate does not know how to feed: "
                               f"{', '.join(sorted(others))}")
         self.max_positions = max_positions
+        self.window_rows = window_rows
+
+    def fits_window(self, past: int, rows: int) -> bool:
+        """Whether a step over `past` rows appending `rows` returns its whole cache: a sliding
+        layer's present is its past and new rows only while they are within the rows it keeps
+        (beyond, it drops the oldest, and the cache in place would no longer be past + new)."""
+        return self.window_rows is None or past + rows <= self.window_rows
 
 
 def onnx_signature(path: str | os.PathLike) -> Signature:
@@ -130,10 +142,11 @@ def onnx_signature(path: str | os.PathLike) -> Signature:
     sig = Signature([(p, s) for _, p, s in head.inputs])
     onnx_pos = next(o for o, p, _ in head.inputs if p == sig.positions)
     sig.max_positions = head.tables.get(onnx_pos)
+    sig.window_rows = min(head.windows.values(), default=None)
     return sig
 
 
-_POSITIONS: dict[tuple, int | None] = {}  # (path, mtime, size) -> its position table's length
+_POSITIONS: dict[tuple, tuple] = {}  # (path, mtime, size) -> (its position table's length, window rows)
 
 
 def module_signature(model) -> Signature:
@@ -145,11 +158,14 @@ def module_signature(model) -> Signature:
         inputs = [(n, t.shape) for n, t in f.source.params if n in f.free]
     sig = Signature(inputs, getattr(model, "max_positions", None))
     path = getattr(f, "onnx_path", None)
-    if sig.max_positions is None and path is not None and os.path.isfile(path):
+    if path is not None and os.path.isfile(path):
         key = (os.path.realpath(path), os.path.getmtime(path), os.path.getsize(path))
         if key not in _POSITIONS:
-            _POSITIONS[key] = onnx_signature(path).max_positions
-        sig.max_positions = _POSITIONS[key]
+            of_file = onnx_signature(path)
+            _POSITIONS[key] = (of_file.max_positions, of_file.window_rows)
+        positions, sig.window_rows = _POSITIONS[key]
+        if sig.max_positions is None:
+            sig.max_positions = positions
     return sig
 
 
@@ -603,6 +619,8 @@ def prefill_plan(model, sig: Signature, s: int) -> tuple[int, int]:
     n = max(PREFILL_MIN, 1 << max(s - 1, 0).bit_length())
     if sig.max_positions is not None:  # (the masked past row takes a position too)
         n = max(s, min(n, sig.max_positions - 1))
+    if not sig.fits_window(1, n):  # (the masked past row takes one of the window's rows)
+        n = max(s, sig.window_rows - 1)
     return s, n
 
 
@@ -691,8 +709,15 @@ def _start(model, ids: np.ndarray, max_new_tokens: int, real: np.ndarray | None 
         raise ArgumentError(f"generate: a prompt of {longest} tokens and {max_new_tokens} new tokens reach position "
                             f"{longest + max_new_tokens - 2}, past the model's maximum of {sig.max_positions} positions")
     need, held = s + max_new_tokens - 1, held_steps(model, sig, b)
+    if not sig.fits_window(need, 1):
+        raise ArgumentError(f"generate: a prompt of {s} tokens and {max_new_tokens} new tokens need a cache of {need} "
+                            f"rows, and the model's sliding-window layers keep {sig.window_rows} (sliding_window "
+                            f"{sig.window_rows + 1}): eqfuse.generate runs such a model within its window, up to "
+                            f"{sig.window_rows - 1} rows; use fewer new tokens or a shorter prompt")
     chunked = held is None and step is not None  # a prompt in chunks over the cache in place
     capacity = live_capacity(sig, need, b) if chunked else capacity_for(need)
+    if not sig.fits_window(capacity, 1):  # (the rows a sliding-window layer keeps: above)
+        capacity = sig.window_rows - 1
     if held is not None:  # a loaded Module: the smallest capacity it holds that fits
         fits = sorted(c for c in held[1] if c >= need)
         if not fits:

@@ -112,8 +112,33 @@ def phi3(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions
     return m
 
 
+SLIDING_WINDOW = 32  # the Gemma3's: its sliding layers keep their last 31 rows
+
+
+def gemma3(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
+    """A transformers Gemma3ForCausalLM (seeded, as gpt2; the family of the small Gemma 3 text
+    models): a sliding-window layer (window SLIDING_WINDOW, its cache the last window - 1 rows)
+    then a full one, RMSNorms around attention and MLP, grouped-query attention with 2 key/value
+    heads, logit soft-capping off."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.Gemma3TextConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                             num_attention_heads=heads, num_key_value_heads=KV_HEADS, head_dim=width // heads,
+                             vocab_size=VOCAB, max_position_embeddings=positions, sliding_window=SLIDING_WINDOW,
+                             layer_types=["sliding_attention", "full_attention"] * (layers // 2),
+                             bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
+    m = T.Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # (Gemma's norms scale by 1 + weight, the weight starting at 0)
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.uniform_(-0.5, 0.5)
+    return m
+
+
 MODELS = {"gpt2": (gpt2, HEADS), "llama": (llama, KV_HEADS), "qwen2": (qwen2, KV_HEADS),
-          "phi": (phi, HEADS), "phi3": (phi3, KV_HEADS)}  # -> (maker, key/value heads)
+          "phi": (phi, HEADS), "phi3": (phi3, KV_HEADS), "gemma3": (gemma3, KV_HEADS)}  # -> (maker, key/value heads)
 
 
 def _wrapped(model, layers: int = LAYERS):

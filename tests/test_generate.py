@@ -180,6 +180,24 @@ def test_greedy_matches_transformers(model):
                                        NEW, model)
 
 
+@pytest.mark.heavy
+def test_a_sliding_window_model_generates_within_its_window_and_refuses_past_it():
+    """Gemma 3's sliding layers return the last sliding_window - 1 rows of their cache, which is
+    past + new rows only while the cache is shorter: generate keeps the cache's capacity within
+    the window (whatever the default capacity) and gives transformers' ids there, the prompt in
+    chunks; a generation past the window is refused before anything compiles."""
+    path, mod = compiled("torchscript", "gemma3")
+    sig = module_signature(mod)
+    assert sig.window_rows == de.SLIDING_WINDOW - 1
+    assert live_capacity(sig, S + NEW - 1) == de.SLIDING_WINDOW - 2  # (2048 rows by default: no position table)
+    ids = prompt(3)
+    assert_greedy_matches_transformers(eqfuse.generate(mod, ids, max_new_tokens=NEW, eos_token_id=de.EOS), ids,
+                                       NEW, "gemma3")
+    assert held_chunks(mod, sig, B, de.SLIDING_WINDOW - 2) == [PREFILL_MIN]  # (the prompt in a chunk)
+    with pytest.raises(eqfuse.ArgumentError, match="sliding-window layers keep 31 .*up to 30 rows"):
+        eqfuse.generate(path, prompt(4), max_new_tokens=S + 17)
+
+
 def left_padded(seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids, attention_mask) [B, S]: prompts of S, S - 3 (and S - 7, ...) tokens padded on the
     left with the pad token, as transformers' tokenizers pad a batch for generation."""

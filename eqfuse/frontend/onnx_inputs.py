@@ -67,6 +67,38 @@ def tables(model) -> dict[str, int]:
     return rows
 
 
+def windows(model) -> dict[str, int]:
+    """ONNX output name -> the rows the output keeps of the end of its axis 2, for each output
+    that is a Slice of it from a constant negative start to the end: a sliding-window layer's
+    cache (Gemma2's and Gemma3's sliding layers return the last sliding_window - 1 rows of
+    their past and new keys and values)."""
+    from onnx import TensorProto, numpy_helper
+
+    proto = load_model(model)
+    consts = {n.output[0]: n.attribute[0].t for n in proto.graph.node
+              if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"}
+    consts.update({t.name: t for t in proto.graph.initializer})
+    producer = {o: n for n in proto.graph.node for o in n.output}
+
+    def ints(name: str) -> list[int] | None:
+        t = consts.get(name)
+        if t is None or t.data_type != TensorProto.INT64:
+            return None
+        return [int(v) for v in numpy_helper.to_array(t).reshape(-1)]
+
+    kept: dict[str, int] = {}
+    for out in proto.graph.output:
+        n = producer.get(out.name)
+        if n is None or n.op_type != "Slice" or len(n.input) < 4:
+            continue
+        starts, ends, axes = ints(n.input[1]), ints(n.input[2]), ints(n.input[3])
+        steps = ints(n.input[4]) if len(n.input) > 4 and n.input[4] else [1]
+        if (starts and len(starts) == 1 and starts[0] < 0 and ends and ends[0] >= 2 ** 62
+                and axes in ([2], [-2]) and steps == [1]):
+            kept[out.name] = -starts[0]
+    return kept
+
+
 @dataclass(frozen=True)
 class Header:
     """What the stages read of an ONNX model before importing its graph, from one parse of it
@@ -76,11 +108,13 @@ class Header:
     inputs: tuple[tuple[str, str, tuple[int | str, ...]], ...]  # input_shapes
     dims: tuple[str, ...]  # input_dims
     tables: Mapping[str, int]  # tables
+    windows: Mapping[str, int]  # windows
 
 
 def header(model) -> Header:
     proto = load_model(model)
-    return Header(graph_name(proto), tuple(input_shapes(proto)), tuple(input_dims(proto)), tables(proto))
+    return Header(graph_name(proto), tuple(input_shapes(proto)), tuple(input_dims(proto)), tables(proto),
+                  windows(proto))
 
 
 @dataclass
