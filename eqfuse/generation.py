@@ -77,7 +77,8 @@ def live_capacity(sig: "Signature", length: int, batch: int = 1) -> int:
     any prompt and generation the model can hold runs on the steps compiled once: a larger
     capacity costs the buffers' memory, not time, docs/generation.md); without a table, the
     power of two that holds `length` rows, doubled up to LIVE_CAPACITY_DEFAULT while the
-    buffers of `batch` sequences stay within LIVE_CACHE_BYTES; else capacity_for(length)."""
+    buffers of `batch` sequences stay within LIVE_CACHE_BYTES; else capacity_for(length); and
+    for a sliding-window model, at most what its window leaves (Signature.within_window)."""
     if sig.max_positions is not None and length <= sig.max_positions <= LIVE_CAPACITY_MAX:
         cap = max(MIN_CAPACITY, sig.max_positions)
     else:
@@ -86,9 +87,7 @@ def live_capacity(sig: "Signature", length: int, batch: int = 1) -> int:
             row = batch * sum(4 * h * d for _, (_, h, _, d) in sig.pasts)  # bytes of one row of every cache
             while cap < LIVE_CAPACITY_DEFAULT and 2 * cap * row <= LIVE_CACHE_BYTES:
                 cap *= 2
-    # a sliding-window model: its chunk and decode steps (C + 1 rows: past and new) within the
-    # rows its sliding layers keep
-    return cap if sig.fits_window(cap, 1) else max(length, sig.window_rows - 1)
+    return sig.within_window(cap)
 
 
 class Signature:
@@ -131,6 +130,12 @@ class Signature:
         layer's present is its past and new rows only while they are within the rows it keeps
         (beyond, it drops the oldest, and the cache in place would no longer be past + new)."""
         return self.window_rows is None or past + rows <= self.window_rows
+
+    def within_window(self, capacity: int) -> int:
+        """The capacity, or the most a sliding-window model's cache takes (its chunk and decode
+        steps append to C and return C + 1 rows, all within the rows its sliding layers keep;
+        generate refuses a prompt and new tokens that need more)."""
+        return capacity if self.fits_window(capacity, 1) else self.window_rows - 1
 
 
 def onnx_signature(path: str | os.PathLike) -> Signature:
@@ -715,9 +720,7 @@ def _start(model, ids: np.ndarray, max_new_tokens: int, real: np.ndarray | None 
                             f"{sig.window_rows + 1}): eqfuse.generate runs such a model within its window, up to "
                             f"{sig.window_rows - 1} rows; use fewer new tokens or a shorter prompt")
     chunked = held is None and step is not None  # a prompt in chunks over the cache in place
-    capacity = live_capacity(sig, need, b) if chunked else capacity_for(need)
-    if not sig.fits_window(capacity, 1):  # (the rows a sliding-window layer keeps: above)
-        capacity = sig.window_rows - 1
+    capacity = live_capacity(sig, need, b) if chunked else sig.within_window(capacity_for(need))
     if held is not None:  # a loaded Module: the smallest capacity it holds that fits
         fits = sorted(c for c in held[1] if c >= need)
         if not fits:
