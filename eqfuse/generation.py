@@ -77,8 +77,9 @@ def live_capacity(sig: "Signature", length: int, batch: int = 1) -> int:
     any prompt and generation the model can hold runs on the steps compiled once: a larger
     capacity costs the buffers' memory, not time, docs/generation.md); without a table, the
     power of two that holds `length` rows, doubled up to LIVE_CAPACITY_DEFAULT while the
-    buffers of `batch` sequences stay within LIVE_CACHE_BYTES; else capacity_for(length); and
-    for a sliding-window model, at most what its window leaves (Signature.within_window)."""
+    buffers of `batch` sequences stay within LIVE_CACHE_BYTES; else capacity_for(length). A
+    sliding-window model's caches in place are kept whole (eqfuse.ir.live.cache_graph), so its
+    window does not bound the capacity."""
     if sig.max_positions is not None and length <= sig.max_positions <= LIVE_CAPACITY_MAX:
         cap = max(MIN_CAPACITY, sig.max_positions)
     else:
@@ -87,7 +88,7 @@ def live_capacity(sig: "Signature", length: int, batch: int = 1) -> int:
             row = batch * sum(4 * h * d for _, (_, h, _, d) in sig.pasts)  # bytes of one row of every cache
             while cap < LIVE_CAPACITY_DEFAULT and 2 * cap * row <= LIVE_CACHE_BYTES:
                 cap *= 2
-    return sig.within_window(cap)
+    return cap
 
 
 class Signature:
@@ -701,6 +702,19 @@ def _check_args(input_ids, max_new_tokens, temperature, top_k, top_p) -> np.ndar
     return ids.astype(np.int64)
 
 
+def check_window(sig: Signature, s: int, max_new_tokens: int) -> None:
+    """Refuse a generation past a sliding window on a cache at a fixed capacity: its sliding
+    layers' presents are their last window - 1 rows, no longer past + new (the steps over the
+    cache in place keep it whole instead: eqfuse.ir.live.cache_graph)."""
+    need = s + max_new_tokens - 1
+    if not sig.fits_window(need, 1):
+        raise ArgumentError(f"generate: a prompt of {s} tokens and {max_new_tokens} new tokens need a cache of {need} "
+                            f"rows, and the model's sliding-window layers keep {sig.window_rows} (sliding_window "
+                            f"{sig.window_rows + 1}): without its steps over the cache in place, eqfuse.generate "
+                            f"runs such a model within its window, up to {sig.window_rows - 1} rows; use fewer new "
+                            "tokens or a shorter prompt")
+
+
 def _start(model, ids: np.ndarray, max_new_tokens: int, real: np.ndarray | None = None):
     """(the Decoder over the model's cache, the logits of the prompt's last position): the model
     compiled (a path) or checked, the capacity chosen and the prompt prefilled (`real`: its
@@ -714,11 +728,6 @@ def _start(model, ids: np.ndarray, max_new_tokens: int, real: np.ndarray | None 
         raise ArgumentError(f"generate: a prompt of {longest} tokens and {max_new_tokens} new tokens reach position "
                             f"{longest + max_new_tokens - 2}, past the model's maximum of {sig.max_positions} positions")
     need, held = s + max_new_tokens - 1, held_steps(model, sig, b)
-    if not sig.fits_window(need, 1):
-        raise ArgumentError(f"generate: a prompt of {s} tokens and {max_new_tokens} new tokens need a cache of {need} "
-                            f"rows, and the model's sliding-window layers keep {sig.window_rows} (sliding_window "
-                            f"{sig.window_rows + 1}): eqfuse.generate runs such a model within its window, up to "
-                            f"{sig.window_rows - 1} rows; use fewer new tokens or a shorter prompt")
     chunked = held is None and step is not None  # a prompt in chunks over the cache in place
     capacity = live_capacity(sig, need, b) if chunked else sig.within_window(capacity_for(need))
     if held is not None:  # a loaded Module: the smallest capacity it holds that fits
@@ -731,13 +740,15 @@ def _start(model, ids: np.ndarray, max_new_tokens: int, real: np.ndarray | None 
         capacity = fits[0]
         # (a loaded Module runs its prompt in chunks when it holds a chunk step at that capacity)
         chunked = step is not None and bool(held_chunks(model, sig, b, capacity))
+    if not chunked:
+        check_window(sig, s, max_new_tokens)
     dec = Decoder(sig, run, capacity, step)
     logits = None
     if chunked:
         try:
             logits = dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, capacity), real)
         except ChunkRefused:  # (an export whose mask is computed at run time: the prompt whole)
-            pass
+            check_window(sig, s, max_new_tokens)
     if logits is None:
         first, length = prefill_plan(model, sig, s) if step is not None else (s, s)
         real = prompt_mask(real, ids.shape)

@@ -215,7 +215,8 @@ def load(src, opts: Options, shared: SharedArrays | None = None) -> Loaded:
 
         if opts.dims and shared is None:  # (a padded model's bucket: checked by its first compile)
             check_dim_values(input_dims(src), opts.dims)
-        graphs, weights = load_with_weights(src, opts.dims)
+        # a step over a cache in place (live=) keeps a sliding-window layer's cache whole
+        graphs, weights = load_with_weights(src, opts.dims, whole_windows=opts.live is not None)
         named = {d for g in graphs for d in g.dims()}
         check_dims(graphs, {k: v for k, v in opts.dims.items() if k in named})
     else:

@@ -331,16 +331,19 @@ graph step(q: f32[1, 2, 3, 16], past_k: f32[1, 2, P, 16], past_v: f32[1, 2, P, 1
 
 
 @pytest.mark.heavy  # (the fast tier's time)
-@pytest.mark.parametrize("padded", [False, True])
-def test_an_attention_over_several_new_rows_computes_its_causal_mask_from_the_live_length(padded):
+@pytest.mark.parametrize("padded, window", [(False, None), (True, None), (False, 4), (True, 4)])
+def test_an_attention_over_several_new_rows_computes_its_causal_mask_from_the_live_length(padded, window):
     """A step of 3 new rows over a cache of capacity 6 (a prompt's chunk): its causal mask, bound
     and computed with the past at the capacity (key j visible to query i where j <= 6 + i), is
     computed from the live length L instead (eqfuse.ir.live.causal_from_length), so query i sees
     keys 0 .. L + i; the same when the mask is combined with a run-time padding mask first (the
     dynamo exporter's form), key 1 then hidden. At live lengths 0 .. 6, the spare rows NaN,
-    within the f32 attention bound against float64. A mask over the query rows and the keys that
-    is not the causal one is refused: it would hold the capacity's mask, not the live length's."""
-    causal = np.arange(9)[None, :] <= 6 + np.arange(3)[:, None]
+    within the f32 attention bound against float64. With a sliding window W (a sliding-window
+    layer's mask over its cache kept whole), key j is also hidden from query i where
+    j <= L + i - W. A mask over the query rows and the keys that is neither is refused: it would
+    hold the capacity's mask, not the live length's."""
+    w = window or 10
+    causal = (np.arange(9)[None, :] <= 6 + np.arange(3)[:, None]) & (np.arange(9)[None, :] > 6 + np.arange(3)[:, None] - w)
     src = CHUNK_PADDED if padded else CHUNK
     cm = causal if padded else np.where(causal, 0.0, -np.inf).astype(np.float32)
     step = eqfuse.compile(src, dims={"P": 6}, live="P", params={"cm": cm})
@@ -359,12 +362,12 @@ def test_an_attention_over_several_new_rows_computes_its_causal_mask_from_the_li
         kk, vv = (np.concatenate([b[:, :, :t], x], axis=2).astype(np.float64).reshape(2, t + 3, 16)
                   for b, x in ((bufs[0], k), (bufs[1], v)))
         for i in range(3):  # query i against its keys 0 .. t + i not hidden (the others weigh exactly 0)
-            seen = np.flatnonzero(keep[0, :t + i + 1])
+            seen = np.flatnonzero(keep[0, :t + i + 1] & (np.arange(t + i + 1) > t + i - w))
             ref, bound = attention_bound(q.astype(np.float64).reshape(2, 3, 16)[:, i:i + 1], kk[:, seen],
                                          vv[:, seen], 0.25, None, 64, u=0.0)
             assert np.all(np.abs(a[:, :, i:i + 1].reshape(ref.shape) - ref) <= bound), (t, i)
     other = cm.copy()
-    other[0, 2] = other[0, 7]  # (a key hidden from query 0 as well: not the causal mask)
+    other[0, 5] = other[0, 7]  # (a key inside the band hidden from query 0: neither mask)
     with pytest.raises(eqfuse.EqfuseError, match="not computed from the live length"):
         eqfuse.compile(src, dims={"P": 6}, live="P", params={"cm": other})
 

@@ -19,6 +19,7 @@ from eqfuse.generation import (
     Decoder,
     Signature,
     capacity_for,
+    check_window,
     live_capacity,
 )
 
@@ -177,10 +178,14 @@ def test_a_cache_in_place_holds_the_position_table_or_a_default_within_its_memor
     row = 2 * 32 * 8 * 128 * 4
     assert live_capacity(big, 10) * row == LIVE_CACHE_BYTES  # 1024 rows at batch 1
     assert live_capacity(big, 10, batch=8) == 128 and live_capacity(big, 300, batch=8) == 512
-    # a sliding-window model (its sliding layers keep 511 rows): the steps' C + 1 rows within them
+    # a sliding-window model (its sliding layers keep 511 rows): its caches in place are whole,
+    # so the window does not bound them; a cache at a fixed capacity stays within the window
     windowed = sig(2, 2, 16)
     windowed.window_rows = 511
-    assert live_capacity(windowed, 10) == 510 and live_capacity(windowed, 100, batch=4096) == 128
+    assert live_capacity(windowed, 10) == 2048 and live_capacity(windowed, 1000, batch=4096) == 1024
+    check_window(windowed, 500, 11)  # (510 rows, and the step appending to them 511)
+    with pytest.raises(eqfuse.ArgumentError, match="keep 511 .*up to 510 rows"):
+        check_window(windowed, 500, 12)
 
 
 @pytest.mark.parametrize("inputs, message", [

@@ -53,7 +53,8 @@ def input_aliases(src, dims: Mapping[str, int] | None = None) -> dict[str, str]:
     return {imp.graph.nodes[i].name: onnx for i, onnx in zip(imp.graph.inputs, imp.inputs)}
 
 
-def load_with_weights(src: str | os.PathLike, dims: Mapping[str, int] | None = None) -> tuple[list[Graph], dict]:
+def load_with_weights(src: str | os.PathLike, dims: Mapping[str, int] | None = None,
+                      whole_windows: bool = False) -> tuple[list[Graph], dict]:
     """load(), and an ONNX model's weights (its initializers, bound as params by default) from the
     same import: reading BERT-base's 440 MB file and importing it is slow enough to do once
     (and once only, across processes: the import cache, eqfuse.frontend.onnx_cache)."""
@@ -63,7 +64,7 @@ def load_with_weights(src: str | os.PathLike, dims: Mapping[str, int] | None = N
         path = Path(src)
         if path.is_dir():
             raise EqfuseError(f"{path} is a directory, not a model file")
-        imp = import_path(path, dims=dims)
+        imp = import_path(path, dims=dims, whole_windows=whole_windows)
         return [imp.graph], imp.params
     return load(src, dims), {}
 

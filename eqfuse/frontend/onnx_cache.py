@@ -84,13 +84,15 @@ def _racy(st: os.stat_result, now_ns: int) -> bool:
     return max(st.st_mtime_ns, st.st_ctime_ns) >= now_ns - int(RACY_SECONDS * 1e9)
 
 
-def _key(path: Path, dims: Mapping[str, int] | None) -> str:
+def _key(path: Path, dims: Mapping[str, int] | None, whole_windows: bool = False) -> str:
     """The entry's name: the file's path and the dims. eqfuse's sources are checked inside the
     entry instead (`_entry`), so that a new eqfuse (or an edited checkout) replaces a model's entry,
     its weights and their panels, rather than leaving them beside a new one."""
     h = hashlib.sha256(b"eqfuse onnx import\0")
     h.update(f"{FORMAT}\0{path}\0".encode())
     h.update(repr(sorted((dims or {}).items())).encode())
+    if whole_windows:
+        h.update(b"\0whole windows")
     return h.hexdigest()
 
 
@@ -103,15 +105,16 @@ def _dir() -> Path | None:
         return None
 
 
-def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) -> Imported:
-    """onnx_import.import_model(path, dims=dims), from the cache when the file is the one it holds."""
+def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None, whole_windows: bool = False) -> Imported:
+    """onnx_import.import_model(path, dims=dims, whole_windows=...), from the cache when the file
+    is the one it holds."""
     if not enabled():
         from eqfuse.frontend.onnx_import import import_model
 
-        return import_model(path, dims=dims)
+        return import_model(path, dims=dims, whole_windows=whole_windows)
     real = Path(os.path.realpath(path))
     root = _dir()
-    key = _key(real, dims)
+    key = _key(real, dims, whole_windows)
     got = _get(root, key, real) if root is not None else None
     if got is not None:
         return got
@@ -121,13 +124,13 @@ def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) 
     from eqfuse.frontend.onnx_import import import_model
 
     if root is None:
-        return import_model(path, dims=dims)
+        return import_model(path, dims=dims, whole_windows=whole_windows)
     try:
         before = os.stat(real)
         shared = _shared(real, before)
         data = shared[0] if shared else real.read_bytes()
     except OSError:
-        return import_model(path, dims=dims)  # its own message
+        return import_model(path, dims=dims, whole_windows=whole_windows)  # its own message
     if shared:
         proto, external = shared[1:]
     else:
@@ -140,16 +143,16 @@ def import_path(path: str | os.PathLike, dims: Mapping[str, int] | None = None) 
     try:
         ext = [(f, os.stat(f), _file_digest(f)) for f in external]
     except OSError:
-        return import_model(path, dims=dims)  # (onnx's message for the missing or unreadable file)
+        return import_model(path, dims=dims, whole_windows=whole_windows)  # (onnx's message for the missing or unreadable file)
     if external:
         try:
             from onnx.external_data_helper import load_external_data_for_model
 
             load_external_data_for_model(proto, str(real.parent))
         except Exception:  # (onnx refuses a location outside the model's directory, a short file, ...)
-            return import_model(path, dims=dims)  # its own message
+            return import_model(path, dims=dims, whole_windows=whole_windows)  # its own message
     try:
-        imp = import_model(proto, dims=dims)
+        imp = import_model(proto, dims=dims, whole_windows=whole_windows)
     except DimsNeeded as e:
         # kept as an import is: a decoder's export is imported at no dims first, to learn that it
         # needs them bound (a concat along its past), and a warm compile need not parse it for that

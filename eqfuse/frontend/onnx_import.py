@@ -37,6 +37,7 @@ from eqfuse.frontend.onnx_inputs import (
     graph_name,
     load_model,
     sanitize,
+    window_slices,
 )
 from eqfuse.frontend.onnx_registry import (
     HANDLERS,
@@ -84,12 +85,18 @@ def import_with_params(model, values: Mapping[str, np.ndarray] | None = None, *,
 
 
 def import_model(model, *, dims: Mapping[str, int] | None = None,
-                 values: Mapping[str, np.ndarray] | None = None) -> Imported:
+                 values: Mapping[str, np.ndarray] | None = None, whole_windows: bool = False) -> Imported:
+    """The model's graph and weights. whole_windows=True imports the Slices that keep a
+    sliding-window layer's last cache rows as identities (onnx_inputs.window_slices): compile's
+    live= steps keep such a cache whole."""
     if onnx is None:
         raise EqfuseError("importing ONNX models needs the onnx package", hint="pip install 'eqfuse[onnx]'")
     proto = load_model(model)
     _check_text(proto)
-    return _Importer(proto, dict(dims or {}), dict(values or {})).run()
+    imp = _Importer(proto, dict(dims or {}), dict(values or {}))
+    if whole_windows:
+        imp.rewrites = window_slices(proto)
+    return imp.run()
 
 
 def _check_text(proto) -> None:
@@ -137,6 +144,7 @@ class _Importer:
         self.named_at: dict[str, tuple[int, int]] = {}  # named dim -> (an input node, its axis)
         self.memo: dict[tuple, int] = {}  # nodes built once per import (a named dim's carrier, size)
         self.sym_nodes: dict[int, Any] = {}  # node computing a Sym at run time -> the Sym, for errors
+        self.rewrites: dict[str, str] = {}  # output of a node -> "identity" or "zero" (import_model's whole_windows)
 
     # ------------------------------------------------------------ driver
 
@@ -249,6 +257,14 @@ class _Importer:
             if name and name not in self.env:
                 raise self.error(f"input '{name}' is not defined before its use")
         self.check_arity(node)
+        how = self.rewrites.get(node.output[0]) if node.output else None
+        if how == "identity":
+            self.env[node.output[0]] = self.env[node.input[0]]
+            return
+        if how == "zero":  # (Max(0, past - k): its constant operand)
+            self.env[node.output[0]] = np.zeros_like(next(v for v in map(self.env.get, node.input)
+                                                          if isinstance(v, np.ndarray)))
+            return
         ins = [self.env[n] if n else None for n in node.input]
         try:
             outs = None

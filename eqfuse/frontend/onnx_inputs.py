@@ -72,13 +72,68 @@ def windows(model) -> dict[str, int]:
     that is a Slice of it from a constant negative start to the end: a sliding-window layer's
     cache (Gemma2's and Gemma3's sliding layers return the last sliding_window - 1 rows of
     their past and new keys and values)."""
+    proto = load_model(model)
+    slices = _window_slices(proto)
+    return {o.name: slices[o.name] for o in proto.graph.output if o.name in slices}
+
+
+def window_slices(model) -> dict[str, str]:
+    """What a sliding-window layer's export computes to keep the last rows of its cache, each
+    output name with how to import it to keep the cache whole instead (import_model's
+    whole_windows): "identity" for the Slices that keep those rows, the present's (windows())
+    and the past's, which such an export slices before appending the new rows (a Slice of a
+    graph input, perhaps through an Identity or a Concat of one operand); "zero" for the rows it
+    drops as the dynamo exporter computes them, Max(0, past - k), which the shapes of its
+    attention's operands subtract. Imported so, the layer's cache is its past and new rows
+    whole, and its attention reads them all: the export's band mask, computed from the positions
+    over the whole cache, then leaves out the keys past the window."""
+    proto = load_model(model)
+    slices = _window_slices(proto)
+    outputs = {o.name for o in proto.graph.output}
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    inputs = {i.name for i in proto.graph.input}
+
+    def from_input(name: str) -> bool:
+        n = producer.get(name)
+        while n is not None and n.op_type in ("Identity", "Concat") and len(n.input) == 1:
+            name, n = n.input[0], producer.get(n.input[0])
+        return n is None and name in inputs
+
+    found = {out: "identity" for out, n in ((o, producer[o]) for o in slices)
+             if out in outputs or from_input(n.input[0])}
+    kept = set(slices[o] for o in found)
+    const = _scalar_const(proto)
+    for n in proto.graph.node:
+        if n.op_type == "Max" and len(n.input) == 2 and 0 in map(const, n.input):
+            add = producer.get(next((i for i in n.input if const(i) != 0), ""))
+            if add is not None and add.op_type == "Add" and -min(map(const, add.input)) in kept:
+                found[n.output[0]] = "zero"
+    return found
+
+
+def _scalar_const(proto):
+    """name -> the value of a constant integer scalar (a Constant node's or an initializer), else a large number."""
     from onnx import TensorProto, numpy_helper
 
-    proto = load_model(model)
     consts = {n.output[0]: n.attribute[0].t for n in proto.graph.node
               if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"}
     consts.update({t.name: t for t in proto.graph.initializer})
-    producer = {o: n for n in proto.graph.node for o in n.output}
+
+    def value(name: str) -> int:
+        t = consts.get(name)
+        if t is None or t.data_type != TensorProto.INT64 or int(np.prod(t.dims)) != 1:
+            return 2 ** 63
+        return int(numpy_helper.to_array(t).reshape(-1)[0])
+    return value
+
+
+def _window_slices(proto) -> dict[str, int]:
+    """Output name -> rows kept, of each Slice along axis 2 from a constant negative start to the end."""
+    from onnx import TensorProto, numpy_helper
+
+    consts = {n.output[0]: n.attribute[0].t for n in proto.graph.node
+              if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"}
+    consts.update({t.name: t for t in proto.graph.initializer})
 
     def ints(name: str) -> list[int] | None:
         t = consts.get(name)
@@ -87,15 +142,14 @@ def windows(model) -> dict[str, int]:
         return [int(v) for v in numpy_helper.to_array(t).reshape(-1)]
 
     kept: dict[str, int] = {}
-    for out in proto.graph.output:
-        n = producer.get(out.name)
-        if n is None or n.op_type != "Slice" or len(n.input) < 4:
+    for n in proto.graph.node:
+        if n.op_type != "Slice" or len(n.input) < 4:
             continue
         starts, ends, axes = ints(n.input[1]), ints(n.input[2]), ints(n.input[3])
         steps = ints(n.input[4]) if len(n.input) > 4 and n.input[4] else [1]
         if (starts and len(starts) == 1 and starts[0] < 0 and ends and ends[0] >= 2 ** 62
                 and axes in ([2], [-2]) and steps == [1]):
-            kept[out.name] = -starts[0]
+            kept[n.output[0]] = -starts[0]
     return kept
 
 

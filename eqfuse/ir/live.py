@@ -16,7 +16,9 @@ constant [.., S, C + S] with one value where key j <= C + i and another elsewher
 bound inputs' values, `cache_graph` computes each such constant from the live length instead,
 where(j <= L + i, inside, outside) (`_live_causal`), so the mask is right at any L whatever
 reads it: the attention itself, or a kernel that combines it with the run-time padding mask
-(the dynamo exporter's decoders) whose result the attention reads.
+(the dynamo exporter's decoders) whose result the attention reads. A sliding-window layer's mask
+is banded too (key j > C + i - W as well): it is computed from the live length the same way,
+and is taken for a step of one row as well, whose band is its only mask once C >= W.
 """
 
 from __future__ import annotations
@@ -118,7 +120,6 @@ def causal_from_length(g: Graph, arrays: Mapping[str, np.ndarray], length: str) 
                 rows = buf.type.shape[sl.attr["axis"]]
                 if isinstance(rows, int) and isinstance(sl.attr["stop"], int):
                     steps.add((rows - sl.attr["stop"], rows))
-    steps = {(new, rows) for new, rows in steps if new > 1}  # (a step of one row has no causal mask)
     if length not in at or not steps:
         return g
     out = Graph(g.name, pos=g.pos)
@@ -145,17 +146,30 @@ def causal_from_length(g: Graph, arrays: Mapping[str, np.ndarray], length: str) 
 
 
 def _live_causal(out: Graph, length: int, node: int, value: np.ndarray, new: int, rows: int) -> int | None:
-    """The node of where(j <= L + i, inside, outside) in `out`, shaped as the bound input `node`,
-    when its value is a causal mask over [.., new, rows] at the capacity rows - new (one value
-    where key j <= rows - new + i, another elsewhere; leading dims of one); else None."""
+    """The node of where(L + i - W < j <= L + i, inside, outside) in `out`, shaped as the bound
+    input `node`, when its value is a causal mask over [.., new, rows] at the capacity rows - new
+    (one value where key j <= rows - new + i, another elsewhere; leading dims of one), perhaps
+    banded by a sliding window W (key j also > rows - new + i - W: a sliding-window layer's mask
+    over its cache kept whole, onnx_inputs.window_slices); else None. A step of one row has no
+    causal mask: its mask is taken only when it shows a band."""
     t = out.nodes[node].type
     shape = tuple(t.shape)
     if len(shape) < 2 or shape[-2:] != (new, rows) or any(d != 1 for d in shape[:-2]) or value.shape != shape:
         return None
-    causal = np.arange(rows)[None, :] <= (rows - new) + np.arange(new)[:, None]
+    past = rows - new
     v = value.reshape(new, rows)
-    inside, outside = v[causal], v[~causal]
-    if not (np.all(inside == inside[0]) and np.all(outside == outside[0]) and inside[0] != outside[0]):
+    key, query = np.arange(rows)[None, :], past + np.arange(new)[:, None]
+    inside = v[0, past]  # (query 0 sees its own key)
+    seen = v == inside
+    outside = v[~seen]
+    if outside.size == 0 or not np.all(outside == outside[0]):
+        return None
+    causal = key <= query
+    excluded = np.where(causal & ~seen, key, -1).max(axis=1)  # each query's newest key left out
+    window = int((query[:, 0] - excluded)[excluded >= 0][0]) if excluded.max() >= 0 else None
+    if not np.array_equal(seen, causal & (key > query - (window or rows + 1))):
+        return None
+    if window is None and new == 1:
         return None
 
     def op(name: str, *args: int, **attrs) -> int:
@@ -165,13 +179,18 @@ def _live_causal(out: Graph, length: int, node: int, value: np.ndarray, new: int
     def const(x) -> int:
         return out.add(Node("const", attrs=(("value", float(x)),), type=TType(())))
 
-    keys = op("range", start=0, stop=rows, step=1, dtype=LENGTH_DTYPE)
-    queries = op("reshape", op("range", start=0, stop=new, step=1, dtype=LENGTH_DTYPE), shape=(new, 1))
-    seen = op("le", keys, op("add", length, queries))  # bool [new, rows]: key j <= L + query i
+    def ints(lo: int, n: int) -> int:
+        return op("range", start=lo, stop=lo + n, step=1, dtype=LENGTH_DTYPE)
+
+    keys = ints(0, rows)
+    queries = op("add", length, op("reshape", ints(0, new), shape=(new, 1)))
+    seen_live = op("le", keys, queries)  # bool [new, rows]: key j <= L + query i
+    if window is not None:  # and key j > L + query i - W
+        seen_live = op("logical_and", seen_live, op("gt", keys, op("sub", queries, ints(window, 1))))
     if t.dtype == "bool":
-        mask = seen if bool(inside[0]) else op("logical_not", seen)
+        mask = seen_live if bool(inside) else op("logical_not", seen_live)
     else:
-        mask = op("where", seen, const(inside[0]), const(outside[0]))
+        mask = op("where", seen_live, const(inside), const(outside[0]))
         if out.nodes[mask].type.dtype != t.dtype:
             mask = op("cast", mask, to=t.dtype)
     return op("reshape", mask, shape=shape)
