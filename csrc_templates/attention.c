@@ -208,7 +208,7 @@ void {{NAME}}({{PARAMS}})
                         const float acc_s = s[ii][jj];
                         (void)j;
 {{SCORE_BODY}}
-                        s[ii][jj] = jj < nk ? ({{SCORE}}) * {{SCORE_LOG2E}} : -INFINITY;
+                        s[ii][jj] = jj < nk ? eqf_score2({{SCORE}}, {{SCORE_LOG2E}}) : -INFINITY;
                     }
                 }
                 /* the online softmax: s becomes p = 2^(s - m) */

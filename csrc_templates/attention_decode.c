@@ -132,7 +132,7 @@ static void {{NAME}}_task(void* job, long bg)
                         const float acc_s = s[r][jj];
                         (void)j;
 {{SCORE_BODY}}
-                        s[r][jj] = ({{SCORE}}) * {{SCORE_LOG2E}};
+                        s[r][jj] = eqf_score2({{SCORE}}, {{SCORE_LOG2E}});
                     }
                 }
                 for (long jj = nk; jj < BK; jj++)

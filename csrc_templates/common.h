@@ -133,6 +133,17 @@ static inline uint8_t eqf_range_zero_point(float a, float b)
 #define EQF_QHI(z) (EQF_QSIGNED(z) ? 127.0f : 255.0f)
 
 static inline float eqf_relu(float x) { return (x != x || x > 0.0f) ? x : 0.0f; }
+
+/* An attention score in base 2 (x times log2 e, for the online softmax's 2^(s - m)). A mask of
+ * the most negative float (transformers' eager attentions: masked_fill with finfo.min) times
+ * log2 e would overflow to -inf, and a row whose every key is masked so would be NaN where
+ * numpy's softmax of those finite scores weighs the keys evenly: such a score stays the most
+ * negative float. -inf (a key left out) and NaN stay what they are. */
+static inline float eqf_score2(float x, float log2e)
+{
+    const float y = x * log2e;
+    return (y < -3.4028235e38f && x > -INFINITY) ? -3.4028235e38f : y;
+}
 static inline float eqf_pow(float a, float b) { return powf(a, b); }
 
 /* e^x = 2^k * y: k = round(x / ln 2) by the 1.5 * 2^23 trick, y = Cephes' degree-6 polynomial of

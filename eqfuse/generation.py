@@ -1,8 +1,9 @@
 """eqfuse.generate: text generation with a decoder exported with its KV cache (docs/generation.md).
 
-A decoder export takes `input_ids`, `attention_mask`, `position_ids` and one `past...` input per
-layer's keys and values ([batch, heads, past, head size]), and returns the logits then one
-`present...` output per past input, in the same order: present = concat(past, new, axis=2).
+A decoder export takes `input_ids`, `attention_mask`, `position_ids` (unless its positions come
+from the mask, as BLOOM's ALiBi) and one `past...` input per layer's keys and values ([batch,
+heads, past, head size]), and returns the logits then one `present...` output per past input, in
+the same order: present = concat(past, new, axis=2).
 
 The decode step over a cache in place. For a model compiled by eqfuse from an ONNX file, the
 decode step is the model compiled once with past bound to a capacity C and live="past"
@@ -107,10 +108,12 @@ class Signature:
             if hit is None:
                 raise EqfuseError(f"generate: the model has no input {' or '.join(repr(k) for k in keys)} "
                                   f"(its inputs: {', '.join(names)}); eqfuse.generate needs a decoder export "
-                                  "with input_ids, attention_mask, position_ids and past key values")
+                                  "with input_ids, attention_mask, past key values (and position_ids)")
             return hit
 
-        self.ids, self.mask, self.positions = find("input_ids"), find("attention_mask"), find("position_ids")
+        self.ids, self.mask = find("input_ids"), find("attention_mask")
+        # (None: a model that derives its positions from the attention mask, as BLOOM's ALiBi)
+        self.positions = next((n for n in names if n.lower().endswith("position_ids")), None)
         self.shapes = {n: tuple(s) for n, s in inputs}
         self.pasts = [(n, tuple(s)) for n, s in inputs if "past" in n.lower()]
         if not self.pasts:
@@ -146,7 +149,7 @@ def onnx_signature(path: str | os.PathLike) -> Signature:
 
     head = header(path)
     sig = Signature([(p, s) for _, p, s in head.inputs])
-    onnx_pos = next(o for o, p, _ in head.inputs if p == sig.positions)
+    onnx_pos = next((o for o, p, _ in head.inputs if p == sig.positions), None)
     sig.max_positions = head.tables.get(onnx_pos)
     sig.window_rows = min(head.windows.values(), default=None)
     return sig
@@ -229,6 +232,7 @@ class Decoder:
     def _call(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray]):
         feeds = {self.sig.ids: ids, self.sig.mask: mask, self.sig.positions: positions}
         feeds.update({n: p for (n, _), p in zip(self.sig.pasts, past)})
+        feeds.pop(None, None)  # (no position input)
         outs = self.run(feeds)
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
         if len(outs) != 1 + len(self.sig.pasts):
@@ -309,6 +313,7 @@ class Decoder:
             feeds = {self.sig.ids: part, self.sig.mask: self.mask, self.sig.positions: positions,
                      LENGTH: np.array([t], np.int64)}
             feeds.update({name: c for (name, _), c in zip(self.sig.pasts, self.cache)})
+            feeds.pop(None, None)  # (no position input)
             outs = list(chunk(feeds))
             for k, (p, c) in enumerate(zip(outs[1:], self.cache)):
                 if p is not c:
@@ -397,6 +402,7 @@ class Decoder:
             feeds = {self.sig.ids: ids, self.sig.mask: self.mask, self.sig.positions: (t - self.skipped)[:, None],
                      LENGTH: np.array([t], np.int64)}
             feeds.update({n: c for (n, _), c in zip(self.sig.pasts, self.cache)})
+            feeds.pop(None, None)  # (no position input)
             outs = list(self.live_step(feeds))
             presents, logits = outs[1:], outs[0]
             for k in compress(range(len(presents)), map(is_not, presents, self.cache)):
@@ -457,6 +463,7 @@ class PreparedStep:
             feeds = {dec.sig.ids: self.ids, dec.sig.mask: dec.mask, dec.sig.positions: positions,
                      LENGTH: length}
             feeds.update({n: c for (n, _), c in zip(dec.sig.pasts, dec.cache)})
+            feeds.pop(None, None)  # (no position input)
             self.run = prepare(feeds)
 
     def serves(self, dec: Decoder, ids: np.ndarray) -> bool:

@@ -137,14 +137,46 @@ def gemma3(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positio
     return m
 
 
-MODELS = {"gpt2": (gpt2, HEADS), "llama": (llama, KV_HEADS), "qwen2": (qwen2, KV_HEADS),
-          "phi": (phi, HEADS), "phi3": (phi3, KV_HEADS), "gemma3": (gemma3, KV_HEADS)}  # -> (maker, key/value heads)
-
-
-def _wrapped(model, layers: int = LAYERS):
-    """The model with the cache as flat tensors in and out (the exporters take no Cache object)."""
+def bloom(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
+    """A transformers BloomForCausalLM (seeded, as gpt2): ALiBi, no position input (the bias of
+    each key comes from the attention mask's running count), the attention over merged batch
+    and heads ([B * heads, S, T] batched matmuls), a layernorm after the embedding. Weights
+    drawn wider than its initializer's (0.02), so that greedy tokens vary."""
     import torch
     import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.BloomConfig(hidden_size=width, n_layer=layers, n_head=heads, vocab_size=VOCAB, initializer_range=0.2,
+                        tie_word_embeddings=False,
+                        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
+    return T.BloomForCausalLM(cfg).eval()
+
+
+POSITIONLESS = {"bloom"}  # models whose forward takes no position_ids (nor does their export)
+
+
+MODELS = {"gpt2": (gpt2, HEADS), "llama": (llama, KV_HEADS), "qwen2": (qwen2, KV_HEADS),
+          "phi": (phi, HEADS), "phi3": (phi3, KV_HEADS), "gemma3": (gemma3, KV_HEADS), "bloom": (bloom, HEADS)}  # -> (maker, key/value heads)
+
+
+def _wrapped(model, layers: int = LAYERS, positions: bool = True):
+    """The model with the cache as flat tensors in and out (the exporters take no Cache object);
+    with positions=False, a model that takes no position_ids (BLOOM, whose cache argument is
+    `cache`)."""
+    import torch
+    import transformers as T
+
+    def run(input_ids, attention_mask, position_ids, past):
+        cache = T.DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(layers)], config=model.config)
+        if positions:
+            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=cache, use_cache=True)
+        else:
+            out = model(input_ids=input_ids, attention_mask=attention_mask, cache=cache, use_cache=True)
+        flat = [out.logits]
+        for layer in out.past_key_values.layers[:layers]:
+            flat += [layer.keys, layer.values]
+        return tuple(flat)
 
     class Step(torch.nn.Module):
         def __init__(self):
@@ -152,21 +184,19 @@ def _wrapped(model, layers: int = LAYERS):
             self.m = model
 
         def forward(self, input_ids, attention_mask, position_ids, *past):
-            cache = T.DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(layers)], config=model.config)
-            out = self.m(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True)
-            flat = [out.logits]
-            for layer in out.past_key_values.layers[:layers]:
-                flat += [layer.keys, layer.values]
-            return tuple(flat)
-    return Step().eval()
+            return run(input_ids, attention_mask, position_ids, past)
+
+    class Positionless(Step):
+        def forward(self, input_ids, attention_mask, *past):
+            return run(input_ids, attention_mask, None, past)
+    return (Step() if positions else Positionless()).eval()
 
 
-def names(layers: int = LAYERS) -> tuple[list[str], list[str], list[str]]:
+def names(layers: int = LAYERS, positions: bool = True) -> tuple[list[str], list[str], list[str]]:
     """(past input names, all input names, output names) of an export with `layers` layers."""
     past = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
     outs = ["logits"] + [f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]
-    return past, ["input_ids", "attention_mask", "position_ids"] + past, outs
+    return past, ["input_ids", "attention_mask"] + ["position_ids"] * positions + past, outs
 
 
 PAST_NAMES, INPUT_NAMES, OUTPUT_NAMES = names()
@@ -182,21 +212,24 @@ def export_decoder(model: str, exporter: str, layers: int = LAYERS, width: int =
                    positions: int = POSITIONS, **sizes):
     """The path of a decoder export (a key of MODELS) through `exporter` ("torchscript" or "dynamo");
     `sizes` (vocab=, and the Llama's ff=, kv_heads=) as benchmarks/bench_generate.py sets them."""
-    past_names, input_names, output_names = names(layers)
+    positioned = model not in POSITIONLESS
+    past_names, input_names, output_names = names(layers, positioned)
     make, kv = MODELS[model]
     kv = heads if model in ("gpt2", "phi") else sizes.get("kv_heads", kv)
 
     def write(path):
         import torch
 
-        step = _wrapped(make(layers, width, heads, positions, **sizes), layers)
+        step = _wrapped(make(layers, width, heads, positions, **sizes), layers, positioned)
         b, s, p = 2, 3, 5
         args = (torch.randint(0, sizes.get("vocab", VOCAB), (b, s)), torch.ones(b, p + s, dtype=torch.long),
-                torch.arange(p, p + s).expand(b, s).contiguous(),
+                *[torch.arange(p, p + s).expand(b, s).contiguous()] * positioned,
                 *(torch.randn(b, kv, p, width // heads) for _ in past_names))
         if exporter == "torchscript":
             dyn = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total"},
-                   "position_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}}
+                   "logits": {0: "batch", 1: "sequence"}}
+            if positioned:
+                dyn["position_ids"] = {0: "batch", 1: "sequence"}
             dyn.update({n: {0: "batch", 2: "past"} for n in past_names})
             dyn.update({n: {0: "batch", 2: "total"} for n in output_names[1:]})
             torch.onnx.export(step, args, str(path), input_names=input_names, output_names=output_names,
@@ -207,7 +240,8 @@ def export_decoder(model: str, exporter: str, layers: int = LAYERS, width: int =
             batch, seq = Dim("batch", min=1, max=64), Dim("sequence", min=1, max=positions)
             past, total = Dim("past", min=1, max=4 * positions), Dim("total", min=2, max=5 * positions)
             shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: total},
-                      "position_ids": {0: batch, 1: seq}, "past": tuple({0: batch, 2: past} for _ in past_names)}
+                      **({"position_ids": {0: batch, 1: seq}} if positioned else {}),
+                      "past": tuple({0: batch, 2: past} for _ in past_names)}
             torch.onnx.export(step, args, str(path), input_names=input_names, output_names=output_names,
                               dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)
     tag = "" if (layers, width, heads, positions) == (LAYERS, WIDTH, HEADS, POSITIONS) and not sizes else \

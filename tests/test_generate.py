@@ -494,8 +494,10 @@ def test_bad_cache_and_arguments_are_refused():
     with pytest.raises(eqfuse.EqfuseError, match="returns 2 outputs"):
         Decoder(sig, lambda f: [np.zeros((B, S, de.VOCAB), np.float32)] * 2, CAPACITY).prefill(prompt())
     from eqfuse.generation import Signature
-    with pytest.raises(eqfuse.EqfuseError, match="no input 'position_ids'"):
-        Signature([("input_ids", ("b", "s")), ("attention_mask", ("b", "t")), ("past.0.key", ("b", 4, "p", 16))])
+    with pytest.raises(eqfuse.EqfuseError, match="no input 'attention_mask'"):
+        Signature([("input_ids", ("b", "s")), ("position_ids", ("b", "s")), ("past.0.key", ("b", 4, "p", 16))])
+    assert Signature([("input_ids", ("b", "s")), ("attention_mask", ("b", "t")),
+                      ("past.0.key", ("b", 4, "p", 16))]).positions is None  # (BLOOM's: from the mask)
     with pytest.raises(eqfuse.EqfuseError, match=r"past input 'past_0' has shape \['b', 'h', 'p', 16\]"):
         Signature([("input_ids", ("b", "s")), ("attention_mask", ("b", "t")), ("position_ids", ("b", "s")),
                    ("past_0", ("b", "h", "p", 16))])
@@ -652,3 +654,20 @@ def test_deep_grouped_query_llama_steps_match_onnxruntime():
     # scale on the keys folded into q (k_scale)
     groups = [k.decisions["kv_group"] for k in step.kernels if k.kind == "attention"]
     assert groups == [4] * layers and not any(x.startswith("repeat") for x in live), groups
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.extended)])
+def test_an_alibi_model_without_position_ids_generates(exporter):
+    """BLOOM takes no position_ids: each key's ALiBi bias comes from the attention mask's running
+    count, and its attention runs over merged batch and heads ([B * heads, S, T] batched matmuls,
+    split into [B, heads, S, T] around the bias and the mask: eqfuse.optimizer.layout, so the
+    attention is one kernel over the cache in place). Left-padded prompts of different lengths
+    give transformers' ids, and each row its prompt's alone."""
+    path, mod = compiled(exporter, "bloom")
+    assert module_signature(mod).positions is None
+    ids, mask = left_padded(9)
+    ours = eqfuse.generate(mod, ids, max_new_tokens=NEW, attention_mask=mask)
+    assert len(set(ours[:, S:].ravel().tolist())) > 4  # (varied tokens: the bias and the mask matter)
+    assert_greedy_matches_transformers(ours, ids, NEW, "bloom", mask)
+    alone = eqfuse.generate(mod, ids[1:2, mask[1] == 1], max_new_tokens=NEW)
+    np.testing.assert_array_equal(ours[1, S:], alone[0, -NEW:])

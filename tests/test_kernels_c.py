@@ -306,6 +306,34 @@ def test_attention_rising_scores_and_masked_tiles(d, threads):
         np.testing.assert_allclose(g, want, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("sq", [1, 9])  # the decode kernel (one query row) and the general one
+def test_attention_rows_masked_with_the_most_negative_float_weigh_their_keys_evenly(sq):
+    """transformers' eager attentions (BLOOM's) add finfo(float32).min to the scores of masked
+    keys: a row whose every key is masked so (a padding query of a left-padded batch) has finite
+    scores, all equal in f32 (the mask absorbs them), which the reference's softmax weighs
+    evenly. The kernels take scores in base 2 (times log2 e), where the mask would overflow to
+    -inf and the row would be NaN (csrc_templates/common.h, eqf_score2)."""
+    sk, d, low = 40, 16, np.finfo(np.float32).min
+    q = RNG.standard_normal((2, sq, d)).astype(np.float32)
+    k = RNG.standard_normal((2, sk, d)).astype(np.float32)
+    v = RNG.standard_normal((2, sk, d)).astype(np.float32)
+    m = np.zeros((2, sq, sk), np.float32)
+    m[0, :, :10] = low  # some keys masked
+    m[1] = low  # every key masked
+    src = (f"graph att(q: f32[2, {sq}, {d}], k: f32[2, {sk}, {d}], v: f32[2, {sk}, {d}], m: f32[2, {sq}, {sk}]) {{\n"
+           "    a = kernel { softmax(q @ transpose(k, perm=[0, 2, 1]) * 0.5 + m) @ v }\n"
+           "    return a\n}\n")
+    mod = eqfuse.compile(src, fuse="manual")
+    assert [kn.kind for kn in mod.kernels] == ["attention"]
+    s = (np.einsum("bid,bjd->bij", q.astype(np.float64), k.astype(np.float64)) * 0.5).astype(np.float32) + m
+    e = np.exp(s.astype(np.float64) - s.max(-1, keepdims=True))
+    want = (e / e.sum(-1, keepdims=True)) @ v.astype(np.float64)
+    assert np.all(s[1] == low)  # (the mask absorbs the scores in f32)
+    got = mod(q, k, v, m)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(got[1], np.broadcast_to(v[1].mean(0), (sq, d)), rtol=2e-5, atol=2e-5)
+
+
 LAYOUT_CASES = [
     ("transpose-2d", "transpose(a)"),
     ("transpose-4d", "transpose(x, perm=[3, 1, 0, 2])"),

@@ -12,6 +12,15 @@ e-graph, such a pair becomes the batched matmul it spells, `reshape(x, [B, S, K]
 - `reshape(reshape(x, [P, K]) @ w, t)` -> `reshape(x, t[:-1] + [K]) @ w` when w is a matrix
   [K, N], t = [..., N] and the product of t[:-1] is P (the GEMM's rows stay the same rows).
 
+An attention over merged batch and heads (BLOOM's eager attention: batched matmuls over
+[B * H, S, T], split into [B, H, S, T] for the mask and the softmax) has the same reshape between
+its scores and its softmax, which keeps the attention from being one kernel. A reshape that only
+splits a leading dim P = B * H, [P, S, T] -> [B, H, S, T], moves the same way onto a batched
+matmul's operands (`a @ b` -> `reshape(a, [B, H, ...]) @ reshape(b, [B, H, ...])`, a transpose of
+b's last two axes kept outermost) and onto a pointwise op's operands of rank 3 whose leading dim
+is P or 1 (ALiBi's bias [B * H, 1, T]); the merge before the product with v then meets its split
+and both go.
+
 Both hold for every value of x (row-major order is what a reshape keeps); tests/test_layout.py
 checks them against the numpy reference. Shapes must be numbers (an export's are).
 """
@@ -56,23 +65,39 @@ def sink_reshapes(g: Graph) -> Graph:
         shape = n.type.shape
         if a not in single:  # another reader needs it as it is
             return None
+        split = _splits_batch(shape, t)
         if n.op == "matmul":
             f, w = (out.nodes[x] for x in n.args)
             if (f.op == "reshape" and f.type.rank == 2 and w.type.rank == 2 and len(t) >= 2
                     and t[-1] == w.type.shape[1] and math.prod(t[:-1]) == f.type.shape[0]):
                 x = reshape(f.args[0], tuple(t[:-1]) + (f.type.shape[1],), pos)
                 return add("matmul", [x, n.args[1]], n.attrs, n.pos)
+            if split and f.type.rank == 3 and w.type.rank == 3 and f.type.shape[0] == w.type.shape[0]:
+                return add("matmul", [heads(n.args[0], t[:2], pos), heads(n.args[1], t[:2], pos)], n.attrs, n.pos)
             return None
         if n.op not in OPS or OPS[n.op].kind != "pointwise" or not shape or t[-1] != shape[-1]:
             return None
-        main = [x for x in n.args if tuple(out.nodes[x].type.shape) == tuple(shape)]
-        rest = [x for x in n.args if x not in main]
-        if len(main) != 1 or any(out.nodes[x].type.rank > 1 for x in rest):
-            return None
-        inner = sink(main[0], t, pos)
-        if inner is None:
-            return None
-        return add(n.op, [inner if x == main[0] else x for x in n.args], n.attrs, n.pos)
+        def kept(x: int) -> bool:  # an operand that broadcasts the same way in both shapes
+            return out.nodes[x].type.rank <= 1 or (split and _splits(out.nodes[x].type.shape, shape))
+
+        for main in dict.fromkeys(x for x in n.args if tuple(out.nodes[x].type.shape) == tuple(shape)):
+            if not all(kept(x) for x in n.args if x != main):
+                continue
+            inner = sink(main, t, pos)
+            if inner is not None:
+                return add(n.op, [inner if x == main else x if out.nodes[x].type.rank <= 1 else heads(x, t[:2], pos)
+                                  for x in n.args], n.attrs, n.pos)
+        return None
+
+    def heads(a: int, bh, pos) -> int:
+        """reshape(a, [B, H, ...]): a's leading dim (B * H, or 1) split as `bh`, a transpose of
+        its last two axes kept outermost (so that the reshapes of a merge meet and cancel)."""
+        n = out.nodes[a]
+        lead = tuple(bh) if n.type.shape[0] != 1 else (1, 1)
+        if n.op == "transpose" and tuple(n.attr["perm"]) == (0, 2, 1):
+            inner = reshape(n.args[0], lead + tuple(out.nodes[n.args[0]].type.shape[1:]), pos)
+            return add("transpose", [inner], [("perm", (0, 1, 3, 2))], pos)
+        return reshape(a, lead + tuple(n.type.shape[1:]), pos)
 
     for i, n in enumerate(g.nodes):
         args = [m[a] for a in n.args]
@@ -87,6 +112,18 @@ def sink_reshapes(g: Graph) -> Graph:
     out.inputs = [m[i] for i in g.inputs]
     out.outputs = [m[o] for o in g.outputs]
     return _prune(out)
+
+
+def _splits_batch(shape, t) -> bool:
+    """Whether reshaping `shape` [P, S, T] to `t` splits its leading dim only: [B, H, S, T], B * H = P."""
+    return len(shape) == 3 and len(t) == 4 and tuple(t[2:]) == tuple(shape[1:]) and t[0] * t[1] == shape[0]
+
+
+def _splits(operand, shape) -> bool:
+    """Whether a pointwise op's operand of rank 3 broadcasts against `shape` [P, S, T] with a
+    leading dim of P or 1 (so it splits as the result does)."""
+    return len(operand) == 3 and operand[0] in (shape[0], 1) and all(
+        d in (1, e) for d, e in zip(operand[1:], shape[1:]))
 
 
 def _prune(g: Graph) -> Graph:
