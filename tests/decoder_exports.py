@@ -4,7 +4,9 @@ rotary embeddings, SwiGLU, grouped-query attention with 2 key/value heads) with 
 through the TorchScript exporter (opset 17, dynamic_axes) and the dynamo one (opset 18,
 dynamic_shapes). Inputs: input_ids, attention_mask, position_ids, past_key_values.{i}.key/value
 [batch, heads, past, head size]; outputs: logits, present.{i}.key/value (past and new rows).
-Cached on disk like tests/model_exports.py.
+Also Qwen2, Phi, Phi-3, Gemma 3 and Mistral (sliding windows) and BLOOM (ALiBi, no position_ids:
+its export has no position_ids input) at the same sizes (MODELS). Cached on disk like
+tests/model_exports.py.
 """
 
 from __future__ import annotations
@@ -137,6 +139,20 @@ def gemma3(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positio
     return m
 
 
+def mistral(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
+    """A transformers MistralForCausalLM (seeded, as gpt2): the Llama's layout with a sliding
+    window (SLIDING_WINDOW - 8) in every layer, so every cache is a window's."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.MistralConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                          num_attention_heads=heads, num_key_value_heads=KV_HEADS, head_dim=width // heads,
+                          vocab_size=VOCAB, max_position_embeddings=4096, sliding_window=SLIDING_WINDOW - 8,
+                          bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS)
+    return T.MistralForCausalLM(cfg).eval()
+
+
 def bloom(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
     """A transformers BloomForCausalLM (seeded, as gpt2): ALiBi, no position input (the bias of
     each key comes from the attention mask's running count), the attention over merged batch
@@ -156,7 +172,7 @@ POSITIONLESS = {"bloom"}  # models whose forward takes no position_ids (nor does
 
 
 MODELS = {"gpt2": (gpt2, HEADS), "llama": (llama, KV_HEADS), "qwen2": (qwen2, KV_HEADS),
-          "phi": (phi, HEADS), "phi3": (phi3, KV_HEADS), "gemma3": (gemma3, KV_HEADS), "bloom": (bloom, HEADS)}  # -> (maker, key/value heads)
+          "phi": (phi, HEADS), "phi3": (phi3, KV_HEADS), "gemma3": (gemma3, KV_HEADS), "mistral": (mistral, KV_HEADS), "bloom": (bloom, HEADS)}  # -> (maker, key/value heads)
 
 
 def _wrapped(model, layers: int = LAYERS, positions: bool = True):

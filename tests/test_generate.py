@@ -181,25 +181,27 @@ def test_greedy_matches_transformers(model):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.extended)])
-def test_a_sliding_window_model_generates_past_its_window(exporter):
+@pytest.mark.parametrize("model, exporter", [("gemma3", "torchscript")] + [
+    pytest.param(m, e, marks=pytest.mark.extended) for m, e in (("gemma3", "dynamo"), ("mistral", "torchscript"))])
+def test_a_sliding_window_model_generates_past_its_window(model, exporter):
     """Gemma 3's sliding layers keep the last sliding_window - 1 rows of their cache (the export
     slices the past before appending, and the present after); the steps over the cache in place
     keep it whole instead, and the band of the window is the export's mask computed from the
     live length (eqfuse.ir.live.causal_from_length); the dynamo export's count of the rows the
     window drops, Max(0, past - k), is imported as 0 (onnx_inputs.window_slices). Generation
     past the window gives transformers' ids: the decode steps, and a prompt longer than the
-    window in chunks."""
-    _, mod = compiled(exporter, "gemma3")
+    window in chunks. (Mistral: a window in every layer.)"""
+    _, mod = compiled(exporter, model)
     sig = module_signature(mod)
-    assert sig.window_rows == de.SLIDING_WINDOW - 1
+    window = de.MODELS[model][0]().config.sliding_window
+    assert sig.window_rows == window - 1
     capacity = live_capacity(sig, S + NEW - 1)
     assert capacity > de.SLIDING_WINDOW  # (2048 rows by default: no position table)
     ids = prompt(3)
-    new = de.SLIDING_WINDOW + 8 - S  # the last 8 tokens see a band of the keys
-    assert_greedy_matches_transformers(eqfuse.generate(mod, ids, max_new_tokens=new), ids, new, "gemma3")
-    long = np.random.default_rng(4).integers(0, de.VOCAB, (B, de.SLIDING_WINDOW + 9)).astype(np.int64)
-    assert_greedy_matches_transformers(eqfuse.generate(mod, long, max_new_tokens=NEW), long, NEW, "gemma3")
+    new = window + 8 - S  # the last 8 tokens see a band of the keys
+    assert_greedy_matches_transformers(eqfuse.generate(mod, ids, max_new_tokens=new), ids, new, model)
+    long = np.random.default_rng(4).integers(0, de.VOCAB, (B, window + 9)).astype(np.int64)
+    assert_greedy_matches_transformers(eqfuse.generate(mod, long, max_new_tokens=NEW), long, NEW, model)
     assert held_chunks(mod, sig, B, capacity) == [PREFILL_MIN]  # (the long prompt in 3 chunks of 16: the band of each)
 
 

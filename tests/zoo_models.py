@@ -22,7 +22,7 @@ GROUPS = {
     "bert": "encoder", "distilbert": "encoder", "roberta": "encoder", "albert": "encoder",
     "electra": "encoder", "deberta-v2": "encoder", "mpnet": "encoder", "t5-encoder": "encoder",
     "gpt2": "decoder", "gpt-neo": "decoder", "opt": "decoder", "llama": "decoder", "qwen2": "decoder",
-    "phi": "decoder",
+    "phi": "decoder", "bloom": "decoder",
     "vit": "vision", "deit": "vision", "swin": "vision", "clip-vision": "vision", "convnext": "vision",
     "resnet": "vision", "mobilenet-v2": "vision", "efficientnet": "vision", "regnet": "vision",
     "mobilevit": "vision",
@@ -80,6 +80,8 @@ def _config(family: str):
         return T.Qwen2Model(T.Qwen2Config(**_TEXT, num_key_value_heads=2))
     if family == "phi":  # rotary embedding on half of each head
         return T.PhiModel(T.PhiConfig(**_TEXT, partial_rotary_factor=0.5))
+    if family == "bloom":  # ALiBi, the attention over merged batch and heads
+        return T.BloomModel(T.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=VOCAB))
     vit = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                image_size=IMAGE, patch_size=8)
     if family == "vit":
