@@ -79,8 +79,8 @@ def live_capacity(sig: "Signature", length: int, batch: int = 1) -> int:
     capacity costs the buffers' memory, not time, docs/generation.md); without a table, the
     power of two that holds `length` rows, doubled up to LIVE_CAPACITY_DEFAULT while the
     buffers of `batch` sequences stay within LIVE_CACHE_BYTES; else capacity_for(length). A
-    sliding-window model's caches in place are kept whole (eqfuse.ir.live.cache_graph), so its
-    window does not bound the capacity."""
+    sliding-window model's caches in place are kept whole (eqfuse.frontend.onnx_inputs.
+    window_slices), so its window does not bound the capacity."""
     if sig.max_positions is not None and length <= sig.max_positions <= LIVE_CAPACITY_MAX:
         cap = max(MIN_CAPACITY, sig.max_positions)
     else:
@@ -712,7 +712,7 @@ def _check_args(input_ids, max_new_tokens, temperature, top_k, top_p) -> np.ndar
 def check_window(sig: Signature, s: int, max_new_tokens: int) -> None:
     """Refuse a generation past a sliding window on a cache at a fixed capacity: its sliding
     layers' presents are their last window - 1 rows, no longer past + new (the steps over the
-    cache in place keep it whole instead: eqfuse.ir.live.cache_graph)."""
+    cache in place keep it whole instead: eqfuse.frontend.onnx_inputs.window_slices)."""
     need = s + max_new_tokens - 1
     if not sig.fits_window(need, 1):
         raise ArgumentError(f"generate: a prompt of {s} tokens and {max_new_tokens} new tokens need a cache of {need} "

@@ -262,8 +262,8 @@ class _Importer:
             self.env[node.output[0]] = self.env[node.input[0]]
             return
         if how == "zero":  # (Max(0, past - k): its constant operand)
-            self.env[node.output[0]] = np.zeros_like(next(v for v in map(self.env.get, node.input)
-                                                          if isinstance(v, np.ndarray)))
+            self.env[node.output[0]] = np.zeros_like(next((v for v in map(self.env.get, node.input)
+                                                           if isinstance(v, np.ndarray)), np.int64(0)))
             return
         ins = [self.env[n] if n else None for n in node.input]
         try:

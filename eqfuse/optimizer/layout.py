@@ -18,8 +18,8 @@ its scores and its softmax, which keeps the attention from being one kernel. A r
 splits a leading dim P = B * H, [P, S, T] -> [B, H, S, T], moves the same way onto a batched
 matmul's operands (`a @ b` -> `reshape(a, [B, H, ...]) @ reshape(b, [B, H, ...])`, a transpose of
 b's last two axes kept outermost) and onto a pointwise op's operands of rank 3 whose leading dim
-is P or 1 (ALiBi's bias [B * H, 1, T]); the merge before the product with v then meets its split
-and both go.
+is P or 1 (ALiBi's bias [B * H, 1, T]; an operand of rank 2 or less broadcasts the same way in
+both shapes); the merge before the product with v then meets its split and both go.
 
 Both hold for every value of x (row-major order is what a reshape keeps); tests/test_layout.py
 checks them against the numpy reference. Shapes must be numbers (an export's are).
@@ -77,16 +77,17 @@ def sink_reshapes(g: Graph) -> Graph:
             return None
         if n.op not in OPS or OPS[n.op].kind != "pointwise" or not shape or t[-1] != shape[-1]:
             return None
-        def kept(x: int) -> bool:  # an operand that broadcasts the same way in both shapes
-            return out.nodes[x].type.rank <= 1 or (split and _splits(out.nodes[x].type.shape, shape))
+
+        def as_is(x: int) -> bool:  # an operand that broadcasts the same way in both shapes
+            return out.nodes[x].type.rank <= (2 if split else 1)
 
         for main in dict.fromkeys(x for x in n.args if tuple(out.nodes[x].type.shape) == tuple(shape)):
-            if not all(kept(x) for x in n.args if x != main):
+            if not all(as_is(x) or (split and _splits(out.nodes[x].type.shape, shape)) for x in n.args if x != main):
                 continue
             inner = sink(main, t, pos)
             if inner is not None:
-                return add(n.op, [inner if x == main else x if out.nodes[x].type.rank <= 1 else heads(x, t[:2], pos)
-                                  for x in n.args], n.attrs, n.pos)
+                return add(n.op, [inner if x == main else x if as_is(x) else heads(x, t[:2], pos) for x in n.args],
+                           n.attrs, n.pos)
         return None
 
     def heads(a: int, bh, pos) -> int:
