@@ -106,6 +106,31 @@ def test_an_attention_over_merged_batch_and_heads_is_one_kernel():
     assert _kinds(mod) == ["attention"]
 
 
+STRIDED_BIAS = """
+graph g(x: f32[32, 64], y: f32[32, 64], b3: f32[16, 16, 4]) {
+  q3 = kernel { reshape(x, shape=[2, 16, 4, 16]) }
+  q = kernel { transpose(q3, perm=[0, 2, 1, 3]) }
+  k3 = kernel { reshape(y, shape=[2, 16, 4, 16]) }
+  k = kernel { transpose(k3, perm=[0, 2, 1, 3]) }
+  bt = kernel { transpose(b3, perm=[2, 0, 1]) }
+  bias = kernel { reshape(bt, shape=[1, 4, 16, 16]) }
+  return kernel { ROW(q @ transpose(k, perm=[0, 1, 3, 2]) + bias) }
+}
+"""
+
+
+@pytest.mark.parametrize("row", ["", "softmax"])
+def test_a_batched_gemm_per_matrix_reads_its_epilogue_operand_through_the_operands_view(row):
+    # q and k are views whose batch dims do not merge, so each batch's GEMM is called with its own
+    # pointers (mode "loop"); the bias is a view of b3 transposed (T5's relative position bias
+    # through torch.compile): each batch's pointer into it takes the view's strides, not its
+    # shape's (reading past b3 before)
+    mod = eqfuse.compile(STRIDED_BIAS.replace("ROW", row), fuse="manual")
+    arrays = dict(x=_rand(32, 64), y=_rand(32, 64, seed=1), b3=_rand(16, 16, 4, seed=2))
+    want = eqfuse.reference(STRIDED_BIAS.replace("ROW", row))(**arrays)
+    np.testing.assert_allclose(mod(**arrays), want, rtol=1e-4, atol=1e-5)
+
+
 KT_CHAIN = """
 graph kt(q: f32[2, 4, 16, 8], x: f32[2, 16, 96], v: f32[2, 4, 16, 8]) -> f32[2, 4, 16, 8] {
   k = transpose(reshape(slice(x, axis=2, start=32, stop=64), shape=[2, 16, 4, 8]), perm=[0, 2, 1, 3])

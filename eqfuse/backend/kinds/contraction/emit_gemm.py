@@ -285,8 +285,9 @@ def emit_contraction(plan: KernelPlan) -> str:
         expr, extras = gemm_epilogue(plan, groups, {a: "acc"})
     if mode == "loop":  # the wrapper offsets every pointer for batch g; the epilogue sees one matrix
         eparts = []
+        views = plan.base_strides()  # (an operand read through a view: its own strides, as the epilogue reads it)
         for i, pn in extras:
-            st = bstrides(body.nodes[i].type.shape, out)
+            st = bstrides(body.nodes[i].type.shape, out, views.get(i))
             eparts.append(f"{ptrs[i]} + ({offset('g', list(batch), st[:nb])})")
         aoff = f"{ptrs[Asrc]} + ({offset('g', list(batch), ast)})"
         boff_ = f"{ptrs[Bsrc]} + ({offset('g', list(batch), bst)})"
