@@ -129,6 +129,17 @@ class Signature:
         self.max_positions = max_positions
         self.window_rows = window_rows
 
+    def feeds(self, ids, mask, positions, past, length=None) -> dict:
+        """A step's inputs by name: the ids, the mask, the positions (left out for a model
+        without a position input), the past buffers in order, and the live length when given."""
+        feeds = {self.ids: ids, self.mask: mask}
+        if self.positions is not None:
+            feeds[self.positions] = positions
+        feeds.update({n: p for (n, _), p in zip(self.pasts, past)})
+        if length is not None:
+            feeds[LENGTH] = length
+        return feeds
+
     def fits_window(self, past: int, rows: int) -> bool:
         """Whether a step over `past` rows appending `rows` returns its whole cache: a sliding
         layer's present is its past and new rows only while they are within the rows it keeps
@@ -230,10 +241,7 @@ class Decoder:
                                 f"({limit - 1} is the last); use fewer new tokens or a shorter prompt")
 
     def _call(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray]):
-        feeds = {self.sig.ids: ids, self.sig.mask: mask, self.sig.positions: positions}
-        feeds.update({n: p for (n, _), p in zip(self.sig.pasts, past)})
-        feeds.pop(None, None)  # (no position input)
-        outs = self.run(feeds)
+        outs = self.run(self.sig.feeds(ids, mask, positions, past))
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
         if len(outs) != 1 + len(self.sig.pasts):
             raise EqfuseError(f"generate: the model returns {len(outs)} outputs; a decoder export returns the "
@@ -310,11 +318,7 @@ class Decoder:
             positions[:, :m] = at[:, t:t + m]
             self.mask[:, :t + m] = real[:, :t + m]
             self.mask[:, t + m:] = 0
-            feeds = {self.sig.ids: part, self.sig.mask: self.mask, self.sig.positions: positions,
-                     LENGTH: np.array([t], np.int64)}
-            feeds.update({name: c for (name, _), c in zip(self.sig.pasts, self.cache)})
-            feeds.pop(None, None)  # (no position input)
-            outs = list(chunk(feeds))
+            outs = list(chunk(self.sig.feeds(part, self.mask, positions, self.cache, np.array([t], np.int64))))
             for k, (p, c) in enumerate(zip(outs[1:], self.cache)):
                 if p is not c:
                     self._check_present(self.sig.pasts[k][0], p, c.shape)
@@ -399,11 +403,8 @@ class Decoder:
                 for i in range(b):
                     fast.mask[i * (self.capacity + 1) + t + 1] = 1  # the next token's row
         else:
-            feeds = {self.sig.ids: ids, self.sig.mask: self.mask, self.sig.positions: (t - self.skipped)[:, None],
-                     LENGTH: np.array([t], np.int64)}
-            feeds.update({n: c for (n, _), c in zip(self.sig.pasts, self.cache)})
-            feeds.pop(None, None)  # (no position input)
-            outs = list(self.live_step(feeds))
+            outs = list(self.live_step(self.sig.feeds(ids, self.mask, (t - self.skipped)[:, None], self.cache,
+                                                      np.array([t], np.int64))))
             presents, logits = outs[1:], outs[0]
             for k in compress(range(len(presents)), map(is_not, presents, self.cache)):
                 # (the step returns each buffer as is; a copy would be a model's bug)
@@ -460,11 +461,7 @@ class PreparedStep:
         prepare = getattr(dec.live_step, "prepare", None)
         self.run = None
         if prepare is not None and ids.shape == (b, 1) and ids.dtype.kind in "iu" and dec.mask.flags.c_contiguous:
-            feeds = {dec.sig.ids: self.ids, dec.sig.mask: dec.mask, dec.sig.positions: positions,
-                     LENGTH: length}
-            feeds.update({n: c for (n, _), c in zip(dec.sig.pasts, dec.cache)})
-            feeds.pop(None, None)  # (no position input)
-            self.run = prepare(feeds)
+            self.run = prepare(dec.sig.feeds(self.ids, dec.mask, positions, dec.cache, length))
 
     def serves(self, dec: Decoder, ids: np.ndarray) -> bool:
         """Made for this Decoder's step, buffers and batch (the identity of each), and integer ids."""
