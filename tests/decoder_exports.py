@@ -11,6 +11,8 @@ tests/model_exports.py.
 
 from __future__ import annotations
 
+import hashlib
+
 from model_exports import cached
 
 LAYERS, HEADS, WIDTH, VOCAB, POSITIONS = 2, 4, 64, 100, 128
@@ -170,9 +172,56 @@ def bloom(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, position
 
 POSITIONLESS = {"bloom"}  # models whose forward takes no position_ids (nor does their export)
 
+# More decoder families a user brings, built from their transformers config at the test sizes
+# (family): the config's own names where they differ, and what sets each family apart.
+_SIZES = dict(hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=2 * WIDTH,
+              max_position_embeddings=POSITIONS)
+_GQA = dict(_SIZES, num_key_value_heads=KV_HEADS)
+_GPT = dict(n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS, n_positions=POSITIONS)
+FAMILIES = {
+    "gpt_neox": dict(_SIZES, rotary_pct=0.5),  # rotary on a quarter of each head, parallel residual
+    "falcon": dict(_SIZES, new_decoder_architecture=True, num_kv_heads=HEADS, alibi=False),
+    "gptj": dict(_GPT, rotary_dim=8),  # rotary on interleaved pairs
+    "codegen": dict(_GPT, rotary_dim=8, n_ctx=POSITIONS),
+    "gpt_bigcode": dict(_GPT, multi_query=True),  # one key/value head
+    "gemma2": dict(_GQA, head_dim=HEAD, sliding_window=SLIDING_WINDOW),  # soft-capped logits and scores
+    "opt": dict(_SIZES, ffn_dim=2 * WIDTH, word_embed_proj_dim=WIDTH),  # learned positions from the mask
+    "xglm": dict(d_model=WIDTH, num_layers=LAYERS, attention_heads=HEADS, ffn_dim=2 * WIDTH,
+                 max_position_embeddings=POSITIONS),  # sinusoidal positions, softmax over merged heads
+    "stablelm": dict(_GQA),
+    "starcoder2": dict(_GQA, sliding_window=None),
+    "olmo2": dict(_GQA),  # RMSNorm of the queries and keys
+    "qwen3": dict(_GQA, head_dim=HEAD),  # RMSNorm of each head's queries and keys
+    "cohere": dict(_GQA),  # LayerNorm without a bias, rotary on interleaved pairs
+}
+
+
+def family(model_type: str):
+    """The maker of a FAMILIES model (seeded, as gpt2), its norms' weights drawn away from 1."""
+    def make(layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS, positions: int = POSITIONS):
+        import torch
+        import transformers as T
+
+        assert (layers, width, heads, positions) == (LAYERS, WIDTH, HEADS, POSITIONS)
+        torch.manual_seed(0)
+        cfg = T.AutoConfig.for_model(model_type, **FAMILIES[model_type], vocab_size=VOCAB, bos_token_id=EOS,
+                                     eos_token_id=EOS, pad_token_id=EOS)
+        m = T.AutoModelForCausalLM.from_config(cfg).eval()
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if ("norm" in n or "ln" in n) and p.dim() == 1 and not n.endswith("bias"):
+                    p.uniform_(0.5, 1.5)
+        return m
+    return make
+
+
+def _kv_heads(cfg: dict) -> int:
+    return 1 if cfg.get("multi_query") else cfg.get("num_key_value_heads", cfg.get("num_kv_heads", HEADS))
+
 
 MODELS = {"gpt2": (gpt2, HEADS), "llama": (llama, KV_HEADS), "qwen2": (qwen2, KV_HEADS),
-          "phi": (phi, HEADS), "phi3": (phi3, KV_HEADS), "gemma3": (gemma3, KV_HEADS), "mistral": (mistral, KV_HEADS), "bloom": (bloom, HEADS)}  # -> (maker, key/value heads)
+          "phi": (phi, HEADS), "phi3": (phi3, KV_HEADS), "gemma3": (gemma3, KV_HEADS), "mistral": (mistral, KV_HEADS), "bloom": (bloom, HEADS),
+          **{f: (family(f), _kv_heads(c)) for f, c in FAMILIES.items()}}  # -> (maker, key/value heads)
 
 
 def _wrapped(model, layers: int = LAYERS, positions: bool = True):
@@ -262,4 +311,6 @@ def export_decoder(model: str, exporter: str, layers: int = LAYERS, width: int =
                               dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)
     tag = "" if (layers, width, heads, positions) == (LAYERS, WIDTH, HEADS, POSITIONS) and not sizes else \
         f"-{layers}x{width}h{heads}p{positions}" + "".join(f"{k}{v}" for k, v in sorted(sizes.items()))
+    if model in FAMILIES:  # (its config in the name: a changed config is another export)
+        tag += "-" + hashlib.sha256(repr(sorted(FAMILIES[model].items())).encode()).hexdigest()[:8]
     return cached(f"{model}-decoder{tag}-{exporter}", write)

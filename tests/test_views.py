@@ -96,12 +96,27 @@ graph att(q: f32[2, 4, 16, 8], k: f32[2, 4, 24, 8], v: f32[2, 4, 24, 8], bias: f
 """
 
 
-def test_an_attention_over_merged_batch_and_heads_is_one_kernel():
+# XGLM's eager attention: the same split for the mask and a clamp at f32's lowest value, merged
+# again before the softmax, which runs over [B * heads, S, T]
+MERGED_SOFTMAX = """
+graph att(q: f32[2, 4, 16, 8], k: f32[2, 4, 24, 8], v: f32[2, 4, 24, 8], bias: f32[8, 1, 24], c: f32[16, 24],
+          m: f32[2, 1, 16, 24]) {
+  s = reshape(reshape(q, shape=[8, 16, 8]) @ transpose(reshape(k, shape=[8, 24, 8]), perm=[0, 2, 1]) * 0.35 + bias + c,
+              shape=[2, 4, 16, 24])
+  p = softmax(reshape(maximum(s + m, -3.4028234663852886e38), shape=[8, 16, 24]), axis=-1)
+  return reshape(p @ reshape(v, shape=[8, 24, 8]), shape=[2, 4, 16, 8])
+}
+"""
+
+
+@pytest.mark.parametrize("src", [MERGED_HEADS, MERGED_SOFTMAX], ids=["bloom", "xglm"])
+def test_an_attention_over_merged_batch_and_heads_is_one_kernel(src):
     # BLOOM's eager attention: batched matmuls over [B * heads, S, T], its ALiBi bias [B * heads, 1,
     # T] and a bias of rank 2 added to the scores, split into [B, heads, S, T] for the mask and the softmax, merged
-    # again for the product with v (eqfuse.optimizer.layout: the split moved onto the operands)
+    # again for the product with v (eqfuse.optimizer.layout: the split moved onto the operands); XGLM's
+    # softmax over the merged shape moves onto the split too
     mask = np.where(np.arange(24)[None, :] <= np.arange(16)[:, None] + 8, 0, np.finfo(np.float32).min)
-    mod = _run(MERGED_HEADS, q=_rand(2, 4, 16, 8), k=_rand(2, 4, 24, 8, seed=1), v=_rand(2, 4, 24, 8, seed=2),
+    mod = _run(src, q=_rand(2, 4, 16, 8), k=_rand(2, 4, 24, 8, seed=1), v=_rand(2, 4, 24, 8, seed=2),
                bias=_rand(8, 1, 24, seed=3), c=_rand(16, 24, seed=4), m=np.broadcast_to(mask, (2, 1, 16, 24)).astype(np.float32))
     assert _kinds(mod) == ["attention"]
 

@@ -52,9 +52,8 @@ def sink_reshapes(g: Graph) -> Graph:
     def reshape(a: int, shape, pos) -> int:
         if tuple(out.nodes[a].type.shape) == tuple(shape):
             return a
-        src = out.nodes[a]
-        if src.op == "reshape":  # reshape(reshape(x)) is one reshape
-            a = src.args[0]
+        while out.nodes[a].op == "reshape":  # reshape(reshape(x)) is one reshape
+            a = out.nodes[a].args[0]
             if tuple(out.nodes[a].type.shape) == tuple(shape):
                 return a
         return add("reshape", [a], [("shape", tuple(shape))], pos)
@@ -95,6 +94,9 @@ def sink_reshapes(g: Graph) -> Graph:
         its last two axes kept outermost (so that the reshapes of a merge meet and cancel)."""
         n = out.nodes[a]
         lead = tuple(bh) if n.type.shape[0] != 1 else (1, 1)
+        if n.op == "softmax" and n.attr.get("axis", -1) in (-1, 2) and a in single and n.type.rank == 3:
+            attrs = [(k, -1 if k == "axis" else v) for k, v in n.attrs]
+            return add("softmax", [heads(n.args[0], bh, pos)], attrs, n.pos)
         if n.op == "transpose" and tuple(n.attr["perm"]) == (0, 2, 1):
             inner = reshape(n.args[0], lead + tuple(out.nodes[n.args[0]].type.shape[1:]), pos)
             return add("transpose", [inner], [("perm", (0, 1, 3, 2))], pos)
