@@ -145,6 +145,18 @@ def test_layernorm_with_mean_and_inv_std_outputs_and_no_bias():
     assert "layernorm(x, g, y_bias, axis=-2, eps=0.001)" in graph_text(imp.graph).replace("\n", "")
 
 
+def test_instance_normalization_over_numbered_and_named_spatial_dims():
+    """InstanceNormalization: one layernorm over the spatial dims when they are numbers, the
+    mean and variance spelled out over a named one (Wav2Vec2's audio length)."""
+    node = helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-3)
+    m = model([node], [("x", (2, 3, "L"))], [("y", None)], [("s", rand(3)), ("b", rand(3))])
+    x = rand(2, 3, 7) * 3 + 1
+    named = check(m, {"x": x})
+    assert "layernorm(" not in graph_text(named.graph)
+    bound = check(m, {"x": x}, dims={"L": 7})
+    assert "layernorm(" in graph_text(bound.graph)
+
+
 def test_unused_optional_outputs_are_pruned():
     node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y", "mean"], axis=-1)
     m = model([node], [("x", (2, 4))], [("y", None)], [("g", rand(4)), ("b", rand(4))])

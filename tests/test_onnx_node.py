@@ -34,7 +34,7 @@ SUPPORTED = [
     "gather", "gather_elements", "gathernd", "expand", "squeeze", "unsqueeze", "flatten",
     "split", "maxpool", "averagepool", "globalaveragepool", "globalmaxpool", "clip",
     "leakyrelu", "hardsigmoid", "hardswish", "softplus", "reduce_min", "reduce_prod", "reduce_l2", "argmax",
-    "tril", "triu", "tile",
+    "tril", "triu", "tile", "instancenorm",
 ]
 # Cast (f32 <-> i64/i32/bool), Einsum, CumSum, Range, Pad: onnx's cases use other dtypes or runtime
 # attributes (see EXCLUDED); tests/test_onnx_import.py checks them on the cases exporters write.
@@ -79,7 +79,8 @@ EXCLUDE = re.compile("|".join(EXCLUDED))
 # them not the generators whose case is excluded by name. The heavy
 # test_the_narrowed_generation_selects_what_the_full_one_does checks that nothing is lost.
 RENAMED = {"batchnorm": "batch_normalization", "tril": "trilu", "triu": "trilu", "less_equal": "less_or_equal",
-           "greater_equal": "greater_or_equal", "and": "and_", "or": "or_", "not": "not_"}  # op: its module
+           "greater_equal": "greater_or_equal", "and": "and_", "or": "or_", "not": "not_",
+           "instancenorm": "instance_normalization"}  # op: its module
 CASE_MODULES = sorted({RENAMED.get(op, op.replace("_", "")) for op in SUPPORTED})
 
 

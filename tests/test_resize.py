@@ -1,4 +1,4 @@
-"""ONNX Resize (nearest and linear, the coordinate transforms upsampling heads export) against
+"""ONNX Resize (nearest, linear and cubic, the coordinate transforms upsampling heads export) against
 onnxruntime: every case is one Resize node of one model, compiled once. Unsupported modes are
 refused naming the node."""
 
@@ -24,21 +24,27 @@ CASES = ([("nearest", c, n, "scales", (1, 1, 2, 2)) for c in COORDS for n in NEA
          + [("nearest", c, "floor", "sizes", (1, 2, 1, 13)) for c in COORDS]
          + [("linear", c, "round_prefer_floor", kind, v) for c in COORDS
             for kind, v in (("scales", (1, 1, 2, 2)), ("scales", (1, 1, 1.7, 0.5)), ("sizes", (1, 2, 9, 4)),
-                            ("sizes", (1, 2, 1, 3)), ("scales", (1, 1, 3, 1)))])
+                            ("sizes", (1, 2, 1, 3)), ("scales", (1, 1, 3, 1)))]
+         # cubic (DINOv2's and YOLOS's position embeddings resized to the image): its four taps per
+         # axis read the edge past it, or with exclude_outside weigh 0; TF's coefficient -0.5
+         + [("cubic", c, "round_prefer_floor", kind, v) for c in COORDS
+            for kind, v in (("scales", (1, 1, 2, 2)), ("sizes", (1, 2, 9, 4)))]
+         + [("cubic", "half_pixel", "round_prefer_floor", "scales", (1, 1, 1.7, 0.5), {"exclude_outside": 1}),
+            ("cubic", "asymmetric", "round_prefer_floor", "sizes", (1, 2, 3, 11), {"cubic_coeff_a": -0.5})])
 
 # the default tier's cases: each mode and transform once, upsampling and an odd size; the whole
 # matrix runs under -m extended
-FAST = [0, 21, 27, 38, 40, 41, 52, 58]
+FAST = [0, 21, 27, 38, 40, 41, 52, 58, 60, 65, 68, 69]
 
 
 def _model(cases, opset=19):
     nodes, inits, outs = [], [], []
-    for k, (mode, coord, nearest, kind, v) in enumerate(cases):
+    for k, (mode, coord, nearest, kind, v, *extra) in enumerate(cases):
         arr = np.array(v, np.float32 if kind == "scales" else np.int64)
         inits.append(numpy_helper.from_array(arr, f"{kind}{k}"))
         ins = ["x", "", f"{kind}{k}"] if kind == "scales" else ["x", "", "", f"{kind}{k}"]
         nodes.append(helper.make_node("Resize", ins, [f"y{k}"], name=f"resize{k}", mode=mode,
-                                      coordinate_transformation_mode=coord, nearest_mode=nearest))
+                                      coordinate_transformation_mode=coord, nearest_mode=nearest, **dict(*extra)))
         outs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, None))
     g = helper.make_graph(nodes, "r", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(X))], outs, inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
@@ -88,7 +94,7 @@ def test_every_resize_matches_onnxruntime(every, k):
 
 
 @pytest.mark.parametrize("attrs, said", [
-    ({"mode": "cubic"}, "mode 'cubic'"),
+    ({"mode": "area"}, "mode 'area'"),
     ({"coordinate_transformation_mode": "tf_crop_and_resize"}, "coordinate_transformation_mode 'tf_crop_and_resize'"),
     ({"keep_aspect_ratio_policy": "not_larger"}, "keep_aspect_ratio_policy 'not_larger'"),
 ])

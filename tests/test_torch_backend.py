@@ -286,6 +286,20 @@ class PoolingOps(nn.Module):
         return nn.functional.adaptive_avg_pool2d(q, 1).flatten(1), nn.functional.adaptive_avg_pool2d(q, 2)
 
 
+class GroupNorms(nn.Module):
+    """GroupNorm over groups of channels and per channel, and a weight-normed conv (Wav2Vec2's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gn, self.gn_each = nn.GroupNorm(2, 6), nn.GroupNorm(6, 6)
+        for p in (*self.gn.parameters(), *self.gn_each.parameters()):
+            nn.init.uniform_(p, 0.5, 1.5)
+        self.conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(6, 6, 3, padding=1), dim=2)
+
+    def forward(self, x):
+        return self.conv(self.gn(x)) + self.gn_each(x)
+
+
 class Rolls(nn.Module):
     """torch.roll as Swin shifts its windows (two dims at once, both ways), and over the flattened tensor."""
 
@@ -307,6 +321,7 @@ def test_many_aten_ops():
     mask = torch.tensor([True, False, True, True])
     check(ManyOps(), x, ids, mask)
     check(PoolingOps().eval(), torch.randn(2, 3, 8, 8))
+    check(GroupNorms().eval(), torch.randn(2, 6, 10) * 3 + 1)
 
 
 def _affinities() -> dict[int, set]:

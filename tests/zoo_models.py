@@ -16,6 +16,7 @@ B, S, VOCAB = 2, 16, 100
 IMAGE = 32  # the side of the vision models' input images
 MOBILEVIT_IMAGE = 64  # (see _config)
 MELS, FRAMES = 16, 32  # Whisper's log-mel input: 16 bins, 32 frames (2 x max_source_positions)
+SAMPLES = 400  # Wav2Vec2's raw audio: its two convs (kernel 10 stride 5, kernel 3 stride 2) make 39 frames
 
 # family -> group; the test matrix and the benchmark go through them in this order
 GROUPS = {
@@ -25,8 +26,8 @@ GROUPS = {
     "phi": "decoder", "bloom": "decoder",
     "vit": "vision", "deit": "vision", "swin": "vision", "clip-vision": "vision", "convnext": "vision",
     "resnet": "vision", "mobilenet-v2": "vision", "efficientnet": "vision", "regnet": "vision",
-    "mobilevit": "vision",
-    "whisper-encoder": "audio",
+    "mobilevit": "vision", "dinov2": "vision",
+    "whisper-encoder": "audio", "wav2vec2": "audio",
 }
 FAMILIES = tuple(GROUPS)
 EXPORTERS = ("torchscript", "dynamo")
@@ -121,12 +122,21 @@ def _config(family: str):
                                               pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                               decoder_start_token_id=1,
                                               num_mel_bins=MELS, max_source_positions=FRAMES // 2)).get_encoder()
+    if family == "dinov2":  # its position embeddings resized (bicubic) to the image's patch grid
+        return T.Dinov2Model(T.Dinov2Config(**{k: v for k, v in vit.items() if k != "intermediate_size"}, mlp_ratio=2))
+    if family == "wav2vec2":  # convs over raw audio, a GroupNorm per channel, a weight-normed positional conv
+        return T.Wav2Vec2Model(T.Wav2Vec2Config(**{k: v for k, v in _TEXT.items() if k not in ("vocab_size",
+                                                                                              "max_position_embeddings")},
+                                                conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
+                                                num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4))
     raise ValueError(f"unknown family {family}")
 
 
 def input_names(family: str) -> tuple[str, ...]:
     if family in MASKED:
         return ("input_ids", "attention_mask")
+    if family == "wav2vec2":
+        return ("input_values",)
     return ("input_features",) if family == "whisper-encoder" else ("pixel_values",)
 
 
@@ -138,6 +148,8 @@ def inputs(family: str, seed: int = 0) -> dict[str, np.ndarray]:
         return {"input_ids": rng.integers(2, VOCAB, (B, S)).astype(np.int64), "attention_mask": mask}
     if family == "whisper-encoder":
         return {"input_features": rng.standard_normal((B, MELS, FRAMES)).astype(np.float32)}
+    if family == "wav2vec2":
+        return {"input_values": rng.standard_normal((B, SAMPLES)).astype(np.float32)}
     side = MOBILEVIT_IMAGE if family == "mobilevit" else IMAGE
     return {"pixel_values": rng.standard_normal((B, 3, side, side)).astype(np.float32)}
 

@@ -200,6 +200,44 @@ def _layernorm(imp, ins, at):
     return outs
 
 
+@handles("InstanceNormalization", attrs=("epsilon",))
+def _instancenorm(imp, ins, at):
+    """InstanceNormalization(x [N, C, ...], scale [C], B [C]): each (n, c) normalized over the
+    spatial dims, then scaled and shifted per channel (TorchScript's export of a GroupNorm with
+    as many groups as channels: Wav2Vec2's first conv, PoolFormer). Spatial dims that are numbers:
+    one layernorm over them flattened (a row kernel); named ones: the mean and variance spelled
+    out, as the reference computes them."""
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = imp.type(x).shape
+    if len(shape) < 3:
+        raise ShapeError(f"InstanceNormalization input of rank {len(shape)} (it takes [N, C, spatial...])")
+    eps = f32_float(at.get("epsilon", 1e-5))
+    spatial = shape[2:]
+    if all(isinstance(d, int) for d in spatial):
+        n = math.prod(spatial)
+        flat = imp.reshape_to(x, (*shape[:2], n))
+        ones, zeros = (imp.new_param(f"{imp.node.name or imp.node.output[0]}_{k}", np.full((n,), v, F32))
+                       for k, v in (("ones", 1.0), ("zeros", 0.0)))
+        y = imp.reshape_to(imp.op("layernorm", [flat, ones, zeros], axis=-1, eps=eps), shape)
+    else:
+        axes = tuple(range(2, len(shape)))
+        d = imp.op("sub", [x, imp.op("mean", [x], axis=axes, keepdims=True)])
+        var = imp.op("mean", [imp.op("mul", [d, d])], axis=axes, keepdims=True)
+        y = imp.op("mul", [d, imp.op("rsqrt", [imp.binary("add", var, np.asarray(eps, F32))])])
+    per_channel = (shape[1],) + (1,) * len(spatial)
+    for k, op in ((1, "mul"), (2, "add")):
+        v = ins[k]
+        if imp.is_const(v):
+            if v.ndim != 1 or (isinstance(shape[1], int) and v.size != shape[1]):
+                raise ShapeError(f"InstanceNormalization {('scale', 'B')[k - 1]} of shape {list(v.shape)} for "
+                                 f"{shape[1]} channels")
+            v = imp.new_param(imp.node.input[k], v.astype(F32).reshape(-1, *(1,) * len(spatial)))
+        else:
+            v = imp.reshape_to(v, per_channel)
+        y = imp.op(op, [y, v])
+    return y
+
+
 MS = "com.microsoft"  # onnxruntime's contrib ops, as its transformer optimizer writes them
 
 

@@ -302,15 +302,32 @@ _RESIZE_NEAREST = {
 }
 
 
-def resize_axis(mode: str, coord: str, nearest: str, n_in: int, n_out: int, scale: float):
+def resize_axis(mode: str, coord: str, nearest: str, n_in: int, n_out: int, scale: float,
+                cubic_a: float = -0.75, exclude_outside: bool = False):
     """One axis of a resize: for "nearest" the input index of each output position; for "linear"
-    (i0, i1, w0, w1): output position k is x[i0[k]] w0[k] + x[i1[k]] w1[k]. The coordinate of an
-    output position in the input is `coord`'s transform at `scale` (float32), clamped into the
-    input for "linear"; nearest rounds it by `nearest`, then clamps."""
+    and "cubic" its taps, [(index, weight), ...]: output position k is the sum of x[index[k]]
+    weight[k] over the taps. The coordinate of an output position in the input is `coord`'s
+    transform at `scale` (float32): nearest rounds it by `nearest`, then clamps; linear clamps it
+    into the input and takes its two neighbours; cubic takes the four around it (indices past
+    the edge read the edge element, or with `exclude_outside` weigh 0, the others renormalized),
+    weighted by Keys' cubic convolution with coefficient `cubic_a` (ONNX's reference resize)."""
     xr = np.arange(n_out, dtype=np.float32)
     x = _RESIZE_COORDS[coord](xr, np.float32(scale), n_in, n_out).astype(np.float32)
     if mode == "nearest":
         return np.clip(_RESIZE_NEAREST[nearest](x), 0, n_in - 1).astype(np.int64)
+    if mode == "cubic":
+        lo = np.floor(x)
+        t = (x - lo).astype(np.float64)
+        a = cubic_a
+        near = lambda d: ((a + 2) * d - (a + 3)) * d * d + 1  # noqa: E731  |d| <= 1
+        far = lambda d: ((a * d - 5 * a) * d + 8 * a) * d - 4 * a  # noqa: E731  1 < |d| < 2
+        w = np.stack([far(1 + t), near(t), near(1 - t), far(2 - t)])
+        idx = lo.astype(np.int64)[None, :] + np.arange(-1, 3)[:, None]
+        if exclude_outside:
+            w = np.where((idx < 0) | (idx >= n_in), 0.0, w)
+            w = w / w.sum(axis=0, keepdims=True)
+        idx = np.clip(idx, 0, n_in - 1)
+        return [(i, wt.astype(np.float32)) for i, wt in zip(idx, w)]
     x = np.clip(x, np.float32(0), np.float32(n_in - 1))
     i0 = np.minimum(np.trunc(x), n_in - 1).astype(np.int64)
     i1 = np.minimum(i0 + 1, n_in - 1)
@@ -318,32 +335,35 @@ def resize_axis(mode: str, coord: str, nearest: str, n_in: int, n_out: int, scal
     w0 = np.abs(x - i1.astype(np.float32))
     same = i0 == i1  # (at the last input position both weights are 1/2 of the same element)
     w0, w1 = np.where(same, np.float32(0.5), w0), np.where(same, np.float32(0.5), w1)
-    return i0, i1, w0.astype(np.float32), w1.astype(np.float32)
+    return [(i0, w0.astype(np.float32)), (i1, w1.astype(np.float32))]
 
 
 def resize(imp, x: int, axes_sizes: list[tuple[int, int, float]], mode: str, coord: str, nearest: str,
-           new_param) -> int:
+           new_param, cubic_a: float = -0.75, exclude_outside: bool = False) -> int:
     """x resized along each (axis, output size, scale) by gathers along the axis: nearest, one
-    gather of the indices resize_axis gives; linear, two gathers weighted and added (bilinear is
-    the two axes one after the other). `new_param(base, array)` makes a constant input of the
-    graph (the index and weight vectors). An axis that keeps its size and positions is left out."""
+    gather of the indices resize_axis gives; linear and cubic, a gather per tap, weighted and
+    added (bilinear and bicubic are the two axes one after the other). `new_param(base, array)`
+    makes a constant input of the graph (the index and weight vectors). An axis that keeps its
+    size and positions is left out."""
     for a, n_out, scale in axes_sizes:
         shape = imp.type(x).shape
         n_in, rank = shape[a], len(shape)
-        got = resize_axis(mode, coord, nearest, n_in, n_out, scale)
+        got = resize_axis(mode, coord, nearest, n_in, n_out, scale, cubic_a, exclude_outside)
         ident = np.arange(n_in)
         if mode == "nearest":
             if n_out == n_in and np.array_equal(got, ident):
                 continue
             x = imp.op("gather", [x, new_param("resize_index", got)], axis=a)
             continue
-        i0, i1, w0, w1 = got
-        if n_out == n_in and np.array_equal(i0, ident) and not w1.any() and np.all(w0 == 1):
+        taps = [(i, w) for i, w in got if w.any()]
+        if n_out == n_in and len(taps) == 1 and np.array_equal(taps[0][0], ident) and np.all(taps[0][1] == 1):
             continue
         bshape = (n_out,) + (1,) * (rank - 1 - a)
         terms = [imp.op("mul", [imp.op("gather", [x, new_param("resize_index", i)], axis=a),
-                                new_param("resize_weight", w.reshape(bshape))]) for i, w in ((i0, w0), (i1, w1))]
-        x = imp.op("add", terms)
+                                new_param("resize_weight", w.reshape(bshape))]) for i, w in taps]
+        x = terms[0]
+        for term in terms[1:]:
+            x = imp.op("add", [x, term])
     return x
 
 
@@ -351,7 +371,7 @@ def resize(imp, x: int, axes_sizes: list[tuple[int, int, float]], mode: str, coo
                           "exclude_outside", "extrapolation_value", "antialias", "axes",
                           "keep_aspect_ratio_policy"))
 def _resize(imp, ins, at):
-    """Resize in modes nearest and linear, the coordinate transforms half_pixel, asymmetric,
+    """Resize in modes nearest, linear and cubic, the coordinate transforms half_pixel, asymmetric,
     align_corners and pytorch_half_pixel and every nearest_mode, with constant scales or sizes
     (eqfuse.frontend.onnx_ops.resize): what upsampling heads export. Anything else is refused
     by name."""
@@ -360,7 +380,7 @@ def _resize(imp, ins, at):
     mode = at.get("mode", "nearest")
     coord = at.get("coordinate_transformation_mode", "half_pixel")
     nearest = at.get("nearest_mode", "round_prefer_floor")
-    if mode not in ("nearest", "linear"):
+    if mode not in ("nearest", "linear", "cubic"):
         raise Unsupported(f"mode '{mode}'")
     if coord not in _RESIZE_COORDS:
         raise Unsupported(f"coordinate_transformation_mode '{coord}'")
@@ -398,7 +418,8 @@ def _resize(imp, ins, at):
             n_out = int(np.float32(shape[a]) * np.float32(scale))
         if n_out < 1 or scale <= 0:
             raise ValueError(f"axis {a} resized from {shape[a]} to {n_out} (scale {scale})")
-        if at.get("antialias", 0) and mode == "linear" and n_out < shape[a]:
+        if at.get("antialias", 0) and mode != "nearest" and n_out < shape[a]:
             raise Unsupported("antialias=1 when downsampling")
         plan.append((a, n_out, scale))
-    return resize(imp, x, plan, mode, coord, nearest, imp.new_param)
+    return resize(imp, x, plan, mode, coord, nearest, imp.new_param, float(at.get("cubic_coeff_a", -0.75)),
+                  bool(at.get("exclude_outside", 0)))

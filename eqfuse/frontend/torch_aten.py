@@ -437,6 +437,34 @@ def _layer_norm(cv, x, normalized_shape, weight, bias, eps):
     return (cv.op("layernorm", x, g, b, axis=-n, eps=float(eps)), None, None)
 
 
+@aten("native_group_norm")
+def _group_norm(cv, x, weight, bias, n, c, hw, groups, eps):
+    """GroupNorm: x [N, C, ...] as [N, groups, C / groups * spatial], each row layer-normalized,
+    then scaled and shifted per channel (Wav2Vec2's first conv, PoolFormer)."""
+    shape = cv.type(x).shape
+    rows = (shape[0], groups, -1)
+    width = math.prod(shape[1:]) // groups
+    y = cv.op("layernorm", cv.op("reshape", x, shape=rows), _ones(cv, (width,)), _ones(cv, (width,), 0.0),
+              axis=-1, eps=float(eps))
+    y = cv.op("reshape", y, shape=tuple(shape))
+    per_channel = (shape[1],) + (1,) * (len(shape) - 2)
+    if weight is not None:
+        y = cv.op("mul", y, cv.op("reshape", weight, shape=per_channel))
+    if bias is not None:
+        y = cv.op("add", y, cv.op("reshape", bias, shape=per_channel))
+    return (y, None, None)
+
+
+@aten("_weight_norm_interface")
+def _weight_norm(cv, v, g, dim=0):
+    """weight_norm's weight v * g / |v|, the norm over every axis but `dim` (Wav2Vec2's positional
+    conv); and the norm."""
+    r = cv.type(v).rank
+    norm = cv.op("sqrt", cv.op("sum", cv.op("mul", v, v), axis=tuple(a for a in range(r) if a != dim % r),
+                               keepdims=True))
+    return (cv.op("mul", v, cv.op("div", g, norm)), norm)
+
+
 @aten("_native_batch_norm_legit_no_training")
 def _batch_norm(cv, x, weight, bias, mean, var, momentum, eps):
     c = (cv.type(x).shape[1],)
