@@ -7,6 +7,8 @@ importer folds them (Range, ConstantOfShape and the shape arithmetic of an expor
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from eqfuse.frontend import onnx_symbolic as sy
@@ -251,26 +253,55 @@ def _unary_act(imp, ins, at):
 
 @handles("Einsum", attrs=("equation",))
 def _einsum(imp, ins, at):
-    """The two-operand forms exporters write: a batched matmul with either operand transposed
-    ("bhid,bhjd->bhij", "bij,bjk->bik", "ij,kj->ik", ...)."""
+    """Two explicit operands and an output, as models write them ("bhid,bhjd->bhij",
+    "td,dnh->tnh", "ij,kj->ik", "bi,bj->bij"): one batched matmul. The indices in both operands
+    and the output are its batch; those in both and not the output are contracted (several
+    flattened into one); those of one operand are its rows or columns (several flattened); an
+    index of one operand alone that the output drops is summed first."""
     eq = at["equation"].replace(" ", "")
     if "->" not in eq or "." in eq or len(ins) != 2:
         raise Unsupported(f"equation '{eq}' (two explicit operands and an output are supported)")
     lhs, out = eq.split("->")
     a_s, b_s = lhs.split(",")
-    shared = [c for c in a_s if c in b_s and c not in out]
-    if len(shared) != 1 or len(set(a_s)) != len(a_s) or len(set(b_s)) != len(b_s):
-        raise Unsupported(f"equation '{eq}' (one contracted index is supported)")
-    k = shared[0]
+    if any(len(set(t)) != len(t) for t in (a_s, b_s, out)) or not set(out) <= set(a_s) | set(b_s):
+        raise Unsupported(f"equation '{eq}' (a repeated index, or an output index of no operand)")
+    a = imp.data(ins[0], imp.node.input[0])
+    b = imp.data(ins[1], imp.node.input[1])
+    a, a_s = _sum_alone(imp, a, a_s, b_s + out)
+    b, b_s = _sum_alone(imp, b, b_s, a_s + out)
     batch = [c for c in out if c in a_s and c in b_s]
+    k = [c for c in a_s if c in b_s and c not in out]
     m = [c for c in a_s if c not in b_s]
     n = [c for c in b_s if c not in a_s]
-    if len(m) != 1 or len(n) != 1 or sorted(out) != sorted(batch + m + n):
-        raise Unsupported(f"equation '{eq}'")
-    a = _permuted(imp, imp.data(ins[0], imp.node.input[0]), a_s, batch + m + [k])
-    b = _permuted(imp, imp.data(ins[1], imp.node.input[1]), b_s, batch + [k] + n)
+    dims = {**dict(zip(b_s, imp.type(b).shape)), **dict(zip(a_s, imp.type(a).shape))}
+    a = _grouped(imp, _permuted(imp, a, a_s, batch + m + k), batch, [m, k], dims, eq)
+    b = _grouped(imp, _permuted(imp, b, b_s, batch + k + n), batch, [k, n], dims, eq)
     y = imp.op("matmul", [a, b])
+    y = imp.reshape_to(y, tuple(imp.type(y).shape[:len(batch)]) + tuple(dims[c] for c in m + n))
     return _permuted(imp, y, "".join(batch + m + n), list(out))
+
+
+def _sum_alone(imp, x: int, have: str, others: str):
+    """x summed over the indices no other operand nor the output has; (x, its indices)."""
+    alone = [i for i, c in enumerate(have) if c not in others]
+    if not alone:
+        return x, have
+    return imp.op("sum", [x], axis=tuple(alone), keepdims=False), "".join(c for c in have if c in others)
+
+
+def _grouped(imp, x: int, batch: list[str], groups: list[list[str]], dims: dict, eq: str) -> int:
+    """x (batch then the groups' indices in order) reshaped to batch + one dim per group (the
+    product of its dims; 1 for an empty group)."""
+    shape = imp.type(x).shape
+    want = list(shape[:len(batch)])
+    for g in groups:
+        if len(g) == 1:
+            want.append(dims[g[0]])
+        elif all(isinstance(dims[c], int) for c in g):
+            want.append(math.prod(dims[c] for c in g))
+        else:
+            raise NeedsDims(f"equation '{eq}' flattens the named dims of {''.join(g)} (bind them with dims=)")
+    return imp.reshape_to(x, tuple(want))
 
 
 def _permuted(imp, x, have: str, want: list[str]):
