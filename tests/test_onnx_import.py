@@ -314,6 +314,16 @@ def test_every_unsupported_op_is_listed_once_with_its_count_and_first_node():
     assert e.value.message == ("unsupported ONNX ops: 'Mod' (2 nodes, first 'm1'), 'Det' (1 node, first 'd1')")
 
 
+def test_a_random_op_over_constants_is_refused_not_frozen_into_the_model():
+    # (ViTMAE's noise: folding it would make one draw a weight)
+    nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.zeros((2, 3), np.float32))),
+             helper.make_node("RandomUniformLike", ["k"], ["r"], name="noise"),
+             helper.make_node("Add", ["x", "r"], ["y"])]
+    with pytest.raises(EqfuseError) as e:
+        import_onnx(model(nodes, [("x", (2, 3))], [("y", None)]))
+    assert e.value.message == "unsupported ONNX op 'RandomUniformLike' in node 'noise'"
+
+
 def test_an_op_without_a_handler_over_constants_is_folded():
     nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array([5.0, 3.0], np.float32))),
              helper.make_node("Constant", [], ["k2"], value=numpy_helper.from_array(np.array([2.0, 2.0], np.float32))),

@@ -113,6 +113,11 @@ def _check_text(proto) -> None:
             raise EqfuseError(f"not a readable ONNX model: {where} has a string that is not UTF-8 text ({x!r:.60})")
 
 
+# Ops that draw random numbers: folding one over constants would freeze one draw into the model
+# (ViTMAE's patch shuffle draws its noise with RandomUniformLike), so they are never folded.
+RANDOM_OPS = frozenset({"RandomUniformLike", "RandomNormalLike", "Multinomial", "Bernoulli"})
+
+
 class _Namer:
     def __init__(self):
         self.taken: set[str] = set()
@@ -337,7 +342,8 @@ class _Importer:
         return isinstance(v, np.ndarray)
 
     def foldable(self, node, ins) -> bool:
-        if node.op_type in ("Constant", "Identity") or not node.input or node.domain not in ONNX_DOMAINS:
+        if (node.op_type in ("Constant", "Identity") or node.op_type in RANDOM_OPS or not node.input
+                or node.domain not in ONNX_DOMAINS):
             return False
         data = [(v, n) for v, n in zip(ins, node.input) if n]
         return all(self.is_const(v) and n not in self.weights for v, n in data)
