@@ -209,6 +209,17 @@ def test_batchnorm_inference():
     assert "batchnorm(x, mean, var, s, b, eps=0.001)" in graph_text(imp.graph)
 
 
+@pytest.mark.parametrize("shape", [(4, 3, 2, 5), (6, 3, 7)])
+def test_batchnorm_in_training_mode_takes_the_batch_statistics(shape):
+    # BiT's weight standardization: a training-mode batch norm over the conv's weight [1, O, I*kh*kw]
+    # (the running statistics' outputs named, as TorchScript's export names them, and read by no one)
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "mean", "var"], ["y", "rm", "rv"], epsilon=1e-3,
+                            training_mode=1)
+    inits = [("s", rand(3)), ("b", rand(3)), ("mean", rand(3)), ("var", np.abs(rand(3)) + 0.5)]
+    imp = check(model([node], [("x", shape)], [("y", None)], inits), {"x": rand(*shape) * 2 + 1})
+    assert "batchnorm(" not in graph_text(imp.graph)
+
+
 def test_max_min_sum_mean_are_pairwise():
     nodes = [helper.make_node("Max", ["a", "b", "c"], ["m"]), helper.make_node("Min", ["m", "a"], ["n"]),
              helper.make_node("Sum", ["n", "b"], ["s"]), helper.make_node("Mean", ["s", "c", "a"], ["y"])]

@@ -50,7 +50,7 @@ EXCLUDED = {
     r"test_slice_start_out_of_bounds|test_slice_end_out_of_bounds": "empty slice result",
     r"test_slice_neg_steps": "Slice with a negative step (reversal)",
     # training-mode batchnorm computes batch statistics and extra outputs
-    r"test_batchnorm_.*_training_mode": "training mode",
+    r"test_batchnorm_.*_training_mode": "training mode's running mean and variance outputs",
     r"test_convtranspose_(1d|3d|dilations|autopad_same|output_shape|kernel_shape)":
         "ConvTranspose 1-D/3-D, dilated, auto_pad SAME or output_shape",
     # other ops that share a prefix with a supported one

@@ -297,12 +297,28 @@ def _norm_param(imp, v, name: str, tail: tuple[Dim, ...], fill: float) -> int:
 @handles("BatchNormalization", attrs=("epsilon", "momentum", "training_mode", "is_test", "spatial",
                                        "consumed_inputs"))
 def _batchnorm(imp, ins, at):
-    if at.get("training_mode", 0) or len([o for o in imp.node.output if o]) > 1:
-        raise Unsupported("training_mode (eqfuse imports models for inference)")
+    """Inference's BatchNormalization (the running statistics); with training_mode=1 and only its
+    output Y read, the batch's own statistics over every axis but the channels (BiT's weight
+    standardization, exported as a training-mode batch norm of the conv's weight)."""
+    if any(o in imp.read for o in imp.node.output[1:] if o):
+        raise Unsupported("the running mean and variance outputs (eqfuse imports models for inference)")
     if at.get("spatial", 1) != 1:
         raise Unsupported("spatial=0")
-    x, scale, bias, mean, var = [imp.data(v, n) for v, n in zip(ins, imp.node.input)]
-    return imp.op("batchnorm", [x, mean, var, scale, bias], eps=f32_float(at.get("epsilon", 1e-5)))
+    eps = f32_float(at.get("epsilon", 1e-5))
+    if not at.get("training_mode", 0):
+        x, scale, bias, mean, var = [imp.data(v, n) for v, n in zip(ins, imp.node.input)]
+        return [imp.op("batchnorm", [x, mean, var, scale, bias], eps=eps), None, None]
+    x = imp.data(ins[0], imp.node.input[0])
+    rank = imp.type(x).rank
+    axes = (0, *range(2, rank))
+    d = imp.op("sub", [x, imp.op("mean", [x], axis=axes, keepdims=True)])
+    var = imp.op("mean", [imp.op("mul", [d, d])], axis=axes, keepdims=True)
+    y = imp.op("mul", [d, imp.op("rsqrt", [imp.binary("add", var, np.asarray(eps, F32))])])
+    per_channel = (-1,) + (1,) * (rank - 2)
+    for k, op in ((1, "mul"), (2, "add")):
+        v = imp.data(ins[k], imp.node.input[k])
+        y = imp.op(op, [y, v if rank == 2 else imp.op("reshape", [v], shape=per_channel)])
+    return [y, None, None]
 
 
 def axes_of(imp, ins, at, k: int) -> list[int] | None:

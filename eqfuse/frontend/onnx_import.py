@@ -150,6 +150,8 @@ class _Importer:
         self.memo: dict[tuple, int] = {}  # nodes built once per import (a named dim's carrier, size)
         self.sym_nodes: dict[int, Any] = {}  # node computing a Sym at run time -> the Sym, for errors
         self.rewrites: dict[str, str] = {}  # output of a node -> "identity" or "zero" (import_model's whole_windows)
+        # every value a node or the graph's outputs read (an output no one reads may go uncomputed)
+        self.read: set[str] = {n for node in model.graph.node for n in node.input} | {o.name for o in model.graph.output}
 
     # ------------------------------------------------------------ driver
 
