@@ -57,8 +57,8 @@ EXCLUDED = {
     r"test_constantofshape": "ConstantOfShape of a runtime shape",
     # the mask and index ops' cases outside what eqfuse computes
     r"_select_last_index": "ArgMax select_last_index",
-    r"pool_1d|pool_3d|pool_2d_(ceil|dilations|same|precomputed_same)|pool_with_argmax": "1-D/3-D pooling, ceil_mode, "
-    "dilations, auto_pad SAME or the indices output (2-D pooling with explicit pads is supported)",
+    r"pool_3d|pool_2d_dilations|pool_with_argmax": "3-D pooling, dilations or the indices output (1-D and 2-D "
+    "pooling with any pads, auto_pad and ceil_mode are supported)",
     r"test_cast_.*(FLOAT16|BFLOAT16|DOUBLE|FLOAT8|FLOAT4|INT4|INT2|UINT4|UINT2|e8m0)": "a dtype eqfuse does not have",
     r"test_cumsum_|test_einsum_(batch_matmul|inner_prod|sum|transpose|scalar)_cpu": "float64 data",
     r"test_einsum_batch_diagonal|test_einsum_.*bfloat16|test_einsum_scalar|test_einsum_inner_prod|test_einsum_sum":

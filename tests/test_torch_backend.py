@@ -286,6 +286,17 @@ class PoolingOps(nn.Module):
         return nn.functional.adaptive_avg_pool2d(q, 1).flatten(1), nn.functional.adaptive_avg_pool2d(q, 2)
 
 
+class CeilPools(nn.Module):
+    """Pooling with ceil_mode (GoogLeNet's, SqueezeNet's, Funnel's 1-D average), with and without
+    counting the padding."""
+
+    def forward(self, x):
+        f = nn.functional
+        return (f.max_pool2d(x, 3, 2, ceil_mode=True), f.avg_pool2d(x, 3, 2, 1, ceil_mode=True),
+                f.avg_pool2d(x, 2, 2, 1, ceil_mode=True, count_include_pad=False),
+                f.avg_pool1d(x.flatten(2), 2, 2, ceil_mode=True, count_include_pad=False))
+
+
 class GroupNorms(nn.Module):
     """GroupNorm over groups of channels and per channel, and a weight-normed conv (Wav2Vec2's)."""
 
@@ -297,7 +308,10 @@ class GroupNorms(nn.Module):
         self.conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(6, 6, 3, padding=1), dim=2)
 
     def forward(self, x):
-        return self.conv(self.gn(x)) + self.gn_each(x)
+        # (with ConvNeXt V2's vector norm and BiT's batch norm over the batch's own statistics)
+        grn = x * torch.linalg.vector_norm(x, dim=2, keepdim=True) + torch.linalg.vector_norm(x, ord=1, dim=(1, 2))[:, None, None]
+        std = nn.functional.batch_norm(x.reshape(1, 12, -1), None, None, training=True, momentum=0.0, eps=1e-5)
+        return self.conv(self.gn(x)) + self.gn_each(x) + grn + std.reshape(x.shape)
 
 
 class Rolls(nn.Module):
@@ -322,6 +336,7 @@ def test_many_aten_ops():
     check(ManyOps(), x, ids, mask)
     check(PoolingOps().eval(), torch.randn(2, 3, 8, 8))
     check(GroupNorms().eval(), torch.randn(2, 6, 10) * 3 + 1)
+    check(CeilPools(), torch.randn(2, 3, 7, 8))
 
 
 def _affinities() -> dict[int, set]:

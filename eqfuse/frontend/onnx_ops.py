@@ -13,8 +13,10 @@ import numpy as np
 
 from eqfuse.frontend import onnx_symbolic as sy
 from eqfuse.frontend import onnx_symbolic_ops as so
+from eqfuse.frontend import pooling
 from eqfuse.frontend.onnx_handlers import axes_of
 from eqfuse.frontend.onnx_registry import NeedsDims, Unsupported, handles, pair
+from eqfuse.ir.shapes import NUMPY_DTYPE
 
 
 def _rank(imp, v) -> int:
@@ -199,19 +201,37 @@ def _pad(imp, ins, at):
 @handles("MaxPool", "AveragePool", attrs=("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides",
                                           "storage_order", "count_include_pad"))
 def _pool(imp, ins, at):
-    if at.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or at.get("ceil_mode", 0):
-        raise Unsupported("auto_pad / ceil_mode")
-    if any(d != 1 for d in at.get("dilations", [1, 1])) or len(imp.node.output) > 1:
-        raise Unsupported("dilations or the indices output")
-    pads = list(at.get("pads", [0, 0, 0, 0]))
-    if len(pads) != 4 or pads[0] != pads[2] or pads[1] != pads[3]:
-        raise Unsupported(f"pads {pads} (asymmetric or not 2-D)")
+    """1-D and 2-D pooling with any pads, auto_pad and ceil_mode (eqfuse.frontend.pooling)."""
     x = imp.data(ins[0], imp.node.input[0])
-    kw = dict(kernel_size=pair(list(at["kernel_shape"])), stride=pair(list(at.get("strides", [1, 1]))),
-              padding=pair(pads[:2]))
-    if imp.node.op_type == "MaxPool":
-        return imp.op("max_pool2d", [x], **kw)  # (QOperator's MaxPool on u8 / i8: on them, as ONNX's)
-    return imp.op("avg_pool2d", [x], count_include_pad=bool(at.get("count_include_pad", 0)), **kw)
+    shape = imp.type(x).shape
+    nd = len(shape) - 2
+    if nd not in (1, 2):
+        raise Unsupported(f"{nd}-d pooling")
+    if any(d != 1 for d in at.get("dilations", [1] * nd)) or len([o for o in imp.node.output if o]) > 1:
+        raise Unsupported("dilations or the indices output")
+    if not all(isinstance(d, int) for d in shape[2:]):
+        raise NeedsDims(f"pooling over the named dims {list(shape[2:])} (bind them with dims=)")
+    kernel = list(at["kernel_shape"])
+    stride = list(at.get("strides", [1] * nd))
+    auto = at.get("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        got = [pooling.same_pads(n, k, s, auto == "SAME_UPPER") for n, k, s in zip(shape[2:], kernel, stride)]
+        begins, ends = [b for b, _ in got], [e for _, e in got]
+    elif auto in ("NOTSET", "VALID"):
+        pads = list(at.get("pads", [0] * 2 * nd)) if auto == "NOTSET" else [0] * 2 * nd
+        begins, ends = pads[:nd], pads[nd:]
+    else:
+        raise Unsupported(f"auto_pad '{auto}'")
+    if len(kernel) != nd or len(stride) != nd or len(begins) != nd or len(ends) != nd:
+        raise ValueError(f"a {nd}-d pool with kernel_shape {kernel}, strides {stride}, pads {begins + ends}")
+    dtype = imp.type(x).dtype
+    # (QOperator's MaxPool on u8 / i8: on them, as ONNX's; its padding their least value)
+    least = float(np.iinfo(NUMPY_DTYPE[dtype]).min) if dtype in ("u8", "i8") else float("-inf")
+    kind = "max" if imp.node.op_type == "MaxPool" else "avg"
+    return pooling.pool(lambda name, args, **attrs: imp.op(name, args, **attrs),
+                        lambda shp: imp.new_param("pool_ones", np.ones(shp, np.float32)), x, shape, kind, kernel,
+                        stride, begins, ends, bool(at.get("ceil_mode", 0)), bool(at.get("count_include_pad", 0)),
+                        least)
 
 
 @handles("GlobalAveragePool", "GlobalMaxPool")

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import torch
 
+from eqfuse.frontend import pooling
+
 # ---------------------------------------------------------------- pointwise
 
 DTYPES = {torch.float32: "f32", torch.int64: "i64", torch.int32: "i32", torch.bool: "bool"}
@@ -465,6 +467,37 @@ def _weight_norm(cv, v, g, dim=0):
     return (cv.op("mul", v, cv.op("div", g, norm)), norm)
 
 
+@aten("_native_batch_norm_legit.no_stats")
+def _batch_norm_batch_stats(cv, x, weight, bias, training, momentum, eps):
+    """Batch norm over the batch's own statistics, every axis but the channels (BiT's weight
+    standardization normalizes its conv weights so)."""
+    r = cv.type(x).rank
+    axes = (0, *range(2, r))
+    d = cv.op("sub", x, cv.op("mean", x, axis=axes, keepdims=True))
+    y = cv.op("mul", d, cv.op("rsqrt", cv.op("add", cv.op("mean", cv.op("mul", d, d), axis=axes, keepdims=True),
+                                              float(eps))))
+    per_channel = (-1,) + (1,) * (r - 2)
+    if weight is not None:
+        y = cv.op("mul", y, cv.op("reshape", weight, shape=per_channel))
+    if bias is not None:
+        y = cv.op("add", y, cv.op("reshape", bias, shape=per_channel))
+    return (y, None, None)
+
+
+@aten("linalg_vector_norm")
+def _vector_norm(cv, x, ord=2, dim=None, keepdim=False, dtype=None):
+    """The 1-, 2- and max-norms over `dim` (ConvNeXt V2's global response norm, Swin V2's cosine
+    attention)."""
+    axes = _axes(cv, x, dim)
+    if ord == 2:
+        return cv.op("sqrt", cv.op("sum", cv.op("mul", x, x), axis=axes, keepdims=bool(keepdim)))
+    if ord == 1:
+        return cv.op("sum", cv.op("abs", x), axis=axes, keepdims=bool(keepdim))
+    if ord == float("inf"):
+        return cv.op("max", cv.op("abs", x), axis=axes, keepdims=bool(keepdim))
+    raise Unsupported(f"the {ord}-norm")
+
+
 @aten("_native_batch_norm_legit_no_training")
 def _batch_norm(cv, x, weight, bias, mean, var, momentum, eps):
     c = (cv.type(x).shape[1],)
@@ -569,31 +602,31 @@ def _index(cv, x, indices):
     return cv.op("gather", flat, linear, axis=lead)
 
 
-def _pool_attrs(kernel, stride, padding):
-    k = tuple(kernel) if len(kernel) == 2 else (kernel[0],) * 2
-    s = tuple(stride) if stride else k
-    s = s if len(s) == 2 else s * 2
-    p = tuple(padding) if isinstance(padding, (list, tuple)) else (padding,) * 2
-    p = p if len(p) == 2 else p * 2
-    one = lambda v: v[0] if v[0] == v[1] else v  # noqa: E731
-    return {"kernel_size": one(k), "stride": one(s), "padding": one(p)}
+def _pooled(cv, x, kind, kernel_size, stride, padding, ceil_mode, count_include_pad=False):
+    """torch's 2-D pooling (symmetric padding, ceil_mode) through eqfuse.frontend.pooling."""
+    shape = cv.type(x).shape
+    if len(shape) != 4 or not all(isinstance(d, int) for d in shape[2:]):
+        raise Unsupported("unbatched pooling or named spatial dims")
+    two = lambda v: list(v) * (2 // len(v)) if isinstance(v, (list, tuple)) else [v, v]  # noqa: E731
+    kernel, pads = two(kernel_size), two(padding)
+    return pooling.pool(lambda name, args, **attrs: cv.op(name, *args, **attrs), lambda shp: _ones(cv, shp), x,
+                        shape, kind, kernel, two(stride) if stride else kernel, pads, pads, bool(ceil_mode),
+                        bool(count_include_pad))
 
 
 @aten("max_pool2d_with_indices")
 def _max_pool(cv, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    if ceil_mode or any(d != 1 for d in ([dilation] if isinstance(dilation, int) else dilation)):
-        raise Unsupported("ceil_mode or dilation")
-    if cv.type(x).rank != 4:
-        raise Unsupported("unbatched pooling")
-    return (cv.op("max_pool2d", x, **_pool_attrs(kernel_size, stride, padding)), None)
+    if any(d != 1 for d in ([dilation] if isinstance(dilation, int) else dilation)):
+        raise Unsupported("dilation")
+    return (_pooled(cv, x, "max", kernel_size, stride, padding, ceil_mode), None)
 
 
 @aten("avg_pool2d")
 def _avg_pool(cv, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
               divisor_override=None):
-    if ceil_mode or divisor_override is not None or cv.type(x).rank != 4:
-        raise Unsupported("ceil_mode, divisor_override or unbatched pooling")
-    return cv.op("avg_pool2d", x, count_include_pad=bool(count_include_pad), **_pool_attrs(kernel_size, stride, padding))
+    if divisor_override is not None:
+        raise Unsupported("divisor_override")
+    return _pooled(cv, x, "avg", kernel_size, stride, padding, ceil_mode, count_include_pad)
 
 
 @aten("_adaptive_avg_pool2d")
