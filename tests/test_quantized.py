@@ -604,8 +604,8 @@ U8 = onnx.TensorProto.UINT8
 @pytest.mark.parametrize("op, x_shape, zp, pads, yz, message", [
     ("QLinearConv", [1, 2, 5, 5], np.uint8(0), (1, 1, 1, 1), np.int16(0), "zero point type int16 (input 7"),
     ("ConvInteger", [1, 2, 5, 5], np.int8(0), (1, 1, 1, 1), None, "zero point type int8 (input 2"),
-    ("ConvInteger", [1, 2, 5], np.uint8(0), (1, 1), None, "1-D convolution"),
-], ids=["y-zero-point-int16", "x-zero-point-of-another-type", "conv1d"])
+    ("ConvInteger", [1, 2, 5, 5, 5], np.uint8(0), (1, 1, 1, 1, 1, 1), None, "3-D convolution"),
+], ids=["y-zero-point-int16", "x-zero-point-of-another-type", "conv3d"])
 def test_an_unsupported_integer_conv_is_refused_naming_the_node(op, x_shape, zp, pads, yz, message, tmp_path, capsys):
     from eqfuse.cli.main import main
 
@@ -616,14 +616,18 @@ def test_an_unsupported_integer_conv_is_refused_naming_the_node(op, x_shape, zp,
     assert message in err and f"of ONNX op '{op}' in node 'qconv'" in err and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("op, pads", [("QLinearConv", (0, 1, 1, 0)), ("QLinearConv", (1, 0, 2, 1)), ("ConvInteger", (2, 1, 0, 2))])
-def test_integer_convs_with_asymmetric_pads_match_onnxruntime(op, pads, tmp_path):
+@pytest.mark.parametrize("op, pads, shape", [
+    ("QLinearConv", (0, 1, 1, 0), (1, 2, 7, 6)), ("QLinearConv", (1, 0, 2, 1), (1, 2, 7, 6)),
+    ("ConvInteger", (2, 1, 0, 2), (1, 2, 7, 6)),
+    # 1-D (Wav2Vec2's and Whisper's convs as quantize_dynamic and quantize_static write them)
+    ("ConvInteger", (1, 2), (2, 2, 9)), ("QLinearConv", (2, 0), (2, 2, 9))])
+def test_integer_convs_with_asymmetric_pads_match_onnxruntime(op, pads, shape, tmp_path):
     """Padding reads x's zero point (onnxruntime's ConvInteger and QLinearConv pad with it), also
     where the pads differ at the two ends and the stride (2) does not divide the difference."""
-    model = _conv_node_model(op, U8, [1, 2, 7, 6], np.uint8(3), pads, np.uint8(7))
+    model = _conv_node_model(op, U8, list(shape), np.uint8(3), pads, np.uint8(7))
     f = tmp_path / "conv.onnx"
     onnx.save(model, str(f))
-    x = np.random.default_rng(0).integers(0, 256, (1, 2, 7, 6)).astype(np.uint8)
+    x = np.random.default_rng(0).integers(0, 256, shape).astype(np.uint8)
     (want,), got = _literal(model, {"x": x}), eqfuse.compile(str(f))(x)
     assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
 

@@ -237,14 +237,35 @@ def _integer_operands(imp, ins, ia: int, ib: int, what=("x", "w")) -> tuple[str,
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
+def _conv_operands(imp, ins, ix: int, iw: int, at):
+    """x and w as conv_integer takes them, the attributes, and the function giving the result
+    its rank back: a 1-D conv (Wav2Vec2's and Whisper's, as quantize_dynamic writes them) is the
+    2-D conv of height 1 (x [N, C, L] as [N, C, 1, L], w [O, I, k] as [O, I, 1, k])."""
+    x = imp.data(ins[ix], imp.node.input[ix])
+    if imp.type(x).rank != 3:
+        return x, imp.data(ins[iw], imp.node.input[iw]), at, lambda y: y
+    xs = imp.type(x).shape
+    w = ins[iw]
+    w = imp.data(w.reshape(w.shape[0], w.shape[1], 1, w.shape[2]), imp.node.input[iw]) if imp.is_const(w) else \
+        imp.reshape_to(imp.data(w, imp.node.input[iw]), (imp.type(w).shape[0], imp.type(w).shape[1], 1, -1))
+    at = dict(at)
+    for name, fill in (("strides", 1), ("dilations", 1), ("kernel_shape", 1)):
+        if name in at:
+            at[name] = [fill, *at[name]]
+    if "pads" in at:
+        at["pads"] = [0, at["pads"][0], 0, at["pads"][1]]
+    x = imp.reshape_to(x, (xs[0], xs[1], 1, xs[2]))
+    return x, w, at, lambda y: imp.reshape_to(y, tuple(imp.type(y).shape[:2]) + (imp.type(y).shape[3],))
+
+
 @handles("ConvInteger", attrs=_CONV_ATTRS)
 def _conv_integer(imp, ins, at):
     """(x - x_zp) conv (w - w_zp), exact in i32, the padding x_zp (onnxruntime's ConvInteger)."""
     xdt, wdt = _integer_operands(imp, ins, 0, 1)
     xzp, _ = _zero_point(imp, ins, 2, xdt, (xdt,))
     wzp, _ = _zero_point(imp, ins, 3, wdt, (wdt,))
-    x, w = imp.data(ins[0], imp.node.input[0]), imp.data(ins[1], imp.node.input[1])
-    return _conv_integer_node(imp, x, w, xzp, wzp, at)
+    x, w, at, back = _conv_operands(imp, ins, 0, 1, at)
+    return back(_conv_integer_node(imp, x, w, xzp, wzp, at))
 
 
 @handles("QLinearConv", attrs=_CONV_ATTRS)
@@ -258,7 +279,7 @@ def _qlinear_conv(imp, ins, at):
     yzp, _ = _zero_point(imp, ins, 7, "u8", QUANT_DTYPES)
     if not all(imp.is_const(ins[i]) for i in (1, 4, 6)):
         raise Unsupported("scales computed at run time (eqfuse takes constant scales)")
-    x, w = imp.data(ins[0], imp.node.input[0]), imp.data(ins[3], imp.node.input[3])
+    x, w, at, back = _conv_operands(imp, ins, 0, 3, at)
     M = imp.type(w).shape[0] if imp.type(w).rank == 4 else None
     if np.asarray(ins[4]).size not in (1, M):
         raise Unsupported(f"w_scale of shape {list(np.asarray(ins[4]).shape)} (eqfuse takes a scalar or one per "
@@ -272,7 +293,7 @@ def _qlinear_conv(imp, ins, at):
         if imp.type(b).shape != (M,):
             raise Unsupported(f"bias of shape {list(imp.type(b).shape)} (one int32 per output channel, {M})")
         acc = imp.op("add", [acc, imp.reshape_to(b, (M, 1, 1))])
-    return _requantize(imp, imp.op("cast", [acc], to="f32"), ins[1], ins[4], ins[6], yzp, 3)
+    return back(_requantize(imp, imp.op("cast", [acc], to="f32"), ins[1], ins[4], ins[6], yzp, 3))
 
 
 # ---------------------------------------------------------------- onnxruntime's QOperator contrib ops
