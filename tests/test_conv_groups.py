@@ -368,6 +368,20 @@ def test_a_pointwise_op_after_a_conv1d_joins_its_kernel():
     np.testing.assert_allclose(got, np.asarray(eqfuse.reference(src)(**xs)), rtol=RTOL, atol=ATOL)
 
 
+def test_a_conv1d_over_a_named_batch_runs_at_any_batch():
+    # (Wav2Vec2 and Whisper exported with a dynamic batch: the conv2d form's reshapes take the
+    # named batch as -1)
+    src = ("graph c(x: f32[N, 4, 21], w: f32[6, 4, 5], b: f32[6]) -> f32[N, 6, 10] {\n"
+           "  return gelu(conv1d(x, w, b, stride=2, padding=1))\n}\n")
+    rng = np.random.default_rng(4)
+    w, b = rng.standard_normal((6, 4, 5)).astype(np.float32) / 3, rng.standard_normal(6).astype(np.float32)
+    mod = eqfuse.compile(src)
+    for n in (1, 3):
+        x = rng.standard_normal((n, 4, 21)).astype(np.float32)
+        np.testing.assert_allclose(mod.c(x=x, w=w, b=b), np.asarray(eqfuse.reference(src)(x=x, w=w, b=b)),
+                                   rtol=RTOL, atol=ATOL)
+
+
 # TF's "same" padding of a conv, (0, 1) on each axis (conv2d padding [0, 0, 1, 1]: a pad op and
 # a conv2d before optimization, rule kernel_conv2d_pad_same folds them back into one kernel): the
 # grouped conv kernel takes it on each of its paths (eqfuse.ir.kernels.uneven_pads_conv), a tap

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eqfuse.ir.graph import Graph, Node
+from eqfuse.errors import ShapeError
 from eqfuse.ir.ops import OPS, complete_attrs, conv_pads, pair, symmetric_pads
 
 EXPANDED = ("conv1d", "conv_transpose2d")
@@ -121,6 +122,14 @@ def _uneven(n: Node) -> bool:
     return n.op == "conv2d" and symmetric_pads(n.attr["padding"]) is None
 
 
+def _reshape_to(shape) -> tuple[int, ...]:
+    """A reshape's shape= for `shape`: its one named dim (a batch left named) as -1."""
+    named = [d for d in shape if not isinstance(d, int)]
+    if len(named) > 1:
+        raise ShapeError(f"a conv1d over {list(shape)}: more than one named dim (bind them with dims=)")
+    return tuple(d if isinstance(d, int) else -1 for d in shape)
+
+
 def expand_node(em, n: Node, args: list[int]) -> int:
     """The conv2d form of a conv1d or conv_transpose2d node n over the ids `args`; a conv2d
     padded unevenly as a pad op and a conv2d padded evenly."""
@@ -132,11 +141,11 @@ def expand_node(em, n: Node, args: list[int]) -> int:
         return em.op("conv2d", [x, *args[1:]], **dict(at, padding=h if h == w else (h, w)))  # (as rules write it)
     if n.op == "conv1d":
         (N, C, W), (O, I, K) = em.shape(args[0]), em.shape(args[1])
-        x = em.op("reshape", [args[0]], shape=(N, C, 1, W))
+        x = em.op("reshape", [args[0]], shape=_reshape_to((N, C, 1, W)))
         w = em.op("reshape", [args[1]], shape=(O, I, 1, K))
         y = em.op("conv2d", [x, w, *args[2:]], stride=(1, at["stride"]), padding=(0, at["padding"]),
                   dilation=(1, at["dilation"]), group=at["group"])
-        return em.op("reshape", [y], shape=tuple(n.type.shape))
+        return em.op("reshape", [y], shape=_reshape_to(n.type.shape))
     assert n.op == "conv_transpose2d"
     b = args[2] if len(args) == 3 else None
     return transposed_conv(em, args[0], args[1], b, at["stride"], at["padding"], n.type.shape[2:], at["group"])
@@ -163,7 +172,7 @@ def expand_convs(g: Graph, body: bool = False) -> Graph:
                 and OPS[n.op].kind == "pointwise"):
             em.pos = n.pos
             inner = em.op(n.op, [viewed[args[0]]], **dict(n.attr))
-            ids[i] = em.op("reshape", [inner], shape=tuple(n.type.shape))
+            ids[i] = em.op("reshape", [inner], shape=_reshape_to(n.type.shape))
             viewed[ids[i]] = inner
             if n.name is not None:
                 out.nodes[ids[i]] = replace(out.nodes[ids[i]], name=n.name)
