@@ -12,12 +12,15 @@ PaddedFunction for such a model instead:
   pads its inputs with zeros at the end of that axis up to the smallest bucket that holds the
   call's value, and crops the outputs back.
 
-Padding is exact only when no output at a real position reads a padded one. A causal mask
+Padding is exact only when no output at a real position reads a padded one, and the outputs at
+the positions a caller's own mask pads do not depend on the length either. A causal mask
 (GPT-2), or an attention mask whose zeros mark the padding as absent (BERT: its keys get the mask's
 -3.4e38, so their softmax weight is exactly 0), make it so; a sum or mean over the sequence does
-not. The first call checks it on the numpy reference of the imported graph, with the call's own
+not, nor DeBERTa's relative positions (its outputs at padded positions change with the length).
+The first call checks it on the numpy reference of the imported graph, with the call's own
 inputs: the outputs at the first r positions (r = 3/4 of the call's length), computed at length
-r, against those computed with positions r.. padded with zeros, at the call's length. A dim that
+r, against those computed at the call's length, the inputs at positions from 3/4 of r on padded
+with zeros in both (so that the positions a caller's mask pads are compared too). A dim that
 fails the check is compiled per value instead (the compiler runs at each new value), and
 `padding` says why.
 
@@ -271,6 +274,7 @@ class PaddedFunction:
         finds d's axes in the outputs: the ones whose size follows it."""
         s = values[d]
         r, s = (s - max(1, s // 4), s) if s > 1 else (1, 2)
+        real = max(1, r - max(1, r // 4))  # positions real .. r are padding in both runs
         base = {k: v for k, v in values.items() if k in self.padded}
         if self.batch_dim:  # two samples are enough (and BERT-base's reference at 8 x 128 takes seconds)
             named = {n: self._fit(named[n], shape, {self.batch_dim: min(2, values[self.batch_dim])}, values)
@@ -281,7 +285,7 @@ class PaddedFunction:
                 g, params = self._source({**base, d: at})
             except Exception as e:  # noqa: BLE001  (a length the model refuses: not paddable)
                 return f"the model does not import at {d}={at} ({e})"
-            ins = {n: self._fit(self._fit(named[n], shape, {d: r}, values), shape, to, {**values, d: r})
+            ins = {n: self._fit(self._fit(named[n], shape, {d: real}, values), shape, to, {**values, d: real})
                    for n, shape in self.inputs}
             free = [(i, n) for i, (n, _) in zip(g.inputs, g.params) if n not in params]
             bind_arrays(Graph(g.name, list(g.nodes), [i for i, _ in free], []), [ins[n] for _, n in free], {})
@@ -302,7 +306,7 @@ class PaddedFunction:
             axes.append(ax)
             bad = compare([b[tuple(slice(0, r) if i in ax else slice(None) for i in range(b.ndim))]], [a])
             if bad:
-                return (f"padding {d} from {r} to {s} with zeros changes output {k} at real positions "
+                return (f"padding {d} from {r} to {s} with zeros changes output {k} at its first {r} positions "
                         f"({bad[0].split(': ', 1)[1]})")
         self.out_axes[d] = axes
         return None
