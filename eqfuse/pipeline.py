@@ -669,9 +669,15 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
         batch = next((s[0] for _, s in inputs if s and isinstance(s[0], str) and s[0] not in dims), None)
         f = PaddedFunction(head.name, inputs, dims, batch, buckets or {}, build_bucket,
                            lambda d: import_with_params(src, dims={**dims, **d}))
-        f.onnx_path = os.fspath(src)  # (eqfuse.generate reads a decoder's position table from it)
         if not f.padded and needs is not None:
-            raise needs
+            if batch is None:
+                raise needs
+            # every other named dim is bound and the batch must be too (ConvBERT's and WavLM's
+            # exports fold it into other dims): the batch is compiled per value
+            f = PaddedFunction(head.name, inputs, dims, None, {}, build_bucket,
+                               lambda d: import_with_params(src, dims={**dims, **d}))
+            f.sizes, f.padding = {}, {batch: f"the model needs it bound ({needs.message.splitlines()[0]})"}
+        f.onnx_path = os.fspath(src)  # (eqfuse.generate reads a decoder's position table from it)
     else:
         params = opts.params
         inputs = [(n, t.shape) for n, t in graph.params if n not in params]

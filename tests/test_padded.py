@@ -233,6 +233,29 @@ def test_outputs_at_masked_positions_that_follow_the_length_keep_the_dim_unpadde
     assert mod.default.padding["S"].startswith("padding S from 9 to 12 with zeros changes output 0"), mod.default.padding
 
 
+@pytest.mark.heavy  # (an export and three compiles)
+def test_a_batch_folded_into_other_dims_is_compiled_per_value(tmp_path):
+    """ConvBERT's and WavLM's exports fold the batch into another dim ([batch * 2, sequence, 4]),
+    which the IR cannot hold unbound: with the sequence padded, the batch is compiled per value."""
+    torch = pytest.importorskip("torch")
+
+    class Folded(torch.nn.Module):
+        def forward(self, x):
+            b, s, c = x.shape
+            return torch.softmax(x.reshape(b * 2, s, c // 2), dim=-1).reshape(b, s, c) * 2 + x.sum(-1, keepdim=True)
+
+    path = tmp_path / "folded.onnx"
+    torch.onnx.export(Folded(), (torch.randn(2, 5, 8),), str(path), input_names=["x"], output_names=["y"],
+                      opset_version=17, dynamo=False, dynamic_axes={"x": {0: "batch", 1: "sequence"}})
+    mod = eqfuse.compile(str(path))
+    for b, s in ((2, 5), (3, 9), (2, 7)):
+        x = np.random.default_rng(b * s).standard_normal((b, s, 8)).astype(np.float32)
+        with torch.no_grad():
+            want = Folded()(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(mod(x), want, rtol=RTOL, atol=ATOL)
+    assert mod.default.padding["sequence"] == "exact"
+
+
 @pytest.mark.extended  # (the suite's budget: the TorchScript exports above take the same path)
 def test_a_dynamo_export_with_dynamic_batch_and_sequence():
     """torch.onnx.export(dynamo=True) with dynamic_shapes for batch and sequence: the same path."""

@@ -28,6 +28,10 @@ Bucket values: `buckets={"sequence": [32, 64, 128]}`, or by default the powers o
 to the first call's value rounded up to one, and at least to 128 (`pad_sizes`). The first call
 compiles every bucket (times the batch dim's buckets), and drops one the model refuses (BERT
 with 64 positions at 128). A value above the largest bucket compiles one more, its power of two.
+
+A model whose export folds the batch into another dim ([batch * heads, ...]: ConvBERT, WavLM)
+imports only with the batch bound too: each bucket's module then compiles its batch per value
+(eqfuse.pipeline.padded_module), and the check imports the reference with its two samples bound.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from eqfuse.errors import ArgumentError, ChunkRefused, EqfuseError
+from eqfuse.errors import ArgumentError, ChunkRefused, DimsNeeded, EqfuseError
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.reference import bind_arrays, call_arrays, evaluate
 from eqfuse.runtime.load import cpus
@@ -277,12 +281,17 @@ class PaddedFunction:
         real = max(1, r - max(1, r // 4))  # positions real .. r are padding in both runs
         base = {k: v for k, v in values.items() if k in self.padded}
         if self.batch_dim:  # two samples are enough (and BERT-base's reference at 8 x 128 takes seconds)
-            named = {n: self._fit(named[n], shape, {self.batch_dim: min(2, values[self.batch_dim])}, values)
-                     for n, shape in self.inputs}
+            two = min(2, values[self.batch_dim])
+            named = {n: self._fit(named[n], shape, {self.batch_dim: two}, values) for n, shape in self.inputs}
         runs = []
         for at, to in ((r, {d: r}), (s, {d: s})):
             try:
-                g, params = self._source({**base, d: at})
+                try:
+                    g, params = self._source({**base, d: at})
+                except DimsNeeded:  # a batch folded into other dims (its modules compile it per value)
+                    if not self.batch_dim:
+                        raise
+                    g, params = self._source({**base, d: at, self.batch_dim: two})
             except Exception as e:  # noqa: BLE001  (a length the model refuses: not paddable)
                 return f"the model does not import at {d}={at} ({e})"
             ins = {n: self._fit(self._fit(named[n], shape, {d: real}, values), shape, to, {**values, d: real})
