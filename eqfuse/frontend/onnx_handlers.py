@@ -191,13 +191,19 @@ def _layernorm(imp, ins, at):
     outs = [imp.op("layernorm", [x, gamma, beta], axis=axis - rank, eps=eps)]
     wanted = [o for o in imp.node.output[1:]]
     if any(wanted):
-        axes = tuple(range(axis, rank))
-        mean = imp.op("mean", [x], axis=axes, keepdims=True)
-        d = imp.op("sub", [x, mean])
-        var = imp.op("mean", [imp.op("mul", [d, d])], axis=axes, keepdims=True)
-        inv = imp.op("rsqrt", [imp.binary("add", var, np.asarray(eps, F32))])
+        _, mean, inv = _normalized(imp, x, tuple(range(axis, rank)), eps)
         outs += [mean, inv][:len(wanted)]
     return outs
+
+
+def _normalized(imp, x: int, axes: tuple[int, ...], eps: float) -> tuple[int, int, int]:
+    """(x - mean) / sqrt(var + eps) over `axes` spelled out, the mean and 1 / sqrt(var + eps):
+    the moments as the reference computes them (the population variance)."""
+    mean = imp.op("mean", [x], axis=axes, keepdims=True)
+    d = imp.op("sub", [x, mean])
+    inv = imp.op("rsqrt", [imp.binary("add", imp.op("mean", [imp.op("mul", [d, d])], axis=axes, keepdims=True),
+                                      np.asarray(eps, F32))])
+    return imp.op("mul", [d, inv]), mean, inv
 
 
 @handles("InstanceNormalization", attrs=("epsilon",))
@@ -220,10 +226,7 @@ def _instancenorm(imp, ins, at):
                        for k, v in (("ones", 1.0), ("zeros", 0.0)))
         y = imp.reshape_to(imp.op("layernorm", [flat, ones, zeros], axis=-1, eps=eps), shape)
     else:
-        axes = tuple(range(2, len(shape)))
-        d = imp.op("sub", [x, imp.op("mean", [x], axis=axes, keepdims=True)])
-        var = imp.op("mean", [imp.op("mul", [d, d])], axis=axes, keepdims=True)
-        y = imp.op("mul", [d, imp.op("rsqrt", [imp.binary("add", var, np.asarray(eps, F32))])])
+        y = _normalized(imp, x, tuple(range(2, len(shape))), eps)[0]
     per_channel = (shape[1],) + (1,) * len(spatial)
     for k, op in ((1, "mul"), (2, "add")):
         v = ins[k]
@@ -310,10 +313,7 @@ def _batchnorm(imp, ins, at):
         return [imp.op("batchnorm", [x, mean, var, scale, bias], eps=eps), None, None]
     x = imp.data(ins[0], imp.node.input[0])
     rank = imp.type(x).rank
-    axes = (0, *range(2, rank))
-    d = imp.op("sub", [x, imp.op("mean", [x], axis=axes, keepdims=True)])
-    var = imp.op("mean", [imp.op("mul", [d, d])], axis=axes, keepdims=True)
-    y = imp.op("mul", [d, imp.op("rsqrt", [imp.binary("add", var, np.asarray(eps, F32))])])
+    y = _normalized(imp, x, (0, *range(2, rank)), eps)[0]
     per_channel = (-1,) + (1,) * (rank - 2)
     for k, op in ((1, "mul"), (2, "add")):
         v = imp.data(ins[k], imp.node.input[k])

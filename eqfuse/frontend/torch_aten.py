@@ -448,13 +448,17 @@ def _group_norm(cv, x, weight, bias, n, c, hw, groups, eps):
     width = math.prod(shape[1:]) // groups
     y = cv.op("layernorm", cv.op("reshape", x, shape=rows), _ones(cv, (width,)), _ones(cv, (width,), 0.0),
               axis=-1, eps=float(eps))
-    y = cv.op("reshape", y, shape=tuple(shape))
-    per_channel = (shape[1],) + (1,) * (len(shape) - 2)
+    return (_per_channel_affine(cv, cv.op("reshape", y, shape=tuple(shape)), weight, bias), None, None)
+
+
+def _per_channel_affine(cv, y, weight, bias):
+    """y [N, C, ...] times weight [C] plus bias [C] (either may be None)."""
+    per_channel = (-1,) + (1,) * (cv.type(y).rank - 2)
     if weight is not None:
         y = cv.op("mul", y, cv.op("reshape", weight, shape=per_channel))
     if bias is not None:
         y = cv.op("add", y, cv.op("reshape", bias, shape=per_channel))
-    return (y, None, None)
+    return y
 
 
 @aten("_weight_norm_interface")
@@ -476,12 +480,7 @@ def _batch_norm_batch_stats(cv, x, weight, bias, training, momentum, eps):
     d = cv.op("sub", x, cv.op("mean", x, axis=axes, keepdims=True))
     y = cv.op("mul", d, cv.op("rsqrt", cv.op("add", cv.op("mean", cv.op("mul", d, d), axis=axes, keepdims=True),
                                               float(eps))))
-    per_channel = (-1,) + (1,) * (r - 2)
-    if weight is not None:
-        y = cv.op("mul", y, cv.op("reshape", weight, shape=per_channel))
-    if bias is not None:
-        y = cv.op("add", y, cv.op("reshape", bias, shape=per_channel))
-    return (y, None, None)
+    return (_per_channel_affine(cv, y, weight, bias), None, None)
 
 
 @aten("linalg_vector_norm")
