@@ -121,7 +121,20 @@ def batch_as_data():
     return model(nodes, [("x", ("B", 3), F)], ["y"], INITS), lambda b: {"x": np.ones((b, 3), np.float32)}
 
 
-GRAPHS = {f.__name__: f for f in (cls_expand, view_gemm, flat_gather, gather_nd, batch_as_data)}
+def expanded_ids():
+    """The dynamo exporter's token type ids: an i64 zero expanded to the ids' [batch, 3], the
+    indices of a Gather (an integer scalar keeps its dtype)."""
+    nodes = [helper.make_node("Shape", ["ids"], ["shp"]), helper.make_node("Expand", ["zero", "shp"], ["tt"]),
+             helper.make_node("Gather", ["table", "tt"], ["e"]), helper.make_node("Gather", ["words", "ids"], ["w"]),
+             helper.make_node("Add", ["w", "e"], ["y"])]
+    rng = np.random.default_rng(0)
+    inits = INITS + [("table", rng.standard_normal((2, 4)).astype(np.float32)),
+                     ("words", rng.standard_normal((7, 4)).astype(np.float32))]
+    m = model(nodes, [("ids", ("B", 3), I64)], ["y"], inits)
+    return m, lambda b: {"ids": np.random.default_rng(b).integers(0, 7, (b, 3)).astype(np.int64)}
+
+
+GRAPHS = {f.__name__: f for f in (cls_expand, view_gemm, flat_gather, gather_nd, batch_as_data, expanded_ids)}
 
 
 @pytest.mark.parametrize("name", GRAPHS)

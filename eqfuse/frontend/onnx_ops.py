@@ -52,7 +52,7 @@ def _where(imp, ins, at):
 
 @handles("Expand")
 def _expand(imp, ins, at):
-    x = imp.data(ins[0], imp.node.input[0])
+    x = so.typed_data(imp, ins[0], imp.node.input[0])
     shape = tuple(imp.ints(ins[1], "shape"))
     if tuple(imp.type(x).shape) == shape:
         return x

@@ -190,7 +190,7 @@ def sym_op(imp, ins, at):
         return reshape(imp, imp.data(v, imp.node.input[0]) if not isinstance(v, Merged) else v,
                        list(ins[1].vals), bool(at.get("allowzero", 0)))
     if op == "Expand" and isinstance(ins[1], Sym) and not isinstance(v, (Sym, Merged)):
-        return broadcast_to(imp, imp.data(v, imp.node.input[0]), list(ins[1].vals))
+        return broadcast_to(imp, typed_data(imp, v, imp.node.input[0]), list(ins[1].vals))
     if op == "ConstantOfShape" and isinstance(v, Sym):
         value = at.get("value")
         arr = np.zeros((), np.float32) if value is None else tensor_array(value, "the value of ConstantOfShape").reshape(())
@@ -271,3 +271,11 @@ def _int_scalar(imp, arr: np.ndarray) -> int:
     """An integer or bool scalar as a node of its dtype (a weak const would compute in float)."""
     one = imp.new_param("fill", arr.reshape(1))
     return imp.op("reshape", [one], shape=())
+
+
+def typed_data(imp, v, name: str) -> int:
+    """imp.data(v), but an integer or bool scalar constant keeps its dtype (the dynamo exporter's
+    token type ids: an i64 zero expanded to [batch, sequence], then a Gather's indices)."""
+    if imp.is_const(v) and np.asarray(v).ndim == 0 and np.asarray(v).dtype.kind in "iub":
+        return _int_scalar(imp, np.asarray(v))
+    return imp.data(v, name)
