@@ -33,6 +33,7 @@ within the same bound of onnxruntime's kernel.
 from __future__ import annotations
 
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -48,7 +49,6 @@ import model_exports as me  # noqa: E402
 from test_quantized import MS, _literal, _ort, _quantize, ort_optimized  # noqa: E402
 
 import eqfuse  # noqa: E402
-from eqfuse.errors import DimsNeeded  # noqa: E402
 from eqfuse.runtime.padded import PaddedFunction  # noqa: E402
 
 F32T = onnx.TensorProto.FLOAT
@@ -153,19 +153,24 @@ def test_a_dynamically_quantized_layer_over_batch_rows_compiles_with_the_batch_n
         assert got.shape == want.shape and np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), b
 
 
-def test_a_model_that_needs_its_batch_bound_is_refused_at_compile(tmp_path):
+def test_a_model_that_needs_its_batch_bound_compiles_it_per_value(tmp_path):
     """A model whose import needs every named dim bound, the batch too (here a softmax over the
-    flattened batch x 4): eqfuse.compile raises the import's error, naming the node and its shape.
-    (It once built a model bound per call whose every bucket was again one: a recursion that
-    started threads until none could start.)"""
+    flattened batch x 4): the batch is compiled per value, and the reason names the node and its
+    shape. (It once built a model bound per call whose every bucket was again one: a recursion
+    that started threads until none could start; then it was refused.)"""
     h = onnx.helper
     nodes = [h.make_node("Reshape", ["x", "s"], ["f"]), h.make_node("Softmax", ["f"], ["y"], axis=0, name="sm")]
     g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", F32T, ["batch", 4])], [onnx.ValueInfoProto(name="y")],
                      [onnx.numpy_helper.from_array(np.array([-1], np.int64), "s")])
     f = tmp_path / "flat.onnx"
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(f))
-    with pytest.raises(DimsNeeded, match=r"Softmax of a tensor of shape \[batch\*4\].*'sm'"):
-        eqfuse.compile(str(f))
+    mod = eqfuse.compile(str(f))
+    for b in (2, 3):
+        x = np.random.default_rng(b).standard_normal((b, 4)).astype(np.float32)
+        e = np.exp(x.reshape(-1) - x.max())
+        np.testing.assert_allclose(mod(x), e / e.sum(), rtol=1e-5)
+    assert re.search(r"Softmax of a tensor of shape \[batch\*4\].*'sm'", mod.default.padding["batch"])
+    assert sorted(mod.default.modules) == [(2,), (3,)]
 
 
 # ------------------------------------------------------------------ the GPT-2 exports through the pipeline
