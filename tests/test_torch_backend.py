@@ -297,6 +297,20 @@ class CeilPools(nn.Module):
                 f.avg_pool1d(x.flatten(2), 2, 2, ceil_mode=True, count_include_pad=False))
 
 
+class Assignments(nn.Module):
+    """Indexed assignments into a new tensor (BEiT's relative position index, built in forward):
+    slice_scatter, select_scatter, fill and copy once functionalized."""
+
+    def forward(self, x):
+        y = torch.zeros(5, 6, dtype=torch.int64)
+        y[1:3, 1:] = (x[:2, 1:] * 4).long()
+        y[0, 0:] = 7
+        y[:, 0] = 3
+        z = x.clone()
+        z[:, 2] = x[:, 0] + 1
+        return y, z * 2
+
+
 class GroupNorms(nn.Module):
     """GroupNorm over groups of channels and per channel, and a weight-normed conv (Wav2Vec2's)."""
 
@@ -337,6 +351,7 @@ def test_many_aten_ops():
     check(PoolingOps().eval(), torch.randn(2, 3, 8, 8))
     check(GroupNorms().eval(), torch.randn(2, 6, 10) * 3 + 1)
     check(CeilPools(), torch.randn(2, 3, 7, 8))
+    check(Assignments(), torch.randn(4, 6))
 
 
 def _affinities() -> dict[int, set]:

@@ -290,6 +290,47 @@ def _select(cv, x, dim, index):
     return cv.op("reshape", _slice(cv, x, dim, index, index + 1), shape=cv.out_type.shape)
 
 
+@aten("slice_scatter")
+def _slice_scatter(cv, x, src, dim=0, start=None, end=None, step=1):
+    """x with its slice start:end along dim replaced by src (an indexed assignment, BEiT's and
+    Funnel's position tables built in forward): the parts before and after, and src, joined."""
+    r = cv.type(x).rank
+    d = dim % r
+    n = cv.type(x).shape[d]
+    start, end, step = slice(start, end, step).indices(n)
+    if step != 1:
+        raise Unsupported("slice_scatter with a step")
+    parts = ([_slice(cv, x, d, 0, start)] if start > 0 else []) + [src] + ([_slice(cv, x, d, end, n)] if end < n else [])
+    parts = [cv.cast(p, cv.out_type.dtype) for p in parts]
+    return parts[0] if len(parts) == 1 else cv.op("concat", *parts, axis=d)
+
+
+@aten("select_scatter")
+def _select_scatter(cv, x, src, dim, index):
+    """x with x.select(dim, index) replaced by src."""
+    t = cv.type(x)
+    d = dim % t.rank
+    index %= t.shape[d]
+    row = cv.op("reshape", src, shape=t.shape[:d] + (1,) + t.shape[d + 1:])
+    return _slice_scatter(cv, x, row, d, index, index + 1)
+
+
+@aten("fill.Tensor", "fill.Scalar")
+def _fill(cv, x, value):
+    """x's shape filled with value (a scalar, or a tensor of one element)."""
+    t = cv.out_type
+    v = value if not isinstance(value, V) else cv.op("reshape", value, shape=())
+    return cv.op("expand", cv.cast(v, t.dtype), shape=t.shape)
+
+
+@aten("copy")
+def _copy(cv, x, src, non_blocking=False):
+    """x's shape and dtype with src's values (broadcast)."""
+    t = cv.out_type
+    src = cv.cast(src, t.dtype)
+    return src if cv.type(src).shape == t.shape else cv.op("expand", src, shape=t.shape)
+
+
 @aten("split.Tensor", "split_with_sizes")
 def _split(cv, x, sizes, dim=0):
     n = cv.type(x).shape[dim]
