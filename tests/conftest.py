@@ -55,6 +55,28 @@ _onnx_cache.ENABLED = False
 
 import pytest  # noqa: E402
 
+# The kernel cache: $EQFUSE_CACHE_DIR when it is set (.ci/run sets one for all its tiers; set it to
+# keep the kernels' C of a run), else one empty directory for the run, made by the controlling
+# process before the xdist workers start (they inherit it) and removed when the run ends.
+_RUN_CACHE = "_eqfuse_run_cache"
+
+
+def pytest_configure(config):
+    if os.environ.get("EQFUSE_CACHE_DIR") is None and not hasattr(config, "workerinput"):
+        import tempfile
+
+        setattr(config, _RUN_CACHE, tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
+        os.environ["EQFUSE_CACHE_DIR"] = getattr(config, _RUN_CACHE)
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, _RUN_CACHE, None)
+    if cache is not None:
+        import shutil
+
+        shutil.rmtree(cache, ignore_errors=True)
+        os.environ.pop("EQFUSE_CACHE_DIR", None)
+
 
 @pytest.fixture(params=["zen4", "xeon-spr"])
 def machine_model(request):

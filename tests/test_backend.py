@@ -1,13 +1,8 @@
 """Lowering plans, emitted C (deterministic, warning-free at -Wall) and the backend commands."""
 
-import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
-
-os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
-
 
 import pytest
 

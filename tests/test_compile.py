@@ -1,10 +1,6 @@
 """eqfuse.compile and the Module it returns (SPEC 4)."""
 
-import os
-import tempfile
 from dataclasses import replace
-
-os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
 
 import numpy as np
 import pytest

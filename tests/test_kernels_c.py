@@ -6,11 +6,6 @@ graph holds the cases the run selected (`selected`): every case in the whole sui
 alone in the fast tier (tests/conftest.py marks the others slow).
 """
 
-import os
-import tempfile
-
-os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
-
 from dataclasses import replace
 
 import numpy as np

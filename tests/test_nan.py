@@ -5,11 +5,6 @@ attention, maximum/minimum) runs on inputs with NaN or +-inf in some rows and no
 and must give numpy's NaN where numpy does and the same values elsewhere.
 """
 
-import os
-import tempfile
-
-os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
-
 import numpy as np
 import pytest
 from helpers import selected_params

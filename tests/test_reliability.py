@@ -1,10 +1,5 @@
 """Reliability: results never alias a caller's memory; bad input gets a clear error."""
 
-import os
-import tempfile
-
-os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
-
 import numpy as np
 import pytest
 

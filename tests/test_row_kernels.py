@@ -8,11 +8,7 @@ and any per-row statistic combined with another per-row tensor, has this shape).
 numbered per kernel.
 """
 
-import os
 import re
-import tempfile
-
-os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
 
 import numpy as np
 import pytest

@@ -7,11 +7,6 @@ masked tail and remainder loop; large magnitudes check the two-pass variance and
 reduction; -inf checks masked softmax rows.
 """
 
-import os
-import tempfile
-
-os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
-
 import numpy as np
 import pytest
 

@@ -2,11 +2,6 @@
 against onnxruntime, and torch.compile (with Tensor.repeat) against eager. Rotary embeddings take
 sin and cos of angles in the thousands, DeBERTa-v2's position buckets sign and ceil."""
 
-import os
-import tempfile
-
-os.environ.setdefault("EQFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="eqfuse-test-cache-"))
-
 import numpy as np
 import pytest
 
