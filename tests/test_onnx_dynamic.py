@@ -115,6 +115,25 @@ def gather_nd():
     return m, feeds
 
 
+def scatter_nd_rows():
+    """The dynamo exporter's slice assignment (Funnel's `x[:, :, :16] = y`): the assigned axis moved
+    first, a ScatterND of constant indices, the batch in the other axes; one position written twice
+    under reduction add."""
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
+             helper.make_node("Transpose", ["u"], ["ut"], perm=[1, 0, 2]),
+             helper.make_node("ScatterND", ["xt", "i", "ut"], ["s"]),
+             helper.make_node("ScatterND", ["s", "j", "ut"], ["a"], reduction="add"),
+             helper.make_node("Transpose", ["a"], ["y"], perm=[1, 0, 2])]
+    m = model(nodes, [("x", ("B", 6, 3), F), ("u", ("B", 3, 3), F)], ["y"],
+              [("i", ints(4, -1, 0).reshape(3, 1)), ("j", ints(2, 5, 2).reshape(3, 1))])
+
+    def feeds(b):
+        rng = np.random.default_rng(b)
+        return {"x": rng.standard_normal((b, 6, 3)).astype(np.float32),
+                "u": rng.standard_normal((b, 3, 3)).astype(np.float32)}
+    return m, feeds
+
+
 def batch_as_data():
     """The batch size read as a number: computed at run time from an input with the named dim."""
     nodes = SHAPE_OF_X + [helper.make_node("Cast", ["b1"], ["bf"], to=F), helper.make_node("Add", ["x", "bf"], ["y"])]
@@ -134,7 +153,8 @@ def expanded_ids():
     return m, lambda b: {"ids": np.random.default_rng(b).integers(0, 7, (b, 3)).astype(np.int64)}
 
 
-GRAPHS = {f.__name__: f for f in (cls_expand, view_gemm, flat_gather, gather_nd, batch_as_data, expanded_ids)}
+GRAPHS = {f.__name__: f for f in (cls_expand, view_gemm, flat_gather, gather_nd, scatter_nd_rows, batch_as_data,
+                                   expanded_ids)}
 
 
 @pytest.mark.parametrize("name", GRAPHS)

@@ -492,6 +492,37 @@ def test_exported_op_compiles_and_matches_onnxruntime(nodes, inputs, out_type, i
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("reduction", ["none", "add"])
+def test_scatter_nd_of_indices_computed_at_run_time_matches_onnxruntime(reduction):
+    """ScatterND whose indices are an input: two of data's three axes indexed (negative indices
+    too), each position written once (onnxruntime's reductions of a position written twice are
+    in their order; eqfuse's run-time scatter adds them up, and `none` allows no such index)."""
+    ort = pytest.importorskip("onnxruntime")
+    import eqfuse
+    from eqfuse.frontend.onnx_import import onnx_params
+
+    m = _typed_model([helper.make_node("ScatterND", ["x", "i", "u"], ["y"], reduction=reduction)],
+                     [("x", F, (4, 5, 3)), ("i", I64, (2, 3, 2)), ("u", F, (2, 3, 3))], [("y", F, None)])
+    rng = np.random.default_rng(5)
+    mod = eqfuse.compile(graph_text(import_model(m).graph), params=onnx_params(m))
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        flat = rng.choice(20, 6, replace=False)
+        i = np.stack([flat // 5, flat % 5], axis=-1).reshape(2, 3, 2)
+        i = np.where(rng.random(i.shape) < 0.3, i - np.array([4, 5]), i).astype(np.int64)
+        feeds = {"x": rng.standard_normal((4, 5, 3)).astype(np.float32), "i": i,
+                 "u": rng.standard_normal((2, 3, 3)).astype(np.float32)}
+        (want,) = sess.run(None, feeds)
+        np.testing.assert_allclose(mod(**feeds), want, rtol=1e-6, atol=1e-6)
+
+
+def test_scatter_nd_multiplying_at_indices_computed_at_run_time_is_one_clear_error():
+    m = _typed_model([helper.make_node("ScatterND", ["x", "i", "u"], ["y"], reduction="mul")],
+                     [("x", F, (4, 5)), ("i", I64, (2, 1)), ("u", F, (2, 5))], [("y", F, None)])
+    with pytest.raises(EqfuseError, match="reduction 'mul' with indices computed at run time"):
+        import_model(m)
+
+
 @pytest.mark.parametrize("name", ["graph", "node"])
 def test_a_name_that_is_not_utf8_is_a_clear_error(name):
     """protobuf returns a string field holding invalid UTF-8 as bytes; the importer says which

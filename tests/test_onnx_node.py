@@ -34,7 +34,7 @@ SUPPORTED = [
     "gather", "gather_elements", "gathernd", "expand", "squeeze", "unsqueeze", "flatten",
     "split", "maxpool", "averagepool", "globalaveragepool", "globalmaxpool", "clip",
     "leakyrelu", "hardsigmoid", "hardswish", "softplus", "reduce_min", "reduce_prod", "reduce_l2", "argmax",
-    "tril", "triu", "tile", "instancenorm",
+    "tril", "triu", "tile", "instancenorm", "scatternd",
 ]
 # Cast (f32 <-> i64/i32/bool), Einsum, CumSum, Range, Pad: onnx's cases use other dtypes or runtime
 # attributes (see EXCLUDED); tests/test_onnx_import.py checks them on the cases exporters write.

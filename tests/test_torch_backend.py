@@ -308,7 +308,9 @@ class Assignments(nn.Module):
         y[:, 0] = 3
         z = x.clone()
         z[:, 2] = x[:, 0] + 1
-        return y, z * 2
+        # Funnel's relative positions: an integer range of float bounds
+        pos = torch.arange(-x.shape[1] * 2, x.shape[1] * 2, 1.0, dtype=torch.int64).to(x.dtype)
+        return y, z * 2 + pos[: x.shape[1]]
 
 
 class GroupNorms(nn.Module):

@@ -21,7 +21,7 @@ SAMPLES = 400  # Wav2Vec2's raw audio: its two convs (kernel 10 stride 5, kernel
 # family -> group; the test matrix and the benchmark go through them in this order
 GROUPS = {
     "bert": "encoder", "distilbert": "encoder", "roberta": "encoder", "albert": "encoder",
-    "electra": "encoder", "deberta-v2": "encoder", "mpnet": "encoder", "t5-encoder": "encoder",
+    "electra": "encoder", "deberta-v2": "encoder", "mpnet": "encoder", "t5-encoder": "encoder", "funnel": "encoder",
     "gpt2": "decoder", "gpt-neo": "decoder", "opt": "decoder", "llama": "decoder", "qwen2": "decoder",
     "phi": "decoder", "bloom": "decoder",
     "vit": "vision", "deit": "vision", "swin": "vision", "clip-vision": "vision", "convnext": "vision",
@@ -66,6 +66,9 @@ def _config(family: str):
     if family == "t5-encoder":  # relative position buckets, RMS norm
         return T.T5EncoderModel(T.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
                                            vocab_size=VOCAB))
+    if family == "funnel":  # relative positional attention, mean-pooled blocks (the dynamo export's ScatterND)
+        return T.FunnelBaseModel(T.FunnelConfig(d_model=64, n_head=4, d_head=16, d_inner=128, block_sizes=[1, 1],
+                                                vocab_size=VOCAB))
     if family == "gpt2":
         return T.GPT2Model(T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64))
     if family == "gpt-neo":  # a global then a local (windowed) attention layer

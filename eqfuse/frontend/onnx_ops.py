@@ -110,6 +110,22 @@ def _gather_elements(imp, ins, at):
                   axis=at.get("axis", 0))
 
 
+def _flat_index(imp, idx: int, ds) -> tuple[int, int | None]:
+    """The row of each index tuple idx[..., :k] (k = idx's last dim) in data's first k axes
+    flattened, negative indices counting from the end of their axis; and the rows' count, None
+    when a named dim is among them."""
+    ishape = imp.type(idx).shape
+    flat, stride = None, 1
+    for i in reversed(range(ishape[-1])):
+        part = imp.reshape_to(imp.op("slice", [idx], axis=-1, start=i, stop=i + 1), ishape[:-1])
+        if isinstance(ds[i], int):  # a negative index counts from the end of its own axis
+            part = imp.op("where", [imp.op("lt", [part, imp.const(0)]), imp.op("add", [part, imp.const(ds[i])]), part])
+        term = part if stride == 1 else imp.op("mul", [part, imp.const(stride)])
+        flat = term if flat is None else imp.op("add", [flat, term])
+        stride = stride * ds[i] if isinstance(ds[i], int) else None
+    return flat, stride
+
+
 @handles("GatherND", attrs=("batch_dims",))
 def _gather_nd(imp, ins, at):
     """data[idx[..., 0], ..., idx[..., k-1]] as one gather over the first k axes flattened (the
@@ -121,22 +137,81 @@ def _gather_nd(imp, ins, at):
     k = ishape[-1]
     if not isinstance(k, int) or not all(isinstance(d, int) for d in ds[1:k]):
         raise NeedsDims("named dims in the indexed axes (but the first)")
-    flat = None
-    stride = 1
-    for i in reversed(range(k)):
-        part = imp.reshape_to(imp.op("slice", [idx], axis=-1, start=i, stop=i + 1), ishape[:-1])
-        if isinstance(ds[i], int):  # a negative index counts from the end of its own axis
-            part = imp.op("where", [imp.op("lt", [part, imp.const(0)]), imp.op("add", [part, imp.const(ds[i])]), part])
-        term = part if stride == 1 else imp.op("mul", [part, imp.const(stride)])
-        flat = term if flat is None else imp.op("add", [flat, term])
-        stride = stride * ds[i] if isinstance(ds[i], int) else None
-    if stride is None:
+    flat, rows = _flat_index(imp, idx, ds)
+    if rows is None:
         table = sy.reshape(imp, data, [sy.product(ds[:k])] + list(ds[k:]))
         if isinstance(table, sy.Merged):
             return so.gather(imp, table, flat, 0)
     else:
-        table = imp.reshape_to(data, (stride,) + tuple(ds[k:]))
+        table = imp.reshape_to(data, (rows,) + tuple(ds[k:]))
     return imp.op("gather", [table, flat], axis=0)
+
+
+@handles("ScatterND", attrs=("reduction",))
+def _scatter_nd(imp, ins, at):
+    """data with the slices data[idx[..., 0], ..., idx[..., k-1]] replaced by the rows of updates,
+    or combined with them (`reduction`): the dynamo exporter's `index_put` and slice assignments.
+    The first k axes of data must be constant; the rest may hold named dims.
+    - Constant indices (the exports'): a map over the first k axes, built here, names the updates'
+      row each position takes, so the result is a gather of those rows and a where over data,
+      exact for every reduction. A position written twice takes the last write, as onnxruntime
+      does, or combines the writes in their order (the reductions).
+    - Indices computed at run time: a scatter_add of the rows into data, after a where has zeroed
+      the rows written (none) or not (add); mul, max and min are refused there."""
+    reduction = at.get("reduction", "none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    combine = {"none": None, "add": "add", "mul": "mul", "max": "maximum", "min": "minimum"}
+    if reduction not in combine:
+        raise Unsupported(f"reduction '{reduction}'")
+    indices = imp.sym_nodes.get(ins[1], ins[1]) if isinstance(ins[1], int) else ins[1]
+    if isinstance(indices, (sy.Sym, sy.Merged)):
+        raise NeedsDims("indices computed from named dims (bind them with dims=)")
+    data, updates = imp.data(ins[0], imp.node.input[0]), imp.data(ins[2], imp.node.input[2])
+    ds = imp.type(data).shape
+    ishape = np.shape(indices) if imp.is_const(indices) else imp.type(indices).shape
+    k = ishape[-1] if ishape else 0
+    if not isinstance(k, int) or not 1 <= k <= len(ds):
+        raise Unsupported(f"indices of shape {list(ishape)} into data of rank {len(ds)}")
+    if not all(isinstance(d, int) for d in tuple(ds[:k]) + tuple(ishape[:-1])):
+        raise NeedsDims("named dims in the indexed axes or the indices")
+    lead, n = tuple(int(d) for d in ds[:k]), math.prod(ishape[:-1])
+    want = tuple(ishape[:-1]) + tuple(ds[k:])
+    if tuple(imp.type(updates).shape) != want:
+        raise Unsupported(f"updates of shape {list(imp.type(updates).shape)}, not {list(want)}")
+    rows = imp.reshape_to(updates, (n,) + tuple(ds[k:]))
+    if not imp.is_const(indices):
+        if reduction not in ("none", "add"):
+            raise Unsupported(f"reduction '{reduction}' with indices computed at run time")
+        flat, size = _flat_index(imp, indices, ds)
+        flat = imp.reshape_to(flat, (n,))
+        table = imp.reshape_to(data, (size,) + tuple(ds[k:]))
+        if reduction == "none":
+            count = imp.op("scatter_add", [imp.new_param("scatter_count", np.zeros(size, np.float32)), flat,
+                                           imp.new_param("scatter_one", np.ones(n, np.float32))], axis=0)
+            written = imp.reshape_to(imp.op("gt", [count, imp.const(0)]), (size,) + (1,) * (len(ds) - k))
+            table = imp.op("where", [written, imp.const(0), table])
+        return imp.reshape_to(imp.op("scatter_add", [table, flat, rows], axis=0), tuple(ds))
+    idx = np.asarray(indices).astype(np.int64).reshape(-1, k)
+    idx = np.where(idx < 0, idx + np.array(lead), idx)
+    if ((idx < 0) | (idx >= np.array(lead))).any():
+        raise Unsupported(f"indices outside the indexed axes {list(lead)}")
+    pos = np.ravel_multi_index(tuple(idx.T), lead)
+    # a reduction's writes to one position combine in their order: round r takes each position's
+    # r-th write (none: one round, of each position's last write)
+    order = np.argsort(pos, kind="stable")
+    first = np.searchsorted(pos[order], pos[order])
+    nth = np.empty(n, np.int64)
+    nth[order] = np.arange(n) - first
+    rounds = [np.arange(n)] if combine[reduction] is None else [np.flatnonzero(nth == r) for r in range(nth.max() + 1)]
+    for writes in rounds:
+        row = np.full(math.prod(lead), -1, np.int64)
+        np.maximum.at(row, pos[writes], writes)  # the last write wins
+        written = (row >= 0).reshape(lead + (1,) * (len(ds) - k))
+        taken = imp.op("gather", [rows, imp.new_param("scatter_rows", np.maximum(row, 0).reshape(lead))], axis=0)
+        if combine[reduction] is not None:
+            taken = imp.op(combine[reduction], [data, taken])
+        data = imp.op("where", [imp.new_param("scatter_written", written), taken, data])
+    return data
 
 
 @handles("CumSum", attrs=("exclusive", "reverse"))

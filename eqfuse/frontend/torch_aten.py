@@ -221,8 +221,9 @@ def _full(cv, *args, **kw):
 @aten("arange", "arange.start", "arange.start_step")
 def _arange(cv, *args, **kw):
     nums = [a for a in args if isinstance(a, (int, float))]
-    if not all(isinstance(a, int) and not isinstance(a, bool) for a in nums):
+    if not all(isinstance(a, int) and not isinstance(a, bool) or isinstance(a, float) and a.is_integer() for a in nums):
         raise Unsupported("non-integer bounds")
+    nums = [int(a) for a in nums]  # Funnel's arange(0, n, 1.0, dtype=torch.int64): whole floats are the same range
     start, stop, step = (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) > 2 else 1)
     dt = cv.out_type.dtype
     if dt == "bool":
