@@ -313,6 +313,19 @@ class Assignments(nn.Module):
         return y, z * 2 + pos[: x.shape[1]]
 
 
+class Unfolds(nn.Module):
+    """nn.Unfold: ConvBERT's span convolution over the sequence (a [k, 1] kernel, padded), and a
+    strided, dilated 2-D one."""
+
+    def __init__(self):
+        super().__init__()
+        self.span = nn.Unfold(kernel_size=(3, 1), padding=(1, 0))
+        self.grid = nn.Unfold(kernel_size=(2, 3), dilation=(1, 2), padding=(1, 0), stride=(2, 1))
+
+    def forward(self, x):
+        return self.span(x[..., :1]) * 2, self.grid(x) + 1
+
+
 class GroupNorms(nn.Module):
     """GroupNorm over groups of channels and per channel, and a weight-normed conv (Wav2Vec2's)."""
 
@@ -354,6 +367,7 @@ def test_many_aten_ops():
     check(GroupNorms().eval(), torch.randn(2, 6, 10) * 3 + 1)
     check(CeilPools(), torch.randn(2, 3, 7, 8))
     check(Assignments(), torch.randn(4, 6))
+    check(Unfolds(), torch.randn(2, 3, 7, 8))
 
 
 def _affinities() -> dict[int, set]:

@@ -412,6 +412,32 @@ def _pad(cv, x, pad, value=0):
     return cv.op("pad", x, pads=tuple(begins + ends), value=float(value))
 
 
+@aten("im2col")
+def _im2col(cv, x, kernel_size, dilation, padding, stride):
+    """nn.Unfold (ConvBERT's span-based convolution): the padded input's strided slice at each
+    kernel offset, stacked after the channels and merged, as torch lays them out:
+    [N, C * kh * kw, oh * ow]."""
+    shape = tuple(cv.type(x).shape)
+    r = len(shape)
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel_size, dilation, padding, stride
+    h, w = shape[-2:]
+    if not (isinstance(h, int) and isinstance(w, int)):
+        raise Unsupported("named spatial dims")
+    if ph or pw:
+        x = cv.op("pad", x, pads=(0,) * (r - 2) + (ph, pw) + (0,) * (r - 2) + (ph, pw), value=0.0)
+    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    parts = []
+    for i in range(kh):
+        for j in range(kw):
+            part = x
+            for axis, start, n, step, size in ((r - 2, i * dh, oh, sh, h + 2 * ph), (r - 1, j * dw, ow, sw, w + 2 * pw)):
+                if (start, n, step) != (0, size, 1):
+                    part = cv.op("slice", part, axis=axis, start=start, stop=start + (n - 1) * step + 1, step=step)
+            parts.append(cv.op("unsqueeze", part, axis=r - 2))
+    stacked = cv.op("concat", *parts, axis=r - 2) if len(parts) > 1 else parts[0]  # [N, C, kh * kw, oh, ow]
+    return cv.op("reshape", stacked, shape=cv.out_type.shape)
+
+
 @aten("tril", "triu")
 def _tri(cv, x, diagonal=0):
     return cv.op(cv.node.target.__name__.split(".")[0], x, k=diagonal)

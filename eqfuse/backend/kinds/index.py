@@ -151,37 +151,37 @@ def _tri(an: Node, ins, xs, out, ct, par: str = "0"):
 
 
 def _pad(an: Node, ins, xs, out, ct, par: str = "0"):
-    # one output row (the last axis) at a time, in nested loops over the other axes: a row outside
-    # the input is the value, a row inside is the value, the input's row (a copy the compiler
-    # vectorizes) and the value. Element by element, each element split its flat index over every
-    # axis (a division and a modulo per axis) and tested every bound: a MobileNetV2's padding
-    # before its depthwise convs cost more than all its convs (python benchmarks/bench_zoo.py
-    # --family mobilenet-v2 --spin)
+    # Axis by axis, each output axis in three ranges: the pad before (one contiguous run of the
+    # value: all of the inner axes), the input's extent (a loop, the next axis inside), the pad
+    # after; on the last axis the input's row is a copy the compiler vectorizes. No branch per
+    # row: a row loop testing its index (`if (i >= lo && i < hi) copy else fill`) was vectorized
+    # wrongly by gcc 12 at -O3 (the rows of a pad of outer axes alone left unwritten:
+    # tests/test_dwpw.py, test_pad_rows_and_a_pad_folded_into_the_conv_match_the_reference).
+    # Element by element, each element split its flat index over every axis (a division and a
+    # modulo per axis) and tested every bound: a MobileNetV2's padding before its depthwise convs
+    # cost more than all its convs (python benchmarks/bench_zoo.py --family mobilenet-v2 --spin)
     x, r = xs[0], len(out)
     lo, val = an.attr["pads"][:r], f"({ct}){flit(an.attr['value'])}"
     if r == 0:
         return [f"out[0] = {ins[0]}[0];"]
-    xst, W, w, left = _strides(x), out[-1], x[-1], lo[-1]
-    lines, ind, o, src, inside = [], "", "0", "0", []
-    for d in range(r - 1):
-        lines.append(f"{ind}for (long i{d} = 0; i{d} < {out[d]}; i{d}++) {{")
-        ind += "    "
-        o = f"({o}) * {out[d]} + i{d}" if d else f"i{d}"
-        src += f" + (i{d} - {lo[d]}) * {xst[d]}"
-        inside.append(f"i{d} >= {lo[d]} && i{d} < {lo[d] + x[d]}")
-    body = [f"{ct}* restrict o = out + ({o}) * {W};",
-            f"if ({' && '.join(inside) or '1'}) {{",
-            f"    const {ct}* restrict s = {ins[0]} + {src};",
-            f"    for (long j = 0; j < {left}; j++) o[j] = {val};",
-            f"    for (long j = 0; j < {w}; j++) o[{left} + j] = s[j];",
-            f"    for (long j = {left + w}; j < {W}; j++) o[j] = {val};",
-            "} else {",
-            f"    for (long j = 0; j < {W}; j++) o[j] = {val};",
-            "}"]
-    lines += [ind + b for b in body]
-    for d in reversed(range(r - 1)):
-        ind = ind[4:]
-        lines.append(f"{ind}}}")
+    xst, ost, lines = _strides(x), _strides(out), []
+
+    def fill(ind: str, at: str, count: int) -> None:
+        if count:
+            lines.append(f"{ind}for (long j = 0; j < {count}; j++) out[{at} + j] = {val};")
+
+    def axis(d: int, ind: str, o: str, s: str) -> None:  # o, s: the block's first output and input element
+        before, after = lo[d] * ost[d], (out[d] - lo[d] - x[d]) * ost[d]
+        fill(ind, o, before)
+        if d == r - 1:
+            lines.append(f"{ind}for (long j = 0; j < {x[d]}; j++) out[{o} + {before} + j] = {ins[0]}[{s} + j];")
+        else:
+            lines.append(f"{ind}for (long i{d} = 0; i{d} < {x[d]}; i{d}++) {{")
+            axis(d + 1, ind + "    ", f"{o} + ({lo[d]} + i{d}) * {ost[d]}", f"{s} + i{d} * {xst[d]}")
+            lines.append(f"{ind}}}")
+        fill(ind, f"{o} + {(lo[d] + x[d]) * ost[d]}", after)
+
+    axis(0, "", "0", "0")
     return lines
 
 
