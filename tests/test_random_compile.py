@@ -172,3 +172,78 @@ def test_random_shape_changing_graphs_compile_and_match_the_reference(src, fuse)
     for o, w in zip(got, want):
         assert o.shape == w.shape and o.dtype == np.float32
         np.testing.assert_allclose(o, w, rtol=1e-3, atol=1e-4, err_msg=src)
+
+
+SIZES = [1, 3, 8, 16]  # 8 and 16: a vector's width, where the compiler's own vectorizer takes a loop
+
+
+@st.composite
+def random_layout_model(draw):
+    """Graphs of data movement over ranks 2 to 4 (pads of any axes, strided slices, transposes,
+    concats, merged and split axes, broadcasts, gathers along any axis, triangles, running sums),
+    with a pointwise op now and then: the index and layout kernels' loop nests, at sizes a
+    vector's width, where gcc 12 once vectorized a pad of outer axes wrongly."""
+    rank = draw(st.integers(2, 4))
+    vals = {"a": tuple(draw(st.sampled_from(SIZES)) for _ in range(rank))}
+    lines, bounds = [], {}
+    for i in range(draw(st.integers(1, 4))):
+        x = draw(st.sampled_from(sorted(vals)))
+        s = vals[x]
+        r = len(s)
+        kind = draw(st.sampled_from(["pad", "pad", "slice", "transpose", "concat", "reshape", "expand", "gather",
+                                     "tri", "cumsum", "pointwise"]))
+        ax = draw(st.integers(0, r - 1))
+        if kind == "pad":
+            axes = draw(st.sets(st.integers(0, r - 1), min_size=1))  # (the last axis unpadded half the time)
+            pads = [draw(st.integers(1, 2)) if k % r in axes and draw(st.booleans()) else 0 for k in range(2 * r)]
+            value = draw(st.sampled_from([0.0, 1.5]))
+            e, t = f"pad({x}, pads={pads}, value={value})", tuple(d + pads[k] + pads[k + r] for k, d in enumerate(s))
+        elif kind == "slice" and s[ax] > 1:
+            start = draw(st.integers(0, s[ax] - 1))
+            stop = draw(st.integers(start + 1, s[ax]))
+            step = draw(st.integers(1, 3))
+            e, t = f"slice({x}, axis={ax}, start={start}, stop={stop}, step={step})", \
+                s[:ax] + (len(range(start, stop, step)),) + s[ax + 1:]
+        elif kind == "transpose":
+            perm = draw(st.permutations(range(r)))
+            e, t = f"transpose({x}, perm={list(perm)})", tuple(s[p] for p in perm)
+        elif kind == "concat":
+            e, t = f"concat({x}, {x} * 2.0, axis={ax})", s[:ax] + (2 * s[ax],) + s[ax + 1:]
+        elif kind == "reshape" and r > 1 and ax < r - 1:  # two neighbouring axes merged
+            t = s[:ax] + (s[ax] * s[ax + 1],) + s[ax + 2:]
+            e = f"reshape({x}, shape={list(t)})"
+        elif kind == "expand" and 1 in s:
+            t = tuple(5 if d == 1 else d for d in s)
+            e = f"expand({x}, shape={list(t)})"
+        elif kind == "gather":  # indices i{i}, below the gathered axis's length (negative ones count from its end)
+            n = draw(st.integers(1, 5))
+            e, t = f"gather({x}, i{i}, axis={ax})", s[:ax] + (n,) + s[ax + 1:]
+            bounds[f"i{i}"] = (n, s[ax])
+        elif kind == "tri" and r >= 2:
+            e, t = f"{draw(st.sampled_from(['tril', 'triu']))}({x}, k={draw(st.integers(-1, 1))})", s
+        elif kind == "cumsum":
+            e, t = f"cumsum({x}, axis={ax})", s
+        else:
+            e, t = f"relu({x}) - {x} * 0.5", s
+        lines.append(f"    t{i} = {e}")
+        vals[f"t{i}"] = t
+    last = f"t{len(lines) - 1}"
+    params = ", ".join([f"a: f32[{', '.join(map(str, vals['a']))}]"] + [f"{k}: i64[{n}]" for k, (n, _) in bounds.items()])
+    src = (f"graph r({params}) -> f32[{', '.join(map(str, vals[last]))}] {{\n" + "\n".join(lines)
+           + f"\n    return {last}\n}}\n")
+    return src, {k: axis for k, (_, axis) in bounds.items()}
+
+
+@pytest.mark.heavy
+@settings(max_examples=15, deadline=None)
+@given(random_layout_model(), st.sampled_from([True, False]))
+def test_random_layout_graphs_compile_and_match_the_reference(model, fuse):
+    src, bounds = model
+    g = one_graph(src)
+    rng = np.random.default_rng(11)
+    xs = [rng.integers(-bounds[n], bounds[n], t.shape) if n in bounds else rng.standard_normal(t.shape).astype(np.float32)
+          for n, t in g.params]
+    want = run(g, xs)[0]
+    got = eqfuse.compile(src, fuse=fuse)(*xs)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=src)
