@@ -315,7 +315,7 @@ class Assignments(nn.Module):
 
 class Unfolds(nn.Module):
     """nn.Unfold: ConvBERT's span convolution over the sequence (a [k, 1] kernel, padded), and a
-    strided, dilated 2-D one."""
+    strided, dilated 2-D one; torch.flip and a log-softmax beside them."""
 
     def __init__(self):
         super().__init__()
@@ -323,7 +323,7 @@ class Unfolds(nn.Module):
         self.grid = nn.Unfold(kernel_size=(2, 3), dilation=(1, 2), padding=(1, 0), stride=(2, 1))
 
     def forward(self, x):
-        return self.span(x[..., :1]) * 2, self.grid(x) + 1
+        return self.span(x[..., :1]) * 2, self.grid(x) + 1, torch.flip(x, [1, -1]) - torch.log_softmax(x, -2)
 
 
 class GroupNorms(nn.Module):

@@ -163,16 +163,27 @@ def _softmax_axis(imp, rank: int, at) -> int:
     return axis % rank
 
 
-@handles("Softmax", attrs=("axis",))
+@handles("Softmax", "LogSoftmax", attrs=("axis",))
 def _softmax(imp, ins, at):
+    """softmax over the axis; LogSoftmax as x - max - log(sum(exp(x - max))), which the optimizer
+    fuses into one row kernel as it does softmax's own expansion."""
     x = imp.data(ins[0], imp.node.input[0])
     shape = imp.type(x).shape
     axis = _softmax_axis(imp, len(shape), at)
-    if imp.opset >= 13 or axis == len(shape) - 1:
-        return imp.op("softmax", [x], axis=axis - len(shape))
-    # Before opset 13, Softmax normalizes over all the dims from `axis` on, flattened.
-    flat = imp.reshape_to(x, (one_dim(shape[:axis]), one_dim(shape[axis:])))
-    return imp.reshape_to(imp.op("softmax", [flat], axis=-1), shape)
+    log = imp.node.op_type == "LogSoftmax"
+    if imp.opset < 13 and axis != len(shape) - 1:
+        # Before opset 13, Softmax normalizes over all the dims from `axis` on, flattened.
+        flat = imp.reshape_to(x, (one_dim(shape[:axis]), one_dim(shape[axis:])))
+        return imp.reshape_to(_normalize(imp, flat, -1, log), shape)
+    return _normalize(imp, x, axis - len(shape), log)
+
+
+def _normalize(imp, x: int, axis: int, log: bool) -> int:
+    if not log:
+        return imp.op("softmax", [x], axis=axis)
+    shifted = imp.op("sub", [x, imp.op("max", [x], axis=axis, keepdims=True)])
+    total = imp.op("sum", [imp.op("exp", [shifted])], axis=axis, keepdims=True)
+    return imp.op("sub", [shifted, imp.op("log", [total])])
 
 
 @handles("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
@@ -404,21 +415,24 @@ def _slice(imp, ins, at):
     rank = imp.type(x).rank
     axes = list(range(len(starts))) if axes is None else [a % rank for a in axes]
     steps = steps or [1] * len(starts)
-    if any(s < 1 for s in steps):
-        raise Unsupported(f"steps {steps} (negative steps: reversing a tensor)")
+    if 0 in steps:
+        raise ShapeError(f"Slice steps {steps}: a step must not be 0")
     for axis, lo, hi, step in zip(axes, starts, ends, steps):
         n = imp.type(x).shape[axis]
         if isinstance(n, str):
-            if lo == 0 and hi >= BIG:
+            if lo == 0 and hi >= BIG and step == 1:
                 continue
             if lo < 0 or hi < 0 or hi >= BIG or step != 1:
                 raise NeedsDims(f"slice [{lo}:{hi}:{step}] of named dim {n} (bind it with dims=)")
-        else:
-            r = range(n)[lo:min(hi, BIG):step]
-            lo, hi = r.start, r.stop
+        else:  # (ONNX clamps its starts and ends as Python's slices do, for either sign of the step)
+            r = range(n)[max(lo, -BIG):min(hi, BIG):step]
             if len(r) == 0:  # (only a concat takes it: the pass-through half of a whole-head rotary)
                 shape = imp.type(x).shape
                 return Empty(shape[:axis] + (0,) + shape[axis + 1:], f"empty slice on axis {axis}")
+            if step < 0:  # a reversal (torch.flip's export): the rows taken, in their order
+                x = imp.op("gather", [x, imp.new_param("slice_rows", np.array(r, np.int64))], axis=axis)
+                continue
+            lo, hi = r.start, r.stop
             if lo == 0 and hi == n and step == 1:
                 continue
         x = imp.op("slice", [x], axis=axis, start=lo, stop=hi, step=step)

@@ -393,6 +393,20 @@ def _roll(cv, x, shifts, dims=()):
     return x
 
 
+@aten("flip")
+def _flip(cv, x, dims):
+    """torch.flip: along each dim, its rows gathered in reverse order (as the ONNX import reads a
+    Slice with a negative step)."""
+    shape = cv.type(x).shape
+    for d in {d % len(shape) for d in dims}:
+        n = shape[d]
+        if not isinstance(n, int):
+            raise Unsupported(f"a flip of named dim {n}")
+        if n > 1:
+            x = cv.op("gather", x, cv.op("range", start=n - 1, stop=-1, step=-1, dtype="i64"), axis=d)
+    return x
+
+
 @aten("stack")
 def _stack(cv, tensors, dim=0):
     rank = cv.out_type.rank

@@ -1,0 +1,178 @@
+"""Random ONNX graphs from hypothesis, compiled from the file and run against onnxruntime on the
+same file: the importer's reading of each op's attributes and inputs (negative axes and indices,
+broadcasting, steps, keepdims, pad modes' constant value) together with the kernels, where a
+test of one op at a time checks one reading at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extras: pip install '.[test]'")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import eqfuse  # noqa: E402
+
+F = TensorProto.FLOAT
+SIZES = [1, 3, 8]
+UNARY = ["Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Erf", "Softplus"]
+BINARY = ["Add", "Sub", "Mul", "Max", "Min"]
+
+
+@st.composite
+def random_onnx(draw):
+    """(model bytes, input shape): a chain of 1 to 5 ops over one f32 input of rank 1 to 4, each
+    op's operand drawn from the values so far, its constants (initializers) of the shapes it
+    needs."""
+    shape = tuple(draw(st.sampled_from(SIZES)) for _ in range(draw(st.integers(1, 4))))
+    vals = {"x": shape}
+    nodes, inits = [], []
+    rng = np.random.default_rng(draw(st.integers(0, 1000)))
+
+    def const(arr) -> str:
+        name = f"c{len(inits)}"
+        inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    for i in range(draw(st.integers(1, 5))):
+        x = draw(st.sampled_from(sorted(vals)))
+        s = vals[x]
+        r = len(s)
+        out = f"v{i}"
+        ax = draw(st.integers(-r, r - 1))
+        a = ax % r
+        kind = draw(st.sampled_from(["unary", "binary", "binary", "transpose", "slice", "concat", "pad", "reduce",
+                                     "softmax", "gather", "unsqueeze", "reshape", "expand", "where", "matmul",
+                                     "layernorm", "clip", "cumsum", "tile", "split"]))
+        if kind == "unary":
+            nodes.append(helper.make_node(draw(st.sampled_from(UNARY)), [x], [out]))
+            t = s
+        elif kind == "binary":  # the other operand broadcast: a trailing part of s with some ones
+            k = draw(st.integers(0, r))
+            other = tuple(1 if draw(st.booleans()) else d for d in s[r - k:])
+            y = draw(st.sampled_from([v for v, vs in vals.items() if vs == s] + [None]))
+            operand = y if y and draw(st.booleans()) else const(rng.standard_normal(other).astype(np.float32))
+            pair = [x, operand] if draw(st.booleans()) else [operand, x]
+            nodes.append(helper.make_node(draw(st.sampled_from(BINARY)), pair, [out]))
+            t = s
+        elif kind == "transpose":
+            perm = list(draw(st.permutations(range(r))))
+            nodes.append(helper.make_node("Transpose", [x], [out], perm=perm))
+            t = tuple(s[p] for p in perm)
+        elif kind == "slice":
+            step = draw(st.sampled_from([1, 1, 2, 3, -1, -2]))
+            n = s[a]
+            if step > 0:
+                start = draw(st.integers(-n, n - 1))
+                stop = draw(st.integers((start % n) + 1, n + 2))
+            else:
+                start = draw(st.integers(-1, n - 1))
+                stop = draw(st.sampled_from([-n - 5, -(n + 1) if n > 1 else -n - 5]))
+            got = len(range(*slice(start, stop, step).indices(n)))
+            if got == 0:
+                continue
+            nodes.append(helper.make_node("Slice", [x, const([start]), const([stop]), const([ax]), const([step])],
+                                          [out]))
+            t = s[:a] + (got,) + s[a + 1:]
+        elif kind == "concat":
+            y = const(rng.standard_normal(s[:a] + (2,) + s[a + 1:]).astype(np.float32))
+            nodes.append(helper.make_node("Concat", [x, y, x], [out], axis=ax))
+            t = s[:a] + (2 * s[a] + 2,) + s[a + 1:]
+        elif kind == "pad":
+            pads = [draw(st.integers(0, 2)) for _ in range(2 * r)]
+            value = draw(st.sampled_from([0.0, -1.5]))
+            nodes.append(helper.make_node("Pad", [x, const(pads), const(np.float32(value))], [out]))
+            t = tuple(d + pads[k] + pads[k + r] for k, d in enumerate(s))
+        elif kind == "reduce":
+            op = draw(st.sampled_from(["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2"]))
+            keep = draw(st.booleans())
+            if op == "ReduceSum":
+                nodes.append(helper.make_node(op, [x, const([ax])], [out], keepdims=int(keep)))
+            else:  # (opset 18 takes axes as an input for all of them)
+                nodes.append(helper.make_node(op, [x, const([ax])], [out], keepdims=int(keep)))
+            t = s[:a] + ((1,) if keep else ()) + s[a + 1:]
+            if not t:
+                continue
+        elif kind == "softmax":
+            nodes.append(helper.make_node(draw(st.sampled_from(["Softmax", "LogSoftmax"])), [x], [out], axis=ax))
+            t = s
+        elif kind == "gather":
+            idx = rng.integers(-s[a], s[a], draw(st.sampled_from([(2,), (1, 3), ()])))
+            nodes.append(helper.make_node("Gather", [x, const(idx.astype(np.int64))], [out], axis=ax))
+            t = s[:a] + idx.shape + s[a + 1:]
+            if not t or len(t) > 4:
+                continue
+        elif kind == "unsqueeze" and r < 4:
+            u = draw(st.integers(-r - 1, r))
+            nodes.append(helper.make_node("Unsqueeze", [x, const([u])], [out]))
+            t = list(s)
+            t.insert(u % (r + 1), 1)
+            t = tuple(t)
+        elif kind == "reshape" and r > 1:  # two neighbouring axes merged, written with a -1 or a 0
+            b = draw(st.integers(0, r - 2))
+            t = s[:b] + (s[b] * s[b + 1],) + s[b + 2:]
+            spec = [0 if k < b and draw(st.booleans()) else d for k, d in enumerate(t)]
+            spec[b] = -1 if draw(st.booleans()) else spec[b]
+            nodes.append(helper.make_node("Reshape", [x, const(np.array(spec, np.int64))], [out]))
+        elif kind == "expand" and 1 in s:
+            t = tuple(4 if d == 1 else d for d in s)
+            nodes.append(helper.make_node("Expand", [x, const(np.array(t, np.int64))], [out]))
+        elif kind == "where":
+            cond = f"m{i}"
+            nodes.append(helper.make_node("Greater", [x, const(np.float32(0.2))], [cond]))
+            nodes.append(helper.make_node("Where", [cond, x, const(np.float32(-3.0))], [out]))
+            t = s
+        elif kind == "matmul":
+            n = draw(st.sampled_from([1, 5, 8]))
+            nodes.append(helper.make_node("MatMul", [x, const(rng.standard_normal((s[-1], n)).astype(np.float32))],
+                                          [out]))
+            t = s[:-1] + (n,)
+        elif kind == "layernorm":
+            nodes.append(helper.make_node("LayerNormalization",
+                                          [x, const(rng.uniform(0.5, 1.5, s[-1]).astype(np.float32)),
+                                           const(rng.standard_normal(s[-1]).astype(np.float32))], [out], axis=-1))
+            t = s
+        elif kind == "clip":
+            nodes.append(helper.make_node("Clip", [x, const(np.float32(-0.5)), const(np.float32(0.7))], [out]))
+            t = s
+        elif kind == "cumsum":
+            nodes.append(helper.make_node("CumSum", [x, const(np.int64(ax))], [out],
+                                          reverse=int(draw(st.booleans())), exclusive=int(draw(st.booleans()))))
+            t = s
+        elif kind == "tile":
+            reps = [draw(st.integers(1, 2)) for _ in range(r)]
+            nodes.append(helper.make_node("Tile", [x, const(np.array(reps, np.int64))], [out]))
+            t = tuple(d * k for d, k in zip(s, reps))
+        elif kind == "split" and s[a] >= 2:
+            first = draw(st.integers(1, s[a] - 1))
+            nodes.append(helper.make_node("Split", [x, const(np.array([first, s[a] - first], np.int64))],
+                                          [f"{out}a", out], axis=ax))
+            t = s[:a] + (s[a] - first,) + s[a + 1:]
+        else:
+            continue
+        vals[out] = t
+    last = [v for v in vals if v != "x"]
+    if not last:  # every draw skipped: one op at least
+        nodes.append(helper.make_node("Relu", ["x"], ["v"]))
+        last = ["v"]
+    g = helper.make_graph(nodes, "r", [helper.make_tensor_value_info("x", F, list(shape))],
+                          [helper.make_tensor_value_info(last[-1], F, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString(), shape
+
+
+@pytest.mark.heavy
+@settings(max_examples=15, deadline=None)
+@given(random_onnx())
+def test_random_onnx_graphs_match_onnxruntime(tmp_path_factory, model):
+    data, shape = model
+    path = tmp_path_factory.mktemp("m") / "m.onnx"
+    path.write_bytes(data)
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    (want,) = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = eqfuse.compile(str(path))(x=x)
+    text = onnx.printer.to_text(onnx.load_from_string(data).graph)
+    assert got.shape == want.shape, text
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=text)
