@@ -34,7 +34,10 @@ SUPPORTED = [
     "gather", "gather_elements", "gathernd", "expand", "squeeze", "unsqueeze", "flatten",
     "split", "maxpool", "averagepool", "globalaveragepool", "globalmaxpool", "clip",
     "leakyrelu", "hardsigmoid", "hardswish", "softplus", "reduce_min", "reduce_prod", "reduce_l2", "argmax",
-    "tril", "triu", "tile", "instancenorm", "scatternd", "logsoftmax",
+    "tril", "triu", "tile", "instancenorm", "scatternd", "logsoftmax", "argmin",
+    # activations written with the op table's, rounding and trigonometry
+    "elu", "selu", "celu", "thresholdedrelu", "softsign", "mish", "shrink", "round", "tan", "asin", "acos", "atan",
+    "sinh", "cosh", "asinh", "acosh", "atanh",
 ]
 # Cast (f32 <-> i64/i32/bool), Einsum, CumSum, Range, Pad: onnx's cases use other dtypes or runtime
 # attributes (see EXCLUDED); tests/test_onnx_import.py checks them on the cases exporters write.
@@ -67,6 +70,7 @@ EXCLUDED = {
     r"test_tril_zero|test_triu_zero": "empty tensor (a 0-sized dimension)",
     r"test_constant_pad(_axes|_negative_axes)?_cpu": "Pad with a runtime constant_value (a constant one is supported)",
     r"test_identity_sequence|test_identity_opt": "sequence / optional values",
+    r"test_celu_(b?float16)": "float16 and bfloat16 tensors",
 }
 
 INCLUDE = re.compile(rf"^test_({'|'.join(SUPPORTED)})(_.*)?_cpu$")

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import eqfuse  # noqa: E402
 
 F = TensorProto.FLOAT
-SIZES = [1, 3, 8]
+SIZES = [1, 3, 8]  # (8: a vector's width; convs and pools take what these give)
 UNARY = ["Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Erf", "Softplus"]
 BINARY = ["Add", "Sub", "Mul", "Max", "Min"]
 
@@ -46,7 +46,9 @@ def random_onnx(draw):
         a = ax % r
         kind = draw(st.sampled_from(["unary", "binary", "binary", "transpose", "slice", "concat", "pad", "reduce",
                                      "softmax", "gather", "unsqueeze", "reshape", "expand", "where", "matmul",
-                                     "layernorm", "clip", "cumsum", "tile", "split"]))
+                                     "layernorm", "clip", "cumsum", "tile", "split", "conv", "conv", "pool", "gemm",
+                                     "variadic", "div", "pow", "squeeze", "flatten", "gather_elements", "argmax",
+                                     "batchnorm", "instancenorm", "activation", "trilu", "bmm"]))
         if kind == "unary":
             nodes.append(helper.make_node(draw(st.sampled_from(UNARY)), [x], [out]))
             t = s
@@ -151,6 +153,135 @@ def random_onnx(draw):
             nodes.append(helper.make_node("Split", [x, const(np.array([first, s[a] - first], np.int64))],
                                           [f"{out}a", out], axis=ax))
             t = s[:a] + (s[a] - first,) + s[a + 1:]
+        elif kind == "conv" and r == 4 and s[1] > 0:  # any kernel, stride, dilation, asymmetric pads, groups
+            c, (h, w) = s[1], s[2:]
+            k = [draw(st.integers(1, 3)) for _ in range(2)]
+            dil = [draw(st.integers(1, 2)) for _ in range(2)]
+            stride = [draw(st.integers(1, 2)) for _ in range(2)]
+            pads = [draw(st.integers(0, 2)) for _ in range(4)]
+            group = draw(st.sampled_from([1, c]))
+            o = c * draw(st.integers(1, 2)) if group == c else draw(st.sampled_from([1, 4, 8]))
+            oh, ow = ((n + pads[j] + pads[j + 2] - dil[j] * (k[j] - 1) - 1) // stride[j] + 1 for j, n in enumerate((h, w)))
+            if oh < 1 or ow < 1:
+                continue
+            ins = [x, const((rng.standard_normal((o, c // group, *k)) / np.sqrt(c // group * k[0] * k[1])).astype(np.float32))]
+            if draw(st.booleans()):
+                ins.append(const(rng.standard_normal(o).astype(np.float32)))
+            nodes.append(helper.make_node("Conv", ins, [out], kernel_shape=k, strides=stride, dilations=dil, pads=pads,
+                                          group=group))
+            t = (s[0], o, oh, ow)
+        elif kind == "pool" and r == 4:
+            op = draw(st.sampled_from(["MaxPool", "AveragePool"]))
+            k = [draw(st.integers(1, 3)) for _ in range(2)]
+            stride = [draw(st.integers(1, 2)) for _ in range(2)]
+            pads = [draw(st.integers(0, k[j % 2] - 1)) for j in range(4)]
+            ceil = int(draw(st.booleans()))
+            attrs = dict(kernel_shape=k, strides=stride, pads=pads, ceil_mode=ceil)
+            if op == "AveragePool":
+                attrs["count_include_pad"] = int(draw(st.booleans()))
+            dims = []
+            for j, n in enumerate(s[2:]):
+                span = n + pads[j] + pads[j + 2] - k[j]
+                m = (-(-span // stride[j]) if ceil else span // stride[j]) + 1
+                if ceil and (m - 1) * stride[j] >= n + pads[j]:  # a last window starting in the end pad is dropped
+                    m -= 1
+                dims.append(m)
+            if min(dims) < 1:
+                continue
+            nodes.append(helper.make_node(op, [x], [out], **attrs))
+            t = s[:2] + tuple(dims)
+        elif kind == "gemm" and r == 2:
+            ta, tb = draw(st.booleans()), draw(st.booleans())
+            m_, k_ = (s[1], s[0]) if ta else s
+            n = draw(st.sampled_from([1, 5, 8]))
+            b = rng.standard_normal((n, k_) if tb else (k_, n)).astype(np.float32)
+            cshape = draw(st.sampled_from([(n,), (1, n), (m_, n), (m_, 1)]))
+            nodes.append(helper.make_node("Gemm", [x, const(b), const(rng.standard_normal(cshape).astype(np.float32))],
+                                          [out], transA=int(ta), transB=int(tb),
+                                          alpha=draw(st.sampled_from([1.0, 0.5])), beta=draw(st.sampled_from([1.0, -2.0]))))
+            t = (m_, n)
+        elif kind == "bmm":  # MatMul broadcasting a batch of weights, or a 1-D one
+            n = draw(st.sampled_from([1, 3, 8]))
+            wshape = draw(st.sampled_from([(2, s[-1], n), (s[-1],)])) if r <= 2 else (s[-1], n)
+            nodes.append(helper.make_node("MatMul", [x, const(rng.standard_normal(wshape).astype(np.float32))], [out]))
+            if wshape == (s[-1],):
+                t = s[:-1]
+            elif len(wshape) == 3:
+                t = (2,) + (s[:-1] if r == 2 else ()) + (n,)
+            else:
+                t = s[:-1] + (n,)
+            if not t:
+                continue
+        elif kind == "variadic":
+            others = [const(rng.standard_normal(tuple(1 if draw(st.booleans()) else d for d in s)).astype(np.float32))
+                      for _ in range(2)]
+            nodes.append(helper.make_node(draw(st.sampled_from(["Sum", "Mean", "Max", "Min"])), [x] + others, [out]))
+            t = s
+        elif kind == "div":
+            d = f"d{i}"
+            nodes.append(helper.make_node("Abs", [x], [d + "a"]))
+            nodes.append(helper.make_node("Add", [d + "a", const(np.float32(0.5))], [d]))
+            pair = [const(rng.standard_normal(s[-1:]).astype(np.float32)), d] if draw(st.booleans()) else [x, d]
+            nodes.append(helper.make_node("Div", pair, [out]))
+            t = s
+        elif kind == "pow":
+            d = f"p{i}"
+            nodes.append(helper.make_node("Abs", [x], [d]))
+            nodes.append(helper.make_node("Pow", [d, const(np.float32(draw(st.sampled_from([2.0, 0.5, 3.0]))))], [out]))
+            t = s
+        elif kind == "squeeze" and 1 in s and r > 1:
+            axes = [k - r if draw(st.booleans()) else k for k, d in enumerate(s) if d == 1][:r - 1]
+            nodes.append(helper.make_node("Squeeze", [x, const(np.array(axes, np.int64))], [out]))
+            t = tuple(d for k, d in enumerate(s) if k % r not in {q % r for q in axes})
+        elif kind == "flatten":
+            f_ax = draw(st.integers(-r, r))
+            nodes.append(helper.make_node("Flatten", [x], [out], axis=f_ax))
+            f_ax %= r + 1
+            t = (int(np.prod(s[:f_ax])), int(np.prod(s[f_ax:])))
+        elif kind == "gather_elements":
+            idx = rng.integers(-s[a], s[a], s).astype(np.int64)
+            nodes.append(helper.make_node("GatherElements", [x, const(idx)], [out], axis=ax))
+            t = s
+        elif kind == "argmax":
+            keep = draw(st.booleans())
+            am = f"am{i}"
+            nodes.append(helper.make_node(draw(st.sampled_from(["ArgMax", "ArgMin"])), [x], [am], axis=ax,
+                                          keepdims=int(keep)))
+            nodes.append(helper.make_node("Cast", [am], [out], to=F))
+            t = s[:a] + ((1,) if keep else ()) + s[a + 1:]
+            if not t:
+                continue
+        elif kind == "batchnorm" and r >= 2:
+            c = s[1]
+            nodes.append(helper.make_node("BatchNormalization", [x] + [
+                const(v.astype(np.float32)) for v in (rng.uniform(0.5, 1.5, c), rng.standard_normal(c),
+                                                      rng.standard_normal(c), rng.uniform(0.5, 2.0, c))], [out]))
+            t = s
+        elif kind == "instancenorm" and r >= 3:
+            c = s[1]
+            nodes.append(helper.make_node("InstanceNormalization", [x, const(rng.uniform(0.5, 1.5, c).astype(np.float32)),
+                                                                    const(rng.standard_normal(c).astype(np.float32))],
+                                          [out], epsilon=1e-3))
+            t = s
+        elif kind == "activation":
+            op, attrs = draw(st.sampled_from([("LeakyRelu", dict(alpha=0.1)), ("HardSigmoid", dict(alpha=0.3, beta=0.4)),
+                                              ("HardSwish", {}), ("Elu", dict(alpha=0.7)), ("Selu", {}),
+                                              ("Celu", dict(alpha=1.5)), ("ThresholdedRelu", dict(alpha=0.3)),
+                                              ("Sign", {}), ("Floor", {}), ("Ceil", {}), ("Round", {}),
+                                              ("Reciprocal", {}), ("Sin", {}), ("Cos", {}), ("Softsign", {}),
+                                              ("Mish", {}), ("IsInf", {}), ("Not", {})]))
+            if op in ("IsInf", "Not"):
+                b_ = f"b{i}"
+                first = helper.make_node("IsInf", [x], [b_]) if op == "IsInf" else \
+                    helper.make_node("Less", [x, const(np.float32(0.1))], [b_])
+                nodes += [first, helper.make_node("Cast", [b_], [out], to=F)]
+            else:
+                nodes.append(helper.make_node(op, [x], [out], **attrs))
+            t = s
+        elif kind == "trilu" and r >= 2:
+            nodes.append(helper.make_node("Trilu", [x, const(np.int64(draw(st.integers(-2, 2))))], [out],
+                                          upper=int(draw(st.booleans()))))
+            t = s
         else:
             continue
         vals[out] = t

@@ -188,6 +188,15 @@ OP_SEMANTICS = {
     "sign": ("x: f32[3, 4]", "sign(x)", lambda x: (x > 0).astype(float) - (x < 0)),
     "ceil": ("x: f32[3, 4]", "ceil(3 * x)", lambda x: np.array([-int(-v // 1) for v in (3 * x).flat]).reshape(x.shape)),
     "floor": ("x: f32[3, 4]", "floor(3 * x)", lambda x: np.array([int(v // 1) for v in (3 * x).flat]).reshape(x.shape)),
+    # halves to even by Python's round; the rest by math's functions, element by element
+    "round": ("x: f32[3, 4]", "round(2 * x) + round(x * 0 + 2.5) + round(x * 0 - 0.5)",
+              lambda x: np.vectorize(round)(2 * x) + 2.0 - 0.0),
+    **{op: ("x: f32[3, 4]", f"{op}({arg})", (lambda fn, g: lambda x: np.vectorize(fn)(g(x)))(getattr(math, op), g))
+       for op, arg, g in [("tan", "x", lambda x: x), ("asin", "x * 0.3", lambda x: x * 0.3),
+                          ("acos", "x * 0.3", lambda x: x * 0.3), ("atan", "x", lambda x: x),
+                          ("sinh", "x", lambda x: x), ("cosh", "x", lambda x: x), ("asinh", "x", lambda x: x),
+                          ("acosh", "abs(x) + 1", lambda x: abs(x) + 1), ("atanh", "x * 0.3", lambda x: x * 0.3),
+                          ("expm1", "x", lambda x: x), ("log1p", "abs(x)", lambda x: abs(x))]},
     "gelu": ("x: f32[3, 4]", "gelu(x) - gelu(x, approximate=\"tanh\")",
              lambda x: 0.5 * x * (1 + erf(x / math.sqrt(2))) - 0.5 * x * (1 + np.tanh(SQRT_2_PI * (x + 0.044715 * x ** 3)))),
     "add": ("x: f32[3, 4], y: f32[4]", "add(x, y)", lambda x, y: x + y),

@@ -27,7 +27,8 @@ BINARY_CASES = [
 CASES = {
     **{name: UNARY_CASES for name in
        ("neg", "abs", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "erf", "silu",
-        "sin", "cos", "sign", "ceil", "floor")},
+        "sin", "cos", "sign", "ceil", "floor", "round", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+        "acosh", "atanh", "expm1", "log1p")},
     "gelu": UNARY_CASES + [(["B, 3"], 'approximate="tanh"'), (["4"], 'approximate="none"')],
     **{name: BINARY_CASES for name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "floordiv", "mod")},
     "matmul": [

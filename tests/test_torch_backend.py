@@ -313,6 +313,19 @@ class Assignments(nn.Module):
         return y, z * 2 + pos[: x.shape[1]]
 
 
+class Activations(nn.Module):
+    """The activations and roundings torch writes as their own ATen ops (selu as elu with a scale,
+    logsigmoid as a forward with a buffer), and the trigonometry beyond sin and cos."""
+
+    def forward(self, x):
+        nf = nn.functional
+        acts = (nf.elu(x, 0.7) + nf.selu(x) + nf.celu(x, 1.5) + nf.mish(x) + nf.softsign(x) + nf.logsigmoid(x)
+                + torch.threshold(x, 0.2, -1.0) + torch.expm1(x * 1e-3) * 1e3 + torch.log1p(x.abs()))
+        rounds = torch.round(x * 3) + torch.trunc(x * 3) + torch.frac(x * 3)
+        trig = torch.atan(x) + torch.tan(x * 0.5) + torch.sinh(x) + torch.cosh(x) + torch.asinh(x) + torch.atanh(x * 0.3)
+        return acts, rounds, trig
+
+
 class Unfolds(nn.Module):
     """nn.Unfold: ConvBERT's span convolution over the sequence (a [k, 1] kernel, padded), and a
     strided, dilated 2-D one; torch.flip and a log-softmax beside them."""
@@ -368,6 +381,7 @@ def test_many_aten_ops():
     check(CeilPools(), torch.randn(2, 3, 7, 8))
     check(Assignments(), torch.randn(4, 6))
     check(Unfolds(), torch.randn(2, 3, 7, 8))
+    check(Activations(), torch.tensor([[0.5, -0.5, 1.5, -2.5, 0.0]]) * torch.ones(3, 1) + torch.randn(3, 5) * 0.1)
 
 
 def _affinities() -> dict[int, set]:

@@ -157,6 +157,9 @@ TORCH: dict[str, Callable] = {
     "sign": lambda t, a, at: t.sign(a[0]),
     "ceil": lambda t, a, at: t.ceil(a[0]),
     "floor": lambda t, a, at: t.floor(a[0]),
+    "round": lambda t, a, at: t.round(a[0]),
+    **{op: (lambda op: lambda t, a, at: getattr(t, op)(a[0]))(op)
+       for op in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "expm1", "log1p")},
     "gelu": _gelu,
     "add": lambda t, a, at: a[0] + a[1],
     "sub": lambda t, a, at: a[0] - a[1],

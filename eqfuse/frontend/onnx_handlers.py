@@ -31,7 +31,9 @@ F32 = np.float32
 
 for _onnx, _ours in {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp",
                      "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Log": "log",
-                     "Sin": "sin", "Cos": "cos", "Sign": "sign", "Ceil": "ceil", "Floor": "floor"}.items():
+                     "Sin": "sin", "Cos": "cos", "Sign": "sign", "Ceil": "ceil", "Floor": "floor",
+                     "Round": "round", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan",
+                     "Sinh": "sinh", "Cosh": "cosh", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh"}.items():
     HANDLERS[_onnx] = ((lambda o: lambda imp, ins, at: imp.op(o, [imp.data(ins[0], imp.node.input[0])]))(_ours),
                        {"consumed_inputs"})
 

@@ -221,12 +221,15 @@ def _cumsum(imp, ins, at):
                   exclusive=bool(at.get("exclusive", 0)), reverse=bool(at.get("reverse", 0)))
 
 
-@handles("ArgMax", attrs=("axis", "keepdims", "select_last_index"))
+@handles("ArgMax", "ArgMin", attrs=("axis", "keepdims", "select_last_index"))
 def _argmax(imp, ins, at):
+    """ArgMin as the argmax of -x: the first of the smallest, as the first of the largest."""
     if at.get("select_last_index", 0):
         raise Unsupported("select_last_index")
-    return imp.op("argmax", [imp.data(ins[0], imp.node.input[0])], axis=at.get("axis", 0),
-                  keepdims=bool(at.get("keepdims", 1)))
+    x = imp.data(ins[0], imp.node.input[0])
+    if imp.node.op_type == "ArgMin":
+        x = imp.op("neg", [x])
+    return imp.op("argmax", [x], axis=at.get("axis", 0), keepdims=bool(at.get("keepdims", 1)))
 
 
 @handles("ReduceProd", "ReduceL2", attrs=("axes", "keepdims", "noop_with_empty_axes"))
@@ -344,6 +347,38 @@ def _hard_sigmoid(imp, ins, at):
 def _unary_act(imp, ins, at):
     name = {"HardSwish": "hard_swish", "Softplus": "softplus"}[imp.node.op_type]
     return imp.op(name, [imp.data(ins[0], imp.node.input[0])])
+
+
+SELU_ALPHA, SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875  # ONNX's defaults
+
+
+@handles("Elu", "Selu", "Celu", "ThresholdedRelu", "Softsign", "Mish", "Shrink",
+         attrs=("alpha", "gamma", "lambd", "bias"))
+def _composed_act(imp, ins, at):
+    """The activations onnxruntime computes in one op, written with the op table's (the optimizer
+    fuses each into the pointwise kernel around it), as the ONNX spec defines them."""
+    x, op, c = imp.data(ins[0], imp.node.input[0]), imp.node.op_type, imp.const
+
+    def f(name, *args):
+        return imp.op(name, list(args))
+
+    if op in ("Elu", "Selu"):
+        alpha = at.get("alpha", 1.0 if op == "Elu" else SELU_ALPHA)
+        y = f("where", f("gt", x, c(0.0)), x, f("mul", c(alpha), f("sub", f("exp", x), c(1.0))))
+        return y if op == "Elu" else f("mul", y, c(at.get("gamma", SELU_GAMMA)))
+    if op == "Celu":  # max(0, x) + min(0, alpha * (exp(x / alpha) - 1))
+        alpha = at.get("alpha", 1.0)
+        return f("add", f("relu", x), f("minimum", c(0.0), f("mul", c(alpha), f("sub", f("exp", f("div", x, c(alpha))),
+                                                                              c(1.0)))))
+    if op == "ThresholdedRelu":
+        return f("where", f("gt", x, c(at.get("alpha", 1.0))), x, c(0.0))
+    if op == "Softsign":
+        return f("div", x, f("add", f("abs", x), c(1.0)))
+    if op == "Mish":
+        return f("mul", x, f("tanh", f("softplus", x)))
+    lambd, bias = at.get("lambd", 0.5), at.get("bias", 0.0)  # Shrink
+    return f("where", f("lt", x, c(-lambd)), f("add", x, c(bias)),
+             f("where", f("gt", x, c(lambd)), f("sub", x, c(bias)), c(0.0)))
 
 
 @handles("Einsum", attrs=("equation",))

@@ -52,8 +52,53 @@ def _float_unary(name: str):
 
 
 for _aten, _ours in {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "log": "log",
-                     "sqrt": "sqrt", "rsqrt": "rsqrt", "erf": "erf", "silu": "silu", "hardswish": "hard_swish", "sin": "sin", "cos": "cos"}.items():
+                     "sqrt": "sqrt", "rsqrt": "rsqrt", "erf": "erf", "silu": "silu", "hardswish": "hard_swish", "sin": "sin", "cos": "cos",
+                     "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh",
+                     "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "expm1": "expm1", "log1p": "log1p"}.items():
     aten(_aten)(_float_unary(_ours))
+
+
+@aten("elu", "celu")
+def _elu(cv, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """elu (selu is elu with scale): scale * (x if x > 0 else alpha * (exp(x * input_scale) - 1));
+    celu: alpha * (exp(x / alpha) - 1) below 0."""
+    x = cv.cast(x, "f32")
+    if cv.node.target.__name__.startswith("celu"):
+        scale, input_scale = 1.0, 1.0 / alpha
+    e = cv.op("expm1", cv.op("mul", x, cv.const(input_scale)) if input_scale != 1 else x)
+    y = cv.op("where", cv.op("gt", x, cv.const(0.0)), x, cv.op("mul", e, cv.const(alpha)))
+    return y if scale == 1 else cv.op("mul", y, cv.const(scale))
+
+
+@aten("mish")
+def _mish(cv, x):
+    x = cv.cast(x, "f32")
+    return cv.op("mul", x, cv.op("tanh", cv.op("softplus", x)))
+
+
+@aten("threshold")
+def _threshold(cv, x, threshold, value):
+    return cv.op("where", cv.op("gt", x, cv.const(threshold)), x, cv.const(value))
+
+
+@aten("log_sigmoid_forward")
+def _log_sigmoid(cv, x):
+    """log(sigmoid(x)) = -softplus(-x); the second output is backward's buffer, not computed."""
+    return cv.op("neg", cv.op("softplus", cv.op("neg", x))), None
+
+
+@aten("round", "trunc", "frac")
+def _round(cv, x):
+    """round halves to even; trunc toward 0 (the floor of |x| with x's sign); frac is x - trunc(x);
+    an integer tensor rounds to itself."""
+    name = cv.node.target.__name__.split(".")[0]
+    if cv.type(x).dtype in ("i64", "i32") and cv.out_type.dtype == cv.type(x).dtype:
+        return x if name != "frac" else cv.op("mul", x, cv.const(0))
+    x = cv.cast(x, "f32")
+    if name == "round":
+        return cv.op("round", x)
+    whole = cv.op("where", cv.op("lt", x, cv.const(0.0)), cv.op("ceil", x), cv.op("floor", x))
+    return whole if name == "trunc" else cv.op("sub", x, whole)
 
 
 @aten("sign")

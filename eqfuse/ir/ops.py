@@ -178,6 +178,21 @@ _UNARY = [
     ("sign", lambda a, _: np.sign(a[0]), "(({0}) != ({0}) ? ({0}) : (({0}) > 0) - (({0}) < 0))", 2),
     ("ceil", lambda a, _: np.ceil(a[0]), "ceilf({0})", 1),
     ("floor", lambda a, _: np.floor(a[0]), "floorf({0})", 1),
+    # halves to even, as numpy and ONNX's Round (rintf in the default rounding mode)
+    ("round", lambda a, _: np.round(a[0]), "rintf({0})", 1),
+    # the rest of ONNX's trigonometry: libm's scalar calls (rare in models; not vectorized)
+    ("tan", lambda a, _: np.tan(a[0]), "tanf({0})", 8),
+    ("asin", lambda a, _: np.arcsin(a[0]), "asinf({0})", 8),
+    ("acos", lambda a, _: np.arccos(a[0]), "acosf({0})", 8),
+    ("atan", lambda a, _: np.arctan(a[0]), "atanf({0})", 8),
+    ("sinh", lambda a, _: np.sinh(a[0]), "sinhf({0})", 8),
+    ("cosh", lambda a, _: np.cosh(a[0]), "coshf({0})", 8),
+    ("asinh", lambda a, _: np.arcsinh(a[0]), "asinhf({0})", 8),
+    ("acosh", lambda a, _: np.arccosh(a[0]), "acoshf({0})", 8),
+    ("atanh", lambda a, _: np.arctanh(a[0]), "atanhf({0})", 8),
+    # torch's: exact near 0, where exp(x) - 1 and log(1 + x) cancel
+    ("expm1", lambda a, _: np.expm1(a[0]), "expm1f({0})", 8),
+    ("log1p", lambda a, _: np.log1p(a[0]), "log1pf({0})", 8),
 ]
 # op -> (fast C expression, the guard under which it is exact)
 _TWO_PASS = {
