@@ -37,7 +37,7 @@ SUPPORTED = [
     "tril", "triu", "tile", "instancenorm", "scatternd", "logsoftmax", "argmin",
     # activations written with the op table's, rounding and trigonometry
     "elu", "selu", "celu", "thresholdedrelu", "softsign", "mish", "shrink", "round", "tan", "asin", "acos", "atan",
-    "sinh", "cosh", "asinh", "acosh", "atanh",
+    "sinh", "cosh", "asinh", "acosh", "atanh", "isinf",
 ]
 # Cast (f32 <-> i64/i32/bool), Einsum, CumSum, Range, Pad: onnx's cases use other dtypes or runtime
 # attributes (see EXCLUDED); tests/test_onnx_import.py checks them on the cases exporters write.

@@ -238,6 +238,17 @@ def random_layout_model(draw):
 @settings(max_examples=15, deadline=None)
 @given(random_layout_model(), st.sampled_from([True, False]))
 def test_random_layout_graphs_compile_and_match_the_reference(model, fuse):
+    check_layout_model(model, fuse)
+
+
+@pytest.mark.extended
+@settings(max_examples=150, deadline=None)
+@given(random_layout_model(), st.sampled_from([True, False]))
+def test_many_random_layout_graphs_compile_and_match_the_reference(model, fuse):
+    check_layout_model(model, fuse)
+
+
+def check_layout_model(model, fuse):
     src, bounds = model
     g = one_graph(src)
     rng = np.random.default_rng(11)

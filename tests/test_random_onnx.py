@@ -298,6 +298,17 @@ def random_onnx(draw):
 @settings(max_examples=15, deadline=None)
 @given(random_onnx())
 def test_random_onnx_graphs_match_onnxruntime(tmp_path_factory, model):
+    check(tmp_path_factory, model)
+
+
+@pytest.mark.extended
+@settings(max_examples=200, deadline=None)
+@given(random_onnx())
+def test_many_random_onnx_graphs_match_onnxruntime(tmp_path_factory, model):
+    check(tmp_path_factory, model)
+
+
+def check(tmp_path_factory, model):
     data, shape = model
     path = tmp_path_factory.mktemp("m") / "m.onnx"
     path.write_bytes(data)

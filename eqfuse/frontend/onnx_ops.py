@@ -43,6 +43,20 @@ def _not(imp, ins, at):
     return imp.op(name, [imp.data(ins[0], imp.node.input[0])])
 
 
+@handles("IsInf", attrs=("detect_negative", "detect_positive"))
+def _isinf(imp, ins, at):
+    """x - x is NaN where x is infinite or NaN: infinite where it is and x is not NaN (then of the
+    sign asked for)."""
+    x = imp.data(ins[0], imp.node.input[0])
+    inf = imp.op("logical_and", [imp.op("isnan", [imp.op("sub", [x, x])]), imp.op("logical_not", [imp.op("isnan", [x])])])
+    neg, pos = at.get("detect_negative", 1), at.get("detect_positive", 1)
+    if neg and pos:
+        return inf
+    if not (neg or pos):
+        return imp.op("logical_and", [inf, imp.op("isnan", [x])])  # false everywhere, in x's shape
+    return imp.op("logical_and", [inf, imp.op("lt" if neg else "gt", [x, imp.const(0.0)])])
+
+
 @handles("Where")
 def _where(imp, ins, at):
     r = max(_rank(imp, v) for v in ins)
