@@ -236,7 +236,7 @@ def random_onnx(draw):
         elif kind == "flatten":
             f_ax = draw(st.integers(-r, r))
             nodes.append(helper.make_node("Flatten", [x], [out], axis=f_ax))
-            f_ax %= r + 1
+            f_ax += r if f_ax < 0 else 0
             t = (int(np.prod(s[:f_ax])), int(np.prod(s[f_ax:])))
         elif kind == "gather_elements":
             idx = rng.integers(-s[a], s[a], s).astype(np.int64)
