@@ -313,17 +313,40 @@ class Assignments(nn.Module):
         return y, z * 2 + pos[: x.shape[1]]
 
 
-class Activations(nn.Module):
-    """The activations and roundings torch writes as their own ATen ops (selu as elu with a scale,
-    logsigmoid as a forward with a buffer), and the trigonometry beyond sin and cos."""
+class Lambda(nn.Module):
+    """A module of one function (each small graph compiles on its own: the e-graph of one with
+    dozens of pointwise ops over the same input holds tens of thousands of fused candidates)."""
 
-    def forward(self, x):
-        nf = nn.functional
-        acts = (nf.elu(x, 0.7) + nf.selu(x) + nf.celu(x, 1.5) + nf.mish(x) + nf.softsign(x) + nf.logsigmoid(x)
-                + torch.threshold(x, 0.2, -1.0) + torch.expm1(x * 1e-3) * 1e3 + torch.log1p(x.abs()))
-        rounds = torch.round(x * 3) + torch.trunc(x * 3) + torch.frac(x * 3)
-        trig = torch.atan(x) + torch.tan(x * 0.5) + torch.sinh(x) + torch.cosh(x) + torch.asinh(x) + torch.atanh(x * 0.3)
-        return acts, rounds, trig
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _nans(x):
+    z = torch.where(x > 1, x / 0, x)
+    return torch.where(x < -1, torch.log(x), z)
+
+
+nf = nn.functional
+# the activations and roundings torch writes as their own ATen ops (selu as elu with a scale,
+# logsigmoid as a forward with a buffer), the trigonometry beyond sin and cos; remainder and floor
+# division (numpy's signs), division's rounding modes, var and std with a correction, nan_to_num
+MORE_OPS = [
+    lambda x: nf.elu(x, 0.7) + nf.selu(x) + nf.celu(x, 1.5),
+    lambda x: nf.mish(x) + nf.softsign(x) + nf.logsigmoid(x) + torch.threshold(x, 0.2, -1.0),
+    lambda x: torch.expm1(x * 1e-3) * 1e3 + torch.log1p(x.abs()),
+    lambda x: torch.round(x * 3) + torch.trunc(x * 3) + torch.frac(x * 3),
+    lambda x: torch.atan(x) + torch.tan(x * 0.5) + torch.sinh(x),
+    lambda x: torch.cosh(x) + torch.asinh(x) + torch.atanh(x * 0.3),
+    lambda x: torch.remainder(x * 4, 1.5) + torch.floor_divide(x * 4, -1.5),
+    lambda x: torch.div(x * 4, 1.5, rounding_mode="trunc") + torch.div(x * 4, -0.7, rounding_mode="floor"),
+    lambda x: torch.std(x, 1, keepdim=True) + torch.var(x, (0, 1), correction=0),
+    lambda x: torch.nan_to_num(_nans(x), nan=0.5),
+    lambda x: torch.nan_to_num(_nans(x), 1.0, 2.0, -3.0),
+]
 
 
 class Unfolds(nn.Module):
@@ -381,7 +404,10 @@ def test_many_aten_ops():
     check(CeilPools(), torch.randn(2, 3, 7, 8))
     check(Assignments(), torch.randn(4, 6))
     check(Unfolds(), torch.randn(2, 3, 7, 8))
-    check(Activations(), torch.tensor([[0.5, -0.5, 1.5, -2.5, 0.0]]) * torch.ones(3, 1) + torch.randn(3, 5) * 0.1)
+    x = torch.tensor([[0.5, -0.5, 1.5, -2.5, 0.0, 1.2]]) * torch.ones(4, 1) + torch.randn(4, 6) * 0.1
+    for fn in MORE_OPS:
+        check(Lambda(fn), x)
+    check(Lambda(lambda x, i: torch.index_select(x, 1, i)), x, torch.tensor([5, 0, 2, 2]))
 
 
 def _affinities() -> dict[int, set]:

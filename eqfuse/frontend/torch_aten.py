@@ -162,10 +162,32 @@ def _arith(name: str):
 
 
 for _names, _ours in ((("add.Tensor", "add.Scalar"), "add"), (("sub.Tensor", "sub.Scalar"), "sub"),
-                      (("mul.Tensor", "mul.Scalar"), "mul"), (("div.Tensor", "div.Scalar", "div.Tensor_mode"), "div"),
+                      (("mul.Tensor", "mul.Scalar"), "mul"), (("div.Tensor", "div.Scalar"), "div"),
                       (("pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar"), "pow"),
                       (("maximum",), "maximum"), (("minimum",), "minimum")):
     aten(*_names)(_arith(_ours))
+
+
+@aten("remainder.Tensor", "remainder.Scalar", "floor_divide", "floor_divide.Scalar")
+def _floor_ops(cv, a, b):
+    """torch's remainder takes the divisor's sign and floor_divide rounds down, as numpy's."""
+    name = "mod" if cv.node.target.__name__.startswith("remainder") else "floordiv"
+    dt = cv.out_type.dtype
+    return cv.op(name, cv.cast(a, dt), cv.cast(b, dt))
+
+
+@aten("div.Tensor_mode", "div.Scalar_mode")
+def _div_mode(cv, a, b, rounding_mode=None):
+    """a / b rounded down (floor) or toward 0 (trunc)."""
+    if rounding_mode is None:
+        return _arith("div")(cv, a, b)
+    dt = cv.out_type.dtype
+    if rounding_mode == "floor":
+        return cv.op("floordiv", cv.cast(a, dt), cv.cast(b, dt))
+    if rounding_mode != "trunc" or dt != "f32":
+        raise Unsupported(f"rounding_mode={rounding_mode!r} of {dt}")
+    q = cv.op("div", cv.cast(a, dt), cv.cast(b, dt))
+    return cv.op("where", cv.op("lt", q, cv.const(0.0)), cv.op("ceil", q), cv.op("floor", q))
 
 
 @aten("rsub.Scalar", "rsub.Tensor")
@@ -522,6 +544,37 @@ def _reduce(cv, x, dims=None, keepdim=False, dtype=None):
     if ours in ("max", "min") and cv.type(x).dtype == "bool":
         raise Unsupported("max of bools")
     return cv.op(ours, cv.cast(x, cv.out_type.dtype), axis=_axes(cv, x, dims), keepdims=bool(keepdim))
+
+
+@aten("var.correction", "std.correction")
+def _var(cv, x, dims=None, correction=None, keepdim=False):
+    """The mean of the squared deviations with N - correction in the denominator (1 by default,
+    Bessel's); std its square root."""
+    axes = _axes(cv, x, dims)
+    x = cv.cast(x, "f32")
+    n = math.prod(cv.type(x).shape[a] for a in axes)
+    dev = cv.op("sub", x, cv.op("mean", x, axis=axes, keepdims=True))
+    total = cv.op("sum", cv.op("mul", dev, dev), axis=axes, keepdims=bool(keepdim))
+    var = cv.op("div", total, cv.const(max(n - (1 if correction is None else correction), 0)))
+    return var if cv.node.target.__name__.startswith("var") else cv.op("sqrt", var)
+
+
+@aten("nan_to_num")
+def _nan_to_num(cv, x, nan=0.0, posinf=None, neginf=None):
+    """NaN to `nan`, +-inf to `posinf` and `neginf` (f32's largest and lowest by default); x - x
+    is NaN just where x is NaN or infinite."""
+    if cv.type(x).dtype != "f32":
+        return x
+    big = float(torch.finfo(torch.float32).max)
+    posinf, neginf = big if posinf is None else posinf, -big if neginf is None else neginf
+    infinite = cv.op("logical_and", cv.op("isnan", cv.op("sub", x, x)), cv.op("logical_not", cv.op("isnan", x)))
+    y = cv.op("where", infinite, cv.op("where", cv.op("gt", x, cv.const(0.0)), cv.const(posinf), cv.const(neginf)), x)
+    return cv.op("where", cv.op("isnan", x), cv.const(nan), y)
+
+
+@aten("index_select")
+def _index_select(cv, x, dim, index):
+    return cv.op("gather", x, index, axis=dim % cv.type(x).rank)
 
 
 @aten("argmax")
