@@ -347,11 +347,11 @@ def test_an_op_without_a_handler_over_constants_is_folded():
     (helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="VALIDISH", name="c1"), r"auto_pad .*'Conv' in node 'c1'"),
     (helper.make_node("ConvTranspose", ["x", "w"], ["y"], dilations=[2, 2], name="c2"), r"dilations .*in node 'c2'"),
     (helper.make_node("Relu", ["x"], ["y"], foo=1, name="r"), r"unsupported attribute 'foo' of ONNX op 'Relu' in node 'r'"),
-    (helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"], name="s"), r"steps \[-1\].*in node 's'"),
+    (helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"], name="s"), r"steps \[0\].*in node 's'"),
 ])
 def test_unsupported_attributes_name_the_op_and_node(node, msg):
     inits = [("w", rand(4, 4, 1, 1)), ("s", np.array([0])), ("e", np.array([4])), ("a", np.array([1])),
-             ("st", np.array([-1]))]
+             ("st", np.array([0]))]
     m = model([node], [("x", (1, 4, 4, 4))], [("y", None)], [i for i in inits if i[0] in node.input])
     with pytest.raises(EqfuseError, match=msg):
         import_onnx(m)
