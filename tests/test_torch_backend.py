@@ -346,6 +346,10 @@ MORE_OPS = [
     lambda x: torch.std(x, 1, keepdim=True) + torch.var(x, (0, 1), correction=0),
     lambda x: torch.nan_to_num(_nans(x), nan=0.5),
     lambda x: torch.nan_to_num(_nans(x), 1.0, 2.0, -3.0),
+    # torch.max and torch.min over a dim: values and the first index (ties, and a NaN, in the rows)
+    lambda x: torch.max(torch.round(x * 2) / 2, 1),
+    lambda x: (lambda m: (torch.nan_to_num(m.values), m.indices))(torch.min(_nans(x), 0, keepdim=True)),
+    lambda x: torch.argmin(torch.round(x * 2), 1) + torch.argmax(x, 0).sum(),
 ]
 
 

@@ -577,13 +577,29 @@ def _index_select(cv, x, dim, index):
     return cv.op("gather", x, index, axis=dim % cv.type(x).rank)
 
 
-@aten("argmax")
+@aten("argmax", "argmin")
 def _argmax(cv, x, dim=None, keepdim=False):
+    """The first largest (argmin: the first largest of -x, the first smallest)."""
     if dim is None:
         x, dim = cv.op("reshape", x, shape=(-1,)), 0
         if keepdim:
             raise Unsupported("argmax over all axes with keepdim")
-    return cv.op("argmax", cv.cast(x, "f32"), axis=dim % cv.type(x).rank, keepdims=bool(keepdim))
+    x = cv.cast(x, "f32")
+    if cv.node.target.__name__.startswith("argmin"):
+        x = cv.op("neg", x)
+    return cv.op("argmax", x, axis=dim % cv.type(x).rank, keepdims=bool(keepdim))
+
+
+@aten("max.dim", "min.dim")
+def _max_dim(cv, x, dim, keepdim=False):
+    """torch.max(x, dim) and torch.min(x, dim): the values and the index of the first of them."""
+    if cv.type(x).dtype != "f32":
+        raise Unsupported(f"max over a dim of {cv.type(x).dtype}")
+    axis = dim % cv.type(x).rank
+    is_max = cv.node.target.__name__.startswith("max")
+    values = cv.op("max" if is_max else "min", x, axis=(axis,), keepdims=bool(keepdim))
+    index = cv.op("argmax", x if is_max else cv.op("neg", x), axis=axis, keepdims=bool(keepdim))
+    return values, index
 
 
 @aten("cumsum")
