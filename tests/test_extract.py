@@ -263,3 +263,63 @@ def test_options_drop_exactly_the_dominated_candidates():
                 want.append(cd)
         got = X.Problem(d=None, types={}, roots=[], cands={0: cands}).options(0)
         assert [c.node for c in got] == [c.node for c in want], trial
+
+
+# A sum of small pointwise chains over one input: an add of two kernels' results makes a kernel of
+# every pair of theirs, so the sum's classes hold thousands of K e-nodes (a class's fused-kernel
+# candidates are bounded by X.FUSED_PER_CLASS)
+WIDE = """graph wide(x: f32[4, 6]) -> f32[4, 6] {
+    y = x * 4.0
+    return (tanh(y) * 0.5 + sin(y)) + (sigmoid(y) + abs(y) * 0.25) + (exp(-abs(y)) + cos(y) * y)
+}"""
+
+
+_BUILD_PROBLEM = X.build_problem
+
+
+def _fused_counts(pb) -> dict[int, int]:
+    return {c: sum(pb.d.nodes[cd.node].kind == "K" for cd in cands) for c, cands in pb.cands.items()}
+
+
+@pytest.mark.heavy
+def test_a_wide_pointwise_graph_builds_a_bounded_number_of_fused_candidates(monkeypatch):
+    import eqfuse
+
+    built = []
+    monkeypatch.setattr(X, "build_problem", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    real = _BUILD_PROBLEM
+    g = one_graph(WIDE)
+    xs = rand_inputs(g)
+    m = eqfuse.compile(WIDE)
+    assert_same_values([m.wide(*xs)], run(g, xs))
+    [pb] = built
+    ks = [sum(pb.d.nodes[n].kind == "K" for n in pb.d.classes[c]) for c in pb.cands]
+    assert max(ks) > 4 * X.FUSED_PER_CLASS and pb.bounded > 0
+    assert max(_fused_counts(pb).values()) <= X.FUSED_PER_CLASS
+    # the whole sum is still one kernel
+    assert len(m.kernels) == 1
+
+
+def test_the_bound_keeps_one_candidate_per_read_set_and_the_fewest_reads(monkeypatch):
+    """Under a bound of 8, a class with more K e-nodes keeps one per set of classes read, read sets
+    among the 8 smallest of its candidates' (those built without the bound); a class under the
+    bound keeps them all."""
+    monkeypatch.setattr(X, "FUSED_PER_CLASS", 10**9)
+    full = problem(WIDE.replace(" + (exp(-abs(y)) + cos(y) * y)", ""))
+    tensors = list(full.cands)
+    monkeypatch.setattr(X, "FUSED_PER_CLASS", 8)
+    kept: dict[int, set[int]] = {}
+    for c, nid in X.fused_enodes(full, tensors):
+        kept.setdefault(c, set()).add(nid)
+    assert full.bounded > 0
+    for c in tensors:
+        ks = [n for n in full.d.classes[c] if full.d.nodes[n].kind == "K"]
+        if len(ks) <= 8:
+            assert kept.get(c, set()) == set(ks)
+            continue
+        assert len(kept[c]) == 8
+        built = {cd.node: frozenset(cd.reads) for cd in full.cands[c] if cd.node in ks}
+        reads = [built[n] for n in kept[c] if n in built]
+        assert len(set(reads)) == len(reads)  # one e-node per read set
+        eighth = sorted(len(r) for r in set(built.values()))[7]
+        assert all(len(r) <= eighth for r in reads)

@@ -56,6 +56,12 @@ def _now() -> float:
 ILP_MAX_NODES = 20000  # whole ILP up to here (BERT-base x12: 3.5k e-nodes, x48: 14k; benchmarks/bench_opt.py --layers 48)
 ILP_TIME_LIMIT = 1.0
 REGION_SIZE = 150  # ILP variables (candidates) per region
+# Fused-kernel candidates built per e-class (`fused_enodes`). A binary op over two kernels' results
+# makes a kernel of each pair of theirs, so a wide pointwise DAG gives a class thousands of K
+# e-nodes, each of which build_problem would build and score (tests/test_extract.py's WIDE graph,
+# 17 ops: over 6,000 in one class). The tiny BERT, GPT-2 and Llama of tests/test_zoo.py have at
+# most 128 in a class, so the bound leaves such models' extraction as it was.
+FUSED_PER_CLASS = 256
 INF = float("inf")
 
 
@@ -128,6 +134,7 @@ class Problem:
     cands: dict[int, list[Cand]] = field(default_factory=dict)  # class -> legal candidates
     const_of: dict[int, str] = field(default_factory=dict)  # T class -> constant text, if it holds one
     cut: str = ""  # what a deadline left out of the candidates (build_problem), for the report
+    bounded: int = 0  # K e-nodes left out by FUSED_PER_CLASS (fused_enodes)
     _options: dict[int, list[Cand]] = field(default_factory=dict)  # cache of `options`
     # S class -> its body node's (attrs, type), or None where the op's shapes fail: an S class's
     # type depends on the types of the T classes it loads alone, so every candidate body that
@@ -202,7 +209,7 @@ def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None, mach
                 built[c][nid] = candidate(c, nid)
         if deadline is not None and _now() > deadline:
             raise OutOfTime("no time to build the one-op kernels' candidates")
-    fused = [(c, nid) for c in tensors for nid in d.classes[c] if d.nodes[nid].kind == "K"]
+    fused = fused_enodes(pb, tensors)
     for k, (c, nid) in enumerate(fused):  # the fused kernels, while there is time
         if deadline is not None and _now() > deadline:
             pb.cut = (f"fused-kernel candidates built for {k} of {len(fused)} e-nodes, "
@@ -212,6 +219,54 @@ def build_problem(d: EData, graph: Graph, model: str, dims=None, perf=None, mach
     for c in tensors:  # (in the e-class's order, which greedy's ties follow)
         pb.cands[c] = [cd for nid in d.classes[c] if (cd := built[c].get(nid)) is not None]
     return pb
+
+
+def fused_enodes(pb: Problem, tensors: list[int]) -> list[tuple[int, int]]:
+    """The (class, K e-node) pairs whose candidates build_problem builds, in the classes' order.
+
+    A class with at most FUSED_PER_CLASS K e-nodes keeps them all. A larger one keeps, of the
+    e-nodes that read the same set of classes, the one of the smallest body, and of those the
+    FUSED_PER_CLASS that read the fewest classes. Fewer reads is what fusion is for: such a kernel
+    keeps more of the graph in registers, and `Problem.options` would drop most of the others as
+    dominated (they read a superset). Those left out are counted in `Problem.bounded`. The
+    classes read and the body's size are read off the S trees, without building a body."""
+    d = pb.d
+    reads: dict[int, frozenset[int] | None] = {}  # S class -> T classes its tree loads
+    size: dict[int, int] = {}  # S class -> ops in its tree (shared subtrees counted per use)
+
+    def walk(sc: int, depth: int = 0) -> frozenset[int] | None:
+        if sc not in reads:
+            m = d.nodes[d.classes[sc][0]]  # S classes hold congruent nodes (kernel_body)
+            if depth > 200:  # as kernel_body: a tree this deep is no candidate
+                return None
+            if m.kind == "L":
+                t = m.children[0]
+                reads[sc], size[sc] = (frozenset() if t in pb.const_of else frozenset((t,))), 0
+            elif m.kind == "Cs":
+                reads[sc], size[sc] = frozenset(), 0
+            else:
+                kids = [walk(x, depth + 1) for x in m.children]
+                reads[sc] = None if None in kids else frozenset().union(*kids)
+                size[sc] = 1 + sum(size.get(x, 0) for x in m.children)
+        return reads[sc]
+
+    out: list[tuple[int, int]] = []
+    for c in tensors:
+        ks = [nid for nid in d.classes[c] if d.nodes[nid].kind == "K"]
+        if len(ks) > FUSED_PER_CLASS:
+            first: dict[frozenset[int], tuple] = {}
+            for nid in ks:
+                sc = d.nodes[nid].children[0]
+                r = walk(sc)
+                if r is not None:
+                    key = (len(r), size[sc], nid)
+                    if r not in first or key < first[r]:
+                        first[r] = key
+            kept = {nid for *_, nid in sorted(first.values())[:FUSED_PER_CLASS]}
+            pb.bounded += len(ks) - len(kept)
+            ks = [nid for nid in ks if nid in kept]
+        out += [(c, nid) for nid in ks]
+    return out
 
 
 class OutOfTime(Exception):

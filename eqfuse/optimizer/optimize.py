@@ -149,6 +149,7 @@ def _optimize_graph(graph: Graph, *, cost: str = "memory", rules: Sequence = (),
     r = _report(graph, src0, out, greedy_g, f.how, f.ilp, f.data, f.st, f.recognition, f.stages, cost, dims, t0,
                 disable, lim.deadline, joins, machine, f.cut)
     r.report["repeats"] = pieces.note() if pieces is not None else None
+    r.report["candidates_bounded"] = f.bounded
     return r
 
 
@@ -165,6 +166,7 @@ class _Fused:
     joins: Joins | None
     parts: list[Graph] | None = None
     cut: dict[str, str] | None = None  # phase -> what the time limit cut short in it
+    bounded: int = 0  # fused-kernel e-nodes extract.FUSED_PER_CLASS left out
 
 
 def _fuse(src: Graph, parts: list[Graph] | None = None, *, cost: str, rule_list: list, dims: Mapping[str, int],
@@ -250,7 +252,7 @@ def _fuse(src: Graph, parts: list[Graph] | None = None, *, cost: str, rule_list:
         out, greedy_g = stitch(wide, out, src0, ids), stitch(wide, greedy_g, src0)
         joins = joins.renumbered(ids)
     stage("extraction")
-    return _Fused(out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, joins, parts, cut)
+    return _Fused(out, greedy_g, ex.how, ex.ilp, data, st, recognition, stages, joins, parts, cut, pb.bounded)
 
 
 def _one_per_op(wide, src: Graph, src0: Graph, st, recognition, stages, parts, cut) -> _Fused:
@@ -436,7 +438,9 @@ def report_text(r: dict) -> str:
         f"#   rules fired: {fired or 'none'}",
         f"#   e-graph:    {r['egraph_nodes']} nodes, {r['egraph_classes']} classes, {r['iterations']} iterations, "
         f"stopped: {r['stop_reason']}" + (f" ({r['limit']})" if r.get("limit") else ""),
-        f"#   extraction: {r['extraction']} (ILP: {r['ilp']})",
+        f"#   extraction: {r['extraction']} (ILP: {r['ilp']})" + (
+            f"; {r['candidates_bounded']} fused-kernel candidates left out (at most {X.FUSED_PER_CLASS} a tensor)"
+            if r.get("candidates_bounded") else ""),
         f"#   optimize time: {us(r['optimize_seconds'])} in all"
         + (f" ({', '.join(f'{k} {us(v)}' for k, v in r['stage_seconds'].items())})" if r.get("stage_seconds") else ""),
     ]
