@@ -36,7 +36,11 @@ def fresh_dynamo():
 
 def check(model, *args, fallbacks=(), **kwargs):
     """Compile with backend="eqfuse", call under no_grad, compare with eager; returns the output.
-    `fallbacks` names every op allowed to stay in torch (none by default: eqfuse computes it all)."""
+    `fallbacks` names every op allowed to stay in torch (none by default: eqfuse computes it all).
+    Dynamo and REPORTS start afresh: past dynamo's recompile limit (a test checking many modules of
+    one class, Lambda), it would run the module eagerly and the earlier checks' reports would pass."""
+    torch._dynamo.reset()
+    del REPORTS[:]
     compiled = torch.compile(model, backend="eqfuse")
     with torch.no_grad():
         got = compiled(*args, **kwargs)
@@ -314,8 +318,7 @@ class Assignments(nn.Module):
 
 
 class Lambda(nn.Module):
-    """A module of one function (each small graph compiles on its own: the e-graph of one with
-    dozens of pointwise ops over the same input holds tens of thousands of fused candidates)."""
+    """A module of one function."""
 
     def __init__(self, fn):
         super().__init__()
@@ -408,10 +411,26 @@ def test_many_aten_ops():
     check(CeilPools(), torch.randn(2, 3, 7, 8))
     check(Assignments(), torch.randn(4, 6))
     check(Unfolds(), torch.randn(2, 3, 7, 8))
+
+
+def _outputs(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)  # (torch.max's values and indices)
+
+
+@pytest.mark.heavy
+def test_more_aten_ops_in_one_graph():
+    """MORE_OPS's functions as the outputs of one function: one compile (the extended tier checks
+    each alone, test_each_of_more_aten_ops)."""
     x = torch.tensor([[0.5, -0.5, 1.5, -2.5, 0.0, 1.2]]) * torch.ones(4, 1) + torch.randn(4, 6) * 0.1
-    for fn in MORE_OPS:
-        check(Lambda(fn), x)
-    check(Lambda(lambda x, i: torch.index_select(x, 1, i)), x, torch.tensor([5, 0, 2, 2]))
+    check(Lambda(lambda x, i: tuple(t for fn in MORE_OPS for t in _outputs(fn(x))) + (torch.index_select(x, 1, i),)),
+          x, torch.tensor([5, 0, 2, 2]))
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("fn", MORE_OPS)
+def test_each_of_more_aten_ops(fn):
+    x = torch.tensor([[0.5, -0.5, 1.5, -2.5, 0.0, 1.2]]) * torch.ones(4, 1) + torch.randn(4, 6) * 0.1
+    check(Lambda(fn), x)
 
 
 def _affinities() -> dict[int, set]:
