@@ -232,7 +232,7 @@ def left_padded(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.where(mask == 1, ids, de.EOS), mask
 
 
-@pytest.mark.parametrize("model", ["gpt2", "phi3", pytest.param("llama", marks=pytest.mark.extended)])
+@pytest.mark.parametrize("model", ["gpt2"] + [pytest.param(m, marks=pytest.mark.extended) for m in ("phi3", "llama")])
 def test_a_left_padded_batch_matches_transformers(model):
     """Prompts of different lengths in one batch, padded on the left, with their attention_mask:
     greedy ids are transformers' on the same batch and mask, and each row's new tokens are its

@@ -48,7 +48,7 @@ MLP = """graph mlp(x: f32[64, 784], w1: f32[784, 1024], b1: f32[1024], w2: f32[1
 """
 
 
-@pytest.mark.heavy
+@pytest.mark.extended  # (a soak of thread churn: the whole suite's time)
 def test_short_lived_threads_do_not_grow_rss():
     # Before the fix each thread left its GEMM packing buffers behind (about 120 KB per thread
     # and thread count): 200 threads a round grew RSS by 20-50 MB every round, without bound.

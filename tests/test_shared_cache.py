@@ -47,7 +47,7 @@ print("LIBS", " ".join(paths))
 """
 
 
-@pytest.mark.heavy
+@pytest.mark.extended  # (four processes' compiles: the whole suite's time)
 def test_four_processes_build_into_one_empty_cache_at_once(tmp_path):
     # an artifact made with the test's own cache, whose library the workers extract into the shared one
     rng = np.random.default_rng(0)
