@@ -37,7 +37,7 @@ SUPPORTED = [
     "tril", "triu", "tile", "instancenorm", "scatternd", "logsoftmax", "argmin",
     # activations written with the op table's, rounding and trigonometry
     "elu", "selu", "celu", "thresholdedrelu", "softsign", "mish", "shrink", "round", "tan", "asin", "acos", "atan",
-    "sinh", "cosh", "asinh", "acosh", "atanh", "isinf",
+    "sinh", "cosh", "asinh", "acosh", "atanh", "isinf", "reduce_l1", "reduce_log_sum", "reduce_log_sum_exp",
 ]
 # Cast (f32 <-> i64/i32/bool), Einsum, CumSum, Range, Pad: onnx's cases use other dtypes or runtime
 # attributes (see EXCLUDED); tests/test_onnx_import.py checks them on the cases exporters write.
@@ -62,6 +62,7 @@ EXCLUDED = {
     r"pool_3d|pool_2d_dilations|pool_with_argmax": "3-D pooling, dilations or the indices output (1-D and 2-D "
     "pooling with any pads, auto_pad and ceil_mode are supported)",
     r"test_cast_.*(FLOAT16|BFLOAT16|DOUBLE|FLOAT8|FLOAT4|INT4|INT2|UINT4|UINT2|e8m0)": "a dtype eqfuse does not have",
+    r"test_reduce_log_sum_exp_": "float64 data (tests/test_random_onnx.py checks ReduceLogSumExp in f32)",
     r"test_cumsum_|test_einsum_(batch_matmul|inner_prod|sum|transpose|scalar)_cpu": "float64 data",
     r"test_einsum_batch_diagonal|test_einsum_.*bfloat16|test_einsum_scalar|test_einsum_inner_prod|test_einsum_sum":
         "einsum beyond the two-operand matmul forms exporters write",
@@ -83,7 +84,8 @@ EXCLUDE = re.compile("|".join(EXCLUDED))
 # test_the_narrowed_generation_selects_what_the_full_one_does checks that nothing is lost.
 RENAMED = {"batchnorm": "batch_normalization", "tril": "trilu", "triu": "trilu", "less_equal": "less_or_equal",
            "greater_equal": "greater_or_equal", "and": "and_", "or": "or_", "not": "not_",
-           "instancenorm": "instance_normalization"}  # op: its module
+           "instancenorm": "instance_normalization", "reduce_log_sum": "reduce_log_sum",
+           "reduce_log_sum_exp": "reduce_log_sum_exp"}  # op: its module
 CASE_MODULES = sorted({RENAMED.get(op, op.replace("_", "")) for op in SUPPORTED})
 
 

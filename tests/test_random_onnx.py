@@ -89,12 +89,10 @@ def random_onnx(draw):
             nodes.append(helper.make_node("Pad", [x, const(pads), const(np.float32(value))], [out]))
             t = tuple(d + pads[k] + pads[k + r] for k, d in enumerate(s))
         elif kind == "reduce":
-            op = draw(st.sampled_from(["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2"]))
-            keep = draw(st.booleans())
-            if op == "ReduceSum":
-                nodes.append(helper.make_node(op, [x, const([ax])], [out], keepdims=int(keep)))
-            else:  # (opset 18 takes axes as an input for all of them)
-                nodes.append(helper.make_node(op, [x, const([ax])], [out], keepdims=int(keep)))
+            op = draw(st.sampled_from(["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceL1",
+                                       "ReduceLogSumExp"]))
+            keep = draw(st.booleans())  # (opset 18 takes axes as an input for all of them)
+            nodes.append(helper.make_node(op, [x, const([ax])], [out], keepdims=int(keep)))
             t = s[:a] + ((1,) if keep else ()) + s[a + 1:]
             if not t:
                 continue
@@ -318,3 +316,25 @@ def check(tmp_path_factory, model):
     text = onnx.printer.to_text(onnx.load_from_string(data).graph)
     assert got.shape == want.shape, text
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=text)
+
+
+@pytest.mark.heavy
+def test_reduce_log_sum_exp_of_infinite_rows_matches_onnxruntime(tmp_path):
+    """ReduceLogSumExp shifted by the row's maximum (large values do not overflow), with a row of
+    -inf (-inf), a row holding +inf (+inf) and one holding NaN (NaN), keepdims either way."""
+    from onnx import TensorProto, helper
+
+    x = np.random.default_rng(2).standard_normal((5, 6)).astype(np.float32) * 40 + 60
+    x[1], x[2, 3], x[3, 0] = -np.inf, np.inf, np.nan
+    nodes = [helper.make_node("ReduceLogSumExp", ["x", "axes"], [f"y{k}"], keepdims=k) for k in (0, 1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, None) for k in (0, 1)],
+                              [helper.make_tensor("axes", TensorProto.INT64, [1], [1])])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    (tmp_path / "lse.onnx").write_bytes(data)
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = eqfuse.compile(str(tmp_path / "lse.onnx"))(x=x)
+    for g, w in zip(got, want):
+        assert np.isfinite(w.ravel()[[0, 4]]).all() and w.ravel()[1] == -np.inf and w.ravel()[2] == np.inf
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

@@ -347,6 +347,9 @@ MORE_OPS = [
     lambda x: torch.remainder(x * 4, 1.5) + torch.floor_divide(x * 4, -1.5),
     lambda x: torch.div(x * 4, 1.5, rounding_mode="trunc") + torch.div(x * 4, -0.7, rounding_mode="floor"),
     lambda x: torch.std(x, 1, keepdim=True) + torch.var(x, (0, 1), correction=0),
+    # logsumexp: large values (no overflow), a row of -inf and one holding +inf
+    lambda x: torch.logsumexp(x * 60, 1, keepdim=True) + torch.logsumexp(
+        torch.cat([x, torch.full_like(x[:1], -torch.inf), x[:1].clamp(max=1.0) / 0.0]), 0, keepdim=True),
     lambda x: torch.nan_to_num(_nans(x), nan=0.5),
     lambda x: torch.nan_to_num(_nans(x), 1.0, 2.0, -3.0),
     # torch.max and torch.min over a dim: values and the first index (ties, and a NaN, in the rows)

@@ -43,12 +43,17 @@ def _not(imp, ins, at):
     return imp.op(name, [imp.data(ins[0], imp.node.input[0])])
 
 
+def _infinite(imp, x: int) -> int:
+    """Where x is +-inf: x - x is NaN there and where x is NaN."""
+    return imp.op("logical_and", [imp.op("isnan", [imp.op("sub", [x, x])]), imp.op("logical_not", [imp.op("isnan", [x])])])
+
+
 @handles("IsInf", attrs=("detect_negative", "detect_positive"))
 def _isinf(imp, ins, at):
     """x - x is NaN where x is infinite or NaN: infinite where it is and x is not NaN (then of the
     sign asked for)."""
     x = imp.data(ins[0], imp.node.input[0])
-    inf = imp.op("logical_and", [imp.op("isnan", [imp.op("sub", [x, x])]), imp.op("logical_not", [imp.op("isnan", [x])])])
+    inf = _infinite(imp, x)
     neg, pos = at.get("detect_negative", 1), at.get("detect_positive", 1)
     if neg and pos:
         return inf
@@ -246,17 +251,34 @@ def _argmax(imp, ins, at):
     return imp.op("argmax", [x], axis=at.get("axis", 0), keepdims=bool(at.get("keepdims", 1)))
 
 
-@handles("ReduceProd", "ReduceL2", attrs=("axes", "keepdims", "noop_with_empty_axes"))
+@handles("ReduceProd", "ReduceL2", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp",
+         attrs=("axes", "keepdims", "noop_with_empty_axes"))
 def _reduce_more(imp, ins, at):
+    """The reductions written with the op table's: L1 as sum(abs), L2 as sqrt(sum(x * x)), LogSum
+    as log(sum), LogSumExp as onnxruntime computes it, shifted by the maximum (the maximum taken as
+    0 where it is infinite, so that a row of -inf gives -inf and one holding +inf gives +inf)."""
     x = imp.data(ins[0], imp.node.input[0])
     axes = axes_of(imp, ins, at, 1)
     if not axes and at.get("noop_with_empty_axes", 0):
         return x
     axis = tuple(axes) if axes else None
     keep = bool(at.get("keepdims", 1))
-    if imp.node.op_type == "ReduceProd":
+    t = imp.node.op_type
+    if t == "ReduceProd":
         return imp.op("prod", [x], axis=axis, keepdims=keep)
-    return imp.op("sqrt", [imp.op("sum", [imp.op("mul", [x, x])], axis=axis, keepdims=keep)])
+    if t == "ReduceL2":
+        return imp.op("sqrt", [imp.op("sum", [imp.op("mul", [x, x])], axis=axis, keepdims=keep)])
+    if t == "ReduceL1":
+        return imp.op("sum", [imp.op("abs", [x])], axis=axis, keepdims=keep)
+    if t == "ReduceLogSum":
+        return imp.op("log", [imp.op("sum", [x], axis=axis, keepdims=keep)])
+    def finite_max(keepdims: bool) -> int:
+        m = imp.op("max", [x], axis=axis, keepdims=keepdims)
+        return imp.op("where", [_infinite(imp, m), imp.const(0.0), m])
+
+    m = finite_max(True)
+    total = imp.op("sum", [imp.op("exp", [imp.op("sub", [x, m])])], axis=axis, keepdims=keep)
+    return imp.op("add", [imp.op("log", [total]), m if keep else finite_max(False)])
 
 
 @handles("Trilu", attrs=("upper",))

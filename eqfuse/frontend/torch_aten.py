@@ -559,15 +559,35 @@ def _var(cv, x, dims=None, correction=None, keepdim=False):
     return var if cv.node.target.__name__.startswith("var") else cv.op("sqrt", var)
 
 
+@aten("logsumexp")
+def _logsumexp(cv, x, dims, keepdim=False):
+    """log(sum(exp(x - m))) + m, m the maximum, taken as 0 where it is infinite (torch's own way: a
+    row of -inf gives -inf, one holding +inf gives +inf)."""
+    axes = _axes(cv, x, dims)
+    x = cv.cast(x, "f32")
+
+    def finite_max(keep: bool):
+        m = cv.op("max", x, axis=axes, keepdims=keep)
+        return cv.op("where", _infinite(cv, m), cv.const(0.0), m)
+
+    m = finite_max(True)
+    total = cv.op("sum", cv.op("exp", cv.op("sub", x, m)), axis=axes, keepdims=bool(keepdim))
+    return cv.op("add", cv.op("log", total), m if keepdim else finite_max(False))
+
+
+def _infinite(cv, x):
+    """Where x is +-inf: x - x is NaN there and where x is NaN."""
+    return cv.op("logical_and", cv.op("isnan", cv.op("sub", x, x)), cv.op("logical_not", cv.op("isnan", x)))
+
+
 @aten("nan_to_num")
 def _nan_to_num(cv, x, nan=0.0, posinf=None, neginf=None):
-    """NaN to `nan`, +-inf to `posinf` and `neginf` (f32's largest and lowest by default); x - x
-    is NaN just where x is NaN or infinite."""
+    """NaN to `nan`, +-inf to `posinf` and `neginf` (f32's largest and lowest by default)."""
     if cv.type(x).dtype != "f32":
         return x
     big = float(torch.finfo(torch.float32).max)
     posinf, neginf = big if posinf is None else posinf, -big if neginf is None else neginf
-    infinite = cv.op("logical_and", cv.op("isnan", cv.op("sub", x, x)), cv.op("logical_not", cv.op("isnan", x)))
+    infinite = _infinite(cv, x)
     y = cv.op("where", infinite, cv.op("where", cv.op("gt", x, cv.const(0.0)), cv.const(posinf), cv.const(neginf)), x)
     return cv.op("where", cv.op("isnan", x), cv.const(nan), y)
 
