@@ -262,6 +262,9 @@ OP_SEMANTICS = {
                                                   for r in range(5)])),
     "cumsum": ("x: f32[3, 4]", "cumsum(x, axis=1)", lambda x: np.stack([x[:, :k + 1].sum(1) for k in range(4)], 1)),
     "argmax": ("x: f32[3, 4]", 'cast(argmax(x, axis=1), to="f32")', lambda x: np.array([list(r).index(max(r)) for r in x])),
+    "topk": ("x: f32[3, 4]", 'topk(x, k=2) + cast(topk(x, k=2, axis=1, largest=false, indices=true), to="f32")',
+             lambda x: np.array([sorted(r, reverse=True)[:2] for r in x])
+             + np.array([sorted(range(4), key=lambda j: r[j])[:2] for r in x])),
     "range": ("x: f32[1]", 'cast(range(start=1, stop=9, step=2), to="f32") + x', lambda x: np.array([1, 3, 5, 7]) + x),
     "tril": ("x: f32[4, 4]", "tril(x)", lambda x: np.array([[x[r, c] if c <= r else 0 for c in range(4)] for r in range(4)])),
     "triu": ("x: f32[4, 4]", "triu(x, k=1)", lambda x: np.array([[x[r, c] if c > r else 0 for c in range(4)] for r in range(4)])),

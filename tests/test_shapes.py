@@ -145,6 +145,7 @@ CASES = {
     "scatter_add": [(["10, 4", "i64: 3", "3, 4"], ""), (["3, 10, 4", "i64: 2, 5", "3, 2, 5, 4"], "axis=1")],
     "cumsum": [(["B, 5"], "axis=1"), (["i64: 3, 4"], "axis=0, exclusive=true"), (["6"], "axis=0, reverse=true")],
     "argmax": [(["B, 5"], "axis=1"), (["3, 4"], "axis=0, keepdims=true"), (["6"], "")],
+    "topk": [(["B, 5"], "k=2"), (["i64: 3, 4"], "k=3, axis=0, indices=true"), (["6"], "k=6, largest=false")],
     "tril": [(["4, 4"], ""), (["B, 3, 5"], "k=1")],
     "range": [([], "stop=5"), ([], 'start=2, stop=11, step=3, dtype="f32"'), ([], "start=4, stop=-4, step=-3")],
     "triu": [(["4, 4"], ""), (["2, 3, 5"], "k=-1")],

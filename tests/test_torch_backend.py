@@ -356,6 +356,10 @@ MORE_OPS = [
     lambda x: torch.max(torch.round(x * 2) / 2, 1),
     lambda x: (lambda m: (torch.nan_to_num(m.values), m.indices))(torch.min(_nans(x), 0, keepdim=True)),
     lambda x: torch.argmin(torch.round(x * 2), 1) + torch.argmax(x, 0).sum(),
+    # topk and sort (values and indices; NaN above every number: first descending, last ascending)
+    lambda x: (*torch.topk(x, 3), *torch.topk(x, 2, 0, largest=False)),
+    lambda x: (lambda s: (torch.nan_to_num(s.values, 7.0), s.indices))(torch.sort(_nans(x), 1)),
+    lambda x: (*torch.sort(x, dim=0, descending=True, stable=True), torch.argsort(x, 1)),
 ]
 
 

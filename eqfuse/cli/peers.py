@@ -216,6 +216,7 @@ TORCH: dict[str, Callable] = {
     "gather_elements": lambda t, a, at: t.gather(a[0], at["axis"], t.where(a[1] < 0, a[1] + a[0].shape[at["axis"]], a[1])),
     "cumsum": _cumsum,
     "argmax": lambda t, a, at: t.argmax(a[0], dim=at["axis"], keepdim=at["keepdims"]),
+    "topk": lambda t, a, at: t.topk(a[0], at["k"], dim=at["axis"], largest=at["largest"])[1 if at["indices"] else 0],
     "range": lambda t, a, at: t.arange(at["start"], at["stop"], at["step"], dtype=getattr(t, NUMPY_DTYPE[at["dtype"]])),
     "tril": lambda t, a, at: t.tril(a[0], at["k"]),
     "triu": lambda t, a, at: t.triu(a[0], at["k"]),

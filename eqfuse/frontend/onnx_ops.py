@@ -251,6 +251,16 @@ def _argmax(imp, ins, at):
     return imp.op("argmax", [x], axis=at.get("axis", 0), keepdims=bool(at.get("keepdims", 1)))
 
 
+@handles("TopK", attrs=("axis", "largest", "sorted"))
+def _topk(imp, ins, at):
+    """Values and indices of the k largest (smallest) along the axis, in order (sorted=0 allows any
+    order: this one is as good as any); equal values in index order, as the ONNX spec asks."""
+    x = imp.data(ins[0], imp.node.input[0])
+    (k,) = imp.ints(ins[1], "K")
+    kw = dict(k=k, axis=at.get("axis", -1), largest=bool(at.get("largest", 1)))
+    return [imp.op("topk", [x], **kw), imp.op("topk", [x], **kw, indices=True)]
+
+
 @handles("ReduceProd", "ReduceL2", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp",
          attrs=("axes", "keepdims", "noop_with_empty_axes"))
 def _reduce_more(imp, ins, at):

@@ -597,6 +597,25 @@ def _index_select(cv, x, dim, index):
     return cv.op("gather", x, index, axis=dim % cv.type(x).rank)
 
 
+@aten("topk")
+def _topk(cv, x, k, dim=-1, largest=True, sorted=True):
+    """The k largest (smallest) along dim and their indices, in order; equal values in index order."""
+    kw = dict(k=int(k), axis=dim % cv.type(x).rank, largest=bool(largest))
+    return cv.op("topk", x, **kw), cv.op("topk", x, **kw, indices=True)
+
+
+@aten("sort", "sort.stable")
+def _sort(cv, x, *args, stable=None, dim=-1, descending=False):
+    """A whole axis through topk: ascending puts NaN last, descending first (torch's order), and
+    equal values keep their index order (stable=True's; the default promises no order for them)."""
+    if args:  # sort.default(self, dim, descending)
+        dim, *rest = args
+        descending = rest[0] if rest else descending
+    ax = dim % cv.type(x).rank
+    kw = dict(k=cv.type(x).shape[ax], axis=ax, largest=bool(descending))
+    return cv.op("topk", x, **kw), cv.op("topk", x, **kw, indices=True)
+
+
 @aten("argmax", "argmin")
 def _argmax(cv, x, dim=None, keepdim=False):
     """The first largest (argmin: the first largest of -x, the first smallest)."""

@@ -53,6 +53,7 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
     cast     the attribute to=
     dtype_attr  the attribute dtype= (range)
     index    i64 (argmax)
+    topk     numeric operands: i64 with indices=true, else the operand's dtype
     quantize        x and scale f32, the zero point u8 or i8: the zero point's dtype
     dequantize      q and its zero point of one dtype (u8, i8 or i32), scale f32: f32
     matmul_integer  a, b u8 or i8, each zero point of its operand's dtype: i32 (conv_integer too)
@@ -87,6 +88,9 @@ def result_dtype(rule: str, opname: str, ts: list[TType], attrs: Mapping[str, An
         return attrs["to"]
     if rule == "index":
         return "i64"
+    if rule == "topk":
+        dt = _need(opname, ts[0].dtype, NUMERIC, "numeric (f32, i64, i32)")
+        return "i64" if attrs["indices"] else dt
     if rule == "quantize":
         for t in ts[:2]:
             _need(opname, t.dtype, ("f32",), "f32 data and scale")

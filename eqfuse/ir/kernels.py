@@ -528,7 +528,7 @@ ROW_OPS = ("softmax", "layernorm", "rmsnorm", "softmax_grad", "layernorm_grad") 
 
 
 # The index ops that have a kernel (eqfuse.backend.kinds.index.BUILDERS has one builder each).
-INDEX_KERNEL_OPS = frozenset({"range", "gather", "scatter_add", "gather_elements", "cumsum", "argmax", "tril",
+INDEX_KERNEL_OPS = frozenset({"range", "gather", "scatter_add", "gather_elements", "cumsum", "argmax", "topk", "tril",
                               "triu", "pad", "max_pool2d", "avg_pool2d", "pool2d_grad", "scatter_elements_add",
                               "dynamic_scale", "dynamic_zero_point", "dynamic_range"})
 
@@ -784,7 +784,7 @@ SHAPES: tuple[Shape, ...] = (
     Shape((K.POINTWISE,), "pointwise (a tree of pointwise ops over tensors and scalar constants)",
           _match_pointwise),
     Shape((K.LAYOUT, K.VIEW), "layout (one transpose, reshape, slice or concat of kernel inputs)", _match_layout),
-    Shape((K.INDEX,), "index (one gather, gather_elements, scatter_add, scatter_elements_add, cumsum, argmax, "
+    Shape((K.INDEX,), "index (one gather, gather_elements, scatter_add, scatter_elements_add, cumsum, argmax, topk, "
           "tril, triu, pad, pooling or pooling-gradient op over kernel inputs)", _match_index),
     Shape((K.CONTRACTION, K.CONV2D, K.CONTRACTION_ROW),
           "contraction with epilogue (one matmul or conv2d over kernel inputs, a matmul's operands possibly "

@@ -106,6 +106,8 @@ DOCS: dict[str, tuple[str, str]] = {
     "gather_elements": ("data, indices", "out[i][j] = data[i][indices[i][j]] along axis= (take_along_axis)"),
     "cumsum": ("x", "running sum along axis= (exclusive=, reverse= as in ONNX CumSum)"),
     "argmax": ("x", "the index (i64) of the largest element along axis=; the first NaN wins"),
+    "topk": ("x", "the k= largest elements along axis= (largest=false: the smallest), in order, or with "
+                  "indices=true their indices (i64); NaN above every number, equal values in index order"),
     "range": ("", "start, start + step, ... below stop (dtype= i64, i32 or f32): position ids"),
     "tril": ("x", "x with the elements above diagonal k= set to 0 (last two axes)"),
     "triu": ("x", "x with the elements below diagonal k= set to 0 (last two axes)"),

@@ -211,6 +211,36 @@ define(name="argmax", kind="index", arity=(1, 1), infer=_argmax_infer, dtype="in
     numpy=lambda a, at: np.argmax(a[0], axis=at["axis"], keepdims=at["keepdims"]))
 
 
+def _topk_infer(ts, attrs):
+    x = ts[0]
+    ax = norm_axis(attrs["axis"], x.rank)
+    n = x.shape[ax]
+    if attrs["k"] < 1 or (isinstance(n, int) and attrs["k"] > n):
+        raise ShapeError(f"topk: k={attrs['k']} is not in 1..{x.shape[ax]} (the length of axis {ax})")
+    return TType(x.shape[:ax] + (attrs["k"],) + x.shape[ax + 1:])
+
+
+def topk_order(x: np.ndarray, largest: bool) -> np.ndarray:
+    """The order topk takes the elements of x along its last axis in: the largest first (largest=
+    false: the smallest first), NaN above every number, equal values in the order of their index."""
+    nan = np.isnan(x) if x.dtype.kind == "f" else np.zeros(x.shape, bool)
+    if largest:  # (np.lexsort is stable and sorts by its last key first)
+        return np.lexsort((-np.where(nan, 0, x), ~nan), axis=-1)
+    return np.lexsort((np.where(nan, 0, x), nan), axis=-1)
+
+
+def _topk_np(a, at):
+    x = np.moveaxis(a[0], at["axis"], -1)
+    order = topk_order(x, at["largest"])[..., :at["k"]]
+    out = order.astype(np.int64) if at["indices"] else np.take_along_axis(x, order, -1)
+    return np.moveaxis(out, -1, at["axis"])
+
+
+define(name="topk", kind="index", arity=(1, 1), infer=_topk_infer, dtype="topk",
+    attrs=(Attr("k", "int"), Attr("axis", "int", -1), Attr("largest", "bool", True), Attr("indices", "bool", False)),
+    numpy=_topk_np)
+
+
 def _range_infer(ts, attrs):
     if attrs["step"] == 0:
         raise ShapeError("range step must not be 0")

@@ -1,4 +1,4 @@
-"""The index kind: gather, gather_elements, cumsum, argmax, range, tril/triu, pad and pooling.
+"""The index kind: gather, gather_elements, cumsum, argmax, topk, range, tril/triu, pad and pooling.
 
 Small kernels over integer, bool or float tensors that move or select elements rather than
 compute: each is one C function from csrc_templates/index.c whose loop nest this module writes
@@ -130,6 +130,36 @@ def _argmax(an: Node, ins, xs, out, ct, par: str = "0"):
             "            if (v > best || (v != v && best == best)) { best = v; bi = l; }  /* the first NaN wins, as in numpy */",
             "        }",
             f"        out[o * {inner} + i] = bi;",
+            "    }"]
+
+
+def _topk(an: Node, ins, xs, out, ct, par: str = "0"):
+    """Each line along the axis: its k best so far kept in order in the output (the values, or the
+    indices that are then read through), a new element shifted in after every one at least as good
+    (equal values keep their index order; NaN is above every number, as eqfuse.ir.ops_index.
+    topk_order). An element no better than the k-th costs one comparison."""
+    x = xs[0]
+    ax = an.attr["axis"] % len(x)
+    outer, L, inner, k = _size(x[:ax]), x[ax], _size(x[ax + 1:]), an.attr["k"]
+    better = "(a != a && b == b) || a > b" if an.attr["largest"] else "(b != b && a == a) || a < b"
+    slot = "xl[ol[(s) * {0}] * {0}]" if an.attr["indices"] else "ol[(s) * {0}]"
+    return [f"for (long o = 0; o < {outer}; o++)",
+            f"    for (long i = 0; i < {inner}; i++) {{",
+            f"        const {ct}* restrict xl = {ins[0]} + o * {L * inner}L + i;",
+            f"        __typeof__(out[0])* restrict ol = out + o * {k * inner}L + i;",
+            "        long n = 0;  /* slots filled */",
+            f"        for (long l = 0; l < {L}; l++) {{",
+            f"            const {ct} a = xl[l * {inner}L];",
+            "            long j = n;",
+            "            for (; j > 0; j--) {",
+            f"                const {ct} b = {slot.format(f'{inner}L').replace('(s)', '(j - 1)')};",
+            f"                if (!({better})) break;",
+            "            }",
+            f"            if (j >= {k}) continue;",
+            f"            for (long s = n < {k} ? n : {k - 1}; s > j; s--) ol[s * {inner}L] = ol[(s - 1) * {inner}L];",
+            f"            ol[j * {inner}L] = {'l' if an.attr['indices'] else 'a'};",
+            f"            if (n < {k}) n++;",
+            "        }",
             "    }"]
 
 
@@ -465,7 +495,7 @@ def _dynamic_range_pooled(name: str, x: str, n: int, block: int, par: str) -> tu
     return lines, "\n".join(fn)
 
 
-BUILDERS = {"matmul_integer": _matmul_integer, "range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax,
+BUILDERS = {"matmul_integer": _matmul_integer, "range": _range, "gather": _gather, "scatter_add": _scatter_add, "gather_elements": _gather_elements, "cumsum": _cumsum, "argmax": _argmax, "topk": _topk,
             "tril": _tri, "triu": _tri, "pad": _pad, "max_pool2d": _pool, "avg_pool2d": _pool,
             "pool2d_grad": _pool_grad, "scatter_elements_add": _scatter_elements_add,
             "dynamic_scale": _dynamic_scale, "dynamic_zero_point": _dynamic_zero_point,
