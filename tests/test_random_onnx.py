@@ -48,7 +48,7 @@ def random_onnx(draw):
                                      "softmax", "gather", "unsqueeze", "reshape", "expand", "where", "matmul",
                                      "layernorm", "clip", "cumsum", "tile", "split", "conv", "conv", "pool", "gemm",
                                      "variadic", "div", "pow", "squeeze", "flatten", "gather_elements", "argmax",
-                                     "batchnorm", "instancenorm", "activation", "trilu", "bmm"]))
+                                     "batchnorm", "instancenorm", "activation", "trilu", "bmm", "topk"]))
         if kind == "unary":
             nodes.append(helper.make_node(draw(st.sampled_from(UNARY)), [x], [out]))
             t = s
@@ -240,6 +240,16 @@ def random_onnx(draw):
             idx = rng.integers(-s[a], s[a], s).astype(np.int64)
             nodes.append(helper.make_node("GatherElements", [x, const(idx)], [out], axis=ax))
             t = s
+        elif kind == "topk":  # the values, or the indices as f32 (random values: no ties)
+            k = draw(st.integers(1, s[a]))
+            vi = [f"tv{i}", f"ti{i}"]
+            nodes.append(helper.make_node("TopK", [x, const(np.array([k], np.int64))], vi, axis=ax,
+                                          largest=int(draw(st.booleans()))))
+            if draw(st.booleans()):
+                nodes.append(helper.make_node("Cast", [vi[1]], [out], to=F))
+            else:
+                nodes.append(helper.make_node("Identity", [vi[0]], [out]))
+            t = s[:a] + (k,) + s[a + 1:]
         elif kind == "argmax":
             keep = draw(st.booleans())
             am = f"am{i}"
