@@ -133,34 +133,64 @@ def _argmax(an: Node, ins, xs, out, ct, par: str = "0"):
             "    }"]
 
 
+TOPK_INSERT_MAX = 16  # k up to which topk inserts into its k best; a larger k merge-sorts each line
+
+
 def _topk(an: Node, ins, xs, out, ct, par: str = "0"):
-    """Each line along the axis: its k best so far kept in order in the output (the values, or the
-    indices that are then read through), a new element shifted in after every one at least as good
-    (equal values keep their index order; NaN is above every number, as eqfuse.ir.ops_index.
-    topk_order). An element no better than the k-th costs one comparison."""
+    """Each line along the axis in the order of eqfuse.ir.ops_index.topk_order (NaN above every
+    number, equal values in index order). Up to TOPK_INSERT_MAX, the line's k best so far are kept
+    in order in the output (the values, or the indices then read through) and a new element is
+    shifted in after every one at least as good: an element no better than the k-th costs one
+    comparison. A larger k (a whole sort) merge-sorts the line's (value, index) pairs, stably, in
+    a buffer of the kernel's own, and falls back to insertion if it cannot have one."""
     x = xs[0]
     ax = an.attr["axis"] % len(x)
     outer, L, inner, k = _size(x[:ax]), x[ax], _size(x[ax + 1:]), an.attr["k"]
     better = "(a != a && b == b) || a > b" if an.attr["largest"] else "(b != b && a == a) || a < b"
-    slot = "xl[ol[(s) * {0}] * {0}]" if an.attr["indices"] else "ol[(s) * {0}]"
-    return [f"for (long o = 0; o < {outer}; o++)",
+    slot = f"xl[ol[(j - 1) * {inner}L] * {inner}L]" if an.attr["indices"] else f"ol[(j - 1) * {inner}L]"
+    insert = [f"        for (long l = 0; l < {L}; l++) {{",
+              f"            const {ct} a = xl[l * {inner}L];",
+              "            long j = n;",
+              "            for (; j > 0; j--) {",
+              f"                const {ct} b = {slot};",
+              f"                if (!({better})) break;",
+              "            }",
+              f"            if (j >= {k}) continue;",
+              f"            for (long s = n < {k} ? n : {k - 1}; s > j; s--) ol[s * {inner}L] = ol[(s - 1) * {inner}L];",
+              f"            ol[j * {inner}L] = {'l' if an.attr['indices'] else 'a'};",
+              f"            if (n < {k}) n++;",
+              "        }"]
+    merge = ["        if (buf) {",
+             f"            for (long l = 0; l < {L}; l++) {{ buf[l].v = xl[l * {inner}L]; buf[l].i = l; }}",
+             f"            eqf_topk_t *src = buf, *dst = buf + {L};",
+             f"            for (long w = 1; w < {L}; w *= 2) {{",
+             f"                for (long lo = 0; lo < {L}; lo += 2 * w) {{",
+             f"                    const long mid = lo + w < {L} ? lo + w : {L}, hi = lo + 2 * w < {L} ? lo + 2 * w : {L};",
+             "                    long p = lo, q = mid, o = lo;",
+             "                    while (p < mid && q < hi) {",
+             f"                        const {ct} a = src[q].v, b = src[p].v;",
+             f"                        dst[o++] = ({better}) ? src[q++] : src[p++];  /* the left one on ties: stable */",
+             "                    }",
+             "                    while (p < mid) dst[o++] = src[p++];",
+             "                    while (q < hi) dst[o++] = src[q++];",
+             "                }",
+             "                eqf_topk_t* t = src; src = dst; dst = t;",
+             "            }",
+             f"            for (long j = 0; j < {k}; j++) ol[j * {inner}L] = src[j].{'i' if an.attr['indices'] else 'v'};",
+             "            continue;",
+             "        }"] if k > TOPK_INSERT_MAX else []
+    head = ([f"typedef struct {{ {ct} v; long i; }} eqf_topk_t;",
+             f"eqf_topk_t* buf = malloc(2 * {L} * sizeof(eqf_topk_t));  /* (NULL: insertion) */"] if merge else [])
+    return [*head,
+            f"for (long o = 0; o < {outer}; o++)",
             f"    for (long i = 0; i < {inner}; i++) {{",
             f"        const {ct}* restrict xl = {ins[0]} + o * {L * inner}L + i;",
             f"        __typeof__(out[0])* restrict ol = out + o * {k * inner}L + i;",
+            *merge,
             "        long n = 0;  /* slots filled */",
-            f"        for (long l = 0; l < {L}; l++) {{",
-            f"            const {ct} a = xl[l * {inner}L];",
-            "            long j = n;",
-            "            for (; j > 0; j--) {",
-            f"                const {ct} b = {slot.format(f'{inner}L').replace('(s)', '(j - 1)')};",
-            f"                if (!({better})) break;",
-            "            }",
-            f"            if (j >= {k}) continue;",
-            f"            for (long s = n < {k} ? n : {k - 1}; s > j; s--) ol[s * {inner}L] = ol[(s - 1) * {inner}L];",
-            f"            ol[j * {inner}L] = {'l' if an.attr['indices'] else 'a'};",
-            f"            if (n < {k}) n++;",
-            "        }",
-            "    }"]
+            *insert,
+            "    }",
+            *(["free(buf);"] if merge else [])]
 
 
 def _range(an: Node, ins, xs, out, ct, par: str = "0"):
