@@ -42,9 +42,9 @@ graph scatter_elements(t: f32[4, 5], i: i64[4, 2], u: f32[4, 2]) -> f32[4, 5] {
     return scatter_elements_add(t, i, u, axis=1)
 }
 
-# topk's two paths: k up to 16 inserts into the k best, a larger k merge-sorts the line
-graph top(s: f32[B, 40], ids: i64[B, 8]) -> (f32[B, 3], i64[B, 3], i64[2, 8], i64[B, 40]) {
-    return topk(s, k=3), topk(s, k=3, indices=true), topk(ids, k=2, axis=0, largest=false), topk(s, k=40, indices=true, largest=false)
+# topk's two paths: k up to 64 inserts into the k best, a larger k merge-sorts the line
+graph top(s: f32[B, 80], ids: i64[B, 8]) -> (f32[B, 3], i64[B, 3], i64[2, 8], i64[B, 80]) {
+    return topk(s, k=3), topk(s, k=3, indices=true), topk(ids, k=2, axis=0, largest=false), topk(s, k=80, indices=true, largest=false)
 }
 
 graph pool_grads(x: f32[1, 2, 7, 7], dm: f32[1, 2, 4, 4], da: f32[1, 2, 3, 3]) -> f32[1, 2, 7, 7] {

@@ -133,7 +133,7 @@ def _argmax(an: Node, ins, xs, out, ct, par: str = "0"):
             "    }"]
 
 
-TOPK_INSERT_MAX = 16  # k up to which topk inserts into its k best; a larger k merge-sorts each line
+TOPK_INSERT_MAX = 64  # k up to which topk inserts into its k best; a larger k merge-sorts each line
 
 
 def _topk(an: Node, ins, xs, out, ct, par: str = "0"):
