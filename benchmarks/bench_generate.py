@@ -15,7 +15,8 @@ smaller quick run. One process per thread count (each library's threads set once
 
 Each peer generates `--new` tokens greedily from the same prompt: the prefill (the prompt in one
 call, giving token 1) and `--new - 1` decode steps, each timed. eqfuse runs eqfuse.generate's
-Decoder (the decode step over its cache in place, docs/generation.md), in f32 and with
+Decoder (the prompt in chunks and the decode step over its cache in place, docs/generation.md;
+until 2026-11-30 this benchmark prefilled eqfuse's prompt whole, not as generate does), in f32 and with
 precision="bf16" (`eqfuse-bf16`: its weight stream is half the bytes); onnxruntime and OpenVINO
 run the same .onnx as their users do (the presents fed back as the next past, the past growing);
 torch eager and torch.compile(dynamic=True) run the transformers module with its DynamicCache.
@@ -26,7 +27,11 @@ first, then every peer's second, ...), and takes each decode step's median over 
 the medians below: a single generation's time per token moves by +-25% on a shared VM (another
 process takes a core for some milliseconds), which is more than the 10% the flatness figure is
 held to; the median over rounds of each position keeps a burst out of the first or last 8 tokens.
-Prefill is the median over the rounds; the ids compared are the first round's.
+Prefill is the median over the rounds; the ids compared are the first round's. At more than one
+thread each generation starts once the other peers' threads have stopped spinning
+(benchmarks/timing.py's `settle`): until 2026-11-30 eqfuse's prefill right after onnxruntime's
+generation ran beside onnxruntime's spinning pool, on one thread's share (Llama-style 2-thread
+prefill 141 tokens/s so, 241 with the process quiet); bench_load.py `--kind peers` measures that case.
 
 Printed per peer: prefill tokens/s, decode tokens/s (median step), ms per token at the first 8
 decode steps (tokens 2-9) and the last 8 (tokens 121-128 at --new 128), `flat`: the last 8's
@@ -62,6 +67,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from timing import settle  # noqa: E402
 
 MODELS = {  # name -> (export_decoder's model, layers, width, heads, sizes)
     "gpt2": ("gpt2", 12, 768, 12, {"vocab": 50257}),
@@ -111,6 +118,26 @@ def greedy(prefill, step, ids: np.ndarray, new: int) -> tuple[float, list[float]
         steps.append(time.perf_counter() - t)
         toks.append(logits.argmax(-1))
     return first, steps, np.stack(toks, 1)
+
+
+class Chunked:
+    """eqfuse.generate's prefill and decode steps: the prompt in chunks over the cache in place
+    (Decoder.prefill_chunks, the chunk length generate picks: chunk_plan), then the decode step;
+    a model without chunk steps (an artifact saved without them) prefills whole (Decoder.prefill)."""
+
+    def __init__(self, dec, model, sig):
+        self.dec, self.model, self.sig = dec, model, sig
+        self.step = dec.step
+
+    def prefill(self, ids):
+        from eqfuse.errors import ChunkRefused
+        from eqfuse.generation import chunk_plan
+
+        b, s = ids.shape
+        try:
+            return self.dec.prefill_chunks(ids, chunk_plan(self.model, self.sig, s, b, self.dec.capacity))
+        except ChunkRefused:
+            return self.dec.prefill(ids)
 
 
 class Growing:
@@ -327,7 +354,7 @@ def main() -> None:
         mod = mods[name] = eqfuse.compile(path, threads=a.threads, precision=precision)
         sig = onnx_signature(path)
         live = step_maker(mod, sig)
-        makers[name] = lambda mod=mod, live=live, sig=sig: Decoder(sig, lambda f: mod(**f), cap, live)
+        makers[name] = lambda mod=mod, live=live, sig=sig: Chunked(Decoder(sig, lambda f: mod(**f), cap, live), mod, sig)
         print(f"  {name} compile (the prefill and decode step compile at the first generation) "
               f"{time.perf_counter() - t:.0f} s")
     if "eqfuse-loaded" in peers and "eqfuse" in mods:
@@ -347,7 +374,7 @@ def main() -> None:
             lm = eqfuse.load(saved)
             print(f"  eqfuse.load of the saved decoder ({saved.stat().st_size / 1e6:.0f} MB): "
                   f"{1e3 * (time.perf_counter() - t):.1f} ms")
-            return Decoder(sig, lambda f: lm(**f), cap, step_maker(lm, sig))
+            return Chunked(Decoder(sig, lambda f: lm(**f), cap, step_maker(lm, sig)), lm, sig)
         makers["eqfuse loaded"] = loaded_decoder
     if "ort" in peers:
         import onnxruntime as ort
@@ -394,6 +421,8 @@ def main() -> None:
                 print(f"  {name:24} failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
         for _ in range(a.rounds):  # (interleaved: a change in the machine's load falls on every peer)
             for name, (r, _) in list(ready.items()):
+                if a.threads > 1:
+                    settle()  # each peer as its own process would run it (benchmarks/timing.py)
                 try:
                     runs[name].append(greedy(r.prefill, r.step, ids, a.new))
                 except Exception as e:
@@ -413,7 +442,7 @@ def main() -> None:
             print(f"  {name:24} {batch * a.prompt / pre:13.0f} {batch / med:12.2f} {1e3 * first:11.2f} "
                   f"{1e3 * last:13.2f} {last / first - 1:+6.0%} {bw} {warm:9.0f}{same}", flush=True)
             if name in mods and batch == 1:
-                profile_step(mods[name], r, onnx_signature(path))
+                profile_step(mods[name], r.dec, onnx_signature(path))
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

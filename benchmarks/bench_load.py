@@ -57,6 +57,7 @@ import model_exports as me  # noqa: E402
 import eqfuse  # noqa: E402
 from eqfuse.runtime import load, program  # noqa: E402
 from eqfuse.runtime.load import OPENMP, call_threads, threads_now  # noqa: E402
+from timing import settle  # noqa: E402
 
 
 def mlp_onnx(path: Path) -> None:
@@ -149,20 +150,6 @@ def whole_process(requested, *own):
     """The rule before in-process peers counted: every thread of the process is the call's own,
     and the loops run as OpenMP's split."""
     return threads_now(requested), OPENMP
-
-
-SETTLE_S = 0.5  # the longest wait for the peers' threads to stop spinning before a row alone
-
-
-def settle() -> float:
-    """Wait until no thread of this process but the calling one is running (the peers' threads
-    spin for tens of milliseconds after their last run: onnxruntime's and torch's), at most
-    SETTLE_S; the seconds waited. A row "alone" right after a row beside torch ran beside its
-    spinning OpenMP threads (the MLP's 2-thread call alone then took its 1-thread time)."""
-    t0 = time.perf_counter()
-    while load.running_counts()[0] > 1 and time.perf_counter() - t0 < SETTLE_S:
-        time.sleep(0.005)
-    return time.perf_counter() - t0
 
 
 def on_pool(mod) -> int:

@@ -23,6 +23,21 @@ from collections.abc import Callable
 
 SETTLE = 0.1  # seconds before a block: above onnxruntime's spinning after a run (the probe above)
 BLOCK = 10  # timed calls per block
+SETTLE_MAX = 0.5  # the longest `settle` waits for the other runtimes' threads to stop spinning
+
+
+def settle() -> float:
+    """Wait until no thread of this process but the calling one is running (the other runtimes'
+    threads spin for tens of milliseconds after their last run: onnxruntime's and torch's), at most
+    SETTLE_MAX; the seconds waited. A call right after torch's ran beside its spinning OpenMP
+    threads (the MLP's 2-thread call then took its 1-thread time: bench_load.py), and a prefill
+    right after onnxruntime's generation beside its spinning pool (bench_generate.py)."""
+    from eqfuse.runtime import load
+
+    t0 = time.perf_counter()
+    while load.running_counts()[0] > 1 and time.perf_counter() - t0 < SETTLE_MAX:
+        time.sleep(0.005)
+    return time.perf_counter() - t0
 
 
 def alternate(runs: dict[str, Callable[[], object]], repeat: int, threads: int,

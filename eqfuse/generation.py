@@ -64,6 +64,9 @@ LIVE_CAPACITY_MAX = 4096
 # the usual prompts and generations run on the steps compiled once (each larger capacity compiles
 # the chunk and decode steps again), as a model with a position table of that length does
 LIVE_CAPACITY_DEFAULT = 2048
+# the input of a prompt chunk's step that picks the row of its logits computed: the chunk's last
+# real token's (eqfuse.ir.live.pick_row)
+PICK = "logits_row"
 LIVE_CACHE_BYTES = 256 << 20  # every layer's keys and values, the whole batch: the memory it may take
 
 
@@ -318,12 +321,16 @@ class Decoder:
             positions[:, :m] = at[:, t:t + m]
             self.mask[:, :t + m] = real[:, :t + m]
             self.mask[:, t + m:] = 0
-            outs = list(chunk(self.sig.feeds(part, self.mask, positions, self.cache, np.array([t], np.int64))))
+            feeds = self.sig.feeds(part, self.mask, positions, self.cache, np.array([t], np.int64))
+            pick = getattr(chunk, "pick", None)
+            if pick is not None:  # (the step computes the logits of row m - 1 only: pick_row)
+                feeds[pick] = np.array([m - 1], np.int64)
+            outs = list(chunk(feeds))
             for k, (p, c) in enumerate(zip(outs[1:], self.cache)):
                 if p is not c:
                     self._check_present(self.sig.pasts[k][0], p, c.shape)
                     self.cache[k] = p
-            logits = outs[0][:, m - 1]
+            logits = outs[0][:, 0 if pick is not None else m - 1]
             t += m
         self.length, self.skipped = t, t - real[:, :t].sum(axis=1)
         self.mask[:, t + 1:] = 0
@@ -551,9 +558,10 @@ def step_maker(module, sig: Signature):
 
     def make(batch: int, capacity: int, rows: int = 1):
         any_batch = step_dims(sig, capacity, rows=rows)
-        key = (tuple(sorted(any_batch.items())), live)
+        pick = PICK if rows > 1 else None  # a chunk's logits at its last real token only (Decoder.prefill_chunks)
+        key = (tuple(sorted(any_batch.items())), live, pick)
         bucketed = key in f.live_modules or (f.batch_dim is not None and f.batch_dim in getattr(f, "batch_buckets", {}))
-        step = f.live_module(any_batch if bucketed else step_dims(sig, capacity, batch, rows), live)
+        step = f.live_module(any_batch if bucketed else step_dims(sig, capacity, batch, rows), live, pick)
         free = tuple(step.default.free)
 
         def run(feeds: dict):
@@ -569,7 +577,7 @@ def step_maker(module, sig: Signature):
             if len(feeds) == len(free) and all(map(feeds.__contains__, free)):
                 return step.default.prepare(*map(feeds.__getitem__, free))
             return None
-        run.prepare = prepare
+        run.prepare, run.pick = prepare, pick
         return run
     return make
 
@@ -582,7 +590,7 @@ def held_chunks(model, sig: Signature, batch: int, capacity: int) -> list[int]:
         return []
     seq, past = sig.shapes[sig.ids][1], sig.pasts[0][1][2]
     batch_dim = sig.shapes[sig.ids][0]
-    return sorted({d[seq] for d in (dict(key) for key, live in f.live_modules if live == past)
+    return sorted({d[seq] for d in (dict(key) for key, live, _ in f.live_modules if live == past)
                    if d.get(seq, 1) > 1 and d[past] + d[seq] == capacity + 1 and d.get(batch_dim, batch) == batch})
 
 
@@ -658,7 +666,7 @@ def held_steps(model, sig: Signature, batch: int) -> tuple[set[int], set[int]] |
     seq, past = shapes[sig.ids][1], shapes[sig.pasts[0][0]][2]
     if hasattr(f, "live_modules"):  # bound per call (runtime.padded): its buckets and decode steps
         binds = [dict(zip(f.padded, key)) for key in f.modules]
-        steps = [d for d in (dict(key) for key, live in f.live_modules if live == past) if d.get(seq, 1) == 1]
+        steps = [d for d in (dict(key) for key, live, _ in f.live_modules if live == past) if d.get(seq, 1) == 1]
     else:
         binds = [dict(key) for key in list(f.cache) + list(f.buckets)]
         steps = [b for b in binds if b.get(seq) == 1]

@@ -43,7 +43,7 @@ from eqfuse.frontend.load import load as load_graphs
 from eqfuse.grad.api import LazyGradFunction, differentiate
 from eqfuse.ir.graph import Graph, Node, bind_dims, oversized
 from eqfuse.ir.kernels import K
-from eqfuse.ir.live import cache_graph, causal_from_length
+from eqfuse.ir.live import cache_graph, causal_from_length, pick_row
 from eqfuse.ir.printer import graph_text, kernel_text, module_text
 from eqfuse.ir.reference import Reference, bind_arrays
 from eqfuse.ir.separable import batch_dims
@@ -88,6 +88,9 @@ class Options:
     buckets: dict[str, list[int]] | None = None
     precision: str = "f32"
     live: str | None = None  # the dim that is a KV cache's run-time length (eqfuse.ir.live)
+    # with live=: the input that picks the one row of the first result computed (eqfuse.ir.live.
+    # pick_row: eqfuse.generate's prompt chunks need one row of logits); not an option of compile()
+    pick: str | None = None
 
     @staticmethod
     def of(cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
@@ -529,7 +532,7 @@ def stages(src, opts: Options, shared: SharedArrays | None = None) -> Module:
         return padded_module(src, opts, sums=e.sums, needs=e)
     graphs, params = loaded.graphs, loaded.params
     if opts.live is not None:
-        graphs = [live_graph(graphs[0], src, opts.live, opts.dims)] + graphs[1:]
+        graphs = [live_graph(graphs[0], src, opts.live, opts.dims, opts.pick)] + graphs[1:]
     if not is_onnx(src):
         graphs = [bind_sums(g, opts.dims) for g in graphs]
     if opts.grad is None and not is_onnx(src) and padded_dims(graphs, opts.buckets, opts.dims, params):
@@ -579,8 +582,10 @@ def length_input(live: str) -> str:
     return f"{live}_length"
 
 
-def live_graph(g: Graph, src, live: str, dims: Mapping[str, int]) -> Graph:
-    """The first graph with its inputs along dim `live` made cache buffers (eqfuse.ir.live)."""
+def live_graph(g: Graph, src, live: str, dims: Mapping[str, int], pick: str | None = None) -> Graph:
+    """The first graph with its inputs along dim `live` made cache buffers (eqfuse.ir.live); with
+    `pick`, its first result cut to the one row along its second axis that input `pick` gives at
+    run time (eqfuse.ir.live.pick_row: a decoder's logits, one per sequence)."""
     if is_onnx(src):
         from eqfuse.frontend.onnx_cache import header
 
@@ -590,6 +595,8 @@ def live_graph(g: Graph, src, live: str, dims: Mapping[str, int]) -> Graph:
     axes = {n: list(s).index(live) for n, s in shapes.items() if live in s}
     if not axes:
         raise ArgumentError(f"live='{live}': no input of {g.name} has a dimension named {live}")
+    if pick is not None:  # (first: the live length stays the last input, where the run function reads it)
+        g = pick_row(g, pick)
     return cache_graph(g, axes, length_input(live), dict(dims))
 
 
@@ -654,9 +661,9 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
     dims, buckets = opts.dims, opts.buckets
     shared = SharedArrays()  # the buckets' equal weights and their panels, held once
 
-    def build_bucket(bucket: dict[str, int], live: str | None = None) -> Module:
+    def build_bucket(bucket: dict[str, int], live: str | None = None, pick: str | None = None) -> Module:
         batch = {k: v for k, v in (buckets or {}).items() if k not in bucket}  # the batch dim's sizes
-        return compile_model(src, replace(opts, dims={**dims, **bucket}, live=live,
+        return compile_model(src, replace(opts, dims={**dims, **bucket}, live=live, pick=pick,
                                           buckets={} if buckets == {} else batch or None), shared)
 
     if graph is None:

@@ -349,7 +349,7 @@ def test_a_refused_chunk_step_prefills_whole_and_is_not_tried_again(monkeypatch)
     path, ids = de.export_gpt2("torchscript"), prompt(2)
     mod = eqfuse.compile(path)
     ours = eqfuse.generate(mod, ids, max_new_tokens=NEW, eos_token_id=de.EOS)
-    assert any(len(dict(key)) and live_len for key, live_len in mod.default.live_modules)  # the decode step
+    assert any(len(dict(key)) and live_len for key, live_len, _ in mod.default.live_modules)  # the decode step
     assert mod.default._refused  # the chunk step's key, refused
     first = len(optimized)
     again = eqfuse.generate(mod, ids, max_new_tokens=NEW, eos_token_id=de.EOS)
@@ -412,8 +412,8 @@ def test_no_compile_after_the_first_generation(monkeypatch):
 def test_chunked_prefill_matches_onnxruntime():
     """A prompt of 37 tokens prefilled as chunks of 16, 16 and 5 (padded to 16) over the cache in
     place, every row not yet live NaN before each chunk (a chunk reads only the rows before it
-    and, causally, its own): the logits at every prompt position and the cache's rows are
-    onnxruntime's on the whole prompt at the f32 tolerance of the other decoder tests here
+    and, causally, its own): each chunk's logits at its last real token (the one row a chunk
+    computes) and the cache's rows at every prompt position are onnxruntime's on the whole prompt at the f32 tolerance of the other decoder tests here
     (test_decode_steps_match_onnxruntime: rtol and atol 1e-4)."""
     path, mod = compiled("torchscript")
     sig = module_signature(mod)
@@ -429,18 +429,22 @@ def test_chunked_prefill_matches_onnxruntime():
         seen.append(out := chunk(feeds))
         return out
 
+    spy.pick = chunk.pick  # (the input that picks the row of logits the chunk computes)
     step = dec.make_step
     dec.make_step = lambda b, c, rows=1: spy if rows > 1 else step(b, c)
     last = dec.prefill_chunks(ids, PREFILL_MIN)
     assert len(seen) == 3
-    ours = np.concatenate([o[0][:, :min(PREFILL_MIN, s - k * PREFILL_MIN)] for k, o in enumerate(seen)], axis=1)
+    # each chunk's logits: its last real token's only (eqfuse.ir.live.pick_row), prompt rows 15, 31, 36
+    rows = [min((k + 1) * PREFILL_MIN, s) - 1 for k in range(len(seen))]
+    assert all(o[0].shape[1] == 1 for o in seen)
+    ours = np.concatenate([o[0] for o in seen], axis=1)
     past = [np.zeros((B, h, 1, d), np.float32) for _, (_, h, _, d) in sig.pasts]
     mask = np.ones((B, 1 + s), np.int64)
     mask[:, 0] = 0  # (one masked past row: the export takes no empty past)
     feeds = {sig.ids: ids, sig.mask: mask, sig.positions: np.repeat(np.arange(s)[None], B, 0)}
     feeds.update({n: p for (n, _), p in zip(sig.pasts, past)})
     ref = ort_run(path)(feeds)
-    np.testing.assert_allclose(ours, ref[0], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(ours, ref[0][:, rows], atol=1e-4, rtol=1e-4)
     np.testing.assert_array_equal(last, ours[:, -1])
     for c, r in zip(dec.cache, ref[1:]):  # the cache's rows: the prompt's keys and values
         np.testing.assert_allclose(c[:, :, :s], r[:, :, 1:], atol=1e-4, rtol=1e-4)
@@ -611,7 +615,7 @@ def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
     ids = prompt(4)
     ours = eqfuse.generate(mod, ids, max_new_tokens=NEW)
     loaded = eqfuse.load(mod.save(tmp_path / "gpt2.eqf"))
-    assert list(loaded.default.live_modules) == list(mod.default.live_modules)  # (dims, "past"): the steps
+    assert list(loaded.default.live_modules) == list(mod.default.live_modules)  # (dims, "past", pick): the steps
     np.testing.assert_array_equal(eqfuse.generate(loaded, ids, max_new_tokens=NEW), ours)
     sig = onnx_signature(path)
     assert held_chunks(loaded, sig, B, de.POSITIONS)  # (the chunk step over the cache at 128 rows)
@@ -625,7 +629,7 @@ def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
     np.testing.assert_array_equal(eqfuse.generate(loaded, long, max_new_tokens=4),
                                   ort_greedy(path, long, 4, capacity_for(2 * longest + 6)))
     # one row more than the largest cache it holds (the loaded Module knows no position table)
-    most = max(d["past"] for d in (dict(key) for key, _ in loaded.default.live_modules) if d["sequence"] == 1)
+    most = max(d["past"] for d in (dict(key) for key, _, _ in loaded.default.live_modules) if d["sequence"] == 1)
     with pytest.raises(eqfuse.ArgumentError, match=rf"compiled for caches of .*{most} rows at batch 2; .* need {most + 1}"):
         eqfuse.generate(loaded, ids, max_new_tokens=most + 2 - ids.shape[1])
 
@@ -640,7 +644,7 @@ def test_a_loaded_decoder_with_batch_buckets_generates_any_batch(tmp_path):
     eqfuse.generate(mod, prompt(7), max_new_tokens=NEW)
     loaded = eqfuse.load(mod.save(tmp_path / "gpt2.eqf"))
     cap = de.POSITIONS  # (the chunk step of 16 rows and the decode step over the cache at 128 rows)
-    assert [dict(key) for key, _ in loaded.default.live_modules] == [
+    assert [dict(key) for key, _, _ in loaded.default.live_modules] == [
         {"past": cap + 1 - PREFILL_MIN, "sequence": PREFILL_MIN, "total": cap + 1},
         {"past": cap, "sequence": 1, "total": cap + 1}]  # no batch: bucketed
     for b in (1, 3):

@@ -350,11 +350,11 @@ def test_two_live_steps_compile_at_once_and_one_step_once():
     both = threading.Barrier(2, timeout=60)
     builds = []
 
-    def build(dims, live=None):
+    def build(dims, live=None, pick=None):
         p = dims["p"]
         builds.append(p)
         if p == 3 and builds.count(3) == 1:
-            pending = f._building[((("p", 3),), "p")]
+            pending = f._building[((("p", 3),), "p", None)]
             deadline = time.monotonic() + 60
             while not pending._condition._waiters:  # until the other thread waits for this build
                 assert time.monotonic() < deadline, "the second thread never waited for the build"

@@ -30,6 +30,7 @@ import numpy as np
 
 from eqfuse.errors import EqfuseError
 from eqfuse.ir.graph import Graph, Node, infer_type
+from eqfuse.ir.ops import OPS, OpKind
 from eqfuse.ir.shapes import TType
 
 LENGTH_DTYPE = "i64"
@@ -194,3 +195,59 @@ def _live_causal(out: Graph, length: int, node: int, value: np.ndarray, new: int
         if out.nodes[mask].type.dtype != t.dtype:
             mask = op("cast", mask, to=t.dtype)
     return op("reshape", mask, shape=shape)
+
+
+def pick_row(g: Graph, index: str, output: int = 0, axis: int = 1) -> Graph:
+    """g with result `output` cut to one row along `axis`: the row given at run time by one more
+    input named `index` (i64[1], 0 .. rows - 1), so the result is [.., 1, ..]. A decoder's prompt
+    chunk needs its logits at one row only (the chunk's last real token: eqfuse.generate), and the
+    LM head's GEMM over every row of the chunk was a tenth of a Llama-style chunk's time
+    (benchmarks/bench_generate.py, prefill). So the gather is put before the result's last matmul
+    when the rows go through it and the ops after it on their own: the matmul's left operand holds
+    `axis` and not as its contracted dim, its right operand is a matrix, and each later op is
+    pointwise over the chain with its other operands not spanning `axis`. Otherwise the result
+    itself is gathered (right, with nothing saved). The ops no result reads any more are dropped."""
+    if index in {n for n, _ in g.params}:
+        raise EqfuseError(f"the graph already has an input named '{index}'")
+    out_node = g.outputs[output]
+    rank = g.nodes[out_node].type.rank
+    ax = axis % rank
+
+    def spans(a: int) -> bool:  # an operand broadcast along the rows axis does not span it
+        shape = g.nodes[a].type.shape
+        k = ax - (rank - len(shape))
+        return k >= 0 and shape[k] != 1
+
+    chain, i = [], out_node  # the pointwise ops from the matmul down to the result, last first
+    while i is not None:
+        n = g.nodes[i]
+        if n.op == "matmul" and ax < rank - 1 and g.nodes[n.args[0]].type.rank == rank \
+                and g.nodes[n.args[1]].type.rank == 2:
+            break
+        if n.op in OPS and OPS[n.op].kind == OpKind.POINTWISE and n.args and n.type.rank == rank \
+                and g.nodes[n.args[0]].type.rank == rank and not any(spans(a) for a in n.args[1:]):
+            chain.append(i)
+            i = n.args[0]
+        else:
+            chain, i = [], None
+    nodes = list(g.nodes)
+    row = len(nodes)
+    nodes.append(Node("input", type=TType((1,), LENGTH_DTYPE), name=index))
+
+    def add(n: Node, name: str | None = None) -> int:
+        nodes.append(replace(n, type=infer_type(n, [nodes[a].type for a in n.args]), name=name))
+        return len(nodes) - 1
+
+    name = g.nodes[out_node].name
+    if i is None:
+        last = add(Node("gather", (out_node, row), (("axis", ax),)), name)
+    else:
+        last = add(Node("gather", (g.nodes[i].args[0], row), (("axis", ax),)))
+        for c in [i, *reversed(chain)]:
+            last = add(replace(g.nodes[c], args=(last, *g.nodes[c].args[1:])), name if c == out_node else None)
+    outputs = [last if k == output else o for k, o in enumerate(g.outputs)]
+    inputs = [*g.inputs, row]
+    keep = sorted(set(inputs).union(*(Graph(g.name, nodes).ancestors(o) for o in outputs)))
+    at = {old: new for new, old in enumerate(keep)}
+    return Graph(g.name, [replace(nodes[k], args=tuple(at[a] for a in nodes[k].args)) for k in keep],
+                 [at[k] for k in inputs], [at[o] for o in outputs], pos=g.pos)

@@ -76,7 +76,8 @@ from eqfuse.runtime.program import HugeCopies
 from eqfuse.version import __version__
 
 MAGIC = b"EQFUSE\x00A"
-FORMAT = 1
+# 2: a decoder's steps keyed (dims, live dim, pick): its prompt chunks compute one row of logits
+FORMAT = 2
 HEADER = struct.Struct("<8sIQ32s")  # magic, format, manifest length, sha256 of the manifest
 PAGE = 4096  # the data start: a page boundary, so that the mapped parts keep their alignment
 ALIGN = 64  # every part starts on a cache line

@@ -97,7 +97,7 @@ class PaddedFunction:
         self.padding: dict[str, str] = {}  # padded dim -> "exact", or why it is compiled per value
         self.limits: dict[str, str] = {}  # padded dim -> the first default bucket the model refused
         self.out_axes: dict[str, list[tuple[int, ...]]] = {}  # padded dim -> its axes in each output
-        self.live_modules: dict[tuple, object] = {}  # (dims, live dim) -> Module of a decoder step (live_module)
+        self.live_modules: dict[tuple, object] = {}  # (dims, live dim, pick) -> Module of a decoder step (live_module)
         self._building: dict[tuple, Future] = {}  # live_module's keys being built, by one thread each
         self._refused: dict[tuple, ChunkRefused] = {}  # live_module's keys whose chunk step cannot be built
         self.last = None  # the GraphFunction of the last call's bucket (Module.kernels reads it)
@@ -135,13 +135,15 @@ class PaddedFunction:
         outs = tuple(self._crop(k, o, values) for k, o in enumerate(outs))
         return outs[0] if one else outs
 
-    def live_module(self, dims: Mapping[str, int], live: str):
+    def live_module(self, dims: Mapping[str, int], live: str, pick: str | None = None):
         """The model compiled with every dim bound by `dims` and `live` a KV cache's run-time length
         (compile's live=, eqfuse.generate's decode step), compiled once per dims; it shares the
-        weights of the buckets. Two threads may compile two of them at once (eqfuse.generate's
-        chunk and decode steps: one's C compiler runs while the other imports and optimizes, as
-        _first's buckets do); a thread asking for one being compiled waits for it."""
-        key = (tuple(sorted(dims.items())), live)
+        weights of the buckets. With `pick`, its first result is the one row along its second axis
+        that its input of that name gives at run time (eqfuse.ir.live.pick_row: generate's prompt
+        chunks). Two threads may compile two of them at once (eqfuse.generate's chunk and decode
+        steps: one's C compiler runs while the other imports and optimizes, as _first's buckets
+        do); a thread asking for one being compiled waits for it."""
+        key = (tuple(sorted(dims.items())), live, pick)
         with self._lock:
             if key in self.live_modules:
                 return self.live_modules[key]
@@ -154,7 +156,7 @@ class PaddedFunction:
         if not mine:
             return building.result()  # (the thread building it raises its error here too)
         try:
-            mod = self._build(dict(dims), live=live)
+            mod = self._build(dict(dims), live=live, pick=pick)
             pack = getattr(getattr(mod, "default", None), "pack_bound", None)
             if pack is not None:  # (its weights' panels: packed in this thread too)
                 pack()
