@@ -754,6 +754,7 @@ def measure_peers(threads: int, repeat: int, rounds: int, only: str = "") -> lis
     pin("host")
     import eqfuse
     from eqfuse.cli.bench import blas_threads, median_time
+    from timing import settle
 
     torch.set_num_threads(threads)
     blas_threads(threads)
@@ -806,6 +807,7 @@ def measure_peers(threads: int, repeat: int, rounds: int, only: str = "") -> lis
             for _ in range(rounds):
                 for k, fn in peers.items():
                     time.sleep(0.05)  # let the last library's worker threads stop spinning
+                    settle()  # (and wait for those that spin longer: OpenBLAS's, MKL's)
                     times[k].append(median_time(fn, repeat, warmup=2))
         row = {"what": f"{M}x{N}x{K}", "act": act, "threads": threads, "gflop": 2.0 * M * N * K / 1e9}
         for k, ts in times.items():

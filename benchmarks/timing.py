@@ -12,7 +12,10 @@ shares the cores with those spinning threads. eqfuse notices them and calls on f
 in-process-peers case, which `benchmarks/bench_load.py --kind peers` measures. A comparison of
 runtimes instead measures each as its own process would see it, alone. So at more than one thread
 each runtime's calls come in blocks: the other runtimes' threads are given `SETTLE` seconds to
-sleep, one untimed call warms the runtime's own threads, then `BLOCK` timed calls. The blocks
+sleep, and then as long as it takes until none runs (`settle`, at most `SETTLE_MAX`: until
+2026-11-30 the blocks waited `SETTLE` alone, and eqfuse's 2-thread GEMMs of 128 rows after torch's
+MKL and oneDNN calls in bench_gemm.py `--peers` ran at their 1-thread time beside those runtimes'
+still spinning threads), one untimed call warms the runtime's own threads, then `BLOCK` timed calls. The blocks
 rotate through the runtimes, round after round, so slow drifts of the machine still hit all alike.
 """
 
@@ -69,6 +72,7 @@ def alternate(runs: dict[str, Callable[[], object]], repeat: int, threads: int,
             if n <= 0:
                 continue
             time.sleep(SETTLE)
+            settle()  # (a pool that spins longer than SETTLE: torch's MKL and OpenMP threads)
             run()
             times[k].extend(sample(run) for _ in range(n))
     return times
