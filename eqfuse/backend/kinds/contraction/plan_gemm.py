@@ -85,16 +85,24 @@ class GemmDetail:
 
 DIRECT_MAX_TILES = 32  # B read in place up to this many MR-row tiles (see `direct`)
 DIRECT_MIN_NR = 64  # ... and only with panels this wide (or one panel in all)
-# Below this many multiply-adds per call (M x N x K x batch) a GEMM or conv runs on the calling
-# thread with no parallel region (the pointwise and row kernels' PARALLEL_MIN rule, for GEMMs):
-# 2^18 FMAs are worth a few fork/joins on quiet cores, and a fork/join costs up to
-# milliseconds when another process holds the other core (issue 12; benchmarks/bench_load.py).
+# Below this many multiply-adds per call a kernel of the contraction and attention kinds runs on
+# the calling thread with no parallel region (the pointwise and row kernels' PARALLEL_MIN rule):
+# 2^18 FMAs are worth a few fork/joins on quiet cores, and a fork/join costs up to milliseconds
+# when another process holds the other core (issue 12; benchmarks/bench_load.py).
 PARALLEL_MIN_FMAS = 1 << 18
+# ... and a GEMM or a conv as a GEMM (`parallel`: the blocked GEMM's OpenMP region) below this
+# many. Its region after a stretch of one-thread kernels wakes an OpenMP worker that has gone to
+# sleep (GOMP_SPINCOUNT, eqfuse.backend.cbuild), which on some VMs cost more than half of a GEMM
+# of under 2^20 multiply-adds: the tiny ViT's and MLP-Mixer's GEMMs of 400K multiply-adds and
+# their patch conv ran two to three times as long on 2 threads as on 1, the whole call slower than
+# on one thread (`benchmarks/bench_models.py --model vit --model mixer`). The few-rows GEMMs on
+# the claim-based pool have their own bar (SKINNY_PARALLEL_MIN).
+GEMM_PARALLEL_MIN_FMAS = 1 << 20
 
 
 def parallel(M: int, N: int, K: int, batch: int) -> bool:
-    """Whether a GEMM of batch x M x N x K opens a parallel region (PARALLEL_MIN_FMAS)."""
-    return M * N * K * batch >= PARALLEL_MIN_FMAS
+    """Whether a GEMM of batch x M x N x K opens a parallel region (GEMM_PARALLEL_MIN_FMAS)."""
+    return M * N * K * batch >= GEMM_PARALLEL_MIN_FMAS
 
 
 def cdiv(a: int, b: int) -> int:
@@ -334,7 +342,7 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     t = plan.tiles = skinny_tiles(M, N, m, plan.precision_path if plan.precision == "bf16" else "f32")
     mr, nr, groups = t["mr"], t["nr"], t["groups"]
     eb = 2 if plan.precision == "bf16" else F32  # (bytes of a packed element: bf16 halves)
-    par = d.parallel and skinny_parallel(M, N, K, eb)
+    par = skinny_parallel(M, N, K, eb)  # (the pool's own rule: a weight streamed from memory shares well)
     plan.detail = d = replace(d, path="skinny", direct_b=False, direct_a=False, parallel=par,
                               pack_parts=skinny_pack_parts(M, K, par), runs=skinny_runs(par, cdiv(N, nr)))
     texts = bf16_texts(plan.precision_path)
@@ -377,7 +385,7 @@ def thread_rule(M: int, N: int, batch: int, mr: int, nr: int, rows_only: bool, p
     """How the C (csrc_templates/gemm.c, `_split`) shares one call among its threads."""
     if not par:
         return (f"one thread, no parallel region ({batch * M * N * K} multiply-adds < "
-                f"{PARALLEL_MIN_FMAS}, plan_gemm.PARALLEL_MIN_FMAS)")
+                f"{GEMM_PARALLEL_MIN_FMAS}, plan_gemm.GEMM_PARALLEL_MIN_FMAS)")
     by_batch = f"whole batches per thread when 1 < threads <= {batch}; else " if batch > 1 else ""
     cols = not rows_only and (2 * M <= N or (M <= N and M <= 64 * mr))
     by_cols = f"whole {nr}-column panels per thread when 1 < threads <= {cdiv(N, nr)}; else " if cols else ""
