@@ -595,9 +595,8 @@ def live_graph(g: Graph, src, live: str, dims: Mapping[str, int], pick: str | No
     axes = {n: list(s).index(live) for n, s in shapes.items() if live in s}
     if not axes:
         raise ArgumentError(f"live='{live}': no input of {g.name} has a dimension named {live}")
-    if pick is not None:  # (first: the live length stays the last input, where the run function reads it)
-        g = pick_row(g, pick)
-    return cache_graph(g, axes, length_input(live), dict(dims))
+    g = cache_graph(g, axes, length_input(live), dict(dims))
+    return pick_row(g, pick) if pick is not None else g
 
 
 def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, shared: SharedArrays | None):

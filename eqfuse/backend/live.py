@@ -56,7 +56,8 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
     """Set `live` on the appends and attentions of the caches (module docstring); raise when
     another kernel reads a cache, or when an attention of several new rows reads a mask not
     computed from the live length (`_causal`)."""
-    if length not in [kg.nodes[i].name for i in kg.inputs]:
+    names = [kg.nodes[i].name for i in kg.inputs]
+    if length not in names:
         return
     by_node = {p.node: p for p in plans}
     inputs = set(kg.inputs)
@@ -146,6 +147,10 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
         r = _root(by_node, o)
         if r in caches and o not in appends:
             raise EqfuseError("live=: the graph returns a KV cache other than as the present of its append")
+    at = kg.inputs[names.index(length)]
+    for p in plans:  # where the run function reads L (eqfuse.runtime.program.emit_run)
+        if p.live is not None:
+            p.live = replace(p.live, length=at)
 
 
 def _causal(kg: Graph, p: KernelPlan, length: str) -> None:

@@ -42,6 +42,7 @@ class LiveBound:
     # the cache held as bf16 (uint16, precision="bf16"): an append rounds its new rows to it, a
     # repeat or the decode attention widens what it reads (eqfuse.backend.live, `cache_bf16`)
     bf16: bool = False
+    length: int = -1  # the graph input (node) that holds L at run time: the run function reads it there
 
     def __str__(self) -> str:
         return f"{self.what} at run time: live + {self.new} of {self.rows} rows" + (", bf16 cache" if self.bf16 else "")

@@ -230,8 +230,9 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
              f"    const int prof = {name}_profiling;", "    struct timespec t0, t1;", "    (void)t0; (void)t1;"]
     live = [p.live for p in kernels if p.live is not None]
     if live:  # a KV cache's live length (eqfuse.backend.live): refused past the buffers' rows
-        slot = len(kg.inputs) - 1  # the length is the last input (eqfuse.ir.live.cache_graph)
-        assert kg.nodes[kg.inputs[slot]].type.shape == (1,), "a live length is an i64[1] input"
+        (at,) = {b.length for b in live}  # the input eqfuse.ir.live.cache_graph added (backend.live)
+        slot = kg.inputs.index(at)
+        assert kg.nodes[at].type.shape == (1,), "a live length is an i64[1] input"
         top = min(b.rows - b.new for b in live)
         lines += [f"    const long live = *(const long*)in[{slot}];",
                   f"    if (live < 0 || live > {top}) {{", "        *failed = live;", f"        return {BAD_LENGTH};",
