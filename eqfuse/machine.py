@@ -52,6 +52,10 @@ class Machine:
     amx_bf16: bool = False
     avx512_vnni: bool = False
     avx_vnni: bool = False
+    # Planner policy, not hardware: on a CPU without a bf16 multiply (the bf16 "fallback" path),
+    # precision="bf16" keeps the compute-bound kernels in f32 (plan_gemm.bf16_pays); set, they
+    # multiply in bf16 there too. Tests pin it to run the fallback's kernels on any CPU.
+    bf16_fallback_all: bool = False
     # An x86-64 level (LEVELS) the kernels are built for instead of this host's own ISA: an
     # artifact (eqfuse.runtime.artifact) must run on every CPU of its level, and -march=native
     # could use an extension that other CPUs of that level lack

@@ -82,7 +82,7 @@ def path(request):
                         "the vdpbf16ps path cannot run here (the fallback's test covers bf16)")
         model = dataclasses.replace(m, avx512_bf16=True, amx_bf16=False)  # (the AMX path: tests/test_amx.py)
     else:
-        model = dataclasses.replace(m, avx512_bf16=False)
+        model = dataclasses.replace(m, avx512_bf16=False, bf16_fallback_all=True)  # (every kernel on it)
     with machine.pinned(model):
         yield request.param
 
@@ -152,7 +152,8 @@ def test_the_paths_round_the_same_operands():
     x, w, b = arrays(M, K, N, seed=2)
     out = {}
     for flag in (True, False):
-        with machine.pinned(dataclasses.replace(machine.machine(), avx512_bf16=flag, amx_bf16=False)):
+        with machine.pinned(dataclasses.replace(machine.machine(), avx512_bf16=flag, amx_bf16=False,
+                                                bf16_fallback_all=True)):
             out[flag] = eqfuse.compile(gemm_graph(M, K, N), params={"w": w, "b": b}, precision="bf16")(x)
     acc = 2 * 1.01 * K * EPS * (np.abs(bf16(x)).astype(np.float64) @ np.abs(bf16(w)).astype(np.float64)) \
         + 2 * EPS * np.abs(out[False])
@@ -225,7 +226,7 @@ def test_bf16_attention_paths_agree():
     q, k, v = (rng.standard_normal((2, 70, 64)).astype(np.float32) for _ in range(3))
     out = {}
     for flag in (True, False):
-        with machine.pinned(dataclasses.replace(machine.machine(), avx512_bf16=flag)):
+        with machine.pinned(dataclasses.replace(machine.machine(), avx512_bf16=flag, bf16_fallback_all=True)):
             out[flag] = eqfuse.compile(attention_graph(70, 70, 64, 64, 0.125, False), precision="bf16")(q, k, v)
     ref, bound = attention_bound(q, k, v, 0.125, None, 64)
     assert np.all(np.abs(out[True] - ref) <= bound) and np.all(np.abs(out[False] - ref) <= bound)
@@ -265,14 +266,60 @@ def test_f32_kernels_under_bf16_say_so():
     f32 reports every kernel in f32."""
     src = gemm_graph(8, 16, 32, "relu")
     x, w, b = arrays(8, 16, 32)
-    mod = eqfuse.compile(src, precision="bf16", fuse=False)
-    mod(x, w, b)
+    with machine.pinned(dataclasses.replace(machine.machine(), bf16_fallback_all=True)):  # (a blocked GEMM)
+        mod = eqfuse.compile(src, precision="bf16", fuse=False)
+        mod(x, w, b)
     entries = mod.report["precision"]
     assert sorted(e["precision"] for e in entries.values()) == ["bf16", "f32", "f32"]
     assert all("only GEMMs multiply in bf16" in e["note"] for e in entries.values() if e["precision"] == "f32")
     f32 = eqfuse.compile(src)
     assert all(e == {"precision": "f32", "path": "f32"} for e in f32.report["precision"].values())
     assert len(f32.report["precision"]) == 1
+
+
+WITHOUT_BF16 = """
+graph nb(x: f32[64, 96], w: f32[96, 80], b: f32[80], r: f32[4, 96], i: f32[1, 8, 12, 12], c: f32[16, 8, 3, 3],
+         q: f32[2, 70, 64], k: f32[2, 70, 64], v: f32[2, 70, 64], s: f32[2, 1024], u: f32[1024, 640]) {
+  a = softmax((q @ transpose(k, perm=[0, 2, 1])) * 0.125, axis=-1) @ v
+  return relu(x @ w + b), r @ w, relu(conv2d(i, c, padding=[1, 1, 1, 1])), a, s @ u
+}"""
+
+
+def test_without_a_bf16_multiply_compute_bound_kernels_stay_f32():
+    """On a CPU with neither AVX512_BF16 nor AMX (the pinned model, whatever the host), bf16 only
+    halves weight bytes: the blocked GEMM, the conv, the attention of several query rows and the
+    few-rows GEMM over weights within L2 compute in f32 and say why, with precision f32's very
+    outputs; the few-rows GEMM over weights past L2 (2.6 MB: L2 is 2 MB on the largest host
+    model), whose time is their stream, multiplies bf16 on the fallback, within the GEMM's bound."""
+    from eqfuse.backend.kinds.contraction.plan_gemm import FALLBACK_F32
+
+    rng = np.random.default_rng(9)
+    names = ("x", "w", "b", "r", "i", "c", "q", "k", "v", "s", "u")
+    shapes = [(64, 96), (96, 80), (80,), (4, 96), (1, 8, 12, 12), (16, 8, 3, 3), (2, 70, 64), (2, 70, 64), (2, 70, 64),
+              (2, 1024), (1024, 640)]
+    xs = dict(zip(names, (rng.standard_normal(sh).astype(np.float32) for sh in shapes)))
+    bound = {"w": xs["w"], "b": xs["b"], "c": xs["c"], "u": xs["u"]}
+    calls = [xs[n] for n in names if n not in bound]
+    model = dataclasses.replace(machine.machine(), avx512_bf16=False, amx_bf16=False, bf16_fallback_all=False)
+    with machine.pinned(model):
+        low = eqfuse.compile(WITHOUT_BF16, params=bound, precision="bf16")
+        f32 = eqfuse.compile(WITHOUT_BF16, params=bound)
+        ys, want = low(*calls), f32(*calls)
+    plans = {p.name: p for p in low.default.last.plans}
+    entries = low.report["precision"]
+    kinds = {}
+    for name, e in entries.items():
+        kinds.setdefault(plans[name].kind, []).append(e)
+    for kind in ("conv2d", "attention"):
+        assert kinds[kind] == [{"precision": "f32", "path": "f32", "note": FALLBACK_F32}], kind
+    gemms = sorted((plans[n].detail.path, plans[n].detail.K * plans[n].detail.N, e["precision"], e["path"])
+                   for n, e in entries.items() if plans[n].kind in ("contraction", "contraction_row"))
+    assert [g[:1] + g[2:] for g in gemms] == [("blocked", "f32", "f32"), ("skinny", "f32", "f32"),
+                                              ("skinny", "bf16", "fallback")], gemms
+    assert gemms[1][1] * 4 <= model.l2 < gemms[2][1] * 4  # (r @ w within L2, s @ u past it)
+    for i in (0, 1, 2, 3):  # the f32 kernels: precision f32's outputs, bit for bit
+        np.testing.assert_array_equal(ys[i], want[i])
+    check_gemm(ys[4], xs["s"], xs["u"])
 
 
 def test_unknown_precision_names_the_option():

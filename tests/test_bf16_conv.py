@@ -142,7 +142,8 @@ def run(request):
                     "path cannot run here (the fallback's run covers the bf16 convs)")
     rng = np.random.default_rng(7)
     xs = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
-    with machine.pinned(dataclasses.replace(m, avx512_bf16=request.param == "avx512_bf16", amx_bf16=False)):
+    with machine.pinned(dataclasses.replace(m, avx512_bf16=request.param == "avx512_bf16", amx_bf16=False,
+                                            bf16_fallback_all=True)):
         mod = eqfuse.compile(SRC, params={k: xs[k] for k in BOUND}, precision="bf16")
         ys = mod(*(xs[k] for k in SHAPES if k not in BOUND))
     return request.param.split("-")[0], xs, [np.asarray(y, np.float64) for y in ys], mod
@@ -223,7 +224,7 @@ def run_grouped(request):
                     "path cannot run here (the fallback's run covers the bf16 grouped convs)")
     rng = np.random.default_rng(11)
     xs = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES_G.items()}
-    with machine.pinned(dataclasses.replace(m, avx512_bf16=request.param == "avx512_bf16")):
+    with machine.pinned(dataclasses.replace(m, avx512_bf16=request.param == "avx512_bf16", bf16_fallback_all=True)):
         mod = eqfuse.compile(SRC_G, params={"w1": xs["w1"]}, precision="bf16")
         ys = mod(*(xs[k] for k in SHAPES_G if k != "w1"))
     return request.param, xs, [np.asarray(y, np.float64) for y in ys], mod
@@ -310,8 +311,9 @@ def test_grouped_conv_with_uneven_padding_within_the_bound():
     rng = np.random.default_rng(12)
     x = rng.standard_normal((1, 30, 10, 9)).astype(np.float32)
     w = rng.standard_normal((32, 15, 3, 3)).astype(np.float32)
-    mod = eqfuse.compile(src, precision="bf16")
-    y = np.asarray(mod(x, w), np.float64)
+    with machine.pinned(dataclasses.replace(machine.machine(), bf16_fallback_all=True)):  # (bf16 on any CPU)
+        mod = eqfuse.compile(src, precision="bf16")
+        y = np.asarray(mod(x, w), np.float64)
     (plan,) = [p for p in mod.default.last.plans if p.kind != "view"]
     assert plan.kind == "conv2d" and plan.precision == "bf16" and plan.detail.grouped, plan
     xp = np.pad(x, ((0, 0), (0, 0), (0, 1), (0, 1)))

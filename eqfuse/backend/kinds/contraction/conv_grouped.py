@@ -48,7 +48,9 @@ from eqfuse.backend.kinds.base import REGIONS
 from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
 from eqfuse.backend.kinds.contraction.plan_gemm import (
+    FALLBACK_F32,
     Prepack,
+    bf16_pays,
     bf16_path,
     cdiv,
     parallel,
@@ -227,10 +229,10 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
         d = replace(d, channels=True, rw=rw, band=band,
                     prefetch=prefetches(d))
         plan.detail = d
-        if plan.wanted_precision == "bf16" and multiplies_bf16(d):
+        if plan.wanted_precision == "bf16" and multiplies_bf16(d) and bf16_pays(m):
             plan.precision, plan.precision_path, plan.precision_note = "bf16", bf16_path(m), ""
         else:
-            computes_f32(plan, f32_note(d))
+            computes_f32(plan, f32_note(d) if not multiplies_bf16(d) else FALLBACK_F32)
         return _plan_channels(plan, body, a, cv, d, m, macs)
     computes_f32(plan, f32_note(d))
     d = replace(d, vl=1)

@@ -117,6 +117,25 @@ def bf16_path(m: Machine) -> str:
     return "avx512_bf16" if m.avx512_bf16 and m.simd_floats >= 16 else "fallback"
 
 
+def bf16_pays(m: Machine) -> bool:
+    """Whether a compute-bound kernel asked for bf16 (a blocked GEMM, a conv, an attention of
+    several query rows) multiplies in bf16 on machine m. Where the CPU multiplies bf16 (vdpbf16ps,
+    AMX tiles), yes. On the fallback path, no: bf16 there only halves the bytes of the weights,
+    which such a kernel reads from the caches many times a call, while it pays the widening of
+    each weight vector and the rounding of its activations and loses f32 tiles the bf16 layout has
+    no counterpart of (the direct conv's pixel tiles). It computes in f32 (FALLBACK_F32). The
+    few-rows GEMM over weights larger than L2, whose time is their stream, keeps bf16
+    (plan_skinny), and so does a decode step's KV cache (eqfuse.backend.live).
+    benchmarks/bench_models.py --precision bf16 measures both choices on such a CPU;
+    Machine.bf16_fallback_all keeps every kernel in bf16."""
+    return bf16_path(m) != "fallback" or m.bf16_fallback_all
+
+
+FALLBACK_F32 = ("this CPU has no bf16 multiply (AVX512_BF16, AMX): a compute-bound kernel would gain nothing from "
+                "bf16 weights, whose bytes are not its bound, and would pay their widening; it computes in f32 "
+                "(docs/precision.md, \"Without a bf16 multiply\")")
+
+
 # The AMX-BF16 blocked GEMM (csrc_templates/gemm.c, BF16 3): the 8 tiles of palette 1, each 16
 # rows of 64 bytes, as 2 x 2 C tiles of 16 x 16 f32 (the AMX_MR x AMX_NR register tile), two A
 # tiles of 16 rows x 32 bf16 and two B tiles of 16 K-pairs x 16 columns. K goes through the tiles
@@ -336,6 +355,17 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     skinny path: its tiles, the thread rule and the uop schedule of csrc_templates/gemm_skinny.c."""
     d = plan.detail
     M, N, K = d.gemm.M, d.N, d.K
+    if plan.wanted_precision == "bf16" and plan.precision == "f32" and not bf16_pays(m):
+        # weights past L2 come from L3 or memory each call: that stream is its time, and bf16
+        # halves it, so bf16 on the fallback path too; weights within L2 are read faster than
+        # their FMAs run, and the widening would only add work (bench_models.py --precision bf16)
+        if K * N * F32 > m.l2:
+            plan.precision, plan.precision_path, plan.precision_note = "bf16", bf16_path(m), ""
+        else:
+            plan.precision_note = (f"this CPU has no bf16 multiply (AVX512_BF16, AMX): the few-rows GEMM's weights "
+                                   f"({K * N * F32} B in f32) fit L2 ({m.l2} B), read faster than their FMAs run, so "
+                                   "bf16 weights would only add their widening; it computes in f32 "
+                                   "(docs/precision.md, \"Without a bf16 multiply\")")
     if plan.precision_path == "amx_bf16":  # (few rows: a group of at most 16 would fill an A tile in part)
         plan.precision_path = bf16_path(m)
         plan.precision_note = "few rows: the memory-bound few-rows GEMM, on vdpbf16ps (AMX tiles: the blocked GEMM)"
@@ -537,9 +567,11 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
         g, at, bt = _matmul_gemm(plan, M)
         plan.flops = 2 * batch * M * Nn * K + pointwise_flops(body)
     gM = g.M
-    bf16 = plan.wanted_precision == "bf16"
+    bf16 = plan.wanted_precision == "bf16" and bf16_pays(m)  # (a few-rows GEMM: plan_skinny decides again)
     path = gemm_bf16_path(m) if bf16 else "f32"
     plan.precision, plan.precision_path, plan.precision_note = ("bf16" if bf16 else "f32"), path, ""
+    if bf16 != (plan.wanted_precision == "bf16"):
+        plan.precision_note = FALLBACK_F32
     texts = bf16_texts(path)
     amx = path == "amx_bf16"
     t = plan.tiles = amx_tiles(gM, Nn, K, m) if amx else gemm_tiles(gM, Nn, K, m, even_kc=bf16)
