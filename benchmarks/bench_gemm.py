@@ -263,8 +263,9 @@ def measure_precision(threads: int, precision: str, repeat: int, rounds: int) ->
         for p in dict.fromkeys(("f32", precision)):
             mod = eqfuse.compile(src, params={"w": w, "b": b}, precision=p, threads=threads)
             paths = sorted({e["path"] for e in mod.report["precision"].values()})
-            # (the peak of the path the GEMM runs: the fallback multiplies with f32 FMAs)
-            peak = "bf16_amx" if "amx_bf16" in paths else "f32" if "fallback" in paths else p
+            # (the peak of the path the GEMM runs: the fallback multiplies with f32 FMAs, and a
+            # compute-bound GEMM on a CPU without a bf16 multiply computes in f32: plan_gemm.bf16_pays)
+            peak = "bf16_amx" if "amx_bf16" in paths else "f32" if "fallback" in paths or paths == ["f32"] else p
             peers[f"eqfuse {p} ({', '.join(paths)})"] = (p, lambda m=mod: m(x), peak)
         try:
             import openvino as ov
