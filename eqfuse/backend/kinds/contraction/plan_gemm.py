@@ -131,9 +131,9 @@ def bf16_pays(m: Machine) -> bool:
     return bf16_path(m) != "fallback" or m.bf16_fallback_all
 
 
-FALLBACK_F32 = ("this CPU has no bf16 multiply (AVX512_BF16, AMX): a compute-bound kernel would gain nothing from "
-                "bf16 weights, whose bytes are not its bound, and would pay their widening; it computes in f32 "
-                "(docs/precision.md, \"Without a bf16 multiply\")")
+FALLBACK_F32 = ("this CPU has no bf16 multiply (AVX512_BF16, AMX): bf16 would only halve the bytes of weights packed "
+                "once, and this kernel's time is not their stream, so it would gain nothing and pay their widening; "
+                "it computes in f32 (docs/precision.md, \"Without a bf16 multiply\")")
 
 
 # The AMX-BF16 blocked GEMM (csrc_templates/gemm.c, BF16 3): the 8 tiles of palette 1, each 16
