@@ -126,7 +126,8 @@ def bf16_pays(m: Machine) -> bool:
     no counterpart of (the direct conv's pixel tiles). It computes in f32 (FALLBACK_F32). The
     few-rows GEMM over weights larger than L2, whose time is their stream, keeps bf16
     (plan_skinny), and so does a decode step's KV cache (eqfuse.backend.live).
-    benchmarks/bench_models.py --precision bf16 measures both choices on such a CPU;
+    benchmarks/bench_models.py --precision bf16 measures both choices on such a CPU, and
+    benchmarks/bench_bf16_fallback.py the few-rows GEMM's by the size of its weights;
     Machine.bf16_fallback_all keeps every kernel in bf16."""
     return bf16_path(m) != "fallback" or m.bf16_fallback_all
 
@@ -358,7 +359,7 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     if plan.wanted_precision == "bf16" and plan.precision == "f32" and not bf16_pays(m):
         # weights past L2 come from L3 or memory each call: that stream is its time, and bf16
         # halves it, so bf16 on the fallback path too; weights within L2 are read faster than
-        # their FMAs run, and the widening would only add work (bench_models.py --precision bf16)
+        # their FMAs run, and the widening would only add work (benchmarks/bench_bf16_fallback.py)
         if K * N * F32 > m.l2:
             plan.precision, plan.precision_path, plan.precision_note = "bf16", bf16_path(m), ""
         else:
