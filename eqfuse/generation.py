@@ -675,6 +675,32 @@ def held_steps(model, sig: Signature, batch: int) -> tuple[set[int], set[int]] |
     return prompts, {b[past] for b in steps if past in b and b.get(batch_dim, batch) == batch}
 
 
+def run_batch(model, sig: Signature, b: int, need: int) -> int:
+    """The batch a generation of b sequences that needs `need` cache rows runs at: b, unless the
+    model holds no decode step at b and holds one at a larger batch of at most 2b, over a cache
+    it would run at that batch (the capacity live_capacity gives it, for a Module bound per call;
+    one of at least `need` rows, for a loaded artifact). The smallest such batch then serves:
+    its extra rows repeat the last sequence and are dropped, so a new batch size below a
+    compiled one compiles nothing, and a loaded artifact serves it. A decode step is a few rows'
+    GEMMs over weights streamed once, so extra rows cost it little; a prompt's chunks, up to
+    twice its work. A model on batch buckets (buckets=) runs any batch on them as it is."""
+    f = model.default
+    if not hasattr(f, "live_modules") or f.batch_buckets:
+        return b
+    seq, past = sig.shapes[sig.ids][1], sig.pasts[0][1][2]
+    batch_dim = sig.shapes[sig.ids][0]
+    if getattr(model, "artifact", None) is not None:  # (its step's capacities at each batch: held_steps)
+        steps = {d.get(batch_dim): d[past] for d in (dict(k) for k, live, _ in f.live_modules if live == past)
+                 if d.get(seq, 1) == 1 and past in d and d[past] >= need}
+    else:
+        steps = {d.get(batch_dim): d[past] for d in (dict(k) for k, live, _ in f.live_modules if live == past)
+                 if d.get(seq, 1) == 1 and d.get(batch_dim) is not None
+                 and d.get(past) == live_capacity(sig, need, d[batch_dim])}
+    if b in steps:
+        return b
+    return min((n for n in steps if isinstance(n, int) and b < n <= 2 * b), default=b)
+
+
 def _check_mask(attention_mask, ids: np.ndarray) -> np.ndarray | None:
     """The attention mask as int64 [B, S] of zeros and ones, each row with a one; None when absent
     or all ones (every token real: the plain prompt's path)."""
@@ -791,24 +817,32 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
     real = _check_mask(attention_mask, ids)
     from eqfuse.frontend.onnx_cache import sharing_parses
 
+    b, s = ids.shape
     with sharing_parses():  # (a path's first compile imports the file three times: one parse)
-        dec, logits = _start(model, ids, max_new_tokens, real)
+        module, _, sig, _ = _model(model)
+        extra = run_batch(module, sig, b, s + max_new_tokens - 1) - b  # (rows repeating the last sequence)
+        dec, logits = _start(model, _pad_rows(ids, extra), max_new_tokens,
+                             None if real is None else _pad_rows(real, extra))
     if logits is None:
         return ids
-    b = ids.shape[0]
     rng = np.random.default_rng(seed)
     out = [ids]
     done = np.zeros(b, bool)
     for k in range(max_new_tokens):
-        tok = choose(logits, do_sample, temperature, top_k, top_p, rng).astype(np.int64)
+        tok = choose(logits[:b], do_sample, temperature, top_k, top_p, rng).astype(np.int64)
         if eos_token_id is not None:
             tok = np.where(done, eos_token_id, tok)
             done |= tok == eos_token_id
         out.append(tok[:, None])
         if k + 1 == max_new_tokens or done.all():
             break
-        logits = dec.step(tok[:, None])
+        logits = dec.step(_pad_rows(tok, extra)[:, None])
     return np.concatenate(out, axis=1)
+
+
+def _pad_rows(a: np.ndarray, extra: int) -> np.ndarray:
+    """a with `extra` more rows, copies of its last (run_batch)."""
+    return np.concatenate([a, np.repeat(a[-1:], extra, axis=0)]) if extra else a
 
 
 __all__ = ["generate", "load_decoder", "Decoder", "held_steps", "prefill_plan", "chunk_plan", "live_capacity", "step_dims", "step_maker", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]

@@ -634,6 +634,39 @@ def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
         eqfuse.generate(loaded, ids, max_new_tokens=most + 2 - ids.shape[1])
 
 
+def test_a_smaller_batch_runs_on_a_compiled_larger_one(monkeypatch, tmp_path):
+    """After a generation at batch 3, one at batch 2 runs on the batch-3 steps (generation.run_batch:
+    its third row a copy of its second, dropped): no C build, no optimizer run, no new step, and
+    transformers' greedy ids. A batch of 1 (3 is more than twice it) compiles its own steps. The
+    artifact saved after the batch of 3 alone serves a batch of 2 too, with the same ids."""
+    import eqfuse.pipeline as pipeline
+
+    path = de.export_gpt2("torchscript")
+    mod = eqfuse.compile(path)
+    rng = np.random.default_rng(11)
+    eqfuse.generate(mod, rng.integers(0, de.VOCAB, (3, S)).astype(np.int64), max_new_tokens=NEW)
+    steps = set(mod.default.live_modules)
+    loaded = eqfuse.load(mod.save(tmp_path / "three.eqf"))
+    counts = {"build": 0, "optimize": 0}
+
+    def counting(name, fn):
+        def wrapped(*a, **k):
+            counts[name] += 1
+            return fn(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(pipeline.cbuild, "build", counting("build", pipeline.cbuild.build))
+    monkeypatch.setattr(pipeline, "optimize", counting("optimize", pipeline.optimize))
+    two = rng.integers(0, de.VOCAB, (2, S)).astype(np.int64)
+    ours = eqfuse.generate(mod, two, max_new_tokens=NEW, eos_token_id=de.EOS)
+    assert counts == {"build": 0, "optimize": 0} and set(mod.default.live_modules) == steps
+    assert_greedy_matches_transformers(ours, two, NEW)
+    np.testing.assert_array_equal(eqfuse.generate(loaded, two, max_new_tokens=NEW, eos_token_id=de.EOS), ours)
+    one = two[:1]
+    assert_greedy_matches_transformers(eqfuse.generate(mod, one, max_new_tokens=NEW, eos_token_id=de.EOS), one, NEW)
+    assert counts["build"] > 0 and len(mod.default.live_modules) > len(steps)  # (batch 1: its own steps)
+
+
 @pytest.mark.extended
 def test_a_loaded_decoder_with_batch_buckets_generates_any_batch(tmp_path):
     """Saved after one generation at batch 2 with buckets={"batch": [2]}: the artifact holds the
