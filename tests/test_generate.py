@@ -361,17 +361,8 @@ def test_a_refused_chunk_step_prefills_whole_and_is_not_tried_again(monkeypatch)
                                                        attention_mask=mask), padded, NEW, mask=mask)
 
 
-def test_no_compile_after_the_first_generation(monkeypatch):
-    """C builds and optimizer runs of a fresh Module compiled with batch buckets: the first
-    prefill compiles the chunk step of its bucket of prompt lengths (16 rows for 8 tokens:
-    chunk_plan) and the decode step, both over the cache at the model's 128 positions
-    (live_capacity), their lengths at run time and the batch on its buckets; the 20 decode steps
-    compile nothing. Then prompts of 5, 11, 16, 40 and 100 tokens at batch sizes 2, 1, 3, 2 and 1
-    compile nothing: a prompt of up to 16 tokens is one chunk padded to 16, a longer one, longer
-    than every chunk compiled, runs as chunks of 16 over the cache in place (Decoder.
-    prefill_chunks), each batch on the one bucket of 2 (1 padded to 2, its cache rows appended in
-    a copy and copied back; 3 as a chunk of 2 appending in place and 1 padded); and each
-    generation is transformers' greedy one."""
+def count_compiles(monkeypatch) -> dict[str, int]:
+    """Counts, from now on, the C builds and the optimizer runs of every compile."""
     import eqfuse.pipeline as pipeline
 
     counts = {"build": 0, "optimize": 0}
@@ -384,6 +375,21 @@ def test_no_compile_after_the_first_generation(monkeypatch):
 
     monkeypatch.setattr(pipeline.cbuild, "build", counting("build", pipeline.cbuild.build))
     monkeypatch.setattr(pipeline, "optimize", counting("optimize", pipeline.optimize))
+    return counts
+
+
+def test_no_compile_after_the_first_generation(monkeypatch):
+    """C builds and optimizer runs of a fresh Module compiled with batch buckets: the first
+    prefill compiles the chunk step of its bucket of prompt lengths (16 rows for 8 tokens:
+    chunk_plan) and the decode step, both over the cache at the model's 128 positions
+    (live_capacity), their lengths at run time and the batch on its buckets; the 20 decode steps
+    compile nothing. Then prompts of 5, 11, 16, 40 and 100 tokens at batch sizes 2, 1, 3, 2 and 1
+    compile nothing: a prompt of up to 16 tokens is one chunk padded to 16, a longer one, longer
+    than every chunk compiled, runs as chunks of 16 over the cache in place (Decoder.
+    prefill_chunks), each batch on the one bucket of 2 (1 padded to 2, its cache rows appended in
+    a copy and copied back; 3 as a chunk of 2 appending in place and 1 padded); and each
+    generation is transformers' greedy one."""
+    counts = count_compiles(monkeypatch)
     path = de.export_gpt2("torchscript")
     mod = eqfuse.compile(path, buckets={"batch": [2]})
     sig = module_signature(mod)
@@ -639,24 +645,13 @@ def test_a_smaller_batch_runs_on_a_compiled_larger_one(monkeypatch, tmp_path):
     its third row a copy of its second, dropped): no C build, no optimizer run, no new step, and
     transformers' greedy ids. A batch of 1 (3 is more than twice it) compiles its own steps. The
     artifact saved after the batch of 3 alone serves a batch of 2 too, with the same ids."""
-    import eqfuse.pipeline as pipeline
-
     path = de.export_gpt2("torchscript")
     mod = eqfuse.compile(path)
     rng = np.random.default_rng(11)
     eqfuse.generate(mod, rng.integers(0, de.VOCAB, (3, S)).astype(np.int64), max_new_tokens=NEW)
     steps = set(mod.default.live_modules)
     loaded = eqfuse.load(mod.save(tmp_path / "three.eqf"))
-    counts = {"build": 0, "optimize": 0}
-
-    def counting(name, fn):
-        def wrapped(*a, **k):
-            counts[name] += 1
-            return fn(*a, **k)
-        return wrapped
-
-    monkeypatch.setattr(pipeline.cbuild, "build", counting("build", pipeline.cbuild.build))
-    monkeypatch.setattr(pipeline, "optimize", counting("optimize", pipeline.optimize))
+    counts = count_compiles(monkeypatch)
     two = rng.integers(0, de.VOCAB, (2, S)).astype(np.int64)
     ours = eqfuse.generate(mod, two, max_new_tokens=NEW, eos_token_id=de.EOS)
     assert counts == {"build": 0, "optimize": 0} and set(mod.default.live_modules) == steps
