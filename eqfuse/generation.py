@@ -689,16 +689,14 @@ def run_batch(model, sig: Signature, b: int, need: int) -> int:
         return b
     seq, past = sig.shapes[sig.ids][1], sig.pasts[0][1][2]
     batch_dim = sig.shapes[sig.ids][0]
-    if getattr(model, "artifact", None) is not None:  # (its step's capacities at each batch: held_steps)
-        steps = {d.get(batch_dim): d[past] for d in (dict(k) for k, live, _ in f.live_modules if live == past)
-                 if d.get(seq, 1) == 1 and past in d and d[past] >= need}
-    else:
-        steps = {d.get(batch_dim): d[past] for d in (dict(k) for k, live, _ in f.live_modules if live == past)
-                 if d.get(seq, 1) == 1 and d.get(batch_dim) is not None
-                 and d.get(past) == live_capacity(sig, need, d[batch_dim])}
-    if b in steps:
+    loaded = getattr(model, "artifact", None) is not None
+    steps = [d for d in (dict(key) for key, live, _ in f.live_modules if live == past)
+             if d.get(seq, 1) == 1 and past in d and isinstance(d.get(batch_dim), int)]
+    sizes = {d[batch_dim] for d in steps  # (a loaded Module cannot compile: any capacity that holds them)
+             if (d[past] >= need if loaded else d[past] == live_capacity(sig, need, d[batch_dim]))}
+    if b in sizes:
         return b
-    return min((n for n in steps if isinstance(n, int) and b < n <= 2 * b), default=b)
+    return min((n for n in sizes if b < n <= 2 * b), default=b)
 
 
 def _check_mask(attention_mask, ids: np.ndarray) -> np.ndarray | None:
@@ -753,11 +751,11 @@ def check_window(sig: Signature, s: int, max_new_tokens: int) -> None:
                             "tokens or a shorter prompt")
 
 
-def _start(model, ids: np.ndarray, max_new_tokens: int, real: np.ndarray | None = None):
+def _start(resolved, ids: np.ndarray, max_new_tokens: int, real: np.ndarray | None = None):
     """(the Decoder over the model's cache, the logits of the prompt's last position): the model
-    compiled (a path) or checked, the capacity chosen and the prompt prefilled (`real`: its
+    (`resolved`: _model's tuple) with the capacity chosen and the prompt prefilled (`real`: its
     attention mask, None for all real); (None, None) for no new tokens."""
-    model, run, sig, step = _model(model)
+    model, run, sig, step = resolved
     b, s = ids.shape
     if max_new_tokens == 0:
         return None, None
@@ -819,9 +817,10 @@ def generate(model, input_ids, max_new_tokens: int = 32, do_sample: bool = False
 
     b, s = ids.shape
     with sharing_parses():  # (a path's first compile imports the file three times: one parse)
-        module, _, sig, _ = _model(model)
+        resolved = _model(model)  # (a path compiled, a Module checked)
+        module, _, sig, _ = resolved
         extra = run_batch(module, sig, b, s + max_new_tokens - 1) - b  # (rows repeating the last sequence)
-        dec, logits = _start(model, _pad_rows(ids, extra), max_new_tokens,
+        dec, logits = _start(resolved, _pad_rows(ids, extra), max_new_tokens,
                              None if real is None else _pad_rows(real, extra))
     if logits is None:
         return ids
