@@ -425,8 +425,11 @@ class Decoder:
         return logits[:, -1]
 
     def _grow(self) -> None:
-        """Doubles the capacity (the decode step then compiles once at the new one)."""
-        cap = self.capacity * 2
+        """Grows the capacity to the smallest one above it whose decode step the model holds
+        compiled at this batch (no compile), else doubles it (the step then compiles once)."""
+        held = getattr(self.make_step, "held", None) if self.live_step is not None else None
+        above = sorted(c for c in (held(self.mask.shape[0]) if held else ()) if c > self.capacity)
+        cap = above[0] if above else self.capacity * 2
         rows = cap + (self.live_step is not None)
         self.cache = [np.concatenate([c, np.zeros(c.shape[:2] + (rows - c.shape[2],) + c.shape[3:], c.dtype)], axis=2)
                       for c in self.cache]
@@ -579,6 +582,13 @@ def step_maker(module, sig: Signature):
             return None
         run.prepare, run.pick = prepare, pick
         return run
+
+    def held(batch: int) -> set[int]:
+        """The capacities of the decode steps compiled at `batch` (or on batch buckets)."""
+        batch_dim, seq = sig.shapes[sig.ids][0], sig.shapes[sig.ids][1]
+        return {d[live] for d in (dict(key) for key, lv, _ in f.live_modules if lv == live)
+                if d.get(seq, 1) == 1 and live in d and d.get(batch_dim, batch) == batch}
+    make.held = held
     return make
 
 

@@ -597,6 +597,30 @@ def test_cache_grows_past_its_capacity():
     assert ours.capacity == 64 and ours.cache[0].shape == (B, de.HEADS, 65, de.HEAD)
 
 
+@pytest.mark.extended  # (beside test_cache_grows_past_its_capacity: the suite's time)
+def test_a_cache_grows_to_a_compiled_capacity_without_compiling(monkeypatch):
+    """A Decoder at 16 rows whose model holds the decode step at 64 (at its batch) grows to 64 at
+    once when it fills: one copy of the buffers, no C build and no optimizer run, and its steps
+    still match onnxruntime."""
+    path = de.export_gpt2("torchscript")
+    mod = eqfuse.compile(path)
+    sig = onnx_signature(path)
+    make = step_maker(mod, sig)
+    make(B, 64)  # (as an earlier generation would have)
+    assert make.held(B) == {64}
+    counts = count_compiles(monkeypatch)
+    ours = Decoder(sig, lambda f: mod(**f), 16, make)
+    theirs = Decoder(sig, ort_run(path), 64)
+    a, b = ours.prefill(prompt(), PREFILL_MIN), theirs.prefill(prompt())
+    built = dict(counts)  # (the prefill's chunk and decode steps at 16)
+    for step in range(12):
+        tok = b.argmax(-1)[:, None].astype(np.int64)
+        a, b = ours.step(tok), theirs.step(tok)
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4, err_msg=f"step {step}")
+    assert ours.capacity == 64 and ours.cache[0].shape == (B, de.HEADS, 65, de.HEAD)
+    assert counts == built
+
+
 def ort_greedy(path, ids: np.ndarray, new: int, capacity: int) -> np.ndarray:
     """Greedy ids through onnxruntime on the same file, the cache at `capacity` (Decoder)."""
     dec = Decoder(onnx_signature(path), ort_run(path), capacity)
