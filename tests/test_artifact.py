@@ -307,9 +307,9 @@ def test_a_bf16_artifact_keeps_its_precision_and_instruction_path(tmp_path):
     from test_bf16 import check_gemm
 
     rng = np.random.default_rng(0)
-    # (weights past L2, 2.6 MB: the few-rows GEMM multiplies bf16 on the fallback too, plan_gemm.plan_skinny)
-    x, w, b = (rng.standard_normal(s, dtype=np.float32) for s in ((8, 1024), (1024, 640), (640,)))
-    mod = eqfuse.compile("graph g(x: f32[8, 1024], w: f32[1024, 640], b: f32[640]) -> f32[8, 640] { return x @ w + b }",
+    # (weights past any host's L2, 4 MiB: the few-rows GEMM multiplies bf16 on the fallback too, plan_skinny)
+    x, w, b = (rng.standard_normal(s, dtype=np.float32) for s in ((8, 1024), (1024, 1024), (1024,)))
+    mod = eqfuse.compile("graph g(x: f32[8, 1024], w: f32[1024, 1024], b: f32[1024]) -> f32[8, 1024] { return x @ w + b }",
                          params={"w": w, "b": b}, precision="bf16")
     here = usable_level()
     below = list(LEVELS)[level_rank(here) - 2] if level_rank(here) >= 2 else None

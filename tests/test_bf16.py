@@ -289,8 +289,8 @@ def test_without_a_bf16_multiply_compute_bound_kernels_stay_f32():
     """On a CPU with neither AVX512_BF16 nor AMX (the pinned model, whatever the host), bf16 only
     halves weight bytes: the blocked GEMM, the conv, the attention of several query rows and the
     few-rows GEMM over weights within L2 compute in f32 and say why, with precision f32's very
-    outputs; the few-rows GEMM over weights past L2 (2.6 MB: L2 is 2 MB on the largest host
-    model), whose time is their stream, multiplies bf16 on the fallback, within the GEMM's bound."""
+    outputs; the few-rows GEMM over weights past L2 (2.6 MB, the pinned L2 1 MB), whose time is
+    their stream, multiplies bf16 on the fallback, within the GEMM's bound."""
     from eqfuse.backend.kinds.contraction.plan_gemm import FALLBACK_F32
 
     rng = np.random.default_rng(9)
@@ -300,7 +300,8 @@ def test_without_a_bf16_multiply_compute_bound_kernels_stay_f32():
     xs = dict(zip(names, (rng.standard_normal(sh).astype(np.float32) for sh in shapes)))
     bound = {"w": xs["w"], "b": xs["b"], "c": xs["c"], "u": xs["u"]}
     calls = [xs[n] for n in names if n not in bound]
-    model = dataclasses.replace(machine.machine(), avx512_bf16=False, amx_bf16=False, bf16_fallback_all=False)
+    model = dataclasses.replace(machine.machine(), avx512_bf16=False, amx_bf16=False, bf16_fallback_all=False,
+                                l2=1 << 20)  # (pinned: u's 2.6 MB past it on any host)
     with machine.pinned(model):
         low = eqfuse.compile(WITHOUT_BF16, params=bound, precision="bf16")
         f32 = eqfuse.compile(WITHOUT_BF16, params=bound)
