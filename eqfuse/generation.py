@@ -585,11 +585,19 @@ def step_maker(module, sig: Signature):
 
     def held(batch: int) -> set[int]:
         """The capacities of the decode steps compiled at `batch` (or on batch buckets)."""
-        batch_dim, seq = sig.shapes[sig.ids][0], sig.shapes[sig.ids][1]
-        return {d[live] for d in (dict(key) for key, lv, _ in f.live_modules if lv == live)
-                if d.get(seq, 1) == 1 and live in d and d.get(batch_dim, batch) == batch}
+        return {d[live] for d in compiled_steps(f, sig, batch) if live in d}
     make.held = held
     return make
+
+
+def compiled_steps(f, sig: Signature, batch: int | None = None, chunks: bool = False) -> list[dict]:
+    """The dims of the steps over a cache in place (step_maker) that a function bound per call
+    (runtime.padded, `f.live_modules`) holds compiled: its decode steps (one token), or with
+    chunks=True its chunk steps; with `batch`, those at that batch or on batch buckets."""
+    seq, past, batch_dim = sig.shapes[sig.ids][1], sig.pasts[0][1][2], sig.shapes[sig.ids][0]
+    steps = (dict(key) for key, live, _ in f.live_modules if live == past)
+    return [d for d in steps if (d.get(seq, 1) > 1) == chunks
+            and (batch is None or d.get(batch_dim, batch) == batch)]
 
 
 def held_chunks(model, sig: Signature, batch: int, capacity: int) -> list[int]:
@@ -599,9 +607,7 @@ def held_chunks(model, sig: Signature, batch: int, capacity: int) -> list[int]:
     if not hasattr(f, "live_modules"):
         return []
     seq, past = sig.shapes[sig.ids][1], sig.pasts[0][1][2]
-    batch_dim = sig.shapes[sig.ids][0]
-    return sorted({d[seq] for d in (dict(key) for key, live, _ in f.live_modules if live == past)
-                   if d.get(seq, 1) > 1 and d[past] + d[seq] == capacity + 1 and d.get(batch_dim, batch) == batch})
+    return sorted({d[seq] for d in compiled_steps(f, sig, batch, chunks=True) if d[past] + d[seq] == capacity + 1})
 
 
 def chunk_plan(model, sig: Signature, s: int, batch: int, capacity: int) -> int:
@@ -676,7 +682,7 @@ def held_steps(model, sig: Signature, batch: int) -> tuple[set[int], set[int]] |
     seq, past = shapes[sig.ids][1], shapes[sig.pasts[0][0]][2]
     if hasattr(f, "live_modules"):  # bound per call (runtime.padded): its buckets and decode steps
         binds = [dict(zip(f.padded, key)) for key in f.modules]
-        steps = [d for d in (dict(key) for key, live, _ in f.live_modules if live == past) if d.get(seq, 1) == 1]
+        steps = compiled_steps(f, sig)
     else:
         binds = [dict(key) for key in list(f.cache) + list(f.buckets)]
         steps = [b for b in binds if b.get(seq) == 1]
@@ -697,11 +703,9 @@ def run_batch(model, sig: Signature, b: int, need: int) -> int:
     f = model.default
     if not hasattr(f, "live_modules") or f.batch_buckets:
         return b
-    seq, past = sig.shapes[sig.ids][1], sig.pasts[0][1][2]
-    batch_dim = sig.shapes[sig.ids][0]
+    past, batch_dim = sig.pasts[0][1][2], sig.shapes[sig.ids][0]
     loaded = getattr(model, "artifact", None) is not None
-    steps = [d for d in (dict(key) for key, live, _ in f.live_modules if live == past)
-             if d.get(seq, 1) == 1 and past in d and isinstance(d.get(batch_dim), int)]
+    steps = [d for d in compiled_steps(f, sig) if past in d and isinstance(d.get(batch_dim), int)]
     sizes = {d[batch_dim] for d in steps  # (a loaded Module cannot compile: any capacity that holds them)
              if (d[past] >= need if loaded else d[past] == live_capacity(sig, need, d[batch_dim]))}
     if b in sizes:

@@ -61,11 +61,10 @@ from eqfuse.backend.kinds.base import REGIONS
 from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS, c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import (
-    FALLBACK_F32,
     Prepack,
-    bf16_pays,
     bf16_path,
     cdiv,
+    computes_as_wanted,
     parallel,
 )
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
@@ -280,7 +279,7 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     if not force and not use_direct(KH, KW, sh, sw):
         return False
     vl = m.simd_floats
-    bf16 = plan.wanted_precision == "bf16" and bf16_pays(m)
+    bf16 = computes_as_wanted(plan, m, bf16_path(m))
     cb = min(C, vl)
     # (bf16: an instruction step multiplies a K-pair, so a tap row is half as many steps, rounded up)
     v, rw, rows = choose_tile(m, (N, OH, OW, O, cdiv(cb * KW, 2) if bf16 else cb * KW, cdiv(C, cb) * KH))
@@ -310,10 +309,7 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     if pixels:
         plan.tiles = dict(zip(("ro", "rph", "rpw"), pixels))
     plan.flops = 2 * NP * O * K + pointwise_flops(body)
-    path = bf16_path(m) if bf16 else "f32"
-    plan.precision, plan.precision_path, plan.precision_note = ("bf16" if bf16 else "f32"), path, ""
-    if bf16 != (plan.wanted_precision == "bf16"):
-        plan.precision_note = FALLBACK_F32
+    path = plan.precision_path
     if use_winograd(d, vl):
         plan_winograd(plan, m, d)
         return True

@@ -15,6 +15,7 @@ from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_ge
 from eqfuse.backend.plan import (
     KernelPlan,
     UOp,
+    computes_f32,
     not_ancestors,
     ops_text,
     pointwise_flops,
@@ -135,6 +136,18 @@ def bf16_pays(m: Machine) -> bool:
 FALLBACK_F32 = ("this CPU has no bf16 multiply (AVX512_BF16, AMX): bf16 would only halve the bytes of weights packed "
                 "once, and this kernel's time is not their stream, so it would gain nothing and pay their widening; "
                 "it computes in f32 (docs/precision.md, \"Without a bf16 multiply\")")
+
+
+def computes_as_wanted(plan: KernelPlan, m: Machine, path: str) -> bool:
+    """Set a compute-bound kernel's precision (KernelPlan.precision): bf16 on `path` where it was
+    asked for and pays on machine m (bf16_pays), else f32, with FALLBACK_F32 as the note where
+    bf16 was asked for. Whether it computes in bf16."""
+    bf16 = plan.wanted_precision == "bf16" and bf16_pays(m)
+    if bf16:
+        plan.precision, plan.precision_path, plan.precision_note = "bf16", path, ""
+    else:
+        computes_f32(plan, FALLBACK_F32)
+    return bf16
 
 
 # The AMX-BF16 blocked GEMM (csrc_templates/gemm.c, BF16 3): the 8 tiles of palette 1, each 16
@@ -568,11 +581,8 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
         g, at, bt = _matmul_gemm(plan, M)
         plan.flops = 2 * batch * M * Nn * K + pointwise_flops(body)
     gM = g.M
-    bf16 = plan.wanted_precision == "bf16" and bf16_pays(m)  # (a few-rows GEMM: plan_skinny decides again)
-    path = gemm_bf16_path(m) if bf16 else "f32"
-    plan.precision, plan.precision_path, plan.precision_note = ("bf16" if bf16 else "f32"), path, ""
-    if bf16 != (plan.wanted_precision == "bf16"):
-        plan.precision_note = FALLBACK_F32
+    bf16 = computes_as_wanted(plan, m, gemm_bf16_path(m))  # (a few-rows GEMM: plan_skinny decides again)
+    path = plan.precision_path
     texts = bf16_texts(path)
     amx = path == "amx_bf16"
     t = plan.tiles = amx_tiles(gM, Nn, K, m) if amx else gemm_tiles(gM, Nn, K, m, even_kc=bf16)
