@@ -122,13 +122,16 @@ def no_vnni():
 FAST_CASES = 1
 # The whole suite's budget (8 minutes on 2 cores, docs/testing.md): the onnx package's node tests
 # after the first DEFAULT_NODE_CASES of each ONNX op are `extended` (each builds a library; the
-# first cases of an op cover its attributes' common forms, and `-m extended` runs every case).
-DEFAULT_NODE_CASES = 2
+# first case of an op covers its attributes' common form, our own tests of the op its others
+# (tests/test_reference.py, test_onnx_import.py), and `-m extended` runs every case). An op is one
+# of test_onnx_node.SUPPORTED, so that reduce_sum and reduce_max each have theirs.
+DEFAULT_NODE_CASES = 1
 
 
 def _group(item, node_test: bool) -> tuple:
-    if node_test:
-        return item.path, item.name.split("_")[1]
+    if node_test:  # (its op: the longest of test_onnx_node.SUPPORTED that names it, `test_<op>[_<case>]_cpu`)
+        ops = [op for op in item.module.SUPPORTED if item.name.startswith(f"test_{op}_")]
+        return item.path, max(ops, key=len, default=item.name)
     return item.path, getattr(item, "originalname", item.name)
 
 

@@ -12,22 +12,17 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from lark.exceptions import UnexpectedInput, VisitError
-
 from eqfuse.errors import EqfuseError
 from eqfuse.frontend import syntax as S
-from eqfuse.frontend.parser import SourceText, decode_source, syntax_error
 from eqfuse.grad.helpers import HELPERS
 from eqfuse.optimizer.rules import (
     AttrVar,
     AttrVarAst,
     POp,
     PVar,
-    RulesToAst,
     Side,
+    parse_rule_asts,
     rule_condition,
-    rule_texts,
-    rules_lark,
 )
 
 DERIVATIVES = Path(__file__).parent / "derivatives.rw"
@@ -78,24 +73,8 @@ class _GradSide(Side):
 
 
 def parse_derivatives(text: str | bytes, file: str = "<string>") -> list[Derivative]:
-    text = decode_source(text, file)
-    src = SourceText(text, file)
-    parser = rules_lark()
-    try:
-        tree = parser.parse(text)
-    except UnexpectedInput as e:
-        raise syntax_error(e, src, getattr(parser.options.postlex, "open", ())) from None
-    try:
-        asts = RulesToAst(src).transform(tree)
-    except VisitError as e:
-        if isinstance(e.orig_exc, EqfuseError):
-            raise e.orig_exc from None
-        raise
-    out, seen = [], {}
-    for r, rtext in zip(asts, rule_texts(src, asts)):
-        if r.name in seen:
-            raise EqfuseError(f"rule '{r.name}' is already defined at line {seen[r.name]}", r.pos)
-        seen[r.name] = r.line
+    out = []
+    for r, rtext in parse_rule_asts(text, file):
         if r.arrow != "=>":
             raise EqfuseError("a derivative is written FORWARD => GRADIENT (not <=>)", r.pos)
         lhs_side, rhs_side = Side(), _GradSide()

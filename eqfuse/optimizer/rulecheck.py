@@ -74,16 +74,11 @@ def check_rule_files(files: Iterable, enabled: bool = True, trials: int = TRIALS
 
 def check_rule_file(path, trials: int = TRIALS) -> bool:
     """Check one file; True if the verdict came from the cache (this process's or the disk's)."""
-    from eqfuse.optimizer.rules import parse_rules
+    from eqfuse.optimizer.rules import parse_rules, rule_file_bytes
     from eqfuse.optimizer.soundness import check_rule
 
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise EqfuseError(f"{path}: no such rule file") from None
-    except OSError as e:
-        raise EqfuseError(f"{path}: cannot read ({e.strerror})") from None
+    data = rule_file_bytes(path)
     key = content_key(data, trials)
     if key in _SOUND:
         return True

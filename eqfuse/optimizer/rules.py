@@ -422,8 +422,9 @@ def rule_texts(src: SourceText, asts: list[RuleAst]) -> list[str]:
     return out
 
 
-def parse_rules(text: str | bytes, file: str = "<string>") -> list[Rule]:
-    """Parse and validate a .rw text; a `<=>` rule yields two Rule objects of the same name."""
+def parse_rule_asts(text: str | bytes, file: str = "<string>") -> list[tuple[RuleAst, str]]:
+    """A .rw text's rules (the grammar's: rewrite rules and derivatives alike), each with its own
+    text (rule_texts); a syntax error, or a name defined twice, is a user-facing EqfuseError."""
     text = decode_source(text, file)
     src = SourceText(text, file)
     parser = rules_lark()
@@ -438,11 +439,17 @@ def parse_rules(text: str | bytes, file: str = "<string>") -> list[Rule]:
             raise e.orig_exc from None
         raise
     seen: dict[str, int] = {}
-    rules: list[Rule] = []
-    for r, rtext in zip(asts, rule_texts(src, asts)):
+    for r in asts:
         if r.name in seen:
             raise EqfuseError(f"rule '{r.name}' is already defined at line {seen[r.name]}", r.pos)
         seen[r.name] = r.line
+    return list(zip(asts, rule_texts(src, asts)))
+
+
+def parse_rules(text: str | bytes, file: str = "<string>") -> list[Rule]:
+    """Parse and validate a .rw text; a `<=>` rule yields two Rule objects of the same name."""
+    rules: list[Rule] = []
+    for r, rtext in parse_rule_asts(text, file):
         lhs_side, rhs_side = Side(), Side()
         lhs = lhs_side.expr(r.lhs)
         rhs = rhs_side.expr(r.rhs)
@@ -470,15 +477,19 @@ def rule_files() -> list[Path]:
     return sorted(RULES_DIR.glob("*.rw"))
 
 
-def read_rule_file(path) -> list[Rule]:
-    path = Path(path)
+def rule_file_bytes(path: Path) -> bytes:
+    """A rule file's bytes; a missing or unreadable one is a user-facing EqfuseError."""
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise EqfuseError(f"{path}: no such rule file") from None
     except OSError as e:
         raise EqfuseError(f"{path}: cannot read ({e.strerror})") from None
-    return _parsed(data, str(path))
+
+
+def read_rule_file(path) -> list[Rule]:
+    path = Path(path)
+    return _parsed(rule_file_bytes(path), str(path))
 
 
 def _parsed(data: bytes, file: str) -> list[Rule]:
