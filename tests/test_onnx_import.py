@@ -6,6 +6,8 @@ of the imported graph (weights bound from `params`) and compares with onnx.refer
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -514,6 +516,61 @@ def test_scatter_nd_of_indices_computed_at_run_time_matches_onnxruntime(reductio
                  "u": rng.standard_normal((2, 3, 3)).astype(np.float32)}
         (want,) = sess.run(None, feeds)
         np.testing.assert_allclose(mod(**feeds), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduction, axis", [("none", 1), ("add", 0), ("none", -1)])
+def test_scatter_elements_of_indices_computed_at_run_time_matches_onnxruntime(reduction, axis):
+    """ScatterElements whose indices are an input, negative ones too, and smaller than data
+    on the axes they do not index; each position written once (as in the ScatterND test)."""
+    ort = pytest.importorskip("onnxruntime")
+    import eqfuse
+    from eqfuse.frontend.onnx_import import onnx_params
+
+    ishape = (3, 4, 2) if axis == 0 else (4, 2, 3)
+    m = _typed_model([helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=axis, reduction=reduction)],
+                     [("x", F, (4, 5, 3)), ("i", I64, ishape), ("u", F, ishape)], [("y", F, None)])
+    rng = np.random.default_rng(6)
+    mod = eqfuse.compile(graph_text(import_model(m).graph), params=onnx_params(m))
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    size = (4, 5, 3)[axis]
+    for _ in range(3):
+        along = np.argsort(rng.random(ishape), axis=axis)  # distinct along the axis: written once
+        i = np.where(rng.random(ishape) < 0.3, along - size, along).astype(np.int64)
+        feeds = {"x": rng.standard_normal((4, 5, 3)).astype(np.float32), "i": i,
+                 "u": rng.standard_normal(ishape).astype(np.float32)}
+        (want,) = sess.run(None, feeds)
+        np.testing.assert_allclose(mod(**feeds), want, rtol=1e-6, atol=1e-6)
+
+
+def test_exported_top_k_gates_scattered_to_their_experts_match_torch(tmp_path):
+    """A mixture of experts' router as transformers writes it (JetMoE's attention experts): the
+    softmax of the top-k logits scattered into a zero [tokens, experts] table
+    (`Tensor.scatter`), exported by TorchScript as ScatterElements of run-time indices."""
+    torch = pytest.importorskip("torch")
+    import eqfuse
+
+    class Router(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(16, 6, bias=False)
+
+        def forward(self, x):
+            logits = self.w(x)
+            top, idx = logits.topk(2, dim=-1)
+            return torch.zeros_like(logits).scatter(1, idx, top.softmax(-1)) * logits.sigmoid()
+
+    torch.manual_seed(0)
+    model = Router().eval()
+    x = torch.randn(10, 16)
+    path = tmp_path / "router.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(path), input_names=["x"], dynamo=False)
+    assert "ScatterElements" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    mod = eqfuse.compile(str(path))
+    for _ in range(3):
+        x = torch.randn(10, 16)
+        np.testing.assert_allclose(mod(x.numpy()), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_scatter_nd_multiplying_at_indices_computed_at_run_time_is_one_clear_error():

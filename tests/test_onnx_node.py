@@ -34,7 +34,7 @@ SUPPORTED = [
     "gather", "gather_elements", "gathernd", "expand", "squeeze", "unsqueeze", "flatten",
     "split", "maxpool", "averagepool", "globalaveragepool", "globalmaxpool", "clip",
     "leakyrelu", "hardsigmoid", "hardswish", "softplus", "reduce_min", "reduce_prod", "reduce_l2", "argmax",
-    "tril", "triu", "tile", "instancenorm", "scatternd", "logsoftmax", "argmin",
+    "tril", "triu", "tile", "instancenorm", "scatternd", "scatter_elements", "logsoftmax", "argmin",
     # activations written with the op table's, rounding and trigonometry
     "elu", "selu", "celu", "thresholdedrelu", "softsign", "mish", "shrink", "round", "tan", "asin", "acos", "atan",
     "sinh", "cosh", "asinh", "acosh", "atanh", "isinf", "reduce_l1", "reduce_log_sum", "top_k",

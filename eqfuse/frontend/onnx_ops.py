@@ -166,22 +166,24 @@ def _gather_nd(imp, ins, at):
     return imp.op("gather", [table, flat], axis=0)
 
 
+def _reduction(at) -> str:
+    """A scatter's `reduction` attribute, checked."""
+    reduction = at.get("reduction", "none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    if reduction not in SCATTER_COMBINE:
+        raise Unsupported(f"reduction '{reduction}'")
+    return reduction
+
+
+SCATTER_COMBINE = {"none": None, "add": "add", "mul": "mul", "max": "maximum", "min": "minimum"}
+
+
 @handles("ScatterND", attrs=("reduction",))
 def _scatter_nd(imp, ins, at):
     """data with the slices data[idx[..., 0], ..., idx[..., k-1]] replaced by the rows of updates,
     or combined with them (`reduction`): the dynamo exporter's `index_put` and slice assignments.
-    The first k axes of data must be constant; the rest may hold named dims.
-    - Constant indices (the exports'): a map over the first k axes, built here, names the updates'
-      row each position takes, so the result is a gather of those rows and a where over data,
-      exact for every reduction. A position written twice takes the last write, as onnxruntime
-      does, or combines the writes in their order (the reductions).
-    - Indices computed at run time: a scatter_add of the rows into data, after a where has zeroed
-      the rows written (none) or not (add); mul, max and min are refused there."""
-    reduction = at.get("reduction", "none")
-    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
-    combine = {"none": None, "add": "add", "mul": "mul", "max": "maximum", "min": "minimum"}
-    if reduction not in combine:
-        raise Unsupported(f"reduction '{reduction}'")
+    The first k axes of data must be constant; the rest may hold named dims (`_scatter`)."""
+    reduction = _reduction(at)
     indices = imp.sym_nodes.get(ins[1], ins[1]) if isinstance(ins[1], int) else ins[1]
     if isinstance(indices, (sy.Sym, sy.Merged)):
         raise NeedsDims("indices computed from named dims (bind them with dims=)")
@@ -193,24 +195,73 @@ def _scatter_nd(imp, ins, at):
         raise Unsupported(f"indices of shape {list(ishape)} into data of rank {len(ds)}")
     if not all(isinstance(d, int) for d in tuple(ds[:k]) + tuple(ishape[:-1])):
         raise NeedsDims("named dims in the indexed axes or the indices")
-    lead, n = tuple(int(d) for d in ds[:k]), math.prod(ishape[:-1])
     want = tuple(ishape[:-1]) + tuple(ds[k:])
     if tuple(imp.type(updates).shape) != want:
         raise Unsupported(f"updates of shape {list(imp.type(updates).shape)}, not {list(want)}")
+    if imp.is_const(indices):
+        return _scatter(imp, data, np.asarray(indices).astype(np.int64).reshape(-1, k), updates, k, reduction)
+    flat, size = _flat_index(imp, indices, ds)
+    return _scatter(imp, data, imp.reshape_to(flat, (math.prod(ishape[:-1]),)), updates, k, reduction)
+
+
+@handles("ScatterElements", attrs=("axis", "reduction"))
+def _scatter_elements(imp, ins, at):
+    """data with each element data[i0, .., idx[i0, .., ir], .., ir] (idx along `axis`) replaced by
+    updates[i0, .., ir], or combined with it (`reduction`): the exporters' `scatter` and
+    `scatter_add` (a mixture of experts' gates written at their top-k experts). A scatter over
+    every axis of data (`_scatter`), whose index tuples take the indices along `axis` and each
+    element's own position along the others; data's and the indices' shapes must be constant."""
+    reduction = _reduction(at)
+    data, updates = imp.data(ins[0], imp.node.input[0]), imp.data(ins[2], imp.node.input[2])
+    ds = imp.type(data).shape
+    indices = ins[1] if imp.is_const(ins[1]) else imp.data(ins[1], imp.node.input[1])
+    ishape = np.shape(indices) if imp.is_const(indices) else imp.type(indices).shape
+    ax = at.get("axis", 0) % len(ds)
+    if len(ishape) != len(ds) or tuple(imp.type(updates).shape) != tuple(ishape):
+        raise Unsupported(f"indices of shape {list(ishape)} and updates of shape {list(imp.type(updates).shape)} "
+                          f"into data of shape {list(ds)}")
+    if not all(isinstance(d, int) for d in tuple(ds) + tuple(ishape)):
+        raise NeedsDims("named dims in the data or the indices")
+    if any(i > d for a, (i, d) in enumerate(zip(ishape, ds)) if a != ax):
+        raise Unsupported(f"indices of shape {list(ishape)} beyond data of shape {list(ds)}")
+    pos = np.indices(ishape).reshape(len(ds), -1).T  # each element's own index tuple
+    if imp.is_const(indices):
+        pos[:, ax] = np.asarray(indices).astype(np.int64).reshape(-1)
+        return _scatter(imp, data, pos, updates, len(ds), reduction)
+    pos[:, ax] = 0
+    strides = np.array([math.prod(ds[a + 1:]) for a in range(len(ds))])
+    idx = imp.op("where", [imp.op("lt", [indices, imp.const(0)]), imp.op("add", [indices, imp.const(ds[ax])]),
+                           indices])  # (a negative index counts from the end of the axis)
+    flat = imp.op("add", [imp.op("mul", [idx, imp.const(int(strides[ax]))]),
+                          imp.new_param("scatter_at", (pos @ strides).reshape(ishape))])
+    return _scatter(imp, data, imp.reshape_to(flat, (math.prod(ishape),)), updates, len(ds), reduction)
+
+
+def _scatter(imp, data, idx, updates, k: int, reduction: str):
+    """data with its slices over the first k axes at idx replaced by the rows of updates (one per
+    index tuple, in order), or combined with them by `reduction`:
+    - idx constant (an [n, k] array, the exports' usual case): a map over the first k axes, built
+      here, names the updates' row each position takes, so the result is a gather of those rows
+      and a where over data, exact for every reduction. A position written twice takes the last
+      write, as onnxruntime does, or combines the writes in their order (the reductions).
+    - idx computed at run time (a node: the n positions in the first k axes flattened): a
+      scatter_add of the rows into data, after a where has zeroed the rows written (none) or not
+      (add); mul, max and min are refused there."""
+    ds = imp.type(data).shape
+    lead = tuple(int(d) for d in ds[:k])
+    n = len(idx) if isinstance(idx, np.ndarray) else imp.type(idx).shape[0]
     rows = imp.reshape_to(updates, (n,) + tuple(ds[k:]))
-    if not imp.is_const(indices):
+    if not isinstance(idx, np.ndarray):
         if reduction not in ("none", "add"):
             raise Unsupported(f"reduction '{reduction}' with indices computed at run time")
-        flat, size = _flat_index(imp, indices, ds)
-        flat = imp.reshape_to(flat, (n,))
+        size = math.prod(lead)
         table = imp.reshape_to(data, (size,) + tuple(ds[k:]))
         if reduction == "none":
-            count = imp.op("scatter_add", [imp.new_param("scatter_count", np.zeros(size, np.float32)), flat,
+            count = imp.op("scatter_add", [imp.new_param("scatter_count", np.zeros(size, np.float32)), idx,
                                            imp.new_param("scatter_one", np.ones(n, np.float32))], axis=0)
             written = imp.reshape_to(imp.op("gt", [count, imp.const(0)]), (size,) + (1,) * (len(ds) - k))
             table = imp.op("where", [written, imp.const(0), table])
-        return imp.reshape_to(imp.op("scatter_add", [table, flat, rows], axis=0), tuple(ds))
-    idx = np.asarray(indices).astype(np.int64).reshape(-1, k)
+        return imp.reshape_to(imp.op("scatter_add", [table, idx, rows], axis=0), tuple(ds))
     idx = np.where(idx < 0, idx + np.array(lead), idx)
     if ((idx < 0) | (idx >= np.array(lead))).any():
         raise Unsupported(f"indices outside the indexed axes {list(lead)}")
@@ -221,14 +272,14 @@ def _scatter_nd(imp, ins, at):
     first = np.searchsorted(pos[order], pos[order])
     nth = np.empty(n, np.int64)
     nth[order] = np.arange(n) - first
-    rounds = [np.arange(n)] if combine[reduction] is None else [np.flatnonzero(nth == r) for r in range(nth.max() + 1)]
+    rounds = [np.arange(n)] if SCATTER_COMBINE[reduction] is None else [np.flatnonzero(nth == r) for r in range(nth.max() + 1)]
     for writes in rounds:
         row = np.full(math.prod(lead), -1, np.int64)
         np.maximum.at(row, pos[writes], writes)  # the last write wins
         written = (row >= 0).reshape(lead + (1,) * (len(ds) - k))
         taken = imp.op("gather", [rows, imp.new_param("scatter_rows", np.maximum(row, 0).reshape(lead))], axis=0)
-        if combine[reduction] is not None:
-            taken = imp.op(combine[reduction], [data, taken])
+        if SCATTER_COMBINE[reduction] is not None:
+            taken = imp.op(SCATTER_COMBINE[reduction], [data, taken])
         data = imp.op("where", [imp.new_param("scatter_written", written), taken, data])
     return data
 
