@@ -573,6 +573,28 @@ def test_exported_top_k_gates_scattered_to_their_experts_match_torch(tmp_path):
         np.testing.assert_allclose(mod(x.numpy()), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("axes", [None, (2, 3)])
+def test_a_pad_of_a_computed_value_matches_onnxruntime(axes):
+    """A Pad whose constant_value is computed in the graph, as quantize_static writes a
+    quantized model's explicit pad (MobileNetV2's, EfficientNet's): the zero point
+    dequantized, a DequantizeLinear of constants, which the importer keeps as an op."""
+    ort = pytest.importorskip("onnxruntime")
+    import eqfuse
+    from eqfuse.frontend.onnx_import import onnx_params
+
+    pads = [0, 0, 1, 2, 0, 0, 2, 1] if axes is None else [1, 2, 2, 1]
+    inits = [("q", np.array(7, np.uint8)), ("s", np.array(0.25, np.float32)), ("z", np.array(3, np.uint8)),
+             ("p", np.array(pads, np.int64))] + ([("a", np.array(axes, np.int64))] if axes else [])
+    m = _typed_model([helper.make_node("DequantizeLinear", ["q", "s", "z"], ["v"]),
+                      helper.make_node("Pad", ["x", "p", "v"] + (["a"] if axes else []), ["y"])],
+                     [("x", F, (2, 3, 4, 5))], [("y", F, None)], inits)
+    mod = eqfuse.compile(graph_text(import_model(m).graph), params=onnx_params(m))
+    x = np.random.default_rng(7).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    (want,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert want[0, 0, 0, 0] == 1.0  # ((7 - 3) x 0.25: the pad's value)
+    np.testing.assert_array_equal(mod(x), want)
+
+
 def test_scatter_nd_multiplying_at_indices_computed_at_run_time_is_one_clear_error():
     m = _typed_model([helper.make_node("ScatterND", ["x", "i", "u"], ["y"], reduction="mul")],
                      [("x", F, (4, 5)), ("i", I64, (2, 1)), ("u", F, (2, 5))], [("y", F, None)])

@@ -133,6 +133,10 @@ LOCAL = {"mlp": (MLP, (8, 32)), "bert": (TinyBert, (2, 8, 32)), "cnn": (_cnn, (2
 
 
 def _inputs(name, seed):
+    if name in ZOO:
+        import zoo_models
+
+        return zoo_models.inputs(name, seed)
     if name in LOCAL:
         return {"x": np.random.default_rng(seed).standard_normal(LOCAL[name][1]).astype(np.float32)}
     return me.inputs(name.removesuffix("-ort"), seed)
@@ -166,6 +170,10 @@ def ort_optimized(f32, tag: str, heads: int = 4, hidden: int = 64):
 def _f32_export(name):
     if name == "gpt2-ort":
         return ort_optimized(me.export("gpt2", "torchscript"), "gpt2-torchscript")
+    if name in ZOO:
+        import zoo_models
+
+        return zoo_models.export(name, "torchscript")
     if name not in LOCAL:
         return me.export(name, "torchscript")
 
@@ -230,7 +238,11 @@ MATRIX = [("bert", "dynamic"), ("bert", "static"), ("cnn", "dynamic"), ("gpt2", 
           ("gpt2-ort", "dynamic"),  # (GPT-2 through onnxruntime's transformer optimizer first: ort_optimized)
           ("vit", "dynamic"), ("vit", "static"), ("resnet18", "dynamic"), ("resnet18", "static"),
           ("rescnn", "qoperator"), ("mlp", "qoperator"), ("mobile", "qoperator"), ("bert", "qoperator"), ("resnet18", "qoperator"),
-          ("vit", "qoperator")]
+          ("vit", "qoperator"),
+          # transformers' convnets with explicit pads (TensorFlow's SAME): a quantized Pad's value is
+          # its zero point dequantized (tests/zoo_models.py's families)
+          ("mobilenet-v2", "static"), ("mobilenet-v2", "qoperator"), ("efficientnet", "static")]
+ZOO = {"mobilenet-v2", "efficientnet"}
 # the com.microsoft ops each QOperator model must hold (the contrib ops its quantization writes)
 QOPERATOR_OPS = {"cnn": {"QLinearConv"}, "rescnn": {"QLinearConv", "QLinearAdd", "QLinearGlobalAveragePool", "QGemm"},
                  "mlp": {"QGemm"}, "resnet18": {"QLinearConv", "QLinearAdd", "QLinearGlobalAveragePool", "QGemm"},

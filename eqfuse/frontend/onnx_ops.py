@@ -355,11 +355,15 @@ def _pad(imp, ins, at):
     x = imp.data(ins[0], imp.node.input[0])
     rank = imp.type(x).rank
     pads = list(at["pads"]) if "pads" in at else imp.ints(ins[1], "pads")
-    value = at.get("value", 0.0)
+    value, computed = at.get("value", 0.0), None
     if len(ins) > 2 and ins[2] is not None:
-        if not imp.is_const(ins[2]):
-            raise Unsupported("non-constant constant_value")
-        value = float(np.asarray(ins[2]).reshape(()))
+        if imp.is_const(ins[2]):
+            value = float(np.asarray(ins[2]).reshape(()))
+        else:  # a value computed in the graph (a quantized model's: the zero point dequantized)
+            computed = imp.data(ins[2], imp.node.input[2])
+            if math.prod(imp.type(computed).shape) != 1:
+                raise Unsupported("constant_value of more than one element")
+            computed = imp.reshape_to(computed, ())
     if len(ins) > 3 and ins[3] is not None:  # axes: pads only for those
         axes = [a % rank for a in imp.ints(ins[3], "axes")]
         full = [0] * (2 * rank)
@@ -370,7 +374,17 @@ def _pad(imp, ins, at):
         raise Unsupported("negative pads (cropping)")
     if not any(pads):
         return x
-    return imp.op("pad", [x], pads=tuple(pads), value=float(value))
+    if computed is None:
+        return imp.op("pad", [x], pads=tuple(pads), value=float(value))
+    # zeros padded, then the value where the pads are: a mask over the padded axes only
+    shape = imp.type(x).shape
+    padded = [a for a in range(rank) if pads[a] or pads[rank + a]]
+    if not all(isinstance(shape[a], int) for a in padded):
+        raise NeedsDims("padding along a named dim with a computed constant_value")
+    border = np.ones([shape[a] + pads[a] + pads[rank + a] if a in padded else 1 for a in range(rank)], bool)
+    border[tuple(slice(pads[a], pads[a] + shape[a]) if a in padded else slice(None) for a in range(rank))] = False
+    return imp.op("where", [imp.new_param("pad_border", border), computed,
+                            imp.op("pad", [x], pads=tuple(pads), value=0.0)])
 
 
 @handles("MaxPool", "AveragePool", attrs=("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides",
