@@ -595,6 +595,35 @@ def test_a_pad_of_a_computed_value_matches_onnxruntime(axes):
     np.testing.assert_array_equal(mod(x), want)
 
 
+def test_a_shape_computed_through_quantize_and_dequantize_of_constants_folds():
+    """quantize_static quantizes float arithmetic on shapes too (MobileViT's patch counts): a
+    QuantizeLinear and a DequantizeLinear of a constant, whose scale and zero point are
+    initializers of one element. Those fold with the constant, so the Reshape reading the result
+    sees a constant shape; a weight of more elements stays a parameter."""
+    ort = pytest.importorskip("onnxruntime")
+    import eqfuse
+    from eqfuse.frontend.onnx_import import onnx_params
+
+    inits = [("six", np.array(6.0, np.float32)), ("s", np.array(0.5, np.float32)), ("z", np.array(0, np.uint8)),
+             ("w", np.arange(24, dtype=np.float32).reshape(4, 6))]
+    m = _typed_model([helper.make_node("QuantizeLinear", ["six", "s", "z"], ["q"]),
+                      helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+                      helper.make_node("Cast", ["d"], ["n"], to=I64),
+                      helper.make_node("Unsqueeze", ["n", "zero"], ["n1"]),
+                      helper.make_node("Concat", ["minus", "n1"], ["shape"], axis=0),
+                      helper.make_node("Mul", ["x", "w"], ["xw"]),
+                      helper.make_node("Reshape", ["xw", "shape"], ["y"])],
+                     [("x", F, (4, 6))], [("y", F, None)],
+                     inits + [("zero", np.array([0], np.int64)), ("minus", np.array([-1], np.int64))])
+    imported = import_model(m)
+    assert "w" in onnx_params(m) and any(imported.graph.nodes[i].name == "w" for i in imported.graph.inputs)
+    mod = eqfuse.compile(graph_text(imported.graph), params=onnx_params(m))
+    x = np.random.default_rng(8).standard_normal((4, 6)).astype(np.float32)
+    (want,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert want.shape == (4, 6)
+    np.testing.assert_array_equal(mod(x), want)
+
+
 def test_scatter_nd_multiplying_at_indices_computed_at_run_time_is_one_clear_error():
     m = _typed_model([helper.make_node("ScatterND", ["x", "i", "u"], ["y"], reduction="mul")],
                      [("x", F, (4, 5)), ("i", I64, (2, 1)), ("u", F, (2, 5))], [("y", F, None)])

@@ -241,8 +241,9 @@ MATRIX = [("bert", "dynamic"), ("bert", "static"), ("cnn", "dynamic"), ("gpt2", 
           ("vit", "qoperator"),
           # transformers' convnets with explicit pads (TensorFlow's SAME): a quantized Pad's value is
           # its zero point dequantized (tests/zoo_models.py's families)
-          ("mobilenet-v2", "static"), ("mobilenet-v2", "qoperator"), ("efficientnet", "static")]
-ZOO = {"mobilenet-v2", "efficientnet"}
+          ("mobilenet-v2", "static"), ("mobilenet-v2", "qoperator"), ("efficientnet", "static"),
+          ("mobilevit", "static")]  # (its patch counts computed in floats, quantized: a shape of Q and DQ)
+ZOO = {"mobilenet-v2", "efficientnet", "mobilevit"}
 # the com.microsoft ops each QOperator model must hold (the contrib ops its quantization writes)
 QOPERATOR_OPS = {"cnn": {"QLinearConv"}, "rescnn": {"QLinearConv", "QLinearAdd", "QLinearGlobalAveragePool", "QGemm"},
                  "mlp": {"QGemm"}, "resnet18": {"QLinearConv", "QLinearAdd", "QLinearGlobalAveragePool", "QGemm"},

@@ -141,7 +141,7 @@ class _Importer:
         self.names = _Namer()
         self.graph = Graph(graph_name(model))
         self.env: dict[str, Any] = {}
-        self.weights: set[str] = set()  # ONNX names of float initializers: parameters, never folded
+        self.weights: set[str] = set()  # ONNX names of float initializers: parameters, never folded (`foldable`)
         self.params: dict[str, np.ndarray] = {}
         self.param_ids: list[int] = []
         self.materialized: dict[str, int] = {}
@@ -344,11 +344,18 @@ class _Importer:
         return isinstance(v, np.ndarray)
 
     def foldable(self, node, ins) -> bool:
+        """Every input a constant, and none a weight, unless every input is one element: a
+        quantized model quantizes its float arithmetic on shapes too (quantize_static: MobileViT's
+        patch counts), a QuantizeLinear and a DequantizeLinear of a constant whose scale is a
+        weight of one element; those fold, so that a Reshape reading the result sees a constant.
+        (A weight's DequantizeLinear keeps it quantized: its data has more elements.)"""
         if (node.op_type in ("Constant", "Identity") or node.op_type in RANDOM_OPS or not node.input
                 or node.domain not in ONNX_DOMAINS):
             return False
         data = [(v, n) for v, n in zip(ins, node.input) if n]
-        return all(self.is_const(v) and n not in self.weights for v, n in data)
+        if not all(self.is_const(v) for v, _ in data):
+            return False
+        return all(n not in self.weights for _, n in data) or all(np.size(v) == 1 for v, _ in data)
 
     def fold(self, node, ins) -> list:
         from onnx.reference import ReferenceEvaluator
