@@ -103,6 +103,27 @@ def test_onnx_export_matches_onnxruntime(family, exporter):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize("family, ops", [("llama", {"Attention", "RMSNormalization"}),
+                                         pytest.param("bert", {"Attention"}, marks=pytest.mark.extended),
+                                         pytest.param("qwen2", {"Attention", "RMSNormalization"},
+                                                      marks=pytest.mark.extended)])
+def test_an_opset_23_export_matches_onnxruntime(family, ops):
+    """The dynamo exporter at opset 23 writes scaled_dot_product_attention as ONNX's Attention and
+    the RMSNorms as RMSNormalization: imported as the ops the exporters spell them with, they run
+    as the same kernels."""
+    path = _export(family, "dynamo-opset23")
+    import onnx
+
+    assert ops <= {n.op_type for n in onnx.load(path).graph.node}
+    mod = eqfuse.compile(path)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for seed in (0, 1):
+        feeds = zm.inputs(family, seed)
+        (want,) = sess.run(None, feeds)
+        np.testing.assert_allclose(mod(**feeds), want, rtol=RTOL, atol=ATOL)
+
+
 @pytest.fixture
 def fresh_dynamo():
     torch_backend.register()

@@ -189,7 +189,8 @@ def torch_model(family: str):
 
 
 def export(family: str, exporter: str):
-    """The path of the family's ONNX export (made once, then taken from the cache)."""
+    """The path of the family's ONNX export (made once, then taken from the cache): `exporter` is
+    one of EXPORTERS, or "dynamo-opset23"."""
     def write(path):
         import torch
 
@@ -197,7 +198,8 @@ def export(family: str, exporter: str):
         if exporter == "torchscript":
             torch.onnx.export(torch_model(family), args, str(path), input_names=list(input_names(family)),
                               output_names=["y"], opset_version=17, dynamo=False)
-        else:
+        else:  # ("dynamo-opset23": opset 23, whose Attention and RMSNormalization ops it then writes)
             torch.onnx.export(torch_model(family), args, str(path), input_names=list(input_names(family)),
-                              output_names=["y"], opset_version=18, dynamo=True, external_data=False)
+                              output_names=["y"], opset_version=23 if exporter == "dynamo-opset23" else 18,
+                              dynamo=True, external_data=False)
     return me.cached(f"zoo{REVISION}-{family}-{exporter}", write)

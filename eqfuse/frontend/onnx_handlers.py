@@ -254,6 +254,116 @@ def _instancenorm(imp, ins, at):
     return y
 
 
+@handles("RMSNormalization", attrs=("axis", "epsilon", "stash_type"))
+def _rmsnorm(imp, ins, at):
+    """RMSNormalization (opset 23; the dynamo exporter's torch.nn.RMSNorm and transformers' RMSNorms
+    at that opset): x / sqrt(mean(x^2) + epsilon) * scale over the axes from `axis` on. One rmsnorm
+    over the last axis, or over the trailing axes flattened when they are numbers."""
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = imp.type(x).shape
+    rank = len(shape)
+    axis = at.get("axis", -1)
+    if not -rank <= axis < rank:
+        raise ShapeError(f"axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    tail = shape[axis:]
+    if axis < rank - 1 and not all(isinstance(d, int) for d in tail):
+        raise NeedsDims(f"RMSNormalization over the named dims {list(tail)}")
+    gamma = _norm_param(imp, ins[1], imp.node.input[1], tail, 1.0)
+    flat = (math.prod(tail),) if axis < rank - 1 else tail
+    y = imp.op("rmsnorm", [imp.reshape_to(x, shape[:axis] + flat), imp.reshape_to(gamma, flat)],
+               eps=f32_float(at.get("epsilon", 1e-5)))
+    return imp.reshape_to(y, shape)
+
+
+@handles("Attention", attrs=("is_causal", "kv_num_heads", "q_num_heads", "qk_matmul_output_mode", "scale", "softcap",
+                             "softmax_precision"))
+def _attention(imp, ins, at):
+    """Attention (opset 23; the dynamo exporter's scaled_dot_product_attention at that opset), as
+    the TorchScript exporter spells it out, so that the optimizer finds the same attention:
+    softmax(q k^T * scale + bias) v per head, q and k each scaled by sqrt(scale) (scale 1 / sqrt(head
+    size) unless given); 3-D inputs [batch, sequence, heads x head size] split into q_num_heads and
+    kv_num_heads heads and the output joined back; past_key and past_value put before the new keys
+    and values (the outputs present_key and present_value); grouped-query attention's key and
+    value heads each repeated for their query heads; softcap (c tanh(scores / c)) before the bias.
+    The bias: attn_mask (a bool mask: 0 where true, else -inf; a float one added as it is), padded
+    with masked keys to the keys' length, and is_causal's mask (key j of query i when j <= i + past
+    length), constant shapes only. A query whose keys are all masked gets zeros, as the operator
+    defines: the softmax's NaN is set to 0, the guard torch's exports write, which the attention
+    kernel computes (the rule softmax_zero_nan). qk_matmul_output (output 3) is refused."""
+    if len(ins) > 6 and ins[6] is not None:
+        raise Unsupported("nonpad_kv_seqlen (a cache of run-time lengths per batch)")
+    if len(imp.node.output) > 3 and imp.node.output[3] in imp.read:
+        raise Unsupported("output qk_matmul_output")
+    if at.get("softmax_precision", 1) != 1:
+        raise Unsupported(f"softmax_precision {at['softmax_precision']} (eqfuse computes the softmax in float32)")
+    q, k, v = (imp.data(ins[i], imp.node.input[i]) for i in range(3))
+    rank = imp.type(q).rank
+    if rank not in (3, 4) or imp.type(k).rank != rank or imp.type(v).rank != rank:
+        raise Unsupported(f"Q, K and V of ranks {rank}, {imp.type(k).rank}, {imp.type(v).rank} (3 or 4 each)")
+    if rank == 3:
+        qh, kvh = int(at.get("q_num_heads", 0)), int(at.get("kv_num_heads", 0))
+        if qh <= 0 or kvh <= 0:
+            raise Unsupported("3-D Q, K and V without q_num_heads and kv_num_heads")
+        B, S = imp.type(q).shape[:2]
+
+        def heads(t, n):  # [B, L, n x d] -> [B, n, L, d]
+            b, length, width = imp.type(t).shape
+            if not isinstance(width, int) or width % n:
+                raise ShapeError(f"a hidden size of {width} in {n} heads")
+            return imp.op("transpose", [imp.reshape_to(t, (b, length, n, width // n))], perm=(0, 2, 1, 3))
+        q, k, v = heads(q, qh), heads(k, kvh), heads(v, kvh)
+    qh, kvh, d = imp.type(q).shape[1], imp.type(k).shape[1], imp.type(q).shape[3]
+    presents = []
+    for t, i in ((k, 4), (v, 5)):
+        if len(ins) > i and ins[i] is not None:
+            t = imp.op("concat", [imp.data(ins[i], imp.node.input[i]), t], axis=2)
+        presents.append(t)
+    k, v = presents
+    past = imp.type(imp.data(ins[4], imp.node.input[4])).shape[2] if len(ins) > 4 and ins[4] is not None else 0
+    if qh != kvh:
+        if not (isinstance(qh, int) and isinstance(kvh, int)) or qh % kvh:
+            raise ShapeError(f"{qh} query heads for {kvh} key and value heads")
+
+        def repeat(t):  # each key and value head once for each of its query heads, in order
+            b, n, length, width = imp.type(t).shape
+            wide = imp.op("expand", [imp.reshape_to(t, (b, n, 1, length, width))], shape=(b, n, qh // kvh, length, width))
+            return imp.reshape_to(wide, (b, qh, length, width))
+        k, v = repeat(k), repeat(v)
+    scale = at.get("scale", 0.0) or 1.0 / math.sqrt(d)
+    root = imp.const(f32_float(math.sqrt(scale)))
+    scores = imp.op("matmul", [imp.op("mul", [q, root]),
+                               imp.op("mul", [imp.op("transpose", [k], perm=(0, 1, 3, 2)), root])])
+    if at.get("softcap", 0.0) > 0:
+        c = f32_float(at["softcap"])
+        scores = imp.op("mul", [imp.op("tanh", [imp.op("div", [scores, imp.const(c)])]), imp.const(c)])
+    S, T = imp.type(scores).shape[2:]
+    low = imp.const(float("-inf"))
+    if len(ins) > 3 and ins[3] is not None:
+        mask = imp.data(ins[3], imp.node.input[3])
+        short = imp.type(mask).shape[-1]
+        if short != T:
+            if not (isinstance(short, int) and isinstance(T, int) and short < T):
+                raise NeedsDims(f"an attn_mask of {short} keys for {T} keys")
+            mask = imp.op("pad", [mask], pads=(0,) * (2 * imp.type(mask).rank - 1) + (T - short,),
+                          value=0.0 if imp.type(mask).dtype == "bool" else float("-inf"))
+        if imp.type(mask).dtype == "bool":
+            mask = imp.op("where", [mask, imp.const(0.0), low])
+        scores = imp.op("add", [scores, mask])
+    if at.get("is_causal", 0):
+        if not (isinstance(S, int) and isinstance(T, int) and isinstance(past, int)):
+            raise NeedsDims("is_causal over named sequence lengths")
+        later = np.arange(T)[None, :] > np.arange(S)[:, None] + past
+        scores = imp.op("where", [imp.new_param("causal", later), low, scores])
+    p = imp.op("softmax", [scores], axis=-1)
+    p = imp.op("where", [imp.op("isnan", [p]), imp.const(0.0), p])  # (a query whose keys are all masked)
+    y = imp.op("matmul", [p, v])
+    if rank == 3:
+        b, n, length, width = imp.type(y).shape
+        y = imp.reshape_to(imp.op("transpose", [y], perm=(0, 2, 1, 3)), (b, length, n * width))
+    return [y, *presents]
+
+
 MS = "com.microsoft"  # onnxruntime's contrib ops, as its transformer optimizer writes them
 
 
