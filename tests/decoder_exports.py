@@ -275,7 +275,8 @@ def export_gpt2(exporter: str, layers: int = LAYERS, width: int = WIDTH, heads: 
 
 def export_decoder(model: str, exporter: str, layers: int = LAYERS, width: int = WIDTH, heads: int = HEADS,
                    positions: int = POSITIONS, **sizes):
-    """The path of a decoder export (a key of MODELS) through `exporter` ("torchscript" or "dynamo");
+    """The path of a decoder export (a key of MODELS) through `exporter` ("torchscript", "dynamo", or
+    "dynamo-opset23": opset 23, whose Attention, RMSNormalization and RotaryEmbedding it writes);
     `sizes` (vocab=, and the Llama's ff=, kv_heads=) as benchmarks/bench_generate.py sets them."""
     positioned = model not in POSITIONLESS
     past_names, input_names, output_names = names(layers, positioned)
@@ -308,7 +309,8 @@ def export_decoder(model: str, exporter: str, layers: int = LAYERS, width: int =
                       **({"position_ids": {0: batch, 1: seq}} if positioned else {}),
                       "past": tuple({0: batch, 2: past} for _ in past_names)}
             torch.onnx.export(step, args, str(path), input_names=input_names, output_names=output_names,
-                              dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)
+                              dynamic_shapes=shapes, opset_version=23 if exporter == "dynamo-opset23" else 18,
+                              dynamo=True, external_data=False)
     tag = "" if (layers, width, heads, positions) == (LAYERS, WIDTH, HEADS, POSITIONS) and not sizes else \
         f"-{layers}x{width}h{heads}p{positions}" + "".join(f"{k}{v}" for k, v in sorted(sizes.items()))
     if model in FAMILIES:  # (its config in the name: a changed config is another export)

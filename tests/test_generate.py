@@ -329,6 +329,22 @@ def test_greedy_from_a_dynamo_export_matches_transformers(model):
                                                        attention_mask=mask), padded, NEW, model, mask)
 
 
+@pytest.mark.extended  # (a dynamo export)
+def test_greedy_from_an_opset_23_export_matches_transformers():
+    """At opset 23 the dynamo exporter writes a Llama's attention, RMSNorms and rotary embeddings
+    as ONNX's Attention, RMSNormalization and RotaryEmbedding ops: imported as the ops the other
+    exports spell them with, the decoder generates in chunks over its cache in place, as those do."""
+    import onnx
+
+    path = de.export_decoder("llama", "dynamo-opset23")
+    assert {"Attention", "RMSNormalization", "RotaryEmbedding"} <= {n.op_type for n in onnx.load(str(path)).graph.node}
+    ids = prompt(2)
+    assert_greedy_matches_transformers(eqfuse.generate(str(path), ids, max_new_tokens=NEW, eos_token_id=de.EOS), ids,
+                                       NEW, "llama")
+    mod, sig = load_decoder(path)
+    assert not mod.default._refused and held_chunks(mod, sig, B, live_capacity(sig, S + NEW - 1))
+
+
 def test_a_refused_chunk_step_prefills_whole_and_is_not_tried_again(monkeypatch):
     """A chunk step the live lowering refuses (ChunkRefused: as for a dynamo export's run-time
     mask, here refused for every chunk) leaves generate to prefill the prompt whole, with the same

@@ -364,6 +364,59 @@ def _attention(imp, ins, at):
     return [y, *presents]
 
 
+@handles("RotaryEmbedding", attrs=("interleaved", "num_heads", "rotary_embedding_dim"))
+def _rotary_embedding(imp, ins, at):
+    """RotaryEmbedding (opset 23; the dynamo exporter's rotary embeddings of a decoder with its
+    cache): the first rotary_embedding_dim features of each head (all by default) rotated by the
+    angles whose cosines and sines are cos_cache and sin_cache ([batch, sequence, dim / 2], or
+    [positions, dim / 2] rows taken at position_ids). Spelled as transformers' apply_rotary_pos_emb
+    is exported, x cos + rotate_half(x) sin with the halves' angles repeated, so that the optimizer
+    finds the same kernels; interleaved=1 rotates the pairs (2i, 2i + 1) instead of (i, i + dim / 2).
+    Input [batch, heads, sequence, head size], or [batch, sequence, num_heads x head size]."""
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = imp.type(x).shape
+    if len(shape) == 3:
+        nh = int(at.get("num_heads", 0))
+        if nh <= 0 or not isinstance(shape[2], int) or shape[2] % nh:
+            raise Unsupported(f"a 3-D input of shape {list(shape)} with num_heads {nh}")
+        x = imp.reshape_to(x, (shape[0], shape[1], nh, shape[2] // nh))  # [B, S, heads, D]
+    elif len(shape) != 4:
+        raise Unsupported(f"an input of rank {len(shape)} (3 or 4)")
+    xs = imp.type(x).shape
+    d = xs[3]
+    r = int(at.get("rotary_embedding_dim", 0)) or d
+    if not isinstance(d, int) or r % 2 or r > d:
+        raise Unsupported(f"rotary_embedding_dim {r} of heads of {d}")
+    cos, sin = (imp.data(ins[i], imp.node.input[i]) for i in (1, 2))
+    if len(ins) > 3 and ins[3] is not None:
+        pos = imp.data(ins[3], imp.node.input[3])
+        cos, sin = (imp.op("gather", [c, pos], axis=0) for c in (cos, sin))
+    for c in (cos, sin):
+        if imp.type(c).rank != 3 or imp.type(c).shape[2] != r // 2:
+            raise ShapeError(f"cos_cache and sin_cache of shape {list(imp.type(c).shape)} for [batch, sequence, {r // 2}]")
+    b, seq = imp.type(cos).shape[:2]
+    # the angles beside each head's features: [B, 1, S, .] (4-D input) or [B, S, 1, .] (3-D)
+    at_heads = (b, 1, seq) if len(shape) == 4 else (b, seq, 1)
+    rot = imp.op("slice", [x], axis=3, start=0, stop=r) if r < d else x
+    if at.get("interleaved", 0):
+        pairs = imp.reshape_to(rot, tuple(xs[:3]) + (r // 2, 2))
+        x1, x2 = (imp.reshape_to(imp.op("slice", [pairs], axis=4, start=i, stop=i + 1), tuple(xs[:3]) + (r // 2,))
+                  for i in (0, 1))
+        c, s_ = (imp.reshape_to(t, at_heads + (r // 2,)) for t in (cos, sin))
+        real = imp.op("sub", [imp.op("mul", [c, x1]), imp.op("mul", [s_, x2])])
+        imag = imp.op("add", [imp.op("mul", [s_, x1]), imp.op("mul", [c, x2])])
+        out = imp.reshape_to(imp.op("concat", [imp.reshape_to(t, tuple(xs[:3]) + (r // 2, 1)) for t in (real, imag)],
+                                    axis=4), tuple(xs[:3]) + (r,))
+    else:
+        c, s_ = (imp.reshape_to(imp.op("concat", [t, t], axis=-1), at_heads + (r,)) for t in (cos, sin))
+        x1, x2 = (imp.op("slice", [rot], axis=3, start=lo, stop=lo + r // 2) for lo in (0, r // 2))
+        half = imp.op("concat", [imp.op("neg", [x2]), x1], axis=3)
+        out = imp.op("add", [imp.op("mul", [rot, c]), imp.op("mul", [half, s_])])
+    if r < d:
+        out = imp.op("concat", [out, imp.op("slice", [x], axis=3, start=r, stop=d)], axis=3)
+    return imp.reshape_to(out, shape)
+
+
 MS = "com.microsoft"  # onnxruntime's contrib ops, as its transformer optimizer writes them
 
 
@@ -716,11 +769,12 @@ def _split(imp, ins, at):
         sizes = [min(step, n - i * step) for i in range(k)]
     if not isinstance(n, int):
         raise NeedsDims(f"Split of named dim {n}")
-    if sum(sizes) != n or min(sizes) <= 0:
-        raise ShapeError(f"split sizes {sizes} do not fill dimension {n} (or one is empty)")
+    if sum(sizes) != n or min(sizes) < 0:
+        raise ShapeError(f"split sizes {sizes} do not fill dimension {n}")
     res, lo = [], 0
-    for s in sizes:
-        res.append(x if s == n else imp.op("slice", [x], axis=axis, start=lo, stop=lo + s))
+    for s in sizes:  # (an empty part, as a RotaryEmbedding's expansion over the whole head splits off: Empty)
+        res.append(x if s == n else imp.op("slice", [x], axis=axis, start=lo, stop=lo + s) if s else
+                   Empty(shape[:axis] + (0,) + shape[axis + 1:], "an empty part of a Split"))
         lo += s
     return res
 
