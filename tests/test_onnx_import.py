@@ -624,6 +624,26 @@ def test_a_shape_computed_through_quantize_and_dequantize_of_constants_folds():
     np.testing.assert_array_equal(mod(x), want)
 
 
+@pytest.mark.parametrize("opset", [18, 21])
+def test_group_normalization_matches_onnx_reference(opset):
+    """GroupNormalization's scale and bias are per group at opset 18 and per channel from 21."""
+    import eqfuse
+    from eqfuse.frontend.onnx_import import onnx_params
+
+    rng = np.random.default_rng(9)
+    n = 3 if opset == 18 else 6
+    g = helper.make_graph([helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=3, epsilon=1e-3)],
+                          "g", [helper.make_tensor_value_info("x", F, (2, 6, 4, 5))],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          [numpy_helper.from_array(rng.uniform(0.5, 1.5, n).astype(np.float32), "s"),
+                           numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    x = rng.standard_normal((2, 6, 4, 5)).astype(np.float32)
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x})
+    mod = eqfuse.compile(graph_text(import_model(m).graph), params=onnx_params(m))
+    np.testing.assert_allclose(mod(x), want, rtol=1e-5, atol=1e-5)
+
+
 def test_scatter_nd_multiplying_at_indices_computed_at_run_time_is_one_clear_error():
     m = _typed_model([helper.make_node("ScatterND", ["x", "i", "u"], ["y"], reduction="mul")],
                      [("x", F, (4, 5)), ("i", I64, (2, 1)), ("u", F, (2, 5))], [("y", F, None)])

@@ -35,7 +35,7 @@ SUPPORTED = [
     "split", "maxpool", "averagepool", "globalaveragepool", "globalmaxpool", "clip",
     "leakyrelu", "hardsigmoid", "hardswish", "softplus", "reduce_min", "reduce_prod", "reduce_l2", "argmax",
     "tril", "triu", "tile", "instancenorm", "scatternd", "scatter_elements", "logsoftmax", "argmin",
-    "attention", "rms_normalization", "rotary_embedding",
+    "attention", "rms_normalization", "rotary_embedding", "group_normalization",
     # activations written with the op table's, rounding and trigonometry
     "elu", "selu", "celu", "thresholdedrelu", "softsign", "mish", "shrink", "round", "tan", "asin", "acos", "atan",
     "sinh", "cosh", "asinh", "acosh", "atanh", "isinf", "reduce_l1", "reduce_log_sum", "top_k",

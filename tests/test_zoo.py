@@ -107,11 +107,12 @@ def test_onnx_export_matches_onnxruntime(family, exporter):
 @pytest.mark.parametrize("family, ops", [("llama", {"Attention", "RMSNormalization"}),
                                          pytest.param("bert", {"Attention"}, marks=pytest.mark.extended),
                                          pytest.param("qwen2", {"Attention", "RMSNormalization"},
-                                                      marks=pytest.mark.extended)])
+                                                      marks=pytest.mark.extended),
+                                         pytest.param("wav2vec2", {"GroupNormalization"}, marks=pytest.mark.extended)])
 def test_an_opset_23_export_matches_onnxruntime(family, ops):
-    """The dynamo exporter at opset 23 writes scaled_dot_product_attention as ONNX's Attention and
-    the RMSNorms as RMSNormalization: imported as the ops the exporters spell them with, they run
-    as the same kernels."""
+    """The dynamo exporter at opset 23 writes scaled_dot_product_attention as ONNX's Attention, the
+    RMSNorms as RMSNormalization and a GroupNorm as GroupNormalization: imported as the ops the
+    other exports spell them with, they run as the same kernels."""
     path = _export(family, "dynamo-opset23")
     import onnx
 

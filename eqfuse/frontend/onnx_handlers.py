@@ -223,31 +223,59 @@ def _normalized(imp, x: int, axes: tuple[int, ...], eps: float) -> tuple[int, in
 def _instancenorm(imp, ins, at):
     """InstanceNormalization(x [N, C, ...], scale [C], B [C]): each (n, c) normalized over the
     spatial dims, then scaled and shifted per channel (TorchScript's export of a GroupNorm with
-    as many groups as channels: Wav2Vec2's first conv, PoolFormer). Spatial dims that are numbers:
-    one layernorm over them flattened (a row kernel); named ones: the mean and variance spelled
-    out, as the reference computes them."""
+    as many groups as channels: Wav2Vec2's first conv, PoolFormer): `_group_norm` with C groups."""
     x = imp.data(ins[0], imp.node.input[0])
     shape = imp.type(x).shape
     if len(shape) < 3:
         raise ShapeError(f"InstanceNormalization input of rank {len(shape)} (it takes [N, C, spatial...])")
-    eps = f32_float(at.get("epsilon", 1e-5))
+    return _group_norm(imp, x, shape[1], f32_float(at.get("epsilon", 1e-5)), ins[1], ins[2])
+
+
+@handles("GroupNormalization", attrs=("epsilon", "num_groups", "stash_type"))
+def _groupnorm(imp, ins, at):
+    """GroupNormalization(x [N, C, ...], scale, bias) (opsets 18 and 21; the dynamo exporter's
+    GroupNorm: Wav2Vec2's first conv): each group of C / num_groups channels of each n normalized
+    over its channels and spatial dims, then scaled and shifted per channel (opset 21: scale and
+    bias [C]) or per group (opset 18: [num_groups], each value for its group's channels)."""
+    x = imp.data(ins[0], imp.node.input[0])
+    shape = imp.type(x).shape
+    groups = int(at.get("num_groups", 0))
+    if len(shape) < 2 or not isinstance(shape[1], int) or groups <= 0 or shape[1] % groups:
+        raise ShapeError(f"GroupNormalization of {groups} groups over an input of shape {list(shape)}")
+    params = list(ins[1:3])
+    if imp.opset < 21:  # per group: each value repeated for the group's channels
+        for k, v in enumerate(params):
+            if not imp.is_const(v):
+                raise Unsupported("scale or bias computed at run time (opset 18: per group)")
+            params[k] = np.repeat(np.asarray(v, F32).reshape(-1), shape[1] // groups)
+    return _group_norm(imp, x, groups, f32_float(at.get("epsilon", 1e-5)), *params)
+
+
+def _group_norm(imp, x: int, groups: int, eps: float, scale, bias) -> int:
+    """x [N, C, ...] with each group of C / groups channels normalized over its channels and the
+    spatial dims, then times scale and plus bias, per channel ([C], constants or tensors). Dims
+    that are numbers: one layernorm over each group flattened (a row kernel); named ones: the mean
+    and variance spelled out, as the reference computes them."""
+    shape = imp.type(x).shape
     spatial = shape[2:]
-    if all(isinstance(d, int) for d in spatial):
-        n = math.prod(spatial)
-        flat = imp.reshape_to(x, (*shape[:2], n))
+    per = (shape[1] // groups) if isinstance(shape[1], int) else None
+    if per is not None and all(isinstance(d, int) for d in spatial):
+        n = per * math.prod(spatial)
+        flat = imp.reshape_to(x, (shape[0], groups, n))
         ones, zeros = (imp.new_param(f"{imp.node.name or imp.node.output[0]}_{k}", np.full((n,), v, F32))
                        for k, v in (("ones", 1.0), ("zeros", 0.0)))
         y = imp.reshape_to(imp.op("layernorm", [flat, ones, zeros], axis=-1, eps=eps), shape)
-    else:
+    elif groups == shape[1] or per == 1:
         y = _normalized(imp, x, tuple(range(2, len(shape))), eps)[0]
+    else:
+        raise NeedsDims(f"a GroupNormalization over the named dims {list(spatial)}")
     per_channel = (shape[1],) + (1,) * len(spatial)
-    for k, op in ((1, "mul"), (2, "add")):
-        v = ins[k]
+    for k, (op, v) in enumerate((("mul", scale), ("add", bias))):
         if imp.is_const(v):
             if v.ndim != 1 or (isinstance(shape[1], int) and v.size != shape[1]):
-                raise ShapeError(f"InstanceNormalization {('scale', 'B')[k - 1]} of shape {list(v.shape)} for "
+                raise ShapeError(f"{imp.node.op_type} {('scale', 'B')[k]} of shape {list(v.shape)} for "
                                  f"{shape[1]} channels")
-            v = imp.new_param(imp.node.input[k], v.astype(F32).reshape(-1, *(1,) * len(spatial)))
+            v = imp.new_param(imp.node.input[k + 1], v.astype(F32).reshape(-1, *(1,) * len(spatial)))
         else:
             v = imp.reshape_to(v, per_channel)
         y = imp.op(op, [y, v])
