@@ -188,15 +188,20 @@ def _normalize(imp, x: int, axis: int, log: bool) -> int:
     return imp.op("sub", [shifted, imp.op("log", [total])])
 
 
-@handles("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
-def _layernorm(imp, ins, at):
+def _norm_input(imp, ins, at):
+    """(x, its shape, the first normalized axis, from 0) of a LayerNormalization or RMSNormalization."""
     x = imp.data(ins[0], imp.node.input[0])
     shape = imp.type(x).shape
-    rank = len(shape)
     axis = at.get("axis", -1)
-    if not -rank <= axis < rank:
-        raise ShapeError(f"axis {axis} is out of range for rank {rank}")
-    axis %= rank
+    if not -len(shape) <= axis < len(shape):
+        raise ShapeError(f"axis {axis} is out of range for rank {len(shape)}")
+    return x, shape, axis % len(shape)
+
+
+@handles("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
+def _layernorm(imp, ins, at):
+    x, shape, axis = _norm_input(imp, ins, at)
+    rank = len(shape)
     eps = f32_float(at.get("epsilon", 1e-5))
     tail = shape[axis:]
     gamma = _norm_param(imp, ins[1], imp.node.input[1], tail, 1.0)
@@ -287,13 +292,8 @@ def _rmsnorm(imp, ins, at):
     """RMSNormalization (opset 23; the dynamo exporter's torch.nn.RMSNorm and transformers' RMSNorms
     at that opset): x / sqrt(mean(x^2) + epsilon) * scale over the axes from `axis` on. One rmsnorm
     over the last axis, or over the trailing axes flattened when they are numbers."""
-    x = imp.data(ins[0], imp.node.input[0])
-    shape = imp.type(x).shape
+    x, shape, axis = _norm_input(imp, ins, at)
     rank = len(shape)
-    axis = at.get("axis", -1)
-    if not -rank <= axis < rank:
-        raise ShapeError(f"axis {axis} is out of range for rank {rank}")
-    axis %= rank
     tail = shape[axis:]
     if axis < rank - 1 and not all(isinstance(d, int) for d in tail):
         raise NeedsDims(f"RMSNormalization over the named dims {list(tail)}")
