@@ -34,7 +34,7 @@ SUPPORTED = [
     "gather", "gather_elements", "gathernd", "expand", "squeeze", "unsqueeze", "flatten",
     "split", "maxpool", "averagepool", "globalaveragepool", "globalmaxpool", "clip",
     "leakyrelu", "hardsigmoid", "hardswish", "softplus", "reduce_min", "reduce_prod", "reduce_l2", "argmax",
-    "tril", "triu", "tile", "instancenorm", "scatternd", "scatter_elements", "logsoftmax", "argmin",
+    "tril", "triu", "tile", "instancenorm", "scatternd", "scatter_elements", "scatter", "logsoftmax", "argmin",
     "attention", "rms_normalization", "rotary_embedding", "group_normalization",
     # activations written with the op table's, rounding and trigonometry
     "elu", "selu", "celu", "thresholdedrelu", "softsign", "mish", "shrink", "round", "tan", "asin", "acos", "atan",

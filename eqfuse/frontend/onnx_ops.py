@@ -204,11 +204,12 @@ def _scatter_nd(imp, ins, at):
     return _scatter(imp, data, imp.reshape_to(flat, (math.prod(ishape[:-1]),)), updates, k, reduction)
 
 
-@handles("ScatterElements", attrs=("axis", "reduction"))
+@handles("ScatterElements", "Scatter", attrs=("axis", "reduction"))
 def _scatter_elements(imp, ins, at):
     """data with each element data[i0, .., idx[i0, .., ir], .., ir] (idx along `axis`) replaced by
     updates[i0, .., ir], or combined with it (`reduction`): the exporters' `scatter` and
-    `scatter_add` (a mixture of experts' gates written at their top-k experts). A scatter over
+    `scatter_add` (a mixture of experts' gates written at their top-k experts); Scatter is its name
+    before opset 11. A scatter over
     every axis of data (`_scatter`), whose index tuples take the indices along `axis` and each
     element's own position along the others; data's and the indices' shapes must be constant."""
     reduction = _reduction(at)
