@@ -132,6 +132,11 @@ class _Namer:
         return out
 
 
+# the ops that fold over weights of one element (`_Importer.foldable`): their result is one element too
+SCALAR_FOLDS = frozenset({"QuantizeLinear", "DequantizeLinear", "Cast", "Add", "Sub", "Mul", "Div", "Neg", "Sqrt",
+                          "Floor", "Ceil", "Round", "Min", "Max", "Clip", "Reshape", "Unsqueeze", "Squeeze"})
+
+
 class _Importer:
     def __init__(self, model, dims: dict[str, int], values: dict[str, np.ndarray]):
         self.model = model
@@ -348,14 +353,16 @@ class _Importer:
         quantized model quantizes its float arithmetic on shapes too (quantize_static: MobileViT's
         patch counts), a QuantizeLinear and a DequantizeLinear of a constant whose scale is a
         weight of one element; those fold, so that a Reshape reading the result sees a constant.
-        (A weight's DequantizeLinear keeps it quantized: its data has more elements.)"""
+        (A weight's DequantizeLinear keeps it quantized: its data has more elements. Only ops whose
+        result is as small as their inputs, SCALAR_FOLDS: an Expand of a scalar weight stays an op.)"""
         if (node.op_type in ("Constant", "Identity") or node.op_type in RANDOM_OPS or not node.input
                 or node.domain not in ONNX_DOMAINS):
             return False
         data = [(v, n) for v, n in zip(ins, node.input) if n]
         if not all(self.is_const(v) for v, _ in data):
             return False
-        return all(n not in self.weights for _, n in data) or all(np.size(v) == 1 for v, _ in data)
+        return all(n not in self.weights for _, n in data) or \
+            (node.op_type in SCALAR_FOLDS and all(np.size(v) == 1 for v, _ in data))
 
     def fold(self, node, ins) -> list:
         from onnx.reference import ReferenceEvaluator
