@@ -333,7 +333,6 @@ def _attention(imp, ins, at):
         qh, kvh = int(at.get("q_num_heads", 0)), int(at.get("kv_num_heads", 0))
         if qh <= 0 or kvh <= 0:
             raise Unsupported("3-D Q, K and V without q_num_heads and kv_num_heads")
-        B, S = imp.type(q).shape[:2]
 
         def heads(t, n):  # [B, L, n x d] -> [B, n, L, d]
             b, length, width = imp.type(t).shape
@@ -342,13 +341,14 @@ def _attention(imp, ins, at):
             return imp.op("transpose", [imp.reshape_to(t, (b, length, n, width // n))], perm=(0, 2, 1, 3))
         q, k, v = heads(q, qh), heads(k, kvh), heads(v, kvh)
     qh, kvh, d = imp.type(q).shape[1], imp.type(k).shape[1], imp.type(q).shape[3]
-    presents = []
+    presents, past = [], 0
     for t, i in ((k, 4), (v, 5)):
         if len(ins) > i and ins[i] is not None:
-            t = imp.op("concat", [imp.data(ins[i], imp.node.input[i]), t], axis=2)
+            cache = imp.data(ins[i], imp.node.input[i])
+            past = imp.type(cache).shape[2]
+            t = imp.op("concat", [cache, t], axis=2)
         presents.append(t)
     k, v = presents
-    past = imp.type(imp.data(ins[4], imp.node.input[4])).shape[2] if len(ins) > 4 and ins[4] is not None else 0
     if qh != kvh:
         if not (isinstance(qh, int) and isinstance(kvh, int)) or qh % kvh:
             raise ShapeError(f"{qh} query heads for {kvh} key and value heads")

@@ -209,9 +209,9 @@ def _scatter_elements(imp, ins, at):
     """data with each element data[i0, .., idx[i0, .., ir], .., ir] (idx along `axis`) replaced by
     updates[i0, .., ir], or combined with it (`reduction`): the exporters' `scatter` and
     `scatter_add` (a mixture of experts' gates written at their top-k experts); Scatter is its name
-    before opset 11. A scatter over
-    every axis of data (`_scatter`), whose index tuples take the indices along `axis` and each
-    element's own position along the others; data's and the indices' shapes must be constant."""
+    before opset 11. A scatter over every axis of data (`_scatter`), whose index tuples take the
+    indices along `axis` and each element's own position along the others; data's and the
+    indices' shapes must be constant."""
     reduction = _reduction(at)
     data, updates = imp.data(ins[0], imp.node.input[0]), imp.data(ins[2], imp.node.input[2])
     ds = imp.type(data).shape
