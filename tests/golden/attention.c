@@ -208,7 +208,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
                         const float acc_s = s[ii][jj];
                         (void)j;
 
-                        s[ii][jj] = jj < nk ? (acc_s) * 1.0f : -INFINITY;
+                        s[ii][jj] = jj < nk ? eqf_score2(acc_s, 1.0f) : -INFINITY;
                     }
                 }
                 /* the online softmax: s becomes p = 2^(s - m) */
