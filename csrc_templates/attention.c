@@ -202,14 +202,18 @@ void {{NAME}}({{PARAMS}})
                 for (long ii = 0; ii < BQ && ({{SCORE_OPS}} || nk < BK); ii++) {
                     const long i = i0 + (ii < nq ? ii : 0);
                     (void)i;
+                    /* (over the nk keys, j in step with jj: a mask's loads are contiguous and the loop
+                     * vectorizes; a key index clamped per lane made each load a gather, or scalar) */
                     #pragma omp simd
-                    for (long jj = 0; jj < BK; jj++) {
-                        const long j = j0 + (jj < nk ? jj : 0);
+                    for (long jj = 0; jj < nk; jj++) {
+                        const long j = j0 + jj;
                         const float acc_s = s[ii][jj];
                         (void)j;
 {{SCORE_BODY}}
-                        s[ii][jj] = jj < nk ? eqf_score2({{SCORE}}, {{SCORE_LOG2E}}) : -INFINITY;
+                        s[ii][jj] = eqf_score2({{SCORE}}, {{SCORE_LOG2E}});
                     }
+                    for (long jj = nk; jj < BK; jj++)
+                        s[ii][jj] = -INFINITY;
                 }
                 /* the online softmax: s becomes p = 2^(s - m) */
 #if defined(__AVX512F__) && {{NAME}}_VEC

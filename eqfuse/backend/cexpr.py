@@ -100,6 +100,8 @@ class Exprs:
             if chan is not None and len(view) == 1:
                 view = view + (1,) * (chan - 2)
             expr = self.space.access(self.ptrs[i], view, self.strides.get(i) if chan is None else None)
+            if n.type.dtype == "bool":  # (read as its byte: gcc 12 vectorizes no loop that loads a _Bool and
+                expr = f"(*(const unsigned char*)&{expr} != 0)"  # selects on it, such as a mask's where)
         elif range_scalar(self.body, i):  # DynamicQuantizeLinear's scale or zero point of a range's two floats
             expr = range_scalar_c(n.op, self.ptrs[n.args[0]])
         else:

@@ -202,14 +202,18 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
                 for (long ii = 0; ii < BQ && (0 || nk < BK); ii++) {
                     const long i = i0 + (ii < nq ? ii : 0);
                     (void)i;
+                    /* (over the nk keys, j in step with jj: a mask's loads are contiguous and the loop
+                     * vectorizes; a key index clamped per lane made each load a gather, or scalar) */
                     #pragma omp simd
-                    for (long jj = 0; jj < BK; jj++) {
-                        const long j = j0 + (jj < nk ? jj : 0);
+                    for (long jj = 0; jj < nk; jj++) {
+                        const long j = j0 + jj;
                         const float acc_s = s[ii][jj];
                         (void)j;
 
-                        s[ii][jj] = jj < nk ? eqf_score2(acc_s, 1.0f) : -INFINITY;
+                        s[ii][jj] = eqf_score2(acc_s, 1.0f);
                     }
+                    for (long jj = nk; jj < BK; jj++)
+                        s[ii][jj] = -INFINITY;
                 }
                 /* the online softmax: s becomes p = 2^(s - m) */
 #if defined(__AVX512F__) && eqf_kinds_k5_attention_VEC
