@@ -110,8 +110,8 @@ def assert_bf16(mod, path):
 
 
 # (M, K, N, bound by params=, the GEMM's path): odd K; K in several K slices with an odd last one;
-# B passed per call (packed per call, converted while packed); K and N one panel each (gcc once
-# warned, under -Werror failed, on the packing's tail loop there: ViT's 64-wide layers)
+# B passed per call (packed per call, converted while packed); K and N one panel each (gcc 12 warned
+# of its packing's tail loop, and under -Werror failed: ViT's 64-wide layers; cbuild.FLAGS)
 CASES = [(70, 301, 200, True, "blocked"), (40, 1101, 96, True, "blocked"), (33, 77, 130, False, "blocked"),
          (130, 64, 64, True, "blocked"),
          (5, 301, 200, True, "skinny"), (1, 999, 72, True, "skinny")]

@@ -415,7 +415,7 @@ static void eqf_kinds_k1_contraction_gemm_pack_b(const float* restrict B, long p
             }
         }
 #endif
-        for (int k = (int)k0; k < kc2; k++) /* (an int, as in pack_a_pairs) */
+        for (long k = k0; k < kc2; k++)
             for (long j = 0; j < eqf_kinds_k1_contraction_gemm_NR; j++)
                 dst[(k >> 1) * 2 * eqf_kinds_k1_contraction_gemm_NR + 2 * j + (k & 1)] = k < kc && j < nr ? eqf_bf16(B[(pc + k) * 53L + jc + jr + j]) : 0;
     }
@@ -483,9 +483,7 @@ static void eqf_kinds_k1_contraction_gemm_pack_a_pairs(const float* restrict A, 
                                                          2 * p + 1 < kc ? col[(2 * p + 1) * 37L] : 0.0f);
 #else
             const float* restrict src = A + (ic + ir + r) * 37L + pc;
-            /* (an int: gcc cannot bound a long tail loop that starts where the vector loop stopped, and
-             * warns of an overflow at an iteration it never reaches; a K slice's pairs fit an int) */
-            int p = 0;
+            long p = 0;
             for (; 2 * p + 32 <= kc; p += 16) {
                 uint32_t t[16] __attribute__((aligned(64)));
                 _mm512_store_si512((void*)t, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 2 * p + 16),
