@@ -15,6 +15,7 @@ computed from each test's own |A| @ |B| (no tolerance chosen after the fact):
 """
 
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
@@ -237,18 +238,27 @@ def test_bf16_attention_paths_agree():
 
 # ------------------------------------------------------------------ end to end, report, lower
 
-def test_mlp_end_to_end_within_the_composed_bound(path):
+@pytest.mark.parametrize("n2", [24, 10])
+def test_mlp_end_to_end_within_the_composed_bound(path, n2):
+    """examples/mlp.g with n2 outputs. At most one vector of them (its 10), the second GEMM
+    computes in f32 (plan_gemm.narrow_f32), well within the bound of its bf16 form."""
     B = 16
     rng = np.random.default_rng(3)
     x = rng.standard_normal((B, 784)).astype(np.float32)
     w1 = (rng.standard_normal((784, 1024)) / 28).astype(np.float32)
     b1 = rng.standard_normal(1024).astype(np.float32)
-    w2 = (rng.standard_normal((1024, 10)) / 32).astype(np.float32)
-    b2 = rng.standard_normal(10).astype(np.float32)
-    mod = eqfuse.compile(MLP, params={"w1": w1, "b1": b1, "w2": w2, "b2": b2}, precision="bf16")
+    w2 = (rng.standard_normal((1024, n2)) / 32).astype(np.float32)
+    b2 = rng.standard_normal(n2).astype(np.float32)
+    src = re.sub(r"\b10\]", f"{n2}]", MLP.read_text())
+    mod = eqfuse.compile(src, params={"w1": w1, "b1": b1, "w2": w2, "b2": b2}, precision="bf16")
     y = mod(x).astype(np.float64)
-    entries = mod.report["precision"]
-    assert entries and all(e == {"precision": "bf16", "path": path} for e in entries.values())
+    entries = [mod.report["precision"][k.name] for k in mod.kernels]
+    narrow = n2 <= machine.machine().simd_floats
+    assert entries[0] == {"precision": "bf16", "path": path}
+    if narrow:
+        assert entries[1]["precision"] == "f32" and "at most one vector" in entries[1]["note"], entries[1]
+    else:
+        assert entries[1] == {"precision": "bf16", "path": path}
     # the composed bound (docs/precision.md, "Layers"): relu is 1-Lipschitz
     h = np.maximum(x.astype(np.float64) @ w1 + b1, 0)
     e1 = dot_bound(x, w1)
@@ -335,7 +345,8 @@ def test_unknown_precision_names_the_option():
 def test_cli_precision(capsys, path):
     assert main(["lower", str(MLP), "--dim", "B=64", "--precision", "bf16", "--uops"]) == 0
     out = capsys.readouterr().out
-    assert out.count(f"precision: bf16, path: {path}") == 2
+    assert out.count(f"precision: bf16, path: {path}") == 1  # (the 10-column GEMM in f32: narrow_f32)
+    assert "10 output columns, at most one vector" in out
     assert ("vdpbf16ps" if path == "avx512_bf16" else "widened to f32 by a shift") in out
     assert main(["lower", str(MLP), "--dim", "B=64"]) == 0
     assert "precision:" not in capsys.readouterr().out  # (f32 plans print no precision line)

@@ -138,6 +138,19 @@ FALLBACK_F32 = ("this CPU has no bf16 multiply (AVX512_BF16, AMX): bf16 would on
                 "it computes in f32 (docs/precision.md, \"Without a bf16 multiply\")")
 
 
+def narrow_f32(N: int, m: Machine) -> str:
+    """Why a matmul GEMM of N output columns computes in f32 under precision="bf16" (empty: it
+    need not). At most one vector of columns (a classifier head: an MLP's 10 outputs, a model's
+    few labels), bf16 gains no time: the K-pair panels still pad N to a vector, and the blocked
+    GEMM of 256 x 1024 x 10 ran slower in bf16 than in f32 (benchmarks/RESULTS.md, "bf16 and
+    int8 on a CPU with AVX512_BF16 and VNNI"). Such a GEMM's outputs are usually the model's own, and
+    in f32 they lose no digits to rounded operands (docs/precision.md)."""
+    if N > m.simd_floats:
+        return ""
+    return (f"{N} output columns, at most one vector: bf16 gains no time on so narrow a GEMM, so it keeps f32's "
+            "accuracy (docs/precision.md, \"Narrow GEMMs\")")
+
+
 def computes_as_wanted(plan: KernelPlan, m: Machine, path: str) -> bool:
     """Set a compute-bound kernel's precision (KernelPlan.precision): bf16 on `path` where it was
     asked for and pays on machine m (bf16_pays), else f32, with FALLBACK_F32 as the note where
@@ -369,7 +382,7 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     skinny path: its tiles, the thread rule and the uop schedule of csrc_templates/gemm_skinny.c."""
     d = plan.detail
     M, N, K = d.gemm.M, d.N, d.K
-    if plan.wanted_precision == "bf16" and plan.precision == "f32" and not bf16_pays(m):
+    if plan.wanted_precision == "bf16" and plan.precision == "f32" and not bf16_pays(m) and not narrow_f32(N, m):
         # weights past L2 come from L3 or memory each call: that stream is its time, and bf16
         # halves it, so bf16 on the fallback path too; weights within L2 are read faster than
         # their FMAs run, and the widening would only add work (benchmarks/bench_bf16_fallback.py)
@@ -581,7 +594,12 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
         g, at, bt = _matmul_gemm(plan, M)
         plan.flops = 2 * batch * M * Nn * K + pointwise_flops(body)
     gM = g.M
-    bf16 = computes_as_wanted(plan, m, gemm_bf16_path(m))  # (a few-rows GEMM: plan_skinny decides again)
+    narrow = narrow_f32(Nn, m) if mm.op != "conv2d" and plan.wanted_precision == "bf16" else ""
+    if narrow:
+        computes_f32(plan, narrow)
+        bf16 = False
+    else:
+        bf16 = computes_as_wanted(plan, m, gemm_bf16_path(m))  # (a few-rows GEMM: plan_skinny decides again)
     path = plan.precision_path
     texts = bf16_texts(path)
     amx = path == "amx_bf16"
