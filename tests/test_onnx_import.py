@@ -624,6 +624,34 @@ def test_a_shape_computed_through_quantize_and_dequantize_of_constants_folds():
     np.testing.assert_array_equal(mod(x), want)
 
 
+@pytest.mark.parametrize("op, want", [("QLinearMul", 6), ("QLinearAdd", 5)])
+def test_a_shape_computed_through_qlinear_ops_of_constants_folds(op, want):
+    """quantize_static's QOperator form writes that shape arithmetic with com.microsoft's
+    QLinearMul and QLinearAdd (MobileViT's patch counts): over constants they fold, as eqfuse
+    computes them at run time, and the Reshape reading the result sees a constant shape."""
+    ort = pytest.importorskip("onnxruntime")
+    import eqfuse
+    from eqfuse.frontend.onnx_import import onnx_params
+
+    inits = [("two", np.array(2.0, np.float32)), ("three", np.array(3.0, np.float32)), ("s", np.array(0.5, np.float32)),
+             ("z", np.array(0, np.uint8)), ("zero", np.array([0], np.int64)), ("minus", np.array([-1], np.int64))]
+    m = _typed_model([helper.make_node("QuantizeLinear", ["two", "s", "z"], ["q2"]),
+                      helper.make_node("QuantizeLinear", ["three", "s", "z"], ["q3"]),
+                      helper.make_node(op, ["q2", "s", "z", "q3", "s", "z", "s", "z"], ["q"], domain="com.microsoft"),
+                      helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+                      helper.make_node("Cast", ["d"], ["n"], to=I64),
+                      helper.make_node("Unsqueeze", ["n", "zero"], ["n1"]),
+                      helper.make_node("Concat", ["minus", "n1"], ["shape"], axis=0),
+                      helper.make_node("Reshape", ["x", "shape"], ["y"])],
+                     [("x", F, (5, 6))], [("y", F, None)], inits)
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    mod = eqfuse.compile(graph_text(import_model(m).graph), params=onnx_params(m))
+    x = np.random.default_rng(8).standard_normal((5, 6)).astype(np.float32)
+    (ref,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert ref.shape == (30 // want, want)
+    np.testing.assert_array_equal(mod(x), ref)
+
+
 @pytest.mark.parametrize("opset", [18, 21])
 def test_group_normalization_matches_onnx_reference(opset):
     """GroupNormalization's scale and bias are per group at opset 18 and per channel from 21."""

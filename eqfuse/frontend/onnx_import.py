@@ -354,19 +354,24 @@ class _Importer:
         patch counts), a QuantizeLinear and a DequantizeLinear of a constant whose scale is a
         weight of one element; those fold, so that a Reshape reading the result sees a constant.
         (A weight's DequantizeLinear keeps it quantized: its data has more elements. Only ops whose
-        result is as small as their inputs, SCALAR_FOLDS: an Expand of a scalar weight stays an op.)"""
+        result is as small as their inputs, SCALAR_FOLDS: an Expand of a scalar weight stays an op.)
+        The QOperator form's contrib ops of that arithmetic (QLinearMul, QLinearAdd) fold too, by
+        eqfuse's own evaluation (onnx_quant.CONTRIB_FOLDS)."""
         if (node.op_type in ("Constant", "Identity") or node.op_type in RANDOM_OPS or not node.input
-                or node.domain not in ONNX_DOMAINS):
+                or (node.domain not in ONNX_DOMAINS and (node.domain, node.op_type) not in onnx_quant.CONTRIB_FOLDS)):
             return False
         data = [(v, n) for v, n in zip(ins, node.input) if n]
         if not all(self.is_const(v) for v, _ in data):
             return False
         return all(n not in self.weights for _, n in data) or \
-            (node.op_type in SCALAR_FOLDS and all(np.size(v) == 1 for v, _ in data))
+            ((node.op_type in SCALAR_FOLDS or node.domain not in ONNX_DOMAINS) and all(np.size(v) == 1 for v, _ in data))
 
     def fold(self, node, ins) -> list:
         from onnx.reference import ReferenceEvaluator
 
+        contrib = onnx_quant.CONTRIB_FOLDS.get((node.domain, node.op_type))
+        if contrib is not None:
+            return contrib(node, [v if n else None for v, n in zip(ins, node.input)])
         try:
             ev = ReferenceEvaluator(node, opsets={"": self.opset})
             feeds = {n: v for n, v in zip(node.input, ins) if n}

@@ -357,6 +357,27 @@ def _qlinear_binary(imp, ins, at):
     return _quantized(imp, y, ins, 6, dt)
 
 
+def fold_qlinear_binary(node, ins) -> list[np.ndarray]:
+    """QLinearAdd or QLinearMul over constants, as _qlinear_binary computes it at run time (the op
+    table's dequantize_linear, add or mul, quantize_linear): a QOperator model's shape arithmetic
+    (MobileViT's patch counts, quantized by quantize_static) becomes a constant that a Reshape can
+    read. A missing zero point is 0 of A's type."""
+    from eqfuse.ir.ops import OPS
+
+    ins = list(ins) + [None] * (8 - len(ins))
+    dt = np.asarray(ins[0]).dtype
+    zp = lambda z: np.zeros((), dt) if z is None else np.asarray(z)  # noqa: E731
+    deq, q = OPS["dequantize_linear"].numpy, OPS["quantize_linear"].numpy
+    a = deq([np.asarray(ins[0]), np.asarray(ins[1], np.float32), zp(ins[2])], {})
+    b = deq([np.asarray(ins[3]), np.asarray(ins[4], np.float32), zp(ins[5])], {})
+    y = np.add(a, b) if node.op_type == "QLinearAdd" else np.multiply(a, b)
+    return [np.asarray(q([y.astype(np.float32), np.asarray(ins[6], np.float32), zp(ins[7])], {}))]
+
+
+# the contrib ops the importer folds over constants (`_Importer.foldable`), and how
+CONTRIB_FOLDS = {(MS, "QLinearAdd"): fold_qlinear_binary, (MS, "QLinearMul"): fold_qlinear_binary}
+
+
 @handles("QLinearSigmoid", "QLinearLeakyRelu", attrs=("alpha",), domain=MS)
 def _qlinear_activation(imp, ins, at):
     """quantize(f(dequantize(x))): onnxruntime tabulates exactly this for the 256 values of x."""
