@@ -197,6 +197,12 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
     const int32_t* init, int32_t* out)
 {
     {{NAME}}_COUNT_CALL();
+    /* the K-groups' end through an empty asm, so unknown to gcc: with a constant trip count (a
+     * conv's one K block) its loop passes moved each accumulator through a second register and
+     * spilled two to the stack on every K-group, near a third of vpdpbusd's rate
+     * (`benchmarks/bench_models.py --quantized static --model resnet_stages`) */
+    long gn = g1;
+    __asm__("" : "+r"(gn));
 #if {{NAME}}_PATH == 3
     enum { V = {{NAME}}_NR / 16 };
     __m512i acc[{{NAME}}_MR][V];
@@ -206,7 +212,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
         for (int v = 0; v < V; v++)
             acc[r][v] = init && r < mr ? _mm512_loadu_si512((const void*)(init + r * {{NAME}}_NR + 16 * v))
                                        : _mm512_setzero_si512();
-    for (long g = g0; g < g1; g++) {
+    for (long g = g0; g < gn; g++) {
         __m512i b[V];
 #pragma GCC unroll 8
         for (int v = 0; v < V; v++)
@@ -233,7 +239,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
         for (int v = 0; v < V; v++)
             acc[r][v] = init && r < mr ? _mm256_loadu_si256((const __m256i*)(init + r * {{NAME}}_NR + 8 * v))
                                        : _mm256_setzero_si256();
-    for (long g = g0; g < g1; g++) {
+    for (long g = g0; g < gn; g++) {
 #if {{NAME}}_PATH == 2 || {{NAME}}_PATH == 4
         __m256i b[V];
 #pragma GCC unroll 8
@@ -280,7 +286,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < {{NAME}}_NR; j++)
             out[r * {{NAME}}_NR + j] = init ? init[r * {{NAME}}_NR + j] : 0;
-    for (long g = g0; g < g1; g++)
+    for (long g = g0; g < gn; g++)
         for (int r = 0; r < mr; r++) {
             const uint32_t w = {{NAME}}_arow(a, r, g);
             for (int j = 0; j < {{NAME}}_NR; j++) {
