@@ -37,6 +37,9 @@
  * byte q + the K-group's offset, so that a tile may cross output rows; the M = (OH - 1) WP + OW
  * virtual pixels include the WP - OW past each output row's end, computed and not stored. The
  * row sums (when some b_zp is not zero) count only the real taps, as the column sums do.
+ * With CH4 ({{CH4}}: C/G a multiple of 4) the buffer holds the channels in fours, interleaved
+ * pixel by pixel ([C/G/4][HP][WP][4]), and a K-group is four channels of one tap: K-group (c4, u, t)
+ * of pixel (oh, ow) at byte 4 ((c4 HP + oh SH + u) WP + ow SW + t), KP = K, no padded taps.
  *
  * PATH ({{PATH}}, the plan's precision_path): 3 = AVX512_VNNI (vpdpbusd on zmm, 64 u8 x s8
  * products in 16 lanes per instruction), 2 = AVX-VNNI (the VEX vpdpbusd on ymm), 4 = AVX2 with
@@ -89,6 +92,7 @@
 #define {{NAME}}_IM2COL_ROWS {{IM2COL_ROWS}} /* the im2col by output row, kernel row outermost (else pixel by pixel) */
 #define {{NAME}}_BY_IMAGE {{BY_IMAGE}} /* the threads' chunks are whole images (each its A buffer and its GEMM) */
 #define {{NAME}}_DIRECT_X {{DIRECT_X}} /* no im2col: A read in place from a padded copy of x (kernel rows as K-groups) */
+#define {{NAME}}_CH4 {{CH4}} /* DIRECT_X's K-groups are four channels of a tap: the copy's channels interleaved in fours */
 #define {{NAME}}_MO {{MO}}L /* the output's pixels per image (M counts DIRECT_X's virtual pixels) */
 #define {{NAME}}_G {{G}}L /* the conv's groups: B one matrix per group */
 #define {{NAME}}_CI {{CI}}L /* the conv's geometry: x's channels, height, width; the kernel, stride, padding, dilation */
@@ -107,8 +111,13 @@
 #define {{NAME}}_HP ({{NAME}}_H + 2 * {{NAME}}_PH) /* DIRECT_X's padded planes */
 #define {{NAME}}_WP ({{NAME}}_W + 2 * {{NAME}}_PW)
 #define {{NAME}}_CG ({{NAME}}_CI / {{NAME}}_G)
-#define {{NAME}}_KWG ({{NAME}}_DIRECT_X ? ({{NAME}}_KW + 3) / 4 : 1L) /* DIRECT_X: K-groups per kernel row */
-#define {{NAME}}_KP ({{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_KH * {{NAME}}_KWG * 4 : {{NAME}}_K) /* K in the panels */
+#define {{NAME}}_KWG ({{NAME}}_DIRECT_X && !{{NAME}}_CH4 ? ({{NAME}}_KW + 3) / 4 : 1L) /* DIRECT_X: K-groups per kernel row */
+#define {{NAME}}_KP ({{NAME}}_CH4 ? {{NAME}}_CG * {{NAME}}_KH * {{NAME}}_KW : \
+                     {{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_KH * {{NAME}}_KWG * 4 : {{NAME}}_K) /* K in the panels */
+#define {{NAME}}_PXB ({{NAME}}_CH4 ? 4L : 1L) /* bytes of a pixel in DIRECT_X's padded copy */
+/* the byte of channel c, kernel row u, tap v in DIRECT_X's padded copy, from a pixel's first byte */
+#define {{NAME}}_XAT(c, u, v) ({{NAME}}_CH4 ? ((((c) / 4 * {{NAME}}_HP + (u)) * {{NAME}}_WP + (v)) * 4 + (c) % 4) \
+                                          : (((c) * {{NAME}}_HP + (u)) * {{NAME}}_WP + (v)))
 #define {{NAME}}_KG ({{NAME}}_KP / 4) /* whole K-groups of A; a last partial one is KT bytes */
 #define {{NAME}}_KT ({{NAME}}_KP % 4)
 #define {{NAME}}_KGP (({{NAME}}_KP + 3) / 4) /* K-groups in the panels */
@@ -170,7 +179,12 @@ static inline uint32_t {{NAME}}_a4(const uint8_t* a, long g)
  * (c, oh SH + u) from the pixel's column + 4 t; else A's row r) */
 static inline uint32_t {{NAME}}_arow(const uint8_t* a, int r, long g)
 {
-#if {{NAME}}_DIRECT_X
+#if {{NAME}}_DIRECT_X && {{NAME}}_CH4
+    const long cu = g / {{NAME}}_KW; /* (kernel row (c4, u) = (cu / KH, cu % KH) of the four channels c4, tap g % KW) */
+    uint32_t w;
+    memcpy(&w, a + ((cu / {{NAME}}_KH * {{NAME}}_HP + cu % {{NAME}}_KH) * {{NAME}}_WP + g % {{NAME}}_KW + r * {{NAME}}_SW) * 4, 4);
+    return w ^ {{NAME}}_AXOR;
+#elif {{NAME}}_DIRECT_X
     const long cu = g / {{NAME}}_KWG; /* (kernel row (c, u) = (cu / KH, cu % KH), its taps from 4 (g % KWG)) */
     uint32_t w;
     memcpy(&w, a + (cu / {{NAME}}_KH * {{NAME}}_HP + cu % {{NAME}}_KH) * {{NAME}}_WP + g % {{NAME}}_KWG * 4 + r * {{NAME}}_SW, 4);
@@ -351,10 +365,14 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
                 const long j = p * {{NAME}}_NR + jj;
                 /* (a u8 B is read as s8 b - 128: its bits xor 0x80) */
                 /* (a conv's weights are N x K: each output channel's taps in a row) */
-                /* (DIRECT_X: k is tap t of kernel row (c, u), weight 0 past KW) */
-                const long t = k % ({{NAME}}_KWG * 4);
-                const long kk = {{NAME}}_DIRECT_X ? k / ({{NAME}}_KWG * 4) * {{NAME}}_KW + t : k;
-                const int real = {{NAME}}_DIRECT_X ? t < {{NAME}}_KW && k < {{NAME}}_KP : k < {{NAME}}_K;
+                /* (DIRECT_X: k is tap t of kernel row (c, u), weight 0 past KW; CH4: channel k % 4 of the
+                 * four c4 at tap g % KW of kernel row u, (c4, u) = cu, g = k / 4) */
+                const long t = k % ({{NAME}}_KWG * 4), g4 = k / 4, cu = g4 / ({{NAME}}_CH4 ? {{NAME}}_KW : 1);
+                const long kh = {{NAME}}_CH4 ? {{NAME}}_KH : 1, kw = {{NAME}}_CH4 ? {{NAME}}_KW : 1;
+                const long kk = {{NAME}}_CH4 ? ((cu / kh * 4 + k % 4) * kh + cu % kh) * kw + g4 % kw
+                              : {{NAME}}_DIRECT_X ? k / ({{NAME}}_KWG * 4) * {{NAME}}_KW + t : k;
+                const int real = {{NAME}}_CH4 ? k < {{NAME}}_KP
+                               : {{NAME}}_DIRECT_X ? t < {{NAME}}_KW && k < {{NAME}}_KP : k < {{NAME}}_K;
                 const long at = {{NAME}}_IM2COL || {{NAME}}_B_TRANSPOSED ? j * {{NAME}}_K + kk : kk * {{NAME}}_N + j;
                 const int8_t v = j < {{NAME}}_N && real ? (int8_t)((uint8_t)B[at] ^ ({{NAME}}_B_U8 ? 0x80 : 0)) : 0;
                 if ({{NAME}}_PATH == 1) /* (k's int16 in the even (k % 2 = 0) or odd vector of its group) */
@@ -536,8 +554,8 @@ static void {{NAME}}_im2col(void* ctx, long ch)
 static inline long {{NAME}}_xofs(long q)
 {
     if ({{NAME}}_DIRECT_X == 1)
-        return q;
-    return q / {{NAME}}_OW * {{NAME}}_SH * {{NAME}}_WP + q % {{NAME}}_OW * {{NAME}}_SW;
+        return q * {{NAME}}_PXB;
+    return (q / {{NAME}}_OW * {{NAME}}_SH * {{NAME}}_WP + q % {{NAME}}_OW * {{NAME}}_SW) * {{NAME}}_PXB;
 }
 
 /* where row i0 of A starts: the pixel's first byte in DIRECT_X's padded planes, or i0 LDA */
@@ -548,6 +566,30 @@ static inline long {{NAME}}_arow0(long i0) { return {{NAME}}_xofs(i0); }
  * when rowsum is not NULL */
 static void {{NAME}}_pad_x(const uint8_t* restrict X, uint8_t* restrict XP, int32_t* restrict rowsum, uint8_t zp)
 {
+#if {{NAME}}_CH4
+    /* (four channels' rows interleaved, pixel by pixel; the pad rows and columns x's zero point) */
+    for (long c4 = 0; c4 < {{NAME}}_CG / 4; c4++) {
+        uint8_t* restrict xp = XP + c4 * {{NAME}}_HP * {{NAME}}_WP * 4;
+        memset(xp, zp, {{NAME}}_PH * {{NAME}}_WP * 4);
+        for (long h = 0; h < {{NAME}}_H; h++) {
+            uint8_t* restrict row = xp + (h + {{NAME}}_PH) * {{NAME}}_WP * 4;
+            const uint8_t* restrict s0 = X + ((c4 * 4) * {{NAME}}_H + h) * {{NAME}}_W;
+            const uint8_t* restrict s1 = s0 + {{NAME}}_H * {{NAME}}_W;
+            const uint8_t* restrict s2 = s1 + {{NAME}}_H * {{NAME}}_W;
+            const uint8_t* restrict s3 = s2 + {{NAME}}_H * {{NAME}}_W;
+            memset(row, zp, {{NAME}}_PW * 4);
+            memset(row + ({{NAME}}_PW + {{NAME}}_W) * 4, zp, {{NAME}}_PW * 4);
+            uint8_t* restrict in = row + {{NAME}}_PW * 4;
+            for (long v = 0; v < {{NAME}}_W; v++) {
+                in[4 * v] = s0[v];
+                in[4 * v + 1] = s1[v];
+                in[4 * v + 2] = s2[v];
+                in[4 * v + 3] = s3[v];
+            }
+        }
+        memset(xp + ({{NAME}}_PH + {{NAME}}_H) * {{NAME}}_WP * 4, zp, {{NAME}}_PH * {{NAME}}_WP * 4);
+    }
+#else
     for (long c = 0; c < {{NAME}}_CG; c++) {
         uint8_t* restrict xp = XP + c * {{NAME}}_HP * {{NAME}}_WP;
         memset(xp, zp, {{NAME}}_PH * {{NAME}}_WP);
@@ -559,6 +601,7 @@ static void {{NAME}}_pad_x(const uint8_t* restrict X, uint8_t* restrict XP, int3
         }
         memset(xp + ({{NAME}}_PH + {{NAME}}_H) * {{NAME}}_WP, zp, {{NAME}}_PH * {{NAME}}_WP);
     }
+#endif
     memset(XP + {{NAME}}_CG * {{NAME}}_HP * {{NAME}}_WP, zp, 64);
     if (!rowsum)
         return;
@@ -567,7 +610,7 @@ static void {{NAME}}_pad_x(const uint8_t* restrict X, uint8_t* restrict XP, int3
         for (long c = 0; c < {{NAME}}_CG; c++)
             for (long u = 0; u < {{NAME}}_KH; u++)
                 for (long v = 0; v < {{NAME}}_KW; v++)
-                    s += XP[(c * {{NAME}}_HP + u) * {{NAME}}_WP + {{NAME}}_xofs(q) + v] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+                    s += XP[{{NAME}}_XAT(c, u, v) + {{NAME}}_xofs(q)] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
         rowsum[q] = (int32_t)s;
     }
 }

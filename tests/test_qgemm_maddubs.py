@@ -41,18 +41,18 @@ PAIRS = [(127, 127), (-128, -128), (-128, -1), (-2, -127), (127, 2), (65, 64), (
 CORRECTED = 6  # (the first six)
 
 
-def eight_bit(rng, shape, dtype=np.int8, where=None, channels=(0, 1)):
+def eight_bit(rng, shape, dtype=np.int8, where=None, channels=(0, 1), step=1):
     """Full-range 8-bit weights as a quantizer writes them (a bell-shaped spread, +-127 at the
     largest), with every pair of PAIRS planted in the first two output channels, at K-pairs spread
-    over K (`where`: the packed K index of each pair's first weight, even), in the first output
-    channel and swapped in the second (`channels`), against the reference that meets them with
-    A's 255s."""
+    over K (`where`: the K index of each pair's first weight, even; its second `step` after it, the
+    two adjacent in the packed K), in the first output channel and swapped in the second
+    (`channels`), against the reference that meets them with A's 255s."""
     v = np.clip(np.round(rng.normal(0, 20, shape)), -128, 127).astype(np.int16)
     mat = v.reshape(shape[0], -1) if len(shape) > 2 else v.T  # (output channels x K)
     ks = where if where is not None else np.linspace(0, mat.shape[1] - 2, len(PAIRS)).astype(int) // 2 * 2
     for c in channels:
         for (a, b), k in zip(PAIRS, ks):
-            mat[c, k], mat[c, k + 1] = (a, b) if c == 0 else (b, a)
+            mat[c, k], mat[c, k + step] = (a, b) if c == 0 else (b, a)
     w = (mat.reshape(shape) if len(shape) > 2 else mat.T).copy()
     return (w + 128).astype(np.uint8) if dtype == np.uint8 else w.astype(np.int8)
 
@@ -118,27 +118,34 @@ def test_the_maddubs_path_is_exact_on_edge_tiles_and_extreme_weights(no_vnni, bi
 # Integer convs with bound weights of one group: read in place as virtual pixels (DIRECT_X 1:
 # OW = 11, stride 1), by output row (DIRECT_X 2: OW = 6, a multiple of the tile's 3 rows: 48 output
 # channels take 3 x 24, which pads them no more than 4 x 16), and a 5 x 5 through its im2col; more
-# output channels than one panel
+# output channels than one panel. x's channels: 12, in fours (the 3 x 3s' K-groups four channels of
+# a tap: qgemm.channels_in_fours), or 10 (kernel rows padded to four taps)
 CONVS = """
-graph cv(x: u8[2, 12, 9, 11], w: i8[48, 12, 3, 3], w5: i8[20, 12, 5, 5], xz: u8, wz: i8[48], wz0: i8) {
+graph cv(x: u8[2, {c}, 9, 11], w: i8[48, {c}, 3, 3], w5: i8[20, {c}, 5, 5], xz: u8, wz: i8[48], wz0: i8) {{
     return conv_integer(x, w, xz, wz, padding=1), conv_integer(x, w, xz, wz, stride=2, padding=1),
            conv_integer(x, w5, xz, wz0, padding=2)
-}
+}}
 """
 
 
-@pytest.mark.parametrize("bits", [8, 7])  # (the fast tier runs the first: the corrected pairs)
-def test_the_maddubs_path_is_exact_in_integer_convs(no_vnni, bits):
+@pytest.mark.parametrize("bits, c", [(8, 12), (8, 10), (7, 12)])  # (the fast tier runs the first: the corrected pairs)
+def test_the_maddubs_path_is_exact_in_integer_convs(no_vnni, bits, c):
     rng = np.random.default_rng(31)
     if bits == 7:
-        w = {"w": seven_bit(rng, (48, 12, 3, 3)), "w5": seven_bit(rng, (20, 12, 5, 5))}
+        w = {"w": seven_bit(rng, (48, c, 3, 3)), "w5": seven_bit(rng, (20, c, 5, 5))}
+    elif c % 4 == 0:  # (the 3 x 3s read x in place, its channels in fours: a packed pair is channels 4 j + 2 i
+        # and 4 j + 2 i + 1 at one tap, 9 apart in the weights' order (channel, kernel row, tap); the 5 x 5
+        # takes the im2col, whose pairs are adjacent taps)
+        taps = [(0, 0), (2, 1), (4, 2), (6, 3), (8, 4), (10, 5), (0, 6), (2, 7), (4, 8)]
+        w = {"w": eight_bit(rng, (48, c, 3, 3), where=[ch * 9 + t for ch, t in taps], channels=(0,), step=9),
+             "w5": eight_bit(rng, (20, c, 5, 5), channels=(0,))}
     else:  # (the 3 x 3's pairs at taps 0-1 of a kernel row, the padded rows' K: (c, u) 4 packed bytes apart)
-        w = {"w": eight_bit(rng, (48, 12, 3, 3), where=np.arange(len(PAIRS)) * 3, channels=(0,)),
-             "w5": eight_bit(rng, (20, 12, 5, 5), channels=(0,))}
-    x = {"x": rng.integers(0, 256, (2, 12, 9, 11)).astype(np.uint8), "xz": np.asarray(77, np.uint8),
+        w = {"w": eight_bit(rng, (48, c, 3, 3), where=np.arange(len(PAIRS)) * 3, channels=(0,)),
+             "w5": eight_bit(rng, (20, c, 5, 5), channels=(0,))}
+    x = {"x": rng.integers(0, 256, (2, c, 9, 11)).astype(np.uint8), "xz": np.asarray(77, np.uint8),
          "wz": rng.integers(-128, 128, 48).astype(np.int8), "wz0": np.asarray(0, np.int8)}
     x["x"][0] = 255  # (an image of the largest activations)
-    mod = eqfuse.compile(CONVS, params=w)
+    mod = eqfuse.compile(CONVS.format(c=c), params=w)
     convs = [k for k in mod.kernels if k.kind == "contraction"]
     assert [k.decisions["prepacked_b"] for k in convs] == [1, 1, 1]
     assert sorted(k.decisions["direct_x"] for k in convs) == [0, 1, 2]

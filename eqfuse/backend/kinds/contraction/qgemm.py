@@ -82,7 +82,10 @@ def packed_weights(w: np.ndarray, d: QGemmDetail) -> np.ndarray:
     to whole K-groups)."""
     v = w.astype(np.int16) - (128 if d.b_u8 else 0)
     mat = v.reshape(d.N, -1).T if d.im2col or d.b_transposed else v.reshape(d.K, d.N)
-    if d.direct_x:
+    if d.direct_x and d.ch4:  # (K in the order (four channels, kernel row, tap, channel of the four))
+        g = d.geometry
+        mat = mat.reshape(-1, 4, g.KH, g.KW, d.N).transpose(0, 2, 3, 1, 4).reshape(-1, d.N)
+    elif d.direct_x:
         kw = d.geometry.KW
         rows = mat.reshape(-1, kw, d.N)
         mat = np.concatenate([rows, np.zeros((rows.shape[0], cdiv(kw, 4) * 4 - kw, d.N), np.int16)], 1).reshape(-1, d.N)
@@ -189,6 +192,9 @@ class QGemmDetail:
     # row, 1 virtual pixels (M counts them), 0 an im2col; mo the output's pixels per image
     direct_x: int = 0
     mo: int = 0
+    # DIRECT_X's K-groups: four channels of one tap (the padded copy holds the channels in fours,
+    # interleaved: channels_in_fours()), else four taps of one kernel row, padded with weight 0
+    ch4: bool = False
     # a conv's images are the threads' chunks (by_image()): each image's A buffer made and its GEMM
     # run by the thread that claimed it, against every image's panels shared by the threads
     by_image: bool = False
@@ -229,6 +235,15 @@ def im2col_by_rows(kw: int) -> bool:
 
 
 DIRECT_X_MIN_OW = 8  # output rows of at least this many pixels: no im2col (direct_x)
+
+
+def channels_in_fours(channels: int) -> bool:
+    """Whether DIRECT_X's K-groups are four channels of one tap (the padded copy of x holding its
+    channels in fours, interleaved, pixel by pixel): a group's channels a multiple of 4. Then K in
+    the panels is K itself; else each kernel row's taps are padded to a multiple of 4 with weights
+    0, a third more multiply-adds for a 3 x 3 conv (a quantized 64-channel 3 x 3 conv at 56 x 56:
+    benchmarks/RESULTS.md, "bf16 and int8 on a CPU with AVX512_BF16 and VNNI")."""
+    return channels % 4 == 0
 
 
 def direct_x(geo: ConvGeometry, mr: int) -> int:
@@ -290,7 +305,9 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
     path = int8_path(m, weights_bound)
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
-    kp = geo.C // nbb * geo.KH * cdiv(geo.KW, 4) * 4 if direct else K  # K in the panels (direct_x: whole K-groups per kernel row)
+    ch4 = bool(direct) and channels_in_fours(geo.C // nbb)
+    # K in the panels (direct_x: whole K-groups per kernel row, unless they are channels in fours)
+    kp = (K if ch4 else geo.C // nbb * geo.KH * cdiv(geo.KW, 4) * 4) if direct else K
     kc = min(int8_kc(kp, nr, m, path), kp)
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
     # (a conv's A buffer per image: the padded planes or the im2col's rows of whole K-groups, and x quantized)
@@ -304,7 +321,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
                               im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else None,
                               b_transposed=body.nodes[mm.args[1]].op == "transpose",
                               im2col_rows=conv and not direct and im2col_by_rows(geo.KW), direct_x=direct,
-                              mo=M if conv else gM, by_image=whole)
+                              mo=M if conv else gM, by_image=whole, ch4=ch4)
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
@@ -333,7 +350,9 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
         plane = f"the group's {geo.C // nbb} channels of x ({geo.H} x {geo.W})"
         quant = [UOp(1, "Load", f"quantize {plane} f32 -> {at.dtype} into the kernel's scratch", calls)][:qa] + \
             ([UOp(1, "Load", f"copy of x padded with its zero point, read in place as A [{gM} "
-                  f"{'virtual ' if direct == 1 else ''}pixels x {kp} taps: kernel rows in K-groups of 4]", calls)] if direct else
+                  f"{'virtual ' if direct == 1 else ''}pixels x {kp} taps: "
+                  + ("K-groups of 4 channels of a tap, the copy's channels interleaved in fours]" if ch4 else
+                     "kernel rows in K-groups of 4]"), calls)] if direct else
              [UOp(1, "Load", f"im2col of x into the kernel's A buffer [{gM} pixels x {K} taps], {at.dtype}, "
                   "padded with x's zero point" + (", row blocks shared by the pool's threads" if par else ""), calls)])
     plan.uops = [UOp(0, "Loop", f"{calls} GEMM(s) of {gM} x {N} x {K}, u8 x s8 -> int32"
@@ -420,7 +439,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
     src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
                  KC=plan.tiles["kc"], MB=plan.tiles["mb"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
-                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), DIRECT_X=int(d.direct_x), BY_IMAGE=int(d.by_image), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
+                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), DIRECT_X=int(d.direct_x), CH4=int(d.ch4), BY_IMAGE=int(d.by_image), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
                  G=d.groups, CI=geo.C, **geo.shape_c("N", "C", "OH"), PATH=INT8_PATHS[plan.precision_path], NCORR=d.corrections,
                  PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
