@@ -79,7 +79,7 @@ def packed_weights(w: np.ndarray, d: QGemmDetail) -> np.ndarray:
     """The bound weights w as the kernel packs them (`_pack` in csrc_templates/gemm_u8s8.c), one
     column per output column: [K in the panels, rounded up to whole K-groups of 4] x N, int16 of
     the s8 values (a u8 B read as b - 128; DIRECT_X: each kernel row padded with taps of weight 0
-    to whole K-groups)."""
+    to whole K-groups, or with `ch4` K reordered to (four channels, kernel row, tap, channel))."""
     v = w.astype(np.int16) - (128 if d.b_u8 else 0)
     mat = v.reshape(d.N, -1).T if d.im2col or d.b_transposed else v.reshape(d.K, d.N)
     if d.direct_x and d.ch4:  # (K in the order (four channels, kernel row, tap, channel of the four))
