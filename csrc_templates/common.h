@@ -144,7 +144,11 @@ static inline float eqf_score2(float x, float log2e)
     const float y = x * log2e;
     return (y < -3.4028235e38f && x > -INFINITY) ? -3.4028235e38f : y;
 }
-static inline float eqf_pow(float a, float b) { return powf(a, b); }
+/* a ** b; a square or a cube as products (the optimizer's cube_as_pow writes x * x * x as x ** 3,
+ * and its rules pow_two and pow_three prove them equal), with a constant b folded by the compiler,
+ * so that a loop over it vectorizes: libm's powf is a scalar call (a quantized GPT-2's GELU, whose
+ * dequantized cube matches no gelu pattern: benchmarks/bench_models.py --quantized static) */
+static inline float eqf_pow(float a, float b) { return b == 2.0f ? a * a : b == 3.0f ? a * a * a : powf(a, b); }
 
 /* e^x = 2^k * y: k = round(x / ln 2) by the 1.5 * 2^23 trick, y = Cephes' degree-6 polynomial of
  * the remainder (relative error < 2e-7). Plain arithmetic and memcpy bit casts, so `omp simd`
