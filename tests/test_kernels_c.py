@@ -546,6 +546,16 @@ def test_transcendental_accuracy(transcendental_results, op):
     np.testing.assert_allclose(g[special], true[special].astype(np.float32), rtol=0, atol=1e-30)
 
 
+def test_a_square_and_a_cube_are_products():
+    """x ** 2 and x ** 3 compute as x * x and x * x * x (eqf_pow with a constant exponent: the rules
+    pow_two and pow_three's forms, which vectorize), not as powf: bit for bit numpy's products."""
+    x = np.random.default_rng(5).standard_normal(4099).astype(np.float32) * 3
+    src = "graph p(x: f32[4099]) -> (f32[4099], f32[4099]) {\n    a = kernel { x ** 2 }\n    b = kernel { x ** 3 }\n    return a, b\n}"
+    sq, cube = eqfuse.compile(src, fuse="manual")(x)
+    np.testing.assert_array_equal(sq, x * x)
+    np.testing.assert_array_equal(cube, x * x * x)
+
+
 SUBNORMAL = {"exp(x)": np.exp, "sigmoid(x)": TRANSCENDENTAL["sigmoid(x)"], "silu(x)": TRANSCENDENTAL["silu(x)"]}
 
 
