@@ -89,7 +89,7 @@ def test_bench_peers_are_chosen_and_checked(capsys, two, monkeypatch):
     assert calls == [["numpy", "torch", "torch.compile", "onnxruntime"], ["numpy", "torch.compile"]]
     status, _, err = cli(capsys, "bench", two, "--dim", "B=8", "--peers", "numpy,troch")
     assert status == 2 and err == ("error: --peers: unknown peer 'troch' (known: numpy, torch, torch.compile, "
-                                   "onnxruntime)\nnote: did you mean 'torch'?\n")
+                                   "onnxruntime, openvino)\nnote: did you mean 'torch'?\n")
 
 
 @pytest.mark.parametrize("chosen, compiled, labels", [

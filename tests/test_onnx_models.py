@@ -2,6 +2,8 @@
 BERT, GPT-2 and ViT from transformers (small configs, random weights), ResNet-18 and MLP-Mixer,
 each through the TorchScript (opset 17) and dynamo (opset 18) exporters (tests/model_exports.py)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import skip_unless_installed
@@ -77,6 +79,19 @@ def test_bench_measures_onnxruntime_on_the_onnx_model():
     r = _cli("bench", me.export("mixer", "dynamo"), "--repeat", "2", "--peers", "numpy,onnxruntime")
     assert r.returncode == 0, r.stderr
     assert "onnxruntime (ORT_ENABLE_ALL)" in r.stdout and "eqfuse fused" in r.stdout
+
+
+@pytest.mark.heavy
+def test_bench_measures_openvino_in_f32_and_its_default_precision():
+    pytest.importorskip("openvino")
+    r = _cli("bench", me.export("mixer", "dynamo"), "--repeat", "2", "--threads", "1", "--peers", "numpy,openvino",
+             "--precision", "bf16")
+    assert r.returncode == 0, r.stderr
+    assert "OpenVINO f32" in r.stdout and "OpenVINO default (" in r.stdout and "eqfuse fused" in r.stdout
+    assert "OpenVINO: measured on the .onnx model" in r.stdout
+    r = _cli("bench", Path(__file__).resolve().parent.parent / "examples" / "mlp.g", "--dim", "B=4", "--repeat", "2", "--threads", "1",
+             "--peers", "numpy,openvino")
+    assert r.returncode == 0 and "OpenVINO: runs .onnx models only" in r.stdout, r.stdout + r.stderr
 
 
 # (GPT-2 through dynamo in the extended tier: the suite's time)

@@ -156,7 +156,8 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--peers", metavar="LIST", default="numpy,torch,torch.compile,onnxruntime",
                    help="comma-separated peers to measure besides eqfuse: numpy (op by op; always "
                         "measured, the ratios' baseline), torch (eager), torch.compile (inductor), "
-                        "onnxruntime (ORT_ENABLE_ALL, on .onnx models); each needs its package installed "
+                        "onnxruntime (ORT_ENABLE_ALL, on .onnx models), openvino (on .onnx models: two rows, f32 and its "
+                        "default precision, bf16 on a CPU with AVX512_BF16 or AMX); each needs its package installed "
                         "(default: numpy,torch,torch.compile,onnxruntime)")
     c.add_argument("--profile", action="store_true",
                    help="also print each fused kernel's time inside the graph's call, in microseconds per call "

@@ -96,11 +96,14 @@ def random_inputs(graph, dims: Mapping[str, int], seed: int = 0) -> list[np.ndar
     return out
 
 
-PEERS = ("numpy", "torch", "torch.compile", "onnxruntime")  # numpy op by op is always measured: the ratios' baseline
+# numpy op by op is always measured: the ratios' baseline. OpenVINO (on .onnx models, in f32 and in
+# its default precision) only when asked for: its first compile takes seconds
+DEFAULT_PEERS = ("numpy", "torch", "torch.compile", "onnxruntime")
+PEERS = DEFAULT_PEERS + ("openvino",)
 
 
 def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = None, repeat: int = 20,
-                threads: Sequence[int] = (1, 2), peers: Sequence[str] = PEERS, profile: bool = False, **opts) -> str:
+                threads: Sequence[int] = (1, 2), peers: Sequence[str] = DEFAULT_PEERS, profile: bool = False, **opts) -> str:
     """The table `eqfuse bench` prints; `opts` (cost=, rules=, disable=, check_rules=) go to the
     fused compile. `profile` adds each fused kernel's time at the first thread count
     (eqfuse.runtime.profile)."""
@@ -127,9 +130,10 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     f_fn(*runtime)
     u_fn(*runtime)
     nk_f = len([k for k in f_fn.last.kernels if k.kind != K.VIEW])
+    prec = f", {opts['precision']}" if opts.get("precision", "f32") != "f32" else ""  # (the unfused graph: f32)
     nk_u = len([k for k in u_fn.last.kernels if k.kind != K.VIEW])
     rows: list[tuple[str, list[tuple[float, float]]]] = [("numpy op by op", []), (f"eqfuse unfused ({nk_u} kernels)", []),
-                                          (f"eqfuse fused ({nk_f} kernels)", [])]
+                                          (f"eqfuse fused ({nk_f} kernels{prec})", [])]
     # eqfuse first, for every thread count, with numpy's BLAS threads parked (their spin-wait
     # would take a core); then numpy; torch last: once its OpenMP threads have run they keep
     # spinning between calls and halved eqfuse's 2-thread speed when measured after them.
@@ -148,7 +152,9 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
         blas_threads(t)
         rows[0][1].append(measured("numpy op by op", t, lambda: evaluate(g, arrays)))
     rt_names = [n for n, _ in g.params if n not in weights]
-    chosen, peers = peers, _peers(g, arrays, peers) + _ort_peer(src, dict(zip(rt_names, runtime)), peers, onnx_dims)
+    feeds = dict(zip(rt_names, runtime))
+    chosen, peers = peers, (_peers(g, arrays, peers) + _ort_peer(src, feeds, peers, onnx_dims)
+                            + _openvino_peers(src, feeds, peers, onnx_dims))
     for name, fn in peers:
         rows.append((name, [measured(name, t, lambda: fn(t)) if fn else (float("nan"), float("nan")) for t in threads]))
     blas_threads(max(threads))
@@ -163,10 +169,7 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
                  "(higher is faster), measured in this run")
     if noisy:
         lines.append(f"warning: spread over {NOISY_IQR}% (the machine was busy? more --repeat): " + "; ".join(noisy))
-    lines.append("peers: numpy only (--peers)" if not set(chosen) & {"torch", "torch.compile", "onnxruntime"} else
-                 peer_note() if not peers else
-                 "torch rows: the same graph op by op in torch (eager) and through torch.compile; onnxruntime: "
-                 + _ort_note(src, chosen))
+    lines.append(peer_note(src, chosen, peers))
     if profile:
         from eqfuse.runtime.profile import profile as kernel_times
         from eqfuse.runtime.profile import table
@@ -177,7 +180,7 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
     return "\n".join(lines)
 
 
-def _peers(g, arrays, chosen: Sequence[str] = PEERS) -> list[tuple[str, Callable | None]]:
+def _peers(g, arrays, chosen: Sequence[str] = DEFAULT_PEERS) -> list[tuple[str, Callable | None]]:
     """The chosen peer runtimes on the same graph and inputs (torch eager, torch.compile) when torch
     is installed; torch.compile compiles here, under a progress line."""
     if "torch" not in chosen and "torch.compile" not in chosen:
@@ -191,16 +194,54 @@ def _peers(g, arrays, chosen: Sequence[str] = PEERS) -> list[tuple[str, Callable
     return [p for p in peers if "torch" in chosen or p[0] != "torch eager"]
 
 
+def _feeds(src, runtime: dict[str, np.ndarray], dims) -> dict[str, np.ndarray]:
+    """The runtime inputs under the .onnx model's own input names."""
+    from eqfuse.frontend.load import input_aliases
+
+    aliases = input_aliases(src, dims)
+    return {aliases.get(n, n): a for n, a in runtime.items()}
+
+
+def _openvino_peers(src, runtime: dict[str, np.ndarray], chosen: Sequence[str], dims=None) -> list[tuple[str, Callable]]:
+    """OpenVINO on the .onnx model itself, in f32 (INFERENCE_PRECISION_HINT f32) and in its default
+    precision (bf16 on a CPU with AVX512_BF16 or AMX; the row's name says which), each compiled per
+    thread count (INFERENCE_NUM_THREADS, the LATENCY hint)."""
+    from eqfuse.frontend.load import is_onnx
+
+    if "openvino" not in chosen or not is_onnx(src) or not _has("openvino"):
+        return []
+    import openvino as ov
+
+    feeds = _feeds(src, runtime, dims)
+    core = ov.Core()
+
+    def compiled(t: int, hint: str | None):
+        cfg = {"INFERENCE_NUM_THREADS": t, "PERFORMANCE_HINT": "LATENCY", **({"INFERENCE_PRECISION_HINT": hint} if hint else {})}
+        return core.compile_model(str(src), "CPU", cfg)
+
+    default = str(compiled(1, None).get_property("INFERENCE_PRECISION_HINT")).lower()
+    rows = []
+    for name, hint in (("OpenVINO f32", "f32"), (f"OpenVINO default ({'bf16' if 'bf' in default else default})", None)):
+        requests: dict[int, Any] = {}
+
+        def run(t: int, hint=hint, requests=requests):
+            if t not in requests:
+                requests[t] = compiled(t, hint).create_infer_request()
+                requests[t].infer(feeds)
+            return requests[t].infer(feeds)
+        rows.append((name, run))
+    return rows
+
+
 def _ort_peer(src, runtime: dict[str, np.ndarray], chosen: Sequence[str], dims=None) -> list[tuple[str, Callable]]:
     """onnxruntime on the .onnx model itself (all graph optimizations, intra-op threads = the row's)."""
-    from eqfuse.frontend.load import input_aliases, is_onnx
+    from eqfuse.frontend.load import is_onnx
 
     if "onnxruntime" not in chosen or not is_onnx(src) or not _has("onnxruntime"):
         return []
     import onnxruntime as ort
 
-    aliases = input_aliases(src, dims)
-    feeds = {aliases.get(n, n): a for n, a in runtime.items()}
+    feeds = _feeds(src, runtime, dims)
     sessions: dict[int, Any] = {}
 
     def run(t: int):
@@ -214,12 +255,13 @@ def _ort_peer(src, runtime: dict[str, np.ndarray], chosen: Sequence[str], dims=N
     return [("onnxruntime (ORT_ENABLE_ALL)", run)]
 
 
-def _ort_note(src, chosen) -> str:
+def _ort_note(src, chosen, pkg: str = "onnxruntime") -> str:
+    """What the row of an ONNX runtime (onnxruntime, openvino) measures, or why there is none."""
     from eqfuse.frontend.load import is_onnx
 
-    if not _has("onnxruntime"):
+    if not _has(pkg):
         return "not installed"
-    if "onnxruntime" not in chosen:
+    if pkg not in chosen:
         return "not chosen (--peers)"
     return "measured on the .onnx model" if is_onnx(src) else "runs .onnx models only (this is a .g model)"
 
@@ -230,7 +272,16 @@ def _has(pkg: str) -> bool:
     return importlib.util.find_spec(pkg) is not None
 
 
-def peer_note() -> str:
-    """Why there are no peer rows."""
-    return ("torch eager / torch.compile: " + ("unavailable" if _has("torch") else "not installed")
-            + "; onnxruntime: " + ("installed, not measured" if _has("onnxruntime") else "not installed"))
+def peer_note(src, chosen: Sequence[str], rows: Sequence[tuple[str, Callable | None]]) -> str:
+    """The table's last line: what each chosen peer's rows measure, or why it has none."""
+    if not set(chosen) - {"numpy"}:
+        return "peers: numpy only (--peers)"
+    parts = []
+    if {"torch", "torch.compile"} & set(chosen):
+        parts.append("torch rows: the same graph op by op in torch (eager) and through torch.compile"
+                     if any(n.startswith("torch") for n, _ in rows) else
+                     "torch eager / torch.compile: " + ("unavailable" if _has("torch") else "not installed"))
+    for pkg, name in (("onnxruntime", "onnxruntime"), ("openvino", "OpenVINO")):
+        if pkg in chosen:
+            parts.append(f"{name}: " + _ort_note(src, chosen, pkg))
+    return "; ".join(parts)
