@@ -215,9 +215,14 @@ def _openvino_peers(src, runtime: dict[str, np.ndarray], chosen: Sequence[str], 
     feeds = _feeds(src, runtime, dims)
     core = ov.Core()
 
-    def compiled(t: int, hint: str | None):
-        cfg = {"INFERENCE_NUM_THREADS": t, "PERFORMANCE_HINT": "LATENCY", **({"INFERENCE_PRECISION_HINT": hint} if hint else {})}
-        return core.compile_model(str(src), "CPU", cfg)
+    models: dict[tuple[int, str | None], Any] = {}
+
+    def compiled(t: int, hint: str | None):  # (once per thread count and hint: the probe below is reused)
+        if (t, hint) not in models:
+            cfg = {"INFERENCE_NUM_THREADS": t, "PERFORMANCE_HINT": "LATENCY",
+                   **({"INFERENCE_PRECISION_HINT": hint} if hint else {})}
+            models[t, hint] = core.compile_model(str(src), "CPU", cfg)
+        return models[t, hint]
 
     default = str(compiled(1, None).get_property("INFERENCE_PRECISION_HINT")).lower()
     rows = []
@@ -255,7 +260,7 @@ def _ort_peer(src, runtime: dict[str, np.ndarray], chosen: Sequence[str], dims=N
     return [("onnxruntime (ORT_ENABLE_ALL)", run)]
 
 
-def _ort_note(src, chosen, pkg: str = "onnxruntime") -> str:
+def _runtime_note(src, chosen, pkg: str = "onnxruntime") -> str:
     """What the row of an ONNX runtime (onnxruntime, openvino) measures, or why there is none."""
     from eqfuse.frontend.load import is_onnx
 
@@ -283,5 +288,5 @@ def peer_note(src, chosen: Sequence[str], rows: Sequence[tuple[str, Callable | N
                      "torch eager / torch.compile: " + ("unavailable" if _has("torch") else "not installed"))
     for pkg, name in (("onnxruntime", "onnxruntime"), ("openvino", "OpenVINO")):
         if pkg in chosen:
-            parts.append(f"{name}: " + _ort_note(src, chosen, pkg))
+            parts.append(f"{name}: " + _runtime_note(src, chosen, pkg))
     return "; ".join(parts)
