@@ -1,11 +1,12 @@
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
 #define {{NAME}}_TILE {{TILE}} /* the plan's tile: elements per tile of the inner loop */
 /* {{NAME}}: pointwise kernel over {{SPACE}}.
- * Outer dims x tiles of the inner dim are spread over threads in contiguous runs of tiles,
- * schedule static for ordinary kernels (a thread keeps the same data, in its
- * caches, from call to call), guided for streaming ones (STREAM) (their data is in no cache; the
- * shrinking runs let one thread take over the work of another that the shared machine has
- * descheduled). The inner loops are SIMD loops.
+ * Outer dims x tiles of the inner dim are the items of one eqf_region loop (common_pool.h): as
+ * OpenMP's static split when every core is free (a thread keeps the same tiles, in its caches,
+ * from call to call), else on the claim-based pool, whose caller takes the ranges of a worker the
+ * shared machine has descheduled, and which stays awake between the pool's kernels of one call
+ * (a quantized model's integer GEMMs: no OpenMP team woken between them). The inner loops are
+ * SIMD loops.
  * STREAM ({{STREAM}}): the output is far larger than the caches, so it is written with
  * non-temporal stores (no read-for-ownership of the output, no eviction of the inputs). Tiles
  * start on the output's 64-byte lines; a row's partial first and last lines [j0, jh) and
@@ -19,17 +20,18 @@
  * Without it a run is the whole tile, computed once. */
 #define {{NAME}}_TWO_PASS {{TWO_PASS}}
 #define {{NAME}}_RUN {{RUN}} /* the plan's run: elements per run of the two passes */
-void {{NAME}}({{PARAMS}})
+typedef struct {
+    {{PARAM_FIELDS}}
+} {{NAME}}_job;
+
+/* tiles t0 .. t1 - 1 (t: outer row t / NTILES, tile t % NTILES of it) */
+static void {{NAME}}_tiles(void* ctx, long t0, long t1)
 {
+    const {{NAME}}_job* jb = ctx;
+    {{PARAM_UNPACK}}
     const long inner = {{INNER}}, tile = {{TILE}}, ntiles = {{NTILES}};
-    #pragma omp parallel if ({{PARALLEL}})
-    {
-#if {{NAME}}_STREAM
-    #pragma omp for schedule(guided) nowait
-#else
-    #pragma omp for schedule(static) nowait
-#endif
-    for (long t = 0; t < {{OUTER}} * ntiles; t++) {
+    (void)tile;
+    for (long t = t0; t < t1; t++) {
         const long o = t / ntiles;
         {{OTYPE}}* restrict dst = out + {{DST_BASE}};
 #if {{NAME}}_STREAM
@@ -104,7 +106,12 @@ void {{NAME}}({{PARAMS}})
 #endif
     }
 #if {{NAME}}_STREAM
-    eqf_sfence(); /* each thread orders its own streaming stores before the closing barrier */
+    eqf_sfence(); /* each thread orders its own streaming stores before the loop's end */
 #endif
-    }
+}
+
+void {{NAME}}({{PARAMS}})
+{
+    {{NAME}}_job job = { {{PARAM_INIT}} };
+    eqf_region({{OUTER}} * {{NTILES}}, {{NAME}}_tiles, &job, {{PARALLEL}});
 }

@@ -17,6 +17,7 @@ from eqfuse.backend.cexpr import (
     ctypes_of,
     has_fast_form,
     kernel_params,
+    param_job,
     render,
 )
 from eqfuse.backend.indexing import (
@@ -48,9 +49,12 @@ STREAM_MIN_INNER = 64  # streaming needs whole output lines: inner loops shorter
 class PointwiseDetail:
     inner: int  # elements of the inner loop (the innermost dims every operand walks with one stride)
     stream_bytes: int  # outputs of at least this many bytes are streamed (non-temporal stores)
-    parallel: bool  # the `if` of the parallel region
+    parallel: bool  # the tiles are shared by the threads (eqf_region's `parallel`)
     two_pass: bool  # an op has a fast form (sin, cos): each run computed with it, again exactly if a guard failed
     run: int  # elements per run of the two passes (4 vectors: a run that fails costs little); the tile without
+    # the tiles are eqf_region ranges: OpenMP's static split when every core is free, else the
+    # claim-based pool, held by the run function over the kernel (eqfuse.runtime.program.hold_pool)
+    regions = True
 
 
 def inner_groups(plan: KernelPlan) -> list[list[int]]:
@@ -159,7 +163,7 @@ class Pointwise(Kind):
             inner = f"(live + {plan.live.new})"
         return render("pointwise.c", NAME=plan.name, SPACE=list(shape), PARAMS=params, INNER=inner, TILE=tile,
                       OTYPE=ctypes_of(plan)[1], DST_BASE=dst_base, DST_J=dst_j,
-                      STREAM=stream, NTILES=ntiles, OUTER=outer,
+                      STREAM=stream, NTILES=ntiles, OUTER=outer, **param_job(params),
                       PARALLEL=int(plan.detail.parallel), TWO_PASS=int(plan.detail.two_pass), RUN=plan.detail.run,
                       OFFSETS="\n".join(space.decls), BODY=ex.text(), RESULT=res,
                       LINE_BODY="\n".join("    " + ln for ln in ex.text().splitlines()),

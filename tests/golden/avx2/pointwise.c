@@ -1,11 +1,12 @@
 #define eqf_kinds_k0_pointwise_PARALLEL 0 /* the plan's parallel: the `if` of the parallel region */
 #define eqf_kinds_k0_pointwise_TILE 53 /* the plan's tile: elements per tile of the inner loop */
 /* eqf_kinds_k0_pointwise: pointwise kernel over [7, 53].
- * Outer dims x tiles of the inner dim are spread over threads in contiguous runs of tiles,
- * schedule static for ordinary kernels (a thread keeps the same data, in its
- * caches, from call to call), guided for streaming ones (STREAM) (their data is in no cache; the
- * shrinking runs let one thread take over the work of another that the shared machine has
- * descheduled). The inner loops are SIMD loops.
+ * Outer dims x tiles of the inner dim are the items of one eqf_region loop (common_pool.h): as
+ * OpenMP's static split when every core is free (a thread keeps the same tiles, in its caches,
+ * from call to call), else on the claim-based pool, whose caller takes the ranges of a worker the
+ * shared machine has descheduled, and which stays awake between the pool's kernels of one call
+ * (a quantized model's integer GEMMs: no OpenMP team woken between them). The inner loops are
+ * SIMD loops.
  * STREAM (0): the output is far larger than the caches, so it is written with
  * non-temporal stores (no read-for-ownership of the output, no eviction of the inputs). Tiles
  * start on the output's 64-byte lines; a row's partial first and last lines [j0, jh) and
@@ -19,17 +20,18 @@
  * Without it a run is the whole tile, computed once. */
 #define eqf_kinds_k0_pointwise_TWO_PASS 0
 #define eqf_kinds_k0_pointwise_RUN 53 /* the plan's run: elements per run of the two passes */
-void eqf_kinds_k0_pointwise(const float* restrict in0, const float* restrict in1, float* restrict out)
+typedef struct {
+    const float* restrict in0; const float* restrict in1; float* restrict out;
+} eqf_kinds_k0_pointwise_job;
+
+/* tiles t0 .. t1 - 1 (t: outer row t / NTILES, tile t % NTILES of it) */
+static void eqf_kinds_k0_pointwise_tiles(void* ctx, long t0, long t1)
 {
+    const eqf_kinds_k0_pointwise_job* jb = ctx;
+    const float* restrict in0 = jb->in0; (void)in0; const float* restrict in1 = jb->in1; (void)in1; float* restrict out = jb->out; (void)out;
     const long inner = 53, tile = 53, ntiles = 1;
-    #pragma omp parallel if (0)
-    {
-#if eqf_kinds_k0_pointwise_STREAM
-    #pragma omp for schedule(guided) nowait
-#else
-    #pragma omp for schedule(static) nowait
-#endif
-    for (long t = 0; t < 7 * ntiles; t++) {
+    (void)tile;
+    for (long t = t0; t < t1; t++) {
         const long o = t / ntiles;
         float* restrict dst = out + o * inner;
 #if eqf_kinds_k0_pointwise_STREAM
@@ -116,7 +118,12 @@ void eqf_kinds_k0_pointwise(const float* restrict in0, const float* restrict in1
 #endif
     }
 #if eqf_kinds_k0_pointwise_STREAM
-    eqf_sfence(); /* each thread orders its own streaming stores before the closing barrier */
+    eqf_sfence(); /* each thread orders its own streaming stores before the loop's end */
 #endif
-    }
+}
+
+void eqf_kinds_k0_pointwise(const float* restrict in0, const float* restrict in1, float* restrict out)
+{
+    eqf_kinds_k0_pointwise_job job = { in0, in1, out };
+    eqf_region(7 * 1, eqf_kinds_k0_pointwise_tiles, &job, 0);
 }
