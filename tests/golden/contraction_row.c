@@ -16,12 +16,23 @@
 EQF_WIDE_BEGIN
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-variable"  /* (the offsets the row-by-row quantize does not use) */
+#if eqf_kinds_k2_contraction_row_rowop_PARALLEL >= 0
+/* blocks of rows are the items of one eqf_region loop (common_pool.h): OpenMP's static split when
+ * every core is free, else the claim-based pool (held over the kernel by the run function) */
+typedef struct {
+    long b; long r0; long r1; float* restrict out; const float* restrict eqf_e2; const float* restrict eqf_e3; const float* restrict eqf_e4;
+} eqf_kinds_k2_contraction_row_rowop_job;
+static eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop_blocks(void* eqf_ctx, long eqf_lo, long eqf_hi)
+{
+    const eqf_kinds_k2_contraction_row_rowop_job* jb = eqf_ctx;
+    long b = jb->b; (void)b; long r0 = jb->r0; (void)r0; long r1 = jb->r1; (void)r1; float* restrict out = jb->out; (void)out; const float* restrict eqf_e2 = jb->eqf_e2; (void)eqf_e2; const float* restrict eqf_e3 = jb->eqf_e3; (void)eqf_e3; const float* restrict eqf_e4 = jb->eqf_e4; (void)eqf_e4;
+    const long eqf_first = r0 + eqf_lo * eqf_kinds_k2_contraction_row_rowop_RB, eqf_end = eqf_minl(r0 + eqf_hi * eqf_kinds_k2_contraction_row_rowop_RB, r1);
+#else
 eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restrict out, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
-#if eqf_kinds_k2_contraction_row_rowop_PARALLEL >= 0
-    #pragma omp parallel for schedule(static) if (-1)
+    const long eqf_first = r0, eqf_end = r1;
 #endif
-    for (long rb = r0; rb < r1; rb += eqf_kinds_k2_contraction_row_rowop_RB) {
+    for (long rb = eqf_first; rb < eqf_end; rb += eqf_kinds_k2_contraction_row_rowop_RB) {
 #if eqf_kinds_k2_contraction_row_rowop_QUANTIZE_OUT
     const long re = eqf_minl(rb + eqf_kinds_k2_contraction_row_rowop_RB, r1);
     float ybuf[eqf_kinds_k2_contraction_row_rowop_RB * 53L];
@@ -78,6 +89,13 @@ eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop
 
     }
 }
+#if eqf_kinds_k2_contraction_row_rowop_PARALLEL >= 0
+void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restrict out, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
+{
+    eqf_kinds_k2_contraction_row_rowop_job job = { b, r0, r1, out, eqf_e2, eqf_e3, eqf_e4 };
+    eqf_region((r1 - r0 + eqf_kinds_k2_contraction_row_rowop_RB - 1) / eqf_kinds_k2_contraction_row_rowop_RB, eqf_kinds_k2_contraction_row_rowop_blocks, &job, -1);
+}
+#endif
 #pragma GCC diagnostic pop
 #undef eqf_kinds_k2_contraction_row_rowop_QATTR
 #undef eqf_kinds_k2_contraction_row_rowop_RB

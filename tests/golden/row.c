@@ -24,12 +24,23 @@
 EQF_WIDE_BEGIN
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-variable"
+#if eqf_kinds_k3_row_PARALLEL >= 0
+/* blocks of rows are the items of one eqf_region loop (common_pool.h): OpenMP's static split when
+ * every core is free, else the claim-based pool (held over the kernel by the run function) */
+typedef struct {
+    const float* restrict in0; const float* restrict in1; float* restrict out;
+} eqf_kinds_k3_row_job;
+static eqf_kinds_k3_row_QATTR void eqf_kinds_k3_row_blocks(void* eqf_ctx, long eqf_lo, long eqf_hi)
+{
+    const eqf_kinds_k3_row_job* jb = eqf_ctx;
+    const float* restrict in0 = jb->in0; (void)in0; const float* restrict in1 = jb->in1; (void)in1; float* restrict out = jb->out; (void)out;
+    const long eqf_first = 0 + eqf_lo * EQF_ROW_BLOCK(53), eqf_end = eqf_minl(0 + eqf_hi * EQF_ROW_BLOCK(53), 7);
+#else
 eqf_kinds_k3_row_QATTR void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, float* restrict out)
 {
-#if eqf_kinds_k3_row_PARALLEL >= 0
-    #pragma omp parallel for schedule(static) if (0)
+    const long eqf_first = 0, eqf_end = 7;
 #endif
-    for (long rb = 0; rb < 7; rb += EQF_ROW_BLOCK(53)) {
+    for (long rb = eqf_first; rb < eqf_end; rb += EQF_ROW_BLOCK(53)) {
         const long re = eqf_minl(rb + EQF_ROW_BLOCK(53), 7);
         float mx[EQF_ROW_BLOCK(53)], sum[EQF_ROW_BLOCK(53)];
 #if eqf_kinds_k3_row_QUANTIZE_OUT
@@ -83,6 +94,13 @@ eqf_kinds_k3_row_QATTR void eqf_kinds_k3_row(const float* restrict in0, const fl
 
     }
 }
+#if eqf_kinds_k3_row_PARALLEL >= 0
+void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, float* restrict out)
+{
+    eqf_kinds_k3_row_job job = { in0, in1, out };
+    eqf_region((7 - 0 + EQF_ROW_BLOCK(53) - 1) / EQF_ROW_BLOCK(53), eqf_kinds_k3_row_blocks, &job, 0);
+}
+#endif
 #pragma GCC diagnostic pop
 #undef eqf_kinds_k3_row_Y
 #undef eqf_kinds_k3_row_YSTEP

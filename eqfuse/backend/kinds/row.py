@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, replace
 from itertools import count
 
-from eqfuse.backend.cexpr import I1, I2, Exprs, Space, kernel_params, render
+from eqfuse.backend.cexpr import I1, I2, Exprs, Space, kernel_params, param_job, render
 from eqfuse.backend.indexing import contiguous, offset
 from eqfuse.backend.kinds.base import (
     PARALLEL_MIN,
@@ -30,6 +30,7 @@ from eqfuse.backend.plan import (
 from eqfuse.ir.kernels import F32, ROW_OPS, K, computed_ancestors, quantized_row
 from eqfuse.ir.ops import OPS, flit, reduce_axes
 
+REGION_OPS = ("layernorm", "rmsnorm", "softmax")  # the templates whose loop over rows is eqf_region's (RowDetail.regions)
 ALONG_AXIS = ("softmax", "softmax_grad")  # rows along one axis (strided when not the last), not trailing axes
 
 
@@ -45,6 +46,15 @@ class RowDetail:
     quantize_out: bool = False  # the result is quantized (u8 / i8): the rows are computed in scratch rows (QUANTIZE_OUT)
     quantize_flat: bool = False  # a block's quantized rows are one loop over the block (QUANTIZE_FLAT, quantize_flat())
     sum_apart: bool = False  # a norm's first pass only stores the row, eqf_row_sum sums it (SUM_APART, sum_apart())
+
+    @property
+    def regions(self) -> bool:
+        """Whether the loop over rows is eqf_region ranges (common_pool.h; row_layernorm.c,
+        row_rmsnorm.c, row_softmax.c): OpenMP's static split when every core is free, else the
+        claim-based pool, which the run function holds over the kernel (eqfuse.runtime.program.
+        hold_pool), so that a call whose GEMMs run on the pool (a decode step's, a quantized
+        model's) wakes no OpenMP team between them. The other row templates open OpenMP regions."""
+        return self.op in REGION_OPS and not self.lanes
 
 
 # A layernorm reads its rows across the lanes (row_layernorm_lanes.c: a block of rows at a time, the
@@ -235,6 +245,7 @@ class Row(Kind):
             common["QUANTIZE_BLOCK"] = quantize_block(common, ybase, cs[axis0] if an.op == "softmax" else 1) \
                 if d.quantize_out else ""
             common["NEXT"] = next_row(space.decls, common["PRO_BODY"], params, rows, ahead)
+            common.update(param_job(params))
             if an.op == "softmax":
                 return render("row_softmax.c",
                               YBASE=offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims]),
