@@ -46,7 +46,8 @@ def test_plans_carry_kinds_and_the_rule_the_c_applies():
         assert isinstance(p.kind, K) and k.name.endswith(p.kind.value)
         kinds.add(p.kind)
         assert p.threads, k.name
-        ifs = set(re.findall(r"\bif \((\d)\)", k.c_source))
+        # (the `if` of an OpenMP region, or the `parallel` argument of an eqf_region loop)
+        ifs = set(re.findall(r"\bif \((\d)\)", k.c_source)) | set(re.findall(r"\beqf_region\([^;]*, (\d)\);", k.c_source))
         if p.kind in (K.POINTWISE, K.REDUCE, K.ROW, K.ATTENTION):
             assert ifs == {str(int(p.detail.parallel))}, k.name
             assert p.threads.startswith("one thread") == (not p.detail.parallel), k.name

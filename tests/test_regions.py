@@ -1,5 +1,6 @@
 """The parallel loops written once as eqf_region ranges (csrc_templates/common_pool.h: the direct
-convs with channels and pixels in the lanes, Winograd, pooling in both layouts) run in the mode
+convs with channels and pixels in the lanes, Winograd, pooling in both layouts, pointwise
+kernels, layernorm, rmsnorm and softmax rows) run in the mode
 each call picks (eqfuse.runtime.load.call_threads): OpenMP's static split when every core is
 free, the claim-based pool when another runtime's threads run in the process, the calling thread
 alone when other processes hold the cores. The mode, and which thread ran a range, change no bit
@@ -7,7 +8,8 @@ of a result; each result is numpy's within the documented bound.
 
 One f32 module holds a few-rows GEMM (the pool's panels), a reduction of rows (OpenMP), direct
 convs (channels and pixels in the lanes), a max pool between convs (blocked), an average pool
-(NCHW) and a Winograd conv; one bf16 module a direct conv and a Winograd conv (their bf16
+(NCHW), a Winograd conv, a pointwise kernel (with sin's two passes) and layernorm and softmax
+rows; one bf16 module a direct conv and a Winograd conv (their bf16
 templates; under -m extended). Each is compiled once, at 2 threads, and called in every mode.
 A third module has only eqf_region kernels (grouped convs with channels in the lanes, depthwise
 and groups of a masked vector, and with pixels in the lanes; a small max pool on one thread): with no OpenMP kernel its call runs the loops on the
@@ -26,11 +28,13 @@ from eqfuse.runtime import load
 
 SRC = """
 graph g(a: f32[8, 512], w: f32[512, 1024], q: f32[64, 4096], x: f32[1, 8, 128, 128], k0: f32[32, 8, 3, 3],
-        k1: f32[32, 32, 3, 3], k2: f32[4, 8, 3, 3]) -> (f32[8, 1024], f32[64], f32[1, 32, 32, 32],
-                                                    f32[1, 4, 128, 128], f32[1, 8, 127, 127]) {
+        k1: f32[32, 32, 3, 3], k2: f32[4, 8, 3, 3], gm: f32[4096], bt: f32[4096]) -> (
+    f32[8, 1024], f32[64], f32[1, 32, 32, 32], f32[1, 4, 128, 128], f32[1, 8, 127, 127], f32[64, 4096],
+    f32[64, 4096], f32[64, 4096]) {
   p = max_pool2d(relu(conv2d(x, k0, stride=2, padding=1)), kernel_size=3, stride=2, padding=1)
   c = relu(conv2d(p, k1, padding=1))
-  return relu(a @ w), sum(q * q, axis=[1]), c, conv2d(x, k2, padding=1), avg_pool2d(x, kernel_size=2, stride=1)
+  return relu(a @ w), sum(q * q, axis=[1]), c, conv2d(x, k2, padding=1), avg_pool2d(x, kernel_size=2, stride=1),
+    sin(q) * 2.0 + 1.0, layernorm(q, gm, bt), softmax(q * 0.5)
 }
 """
 
@@ -68,7 +72,7 @@ def _inputs(shapes: dict, seed: int) -> dict:
 @pytest.fixture(scope="module")
 def f32():
     xs = _inputs({"a": (8, 512), "w": (512, 1024), "q": (64, 4096), "x": (1, 8, 128, 128), "k0": (32, 8, 3, 3),
-                  "k1": (32, 32, 3, 3), "k2": (4, 8, 3, 3)}, 0)
+                  "k1": (32, 32, 3, 3), "k2": (4, 8, 3, 3), "gm": (4096,), "bt": (4096,)}, 0)
     w = {"w": xs.pop("w") / 23}  # bound: the few-rows GEMM's prepacked path
     return eqfuse.compile(SRC, params=w, threads=2), xs, w
 
@@ -110,7 +114,7 @@ def _region_kinds(mod, xs) -> tuple[set, set]:
 def test_the_kernels_under_test_are_eqf_region_loops(f32):
     seen, blocked = _region_kinds(*f32[:2])
     assert {("f32", "channels"), ("f32", "pixels"), ("f32", "winograd"), ("f32", "max_pool2d"),
-            ("f32", "avg_pool2d")} <= seen, seen
+            ("f32", "avg_pool2d"), ("f32", "PointwiseDetail"), ("f32", "layernorm"), ("f32", "softmax")} <= seen, seen
     assert "max_pool2d" in blocked, blocked  # the pooling between convs, in blocks of channels
 
 

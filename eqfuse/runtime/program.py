@@ -285,7 +285,8 @@ def hold_pool(p: KernelPlan) -> bool | str | None:
     eqf_pool_hold) when it calls this kernel: True for a skinny GEMM or another kernel whose
     detail says its parallel work runs on the pool (`pool`: the integer GEMM); HOLD_REGIONS,
     held when the call runs the eqf_region loops on the pool with more than one thread, for a
-    kernel whose loops are those (`regions`: the direct and Winograd convs, pooling, dynamic_range; released when
+    kernel whose loops are those (`regions`: the direct and Winograd convs, pooling, dynamic_range,
+    pointwise kernels, the layernorm, rmsnorm and softmax rows; released when
     they run as OpenMP's split, whose threads want the cores, or all on the caller, where a
     spinning worker would only take a core from others);
     False for a kernel that may open an OpenMP region (its thread would find the pool's worker
