@@ -32,8 +32,9 @@
  * kernel row (c, u) is KWG = ceil(KW / 4) K-groups of four taps (the taps past KW get weight 0),
  * so K in the panels is KP = C/G x KH x KWG x 4; K-group (c, u, t) of pixel (oh, ow) starts at
  * byte (c HP + oh SH + u) WP + ow SW + 4 t of the buffer: one address per K-group, plus r SW for
- * row r of a tile when the tile's pixels are in one output row. DIRECT_X 2: they are (OW is a
- * multiple of MR). DIRECT_X 1 (stride 1): the rows are virtual pixels q = oh WP + ow, ow < WP, at
+ * row r of a tile when the tile's pixels are in one output row. DIRECT_X 2: they are (each output
+ * row OWV ({{OWV}}) pixels, OW rounded up to a multiple of MR; the OWV - OW past its end computed
+ * and not stored). DIRECT_X 1 (stride 1): the rows are virtual pixels q = oh WP + ow, ow < WP, at
  * byte q + the K-group's offset, so that a tile may cross output rows; the M = (OH - 1) WP + OW
  * virtual pixels include the WP - OW past each output row's end, computed and not stored. The
  * row sums (when some b_zp is not zero) count only the real taps, as the column sums do.
@@ -107,6 +108,7 @@
 #define {{NAME}}_DH {{DH}}L
 #define {{NAME}}_DW {{DW}}L
 #define {{NAME}}_OW {{OW}}L
+#define {{NAME}}_OWV {{OWV}}L /* DIRECT_X 2: virtual pixels per output row (OW rounded up to whole tiles; 0 otherwise) */
 #define {{NAME}}_KCG (({{NAME}}_KC + 3) / 4) /* K-groups per block */
 #define {{NAME}}_HP ({{NAME}}_H + 2 * {{NAME}}_PH) /* DIRECT_X's padded planes */
 #define {{NAME}}_WP ({{NAME}}_W + 2 * {{NAME}}_PW)
@@ -125,8 +127,9 @@
  * padding), so that every group of four is one aligned-stride load with no partial last group */
 #define {{NAME}}_LDA ({{NAME}}_IM2COL ? {{NAME}}_KGP * 4 : {{NAME}}_K)
 /* the A buffer's bytes: the im2col, or the padded copy and the bytes the last virtual pixels'
- * fourth taps read past it */
-#define {{NAME}}_ABYTES ({{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_HP * {{NAME}}_WP + 64L : {{NAME}}_M * {{NAME}}_LDA)
+ * fourth taps read past it (and DIRECT_X 2's last OWV - OW, VPAST more) */
+#define {{NAME}}_VPAST ({{NAME}}_DIRECT_X == 2 ? ({{NAME}}_OWV - {{NAME}}_OW) * {{NAME}}_SW * {{NAME}}_PXB : 0L)
+#define {{NAME}}_ABYTES ({{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_HP * {{NAME}}_WP + 64L + {{NAME}}_VPAST : {{NAME}}_M * {{NAME}}_LDA)
 /* a conv whose x it quantizes: the image's group of channels in bytes, after the A buffer */
 #define {{NAME}}_XBYTES ({{NAME}}_QUANT_A && {{NAME}}_IM2COL ? {{NAME}}_CI / {{NAME}}_G * {{NAME}}_H * {{NAME}}_W : 0L)
 /* the A buffer (and quantized x) of each image (BY_IMAGE: one per image, 64-byte aligned) */
@@ -553,9 +556,11 @@ static void {{NAME}}_im2col(void* ctx, long ch)
  * DIRECT_X 1) */
 static inline long {{NAME}}_xofs(long q)
 {
-    if ({{NAME}}_DIRECT_X == 1)
-        return q * {{NAME}}_PXB;
-    return (q / {{NAME}}_OW * {{NAME}}_SH * {{NAME}}_WP + q % {{NAME}}_OW * {{NAME}}_SW) * {{NAME}}_PXB;
+#if {{NAME}}_DIRECT_X == 1
+    return q * {{NAME}}_PXB;
+#else
+    return (q / {{NAME}}_OWV * {{NAME}}_SH * {{NAME}}_WP + q % {{NAME}}_OWV * {{NAME}}_SW) * {{NAME}}_PXB;
+#endif
 }
 
 /* where row i0 of A starts: the pixel's first byte in DIRECT_X's padded planes, or i0 LDA */
@@ -699,6 +704,10 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
             if (q % {{NAME}}_WP >= {{NAME}}_OW)
                 continue;
             const long i = q / {{NAME}}_WP * {{NAME}}_OW + q % {{NAME}}_WP;
+#elif {{NAME}}_DIRECT_X == 2 && {{NAME}}_OWV != {{NAME}}_OW /* (virtual pixel q: column q % OWV of output row q / OWV) */
+            if (q % {{NAME}}_OWV >= {{NAME}}_OW)
+                continue;
+            const long i = q / {{NAME}}_OWV * {{NAME}}_OW + q % {{NAME}}_OWV;
 #else
             const long i = q;
 #endif

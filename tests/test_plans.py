@@ -116,7 +116,7 @@ CHOICES: dict[str, dict[str, str]] = {
                       "PARALLEL": "parallel", "RUNS": "runs", "BF16": "precision_path", "A_TRANSPOSED": "a_transposed"},
     "gemm_u8s8.c": {"MR": "mr", "NR": "nr", "KC": "kc", "MB": "mb", "PATH": "precision_path", "A_S8": "a_s8", "B_U8": "b_u8",
                     "BZP_PER_COL": "bzp_per_col", "PREPACKED_B": "prepacked_b", "PARALLEL": "parallel",
-                    "QUANT_A": "quantize_a", "IM2COL": "im2col", "IM2COL_ROWS": "im2col_rows", "DIRECT_X": "direct_x", "CH4": "ch4",
+                    "QUANT_A": "quantize_a", "IM2COL": "im2col", "IM2COL_ROWS": "im2col_rows", "DIRECT_X": "direct_x", "OWV": "owv", "CH4": "ch4",
                     "BY_IMAGE": "by_image", "NCORR": "corrections",
                     "B_TRANSPOSED": "b_transposed"},
     "index.c": {"PARALLEL": "parallel", "IN_BLOCKED": "in_blocked", "OUT_BLOCKED": "out_blocked", "VL": "vl",

@@ -1337,7 +1337,8 @@ def _check_direct_x(seven: bool = False, mr8: bool = False):
     one group packed once and so on the avx2_maddubs path, the first output channel's at 64 and x's
     first image at 255. `mr8`: the tile of N <= 8 has 8 rows (AVX-VNNI's; 6 on the AVX2 paths, 16 on
     AVX512_VNNI), and which output rows are whole tiles (direct_x 2) moves: OW 8, 16 and 32 are,
-    12 is not, and a stride-2 conv of OW 6 takes the im2col."""
+    12 is not, and a stride-2 conv of OW 6 takes the im2col, unless it is one tile of 6 rows or a
+    row of virtual pixels (its OW rounded up to whole tiles) wastes at most DIRECT_X_WASTE."""
     rng = np.random.default_rng(12)
     i8 = lambda *s: rng.integers(-64, 65, s).astype(np.int8) if seven else rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
     x = {"x": rng.integers(0, 256, (2, 5, 9, 12)).astype(np.uint8), "w": i8(7, 5, 3, 3), "w4": i8(6, 5, 2, 4),
@@ -1352,11 +1353,19 @@ def _check_direct_x(seven: bool = False, mr8: bool = False):
         x["x"][0], x["z"][0] = 255, 255
     mod = eqfuse.compile(DIRECT_X_G, fuse="manual", params={k: x[k] for k in weights})
     convs = [k for k in mod.kernels if k.kind == "contraction"]
-    assert sorted(k.decisions["direct_x"] for k in convs) == ([0, 1, 1, 1, 1, 2, 2, 2] if mr8 else [0, 1, 1, 1, 1, 1, 2, 2])
+    # (the tile's rows: 16 on AVX512_VNNI, 8 on AVX-VNNI, 6 on the AVX2 paths: with 6, the 7 x 7's OW of 16 is
+    # 18 virtual pixels, a ninth of them not stored, and the stride-2 conv's OW of 6 one tile)
+    mr = convs[0].tiles["mr"]
+    assert mr == (8 if mr8 else mr)
+    assert sorted(k.decisions["direct_x"] for k in convs) == {16: [0, 1, 1, 1, 1, 1, 2, 2], 8: [0, 1, 1, 1, 1, 2, 2, 2],
+                                                              6: [1, 1, 1, 1, 1, 2, 2, 2]}[mr]
+    assert [k.decisions["owv"] for k in convs if k.decisions["direct_x"] == 2] and all(
+        k.decisions["owv"] % mr == 0 for k in convs if k.decisions["direct_x"] == 2)
     paths = [mod.report["precision"][k.name]["path"] for k in convs]
     if seven:  # (wg's two groups are not packed once: the fallback)
         assert paths == ["avx2_maddubs" if k.decisions["prepacked_b"] else "fallback" for k in convs] and paths.count("fallback") == 1
-    assert sum(k.decisions["quantize_a"] for k in convs) == 1 and uops_text(DIRECT_X_G).count("padded with its zero point") == 7
+    assert sum(k.decisions["quantize_a"] for k in convs) == 1
+    assert uops_text(DIRECT_X_G).count("padded with its zero point") == sum(k.decisions["direct_x"] > 0 for k in convs)
     conv, quantize = OPS["conv_integer"].numpy, OPS["quantize_linear"].numpy
     geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
     qx = quantize([x["xf"], x["qs"], x["xz"]], {})
@@ -1367,6 +1376,42 @@ def _check_direct_x(seven: bool = False, mr8: bool = False):
             conv([x["z"], x["w7"], x["xz"], x["wz7"]], geo(stride=2, padding=3)), conv([x["z"], x["w3"], x["xz"], x["wz0"]], geo(padding=1))]
     for g, w in zip(mod(**{k: v for k, v in x.items() if k not in weights}), want):
         assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w)
+
+
+# Strided and 1 x 1 integer convs read in place by output row when their rows are not whole tiles
+# (DIRECT_X 2 with OWV > OW: OW 15 rounded up to the tile's rows, 16 or 18, the pixels past each
+# row's end computed and not stored): a 3 x 3 of stride 2 with channels in fours and w's zero
+# points per output channel (the virtual pixels' row sums), one of 6 channels (kernel rows padded
+# to four taps), and a 1 x 1 of stride 2 (a K-group four channels of its one tap)
+VIRTUAL_ROWS_G = """
+graph vr(x: u8[2, 8, 29, 30], y: u8[1, 6, 29, 30], w: i8[20, 8, 3, 3], w6: i8[12, 6, 3, 3], w1: i8[24, 8, 1, 1],
+         xz: u8, wz: i8[20], wz0: i8) {
+    return conv_integer(x, w, xz, wz, stride=2, padding=1), conv_integer(y, w6, xz, wz0, stride=2, padding=1),
+           conv_integer(x, w1, xz, wz0, stride=2)
+}
+"""
+
+
+@pytest.mark.heavy
+def test_strided_and_1x1_integer_convs_read_in_place_on_rows_of_virtual_pixels(int8_path):
+    rng = np.random.default_rng(15)
+    i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
+    x = {"x": rng.integers(0, 256, (2, 8, 29, 30)).astype(np.uint8), "y": rng.integers(0, 256, (1, 6, 29, 30)).astype(np.uint8),
+         "w": i8(20, 8, 3, 3), "w6": i8(12, 6, 3, 3), "w1": i8(24, 8, 1, 1), "xz": np.asarray(201, np.uint8), "wz": i8(20),
+         "wz0": np.asarray(0, np.int8)}
+    mod = eqfuse.compile(VIRTUAL_ROWS_G, fuse="manual")
+    convs = [k for k in mod.kernels if k.kind == "contraction"]
+    assert [k.decisions["direct_x"] for k in convs] == [2, 2, 2]
+    assert [k.decisions["ch4"] for k in convs] == [1, 0, 1]
+    assert all(k.decisions["owv"] > 15 and k.decisions["owv"] % k.tiles["mr"] == 0 for k in convs)
+    conv = OPS["conv_integer"].numpy
+    geo = lambda **a: {"stride": 2, "padding": 1, "dilation": 1, "group": 1, **a}  # noqa: E731
+    want = [conv([x["x"], x["w"], x["xz"], x["wz"]], geo()), conv([x["y"], x["w6"], x["xz"], x["wz0"]], geo()),
+            conv([x["x"], x["w1"], x["xz"], x["wz0"]], geo(padding=0))]
+    for threads in (1, 2):
+        mod.default.threads = threads
+        for g, w in zip(mod(**x), want):
+            assert g.dtype == np.int32 and g.shape == w.shape and np.array_equal(g, w), threads
 
 
 @pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)

@@ -24,6 +24,7 @@
 EQF_WIDE_BEGIN
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-variable"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  /* (mx and sum: gcc 12 does not see that the loops over r in [rb, re) that read them follow one that wrote them, once the rows are a range of eqf_region) */
 #if eqf_kinds_k3_row_PARALLEL >= 0
 /* blocks of rows are the items of one eqf_region loop (common_pool.h): OpenMP's static split when
  * every core is free, else the claim-based pool (held over the kernel by the run function) */

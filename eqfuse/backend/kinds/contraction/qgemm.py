@@ -192,6 +192,8 @@ class QGemmDetail:
     # row, 1 virtual pixels (M counts them), 0 an im2col; mo the output's pixels per image
     direct_x: int = 0
     mo: int = 0
+    # DIRECT_X 2's virtual pixels per output row: OW rounded up to whole MR-row tiles (direct_x())
+    owv: int = 0
     # DIRECT_X's K-groups: four channels of one tap (the padded copy holds the channels in fours,
     # interleaved: channels_in_fours()), else four taps of one kernel row, padded with weight 0
     ch4: bool = False
@@ -246,20 +248,32 @@ def channels_in_fours(channels: int) -> bool:
     return channels % 4 == 0
 
 
-def direct_x(geo: ConvGeometry, mr: int) -> int:
-    """Whether a conv reads A in place from a padded copy of x, without an im2col (the template's
-    DIRECT_X), and how its rows are pixels: 2, by output row, when OW is a multiple of the tile's
-    MR rows (any stride); 1, as virtual pixels (stride 1, output rows of at least DIRECT_X_MIN_OW
-    pixels: the WP - OW past each row's end are computed too); 0, with an im2col. No dilation, and
-    kernel rows of 3, 4, 7 or 8 taps: whole K-groups of four, a row of 3 or 7 padded with taps of
-    weight 0 (a third and a seventh more multiplies). The im2col was half the time of the
-    quantized ResNet-18's 3 x 3 convs and its 7 x 7 stem (`benchmarks/bench_models.py --quantized
-    static --model resnet18`, its kernels' profile: benchmarks/RESULTS.md)."""
-    if geo.dilation != (1, 1) or geo.KW not in (3, 4, 7, 8):
-        return 0
+def direct_x(geo: ConvGeometry, mr: int, ch4: bool) -> tuple[int, int]:
+    """(DIRECT_X, OWV): whether a conv reads A in place from a padded copy of x, without an im2col
+    (the template's DIRECT_X), and how its rows are pixels:
+    - 2, by output row, each row OWV virtual pixels, OW rounded up to a whole number of the tile's
+      MR rows (OWV = OW when OW is a multiple of MR; the OWV - OW past a row's end are computed and
+      not stored, their taps read from the next row or the buffer's slack), when no more than
+      DIRECT_X_WASTE of a row's pixels are virtual;
+    - 1, as virtual pixels q = oh WP + ow (stride 1, output rows of at least DIRECT_X_MIN_OW
+      pixels: the WP - OW past each row's end are computed too), when OW is no multiple of MR;
+    - 0, with an im2col.
+    No dilation, and K-groups of four channels of a tap (`ch4`: any kernel), or kernel rows of 3, 4,
+    7 or 8 taps (whole K-groups of four, a row of 3 or 7 padded with taps of weight 0). The im2col
+    was half the time of the quantized ResNet-18's 3 x 3 convs and its 7 x 7 stem, and most of its
+    strided and 1 x 1 convs' (`benchmarks/bench_models.py --quantized static --model resnet18` and
+    `--model resnet_stages`, their kernels' profile: benchmarks/RESULTS.md)."""
+    if geo.dilation != (1, 1) or not ch4 and geo.KW not in (3, 4, 7, 8):
+        return 0, 0
     if geo.OW % mr == 0:
-        return 2
-    return 1 if geo.stride == (1, 1) and geo.OW >= DIRECT_X_MIN_OW else 0
+        return 2, geo.OW
+    if geo.stride == (1, 1) and geo.OW >= DIRECT_X_MIN_OW:
+        return 1, 0
+    owv = cdiv(geo.OW, mr) * mr
+    return (2, owv) if owv - geo.OW <= DIRECT_X_WASTE * owv else (0, 0)
+
+
+DIRECT_X_WASTE = 0.2  # the most of DIRECT_X 2's virtual pixels per row computed and not stored (direct_x)
 
 
 BY_IMAGE_MAX_BYTES = 1 << 22  # the A buffers of every image of a conv at most this: by_image
@@ -292,16 +306,18 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
     if conv:
         M, N, K, batches, nbb, geo = _conv_gemm(plan, a)
         fold, gM, calls = nbb == 1, M, batches
-        direct = direct_x(geo, int8_tile(int8_path(m, weights_bound), N)[0])
+        direct, owv = direct_x(geo, int8_tile(int8_path(m, weights_bound), N)[0], channels_in_fours(geo.C // nbb))
         if direct == 1:  # (the virtual pixels: each output row WP = W + 2 PW wide, the last OW)
             gM = (M // geo.OW - 1) * (geo.W + 2 * geo.padding[1]) + geo.OW
+        elif direct == 2:  # (each output row OWV pixels)
+            gM = geo.OH * owv
     else:
         M, K, N = at.shape[-2], at.shape[-1], bt.shape[-1]
         batches = size(out[:-2])
         nbb = size(bt.shape[:-2])
         fold = bt.rank == 2
         gM, calls = (batches * M, 1) if fold else (M, batches)
-        direct = 0
+        direct, owv = 0, 0
     path = int8_path(m, weights_bound)
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
@@ -321,7 +337,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
                               im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else None,
                               b_transposed=body.nodes[mm.args[1]].op == "transpose",
                               im2col_rows=conv and not direct and im2col_by_rows(geo.KW), direct_x=direct,
-                              mo=M if conv else gM, by_image=whole, ch4=ch4)
+                              mo=M if conv else gM, by_image=whole, ch4=ch4, owv=owv)
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
@@ -350,7 +366,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
         plane = f"the group's {geo.C // nbb} channels of x ({geo.H} x {geo.W})"
         quant = [UOp(1, "Load", f"quantize {plane} f32 -> {at.dtype} into the kernel's scratch", calls)][:qa] + \
             ([UOp(1, "Load", f"copy of x padded with its zero point, read in place as A [{gM} "
-                  f"{'virtual ' if direct == 1 else ''}pixels x {kp} taps: "
+                  f"{'virtual ' if direct == 1 or owv != geo.OW else ''}pixels x {kp} taps: "
                   + ("K-groups of 4 channels of a tap, the copy's channels interleaved in fours]" if ch4 else
                      "kernel rows in K-groups of 4]"), calls)] if direct else
              [UOp(1, "Load", f"im2col of x into the kernel's A buffer [{gM} pixels x {K} taps], {at.dtype}, "
@@ -439,7 +455,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
     src = render("gemm_u8s8.c", NAME=gname, M=d.M, N=d.N, K=d.K, MR=plan.tiles["mr"], NR=plan.tiles["nr"],
                  KC=plan.tiles["kc"], MB=plan.tiles["mb"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
-                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), DIRECT_X=int(d.direct_x), CH4=int(d.ch4), BY_IMAGE=int(d.by_image), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
+                 PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), DIRECT_X=int(d.direct_x), OWV=d.owv, CH4=int(d.ch4), BY_IMAGE=int(d.by_image), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
                  G=d.groups, CI=geo.C, **geo.shape_c("N", "C", "OH"), PATH=INT8_PATHS[plan.precision_path], NCORR=d.corrections,
                  PARALLEL=int(d.parallel), EPILOGUE=expr, A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
