@@ -94,6 +94,8 @@
 #define {{NAME}}_BY_IMAGE {{BY_IMAGE}} /* the threads' chunks are whole images (each its A buffer and its GEMM) */
 #define {{NAME}}_DIRECT_X {{DIRECT_X}} /* no im2col: A read in place from a padded copy of x (kernel rows as K-groups) */
 #define {{NAME}}_CH4 {{CH4}} /* DIRECT_X's K-groups are four channels of a tap: the copy's channels interleaved in fours */
+#define {{NAME}}_COLS8 {{COLS8}} /* a conv's tiles of 8 rows stored channel by channel (store_cols8) */
+#define {{NAME}}_VW ({{NAME}}_DIRECT_X == 1 ? {{NAME}}_WP : {{NAME}}_DIRECT_X == 2 ? {{NAME}}_OWV : 1L) /* DIRECT_X: virtual pixels a row */
 #define {{NAME}}_MO {{MO}}L /* the output's pixels per image (M counts DIRECT_X's virtual pixels) */
 #define {{NAME}}_G {{G}}L /* the conv's groups: B one matrix per group */
 #define {{NAME}}_CI {{CI}}L /* the conv's geometry: x's channels, height, width; the kernel, stride, padding, dilation */
@@ -637,6 +639,42 @@ typedef struct {
     {{EXTRA_FIELDS}}
 } {{NAME}}_job;
 
+#if {{NAME}}_COLS8
+#define {{NAME}}_OBW ({{NAME}}_NR < 16 ? 16 : {{NAME}}_NR) /* store_cols8's rows: whole vectors of 16 */
+/* COLS8 ({{COLS8}}: a conv, C NCHW of bytes, tiles of 8 rows): of a tile whose pixels are consecutive, the
+ * tile's 8 x nr bytes, computed row by row into ob, stored channel by channel, each channel's 8
+ * pixels one 8-byte store at C + j MO, after a transpose in registers (three rounds of unpacks per
+ * 16 channels). Row by row, its bytes were nr stores MO apart for each of the 8 rows. */
+static inline void {{NAME}}_store_cols8(const uint8_t ob[8][{{NAME}}_OBW], uint8_t* c, long nr)
+{
+    for (long j = 0; j < nr; j += 16) {
+        __m128i r[8], t[8], u[8], v[8];
+        for (int k = 0; k < 8; k++)
+            r[k] = _mm_loadu_si128((const __m128i*)(ob[k] + j));
+        for (int k = 0; k < 4; k++) { /* (rows 2k, 2k + 1 byte by byte: channels 0-7, then 8-15) */
+            t[2 * k] = _mm_unpacklo_epi8(r[2 * k], r[2 * k + 1]);
+            t[2 * k + 1] = _mm_unpackhi_epi8(r[2 * k], r[2 * k + 1]);
+        }
+        for (int h = 0; h < 2; h++) /* (rows 0-3 and 4-7 of four channels a vector) */
+            for (int k = 0; k < 2; k++) {
+                u[4 * h + 2 * k] = _mm_unpacklo_epi16(t[4 * h + k], t[4 * h + 2 + k]);
+                u[4 * h + 2 * k + 1] = _mm_unpackhi_epi16(t[4 * h + k], t[4 * h + 2 + k]);
+            }
+        for (int k = 0; k < 4; k++) { /* (all 8 rows of two channels a vector: 2k, 2k + 1 of the four k's) */
+            v[2 * k] = _mm_unpacklo_epi32(u[k], u[4 + k]);
+            v[2 * k + 1] = _mm_unpackhi_epi32(u[k], u[4 + k]);
+        }
+        /* v[m] holds channels j + 2m (low half) and j + 2m + 1 (high half), in order: t's channels 0-7
+         * are u[0], u[1] (0-3, 4-7), 8-15 u[2], u[3], so v[0..7] run through channels 0..15 */
+        for (int m = 0; m < 8 && j + 2 * m < nr; m++) {
+            _mm_storel_epi64((__m128i*)(c + (j + 2 * m) * {{NAME}}_MO), v[m]);
+            if (j + 2 * m + 1 < nr)
+                _mm_storel_epi64((__m128i*)(c + (j + 2 * m + 1) * {{NAME}}_MO), _mm_unpackhi_epi64(v[m], v[m]));
+        }
+    }
+}
+#endif
+
 /* One NR-column panel over a block of MB rows of batch b (all M rows when MB is M): micro-kernel,
  * then the epilogue per tile */
 static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
@@ -696,6 +734,31 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
                     const int32_t byte = (int32_t)({{NAME}}_arow(A + {{NAME}}_arow0(i0), r, fix[c].k / 4) >> 8 * (fix[c].k % 4) & 255);
                     tile[r * {{NAME}}_NR + fix[c].jj] = (int32_t)((uint32_t)tile[r * {{NAME}}_NR + fix[c].jj] + (uint32_t)(byte * fix[c].rem));
                 }
+        }
+#endif
+#if {{NAME}}_COLS8
+        /* (a tile whose 8 pixels are all stored, consecutive from ib: with DIRECT_X's virtual pixels,
+         * VW a row, one that ends before its row's OW) */
+        if (mr == 8 && (!{{NAME}}_DIRECT_X || i0 % {{NAME}}_VW + 8 <= {{NAME}}_OW)) {
+            const long ib = {{NAME}}_DIRECT_X ? i0 / {{NAME}}_VW * {{NAME}}_OW + i0 % {{NAME}}_VW : i0;
+            uint8_t ob[8][{{NAME}}_OBW] __attribute__((aligned(64)));
+            if ({{NAME}}_OBW > {{NAME}}_NR) /* (the columns past NR: loaded, never stored) */
+                memset(ob, 0, sizeof ob);
+            for (int r = 0; r < 8; r++) {
+                const long i = ib + r;
+                const uint32_t rs = rowsum ? (uint32_t)rowsum[i0 + r] : 0u;
+                const int32_t* restrict trow = tile + r * {{NAME}}_NR;
+#pragma omp simd
+                for (long jj = 0; jj < nr; jj++) {
+                    const long j = jofs + j0 + jj;
+                    const int32_t acc = (int32_t)((uint32_t)trow[jj] + corr[jj] - bzj[jj] * rs);
+                    (void)j;
+                    (void)i;
+                    ob[r][jj] = {{EPILOGUE}};
+                }
+            }
+            {{NAME}}_store_cols8(ob, (uint8_t*)(C + j0 * {{NAME}}_MO + ib), nr);
+            continue;
         }
 #endif
         for (int r = 0; r < mr; r++) {
