@@ -675,6 +675,22 @@ static inline void {{NAME}}_store_cols8(const uint8_t ob[8][{{NAME}}_OBW], uint8
 }
 #endif
 
+/* Row r of the finished tile (pixel or row i, A's row q) through the epilogue, in the panel's
+ * scope: element jj of it to DST[jj * STEP] */
+#define {{NAME}}_EPI_ROW(DST, STEP)                                                               \
+    do {                                                                                          \
+        const uint32_t rs = rowsum ? (uint32_t)rowsum[q] : 0u;                                    \
+        const int32_t* restrict trow = tile + r * {{NAME}}_NR;                                    \
+        _Pragma("omp simd")                                                                       \
+        for (long jj = 0; jj < nr; jj++) {                                                        \
+            const long j = jofs + j0 + jj;                                                        \
+            const int32_t acc = (int32_t)((uint32_t)trow[jj] + corr[jj] - bzj[jj] * rs);          \
+            (void)j;                                                                              \
+            (void)i;                                                                              \
+            (DST)[jj * (STEP)] = {{EPILOGUE}};                                                    \
+        }                                                                                         \
+    } while (0)
+
 /* One NR-column panel over a block of MB rows of batch b (all M rows when MB is M): micro-kernel,
  * then the epilogue per tile */
 static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
@@ -745,17 +761,8 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
             if ({{NAME}}_OBW > {{NAME}}_NR) /* (the columns past NR: loaded, never stored) */
                 memset(ob, 0, sizeof ob);
             for (int r = 0; r < 8; r++) {
-                const long i = ib + r;
-                const uint32_t rs = rowsum ? (uint32_t)rowsum[i0 + r] : 0u;
-                const int32_t* restrict trow = tile + r * {{NAME}}_NR;
-#pragma omp simd
-                for (long jj = 0; jj < nr; jj++) {
-                    const long j = jofs + j0 + jj;
-                    const int32_t acc = (int32_t)((uint32_t)trow[jj] + corr[jj] - bzj[jj] * rs);
-                    (void)j;
-                    (void)i;
-                    ob[r][jj] = {{EPILOGUE}};
-                }
+                const long i = ib + r, q = i0 + r;
+                {{NAME}}_EPI_ROW(ob[r], 1);
             }
             {{NAME}}_store_cols8(ob, (uint8_t*)(C + j0 * {{NAME}}_MO + ib), nr);
             continue;
@@ -774,18 +781,9 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
 #else
             const long i = q;
 #endif
-            const uint32_t rs = rowsum ? (uint32_t)rowsum[q] : 0u;
             /* C[i][j], or C[j][i] for a conv (NCHW: a column of the tile per channel plane) */
             {{OUT_T}}* restrict crow = C + ({{NAME}}_IM2COL ? i + j0 * {{NAME}}_MO : i * {{LDC}}L + j0);
-            const long cstep = {{NAME}}_IM2COL ? {{NAME}}_MO : 1;
-            const int32_t* restrict trow = tile + r * {{NAME}}_NR;
-#pragma omp simd
-            for (long jj = 0; jj < nr; jj++) {
-                const long j = jofs + j0 + jj;
-                const int32_t acc = (int32_t)((uint32_t)trow[jj] + corr[jj] - bzj[jj] * rs);
-                (void)j;
-                crow[jj * cstep] = {{EPILOGUE}};
-            }
+            {{NAME}}_EPI_ROW(crow, {{NAME}}_IM2COL ? {{NAME}}_MO : 1);
         }
       }
     }

@@ -14,22 +14,7 @@
 EQF_WIDE_BEGIN
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-variable"  /* (the offsets the row-by-row quantize does not use) */
-#if {{NAME}}_PARALLEL >= 0
-/* blocks of rows are the items of one eqf_region loop (common_pool.h): OpenMP's static split when
- * every core is free, else the claim-based pool (held over the kernel by the run function) */
-typedef struct {
-    {{PARAM_FIELDS}}
-} {{NAME}}_job;
-static {{NAME}}_QATTR void {{NAME}}_blocks(void* eqf_ctx, long eqf_lo, long eqf_hi)
-{
-    const {{NAME}}_job* jb = eqf_ctx;
-    {{PARAM_UNPACK}}
-    const long eqf_first = {{R0}} + eqf_lo * {{NAME}}_RB, eqf_end = eqf_minl({{R0}} + eqf_hi * {{NAME}}_RB, {{ROWS}});
-#else
-{{NAME}}_QATTR void {{NAME}}({{PARAMS}})
-{
-    const long eqf_first = {{R0}}, eqf_end = {{ROWS}};
-#endif
+{{ROWS_HEAD}}
     for (long rb = eqf_first; rb < eqf_end; rb += {{NAME}}_RB) {
 #if {{NAME}}_QUANTIZE_OUT
     const long re = eqf_minl(rb + {{NAME}}_RB, {{ROWS}});
@@ -83,13 +68,6 @@ static {{NAME}}_QATTR void {{NAME}}_blocks(void* eqf_ctx, long eqf_lo, long eqf_
 {{QUANTIZE_BLOCK}}
     }
 }
-#if {{NAME}}_PARALLEL >= 0
-void {{NAME}}({{PARAMS}})
-{
-    {{NAME}}_job job = { {{PARAM_INIT}} };
-    eqf_region(({{ROWS}} - {{R0}} + {{NAME}}_RB - 1) / {{NAME}}_RB, {{NAME}}_blocks, &job, {{PARALLEL}});
-}
-#endif
 #pragma GCC diagnostic pop
 #undef {{NAME}}_QATTR
 #undef {{NAME}}_RB

@@ -25,22 +25,7 @@ EQF_WIDE_BEGIN
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-variable"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  /* (mx and sum: gcc 12 does not see that the loops over r in [rb, re) that read them follow one that wrote them, once the rows are a range of eqf_region) */
-#if {{NAME}}_PARALLEL >= 0
-/* blocks of rows are the items of one eqf_region loop (common_pool.h): OpenMP's static split when
- * every core is free, else the claim-based pool (held over the kernel by the run function) */
-typedef struct {
-    {{PARAM_FIELDS}}
-} {{NAME}}_job;
-static {{NAME}}_QATTR void {{NAME}}_blocks(void* eqf_ctx, long eqf_lo, long eqf_hi)
-{
-    const {{NAME}}_job* jb = eqf_ctx;
-    {{PARAM_UNPACK}}
-    const long eqf_first = {{R0}} + eqf_lo * EQF_ROW_BLOCK({{L}}), eqf_end = eqf_minl({{R0}} + eqf_hi * EQF_ROW_BLOCK({{L}}), {{ROWS}});
-#else
-{{NAME}}_QATTR void {{NAME}}({{PARAMS}})
-{
-    const long eqf_first = {{R0}}, eqf_end = {{ROWS}};
-#endif
+{{ROWS_HEAD}}
     for (long rb = eqf_first; rb < eqf_end; rb += EQF_ROW_BLOCK({{L}})) {
         const long re = eqf_minl(rb + EQF_ROW_BLOCK({{L}}), {{ROWS}});
         float mx[EQF_ROW_BLOCK({{L}})], sum[EQF_ROW_BLOCK({{L}})];
@@ -91,13 +76,6 @@ static {{NAME}}_QATTR void {{NAME}}_blocks(void* eqf_ctx, long eqf_lo, long eqf_
 {{QUANTIZE_BLOCK}}
     }
 }
-#if {{NAME}}_PARALLEL >= 0
-void {{NAME}}({{PARAMS}})
-{
-    {{NAME}}_job job = { {{PARAM_INIT}} };
-    eqf_region(({{ROWS}} - {{R0}} + EQF_ROW_BLOCK({{L}}) - 1) / EQF_ROW_BLOCK({{L}}), {{NAME}}_blocks, &job, {{PARALLEL}});
-}
-#endif
 #pragma GCC diagnostic pop
 #undef {{NAME}}_Y
 #undef {{NAME}}_YSTEP

@@ -46,8 +46,11 @@ def test_plans_carry_kinds_and_the_rule_the_c_applies():
         assert isinstance(p.kind, K) and k.name.endswith(p.kind.value)
         kinds.add(p.kind)
         assert p.threads, k.name
-        # (the `if` of an OpenMP region, or the `parallel` argument of an eqf_region loop)
+        # (the `if` of an OpenMP region, or the `parallel` argument of an eqf_region loop, a digit or
+        # the template's NAME_PARALLEL macro)
         ifs = set(re.findall(r"\bif \((\d)\)", k.c_source)) | set(re.findall(r"\beqf_region\([^;]*, (\d)\);", k.c_source))
+        for macro in re.findall(r"\beqf_region\([^;]*, (\w+_PARALLEL)\);", k.c_source):
+            ifs |= set(re.findall(rf"#define {macro} (\d)", k.c_source))
         if p.kind in (K.POINTWISE, K.REDUCE, K.ROW, K.ATTENTION):
             assert ifs == {str(int(p.detail.parallel))}, k.name
             assert p.threads.startswith("one thread") == (not p.detail.parallel), k.name

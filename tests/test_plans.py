@@ -129,6 +129,7 @@ CHOICES: dict[str, dict[str, str]] = {
     "row_grad.c": ROW_PARALLEL, "row_layernorm.c": ROW_NORM, "row_reduce.c": ROW_PARALLEL,
     "row_rmsnorm.c": ROW_NORM, "row_softmax.c": ROW_QUANTIZE,
     "row_quantize_block.c": {},  # (rendered into the three above, whose QUANTIZE_OUT and QUANTIZE_FLAT it reads)
+    "row_blocks.c": {},  # (rendered into the three above, the head of their loop over blocks of rows: it reads their PARALLEL)
     "row_layernorm_lanes.c": {"PARALLEL": "parallel", "BLOCK": "lanes"},
 }
 SIGNATURE = "the kernel's symbol, parameters, operand pointers or the call of a function it holds"
@@ -190,16 +191,17 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
                  EXPR: "OP INIT OMP_OP COMBINE COMBINE_NAN NAN_TRACK SCALE PRO_BODY X EPI_BODY EPI"},
     "row_grad.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE YS",
                    EXPR: "OP MODE A1 GAMMA_J EPS PRO_BODY X EPI_BODY EPI"},
-    "row_layernorm.c": {SIGNATURE: "NAME PARAMS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE", PREFETCH_ROW: "NEXT",
+    "row_layernorm.c": {SIGNATURE: "NAME ROWS_HEAD", SHAPE: "L ROWS", MEMORY: "OFFSETS YBASE", PREFETCH_ROW: "NEXT",
                         EXPR: "GAMMA BETA EPS PRO_BODY X EPI_BODY EPI QUANTIZE_BLOCK"},
     "row_layernorm_lanes.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS", MEMORY: "OFFSETS YOFF RUN",
                               DERIVED: "OUTER NB", EXPR: "GAMMA BETA EPS PRO_BODY X EPI_BODY EPI"},
     "row_quantize_block.c": {SIGNATURE: "NAME", SHAPE: "L", MEMORY: "OFFSETS YBASE YS", EXPR: "EPI_BODY EPI"},
+    "row_blocks.c": {SIGNATURE: "NAME PARAMS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "ROWS R0", DERIVED: "STEP"},
     "row_reduce.c": {SIGNATURE: "NAME PARAMS", SHAPE: "L ROWS", MEMORY: "OFFSETS EPI_OFFSETS",
                      EXPR: "OP INIT RED COMBINE NAN_TRACK SCALE PRO_BODY X EPI_BODY EPI"},
-    "row_rmsnorm.c": {SIGNATURE: "NAME PARAMS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE", PREFETCH_ROW: "NEXT",
+    "row_rmsnorm.c": {SIGNATURE: "NAME ROWS_HEAD", SHAPE: "L ROWS", MEMORY: "OFFSETS YBASE", PREFETCH_ROW: "NEXT",
                       EXPR: "GAMMA EPS PRO_BODY X EPI_BODY EPI QUANTIZE_BLOCK"},
-    "row_softmax.c": {SIGNATURE: "NAME PARAMS PARAM_FIELDS PARAM_INIT PARAM_UNPACK", SHAPE: "L ROWS R0", MEMORY: "OFFSETS YBASE YS", PREFETCH_ROW: "NEXT",
+    "row_softmax.c": {SIGNATURE: "NAME ROWS_HEAD", SHAPE: "L ROWS", MEMORY: "OFFSETS YBASE YS", PREFETCH_ROW: "NEXT",
                       EXPR: "ZERO_NAN PRO_BODY X EPI_BODY EPI QUANTIZE_BLOCK"},
 }
 

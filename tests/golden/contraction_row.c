@@ -17,17 +17,25 @@ EQF_WIDE_BEGIN
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-variable"  /* (the offsets the row-by-row quantize does not use) */
 #if eqf_kinds_k2_contraction_row_rowop_PARALLEL >= 0
-/* blocks of rows are the items of one eqf_region loop (common_pool.h): OpenMP's static split when
- * every core is free, else the claim-based pool (held over the kernel by the run function) */
+/* eqf_kinds_k2_contraction_row_rowop's blocks of 1 rows are the items of one eqf_region loop (common_pool.h):
+ * OpenMP's static split when every core is free, else the claim-based pool (held over the
+ * kernel by the run function); blocks_ runs the blocks [eqf_lo, eqf_hi) */
 typedef struct {
     long b; long r0; long r1; float* restrict out; const float* restrict eqf_e2; const float* restrict eqf_e3; const float* restrict eqf_e4;
 } eqf_kinds_k2_contraction_row_rowop_job;
+static eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop_blocks(void* eqf_ctx, long eqf_lo, long eqf_hi);
+void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restrict out, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
+{
+    eqf_kinds_k2_contraction_row_rowop_job job = { b, r0, r1, out, eqf_e2, eqf_e3, eqf_e4 };
+    eqf_region((r1 - r0 + 1 - 1) / 1, eqf_kinds_k2_contraction_row_rowop_blocks, &job, eqf_kinds_k2_contraction_row_rowop_PARALLEL);
+}
 static eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop_blocks(void* eqf_ctx, long eqf_lo, long eqf_hi)
 {
     const eqf_kinds_k2_contraction_row_rowop_job* jb = eqf_ctx;
     long b = jb->b; (void)b; long r0 = jb->r0; (void)r0; long r1 = jb->r1; (void)r1; float* restrict out = jb->out; (void)out; const float* restrict eqf_e2 = jb->eqf_e2; (void)eqf_e2; const float* restrict eqf_e3 = jb->eqf_e3; (void)eqf_e3; const float* restrict eqf_e4 = jb->eqf_e4; (void)eqf_e4;
-    const long eqf_first = r0 + eqf_lo * eqf_kinds_k2_contraction_row_rowop_RB, eqf_end = eqf_minl(r0 + eqf_hi * eqf_kinds_k2_contraction_row_rowop_RB, r1);
+    const long eqf_first = r0 + eqf_lo * 1, eqf_end = eqf_minl(r0 + eqf_hi * 1, r1);
 #else
+/* (a GEMM's row epilogue: the rows [R0, ROWS) the GEMM's thread has finished, on that thread) */
 eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restrict out, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
     const long eqf_first = r0, eqf_end = r1;
@@ -89,13 +97,6 @@ eqf_kinds_k2_contraction_row_rowop_QATTR void eqf_kinds_k2_contraction_row_rowop
 
     }
 }
-#if eqf_kinds_k2_contraction_row_rowop_PARALLEL >= 0
-void eqf_kinds_k2_contraction_row_rowop(long b, long r0, long r1, float* restrict out, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
-{
-    eqf_kinds_k2_contraction_row_rowop_job job = { b, r0, r1, out, eqf_e2, eqf_e3, eqf_e4 };
-    eqf_region((r1 - r0 + eqf_kinds_k2_contraction_row_rowop_RB - 1) / eqf_kinds_k2_contraction_row_rowop_RB, eqf_kinds_k2_contraction_row_rowop_blocks, &job, -1);
-}
-#endif
 #pragma GCC diagnostic pop
 #undef eqf_kinds_k2_contraction_row_rowop_QATTR
 #undef eqf_kinds_k2_contraction_row_rowop_RB

@@ -26,17 +26,25 @@ EQF_WIDE_BEGIN
 #pragma GCC diagnostic ignored "-Wunused-variable"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  /* (mx and sum: gcc 12 does not see that the loops over r in [rb, re) that read them follow one that wrote them, once the rows are a range of eqf_region) */
 #if eqf_kinds_k3_row_PARALLEL >= 0
-/* blocks of rows are the items of one eqf_region loop (common_pool.h): OpenMP's static split when
- * every core is free, else the claim-based pool (held over the kernel by the run function) */
+/* eqf_kinds_k3_row's blocks of EQF_ROW_BLOCK(53) rows are the items of one eqf_region loop (common_pool.h):
+ * OpenMP's static split when every core is free, else the claim-based pool (held over the
+ * kernel by the run function); blocks_ runs the blocks [eqf_lo, eqf_hi) */
 typedef struct {
     const float* restrict in0; const float* restrict in1; float* restrict out;
 } eqf_kinds_k3_row_job;
+static eqf_kinds_k3_row_QATTR void eqf_kinds_k3_row_blocks(void* eqf_ctx, long eqf_lo, long eqf_hi);
+void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, float* restrict out)
+{
+    eqf_kinds_k3_row_job job = { in0, in1, out };
+    eqf_region((7 - 0 + EQF_ROW_BLOCK(53) - 1) / EQF_ROW_BLOCK(53), eqf_kinds_k3_row_blocks, &job, eqf_kinds_k3_row_PARALLEL);
+}
 static eqf_kinds_k3_row_QATTR void eqf_kinds_k3_row_blocks(void* eqf_ctx, long eqf_lo, long eqf_hi)
 {
     const eqf_kinds_k3_row_job* jb = eqf_ctx;
     const float* restrict in0 = jb->in0; (void)in0; const float* restrict in1 = jb->in1; (void)in1; float* restrict out = jb->out; (void)out;
     const long eqf_first = 0 + eqf_lo * EQF_ROW_BLOCK(53), eqf_end = eqf_minl(0 + eqf_hi * EQF_ROW_BLOCK(53), 7);
 #else
+/* (a GEMM's row epilogue: the rows [R0, ROWS) the GEMM's thread has finished, on that thread) */
 eqf_kinds_k3_row_QATTR void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, float* restrict out)
 {
     const long eqf_first = 0, eqf_end = 7;
@@ -95,13 +103,6 @@ eqf_kinds_k3_row_QATTR void eqf_kinds_k3_row(const float* restrict in0, const fl
 
     }
 }
-#if eqf_kinds_k3_row_PARALLEL >= 0
-void eqf_kinds_k3_row(const float* restrict in0, const float* restrict in1, float* restrict out)
-{
-    eqf_kinds_k3_row_job job = { in0, in1, out };
-    eqf_region((7 - 0 + EQF_ROW_BLOCK(53) - 1) / EQF_ROW_BLOCK(53), eqf_kinds_k3_row_blocks, &job, 0);
-}
-#endif
 #pragma GCC diagnostic pop
 #undef eqf_kinds_k3_row_Y
 #undef eqf_kinds_k3_row_YSTEP

@@ -245,17 +245,17 @@ class Row(Kind):
             common["QUANTIZE_BLOCK"] = quantize_block(common, ybase, cs[axis0] if an.op == "softmax" else 1) \
                 if d.quantize_out else ""
             common["NEXT"] = next_row(space.decls, common["PRO_BODY"], params, rows, ahead)
-            common.update(param_job(params))
             if an.op == "softmax":
                 return render("row_softmax.c",
                               YBASE=offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims]),
-                              YS=cs[axis0], ZERO_NAN=int(an.attr["zero_nan"]), **common)
+                              YS=cs[axis0], ZERO_NAN=int(an.attr["zero_nan"]),
+                              **with_rows_head(common, f"EQF_ROW_BLOCK({L})"))
             g = ptrs[an.args[1]]
             extra = {"GAMMA": g, "EPS": flit(an.attr["eps"]), "SUM_APART": int(d.sum_apart),
                      "YBASE": offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims])}
             if an.op == "layernorm":
                 extra["BETA"] = ptrs[an.args[2]]
-            return render(f"row_{an.op}.c", **common, **extra)
+            return render(f"row_{an.op}.c", **with_rows_head(common, f"{plan.name}_RB"), **extra)
         # sum / mean / max over trailing axes: one value per row
         espace = Space(plan.out_shape, [("r", list(range(len(plan.out_shape))), True)], I1, ids)
         epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=computed_ancestors(body, an.args[0]),
@@ -291,6 +291,16 @@ class Row(Kind):
                       OUTER=d.rows // run, RUN=run, BLOCK=d.lanes, NB=-(-run // d.lanes), PARALLEL=int(d.parallel),
                       OFFSETS="\n".join(space.decls), PRO_BODY=pro.text(), X=x, EPI_BODY=epi.text(), EPI=e,
                       YOFF=yoff or "0", GAMMA=ptrs[an.args[1]], BETA=ptrs[an.args[2]], EPS=flit(an.attr["eps"]))
+
+
+def with_rows_head(common: dict, step: str) -> dict:
+    """The softmax, layernorm and rmsnorm templates' values: `common` with ROWS_HEAD, row_blocks.c,
+    the head of their loop over blocks of `step` rows (`eqf_first`, `eqf_end`: the rows it runs),
+    in place of the signature and first row it takes: the blocks as an eqf_region loop, or, in a
+    GEMM's row epilogue (PARALLEL -1), the rows the GEMM's thread has finished."""
+    keys = ("NAME", "PARAMS", "ROWS", "R0")
+    head = render("row_blocks.c", STEP=step, **{k: common[k] for k in keys}, **param_job(common["PARAMS"])).rstrip("\n")
+    return {**{k: v for k, v in common.items() if k not in ("PARAMS", "R0")}, "ROWS_HEAD": head}
 
 
 def quantize_block(common: dict, ybase: str, ys) -> str:

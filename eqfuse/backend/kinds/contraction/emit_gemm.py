@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import count
 
-from eqfuse.backend.cexpr import I1, I2, Exprs, Space, param_job, render
+from eqfuse.backend.cexpr import I1, I2, Exprs, Space, render
 from eqfuse.backend.cexpr import kernel_params as _params
 from eqfuse.backend.indexing import bstrides, offset
 from eqfuse.backend.kinds.contraction.conv_geometry import conv_geometry
@@ -42,6 +42,7 @@ from eqfuse.backend.kinds.contraction.plan_gemm import (
     direct,
 )
 from eqfuse.backend.kinds.contraction.plan_gemm import direct_a as direct_a_rule
+from eqfuse.backend.kinds.row import with_rows_head
 from eqfuse.backend.plan import KernelPlan, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K as PlanKind
@@ -240,8 +241,8 @@ def _row_epilogue(plan: KernelPlan, groups, fname: str, pre_extras):
     common = {"NAME": fname, "PARAMS": params, "R0": "r0", "ROWS": "r1", "L": N, "PARALLEL": -1,
               "PRO_BODY": "", "X": "y[j]", "OFFSETS": "\n".join(space.decls + [f"{I1}(void)b;"]),
               "EPI_BODY": epi.text(), "EPI": e, "NEXT": "NULL",  # the row is C's, in cache: no prefetch
-              "QUANTIZE_OUT": 0, "QUANTIZE_FLAT": 0, "QUANTIZE_BLOCK": "",  # (C is f32: classify refuses a quantized GEMM row epilogue)
-              **param_job(params)}  # (the template's job for its eqf_region loop, unused at PARALLEL -1)
+              "QUANTIZE_OUT": 0, "QUANTIZE_FLAT": 0, "QUANTIZE_BLOCK": ""}  # (C is f32: classify refuses a quantized GEMM row epilogue)
+    common = with_rows_head(common, "1")  # (PARALLEL -1: the rows r0 .. r1 - 1)
     if rn.op == "softmax":
         src = render("row_softmax.c", YBASE=f"r * {N}L", YS=1, ZERO_NAN=int(rn.attr["zero_nan"]), **common)
     else:
