@@ -94,7 +94,7 @@
 #define {{NAME}}_BY_IMAGE {{BY_IMAGE}} /* the threads' chunks are whole images (each its A buffer and its GEMM) */
 #define {{NAME}}_DIRECT_X {{DIRECT_X}} /* no im2col: A read in place from a padded copy of x (kernel rows as K-groups) */
 #define {{NAME}}_CH4 {{CH4}} /* DIRECT_X's K-groups are four channels of a tap: the copy's channels interleaved in fours */
-#define {{NAME}}_COLS8 {{COLS8}} /* a conv's tiles of 8 rows stored channel by channel (store_cols8) */
+#define {{NAME}}_COLS8 {{COLS8}} /* a conv's tiles of 8 or 16 rows stored channel by channel (store_cols8) */
 #define {{NAME}}_VW ({{NAME}}_DIRECT_X == 1 ? {{NAME}}_WP : {{NAME}}_DIRECT_X == 2 ? {{NAME}}_OWV : 1L) /* DIRECT_X: virtual pixels a row */
 #define {{NAME}}_MO {{MO}}L /* the output's pixels per image (M counts DIRECT_X's virtual pixels) */
 #define {{NAME}}_G {{G}}L /* the conv's groups: B one matrix per group */
@@ -641,10 +641,11 @@ typedef struct {
 
 #if {{NAME}}_COLS8
 #define {{NAME}}_OBW ({{NAME}}_NR < 16 ? 16 : {{NAME}}_NR) /* store_cols8's rows: whole vectors of 16 */
-/* COLS8 ({{COLS8}}: a conv, C NCHW of bytes, tiles of 8 rows): of a tile whose pixels are consecutive, the
- * tile's 8 x nr bytes, computed row by row into ob, stored channel by channel, each channel's 8
- * pixels one 8-byte store at C + j MO, after a transpose in registers (three rounds of unpacks per
- * 16 channels). Row by row, its bytes were nr stores MO apart for each of the 8 rows. */
+/* COLS8 ({{COLS8}}: a conv, C NCHW of bytes, tiles of 8 or 16 rows): of a tile whose pixels are
+ * consecutive, the tile's bytes, computed row by row into ob, stored channel by channel, each
+ * channel's 8 pixels of 8 rows (ob) one 8-byte store at C + j MO, after a transpose in registers
+ * (three rounds of unpacks per 16 channels). Row by row, its bytes were nr stores MO apart for
+ * each row. */
 static inline void {{NAME}}_store_cols8(const uint8_t ob[8][{{NAME}}_OBW], uint8_t* c, long nr)
 {
     for (long j = 0; j < nr; j += 16) {
@@ -755,16 +756,17 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
 #if {{NAME}}_COLS8
         /* (a tile whose 8 pixels are all stored, consecutive from ib: with DIRECT_X's virtual pixels,
          * VW a row, one that ends before its row's OW) */
-        if (mr == 8 && (!{{NAME}}_DIRECT_X || i0 % {{NAME}}_VW + 8 <= {{NAME}}_OW)) {
+        if (mr == {{NAME}}_MR && (!{{NAME}}_DIRECT_X || i0 % {{NAME}}_VW + {{NAME}}_MR <= {{NAME}}_OW)) {
             const long ib = {{NAME}}_DIRECT_X ? i0 / {{NAME}}_VW * {{NAME}}_OW + i0 % {{NAME}}_VW : i0;
-            uint8_t ob[8][{{NAME}}_OBW] __attribute__((aligned(64)));
+            uint8_t ob[{{NAME}}_MR][{{NAME}}_OBW] __attribute__((aligned(64)));
             if ({{NAME}}_OBW > {{NAME}}_NR) /* (the columns past NR: loaded, never stored) */
                 memset(ob, 0, sizeof ob);
-            for (int r = 0; r < 8; r++) {
+            for (int r = 0; r < {{NAME}}_MR; r++) {
                 const long i = ib + r, q = i0 + r;
                 {{NAME}}_EPI_ROW(ob[r], 1);
             }
-            {{NAME}}_store_cols8(ob, (uint8_t*)(C + j0 * {{NAME}}_MO + ib), nr);
+            for (int h = 0; h < {{NAME}}_MR; h += 8) /* (16 rows: two runs of 8 per channel) */
+                {{NAME}}_store_cols8(ob + h, (uint8_t*)(C + j0 * {{NAME}}_MO + ib + h), nr);
             continue;
         }
 #endif

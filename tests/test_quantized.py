@@ -1242,21 +1242,22 @@ graph im(x: u8[2, 3, 9, 10], w5: i8[4, 3, 5, 5], w1: i8[5, 3, 1, 1], w3: i8[6, 3
 """
 
 
-# Requantized integer convs (u8 out, NCHW) whose tiles of 8 rows are stored channel by channel
+# Requantized integer convs (u8 out, NCHW) whose tiles of 8 or 16 rows are stored channel by channel
 # (the template's COLS8, store_cols8: a transpose of the tile's bytes in registers), with a partial
 # last panel (20 and 44 output channels: 32-column panels) and every way a tile's pixels map to
 # the output: the im2col (a 1 x 1 of 5 channels), by output row (OW 16, a 3 x 3 of 5 channels),
 # rows of virtual pixels (OW 15 -> 16, stride 2), virtual pixels across rows (stride 1, OW 30:
 # some tiles cross a row's end and take the row-by-row store); w's zero points per channel (the
-# row sums); and a conv of 8 output channels (AVX-VNNI's 8 x 8 tile, half a transpose)
+# row sums); and a conv of 8 output channels (AVX512_VNNI's 16 x 16 tile, AVX-VNNI's 8 x 8: half a
+# transpose)
 COLS8_G = """
 graph c8(x: u8[2, 8, 14, 30], y: u8[1, 5, 16, 16], w: i8[20, 8, 3, 3], w1: i8[44, 5, 1, 1], w3: i8[44, 5, 3, 3],
-         w8: i8[8, 8, 3, 3], xz: u8, wz: i8[20], wz5: i8[44], wz0: i8, s: f32, z: u8) {
+         w8: i8[8, 5, 3, 3], xz: u8, wz: i8[20], wz5: i8[44], wz0: i8, s: f32, z: u8) {
     a = kernel { quantize_linear(cast(conv_integer(x, w, xz, wz, padding=1), to="f32") * s, 1.0, z) }
     b = kernel { quantize_linear(cast(conv_integer(x, w, xz, wz, stride=2, padding=1), to="f32") * s, 1.0, z) }
     c = kernel { quantize_linear(cast(conv_integer(y, w1, xz, wz5), to="f32") * s, 1.0, z) }
     d = kernel { quantize_linear(cast(conv_integer(y, w3, xz, wz5, padding=1), to="f32") * s, 1.0, z) }
-    e = kernel { quantize_linear(cast(conv_integer(x, w8, xz, wz0, stride=2, padding=1), to="f32") * s, 1.0, z) }
+    e = kernel { quantize_linear(cast(conv_integer(y, w8, xz, wz0, padding=1), to="f32") * s, 1.0, z) }
     return a, b, c, d, e
 }
 """
@@ -1267,16 +1268,17 @@ def test_requantized_convs_store_their_tiles_channel_by_channel_exactly(int8_pat
     rng = np.random.default_rng(21)
     i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
     x = {"x": rng.integers(0, 256, (2, 8, 14, 30)).astype(np.uint8), "y": rng.integers(0, 256, (1, 5, 16, 16)).astype(np.uint8),
-         "w": i8(20, 8, 3, 3), "w1": i8(44, 5, 1, 1), "w3": i8(44, 5, 3, 3), "w8": i8(8, 8, 3, 3), "xz": np.asarray(7, np.uint8),
+         "w": i8(20, 8, 3, 3), "w1": i8(44, 5, 1, 1), "w3": i8(44, 5, 3, 3), "w8": i8(8, 5, 3, 3), "xz": np.asarray(7, np.uint8),
          "wz0": np.asarray(0, np.int8),
          "wz": rng.integers(-3, 4, 20).astype(np.int8), "wz5": rng.integers(-3, 4, 44).astype(np.int8),
          "s": np.asarray(2e-3, np.float32), "z": np.asarray(100, np.uint8)}
     mod = eqfuse.compile(COLS8_G, fuse="manual")
     convs = [k for k in mod.kernels if k.kind == "contraction"]
     cols8 = [bool(re.search(r"#define \w+_COLS8 1", k.c_source)) for k in convs]
-    assert cols8 == [k.tiles["mr"] == 8 for k in convs]  # (8-row tiles: AVX512_VNNI's for N > 16, AVX-VNNI's for N <= 8)
-    if int8_path in ("avx512_vnni", "avx_vnni"):  # (the 16-row tile of N <= 16 on one, the 8-row one on the other)
-        assert cols8 == ([True] * 4 + [False] if int8_path == "avx512_vnni" else [False] * 4 + [True])
+    # (8- and 16-row tiles: AVX512_VNNI's for N > 16 and N <= 16, AVX-VNNI's for N <= 8)
+    assert cols8 == [k.tiles["mr"] in (8, 16) for k in convs]
+    if int8_path in ("avx512_vnni", "avx_vnni"):
+        assert cols8 == ([True] * 5 if int8_path == "avx512_vnni" else [False] * 4 + [True])
     if int8_path == "avx512_vnni":
         assert sorted(k.decisions["direct_x"] for k in convs[:4]) == [0, 1, 2, 2]
         assert sorted(k.decisions["owv"] for k in convs[:4] if k.decisions["direct_x"] == 2) == [16, 16]
@@ -1284,7 +1286,7 @@ def test_requantized_convs_store_their_tiles_channel_by_channel_exactly(int8_pat
     geo = lambda **a: {"stride": 1, "padding": 0, "dilation": 1, "group": 1, **a}  # noqa: E731
     accs = [conv([x["x"], x["w"], x["xz"], x["wz"]], geo(padding=1)), conv([x["x"], x["w"], x["xz"], x["wz"]], geo(stride=2, padding=1)),
             conv([x["y"], x["w1"], x["xz"], x["wz5"]], geo()), conv([x["y"], x["w3"], x["xz"], x["wz5"]], geo(padding=1)),
-            conv([x["x"], x["w8"], x["xz"], x["wz0"]], geo(stride=2, padding=1))]
+            conv([x["y"], x["w8"], x["xz"], x["wz0"]], geo(padding=1))]
     for threads in (1, 2):
         mod.default.threads = threads
         for g, acc in zip(mod(**x), accs):

@@ -457,7 +457,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
                  KC=plan.tiles["kc"], MB=plan.tiles["mb"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
                  PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), DIRECT_X=int(d.direct_x), OWV=d.owv, CH4=int(d.ch4),
-                 COLS8=int(d.im2col and plan.tiles["mr"] == 8 and body.nodes[body.outputs[0]].type.dtype in ("u8", "i8")), BY_IMAGE=int(d.by_image), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
+                 COLS8=int(d.im2col and plan.tiles["mr"] in (8, 16) and body.nodes[body.outputs[0]].type.dtype in ("u8", "i8")), BY_IMAGE=int(d.by_image), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
                  G=d.groups, CI=geo.C, **geo.shape_c("N", "C", "OH"), PATH=INT8_PATHS[plan.precision_path], NCORR=d.corrections,
                  PARALLEL=int(d.parallel), EPILOGUE=" ".join(expr.split("\n")), A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
