@@ -1274,7 +1274,8 @@ def test_requantized_convs_store_their_tiles_channel_by_channel_exactly(int8_pat
          "s": np.asarray(2e-3, np.float32), "z": np.asarray(100, np.uint8)}
     mod = eqfuse.compile(COLS8_G, fuse="manual")
     convs = [k for k in mod.kernels if k.kind == "contraction"]
-    cols8 = [bool(re.search(r"#define \w+_COLS8 1", k.c_source)) for k in convs]
+    cols8 = [bool(k.decisions["cols8"]) for k in convs]
+    assert cols8 == [bool(re.search(r"#define \w+_COLS8 1", k.c_source)) for k in convs]  # (the plan is what runs)
     # (8- and 16-row tiles: AVX512_VNNI's for N > 16 and N <= 16, AVX-VNNI's for N <= 8)
     assert cols8 == [k.tiles["mr"] in (8, 16) for k in convs]
     if int8_path in ("avx512_vnni", "avx_vnni"):

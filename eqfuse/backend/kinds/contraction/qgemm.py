@@ -194,6 +194,9 @@ class QGemmDetail:
     mo: int = 0
     # DIRECT_X 2's virtual pixels per output row: OW rounded up to whole MR-row tiles (direct_x())
     owv: int = 0
+    # a requantized conv (u8 / i8 out, NCHW) on 8- or 16-row tiles stores each tile whose pixels
+    # are consecutive channel by channel, its bytes transposed in registers (COLS8, store_cols8)
+    cols8: bool = False
     # DIRECT_X's K-groups: four channels of one tap (the padded copy holds the channels in fours,
     # interleaved: channels_in_fours()), else four taps of one kernel row, padded with weight 0
     ch4: bool = False
@@ -337,7 +340,8 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
                               im2col=conv, groups=nbb if conv else 1, geometry=geo if conv else None,
                               b_transposed=body.nodes[mm.args[1]].op == "transpose",
                               im2col_rows=conv and not direct and im2col_by_rows(geo.KW), direct_x=direct,
-                              mo=M if conv else gM, by_image=whole, ch4=ch4, owv=owv)
+                              mo=M if conv else gM, by_image=whole, ch4=ch4, owv=owv,
+                              cols8=conv and mr in (8, 16) and body.nodes[body.outputs[0]].type.dtype in ("u8", "i8"))
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
@@ -457,7 +461,7 @@ def emit_qgemm(plan: KernelPlan) -> str:
                  KC=plan.tiles["kc"], MB=plan.tiles["mb"],
                  BATCH=d.batch, NBB=d.nbb, LDC=d.N, A_S8=int(d.a_s8), B_U8=int(d.b_u8), BZP_PER_COL=int(d.bzp_per_col),
                  PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), DIRECT_X=int(d.direct_x), OWV=d.owv, CH4=int(d.ch4),
-                 COLS8=int(d.im2col and plan.tiles["mr"] in (8, 16) and body.nodes[body.outputs[0]].type.dtype in ("u8", "i8")), BY_IMAGE=int(d.by_image), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
+                 COLS8=int(d.cols8), BY_IMAGE=int(d.by_image), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
                  G=d.groups, CI=geo.C, **geo.shape_c("N", "C", "OH"), PATH=INT8_PATHS[plan.precision_path], NCORR=d.corrections,
                  PARALLEL=int(d.parallel), EPILOGUE=" ".join(expr.split("\n")), A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
