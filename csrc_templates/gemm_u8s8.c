@@ -754,8 +754,8 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
         }
 #endif
 #if {{NAME}}_COLS8
-        /* (a tile whose 8 pixels are all stored, consecutive from ib: with DIRECT_X's virtual pixels,
-         * VW a row, one that ends before its row's OW) */
+        /* (a tile whose MR pixels are all stored, consecutive from ib: with DIRECT_X's virtual
+         * pixels, VW a row, one that ends before its row's OW) */
         if (mr == {{NAME}}_MR && (!{{NAME}}_DIRECT_X || i0 % {{NAME}}_VW + {{NAME}}_MR <= {{NAME}}_OW)) {
             const long ib = {{NAME}}_DIRECT_X ? i0 / {{NAME}}_VW * {{NAME}}_OW + i0 % {{NAME}}_VW : i0;
             uint8_t ob[{{NAME}}_MR][{{NAME}}_OBW] __attribute__((aligned(64)));
