@@ -203,6 +203,45 @@ static long eqf_pool_now_ns(void)
     return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
+/* A worker whose core another thread shares (a peer runtime's pool spinning after its run,
+ * benchmarks/bench_load.py --kind peers) does not spin between jobs: a thread that yields its core
+ * to one that spins without yielding gets it back only at the next scheduler tick, milliseconds
+ * later, so the job came and went without it. It sleeps on the condition variable instead, and
+ * each job's broadcast wakes it: a woken thread preempts a spinning one at once (with the short
+ * time slice it asks for, eqf_pool_short_slice). It finds its core shared when one pass of its
+ * spin (EQF_POOL_SPIN pauses and a sched_yield) took longer than EQF_POOL_SHARED_NS: another
+ * thread ran there meanwhile. For EQF_POOL_SHARED_HOLD_NS after that it spins one pass without
+ * yielding after each job (the next loop of a call often comes within it: no wake-up) and then
+ * sleeps, and after that it spins as before if its core has been its own
+ * (benchmarks/bench_load.py --kind peers). */
+enum { EQF_POOL_SHARED_NS = 200000, EQF_POOL_SHARED_HOLD_NS = 20000000 };
+static unsigned eqf_pool_shared_seen; /* times a worker found its core shared (atomic; tests read it) */
+
+/* The worker's time slice: the shortest the scheduler takes (Linux's EEVDF reads a fair thread's
+ * sched_attr.sched_runtime as its slice request, and takes none shorter than this). A thread with a shorter slice
+ * preempts one with a longer slice when it wakes, so a woken worker runs at once beside another
+ * runtime's spinning thread rather than at its next tick. Only the pool's own threads ask; a
+ * kernel that does not know the field refuses it, and the worker keeps its slice. */
+enum { EQF_POOL_SLICE_NS = 100000 };
+static void eqf_pool_short_slice(void)
+{
+#if defined(__linux__) && defined(SYS_sched_setattr) && defined(SYS_sched_getattr)
+    struct {
+        uint32_t size, policy;
+        uint64_t flags;
+        int32_t nice;
+        uint32_t priority;
+        uint64_t runtime, deadline, period;
+    } at;
+    memset(&at, 0, sizeof at);
+    if (syscall(SYS_sched_getattr, 0, &at, (unsigned)sizeof at, 0) != 0 || at.policy != 0 /* SCHED_OTHER */)
+        return;
+    at.size = sizeof at;
+    at.runtime = EQF_POOL_SLICE_NS;
+    (void)syscall(SYS_sched_setattr, 0, &at, 0);
+#endif
+}
+
 static void* eqf_pool_worker(void* arg)
 {
     const int id = (int)(long)arg;
@@ -210,6 +249,8 @@ static void* eqf_pool_worker(void* arg)
     unsigned long seen = 0;
     int off = -1;
     unsigned freed = 0;
+    long shared_until = 0; /* while the clock is below it, sleep between jobs (see EQF_POOL_SHARED_NS) */
+    eqf_pool_short_slice();
 #if defined(__linux__)
     if (CPU_COUNT(&eqf_pool_base) == 0)
         off = CPU_SETSIZE; /* the CPUs are not known: never moved */
@@ -218,25 +259,39 @@ static void* eqf_pool_worker(void* arg)
     for (;;) {
         eqf_pool_place(id, &off, &freed); /* (woken by a job or by eqf_pool_hold) */
         for (;;) { /* until a new job is published */
-            for (int spin = 1; (__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen; spin++) {
-                if (__atomic_load_n(&eqf_pool_hot, __ATOMIC_RELAXED) > 0) {
-                    if (spin >= EQF_POOL_SPIN) {
-                        sched_yield();
-                        spin = 0; /* (released, it spins EQF_POOL_SPIN pauses more, as after a job) */
-                    }
-                } else if (spin > EQF_POOL_SPIN) {
-                    if (eqf_pool_now_ns() >= __atomic_load_n(&eqf_pool_linger_until, __ATOMIC_RELAXED))
-                        break;
-                    sched_yield(); /* (lingering: see EQF_POOL_LINGER_NS) */
-                    spin = 0;
+            long pass = eqf_pool_now_ns();
+            int sleep = 0;
+            for (int spin = 1;; spin++) {
+                const int job = (__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) != seen;
+                if (!job && spin < EQF_POOL_SPIN) {
+                    eqf_pause();
+                    continue;
                 }
-                eqf_pause();
+                const long now = eqf_pool_now_ns();
+                if (now - pass > EQF_POOL_SHARED_NS) { /* another thread ran on this core meanwhile */
+                    shared_until = now + EQF_POOL_SHARED_HOLD_NS;
+                    __atomic_fetch_add(&eqf_pool_shared_seen, 1, __ATOMIC_RELAXED);
+                }
+                if (job)
+                    break;
+                if (now < shared_until) { /* a core shared: the next job did not come within one pass */
+                    sleep = 1;
+                    break;
+                }
+                if (__atomic_load_n(&eqf_pool_hot, __ATOMIC_RELAXED) <= 0
+                    && now >= __atomic_load_n(&eqf_pool_linger_until, __ATOMIC_RELAXED))
+                    break;
+                /* held, or lingering (EQF_POOL_LINGER_NS): give the core to any thread that wants it
+                 * (released, it spins EQF_POOL_SPIN pauses more, as after a job) */
+                sched_yield();
+                pass = now;
+                spin = 0;
             }
             if ((__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) != seen)
                 break;
             pthread_mutex_lock(&eqf_pool.mu);
             while ((__atomic_load_n(&eqf_pool.word, __ATOMIC_ACQUIRE) >> 32) == seen
-                   && __atomic_load_n(&eqf_pool_hot, __ATOMIC_RELAXED) <= 0)
+                   && (sleep || __atomic_load_n(&eqf_pool_hot, __ATOMIC_RELAXED) <= 0))
                 pthread_cond_wait(&eqf_pool.wake, &eqf_pool.mu);
             pthread_mutex_unlock(&eqf_pool.mu);
         }

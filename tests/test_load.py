@@ -1,6 +1,7 @@
 """Threads under load (eqfuse.runtime.load): a call uses no more threads than other processes
 leave cores free, so a parallel region never waits for a thread the OS has not scheduled."""
 
+import itertools
 import subprocess
 import sys
 import time
@@ -147,17 +148,20 @@ def test_the_team_is_the_calling_threads_openmp_threads(monkeypatch):
     assert runner._pool is not None and set(runner._pool()) <= tasks  # (none started: no few-rows GEMM ran)
 
 
-def _reading(monkeypatch, total: int, process: int, own: int, awake: int = 0):
-    """/proc faked: `total` tasks running system-wide, `process` of this process's threads, `own`
-    of them the call's (its team and pool), `awake` of them the team's OpenMP workers, on 2 CPUs."""
+def _reading(monkeypatch, total, process: int, own: int, awake: int = 0):
+    """/proc faked: `total` tasks running system-wide (or a list: what each read of /proc/loadavg
+    gives in turn), `process` of this process's threads, `own` of them the call's (its team and
+    pool), `awake` of them the team's OpenMP workers, on 2 CPUs."""
     import io
+
+    totals = iter(total) if isinstance(total, list) else itertools.repeat(total)
 
     monkeypatch.setattr(load, "cpus", lambda: 2)
     monkeypatch.setattr(load, "_local", __import__("threading").local())
     monkeypatch.setattr(load, "running_counts",
                         lambda mine=None, also=None: (process, own) if also is None else (process, own, awake))
     real_open = open
-    monkeypatch.setattr("builtins.open", lambda path, *a, **k: io.StringIO(f"0.5 0.5 0.5 {total}/300 1")
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: io.StringIO(f"0.5 0.5 0.5 {next(totals)}/300 1")
                         if path == "/proc/loadavg" else real_open(path, *a, **k))
 
 
@@ -213,6 +217,35 @@ def test_a_reading_that_saw_peers_is_kept_a_short_while(monkeypatch):
     now[0] += load.PEERS_INTERVAL * 2
     assert load.call_threads(2, team) == (2, load.OPENMP)  # a quiet reading is kept for INTERVAL
     assert load.PEERS_INTERVAL * 2 < load.INTERVAL
+
+
+def test_a_reading_that_found_another_process_running_is_kept_a_short_while(monkeypatch):
+    # (a kernel thread's brief turn on a quiet machine: kept for INTERVAL, it ran the next calls'
+    # loops on one thread; benchmarks/bench_load.py --kind peers)
+    team = lambda n: [1]  # noqa: E731
+    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
+    now = [100.0]
+    monkeypatch.setattr(load.time, "monotonic", lambda: now[0])
+    _reading(monkeypatch, total=2, process=1, own=1)
+    assert load.call_threads(2, team) == (1, 1)
+    _reading(monkeypatch, total=1, process=1, own=1)  # the other task has run
+    now[0] += load.PEERS_INTERVAL * 1.5
+    assert load.call_threads(2, team) == (2, load.OPENMP)
+
+
+def test_a_thread_that_stops_during_the_reading_takes_no_core(monkeypatch):
+    # another runtime's worker ending its spin between the read of /proc/loadavg and the pass over
+    # this process's threads: counted running system-wide, and not in this process
+    team = lambda n: [1]  # noqa: E731
+    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
+    _reading(monkeypatch, total=[2, 1], process=1, own=1)  # (before the pass, after it)
+    assert load.call_threads(2, team) == (2, load.OPENMP)
+    load._last[0] = 0.0
+    _reading(monkeypatch, total=[1, 2], process=1, own=1)  # one that starts during it
+    assert load.call_threads(2, team) == (2, load.OPENMP)
+    load._last[0] = 0.0
+    _reading(monkeypatch, total=[2, 2], process=1, own=1)  # running at both: another process's
+    assert load.call_threads(2, team) == (1, 1)
 
 
 def _bench_load():

@@ -1,11 +1,15 @@
 """The claim-based thread pool of csrc_templates/common_pool.h, alone: two threads submit 20000
 jobs each (1 to 37 chunks, 3 threads per job), and every chunk of every job must run exactly once;
 the same with the chunks' items in one run per thread (eqf_runs_claim).
+A worker whose core another thread spins on sleeps between jobs.
 The second caller finds the pool busy and runs its chunks itself; the first one's jobs race the
 workers' claims. A worker that stalls in its chunks is waited for, and freed to run anywhere. With `-m extended` the same program runs under ThreadSanitizer."""
 
 from __future__ import annotations
 
+import os
+import platform
+import re
 import subprocess
 
 import pytest
@@ -156,6 +160,79 @@ int main(void)
 """
 
 
+# A worker whose core another thread spins on without yielding (another runtime's pool after its
+# run): it finds its core shared (eqf_pool_shared_seen), sleeps between jobs and is woken by
+# each, and every chunk still runs once. The caller holds the pool (as a graph's run function
+# does) on CPU 0; the spinner and the worker are on CPU 1. Prints the worker's time slice
+# request (sched_getattr's runtime) after "ok".
+SHARED = r"""
+#include <stdio.h>
+static volatile int stop;
+static void* spinner(void* arg)
+{
+    (void)arg;
+    while (!stop)
+        eqf_pause();
+    return NULL;
+}
+static void chunk(void* ctx, long k)
+{
+    long* h = ctx;
+    const long t0 = eqf_pool_now_ns();
+    while (eqf_pool_now_ns() - t0 < 20000)
+        eqf_pause();
+    __atomic_fetch_add(&h[k], 1, __ATOMIC_RELAXED);
+}
+static void pin(int cpu)
+{
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    CPU_SET(cpu, &s);
+    sched_setaffinity(0, sizeof s, &s);
+}
+int main(void)
+{
+    static long h[8];
+    eqf_parallel_for(8, chunk, h, 2); /* (the workers start with the process's CPUs) */
+    pin(0);
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(1, &one);
+    pthread_attr_setaffinity_np(&at, sizeof one, &one);
+    pthread_create(&t, &at, spinner, NULL);
+    int held = 0;
+    eqf_pool_request = 2; /* (as the run function sets it) */
+    eqf_pool_hold(&held, 1);
+    for (int it = 0; it < 200; it++) {
+        eqf_parallel_for(8, chunk, h, 2);
+        const long t0 = eqf_pool_now_ns(); /* the caller's own work between two loops */
+        while (eqf_pool_now_ns() - t0 < 50000)
+            eqf_pause();
+    }
+    eqf_pool_hold(&held, 0);
+    stop = 1;
+    pthread_join(t, NULL);
+    for (int k = 0; k < 8; k++)
+        if (h[k] != 201) {
+            printf("chunk %d ran %ld times, not 201\n", k, h[k]);
+            return 1;
+        }
+    if (eqf_pool_shared_seen == 0) {
+        printf("the worker never found its core shared\n");
+        return 1;
+    }
+    struct { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority; uint64_t runtime, deadline, period; } a;
+    memset(&a, 0, sizeof a);
+    syscall(SYS_sched_getattr, eqf_pool_tid[0], &a, (unsigned)sizeof a, 0);
+    printf("ok %lu\n", (unsigned long)a.runtime);
+    return 0;
+}
+"""
+
+
 def _run(tmp_path, *flags, harness=HARNESS):
     src = tmp_path / "pool.c"
     src.write_text(header_c() + COUNTS + harness)
@@ -178,6 +255,17 @@ def test_every_item_of_runs_is_claimed_once(tmp_path):
 def test_a_stalled_worker_is_waited_for_and_freed(tmp_path):
     p = _run(tmp_path, harness=STALLED)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0),
+                    reason="needs CPUs 0 and 1: the caller on one, a spinning thread and the worker on the other")
+def test_a_worker_beside_a_spinning_thread_sleeps_between_jobs(tmp_path):
+    p = _run(tmp_path, harness=SHARED)
+    words = p.stdout.split()
+    assert p.returncode == 0 and words[:1] == ["ok"], p.stdout + p.stderr
+    release = tuple(int(x) for x in re.findall(r"\d+", platform.release())[:2])
+    if release >= (6, 12):  # (EEVDF's slice request: sched_attr.sched_runtime of a fair thread)
+        assert int(words[1]) == 100000, "the worker's time slice request did not take"
 
 
 @pytest.mark.extended

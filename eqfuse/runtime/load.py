@@ -9,7 +9,12 @@ uses no more threads than that:
 
 - others = tasks running system-wide (the 4th field of /proc/loadavg, the kernel's count at
   the moment of reading) minus this process's own running threads (/proc/self/task/*/stat,
-  state R: the calling thread and any OpenMP worker still spinning);
+  state R: the calling thread and any OpenMP worker still spinning). The system-wide count is
+  the smaller of two readings, one before the pass over the threads and one after: a thread
+  that stops running (another runtime's worker ending its spin) or starts during the pass is
+  then counted by neither, where one reading before the pass counted it running system-wide
+  and not in this process, as a core another process held (the call then ran its loops on one
+  thread: benchmarks/bench_load.py --kind peers, ResNet-18's stages beside onnxruntime);
 - free = the CPUs this process may run on minus others, at least 1.
 
 Other runtimes in this process count as other processes do. onnxruntime's threads spin for a
@@ -34,9 +39,11 @@ running (not one thread: the caller claims what the worker does not reach, so a 
 costs at most what one thread costs, and one that stops gives its core back mid-call); the
 calling thread alone when other processes hold the cores.
 
-The count is read at most every `INTERVAL` seconds (`PEERS_INTERVAL` after a reading that saw
-another runtime's threads running, whose spinning ends soon) and is Linux only; elsewhere every CPU
-counts as free. A read costs tens of microseconds on a quiet machine and several times that
+The count is read at most every `INTERVAL` seconds, and `PEERS_INTERVAL` after a reading that
+found a core taken: another runtime's spinning ends soon, and a task of another process can be
+as brief (a kernel thread's turn on a quiet machine: one such reading kept for `INTERVAL` ran
+the next calls' loops on one thread, benchmarks/bench_load.py --kind peers). It is Linux only;
+elsewhere every CPU counts as free. A read costs tens of microseconds on a quiet machine and several times that
 right after a long call has pushed /proc's data out of the caches, so a call that asks for one thread does not read it at all.
 """
 
@@ -49,9 +56,10 @@ from collections.abc import Callable, Collection, Sequence
 
 INTERVAL = 0.05  # seconds between two reads of the running tasks: a load that comes and goes
 # faster than this is not followed; a read's cost, once per INTERVAL, stays small against the calls'
-PEERS_INTERVAL = 0.005  # seconds a reading that saw another runtime's threads running is kept:
-# their spinning ends soon after their run (OpenVINO's within a millisecond, onnxruntime's within
-# tens), and a call that finds every core free again runs its loops as OpenMP's static split
+PEERS_INTERVAL = 0.005  # seconds a reading that found a core taken is kept: another runtime's
+# spinning ends soon after its run (OpenVINO's within a millisecond, onnxruntime's within tens),
+# another process's task may be as brief, and a call that finds every core free again runs its
+# loops as OpenMP's static split
 
 _lock = threading.Lock()
 # (time of the last read, free cores then with this process's other running threads counted as
@@ -99,21 +107,23 @@ def running_own(task_dir: str = "/proc/self/task", mine: Collection[int] | None 
 
 def _read(now: float | None, mine: Callable[[], Collection[int]] | None,
           workers: Callable[[], Collection[int]] | None = None) -> list:
-    """`_last`, read again from /proc when it is INTERVAL old (PEERS_INTERVAL when it saw another
-    runtime's threads running: `_last[1] < _last[2]`); with `workers` (the OpenMP team's threads
+    """`_last`, read again from /proc when it is INTERVAL old (PEERS_INTERVAL when it found a core
+    taken: `_last[1] < cpus()`); with `workers` (the OpenMP team's threads
     but the caller), `_last[3]` counts those of them running."""
     now = time.monotonic() if now is None else now
-    if now - _last[0] < (INTERVAL if _last[1] == _last[2] else PEERS_INTERVAL) and _last[1]:
+    if now - _last[0] < (INTERVAL if _last[1] == cpus() else PEERS_INTERVAL) and _last[1]:
         return _last
     with _lock:
         awake = 0
         try:
             with open("/proc/loadavg") as f:
-                total = running_total(f.read())
+                before = running_total(f.read())
             if workers is None:
                 process, own = running_counts(mine=mine() if mine is not None else None)
             else:
                 process, own, awake = running_counts(mine=mine() if mine is not None else None, also=workers())
+            with open("/proc/loadavg") as f:
+                total = min(before, running_total(f.read()))
         except (OSError, ValueError, IndexError):  # no /proc: every CPU is free
             total = process = own = 0
         _last[:] = [now, max(1, cpus() - max(0, total - own)), max(1, cpus() - max(0, total - process)), awake]
