@@ -7,6 +7,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 import eqfuse
 from eqfuse.runtime import load
@@ -201,36 +202,28 @@ def test_a_graph_without_openmp_kernels_runs_its_loops_on_the_pool_when_every_co
     assert load.call_threads(1, team, openmp_kernels=False) == (1, 1)
 
 
-def test_a_reading_that_saw_peers_is_kept_a_short_while(monkeypatch):
+@pytest.mark.parametrize("total, process, first", [
+    (3, 3, (1, 2)),  # another runtime's threads spinning in this process: the pool
+    # another process's task (a kernel thread's brief turn on a quiet machine: kept for INTERVAL,
+    # it ran the next calls' loops on one thread; benchmarks/bench_load.py --kind peers)
+    (2, 1, (1, 1)),
+])
+def test_a_reading_that_found_a_core_taken_is_kept_a_short_while(monkeypatch, total, process, first):
     team = lambda n: [1]  # noqa: E731
     monkeypatch.setattr(load, "_last", [0.0, 0, 0])
     now = [100.0]
     monkeypatch.setattr(load.time, "monotonic", lambda: now[0])
-    _reading(monkeypatch, total=3, process=3, own=1)
-    assert load.call_threads(2, team) == (1, 2)
-    _reading(monkeypatch, total=1, process=1, own=1)  # the peer stopped spinning
+    _reading(monkeypatch, total=total, process=process, own=1)
+    assert load.call_threads(2, team) == first
+    _reading(monkeypatch, total=1, process=1, own=1)  # the other thread stopped
     now[0] += load.PEERS_INTERVAL / 2
-    assert load.call_threads(2, team) == (1, 2)  # (kept)
+    assert load.call_threads(2, team) == first  # (kept)
     now[0] += load.PEERS_INTERVAL
     assert load.call_threads(2, team) == (2, load.OPENMP)  # read again well before INTERVAL
-    _reading(monkeypatch, total=3, process=3, own=1)
+    _reading(monkeypatch, total=total, process=process, own=1)
     now[0] += load.PEERS_INTERVAL * 2
     assert load.call_threads(2, team) == (2, load.OPENMP)  # a quiet reading is kept for INTERVAL
     assert load.PEERS_INTERVAL * 2 < load.INTERVAL
-
-
-def test_a_reading_that_found_another_process_running_is_kept_a_short_while(monkeypatch):
-    # (a kernel thread's brief turn on a quiet machine: kept for INTERVAL, it ran the next calls'
-    # loops on one thread; benchmarks/bench_load.py --kind peers)
-    team = lambda n: [1]  # noqa: E731
-    monkeypatch.setattr(load, "_last", [0.0, 0, 0])
-    now = [100.0]
-    monkeypatch.setattr(load.time, "monotonic", lambda: now[0])
-    _reading(monkeypatch, total=2, process=1, own=1)
-    assert load.call_threads(2, team) == (1, 1)
-    _reading(monkeypatch, total=1, process=1, own=1)  # the other task has run
-    now[0] += load.PEERS_INTERVAL * 1.5
-    assert load.call_threads(2, team) == (2, load.OPENMP)
 
 
 def test_a_thread_that_stops_during_the_reading_takes_no_core(monkeypatch):
