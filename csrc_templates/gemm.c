@@ -718,9 +718,12 @@ static int {{NAME}}_split(int nt)
     return nt > 1 && panels >= nt && (2 * M <= N || (M <= N && M <= 64 * {{NAME}}_MR)) ? 2 : 1;
 }
 
-void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}})
+void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}}{{LIVE_PARAM}})
 {
-    const long M = {{NAME}}_M, N = {{NAME}}_N, BATCH = {{BATCH}};
+    /* the rows computed: M, or those of a dim taken at run time (eqfuse.backend.runtime_dim) in whole
+     * MR tiles, at most M (the rows past the dim's run-time length are scratch: their values hold
+     * anything, and the last tile is then M's own) */
+    const long M = {{ROWS_LIVE}}, N = {{NAME}}_N, BATCH = {{BATCH}};
     const long KF = {{NAME}}_KFLOATS, NC = {{NAME}}_NC, MC = {{NAME}}_MC; /* (KF: of the scratch, KFLOATS) */
     const long NCP = (NC + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR; /* NC padded to whole panels */
 #if {{BF16}} == 3

@@ -68,6 +68,12 @@ class ChunkRefused(EqfuseError):
     prefills the prompt whole, as a model without a live step does."""
 
 
+class RuntimeDimRefused(EqfuseError):
+    """compile's live= on a dim no KV cache holds (a run-time loop bound, eqfuse.backend.runtime_dim)
+    where a kernel of the graph cannot take the dim's value at run time: the message names the
+    kernel. eqfuse.runtime.padded then pads the dim to buckets instead."""
+
+
 class ShapeError(Exception):
     """Raised by an op's shape rule; the graph builder turns it into an EqfuseError at the op."""
 

@@ -37,13 +37,13 @@ from eqfuse.backend import cbuild
 from eqfuse.backend.emit import emit_graph
 from eqfuse.backend.lower import format_uops, lower_graph, plan_decisions
 from eqfuse.backend.plan import precision_entries
-from eqfuse.errors import ArgumentError, DimsNeeded, EqfuseError
+from eqfuse.errors import ArgumentError, DimsNeeded, EqfuseError, RuntimeDimRefused
 from eqfuse.frontend.load import is_onnx, load_with_weights
 from eqfuse.frontend.load import load as load_graphs
 from eqfuse.grad.api import LazyGradFunction, differentiate
 from eqfuse.ir.graph import Graph, Node, bind_dims, oversized
 from eqfuse.ir.kernels import K
-from eqfuse.ir.live import cache_graph, causal_from_length, pick_row
+from eqfuse.ir.live import appended, cache_graph, causal_from_length, length_graph, pick_row
 from eqfuse.ir.printer import graph_text, kernel_text, module_text
 from eqfuse.ir.reference import Reference, bind_arrays
 from eqfuse.ir.separable import batch_dims
@@ -328,8 +328,25 @@ def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: fr
     may read the bound inputs' values `arrays` (a causal mask over a prompt's chunk), as an integer
     GEMM does (its bound weights' range chooses its instruction path)."""
     bound = bind_dims(g, dims) if g.dims() else g
+    capacity = None
+    if live is not None and live in g.dims():  # a dim the loops take at run time (eqfuse.backend.runtime_dim)
+        capacity = int(dims[live])
+        check_capacity(g, live, capacity)
     return bound, *lower_graph(bound, machine(), fuse=fuse is not False, params=params, precision=precision,
-                               live=None if live is None else length_input(live), arrays=arrays)
+                               live=None if live is None else length_input(live), arrays=arrays,
+                               capacity=capacity)
+
+
+def fixed_extents(g: Graph) -> frozenset[int]:
+    """Every number that is an extent of a node of g (kernel bodies included)."""
+    return frozenset(d for _, _, n in g.walk() for d in n.type.shape if not isinstance(d, str))
+
+
+def check_capacity(g: Graph, dim: str, capacity: int) -> None:
+    """A run-time dim's kernels are found by their extent: `capacity` must be no fixed extent of g."""
+    if capacity in fixed_extents(g):
+        raise RuntimeDimRefused(f"live='{dim}': its capacity {capacity} is also a fixed extent of {g.name}; "
+                                f"bind {dim} to another capacity (dims=), e.g. {capacity + 1}")
 
 
 def running(plans) -> tuple[int, int]:
@@ -595,6 +612,9 @@ def live_graph(g: Graph, src, live: str, dims: Mapping[str, int], pick: str | No
     axes = {n: list(s).index(live) for n, s in shapes.items() if live in s}
     if not axes:
         raise ArgumentError(f"live='{live}': no input of {g.name} has a dimension named {live}")
+    if not is_onnx(src) and pick is None and not appended(g, axes):
+        # no KV cache: a named dim the loops take at run time (eqfuse.backend.runtime_dim)
+        return length_graph(g, length_input(live))
     g = cache_graph(g, axes, length_input(live), dict(dims))
     return pick_row(g, pick) if pick is not None else g
 
@@ -690,6 +710,10 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
         batch = next((d for d in batch_dims(graph, params)[0] if d not in dims and d not in buckets), None)
         f = PaddedFunction(graph.name, inputs, dims, batch, buckets, build_bucket, lambda d: (graph, params))
         f.padding = {d: "buckets= does not name it" for d in f.padded if d not in buckets}
+        # a padded dim may instead be taken at run time by the loops (eqfuse.backend.runtime_dim):
+        # the results' named shapes give its axes, and a capacity must be no fixed extent
+        f.results = [tuple(t.shape) for t in graph.result_types]
+        f.extents = fixed_extents(graph)
     if buckets == {}:  # buckets={}: every binding compiled on its own, no padding
         f.sizes, f.padding = {}, {d: "buckets={}" for d in f.padded}
     elif sums:

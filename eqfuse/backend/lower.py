@@ -18,6 +18,7 @@ from eqfuse.backend.kinds.contraction.conv import block_between_convs
 from eqfuse.backend.literals import lift_literals
 from eqfuse.backend.live import mark_live
 from eqfuse.backend.plan import KernelPlan, rounds_as_written, size
+from eqfuse.backend.runtime_dim import mark_dim
 from eqfuse.backend.stores import place_stores, store_uop
 from eqfuse.backend.views import is_contiguous, place_views
 from eqfuse.errors import EqfuseError
@@ -146,7 +147,8 @@ def plan_kernel(g: Graph, node_id: int, name: str, m: Machine, precision: str = 
 
 
 def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] = frozenset(),
-                precision: str = "f32", live: str | None = None, arrays=None) -> tuple[Graph, list[KernelPlan]]:
+                precision: str = "f32", live: str | None = None, arrays=None,
+                capacity: int | None = None) -> tuple[Graph, list[KernelPlan]]:
     """(the kernelized graph, one plan per kernel) for a graph with concrete shapes, planned for
     machine m. `params` names the inputs bound by params=: a GEMM whose B is one of them is marked
     b_bound (emit then prepacks it, when B is one matrix shared by every batch). `precision` is
@@ -154,7 +156,9 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
     path (KernelPlan.precision, .precision_path). `live` names the input that holds a KV cache's
     live length (compile's live=): its appends and attentions take it at run time
     (eqfuse.backend.live); `arrays` the bound inputs' values, which it may read (an
-    integer GEMM's bound weights, whose range chooses its instruction path: qgemm.mark_bound)."""
+    integer GEMM's bound weights, whose range chooses its instruction path: qgemm.mark_bound).
+    With `capacity`, `live` is instead a named dim's run-time value, bound here to `capacity`: the
+    kernels over it loop to its value (eqfuse.backend.runtime_dim)."""
     g = expand_convs(g)  # (conv1d, conv_transpose2d as conv2d, when the optimizer did not run)
     split: set[int] = set()
     while True:
@@ -186,7 +190,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
             plans.append(plan)
         if not retry:
             place_views(kg, plans)
-            if live is not None:
+            if live is not None and capacity is None:
                 mark_live(kg, plans, live)
             place_stores(kg, plans)
             for p in plans:  # decisions that depend on the strides the inputs are read through
@@ -202,6 +206,13 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
             for p in plans:
                 if p.kind == K.CONV2D and p.prepack is None:
                     mark_bound_b(p, _bound_inputs(p, kg, params, plans), m, _bound_values(p, kg, params, arrays, plans))
+            if live is not None and capacity is not None:  # (on the plans as they are emitted)
+                mark_dim(kg, plans, live, capacity)
+                for p in plans:  # (a pointwise kernel's loops split at the dim: planned again)
+                    if p.kind == K.POINTWISE and p.live is not None:
+                        KIND[p.kind].after_views(p, m)
+                        if p.into is not None:
+                            p.uops = p.uops + [store_uop(p)]
             return kg, plans
 
 

@@ -33,8 +33,9 @@ class LiveBound:
     ("keys") reads keys 0 .. L + new - 1. `rows` is the buffer's length along that axis (the
     compile-time bound: L <= rows - new)."""
 
-    what: str  # "append", "keys", "repeat" (grouped-query attention's copy for the query heads) or
-    # "rows" (a pointwise kernel over [.., rows] that the attentions read only at their live keys)
+    what: str  # "append", "keys", "repeat" (grouped-query attention's copy for the query heads),
+    # "rows" (a pointwise kernel over [.., rows] that the attentions read only at their live keys) or
+    # "dim" (a named dim no cache holds, its loops to its run-time value: eqfuse.backend.runtime_dim)
     rows: int
     new: int
     buffer: int = -1  # an append's cache input (graph node): its result's storage, returned as is
@@ -45,6 +46,8 @@ class LiveBound:
     length: int = -1  # the graph input (node) that holds L at run time: the run function reads it there
 
     def __str__(self) -> str:
+        if self.what == "dim":  # a named dim at run time (eqfuse.backend.runtime_dim)
+            return f"loops at run time: the first live of {self.rows} along axis {self.axis}"
         return f"{self.what} at run time: live + {self.new} of {self.rows} rows" + (", bf16 cache" if self.bf16 else "")
 
 

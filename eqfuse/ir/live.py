@@ -106,6 +106,31 @@ def cache_graph(g: Graph, axes: dict[str, int], length: str, dims: dict[str, int
     return out
 
 
+def length_graph(g: Graph, length: str) -> Graph:
+    """g with one more input named `length`, i64[1]: the run-time value of a named dim that no KV
+    cache holds (compile's live= on such a dim: eqfuse.backend.runtime_dim). Every input and
+    result keeps its shape at the dim's capacity; only the kernels' loops over it follow `length`."""
+    if length in {n for n, _ in g.params}:
+        raise EqfuseError(f"live=: the graph already has an input named '{length}'")
+    out = Graph(g.name, list(g.nodes), list(g.inputs), list(g.outputs), pos=g.pos)
+    out.inputs.append(out.add(Node("input", type=TType((1,), LENGTH_DTYPE), name=length)))
+    return out
+
+
+def appended(g: Graph, axes: dict[str, int]) -> bool:
+    """Whether any input of `axes` (param name -> axis) is read by a concat along that axis: a KV
+    cache (cache_graph), rather than a dim taken at run time by the loops alone (length_graph)."""
+    by_name = {g.nodes[i].name: i for i in g.inputs}
+    for n in g.nodes:
+        if n.op != "concat":
+            continue
+        for a in n.args:
+            name = g.nodes[a].name if g.nodes[a].op == "input" else None
+            if name in axes and n.attr["axis"] % g.nodes[by_name[name]].type.rank == axes[name]:
+                return True
+    return False
+
+
 def causal_from_length(g: Graph, arrays: Mapping[str, np.ndarray], length: str) -> Graph:
     """g (a cache_graph, its bound values folded: `arrays`) with each bound causal mask of a step
     of several new rows computed from the live length input `length` (module docstring); g

@@ -29,6 +29,11 @@ to the first call's value rounded up to one, and at least to 128 (`pad_sizes`). 
 compiles every bucket (times the batch dim's buckets), and drops one the model refuses (BERT
 with 64 positions at 128). A value above the largest bucket compiles one more, its power of two.
 
+A .g graph's padded dim, in a graph with no batch dim, is first tried as a dim taken at run time
+by the loops (compile's live=, eqfuse.backend.runtime_dim): one module at a capacity runs every
+length up to it with no work past the length, its arrays at the call's length (`_runtime`); where
+a kernel cannot take it (RuntimeDimRefused, kept in `runtime_refused`), the dim is padded as above.
+
 A model whose export folds the batch into another dim ([batch * heads, ...]: ConvBERT, WavLM)
 imports only with the batch bound too: each bucket's module then compiles its batch per value
 (eqfuse.pipeline.padded_module), and the check imports the reference with its two samples bound.
@@ -43,7 +48,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from eqfuse.errors import ArgumentError, ChunkRefused, DimsNeeded, EqfuseError
+from eqfuse.errors import ArgumentError, ChunkRefused, DimsNeeded, EqfuseError, RuntimeDimRefused
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.reference import bind_arrays, call_arrays, evaluate
 from eqfuse.runtime.load import cpus
@@ -54,6 +59,7 @@ Shape = tuple  # of ints and dim names
 
 
 DEFAULT_TOP = 128  # the default buckets reach at least this length (a transformer's usual range)
+RUNTIME = "run-time"  # `padding` of a dim taken at run time by the loops, not padded (`PaddedFunction._runtime`)
 
 
 def pad_sizes(first: int) -> list[int]:
@@ -100,6 +106,11 @@ class PaddedFunction:
         self.live_modules: dict[tuple, object] = {}  # (dims, live dim, pick) -> Module of a decoder step (live_module)
         self._building: dict[tuple, Future] = {}  # live_module's keys being built, by one thread each
         self._refused: dict[tuple, ChunkRefused] = {}  # live_module's keys whose chunk step cannot be built
+        # a .g graph's result shapes with their dim names, and its fixed extents: a padded dim may
+        # then be taken at run time instead (`_runtime`); None for an ONNX model (its dims are numbers)
+        self.results: list[Shape] | None = None
+        self.extents: frozenset[int] = frozenset()
+        self.runtime_refused: str | None = None  # why the padded dim is not taken at run time
         self.last = None  # the GraphFunction of the last call's bucket (Module.kernels reads it)
         self.last_module = None
         self._ready = False
@@ -129,7 +140,8 @@ class PaddedFunction:
                 self._ready = True
             key = tuple(self._bucket(d, values[d]) for d in self.padded)
             mod = self._module(key, named, values)
-        outs = mod(*(self._fit(named[n], s, dict(zip(self.padded, key)), values) for n, s in self.inputs))
+        lengths = [np.array([values[d]], dtype=np.int64) for d in self.padded if self.padding[d] == RUNTIME]
+        outs = mod(*(self._fit(named[n], s, dict(zip(self.padded, key)), values) for n, s in self.inputs), *lengths)
         one = not isinstance(outs, tuple)
         outs = (outs,) if one else outs
         outs = tuple(self._crop(k, o, values) for k, o in enumerate(outs))
@@ -194,24 +206,63 @@ class PaddedFunction:
 
     def _bucket(self, d: str, v: int) -> int:
         """The bucket value a call with d = v runs at: the smallest that holds v, or v's power of
-        two above them all (compiled by _module, and then one of them)."""
+        two above them all (compiled by _module, and then one of them); for a dim taken at run time
+        the smallest capacity compiled that holds v, or a new one (`_capacity`)."""
+        if self.padding[d] == RUNTIME:
+            return next((s for s in self.sizes[d] if s >= v), self._capacity(_pow2(v)))
         if self.padding[d] != "exact":
             return v
         return next((s for s in self.sizes[d] if s >= v), _pow2(v))
 
+    def _capacity(self, at_least: int) -> int:
+        """A run-time dim's capacity: `at_least`, or the next number that is no fixed extent of the
+        graph (eqfuse.backend.runtime_dim finds the dim's axes by their extent)."""
+        c = at_least
+        while c in self.extents:
+            c += 1
+        return c
+
     def _make(self, key: tuple[int, ...], named, values):
         """The Module of one bucket, with its batch buckets compiled (by a call on the inputs)."""
         bucket = dict(zip(self.padded, key))
-        mod = self._build(bucket)
-        mod(*(self._fit(named[n], s, bucket, values) for n, s in self.inputs))
+        runtime = [d for d in self.padded if self.padding.get(d) == RUNTIME]
+        mod = self._build(bucket, live=runtime[0]) if runtime else self._build(bucket)
+        lengths = [np.array([values[d]], dtype=np.int64) for d in runtime]
+        mod(*(self._fit(named[n], s, bucket, values) for n, s in self.inputs), *lengths)
         return mod
+
+    def _runtime(self, named, values) -> bool:
+        """Compile the one padded dim of a .g graph with no batch dim as a dim taken at run time by
+        the loops (compile's live=, eqfuse.backend.runtime_dim): one module at a capacity (the
+        largest bucket buckets= gives, else 128 or the first call's power of two above), run at any
+        length up to it with no work past the length; a longer call compiles the next power of two.
+        False (and `runtime_refused` says why) when a kernel cannot take it: the dim is padded."""
+        if self.results is None or len(self.padded) != 1 or self.batch_dim is not None:
+            return False
+        d = self.padded[0]
+        if d in self.padding:  # (buckets={} or a dim buckets= does not name: compiled per value)
+            return False
+        given = self.sizes.get(d)  # (buckets=' sizes: kept for the padding when refused)
+        cap = self._capacity(max(max(given or pad_sizes(values[d])), _pow2(values[d])))
+        self.padding[d], self.sizes[d] = RUNTIME, [cap]
+        try:
+            mod = self._make((cap,), named, values)
+        except RuntimeDimRefused as e:
+            del self.padding[d], self.sizes[d]
+            if given:
+                self.sizes[d] = given
+            self.runtime_refused = e.message
+            return False
+        self.out_axes[d] = [tuple(k for k, x in enumerate(shape) if x == d) for shape in self.results]
+        self._module((cap,), named, values, mod)
+        return True
 
     def _module(self, key: tuple[int, ...], named, values, made=None):
         mod = self.modules.get(key)
         if mod is None:
             mod = self.modules[key] = made if made is not None else self._make(key, named, values)
             for d, v in zip(self.padded, key):
-                if self.padding[d] == "exact" and v not in self.sizes[d]:
+                if self.padding[d] in ("exact", RUNTIME) and v not in self.sizes[d]:
                     self.sizes[d] = sorted(self.sizes[d] + [v])
         self.last_module, self.last = mod, mod.default.last
         return mod
@@ -224,6 +275,8 @@ class PaddedFunction:
         The buckets compile on two threads: one's C compiler (a subprocess) runs while the other
         imports and optimizes (the optimizers take turns: program.SharedArrays.optimizing), so
         the C compiles, a third of the time, overlap the rest."""
+        if self._runtime(named, values):
+            return
         for d in self.padded:
             why = self.padding.get(d) or self._check(d, named, values)  # (preset: padding is off)
             self.padding[d] = why or "exact"
@@ -338,7 +391,8 @@ class PaddedFunction:
         for d in self.padded:
             state = self.padding.get(d)
             limit = f" (not {self.limits[d].split(':')[0]}: the model refuses it)" if d in self.limits else ""
-            parts.append(f"{d} padded to {', '.join(map(str, self.sizes[d]))}{limit}" if state == "exact" else
+            parts.append(f"{d} at run time up to {max(self.sizes[d])}" if state == RUNTIME else
+                         f"{d} padded to {', '.join(map(str, self.sizes[d]))}{limit}" if state == "exact" else
                          f"{d} compiled per value ({state})" if state else f"{d} padded to buckets chosen at the first call")
         return f"<eqfuse function {self.name}({', '.join(self.free)}): {'; '.join(parts)}>"
 

@@ -822,6 +822,9 @@ class Runner:
         bad = self.fn(st["ins"], st["outs"], st["arena"], *st["threads"], st["failed"])
         if bad == BAD_LENGTH:
             top = min(p.live.rows - p.live.new for p in self.kernels if p.live is not None)
+            if any(p.live.what == "dim" for p in self.kernels if p.live is not None):  # (backend.runtime_dim)
+                raise ArgumentError(f"{self.kg.name}(): the run-time length {st['failed'][0]} is not in 0 .. {top} "
+                                    f"(the capacity the dim was compiled at)")
             raise ArgumentError(f"{self.kg.name}(): the KV cache's live length {st['failed'][0]} is not in 0 .. {top} "
                                 f"(its buffers hold {top} past rows and the new ones)")
         if bad == NOMEM:

@@ -276,8 +276,12 @@ class Attention(Kind):
         epi = Exprs(body, ospace, ptrs, {pv: "v"}, I3, forbid={p.qk, p.sm})
         e = epi.value(p.result)
         bk, bq = plan.tiles["bk"], plan.tiles.get("bq", 1)
-        # keys over a KV cache (eqfuse.backend.live): the live length and the new rows, at run time
+        # keys over a KV cache (eqfuse.backend.live): the live length and the new rows, at run time;
+        # a named dim at run time (eqfuse.backend.runtime_dim): the queries, and the keys when they are it
+        sq = str(Sq)
         sk = f"(live + {plan.live.new})" if plan.live else str(Sk)
+        if plan.live is not None and plan.live.what == "dim":
+            sq, sk = "live", "live" if Sk == plan.live.rows else str(Sk)
         if plan.live:
             params += ", long live"
         if d.decode:
@@ -295,7 +299,7 @@ class Attention(Kind):
                           SCORE_OPS=int(d.score_ops), EPI_BODY=epi.text(), EPI=e,
                           K_BF16=int(d.k_bf16), V_BF16=int(d.v_bf16), G=d.kv_rows, POOL=int(d.pool),
                           **param_job(params))
-        return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SQ=Sq, SK=sk, D=D, DV=Dv,
+        return render("attention.c", NAME=plan.name, PARAMS=params, BATCH=size(batch), SQ=sq, SK=sk, D=D, DV=Dv,
                       BQ=bq, BK=bk, SKP=-(-Sk // bk) * bk, VEC=int(d.vec),
                       ZERO_NAN=int(body.nodes[p.sm].attr["zero_nan"]), PARALLEL=int(d.parallel),
                       Q=Q, QOFF=offset("b", batch, qs[:nb]), QR=qs[nb], QC=qs[nb + 1],

@@ -85,6 +85,11 @@ class Layout(Kind):
             # walk `dst_space` (a shape); inner loop over its last non-1 group
             sets = [src_strides_in_out_space, dst_strides]
             groups = joint_groups(dst_space, sets) or [[]]
+            dim = None  # a dim taken at run time (eqfuse.backend.runtime_dim): its axis, a loop of its own
+            if plan.live is not None and plan.live.what == "dim":
+                dim = next(a for a, n in enumerate(dst_space) if n == plan.live.rows)
+                groups = [part for g in groups for part in
+                          ([g[:g.index(dim)], [dim], g[g.index(dim) + 1:]] if dim in g else [g]) if part]
             inner_dims, outer_dims = groups[-1], [d for g in groups[:-1] for d in g]
             inner = size([dst_space[d] for d in inner_dims])
             outer = size(dst_space) // inner
@@ -94,6 +99,11 @@ class Layout(Kind):
             dsi = coalesce([dst_space[d] for d in inner_dims], [dst_strides[d] for d in inner_dims])[1]
             decl = (f"        const long src_off = {base_src} + {so};\n"
                     f"        const long dst_off = {dst_base} + {do};\n        (void)o;")
+            if dim is not None and inner_dims == [dim]:  # the inner loop is the dim: its first live positions
+                inner = "live"
+            elif dim is not None:  # an outer row past the dim's first live positions is skipped
+                after = size([dst_space[d] for d in outer_dims[outer_dims.index(dim) + 1:]])
+                decl += f"\n        if (o / {after} % {dst_space[dim]} >= live)\n            continue;"
             k, par = next(parallel)
             blocks.append(render("copy_block.c", NAME=f"{plan.name}_copy{k}", PARALLEL=int(par), OUTER=outer,
                                  OFFSETS=decl, INNER=inner, DST="((uint16_t*)out)" if bf16 else "out",
@@ -130,7 +140,8 @@ class Layout(Kind):
             ax = an.attr["axis"] % len(out)
             pos = 0
             # an append (eqfuse.backend.live): the operands after the past go at the live length
-            at = (lambda pos: f"(live + {pos - (plan.live.rows - plan.live.new)}) * {ocs[ax]}") if plan.live \
+            append = plan.live is not None and plan.live.what == "append"
+            at = (lambda pos: f"(live + {pos - (plan.live.rows - plan.live.new)}) * {ocs[ax]}") if append \
                 else (lambda pos: str(pos * ocs[ax]))
             for k, x in enumerate(an.args):
                 xs = body.nodes[x].type.shape

@@ -64,6 +64,10 @@ def inner_groups(plan: KernelPlan) -> list[list[int]]:
     groups = joint_groups(shape, sets)
     if plan.live is not None and plan.live.what == "rows" and len(groups[-1]) > 1:  # (eqfuse.backend.live) its last axis, bounded at
         groups[-1:] = [groups[-1][:-1], groups[-1][-1:]]  # run time, is the inner loop by itself
+    if plan.live is not None and plan.live.what == "dim":  # (eqfuse.backend.runtime_dim) a run-time dim
+        ax = plan.live.axis  # is a loop of its own
+        groups = [part for g in groups for part in
+                  ([g[:g.index(ax)], [ax], g[g.index(ax) + 1:]] if ax in g else [g]) if part]
     return groups
 
 
@@ -124,8 +128,8 @@ class Pointwise(Kind):
 
     def after_views(self, plan: KernelPlan, caches) -> None:
         # reading or writing views, it walks other strides; bounded at the live keys, its last
-        # axis is its inner loop (inner_groups): its loops again
-        if plan.in_strides or plan.out_strides or (plan.live is not None and plan.live.what == "rows"):
+        # axis is its inner loop, and a run-time dim a loop of its own (inner_groups): its loops again
+        if plan.in_strides or plan.out_strides or (plan.live is not None and plan.live.what in ("rows", "dim")):
             plan.tiles, plan.uops = {}, []
             self.plan(plan, caches)
 
@@ -161,6 +165,18 @@ class Pointwise(Kind):
             params += ", long live"
             dst_base = f"o * {inner}" if not plan.out_strides else dst_base  # (the row's length, not its bound)
             inner = f"(live + {plan.live.new})"
+        elif plan.live is not None and plan.live.what == "dim":  # (eqfuse.backend.runtime_dim) the dim's
+            params += ", long live"  # first `live` positions: the inner loop, the first outer rows,
+            ax = plan.live.axis  # or outer rows skipped
+            if inner_dims == [ax]:
+                dst_base = f"o * {inner}" if not plan.out_strides else dst_base
+                inner = "live"
+                ntiles = f"((live + {15 * stream + tile - 1}) / {tile})"
+            elif all(shape[d] == 1 for d in range(ax)):
+                outer = f"(live * {outer // plan.live.rows})"
+            else:
+                after = size([shape[d] for d in outer_dims[outer_dims.index(ax) + 1:]])
+                space.decls.append(f"{I2}if (o / {after} % {shape[ax]} >= live)\n{I2}    continue;")
         return render("pointwise.c", NAME=plan.name, SPACE=list(shape), PARAMS=params, INNER=inner, TILE=tile,
                       OTYPE=ctypes_of(plan)[1], DST_BASE=dst_base, DST_J=dst_j,
                       STREAM=stream, NTILES=ntiles, OUTER=outer, **param_job(params),

@@ -223,6 +223,9 @@ class Row(Kind):
         ids = count()
         if d.lanes:
             return self._emit_lanes(plan, params, ptrs, ids)
+        if plan.live is not None and plan.live.what == "dim":  # (eqfuse.backend.runtime_dim) the dim leads
+            params += ", long live"  # the rows: its first `live` positions are the first rows
+            rows = f"(live * {rows // plan.live.rows})"
         space = Space(xshape, [("r", row_dims, True), ("j", col_dims, False)], I1, ids)
         pro = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
         x = pro.value(an.args[0])

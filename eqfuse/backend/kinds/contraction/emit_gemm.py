@@ -64,7 +64,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
               blocking: tuple[int, int, int, int, int],
               split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "",
               prepacked_b: bool = False, a_transposed: bool = False,
-              parallel: bool = True, direct_a: bool | None = None, path: str = "f32") -> tuple[str, str]:
+              parallel: bool = True, direct_a: bool | None = None, path: str = "f32",
+              live_rows: bool = False) -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
@@ -95,6 +96,9 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     vdpbf16ps; "fallback": bf16 B widened to f32; "amx_bf16": tdpbf16ps on tiles, with the
     blocking of plan_gemm.amx_tiles), which packs A and B (never in place) and needs an even KC
     (AMX: a multiple of AMX_KB) when K takes more than one slice.
+    `live_rows`: one more parameter, `long live`, after the extras: the rows are a dim taken at run
+    time (eqfuse.backend.runtime_dim), and the GEMM computes its first `live` rows, rounded up to
+    whole MR tiles (at most M).
     """
     if prepacked_b and b_batch_stride and batch > 1:
         raise ValueError("a prepacked B is one matrix shared by every batch")
@@ -136,8 +140,11 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
                  DIRECT_A=int(not a_transposed and (direct_a_rule(a_transposed) if direct_a is None else direct_a)),
                  A_LAYOUT="given transposed (K x M)" if a_transposed else "M x K",
                  EXTRA_PARAMS=extra_params, PARALLEL=int(parallel), ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
-                 EXTRA_ARGS="".join(", " + n for _, n in extras), BF16=bf16)
-    cdef = f"void {name}(const float* A, const float* B, float* C{''.join(f', const {t}* {n}' for t, n in extras)});"
+                 EXTRA_ARGS="".join(", " + n for _, n in extras), BF16=bf16,
+                 LIVE_PARAM=", long live" if live_rows else "",
+                 ROWS_LIVE=f"eqf_minl({name}_M, (live + {mr - 1}) / {mr} * {mr})" if live_rows else f"{name}_M")
+    cdef = (f"void {name}(const float* A, const float* B, float* C{''.join(f', const {t}* {n}' for t, n in extras)}"
+            f"{', long live' if live_rows else ''});")
     if prepacked_b:
         cdef += f"\nlong {name}_prepack_floats(void);\nvoid {name}_prepack(const float* B, float* P);"
     return src, cdef
@@ -316,10 +323,14 @@ def emit_contraction(plan: KernelPlan) -> str:
                                   parallel=d.parallel, pack_parts=d.pack_parts, path=plan.precision_path,
                                   runs=d.runs)
     else:
+        live = plan.live is not None and plan.live.what == "dim"  # rows at run time (eqfuse.backend.runtime_dim)
         src, _ = emit_gemm(gname, M=g.M, N=N, K=K, batch=g.batch, a_batch_stride=sa, b_batch_stride=sb,
                            c_batch_stride=sc, lda=g.lda, ldb=g.ldb, ldc=ldc, csc=csc, b_transposed=bt,
                            a_transposed=at, epilogue=expr, prepacked_b=prepacked, row_epilogue=row_call,
-                           **_gemm_args(plan, extras))
+                           live_rows=live, **_gemm_args(plan, extras))
+        if live:
+            params += ", long live"
+            eparts = eparts + ["live"]
     shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (A transposed)" if at else "") + \
         (" (B transposed)" if bt else "")
     if row_call:

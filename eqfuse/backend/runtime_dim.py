@@ -1,0 +1,110 @@
+"""A named dim taken at run time by the loops (compile's live= on a dim that no KV cache holds).
+
+The graph is compiled with the dim bound to a capacity C (dims=), with one more input,
+`<dim>_length` (i64[1]), its value n at run time (eqfuse.ir.live.length_graph). Every buffer keeps
+its extent C along the dim; each kernel that loops over the dim loops over its first n positions
+only, so a call at any n <= C runs the compiled C: no compiler, no plan per value, no work on the
+positions past n. What such a call computes at positions < n is the graph at dim = n exactly; the
+positions past n of every result hold anything.
+
+The dim's axes are found by their extent: `eqfuse.pipeline.check_capacity` has made sure that C is
+no fixed extent of the graph, so an axis of extent C is the dim's. `mark_dim` marks each kernel
+that reads or writes the dim (`LiveBound("dim")`, axis = the dim's axis of its result), or refuses
+the graph (RuntimeDimRefused, naming the kernel) where the plan cannot take the bound. Kernels
+that can, the dim leading their result (the axes before it of extent 1: the rows of the dim are
+the first n rows of each buffer) where the list says so:
+
+- a pointwise kernel (the dim at any axis): its inner loop to n when the dim is its last axis,
+  else its outer rows past the dim's first n positions skipped (the first rows to n when it leads);
+- a row kernel (softmax, layernorm, rmsnorm or a reduction over the last axis, not the dim), the
+  dim leading: its rows to n;
+- a GEMM (the blocked kernel, one batch) whose rows are the dim, leading: its rows to n rounded up to whole
+  MR-row tiles (the capacity's own edge tile unchanged), its columns and depth not the dim;
+- a layout copy (a transpose, a reshape it cannot view, a slice or a concat along another axis)
+  whose walk has one axis of the dim (leading or not): its rows of the dim to n;
+- an attention whose queries are the dim (and whose keys are, or are a fixed length): its query
+  blocks to n, its keys to n when they are the dim.
+
+Anything else (a reduction over the dim, a GEMM that contracts it, a gather) is refused: the
+module then pads the dim to buckets (eqfuse.runtime.padded), as before.
+"""
+
+from __future__ import annotations
+
+from eqfuse.backend.plan import KernelPlan, LiveBound
+from eqfuse.errors import RuntimeDimRefused
+from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import K
+
+LAYOUT_OPS = ("transpose", "reshape", "flatten", "squeeze", "unsqueeze")  # copies that walk one space
+
+
+def _axes(shape, capacity: int) -> list[int]:
+    return [a for a, d in enumerate(shape) if d == capacity]
+
+
+def _leading(shape, axis: int) -> bool:
+    return all(d == 1 for d in shape[:axis])
+
+
+def mark_dim(kg: Graph, plans: list[KernelPlan], length: str, capacity: int) -> None:
+    """Mark each kernel over the dim of extent `capacity` with its run-time bound, read from the
+    graph input named `length` (module docstring); raise RuntimeDimRefused for one that cannot
+    take it."""
+    at = next(i for i in kg.inputs if kg.nodes[i].name == length)
+    for p in plans:
+        if p.kind == K.VIEW:
+            continue
+        outs = _axes(p.out_shape, capacity)
+        reads = any(_axes(kg.nodes[a].type.shape, capacity) for a in p.args)
+        if not outs and not reads:
+            continue
+        why = _refusal(p, outs, capacity)
+        if why:
+            ops = ", ".join(sorted({n.op for n in p.body.nodes if n.op != "input"}))
+            raise RuntimeDimRefused(f"live=: kernel {p.name} ({p.kind}: {ops}) {why}, so it cannot loop over the "
+                                    f"dim's first positions only")
+        p.live = LiveBound("dim", capacity, 0, axis=outs[0], length=at)
+
+
+def _refusal(p: KernelPlan, outs: list[int], capacity: int) -> str | None:
+    """Why kernel p cannot take the bound (None: it can), `outs` the dim's axes of its result."""
+    if not outs:
+        return "reads the dim but its result has no axis of it (a reduction over the dim)"
+    if len(outs) > 1:
+        return f"has the dim at {len(outs)} axes of its result"
+    axis = outs[0]
+    shape = p.out_shape
+    if p.kind == K.LAYOUT:
+        an = p.body.nodes[p.shape.anchor]
+        if an.op in ("slice", "concat") and an.attr["axis"] % len(shape) != axis and p.live is None:
+            return None  # (along another axis: each block walks the dim as a transpose does)
+        if an.op not in LAYOUT_OPS:
+            return f"is a {an.op} copy along the dim" if an.op in ("slice", "concat") else f"is a {an.op} copy"
+        src = p.body.nodes[p.body.inputs[0]].type.shape
+        if len(_axes(src, capacity)) != 1:
+            return "reads the dim at other than one axis"
+        return None
+    if p.kind == K.ATTENTION:
+        d = p.detail
+        if p.live is not None or d.decode or d.Sq != capacity or d.Dv == capacity or d.D == capacity:
+            return "has its queries at other than the dim"
+        return None
+    if p.kind == K.POINTWISE:
+        return "is already bounded by a KV cache" if p.live is not None else None
+    if not _leading(shape, axis):
+        return f"has the dim at axis {axis} of its result {list(shape)} behind axes longer than 1"
+    if p.kind == K.ROW:
+        if axis >= p.detail.axis0:  # (the row's own axes: axis0 on, or axis0 alone along an axis)
+            return "takes its rows along the dim"
+        if getattr(p.detail, "lanes", False):
+            return "keeps its rows in the vector lanes"
+        return None
+    if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW):
+        d = p.detail
+        if axis != len(shape) - 2 or capacity in (d.N, d.K):
+            return "contracts the dim or has it as its columns"
+        if d.path != "blocked" or d.gemm.batch != 1 or d.gemm.outer != 1:
+            return f"is a {d.path} GEMM of {d.gemm.batch * d.gemm.outer} batches"
+        return None
+    return "is of a kind that takes no run-time bound"

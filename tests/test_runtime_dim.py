@@ -1,0 +1,194 @@
+"""A named dim taken at run time by the loops (eqfuse.backend.runtime_dim): an encoder layer over
+a sequence S compiled once at a capacity runs at any length up to it, each result at the length
+against the numpy reference of the graph at that length, with the positions past the length NaN
+in every input (so no result at a real position reads one); through compile's live= (the
+capacity's buffers and S_length) and through buckets= (arrays at their own length); the kernels
+that cannot take the length refused, and the dim then padded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_random_compile import BINARY, MATMUL, ROW, UNARY
+
+import eqfuse
+from eqfuse.errors import RuntimeDimRefused
+from eqfuse.runtime.verify import compare
+
+
+def encoder(width: int, heads: int) -> str:
+    """One post-norm encoder layer over a sequence S, `heads` heads of width / heads."""
+    hd, ff = width // heads, 2 * width
+    return f"""graph encoder(x: f32[S, {width}],
+              wq: f32[{width}, {width}], bq: f32[{width}], wk: f32[{width}, {width}], bk: f32[{width}],
+              wv: f32[{width}, {width}], bv: f32[{width}], wo: f32[{width}, {width}], bo: f32[{width}],
+              g1: f32[{width}], be1: f32[{width}],
+              w1: f32[{width}, {ff}], b1: f32[{ff}], w2: f32[{ff}, {width}], b2: f32[{width}],
+              g2: f32[{width}], be2: f32[{width}]) -> f32[S, {width}] {{
+    q = transpose(reshape(x @ wq + bq, shape=[-1, {heads}, {hd}]), perm=[1, 0, 2])
+    k = transpose(reshape(x @ wk + bk, shape=[-1, {heads}, {hd}]), perm=[1, 0, 2])
+    v = transpose(reshape(x @ wv + bv, shape=[-1, {heads}, {hd}]), perm=[1, 0, 2])
+    a = softmax(q @ transpose(k, perm=[0, 2, 1]) * {hd ** -0.5:.6f}, axis=-1) @ v
+    o = reshape(transpose(a, perm=[1, 0, 2]), shape=[-1, {width}])
+    h = layernorm(x + (o @ wo + bo), g1, be1)
+    f = gelu(h @ w1 + b1) @ w2 + b2
+    return layernorm(h + f, g2, be2)
+}}
+"""
+
+
+# 4 heads of 24 (the attention's scalar micro-kernels), and 2 heads of 64 (its vector ones, whole
+# 64-key tiles); no extent is the capacity of the tests (64, 80, 128)
+ENCODER, ENCODER64 = encoder(96, 4), encoder(128, 2)
+
+# the queries through a copy of their own ([4, S, 24], the dim behind the heads), and a pointwise
+# kernel and a softmax over rows of the dim's positions
+COPIES = """graph heads(x: f32[S, 40], w: f32[40, 40], g: f32[40]) -> (f32[4, S, 10], f32[S, 40], f32[S, 30]) {
+    q = transpose(reshape(x @ w, shape=[-1, 4, 10]), perm=[1, 0, 2])
+    y = softmax(x * g, axis=-1)
+    return exp(q) + 1.0, y, concat(slice(x, axis=1, start=0, stop=20), slice(y, axis=1, start=30, stop=40), axis=1)
+}
+"""
+
+
+def _weights(src: str, rng) -> dict[str, np.ndarray]:
+    return {n: (rng.standard_normal(t.shape) * 0.3).astype(np.float32)
+            for n, t in eqfuse.reference(src).default.params if "S" not in t.shape}
+
+
+def _at_capacity(a: np.ndarray, n: int, cap: int, axis: int) -> np.ndarray:
+    """`a` (its `axis` of n) in a buffer of `cap` along it, the positions past n NaN."""
+    shape = list(a.shape)
+    shape[axis] = cap
+    out = np.full(shape, np.nan, dtype=a.dtype)
+    out[(slice(None),) * axis + (slice(0, n),)] = a
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("src, cap", [(ENCODER, 64), (ENCODER64, 80), (COPIES, 64)],
+                         ids=["encoder", "encoder64", "copies"])
+def test_one_compile_runs_every_length_up_to_its_capacity(src, cap, threads):
+    mod = eqfuse.compile(src, dims={"S": cap}, live="S", threads=threads)
+    plans = [k for k in mod.kernels if k.kind != "view"]
+    assert plans and all("loops at run time" in k.decisions.get("live", "") for k in plans), \
+        [(k.name, k.decisions.get("live")) for k in plans]
+    ref = eqfuse.reference(src)
+    axes = [t.shape.index("S") for t in ref.default.result_types]  # the dim's axis in each result
+    rng = np.random.default_rng(0)
+    weights = _weights(src, rng)
+    for n in (1, 5, 6, 7, 13, 40, 63, 64, cap):
+        x = rng.standard_normal((n, dict(ref.default.params)["x"].shape[1])).astype(np.float32)
+        want = ref(x=x, **weights)
+        got = mod(x=_at_capacity(x, n, cap, 0), S_length=np.array([n]), **weights)
+        want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+        cut = [g[(slice(None),) * axis + (slice(0, n),)] for g, axis in zip(got, axes)]
+        assert not compare(cut, list(want)), (n, compare(cut, list(want)))
+
+
+def test_buckets_take_the_dim_at_run_time_with_one_compile(monkeypatch):
+    """buckets= on a .g graph's sequence: one module at a capacity, run at each call's length
+    with the arrays at that length; a length past it compiles the next capacity once."""
+    import eqfuse.pipeline as pipeline
+
+    builds = []
+    monkeypatch.setattr(pipeline.cbuild, "build", lambda *a, _b=pipeline.cbuild.build, **k: builds.append(1) or _b(*a, **k))
+    mod = eqfuse.compile(ENCODER, buckets={"S": [128]})
+    ref = eqfuse.reference(ENCODER)
+    rng = np.random.default_rng(1)
+    weights = _weights(ENCODER, rng)
+    for n, compiled in ((7, 1), (100, 1), (1, 1), (128, 1), (30, 1), (129, 2), (3, 2), (256, 2)):
+        x = rng.standard_normal((n, 96)).astype(np.float32)
+        got = mod(x=x, **weights)
+        assert got.shape == (n, 96) and not compare([got], [ref(x=x, **weights)]), n
+        assert len(builds) == compiled, (n, len(builds))  # (129: the capacity 256)
+    assert "S at run time up to 256" in repr(mod.default)
+
+
+@pytest.mark.parametrize("body, result, why", [
+    ("mean(relu(x @ w), axis=0)", "f32[40]", r"\(\w+: .*mean.*\) reads the dim but its result has no axis of it"),
+    ("softmax(x @ w, axis=0)", "f32[S, 40]", r"\(\w+: .*softmax.*\) takes its rows along the dim"),
+    ("transpose(x, perm=[1, 0]) @ (x @ w)", "f32[40, 40]", r"\(contraction: .*\) reads the dim but its result has no axis"),
+], ids=["mean", "softmax", "contracted"])
+def test_a_kernel_across_the_dim_is_refused_and_the_dim_padded(body, result, why):
+    src = f"graph pool(x: f32[S, 40], w: f32[40, 40]) -> {result} {{\n    return {body}\n}}\n"
+    with pytest.raises(RuntimeDimRefused, match=rf"live=: kernel eqf_pool_k\d+_\w+ {why}"):
+        eqfuse.compile(src, dims={"S": 64}, live="S")
+    mod = eqfuse.compile(src, buckets={"S": [64]})  # padded instead, or compiled per length
+    x = np.random.default_rng(2).standard_normal((20, 40)).astype(np.float32)
+    w = np.eye(40, dtype=np.float32)
+    assert not compare([mod(x=x, w=w)], [eqfuse.reference(src)(x=x, w=w)])
+    assert mod.default.runtime_refused and "run time" not in repr(mod.default)
+
+
+def test_a_capacity_that_is_another_extent_and_a_length_past_it_are_refused():
+    with pytest.raises(RuntimeDimRefused, match=r"live='S': its capacity 96 is also a fixed extent of encoder; "
+                                                r"bind S to another capacity \(dims=\), e.g. 97"):
+        eqfuse.compile(ENCODER, dims={"S": 96}, live="S")
+    mod = eqfuse.compile(COPIES, dims={"S": 32}, live="S")
+    x = np.zeros((32, 40), np.float32)
+    w, g = np.zeros((40, 40), np.float32), np.zeros(40, np.float32)
+    for n in (33, -1):
+        with pytest.raises(eqfuse.ArgumentError, match=rf"heads\(\): the run-time length {n} is not in 0 \.\. 32"):
+            mod(x=x, w=w, g=g, S_length=np.array([n]))
+
+
+def test_lower_prints_the_loops_that_run_to_the_length(tmp_path):
+    path = tmp_path / "heads.g"
+    path.write_text(COPIES)
+    out = subprocess.run([sys.executable, "-m", "eqfuse", "lower", "--dim", "S=32", "--live", "S", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.count("live: loops at run time: the first live of 32 along axis") >= 3, out
+
+
+@st.composite
+def random_graph(draw):
+    """test_random_compile's graphs over [S, m]: pointwise chains, contractions, row ops (one
+    across S: `sum(..., axis=0)`, which the dim refuses)."""
+    m = draw(st.sampled_from([5, 16, 33]))
+    names, lines = ["a", "b"], []
+    for i in range(draw(st.integers(2, 5))):
+        kind = draw(st.sampled_from(["u", "b", "b", "row", "mm"]))
+        x = draw(st.sampled_from(names))
+        if kind == "u":
+            u = draw(st.sampled_from(UNARY))
+            e = u.format(x=x) if "{x}" in u else f"{u}({x})"
+        elif kind in ("row", "mm"):
+            e = draw(st.sampled_from(ROW if kind == "row" else MATMUL)).format(x=x)
+        else:
+            y = draw(st.sampled_from(names + ["c", "0.5"]))
+            op = draw(st.sampled_from(BINARY))
+            e = f"maximum({x}, {y})" if op == "maximum" else f"{x} {op} {y}"
+        lines.append(f"    t{i} = {e}")
+        names.append(f"t{i}")
+    return (f"graph r(a: f32[S, {m}], b: f32[S, {m}], c: f32[{m}], w: f32[{m}, {m}], g: f32[{m}], "
+            f"be: f32[{m}]) -> f32[S, {m}] {{\n" + "\n".join(lines) + f"\n    return {names[-1]}\n}}\n")
+
+
+@settings(max_examples=12, deadline=None)
+@given(random_graph(), st.lists(st.integers(1, 40), min_size=3, max_size=3))
+@pytest.mark.heavy
+def test_random_graphs_at_run_time_lengths_match_the_reference(src, lengths):
+    """Every random graph compiles with S at run time (capacity 40) but one with an op across S,
+    and matches the reference at each length, the positions past it NaN."""
+    cap = 40
+    try:
+        mod = eqfuse.compile(src, dims={"S": cap}, live="S")
+    except RuntimeDimRefused as e:
+        assert "axis=0" in src, (src, e.message)
+        return
+    ref = eqfuse.reference(src)
+    rng = np.random.default_rng(3)
+    m = dict(ref.default.params)["c"].shape[0]
+    fixed = {"c": rng.standard_normal(m), "w": rng.standard_normal((m, m)) / m ** 0.5,
+             "g": rng.standard_normal(m), "be": rng.standard_normal(m)}
+    fixed = {k: v.astype(np.float32) for k, v in fixed.items()}
+    for n in lengths:
+        a, b = (rng.standard_normal((n, m)).astype(np.float32) for _ in range(2))
+        got = mod(a=_at_capacity(a, n, cap, 0), b=_at_capacity(b, n, cap, 0), S_length=np.array([n]), **fixed)
+        assert not compare([got[:n]], [ref(a=a, b=b, **fixed)]), (src, n)
