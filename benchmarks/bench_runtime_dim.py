@@ -27,30 +27,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import eqfuse  # noqa: E402
 from bench_gemm import measure_peaks  # noqa: E402
+from model_exports import encoder_g  # noqa: E402
 from timing import alternate  # noqa: E402
-
-
-def encoder(width: int, heads: int, ff: int) -> str:
-    hd = width // heads
-    return f"""graph encoder(x: f32[S, {width}],
-              wq: f32[{width}, {width}], bq: f32[{width}], wk: f32[{width}, {width}], bk: f32[{width}],
-              wv: f32[{width}, {width}], bv: f32[{width}], wo: f32[{width}, {width}], bo: f32[{width}],
-              g1: f32[{width}], be1: f32[{width}],
-              w1: f32[{width}, {ff}], b1: f32[{ff}], w2: f32[{ff}, {width}], b2: f32[{width}],
-              g2: f32[{width}], be2: f32[{width}]) -> f32[S, {width}] {{
-    q = transpose(reshape(x @ wq + bq, shape=[-1, {heads}, {hd}]), perm=[1, 0, 2])
-    k = transpose(reshape(x @ wk + bk, shape=[-1, {heads}, {hd}]), perm=[1, 0, 2])
-    v = transpose(reshape(x @ wv + bv, shape=[-1, {heads}, {hd}]), perm=[1, 0, 2])
-    a = softmax(q @ transpose(k, perm=[0, 2, 1]) * {1 / hd ** 0.5:.6f}, axis=-1) @ v
-    o = reshape(transpose(a, perm=[1, 0, 2]), shape=[-1, {width}])
-    h = layernorm(x + (o @ wo + bo), g1, be1)
-    f = gelu(h @ w1 + b1) @ w2 + b2
-    return layernorm(h + f, g2, be2)
-}}
-"""
 
 
 def flops(n: int, width: int, ff: int) -> float:
@@ -70,7 +52,7 @@ def main() -> None:
     w, cap, ff = args.width, args.capacity, 4 * args.width
     if any(n > cap for n in args.lengths):
         ap.error("every --lengths value must be at most --capacity")
-    src = encoder(w, args.heads, ff)
+    src = encoder_g(w, args.heads, ff)
     rng = np.random.default_rng(0)
     weights = {n: (rng.standard_normal(t.shape) * 0.05).astype(np.float32)
                for n, t in eqfuse.reference(src).default.params if "S" not in t.shape}

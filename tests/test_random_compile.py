@@ -20,11 +20,11 @@ ROW = ["softmax({x})", "layernorm({x}, g, be)", "rmsnorm({x}, g)", "{x} - mean({
 MATMUL = ["{x} @ w", "{x} @ transpose(w)", "tanh({x}) @ w * 0.5"]
 
 
-@st.composite
-def random_model(draw):
-    n, m = draw(st.sampled_from([1, 3, 7])), draw(st.sampled_from([5, 16, 33]))
+def draw_lines(draw, count: int) -> tuple[list[str], list[str]]:
+    """(names, lines): `count` random statements t0, t1, ... over a and b (and c, w, g, be), each
+    a pointwise op, a row op or a contraction; names holds a, b and every t."""
     names, lines = ["a", "b"], []
-    for i in range(draw(st.integers(2, 6))):
+    for i in range(count):
         kind = draw(st.sampled_from(["u", "b", "b", "row", "mm"]))
         x = draw(st.sampled_from(names))
         if kind == "u":
@@ -40,6 +40,13 @@ def random_model(draw):
             e = f"maximum({x}, {y})" if op == "maximum" else f"{x} {op} {y}"
         lines.append(f"    t{i} = {e}")
         names.append(f"t{i}")
+    return names, lines
+
+
+@st.composite
+def random_model(draw):
+    n, m = draw(st.sampled_from([1, 3, 7])), draw(st.sampled_from([5, 16, 33]))
+    names, lines = draw_lines(draw, draw(st.integers(2, 6)))
     outs = sorted(set(draw(st.lists(st.sampled_from(names[2:]), min_size=1, max_size=2))) | {names[-1]})
     sig = ", ".join(f"f32[{n}, {m}]" for _ in outs)
     return (f"graph r(a: f32[{n}, {m}], b: f32[{n}, {m}], c: f32[{m}], w: f32[{m}, {m}], g: f32[{m}], "

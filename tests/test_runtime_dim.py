@@ -14,37 +14,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_random_compile import BINARY, MATMUL, ROW, UNARY
+from model_exports import encoder_g
+from test_random_compile import draw_lines
 
 import eqfuse
 from eqfuse.errors import RuntimeDimRefused
 from eqfuse.runtime.verify import compare
 
-
-def encoder(width: int, heads: int) -> str:
-    """One post-norm encoder layer over a sequence S, `heads` heads of width / heads."""
-    hd, ff = width // heads, 2 * width
-    return f"""graph encoder(x: f32[S, {width}],
-              wq: f32[{width}, {width}], bq: f32[{width}], wk: f32[{width}, {width}], bk: f32[{width}],
-              wv: f32[{width}, {width}], bv: f32[{width}], wo: f32[{width}, {width}], bo: f32[{width}],
-              g1: f32[{width}], be1: f32[{width}],
-              w1: f32[{width}, {ff}], b1: f32[{ff}], w2: f32[{ff}, {width}], b2: f32[{width}],
-              g2: f32[{width}], be2: f32[{width}]) -> f32[S, {width}] {{
-    q = transpose(reshape(x @ wq + bq, shape=[-1, {heads}, {hd}]), perm=[1, 0, 2])
-    k = transpose(reshape(x @ wk + bk, shape=[-1, {heads}, {hd}]), perm=[1, 0, 2])
-    v = transpose(reshape(x @ wv + bv, shape=[-1, {heads}, {hd}]), perm=[1, 0, 2])
-    a = softmax(q @ transpose(k, perm=[0, 2, 1]) * {hd ** -0.5:.6f}, axis=-1) @ v
-    o = reshape(transpose(a, perm=[1, 0, 2]), shape=[-1, {width}])
-    h = layernorm(x + (o @ wo + bo), g1, be1)
-    f = gelu(h @ w1 + b1) @ w2 + b2
-    return layernorm(h + f, g2, be2)
-}}
-"""
-
-
 # 4 heads of 24 (the attention's scalar micro-kernels), and 2 heads of 64 (its vector ones, whole
 # 64-key tiles); no extent is the capacity of the tests (64, 80, 128)
-ENCODER, ENCODER64 = encoder(96, 4), encoder(128, 2)
+ENCODER, ENCODER64 = encoder_g(96, 4), encoder_g(128, 2)
 
 # the queries through a copy of their own ([4, S, 24], the dim behind the heads), and a pointwise
 # kernel and a softmax over rows of the dim's positions
@@ -151,21 +130,7 @@ def random_graph(draw):
     """test_random_compile's graphs over [S, m]: pointwise chains, contractions, row ops (one
     across S: `sum(..., axis=0)`, which the dim refuses)."""
     m = draw(st.sampled_from([5, 16, 33]))
-    names, lines = ["a", "b"], []
-    for i in range(draw(st.integers(2, 5))):
-        kind = draw(st.sampled_from(["u", "b", "b", "row", "mm"]))
-        x = draw(st.sampled_from(names))
-        if kind == "u":
-            u = draw(st.sampled_from(UNARY))
-            e = u.format(x=x) if "{x}" in u else f"{u}({x})"
-        elif kind in ("row", "mm"):
-            e = draw(st.sampled_from(ROW if kind == "row" else MATMUL)).format(x=x)
-        else:
-            y = draw(st.sampled_from(names + ["c", "0.5"]))
-            op = draw(st.sampled_from(BINARY))
-            e = f"maximum({x}, {y})" if op == "maximum" else f"{x} {op} {y}"
-        lines.append(f"    t{i} = {e}")
-        names.append(f"t{i}")
+    names, lines = draw_lines(draw, draw(st.integers(2, 5)))
     return (f"graph r(a: f32[S, {m}], b: f32[S, {m}], c: f32[{m}], w: f32[{m}, {m}], g: f32[{m}], "
             f"be: f32[{m}]) -> f32[S, {m}] {{\n" + "\n".join(lines) + f"\n    return {names[-1]}\n}}\n")
 
