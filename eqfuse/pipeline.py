@@ -320,18 +320,21 @@ def optimize_model(src, *, cost: str = "memory", rules: Sequence = (), disable: 
 
 
 def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: frozenset[str] = frozenset(),
-          precision: str = "f32", live: str | None = None, arrays: Mapping | None = None):
+          precision: str = "f32", live: str | None = None, arrays: Mapping | None = None,
+          capacity: int | None = None):
     """(kernelized graph, plans) for one dims binding; `params` names the inputs bound by params=
     (a GEMM prepacks such a B operand once); `precision` is compile's precision= (each plan says
     what its kernel computes in: KernelPlan.precision); `live` is compile's live= (the cache
     appends and attentions then take the live length at run time: eqfuse.backend.live), which
     may read the bound inputs' values `arrays` (a causal mask over a prompt's chunk), as an integer
-    GEMM does (its bound weights' range chooses its instruction path)."""
+    GEMM does (its bound weights' range chooses its instruction path); `capacity` the live dim's
+    value when `dims` does not bind it (an ONNX model's, whose import bound it)."""
     bound = bind_dims(g, dims) if g.dims() else g
-    capacity = None
-    if live is not None and live in g.dims():  # a dim the loops take at run time (eqfuse.backend.runtime_dim)
+    # a dim the loops take at run time, if no KV cache appends to it (eqfuse.backend.runtime_dim): its
+    # capacity, bound here, or given (an ONNX model's dims are numbers after its import)
+    if live is not None and live in g.dims():
         capacity = int(dims[live])
-        check_capacity(g, live, capacity)
+        check_capacity(g, live, capacity)  # (an ONNX model's: check_onnx_dim at its import)
     return bound, *lower_graph(bound, machine(), fuse=fuse is not False, params=params, precision=precision,
                                live=None if live is None else length_input(live), arrays=arrays,
                                capacity=capacity)
@@ -415,14 +418,15 @@ def kernel_infos(kg: Graph, plans, sources: Mapping[str, str], graph: str | None
 
 def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: frozenset[str] = frozenset(),
           names: list[str] | None = None, panels=None, precision: str = "f32",
-          record: dict | None = None, live: str | None = None, arrays: Mapping | None = None) -> list[Compiled]:
+          record: dict | None = None, live: str | None = None, arrays: Mapping | None = None,
+          capacity: int | None = None) -> list[Compiled]:
     """One Compiled per dims binding, all in one C module (one compiler run); `names` renames the
     graph per binding, so that their kernels and run functions differ. `record` (the report's
     "precision") gets each kernel's precision and instruction path."""
     lowered = []
     for k, dims in enumerate(bindings):
         gk = replace(g, name=names[k]) if names else g
-        bound, kg, plans = lower(gk, dims, fuse, params, precision, live, arrays)
+        bound, kg, plans = lower(gk, dims, fuse, params, precision, live, arrays, capacity)
         lowered.append((bound, kg, plans, plan_memory(kg, plans)))
         if record is not None:
             record.update(precision_entries(plans))
@@ -445,11 +449,12 @@ def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: froze
 
 
 def builder(fuse: bool | str, params: frozenset[str] = frozenset(), precision: str = "f32",
-            record: dict | None = None, live: str | None = None, arrays: Mapping | None = None):
+            record: dict | None = None, live: str | None = None, arrays: Mapping | None = None,
+            capacity: int | None = None):
     """`build` for a GraphFunction, which calls it with each new dims binding (`arrays`: the
     bound inputs' values, for live= and the integer GEMMs' paths)."""
     def build_bindings(g: Graph, bindings: list[dict], names: list[str] | None = None, panels=None):
-        return build(g, bindings, fuse, params, names, panels, precision, record, live, arrays)
+        return build(g, bindings, fuse, params, names, panels, precision, record, live, arrays, capacity)
     return build_bindings
 
 
@@ -549,7 +554,7 @@ def stages(src, opts: Options, shared: SharedArrays | None = None) -> Module:
         return padded_module(src, opts, sums=e.sums, needs=e)
     graphs, params = loaded.graphs, loaded.params
     if opts.live is not None:
-        graphs = [live_graph(graphs[0], src, opts.live, opts.dims, opts.pick)] + graphs[1:]
+        graphs = [live_graph(graphs[0], src, opts.live, opts.dims, opts.pick, params)] + graphs[1:]
     if not is_onnx(src):
         graphs = [bind_sums(g, opts.dims) for g in graphs]
     if opts.grad is None and not is_onnx(src) and padded_dims(graphs, opts.buckets, opts.dims, params):
@@ -599,10 +604,14 @@ def length_input(live: str) -> str:
     return f"{live}_length"
 
 
-def live_graph(g: Graph, src, live: str, dims: Mapping[str, int], pick: str | None = None) -> Graph:
+def live_graph(g: Graph, src, live: str, dims: Mapping[str, int], pick: str | None = None,
+               params: Mapping[str, np.ndarray] | None = None) -> Graph:
     """The first graph with its inputs along dim `live` made cache buffers (eqfuse.ir.live); with
     `pick`, its first result cut to the one row along its second axis that input `pick` gives at
-    run time (eqfuse.ir.live.pick_row: a decoder's logits, one per sequence)."""
+    run time (eqfuse.ir.live.pick_row: a decoder's logits, one per sequence). When no input along
+    `live` is appended to, the dim is taken at run time by the loops instead (length_graph): an
+    ONNX model's, whose dims are numbers after its import, once `check_onnx_dim` has found that the
+    capacity's extent marks the dim alone (`params`: its bound arrays)."""
     if is_onnx(src):
         from eqfuse.frontend.onnx_cache import header
 
@@ -612,11 +621,63 @@ def live_graph(g: Graph, src, live: str, dims: Mapping[str, int], pick: str | No
     axes = {n: list(s).index(live) for n, s in shapes.items() if live in s}
     if not axes:
         raise ArgumentError(f"live='{live}': no input of {g.name} has a dimension named {live}")
-    if not is_onnx(src) and pick is None and not appended(g, axes):
+    if pick is None and not appended(g, axes):
         # no KV cache: a named dim the loops take at run time (eqfuse.backend.runtime_dim)
+        if is_onnx(src):
+            check_onnx_dim(src, g, params or {}, live, dims)
         return length_graph(g, length_input(live))
     g = cache_graph(g, axes, length_input(live), dict(dims))
     return pick_row(g, pick) if pick is not None else g
+
+
+def check_onnx_dim(src, g: Graph, params: Mapping[str, np.ndarray], dim: str, dims: Mapping[str, int]) -> None:
+    """An ONNX model imported at `dim` = C (g, params) can take the dim at run time when the model
+    imported at C + 1 is the same graph with every extent C there C + 1, every other number the
+    same (a reshape's target, a slice's end: C there too), and each bound array over the dim the
+    same values on its first C positions (a range of positions, a causal mask): then an extent C
+    is the dim and nothing else (eqfuse.backend.runtime_dim finds it so), and the model at a length
+    n reads the first n positions of each. Else RuntimeDimRefused says what differs."""
+    from eqfuse.frontend.onnx_import import import_with_params
+
+    cap = int(dims[dim])
+    g2, params2 = import_with_params(src, dims={**dims, dim: cap + 1})
+
+    def refuse(why: str):
+        raise RuntimeDimRefused(f"live='{dim}': {why}, so {dim} is not taken at run time")
+
+    def same(a, b) -> bool:  # attributes equal, but for C here and C + 1 there
+        if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)) and not isinstance(a, bool) \
+                and (int(a), int(b)) == (cap, cap + 1):
+            return True
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and \
+                np.array_equal(a, b, equal_nan=True)
+        return a == b
+
+    if len(g.nodes) != len(g2.nodes) or any(a.op != b.op for a, b in zip(g.nodes, g2.nodes)):
+        refuse(f"{g.name}'s graph at {dim}={cap} and at {cap + 1} differ")
+    for a, b in zip(g.nodes, g2.nodes):
+        s1, s2 = tuple(a.type.shape), tuple(b.type.shape)
+        if len(s1) != len(s2) or any(x != y and (x, y) != (cap, cap + 1) for x, y in zip(s1, s2)):
+            refuse(f"{a.op} has shape {list(s1)} at {dim}={cap} and {list(s2)} at {cap + 1}: an extent that "
+                   f"follows {dim} otherwise than as {dim}")
+        if any(x == y == cap for x, y in zip(s1, s2)):
+            refuse(f"its capacity {cap} is also a fixed extent of {g.name} ({a.op} {list(s1)}); bind {dim} to "
+                   f"another capacity (dims=), e.g. {cap + 1}")
+        if not same(a.attrs, b.attrs):
+            refuse(f"{a.op}'s attributes at {dim}={cap} and at {cap + 1} differ otherwise than by {dim}")
+    for name, v in params.items():
+        w = params2.get(name)
+        if w is None or v.ndim != w.ndim:
+            refuse(f"bound array '{name}' is not in the model at {dim}={cap + 1}")
+        axes = [k for k, (x, y) in enumerate(zip(v.shape, w.shape)) if x != y]
+        if any((v.shape[k], w.shape[k]) != (cap, cap + 1) for k in axes):
+            refuse(f"bound array '{name}' has shape {list(v.shape)} at {dim}={cap} and {list(w.shape)} at {cap + 1}")
+        if axes and not np.array_equal(v, w[tuple(slice(0, cap) if k in axes else slice(None) for k in range(w.ndim))],
+                                       equal_nan=True):
+            refuse(f"bound array '{name}' over {dim} is not the same on its first {cap} positions at {cap + 1}")
 
 
 def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, shared: SharedArrays | None):
@@ -639,8 +700,10 @@ def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, s
             raise ArgumentError(f"buckets=: '{k}' is fixed by the arrays params= binds ({k}={dims[k]}); "
                                 f"a dimension is either fixed or a batch dim")
     batch = batch_dim(g, dims, opts.buckets, params)
+    capacity = int(opts.dims[opts.live]) if opts.live is not None else None  # (the live dim's: lower)
     f = GraphFunction(g, opt, folded.params, dims, builder(opts.fuse, frozenset(folded.params), opts.precision,
-                                                           report["precision"], opts.live, folded.params),
+                                                           report["precision"], opts.live, folded.params,
+                                                           capacity),
                       opts.verify, opts.threads, batch, shared.panels if shared is not None else None)
     if all(d in dims for d in g.dims()):
         c = f.compiled(dims)  # everything is known: compile now, so errors show here
@@ -741,7 +804,7 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
     # its initializers folded, so the plans are the ones a compiled model runs
     graphs, weights = load_with_weights(src, dims)
     if live is not None:
-        graphs = [live_graph(graphs[0], src, live, dims or {})] + graphs[1:]
+        graphs = [live_graph(graphs[0], src, live, dims or {}, params=params_of(graphs[0], weights))] + graphs[1:]
     if not is_onnx(src):
         graphs = [bind_sums(g, dims or {}) for g in graphs]
     for g in graphs:
@@ -755,6 +818,6 @@ def uops_text(src, dims: Mapping[str, int] | None = None, graph: str | None = No
         folded = fold(g, params_of(g, weights), opts.get("fuse", True), live)
         opt, _ = optimize(folded.graph, dims=gd, **opts)
         _, kg, plans = lower(opt, gd, params=frozenset(folded.params), precision=precision, live=live,
-                             arrays=folded.params)
+                             arrays=folded.params, capacity=None if live is None else (dims or {}).get(live))
         out.append(f"# graph {g.name}: {running(plans)[0]} kernels\n" + format_uops(plans, uops))
     return "\n\n".join(out)

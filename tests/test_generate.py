@@ -593,8 +593,10 @@ def test_live_length_and_option_errors():
     with pytest.raises(eqfuse.ArgumentError, match="live= expects the name of a dimension that dims= binds"):
         eqfuse.compile(path, live="past")
     dims = {"past": 8, "sequence": 1, "total": 9, "batch": 1}
-    with pytest.raises(eqfuse.EqfuseError, match="live=: input 'input_ids' cannot hold a KV cache with a run-time "
-                                                 "length: it is read by gather"):
+    # (no input along the sequence is appended to: a dim taken at run time by the loops, whose
+    # capacity must be no other extent of the model: eqfuse.backend.runtime_dim)
+    with pytest.raises(eqfuse.EqfuseError, match="live='sequence': its capacity 1 is also a fixed extent of "
+                                                 "main_graph"):
         eqfuse.compile(path, dims=dims, live="sequence")
 
 

@@ -157,3 +157,45 @@ def test_random_graphs_at_run_time_lengths_match_the_reference(src, lengths):
         a, b = (rng.standard_normal((n, m)).astype(np.float32) for _ in range(2))
         got = mod(a=_at_capacity(a, n, cap, 0), b=_at_capacity(b, n, cap, 0), S_length=np.array([n]), **fixed)
         assert not compare([got[:n]], [ref(a=a, b=b, **fixed)]), (src, n)
+
+
+@pytest.mark.heavy
+def test_an_onnx_bert_with_its_batch_bound_takes_the_sequence_at_run_time():
+    """An export with dynamic batch and sequence axes, the batch bound by dims=: its import at a
+    capacity and at one more position is the same graph but for the sequence's extent
+    (eqfuse.pipeline.check_onnx_dim), so one module runs every length up to the capacity."""
+    pytest.importorskip("torch")
+    from test_padded import ATOL, RTOL, _export, _torch
+
+    model, path = _export("bert")
+    mod = eqfuse.compile(str(path), dims={"batch": 1}, buckets={"sequence": [48]})
+    rng = np.random.default_rng(4)
+    for n in (12, 5, 48, 33, 1):
+        ids = rng.integers(0, 100, (1, n)).astype(np.int64)
+        mask = np.ones((1, n), np.int64)
+        mask[0, n - n // 3:] = 0
+        np.testing.assert_allclose(mod(input_ids=ids, attention_mask=mask), _torch(model, ids, mask),
+                                   rtol=RTOL, atol=ATOL)
+    f = mod.default
+    assert f.padding == {"sequence": "run-time"} and sorted(f.modules) == [(48,)], (f.padding, f.runtime_refused)
+    assert "sequence at run time up to 48" in repr(f)
+
+
+@pytest.mark.heavy
+def test_an_onnx_sequence_at_run_time_reads_no_position_past_the_length():
+    """live= on the export's sequence: the positions past the length hold real-looking tokens
+    that the mask lets through; each result at the length is torch's on the first n tokens."""
+    pytest.importorskip("torch")
+    from test_padded import ATOL, RTOL, _export, _torch
+
+    model, path = _export("bert")
+    cap = 40
+    step = eqfuse.compile(str(path), dims={"batch": 1, "sequence": cap}, live="sequence")
+    rng = np.random.default_rng(5)
+    ids, mask = rng.integers(0, 100, (1, cap)).astype(np.int64), np.ones((1, cap), np.int64)
+    for n in (1, 7, 23, cap):
+        got = step(input_ids=ids, attention_mask=mask, sequence_length=np.array([n]))
+        np.testing.assert_allclose(got[:, :n], _torch(model, ids[:, :n], mask[:, :n]), rtol=RTOL, atol=ATOL)
+    with pytest.raises(RuntimeDimRefused, match=r"live='sequence': its capacity 16 is also a fixed extent of "
+                                                r"main_graph \(.*\); bind sequence to another capacity"):
+        eqfuse.compile(str(path), dims={"batch": 1, "sequence": 16}, live="sequence")  # (its head size)

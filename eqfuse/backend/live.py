@@ -52,13 +52,14 @@ def _body_source(body: Graph, i: int) -> int | None:
     return i
 
 
-def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
+def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> bool:
     """Set `live` on the appends and attentions of the caches (module docstring); raise when
     another kernel reads a cache, or when an attention of several new rows reads a mask not
-    computed from the live length (`_causal`)."""
+    computed from the live length (`_causal`). Whether the graph has a cache (no append: the
+    length is a named dim's, eqfuse.backend.runtime_dim)."""
     names = [kg.nodes[i].name for i in kg.inputs]
     if length not in names:
-        return
+        return False
     by_node = {p.node: p for p in plans}
     inputs = set(kg.inputs)
     appends: dict[int, LiveBound] = {}
@@ -93,7 +94,7 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
                   UOp(1, "Load", f"new row [{new // max(lead * p.live.new, 1)}]", lead * p.live.new),
                   UOp(1, "Store", "into the cache buffer at row live + k", lead * p.live.new)]
     if not appends:
-        return
+        return False
     caches = {a.buffer for a in appends.values()}
     # grouped-query attention's repeat of the keys and values for the query heads, and a
     # constant scale on them (an export's sqrt(scale) on the keys, when not folded into the attention)
@@ -151,6 +152,7 @@ def mark_live(kg: Graph, plans: list[KernelPlan], length: str) -> None:
     for p in plans:  # where the run function reads L (eqfuse.runtime.program.emit_run)
         if p.live is not None:
             p.live = replace(p.live, length=at)
+    return True
 
 
 def _causal(kg: Graph, p: KernelPlan, length: str) -> None:

@@ -157,8 +157,8 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
     live length (compile's live=): its appends and attentions take it at run time
     (eqfuse.backend.live); `arrays` the bound inputs' values, which it may read (an
     integer GEMM's bound weights, whose range chooses its instruction path: qgemm.mark_bound).
-    With `capacity`, `live` is instead a named dim's run-time value, bound here to `capacity`: the
-    kernels over it loop to its value (eqfuse.backend.runtime_dim)."""
+    With `capacity` (the live dim's bound value) and no KV cache, `live` is instead a named dim's
+    run-time value: the kernels over it loop to its value (eqfuse.backend.runtime_dim)."""
     g = expand_convs(g)  # (conv1d, conv_transpose2d as conv2d, when the optimizer did not run)
     split: set[int] = set()
     while True:
@@ -190,8 +190,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
             plans.append(plan)
         if not retry:
             place_views(kg, plans)
-            if live is not None and capacity is None:
-                mark_live(kg, plans, live)
+            cache = live is not None and mark_live(kg, plans, live)  # (a KV cache's length, else a dim's)
             place_stores(kg, plans)
             for p in plans:  # decisions that depend on the strides the inputs are read through
                 if p.kind != K.VIEW:
@@ -206,7 +205,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
             for p in plans:
                 if p.kind == K.CONV2D and p.prepack is None:
                     mark_bound_b(p, _bound_inputs(p, kg, params, plans), m, _bound_values(p, kg, params, arrays, plans))
-            if live is not None and capacity is not None:  # (on the plans as they are emitted)
+            if live is not None and capacity is not None and not cache:  # (on the plans as they are emitted)
                 mark_dim(kg, plans, live, capacity)
                 for p in plans:  # (a pointwise kernel's loops split at the dim: planned again)
                     if p.kind == K.POINTWISE and p.live is not None:

@@ -25,7 +25,10 @@ the first n rows of each buffer) where the list says so:
 - an attention whose queries are the dim (and whose keys are, or are a fixed length): its query
   blocks to n, its keys to n when they are the dim.
 
-Anything else (a reduction over the dim, a GEMM that contracts it, a gather) is refused: the
+- a gather of a table's rows (an embedding), or a gather_elements, by indices that the dim leads
+  (from a table that does not have the dim): its first n indices.
+
+Anything else (a reduction over the dim, a GEMM that contracts it, another index op) is refused: the
 module then pads the dim to buckets (eqfuse.runtime.padded), as before.
 """
 
@@ -92,6 +95,15 @@ def _refusal(p: KernelPlan, outs: list[int], capacity: int) -> str | None:
         return None
     if p.kind == K.POINTWISE:
         return "is already bounded by a KV cache" if p.live is not None else None
+    if p.kind == K.INDEX:
+        an = p.body.nodes[p.shape.anchor]
+        data, idx = ([p.body.nodes[a].type.shape for a in an.args] + [(), ()])[:2]
+        if an.op not in ("gather", "gather_elements") or p.detail.in_blocked or p.detail.out_blocked:
+            return f"is a {an.op} kernel"
+        if _axes(data, capacity) or len(_axes(idx, capacity)) != 1 or not _leading(idx, _axes(idx, capacity)[0]) \
+                or (an.op == "gather" and an.attr["axis"] % len(data) != 0):
+            return "gathers by indices that the dim does not lead, or from a table over the dim"
+        return None
     if not _leading(shape, axis):
         return f"has the dim at axis {axis} of its result {list(shape)} behind axes longer than 1"
     if p.kind == K.ROW:

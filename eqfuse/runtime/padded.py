@@ -60,6 +60,7 @@ Shape = tuple  # of ints and dim names
 
 DEFAULT_TOP = 128  # the default buckets reach at least this length (a transformer's usual range)
 RUNTIME = "run-time"  # `padding` of a dim taken at run time by the loops, not padded (`PaddedFunction._runtime`)
+CAPACITY_TRIES = 8  # capacities tried for an ONNX model's run-time dim, each one more when an extent is it
 
 
 def pad_sizes(first: int) -> list[int]:
@@ -232,28 +233,42 @@ class PaddedFunction:
         return mod
 
     def _runtime(self, named, values) -> bool:
-        """Compile the one padded dim of a .g graph with no batch dim as a dim taken at run time by
+        """Compile the one padded dim of a model with no batch dim as a dim taken at run time by
         the loops (compile's live=, eqfuse.backend.runtime_dim): one module at a capacity (the
         largest bucket buckets= gives, else 128 or the first call's power of two above), run at any
         length up to it with no work past the length; a longer call compiles the next power of two.
-        False (and `runtime_refused` says why) when a kernel cannot take it: the dim is padded."""
-        if self.results is None or len(self.padded) != 1 or self.batch_dim is not None:
+        A .g graph's before any check (exact by construction); an ONNX model's once `_check` has
+        found the dim's axes in the outputs (and its import, that an extent of the capacity is the
+        dim alone: eqfuse.pipeline.check_onnx_dim). False, and `runtime_refused` says why, when a
+        kernel cannot take it or the model refuses the capacity: the dim is then padded."""
+        if len(self.padded) != 1 or self.batch_dim is not None:
             return False
         d = self.padded[0]
-        if d in self.padding:  # (buckets={} or a dim buckets= does not name: compiled per value)
-            return False
-        given = self.sizes.get(d)  # (buckets=' sizes: kept for the padding when refused)
+        if (self.padding.get(d) != "exact") if self.results is None else (d in self.padding):
+            return False  # (ONNX: not exact; .g: buckets={} or a dim buckets= does not name)
+        given, state = self.sizes.get(d), self.padding.get(d)  # (kept for the padding when refused)
         cap = self._capacity(max(max(given or pad_sizes(values[d])), _pow2(values[d])))
-        self.padding[d], self.sizes[d] = RUNTIME, [cap]
-        try:
-            mod = self._make((cap,), named, values)
-        except RuntimeDimRefused as e:
+        mod, why = None, ""
+        for _ in range(CAPACITY_TRIES):
+            self.padding[d], self.sizes[d] = RUNTIME, [cap]
+            try:
+                mod = self._make((cap,), named, values)
+                break
+            except EqfuseError as e:  # (RuntimeDimRefused, or a capacity past the model's positions)
+                why = e.message
+                if not (isinstance(e, RuntimeDimRefused) and "also a fixed extent" in why):
+                    break
+                cap += 1  # (an ONNX model's extent equal to the capacity: its import says so)
+        if mod is None:
             del self.padding[d], self.sizes[d]
+            if state is not None:
+                self.padding[d] = state
             if given:
                 self.sizes[d] = given
-            self.runtime_refused = e.message
+            self.runtime_refused = why
             return False
-        self.out_axes[d] = [tuple(k for k, x in enumerate(shape) if x == d) for shape in self.results]
+        if self.results is not None:
+            self.out_axes[d] = [tuple(k for k, x in enumerate(shape) if x == d) for shape in self.results]
         self._module((cap,), named, values, mod)
         return True
 
@@ -275,12 +290,14 @@ class PaddedFunction:
         The buckets compile on two threads: one's C compiler (a subprocess) runs while the other
         imports and optimizes (the optimizers take turns: program.SharedArrays.optimizing), so
         the C compiles, a third of the time, overlap the rest."""
-        if self._runtime(named, values):
+        if self._runtime(named, values):  # (a .g graph: exact by construction, no check)
             return
         for d in self.padded:
             why = self.padding.get(d) or self._check(d, named, values)  # (preset: padding is off)
             self.padding[d] = why or "exact"
             self.sizes[d] = self.sizes.get(d) or pad_sizes(values[d]) if not why else [values[d]]
+        if self.results is None and self._runtime(named, values):  # (an ONNX model: its outputs' axes checked)
+            return
         needed = {d: self._bucket(d, values[d]) for d in self.padded}
         keys = list(itertools.product(*(list(self.sizes[d]) for d in self.padded)))
         with ThreadPoolExecutor(max_workers=max(1, min(2, cpus(), len(keys)))) as pool:

@@ -46,13 +46,15 @@ def _unflatten(var: str, shape, names: str) -> list[str]:
     return [f"const long {names}{d} = ({var} / {st[d]}) % {shape[d]}; (void){names}{d};" for d in range(len(shape))]
 
 
-def _gather(an: Node, ins, xs, out, ct, par: str = "0"):
+def _gather(an: Node, ins, xs, out, ct, par: str = "0", count: str | None = None):
+    """(`count`: the indices taken, a C expression, when not all of them: the first rows of a
+    dim taken at run time, eqfuse.backend.runtime_dim)"""
     data, idx = ins
     ax = an.attr["axis"] % len(xs[0])
     outer, axlen, inner = _size(xs[0][:ax]), xs[0][ax], _size(xs[0][ax + 1:])
     nidx = _size(xs[1])
     return [f"for (long o = 0; o < {outer}; o++)",
-            f"    for (long k = 0; k < {nidx}; k++) {{",
+            f"    for (long k = 0; k < {count or nidx}; k++) {{",
             f"        long j = (long){idx}[k];",
             f"        if (j < 0) j += {axlen};",
             f"        if (j < 0 || j >= {axlen}) {{ bad++; j = 0; }}",
@@ -77,14 +79,14 @@ def _scatter_add(an: Node, ins, xs, out, ct, par: str = "0"):
             "    }"]
 
 
-def _along_axis(idx: str, shape, ax: int, tshape, on_bad: str, stmt: str) -> list[str]:
+def _along_axis(idx: str, shape, ax: int, tshape, on_bad: str, stmt: str, count: str | None = None) -> list[str]:
     """The loop of gather_elements and scatter_elements_add: for each element n of the indices
     (of `shape`), j = its index along axis ax (negative from the end; out of range counted, then
     `on_bad`), `pos` the offset of (i0, .., j, ..) in the contiguous tensor of `tshape` read or
-    written; `stmt` uses n and pos."""
+    written; `stmt` uses n and pos. `count`: the elements taken when not all (gather's)."""
     st, L = _strides(tshape), tshape[ax]
     pos = " + ".join(f"j * {st[d]}" if d == ax else f"i{d} * {st[d]}" for d in range(len(shape)))
-    return [f"for (long n = 0; n < {_size(shape)}; n++) {{",
+    return [f"for (long n = 0; n < {count or _size(shape)}; n++) {{",
             *("    " + ln for ln in _unflatten("n", shape, "i")),
             f"    long j = (long){idx}[n];",
             f"    if (j < 0) j += {L};",
@@ -94,10 +96,10 @@ def _along_axis(idx: str, shape, ax: int, tshape, on_bad: str, stmt: str) -> lis
             "}"]
 
 
-def _gather_elements(an: Node, ins, xs, out, ct, par: str = "0"):
+def _gather_elements(an: Node, ins, xs, out, ct, par: str = "0", count: str | None = None):
     data, idx = ins
     ax = an.attr["axis"] % len(xs[0])
-    return _along_axis(idx, out, ax, xs[0], "j = 0", f"out[n] = {data}[pos];")
+    return _along_axis(idx, out, ax, xs[0], "j = 0", f"out[n] = {data}[pos];", count)
 
 
 def _cumsum(an: Node, ins, xs, out, ct, par: str = "0"):
@@ -592,6 +594,10 @@ class Index(Kind):
             lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), plan.name)
         elif an.op == "dynamic_range":
             lines, ranges = _dynamic_range_pooled(plan.name, ins[0], _size(xs[0]), d.block, par)
+        elif plan.live is not None and plan.live.what == "dim":  # (eqfuse.backend.runtime_dim) a gather
+            params += ", long live"  # by indices that the dim leads: its first live rows of them
+            lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par,
+                                    count=f"(live * {_size(xs[1]) // plan.live.rows})")
         else:
             lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par)
         if an.op != "dynamic_range":
