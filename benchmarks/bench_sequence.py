@@ -9,6 +9,9 @@ an empty temporary directory).
 - "padded": `eqfuse.compile(path)` without dims=; its first call, at --first, checks that padding
   the sequence is exact and compiles every bucket (eqfuse.runtime.padded); later lengths pad.
 - "per length": `eqfuse.compile(path, dims={"sequence": n})`, compiled for each length.
+- "run-time" (at --batch 1): `eqfuse.compile(path, dims={"batch": 1})`, the sequence taken at run
+  time by the loops (eqfuse.backend.runtime_dim): its first call compiles one module at a capacity
+  (128, or --first's power of two above) that serves every length up to it.
 - onnxruntime (ORT_ENABLE_ALL, the same thread count) on the same dynamic export.
 Per length: each one's first call, then --repeat calls interleaved (median ms and spread, the
 interquartile range as % of the median); "padded / per length" above 1 is the padding's cost.
@@ -110,10 +113,17 @@ def main() -> None:
     f = padded.default
     print(f"## {args.model}, batch {args.batch}: first call at sequence {args.first} (check + compile every "
           f"bucket, cold): {t_first:.2f} s; the process grew by {rss_mb() - rss0:.0f} MB; {f!r}")
+    runtime = None
+    if args.batch == 1:
+        rss0 = rss_mb()
+        runtime = eqfuse.compile(str(path), dims={"batch": 1}, threads=args.threads)
+        t_first = timed(lambda: runtime(**feeds(1, args.first, me.VOCAB)))
+        print(f"## run-time: first call at sequence {args.first} (check + compile the capacity, cold): "
+              f"{t_first:.2f} s; the process grew by {rss_mb() - rss0:.0f} MB; {runtime.default!r}")
     print("| sequence | bucket | first call: padded | compile + first call: per length | onnxruntime first call "
-          "| median ms: padded (spread) | per length (spread) | onnxruntime (spread) | padded / per length "
-          "| padded / onnxruntime |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| median ms: padded (spread) | per length (spread) | onnxruntime (spread) | run-time (spread) "
+          "| padded / per length | run-time / per length | run-time / onnxruntime |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.lengths:
         x = feeds(args.batch, n, me.VOCAB)
         fp = timed(lambda x=x: padded(**x))
@@ -126,15 +136,20 @@ def main() -> None:
         np.testing.assert_allclose(padded(**x), want, rtol=1e-3, atol=1e-3)
         np.testing.assert_allclose(exact(**x), want, rtol=1e-3, atol=1e-3)
         runs = {"p": lambda x=x: padded(**x), "e": lambda x=x: exact(**x), "o": lambda x=x: sess.run(None, x)}
+        if runtime is not None:
+            np.testing.assert_allclose(runtime(**x), want, rtol=1e-3, atol=1e-3)
+            runs["r"] = lambda x=x: runtime(**x)
         ts = {k: [] for k in runs}
         for _ in range(args.repeat):
             for k, g in runs.items():
                 ts[k].append(timed(g) * 1e3)
         med = {k: statistics.median(v) for k, v in ts.items()}
         bucket = next(s for s in f.sizes["sequence"] if s >= n) if f.padding.get("sequence") == "exact" else n
+        r = (f"{med['r']:.3f} ({spread(ts['r'])})", f"{med['r'] / med['e']:.2f}", f"{med['r'] / med['o']:.2f}") \
+            if "r" in med else ("", "", "")
         print(f"| {n} | {bucket} | {fp * 1e3:.2f} ms | {fe:.2f} s | {fo * 1e3:.2f} ms | {med['p']:.3f} ({spread(ts['p'])}) "
-              f"| {med['e']:.3f} ({spread(ts['e'])}) | {med['o']:.3f} ({spread(ts['o'])}) | {med['p'] / med['e']:.2f} "
-              f"| {med['p'] / med['o']:.2f} |")
+              f"| {med['e']:.3f} ({spread(ts['e'])}) | {med['o']:.3f} ({spread(ts['o'])}) | {r[0]} "
+              f"| {med['p'] / med['e']:.2f} | {r[1]} | {r[2]} |")
 
 
 if __name__ == "__main__":
