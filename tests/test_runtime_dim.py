@@ -70,6 +70,22 @@ def test_one_compile_runs_every_length_up_to_its_capacity(src, cap, threads):
         assert not compare(cut, list(want)), (n, compare(cut, list(want)))
 
 
+def test_verify_compares_the_first_positions_with_the_graph_at_the_length(monkeypatch):
+    """verify= on a dim taken at run time: the results' first n positions against the graph at n
+    (the positions past n are NaN in the inputs and anything in the results)."""
+    mod = eqfuse.compile(COPIES, dims={"S": 32}, live="S", verify=True)
+    rng = np.random.default_rng(6)
+    w = {"w": rng.standard_normal((40, 40)).astype(np.float32), "g": rng.standard_normal(40).astype(np.float32)}
+    for n in (3, 32):
+        x = _at_capacity(rng.standard_normal((n, 40)).astype(np.float32), n, 32, 0)
+        mod(x=x, S_length=np.array([n]), **w)  # (CheckFailed if any first position differs)
+    c = mod.default.last
+    run = c.run  # a result wrong at its first position, the rest as computed: the check sees it
+    monkeypatch.setattr(c, "run", lambda a, t: [o + (np.arange(o.size).reshape(o.shape) == 0) for o in run(a, t)])
+    with pytest.raises(eqfuse.CheckFailed, match="heads: compiled result differs from the numpy reference"):
+        mod(x=x, S_length=np.array([32]), **w)
+
+
 def test_buckets_take_the_dim_at_run_time_with_one_compile(monkeypatch):
     """buckets= on a .g graph's sequence: one module at a capacity, run at each call's length
     with the arrays at that length; a length past it compiles the next capacity once."""

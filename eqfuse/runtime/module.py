@@ -204,11 +204,32 @@ class GraphFunction:
         if not self.verify:
             self._repeat = (tuple((named[n].shape, named[n].dtype) for n in self.free), run)
         if self.verify:
-            bad = compare(outs, evaluate(self.source, [named[n] for n, _ in self.source.params]),
-                          scale=scale_for(self.last.plans if self.last is not None else ()))
+            bad = compare(*self._checked(outs, named), scale=scale_for(self.last.plans if self.last is not None else ()))
             if bad:
                 raise CheckFailed(f"{self.name}: compiled result differs from the numpy reference: " + "; ".join(bad))
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _checked(self, outs, named) -> tuple[list, list]:
+        """(results, the reference's) for verify=. With a dim taken at run time (eqfuse.backend.
+        runtime_dim), the first n positions of each result along the capacity's extent, against the
+        graph at the dim = n on the inputs' first n positions where the graph holds the dim by name
+        (a .g graph's); else (an ONNX model's, its dims numbers) against the graph at the capacity
+        on the inputs as given, so their positions past n must be ones the model ignores (a mask's
+        zeros)."""
+        inputs = [named[n] for n, _ in self.source.params]
+        dims = [p.live for p in (self.last.plans if self.last is not None else ()) if p.live is not None]
+        if not dims or dims[0].what != "dim":
+            return outs, evaluate(self.source, inputs)
+        cap, kg = dims[0].rows, self.last.kgraph
+        n = int(named[kg.nodes[dims[0].length].name][0])
+
+        def cut(a: np.ndarray) -> np.ndarray:
+            return a[tuple(slice(0, n) if x == cap else slice(None) for x in a.shape)]
+
+        if self.source.dims():
+            inputs = [cut(a) for a in inputs]
+            return [cut(o) for o in outs], evaluate(self.source, inputs)
+        return [cut(o) for o in outs], [cut(o) for o in evaluate(self.source, inputs)]
 
     def prepare(self, *arrays) -> Callable[[], Any] | None:
         """A call by position over these very arrays, made again and again: `run()` gives what
