@@ -59,7 +59,7 @@ from eqfuse.optimizer.optimize import (
 )
 from eqfuse.optimizer.rulecheck import check_rule_files
 from eqfuse.runtime.module import Compiled, GraphFunction, Kernel, Module
-from eqfuse.runtime.padded import PaddedFunction
+from eqfuse.runtime.padded import PaddedFunction, pad_sizes
 from eqfuse.runtime.program import SharedArrays, emit_run, give_back_memory, plan_memory
 
 FUSE_MODES = (True, False, "manual")
@@ -549,7 +549,7 @@ def stages(src, opts: Options, shared: SharedArrays | None = None) -> Module:
         with shared.importing if shared is not None else contextlib.nullcontext():
             loaded = load(src, opts, shared)
     except DimsNeeded as e:  # an ONNX model with named dims only bound per call: compiled per bucket of them
-        if opts.grad is not None:
+        if opts.grad is not None or opts.live is not None:  # (live=: every dim is bound by dims=)
             raise
         return padded_module(src, opts, sums=e.sums, needs=e)
     graphs, params = loaded.graphs, loaded.params
@@ -557,9 +557,18 @@ def stages(src, opts: Options, shared: SharedArrays | None = None) -> Module:
         graphs = [live_graph(graphs[0], src, opts.live, opts.dims, opts.pick, params)] + graphs[1:]
     if not is_onnx(src):
         graphs = [bind_sums(g, opts.dims) for g in graphs]
-    if opts.grad is None and not is_onnx(src) and padded_dims(graphs, opts.buckets, opts.dims, params):
+    # an ONNX model whose import keeps a dim that is not a batch dim by its name (a decoder's
+    # sequence with its batch bound) takes it per call as buckets= would have it: at run time or padded
+    buckets = opts.buckets
+    if is_onnx(src) and buckets is None and opts.live is None and opts.grad is None and len(graphs) == 1:
+        why = batch_dims(graphs[0], params_of(graphs[0], params))[1]
+        lead = {t.shape[0] for _, t in graphs[0].params if t.shape}  # (a batch: compiled per value, as before)
+        buckets = {d: pad_sizes(16) for d in graphs[0].dims() if d not in opts.dims and d not in lead and why.get(d)} \
+            or None
+    if opts.grad is None and padded_dims(graphs, buckets, opts.dims, params) and opts.live is None:
         g = graphs[0]
-        return padded_module(src, replace(opts, dims=bind(g, params_of(g, params), opts.dims)), graph=g)
+        return padded_module(src, replace(opts, dims=bind(g, params_of(g, params), opts.dims), buckets=buckets), graph=g,
+                             weights=params_of(g, params) if is_onnx(src) else None)
     check_buckets(graphs, opts.buckets, opts.dims, params)
     functions, reports, optimized = [], {}, []
     for g in graphs:
@@ -726,7 +735,7 @@ def lazy_grad(g: Graph, params: dict, dims: dict[str, int], opts: Options) -> La
 
 
 def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[str, ...] = (),
-                  needs: DimsNeeded | None = None) -> Module:
+                  needs: DimsNeeded | None = None, weights: Mapping[str, np.ndarray] | None = None) -> Module:
     """The model compiled per bucket of its named dims at run time (eqfuse.runtime.padded): an
     ONNX model that imports only with some bound (the leading one stays a batch dim, the others are
     padded), or `graph`, a .g graph whose buckets= name dims that are not batch dims. opts.dims
@@ -739,7 +748,8 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
     few cache capacities only.
 
     `needs` is the import's error: raised when the model needs its batch dim bound too (every other
-    named dim is), which no bucket would bind (each would import as this one does)."""
+    named dim is), which no bucket would bind (each would import as this one does). `weights`: the
+    bound arrays of `graph` when it is an ONNX model's import that kept such a dim by its name."""
     dims, buckets = opts.dims, opts.buckets
     shared = SharedArrays()  # the buckets' equal weights and their panels, held once
 
@@ -768,7 +778,7 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
             f.sizes, f.padding = {}, {batch: f"the model needs it bound ({needs.message.splitlines()[0]})"}
         f.onnx_path = os.fspath(src)  # (eqfuse.generate reads a decoder's position table from it)
     else:
-        params = opts.params
+        params = opts.params if weights is None else {**weights, **opts.params}
         inputs = [(n, t.shape) for n, t in graph.params if n not in params]
         batch = next((d for d in batch_dims(graph, params)[0] if d not in dims and d not in buckets), None)
         f = PaddedFunction(graph.name, inputs, dims, batch, buckets, build_bucket, lambda d: (graph, params))

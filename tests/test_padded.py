@@ -375,3 +375,22 @@ def test_two_live_steps_compile_at_once_and_one_step_once():
     assert builds.count(3) == 1
     assert f.live_module({"p": 3}, "p") == "step 3" and builds.count(3) == 2
     assert f.live_module({"p": 1}, "p") == "step 1" and len(builds) == 4
+
+
+@pytest.mark.heavy
+def test_a_dynamic_export_with_its_batch_bound_takes_its_sequence_per_call():
+    """GPT-2 exported with dynamic batch and sequence, the batch bound by dims=: its causal mask
+    multiplies arange(batch), now a constant [1, 1, 1, 1], by the sequence's length, which the
+    import computes at run time (it refused it before); the sequence, kept by its name, is then
+    taken per call as buckets= would (padded here: a scalar of the export follows the length)."""
+    pytest.importorskip("torch")
+    model, path = _export("gpt2")
+    mod = eqfuse.compile(str(path), dims={"batch": 1})
+    for s in (9, 3, 14):
+        ids, mask = _feeds(1, s, seed=s)
+        mask[:] = 1
+        np.testing.assert_allclose(mod(input_ids=ids, attention_mask=mask), _torch(model, ids, mask),
+                                   rtol=RTOL, atol=ATOL)
+    f = mod.default
+    assert f.padding == {"sequence": "exact"} and "differ otherwise than by sequence" in f.runtime_refused, \
+        (f.padding, f.runtime_refused)

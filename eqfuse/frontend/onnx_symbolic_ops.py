@@ -243,13 +243,16 @@ def sym_op(imp, ins, at):
         if isinstance(ins[1], Sym) or len(spec) > 1:
             return None
         return Sym(v.vals, True) if not spec and len(v.vals) == 1 else Sym(v.vals)
+    # a constant of more than one axis beside a shape value (a mask's batch positions, arange(batch)
+    # with the batch bound, times the sequence length): not a shape, computed at run time
+    many = any(not isinstance(x, (Sym, Merged)) and x is not None and np.asarray(x).ndim > 1 for x in ins)
     if op in ("Mul", "Div", "Add", "Sub") and not any(isinstance(x, Merged) for x in ins):
-        if any(not isinstance(x, Sym) and np.asarray(x).dtype.kind not in "iu" for x in ins):
+        if many or any(not isinstance(x, Sym) and np.asarray(x).dtype.kind not in "iu" for x in ins):
             return None
         pairs, scalar = _zip(ins, op)
         out = [_arith(op, a, b) for a, b in pairs]
         return None if any(o is None for o in out) else sym(out, scalar)
-    if op in _CMP:
+    if op in _CMP and not many:
         pairs, scalar = _zip(ins, op)
         out = [_compare(op, a, b) for a, b in pairs]
         if any(o is None for o in out):
