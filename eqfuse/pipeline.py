@@ -567,7 +567,10 @@ def stages(src, opts: Options, shared: SharedArrays | None = None) -> Module:
             or None
     if opts.grad is None and padded_dims(graphs, buckets, opts.dims, params) and opts.live is None:
         g = graphs[0]
-        return padded_module(src, replace(opts, dims=bind(g, params_of(g, params), opts.dims), buckets=buckets), graph=g,
+        known = bind(g, params_of(g, params), opts.dims)
+        if is_onnx(src):  # (the dims its import bound, the batch: each bucket's import binds them again)
+            known = {**opts.dims, **known}
+        return padded_module(src, replace(opts, dims=known, buckets=buckets), graph=g,
                              weights=params_of(g, params) if is_onnx(src) else None)
     check_buckets(graphs, opts.buckets, opts.dims, params)
     functions, reports, optimized = [], {}, []

@@ -25,11 +25,11 @@ from eqfuse.runtime.verify import compare
 # 64-key tiles); no extent is the capacity of the tests (64, 80, 128)
 ENCODER, ENCODER64 = encoder_g(96, 4), encoder_g(128, 2)
 
-# the queries through a copy of their own ([4, S, 24], the dim behind the heads), and a pointwise
-# kernel and a softmax over rows of the dim's positions
+# the queries through a copy of their own ([4, S, 24], the dim behind the heads), a pointwise
+# kernel, a softmax over rows of the dim's positions and a cumsum along them
 COPIES = """graph heads(x: f32[S, 40], w: f32[40, 40], g: f32[40]) -> (f32[4, S, 10], f32[S, 40], f32[S, 30]) {
     q = transpose(reshape(x @ w, shape=[-1, 4, 10]), perm=[1, 0, 2])
-    y = softmax(x * g, axis=-1)
+    y = softmax(x * g, axis=-1) + cumsum(x, axis=0)
     return exp(q) + 1.0, y, concat(slice(x, axis=1, start=0, stop=20), slice(y, axis=1, start=30, stop=40), axis=1)
 }
 """

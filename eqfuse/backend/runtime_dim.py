@@ -26,7 +26,8 @@ the first n rows of each buffer) where the list says so:
   blocks to n, its keys to n when they are the dim.
 
 - a gather of a table's rows (an embedding), or a gather_elements, by indices that the dim leads
-  (from a table that does not have the dim): its first n indices.
+  (from a table that does not have the dim): its first n indices; a forward cumsum along the dim,
+  leading (positions counted from a mask): its first n prefix sums.
 
 Anything else (a reduction over the dim, a GEMM that contracts it, another index op) is refused: the
 module then pads the dim to buckets (eqfuse.runtime.padded), as before.
@@ -98,6 +99,10 @@ def _refusal(p: KernelPlan, outs: list[int], capacity: int) -> str | None:
     if p.kind == K.INDEX:
         an = p.body.nodes[p.shape.anchor]
         data, idx = ([p.body.nodes[a].type.shape for a in an.args] + [(), ()])[:2]
+        if an.op == "cumsum":  # (positions from a mask: prefix sums over the dim's first positions)
+            if an.attr["axis"] % len(shape) != axis or an.attr["reverse"] or not _leading(shape, axis):
+                return "is a cumsum other than forward along the dim, the dim leading"
+            return None
         if an.op not in ("gather", "gather_elements") or p.detail.in_blocked or p.detail.out_blocked:
             return f"is a {an.op} kernel"
         if _axes(data, capacity) or len(_axes(idx, capacity)) != 1 or not _leading(idx, _axes(idx, capacity)[0]) \

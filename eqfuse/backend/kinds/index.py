@@ -102,7 +102,9 @@ def _gather_elements(an: Node, ins, xs, out, ct, par: str = "0", count: str | No
     return _along_axis(idx, out, ax, xs[0], "j = 0", f"out[n] = {data}[pos];", count)
 
 
-def _cumsum(an: Node, ins, xs, out, ct, par: str = "0"):
+def _cumsum(an: Node, ins, xs, out, ct, par: str = "0", count: str | None = None):
+    """(`count`: the positions summed along the axis, a C expression, when not all of them: the
+    first of a dim taken at run time, a forward cumsum along it, eqfuse.backend.runtime_dim)"""
     ax = an.attr["axis"] % len(out)
     outer, L, inner = _size(out[:ax]), out[ax], _size(out[ax + 1:])
     first, step = (L - 1, -1) if an.attr["reverse"] else (0, 1)
@@ -110,7 +112,7 @@ def _cumsum(an: Node, ins, xs, out, ct, par: str = "0"):
     return [f"for (long o = 0; o < {outer}; o++)",
             f"    for (long i = 0; i < {inner}; i++) {{",
             f"        {ct} acc = 0;  /* the input's type, which is the output's */",
-            f"        for (long s = 0, l = {first}; s < {L}; s++, l += {step}) {{",
+            f"        for (long s = 0, l = {first}; s < {count or L}; s++, l += {step}) {{",
             f"            const long p = (o * {L} + l) * {inner} + i;",
             f"            const {ct} v = {ins[0]}[p];",
             *("            " + s for s in store),
@@ -596,8 +598,8 @@ class Index(Kind):
             lines, ranges = _dynamic_range_pooled(plan.name, ins[0], _size(xs[0]), d.block, par)
         elif plan.live is not None and plan.live.what == "dim":  # (eqfuse.backend.runtime_dim) a gather
             params += ", long live"  # by indices that the dim leads: its first live rows of them
-            lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par,
-                                    count=f"(live * {_size(xs[1]) // plan.live.rows})")
+            count = "live" if an.op == "cumsum" else f"(live * {_size(xs[1]) // plan.live.rows})"
+            lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par, count=count)
         else:
             lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par)
         if an.op != "dynamic_range":
