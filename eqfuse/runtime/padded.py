@@ -29,10 +29,11 @@ to the first call's value rounded up to one, and at least to 128 (`pad_sizes`). 
 compiles every bucket (times the batch dim's buckets), and drops one the model refuses (BERT
 with 64 positions at 128). A value above the largest bucket compiles one more, its power of two.
 
-A .g graph's padded dim, in a graph with no batch dim, is first tried as a dim taken at run time
-by the loops (compile's live=, eqfuse.backend.runtime_dim): one module at a capacity runs every
-length up to it with no work past the length, its arrays at the call's length (`_runtime`); where
-a kernel cannot take it (RuntimeDimRefused, kept in `runtime_refused`), the dim is padded as above.
+The one padded dim of a model with no batch dim (a .g graph's; an ONNX export's with its batch
+bound by dims=) is first tried as a dim taken at run time by the loops (compile's live=,
+eqfuse.backend.runtime_dim): one module at a capacity runs every length up to it with no work past
+the length, its arrays at the call's length (`_runtime`); where a kernel cannot take it
+(RuntimeDimRefused, kept in `runtime_refused`), the dim is padded as above.
 
 A model whose export folds the batch into another dim ([batch * heads, ...]: ConvBERT, WavLM)
 imports only with the batch bound too: each bucket's module then compiles its batch per value
