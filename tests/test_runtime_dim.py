@@ -179,7 +179,7 @@ def test_random_graphs_at_run_time_lengths_match_the_reference(src, lengths):
 def test_an_onnx_bert_with_its_batch_bound_takes_the_sequence_at_run_time():
     """An export with dynamic batch and sequence axes, the batch bound by dims=: its import at a
     capacity and at one more position is the same graph but for the sequence's extent
-    (eqfuse.pipeline.check_onnx_dim), so one module runs every length up to the capacity."""
+    (eqfuse.frontend.onnx_dims.check_onnx_dim), so one module runs every length up to the capacity."""
     pytest.importorskip("torch")
     from test_padded import ATOL, RTOL, _export, _torch
 

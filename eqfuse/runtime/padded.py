@@ -240,7 +240,7 @@ class PaddedFunction:
         length up to it with no work past the length; a longer call compiles the next power of two.
         A .g graph's before any check (exact by construction); an ONNX model's once `_check` has
         found the dim's axes in the outputs (and its import, that an extent of the capacity is the
-        dim alone: eqfuse.pipeline.check_onnx_dim). False, and `runtime_refused` says why, when a
+        dim alone: eqfuse.frontend.onnx_dims.check_onnx_dim). False, and `runtime_refused` says why, when a
         kernel cannot take it or the model refuses the capacity: the dim is then padded."""
         if len(self.padded) != 1 or self.batch_dim is not None:
             return False

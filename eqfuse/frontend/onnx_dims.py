@@ -1,0 +1,66 @@
+"""Whether an ONNX model's named dim can be taken at run time by the loops (compile's live= on a dim
+no KV cache holds, eqfuse.backend.runtime_dim), where the model's import bound it to a number.
+
+An ONNX model's dims are numbers after its import (its shape arithmetic needs them), so the
+backend finds the dim's axes by their extent, the capacity C. That is sound when no other extent
+of the model is C and nothing in it follows the dim otherwise than as an axis of it, which the
+model imported at C + 1 shows: `check_onnx_dim`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from eqfuse.errors import RuntimeDimRefused
+from eqfuse.frontend.onnx_import import import_with_params
+from eqfuse.ir.graph import Graph
+
+
+def check_onnx_dim(src, g: Graph, params: Mapping[str, np.ndarray], dim: str, dims: Mapping[str, int]) -> None:
+    """An ONNX model imported at `dim` = C (g, params) can take the dim at run time when the model
+    imported at C + 1 is the same graph with every extent C there C + 1, every other number the
+    same (a reshape's target, a slice's end: C there too), and each bound array over the dim the
+    same values on its first C positions (a range of positions, a causal mask): then an extent C
+    is the dim and nothing else (eqfuse.backend.runtime_dim finds it so), and the model at a length
+    n reads the first n positions of each. Else RuntimeDimRefused says what differs."""
+    cap = int(dims[dim])
+    g2, params2 = import_with_params(src, dims={**dims, dim: cap + 1})
+
+    def refuse(why: str):
+        raise RuntimeDimRefused(f"live='{dim}': {why}, so {dim} is not taken at run time")
+
+    def same(a, b) -> bool:  # attributes equal, but for C here and C + 1 there
+        if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)) and not isinstance(a, bool) \
+                and (int(a), int(b)) == (cap, cap + 1):
+            return True
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and \
+                np.array_equal(a, b, equal_nan=True)
+        return a == b
+
+    if len(g.nodes) != len(g2.nodes) or any(a.op != b.op for a, b in zip(g.nodes, g2.nodes)):
+        refuse(f"{g.name}'s graph at {dim}={cap} and at {cap + 1} differ")
+    for a, b in zip(g.nodes, g2.nodes):
+        s1, s2 = tuple(a.type.shape), tuple(b.type.shape)
+        if len(s1) != len(s2) or any(x != y and (x, y) != (cap, cap + 1) for x, y in zip(s1, s2)):
+            refuse(f"{a.op} has shape {list(s1)} at {dim}={cap} and {list(s2)} at {cap + 1}: an extent that "
+                   f"follows {dim} otherwise than as {dim}")
+        if any(x == y == cap for x, y in zip(s1, s2)):
+            refuse(f"its capacity {cap} is also a fixed extent of {g.name} ({a.op} {list(s1)}); bind {dim} to "
+                   f"another capacity (dims=), e.g. {cap + 1}")
+        if not same(a.attrs, b.attrs):
+            refuse(f"{a.op}'s attributes at {dim}={cap} and at {cap + 1} differ otherwise than by {dim}")
+    for name, v in params.items():
+        w = params2.get(name)
+        if w is None or v.ndim != w.ndim:
+            refuse(f"bound array '{name}' is not in the model at {dim}={cap + 1}")
+        axes = [k for k, (x, y) in enumerate(zip(v.shape, w.shape)) if x != y]
+        if any((v.shape[k], w.shape[k]) != (cap, cap + 1) for k in axes):
+            refuse(f"bound array '{name}' has shape {list(v.shape)} at {dim}={cap} and {list(w.shape)} at {cap + 1}")
+        if axes and not np.array_equal(v, w[tuple(slice(0, cap) if k in axes else slice(None) for k in range(w.ndim))],
+                                       equal_nan=True):
+            refuse(f"bound array '{name}' over {dim} is not the same on its first {cap} positions at {cap + 1}")
