@@ -587,13 +587,13 @@ static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, co
 #elif {{NAME}}_DIRECT_A
             if ({{NAME}}_EDGE_MR == 0 || mr == {{NAME}}_MR)
                 {{NAME}}_CALL({{NAME}}_MR, A + (ic + ir) * {{LDA}}L + pc, {{LDA}}L, 1);
-            else
+{{EDGE_ROWS_DIRECT}}            else
                 {{NAME}}_CALL({{NAME}}_EDGE, A + (ic + ir) * {{LDA}}L + pc, {{LDA}}L, 1);
             (void)ap;
 #else
             if ({{NAME}}_EDGE_MR == 0 || mr == {{NAME}}_MR)
                 {{NAME}}_CALL({{NAME}}_MR, ap + ir * kc, 1, {{NAME}}_MR);
-            else
+{{EDGE_ROWS_PACKED}}            else
                 {{NAME}}_CALL({{NAME}}_EDGE, ap + ir * kc, 1, {{NAME}}_MR);
             (void)A;
 #endif
@@ -720,9 +720,10 @@ static int {{NAME}}_split(int nt)
 
 void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}}{{LIVE_PARAM}})
 {
-    /* the rows computed: M, or those of a dim taken at run time (eqfuse.backend.runtime_dim) in whole
-     * MR tiles, at most M (the rows past the dim's run-time length are scratch: their values hold
-     * anything, and the last tile is then M's own) */
+    /* the rows computed: M, or the first rows of a dim taken at run time (eqfuse.backend.runtime_dim):
+     * its length, whose last tile takes the micro-kernel of its own rows (EDGE_ROWS), or in bf16
+     * its length in whole MR tiles (the rows past the length are scratch: they hold anything, and
+     * the last tile is then one of MR rows or M's own) */
     const long M = {{ROWS_LIVE}}, N = {{NAME}}_N, BATCH = {{BATCH}};
     const long KF = {{NAME}}_KFLOATS, NC = {{NAME}}_NC, MC = {{NAME}}_MC; /* (KF: of the scratch, KFLOATS) */
     const long NCP = (NC + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR; /* NC padded to whole panels */

@@ -824,9 +824,10 @@ static int eqf_kinds_k2_contraction_row_gemm_split(int nt)
 
 void eqf_kinds_k2_contraction_row_gemm(const float* A0, const float* B0, float* C0, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
-    /* the rows computed: M, or those of a dim taken at run time (eqfuse.backend.runtime_dim) in whole
-     * MR tiles, at most M (the rows past the dim's run-time length are scratch: their values hold
-     * anything, and the last tile is then M's own) */
+    /* the rows computed: M, or the first rows of a dim taken at run time (eqfuse.backend.runtime_dim):
+     * its length, whose last tile takes the micro-kernel of its own rows (EDGE_ROWS), or in bf16
+     * its length in whole MR tiles (the rows past the length are scratch: they hold anything, and
+     * the last tile is then one of MR rows or M's own) */
     const long M = eqf_kinds_k2_contraction_row_gemm_M, N = eqf_kinds_k2_contraction_row_gemm_N, BATCH = 1;
     const long KF = eqf_kinds_k2_contraction_row_gemm_KFLOATS, NC = eqf_kinds_k2_contraction_row_gemm_NC, MC = eqf_kinds_k2_contraction_row_gemm_MC; /* (KF: of the scratch, KFLOATS) */
     const long NCP = (NC + eqf_kinds_k2_contraction_row_gemm_NR - 1) / eqf_kinds_k2_contraction_row_gemm_NR * eqf_kinds_k2_contraction_row_gemm_NR; /* NC padded to whole panels */

@@ -58,6 +58,16 @@ SPLITS = {"auto": 0, "rows": 1, "cols": 2}
 BF16_PATHS = {"f32": 0, "fallback": 1, "avx512_bf16": 2, "amx_bf16": 3}
 
 
+def edge_rows(name: str, live: bool, mr: int, aq: str, ars: str, aks: str) -> str:
+    """gemm.c's micro-kernel calls for a last tile of each row count below MR (EDGE_ROWS_*): the
+    rows of a dim taken at run time end anywhere in a tile; empty for rows fixed at compile time
+    (the last tile has M's own count, EDGE)."""
+    if not live:
+        return ""
+    return "".join(f"            else if (mr == {k})\n                {name}_CALL({k}, {aq}, {ars}, {aks});\n"
+                   for k in range(1, mr))
+
+
 def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stride: int = 0,
               b_batch_stride: int = 0, c_batch_stride: int = 0, lda: int, ldb: int, ldc: int, csc: int = 1,
               b_transposed: bool = False, epilogue: str = "acc", extras: Sequence[tuple[str, str]] = (),
@@ -97,8 +107,9 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     blocking of plan_gemm.amx_tiles), which packs A and B (never in place) and needs an even KC
     (AMX: a multiple of AMX_KB) when K takes more than one slice.
     `live_rows`: one more parameter, `long live`, after the extras: the rows are a dim taken at run
-    time (eqfuse.backend.runtime_dim), and the GEMM computes its first `live` rows, rounded up to
-    whole MR tiles (at most M).
+    time (eqfuse.backend.runtime_dim), and the GEMM computes its first `live` rows (at most M), its
+    last tile by the micro-kernel of that tile's rows (`edge_rows`); with bf16 operands (their own
+    micro-kernels) in whole MR tiles.
     """
     if prepacked_b and b_batch_stride and batch > 1:
         raise ValueError("a prepacked B is one matrix shared by every batch")
@@ -142,7 +153,10 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
                  EXTRA_PARAMS=extra_params, PARALLEL=int(parallel), ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
                  EXTRA_ARGS="".join(", " + n for _, n in extras), BF16=bf16,
                  LIVE_PARAM=", long live" if live_rows else "",
-                 ROWS_LIVE=f"eqf_minl({name}_M, (live + {mr - 1}) / {mr} * {mr})" if live_rows else f"{name}_M")
+                 ROWS_LIVE=(f"eqf_minl({name}_M, (live + {mr - 1}) / {mr} * {mr})" if bf16 else
+                            f"eqf_minl({name}_M, live)") if live_rows else f"{name}_M",
+                 EDGE_ROWS_DIRECT=edge_rows(name, live_rows and not bf16, mr, f"A + (ic + ir) * {lda}L + pc", f"{lda}L", "1"),
+                 EDGE_ROWS_PACKED=edge_rows(name, live_rows and not bf16, mr, "ap + ir * kc", "1", f"{name}_MR"))
     cdef = (f"void {name}(const float* A, const float* B, float* C{''.join(f', const {t}* {n}' for t, n in extras)}"
             f"{', long live' if live_rows else ''});")
     if prepacked_b:
