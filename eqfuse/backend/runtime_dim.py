@@ -18,8 +18,8 @@ the first n rows of each buffer) where the list says so:
   else its outer rows past the dim's first n positions skipped (the first rows to n when it leads);
 - a row kernel (softmax, layernorm, rmsnorm or a reduction over the last axis, not the dim), the
   dim leading: its rows to n;
-- a GEMM (the blocked kernel, one batch) whose rows are the dim, leading: its rows to n rounded up to whole
-  MR-row tiles (the capacity's own edge tile unchanged), its columns and depth not the dim;
+- a GEMM (the blocked kernel, one batch) whose rows are the dim, leading: its first n rows (in
+  bf16, n rounded up to whole MR-row tiles), its columns and depth not the dim;
 - a layout copy (a transpose, a reshape it cannot view, a slice or a concat along another axis)
   whose walk has one axis of the dim (leading or not): its rows of the dim to n;
 - an attention whose queries are the dim (and whose keys are, or are a fixed length): its query
