@@ -19,6 +19,6 @@ void {{NAME}}({{PARAMS}})
         const float v = (nan ? NAN : a) * {{SCALE}};
 {{EPI_OFFSETS}}
 {{EPI_BODY}}
-        out[r] = {{EPI}};
+        out[{{OUT_ROW}}] = {{EPI}};  /* (r, or the row of C it stands for: a dim at run time behind other rows) */
     }
 }

@@ -247,21 +247,25 @@ def export(name: str, exporter: str, layers: int = 2) -> Path:
     return cached(f"{name}{'' if layers == 2 else f'-{layers}layers'}-{exporter}", write)
 
 
-def encoder_g(width: int, heads: int, ff: int | None = None) -> str:
+def encoder_g(width: int, heads: int, ff: int | None = None, batch: int = 0) -> str:
     """The .g source of one post-norm encoder layer over a sequence S (a named dim): `heads` heads
-    of width / heads, an MLP of `ff` (default 2 x width) with GELU, two layernorms."""
+    of width / heads, an MLP of `ff` (default 2 x width) with GELU, two layernorms; with `batch`,
+    over `batch` sequences ([batch, S, width], the sequence behind the batch)."""
     hd, ff = width // heads, ff or 2 * width
-    return f"""graph encoder(x: f32[S, {width}],
+    b, lead = (f"{batch}, ", 1) if batch else ("", 0)
+    qp, kp = [lead + p for p in (1, 0, 2)], [lead + p for p in (0, 2, 1)]
+    qp, kp = ([0] + qp, [0] + kp) if batch else (qp, kp)
+    return f"""graph encoder(x: f32[{b}S, {width}],
               wq: f32[{width}, {width}], bq: f32[{width}], wk: f32[{width}, {width}], bk: f32[{width}],
               wv: f32[{width}, {width}], bv: f32[{width}], wo: f32[{width}, {width}], bo: f32[{width}],
               g1: f32[{width}], be1: f32[{width}],
               w1: f32[{width}, {ff}], b1: f32[{ff}], w2: f32[{ff}, {width}], b2: f32[{width}],
-              g2: f32[{width}], be2: f32[{width}]) -> f32[S, {width}] {{
-    q = transpose(reshape(x @ wq + bq, shape=[-1, {heads}, {hd}]), perm=[1, 0, 2])
-    k = transpose(reshape(x @ wk + bk, shape=[-1, {heads}, {hd}]), perm=[1, 0, 2])
-    v = transpose(reshape(x @ wv + bv, shape=[-1, {heads}, {hd}]), perm=[1, 0, 2])
-    a = softmax(q @ transpose(k, perm=[0, 2, 1]) * {hd ** -0.5:.6f}, axis=-1) @ v
-    o = reshape(transpose(a, perm=[1, 0, 2]), shape=[-1, {width}])
+              g2: f32[{width}], be2: f32[{width}]) -> f32[{b}S, {width}] {{
+    q = transpose(reshape(x @ wq + bq, shape=[{b}-1, {heads}, {hd}]), perm={qp})
+    k = transpose(reshape(x @ wk + bk, shape=[{b}-1, {heads}, {hd}]), perm={qp})
+    v = transpose(reshape(x @ wv + bv, shape=[{b}-1, {heads}, {hd}]), perm={qp})
+    a = softmax(q @ transpose(k, perm={kp}) * {hd ** -0.5:.6f}, axis=-1) @ v
+    o = reshape(transpose(a, perm={qp}), shape=[{b}-1, {width}])
     h = layernorm(x + (o @ wo + bo), g1, be1)
     f = gelu(h @ w1 + b1) @ w2 + b2
     return layernorm(h + f, g2, be2)

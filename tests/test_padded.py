@@ -77,21 +77,35 @@ def _torch(model, ids, mask):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("name", ["bert", pytest.param("gpt2", marks=pytest.mark.extended)])  # (the budget)
-def test_any_sequence_length_within_the_buckets_runs_without_compiling_again(name):
+@pytest.mark.parametrize("name, padded", [("bert", False), ("bert", True),
+                                          pytest.param("gpt2", False, marks=pytest.mark.extended)])
+def test_any_sequence_length_within_the_buckets_runs_without_compiling_again(name, padded, monkeypatch):
     """BERT (its attention mask hides the padding) and GPT-2 (causal: no position reads a later
     one) load without dims=; after the first call, every (batch, sequence) within the buckets
-    runs on the modules that call compiled, matching torch."""
+    runs on the modules that call compiled, matching torch. The sequence is taken at run time by
+    the loops (one module at the largest bucket, each batch bucket's GEMMs one per batch over
+    each one's first rows); `padded`: as where a kernel refuses that (PaddedFunction._runtime
+    refused here), padded to the buckets."""
     pytest.importorskip("torch")
+    from eqfuse.runtime.padded import PaddedFunction
+
+    if padded:
+        monkeypatch.setattr(PaddedFunction, "_runtime", lambda self, named, values: False)
     model, path = _export(name)
     mod = eqfuse.compile(str(path), buckets={"sequence": [8, 16]})
     assert "sequence padded to buckets chosen at the first call" in repr(mod) or "padded to 8, 16" in repr(mod)
     assert mod.report["optimized"] is False and not mod.kernels
-    first = _feeds(2, 12)
+    first = _feeds(2, 12)  # (batch buckets 1 and 2: the sequence behind a batch of two in one)
     np.testing.assert_allclose(mod(*first), _torch(model, *first), rtol=RTOL, atol=ATOL)
     f = mod.default
-    assert f.padding == {"sequence": "exact"} and sorted(f.modules) == [(8,), (16,)]
-    assert "batch dim batch at any size; sequence padded to 8, 16" in repr(f)
+    if padded:
+        assert f.padding == {"sequence": "exact"} and sorted(f.modules) == [(8,), (16,)]
+        assert "batch dim batch at any size; sequence padded to 8, 16" in repr(f)
+    else:
+        # (a capacity of 17: 16 is the heads' width, an extent the dim's axes must differ from)
+        assert f.padding == {"sequence": "run-time"} and sorted(f.modules) == [(17,)], f.runtime_refused
+        assert "batch dim batch at any size; sequence at run time up to 17" in repr(f)
+        assert [b.sizes for b in f.modules[(17,)].default.buckets.values()] == [[1, 2]]
     assert mod.kernels and "kernel" in mod.graph
     built = {k: id(m) for k, m in f.modules.items()}
     for b, s in ((3, 9), (1, 16), (2, 5), (5, 8), (1, 1), (4, 13)):
@@ -102,8 +116,14 @@ def test_any_sequence_length_within_the_buckets_runs_without_compiling_again(nam
     assert {k: id(m) for k, m in f.modules.items()} == built  # nothing compiled since the first call
     for m in f.modules.values():  # and no batch size compiled again inside a bucket
         assert not m.default.cache
+    # above the largest bucket: one more bucket (a capacity), the length's power of two
+    ids, mask = _feeds(2, 20)
+    np.testing.assert_allclose(mod(ids, mask), _torch(model, ids, mask), rtol=RTOL, atol=ATOL)
+    assert sorted(f.modules) == ([(8,), (16,), (32,)] if padded else [(17,), (32,)])
+    assert f.sizes["sequence"] == ([8, 16, 32] if padded else [17, 32])
     # the buckets hold one copy of each weight and one pool of packed panels (BERT-base: 3.0 -> 1.8 GB)
-    a, b = (m.default for m in f.modules.values())
+    a, b = (f.modules[k].default for k in ((8,), (16,)) if k in f.modules) if padded else \
+        (f.modules[k].default for k in ((17,), (32,)))
     same = [k for k in a.params if k in b.params and a.params[k].shape == b.params[k].shape]
     assert same and all(a.params[k] is b.params[k] for k in same)
     assert a.panels is not None and a.panels is b.panels
@@ -111,10 +131,6 @@ def test_any_sequence_length_within_the_buckets_runs_without_compiling_again(nam
     packed = {id(P) for r in runners for _, P in r._packed.values()}
     assert runners and all(r.shared_panels is a.panels for r in runners)
     assert len(packed) < sum(len(r._packed) for r in runners)  # some panels serve several buckets
-    # above the largest bucket: one more bucket, the length's power of two
-    ids, mask = _feeds(2, 20)
-    np.testing.assert_allclose(mod(ids, mask), _torch(model, ids, mask), rtol=RTOL, atol=ATOL)
-    assert sorted(f.modules) == [(8,), (16,), (32,)] and f.sizes["sequence"] == [8, 16, 32]
 
 
 @pytest.mark.heavy
@@ -290,9 +306,9 @@ def test_a_dynamo_export_with_dynamic_batch_and_sequence():
 @given(random_model(), st.lists(st.integers(1, 20), min_size=2, max_size=4))
 def test_random_graphs_padded_or_per_value_match_the_reference(src, sizes):
     """tests/test_random_compile.py's random graphs with their rows a named dim S that buckets=
-    names: S is padded when the reference finds zeros at the end change no real output (rows on
-    their own: a batch dim instead; a sum over rows whose padded terms are 0), else compiled per
-    value. Whatever was decided, every length (above the buckets too) matches the reference."""
+    names: S is taken at run time by the loops, or padded when the reference finds zeros at the
+    end change no real output (rows on their own: a batch dim instead; a sum over rows whose
+    padded terms are 0), else compiled per value. Whatever was decided, every length (above the buckets too) matches the reference."""
     from helpers import rand_inputs
 
     from eqfuse.frontend.load import load
@@ -312,6 +328,8 @@ def test_random_graphs_padded_or_per_value_match_the_reference(src, sizes):
     f = mod.default
     if getattr(f, "padding", None) == {"S": "exact"}:
         assert set(f.modules) <= {(4,), (8,), (16,), (32,)}
+    elif getattr(f, "padding", None) == {"S": "run-time"}:  # (a capacity: 8, or one more than an extent)
+        assert all(8 <= k < 33 for k, in f.modules) and len(f.modules) <= 3
     elif hasattr(f, "padding"):
         assert f.padding["S"].startswith("padding S from") and set(f.modules) == {(s,) for s in sizes}
     else:  # rows on their own: a batch dim, chunked

@@ -24,6 +24,9 @@ from eqfuse.runtime.verify import compare
 # 4 heads of 24 (the attention's scalar micro-kernels), and 2 heads of 64 (its vector ones, whole
 # 64-key tiles); no extent is the capacity of the tests (64, 80, 128)
 ENCODER, ENCODER64 = encoder_g(96, 4), encoder_g(128, 2)
+# three sequences of the dim ([3, S, 96]): each GEMM's rows the dim behind a batch (a GEMM per
+# batch, each of its first rows), each row kernel's rows those of each batch's first positions
+ENCODER_B3 = encoder_g(96, 4, batch=3)
 
 # the queries through a copy of their own ([4, S, 24], the dim behind the heads), a pointwise
 # kernel, a softmax over rows of the dim's positions and a cumsum along them
@@ -50,8 +53,8 @@ def _at_capacity(a: np.ndarray, n: int, cap: int, axis: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("src, cap", [(ENCODER, 64), (ENCODER64, 80), (COPIES, 64)],
-                         ids=["encoder", "encoder64", "copies"])
+@pytest.mark.parametrize("src, cap", [(ENCODER, 64), (ENCODER64, 80), (COPIES, 64), (ENCODER_B3, 64)],
+                         ids=["encoder", "encoder64", "copies", "encoder-batch3"])
 def test_one_compile_runs_every_length_up_to_its_capacity(src, cap, threads):
     mod = eqfuse.compile(src, dims={"S": cap}, live="S", threads=threads)
     plans = [k for k in mod.kernels if k.kind != "view"]
@@ -61,10 +64,11 @@ def test_one_compile_runs_every_length_up_to_its_capacity(src, cap, threads):
     axes = [t.shape.index("S") for t in ref.default.result_types]  # the dim's axis in each result
     rng = np.random.default_rng(0)
     weights = _weights(src, rng)
+    xs = dict(ref.default.params)["x"].shape
     for n in (1, 5, 6, 7, 13, 40, 63, 64, cap):
-        x = rng.standard_normal((n, dict(ref.default.params)["x"].shape[1])).astype(np.float32)
+        x = rng.standard_normal([n if d == "S" else d for d in xs]).astype(np.float32)
         want = ref(x=x, **weights)
-        got = mod(x=_at_capacity(x, n, cap, 0), S_length=np.array([n]), **weights)
+        got = mod(x=_at_capacity(x, n, cap, xs.index("S")), S_length=np.array([n]), **weights)
         want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
         cut = [g[(slice(None),) * axis + (slice(0, n),)] for g, axis in zip(got, axes)]
         assert not compare(cut, list(want)), (n, compare(cut, list(want)))
@@ -143,12 +147,14 @@ def test_lower_prints_the_loops_that_run_to_the_length(tmp_path):
 
 @st.composite
 def random_graph(draw):
-    """test_random_compile's graphs over [S, m]: pointwise chains, contractions, row ops (one
-    across S: `sum(..., axis=0)`, which the dim refuses)."""
+    """test_random_compile's graphs over [S, m], or [3, S, m] (the dim behind a batch): pointwise
+    chains, contractions, row ops (one over axis 0: `sum(..., axis=0)`, across S, which the dim
+    refuses, or across the batch)."""
     m = draw(st.sampled_from([5, 16, 33]))
+    s = draw(st.sampled_from(["S", "3, S"]))
     names, lines = draw_lines(draw, draw(st.integers(2, 5)))
-    return (f"graph r(a: f32[S, {m}], b: f32[S, {m}], c: f32[{m}], w: f32[{m}, {m}], g: f32[{m}], "
-            f"be: f32[{m}]) -> f32[S, {m}] {{\n" + "\n".join(lines) + f"\n    return {names[-1]}\n}}\n")
+    return (f"graph r(a: f32[{s}, {m}], b: f32[{s}, {m}], c: f32[{m}], w: f32[{m}, {m}], g: f32[{m}], "
+            f"be: f32[{m}]) -> f32[{s}, {m}] {{\n" + "\n".join(lines) + f"\n    return {names[-1]}\n}}\n")
 
 
 @settings(max_examples=12, deadline=None)
@@ -169,10 +175,12 @@ def test_random_graphs_at_run_time_lengths_match_the_reference(src, lengths):
     fixed = {"c": rng.standard_normal(m), "w": rng.standard_normal((m, m)) / m ** 0.5,
              "g": rng.standard_normal(m), "be": rng.standard_normal(m)}
     fixed = {k: v.astype(np.float32) for k, v in fixed.items()}
+    lead = dict(ref.default.params)["a"].shape[:-2]  # (the batch: the dim at axis 1)
     for n in lengths:
-        a, b = (rng.standard_normal((n, m)).astype(np.float32) for _ in range(2))
-        got = mod(a=_at_capacity(a, n, cap, 0), b=_at_capacity(b, n, cap, 0), S_length=np.array([n]), **fixed)
-        assert not compare([got[:n]], [ref(a=a, b=b, **fixed)]), (src, n)
+        a, b = (rng.standard_normal((*lead, n, m)).astype(np.float32) for _ in range(2))
+        got = mod(a=_at_capacity(a, n, cap, len(lead)), b=_at_capacity(b, n, cap, len(lead)), S_length=np.array([n]),
+                  **fixed)
+        assert not compare([got[..., :n, :]], [ref(a=a, b=b, **fixed)]), (src, n)
 
 
 @pytest.mark.heavy
@@ -206,12 +214,16 @@ def test_an_onnx_sequence_at_run_time_reads_no_position_past_the_length():
 
     model, path = _export("bert")
     cap = 40
-    step = eqfuse.compile(str(path), dims={"batch": 1, "sequence": cap}, live="sequence")
     rng = np.random.default_rng(5)
-    ids, mask = rng.integers(0, 100, (1, cap)).astype(np.int64), np.ones((1, cap), np.int64)
-    for n in (1, 7, 23, cap):
-        got = step(input_ids=ids, attention_mask=mask, sequence_length=np.array([n]))
-        np.testing.assert_allclose(got[:, :n], _torch(model, ids[:, :n], mask[:, :n]), rtol=RTOL, atol=ATOL)
+    # the batch bound, and the batch left free: three sequences, on the batch buckets 1 and 4
+    # (each GEMM's rows the sequence behind the batch: one GEMM per batch over its first rows)
+    for batch, dims in ((1, {"batch": 1}), (3, {})):
+        step = eqfuse.compile(str(path), dims={**dims, "sequence": cap}, live="sequence")
+        ids, mask = rng.integers(0, 100, (batch, cap)).astype(np.int64), np.ones((batch, cap), np.int64)
+        for n in (1, 7, 23, cap):
+            got = step(input_ids=ids, attention_mask=mask, sequence_length=np.array([n]))
+            np.testing.assert_allclose(got[:, :n], _torch(model, ids[:, :n], mask[:, :n]), rtol=RTOL, atol=ATOL)
+    assert [b.sizes for b in step.default.buckets.values()] == [[1, 4]]
     with pytest.raises(RuntimeDimRefused, match=r"live='sequence': its capacity 16 is also a fixed extent of "
                                                 r"main_graph \(.*\); bind sequence to another capacity"):
         eqfuse.compile(str(path), dims={"batch": 1, "sequence": 16}, live="sequence")  # (its head size)

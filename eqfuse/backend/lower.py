@@ -160,6 +160,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
     With `capacity` (the live dim's bound value) and no KV cache, `live` is instead a named dim's
     run-time value: the kernels over it loop to its value (eqfuse.backend.runtime_dim)."""
     g = expand_convs(g)  # (conv1d, conv_transpose2d as conv2d, when the optimizer did not run)
+    rows = capacity if live is not None else None  # (GEMM rows a dim's at run time: mark_bound_b)
     split: set[int] = set()
     while True:
         origins: dict[int, int] = {}
@@ -186,7 +187,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
                 break
             plan.name = f"eqf_{g.name}_k{count}_{plan.kind}"
             count += 1
-            mark_bound_b(plan, _bound_inputs(plan, kg, params), m, _bound_values(plan, kg, params, arrays))
+            mark_bound_b(plan, _bound_inputs(plan, kg, params), m, _bound_values(plan, kg, params, arrays), rows)
             plans.append(plan)
         if not retry:
             place_views(kg, plans)
@@ -196,7 +197,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
                 if p.kind != K.VIEW:
                     KIND[p.kind].after_views(p, m)
                     if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW) and p.in_strides:  # planned again
-                        mark_bound_b(p, _bound_inputs(p, kg, params), m, _bound_values(p, kg, params, arrays))
+                        mark_bound_b(p, _bound_inputs(p, kg, params), m, _bound_values(p, kg, params, arrays), rows)
                 if p.into is not None:  # after any planning again, which writes the uops anew
                     p.uops = p.uops + [store_uop(p)]
             block_between_convs(kg, plans, m)  # (direct convs: the blocked layout between them)
@@ -204,7 +205,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
             # through a view (a conv1d's, reshaped to a conv2d's): their weights blocked once too
             for p in plans:
                 if p.kind == K.CONV2D and p.prepack is None:
-                    mark_bound_b(p, _bound_inputs(p, kg, params, plans), m, _bound_values(p, kg, params, arrays, plans))
+                    mark_bound_b(p, _bound_inputs(p, kg, params, plans), m, _bound_values(p, kg, params, arrays, plans), rows)
             if live is not None and capacity is not None and not cache:  # (on the plans as they are emitted)
                 mark_dim(kg, plans, live, capacity)
                 for p in plans:  # (a pointwise kernel's loops split at the dim: planned again)

@@ -9,31 +9,38 @@ positions past n of every result hold anything.
 
 The dim's axes are found by their extent: `eqfuse.pipeline.check_capacity` has made sure that C is
 no fixed extent of the graph, so an axis of extent C is the dim's. `mark_dim` marks each kernel
-that reads or writes the dim (`LiveBound("dim")`, axis = the dim's axis of its result), or refuses
-the graph (RuntimeDimRefused, naming the kernel) where the plan cannot take the bound. Kernels
-that can, the dim leading their result (the axes before it of extent 1: the rows of the dim are
-the first n rows of each buffer) where the list says so:
+that reads or writes the dim (`LiveBound("dim")`, axis = the dim's first axis of its result), or
+refuses the graph (RuntimeDimRefused, naming the kernel) where the plan cannot take the bound.
+The dim may lead a kernel's result (the axes before it of extent 1: its positions are the first
+rows of each buffer) or follow a batch (`[B, S, ...]`: each batch's first rows). Kernels that can:
 
 - a pointwise kernel (the dim at any axis): its inner loop to n when the dim is its last axis,
-  else its outer rows past the dim's first n positions skipped (the first rows to n when it leads);
-- a row kernel (softmax, layernorm, rmsnorm or a reduction over the last axis, not the dim), the
-  dim leading: its rows to n;
-- a GEMM (the blocked kernel, one batch) whose rows are the dim, leading: its first n rows (in
-  bf16, n rounded up to whole MR-row tiles), its columns and depth not the dim;
+  else its outer rows past the dim's first n positions skipped; the dim at several axes (a mask
+  over queries and keys): the first bounded so, the others computed whole;
+- a row kernel (softmax, layernorm, rmsnorm or a reduction over the last axis, not the dim): its
+  rows at the dim's first n positions (behind a batch: row r stands for row r / (n A) x C A +
+  r % (n A) of C A per batch, A the rows per position);
+- a GEMM (the blocked kernel) whose rows are the dim: its first n rows (in bf16, n rounded up to
+  whole MR-row tiles); one over the rows of several batches (B shared) becomes a batch of GEMMs at
+  B's stride 0, each over its batch's first n rows (`_batches`); its columns and depth not the
+  dim. Its rows a dim at run time, a GEMM stays on the blocked path (never the few-rows one:
+  kinds.contraction.mark_bound_b);
 - a layout copy (a transpose, a reshape it cannot view, a slice or a concat along another axis)
   whose walk has one axis of the dim (leading or not): its rows of the dim to n;
 - an attention whose queries are the dim (and whose keys are, or are a fixed length): its query
-  blocks to n, its keys to n when they are the dim.
-
-- a gather of a table's rows (an embedding), or a gather_elements, by indices that the dim leads
-  (from a table that does not have the dim): its first n indices; a forward cumsum along the dim,
-  leading (positions counted from a mask): its first n prefix sums.
+  blocks to n, its keys to n when they are the dim;
+- a gather or gather_elements whose indices have the dim: the indices at the first n positions
+  of each of its axes (no index past the length, which may hold anything, is read); a table's
+  positions past it are copied as they are; a forward cumsum along the dim: its first n prefix
+  sums (positions counted from a mask).
 
 Anything else (a reduction over the dim, a GEMM that contracts it, another index op) is refused: the
 module then pads the dim to buckets (eqfuse.runtime.padded), as before.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from eqfuse.backend.plan import KernelPlan, LiveBound
 from eqfuse.errors import RuntimeDimRefused
@@ -68,6 +75,8 @@ def mark_dim(kg: Graph, plans: list[KernelPlan], length: str, capacity: int) -> 
             ops = ", ".join(sorted({n.op for n in p.body.nodes if n.op != "input"}))
             raise RuntimeDimRefused(f"live=: kernel {p.name} ({p.kind}: {ops}) {why}, so it cannot loop over the "
                                     f"dim's first positions only")
+        if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW) and not _leading(p.out_shape, outs[0]):
+            _batches(p)  # (one GEMM over all batches' rows: one GEMM per batch instead)
         p.live = LiveBound("dim", capacity, 0, axis=outs[0], length=at)
 
 
@@ -75,10 +84,23 @@ def _refusal(p: KernelPlan, outs: list[int], capacity: int) -> str | None:
     """Why kernel p cannot take the bound (None: it can), `outs` the dim's axes of its result."""
     if not outs:
         return "reads the dim but its result has no axis of it (a reduction over the dim)"
-    if len(outs) > 1:
-        return f"has the dim at {len(outs)} axes of its result"
     axis = outs[0]
     shape = p.out_shape
+    if p.kind == K.POINTWISE:  # (at several axes: the first bounded, the others computed whole)
+        return "is already bounded by a KV cache" if p.live is not None else None
+    if p.kind == K.INDEX:
+        an = p.body.nodes[p.shape.anchor]
+        data, idx = ([p.body.nodes[a].type.shape for a in an.args] + [(), ()])[:2]
+        if an.op == "cumsum":  # (positions from a mask: prefix sums over the dim's first positions)
+            if an.attr["axis"] % len(shape) != axis or an.attr["reverse"] or len(outs) > 1:
+                return "is a cumsum other than forward along the dim"
+            return None
+        if an.op not in ("gather", "gather_elements") or p.detail.in_blocked or p.detail.out_blocked:
+            return f"is a {an.op} kernel"
+        return None  # (each index at a position past the length skipped, on every axis of the dim; a
+        # table's positions past it, copied or read by an index at a live position, hold anything)
+    if len(outs) > 1:
+        return f"has the dim at {len(outs)} axes of its result"
     if p.kind == K.LAYOUT:
         an = p.body.nodes[p.shape.anchor]
         if an.op in ("slice", "concat") and an.attr["axis"] % len(shape) != axis and p.live is None:
@@ -94,28 +116,13 @@ def _refusal(p: KernelPlan, outs: list[int], capacity: int) -> str | None:
         if p.live is not None or d.decode or d.Sq != capacity or d.Dv == capacity or d.D == capacity:
             return "has its queries at other than the dim"
         return None
-    if p.kind == K.POINTWISE:
-        return "is already bounded by a KV cache" if p.live is not None else None
-    if p.kind == K.INDEX:
-        an = p.body.nodes[p.shape.anchor]
-        data, idx = ([p.body.nodes[a].type.shape for a in an.args] + [(), ()])[:2]
-        if an.op == "cumsum":  # (positions from a mask: prefix sums over the dim's first positions)
-            if an.attr["axis"] % len(shape) != axis or an.attr["reverse"] or not _leading(shape, axis):
-                return "is a cumsum other than forward along the dim, the dim leading"
-            return None
-        if an.op not in ("gather", "gather_elements") or p.detail.in_blocked or p.detail.out_blocked:
-            return f"is a {an.op} kernel"
-        if _axes(data, capacity) or len(_axes(idx, capacity)) != 1 or not _leading(idx, _axes(idx, capacity)[0]) \
-                or (an.op == "gather" and an.attr["axis"] % len(data) != 0):
-            return "gathers by indices that the dim does not lead, or from a table over the dim"
-        return None
-    if not _leading(shape, axis):
-        return f"has the dim at axis {axis} of its result {list(shape)} behind axes longer than 1"
-    if p.kind == K.ROW:
+    if p.kind == K.ROW:  # (behind other axes: each outer row's first positions, row_kinds' remap)
         if axis >= p.detail.axis0:  # (the row's own axes: axis0 on, or axis0 alone along an axis)
             return "takes its rows along the dim"
         if getattr(p.detail, "lanes", False):
             return "keeps its rows in the vector lanes"
+        if getattr(p.detail, "quantize_flat", False) and not _leading(shape, axis):
+            return "quantizes a block of rows in one loop, behind other axes"
         return None
     if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW):
         d = p.detail
@@ -124,4 +131,18 @@ def _refusal(p: KernelPlan, outs: list[int], capacity: int) -> str | None:
         if d.path != "blocked" or d.gemm.batch != 1 or d.gemm.outer != 1:
             return f"is a {d.path} GEMM of {d.gemm.batch * d.gemm.outer} batches"
         return None
+    if not _leading(shape, axis):
+        return f"has the dim at axis {axis} of its result {list(shape)} behind axes longer than 1"
     return "is of a kind that takes no run-time bound"
+
+
+def _batches(p: KernelPlan) -> None:
+    """A GEMM planned as one over the rows of all its batches (the "fold" mode: B shared, A's
+    batches one after another) made one of a batch of GEMMs (the "batch" mode: B at stride 0), so
+    that each batch computes the dim's first rows of its own C rows (gemm.c's BATCH loop)."""
+    d = p.detail
+    g, nb = d.gemm, len(p.out_shape) - 2
+    rows = d.M * (g.lda if not d.a_transposed else 1)  # (A's batches follow one another: "fold")
+    calls = replace(g, mode="batch", M=d.M, batch=g.M // d.M, strides=(rows, 0, d.M * d.N))
+    p.detail = replace(d, gemm=calls)
+    assert nb >= 1 and g.a_strides[-1] == rows, (g, d)

@@ -171,6 +171,7 @@ def _function_meta(f, parts: _Parts) -> dict:
     if isinstance(f, PaddedFunction):
         return {"kind": "padded", "name": f.name, "inputs": f.inputs, "batch": f.batch_dim, "padded": f.padded,
                 "sizes": f.sizes, "padding": f.padding, "limits": f.limits, "out_axes": f.out_axes,
+                "per_value": sorted(f.per_value),
                 "modules": {key: [_function_meta(g, parts) for g in m.functions.values()]
                             for key, m in f.modules.items()},
                 # a decoder's step over its cache in place (live_module): its dims and live dim
@@ -478,6 +479,7 @@ def _open(buf: memoryview, where: str, verify: bool) -> Module:
                                          fm["padding"], fm["limits"], fm["out_axes"], modules("modules"), fm["last"],
                                          _no_compiler(fm["name"], where, man["dims"][fm["name"]]))
             pf.live_modules = modules("live")
+            pf.per_value = {tuple(k) for k in fm.get("per_value", [])}
             return pf
         f = GraphFunction(fm["source"], fm["optimized"], {n: array(p) for n, p in fm["params"].items()}, fm["dims"],
                           _no_compiler(fm["name"], where, man["dims"].get(fm["name"], [])), fm["verify"],

@@ -29,11 +29,15 @@ to the first call's value rounded up to one, and at least to 128 (`pad_sizes`). 
 compiles every bucket (times the batch dim's buckets), and drops one the model refuses (BERT
 with 64 positions at 128). A value above the largest bucket compiles one more, its power of two.
 
-The one padded dim of a model with no batch dim (a .g graph's; an ONNX export's with its batch
-bound by dims=) is first tried as a dim taken at run time by the loops (compile's live=,
+The one padded dim of a model (a .g graph's, an ONNX export's sequence beside its batch dim or with
+its batch bound by dims=) is first tried as a dim taken at run time by the loops (compile's live=,
 eqfuse.backend.runtime_dim): one module at a capacity runs every length up to it with no work past
-the length, its arrays at the call's length (`_runtime`); where a kernel cannot take it
-(RuntimeDimRefused, kept in `runtime_refused`), the dim is padded as above.
+the length, its arrays at the call's length (`_runtime`), the batch dim on that module's buckets
+(the dim behind the batch: each GEMM one per batch over its first rows). Where a kernel cannot
+take it (RuntimeDimRefused, kept in `runtime_refused`), the dim is padded as above. A default
+capacity past the model's positions (BERT's 512 at 1024) is halved; a call past every capacity
+compiles the next one, or, where the model refuses that, a module at the call's length itself
+(`_grow`).
 
 A model whose export folds the batch into another dim ([batch * heads, ...]: ConvBERT, WavLM)
 imports only with the batch bound too: each bucket's module then compiles its batch per value
@@ -98,6 +102,7 @@ class PaddedFunction:
         self.batch_dim = batch  # left unbound: each compiled graph takes it at any size (runtime.buckets)
         self.padded = [d for d in named if d != batch]
         self.sizes = {d: sorted({int(v) for v in buckets[d]}) for d in self.padded if d in buckets}
+        self.chosen = set(self.sizes)  # the dims whose sizes buckets= gave (the others': the defaults)
         # the batch dim's sizes buckets= gives (eqfuse.generate then compiles its decode step on them)
         self.batch_buckets = {batch: sorted({int(v) for v in buckets[batch]})} if batch in buckets else {}
         self._build, self._source = build, source
@@ -113,6 +118,7 @@ class PaddedFunction:
         self.results: list[Shape] | None = None
         self.extents: frozenset[int] = frozenset()
         self.runtime_refused: str | None = None  # why the padded dim is not taken at run time
+        self.per_value: set[tuple[int, ...]] = set()  # a run-time dim's modules compiled at one value (`_grow`)
         self.last = None  # the GraphFunction of the last call's bucket (Module.kernels reads it)
         self.last_module = None
         self._ready = False
@@ -141,8 +147,11 @@ class PaddedFunction:
                 self._first(named, values)
                 self._ready = True
             key = tuple(self._bucket(d, values[d]) for d in self.padded)
+            if key not in self.modules and self._runtime_dim():
+                key = self._grow(key, named, values)
             mod = self._module(key, named, values)
-        lengths = [np.array([values[d]], dtype=np.int64) for d in self.padded if self.padding[d] == RUNTIME]
+        lengths = [np.array([values[d]], dtype=np.int64) for d in self.padded
+                   if self.padding[d] == RUNTIME and key not in self.per_value]
         outs = mod(*(self._fit(named[n], s, dict(zip(self.padded, key)), values) for n, s in self.inputs), *lengths)
         one = not isinstance(outs, tuple)
         outs = (outs,) if one else outs
@@ -216,6 +225,28 @@ class PaddedFunction:
             return v
         return next((s for s in self.sizes[d] if s >= v), _pow2(v))
 
+    def _runtime_dim(self) -> bool:
+        return any(self.padding.get(d) == RUNTIME for d in self.padded)
+
+    def _grow(self, key: tuple[int, ...], named, values) -> tuple[int, ...]:
+        """A call past every capacity of the run-time dim: the module at the next capacity (key),
+        or, where the model refuses it (its positions end at the call's length: BERT's 512, whose
+        position table is also an extent of 512), the module at the call's length itself, whose
+        loops are not bounded (in `per_value`, called with no length)."""
+        try:
+            self._module(key, named, values)
+            return key
+        except EqfuseError as e:
+            exact = tuple(values[d] for d in self.padded)
+            if exact in self.modules:
+                return exact
+            self.modules[exact] = self._build(dict(zip(self.padded, exact)))
+            self.per_value.add(exact)
+            self.limits.setdefault(self.padded[0], f"{self.padded[0]}={key[0]}: {e.message}")
+            for d, v in zip(self.padded, exact):
+                self.sizes[d] = sorted(set(self.sizes[d]) | {v})
+            return exact
+
     def _capacity(self, at_least: int) -> int:
         """A run-time dim's capacity: `at_least`, or the next number that is no fixed extent of the
         graph (eqfuse.backend.runtime_dim finds the dim's axes by their extent)."""
@@ -234,22 +265,24 @@ class PaddedFunction:
         return mod
 
     def _runtime(self, named, values) -> bool:
-        """Compile the one padded dim of a model with no batch dim as a dim taken at run time by
-        the loops (compile's live=, eqfuse.backend.runtime_dim): one module at a capacity (the
-        largest bucket buckets= gives, else 128 or the first call's power of two above), run at any
-        length up to it with no work past the length; a longer call compiles the next power of two.
+        """Compile the one padded dim of a model as a dim taken at run time by the loops (compile's
+        live=, eqfuse.backend.runtime_dim), a batch dim beside it on each module's buckets: one
+        module at a capacity (the largest bucket buckets= gives, else 128 or the first call's power
+        of two above: halved while the model refuses it, that is, while its positions end
+        before), run at any length up to it with no work past the length; a longer call compiles the
+        next power of two (`_grow`).
         A .g graph's before any check (exact by construction); an ONNX model's once `_check` has
         found the dim's axes in the outputs (and its import, that an extent of the capacity is the
         dim alone: eqfuse.frontend.onnx_dims.check_onnx_dim). False, and `runtime_refused` says why, when a
         kernel cannot take it or the model refuses the capacity: the dim is then padded."""
-        if len(self.padded) != 1 or self.batch_dim is not None:
+        if len(self.padded) != 1:
             return False
         d = self.padded[0]
         if (self.padding.get(d) != "exact") if self.results is None else (d in self.padding):
             return False  # (ONNX: not exact; .g: buckets={} or a dim buckets= does not name)
         given, state = self.sizes.get(d), self.padding.get(d)  # (kept for the padding when refused)
         cap = self._capacity(max(max(given or pad_sizes(values[d])), _pow2(values[d])))
-        mod, why = None, ""
+        mod, why, down = None, "", False
         for _ in range(CAPACITY_TRIES):
             self.padding[d], self.sizes[d] = RUNTIME, [cap]
             try:
@@ -257,11 +290,20 @@ class PaddedFunction:
                 break
             except EqfuseError as e:  # (RuntimeDimRefused, or a capacity past the model's positions)
                 why = e.message
-                if not (isinstance(e, RuntimeDimRefused) and "also a fixed extent" in why):
+                if isinstance(e, RuntimeDimRefused) and "also a fixed extent" in why:
+                    # (an ONNX model's extent equal to the capacity, its import says so: the next
+                    # number, or the one before once a larger capacity was past its positions)
+                    cap += -1 if down else 1
+                elif not isinstance(e, RuntimeDimRefused) and cap > _pow2(values[d]) and d not in self.chosen:
+                    self.limits[d] = f"{d}={cap}: {why}"  # (a default capacity past the model's positions:
+                    cap, down = max(_pow2(values[d]), 1 << ((cap - 1).bit_length() - 1)), True  # the one below)
+                else:
                     break
-                cap += 1  # (an ONNX model's extent equal to the capacity: its import says so)
+                if cap < values[d]:
+                    break
         if mod is None:
             del self.padding[d], self.sizes[d]
+            self.limits.pop(d, None)
             if state is not None:
                 self.padding[d] = state
             if given:
@@ -409,7 +451,7 @@ class PaddedFunction:
         for d in self.padded:
             state = self.padding.get(d)
             limit = f" (not {self.limits[d].split(':')[0]}: the model refuses it)" if d in self.limits else ""
-            parts.append(f"{d} at run time up to {max(self.sizes[d])}" if state == RUNTIME else
+            parts.append(f"{d} at run time up to {max(self.sizes[d])}{limit}" if state == RUNTIME else
                          f"{d} padded to {', '.join(map(str, self.sizes[d]))}{limit}" if state == "exact" else
                          f"{d} compiled per value ({state})" if state else f"{d} padded to buckets chosen at the first call")
         return f"<eqfuse function {self.name}({', '.join(self.free)}): {'; '.join(parts)}>"

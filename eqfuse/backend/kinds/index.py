@@ -46,15 +46,17 @@ def _unflatten(var: str, shape, names: str) -> list[str]:
     return [f"const long {names}{d} = ({var} / {st[d]}) % {shape[d]}; (void){names}{d};" for d in range(len(shape))]
 
 
-def _gather(an: Node, ins, xs, out, ct, par: str = "0", count: str | None = None):
+def _gather(an: Node, ins, xs, out, ct, par: str = "0", count: str | None = None, skip: str = ""):
     """(`count`: the indices taken, a C expression, when not all of them: the first rows of a
-    dim taken at run time, eqfuse.backend.runtime_dim)"""
+    dim taken at run time, eqfuse.backend.runtime_dim; `skip`: a C condition on k, the index's
+    flat position, under which it is not taken)"""
     data, idx = ins
     ax = an.attr["axis"] % len(xs[0])
     outer, axlen, inner = _size(xs[0][:ax]), xs[0][ax], _size(xs[0][ax + 1:])
     nidx = _size(xs[1])
     return [f"for (long o = 0; o < {outer}; o++)",
             f"    for (long k = 0; k < {count or nidx}; k++) {{",
+            *([f"        if ({skip}) continue;"] if skip else []),
             f"        long j = (long){idx}[k];",
             f"        if (j < 0) j += {axlen};",
             f"        if (j < 0 || j >= {axlen}) {{ bad++; j = 0; }}",
@@ -79,15 +81,18 @@ def _scatter_add(an: Node, ins, xs, out, ct, par: str = "0"):
             "    }"]
 
 
-def _along_axis(idx: str, shape, ax: int, tshape, on_bad: str, stmt: str, count: str | None = None) -> list[str]:
+def _along_axis(idx: str, shape, ax: int, tshape, on_bad: str, stmt: str, count: str | None = None,
+                skip: str = "") -> list[str]:
     """The loop of gather_elements and scatter_elements_add: for each element n of the indices
     (of `shape`), j = its index along axis ax (negative from the end; out of range counted, then
     `on_bad`), `pos` the offset of (i0, .., j, ..) in the contiguous tensor of `tshape` read or
-    written; `stmt` uses n and pos. `count`: the elements taken when not all (gather's)."""
+    written; `stmt` uses n and pos. `count`: the elements taken when not all (gather's); `skip`:
+    a C condition on i0, i1, .. under which an element is not taken."""
     st, L = _strides(tshape), tshape[ax]
     pos = " + ".join(f"j * {st[d]}" if d == ax else f"i{d} * {st[d]}" for d in range(len(shape)))
     return [f"for (long n = 0; n < {count or _size(shape)}; n++) {{",
             *("    " + ln for ln in _unflatten("n", shape, "i")),
+            *([f"    if ({skip}) continue;"] if skip else []),
             f"    long j = (long){idx}[n];",
             f"    if (j < 0) j += {L};",
             f"    if (j < 0 || j >= {L}) {{ bad++; {on_bad}; }}",
@@ -96,10 +101,10 @@ def _along_axis(idx: str, shape, ax: int, tshape, on_bad: str, stmt: str, count:
             "}"]
 
 
-def _gather_elements(an: Node, ins, xs, out, ct, par: str = "0", count: str | None = None):
+def _gather_elements(an: Node, ins, xs, out, ct, par: str = "0", count: str | None = None, skip: str = ""):
     data, idx = ins
     ax = an.attr["axis"] % len(xs[0])
-    return _along_axis(idx, out, ax, xs[0], "j = 0", f"out[n] = {data}[pos];", count)
+    return _along_axis(idx, out, ax, xs[0], "j = 0", f"out[n] = {data}[pos];", count, skip)
 
 
 def _cumsum(an: Node, ins, xs, out, ct, par: str = "0", count: str | None = None):
@@ -596,10 +601,10 @@ class Index(Kind):
             lines = pool_blocked(an, ins[0], xs, tuple(plan.out_shape), plan.name)
         elif an.op == "dynamic_range":
             lines, ranges = _dynamic_range_pooled(plan.name, ins[0], _size(xs[0]), d.block, par)
-        elif plan.live is not None and plan.live.what == "dim":  # (eqfuse.backend.runtime_dim) a gather
-            params += ", long live"  # by indices that the dim leads: its first live rows of them
-            count = "live" if an.op == "cumsum" else f"(live * {_size(xs[1]) // plan.live.rows})"
-            lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par, count=count)
+        elif plan.live is not None and plan.live.what == "dim":  # (eqfuse.backend.runtime_dim) a cumsum
+            params += ", long live"  # along the dim: its first live positions; a gather by indices over
+            lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par,  # the dim: those at
+                                    **_live_indices(an.op, xs[1] if len(xs) > 1 else (), plan.live.rows))  # them
         else:
             lines = BUILDERS[an.op](an, ins, xs, tuple(plan.out_shape), xts[0], par)
         if an.op != "dynamic_range":
@@ -608,6 +613,23 @@ class Index(Kind):
                       PARALLEL=int(d.parallel), IN_BLOCKED=int(d.in_blocked), OUT_BLOCKED=int(d.out_blocked),
                       VL=d.vl, CHECKED=int(d.checked), POOL_S2=int(d.pool_s2), RANGES=ranges,
                       BODY="\n".join("    " + ln for ln in lines))
+
+
+def _live_indices(op: str, idx, capacity: int) -> dict:
+    """The keywords of a cumsum's or a gather's builder over a dim taken at run time, `live` its
+    length: a cumsum's first live positions along it; a gather's indices at the first live
+    positions of each axis of the dim (its first rows when the dim leads them, at one axis), so
+    that no index at a position past the length, which may hold anything, is read."""
+    if op == "cumsum":
+        return {"count": "live"}
+    axes = [a for a, d in enumerate(idx) if d == capacity]
+    if not axes:  # (the dim is the table's alone: its positions are copied, whatever they hold)
+        return {}
+    if len(axes) == 1 and all(d == 1 for d in idx[:axes[0]]):
+        return {"count": f"(live * {_size(idx) // capacity})"}
+    if op == "gather_elements":
+        return {"skip": " || ".join(f"i{a} >= live" for a in axes)}
+    return {"skip": " || ".join(f"k / {_size(idx[a + 1:])} % {capacity} >= live" for a in axes)}
 
 
 PARALLEL_FOR = re.compile(r"#pragma omp parallel for if \((\w+)\)")

@@ -223,10 +223,15 @@ class Row(Kind):
         ids = count()
         if d.lanes:
             return self._emit_lanes(plan, params, ptrs, ids)
-        if plan.live is not None and plan.live.what == "dim":  # (eqfuse.backend.runtime_dim) the dim leads
-            params += ", long live"  # the rows: its first `live` positions are the first rows
-            rows = f"(live * {rows // plan.live.rows})"
-        space = Space(xshape, [("r", row_dims, True), ("j", col_dims, False)], I1, ids)
+        r = "r"  # (the row r's offsets are of the physical row this variable gives)
+        if plan.live is not None and plan.live.what == "dim":  # (eqfuse.backend.runtime_dim) the rows at
+            params += ", long live"  # the dim's first `live` positions: the first rows when it leads them,
+            rows = f"(live * {rows // plan.live.rows})"  # else each outer row's first live x A of C x A
+            ax, C = plan.live.axis, plan.live.rows
+            A = size([xshape[k] for k in row_dims if k > ax])
+            if any(xshape[k] > 1 for k in row_dims if k < ax):
+                r = f"(r / (live * {A}) * {C * A} + r % (live * {A}))"
+        space = Space(xshape, [(r, row_dims, True), ("j", col_dims, False)], I1, ids)
         pro = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
         x = pro.value(an.args[0])
         a1 = pro.value(an.args[1]) if an.op in ("softmax_grad", "layernorm_grad") else ""
@@ -237,7 +242,7 @@ class Row(Kind):
             e = epi.value(body.outputs[0])
             cs = plan.out_strides or contiguous(xshape)  # a softmax may write through strides
             common.update(OFFSETS="\n".join(space.decls), EPI_BODY=epi.text(), EPI=e, R0=0)
-            ybase = offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims])
+            ybase = offset(r, [xshape[k] for k in row_dims], [cs[k] for k in row_dims])
             if an.op in ("softmax_grad", "layernorm_grad"):
                 grad = an.op == "layernorm_grad"
                 return render("row_grad.c", OP=an.op, MODE=int(grad), A1=a1, YBASE=ybase, YS=cs[axis0] if not grad else 1,
@@ -250,22 +255,22 @@ class Row(Kind):
             common["NEXT"] = next_row(space.decls, common["PRO_BODY"], params, rows, ahead)
             if an.op == "softmax":
                 return render("row_softmax.c",
-                              YBASE=offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims]),
+                              YBASE=offset(r, [xshape[k] for k in row_dims], [cs[k] for k in row_dims]),
                               YS=cs[axis0], ZERO_NAN=int(an.attr["zero_nan"]),
                               **with_rows_head(common, f"EQF_ROW_BLOCK({L})"))
             g = ptrs[an.args[1]]
             extra = {"GAMMA": g, "EPS": flit(an.attr["eps"]), "SUM_APART": int(d.sum_apart),
-                     "YBASE": offset("r", [xshape[k] for k in row_dims], [cs[k] for k in row_dims])}
+                     "YBASE": offset(r, [xshape[k] for k in row_dims], [cs[k] for k in row_dims])}
             if an.op == "layernorm":
                 extra["BETA"] = ptrs[an.args[2]]
             return render(f"row_{an.op}.c", **with_rows_head(common, f"{plan.name}_RB"), **extra)
         # sum / mean / max over trailing axes: one value per row
-        espace = Space(plan.out_shape, [("r", list(range(len(plan.out_shape))), True)], I1, ids)
+        espace = Space(plan.out_shape, [(r, list(range(len(plan.out_shape))), True)], I1, ids)
         epi = Exprs(body, espace, ptrs, {a: "v"}, I1, forbid=computed_ancestors(body, an.args[0]),
                     strides=plan.base_strides())
         e = epi.value(body.outputs[0])
         red = REDUCE[an.op]
-        return render("row_reduce.c", OP=an.op, OFFSETS="\n".join(space.decls), EPI_OFFSETS="\n".join(espace.decls),
+        return render("row_reduce.c", OP=an.op, OUT_ROW=r, OFFSETS="\n".join(space.decls), EPI_OFFSETS="\n".join(espace.decls),
                       EPI_BODY=epi.text(), EPI=e, INIT=red[0], RED=red[1], COMBINE=red[2],
                       NAN_TRACK=NAN_TRACK.get(an.op, ""),
                       SCALE=flit(1.0 / L) if an.op == "mean" else "1.0f", **common)

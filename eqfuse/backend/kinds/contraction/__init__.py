@@ -83,13 +83,15 @@ class Contraction(Kind):
         return emit_gemm.emit_contraction(plan)
 
 
-def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[int, np.ndarray] | None = None) -> None:
+def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[int, np.ndarray] | None = None,
+                 run_time_rows: int | None = None) -> None:
     """detail.prepack for a matmul GEMM whose B (or the matrix its transpose reads) is one of
     the body inputs `bound` by params=, read by nothing else in the kernel, and one matrix for
     every batch (emit then reads B as panels the runtime packs once). A matmul with few rows
     then takes the memory-bound skinny path (plan_gemm.skinny, planned by plan_skinny). `values`
     (body input -> its bound array, where known) lets an integer GEMM choose its path by its
-    weights' range (qgemm.mark_bound)."""
+    weights' range (qgemm.mark_bound). A GEMM whose rows are `run_time_rows` (the capacity of a dim
+    taken at run time, eqfuse.backend.runtime_dim) stays on the blocked path, which takes them."""
     d = plan.detail
     if isinstance(d, conv_grouped.ConvGroupedDetail) and not d.channels or \
             isinstance(d, conv_dwpw.ConvDwPwDetail) and not d.olanes:
@@ -115,5 +117,6 @@ def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[
                  for u in plan.uops]  # the tile schedule says so
     d = plan.detail
     unit_columns = plan.out_strides is None or plan.out_shape[-1] == 1 or plan.out_strides[-1] == 1
-    if plan.kind != K.CONV2D and d.gemm.mode == "fold" and skinny(d.gemm.M, d.N, d.K, m) and unit_columns:
+    if plan.kind != K.CONV2D and d.gemm.mode == "fold" and skinny(d.gemm.M, d.N, d.K, m) and unit_columns \
+            and (run_time_rows is None or plan.out_shape[-2] != run_time_rows):
         plan_skinny(plan, m)

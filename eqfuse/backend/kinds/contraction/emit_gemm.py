@@ -323,7 +323,9 @@ def emit_contraction(plan: KernelPlan) -> str:
     # "fold" mode) is packed once: the kernel's B argument is then the panels of {gname}_prepack,
     # which the runtime makes on the first call (plan.detail.prepack tells it how).
     prepacked = d.prepack is not None
-    assert not prepacked or (mode == "fold" and d.prepack.fn == f"{gname}_prepack")
+    # (or "batch" at B's stride 0: a GEMM whose rows are a dim taken at run time behind its batches,
+    # eqfuse.backend.runtime_dim._batches)
+    assert not prepacked or (mode in ("fold", "batch") and g.strides[1] == 0 and d.prepack.fn == f"{gname}_prepack")
     sa, sb, sc = g.strides
     ldc, csc = N, 1
     if plan.out_strides is not None:  # C written in place into a layout's storage (eqfuse.backend.stores)
