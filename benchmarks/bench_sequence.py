@@ -1,4 +1,4 @@
-"""A new sequence length: eqfuse's padded buckets against a compile per length, and onnxruntime.
+"""A new sequence length: eqfuse's sequence at run time, its padded buckets, a compile per length, and onnxruntime.
 
     python benchmarks/bench_sequence.py [--model bert-base] [--first 128] [--lengths 7 20 50 100 128]
                                         [--batch 1] [--repeat 20] [--threads 1]
@@ -6,15 +6,16 @@
 The model (tests/model_exports.py: "bert", "gpt2" or "bert-base", random weights) is exported with
 dynamic batch and sequence axes, as optimum exports it. Every compile is cold (the kernel cache is
 an empty temporary directory).
-- "padded": `eqfuse.compile(path)` without dims=; its first call, at --first, checks that padding
-  the sequence is exact and compiles every bucket (eqfuse.runtime.padded); later lengths pad.
+- "run-time": `eqfuse.compile(path)` without dims=; its first call, at --first, compiles one module
+  at a capacity (128, or --first's power of two above) whose loops take the sequence at run time
+  (eqfuse.backend.runtime_dim), the batch on its buckets; it serves every length up to it.
+- "padded": the same, with the run-time path refused (as where a kernel cannot take it): the first
+  call checks that padding the sequence is exact and compiles every bucket (eqfuse.runtime.padded);
+  later lengths pad.
 - "per length": `eqfuse.compile(path, dims={"sequence": n})`, compiled for each length.
-- "run-time" (at --batch 1): `eqfuse.compile(path, dims={"batch": 1})`, the sequence taken at run
-  time by the loops (eqfuse.backend.runtime_dim): its first call compiles one module at a capacity
-  (128, or --first's power of two above) that serves every length up to it.
 - onnxruntime (ORT_ENABLE_ALL, the same thread count) on the same dynamic export.
 Per length: each one's first call, then --repeat calls interleaved (median ms and spread, the
-interquartile range as % of the median); "padded / per length" above 1 is the padding's cost.
+interquartile range as % of the median); "/ per length" above 1 is the cost of one module for all.
 """
 
 from __future__ import annotations
@@ -107,25 +108,31 @@ def main() -> None:
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
-    rss0 = rss_mb()
-    padded = eqfuse.compile(str(path), threads=args.threads)
-    t_first = timed(lambda: padded(**feeds(args.batch, args.first, me.VOCAB)))
+    from eqfuse.runtime.padded import PaddedFunction
+
+    def first(label: str, refuse: bool):
+        rss0, real = rss_mb(), PaddedFunction._runtime
+        if refuse:  # (the run-time path refused: the padded fallback)
+            PaddedFunction._runtime = lambda self, named, values: False
+        try:
+            mod = eqfuse.compile(str(path), threads=args.threads)
+            t = timed(lambda: mod(**feeds(args.batch, args.first, me.VOCAB)))
+        finally:
+            PaddedFunction._runtime = real
+        print(f"## {label}: first call at sequence {args.first}, batch {args.batch} (cold): {t:.2f} s; the "
+              f"process grew by {rss_mb() - rss0:.0f} MB; {mod.default!r}")
+        return mod
+
+    runtime = first("run-time", False)
+    padded = first("padded", True)
     f = padded.default
-    print(f"## {args.model}, batch {args.batch}: first call at sequence {args.first} (check + compile every "
-          f"bucket, cold): {t_first:.2f} s; the process grew by {rss_mb() - rss0:.0f} MB; {f!r}")
-    runtime = None
-    if args.batch == 1:
-        rss0 = rss_mb()
-        runtime = eqfuse.compile(str(path), dims={"batch": 1}, threads=args.threads)
-        t_first = timed(lambda: runtime(**feeds(1, args.first, me.VOCAB)))
-        print(f"## run-time: first call at sequence {args.first} (check + compile the capacity, cold): "
-              f"{t_first:.2f} s; the process grew by {rss_mb() - rss0:.0f} MB; {runtime.default!r}")
-    print("| sequence | bucket | first call: padded | compile + first call: per length | onnxruntime first call "
-          "| median ms: padded (spread) | per length (spread) | onnxruntime (spread) | run-time (spread) "
-          "| padded / per length | run-time / per length | run-time / onnxruntime |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| sequence | padded bucket | first call: run-time | padded | compile + first call: per length "
+          "| onnxruntime first call | median ms: run-time (spread) | padded (spread) | per length (spread) "
+          "| onnxruntime (spread) | run-time / per length | padded / per length | run-time / onnxruntime |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.lengths:
         x = feeds(args.batch, n, me.VOCAB)
+        fr = timed(lambda x=x: runtime(**x))
         fp = timed(lambda x=x: padded(**x))
         t0 = time.perf_counter()
         exact = eqfuse.compile(str(path), dims={"sequence": n}, threads=args.threads)
@@ -133,24 +140,19 @@ def main() -> None:
         fe = time.perf_counter() - t0
         fo = timed(lambda x=x: sess.run(None, x))
         want = sess.run(None, x)[0]
-        np.testing.assert_allclose(padded(**x), want, rtol=1e-3, atol=1e-3)
-        np.testing.assert_allclose(exact(**x), want, rtol=1e-3, atol=1e-3)
-        runs = {"p": lambda x=x: padded(**x), "e": lambda x=x: exact(**x), "o": lambda x=x: sess.run(None, x)}
-        if runtime is not None:
-            np.testing.assert_allclose(runtime(**x), want, rtol=1e-3, atol=1e-3)
-            runs["r"] = lambda x=x: runtime(**x)
+        runs = {"r": lambda x=x: runtime(**x), "p": lambda x=x: padded(**x), "e": lambda x=x: exact(**x),
+                "o": lambda x=x: sess.run(None, x)}
+        for k in "rpe":
+            np.testing.assert_allclose(runs[k](), want, rtol=1e-3, atol=1e-3)
         ts = {k: [] for k in runs}
         for _ in range(args.repeat):
             for k, g in runs.items():
                 ts[k].append(timed(g) * 1e3)
         med = {k: statistics.median(v) for k, v in ts.items()}
         bucket = next(s for s in f.sizes["sequence"] if s >= n) if f.padding.get("sequence") == "exact" else n
-        r = (f"{med['r']:.3f} ({spread(ts['r'])})", f"{med['r'] / med['e']:.2f}", f"{med['r'] / med['o']:.2f}") \
-            if "r" in med else ("", "", "")
-        print(f"| {n} | {bucket} | {fp * 1e3:.2f} ms | {fe:.2f} s | {fo * 1e3:.2f} ms | {med['p']:.3f} ({spread(ts['p'])}) "
-              f"| {med['e']:.3f} ({spread(ts['e'])}) | {med['o']:.3f} ({spread(ts['o'])}) | {r[0]} "
-              f"| {med['p'] / med['e']:.2f} | {r[1]} | {r[2]} |")
-
+        print(f"| {n} | {bucket} | {fr * 1e3:.2f} ms | {fp * 1e3:.2f} ms | {fe:.2f} s | {fo * 1e3:.2f} ms | "
+              + " | ".join(f"{med[k]:.3f} ({spread(ts[k])})" for k in "rpeo")
+              + f" | {med['r'] / med['e']:.2f} | {med['p'] / med['e']:.2f} | {med['r'] / med['o']:.2f} |")
 
 if __name__ == "__main__":
     main()

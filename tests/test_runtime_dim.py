@@ -227,3 +227,27 @@ def test_an_onnx_sequence_at_run_time_reads_no_position_past_the_length():
     with pytest.raises(RuntimeDimRefused, match=r"live='sequence': its capacity 16 is also a fixed extent of "
                                                 r"main_graph \(.*\); bind sequence to another capacity"):
         eqfuse.compile(str(path), dims={"batch": 1, "sequence": 16}, live="sequence")  # (its head size)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("family", ["t5-encoder", "mpnet", pytest.param("gpt-neo", marks=pytest.mark.extended)])
+def test_hugging_face_exports_take_their_sequence_at_run_time_beside_the_batch(family):
+    """Exports with dynamic batch and sequence axes compiled without dims=: T5's relative-position
+    bias over queries and keys (a gather and a copy with the dim at two axes), MPNet's, GPT-Neo's
+    local attention; one module runs every (batch, sequence) up to its capacity, against torch."""
+    torch = pytest.importorskip("torch")
+    import zoo_models as zm
+
+    model = zm.torch_model(family)
+    mod = eqfuse.compile(str(zm.export_dynamic(family)), buckets={"sequence": [40]})
+    rng = np.random.default_rng(6)
+    for b, s in ((2, 9), (1, 3), (3, 40), (1, 17)):
+        ids = rng.integers(2, zm.VOCAB, (b, s)).astype(np.int64)
+        mask = np.ones((b, s), np.int64)
+        mask[-1, s - s // 3:] = 0
+        with torch.no_grad():
+            want = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        got = mod(input_ids=ids, attention_mask=mask)
+        assert not compare([got], [want]), (b, s, compare([got], [want]))
+    f = mod.default
+    assert f.padding == {"sequence": "run-time"} and sorted(f.modules) == [(40,)], (f.padding, f.runtime_refused)

@@ -203,3 +203,17 @@ def export(family: str, exporter: str):
                               output_names=["y"], opset_version=23 if exporter == "dynamo-opset23" else 18,
                               dynamo=True, external_data=False)
     return me.cached(f"zoo{REVISION}-{family}-{exporter}", write)
+
+
+def export_dynamic(family: str):
+    """The path of a text family's TorchScript export with dynamic batch and sequence axes, as
+    optimum exports it (made once, then cached)."""
+    def write(path):
+        import torch
+
+        names = input_names(family)
+        args = tuple(torch.from_numpy(v) for v in inputs(family).values())
+        axes = {n: {0: "batch", 1: "sequence"} for n in (*names, "y")}
+        torch.onnx.export(torch_model(family), args, str(path), input_names=list(names), output_names=["y"],
+                          opset_version=17, dynamo=False, dynamic_axes=axes)
+    return me.cached(f"zoo{REVISION}-{family}-torchscript-dynamic-batch-sequence", write)

@@ -26,7 +26,8 @@ rows of each buffer) or follow a batch (`[B, S, ...]`: each batch's first rows).
   dim. Its rows a dim at run time, a GEMM stays on the blocked path (never the few-rows one:
   kinds.contraction.mark_bound_b);
 - a layout copy (a transpose, a reshape it cannot view, a slice or a concat along another axis)
-  whose walk has one axis of the dim (leading or not): its rows of the dim to n;
+  whose source and result hold the dim at as many axes: its rows of the dim to n (at several
+  axes, a relative-position bias over queries and keys: the first so, the others copied whole);
 - an attention whose queries are the dim (and whose keys are, or are a fixed length): its query
   blocks to n, its keys to n when they are the dim;
 - a gather or gather_elements whose indices have the dim: the indices at the first n positions
@@ -99,18 +100,18 @@ def _refusal(p: KernelPlan, outs: list[int], capacity: int) -> str | None:
             return f"is a {an.op} kernel"
         return None  # (each index at a position past the length skipped, on every axis of the dim; a
         # table's positions past it, copied or read by an index at a live position, hold anything)
-    if len(outs) > 1:
-        return f"has the dim at {len(outs)} axes of its result"
-    if p.kind == K.LAYOUT:
+    if p.kind == K.LAYOUT:  # (at several axes: the first bounded, the others copied whole)
         an = p.body.nodes[p.shape.anchor]
-        if an.op in ("slice", "concat") and an.attr["axis"] % len(shape) != axis and p.live is None:
+        if an.op in ("slice", "concat") and all(an.attr["axis"] % len(shape) != a for a in outs) and p.live is None:
             return None  # (along another axis: each block walks the dim as a transpose does)
         if an.op not in LAYOUT_OPS:
             return f"is a {an.op} copy along the dim" if an.op in ("slice", "concat") else f"is a {an.op} copy"
         src = p.body.nodes[p.body.inputs[0]].type.shape
-        if len(_axes(src, capacity)) != 1:
-            return "reads the dim at other than one axis"
+        if len(_axes(src, capacity)) != len(outs):
+            return "reads the dim at other axes than it writes"
         return None
+    if len(outs) > 1:
+        return f"has the dim at {len(outs)} axes of its result"
     if p.kind == K.ATTENTION:
         d = p.detail
         if p.live is not None or d.decode or d.Sq != capacity or d.Dv == capacity or d.D == capacity:

@@ -278,10 +278,12 @@ class PaddedFunction:
         if len(self.padded) != 1:
             return False
         d = self.padded[0]
-        if (self.padding.get(d) != "exact") if self.results is None else (d in self.padding):
-            return False  # (ONNX: not exact; .g: buckets={} or a dim buckets= does not name)
+        if (d not in self.out_axes) if self.results is None else (d in self.padding):
+            return False  # (ONNX: its outputs' axes not found; .g: buckets={} or a dim buckets= does not name)
         given, state = self.sizes.get(d), self.padding.get(d)  # (kept for the padding when refused)
-        cap = self._capacity(max(max(given or pad_sizes(values[d])), _pow2(values[d])))
+        # (an ONNX dim whose padding is not exact, DeBERTa's: the graph at each length is exact all the same)
+        top = given if state in (None, "exact") else self.sizes.get(d) if d in self.chosen else None
+        cap = self._capacity(max(max(top or pad_sizes(values[d])), _pow2(values[d])))
         mod, why, down = None, "", False
         for _ in range(CAPACITY_TRIES):
             self.padding[d], self.sizes[d] = RUNTIME, [cap]
@@ -428,11 +430,12 @@ class PaddedFunction:
             if any((a.shape[i], b.shape[i]) != (r, s) for i in ax):
                 return f"output {k}'s shape {list(b.shape)} is no copy of {d} along an axis"
             axes.append(ax)
-            bad = compare([b[tuple(slice(0, r) if i in ax else slice(None) for i in range(b.ndim))]], [a])
+        self.out_axes[d] = axes  # (found: the run-time path needs them, padding exact or not)
+        for k, (a, b) in enumerate(zip(*runs)):
+            bad = compare([b[tuple(slice(0, r) if i in axes[k] else slice(None) for i in range(b.ndim))]], [a])
             if bad:
                 return (f"padding {d} from {r} to {s} with zeros changes output {k} at its first {r} positions "
                         f"({bad[0].split(': ', 1)[1]})")
-        self.out_axes[d] = axes
         return None
 
     def _runs(self, named, values) -> bool:
