@@ -60,6 +60,10 @@
 #define {{NAME}}_KC {{KC}}L
 #define {{NAME}}_DIRECT_A {{DIRECT_A}} /* the plan's direct_a: A read in place */
 #define {{NAME}}_DIRECT_B {{DIRECT_B}} /* the plan's direct_b: B read in place */
+/* ROWMAP: the rows are a dim taken at run time behind a batch (eqfuse.backend.runtime_dim): the
+ * GEMM's row i is row AROW(i) of A and C, each batch's first `live` rows one after another */
+#define {{NAME}}_ROWMAP {{ROWMAP}}
+#define {{NAME}}_AROW(i) {{AROW}}
 #define {{NAME}}_EDGE_MR ({{NAME}}_M % {{NAME}}_MR) /* rows of the last, partial MR tile (0: none) */
 #define {{NAME}}_EDGE ({{NAME}}_EDGE_MR ? {{NAME}}_EDGE_MR : {{NAME}}_MR)
 #define {{NAME}}_NPAD (({{NAME}}_N + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR) /* N in whole panels */
@@ -424,7 +428,7 @@ static void {{NAME}}_pack_b(const float* restrict B, long pc, long kc, long jc, 
 
 #if {{BF16}} < 2
 /* A[ic:ic+mc, pc:pc+kc] -> MR-row micro-panels, k-major inside a panel, zero padded. */
-static void {{NAME}}_pack_a(const float* restrict A, long ic, long mc, long pc, long kc, float* restrict ap)
+static void {{NAME}}_pack_a(const float* restrict A, long ic, long mc, long pc, long kc, float* restrict ap{{ROWMAP_PARAM}})
 {
     for (long ir = 0; ir < mc; ir += {{NAME}}_MR) {
         float* restrict dst = ap + ir * kc;
@@ -437,6 +441,13 @@ static void {{NAME}}_pack_a(const float* restrict A, long ic, long mc, long pc, 
                 dst[k * {{NAME}}_MR + r] = {{NAME}}_AROUND(srct[k * {{LDA}}L + r]);
             for (long r = mr; r < {{NAME}}_MR; r++)
                 dst[k * {{NAME}}_MR + r] = 0.0f;
+        }
+#elif {{ROWMAP}}
+        /* each row where AROW puts it (the tile's rows may be in two batches) */
+        for (long r = 0; r < {{NAME}}_MR; r++) {
+            const float* restrict src = A + {{NAME}}_AROW(ic + ir + (r < mr ? r : 0)) * {{LDA}}L + pc;
+            for (long k = 0; k < kc; k++)
+                dst[k * {{NAME}}_MR + r] = r < mr ? {{NAME}}_AROUND(src[k]) : 0.0f;
         }
 #else
         const float* restrict src = A + (ic + ir) * {{LDA}}L + pc;
@@ -463,7 +474,7 @@ static void {{NAME}}_pack_a(const float* restrict A, long ic, long mc, long pc, 
  * ir + r at ap[ir * kp + p * MR + r] as one 32-bit lane (kp = ceil(kc / 2), an odd kc's last pair
  * completed by a zero, rows past mc zero). A with rows in memory: 32 elements of a row rounded by
  * one vcvtne2ps2bf16 into 16 pairs. */
-static void {{NAME}}_pack_a_pairs(const float* restrict A, long ic, long mc, long pc, long kc, uint32_t* restrict ap)
+static void {{NAME}}_pack_a_pairs(const float* restrict A, long ic, long mc, long pc, long kc, uint32_t* restrict ap{{ROWMAP_PARAM}})
 {
     const long kp = (kc + 1) / 2;
     for (long ir = 0; ir < mc; ir += {{NAME}}_MR) {
@@ -482,7 +493,7 @@ static void {{NAME}}_pack_a_pairs(const float* restrict A, long ic, long mc, lon
                 dst[p * {{NAME}}_MR + r] = eqf_bf16_pair(col[2 * p * {{LDA}}L],
                                                          2 * p + 1 < kc ? col[(2 * p + 1) * {{LDA}}L] : 0.0f);
 #else
-            const float* restrict src = A + (ic + ir + r) * {{LDA}}L + pc;
+            const float* restrict src = A + {{NAME}}_AROW(ic + ir + r) * {{LDA}}L + pc;
             long p = 0;
             for (; 2 * p + 32 <= kc; p += 16) {
                 uint32_t t[16] __attribute__((aligned(64)));
@@ -552,7 +563,7 @@ static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, co
              * when K is small. */
             for (long r = 0; r < mr; r++)
                 for (long jj = 0; jj < nr; jj += 16)
-                    __builtin_prefetch(C + (ic + ir + r) * {{LDC}}L + (jc + jr + jj) * {{CSC}}L, 1, 3);
+                    __builtin_prefetch(C + {{NAME}}_AROW(ic + ir + r) * {{LDC}}L + (jc + jr + jj) * {{CSC}}L, 1, 3);
             {{NAME}}_COUNT_CALL();
             /* one inlined kernel per case, every stride a constant: MR rows or the edge's
              * EDGE_MR, B in place (DIRECT_B, full panels) or packed, A in place or packed */
@@ -574,7 +585,8 @@ static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, co
                 const long kp = (kc + 1) / 2;
                 const uint32_t* restrict aq = (const uint32_t*)ap + ir * kp;
                 const uint16_t* restrict bq = bp + jr * {{NAME}}_KEVEN(kc);
-                if ({{NAME}}_EDGE_MR == 0 || mr == {{NAME}}_MR)
+                /* (ROWMAP: a partial tile of any row count by the MR kernel, A's rows past it zero) */
+                if ({{NAME}}_EDGE_MR == 0 || mr == {{NAME}}_MR || {{NAME}}_ROWMAP)
                     {{NAME}}_ukernel_bf16({{NAME}}_MR, kc, aq, bq, tile);
                 else
                     {{NAME}}_ukernel_bf16({{NAME}}_EDGE, kc, aq, bq, tile);
@@ -600,7 +612,7 @@ static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, co
 #undef {{NAME}}_CALL
             (void)B;
             for (long r = 0; r < mr; r++) {
-                const long i = ic + ir + r;
+                const long i = {{NAME}}_AROW(ic + ir + r);
                 float* restrict crow = C + i * {{LDC}}L + (jc + jr) * {{CSC}}L;
                 const float* restrict trow = tile + r * {{NAME}}_NR;
                 /* four loops rather than one with conditions inside: the epilogue's loop must not
@@ -657,12 +669,12 @@ static void {{NAME}}_block(const float* A, const float* B, float* C, long b, lon
             const long ic = m0 + chunk * MC;
             const long mc = ic >= m1 ? 0 : (m1 - ic < MC ? m1 - ic : MC);
 #if {{BF16}} == 2
-            {{NAME}}_pack_a_pairs(A, ic, mc, pc, kc, (uint32_t*)ap);
+            {{NAME}}_pack_a_pairs(A, ic, mc, pc, kc, (uint32_t*)ap{{ROWMAP_ARG}});
 #elif {{BF16}} == 3
             {{NAME}}_pack_a_rows(A, ic, mc, pc, kc, (uint16_t*)ap);
 #else
             if (!{{NAME}}_DIRECT_A)
-                {{NAME}}_pack_a(A, ic, mc, pc, kc, ap);
+                {{NAME}}_pack_a(A, ic, mc, pc, kc, ap{{ROWMAP_ARG}});
 #endif
             for (long jc = n0; jc < n1; jc += NCB) {
                 const long nc = n1 - jc < NCB ? n1 - jc : NCB;

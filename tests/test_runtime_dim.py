@@ -74,6 +74,21 @@ def test_one_compile_runs_every_length_up_to_its_capacity(src, cap, threads):
         assert not compare(cut, list(want)), (n, compare(cut, list(want)))
 
 
+def test_bf16_at_run_time_computes_what_the_bf16_compile_at_each_length_does():
+    """precision="bf16" over three sequences (each GEMM's rows the dim behind the batch, packed from
+    each batch's first rows: this machine's bf16 path, vdpbf16ps or the fallback): every element
+    equal to the bf16 module compiled at that length."""
+    cap = 64
+    mod = eqfuse.compile(ENCODER_B3, dims={"S": cap}, live="S", precision="bf16")
+    rng = np.random.default_rng(8)
+    weights = _weights(ENCODER_B3, rng)
+    for n in (7, 40):
+        x = rng.standard_normal((3, n, 96)).astype(np.float32)
+        want = eqfuse.compile(ENCODER_B3, dims={"S": n}, precision="bf16")(x=x, **weights)
+        got = mod(x=_at_capacity(x, n, cap, 1), S_length=np.array([n]), **weights)
+        np.testing.assert_array_equal(got[:, :n], want)
+
+
 def test_verify_compares_the_first_positions_with_the_graph_at_the_length(monkeypatch):
     """verify= on a dim taken at run time: the results' first n positions against the graph at n
     (the positions past n are NaN in the inputs and anything in the results)."""

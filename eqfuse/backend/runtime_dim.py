@@ -21,9 +21,9 @@ rows of each buffer) or follow a batch (`[B, S, ...]`: each batch's first rows).
   rows at the dim's first n positions (behind a batch: row r stands for row r / (n A) x C A +
   r % (n A) of C A per batch, A the rows per position);
 - a GEMM (the blocked kernel) whose rows are the dim: its first n rows (in bf16, n rounded up to
-  whole MR-row tiles); one over the rows of several batches (B shared) becomes a batch of GEMMs at
-  B's stride 0, each over its batch's first n rows (`_batches`); its columns and depth not the
-  dim. Its rows a dim at run time, a GEMM stays on the blocked path (never the few-rows one:
+  whole MR-row tiles); one over the rows of several batches (B shared) computes each batch's
+  first n rows, one after another (`_rows_behind_batches`); its columns and depth not the dim.
+  Its rows a dim at run time, a GEMM stays on the blocked path (never the few-rows one:
   kinds.contraction.mark_bound_b);
 - a layout copy (a transpose, a reshape it cannot view, a slice or a concat along another axis)
   whose source and result hold the dim at as many axes: its rows of the dim to n (at several
@@ -77,7 +77,7 @@ def mark_dim(kg: Graph, plans: list[KernelPlan], length: str, capacity: int) -> 
             raise RuntimeDimRefused(f"live=: kernel {p.name} ({p.kind}: {ops}) {why}, so it cannot loop over the "
                                     f"dim's first positions only")
         if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW) and not _leading(p.out_shape, outs[0]):
-            _batches(p)  # (one GEMM over all batches' rows: one GEMM per batch instead)
+            _rows_behind_batches(p, capacity)
         p.live = LiveBound("dim", capacity, 0, axis=outs[0], length=at)
 
 
@@ -137,13 +137,18 @@ def _refusal(p: KernelPlan, outs: list[int], capacity: int) -> str | None:
     return "is of a kind that takes no run-time bound"
 
 
-def _batches(p: KernelPlan) -> None:
+def _rows_behind_batches(p: KernelPlan, capacity: int) -> None:
     """A GEMM planned as one over the rows of all its batches (the "fold" mode: B shared, A's
-    batches one after another) made one of a batch of GEMMs (the "batch" mode: B at stride 0), so
-    that each batch computes the dim's first rows of its own C rows (gemm.c's BATCH loop)."""
+    batches one after another) whose rows are the dim behind the batch: the same GEMM over each
+    batch's first n rows, one after another (detail.live_stride: gemm.c's AROW maps them, A packed),
+    so that B's panels serve every batch's rows at once; with a row epilogue, A given transposed or
+    on AMX tiles, a batch of GEMMs at B's stride 0 instead, each over its batch's first n rows."""
     d = p.detail
-    g, nb = d.gemm, len(p.out_shape) - 2
-    rows = d.M * (g.lda if not d.a_transposed else 1)  # (A's batches follow one another: "fold")
-    calls = replace(g, mode="batch", M=d.M, batch=g.M // d.M, strides=(rows, 0, d.M * d.N))
-    p.detail = replace(d, gemm=calls)
-    assert nb >= 1 and g.a_strides[-1] == rows, (g, d)
+    if p.kind == K.CONTRACTION and not d.a_transposed and p.precision_path != "amx_bf16":
+        p.detail = replace(d, live_stride=capacity, direct_a=False)
+        p.uops = [replace(u, what=u.what.replace(" read in place", ", packed: rows of each batch's first n"))
+                  if u.op == "Load" and u.what.startswith("A block") else u for u in p.uops]
+        return
+    g = d.gemm
+    rows = d.M * g.lda  # (A's batches follow one another: "fold")
+    p.detail = replace(d, gemm=replace(g, mode="batch", M=d.M, batch=g.M // d.M, strides=(rows, 0, d.M * d.N)))

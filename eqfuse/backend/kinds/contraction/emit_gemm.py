@@ -75,7 +75,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
               split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "",
               prepacked_b: bool = False, a_transposed: bool = False,
               parallel: bool = True, direct_a: bool | None = None, path: str = "f32",
-              live_rows: bool = False) -> tuple[str, str]:
+              live_rows: bool = False, live_stride: int = 0) -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
@@ -109,7 +109,10 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     `live_rows`: one more parameter, `long live`, after the extras: the rows are a dim taken at run
     time (eqfuse.backend.runtime_dim), and the GEMM computes its first `live` rows (at most M), its
     last tile by the micro-kernel of that tile's rows (`edge_rows`); with bf16 operands (their own
-    micro-kernels) in whole MR tiles.
+    micro-kernels) in whole MR tiles. With `live_stride` as well, the M rows are M / live_stride
+    batches of live_stride rows (a dim at run time behind a batch: B shared, A not transposed, no
+    row epilogue, A packed, not on AMX), and the GEMM computes the first `live` rows of each: its
+    row i is row AROW(i) = i / live x live_stride + i % live of A and C (the epilogue's `i` too).
     """
     if prepacked_b and b_batch_stride and batch > 1:
         raise ValueError("a prepacked B is one matrix shared by every batch")
@@ -122,6 +125,11 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     if min(M, N, K, batch) < 1:
         raise ValueError(f"GEMM sizes must be positive: M={M} N={N} K={K} batch={batch}")
     extra_params = "".join(f", const {t}* restrict {n}" for t, n in extras)
+    extra_args = "".join(", " + n for _, n in extras)
+    if live_stride:  # (`live` reaches the blocks, the macro kernel and A's packing: an extra)
+        if not live_rows or a_transposed or row_epilogue or direct_a or BF16_PATHS[path] == 3 or M % live_stride:
+            raise ValueError("rows at run time behind a batch: live rows, A packed in rows, no row epilogue, no AMX")
+        extra_params, extra_args = extra_params + ", long live", extra_args + ", live"
     mc, nc, kc, mr, nr = blocking
     up = lambda x, q: -(-x // q) * q  # noqa: E731  (a given blocking: no block larger than the problem)
     mc, nc, kc = min(mc, up(M, mr)), min(nc, up(N, nr)), min(kc, K)
@@ -151,10 +159,14 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
                  DIRECT_A=int(not a_transposed and (direct_a_rule(a_transposed) if direct_a is None else direct_a)),
                  A_LAYOUT="given transposed (K x M)" if a_transposed else "M x K",
                  EXTRA_PARAMS=extra_params, PARALLEL=int(parallel), ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
-                 EXTRA_ARGS="".join(", " + n for _, n in extras), BF16=bf16,
-                 LIVE_PARAM=", long live" if live_rows else "",
-                 ROWS_LIVE=(f"eqf_minl({name}_M, (live + {mr - 1}) / {mr} * {mr})" if bf16 else
-                            f"eqf_minl({name}_M, live)") if live_rows else f"{name}_M",
+                 EXTRA_ARGS=extra_args, BF16=bf16,
+                 LIVE_PARAM=", long live" if live_rows and not live_stride else "",
+                 ROWS_LIVE=f"eqf_minl({name}_M, live * {M // max(live_stride, 1)})" if live_stride else
+                 (f"eqf_minl({name}_M, (live + {mr - 1}) / {mr} * {mr})" if bf16 else
+                  f"eqf_minl({name}_M, live)") if live_rows else f"{name}_M",
+                 ROWMAP=int(bool(live_stride)), ROWMAP_PARAM=", long live" if live_stride else "",
+                 ROWMAP_ARG=", live" if live_stride else "",
+                 AROW=f"((i) / live * {live_stride}L + (i) % live)" if live_stride else "(i)",
                  EDGE_ROWS_DIRECT=edge_rows(name, live_rows and not bf16, mr, f"A + (ic + ir) * {lda}L + pc", f"{lda}L", "1"),
                  EDGE_ROWS_PACKED=edge_rows(name, live_rows and not bf16, mr, "ap + ir * kc", "1", f"{name}_MR"))
     cdef = (f"void {name}(const float* A, const float* B, float* C{''.join(f', const {t}* {n}' for t, n in extras)}"
@@ -343,7 +355,7 @@ def emit_contraction(plan: KernelPlan) -> str:
         src, _ = emit_gemm(gname, M=g.M, N=N, K=K, batch=g.batch, a_batch_stride=sa, b_batch_stride=sb,
                            c_batch_stride=sc, lda=g.lda, ldb=g.ldb, ldc=ldc, csc=csc, b_transposed=bt,
                            a_transposed=at, epilogue=expr, prepacked_b=prepacked, row_epilogue=row_call,
-                           live_rows=live, **_gemm_args(plan, extras))
+                           live_rows=live, live_stride=d.live_stride, **_gemm_args(plan, extras))
         if live:
             params += ", long live"
             eparts = eparts + ["live"]

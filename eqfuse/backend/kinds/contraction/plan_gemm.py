@@ -82,6 +82,9 @@ class GemmDetail:
     pack_parts: int = 0  # skinny path: A packed by the pool in this many parts of K (`skinny_pack_parts`)
     runs: bool = False  # skinny path: each thread's panels one contiguous run (`skinny_runs`)
     im2col: bool = False  # conv2d: the column matrix is built (False: a 1x1, stride-1, unpadded conv reads x)
+    # rows a dim at run time behind a batch (eqfuse.backend.runtime_dim): the fold's rows are
+    # batches of this many, of which each batch's first `live` are computed (gemm.c's AROW); 0: none
+    live_stride: int = 0
 
 
 DIRECT_MAX_TILES = 32  # B read in place up to this many MR-row tiles (see `direct`)
