@@ -132,7 +132,11 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
 #if 0 == 2
         uint16_t qh[BQ][D2], ph[BQ][BK];  /* q and p rounded to bf16: rows of K-pairs */
 #endif
-        for (long ii = 0; ii < BQ; ii++) {
+        /* the block's rows computed: its nq, in whole blocks of 4 for the micro-kernels (the rows
+         * past nq are zero queries, never stored; a run-time length's few queries, or the last
+         * block's, take no more than that) */
+        const long nq4 = (nq + 3) & ~3L;
+        for (long ii = 0; ii < nq4; ii++) {
             for (long d = 0; d < D; d++)
                 qb[ii][d] = eqf_kinds_k5_attention_R(ii < nq ? qp[ii * 24 + d * 1] * 0.2885390081777927f : 0.0f);
 #if 0 == 2
@@ -161,7 +165,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
 #if defined(__AVX512F__) && eqf_kinds_k5_attention_VEC
             if (!0 && nk == BK && BK == 64) {
                 /* scores and their softmax step in registers (the score scale is in the q block) */
-                for (long ii = 0; ii < BQ; ii += 4)
+                for (long ii = 0; ii < nq4; ii += 4)
 #if 0 == 2
                     eqf_qk_softmax2_bf16_4x64(&qh[ii][0], D2, kth + j0 * D2, BK, D2, &s[ii][0], BK, &m[ii],
                                               &l[ii][0], &acc[ii][0], DV, DV);
@@ -174,7 +178,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
             {
                 /* scores s = q k^T for this tile */
 #if defined(__AVX512F__) && eqf_kinds_k5_attention_VEC
-                for (long ii = 0; ii < BQ; ii += 4)
+                for (long ii = 0; ii < nq4; ii += 4)
                     for (long jb = 0; jb < BK; jb += 64)
 #if 0 == 2
                         eqf_qk_bf16_4x64(&qh[ii][0], D2, kth + j0 * D2 + 2 * jb, BK, D2, &s[ii][jb], BK);
@@ -182,7 +186,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
                         eqf_qk_4x64(&qb[ii][0], D, ktp + j0 * D + jb, BK, D, &s[ii][jb], BK);
 #endif
 #else
-                for (long ii = 0; ii < BQ; ii++) {
+                for (long ii = 0; ii < nq4; ii++) {
                     float sr[BK];
                     #pragma omp simd
                     for (long jj = 0; jj < BK; jj++)
@@ -199,7 +203,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
 #endif
                 /* score ops (scale, mask), in base 2: times log2 e; keys past the end get -inf.
                  * A score that is only q k^T times a constant was folded into the q block. */
-                for (long ii = 0; ii < BQ && (0 || nk < BK); ii++) {
+                for (long ii = 0; ii < nq4 && (0 || nk < BK); ii++) {
                     const long i = i0 + (ii < nq ? ii : 0);
                     (void)i;
                     /* (over the nk keys, j in step with jj: a mask's loads are contiguous and the loop
@@ -217,26 +221,26 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
                 }
                 /* the online softmax: s becomes p = 2^(s - m) */
 #if defined(__AVX512F__) && eqf_kinds_k5_attention_VEC
-                for (long ii = 0; ii < BQ; ii += 4)
+                for (long ii = 0; ii < nq4; ii += 4)
                     eqf_softmax2_4x64(&s[ii][0], BK, &m[ii], &l[ii][0], &acc[ii][0], DV, DV);
 #else
-                for (long ii = 0; ii < BQ; ii++)
+                for (long ii = 0; ii < nq4; ii++)
                     eqf_softmax2_row(s[ii], BK, &m[ii], l[ii], acc[ii], DV);
 #endif
             }
             /* acc += p v (p rounded to bf16 under BF16; the row sums l keep the f32 p) */
 #if 0 == 1
-            for (long ii = 0; ii < BQ; ii++)
+            for (long ii = 0; ii < nq4; ii++)
                 for (long jj = 0; jj < BK; jj++)
                     s[ii][jj] = eqf_bf16_round(s[ii][jj]);
 #endif
 #if 0 == 2
-            for (long ii = 0; ii < BQ; ii++) {
+            for (long ii = 0; ii < nq4; ii++) {
                 eqf_bf16_row(&s[ii][0], &ph[ii][0], BK);
                 for (long jj = nk; jj < BK; jj++)  /* (an odd nk's last pair: a zero, never a NaN) */
                     ph[ii][jj] = 0;
             }
-            for (long ii = 0; ii < BQ; ii += 4) {  /* the same blocks of columns on K-pairs */
+            for (long ii = 0; ii < nq4; ii += 4) {  /* the same blocks of columns on K-pairs */
                 long e0 = 0;
                 for (; e0 + 64 <= DV; e0 += 64)
                     eqf_pv_bf16_4x64(&ph[ii][0], BK, vh + j0 * DV + 2 * e0, DV, nk, &acc[ii][e0], DV);
@@ -248,7 +252,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
                     eqf_pv_bf16_4x16(&ph[ii][0], BK, vh + j0 * DV + 2 * e0, DV, nk, &acc[ii][e0], DV);
             }
 #elif defined(__AVX512F__) && eqf_kinds_k5_attention_VEC
-            for (long ii = 0; ii < BQ; ii += 4) {  /* DV a multiple of 16: 64 columns at a time, then 32, 16 */
+            for (long ii = 0; ii < nq4; ii += 4) {  /* DV a multiple of 16: 64 columns at a time, then 32, 16 */
                 long e0 = 0;
                 for (; e0 + 64 <= DV; e0 += 64)
                     eqf_pv_4x64(&s[ii][0], BK, vp + j0 * VRS + e0, VRS, nk, &acc[ii][e0], DV);
@@ -262,7 +266,7 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
 #else
             for (long jj = 0; jj < nk; jj++) {
                 const float* restrict vr = vp + (j0 + jj) * VRS;
-                for (long ii = 0; ii < BQ; ii++) {
+                for (long ii = 0; ii < nq4; ii++) {
                     const float p = s[ii][jj];
                     #pragma omp simd
                     for (long e = 0; e < DV; e++)

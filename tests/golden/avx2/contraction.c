@@ -60,6 +60,10 @@
 #define eqf_kinds_k1_contraction_gemm_KC 37L
 #define eqf_kinds_k1_contraction_gemm_DIRECT_A 1 /* the plan's direct_a: A read in place */
 #define eqf_kinds_k1_contraction_gemm_DIRECT_B 0 /* the plan's direct_b: B read in place */
+/* ROWMAP: the rows are a dim taken at run time behind a batch (eqfuse.backend.runtime_dim): the
+ * GEMM's row i is row AROW(i) of A and C, each batch's first `live` rows one after another */
+#define eqf_kinds_k1_contraction_gemm_ROWMAP 0
+#define eqf_kinds_k1_contraction_gemm_AROW(i) (i)
 #define eqf_kinds_k1_contraction_gemm_EDGE_MR (eqf_kinds_k1_contraction_gemm_M % eqf_kinds_k1_contraction_gemm_MR) /* rows of the last, partial MR tile (0: none) */
 #define eqf_kinds_k1_contraction_gemm_EDGE (eqf_kinds_k1_contraction_gemm_EDGE_MR ? eqf_kinds_k1_contraction_gemm_EDGE_MR : eqf_kinds_k1_contraction_gemm_MR)
 #define eqf_kinds_k1_contraction_gemm_NPAD ((eqf_kinds_k1_contraction_gemm_N + eqf_kinds_k1_contraction_gemm_NR - 1) / eqf_kinds_k1_contraction_gemm_NR * eqf_kinds_k1_contraction_gemm_NR) /* N in whole panels */
@@ -438,6 +442,13 @@ static void eqf_kinds_k1_contraction_gemm_pack_a(const float* restrict A, long i
             for (long r = mr; r < eqf_kinds_k1_contraction_gemm_MR; r++)
                 dst[k * eqf_kinds_k1_contraction_gemm_MR + r] = 0.0f;
         }
+#elif 0
+        /* each row where AROW puts it (the tile's rows may be in two batches) */
+        for (long r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++) {
+            const float* restrict src = A + eqf_kinds_k1_contraction_gemm_AROW(ic + ir + (r < mr ? r : 0)) * 37L + pc;
+            for (long k = 0; k < kc; k++)
+                dst[k * eqf_kinds_k1_contraction_gemm_MR + r] = r < mr ? eqf_kinds_k1_contraction_gemm_AROUND(src[k]) : 0.0f;
+        }
 #else
         const float* restrict src = A + (ic + ir) * 37L + pc;
         if (mr == eqf_kinds_k1_contraction_gemm_MR) {
@@ -482,7 +493,7 @@ static void eqf_kinds_k1_contraction_gemm_pack_a_pairs(const float* restrict A, 
                 dst[p * eqf_kinds_k1_contraction_gemm_MR + r] = eqf_bf16_pair(col[2 * p * 37L],
                                                          2 * p + 1 < kc ? col[(2 * p + 1) * 37L] : 0.0f);
 #else
-            const float* restrict src = A + (ic + ir + r) * 37L + pc;
+            const float* restrict src = A + eqf_kinds_k1_contraction_gemm_AROW(ic + ir + r) * 37L + pc;
             long p = 0;
             for (; 2 * p + 32 <= kc; p += 16) {
                 uint32_t t[16] __attribute__((aligned(64)));
@@ -552,7 +563,7 @@ static void eqf_kinds_k1_contraction_gemm_macro(const float* restrict A, const f
              * when K is small. */
             for (long r = 0; r < mr; r++)
                 for (long jj = 0; jj < nr; jj += 16)
-                    __builtin_prefetch(C + (ic + ir + r) * 53L + (jc + jr + jj) * 1L, 1, 3);
+                    __builtin_prefetch(C + eqf_kinds_k1_contraction_gemm_AROW(ic + ir + r) * 53L + (jc + jr + jj) * 1L, 1, 3);
             eqf_kinds_k1_contraction_gemm_COUNT_CALL();
             /* one inlined kernel per case, every stride a constant: MR rows or the edge's
              * EDGE_MR, B in place (DIRECT_B, full panels) or packed, A in place or packed */
@@ -574,7 +585,8 @@ static void eqf_kinds_k1_contraction_gemm_macro(const float* restrict A, const f
                 const long kp = (kc + 1) / 2;
                 const uint32_t* restrict aq = (const uint32_t*)ap + ir * kp;
                 const uint16_t* restrict bq = bp + jr * eqf_kinds_k1_contraction_gemm_KEVEN(kc);
-                if (eqf_kinds_k1_contraction_gemm_EDGE_MR == 0 || mr == eqf_kinds_k1_contraction_gemm_MR)
+                /* (ROWMAP: a partial tile of any row count by the MR kernel, A's rows past it zero) */
+                if (eqf_kinds_k1_contraction_gemm_EDGE_MR == 0 || mr == eqf_kinds_k1_contraction_gemm_MR || eqf_kinds_k1_contraction_gemm_ROWMAP)
                     eqf_kinds_k1_contraction_gemm_ukernel_bf16(eqf_kinds_k1_contraction_gemm_MR, kc, aq, bq, tile);
                 else
                     eqf_kinds_k1_contraction_gemm_ukernel_bf16(eqf_kinds_k1_contraction_gemm_EDGE, kc, aq, bq, tile);
@@ -600,7 +612,7 @@ static void eqf_kinds_k1_contraction_gemm_macro(const float* restrict A, const f
 #undef eqf_kinds_k1_contraction_gemm_CALL
             (void)B;
             for (long r = 0; r < mr; r++) {
-                const long i = ic + ir + r;
+                const long i = eqf_kinds_k1_contraction_gemm_AROW(ic + ir + r);
                 float* restrict crow = C + i * 53L + (jc + jr) * 1L;
                 const float* restrict trow = tile + r * eqf_kinds_k1_contraction_gemm_NR;
                 /* four loops rather than one with conditions inside: the epilogue's loop must not
