@@ -381,3 +381,23 @@ def test_a_loaded_decode_weight_stream_is_copied_into_huge_pages_at_its_first_ca
         assert now.flags.writeable and advised_huge(now) and not advised_huge(mapped)
     else:
         assert now is mapped
+
+
+def test_weights_of_equal_bytes_and_another_dtype_or_shape_load_as_themselves(tmp_path):
+    """A zero bias of 4 floats and 2 zero int64 indices are the same 16 bytes: each is stored as
+    its own part (the parts are deduplicated by content, dtype and shape), and each loads as
+    itself (the one part once served both, the indices then read as floats)."""
+    src = """graph g(x: f32[3, 4], t: f32[5, 4], idx: i64[2], b: f32[4], c: f32[2, 2]) -> (f32[2, 4], f32[3, 4], f32[2, 2]) {
+    return gather(t, idx, axis=0), x + b, c * 2.0
+}
+"""
+    params = {"idx": np.zeros(2, np.int64), "b": np.zeros(4, np.float32), "c": np.zeros((2, 2), np.float32)}
+    mod = eqfuse.compile(src, params=params)
+    x, t = np.ones((3, 4), np.float32), np.arange(20, dtype=np.float32).reshape(5, 4)
+    mod.save(tmp_path / "g.eqf")
+    back = eqfuse.load(tmp_path / "g.eqf")
+    for name, a in params.items():
+        got = back.default.params[name]
+        assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a), name
+    for w, g in zip(mod(x=x, t=t), back(x=x, t=t)):
+        np.testing.assert_array_equal(w, g)

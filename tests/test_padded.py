@@ -411,3 +411,26 @@ def test_a_dynamic_export_with_its_batch_bound_takes_its_sequence_per_call():
                                    rtol=RTOL, atol=ATOL)
     f = mod.default
     assert f.padding == {"sequence": "run-time"} and len(f.modules) == 1, (f.padding, f.runtime_refused)
+
+
+@pytest.mark.heavy
+def test_a_default_capacity_past_the_models_positions_steps_down_and_its_last_length_compiles_alone(tmp_path):
+    """The tests' BERT has 64 positions: the default capacity 128 is past them and 64 is also its
+    position table's extent, so the sequence runs at run time up to 63; a call at 64 compiles a
+    module at 64 itself (the model refuses 65), and a saved artifact keeps that module's calls
+    without a length."""
+    pytest.importorskip("torch")
+    model, path = _export("bert")
+    mod = eqfuse.compile(str(path))
+    for b, s in ((1, 12), (2, 63), (1, 64), (3, 30)):
+        ids, mask = _feeds(b, s, seed=s)
+        np.testing.assert_allclose(mod(ids, mask), _torch(model, ids, mask), rtol=RTOL, atol=ATOL)
+    f = mod.default
+    assert f.padding == {"sequence": "run-time"} and sorted(f.modules) == [(63,), (64,)], f.padding
+    assert f.per_value == {(64,)} and f.sizes["sequence"] == [63, 64]
+    assert "sequence at run time up to 64 (not sequence=128: the model refuses it)" in repr(f)
+    mod.save(tmp_path / "bert.eqf")
+    back = eqfuse.load(tmp_path / "bert.eqf")
+    for b, s in ((1, 64), (2, 9)):
+        ids, mask = _feeds(b, s, seed=s)
+        np.testing.assert_allclose(back(ids, mask), _torch(model, ids, mask), rtol=RTOL, atol=ATOL)

@@ -108,12 +108,16 @@ class _Parts:
         self._by_digest: dict[tuple[str, str], str] = {}
 
     def add(self, prefix: str, value, **info) -> str:
+        """The name of the part holding `value`; an array's `info` (its dtype and shape) is part of
+        what makes it the same part: equal bytes of another dtype or shape (a zero bias of 128
+        floats, the 64 zero integers of a mask) are another part, read as themselves."""
         buf = value if isinstance(value, bytes) else np.ascontiguousarray(value)
         digest = hashlib.sha256(buf if isinstance(buf, bytes) else buf.reshape(-1).view(np.uint8)).hexdigest()
-        key = (prefix, digest)
+        ident = hashlib.sha256(f"{digest} {sorted(info.items())}".encode()).hexdigest() if info else digest
+        key = (prefix, ident)
         if key in self._by_digest:
             return self._by_digest[key]
-        name = f"{prefix}/{digest[:24]}"
+        name = f"{prefix}/{ident[:24]}"
         self._by_digest[key] = name
         self.data[name] = buf
         nbytes = len(buf) if isinstance(buf, bytes) else buf.nbytes
