@@ -22,7 +22,9 @@ dynamic batch: "bert", "gpt2", "vit", "mixer").
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -34,6 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ["EQFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="eqfuse-bench-dynamic-")  # every compile cold
+atexit.register(shutil.rmtree, os.environ["EQFUSE_CACHE_DIR"], True)  # (its kernels go when the run ends)
 
 import eqfuse
 from eqfuse.frontend.load import load

@@ -21,9 +21,11 @@ interquartile range as % of the median); "/ per length" above 1 is the cost of o
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -36,6 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ["EQFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="eqfuse-bench-sequence-")  # every compile cold
+# (its kernels, several GB for BERT-base's modules, and the export go when the run ends)
+atexit.register(shutil.rmtree, os.environ["EQFUSE_CACHE_DIR"], True)
 
 import eqfuse  # noqa: E402
 
@@ -96,6 +100,7 @@ def main() -> None:
 
     print(f"# {platform.processor() or platform.machine()}, {args.threads} thread(s), {os.cpu_count()} cores")
     tmp = Path(tempfile.mkdtemp(prefix="eqfuse-bench-sequence-model-"))
+    atexit.register(shutil.rmtree, tmp, True)
     path = tmp / f"{args.model}.onnx"
     export(args.model, path)
     so = ort.SessionOptions()

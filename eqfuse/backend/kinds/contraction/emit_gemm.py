@@ -336,7 +336,7 @@ def emit_contraction(plan: KernelPlan) -> str:
     # which the runtime makes on the first call (plan.detail.prepack tells it how).
     prepacked = d.prepack is not None
     # (or "batch" at B's stride 0: a GEMM whose rows are a dim taken at run time behind its batches,
-    # eqfuse.backend.runtime_dim._batches)
+    # eqfuse.backend.runtime_dim._rows_behind_batches)
     assert not prepacked or (mode in ("fold", "batch") and g.strides[1] == 0 and d.prepack.fn == f"{gname}_prepack")
     sa, sb, sc = g.strides
     ldc, csc = N, 1
