@@ -74,6 +74,25 @@ def test_one_compile_runs_every_length_up_to_its_capacity(src, cap, threads):
         assert not compare(cut, list(want)), (n, compare(cut, list(want)))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bound_weights_take_few_rows_by_the_few_rows_kernel_on_one_thread(threads):
+    """The weights bound (params=, prepacked): each GEMM over the dim plans the few-rows kernel for
+    calls of at most few_rows rows on one thread, over the blocked kernel's panels; every length,
+    on one thread and on two (the blocked kernel), against the reference, NaN past the length."""
+    cap = 64
+    rng = np.random.default_rng(9)
+    weights = _weights(ENCODER, rng)
+    mod = eqfuse.compile(ENCODER, dims={"S": cap}, live="S", params=weights, threads=threads)
+    gemms = [k for k in mod.kernels if k.kind.startswith("contraction")]
+    assert gemms and all(0 < k.decisions["few_rows"] <= 32 for k in gemms), [k.decisions for k in gemms]
+    top = max(k.decisions["few_rows"] for k in gemms)
+    ref = eqfuse.reference(ENCODER)
+    for n in (1, 6, top, top + 1, cap):
+        x = rng.standard_normal((n, 96)).astype(np.float32)
+        got = mod(x=_at_capacity(x, n, cap, 0), S_length=np.array([n]))
+        assert not compare([got[:n]], [ref(x=x, **weights)]), n
+
+
 def test_bf16_at_run_time_computes_what_the_bf16_compile_at_each_length_does():
     """precision="bf16" over three sequences (each GEMM's rows the dim behind the batch, packed from
     each batch's first rows: this machine's bf16 path, vdpbf16ps or the fallback): every element

@@ -207,7 +207,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
                 if p.kind == K.CONV2D and p.prepack is None:
                     mark_bound_b(p, _bound_inputs(p, kg, params, plans), m, _bound_values(p, kg, params, arrays, plans), rows)
             if live is not None and capacity is not None and not cache:  # (on the plans as they are emitted)
-                mark_dim(kg, plans, live, capacity)
+                mark_dim(kg, plans, live, capacity, m)
                 for p in plans:  # (a pointwise kernel's loops split at the dim: planned again)
                     if p.kind == K.POINTWISE and p.live is not None:
                         KIND[p.kind].after_views(p, m)

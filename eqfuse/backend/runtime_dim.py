@@ -23,8 +23,9 @@ rows of each buffer) or follow a batch (`[B, S, ...]`: each batch's first rows).
 - a GEMM (the blocked kernel) whose rows are the dim: its first n rows (in bf16, n rounded up to
   whole MR-row tiles); one over the rows of several batches (B shared) computes each batch's
   first n rows, one after another (`_rows_behind_batches`); its columns and depth not the dim.
-  Its rows a dim at run time, a GEMM stays on the blocked path (never the few-rows one:
-  kinds.contraction.mark_bound_b);
+  Its rows a dim at run time, a GEMM is planned on the blocked path (kinds.contraction.
+  mark_bound_b), and a call of few rows on one thread runs the few-rows kernel over its panels
+  where they are the same (plan_gemm.few_rows_plan);
 - a layout copy (a transpose, a reshape it cannot view, a slice or a concat along another axis)
   whose source and result hold the dim at as many axes: its rows of the dim to n (at several
   axes, a relative-position bias over queries and keys: the first so, the others copied whole);
@@ -43,10 +44,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from eqfuse.backend.kinds.contraction.plan_gemm import few_rows_plan
 from eqfuse.backend.plan import KernelPlan, LiveBound
 from eqfuse.errors import RuntimeDimRefused
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import K
+from eqfuse.machine import Machine
 
 LAYOUT_OPS = ("transpose", "reshape", "flatten", "squeeze", "unsqueeze")  # copies that walk one space
 
@@ -59,7 +62,7 @@ def _leading(shape, axis: int) -> bool:
     return all(d == 1 for d in shape[:axis])
 
 
-def mark_dim(kg: Graph, plans: list[KernelPlan], length: str, capacity: int) -> None:
+def mark_dim(kg: Graph, plans: list[KernelPlan], length: str, capacity: int, m: Machine) -> None:
     """Mark each kernel over the dim of extent `capacity` with its run-time bound, read from the
     graph input named `length` (module docstring); raise RuntimeDimRefused for one that cannot
     take it."""
@@ -78,6 +81,8 @@ def mark_dim(kg: Graph, plans: list[KernelPlan], length: str, capacity: int) -> 
                                     f"dim's first positions only")
         if p.kind in (K.CONTRACTION, K.CONTRACTION_ROW) and not _leading(p.out_shape, outs[0]):
             _rows_behind_batches(p, capacity)
+        elif p.kind in (K.CONTRACTION, K.CONTRACTION_ROW):
+            few_rows_plan(p, capacity, m)  # (few rows on one thread: the few-rows kernel, as a compile would)
         p.live = LiveBound("dim", capacity, 0, axis=outs[0], length=at)
 
 

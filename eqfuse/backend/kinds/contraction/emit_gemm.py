@@ -225,6 +225,26 @@ def emit_gemm_skinny(name: str, *, M: int, N: int, K: int, lda: int, ldb: int, l
     return src, cdef
 
 
+def _few_rows(plan: KernelPlan, gname: str, ldc: int, bt: bool, expr: str, extras, row_call: str) -> str:
+    """The C of a GEMM whose rows are a dim at run time with detail.few_rows = T (plan_gemm.
+    few_rows_plan): the few-rows kernel compiled at T rows (`<gname>_few`, over the blocked
+    kernel's own panels: the same layout), and `<gname>_rt`, which runs it for a call of at most T
+    rows on one thread (the rows from the length to T are scratch, as every row past it) and the
+    blocked kernel otherwise."""
+    d, t = plan.detail, plan.tiles
+    T, (mr, pf, par, parts, runs) = d.few_rows, d.few
+    few, _ = emit_gemm_skinny(f"{gname}_few", M=T, N=d.N, K=d.K, lda=d.gemm.lda, ldb=d.gemm.ldb, ldc=ldc, mr=mr,
+                              nr=t["nr"], pf=pf, b_transposed=bt, epilogue=expr,
+                              extras=[(c_type(plan.body, i), pn) for i, pn in extras], row_epilogue=row_call,
+                              parallel=par, pack_parts=parts, runs=runs)
+    ps = "".join(f", const {c_type(plan.body, i)}* restrict {pn}" for i, pn in extras)
+    args = "".join(", " + pn for _, pn in extras)
+    return (few + f"\n/* {gname}_rt: at most {T} rows on one thread by the few-rows kernel, else the blocked one */\n"
+            f"static void {gname}_rt(const float* A, const float* B, float* C{ps}, long live)\n{{\n"
+            f"    if (live <= {T} && eqf_pool_threads() == 1)\n        {gname}_few(A, B, C{args});\n"
+            f"    else\n        {gname}(A, B, C{args}, live);\n}}\n")
+
+
 def c_type(body: Graph, i: int) -> str:
     """The C element type of body value i (an epilogue may read masks and integers)."""
     return C_TYPE[body.nodes[i].type.dtype]
@@ -359,6 +379,9 @@ def emit_contraction(plan: KernelPlan) -> str:
         if live:
             params += ", long live"
             eparts = eparts + ["live"]
+        if d.few_rows:  # (few rows on one thread: the few-rows kernel over the same panels)
+            src += "\n" + _few_rows(plan, gname, ldc, bt, expr, extras, row_call)
+            gname += "_rt"
     shapes = f"{mode} batch={nbatch} M={M} N={N} K={K}" + (" (A transposed)" if at else "") + \
         (" (B transposed)" if bt else "")
     if row_call:

@@ -85,6 +85,10 @@ class GemmDetail:
     # rows a dim at run time behind a batch (eqfuse.backend.runtime_dim): the fold's rows are
     # batches of this many, of which each batch's first `live` are computed (gemm.c's AROW); 0: none
     live_stride: int = 0
+    # rows a dim at run time, leading (runtime_dim): a call of at most this many rows on one thread
+    # runs the few-rows kernel compiled at this many over the same panels (`few_rows_plan`); 0: never
+    few_rows: int = 0
+    few: tuple = ()  # ... its tiles and rules: (mr, pf, parallel, pack_parts, runs)
 
 
 DIRECT_MAX_TILES = 32  # B read in place up to this many MR-row tiles (see `direct`)
@@ -378,6 +382,31 @@ def skinny_tiles(M: int, N: int, m: Machine, path: str = "f32") -> dict[str, int
     nr = min(nr, cdiv(N, m.simd_floats) * m.simd_floats)
     pf = SKINNY_PF if m.prefetch or path == "fallback" else 0
     return {"mr": mr, "nr": nr, "groups": cdiv(M, mr), "pf": pf}
+
+
+def few_rows_plan(plan: KernelPlan, capacity: int, m: Machine) -> None:
+    """For a blocked f32 GEMM whose rows are a dim taken at run time, leading (runtime_dim), and
+    whose B is prepacked in one K slice: the most rows T (up to SKINNY_MAX_M and the capacity) for
+    which the few-rows kernel would be chosen (`skinny`) with the blocked kernel's NR, so that its
+    panels are the blocked ones (both [panel][k][NR] when KC >= K), in one group of rows (B
+    streamed once: T rows cost what fewer do, and the kernel computes all T); a call of at most T
+    rows on one thread then runs it (detail.few_rows), as a compile at that length would.
+    The blocked kernel at 7 rows streamed B 1.14x as long (`benchmarks/bench_sequence.py --model
+    bert-base --lengths 7`, with eqfuse.runtime.profile)."""
+    d, t = plan.detail, plan.tiles
+    if (d.path != "blocked" or d.prepack is None or plan.precision_path != "f32" or d.a_transposed
+            or d.gemm.mode != "fold" or d.gemm.batch != 1 or t["kc"] < d.K
+            or (plan.out_strides is not None and plan.out_strides[-1] != 1)):
+        return
+    rows = [r for r in range(1, min(SKINNY_MAX_M, capacity) + 1)
+            if skinny(r, d.N, d.K, m) and skinny_tiles(r, d.N, m)["nr"] == t["nr"] and skinny_tiles(r, d.N, m)["groups"] == 1]
+    if not rows:
+        return
+    T = max(rows)
+    st = skinny_tiles(T, d.N, m)
+    par = skinny_parallel(T, d.N, d.K, F32)
+    plan.detail = replace(d, few_rows=T, few=(st["mr"], st["pf"], par, skinny_pack_parts(T, d.K, par),
+                                              skinny_runs(par, cdiv(d.N, st["nr"]))))
 
 
 def plan_skinny(plan: KernelPlan, m: Machine) -> None:
