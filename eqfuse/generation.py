@@ -48,13 +48,17 @@ from operator import is_, is_not
 
 import numpy as np
 
-from eqfuse.errors import ArgumentError, ChunkRefused, EqfuseError
+from eqfuse.errors import ArgumentError, ChunkRefused, EqfuseError, RuntimeDimRefused
 
 MIN_CAPACITY = 16  # the smallest cache capacity: a short generation shares one decode compile
 PREFILL_MIN = 16  # the shortest prefill compiled: short prompts share one compile (prefill_plan)
 # the longest prompt chunk compiled (chunk_plan): a longer prompt runs as chunks of it, or of the
 # longest chunk already compiled, with no compile
 CHUNK_MAX = 256
+# the rows of a chunk step that takes them at run time (Decoder.prefill_chunks): a longer prompt
+# runs in chunks of it, each computing its live rows only; the GEMMs over a chunk's rows reach
+# their blocked kernel's speed well before it (benchmarks/bench_prefill_chunks.py)
+RUNTIME_CHUNK = 256
 # the largest position table whose every position the cache holds from the first generation
 # (live_capacity): GPT-2's 1024 and models of 2048 or 4096 positions; a longer table's cache
 # would take memory for positions few generations reach, so it grows as needed instead
@@ -291,14 +295,20 @@ class Decoder:
         self.mask[:, -1 if self.live_step is None else s] = 1
         return logits[:, s - 1]
 
-    def prefill_chunks(self, ids: np.ndarray, n: int, real: np.ndarray | None = None) -> np.ndarray:
+    def prefill_chunks(self, ids: np.ndarray, n: int, real: np.ndarray | None = None,
+                       runtime: bool = False) -> np.ndarray:
         """prefill's result through the chunk step of n rows (a live step: make_step(batch,
         capacity, n)), the prompt run as successive chunks of n tokens at live lengths 0, n, 2n,
         ...: each appends its rows to the cache in place and attends to the rows before it (the
         earlier chunks') and, causally, to its own. The last chunk is padded at its end to n
         tokens (id 0 at position 0, masked out; its padded rows, written past the live ones, are
         never read: the next token's row overwrites the first). A last chunk whose n rows would
-        not fit the buffers runs through the decode step a token at a time."""
+        not fit the buffers runs through the decode step a token at a time.
+
+        runtime=True: the chunk step takes its rows at run time (make_step(batch, capacity, n,
+        runtime=True), RuntimeDimRefused where it cannot; chunk_plan, runtime_chunks): the last
+        chunk, or a prompt shorter than n, runs as its own rows, with no padded row computed
+        (the inputs keep n rows; the step reads the first `m`, given as its length input)."""
         b, s = ids.shape
         cap = self.capacity
         real = prompt_mask(real, ids.shape)
@@ -307,12 +317,14 @@ class Decoder:
             raise ArgumentError(f"generate: a prompt of {s} tokens does not fit a cache of {cap}")
         # compiled together: one's C compiler runs while the other imports and optimizes
         with ThreadPoolExecutor(max_workers=2) as pool:
-            chunk_made, step_made = pool.submit(self.make_step, b, cap, n), pool.submit(self.make_step, b, cap)
+            chunk_made, step_made = pool.submit(self.make_step, b, cap, n, runtime), pool.submit(self.make_step, b, cap)
             chunk, self.live_step = chunk_made.result(), step_made.result()
+        n = getattr(chunk, "rows", n)  # (run-time rows that were a fixed extent of the model: one fewer)
+        new = getattr(chunk, "new", None)
         self.cache = [np.zeros((b, h, cap + 1, d), np.float32) for _, (_, h, _, d) in self.sig.pasts]
         self.mask = np.zeros((b, cap + 1), np.int64)
         t, logits = 0, None
-        while t < s and t + n <= cap + 1:
+        while t < s and (t + n <= cap + 1 or new is not None):
             m = min(n, s - t)
             self._check_positions(int(at[:, t:t + m].max()))
             part = np.zeros((b, n), np.int64)
@@ -325,6 +337,8 @@ class Decoder:
             pick = getattr(chunk, "pick", None)
             if pick is not None:  # (the step computes the logits of row m - 1 only: pick_row)
                 feeds[pick] = np.array([m - 1], np.int64)
+            if new is not None:  # (its rows at run time: the m live ones only)
+                feeds[new] = np.array([m], np.int64)
             outs = list(chunk(feeds))
             for k, (p, c) in enumerate(zip(outs[1:], self.cache)):
                 if p is not c:
@@ -559,12 +573,19 @@ def step_maker(module, sig: Signature):
         return None
     live = sig.pasts[0][1][2]
 
-    def make(batch: int, capacity: int, rows: int = 1):
+    def make(batch: int, capacity: int, rows: int = 1, runtime: bool = False, tries: int = 4):
         any_batch = step_dims(sig, capacity, rows=rows)
         pick = PICK if rows > 1 else None  # a chunk's logits at its last real token only (Decoder.prefill_chunks)
-        key = (tuple(sorted(any_batch.items())), live, pick)
+        # a chunk step whose rows are a dim at run time (any chunk up to `rows`): RuntimeDimRefused if not
+        new = sig.shapes[sig.ids][1] if runtime else None
+        key = (tuple(sorted(any_batch.items())), live, pick) + ((new,) if new is not None else ())
         bucketed = key in f.live_modules or (f.batch_dim is not None and f.batch_dim in getattr(f, "batch_buckets", {}))
-        step = f.live_module(any_batch if bucketed else step_dims(sig, capacity, batch, rows), live, pick)
+        try:
+            step = f.live_module(any_batch if bucketed else step_dims(sig, capacity, batch, rows), live, pick, new)
+        except RuntimeDimRefused as e:  # (rows that are a fixed extent of the model too: one fewer)
+            if new is None or not _extent(e) or rows <= 2 or tries <= 1:
+                raise
+            return make(batch, capacity, rows - 1, runtime, tries - 1)
         free = tuple(step.default.free)
 
         def run(feeds: dict):
@@ -581,6 +602,8 @@ def step_maker(module, sig: Signature):
                 return step.default.prepare(*map(feeds.__getitem__, free))
             return None
         run.prepare, run.pick = prepare, pick
+        run.new = None if new is None else f"{new}_length"  # (its live new rows' input: pipeline.length_input)
+        run.rows = rows
         return run
 
     def held(batch: int) -> set[int]:
@@ -595,7 +618,7 @@ def compiled_steps(f, sig: Signature, batch: int | None = None, chunks: bool = F
     (runtime.padded, `f.live_modules`) holds compiled: its decode steps (one token), or with
     chunks=True its chunk steps; with `batch`, those at that batch or on batch buckets."""
     seq, past, batch_dim = sig.shapes[sig.ids][1], sig.pasts[0][1][2], sig.shapes[sig.ids][0]
-    steps = (dict(key) for key, live, _ in f.live_modules if live == past)
+    steps = (dict(key) for key, live, *_ in f.live_modules if live == past)
     return [d for d in steps if (d.get(seq, 1) > 1) == chunks
             and (batch is None or d.get(batch_dim, batch) == batch)]
 
@@ -610,13 +633,50 @@ def held_chunks(model, sig: Signature, batch: int, capacity: int) -> list[int]:
     return sorted({d[seq] for d in compiled_steps(f, sig, batch, chunks=True) if d[past] + d[seq] == capacity + 1})
 
 
+def _at(key: tuple, sig: Signature, batch: int, capacity: int) -> bool:
+    """Whether live_module's key is a chunk step with its rows at run time over a cache of
+    `capacity` rows at `batch` (or on batch buckets)."""
+    seq, past, batch_dim = sig.shapes[sig.ids][1], sig.pasts[0][1][2], sig.shapes[sig.ids][0]
+    d = dict(key[0])
+    return len(key) == 4 and key[1] == past and d.get(past, 0) + d.get(seq, 0) == capacity + 1 \
+        and d.get(batch_dim, batch) == batch
+
+
+def _extent(e: EqfuseError) -> bool:
+    """Whether a run-time chunk step was refused for its rows only: a fixed extent of the model
+    too (step_maker then tries one row fewer)."""
+    return "fixed extent" in e.message
+
+
+def runtime_chunks(model, sig: Signature, batch: int, capacity: int) -> bool:
+    """Whether a prompt's chunk steps over a cache of `capacity` rows take their rows at run time
+    (Decoder.prefill_chunks with runtime=True: one step of RUNTIME_CHUNK rows runs a chunk of
+    any length up to them, computing its live rows only): when the model holds one, or can
+    compile one (not a loaded artifact) and has not had it refused (RuntimeDimRefused: a kernel
+    that cannot take the bound, or an export whose chunk at one more row is not the same graph; a
+    ChunkRefused step, refused again without a compile, prefills the prompt whole)."""
+    f = model.default
+    if not hasattr(f, "live_modules"):
+        return False
+    if any(_at(key, sig, batch, capacity) for key in f.live_modules):
+        return True
+    refused = [k for k in f._refused if _at(k, sig, batch, capacity) and isinstance(f._refused[k], RuntimeDimRefused)
+               and not _extent(f._refused[k])]
+    return getattr(model, "artifact", None) is None and not refused
+
+
 def chunk_plan(model, sig: Signature, s: int, batch: int, capacity: int) -> int:
     """The chunk length n a prompt of s tokens is prefilled with (Decoder.prefill_chunks), for a
     model bound per call (an ONNX decoder compiled by eqfuse.compile) at this capacity and batch:
     the shortest chunk step compiled that holds the prompt (one chunk); else the longest compiled
     (the prompt in chunks of it, with no compile); with none, the prompt's bucket, the power of
     two at or above s, at least PREFILL_MIN and at most CHUNK_MAX (and the capacity): compiled
-    once, then it serves every prompt up to the capacity."""
+    once, then it serves every prompt up to the capacity. With its rows at run time
+    (runtime_chunks), the rows of the step held, else RUNTIME_CHUNK (within the capacity)."""
+    if runtime_chunks(model, sig, batch, capacity):
+        held = [dict(key[0])[sig.shapes[sig.ids][1]] for key in model.default.live_modules
+                if _at(key, sig, batch, capacity)]
+        return held[0] if held else min(RUNTIME_CHUNK, capacity)
     held = held_chunks(model, sig, batch, capacity)
     fits = [n for n in held if n >= s]
     if fits:
@@ -796,7 +856,11 @@ def _start(resolved, ids: np.ndarray, max_new_tokens: int, real: np.ndarray | No
     logits = None
     if chunked:
         try:
-            logits = dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, capacity), real)
+            try:
+                logits = dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, capacity), real,
+                                            runtime_chunks(model, sig, b, capacity))
+            except RuntimeDimRefused:  # (refused at run time, and remembered: chunks of compiled rows)
+                logits = dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, capacity), real)
         except ChunkRefused:  # (an export whose mask is computed at run time: the prompt whole)
             check_window(sig, s, max_new_tokens)
     if logits is None:
@@ -858,4 +922,4 @@ def _pad_rows(a: np.ndarray, extra: int) -> np.ndarray:
     return np.concatenate([a, np.repeat(a[-1:], extra, axis=0)]) if extra else a
 
 
-__all__ = ["generate", "load_decoder", "Decoder", "held_steps", "prefill_plan", "chunk_plan", "live_capacity", "step_dims", "step_maker", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]
+__all__ = ["generate", "load_decoder", "Decoder", "held_steps", "prefill_plan", "chunk_plan", "runtime_chunks", "live_capacity", "step_dims", "step_maker", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]

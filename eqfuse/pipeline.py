@@ -91,6 +91,10 @@ class Options:
     # with live=: the input that picks the one row of the first result computed (eqfuse.ir.live.
     # pick_row: eqfuse.generate's prompt chunks need one row of logits); not an option of compile()
     pick: str | None = None
+    # with live=: a dim of the new rows taken at run time too (eqfuse.backend.runtime_dim, its
+    # capacity bound by dims=): eqfuse.generate's prompt chunk of any length up to its rows; not an
+    # option of compile()
+    live_new: str | None = None
 
     @staticmethod
     def of(cost: str = "memory", rules: Sequence = (), disable: Sequence[str] = (),
@@ -321,23 +325,27 @@ def optimize_model(src, *, cost: str = "memory", rules: Sequence = (), disable: 
 
 def lower(g: Graph, dims: Mapping[str, int], fuse: bool | str = True, params: frozenset[str] = frozenset(),
           precision: str = "f32", live: str | None = None, arrays: Mapping | None = None,
-          capacity: int | None = None):
+          capacity: int | None = None, beside: tuple[str, int] | None = None):
     """(kernelized graph, plans) for one dims binding; `params` names the inputs bound by params=
     (a GEMM prepacks such a B operand once); `precision` is compile's precision= (each plan says
     what its kernel computes in: KernelPlan.precision); `live` is compile's live= (the cache
     appends and attentions then take the live length at run time: eqfuse.backend.live), which
     may read the bound inputs' values `arrays` (a causal mask over a prompt's chunk), as an integer
     GEMM does (its bound weights' range chooses its instruction path); `capacity` the live dim's
-    value when `dims` does not bind it (an ONNX model's, whose import bound it)."""
+    value when `dims` does not bind it (an ONNX model's, whose import bound it); `beside` (a dim,
+    its capacity) the new rows' dim at run time beside the cache (Options.live_new)."""
     bound = bind_dims(g, dims) if g.dims() else g
     # a dim the loops take at run time, if no KV cache appends to it (eqfuse.backend.runtime_dim): its
     # capacity, bound here, or given (an ONNX model's dims are numbers after its import)
     if live is not None and live in g.dims():
         capacity = int(dims[live])
         check_capacity(g, live, capacity)  # (an ONNX model's: check_onnx_dim at its import)
+    if beside is not None and beside[0] in g.dims():
+        check_capacity(g, *beside)
     return bound, *lower_graph(bound, machine(), fuse=fuse is not False, params=params, precision=precision,
                                live=None if live is None else length_input(live), arrays=arrays,
-                               capacity=capacity)
+                               capacity=capacity,
+                               beside=None if beside is None else (length_input(beside[0]), beside[1]))
 
 
 def fixed_extents(g: Graph) -> frozenset[int]:
@@ -419,14 +427,14 @@ def kernel_infos(kg: Graph, plans, sources: Mapping[str, str], graph: str | None
 def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: frozenset[str] = frozenset(),
           names: list[str] | None = None, panels=None, precision: str = "f32",
           record: dict | None = None, live: str | None = None, arrays: Mapping | None = None,
-          capacity: int | None = None) -> list[Compiled]:
+          capacity: int | None = None, beside: tuple[str, int] | None = None) -> list[Compiled]:
     """One Compiled per dims binding, all in one C module (one compiler run); `names` renames the
     graph per binding, so that their kernels and run functions differ. `record` (the report's
     "precision") gets each kernel's precision and instruction path."""
     lowered = []
     for k, dims in enumerate(bindings):
         gk = replace(g, name=names[k]) if names else g
-        bound, kg, plans = lower(gk, dims, fuse, params, precision, live, arrays, capacity)
+        bound, kg, plans = lower(gk, dims, fuse, params, precision, live, arrays, capacity, beside)
         lowered.append((bound, kg, plans, plan_memory(kg, plans)))
         if record is not None:
             record.update(precision_entries(plans))
@@ -450,11 +458,11 @@ def build(g: Graph, bindings: list[dict], fuse: bool | str = True, params: froze
 
 def builder(fuse: bool | str, params: frozenset[str] = frozenset(), precision: str = "f32",
             record: dict | None = None, live: str | None = None, arrays: Mapping | None = None,
-            capacity: int | None = None):
+            capacity: int | None = None, beside: tuple[str, int] | None = None):
     """`build` for a GraphFunction, which calls it with each new dims binding (`arrays`: the
     bound inputs' values, for live= and the integer GEMMs' paths)."""
     def build_bindings(g: Graph, bindings: list[dict], names: list[str] | None = None, panels=None):
-        return build(g, bindings, fuse, params, names, panels, precision, record, live, arrays, capacity)
+        return build(g, bindings, fuse, params, names, panels, precision, record, live, arrays, capacity, beside)
     return build_bindings
 
 
@@ -554,7 +562,7 @@ def stages(src, opts: Options, shared: SharedArrays | None = None) -> Module:
         return padded_module(src, opts, sums=e.sums, needs=e)
     graphs, params = loaded.graphs, loaded.params
     if opts.live is not None:
-        graphs = [live_graph(graphs[0], src, opts.live, opts.dims, opts.pick, params)] + graphs[1:]
+        graphs = [live_graph(graphs[0], src, opts.live, opts.dims, opts.pick, params, opts.live_new)] + graphs[1:]
     if not is_onnx(src):
         graphs = [bind_sums(g, opts.dims) for g in graphs]
     # an ONNX model whose import keeps a dim that is not a batch dim by its name (a decoder's
@@ -617,13 +625,16 @@ def length_input(live: str) -> str:
 
 
 def live_graph(g: Graph, src, live: str, dims: Mapping[str, int], pick: str | None = None,
-               params: Mapping[str, np.ndarray] | None = None) -> Graph:
+               params: Mapping[str, np.ndarray] | None = None, new: str | None = None) -> Graph:
     """The first graph with its inputs along dim `live` made cache buffers (eqfuse.ir.live); with
     `pick`, its first result cut to the one row along its second axis that input `pick` gives at
     run time (eqfuse.ir.live.pick_row: a decoder's logits, one per sequence). When no input along
     `live` is appended to, the dim is taken at run time by the loops instead (length_graph): an
     ONNX model's, whose dims are numbers after its import, once `check_onnx_dim` has found that the
-    capacity's extent marks the dim alone (eqfuse.frontend.onnx_dims; `params`: its bound arrays)."""
+    capacity's extent marks the dim alone (eqfuse.frontend.onnx_dims; `params`: its bound arrays).
+    `new` (Options.live_new) is the dim of the rows a step appends, taken at run time too (one more
+    input, its length): found in an ONNX model by the same check, the cache's total rows (the mask's
+    dim) following it."""
     if is_onnx(src):
         from eqfuse.frontend.onnx_cache import header
 
@@ -640,8 +651,21 @@ def live_graph(g: Graph, src, live: str, dims: Mapping[str, int], pick: str | No
 
             check_onnx_dim(src, g, params or {}, live, dims)
         return length_graph(g, length_input(live))
+    if new is not None and is_onnx(src):
+        from eqfuse.frontend.onnx_dims import check_onnx_dim
+
+        total = [d for d, v in dims.items() if d not in (live, new) and v == dims[live] + dims[new]]
+        try:
+            times = [v for d, v in dims.items() if d not in (live, new, *total) and v > 1]  # (the batch)
+            check_onnx_dim(src, g, params or {}, new, dims, following=total, times=times)
+        except EqfuseError as e:  # (the model at one more new row does not import: not at run time)
+            if isinstance(e, RuntimeDimRefused):
+                raise
+            raise RuntimeDimRefused(f"live_new='{new}': the model at {new}={dims[new] + 1} does not import "
+                                    f"({e.message.splitlines()[0]})") from None
     g = cache_graph(g, axes, length_input(live), dict(dims))
-    return pick_row(g, pick) if pick is not None else g
+    g = pick_row(g, pick) if pick is not None else g
+    return length_graph(g, length_input(new)) if new is not None else g
 
 
 def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, shared: SharedArrays | None):
@@ -665,9 +689,10 @@ def compile_graph(g: Graph, params: dict, dims: dict[str, int], opts: Options, s
                                 f"a dimension is either fixed or a batch dim")
     batch = batch_dim(g, dims, opts.buckets, params)
     capacity = int(opts.dims[opts.live]) if opts.live is not None else None  # (the live dim's: lower)
+    beside = (opts.live_new, int(opts.dims[opts.live_new])) if opts.live_new is not None else None
     f = GraphFunction(g, opt, folded.params, dims, builder(opts.fuse, frozenset(folded.params), opts.precision,
                                                            report["precision"], opts.live, folded.params,
-                                                           capacity),
+                                                           capacity, beside),
                       opts.verify, opts.threads, batch, shared.panels if shared is not None else None)
     if all(d in dims for d in g.dims()):
         c = f.compiled(dims)  # everything is known: compile now, so errors show here
@@ -708,9 +733,10 @@ def padded_module(src, opts: Options, graph: Graph | None = None, sums: tuple[st
     dims, buckets = opts.dims, opts.buckets
     shared = SharedArrays()  # the buckets' equal weights and their panels, held once
 
-    def build_bucket(bucket: dict[str, int], live: str | None = None, pick: str | None = None) -> Module:
+    def build_bucket(bucket: dict[str, int], live: str | None = None, pick: str | None = None,
+                     live_new: str | None = None) -> Module:
         batch = {k: v for k, v in (buckets or {}).items() if k not in bucket}  # the batch dim's sizes
-        return compile_model(src, replace(opts, dims={**dims, **bucket}, live=live, pick=pick,
+        return compile_model(src, replace(opts, dims={**dims, **bucket}, live=live, pick=pick, live_new=live_new,
                                           buckets={} if buckets == {} else batch or None), shared)
 
     if graph is None:

@@ -22,6 +22,7 @@ import decoder_exports as de  # noqa: E402
 import eqfuse  # noqa: E402
 from eqfuse.generation import (  # noqa: E402
     PREFILL_MIN,
+    RUNTIME_CHUNK,
     Decoder,
     capacity_for,
     chunk_plan,
@@ -31,6 +32,7 @@ from eqfuse.generation import (  # noqa: E402
     module_signature,
     onnx_signature,
     run_batch,
+    runtime_chunks,
     step_maker,
 )
 
@@ -323,7 +325,7 @@ def test_greedy_from_a_dynamo_export_matches_transformers(model):
     assert_greedy_matches_transformers(eqfuse.generate(str(path), ids, max_new_tokens=NEW, eos_token_id=de.EOS), ids,
                                        NEW, model)
     mod, sig = load_decoder(path)
-    assert not mod.default._refused and held_chunks(mod, sig, B, live_capacity(sig, S + NEW - 1))
+    assert runtime_chunks(mod, sig, B, live_capacity(sig, S + NEW - 1))  # (its chunk step held, at run time)
     padded, mask = left_padded(8)
     assert_greedy_matches_transformers(eqfuse.generate(str(path), padded, max_new_tokens=NEW, eos_token_id=de.EOS,
                                                        attention_mask=mask), padded, NEW, model, mask)
@@ -342,7 +344,7 @@ def test_greedy_from_an_opset_23_export_matches_transformers():
     assert_greedy_matches_transformers(eqfuse.generate(str(path), ids, max_new_tokens=NEW, eos_token_id=de.EOS), ids,
                                        NEW, "llama")
     mod, sig = load_decoder(path)
-    assert not mod.default._refused and held_chunks(mod, sig, B, live_capacity(sig, S + NEW - 1))
+    assert runtime_chunks(mod, sig, B, live_capacity(sig, S + NEW - 1))  # (its chunk step held, at run time)
 
 
 def test_a_refused_chunk_step_prefills_whole_and_is_not_tried_again(monkeypatch):
@@ -397,25 +399,27 @@ def count_compiles(monkeypatch) -> dict[str, int]:
 
 def test_no_compile_after_the_first_generation(monkeypatch):
     """C builds and optimizer runs of a fresh Module compiled with batch buckets: the first
-    prefill compiles the chunk step of its bucket of prompt lengths (16 rows for 8 tokens:
-    chunk_plan) and the decode step, both over the cache at the model's 128 positions
-    (live_capacity), their lengths at run time and the batch on its buckets; the 20 decode steps
-    compile nothing. Then prompts of 5, 11, 16, 40 and 100 tokens at batch sizes 2, 1, 3, 2 and 1
-    compile nothing: a prompt of up to 16 tokens is one chunk padded to 16, a longer one, longer
-    than every chunk compiled, runs as chunks of 16 over the cache in place (Decoder.
-    prefill_chunks), each batch on the one bucket of 2 (1 padded to 2, its cache rows appended in
-    a copy and copied back; 3 as a chunk of 2 appending in place and 1 padded); and each
-    generation is transformers' greedy one."""
+    prefill compiles the chunk step with its rows at run time (chunk_plan: RUNTIME_CHUNK within
+    the capacity; 127 here, 128 being an extent of the model too) and the decode step, both over
+    the cache at the model's 128 positions (live_capacity), their lengths at run time and the
+    batch on its buckets; the 20 decode steps compile nothing. Then prompts of 5, 11, 16, 40 and
+    100 tokens at batch sizes 2, 1, 3, 2 and 1 compile nothing: each prompt is one chunk of its
+    own rows (Decoder.prefill_chunks, runtime=True), each batch on the one bucket of 2 (1 padded
+    to 2, its cache rows appended in a copy and copied back; 3 as a chunk of 2 appending in place
+    and 1 padded); and each generation is transformers' greedy one."""
     counts = count_compiles(monkeypatch)
     path = de.export_gpt2("torchscript")
     mod = eqfuse.compile(path, buckets={"batch": [2]})
     sig = module_signature(mod)
     cap = live_capacity(sig, S + NEW - 1)
     assert cap == de.POSITIONS  # (the position table, read from the file the Module was compiled from)
-    assert chunk_plan(mod, sig, S, B, cap) == PREFILL_MIN  # (nothing compiled yet: the prompt's bucket)
+    assert runtime_chunks(mod, sig, B, cap)
+    assert chunk_plan(mod, sig, S, B, cap) == min(RUNTIME_CHUNK, cap)  # (nothing compiled yet)
     dec = Decoder(sig, lambda feeds: mod(**feeds), cap, step_maker(mod, sig))
     seen = []
-    logits = dec.prefill_chunks(prompt(), PREFILL_MIN)
+    logits = dec.prefill_chunks(prompt(), chunk_plan(mod, sig, S, B, cap), runtime=True)
+    rows = chunk_plan(mod, sig, S, B, cap)  # (the step compiled: its rows)
+    assert rows == cap - 1 and runtime_chunks(mod, sig, B, cap)
     seen.append(dict(counts))
     for _ in range(STEPS):
         logits = dec.step(logits.argmax(-1)[:, None].astype(np.int64))
@@ -424,7 +428,7 @@ def test_no_compile_after_the_first_generation(monkeypatch):
     assert dec.live_step is not None
     assert seen[-1] == seen[0]  # the 20 decode steps ran without the compiler
     for b, s, new in ((2, 5, 13), (1, 11, 13), (3, 16, 13), (2, 40, 6), (1, 100, 6)):
-        assert chunk_plan(mod, sig, s, b, cap) == PREFILL_MIN
+        assert chunk_plan(mod, sig, s, b, cap) == rows
         ids = np.random.default_rng(s).integers(0, de.VOCAB, (b, s)).astype(np.int64)
         ours = eqfuse.generate(mod, ids, max_new_tokens=new, eos_token_id=de.EOS)
         assert counts == seen[0], f"batch {b}, {s} tokens: {counts} after the first generation's {seen[0]}"
@@ -454,8 +458,8 @@ def test_chunked_prefill_matches_onnxruntime():
 
     spy.pick = chunk.pick  # (the input that picks the row of logits the chunk computes)
     step = dec.make_step
-    dec.make_step = lambda b, c, rows=1: spy if rows > 1 else step(b, c)
-    last = dec.prefill_chunks(ids, PREFILL_MIN)
+    dec.make_step = lambda b, c, rows=1, runtime=False: spy if rows > 1 else step(b, c)
+    last = dec.prefill_chunks(ids, PREFILL_MIN)  # (a chunk step of 16 rows compiled as such)
     assert len(seen) == 3
     # each chunk's logits: its last real token's only (eqfuse.ir.live.pick_row), prompt rows 15, 31, 36
     rows = [min((k + 1) * PREFILL_MIN, s) - 1 for k in range(len(seen))]
@@ -471,6 +475,51 @@ def test_chunked_prefill_matches_onnxruntime():
     np.testing.assert_array_equal(last, ours[:, -1])
     for c, r in zip(dec.cache, ref[1:]):  # the cache's rows: the prompt's keys and values
         np.testing.assert_allclose(c[:, :, :s], r[:, :, 1:], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model", ["gpt2", pytest.param("llama", marks=pytest.mark.extended)])
+def test_chunks_with_their_rows_at_run_time_match_onnxruntime(model):
+    """The chunk step with its rows at run time (one step of at most 16 rows: 15, as 16 is the
+    model's head size too) runs prompts of 37, 16, 15 and 5 tokens as chunks of their own rows
+    (15, 15 and 7; 15 and 1; 15; 5), each computing its live rows only: before each chunk every
+    cache row from the live length on is NaN, and the chunk's input rows past its live ones hold
+    other tokens (a kernel that read them into a live result would change it). Each chunk's
+    logits at its last token and the cache's rows at every prompt position are onnxruntime's on
+    the whole prompt, at the f32 tolerance of the other decoder tests here (rtol and atol 1e-4)."""
+    path, mod = compiled("torchscript", model)
+    sig = module_signature(mod)
+    rng = np.random.default_rng(3)
+    for s in (37, 16, 15, 5):
+        ids = rng.integers(0, de.VOCAB, (B, s)).astype(np.int64)
+        dec = Decoder(sig, None, de.POSITIONS, step_maker(mod, sig))
+        chunk, seen = dec.make_step(B, de.POSITIONS, 16, runtime=True), []
+        assert (chunk.rows, chunk.new) == (15, f"{sig.shapes[sig.ids][1]}_length")
+
+        def spy(feeds):
+            t, m = int(feeds["past_length"][0]), int(feeds[chunk.new][0])
+            for n, _ in sig.pasts:
+                feeds[n][:, :, t:] = np.nan
+            feeds[sig.ids][:, m:] = rng.integers(0, de.VOCAB, (B, chunk.rows - m))
+            seen.append((m, out := chunk(feeds)))
+            return out
+
+        spy.pick, spy.new, spy.rows = chunk.pick, chunk.new, chunk.rows
+        step = dec.make_step
+        dec.make_step = lambda b, c, rows=1, runtime=False: spy if rows > 1 else step(b, c)
+        last = dec.prefill_chunks(ids, 16, runtime=True)
+        assert [m for m, _ in seen] == [min(15, s - t) for t in range(0, s, 15)]
+        past = [np.zeros((B, h, 1, d), np.float32) for _, (_, h, _, d) in sig.pasts]
+        mask = np.ones((B, 1 + s), np.int64)
+        mask[:, 0] = 0  # (one masked past row: the export takes no empty past)
+        feeds = {sig.ids: ids, sig.mask: mask, sig.positions: np.repeat(np.arange(s)[None], B, 0)}
+        feeds.update({n: p for (n, _), p in zip(sig.pasts, past)})
+        ref = ort_run(path)(feeds)
+        rows = list(np.cumsum([m for m, _ in seen]) - 1)
+        ours = np.concatenate([o[0] for _, o in seen], axis=1)
+        np.testing.assert_allclose(ours, ref[0][:, rows], atol=1e-4, rtol=1e-4)
+        np.testing.assert_array_equal(last, ours[:, -1])
+        for c, r in zip(dec.cache, ref[1:]):  # the cache's rows: the prompt's keys and values
+            np.testing.assert_allclose(c[:, :, :s], r[:, :, 1:], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.extended  # (the bf16 cache's kernels are checked at their bound by test_attention_decode.py)
@@ -654,12 +703,11 @@ def ort_greedy(path, ids: np.ndarray, new: int, capacity: int) -> np.ndarray:
 
 @pytest.mark.extended  # (the artifact's libraries, built for its level: some 30 s of C builds when the cache is cold)
 def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
-    """The artifact of a decoder that has generated keeps its bindings (the chunk step of the
-    prompt's bucket and the decode step over the cache in place at its capacity): generate on
+    """The artifact of a decoder that has generated keeps its bindings (the chunk step with its
+    rows at run time and the decode step over the cache in place at its capacity): generate on
     eqfuse.load's Module gives the compiled Module's tokens. A generation it holds no binding for
-    runs without the compiler: a shorter one at the capacity held, a shorter prompt padded to the
-    chunk held, a longer one than every chunk held in chunks of the longest; one that needs a
-    larger cache is refused with what to do."""
+    runs without the compiler: a shorter one at the capacity held, any prompt up to the capacity
+    as chunks of its own rows; one that needs a larger cache is refused with what to do."""
     path, mod = compiled("torchscript")
     ids = prompt(4)
     ours = eqfuse.generate(mod, ids, max_new_tokens=NEW)
@@ -668,17 +716,17 @@ def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
     np.testing.assert_array_equal(eqfuse.generate(loaded, ids, max_new_tokens=NEW), ours)
     sig = onnx_signature(path)
     assert held_chunks(loaded, sig, B, de.POSITIONS)  # (the chunk step over the cache at 128 rows)
+    assert runtime_chunks(loaded, sig, B, de.POSITIONS)  # (its rows at run time)
     # 5 tokens and 4 new: onnxruntime's greedy ids
     short = prompt(5)[:, :5]
     np.testing.assert_array_equal(eqfuse.generate(loaded, short, max_new_tokens=4),
                                   ort_greedy(path, short, 4, CAPACITY))
-    # a prompt longer than every chunk held: in chunks of the longest
-    longest = max(held_chunks(loaded, sig, B, de.POSITIONS))
-    long = np.random.default_rng(6).integers(0, de.VOCAB, (B, 2 * longest + 3)).astype(np.int64)
+    # a prompt of another length: one chunk of its own rows
+    long = np.random.default_rng(6).integers(0, de.VOCAB, (B, 100)).astype(np.int64)
     np.testing.assert_array_equal(eqfuse.generate(loaded, long, max_new_tokens=4),
-                                  ort_greedy(path, long, 4, capacity_for(2 * longest + 6)))
+                                  ort_greedy(path, long, 4, capacity_for(103)))
     # one row more than the largest cache it holds (the loaded Module knows no position table)
-    most = max(d["past"] for d in (dict(key) for key, _, _ in loaded.default.live_modules) if d["sequence"] == 1)
+    most = max(d["past"] for d in (dict(key) for key, *_ in loaded.default.live_modules) if d["sequence"] == 1)
     with pytest.raises(eqfuse.ArgumentError, match=rf"compiled for caches of .*{most} rows at batch 2; .* need {most + 1}"):
         eqfuse.generate(loaded, ids, max_new_tokens=most + 2 - ids.shape[1])
 
@@ -713,9 +761,9 @@ def test_a_loaded_decoder_with_batch_buckets_generates_any_batch(tmp_path):
     mod = eqfuse.compile(path, buckets={"batch": [2]})
     eqfuse.generate(mod, prompt(7), max_new_tokens=NEW)
     loaded = eqfuse.load(mod.save(tmp_path / "gpt2.eqf"))
-    cap = de.POSITIONS  # (the chunk step of 16 rows and the decode step over the cache at 128 rows)
-    assert [dict(key) for key, _, _ in loaded.default.live_modules] == [
-        {"past": cap + 1 - PREFILL_MIN, "sequence": PREFILL_MIN, "total": cap + 1},
+    cap = de.POSITIONS  # (the chunk step of 127 rows at run time and the decode step over the cache at 128 rows)
+    assert sorted(([dict(key) for key, *_ in loaded.default.live_modules]), key=lambda d: d["past"]) == [
+        {"past": 2, "sequence": cap - 1, "total": cap + 1},
         {"past": cap, "sequence": 1, "total": cap + 1}]  # no batch: bucketed
     for b in (1, 3):
         ids = np.random.default_rng(b).integers(0, de.VOCAB, (b, 6)).astype(np.int64)

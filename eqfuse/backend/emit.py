@@ -36,7 +36,7 @@ class Emitted:
 def prototype(plan: KernelPlan) -> str:
     """The kernel's cdef (and its B prepacking functions when it has them; call after emitting)."""
     ins, out = ctypes_of(plan)
-    ps = [f"const {t}* in{k}" for k, t in enumerate(ins)] + [f"{out}* out"] + (["long live"] if plan.live else [])
+    ps = [f"const {t}* in{k}" for k, t in enumerate(ins)] + [f"{out}* out"] + ([plan.live.params[2:]] if plan.live else [])
     ret = "long" if plan.kind == K.INDEX else "void"  # index kernels count bad indices
     cdef = f"{ret} {plan.name}({', '.join(ps)});"
     pre = plan.prepack

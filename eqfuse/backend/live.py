@@ -513,9 +513,9 @@ def emit_repeat(plan: KernelPlan) -> str:
     load = f"eqf_bf16_f32(((const uint16_t*)in0)[{at}])" if b.bf16 else f"in0[{at}]"
     return "\n".join([
         f"/* {plan.name}: the live rows of a KV cache repeated for the query heads, {list(out)} (at most {b.rows} rows) */",
-        f"void {plan.name}({params}, long live)",
+        f"void {plan.name}({params}{b.params})",
         "{",
-        f"    const long rows = live + {b.new};",
+        f"    const long rows = {b.end};",
         f"    for (long o = 0; o < {size(lead)}; o++) {{",
         f"        const long so = {offset('o', lead, sst[:ax])}, d0 = {offset('o', lead, dst[:ax])};",
         "        for (long r = 0; r < rows; r++)",

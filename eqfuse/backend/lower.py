@@ -148,7 +148,7 @@ def plan_kernel(g: Graph, node_id: int, name: str, m: Machine, precision: str = 
 
 def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] = frozenset(),
                 precision: str = "f32", live: str | None = None, arrays=None,
-                capacity: int | None = None) -> tuple[Graph, list[KernelPlan]]:
+                capacity: int | None = None, beside: tuple[str, int] | None = None) -> tuple[Graph, list[KernelPlan]]:
     """(the kernelized graph, one plan per kernel) for a graph with concrete shapes, planned for
     machine m. `params` names the inputs bound by params=: a GEMM whose B is one of them is marked
     b_bound (emit then prepacks it, when B is one matrix shared by every batch). `precision` is
@@ -158,9 +158,12 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
     (eqfuse.backend.live); `arrays` the bound inputs' values, which it may read (an
     integer GEMM's bound weights, whose range chooses its instruction path: qgemm.mark_bound).
     With `capacity` (the live dim's bound value) and no KV cache, `live` is instead a named dim's
-    run-time value: the kernels over it loop to its value (eqfuse.backend.runtime_dim)."""
+    run-time value: the kernels over it loop to its value (eqfuse.backend.runtime_dim). `beside`
+    (the name of its length input, its capacity) is such a dim beside the KV cache: a chunk step's
+    new rows (eqfuse.generate)."""
     g = expand_convs(g)  # (conv1d, conv_transpose2d as conv2d, when the optimizer did not run)
-    rows = capacity if live is not None else None  # (GEMM rows a dim's at run time: mark_bound_b)
+    # (GEMM rows a dim's at run time: mark_bound_b)
+    rows = beside[1] if beside is not None else capacity if live is not None else None
     split: set[int] = set()
     while True:
         origins: dict[int, int] = {}
@@ -206,8 +209,9 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
             for p in plans:
                 if p.kind == K.CONV2D and p.prepack is None:
                     mark_bound_b(p, _bound_inputs(p, kg, params, plans), m, _bound_values(p, kg, params, arrays, plans), rows)
-            if live is not None and capacity is not None and not cache:  # (on the plans as they are emitted)
-                mark_dim(kg, plans, live, capacity, m)
+            dim = (live, capacity) if live is not None and capacity is not None and not cache else beside if cache else None
+            if dim is not None:  # (on the plans as they are emitted)
+                mark_dim(kg, plans, *dim, m)
                 for p in plans:  # (a pointwise kernel's loops split at the dim: planned again)
                     if p.kind == K.POINTWISE and p.live is not None:
                         KIND[p.kind].after_views(p, m)

@@ -44,11 +44,26 @@ class LiveBound:
     # repeat or the decode attention widens what it reads (eqfuse.backend.live, `cache_bf16`)
     bf16: bool = False
     length: int = -1  # the graph input (node) that holds L at run time: the run function reads it there
+    # a chunk step's new rows a dim at run time too (eqfuse.backend.runtime_dim, beside a cache): the
+    # graph input that holds how many of the `new` rows are live; an append then writes that many
+    # rows, an attention has that many query rows and L + that many keys (C: `long live_new`)
+    new_length: int = -1
+
+    @property
+    def end(self) -> str:
+        """The C of the rows live so far and new: L + new, the keys an attention reads."""
+        return "(live + live_new)" if self.new_length >= 0 else f"(live + {self.new})"
+
+    @property
+    def params(self) -> str:
+        """The C parameters the kernel takes its run-time lengths by."""
+        return ", long live, long live_new" if self.new_length >= 0 else ", long live"
 
     def __str__(self) -> str:
         if self.what == "dim":  # a named dim at run time (eqfuse.backend.runtime_dim)
             return f"loops at run time: the first live of {self.rows} along axis {self.axis}"
-        return f"{self.what} at run time: live + {self.new} of {self.rows} rows" + (", bf16 cache" if self.bf16 else "")
+        new = f"live_new (at most {self.new})" if self.new_length >= 0 else str(self.new)
+        return f"{self.what} at run time: live + {new} of {self.rows} rows" + (", bf16 cache" if self.bf16 else "")
 
 
 @dataclass

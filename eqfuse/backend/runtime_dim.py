@@ -70,10 +70,17 @@ def mark_dim(kg: Graph, plans: list[KernelPlan], length: str, capacity: int, m: 
     for p in plans:
         if p.kind == K.VIEW:
             continue
+        if p.live is not None:  # (a chunk step's: the dim is the new rows beside a KV cache)
+            _beside_cache(p, capacity, at)
+            continue
         outs = _axes(p.out_shape, capacity)
         reads = any(_axes(kg.nodes[a].type.shape, capacity) for a in p.args)
         if not outs and not reads:
             continue
+        if not outs and _picks_row(kg, p):
+            continue  # (a row given at run time: eqfuse.ir.live.pick_row's, the caller's live row)
+        if not reads and p.kind == K.INDEX and p.body.nodes[p.shape.anchor].op == "range":
+            continue  # (positions counted along the dim: every one computed, as at the capacity)
         why = _refusal(p, outs, capacity)
         if why:
             ops = ", ".join(sorted({n.op for n in p.body.nodes if n.op != "input"}))
@@ -84,6 +91,32 @@ def mark_dim(kg: Graph, plans: list[KernelPlan], length: str, capacity: int, m: 
         elif p.kind in (K.CONTRACTION, K.CONTRACTION_ROW):
             few_rows_plan(p, capacity, m)  # (few rows on one thread: the few-rows kernel, as a compile would)
         p.live = LiveBound("dim", capacity, 0, axis=outs[0], length=at)
+
+
+def _beside_cache(p: KernelPlan, capacity: int, at: int) -> None:
+    """A kernel over a KV cache (eqfuse.backend.live) in a step whose new rows are the dim (a
+    prompt's chunk, eqfuse.generate): each takes the live new rows n at run time
+    (LiveBound.new_length): an append writes n rows, an attention over the cache has n query
+    rows and live + n keys, a grouped-query repeat copies live + n rows, a mask over the keys
+    computes live + n of each row (its rows along the dim, if any, all of them)."""
+    b = p.live
+    queries = p.kind != K.ATTENTION or (p.detail.Sq == capacity and not p.detail.decode)
+    if b.what not in ("append", "keys", "repeat", "rows") or b.new != capacity or not queries:
+        raise RuntimeDimRefused(f"live=: kernel {p.name} ({p.kind}) is bounded by a KV cache ({b}) and reads "
+                                f"the new rows, a dim at run time, otherwise than as its appended rows or queries")
+    p.live = replace(b, new_length=at)
+
+
+def _picks_row(kg: Graph, p: KernelPlan) -> bool:
+    """Whether p is a gather of one row given by a graph input (eqfuse.ir.live.pick_row: the
+    caller gives a live row), its result without the dim."""
+    if p.kind != K.INDEX:
+        return False
+    an = p.body.nodes[p.shape.anchor]
+    if an.op != "gather" or len(an.args) < 2:
+        return False
+    k = p.body.inputs.index(an.args[1]) if an.args[1] in p.body.inputs else -1
+    return k >= 0 and p.args[k] in kg.inputs
 
 
 def _refusal(p: KernelPlan, outs: list[int], capacity: int) -> str | None:

@@ -158,15 +158,18 @@ class PaddedFunction:
         outs = tuple(self._crop(k, o, values) for k, o in enumerate(outs))
         return outs[0] if one else outs
 
-    def live_module(self, dims: Mapping[str, int], live: str, pick: str | None = None):
+    def live_module(self, dims: Mapping[str, int], live: str, pick: str | None = None, new: str | None = None):
         """The model compiled with every dim bound by `dims` and `live` a KV cache's run-time length
         (compile's live=, eqfuse.generate's decode step), compiled once per dims; it shares the
         weights of the buckets. With `pick`, its first result is the one row along its second axis
         that its input of that name gives at run time (eqfuse.ir.live.pick_row: generate's prompt
-        chunks). Two threads may compile two of them at once (eqfuse.generate's chunk and decode
+        chunks). With `new`, the dim of the rows it appends is taken at run time too (one more input,
+        its length: a prompt's chunk of any length up to them; the key has it as a fourth item).
+        Two threads may compile two of them at once (eqfuse.generate's chunk and decode
         steps: one's C compiler runs while the other imports and optimizes, as _first's buckets
-        do); a thread asking for one being compiled waits for it."""
-        key = (tuple(sorted(dims.items())), live, pick)
+        do); a thread asking for one being compiled waits for it. A step refused once (ChunkRefused,
+        RuntimeDimRefused) is refused again without a compile."""
+        key = (tuple(sorted(dims.items())), live, pick) + ((new,) if new is not None else ())
         with self._lock:
             if key in self.live_modules:
                 return self.live_modules[key]
@@ -179,14 +182,14 @@ class PaddedFunction:
         if not mine:
             return building.result()  # (the thread building it raises its error here too)
         try:
-            mod = self._build(dict(dims), live=live, pick=pick)
+            mod = self._build(dict(dims), live=live, pick=pick, **({"live_new": new} if new is not None else {}))
             pack = getattr(getattr(mod, "default", None), "pack_bound", None)
             if pack is not None:  # (its weights' panels: packed in this thread too)
                 pack()
         except BaseException as e:
             with self._lock:
                 del self._building[key]
-                if isinstance(e, ChunkRefused):
+                if isinstance(e, (ChunkRefused, RuntimeDimRefused)):
                     self._refused[key] = e
             building.set_exception(e)
             raise

@@ -229,14 +229,21 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
              "{", "    long bad = 0;", "    (void)in; (void)out; (void)arena; (void)bad; (void)failed; (void)held;",
              f"    const int prof = {name}_profiling;", "    struct timespec t0, t1;", "    (void)t0; (void)t1;"]
     live = [p.live for p in kernels if p.live is not None]
-    if live:  # a KV cache's live length (eqfuse.backend.live): refused past the buffers' rows
-        (at,) = {b.length for b in live}  # the input eqfuse.ir.live.cache_graph added (backend.live)
+    # the run-time lengths' C names: a KV cache's live length (eqfuse.backend.live) or a named dim's
+    # (eqfuse.backend.runtime_dim) `live`; a chunk step's new rows beside a cache `live_new`
+    names = {b.new_length: "live_new" for b in live if b.new_length >= 0}
+    names.update({b.length: "live" for b in live if b.length not in names})
+    for at, var in names.items():  # each refused outside 0 .. its top (the buffers' rows past it)
         slot = kg.inputs.index(at)
         assert kg.nodes[at].type.shape == (1,), "a live length is an i64[1] input"
-        top = min(b.rows - b.new for b in live)
-        lines += [f"    const long live = *(const long*)in[{slot}];",
-                  f"    if (live < 0 || live > {top}) {{", "        *failed = live;", f"        return {BAD_LENGTH};",
-                  "    }"]
+        top = min(_top(b, at) for b in live if at in (b.length, b.new_length))
+        lines += [f"    const long {var} = *(const long*)in[{slot}];",
+                  f"    if ({var} < 0 || {var} > {top}) {{", f"        *failed = {var};",
+                  f"        return {BAD_LENGTH};", "    }"]
+    if len(names) > 1:  # (the cache's live rows and the new ones fit its buffers)
+        top = min(b.rows for b in live if b.new_length >= 0)
+        lines += [f"    if (live + live_new > {top}) {{", "        *failed = live + live_new;",
+                  f"        return {BAD_LENGTH};", "    }"]
     # whether the pool may be held before the kernel (see `hold_pool`); None before the first
     # kernel that says, so that its call is always written (eqf_pool_hold(held, 0) also ends the
     # pool workers' linger after the last call: an OpenMP kernel's threads want the cores)
@@ -251,7 +258,7 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
         pre = p.prepack
         if pre:
             args[pre.arg] = f"(void*)in[{prepack_slot[s]}]"  # (panels: float or int8 elements)
-        call = f"{symbol(p.name)}({', '.join(args + [ptr(p.node)] + (['live'] if p.live else []))})"
+        call = f"{symbol(p.name)}({', '.join(args + [ptr(p.node)] + _lengths(p, names))})"
         if p.kind == K.INDEX:
             lines += [f"    if ((bad = {call}) != 0) {{", f"        *failed = {s};", "        return bad;", "    }"]
         else:
@@ -311,6 +318,24 @@ def may_run_parallel(p: KernelPlan) -> bool:
 POOL_MAX = 64  # EQF_POOL_MAX of common_pool.h: the pool's most workers
 NOMEM = -1  # EQF_NOMEM of common.h: a kernel could not allocate its scratch buffer
 NO_AMX = -3  # EQF_NO_AMX of common.h: the operating system refused an AMX GEMM the tile state
+def _lengths(p: KernelPlan, names: dict[int, str]) -> list[str]:
+    """The run-time lengths kernel p takes after its result (LiveBound.params), by their C names."""
+    if p.live is None:
+        return []
+    if p.live.what == "dim":
+        return [names[p.live.length]]
+    return ["live", "live_new"] if p.live.new_length >= 0 else ["live"]
+
+
+def _top(b, at: int) -> int:
+    """The largest value bound b lets its run-time length input `at` take: a cache's live length
+    past rows - new overflows its buffers (with its new rows at run time too: checked with them),
+    a chunk step's new rows are at most new, a named dim's value at most its capacity."""
+    if at == b.new_length:
+        return b.new
+    return b.rows if b.new_length >= 0 else b.rows - b.new
+
+
 BAD_LENGTH = -2  # the live length of a KV cache is past its buffers (eqfuse.backend.live)
 _scratch_key: int | None = None  # the process's one pthread key of per-thread scratch buffers
 _scratch_lock = threading.Lock()
@@ -821,6 +846,11 @@ class Runner:
             st["threads"] = (omp, want, regions)
         bad = self.fn(st["ins"], st["outs"], st["arena"], *st["threads"], st["failed"])
         if bad == BAD_LENGTH:
+            bounds = [p.live for p in self.kernels if p.live is not None]
+            if any(b.new_length >= 0 for b in bounds):  # (a chunk step's: the cache's live rows and the new)
+                rows, new = max(b.rows for b in bounds), max(b.new for b in bounds)
+                raise ArgumentError(f"{self.kg.name}(): the KV cache's live length and new rows ({st['failed'][0]} "
+                                    f"or their sum) pass its buffers: at most {new} new rows, {rows} rows in all")
             top = min(p.live.rows - p.live.new for p in self.kernels if p.live is not None)
             if any(p.live.what == "dim" for p in self.kernels if p.live is not None):  # (backend.runtime_dim)
                 raise ArgumentError(f"{self.kg.name}(): the run-time length {st['failed'][0]} is not in 0 .. {top} "

@@ -278,12 +278,13 @@ class Attention(Kind):
         bk, bq = plan.tiles["bk"], plan.tiles.get("bq", 1)
         # keys over a KV cache (eqfuse.backend.live): the live length and the new rows, at run time;
         # a named dim at run time (eqfuse.backend.runtime_dim): the queries, and the keys when they are it
-        sq = str(Sq)
-        sk = f"(live + {plan.live.new})" if plan.live else str(Sk)
+        # (a chunk step's new rows at run time too: its `live_new` queries, live + live_new keys)
+        sq = "live_new" if plan.live is not None and plan.live.new_length >= 0 else str(Sq)
+        sk = plan.live.end if plan.live else str(Sk)
         if plan.live is not None and plan.live.what == "dim":
             sq, sk = "live", "live" if Sk == plan.live.rows else str(Sk)
         if plan.live:
-            params += ", long live"
+            params += plan.live.params
         if d.decode:
             # (the offsets are declared where each of a task's rows is: some scopes use none)
             decls = sspace.decls + ospace.decls

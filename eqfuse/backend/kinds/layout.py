@@ -86,8 +86,12 @@ class Layout(Kind):
             sets = [src_strides_in_out_space, dst_strides]
             groups = joint_groups(dst_space, sets) or [[]]
             dim = None  # a dim taken at run time (eqfuse.backend.runtime_dim): its axis, a loop of its own
+            bound = "live"  # (its run-time value: a chunk step's appended rows are `live_new`)
             if plan.live is not None and plan.live.what == "dim":
                 dim = next(a for a, n in enumerate(dst_space) if n == plan.live.rows)
+            elif plan.live is not None and plan.live.new_length >= 0:  # (an append's new rows, their axis)
+                dim, bound = plan.live.axis, "live_new"
+            if dim is not None:
                 groups = [part for g in groups for part in
                           ([g[:g.index(dim)], [dim], g[g.index(dim) + 1:]] if dim in g else [g]) if part]
             inner_dims, outer_dims = groups[-1], [d for g in groups[:-1] for d in g]
@@ -100,10 +104,10 @@ class Layout(Kind):
             decl = (f"        const long src_off = {base_src} + {so};\n"
                     f"        const long dst_off = {dst_base} + {do};\n        (void)o;")
             if dim is not None and inner_dims == [dim]:  # the inner loop is the dim: its first live positions
-                inner = "live"
+                inner = bound
             elif dim is not None:  # an outer row past the dim's first live positions is skipped
                 after = size([dst_space[d] for d in outer_dims[outer_dims.index(dim) + 1:]])
-                decl += f"\n        if (o / {after} % {dst_space[dim]} >= live)\n            continue;"
+                decl += f"\n        if (o / {after} % {dst_space[dim]} >= {bound})\n            continue;"
             k, par = next(parallel)
             blocks.append(render("copy_block.c", NAME=f"{plan.name}_copy{k}", PARALLEL=int(par), OUTER=outer,
                                  OFFSETS=decl, INNER=inner, DST="((uint16_t*)out)" if bf16 else "out",
@@ -152,7 +156,7 @@ class Layout(Kind):
                     block(ptrs[x], list(strides(x)), at(pos), xs, list(ocs), bf16=bool(plan.live and plan.live.bf16))
                 pos += xs[ax]
         if plan.live:
-            params += ", long live"
+            params += plan.live.params
         return render("layout.c", NAME=plan.name, OP=an.op, SPACE=list(out), PARAMS=params, BLOCKS="\n".join(blocks))
 
 

@@ -162,9 +162,9 @@ class Pointwise(Kind):
         # Streaming tiles start on the output's 64-byte lines: up to 15 more elements per row to cover.
         ntiles = -(-(inner + 15 * stream) // tile)
         if plan.live is not None and plan.live.what == "rows":  # (eqfuse.backend.live) the row's live elements
-            params += ", long live"
+            params += plan.live.params
             dst_base = f"o * {inner}" if not plan.out_strides else dst_base  # (the row's length, not its bound)
-            inner = f"(live + {plan.live.new})"
+            inner = plan.live.end
         elif plan.live is not None and plan.live.what == "dim":  # (eqfuse.backend.runtime_dim) the dim's
             params += ", long live"  # first `live` positions: the inner loop, the first outer rows,
             ax = plan.live.axis  # or outer rows skipped
