@@ -11,8 +11,9 @@ dim at run time (`runtime`: one step of RUNTIME_CHUNK rows, each chunk computing
 only), against the chunk step compiled at the prompt's bucket as generate did before (`bucket`:
 the power of two at or above the prompt, 16 to 256, the prompt padded to it; one compile per
 bucket) and onnxruntime on the same file prefilling the whole prompt (an empty past). The three
-interleaved, each prompt `--repeat` times; the median ms and the interquartile range in % of it,
-and the run-time step's time against the others'.
+interleaved (benchmarks/timing.py: call by call at one thread, in blocks after onnxruntime's
+threads sleep at two), each prompt `--repeat` times; the median ms and the interquartile range in
+% of it, and the run-time step's time against the others'.
 
 The GPT-2-small-sized export of benchmarks/bench_generate.py (12 layers, 768 wide, 1024 positions,
 random weights) or its Llama-style one (12 query heads over 4), batch 1. Each chunk length's step
@@ -34,6 +35,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import alternate  # noqa: E402
 
 
 def main() -> None:
@@ -123,12 +126,7 @@ def lengths(a, path, mod, prompts: list[int]) -> None:
         runs = {"runtime": lambda: rt.prefill_chunks(ids, rt_rows, runtime=True),
                 "bucket": lambda: ct.prefill_chunks(ids, bucket), "ort": lambda: ort_prefill(ids)}
         first = {k: f() for k, f in runs.items()}  # (compiles the buckets' steps; warms every peer)
-        times: dict[str, list[float]] = {k: [] for k in runs}
-        for _ in range(a.repeat):
-            for k, f in runs.items():
-                t0 = time.perf_counter()
-                f()
-                times[k].append(time.perf_counter() - t0)
+        times = alternate(runs, a.repeat, a.threads)  # (at 2 threads in blocks, onnxruntime's pool asleep)
         med = {k: statistics.median(v) for k, v in times.items()}
 
         def cell(k):

@@ -16,10 +16,13 @@ during the prefill: the decode steps run no compiler.
 The prefill in chunks. The same model compiled with sequence = n and past = C + 1 - n (the chunk
 step: its buffers and mask are the decode step's) appends n rows at rows t .. t + n - 1 and
 attends to the rows before them and, causally, to its own (the export's causal mask computed
-from the live length: eqfuse.ir.live.causal_from_length). A prompt runs as chunks of a compiled n
-(Decoder.prefill_chunks, chunk_plan), so once a model has its chunk and decode steps, a prompt
-of any length up to the capacity runs with no compiler; the capacity is the model's position
-table's length when it has one (live_capacity).
+from the live length: eqfuse.ir.live.causal_from_length). The chunk's rows are a run-time length
+too (Options.live_new: one more input, m <= n, eqfuse.backend.runtime_dim beside the cache), so a
+prompt runs as chunks of n and a last chunk of its own rows, each computing its live rows only
+(Decoder.prefill_chunks, runtime_chunks); where that is refused, as chunks of a compiled n, the
+last padded (chunk_plan). Once a model has its chunk and decode steps, a prompt of any length up
+to the capacity runs with no compiler; the capacity is the model's position table's length when
+it has one (live_capacity).
 
 Without such a step (onnxruntime in the tests, a Module compiled with its dims bound), the driver
 falls back to the cache at a fixed capacity described next.

@@ -520,6 +520,15 @@ def test_chunks_with_their_rows_at_run_time_match_onnxruntime(model):
         np.testing.assert_array_equal(last, ours[:, -1])
         for c, r in zip(dec.cache, ref[1:]):  # the cache's rows: the prompt's keys and values
             np.testing.assert_allclose(c[:, :, :s], r[:, :, 1:], atol=1e-4, rtol=1e-4)
+    # a chunk whose live rows would pass the buffers, or more rows than the step has: refused
+    feeds = sig.feeds(np.zeros((B, chunk.rows), np.int64), dec.mask, np.zeros((B, chunk.rows), np.int64), dec.cache,
+                      np.array([de.POSITIONS - 3], np.int64))
+    feeds[chunk.pick] = np.array([0], np.int64)
+    for m in (10, chunk.rows + 1):
+        feeds[chunk.new] = np.array([m], np.int64)
+        feeds[sig.pasts[0][0]] = dec.cache[0]
+        with pytest.raises(eqfuse.ArgumentError, match="pass its buffers: at most 15 new rows"):
+            chunk(feeds)
 
 
 @pytest.mark.extended  # (the bf16 cache's kernels are checked at their bound by test_attention_decode.py)
@@ -652,8 +661,10 @@ def test_live_length_and_option_errors():
 @pytest.mark.extended
 def test_cache_grows_past_its_capacity():
     """A Decoder whose cache fills up doubles it (16 -> 32 -> 64: the buffers copied once each,
-    the decode step compiled once at each capacity) and its steps still match onnxruntime."""
-    path, mod = compiled("torchscript")
+    the decode step compiled once at each capacity) and its steps still match onnxruntime. (A
+    Module of its own: the session's holds steps at other capacities, which it would grow to.)"""
+    path = de.export_gpt2("torchscript")
+    mod = eqfuse.compile(path)
     sig = onnx_signature(path)
     ours = Decoder(sig, lambda f: mod(**f), 16, step_maker(mod, sig))
     theirs = Decoder(sig, ort_run(path), 64)

@@ -37,7 +37,11 @@ rows of each buffer) or follow a batch (`[B, S, ...]`: each batch's first rows).
   sums (positions counted from a mask).
 
 Anything else (a reduction over the dim, a GEMM that contracts it, another index op) is refused: the
-module then pads the dim to buckets (eqfuse.runtime.padded), as before.
+module then pads the dim to buckets (eqfuse.runtime.padded), as before. A kernel over the dim's
+positions of several batches flattened into one axis (k x C: GPT-2's [batch x sequence, width])
+does not see the dim and computes every position: past each batch's live ones it reads what the
+bounded kernels left there, harmless for arithmetic but not for an index, so such a gather is
+refused too.
 """
 
 from __future__ import annotations
@@ -76,6 +80,12 @@ def mark_dim(kg: Graph, plans: list[KernelPlan], length: str, capacity: int, m: 
         outs = _axes(p.out_shape, capacity)
         reads = any(_axes(kg.nodes[a].type.shape, capacity) for a in p.args)
         if not outs and not reads:
+            if p.kind == K.INDEX and any(d > capacity and d % capacity == 0 for d in p.out_shape):
+                # (the rows of several batches flattened, k x C: computed whole, its indices at
+                # the rows past each batch's live ones would be what a bounded kernel left there)
+                raise RuntimeDimRefused(f"live=: kernel {p.name} (index) gathers over {list(p.out_shape)}, the "
+                                        f"dim's {capacity} positions of several batches flattened, so it cannot "
+                                        f"skip the positions past the dim's value")
             continue
         if not outs and _picks_row(kg, p):
             continue  # (a row given at run time: eqfuse.ir.live.pick_row's, the caller's live row)
