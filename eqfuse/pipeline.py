@@ -657,7 +657,7 @@ def live_graph(g: Graph, src, live: str, dims: Mapping[str, int], pick: str | No
         total = [d for d, v in dims.items() if d not in (live, new) and v == dims[live] + dims[new]]
         try:
             times = [v for d, v in dims.items() if d not in (live, new, *total) and v > 1]  # (the batch)
-            check_onnx_dim(src, g, params or {}, new, dims, following=total, times=times)
+            check_onnx_dim(src, g, params or {}, new, dims, following=total, times=times, whole_windows=True)
         except EqfuseError as e:  # (the model at one more new row does not import: not at run time)
             if isinstance(e, RuntimeDimRefused):
                 raise

@@ -222,7 +222,12 @@ def test_a_sliding_window_model_generates_past_its_window(model, exporter):
     assert_greedy_matches_transformers(eqfuse.generate(mod, ids, max_new_tokens=new), ids, new, model)
     long = np.random.default_rng(4).integers(0, de.VOCAB, (B, window + 9)).astype(np.int64)
     assert_greedy_matches_transformers(eqfuse.generate(mod, long, max_new_tokens=NEW), long, NEW, model)
-    assert held_chunks(mod, sig, B, capacity) == [PREFILL_MIN]  # (the long prompt in 3 chunks of 16: the band of each)
+    assert runtime_chunks(mod, sig, B, capacity)  # (the long prompt as one chunk of its 41 rows: the band within it)
+    # the band across chunks: the long prompt in run-time chunks of at most 16 rows gives the
+    # logits of the chunks compiled at 16 rows (the path checked against transformers before)
+    ours = Decoder(sig, None, capacity, step_maker(mod, sig)).prefill_chunks(long, 16, runtime=True)
+    compiled_rows = Decoder(sig, None, capacity, step_maker(mod, sig)).prefill_chunks(long, 16)
+    np.testing.assert_allclose(ours, compiled_rows, atol=1e-4, rtol=1e-4)
 
 
 def left_padded(seed: int) -> tuple[np.ndarray, np.ndarray]:

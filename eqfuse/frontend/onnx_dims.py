@@ -19,12 +19,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from eqfuse.errors import EqfuseError, RuntimeDimRefused
-from eqfuse.frontend.onnx_import import import_with_params
+from eqfuse.frontend.onnx_import import import_model
 from eqfuse.ir.graph import Graph
 
 
 def check_onnx_dim(src, g: Graph, params: Mapping[str, np.ndarray], dim: str, dims: Mapping[str, int],
-                   following: Sequence[str] = (), times: Sequence[int] = ()) -> None:
+                   following: Sequence[str] = (), times: Sequence[int] = (), whole_windows: bool = False) -> None:
     """An ONNX model imported at `dim` = C (g, params) can take the dim at run time when the model
     imported at C + 1 is the same graph with every extent C there C + 1, every other number the
     same (a reshape's target, a slice's end: C there too), and each bound array over the dim the
@@ -37,16 +37,22 @@ def check_onnx_dim(src, g: Graph, params: Mapping[str, np.ndarray], dim: str, di
     and an extent of either times one of `times` (the batch, bound: GPT-2 flattens batch x sequence)
     changes as that many of them. The kernels over such an extent do not see the dim (its extent
     is not the capacity): they compute every position, as at a fixed length. The following dims
-    keep their compiled extents at run time, so a bound array over them alone is not compared."""
+    keep their compiled extents at run time, so a bound array over them alone is not compared.
+    `whole_windows`: imported as a step over a cache in place is (onnx_import.import_model's)."""
     cap = int(dims[dim])
+
+    def imported(at: dict):
+        m = import_model(src, dims=at, whole_windows=whole_windows)
+        return m.graph, m.params
+
     try:
         other = cap + 1
-        g2, params2 = import_with_params(src, dims={**dims, dim: other, **{f: dims[f] + 1 for f in following}})
+        g2, params2 = imported({**dims, dim: other, **{f: dims[f] + 1 for f in following}})
     except EqfuseError:  # (a model of at most C positions: compared with C - 1 instead)
         if cap < 2:
             raise
         other = cap - 1
-        g2, params2 = import_with_params(src, dims={**dims, dim: other, **{f: dims[f] - 1 for f in following}})
+        g2, params2 = imported({**dims, dim: other, **{f: dims[f] - 1 for f in following}})
     pairs = {(cap, other)} | {(int(dims[f]), int(dims[f]) + other - cap) for f in following}
     pairs |= {(k * x, k * y) for x, y in pairs for k in times}
     own = {(cap, other)} | {(k * cap, k * other) for k in times}  # (the dim's own extents)
