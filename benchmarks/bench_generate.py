@@ -122,7 +122,8 @@ def greedy(prefill, step, ids: np.ndarray, new: int) -> tuple[float, list[float]
 
 class Chunked:
     """eqfuse.generate's prefill and decode steps: the prompt in chunks over the cache in place
-    (Decoder.prefill_chunks, the chunk length generate picks: chunk_plan), then the decode step;
+    (generation.prefill_in_chunks: the chunk's rows at run time, as generate runs it; until
+    2026-12-01 afternoon, the chunk compiled at the length chunk_plan picks), then the decode step;
     a model without chunk steps (an artifact saved without them) prefills whole (Decoder.prefill)."""
 
     def __init__(self, dec, model, sig):
@@ -131,11 +132,10 @@ class Chunked:
 
     def prefill(self, ids):
         from eqfuse.errors import ChunkRefused
-        from eqfuse.generation import chunk_plan
+        from eqfuse.generation import prefill_in_chunks
 
-        b, s = ids.shape
         try:
-            return self.dec.prefill_chunks(ids, chunk_plan(self.model, self.sig, s, b, self.dec.capacity))
+            return prefill_in_chunks(self.dec, self.model, ids)
         except ChunkRefused:
             return self.dec.prefill(ids)
 

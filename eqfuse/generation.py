@@ -689,6 +689,20 @@ def chunk_plan(model, sig: Signature, s: int, batch: int, capacity: int) -> int:
     return min(max(PREFILL_MIN, 1 << max(s - 1, 0).bit_length()), CHUNK_MAX, capacity)
 
 
+def prefill_in_chunks(dec: Decoder, model, ids: np.ndarray, real: np.ndarray | None = None) -> np.ndarray:
+    """dec.prefill_chunks as generate runs it: with the chunk's rows at run time where the model
+    has or can compile such a step (runtime_chunks), else, and where that step is refused (the
+    refusal remembered), in chunks of the compiled length chunk_plan picks. ChunkRefused: no
+    chunk step at all (generate then prefills the prompt whole)."""
+    sig, (b, s), cap = dec.sig, ids.shape, dec.capacity
+    if runtime_chunks(model, sig, b, cap):
+        try:
+            return dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, cap), real, runtime=True)
+        except RuntimeDimRefused:
+            pass
+    return dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, cap), real)
+
+
 def prefill_plan(model, sig: Signature, s: int) -> tuple[int, int]:
     """(how many of a prompt of s tokens the prefill takes, the length it runs at, the prompt
     padded: Decoder.prefill); the rest goes through the decode step a token at a time. For a
@@ -859,11 +873,7 @@ def _start(resolved, ids: np.ndarray, max_new_tokens: int, real: np.ndarray | No
     logits = None
     if chunked:
         try:
-            try:
-                logits = dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, capacity), real,
-                                            runtime_chunks(model, sig, b, capacity))
-            except RuntimeDimRefused:  # (refused at run time, and remembered: chunks of compiled rows)
-                logits = dec.prefill_chunks(ids, chunk_plan(model, sig, s, b, capacity), real)
+            logits = prefill_in_chunks(dec, model, ids, real)
         except ChunkRefused:  # (an export whose mask is computed at run time: the prompt whole)
             check_window(sig, s, max_new_tokens)
     if logits is None:
@@ -925,4 +935,4 @@ def _pad_rows(a: np.ndarray, extra: int) -> np.ndarray:
     return np.concatenate([a, np.repeat(a[-1:], extra, axis=0)]) if extra else a
 
 
-__all__ = ["generate", "load_decoder", "Decoder", "held_steps", "prefill_plan", "chunk_plan", "runtime_chunks", "live_capacity", "step_dims", "step_maker", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]
+__all__ = ["generate", "load_decoder", "Decoder", "held_steps", "prefill_plan", "chunk_plan", "runtime_chunks", "prefill_in_chunks", "live_capacity", "step_dims", "step_maker", "Signature", "onnx_signature", "module_signature", "capacity_for", "choose"]

@@ -469,16 +469,24 @@ def test_chunked_prefill_matches_onnxruntime():
     # each chunk's logits: its last real token's only (eqfuse.ir.live.pick_row), prompt rows 15, 31, 36
     rows = [min((k + 1) * PREFILL_MIN, s) - 1 for k in range(len(seen))]
     assert all(o[0].shape[1] == 1 for o in seen)
-    ours = np.concatenate([o[0] for o in seen], axis=1)
+    assert_chunks_match_onnxruntime(path, sig, ids, [o[0] for o in seen], rows, last, dec.cache)
+
+
+def assert_chunks_match_onnxruntime(path, sig, ids, logits: list, rows: list[int], last, cache) -> None:
+    """Each chunk's logits (at prompt rows `rows`), the last one prefill_chunks returned, and the
+    cache's rows at every prompt position are onnxruntime's on the whole prompt at the f32
+    tolerance of the decoder tests here (rtol and atol 1e-4)."""
+    s = ids.shape[1]
     past = [np.zeros((B, h, 1, d), np.float32) for _, (_, h, _, d) in sig.pasts]
     mask = np.ones((B, 1 + s), np.int64)
     mask[:, 0] = 0  # (one masked past row: the export takes no empty past)
     feeds = {sig.ids: ids, sig.mask: mask, sig.positions: np.repeat(np.arange(s)[None], B, 0)}
     feeds.update({n: p for (n, _), p in zip(sig.pasts, past)})
     ref = ort_run(path)(feeds)
+    ours = np.concatenate(logits, axis=1)
     np.testing.assert_allclose(ours, ref[0][:, rows], atol=1e-4, rtol=1e-4)
     np.testing.assert_array_equal(last, ours[:, -1])
-    for c, r in zip(dec.cache, ref[1:]):  # the cache's rows: the prompt's keys and values
+    for c, r in zip(cache, ref[1:]):  # the cache's rows: the prompt's keys and values
         np.testing.assert_allclose(c[:, :, :s], r[:, :, 1:], atol=1e-4, rtol=1e-4)
 
 
@@ -513,18 +521,8 @@ def test_chunks_with_their_rows_at_run_time_match_onnxruntime(model):
         dec.make_step = lambda b, c, rows=1, runtime=False: spy if rows > 1 else step(b, c)
         last = dec.prefill_chunks(ids, 16, runtime=True)
         assert [m for m, _ in seen] == [min(15, s - t) for t in range(0, s, 15)]
-        past = [np.zeros((B, h, 1, d), np.float32) for _, (_, h, _, d) in sig.pasts]
-        mask = np.ones((B, 1 + s), np.int64)
-        mask[:, 0] = 0  # (one masked past row: the export takes no empty past)
-        feeds = {sig.ids: ids, sig.mask: mask, sig.positions: np.repeat(np.arange(s)[None], B, 0)}
-        feeds.update({n: p for (n, _), p in zip(sig.pasts, past)})
-        ref = ort_run(path)(feeds)
         rows = list(np.cumsum([m for m, _ in seen]) - 1)
-        ours = np.concatenate([o[0] for _, o in seen], axis=1)
-        np.testing.assert_allclose(ours, ref[0][:, rows], atol=1e-4, rtol=1e-4)
-        np.testing.assert_array_equal(last, ours[:, -1])
-        for c, r in zip(dec.cache, ref[1:]):  # the cache's rows: the prompt's keys and values
-            np.testing.assert_allclose(c[:, :, :s], r[:, :, 1:], atol=1e-4, rtol=1e-4)
+        assert_chunks_match_onnxruntime(path, sig, ids, [o[0] for _, o in seen], rows, last, dec.cache)
     # a chunk whose live rows would pass the buffers, or more rows than the step has: refused
     feeds = sig.feeds(np.zeros((B, chunk.rows), np.int64), dec.mask, np.zeros((B, chunk.rows), np.int64), dec.cache,
                       np.array([de.POSITIONS - 3], np.int64))
