@@ -50,6 +50,31 @@ static inline __m512 eqf_bf16_load16(const uint16_t* p)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 #endif
+/* quantize_linear of n floats with one scale s and zero point zp (the range [lo, hi] of zp's
+ * type), each byte the low byte of the int32 result (u8 or i8): eqf_quantize's operations
+ * (x / s rounded half to even, + zp, a NaN to lo, clamped) 16 floats at a time. An integer
+ * GEMM's quantized epilogue (gemm_u8s8.c, QOUT) quantizes its rows of floats so; gcc's own
+ * vectorization of eqf_quantize in the epilogue's loop took four times as long a byte
+ * (`benchmarks/bench_models.py --quantized static --model resnet_stages`). */
+static inline void eqf_quantize_row(const float* restrict x, long n, float s, float zp, float lo, float hi,
+                                    uint8_t* restrict out)
+{
+    long k = 0;
+#if defined(__AVX512F__)
+    const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(zp), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+    for (; k + 16 <= n; k += 16) {
+        const __m512 r = _mm512_add_ps(_mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(x + k), vs),
+                                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
+        /* (max(r, lo) is lo for a NaN r, as r > lo ? r : lo) */
+        const __m512 t = _mm512_min_ps(_mm512_max_ps(r, vlo), vhi);
+        _mm_storeu_si128((__m128i*)(out + k), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(t)));
+    }
+#endif
+#pragma omp simd
+    for (long t = k; t < n; t++)
+        out[t] = (uint8_t)(int32_t)eqf_quantize(x[t], s, zp, lo, hi);
+}
+
 /* Store one 64-byte line (16 floats, dst 64-byte aligned, src aligned) with a non-temporal
  * store: no read-for-ownership of the destination, for outputs much larger than the caches.
  * gcc keeps `src` (a line computed by a 16-iteration SIMD loop) in a register. Each thread that

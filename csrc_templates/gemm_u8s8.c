@@ -570,45 +570,60 @@ static inline long {{NAME}}_arow0(long i0) { return {{NAME}}_xofs(i0); }
 
 /* DIRECT_X: the image's group of channels X into the padded planes XP (x's zero point around
  * it, and in the bytes past the last plane), and the row sums of the virtual pixels' real taps
- * when rowsum is not NULL */
-static void {{NAME}}_pad_x(const uint8_t* restrict X, uint8_t* restrict XP, int32_t* restrict rowsum, uint8_t zp)
+ * when rowsum is not NULL. The planes are chunks the call's threads share: a plane of four
+ * channels (CH4) or of one is a chunk; the row sums, which read every plane, come after them. */
+typedef struct {
+    const uint8_t* X;
+    uint8_t* XP;
+    uint8_t zp;
+} {{NAME}}_pjob;
+
+#define {{NAME}}_PLANES ({{NAME}}_CH4 ? {{NAME}}_CG / 4 : {{NAME}}_CG) /* pad_x's chunks */
+
+static void {{NAME}}_pad_plane(void* ctx, long c4)
 {
+    const {{NAME}}_pjob* pj = ctx;
+    const uint8_t* restrict X = pj->X;
+    const uint8_t zp = pj->zp;
 #if {{NAME}}_CH4
     /* (four channels' rows interleaved, pixel by pixel; the pad rows and columns x's zero point) */
-    for (long c4 = 0; c4 < {{NAME}}_CG / 4; c4++) {
-        uint8_t* restrict xp = XP + c4 * {{NAME}}_HP * {{NAME}}_WP * 4;
-        memset(xp, zp, {{NAME}}_PH * {{NAME}}_WP * 4);
-        for (long h = 0; h < {{NAME}}_H; h++) {
-            uint8_t* restrict row = xp + (h + {{NAME}}_PH) * {{NAME}}_WP * 4;
-            const uint8_t* restrict s0 = X + ((c4 * 4) * {{NAME}}_H + h) * {{NAME}}_W;
-            const uint8_t* restrict s1 = s0 + {{NAME}}_H * {{NAME}}_W;
-            const uint8_t* restrict s2 = s1 + {{NAME}}_H * {{NAME}}_W;
-            const uint8_t* restrict s3 = s2 + {{NAME}}_H * {{NAME}}_W;
-            memset(row, zp, {{NAME}}_PW * 4);
-            memset(row + ({{NAME}}_PW + {{NAME}}_W) * 4, zp, {{NAME}}_PW * 4);
-            uint8_t* restrict in = row + {{NAME}}_PW * 4;
-            for (long v = 0; v < {{NAME}}_W; v++) {
-                in[4 * v] = s0[v];
-                in[4 * v + 1] = s1[v];
-                in[4 * v + 2] = s2[v];
-                in[4 * v + 3] = s3[v];
-            }
+    uint8_t* restrict xp = pj->XP + c4 * {{NAME}}_HP * {{NAME}}_WP * 4;
+    memset(xp, zp, {{NAME}}_PH * {{NAME}}_WP * 4);
+    for (long h = 0; h < {{NAME}}_H; h++) {
+        uint8_t* restrict row = xp + (h + {{NAME}}_PH) * {{NAME}}_WP * 4;
+        const uint8_t* restrict s0 = X + ((c4 * 4) * {{NAME}}_H + h) * {{NAME}}_W;
+        const uint8_t* restrict s1 = s0 + {{NAME}}_H * {{NAME}}_W;
+        const uint8_t* restrict s2 = s1 + {{NAME}}_H * {{NAME}}_W;
+        const uint8_t* restrict s3 = s2 + {{NAME}}_H * {{NAME}}_W;
+        memset(row, zp, {{NAME}}_PW * 4);
+        memset(row + ({{NAME}}_PW + {{NAME}}_W) * 4, zp, {{NAME}}_PW * 4);
+        uint8_t* restrict in = row + {{NAME}}_PW * 4;
+        for (long v = 0; v < {{NAME}}_W; v++) {
+            in[4 * v] = s0[v];
+            in[4 * v + 1] = s1[v];
+            in[4 * v + 2] = s2[v];
+            in[4 * v + 3] = s3[v];
         }
-        memset(xp + ({{NAME}}_PH + {{NAME}}_H) * {{NAME}}_WP * 4, zp, {{NAME}}_PH * {{NAME}}_WP * 4);
     }
+    memset(xp + ({{NAME}}_PH + {{NAME}}_H) * {{NAME}}_WP * 4, zp, {{NAME}}_PH * {{NAME}}_WP * 4);
 #else
-    for (long c = 0; c < {{NAME}}_CG; c++) {
-        uint8_t* restrict xp = XP + c * {{NAME}}_HP * {{NAME}}_WP;
-        memset(xp, zp, {{NAME}}_PH * {{NAME}}_WP);
-        for (long h = 0; h < {{NAME}}_H; h++) {
-            uint8_t* restrict row = xp + (h + {{NAME}}_PH) * {{NAME}}_WP;
-            for (long v = 0; v < {{NAME}}_PW; v++)
-                row[v] = row[{{NAME}}_PW + {{NAME}}_W + v] = zp;
-            memcpy(row + {{NAME}}_PW, X + (c * {{NAME}}_H + h) * {{NAME}}_W, {{NAME}}_W);
-        }
-        memset(xp + ({{NAME}}_PH + {{NAME}}_H) * {{NAME}}_WP, zp, {{NAME}}_PH * {{NAME}}_WP);
+    const long c = c4;
+    uint8_t* restrict xp = pj->XP + c * {{NAME}}_HP * {{NAME}}_WP;
+    memset(xp, zp, {{NAME}}_PH * {{NAME}}_WP);
+    for (long h = 0; h < {{NAME}}_H; h++) {
+        uint8_t* restrict row = xp + (h + {{NAME}}_PH) * {{NAME}}_WP;
+        for (long v = 0; v < {{NAME}}_PW; v++)
+            row[v] = row[{{NAME}}_PW + {{NAME}}_W + v] = zp;
+        memcpy(row + {{NAME}}_PW, X + (c * {{NAME}}_H + h) * {{NAME}}_W, {{NAME}}_W);
     }
+    memset(xp + ({{NAME}}_PH + {{NAME}}_H) * {{NAME}}_WP, zp, {{NAME}}_PH * {{NAME}}_WP);
 #endif
+}
+
+static void {{NAME}}_pad_x(const uint8_t* restrict X, uint8_t* restrict XP, int32_t* restrict rowsum, uint8_t zp, int threads)
+{
+    {{NAME}}_pjob pj = {X, XP, zp};
+    eqf_parallel_for({{NAME}}_PLANES, {{NAME}}_pad_plane, &pj, threads);
     memset(XP + {{NAME}}_CG * {{NAME}}_HP * {{NAME}}_WP, zp, 64);
     if (!rowsum)
         return;
@@ -641,12 +656,30 @@ typedef struct {
 
 #if {{NAME}}_COLS8
 #define {{NAME}}_OBW ({{NAME}}_NR < 16 ? 16 : {{NAME}}_NR) /* store_cols8's rows: whole vectors of 16 */
+/* The low 8 bytes of v to c, those of the lanes set in `lanes` (all 8: one 8-byte store; else a
+ * masked store, which writes and touches nothing at the other lanes) */
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define {{NAME}}_MASKED_STORES 1
+#else
+#define {{NAME}}_MASKED_STORES 0
+#endif
+static inline void {{NAME}}_store8(uint8_t* c, __m128i v, unsigned lanes)
+{
+#if {{NAME}}_MASKED_STORES
+    if (lanes != 0xffu) {
+        _mm_mask_storeu_epi8(c, (__mmask16)lanes, v);
+        return;
+    }
+#endif
+    _mm_storel_epi64((__m128i*)c, v);
+}
+
 /* COLS8 ({{COLS8}}: a conv, C NCHW of bytes, tiles of 8 or 16 rows): of a tile whose pixels are
  * consecutive, the tile's bytes, computed row by row into ob, stored channel by channel, each
  * channel's 8 pixels of 8 rows (ob) one 8-byte store at C + j MO, after a transpose in registers
- * (three rounds of unpacks per 16 channels). Row by row, its bytes were nr stores MO apart for
- * each row. */
-static inline void {{NAME}}_store_cols8(const uint8_t ob[8][{{NAME}}_OBW], uint8_t* c, long nr)
+ * (three rounds of unpacks per 16 channels), of the pixels in `lanes` (a run of the tile's pixels
+ * that are consecutive in the output). Row by row, its bytes were nr stores MO apart for each row. */
+static inline void {{NAME}}_store_cols8(const uint8_t ob[8][{{NAME}}_OBW], uint8_t* c, long nr, unsigned lanes)
 {
     for (long j = 0; j < nr; j += 16) {
         __m128i r[8], t[8], u[8], v[8];
@@ -668,29 +701,55 @@ static inline void {{NAME}}_store_cols8(const uint8_t ob[8][{{NAME}}_OBW], uint8
         /* v[m] holds channels j + 2m (low half) and j + 2m + 1 (high half), in order: t's channels 0-7
          * are u[0], u[1] (0-3, 4-7), 8-15 u[2], u[3], so v[0..7] run through channels 0..15 */
         for (int m = 0; m < 8 && j + 2 * m < nr; m++) {
-            _mm_storel_epi64((__m128i*)(c + (j + 2 * m) * {{NAME}}_MO), v[m]);
+            {{NAME}}_store8(c + (j + 2 * m) * {{NAME}}_MO, v[m], lanes);
             if (j + 2 * m + 1 < nr)
-                _mm_storel_epi64((__m128i*)(c + (j + 2 * m + 1) * {{NAME}}_MO), _mm_unpackhi_epi64(v[m], v[m]));
+                {{NAME}}_store8(c + (j + 2 * m + 1) * {{NAME}}_MO, _mm_unpackhi_epi64(v[m], v[m]), lanes);
         }
     }
 }
 #endif
 
 /* Row r of the finished tile (pixel or row i, A's row q) through the epilogue, in the panel's
- * scope: element jj of it to DST[jj * STEP] */
+ * scope: element jj of it to DST[jj * STEP]. With QOUT ({{QOUT}}: the epilogue ends in a
+ * quantize_linear whose scale and zero point are one each), the row's floats before that
+ * quantize_linear ({{QX}}) first, then the row quantized at once (eqf_quantize_row). */
+#define {{NAME}}_QOUT {{QOUT}}
+#define {{NAME}}_ROW_ACC                                                                          \
+        const long j = jofs + j0 + jj;                                                            \
+        const int32_t acc = (int32_t)((uint32_t)trow[jj] + corr[jj] - bzj[jj] * rs);              \
+        (void)j;                                                                                  \
+        (void)i
+#if {{NAME}}_QOUT
+#define {{NAME}}_EPI_ROW(DST, STEP)                                                               \
+    do {                                                                                          \
+        const uint32_t rs = rowsum ? (uint32_t)rowsum[q] : 0u;                                    \
+        const int32_t* restrict trow = tile + r * {{NAME}}_NR;                                    \
+        float xr[{{NAME}}_NR] __attribute__((aligned(64)));                                       \
+        uint8_t qr[{{NAME}}_NR];                                                                  \
+        _Pragma("omp simd")                                                                       \
+        for (long jj = 0; jj < nr; jj++) {                                                        \
+            {{NAME}}_ROW_ACC;                                                                     \
+            xr[jj] = {{QX}};                                                                      \
+        }                                                                                         \
+        const {{OUT_T}} zq = {{QZP}};                                                             \
+        uint8_t* qd = (STEP) == 1 ? (uint8_t*)(DST) : qr;                                         \
+        eqf_quantize_row(xr, nr, {{QSCALE}}, (float)zq, EQF_QLO(zq), EQF_QHI(zq), qd);            \
+        if ((STEP) != 1)                                                                          \
+            for (long jj = 0; jj < nr; jj++)                                                      \
+                (DST)[jj * (STEP)] = ({{OUT_T}})qr[jj];                                           \
+    } while (0)
+#else
 #define {{NAME}}_EPI_ROW(DST, STEP)                                                               \
     do {                                                                                          \
         const uint32_t rs = rowsum ? (uint32_t)rowsum[q] : 0u;                                    \
         const int32_t* restrict trow = tile + r * {{NAME}}_NR;                                    \
         _Pragma("omp simd")                                                                       \
         for (long jj = 0; jj < nr; jj++) {                                                        \
-            const long j = jofs + j0 + jj;                                                        \
-            const int32_t acc = (int32_t)((uint32_t)trow[jj] + corr[jj] - bzj[jj] * rs);          \
-            (void)j;                                                                              \
-            (void)i;                                                                              \
+            {{NAME}}_ROW_ACC;                                                                     \
             (DST)[jj * (STEP)] = {{EPILOGUE}};                                                    \
         }                                                                                         \
     } while (0)
+#endif
 
 /* One NR-column panel over a block of MB rows of batch b (all M rows when MB is M): micro-kernel,
  * then the epilogue per tile */
@@ -766,9 +825,45 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
                 {{NAME}}_EPI_ROW(ob[r], 1);
             }
             for (int h = 0; h < {{NAME}}_MR; h += 8) /* (16 rows: two runs of 8 per channel) */
-                {{NAME}}_store_cols8(ob + h, (uint8_t*)(C + j0 * {{NAME}}_MO + ib + h), nr);
+                {{NAME}}_store_cols8(ob + h, (uint8_t*)(C + j0 * {{NAME}}_MO + ib + h), nr, 0xffu);
             continue;
         }
+#if {{NAME}}_DIRECT_X && {{NAME}}_MASKED_STORES
+        /* (a tile of virtual pixels across the end of an output row: its stored pixels in runs that
+         * are consecutive in the output, at most two, each stored channel by channel under the
+         * mask of its lanes; a pixel not stored is computed as the tile's first stored one) */
+        if (mr == {{NAME}}_MR) {
+            long at[{{NAME}}_MR], first = -1;
+            for (int r = 0; r < {{NAME}}_MR; r++) {
+                const long q = i0 + r, col = q % {{NAME}}_VW;
+                at[r] = col < {{NAME}}_OW ? q / {{NAME}}_VW * {{NAME}}_OW + col : -1;
+                first = first < 0 ? at[r] : first;
+            }
+            if (first >= 0) {
+                uint8_t ob[{{NAME}}_MR][{{NAME}}_OBW] __attribute__((aligned(64)));
+                if ({{NAME}}_OBW > {{NAME}}_NR)
+                    memset(ob, 0, sizeof ob);
+                for (int r = 0; r < {{NAME}}_MR; r++) {
+                    const long i = at[r] >= 0 ? at[r] : first, q = i0 + r;
+                    {{NAME}}_EPI_ROW(ob[r], 1);
+                }
+                unsigned done = 0;
+                for (int k = 0; k < {{NAME}}_MR; k++) {
+                    if (at[k] < 0 || done >> k & 1)
+                        continue;
+                    const long base = at[k] - k; /* (lane t of the run is output pixel base + t) */
+                    unsigned run = 0;
+                    for (int t = k; t < {{NAME}}_MR; t++)
+                        run |= (unsigned)(at[t] == base + t) << t;
+                    done |= run;
+                    for (int h = 0; h < {{NAME}}_MR; h += 8)
+                        if (run >> h & 0xffu)
+                            {{NAME}}_store_cols8(ob + h, (uint8_t*)(C + j0 * {{NAME}}_MO + base + h), nr, run >> h & 0xffu);
+                }
+            }
+            continue;
+        }
+#endif
 #endif
         for (int r = 0; r < mr; r++) {
             const long q = i0 + r;
@@ -826,7 +921,7 @@ static void {{NAME}}_call(const {{NAME}}_call_t* cx, long b, int threads, int ow
                         {{NAME}}_CI / {{NAME}}_G, {{NAME}}_H * {{NAME}}_W};
     eqf_parallel_for(({{NAME}}_CI / {{NAME}}_G + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_quantize, &qj, threads);
 #if {{NAME}}_DIRECT_X
-    {{NAME}}_pad_x(qa + {{NAME}}_ABYTES, qa, rowsum, (uint8_t)azp[0]);
+    {{NAME}}_pad_x(qa + {{NAME}}_ABYTES, qa, rowsum, (uint8_t)azp[0], threads);
 #else
     {{NAME}}_cjob cj = {qa + {{NAME}}_ABYTES, qa, rowsum, (uint8_t)azp[0]};
     eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);
@@ -841,7 +936,7 @@ static void {{NAME}}_call(const {{NAME}}_call_t* cx, long b, int threads, int ow
     const uint8_t* X = (const uint8_t*)(A0 + ((b / {{NAME}}_G) * {{NAME}}_CI + (b % {{NAME}}_G) * ({{NAME}}_CI / {{NAME}}_G))
                                         * {{NAME}}_H * {{NAME}}_W);
 #if {{NAME}}_DIRECT_X
-    {{NAME}}_pad_x(X, qa, rowsum, (uint8_t)azp[0]);
+    {{NAME}}_pad_x(X, qa, rowsum, (uint8_t)azp[0], threads);
 #else
     {{NAME}}_cjob cj = {X, qa, rowsum, (uint8_t)azp[0]};
     eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);

@@ -1304,6 +1304,40 @@ graph rb(x: u8[1, 16, 20, 20], w: i8[16, 16, 3, 3], xz: u8, wz: i8, s: f32, z: u
 """
 
 
+# A requantization of one scale and one zero point ends the conv's epilogue (qout: the row's floats,
+# then eqf_quantize_row on the row at once), here to i8 at a scale not 1, over tiles of virtual
+# pixels across a row's end (OW 30, stride 1: stored as runs under lane masks on AVX-512); a
+# scale per output channel keeps the element-by-element epilogue (qout 0)
+QOUT_G = """
+graph qo(x: u8[2, 8, 14, 30], w: i8[20, 8, 3, 3], xz: u8, wz: i8, s: f32, s2: f32, z8: i8, sc: f32[20, 1, 1], z: u8) {
+    f = kernel { quantize_linear(cast(conv_integer(x, w, xz, wz, padding=1), to="f32") * s, s2, z8) }
+    g = kernel { quantize_linear(cast(conv_integer(x, w, xz, wz, padding=1), to="f32") * s, sc, z) }
+    return f, g
+}
+"""
+
+
+def test_a_conv_requantized_at_one_scale_quantizes_its_rows_at_once_exactly(int8_path):
+    rng = np.random.default_rng(30)
+    x = {"x": rng.integers(0, 256, (2, 8, 14, 30)).astype(np.uint8), "w": rng.integers(-128, 128, (20, 8, 3, 3)).astype(np.int8),
+         "xz": np.asarray(9, np.uint8), "wz": np.asarray(0, np.int8), "s": np.asarray(1e-3, np.float32),
+         "s2": np.asarray(0.37, np.float32), "z8": np.asarray(-5, np.int8),
+         "sc": rng.uniform(0.2, 0.6, (20, 1, 1)).astype(np.float32), "z": np.asarray(120, np.uint8)}
+    mod = eqfuse.compile(QOUT_G, fuse="manual")
+    convs = [k for k in mod.kernels if k.kind == "contraction"]
+    assert [k.decisions["qout"] for k in convs] == [1, 0]
+    assert [bool(re.search(r"#define \w+_QOUT 1", k.c_source)) for k in convs] == [True, False]  # (the plan is what runs)
+    acc = OPS["conv_integer"].numpy([x["x"], x["w"], x["xz"], x["wz"]], {"stride": 1, "padding": 1, "dilation": 1, "group": 1})
+    y = (acc.astype(np.float32) * x["s"]).astype(np.float32)
+    quantize = OPS["quantize_linear"].numpy
+    want = [quantize([y, x["s2"], x["z8"]], {}), quantize([y, x["sc"], x["z"]], {})]
+    assert want[0].dtype == np.int8 and len(np.unique(want[0])) > 100  # (the range, not a saturated few values)
+    for threads in (1, 2):
+        mod.default.threads = threads
+        for g, w in zip(mod(**x), want):
+            assert g.dtype == w.dtype and np.array_equal(g, w), threads
+
+
 def test_an_integer_conv_of_one_panel_splits_its_rows_among_threads():
     rng = np.random.default_rng(8)
     mod = eqfuse.compile(ROW_BLOCKS_G)

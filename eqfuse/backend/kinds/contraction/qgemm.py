@@ -197,6 +197,9 @@ class QGemmDetail:
     # a requantized conv (u8 / i8 out, NCHW) on 8- or 16-row tiles stores each tile whose pixels
     # are consecutive channel by channel, its bytes transposed in registers (COLS8, store_cols8)
     cols8: bool = False
+    # the epilogue ends in a quantize_linear of one scale and one zero point (quantized_out()): each
+    # row of its floats quantized at once (QOUT, eqf_quantize_row)
+    qout: bool = False
     # DIRECT_X's K-groups: four channels of one tap (the padded copy holds the channels in fours,
     # interleaved: channels_in_fours()), else four taps of one kernel row, padded with weight 0
     ch4: bool = False
@@ -341,7 +344,8 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
                               b_transposed=body.nodes[mm.args[1]].op == "transpose",
                               im2col_rows=conv and not direct and im2col_by_rows(geo.KW), direct_x=direct,
                               mo=M if conv else gM, by_image=whole, ch4=ch4, owv=owv,
-                              cols8=conv and mr in (8, 16) and body.nodes[body.outputs[0]].type.dtype in ("u8", "i8"))
+                              cols8=conv and mr in (8, 16) and body.nodes[body.outputs[0]].type.dtype in ("u8", "i8"),
+                              qout=quantized_out(body))
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
@@ -428,6 +432,14 @@ def mark_bound(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[in
                  for u in plan.uops]
 
 
+def quantized_out(body) -> bool:
+    """Whether the kernel's result is a quantize_linear whose scale and zero point are one value
+    each (a QDQ model's requantized conv or matmul): the template then quantizes each row of the
+    epilogue's floats at once (QOUT)."""
+    last = body.nodes[body.outputs[0]]
+    return last.op == "quantize_linear" and all(size(body.nodes[x].type.shape) == 1 for x in last.args[1:])
+
+
 def emit_qgemm(plan: KernelPlan) -> str:
     body, a = plan.body, plan.shape.anchor
     mm = body.nodes[a]
@@ -444,14 +456,23 @@ def emit_qgemm(plan: KernelPlan) -> str:
     else:
         groups = [("b", list(range(nb)), False), ("i", [nb], False), ("j", [nb + 1], False)]
     expr, read = gemm_epilogue(plan, groups, {a: "acc"})
+    # an epilogue that ends in a quantize_linear of one scale and one zero point (a QDQ model's
+    # conv or matmul): its floats, scale and zero point apart, the template quantizing each row
+    # of floats at once (QOUT)
+    qx = qscale = qzp = "0"
+    if d.qout:
+        last = body.nodes[body.outputs[0]]
+        (qx, rx), (qscale, rs), (qzp, rz) = (gemm_epilogue(plan, groups, {a: "acc"}, root=x) for x in last.args)
+        read = [r for r in read if r in rx + rs + rz]
+        read += [r for r in rx + rs + rz if r not in read]
     extras = [(c_type(body, i), pn) for i, pn in read]
     # a scale of the range's two floats the epilogue reads (x_scale * w_scale of quantize_dynamic):
     # computed once per panel, before its loops, not per element (cexpr.range_scalar_c's calls)
     hoisted = {}
-    for m in RANGE_CALL.finditer(expr):
+    for m in RANGE_CALL.finditer(expr + qx + qscale + qzp):
         hoisted.setdefault(m.group(0), f"eqf_rs{len(hoisted)}_{m.group(2)}")
     for call, var in hoisted.items():
-        expr = expr.replace(call, var)
+        expr, qx, qscale, qzp = (e.replace(call, var) for e in (expr, qx, qscale, qzp))
     unpack = [f"const {'float' if 'scale' in c else 'uint8_t'} {v} = {c};" for c, v in hoisted.items()]
     gname = f"{plan.name}_gemm"
     geo = d.geometry or ConvGeometry(0, 0, 0, 0, 0, 0, 0, 0, (0, 0), (0, 0), (0, 0))  # (a matmul: no conv)
@@ -463,7 +484,9 @@ def emit_qgemm(plan: KernelPlan) -> str:
                  PREPACKED_B=int(d.prepack is not None), QUANT_A=int(d.quantize_a), IM2COL=int(d.im2col), IM2COL_ROWS=int(d.im2col_rows), DIRECT_X=int(d.direct_x), OWV=d.owv, CH4=int(d.ch4),
                  COLS8=int(d.cols8), BY_IMAGE=int(d.by_image), MO=d.mo or d.M, B_TRANSPOSED=int(d.b_transposed),
                  G=d.groups, CI=geo.C, **geo.shape_c("N", "C", "OH"), PATH=INT8_PATHS[plan.precision_path], NCORR=d.corrections,
-                 PARALLEL=int(d.parallel), EPILOGUE=" ".join(expr.split("\n")), A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
+                 PARALLEL=int(d.parallel), EPILOGUE=" ".join(expr.split("\n")),
+                 QOUT=int(d.qout), QX=" ".join(qx.split("\n")), QSCALE=" ".join(qscale.split("\n")),
+                 QZP=" ".join(qzp.split("\n")), A_T=ta, B_T=tb, AZP_T=tz, BZP_T=tw,
                  OUT_T=C_TYPE[body.nodes[body.outputs[0]].type.dtype],
                  EXTRA_PARAMS="".join(f", const {t}* restrict {n}" for t, n in extras),
                  EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
