@@ -20,6 +20,11 @@
  * Without it a run is the whole tile, computed once. */
 #define {{NAME}}_TWO_PASS {{TWO_PASS}}
 #define {{NAME}}_RUN {{RUN}} /* the plan's run: elements per run of the two passes */
+/* QOUT ({{QOUT}}): the result is a quantize_linear of one scale and one zero point (a QDQ model's
+ * residual add, requantized) into a contiguous output: each block of QBLOCK elements is computed
+ * as the floats it quantizes ({{QX}}), then quantized at once (common_simd.h eqf_quantize_row) */
+#define {{NAME}}_QOUT {{QOUT}}
+#define {{NAME}}_QBLOCK 256
 typedef struct {
     {{PARAM_FIELDS}}
 } {{NAME}}_job;
@@ -59,11 +64,25 @@ static void {{NAME}}_tiles(void* ctx, long t0, long t1)
             }
 #endif
             if (big) {
+#if {{NAME}}_QOUT
+                for (long jq = jr; jq < je; jq += {{NAME}}_QBLOCK) {
+                    const long jz = eqf_minl(jq + {{NAME}}_QBLOCK, je);
+                    float xq[{{NAME}}_QBLOCK] __attribute__((aligned(64)));
+                    #pragma omp simd
+                    for (long j = jq; j < jz; j++) {
+{{BODY}}
+                        xq[j - jq] = {{QX}};
+                    }
+                    const {{OTYPE}} zq = {{QZP}};
+                    eqf_quantize_row(xq, jz - jq, {{QSCALE}}, (float)zq, EQF_QLO(zq), EQF_QHI(zq), (uint8_t*)(dst + jq));
+                }
+#else
                 #pragma omp simd
                 for (long j = jr; j < je; j++) {
 {{BODY}}
                     dst[{{DST_J}}] = {{RESULT}};
                 }
+#endif
             }
         }
 #if {{NAME}}_STREAM

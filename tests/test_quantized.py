@@ -1304,6 +1304,42 @@ graph rb(x: u8[1, 16, 20, 20], w: i8[16, 16, 3, 3], xz: u8, wz: i8, s: f32, z: u
 """
 
 
+# A residual add requantized (QLinearAdd's, a QDQ ResNet's): a pointwise kernel whose result is a
+# quantize_linear of one scale and one zero point quantizes blocks of its floats at once (qout), to
+# u8 and to i8, with NaN, ties, saturation and a row that is not whole vectors; a scale per
+# channel keeps the element-by-element loop
+QADD_G = """
+graph qa(a: u8[3, 5, 37], b: u8[3, 5, 37], f: f32[3, 5, 37], sa: f32, sb: f32, za: u8, zb: u8, s: f32, z: u8, z8: i8,
+         sc: f32[5, 1]) {
+    y = kernel { quantize_linear(dequantize_linear(a, sa, za) + dequantize_linear(b, sb, zb), s, z) }
+    y8 = kernel { quantize_linear(dequantize_linear(a, sa, za) + f, s, z8) }
+    yc = kernel { quantize_linear(dequantize_linear(a, sa, za) + f, sc, z) }
+    return y, y8, yc
+}
+"""
+
+
+def test_a_requantized_residual_add_quantizes_blocks_at_once_exactly():
+    rng = np.random.default_rng(31)
+    u8 = lambda: rng.integers(0, 256, (3, 5, 37)).astype(np.uint8)  # noqa: E731
+    f = (rng.integers(-300, 300, (3, 5, 37)) * 0.25).astype(np.float32)  # (quarters: halves land on ties)
+    f[0, 0, :3] = [np.nan, 1e30, -1e30]
+    x = {"a": u8(), "b": u8(), "f": f, "sa": np.asarray(0.5, np.float32), "sb": np.asarray(0.25, np.float32),
+         "za": np.asarray(128, np.uint8), "zb": np.asarray(3, np.uint8), "s": np.asarray(0.5, np.float32),
+         "z": np.asarray(10, np.uint8), "z8": np.asarray(-7, np.int8), "sc": rng.uniform(0.2, 0.6, (5, 1)).astype(np.float32)}
+    mod = eqfuse.compile(QADD_G, fuse="manual")
+    kernels = [k for k in mod.kernels if k.kind == "pointwise"]
+    assert [k.decisions["qout"] for k in kernels] == [1, 1, 0]
+    assert [bool(re.search(r"#define \w+_QOUT 1", k.c_source)) for k in kernels] == [True, True, False]
+    q, dq = OPS["quantize_linear"].numpy, OPS["dequantize_linear"].numpy
+    da = dq([x["a"], x["sa"], x["za"]], {})
+    want = [q([(da + dq([x["b"], x["sb"], x["zb"]], {})).astype(np.float32), x["s"], x["z"]], {}),
+            q([(da + f).astype(np.float32), x["s"], x["z8"]], {}), q([(da + f).astype(np.float32), x["sc"], x["z"]], {})]
+    got = mod(**x)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
+    assert got[1].flat[0] == -128 and got[1].flat[1] == 127  # (NaN to the low end; saturation)
+
 # A requantization of one scale and one zero point ends the conv's epilogue (qout: the row's floats,
 # then eqf_quantize_row on the row at once), here to i8 at a scale not 1, over tiles of virtual
 # pixels across a row's end (OW 30, stride 1: stored as runs under lane masks on AVX-512); a

@@ -225,6 +225,14 @@ def dynamic_qparams(body: Graph, anchor: int, inputs: set[int]) -> tuple[int, ..
     return tuple(dict.fromkeys((scale, zp, mm.args[2])))
 
 
+def quantized_out(body: Graph) -> bool:
+    """Whether the kernel's result is a quantize_linear whose scale and zero point are one value
+    each (a QDQ model's requantized conv or matmul, a QLinearAdd's requantization): its kernel
+    then quantizes rows of floats at once (the templates' QOUT, common_simd.h eqf_quantize_row)."""
+    last = body.nodes[body.outputs[0]]
+    return last.op == "quantize_linear" and all(math.prod(body.nodes[x].type.shape) == 1 for x in last.args[1:])
+
+
 def quantized_a(body: Graph, anchor: int, inputs: set[int]) -> int | None:
     """The f32 x of a matmul_integer (or conv_integer) whose A (x) is quantize_linear(x, scale, zp)
     of kernel inputs (the scale may be a literal), scale and zp scalars, zp the GEMM's own a_zp, and read by nothing else: the

@@ -20,6 +20,11 @@
  * Without it a run is the whole tile, computed once. */
 #define eqf_kinds_k0_pointwise_TWO_PASS 0
 #define eqf_kinds_k0_pointwise_RUN 53 /* the plan's run: elements per run of the two passes */
+/* QOUT (0): the result is a quantize_linear of one scale and one zero point (a QDQ model's
+ * residual add, requantized) into a contiguous output: each block of QBLOCK elements is computed
+ * as the floats it quantizes (0), then quantized at once (common_simd.h eqf_quantize_row) */
+#define eqf_kinds_k0_pointwise_QOUT 0
+#define eqf_kinds_k0_pointwise_QBLOCK 256
 typedef struct {
     const float* restrict in0; const float* restrict in1; float* restrict out;
 } eqf_kinds_k0_pointwise_job;
@@ -59,6 +64,23 @@ static void eqf_kinds_k0_pointwise_tiles(void* ctx, long t0, long t1)
             }
 #endif
             if (big) {
+#if eqf_kinds_k0_pointwise_QOUT
+                for (long jq = jr; jq < je; jq += eqf_kinds_k0_pointwise_QBLOCK) {
+                    const long jz = eqf_minl(jq + eqf_kinds_k0_pointwise_QBLOCK, je);
+                    float xq[eqf_kinds_k0_pointwise_QBLOCK] __attribute__((aligned(64)));
+                    #pragma omp simd
+                    for (long j = jq; j < jz; j++) {
+            const float v0 = in0[off0 + j];
+            const float v2 = (v0 * 2.0f);
+            const float v3 = in1[j];
+            const float v4 = (v2 + v3);
+            const float v5 = eqf_relu(v4);
+                        xq[j - jq] = 0;
+                    }
+                    const float zq = 0;
+                    eqf_quantize_row(xq, jz - jq, 0, (float)zq, EQF_QLO(zq), EQF_QHI(zq), (uint8_t*)(dst + jq));
+                }
+#else
                 #pragma omp simd
                 for (long j = jr; j < je; j++) {
             const float v0 = in0[off0 + j];
@@ -68,6 +90,7 @@ static void eqf_kinds_k0_pointwise_tiles(void* ctx, long t0, long t1)
             const float v5 = eqf_relu(v4);
                     dst[j] = v5;
                 }
+#endif
             }
         }
 #if eqf_kinds_k0_pointwise_STREAM

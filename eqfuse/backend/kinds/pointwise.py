@@ -37,7 +37,7 @@ from eqfuse.backend.kinds.base import (
 from eqfuse.backend.live import emit_repeat
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
 from eqfuse.errors import EqfuseError
-from eqfuse.ir.kernels import F32, K
+from eqfuse.ir.kernels import F32, K, quantized_out
 
 # Elements per tile of a streaming pointwise kernel: a multiple of 16 (tiles start on 64-byte
 # lines of the output); nothing of it is kept in cache, it only amortizes the per-tile set-up.
@@ -52,6 +52,9 @@ class PointwiseDetail:
     parallel: bool  # the tiles are shared by the threads (eqf_region's `parallel`)
     two_pass: bool  # an op has a fast form (sin, cos): each run computed with it, again exactly if a guard failed
     run: int  # elements per run of the two passes (4 vectors: a run that fails costs little); the tile without
+    # the result a quantize_linear of one scale and one zero point (ir.kernels.quantized_out) into a
+    # contiguous output, not streamed, without fast forms: blocks of floats quantized at once (QOUT)
+    qout: bool = False
     # the tiles are eqf_region ranges: OpenMP's static split when every core is free, else the
     # claim-based pool, held by the run function over the kernel (eqfuse.runtime.program.hold_pool)
     regions = True
@@ -111,7 +114,8 @@ class Pointwise(Kind):
         plan.tiles = {"tile": tile, "stream": int(stream)}
         par = total >= PARALLEL_MIN
         two = has_fast_form(plan.body)
-        plan.detail = PointwiseDetail(inner, stream_bytes, par, two, 4 * c.simd_floats if two else tile)
+        qout = quantized_out(plan.body) and not plan.out_strides and not stream and not two and plan.live is None
+        plan.detail = PointwiseDetail(inner, stream_bytes, par, two, 4 * c.simd_floats if two else tile, qout)
         plan.flops = pointwise_flops(plan.body)
         # the C walks outer rows x tiles of each row; streaming tiles start on the output's 64-byte
         # lines, so a row has up to 15 more elements to cover
@@ -148,7 +152,13 @@ class Pointwise(Kind):
         params, ptrs = kernel_params(plan)
         space = Space(shape, [("o", outer_dims, True), ("j", inner_dims, False)], I1, count())
         ex = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides())
-        res = ex.value(root)
+        qx = qscale = qzp = res = "0"
+        if plan.detail.qout:  # (QOUT: the quantize_linear's x per element; its scale and zero point once)
+            last = body.nodes[root]
+            qx = ex.value(last.args[0])
+            qscale, qzp = (Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides()).expression(a) for a in last.args[1:])
+        else:
+            res = ex.value(root)
         # the fast pass (TWO_PASS), empty under `#if 0` without it
         fx = Exprs(body, space, ptrs, {}, I2, strides=plan.base_strides(), fast=True)
         fres = fx.value(root) if plan.detail.two_pass else "0"
@@ -182,6 +192,7 @@ class Pointwise(Kind):
                       STREAM=stream, NTILES=ntiles, OUTER=outer, **param_job(params),
                       PARALLEL=int(plan.detail.parallel), TWO_PASS=int(plan.detail.two_pass), RUN=plan.detail.run,
                       OFFSETS="\n".join(space.decls), BODY=ex.text(), RESULT=res,
+                      QOUT=int(plan.detail.qout), QX=qx, QSCALE=qscale, QZP=qzp,
                       LINE_BODY="\n".join("    " + ln for ln in ex.text().splitlines()),
                       FAST_BODY=fx.text(), FAST_RESULT=fres, GUARD=fx.guard(),
                       FAST_LINE_BODY="\n".join("    " + ln for ln in fx.text().splitlines()))

@@ -33,7 +33,7 @@ from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_ge
 from eqfuse.backend.kinds.contraction.emit_gemm import c_type, gemm_epilogue
 from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, Prepack, cdiv
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops, size
-from eqfuse.ir.kernels import dynamic_qparams, quantized_a
+from eqfuse.ir.kernels import dynamic_qparams, quantized_a, quantized_out
 from eqfuse.ir.ops import flit
 from eqfuse.ir.shapes import C_TYPE
 from eqfuse.machine import Machine
@@ -197,7 +197,7 @@ class QGemmDetail:
     # a requantized conv (u8 / i8 out, NCHW) on 8- or 16-row tiles stores each tile whose pixels
     # are consecutive channel by channel, its bytes transposed in registers (COLS8, store_cols8)
     cols8: bool = False
-    # the epilogue ends in a quantize_linear of one scale and one zero point (quantized_out()): each
+    # the epilogue ends in a quantize_linear of one scale and one zero point (ir.kernels.quantized_out): each
     # row of its floats quantized at once (QOUT, eqf_quantize_row)
     qout: bool = False
     # DIRECT_X's K-groups: four channels of one tap (the padded copy holds the channels in fours,
@@ -430,14 +430,6 @@ def mark_bound(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[in
     plan.detail = replace(plan.detail, prepack=Prepack(body.inputs.index(b), f"{g}_prepack", f"{g}_prepack_floats"))
     plan.uops = [replace(u, what=u.what.replace("(once, when bound: params=)", "packed once when bound (params=)"))
                  for u in plan.uops]
-
-
-def quantized_out(body) -> bool:
-    """Whether the kernel's result is a quantize_linear whose scale and zero point are one value
-    each (a QDQ model's requantized conv or matmul): the template then quantizes each row of the
-    epilogue's floats at once (QOUT)."""
-    last = body.nodes[body.outputs[0]]
-    return last.op == "quantize_linear" and all(size(body.nodes[x].type.shape) == 1 for x in last.args[1:])
 
 
 def emit_qgemm(plan: KernelPlan) -> str:
