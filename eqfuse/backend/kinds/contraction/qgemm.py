@@ -133,7 +133,12 @@ def int8_tile(path: str, N: int) -> tuple[int, int]:
     return (6, 8) if N <= 8 else (4, 16)  # 4 x 2 + 2 x 2 + 2 (+ 2 products) = 16 ymm
 
 
-CHUNKS_MIN = 4  # chunks per call the threads share: panels, or panels x row blocks when there are fewer
+# Chunks per call the threads share: panels, or panels x row blocks when there are fewer. With 8
+# rather than 4 a quantized ResNet's convs of 64 and 128 output channels (2 and 4 panels) took 8%
+# less time at 2 threads, as a thread that the shared machine slows holds up the call's end by a
+# smaller chunk, and the same at one thread (`benchmarks/bench_models.py --quantized static --model
+# resnet_stages`, its kernels through eqfuse.runtime.profile; benchmarks/RESULTS.md)
+CHUNKS_MIN = 8
 
 
 def int8_row_block(M: int, panels: int, mr: int, parallel: bool) -> int:
