@@ -1342,13 +1342,16 @@ def test_a_requantized_residual_add_quantizes_blocks_at_once_exactly():
 
 # A requantization of one scale and one zero point ends the conv's epilogue (qout: the row's floats,
 # then eqf_quantize_row on the row at once), here to i8 at a scale not 1, over tiles of virtual
-# pixels across a row's end (OW 30, stride 1: stored as runs under lane masks on AVX-512); a
-# scale per output channel keeps the element-by-element epilogue (qout 0)
+# pixels across a row's end (OW 30, stride 1: stored as runs under lane masks on AVX-512; 8 output
+# channels take 16-row tiles there, whose runs are two halves of 8 pixels); a scale per output
+# channel keeps the element-by-element epilogue (qout 0)
 QOUT_G = """
-graph qo(x: u8[2, 8, 14, 30], w: i8[20, 8, 3, 3], xz: u8, wz: i8, s: f32, s2: f32, z8: i8, sc: f32[20, 1, 1], z: u8) {
+graph qo(x: u8[2, 8, 14, 30], w: i8[20, 8, 3, 3], w8: i8[8, 8, 3, 3], xz: u8, wz: i8, s: f32, s2: f32, z8: i8,
+         sc: f32[20, 1, 1], z: u8) {
     f = kernel { quantize_linear(cast(conv_integer(x, w, xz, wz, padding=1), to="f32") * s, s2, z8) }
     g = kernel { quantize_linear(cast(conv_integer(x, w, xz, wz, padding=1), to="f32") * s, sc, z) }
-    return f, g
+    h = kernel { quantize_linear(cast(conv_integer(x, w8, xz, wz, padding=1), to="f32") * s, s2, z8) }
+    return f, g, h
 }
 """
 
@@ -1356,17 +1359,21 @@ graph qo(x: u8[2, 8, 14, 30], w: i8[20, 8, 3, 3], xz: u8, wz: i8, s: f32, s2: f3
 def test_a_conv_requantized_at_one_scale_quantizes_its_rows_at_once_exactly(int8_path):
     rng = np.random.default_rng(30)
     x = {"x": rng.integers(0, 256, (2, 8, 14, 30)).astype(np.uint8), "w": rng.integers(-128, 128, (20, 8, 3, 3)).astype(np.int8),
+         "w8": rng.integers(-128, 128, (8, 8, 3, 3)).astype(np.int8),
          "xz": np.asarray(9, np.uint8), "wz": np.asarray(0, np.int8), "s": np.asarray(1e-3, np.float32),
          "s2": np.asarray(0.37, np.float32), "z8": np.asarray(-5, np.int8),
          "sc": rng.uniform(0.2, 0.6, (20, 1, 1)).astype(np.float32), "z": np.asarray(120, np.uint8)}
     mod = eqfuse.compile(QOUT_G, fuse="manual")
     convs = [k for k in mod.kernels if k.kind == "contraction"]
-    assert [k.decisions["qout"] for k in convs] == [1, 0]
-    assert [bool(re.search(r"#define \w+_QOUT 1", k.c_source)) for k in convs] == [True, False]  # (the plan is what runs)
-    acc = OPS["conv_integer"].numpy([x["x"], x["w"], x["xz"], x["wz"]], {"stride": 1, "padding": 1, "dilation": 1, "group": 1})
-    y = (acc.astype(np.float32) * x["s"]).astype(np.float32)
+    assert [k.decisions["qout"] for k in convs] == [1, 0, 1]
+    assert [bool(re.search(r"#define \w+_QOUT 1", k.c_source)) for k in convs] == [True, False, True]  # (the plan is what runs)
+    if int8_path == "avx512_vnni":  # (rows of 30 virtual pixels: tiles across the rows' ends)
+        assert [(k.decisions["direct_x"], k.tiles["mr"]) for k in convs] == [(1, 8), (1, 8), (1, 16)]
+    geo = {"stride": 1, "padding": 1, "dilation": 1, "group": 1}
+    acc, acc8 = (OPS["conv_integer"].numpy([x["x"], x[w], x["xz"], x["wz"]], geo) for w in ("w", "w8"))
+    y, y8 = ((a.astype(np.float32) * x["s"]).astype(np.float32) for a in (acc, acc8))
     quantize = OPS["quantize_linear"].numpy
-    want = [quantize([y, x["s2"], x["z8"]], {}), quantize([y, x["sc"], x["z"]], {})]
+    want = [quantize([y, x["s2"], x["z8"]], {}), quantize([y, x["sc"], x["z"]], {}), quantize([y8, x["s2"], x["z8"]], {})]
     assert want[0].dtype == np.int8 and len(np.unique(want[0])) > 100  # (the range, not a saturated few values)
     for threads in (1, 2):
         mod.default.threads = threads
