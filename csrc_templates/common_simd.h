@@ -109,12 +109,12 @@ static inline __mmask16 eqf_pool_lanes(long w0, long W)
 }
 
 #if defined(__AVX512BW__)
-/* The lanes i of a 32-byte load at w0 + i that fall inside a row of W bytes (the stride-2 max
+/* The lanes i of a 64-byte load at w0 + i that fall inside a row of W bytes (the stride-2 max
  * pool of u8 / i8, eqfuse.backend.kinds.index._max_pool_stride2_int). */
-static inline __mmask32 eqf_pool_lanes32(long w0, long W)
+static inline __mmask64 eqf_pool_lanes64(long w0, long W)
 {
-    const long lo = w0 < 0 ? -w0 : 0, hi = W - w0 < 32 ? W - w0 : 32;
-    return hi <= lo ? 0 : (__mmask32)((hi == 32 ? ~0u : (1u << hi) - 1) & ~((1u << lo) - 1));
+    const long lo = w0 < 0 ? -w0 : 0, hi = W - w0 < 64 ? W - w0 : 64;
+    return hi <= lo ? 0 : (__mmask64)((hi == 64 ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1));
 }
 #endif
 

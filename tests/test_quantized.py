@@ -566,10 +566,11 @@ def test_a_dequantize_quantize_pair_of_one_scale_and_zero_point_is_removed(tmp_p
     assert np.array_equal(got, want)
 
 
-def _maxpool_model(dt):
+def _maxpool_model(dt, shape=(2, 3, 9, 10)):
     """quantize_static's MaxPool in both forms on a dt input q: QDQ (DequantizeLinear -> MaxPool ->
     QuantizeLinear, one scale and zero point) and QOperator (MaxPool on q itself), ResNet's 3 x 3
     stride-2 pool with padding 1 (a padded tap in every edge window), and a 2 x 2 one."""
+    n, c, hh, ww = shape
     h = onnx.helper
     nodes = [h.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
              h.make_node("MaxPool", ["d"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
@@ -577,21 +578,24 @@ def _maxpool_model(dt):
              h.make_node("MaxPool", ["q"], ["y2"], kernel_shape=[2, 2], strides=[2, 2])]
     t = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dt))
     inits = [onnx.numpy_helper.from_array(np.asarray(0.05, np.float32), "s"), onnx.numpy_helper.from_array(np.asarray(7, dt), "z")]
-    g = h.make_graph(nodes, "pool", [h.make_tensor_value_info("q", t, [2, 3, 9, 10])],
-                     [h.make_tensor_value_info("y", t, [2, 3, 5, 5]), h.make_tensor_value_info("y2", t, [2, 3, 4, 5])], inits)
+    g = h.make_graph(nodes, "pool", [h.make_tensor_value_info("q", t, [n, c, hh, ww])],
+                     [h.make_tensor_value_info("y", t, [n, c, (hh + 1) // 2, (ww + 1) // 2]),
+                      h.make_tensor_value_info("y2", t, [n, c, hh // 2, ww // 2])], inits)
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
 
 @pytest.mark.parametrize("dt", [np.uint8, np.int8])
-def test_a_quantized_max_pool_runs_on_its_integers_and_matches_onnxruntime(dt, tmp_path):
+@pytest.mark.parametrize("shape", [(2, 3, 9, 10), (1, 2, 11, 112)], ids=["small", "rows-of-56"])
+def test_a_quantized_max_pool_runs_on_its_integers_and_matches_onnxruntime(dt, shape, tmp_path):
     """The rule maxpool_dequantized (rules/quant.rw) takes the QDQ pool's dequantize and quantize
-    away: both pools are one index kernel each on the integers, exactly onnxruntime's."""
-    f, model = tmp_path / "pool.onnx", _maxpool_model(dt)
+    away: both pools are one index kernel each on the integers, exactly onnxruntime's (output
+    rows of 5 pixels, and of 56: a block of 32 and one of 24)."""
+    f, model = tmp_path / "pool.onnx", _maxpool_model(dt, shape)
     onnx.save(model, str(f))
     mod = eqfuse.compile(str(f))
     assert [k.kind for k in mod.kernels] == ["index", "index"], [k.kind for k in mod.kernels]
     info = np.iinfo(dt)
-    q = np.random.default_rng(3).integers(info.min, info.max + 1, (2, 3, 9, 10)).astype(dt)
+    q = np.random.default_rng(3).integers(info.min, info.max + 1, shape).astype(dt)
     q[0, 0] = info.min  # (a plane of the least value: the padding must not be taken for it)
     want, got = _literal(model, {"q": q}), mod(q)  # (onnxruntime's pool of the dequantized f32, literally)
     for g, w in zip(got, want):

@@ -309,33 +309,39 @@ def _pool(an: Node, ins, xs, out, ct, par: str = "0"):
 
 
 def _max_pool_stride2_int(x: str, t: str, H, W, OH, OW, kh, kw, sh, ph, pw, flag: str) -> list[str]:
-    """_max_pool_stride2 of u8 or i8 (a quantized model's pool: rule maxpool_dequantized): a tap's
-    16 inputs are the even bytes of a masked 32-byte load (taps outside the image load the type's
-    least value, which no max keeps), picked by a byte shuffle in each 128-bit half and a permute
-    of their 64-bit words. The scalar loop below (#else) took longer than the f32 pool and the
-    dequantize and quantize around it together (`benchmarks/bench_models.py --quantized static
-    --model resnet18`, its kernels' profile: benchmarks/RESULTS.md)."""
-    least, mx = ("0", "_mm_max_epu8") if t == "uint8_t" else ("-128", "_mm_max_epi8")
+    """_max_pool_stride2 of u8 or i8 (a quantized model's pool: rule maxpool_dequantized), 32
+    output pixels at a time: for each tap column dw, the kernel rows' 64 bytes from w0 = 2 ow0 -
+    pw + dw (a masked load each: taps outside the image load the type's least value, which no max
+    keeps) are taken together by a byte max, and their even bytes (the 32 pixels' taps), widened
+    to 16-bit lanes, join the 16-bit max; the 32 results are narrowed back to bytes. With 16
+    pixels at a time, each tap a 32-byte load, a byte shuffle and a permute, the pool took
+    longer than a quantized ResNet's residual adds (`benchmarks/bench_models.py --quantized static
+    --model resnet_stages`, its kernels' profile: benchmarks/RESULTS.md). The scalar loop below
+    (#else) took longer than the f32 pool and the dequantize and quantize around it together
+    (`benchmarks/bench_models.py --quantized static --model resnet18`)."""
+    u8 = t == "uint8_t"
+    least, mx8, mx16 = ("0", "_mm512_max_epu8", "_mm512_max_epu16") if u8 else ("-128", "_mm512_max_epi8", "_mm512_max_epi16")
+    # (the even bytes as 16-bit lanes: zero-extended for u8, sign-extended for i8)
+    even = "_mm512_and_si512(m, _mm512_set1_epi16(0xff))" if u8 else "_mm512_srai_epi16(_mm512_slli_epi16(m, 8), 8)"
     return [
         f"#if {flag} && defined(__AVX512BW__) && defined(__AVX512VL__)",
-        "        const __m256i even = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1,",
-        "                                              0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);",
-        f"        const __m256i least = _mm256_set1_epi8((char){least});",
-        f"        for (long ow0 = 0; ow0 < {OW}; ow0 += 16) {{",
-        "            __m128i a = _mm256_castsi256_si128(least);",
-        f"            for (long dh = 0; dh < {kh}; dh++) {{",
-        f"                const long h = oh * {sh} - {ph} + dh;",
-        f"                if (h < 0 || h >= {H}) continue;",
-        f"                const {t}* row = {x} + (nc * {H} + h) * {W};",
-        f"                for (long dw = 0; dw < {kw}; dw++) {{",
-        f"                    const long w0 = ow0 * 2 - {pw} + dw;",
-        f"                    const __m256i v = _mm256_mask_loadu_epi8(least, eqf_pool_lanes32(w0, {W}), row + w0);",
-        "                    const __m256i e = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, even), 0x08);",
-        f"                    a = {mx}(a, _mm256_castsi256_si128(e));",
+        f"        const __m512i least = _mm512_set1_epi8((char){least});",
+        f"        for (long ow0 = 0; ow0 < {OW}; ow0 += 32) {{",
+        f"            __m512i a = _mm512_set1_epi16({least});",
+        f"            for (long dw = 0; dw < {kw}; dw++) {{",
+        f"                const long w0 = ow0 * 2 - {pw} + dw;",
+        f"                const __mmask64 in = eqf_pool_lanes64(w0, {W});",
+        "                __m512i m = least;",
+        f"                for (long dh = 0; dh < {kh}; dh++) {{",
+        f"                    const long h = oh * {sh} - {ph} + dh;",
+        f"                    if (h < 0 || h >= {H}) continue;",
+        f"                    m = {mx8}(m, _mm512_mask_loadu_epi8(least, in, {x} + (nc * {H} + h) * {W} + w0));",
         "                }",
+        f"                a = {mx16}(a, {even});",
         "            }",
-        f"            const long n = {OW} - ow0 < 16 ? {OW} - ow0 : 16;",
-        f"            _mm_mask_storeu_epi8(out + (nc * {OH} + oh) * {OW} + ow0, (__mmask16)((1u << n) - 1), a);",
+        f"            const long n = {OW} - ow0 < 32 ? {OW} - ow0 : 32;",
+        f"            _mm256_mask_storeu_epi8(out + (nc * {OH} + oh) * {OW} + ow0, (__mmask32)(n == 32 ? ~0u : (1u << n) - 1),",
+        "                                    _mm512_cvtepi16_epi8(a));",
         "        }",
         "#else",
     ]
