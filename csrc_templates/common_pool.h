@@ -315,6 +315,14 @@ static void* eqf_pool_worker(void* arg)
 #include <omp.h>
 #endif
 static int eqf_pool_request;
+/* The call's mode for its parallel loops (eqf_region below), set by the graph's run function on
+ * the calling thread (the thread that runs every kernel and opens every loop): 0 OpenMP's static
+ * split, k > 0 the claim-based pool with k threads. Each calling thread has its own. */
+static _Thread_local int eqf_region_request;
+/* Whether eqf_parallel_for runs its chunks on OpenMP's team (eqf_team_for) rather than on the
+ * pool: set by the run function for a call in OpenMP's mode (eqf_region_request 0, more than one
+ * thread); 0 elsewhere (a kernel's own harness calls the pool). */
+static _Thread_local int eqf_parallel_team;
 __attribute__((unused)) static int eqf_pool_threads(void)
 {
     const int n = __atomic_load_n(&eqf_pool_request, __ATOMIC_RELAXED);
@@ -336,7 +344,7 @@ __attribute__((unused)) static int eqf_pool_threads(void)
  * ends the workers' linger after the last call (eqf_pool_linger). */
 __attribute__((unused)) static void eqf_pool_hold(int* held, int on)
 {
-    if (on && !*held && eqf_pool_threads() > 1) {
+    if (on && !*held && eqf_pool_threads() > 1 && !eqf_parallel_team) { /* (else no loop runs on the pool) */
         eqf_pool_publish_cpu();
         pthread_mutex_lock(&eqf_pool.mu);
         __atomic_fetch_add(&eqf_pool_hot, 1, __ATOMIC_RELAXED);
@@ -362,10 +370,43 @@ __attribute__((unused)) static void eqf_pool_linger(void)
     eqf_region_pooled = 0;
 }
 
+/* eqf_parallel_for's chunks on OpenMP's team, claimed one at a time from a counter: the call's
+ * mode is OpenMP's (every core free, a graph with OpenMP kernels), and its team is the one that
+ * runs the other kernels' regions. On the pool, each switch between a pool kernel and an OpenMP
+ * kernel found the other set's worker asleep (the pool's after EQF_POOL_SPIN pauses, OpenMP's after
+ * GOMP_SPINCOUNT), and waking it cost more than a small kernel's work: a quantize_static BERT-base's
+ * pointwise kernels after its integer GEMMs ran slower on 2 threads than on 1
+ * (benchmarks/bench_models.py --quantized static --model bert-base). Which thread runs a chunk
+ * changes nothing in the result, as on the pool. */
+static void eqf_team_for(long n, eqf_chunk_fn fn, void* ctx, int threads)
+{
+#if defined(_OPENMP)
+    long next = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        const int self = eqf_pool_self;
+        eqf_pool_self = omp_get_thread_num(); /* (0: the caller, as on the pool: eqf_runs_claim) */
+        for (long k; (k = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED)) < n;)
+            fn(ctx, k);
+        eqf_pool_self = self;
+    }
+#else
+    for (long k = 0; k < n; k++)
+        fn(ctx, k);
+    (void)threads;
+#endif
+}
+
 __attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, void* ctx, int threads)
 {
     if (threads > EQF_POOL_MAX)
         threads = EQF_POOL_MAX;
+#if defined(_OPENMP)
+    if (eqf_parallel_team && threads > 1 && n > 1 && !omp_in_parallel()) {
+        eqf_team_for(n, fn, ctx, threads);
+        return;
+    }
+#endif
     if (threads <= 1 || n <= 1 || n >= (long)EQF_POOL_SETTING || pthread_mutex_trylock(&eqf_pool_busy) != 0) {
         for (long k = 0; k < n; k++)
             fn(ctx, k);
@@ -519,10 +560,6 @@ static void eqf_region_chunk(void* job, long k)
     r->fn(r->ctx, lo, r->n - lo < r->per ? r->n : lo + r->per);
 }
 
-/* The call's mode for its parallel loops (see above), set by the graph's run function on the
- * calling thread (the thread that runs every kernel and opens every loop): 0 OpenMP's static
- * split, k > 0 the claim-based pool with k threads. Each calling thread has its own. */
-static _Thread_local int eqf_region_request;
 
 /* Whether the call's loops run on the claim-based pool with a worker (the run function then
  * holds the pool over their kernels: eqfuse.runtime.program.HOLD_REGIONS). */

@@ -18,6 +18,7 @@ pool even when every core is free (load.call_threads' `openmp_kernels`)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -215,3 +216,43 @@ def test_a_conv_s_finer_tile_ranges_give_the_same_bits_in_every_mode(monkeypatch
             want = got
             np.testing.assert_allclose(got, np.asarray(eqfuse.reference(src).c(**xs)), rtol=1e-4, atol=1e-5)
         assert np.array_equal(got, want), mode
+
+
+# A few-rows GEMM (the pool's chunks) beside an OpenMP reduction, in a graph of its own (one
+# library, so one pool, for this test alone)
+TEAM = """
+graph tm(a: f32[8, 384], w: f32[384, 768], q: f32[48, 1536]) -> (f32[8, 768], f32[48]) {
+  return relu(a @ w), sum(q * q, axis=[1])
+}
+"""
+
+
+def test_the_pool_kernels_of_a_graph_with_openmp_kernels_run_on_openmps_team_in_its_mode(monkeypatch):
+    """In OpenMP's mode the few-rows GEMM's chunks run on OpenMP's team (common_pool.h,
+    eqf_team_for), so the pool never starts a worker; beside another runtime's threads they run on
+    the pool, which starts one. The bits are the same in every mode."""
+    xs = _inputs({"a": (8, 384), "w": (384, 768), "q": (48, 1536)}, 3)
+    w = {"w": xs.pop("w") / 20}
+    mod = eqfuse.compile(TEAM, params=w, threads=2)
+    fn = next(iter(mod.functions.values()))
+    _mode(monkeypatch, "openmp")
+    want = [np.asarray(o) for o in mod(**xs)]
+    runner = fn.last.runner
+    assert any(getattr(p.detail, "path", None) == "skinny" and p.detail.parallel for p in fn.last.plans)
+    assert runner._openmp is True
+    ref = eqfuse.reference(TEAM)(**xs, **w)
+    for got, r in zip(want, ref):
+        np.testing.assert_allclose(got, np.asarray(r), rtol=2e-4, atol=2e-4)
+    for _ in range(5):
+        assert all(np.array_equal(np.asarray(g), v) for g, v in zip(mod(**xs), want))
+        assert (_regions(mod)["regions"], _regions(mod)["pool"]) == ("openmp", 2)
+    assert runner._pool_of() == []  # (no chunk went to the pool)
+    _mode(monkeypatch, "pool")
+    for _ in range(5):
+        assert all(np.array_equal(np.asarray(g), v) for g, v in zip(mod(**xs), want))
+        assert _regions(mod)["regions"] == "pool"
+    for _ in range(1000):  # (a worker writes its id when it starts: it may not have yet)
+        if runner._pool_of():
+            break
+        time.sleep(0.002)
+    assert len(runner._pool_of()) == 1

@@ -276,7 +276,8 @@ def emit_run(kg: Graph, plans: list[KernelPlan], mem: MemoryPlan, symbol=lambda 
               "{", "    const int before = omp_get_max_threads();", "    const int set = threads > 0 && threads != before;",
               "    if (set)", "        omp_set_num_threads(threads);",
               "    __atomic_store_n(&eqf_pool_request, pool_threads, __ATOMIC_RELAXED);",
-              "    __atomic_store_n(&eqf_region_request, region_threads, __ATOMIC_RELAXED);", "    int held = 0;",
+              "    __atomic_store_n(&eqf_region_request, region_threads, __ATOMIC_RELAXED);",
+              "    eqf_parallel_team = region_threads == 0 && omp_get_max_threads() > 1;", "    int held = 0;",
               f"    const long r = {name}_kernels(in, out, arena, failed, &held);", "    eqf_pool_hold(&held, 0);",
               "    eqf_pool_linger();",
               "    if (set)", "        omp_set_num_threads(before);", "    return r;"]
@@ -298,7 +299,8 @@ def hold_pool(p: KernelPlan) -> bool | str | None:
     spinning worker would only take a core from others);
     False for a kernel that may open an OpenMP region (its thread would find the pool's worker
     spinning on the core it wants), None for one that runs on the calling thread (the hold
-    stays as it is)."""
+    stays as it is). In OpenMP's mode the pool kernels run their chunks on OpenMP's team
+    (eqf_parallel_team, set by the run function) and eqf_pool_hold holds nothing."""
     d = p.detail
     par = may_run_parallel(p)
     if getattr(d, "path", None) == "skinny" or getattr(d, "pool", False):
