@@ -378,7 +378,7 @@ __attribute__((unused)) static void eqf_pool_linger(void)
  * pointwise kernels after its integer GEMMs ran slower on 2 threads than on 1
  * (benchmarks/bench_models.py --quantized static --model bert-base). Which thread runs a chunk
  * changes nothing in the result, as on the pool. */
-static void eqf_team_for(long n, eqf_chunk_fn fn, void* ctx, int threads)
+__attribute__((unused)) static void eqf_team_for(long n, eqf_chunk_fn fn, void* ctx, int threads)
 {
 #if defined(_OPENMP)
     long next = 0;
