@@ -371,6 +371,10 @@ def test_quantized_model_matches_onnxruntime(quantized, tmp_path):
         assert {k.name for k in module.kernels if "dynamic_scale(" in k.body} == set(quantizing), module.kernels
         scalars = [k.body for k in module.kernels if 0 < k.bytes <= 16]  # (two floats in, one out: 12 bytes; a view: 0)
         assert not scalars, scalars
+    made = {o: n for n in model.graph.node for o in n.output}
+    if any(n.op_type == "IsNaN" and made[n.input[0]].op_type == "DequantizeLinear" for n in model.graph.node):
+        # torch's where(isnan(p), 0, p) after a QDQ pair (rule where_isnan_dequantized): no kernel
+        assert not any("isnan(" in k.body for k in module.kernels), [k.body for k in module.kernels if "isnan(" in k.body]
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     (last,) = [n for n in model.graph.node if model.graph.output[0].name in n.output]
     tracer = None
@@ -676,6 +680,34 @@ def test_dequantize_quantize_does_not_fire_where_its_guard_is_false(tmp_path, ca
     for kept in ("quantize_linear(k1, 0, z)", "quantize_linear(k2, 3e+38, z)", "quantize_linear(k3, 0.5, zw)"):
         assert kept in body, body
     assert "dequantize_quantize x1" in text
+
+
+WHERE_NAN_G = """
+graph wn(q: u8[4, 8], z: u8, s: f32) {
+    return where(isnan(dequantize_linear(q, 0.5, z)), 0.0, dequantize_linear(q, 0.5, z)),
+           where(isnan(dequantize_linear(q, s, z)), 0.0, dequantize_linear(q, s, z))
+}
+"""
+
+
+def test_where_isnan_of_a_dequantized_tensor_is_the_tensor_at_a_finite_constant_scale(tmp_path, capsys):
+    """where_isnan_dequantized (rules/quant.rw): torch's where(isnan(p), 0, p) after a softmax, a QDQ
+    pair between them (quantize_static's BERT), is the dequantized p when the scale is a finite
+    constant (no dequantized value is NaN); a scale given at run time (NaN possible) keeps it. Both
+    results are numpy's."""
+    from eqfuse.cli.main import main
+
+    g = tmp_path / "wn.g"
+    g.write_text(WHERE_NAN_G)
+    assert main(["opt", str(g)]) == 0
+    text = capsys.readouterr().out
+    body = text[:text.index("# report")]
+    assert "where_isnan_dequantized x1" in text, text
+    assert body.count("isnan(") == 1 and "dequantize_linear(q, s, z)" in body, body
+    q = np.random.default_rng(0).integers(0, 256, (4, 8)).astype(np.uint8)
+    got = eqfuse.compile(WHERE_NAN_G)(q, np.asarray(7, np.uint8), np.asarray(np.nan, np.float32))
+    np.testing.assert_array_equal(got[0], (q.astype(np.float32) - 7) * np.float32(0.5))
+    np.testing.assert_array_equal(got[1], np.zeros((4, 8), np.float32))  # (NaN scale: the where's 0)
 
 
 VIEW_PAIRS_G = """
