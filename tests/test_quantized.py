@@ -1695,6 +1695,77 @@ def test_a_qdq_matmul_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path)
             assert np.max(np.abs(got - want)) <= step
 
 
+def test_a_qdq_attention_matmul_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path):
+    """quantize_static's attention product q k^T of two activations with a batch of heads, k^T a
+    Transpose of k (rule matmul_dequantized_batched): one batched int8 GEMM over the u8 heads, B
+    read as u8, within one output step of onnxruntime (literal and deployed)."""
+    h = onnx.helper
+    rng = np.random.default_rng(17)
+    g = h.make_graph([h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]), h.make_node("MatMul", ["q", "kt"], ["y"])],
+                     "att", [h.make_tensor_value_info("q", F32T, [1, 3, 12, 16]), h.make_tensor_value_info("k", F32T, [1, 3, 10, 16])],
+                     [h.make_tensor_value_info("y", F32T, [1, 3, 12, 10])])
+    f32, f = tmp_path / "att.onnx", tmp_path / "att-qdq.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(f32))
+
+    def feeds(r):
+        return {"q": r.standard_normal((1, 3, 12, 16)).astype(np.float32), "k": r.standard_normal((1, 3, 10, 16)).astype(np.float32)}
+
+    class Reader(quant.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([feeds(rng) for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quant.quantize_static(str(f32), str(f), Reader(), quant_format=quant.QuantFormat.QDQ,
+                          activation_type=quant.QuantType.QUInt8, weight_type=quant.QuantType.QInt8)
+    model = onnx.load(str(f))
+    mod = eqfuse.compile(str(f))
+    (gemm,) = [k for k in mod.kernels if k.kind == "contraction"]
+    assert mod.report["precision"][gemm.name]["precision"] == "int8", mod.report["precision"]
+    d = gemm.decisions
+    assert (d["batch"], d["nbb"], d["M"], d["N"], d["K"], d["b_u8"]) == (3, 3, 12, 10, 16, 1), d
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    (last,) = [n for n in model.graph.node if "y" in n.output]
+    step = float(inits[last.input[1]])
+    for seed in range(3):
+        x = feeds(np.random.default_rng(seed))
+        got = np.asarray(mod(**x))
+        for want in (_literal(model, x)[0], _ort(model, x)[0]):
+            assert np.max(np.abs(got - want)) <= step
+
+
+FAKE_QUANT_G = """
+graph fq(a: u8[5, 32], w: i8[32, 67], az: u8, wz: i8, b: f32[67], z: u8, wi: i8[32, 67], zi: i8) -> (f32[5, 67], f32[5, 67]) {
+    return dequantize_linear(quantize_linear(cast(matmul_integer(a, w, az, wz), to="f32") * 0.002, 0.05, z), 0.05, z) + b,
+           dequantize_linear(quantize_linear(cast(matmul_integer(a, wi, az, wz), to="f32") * 0.001, 0.1, zi), 0.2, zi) * b
+}
+"""
+
+
+def test_a_fake_quantization_inside_a_kernel_is_computed_in_floats_exactly():
+    """dequantize_linear(quantize_linear(x)) inside one kernel (a QDQ model's requantized GEMM
+    epilogue) dequantizes the float eqf_quantize returned (cexpr.Exprs), without the round trip
+    through the integer type: the same bits as numpy's reference, u8 and i8, with ties and
+    saturation at both ends."""
+    rng = np.random.default_rng(5)
+    a = rng.integers(0, 256, (5, 32)).astype(np.uint8)
+    w, wi = (rng.integers(-128, 128, (32, 67)).astype(np.int8) for _ in range(2))
+    w[:, :4] = 0  # (ties: sums of 0 around the zero point's own products)
+    a[0] = 255
+    w[:, 4:8], wi[:, 4:8] = 127, -128  # (saturation: far past both ends)
+    b = rng.uniform(-2, 2, 67).astype(np.float32)
+    args = (a, w, np.asarray(7, np.uint8), np.asarray(0, np.int8), b, np.asarray(40, np.uint8), wi, np.asarray(-3, np.int8))
+    mod = eqfuse.compile(FAKE_QUANT_G)
+    gemms = [k for k in mod.kernels if k.kind == "contraction"]
+    assert len(gemms) == 2 and all("q - (float)(" in k.c_source for k in gemms), [k.body for k in mod.kernels]
+    got, want = mod(*args), eqfuse.reference(FAKE_QUANT_G)(*args)
+    for g, wv in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(wv))
+    q = np.round(np.float32(0.001) * (a.astype(np.int32) - 7) @ wi.astype(np.int32) / np.float32(0.1)) - 3
+    assert (q > 127).any() and (q < -128).any()  # (both ends saturate)
+
+
 @pytest.mark.heavy  # (the fast tier's time)
 def test_a_qdq_gemm_runs_on_the_integer_gemm_and_matches_onnxruntime(tmp_path):
     """A QDQ Gemm with transB=1 and a bias, as torch exports a Linear (rule gemm_dequantized): one

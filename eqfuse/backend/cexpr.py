@@ -82,6 +82,7 @@ class Exprs:
         self.indent, self.forbid = indent, forbid
         self.stmts: list[str] = []
         self.memo: dict[tuple, str] = {}
+        self.qfloat: dict[str, str] = {}  # a quantize_linear's variable -> its integer as a float (see value)
 
     def value(self, i: int, chan: int | None = None) -> str:
         if i in self.preset:
@@ -115,8 +116,22 @@ class Exprs:
                 if self.fast and op.c_fast:
                     expr = op.c_fast.format(*args)
                     self.guards.append(op.c_fast_guard.format(*args))
+                elif n.op == "dequantize_linear" and args[0] in self.qfloat:
+                    # dequantize_linear(quantize_linear(x, s, z), s2, z2), a QDQ model's fake
+                    # quantization inside a kernel: the integer is still the float eqf_quantize
+                    # returned (integral, within the dtype's range), so (q - z2) s2 is computed
+                    # from it in floats. Exact: q - z2 is an integer of at most 383 in size, the
+                    # same float as the int32 difference; the conversions to the integer type and
+                    # back, which gcc vectorizes at half the width, are left out.
+                    expr = f"(({self.qfloat[args[0]]} - (float)({args[2]})) * ({args[1]}))"
                 else:
                     expr = op.c_expr(n.attr).format(*args)
+                if n.op == "quantize_linear":  # (its integer, unused when only a dequantize reads it)
+                    self.stmts.append(f"{self.indent}const float {var}q = {expr};")
+                    self.qfloat[var] = f"{var}q"
+                    self.stmts.append(f"{self.indent}__attribute__((unused)) const {C_TYPE[n.type.dtype]} {var} = {var}q;")
+                    self.memo[key] = var
+                    return var
             else:
                 raise AssertionError(f"match let through {n.op} inside a kernel's loop")
         self.stmts.append(f"{self.indent}const {C_TYPE[n.type.dtype]} {var} = {expr};")
