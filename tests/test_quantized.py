@@ -517,16 +517,22 @@ SCALES_G = """graph scales(x: f32[8, 16], a: u8[8, 16], w: i8[16, 16], az: u8, w
 """
 
 
+def _opt(tmp_path, capsys, src: str, name: str) -> tuple[str, str]:
+    """`eqfuse opt` of the .g text src: (its whole output, the graph before the report)."""
+    from eqfuse.cli.main import main
+
+    g = tmp_path / name
+    g.write_text(src)
+    assert main(["opt", str(g)]) == 0
+    text = capsys.readouterr().out
+    return text, text[:text.index("# report")]
+
+
 def test_a_product_of_scalars_starts_no_kernel(tmp_path, capsys):
     """Must not rewrite: quantize_dynamic's x_scale * w_scale (two scalars) is a kernel of its own
     that the integer GEMM's epilogue reads, not also a body every reader may take in (each residual
     add of a dynamically quantized transformer would double the candidate kernels)."""
-    from eqfuse.cli.main import main
-
-    g = tmp_path / "scales.g"
-    g.write_text(SCALES_G)
-    assert main(["opt", str(g)]) == 0
-    body = capsys.readouterr().out.split("# report")[0]
+    _, body = _opt(tmp_path, capsys, SCALES_G, "scales.g")
     assert re.search(r"(\w+) = kernel \{ s \* 0\.5 \}", body), body
     assert re.search(r"kernel \{ cast\(matmul_integer\(a, w, az, wz\), to=\"f32\"\) \* \w+ \+ x \}", body), body
 
@@ -669,13 +675,7 @@ PAIRS_G = """graph pairs(q: u8[4, 8], z: u8, w: i8[4, 8], zw: i8[8]) -> (u8[4, 8
 def test_dequantize_quantize_does_not_fire_where_its_guard_is_false(tmp_path, capsys):
     """Must not rewrite: a scale of 0 (NaN, saturated), a scale whose 255 multiple overflows, and a
     per-channel zero point keep their pair; the ordinary scalar pair is removed."""
-    from eqfuse.cli.main import main
-
-    g = tmp_path / "pairs.g"
-    g.write_text(PAIRS_G)
-    assert main(["opt", str(g)]) == 0
-    text = capsys.readouterr().out
-    body = text[:text.index("# report")]
+    text, body = _opt(tmp_path, capsys, PAIRS_G, "pairs.g")
     assert "return q, " in body, body
     for kept in ("quantize_linear(k1, 0, z)", "quantize_linear(k2, 3e+38, z)", "quantize_linear(k3, 0.5, zw)"):
         assert kept in body, body
@@ -695,13 +695,7 @@ def test_where_isnan_of_a_dequantized_tensor_is_the_tensor_at_a_finite_constant_
     pair between them (quantize_static's BERT), is the dequantized p when the scale is a finite
     constant (no dequantized value is NaN); a scale given at run time (NaN possible) keeps it. Both
     results are numpy's."""
-    from eqfuse.cli.main import main
-
-    g = tmp_path / "wn.g"
-    g.write_text(WHERE_NAN_G)
-    assert main(["opt", str(g)]) == 0
-    text = capsys.readouterr().out
-    body = text[:text.index("# report")]
+    text, body = _opt(tmp_path, capsys, WHERE_NAN_G, "wn.g")
     assert "where_isnan_dequantized x1" in text, text
     assert body.count("isnan(") == 1 and "dequantize_linear(q, s, z)" in body, body
     q = np.random.default_rng(0).integers(0, 256, (4, 8)).astype(np.uint8)
@@ -721,13 +715,7 @@ graph vp(q: u8[4, 8], z: u8) {
 def test_a_dequantize_quantize_pair_through_a_view_is_the_view_only_at_one_scale(tmp_path, capsys):
     """dequantize_reshape_quantize makes the pair around a reshape of one scale the reshape of the
     integers; must not rewrite: around the transpose the quantize's scale is another (it rounds)."""
-    from eqfuse.cli.main import main
-
-    g = tmp_path / "view-pairs.g"
-    g.write_text(VIEW_PAIRS_G)
-    assert main(["opt", str(g)]) == 0
-    text = capsys.readouterr().out
-    body = text[:text.index("# report")]
+    text, body = _opt(tmp_path, capsys, VIEW_PAIRS_G, "view-pairs.g")
     assert "return reshape(q, shape=[8, 4])," in body and "quantize_linear(t2, 0.25, z)" in body, body
     assert "dequantize_reshape_quantize x1" in text and "dequantize_transpose_quantize" not in text
 
