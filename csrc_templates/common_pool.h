@@ -560,7 +560,6 @@ static void eqf_region_chunk(void* job, long k)
     r->fn(r->ctx, lo, r->n - lo < r->per ? r->n : lo + r->per);
 }
 
-
 /* Whether the call's loops run on the claim-based pool with a worker (the run function then
  * holds the pool over their kernels: eqfuse.runtime.program.HOLD_REGIONS). */
 __attribute__((unused)) static int eqf_region_on_pool(void)

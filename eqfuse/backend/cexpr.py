@@ -120,7 +120,7 @@ class Exprs:
                     # dequantize_linear(quantize_linear(x, s, z), s2, z2), a QDQ model's fake
                     # quantization inside a kernel: the integer is still the float eqf_quantize
                     # returned (integral, within the dtype's range), so (q - z2) s2 is computed
-                    # from it in floats. Exact: q - z2 is an integer of at most 383 in size, the
+                    # from it in floats. Exact: q - z2 is an integer of at most 255 in size, the
                     # same float as the int32 difference; the conversions to the integer type and
                     # back, which gcc vectorizes at half the width, are left out.
                     expr = f"(({self.qfloat[args[0]]} - (float)({args[2]})) * ({args[1]}))"
