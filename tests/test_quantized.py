@@ -704,6 +704,28 @@ def test_where_isnan_of_a_dequantized_tensor_is_the_tensor_at_a_finite_constant_
     np.testing.assert_array_equal(got[1], np.zeros((4, 8), np.float32))  # (NaN scale: the where's 0)
 
 
+GELU_QDQ_G = """
+graph gq(q: u8[6, 200], z: u8) -> (u8[6, 200], u8[6, 200]) {
+    e = erf(dequantize_linear(q, 0.05, z) / 1.4142135)
+    return quantize_linear(e, 0.0078, z), quantize_linear(dequantize_linear(quantize_linear(e, 0.0078, z), 0.0078, z) + 1.0, 0.0079, z)
+}
+"""
+
+
+def test_the_requantized_steps_of_a_qdq_gelu_are_one_kernel_each():
+    """fuse_quantize_erf and fuse_quantize_add (rules/fusion.rw): quantize_static's GELU, a QDQ pair
+    after each step, quantizes its Erf's output and its + 1's in their own kernels (no kernel that
+    only quantizes), with numpy's bits."""
+    q = np.random.default_rng(3).integers(0, 256, (6, 200)).astype(np.uint8)
+    z = np.asarray(128, np.uint8)
+    mod = eqfuse.compile(GELU_QDQ_G)
+    bodies = [re.sub(r"\s+", " ", k.body) for k in mod.kernels]
+    assert not any(re.fullmatch(r"kernel \{ quantize_linear\(\w+, [\w.]+, \w+\) \}", b) for b in bodies), bodies
+    assert any("quantize_linear(erf(" in b for b in bodies) and any(") + 1, 0.0079" in b for b in bodies), bodies
+    for got, want in zip(mod(q, z), eqfuse.reference(GELU_QDQ_G)(q, z)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 VIEW_PAIRS_G = """
 graph vp(q: u8[4, 8], z: u8) {
     return quantize_linear(reshape(dequantize_linear(q, 0.5, z), shape=[8, 4]), 0.5, z),
