@@ -926,6 +926,31 @@ def test_qlinear_matmul_is_one_integer_gemm_kernel_and_matches_onnxruntime(tmp_p
     assert all({0, 255} & set(np.unique(w).tolist()) for w in want)  # the saturation was reached
 
 
+
+@pytest.mark.parametrize("op, a_shape, b_shape", [
+    ("QLinearMatMul", [2, 4, 5, 8], [2, 1, 8, 6]),  # (Falcon's multi-query attention: one key head)
+    ("QLinearMatMul", [5, 8], [3, 8, 6]),
+    ("MatMulInteger", [2, 1, 5, 8], [3, 8, 6]),
+], ids=["one-key-head", "a-matrix", "both-broadcast"])
+def test_integer_matmuls_broadcast_their_batch_dims_as_onnxruntime(op, a_shape, b_shape, tmp_path):
+    """An integer matmul whose operands' batch dims broadcast (numpy's rules, as ONNX's MatMul):
+    both expanded to the common batch, then the batched integer GEMM; the integers equal
+    onnxruntime's."""
+    rng = np.random.default_rng(8)
+    ins = [("a", (U8, a_shape)), ("b", (U8, b_shape))]
+    if op == "QLinearMatMul":
+        ins = [ins[0], ("as", _a(0.03, np.float32)), ("az", _a(120, np.uint8)), ins[1], ("bs", _a(0.02, np.float32)),
+               ("bz", _a(131, np.uint8)), ("ys", _a(0.4, np.float32)), ("yz", _a(125, np.uint8))]
+    else:
+        ins = ins + [("az", _a(120, np.uint8)), ("bz", _a(131, np.uint8))]
+    f = tmp_path / "bmm.onnx"
+    onnx.save(_one_node(op, ins, 21), str(f))
+    feeds = {"a": rng.integers(0, 256, a_shape).astype(np.uint8), "b": rng.integers(0, 256, b_shape).astype(np.uint8)}
+    want = _literal(onnx.load(str(f)), feeds)[0]
+    got = np.asarray(eqfuse.compile(str(f))(**feeds))
+    assert got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want), int(np.sum(got != want))
+    assert len(np.unique(want)) > 10
+
 @pytest.mark.extended  # (a counting build of its own)
 def test_a_counting_build_makes_the_integer_micro_kernel_calls_lower_prints():
     """The plan is what runs: the integer GEMM's micro-kernel calls (per panel, K block and row
@@ -1016,8 +1041,6 @@ def _replaced(ins, **new):
      "bias of shape [3] (one int32 per output channel, 2)"),
     ("com.microsoft.QLinearGlobalAveragePool", [("x", (U8, [1, 2, 4, 4])), ("s", S), ("z", Z), ("ys", S), ("yz", Z)],
      {"channels_last": 1}, "attribute 'channels_last' = 1 (eqfuse takes NCHW)"),
-    ("com.microsoft.QLinearSoftmax", [("x", (U8, [4, 8])), ("s", S), ("z", Z), ("ys", S), ("yz", Z)], {"axis": 0},
-     "attribute 'axis' = 0 (eqfuse takes the last axis, 1)"),
     ("com.microsoft.QLinearAdd", [("a", (U8, [2, 4])), ("s", S), ("z", Z), ("b", (U8, [2, 4])),
                                   ("s2", _a([0.1, 0.2], np.float32)), ("z2", Z), ("ys", S), ("yz", Z)], {},
      "scale or zero point of shape [2] ('s2'; this op takes one per tensor)"),
@@ -1028,7 +1051,7 @@ def _replaced(ins, **new):
 ], ids=["scale-2d", "scale-2d-at-run-time", "block-size", "output-dtype", "dequantize-int16", "matmul-rank-1",
         "a-zero-point-per-row", "matmul-integer-i32", "qlinear-matmul-run-time-scale", "qlinear-matmul-i32",
         "conv-integer-i32", "w-zero-point-shape", "asymmetric-pads-run-time-zero-point", "qlinear-conv-run-time-scale",
-        "w-scale-shape", "bias-type", "bias-shape", "gap-channels-last", "softmax-axis", "qlinear-add-per-channel",
+        "w-scale-shape", "bias-type", "bias-shape", "gap-channels-last", "qlinear-add-per-channel",
         "qgemm-y-scale-alone", "qlinear-mul-i32"])
 def test_an_unsupported_quantized_node_is_refused_naming_the_node(op, ins, attrs, message, tmp_path, capsys):
     """Each form the importer does not take: exit status 2 and one message naming the node."""
@@ -1040,6 +1063,17 @@ def test_an_unsupported_quantized_node_is_refused_naming_the_node(op, ins, attrs
     err = capsys.readouterr().err
     assert message in err and f"of ONNX op '{op.rpartition('.')[2]}' in node 'qnode'" in err and "Traceback" not in err, err
 
+
+
+def test_a_qlinear_softmax_axis_out_of_range_is_named_with_its_node(tmp_path, capsys):
+    from eqfuse.cli.main import main
+
+    f = tmp_path / "bad.onnx"
+    onnx.save(_one_node("com.microsoft.QLinearSoftmax", [("x", (U8, [4, 8])), ("s", S), ("z", Z), ("ys", S), ("yz", Z)],
+                        21, axis=2), str(f))
+    assert main(["opt", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "QLinearSoftmax: axis 2 is out of range for rank 2 in node 'qnode'" in err and "Traceback" not in err, err
 
 X4 = np.random.default_rng(4).uniform(-6, 6, (4, 8)).astype(np.float32)
 A8 = np.random.default_rng(5).integers(0, 256, (4, 8)).astype(np.uint8)
@@ -1143,6 +1177,9 @@ def _contrib_model(dt):
              n("QLinearConcat", ["ys", "yz", "a", "as", "az", "b", "bs", "bz", "add", "ys", "yz"], ["concat"], domain=MS,
                axis=1),
              n("QLinearSoftmax", ["a", "as", "az", "ps", "pz"], ["softmax"], domain=MS, axis=-1, opset=13),
+             # (ConvBERT's: over the channels, and over the dims from the channels on before opset 13)
+             n("QLinearSoftmax", ["a", "as", "az", "ps", "pz"], ["softmax_c"], domain=MS, axis=1, opset=13),
+             n("QLinearSoftmax", ["a", "as", "az", "ps", "pz"], ["softmax_c12"], domain=MS, axis=1, opset=12),
              n("MaxPool", ["a"], ["maxpool"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
              n("Reshape", ["maxpool", "shape"], ["flat"]),
              n("QGemm", ["flat", "as", "az", "w", "ws", "wz", "c", "gs", "yz"], ["gemm"], domain=MS, transB=1),

@@ -158,26 +158,28 @@ def _gemm(imp, ins, at):
     return y
 
 
-def _softmax_axis(imp, rank: int, at) -> int:
-    axis = at.get("axis", 1 if imp.opset < 13 else -1)
-    if not -rank <= axis < rank:
-        raise ShapeError(f"axis {axis} is out of range for rank {rank}")
-    return axis % rank
-
-
 @handles("Softmax", "LogSoftmax", attrs=("axis",))
 def _softmax(imp, ins, at):
     """softmax over the axis; LogSoftmax as x - max - log(sum(exp(x - max))), which the optimizer
     fuses into one row kernel as it does softmax's own expansion."""
     x = imp.data(ins[0], imp.node.input[0])
+    return softmax_of(imp, x, at.get("axis"), imp.opset, imp.node.op_type == "LogSoftmax")
+
+
+def softmax_of(imp, x: int, axis: int | None, opset: int, log: bool = False) -> int:
+    """(Log)Softmax of x over `axis` (None: the opset's default) as opset `opset` defines it:
+    before opset 13 over all the dims from `axis` on, flattened; from 13 on over that one axis.
+    QLinearSoftmax (frontend/onnx_quant.py) names its opset in an attribute."""
     shape = imp.type(x).shape
-    axis = _softmax_axis(imp, len(shape), at)
-    log = imp.node.op_type == "LogSoftmax"
-    if imp.opset < 13 and axis != len(shape) - 1:
-        # Before opset 13, Softmax normalizes over all the dims from `axis` on, flattened.
+    rank = len(shape)
+    axis = (1 if opset < 13 else -1) if axis is None else axis
+    if not -rank <= axis < rank:
+        raise ShapeError(f"axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    if opset < 13 and axis != rank - 1:
         flat = imp.reshape_to(x, (one_dim(shape[:axis]), one_dim(shape[axis:])))
         return imp.reshape_to(_normalize(imp, flat, -1, log), shape)
-    return _normalize(imp, x, axis - len(shape), log)
+    return _normalize(imp, x, axis - rank, log)
 
 
 def _normalize(imp, x: int, axis: int, log: bool) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eqfuse.frontend.onnx_handlers import conv_geometry
+from eqfuse.frontend.onnx_handlers import conv_geometry, softmax_of
 from eqfuse.frontend.onnx_registry import (
     HANDLERS,
     ONNX_DTYPES,
@@ -24,7 +24,7 @@ from eqfuse.frontend.onnx_registry import (
     dtype_name,
     handles,
 )
-from eqfuse.ir.shapes import NUMPY_DTYPE, QUANT_DTYPES, dtype_of_numpy
+from eqfuse.ir.shapes import NUMPY_DTYPE, QUANT_DTYPES, broadcast, dtype_of_numpy
 
 F32 = np.float32
 
@@ -137,6 +137,10 @@ def _matmul_integer_node(imp, a, b, azp, bzp):
     azn = _along(imp, azp, "a_zero_point", 0, 0) if imp.is_const(azp) and np.asarray(azp).size == 1 else \
         _along(imp, azp, "a_zero_point", 1, 0)
     bzn = _along(imp, bzp, "b_zero_point", 1, 0)
+    if tb.rank > 2:  # batch dims that broadcast (a multi-query attention's one key head): both expanded
+        batch = broadcast(ta.shape[:-2], tb.shape[:-2])
+        a, b = (t if tuple(tt.shape[:-2]) == batch else imp.op("expand", [t], shape=batch + tuple(tt.shape[-2:]))
+                for t, tt in ((a, ta), (b, tb)))
     return imp.op("matmul_integer", [a, b, azn, bzn])
 
 
@@ -443,16 +447,12 @@ def _qlinear_global_average_pool(imp, ins, at):
 
 @handles("QLinearSoftmax", attrs=("axis", "opset"), domain=MS)
 def _qlinear_softmax(imp, ins, at):
-    """quantize(softmax(dequantize(x))) over the last axis (where the softmax of every opset is the
-    same). onnxruntime tabulates exp of the 256 values of x - max(x) and divides by the row's sum:
-    its f32 steps are not eqfuse's, so the two agree to one step of y."""
+    """quantize(softmax(dequantize(x))), the softmax of the opset its attribute `opset` names (over
+    the dims from `axis` on, flattened, before 13; over that axis from 13 on), as onnxruntime's
+    kernel takes it. onnxruntime tabulates exp of the 256 values of x - max(x) and divides by the
+    row's sum: its f32 steps are not eqfuse's, so the two agree to one step of y."""
     x, dt = _dequantized(imp, ins, 0)
-    rank = imp.type(x).rank
-    opset = at.get("opset", imp.opset)
-    axis = at.get("axis", 1 if opset < 13 else -1)
-    if axis % max(rank, 1) != rank - 1:
-        raise Unsupported(f"attribute 'axis' = {axis} (eqfuse takes the last axis, {rank - 1})")
-    return _quantized(imp, imp.op("softmax", [x], axis=-1), ins, 3, dt)
+    return _quantized(imp, softmax_of(imp, x, at.get("axis"), at.get("opset", imp.opset)), ins, 3, dt)
 
 
 @handles("QLinearConcat", attrs=("axis",), domain=MS)
