@@ -86,13 +86,15 @@ def live_capacity(sig: "Signature", length: int, batch: int = 1) -> int:
     """The capacity of a cache in place (the chunk and decode steps, compiled per capacity): every
     position of the model's position table when it has one of at most LIVE_CAPACITY_MAX (so that
     any prompt and generation the model can hold runs on the steps compiled once: a larger
-    capacity costs the buffers' memory, not time, docs/generation.md); without a table, the
+    capacity costs the buffers' memory, not time, docs/generation.md), less one: a step attends
+    to its capacity + 1 rows (the new one past them), and those must fit the table's P too, where a
+    model slices a P x P causal mask by its key length (GPT-Neo); without a table, the
     power of two that holds `length` rows, doubled up to LIVE_CAPACITY_DEFAULT while the
     buffers of `batch` sequences stay within LIVE_CACHE_BYTES; else capacity_for(length). A
     sliding-window model's caches in place are kept whole (eqfuse.frontend.onnx_inputs.
     window_slices), so its window does not bound the capacity."""
     if sig.max_positions is not None and length <= sig.max_positions <= LIVE_CAPACITY_MAX:
-        cap = max(MIN_CAPACITY, sig.max_positions)
+        cap = max(MIN_CAPACITY, sig.max_positions - 1)
     else:
         cap = capacity_for(length)
         if sig.max_positions is None:

@@ -193,6 +193,10 @@ FAMILIES = {
     "olmo2": dict(_GQA),  # RMSNorm of the queries and keys
     "qwen3": dict(_GQA, head_dim=HEAD),  # RMSNorm of each head's queries and keys
     "cohere": dict(_GQA),  # LayerNorm without a bias, rotary on interleaved pairs
+    # its causal masks sliced from a positions x positions table by the key length, every other
+    # layer's to a window of 16
+    "gpt_neo": dict(hidden_size=WIDTH, num_layers=LAYERS, num_heads=HEADS, max_position_embeddings=POSITIONS,
+                    attention_types=[[["global", "local"], LAYERS // 2]], window_size=16),
 }
 
 

@@ -405,8 +405,8 @@ def count_compiles(monkeypatch) -> dict[str, int]:
 def test_no_compile_after_the_first_generation(monkeypatch):
     """C builds and optimizer runs of a fresh Module compiled with batch buckets: the first
     prefill compiles the chunk step with its rows at run time (chunk_plan: RUNTIME_CHUNK within
-    the capacity; 127 here, 128 being an extent of the model too) and the decode step, both over
-    the cache at the model's 128 positions (live_capacity), their lengths at run time and the
+    the capacity, 127 rows) and the decode step, both over the cache at the model's 128 positions
+    less one (live_capacity: a step's 128 keys), their lengths at run time and the
     batch on its buckets; the 20 decode steps compile nothing. Then prompts of 5, 11, 16, 40 and
     100 tokens at batch sizes 2, 1, 3, 2 and 1 compile nothing: each prompt is one chunk of its
     own rows (Decoder.prefill_chunks, runtime=True), each batch on the one bucket of 2 (1 padded
@@ -417,14 +417,14 @@ def test_no_compile_after_the_first_generation(monkeypatch):
     mod = eqfuse.compile(path, buckets={"batch": [2]})
     sig = module_signature(mod)
     cap = live_capacity(sig, S + NEW - 1)
-    assert cap == de.POSITIONS  # (the position table, read from the file the Module was compiled from)
+    assert cap == de.POSITIONS - 1  # (the position table, read from the file the Module was compiled from)
     assert runtime_chunks(mod, sig, B, cap)
     assert chunk_plan(mod, sig, S, B, cap) == min(RUNTIME_CHUNK, cap)  # (nothing compiled yet)
     dec = Decoder(sig, lambda feeds: mod(**feeds), cap, step_maker(mod, sig))
     seen = []
     logits = dec.prefill_chunks(prompt(), chunk_plan(mod, sig, S, B, cap), runtime=True)
     rows = chunk_plan(mod, sig, S, B, cap)  # (the step compiled: its rows)
-    assert rows == cap - 1 and runtime_chunks(mod, sig, B, cap)
+    assert rows == cap and runtime_chunks(mod, sig, B, cap)
     seen.append(dict(counts))
     for _ in range(STEPS):
         logits = dec.step(logits.argmax(-1)[:, None].astype(np.int64))
@@ -729,8 +729,8 @@ def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
     assert list(loaded.default.live_modules) == list(mod.default.live_modules)  # (dims, "past", pick): the steps
     np.testing.assert_array_equal(eqfuse.generate(loaded, ids, max_new_tokens=NEW), ours)
     sig = onnx_signature(path)
-    assert held_chunks(loaded, sig, B, de.POSITIONS)  # (the chunk step over the cache at 128 rows)
-    assert runtime_chunks(loaded, sig, B, de.POSITIONS)  # (its rows at run time)
+    assert held_chunks(loaded, sig, B, de.POSITIONS - 1)  # (the chunk step over the cache at 127 rows)
+    assert runtime_chunks(loaded, sig, B, de.POSITIONS - 1)  # (its rows at run time)
     # 5 tokens and 4 new: onnxruntime's greedy ids
     short = prompt(5)[:, :5]
     np.testing.assert_array_equal(eqfuse.generate(loaded, short, max_new_tokens=4),
@@ -775,9 +775,9 @@ def test_a_loaded_decoder_with_batch_buckets_generates_any_batch(tmp_path):
     mod = eqfuse.compile(path, buckets={"batch": [2]})
     eqfuse.generate(mod, prompt(7), max_new_tokens=NEW)
     loaded = eqfuse.load(mod.save(tmp_path / "gpt2.eqf"))
-    cap = de.POSITIONS  # (the chunk step of 127 rows at run time and the decode step over the cache at 128 rows)
+    cap = de.POSITIONS - 1  # (the chunk step of 127 rows at run time and the decode step over the cache at 127 rows)
     assert sorted(([dict(key) for key, *_ in loaded.default.live_modules]), key=lambda d: d["past"]) == [
-        {"past": 2, "sequence": cap - 1, "total": cap + 1},
+        {"past": 1, "sequence": cap, "total": cap + 1},
         {"past": cap, "sequence": 1, "total": cap + 1}]  # no batch: bucketed
     for b in (1, 3):
         ids = np.random.default_rng(b).integers(0, de.VOCAB, (b, 6)).astype(np.int64)

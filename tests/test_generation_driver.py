@@ -164,9 +164,10 @@ def test_capacity_is_a_power_of_two_from_16():
 
 
 def test_a_cache_in_place_holds_the_position_table_or_a_default_within_its_memory():
-    """live_capacity: a model's whole position table; without one, 2048 rows, fewer when the
-    buffers of the batch would pass 256 MB, and always the generation's own rows."""
-    assert live_capacity(SIG, 10) == POSITIONS and live_capacity(SIG, 50) == 64  # (past the table: its own)
+    """live_capacity: a model's whole position table less one (a step's keys, the capacity and
+    its new row, within the table); without one, 2048 rows, fewer when the buffers of the batch
+    would pass 256 MB, and always the generation's own rows."""
+    assert live_capacity(SIG, 10) == POSITIONS - 1 and live_capacity(SIG, 50) == 64  # (past the table: its own)
 
     def sig(layers, heads, head):  # a model without a position table
         pasts = [(f"past_{i}", ("b", heads, "p", head)) for i in range(2 * layers)]
