@@ -216,15 +216,17 @@ class EqfuseGraph(torch.nn.Module):
         super().__init__()
         import eqfuse
 
-        graph = FxConverter(name).convert(sub)
+        conv = FxConverter(name)
+        graph = conv.convert(sub)
         self.text = module_text([graph])
         self.single = not isinstance(next(n for n in sub.graph.nodes if n.op == "output").args[0], (tuple, list))
         self.module = eqfuse.compile(self.text, **{k: opts[k] for k in ("cost", "precision") if k in opts})
         self.fn = self.module.default
         self.verify = bool(opts.get("verify"))
         self.threads = opts.get("threads")
-        names = [n for n, _ in graph.params]
-        self.order = [names.index(n) for n, _ in self.fn.optimized.params]
+        # the optimized graph's parameters as positions of forward's tensors (a zero-size one is none)
+        self.order = [conv.placeholders.index(n) for n, _ in self.fn.optimized.params]
+        self.given = [k for k, n in enumerate(conv.placeholders) if n is not None]
         self.compiled = self.fn.compiled({})
         log.debug("eqfuse graph %s:\n%s", name, self.text)
 
@@ -233,7 +235,7 @@ class EqfuseGraph(torch.nn.Module):
         threads = self.threads or torch.get_num_threads()
         if self.verify:
             self.fn.verify, self.fn.threads = True, threads
-            outs = self.fn(*arrays)
+            outs = self.fn(*[arrays[k] for k in self.given])
             outs = [outs] if isinstance(outs, np.ndarray) else list(outs)
         else:
             outs = self.compiled.run([arrays[k] for k in self.order], threads)

@@ -172,6 +172,59 @@ def test_transformers_generate_with_a_static_cache_compiles_once():
     assert ops <= {"index_copy.default", "copy_.default"}, ops  # the cache's in-place writes
 
 
+class EmptyCacheStart(nn.Module):
+    """transformers' DynamicCache before its first token: the keys start as torch.tensor([]) (a
+    1-D empty tensor), concatenated with the new keys along the rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.k = nn.Linear(16, 16)
+
+    def forward(self, x, past):
+        keys = torch.cat([torch.tensor([]), self.k(x)], dim=-2)
+        both = torch.cat([past, keys], dim=-2)  # (past: [2, 0, 16] at the first step)
+        return torch.softmax(x @ both.transpose(-1, -2), -1) @ both, keys
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_cache_that_starts_empty_runs_in_one_eqfuse_graph(verify):
+    """A zero-size tensor (a cache's empty start, as a constant and as an input) is dropped from
+    the cat that appends to it: the whole forward is one eqfuse graph (before, each cat and the
+    empty constant stayed in torch and split the graph in three), the empty input no array of the
+    compiled graph, and the results are eager's."""
+    torch.manual_seed(0)
+    model = EmptyCacheStart().eval()
+    x, past = torch.randn(2, 5, 16), torch.zeros(2, 0, 16)
+    compiled = torch.compile(model, backend="eqfuse", options={"verify": verify})
+    with torch.no_grad():
+        got, want = compiled(x, past), model(x, past)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL)
+    (report,) = REPORTS
+    assert len(report.partitions) == 1 and not report.fallbacks, report.summary()
+    assert "concat(" not in report.partitions[0]
+
+
+@pytest.mark.heavy
+def test_a_hugging_face_decoder_with_its_default_cache_is_one_eqfuse_graph():
+    """A Llama called as transformers calls it by default (use_cache: a DynamicCache whose keys and
+    values start empty): one eqfuse graph, eager's hidden states and cache."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import zoo_models as zm
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        model = zm._config("llama").eval()
+    feeds = {k: torch.from_numpy(v) for k, v in zm.inputs("llama").items()}
+    with torch.no_grad():
+        want = model(**feeds)
+        got = torch.compile(model, backend="eqfuse")(**feeds)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=RTOL, atol=ATOL)
+    for a, b in zip(got.past_key_values.layers, want.past_key_values.layers):
+        torch.testing.assert_close(a.keys, b.keys, rtol=RTOL, atol=ATOL)
+    assert len(REPORTS) == 1 and not REPORTS[0].fallbacks, [r.summary() for r in REPORTS]
+
 def test_parameters_never_go_stale():
     torch.manual_seed(0)
     model = MLP().eval()

@@ -33,6 +33,16 @@ class V:
     id: int
 
 
+class _Empty:
+    """The value of a zero-size tensor (a KV cache's empty start, torch.tensor([])): no tensor of
+    the graph; cat drops it, a copy passes it on, any other op refuses it (torch_fx)."""
+
+    def __repr__(self) -> str:
+        return "a zero-size tensor"
+
+
+EMPTY = _Empty()
+
 HANDLERS: dict[Any, Callable] = {}
 
 
@@ -300,7 +310,7 @@ def _arange(cv, *args, **kw):
 
 @aten("_to_copy", "clone", "alias", "detach", "lift_fresh_copy", "contiguous")
 def _copy(cv, x, *args, **kw):
-    return cv.cast(x, cv.out_type.dtype)
+    return x if x is EMPTY else cv.cast(x, cv.out_type.dtype)
 
 
 # ---------------------------------------------------------------- layout
@@ -417,8 +427,15 @@ def _unbind(cv, x, dim=0):
 
 @aten("cat")
 def _cat(cv, tensors, dim=0):
+    """concat; a zero-size tensor adds nothing and is dropped (torch also takes a 1-D empty one
+    beside tensors of any rank: a KV cache's start, transformers' DynamicCache)."""
+    tensors = [t for t in tensors if t is not EMPTY]
+    if not tensors:
+        return EMPTY
     dt = cv.out_type.dtype
     rank = cv.out_type.rank
+    if len(tensors) == 1:
+        return cv.cast(tensors[0], dt)
     return cv.op("concat", *[cv.cast(t, dt) for t in tensors], axis=dim % rank)
 
 

@@ -24,6 +24,7 @@ from eqfuse.errors import ShapeError
 from eqfuse.frontend.onnx_inputs import sanitize
 from eqfuse.frontend.torch_aten import (
     DTYPES,
+    EMPTY,
     HANDLERS,
     Unsupported,
     V,
@@ -36,6 +37,11 @@ from eqfuse.ir.shapes import TType
 def op_name(node: fx.Node) -> str:
     t = node.target
     return str(t).removeprefix("aten.") if isinstance(t, torch._ops.OpOverload) else getattr(t, "__name__", str(t))
+
+
+def is_empty(val) -> bool:
+    """Whether torch's value is a tensor of known shape with no element."""
+    return isinstance(val, torch.Tensor) and all(isinstance(d, int) for d in val.shape) and 0 in tuple(val.shape)
 
 
 def ttype(val, what: str = "value") -> TType:
@@ -59,6 +65,7 @@ class FxConverter:
 
     def __init__(self, name: str):
         self.graph = Graph(sanitize(name) or "fx")
+        self.placeholders: list[str | None] = []  # convert's inputs in order: their names, None for a zero-size one
         self.env: dict[fx.Node, Any] = {}
         self.taken: set[str] = set()
         self.node: fx.Node | None = None  # the node being converted: handlers read its meta["val"]
@@ -94,6 +101,8 @@ class FxConverter:
             return v
         if isinstance(v, (bool, int, float)):
             return self.const(float(v))
+        if v is EMPTY:
+            raise Unsupported("a zero-size tensor")
         raise Unsupported(f"operand {v!r}")
 
     def type(self, v: V) -> TType:
@@ -159,6 +168,10 @@ class FxConverter:
                 if v is not None:
                     self.check(v, t)
             return
+        if value is EMPTY or is_empty(val):
+            if value is EMPTY and is_empty(val):
+                return
+            raise Unsupported("a zero-size tensor")
         want = ttype(val)
         got = self.type(self.tensor(value))
         if got.shape != want.shape or (got.dtype != want.dtype and not self.is_scalar_const(value)):
@@ -169,13 +182,18 @@ class FxConverter:
         outputs: list = []
         for node in gm.graph.nodes:
             if node.op == "placeholder":
-                self.env[node] = self.add_input(node.name, ttype(node.meta.get("val"), f"input '{node.name}'"))
+                val = node.meta.get("val")
+                # (a zero-size input is no parameter of the graph: EqfuseGraph passes it no array)
+                self.env[node] = EMPTY if is_empty(val) else self.add_input(node.name, ttype(val, f"input '{node.name}'"))
+                self.placeholders.append(None if is_empty(val) else self.graph.nodes[self.env[node].id].name)
             elif node.op == "output":
                 outs = node.args[0]
                 outputs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
             else:
                 self.env[node] = self.convert_node(node)
         for o in outputs:
+            if self.env[o] is EMPTY:
+                raise Unsupported("a zero-size result")
             v = self.tensor(self.env[o])
             self.node = o
             v = self.cast(v, ttype(o.meta["val"]).dtype) if self.graph.nodes[v.id].op != "const" else v
@@ -231,6 +249,8 @@ def _probe_input(conv: FxConverter, a: fx.Node) -> Any:
     if isinstance(val, (tuple, list)):
         return type(val)(conv.add_input(f"{a.name}_{k}", ttype(v)) if isinstance(v, torch.Tensor) else None
                          for k, v in enumerate(val))
+    if is_empty(val):
+        return EMPTY
     return conv.add_input(a.name, ttype(val, f"input '{a.name}'"))
 
 
