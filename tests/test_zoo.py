@@ -1,4 +1,4 @@
-"""The model zoo: 29 Hugging Face families (tests/zoo_models.py: tiny configs, random weights, no
+"""The model zoo: 31 Hugging Face families (tests/zoo_models.py: tiny configs, random weights, no
 download) through eqfuse's two front doors, at rtol 1e-4 and atol 1e-5:
 
 - `eqfuse.compile(model.onnx)` against onnxruntime on the same export, for the TorchScript

@@ -22,8 +22,9 @@ SAMPLES = 400  # Wav2Vec2's raw audio: its two convs (kernel 10 stride 5, kernel
 GROUPS = {
     "bert": "encoder", "distilbert": "encoder", "roberta": "encoder", "albert": "encoder",
     "electra": "encoder", "deberta-v2": "encoder", "mpnet": "encoder", "t5-encoder": "encoder", "funnel": "encoder",
+    "convbert": "encoder",
     "gpt2": "decoder", "gpt-neo": "decoder", "opt": "decoder", "llama": "decoder", "qwen2": "decoder",
-    "phi": "decoder", "bloom": "decoder",
+    "phi": "decoder", "bloom": "decoder", "falcon": "decoder",
     "vit": "vision", "deit": "vision", "swin": "vision", "clip-vision": "vision", "convnext": "vision",
     "resnet": "vision", "mobilenet-v2": "vision", "efficientnet": "vision", "regnet": "vision",
     "mobilevit": "vision", "dinov2": "vision",
@@ -69,6 +70,8 @@ def _config(family: str):
     if family == "funnel":  # relative positional attention, mean-pooled blocks (the dynamo export's ScatterND)
         return T.FunnelBaseModel(T.FunnelConfig(d_model=64, n_head=4, d_head=16, d_inner=128, block_sizes=[1, 1],
                                                 vocab_size=VOCAB))
+    if family == "convbert":  # span-based dynamic convolution heads beside self-attention (a softmax over axis 1)
+        return T.ConvBertModel(T.ConvBertConfig(**_TEXT, embedding_size=64))
     if family == "gpt2":
         return T.GPT2Model(T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64))
     if family == "gpt-neo":  # a global then a local (windowed) attention layer
@@ -84,6 +87,8 @@ def _config(family: str):
         return T.Qwen2Model(T.Qwen2Config(**_TEXT, num_key_value_heads=2))
     if family == "phi":  # rotary embedding on half of each head
         return T.PhiModel(T.PhiConfig(**_TEXT, partial_rotary_factor=0.5))
+    if family == "falcon":  # multi-query attention (one key/value head), parallel attention and MLP
+        return T.FalconModel(T.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB))
     if family == "bloom":  # ALiBi, the attention over merged batch and heads
         return T.BloomModel(T.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=VOCAB))
     vit = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
