@@ -475,6 +475,16 @@ def test_many_aten_ops():
     check(Unfolds(), torch.randn(2, 3, 7, 8))
 
 
+def test_as_strided_views_run_in_eqfuse_and_other_windows_in_torch():
+    """as_strided as AdaptiveAvgPool1d's decomposition writes it (x's own size and strides, Swinv2's
+    pooler) and as a reshape of a contiguous x run in eqfuse; a window that reads elements twice
+    stays in torch, listed with its reason."""
+    x = torch.randn(2, 8, 6)
+    check(Lambda(lambda x: nn.functional.adaptive_avg_pool1d(x.transpose(1, 2) * 2, 1).squeeze(-1)), x)
+    check(Lambda(lambda x: torch.as_strided(x * 2, (4, 24), (24, 1)) + 1), x)
+    with pytest.warns(FallbackWarning, match="as_strided.default x1: a window over the storage that is no reshape"):
+        check(Lambda(lambda x: torch.as_strided(x * 2, (3, 3), (1, 1)) + 1), x, fallbacks={"as_strided.default"})
+
 def _outputs(out) -> tuple:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)  # (torch.max's values and indices)
 

@@ -322,6 +322,30 @@ def _reshape(cv, x, *args):
     return x if cv.type(x).shape == shape else cv.op("reshape", x, shape=shape)
 
 
+def _strides_agree(size, a, b) -> bool:
+    """Whether two strides address the same elements of a tensor of `size` (a dim of one element
+    takes any stride)."""
+    return len(a) == len(b) == len(size) and all(n == 1 or s == t for n, s, t in zip(size, a, b))
+
+
+@aten("as_strided")
+def _as_strided(cv, x, size, stride, storage_offset=None):
+    """as_strided where it is a view eqfuse has (AdaptiveAvgPool1d's decomposition writes one):
+    x itself (its own size, and its strides in torch's memory), or x's elements in their order
+    under another shape (x contiguous in torch's memory, the strides a contiguous tensor's of
+    `size`). Any other window over x's memory runs in torch."""
+    src = cv.node.args[0].meta.get("val")
+    size, stride = tuple(int(d) for d in size), tuple(int(d) for d in stride)
+    if storage_offset or not isinstance(src, torch.Tensor) or src.storage_offset() != 0:
+        raise Unsupported("an offset into the storage")
+    if size == tuple(src.shape) and _strides_agree(size, stride, src.stride()):
+        return x
+    dense = tuple(int(math.prod(size[k + 1:])) for k in range(len(size)))
+    if src.is_contiguous() and math.prod(size) == src.numel() and _strides_agree(size, stride, dense):
+        return cv.op("reshape", x, shape=size)
+    raise Unsupported("a window over the storage that is no reshape")
+
+
 @aten("permute")
 def _permute(cv, x, dims):
     r = cv.type(x).rank
