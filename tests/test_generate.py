@@ -589,6 +589,10 @@ def test_bad_cache_and_arguments_are_refused():
 
     with pytest.raises(eqfuse.ArgumentError, match="dimension past is 32 in one input and 31 in 'past_key_values_1_key'"):
         mod(**feeds(rows=(32, 32, 31, 32)))
+    # the first step over an empty cache, as onnxruntime runs it: what to do instead
+    with pytest.raises(eqfuse.ArgumentError, match=r"'past_key_values_0_key' has an empty dimension past: eqfuse "
+                                                   r"computes no zero-size tensor .*eqfuse.generate"):
+        mod(**feeds(rows=(0,) * 4))
     with pytest.raises(eqfuse.ArgumentError, match=r"'past_key_values_0_value' expects f32\[batch, 4, past, 16\]|"
                                                    r"'past_key_values_0_value' expects f32\[batch, 4, 32, 16\]"):
         mod(**feeds(heads=(4, 3, 4, 4)))

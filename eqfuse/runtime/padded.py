@@ -213,7 +213,10 @@ class PaddedFunction:
             for d, v in zip(shape, a.shape):
                 if isinstance(d, str) and d in self.padded + [self.batch_dim]:
                     if v == 0:
-                        raise ArgumentError(f"{self.name}(): '{n}' has an empty dimension {d}")
+                        raise ArgumentError(f"{self.name}(): '{n}' has an empty dimension {d}: eqfuse computes no "
+                                            "zero-size tensor (a decoder's first step over an empty cache: "
+                                            "eqfuse.generate, whose prefill gives the cache one masked row, "
+                                            "docs/generation.md)")
                     if values.setdefault(d, v) != v:
                         raise ArgumentError(f"{self.name}(): dimension {d} is {values[d]} in one input and {v} in '{n}'")
         return values
