@@ -670,6 +670,27 @@ def test_integer_convs_with_asymmetric_pads_match_onnxruntime(op, pads, shape, t
     assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
 
 
+
+def test_an_integer_conv_with_asymmetric_pads_and_a_run_time_zero_point_matches_onnxruntime(tmp_path):
+    """MobileNetV1's stride-2 convs with TensorFlow's SAME padding (one more row and column at the
+    end), as the dynamo exporter folds the padding into the Conv and quantize_dynamic writes it:
+    the extra row is a block of x's zero point, which DynamicQuantizeLinear computes at run time
+    (expanded to the block); the integers are onnxruntime's."""
+    h = onnx.helper
+    w = np.random.default_rng(1).integers(-128, 128, (3, 2, 3, 3)).astype(np.int8)
+    nodes = [h.make_node("DynamicQuantizeLinear", ["xf"], ["x", "xs", "xz"]),
+             h.make_node("ConvInteger", ["x", "w", "xz"], ["y"], name="qconv", pads=[0, 0, 1, 1], strides=[2, 2])]
+    g = h.make_graph(nodes, "q", [h.make_tensor_value_info("xf", F32T, [2, 2, 8, 8])], [onnx.ValueInfoProto(name="y")],
+                     [onnx.numpy_helper.from_array(w, "w")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    f = tmp_path / "conv.onnx"
+    onnx.save(model, str(f))
+    mod = eqfuse.compile(str(f))
+    for seed in range(3):
+        xf = (np.random.default_rng(seed).standard_normal((2, 2, 8, 8)) + seed - 1).astype(np.float32)
+        (want,), got = _literal(model, {"xf": xf}), mod(xf)
+        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+
 PAIRS_G = """graph pairs(q: u8[4, 8], z: u8, w: i8[4, 8], zw: i8[8]) -> (u8[4, 8], u8[4, 8], u8[4, 8], i8[4, 8]) {
     return quantize_linear(dequantize_linear(q, 0.5, z), 0.5, z), quantize_linear(dequantize_linear(q, 0, z), 0, z),
            quantize_linear(dequantize_linear(q, 3e38, z), 3e38, z), quantize_linear(dequantize_linear(w, 0.5, zw), 0.5, zw)
@@ -1036,8 +1057,8 @@ def _replaced(ins, **new):
     ("ConvInteger", [("x", (I32, [1, 2, 5, 5])), ("w", WC)], {}, "input type i32 (x, input 0; eqfuse takes uint8 and int8)"),
     ("ConvInteger", [("x", (U8, [1, 2, 5, 5])), ("w", WC), ("xz", Z), ("wz", _a([0, 0, 0], np.int8))], {},
      "w_zero_point of shape [3] (eqfuse takes a scalar or one per output channel, 2)"),
-    ("ConvInteger", [("x", (U8, [1, 2, 7, 6])), ("w", WC), ("xz", (U8, []))], {"pads": [0, 0, 1, 0], "strides": [2, 2]},
-     "asymmetric pads [[0, 1], [0, 0]] with stride 2 (and x's zero point computed at run time, or named dims)"),
+    ("ConvInteger", [("x", (U8, ["n", 2, 7, 6])), ("w", WC), ("xz", (U8, []))], {"pads": [0, 0, 1, 0], "strides": [2, 2]},
+     "asymmetric pads [[0, 1], [0, 0]] with stride 2 and named dims"),
     ("QLinearConv", _replaced(QLINEAR_CONV, ys=(F32T, [])), {}, "scales computed at run time"),
     ("QLinearConv", _replaced(QLINEAR_CONV, ws=_a([0.1, 0.2, 0.3], np.float32)), {},
      "w_scale of shape [3] (eqfuse takes a scalar or one per output channel, 2)"),
@@ -1055,7 +1076,7 @@ def _replaced(ins, **new):
                                   ("z2", _a(0, np.int32)), ("ys", S), ("yz", Z)], {}, "input type i32 (input 0;"),
 ], ids=["scale-2d", "scale-2d-at-run-time", "block-size", "output-dtype", "dequantize-int16", "matmul-rank-1",
         "a-zero-point-per-row", "matmul-integer-i32", "qlinear-matmul-run-time-scale", "qlinear-matmul-i32",
-        "conv-integer-i32", "w-zero-point-shape", "asymmetric-pads-run-time-zero-point", "qlinear-conv-run-time-scale",
+        "conv-integer-i32", "w-zero-point-shape", "asymmetric-pads-named-dims", "qlinear-conv-run-time-scale",
         "w-scale-shape", "bias-type", "bias-shape", "gap-channels-last", "qlinear-add-per-channel",
         "qgemm-y-scale-alone", "qlinear-mul-i32"])
 def test_an_unsupported_quantized_node_is_refused_naming_the_node(op, ins, attrs, message, tmp_path, capsys):

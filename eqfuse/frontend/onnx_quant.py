@@ -204,15 +204,19 @@ def _conv_integer_node(imp, x, w, xzp, wzp, at):
         raise Unsupported(f"a {len(xs) - 2}-D convolution (eqfuse's integer convolution is 2-D, NCHW)")
     strides, pads, dilations, spans = conv_geometry(xs, ws, at)
     # more padding at the end, the stride not dividing the extra: the extra is concatenated, a
-    # block of x's zero point (what the padding reads), and the conv is padded evenly
+    # block of x's zero point (what the padding reads; one computed at run time, a
+    # DynamicQuantizeLinear's, expanded to the block), and the conv is padded evenly
     for axis, ((a, b), s) in enumerate(zip(pads, strides), start=2):
         if b > a and (b - a) % s:
             shape = list(imp.type(x).shape)
-            if not imp.is_const(xzp) or not all(isinstance(d, int) for d in shape):
-                raise Unsupported(f"asymmetric pads {[list(p) for p in pads]} with stride {s} (and x's zero point "
-                                  f"computed at run time, or named dims)")
+            if not all(isinstance(d, int) for d in shape):
+                raise Unsupported(f"asymmetric pads {[list(p) for p in pads]} with stride {s} and named dims")
             shape[axis] = b - a
-            block = imp.new_param(f"{imp.node.name or imp.node.output[0]}_pad", np.full(shape, np.asarray(xzp).reshape(())))
+            if imp.is_const(xzp):
+                block = imp.new_param(f"{imp.node.name or imp.node.output[0]}_pad",
+                                      np.full(shape, np.asarray(xzp).reshape(())))
+            else:
+                block = imp.op("expand", [_along(imp, xzp, "x_zero_point", 0, 0)], shape=tuple(shape))
             x = imp.op("concat", [x, block], axis=axis)
             xs = imp.type(x).shape
             pads[axis - 2] = (a, a)
