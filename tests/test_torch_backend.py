@@ -205,7 +205,7 @@ def test_a_cache_that_starts_empty_runs_in_one_eqfuse_graph(verify):
     assert "concat(" not in report.partitions[0]
 
 
-@pytest.mark.heavy
+@pytest.mark.extended  # (the suite's time: test_a_cache_that_starts_empty_runs_in_one_eqfuse_graph is its unit)
 def test_a_hugging_face_decoder_with_its_default_cache_is_one_eqfuse_graph():
     """A Llama called as transformers calls it by default (use_cache: a DynamicCache whose keys and
     values start empty): one eqfuse graph, eager's hidden states and cache."""
