@@ -168,10 +168,10 @@ class FxConverter:
                 if v is not None:
                     self.check(v, t)
             return
-        if value is EMPTY or is_empty(val):
-            if value is EMPTY and is_empty(val):
-                return
+        if (value is EMPTY) != is_empty(val):
             raise Unsupported("a zero-size tensor")
+        if value is EMPTY:
+            return
         want = ttype(val)
         got = self.type(self.tensor(value))
         if got.shape != want.shape or (got.dtype != want.dtype and not self.is_scalar_const(value)):
