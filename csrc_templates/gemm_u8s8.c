@@ -180,21 +180,37 @@ static inline uint32_t {{NAME}}_a4(const uint8_t* a, long g)
     return w ^ {{NAME}}_AXOR;
 }
 
-/* K-group g of row r of a tile whose first row is at a (DIRECT_X: four bytes of x's padded row
- * (c, oh SH + u) from the pixel's column + 4 t; else A's row r) */
-static inline uint32_t {{NAME}}_arow(const uint8_t* a, int r, long g)
+/* DIRECT_X: the byte of x's padded copy where K-group g of a tile's first pixel starts, from that
+ * pixel's first tap (four bytes of padded row (c, oh SH + u) from the pixel's column + 4 t; CH4: tap
+ * g % KW of the four channels of kernel row (c4, u)). The panel tabulates it once (koff): computed
+ * per K-group in the micro-kernel, its divisions and products were as many instructions as the
+ * vpdpbusd they fed (`benchmarks/bench_models.py --quantized static --model resnet_stages`). */
+static inline long {{NAME}}_kofs(long g)
 {
 #if {{NAME}}_DIRECT_X && {{NAME}}_CH4
-    const long cu = g / {{NAME}}_KW; /* (kernel row (c4, u) = (cu / KH, cu % KH) of the four channels c4, tap g % KW) */
-    uint32_t w;
-    memcpy(&w, a + ((cu / {{NAME}}_KH * {{NAME}}_HP + cu % {{NAME}}_KH) * {{NAME}}_WP + g % {{NAME}}_KW + r * {{NAME}}_SW) * 4, 4);
-    return w ^ {{NAME}}_AXOR;
+    const long cu = g / {{NAME}}_KW; /* (kernel row (c4, u) = (cu / KH, cu % KH)) */
+    return ((cu / {{NAME}}_KH * {{NAME}}_HP + cu % {{NAME}}_KH) * {{NAME}}_WP + g % {{NAME}}_KW) * 4;
 #elif {{NAME}}_DIRECT_X
     const long cu = g / {{NAME}}_KWG; /* (kernel row (c, u) = (cu / KH, cu % KH), its taps from 4 (g % KWG)) */
+    return (cu / {{NAME}}_KH * {{NAME}}_HP + cu % {{NAME}}_KH) * {{NAME}}_WP + g % {{NAME}}_KWG * 4;
+#else
+    return 4 * g;
+#endif
+}
+#if {{NAME}}_DIRECT_X
+_Static_assert({{NAME}}_ABYTES < 2147483647L, "the padded copy's offsets are int32 (koff)");
+#endif
+
+/* K-group g of row r of a tile whose first row is at a (DIRECT_X: at koff[g], the panel's table
+ * of kofs, and r SW pixels on; else A's row r) */
+static inline uint32_t {{NAME}}_arow(const uint8_t* a, const int32_t* koff, int r, long g)
+{
+#if {{NAME}}_DIRECT_X
     uint32_t w;
-    memcpy(&w, a + (cu / {{NAME}}_KH * {{NAME}}_HP + cu % {{NAME}}_KH) * {{NAME}}_WP + g % {{NAME}}_KWG * 4 + r * {{NAME}}_SW, 4);
+    memcpy(&w, a + koff[g] + r * {{NAME}}_SW * ({{NAME}}_CH4 ? 4 : 1), 4);
     return w ^ {{NAME}}_AXOR;
 #else
+    (void)koff;
     return {{NAME}}_a4(a + r * {{NAME}}_LDA, g);
 #endif
 }
@@ -212,7 +228,8 @@ static inline uint32_t {{NAME}}_arow(const uint8_t* a, int r, long g)
 /* out[r][NR] = init[r][NR] (0 without init) + the sum over the K-groups [g0, g1) of
  * A[r][k] * panel[k][j] (u8 x s8, int32), for r < mr */
 static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukernel(
-    const int mr, const uint8_t* restrict a, const int8_t* restrict bp, const long g0, const long g1,
+    const int mr, const uint8_t* restrict a, const int32_t* restrict koff, const int8_t* restrict bp,
+    const long g0, const long g1,
     const int32_t* init, int32_t* out)
 {
     {{NAME}}_COUNT_CALL();
@@ -238,7 +255,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             b[v] = _mm512_loadu_si512((const void*)(bp + (g * {{NAME}}_NR + 16 * v) * 4));
 #pragma GCC unroll 16
         for (int r = 0; r < mr; r++) {
-            const __m512i av = _mm512_set1_epi32((int){{NAME}}_arow(a, r, g));
+            const __m512i av = _mm512_set1_epi32((int){{NAME}}_arow(a, koff, r, g));
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, b[v]);
@@ -266,7 +283,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             b[v] = _mm256_loadu_si256((const __m256i*)(bp + (g * {{NAME}}_NR + 8 * v) * 4));
 #pragma GCC unroll 16
         for (int r = 0; r < mr; r++) {
-            const __m256i av = _mm256_set1_epi32((int)({{NAME}}_arow(a, r, g)));
+            const __m256i av = _mm256_set1_epi32((int)({{NAME}}_arow(a, koff, r, g)));
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 acc[r][v] = {{NAME}}_dot4(acc[r][v], av, b[v]);
@@ -286,7 +303,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             /* (A's four bytes broadcast from memory and split in the vector registers: splitting
              * them in a general register first moved each half over with vmovd + vpbroadcastd,
              * the fallback's bottleneck, `bench_gemm.py --int8 --reduce-range off`) */
-            const __m256i aw = _mm256_set1_epi32((int){{NAME}}_arow(a, r, g));
+            const __m256i aw = _mm256_set1_epi32((int){{NAME}}_arow(a, koff, r, g));
             const __m256i ae = _mm256_srli_epi16(_mm256_slli_epi16(aw, 8), 8); /* (no mask: its register holds an accumulator) */
             const __m256i ao = _mm256_srli_epi16(aw, 8);
 #pragma GCC unroll 8
@@ -307,7 +324,7 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
             out[r * {{NAME}}_NR + j] = init ? init[r * {{NAME}}_NR + j] : 0;
     for (long g = g0; g < gn; g++)
         for (int r = 0; r < mr; r++) {
-            const uint32_t w = {{NAME}}_arow(a, r, g);
+            const uint32_t w = {{NAME}}_arow(a, koff, r, g);
             for (int j = 0; j < {{NAME}}_NR; j++) {
                 const int8_t* q = bp + (g * {{NAME}}_NR + j) * 4;
                 out[r * {{NAME}}_NR + j] += (int32_t)(w & 255) * q[0] + (int32_t)(w >> 8 & 255) * q[1]
@@ -778,6 +795,9 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
         bzj[jj] = (uint32_t)((int32_t)bzp[{{NAME}}_BZP_PER_COL ? j : 0] - ({{NAME}}_B_U8 ? 128 : 0));
         corr[jj] = (uint32_t){{NAME}}_K * az * bzj[jj] - az * (uint32_t)colsum[j0 + jj];
     }
+    int32_t koff[{{NAME}}_DIRECT_X ? {{NAME}}_KGP : 1];
+    for (long g = 0; {{NAME}}_DIRECT_X && g < {{NAME}}_KGP; g++)
+        koff[g] = (int32_t){{NAME}}_kofs(g);
     int32_t tile[{{NAME}}_MR * {{NAME}}_NR] __attribute__((aligned(64)));
     /* the partial sums of all M rows between K blocks (none with one block) */
     enum { ONE_BLOCK = {{NAME}}_KCG >= {{NAME}}_KGP };
@@ -795,9 +815,9 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
         int32_t* dst = last ? tile : part + i0 * {{NAME}}_NR;
         /* (the last M % MR rows: a kernel of that many rows, unrolled like the full one) */
         if (mr == {{NAME}}_MR)
-            {{NAME}}_ukernel({{NAME}}_MR, A + {{NAME}}_arow0(i0), bp, g0, g1, init, dst);
+            {{NAME}}_ukernel({{NAME}}_MR, A + {{NAME}}_arow0(i0), koff, bp, g0, g1, init, dst);
         else
-            {{NAME}}_ukernel({{NAME}}_EDGE, A + {{NAME}}_arow0(i0), bp, g0, g1, init, dst);
+            {{NAME}}_ukernel({{NAME}}_EDGE, A + {{NAME}}_arow0(i0), koff, bp, g0, g1, init, dst);
         if (!last)
             continue;
 #if {{NAME}}_NCORR
@@ -807,7 +827,7 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
             const {{NAME}}_fix_t* fix = {{NAME}}_FIXES(jb->P);
             for (long c = start[p]; c < start[p + 1]; c++)
                 for (int r = 0; r < mr; r++) { /* (uint32: wraps as the int32 sums do) */
-                    const int32_t byte = (int32_t)({{NAME}}_arow(A + {{NAME}}_arow0(i0), r, fix[c].k / 4) >> 8 * (fix[c].k % 4) & 255);
+                    const int32_t byte = (int32_t)({{NAME}}_arow(A + {{NAME}}_arow0(i0), koff, r, fix[c].k / 4) >> 8 * (fix[c].k % 4) & 255);
                     tile[r * {{NAME}}_NR + fix[c].jj] = (int32_t)((uint32_t)tile[r * {{NAME}}_NR + fix[c].jj] + (uint32_t)(byte * fix[c].rem));
                 }
         }
