@@ -168,9 +168,10 @@ def test_arrays_kept_between_calls_are_read_afresh():
 
 
 def test_a_repeat_call_takes_the_short_way_and_stays_checked():
-    """A call by position with the last call's shapes and dtypes goes straight to its run
-    function (GraphFunction._repeat); new values, a new batch size, a bad dtype or keywords
-    still get the result or the error of the full path."""
+    """A call by position, or with every parameter by keyword, with the last call's shapes and
+    dtypes goes straight to its run function (GraphFunction._repeat); new values, a new batch
+    size, a bad dtype, a bound or unknown keyword still get the result or the error of the full
+    path."""
     src = "graph g(x: f32[B, 16], w: f32[16, 8]) -> f32[B, 8] { return relu(x @ w) }"
     ref = eqfuse.reference(src)
     w = arr(16, 8, seed=1)
@@ -180,7 +181,18 @@ def test_a_repeat_call_takes_the_short_way_and_stays_checked():
         x = arr(b, 16, seed=seed)
         np.testing.assert_allclose(mod(x), ref(x, w), rtol=1e-5, atol=1e-6)
         assert f._repeat is not None and f._repeat[0] == (((b, 16), np.dtype(np.float32)),)
-    np.testing.assert_allclose(mod(x=x), ref(x, w), rtol=1e-5, atol=1e-6)  # by keyword: the full path
+    f.named_arrays = None  # (the full path's first step: a call that took it fails now)
+    np.testing.assert_allclose(mod(x=x), ref(x, w), rtol=1e-5, atol=1e-6)  # by keyword: the short way
+    del f.named_arrays
+    with pytest.raises(ArgumentError, match="no parameter 'y'"):
+        mod(y=x)
+    with pytest.raises(ArgumentError, match="'w' is bound by params="):
+        mod(w=w)
+    with pytest.raises(ArgumentError, match="given twice"):
+        mod(x, x=x)
+    x = arr(5, 16, seed=6)
+    np.testing.assert_allclose(mod(x=x), ref(x, w), rtol=1e-5, atol=1e-6)  # a new batch size by keyword
+    assert f._repeat[0] == (((5, 16), np.dtype(np.float32)),)
     with pytest.raises(ArgumentError, match="expects dtype float32"):
         mod(x.astype(np.float64))
     with pytest.raises(ArgumentError, match="takes 1 array"):

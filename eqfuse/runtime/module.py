@@ -182,6 +182,14 @@ class GraphFunction:
         # ResNet stages spent many times longer outside their C than calls run back to back,
         # as benchmarks/bench_runtime.py runs them.)
         repeat = self._repeat
+        if repeat is not None and keywords and not arrays and len(keywords) == len(self.free):
+            # Every parameter by keyword (a dict of feeds, as onnxruntime takes them) is the same
+            # call by position: it takes the repeat call's way too. (The way of named_arrays and
+            # bind_arrays cost a BERT export's call a sixth more: benchmarks/bench_models.py.)
+            try:
+                arrays, keywords = tuple(map(keywords.__getitem__, self.free)), {}
+            except KeyError:  # (a name that is not a parameter: named_arrays says which)
+                pass
         if repeat is not None and not keywords and len(arrays) == len(repeat[0]) and all(
                 map(_same_kind, arrays, repeat[0])):
             run = list(self._template)
