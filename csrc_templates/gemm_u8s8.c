@@ -197,17 +197,21 @@ static inline long {{NAME}}_kofs(long g)
     return 4 * g;
 #endif
 }
+/* The table on the panel's stack: at most KOFF_MAX int32 (a conv of more K-groups, thousands of
+ * channels in a large kernel, computes each offset in the loop instead) */
+#define {{NAME}}_KOFF_MAX 8192L
+#define {{NAME}}_KOFF ({{NAME}}_DIRECT_X && {{NAME}}_KGP <= {{NAME}}_KOFF_MAX)
 #if {{NAME}}_DIRECT_X
 _Static_assert({{NAME}}_ABYTES < 2147483647L, "the padded copy's offsets are int32 (koff)");
 #endif
 
 /* K-group g of row r of a tile whose first row is at a (DIRECT_X: at koff[g], the panel's table
- * of kofs, and r SW pixels on; else A's row r) */
+ * of kofs, or kofs(g) itself, and r SW pixels on; else A's row r) */
 static inline uint32_t {{NAME}}_arow(const uint8_t* a, const int32_t* koff, int r, long g)
 {
 #if {{NAME}}_DIRECT_X
     uint32_t w;
-    memcpy(&w, a + koff[g] + r * {{NAME}}_SW * ({{NAME}}_CH4 ? 4 : 1), 4);
+    memcpy(&w, a + ({{NAME}}_KOFF ? koff[g] : {{NAME}}_kofs(g)) + r * {{NAME}}_SW * ({{NAME}}_CH4 ? 4 : 1), 4);
     return w ^ {{NAME}}_AXOR;
 #else
     (void)koff;
@@ -795,8 +799,8 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
         bzj[jj] = (uint32_t)((int32_t)bzp[{{NAME}}_BZP_PER_COL ? j : 0] - ({{NAME}}_B_U8 ? 128 : 0));
         corr[jj] = (uint32_t){{NAME}}_K * az * bzj[jj] - az * (uint32_t)colsum[j0 + jj];
     }
-    int32_t koff[{{NAME}}_DIRECT_X ? {{NAME}}_KGP : 1];
-    for (long g = 0; {{NAME}}_DIRECT_X && g < {{NAME}}_KGP; g++)
+    int32_t koff[{{NAME}}_KOFF ? {{NAME}}_KGP : 1];
+    for (long g = 0; {{NAME}}_KOFF && g < {{NAME}}_KGP; g++)
         koff[g] = (int32_t){{NAME}}_kofs(g);
     int32_t tile[{{NAME}}_MR * {{NAME}}_NR] __attribute__((aligned(64)));
     /* the partial sums of all M rows between K blocks (none with one block) */

@@ -2222,3 +2222,24 @@ def test_qattention_with_an_unknown_mask_form_or_a_shared_past_buffer_is_refused
     assert main(["opt", str(f)]) == 2
     err = capsys.readouterr().err
     assert "qatt" in err and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.heavy  # (a conv of 50,176 taps a pixel)
+def test_an_integer_conv_of_more_k_groups_than_its_offset_table_computes_them_in_its_loop():
+    """A conv read in place (direct_x) finds each K-group in x's padded copy through a table its
+    panel fills (koff, csrc_templates/gemm_u8s8.c), up to KOFF_MAX groups; past that (1,024
+    channels by 7 x 7 taps: 12,544 K-groups of four channels) it computes each one in the loop,
+    with the same integers."""
+    rng = np.random.default_rng(13)
+    x = {"x": rng.integers(0, 256, (1, 1024, 8, 8)).astype(np.uint8), "w": rng.integers(-128, 128, (16, 1024, 7, 7)).astype(np.int8),
+         "xz": np.asarray(131, np.uint8), "wz": np.asarray(3, np.int8)}
+    src = ("graph big(x: u8[1, 1024, 8, 8], w: i8[16, 1024, 7, 7], xz: u8, wz: i8) {\n"
+           "  return conv_integer(x, w, xz, wz, padding=3)\n}\n")
+    mod = eqfuse.compile(src)
+    (conv,) = [k for k in mod.kernels if k.kind == "contraction"]
+    assert conv.decisions["direct_x"] and conv.decisions["ch4"], conv.decisions
+    want = OPS["conv_integer"].numpy([x["x"], x["w"], x["xz"], x["wz"]], {"stride": 1, "padding": 3, "dilation": 1, "group": 1})
+    for threads in (1, 2):
+        mod.default.threads = threads
+        got = mod(**x)
+        assert got.dtype == np.int32 and np.array_equal(got, want), threads
