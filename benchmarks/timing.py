@@ -37,10 +37,7 @@ def settle() -> float:
     right after onnxruntime's generation beside its spinning pool (bench_generate.py)."""
     from eqfuse.runtime import load
 
-    t0 = time.perf_counter()
-    while load.running_counts()[0] > 1 and time.perf_counter() - t0 < SETTLE_MAX:
-        time.sleep(0.005)
-    return time.perf_counter() - t0
+    return load.settle(SETTLE_MAX)
 
 
 def alternate(runs: dict[str, Callable[[], object]], repeat: int, threads: int,

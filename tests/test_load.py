@@ -29,6 +29,36 @@ def test_this_process_counts_its_own_running_threads(tmp_path):
     assert load.running_counts(str(tmp_path), mine={1, 2}, also={2, 3, 4}) == (2, 1, 1)
 
 
+def test_settle_waits_until_no_other_thread_runs_and_no_longer_than_asked(monkeypatch):
+    """load.settle (eqfuse bench and benchmarks/timing.py before a multi-threaded timing): it
+    reads the running threads until the caller's is the only one, or until `wait` has passed."""
+    counts = iter([3, 2, 2, 1, 5])
+    monkeypatch.setattr(load, "running_counts", lambda: (next(counts),))
+    load.settle(60.0)
+    assert next(counts) == 5  # (returned at the first reading of 1)
+    reads = []
+    monkeypatch.setattr(load, "running_counts", lambda: reads.append(1) or (2,))
+    load.settle(0.05)  # another thread that never stops: settle gives up after `wait`
+    assert len(reads) >= 2
+
+
+def test_bench_settles_before_each_multi_threaded_cell(monkeypatch, capsys, tmp_path):
+    """`eqfuse bench` waits for the row before's threads to stop spinning before each cell of more
+    than one thread (a peer timed beside them ran its 2-thread calls at its 1-thread time)."""
+    from eqfuse.cli import bench
+    from eqfuse.cli.main import main
+
+    settled = []
+    monkeypatch.setattr(bench, "settle", lambda: settled.append(1) or 0.0)
+    monkeypatch.setattr(bench, "SETTLE_PAUSE", 0.0)
+    src = "graph g(x: f32[64, 32], w: f32[32, 16]) -> f32[64, 16] {\n  return relu(x @ w)\n}\n"
+    (tmp_path / "g.g").write_text(src)
+    assert main(["bench", str(tmp_path / "g.g"), "--repeat", "2", "--threads", "1", "--threads", "2",
+                 "--peers", "numpy"]) == 0
+    assert "numpy op by op" in capsys.readouterr().out
+    assert len(settled) == 3  # (threads=2 of eqfuse unfused, eqfuse fused and numpy)
+
+
 def test_free_cores_leave_out_other_processes(monkeypatch):
     monkeypatch.setattr(load, "cpus", lambda: 2)
     monkeypatch.setattr(load, "_last", [0.0, 0, 0])

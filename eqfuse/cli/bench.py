@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from eqfuse.ir.kernels import K
+from eqfuse.runtime.load import SETTLE_PAUSE, settle
 
 NOISY_IQR = 20  # percent: a row whose spread is wider gets a warning under the table
 
@@ -142,6 +143,10 @@ def bench_model(src, dims: Mapping[str, int] | None = None, graph: str | None = 
 
     def measured(row: str, t: int, fn) -> tuple[float, float]:  # one cell of the table, under a progress line
         with progress.step(f"bench {g.name}: {row}, threads={t}, {repeat} calls"):
+            if t > 1:  # (the row before's threads may spin on: OpenVINO's 2-thread calls right after
+                # numpy's and onnxruntime's ran at their 1-thread time)
+                time.sleep(SETTLE_PAUSE)
+                settle()
             return spread(fn, repeat)
 
     for t in threads:

@@ -99,6 +99,23 @@ def running_counts(task_dir: str = "/proc/self/task", mine: Collection[int] | No
     return (n, own) if also is None else (n, own, other)
 
 
+# `settle`'s waits: a pause (above onnxruntime's spinning after a run, tens of milliseconds:
+# benchmarks/timing.py probes it), then at most SETTLE_MAX until no other thread runs
+SETTLE_PAUSE, SETTLE_MAX = 0.1, 0.5
+
+
+def settle(wait: float = SETTLE_MAX) -> float:
+    """Wait until no thread of this process but the calling one is running, at most `wait`
+    seconds; the seconds waited. Another runtime's threads spin on after its run (onnxruntime's
+    for tens of milliseconds, OpenBLAS's and OpenMP's too), and a runtime timed right after it
+    shares the cores with them: `eqfuse bench` and benchmarks/timing.py time each runtime's
+    multi-threaded calls after this."""
+    t0 = time.perf_counter()
+    while running_counts()[0] > 1 and time.perf_counter() - t0 < wait:
+        time.sleep(0.005)
+    return time.perf_counter() - t0
+
+
 def running_own(task_dir: str = "/proc/self/task", mine: Collection[int] | None = None) -> int:
     """This process's threads in state R (running or runnable); with `mine`, only those whose
     thread ids are in it (the calling thread and its OpenMP team: the others are peers)."""
