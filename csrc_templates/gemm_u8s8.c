@@ -182,9 +182,10 @@ static inline uint32_t {{NAME}}_a4(const uint8_t* a, long g)
 
 /* DIRECT_X: the byte of x's padded copy where K-group g of a tile's first pixel starts, from that
  * pixel's first tap (four bytes of padded row (c, oh SH + u) from the pixel's column + 4 t; CH4: tap
- * g % KW of the four channels of kernel row (c4, u)). The panel tabulates it once (koff): computed
- * per K-group in the micro-kernel, its divisions and products were as many instructions as the
- * vpdpbusd they fed (`benchmarks/bench_models.py --quantized static --model resnet_stages`). */
+ * g % KW of the four channels of kernel row (c4, u)). A table of them is filled once per process
+ * (koff, at the kernel's first call): computed per K-group in the micro-kernel, its divisions and
+ * products were as many instructions as the vpdpbusd they fed (`benchmarks/bench_models.py
+ * --quantized static --model resnet_stages`). */
 static inline long {{NAME}}_kofs(long g)
 {
 #if {{NAME}}_DIRECT_X && {{NAME}}_CH4
@@ -197,21 +198,24 @@ static inline long {{NAME}}_kofs(long g)
     return 4 * g;
 #endif
 }
-/* The table on the panel's stack: at most KOFF_MAX int32 (a conv of more K-groups, thousands of
- * channels in a large kernel, computes each offset in the loop instead) */
-#define {{NAME}}_KOFF_MAX 8192L
-#define {{NAME}}_KOFF ({{NAME}}_DIRECT_X && {{NAME}}_KGP <= {{NAME}}_KOFF_MAX)
 #if {{NAME}}_DIRECT_X
 _Static_assert({{NAME}}_ABYTES < 2147483647L, "the padded copy's offsets are int32 (koff)");
+static int32_t {{NAME}}_koff[{{NAME}}_KGP];
+static pthread_once_t {{NAME}}_koff_once = PTHREAD_ONCE_INIT;
+static void {{NAME}}_koff_fill(void)
+{
+    for (long g = 0; g < {{NAME}}_KGP; g++)
+        {{NAME}}_koff[g] = (int32_t){{NAME}}_kofs(g);
+}
 #endif
 
-/* K-group g of row r of a tile whose first row is at a (DIRECT_X: at koff[g], the panel's table
- * of kofs, or kofs(g) itself, and r SW pixels on; else A's row r) */
+/* K-group g of row r of a tile whose first row is at a (DIRECT_X: at koff[g], the table of kofs,
+ * and r SW pixels on; else A's row r) */
 static inline uint32_t {{NAME}}_arow(const uint8_t* a, const int32_t* koff, int r, long g)
 {
 #if {{NAME}}_DIRECT_X
     uint32_t w;
-    memcpy(&w, a + ({{NAME}}_KOFF ? koff[g] : {{NAME}}_kofs(g)) + r * {{NAME}}_SW * ({{NAME}}_CH4 ? 4 : 1), 4);
+    memcpy(&w, a + koff[g] + r * {{NAME}}_SW * ({{NAME}}_CH4 ? 4 : 1), 4);
     return w ^ {{NAME}}_AXOR;
 #else
     (void)koff;
@@ -799,9 +803,12 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
         bzj[jj] = (uint32_t)((int32_t)bzp[{{NAME}}_BZP_PER_COL ? j : 0] - ({{NAME}}_B_U8 ? 128 : 0));
         corr[jj] = (uint32_t){{NAME}}_K * az * bzj[jj] - az * (uint32_t)colsum[j0 + jj];
     }
-    int32_t koff[{{NAME}}_KOFF ? {{NAME}}_KGP : 1];
-    for (long g = 0; {{NAME}}_KOFF && g < {{NAME}}_KGP; g++)
-        koff[g] = (int32_t){{NAME}}_kofs(g);
+#if {{NAME}}_DIRECT_X
+    pthread_once(&{{NAME}}_koff_once, {{NAME}}_koff_fill);
+    const int32_t* restrict koff = {{NAME}}_koff;
+#else
+    const int32_t* koff = NULL;
+#endif
     int32_t tile[{{NAME}}_MR * {{NAME}}_NR] __attribute__((aligned(64)));
     /* the partial sums of all M rows between K blocks (none with one block) */
     enum { ONE_BLOCK = {{NAME}}_KCG >= {{NAME}}_KGP };

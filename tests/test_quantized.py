@@ -2225,11 +2225,11 @@ def test_qattention_with_an_unknown_mask_form_or_a_shared_past_buffer_is_refused
 
 
 @pytest.mark.heavy  # (a conv of 50,176 taps a pixel)
-def test_an_integer_conv_of_more_k_groups_than_its_offset_table_computes_them_in_its_loop():
-    """A conv read in place (direct_x) finds each K-group in x's padded copy through a table its
-    panel fills (koff, csrc_templates/gemm_u8s8.c), up to KOFF_MAX groups; past that (1,024
-    channels by 7 x 7 taps: 12,544 K-groups of four channels) it computes each one in the loop,
-    with the same integers."""
+def test_an_integer_conv_of_many_k_groups_reads_them_through_its_offset_table():
+    """A conv read in place (direct_x) finds each K-group in x's padded copy through a table filled
+    once, at its first call (koff, csrc_templates/gemm_u8s8.c): 1,024 channels by 7 x 7 taps,
+    12,544 K-groups of four channels, a table larger than a thread's stack would hold well, at 1
+    and 2 threads against numpy."""
     rng = np.random.default_rng(13)
     x = {"x": rng.integers(0, 256, (1, 1024, 8, 8)).astype(np.uint8), "w": rng.integers(-128, 128, (16, 1024, 7, 7)).astype(np.int8),
          "xz": np.asarray(131, np.uint8), "wz": np.asarray(3, np.int8)}
