@@ -24,9 +24,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-SETTLE = 0.1  # seconds before a block: above onnxruntime's spinning after a run (the probe above)
+# seconds before a block (above onnxruntime's spinning after a run: the probe above), and the
+# longest `settle` then waits for the other runtimes' threads to stop spinning: `eqfuse bench`
+# waits the same, so both take them from the one place
+from eqfuse.runtime.load import SETTLE_MAX, SETTLE_PAUSE as SETTLE
+
 BLOCK = 10  # timed calls per block
-SETTLE_MAX = 0.5  # the longest `settle` waits for the other runtimes' threads to stop spinning
 
 
 def settle() -> float:
