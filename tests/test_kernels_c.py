@@ -459,7 +459,7 @@ def test_contraction_row_epilogue_small_blocks(monkeypatch):
     NC block: per MR-row tile) and, on 2 threads, threads sharing a panel."""
     import eqfuse.backend.kinds.contraction.plan_gemm as plan_gemm
 
-    monkeypatch.setattr(plan_gemm, "gemm_tiles", lambda M, N, K, m, even_kc=False: {"mr": 6, "nr": 64, "kc": min(16, K),
+    monkeypatch.setattr(plan_gemm, "gemm_tiles", lambda M, N, K, m, even_kc=False, a_bytes=4: {"mr": 6, "nr": 64, "kc": min(16, K),
                                                                       "mc": min(12, -(-M // 6) * 6), "nc": 64})
     src = ("graph sb(x: f32[2, 53, 40], w: f32[40, 130], b: f32[130], g: f32[130], be: f32[130], "
            "r: f32[2, 53, 130], v: f32[40, 37], h: f32[37]) -> (f32[2, 53, 130], f32[2, 53, 130], f32[2, 53, 37]) {\n"

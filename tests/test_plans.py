@@ -448,6 +448,20 @@ def test_k_is_cut_into_equal_slices(K, slices):
     assert -(-K // t["kc"]) == slices and t["kc"] * slices - K < slices
 
 
+@pytest.mark.parametrize("K, slices", [(1024, 1), (1360, 1), (1536, 2), (2203, 3), (3072, 3)])
+def test_a_bf16_gemm_slices_k_deeper_by_its_bytes(K, slices):
+    """On the vdpbf16ps path (A packed as bf16) K slices are BF16_KC deep (a K up to half again in one), as far
+    as the A micro-panel fits half of L1, and whole K-pairs but the last; f32's stay shallower."""
+    from eqfuse.backend.kinds.contraction.plan_gemm import BF16, BF16_KC, gemm_tiles
+    from eqfuse.machine import MODELS
+
+    m = MODELS["zen4"]
+    t = gemm_tiles(64, 512, K, m, even_kc=True, a_bytes=BF16)
+    assert -(-K // t["kc"]) == slices and t["kc"] <= BF16_KC * 3 // 2 and t["mr"] * t["kc"] * BF16 <= m.l1 // 2
+    assert t["kc"] == K or t["kc"] % 2 == 0
+    assert gemm_tiles(64, 512, K, m)["kc"] < t["kc"] or K < 1024
+
+
 @pytest.mark.heavy  # (the fast tier's time)
 def test_small_gemms_open_no_parallel_region_and_the_plan_says_so(machine_model):
     """GEMMs and convs below plan_gemm.PARALLEL_MIN_FMAS run on the calling thread: the plan's

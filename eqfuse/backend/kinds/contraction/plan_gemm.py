@@ -201,7 +201,17 @@ def bf16_texts(path: str) -> dict[str, str]:
     return {"a": "", "b": "", "op": "FMA"}
 
 
-def gemm_tiles(M: int, N: int, K: int, m: Machine, even_kc: bool = False) -> dict[str, int]:
+# A bf16 GEMM's deepest K slice (vdpbf16ps): twice f32's cap (machine.gemm_blocking's 512), the same
+# bytes of A per row, as far as the A micro-panel fits half of L1. A multiply-add per K-pair does
+# twice f32's work per instruction, so a slice as deep as f32's would pay twice as often for its
+# pass over C: on one thread 1024^3 ran 5-8% faster in one slice of 1024 than in two of 512,
+# 128 x 768 x 3072 in three slices of 1024 than in four of 768 or two of 1536, and 128 x 3072 x 768
+# and 256 x 3072 x 768 in one slice than in three of 256 (`benchmarks/bench_gemm.py --precision
+# bf16`; benchmarks/RESULTS.md, 2026-12-02)
+BF16_KC = 1024
+
+
+def gemm_tiles(M: int, N: int, K: int, m: Machine, even_kc: bool = False, a_bytes: int = F32) -> dict[str, int]:
     """MR, NR, KC, MC, NC of one M x N x K GEMM on machine m (machine.gemm_blocking's rules).
 
     The register tile narrows for few columns (machine.register_tile). A K up to half again
@@ -212,12 +222,17 @@ def gemm_tiles(M: int, N: int, K: int, m: Machine, even_kc: bool = False) -> dic
     128) measured slightly faster than two of 384 (NC 320), one thread, B prepacked
     (`benchmarks/bench_gemm.py --peers --only 128x768x768,256x3072x768 --threads 1`).
     `even_kc`: K slices of whole K-pairs (a bf16 GEMM's: only the last slice may be odd).
+    `a_bytes`: the bytes of an element of the packed A, BF16 on the vdpbf16ps path (whose K slices
+    are deeper, as BF16_KC says), F32 elsewhere (the bf16 fallback holds A rounded, as f32).
     """
     mr, nr = register_tile(m.simd_floats, N)
-    kc = gemm_blocking(m, mr, nr)[2]
+    if a_bytes == BF16:
+        kc = min(BF16_KC, (m.l1 // 2) // (mr * BF16) // 8 * 8)
+    else:
+        kc = gemm_blocking(m, mr, nr)[2]
     slices = 1 if K <= kc * 3 // 2 else cdiv(K, kc)
     kc = cdiv(K, slices)
-    while mr * kc * F32 > m.l1 // 2 and kc > 8:
+    while mr * kc * a_bytes > m.l1 // 2 and kc > 8:
         slices += 1
         kc = cdiv(K, slices)
     if even_kc and kc < K and kc % 2:
@@ -635,10 +650,11 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
     path = plan.precision_path
     texts = bf16_texts(path)
     amx = path == "amx_bf16"
-    t = plan.tiles = amx_tiles(gM, Nn, K, m) if amx else gemm_tiles(gM, Nn, K, m, even_kc=bf16)
+    a_bytes = BF16 if path == "avx512_bf16" else F32  # (the packed A's elements)
+    t = plan.tiles = amx_tiles(gM, Nn, K, m) if amx else gemm_tiles(gM, Nn, K, m, even_kc=bf16, a_bytes=a_bytes)
     mr, nr, kc, mc, nc = t["mr"], t["nr"], t["kc"], t["mc"], t["nc"]
     plan.cache_check = "; ".join(f"{text}: {'ok' if ok else 'NO'}"
-                                 for text, ok in gemm_checks(t, m, BF16 if amx else F32))
+                                 for text, ok in gemm_checks(t, m, BF16 if amx else a_bytes))
     row = _plan_row_epilogue(plan, m, Nn) if plan.kind == Kind.CONTRACTION_ROW else None
     par = parallel(gM, Nn, K, g.batch)  # per GEMM call: each opens its own region
     # (bf16: A and B are converted while packed, never read in place)
