@@ -204,10 +204,10 @@ def bf16_texts(path: str) -> dict[str, str]:
 # A bf16 GEMM's deepest K slice (vdpbf16ps): twice f32's cap (machine.gemm_blocking's 512), the same
 # bytes of A per row, as far as the A micro-panel fits half of L1. A multiply-add per K-pair does
 # twice f32's work per instruction, so a slice as deep as f32's would pay twice as often for its
-# pass over C: on one thread 1024^3 ran 5-8% faster in one slice of 1024 than in two of 512,
-# 128 x 768 x 3072 in three slices of 1024 than in four of 768 or two of 1536, and 128 x 3072 x 768
-# and 256 x 3072 x 768 in one slice than in three of 256 (`benchmarks/bench_gemm.py --precision
-# bf16`; benchmarks/RESULTS.md, 2026-12-02)
+# pass over C: on one thread 1024^3 ran 10-13% faster in one slice of 1024 than in f32's four of
+# 256 (and than in two of 512), 128 x 768 x 3072 in three slices of 1024 than in four of 768 or
+# two of 1536, 128 x 3072 x 768 and 256 x 3072 x 768 in one slice than in three of 256
+# (`benchmarks/bench_gemm.py --precision bf16`; benchmarks/RESULTS.md, 2026-12-02)
 BF16_KC = 1024
 
 
