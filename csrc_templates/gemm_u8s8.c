@@ -605,6 +605,40 @@ typedef struct {
 
 #define {{NAME}}_PLANES ({{NAME}}_CH4 ? {{NAME}}_CG / 4 : {{NAME}}_CG) /* pad_x's chunks */
 
+/* CH4: four channels' rows of n pixels interleaved, pixel by pixel, into out (4 n bytes): 16
+ * pixels a round through two rounds of unpacks, then 8 through the low halves (x's rows end at
+ * n: no load may pass it), then one by one */
+static inline void {{NAME}}_interleave4(const uint8_t* restrict s0, const uint8_t* restrict s1, const uint8_t* restrict s2,
+                                        const uint8_t* restrict s3, uint8_t* restrict out, long n)
+{
+    long v = 0;
+#if defined(__AVX2__) || defined(__AVX512F__)
+    for (; v + 16 <= n; v += 16) {
+        const __m128i a0 = _mm_loadu_si128((const __m128i*)(s0 + v)), a1 = _mm_loadu_si128((const __m128i*)(s1 + v));
+        const __m128i a2 = _mm_loadu_si128((const __m128i*)(s2 + v)), a3 = _mm_loadu_si128((const __m128i*)(s3 + v));
+        const __m128i lo01 = _mm_unpacklo_epi8(a0, a1), hi01 = _mm_unpackhi_epi8(a0, a1);
+        const __m128i lo23 = _mm_unpacklo_epi8(a2, a3), hi23 = _mm_unpackhi_epi8(a2, a3);
+        _mm_storeu_si128((__m128i*)(out + 4 * v), _mm_unpacklo_epi16(lo01, lo23));
+        _mm_storeu_si128((__m128i*)(out + 4 * v + 16), _mm_unpackhi_epi16(lo01, lo23));
+        _mm_storeu_si128((__m128i*)(out + 4 * v + 32), _mm_unpacklo_epi16(hi01, hi23));
+        _mm_storeu_si128((__m128i*)(out + 4 * v + 48), _mm_unpackhi_epi16(hi01, hi23));
+    }
+    if (v + 8 <= n) {
+        const __m128i lo01 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i*)(s0 + v)), _mm_loadl_epi64((const __m128i*)(s1 + v)));
+        const __m128i lo23 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i*)(s2 + v)), _mm_loadl_epi64((const __m128i*)(s3 + v)));
+        _mm_storeu_si128((__m128i*)(out + 4 * v), _mm_unpacklo_epi16(lo01, lo23));
+        _mm_storeu_si128((__m128i*)(out + 4 * v + 16), _mm_unpackhi_epi16(lo01, lo23));
+        v += 8;
+    }
+#endif
+    for (; v < n; v++) {
+        out[4 * v] = s0[v];
+        out[4 * v + 1] = s1[v];
+        out[4 * v + 2] = s2[v];
+        out[4 * v + 3] = s3[v];
+    }
+}
+
 static void {{NAME}}_pad_plane(void* ctx, long c4)
 {
     const {{NAME}}_pjob* pj = ctx;
@@ -622,13 +656,7 @@ static void {{NAME}}_pad_plane(void* ctx, long c4)
         const uint8_t* restrict s3 = s2 + {{NAME}}_H * {{NAME}}_W;
         memset(row, zp, {{NAME}}_PW * 4);
         memset(row + ({{NAME}}_PW + {{NAME}}_W) * 4, zp, {{NAME}}_PW * 4);
-        uint8_t* restrict in = row + {{NAME}}_PW * 4;
-        for (long v = 0; v < {{NAME}}_W; v++) {
-            in[4 * v] = s0[v];
-            in[4 * v + 1] = s1[v];
-            in[4 * v + 2] = s2[v];
-            in[4 * v + 3] = s3[v];
-        }
+        {{NAME}}_interleave4(s0, s1, s2, s3, row + {{NAME}}_PW * 4, {{NAME}}_W);
     }
     memset(xp + ({{NAME}}_PH + {{NAME}}_H) * {{NAME}}_WP * 4, zp, {{NAME}}_PH * {{NAME}}_WP * 4);
 #else

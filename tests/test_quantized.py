@@ -1577,6 +1577,26 @@ def test_integer_convs_without_im2col_on_every_path(int8_path):
     _check_direct_x(seven=int8_path == "avx2_maddubs", mr8=int8_path == "avx_vnni")
 
 
+@pytest.mark.parametrize("W", [13, 16, 20, 29])
+def test_an_integer_conv_of_channels_in_fours_copies_every_pixel_of_its_rows(W):
+    """Channels in fours (CH4): the padded copy interleaves four channels' rows pixel by pixel,
+    16 pixels a round, then 8, then one by one (gemm_u8s8.c, interleave4); rows of 13, 16, 20 and
+    29 pixels take each part and their mixes (a row under 8 pixels takes the im2col), against the
+    op table's numpy."""
+    rng = np.random.default_rng(W)
+    x = rng.integers(0, 256, (1, 8, 6, W)).astype(np.uint8)
+    w = rng.integers(-128, 128, (16, 8, 3, 3)).astype(np.int8)
+    zp, wz = np.asarray(61, np.uint8), np.asarray(0, np.int8)
+    src = (f"graph c(x: u8[1, 8, 6, {W}], w: i8[16, 8, 3, 3], xz: u8, wz: i8) {{\n"
+           "    return conv_integer(x, w, xz, wz, padding=1)\n}")
+    mod = eqfuse.compile(src, fuse="manual", params={"w": w})
+    (conv,) = [k for k in mod.kernels if k.kind == "contraction"]
+    assert conv.decisions["direct_x"] > 0 and "_CH4 1 " in conv.c_source
+    want = OPS["conv_integer"].numpy([x, w, zp, wz], {"stride": 1, "padding": 1, "dilation": 1, "group": 1})
+    got = mod(x, zp, wz)
+    assert np.array_equal(got, want)
+
+
 def _check_direct_x(seven: bool = False, mr8: bool = False):
     """DIRECT_X_G against the reference; `seven`: the weights of 7 bits, bound (params=), those of
     one group packed once and so on the avx2_maddubs path, the first output channel's at 64 and x's
