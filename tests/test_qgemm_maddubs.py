@@ -62,7 +62,7 @@ def eight_bit(rng, shape, dtype=np.int8, where=None, channels=(0, 1), step=1):
 # (partial sums between them) and its panels shared by the threads
 MATMULS = """
 graph mm(a1: u8[7, 237], w1: i8[237, 53], a2: i8[13, 130], w2: i8[130, 70], a3: u8[11, 6], w3: i8[6, 5],
-         a4: u8[10, 600], w4: u8[600, 16], a5: u8[40, 1101], w5: i8[1101, 70], az: u8, sz: i8, wz: i8, wzc: i8[70],
+         a4: u8[10, 600], w4: u8[600, 16], a5: u8[40, 1501], w5: i8[1501, 70], az: u8, sz: i8, wz: i8, wzc: i8[70],
          uz: u8) {
     return matmul_integer(a1, w1, az, wz), matmul_integer(a2, w2, sz, wzc), matmul_integer(a3, w3, az, wz),
            matmul_integer(a4, w4, az, uz), matmul_integer(a5, w5, az, wz)
@@ -76,9 +76,9 @@ def test_the_maddubs_path_is_exact_on_edge_tiles_and_extreme_weights(no_vnni, bi
     u8 = lambda *s: rng.integers(0, 256, s).astype(np.uint8)  # noqa: E731
     weights = seven_bit if bits == 7 else eight_bit
     w = {"w1": weights(rng, (237, 53)), "w2": weights(rng, (130, 70)), "w3": seven_bit(rng, (6, 5)),
-         "w4": weights(rng, (600, 16), np.uint8), "w5": weights(rng, (1101, 70))}
+         "w4": weights(rng, (600, 16), np.uint8), "w5": weights(rng, (1501, 70))}
     x = {"a1": u8(7, 237), "a2": rng.integers(-128, 128, (13, 130)).astype(np.int8), "a3": u8(11, 6), "a4": u8(10, 600),
-         "a5": u8(40, 1101), "az": np.asarray(131, np.uint8), "sz": np.asarray(-77, np.int8),
+         "a5": u8(40, 1501), "az": np.asarray(131, np.uint8), "sz": np.asarray(-77, np.int8),
          "wz": np.asarray(-3, np.int8), "wzc": rng.integers(-128, 128, 70).astype(np.int8), "uz": np.asarray(200, np.uint8)}
     for k in ("a1", "a3", "a4", "a5"):
         x[k][0] = 255  # (a row of the largest activations)
@@ -89,7 +89,7 @@ def test_the_maddubs_path_is_exact_on_edge_tiles_and_extreme_weights(no_vnni, bi
     # (7 bits: no pair to correct; 8 bits: the planted ones and those of the random weights, the same
     # count as the numpy model of the packed weights gives)
     # (the C's room for them from the shape alone, `eqfuse lower` saying how many there are)
-    names = {(237, 53): "w1", (130, 70): "w2", (6, 5): "w3", (600, 16): "w4", (1101, 70): "w5"}
+    names = {(237, 53): "w1", (130, 70): "w2", (6, 5): "w3", (600, 16): "w4", (1501, 70): "w5"}
     text = {p.name: format_uops([p]) for p in plans}
     fixes = {}
     for p in plans:
@@ -102,7 +102,7 @@ def test_the_maddubs_path_is_exact_on_edge_tiles_and_extreme_weights(no_vnni, bi
     assert all(fixes[k] == 0 if bits == 7 else fixes[k] >= 2 * CORRECTED for k in ("w1", "w2", "w4", "w5")), fixes
     # (N = 53: 4 x 16 pads to 64, 3 x 24 to 72; N = 70: 3 x 24 to 72, 4 x 16 to 80; N = 16 and 5)
     assert sorted((p.tiles["mr"], p.tiles["nr"]) for p in plans) == [(3, 24), (3, 24), (4, 16), (4, 16), (6, 8)]
-    assert sorted(p.detail.K for p in plans if p.tiles["kc"] < p.detail.K) == sorted(p.detail.K for p in plans if p.detail.parallel) == [1101]
+    assert sorted(p.detail.K for p in plans if p.tiles["kc"] < p.detail.K) == sorted(p.detail.K for p in plans if p.detail.parallel) == [1501]
     assert all("_PATH 4 " in k.c_source for k in mod.kernels if k.kind == "contraction")  # (the plan is what runs)
     ab = [("a1", "w1", "az", "wz"), ("a2", "w2", "sz", "wzc"), ("a3", "w3", "az", "wz"), ("a4", "w4", "az", "uz"),
           ("a5", "w5", "az", "wz")]

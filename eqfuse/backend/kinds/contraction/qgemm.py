@@ -141,6 +141,16 @@ def int8_tile(path: str, N: int) -> tuple[int, int]:
 CHUNKS_MIN = 8
 
 
+# The share of L1 an integer GEMM's block of a B panel may fill (int8_kc). All of it, rather than
+# the half it had: on one thread BERT-base's three shapes ran 1-5% faster in one block of all K
+# than in blocks of half of L1, and the quantized models 1.3-2.3% faster at one thread, 6-8% at
+# two (BERT-base's FFN down in three blocks rather than six, the 64-channel 3 x 3 convs in one
+# rather than two), with deeper blocks still within their spread of that
+# (`benchmarks/bench_gemm.py --int8 --tiles`, `benchmarks/bench_models.py --quantized dynamic
+# --model bert-base`; benchmarks/RESULTS.md, 2026-12-02)
+INT8_KC_L1 = 1.0
+
+
 def int8_row_block(M: int, panels: int, mr: int, parallel: bool) -> int:
     """Rows per chunk of the threads' work (tile "mb"): all M when the panels alone are
     CHUNKS_MIN or more (each chunk one panel over every row, as B's panel block stays in L1 while
@@ -154,13 +164,12 @@ def int8_row_block(M: int, panels: int, mr: int, parallel: bool) -> int:
 
 def int8_kc(K: int, nr: int, m: Machine, path: str = "") -> int:
     """K per block of the integer GEMM (a multiple of 4): the block of a B panel, KC x NR bytes
-    (twice that on the fallback path, whose panels hold int16), within half of L1, so that it
-    stays there while every MR-row tile passes over it (with the tile's KC bytes of A per row); K
-    in equal blocks, K itself when it fits. Against one block of
-    all K and blocks in a quarter or an eighth of L1, half was as fast or faster on BERT-base's
-    shapes (`benchmarks/bench_gemm.py --int8 --tiles`)."""
+    (twice that on the fallback path, whose panels hold int16), within L1 (INT8_KC_L1 of it); K
+    in equal blocks, K itself when it fits. Each block but the last costs a pass of the tiles'
+    int32 sums through a buffer of all the chunk's rows, while the B block, at 16 multiply-adds of
+    the tile per 128 bytes of it, streams from L2 fast enough should the A rows evict it."""
     groups = cdiv(K, 4)
-    most = max(16, (m.l1 // 2) // (nr * (8 if path == "fallback" else 4)))
+    most = max(16, int(m.l1 * INT8_KC_L1) // (nr * (8 if path == "fallback" else 4)))
     return 4 * cdiv(groups, cdiv(groups, most))
 
 
