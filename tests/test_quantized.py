@@ -786,7 +786,7 @@ def test_a_dequantize_quantize_pair_through_a_view_is_the_view_only_at_one_scale
 # path; and a conv that quantizes its x (QCONV_G, on the fallback path, which runs everywhere).
 INTEGER_GEMMS = """
 graph ig(a: u8[7, 37], b: i8[37, 53], az: u8, bz: i8, s: i8[13, 5], t: u8[5, 70], sz: i8, tz: u8[70],
-         c: u8[2, 33, 130], d: i8[2, 130, 7], cz: u8, dz: i8, e: u8[40, 1101], f: i8[1101, 70],
+         c: u8[2, 33, 130], d: i8[2, 130, 7], cz: u8, dz: i8, e: u8[40, 2203], f: i8[2203, 70],
          w: i8[37, 53], sc: f32[53], bias: f32[53], xa: f32[7, 37], xs: f32[13, 5], qs: f32,
          cx: u8[2, 6, 9, 11], cw: i8[8, 3, 3, 3], cwz: i8[8], cy: i8[1, 5, 7, 8], cv: u8[70, 5, 2, 2],
          cw2: i8[8, 6, 3, 3], csc: f32[8, 1, 1]) {
@@ -843,7 +843,7 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     x = {"a": u8(7, 37), "b": w7(37, 53) if seven else i8(37, 53), "az": np.asarray(131, np.uint8), "bz": np.asarray(-3, np.int8),
          "s": i8(13, 5), "t": u8(5, 70), "sz": np.asarray(-77, np.int8), "tz": u8(70),
          "c": u8(2, 33, 130), "d": i8(2, 130, 7), "cz": np.asarray(0, np.uint8), "dz": np.asarray(0, np.int8),
-         "e": u8(40, 1101), "f": i8(1101, 70),
+         "e": u8(40, 2203), "f": i8(2203, 70),
          "sc": rng.uniform(1e-4, 1e-3, 53).astype(np.float32), "bias": rng.standard_normal(53).astype(np.float32)}
     x["w"] = x["b"].copy()
     # f32 activations whose quantization saturates at both ends, ties included (k + 0.5 steps)
