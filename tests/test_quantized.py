@@ -863,6 +863,9 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     assert len(mod.kernels) == 10  # (no quantize kernel; each conv's epilogue in its kernel)
     assert sum(p.prepack is not None for p in plans) == 2 and sum(p.detail.parallel for p in plans) == 1
     assert sum(p.tiles["kc"] < p.detail.K for p in plans) == 1
+    # (the plan's cache check states int8_kc's own budget: every B block within it)
+    assert all(re.match(r"B panel block kc x nr = \d+ B <= L1 x 1 \d+ B: ok ", p.cache_check) for p in plans), \
+        [p.cache_check for p in plans]
     for k in mod.kernels:  # the plan is what runs: its tiles are the constants of the C
         if k.kind == "contraction":
             assert all(re.search(rf"#define \w+_{t.upper()} {v}L?\b", k.c_source) for t, v in k.tiles.items()), k.name

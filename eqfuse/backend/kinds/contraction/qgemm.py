@@ -363,8 +363,9 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
-    plan.cache_check = (f"B panel block kc x nr = {kc * nr} B <= L1/2 {m.l1 // 2} B: "
-                        f"{'ok' if kc * nr <= m.l1 // 2 else 'NO'} (the whole panel {kg * 4 * nr} B <= L2/2: "
+    block, room = kc * nr * (2 if path == "fallback" else 1), int(m.l1 * INT8_KC_L1)  # (int8_kc's budget)
+    plan.cache_check = (f"B panel block kc x nr = {block} B <= L1 x {INT8_KC_L1:g} {room} B: "
+                        f"{'ok' if block <= room else 'NO'} (the whole panel {kg * 4 * nr} B <= L2/2: "
                         f"{'ok' if kg * 4 * nr <= m.l2 // 2 else 'NO'}); partial sums M x nr x 4 = {gM * nr * 4} B"
                         + (" per thread between K blocks" if blocks > 1 else " (one K block: none)"))
     mb = plan.tiles["mb"]
