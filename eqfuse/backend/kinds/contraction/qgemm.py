@@ -117,7 +117,7 @@ def int8_tile(path: str, N: int) -> tuple[int, int]:
     (`benchmarks/bench_gemm.py --int8 --tiles` measures the candidates). The fallback also holds
     B's even and odd int16 halves and A's two; avx2_maddubs a vector of ones and each product: 3 x 24
     was as fast as 4 x 16 and 2 x 32 with K in blocks, and faster than 4 x 16 with K = 768 in one
-    block, which int8_kc gives 4 x 16 (BERT-base's shapes, `--int8 --tiles`); of the two, the one
+    block, which int8_kc then gave 4 x 16 alone (BERT-base's shapes, `--int8 --tiles`); of the two, the one
     that pads N less (N = 32 or 64: 4 x 16, none, where 3 x 24 computes 48 or 72 columns): small
     quantized ResNet-18, ViT and BERT exports ran faster so than with 3 x 24 for every N
     (`benchmarks/bench_models.py --quantized static`; benchmarks/RESULTS.md, "avx2_7bit tiles by
