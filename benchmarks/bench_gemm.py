@@ -642,7 +642,7 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
             x = np.random.default_rng(1).standard_normal((M, K)).astype(np.float32)
             tile0 = derived(path, N)
             kc0 = min(derived_kc(K, tile0[1], m, path), K)
-            gb = 8 if path == 'fallback' else 4  # (a K-group's bytes per column in the panels)
+            gb = qgemm.group_bytes(path)
             blocks = [K, 4 * (m.l1 // 4 // (gb * tile0[1])), 4 * (m.l1 // 8 // (gb * tile0[1]))]
             variants = [(t, None) for t in cands] + [(tile0, kc) for kc in blocks if kc != kc0] if tiles else \
                 [(tile0, None)]

@@ -162,14 +162,20 @@ def int8_row_block(M: int, panels: int, mr: int, parallel: bool) -> int:
     return min(M, cdiv(cdiv(M, cdiv(CHUNKS_MIN, panels)), mr) * mr)
 
 
+def group_bytes(path: str) -> int:
+    """The bytes of one K-group (four values of K) of one column of a packed B panel: four s8,
+    or four int16 on the fallback path, which widens B when it packs it."""
+    return 8 if path == "fallback" else 4
+
+
 def int8_kc(K: int, nr: int, m: Machine, path: str = "") -> int:
-    """K per block of the integer GEMM (a multiple of 4): the block of a B panel, KC x NR bytes
-    (twice that on the fallback path, whose panels hold int16), within L1 (INT8_KC_L1 of it); K
+    """K per block of the integer GEMM (a multiple of 4): the block of a B panel, KC / 4 K-groups
+    of NR columns (group_bytes each), within L1 (INT8_KC_L1 of it); K
     in equal blocks, K itself when it fits. Each block but the last costs a pass of the tiles'
     int32 sums through a buffer of all the chunk's rows, while the B block, at 16 multiply-adds of
     the tile per 128 bytes of it, streams from L2 fast enough should the A rows evict it."""
     groups = cdiv(K, 4)
-    most = max(16, int(m.l1 * INT8_KC_L1) // (nr * (8 if path == "fallback" else 4)))
+    most = max(16, int(m.l1 * INT8_KC_L1) // (nr * group_bytes(path)))
     return 4 * cdiv(groups, cdiv(groups, most))
 
 
@@ -363,10 +369,11 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
     plan.flops = 2 * batches * M * N * K + pointwise_flops(body)
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
-    block, room = kc * nr * (2 if path == "fallback" else 1), int(m.l1 * INT8_KC_L1)  # (int8_kc's budget)
+    gb = group_bytes(path)
+    block, room, whole = cdiv(kc, 4) * gb * nr, int(m.l1 * INT8_KC_L1), kg * gb * nr  # (int8_kc's budget)
     plan.cache_check = (f"B panel block kc x nr = {block} B <= L1 x {INT8_KC_L1:g} {room} B: "
-                        f"{'ok' if block <= room else 'NO'} (the whole panel {kg * 4 * nr} B <= L2/2: "
-                        f"{'ok' if kg * 4 * nr <= m.l2 // 2 else 'NO'}); partial sums M x nr x 4 = {gM * nr * 4} B"
+                        f"{'ok' if block <= room else 'NO'} (the whole panel {whole} B <= L2/2: "
+                        f"{'ok' if whole <= m.l2 // 2 else 'NO'}); partial sums M x nr x 4 = {gM * nr * 4} B"
                         + (" per thread between K blocks" if blocks > 1 else " (one K block: none)"))
     mb = plan.tiles["mb"]
     plan.threads = (f"the {calls} images, each claimed whole (its A buffer and its {panels} {nr}-column panels) by one of the "
