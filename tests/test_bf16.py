@@ -297,6 +297,7 @@ graph nb(x: f32[64, 96], w: f32[96, 80], b: f32[80], r: f32[4, 96], i: f32[1, 8,
 }"""
 
 
+@pytest.mark.heavy
 def test_without_a_bf16_multiply_compute_bound_kernels_stay_f32():
     """On a CPU with neither AVX512_BF16 nor AMX (the pinned model, whatever the host), bf16 only
     halves weight bytes: the blocked GEMM, the conv, the attention of several query rows and the

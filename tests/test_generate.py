@@ -40,9 +40,11 @@ B, S, STEPS = 2, 8, 20
 NEW = STEPS + 1  # a prefill and 20 decode steps make 21 tokens
 CAPACITY = capacity_for(S + NEW - 1)  # 32: every test here runs the same two bindings
 MODELS = ["gpt2"] + [pytest.param(m, marks=pytest.mark.extended) for m in ("llama", "qwen2", "phi", "phi3")]
-# (Phi-3's greedy generation in the default run too: its chunk step's value rows are a view of the
-# fused projection, which the memory plan once let a kernel overwrite before the append read them)
-GREEDY_MODELS = ["gpt2", "phi3"] + [pytest.param(m, marks=pytest.mark.extended) for m in ("llama", "qwen2", "phi")]
+# (Phi-3's greedy generation in the default run: its chunk step's value rows are a view of the
+# fused projection, which the memory plan once let a kernel overwrite before the append read them.
+# GPT-2's in the extended tier, the suite's time: the default run checks its decode steps against
+# onnxruntime, and Gemma 3's, BLOOM's and Phi-3's greedy ids against transformers')
+GREEDY_MODELS = ["phi3"] + [pytest.param(m, marks=pytest.mark.extended) for m in ("gpt2", "llama", "qwen2", "phi")]
 
 
 def compiled(exporter: str, model: str = "gpt2"):

@@ -76,7 +76,7 @@ def test_the_command_line_binds_the_initializers_and_takes_inputs_by_onnx_name(t
 
 @pytest.mark.heavy
 def test_bench_measures_onnxruntime_on_the_onnx_model():
-    r = _cli("bench", me.export("mixer", "dynamo"), "--repeat", "2", "--peers", "numpy,onnxruntime")
+    r = _cli("bench", me.export("mlp", "dynamo"), "--repeat", "2", "--peers", "numpy,onnxruntime")
     assert r.returncode == 0, r.stderr
     assert "onnxruntime (ORT_ENABLE_ALL)" in r.stdout and "eqfuse fused" in r.stdout
 
@@ -84,7 +84,7 @@ def test_bench_measures_onnxruntime_on_the_onnx_model():
 @pytest.mark.heavy
 def test_bench_measures_openvino_in_f32_and_its_default_precision():
     pytest.importorskip("openvino")
-    r = _cli("bench", me.export("mixer", "dynamo"), "--repeat", "2", "--threads", "1", "--peers", "numpy,openvino",
+    r = _cli("bench", me.export("mlp", "dynamo"), "--repeat", "2", "--threads", "1", "--peers", "numpy,openvino",
              "--precision", "bf16")
     assert r.returncode == 0, r.stderr
     assert "OpenVINO f32" in r.stdout and "OpenVINO default (" in r.stdout and "eqfuse fused" in r.stdout

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import covering
 from model_exports import encoder_g
 from test_random_compile import draw_lines
 
@@ -52,9 +53,9 @@ def _at_capacity(a: np.ndarray, n: int, cap: int, axis: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("src, cap", [(ENCODER, 64), (ENCODER64, 80), (COPIES, 64), (ENCODER_B3, 64)],
-                         ids=["encoder", "encoder64", "copies", "encoder-batch3"])
+@pytest.mark.parametrize("src, cap, threads", covering(
+    [(ENCODER, 64), (ENCODER64, 80), (COPIES, 64), (ENCODER_B3, 64)], [1, 2],
+    ids=lambda c: f"{['encoder', 'encoder64', 'copies', 'encoder-batch3'][[ENCODER, ENCODER64, COPIES, ENCODER_B3].index(c[0][0])]}-{c[1]}"))
 def test_one_compile_runs_every_length_up_to_its_capacity(src, cap, threads):
     mod = eqfuse.compile(src, dims={"S": cap}, live="S", threads=threads)
     plans = [k for k in mod.kernels if k.kind != "view"]
@@ -74,6 +75,7 @@ def test_one_compile_runs_every_length_up_to_its_capacity(src, cap, threads):
         assert not compare(cut, list(want)), (n, compare(cut, list(want)))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("threads", [1, 2])
 def test_bound_weights_take_few_rows_by_the_few_rows_kernel_on_one_thread(threads):
     """The weights bound (params=, prepacked): each GEMM over the dim plans the few-rows kernel for
@@ -93,6 +95,7 @@ def test_bound_weights_take_few_rows_by_the_few_rows_kernel_on_one_thread(thread
         assert not compare([got[:n]], [ref(x=x, **weights)]), n
 
 
+@pytest.mark.heavy
 def test_bf16_at_run_time_computes_what_the_bf16_compile_at_each_length_does():
     """precision="bf16" over three sequences (each GEMM's rows the dim behind the batch, packed from
     each batch's first rows: this machine's bf16 path, vdpbf16ps or the fallback): every element
@@ -124,6 +127,7 @@ def test_verify_compares_the_first_positions_with_the_graph_at_the_length(monkey
         mod(x=x, S_length=np.array([32]), **w)
 
 
+@pytest.mark.heavy
 def test_buckets_take_the_dim_at_run_time_with_one_compile(monkeypatch):
     """buckets= on a .g graph's sequence: one module at a capacity, run at each call's length
     with the arrays at that length; a length past it compiles the next capacity once."""
@@ -264,7 +268,8 @@ def test_an_onnx_sequence_at_run_time_reads_no_position_past_the_length():
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("family", ["t5-encoder", "mpnet", pytest.param("gpt-neo", marks=pytest.mark.extended)])
+# (MPNet's relative positions in the extended tier, the suite's time: T5's take the same path)
+@pytest.mark.parametrize("family", ["t5-encoder"] + [pytest.param(f, marks=pytest.mark.extended) for f in ("mpnet", "gpt-neo")])
 def test_hugging_face_exports_take_their_sequence_at_run_time_beside_the_batch(family):
     """Exports with dynamic batch and sequence axes compiled without dims=: T5's relative-position
     bias over queries and keys (a gather and a copy with the dim at two axes), MPNet's, GPT-Neo's
