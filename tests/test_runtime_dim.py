@@ -53,10 +53,13 @@ def _at_capacity(a: np.ndarray, n: int, cap: int, axis: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("src, cap, threads", covering(
-    [(ENCODER, 64), (ENCODER64, 80), (COPIES, 64), (ENCODER_B3, 64)], [1, 2],
-    ids=lambda c: f"{['encoder', 'encoder64', 'copies', 'encoder-batch3'][[ENCODER, ENCODER64, COPIES, ENCODER_B3].index(c[0][0])]}-{c[1]}"))
-def test_one_compile_runs_every_length_up_to_its_capacity(src, cap, threads):
+ONE_COMPILE = {"encoder": (ENCODER, 64), "encoder64": (ENCODER64, 80), "copies": (COPIES, 64),
+               "encoder-batch3": (ENCODER_B3, 64)}  # (graph, capacity)
+
+
+@pytest.mark.parametrize("case, threads", covering(list(ONE_COMPILE), [1, 2], ids=lambda c: f"{c[0]}-{c[1]}"))
+def test_one_compile_runs_every_length_up_to_its_capacity(case, threads):
+    src, cap = ONE_COMPILE[case]
     mod = eqfuse.compile(src, dims={"S": cap}, live="S", threads=threads)
     plans = [k for k in mod.kernels if k.kind != "view"]
     assert plans and all("loops at run time" in k.decisions.get("live", "") for k in plans), \
