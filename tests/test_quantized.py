@@ -866,6 +866,9 @@ def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     # (the plan's cache check states int8_kc's own budget: every B block within it)
     assert all(re.match(r"B panel block kc x nr = \d+ B <= L1 x 1 \d+ B: ok ", p.cache_check) for p in plans), \
         [p.cache_check for p in plans]
+    # (and the threads' line says how the kernel shares its work: whole images only when by_image)
+    assert [("each claimed whole" in p.threads) for p in plans] == [bool(p.detail.by_image) for p in plans], \
+        [p.threads for p in plans]
     for k in mod.kernels:  # the plan is what runs: its tiles are the constants of the C
         if k.kind == "contraction":
             assert all(re.search(rf"#define \w+_{t.upper()} {v}L?\b", k.c_source) for t, v in k.tiles.items()), k.name

@@ -370,10 +370,10 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
     kg, panels = cdiv(K, 4), cdiv(N, nr)
     blocks = cdiv(K, kc)
     gb = group_bytes(path)
-    block, room, whole = cdiv(kc, 4) * gb * nr, int(m.l1 * INT8_KC_L1), kg * gb * nr  # (int8_kc's budget)
+    block, room, panel = cdiv(kc, 4) * gb * nr, int(m.l1 * INT8_KC_L1), kg * gb * nr  # (int8_kc's budget)
     plan.cache_check = (f"B panel block kc x nr = {block} B <= L1 x {INT8_KC_L1:g} {room} B: "
-                        f"{'ok' if block <= room else 'NO'} (the whole panel {whole} B <= L2/2: "
-                        f"{'ok' if whole <= m.l2 // 2 else 'NO'}); partial sums M x nr x 4 = {gM * nr * 4} B"
+                        f"{'ok' if block <= room else 'NO'} (the whole panel {panel} B <= L2/2: "
+                        f"{'ok' if panel <= m.l2 // 2 else 'NO'}); partial sums M x nr x 4 = {gM * nr * 4} B"
                         + (" per thread between K blocks" if blocks > 1 else " (one K block: none)"))
     mb = plan.tiles["mb"]
     plan.threads = (f"the {calls} images, each claimed whole (its A buffer and its {panels} {nr}-column panels) by one of the "
