@@ -170,10 +170,10 @@ def group_bytes(path: str) -> int:
 
 def int8_kc(K: int, nr: int, m: Machine, path: str = "") -> int:
     """K per block of the integer GEMM (a multiple of 4): the block of a B panel, KC / 4 K-groups
-    of NR columns (group_bytes each), within L1 (INT8_KC_L1 of it); K
-    in equal blocks, K itself when it fits. Each block but the last costs a pass of the tiles'
-    int32 sums through a buffer of all the chunk's rows, while the B block, at 16 multiply-adds of
-    the tile per 128 bytes of it, streams from L2 fast enough should the A rows evict it."""
+    of NR columns (group_bytes each), within L1 (INT8_KC_L1 of it); K in equal blocks, K itself
+    when it fits. Each block but the last costs a pass of the tiles' int32 sums through a buffer
+    of all the chunk's rows, while the B block, at 16 multiply-adds of the tile per 128 bytes of
+    it, streams from L2 fast enough should the A rows evict it."""
     groups = cdiv(K, 4)
     most = max(16, int(m.l1 * INT8_KC_L1) // (nr * group_bytes(path)))
     return 4 * cdiv(groups, cdiv(groups, most))
