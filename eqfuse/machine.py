@@ -392,13 +392,14 @@ def skinny_tile(simd_floats: int, M: int) -> tuple[int, int]:
     regs = vector_registers(simd_floats)
     spare = (0 if simd_floats >= 16 else 1) + (1 if simd_floats < 8 else 0)
     best = None
-    for groups in range(1, M + 1):
-        mr = -(-M // groups)
-        if groups > 1 and -(-M // (groups - 1)) == mr:
-            continue  # (the same tile as fewer groups)
+    # The tiles in order of fewer groups: each MR that ceil(M / groups) takes for some count of
+    # groups, from the tallest whose accumulators and B row fit (an MR of regs - spare - 1 rows of
+    # one vector) down to 1. Walking the MRs, not the counts of groups, keeps the search to a few
+    # dozen steps for any M (a loop over the counts took minutes at M = 2^31).
+    for mr in range(min(M, regs - spare - 1), 0, -1):
+        if -(-M // -(-M // mr)) != mr:
+            continue  # (no count of groups gives this MR: ceil(M / groups) jumps over it)
         v = min(SKINNY_MAX_V, (regs - spare) // (mr + 1))
-        if v < 1:
-            continue
         loads = (mr + v) / (mr * v)
         if loads <= SKINNY_LOADS_PER_FMA:
             return mr, v * simd_floats

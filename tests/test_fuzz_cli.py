@@ -216,6 +216,18 @@ def _too_few_inputs(k: int) -> bytes:
     return m.SerializeToString()
 
 
+def test_found_by_the_fast_onnx_fuzzer_an_input_of_2_31_rows_plans_at_once(tmp_path_factory):
+    """test_mutated_onnx_registry_cleanly's finding: the seed's x with 2147483648 rows. Its
+    skinny GEMM's tile was searched over every count of row groups (machine.skinny_tile), and
+    `opt` planned for minutes (the test's 255 s in one run of the suite)."""
+    m = onnx.ModelProto()
+    m.ParseFromString(ONNX_SEED)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2**31
+    path = tmp_path_factory.mktemp("onnx") / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    assert clean(["opt", str(path), "--time-limit", "5"]) == (0, "")
+
+
 @pytest.mark.parametrize("data, message", [
     (_damaged_softmax_axis(), "Softmax: attribute 'axis' has no value (attribute type 0) in node 'y'"),
     (_too_few_inputs(4), "ONNX op 'Softmax' takes 1 input, not 0 in node 'y'"),

@@ -99,6 +99,38 @@ def test_the_skinny_tile_fits_the_registers(simd):
     assert [machine.register_tile(w) for w in (16, 8, 4)] == [(6, 64), (6, 16), (6, 8)]
 
 
+def _fewest_groups(simd: int, M: int) -> tuple[int, int]:
+    """machine.skinny_tile's rule by its definition: every count of groups, fewest first."""
+    regs, spare = machine.vector_registers(simd), (simd < 16) + (simd < 8)
+    best = None
+    for groups in range(1, M + 1):
+        mr = -(-M // groups)
+        v = min(machine.SKINNY_MAX_V, (regs - spare) // (mr + 1))
+        if v >= 1:
+            loads = (mr + v) / (mr * v)
+            if loads <= machine.SKINNY_LOADS_PER_FMA:
+                return mr, v * simd
+            best = min(best or (loads, mr, v * simd), (loads, mr, v * simd), key=lambda t: t[0])
+    return best[1], best[2]
+
+
+@pytest.mark.parametrize("simd", [16, 8, 4])
+def test_the_skinny_tile_takes_the_fewest_groups_at_any_m(simd):
+    """machine.skinny_tile walks the tiles, not the counts of groups: the same tile as the rule's
+    definition, and an answer at M = 2^31 (the fuzzer's ONNX input of 2147483648 rows, whose
+    `eqfuse opt` the walk over the counts kept planning for minutes)."""
+    for M in range(1, 700):
+        assert machine.skinny_tile(simd, M) == _fewest_groups(simd, M), M
+    M, regs, spare = 2**31, machine.vector_registers(simd), (simd < 16) + (simd < 8)
+    v = lambda r: min(machine.SKINNY_MAX_V, (regs - spare) // (r + 1))  # noqa: E731
+    loads = lambda r: (r + v(r)) / (r * v(r))  # noqa: E731
+    # the MRs some count of groups gives, tallest (fewest groups) first, of the tiles that fit
+    tiles = [r for r in range(regs - spare - 1, 0, -1) if -(-M // -(-M // r)) == r]
+    under = [r for r in tiles if loads(r) <= machine.SKINNY_LOADS_PER_FMA]
+    want = under[0] if under else min(tiles, key=loads)
+    assert machine.skinny_tile(simd, M) == (want, v(want) * simd)
+
+
 GRAPH = """graph f(x: f32[{M}, {K}], w: f32[{K}, {N}], b: f32[{N}]) -> f32[{M}, {N}] {{
     return kernel {{ relu(x @ w + b) }}
 }}"""
