@@ -228,12 +228,23 @@ def test_found_by_the_fast_onnx_fuzzer_an_input_of_2_31_rows_plans_at_once(tmp_p
     assert clean(["opt", str(path), "--time-limit", "5"]) == (0, "")
 
 
+def _dim_name_not_utf8() -> bytes:
+    """test_mutated_onnx_registry_cleanly's finding: x's dim name with a byte that is not UTF-8
+    (protobuf then reads the field as bytes, and the importer failed on it with a TypeError)."""
+    m = onnx.ModelProto()
+    m.ParseFromString(ONNX_SEED)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "Bqzq"
+    return m.SerializeToString().replace(b"Bqzq", b"B\x80zq")
+
+
 @pytest.mark.parametrize("data, message", [
+    (_dim_name_not_utf8(), "not a readable ONNX model (its graph.input[0].type.tensor_type.shape.dim[0].dim_param "
+                           "is not UTF-8 text)"),
     (_damaged_softmax_axis(), "Softmax: attribute 'axis' has no value (attribute type 0) in node 'y'"),
     (_too_few_inputs(4), "ONNX op 'Softmax' takes 1 input, not 0 in node 'y'"),
     (_too_few_inputs(3), "ONNX op 'Reshape' takes 2 inputs, not 0 in node 'q'"),
     (_too_few_inputs(0), "ONNX op 'MatMul' takes 2 inputs, not 0 in node 'h'"),
-], ids=["untyped-attribute", "softmax-no-input", "reshape-no-input", "matmul-no-input"])
+], ids=["dim-name-not-utf8", "untyped-attribute", "softmax-no-input", "reshape-no-input", "matmul-no-input"])
 def test_found_by_the_slow_onnx_fuzzer(tmp_path_factory, data, message):
     path = tmp_path_factory.mktemp("onnx") / "m.onnx"
     path.write_bytes(data)

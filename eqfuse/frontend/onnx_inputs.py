@@ -188,16 +188,39 @@ def load_model(model, where: str | None = None) -> "onnx.ModelProto":
     import onnx
 
     if isinstance(model, onnx.ModelProto):
-        return model
-    try:
-        if isinstance(model, bytes):
-            return onnx.load_from_string(model)
-        return onnx.load(os.fspath(model))
-    except FileNotFoundError:
-        raise EqfuseError(f"{model}: no such file") from None
-    except Exception as e:  # a protobuf DecodeError or an unreadable external-data file
-        what = where if isinstance(model, bytes) and where else model
-        raise EqfuseError(f"{what}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+        proto = model
+    else:
+        try:
+            proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(os.fspath(model))
+        except FileNotFoundError:
+            raise EqfuseError(f"{model}: no such file") from None
+        except Exception as e:  # a protobuf DecodeError or an unreadable external-data file
+            what = where if isinstance(model, bytes) and where else model
+            raise EqfuseError(f"{what}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    bad = _not_utf8(proto)
+    if bad:
+        what = where or ("the model" if isinstance(model, (bytes, onnx.ModelProto)) else model)
+        raise EqfuseError(f"{what}: not a readable ONNX model (its {bad} is not UTF-8 text)")
+    return proto
+
+
+def _not_utf8(msg, path: str = "") -> str | None:
+    """The first string field of the message (recursively) that is not UTF-8, as a path such as
+    'graph.input[0].type.tensor_type.shape.dim[0].dim_param'; None when there is none. (ONNX's
+    protobuf is proto2, whose parser leaves such a field as bytes, not str: every name would be
+    read as bytes further on.)"""
+    for field, value in msg.ListFields():
+        if field.type not in (field.TYPE_MESSAGE, field.TYPE_STRING):
+            continue
+        name = f"{path}.{field.name}" if path else field.name
+        # (protobuf 5.28 added is_repeated, and later versions drop label)
+        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+        for k, item in enumerate(value if repeated else [value]):
+            at = f"{name}[{k}]" if repeated else name
+            bad = _not_utf8(item, at) if field.type == field.TYPE_MESSAGE else at if isinstance(item, bytes) else None
+            if bad:
+                return bad
+    return None
 
 
 DIMS_HINT = ("bind the named dims: --dim NAME=N on the command line; eqfuse.compile without dims= binds them "
