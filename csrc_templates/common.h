@@ -17,6 +17,13 @@
 #include <unistd.h>
 #endif
 
+/* The runtime's functions that kernels call: the pool and its parallel loops (common_pool.h), the
+ * scratch buffers. Never inlined: gcc at -O3 copied the pool's whole machinery (its OpenMP region,
+ * the claims, the waits) into every kernel that starts a loop, which made a library's compile a
+ * fifth longer than one copy of it does, and a call per kernel launch costs nothing beside the
+ * kernel. (unused: a library whose kernels call none of them.) */
+#define EQF_RUNTIME __attribute__((unused, noinline))
+
 /* NaN-propagating like numpy's maximum/minimum (and relu = maximum(x, 0)). */
 static inline float eqf_max(float a, float b) { return (a != a || a > b) ? a : b; }
 static inline float eqf_min(float a, float b) { return (a != a || a < b) ? a : b; }
@@ -460,7 +467,7 @@ static void eqf_scratch_init(void)
 }
 /* eqfuse's Python runtime gives every module the process's one key (HEADER_C of
  * eqfuse/backend/cbuild.py: eqf_scratch_key_get / eqf_scratch_key_adopt) */
-__attribute__((unused)) static float* eqf_scratch(int slot, long floats)
+EQF_RUNTIME static float* eqf_scratch(int slot, long floats)
 {
     pthread_once(&eqf_scratch_once, eqf_scratch_init);
     if (!eqf_scratch_keyed)

@@ -43,7 +43,7 @@ static _Thread_local int eqf_pool_self;
 
 /* claim and run chunks of generation gen until none is left; id: the worker's, -1 the caller.
  * Returns the chunks it ran. */
-static long eqf_pool_drain(unsigned long gen, int id)
+EQF_RUNTIME static long eqf_pool_drain(unsigned long gen, int id)
 {
     long ran = 0;
     for (;;) {
@@ -128,7 +128,7 @@ static pid_t eqf_pool_tid[EQF_POOL_MAX]; /* the workers' thread ids (0: not star
 static cpu_set_t eqf_pool_base;          /* the CPUs the first caller could use (the workers') */
 #endif
 
-static void eqf_pool_publish_cpu(void)
+EQF_RUNTIME static void eqf_pool_publish_cpu(void)
 {
 #if defined(__linux__)
     __atomic_store_n(&eqf_pool_caller_cpu, sched_getcpu(), __ATOMIC_RELAXED);
@@ -162,7 +162,7 @@ static void eqf_pool_place(int id, int* off, unsigned* freed)
 /* Called by the caller that waits: take each worker whose chunk began before `before` (ns) to
  * the caller's CPU (see above); with `every`, each worker (one stopped between its claim and
  * the clock's read). Returns whether it took any. */
-static int eqf_pool_pull(long before, int every)
+EQF_RUNTIME static int eqf_pool_pull(long before, int every)
 {
     int any = 0;
 #if defined(__linux__)
@@ -342,7 +342,7 @@ __attribute__((unused)) static int eqf_pool_threads(void)
  * instead of sleeping, and a sleeping one is woken now, so that it spins by the time the job
  * comes. on = 0 before a kernel that may open an OpenMP region, and at the call's end; it also
  * ends the workers' linger after the last call (eqf_pool_linger). */
-__attribute__((unused)) static void eqf_pool_hold(int* held, int on)
+EQF_RUNTIME static void eqf_pool_hold(int* held, int on)
 {
     if (on && !*held && eqf_pool_threads() > 1 && !eqf_parallel_team) { /* (else no loop runs on the pool) */
         eqf_pool_publish_cpu();
@@ -363,7 +363,7 @@ __attribute__((unused)) static void eqf_pool_hold(int* held, int on)
 /* The run function's end: after a call that ran an eqf_region on the pool, the workers linger
  * (EQF_POOL_LINGER_NS); after any other, they stop lingering (an OpenMP kernel's threads want the
  * cores). */
-__attribute__((unused)) static void eqf_pool_linger(void)
+EQF_RUNTIME static void eqf_pool_linger(void)
 {
     __atomic_store_n(&eqf_pool_linger_until, eqf_region_pooled ? eqf_pool_now_ns() + EQF_POOL_LINGER_NS : 0,
                      __ATOMIC_RELAXED);
@@ -378,7 +378,7 @@ __attribute__((unused)) static void eqf_pool_linger(void)
  * pointwise kernels after its integer GEMMs ran slower on 2 threads than on 1
  * (benchmarks/bench_models.py --quantized static --model bert-base). Which thread runs a chunk
  * changes nothing in the result, as on the pool. */
-__attribute__((unused)) static void eqf_team_for(long n, eqf_chunk_fn fn, void* ctx, int threads)
+EQF_RUNTIME static void eqf_team_for(long n, eqf_chunk_fn fn, void* ctx, int threads)
 {
 #if defined(_OPENMP)
     long next = 0;
@@ -397,7 +397,7 @@ __attribute__((unused)) static void eqf_team_for(long n, eqf_chunk_fn fn, void* 
 #endif
 }
 
-__attribute__((unused)) static void eqf_parallel_for(long n, eqf_chunk_fn fn, void* ctx, int threads)
+EQF_RUNTIME static void eqf_parallel_for(long n, eqf_chunk_fn fn, void* ctx, int threads)
 {
     if (threads > EQF_POOL_MAX)
         threads = EQF_POOL_MAX;
@@ -543,7 +543,7 @@ typedef struct {
  * range, so every range is claimed exactly once. */
 static _Thread_local int eqf_region_front;
 
-static void eqf_region_chunk(void* job, long k)
+EQF_RUNTIME static void eqf_region_chunk(void* job, long k)
 {
     eqf_region_job* r = job;
     (void)k;
@@ -571,14 +571,14 @@ __attribute__((unused)) static int eqf_region_on_pool(void)
  * plan says its loop's items are costly enough that finer ranges pay (a conv's region_chunks:
  * eqfuse.backend.kinds.contraction.conv.region_chunks), so that the thread that runs out of
  * ranges first waits less for the other's last one. */
-__attribute__((unused)) static void eqf_region_n(long n, eqf_range_fn fn, void* ctx, int parallel, long nchunks);
+EQF_RUNTIME static void eqf_region_n(long n, eqf_range_fn fn, void* ctx, int parallel, long nchunks);
 
 __attribute__((unused)) static void eqf_region(long n, eqf_range_fn fn, void* ctx, int parallel)
 {
     eqf_region_n(n, fn, ctx, parallel, EQF_REGION_CHUNKS);
 }
 
-__attribute__((unused)) static void eqf_region_n(long n, eqf_range_fn fn, void* ctx, int parallel, long nchunks)
+EQF_RUNTIME static void eqf_region_n(long n, eqf_range_fn fn, void* ctx, int parallel, long nchunks)
 {
     const int pool = eqf_region_request;
     if (parallel && pool == 0 && n > 1) {
