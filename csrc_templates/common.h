@@ -17,12 +17,12 @@
 #include <unistd.h>
 #endif
 
-/* The runtime's functions that kernels call: the pool and its parallel loops (common_pool.h), the
- * scratch buffers. Never inlined: gcc at -O3 copied the pool's whole machinery (its OpenMP region,
- * the claims, the waits) into every kernel that starts a loop, which made a library's compile a
- * fifth longer than one copy of it does, and a call per kernel launch costs nothing beside the
- * kernel. (unused: a library whose kernels call none of them.) */
-#define EQF_RUNTIME __attribute__((unused, noinline))
+/* The runtime's state and functions (the scratch buffers below, the pool of common_pool.h) are
+ * defined in csrc_templates/runtime.c, which is compiled once per compiler and flags and linked
+ * into every kernel library (eqfuse.backend.cbuild.runtime_object): each library has its own
+ * copy, hidden from the others. Compiled in each library, they were a large part of a small
+ * library's compile, and gcc copied the pool's machinery into every kernel that starts a loop. */
+#define EQF_HIDDEN __attribute__((visibility("hidden")))
 
 /* NaN-propagating like numpy's maximum/minimum (and relu = maximum(x, 0)). */
 static inline float eqf_max(float a, float b) { return (a != a || a > b) ? a : b; }
@@ -450,52 +450,7 @@ static inline void eqf_softmax2_row(float* restrict s, long n, float* restrict m
 enum { EQF_SCRATCH_GEMM_A, EQF_SCRATCH_GEMM_B, EQF_SCRATCH_ATTENTION_KT, EQF_SCRATCH_CONV_COL, EQF_SCRATCH_ATTN_ROW,
        EQF_SCRATCH_ATTN_STATS, EQF_SCRATCH_ATTENTION_V, EQF_SCRATCH_CONV_TILE, EQF_SCRATCH_SLOTS };
 typedef struct { float* buf[EQF_SCRATCH_SLOTS]; long cap[EQF_SCRATCH_SLOTS]; } eqf_scratch_set;
-static pthread_key_t eqf_scratch_key;
-static pthread_once_t eqf_scratch_once = PTHREAD_ONCE_INIT;
-static int eqf_scratch_keyed;
-static void eqf_scratch_free(void* p)
-{
-    eqf_scratch_set* s = p;
-    for (int i = 0; i < EQF_SCRATCH_SLOTS; i++)
-        free(s->buf[i]);
-    free(s);
-}
-static void eqf_scratch_init(void)
-{
-    if (!eqf_scratch_keyed)
-        eqf_scratch_keyed = pthread_key_create(&eqf_scratch_key, eqf_scratch_free) == 0;
-}
-/* eqfuse's Python runtime gives every module the process's one key (HEADER_C of
- * eqfuse/backend/cbuild.py: eqf_scratch_key_get / eqf_scratch_key_adopt) */
-EQF_RUNTIME static float* eqf_scratch(int slot, long floats)
-{
-    pthread_once(&eqf_scratch_once, eqf_scratch_init);
-    if (!eqf_scratch_keyed)
-        return NULL;
-    eqf_scratch_set* s = pthread_getspecific(eqf_scratch_key);
-    if (!s) {
-        if (!(s = calloc(1, sizeof *s)))
-            return NULL;
-        if (pthread_setspecific(eqf_scratch_key, s) != 0) {
-            free(s);
-            return NULL;
-        }
-    }
-    if (s->cap[slot] < floats) {
-        free(s->buf[slot]);
-        s->buf[slot] = NULL;
-        s->cap[slot] = 0;
-        const long cap = (floats + 15) / 16 * 16; /* aligned_alloc wants a multiple of the alignment */
-        const char* lim = getenv("EQFUSE_SCRATCH_LIMIT");
-        if (floats < 0 || (unsigned long)cap > (unsigned long)PTRDIFF_MAX / sizeof(float)
-            || (lim && *lim && strtod(lim, NULL) < (double)cap * sizeof(float)))
-            return NULL;
-        if (!(s->buf[slot] = aligned_alloc(64, sizeof(float) * (size_t)cap)))
-            return NULL;
-        s->cap[slot] = cap;
-    }
-    return s->buf[slot];
-}
+EQF_HIDDEN float* eqf_scratch(int slot, long floats);
 
 /* A kernel whose scratch buffer could not be allocated skips its work and, on the calling thread
  * after its parallel region, calls eqf_nomem_note(); the graph's run function checks
@@ -503,7 +458,7 @@ EQF_RUNTIME static float* eqf_scratch(int slot, long floats)
  * that cannot run for another reason notes its code the same way (eqf_fail_note): EQF_NO_AMX, the
  * AMX tile state refused by the operating system (common_amx.h). */
 enum { EQF_NOMEM = -1, EQF_NO_AMX = -3 };
-static _Thread_local int eqf_nomem; /* 0, or the code of the failure a kernel noted */
+extern EQF_HIDDEN _Thread_local int eqf_nomem; /* 0, or the code of the failure a kernel noted */
 __attribute__((unused)) static void eqf_nomem_note(void) { eqf_nomem = EQF_NOMEM; }
 __attribute__((unused)) static void eqf_fail_note(int code) { eqf_nomem = code; }
 __attribute__((unused)) static int eqf_nomem_take(void)

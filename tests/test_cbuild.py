@@ -437,3 +437,22 @@ def test_libraries_load_one_at_a_time_around_the_spin_variable(monkeypatch):
             sys.modules.pop(n, None)
     assert not errors and most[0] == 1 and seen == [cbuild.SPIN_COUNT] * 4
     assert cbuild.SPIN_VAR not in os.environ
+
+
+def test_the_runtime_is_compiled_once_and_each_library_keeps_its_own(cache):
+    """csrc_templates/runtime.c is built once per compiler and flags (cbuild.runtime_object) and
+    linked into every library: two libraries of the header share the one object file, each has
+    its own pool (its workers' thread ids apart), and no runtime symbol is exported from a
+    library, where it could be bound to another library's copy."""
+    from eqfuse.backend.cbuild import HEADER_CDEF, header_c
+
+    def lib(k: int):
+        src = header_c() + COMMON_C + f"int pool{k}(void) {{ eqf_pool_request = 2; return eqf_pool_threads(); }}"
+        return build(src, COMMON_CDEF + "\n" + HEADER_CDEF + f"\nint pool{k}(void);", f"rt{k}")
+
+    a, b = lib(1), lib(2)
+    assert a.lib.pool1() == 2 and b.lib.pool2() == 2
+    assert len(list(cache.glob("_eqf_runtime_*.o"))) == 1
+    assert a.ffi.cast("long", a.lib.eqf_pool_tids()) != b.ffi.cast("long", b.lib.eqf_pool_tids())
+    dynamic = subprocess.run(["nm", "-D", "--defined-only", str(a.path)], capture_output=True, text=True).stdout
+    assert "pool1" in dynamic and not any(n in dynamic for n in ("eqf_parallel_for", "eqf_pool_request", "eqf_scratch"))

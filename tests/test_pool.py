@@ -1,4 +1,4 @@
-"""The claim-based thread pool of csrc_templates/common_pool.h, alone: two threads submit 20000
+"""The claim-based thread pool of csrc_templates/common_pool.h and runtime.c, alone: two threads submit 20000
 jobs each (1 to 37 chunks, 3 threads per job), and every chunk of every job must run exactly once;
 the same with the chunks' items in one run per thread (eqf_runs_claim).
 A worker whose core another thread spins on sleeps between jobs.
@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from eqfuse.backend.cbuild import compiler, header_c
+from eqfuse.backend.cbuild import compiler, runtime_source
 
 # The counts both callers' histograms must hold after their 20000 jobs of 1 + (it * 7) % 37 chunks
 # (HARNESS and RUNS): item k ran once in every job longer than k.
@@ -241,7 +241,7 @@ int main(void)
 
 def _run(tmp_path, *flags, harness=HARNESS):
     src = tmp_path / "pool.c"
-    src.write_text(header_c() + COUNTS + harness)
+    src.write_text(runtime_source() + COUNTS + harness)  # (the header, then csrc_templates/runtime.c)
     exe = tmp_path / "pool"
     subprocess.run(compiler().split() + ["-O2", "-std=gnu11", *flags, str(src), "-o", str(exe), "-lpthread", "-lm"],
                    check=True, capture_output=True, text=True)

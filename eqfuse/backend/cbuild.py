@@ -86,40 +86,8 @@ int eqf_team_tids(int n, long* out)
 }
 """
 COMMON_CDEF = "void eqf_set_threads(int n);\nint eqf_get_threads(void);\nint eqf_team_tids(int n, long* out);"
-# A graph's module (its source after csrc_templates/common.h) also exports these. One pthread key
-# of scratch buffers for the process (a process has only PTHREAD_KEYS_MAX = 1024 of them, and may
-# load more modules than that): the runtime takes the first module's key and hands it to each
-# later module before its first call (eqfuse.runtime.program.share_scratch_key). Every module has
-# the same header, so they agree on the layout of eqf_scratch_set, and modules are never
-# unloaded, so the destructor of the module that made the key stays callable. The modules of a
-# thread then share its buffers too, as the kernels of one module do: a thread runs one graph
-# call at a time. (Not in common.h itself: an exported library, eqfuse.export, links
-# several sources that include it.)
-HEADER_C = """
-long eqf_scratch_key_get(void)
-{
-    pthread_once(&eqf_scratch_once, eqf_scratch_init);
-    return eqf_scratch_keyed ? (long)eqf_scratch_key : -1;
-}
-void eqf_scratch_key_adopt(long key)
-{
-    if (!eqf_scratch_keyed) {
-        eqf_scratch_key = (pthread_key_t)key;
-        eqf_scratch_keyed = 1;
-    }
-}
-/* the thread ids of this module's claim-based pool workers (common_pool.h; 0: not started), which
- * the runtime reads without a call: the call's own threads, as its OpenMP team is (eqfuse.runtime.load) */
-const int* eqf_pool_tids(void)
-{
-#if defined(__linux__)
-    return (const int*)eqf_pool_tid;
-#else
-    static const int none[EQF_POOL_MAX];
-    return none;
-#endif
-}
-"""
+# A graph's library also exports these, from csrc_templates/runtime.c (its scratch key, which the
+# Python runtime shares among the libraries of the process, and its pool workers' thread ids).
 HEADER_CDEF = "long eqf_scratch_key_get(void);\nvoid eqf_scratch_key_adopt(long key);\nconst int* eqf_pool_tids(void);"
 
 
@@ -366,6 +334,7 @@ def _compile(name: str, source: str, cdef: str, root: Path, final: Path, digest:
         flags = list(compiler_flags(extra_flags))
         try:
             pre = _precompiled_header(root, list(cc.compiler_so), include, flags)
+            runtime = runtime_object(root, list(cc.compiler_so), include, flags, pre)
             try:
                 objs = cc.compile([str(c_file)], output_dir=str(tmp), include_dirs=[include],
                                   extra_postargs=flags + (["-include", str(pre)] if pre else []))
@@ -373,7 +342,7 @@ def _compile(name: str, source: str, cdef: str, root: Path, final: Path, digest:
                 if pre is None:
                     raise
                 objs = cc.compile([str(c_file)], output_dir=str(tmp), include_dirs=[include], extra_postargs=flags)
-            cc.link_shared_object(objs, str(built), extra_postargs=list(link_flags()))
+            cc.link_shared_object(objs + [str(runtime)], str(built), extra_postargs=list(link_flags()))
         except Exception as e:  # the compiler's failure: setuptools' CompileError or LinkError, by version from different modules
             msg = _compiler_message(tmp, name, extra_flags) or str(e)
             raise CompileError("the C compiler failed on generated code:\n" + msg) from None
@@ -442,6 +411,43 @@ def _precompiled_header(root: Path, compiler_so: list[str], include: str, flags:
         return header
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def runtime_source() -> str:
+    """The runtime's translation unit: the header, then csrc_templates/runtime.c."""
+    return "#define _GNU_SOURCE 1\n" + header_c() + template("runtime.c")
+
+
+def runtime_object(root: Path, compiler_so: list[str], include: str, flags: list[str], pre: Path | None) -> Path:
+    """The object file of csrc_templates/runtime.c for these options, linked into every kernel
+    library: built under `root` on first use (atomically, under a lock, as the precompiled
+    header), so that each library compiles only its kernels. Raises CompileError when the
+    compiler refuses it."""
+    text = runtime_source()
+    key = hashlib.sha256("\0".join([*compiler_so, include, *flags, compiler_version(compiler_so[0]), text,
+                                     str(pre or "")]).encode()).hexdigest()[:16]
+    obj = root / f"_eqf_runtime_{key}.o"
+    ready = lambda: obj.exists() and owned_privately(obj)  # noqa: E731
+    if ready():
+        return obj
+    with open(os.open(root / f"_eqf_runtime_{key}.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ready():
+            return obj
+        tmp = Path(tempfile.mkdtemp(prefix=f"_eqf_runtime_{key}.", dir=root))
+        try:
+            (tmp / "runtime.c").write_text(text)
+            out = subprocess.run([*compiler_so, f"-I{include}", *flags, *(["-include", str(pre)] if pre else []),
+                                  "-c", str(tmp / "runtime.c"), "-o", str(tmp / "runtime.o")],
+                                 capture_output=True, text=True)
+            if out.returncode != 0:
+                raise CompileError("the C compiler failed on csrc_templates/runtime.c:\n"
+                                   + "\n".join(out.stderr.splitlines()[:40]))
+            os.chmod(tmp / "runtime.o", 0o644)
+            os.replace(tmp / "runtime.o", obj)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return obj
 
 
 def _compiler_message(tmp: Path, name: str, extra_flags) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, HEADER_C, HEADER_CDEF, header_c
+from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, HEADER_CDEF, header_c
 from eqfuse.backend.cexpr import ctypes_of
 from eqfuse.backend.kinds import KIND
 from eqfuse.backend.plan import KernelPlan
@@ -71,4 +71,4 @@ def emit_graph(plans: list[KernelPlan], share: bool = False) -> Emitted:
         parts.append(c)
         cdefs.append(prototype(p))
     kernels = "\n".join(parts)  # (the run function, added after them, uses no intrinsics)
-    return Emitted("\n".join([COMMON_C, header_c(kernels), HEADER_C, kernels]), "\n".join(cdefs), per, alias)
+    return Emitted("\n".join([COMMON_C, header_c(kernels), kernels]), "\n".join(cdefs), per, alias)

@@ -669,7 +669,7 @@ class Runner:
         return list(out[0:self.lib.eqf_team_tids(n, out)])
 
     def _pool_of(self) -> list[int]:
-        """The thread ids of the library's claim-based pool workers (cbuild.HEADER_C: read from
+        """The thread ids of the library's claim-based pool workers (csrc_templates/runtime.c: read from
         its array, no call into C)."""
         return [t for t in self._pool_tids[0:POOL_MAX] if t]
 
