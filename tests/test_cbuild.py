@@ -247,7 +247,8 @@ def test_cache_entries_are_private_whatever_the_umask(tmp_path, monkeypatch):
         os.umask(old)
     assert root.stat().st_mode & 0o777 == 0o700
     modes = {p.suffix: p.stat().st_mode & 0o777 for p in root.iterdir()}
-    assert modes == {".so": 0o644, ".c": 0o644, ".sha256": 0o644, ".lock": 0o600, ".h": 0o644, ".gch": 0o644}, modes
+    assert modes == {".so": 0o644, ".c": 0o644, ".sha256": 0o644, ".lock": 0o600, ".h": 0o644, ".gch": 0o644,
+                     ".o": 0o644}, modes  # (.o: the runtime's object file, cbuild.runtime_object)
 
 
 @pytest.mark.heavy
