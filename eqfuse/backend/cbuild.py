@@ -392,25 +392,36 @@ def _precompiled_header(root: Path, compiler_so: list[str], include: str, flags:
     ready = lambda: header.exists() and gch.exists() and owned_privately(header) and owned_privately(gch)  # noqa: E731
     if ready():
         return header
+
+    def make(tmp: Path) -> None:
+        (tmp / "pre.h").write_text(text)
+        subprocess.run([*compiler_so, f"-I{include}", *flags, "-x", "c-header", str(tmp / "pre.h"),
+                        "-o", str(tmp / "pre.h.gch")], check=True, capture_output=True)
+        for f in (tmp / "pre.h", tmp / "pre.h.gch"):
+            os.chmod(f, 0o644)
+        os.replace(tmp / "pre.h.gch", gch)  # the .gch first: a reader that sees X.h sees its .gch
+        os.replace(tmp / "pre.h", header)
+
     try:
-        with open(os.open(root / f"_eqf_pre_{key}.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if ready():
-                return header
-            tmp = Path(tempfile.mkdtemp(prefix=f"_eqf_pre_{key}.", dir=root))
-            try:
-                (tmp / "pre.h").write_text(text)
-                subprocess.run([*compiler_so, f"-I{include}", *flags, "-x", "c-header", str(tmp / "pre.h"),
-                                "-o", str(tmp / "pre.h.gch")], check=True, capture_output=True)
-                for f in (tmp / "pre.h", tmp / "pre.h.gch"):
-                    os.chmod(f, 0o644)
-                os.replace(tmp / "pre.h.gch", gch)  # the .gch first: a reader that sees X.h sees its .gch
-                os.replace(tmp / "pre.h", header)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+        _build_once(root, f"_eqf_pre_{key}", ready, make)
         return header
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def _build_once(root: Path, stem: str, ready, make) -> None:
+    """A cache entry that every library shares, built by one process of those sharing `root`:
+    under the lock `stem.lock`, unless ready() (another process built it meanwhile),
+    make(tmp) in a fresh directory under `root`, from which it renames its files into place."""
+    with open(os.open(root / f"{stem}.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ready():
+            return
+        tmp = Path(tempfile.mkdtemp(prefix=f"{stem}.", dir=root))
+        try:
+            make(tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def runtime_source() -> str:
@@ -430,23 +441,19 @@ def runtime_object(root: Path, compiler_so: list[str], include: str, flags: list
     ready = lambda: obj.exists() and owned_privately(obj)  # noqa: E731
     if ready():
         return obj
-    with open(os.open(root / f"_eqf_runtime_{key}.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if ready():
-            return obj
-        tmp = Path(tempfile.mkdtemp(prefix=f"_eqf_runtime_{key}.", dir=root))
-        try:
-            (tmp / "runtime.c").write_text(text)
-            out = subprocess.run([*compiler_so, f"-I{include}", *flags, *(["-include", str(pre)] if pre else []),
-                                  "-c", str(tmp / "runtime.c"), "-o", str(tmp / "runtime.o")],
-                                 capture_output=True, text=True)
-            if out.returncode != 0:
-                raise CompileError("the C compiler failed on csrc_templates/runtime.c:\n"
-                                   + "\n".join(out.stderr.splitlines()[:40]))
-            os.chmod(tmp / "runtime.o", 0o644)
-            os.replace(tmp / "runtime.o", obj)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    def make(tmp: Path) -> None:
+        (tmp / "runtime.c").write_text(text)
+        out = subprocess.run([*compiler_so, f"-I{include}", *flags, *(["-include", str(pre)] if pre else []),
+                              "-c", str(tmp / "runtime.c"), "-o", str(tmp / "runtime.o")],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise CompileError("the C compiler failed on csrc_templates/runtime.c:\n"
+                               + "\n".join(out.stderr.splitlines()[:40]))
+        os.chmod(tmp / "runtime.o", 0o644)
+        os.replace(tmp / "runtime.o", obj)
+
+    _build_once(root, f"_eqf_runtime_{key}", ready, make)
     return obj
 
 
