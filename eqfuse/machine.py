@@ -395,7 +395,7 @@ def skinny_tile(simd_floats: int, M: int) -> tuple[int, int]:
     # The tiles in order of fewer groups: each MR that ceil(M / groups) takes for some count of
     # groups, from the tallest whose accumulators and B row fit (an MR of regs - spare - 1 rows of
     # one vector) down to 1. Walking the MRs, not the counts of groups, keeps the search to a few
-    # dozen steps for any M (a loop over the counts took minutes at M = 2^31).
+    # dozen steps for any M (a loop over the counts ran M steps, and an ONNX input may say M = 2^31).
     for mr in range(min(M, regs - spare - 1), 0, -1):
         if -(-M // -(-M // mr)) != mr:
             continue  # (no count of groups gives this MR: ceil(M / groups) jumps over it)

@@ -188,19 +188,19 @@ def load_model(model, where: str | None = None) -> "onnx.ModelProto":
     import onnx
 
     if isinstance(model, onnx.ModelProto):
-        proto = model
-    else:
-        try:
-            proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(os.fspath(model))
-        except FileNotFoundError:
-            raise EqfuseError(f"{model}: no such file") from None
-        except Exception as e:  # a protobuf DecodeError or an unreadable external-data file
-            what = where if isinstance(model, bytes) and where else model
-            raise EqfuseError(f"{what}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+        return model
+    what = where if isinstance(model, bytes) and where else model
+    try:
+        proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(os.fspath(model))
+    except FileNotFoundError:
+        raise EqfuseError(f"{model}: no such file") from None
+    except Exception as e:  # a protobuf DecodeError or an unreadable external-data file
+        raise EqfuseError(f"{what}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    # (checked where the bytes are parsed: the importer passes the parsed model on, and walks it once)
     bad = _not_utf8(proto)
     if bad:
-        what = where or ("the model" if isinstance(model, (bytes, onnx.ModelProto)) else model)
-        raise EqfuseError(f"{what}: not a readable ONNX model (its {bad} is not UTF-8 text)")
+        raise EqfuseError(f"{what if isinstance(what, str) else os.fspath(what)}: not a readable ONNX model "
+                          f"(its {bad} is not UTF-8 text)")
     return proto
 
 
