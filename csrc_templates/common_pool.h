@@ -6,7 +6,7 @@
  * has not started: when another process holds a core and a worker is not scheduled, the caller
  * takes its chunks itself. (An OpenMP region waits at its end for every thread of the team.)
  * The counter holds the job's generation in its high half, so a worker waking late cannot claim
- * a chunk of a later job. One pool per module, its workers started at its first parallel call. */
+ * a chunk of a later job. One pool per library, its workers started at its first parallel call. */
 typedef void (*eqf_chunk_fn)(void* ctx, long chunk);
 enum { EQF_POOL_MAX = 64 };
 
@@ -16,6 +16,7 @@ static inline void eqf_pause(void)
     __builtin_ia32_pause();
 #endif
 }
+
 /* The pool's functions and state are defined once per library in csrc_templates/runtime.c,
  * compiled once per compiler and flags and linked into every kernel library
  * (eqfuse.backend.cbuild.runtime_object); a kernel sees these declarations. */
