@@ -53,7 +53,7 @@ DOCS: dict[str, tuple[str, str]] = {
                             "stride and dilation an int or [h, w], padding an int, [h, w] or [top, left, bottom, right] "
                             "(uneven: TF's \"same\" padding); group splits the channels (group = C: depthwise)"),
     "conv1d": ("x, w[, b]", "1-D convolution (cross-correlation): x NCW, w OIW with I = C / group, bias b[O]; "
-                            "stride, padding, dilation and group as conv2d's"),
+                            "stride, padding and dilation each an int (padding on both ends), group as conv2d's"),
     "conv_transpose2d": ("x, w[, b]", "2-D transposed convolution (conv2d's gradient with respect to its input): "
                                       "x NCHW, w [C, O / group, kH, kW], bias b[O]; output size "
                                       "(H - 1) x stride - 2 x padding + kH + output_padding"),
