@@ -8,7 +8,10 @@ checked at the bound of the precision its plan reports:
 - convs: 1-3 images, 1-20 channels, 1x1 to 7x7 kernels, strides, dilations, even and uneven
   padding, groups (depthwise too), conv1d, bias and relu; Winograd F(2x2, 3x3) off
   (EQFUSE_CONV_WINOGRAD=0: its looser bound has its own tests in tests/test_bf16_conv.py), so
-  every conv is held to the direct bound with K = C / group x KH x KW.
+  every conv is held to the direct bound with K = C / group x KH x KW;
+- attention (softmax(q k^T x scale (+ mask)) @ v): batches, query and key lengths, head sizes,
+  scales, causal and random additive masks, at the attention bound of docs/precision.md
+  (tests/test_bf16.py's attention_bound).
 
 A kernel reported as bf16 is checked twice, as tests/test_bf16.py does: against the exact result
 at the documented bound (2u + u^2 + 1.01 K eps) sum |a||b|, and against the exact result of its
@@ -28,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.lib.stride_tricks import sliding_window_view
-from test_bf16 import EPS, GELU_F32, GELU_LIP, U, bf16, gelu
+from test_bf16 import EPS, GELU_F32, GELU_LIP, U, attention_bound, bf16, gelu
 
 import eqfuse
 from eqfuse import machine
@@ -237,3 +240,55 @@ def test_random_bf16_convs_within_the_bound(path, c, monkeypatch):
 @pytest.mark.parametrize("path", ["avx512_bf16", "fallback"])
 def test_many_random_bf16_convs_within_the_bound(path, c, monkeypatch):
     run_conv(path, c, monkeypatch)
+
+
+# ------------------------------------------------------------------ attention
+
+
+@st.composite
+def attentions(draw):
+    return {"B": draw(st.integers(1, 3)), "Sq": draw(st.integers(2, 80)), "Sk": draw(st.integers(1, 200)),
+            "D": draw(st.integers(4, 128)), "Dv": draw(st.integers(1, 96)),
+            "scale": draw(st.sampled_from([0.125, 0.3, 1.0])), "mask": draw(st.sampled_from(["", "causal", "random"])),
+            "seed": draw(st.integers(0, 2**16))}
+
+
+def run_attention(path: str, c) -> None:
+    B, Sq, Sk, D, Dv = c["B"], c["Sq"], c["Sk"], c["D"], c["Dv"]
+    rng = np.random.default_rng(c["seed"])
+    q, k = (rng.standard_normal((B, S, D)).astype(np.float32) for S in (Sq, Sk))
+    v = rng.standard_normal((B, Sk, Dv)).astype(np.float32)
+    mk = (np.triu(np.full((Sq, Sk), -1e4, np.float32), 1 + max(Sk - Sq, 0)) if c["mask"] == "causal" else
+          np.where(rng.random((Sq, Sk)) < 0.3, -1e4, rng.standard_normal((Sq, Sk))).astype(np.float32)
+          if c["mask"] == "random" else None)
+    m = f", mk: f32[{Sq}, {Sk}]" if mk is not None else ""
+    score = f"q @ transpose(k, perm=[0, 2, 1]) * {c['scale']}" + (" + mk" if mk is not None else "")
+    src = (f"graph g(q: f32[{B}, {Sq}, {D}], k: f32[{B}, {Sk}, {D}], v: f32[{B}, {Sk}, {Dv}]{m}) -> f32[{B}, {Sq}, {Dv}] "
+           f"{{\n  return softmax({score}, axis=-1) @ v\n}}")
+    with machine.pinned(model(path)):
+        mod = eqfuse.compile(src, precision="bf16")
+        y = np.asarray(mod(q, k, v, *([mk] if mk is not None else [])), np.float64)
+    (p,) = [p for p in mod.default.last.plans if p.kind == "attention"]
+    entry = mod.report["precision"][p.name]
+    assert (entry["precision"], entry["path"]) == (p.precision, p.precision_path)
+    if p.precision == "bf16":
+        assert p.precision_path == (path if p.detail.vec else "fallback")  # (the portable loops run the fallback)
+    ref, bound = attention_bound(q, k, v, c["scale"], mk, p.tiles["bk"], u=U if p.precision == "bf16" else 0.0)
+    err = np.abs(y - ref)
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert np.all(err <= bound), f"{p.precision}: error {err[worst]:.3g} > bound {bound[worst]:.3g} at {worst}"
+
+
+@FEW
+@given(c=attentions())
+@pytest.mark.parametrize("path", ["avx512_bf16", "fallback"])
+def test_random_bf16_attention_within_the_bound(path, c):
+    run_attention(path, c)
+
+
+@pytest.mark.extended
+@MANY
+@given(c=attentions())
+@pytest.mark.parametrize("path", ["avx512_bf16", "fallback"])
+def test_many_random_bf16_attention_within_the_bound(path, c):
+    run_attention(path, c)
