@@ -87,7 +87,7 @@ DOCS: dict[str, tuple[str, str]] = {
     "quantize_linear": ("x, scale, zp", "saturate(round_half_even(x / scale) + zp) in zp's dtype (u8 or i8): ONNX QuantizeLinear"),
     "dequantize_linear": ("q, scale, zp", "(q - zp) * scale in f32, q and zp of one dtype (u8, i8 or i32): ONNX DequantizeLinear"),
     "matmul_integer": ("a, b, a_zp, b_zp", "(a - a_zp) @ (b - b_zp) of u8/i8 operands, exact in i32 (a_zp scalar, b_zp scalar or per column): ONNX MatMulInteger"),
-    "conv_integer": ("x, w, x_zp, w_zp", "conv2d(x - x_zp, w - w_zp) of u8/i8 operands, exact in i32, padded with x_zp (x_zp scalar, w_zp scalar or per output channel): ONNX ConvInteger"),
+    "conv_integer": ("x, w, x_zp, w_zp", "conv2d(x - x_zp, w - w_zp) of u8/i8 operands, exact in i32, padded with x_zp, padding an int or [h, w] (x_zp scalar, w_zp scalar or per output channel): ONNX ConvInteger"),
     "dynamic_scale": ("x", "ONNX DynamicQuantizeLinear's scale of x: (hi - lo) / 255 in f32 (1 when hi == lo) over lo = min(x, 0), hi = max(x, 0)"),
     "dynamic_zero_point": ("x", "ONNX DynamicQuantizeLinear's zero point of x: saturate(round_half_even(-lo / dynamic_scale(x))), u8"),
     "dynamic_range": ("x", "[lo, hi] = [min(x, 0), max(x, 0)] in f32 (NaN passed over), shape [2]: dynamic_scale and dynamic_zero_point of it are those of x"),

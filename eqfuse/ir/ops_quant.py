@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from eqfuse.errors import ShapeError
-from eqfuse.ir.ops import OPS, bcast_infer, conv2d_numpy, define
+from eqfuse.ir.ops import OPS, bcast_infer, conv2d_numpy, define, symmetric_pads
 from eqfuse.ir.shapes import TType, broadcast, fmt
 
 
@@ -80,6 +80,11 @@ def _conv_integer_infer(ts, attrs):
         raise ShapeError(f"conv_integer needs a scalar x_zp, got {fmt(xzp.shape)}")
     if wzp.rank > 1 or (wzp.rank == 1 and w.rank == 4 and wzp.shape[0] != w.shape[0]):
         raise ShapeError(f"conv_integer needs w_zp scalar or [O] (one per output channel), got {fmt(wzp.shape)}")
+    if symmetric_pads(attrs["padding"]) is None:
+        # (the integer kernels pad each axis alike at both ends; the ONNX importer meets uneven
+        # pads so, then slices the extra outputs off)
+        raise ShapeError(f"conv_integer padding {list(attrs['padding'])} is uneven: the integer conv pads each "
+                         "axis alike at both ends (pad by the larger amount and slice the extra outputs off)")
     return OPS["conv2d"].shape_rule([x, w], attrs)
 
 
