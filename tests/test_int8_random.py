@@ -20,7 +20,7 @@ import eqfuse
 from eqfuse.ir.ops import OPS
 
 FEW = settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
-MANY = settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+MANY = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 def ints(rng, dtype: str, shape):
