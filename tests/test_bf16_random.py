@@ -39,7 +39,7 @@ import eqfuse
 from eqfuse import machine
 
 CONTRACTIONS = ("contraction", "contraction_row", "conv2d")
-FEW = settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+FEW = settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 MANY = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 
 

@@ -19,7 +19,7 @@ from test_quantized import int8_path  # noqa: F401 (the fixture)
 import eqfuse
 from eqfuse.ir.ops import OPS
 
-FEW = settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+FEW = settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 MANY = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 
 
