@@ -473,13 +473,56 @@ static void eqf_kinds_k1_contraction_gemm_pack_a(const float* restrict A, long i
 /* A[ic:ic+mc, pc:pc+kc] -> MR-row micro-panels of K-pairs: the pair (A[i][2p], A[i][2p+1]) of row
  * ir + r at ap[ir * kp + p * MR + r] as one 32-bit lane (kp = ceil(kc / 2), an odd kc's last pair
  * completed by a zero, rows past mc zero). A with rows in memory: 32 elements of a row rounded by
- * one vcvtne2ps2bf16 into 16 pairs. */
+ * one vcvtne2ps2bf16 into 16 pairs. A whole micro-panel (MR <= 16 rows) goes 16 K-pairs at a time
+ * through registers: its MR vectors of 16 pairs, one per row, are the 16 x MR block of the panel
+ * transposed, and the block's MR vectors are each merged from the rows' vectors by masked
+ * vpermd (MR x MR of them). Storing each row's pairs one by one instead (a 32-bit store at every
+ * MR-th lane) took a tenth of the time of BERT's second FFN GEMM (M 128, K 3072, N 768), whose A,
+ * the activations, is packed on every call (`benchmarks/bench_gemm.py --precision bf16`). */
 static void eqf_kinds_k1_contraction_gemm_pack_a_pairs(const float* restrict A, long ic, long mc, long pc, long kc, uint32_t* restrict ap)
 {
     const long kp = (kc + 1) / 2;
+#if !0 && eqf_kinds_k1_contraction_gemm_MR <= 16
+    /* lane i of the block's vector j is pair (16 j + i) / MR of row (16 j + i) % MR */
+    int32_t lane_pair[eqf_kinds_k1_contraction_gemm_MR][16] __attribute__((aligned(64)));
+    __mmask16 from_row[eqf_kinds_k1_contraction_gemm_MR][eqf_kinds_k1_contraction_gemm_MR] = { { 0 } };
+    for (int j = 0; j < eqf_kinds_k1_contraction_gemm_MR; j++)
+        for (int i = 0; i < 16; i++) {
+            lane_pair[j][i] = (16 * j + i) / eqf_kinds_k1_contraction_gemm_MR;
+            from_row[j][(16 * j + i) % eqf_kinds_k1_contraction_gemm_MR] |= (__mmask16)(1u << i);
+        }
+#endif
     for (long ir = 0; ir < mc; ir += eqf_kinds_k1_contraction_gemm_MR) {
         uint32_t* restrict dst = ap + ir * kp;
         const long mr = mc - ir < eqf_kinds_k1_contraction_gemm_MR ? mc - ir : eqf_kinds_k1_contraction_gemm_MR;
+#if !0 && eqf_kinds_k1_contraction_gemm_MR <= 16
+        if (mr == eqf_kinds_k1_contraction_gemm_MR && kc >= 32) {
+            const float* restrict src[eqf_kinds_k1_contraction_gemm_MR];
+            for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+                src[r] = A + eqf_kinds_k1_contraction_gemm_AROW(ic + ir + r) * 37L + pc;
+            long p = 0;
+            for (; 2 * p + 32 <= kc; p += 16) {
+                __m512i row[eqf_kinds_k1_contraction_gemm_MR];
+#pragma GCC unroll 16
+                for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+                    row[r] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src[r] + 2 * p + 16),
+                                                          _mm512_loadu_ps(src[r] + 2 * p));
+#pragma GCC unroll 16
+                for (int j = 0; j < eqf_kinds_k1_contraction_gemm_MR; j++) {
+                    const __m512i idx = _mm512_load_si512((const void*)lane_pair[j]);
+                    __m512i v = _mm512_setzero_si512();
+#pragma GCC unroll 16
+                    for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+                        v = _mm512_mask_permutexvar_epi32(v, from_row[j][r], idx, row[r]);
+                    _mm512_storeu_si512((void*)(dst + p * eqf_kinds_k1_contraction_gemm_MR + 16 * j), v);
+                }
+            }
+            for (; p < kp; p++)
+                for (int r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++)
+                    dst[p * eqf_kinds_k1_contraction_gemm_MR + r] = eqf_bf16_pair(src[r][2 * p], 2 * p + 1 < kc ? src[r][2 * p + 1] : 0.0f);
+            continue;
+        }
+#endif
         for (long r = 0; r < eqf_kinds_k1_contraction_gemm_MR; r++) {
             if (r >= mr) {
                 for (long p = 0; p < kp; p++)
