@@ -1,6 +1,7 @@
 """The C build cache: hits skip the compiler, concurrent builds agree, errors are reported."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,8 +14,30 @@ from eqfuse.backend import cbuild
 from eqfuse.backend.cbuild import COMMON_C, COMMON_CDEF, CompileError, build, render
 
 
+@pytest.fixture(scope="module")
+def shared_entries(tmp_path_factory) -> list[Path]:
+    """The cache entries every library shares (the precompiled header and the runtime object),
+    built once in a directory of their own: for this process's flags (the suite's pinned machine)
+    and for a fresh process's (the host's), which the tests' subprocesses build with."""
+    root = tmp_path_factory.mktemp("shared-entries")
+    before = os.environ.get("EQFUSE_CACHE_DIR")
+    os.environ["EQFUSE_CACHE_DIR"] = str(root)
+    try:
+        build(COMMON_C + "int seed(void) { return 1; }", COMMON_CDEF + "\nint seed(void);", "seed")
+    finally:
+        os.environ["EQFUSE_CACHE_DIR"] = before if before is not None else os.environ.pop("EQFUSE_CACHE_DIR")
+    assert _run_twice(root) == (0, "False 42")
+    return sorted(p for p in root.iterdir() if p.name.startswith(("_eqf_pre_", "_eqf_runtime_")) and p.suffix != ".lock")
+
+
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
+def cache(tmp_path, monkeypatch, shared_entries):
+    """An empty kernel cache but for the entries every library shares, copied in: what a test of
+    one library's build, hit or rebuild checks is that library's (the shared entries' own tests,
+    test_the_precompiled_system_headers_are_built_once... and test_the_runtime_is_compiled_once...,
+    start from an empty directory)."""
+    for entry in shared_entries:
+        shutil.copy2(entry, tmp_path / entry.name)
     monkeypatch.setenv("EQFUSE_CACHE_DIR", str(tmp_path))
     return tmp_path
 
@@ -440,7 +463,7 @@ def test_libraries_load_one_at_a_time_around_the_spin_variable(monkeypatch):
     assert cbuild.SPIN_VAR not in os.environ
 
 
-def test_the_runtime_is_compiled_once_and_each_library_keeps_its_own(cache):
+def test_the_runtime_is_compiled_once_and_each_library_keeps_its_own(tmp_path, monkeypatch):
     """csrc_templates/runtime.c is built once per compiler and flags (cbuild.runtime_object) and
     linked into every library: two libraries of the header share the one object file, each has
     its own pool (its workers' thread ids apart), and no runtime symbol is exported from a
@@ -451,9 +474,10 @@ def test_the_runtime_is_compiled_once_and_each_library_keeps_its_own(cache):
         src = header_c() + COMMON_C + f"int pool{k}(void) {{ eqf_pool_request = 2; return eqf_pool_threads(); }}"
         return build(src, COMMON_CDEF + "\n" + HEADER_CDEF + f"\nint pool{k}(void);", f"rt{k}")
 
+    monkeypatch.setenv("EQFUSE_CACHE_DIR", str(tmp_path))
     a, b = lib(1), lib(2)
     assert a.lib.pool1() == 2 and b.lib.pool2() == 2
-    assert len(list(cache.glob("_eqf_runtime_*.o"))) == 1
+    assert len(list(tmp_path.glob("_eqf_runtime_*.o"))) == 1
     assert a.ffi.cast("long", a.lib.eqf_pool_tids()) != b.ffi.cast("long", b.lib.eqf_pool_tids())
     dynamic = subprocess.run(["nm", "-D", "--defined-only", str(a.path)], capture_output=True, text=True).stdout
     assert "pool1" in dynamic and not any(n in dynamic for n in ("eqf_parallel_for", "eqf_pool_request", "eqf_scratch"))
