@@ -752,24 +752,25 @@ def test_a_loaded_decoder_generates_as_the_compiled_one(tmp_path):
 
 
 def test_a_smaller_batch_runs_on_a_compiled_larger_one(monkeypatch, tmp_path):
-    """After a generation at batch 3, one at batch 2 runs on the batch-3 steps (generation.run_batch:
-    its third row a copy of its second, dropped): no C build, no optimizer run, no new step, and
-    transformers' greedy ids. A batch of 1 (3 is more than twice it) would run at its own. The
-    artifact saved after the batch of 3 alone serves a batch of 2 too, with the same ids."""
+    """After a generation at batch 2, one at batch 1 runs on the batch-2 steps (generation.run_batch:
+    its second row a copy of its first, dropped): no C build, no optimizer run, no new step, and
+    transformers' greedy ids. A batch of 3 (more than the compiled 2) would run at its own. The
+    artifact saved after the batch of 2 alone serves a batch of 1 too, with the same ids. (At the
+    batch B and prompt length S of the other tests of GPT-2's export: their steps, in the kernel cache.)"""
     path = de.export_gpt2("torchscript")
     mod = eqfuse.compile(path)
     rng = np.random.default_rng(11)
-    eqfuse.generate(mod, rng.integers(0, de.VOCAB, (3, S)).astype(np.int64), max_new_tokens=NEW)
+    eqfuse.generate(mod, rng.integers(0, de.VOCAB, (B, S)).astype(np.int64), max_new_tokens=NEW)
     steps = set(mod.default.live_modules)
-    loaded = eqfuse.load(mod.save(tmp_path / "three.eqf"))
+    loaded = eqfuse.load(mod.save(tmp_path / "two.eqf"))
     counts = count_compiles(monkeypatch)
-    two = rng.integers(0, de.VOCAB, (2, S)).astype(np.int64)
-    ours = eqfuse.generate(mod, two, max_new_tokens=NEW, eos_token_id=de.EOS)
+    one = rng.integers(0, de.VOCAB, (1, S)).astype(np.int64)
+    ours = eqfuse.generate(mod, one, max_new_tokens=NEW, eos_token_id=de.EOS)
     assert counts == {"build": 0, "optimize": 0} and set(mod.default.live_modules) == steps
-    assert_greedy_matches_transformers(ours, two, NEW)
-    np.testing.assert_array_equal(eqfuse.generate(loaded, two, max_new_tokens=NEW, eos_token_id=de.EOS), ours)
-    sig = module_signature(mod)  # (a batch of 1: 3 is more than twice it, so it would compile its own steps)
-    assert [run_batch(mod, sig, b, S + NEW - 1) for b in (1, 2, 3)] == [1, 3, 3]
+    assert_greedy_matches_transformers(ours, one, NEW)
+    np.testing.assert_array_equal(eqfuse.generate(loaded, one, max_new_tokens=NEW, eos_token_id=de.EOS), ours)
+    sig = module_signature(mod)  # (a batch of 3: more than the compiled 2, so it would compile its own steps)
+    assert [run_batch(mod, sig, b, S + NEW - 1) for b in (1, 2, 3)] == [2, 2, 3]
 
 
 @pytest.mark.extended
