@@ -771,6 +771,12 @@ def test_a_smaller_batch_runs_on_a_compiled_larger_one(monkeypatch, tmp_path):
     np.testing.assert_array_equal(eqfuse.generate(loaded, one, max_new_tokens=NEW, eos_token_id=de.EOS), ours)
     sig = module_signature(mod)  # (a batch of 3: more than the compiled 2, so it would compile its own steps)
     assert [run_batch(mod, sig, b, S + NEW - 1) for b in (1, 2, 3)] == [2, 2, 3]
+    # steps held at batch 3 instead: a batch of 2 runs on them, one of 1 (3 is more than twice it) at its own
+    import eqfuse.generation as generation
+
+    held, batch_dim = generation.compiled_steps(mod.default, sig), sig.shapes[sig.ids][0]
+    monkeypatch.setattr(generation, "compiled_steps", lambda f, s: [{**d, batch_dim: 3} for d in held])
+    assert [run_batch(mod, sig, b, S + NEW - 1) for b in (1, 2, 3)] == [1, 3, 3]
 
 
 @pytest.mark.extended
