@@ -25,7 +25,10 @@ def shared_entries(tmp_path_factory) -> list[Path]:
     try:
         build(COMMON_C + "int seed(void) { return 1; }", COMMON_CDEF + "\nint seed(void);", "seed")
     finally:
-        os.environ["EQFUSE_CACHE_DIR"] = before if before is not None else os.environ.pop("EQFUSE_CACHE_DIR")
+        if before is None:
+            del os.environ["EQFUSE_CACHE_DIR"]
+        else:
+            os.environ["EQFUSE_CACHE_DIR"] = before
     assert _run_twice(root) == (0, "False 42")
     return sorted(p for p in root.iterdir() if p.name.startswith(("_eqf_pre_", "_eqf_runtime_")) and p.suffix != ".lock")
 
