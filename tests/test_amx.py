@@ -27,6 +27,7 @@ import eqfuse
 from eqfuse import machine
 from eqfuse.backend.cbuild import COMMON_C, build, compiler, header_c
 from eqfuse.backend.emit import emit_graph
+from eqfuse.backend.kinds.contraction.plan_gemm import amx_kc_top, amx_tiles
 from eqfuse.cli.main import main
 from eqfuse.errors import EqfuseError
 from eqfuse.frontend.load import load
@@ -50,8 +51,10 @@ BOUND = ("w2t", "b2")  # (params=: packed once)
 
 
 def amx_model() -> machine.Machine:
-    """This host's model with AMX-BF16 (and AVX512_BF16, which every CPU with AMX-BF16 has)."""
-    return dataclasses.replace(machine.machine(), simd_floats=16, avx512_bf16=True, amx_bf16=True)
+    """This host's model with AMX-BF16 (and AVX512_BF16, which every CPU with AMX-BF16 has), and an
+    L2 of 256 KiB: K slices of at most 512 (plan_gemm.amx_kc_top), so that w2t's K of 1101 takes
+    several and the partial sums' path runs."""
+    return dataclasses.replace(machine.machine(), simd_floats=16, avx512_bf16=True, amx_bf16=True, l2=256 << 10)
 
 
 def host_has_amx() -> bool:
@@ -124,7 +127,11 @@ def test_a_machine_with_amx_plans_the_tiles_and_lower_prints_it(tmp_path, capsys
         text = capsys.readouterr().out
         assert "precision: bf16, path: amx_bf16" in text
         tiles = dict(re.findall(r"(\w+)=(\d+)", re.search(r"tiles: (.*)", text).group(1)))
-        assert (tiles["mr"], tiles["nr"]) == ("32", "32") and int(tiles["kc"]) % 32 == 0 and int(tiles["kc"]) < 1024
+        # (all of K in one slice: the C tiles stay in the tile registers; a B panel of half of L2)
+        assert (tiles["mr"], tiles["nr"], tiles["kc"], tiles["nc"]) == ("32", "32", "1024", "512")
+        # a K past the deepest slice (4096 with this model's 2 MiB L2) is cut into equal slices
+        assert amx_kc_top(machine.MODELS["xeon-spr"]) == 4096
+        assert amx_tiles(512, 512, 8193, machine.MODELS["xeon-spr"])["kc"] == 2752  # (3 slices, whole blocks of 32)
         # the few-rows GEMM over a bound weight stays on vdpbf16ps, and says so
         src = "graph s(x: f32[4, 256], w: f32[256, 128]) -> f32[4, 128] {\n  return kernel { x @ w }\n}"
         _, _, plans = lower(load(src)[0], {}, fuse="manual", params=frozenset({"w"}), precision="bf16")

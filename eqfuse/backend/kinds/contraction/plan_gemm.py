@@ -244,20 +244,33 @@ def gemm_tiles(M: int, N: int, K: int, m: Machine, even_kc: bool = False, a_byte
 def amx_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
     """MR, NR, KC, MC, NC of one M x N x K GEMM on AMX tiles (gemm_bf16_path "amx_bf16").
 
-    The register tile is the tiles' own, AMX_MR x AMX_NR. The rest follows gemm_tiles' rules for
-    bf16 panels: KC as deep as lets the A micro-panel (MR x KC bf16, A tile rows) fill half of L1,
-    at most 512, in whole AMX_KB blocks; a K up to half again KC is one slice, a deeper one equal
-    slices of whole blocks (only the last may end in part of one, padded by zeros in the panels);
-    NC makes the B panel (KC x NC bf16) half of L2, and MC the A block two L2s."""
-    top = max(AMX_KB, min(512, (m.l1 // 2) // (AMX_MR * BF16) // AMX_KB * AMX_KB))
-    kc = cdiv(K, 1 if K <= top * 3 // 2 else cdiv(K, top))
-    if kc < K:
-        kc = cdiv(kc, AMX_KB) * AMX_KB
+    The register tile is the tiles' own, AMX_MR x AMX_NR. K is one slice as deep as the B panel
+    allows (amx_kc_top): the C tiles then stay in the tile registers over all of K and reach C once,
+    through the epilogue, instead of once per slice as partial sums read back and added. The A
+    micro-panel (MR x KC bf16) no longer fits L1 at such depths; each tile load of it serves two
+    tdpbf16ps, so reading it from L2 costs less than C's round trips did (`python
+    benchmarks/bench_gemm.py --precision bf16`, its 1024^3 and BERT rows, against slices deep
+    enough for L1). A deeper K is cut into equal slices of whole AMX_KB blocks (only the last may
+    end in part of one, padded by zeros in the panels). NC makes the B panel (KC x NC bf16) half
+    of L2, and MC the A block two L2s."""
+    top = amx_kc_top(m)
+    kc = K if K <= top else cdiv(cdiv(K, cdiv(K, top)), AMX_KB) * AMX_KB
     depth = cdiv(kc, AMX_KB) * AMX_KB  # (of the panels)
     nc = max(AMX_NR, (m.l2 // 2) // (depth * BF16) // AMX_NR * AMX_NR)
     mc = max(AMX_MR, (2 * m.l2) // (depth * BF16) // AMX_MR * AMX_MR)
-    return {"mr": AMX_MR, "nr": AMX_NR, "kc": min(kc, K), "mc": min(mc, cdiv(M, AMX_MR) * AMX_MR),
+    return {"mr": AMX_MR, "nr": AMX_NR, "kc": kc, "mc": min(mc, cdiv(M, AMX_MR) * AMX_MR),
             "nc": min(nc, cdiv(N, AMX_NR) * AMX_NR)}
+
+
+# The fewest B micro-panels (of AMX_NR columns) an AMX B panel holds at the deepest K slice: a
+# panel that is the slice's depth x AMX_MIN_PANELS x AMX_NR bf16 fills half of L2.
+AMX_MIN_PANELS = 4
+
+
+def amx_kc_top(m: Machine) -> int:
+    """The deepest K slice of an AMX GEMM on machine m, in whole AMX_KB blocks: the depth at which a
+    B panel of AMX_MIN_PANELS micro-panels fills half of L2 (4096 with a 2 MiB L2)."""
+    return max(AMX_KB, (m.l2 // 2) // (AMX_MIN_PANELS * AMX_NR * BF16) // AMX_KB * AMX_KB)
 
 
 def blocking(t: dict[str, int]) -> tuple[int, int, int, int, int]:
