@@ -56,9 +56,10 @@ of `--repeat` calls), GFLOP/s, the fraction of the peak of the row's precision, 
 max|y - y_ref| / max|y_ref| against the float64 result of the f32 inputs, measured the same way
 for every row. The peaks are measured on these cores before the rows and after them (the best
 of the two): the f32 one by a loop of independent
-vfmadd231ps on zmm registers (16 lanes x 2 FLOPs each); the bf16 one is derived as twice it (a
-vdpbf16ps does two multiply-adds per 32-bit lane, at the FMA's throughput), and the loop of
-vdpbf16ps is measured beside it as a check. A row on AMX-BF16 tiles (the path `amx_bf16` in
+vfmadd231ps on zmm registers (16 lanes x 2 FLOPs each); the bf16 one is derived from it by the
+machine's eqfuse.machine.bf16_dot_ratio (a vdpbf16ps does two multiply-adds per 32-bit lane: 2x
+where it issues at the FMA's throughput, on AMD's cores; 0.5x on Intel's, where it measured one
+every other cycle against two FMAs a cycle), and the loop of vdpbf16ps is measured beside it as a check. A row on AMX-BF16 tiles (the path `amx_bf16` in
 report["precision"]) is given as a fraction of the AMX peak, derived as 16 times the f32 one
 (eqfuse.machine.bf16_peak_ratio: tdpbf16ps's 512 multiply-adds per cycle over two 16-lane FMAs),
 and a loop of tdpbf16ps on four C tiles is measured beside it as a check.
@@ -233,7 +234,8 @@ def measure_peaks(threads: int) -> dict:
                 took = max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans)
                 best = max(best, threads * steps * per / took / 1e9)
         out[name] = best
-    out["bf16"] = 2 * out["f32"]  # (derived: two multiply-adds per lane per instruction)
+    # (derived: two multiply-adds per lane per vdpbf16ps, at the machine's rate, eqfuse.machine.bf16_dot_ratio)
+    out["bf16"] = bf16_peak_ratio(machine(), "avx512_bf16") * out["f32"]
     # (derived: tdpbf16ps's multiply-adds per cycle over the f32 FMA's, eqfuse.machine.bf16_peak_ratio)
     out["bf16_amx"] = bf16_peak_ratio(machine(), "amx_bf16") * out["f32"]
     return out
@@ -341,7 +343,7 @@ def print_precision(results: list[dict], repeat: int, rounds: int) -> None:
         pk = res["peaks"]
         t = res["rows"][0]["threads"]
         amx = any(r["peak_of"] == "bf16_amx" for r in res["rows"])
-        print(f"\nthreads={t}: peaks measured here, f32 FMA {pk['f32']:.1f} GFLOP/s, bf16 2x = {pk['bf16']:.1f} "
+        print(f"\nthreads={t}: peaks measured here, f32 FMA {pk['f32']:.1f} GFLOP/s, bf16 {pk['bf16'] / pk['f32']:g}x = {pk['bf16']:.1f} "
               f"(a vdpbf16ps loop measured {pk['bf16_vdpbf16ps']:.1f})"
               + (f", AMX-BF16 {pk['bf16_amx'] / pk['f32']:.0f}x = {pk['bf16_amx']:.1f} "
                  f"(a tdpbf16ps loop measured {pk.get('bf16_tdpbf16ps', float('nan')):.1f})" if amx else ""))
@@ -351,7 +353,7 @@ def print_precision(results: list[dict], repeat: int, rounds: int) -> None:
         for r in res["rows"]:
             print(f"{r['shape']:>14} {r['who']:<44} {r['ms']:8.3f} {r['spread']:6.0f}% {r['gflops']:8.1f} "
                   f"{100 * r['peak']:7.0f}% {r['error']:9.1e}")
-    print("\nof peak: of the f32 FMA peak for an f32 row, of the bf16 peak (2x) for a bf16 row (the f32 one for the fallback path, "
+    print("\nof peak: of the f32 FMA peak for an f32 row, of the bf16 peak (bf16_dot_ratio x) for a bf16 row (the f32 one for the fallback path, "
           "which multiplies with f32 FMAs), of the AMX-BF16 "
           "peak (tdpbf16ps: 512 multiply-adds per cycle, 16x the f32 FMA's two 16-lane FMAs; "
           "eqfuse.machine.bf16_peak_ratio) for a row on AMX tiles; error: max|y - y_ref| / max|y_ref|, y_ref the float64 result of the f32 inputs")

@@ -50,6 +50,11 @@ class Machine:
     # GEMM's instruction path, plan_gemm.int8_path)
     avx512_bf16: bool = False
     amx_bf16: bool = False
+    # vdpbf16ps's multiply-adds per cycle over the f32 FMA's (bf16_peak_ratio of the avx512_bf16
+    # path): 2 where it issues as often as the FMA, each doing two multiply-adds a lane; less
+    # where it issues more rarely (host_bf16_dot_ratio). At 1 or below, a compute-bound kernel
+    # gains nothing from it and keeps f32 under precision="bf16" (plan_gemm.bf16_pays)
+    bf16_dot_ratio: float = 2.0
     avx512_vnni: bool = False
     avx_vnni: bool = False
     # Planner policy, not hardware: on a CPU without a bf16 multiply (the bf16 "fallback" path),
@@ -86,7 +91,7 @@ MODELS: dict[str, Machine] = {
     "zen4": Machine(l1=32 << 10, l2=1 << 20, l3=32 << 20, simd_floats=16, cores=2, prefetch=False,
                     avx512_bf16=True, avx512_vnni=True),
     "xeon-spr": Machine(l1=48 << 10, l2=2 << 20, l3=105 << 20, simd_floats=16, cores=2,
-                        avx512_bf16=True, amx_bf16=True, avx512_vnni=True),
+                        avx512_bf16=True, amx_bf16=True, avx512_vnni=True, bf16_dot_ratio=0.5),
     "avx2": Machine(l1=32 << 10, l2=512 << 10, l3=16 << 20, simd_floats=8, cores=2),
 }
 
@@ -204,7 +209,23 @@ def bf16_peak_ratio(m: Machine, path: str) -> float:
     """The peak of a bf16 instruction path (plan_gemm's precision_path) over the f32 FMA peak."""
     if path == "amx_bf16":
         return AMX_TDP_FMAS / AMX_TDP_CYCLES / (FMA_UNITS * m.simd_floats)
-    return 2.0 if path == "avx512_bf16" else 1.0
+    return m.bf16_dot_ratio if path == "avx512_bf16" else 1.0
+
+
+def bf16_dot_ratio(cpuinfo: str) -> float:
+    """Machine.bf16_dot_ratio of a CPU (the text of /proc/cpuinfo). Not derivable from the flags:
+    it is how often the core issues vdpbf16ps, so it is a table by vendor, of what was measured
+    (the vdpbf16ps loop of `benchmarks/bench_gemm.py --precision bf16`, against its f32 FMA loop;
+    the figures are in benchmarks/RESULTS.md):
+    - Intel: 0.5 (the loop ran at half the f32 FMA peak's FLOPs: one vdpbf16ps every other cycle
+      where two FMAs issue each cycle);
+    - everything else: 2 (AMD's cores issue it as often as the FMA).
+    EQFUSE_BF16_DOT overrides."""
+    env = os.environ.get("EQFUSE_BF16_DOT")
+    if env:
+        return float(env)
+    vendor = next((ln.partition(":")[2].strip() for ln in cpuinfo.splitlines() if ln.startswith("vendor_id")), "")
+    return 0.5 if vendor == "GenuineIntel" else 2.0
 
 
 # The ISA extensions that need AVX-512 kernels (zmm, EVEX): off in a model narrower than 16 floats.
@@ -238,6 +259,13 @@ def host_prefetch() -> bool:
         return stream_prefetch(Path("/proc/cpuinfo").read_text())
     except OSError:
         return True
+
+
+def host_bf16_dot_ratio() -> float:
+    try:
+        return bf16_dot_ratio(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return bf16_dot_ratio("")
 
 
 def num_cores() -> int:
@@ -290,7 +318,7 @@ def host_machine() -> Machine:
     simd = env("EQFUSE_SIMD", simd_width_floats())
     return Machine(l1=env("EQFUSE_L1", c.get(1, 32 << 10)), l2=env("EQFUSE_L2", c.get(2, 1 << 20)),
                    l3=env("EQFUSE_L3", c.get(3, 8 << 20)), simd_floats=simd,
-                   cores=num_cores(), prefetch=host_prefetch(),
+                   cores=num_cores(), prefetch=host_prefetch(), bf16_dot_ratio=host_bf16_dot_ratio(),
                    # (AVX-512 extensions only for kernels built for AVX-512: see Machine.march)
                    **{k: v and simd >= ISA_LANES[k] for k, v in host_isa().items()})
 

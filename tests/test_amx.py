@@ -27,7 +27,7 @@ import eqfuse
 from eqfuse import machine
 from eqfuse.backend.cbuild import COMMON_C, build, compiler, header_c
 from eqfuse.backend.emit import emit_graph
-from eqfuse.backend.kinds.contraction.plan_gemm import amx_kc_top, amx_tiles
+from eqfuse.backend.kinds.contraction.plan_gemm import SLOW_DOT_F32, amx_kc_top, amx_tiles
 from eqfuse.cli.main import main
 from eqfuse.errors import EqfuseError
 from eqfuse.frontend.load import load
@@ -137,10 +137,20 @@ def test_a_machine_with_amx_plans_the_tiles_and_lower_prints_it(tmp_path, capsys
         _, _, plans = lower(load(src)[0], {}, fuse="manual", params=frozenset({"w"}), precision="bf16")
     (p,) = [p for p in plans if p.kind == "contraction"]
     assert (p.detail.path, p.precision_path) == ("skinny", "avx512_bf16") and "AMX" in p.precision_note
-    # a machine without AMX keeps its path
-    with machine.pinned(dataclasses.replace(machine.MODELS["xeon-spr"], amx_bf16=False), clamp=False):
-        assert main(["lower", str(model), "--precision", "bf16"]) == 0
-        assert "path: avx512_bf16" in capsys.readouterr().out
+    # without AMX: vdpbf16ps where it issues as often as the FMA; f32, saying why, where it is slower
+    for ratio, want in ((2.0, "precision: bf16, path: avx512_bf16"), (0.5, "precision: f32, path: f32")):
+        slow = dataclasses.replace(machine.MODELS["xeon-spr"], amx_bf16=False, bf16_dot_ratio=ratio)
+        with machine.pinned(slow, clamp=False):
+            assert main(["lower", str(model), "--precision", "bf16"]) == 0
+            text = capsys.readouterr().out
+            assert want in text and (ratio > 1 or SLOW_DOT_F32 in text), text
+    attention = tmp_path / "a.g"  # (with AMX too: the attention has no AMX path, and computes in f32)
+    attention.write_text("graph a(q: f32[1, 2, 64, 64], k: f32[1, 2, 64, 64], v: f32[1, 2, 64, 64]) -> f32[1, 2, 64, 64] {\n"
+                         "  return softmax(q @ transpose(k, perm=[0, 1, 3, 2]) * 0.125, axis=-1) @ v\n}\n")
+    with machine.pinned(machine.MODELS["xeon-spr"], clamp=False):
+        assert main(["lower", str(attention), "--precision", "bf16"]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"_attention: .*\n(  .*\n)*  precision: f32, path: f32 \(" + re.escape(SLOW_DOT_F32), text), text
 
 
 def test_the_real_amx_kernels_compile_for_a_cpu_with_amx(tmp_path):
@@ -268,3 +278,17 @@ def test_the_emulated_tdpbf16ps_is_the_sdm_operation():
         plain = sdm(lambda x: x.astype(np.float32))
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert got[0, 0] == got[1, 2] == 0 and plain[0, 0] == 2.0**-33 and plain[1, 2] == 2.0**-130  # (the flushes show)
+
+
+def test_the_bf16_dot_table_reads_the_vendor(monkeypatch):
+    """Machine.bf16_dot_ratio per CPU (machine.bf16_dot_ratio): Intel's vdpbf16ps runs at half
+    the f32 FMA's FLOPs, AMD's at twice; EQFUSE_BF16_DOT overrides; the planner's bf16 peak of
+    the avx512_bf16 path is that ratio."""
+    monkeypatch.delenv("EQFUSE_BF16_DOT", raising=False)
+    info = "processor\t: 0\nvendor_id\t: {}\ncpu family\t: {}\n"
+    assert machine.bf16_dot_ratio(info.format("GenuineIntel", 6)) == 0.5
+    assert machine.bf16_dot_ratio(info.format("AuthenticAMD", 25)) == machine.bf16_dot_ratio("") == 2.0
+    monkeypatch.setenv("EQFUSE_BF16_DOT", "2")
+    assert machine.bf16_dot_ratio(info.format("GenuineIntel", 6)) == 2.0
+    assert machine.bf16_peak_ratio(machine.MODELS["xeon-spr"], "avx512_bf16") == 0.5
+    assert machine.bf16_peak_ratio(machine.MODELS["zen4"], "avx512_bf16") == 2.0

@@ -24,7 +24,7 @@ from eqfuse.backend.cexpr import (
 from eqfuse.backend.indexing import bstrides, offset, result_strides, view_strides
 from eqfuse.backend.kinds.base import Kind
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
-from eqfuse.backend.kinds.contraction.plan_gemm import FALLBACK_F32, PARALLEL_MIN_FMAS, bf16_pays, bf16_path
+from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, bf16_pays, bf16_path, f32_reason
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
@@ -100,9 +100,9 @@ class Attention(Kind):
     def plan(self, plan: KernelPlan, c) -> None:
         # precision="bf16": q k^T and p v multiply bf16 operands, accumulating in f32; the softmax
         # stays f32. The instruction path is chosen in after_views (it needs `vec`). Without a bf16
-        # multiply it computes in f32 (plan_gemm.bf16_pays).
+        # multiply that pays it computes in f32 (plan_gemm.bf16_pays).
         if plan.wanted_precision == "bf16" and not bf16_pays(c):
-            computes_f32(plan, FALLBACK_F32)
+            computes_f32(plan, f32_reason(c))
         else:
             plan.precision = "bf16" if plan.wanted_precision == "bf16" else "f32"
         body, p = plan.body, plan.shape.parts

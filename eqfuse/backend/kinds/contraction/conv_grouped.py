@@ -48,11 +48,11 @@ from eqfuse.backend.kinds.base import REGIONS
 from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
 from eqfuse.backend.kinds.contraction.plan_gemm import (
-    FALLBACK_F32,
     Prepack,
     bf16_pays,
     bf16_path,
     cdiv,
+    f32_reason,
     parallel,
 )
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, ops_text, pointwise_flops
@@ -232,7 +232,7 @@ def plan_conv_grouped(plan: KernelPlan, m: Machine) -> None:
         if plan.wanted_precision == "bf16" and multiplies_bf16(d) and bf16_pays(m):
             plan.precision, plan.precision_path, plan.precision_note = "bf16", bf16_path(m), ""
         else:
-            computes_f32(plan, f32_note(d) if not multiplies_bf16(d) else FALLBACK_F32)
+            computes_f32(plan, f32_note(d) if not multiplies_bf16(d) else f32_reason(m))
         return _plan_channels(plan, body, a, cv, d, m, macs)
     computes_f32(plan, f32_note(d))
     d = replace(d, vl=1)

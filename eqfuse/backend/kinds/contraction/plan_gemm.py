@@ -24,7 +24,7 @@ from eqfuse.backend.plan import (
 from eqfuse.ir.kernels import F32, row_epilogue_fits
 from eqfuse.ir.kernels import K as Kind
 from eqfuse.ir.ops import OPS
-from eqfuse.machine import Machine, gemm_blocking, register_tile, skinny_tile
+from eqfuse.machine import Machine, bf16_peak_ratio, gemm_blocking, register_tile, skinny_tile
 
 
 @dataclass(frozen=True)
@@ -125,24 +125,45 @@ def bf16_path(m: Machine) -> str:
     return "avx512_bf16" if m.avx512_bf16 and m.simd_floats >= 16 else "fallback"
 
 
-def bf16_pays(m: Machine) -> bool:
+def bf16_pays(m: Machine, path: str | None = None) -> bool:
     """Whether a compute-bound kernel asked for bf16 (a blocked GEMM, a conv, an attention of
-    several query rows) multiplies in bf16 on machine m. Where the CPU multiplies bf16 (vdpbf16ps,
-    AMX tiles), yes. On the fallback path, no: bf16 there only halves the bytes of the weights,
-    which such a kernel reads from the caches many times a call, while it pays the widening of
-    each weight vector and the rounding of its activations and loses f32 tiles the bf16 layout has
-    no counterpart of (the direct conv's pixel tiles). It computes in f32 (FALLBACK_F32). The
-    few-rows GEMM over weights larger than L2, whose time is their stream, keeps bf16
+    several query rows) multiplies in bf16 on machine m, on instruction path `path` (bf16_path's
+    by default): where that path multiplies faster than the f32 FMA (machine.bf16_peak_ratio above
+    1: AMX tiles; vdpbf16ps where it issues as often as the FMA), yes. Elsewhere, no, and the
+    kernel computes in f32 (f32_reason says why):
+    - on the fallback path bf16 only halves the bytes of the weights, which such a kernel reads
+      from the caches many times a call, while it pays the widening of each weight vector and the
+      rounding of its activations and loses f32 tiles the bf16 layout has no counterpart of (the
+      direct conv's pixel tiles);
+    - where vdpbf16ps issues more rarely than the FMA (Machine.bf16_dot_ratio), its two
+      multiply-adds a lane do no more work a cycle than f32 FMAs, and the rounding of the
+      operands is added work.
+    The few-rows GEMM over weights larger than L2, whose time is their stream, keeps bf16
     (plan_skinny), and so does a decode step's KV cache (eqfuse.backend.live).
     benchmarks/bench_models.py --precision bf16 measures both choices on such a CPU, and
     benchmarks/bench_bf16_fallback.py the few-rows GEMM's by the size of its weights;
     Machine.bf16_fallback_all keeps every kernel in bf16."""
-    return bf16_path(m) != "fallback" or m.bf16_fallback_all
+    return bf16_peak_ratio(m, path or bf16_path(m)) > 1 or m.bf16_fallback_all
 
 
-FALLBACK_F32 = ("this CPU has no bf16 multiply (AVX512_BF16, AMX): bf16 would only halve the bytes of weights packed "
-                "once, and this kernel's time is not their stream, so it would gain nothing and pay their widening; "
-                "it computes in f32 (docs/precision.md, \"Without a bf16 multiply\")")
+NO_BF16_MULTIPLY = "this CPU has no bf16 multiply (AVX512_BF16, AMX)"
+SLOW_BF16_DOT = "this CPU's vdpbf16ps multiplies no faster than its f32 FMAs (Machine.bf16_dot_ratio)"
+FALLBACK_F32 = (f"{NO_BF16_MULTIPLY}: bf16 would only halve the bytes of weights packed once, and this kernel's time "
+                "is not their stream, so it would gain nothing and pay their widening; it computes in f32 "
+                "(docs/precision.md, \"Without a bf16 multiply\")")
+SLOW_DOT_F32 = (f"{SLOW_BF16_DOT}, and this kernel has no AMX path: bf16 would gain nothing and add the rounding of its "
+                "operands; it computes in f32 (docs/precision.md, \"Where vdpbf16ps is slow\")")
+
+
+def why_not_bf16(m: Machine) -> str:
+    """Why bf16 does not pay on machine m's vdpbf16ps-or-fallback path (bf16_path), in a clause."""
+    return NO_BF16_MULTIPLY if bf16_path(m) == "fallback" else SLOW_BF16_DOT
+
+
+def f32_reason(m: Machine, path: str | None = None) -> str:
+    """The note of a compute-bound kernel that computes in f32 under precision="bf16" because bf16
+    does not pay on path `path` (bf16_pays)."""
+    return FALLBACK_F32 if (path or bf16_path(m)) == "fallback" else SLOW_DOT_F32
 
 
 def narrow_f32(N: int, m: Machine) -> str:
@@ -160,13 +181,13 @@ def narrow_f32(N: int, m: Machine) -> str:
 
 def computes_as_wanted(plan: KernelPlan, m: Machine, path: str) -> bool:
     """Set a compute-bound kernel's precision (KernelPlan.precision): bf16 on `path` where it was
-    asked for and pays on machine m (bf16_pays), else f32, with FALLBACK_F32 as the note where
+    asked for and pays on machine m (bf16_pays), else f32, with f32_reason as the note where
     bf16 was asked for. Whether it computes in bf16."""
-    bf16 = plan.wanted_precision == "bf16" and bf16_pays(m)
+    bf16 = plan.wanted_precision == "bf16" and bf16_pays(m, path)
     if bf16:
         plan.precision, plan.precision_path, plan.precision_note = "bf16", path, ""
     else:
-        computes_f32(plan, FALLBACK_F32)
+        computes_f32(plan, f32_reason(m, path))
     return bf16
 
 
@@ -442,14 +463,14 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     skinny path: its tiles, the thread rule and the uop schedule of csrc_templates/gemm_skinny.c."""
     d = plan.detail
     M, N, K = d.gemm.M, d.N, d.K
-    if plan.wanted_precision == "bf16" and plan.precision == "f32" and not bf16_pays(m) and not narrow_f32(N, m):
+    if plan.wanted_precision == "bf16" and plan.precision == "f32" and not bf16_pays(m, gemm_bf16_path(m)) and not narrow_f32(N, m):
         # weights past L2 come from L3 or memory each call: that stream is its time, and bf16
         # halves it, so bf16 on the fallback path too; weights within L2 are read faster than
         # their FMAs run, and the widening would only add work (benchmarks/bench_bf16_fallback.py)
         if K * N * F32 > m.l2:
             plan.precision, plan.precision_path, plan.precision_note = "bf16", bf16_path(m), ""
         else:
-            plan.precision_note = (f"this CPU has no bf16 multiply (AVX512_BF16, AMX): the few-rows GEMM's weights "
+            plan.precision_note = (f"{why_not_bf16(m)}: the few-rows GEMM's weights "
                                    f"({K * N * F32} B in f32) fit L2 ({m.l2} B), read faster than their FMAs run, so "
                                    "bf16 weights would only add their widening; it computes in f32 "
                                    "(docs/precision.md, \"Without a bf16 multiply\")")
