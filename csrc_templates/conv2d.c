@@ -10,7 +10,9 @@ void {{NAME}}({{PARAMS}})
     (void)K;
     (void)P;
 #if !{{NAME}}_IM2COL
-    const float* col = {{X}};  /* 1x1, stride 1, no padding: the image already is the column matrix */
+    /* no column matrix: a 1x1 conv of stride 1 unpadded, whose image is the column matrix, or a
+     * GEMM on AMX tiles that packs its panels from the image (the implicit im2col, im2col_b.c) */
+    const float* col = {{X}};
 #else
     /* the column matrix, in the calling thread's scratch (kept between calls: a fresh malloc of
      * this size is a fresh mmap, page faults on every call) */

@@ -292,3 +292,63 @@ def test_the_bf16_dot_table_reads_the_vendor(monkeypatch):
     assert machine.bf16_dot_ratio(info.format("GenuineIntel", 6)) == 2.0
     assert machine.bf16_peak_ratio(machine.MODELS["xeon-spr"], "avx512_bf16") == 0.5
     assert machine.bf16_peak_ratio(machine.MODELS["zen4"], "avx512_bf16") == 2.0
+
+
+# convs on AMX tiles, their B packed from the image (plan_gemm.implicit_im2col): rows that end
+# inside a 16-lane group (OW 11), a stride-2 stem (the gather), a dilated window, two images
+CONVS = """
+graph convs(x1: f32[2, 5, 13, 11], w1: f32[33, 5, 3, 3], x2: f32[1, 3, 23, 23], w2: f32[16, 3, 7, 7],
+            x3: f32[1, 4, 12, 12], w3: f32[20, 4, 3, 3]) {
+    y1 = relu(conv2d(x1, w1, stride=1, padding=1))
+    y2 = relu(conv2d(x2, w2, stride=2, padding=3))
+    y3 = relu(conv2d(x3, w3, stride=1, padding=2, dilation=2))
+    return y1, y2, y3
+}
+"""
+CONV_SHAPES = {"x1": (2, 5, 13, 11), "w1": (33, 5, 3, 3), "x2": (1, 3, 23, 23), "w2": (16, 3, 7, 7),
+               "x3": (1, 4, 12, 12), "w3": (20, 4, 3, 3)}
+CONV_GEOMETRY = [("x1", "w1", 1, 1, 1), ("x2", "w2", 2, 3, 1), ("x3", "w3", 1, 2, 2)]  # (stride, padding, dilation)
+
+
+def conv64(x, w, stride, padding, dilation):
+    """conv2d in float64 (NCHW, OIHW)."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    xp = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    span = [dilation * (k - 1) + 1 for k in w.shape[2:]]
+    win = sliding_window_view(xp, span, axis=(2, 3))[:, :, ::stride, ::stride, ::dilation, ::dilation]
+    return np.einsum("nchwij,ocij->nohw", win, w)
+
+
+def check_implicit_convs(emulate: bool, seed: int) -> None:
+    """Every conv on AMX tiles with the implicit im2col, within the documented bound of float64:
+    (2u + u^2 + 1.01 K eps) sum |x||w| (docs/precision.md; relu is 1-Lipschitz)."""
+    from test_bf16_conv import U
+
+    rng = np.random.default_rng(seed)
+    a = {k: rng.standard_normal(s).astype(np.float32) for k, s in CONV_SHAPES.items()}
+    with pytest.MonkeyPatch.context() as mp:
+        if emulate:
+            mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
+        with machine.pinned(amx_model(), clamp=False):
+            mod = eqfuse.compile(CONVS, precision="bf16")
+            ys = mod(*a.values())
+    plans = [p for p in mod.default.last.plans if p.kind == "conv2d"]
+    assert len(plans) == 3 and all(p.precision_path == "amx_bf16" and p.detail.implicit for p in plans)
+    assert all("implicit im2col" in p.uops[0].what for p in plans)
+    for y, (x, w, s, p, d) in zip(ys, CONV_GEOMETRY):
+        K = np.prod(a[w].shape[1:])
+        ref = np.maximum(conv64(a[x], a[w], s, p, d), 0)
+        bound = (2 * U + U * U + 1.01 * K * EPS) * conv64(np.abs(a[x]), np.abs(a[w]), s, p, d)
+        assert y.shape == ref.shape and np.all(np.abs(y - ref) <= bound), (x, float(np.max(np.abs(y - ref) - bound)))
+
+
+@pytest.mark.heavy  # (the emulated tiles' time)
+def test_emulated_amx_convs_pack_their_panels_from_the_image():
+    check_implicit_convs(emulate=True, seed=3)
+
+
+@pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)")
+def test_amx_convs_on_the_hardware_pack_their_panels_from_the_image():
+    check_implicit_convs(emulate=False, seed=4)

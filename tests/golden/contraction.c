@@ -4,6 +4,7 @@
 #define eqf_kinds_k1_contraction_gemm_BF16 0 /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16, 3 AMX-BF16 */
 #define eqf_kinds_k1_contraction_gemm_A_TRANSPOSED 0 /* the plan's a_transposed: A given as K x M */
 #define eqf_kinds_k1_contraction_gemm_B_TRANSPOSED 0 /* the plan's b_transposed: B given as N x K */
+#define eqf_kinds_k1_contraction_gemm_IMPLICIT 0 /* the plan's implicit: B is a conv's image, packed by im2col_b.c's gathers */
 /* eqf_kinds_k1_contraction_gemm: C[b] = epilogue(A[b] @ B[b]) for b < 1; M=7 N=53 K=37, row-major,
  * B K x N, A M x K.
  *
@@ -387,6 +388,36 @@ static void eqf_kinds_k1_contraction_gemm_pack_b(const float* restrict B, long p
             for (long j = 0; j < eqf_kinds_k1_contraction_gemm_NR; j++)
                 dst[k * eqf_kinds_k1_contraction_gemm_NR + j] = k < kc && j < nr ? eqf_bf16(B[(pc + k) * 53L + jc + jr + j]) : 0;
         }
+    }
+}
+#elif 0
+/* The implicit im2col (a conv on AMX tiles: emit_gemm's `image`): B is the image, and the K-pair
+ * panels below are packed from it through eqf_kinds_k1_contraction_gemm_col16 / eqf_kinds_k1_contraction_gemm_col (csrc_templates/im2col_b.c),
+ * 16 columns of two rows at a time, interleaved and rounded as below; the padding past kc and
+ * past the panel's columns zero. */
+static void eqf_kinds_k1_contraction_gemm_pack_b(const float* restrict B, long pc, long kc, long jc, long jr0, long jr1, long nc,
+                            uint16_t* restrict bp)
+{
+    const long kc2 = eqf_kinds_k1_contraction_gemm_KEVEN(kc);
+    for (long jr = jr0; jr < jr1; jr += eqf_kinds_k1_contraction_gemm_NR) {
+        uint16_t* restrict dst = bp + jr * kc2;
+        const long nr = nc - jr < eqf_kinds_k1_contraction_gemm_NR ? nc - jr : eqf_kinds_k1_contraction_gemm_NR;
+#if defined(__AVX512BF16__)
+        const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+        for (long k0 = 0; k0 < kc2; k0 += 2)
+            for (long j = 0; j < eqf_kinds_k1_contraction_gemm_NR; j += 16) {
+                const long n = nr - j < 0 ? 0 : (nr - j < 16 ? nr - j : 16);
+                const __m512 r0 = eqf_kinds_k1_contraction_gemm_col16(B, pc + k0, jc + jr + j, k0 < kc ? n : 0);
+                const __m512 r1 = eqf_kinds_k1_contraction_gemm_col16(B, pc + k0 + 1, jc + jr + j, k0 + 1 < kc ? n : 0);
+                const __m512 x0 = _mm512_permutex2var_ps(r0, lo, r1), x1 = _mm512_permutex2var_ps(r0, hi, r1);
+                _mm512_storeu_si512((void*)(dst + k0 * eqf_kinds_k1_contraction_gemm_NR + 2 * j), (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+            }
+#else
+        for (long k = 0; k < kc2; k++)
+            for (long j = 0; j < eqf_kinds_k1_contraction_gemm_NR; j++)
+                dst[(k >> 1) * 2 * eqf_kinds_k1_contraction_gemm_NR + 2 * j + (k & 1)] = k < kc && j < nr ? eqf_bf16(eqf_kinds_k1_contraction_gemm_col(B, pc + k, jc + jr + j)) : 0;
+#endif
     }
 }
 #else

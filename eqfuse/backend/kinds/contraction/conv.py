@@ -63,8 +63,10 @@ from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS, c_type, gemm_
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     Prepack,
     bf16_path,
+    bf16_pays,
     cdiv,
     computes_as_wanted,
+    gemm_bf16_path,
     parallel,
 )
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
@@ -249,8 +251,10 @@ def region_chunks(macs: int) -> int:
     return 256 if macs >= 256 << 19 else 64
 
 
-def use_direct(KH: int, KW: int, SH: int, SW: int) -> bool:
-    """Whether the direct kernel runs a conv rather than im2col + GEMM: when its windows overlap
+def use_direct(KH: int, KW: int, SH: int, SW: int, amx: bool = False) -> bool:
+    """Whether the direct kernel runs a conv rather than im2col + GEMM: never when the GEMM is on
+    AMX tiles (`amx`: a bf16 conv on a CPU with AMX-BF16, whose im2col GEMM packs its panels from
+    the image, plan_gemm.implicit_im2col, where the direct conv has only vdpbf16ps); else when its windows overlap
     (a stride smaller than the window). im2col's column matrix holds each input element
     KH x KW / (SH x SW) times; with windows that do not overlap (1x1 convs, a ViT's or a
     Mixer's patch embedding) it is the input itself (stride 1), a part of it, or a permutation
@@ -260,7 +264,7 @@ def use_direct(KH: int, KW: int, SH: int, SW: int) -> bool:
     force = os.environ.get("EQFUSE_CONV", "").strip().lower()
     if force in ("direct", "im2col"):
         return force == "direct"
-    return SH < KH or SW < KW
+    return not amx and (SH < KH or SW < KW)
 
 
 def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
@@ -276,7 +280,8 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     if g.dilation != (1, 1) or cv.attr.get("group", 1) != 1:
         return False  # (a dilated conv: im2col, which spaces the taps; grouped: conv_grouped)
     NP, K = N * OH * OW, C * KH * KW
-    if not force and not use_direct(KH, KW, sh, sw):
+    amx = plan.wanted_precision == "bf16" and gemm_bf16_path(m) == "amx_bf16" and bf16_pays(m, "amx_bf16")
+    if not force and not use_direct(KH, KW, sh, sw, amx):
         return False
     vl = m.simd_floats
     bf16 = computes_as_wanted(plan, m, bf16_path(m))
@@ -584,8 +589,8 @@ def _direct_1x1(q: KernelPlan) -> bool:
             or q.out_strides is not None or q.shape.parts is not None:  # (parts: a depthwise prologue)
         return False
     cv = q.body.nodes[q.shape.anchor]
-    if cv.attr.get("group", 1) != 1:
-        return False  # (a grouped conv: conv_grouped)
+    if cv.attr.get("group", 1) != 1 or q.precision_path == "amx_bf16":
+        return False  # (a grouped conv: conv_grouped; on AMX tiles: the GEMM, use_direct)
     return tuple(q.body.nodes[cv.args[1]].type.shape[2:]) == (1, 1) and tuple(cv.type.shape) == tuple(q.out_shape)
 
 

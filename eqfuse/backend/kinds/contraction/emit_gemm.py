@@ -31,7 +31,7 @@ from itertools import count
 from eqfuse.backend.cexpr import I1, I2, Exprs, Space, render
 from eqfuse.backend.cexpr import kernel_params as _params
 from eqfuse.backend.indexing import bstrides, offset
-from eqfuse.backend.kinds.contraction.conv_geometry import conv_geometry
+from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
 from eqfuse.backend.kinds.contraction.plan_gemm import (
     AMX_KB,
     AMX_MR,
@@ -75,7 +75,7 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
               split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "",
               prepacked_b: bool = False, a_transposed: bool = False,
               parallel: bool = True, direct_a: bool | None = None, path: str = "f32",
-              live_rows: bool = False, live_stride: int = 0) -> tuple[str, str]:
+              live_rows: bool = False, live_stride: int = 0, image: ConvGeometry | None = None) -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
@@ -113,6 +113,9 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     batches of live_stride rows (a dim at run time behind a batch: B shared, A not transposed, no
     row epilogue, A packed, not on AMX), and the GEMM computes the first `live` rows of each: its
     row i is row AROW(i) = i / live x live_stride + i % live of A and C (the epilogue's `i` too).
+    `image`: the implicit im2col of a conv on AMX tiles (path "amx_bf16"): B is the conv's input,
+    one image per batch (b_batch_stride its C x H x W), and its K x N column matrix (K = C x KH x
+    KW, N = OH x OW) is never built: the panels are packed from the image (csrc_templates/im2col_b.c).
     """
     if prepacked_b and b_batch_stride and batch > 1:
         raise ValueError("a prepacked B is one matrix shared by every batch")
@@ -148,8 +151,12 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
         if direct_b or direct_a:
             raise ValueError("a bf16 GEMM packs A and B (converted while packed): neither is read in place")
         direct_b, direct_a = False, False
+    if image is not None and (bf16 != 3 or b_transposed or prepacked_b or (K, N) != (
+            image.C * image.KH * image.KW, image.OH * image.OW)):
+        raise ValueError("the implicit im2col is an AMX conv's B: the image's column matrix, packed per call")
     b_at = f"B[(jc + jr + j) * {ldb}L + pc + k]" if b_transposed else f"B[(pc + k) * {ldb}L + jc + jr + j]"
-    src = render("gemm.c", NAME=name, M=M, N=N, K=K, BATCH=batch, MR=mr, NR=nr, MC=mc, NC=nc, KC=kc,
+    head = render("im2col_b.c", NAME=name, **image.shape_c("N")) + "\n" if image is not None else ""
+    src = head + render("gemm.c", NAME=name, IMPLICIT=int(image is not None), M=M, N=N, K=K, BATCH=batch, MR=mr, NR=nr, MC=mc, NC=nc, KC=kc,
                  LDA=lda, LDC=ldc, CSC=csc, B_AT=b_at, B_TRANSPOSED=int(b_transposed), B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
                  A_BATCH_STRIDE=a_batch_stride, B_BATCH_STRIDE=b_batch_stride, C_BATCH_STRIDE=c_batch_stride,
                  EPILOGUE=epilogue, SPLIT=SPLITS[split], LDB=ldb,
@@ -423,8 +430,10 @@ def emit_conv2d(plan: KernelPlan) -> str:
         args = ["col", ptrs[cv.args[1]], "out"] + [ptrs[i] for i, _ in extras]
     else:
         assert (g.M, g.batch, g.strides) == (O, N, (0, K * P, O * P)), "the plan's GEMM is this conv's"
-        src, _ = emit_gemm(gname, M=O, N=P, K=K, batch=N, a_batch_stride=0, b_batch_stride=K * P, c_batch_stride=sc,
-                           lda=K, ldb=P, ldc=ldc, csc=csc, b_transposed=False, epilogue=expr,
+        image = geo if d.implicit else None  # (B the image itself: no column matrix)
+        src, _ = emit_gemm(gname, M=O, N=P, K=K, batch=N, a_batch_stride=0,
+                           b_batch_stride=geo.C * geo.H * geo.W if image else K * P, c_batch_stride=sc,
+                           lda=K, ldb=P, ldc=ldc, csc=csc, b_transposed=False, epilogue=expr, image=image,
                            **_gemm_args(plan, extras))
         args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
     wrapper = render("conv2d.c", NAME=plan.name, PARAMS=params, X=ptrs[cv.args[0]],

@@ -81,7 +81,10 @@ class GemmDetail:
     direct_a: bool = False  # the micro-kernel reads A in place, not packed (`direct_a`): gemm.c's DIRECT_A
     pack_parts: int = 0  # skinny path: A packed by the pool in this many parts of K (`skinny_pack_parts`)
     runs: bool = False  # skinny path: each thread's panels one contiguous run (`skinny_runs`)
-    im2col: bool = False  # conv2d: the column matrix is built (False: a 1x1, stride-1, unpadded conv reads x)
+    im2col: bool = False  # conv2d: the column matrix is built (False: a 1x1, stride-1, unpadded conv reads x; implicit)
+    # conv2d on AMX tiles, im2col and not pixels_as_rows: B's panels are packed from the image, the
+    # column matrix never built (`implicit_im2col`)
+    implicit: bool = False
     # rows a dim at run time behind a batch (eqfuse.backend.runtime_dim): the fold's rows are
     # batches of this many, of which each batch's first `live` are computed (gemm.c's AROW); 0: none
     live_stride: int = 0
@@ -648,6 +651,16 @@ def _matmul_gemm(plan: KernelPlan, M: int) -> tuple[GemmCalls, bool, bool]:
     return GemmCalls("loop", M, 1, nbatch, (0, 0, 0), **ops), at, bt
 
 
+def implicit_im2col(path: str, pixels_as_rows: bool, geo: ConvGeometry) -> bool:
+    """Whether a conv2d's GEMM packs B's panels from the image itself (csrc_templates/im2col_b.c)
+    instead of building the column matrix: on AMX tiles (path "amx_bf16"), channels as rows (B the
+    column matrix), and a column matrix to build (not `_reads_x_as_columns`). The matrix holds
+    each input element KH x KW / (SH x SW) times in f32, written once and read again to pack it to
+    bf16: at ResNet's 3x3 convs that traffic was most of the conv's time, the tiles' products a
+    small part (`python benchmarks/bench_models.py --precision bf16 --model resnet_stages`)."""
+    return path == "amx_bf16" and not pixels_as_rows and not _reads_x_as_columns(geo)
+
+
 def _reads_x_as_columns(geo: ConvGeometry) -> bool:
     """A 1x1 conv of stride 1, unpadded and undilated: x itself is the column matrix (no im2col)."""
     return (geo.KH, geo.KW) == (1, 1) and geo.stride == (1, 1) and geo.padding == (0, 0) and geo.dilation == (1, 1)
@@ -696,7 +709,8 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
                              split="rows" if row is not None else "auto", parallel=par,
                              row_op=body.nodes[row].op if row is not None else None,
                              pixels_as_rows=mm.op == "conv2d" and at, direct_a=not bf16 and direct_a(at),
-                             im2col=mm.op == "conv2d" and not _reads_x_as_columns(geo))
+                             im2col=mm.op == "conv2d" and not _reads_x_as_columns(geo) and not implicit_im2col(path, at, geo),
+                             implicit=mm.op == "conv2d" and implicit_im2col(path, at, geo))
     plan.threads = thread_rule(gM, Nn, g.batch, mr, nr, rows_only=row is not None, par=par, K=K)
     skip = {a} | set(mm.args) | ({mm.args[1]} if body.nodes[mm.args[1]].op == "transpose" else set())
     if row is not None:
@@ -706,7 +720,9 @@ def plan_contraction(plan: KernelPlan, m: Machine) -> None:
     npc, nch, njc, tiles = cdiv(K, kc), cdiv(gM, mc), cdiv(Nn, nc), cdiv(gM, mr) * cdiv(Nn, nr)
     u = plan.uops
     if plan.kind == Kind.CONV2D:
-        u.append(UOp(0, "Exec", f"im2col {K} x {Nn} per image (none for a 1x1 conv of stride 1)", g.batch))
+        u.append(UOp(0, "Exec", f"none: B's panels packed from the image (implicit im2col {K} x {Nn})"
+                     if plan.detail.implicit else f"im2col {K} x {Nn} per image (none for a 1x1 conv of stride 1)",
+                     g.batch))
     b_load = ("B read in place" + (f", its last {Nn % nr} columns packed" if Nn % nr else "")) if plan.detail.direct_b \
         else f"pack B panel [{min(kc, K)} x {min(nc, Nn)}]" + (f" as {texts['b']}" if bf16 else "")
     u += [UOp(0, "Loop", f"{nb} GEMM(s) of {gM} x {Nn} x {K} x pc over K step kc={kc}", nb * npc),
