@@ -1,61 +1,74 @@
 /* {{NAME}}: the implicit im2col of a conv2d on AMX tiles (csrc_templates/gemm.c with IMPLICIT):
- * the GEMM's B is the image itself, one of {{C}}x{{H}}x{{W}} per batch, and its element (k, j) is
- * the column matrix's, k = (c, kh, kw) and j = (oh, ow), read where the window puts it (zero in
- * the padding). The panels are packed from it directly: no column matrix is written or read.
- * Stride {{SH}}x{{SW}}, padding {{PH}}x{{PW}} (top, left: reads past the bottom or right edge are
- * zero too), dilation {{DH}}x{{DW}}, {{OH}}x{{OW}} output pixels. */
-enum { {{NAME}}_C = {{C}}, {{NAME}}_H = {{H}}, {{NAME}}_W = {{W}}, {{NAME}}_KH = {{KH}}, {{NAME}}_KW = {{KW}},
-       {{NAME}}_OW = {{OW}}, {{NAME}}_SH = {{SH}}, {{NAME}}_SW = {{SW}}, {{NAME}}_PH = {{PH}}, {{NAME}}_PW = {{PW}},
-       {{NAME}}_DH = {{DH}}, {{NAME}}_DW = {{DW}} };
+ * the GEMM's B is the conv's input as the wrapper copied it, zero padded (conv2d.c: HP x WP
+ * planes, the padding inside, so that no read needs a bounds check), one copy of C x HP x WP per
+ * image, and B's element (k, j) is the column matrix's, k = (c, kh, kw) and j = (oh, ow): the
+ * panels are packed from the padded copy directly, and no column matrix is written or read.
+ * Stride {{SH}}x{{SW}}, dilation {{DH}}x{{DW}}, {{OH}}x{{OW}} output pixels. */
+enum { {{NAME}}_KH = {{KH}}, {{NAME}}_KW = {{KW}}, {{NAME}}_OW = {{OW}}, {{NAME}}_SH = {{SH}}, {{NAME}}_SW = {{SW}},
+       {{NAME}}_DH = {{DH}}, {{NAME}}_DW = {{DW}}, {{NAME}}_HP = {{HP}}, {{NAME}}_WP = {{WP}} };
 
-/* the column matrix's element (k, j) of image x */
-static inline float {{NAME}}_col(const float* restrict x, long k, long j)
+/* the offset in an image's padded copy of row k's tap at output pixel (0, 0) */
+static inline long {{NAME}}_tap(long k)
 {
     const long c = k / ({{NAME}}_KH * {{NAME}}_KW), t = k % ({{NAME}}_KH * {{NAME}}_KW);
-    const long ih = j / {{NAME}}_OW * {{NAME}}_SH - {{NAME}}_PH + t / {{NAME}}_KW * {{NAME}}_DH;
-    const long iw = j % {{NAME}}_OW * {{NAME}}_SW - {{NAME}}_PW + t % {{NAME}}_KW * {{NAME}}_DW;
-    return ih >= 0 && ih < {{NAME}}_H && iw >= 0 && iw < {{NAME}}_W ? x[(c * {{NAME}}_H + ih) * {{NAME}}_W + iw] : 0.0f;
+    return (c * {{NAME}}_HP + t / {{NAME}}_KW * {{NAME}}_DH) * {{NAME}}_WP + t % {{NAME}}_KW * {{NAME}}_DW;
+}
+
+/* ... and of output pixel j's window, from its tap's */
+static inline long {{NAME}}_pixel(long j)
+{
+    return j / {{NAME}}_OW * {{NAME}}_SH * {{NAME}}_WP + j % {{NAME}}_OW * {{NAME}}_SW;
+}
+
+/* the column matrix's element (k, j) of the padded copy xp */
+static inline float {{NAME}}_col(const float* restrict xp, long k, long j)
+{
+    return xp[{{NAME}}_tap(k) + {{NAME}}_pixel(j)];
 }
 
 #if defined(__AVX512F__)
-/* lanes [a, b) set, 0 <= a, b <= 16 */
-static inline __mmask16 {{NAME}}_lanes(long a, long b)
-{
-    return a < b ? (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u)) : 0;
-}
+/* A group of 16 output pixels j .. j + 15, of which the first n exist: where lane q's window
+ * lies in the padded plane (the tap-(0, 0) offsets `at`), and, at stride 1, the runs of lanes
+ * that read consecutive floats (one per output row the group spans: runs[r] lanes from lane
+ * first[r], read from at[first[r]] on). The same for every row k of the panel: made once. */
+#define {{NAME}}_RUNS (16 / {{NAME}}_OW + 2)
+typedef struct {
+    __m512i at;
+    __mmask16 lanes;
+    int nruns;
+    __mmask16 run[{{NAME}}_RUNS];
+    long from[{{NAME}}_RUNS]; /* the offset lane 0 would read at, had the run's lanes begun there */
+} {{NAME}}_group;
 
-/* the elements (k, j + l) for lanes l < n, zero from n on: per output row the lanes span, one
- * masked load where the stride is 1 (the row's pixels read consecutive input columns; the lanes
- * in the padding masked off, which a masked load does not read), else a masked gather */
-static inline __m512 {{NAME}}_col16(const float* restrict x, long k, long j, long n)
+static inline void {{NAME}}_group_of(long j, long n, {{NAME}}_group* restrict g)
 {
-    const long c = k / ({{NAME}}_KH * {{NAME}}_KW), t = k % ({{NAME}}_KH * {{NAME}}_KW);
-    const long kh = t / {{NAME}}_KW * {{NAME}}_DH, kw = t % {{NAME}}_KW * {{NAME}}_DW;
-    const float* restrict plane = x + c * {{NAME}}_H * {{NAME}}_W;
-    __m512 v = _mm512_setzero_ps();
+    int at[16] = {0};
+    g->lanes = n > 0 ? (__mmask16)((1u << n) - 1u) : 0;
+    g->nruns = 0;
     long oh = j / {{NAME}}_OW, ow = j % {{NAME}}_OW;
     for (long l = 0; l < n; oh++, ow = 0) {
         const long len = {{NAME}}_OW - ow < n - l ? {{NAME}}_OW - ow : n - l; /* lanes [l, l + len): row oh */
-        const long ih = oh * {{NAME}}_SH - {{NAME}}_PH + kh, iw = ow * {{NAME}}_SW - {{NAME}}_PW + kw;
-        if (ih >= 0 && ih < {{NAME}}_H) {
-            const float* restrict row = plane + ih * {{NAME}}_W;
-#if {{SW}} == 1
-            /* lane l + u reads column iw + u: inside the image for -iw <= u < W - iw */
-            const long u0 = iw < 0 ? -iw : 0, u1 = {{NAME}}_W - iw < len ? {{NAME}}_W - iw : len;
-            if (u1 > u0)
-                v = _mm512_mask_loadu_ps(v, {{NAME}}_lanes(l + u0, l + u1), row + iw - l);
-#else
-            const __m512i cols = _mm512_add_epi32(
-                _mm512_set1_epi32((int)(iw - l * {{NAME}}_SW)),
-                _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                   _mm512_set1_epi32({{NAME}}_SW)));
-            const __mmask16 in = _mm512_cmpge_epi32_mask(cols, _mm512_setzero_si512())
-                                 & _mm512_cmplt_epi32_mask(cols, _mm512_set1_epi32({{NAME}}_W));
-            v = _mm512_mask_i32gather_ps(v, in & {{NAME}}_lanes(l, l + len), cols, row, 4);
-#endif
-        }
+        const long base = oh * {{NAME}}_SH * {{NAME}}_WP + ow * {{NAME}}_SW;
+        for (long q = 0; q < len; q++)
+            at[l + q] = (int)(base + q * {{NAME}}_SW);
+        g->run[g->nruns] = (__mmask16)(((1u << (l + len)) - 1u) & ~((1u << l) - 1u));
+        g->from[g->nruns++] = base - l;
         l += len;
     }
+    g->at = _mm512_loadu_si512((const void*)at);
+}
+
+/* row k of the group: lanes past n zero */
+static inline __m512 {{NAME}}_cols(const float* restrict xp, long k, const {{NAME}}_group* restrict g)
+{
+    const float* restrict tap = xp + {{NAME}}_tap(k);
+#if {{SW}} == 1
+    __m512 v = _mm512_setzero_ps();
+    for (int r = 0; r < g->nruns; r++)
+        v = _mm512_mask_loadu_ps(v, g->run[r], tap + g->from[r]);
     return v;
+#else
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), g->lanes, g->at, tap, 4);
+#endif
 }
 #endif

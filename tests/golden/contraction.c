@@ -391,10 +391,11 @@ static void eqf_kinds_k1_contraction_gemm_pack_b(const float* restrict B, long p
     }
 }
 #elif 0
-/* The implicit im2col (a conv on AMX tiles: emit_gemm's `image`): B is the image, and the K-pair
- * panels below are packed from it through eqf_kinds_k1_contraction_gemm_col16 / eqf_kinds_k1_contraction_gemm_col (csrc_templates/im2col_b.c),
- * 16 columns of two rows at a time, interleaved and rounded as below; the padding past kc and
- * past the panel's columns zero. */
+/* The implicit im2col (a conv on AMX tiles: emit_gemm's `image`): B is the image's zero-padded
+ * copy, and the K-pair panels below are packed from it (csrc_templates/im2col_b.c): per panel,
+ * where each group of 16 columns' windows lie, once; then per pair of rows two loads of each group
+ * (a load per output row the group spans at stride 1, a gather otherwise), interleaved and
+ * rounded as below; the padding past kc and past the panel's columns zero. */
 static void eqf_kinds_k1_contraction_gemm_pack_b(const float* restrict B, long pc, long kc, long jc, long jr0, long jr1, long nc,
                             uint16_t* restrict bp)
 {
@@ -405,13 +406,15 @@ static void eqf_kinds_k1_contraction_gemm_pack_b(const float* restrict B, long p
 #if defined(__AVX512BF16__)
         const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
         const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+        eqf_kinds_k1_contraction_gemm_group g[eqf_kinds_k1_contraction_gemm_NR / 16];
+        for (long h = 0; h < eqf_kinds_k1_contraction_gemm_NR / 16; h++)
+            eqf_kinds_k1_contraction_gemm_group_of(jc + jr + 16 * h, nr - 16 * h < 0 ? 0 : (nr - 16 * h < 16 ? nr - 16 * h : 16), &g[h]);
         for (long k0 = 0; k0 < kc2; k0 += 2)
-            for (long j = 0; j < eqf_kinds_k1_contraction_gemm_NR; j += 16) {
-                const long n = nr - j < 0 ? 0 : (nr - j < 16 ? nr - j : 16);
-                const __m512 r0 = eqf_kinds_k1_contraction_gemm_col16(B, pc + k0, jc + jr + j, k0 < kc ? n : 0);
-                const __m512 r1 = eqf_kinds_k1_contraction_gemm_col16(B, pc + k0 + 1, jc + jr + j, k0 + 1 < kc ? n : 0);
+            for (long h = 0; h < eqf_kinds_k1_contraction_gemm_NR / 16; h++) {
+                const __m512 r0 = k0 < kc ? eqf_kinds_k1_contraction_gemm_cols(B, pc + k0, &g[h]) : _mm512_setzero_ps();
+                const __m512 r1 = k0 + 1 < kc ? eqf_kinds_k1_contraction_gemm_cols(B, pc + k0 + 1, &g[h]) : _mm512_setzero_ps();
                 const __m512 x0 = _mm512_permutex2var_ps(r0, lo, r1), x1 = _mm512_permutex2var_ps(r0, hi, r1);
-                _mm512_storeu_si512((void*)(dst + k0 * eqf_kinds_k1_contraction_gemm_NR + 2 * j), (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+                _mm512_storeu_si512((void*)(dst + k0 * eqf_kinds_k1_contraction_gemm_NR + 32 * h), (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
             }
 #else
         for (long k = 0; k < kc2; k++)

@@ -113,9 +113,10 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     batches of live_stride rows (a dim at run time behind a batch: B shared, A not transposed, no
     row epilogue, A packed, not on AMX), and the GEMM computes the first `live` rows of each: its
     row i is row AROW(i) = i / live x live_stride + i % live of A and C (the epilogue's `i` too).
-    `image`: the implicit im2col of a conv on AMX tiles (path "amx_bf16"): B is the conv's input,
-    one image per batch (b_batch_stride its C x H x W), and its K x N column matrix (K = C x KH x
-    KW, N = OH x OW) is never built: the panels are packed from the image (csrc_templates/im2col_b.c).
+    `image`: the implicit im2col of a conv on AMX tiles (path "amx_bf16"): B is the conv's input
+    copied with its padding (conv2d.c: C planes of in_rows(OH) x in_cols(OW) per image, the batch
+    stride), and its K x N column matrix (K = C x KH x KW, N = OH x OW) is never built: the panels
+    are packed from the copy (csrc_templates/im2col_b.c).
     """
     if prepacked_b and b_batch_stride and batch > 1:
         raise ValueError("a prepacked B is one matrix shared by every batch")
@@ -155,7 +156,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
             image.C * image.KH * image.KW, image.OH * image.OW)):
         raise ValueError("the implicit im2col is an AMX conv's B: the image's column matrix, packed per call")
     b_at = f"B[(jc + jr + j) * {ldb}L + pc + k]" if b_transposed else f"B[(pc + k) * {ldb}L + jc + jr + j]"
-    head = render("im2col_b.c", NAME=name, **image.shape_c("N")) + "\n" if image is not None else ""
+    head = render("im2col_b.c", NAME=name, HP=image.in_rows(image.OH), WP=image.in_cols(image.OW),
+                  **image.shape_c("N", "C", "H", "W", "PH", "PW")) + "\n" if image is not None else ""
     src = head + render("gemm.c", NAME=name, IMPLICIT=int(image is not None), M=M, N=N, K=K, BATCH=batch, MR=mr, NR=nr, MC=mc, NC=nc, KC=kc,
                  LDA=lda, LDC=ldc, CSC=csc, B_AT=b_at, B_TRANSPOSED=int(b_transposed), B_LAYOUT="given transposed (N x K)" if b_transposed else "K x N",
                  A_BATCH_STRIDE=a_batch_stride, B_BATCH_STRIDE=b_batch_stride, C_BATCH_STRIDE=c_batch_stride,
@@ -430,14 +432,16 @@ def emit_conv2d(plan: KernelPlan) -> str:
         args = ["col", ptrs[cv.args[1]], "out"] + [ptrs[i] for i, _ in extras]
     else:
         assert (g.M, g.batch, g.strides) == (O, N, (0, K * P, O * P)), "the plan's GEMM is this conv's"
-        image = geo if d.implicit else None  # (B the image itself: no column matrix)
+        image = geo if d.implicit else None  # (B the padded images: no column matrix)
         src, _ = emit_gemm(gname, M=O, N=P, K=K, batch=N, a_batch_stride=0,
-                           b_batch_stride=geo.C * geo.H * geo.W if image else K * P, c_batch_stride=sc,
+                           b_batch_stride=geo.C * geo.in_rows(geo.OH) * geo.in_cols(geo.OW) if image else K * P,
+                           c_batch_stride=sc,
                            lda=K, ldb=P, ldc=ldc, csc=csc, b_transposed=False, epilogue=expr, image=image,
                            **_gemm_args(plan, extras))
         args = [ptrs[cv.args[1]], "col", "out"] + [ptrs[i] for i, _ in extras]
     wrapper = render("conv2d.c", NAME=plan.name, PARAMS=params, X=ptrs[cv.args[0]],
-                     O=O, **geo.shape_c(), IM2COL=int(d.im2col), GEMM=gname, ARGS=", ".join(args), PARALLEL=int(plan.detail.parallel))
+                     O=O, **geo.shape_c(), IM2COL=int(d.im2col), IMPLICIT=int(d.implicit),
+                     HP=geo.in_rows(geo.OH), WP=geo.in_cols(geo.OW), GEMM=gname, ARGS=", ".join(args), PARALLEL=int(plan.detail.parallel))
     return src + "\n" + wrapper
 
 
