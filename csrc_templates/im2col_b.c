@@ -45,6 +45,10 @@ static inline void {{NAME}}_group_of(long j, long n, {{NAME}}_group* restrict g)
     int at[16] = {0};
     g->lanes = n > 0 ? (__mmask16)((1u << n) - 1u) : 0;
     g->nruns = 0;
+    for (int r = 0; r < {{NAME}}_RUNS; r++) { /* (all of it written: the unused runs too) */
+        g->run[r] = 0;
+        g->from[r] = 0;
+    }
     long oh = j / {{NAME}}_OW, ow = j % {{NAME}}_OW;
     for (long l = 0; l < n; oh++, ow = 0) {
         const long len = {{NAME}}_OW - ow < n - l ? {{NAME}}_OW - ow : n - l; /* lanes [l, l + len): row oh */

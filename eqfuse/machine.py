@@ -261,6 +261,25 @@ def host_prefetch() -> bool:
         return True
 
 
+def openmp_spin_count(cpuinfo: str) -> int:
+    """GOMP_SPINCOUNT for eqfuse's OpenMP workers on a CPU (the text of /proc/cpuinfo): how many
+    pauses a worker spins after a region before it sleeps (eqfuse.backend.cbuild.SPIN_VAR says why
+    briefly). A table by vendor, of what was measured: 2000 (2-thread rows in blocks of calls,
+    `benchmarks/bench_rows.py --threads 1 2`); on Intel's cores, whose pause is shorter, 20000:
+    ResNet-18 in bf16, its convs short GEMM regions on AMX tiles between one-thread kernels, ran at
+    two threads several times slower than at one with 2000 and faster with 20000 (`python
+    benchmarks/bench_models.py --precision bf16 --model resnet18`; benchmarks/RESULTS.md)."""
+    vendor = next((ln.partition(":")[2].strip() for ln in cpuinfo.splitlines() if ln.startswith("vendor_id")), "")
+    return 20000 if vendor == "GenuineIntel" else 2000
+
+
+def host_openmp_spin_count() -> int:
+    try:
+        return openmp_spin_count(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return openmp_spin_count("")
+
+
 def host_bf16_dot_ratio() -> float:
     try:
         return bf16_dot_ratio(Path("/proc/cpuinfo").read_text())

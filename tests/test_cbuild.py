@@ -484,3 +484,14 @@ def test_the_runtime_is_compiled_once_and_each_library_keeps_its_own(tmp_path, m
     assert a.ffi.cast("long", a.lib.eqf_pool_tids()) != b.ffi.cast("long", b.lib.eqf_pool_tids())
     dynamic = subprocess.run(["nm", "-D", "--defined-only", str(a.path)], capture_output=True, text=True).stdout
     assert "pool1" in dynamic and not any(n in dynamic for n in ("eqf_parallel_for", "eqf_pool_request", "eqf_scratch"))
+
+
+def test_the_openmp_spin_is_a_table_by_vendor():
+    """machine.openmp_spin_count: 2000 pauses, 20000 on Intel's shorter ones; cbuild sets the
+    host's around a library's load (above)."""
+    from eqfuse import machine
+
+    info = "processor\t: 0\nvendor_id\t: {}\n"
+    assert machine.openmp_spin_count(info.format("AuthenticAMD")) == machine.openmp_spin_count("") == 2000
+    assert machine.openmp_spin_count(info.format("GenuineIntel")) == 20000
+    assert cbuild.SPIN_COUNT == str(machine.host_openmp_spin_count())

@@ -32,6 +32,7 @@ import cffi
 
 from eqfuse.cache import no_cache, owned_privately, private_dir, usable_cache_dir
 from eqfuse.errors import EqfuseError
+from eqfuse.machine import host_openmp_spin_count
 
 # No -ffast-math: it lets gcc assume no NaN/inf (breaking relu/max of NaN) and reassociate
 # freely. -fno-math-errno lets sqrtf/fmaxf become instructions; -fno-trapping-math lets gcc
@@ -217,12 +218,17 @@ def _suffix() -> str:
 # process. Not OMP_WAIT_POLICY=PASSIVE, as before: then the calling thread also slept at the end of
 # each region and was woken by the worker, and the scheduler moved it onto the worker's CPU, where
 # the two took turns (a 2-thread softmax of 4096 x 1024 in blocks of calls ran at its 1-thread
-# time; not so with 2000 pauses of spinning: benchmarks/bench_rows.py --threads 1 2). libgomp reads
+# time; not so with 2000 pauses of spinning: benchmarks/bench_rows.py --threads 1 2). How many
+# pauses is a table by vendor (machine.openmp_spin_count): 2000 where it was measured first; more
+# on Intel's cores, whose pause is shorter, where a graph of many short GEMM regions between
+# one-thread kernels (ResNet-18's convs on AMX tiles) ran several times slower at two threads than
+# at one with 2000, its worker asleep when the next region began and woken late (`python
+# benchmarks/bench_models.py --precision bf16 --model resnet18`; benchmarks/RESULTS.md). libgomp reads
 # this once, when the first library that links it is loaded, so it is set only around that load.
 # torch's wheel brings a libgomp.so.1 too, and whichever loads first is the process's one: once
 # libgomp is loaded (by torch, or by an earlier module) the variable would change nothing, and
 # os.environ is the host process's, so it is then left alone.
-SPIN_VAR, SPIN_COUNT = "GOMP_SPINCOUNT", "2000"
+SPIN_VAR, SPIN_COUNT = "GOMP_SPINCOUNT", str(host_openmp_spin_count())
 
 
 def gomp_loaded(maps: str = "/proc/self/maps") -> bool:
