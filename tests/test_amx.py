@@ -344,6 +344,19 @@ def check_implicit_convs(emulate: bool, seed: int) -> None:
         assert y.shape == ref.shape and np.all(np.abs(y - ref) <= bound), (x, float(np.max(np.abs(y - ref) - bound)))
 
 
+def test_a_conv_on_amx_is_the_implicit_gemm_unless_it_has_fewer_pixels_than_channels():
+    """On a machine with AMX, a bf16 3x3 conv is planned as the GEMM packing from the image; one of
+    fewer output pixels than channels (a ResNet's last stages) keeps the direct conv, whose GEMM
+    would read a column matrix as its rows (conv.plan_conv_direct)."""
+    src = ("graph g(x: f32[1, 16, 12, 12], w: f32[32, 16, 3, 3], y: f32[1, 16, 4, 4], v: f32[64, 16, 3, 3]) {\n"
+           "    return conv2d(x, w, padding=1), conv2d(y, v, padding=1)\n}")
+    with machine.pinned(machine.MODELS["xeon-spr"], clamp=False):
+        _, _, plans = lower(load(src)[0], {}, precision="bf16")
+    big, small = [p for p in plans if p.kind == "conv2d"]
+    assert (big.precision_path, type(big.detail).__name__, big.detail.implicit) == ("amx_bf16", "GemmDetail", True)
+    assert type(small.detail).__name__ == "ConvDirectDetail" and small.precision_note == SLOW_DOT_F32
+
+
 @pytest.mark.heavy  # (the emulated tiles' time)
 def test_emulated_amx_convs_pack_their_panels_from_the_image():
     check_implicit_convs(emulate=True, seed=3)

@@ -68,6 +68,7 @@ from eqfuse.backend.kinds.contraction.plan_gemm import (
     computes_as_wanted,
     gemm_bf16_path,
     parallel,
+    pixels_as_rows,
 )
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
 from eqfuse.ir.graph import Graph
@@ -280,7 +281,10 @@ def plan_conv_direct(plan: KernelPlan, m: Machine, force: bool = False) -> bool:
     if g.dilation != (1, 1) or cv.attr.get("group", 1) != 1:
         return False  # (a dilated conv: im2col, which spaces the taps; grouped: conv_grouped)
     NP, K = N * OH * OW, C * KH * KW
-    amx = plan.wanted_precision == "bf16" and gemm_bf16_path(m) == "amx_bf16" and bf16_pays(m, "amx_bf16")
+    # (AMX tiles where the im2col GEMM's B would be packed from the image, plan_gemm.implicit_im2col:
+    # not with fewer pixels than channels, whose GEMM reads a column matrix as rows)
+    amx = plan.wanted_precision == "bf16" and gemm_bf16_path(m) == "amx_bf16" and bf16_pays(m, "amx_bf16") \
+        and not pixels_as_rows(O, OH * OW)
     if not force and not use_direct(KH, KW, sh, sw, amx):
         return False
     vl = m.simd_floats
