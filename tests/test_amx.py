@@ -8,7 +8,8 @@ A CPU without AMX tests it three ways, and one with AMX a fourth:
   to the host), over odd shapes with epilogues, against float64 at the documented bf16 bound
   (tests/test_bf16.py's check_gemm);
 - the plan: a machine model with AMX-BF16 plans the path, and `eqfuse lower --precision bf16`
-  prints it; the few-rows GEMM keeps vdpbf16ps and says why;
+  prints it; the few-rows GEMM takes vdpbf16ps, f32 or the widening fallback by the CPU's
+  vdpbf16ps rate and its weights' size, and says why;
 - compiled for a CPU with AMX (gcc -mamx-tile -mamx-bf16): the assembly holds the tile
   instructions;
 - on the hardware, where /proc/cpuinfo has amx_bf16 and amx_tile (skipped with the reason elsewhere).
@@ -27,7 +28,7 @@ import eqfuse
 from eqfuse import machine
 from eqfuse.backend.cbuild import COMMON_C, build, compiler, header_c
 from eqfuse.backend.emit import emit_graph
-from eqfuse.backend.kinds.contraction.plan_gemm import SLOW_DOT_F32, amx_kc_top, amx_tiles
+from eqfuse.backend.kinds.contraction.plan_gemm import SLOW_BF16_DOT, SLOW_DOT_F32, amx_kc_top, amx_tiles
 from eqfuse.cli.main import main
 from eqfuse.errors import EqfuseError
 from eqfuse.frontend.load import load
@@ -132,11 +133,23 @@ def test_a_machine_with_amx_plans_the_tiles_and_lower_prints_it(tmp_path, capsys
         # a K past the deepest slice (4096 with this model's 2 MiB L2) is cut into equal slices
         assert amx_kc_top(machine.MODELS["xeon-spr"]) == 4096
         assert amx_tiles(512, 512, 8193, machine.MODELS["xeon-spr"])["kc"] == 2752  # (3 slices, whole blocks of 32)
-        # the few-rows GEMM over a bound weight stays on vdpbf16ps, and says so
-        src = "graph s(x: f32[4, 256], w: f32[256, 128]) -> f32[4, 128] {\n  return kernel { x @ w }\n}"
-        _, _, plans = lower(load(src)[0], {}, fuse="manual", params=frozenset({"w"}), precision="bf16")
-    (p,) = [p for p in plans if p.kind == "contraction"]
-    assert (p.detail.path, p.precision_path) == ("skinny", "avx512_bf16") and "AMX" in p.precision_note
+    # the few-rows GEMM over a bound weight (a group of 16 rows would fill an A tile in part): on
+    # vdpbf16ps where it is as fast as the FMA, saying so; where vdpbf16ps is slow (this model's),
+    # f32 while the weights fit L2, and bf16 weights widened by the FMA path past it
+    def few_rows(model, k, n):
+        src = f"graph s(x: f32[4, {k}], w: f32[{k}, {n}]) -> f32[4, {n}] {{\n  return kernel {{ x @ w }}\n}}"
+        with machine.pinned(model, clamp=False):
+            _, _, plans = lower(load(src)[0], {}, fuse="manual", params=frozenset({"w"}), precision="bf16")
+        (p,) = [p for p in plans if p.kind == "contraction"]
+        assert p.detail.path == "skinny"
+        return p.precision, p.precision_path, p.precision_note
+    fast = dataclasses.replace(machine.MODELS["xeon-spr"], bf16_dot_ratio=2.0)
+    precision, path, note = few_rows(fast, 256, 128)
+    assert (precision, path) == ("bf16", "avx512_bf16") and "AMX" in note
+    precision, path, note = few_rows(machine.MODELS["xeon-spr"], 256, 128)  # (128 KiB in f32: within L2)
+    assert (precision, path) == ("f32", "f32") and "fit L2" in note
+    precision, path, note = few_rows(machine.MODELS["xeon-spr"], 1024, 1024)  # (4 MiB in f32: past L2)
+    assert (precision, path) == ("bf16", "fallback") and SLOW_BF16_DOT in note
     # without AMX: vdpbf16ps where it issues as often as the FMA; f32, saying why, where it is slower
     for ratio, want in ((2.0, "precision: bf16, path: avx512_bf16"), (0.5, "precision: f32, path: f32")):
         slow = dataclasses.replace(machine.MODELS["xeon-spr"], amx_bf16=False, bf16_dot_ratio=ratio)

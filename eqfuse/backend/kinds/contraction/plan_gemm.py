@@ -466,20 +466,29 @@ def plan_skinny(plan: KernelPlan, m: Machine) -> None:
     skinny path: its tiles, the thread rule and the uop schedule of csrc_templates/gemm_skinny.c."""
     d = plan.detail
     M, N, K = d.gemm.M, d.N, d.K
-    if plan.wanted_precision == "bf16" and plan.precision == "f32" and not bf16_pays(m, gemm_bf16_path(m)) and not narrow_f32(N, m):
+    if plan.precision_path == "amx_bf16":  # (few rows: a group of at most 16 would fill an A tile in part)
+        if bf16_pays(m):
+            plan.precision_path = bf16_path(m)
+            plan.precision_note = "few rows: the memory-bound few-rows GEMM, on vdpbf16ps (AMX tiles: the blocked GEMM)"
+        else:  # (vdpbf16ps slow: decided below, as on such a CPU without AMX)
+            plan.precision, plan.precision_path = "f32", "f32"
+    if plan.wanted_precision == "bf16" and plan.precision == "f32" and not bf16_pays(m) and not narrow_f32(N, m):
         # weights past L2 come from L3 or memory each call: that stream is its time, and bf16
-        # halves it, so bf16 on the fallback path too; weights within L2 are read faster than
-        # their FMAs run, and the widening would only add work (benchmarks/bench_bf16_fallback.py)
+        # halves it, so bf16 on the fallback path too (where vdpbf16ps multiplies no faster than
+        # the FMA, its widening at the FMA's rate beats vdpbf16ps); weights within L2 are read
+        # faster than their FMAs run, and the widening would only add work
+        # (benchmarks/bench_bf16_fallback.py; `python benchmarks/bench_models.py --precision bf16
+        # --model mlp` on a CPU whose vdpbf16ps is slow)
         if K * N * F32 > m.l2:
-            plan.precision, plan.precision_path, plan.precision_note = "bf16", bf16_path(m), ""
+            plan.precision, plan.precision_path = "bf16", "fallback"
+            plan.precision_note = "" if bf16_path(m) == "fallback" else (
+                f"few rows: the memory-bound few-rows GEMM; {SLOW_BF16_DOT}: its bf16 weights widened to f32 by a "
+                "shift and multiplied by the FMA (the fallback path)")
         else:
             plan.precision_note = (f"{why_not_bf16(m)}: the few-rows GEMM's weights "
                                    f"({K * N * F32} B in f32) fit L2 ({m.l2} B), read faster than their FMAs run, so "
                                    "bf16 weights would only add their widening; it computes in f32 "
                                    "(docs/precision.md, \"Without a bf16 multiply\")")
-    if plan.precision_path == "amx_bf16":  # (few rows: a group of at most 16 would fill an A tile in part)
-        plan.precision_path = bf16_path(m)
-        plan.precision_note = "few rows: the memory-bound few-rows GEMM, on vdpbf16ps (AMX tiles: the blocked GEMM)"
     t = plan.tiles = skinny_tiles(M, N, m, plan.precision_path if plan.precision == "bf16" else "f32")
     mr, nr, groups = t["mr"], t["nr"], t["groups"]
     eb = 2 if plan.precision == "bf16" else F32  # (bytes of a packed element: bf16 halves)
