@@ -315,7 +315,8 @@ static inline __attribute__((always_inline)) void {{NAME}}_ukernel_bf16(
  * last tile are zero in the packed A, and the epilogue stores only the rows that exist. */
 _Static_assert({{NAME}}_MR == 32 && {{NAME}}_NR == 32, "the AMX micro-kernel is 2 x 2 C tiles of 16 x 16");
 static inline __attribute__((always_inline)) void {{NAME}}_ukernel_amx(long kc, const uint16_t* restrict a,
-                                                                    const uint16_t* restrict b, float* restrict tile)
+                                                                    const uint16_t* restrict b, float* restrict tile,
+                                                                    const char* pf, long pf_lines)
 {
     const long kb = {{NAME}}_KEVEN(kc);
     EQF_AMX_FENCE(); /* (the packed panels are in memory before the first tile load) */
@@ -324,6 +325,9 @@ static inline __attribute__((always_inline)) void {{NAME}}_ukernel_amx(long kc, 
     _tile_zero(2);
     _tile_zero(3);
     for (long k = 0; k < kb; k += 32) {
+        /* pf_lines lines of the next B panel into L2 per step (see _macro) */
+        for (long l = 0; l < pf_lines; l++)
+            _mm_prefetch(pf + (k / 32 * pf_lines + l) * 64, _MM_HINT_T1);
         _tile_loadd(4, a + k, 2 * kb);
         _tile_loadd(5, a + 16 * kb + k, 2 * kb);
         _tile_loadd(6, b + k * {{NAME}}_NR, 4 * {{NAME}}_NR);
@@ -622,7 +626,13 @@ static void {{NAME}}_pack_a_rows(const float* restrict A, long ic, long mc, long
 #endif
 
 /* C[ic:ic+mc, jc:jc+nc] (+)= packed A block . packed B panel; the epilogue on the last K slice.
- * ir outer: one MR x kc micro-panel of A stays in L1 while the B panel streams from L2. */
+ * ir outer (JR_OUTER 0): one MR x kc micro-panel of A stays in L1 while the B panel streams from
+ * L2. AMX (JR_OUTER 1): jr outer, each B micro-panel serving every MR tile of the block in turn
+ * while the next one is prefetched into L2, a share per call: a micro-panel of A (32 rows of all
+ * of a deep K slice) does not stay in L1 beside B's anyway, and prepacked weights past the caches
+ * then come from memory at the pace of the whole block's tiles, not in one pass over the block's
+ * first MR rows that waits on memory (benchmarks/bench_models.py --precision bf16 --model bert-base). */
+#define {{NAME}}_JR_OUTER ({{BF16}} == 3)
 static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, const {{NAME}}_bt* restrict bp,
                            const float* restrict B, float* restrict C,
                            long b, long ic, long mc, long jc, long nc, long pc, long kc{{EXTRA_PARAMS}})
@@ -631,9 +641,12 @@ static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, co
     const int first = pc == 0, last = pc + kc >= K;
     float tile[{{NAME}}_MR * {{NAME}}_NR] __attribute__((aligned(64)));
     (void)M; (void)N; (void)b;
-    for (long ir = 0; ir < mc; ir += {{NAME}}_MR) {
+    const long nir = (mc + {{NAME}}_MR - 1) / {{NAME}}_MR, njr = (nc + {{NAME}}_NR - 1) / {{NAME}}_NR;
+    for (long t = 0; t < nir * njr; t++) {
+        const long ir = ({{NAME}}_JR_OUTER ? t % nir : t / njr) * {{NAME}}_MR;
+        const long jr = ({{NAME}}_JR_OUTER ? t / nir : t % njr) * {{NAME}}_NR;
         const long mr = mc - ir < {{NAME}}_MR ? mc - ir : {{NAME}}_MR;
-        for (long jr = 0; jr < nc; jr += {{NAME}}_NR) {
+        {
             const long nr = nc - jr < {{NAME}}_NR ? nc - jr : {{NAME}}_NR;
             /* Fetch the C tile (for writing) while the micro-kernel computes: otherwise each
              * store below waits for its line from memory, a cost per element of C that shows
@@ -671,7 +684,14 @@ static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, co
             (void)A;
 #elif {{BF16}} == 3
             /* rows of bf16 A and K-pairs of B: tdpbf16ps on 2 x 2 C tiles (all MR rows: those past M are zero) */
-            {{NAME}}_ukernel_amx(kc, (const uint16_t*)ap + ir * {{NAME}}_KEVEN(kc), bp + jr * {{NAME}}_KEVEN(kc), tile);
+            {
+                /* the next micro-panel, 1 / nir of it per call: the block's next, or with PREPACKED_B
+                 * the next block's first (the panels of a K slice are contiguous across N) */
+                const long bytes = 2 * {{NAME}}_KEVEN(kc) * {{NAME}}_NR, steps = {{NAME}}_KEVEN(kc) / 32;
+                const long share = (bytes / 64 + nir - 1) / nir, lines = jr + {{NAME}}_NR < nc || ({{PREPACKED_B}} && jc + nc < N) ? (share + steps - 1) / steps : 0;
+                const char* pf = (const char*)(bp + (jr + {{NAME}}_NR) * {{NAME}}_KEVEN(kc)) + ir / {{NAME}}_MR * share * 64;
+                {{NAME}}_ukernel_amx(kc, (const uint16_t*)ap + ir * {{NAME}}_KEVEN(kc), bp + jr * {{NAME}}_KEVEN(kc), tile, pf, lines);
+            }
             (void)A;
 #elif {{NAME}}_DIRECT_A
             if ({{NAME}}_EDGE_MR == 0 || mr == {{NAME}}_MR)
@@ -721,9 +741,10 @@ static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, co
                 }
             }
         }
-        /* whole rows in one NC block: the row epilogue on these MR rows while they are in L1 */
-        if (last && nc == N) {
-            const long eqf_r0 = ic + ir, eqf_r1 = ic + ir + mr;
+        /* whole rows in one NC block: the row epilogue on these MR rows while they are in L1
+         * (jr outer: on the block's rows once all are done) */
+        if (last && nc == N && ({{NAME}}_JR_OUTER ? t == nir * njr - 1 : jr + {{NAME}}_NR >= nc)) {
+            const long eqf_r0 = {{NAME}}_JR_OUTER ? ic : ic + ir, eqf_r1 = {{NAME}}_JR_OUTER ? ic + mc : ic + ir + mr;
             {{ROW_EPILOGUE}}
         }
     }

@@ -378,3 +378,44 @@ def test_emulated_amx_convs_pack_their_panels_from_the_image():
 @pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)")
 def test_amx_convs_on_the_hardware_pack_their_panels_from_the_image():
     check_implicit_convs(emulate=False, seed=4)
+
+
+# A row epilogue on the AMX path: the macro kernel runs its B micro-panels outside its row tiles
+# (gemm.c, JR_OUTER), so the layernorm of a block's rows runs once all of them are done. 70 rows
+# (three row tiles, the last partial), bound weights (prefetched a panel ahead). The same GEMM
+# without the row epilogue, then the layernorm as its own f32 row kernel, reads the same products
+# (same plan, same K slices): the two results agree to f32 rounding of the layernorm alone.
+ROW_GRAPH = """
+graph r(x: f32[70, 200], w: f32[200, 96], b: f32[96], g: f32[96], be: f32[96]) {
+    fused = kernel { layernorm(x @ w + b, g, be) }
+    y = kernel { x @ w + b }
+    apart = kernel { layernorm(y, g, be) }
+    return fused, apart
+}
+"""
+
+
+def check_row_epilogue(emulate: bool, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x, w, b, g, be = (rng.standard_normal(s).astype(np.float32) for s in ((70, 200), (200, 96), (96,), (96,), (96,)))
+    with pytest.MonkeyPatch.context() as mp:
+        if emulate:
+            mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
+        with machine.pinned(amx_model(), clamp=not emulate):
+            mod = eqfuse.compile(ROW_GRAPH, fuse="manual", params={"w": w, "g": g, "be": be}, precision="bf16")
+            fused, apart = mod(x, b)
+    kinds = {p.name: (p.kind, p.precision_path) for p in mod.default.last.plans}
+    assert ("contraction_row", "amx_bf16") in kinds.values(), kinds
+    # (layernorm's f32 evaluation: a few roundings of each output, relative to |g normalized| + |be|)
+    scale = np.abs(apart - be) + np.abs(be)
+    assert np.all(np.abs(fused - apart) <= 16 * np.finfo(np.float32).eps * scale)
+
+
+@pytest.mark.heavy  # (a gcc run)
+def test_emulated_amx_row_epilogues_run_on_whole_rows():
+    check_row_epilogue(emulate=True, seed=5)
+
+
+@pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)")
+def test_amx_row_epilogues_on_the_hardware_run_on_whole_rows():
+    check_row_epilogue(emulate=False, seed=6)
