@@ -305,6 +305,44 @@ static inline __attribute__((always_inline)) void {{NAME}}_ukernel_bf16(
 }
 #endif
 
+/* Row `row` (of A and C, before AROW) of a finished MR x NR tile, nr columns from jcr, into C: on
+ * the last K slice through the epilogue, on others into the partial sums. Four loops rather than
+ * one with conditions inside: the epilogue's loop must not read C when C does not hold a partial
+ * sum yet (that read would miss in cache). */
+static inline __attribute__((always_inline)) void {{NAME}}_store_row(const float* restrict trow, float* restrict C, long b,
+                                                                    long row, long jcr, long nr, int first, int last{{EXTRA_PARAMS}})
+{
+    const long M = {{NAME}}_M, N = {{NAME}}_N, K = {{NAME}}_K;
+    (void)M; (void)N; (void)K; (void)b;
+    const long i = {{NAME}}_AROW(row);
+    float* restrict crow = C + i * {{LDC}}L + jcr * {{CSC}}L;
+    if (first && last) {
+#pragma omp simd
+        for (long jj = 0; jj < nr; jj++) {
+            const long j = jcr + jj;
+            const float acc = trow[jj];
+            (void)j;
+            crow[jj * {{CSC}}L] = {{EPILOGUE}};
+        }
+    } else if (last) {
+#pragma omp simd
+        for (long jj = 0; jj < nr; jj++) {
+            const long j = jcr + jj;
+            const float acc = crow[jj * {{CSC}}L] + trow[jj];
+            (void)j;
+            crow[jj * {{CSC}}L] = {{EPILOGUE}};
+        }
+    } else if (first) {
+#pragma omp simd
+        for (long jj = 0; jj < nr; jj++)
+            crow[jj * {{CSC}}L] = trow[jj];
+    } else {
+#pragma omp simd
+        for (long jj = 0; jj < nr; jj++)
+            crow[jj * {{CSC}}L] += trow[jj];
+    }
+}
+
 #if {{BF16}} == 3
 /* tile[MR][NR] (MR = NR = 32) = A . B over a K slice of depth KEVEN(kc) (zero padded in both
  * panels), by tdpbf16ps. A's micro-panel holds MR rows of KEVEN(kc) bf16: an A tile is 16 rows x
@@ -316,9 +354,14 @@ static inline __attribute__((always_inline)) void {{NAME}}_ukernel_bf16(
 _Static_assert({{NAME}}_MR == 32 && {{NAME}}_NR == 32, "the AMX micro-kernel is 2 x 2 C tiles of 16 x 16");
 static inline __attribute__((always_inline)) void {{NAME}}_ukernel_amx(long kc, const uint16_t* restrict a,
                                                                     const uint16_t* restrict b, float* restrict tile,
-                                                                    const char* pf, long pf_lines)
+                                                                    const char* pf, long pf_lines,
+                                                                    const float* restrict prev, long prow, long pmr, long pjcr,
+                                                                    long pnr, float* restrict C, long batch, int first, int last{{EXTRA_PARAMS}})
 {
     const long kb = {{NAME}}_KEVEN(kc);
+    /* rows of the previous tile (prev, pmr rows from prow) stored per step: the vector units run
+     * its epilogue while the tile unit multiplies this one (see _macro) */
+    const long per = (pmr + kb / 32 - 1) / (kb / 32);
     EQF_AMX_FENCE(); /* (the packed panels are in memory before the first tile load) */
     _tile_zero(0);
     _tile_zero(1);
@@ -328,6 +371,8 @@ static inline __attribute__((always_inline)) void {{NAME}}_ukernel_amx(long kc, 
         /* pf_lines lines of the next B panel into L2 per step (see _macro) */
         for (long l = 0; l < pf_lines; l++)
             _mm_prefetch(pf + (k / 32 * pf_lines + l) * 64, _MM_HINT_T1);
+        for (long r = k / 32 * per; r < (k / 32 + 1) * per && r < pmr; r++)
+            {{NAME}}_store_row(prev + r * {{NAME}}_NR, C, batch, prow + r, pjcr, pnr, first, last{{EXTRA_ARGS}});
         _tile_loadd(4, a + k, 2 * kb);
         _tile_loadd(5, a + 16 * kb + k, 2 * kb);
         _tile_loadd(6, b + k * {{NAME}}_NR, 4 * {{NAME}}_NR);
@@ -639,13 +684,17 @@ static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, co
 {
     const long M = {{NAME}}_M, N = {{NAME}}_N, K = {{NAME}}_K;
     const int first = pc == 0, last = pc + kc >= K;
-    float tile[{{NAME}}_MR * {{NAME}}_NR] __attribute__((aligned(64)));
-    (void)M; (void)N; (void)b;
+    /* AMX: two tile buffers, the tile just computed stored into C during the next one's products
+     * (pmr rows pending from prow, pnr columns from pjcr; the last one after the loop) */
+    float tiles[1 + {{NAME}}_JR_OUTER][{{NAME}}_MR * {{NAME}}_NR] __attribute__((aligned(64)));
+    long prow = 0, pmr = 0, pjcr = 0, pnr = 0;
+    (void)M; (void)N; (void)b; (void)prow; (void)pmr; (void)pjcr; (void)pnr;
     const long nir = (mc + {{NAME}}_MR - 1) / {{NAME}}_MR, njr = (nc + {{NAME}}_NR - 1) / {{NAME}}_NR;
     for (long t = 0; t < nir * njr; t++) {
         const long ir = ({{NAME}}_JR_OUTER ? t % nir : t / njr) * {{NAME}}_MR;
         const long jr = ({{NAME}}_JR_OUTER ? t / nir : t % njr) * {{NAME}}_NR;
         const long mr = mc - ir < {{NAME}}_MR ? mc - ir : {{NAME}}_MR;
+        float* restrict tile = tiles[{{NAME}}_JR_OUTER ? t & 1 : 0];
         {
             const long nr = nc - jr < {{NAME}}_NR ? nc - jr : {{NAME}}_NR;
             /* Fetch the C tile (for writing) while the micro-kernel computes: otherwise each
@@ -690,7 +739,9 @@ static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, co
                 const long bytes = 2 * {{NAME}}_KEVEN(kc) * {{NAME}}_NR, steps = {{NAME}}_KEVEN(kc) / 32;
                 const long share = (bytes / 64 + nir - 1) / nir, lines = jr + {{NAME}}_NR < nc || ({{PREPACKED_B}} && jc + nc < N) ? (share + steps - 1) / steps : 0;
                 const char* pf = (const char*)(bp + (jr + {{NAME}}_NR) * {{NAME}}_KEVEN(kc)) + ir / {{NAME}}_MR * share * 64;
-                {{NAME}}_ukernel_amx(kc, (const uint16_t*)ap + ir * {{NAME}}_KEVEN(kc), bp + jr * {{NAME}}_KEVEN(kc), tile, pf, lines);
+                {{NAME}}_ukernel_amx(kc, (const uint16_t*)ap + ir * {{NAME}}_KEVEN(kc), bp + jr * {{NAME}}_KEVEN(kc), tile, pf, lines,
+                                     tiles[(t + 1) & 1], prow, pmr, pjcr, pnr, C, b, first, last{{EXTRA_ARGS}});
+                prow = ic + ir, pmr = mr, pjcr = jc + jr, pnr = nr;
             }
             (void)A;
 #elif {{NAME}}_DIRECT_A
@@ -708,38 +759,14 @@ static void {{NAME}}_macro(const float* restrict A, const float* restrict ap, co
 #endif
 #undef {{NAME}}_CALL
             (void)B;
-            for (long r = 0; r < mr; r++) {
-                const long i = {{NAME}}_AROW(ic + ir + r);
-                float* restrict crow = C + i * {{LDC}}L + (jc + jr) * {{CSC}}L;
-                const float* restrict trow = tile + r * {{NAME}}_NR;
-                /* four loops rather than one with conditions inside: the epilogue's loop must not
-                 * read C when C does not hold a partial sum yet (that read would miss in cache) */
-                if (first && last) {
-#pragma omp simd
-                    for (long jj = 0; jj < nr; jj++) {
-                        const long j = jc + jr + jj;
-                        const float acc = trow[jj];
-                        (void)j;
-                        crow[jj * {{CSC}}L] = {{EPILOGUE}};
-                    }
-                } else if (last) {
-#pragma omp simd
-                    for (long jj = 0; jj < nr; jj++) {
-                        const long j = jc + jr + jj;
-                        const float acc = crow[jj * {{CSC}}L] + trow[jj];
-                        (void)j;
-                        crow[jj * {{CSC}}L] = {{EPILOGUE}};
-                    }
-                } else if (first) {
-#pragma omp simd
-                    for (long jj = 0; jj < nr; jj++)
-                        crow[jj * {{CSC}}L] = trow[jj];
-                } else {
-#pragma omp simd
-                    for (long jj = 0; jj < nr; jj++)
-                        crow[jj * {{CSC}}L] += trow[jj];
-                }
-            }
+#if {{BF16}} != 3
+            for (long r = 0; r < mr; r++)
+                {{NAME}}_store_row(tile + r * {{NAME}}_NR, C, b, ic + ir + r, jc + jr, nr, first, last{{EXTRA_ARGS}});
+#else
+            if (t == nir * njr - 1) /* the last tile: nothing to overlap it with */
+                for (long r = 0; r < mr; r++)
+                    {{NAME}}_store_row(tile + r * {{NAME}}_NR, C, b, ic + ir + r, jc + jr, nr, first, last{{EXTRA_ARGS}});
+#endif
         }
         /* whole rows in one NC block: the row epilogue on these MR rows while they are in L1
          * (jr outer: on the block's rows once all are done) */
