@@ -276,15 +276,22 @@ def amx_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
     benchmarks/bench_gemm.py --precision bf16`, its 1024^3 and BERT rows, against slices deep
     enough for L1). A deeper K is cut into equal slices of whole AMX_KB blocks (only the last may
     end in part of one, padded by zeros in the panels). NC makes the B panel (KC x NC bf16) half
-    of L2, and MC the A block two L2s."""
+    of L2. Every B micro-panel sweeps all of the A block (gemm.c's JR_OUTER), so MC makes the A
+    block (MC x KC bf16) 1 / AMX_A_L2_SHARE of L2."""
     top = amx_kc_top(m)
     kc = K if K <= top else cdiv(cdiv(K, cdiv(K, top)), AMX_KB) * AMX_KB
     depth = cdiv(kc, AMX_KB) * AMX_KB  # (of the panels)
     nc = max(AMX_NR, (m.l2 // 2) // (depth * BF16) // AMX_NR * AMX_NR)
-    mc = max(AMX_MR, (2 * m.l2) // (depth * BF16) // AMX_MR * AMX_MR)
+    mc = max(AMX_MR, (m.l2 // AMX_A_L2_SHARE) // (depth * BF16) // AMX_MR * AMX_MR)
     return {"mr": AMX_MR, "nr": AMX_NR, "kc": kc, "mc": min(mc, cdiv(M, AMX_MR) * AMX_MR),
             "nc": min(nc, cdiv(N, AMX_NR) * AMX_NR)}
 
+
+# The share of L2 an AMX GEMM's A block fills (amx_tiles' MC). 1024^3 on one thread at 1/4:
+# 1.78 ms, at 1/2 2.11, at a whole L2 2.73 (a 2 MiB L2; at 1/8, 1.85): the A block is read again
+# for every B micro-panel, beside the micro-panel and the C tiles' lines
+# (`python benchmarks/bench_gemm.py --precision bf16`, its 1024^3 row).
+AMX_A_L2_SHARE = 4
 
 # The fewest B micro-panels (of AMX_NR columns) an AMX B panel holds at the deepest K slice: a
 # panel that is the slice's depth x AMX_MIN_PANELS x AMX_NR bf16 fills half of L2.
