@@ -287,10 +287,10 @@ def amx_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
             "nc": min(nc, cdiv(N, AMX_NR) * AMX_NR)}
 
 
-# The share of L2 an AMX GEMM's A block fills (amx_tiles' MC). 1024^3 on one thread at 1/4:
-# 1.78 ms, at 1/2 2.11, at a whole L2 2.73 (a 2 MiB L2; at 1/8, 1.85): the A block is read again
-# for every B micro-panel, beside the micro-panel and the C tiles' lines
-# (`python benchmarks/bench_gemm.py --precision bf16`, its 1024^3 row).
+# The share of L2 an AMX GEMM's A block fills (amx_tiles' MC): the A block is read again for every
+# B micro-panel, beside the micro-panel and the C tiles' lines; a quarter was the fastest of 1/8 to
+# 2 L2s (`python benchmarks/bench_gemm.py --precision bf16`, its 1024^3 row; the figures in
+# benchmarks/RESULTS.md, 2026-12-04).
 AMX_A_L2_SHARE = 4
 
 # The fewest B micro-panels (of AMX_NR columns) an AMX B panel holds at the deepest K slice: a
