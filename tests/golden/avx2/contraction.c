@@ -305,6 +305,44 @@ static inline __attribute__((always_inline)) void eqf_kinds_k1_contraction_gemm_
 }
 #endif
 
+/* Row `row` (of A and C, before AROW) of a finished MR x NR tile, nr columns from jcr, into C: on
+ * the last K slice through the epilogue, on others into the partial sums. Four loops rather than
+ * one with conditions inside: the epilogue's loop must not read C when C does not hold a partial
+ * sum yet (that read would miss in cache). */
+static inline __attribute__((always_inline)) void eqf_kinds_k1_contraction_gemm_store_row(const float* restrict trow, float* restrict C, long b,
+                                                                    long row, long jcr, long nr, int first, int last, const float* restrict eqf_e2)
+{
+    const long M = eqf_kinds_k1_contraction_gemm_M, N = eqf_kinds_k1_contraction_gemm_N, K = eqf_kinds_k1_contraction_gemm_K;
+    (void)M; (void)N; (void)K; (void)b;
+    const long i = eqf_kinds_k1_contraction_gemm_AROW(row);
+    float* restrict crow = C + i * 53L + jcr * 1L;
+    if (first && last) {
+#pragma omp simd
+        for (long jj = 0; jj < nr; jj++) {
+            const long j = jcr + jj;
+            const float acc = trow[jj];
+            (void)j;
+            crow[jj * 1L] = ({ const float eqf_v3 = eqf_e2[j]; const float eqf_v4 = (acc + eqf_v3); const float eqf_v5 = eqf_relu(eqf_v4); eqf_v5; });
+        }
+    } else if (last) {
+#pragma omp simd
+        for (long jj = 0; jj < nr; jj++) {
+            const long j = jcr + jj;
+            const float acc = crow[jj * 1L] + trow[jj];
+            (void)j;
+            crow[jj * 1L] = ({ const float eqf_v3 = eqf_e2[j]; const float eqf_v4 = (acc + eqf_v3); const float eqf_v5 = eqf_relu(eqf_v4); eqf_v5; });
+        }
+    } else if (first) {
+#pragma omp simd
+        for (long jj = 0; jj < nr; jj++)
+            crow[jj * 1L] = trow[jj];
+    } else {
+#pragma omp simd
+        for (long jj = 0; jj < nr; jj++)
+            crow[jj * 1L] += trow[jj];
+    }
+}
+
 #if 0 == 3
 /* tile[MR][NR] (MR = NR = 32) = A . B over a K slice of depth KEVEN(kc) (zero padded in both
  * panels), by tdpbf16ps. A's micro-panel holds MR rows of KEVEN(kc) bf16: an A tile is 16 rows x
@@ -315,15 +353,26 @@ static inline __attribute__((always_inline)) void eqf_kinds_k1_contraction_gemm_
  * last tile are zero in the packed A, and the epilogue stores only the rows that exist. */
 _Static_assert(eqf_kinds_k1_contraction_gemm_MR == 32 && eqf_kinds_k1_contraction_gemm_NR == 32, "the AMX micro-kernel is 2 x 2 C tiles of 16 x 16");
 static inline __attribute__((always_inline)) void eqf_kinds_k1_contraction_gemm_ukernel_amx(long kc, const uint16_t* restrict a,
-                                                                    const uint16_t* restrict b, float* restrict tile)
+                                                                    const uint16_t* restrict b, float* restrict tile,
+                                                                    const char* pf, long pf_lines,
+                                                                    const float* restrict prev, long prow, long pmr, long pjcr,
+                                                                    long pnr, float* restrict C, long batch, int first, int last, const float* restrict eqf_e2)
 {
     const long kb = eqf_kinds_k1_contraction_gemm_KEVEN(kc);
+    /* rows of the previous tile (prev, pmr rows from prow) stored per step: the vector units run
+     * its epilogue while the tile unit multiplies this one (see _macro) */
+    const long per = (pmr + kb / 32 - 1) / (kb / 32);
     EQF_AMX_FENCE(); /* (the packed panels are in memory before the first tile load) */
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
     for (long k = 0; k < kb; k += 32) {
+        /* pf_lines lines of the next B panel into L2 per step (see _macro) */
+        for (long l = 0; l < pf_lines; l++)
+            _mm_prefetch(pf + (k / 32 * pf_lines + l) * 64, _MM_HINT_T1);
+        for (long r = k / 32 * per; r < (k / 32 + 1) * per && r < pmr; r++)
+            eqf_kinds_k1_contraction_gemm_store_row(prev + r * eqf_kinds_k1_contraction_gemm_NR, C, batch, prow + r, pjcr, pnr, first, last, eqf_e2);
         _tile_loadd(4, a + k, 2 * kb);
         _tile_loadd(5, a + 16 * kb + k, 2 * kb);
         _tile_loadd(6, b + k * eqf_kinds_k1_contraction_gemm_NR, 4 * eqf_kinds_k1_contraction_gemm_NR);
@@ -622,18 +671,31 @@ static void eqf_kinds_k1_contraction_gemm_pack_a_rows(const float* restrict A, l
 #endif
 
 /* C[ic:ic+mc, jc:jc+nc] (+)= packed A block . packed B panel; the epilogue on the last K slice.
- * ir outer: one MR x kc micro-panel of A stays in L1 while the B panel streams from L2. */
+ * ir outer (JR_OUTER 0): one MR x kc micro-panel of A stays in L1 while the B panel streams from
+ * L2. AMX (JR_OUTER 1): jr outer, each B micro-panel serving every MR tile of the block in turn
+ * while the next one is prefetched into L2, a share per call: a micro-panel of A (32 rows of all
+ * of a deep K slice) does not stay in L1 beside B's anyway, and prepacked weights past the caches
+ * then come from memory at the pace of the whole block's tiles, not in one pass over the block's
+ * first MR rows that waits on memory (benchmarks/bench_models.py --precision bf16 --model bert-base). */
+#define eqf_kinds_k1_contraction_gemm_JR_OUTER (0 == 3)
 static void eqf_kinds_k1_contraction_gemm_macro(const float* restrict A, const float* restrict ap, const eqf_kinds_k1_contraction_gemm_bt* restrict bp,
                            const float* restrict B, float* restrict C,
                            long b, long ic, long mc, long jc, long nc, long pc, long kc, const float* restrict eqf_e2)
 {
     const long M = eqf_kinds_k1_contraction_gemm_M, N = eqf_kinds_k1_contraction_gemm_N, K = eqf_kinds_k1_contraction_gemm_K;
     const int first = pc == 0, last = pc + kc >= K;
-    float tile[eqf_kinds_k1_contraction_gemm_MR * eqf_kinds_k1_contraction_gemm_NR] __attribute__((aligned(64)));
-    (void)M; (void)N; (void)b;
-    for (long ir = 0; ir < mc; ir += eqf_kinds_k1_contraction_gemm_MR) {
+    /* AMX: two tile buffers, the tile just computed stored into C during the next one's products
+     * (pmr rows pending from prow, pnr columns from pjcr; the last one after the loop) */
+    float tiles[1 + eqf_kinds_k1_contraction_gemm_JR_OUTER][eqf_kinds_k1_contraction_gemm_MR * eqf_kinds_k1_contraction_gemm_NR] __attribute__((aligned(64)));
+    long prow = 0, pmr = 0, pjcr = 0, pnr = 0;
+    (void)M; (void)N; (void)b; (void)prow; (void)pmr; (void)pjcr; (void)pnr;
+    const long nir = (mc + eqf_kinds_k1_contraction_gemm_MR - 1) / eqf_kinds_k1_contraction_gemm_MR, njr = (nc + eqf_kinds_k1_contraction_gemm_NR - 1) / eqf_kinds_k1_contraction_gemm_NR;
+    for (long t = 0; t < nir * njr; t++) {
+        const long ir = (eqf_kinds_k1_contraction_gemm_JR_OUTER ? t % nir : t / njr) * eqf_kinds_k1_contraction_gemm_MR;
+        const long jr = (eqf_kinds_k1_contraction_gemm_JR_OUTER ? t / nir : t % njr) * eqf_kinds_k1_contraction_gemm_NR;
         const long mr = mc - ir < eqf_kinds_k1_contraction_gemm_MR ? mc - ir : eqf_kinds_k1_contraction_gemm_MR;
-        for (long jr = 0; jr < nc; jr += eqf_kinds_k1_contraction_gemm_NR) {
+        float* restrict tile = tiles[eqf_kinds_k1_contraction_gemm_JR_OUTER ? t & 1 : 0];
+        {
             const long nr = nc - jr < eqf_kinds_k1_contraction_gemm_NR ? nc - jr : eqf_kinds_k1_contraction_gemm_NR;
             /* Fetch the C tile (for writing) while the micro-kernel computes: otherwise each
              * store below waits for its line from memory, a cost per element of C that shows
@@ -671,7 +733,16 @@ static void eqf_kinds_k1_contraction_gemm_macro(const float* restrict A, const f
             (void)A;
 #elif 0 == 3
             /* rows of bf16 A and K-pairs of B: tdpbf16ps on 2 x 2 C tiles (all MR rows: those past M are zero) */
-            eqf_kinds_k1_contraction_gemm_ukernel_amx(kc, (const uint16_t*)ap + ir * eqf_kinds_k1_contraction_gemm_KEVEN(kc), bp + jr * eqf_kinds_k1_contraction_gemm_KEVEN(kc), tile);
+            {
+                /* the next micro-panel, 1 / nir of it per call: the block's next, or with PREPACKED_B
+                 * the next block's first (the panels of a K slice are contiguous across N) */
+                const long bytes = 2 * eqf_kinds_k1_contraction_gemm_KEVEN(kc) * eqf_kinds_k1_contraction_gemm_NR, steps = eqf_kinds_k1_contraction_gemm_KEVEN(kc) / 32;
+                const long share = (bytes / 64 + nir - 1) / nir, lines = jr + eqf_kinds_k1_contraction_gemm_NR < nc || (0 && jc + nc < N) ? (share + steps - 1) / steps : 0;
+                const char* pf = (const char*)(bp + (jr + eqf_kinds_k1_contraction_gemm_NR) * eqf_kinds_k1_contraction_gemm_KEVEN(kc)) + ir / eqf_kinds_k1_contraction_gemm_MR * share * 64;
+                eqf_kinds_k1_contraction_gemm_ukernel_amx(kc, (const uint16_t*)ap + ir * eqf_kinds_k1_contraction_gemm_KEVEN(kc), bp + jr * eqf_kinds_k1_contraction_gemm_KEVEN(kc), tile, pf, lines,
+                                     tiles[(t + 1) & 1], prow, pmr, pjcr, pnr, C, b, first, last, eqf_e2);
+                prow = ic + ir, pmr = mr, pjcr = jc + jr, pnr = nr;
+            }
             (void)A;
 #elif eqf_kinds_k1_contraction_gemm_DIRECT_A
             if (eqf_kinds_k1_contraction_gemm_EDGE_MR == 0 || mr == eqf_kinds_k1_contraction_gemm_MR)
@@ -688,42 +759,19 @@ static void eqf_kinds_k1_contraction_gemm_macro(const float* restrict A, const f
 #endif
 #undef eqf_kinds_k1_contraction_gemm_CALL
             (void)B;
-            for (long r = 0; r < mr; r++) {
-                const long i = eqf_kinds_k1_contraction_gemm_AROW(ic + ir + r);
-                float* restrict crow = C + i * 53L + (jc + jr) * 1L;
-                const float* restrict trow = tile + r * eqf_kinds_k1_contraction_gemm_NR;
-                /* four loops rather than one with conditions inside: the epilogue's loop must not
-                 * read C when C does not hold a partial sum yet (that read would miss in cache) */
-                if (first && last) {
-#pragma omp simd
-                    for (long jj = 0; jj < nr; jj++) {
-                        const long j = jc + jr + jj;
-                        const float acc = trow[jj];
-                        (void)j;
-                        crow[jj * 1L] = ({ const float eqf_v3 = eqf_e2[j]; const float eqf_v4 = (acc + eqf_v3); const float eqf_v5 = eqf_relu(eqf_v4); eqf_v5; });
-                    }
-                } else if (last) {
-#pragma omp simd
-                    for (long jj = 0; jj < nr; jj++) {
-                        const long j = jc + jr + jj;
-                        const float acc = crow[jj * 1L] + trow[jj];
-                        (void)j;
-                        crow[jj * 1L] = ({ const float eqf_v3 = eqf_e2[j]; const float eqf_v4 = (acc + eqf_v3); const float eqf_v5 = eqf_relu(eqf_v4); eqf_v5; });
-                    }
-                } else if (first) {
-#pragma omp simd
-                    for (long jj = 0; jj < nr; jj++)
-                        crow[jj * 1L] = trow[jj];
-                } else {
-#pragma omp simd
-                    for (long jj = 0; jj < nr; jj++)
-                        crow[jj * 1L] += trow[jj];
-                }
-            }
+#if 0 != 3
+            for (long r = 0; r < mr; r++)
+                eqf_kinds_k1_contraction_gemm_store_row(tile + r * eqf_kinds_k1_contraction_gemm_NR, C, b, ic + ir + r, jc + jr, nr, first, last, eqf_e2);
+#else
+            if (t == nir * njr - 1) /* the last tile: nothing to overlap it with */
+                for (long r = 0; r < mr; r++)
+                    eqf_kinds_k1_contraction_gemm_store_row(tile + r * eqf_kinds_k1_contraction_gemm_NR, C, b, ic + ir + r, jc + jr, nr, first, last, eqf_e2);
+#endif
         }
-        /* whole rows in one NC block: the row epilogue on these MR rows while they are in L1 */
-        if (last && nc == N) {
-            const long eqf_r0 = ic + ir, eqf_r1 = ic + ir + mr;
+        /* whole rows in one NC block: the row epilogue on these MR rows while they are in L1
+         * (jr outer: on the block's rows once all are done) */
+        if (last && nc == N && (eqf_kinds_k1_contraction_gemm_JR_OUTER ? t == nir * njr - 1 : jr + eqf_kinds_k1_contraction_gemm_NR >= nc)) {
+            const long eqf_r0 = eqf_kinds_k1_contraction_gemm_JR_OUTER ? ic : ic + ir, eqf_r1 = eqf_kinds_k1_contraction_gemm_JR_OUTER ? ic + mc : ic + ir + mr;
             (void)eqf_r0; (void)eqf_r1;
         }
     }
