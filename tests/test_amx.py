@@ -357,17 +357,25 @@ def check_implicit_convs(emulate: bool, seed: int) -> None:
         assert y.shape == ref.shape and np.all(np.abs(y - ref) <= bound), (x, float(np.max(np.abs(y - ref) - bound)))
 
 
-def test_a_conv_on_amx_is_the_implicit_gemm_unless_it_has_fewer_pixels_than_channels():
-    """On a machine with AMX, a bf16 3x3 conv is planned as the GEMM packing from the image; one of
-    fewer output pixels than channels (a ResNet's last stages) keeps the direct conv, whose GEMM
-    would read a column matrix as its rows (conv.plan_conv_direct)."""
-    src = ("graph g(x: f32[1, 16, 12, 12], w: f32[32, 16, 3, 3], y: f32[1, 16, 4, 4], v: f32[64, 16, 3, 3]) {\n"
-           "    return conv2d(x, w, padding=1), conv2d(y, v, padding=1)\n}")
+def test_a_conv_on_amx_reads_its_tiles_from_the_input_where_the_shapes_suit_them():
+    """On a machine with AMX, a bf16 conv of at least 16 input channels (32 at a stride) is the
+    direct conv on tiles (conv_amx), whatever its map (a 2 x 2 one too, whose f32 direct conv was
+    slower); one of fewer channels is the GEMM packing from the image, or, with fewer output
+    pixels than channels, the f32 direct conv (conv.plan_conv_direct)."""
+    src = ("graph g(x: f32[1, 16, 12, 12], w: f32[32, 16, 3, 3], y: f32[2, 64, 2, 2], v: f32[64, 64, 3, 3],\n"
+           "        a: f32[1, 8, 12, 12], b: f32[32, 8, 3, 3], c: f32[1, 8, 4, 4], d: f32[64, 8, 3, 3],\n"
+           "        e: f32[1, 16, 12, 12], f: f32[32, 16, 3, 3]) {\n"
+           "    return conv2d(x, w, padding=1), conv2d(y, v, padding=1), conv2d(a, b, padding=1), conv2d(c, d, padding=1),\n"
+           "           conv2d(e, f, stride=2, padding=1)\n}")
     with machine.pinned(machine.MODELS["xeon-spr"], clamp=False):
         _, _, plans = lower(load(src)[0], {}, precision="bf16")
-    big, small = [p for p in plans if p.kind == "conv2d"]
-    assert (big.precision_path, type(big.detail).__name__, big.detail.implicit) == ("amx_bf16", "GemmDetail", True)
-    assert type(small.detail).__name__ == "ConvDirectDetail" and small.precision_note == SLOW_DOT_F32
+    kinds = [(type(p.detail).__name__, p.precision_path) for p in plans if p.kind == "conv2d"]
+    assert kinds == [("ConvAmxDetail", "amx_bf16"), ("ConvAmxDetail", "amx_bf16"), ("GemmDetail", "amx_bf16"),
+                     ("ConvDirectDetail", "f32"), ("GemmDetail", "amx_bf16")]
+    small = [p for p in plans if p.kind == "conv2d"][3]
+    assert small.precision_note == SLOW_DOT_F32
+    amx = [p for p in plans if p.kind == "conv2d"][1]
+    assert amx.detail.waste == 4.0 and amx.detail.flat == (4, 4) and amx.detail.cp == 64
 
 
 @pytest.mark.heavy  # (the emulated tiles' time)
@@ -419,3 +427,68 @@ def test_emulated_amx_row_epilogues_run_on_whole_rows():
 @pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)")
 def test_amx_row_epilogues_on_the_hardware_run_on_whole_rows():
     check_row_epilogue(emulate=False, seed=6)
+
+
+# The direct conv on AMX tiles (conv_amx.c): B tiles loaded from a copy of the input in K-pairs,
+# each stride phase's pixels flat over a padded width. Two images with a bias and a residual in
+# the epilogue and 48 output channels (a channel block half empty); 40 channels (padded to a K
+# block of 64) at stride 2 (four phase planes); a 1x1 conv at stride 2 (one phase); 2 x 2 maps of
+# 64 channels (the flat pixels 4 times the output's). The emulated run pins an L1 of 16 KiB: K in
+# slices of 4 blocks, the C tiles kept between them (conv_amx.k_slice).
+AMX_CONVS = """
+graph convs(x1: f32[2, 64, 13, 11], w1: f32[48, 64, 3, 3], b1: f32[48], r1: f32[2, 48, 13, 11],
+            x2: f32[1, 40, 23, 23], w2: f32[32, 40, 3, 3], x3: f32[1, 32, 12, 12], w3: f32[64, 32, 1, 1],
+            x4: f32[2, 64, 2, 2], w4: f32[64, 64, 3, 3]) {
+    y1 = relu(conv2d(x1, w1, b1, stride=1, padding=1) + r1)
+    y2 = relu(conv2d(x2, w2, stride=2, padding=1))
+    y3 = conv2d(x3, w3, stride=2, padding=0)
+    y4 = conv2d(x4, w4, stride=1, padding=1)
+    return y1, y2, y3, y4
+}
+"""
+AMX_CONV_SHAPES = {"x1": (2, 64, 13, 11), "w1": (48, 64, 3, 3), "b1": (48,), "r1": (2, 48, 13, 11),
+                   "x2": (1, 40, 23, 23), "w2": (32, 40, 3, 3), "x3": (1, 32, 12, 12), "w3": (64, 32, 1, 1),
+                   "x4": (2, 64, 2, 2), "w4": (64, 64, 3, 3)}
+
+
+def check_amx_direct_convs(emulate: bool, seed: int) -> None:
+    """Every conv on the direct AMX kernel (w1 bound by params=: its A tiles made once), within the
+    documented bound of float64: (2u + u^2 + 1.01 K eps) sum |x||w| plus the f32 epilogue's
+    roundings of the bias and residual (relu is 1-Lipschitz)."""
+    from test_bf16_conv import U
+
+    rng = np.random.default_rng(seed)
+    a = {k: rng.standard_normal(s).astype(np.float32) for k, s in AMX_CONV_SHAPES.items()}
+    model = dataclasses.replace(amx_model(), l1=16 << 10) if emulate else amx_model()
+    with pytest.MonkeyPatch.context() as mp:
+        if emulate:
+            mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
+        with machine.pinned(model, clamp=not emulate):
+            mod = eqfuse.compile(AMX_CONVS, precision="bf16", params={"w1": a["w1"]})
+            ys = mod(*[a[k] for k in AMX_CONV_SHAPES if k != "w1"])
+    plans = [p for p in mod.default.last.plans if p.kind == "conv2d"]
+    assert [(type(p.detail).__name__, p.precision_path) for p in plans] == [("ConvAmxDetail", "amx_bf16")] * 4
+    assert plans[0].detail.prepack is not None and mod.report["precision"][plans[0].name]["path"] == "amx_bf16"
+    if emulate:
+        assert plans[0].detail.kcb == 4 < plans[0].detail.KH * plans[0].detail.KW * 2  # (K in slices)
+    for i, (y, (x, w, s, p)) in enumerate(zip(ys, [("x1", "w1", 1, 1), ("x2", "w2", 2, 1), ("x3", "w3", 2, 0),
+                                                  ("x4", "w4", 1, 1)])):
+        ref, mag = conv64(a[x], a[w], s, p, 1), conv64(np.abs(a[x]), np.abs(a[w]), s, p, 1)
+        K = np.prod(a[w].shape[1:])
+        bound = (2 * U + U * U + 1.01 * K * EPS) * mag
+        if i == 0:
+            extra = a["b1"][None, :, None, None] + a["r1"]
+            ref, bound = ref + extra, bound + 2 * EPS * (np.abs(ref) + np.abs(extra))
+        if i < 2:
+            ref = np.maximum(ref, 0)
+        assert y.shape == ref.shape and np.all(np.abs(y - ref) <= bound), (i, float(np.max(np.abs(y - ref) - bound)))
+
+
+@pytest.mark.heavy  # (the emulated tiles' time)
+def test_emulated_amx_direct_convs_are_within_the_bf16_bound():
+    check_amx_direct_convs(emulate=True, seed=7)
+
+
+@pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)")
+def test_amx_direct_convs_on_the_hardware_are_within_the_bf16_bound():
+    check_amx_direct_convs(emulate=False, seed=8)

@@ -15,6 +15,7 @@ import numpy as np
 from eqfuse.backend.kinds.base import Kind
 from eqfuse.backend.kinds.contraction import (
     conv,
+    conv_amx,
     conv_dwln,
     conv_dwpw,
     conv_grouped,
@@ -45,6 +46,8 @@ class Contraction(Kind):
             return conv_dwpw.plan_conv_dwpw(plan, m)  # (a depthwise conv and its 1x1 conv)
         if plan.kind == K.CONV2D and conv_grouped.is_grouped(plan.body.nodes[plan.shape.anchor]):
             return conv_grouped.plan_conv_grouped(plan, m)  # (depthwise and grouped convs)
+        if plan.kind == K.CONV2D and conv_amx.plan_conv_amx(plan, m):
+            return  # (on AMX tiles, read from the input: conv_amx.use_amx_direct)
         if plan.kind == K.CONV2D and conv.plan_conv_direct(plan, m):
             return  # a direct conv (conv.use_direct), else im2col + GEMM
         if qgemm.is_integer(plan):
@@ -56,7 +59,7 @@ class Contraction(Kind):
         conv2d's at a row, column and image stride (plan_gemm.conv_c_layout); not a row
         epilogue (the row templates walk rows of N)."""
         if isinstance(plan.detail, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail, qgemm.QGemmDetail,
-                                    conv_dwpw.ConvDwPwDetail, conv_dwln.ConvDwLnDetail)):
+                                    conv_dwpw.ConvDwPwDetail, conv_dwln.ConvDwLnDetail, conv_amx.ConvAmxDetail)):
             return False  # (writes NCHW contiguous, conv_dwln NHWC; the integer GEMM writes C contiguous)
         if plan.kind == K.CONV2D:
             return conv_c_layout(plan, strides) is not None
@@ -78,6 +81,8 @@ class Contraction(Kind):
             return conv_dwln.emit_conv_dwln(plan)
         if isinstance(plan.detail, conv.ConvDirectDetail):
             return conv.emit_conv_direct(plan)
+        if isinstance(plan.detail, conv_amx.ConvAmxDetail):
+            return conv_amx.emit_conv_amx(plan)
         if plan.kind == K.CONV2D:
             return emit_gemm.emit_conv2d(plan)
         return emit_gemm.emit_contraction(plan)
@@ -99,7 +104,7 @@ def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[
     if isinstance(d, qgemm.QGemmDetail):
         return qgemm.mark_bound(plan, bound, m, values)
     if isinstance(d, (conv.ConvDirectDetail, conv_grouped.ConvGroupedDetail, conv_dwpw.ConvDwPwDetail,
-                      conv_dwln.ConvDwLnDetail)):
+                      conv_dwln.ConvDwLnDetail, conv_amx.ConvAmxDetail)):
         return conv.mark_bound(plan, bound)
     if plan.kind not in GEMM_KINDS or not (d.gemm.mode == "fold" or d.pixels_as_rows):
         return  # (otherwise B differs between batches, or is a conv's column matrix)

@@ -1,0 +1,160 @@
+"""The direct conv on AMX-BF16 tiles (csrc_templates/conv_amx.c): planning and emit.
+
+On a CPU with AMX-BF16 a bf16 conv is a GEMM of tiles. Packed as a GEMM's panels (the implicit
+im2col, plan_gemm.implicit_im2col), each element of the column matrix is rounded, interleaved and
+stored once per call, and then serves only the O multiply-adds of its column: at 64-128 output
+channels the packing takes as long as the tiles' products. Here nothing is packed per call but a
+copy of the input as big as the input: the channels in K-pairs, the pixels of each stride phase
+flat over a padded width (conv_amx.c), so that a B tile of 16 K-pairs x 16 output pixels is one
+tileloadd at the same offset for every tap. The weights become A tiles once (tap-major K). The
+price is the flat pixels past each row's end (WQ - OW of each WQ, and the rows past OH of each
+image), computed and dropped: `waste`, at most MAX_WASTE.
+
+`use_amx_direct` takes a conv here when the plan asks for bf16 on the AMX path and the shapes
+suit the tiles: no dilation or groups, at least MIN_C input channels (K blocks of 32 channels;
+fewer would be mostly zeros), the waste bounded (MAX_WASTE), NCHW in and out, no views. It
+takes the convs of fewer output pixels than channels too (a ResNet's last stages), which the
+im2col GEMM would run with the column matrix as its rows and which ran as f32 direct convs. EQFUSE_CONV_AMX=0|1
+forces either where it can run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, replace
+
+from eqfuse.backend.cexpr import kernel_params, param_job, render
+from eqfuse.backend.kinds.base import REGIONS
+from eqfuse.backend.kinds.contraction.conv import epilogue_c, region_chunks
+from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
+from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, bf16_pays, cdiv, gemm_bf16_path, parallel
+from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
+from eqfuse.machine import Machine
+
+# The most flat pixels computed per output pixel kept (conv_amx.c): the 2 x 2 maps of two images
+# under a 3x3 conv (4 x 4 flat each, 4.0) still ran here in half the time of the f32 direct conv
+# they took before, and a 56 x 56 map (1.07) in two thirds of the implicit im2col GEMM's
+# (`python benchmarks/bench_models.py --precision bf16 --model resnet_stages --model resnet18`,
+# the kernels by eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04).
+MAX_WASTE = 4.0
+# The fewest input channels: K blocks of 32 channels, padded with zeros past C. 16 (half of each
+# block zeros) still paid at stride 1 (ResNet-18's first stage), not at stride 2, whose four phase
+# planes are copied (`python benchmarks/bench_models.py --precision bf16 --model resnet18`, the
+# kernels by eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04).
+MIN_C, MIN_C_STRIDED = 16, 32
+# Items per group (conv_amx.c's G): their C tiles, 4 KiB each, kept between K slices beside the slice's A tiles in L1
+GROUP = 4
+
+
+@dataclass(frozen=True)
+class ConvAmxDetail(ConvGeometry):
+    """The plan of a conv on AMX tiles read from the input: the constants of csrc_templates/conv_amx.c."""
+
+    O: int
+    parallel: bool
+    kcb: int = 1  # K blocks of 32 per slice: the slice's A tiles in half of L1 (`k_slice`)
+    group: int = GROUP  # items of a channel block that share each K slice's A tiles
+    region_chunks: int = 64  # equal ranges of the tiles' loop on the claim-based pool (conv.region_chunks)
+    prepack: Prepack | None = None  # the weights bound by params=, made into A tiles once (conv.mark_bound)
+    blocked_args: tuple[int, ...] = ()  # (the conv epilogue's interface: none read in blocks here)
+
+    DERIVED = ("cp", "phases", "flat", "waste")
+
+    @property
+    def cp(self) -> int:
+        """C padded to whole K blocks of 32 channels."""
+        return cdiv(self.C, 32) * 32
+
+    @property
+    def phases(self) -> tuple[int, int]:
+        """(QH, QW): the stride's row and column phases some tap reads."""
+        return min(self.KH, self.stride[0]), min(self.KW, self.stride[1])
+
+    @property
+    def flat(self) -> tuple[int, int]:
+        """(HQ, WQ): a phase plane's rows and columns per image."""
+        return self.OH + (self.KH - 1) // self.stride[0], self.OW + (self.KW - 1) // self.stride[1]
+
+    @property
+    def waste(self) -> float:
+        """Flat pixels computed (whole blocks of 32) per output pixel."""
+        hq, wq = self.flat
+        return cdiv(self.N * hq * wq, 32) * 32 / (self.N * self.OH * self.OW)
+
+
+def use_amx_direct(plan: KernelPlan, m: Machine) -> ConvAmxDetail | None:
+    """The detail of plan's conv2d on this kernel (the module docstring's rule), or None."""
+    if plan.wanted_precision != "bf16" or gemm_bf16_path(m) != "amx_bf16" or not bf16_pays(m, "amx_bf16"):
+        return None
+    force = os.environ.get("EQFUSE_CONV_AMX", "").strip()
+    if force == "0":
+        return None
+    body, a = plan.body, plan.shape.anchor
+    cv = body.nodes[a]
+    if tuple(cv.type.shape) != tuple(plan.out_shape) or plan.in_strides or cv.attr.get("group", 1) != 1:
+        return None  # (an epilogue that broadcasts, inputs read through views; grouped: conv_grouped)
+    g = conv_geometry(plan, a)
+    if g.dilation != (1, 1):
+        return None
+    O = cv.type.shape[1]
+    macs = g.N * O * g.OH * g.OW * g.C * g.KH * g.KW
+    d = ConvAmxDetail(**asdict(g), O=O, parallel=parallel(g.N * g.OH * g.OW, O, g.C * g.KH * g.KW, 1),
+                      region_chunks=region_chunks(macs))
+    if force != "1" and (d.waste > MAX_WASTE or g.C < (MIN_C if g.stride == (1, 1) else MIN_C_STRIDED)):
+        return None
+    d = replace(d, kcb=k_slice(d.KH * d.KW * d.cp // 32, m))
+    if os.environ.get("EQFUSE_CONV_AMX_TILE"):  # "KCB,G": a slice and group forced, to measure others
+        kcb, group = (int(t) for t in os.environ["EQFUSE_CONV_AMX_TILE"].split(","))
+        d = replace(d, kcb=max(1, kcb), group=max(1, group))
+    return d
+
+
+def k_slice(nkb: int, m: Machine) -> int:
+    """K blocks per slice: a slice's A tiles (32 rows x 32 bf16 = 2 KiB a block) in half of L1,
+    where each pixel block of a group reads them again, and the C tiles of the group and the B
+    tiles streaming from L2 take the rest; nkb blocks cut into equal slices."""
+    top = max(1, m.l1 // 2 // 2048)
+    return cdiv(nkb, cdiv(nkb, top))
+
+
+def plan_conv_amx(plan: KernelPlan, m: Machine) -> bool:
+    """Plan plan's conv2d on this kernel when `use_amx_direct` takes it; else plan nothing."""
+    d = use_amx_direct(plan, m)
+    if d is None:
+        return False
+    body, a = plan.body, plan.shape.anchor
+    cv = body.nodes[a]
+    plan.detail = d
+    plan.precision, plan.precision_path, plan.precision_note = "bf16", "amx_bf16", ""
+    (qh, qw), (hq, wq) = d.phases, d.flat
+    npb, nob, nkb = cdiv(d.N * hq * wq, 32), cdiv(d.O, 32), d.KH * d.KW * d.cp // 32
+    plan.tiles = {"kcb": d.kcb, "g": d.group}  # (constants of the C)
+    plan.flops = 2 * d.N * d.O * d.OH * d.OW * d.C * d.KH * d.KW + pointwise_flops(body)
+    block_a = 32 * nkb * 32 * 2
+    plan.cache_check = (f"a channel block's A tiles 32 x {nkb * 32} bf16 = {block_a} B (read by each of its pixel "
+                        f"blocks) <= L2 {m.l2} B: {'ok' if block_a <= m.l2 else 'NO'}")
+    plan.threads = (f"the copy's rows, then the {nob} channel blocks x {npb} pixel blocks (channel blocks "
+                    f"outermost), {REGIONS}" if d.parallel else "one thread, no parallel region")
+    epi = ops_text(body, skip={a} | set(cv.args))
+    plan.uops = [
+        UOp(0, "Exec", f"weights to A tiles [{2 * nob}][{nkb}][16][32] bf16, K tap-major in blocks of 32 channels "
+                       "(once when bound by params=)", 1),
+        UOp(0, "Load", f"input to a copy of bf16 K-pairs [{d.cp // 2}][{qh}][{qw}][{d.N} x {hq} x {wq}], each stride "
+                       "phase's pixels flat, zero padded", d.cp // 2 * qh * qw * d.N * hq),
+        UOp(0, "Loop", f"{nob} blocks of 32 output channels x {npb} blocks of 32 flat pixels "
+                       f"({d.waste:.2f} computed per output pixel)", nob * npb),
+        UOp(1, "Exec", f"2 x 2 C tiles over {nkb} K blocks: per block 2 A tiles, 2 B tiles loaded from the copy at "
+                       "the tap's offset, 4 tdpbf16ps (AMX-BF16)", nob * npb * nkb),
+        UOp(1, "Store", f"tile through the epilogue ({epi or 'none'}) into NCHW, the output pixels only", nob * npb)]
+    return True
+
+
+def emit_conv_amx(plan: KernelPlan) -> str:
+    body, a, d = plan.body, plan.shape.anchor, plan.detail
+    cv = body.nodes[a]
+    params, ptrs = kernel_params(plan)
+    expr, decls = epilogue_c(plan)
+    return render("conv_amx.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
+                  WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
+                  CHUNKS=d.region_chunks, KCB=d.kcb, G=d.group, EPILOGUE=" ".join(expr.split("\n")), O=d.O, CP=d.cp, **d.shape_c("DH", "DW"),
+                  **param_job(params))
