@@ -484,11 +484,9 @@ def check_amx_direct_convs(emulate: bool, seed: int) -> None:
         assert y.shape == ref.shape and np.all(np.abs(y - ref) <= bound), (i, float(np.max(np.abs(y - ref) - bound)))
 
 
-@pytest.mark.heavy  # (the emulated tiles' time)
-def test_emulated_amx_direct_convs_are_within_the_bf16_bound():
-    check_amx_direct_convs(emulate=True, seed=7)
-
-
-@pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)")
-def test_amx_direct_convs_on_the_hardware_are_within_the_bf16_bound():
-    check_amx_direct_convs(emulate=False, seed=8)
+@pytest.mark.parametrize("emulate", [
+    pytest.param(True, id="emulated", marks=pytest.mark.heavy),  # (the emulated tiles' time)
+    pytest.param(False, id="hardware", marks=pytest.mark.skipif(
+        not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)"))])
+def test_amx_direct_convs_are_within_the_bf16_bound(emulate):
+    check_amx_direct_convs(emulate=emulate, seed=7 if emulate else 8)
