@@ -79,7 +79,7 @@ class ConvAmxDetail(ConvGeometry):
     def waste(self) -> float:
         """Flat pixels computed (whole blocks of 32) per output pixel."""
         hq, wq = self.flat
-        return cdiv(self.N * hq * wq, 32) * 32 / (self.N * self.OH * self.OW)
+        return round(cdiv(self.N * hq * wq, 32) * 32 / (self.N * self.OH * self.OW), 3)
 
 
 def use_amx_direct(plan: KernelPlan, m: Machine) -> ConvAmxDetail | None:
@@ -130,9 +130,9 @@ def plan_conv_amx(plan: KernelPlan, m: Machine) -> bool:
     npb, nob, nkb = cdiv(d.N * hq * wq, 32), cdiv(d.O, 32), d.KH * d.KW * d.cp // 32
     plan.tiles = {"kcb": d.kcb, "g": d.group}  # (constants of the C)
     plan.flops = 2 * d.N * d.O * d.OH * d.OW * d.C * d.KH * d.KW + pointwise_flops(body)
-    block_a = 32 * nkb * 32 * 2
-    plan.cache_check = (f"a channel block's A tiles 32 x {nkb * 32} bf16 = {block_a} B (read by each of its pixel "
-                        f"blocks) <= L2 {m.l2} B: {'ok' if block_a <= m.l2 else 'NO'}")
+    slice_a = 32 * d.kcb * 32 * 2
+    plan.cache_check = (f"a K slice's A tiles 32 x {d.kcb * 32} bf16 = {slice_a} B (read by each pixel block of a "
+                        f"group of {d.group}) <= L1 / 2 {m.l1 // 2} B: {'ok' if slice_a <= m.l1 // 2 else 'NO'}")
     plan.threads = (f"the copy's rows, then the {nob} channel blocks x {npb} pixel blocks (channel blocks "
                     f"outermost), {REGIONS}" if d.parallel else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
