@@ -3,6 +3,7 @@
 #define {{NAME}}_CHUNKS {{CHUNKS}} /* the plan's region_chunks: equal ranges of the tiles' loop on the pool */
 #define {{NAME}}_KCB {{KCB}} /* the plan's kcb: K blocks of 32 per slice (A tiles in L1) */
 #define {{NAME}}_G {{G}} /* the plan's group: items of a channel block that share a slice's A tiles */
+#define {{NAME}}_FOLD {{FOLD}} /* the plan's fold: the kernel's columns folded into the copy's channels */
 /* {{NAME}}: conv2d on AMX-BF16 tiles read straight from the input (eqfuse.backend.kinds.contraction.conv_amx),
  * {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}}, padding {{PH}}x{{PW}}
  * -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out), the epilogue fused into the store.
@@ -11,7 +12,7 @@
  * no column matrix and no packed panels: a B tile (16 K-pairs x 16 pixels, 64 bytes a row) is
  * loaded by tileloadd from a copy of the input in which those 16 rows are 16 pairs of channels
  * and the 16 pixels of a row are consecutive for every tap.
- * - The copy xq[C2][QH][QW][PHASE] of K-pairs (two channels' bf16 in one 32-bit word, the even
+ * - The copy xq[K2][QH][QW][PHASE] of K-pairs (two channels' bf16 in one 32-bit word, the even
  *   channel low), one phase plane per (row, column) phase of the stride, QH x QW of them (stride 1:
  *   one). Phase (qh, qw) holds padded pixel (r SH + qh, q SW + qw) at r WQ + q, the images one
  *   after the other (IMG = HQ x WQ pairs each), zero outside the image and past the last image.
@@ -19,9 +20,13 @@
  *   reads phase (kh % SH, kw % SW) at f + (kh / SH) WQ + kw / SW: one offset per tap, so 16
  *   consecutive flat pixels are 16 consecutive pairs. The flat pixels with ow >= OW (or oh >= OH)
  *   are computed and dropped: (HQ x WQ) / (OH x OW) - 1 of the work, bounded by the plan.
- * - The weights as A tiles, [O / 16][NKB][16][32] bf16, K in blocks of 32 channels of one tap
- *   (tap-major: NKB = KH KW CP / 32); channels past C and rows past O zero. Made once when bound
- *   by params= ({{NAME}}_prepack), else at each call.
+ * - FOLD (few input channels): the copy's channels are the (kernel column kw, input channel c)
+ *   pairs, kc = kw C + c, each holding pixel (r SH + qh, q SW + kw) at r WQ + q with WQ = OW: the
+ *   columns of the window are in K, a tap is a kernel row (NT = KH offsets, one column phase),
+ *   and a K block of 32 holds all of a row's KW x C products where C x KW <= 32 (a stem's 7 x 3).
+ * - The weights as A tiles, [O / 16][NKB][16][32] bf16, K in blocks of 32 copy channels of one
+ *   tap (tap-major: NKB = NT KCP / 32); channels past KC and rows past O zero. Made once when
+ *   bound by params= ({{NAME}}_prepack), else at each call.
  * The register tile: 2 x 2 C tiles, 32 output channels x 32 flat pixels (tiles 0-3), A tiles 4-5,
  * B tiles 6-7, over the NKB blocks; then the tile through the epilogue into NCHW, the flat pixels
  * that are output pixels only. The threads share the (channel block, pixel block) items, channel
@@ -35,12 +40,13 @@
 #endif
 #define {{NAME}}_DIMS                                                                              \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}}, \
-           OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}},                               \
-           QH = KH < SH ? KH : SH, QW = KW < SW ? KW : SW /* the phases some tap reads */,             \
-           HQ = OH + (KH - 1) / SH, WQ = OW + (KW - 1) / SW /* a phase's rows and columns per image */,  \
-           CP = {{CP}} /* C padded to whole K blocks of 32 */, C2 = CP / 2, CB = CP / 32,             \
-           NKB = KH * KW * CB, NOB = (O + 31) / 32, IMG = HQ * WQ, F = N * IMG, NPB = (F + 31) / 32,     \
-           REACH = (KH - 1) / SH * WQ + (KW - 1) / SW /* the farthest tap's offset */,                 \
+           OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, FOLD = {{NAME}}_FOLD,          \
+           QH = KH < SH ? KH : SH, QW = FOLD ? 1 : (KW < SW ? KW : SW) /* the phases some tap reads */, \
+           HQ = OH + (KH - 1) / SH, WQ = FOLD ? OW : OW + (KW - 1) / SW /* a phase's rows, columns */,   \
+           KC = FOLD ? KW * C : C /* the copy's channels */, NT = FOLD ? KH : KH * KW /* taps */,       \
+           KCP = {{KCP}} /* KC padded to whole K blocks of 32 */, K2 = KCP / 2, CB = KCP / 32,           \
+           NKB = NT * CB, NOB = (O + 31) / 32, IMG = HQ * WQ, F = N * IMG, NPB = (F + 31) / 32,          \
+           REACH = (KH - 1) / SH * WQ + (FOLD ? 0 : (KW - 1) / SW) /* the farthest tap's offset */,      \
            PHASE = (NPB * 32 + REACH + 15) / 16 * 16 /* a phase plane's pairs: the last block's reads */ }
 
 long {{NAME}}_prepack_floats(void)
@@ -49,19 +55,20 @@ long {{NAME}}_prepack_floats(void)
     return (long)NOB * 32 * NKB * 32 / 2; /* (bf16: halves) */
 }
 
-/* OIHW weights -> A tiles [2 NOB][NKB][16][32], block kb = tap x CB + channel block, rounded to bf16 */
+/* OIHW weights -> A tiles [2 NOB][NKB][16][32], block kb = tap x CB + block of copy channels, rounded to bf16 */
 void {{NAME}}_prepack(const float* restrict wt, float* restrict wf)
 {
     {{NAME}}_DIMS;
     uint16_t* restrict wp = (uint16_t*)wf;
     for (long o16 = 0; o16 < 2 * NOB; o16++)
         for (long kb = 0; kb < NKB; kb++) {
-            const long tap = kb / CB, cb = kb % CB, kh = tap / KW, kw = tap % KW;
+            const long tap = kb / CB, cb = kb % CB;
             for (long r = 0; r < 16; r++)
                 for (long e = 0; e < 32; e++) {
-                    const long o = o16 * 16 + r, c = cb * 32 + e;
+                    const long o = o16 * 16 + r, kc = cb * 32 + e;
+                    const long kh = FOLD ? tap : tap / KW, kw = FOLD ? kc / C : tap % KW, c = FOLD ? kc % C : kc;
                     wp[((o16 * NKB + kb) * 16 + r) * 32 + e] =
-                        eqf_bf16(o < O && c < C ? wt[((o * C + c) * KH + kh) * KW + kw] : 0.0f);
+                        eqf_bf16(o < O && kc < KC ? wt[((o * C + c) * KH + kh) * KW + kw] : 0.0f);
                 }
         }
 }
@@ -72,22 +79,29 @@ typedef struct {
     const uint16_t* wq;  /* the A tiles */
 } {{NAME}}_job;
 
-#if defined(__AVX512BF16__)
-/* n (at most 16) input floats from s at the stride SW (1 or 2), the lanes past n zero: no read past them */
-static inline __m512 {{NAME}}_row16(const float* restrict s, long n)
+/* the lanes l of 16 from q whose q + l lies in [a, b) */
+static inline uint32_t {{NAME}}_lanes(long q, long a, long b)
+{
+    const long lo = a - q > 0 ? a - q : 0, hi = b - q < 16 ? b - q : 16;
+    return hi <= lo ? 0u : ((1u << hi) - 1u) & ~((1u << lo) - 1u);
+}
+
+#if defined(__AVX512BF16__) && defined(__BMI2__)
+/* the floats s[l SW] of the lanes l in m (SW 1 or 2), the others zero: no read outside them */
+static inline __m512 {{NAME}}_row16(const float* restrict s, uint32_t m)
 {
     {{NAME}}_DIMS;
     if (SW == 1)
-        return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), s);
-    const long m = 2 * n - 1; /* floats spanned */
-    const __m512 a = _mm512_maskz_loadu_ps((__mmask16)((1u << (m < 16 ? m : 16)) - 1u), s);
-    const __m512 b = m > 16 ? _mm512_maskz_loadu_ps((__mmask16)((1u << (m - 16)) - 1u), s + 16) : _mm512_setzero_ps();
+        return _mm512_maskz_loadu_ps((__mmask16)m, s);
+    const uint32_t even = _pdep_u32(m, 0x55555555u); /* lane l's float at 2 l */
+    const __m512 a = _mm512_maskz_loadu_ps((__mmask16)even, s), b = _mm512_maskz_loadu_ps((__mmask16)(even >> 16), s + 16);
     return _mm512_permutex2var_ps(a, _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0), b);
 }
 #endif
 
-/* Rows (c2, qh, qw, n, r) of the copy: WQ pairs each, the K-pair of channels 2 c2 and 2 c2 + 1 at
- * padded row r SH + qh, columns q SW + qw; the last row of a phase plane zeroes its tail too. */
+/* Rows (k2, qh, qw, n, r) of the copy: WQ pairs each, the K-pair of copy channels 2 k2 and
+ * 2 k2 + 1 at padded row r SH + qh, column q SW + qw (FOLD: q SW + the channel's kw); zero where
+ * that lies outside the image; the last row of a phase plane zeroes its tail too. */
 static void {{NAME}}_copy_rows(void* job, long lo, long hi)
 {
     {{NAME}}_DIMS;
@@ -97,39 +111,41 @@ static void {{NAME}}_copy_rows(void* job, long lo, long hi)
     uint32_t* restrict xq = jb->xq;
     for (long row = lo; row < hi; row++) {
         const long r = row % HQ, n = row / HQ % N, pl = row / HQ / N;
-        const long qw = pl % QW, qh = pl / QW % QH, c2 = pl / QW / QH;
-        uint32_t* restrict phase = xq + c2 * (long)QH * QW * PHASE + (qh * QW + qw) * (long)PHASE;
+        const long qw = pl % QW, qh = pl / QW % QH, k2 = pl / QW / QH;
+        uint32_t* restrict phase = xq + k2 * (long)QH * QW * PHASE + (qh * QW + qw) * (long)PHASE;
         uint32_t* restrict dst = phase + n * (long)IMG + r * WQ;
-        const long ih = r * SH + qh - PH, c0 = 2 * c2;
-        /* the columns q whose iw = q SW + qw - PW lies in [0, W): [q0, q1) */
-        const long q0 = PW - qw <= 0 ? 0 : (PW - qw + SW - 1) / SW;
-        long q1 = W - 1 + PW - qw < 0 ? 0 : (W - 1 + PW - qw) / SW + 1;
-        q1 = q1 < WQ ? q1 : WQ;
-        if (ih < 0 || ih >= H || c0 >= C || q0 >= q1) {
-            memset(dst, 0, sizeof(uint32_t) * WQ);
-        } else {
-            const float* restrict s0 = x + ((n * C + c0) * H + ih) * (long)W + qw - PW;
-            const float* restrict s1 = c0 + 1 < C ? s0 + (long)H * W : NULL;
-            memset(dst, 0, sizeof(uint32_t) * q0);
-            long q = q0;
-#if defined(__AVX512BF16__)
-            if (SW <= 2) { /* 16 pairs a step: both rows rounded by one vcvtne2ps2bf16, interleaved */
-                const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-                for (; q < q1; q += 16) {
-                    const long n16 = q1 - q < 16 ? q1 - q : 16;
-                    const __m512 lo = {{NAME}}_row16(s0 + q * SW, n16), hi = s1 ? {{NAME}}_row16(s1 + q * SW, n16)
-                                                                               : _mm512_setzero_ps();
-                    const __m512i v = _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-                    _mm512_mask_storeu_epi32((void*)(dst + q), (__mmask16)((1u << n16) - 1u), v);
-                }
+        const long ih = r * SH + qh - PH;
+        /* each half h: its input row (s[h], read at q SW + col[h]) and the columns q it reads inside the image */
+        const float* s[2] = {x, x};
+        long col[2] = {0, 0}, qa[2] = {0, 0}, qb[2] = {0, 0};
+        for (int h = 0; h < 2; h++) {
+            const long kc = 2 * k2 + h;
+            if (kc >= KC || ih < 0 || ih >= H)
+                continue;
+            const long c = FOLD ? kc % C : kc;
+            col[h] = (FOLD ? kc / C : qw) - PW;
+            s[h] = x + ((n * C + c) * H + ih) * (long)W;
+            qa[h] = col[h] >= 0 ? 0 : (SW - 1 - col[h]) / SW;
+            const long b = W - 1 - col[h] < 0 ? 0 : (W - 1 - col[h]) / SW + 1;
+            qb[h] = b < WQ ? b : WQ;
+        }
+        long q = 0;
+#if defined(__AVX512BF16__) && defined(__BMI2__)
+        if (SW <= 2) { /* 16 pairs a step: both halves rounded by one vcvtne2ps2bf16, interleaved */
+            const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                   23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+            for (; q < WQ; q += 16) {
+                const uint32_t m0 = {{NAME}}_lanes(q, qa[0], qb[0]), m1 = {{NAME}}_lanes(q, qa[1], qb[1]);
+                const __m512 v0 = {{NAME}}_row16(s[0] + q * SW + col[0], m0), v1 = {{NAME}}_row16(s[1] + q * SW + col[1], m1);
+                const __m512i v = _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+                _mm512_mask_storeu_epi32((void*)(dst + q), (__mmask16)(WQ - q < 16 ? (1u << (WQ - q)) - 1u : 0xffffu), v);
             }
+        }
 #endif
-            for (; q < q1; q++) {
-                const uint32_t lo16 = eqf_bf16(s0[q * SW]), hi16 = s1 ? eqf_bf16(s1[q * SW]) : 0;
-                dst[q] = lo16 | hi16 << 16;
-            }
-            memset(dst + q1, 0, sizeof(uint32_t) * (WQ - q1));
+        for (; q < WQ; q++) {
+            const uint32_t v0 = q >= qa[0] && q < qb[0] ? eqf_bf16(s[0][q * SW + col[0]]) : 0;
+            const uint32_t v1 = q >= qa[1] && q < qb[1] ? eqf_bf16(s[1][q * SW + col[1]]) : 0;
+            dst[q] = v0 | v1 << 16;
         }
         if (n == N - 1 && r == HQ - 1) /* past the last image: the blocks' reads beyond F are zeros */
             memset(phase + F, 0, sizeof(uint32_t) * (PHASE - F));
@@ -191,10 +207,11 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
     const uint32_t* restrict xq = jb->xq;
     const uint16_t* restrict wq = jb->wq;
     const long plane = (long)QH * QW * PHASE; /* a K-pair's pairs: the B tiles' row stride */
-    long off[KH * KW];                        /* each tap's offset from its output pixel */
-    for (long kh = 0; kh < KH; kh++)
-        for (long kw = 0; kw < KW; kw++)
-            off[kh * KW + kw] = (kh % SH * QW + kw % SW) * (long)PHASE + kh / SH * WQ + kw / SW;
+    long off[NT]; /* each tap's offset from its output pixel (FOLD: a kernel row's) */
+    for (long t = 0; t < NT; t++) {
+        const long kh = FOLD ? t : t / KW, kw = FOLD ? 0 : t % KW;
+        off[t] = (kh % SH * QW + kw % SW) * (long)PHASE + kh / SH * WQ + kw / SW;
+    }
     float tiles[2][32 * 32] __attribute__((aligned(64)));
     float part[G][32 * 32] __attribute__((aligned(64)));
     {{NAME}}_run runs[32 / WQ + 3];
@@ -264,7 +281,7 @@ void {{NAME}}({{PARAMS}})
         eqf_fail_note(EQF_NO_AMX);
         return;
     }
-    uint32_t* xq = (uint32_t*)eqf_scratch(EQF_SCRATCH_CONV_COL, (long)C2 * QH * QW * PHASE);
+    uint32_t* xq = (uint32_t*)eqf_scratch(EQF_SCRATCH_CONV_COL, (long)K2 * QH * QW * PHASE);
 #if {{NAME}}_PREPACKED
     const uint16_t* wq = (const uint16_t*){{WEIGHTS}}; /* the A tiles {{NAME}}_prepack made once */
 #else
@@ -280,6 +297,6 @@ void {{NAME}}({{PARAMS}})
     /* two parallel loops on the claim-based pool (common_pool.h), one after the other: the copy
      * (by row), the tiles */
     {{NAME}}_job job = { {{PARAM_INIT}}, xq, wq };
-    eqf_region((long)C2 * QH * QW * N * HQ, {{NAME}}_copy_rows, &job, {{NAME}}_PARALLEL);
+    eqf_region((long)K2 * QH * QW * N * HQ, {{NAME}}_copy_rows, &job, {{NAME}}_PARALLEL);
     eqf_region_n((long)NOB * NPB, {{NAME}}_tiles, &job, {{NAME}}_PARALLEL, {{NAME}}_CHUNKS);
 }

@@ -307,20 +307,21 @@ def test_the_bf16_dot_table_reads_the_vendor(monkeypatch):
     assert machine.bf16_peak_ratio(machine.MODELS["zen4"], "avx512_bf16") == 2.0
 
 
-# convs on AMX tiles, their B packed from the image (plan_gemm.implicit_im2col): rows that end
+# convs on AMX tiles, their B packed from the image (plan_gemm.implicit_im2col), those the direct
+# AMX conv leaves (conv_amx: too few channels to fill its K blocks, a dilation): rows that end
 # inside a 16-lane group (OW 11), a stride-2 stem (the gather), a dilated window, two images
 CONVS = """
-graph convs(x1: f32[2, 5, 13, 11], w1: f32[33, 5, 3, 3], x2: f32[1, 3, 23, 23], w2: f32[16, 3, 7, 7],
+graph convs(x1: f32[2, 5, 13, 11], w1: f32[33, 5, 3, 3], x2: f32[1, 3, 23, 23], w2: f32[16, 3, 5, 5],
             x3: f32[1, 4, 12, 12], w3: f32[20, 4, 3, 3]) {
     y1 = relu(conv2d(x1, w1, stride=1, padding=1))
-    y2 = relu(conv2d(x2, w2, stride=2, padding=3))
+    y2 = relu(conv2d(x2, w2, stride=2, padding=2))
     y3 = relu(conv2d(x3, w3, stride=1, padding=2, dilation=2))
     return y1, y2, y3
 }
 """
-CONV_SHAPES = {"x1": (2, 5, 13, 11), "w1": (33, 5, 3, 3), "x2": (1, 3, 23, 23), "w2": (16, 3, 7, 7),
+CONV_SHAPES = {"x1": (2, 5, 13, 11), "w1": (33, 5, 3, 3), "x2": (1, 3, 23, 23), "w2": (16, 3, 5, 5),
                "x3": (1, 4, 12, 12), "w3": (20, 4, 3, 3)}
-CONV_GEOMETRY = [("x1", "w1", 1, 1, 1), ("x2", "w2", 2, 3, 1), ("x3", "w3", 1, 2, 2)]  # (stride, padding, dilation)
+CONV_GEOMETRY = [("x1", "w1", 1, 1, 1), ("x2", "w2", 2, 2, 1), ("x3", "w3", 1, 2, 2)]  # (stride, padding, dilation)
 
 
 def conv64(x, w, stride, padding, dilation):
@@ -358,24 +359,29 @@ def check_implicit_convs(emulate: bool, seed: int) -> None:
 
 
 def test_a_conv_on_amx_reads_its_tiles_from_the_input_where_the_shapes_suit_them():
-    """On a machine with AMX, a bf16 conv of at least 16 input channels (32 at a stride) is the
-    direct conv on tiles (conv_amx), whatever its map (a 2 x 2 one too, whose f32 direct conv was
-    slower); one of fewer channels is the GEMM packing from the image, or, with fewer output
-    pixels than channels, the f32 direct conv (conv.plan_conv_direct)."""
+    """On a machine with AMX, a bf16 conv whose copy channels fill K blocks of 32 well enough
+    (conv_amx.MAX_K_PAD; less padding at a stride) is the direct conv on tiles (conv_amx), whatever
+    its map (a 2 x 2 one too, whose f32 direct conv was slower), the kernel's columns folded into
+    the channels where a kernel row fits a block; a conv of 3 channels and a 3x3 window (9 of 32)
+    is the GEMM packing from the image, or, with fewer output pixels than channels, the f32 direct
+    conv (conv.plan_conv_direct)."""
     src = ("graph g(x: f32[1, 16, 12, 12], w: f32[32, 16, 3, 3], y: f32[2, 64, 2, 2], v: f32[64, 64, 3, 3],\n"
-           "        a: f32[1, 8, 12, 12], b: f32[32, 8, 3, 3], c: f32[1, 8, 4, 4], d: f32[64, 8, 3, 3],\n"
-           "        e: f32[1, 16, 12, 12], f: f32[32, 16, 3, 3]) {\n"
+           "        a: f32[1, 3, 12, 12], b: f32[32, 3, 3, 3], c: f32[1, 3, 4, 4], d: f32[64, 3, 3, 3],\n"
+           "        e: f32[1, 16, 12, 12], f: f32[32, 16, 1, 1], g: f32[1, 8, 12, 12], h: f32[32, 8, 3, 3]) {\n"
            "    return conv2d(x, w, padding=1), conv2d(y, v, padding=1), conv2d(a, b, padding=1), conv2d(c, d, padding=1),\n"
-           "           conv2d(e, f, stride=2, padding=1)\n}")
+           "           conv2d(e, f, stride=2), conv2d(g, h, stride=2, padding=1)\n}")
     with machine.pinned(machine.MODELS["xeon-spr"], clamp=False):
         _, _, plans = lower(load(src)[0], {}, precision="bf16")
-    kinds = [(type(p.detail).__name__, p.precision_path) for p in plans if p.kind == "conv2d"]
-    assert kinds == [("ConvAmxDetail", "amx_bf16"), ("ConvAmxDetail", "amx_bf16"), ("GemmDetail", "amx_bf16"),
-                     ("ConvDirectDetail", "f32"), ("GemmDetail", "amx_bf16")]
-    small = [p for p in plans if p.kind == "conv2d"][3]
-    assert small.precision_note == SLOW_DOT_F32
-    amx = [p for p in plans if p.kind == "conv2d"][1]
-    assert amx.detail.waste == 4.0 and amx.detail.flat == (4, 4) and amx.detail.cp == 64
+    convs = [p for p in plans if p.kind == "conv2d"]
+    assert [(type(p.detail).__name__, p.precision_path) for p in convs] == [
+        ("ConvAmxDetail", "amx_bf16"), ("ConvAmxDetail", "amx_bf16"), ("GemmDetail", "amx_bf16"),
+        ("ConvDirectDetail", "f32"), ("GemmDetail", "amx_bf16"),  # (a 1x1 of 16 channels at stride 2: 16 of 32)
+        ("ConvAmxDetail", "amx_bf16")]
+    assert convs[3].precision_note == SLOW_DOT_F32
+    c16, amx, folded = convs[0].detail, convs[1].detail, convs[5].detail
+    assert (c16.fold, c16.kc, c16.kcp, c16.taps, c16.flat) == (False, 16, 32, 9, (14, 14))
+    assert (amx.fold, amx.waste, amx.flat, amx.kcp, amx.taps) == (False, 4.0, (4, 4), 64, 9)
+    assert (folded.fold, folded.kc, folded.kcp, folded.taps, folded.phases, folded.flat) == (True, 24, 32, 3, (2, 1), (7, 6))
 
 
 @pytest.mark.heavy  # (the emulated tiles' time)
@@ -433,22 +439,28 @@ def test_amx_row_epilogues_on_the_hardware_run_on_whole_rows():
 # each stride phase's pixels flat over a padded width. Two images with a bias and a residual in
 # the epilogue and 48 output channels (a channel block half empty); 40 channels (padded to a K
 # block of 64) at stride 2 (four phase planes); a 1x1 conv at stride 2 (one phase); 2 x 2 maps of
-# 64 channels (the flat pixels 4 times the output's). The emulated run pins an L1 of 16 KiB: K in
-# slices of 4 blocks, the C tiles kept between them (conv_amx.k_slice).
+# 64 channels (the flat pixels 4 times the output's); with the kernel's columns folded into the
+# copy's channels (conv_amx.folds), a 7x7 stem of 3 channels at stride 2 and an 8-channel 3x3 conv
+# of two images at stride 2 (24 copy channels of a K block of 32). The emulated
+# run pins an L1 of 16 KiB: K in slices of 4 blocks, the C tiles kept between them (conv_amx.k_slice).
 AMX_CONVS = """
 graph convs(x1: f32[2, 64, 13, 11], w1: f32[48, 64, 3, 3], b1: f32[48], r1: f32[2, 48, 13, 11],
             x2: f32[1, 40, 23, 23], w2: f32[32, 40, 3, 3], x3: f32[1, 32, 12, 12], w3: f32[64, 32, 1, 1],
-            x4: f32[2, 64, 2, 2], w4: f32[64, 64, 3, 3]) {
+            x4: f32[2, 64, 2, 2], w4: f32[64, 64, 3, 3], x5: f32[1, 3, 29, 29], w5: f32[16, 3, 7, 7],
+            x6: f32[2, 8, 9, 10], w6: f32[24, 8, 3, 3]) {
     y1 = relu(conv2d(x1, w1, b1, stride=1, padding=1) + r1)
     y2 = relu(conv2d(x2, w2, stride=2, padding=1))
     y3 = conv2d(x3, w3, stride=2, padding=0)
     y4 = conv2d(x4, w4, stride=1, padding=1)
-    return y1, y2, y3, y4
+    y5 = relu(conv2d(x5, w5, stride=2, padding=3))
+    y6 = conv2d(x6, w6, stride=2, padding=1)
+    return y1, y2, y3, y4, y5, y6
 }
 """
 AMX_CONV_SHAPES = {"x1": (2, 64, 13, 11), "w1": (48, 64, 3, 3), "b1": (48,), "r1": (2, 48, 13, 11),
                    "x2": (1, 40, 23, 23), "w2": (32, 40, 3, 3), "x3": (1, 32, 12, 12), "w3": (64, 32, 1, 1),
-                   "x4": (2, 64, 2, 2), "w4": (64, 64, 3, 3)}
+                   "x4": (2, 64, 2, 2), "w4": (64, 64, 3, 3), "x5": (1, 3, 29, 29), "w5": (16, 3, 7, 7),
+                   "x6": (2, 8, 9, 10), "w6": (24, 8, 3, 3)}
 
 
 def check_amx_direct_convs(emulate: bool, seed: int) -> None:
@@ -467,19 +479,20 @@ def check_amx_direct_convs(emulate: bool, seed: int) -> None:
             mod = eqfuse.compile(AMX_CONVS, precision="bf16", params={"w1": a["w1"]})
             ys = mod(*[a[k] for k in AMX_CONV_SHAPES if k != "w1"])
     plans = [p for p in mod.default.last.plans if p.kind == "conv2d"]
-    assert [(type(p.detail).__name__, p.precision_path) for p in plans] == [("ConvAmxDetail", "amx_bf16")] * 4
+    assert [(type(p.detail).__name__, p.precision_path) for p in plans] == [("ConvAmxDetail", "amx_bf16")] * 6
+    assert [p.detail.fold for p in plans] == [False] * 4 + [True] * 2
     assert plans[0].detail.prepack is not None and mod.report["precision"][plans[0].name]["path"] == "amx_bf16"
     if emulate:
         assert plans[0].detail.kcb == 4 < plans[0].detail.KH * plans[0].detail.KW * 2  # (K in slices)
     for i, (y, (x, w, s, p)) in enumerate(zip(ys, [("x1", "w1", 1, 1), ("x2", "w2", 2, 1), ("x3", "w3", 2, 0),
-                                                  ("x4", "w4", 1, 1)])):
+                                                  ("x4", "w4", 1, 1), ("x5", "w5", 2, 3), ("x6", "w6", 2, 1)])):
         ref, mag = conv64(a[x], a[w], s, p, 1), conv64(np.abs(a[x]), np.abs(a[w]), s, p, 1)
         K = np.prod(a[w].shape[1:])
         bound = (2 * U + U * U + 1.01 * K * EPS) * mag
         if i == 0:
             extra = a["b1"][None, :, None, None] + a["r1"]
             ref, bound = ref + extra, bound + 2 * EPS * (np.abs(ref) + np.abs(extra))
-        if i < 2:
+        if i in (0, 1, 4):
             ref = np.maximum(ref, 0)
         assert y.shape == ref.shape and np.all(np.abs(y - ref) <= bound), (i, float(np.max(np.abs(y - ref) - bound)))
 

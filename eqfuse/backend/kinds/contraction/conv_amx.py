@@ -10,12 +10,16 @@ tileloadd at the same offset for every tap. The weights become A tiles once (tap
 price is the flat pixels past each row's end (WQ - OW of each WQ, and the rows past OH of each
 image), computed and dropped: `waste`, at most MAX_WASTE.
 
+Where a kernel row's KW x C products fit one K block, the copy's channels are the (kernel
+column, input channel) pairs instead (`folds`): a 7 x 7 stem's 3 channels make 21 of a K block of
+32, one offset per kernel row, where one K block per tap would be 29 zeros in 32.
+
 `use_amx_direct` takes a conv here when the plan asks for bf16 on the AMX path and the shapes
-suit the tiles: no dilation or groups, at least MIN_C input channels (K blocks of 32 channels;
-fewer would be mostly zeros), the waste bounded (MAX_WASTE), NCHW in and out, no views. It
-takes the convs of fewer output pixels than channels too (a ResNet's last stages), which the
-im2col GEMM would run with the column matrix as its rows and which ran as f32 direct convs. EQFUSE_CONV_AMX=0|1
-forces either where it can run.
+suit the tiles: no dilation or groups, the copy's channels padded to K blocks of 32 by at most
+MAX_K_PAD (MAX_K_PAD_STRIDED at a stride), the waste bounded (MAX_WASTE), NCHW in and out, no views. It takes the convs of fewer
+output pixels than channels too (a ResNet's last stages), which the im2col GEMM would run with
+the column matrix as its rows and which ran as f32 direct convs. EQFUSE_CONV_AMX=0|1 forces
+either where it can run.
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ from eqfuse.machine import Machine
 # (`python benchmarks/bench_models.py --precision bf16 --model resnet_stages --model resnet18`,
 # the kernels by eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04).
 MAX_WASTE = 4.0
-# The fewest input channels: K blocks of 32 channels, padded with zeros past C. 16 (half of each
-# block zeros) still paid at stride 1 (ResNet-18's first stage), not at stride 2, whose four phase
-# planes are copied (`python benchmarks/bench_models.py --precision bf16 --model resnet18`, the
-# kernels by eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04).
-MIN_C, MIN_C_STRIDED = 16, 32
+# The most K computed per K of the conv (the copy's channels padded to whole blocks of 32), at
+# stride 1 and at a stride (whose phase planes multiply the copy): a 16-channel 3x3 conv (16 of
+# 32) ran faster here than on the GEMM at stride 1 and slower at stride 2, a 40-channel one (40 of
+# 64) and a folded stem (21 of 32) faster, a folded 3x3 conv of 3 channels (9 of 32) is left to
+# the GEMM (`python benchmarks/bench_models.py --precision bf16 --model resnet18`, the kernels by
+# eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04).
+MAX_K_PAD, MAX_K_PAD_STRIDED = 2.0, 1.6
 # Items per group (conv_amx.c's G): their C tiles, 4 KiB each, kept between K slices beside the slice's A tiles in L1
 GROUP = 4
 
@@ -52,34 +58,55 @@ class ConvAmxDetail(ConvGeometry):
 
     O: int
     parallel: bool
+    fold: bool = False  # the kernel's columns folded into the copy's channels (`folds`)
     kcb: int = 1  # K blocks of 32 per slice: the slice's A tiles in half of L1 (`k_slice`)
     group: int = GROUP  # items of a channel block that share each K slice's A tiles
     region_chunks: int = 64  # equal ranges of the tiles' loop on the claim-based pool (conv.region_chunks)
     prepack: Prepack | None = None  # the weights bound by params=, made into A tiles once (conv.mark_bound)
     blocked_args: tuple[int, ...] = ()  # (the conv epilogue's interface: none read in blocks here)
 
-    DERIVED = ("cp", "phases", "flat", "waste")
+    DERIVED = ("kc", "kcp", "phases", "flat", "waste")
 
     @property
-    def cp(self) -> int:
-        """C padded to whole K blocks of 32 channels."""
-        return cdiv(self.C, 32) * 32
+    def kc(self) -> int:
+        """The copy's channels: C, or with `fold` KW x C (a kernel column and an input channel)."""
+        return self.KW * self.C if self.fold else self.C
+
+    @property
+    def kcp(self) -> int:
+        """kc padded to whole K blocks of 32."""
+        return cdiv(self.kc, 32) * 32
+
+    @property
+    def taps(self) -> int:
+        """The offsets into the copy: KH x KW, or with `fold` KH (a kernel row each)."""
+        return self.KH if self.fold else self.KH * self.KW
 
     @property
     def phases(self) -> tuple[int, int]:
-        """(QH, QW): the stride's row and column phases some tap reads."""
-        return min(self.KH, self.stride[0]), min(self.KW, self.stride[1])
+        """(QH, QW): the stride's row and column phases some tap reads (fold: the copy's columns
+        are each channel's own, one phase)."""
+        return min(self.KH, self.stride[0]), 1 if self.fold else min(self.KW, self.stride[1])
 
     @property
     def flat(self) -> tuple[int, int]:
         """(HQ, WQ): a phase plane's rows and columns per image."""
-        return self.OH + (self.KH - 1) // self.stride[0], self.OW + (self.KW - 1) // self.stride[1]
+        return (self.OH + (self.KH - 1) // self.stride[0],
+                self.OW if self.fold else self.OW + (self.KW - 1) // self.stride[1])
 
     @property
     def waste(self) -> float:
         """Flat pixels computed (whole blocks of 32) per output pixel."""
         hq, wq = self.flat
         return round(cdiv(self.N * hq * wq, 32) * 32 / (self.N * self.OH * self.OW), 3)
+
+
+def folds(C: int, KW: int) -> bool:
+    """Whether the kernel's columns go into the copy's channels (conv_amx.c's FOLD): when a kernel
+    row's KW x C products fit one K block of 32 (a 7 x 7 stem's 21), where one block per tap would
+    be mostly zeros. Not beyond: the copy is KW times the input, and a 16-channel 3x3 conv ran
+    slower folded (48 of 64) than not (16 of 32 per tap) (the MAX_K_PAD benchmark)."""
+    return KW > 1 and KW * C <= 32
 
 
 def use_amx_direct(plan: KernelPlan, m: Machine) -> ConvAmxDetail | None:
@@ -99,10 +126,11 @@ def use_amx_direct(plan: KernelPlan, m: Machine) -> ConvAmxDetail | None:
     O = cv.type.shape[1]
     macs = g.N * O * g.OH * g.OW * g.C * g.KH * g.KW
     d = ConvAmxDetail(**asdict(g), O=O, parallel=parallel(g.N * g.OH * g.OW, O, g.C * g.KH * g.KW, 1),
-                      region_chunks=region_chunks(macs))
-    if force != "1" and (d.waste > MAX_WASTE or g.C < (MIN_C if g.stride == (1, 1) else MIN_C_STRIDED)):
+                      region_chunks=region_chunks(macs), fold=folds(g.C, g.KW))
+    pad = MAX_K_PAD if g.stride == (1, 1) else MAX_K_PAD_STRIDED
+    if force != "1" and (d.waste > MAX_WASTE or d.kcp > pad * d.kc):
         return None
-    d = replace(d, kcb=k_slice(d.KH * d.KW * d.cp // 32, m))
+    d = replace(d, kcb=k_slice(d.taps * d.kcp // 32, m))
     if os.environ.get("EQFUSE_CONV_AMX_TILE"):  # "KCB,G": a slice and group forced, to measure others
         kcb, group = (int(t) for t in os.environ["EQFUSE_CONV_AMX_TILE"].split(","))
         d = replace(d, kcb=max(1, kcb), group=max(1, group))
@@ -127,7 +155,7 @@ def plan_conv_amx(plan: KernelPlan, m: Machine) -> bool:
     plan.detail = d
     plan.precision, plan.precision_path, plan.precision_note = "bf16", "amx_bf16", ""
     (qh, qw), (hq, wq) = d.phases, d.flat
-    npb, nob, nkb = cdiv(d.N * hq * wq, 32), cdiv(d.O, 32), d.KH * d.KW * d.cp // 32
+    npb, nob, nkb = cdiv(d.N * hq * wq, 32), cdiv(d.O, 32), d.taps * d.kcp // 32
     plan.tiles = {"kcb": d.kcb, "g": d.group}  # (constants of the C)
     plan.flops = 2 * d.N * d.O * d.OH * d.OW * d.C * d.KH * d.KW + pointwise_flops(body)
     slice_a = 32 * d.kcb * 32 * 2
@@ -137,10 +165,11 @@ def plan_conv_amx(plan: KernelPlan, m: Machine) -> bool:
                     f"outermost), {REGIONS}" if d.parallel else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
     plan.uops = [
-        UOp(0, "Exec", f"weights to A tiles [{2 * nob}][{nkb}][16][32] bf16, K tap-major in blocks of 32 channels "
-                       "(once when bound by params=)", 1),
-        UOp(0, "Load", f"input to a copy of bf16 K-pairs [{d.cp // 2}][{qh}][{qw}][{d.N} x {hq} x {wq}], each stride "
-                       "phase's pixels flat, zero padded", d.cp // 2 * qh * qw * d.N * hq),
+        UOp(0, "Exec", f"weights to A tiles [{2 * nob}][{nkb}][16][32] bf16, K tap-major in blocks of 32 "
+                       + ("(kernel column, channel) pairs " if d.fold else "channels ") + "(once when bound by params=)", 1),
+        UOp(0, "Load", f"input to a copy of bf16 K-pairs [{d.kcp // 2}][{qh}][{qw}][{d.N} x {hq} x {wq}], each stride "
+                       "phase's pixels flat, zero padded" + (", each kernel column's own (KW x C channels)" if d.fold else ""),
+            d.kcp // 2 * qh * qw * d.N * hq),
         UOp(0, "Loop", f"{nob} blocks of 32 output channels x {npb} blocks of 32 flat pixels "
                        f"({d.waste:.2f} computed per output pixel)", nob * npb),
         UOp(1, "Exec", f"2 x 2 C tiles over {nkb} K blocks: per block 2 A tiles, 2 B tiles loaded from the copy at "
@@ -156,5 +185,6 @@ def emit_conv_amx(plan: KernelPlan) -> str:
     expr, decls = epilogue_c(plan)
     return render("conv_amx.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
-                  CHUNKS=d.region_chunks, KCB=d.kcb, G=d.group, EPILOGUE=" ".join(expr.split("\n")), O=d.O, CP=d.cp, **d.shape_c("DH", "DW"),
+                  CHUNKS=d.region_chunks, KCB=d.kcb, G=d.group, FOLD=int(d.fold), EPILOGUE=" ".join(expr.split("\n")),
+                  O=d.O, KCP=d.kcp, **d.shape_c("DH", "DW"),
                   **param_job(params))
