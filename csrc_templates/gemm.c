@@ -1,6 +1,7 @@
 #define {{NAME}}_PREPACKED_B {{PREPACKED_B}} /* the plan's prepacked_b: B's panels packed once (params=) */
 #define {{NAME}}_SPLIT {{SPLIT}} /* the plan's split: 0 auto, 1 rows, 2 columns (emit_gemm.SPLITS) */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
+#define {{NAME}}_POOL {{POOL}} /* the plan's pool: the column panels shared on the claim-based pool, no OpenMP region */
 #define {{NAME}}_BF16 {{BF16}} /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16, 3 AMX-BF16 */
 #define {{NAME}}_A_TRANSPOSED {{A_TRANSPOSED}} /* the plan's a_transposed: A given as K x M */
 #define {{NAME}}_B_TRANSPOSED {{B_TRANSPOSED}} /* the plan's b_transposed: B given as N x K */
@@ -855,6 +856,45 @@ static int {{NAME}}_split(int nt)
     return nt > 1 && panels >= nt && (2 * M <= N || (M <= N && M <= 64 * {{NAME}}_MR)) ? 2 : 1;
 }
 
+#if {{NAME}}_POOL
+/* POOL (a few rows over prepacked B on AMX tiles, plan_gemm.amx_few_rows): the column panels as
+ * ranges of the claim-based pool (common_pool.h, eqf_region_n), each range all M rows of its own
+ * panels, its A packed once per range and its tiles configured per range: the caller never waits
+ * for a thread that has no core (another runtime's spinning threads), where an OpenMP region of a
+ * few tens of microseconds would. One batch, no row epilogue. */
+#define {{NAME}}_POOL_CHUNKS 8 /* ranges of panels: fewer leave a thread idle, more pack A more often (bench_gemm.py --small) */
+typedef struct {
+    const float* A0;
+    const float* B0;
+    float* C0;
+    {{EXTRA_FIELDS}}
+    int nomem; /* a range could not get its scratch (atomic) */
+} {{NAME}}_pjob;
+
+static void {{NAME}}_panels(void* job, long lo, long hi)
+{
+    {{NAME}}_pjob* jb = job;
+    {{EXTRA_UNPACK}}
+    const long M = {{NAME}}_M, N = {{NAME}}_N, KF = {{NAME}}_KFLOATS, MC = {{NAME}}_MC, NC = {{NAME}}_NC;
+    const long n0 = lo * {{NAME}}_NR, n1 = hi * {{NAME}}_NR < N ? hi * {{NAME}}_NR : N;
+    const long nchunks = (M + MC - 1) / MC;
+    const long mcb = ((M + nchunks - 1) / nchunks + {{NAME}}_MR - 1) / {{NAME}}_MR * {{NAME}}_MR;
+    const long ncb = (NC + {{NAME}}_NR - 1) / {{NAME}}_NR * {{NAME}}_NR;
+    float* ap = eqf_scratch(EQF_SCRATCH_GEMM_A, KF * mcb);
+    if (!ap) {
+        __atomic_store_n(&jb->nomem, 1, __ATOMIC_RELAXED);
+        return;
+    }
+#if {{BF16}} == 3
+    eqf_amx_begin(); /* (per range: the tile configuration is a thread's) */
+#endif
+    {{NAME}}_block(jb->A0, jb->B0, jb->C0, 0, 0, M, nchunks, mcb, n0, n1, ncb, ap, NULL, 0, 0, 1{{EXTRA_ARGS}});
+#if {{BF16}} == 3
+    _tile_release();
+#endif
+}
+#endif
+
 void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}}{{LIVE_PARAM}})
 {
     /* the rows computed: M, or the first rows of a dim taken at run time (eqfuse.backend.runtime_dim):
@@ -867,6 +907,16 @@ void {{NAME}}(const float* A0, const float* B0, float* C0{{EXTRA_PARAMS}}{{LIVE_
 #if {{BF16}} == 3
     if (!eqf_amx_ready()) { /* the tile state refused (common_amx.h): no tile instruction runs */
         eqf_fail_note(EQF_NO_AMX);
+        return;
+    }
+#endif
+#if {{NAME}}_POOL
+    {
+        {{NAME}}_pjob job = {A0, B0, C0{{EXTRA_INIT}}, 0};
+        eqf_region_n((N + {{NAME}}_NR - 1) / {{NAME}}_NR, {{NAME}}_panels, &job, {{PARALLEL}}, {{NAME}}_POOL_CHUNKS);
+        if (job.nomem)
+            eqf_nomem_note();
+        (void)M; (void)BATCH; (void)KF; (void)NC; (void)MC; (void)NCP;
         return;
     }
 #endif

@@ -503,3 +503,42 @@ def check_amx_direct_convs(emulate: bool, seed: int) -> None:
         not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)"))])
 def test_amx_direct_convs_are_within_the_bf16_bound(emulate):
     check_amx_direct_convs(emulate=emulate, seed=7 if emulate else 8)
+
+
+# A few rows over bound weights on AMX tiles (plan_gemm.amx_few_rows): from 8 rows the blocked AMX
+# GEMM with its B panels prepacked, the column panels ranges of the claim-based pool (gemm.c's
+# POOL); fewer rows keep the few-rows kernel. 400 columns: 13 panels, the last one partial.
+FEW_GRAPH = "graph f(x: f32[{m}, 520], w: f32[520, 400], b: f32[400]) {{\n  return kernel {{ relu(x @ w + b) }}\n}}"
+
+
+def test_few_rows_on_amx_take_the_tiles_from_eight_rows():
+    with machine.pinned(machine.MODELS["xeon-spr"], clamp=False):
+        plans = {m: [p for p in lower(load(FEW_GRAPH.format(m=m))[0], {}, params={"w", "b"}, precision="bf16")[2]
+                     if p.kind == "contraction"][0] for m in (4, 8, 32)}
+    assert plans[4].detail.path == "skinny" and plans[4].precision_path != "amx_bf16"
+    for m in (8, 32):
+        assert (plans[m].precision_path, plans[m].detail.path, plans[m].detail.pool) == ("amx_bf16", "blocked", True)
+        assert plans[m].detail.prepack is not None and "claim-based pool" in plans[m].threads
+
+
+@pytest.mark.parametrize("emulate", [
+    pytest.param(True, id="emulated", marks=pytest.mark.heavy),  # (the emulated tiles' time)
+    pytest.param(False, id="hardware", marks=pytest.mark.skipif(
+        not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)"))])
+def test_few_rows_on_amx_tiles_are_within_the_bf16_bound(emulate, monkeypatch):
+    import eqfuse.runtime.program as program
+
+    # two threads however loaded, the loops on the pool: the panels in several ranges
+    monkeypatch.setattr(program, "call_threads", lambda t, *own: (t, t))
+    rng = np.random.default_rng(9)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((8, 520), (520, 400), (400,)))
+    with pytest.MonkeyPatch.context() as mp:
+        if emulate:
+            mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
+        with machine.pinned(amx_model(), clamp=not emulate):
+            mod = eqfuse.compile(FEW_GRAPH.format(m=8), fuse="manual", params={"w": w, "b": b}, precision="bf16")
+            mod.default.threads = 2
+            y = mod(x)
+    (p,) = [p for p in mod.default.last.plans if p.kind == "contraction"]
+    assert (p.precision_path, p.detail.pool) == ("amx_bf16", True)
+    check_gemm(y, x, w, epilogue=lambda z: np.maximum(z, 0), bias=b)

@@ -114,7 +114,7 @@ CHOICES: dict[str, dict[str, str]] = {
     "gemm.c": {"MR": "mr", "NR": "nr", "MC": "mc", "NC": "nc", "KC": "kc", "DIRECT_A": "direct_a",
                "DIRECT_B": "direct_b", "PREPACKED_B": "prepacked_b", "SPLIT": "split", "PARALLEL": "parallel",
                "BF16": "precision_path", "A_TRANSPOSED": "a_transposed", "B_TRANSPOSED": "b_transposed",
-               "IMPLICIT": "implicit"},
+               "IMPLICIT": "implicit", "POOL": "pool"},
     "im2col_b.c": {},  # (rendered before gemm.c for an implicit im2col: the conv's geometry, no choice)
     "gemm_skinny.c": {"MR": "mr", "NR": "nr", "GROUPS": "groups", "PF": "pf", "PACK_PARTS": "pack_parts",
                       "PARALLEL": "parallel", "RUNS": "runs", "BF16": "precision_path", "A_TRANSPOSED": "a_transposed"},
@@ -178,7 +178,7 @@ NOT_CHOICES: dict[str, dict[str, str]] = {
                         EXPR: "EPILOGUE", DERIVED: "REORDER_FN"},
     "copy_block.c": {SIGNATURE: "NAME SRC DST", SHAPE: "OUTER INNER", MEMORY: "OFFSETS SRC_STRIDE DST_STRIDE",
                      DERIVED: "CVT"},  # (eqf_bf16 into a bf16 KV cache: the plan's live, "bf16 cache")
-    "gemm.c": {SIGNATURE: "NAME EXTRA_ARGS EXTRA_PARAMS LIVE_PARAM ROWMAP_PARAM ROWMAP_ARG",
+    "gemm.c": {SIGNATURE: "NAME EXTRA_ARGS EXTRA_PARAMS LIVE_PARAM ROWMAP_PARAM ROWMAP_ARG EXTRA_FIELDS EXTRA_INIT EXTRA_UNPACK",
                SHAPE: "M N K BATCH ROWS_LIVE EDGE_ROWS_DIRECT EDGE_ROWS_PACKED ROWMAP AROW", TEXT: "A_LAYOUT B_LAYOUT",
                MEMORY: "LDA LDB LDC CSC A_BATCH_STRIDE B_BATCH_STRIDE C_BATCH_STRIDE B_AT",
                EXPR: "EPILOGUE ROW_EPILOGUE"},

@@ -105,6 +105,7 @@ EQF_WIDE_END
 #define eqf_kinds_k2_contraction_row_gemm_PREPACKED_B 0 /* the plan's prepacked_b: B's panels packed once (params=) */
 #define eqf_kinds_k2_contraction_row_gemm_SPLIT 1 /* the plan's split: 0 auto, 1 rows, 2 columns (emit_gemm.SPLITS) */
 #define eqf_kinds_k2_contraction_row_gemm_PARALLEL 0 /* the plan's parallel: the `if` of the parallel region */
+#define eqf_kinds_k2_contraction_row_gemm_POOL 0 /* the plan's pool: the column panels shared on the claim-based pool, no OpenMP region */
 #define eqf_kinds_k2_contraction_row_gemm_BF16 0 /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16, 3 AMX-BF16 */
 #define eqf_kinds_k2_contraction_row_gemm_A_TRANSPOSED 0 /* the plan's a_transposed: A given as K x M */
 #define eqf_kinds_k2_contraction_row_gemm_B_TRANSPOSED 0 /* the plan's b_transposed: B given as N x K */
@@ -959,6 +960,45 @@ static int eqf_kinds_k2_contraction_row_gemm_split(int nt)
     return nt > 1 && panels >= nt && (2 * M <= N || (M <= N && M <= 64 * eqf_kinds_k2_contraction_row_gemm_MR)) ? 2 : 1;
 }
 
+#if eqf_kinds_k2_contraction_row_gemm_POOL
+/* POOL (a few rows over prepacked B on AMX tiles, plan_gemm.amx_few_rows): the column panels as
+ * ranges of the claim-based pool (common_pool.h, eqf_region_n), each range all M rows of its own
+ * panels, its A packed once per range and its tiles configured per range: the caller never waits
+ * for a thread that has no core (another runtime's spinning threads), where an OpenMP region of a
+ * few tens of microseconds would. One batch, no row epilogue. */
+#define eqf_kinds_k2_contraction_row_gemm_POOL_CHUNKS 8 /* ranges of panels: fewer leave a thread idle, more pack A more often (bench_gemm.py --small) */
+typedef struct {
+    const float* A0;
+    const float* B0;
+    float* C0;
+    const float* eqf_e2; const float* eqf_e3; const float* eqf_e4;
+    int nomem; /* a range could not get its scratch (atomic) */
+} eqf_kinds_k2_contraction_row_gemm_pjob;
+
+static void eqf_kinds_k2_contraction_row_gemm_panels(void* job, long lo, long hi)
+{
+    eqf_kinds_k2_contraction_row_gemm_pjob* jb = job;
+    const float* restrict eqf_e2 = jb->eqf_e2; (void)eqf_e2; const float* restrict eqf_e3 = jb->eqf_e3; (void)eqf_e3; const float* restrict eqf_e4 = jb->eqf_e4; (void)eqf_e4;
+    const long M = eqf_kinds_k2_contraction_row_gemm_M, N = eqf_kinds_k2_contraction_row_gemm_N, KF = eqf_kinds_k2_contraction_row_gemm_KFLOATS, MC = eqf_kinds_k2_contraction_row_gemm_MC, NC = eqf_kinds_k2_contraction_row_gemm_NC;
+    const long n0 = lo * eqf_kinds_k2_contraction_row_gemm_NR, n1 = hi * eqf_kinds_k2_contraction_row_gemm_NR < N ? hi * eqf_kinds_k2_contraction_row_gemm_NR : N;
+    const long nchunks = (M + MC - 1) / MC;
+    const long mcb = ((M + nchunks - 1) / nchunks + eqf_kinds_k2_contraction_row_gemm_MR - 1) / eqf_kinds_k2_contraction_row_gemm_MR * eqf_kinds_k2_contraction_row_gemm_MR;
+    const long ncb = (NC + eqf_kinds_k2_contraction_row_gemm_NR - 1) / eqf_kinds_k2_contraction_row_gemm_NR * eqf_kinds_k2_contraction_row_gemm_NR;
+    float* ap = eqf_scratch(EQF_SCRATCH_GEMM_A, KF * mcb);
+    if (!ap) {
+        __atomic_store_n(&jb->nomem, 1, __ATOMIC_RELAXED);
+        return;
+    }
+#if 0 == 3
+    eqf_amx_begin(); /* (per range: the tile configuration is a thread's) */
+#endif
+    eqf_kinds_k2_contraction_row_gemm_block(jb->A0, jb->B0, jb->C0, 0, 0, M, nchunks, mcb, n0, n1, ncb, ap, NULL, 0, 0, 1, eqf_e2, eqf_e3, eqf_e4);
+#if 0 == 3
+    _tile_release();
+#endif
+}
+#endif
+
 void eqf_kinds_k2_contraction_row_gemm(const float* A0, const float* B0, float* C0, const float* restrict eqf_e2, const float* restrict eqf_e3, const float* restrict eqf_e4)
 {
     /* the rows computed: M, or the first rows of a dim taken at run time (eqfuse.backend.runtime_dim):
@@ -971,6 +1011,16 @@ void eqf_kinds_k2_contraction_row_gemm(const float* A0, const float* B0, float* 
 #if 0 == 3
     if (!eqf_amx_ready()) { /* the tile state refused (common_amx.h): no tile instruction runs */
         eqf_fail_note(EQF_NO_AMX);
+        return;
+    }
+#endif
+#if eqf_kinds_k2_contraction_row_gemm_POOL
+    {
+        eqf_kinds_k2_contraction_row_gemm_pjob job = {A0, B0, C0, eqf_e2, eqf_e3, eqf_e4, 0};
+        eqf_region_n((N + eqf_kinds_k2_contraction_row_gemm_NR - 1) / eqf_kinds_k2_contraction_row_gemm_NR, eqf_kinds_k2_contraction_row_gemm_panels, &job, 0, eqf_kinds_k2_contraction_row_gemm_POOL_CHUNKS);
+        if (job.nomem)
+            eqf_nomem_note();
+        (void)M; (void)BATCH; (void)KF; (void)NC; (void)MC; (void)NCP;
         return;
     }
 #endif

@@ -75,7 +75,8 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
               split: str = "auto", direct_b: bool | None = None, row_epilogue: str = "",
               prepacked_b: bool = False, a_transposed: bool = False,
               parallel: bool = True, direct_a: bool | None = None, path: str = "f32",
-              live_rows: bool = False, live_stride: int = 0, image: ConvGeometry | None = None) -> tuple[str, str]:
+              live_rows: bool = False, live_stride: int = 0, image: ConvGeometry | None = None,
+              pool: bool = False) -> tuple[str, str]:
     """(C source, cdef) of `void NAME(const float* A, const float* B, float* C EXTRA_PARAMS)`.
 
     A is M x K (row stride lda), B is K x N (row stride ldb) or, with b_transposed, N x K
@@ -117,7 +118,12 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
     copied with its padding (conv2d.c: C planes of in_rows(OH) x in_cols(OW) per image, the batch
     stride), and its K x N column matrix (K = C x KH x KW, N = OH x OW) is never built: the panels
     are packed from the copy (csrc_templates/im2col_b.c).
+    `pool`: the column panels run as ranges of the claim-based pool instead of an OpenMP region
+    (plan_gemm.amx_few_rows: a few rows over a prepacked B on AMX tiles; one batch, no row
+    epilogue, rows fixed at compile time).
     """
+    if pool and (not prepacked_b or batch > 1 or row_epilogue or live_rows or BF16_PATHS[path] != 3):
+        raise ValueError("a GEMM on the pool: prepacked B on AMX tiles, one batch, no row epilogue, fixed rows")
     if prepacked_b and b_batch_stride and batch > 1:
         raise ValueError("a prepacked B is one matrix shared by every batch")
     if split not in SPLITS:
@@ -168,7 +174,10 @@ def emit_gemm(name: str, *, M: int, N: int, K: int, batch: int = 1, a_batch_stri
                  DIRECT_A=int(not a_transposed and (direct_a_rule(a_transposed) if direct_a is None else direct_a)),
                  A_LAYOUT="given transposed (K x M)" if a_transposed else "M x K",
                  EXTRA_PARAMS=extra_params, PARALLEL=int(parallel), ROW_EPILOGUE=row_epilogue or "(void)eqf_r0; (void)eqf_r1;",
-                 EXTRA_ARGS=extra_args, BF16=bf16,
+                 EXTRA_ARGS=extra_args, BF16=bf16, POOL=int(pool),
+                 EXTRA_FIELDS=" ".join(f"const {t}* {n};" for t, n in extras),
+                 EXTRA_UNPACK=" ".join(f"const {t}* restrict {n} = jb->{n}; (void){n};" for t, n in extras),
+                 EXTRA_INIT="".join(", " + n for _, n in extras),
                  LIVE_PARAM=", long live" if live_rows and not live_stride else "",
                  ROWS_LIVE=f"eqf_minl({name}_M, live * {M // max(live_stride, 1)})" if live_stride else
                  (f"eqf_minl({name}_M, (live + {mr - 1}) / {mr} * {mr})" if bf16 else
@@ -321,7 +330,7 @@ def _gemm_args(plan: KernelPlan, extras) -> dict:
     t, d = plan.tiles, plan.detail
     return {"blocking": blocking(t), "split": d.split, "direct_b": d.direct_b,
             "direct_a": d.direct_a, "parallel": d.parallel, "extras": [(c_type(plan.body, i), pn) for i, pn in extras],
-            "path": plan.precision_path}
+            "path": plan.precision_path, "pool": d.pool}
 
 
 def emit_contraction(plan: KernelPlan) -> str:

@@ -8,6 +8,8 @@ tiles > NR-column panels, and its counts are those of one call.
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, replace
 
 from eqfuse.backend.indexing import contiguous, joint_groups, view_strides
@@ -69,6 +71,7 @@ class GemmDetail:
     direct_b: bool  # the micro-kernel reads B in place (`direct`)
     split: str  # "rows": threads split whole rows (a row epilogue); "auto" (`thread_rule`)
     parallel: bool  # each GEMM call opens a parallel region (`parallel`)
+    pool: bool = False  # ... or runs its column panels on the claim-based pool (`amx_few_rows`)
     row_op: str | None = None  # contraction_row: softmax, layernorm or rmsnorm
     prepack: Prepack | None = None  # B bound by params=, packed once (kinds.contraction.mark_bound_b)
     # conv2d: the GEMM's rows are the output pixels and its columns the output channels (C is
@@ -349,6 +352,8 @@ def direct_a(a_transposed: bool) -> bool:
 
 
 SKINNY_MAX_M = 32  # rows up to which a GEMM over a bound B takes the skinny path (`skinny`)
+# ... except on AMX tiles from this many rows (`amx_few_rows`)
+AMX_FEW_ROWS_MIN = 8
 SKINNY_PF = 1024  # its software prefetch distance in floats, 4 KiB ahead of the FMAs (see `skinny`)
 # Below this many multiply-adds a skinny GEMM runs on the calling thread. Waking a pool worker
 # and sharing a few panels cost more than they save there: GPT-2's test GEMMs (32 x 192 x 64,
@@ -425,6 +430,22 @@ def skinny(M: int, N: int, K: int, m: Machine) -> bool:
     """
     mr, nr = skinny_tile(m.simd_floats, M)
     return M <= SKINNY_MAX_M and (cdiv(M, mr) == 1 or K * nr * F32 <= m.l2)
+
+
+def amx_few_rows(plan: KernelPlan, M: int) -> bool:
+    """Whether a few-rows GEMM over a bound B planned on AMX tiles stays on the blocked AMX GEMM (its
+    B panels prepacked in bf16) rather than taking the skinny kernel: from AMX_FEW_ROWS_MIN rows.
+    A tile's 16 x 16 x 32 multiply-adds take 16 cycles however few of its rows are real, so the
+    tiles keep up with the stream of B where the skinny kernel, with no AMX path and a slow
+    vdpbf16ps on such a CPU, multiplies with the FMA: at 8 rows it was faster on every shape
+    measured (784-4096 x 768-4096, one and two threads; the MLP's two layers 85 + 109 -> 74 + 95 us
+    on one thread, 52 + 67 -> 34 + 44 on two), at 1-4 rows slower on one thread
+    (`python benchmarks/bench_models.py --precision bf16 --model mlp`, the kernels by
+    eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04). EQFUSE_AMX_FEW_ROWS=0|1 forces either."""
+    force = os.environ.get("EQFUSE_AMX_FEW_ROWS", "").strip()
+    if plan.precision_path != "amx_bf16" or force == "0":
+        return False
+    return force == "1" or M >= AMX_FEW_ROWS_MIN
 
 
 def skinny_tiles(M: int, N: int, m: Machine, path: str = "f32") -> dict[str, int]:
