@@ -123,12 +123,13 @@ def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[
                  for u in plan.uops]  # the tile schedule says so
     d = plan.detail
     unit_columns = plan.out_strides is None or plan.out_shape[-1] == 1 or plan.out_strides[-1] == 1
+    # (a few rows on AMX tiles, plan_gemm.amx_few_rows: where its panels can run on the claim-based pool)
+    tiles = plan.kind == K.CONTRACTION and d.gemm.mode == "fold" and d.gemm.batch == 1 and run_time_rows is None \
+        and amx_few_rows(plan, d.gemm.M)
     if plan.kind != K.CONV2D and d.gemm.mode == "fold" and skinny(d.gemm.M, d.N, d.K, m) and unit_columns \
-            and not amx_few_rows(plan, d.gemm.M) \
-            and (run_time_rows is None or plan.out_shape[-2] != run_time_rows):
+            and not tiles and (run_time_rows is None or plan.out_shape[-2] != run_time_rows):
         plan_skinny(plan, m)
-    elif plan.kind == K.CONTRACTION and d.gemm.mode == "fold" and d.gemm.batch == 1 and amx_few_rows(plan, d.gemm.M) \
-            and run_time_rows is None and d.parallel:
-        plan.detail = replace(d, pool=True)  # (its panels on the claim-based pool: plan_gemm.amx_few_rows)
+    elif tiles and d.parallel:
+        plan.detail = replace(d, pool=True)
         plan.threads = ("the column panels in ranges claimed one at a time by the claim-based pool's threads "
                         "(common_pool.h, eqf_region: the caller waits for no thread that has not started)")

@@ -9,7 +9,6 @@ tiles > NR-column panels, and its counts are those of one call.
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass, replace
 
 from eqfuse.backend.indexing import contiguous, joint_groups, view_strides
