@@ -110,7 +110,7 @@ void {{NAME}}({{PARAMS}})
                 {{NAME}}_transpose({{V}} + ({{VOFF}}), {{VR}}, {{VC}}, SK, DV, vt, SK);
             packed = b;
         }
-        float a[RB][D > DV ? D : DV];
+        float a[RB][D > DV ? D : DV] __attribute__((aligned(64)));  /* (aligned: see attention.c) */
         for (long r = 0; r < RB; r++)
             for (long d = 0; d < D; d++)
                 a[r][d] = {{Q}}[({{QOFF}}) + (i0 + r) * {{QR}} + d * {{QC}}] * scale;
@@ -164,7 +164,7 @@ void {{NAME}}({{PARAMS}})
             }
         }
         if (MODE == 0) {
-            float acc[RB * OUTD];
+            float acc[RB * OUTD] __attribute__((aligned(64)));
             {{NAME}}_acc(S, SK, {{K}} + ({{KOFF}}), {{KR}}, {{KC}}, OUTD, acc);
             for (long r = 0; r < RB; r++)
                 for (long d = 0; d < OUTD; d++)
@@ -190,7 +190,7 @@ void {{NAME}}({{PARAMS}})
                 packed = b;
             }
             const float* restrict sm = stats + b * SQ, * restrict sinv = sm + NROWS, * restrict sd = sinv + NROWS;
-            float a[RB][D > DV ? D : DV];
+            float a[RB][D > DV ? D : DV] __attribute__((aligned(64)));  /* (aligned: see attention.c) */
             for (long r = 0; r < RB; r++)
                 for (long d = 0; d < D; d++)
                     a[r][d] = {{K}}[({{KOFF}}) + (j0 + r) * {{KR}} + d * {{KC}}] * scale;
@@ -214,7 +214,7 @@ void {{NAME}}({{PARAMS}})
                     p[i] = MODE == 2 ? pi : pi * (dp[i] - sd[i]) * scale;
                 }
             }
-            float acc[RB * OUTD];
+            float acc[RB * OUTD] __attribute__((aligned(64)));
             if (MODE == 2)
                 {{NAME}}_acc(P, SQ, {{DY}} + ({{DYOFF}}), {{DYR}}, {{DYC}}, OUTD, acc);
             else

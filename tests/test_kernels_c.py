@@ -301,6 +301,22 @@ def test_attention_rising_scores_and_masked_tiles(d, threads):
         np.testing.assert_allclose(g, want, rtol=2e-5, atol=2e-5)
 
 
+def test_attention_with_rows_off_the_vector_width_runs_and_is_right():
+    """A head of 40 and a value width of 47 (tests/test_bf16_random.py found it): the kernel's
+    local tiles are rows of those widths, and gcc's vectorizer stored to them with aligned moves
+    in a frame it had not aligned, a fault (csrc_templates/attention.c declares them aligned)."""
+    q = RNG.standard_normal((1, 2, 40)).astype(np.float32)
+    k = RNG.standard_normal((1, 128, 40)).astype(np.float32)
+    v = RNG.standard_normal((1, 128, 47)).astype(np.float32)
+    src = ("graph att(q: f32[1, 2, 40], k: f32[1, 128, 40], v: f32[1, 128, 47]) -> f32[1, 2, 47] {\n"
+           "    return softmax(q @ transpose(k, perm=[0, 2, 1]), axis=-1) @ v\n}\n")
+    mod = eqfuse.compile(src)
+    assert [kn.kind for kn in mod.kernels] == ["attention"]
+    s = np.einsum("bid,bjd->bij", q.astype(np.float64), k.astype(np.float64))
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(mod(q, k, v), (e / e.sum(-1, keepdims=True)) @ v.astype(np.float64), rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("sq", [1, 9])  # the decode kernel (one query row) and the general one
 def test_attention_rows_masked_with_the_most_negative_float_weigh_their_keys_evenly(sq):
     """transformers' eager attentions (BLOOM's) add finfo(float32).min to the scores of masked

@@ -128,9 +128,15 @@ void eqf_kinds_k5_attention(const float* restrict in0, const float* restrict in1
         enum { VRS = 40, VCS = 1 };
 #endif
 
-        float qb[BQ][D], s[BQ][BK], acc[BQ][DV], m[BQ], l[BQ][16];
+        /* (aligned: gcc's vectorizer, asked for 512-bit vectors here, raises these arrays' alignment
+         * and then stores to them with aligned moves, but left to itself it did not realign this
+         * OpenMP function's frame: a row width like DV = 47 then put an array off its boundary and
+         * the aligned store faulted; tests/test_bf16_random.py's attention examples found it) */
+        float qb[BQ][D] __attribute__((aligned(64))), s[BQ][BK] __attribute__((aligned(64)));
+        float acc[BQ][DV] __attribute__((aligned(64))), m[BQ] __attribute__((aligned(64)));
+        float l[BQ][16] __attribute__((aligned(64)));
 #if 0 == 2
-        uint16_t qh[BQ][D2], ph[BQ][BK];  /* q and p rounded to bf16: rows of K-pairs */
+        uint16_t qh[BQ][D2] __attribute__((aligned(64))), ph[BQ][BK] __attribute__((aligned(64)));  /* q, p in bf16: K-pair rows */
 #endif
         /* the block's rows computed: its nq, in whole blocks of 4 for the micro-kernels (the rows
          * past nq are zero queries, never stored; a run-time length's few queries, or the last
