@@ -437,10 +437,10 @@ def amx_few_rows(plan: KernelPlan, M: int) -> bool:
     A tile's 16 x 16 x 32 multiply-adds take 16 cycles however few of its rows are real, so the
     tiles keep up with the stream of B where the skinny kernel, with no AMX path and a slow
     vdpbf16ps on such a CPU, multiplies with the FMA: at 8 rows it was faster on every shape
-    measured (784-4096 x 768-4096, one and two threads; the MLP's two layers 85 + 109 -> 74 + 95 us
-    on one thread, 52 + 67 -> 34 + 44 on two), at 1-4 rows slower on one thread
+    measured (784-4096 x 768-4096, one and two threads), at 1-4 rows slower on one thread
     (`python benchmarks/bench_models.py --precision bf16 --model mlp`, the kernels by
-    eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04). EQFUSE_AMX_FEW_ROWS=0|1 forces either."""
+    eqfuse.runtime.profile; the shapes' table in benchmarks/RESULTS.md, 2026-12-04).
+    EQFUSE_AMX_FEW_ROWS=0|1 forces either."""
     force = os.environ.get("EQFUSE_AMX_FEW_ROWS", "").strip()
     if plan.precision_path != "amx_bf16" or force == "0":
         return False
