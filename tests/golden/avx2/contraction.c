@@ -862,7 +862,8 @@ static int eqf_kinds_k1_contraction_gemm_split(int nt)
  * panels, its A packed once per range and its tiles configured per range: the caller never waits
  * for a thread that has no core (another runtime's spinning threads), where an OpenMP region of a
  * few tens of microseconds would. One batch, no row epilogue. */
-#define eqf_kinds_k1_contraction_gemm_POOL_CHUNKS 8 /* ranges of panels: fewer leave a thread idle, more pack A more often (bench_gemm.py --small) */
+#define eqf_kinds_k1_contraction_gemm_POOL_CHUNKS 4 /* ranges of panels: 2 threads' 2 each, or 3 for the caller beside a late worker; more
+                                   * pack A more often (bench_models.py --precision bf16 --model mlp; RESULTS.md) */
 typedef struct {
     const float* A0;
     const float* B0;
