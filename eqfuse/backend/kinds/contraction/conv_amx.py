@@ -42,13 +42,16 @@ from eqfuse.machine import Machine
 # the kernels by eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04).
 MAX_WASTE = 4.0
 # The most K computed per K of the conv (the copy's channels padded to whole blocks of 32), at
-# stride 1 and at a stride (whose phase planes multiply the copy): a 16-channel 3x3 conv (16 of
-# 32) ran faster here than on the GEMM at stride 1 and slower at stride 2, a 40-channel one (40 of
-# 64) and a folded stem (21 of 32) faster, a folded 3x3 conv of 3 channels (9 of 32) is left to
-# the GEMM (`python benchmarks/bench_models.py --precision bf16 --model resnet18`, the kernels by
-# eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04).
+# stride 1 and at a stride (whose phase planes multiply the copy). Measured: a 16-channel 3x3
+# conv (16 of 32) ran faster here than on the GEMM at stride 1 and slower at stride 2, a folded
+# stem (21 of 32) faster at stride 2 (`python benchmarks/bench_models.py --precision bf16 --model
+# resnet18`, the kernels by eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04). Between
+# those the bounds are a choice, not a measurement (a folded 3x3 conv of 3 channels, 9 of 32,
+# stays on the GEMM).
 MAX_K_PAD, MAX_K_PAD_STRIDED = 2.0, 1.6
-# Items per group (conv_amx.c's G): their C tiles, 4 KiB each, kept between K slices beside the slice's A tiles in L1
+# Items per group (conv_amx.c's G): their C tiles, 4 KiB each, kept between K slices beside the
+# slice's A tiles in L1. The groups and slices tried measured alike (EQFUSE_CONV_AMX_TILE, six
+# settings at 28 x 28; benchmarks/RESULTS.md, 2026-12-04): these are the ones the caches suggest.
 GROUP = 4
 
 
