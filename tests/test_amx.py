@@ -464,7 +464,7 @@ AMX_CONV_SHAPES = {"x1": (2, 64, 13, 11), "w1": (48, 64, 3, 3), "b1": (48,), "r1
 
 
 def check_amx_direct_convs(emulate: bool, seed: int) -> None:
-    """Every conv on the direct AMX kernel (w1 bound by params=: its A tiles made once), within the
+    """Every conv on the direct AMX kernel (w1 bound by params=: its B tiles made once), within the
     documented bound of float64: (2u + u^2 + 1.01 K eps) sum |x||w| plus the f32 epilogue's
     roundings of the bias and residual (relu is 1-Lipschitz)."""
     from test_bf16_conv import U

@@ -390,7 +390,7 @@ def mark_bound(plan: KernelPlan, bound: set[int]) -> None:
     plan.detail = replace(plan.detail, prepack=Prepack(body.inputs.index(w), f"{plan.name}_prepack",
                                                        f"{plan.name}_prepack_floats"))
     plan.uops = [replace(u, what="weights blocked once when bound (params=), read in place")
-                 if u.what.startswith(("weights to blocks", "weights to [NTO]", "weights to A tiles")) else u for u in plan.uops]
+                 if u.what.startswith(("weights to blocks", "weights to [NTO]", "weights to B tiles")) else u for u in plan.uops]
 
 
 def edge_tiles(d: ConvDirectDetail) -> tuple[int, int]:

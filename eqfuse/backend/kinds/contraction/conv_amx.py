@@ -4,11 +4,12 @@ On a CPU with AMX-BF16 a bf16 conv is a GEMM of tiles. Packed as a GEMM's panels
 im2col, plan_gemm.implicit_im2col), each element of the column matrix is rounded, interleaved and
 stored once per call, and then serves only the O multiply-adds of its column: at 64-128 output
 channels the packing takes as long as the tiles' products. Here nothing is packed per call but a
-copy of the input as big as the input: the channels in K-pairs, the pixels of each stride phase
-flat over a padded width (conv_amx.c), so that a B tile of 16 K-pairs x 16 output pixels is one
-tileloadd at the same offset for every tap. The weights become A tiles once (tap-major K). The
-price is the flat pixels past each row's end (WQ - OW of each WQ, and the rows past OH of each
-image), computed and dropped: `waste`, at most MAX_WASTE.
+copy of the input in bf16, pixel-major (a pixel's channels one row, NHWC), the pixels of each
+stride phase flat over a padded width (conv_amx.c), so that an A tile of 16 output pixels x 32
+channels is one tileloadd at the same offset for every tap, its rows whole cache lines. The
+weights become B tiles once (tap-major K). The price is the flat pixels past each row's end (WQ -
+OW of each WQ, and the rows past OH of each image), computed and dropped: `waste`, at most
+MAX_WASTE.
 
 Where a kernel row's KW x C products fit one K block, the copy's channels are the (kernel
 column, input channel) pairs instead (`folds`): a 7 x 7 stem's 3 channels make 21 of a K block of
@@ -50,7 +51,7 @@ MAX_WASTE = 4.0
 # stays on the GEMM).
 MAX_K_PAD, MAX_K_PAD_STRIDED = 2.0, 1.6
 # Items per group (conv_amx.c's G): their C tiles, 4 KiB each, kept between K slices beside the
-# slice's A tiles in L1. The groups and slices tried measured alike (EQFUSE_CONV_AMX_TILE, six
+# slice's B tiles (the weights) in L1. The groups and slices tried measured alike (EQFUSE_CONV_AMX_TILE, six
 # settings at 28 x 28; benchmarks/RESULTS.md, 2026-12-04): these are the ones the caches suggest.
 GROUP = 4
 
@@ -62,10 +63,10 @@ class ConvAmxDetail(ConvGeometry):
     O: int
     parallel: bool
     fold: bool = False  # the kernel's columns folded into the copy's channels (`folds`)
-    kcb: int = 1  # K blocks of 32 per slice: the slice's A tiles in half of L1 (`k_slice`)
-    group: int = GROUP  # items of a channel block that share each K slice's A tiles
+    kcb: int = 1  # K blocks of 32 per slice: the slice's B tiles in half of L1 (`k_slice`)
+    group: int = GROUP  # items of a channel block that share each K slice's B tiles
     region_chunks: int = 64  # equal ranges of the tiles' loop on the claim-based pool (conv.region_chunks)
-    prepack: Prepack | None = None  # the weights bound by params=, made into A tiles once (conv.mark_bound)
+    prepack: Prepack | None = None  # the weights bound by params=, made into B tiles once (conv.mark_bound)
     blocked_args: tuple[int, ...] = ()  # (the conv epilogue's interface: none read in blocks here)
 
     DERIVED = ("kc", "kcp", "phases", "flat", "waste")
@@ -141,9 +142,10 @@ def use_amx_direct(plan: KernelPlan, m: Machine) -> ConvAmxDetail | None:
 
 
 def k_slice(nkb: int, m: Machine) -> int:
-    """K blocks per slice: a slice's A tiles (32 rows x 32 bf16 = 2 KiB a block) in half of L1,
-    where each pixel block of a group reads them again, and the C tiles of the group and the B
-    tiles streaming from L2 take the rest; nkb blocks cut into equal slices."""
+    """K blocks per slice: a slice's B tiles (the weights of 32 output channels, 32 K x 32 bf16 =
+    2 KiB a block) in half of L1, where each pixel block of a group reads them again, and the C
+    tiles of the group and the A tiles streaming from the copy take the rest; nkb blocks cut
+    into equal slices."""
     top = max(1, m.l1 // 2 // 2048)
     return cdiv(nkb, cdiv(nkb, top))
 
@@ -161,23 +163,24 @@ def plan_conv_amx(plan: KernelPlan, m: Machine) -> bool:
     npb, nob, nkb = cdiv(d.N * hq * wq, 32), cdiv(d.O, 32), d.taps * d.kcp // 32
     plan.tiles = {"kcb": d.kcb, "g": d.group}  # (constants of the C)
     plan.flops = 2 * d.N * d.O * d.OH * d.OW * d.C * d.KH * d.KW + pointwise_flops(body)
-    slice_a = 32 * d.kcb * 32 * 2
-    plan.cache_check = (f"a K slice's A tiles 32 x {d.kcb * 32} bf16 = {slice_a} B (read by each pixel block of a "
-                        f"group of {d.group}) <= L1 / 2 {m.l1 // 2} B: {'ok' if slice_a <= m.l1 // 2 else 'NO'}")
+    slice_b = 32 * d.kcb * 32 * 2
+    plan.cache_check = (f"a K slice's B tiles {d.kcb * 32} x 32 bf16 = {slice_b} B (read by each pixel block of a "
+                        f"group of {d.group}) <= L1 / 2 {m.l1 // 2} B: {'ok' if slice_b <= m.l1 // 2 else 'NO'}")
     plan.threads = (f"the copy's rows, then the {nob} channel blocks x {npb} pixel blocks (channel blocks "
                     f"outermost), {REGIONS}" if d.parallel else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
     plan.uops = [
-        UOp(0, "Exec", f"weights to A tiles [{2 * nob}][{nkb}][16][32] bf16, K tap-major in blocks of 32 "
+        UOp(0, "Exec", f"weights to B tiles [{2 * nob}][{nkb}][16][16][2] bf16, K tap-major in blocks of 32 "
                        + ("(kernel column, channel) pairs " if d.fold else "channels ") + "(once when bound by params=)", 1),
-        UOp(0, "Load", f"input to a copy of bf16 K-pairs [{d.kcp // 2}][{qh}][{qw}][{d.N} x {hq} x {wq}], each stride "
+        UOp(0, "Load", f"input to a pixel-major bf16 copy [{qh}][{qw}][{d.N} x {hq} x {wq}][{d.kcp}], each stride "
                        "phase's pixels flat, zero padded" + (", each kernel column's own (KW x C channels)" if d.fold else ""),
-            d.kcp // 2 * qh * qw * d.N * hq),
+            qh * qw * d.N * hq),
         UOp(0, "Loop", f"{nob} blocks of 32 output channels x {npb} blocks of 32 flat pixels "
                        f"({d.waste:.2f} computed per output pixel)", nob * npb),
-        UOp(1, "Exec", f"2 x 2 C tiles over {nkb} K blocks: per block 2 A tiles, 2 B tiles loaded from the copy at "
-                       "the tap's offset, 4 tdpbf16ps (AMX-BF16)", nob * npb * nkb),
-        UOp(1, "Store", f"tile through the epilogue ({epi or 'none'}) into NCHW, the output pixels only", nob * npb)]
+        UOp(1, "Exec", f"2 x 2 C tiles over {nkb} K blocks: per block 2 A tiles loaded from the copy at the tap's "
+                       "offset, 2 B tiles, 4 tdpbf16ps (AMX-BF16)", nob * npb * nkb),
+        UOp(1, "Store", f"tile transposed, through the epilogue ({epi or 'none'}) into NCHW, the output pixels only",
+            nob * npb)]
     return True
 
 
