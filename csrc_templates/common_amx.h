@@ -189,34 +189,6 @@ __attribute__((unused)) static int eqf_amx_ready(void)
 }
 #endif
 
-#if defined(__AVX512F__)
-/* r[0..15], 16 rows of 16 32-bit elements, transposed in place: r[i] lane j <- r[j] lane i (32-bit
- * interleaves, then 64-bit, then a 4 x 4 transpose of the 128-bit lanes). The direct AMX conv's
- * pixel-major tiles and the channel-major rows around them (conv_amx.c). */
-__attribute__((unused)) static inline void eqf_tr16_epi32(__m512i r[16])
-{
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int g = 0; g < 16; g += 4) { /* u[g + j], lane k: rows g .. g + 3 at column 4 k + j */
-        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
-        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
-        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
-        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-    }
-    for (int j = 0; j < 4; j++) {
-        const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44), v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
-        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44), v3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
-        r[j] = _mm512_shuffle_i32x4(v0, v2, 0x88);
-        r[4 + j] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
-        r[8 + j] = _mm512_shuffle_i32x4(v1, v3, 0x88);
-        r[12 + j] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
-    }
-}
-#endif
-
 /* (a macro: <immintrin.h>, which declares _tile_loadconfig, is the kernel's include) */
 #define eqf_amx_begin() _tile_loadconfig(&EQF_AMX_CFG)
 #endif

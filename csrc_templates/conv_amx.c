@@ -4,6 +4,8 @@
 #define {{NAME}}_KCB {{KCB}} /* the plan's kcb: K blocks of 32 per slice (the weights' B tiles in L1) */
 #define {{NAME}}_G {{G}} /* the plan's group: items of a channel block that share a slice's B tiles */
 #define {{NAME}}_FOLD {{FOLD}} /* the plan's fold: the kernel's columns folded into the copy's channels */
+#define {{NAME}}_IN_COPY {{IN_COPY}} /* the plan's in_copy: the input is the copy, written by its producer */
+#define {{NAME}}_OUT_COPY {{OUT_COPY}} /* the plan's out_copy: the output is the next conv's copy, in bf16 */
 /* {{NAME}}: conv2d on AMX-BF16 tiles read straight from the input (eqfuse.backend.kinds.contraction.conv_amx),
  * {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}}, padding {{PH}}x{{PW}}
  * -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out), the epilogue fused into the store.
@@ -30,6 +32,12 @@
  *   even channel of a pair first), K in blocks of 32 copy channels of one tap (tap-major: NKB =
  *   NT KCP / 32); channels past KC and outputs past O zero. Made once when bound by params=
  *   ({{NAME}}_prepack), else at each call.
+ * - IN_COPY: the producer of the input, a conv on this kernel (its OUT_COPY), wrote it as this
+ *   copy, in bf16 (what the copy would have rounded it to), into the input's buffer: no copy here.
+ * - OUT_COPY: the output goes into the copy of the next conv on this kernel (whose input it is,
+ *   and which alone reads it), in bf16: the Y constants are that conv's geometry; each output
+ *   pixel's 32 channels of a channel block are one 64-byte row there, and the rows of that copy
+ *   no output pixel fills (its zero padding, the phase planes' tails) are zeroed first.
  * The register tile: 2 x 2 C tiles, 32 flat pixels x 32 output channels (tiles 0-3), A tiles 4-5,
  * B tiles 6-7, over the NKB blocks; then the tile, transposed to channel-major, through the
  * epilogue into NCHW, the flat pixels that are output pixels only. The threads share the (channel
@@ -40,6 +48,39 @@
 #endif
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__)
+/* r[0..15], 16 rows of 16 32-bit elements, transposed in place: r[i] lane j <- r[j] lane i (32-bit
+ * interleaves, then 64-bit, then a 4 x 4 transpose of the 128-bit lanes): the pixel-major tiles
+ * and the channel-major rows around them (the copy's rounding, the NCHW epilogue) */
+static inline void {{NAME}}_tr16(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) { /* u[g + j], lane k: rows g .. g + 3 at column 4 k + j */
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44), v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
+        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44), v3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
+        r[j] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+        r[4 + j] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+        r[8 + j] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+        r[12 + j] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+    }
+}
+#endif
+
+#if {{NAME}}_OUT_COPY /* the next conv's copy: its stride, padding, phases, flat rows and columns, pixels per phase plane, channels */
+#define {{NAME}}_Y                                                                                 \
+    enum { YSH = {{YSH}}, YSW = {{YSW}}, YPH = {{YPH}}, YPW = {{YPW}}, YQH = {{YQH}}, YQW = {{YQW}}, YHQ = {{YHQ}}, \
+           YWQ = {{YWQ}}, YPHASE = {{YPHASE}}, YKCP = {{YKCP}}, YIMG = YHQ * YWQ, YF = N * YIMG }
 #endif
 #define {{NAME}}_DIMS                                                                              \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}}, \
@@ -83,6 +124,7 @@ typedef struct {
     const uint16_t* wq;  /* the weights' B tiles */
 } {{NAME}}_job;
 
+#if !{{NAME}}_IN_COPY
 /* the lanes l of 16 from q whose q + l lies in [a, b) */
 static inline uint32_t {{NAME}}_lanes(long q, long a, long b)
 {
@@ -149,7 +191,7 @@ static void {{NAME}}_copy_rows(void* job, long lo, long hi)
                         const __m512 v1 = {{NAME}}_row16(s[e + 1] + q * SW + col[e + 1], m1);
                         v[l] = _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
                     }
-                    eqf_tr16_epi32(v); /* v[p]: the pixel p's 16 K-pairs */
+                    {{NAME}}_tr16(v); /* v[p]: the pixel p's 16 K-pairs */
                     const long np = WQ - q < 16 ? WQ - q : 16;
                     for (long p = 0; p < np; p++)
                         _mm512_storeu_si512((void*)(dst + (q + p) * KCP + k0), v[p]);
@@ -164,7 +206,91 @@ static void {{NAME}}_copy_rows(void* job, long lo, long hi)
             memset(phase + (long)F * KCP, 0, sizeof(uint16_t) * KCP * (PHASE - F));
     }
 }
+#endif
 
+#if {{NAME}}_OUT_COPY
+/* The rows of the next conv's copy no output pixel fills (`_Y`): zero */
+static void {{NAME}}_yzero(void* job, long lo, long hi)
+{
+    {{NAME}}_DIMS;
+    {{NAME}}_Y;
+    {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+    uint16_t* restrict y = (uint16_t*)out;
+    for (long row = lo; row < hi; row++) {
+        const long r = row % YHQ, n = row / YHQ % N, pl = row / YHQ / N, qw = pl % YQW, qh = pl / YQW;
+        uint16_t* restrict phase = y + pl * (long)YPHASE * YKCP;
+        uint16_t* restrict d = phase + (n * (long)YIMG + r * YWQ) * YKCP;
+        const long oh = r * YSH + qh - YPH; /* the output row this copy row holds */
+        if (oh < 0 || oh >= OH)
+            memset(d, 0, sizeof(uint16_t) * YKCP * YWQ);
+        else
+            for (long q = 0; q < YWQ; q++) {
+                const long ow = q * YSW + qw - YPW;
+                if (ow < 0 || ow >= OW)
+                    memset(d + q * YKCP, 0, sizeof(uint16_t) * YKCP);
+            }
+        if (n == N - 1 && r == YHQ - 1)
+            memset(phase + (long)YF * YKCP, 0, sizeof(uint16_t) * YKCP * (YPHASE - YF));
+    }
+}
+
+/* Where each flat pixel of pixel block pb goes in the next conv's copy (y[p]: its row, NULL for
+ * a pixel dropped or one that conv never reads), its image (bs[p]) and output pixel (js[p]) */
+static void {{NAME}}_ylanes(long pb, uint16_t* y0, uint16_t** y, long* bs, long* js)
+{
+    {{NAME}}_DIMS;
+    {{NAME}}_Y;
+    for (int p = 0; p < 32; p++) {
+        const long f = pb * 32 + p, n = f / IMG, oh = f % IMG / WQ, ow = f % WQ;
+        const long a = oh + YPH, c = ow + YPW;
+        y[p] = NULL, bs[p] = n, js[p] = oh * OW + ow;
+        if (f < F && oh < OH && ow < OW && a % YSH < YQH && c % YSW < YQW && a / YSH < YHQ && c / YSW < YWQ)
+            y[p] = y0 + ((a % YSH * YQW + c % YSW) * (long)YPHASE + n * YIMG + a / YSH * YWQ + c / YSW) * YKCP;
+    }
+}
+
+/* the 32 floats of t (8 at a time, as the epilogue's loop wrote them) rounded to bf16, one 64-byte row */
+static inline void {{NAME}}_put_bf16(uint16_t* restrict d, const float* restrict t)
+{
+#if defined(__AVX512BF16__)
+    const __m512 lo = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(t)), _mm256_load_ps(t + 8), 1);
+    const __m512 hi = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(t + 16)), _mm256_load_ps(t + 24), 1);
+    _mm512_storeu_si512((void*)d, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+#else
+    for (int e = 0; e < 32; e++)
+        d[e] = eqf_bf16(t[e]);
+#endif
+}
+
+/* The pending epilogue's pixels from prow up to R (a statement in _tiles): each pixel's 32
+ * channels through the epilogue (the channels past O zero), a row of the next conv's copy */
+#define {{NAME}}_STORE(R)                                                                          \
+    for (const long r_end = (R); prow < r_end; prow++) {                                           \
+        uint16_t* restrict yd = ydst[prow];                                                        \
+        if (!yd)                                                                                   \
+            continue;                                                                              \
+        const long b = ybs[prow], j = yjs[prow];                                                   \
+        const float* restrict src = prev + prow * 32;                                              \
+        if (pob * 32 + 32 <= O)                                                                    \
+            _Pragma("omp simd") for (long o = 0; o < 32; o++) {                                    \
+                const long i = pob * 32 + o;                                                       \
+                const float acc = src[o];                                                          \
+                lane[o] = {{EPILOGUE}};                                                            \
+                (void)i;                                                                           \
+            }                                                                                      \
+        else /* (the last block's channels past O: zero, their operands not read) */              \
+            for (long o = 0; o < 32; o++) {                                                        \
+                const long i = pob * 32 + o < O ? pob * 32 + o : O - 1;                            \
+                const float acc = src[o];                                                          \
+                const float v = {{EPILOGUE}};                                                      \
+                lane[o] = pob * 32 + o < O ? v : 0.0f;                                             \
+                (void)i;                                                                           \
+            }                                                                                      \
+        {{NAME}}_put_bf16(yd + pob * 32, lane);                                                    \
+        (void)b, (void)j;                                                                          \
+    }
+#else
 /* A run of a pixel block's flat pixels along one output row: tile columns [q, q + cnt), image n,
  * output pixels j0 .. j0 + cnt - 1 of its planes */
 typedef struct {
@@ -187,7 +313,39 @@ static int {{NAME}}_runs(long pb, {{NAME}}_run* restrict runs)
     return nr;
 }
 
-/* The pending epilogue's rows from prow up to R (a statement in _tiles). A run that ends 32 or
+/* dst[0 .. cnt) = t[0 .. cnt), cnt <= 32 (8 lanes a store: the width the epilogue's loop wrote t in,
+ * so that each load is forwarded from one store) */
+static inline void {{NAME}}_put(float* restrict dst, const float* restrict t, long cnt)
+{
+#if defined(__AVX512F__) && defined(__AVX512VL__)
+    for (int k = 0; k < 32 && k < cnt; k += 8)
+        _mm256_mask_storeu_ps(dst + k, (__mmask8)(cnt - k >= 8 ? 0xffu : (1u << (cnt - k)) - 1u), _mm256_loadu_ps(t + k));
+#else
+    memcpy(dst, t, sizeof(float) * (size_t)cnt);
+#endif
+}
+
+/* c[32 pixels][32 channels] -> t[32 channels][32 pixels] */
+static inline void {{NAME}}_transpose(const float* restrict c, float* restrict t)
+{
+#if defined(__AVX512F__)
+    for (int pi = 0; pi < 32; pi += 16)
+        for (int oi = 0; oi < 32; oi += 16) {
+            __m512i r[16];
+            for (int p = 0; p < 16; p++)
+                r[p] = _mm512_load_si512((const void*)(c + (pi + p) * 32 + oi));
+            {{NAME}}_tr16(r);
+            for (int o = 0; o < 16; o++)
+                _mm512_store_si512((void*)(t + (oi + o) * 32 + pi), r[o]);
+        }
+#else
+    for (int p = 0; p < 32; p++)
+        for (int o = 0; o < 32; o++)
+            t[o * 32 + p] = c[p * 32 + o];
+#endif
+}
+
+/* The pending epilogue's rows (NCHW) from prow up to R (a statement in _tiles). A run that ends 32 or
  * more pixels before its plane does: the epilogue of 32 lanes from j0 (whole vectors; an operand
  * read per pixel is read inside its plane, the lanes past the run dropped), then the run's lanes
  * stored ({{NAME}}_put); the others lane by lane. */
@@ -215,37 +373,7 @@ static int {{NAME}}_runs(long pb, {{NAME}}_run* restrict runs)
             (void)b;                                                                               \
         }
 
-/* dst[0 .. cnt) = t[0 .. cnt), cnt <= 32 (8 lanes a store: the width the epilogue's loop wrote t in,
- * so that each load is forwarded from one store) */
-static inline void {{NAME}}_put(float* restrict dst, const float* restrict t, long cnt)
-{
-#if defined(__AVX512F__) && defined(__AVX512VL__)
-    for (int k = 0; k < 32 && k < cnt; k += 8)
-        _mm256_mask_storeu_ps(dst + k, (__mmask8)(cnt - k >= 8 ? 0xffu : (1u << (cnt - k)) - 1u), _mm256_load_ps(t + k));
-#else
-    memcpy(dst, t, sizeof(float) * (size_t)cnt);
 #endif
-}
-
-/* c[32 pixels][32 channels] -> t[32 channels][32 pixels] */
-static inline void {{NAME}}_transpose(const float* restrict c, float* restrict t)
-{
-#if defined(__AVX512F__)
-    for (int pi = 0; pi < 32; pi += 16)
-        for (int oi = 0; oi < 32; oi += 16) {
-            __m512i r[16];
-            for (int p = 0; p < 16; p++)
-                r[p] = _mm512_load_si512((const void*)(c + (pi + p) * 32 + oi));
-            eqf_tr16_epi32(r);
-            for (int o = 0; o < 16; o++)
-                _mm512_store_si512((void*)(t + (oi + o) * 32 + pi), r[o]);
-        }
-#else
-    for (int p = 0; p < 32; p++)
-        for (int o = 0; o < 32; o++)
-            t[o * 32 + p] = c[p * 32 + o];
-#endif
-}
 
 /* Items (channel block ob, pixel block pb), ob outermost: 32 flat pixels x 32 output channels
  * each, in groups of up to G items of one channel block. K goes in slices of KCB blocks (the
@@ -272,8 +400,14 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
     float tiles[2][32 * 32 + 32] __attribute__((aligned(64))); /* (+ 32: a run's 32 lanes read past the last row) */
     float lane[32] __attribute__((aligned(64)));                 /* a run's epilogue */
     float part[G][32 * 32] __attribute__((aligned(64)));
+#if {{NAME}}_OUT_COPY
+    uint16_t* ydst[32]; /* the pending item's pixels' rows in the next conv's copy */
+    long ybs[32], yjs[32];
+#else
     {{NAME}}_run runs[32 / WQ + 3];
-    int nruns = 0, done = 0;               /* the pending epilogue: its runs, */
+    int nruns = 0;                         /* the pending epilogue: its runs, */
+#endif
+    int done = 0;
     long prow = 32, pob = 0, prows = 0;     /* its next row, channel block and rows */
     const float* restrict prev = tiles[0];
     const long per = (32 + KCB - 1) / KCB; /* pending rows stored per K block */
@@ -311,7 +445,7 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
                     _tile_dpbf16ps(3, 5, 7);
                     {{NAME}}_STORE(prow + per < prows ? prow + per : prows);
                 }
-                float* restrict c = k1 < NKB ? part[q] : stage;
+                float* restrict c = k1 < NKB ? part[q] : {{NAME}}_OUT_COPY ? tiles[done & 1] : stage;
                 _tile_stored(0, c, 128);
                 _tile_stored(1, c + 16, 128);
                 _tile_stored(2, c + 16 * 32, 128);
@@ -319,10 +453,16 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
                 EQF_AMX_FENCE();
                 if (k1 == NKB) { /* the item is done: its epilogue pending, the last one's finished first */
                     {{NAME}}_STORE(prows);
+#if {{NAME}}_OUT_COPY /* (the tiles went into the buffer pixel-major: a pixel's channels, a row of the copy) */
+                    {{NAME}}_ylanes(pb0 + q, (uint16_t*)out, ydst, ybs, yjs);
+                    prows = 32;
+#else
                     {{NAME}}_transpose(stage, tiles[done & 1]);
-                    prev = tiles[done & 1];
                     nruns = {{NAME}}_runs(pb0 + q, runs);
-                    pob = ob, prow = 0, prows = O - ob * 32 < 32 ? O - ob * 32 : 32;
+                    prows = O - ob * 32 < 32 ? O - ob * 32 : 32;
+#endif
+                    prev = tiles[done & 1];
+                    pob = ob, prow = 0;
                     done++;
                 }
             }
@@ -340,7 +480,11 @@ void {{NAME}}({{PARAMS}})
         eqf_fail_note(EQF_NO_AMX);
         return;
     }
+#if {{NAME}}_IN_COPY
+    uint16_t* xq = (uint16_t*){{X}}; /* (the copy its producer wrote) */
+#else
     uint16_t* xq = (uint16_t*)eqf_scratch(EQF_SCRATCH_CONV_COL, ((long)QH * QW * PHASE * KCP + 1) / 2);
+#endif
 #if {{NAME}}_PREPACKED
     const uint16_t* wq = (const uint16_t*){{WEIGHTS}}; /* the B tiles {{NAME}}_prepack made once */
 #else
@@ -356,6 +500,14 @@ void {{NAME}}({{PARAMS}})
     /* two parallel loops on the claim-based pool (common_pool.h), one after the other: the copy
      * (by row), the tiles */
     {{NAME}}_job job = { {{PARAM_INIT}}, xq, wq };
+#if !{{NAME}}_IN_COPY
     eqf_region((long)QH * QW * N * HQ, {{NAME}}_copy_rows, &job, {{NAME}}_PARALLEL);
+#endif
+#if {{NAME}}_OUT_COPY
+    {
+        {{NAME}}_Y;
+        eqf_region((long)YQH * YQW * N * YHQ, {{NAME}}_yzero, &job, {{NAME}}_PARALLEL);
+    }
+#endif
     eqf_region_n((long)NOB * NPB, {{NAME}}_tiles, &job, {{NAME}}_PARALLEL, {{NAME}}_CHUNKS);
 }

@@ -505,6 +505,56 @@ def test_amx_direct_convs_are_within_the_bf16_bound(emulate):
     check_amx_direct_convs(emulate=emulate, seed=7 if emulate else 8)
 
 
+# Convs on AMX tiles one after the other (conv_amx.copy_between_amx_convs): each writes the next one's
+# copy, bf16 and pixel-major, into its output's buffer, the next reads it there. 48 outputs (the
+# copy's channels 48-63 zero), a stride-2 consumer (four phase planes), a producer with a residual
+# in its epilogue, a 1x1 consumer at stride 2 (one phase plane: rows it never reads not written).
+AMX_CHAIN = """
+graph chain(x: f32[2, 40, 20, 19], w1: f32[48, 40, 3, 3], b1: f32[48], w2: f32[64, 48, 3, 3],
+            w3: f32[32, 64, 3, 3], r: f32[2, 32, 10, 10], w4: f32[24, 32, 1, 1]) {
+    y1 = relu(conv2d(x, w1, b1, stride=1, padding=1))
+    y2 = conv2d(y1, w2, stride=2, padding=1)
+    y3 = relu(conv2d(y2, w3, stride=1, padding=1) + r)
+    return conv2d(y3, w4, stride=2, padding=0)
+}
+"""
+AMX_CHAIN_SHAPES = {"x": (2, 40, 20, 19), "w1": (48, 40, 3, 3), "b1": (48,), "w2": (64, 48, 3, 3),
+                    "w3": (32, 64, 3, 3), "r": (2, 32, 10, 10), "w4": (24, 32, 1, 1)}
+
+
+@pytest.mark.parametrize("emulate", [
+    pytest.param(True, id="emulated", marks=pytest.mark.heavy),
+    pytest.param(False, id="hardware", marks=pytest.mark.skipif(
+        not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)"))])
+def test_amx_convs_in_a_chain_write_the_next_ones_copy_and_give_the_same_bits(emulate):
+    """The chained convs' output is bit for bit the unchained one's (EQFUSE_CONV_AMX_CHAIN=0, each
+    conv its own copy: within the bf16 bound, test_amx_direct_convs_are_within_the_bf16_bound):
+    the producer rounds to bf16 what the consumer's copy would have. Two calls: the second reads a
+    buffer the first left dirty (the copy's zero padding written every call)."""
+    rng = np.random.default_rng(11)
+    a = {k: rng.standard_normal(s).astype(np.float32) * (0.3 if k[0] == "w" else 1.0) for k, s in AMX_CHAIN_SHAPES.items()}
+    ys, plans = {}, {}
+    for chain in ("0", "1"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("EQFUSE_CONV_AMX_CHAIN", chain)
+            if emulate:
+                mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
+            with machine.pinned(amx_model(), clamp=not emulate):
+                mod = eqfuse.compile(AMX_CHAIN, precision="bf16", params={"w2": a["w2"]})
+                free = {k: v for k, v in a.items() if k != "w2"}
+                ys[chain] = [mod(**free) for _ in range(2)]
+                ys[chain].append(mod(**dict(free, x=-free["x"])))
+        plans[chain] = [p for p in mod.default.last.plans if p.kind == "conv2d"]
+    assert [type(p.detail).__name__ for p in plans["1"]] == ["ConvAmxDetail"] * 4
+    assert [(p.detail.in_copy, bool(p.detail.out_copy)) for p in plans["1"]] == \
+        [(False, True), (True, True), (True, True), (True, False)]
+    assert not any(p.detail.in_copy or p.detail.out_copy for p in plans["0"])
+    assert "into the next conv's copy" in plans["1"][0].uops[-1].what
+    for y0, y1 in zip(ys["0"], ys["1"]):
+        assert y0.shape == (2, 24, 5, 5) and np.array_equal(y0, y1)
+    assert not np.array_equal(ys["1"][0], ys["1"][2])
+
+
 # A few rows over bound weights on AMX tiles (plan_gemm.amx_few_rows): from 8 rows the blocked AMX
 # GEMM with its B panels prepacked, the column panels ranges of the claim-based pool (gemm.c's
 # POOL); fewer rows keep the few-rows kernel. 400 columns: 13 panels, the last one partial.

@@ -21,6 +21,13 @@ MAX_K_PAD (MAX_K_PAD_STRIDED at a stride), the waste bounded (MAX_WASTE), NCHW i
 output pixels than channels too (a ResNet's last stages), which the im2col GEMM would run with
 the column matrix as its rows and which ran as f32 direct convs. EQFUSE_CONV_AMX=0|1 forces
 either where it can run.
+
+`copy_between_amx_convs`: where such a conv's output is read by nothing but the next conv on this
+kernel, as its input, the producer writes it as that conv's copy (bf16, pixel-major, zero
+padded: `out_copy`, the copy's geometry `next_copy`) into the output's buffer, and the consumer
+reads it there (`in_copy`): the
+consumer's copy and the producer's NCHW f32 stores go, the results unchanged (the copy rounds to
+bf16 what the producer's epilogue gave, either way). EQFUSE_CONV_AMX_CHAIN=0 keeps them apart.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from eqfuse.backend.kinds.contraction.conv import epilogue_c, region_chunks
 from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_geometry
 from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, bf16_pays, cdiv, gemm_bf16_path, parallel
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
+from eqfuse.ir.graph import Graph
 from eqfuse.machine import Machine
 
 # The most flat pixels computed per output pixel kept (conv_amx.c): the 2 x 2 maps of two images
@@ -68,8 +76,15 @@ class ConvAmxDetail(ConvGeometry):
     region_chunks: int = 64  # equal ranges of the tiles' loop on the claim-based pool (conv.region_chunks)
     prepack: Prepack | None = None  # the weights bound by params=, made into B tiles once (conv.mark_bound)
     blocked_args: tuple[int, ...] = ()  # (the conv epilogue's interface: none read in blocks here)
+    in_copy: bool = False  # the input is this conv's copy, its producer's out_copy
+    next_copy: tuple[int, ...] = ()  # the next conv's `copy_geometry`: the output written as its copy
 
-    DERIVED = ("kc", "kcp", "phases", "flat", "waste")
+    DERIVED = ("kc", "kcp", "phases", "flat", "waste", "out_copy")
+
+    @property
+    def out_copy(self) -> bool:
+        """The output is written as the next conv's copy (`next_copy`)."""
+        return bool(self.next_copy)
 
     @property
     def kc(self) -> int:
@@ -97,6 +112,27 @@ class ConvAmxDetail(ConvGeometry):
         """(HQ, WQ): a phase plane's rows and columns per image."""
         return (self.OH + (self.KH - 1) // self.stride[0],
                 self.OW if self.fold else self.OW + (self.KW - 1) // self.stride[1])
+
+    @property
+    def phase_pixels(self) -> int:
+        """A phase plane's flat pixels (conv_amx.c's PHASE): the images', then the last pixel
+        block's reach."""
+        (hq, wq), (kh, kw), (sh, sw) = self.flat, (self.KH, self.KW), self.stride
+        reach = (kh - 1) // sh * wq + (0 if self.fold else (kw - 1) // sw)
+        return cdiv(self.N * hq * wq, 32) * 32 + reach
+
+    @property
+    def copy_bf16s(self) -> int:
+        """The copy's bf16 elements: the phase planes' pixels x kcp channels."""
+        qh, qw = self.phases
+        return qh * qw * self.phase_pixels * self.kcp
+
+    @property
+    def copy_geometry(self) -> tuple[int, ...]:
+        """What a producer writing this conv's copy needs (conv_amx.c's Y constants): stride,
+        padding, phases, a phase plane's rows and columns per image, its pixels, the channels."""
+        (qh, qw), (hq, wq) = self.phases, self.flat
+        return (*self.stride, *self.padding, qh, qw, hq, wq, self.phase_pixels, self.kcp)
 
     @property
     def waste(self) -> float:
@@ -184,13 +220,48 @@ def plan_conv_amx(plan: KernelPlan, m: Machine) -> bool:
     return True
 
 
+def copy_between_amx_convs(kg: Graph, plans: list[KernelPlan]) -> None:
+    """Mark each conv on this kernel whose output only the next one reads, as its input, to write
+    it as that conv's copy (the module's docstring), where the copy fits the output's f32 buffer.
+    The copy's rows are whole bf16 rows of 32 channels: the producer's blocks of 32 outputs are
+    the consumer's K blocks (kcp = 32 x the producer's channel blocks)."""
+    if os.environ.get("EQFUSE_CONV_AMX_CHAIN", "").strip() == "0":
+        return
+    readers: dict[int, list[tuple[KernelPlan, int]]] = {}
+    for q in plans:
+        for k, a in enumerate(q.args):
+            readers.setdefault(a, []).append((q, k))
+    for p in plans:
+        d = p.detail
+        if not isinstance(d, ConvAmxDetail) or d.next_copy or p.node in kg.outputs or p.into is not None \
+                or p.out_strides is not None or p.body.nodes[p.body.outputs[0]].type.dtype != "f32":
+            continue
+        rs = readers.get(p.node, [])
+        if len(rs) != 1:
+            continue
+        q, k = rs[0]
+        e, x = q.detail, q.body.inputs[k]
+        if not isinstance(e, ConvAmxDetail) or e.fold or e.in_copy or k in q.in_strides \
+                or q.body.nodes[q.shape.anchor].args[0] != x or sum(a == x for n in q.body.nodes for a in n.args) != 1 \
+                or e.copy_bf16s > 2 * d.N * d.O * d.OH * d.OW:
+            continue
+        p.detail = replace(d, next_copy=e.copy_geometry)
+        q.detail = replace(e, in_copy=True)
+        p.uops = [replace(u, what=f"tile through the epilogue ({u.what.split('(', 1)[1].split(')')[0]}) into the next "
+                          "conv's copy: a pixel's 32 channels one bf16 row (its zero padding written first)")
+                  if u.op == "Store" else u for u in p.uops]
+        q.uops = [replace(u, what="input: the copy the conv before wrote (bf16, pixel-major, zero padded), read in "
+                          "place") if u.op == "Load" else u for u in q.uops]
+
+
 def emit_conv_amx(plan: KernelPlan) -> str:
     body, a, d = plan.body, plan.shape.anchor, plan.detail
     cv = body.nodes[a]
     params, ptrs = kernel_params(plan)
     expr, decls = epilogue_c(plan)
+    y = dict(zip(("YSH", "YSW", "YPH", "YPW", "YQH", "YQW", "YHQ", "YWQ", "YPHASE", "YKCP"), d.next_copy or (0,) * 10))
     return render("conv_amx.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   CHUNKS=d.region_chunks, KCB=d.kcb, G=d.group, FOLD=int(d.fold), EPILOGUE=" ".join(expr.split("\n")),
-                  O=d.O, KCP=d.kcp, **d.shape_c("DH", "DW"),
-                  **param_job(params))
+                  O=d.O, KCP=d.kcp, IN_COPY=int(d.in_copy), OUT_COPY=int(d.out_copy), **y,
+                  **d.shape_c("DH", "DW"), **param_job(params))
