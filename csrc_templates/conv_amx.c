@@ -6,6 +6,7 @@
 #define {{NAME}}_FOLD {{FOLD}} /* the plan's fold: the kernel's columns folded into the copy's channels */
 #define {{NAME}}_IN_COPY {{IN_COPY}} /* the plan's in_copy: the input is the copy, written by its producer */
 #define {{NAME}}_OUT_COPY {{OUT_COPY}} /* the plan's out_copy: the output is the next conv's copy, in bf16 */
+#define {{NAME}}_OUT_POOL {{OUT_POOL}} /* the plan's out_pool: the output is the max pool of the conv's */
 /* {{NAME}}: conv2d on AMX-BF16 tiles read straight from the input (eqfuse.backend.kinds.contraction.conv_amx),
  * {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}}, padding {{PH}}x{{PW}}
  * -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out), the epilogue fused into the store.
@@ -38,6 +39,11 @@
  *   and which alone reads it), in bf16: the Y constants are that conv's geometry; each output
  *   pixel's 32 channels of a channel block are one 64-byte row there, and the rows of that copy
  *   no output pixel fills (its zero padding, the phase planes' tails) are zeroed first.
+ * - OUT_POOL: the output is a max pool (PKH x PKW, stride PSH x PSW, padding PPH x PPW) of the
+ *   conv's, POH x POW: each thread takes whole channel blocks; each conv output pixel's 32
+ *   channels (after the epilogue) go into the max of every pool pixel whose window holds it, in
+ *   a pixel-major buffer of the block's pool pixels (the thread's scratch), transposed into NCHW
+ *   after the block's last item. The conv's output is never stored.
  * The register tile: 2 x 2 C tiles, 32 flat pixels x 32 output channels (tiles 0-3), A tiles 4-5,
  * B tiles 6-7, over the NKB blocks; then the tile, transposed to channel-major, through the
  * epilogue into NCHW, the flat pixels that are output pixels only. The threads share the (channel
@@ -82,6 +88,9 @@ static inline void {{NAME}}_tr16(__m512i r[16])
     enum { YSH = {{YSH}}, YSW = {{YSW}}, YPH = {{YPH}}, YPW = {{YPW}}, YQH = {{YQH}}, YQW = {{YQW}}, YHQ = {{YHQ}}, \
            YWQ = {{YWQ}}, YPHASE = {{YPHASE}}, YKCP = {{YKCP}}, YIMG = YHQ * YWQ, YF = N * YIMG }
 #endif
+#if {{NAME}}_OUT_POOL /* the max pool's window, stride, padding and output rows and columns */
+#define {{NAME}}_P enum { PKH = {{PKH}}, PKW = {{PKW}}, PSH = {{PSH}}, PSW = {{PSW}}, PPH = {{PPH}}, PPW = {{PPW}}, POH = {{POH}}, POW = {{POW}} }
+#endif
 #define {{NAME}}_DIMS                                                                              \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}}, \
            OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, FOLD = {{NAME}}_FOLD,          \
@@ -122,6 +131,8 @@ typedef struct {
     {{PARAM_FIELDS}}
     uint16_t* xq;        /* the copy, pixel-major */
     const uint16_t* wq;  /* the weights' B tiles */
+    float* acc;          /* OUT_POOL: a channel block's pool pixels, pixel-major (the range's thread's) */
+    int failed;          /* OUT_POOL: a thread's scratch buffer could not be allocated */
 } {{NAME}}_job;
 
 #if !{{NAME}}_IN_COPY
@@ -145,6 +156,38 @@ static inline __m512 {{NAME}}_row16(const float* restrict s, uint32_t m)
 }
 #endif
 
+#if defined(__AVX512BF16__)
+/* FOLD with KW <= 8 and C <= 4 (one K block): a copy row, pixel by pixel. Pixel q's copy
+ * channels kc = kw C + c are input columns q SW - PW + kw of the C rows at x (channel c's row at
+ * x + c H W; `in`: the row lies in the image, else zeros): each channel's KW columns one masked
+ * load into 8 lanes of two vectors (channel c at lane 8 c), the 32 channels picked from them
+ * by two permutes, rounded by one vcvtne2ps2bf16, one 64-byte row. */
+static inline void {{NAME}}_fold_row(const float* restrict x, int in, uint16_t* restrict dst)
+{
+    {{NAME}}_DIMS;
+    if (!in) {
+        memset(dst, 0, sizeof(uint16_t) * KCP * WQ);
+        return;
+    }
+    int idx[32] __attribute__((aligned(64)));
+    for (int kc = 0; kc < 32; kc++)
+        idx[kc] = kc < KC ? kc % C * 8 + kc / C : 0;
+    const __m512i lo16 = _mm512_load_si512((const void*)idx), hi16 = _mm512_load_si512((const void*)(idx + 16));
+    const __mmask16 hmask = (__mmask16)(KC - 16 >= 16 ? 0xffffu : KC > 16 ? (1u << (KC - 16)) - 1u : 0u);
+    const __mmask16 lmask = (__mmask16)(KC >= 16 ? 0xffffu : (1u << KC) - 1u);
+    for (long q = 0; q < WQ; q++) {
+        const long s0 = q * SW - PW, a = s0 < 0 ? -s0 : 0, b = W - s0 < KW ? W - s0 : KW;
+        const uint32_t m = b <= a ? 0u : ((1u << b) - 1u) & ~((1u << a) - 1u); /* the columns inside the image */
+        __m512 v[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int c = 0; c < C; c++) /* (lanes 8 (c % 2) .. of v[c / 2]: the pointer moved back to match) */
+            v[c / 2] = _mm512_mask_loadu_ps(v[c / 2], (__mmask16)(m << (c % 2 * 8)), x + c * (long)H * W + s0 - c % 2 * 8);
+        const __m512 l = _mm512_maskz_permutex2var_ps(lmask, v[0], lo16, v[1]);
+        const __m512 h = _mm512_maskz_permutex2var_ps(hmask, v[0], hi16, v[1]);
+        _mm512_storeu_si512((void*)(dst + q * KCP), (__m512i)_mm512_cvtne2ps_pbh(h, l));
+    }
+}
+#endif
+
 /* Rows (qh, qw, n, r) of the copy: WQ pixels of KCP bf16 each, pixel q's copy channel kc the
  * input at padded row r SH + qh, column q SW + qw (FOLD: q SW + the channel's kw); zero where that
  * lies outside the image or kc >= KC; the last row of a phase plane zeroes the plane's tail too.
@@ -161,6 +204,12 @@ static void {{NAME}}_copy_rows(void* job, long lo, long hi)
         uint16_t* restrict phase = xq + pl * (long)PHASE * KCP;
         uint16_t* restrict dst = phase + (n * (long)IMG + r * WQ) * KCP;
         const long ih = r * SH + qh - PH;
+#if defined(__AVX512BF16__)
+        if (FOLD && KW <= 8 && C <= 4 && KCP == 32) { /* (a stem's few channels: a pixel at a time) */
+            {{NAME}}_fold_row(ih >= 0 && ih < H ? x + (n * C * (long)H + ih) * W : x, ih >= 0 && ih < H, dst);
+            goto next;
+        }
+#endif
         for (long k0 = 0; k0 < KCP; k0 += 32) {
             /* each channel e of the block: its input row (s[e], read at q SW + col[e]) and the columns q it reads inside the image */
             const float* s[32];
@@ -202,6 +251,9 @@ static void {{NAME}}_copy_rows(void* job, long lo, long hi)
                 for (int e = 0; e < 32; e++)
                     dst[q * KCP + k0 + e] = q >= qa[e] && q < qb[e] ? eqf_bf16(s[e][q * SW + col[e]]) : 0;
         }
+#if defined(__AVX512BF16__)
+    next:
+#endif
         if (n == N - 1 && r == HQ - 1) /* past the last image: the blocks' reads beyond F are zeros */
             memset(phase + (long)F * KCP, 0, sizeof(uint16_t) * KCP * (PHASE - F));
     }
@@ -290,6 +342,105 @@ static inline void {{NAME}}_put_bf16(uint16_t* restrict d, const float* restrict
         {{NAME}}_put_bf16(yd + pob * 32, lane);                                                    \
         (void)b, (void)j;                                                                          \
     }
+#elif {{NAME}}_OUT_POOL
+/* The image, output row and column of each flat pixel of pixel block pb (oh[p] < 0: dropped) */
+static void {{NAME}}_pixels(long pb, long* bs, long* ohs, long* ows)
+{
+    {{NAME}}_DIMS;
+    for (int p = 0; p < 32; p++) {
+        const long f = pb * 32 + p, n = f / IMG, oh = f % IMG / WQ, ow = f % WQ;
+        bs[p] = n, ows[p] = ow, ohs[p] = f < F && oh < OH && ow < OW ? oh : -1;
+    }
+}
+
+/* A run of cnt conv output pixels of row oh from column ow0 (v: their 32 channels each, after
+ * the epilogue) into the pool: for each pool column whose window meets the run, the max over the
+ * run's pixels in the window, then that into the max of each pool pixel of the column whose
+ * window holds row oh (accn: the image's pool pixels, 32 channels each). NaN is kept as the max
+ * pool keeps it: a = (v > a || v != v) ? v : a, a NaN once in `a` stays. */
+static inline void {{NAME}}_pool_run(float* restrict accn, const float* restrict v, long oh, long ow0, long cnt)
+{
+    {{NAME}}_P;
+    const long hl = oh + PPH - PKH + 1, wl = ow0 + PPW - PKW + 1; /* (the first window that holds it: ceil(hl / PSH)) */
+    const long ph0 = hl <= 0 ? 0 : (hl + PSH - 1) / PSH, pw0 = wl <= 0 ? 0 : (wl + PSW - 1) / PSW;
+    const long ph1 = (oh + PPH) / PSH < POH - 1 ? (oh + PPH) / PSH : POH - 1;
+    const long pw1 = (ow0 + cnt - 1 + PPW) / PSW < POW - 1 ? (ow0 + cnt - 1 + PPW) / PSW : POW - 1;
+    for (long pw = pw0; pw <= pw1; pw++) {
+        const long c0 = pw * PSW - PPW > ow0 ? pw * PSW - PPW : ow0;
+        const long c1 = pw * PSW - PPW + PKW - 1 < ow0 + cnt - 1 ? pw * PSW - PPW + PKW - 1 : ow0 + cnt - 1;
+#if defined(__AVX512F__) /* (two vectors of 16 channels: the compiler's own loops took 8 lanes) */
+        for (int h = 0; h < 32; h += 16) {
+            __m512 m = _mm512_loadu_ps(v + (c0 - ow0) * 32 + h);
+            for (long c = c0 + 1; c <= c1; c++) {
+                const __m512 r = _mm512_loadu_ps(v + (c - ow0) * 32 + h);
+                m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(r, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q), r);
+            }
+            const __mmask16 mnan = _mm512_cmp_ps_mask(m, m, _CMP_UNORD_Q);
+            for (long ph = ph0; ph <= ph1; ph++) {
+                float* restrict a = accn + (ph * POW + pw) * 32 + h;
+                const __m512 av = _mm512_loadu_ps(a);
+                _mm512_storeu_ps(a, _mm512_mask_mov_ps(av, _mm512_cmp_ps_mask(m, av, _CMP_GT_OQ) | mnan, m));
+            }
+        }
+#else
+        float m[32];
+        for (long o = 0; o < 32; o++)
+            m[o] = v[(c0 - ow0) * 32 + o];
+        for (long c = c0 + 1; c <= c1; c++)
+            for (long o = 0; o < 32; o++) {
+                const float r = v[(c - ow0) * 32 + o];
+                m[o] = ((r > m[o]) | (r != r)) ? r : m[o];
+            }
+        for (long ph = ph0; ph <= ph1; ph++) {
+            float* restrict a = accn + (ph * POW + pw) * 32;
+            for (long o = 0; o < 32; o++)
+                a[o] = ((m[o] > a[o]) | (m[o] != m[o])) ? m[o] : a[o];
+        }
+#endif
+    }
+}
+
+/* An item's tile T (32 flat pixels x 32 channels, pixel-major) of pixel block PB into the pool
+ * (a statement in _tiles): the epilogue along each pixel's channels, in place (the channels past
+ * O computed from the last channel's operands, never stored), then each run of the pixels along
+ * one conv row into the pool's maxima ({{NAME}}_pool_run) */
+#define {{NAME}}_POOL_ITEM(T, PB)                                                                  \
+    do {                                                                                           \
+        float* restrict tt = (T);                                                                  \
+        long pbs[32], pohs[32], pows[32];                                                          \
+        {{NAME}}_pixels((PB), pbs, pohs, pows);                                                    \
+        for (int p = 0; p < 32; p++) {                                                             \
+            if (pohs[p] < 0)                                                                       \
+                continue;                                                                          \
+            const long b = pbs[p], j = pohs[p] * OW + pows[p];                                     \
+            float* restrict src = tt + p * 32;                                                     \
+            if (ob * 32 + 32 <= O)                                                                 \
+                _Pragma("omp simd simdlen(16)") for (long o = 0; o < 32; o++) {                    \
+                    const long i = ob * 32 + o;                                                    \
+                    const float acc = src[o];                                                      \
+                    src[o] = {{EPILOGUE}};                                                         \
+                    (void)i;                                                                       \
+                }                                                                                  \
+            else                                                                                   \
+                for (long o = 0; o < 32; o++) {                                                    \
+                    const long i = ob * 32 + o < O ? ob * 32 + o : O - 1;                          \
+                    const float acc = src[o];                                                      \
+                    src[o] = {{EPILOGUE}};                                                         \
+                    (void)i;                                                                       \
+                }                                                                                  \
+            (void)b, (void)j;                                                                      \
+        }                                                                                          \
+        for (int p = 0; p < 32;) {                                                                 \
+            int e = p + 1;                                                                         \
+            if (pohs[p] >= 0) {                                                                    \
+                while (e < 32 && pohs[e] == pohs[p] && pbs[e] == pbs[p] && pows[e] == pows[e - 1] + 1) \
+                    e++;                                                                           \
+                {{NAME}}_pool_run(jb->acc + pbs[p] * (long)POH * POW * 32, tt + p * 32, pohs[p], pows[p], e - p); \
+            }                                                                                      \
+            p = e;                                                                                 \
+        }                                                                                          \
+    } while (0)
+#define {{NAME}}_STORE(R) /* (none pending: each item's tile goes into the pool when it is done) */
 #else
 /* A run of a pixel block's flat pixels along one output row: tile columns [q, q + cnt), image n,
  * output pixels j0 .. j0 + cnt - 1 of its planes */
@@ -403,6 +554,8 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
 #if {{NAME}}_OUT_COPY
     uint16_t* ydst[32]; /* the pending item's pixels' rows in the next conv's copy */
     long ybs[32], yjs[32];
+#elif {{NAME}}_OUT_POOL
+    {{NAME}}_P;
 #else
     {{NAME}}_run runs[32 / WQ + 3];
     int nruns = 0;                         /* the pending epilogue: its runs, */
@@ -445,7 +598,7 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
                     _tile_dpbf16ps(3, 5, 7);
                     {{NAME}}_STORE(prow + per < prows ? prow + per : prows);
                 }
-                float* restrict c = k1 < NKB ? part[q] : {{NAME}}_OUT_COPY ? tiles[done & 1] : stage;
+                float* restrict c = k1 < NKB ? part[q] : {{NAME}}_OUT_COPY || {{NAME}}_OUT_POOL ? tiles[done & 1] : stage;
                 _tile_stored(0, c, 128);
                 _tile_stored(1, c + 16, 128);
                 _tile_stored(2, c + 16 * 32, 128);
@@ -456,6 +609,9 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
 #if {{NAME}}_OUT_COPY /* (the tiles went into the buffer pixel-major: a pixel's channels, a row of the copy) */
                     {{NAME}}_ylanes(pb0 + q, (uint16_t*)out, ydst, ybs, yjs);
                     prows = 32;
+#elif {{NAME}}_OUT_POOL
+                    {{NAME}}_POOL_ITEM(tiles[done & 1], pb0 + q);
+                    prows = 0;
 #else
                     {{NAME}}_transpose(stage, tiles[done & 1]);
                     nruns = {{NAME}}_runs(pb0 + q, runs);
@@ -470,8 +626,54 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
         g0 += ng;
     }
     {{NAME}}_STORE(prows);
+    (void)per, (void)prev, (void)lane, (void)prow, (void)pob, (void)prows; /* (OUT_POOL: no pending epilogue) */
     _tile_release();
 }
+
+#if {{NAME}}_OUT_POOL
+/* Channel blocks [lo, hi) of the max pool's output: for each, its pool pixels' maxima from -inf,
+ * the block's items (_tiles), then those maxima transposed into NCHW */
+static void {{NAME}}_tiles_pool(void* job, long lo, long hi)
+{
+    {{NAME}}_DIMS;
+    {{NAME}}_P;
+    {{NAME}}_job* jb = job;
+    {{NAME}}_job jp = *jb;
+    {{PARAM_UNPACK}}
+    const long P = (long)POH * POW;
+    float* restrict acc = eqf_scratch(EQF_SCRATCH_CONV_TILE, N * P * 32);
+    if (!acc) {
+        __atomic_store_n(&jb->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    jp.acc = acc;
+    for (long ob = lo; ob < hi; ob++) {
+        for (long e = 0; e < N * P * 32; e++)
+            acc[e] = -INFINITY;
+        {{NAME}}_tiles(&jp, ob * NPB, (ob + 1) * NPB);
+        const long nc = O - ob * 32 < 32 ? O - ob * 32 : 32;
+        for (long n = 0; n < N; n++) {
+            const float* restrict an = acc + n * P * 32;
+            float* restrict on = out + (n * O + ob * 32) * P;
+            long px = 0;
+#if defined(__AVX512F__)
+            for (; px + 16 <= P; px += 16) /* 16 pool pixels x 16 channels at a time */
+                for (int ch = 0; ch < 32 && ch < nc; ch += 16) {
+                    __m512i r[16];
+                    for (int p = 0; p < 16; p++)
+                        r[p] = _mm512_loadu_si512((const void*)(an + (px + p) * 32 + ch));
+                    {{NAME}}_tr16(r);
+                    for (int c = 0; c < 16 && ch + c < nc; c++)
+                        _mm512_storeu_si512((void*)(on + (ch + c) * P + px), r[c]);
+                }
+#endif
+            for (; px < P; px++)
+                for (long c = 0; c < nc; c++)
+                    on[c * P + px] = an[px * 32 + c];
+        }
+    }
+}
+#endif
 
 void {{NAME}}({{PARAMS}})
 {
@@ -499,7 +701,7 @@ void {{NAME}}({{PARAMS}})
 #endif
     /* two parallel loops on the claim-based pool (common_pool.h), one after the other: the copy
      * (by row), the tiles */
-    {{NAME}}_job job = { {{PARAM_INIT}}, xq, wq };
+    {{NAME}}_job job = { {{PARAM_INIT}}, xq, wq, NULL, 0 };
 #if !{{NAME}}_IN_COPY
     eqf_region((long)QH * QW * N * HQ, {{NAME}}_copy_rows, &job, {{NAME}}_PARALLEL);
 #endif
@@ -509,5 +711,11 @@ void {{NAME}}({{PARAMS}})
         eqf_region((long)YQH * YQW * N * YHQ, {{NAME}}_yzero, &job, {{NAME}}_PARALLEL);
     }
 #endif
+#if {{NAME}}_OUT_POOL /* (whole channel blocks a range: no two threads write one pool pixel) */
+    eqf_region_n((long)NOB, {{NAME}}_tiles_pool, &job, {{NAME}}_PARALLEL, NOB);
+    if (job.failed)
+        eqf_nomem_note();
+#else
     eqf_region_n((long)NOB * NPB, {{NAME}}_tiles, &job, {{NAME}}_PARALLEL, {{NAME}}_CHUNKS);
+#endif
 }

@@ -441,26 +441,29 @@ def test_amx_row_epilogues_on_the_hardware_run_on_whole_rows():
 # block of 64) at stride 2 (four phase planes); a 1x1 conv at stride 2 (one phase); 2 x 2 maps of
 # 64 channels (the flat pixels 4 times the output's); with the kernel's columns folded into the
 # copy's channels (conv_amx.folds), a 7x7 stem of 3 channels at stride 2 and an 8-channel 3x3 conv
-# of two images at stride 2 (24 copy channels of a K block of 32). The emulated
+# of two images at stride 2 (24 copy channels of a K block of 32), and a 5x5 conv of 4 channels
+# (20 copy channels: the copy's pixel-by-pixel path for a stem's few channels, all four of its
+# lanes' blocks). The emulated
 # run pins an L1 of 16 KiB: K in slices of 4 blocks, the C tiles kept between them (conv_amx.k_slice).
 AMX_CONVS = """
 graph convs(x1: f32[2, 64, 13, 11], w1: f32[48, 64, 3, 3], b1: f32[48], r1: f32[2, 48, 13, 11],
             x2: f32[1, 40, 23, 23], w2: f32[32, 40, 3, 3], x3: f32[1, 32, 12, 12], w3: f32[64, 32, 1, 1],
             x4: f32[2, 64, 2, 2], w4: f32[64, 64, 3, 3], x5: f32[1, 3, 29, 29], w5: f32[16, 3, 7, 7],
-            x6: f32[2, 8, 9, 10], w6: f32[24, 8, 3, 3]) {
+            x6: f32[2, 8, 9, 10], w6: f32[24, 8, 3, 3], x7: f32[1, 4, 17, 19], w7: f32[24, 4, 5, 5]) {
     y1 = relu(conv2d(x1, w1, b1, stride=1, padding=1) + r1)
     y2 = relu(conv2d(x2, w2, stride=2, padding=1))
     y3 = conv2d(x3, w3, stride=2, padding=0)
     y4 = conv2d(x4, w4, stride=1, padding=1)
     y5 = relu(conv2d(x5, w5, stride=2, padding=3))
     y6 = conv2d(x6, w6, stride=2, padding=1)
-    return y1, y2, y3, y4, y5, y6
+    y7 = conv2d(x7, w7, stride=1, padding=2)
+    return y1, y2, y3, y4, y5, y6, y7
 }
 """
 AMX_CONV_SHAPES = {"x1": (2, 64, 13, 11), "w1": (48, 64, 3, 3), "b1": (48,), "r1": (2, 48, 13, 11),
                    "x2": (1, 40, 23, 23), "w2": (32, 40, 3, 3), "x3": (1, 32, 12, 12), "w3": (64, 32, 1, 1),
                    "x4": (2, 64, 2, 2), "w4": (64, 64, 3, 3), "x5": (1, 3, 29, 29), "w5": (16, 3, 7, 7),
-                   "x6": (2, 8, 9, 10), "w6": (24, 8, 3, 3)}
+                   "x6": (2, 8, 9, 10), "w6": (24, 8, 3, 3), "x7": (1, 4, 17, 19), "w7": (24, 4, 5, 5)}
 
 
 def check_amx_direct_convs(emulate: bool, seed: int) -> None:
@@ -479,13 +482,14 @@ def check_amx_direct_convs(emulate: bool, seed: int) -> None:
             mod = eqfuse.compile(AMX_CONVS, precision="bf16", params={"w1": a["w1"]})
             ys = mod(*[a[k] for k in AMX_CONV_SHAPES if k != "w1"])
     plans = [p for p in mod.default.last.plans if p.kind == "conv2d"]
-    assert [(type(p.detail).__name__, p.precision_path) for p in plans] == [("ConvAmxDetail", "amx_bf16")] * 6
-    assert [p.detail.fold for p in plans] == [False] * 4 + [True] * 2
+    assert [(type(p.detail).__name__, p.precision_path) for p in plans] == [("ConvAmxDetail", "amx_bf16")] * 7
+    assert [p.detail.fold for p in plans] == [False] * 4 + [True] * 3
     assert plans[0].detail.prepack is not None and mod.report["precision"][plans[0].name]["path"] == "amx_bf16"
     if emulate:
         assert plans[0].detail.kcb == 4 < plans[0].detail.KH * plans[0].detail.KW * 2  # (K in slices)
     for i, (y, (x, w, s, p)) in enumerate(zip(ys, [("x1", "w1", 1, 1), ("x2", "w2", 2, 1), ("x3", "w3", 2, 0),
-                                                  ("x4", "w4", 1, 1), ("x5", "w5", 2, 3), ("x6", "w6", 2, 1)])):
+                                                  ("x4", "w4", 1, 1), ("x5", "w5", 2, 3), ("x6", "w6", 2, 1),
+                                                  ("x7", "w7", 1, 2)])):
         ref, mag = conv64(a[x], a[w], s, p, 1), conv64(np.abs(a[x]), np.abs(a[w]), s, p, 1)
         K = np.prod(a[w].shape[1:])
         bound = (2 * U + U * U + 1.01 * K * EPS) * mag
@@ -553,6 +557,49 @@ def test_amx_convs_in_a_chain_write_the_next_ones_copy_and_give_the_same_bits(em
     for y0, y1 in zip(ys["0"], ys["1"]):
         assert y0.shape == (2, 24, 5, 5) and np.array_equal(y0, y1)
     assert not np.array_equal(ys["1"][0], ys["1"][2])
+
+
+# A conv on AMX tiles whose output only a max pool reads (conv_amx.pool_into_amx_conv): the conv
+# computes the pool. A folded stem of 40 outputs (a partial channel block) and its 3x3/2 pool
+# padded by 1, over two images; a 3x3 conv and a 2x2/2 pool of 64 channels, a NaN in the input.
+AMX_POOL = """
+graph pools(x: f32[2, 3, 45, 42], w: f32[40, 3, 7, 7], b: f32[40], x2: f32[1, 32, 15, 17], w2: f32[64, 32, 3, 3]) {
+    y = max_pool2d(relu(conv2d(x, w, b, stride=2, padding=3)), kernel_size=3, stride=2, padding=1)
+    y2 = max_pool2d(conv2d(x2, w2, stride=1, padding=1), kernel_size=2, stride=2)
+    return y, y2
+}
+"""
+AMX_POOL_SHAPES = {"x": (2, 3, 45, 42), "w": (40, 3, 7, 7), "b": (40,), "x2": (1, 32, 15, 17), "w2": (64, 32, 3, 3)}
+
+
+@pytest.mark.parametrize("emulate", [
+    pytest.param(True, id="emulated", marks=pytest.mark.heavy),
+    pytest.param(False, id="hardware", marks=pytest.mark.skipif(
+        not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)"))])
+def test_an_amx_conv_computes_the_max_pool_after_it_and_gives_the_same_bits(emulate):
+    """The conv with the pool in it gives bit for bit the conv and the pool apart
+    (EQFUSE_CONV_AMX_POOL=0: the conv within the bf16 bound, the pool exact), NaN where a NaN
+    input reaches a window; the pool's kernel is gone from the plans."""
+    rng = np.random.default_rng(12)
+    a = {k: rng.standard_normal(s).astype(np.float32) * (0.3 if k[0] == "w" else 1.0) for k, s in AMX_POOL_SHAPES.items()}
+    a["x2"][0, 5, 7, 9] = np.nan
+    ys, plans = {}, {}
+    for pool in ("0", "1"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("EQFUSE_CONV_AMX_POOL", pool)
+            if emulate:
+                mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
+            with machine.pinned(amx_model(), clamp=not emulate):
+                mod = eqfuse.compile(AMX_POOL, precision="bf16")
+                ys[pool] = mod(**a)
+                ys[pool] += mod(**dict(a, x=-a["x"]))  # (a second call: the maxima start again from -inf)
+        plans[pool] = mod.default.last.plans
+    assert [p.kind for p in plans["0"]].count("index") == 2 and [p.kind for p in plans["1"]] == ["conv2d"] * 2
+    assert [p.detail.pool for p in plans["1"]] == [(3, 3, 2, 2, 1, 1, 12, 11), (2, 2, 2, 2, 0, 0, 7, 8)]
+    assert "max pool" in plans["1"][0].uops[-1].what
+    for y0, y1 in zip(ys["0"], ys["1"]):
+        np.testing.assert_array_equal(y1, y0)
+    assert np.isnan(ys["1"][1]).sum() == np.isnan(ys["0"][1]).sum() > 0
 
 
 # A few rows over bound weights on AMX tiles (plan_gemm.amx_few_rows): from 8 rows the blocked AMX

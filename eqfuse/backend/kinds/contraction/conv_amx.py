@@ -28,6 +28,14 @@ padded: `out_copy`, the copy's geometry `next_copy`) into the output's buffer, a
 reads it there (`in_copy`): the
 consumer's copy and the producer's NCHW f32 stores go, the results unchanged (the copy rounds to
 bf16 what the producer's epilogue gave, either way). EQFUSE_CONV_AMX_CHAIN=0 keeps them apart.
+
+`pool_into_amx_conv`: where such a conv's output is read by nothing but a max pool (a ResNet's
+stem), the conv computes the pool (`pool`): each output pixel's channels, after the epilogue, go
+into the maxima of the pool pixels whose windows hold it, kept pixel-major in the thread's
+scratch per block of 32 channels (each thread whole channel blocks), then transposed into the
+pool's NCHW output; the pool kernel goes, and the conv's output, the largest tensor of such a
+model, is never stored nor read. The max is exact: the same results. EQFUSE_CONV_AMX_POOL=0
+keeps the pool apart.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ from eqfuse.backend.kinds.contraction.conv_geometry import ConvGeometry, conv_ge
 from eqfuse.backend.kinds.contraction.plan_gemm import Prepack, bf16_pays, cdiv, gemm_bf16_path, parallel
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
 from eqfuse.ir.graph import Graph
+from eqfuse.ir.kernels import K
+from eqfuse.ir.ops import pair
 from eqfuse.machine import Machine
 
 # The most flat pixels computed per output pixel kept (conv_amx.c): the 2 x 2 maps of two images
@@ -78,8 +88,16 @@ class ConvAmxDetail(ConvGeometry):
     blocked_args: tuple[int, ...] = ()  # (the conv epilogue's interface: none read in blocks here)
     in_copy: bool = False  # the input is this conv's copy, its producer's out_copy
     next_copy: tuple[int, ...] = ()  # the next conv's `copy_geometry`: the output written as its copy
+    # the max pool computed here (`pool_into_amx_conv`): window, stride, padding (rows, columns
+    # each), the pool's output rows and columns
+    pool: tuple[int, ...] = ()
 
-    DERIVED = ("kc", "kcp", "phases", "flat", "waste", "out_copy")
+    DERIVED = ("kc", "kcp", "phases", "flat", "waste", "out_copy", "out_pool")
+
+    @property
+    def out_pool(self) -> bool:
+        """The output is the max pool of the conv's (`pool`)."""
+        return bool(self.pool)
 
     @property
     def out_copy(self) -> bool:
@@ -233,7 +251,7 @@ def copy_between_amx_convs(kg: Graph, plans: list[KernelPlan]) -> None:
             readers.setdefault(a, []).append((q, k))
     for p in plans:
         d = p.detail
-        if not isinstance(d, ConvAmxDetail) or d.next_copy or p.node in kg.outputs or p.into is not None \
+        if not isinstance(d, ConvAmxDetail) or d.next_copy or d.pool or p.node in kg.outputs or p.into is not None \
                 or p.out_strides is not None or p.body.nodes[p.body.outputs[0]].type.dtype != "f32":
             continue
         rs = readers.get(p.node, [])
@@ -254,14 +272,52 @@ def copy_between_amx_convs(kg: Graph, plans: list[KernelPlan]) -> None:
                           "place") if u.op == "Load" else u for u in q.uops]
 
 
+def pool_into_amx_conv(kg: Graph, plans: list[KernelPlan]) -> None:
+    """Fold each max pool (f32, NCHW, its kernel the pool alone) whose input is read by nothing
+    else and written by a conv on this kernel into that conv (the module's docstring): the conv's
+    plan then writes the pool's node, and the pool's plan goes from `plans`."""
+    if os.environ.get("EQFUSE_CONV_AMX_POOL", "").strip() == "0":
+        return
+    readers: dict[int, list[KernelPlan]] = {}
+    for q in plans:
+        for a in q.args:
+            readers.setdefault(a, []).append(q)
+    for p in list(plans):
+        d = p.detail
+        rs = readers.get(p.node, [])
+        if not isinstance(d, ConvAmxDetail) or d.pool or d.next_copy or len(rs) != 1 or p.node in kg.outputs \
+                or p.into is not None or p.out_strides is not None:
+            continue
+        q = rs[0]
+        e, body = q.detail, q.body
+        an = body.nodes[q.shape.anchor] if q.kind == K.INDEX else None
+        if an is None or an.op != "max_pool2d" or e.in_blocked or e.out_blocked or q.in_strides or q.into is not None \
+                or q.out_strides is not None or list(body.outputs) != [q.shape.anchor] or tuple(an.args) != (body.inputs[0],) \
+                or an.type.dtype != "f32" or tuple(q.args) != (p.node,):
+            continue
+        (kh, kw), (sh, sw), (ph, pw) = (pair(an.attr["kernel_size"]), pair(an.attr["stride"] or an.attr["kernel_size"]),
+                                        pair(an.attr["padding"]))
+        poh, pow_ = q.out_shape[2], q.out_shape[3]
+        p.detail = replace(d, pool=(kh, kw, sh, sw, ph, pw, poh, pow_))
+        p.node, p.out_shape = q.node, q.out_shape
+        p.threads = (f"whole blocks of 32 output channels, each with its pool pixels, {REGIONS}" if d.parallel
+                     else "one thread, no parallel region")
+        p.uops = [replace(u, what=f"tile through the epilogue ({u.what.split('(', 1)[1].split(')')[0]}) into the "
+                          f"{kh}x{kw} max pool's maxima (stride {sh}x{sw}, padding {ph}x{pw}) of each pool pixel whose "
+                          "window holds the pixel, pixel-major in the thread's scratch; after a channel block's last "
+                          "tile, transposed into NCHW") if u.op == "Store" else u for u in p.uops]
+        plans.remove(q)
+
+
 def emit_conv_amx(plan: KernelPlan) -> str:
     body, a, d = plan.body, plan.shape.anchor, plan.detail
     cv = body.nodes[a]
     params, ptrs = kernel_params(plan)
     expr, decls = epilogue_c(plan)
+    pool = dict(zip(("PKH", "PKW", "PSH", "PSW", "PPH", "PPW", "POH", "POW"), d.pool or (0,) * 8))
     y = dict(zip(("YSH", "YSW", "YPH", "YPW", "YQH", "YQW", "YHQ", "YWQ", "YPHASE", "YKCP"), d.next_copy or (0,) * 10))
     return render("conv_amx.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   CHUNKS=d.region_chunks, KCB=d.kcb, G=d.group, FOLD=int(d.fold), EPILOGUE=" ".join(expr.split("\n")),
-                  O=d.O, KCP=d.kcp, IN_COPY=int(d.in_copy), OUT_COPY=int(d.out_copy), **y,
+                  O=d.O, KCP=d.kcp, IN_COPY=int(d.in_copy), OUT_COPY=int(d.out_copy), OUT_POOL=int(d.out_pool), **y, **pool,
                   **d.shape_c("DH", "DW"), **param_job(params))
