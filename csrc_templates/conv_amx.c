@@ -331,14 +331,16 @@ static inline void {{NAME}}_put_bf16(uint16_t* restrict d, const float* restrict
                 lane[o] = {{EPILOGUE}};                                                            \
                 (void)i;                                                                           \
             }                                                                                      \
-        else /* (the last block's channels past O: zero, their operands not read) */              \
-            for (long o = 0; o < 32; o++) {                                                        \
-                const long i = pob * 32 + o < O ? pob * 32 + o : O - 1;                            \
+        else { /* (the last block's channels past O: zero, their operands not read) */            \
+            _Pragma("omp simd") for (long o = 0; o < O - pob * 32; o++) {                          \
+                const long i = pob * 32 + o;                                                       \
                 const float acc = src[o];                                                          \
-                const float v = {{EPILOGUE}};                                                      \
-                lane[o] = pob * 32 + o < O ? v : 0.0f;                                             \
+                lane[o] = {{EPILOGUE}};                                                            \
                 (void)i;                                                                           \
             }                                                                                      \
+            for (long o = O - pob * 32; o < 32; o++)                                               \
+                lane[o] = 0.0f;                                                                    \
+        }                                                                                          \
         {{NAME}}_put_bf16(yd + pob * 32, lane);                                                    \
         (void)b, (void)j;                                                                          \
     }
@@ -401,8 +403,7 @@ static inline void {{NAME}}_pool_run(float* restrict accn, const float* restrict
 }
 
 /* An item's tile T (32 flat pixels x 32 channels, pixel-major) of pixel block PB into the pool
- * (a statement in _tiles): the epilogue along each pixel's channels, in place (the channels past
- * O computed from the last channel's operands, never stored), then each run of the pixels along
+ * (a statement in _tiles): the epilogue along each pixel's channels, in place, then each run of the pixels along
  * one conv row into the pool's maxima ({{NAME}}_pool_run) */
 #define {{NAME}}_POOL_ITEM(T, PB)                                                                  \
     do {                                                                                           \
@@ -421,9 +422,9 @@ static inline void {{NAME}}_pool_run(float* restrict accn, const float* restrict
                     src[o] = {{EPILOGUE}};                                                         \
                     (void)i;                                                                       \
                 }                                                                                  \
-            else                                                                                   \
-                for (long o = 0; o < 32; o++) {                                                    \
-                    const long i = ob * 32 + o < O ? ob * 32 + o : O - 1;                          \
+            else /* (the last block's channels past O: left as they are, never stored) */         \
+                _Pragma("omp simd") for (long o = 0; o < O - ob * 32; o++) {                       \
+                    const long i = ob * 32 + o;                                                    \
                     const float acc = src[o];                                                      \
                     src[o] = {{EPILOGUE}};                                                         \
                     (void)i;                                                                       \

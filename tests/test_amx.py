@@ -560,8 +560,10 @@ def test_amx_convs_in_a_chain_write_the_next_ones_copy_and_give_the_same_bits(em
 
 
 # A conv on AMX tiles whose output only a max pool reads (conv_amx.pool_into_amx_conv): the conv
-# computes the pool. A folded stem of 40 outputs (a partial channel block) and its 3x3/2 pool
-# padded by 1, over two images; a 3x3 conv and a 2x2/2 pool of 64 channels, a NaN in the input.
+# computes the pool, where its output is larger than L2 (pinned to 32 KiB here) and has two
+# channel blocks or more. A folded stem of 40 outputs (a partial channel block) and its 3x3/2
+# pool padded by 1, over two images; a 3x3 conv and a 2x2/2 pool of 64 channels, a NaN in the
+# input.
 AMX_POOL = """
 graph pools(x: f32[2, 3, 45, 42], w: f32[40, 3, 7, 7], b: f32[40], x2: f32[1, 32, 15, 17], w2: f32[64, 32, 3, 3]) {
     y = max_pool2d(relu(conv2d(x, w, b, stride=2, padding=3)), kernel_size=3, stride=2, padding=1)
@@ -589,7 +591,7 @@ def test_an_amx_conv_computes_the_max_pool_after_it_and_gives_the_same_bits(emul
             mp.setenv("EQFUSE_CONV_AMX_POOL", pool)
             if emulate:
                 mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
-            with machine.pinned(amx_model(), clamp=not emulate):
+            with machine.pinned(dataclasses.replace(amx_model(), l2=32 << 10), clamp=not emulate):
                 mod = eqfuse.compile(AMX_POOL, precision="bf16")
                 ys[pool] = mod(**a)
                 ys[pool] += mod(**dict(a, x=-a["x"]))  # (a second call: the maxima start again from -inf)
@@ -600,6 +602,9 @@ def test_an_amx_conv_computes_the_max_pool_after_it_and_gives_the_same_bits(emul
     for y0, y1 in zip(ys["0"], ys["1"]):
         np.testing.assert_array_equal(y1, y0)
     assert np.isnan(ys["1"][1]).sum() == np.isnan(ys["0"][1]).sum() > 0
+    with machine.pinned(amx_model(), clamp=False):  # (2 MiB of L2: both outputs fit, the pools stay apart)
+        kept = lower(load(AMX_POOL)[0], {}, precision="bf16")[2]
+    assert [p.kind for p in kept].count("index") == 2
 
 
 # A few rows over bound weights on AMX tiles (plan_gemm.amx_few_rows): from 8 rows the blocked AMX

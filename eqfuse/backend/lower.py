@@ -205,7 +205,7 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
                 if p.into is not None:  # after any planning again, which writes the uops anew
                     p.uops = p.uops + [store_uop(p)]
             block_between_convs(kg, plans, m)  # (direct convs: the blocked layout between them)
-            pool_into_amx_conv(kg, plans)  # (a conv on AMX tiles and the max pool after it: one kernel)
+            pool_into_amx_conv(kg, plans, m)  # (a conv on AMX tiles and the max pool after it: one kernel)
             copy_between_amx_convs(kg, plans)  # (convs on AMX tiles: the next one's copy written by the one before)
             # a 1x1 conv planned again as a direct conv, and a conv whose bound weights it reads
             # through a view (a conv1d's, reshaped to a conv2d's): their weights blocked once too

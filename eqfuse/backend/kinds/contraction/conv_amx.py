@@ -72,6 +72,13 @@ MAX_K_PAD, MAX_K_PAD_STRIDED = 2.0, 1.6
 # slice's B tiles (the weights) in L1. The groups and slices tried measured alike (EQFUSE_CONV_AMX_TILE, six
 # settings at 28 x 28; benchmarks/RESULTS.md, 2026-12-04): these are the ones the caches suggest.
 GROUP = 4
+# The channel blocks (of 32) a conv needs to take the max pool after it (`pool_into_amx_conv`):
+# each thread takes whole blocks there, and the output must be larger than L2 for the stores it
+# saves to pay. ResNet-18's stem (16 channels, 128 KiB) ran slower with the pool in it (41 against
+# 35 us, one thread; one block, so one thread at two), resnet_stages' (64 channels, 3.2 MB) faster
+# (`python benchmarks/bench_models.py --precision bf16 --model resnet18 --model resnet_stages`,
+# the kernels by eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04).
+POOL_MIN_BLOCKS = 2
 
 
 @dataclass(frozen=True)
@@ -272,10 +279,11 @@ def copy_between_amx_convs(kg: Graph, plans: list[KernelPlan]) -> None:
                           "place") if u.op == "Load" else u for u in q.uops]
 
 
-def pool_into_amx_conv(kg: Graph, plans: list[KernelPlan]) -> None:
+def pool_into_amx_conv(kg: Graph, plans: list[KernelPlan], m: Machine) -> None:
     """Fold each max pool (f32, NCHW, its kernel the pool alone) whose input is read by nothing
-    else and written by a conv on this kernel into that conv (the module's docstring): the conv's
-    plan then writes the pool's node, and the pool's plan goes from `plans`."""
+    else and written by a conv on this kernel into that conv (the module's docstring), where the
+    conv's output is larger than L2 and has two channel blocks or more (POOL_MIN_BLOCKS): the
+    conv's plan then writes the pool's node, and the pool's plan goes from `plans`."""
     if os.environ.get("EQFUSE_CONV_AMX_POOL", "").strip() == "0":
         return
     readers: dict[int, list[KernelPlan]] = {}
@@ -287,6 +295,8 @@ def pool_into_amx_conv(kg: Graph, plans: list[KernelPlan]) -> None:
         rs = readers.get(p.node, [])
         if not isinstance(d, ConvAmxDetail) or d.pool or d.next_copy or len(rs) != 1 or p.node in kg.outputs \
                 or p.into is not None or p.out_strides is not None:
+            continue
+        if cdiv(d.O, 32) < POOL_MIN_BLOCKS or 4 * d.N * d.O * d.OH * d.OW <= m.l2:
             continue
         q = rs[0]
         e, body = q.detail, q.body
