@@ -210,6 +210,35 @@ static void {{NAME}}_copy_rows(void* job, long lo, long hi)
             goto next;
         }
 #endif
+#if defined(__AVX512BF16__) && defined(__BMI2__)
+        if (!FOLD && SW <= 2) { /* every channel's row read at the same columns: one mask a step, the rows H W apart */
+            if (ih < 0 || ih >= H) {
+                memset(dst, 0, sizeof(uint16_t) * KCP * WQ);
+                goto next;
+            }
+            const long col = qw - PW, qa = col >= 0 ? 0 : (SW - 1 - col) / SW;
+            const long qb = W - 1 - col < 0 ? 0 : (W - 1 - col) / SW + 1 < WQ ? (W - 1 - col) / SW + 1 : WQ;
+            const float* restrict s0 = x + (n * C * (long)H + ih) * W + col;
+            const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                   23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+            for (long k0 = 0; k0 < KCP; k0 += 32)
+                for (long q = 0; q < WQ; q += 16) {
+                    const uint32_t m = {{NAME}}_lanes(q, qa, qb);
+                    __m512i v[16]; /* v[l]: the K-pair l of the block at the 16 pixels */
+                    for (int l = 0; l < 16; l++) {
+                        const long kc = k0 + 2 * l;
+                        const __m512 v0 = kc < KC ? {{NAME}}_row16(s0 + kc * (long)H * W + q * SW, m) : _mm512_setzero_ps();
+                        const __m512 v1 = kc + 1 < KC ? {{NAME}}_row16(s0 + (kc + 1) * (long)H * W + q * SW, m) : _mm512_setzero_ps();
+                        v[l] = _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+                    }
+                    {{NAME}}_tr16(v); /* v[p]: the pixel p's 16 K-pairs */
+                    const long np = WQ - q < 16 ? WQ - q : 16;
+                    for (long p = 0; p < np; p++)
+                        _mm512_storeu_si512((void*)(dst + (q + p) * KCP + k0), v[p]);
+                }
+            goto next;
+        }
+#endif
         for (long k0 = 0; k0 < KCP; k0 += 32) {
             /* each channel e of the block: its input row (s[e], read at q SW + col[e]) and the columns q it reads inside the image */
             const float* s[32];
