@@ -272,6 +272,10 @@ def copy_between_amx_convs(kg: Graph, plans: list[KernelPlan]) -> None:
             continue
         p.detail = replace(d, next_copy=e.copy_geometry)
         q.detail = replace(e, in_copy=True)
+        if d.parallel:
+            p.threads = p.threads.replace("the copy's rows, then ", "the copy's rows, the next conv's copy's rows of zero "
+                                          "padding, then ")
+        q.threads = q.threads.replace("the copy's rows, then ", "")
         p.uops = [replace(u, what=f"tile through the epilogue ({u.what.split('(', 1)[1].split(')')[0]}) into the next "
                           "conv's copy: a pixel's 32 channels one bf16 row (its zero padding written first)")
                   if u.op == "Store" else u for u in p.uops]
@@ -310,8 +314,8 @@ def pool_into_amx_conv(kg: Graph, plans: list[KernelPlan], m: Machine) -> None:
         poh, pow_ = q.out_shape[2], q.out_shape[3]
         p.detail = replace(d, pool=(kh, kw, sh, sw, ph, pw, poh, pow_))
         p.node, p.out_shape = q.node, q.out_shape
-        p.threads = (f"whole blocks of 32 output channels, each with its pool pixels, {REGIONS}" if d.parallel
-                     else "one thread, no parallel region")
+        p.threads = (f"{'' if d.in_copy else 'the copy' + chr(39) + 's rows, then '}whole blocks of 32 output channels, "
+                     f"each with its pool pixels, {REGIONS}" if d.parallel else "one thread, no parallel region")
         p.uops = [replace(u, what=f"tile through the epilogue ({u.what.split('(', 1)[1].split(')')[0]}) into the "
                           f"{kh}x{kw} max pool's maxima (stride {sh}x{sw}, padding {ph}x{pw}) of each pool pixel whose "
                           "window holds the pixel, pixel-major in the thread's scratch; after a channel block's last "
