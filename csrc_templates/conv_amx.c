@@ -289,6 +289,29 @@ static void {{NAME}}_copy_rows(void* job, long lo, long hi)
 }
 #endif
 
+#if {{NAME}}_OUT_COPY || {{NAME}}_OUT_POOL
+/* The epilogue along one pixel's 32 channels of channel block OB, DST[o] from SRC[o] (the pixel's
+ * image b and output pixel j in scope): a whole block in two 16-lane vectors, the last one's
+ * channels below O only (the others not written; their operands not read) */
+#define {{NAME}}_EPI_PIXEL(DST, SRC, OB)                                                           \
+    do {                                                                                           \
+        if ((OB) * 32 + 32 <= O)                                                                   \
+            _Pragma("omp simd simdlen(16)") for (long o = 0; o < 32; o++) {                        \
+                const long i = (OB) * 32 + o;                                                      \
+                const float acc = (SRC)[o];                                                        \
+                (DST)[o] = {{EPILOGUE}};                                                           \
+                (void)i;                                                                           \
+            }                                                                                      \
+        else                                                                                       \
+            _Pragma("omp simd") for (long o = 0; o < O - (OB) * 32; o++) {                         \
+                const long i = (OB) * 32 + o;                                                      \
+                const float acc = (SRC)[o];                                                        \
+                (DST)[o] = {{EPILOGUE}};                                                           \
+                (void)i;                                                                           \
+            }                                                                                      \
+    } while (0)
+#endif
+
 #if {{NAME}}_OUT_COPY
 /* The rows of the next conv's copy no output pixel fills (`_Y`): zero */
 static void {{NAME}}_yzero(void* job, long lo, long hi)
@@ -331,13 +354,11 @@ static void {{NAME}}_ylanes(long pb, uint16_t* y0, uint16_t** y, long* bs, long*
     }
 }
 
-/* the 32 floats of t (8 at a time, as the epilogue's loop wrote them) rounded to bf16, one 64-byte row */
+/* the 32 floats of t (16 at a time, as the epilogue's loop wrote them) rounded to bf16, one 64-byte row */
 static inline void {{NAME}}_put_bf16(uint16_t* restrict d, const float* restrict t)
 {
 #if defined(__AVX512BF16__)
-    const __m512 lo = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(t)), _mm256_load_ps(t + 8), 1);
-    const __m512 hi = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(t + 16)), _mm256_load_ps(t + 24), 1);
-    _mm512_storeu_si512((void*)d, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    _mm512_storeu_si512((void*)d, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(t + 16), _mm512_load_ps(t)));
 #else
     for (int e = 0; e < 32; e++)
         d[e] = eqf_bf16(t[e]);
@@ -352,24 +373,9 @@ static inline void {{NAME}}_put_bf16(uint16_t* restrict d, const float* restrict
         if (!yd)                                                                                   \
             continue;                                                                              \
         const long b = ybs[prow], j = yjs[prow];                                                   \
-        const float* restrict src = prev + prow * 32;                                              \
-        if (pob * 32 + 32 <= O)                                                                    \
-            _Pragma("omp simd") for (long o = 0; o < 32; o++) {                                    \
-                const long i = pob * 32 + o;                                                       \
-                const float acc = src[o];                                                          \
-                lane[o] = {{EPILOGUE}};                                                            \
-                (void)i;                                                                           \
-            }                                                                                      \
-        else { /* (the last block's channels past O: zero, their operands not read) */            \
-            _Pragma("omp simd") for (long o = 0; o < O - pob * 32; o++) {                          \
-                const long i = pob * 32 + o;                                                       \
-                const float acc = src[o];                                                          \
-                lane[o] = {{EPILOGUE}};                                                            \
-                (void)i;                                                                           \
-            }                                                                                      \
-            for (long o = O - pob * 32; o < 32; o++)                                               \
-                lane[o] = 0.0f;                                                                    \
-        }                                                                                          \
+        {{NAME}}_EPI_PIXEL(lane, prev + prow * 32, pob);                                           \
+        for (long o = O - pob * 32; o < 32; o++) /* (the last block's channels past O: zero) */    \
+            lane[o] = 0.0f;                                                                        \
         {{NAME}}_put_bf16(yd + pob * 32, lane);                                                    \
         (void)b, (void)j;                                                                          \
     }
@@ -443,21 +449,7 @@ static inline void {{NAME}}_pool_run(float* restrict accn, const float* restrict
             if (pohs[p] < 0)                                                                       \
                 continue;                                                                          \
             const long b = pbs[p], j = pohs[p] * OW + pows[p];                                     \
-            float* restrict src = tt + p * 32;                                                     \
-            if (ob * 32 + 32 <= O)                                                                 \
-                _Pragma("omp simd simdlen(16)") for (long o = 0; o < 32; o++) {                    \
-                    const long i = ob * 32 + o;                                                    \
-                    const float acc = src[o];                                                      \
-                    src[o] = {{EPILOGUE}};                                                         \
-                    (void)i;                                                                       \
-                }                                                                                  \
-            else /* (the last block's channels past O: left as they are, never stored) */         \
-                _Pragma("omp simd") for (long o = 0; o < O - ob * 32; o++) {                       \
-                    const long i = ob * 32 + o;                                                    \
-                    const float acc = src[o];                                                      \
-                    src[o] = {{EPILOGUE}};                                                         \
-                    (void)i;                                                                       \
-                }                                                                                  \
+            {{NAME}}_EPI_PIXEL(tt + p * 32, tt + p * 32, ob); /* (in place; past O never stored) */ \
             (void)b, (void)j;                                                                      \
         }                                                                                          \
         for (int p = 0; p < 32;) {                                                                 \
