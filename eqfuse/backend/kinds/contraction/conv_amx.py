@@ -74,10 +74,10 @@ MAX_K_PAD, MAX_K_PAD_STRIDED = 2.0, 1.6
 GROUP = 4
 # The channel blocks (of 32) a conv needs to take the max pool after it (`pool_into_amx_conv`):
 # each thread takes whole blocks there, and the output must be larger than L2 for the stores it
-# saves to pay. ResNet-18's stem (16 channels, 128 KiB) ran slower with the pool in it (41 against
-# 35 us, one thread; one block, so one thread at two), resnet_stages' (64 channels, 3.2 MB) faster
-# (`python benchmarks/bench_models.py --precision bf16 --model resnet18 --model resnet_stages`,
-# the kernels by eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04).
+# saves to pay. ResNet-18's stem (one block, within L2) ran slower with the pool in it, and on one
+# thread at two; resnet_stages' (two blocks, past L2) faster (`python benchmarks/bench_models.py
+# --precision bf16 --model resnet18 --model resnet_stages`, the kernels by eqfuse.runtime.profile;
+# benchmarks/RESULTS.md, 2026-12-04).
 POOL_MIN_BLOCKS = 2
 
 
