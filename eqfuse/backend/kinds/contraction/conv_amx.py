@@ -25,9 +25,9 @@ either where it can run.
 `copy_between_amx_convs`: where such a conv's output is read by nothing but the next conv on this
 kernel, as its input, the producer writes it as that conv's copy (bf16, pixel-major, zero
 padded: `out_copy`, the copy's geometry `next_copy`) into the output's buffer, and the consumer
-reads it there (`in_copy`): the
-consumer's copy and the producer's NCHW f32 stores go, the results unchanged (the copy rounds to
-bf16 what the producer's epilogue gave, either way). EQFUSE_CONV_AMX_CHAIN=0 keeps them apart.
+reads it there (`in_copy`): the consumer's copy and the producer's NCHW f32 stores go, the
+results unchanged (the copy rounds to bf16 what the producer's epilogue gave, either way).
+EQFUSE_CONV_AMX_CHAIN=0 keeps them apart.
 
 `pool_into_amx_conv`: where such a conv's output is read by nothing but a max pool (a ResNet's
 stem), the conv computes the pool (`pool`): each output pixel's channels, after the epilogue, go
