@@ -607,6 +607,28 @@ def test_an_amx_conv_computes_the_max_pool_after_it_and_gives_the_same_bits(emul
     assert [p.kind for p in kept].count("index") == 2
 
 
+@pytest.mark.heavy  # (three models' emulated tiles, twice)
+@pytest.mark.skipif("avx512f" not in machine.cpu_flags(),
+                    reason="this CPU has no AVX-512: its builds take the portable paths already (the tests above)")
+def test_the_amx_convs_portable_paths_give_the_same_bits_as_their_avx512_ones():
+    """conv_amx.c's loops without AVX-512 (the copies, the transposes, the chained rows' rounding,
+    the pool's maxima: what an AVX2 host's emulated run takes) against its AVX-512 ones, all
+    emulated tiles: bit for bit, over the direct convs, the chain and the pools above."""
+    rng = np.random.default_rng(13)
+    model = dataclasses.replace(amx_model(), l1=16 << 10, l2=32 << 10)
+    for src, shapes in ((AMX_CONVS, AMX_CONV_SHAPES), (AMX_CHAIN, AMX_CHAIN_SHAPES), (AMX_POOL, AMX_POOL_SHAPES)):
+        a = {k: rng.standard_normal(s).astype(np.float32) * (0.3 if k[0] == "w" else 1.0) for k, s in shapes.items()}
+        ys = []
+        for flags in ("-DEQF_AMX_EMULATE", "-DEQF_AMX_EMULATE -mno-avx512f"):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("EQFUSE_CFLAGS", flags)
+                with machine.pinned(model, clamp=False):
+                    y = eqfuse.compile(src, precision="bf16")(**a)
+            ys.append(y if isinstance(y, tuple) else (y,))
+        for y0, y1 in zip(*ys):
+            np.testing.assert_array_equal(y1, y0)
+
+
 # A few rows over bound weights on AMX tiles (plan_gemm.amx_few_rows): from 8 rows the blocked AMX
 # GEMM with its B panels prepacked, the column panels ranges of the claim-based pool (gemm.c's
 # POOL); fewer rows keep the few-rows kernel. 400 columns: 13 panels, the last one partial.
