@@ -7,6 +7,10 @@
 #define {{NAME}}_IN_COPY {{IN_COPY}} /* the plan's in_copy: the input is the copy, written by its producer */
 #define {{NAME}}_OUT_COPY {{OUT_COPY}} /* the plan's out_copy: the output is the next conv's copy, in bf16 */
 #define {{NAME}}_OUT_POOL {{OUT_POOL}} /* the plan's out_pool: the output is the max pool of the conv's */
+/* the items' order: groups of G pixel blocks outermost (a thread's range is a range of pixels, all
+ * channels: the next kernel, whose threads split pixels the same way, finds them in its own
+ * core's caches), channel blocks outermost for the pool (each thread whole channel blocks) */
+#define {{NAME}}_PIXEL_MAJOR (!{{NAME}}_OUT_POOL)
 /* {{NAME}}: conv2d on AMX-BF16 tiles read straight from the input (eqfuse.backend.kinds.contraction.conv_amx),
  * {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}}, padding {{PH}}x{{PW}}
  * -> {{N}}x{{O}}x{{OH}}x{{OW}} (NCHW in and out), the epilogue fused into the store.
@@ -47,8 +51,10 @@
  * The register tile: 2 x 2 C tiles, 32 flat pixels x 32 output channels (tiles 0-3), A tiles 4-5,
  * B tiles 6-7, over the NKB blocks; then the tile, transposed to channel-major, through the
  * epilogue into NCHW, the flat pixels that are output pixels only. The threads share the (channel
- * block, pixel block) items, channel blocks outermost: a range of items reads one block's
- * weights, from L1, while the copy's rows stream. */
+ * block, pixel block) items in groups of G pixel blocks of one channel block, which read a K
+ * slice of that block's weights from L1 while the copy's rows stream; the groups in pixel order,
+ * each group's channel blocks one after the other (PIXEL_MAJOR; OUT_POOL: channel blocks
+ * outermost). */
 #if !defined(EQF_AMX_EMULATE) && !(defined(__AMX_TILE__) && defined(__AMX_BF16__))
 #error "the plan chose the AMX-BF16 path (tdpbf16ps) but the compiler does not target AMX-TILE and AMX-BF16"
 #endif
@@ -548,8 +554,8 @@ static inline void {{NAME}}_transpose(const float* restrict c, float* restrict t
 
 #endif
 
-/* Items (channel block ob, pixel block pb), ob outermost: 32 flat pixels x 32 output channels
- * each, in groups of up to G items of one channel block. K goes in slices of KCB blocks (the
+/* Items (channel block ob, pixel block pb) in PIXEL_MAJOR's order: 32 flat pixels x 32 output
+ * channels each, in groups of up to G items of one channel block. K goes in slices of KCB blocks (the
  * slice's B tiles, KCB x 32 x 32 bf16, stay in L1 while the group's pixel blocks use them), each
  * item's C tiles kept between slices in part[]. After its last slice an item's tiles go,
  * transposed, into one of two buffers, and its epilogue runs during the next items' products, a
@@ -588,9 +594,15 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
     const long per = (32 + KCB - 1) / KCB; /* pending rows stored per K block */
     eqf_amx_begin(); /* (in each range: the tile configuration is a thread's) */
     for (long g0 = lo; g0 < hi;) {
+#if {{NAME}}_PIXEL_MAJOR /* item g: group g / (NOB G) of G pixel blocks, channel block g / G % NOB, block g % G of the group */
+        const long ob = g0 / G % NOB, pb0 = g0 / (NOB * G) * G + g0 % G;
+        const long step = hi - g0 < G - g0 % G ? hi - g0 : G - g0 % G;
+#else /* item g: channel block g / NPB, pixel block g % NPB */
         const long ob = g0 / NPB, pb0 = g0 % NPB;
-        long ng = hi - g0 < G ? hi - g0 : G; /* the group: up to G items, all of channel block ob */
-        ng = ng < NPB - pb0 ? ng : NPB - pb0;
+        const long step = hi - g0 < G ? (hi - g0 < NPB - pb0 ? hi - g0 : NPB - pb0) : (G < NPB - pb0 ? G : NPB - pb0);
+#endif
+        /* the group: the step's items, all of channel block ob, whose pixel blocks are below NPB */
+        const long ng = step < NPB - pb0 ? step : NPB - pb0 > 0 ? NPB - pb0 : 0;
         const uint16_t* restrict b0 = wq + 2 * ob * (long)NKB * 512, *restrict b1 = b0 + (long)NKB * 512;
         for (long k0 = 0; k0 < NKB; k0 += KCB) {
             const long k1 = k0 + KCB < NKB ? k0 + KCB : NKB;
@@ -645,7 +657,7 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
                 }
             }
         }
-        g0 += ng;
+        g0 += step;
     }
     {{NAME}}_STORE(prows);
     (void)per, (void)prev, (void)lane, (void)prow, (void)pob, (void)prows; /* (OUT_POOL: no pending epilogue) */
@@ -738,6 +750,7 @@ void {{NAME}}({{PARAMS}})
     if (job.failed)
         eqf_nomem_note();
 #else
-    eqf_region_n((long)NOB * NPB, {{NAME}}_tiles, &job, {{NAME}}_PARALLEL, {{NAME}}_CHUNKS);
+    eqf_region_n({{NAME}}_PIXEL_MAJOR ? (long)(NPB + {{NAME}}_G - 1) / {{NAME}}_G * NOB * {{NAME}}_G : (long)NOB * NPB,
+                 {{NAME}}_tiles, &job, {{NAME}}_PARALLEL, {{NAME}}_CHUNKS);
 #endif
 }

@@ -227,8 +227,8 @@ def plan_conv_amx(plan: KernelPlan, m: Machine) -> bool:
     slice_b = 32 * d.kcb * 32 * 2
     plan.cache_check = (f"a K slice's B tiles {d.kcb * 32} x 32 bf16 = {slice_b} B (read by each pixel block of a "
                         f"group of {d.group}) <= L1 / 2 {m.l1 // 2} B: {'ok' if slice_b <= m.l1 // 2 else 'NO'}")
-    plan.threads = (f"the copy's rows, then the {nob} channel blocks x {npb} pixel blocks (channel blocks "
-                    f"outermost), {REGIONS}" if d.parallel else "one thread, no parallel region")
+    plan.threads = (f"the copy's rows, then the {nob} channel blocks x {npb} pixel blocks (groups of {d.group} "
+                    f"pixel blocks outermost, then channel blocks), {REGIONS}" if d.parallel else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
     plan.uops = [
         UOp(0, "Exec", f"weights to B tiles [{2 * nob}][{nkb}][16][16][2] bf16, K tap-major in blocks of 32 "
