@@ -15,6 +15,7 @@ A CPU without AMX tests it three ways, and one with AMX a fourth:
 - on the hardware, where /proc/cpuinfo has amx_bf16 and amx_tile (skipped with the reason elsewhere).
 """
 
+import contextlib
 import dataclasses
 import re
 import shutil
@@ -509,6 +510,19 @@ def test_amx_direct_convs_are_within_the_bf16_bound(emulate):
     check_amx_direct_convs(emulate=emulate, seed=7 if emulate else 8)
 
 
+@contextlib.contextmanager
+def amx_compiled(src: str, emulate: bool, env: dict[str, str], model: machine.Machine, **kw):
+    """src compiled in bf16 with `env` set, for `model` (pinned while the block runs its calls),
+    on the emulated tiles (EQF_AMX_EMULATE) or the host's own."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        if emulate:
+            mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
+        with machine.pinned(model, clamp=not emulate):
+            yield eqfuse.compile(src, precision="bf16", **kw)
+
+
 # Convs on AMX tiles one after the other (conv_amx.copy_between_amx_convs): each writes the next one's
 # copy, bf16 and pixel-major, into its output's buffer, the next reads it there. 48 outputs (the
 # copy's channels 48-63 zero), a stride-2 consumer (four phase planes), a producer with a residual
@@ -538,16 +552,11 @@ def test_amx_convs_in_a_chain_write_the_next_ones_copy_and_give_the_same_bits(em
     rng = np.random.default_rng(11)
     a = {k: rng.standard_normal(s).astype(np.float32) * (0.3 if k[0] == "w" else 1.0) for k, s in AMX_CHAIN_SHAPES.items()}
     ys, plans = {}, {}
+    free = {k: v for k, v in a.items() if k != "w2"}
     for chain in ("0", "1"):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("EQFUSE_CONV_AMX_CHAIN", chain)
-            if emulate:
-                mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
-            with machine.pinned(amx_model(), clamp=not emulate):
-                mod = eqfuse.compile(AMX_CHAIN, precision="bf16", params={"w2": a["w2"]})
-                free = {k: v for k, v in a.items() if k != "w2"}
-                ys[chain] = [mod(**free) for _ in range(2)]
-                ys[chain].append(mod(**dict(free, x=-free["x"])))
+        with amx_compiled(AMX_CHAIN, emulate, {"EQFUSE_CONV_AMX_CHAIN": chain}, amx_model(), params={"w2": a["w2"]}) as mod:
+            ys[chain] = [mod(**free) for _ in range(2)]
+            ys[chain].append(mod(**dict(free, x=-free["x"])))
         plans[chain] = [p for p in mod.default.last.plans if p.kind == "conv2d"]
     assert [type(p.detail).__name__ for p in plans["1"]] == ["ConvAmxDetail"] * 4
     assert [(p.detail.in_copy, bool(p.detail.out_copy)) for p in plans["1"]] == \
@@ -587,14 +596,9 @@ def test_an_amx_conv_computes_the_max_pool_after_it_and_gives_the_same_bits(emul
     a["x2"][0, 5, 7, 9] = np.nan
     ys, plans = {}, {}
     for pool in ("0", "1"):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("EQFUSE_CONV_AMX_POOL", pool)
-            if emulate:
-                mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
-            with machine.pinned(dataclasses.replace(amx_model(), l2=32 << 10), clamp=not emulate):
-                mod = eqfuse.compile(AMX_POOL, precision="bf16")
-                ys[pool] = mod(**a)
-                ys[pool] += mod(**dict(a, x=-a["x"]))  # (a second call: the maxima start again from -inf)
+        with amx_compiled(AMX_POOL, emulate, {"EQFUSE_CONV_AMX_POOL": pool}, dataclasses.replace(amx_model(), l2=32 << 10)) as mod:
+            ys[pool] = mod(**a)
+            ys[pool] += mod(**dict(a, x=-a["x"]))  # (a second call: the maxima start again from -inf)
         plans[pool] = mod.default.last.plans
     assert [p.kind for p in plans["0"]].count("index") == 2 and [p.kind for p in plans["1"]] == ["conv2d"] * 2
     assert [p.detail.pool for p in plans["1"]] == [(3, 3, 2, 2, 1, 1, 12, 11), (2, 2, 2, 2, 0, 0, 7, 8)]
@@ -608,6 +612,8 @@ def test_an_amx_conv_computes_the_max_pool_after_it_and_gives_the_same_bits(emul
 
 
 @pytest.mark.heavy  # (three models' emulated tiles, twice)
+# (without AVX-512 both builds would be the portable one: the emulated tests above already run
+# those loops on such a host, so there is nothing to compare)
 @pytest.mark.skipif("avx512f" not in machine.cpu_flags(),
                     reason="this CPU has no AVX-512: its builds take the portable paths already (the tests above)")
 def test_the_amx_convs_portable_paths_give_the_same_bits_as_their_avx512_ones():
