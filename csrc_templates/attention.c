@@ -2,9 +2,15 @@
 #define {{NAME}}_BK {{BK}} /* the plan's bk: keys per tile */
 #define {{NAME}}_SCORE_OPS {{SCORE_OPS}} /* the plan's score_ops: the score's own ops run in a score pass */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
-#define {{NAME}}_BF16 {{BF16}} /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16 */
-#if {{BF16}} == 2 && !defined(__AVX512BF16__)
+#define {{NAME}}_BF16 {{BF16}} /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16, 3 AMX-BF16 */
+#if {{BF16}} >= 2 && !defined(__AVX512BF16__)
 #error "the plan chose the AVX512_BF16 path (vdpbf16ps) but the compiler does not target AVX512_BF16"
+#endif
+#if {{BF16}} == 3
+#include <immintrin.h>
+#if !defined(EQF_AMX_EMULATE) && !(defined(__AMX_TILE__) && defined(__AMX_BF16__))
+#error "the plan chose the AMX-BF16 path (tdpbf16ps) but the compiler does not target AMX-TILE and AMX-BF16"
+#endif
 #endif
 #if {{BF16}} == 1
 #define {{NAME}}_R(x) eqf_bf16_round(x) /* an operand rounded to bf16, held as f32 (the fallback) */
@@ -12,6 +18,91 @@
 #define {{NAME}}_R(x) (x)
 #endif
 EQF_WIDE_BEGIN
+#if {{BF16}} == 3
+/* AMX-BF16 (path 3): the two products on tiles of common_amx.h's configuration (16 rows x 64 bytes),
+ * 2 x 2 C tiles of 16 x 16 f32 (tiles 0-3), two A tiles of 16 rows x 32 bf16 (4, 5) and two B tiles
+ * of 16 K-pairs x 16 columns (6, 7); R (rows, a multiple of 16) and the widths are whole tiles.
+ * s[R][BK] = qh[R][DP] k^T: qh rows of DP bf16 (zeros past D), kt the key tile's K-pairs
+ * [DP / 2][BK][2]. */
+static inline void {{NAME}}_qk_amx(const uint16_t* qh, long DP, const uint16_t* kt, long BK, long R, float* s)
+{
+    EQF_AMX_FENCE(); /* (the operands' stores before the tile loads; the scores' loads after the stores) */
+    for (long r = 0; r < R; r += 32) {
+        const int two = R - r >= 32; /* a second row tile */
+        for (long j = 0; j < BK; j += 32) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (long k = 0; k < DP; k += 32) {
+                _tile_loadd(4, qh + r * DP + k, DP * 2);
+                _tile_loadd(6, kt + (k / 2 * BK + j) * 2, BK * 4);
+                _tile_loadd(7, kt + (k / 2 * BK + j + 16) * 2, BK * 4);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                if (two) {
+                    _tile_loadd(5, qh + (r + 16) * DP + k, DP * 2);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            _tile_stored(0, s + r * BK + j, BK * 4);
+            _tile_stored(1, s + r * BK + j + 16, BK * 4);
+            if (two) {
+                _tile_stored(2, s + (r + 16) * BK + j, BK * 4);
+                _tile_stored(3, s + (r + 16) * BK + j + 16, BK * 4);
+            }
+        }
+    }
+    EQF_AMX_FENCE();
+}
+
+/* acc[R][DV] += ph[R][BK] v: ph the probabilities in bf16, v the tile's K-pairs [BK / 2][DV][2]
+ * (DV a multiple of 16); the accumulators are loaded into the C tiles and stored back. */
+static inline void {{NAME}}_pv_amx(const uint16_t* ph, long BK, const uint16_t* v, long DV, long R, float* acc)
+{
+    EQF_AMX_FENCE();
+    for (long r = 0; r < R; r += 32) {
+        const int two = R - r >= 32;
+        for (long e = 0; e < DV; e += 32) {
+            const int wide = DV - e >= 32; /* a second column tile */
+            _tile_loadd(0, acc + r * DV + e, DV * 4);
+            if (wide)
+                _tile_loadd(1, acc + r * DV + e + 16, DV * 4);
+            if (two) {
+                _tile_loadd(2, acc + (r + 16) * DV + e, DV * 4);
+                if (wide)
+                    _tile_loadd(3, acc + (r + 16) * DV + e + 16, DV * 4);
+            }
+            for (long k = 0; k < BK; k += 32) {
+                _tile_loadd(4, ph + r * BK + k, BK * 2);
+                _tile_loadd(6, v + (k * DV + 2 * e), DV * 4);
+                _tile_dpbf16ps(0, 4, 6);
+                if (wide) {
+                    _tile_loadd(7, v + (k * DV + 2 * e + 32), DV * 4);
+                    _tile_dpbf16ps(1, 4, 7);
+                }
+                if (two) {
+                    _tile_loadd(5, ph + (r + 16) * BK + k, BK * 2);
+                    _tile_dpbf16ps(2, 5, 6);
+                    if (wide)
+                        _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            _tile_stored(0, acc + r * DV + e, DV * 4);
+            if (wide)
+                _tile_stored(1, acc + r * DV + e + 16, DV * 4);
+            if (two) {
+                _tile_stored(2, acc + (r + 16) * DV + e, DV * 4);
+                if (wide)
+                    _tile_stored(3, acc + (r + 16) * DV + e + 16, DV * 4);
+            }
+        }
+    }
+    EQF_AMX_FENCE();
+}
+#endif
+
 /* {{NAME}}: flash attention, {{BATCH}} x [{{SQ}} x {{D}}] queries against {{SK}} keys, Dv = {{DV}}.
  * Blocks of {{BQ}} queries run against tiles of {{BK}} keys with an online softmax: only a
  * {{BQ}} x {{BK}} score tile exists at any time, never the {{SQ}} x {{SK}} matrix.
@@ -25,17 +116,27 @@ EQF_WIDE_BEGIN
  * (eqf_bf16, as vcvtne2ps2bf16 rounds) and held as f32, v in a per-head copy of rows of DV; the
  * f32 FMA multiplies them exactly. 2 = AVX512_BF16: k^T tiles are held as K-pairs of bf16
  * [D2 / 2][BK][2], v as K-pairs [SKP / 2][DV][2] per head, q and p as bf16 rows, and vdpbf16ps
- * multiplies them (the vectorized micro-kernels only: the plan takes this path only with vec). */
+ * multiplies them (the vectorized micro-kernels only: the plan takes this path only with vec).
+ * 3 = AMX-BF16: the same K-pairs, q's rows padded with zeros to whole 32-element K blocks (D2), both
+ * products on tiles ({{NAME}}_qk_amx, {{NAME}}_pv_amx: blocks of whole 16-query tiles, the
+ * accumulators loaded into the C tiles and stored back) and the online softmax between them on
+ * the vectors, as path 2 (the plan takes it with vec and query blocks of whole tiles). */
 void {{NAME}}({{PARAMS}})
 {
-    enum { BQ = {{BQ}}, BK = {{BK}}, D = {{D}}, DV = {{DV}}, SKP = {{SKP}}, D2 = D + D % 2 };
+    enum { BQ = {{BQ}}, BK = {{BK}}, D = {{D}}, DV = {{DV}}, SKP = {{SKP}}, D2 = {{BF16}} == 3 ? (D + 31) / 32 * 32 : D + D % 2 }; /* q's bf16 row: K-pairs, whole A tile rows on AMX */
     const long nqb = ({{SQ}} + BQ - 1) / BQ;
     int nomem = 0; /* a thread's k^T buffer could not be allocated: it skips its blocks, the caller learns it */
+#if {{BF16}} == 3
+    if (!eqf_amx_ready()) { /* the tile state refused (common_amx.h): no tile instruction runs */
+        eqf_fail_note(EQF_NO_AMX);
+        return;
+    }
+#endif
     #pragma omp parallel if ({{PARALLEL}})
     {
     /* each thread's copy of one head's k^T, made when its blocks reach a new head (threads take
      * consecutive blocks, so each head is copied about once) */
-#if {{BF16}} == 2
+#if {{BF16}} >= 2
     /* an f32 staging tile [D][BK], then the K-pairs of every tile; v's K-pairs */
     float* restrict ktp = eqf_scratch(EQF_SCRATCH_ATTENTION_KT, (long)D * BK + (long)D2 * SKP / 2);
     uint16_t* restrict kth = ktp ? (uint16_t*)(ktp + (long)D * BK) : NULL;
@@ -52,6 +153,9 @@ void {{NAME}}({{PARAMS}})
         #pragma omp atomic write
         nomem = 1;
     }
+#if {{BF16}} == 3
+    eqf_amx_begin(); /* (in each thread: the tile configuration is a thread's) */
+#endif
     long packed = -1, vpacked = -1;
     (void)vpacked;
     #pragma omp for schedule(static)
@@ -67,7 +171,7 @@ void {{NAME}}({{PARAMS}})
             const float* restrict kp = {{K}} + ({{KSRC}});
             /* read k in its memory order: the inner loop runs along the smaller stride */
             for (long kt = 0; kt < ({{SK}} + BK - 1) / BK; kt++) {  /* (the key count: run-time over a KV cache) */
-                float* restrict tile = {{BF16}} == 2 ? ktp : ktp + kt * D * BK;
+                float* restrict tile = {{BF16}} >= 2 ? ktp : ktp + kt * D * BK;
                 const long nk = eqf_minl(BK, {{SK}} - kt * BK);
 #define {{NAME}}_VEC {{VEC}} /* the plan's vec: the AVX-512 micro-kernels */
 #if defined(__AVX512F__)
@@ -92,12 +196,12 @@ void {{NAME}}({{PARAMS}})
 #if {{BF16}} == 1
                 for (long x = 0; x < (long)D * BK; x++)
                     tile[x] = eqf_bf16_round(tile[x]);
-#elif {{BF16}} == 2
-                uint16_t* restrict kh = kth + kt * D2 * BK;  /* K-pairs: rows d and d + 1 interleaved */
+#elif {{BF16}} >= 2
+                uint16_t* restrict kh = kth + kt * D2 * BK;  /* K-pairs: rows d and d + 1 interleaved, zeros past D */
                 for (long d = 0; d < D2; d += 2)
                     for (long jj = 0; jj < BK; jj++)
                         ((uint32_t*)kh)[(d >> 1) * BK + jj] =
-                            eqf_bf16_pair(tile[d * BK + jj], d + 1 < D ? tile[(d + 1) * BK + jj] : 0.0f);
+                            eqf_bf16_pair(d < D ? tile[d * BK + jj] : 0.0f, d + 1 < D ? tile[(d + 1) * BK + jj] : 0.0f);
 #endif
             }
             packed = kb;
@@ -107,7 +211,7 @@ void {{NAME}}({{PARAMS}})
         /* this head's v, rounded to bf16, packed when the blocks reach a new head */
         if (({{VOFF}}) != vpacked) {
             const float* restrict vsrc = {{V}} + ({{VOFF}});
-#if {{BF16}} == 2
+#if {{BF16}} >= 2
             for (long j = 0; j < SKP; j += 2)  /* K-pairs: rows j and j + 1 interleaved, zeros past the keys */
                 for (long e = 0; e < DV; e++)
                     ((uint32_t*)vh)[(j >> 1) * DV + e] =
@@ -135,17 +239,17 @@ void {{NAME}}({{PARAMS}})
         float qb[BQ][D] __attribute__((aligned(64))), s[BQ][BK] __attribute__((aligned(64)));
         float acc[BQ][DV] __attribute__((aligned(64))), m[BQ] __attribute__((aligned(64)));
         float l[BQ][16] __attribute__((aligned(64)));
-#if {{BF16}} == 2
+#if {{BF16}} >= 2
         uint16_t qh[BQ][D2] __attribute__((aligned(64))), ph[BQ][BK] __attribute__((aligned(64)));  /* q, p in bf16: K-pair rows */
 #endif
-        /* the block's rows computed: its nq, in whole blocks of 4 for the micro-kernels (the rows
-         * past nq are zero queries, never stored; a run-time length's few queries, or the last
-         * block's, take no more than that) */
-        const long nq4 = (nq + 3) & ~3L;
+        /* the block's rows computed: its nq, in whole blocks of 4 for the micro-kernels, of 16 for
+         * the tiles (the rows past nq are zero queries, never stored; a run-time length's few
+         * queries, or the last block's, take no more than that) */
+        const long nq4 = {{BF16}} == 3 ? (nq + 15) & ~15L : (nq + 3) & ~3L;
         for (long ii = 0; ii < nq4; ii++) {
             for (long d = 0; d < D; d++)
                 qb[ii][d] = {{NAME}}_R(ii < nq ? qp[ii * {{QR}} + d * {{QC}}] * {{QSCALE}} : 0.0f);
-#if {{BF16}} == 2
+#if {{BF16}} >= 2
             for (long d = 0; d < D2; d++)
                 qh[ii][d] = d < D ? eqf_bf16(qb[ii][d]) : 0;
 #endif
@@ -169,7 +273,7 @@ void {{NAME}}({{PARAMS}})
                         __builtin_prefetch(out + ({{OUT_OFF}}) + (i0 + ii) * {{OR}} + e, 1, 3);
             }
 #if defined(__AVX512F__) && {{NAME}}_VEC
-            if (!{{SCORE_OPS}} && nk == BK && BK == 64) {
+            if (!{{SCORE_OPS}} && nk == BK && BK == 64 && {{BF16}} != 3) {
                 /* scores and their softmax step in registers (the score scale is in the q block) */
                 for (long ii = 0; ii < nq4; ii += 4)
 #if {{BF16}} == 2
@@ -183,7 +287,9 @@ void {{NAME}}({{PARAMS}})
 #endif
             {
                 /* scores s = q k^T for this tile */
-#if defined(__AVX512F__) && {{NAME}}_VEC
+#if {{BF16}} == 3
+                {{NAME}}_qk_amx(&qh[0][0], D2, kth + j0 * D2, BK, nq4, &s[0][0]);
+#elif defined(__AVX512F__) && {{NAME}}_VEC
                 for (long ii = 0; ii < nq4; ii += 4)
                     for (long jb = 0; jb < BK; jb += 64)
 #if {{BF16}} == 2
@@ -240,12 +346,16 @@ void {{NAME}}({{PARAMS}})
                 for (long jj = 0; jj < BK; jj++)
                     s[ii][jj] = eqf_bf16_round(s[ii][jj]);
 #endif
-#if {{BF16}} == 2
+#if {{BF16}} >= 2
             for (long ii = 0; ii < nq4; ii++) {
                 eqf_bf16_row(&s[ii][0], &ph[ii][0], BK);
                 for (long jj = nk; jj < BK; jj++)  /* (an odd nk's last pair: a zero, never a NaN) */
                     ph[ii][jj] = 0;
             }
+#endif
+#if {{BF16}} == 3
+            {{NAME}}_pv_amx(&ph[0][0], BK, vh + j0 * DV, DV, nq4, &acc[0][0]);
+#elif {{BF16}} == 2
             for (long ii = 0; ii < nq4; ii += 4) {  /* the same blocks of columns on K-pairs */
                 long e0 = 0;
                 for (; e0 + 64 <= DV; e0 += 64)
@@ -299,6 +409,9 @@ void {{NAME}}({{PARAMS}})
             }
         }
     }
+#if {{BF16}} == 3
+    _tile_release();
+#endif
     }
     if (nomem)
         eqf_nomem_note();

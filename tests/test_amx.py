@@ -23,7 +23,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from test_bf16 import EPS, GELU_F32, GELU_LIP, check_gemm, gelu
+from test_bf16 import EPS, GELU_F32, GELU_LIP, attention_bound, attention_graph, check_gemm, gelu
 
 import eqfuse
 from eqfuse import machine
@@ -158,13 +158,19 @@ def test_a_machine_with_amx_plans_the_tiles_and_lower_prints_it(tmp_path, capsys
             assert main(["lower", str(model), "--precision", "bf16"]) == 0
             text = capsys.readouterr().out
             assert want in text and (ratio > 1 or SLOW_DOT_F32 in text), text
-    attention = tmp_path / "a.g"  # (with AMX too: the attention has no AMX path, and computes in f32)
-    attention.write_text("graph a(q: f32[1, 2, 64, 64], k: f32[1, 2, 64, 64], v: f32[1, 2, 64, 64]) -> f32[1, 2, 64, 64] {\n"
-                         "  return softmax(q @ transpose(k, perm=[0, 1, 3, 2]) * 0.125, axis=-1) @ v\n}\n")
-    with machine.pinned(machine.MODELS["xeon-spr"], clamp=False):
-        assert main(["lower", str(attention), "--precision", "bf16"]) == 0
-    text = capsys.readouterr().out
-    assert re.search(r"_attention: .*\n(  .*\n)*  precision: f32, path: f32 \(" + re.escape(SLOW_DOT_F32), text), text
+    # the attention on AMX tiles (whole 64-key tiles, rows of v in vectors of 16, query blocks of
+    # whole 16-row tiles); with a few keys (one tile of 16: the portable loops) it has no AMX path,
+    # and where vdpbf16ps is slow it computes in f32, saying why
+    for sk, want in ((64, "precision: bf16, path: amx_bf16\n"), (10, "precision: f32, path: f32 (")):
+        attention = tmp_path / "a.g"
+        attention.write_text(f"graph a(q: f32[1, 2, 64, 64], k: f32[1, 2, {sk}, 64], v: f32[1, 2, {sk}, 64]) -> "
+                             "f32[1, 2, 64, 64] {\n"
+                             "  return softmax(q @ transpose(k, perm=[0, 1, 3, 2]) * 0.125, axis=-1) @ v\n}\n")
+        with machine.pinned(machine.MODELS["xeon-spr"], clamp=False):
+            assert main(["lower", str(attention), "--precision", "bf16"]) == 0
+        text = capsys.readouterr().out
+        assert re.search(r"_attention: .*\n(  .*\n)*  " + re.escape(want), text), text
+        assert sk > 16 or "do not suit its AMX path" in text
 
 
 def test_the_real_amx_kernels_compile_for_a_cpu_with_amx(tmp_path):
@@ -672,3 +678,35 @@ def test_few_rows_on_amx_tiles_are_within_the_bf16_bound(emulate, monkeypatch):
     (p,) = [p for p in mod.default.last.plans if p.kind == "contraction"]
     assert (p.precision_path, p.detail.pool) == ("amx_bf16", True)
     check_gemm(y, x, w, epilogue=lambda z: np.maximum(z, 0), bias=b)
+
+
+# The attention on AMX tiles (csrc_templates/attention.c, BF16 3): (Sq, Sk, D, Dv, mask) a partial
+# query block (40 queries: a block of 32, then 8 in one 16-row tile) and a partial last key tile
+# (101 keys); a mask (the score pass), 16-query blocks, a v of a pair of column tiles and a single
+# one (48); a head of 80 padded with zeros to whole K blocks of 32, a v of one column tile
+AMX_ATTENTION = [(40, 101, 64, 64, False), (12, 130, 32, 48, True), (36, 70, 80, 16, True)]
+
+
+@pytest.mark.parametrize("emulate", [
+    pytest.param(True, id="emulated", marks=pytest.mark.heavy),  # (the emulated tiles' time)
+    pytest.param(False, id="hardware", marks=pytest.mark.skipif(
+        not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)"))])
+def test_amx_attention_is_within_the_bf16_bound(emulate):
+    """Both products on tiles, the softmax between them in f32: within the documented bound of
+    bf16 attention (tests/test_bf16.py's attention_bound), and past what f32 arithmetic alone may add."""
+    rng = np.random.default_rng(11 if emulate else 12)
+    for Sq, Sk, D, Dv, mask in AMX_ATTENTION:
+        q, k = (rng.standard_normal((2, S, D)).astype(np.float32) for S in (Sq, Sk))
+        v = rng.standard_normal((2, Sk, Dv)).astype(np.float32)
+        mk = np.triu(np.full((Sq, Sk), -1e4, np.float32), 1 + Sk - Sq) if mask else None
+        scale = 1 / np.sqrt(D)
+        with amx_compiled(attention_graph(Sq, Sk, D, Dv, scale, mask), emulate, {}, amx_model()) as mod:
+            y = mod(q, k, v, *([mk] if mask else [])).astype(np.float64)
+        (p,) = [p for p in mod.default.last.plans if p.kind == "attention"]
+        assert (p.precision, p.precision_path, p.detail.score_ops) == ("bf16", "amx_bf16", mask)
+        assert mod.report["precision"][p.name]["path"] == "amx_bf16"
+        ref, bound = attention_bound(q, k, v, scale, mk, p.tiles["bk"])
+        err = np.abs(y - ref)
+        assert np.all(err <= bound), (Sq, Sk, D, Dv, float(np.max(err / bound)))
+        _, f32_part = attention_bound(q, k, v, scale, mk, p.tiles["bk"], u=0.0)
+        assert np.any(err > f32_part)

@@ -229,7 +229,8 @@ def test_bf16_attention_paths_agree():
     q, k, v = (rng.standard_normal((2, 70, 64)).astype(np.float32) for _ in range(3))
     out = {}
     for flag in (True, False):
-        with machine.pinned(dataclasses.replace(machine.machine(), avx512_bf16=flag, bf16_fallback_all=True)):
+        with machine.pinned(dataclasses.replace(machine.machine(), avx512_bf16=flag, amx_bf16=False,
+                                                 bf16_fallback_all=True)):
             out[flag] = eqfuse.compile(attention_graph(70, 70, 64, 64, 0.125, False), precision="bf16")(q, k, v)
     ref, bound = attention_bound(q, k, v, 0.125, None, 64)
     assert np.all(np.abs(out[True] - ref) <= bound) and np.all(np.abs(out[False] - ref) <= bound)

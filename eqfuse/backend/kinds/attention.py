@@ -24,7 +24,14 @@ from eqfuse.backend.cexpr import (
 from eqfuse.backend.indexing import bstrides, offset, result_strides, view_strides
 from eqfuse.backend.kinds.base import Kind
 from eqfuse.backend.kinds.contraction.emit_gemm import BF16_PATHS
-from eqfuse.backend.kinds.contraction.plan_gemm import PARALLEL_MIN_FMAS, bf16_pays, bf16_path, f32_reason
+from eqfuse.backend.kinds.contraction.plan_gemm import (
+    PARALLEL_MIN_FMAS,
+    bf16_pays,
+    bf16_path,
+    f32_reason,
+    gemm_bf16_path,
+    why_not_bf16,
+)
 from eqfuse.backend.plan import KernelPlan, UOp, computes_f32, size
 from eqfuse.ir.graph import Graph
 from eqfuse.ir.kernels import F32, K
@@ -87,6 +94,12 @@ def _score_scale(body: Graph, score: int, qk: int) -> float | None:
     return None
 
 
+def _amx(m) -> bool:
+    """Whether machine m runs a bf16 attention's two products on AMX tiles (where the blocks suit
+    them: after_views)."""
+    return gemm_bf16_path(m) == "amx_bf16" and bf16_pays(m, "amx_bf16")
+
+
 def _v_strides(plan: KernelPlan) -> tuple[int, ...]:
     body, p = plan.body, plan.shape.parts
     res = tuple(body.nodes[p.result].type.shape)
@@ -100,8 +113,8 @@ class Attention(Kind):
     def plan(self, plan: KernelPlan, c) -> None:
         # precision="bf16": q k^T and p v multiply bf16 operands, accumulating in f32; the softmax
         # stays f32. The instruction path is chosen in after_views (it needs `vec`). Without a bf16
-        # multiply that pays it computes in f32 (plan_gemm.bf16_pays).
-        if plan.wanted_precision == "bf16" and not bf16_pays(c):
+        # multiply that pays (AMX tiles, or plan_gemm.bf16_pays's) it computes in f32.
+        if plan.wanted_precision == "bf16" and not (_amx(c) or bf16_pays(c)):
             computes_f32(plan, f32_reason(c))
         else:
             plan.precision = "bf16" if plan.wanted_precision == "bf16" else "f32"
@@ -218,9 +231,18 @@ class Attention(Kind):
         nb = len(plan.body.nodes[plan.shape.parts.result].type.shape) - 2
         vec = t["bk"] % 64 == 0 and t["bq"] % 4 == 0 and d.Dv % 16 == 0 and _v_strides(plan)[nb + 1] == 1
         plan.detail = replace(d, vec=vec)
-        # bf16: vdpbf16ps in the vectorized micro-kernels where the CPU has AVX512_BF16; the
-        # portable loops (and CPUs without it) multiply operands rounded to bf16 with the f32 FMA
+        # bf16: AMX tiles where the CPU has them and the blocks are whole tiles; else vdpbf16ps in
+        # the vectorized micro-kernels where the CPU has AVX512_BF16; the portable loops (and CPUs
+        # without it) multiply operands rounded to bf16 with the f32 FMA
         if plan.precision == "bf16":
+            if _amx(caches) and vec and t["bq"] % 16 == 0:
+                plan.precision_path, plan.precision_note = "amx_bf16", ""
+                return
+            if not bf16_pays(caches):  # (AMX asked for bf16, but these tiles do not suit it)
+                computes_f32(plan, f"{why_not_bf16(caches)}, and this attention's tiles do not suit its AMX path "
+                                   f"(whole 64-key tiles, rows of v in vectors of 16, blocks of whole 16-query "
+                                   f"tiles): it computes in f32 (docs/precision.md, \"Attention on AMX tiles\")")
+                return
             path = bf16_path(caches)
             plan.precision_path = path if vec else "fallback"
             plan.precision_note = "" if path == plan.precision_path else \
