@@ -159,9 +159,10 @@ def test_a_machine_with_amx_plans_the_tiles_and_lower_prints_it(tmp_path, capsys
             text = capsys.readouterr().out
             assert want in text and (ratio > 1 or SLOW_DOT_F32 in text), text
     # the attention on AMX tiles (whole 64-key tiles, rows of v in vectors of 16, query blocks of
-    # whole 16-row tiles); with a few keys (one tile of 16: the portable loops) it has no AMX path,
-    # and where vdpbf16ps is slow it computes in f32, saying why
-    for sk, want in ((64, "precision: bf16, path: amx_bf16\n"), (10, "precision: f32, path: f32 (")):
+    # whole 16-row tiles, attention.AMX_MIN_KEYS keys or more); with fewer keys, or a few (one tile
+    # of 16: the portable loops), not, and where vdpbf16ps is slow it computes in f32, saying why
+    for sk, want in ((64, "precision: bf16, path: amx_bf16\n"), (40, "precision: f32, path: f32 ("),
+                     (10, "precision: f32, path: f32 (")):
         attention = tmp_path / "a.g"
         attention.write_text(f"graph a(q: f32[1, 2, 64, 64], k: f32[1, 2, {sk}, 64], v: f32[1, 2, {sk}, 64]) -> "
                              "f32[1, 2, 64, 64] {\n"
@@ -170,7 +171,7 @@ def test_a_machine_with_amx_plans_the_tiles_and_lower_prints_it(tmp_path, capsys
             assert main(["lower", str(attention), "--precision", "bf16"]) == 0
         text = capsys.readouterr().out
         assert re.search(r"_attention: .*\n(  .*\n)*  " + re.escape(want), text), text
-        assert sk > 16 or "do not suit its AMX path" in text
+        assert sk >= 64 or ("fewer than 64 keys" if sk > 16 else "tiles are not whole 64-key tiles") in text
 
 
 def test_the_real_amx_kernels_compile_for_a_cpu_with_amx(tmp_path):

@@ -94,6 +94,14 @@ def _score_scale(body: Graph, score: int, qk: int) -> float | None:
     return None
 
 
+# The fewest keys with which a bf16 attention takes AMX tiles: with fewer, its 64-key tiles are mostly
+# zeros, and the tiles' per-tile work (k^T and v packed per head, scores and accumulators through
+# memory around each product) cost more than f32 on the vectors: 17 keys ran 1.45x slower, 32 and 50
+# keys level (within 5%), 64 keys 1.3-1.4x faster, 128 keys 2x, 512 keys 3x
+# (`python benchmarks/bench_attention.py --precision bf16`)
+AMX_MIN_KEYS = 64
+
+
 def _amx(m) -> bool:
     """Whether machine m runs a bf16 attention's two products on AMX tiles (where the blocks suit
     them: after_views)."""
@@ -235,13 +243,16 @@ class Attention(Kind):
         # the vectorized micro-kernels where the CPU has AVX512_BF16; the portable loops (and CPUs
         # without it) multiply operands rounded to bf16 with the f32 FMA
         if plan.precision == "bf16":
-            if _amx(caches) and vec and t["bq"] % 16 == 0:
+            tiles = vec and t["bq"] % 16 == 0
+            if _amx(caches) and tiles and d.Sk >= AMX_MIN_KEYS:
                 plan.precision_path, plan.precision_note = "amx_bf16", ""
                 return
-            if not bf16_pays(caches):  # (AMX asked for bf16, but these tiles do not suit it)
-                computes_f32(plan, f"{why_not_bf16(caches)}, and this attention's tiles do not suit its AMX path "
-                                   f"(whole 64-key tiles, rows of v in vectors of 16, blocks of whole 16-query "
-                                   f"tiles): it computes in f32 (docs/precision.md, \"Attention on AMX tiles\")")
+            if not bf16_pays(caches):  # (AMX, but not for this attention: see after_views' rule)
+                why = (f"fewer than {AMX_MIN_KEYS} keys, a 64-key tile mostly padding" if tiles else
+                       "its tiles are not whole 64-key tiles with rows of v in vectors of 16 and query blocks of "
+                       "whole 16-row tiles")
+                computes_f32(plan, f"{why_not_bf16(caches)}, and this attention does not take the AMX path ({why}): "
+                                   "it computes in f32 (docs/precision.md, \"Attention on AMX tiles\")")
                 return
             path = bf16_path(caches)
             plan.precision_path = path if vec else "fallback"
