@@ -173,6 +173,21 @@ void {{NAME}}({{PARAMS}})
             for (long kt = 0; kt < ({{SK}} + BK - 1) / BK; kt++) {  /* (the key count: run-time over a KV cache) */
                 float* restrict tile = {{BF16}} >= 2 ? ktp : ktp + kt * D * BK;
                 const long nk = eqf_minl(BK, {{SK}} - kt * BK);
+#if {{BF16}} >= 2 && defined(__AVX512BF16__) && defined(__AVX512BW__)
+                if ({{KD}} == 1 && D % 32 == 0 && nk == BK) { /* whole tile, k rows contiguous: each key's row */
+                    uint32_t w[BK][D / 2] __attribute__((aligned(64))); /* rounded to K-pairs (a 32-bit word each), */
+                    for (long jj = 0; jj < BK; jj++)                      /* then 16 x 16 transposes of the words */
+                        for (long d = 0; d < D; d += 32) {
+                            const float* restrict r = kp + (kt * BK + jj) * {{KJ}} + d;
+                            _mm512_store_si512((void*)&w[jj][d / 2],
+                                               (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(r + 16), _mm512_loadu_ps(r)));
+                        }
+                    for (long jj = 0; jj < BK; jj += 16)
+                        for (long d2 = 0; d2 < D / 2; d2 += 16)
+                            eqf_transpose_16x16((const float*)&w[jj][d2], D / 2, (float*)(kth + kt * D2 * BK) + d2 * BK + jj, BK);
+                    continue;
+                }
+#endif
 #define {{NAME}}_VEC {{VEC}} /* the plan's vec: the AVX-512 micro-kernels */
 #if defined(__AVX512F__)
                 if ({{KD}} == 1 && D % 16 == 0 && nk == BK) {  /* whole tile, k rows contiguous: */
@@ -212,7 +227,20 @@ void {{NAME}}({{PARAMS}})
         if (({{VOFF}}) != vpacked) {
             const float* restrict vsrc = {{V}} + ({{VOFF}});
 #if {{BF16}} >= 2
-            for (long j = 0; j < SKP; j += 2)  /* K-pairs: rows j and j + 1 interleaved, zeros past the keys */
+            long j0 = 0;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+            if ({{VC}} == 1 && DV % 16 == 0) { /* rows j and j + 1 rounded, 16 columns at a time, their halves interleaved */
+                const __m512i ix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                    23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+                for (; j0 + 1 < {{SK}}; j0 += 2)
+                    for (long e = 0; e < DV; e += 16) {
+                        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(vsrc + (j0 + 1) * {{VR}} + e),
+                                                               _mm512_loadu_ps(vsrc + j0 * {{VR}} + e));
+                        _mm512_storeu_si512((void*)(vh + j0 * DV + 2 * e), _mm512_permutexvar_epi16(ix, (__m512i)h));
+                    }
+            }
+#endif
+            for (long j = j0; j < SKP; j += 2)  /* K-pairs: rows j and j + 1 interleaved, zeros past the keys */
                 for (long e = 0; e < DV; e++)
                     ((uint32_t*)vh)[(j >> 1) * DV + e] =
                         eqf_bf16_pair(j < {{SK}} ? vsrc[j * {{VR}} + e * {{VC}}] : 0.0f,
