@@ -134,6 +134,9 @@ def test_a_machine_with_amx_plans_the_tiles_and_lower_prints_it(tmp_path, capsys
         # a K past the deepest slice (4096 with this model's 2 MiB L2) is cut into equal slices
         assert amx_kc_top(machine.MODELS["xeon-spr"]) == 4096
         assert amx_tiles(512, 512, 8193, machine.MODELS["xeon-spr"])["kc"] == 2752  # (3 slices, whole blocks of 32)
+        # few rows (AMX_WHOLE_M): K in slices whose A block holds all of them (BERT's FFN2), not more rows
+        assert [amx_tiles(m, 768, 3072, machine.MODELS["xeon-spr"])[t] for m in (128, 256) for t in ("kc", "mc")] == \
+            [1536, 128, 3072, 64]
     # the few-rows GEMM over a bound weight (a group of 16 rows would fill an A tile in part): on
     # vdpbf16ps where it is as fast as the FMA, saying so; where vdpbf16ps is slow (this model's),
     # f32 while the weights fit L2, and bf16 weights widened by the FMA path past it
@@ -404,11 +407,13 @@ def test_amx_convs_on_the_hardware_pack_their_panels_from_the_image():
 
 # A row epilogue on the AMX path: the macro kernel runs its B micro-panels outside its row tiles
 # (gemm.c, JR_OUTER), so the layernorm of a block's rows runs once all of them are done. 70 rows
-# (three row tiles, the last partial), bound weights (prefetched a panel ahead). The same GEMM
+# (three row tiles, the last partial), bound weights (prefetched a panel ahead), K in two slices
+# (plan_gemm.AMX_WHOLE_M: an A block of all 96 rows at the depth of all of K would pass a quarter of
+# the model's 256 KiB L2), the row epilogue after the last. The same GEMM
 # without the row epilogue, then the layernorm as its own f32 row kernel, reads the same products
 # (same plan, same K slices): the two results agree to f32 rounding of the layernorm alone.
 ROW_GRAPH = """
-graph r(x: f32[70, 200], w: f32[200, 96], b: f32[96], g: f32[96], be: f32[96]) {
+graph r(x: f32[70, 400], w: f32[400, 96], b: f32[96], g: f32[96], be: f32[96]) {
     fused = kernel { layernorm(x @ w + b, g, be) }
     y = kernel { x @ w + b }
     apart = kernel { layernorm(y, g, be) }
@@ -419,7 +424,7 @@ graph r(x: f32[70, 200], w: f32[200, 96], b: f32[96], g: f32[96], be: f32[96]) {
 
 def check_row_epilogue(emulate: bool, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    x, w, b, g, be = (rng.standard_normal(s).astype(np.float32) for s in ((70, 200), (200, 96), (96,), (96,), (96,)))
+    x, w, b, g, be = (rng.standard_normal(s).astype(np.float32) for s in ((70, 400), (400, 96), (96,), (96,), (96,)))
     with pytest.MonkeyPatch.context() as mp:
         if emulate:
             mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
@@ -428,6 +433,7 @@ def check_row_epilogue(emulate: bool, seed: int) -> None:
             fused, apart = mod(x, b)
     kinds = {p.name: (p.kind, p.precision_path) for p in mod.default.last.plans}
     assert ("contraction_row", "amx_bf16") in kinds.values(), kinds
+    assert all(p.tiles["kc"] == 224 and p.tiles["mc"] == 96 for p in mod.default.last.plans if p.kind.startswith("contraction"))
     # (layernorm's f32 evaluation: a few roundings of each output, relative to |g normalized| + |be|)
     scale = np.abs(apart - be) + np.abs(be)
     assert np.all(np.abs(fused - apart) <= 16 * np.finfo(np.float32).eps * scale)

@@ -277,11 +277,16 @@ def amx_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
     tdpbf16ps, so reading it from L2 costs less than C's round trips did (`python
     benchmarks/bench_gemm.py --precision bf16`, its 1024^3 and BERT rows, against slices deep
     enough for L1). A deeper K is cut into equal slices of whole AMX_KB blocks (only the last may
-    end in part of one, padded by zeros in the panels). NC makes the B panel (KC x NC bf16) half
+    end in part of one, padded by zeros in the panels); so is the K of a GEMM of few rows (at most
+    AMX_WHOLE_M) whose A block would not hold them all at that depth. NC makes the B panel (KC x NC bf16) half
     of L2. Every B micro-panel sweeps all of the A block (gemm.c's JR_OUTER), so MC makes the A
     block (MC x KC bf16) 1 / AMX_A_L2_SHARE of L2."""
     top = amx_kc_top(m)
     kc = K if K <= top else cdiv(cdiv(K, cdiv(K, top)), AMX_KB) * AMX_KB
+    rows, share = cdiv(M, AMX_MR) * AMX_MR, m.l2 // AMX_A_L2_SHARE
+    if rows <= AMX_WHOLE_M and rows * cdiv(kc, AMX_KB) * AMX_KB * BF16 > share:
+        deepest = max(AMX_KB, share // (rows * BF16) // AMX_KB * AMX_KB)  # (an A block of all the rows)
+        kc = cdiv(cdiv(K, cdiv(K, deepest)), AMX_KB) * AMX_KB
     depth = cdiv(kc, AMX_KB) * AMX_KB  # (of the panels)
     nc = max(AMX_NR, (m.l2 // 2) // (depth * BF16) // AMX_NR * AMX_NR)
     mc = max(AMX_MR, (m.l2 // AMX_A_L2_SHARE) // (depth * BF16) // AMX_MR * AMX_MR)
@@ -294,6 +299,16 @@ def amx_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
 # 2 L2s (`python benchmarks/bench_gemm.py --precision bf16`, its 1024^3 row; the figures in
 # benchmarks/RESULTS.md, 2026-12-04).
 AMX_A_L2_SHARE = 4
+
+# The most rows of a GEMM on AMX tiles whose K is cut into slices shallow enough for an A block
+# (1 / AMX_A_L2_SHARE of L2) to hold them all, where one slice of all of K would hold only part:
+# every B panel is then read once a call, not once per block of rows. BERT-base's FFN2 (128 x 3072
+# x 768 + layer norm): two slices of 1536 and one block of 128 rows, against one slice and two
+# blocks of 64, ran the model 32.3 -> 31.2 ms warm and 37.8 -> 36.4 ms after another build's call
+# on one thread, level on two (two builds interleaved in one process); `python
+# benchmarks/bench_models.py --precision bf16 --model bert-base` then gave 1.17 / 1.26 of
+# OpenVINO's default at 1 / 2 threads (benchmarks/RESULTS.md, 2026-12-04). Larger M is not measured.
+AMX_WHOLE_M = 4 * AMX_MR
 
 # The fewest B micro-panels (of AMX_NR columns) an AMX B panel holds at the deepest K slice: a
 # panel that is the slice's depth x AMX_MIN_PANELS x AMX_NR bf16 fills half of L2.
