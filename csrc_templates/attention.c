@@ -3,7 +3,7 @@
 #define {{NAME}}_SCORE_OPS {{SCORE_OPS}} /* the plan's score_ops: the score's own ops run in a score pass */
 #define {{NAME}}_PARALLEL {{PARALLEL}} /* the plan's parallel: the `if` of the parallel region */
 #define {{NAME}}_BF16 {{BF16}} /* the plan's precision path: 0 f32, 1 the bf16 fallback, 2 AVX512_BF16, 3 AMX-BF16 */
-#if {{BF16}} >= 2 && !defined(__AVX512BF16__)
+#if {{BF16}} == 2 && !defined(__AVX512BF16__)
 #error "the plan chose the AVX512_BF16 path (vdpbf16ps) but the compiler does not target AVX512_BF16"
 #endif
 #if {{BF16}} == 3
@@ -376,7 +376,12 @@ void {{NAME}}({{PARAMS}})
 #endif
 #if {{BF16}} >= 2
             for (long ii = 0; ii < nq4; ii++) {
+#if defined(__AVX512BF16__)
                 eqf_bf16_row(&s[ii][0], &ph[ii][0], BK);
+#else /* (the AMX path built without AVX512_BF16: an emulated run's on an AVX2 host) */
+                for (long jj = 0; jj < BK; jj++)
+                    ph[ii][jj] = eqf_bf16(s[ii][jj]);
+#endif
                 for (long jj = nk; jj < BK; jj++)  /* (an odd nk's last pair: a zero, never a NaN) */
                     ph[ii][jj] = 0;
             }

@@ -530,8 +530,8 @@ def amx_compiled(src: str, emulate: bool, env: dict[str, str], model: machine.Ma
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
-        if emulate:
-            mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
+        if emulate:  # (env's EQFUSE_CFLAGS kept beside it)
+            mp.setenv("EQFUSE_CFLAGS", ("-DEQF_AMX_EMULATE " + env.get("EQFUSE_CFLAGS", "")).strip())
         with machine.pinned(model, clamp=not emulate):
             yield eqfuse.compile(src, precision="bf16", **kw)
 
@@ -694,11 +694,13 @@ def test_few_rows_on_amx_tiles_are_within_the_bf16_bound(emulate, monkeypatch):
 AMX_ATTENTION = [(40, 101, 64, 64, False), (12, 130, 32, 48, True), (36, 70, 80, 16, True)]
 
 
-@pytest.mark.parametrize("emulate", [
-    pytest.param(True, id="emulated", marks=pytest.mark.heavy),  # (the emulated tiles' time)
-    pytest.param(False, id="hardware", marks=pytest.mark.skipif(
+@pytest.mark.parametrize("emulate,flags", [
+    pytest.param(True, "", id="emulated", marks=pytest.mark.heavy),  # (the emulated tiles' time)
+    # (what an AVX2 host's emulated run builds: the portable softmax, the operands rounded one by one)
+    pytest.param(True, "-mno-avx512f", id="portable", marks=pytest.mark.heavy),
+    pytest.param(False, "", id="hardware", marks=pytest.mark.skipif(
         not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)"))])
-def test_amx_attention_is_within_the_bf16_bound(emulate):
+def test_amx_attention_is_within_the_bf16_bound(emulate, flags):
     """Both products on tiles, the softmax between them in f32: within the documented bound of
     bf16 attention (tests/test_bf16.py's attention_bound), and past what f32 arithmetic alone may add."""
     rng = np.random.default_rng(11 if emulate else 12)
@@ -707,7 +709,8 @@ def test_amx_attention_is_within_the_bf16_bound(emulate):
         v = rng.standard_normal((2, Sk, Dv)).astype(np.float32)
         mk = np.triu(np.full((Sq, Sk), -1e4, np.float32), 1 + Sk - Sq) if mask else None
         scale = 1 / np.sqrt(D)
-        with amx_compiled(attention_graph(Sq, Sk, D, Dv, scale, mask), emulate, {}, amx_model()) as mod:
+        env = {"EQFUSE_CFLAGS": flags} if flags else {}
+        with amx_compiled(attention_graph(Sq, Sk, D, Dv, scale, mask), emulate, env, amx_model()) as mod:
             y = mod(q, k, v, *([mk] if mask else [])).astype(np.float64)
         (p,) = [p for p in mod.default.last.plans if p.kind == "attention"]
         assert (p.precision, p.precision_path, p.detail.score_ops) == ("bf16", "amx_bf16", mask)
