@@ -303,11 +303,10 @@ AMX_A_L2_SHARE = 4
 # The most rows of a GEMM on AMX tiles whose K is cut into slices shallow enough for an A block
 # (1 / AMX_A_L2_SHARE of L2) to hold them all, where one slice of all of K would hold only part:
 # every B panel is then read once a call, not once per block of rows. BERT-base's FFN2 (128 x 3072
-# x 768 + layer norm): two slices of 1536 and one block of 128 rows, against one slice and two
-# blocks of 64, ran the model 32.3 -> 31.2 ms warm and 37.8 -> 36.4 ms after another build's call
-# on one thread, level on two (two builds interleaved in one process); `python
-# benchmarks/bench_models.py --precision bf16 --model bert-base` then gave 1.17 / 1.26 of
-# OpenVINO's default at 1 / 2 threads (benchmarks/RESULTS.md, 2026-12-04). Larger M is not measured.
+# x 768 + layer norm) in two slices of 1536 and one block of 128 rows, rather than one slice and two
+# blocks of 64, made the model faster on one thread, warm or after another model's call, and
+# level on two (`python benchmarks/bench_models.py --precision bf16 --model bert-base`; the figures
+# in benchmarks/RESULTS.md, 2026-12-04). Larger M is not measured.
 AMX_WHOLE_M = 4 * AMX_MR
 
 # The fewest B micro-panels (of AMX_NR columns) an AMX B panel holds at the deepest K slice: a
