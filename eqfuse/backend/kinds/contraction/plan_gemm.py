@@ -278,8 +278,8 @@ def amx_tiles(M: int, N: int, K: int, m: Machine) -> dict[str, int]:
     benchmarks/bench_gemm.py --precision bf16`, its 1024^3 and BERT rows, against slices deep
     enough for L1). A deeper K is cut into equal slices of whole AMX_KB blocks (only the last may
     end in part of one, padded by zeros in the panels); so is the K of a GEMM of few rows (at most
-    AMX_WHOLE_M) whose A block would not hold them all at that depth. NC makes the B panel (KC x NC bf16) half
-    of L2. Every B micro-panel sweeps all of the A block (gemm.c's JR_OUTER), so MC makes the A
+    AMX_WHOLE_M) whose A block would not hold them all at that depth. NC makes the B panel (KC x
+    NC bf16) half of L2. Every B micro-panel sweeps all of the A block (gemm.c's JR_OUTER), so MC makes the A
     block (MC x KC bf16) 1 / AMX_A_L2_SHARE of L2."""
     top = amx_kc_top(m)
     kc = K if K <= top else cdiv(cdiv(K, cdiv(K, top)), AMX_KB) * AMX_KB
