@@ -44,10 +44,12 @@
  *   pixel's 32 channels of a channel block are one 64-byte row there, and the rows of that copy
  *   no output pixel fills (its zero padding, the phase planes' tails) are zeroed first.
  * - OUT_POOL: the output is a max pool (PKH x PKW, stride PSH x PSW, padding PPH x PPW) of the
- *   conv's, POH x POW: each thread takes whole channel blocks; each conv output pixel's 32
- *   channels (after the epilogue) go into the max of every pool pixel whose window holds it, in
- *   a pixel-major buffer of the block's pool pixels (the thread's scratch), transposed into NCHW
- *   after the block's last item. The conv's output is never stored.
+ *   conv's, POH x POW: each thread takes whole channel blocks, their items in pixel order; the
+ *   items' C tiles go into a band of the conv's results (pixel-major, the thread's scratch), and
+ *   each row of the output, once whole there, goes through the epilogue and, a pool column at a
+ *   time, into the max of every pool pixel whose window holds it, in a pixel-major buffer of the
+ *   block's pool pixels (the thread's scratch), transposed into NCHW after the block's last item.
+ *   The conv's output is never stored whole.
  * The register tile: 2 x 2 C tiles, 32 flat pixels x 32 output channels (tiles 0-3), A tiles 4-5,
  * B tiles 6-7, over the NKB blocks; then the tile, transposed to channel-major, through the
  * epilogue into NCHW, the flat pixels that are output pixels only. The threads share the (channel
@@ -94,8 +96,14 @@ static inline void {{NAME}}_tr16(__m512i r[16])
     enum { YSH = {{YSH}}, YSW = {{YSW}}, YPH = {{YPH}}, YPW = {{YPW}}, YQH = {{YQH}}, YQW = {{YQW}}, YHQ = {{YHQ}}, \
            YWQ = {{YWQ}}, YPHASE = {{YPHASE}}, YKCP = {{YKCP}}, YIMG = YHQ * YWQ, YF = N * YIMG }
 #endif
-#if {{NAME}}_OUT_POOL /* the max pool's window, stride, padding and output rows and columns */
-#define {{NAME}}_P enum { PKH = {{PKH}}, PKW = {{PKW}}, PSH = {{PSH}}, PSW = {{PSW}}, PPH = {{PPH}}, PPW = {{PPW}}, POH = {{POH}}, POW = {{POW}} }
+#if {{NAME}}_OUT_POOL
+/* the max pool's window, stride, padding and output rows and columns; the band's pixels (_tiles):
+ * a row and two pixel blocks, and 32 pixel blocks between the moves of its partial row to its
+ * start (8, 32 and 96 blocks ran alike: `python benchmarks/bench_models.py --precision bf16
+ * --model resnet_stages`, the stem by eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04) */
+#define {{NAME}}_P                                                                                 \
+    enum { PKH = {{PKH}}, PKW = {{PKW}}, PSH = {{PSH}}, PSW = {{PSW}}, PPH = {{PPH}}, PPW = {{PPW}}, POH = {{POH}}, POW = {{POW}}, \
+           BANDP = ((WQ + 31) / 32 + 2 + 32) * 32 }
 #endif
 #define {{NAME}}_DIMS                                                                              \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}}, \
@@ -138,6 +146,7 @@ typedef struct {
     uint16_t* xq;        /* the copy, pixel-major */
     const uint16_t* wq;  /* the weights' B tiles */
     float* acc;          /* OUT_POOL: a channel block's pool pixels, pixel-major (the range's thread's) */
+    float* band;         /* OUT_POOL: the conv's results of the rows not yet pooled, pixel-major (the thread's) */
     int failed;          /* OUT_POOL: a thread's scratch buffer could not be allocated */
 } {{NAME}}_job;
 
@@ -386,16 +395,6 @@ static inline void {{NAME}}_put_bf16(uint16_t* restrict d, const float* restrict
         (void)b, (void)j;                                                                          \
     }
 #elif {{NAME}}_OUT_POOL
-/* The image, output row and column of each flat pixel of pixel block pb (oh[p] < 0: dropped) */
-static void {{NAME}}_pixels(long pb, long* bs, long* ohs, long* ows)
-{
-    {{NAME}}_DIMS;
-    for (int p = 0; p < 32; p++) {
-        const long f = pb * 32 + p, n = f / IMG, oh = f % IMG / WQ, ow = f % WQ;
-        bs[p] = n, ows[p] = ow, ohs[p] = f < F && oh < OH && ow < OW ? oh : -1;
-    }
-}
-
 /* A run of cnt conv output pixels of row oh from column ow0 (v: their 32 channels each, after
  * the epilogue) into the pool: for each pool column whose window meets the run, the max over the
  * run's pixels in the window, then that into the max of each pool pixel of the column whose
@@ -403,6 +402,7 @@ static void {{NAME}}_pixels(long pb, long* bs, long* ohs, long* ows)
  * pool keeps it: a = (v > a || v != v) ? v : a, a NaN once in `a` stays. */
 static inline void {{NAME}}_pool_run(float* restrict accn, const float* restrict v, long oh, long ow0, long cnt)
 {
+    {{NAME}}_DIMS;
     {{NAME}}_P;
     const long hl = oh + PPH - PKH + 1, wl = ow0 + PPW - PKW + 1; /* (the first window that holds it: ceil(hl / PSH)) */
     const long ph0 = hl <= 0 ? 0 : (hl + PSH - 1) / PSH, pw0 = wl <= 0 ? 0 : (wl + PSW - 1) / PSW;
@@ -443,29 +443,75 @@ static inline void {{NAME}}_pool_run(float* restrict accn, const float* restrict
     }
 }
 
-/* An item's tile T (32 flat pixels x 32 channels, pixel-major) of pixel block PB into the pool
- * (a statement in _tiles): the epilogue along each pixel's channels, in place, then each run of the pixels along
- * one conv row into the pool's maxima ({{NAME}}_pool_run) */
-#define {{NAME}}_POOL_ITEM(T, PB)                                                                  \
+/* Conv row oh (v: its OW pixels' 32 channels, after the epilogue) into the pool: for each pool
+ * column the max over the columns of its window, into the max of each pool pixel of the column
+ * whose window holds row oh (accn: the image's pool pixels). Two values' max is vmaxps's (the
+ * first where it is larger, else the second: pool_run's order, the same results), which drops a
+ * NaN: a row with a NaN or an infinity (`odd`) goes through pool_run instead, which keeps NaN as
+ * the max pool keeps it. */
+static void {{NAME}}_pool_row(const float* restrict v, float* restrict accn, long oh, int odd)
+{
+    {{NAME}}_DIMS;
+    {{NAME}}_P;
+#if defined(__AVX512F__)
+    if (!odd) {
+        const long hl = oh + PPH - PKH + 1; /* (the first window that holds it: ceil(hl / PSH)) */
+        const long ph0 = hl <= 0 ? 0 : (hl + PSH - 1) / PSH, ph1 = (oh + PPH) / PSH < POH - 1 ? (oh + PPH) / PSH : POH - 1;
+        for (long pw = 0; pw < POW; pw++) {
+            const long s0 = pw * PSW - PPW, c0 = s0 > 0 ? s0 : 0, c1 = s0 + PKW < OW ? s0 + PKW : OW;
+            for (int h = 0; h < 32 && c0 < c1; h += 16) {
+                __m512 m = _mm512_loadu_ps(v + c0 * 32 + h);
+                for (long c = c0 + 1; c < c1; c++)
+                    m = _mm512_max_ps(_mm512_loadu_ps(v + c * 32 + h), m);
+                for (long ph = ph0; ph <= ph1; ph++) {
+                    float* restrict a = accn + (ph * POW + pw) * 32 + h;
+                    _mm512_storeu_ps(a, _mm512_max_ps(m, _mm512_loadu_ps(a)));
+                }
+            }
+        }
+        return;
+    }
+#endif
+    (void)odd;
+    {{NAME}}_pool_run(accn, v, oh, 0, OW);
+}
+
+/* a NaN or an infinity among the 32 floats at t */
+static inline int {{NAME}}_odd(const float* restrict t)
+{
+#if defined(__AVX512DQ__)
+    return (_mm512_fpclass_ps_mask(_mm512_loadu_ps(t), 0x99) | _mm512_fpclass_ps_mask(_mm512_loadu_ps(t + 16), 0x99)) != 0;
+#else
+    int odd = 0;
+    for (int o = 0; o < 32; o++)
+        odd |= !isfinite(t[o]);
+    return odd;
+#endif
+}
+
+/* The rows of the conv's output complete once the flat pixels below FEND are in the band (a
+ * statement in _tiles): each into the pool ({{NAME}}_pool_row), the rows past OH dropped; then,
+ * where the next item would not fit, the band's pixels not yet pooled (part of a row) moved to
+ * its start. */
+#define {{NAME}}_POOL_ROWS(FEND, OB)                                                               \
     do {                                                                                           \
-        float* restrict tt = (T);                                                                  \
-        long pbs[32], pohs[32], pows[32];                                                          \
-        {{NAME}}_pixels((PB), pbs, pohs, pows);                                                    \
-        for (int p = 0; p < 32; p++) {                                                             \
-            if (pohs[p] < 0)                                                                       \
-                continue;                                                                          \
-            const long b = pbs[p], j = pohs[p] * OW + pows[p];                                     \
-            {{NAME}}_EPI_PIXEL(tt + p * 32, tt + p * 32, ob); /* (in place; past O never stored) */ \
-            (void)b, (void)j;                                                                      \
-        }                                                                                          \
-        for (int p = 0; p < 32;) {                                                                 \
-            int e = p + 1;                                                                         \
-            if (pohs[p] >= 0) {                                                                    \
-                while (e < 32 && pohs[e] == pohs[p] && pbs[e] == pbs[p] && pows[e] == pows[e - 1] + 1) \
-                    e++;                                                                           \
-                {{NAME}}_pool_run(jb->acc + pbs[p] * (long)POH * POW * 32, tt + p * 32, pohs[p], pows[p], e - p); \
+        const long fend = (FEND) < F ? (FEND) : F;                                                 \
+        for (; (prw + 1) * WQ <= fend; prw++) {                                                    \
+            const long b = prw / HQ, oh = prw % HQ;                                                \
+            float* restrict v = band + (prw * WQ - bf0) * 32;                                      \
+            int odd = 0;                                                                           \
+            for (long ow = 0; ow < OW && oh < OH; ow++) {                                          \
+                const long j = oh * OW + ow;                                                       \
+                {{NAME}}_EPI_PIXEL(v + ow * 32, v + ow * 32, (OB)); /* (in place; past O never read) */ \
+                odd |= {{NAME}}_odd(v + ow * 32);                                                  \
+                (void)j;                                                                           \
             }                                                                                      \
-            p = e;                                                                                 \
+            if (oh < OH)                                                                           \
+                {{NAME}}_pool_row(v, jb->acc + b * (long)POH * POW * 32, oh, odd);                 \
+        }                                                                                          \
+        if ((FEND) + 32 - bf0 > BANDP) {                                                           \
+            memmove(band, band + (prw * WQ - bf0) * 32, sizeof(float) * 32 * (size_t)((FEND) - prw * WQ)); \
+            bf0 = prw * WQ;                                                                        \
         }                                                                                          \
     } while (0)
 #define {{NAME}}_STORE(R) /* (none pending: each item's tile goes into the pool when it is done) */
@@ -584,6 +630,8 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
     long ybs[32], yjs[32];
 #elif {{NAME}}_OUT_POOL
     {{NAME}}_P;
+    float* restrict band = jb->band;
+    long bf0 = 0, prw = 0; /* the band's first flat pixel, the next flat row to pool (the range: whole channel blocks) */
 #else
     {{NAME}}_run runs[32 / WQ + 3];
     int nruns = 0;                         /* the pending epilogue: its runs, */
@@ -632,7 +680,11 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
                     _tile_dpbf16ps(3, 5, 7);
                     {{NAME}}_STORE(prow + per < prows ? prow + per : prows);
                 }
-                float* restrict c = k1 < NKB ? part[q] : {{NAME}}_OUT_COPY || {{NAME}}_OUT_POOL ? tiles[done & 1] : stage;
+#if {{NAME}}_OUT_POOL
+                float* restrict c = k1 < NKB ? part[q] : band + ((pb0 + q) * 32 - bf0) * 32;
+#else
+                float* restrict c = k1 < NKB ? part[q] : {{NAME}}_OUT_COPY ? tiles[done & 1] : stage;
+#endif
                 _tile_stored(0, c, 128);
                 _tile_stored(1, c + 16, 128);
                 _tile_stored(2, c + 16 * 32, 128);
@@ -644,7 +696,7 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
                     {{NAME}}_ylanes(pb0 + q, (uint16_t*)out, ydst, ybs, yjs);
                     prows = 32;
 #elif {{NAME}}_OUT_POOL
-                    {{NAME}}_POOL_ITEM(tiles[done & 1], pb0 + q);
+                    {{NAME}}_POOL_ROWS((pb0 + q + 1) * 32, ob);
                     prows = 0;
 #else
                     {{NAME}}_transpose(stage, tiles[done & 1]);
@@ -660,7 +712,7 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
         g0 += step;
     }
     {{NAME}}_STORE(prows);
-    (void)per, (void)prev, (void)lane, (void)prow, (void)pob, (void)prows; /* (OUT_POOL: no pending epilogue) */
+    (void)per, (void)prev, (void)lane, (void)stage, (void)prow, (void)pob, (void)prows; /* (OUT_POOL: no pending epilogue) */
     _tile_release();
 }
 
@@ -676,7 +728,8 @@ static void {{NAME}}_tiles_pool(void* job, long lo, long hi)
     {{PARAM_UNPACK}}
     const long P = (long)POH * POW;
     float* restrict acc = eqf_scratch(EQF_SCRATCH_CONV_TILE, N * P * 32);
-    if (!acc) {
+    jp.band = eqf_scratch(EQF_SCRATCH_GEMM_A, (long)BANDP * 32);
+    if (!acc || !jp.band) {
         __atomic_store_n(&jb->failed, 1, __ATOMIC_RELAXED);
         return;
     }
@@ -735,7 +788,7 @@ void {{NAME}}({{PARAMS}})
 #endif
     /* two parallel loops on the claim-based pool (common_pool.h), one after the other: the copy
      * (by row), the tiles */
-    {{NAME}}_job job = { {{PARAM_INIT}}, xq, wq, NULL, 0 };
+    {{NAME}}_job job = { {{PARAM_INIT}}, xq, wq, NULL, NULL, 0 };
 #if !{{NAME}}_IN_COPY
     eqf_region((long)QH * QW * N * HQ, {{NAME}}_copy_rows, &job, {{NAME}}_PARALLEL);
 #endif

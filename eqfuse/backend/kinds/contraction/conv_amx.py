@@ -30,11 +30,12 @@ results unchanged (the copy rounds to bf16 what the producer's epilogue gave, ei
 EQFUSE_CONV_AMX_CHAIN=0 keeps them apart.
 
 `pool_into_amx_conv`: where such a conv's output is read by nothing but a max pool (a ResNet's
-stem), the conv computes the pool (`pool`): each output pixel's channels, after the epilogue, go
-into the maxima of the pool pixels whose windows hold it, kept pixel-major in the thread's
-scratch per block of 32 channels (each thread whole channel blocks), then transposed into the
-pool's NCHW output; the pool kernel goes, and the conv's output, the largest tensor of such a
-model, is never stored nor read. The max is exact: the same results. EQFUSE_CONV_AMX_POOL=0
+stem), the conv computes the pool (`pool`): the tiles' results go into a band of rows in the
+thread's scratch, and each row, once whole, through the epilogue and, a pool column at a time,
+into the maxima of the pool pixels whose windows hold it, kept pixel-major per block of 32
+channels (each thread whole channel blocks), then transposed into the pool's NCHW output; the
+pool kernel goes, and the conv's output, the largest tensor of such a model, is never stored
+whole nor read again. The max is exact: the same results. EQFUSE_CONV_AMX_POOL=0
 keeps the pool apart.
 """
 
@@ -316,9 +317,10 @@ def pool_into_amx_conv(kg: Graph, plans: list[KernelPlan], m: Machine) -> None:
         p.node, p.out_shape = q.node, q.out_shape
         p.threads = (f"{'' if d.in_copy else 'the copy' + chr(39) + 's rows, then '}whole blocks of 32 output channels, "
                      f"each with its pool pixels, {REGIONS}" if d.parallel else "one thread, no parallel region")
-        p.uops = [replace(u, what=f"tile through the epilogue ({u.what.split('(', 1)[1].split(')')[0]}) into the "
-                          f"{kh}x{kw} max pool's maxima (stride {sh}x{sw}, padding {ph}x{pw}) of each pool pixel whose "
-                          "window holds the pixel, pixel-major in the thread's scratch; after a channel block's last "
+        p.uops = [replace(u, what=f"tile into a band of rows; each whole row through the epilogue "
+                          f"({u.what.split('(', 1)[1].split(')')[0]}), then into the {kh}x{kw} max pool's maxima "
+                          f"(stride {sh}x{sw}, padding {ph}x{pw}) of each pool pixel whose window holds the pixel, a "
+                          "pool column at a time, pixel-major in the thread's scratch; after a channel block's last "
                           "tile, transposed into NCHW") if u.op == "Store" else u for u in p.uops]
         plans.remove(q)
 
