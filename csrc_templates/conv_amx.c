@@ -7,6 +7,10 @@
 #define {{NAME}}_IN_COPY {{IN_COPY}} /* the plan's in_copy: the input is the copy, written by its producer */
 #define {{NAME}}_OUT_COPY {{OUT_COPY}} /* the plan's out_copy: the output is the next conv's copy, in bf16 */
 #define {{NAME}}_OUT_POOL {{OUT_POOL}} /* the plan's out_pool: the output is the max pool of the conv's */
+#define {{NAME}}_IN_BLOCKED {{IN_BLOCKED}} /* the plan's in_blocked: the input in blocks of VL channels */
+#define {{NAME}}_OUT_BLOCKED {{OUT_BLOCKED}} /* the plan's out_blocked: the output (the pool's) in blocks of VL channels */
+#define {{NAME}}_EPI_BLOCKED {{EPI_BLOCKED}} /* the plan's blocked_args: epilogue operands read in blocks, at blk */
+#define {{NAME}}_VL {{VL}} /* the blocked layout's channels per block, [N][C / VL][H][W][VL] (contraction/blocked.py) */
 /* the items' order: groups of G pixel blocks outermost (a thread's range is a range of pixels, all
  * channels: the next kernel, whose threads split pixels the same way, finds them in its own
  * core's caches), channel blocks outermost for the pool (each thread whole channel blocks) */
@@ -57,6 +61,9 @@
  * slice of that block's weights from L1 while the copy's rows stream; the groups in pixel order,
  * each group's channel blocks one after the other (PIXEL_MAJOR; OUT_POOL: channel blocks
  * outermost). */
+#if {{NAME}}_IN_BLOCKED && {{NAME}}_FOLD
+#error "the plan reads a folded copy from blocks (contraction/blocked.py never asks for it)"
+#endif
 #if !defined(EQF_AMX_EMULATE) && !(defined(__AMX_TILE__) && defined(__AMX_BF16__))
 #error "the plan chose the AMX-BF16 path (tdpbf16ps) but the compiler does not target AMX-TILE and AMX-BF16"
 #endif
@@ -219,6 +226,31 @@ static void {{NAME}}_copy_rows(void* job, long lo, long hi)
         uint16_t* restrict phase = xq + pl * (long)PHASE * KCP;
         uint16_t* restrict dst = phase + (n * (long)IMG + r * WQ) * KCP;
         const long ih = r * SH + qh - PH;
+#if {{NAME}}_IN_BLOCKED /* the input in blocks of VL channels: a pixel's channels VL at a time, no transposition */
+        for (long q = 0; q < WQ; q++) {
+            enum { VL = {{NAME}}_VL };
+            const long iw = q * SW + qw - PW;
+            uint16_t* restrict d = dst + q * KCP;
+            if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
+                memset(d, 0, sizeof(uint16_t) * KCP);
+                continue;
+            }
+            const float* restrict s0 = x + ((n * (C / VL) * (long)H + ih) * W + iw) * VL; /* (block cb: + cb H W VL) */
+            for (long k0 = 0; k0 < KCP; k0 += 32) {
+#if defined(__AVX512BF16__)
+                if (VL == 16) { /* (two blocks, one vcvtne2ps2bf16, one 64-byte row) */
+                    const __m512 lo16 = k0 < C ? _mm512_loadu_ps(s0 + k0 / 16 * (long)H * W * 16) : _mm512_setzero_ps();
+                    const __m512 hi16 = k0 + 16 < C ? _mm512_loadu_ps(s0 + (k0 / 16 + 1) * (long)H * W * 16) : _mm512_setzero_ps();
+                    _mm512_storeu_si512((void*)(d + k0), (__m512i)_mm512_cvtne2ps_pbh(hi16, lo16));
+                    continue;
+                }
+#endif
+                for (long e = k0; e < k0 + 32; e++)
+                    d[e] = e < C ? eqf_bf16(s0[e / VL * (long)H * W * VL + e % VL]) : 0;
+            }
+        }
+        goto next;
+#endif
 #if defined(__AVX512BF16__)
         if (FOLD && KW <= 8 && C <= 4 && KCP == 32) { /* (a stem's few channels: a pixel at a time) */
             {{NAME}}_fold_row(ih >= 0 && ih < H ? x + (n * C * (long)H + ih) * W : x, ih >= 0 && ih < H, dst);
@@ -295,7 +327,7 @@ static void {{NAME}}_copy_rows(void* job, long lo, long hi)
                 for (int e = 0; e < 32; e++)
                     dst[q * KCP + k0 + e] = q >= qa[e] && q < qb[e] ? eqf_bf16(s[e][q * SW + col[e]]) : 0;
         }
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || {{NAME}}_IN_BLOCKED
     next:
 #endif
         if (n == N - 1 && r == HQ - 1) /* past the last image: the blocks' reads beyond F are zeros */
@@ -304,10 +336,26 @@ static void {{NAME}}_copy_rows(void* job, long lo, long hi)
 }
 #endif
 
-#if {{NAME}}_OUT_COPY || {{NAME}}_OUT_POOL
 /* The epilogue along one pixel's 32 channels of channel block OB, DST[o] from SRC[o] (the pixel's
  * image b and output pixel j in scope): a whole block in two 16-lane vectors, the last one's
- * channels below O only (the others not written; their operands not read) */
+ * channels below O only (the others not written; their operands not read). With operands in
+ * blocks (EPI_BLOCKED) a loop per VL channels, each one block's: blk, the element's offset in
+ * the blocked layout, runs on with the lanes. */
+#if {{NAME}}_EPI_BLOCKED
+#define {{NAME}}_EPI_PIXEL(DST, SRC, OB)                                                           \
+    do {                                                                                           \
+        enum { VL = {{NAME}}_VL };                                                                 \
+        for (long h_ = 0; h_ < 32 && (OB) * 32 + h_ < O; h_ += VL) {                               \
+            const long blk0 = ((b * (O / VL) + ((OB) * 32 + h_) / VL) * (long)OH * OW + j) * VL - h_; \
+            _Pragma("omp simd simdlen(16)") for (long o = h_; o < h_ + VL; o++) {                  \
+                const long i = (OB) * 32 + o, blk = blk0 + o;                                      \
+                const float acc = (SRC)[o];                                                        \
+                (DST)[o] = {{EPILOGUE}};                                                           \
+                (void)i, (void)blk;                                                                \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+#else
 #define {{NAME}}_EPI_PIXEL(DST, SRC, OB)                                                           \
     do {                                                                                           \
         if ((OB) * 32 + 32 <= O)                                                                   \
@@ -515,6 +563,29 @@ static inline int {{NAME}}_odd(const float* restrict t)
         }                                                                                          \
     } while (0)
 #define {{NAME}}_STORE(R) /* (none pending: each item's tile goes into the pool when it is done) */
+#elif {{NAME}}_OUT_BLOCKED && !{{NAME}}_OUT_POOL
+/* The image (bs[p]) and output pixel (js[p]; -1: dropped) of each flat pixel of pixel block pb */
+static void {{NAME}}_pixels(long pb, long* bs, long* js)
+{
+    {{NAME}}_DIMS;
+    for (int p = 0; p < 32; p++) {
+        const long f = pb * 32 + p, n = f / IMG, oh = f % IMG / WQ, ow = f % WQ;
+        bs[p] = n, js[p] = f < F && oh < OH && ow < OW ? oh * OW + ow : -1;
+    }
+}
+
+/* The pending item's pixels from prow up to R (a statement in _tiles): each pixel's 32 channels
+ * through the epilogue, then VL at a time into their block's plane ([N][O / VL][OH][OW][VL]) */
+#define {{NAME}}_STORE(R)                                                                          \
+    for (const long r_end = (R); prow < r_end; prow++) {                                           \
+        const long b = pbs[prow], j = pjs[prow];                                                   \
+        if (j < 0)                                                                                 \
+            continue;                                                                              \
+        {{NAME}}_EPI_PIXEL(lane, prev + prow * 32, pob);                                           \
+        for (long h = 0; h < 32 && pob * 32 + h < O; h += {{NAME}}_VL)                             \
+            memcpy(out + ((b * (O / {{NAME}}_VL) + (pob * 32 + h) / {{NAME}}_VL) * (long)OH * OW + j) * {{NAME}}_VL, \
+                   lane + h, sizeof(float) * {{NAME}}_VL);                                         \
+    }
 #else
 /* A run of a pixel block's flat pixels along one output row: tile columns [q, q + cnt), image n,
  * output pixels j0 .. j0 + cnt - 1 of its planes */
@@ -584,7 +655,7 @@ static inline void {{NAME}}_transpose(const float* restrict c, float* restrict t
                 _Pragma("omp simd") for (long e = 0; e < 32; e++) {                                \
                     const long j = j0 + e;                                                         \
                     const float acc = src[e];                                                      \
-                    lane[e] = {{EPILOGUE}};                                                        \
+                    lane[e] = {{EPILOGUE_NCHW}};                                                   \
                     (void)j;                                                                       \
                 }                                                                                  \
                 {{NAME}}_put(dst, lane, cnt);                                                      \
@@ -592,7 +663,7 @@ static inline void {{NAME}}_transpose(const float* restrict c, float* restrict t
                 _Pragma("omp simd") for (long e = 0; e < cnt; e++) {                               \
                     const long j = j0 + e;                                                         \
                     const float acc = src[e];                                                      \
-                    dst[e] = {{EPILOGUE}};                                                         \
+                    dst[e] = {{EPILOGUE_NCHW}};                                                    \
                     (void)j;                                                                       \
                 }                                                                                  \
             (void)b;                                                                               \
@@ -628,6 +699,8 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
 #if {{NAME}}_OUT_COPY
     uint16_t* ydst[32]; /* the pending item's pixels' rows in the next conv's copy */
     long ybs[32], yjs[32];
+#elif {{NAME}}_OUT_BLOCKED && !{{NAME}}_OUT_POOL
+    long pbs[32], pjs[32]; /* the pending item's pixels' images and output pixels */
 #elif {{NAME}}_OUT_POOL
     {{NAME}}_P;
     float* restrict band = jb->band;
@@ -683,7 +756,7 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
 #if {{NAME}}_OUT_POOL
                 float* restrict c = k1 < NKB ? part[q] : band + ((pb0 + q) * 32 - bf0) * 32;
 #else
-                float* restrict c = k1 < NKB ? part[q] : {{NAME}}_OUT_COPY ? tiles[done & 1] : stage;
+                float* restrict c = k1 < NKB ? part[q] : {{NAME}}_OUT_COPY || {{NAME}}_OUT_BLOCKED ? tiles[done & 1] : stage;
 #endif
                 _tile_stored(0, c, 128);
                 _tile_stored(1, c + 16, 128);
@@ -695,10 +768,20 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
 #if {{NAME}}_OUT_COPY /* (the tiles went into the buffer pixel-major: a pixel's channels, a row of the copy) */
                     {{NAME}}_ylanes(pb0 + q, (uint16_t*)out, ydst, ybs, yjs);
                     prows = 32;
+#elif {{NAME}}_OUT_BLOCKED && !{{NAME}}_OUT_POOL /* (pixel-major as well: a pixel's channels, VL of them a store) */
+                    {{NAME}}_pixels(pb0 + q, pbs, pjs);
+                    prows = 32;
 #elif {{NAME}}_OUT_POOL
                     {{NAME}}_POOL_ROWS((pb0 + q + 1) * 32, ob);
                     prows = 0;
 #else
+#if {{NAME}}_EPI_BLOCKED /* (operands in blocks: the epilogue along each pixel's channels, before the transpose) */
+                    for (int p = 0; p < 32; p++) {
+                        const long f = (pb0 + q) * 32 + p, b = f / IMG, oh = f % IMG / WQ, ow = f % WQ, j = oh * OW + ow;
+                        if (f < F && oh < OH && ow < OW)
+                            {{NAME}}_EPI_PIXEL(stage + p * 32, stage + p * 32, ob);
+                    }
+#endif
                     {{NAME}}_transpose(stage, tiles[done & 1]);
                     nruns = {{NAME}}_runs(pb0 + q, runs);
                     prows = O - ob * 32 < 32 ? O - ob * 32 : 32;
@@ -739,6 +822,14 @@ static void {{NAME}}_tiles_pool(void* job, long lo, long hi)
             acc[e] = -INFINITY;
         {{NAME}}_tiles(&jp, ob * NPB, (ob + 1) * NPB);
         const long nc = O - ob * 32 < 32 ? O - ob * 32 : 32;
+#if {{NAME}}_OUT_BLOCKED /* (each pool pixel's channels VL at a time into their block's plane) */
+        for (long n = 0; n < N; n++)
+            for (long px = 0; px < P; px++) /* (each pixel's channels read once, in order) */
+                for (long h = 0; h < nc; h += {{NAME}}_VL)
+                    memcpy(out + ((n * (O / {{NAME}}_VL) + (ob * 32 + h) / {{NAME}}_VL) * P + px) * {{NAME}}_VL,
+                           acc + (n * P + px) * 32 + h, sizeof(float) * {{NAME}}_VL);
+        continue;
+#endif
         for (long n = 0; n < N; n++) {
             const float* restrict an = acc + n * P * 32;
             float* restrict on = out + (n * O + ob * 32) * P;

@@ -624,6 +624,61 @@ def test_an_amx_conv_computes_the_max_pool_after_it_and_gives_the_same_bits(emul
     assert [p.kind for p in kept].count("index") == 2
 
 
+# Convs on AMX tiles in the blocked channel layout (contraction/blocked.py): a ResNet's stages in
+# small. A folded stem with its max pool (three channel blocks of 32, the last one partial: 80
+# outputs) whose output two convs read, as input and as residual; a conv pair chained through its
+# copy, the second adding that residual; its output read by a stride-2 3x3 conv (four phase
+# planes) and a stride-2 1x1 conv; the 3x3 one's output read by a last 3x3 conv (in blocks: its
+# copy would not fit the small map's buffer), whose output the 1x1 conv adds in its epilogue
+# (fused there) to write the graph's output, NCHW, that residual read in blocks. Two images.
+AMX_BLOCKED = """
+graph stages(x: f32[2, 3, 40, 38], w0: f32[80, 3, 7, 7], b0: f32[80], w1: f32[80, 80, 3, 3], w2: f32[80, 80, 3, 3],
+             w3: f32[48, 80, 3, 3], w4: f32[48, 80, 1, 1], w5: f32[48, 48, 3, 3], b5: f32[48]) {
+    p = max_pool2d(relu(conv2d(x, w0, b0, stride=2, padding=3)), kernel_size=3, stride=2, padding=1)
+    y1 = relu(conv2d(p, w1, stride=1, padding=1))
+    y2 = relu(conv2d(y1, w2, stride=1, padding=1) + p)
+    y3 = relu(conv2d(y2, w3, stride=2, padding=1))
+    y4 = conv2d(y2, w4, stride=2, padding=0)
+    return relu(conv2d(y3, w5, b5, stride=1, padding=1) + y4)
+}
+"""
+AMX_BLOCKED_SHAPES = {"x": (2, 3, 40, 38), "w0": (80, 3, 7, 7), "b0": (80,), "w1": (80, 80, 3, 3), "w2": (80, 80, 3, 3),
+                      "w3": (48, 80, 3, 3), "w4": (48, 80, 1, 1), "w5": (48, 48, 3, 3), "b5": (48,)}
+
+
+@pytest.mark.parametrize("emulate", [
+    pytest.param(True, id="emulated", marks=pytest.mark.heavy),
+    pytest.param(False, id="hardware", marks=pytest.mark.skipif(
+        not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)"))])
+def test_amx_convs_in_the_blocked_layout_give_the_same_bits(emulate):
+    """Every tensor between the convs in blocks of 16 channels (the stem's pool written so, the
+    copies converted from blocks, the residuals read at blk, the output NCHW), bit for bit what
+    the convs give with their tensors NCHW (EQFUSE_CONV_AMX_BLOCKED=0): the layout moves values,
+    it changes none. (The blocks' portable loops: the portable test below.) Two calls."""
+    rng = np.random.default_rng(14)
+    a = {k: rng.standard_normal(s).astype(np.float32) * (0.2 if k[0] == "w" else 1.0) for k, s in AMX_BLOCKED_SHAPES.items()}
+    model = dataclasses.replace(amx_model(), l2=32 << 10)  # (the stem's output past L2: its pool in it)
+    ys, plans = {}, {}
+    for blocked in ("0", "1"):
+        with amx_compiled(AMX_BLOCKED, emulate, {"EQFUSE_CONV_AMX_BLOCKED": blocked}, model, params={"w1": a["w1"]}) as mod:
+            ys[blocked] = [mod(**{k: v for k, v in a.items() if k != "w1"}) for _ in range(2)]
+        plans[blocked] = mod.default.last.plans
+    d = [p.detail for p in plans["1"]]
+    assert [type(e).__name__ for e in d] == ["ConvAmxDetail"] * 6 and d[0].pool
+    assert [(e.in_blocked, e.out_blocked, e.blocked_args != (), e.in_copy, e.out_copy) for e in d] == [
+        (False, True, False, False, False),  # the stem and its pool: written in blocks
+        (True, False, False, False, True),  # y1: read from blocks, writes y2's copy
+        (False, True, True, True, False),  # y2: its residual p in blocks, written in blocks
+        (True, True, False, False, False),  # y3: stride 2 from blocks into blocks
+        (True, True, False, False, False),  # conv(y3, w5, b5): from blocks into blocks
+        (True, False, True, False, False)]  # y4 + that: 1x1 stride 2 from blocks, its residual in blocks, NCHW out
+    assert all(e.vl == 16 for e in d if e.in_blocked or e.out_blocked or e.blocked_args)
+    assert not any(e.in_blocked or e.out_blocked or e.blocked_args for e in (p.detail for p in plans["0"]))
+    assert "in blocks already" in plans["1"][1].uops[1].what
+    for y0, y1 in zip(ys["0"], ys["1"]):
+        assert y0.shape == (2, 48, 5, 5) and np.array_equal(y0, y1)
+
+
 @pytest.mark.heavy  # (three models' emulated tiles, twice)
 # (without AVX-512 both builds would be the portable one: the emulated tests above already run
 # those loops on such a host, so there is nothing to compare)
@@ -635,7 +690,8 @@ def test_the_amx_convs_portable_paths_give_the_same_bits_as_their_avx512_ones():
     emulated tiles: bit for bit, over the direct convs, the chain and the pools above."""
     rng = np.random.default_rng(13)
     model = dataclasses.replace(amx_model(), l1=16 << 10, l2=32 << 10)
-    for src, shapes in ((AMX_CONVS, AMX_CONV_SHAPES), (AMX_CHAIN, AMX_CHAIN_SHAPES), (AMX_POOL, AMX_POOL_SHAPES)):
+    for src, shapes in ((AMX_CONVS, AMX_CONV_SHAPES), (AMX_CHAIN, AMX_CHAIN_SHAPES), (AMX_POOL, AMX_POOL_SHAPES),
+                        (AMX_BLOCKED, AMX_BLOCKED_SHAPES)):
         a = {k: rng.standard_normal(s).astype(np.float32) * (0.3 if k[0] == "w" else 1.0) for k, s in shapes.items()}
         ys = []
         for flags in ("-DEQF_AMX_EMULATE", "-DEQF_AMX_EMULATE -mno-avx512f"):

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from eqfuse.backend.kinds import KIND
 from eqfuse.backend.kinds.contraction import mark_bound_b
-from eqfuse.backend.kinds.contraction.conv import block_between_convs
+from eqfuse.backend.kinds.contraction.blocked import block_between_convs
 from eqfuse.backend.kinds.contraction.conv_amx import copy_between_amx_convs, pool_into_amx_conv
 from eqfuse.backend.literals import lift_literals
 from eqfuse.backend.live import mark_live
@@ -204,9 +204,9 @@ def lower_graph(g: Graph, m: Machine, fuse: bool = True, params: frozenset[str] 
                         mark_bound_b(p, _bound_inputs(p, kg, params), m, _bound_values(p, kg, params, arrays), rows)
                 if p.into is not None:  # after any planning again, which writes the uops anew
                     p.uops = p.uops + [store_uop(p)]
-            block_between_convs(kg, plans, m)  # (direct convs: the blocked layout between them)
             pool_into_amx_conv(kg, plans, m)  # (a conv on AMX tiles and the max pool after it: one kernel)
             copy_between_amx_convs(kg, plans)  # (convs on AMX tiles: the next one's copy written by the one before)
+            block_between_convs(kg, plans, m)  # (direct convs, convs on AMX tiles: the blocked layout between them)
             # a 1x1 conv planned again as a direct conv, and a conv whose bound weights it reads
             # through a view (a conv1d's, reshaped to a conv2d's): their weights blocked once too
             for p in plans:

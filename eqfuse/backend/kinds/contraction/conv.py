@@ -1,4 +1,4 @@
-"""Convolutions: the direct conv (csrc_templates/conv_direct.c), Winograd F(2x2, 3x3) (conv_winograd.c) and the blocked channel layout between convs. Planning and emit.
+"""Convolutions: the direct conv (csrc_templates/conv_direct.c) and Winograd F(2x2, 3x3) (conv_winograd.c). Planning and emit.
 
 A conv2d as a direct convolution (csrc_templates/conv_direct.c): planning and emit.
 
@@ -13,11 +13,12 @@ batchnorm, relu, a residual add: any pointwise ops) is applied to each tile as i
 `plan_conv_direct` decides by `use_direct` (a cost rule) and, when direct, is the conv's
 whole plan; otherwise the caller plans the im2col GEMM. A 3x3 stride-1 conv that Winograd
 F(2x2, 3x3) can run (eqfuse.backend.kinds.contraction.conv.use_winograd) gets that plan instead, in the
-same detail (`winograd` = its tiles per block), so the blocked layout below applies to it too. Once every kernel is planned,
-`block_between_convs` (eqfuse.backend.kinds.contraction.conv) keeps the blocked channel layout
-([N][C / VL][H][W][VL]) on the tensors that pass between direct convs and pooling (as inputs or
+same detail (`winograd` = its tiles per block), so the blocked layout applies to it too. Once every kernel is planned,
+`block_between_convs` (eqfuse.backend.kinds.contraction.blocked) keeps the blocked channel layout
+([N][C / VL][H][W][VL]) on the tensors that pass between convs and pooling (as inputs or
 residual operands) and nowhere else: the graph's inputs and outputs, and every tensor another
-kind of kernel reads, stay NCHW. EQFUSE_CONV=direct|im2col forces a path,
+kind of kernel reads, stay NCHW; the kernels here read and write either (in_blocked, out_blocked,
+blocked_args). EQFUSE_CONV=direct|im2col forces a path,
 EQFUSE_CONV_TILE=V,RW,ROWS a register tile (both to measure the alternatives).
 
 3x3 stride-1 convs by Winograd F(2x2, 3x3) (csrc_templates/conv_winograd.c): planning and emit.
@@ -35,20 +36,6 @@ The plan is a ConvDirectDetail with `winograd` = TB, the tiles per block: the bl
 (eqfuse.backend.kinds.contraction.conv) treats it as a direct conv: its input and output may be in blocks
 of VL channels, and its epilogue reads operands in blocks at `blk`. EQFUSE_CONV_WINOGRAD=0 turns
 it off (to measure the direct kernel), =1 takes it for every conv it can run.
-
-The blocked channel layout inside a compiled graph: [N][C / VL][H][W][VL], VL floats per vector.
-
-A direct conv (conv_direct.c) reads its input a pixel's channel block at a time and computes a
-register tile of pixels x channel vectors: in the blocked layout its input copy is a row copy
-and its store a vector store, where NCHW costs a gather and a transposition. `block_between_convs`
-decides, once every kernel is planned, which tensors are stored so: a tensor whose producer can
-write the layout and whose every reader can read it, and that is neither a graph output nor
-written into another tensor's storage. Producers: direct convs (channels in the lanes) and
-max / avg pooling. Readers: a direct conv's input x, an operand of a direct conv's epilogue of
-the conv's own shape (a residual add: read at the output element's blocked offset), pooling's
-input, and a 1x1 conv planned as im2col + GEMM, which is planned again as a direct conv (its
-input then needs no conversion; MLAS runs its NCHWc 1x1 convs the same way). The graph's inputs
-and outputs, and every tensor any other kernel reads, stay NCHW: the layout changes only inside.
 """
 
 from __future__ import annotations
@@ -71,8 +58,7 @@ from eqfuse.backend.kinds.contraction.plan_gemm import (
     pixels_as_rows,
 )
 from eqfuse.backend.plan import KernelPlan, UOp, ops_text, pointwise_flops
-from eqfuse.ir.graph import Graph
-from eqfuse.ir.kernels import F32, K
+from eqfuse.ir.kernels import F32
 from eqfuse.ir.ops import pair
 from eqfuse.machine import Machine
 
@@ -475,10 +461,6 @@ def emit_conv_direct(plan: KernelPlan) -> str:
                   **param_job(params))
 
 
-# (the blocked layout's decisions and pooling in it; imported here, after the names it uses,
-# for eqfuse.backend.lower)
-
-
 def can_run(d, vl: int) -> bool:
     """Whether the kernel runs this conv: 3x3, stride 1, whole vectors of input and output channels."""
     return (d.KH, d.KW) == (3, 3) and d.stride == (1, 1) and d.C % vl == 0 and d.O % vl == 0
@@ -571,131 +553,6 @@ def emit_conv_winograd(plan: KernelPlan) -> str:
                   BF16=BF16_PATHS[plan.precision_path],
                   OUT_BLOCKED=int(d.out_blocked), REORDER=int(ro), REORDER_FN=reorder_fn(plan.name, d.vl) if ro else "",
                   **param_job(params))
-
-
-POOL_OPS = ("max_pool2d", "avg_pool2d")
-
-
-def _is_pool(q: KernelPlan) -> bool:
-    return q.kind == K.INDEX and getattr(q.detail, "op", None) in POOL_OPS
-
-
-def _conv_input(q: KernelPlan, x: int) -> bool:
-    """Whether body input x is the kernel's conv2d input and read by nothing else in it."""
-    body = q.body
-    return body.nodes[q.shape.anchor].args[0] == x and sum(a == x for n in body.nodes for a in n.args) == 1
-
-
-def _direct_1x1(q: KernelPlan) -> bool:
-    """An im2col conv that the direct kernel can run instead: a 1x1 window, no views, its own
-    storage (the direct kernel writes NCHW contiguous or blocks)."""
-    if q.kind != K.CONV2D or isinstance(q.detail, ConvDirectDetail) or q.in_strides or q.into is not None \
-            or q.out_strides is not None or q.shape.parts is not None:  # (parts: a depthwise prologue)
-        return False
-    cv = q.body.nodes[q.shape.anchor]
-    if cv.attr.get("group", 1) != 1 or q.precision_path == "amx_bf16":
-        return False  # (a grouped conv: conv_grouped; on AMX tiles: the GEMM, use_direct)
-    return tuple(q.body.nodes[cv.args[1]].type.shape[2:]) == (1, 1) and tuple(cv.type.shape) == tuple(q.out_shape)
-
-
-def reads_blocked(q: KernelPlan, k: int, vl: int) -> str | None:
-    """How q can read its argument k in blocks of vl channels: "x" (a direct conv's input),
-    "operand" (an operand of a direct conv's epilogue, of the output's shape), "pool" (pooling's
-    input), "replan" (the input of a 1x1 conv to plan again as direct); None: it cannot."""
-    body = q.body
-    x = body.inputs[k]
-    shape = tuple(body.nodes[x].type.shape)
-    if len(shape) != 4 or shape[1] % vl or body.nodes[x].type.dtype != "f32" or k in q.in_strides:
-        return None
-    d = q.detail
-    if _is_pool(q):
-        return "pool"
-    if isinstance(d, ConvDirectDetail):
-        if d.pixels or d.vl != vl:
-            return None
-        cv = body.nodes[q.shape.anchor]
-        if _conv_input(q, x):
-            return "x" if d.cb == vl else None
-        if x in cv.args or shape != tuple(q.out_shape) or d.O % vl:
-            return None
-        return "operand"
-    if _direct_1x1(q) and _conv_input(q, x):
-        return "replan"
-    return None
-
-
-def _writes_blocked(p: KernelPlan, vl: int) -> bool:
-    d = p.detail
-    if isinstance(d, ConvDirectDetail):
-        return not d.pixels and d.vl == vl and d.O % vl == 0
-    # a pool writes blocks only from blocks: from NCHW, each tap of a pixel's VL channels is a
-    # gather of VL planes (a ResNet-18 stem's 3x3/2 pool of 2 x 16 x 32 x 32 was several times
-    # slower than the NCHW pool and the next conv's own copy into blocks)
-    return _is_pool(p) and p.out_shape[1] % vl == 0 and p.body.nodes[p.shape.anchor].type.dtype == "f32" \
-        and p.detail.in_blocked
-
-
-def _replan_direct(q: KernelPlan, m: Machine) -> None:
-    """Plan the im2col 1x1 conv q again as a direct conv (its bound weights blocked once)."""
-    old = q.prepack
-    q.tiles, q.detail, q.uops = {}, None, []
-    assert plan_conv_direct(q, m, force=True)
-    if old is not None:
-        mark_bound(q, {q.body.inputs[old.arg]})
-
-
-def block_between_convs(kg: Graph, plans: list[KernelPlan], m: Machine) -> None:
-    """Store in blocks of VL channels every tensor whose producer can write them and whose
-    readers can all read them (see the module's docstring); a 1x1 conv among the readers is
-    planned again as a direct conv. Each plan's detail records which of its tensors are blocked:
-    in_blocked / out_blocked, and for a direct conv `blocked_args`, the epilogue operands."""
-    vl = m.simd_floats
-    readers: dict[int, list[tuple[KernelPlan, int]]] = {}
-    for q in plans:
-        for k, a in enumerate(q.args):
-            readers.setdefault(a, []).append((q, k))
-    changed = True
-    while changed:  # (a 1x1 conv planned again as direct can then write blocks itself)
-        changed = False
-        for p in plans:
-            if getattr(p.detail, "out_blocked", False) or not _writes_blocked(p, vl) or p.node in kg.outputs \
-                    or p.into is not None or p.out_strides is not None:
-                continue
-            rs = readers.get(p.node, [])
-            how = [reads_blocked(q, k, vl) for q, k in rs]
-            if not rs or None in how:
-                continue
-            changed = True
-            _mark_out(p, vl)
-            for (q, k), h in zip(rs, how):
-                if h == "replan":
-                    _replan_direct(q, m)
-                    h = "x"
-                _mark_in(q, k, h, vl)
-
-
-def _mark_out(p: KernelPlan, vl: int) -> None:
-    p.detail = replace(p.detail, out_blocked=True, **({"vl": vl, "pool_s2": False} if _is_pool(p) else {}))
-    p.uops = [replace(u, what=f"{u.what}, into blocks of {vl} channels (read so by the next kernels)")
-              if u.op == "Store" else u for u in p.uops]
-
-
-def _mark_in(q: KernelPlan, k: int, how: str, vl: int) -> None:
-    if how == "operand":
-        q.detail = replace(q.detail, blocked_args=tuple(sorted(set(q.detail.blocked_args) | {k})))
-        return
-    # read in place along output rows (the padded copy cost a few percent of a 3x3 conv at 56 x 56,
-    # 64 channels); EQFUSE_CONV_INPLACE=0 keeps the copy (to measure both with benchmarks/bench_conv.py)
-    if how == "pool":  # (the blocked pooling has no stride-2 path of its own)
-        q.detail = replace(q.detail, in_blocked=True, vl=vl, pool_s2=False)
-        return
-    # (bf16: never in place, the copy rounds the input to bf16)
-    in_place = q.detail.rows and q.precision != "bf16" and os.environ.get("EQFUSE_CONV_INPLACE", "1") != "0"
-    q.detail = replace(q.detail, in_blocked=True, in_place=in_place)
-    what = ("input, in blocks already, read in place (a tile's window copied, zero padded, at the image's left "
-            "and right edges)" if in_place else "input, in blocks already, to a zero-padded copy (a row copy)"
-            + (", rounded to bf16" if q.precision == "bf16" else ""))
-    q.uops = [replace(u, what=what) if u.what.startswith("input to a zero-padded copy") else u for u in q.uops]
 
 
 def _blocked_layout(name: str, H, W, OH, OW) -> list[str]:

@@ -29,6 +29,13 @@ reads it there (`in_copy`): the consumer's copy and the producer's NCHW f32 stor
 results unchanged (the copy rounds to bf16 what the producer's epilogue gave, either way).
 EQFUSE_CONV_AMX_CHAIN=0 keeps them apart.
 
+The blocked channel layout between convs (contraction/blocked.py) takes these convs too, the
+tensors the chain does not: a conv's output (or its pool's) in blocks of 16 channels, stored 16
+channels a pixel at a time with no transposition; its input's copy converted from blocks 16
+channels at a time; a residual operand read in blocks at `blk` (where the output is NCHW, the
+epilogue runs along each pixel's channels before the transposition). The values are the same:
+only where they are stored changes.
+
 `pool_into_amx_conv`: where such a conv's output is read by nothing but a max pool (a ResNet's
 stem), the conv computes the pool (`pool`): the tiles' results go into a band of rows in the
 thread's scratch, and each row, once whole, through the epilogue and, a pool column at a time,
@@ -93,14 +100,24 @@ class ConvAmxDetail(ConvGeometry):
     group: int = GROUP  # items of a channel block that share each K slice's B tiles
     region_chunks: int = 64  # equal ranges of the tiles' loop on the claim-based pool (conv.region_chunks)
     prepack: Prepack | None = None  # the weights bound by params=, made into B tiles once (conv.mark_bound)
-    blocked_args: tuple[int, ...] = ()  # (the conv epilogue's interface: none read in blocks here)
+    # the blocked channel layout between convs ([N][C / VL][H][W][VL], contraction/blocked.py): the
+    # input, the output (with `pool`, the pool's), the epilogue's operands (body inputs) in blocks
+    in_blocked: bool = False
+    out_blocked: bool = False
+    blocked_args: tuple[int, ...] = ()
+    vl: int = 16
     in_copy: bool = False  # the input is this conv's copy, its producer's out_copy
     next_copy: tuple[int, ...] = ()  # the next conv's `copy_geometry`: the output written as its copy
     # the max pool computed here (`pool_into_amx_conv`): window, stride, padding (rows, columns
     # each), the pool's output rows and columns
     pool: tuple[int, ...] = ()
 
-    DERIVED = ("kc", "kcp", "phases", "flat", "waste", "out_copy", "out_pool")
+    DERIVED = ("kc", "kcp", "phases", "flat", "waste", "out_copy", "out_pool", "epi_blocked")
+
+    @property
+    def epi_blocked(self) -> bool:
+        """The template's EPI_BLOCKED: the epilogue reads some operands in blocks of VL channels."""
+        return bool(self.blocked_args)
 
     @property
     def out_pool(self) -> bool:
@@ -330,10 +347,13 @@ def emit_conv_amx(plan: KernelPlan) -> str:
     cv = body.nodes[a]
     params, ptrs = kernel_params(plan)
     expr, decls = epilogue_c(plan)
+    expr = " ".join(expr.split("\n"))
     pool = dict(zip(("PKH", "PKW", "PSH", "PSW", "PPH", "PPW", "POH", "POW"), d.pool or (0,) * 8))
     y = dict(zip(("YSH", "YSW", "YPH", "YPW", "YQH", "YQW", "YHQ", "YWQ", "YPHASE", "YKCP"), d.next_copy or (0,) * 10))
     return render("conv_amx.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
-                  CHUNKS=d.region_chunks, KCB=d.kcb, G=d.group, FOLD=int(d.fold), EPILOGUE=" ".join(expr.split("\n")),
+                  CHUNKS=d.region_chunks, KCB=d.kcb, G=d.group, FOLD=int(d.fold), EPILOGUE=expr,
+                  EPILOGUE_NCHW="acc" if d.blocked_args else expr, IN_BLOCKED=int(d.in_blocked),
+                  OUT_BLOCKED=int(d.out_blocked), EPI_BLOCKED=int(d.epi_blocked), VL=d.vl,
                   O=d.O, KCP=d.kcp, IN_COPY=int(d.in_copy), OUT_COPY=int(d.out_copy), OUT_POOL=int(d.out_pool), **y, **pool,
                   **d.shape_c("DH", "DW"), **param_job(params))
