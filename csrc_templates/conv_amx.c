@@ -110,7 +110,10 @@ static inline void {{NAME}}_tr16(__m512i r[16])
  * --model resnet_stages`, the stem by eqfuse.runtime.profile; benchmarks/RESULTS.md, 2026-12-04) */
 #define {{NAME}}_P                                                                                 \
     enum { PKH = {{PKH}}, PKW = {{PKW}}, PSH = {{PSH}}, PSW = {{PSW}}, PPH = {{PPH}}, PPW = {{PPW}}, POH = {{POH}}, POW = {{POW}}, \
-           BANDP = ((WQ + 31) / 32 + 2 + 32) * 32 }
+           BANDP = ((WQ + 31) / 32 + 2 + 32) * 32,                                                \
+           /* each window holds a pixel of the conv's output (padding at most half the window, as   \
+            * torch's max pool asks): a pool pixel's first row stores its maxima, no -inf first */ \
+           FIRST = 2 * PPH <= PKH && 2 * PPW <= PKW }
 #endif
 #define {{NAME}}_DIMS                                                                              \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}}, \
@@ -501,10 +504,11 @@ static void {{NAME}}_pool_row(const float* restrict v, float* restrict accn, lon
 {
     {{NAME}}_DIMS;
     {{NAME}}_P;
+    const long hl = oh + PPH - PKH + 1; /* (the first window that holds it: ceil(hl / PSH)) */
+    const long ph0 = hl <= 0 ? 0 : (hl + PSH - 1) / PSH, ph1 = (oh + PPH) / PSH < POH - 1 ? (oh + PPH) / PSH : POH - 1;
+#define {{NAME}}_FIRST_ROW(ph) (FIRST && ((ph) * PSH - PPH > 0 ? (ph) * PSH - PPH : 0) == oh) /* (row oh the window's first) */
 #if defined(__AVX512F__)
     if (!odd) {
-        const long hl = oh + PPH - PKH + 1; /* (the first window that holds it: ceil(hl / PSH)) */
-        const long ph0 = hl <= 0 ? 0 : (hl + PSH - 1) / PSH, ph1 = (oh + PPH) / PSH < POH - 1 ? (oh + PPH) / PSH : POH - 1;
         for (long pw = 0; pw < POW; pw++) {
             const long s0 = pw * PSW - PPW, c0 = s0 > 0 ? s0 : 0, c1 = s0 + PKW < OW ? s0 + PKW : OW;
             for (int h = 0; h < 32 && c0 < c1; h += 16) {
@@ -513,13 +517,18 @@ static void {{NAME}}_pool_row(const float* restrict v, float* restrict accn, lon
                     m = _mm512_max_ps(_mm512_loadu_ps(v + c * 32 + h), m);
                 for (long ph = ph0; ph <= ph1; ph++) {
                     float* restrict a = accn + (ph * POW + pw) * 32 + h;
-                    _mm512_storeu_ps(a, _mm512_max_ps(m, _mm512_loadu_ps(a)));
+                    _mm512_storeu_ps(a, {{NAME}}_FIRST_ROW(ph) ? m : _mm512_max_ps(m, _mm512_loadu_ps(a)));
                 }
             }
         }
         return;
     }
 #endif
+    for (long ph = ph0; ph <= ph1; ph++) /* (pool_run takes the maxima so far: -inf where this row is the first) */
+        if ({{NAME}}_FIRST_ROW(ph))
+            for (long e = 0; e < POW * 32; e++)
+                accn[ph * POW * 32 + e] = -INFINITY;
+#undef {{NAME}}_FIRST_ROW
     (void)odd;
     {{NAME}}_pool_run(accn, v, oh, 0, OW);
 }
@@ -818,7 +827,7 @@ static void {{NAME}}_tiles_pool(void* job, long lo, long hi)
     }
     jp.acc = acc;
     for (long ob = lo; ob < hi; ob++) {
-        for (long e = 0; e < N * P * 32; e++)
+        for (long e = 0; e < (FIRST ? 0 : N * P * 32); e++)
             acc[e] = -INFINITY;
         {{NAME}}_tiles(&jp, ob * NPB, (ob + 1) * NPB);
         const long nc = O - ob * 32 < 32 ? O - ob * 32 : 32;
