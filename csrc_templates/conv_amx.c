@@ -213,7 +213,7 @@ static inline void {{NAME}}_fold_row(const float* restrict x, int in, uint16_t* 
 }
 #endif
 
-/* Rows (qh, qw, n, r) of the copy: WQ pixels of KCP bf16 each, pixel q's copy channel kc the
+/* Rows (n, r, qh, qw) of the copy: WQ pixels of KCP bf16 each, pixel q's copy channel kc the
  * input at padded row r SH + qh, column q SW + qw (FOLD: q SW + the channel's kw); zero where that
  * lies outside the image or kc >= KC; the last row of a phase plane zeroes the plane's tail too.
  * 32 channels at a time: 16 K-pairs of 16 pixels, rounded, then transposed to 16 pixel rows. */
@@ -225,7 +225,9 @@ static void {{NAME}}_copy_rows(void* job, long lo, long hi)
     const float* restrict x = {{X}};
     uint16_t* restrict xq = jb->xq;
     for (long row = lo; row < hi; row++) {
-        const long r = row % HQ, n = row / HQ % N, pl = row / HQ / N, qw = pl % QW, qh = pl / QW;
+        /* (row-major, every phase plane's row r together: a thread's range of rows is the pixels
+         * its range of the tiles reads, from its own core's caches) */
+        const long pl = row % (QH * QW), r = row / (QH * QW) % HQ, n = row / (QH * QW) / HQ, qw = pl % QW, qh = pl / QW;
         uint16_t* restrict phase = xq + pl * (long)PHASE * KCP;
         uint16_t* restrict dst = phase + (n * (long)IMG + r * WQ) * KCP;
         const long ih = r * SH + qh - PH;
