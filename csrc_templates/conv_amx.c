@@ -13,7 +13,8 @@
 #define {{NAME}}_VL {{VL}} /* the blocked layout's channels per block, [N][C / VL][H][W][VL] (contraction/blocked.py) */
 /* the items' order: groups of G pixel blocks outermost (a thread's range is a range of pixels, all
  * channels: the next kernel, whose threads split pixels the same way, finds them in its own
- * core's caches), channel blocks outermost for the pool (each thread whole channel blocks) */
+ * core's caches); for the pool, each range of pool rows (_tiles_pool) a channel block at a time,
+ * its items in pixel order */
 #define {{NAME}}_PIXEL_MAJOR (!{{NAME}}_OUT_POOL)
 /* {{NAME}}: conv2d on AMX-BF16 tiles read straight from the input (eqfuse.backend.kinds.contraction.conv_amx),
  * {{N}}x{{C}}x{{H}}x{{W}} * {{O}}x{{C}}x{{KH}}x{{KW}}, stride {{SH}}x{{SW}}, padding {{PH}}x{{PW}}
@@ -48,12 +49,14 @@
  *   pixel's 32 channels of a channel block are one 64-byte row there, and the rows of that copy
  *   no output pixel fills (its zero padding, the phase planes' tails) are zeroed first.
  * - OUT_POOL: the output is a max pool (PKH x PKW, stride PSH x PSW, padding PPH x PPW) of the
- *   conv's, POH x POW: each thread takes whole channel blocks, their items in pixel order; the
- *   items' C tiles go into a band of the conv's results (pixel-major, the thread's scratch), and
- *   each row of the output, once whole there, goes through the epilogue and, a pool column at a
- *   time, into the max of every pool pixel whose window holds it, in a pixel-major buffer of the
- *   block's pool pixels (the thread's scratch), transposed into NCHW after the block's last item.
- *   The conv's output is never stored whole.
+ *   conv's, POH x POW: each thread takes a range of pool rows and the conv's rows their windows
+ *   read (the rows at a range's edge computed by both ranges), a channel block at a time, its
+ *   items in pixel order; the items' C tiles go into a band of the conv's results (pixel-major,
+ *   the thread's scratch), and each row of the output, once whole there, goes through the
+ *   epilogue and, a pool column at a time, into the max of every pool pixel of the range whose
+ *   window holds it, in a pixel-major buffer of the range's pool pixels (the thread's scratch),
+ *   written to the output (NCHW or blocks) after the block's last item. The conv's output is
+ *   never stored whole.
  * The register tile: 2 x 2 C tiles, 32 flat pixels x 32 output channels (tiles 0-3), A tiles 4-5,
  * B tiles 6-7, over the NKB blocks; then the tile, transposed to channel-major, through the
  * epilogue into NCHW, the flat pixels that are output pixels only. The threads share the (channel
@@ -157,6 +160,8 @@ typedef struct {
     const uint16_t* wq;  /* the weights' B tiles */
     float* acc;          /* OUT_POOL: a channel block's pool pixels, pixel-major (the range's thread's) */
     float* band;         /* OUT_POOL: the conv's results of the rows not yet pooled, pixel-major (the thread's) */
+    long pa, pb;         /* OUT_POOL: the range's pool rows of its image, whose maxima `acc` holds */
+    long row0, row1;     /* OUT_POOL: the flat rows of the conv's output those read */
     int failed;          /* OUT_POOL: a thread's scratch buffer could not be allocated */
 } {{NAME}}_job;
 
@@ -451,15 +456,16 @@ static inline void {{NAME}}_put_bf16(uint16_t* restrict d, const float* restrict
 /* A run of cnt conv output pixels of row oh from column ow0 (v: their 32 channels each, after
  * the epilogue) into the pool: for each pool column whose window meets the run, the max over the
  * run's pixels in the window, then that into the max of each pool pixel of the column whose
- * window holds row oh (accn: the image's pool pixels, 32 channels each). NaN is kept as the max
- * pool keeps it: a = (v > a || v != v) ? v : a, a NaN once in `a` stays. */
-static inline void {{NAME}}_pool_run(float* restrict accn, const float* restrict v, long oh, long ow0, long cnt)
+ * window holds row oh (acc: the image's pool rows pa .. pb - 1, 32 channels a pixel; the rows
+ * outside them are another range's). NaN is kept as the max pool keeps it:
+ * a = (v > a || v != v) ? v : a, a NaN once in `a` stays. */
+static inline void {{NAME}}_pool_run(float* restrict acc, long pa, long pb, const float* restrict v, long oh, long ow0, long cnt)
 {
     {{NAME}}_DIMS;
     {{NAME}}_P;
     const long hl = oh + PPH - PKH + 1, wl = ow0 + PPW - PKW + 1; /* (the first window that holds it: ceil(hl / PSH)) */
-    const long ph0 = hl <= 0 ? 0 : (hl + PSH - 1) / PSH, pw0 = wl <= 0 ? 0 : (wl + PSW - 1) / PSW;
-    const long ph1 = (oh + PPH) / PSH < POH - 1 ? (oh + PPH) / PSH : POH - 1;
+    const long ph0 = hl <= pa * PSH ? pa : (hl + PSH - 1) / PSH, pw0 = wl <= 0 ? 0 : (wl + PSW - 1) / PSW;
+    const long ph1 = (oh + PPH) / PSH < pb - 1 ? (oh + PPH) / PSH : pb - 1;
     const long pw1 = (ow0 + cnt - 1 + PPW) / PSW < POW - 1 ? (ow0 + cnt - 1 + PPW) / PSW : POW - 1;
     for (long pw = pw0; pw <= pw1; pw++) {
         const long c0 = pw * PSW - PPW > ow0 ? pw * PSW - PPW : ow0;
@@ -473,7 +479,7 @@ static inline void {{NAME}}_pool_run(float* restrict accn, const float* restrict
             }
             const __mmask16 mnan = _mm512_cmp_ps_mask(m, m, _CMP_UNORD_Q);
             for (long ph = ph0; ph <= ph1; ph++) {
-                float* restrict a = accn + (ph * POW + pw) * 32 + h;
+                float* restrict a = acc + ((ph - pa) * POW + pw) * 32 + h;
                 const __m512 av = _mm512_loadu_ps(a);
                 _mm512_storeu_ps(a, _mm512_mask_mov_ps(av, _mm512_cmp_ps_mask(m, av, _CMP_GT_OQ) | mnan, m));
             }
@@ -488,7 +494,7 @@ static inline void {{NAME}}_pool_run(float* restrict accn, const float* restrict
                 m[o] = ((r > m[o]) | (r != r)) ? r : m[o];
             }
         for (long ph = ph0; ph <= ph1; ph++) {
-            float* restrict a = accn + (ph * POW + pw) * 32;
+            float* restrict a = acc + ((ph - pa) * POW + pw) * 32;
             for (long o = 0; o < 32; o++)
                 a[o] = ((m[o] > a[o]) | (m[o] != m[o])) ? m[o] : a[o];
         }
@@ -498,16 +504,16 @@ static inline void {{NAME}}_pool_run(float* restrict accn, const float* restrict
 
 /* Conv row oh (v: its OW pixels' 32 channels, after the epilogue) into the pool: for each pool
  * column the max over the columns of its window, into the max of each pool pixel of the column
- * whose window holds row oh (accn: the image's pool pixels). Two values' max is vmaxps's (the
+ * whose window holds row oh (acc: the image's pool rows pa .. pb - 1). Two values' max is vmaxps's (the
  * first where it is larger, else the second: pool_run's order, the same results), which drops a
  * NaN: a row with a NaN or an infinity (`odd`) goes through pool_run instead, which keeps NaN as
  * the max pool keeps it. */
-static void {{NAME}}_pool_row(const float* restrict v, float* restrict accn, long oh, int odd)
+static void {{NAME}}_pool_row(const float* restrict v, float* restrict acc, long pa, long pb, long oh, int odd)
 {
     {{NAME}}_DIMS;
     {{NAME}}_P;
     const long hl = oh + PPH - PKH + 1; /* (the first window that holds it: ceil(hl / PSH)) */
-    const long ph0 = hl <= 0 ? 0 : (hl + PSH - 1) / PSH, ph1 = (oh + PPH) / PSH < POH - 1 ? (oh + PPH) / PSH : POH - 1;
+    const long ph0 = hl <= pa * PSH ? pa : (hl + PSH - 1) / PSH, ph1 = (oh + PPH) / PSH < pb - 1 ? (oh + PPH) / PSH : pb - 1;
 #define {{NAME}}_FIRST_ROW(ph) (FIRST && ((ph) * PSH - PPH > 0 ? (ph) * PSH - PPH : 0) == oh) /* (row oh the window's first) */
 #if defined(__AVX512F__)
     if (!odd) {
@@ -518,7 +524,7 @@ static void {{NAME}}_pool_row(const float* restrict v, float* restrict accn, lon
                 for (long c = c0 + 1; c < c1; c++)
                     m = _mm512_max_ps(_mm512_loadu_ps(v + c * 32 + h), m);
                 for (long ph = ph0; ph <= ph1; ph++) {
-                    float* restrict a = accn + (ph * POW + pw) * 32 + h;
+                    float* restrict a = acc + ((ph - pa) * POW + pw) * 32 + h;
                     _mm512_storeu_ps(a, {{NAME}}_FIRST_ROW(ph) ? m : _mm512_max_ps(m, _mm512_loadu_ps(a)));
                 }
             }
@@ -529,10 +535,10 @@ static void {{NAME}}_pool_row(const float* restrict v, float* restrict accn, lon
     for (long ph = ph0; ph <= ph1; ph++) /* (pool_run takes the maxima so far: -inf where this row is the first) */
         if ({{NAME}}_FIRST_ROW(ph))
             for (long e = 0; e < POW * 32; e++)
-                accn[ph * POW * 32 + e] = -INFINITY;
+                acc[(ph - pa) * POW * 32 + e] = -INFINITY;
 #undef {{NAME}}_FIRST_ROW
     (void)odd;
-    {{NAME}}_pool_run(accn, v, oh, 0, OW);
+    {{NAME}}_pool_run(acc, pa, pb, v, oh, 0, OW);
 }
 
 /* a NaN or an infinity among the 32 floats at t */
@@ -555,8 +561,9 @@ static inline int {{NAME}}_odd(const float* restrict t)
 #define {{NAME}}_POOL_ROWS(FEND, OB)                                                               \
     do {                                                                                           \
         const long fend = (FEND) < F ? (FEND) : F;                                                 \
-        for (; (prw + 1) * WQ <= fend; prw++) {                                                    \
-            const long b = prw / HQ, oh = prw % HQ;                                                \
+        for (; (prw + 1) * WQ <= fend && prw < jb->row1; prw++) {                                  \
+            const long b = prw / HQ, oh = prw % HQ; /* (b: an epilogue's operands' image) */     \
+            (void)b;                                                                               \
             float* restrict v = band + (prw * WQ - bf0) * 32;                                      \
             int odd = 0;                                                                           \
             for (long ow = 0; ow < OW && oh < OH; ow++) {                                          \
@@ -566,7 +573,7 @@ static inline int {{NAME}}_odd(const float* restrict t)
                 (void)j;                                                                           \
             }                                                                                      \
             if (oh < OH)                                                                           \
-                {{NAME}}_pool_row(v, jb->acc + b * (long)POH * POW * 32, oh, odd);                 \
+                {{NAME}}_pool_row(v, jb->acc, jb->pa, jb->pb, oh, odd);                           \
         }                                                                                          \
         if ((FEND) + 32 - bf0 > BANDP) {                                                           \
             memmove(band, band + (prw * WQ - bf0) * 32, sizeof(float) * 32 * (size_t)((FEND) - prw * WQ)); \
@@ -715,7 +722,7 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
 #elif {{NAME}}_OUT_POOL
     {{NAME}}_P;
     float* restrict band = jb->band;
-    long bf0 = 0, prw = 0; /* the band's first flat pixel, the next flat row to pool (the range: whole channel blocks) */
+    long bf0 = lo % NPB * 32, prw = jb->row0; /* the band's first flat pixel, the next flat row to pool */
 #else
     {{NAME}}_run runs[32 / WQ + 3];
     int nruns = 0;                         /* the pending epilogue: its runs, */
@@ -811,8 +818,11 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
 }
 
 #if {{NAME}}_OUT_POOL
-/* Channel blocks [lo, hi) of the max pool's output: for each, its pool pixels' maxima from -inf,
- * the block's items (_tiles), then those maxima transposed into NCHW */
+/* Pool rows [lo, hi) of the max pool's output (t = n POH + ph), every channel block: per image, the
+ * conv's rows those rows' windows read (the rows at a range's edges computed by both ranges:
+ * the maxima are a range's own), then per channel block its items over those rows (_tiles) and
+ * the range's maxima into the output. A thread's range is a range of pixels, as its range of the
+ * copy's rows (each thread's tiles read the copy from its own core's caches). */
 static void {{NAME}}_tiles_pool(void* job, long lo, long hi)
 {
     {{NAME}}_DIMS;
@@ -821,45 +831,48 @@ static void {{NAME}}_tiles_pool(void* job, long lo, long hi)
     {{NAME}}_job jp = *jb;
     {{PARAM_UNPACK}}
     const long P = (long)POH * POW;
-    float* restrict acc = eqf_scratch(EQF_SCRATCH_CONV_TILE, N * P * 32);
     jp.band = eqf_scratch(EQF_SCRATCH_GEMM_A, (long)BANDP * 32);
-    if (!acc || !jp.band) {
-        __atomic_store_n(&jb->failed, 1, __ATOMIC_RELAXED);
-        return;
-    }
-    jp.acc = acc;
-    for (long ob = lo; ob < hi; ob++) {
-        for (long e = 0; e < (FIRST ? 0 : N * P * 32); e++)
-            acc[e] = -INFINITY;
-        {{NAME}}_tiles(&jp, ob * NPB, (ob + 1) * NPB);
-        const long nc = O - ob * 32 < 32 ? O - ob * 32 : 32;
+    for (long t = lo; t < hi;) {
+        const long n = t / POH, pa = t % POH, pb = hi - n * POH < POH ? hi - n * POH : POH;
+        const long ra = pa * PSH - PPH > 0 ? pa * PSH - PPH : 0; /* (the conv rows of pool rows [pa, pb)) */
+        const long rb = (pb - 1) * PSH - PPH + PKH < OH ? (pb - 1) * PSH - PPH + PKH : OH;
+        float* restrict acc = eqf_scratch(EQF_SCRATCH_CONV_TILE, (pb - pa) * POW * 32);
+        if (!acc || !jp.band) {
+            __atomic_store_n(&jb->failed, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        jp.acc = acc, jp.pa = pa, jp.pb = pb, jp.row0 = n * HQ + ra, jp.row1 = n * HQ + rb;
+        const long p0 = pa * POW, np = (pb - pa) * POW; /* (the range's pool pixels) */
+        for (long ob = 0; ob < NOB; ob++) {
+            for (long e = 0; e < (FIRST ? 0 : np * 32); e++)
+                acc[e] = -INFINITY;
+            {{NAME}}_tiles(&jp, ob * NPB + jp.row0 * WQ / 32, ob * NPB + (jp.row1 * WQ + 31) / 32);
+            const long nc = O - ob * 32 < 32 ? O - ob * 32 : 32;
 #if {{NAME}}_OUT_BLOCKED /* (each pool pixel's channels VL at a time into their block's plane) */
-        for (long n = 0; n < N; n++)
-            for (long px = 0; px < P; px++) /* (each pixel's channels read once, in order) */
+            for (long px = 0; px < np; px++) /* (each pixel's channels read once, in order) */
                 for (long h = 0; h < nc; h += {{NAME}}_VL)
-                    memcpy(out + ((n * (O / {{NAME}}_VL) + (ob * 32 + h) / {{NAME}}_VL) * P + px) * {{NAME}}_VL,
-                           acc + (n * P + px) * 32 + h, sizeof(float) * {{NAME}}_VL);
-        continue;
+                    memcpy(out + ((n * (O / {{NAME}}_VL) + (ob * 32 + h) / {{NAME}}_VL) * P + p0 + px) * {{NAME}}_VL,
+                           acc + px * 32 + h, sizeof(float) * {{NAME}}_VL);
+            continue;
 #endif
-        for (long n = 0; n < N; n++) {
-            const float* restrict an = acc + n * P * 32;
-            float* restrict on = out + (n * O + ob * 32) * P;
+            float* restrict on = out + (n * O + ob * 32) * P + p0;
             long px = 0;
 #if defined(__AVX512F__)
-            for (; px + 16 <= P; px += 16) /* 16 pool pixels x 16 channels at a time */
+            for (; px + 16 <= np; px += 16) /* 16 pool pixels x 16 channels at a time */
                 for (int ch = 0; ch < 32 && ch < nc; ch += 16) {
                     __m512i r[16];
                     for (int p = 0; p < 16; p++)
-                        r[p] = _mm512_loadu_si512((const void*)(an + (px + p) * 32 + ch));
+                        r[p] = _mm512_loadu_si512((const void*)(acc + (px + p) * 32 + ch));
                     {{NAME}}_tr16(r);
                     for (int c = 0; c < 16 && ch + c < nc; c++)
                         _mm512_storeu_si512((void*)(on + (ch + c) * P + px), r[c]);
                 }
 #endif
-            for (; px < P; px++)
+            for (; px < np; px++)
                 for (long c = 0; c < nc; c++)
-                    on[c * P + px] = an[px * 32 + c];
+                    on[c * P + px] = acc[px * 32 + c];
         }
+        t = n * POH + pb;
     }
 }
 #endif
@@ -890,7 +903,7 @@ void {{NAME}}({{PARAMS}})
 #endif
     /* two parallel loops on the claim-based pool (common_pool.h), one after the other: the copy
      * (by row), the tiles */
-    {{NAME}}_job job = { {{PARAM_INIT}}, xq, wq, NULL, NULL, 0 };
+    {{NAME}}_job job = { {{PARAM_INIT}}, xq, wq, NULL, NULL, 0, 0, 0, 0, 0 };
 #if !{{NAME}}_IN_COPY
     eqf_region((long)QH * QW * N * HQ, {{NAME}}_copy_rows, &job, {{NAME}}_PARALLEL);
 #endif
@@ -900,8 +913,14 @@ void {{NAME}}({{PARAMS}})
         eqf_region((long)YQH * YQW * N * YHQ, {{NAME}}_yzero, &job, {{NAME}}_PARALLEL);
     }
 #endif
-#if {{NAME}}_OUT_POOL /* (whole channel blocks a range: no two threads write one pool pixel) */
-    eqf_region_n((long)NOB, {{NAME}}_tiles_pool, &job, {{NAME}}_PARALLEL, NOB);
+#if {{NAME}}_OUT_POOL
+    { /* ranges of pool rows, one a thread (no two threads write one pool pixel; each range computes
+       * its edge rows of the conv again: more ranges than threads ran no faster on two threads,
+       * `python benchmarks/bench_models.py --precision bf16 --model resnet_stages`; benchmarks/RESULTS.md,
+       * 2026-12-04) */
+        {{NAME}}_P;
+        eqf_region_n((long)N * POH, {{NAME}}_tiles_pool, &job, {{NAME}}_PARALLEL, eqf_region_request > 1 ? eqf_region_request : 1);
+    }
     if (job.failed)
         eqf_nomem_note();
 #else

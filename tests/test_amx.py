@@ -600,16 +600,21 @@ AMX_POOL_SHAPES = {"x": (2, 3, 45, 42), "w": (40, 3, 7, 7), "b": (40,), "x2": (1
     pytest.param(True, id="emulated", marks=pytest.mark.heavy),
     pytest.param(False, id="hardware", marks=pytest.mark.skipif(
         not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)"))])
-def test_an_amx_conv_computes_the_max_pool_after_it_and_gives_the_same_bits(emulate):
+def test_an_amx_conv_computes_the_max_pool_after_it_and_gives_the_same_bits(emulate, monkeypatch):
     """The conv with the pool in it gives bit for bit the conv and the pool apart
     (EQFUSE_CONV_AMX_POOL=0: the conv within the bf16 bound, the pool exact), NaN where a NaN
-    input reaches a window; the pool's kernel is gone from the plans."""
+    input reaches a window; the pool's kernel is gone from the plans. On two threads, each a
+    range of pool rows (y2's one image split between them, its edge rows computed by both)."""
+    import eqfuse.runtime.program as program
+
+    monkeypatch.setattr(program, "call_threads", lambda t, *own: (t, t))  # (two threads however loaded)
     rng = np.random.default_rng(12)
     a = {k: rng.standard_normal(s).astype(np.float32) * (0.3 if k[0] == "w" else 1.0) for k, s in AMX_POOL_SHAPES.items()}
     a["x2"][0, 5, 7, 9] = np.nan
     ys, plans = {}, {}
     for pool in ("0", "1"):
         with amx_compiled(AMX_POOL, emulate, {"EQFUSE_CONV_AMX_POOL": pool}, dataclasses.replace(amx_model(), l2=32 << 10)) as mod:
+            mod.default.threads = 2
             ys[pool] = mod(**a)
             ys[pool] += mod(**dict(a, x=-a["x"]))  # (a second call: the maxima start again from -inf)
         plans[pool] = mod.default.last.plans

@@ -40,7 +40,8 @@ only where they are stored changes.
 stem), the conv computes the pool (`pool`): the tiles' results go into a band of rows in the
 thread's scratch, and each row, once whole, through the epilogue and, a pool column at a time,
 into the maxima of the pool pixels whose windows hold it, kept pixel-major per block of 32
-channels (each thread whole channel blocks), then transposed into the pool's NCHW output; the
+channels (each thread a range of pool rows, the conv's rows at its edges computed again), then
+written to the pool's output; the
 pool kernel goes, and the conv's output, the largest tensor of such a model, is never stored
 whole nor read again. The max is exact: the same results. EQFUSE_CONV_AMX_POOL=0
 keeps the pool apart.
@@ -80,9 +81,8 @@ MAX_K_PAD, MAX_K_PAD_STRIDED = 2.0, 1.6
 # slice's B tiles (the weights) in L1. The groups and slices tried measured alike (EQFUSE_CONV_AMX_TILE, six
 # settings at 28 x 28; benchmarks/RESULTS.md, 2026-12-04): these are the ones the caches suggest.
 GROUP = 4
-# The channel blocks (of 32) a conv needs to take the max pool after it (`pool_into_amx_conv`):
-# each thread takes whole blocks there, and the output must be larger than L2 for the stores it
-# saves to pay. ResNet-18's stem (one block, within L2) ran slower with the pool in it, and on one
+# The channel blocks (of 32) a conv needs to take the max pool after it (`pool_into_amx_conv`),
+# whose output must also be larger than L2 for the stores it saves to pay. ResNet-18's stem (one block, within L2) ran slower with the pool in it, and on one
 # thread at two; resnet_stages' (two blocks, past L2) faster (`python benchmarks/bench_models.py
 # --precision bf16 --model resnet18 --model resnet_stages`, the kernels by eqfuse.runtime.profile;
 # benchmarks/RESULTS.md, 2026-12-04).
@@ -332,8 +332,8 @@ def pool_into_amx_conv(kg: Graph, plans: list[KernelPlan], m: Machine) -> None:
         poh, pow_ = q.out_shape[2], q.out_shape[3]
         p.detail = replace(d, pool=(kh, kw, sh, sw, ph, pw, poh, pow_))
         p.node, p.out_shape = q.node, q.out_shape
-        p.threads = (f"{'' if d.in_copy else 'the copy' + chr(39) + 's rows, then '}whole blocks of 32 output channels, "
-                     f"each with its pool pixels, {REGIONS}" if d.parallel else "one thread, no parallel region")
+        p.threads = (f"{'' if d.in_copy else 'the copy' + chr(39) + 's rows, then '}ranges of pool rows, one a thread, "
+                     f"each with the conv's rows its windows read, {REGIONS}" if d.parallel else "one thread, no parallel region")
         p.uops = [replace(u, what=f"tile into a band of rows; each whole row through the epilogue "
                           f"({u.what.split('(', 1)[1].split(')')[0]}), then into the {kh}x{kw} max pool's maxima "
                           f"(stride {sh}x{sw}, padding {ph}x{pw}) of each pool pixel whose window holds the pixel, a "
