@@ -4,6 +4,7 @@
 #define {{NAME}}_KCB {{KCB}} /* the plan's kcb: K blocks of 32 per slice (the weights' B tiles in L1) */
 #define {{NAME}}_G {{G}} /* the plan's group: items of a channel block that share a slice's B tiles */
 #define {{NAME}}_FOLD {{FOLD}} /* the plan's fold: the kernel's columns folded into the copy's channels */
+#define {{NAME}}_OVERLAP {{OVERLAP}} /* the plan's overlap: folded, the A tiles' rows overlapping in the image's copy */
 #define {{NAME}}_IN_COPY {{IN_COPY}} /* the plan's in_copy: the input is the copy, written by its producer */
 #define {{NAME}}_OUT_COPY {{OUT_COPY}} /* the plan's out_copy: the output is the next conv's copy, in bf16 */
 #define {{NAME}}_OUT_POOL {{OUT_POOL}} /* the plan's out_pool: the output is the max pool of the conv's */
@@ -121,13 +122,23 @@ static inline void {{NAME}}_tr16(__m512i r[16])
 #define {{NAME}}_DIMS                                                                              \
     enum { N = {{N}}, C = {{C}}, H = {{H}}, W = {{W}}, O = {{O}}, KH = {{KH}}, KW = {{KW}}, OH = {{OH}}, \
            OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, FOLD = {{NAME}}_FOLD,          \
-           QH = KH < SH ? KH : SH, QW = FOLD ? 1 : (KW < SW ? KW : SW) /* the phases some tap reads */, \
-           HQ = OH + (KH - 1) / SH, WQ = FOLD ? OW : OW + (KW - 1) / SW /* a phase's rows, columns */,   \
-           KC = FOLD ? KW * C : C /* the copy's channels */, NT = FOLD ? KH : KH * KW /* taps */,       \
+           OVERLAP = {{NAME}}_OVERLAP, C2 = C + C % 2 /* OVERLAP: the copy's channels */,             \
+           QH = OVERLAP ? 1 : KH < SH ? KH : SH, QW = FOLD ? 1 : (KW < SW ? KW : SW) /* the phases some tap reads */, \
+           HQ = OVERLAP ? OH : OH + (KH - 1) / SH, /* a phase's rows, columns (OVERLAP: whole tiles of 16 a row) */ \
+           WQ = OVERLAP ? (OW + 15) / 16 * 16 : FOLD ? OW : OW + (KW - 1) / SW,                         \
+           HP = (OH - 1) * SH + KH, WP = (WQ - 1) * SW + KW /* OVERLAP: the copy's padded rows, columns */, \
+           KC = OVERLAP ? KW * C2 : FOLD ? KW * C : C /* the copy's channels (OVERLAP: an A row's K) */, NT = FOLD ? KH : KH * KW /* taps */,       \
            KCP = {{KCP}} /* KC padded to whole K blocks of 32 */, CB = KCP / 32,                        \
            NKB = NT * CB, NOB = (O + 31) / 32, IMG = HQ * WQ, F = N * IMG, NPB = (F + 31) / 32,          \
            REACH = (KH - 1) / SH * WQ + (FOLD ? 0 : (KW - 1) / SW) /* the farthest tap's offset */,      \
            PHASE = NPB * 32 + REACH /* a phase plane's pixels: the last block's reads */ }
+
+#if {{NAME}}_OVERLAP /* tiles 4-5 (A): rows of KW x C2 bf16; 6-7 (B): KW x C2 / 2 K-pairs */
+static const eqf_tilecfg {{NAME}}_CFG = {
+    .palette_id = 1,
+    .colsb = {64, 64, 64, 64, {{KW}} * ({{C}} + {{C}} % 2) * 2, {{KW}} * ({{C}} + {{C}} % 2) * 2, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, {{KW}} * ({{C}} + {{C}} % 2) / 2, {{KW}} * ({{C}} + {{C}} % 2) / 2}};
+#endif
 
 long {{NAME}}_prepack_floats(void)
 {
@@ -136,7 +147,8 @@ long {{NAME}}_prepack_floats(void)
 }
 
 /* OIHW weights -> B tiles [2 NOB][NKB][16][16][2], block kb = tap x CB + block of copy channels,
- * row k2 the K-pair of copy channels 2 k2 and 2 k2 + 1, rounded to bf16 */
+ * row k2 the K-pair of copy channels 2 k2 and 2 k2 + 1, rounded to bf16 (OVERLAP: K index
+ * kw C2 + c, a kernel row's pixels' channels as the A tile's row holds them) */
 void {{NAME}}_prepack(const float* restrict wt, float* restrict wf)
 {
     {{NAME}}_DIMS;
@@ -146,10 +158,10 @@ void {{NAME}}_prepack(const float* restrict wt, float* restrict wf)
             const long tap = kb / CB, cb = kb % CB;
             for (long k2 = 0; k2 < 16; k2++)
                 for (long e = 0; e < 32; e++) {
-                    const long o = o16 * 16 + e / 2, kc = cb * 32 + 2 * k2 + e % 2;
-                    const long kh = FOLD ? tap : tap / KW, kw = FOLD ? kc / C : tap % KW, c = FOLD ? kc % C : kc;
+                    const long o = o16 * 16 + e / 2, kc = cb * 32 + 2 * k2 + e % 2, cc = OVERLAP ? C2 : C;
+                    const long kh = FOLD ? tap : tap / KW, kw = FOLD ? kc / cc : tap % KW, c = FOLD ? kc % cc : kc;
                     wp[((o16 * NKB + kb) * 16 + k2) * 32 + e] =
-                        eqf_bf16(o < O && kc < KC ? wt[((o * C + c) * KH + kh) * KW + kw] : 0.0f);
+                        eqf_bf16(o < O && kc < KC && c < C && kw < KW ? wt[((o * C + c) * KH + kh) * KW + kw] : 0.0f);
                 }
         }
 }
@@ -172,6 +184,57 @@ static inline uint32_t {{NAME}}_lanes(long q, long a, long b)
     const long lo = a - q > 0 ? a - q : 0, hi = b - q < 16 ? b - q : 16;
     return hi <= lo ? 0u : ((1u << hi) - 1u) & ~((1u << lo) - 1u);
 }
+
+#if {{NAME}}_OVERLAP
+/* OVERLAP: rows (n, hp) of the copy of the zero-padded image, [N][HP][WP][C2] bf16 (a pixel's
+ * channels, then zeros to C2): padded pixel (hp, wp) is input pixel (hp - PH, wp - PW). An A tile
+ * of output pixels ow .. ow + 15 of row oh, at tap (kernel row) kh, is the 16 rows of KW x C2
+ * values from pixel (oh SH + kh, ow SW), SW x C2 values apart: its rows overlap here, and the
+ * copy is the image's size. 16 pixels at a time: each channel's 16 floats one masked load, the
+ * channels interleaved into the pixels' rows by one permute. */
+static void {{NAME}}_copy_image(void* job, long lo, long hi)
+{
+    {{NAME}}_DIMS;
+    {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+    const float* restrict x = {{X}};
+    uint16_t* restrict xq = jb->xq;
+    for (long row = lo; row < hi; row++) {
+        const long n = row / HP, ih = row % HP - PH;
+        uint16_t* restrict dst = xq + row * (long)WP * C2;
+        if (ih < 0 || ih >= H) {
+            memset(dst, 0, sizeof(uint16_t) * WP * C2);
+            continue;
+        }
+        const float* restrict src = x + (n * C * (long)H + ih) * W - PW; /* (column wp of channel c: src[c H W + wp]) */
+        long q = 0;
+#if defined(__AVX512BF16__)
+        if (C2 == 2 || C2 == 4) {
+            uint16_t idx[64] __attribute__((aligned(64)));
+            for (int e = 0; e < 64; e++) /* e = pixel p C2 + channel c: c's half of the conversions, pixel p */
+                idx[e] = (uint16_t)(C2 == 4 ? (e % 4 / 2) * 32 + (e % 2) * 16 + e / 4 : (e % 2) * 16 + e / 2);
+            const __m512i i0 = _mm512_load_si512((const void*)idx), ihi = _mm512_load_si512((const void*)(idx + 32));
+            for (; q < WP; q += 16) {
+                const __mmask16 m = (__mmask16){{NAME}}_lanes(q, PW, PW + W);
+                __m512 v[4];
+                for (int c = 0; c < 4; c++)
+                    v[c] = c < C ? _mm512_maskz_loadu_ps(m, src + c * (long)H * W + q) : _mm512_setzero_ps();
+                const __m512i a = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]), b = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
+                const long np = WP - q < 16 ? WP - q : 16; /* (the row's last pixels: their values only) */
+                const __m512i lo32 = C2 == 4 ? _mm512_permutex2var_epi16(a, i0, b) : _mm512_permutexvar_epi16(i0, a);
+                _mm512_mask_storeu_epi16(dst + q * C2, (__mmask32)(np * C2 >= 32 ? 0xffffffffu : (1u << (np * C2)) - 1u), lo32);
+                if (C2 == 4 && np > 8)
+                    _mm512_mask_storeu_epi16(dst + q * C2 + 32, (__mmask32)(np * C2 - 32 >= 32 ? 0xffffffffu : (1u << (np * C2 - 32)) - 1u),
+                                             _mm512_permutex2var_epi16(a, ihi, b));
+            }
+        }
+#endif
+        for (; q < WP; q++)
+            for (long c = 0; c < C2; c++)
+                dst[q * C2 + c] = c < C && q >= PW && q < PW + W ? eqf_bf16(src[c * (long)H * W + q]) : 0;
+    }
+}
+#endif
 
 #if defined(__AVX512BF16__) && defined(__BMI2__)
 /* the floats s[l SW] of the lanes l in m (SW 1 or 2), the others zero: no read outside them */
@@ -218,6 +281,7 @@ static inline void {{NAME}}_fold_row(const float* restrict x, int in, uint16_t* 
 }
 #endif
 
+#if !{{NAME}}_OVERLAP
 /* Rows (n, r, qh, qw) of the copy: WQ pixels of KCP bf16 each, pixel q's copy channel kc the
  * input at padded row r SH + qh, column q SW + qw (FOLD: q SW + the channel's kw); zero where that
  * lies outside the image or kc >= KC; the last row of a phase plane zeroes the plane's tail too.
@@ -344,6 +408,7 @@ static void {{NAME}}_copy_rows(void* job, long lo, long hi)
             memset(phase + (long)F * KCP, 0, sizeof(uint16_t) * KCP * (PHASE - F));
     }
 }
+#endif
 #endif
 
 /* The epilogue along one pixel's 32 channels of channel block OB, DST[o] from SRC[o] (the pixel's
@@ -708,7 +773,7 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
     long off[NT]; /* each tap's offset from its output pixel's row of the copy, in bf16 (FOLD: a kernel row's) */
     for (long t = 0; t < NT; t++) {
         const long kh = FOLD ? t : t / KW, kw = FOLD ? 0 : t % KW;
-        off[t] = ((kh % SH * QW + kw % SW) * (long)PHASE + kh / SH * WQ + kw / SW) * KCP;
+        off[t] = OVERLAP ? t * (long)WP * C2 : ((kh % SH * QW + kw % SW) * (long)PHASE + kh / SH * WQ + kw / SW) * KCP;
     }
     float stage[32 * 32] __attribute__((aligned(64))); /* an item's C tiles, pixel-major */
     float tiles[2][32 * 32 + 32] __attribute__((aligned(64))); /* (+ 32: a run's 32 lanes read past the last row) */
@@ -731,7 +796,11 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
     long prow = 32, pob = 0, prows = 0;     /* its next row, channel block and rows */
     const float* restrict prev = tiles[0];
     const long per = (32 + KCB - 1) / KCB; /* pending rows stored per K block */
+#if {{NAME}}_OVERLAP /* (A tiles of KW x C2 values a row, B tiles of KW x C2 / 2 K-pairs) */
+    _tile_loadconfig(&{{NAME}}_CFG);
+#else
     eqf_amx_begin(); /* (in each range: the tile configuration is a thread's) */
+#endif
     for (long g0 = lo; g0 < hi;) {
 #if {{NAME}}_PIXEL_MAJOR /* item g: group g / (NOB G) of G pixel blocks, channel block g / G % NOB, block g % G of the group */
         const long ob = g0 / G % NOB, pb0 = g0 / (NOB * G) * G + g0 % G;
@@ -746,7 +815,15 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
         for (long k0 = 0; k0 < NKB; k0 += KCB) {
             const long k1 = k0 + KCB < NKB ? k0 + KCB : NKB;
             for (long q = 0; q < ng; q++) {
-                const uint16_t* restrict a = xq + (pb0 + q) * 32 * (long)KCP;
+#if {{NAME}}_OVERLAP /* the block's two tiles of 16 pixels, each in one output row; a tap moves them WP pixels */
+                const long f0 = (pb0 + q) * 32, f1 = f0 + 16 < F ? f0 + 16 : f0; /* (past F: the first again, dropped) */
+                const uint16_t* restrict a = xq + ((f0 / IMG * HP + f0 % IMG / WQ * SH) * (long)WP + f0 % WQ * SW) * C2;
+                const uint16_t* restrict a5 = xq + ((f1 / IMG * HP + f1 % IMG / WQ * SH) * (long)WP + f1 % WQ * SW) * C2;
+                enum { ASTRIDE = SW * C2 * 2 /* bytes between a tile's rows */ };
+#else
+                const uint16_t* restrict a = xq + (pb0 + q) * 32 * (long)KCP, *restrict a5 = a + 16 * KCP;
+                enum { ASTRIDE = 2 * KCP };
+#endif
                 EQF_AMX_FENCE(); /* (the copy, the weights and part[] are in memory before the tile loads) */
                 if (k0 == 0) {
                     _tile_zero(0);
@@ -760,9 +837,9 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
                     _tile_loadd(3, part[q] + 16 * 32 + 16, 128);
                 }
                 for (long kb = k0; kb < k1; kb++) { /* block kb: the tap's channels cb x 32 .. cb x 32 + 31 */
-                    const uint16_t* restrict ak = a + off[kb / CB] + kb % CB * 32;
-                    _tile_loadd(4, ak, 2 * KCP);
-                    _tile_loadd(5, ak + 16 * KCP, 2 * KCP);
+                    const long ak = off[kb / CB] + kb % CB * 32;
+                    _tile_loadd(4, a + ak, ASTRIDE);
+                    _tile_loadd(5, a5 + ak, ASTRIDE);
                     _tile_loadd(6, b0 + kb * 512, 64);
                     _tile_loadd(7, b1 + kb * 512, 64);
                     _tile_dpbf16ps(0, 4, 6);
@@ -887,7 +964,7 @@ void {{NAME}}({{PARAMS}})
 #if {{NAME}}_IN_COPY
     uint16_t* xq = (uint16_t*){{X}}; /* (the copy its producer wrote) */
 #else
-    uint16_t* xq = (uint16_t*)eqf_scratch(EQF_SCRATCH_CONV_COL, ((long)QH * QW * PHASE * KCP + 1) / 2);
+    uint16_t* xq = (uint16_t*)eqf_scratch(EQF_SCRATCH_CONV_COL, ((OVERLAP ? (long)N * HP * WP * C2 : (long)QH * QW * PHASE * KCP) + 1) / 2);
 #endif
 #if {{NAME}}_PREPACKED
     const uint16_t* wq = (const uint16_t*){{WEIGHTS}}; /* the B tiles {{NAME}}_prepack made once */
@@ -905,7 +982,11 @@ void {{NAME}}({{PARAMS}})
      * (by row), the tiles */
     {{NAME}}_job job = { {{PARAM_INIT}}, xq, wq, NULL, NULL, 0, 0, 0, 0, 0 };
 #if !{{NAME}}_IN_COPY
+#if {{NAME}}_OVERLAP
+    eqf_region((long)N * HP, {{NAME}}_copy_image, &job, {{NAME}}_PARALLEL);
+#else
     eqf_region((long)QH * QW * N * HQ, {{NAME}}_copy_rows, &job, {{NAME}}_PARALLEL);
+#endif
 #endif
 #if {{NAME}}_OUT_COPY
     {

@@ -392,7 +392,9 @@ def test_a_conv_on_amx_reads_its_tiles_from_the_input_where_the_shapes_suit_them
     c16, amx, folded = convs[0].detail, convs[1].detail, convs[5].detail
     assert (c16.fold, c16.kc, c16.kcp, c16.taps, c16.flat) == (False, 16, 32, 9, (14, 14))
     assert (amx.fold, amx.waste, amx.flat, amx.kcp, amx.taps) == (False, 4.0, (4, 4), 64, 9)
-    assert (folded.fold, folded.kc, folded.kcp, folded.taps, folded.phases, folded.flat) == (True, 24, 32, 3, (2, 1), (7, 6))
+    # (folded: its tiles' rows overlapping in a copy of the image, each output row in whole tiles of 16)
+    assert (folded.fold, folded.overlap, folded.kc, folded.kcp, folded.taps, folded.phases, folded.flat) == \
+        (True, True, 24, 32, 3, (1, 1), (6, 16))
 
 
 @pytest.mark.heavy  # (the emulated tiles' time)
@@ -480,10 +482,11 @@ AMX_CONV_SHAPES = {"x1": (2, 64, 13, 11), "w1": (48, 64, 3, 3), "b1": (48,), "r1
                    "x6": (2, 8, 9, 10), "w6": (24, 8, 3, 3), "x7": (1, 4, 17, 19), "w7": (24, 4, 5, 5)}
 
 
-def check_amx_direct_convs(emulate: bool, seed: int) -> None:
+def check_amx_direct_convs(emulate: bool, seed: int, overlap: bool = True) -> None:
     """Every conv on the direct AMX kernel (w1 bound by params=: its B tiles made once), within the
     documented bound of float64: (2u + u^2 + 1.01 K eps) sum |x||w| plus the f32 epilogue's
-    roundings of the bias and residual (relu is 1-Lipschitz)."""
+    roundings of the bias and residual (relu is 1-Lipschitz). The folded convs read their A tiles'
+    overlapping rows from a copy of the image (`overlap`) or from the folded copy."""
     from test_bf16_conv import U
 
     rng = np.random.default_rng(seed)
@@ -492,12 +495,14 @@ def check_amx_direct_convs(emulate: bool, seed: int) -> None:
     with pytest.MonkeyPatch.context() as mp:
         if emulate:
             mp.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
+        mp.setenv("EQFUSE_CONV_AMX_OVERLAP", "1" if overlap else "0")
         with machine.pinned(model, clamp=not emulate):
             mod = eqfuse.compile(AMX_CONVS, precision="bf16", params={"w1": a["w1"]})
             ys = mod(*[a[k] for k in AMX_CONV_SHAPES if k != "w1"])
     plans = [p for p in mod.default.last.plans if p.kind == "conv2d"]
     assert [(type(p.detail).__name__, p.precision_path) for p in plans] == [("ConvAmxDetail", "amx_bf16")] * 7
     assert [p.detail.fold for p in plans] == [False] * 4 + [True] * 3
+    assert [p.detail.overlap for p in plans] == [False] * 4 + [overlap] * 3
     assert plans[0].detail.prepack is not None and mod.report["precision"][plans[0].name]["path"] == "amx_bf16"
     if emulate:
         assert plans[0].detail.kcb == 4 < plans[0].detail.KH * plans[0].detail.KW * 2  # (K in slices)
@@ -515,12 +520,13 @@ def check_amx_direct_convs(emulate: bool, seed: int) -> None:
         assert y.shape == ref.shape and np.all(np.abs(y - ref) <= bound), (i, float(np.max(np.abs(y - ref) - bound)))
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "folded-copy"])
 @pytest.mark.parametrize("emulate", [
     pytest.param(True, id="emulated", marks=pytest.mark.heavy),  # (the emulated tiles' time)
     pytest.param(False, id="hardware", marks=pytest.mark.skipif(
         not host_has_amx(), reason="this CPU has no AMX-BF16 (amx_bf16/amx_tile not in /proc/cpuinfo)"))])
-def test_amx_direct_convs_are_within_the_bf16_bound(emulate):
-    check_amx_direct_convs(emulate=emulate, seed=7 if emulate else 8)
+def test_amx_direct_convs_are_within_the_bf16_bound(emulate, overlap):
+    check_amx_direct_convs(emulate=emulate, seed=7 if emulate else 8, overlap=overlap)
 
 
 @contextlib.contextmanager
@@ -692,16 +698,19 @@ def test_amx_convs_in_the_blocked_layout_give_the_same_bits(emulate):
 def test_the_amx_convs_portable_paths_give_the_same_bits_as_their_avx512_ones():
     """conv_amx.c's loops without AVX-512 (the copies, the transposes, the chained rows' rounding,
     the pool's maxima: what an AVX2 host's emulated run takes) against its AVX-512 ones, all
-    emulated tiles: bit for bit, over the direct convs, the chain and the pools above."""
+    emulated tiles: bit for bit, over the direct convs (the folded ones' copy of the image and
+    their folded copy), the chain, the pools and the blocked layout above."""
     rng = np.random.default_rng(13)
     model = dataclasses.replace(amx_model(), l1=16 << 10, l2=32 << 10)
-    for src, shapes in ((AMX_CONVS, AMX_CONV_SHAPES), (AMX_CHAIN, AMX_CHAIN_SHAPES), (AMX_POOL, AMX_POOL_SHAPES),
-                        (AMX_BLOCKED, AMX_BLOCKED_SHAPES)):
+    for src, shapes, overlap in ((AMX_CONVS, AMX_CONV_SHAPES, "1"), (AMX_CONVS, AMX_CONV_SHAPES, "0"),
+                                 (AMX_CHAIN, AMX_CHAIN_SHAPES, "1"), (AMX_POOL, AMX_POOL_SHAPES, "1"),
+                                 (AMX_BLOCKED, AMX_BLOCKED_SHAPES, "1")):
         a = {k: rng.standard_normal(s).astype(np.float32) * (0.3 if k[0] == "w" else 1.0) for k, s in shapes.items()}
         ys = []
         for flags in ("-DEQF_AMX_EMULATE", "-DEQF_AMX_EMULATE -mno-avx512f"):
             with pytest.MonkeyPatch.context() as mp:
                 mp.setenv("EQFUSE_CFLAGS", flags)
+                mp.setenv("EQFUSE_CONV_AMX_OVERLAP", overlap)  # (the folded convs' copy of the image, or their folded copy)
                 with machine.pinned(model, clamp=False):
                     y = eqfuse.compile(src, precision="bf16")(**a)
             ys.append(y if isinstance(y, tuple) else (y,))

@@ -92,7 +92,7 @@ CHOICES: dict[str, dict[str, str]] = {
     "attention_grad.c": {"RB": "rb", "VEC": "vec", "PARALLEL": "parallel"},
     "conv2d.c": {"IM2COL": "im2col", "IMPLICIT": "implicit", "PARALLEL": "parallel"},
     "conv_amx.c": {"PREPACKED": "prepacked_b", "PARALLEL": "parallel", "CHUNKS": "region_chunks", "KCB": "kcb",
-                   "G": "group", "FOLD": "fold", "IN_COPY": "in_copy", "OUT_COPY": "out_copy",
+                   "G": "group", "FOLD": "fold", "OVERLAP": "overlap", "IN_COPY": "in_copy", "OUT_COPY": "out_copy",
                    "OUT_POOL": "out_pool", "IN_BLOCKED": "in_blocked", "OUT_BLOCKED": "out_blocked",
                    "EPI_BLOCKED": "epi_blocked", "VL": "vl"},
     "conv_direct.c": {"CB": "cb", "VL": "vl", "V": "v", "OBW": "obw", "RW": "rw", "ROWS": "rows",

@@ -13,7 +13,11 @@ MAX_WASTE.
 
 Where a kernel row's KW x C products fit one K block, the copy's channels are the (kernel
 column, input channel) pairs instead (`folds`): a 7 x 7 stem's 3 channels make 21 of a K block of
-32, one offset per kernel row, where one K block per tap would be 29 zeros in 32.
+32, one offset per kernel row, where one K block per tap would be 29 zeros in 32. Where they fit
+with the channels padded to an even count (`overlaps`: 7 x 4 = 28), the A tiles read that row of
+products where the image has them: the copy is the padded image pixel-major (bf16, C2 channels),
+an A tile's rows KW x C2 values long and SW x C2 values apart, overlapping (`overlap`; the tiles
+configured so), and no pixel's window is copied KW times.
 
 `use_amx_direct` takes a conv here when the plan asks for bf16 on the AMX path and the shapes
 suit the tiles: no dilation or groups, the copy's channels padded to K blocks of 32 by at most
@@ -96,6 +100,7 @@ class ConvAmxDetail(ConvGeometry):
     O: int
     parallel: bool
     fold: bool = False  # the kernel's columns folded into the copy's channels (`folds`)
+    overlap: bool = False  # folded, the A tiles' rows overlapping in a copy of the image (`overlaps`)
     kcb: int = 1  # K blocks of 32 per slice: the slice's B tiles in half of L1 (`k_slice`)
     group: int = GROUP  # items of a channel block that share each K slice's B tiles
     region_chunks: int = 64  # equal ranges of the tiles' loop on the claim-based pool (conv.region_chunks)
@@ -131,8 +136,9 @@ class ConvAmxDetail(ConvGeometry):
 
     @property
     def kc(self) -> int:
-        """The copy's channels: C, or with `fold` KW x C (a kernel column and an input channel)."""
-        return self.KW * self.C if self.fold else self.C
+        """The copy's channels: C, or with `fold` KW x C (a kernel column and an input channel);
+        with `overlap` an A tile row's K, KW x C2 (C padded to an even count)."""
+        return self.KW * (self.C + self.C % 2) if self.overlap else self.KW * self.C if self.fold else self.C
 
     @property
     def kcp(self) -> int:
@@ -147,12 +153,17 @@ class ConvAmxDetail(ConvGeometry):
     @property
     def phases(self) -> tuple[int, int]:
         """(QH, QW): the stride's row and column phases some tap reads (fold: the copy's columns
-        are each channel's own, one phase)."""
+        are each channel's own, one phase; overlap: the image itself, one plane)."""
+        if self.overlap:
+            return 1, 1
         return min(self.KH, self.stride[0]), 1 if self.fold else min(self.KW, self.stride[1])
 
     @property
     def flat(self) -> tuple[int, int]:
-        """(HQ, WQ): a phase plane's rows and columns per image."""
+        """(HQ, WQ): a phase plane's rows and columns per image (overlap: the output's rows, its
+        columns in whole tiles of 16, so that no tile's rows cross an output row)."""
+        if self.overlap:
+            return self.OH, cdiv(self.OW, 16) * 16
         return (self.OH + (self.KH - 1) // self.stride[0],
                 self.OW if self.fold else self.OW + (self.KW - 1) // self.stride[1])
 
@@ -192,6 +203,15 @@ def folds(C: int, KW: int) -> bool:
     return KW > 1 and KW * C <= 32
 
 
+def overlaps(C: int, KW: int) -> bool:
+    """Whether a folded conv's A tiles read overlapping rows of a copy of the image itself
+    (conv_amx.c's OVERLAP): its pixels' channels padded to an even count C2, a kernel row's KW x C2
+    values (the tile's row, KW x C2 x 2 bytes) fit a K block of 32, and the rows of a tile are SW
+    pixels apart. The copy is the image's size, not KW times it; EQFUSE_CONV_AMX_OVERLAP=0 keeps
+    the folded copy."""
+    return KW * (C + C % 2) <= 32 and os.environ.get("EQFUSE_CONV_AMX_OVERLAP", "").strip() != "0"
+
+
 def use_amx_direct(plan: KernelPlan, m: Machine) -> ConvAmxDetail | None:
     """The detail of plan's conv2d on this kernel (the module docstring's rule), or None."""
     if plan.wanted_precision != "bf16" or gemm_bf16_path(m) != "amx_bf16" or not bf16_pays(m, "amx_bf16"):
@@ -212,7 +232,9 @@ def use_amx_direct(plan: KernelPlan, m: Machine) -> ConvAmxDetail | None:
                       region_chunks=region_chunks(macs), fold=folds(g.C, g.KW))
     pad = MAX_K_PAD if g.stride == (1, 1) else MAX_K_PAD_STRIDED
     if force != "1" and (d.waste > MAX_WASTE or d.kcp > pad * d.kc):
-        return None
+        return None  # (the rules on the folded copy's geometry: K the kernel row's KW x C products)
+    if d.fold and overlaps(g.C, g.KW) and replace(d, overlap=True).waste <= MAX_WASTE:
+        d = replace(d, overlap=True)
     d = replace(d, kcb=k_slice(d.taps * d.kcp // 32, m))
     if os.environ.get("EQFUSE_CONV_AMX_TILE"):  # "KCB,G": a slice and group forced, to measure others
         kcb, group = (int(t) for t in os.environ["EQFUSE_CONV_AMX_TILE"].split(","))
@@ -251,9 +273,12 @@ def plan_conv_amx(plan: KernelPlan, m: Machine) -> bool:
     plan.uops = [
         UOp(0, "Exec", f"weights to B tiles [{2 * nob}][{nkb}][16][16][2] bf16, K tap-major in blocks of 32 "
                        + ("(kernel column, channel) pairs " if d.fold else "channels ") + "(once when bound by params=)", 1),
-        UOp(0, "Load", f"input to a pixel-major bf16 copy [{qh}][{qw}][{d.N} x {hq} x {wq}][{d.kcp}], each stride "
-                       "phase's pixels flat, zero padded" + (", each kernel column's own (KW x C channels)" if d.fold else ""),
-            qh * qw * d.N * hq),
+        UOp(0, "Load", f"input to a pixel-major bf16 copy [{d.N}][{d.in_rows(d.OH)}][{d.in_cols(wq)}][{d.C + d.C % 2}] of "
+                       "the zero-padded image; a tile's rows overlap there, a kernel row's pixels' channels each"
+            if d.overlap else
+            f"input to a pixel-major bf16 copy [{qh}][{qw}][{d.N} x {hq} x {wq}][{d.kcp}], each stride "
+            "phase's pixels flat, zero padded" + (", each kernel column's own (KW x C channels)" if d.fold else ""),
+            d.N * d.in_rows(d.OH) if d.overlap else qh * qw * d.N * hq),
         UOp(0, "Loop", f"{nob} blocks of 32 output channels x {npb} blocks of 32 flat pixels "
                        f"({d.waste:.2f} computed per output pixel)", nob * npb),
         UOp(1, "Exec", f"2 x 2 C tiles over {nkb} K blocks: per block 2 A tiles loaded from the copy at the tap's "
@@ -352,7 +377,7 @@ def emit_conv_amx(plan: KernelPlan) -> str:
     y = dict(zip(("YSH", "YSW", "YPH", "YPW", "YQH", "YQW", "YHQ", "YWQ", "YPHASE", "YKCP"), d.next_copy or (0,) * 10))
     return render("conv_amx.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
-                  CHUNKS=d.region_chunks, KCB=d.kcb, G=d.group, FOLD=int(d.fold), EPILOGUE=expr,
+                  CHUNKS=d.region_chunks, KCB=d.kcb, G=d.group, FOLD=int(d.fold), OVERLAP=int(d.overlap), EPILOGUE=expr,
                   EPILOGUE_NCHW="acc" if d.blocked_args else expr, IN_BLOCKED=int(d.in_blocked),
                   OUT_BLOCKED=int(d.out_blocked), EPI_BLOCKED=int(d.epi_blocked), VL=d.vl,
                   O=d.O, KCP=d.kcp, IN_COPY=int(d.in_copy), OUT_COPY=int(d.out_copy), OUT_POOL=int(d.out_pool), **y, **pool,
