@@ -129,7 +129,8 @@ static inline void {{NAME}}_tr16(__m512i r[16])
            HP = (OH - 1) * SH + KH, WP = (WQ - 1) * SW + KW /* OVERLAP: the copy's padded rows, columns */, \
            KC = OVERLAP ? KW * C2 : FOLD ? KW * C : C /* the copy's channels (OVERLAP: an A row's K) */, NT = FOLD ? KH : KH * KW /* taps */,       \
            KCP = {{KCP}} /* KC padded to whole K blocks of 32 */, CB = KCP / 32,                        \
-           NKB = NT * CB, NOB = (O + 31) / 32, IMG = HQ * WQ, F = N * IMG, NPB = (F + 31) / 32,          \
+           NKB = NT * CB, NOB = (O + 31) / 32, IMG = HQ * WQ, F = N * IMG,                            \
+           NPB = (F - (HQ - OH) * WQ + 31) / 32 /* the pixel blocks: the last image's rows past OH none's */, \
            REACH = (KH - 1) / SH * WQ + (FOLD ? 0 : (KW - 1) / SW) /* the farthest tap's offset */,      \
            PHASE = NPB * 32 + REACH /* a phase plane's pixels: the last block's reads */ }
 

@@ -173,7 +173,7 @@ class ConvAmxDetail(ConvGeometry):
         block's reach."""
         (hq, wq), (kh, kw), (sh, sw) = self.flat, (self.KH, self.KW), self.stride
         reach = (kh - 1) // sh * wq + (0 if self.fold else (kw - 1) // sw)
-        return cdiv(self.N * hq * wq, 32) * 32 + reach
+        return self.pixel_blocks * 32 + reach
 
     @property
     def copy_bf16s(self) -> int:
@@ -192,7 +192,14 @@ class ConvAmxDetail(ConvGeometry):
     def waste(self) -> float:
         """Flat pixels computed (whole blocks of 32) per output pixel."""
         hq, wq = self.flat
-        return round(cdiv(self.N * hq * wq, 32) * 32 / (self.N * self.OH * self.OW), 3)
+        return round(self.pixel_blocks * 32 / (self.N * self.OH * self.OW), 3)
+
+    @property
+    def pixel_blocks(self) -> int:
+        """The blocks of 32 flat pixels computed (conv_amx.c's NPB): the images', but the last
+        image's rows past OH (the taps' reach below its last output row, no output pixel's)."""
+        hq, wq = self.flat
+        return cdiv(self.N * hq * wq - (hq - self.OH) * wq, 32)
 
 
 def folds(C: int, KW: int) -> bool:
@@ -261,7 +268,7 @@ def plan_conv_amx(plan: KernelPlan, m: Machine) -> bool:
     plan.detail = d
     plan.precision, plan.precision_path, plan.precision_note = "bf16", "amx_bf16", ""
     (qh, qw), (hq, wq) = d.phases, d.flat
-    npb, nob, nkb = cdiv(d.N * hq * wq, 32), cdiv(d.O, 32), d.taps * d.kcp // 32
+    npb, nob, nkb = d.pixel_blocks, cdiv(d.O, 32), d.taps * d.kcp // 32
     plan.tiles = {"kcb": d.kcb, "g": d.group}  # (constants of the C)
     plan.flops = 2 * d.N * d.O * d.OH * d.OW * d.C * d.KH * d.KW + pointwise_flops(body)
     slice_b = 32 * d.kcb * 32 * 2
