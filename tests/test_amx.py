@@ -505,7 +505,7 @@ def check_amx_direct_convs(emulate: bool, seed: int, overlap: bool = True) -> No
     assert [p.detail.overlap for p in plans] == [False] * 4 + [overlap] * 3
     assert plans[0].detail.prepack is not None and mod.report["precision"][plans[0].name]["path"] == "amx_bf16"
     if emulate:
-        assert plans[0].detail.kcb == 4 < plans[0].detail.KH * plans[0].detail.KW * 2  # (K in slices)
+        assert plans[0].detail.kcb == 6 < plans[0].detail.KH * plans[0].detail.KW * 2  # (K in slices: 3/4 of a 16 KiB L1)
     for i, (y, (x, w, s, p)) in enumerate(zip(ys, [("x1", "w1", 1, 1), ("x2", "w2", 2, 1), ("x3", "w3", 2, 0),
                                                   ("x4", "w4", 1, 1), ("x5", "w5", 2, 3), ("x6", "w6", 2, 1),
                                                   ("x7", "w7", 1, 2)])):

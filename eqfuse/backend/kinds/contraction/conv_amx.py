@@ -85,6 +85,12 @@ MAX_K_PAD, MAX_K_PAD_STRIDED = 2.0, 1.6
 # slice's B tiles (the weights) in L1. The groups and slices tried measured alike (EQFUSE_CONV_AMX_TILE, six
 # settings at 28 x 28; benchmarks/RESULTS.md, 2026-12-04): these are the ones the caches suggest.
 GROUP = 4
+# The share of L1 a K slice's B tiles may take (`k_slice`). Between slices each item's C tiles go
+# to memory and back; with half of L1 (9 of a 64-channel 3x3 conv's 18 K blocks a slice, 12 of a
+# 128-channel one's 36) resnet_stages ran slower than with three quarters (18 a slice), one
+# thread (`python benchmarks/bench_models.py --precision bf16 --model resnet_stages`, the kernels
+# by eqfuse.runtime.profile, EQFUSE_CONV_AMX_TILE; benchmarks/RESULTS.md, 2026-12-04).
+B_SLICE_L1 = 0.75
 # The channel blocks (of 32) a conv needs to take the max pool after it (`pool_into_amx_conv`),
 # whose output must also be larger than L2 for the stores it saves to pay. ResNet-18's stem (one block, within L2) ran slower with the pool in it, and on one
 # thread at two; resnet_stages' (two blocks, past L2) faster (`python benchmarks/bench_models.py
@@ -251,10 +257,9 @@ def use_amx_direct(plan: KernelPlan, m: Machine) -> ConvAmxDetail | None:
 
 def k_slice(nkb: int, m: Machine) -> int:
     """K blocks per slice: a slice's B tiles (the weights of 32 output channels, 32 K x 32 bf16 =
-    2 KiB a block) in half of L1, where each pixel block of a group reads them again, and the C
-    tiles of the group and the A tiles streaming from the copy take the rest; nkb blocks cut
-    into equal slices."""
-    top = max(1, m.l1 // 2 // 2048)
+    2 KiB a block) in three quarters of L1 (B_SLICE_L1), where each pixel block of a group reads
+    them again; nkb blocks cut into equal slices (an uneven last slice ran far slower)."""
+    top = max(1, int(m.l1 * B_SLICE_L1) // 2048)
     return cdiv(nkb, cdiv(nkb, top))
 
 
@@ -273,7 +278,8 @@ def plan_conv_amx(plan: KernelPlan, m: Machine) -> bool:
     plan.flops = 2 * d.N * d.O * d.OH * d.OW * d.C * d.KH * d.KW + pointwise_flops(body)
     slice_b = 32 * d.kcb * 32 * 2
     plan.cache_check = (f"a K slice's B tiles {d.kcb * 32} x 32 bf16 = {slice_b} B (read by each pixel block of a "
-                        f"group of {d.group}) <= L1 / 2 {m.l1 // 2} B: {'ok' if slice_b <= m.l1 // 2 else 'NO'}")
+                        f"group of {d.group}) <= {B_SLICE_L1} L1 {int(m.l1 * B_SLICE_L1)} B: "
+                        f"{'ok' if slice_b <= m.l1 * B_SLICE_L1 else 'NO'}")
     plan.threads = (f"the copy's rows, then the {nob} channel blocks x {npb} pixel blocks (groups of {d.group} "
                     f"pixel blocks outermost, then channel blocks), {REGIONS}" if d.parallel else "one thread, no parallel region")
     epi = ops_text(body, skip={a} | set(cv.args))
