@@ -10,6 +10,9 @@
 #define {{NAME}}_OUT_POOL {{OUT_POOL}} /* the plan's out_pool: the output is the max pool of the conv's */
 #define {{NAME}}_IN_BLOCKED {{IN_BLOCKED}} /* the plan's in_blocked: the input in blocks of VL channels */
 #define {{NAME}}_OUT_BLOCKED {{OUT_BLOCKED}} /* the plan's out_blocked: the output (the pool's) in blocks of VL channels */
+#define {{NAME}}_STAGED {{STAGED}} /* the plan's staged: the NCHW output written in blocks first, then reordered */
+/* the items' results stored a pixel's channels at a time (in blocks: the output's, or the staged copy's) */
+#define {{NAME}}_PIXEL_STORE (({{NAME}}_OUT_BLOCKED || {{NAME}}_STAGED) && !{{NAME}}_OUT_POOL)
 #define {{NAME}}_EPI_BLOCKED {{EPI_BLOCKED}} /* the plan's blocked_args: epilogue operands read in blocks, at blk */
 #define {{NAME}}_VL {{VL}} /* the blocked layout's channels per block, [N][C / VL][H][W][VL] (contraction/blocked.py) */
 /* the items' order: groups of G pixel blocks outermost (a thread's range is a range of pixels, all
@@ -65,6 +68,9 @@
  * slice of that block's weights from L1 while the copy's rows stream; the groups in pixel order,
  * each group's channel blocks one after the other (PIXEL_MAJOR; OUT_POOL: channel blocks
  * outermost). */
+#if {{NAME}}_EPI_BLOCKED && !({{NAME}}_OUT_COPY || {{NAME}}_OUT_POOL || {{NAME}}_PIXEL_STORE)
+#error "the plan reads epilogue operands in blocks into an NCHW store (conv_amx.py stages such an output)"
+#endif
 #if {{NAME}}_IN_BLOCKED && {{NAME}}_FOLD
 #error "the plan reads a folded copy from blocks (contraction/blocked.py never asks for it)"
 #endif
@@ -173,6 +179,7 @@ typedef struct {
     const uint16_t* wq;  /* the weights' B tiles */
     float* acc;          /* OUT_POOL: a channel block's pool pixels, pixel-major (the range's thread's) */
     float* band;         /* OUT_POOL: the conv's results of the rows not yet pooled, pixel-major (the thread's) */
+    float* stg;          /* STAGED: the output in blocks of VL channels, before its reorder into NCHW */
     long pa, pb;         /* OUT_POOL: the range's pool rows of its image, whose maxima `acc` holds */
     long row0, row1;     /* OUT_POOL: the flat rows of the conv's output those read */
     int failed;          /* OUT_POOL: a thread's scratch buffer could not be allocated */
@@ -647,7 +654,7 @@ static inline int {{NAME}}_odd(const float* restrict t)
         }                                                                                          \
     } while (0)
 #define {{NAME}}_STORE(R) /* (none pending: each item's tile goes into the pool when it is done) */
-#elif {{NAME}}_OUT_BLOCKED && !{{NAME}}_OUT_POOL
+#elif {{NAME}}_PIXEL_STORE
 /* The image (bs[p]) and output pixel (js[p]; -1: dropped) of each flat pixel of pixel block pb */
 static void {{NAME}}_pixels(long pb, long* bs, long* js)
 {
@@ -667,7 +674,7 @@ static void {{NAME}}_pixels(long pb, long* bs, long* js)
             continue;                                                                              \
         {{NAME}}_EPI_PIXEL(lane, prev + prow * 32, pob);                                           \
         for (long h = 0; h < 32 && pob * 32 + h < O; h += {{NAME}}_VL)                             \
-            memcpy(out + ((b * (O / {{NAME}}_VL) + (pob * 32 + h) / {{NAME}}_VL) * (long)OH * OW + j) * {{NAME}}_VL, \
+            memcpy(bout + ((b * (O / {{NAME}}_VL) + (pob * 32 + h) / {{NAME}}_VL) * (long)OH * OW + j) * {{NAME}}_VL, \
                    lane + h, sizeof(float) * {{NAME}}_VL);                                         \
     }
 #else
@@ -739,7 +746,7 @@ static inline void {{NAME}}_transpose(const float* restrict c, float* restrict t
                 _Pragma("omp simd") for (long e = 0; e < 32; e++) {                                \
                     const long j = j0 + e;                                                         \
                     const float acc = src[e];                                                      \
-                    lane[e] = {{EPILOGUE_NCHW}};                                                   \
+                    lane[e] = {{EPILOGUE}};                                                   \
                     (void)j;                                                                       \
                 }                                                                                  \
                 {{NAME}}_put(dst, lane, cnt);                                                      \
@@ -747,7 +754,7 @@ static inline void {{NAME}}_transpose(const float* restrict c, float* restrict t
                 _Pragma("omp simd") for (long e = 0; e < cnt; e++) {                               \
                     const long j = j0 + e;                                                         \
                     const float acc = src[e];                                                      \
-                    dst[e] = {{EPILOGUE_NCHW}};                                                    \
+                    dst[e] = {{EPILOGUE}};                                                    \
                     (void)j;                                                                       \
                 }                                                                                  \
             (void)b;                                                                               \
@@ -783,8 +790,9 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
 #if {{NAME}}_OUT_COPY
     uint16_t* ydst[32]; /* the pending item's pixels' rows in the next conv's copy */
     long ybs[32], yjs[32];
-#elif {{NAME}}_OUT_BLOCKED && !{{NAME}}_OUT_POOL
+#elif {{NAME}}_PIXEL_STORE
     long pbs[32], pjs[32]; /* the pending item's pixels' images and output pixels */
+    float* restrict bout = {{NAME}}_STAGED ? jb->stg : out; /* (the blocks: the output's, or the staged copy's) */
 #elif {{NAME}}_OUT_POOL
     {{NAME}}_P;
     float* restrict band = jb->band;
@@ -852,7 +860,7 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
 #if {{NAME}}_OUT_POOL
                 float* restrict c = k1 < NKB ? part[q] : band + ((pb0 + q) * 32 - bf0) * 32;
 #else
-                float* restrict c = k1 < NKB ? part[q] : {{NAME}}_OUT_COPY || {{NAME}}_OUT_BLOCKED ? tiles[done & 1] : stage;
+                float* restrict c = k1 < NKB ? part[q] : {{NAME}}_OUT_COPY || {{NAME}}_PIXEL_STORE ? tiles[done & 1] : stage;
 #endif
                 _tile_stored(0, c, 128);
                 _tile_stored(1, c + 16, 128);
@@ -864,20 +872,13 @@ static void {{NAME}}_tiles(void* job, long lo, long hi)
 #if {{NAME}}_OUT_COPY /* (the tiles went into the buffer pixel-major: a pixel's channels, a row of the copy) */
                     {{NAME}}_ylanes(pb0 + q, (uint16_t*)out, ydst, ybs, yjs);
                     prows = 32;
-#elif {{NAME}}_OUT_BLOCKED && !{{NAME}}_OUT_POOL /* (pixel-major as well: a pixel's channels, VL of them a store) */
+#elif {{NAME}}_PIXEL_STORE /* (pixel-major as well: a pixel's channels, VL of them a store) */
                     {{NAME}}_pixels(pb0 + q, pbs, pjs);
                     prows = 32;
 #elif {{NAME}}_OUT_POOL
                     {{NAME}}_POOL_ROWS((pb0 + q + 1) * 32, ob);
                     prows = 0;
 #else
-#if {{NAME}}_EPI_BLOCKED /* (operands in blocks: the epilogue along each pixel's channels, before the transpose) */
-                    for (int p = 0; p < 32; p++) {
-                        const long f = (pb0 + q) * 32 + p, b = f / IMG, oh = f % IMG / WQ, ow = f % WQ, j = oh * OW + ow;
-                        if (f < F && oh < OH && ow < OW)
-                            {{NAME}}_EPI_PIXEL(stage + p * 32, stage + p * 32, ob);
-                    }
-#endif
                     {{NAME}}_transpose(stage, tiles[done & 1]);
                     nruns = {{NAME}}_runs(pb0 + q, runs);
                     prows = O - ob * 32 < 32 ? O - ob * 32 : 32;
@@ -955,6 +956,39 @@ static void {{NAME}}_tiles_pool(void* job, long lo, long hi)
 }
 #endif
 
+#if {{NAME}}_STAGED
+/* Rows (n, channel block cb of VL, oh) of the staged output, [N][O / VL][OH][OW][VL], into NCHW:
+ * 16 pixels x 16 channels at a time, transposed in registers */
+static void {{NAME}}_unstage(void* job, long lo, long hi)
+{
+    {{NAME}}_DIMS;
+    enum { VL = {{NAME}}_VL };
+    {{NAME}}_job* jb = job;
+    {{PARAM_UNPACK}}
+    for (long row = lo; row < hi; row++) {
+        const long oh = row % OH, cb = row / OH % (O / VL), n = row / OH / (O / VL);
+        const float* restrict s = jb->stg + row * (long)OW * VL;
+        float* restrict d = out + ((n * O + cb * VL) * (long)OH + oh) * OW; /* (channel l of the block: + l OH OW) */
+        long ow = 0;
+#if defined(__AVX512F__)
+        if (VL == 16)
+            for (; ow < OW; ow += 16) {
+                const long np = OW - ow < 16 ? OW - ow : 16;
+                __m512i r[16];
+                for (int p = 0; p < 16; p++)
+                    r[p] = p < np ? _mm512_loadu_si512((const void*)(s + (ow + p) * 16)) : _mm512_setzero_si512();
+                {{NAME}}_tr16(r);
+                for (int l = 0; l < 16; l++)
+                    _mm512_mask_storeu_epi32(d + l * (long)OH * OW + ow, (__mmask16)((1u << np) - 1u), r[l]);
+            }
+#endif
+        for (; ow < OW; ow++)
+            for (long l = 0; l < VL; l++)
+                d[l * (long)OH * OW + ow] = s[ow * VL + l];
+    }
+}
+#endif
+
 void {{NAME}}({{PARAMS}})
 {
     {{NAME}}_DIMS;
@@ -981,7 +1015,16 @@ void {{NAME}}({{PARAMS}})
 #endif
     /* two parallel loops on the claim-based pool (common_pool.h), one after the other: the copy
      * (by row), the tiles */
-    {{NAME}}_job job = { {{PARAM_INIT}}, xq, wq, NULL, NULL, 0, 0, 0, 0, 0 };
+#if {{NAME}}_STAGED
+    float* stg = eqf_scratch(EQF_SCRATCH_GEMM_A, (long)N * O * OH * OW);
+    if (!stg) {
+        eqf_nomem_note();
+        return;
+    }
+#else
+    float* stg = NULL;
+#endif
+    {{NAME}}_job job = { {{PARAM_INIT}}, xq, wq, NULL, NULL, stg, 0, 0, 0, 0, 0 };
 #if !{{NAME}}_IN_COPY
 #if {{NAME}}_OVERLAP
     eqf_region((long)N * HP, {{NAME}}_copy_image, &job, {{NAME}}_PARALLEL);
@@ -1008,5 +1051,8 @@ void {{NAME}}({{PARAMS}})
 #else
     eqf_region_n({{NAME}}_PIXEL_MAJOR ? (long)(NPB + {{NAME}}_G - 1) / {{NAME}}_G * NOB * {{NAME}}_G : (long)NOB * NPB,
                  {{NAME}}_tiles, &job, {{NAME}}_PARALLEL, {{NAME}}_CHUNKS);
+#endif
+#if {{NAME}}_STAGED
+    eqf_region((long)N * (O / {{NAME}}_VL) * OH, {{NAME}}_unstage, &job, {{NAME}}_PARALLEL);
 #endif
 }

@@ -684,6 +684,7 @@ def test_amx_convs_in_the_blocked_layout_give_the_same_bits(emulate):
         (True, True, False, False, False),  # conv(y3, w5, b5): from blocks into blocks
         (True, False, True, False, False)]  # y4 + that: 1x1 stride 2 from blocks, its residual in blocks, NCHW out
     assert all(e.vl == 16 for e in d if e.in_blocked or e.out_blocked or e.blocked_args)
+    assert [e.staged for e in d] == [False] * 5 + [True]  # (NCHW out, its residual in blocks: staged)
     assert not any(e.in_blocked or e.out_blocked or e.blocked_args for e in (p.detail for p in plans["0"]))
     assert "in blocks already" in plans["1"][1].uops[1].what
     for y0, y1 in zip(ys["0"], ys["1"]):

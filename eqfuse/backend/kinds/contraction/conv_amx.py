@@ -36,8 +36,9 @@ EQFUSE_CONV_AMX_CHAIN=0 keeps them apart.
 The blocked channel layout between convs (contraction/blocked.py) takes these convs too, the
 tensors the chain does not: a conv's output (or its pool's) in blocks of 16 channels, stored 16
 channels a pixel at a time with no transposition; its input's copy converted from blocks 16
-channels at a time; a residual operand read in blocks at `blk` (where the output is NCHW, the
-epilogue runs along each pixel's channels before the transposition). The values are the same:
+channels at a time; a residual operand read in blocks at `blk`. Where such a conv's output is
+NCHW (the graph's output), it is written in blocks into scratch and reordered by a pass of its
+own (`staged`), as a pixel's channels are what the epilogue then has. The values are the same:
 only where they are stored changes.
 
 `pool_into_amx_conv`: where such a conv's output is read by nothing but a max pool (a ResNet's
@@ -123,7 +124,16 @@ class ConvAmxDetail(ConvGeometry):
     # each), the pool's output rows and columns
     pool: tuple[int, ...] = ()
 
-    DERIVED = ("kc", "kcp", "phases", "flat", "waste", "out_copy", "out_pool", "epi_blocked")
+    DERIVED = ("kc", "kcp", "phases", "flat", "waste", "out_copy", "out_pool", "epi_blocked", "staged")
+
+    @property
+    def staged(self) -> bool:
+        """The template's STAGED: an NCHW output written a pixel's channels at a time in blocks of
+        VL (as `out_blocked`) into scratch, then reordered into NCHW by a pass of its own. Where
+        the epilogue reads operands in blocks (its only way: the NCHW store transposes the tiles
+        before the epilogue); EQFUSE_CONV_AMX_STAGED=1 stages every NCHW output, to measure it."""
+        nchw = not (self.out_blocked or self.next_copy or self.pool)
+        return nchw and (bool(self.blocked_args) or os.environ.get("EQFUSE_CONV_AMX_STAGED", "").strip() == "1")
 
     @property
     def epi_blocked(self) -> bool:
@@ -391,7 +401,7 @@ def emit_conv_amx(plan: KernelPlan) -> str:
     return render("conv_amx.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   CHUNKS=d.region_chunks, KCB=d.kcb, G=d.group, FOLD=int(d.fold), OVERLAP=int(d.overlap), EPILOGUE=expr,
-                  EPILOGUE_NCHW="acc" if d.blocked_args else expr, IN_BLOCKED=int(d.in_blocked),
-                  OUT_BLOCKED=int(d.out_blocked), EPI_BLOCKED=int(d.epi_blocked), VL=d.vl,
+                  IN_BLOCKED=int(d.in_blocked),
+                  OUT_BLOCKED=int(d.out_blocked), EPI_BLOCKED=int(d.epi_blocked), VL=d.vl, STAGED=int(d.staged),
                   O=d.O, KCP=d.kcp, IN_COPY=int(d.in_copy), OUT_COPY=int(d.out_copy), OUT_POOL=int(d.out_pool), **y, **pool,
                   **d.shape_c("DH", "DW"), **param_job(params))
