@@ -6,6 +6,10 @@
 #define {{NAME}}_FOLD {{FOLD}} /* the plan's fold: the kernel's columns folded into the copy's channels */
 #define {{NAME}}_OVERLAP {{OVERLAP}} /* the plan's overlap: folded, the A tiles' rows overlapping in the image's copy */
 #define {{NAME}}_IN_COPY {{IN_COPY}} /* the plan's in_copy: the input is the copy, written by its producer */
+/* the plan's sibling (a 1x1 conv reading another conv's copy): the phase plane of that copy holding
+ * its pixels, that copy's rows and columns per image, its planes' pixels */
+#define {{NAME}}_SIBLING {{SIBLING}}
+#define {{NAME}}_S enum { SPLANE = {{SPLANE}}, SHQ = {{SHQ}}, SWQ = {{SWQ}}, SPHASE = {{SPHASE}} }
 #define {{NAME}}_OUT_COPY {{OUT_COPY}} /* the plan's out_copy: the output is the next conv's copy, in bf16 */
 #define {{NAME}}_OUT_POOL {{OUT_POOL}} /* the plan's out_pool: the output is the max pool of the conv's */
 #define {{NAME}}_IN_BLOCKED {{IN_BLOCKED}} /* the plan's in_blocked: the input in blocks of VL channels */
@@ -130,8 +134,9 @@ static inline void {{NAME}}_tr16(__m512i r[16])
            OW = {{OW}}, SH = {{SH}}, SW = {{SW}}, PH = {{PH}}, PW = {{PW}}, FOLD = {{NAME}}_FOLD,          \
            OVERLAP = {{NAME}}_OVERLAP, C2 = C + C % 2 /* OVERLAP: the copy's channels */,             \
            QH = OVERLAP ? 1 : KH < SH ? KH : SH, QW = FOLD ? 1 : (KW < SW ? KW : SW) /* the phases some tap reads */, \
-           HQ = OVERLAP ? OH : OH + (KH - 1) / SH, /* a phase's rows, columns (OVERLAP: whole tiles of 16 a row) */ \
-           WQ = OVERLAP ? (OW + 15) / 16 * 16 : FOLD ? OW : OW + (KW - 1) / SW,                         \
+           HQ = OVERLAP ? OH : {{NAME}}_SIBLING ? {{SHQ}} : OH + (KH - 1) / SH, /* a phase's rows, columns   \
+                (OVERLAP: whole tiles of 16 a row; SIBLING: the other conv's copy's) */                   \
+           WQ = OVERLAP ? (OW + 15) / 16 * 16 : {{NAME}}_SIBLING ? {{SWQ}} : FOLD ? OW : OW + (KW - 1) / SW, \
            HP = (OH - 1) * SH + KH, WP = (WQ - 1) * SW + KW /* OVERLAP: the copy's padded rows, columns */, \
            KC = OVERLAP ? KW * C2 : FOLD ? KW * C : C /* the copy's channels (OVERLAP: an A row's K) */, NT = FOLD ? KH : KH * KW /* taps */,       \
            KCP = {{KCP}} /* KC padded to whole K blocks of 32 */, CB = KCP / 32,                        \
@@ -998,6 +1003,10 @@ void {{NAME}}({{PARAMS}})
     }
 #if {{NAME}}_IN_COPY
     uint16_t* xq = (uint16_t*){{X}}; /* (the copy its producer wrote) */
+#if {{NAME}}_SIBLING /* (the plane of another conv's copy that holds this one's pixels) */
+    {{NAME}}_S;
+    xq += (long)SPLANE * SPHASE * KCP;
+#endif
 #else
     uint16_t* xq = (uint16_t*)eqf_scratch(EQF_SCRATCH_CONV_COL, ((OVERLAP ? (long)N * HP * WP * C2 : (long)QH * QW * PHASE * KCP) + 1) / 2);
 #endif

@@ -544,19 +544,20 @@ def amx_compiled(src: str, emulate: bool, env: dict[str, str], model: machine.Ma
 
 # Convs on AMX tiles one after the other (conv_amx.copy_between_amx_convs): each writes the next one's
 # copy, bf16 and pixel-major, into its output's buffer, the next reads it there. 48 outputs (the
-# copy's channels 48-63 zero), a stride-2 consumer (four phase planes), a producer with a residual
+# copy's channels 48-63 zero), a stride-2 consumer (four phase planes) beside a stride-2 1x1 conv
+# that reads its copy's plane (1, 1) (a ResNet's downsample: `sibling`), a producer with a residual
 # in its epilogue, a 1x1 consumer at stride 2 (one phase plane: rows it never reads not written).
 AMX_CHAIN = """
 graph chain(x: f32[2, 40, 20, 19], w1: f32[48, 40, 3, 3], b1: f32[48], w2: f32[64, 48, 3, 3],
-            w3: f32[32, 64, 3, 3], r: f32[2, 32, 10, 10], w4: f32[24, 32, 1, 1]) {
+            w3: f32[32, 64, 3, 3], wd: f32[32, 48, 1, 1], w4: f32[24, 32, 1, 1]) {
     y1 = relu(conv2d(x, w1, b1, stride=1, padding=1))
     y2 = conv2d(y1, w2, stride=2, padding=1)
-    y3 = relu(conv2d(y2, w3, stride=1, padding=1) + r)
+    y3 = relu(conv2d(y2, w3, stride=1, padding=1) + conv2d(y1, wd, stride=2, padding=0))
     return conv2d(y3, w4, stride=2, padding=0)
 }
 """
 AMX_CHAIN_SHAPES = {"x": (2, 40, 20, 19), "w1": (48, 40, 3, 3), "b1": (48,), "w2": (64, 48, 3, 3),
-                    "w3": (32, 64, 3, 3), "r": (2, 32, 10, 10), "w4": (24, 32, 1, 1)}
+                    "w3": (32, 64, 3, 3), "wd": (32, 48, 1, 1), "w4": (24, 32, 1, 1)}
 
 
 @pytest.mark.parametrize("emulate", [
@@ -577,10 +578,13 @@ def test_amx_convs_in_a_chain_write_the_next_ones_copy_and_give_the_same_bits(em
             ys[chain] = [mod(**free) for _ in range(2)]
             ys[chain].append(mod(**dict(free, x=-free["x"])))
         plans[chain] = [p for p in mod.default.last.plans if p.kind == "conv2d"]
-    assert [type(p.detail).__name__ for p in plans["1"]] == ["ConvAmxDetail"] * 4
-    assert [(p.detail.in_copy, bool(p.detail.out_copy)) for p in plans["1"]] == \
-        [(False, True), (True, True), (True, True), (True, False)]
-    assert not any(p.detail.in_copy or p.detail.out_copy for p in plans["0"])
+    assert [type(p.detail).__name__ for p in plans["1"]] == ["ConvAmxDetail"] * 5
+    # (y1 writes y2's copy, the 1x1 downsample reads its plane (1, 1); the add is in the downsample's
+    # epilogue, y3's conv its operand, in blocks)
+    assert [(p.detail.in_copy, bool(p.detail.out_copy), p.detail.sibling[:1]) for p in plans["1"]] == \
+        [(False, True, ()), (True, True, ()), (True, False, ()), (True, True, (3,)), (True, False, ())]
+    assert "phase plane (1, 1)" in plans["1"][3].uops[1].what
+    assert not any(p.detail.in_copy or p.detail.out_copy or p.detail.sibling for p in plans["0"])
     assert "into the next conv's copy" in plans["1"][0].uops[-1].what
     for y0, y1 in zip(ys["0"], ys["1"]):
         assert y0.shape == (2, 24, 5, 5) and np.array_equal(y0, y1)

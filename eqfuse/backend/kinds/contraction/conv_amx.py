@@ -31,7 +31,10 @@ kernel, as its input, the producer writes it as that conv's copy (bf16, pixel-ma
 padded: `out_copy`, the copy's geometry `next_copy`) into the output's buffer, and the consumer
 reads it there (`in_copy`): the consumer's copy and the producer's NCHW f32 stores go, the
 results unchanged (the copy rounds to bf16 what the producer's epilogue gave, either way).
-EQFUSE_CONV_AMX_CHAIN=0 keeps them apart.
+EQFUSE_CONV_AMX_CHAIN=0 keeps them apart. A ResNet's downsampling block reads its input twice,
+in a 3x3 conv at stride 2 and a 1x1 conv at stride 2: the producer writes the 3x3 conv's copy,
+and the 1x1 conv reads its pixels in that copy's phase plane (PH, PW) in place (`sibling`), the
+plane's rows and columns its flat pixels (EQFUSE_CONV_AMX_SIBLING=0 keeps such a tensor apart).
 
 The blocked channel layout between convs (contraction/blocked.py) takes these convs too, the
 tensors the chain does not: a conv's output (or its pool's) in blocks of 16 channels, stored 16
@@ -119,6 +122,9 @@ class ConvAmxDetail(ConvGeometry):
     blocked_args: tuple[int, ...] = ()
     vl: int = 16
     in_copy: bool = False  # the input is this conv's copy, its producer's out_copy
+    # a 1x1 conv reading another conv's copy (`copy_between_amx_convs`): that copy's phase plane
+    # holding its pixels, its rows and columns per image and its plane's pixels
+    sibling: tuple[int, ...] = ()
     next_copy: tuple[int, ...] = ()  # the next conv's `copy_geometry`: the output written as its copy
     # the max pool computed here (`pool_into_amx_conv`): window, stride, padding (rows, columns
     # each), the pool's output rows and columns
@@ -180,6 +186,8 @@ class ConvAmxDetail(ConvGeometry):
         columns in whole tiles of 16, so that no tile's rows cross an output row)."""
         if self.overlap:
             return self.OH, cdiv(self.OW, 16) * 16
+        if self.sibling:
+            return self.sibling[1], self.sibling[2]
         return (self.OH + (self.KH - 1) // self.stride[0],
                 self.OW if self.fold else self.OW + (self.KW - 1) // self.stride[1])
 
@@ -187,7 +195,7 @@ class ConvAmxDetail(ConvGeometry):
     def phase_pixels(self) -> int:
         """A phase plane's flat pixels (conv_amx.c's PHASE): the images', then the last pixel
         block's reach."""
-        (hq, wq), (kh, kw), (sh, sw) = self.flat, (self.KH, self.KW), self.stride
+        wq, (kh, kw), (sh, sw) = self.flat[1], (self.KH, self.KW), self.stride
         reach = (kh - 1) // sh * wq + (0 if self.fold else (kw - 1) // sw)
         return self.pixel_blocks * 32 + reach
 
@@ -318,6 +326,7 @@ def copy_between_amx_convs(kg: Graph, plans: list[KernelPlan]) -> None:
     the consumer's K blocks (kcp = 32 x the producer's channel blocks)."""
     if os.environ.get("EQFUSE_CONV_AMX_CHAIN", "").strip() == "0":
         return
+    siblings = os.environ.get("EQFUSE_CONV_AMX_SIBLING", "").strip() != "0"
     readers: dict[int, list[tuple[KernelPlan, int]]] = {}
     for q in plans:
         for k, a in enumerate(q.args):
@@ -327,17 +336,25 @@ def copy_between_amx_convs(kg: Graph, plans: list[KernelPlan]) -> None:
         if not isinstance(d, ConvAmxDetail) or d.next_copy or d.pool or p.node in kg.outputs or p.into is not None \
                 or p.out_strides is not None or p.body.nodes[p.body.outputs[0]].type.dtype != "f32":
             continue
-        rs = readers.get(p.node, [])
-        if len(rs) != 1:
+        rs = [(q, k) for q, k in readers.get(p.node, []) if _reads_as_input(q, k)]
+        if not rs or len(rs) != len(readers.get(p.node, [])) or (len(rs) > 1 and not siblings):
             continue
-        q, k = rs[0]
-        e, x = q.detail, q.body.inputs[k]
-        if not isinstance(e, ConvAmxDetail) or e.fold or e.in_copy or k in q.in_strides \
-                or q.body.nodes[q.shape.anchor].args[0] != x or sum(a == x for n in q.body.nodes for a in n.args) != 1 \
-                or e.copy_bf16s > 2 * d.N * d.O * d.OH * d.OW:
+        rs.sort(key=lambda r: r[0].detail.taps == 1)  # (the one whose copy they read first)
+        (q, _), sibs = rs[0], [r for r, _ in rs[1:]]
+        e = q.detail
+        if e.copy_bf16s > 2 * d.N * d.O * d.OH * d.OW or not all(_reads_plane(e, r.detail) for r in sibs):
             continue
         p.detail = replace(d, next_copy=e.copy_geometry)
         q.detail = replace(e, in_copy=True)
+        qw = e.phases[1]
+        for r in sibs:  # (padded pixel (s oh + PH, s ow + PW): plane (PH, PW), row oh, column ow)
+            hq, wq = e.flat
+            r.detail = replace(r.detail, in_copy=True,
+                               sibling=(e.padding[0] * qw + e.padding[1], hq, wq, e.phase_pixels))
+            r.threads = r.threads.replace("the copy's rows, then ", "")
+            r.uops = [replace(u, what=f"input: phase plane ({e.padding[0]}, {e.padding[1]}) of the copy the conv "
+                              "before wrote for another conv (bf16, pixel-major), read in place")
+                      if u.op == "Load" else u for u in r.uops]
         if d.parallel:
             p.threads = p.threads.replace("the copy's rows, then ", "the copy's rows, the next conv's copy's rows of zero "
                                           "padding, then ")
@@ -347,6 +364,23 @@ def copy_between_amx_convs(kg: Graph, plans: list[KernelPlan]) -> None:
                   if u.op == "Store" else u for u in p.uops]
         q.uops = [replace(u, what="input: the copy the conv before wrote (bf16, pixel-major, zero padded), read in "
                           "place") if u.op == "Load" else u for u in q.uops]
+
+
+def _reads_as_input(q: KernelPlan, k: int) -> bool:
+    """Whether q is a conv on this kernel that reads its argument k as its conv's input alone, and
+    could read it as a copy (not folded, no copy of its own from another producer)."""
+    e, x = q.detail, q.body.inputs[k]
+    return isinstance(e, ConvAmxDetail) and not e.fold and not e.in_copy and k not in q.in_strides \
+        and q.body.nodes[q.shape.anchor].args[0] == x and sum(a == x for n in q.body.nodes for a in n.args) == 1
+
+
+def _reads_plane(e: ConvAmxDetail, r: ConvAmxDetail) -> bool:
+    """Whether the 1x1 conv r reads its input pixels where one phase plane of e's copy holds them,
+    in e's flat order: r's stride e's, no padding, e's padding below its stride (padded pixel
+    (s oh + PH, s ow + PW) is plane (PH, PW)'s row oh, column ow), e's map, channels and K blocks."""
+    return (r.KH, r.KW) == (1, 1) and r.stride == e.stride and r.padding == (0, 0) and e.padding[0] < e.stride[0] \
+        and e.padding[1] < e.stride[1] and e.padding[0] < e.phases[0] and e.padding[1] < e.phases[1] \
+        and (r.N, r.OH, r.OW, r.kcp) == (e.N, e.OH, e.OW, e.kcp) and not r.overlap
 
 
 def pool_into_amx_conv(kg: Graph, plans: list[KernelPlan], m: Machine) -> None:
@@ -398,10 +432,12 @@ def emit_conv_amx(plan: KernelPlan) -> str:
     expr = " ".join(expr.split("\n"))
     pool = dict(zip(("PKH", "PKW", "PSH", "PSW", "PPH", "PPW", "POH", "POW"), d.pool or (0,) * 8))
     y = dict(zip(("YSH", "YSW", "YPH", "YPW", "YQH", "YQW", "YHQ", "YWQ", "YPHASE", "YKCP"), d.next_copy or (0,) * 10))
+    sib = dict(zip(("SPLANE", "SHQ", "SWQ", "SPHASE"), d.sibling or (0,) * 4))
     return render("conv_amx.c", NAME=plan.name, PARAMS=params, EXTRAS=decls, X=ptrs[cv.args[0]],
                   WEIGHTS=ptrs[cv.args[1]], PREPACKED=int(d.prepack is not None), PARALLEL=int(d.parallel),
                   CHUNKS=d.region_chunks, KCB=d.kcb, G=d.group, FOLD=int(d.fold), OVERLAP=int(d.overlap), EPILOGUE=expr,
                   IN_BLOCKED=int(d.in_blocked),
                   OUT_BLOCKED=int(d.out_blocked), EPI_BLOCKED=int(d.epi_blocked), VL=d.vl, STAGED=int(d.staged),
-                  O=d.O, KCP=d.kcp, IN_COPY=int(d.in_copy), OUT_COPY=int(d.out_copy), OUT_POOL=int(d.out_pool), **y, **pool,
+                  O=d.O, KCP=d.kcp, IN_COPY=int(d.in_copy), OUT_COPY=int(d.out_copy), OUT_POOL=int(d.out_pool), **y, **pool, **sib,
+                  SIBLING=int(bool(d.sibling)),
                   **d.shape_c("DH", "DW"), **param_job(params))
