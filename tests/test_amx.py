@@ -732,11 +732,13 @@ FEW_GRAPH = "graph f(x: f32[{m}, 520], w: f32[520, 400], b: f32[400]) {{\n  retu
 def test_few_rows_on_amx_take_the_tiles_from_eight_rows():
     with machine.pinned(machine.MODELS["xeon-spr"], clamp=False):
         plans = {m: [p for p in lower(load(FEW_GRAPH.format(m=m))[0], {}, params={"w", "b"}, precision="bf16")[2]
-                     if p.kind == "contraction"][0] for m in (4, 8, 32)}
+                     if p.kind == "contraction"][0] for m in (4, 8, 32, 64)}
     assert plans[4].detail.path == "skinny" and plans[4].precision_path != "amx_bf16"
     for m in (8, 32):
         assert (plans[m].precision_path, plans[m].detail.path, plans[m].detail.pool) == ("amx_bf16", "blocked", True)
         assert plans[m].detail.prepack is not None and "claim-based pool" in plans[m].threads
+    # (past AMX_POOL_MAX_M rows: the blocked GEMM's own parallel region)
+    assert (plans[64].precision_path, plans[64].detail.path, plans[64].detail.pool) == ("amx_bf16", "blocked", False)
 
 
 @pytest.mark.parametrize("emulate", [

@@ -23,6 +23,7 @@ from eqfuse.backend.kinds.contraction import (
     qgemm,
 )
 from eqfuse.backend.kinds.contraction.plan_gemm import (
+    AMX_POOL_MAX_M,
     Prepack,
     amx_few_rows,
     c_layout,
@@ -129,7 +130,7 @@ def mark_bound_b(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[
     if plan.kind != K.CONV2D and d.gemm.mode == "fold" and skinny(d.gemm.M, d.N, d.K, m) and unit_columns \
             and not tiles and (run_time_rows is None or plan.out_shape[-2] != run_time_rows):
         plan_skinny(plan, m)
-    elif tiles and d.parallel:
+    elif tiles and d.parallel and d.gemm.M <= AMX_POOL_MAX_M:  # (more rows: the blocked GEMM's region)
         plan.detail = replace(d, pool=True)
         plan.threads = ("the column panels in ranges claimed one at a time by the claim-based pool's threads "
                         "(common_pool.h, eqf_region: the caller waits for no thread that has not started)")

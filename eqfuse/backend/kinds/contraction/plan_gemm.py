@@ -367,6 +367,15 @@ def direct_a(a_transposed: bool) -> bool:
 SKINNY_MAX_M = 32  # rows up to which a GEMM over a bound B takes the skinny path (`skinny`)
 # ... except on AMX tiles from this many rows (`amx_few_rows`)
 AMX_FEW_ROWS_MIN = 8
+# Rows up to which such a GEMM on AMX tiles runs its column panels on the claim-based pool (gemm.c
+# POOL; past them, the blocked GEMM's OpenMP region). Where the pool's worker has no core when a
+# call starts (other runtimes' or OpenMP's threads spinning there), the caller runs every range
+# itself: 1024^3 and 256 x 768 x 3072 on two threads, each call beside another kernel's, ran on
+# the pool no faster than on one thread, and took half the time in the region; BERT-base's
+# 128-row GEMMs ran alike either way (`python benchmarks/bench_gemm.py --precision bf16
+# --threads 1,2`, `python benchmarks/bench_models.py --precision bf16 --model bert-base`;
+# benchmarks/RESULTS.md, 2026-12-04).
+AMX_POOL_MAX_M = SKINNY_MAX_M
 SKINNY_PF = 1024  # its software prefetch distance in floats, 4 KiB ahead of the FMAs (see `skinny`)
 # Below this many multiply-adds a skinny GEMM runs on the calling thread. Waking a pool worker
 # and sharing a few panels cost more than they save there: GPT-2's test GEMMs (32 x 192 x 64,
