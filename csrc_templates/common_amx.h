@@ -1,5 +1,6 @@
-/* AMX-BF16 tiles, for the blocked GEMM's BF16 3 path (csrc_templates/gemm.c; docs/precision.md,
- * "AMX-BF16"), in a module built for a CPU with AMX-TILE and AMX-BF16, or with EQF_AMX_EMULATE.
+/* AMX tiles, for the blocked GEMM's BF16 3 path (csrc_templates/gemm.c; docs/precision.md,
+ * "AMX-BF16") and the integer GEMM's PATH 5 (csrc_templates/gemm_u8s8.c, tdpbusd), in a module
+ * built for a CPU with AMX-TILE and AMX-BF16 or AMX-INT8, or with EQF_AMX_EMULATE.
  *
  * eqf_amx_ready(): Linux enables the tile data state (XSTATE component 18, XTILEDATA) for a
  * process only on request, arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); the first tile
@@ -15,15 +16,16 @@
  * last tile instruction returns the tile state to its initial one.
  *
  * EQF_AMX_EMULATE: the same kernels on a CPU without AMX, for the tests. The tile instructions
- * (_tile_loadconfig, _tile_loadd, _tile_stored, _tile_zero, _tile_dpbf16ps, _tile_release) become
+ * (_tile_loadconfig, _tile_loadd, _tile_stored, _tile_zero, _tile_dpbf16ps, _tile_dpbusd, _tile_release) become
  * C over per-thread tile registers held as arrays, following the operation sections of Intel's
  * SDM: LDTILECFG zeroes the tiles; TILELOADD and TDPBF16PS write `rows` rows of `colsb` bytes and
  * zero the rest of the tile; TDPBF16PS keeps two f32 sums per output element (the even and the odd
  * elements of the K-pairs), each built by FMAs over the 16 K-pairs of the A row, then adds the two
  * and adds that to the accumulator, every step rounded to nearest even with denormal inputs read
- * as zero and denormal results flushed to zero (DAZ = FTZ = 1). A shape the instruction refuses
- * (#UD) traps. */
-#if defined(EQF_AMX_EMULATE) || (defined(__AMX_TILE__) && defined(__AMX_BF16__))
+ * as zero and denormal results flushed to zero (DAZ = FTZ = 1); TDPBUSD adds to each int32 element
+ * the four products of u8 A bytes and s8 B bytes of every K-group, wrapping (no saturation). A
+ * shape the instruction refuses (#UD) traps. */
+#if defined(EQF_AMX_EMULATE) || (defined(__AMX_TILE__) && (defined(__AMX_BF16__) || defined(__AMX_INT8__)))
 
 /* The 64-byte tile configuration of LDTILECFG */
 typedef struct {
@@ -47,6 +49,7 @@ __attribute__((unused)) static const eqf_tilecfg EQF_AMX_CFG = {.palette_id = 1,
 #undef _tile_stored
 #undef _tile_zero
 #undef _tile_dpbf16ps
+#undef _tile_dpbusd
 
 static _Thread_local struct {
     eqf_tilecfg cfg;
@@ -153,12 +156,38 @@ static inline void eqf_amx_emu_dpbf16ps(int d, int s1, int s2)
     memcpy(eqf_amx_emu.t[d], out, sizeof out);
 }
 
+/* TDPBUSD: d[m][n] += sum over the K-groups k of u8 s1[m][4k + i] x s8 s2[k][4n + i], i < 4, in
+ * int32 arithmetic that wraps */
+static inline void eqf_amx_emu_dpbusd(int d, int s1, int s2)
+{
+    (void)eqf_amx_emu_tile(d);
+    (void)eqf_amx_emu_tile(s1);
+    (void)eqf_amx_emu_tile(s2);
+    const eqf_tilecfg* c = &eqf_amx_emu.cfg;
+    eqf_amx_emu_check(c->colsb[d] % 4 == 0 && c->colsb[s1] % 4 == 0 && c->colsb[s2] % 4 == 0
+                      && c->colsb[d] == c->colsb[s2] && c->colsb[s1] / 4 == c->rows[s2] && c->rows[d] == c->rows[s1]);
+    const int rows = c->rows[d], kgroups = c->colsb[s1] / 4, cols = c->colsb[d] / 4;
+    uint8_t out[16][64];
+    memset(out, 0, sizeof out);
+    for (int m = 0; m < rows; m++)
+        for (int n = 0; n < cols; n++) {
+            uint32_t acc;
+            memcpy(&acc, &eqf_amx_emu.t[d][m][4 * n], 4);
+            for (int k = 0; k < kgroups; k++)
+                for (int i = 0; i < 4; i++)
+                    acc += (uint32_t)((int32_t)eqf_amx_emu.t[s1][m][4 * k + i] * (int32_t)(int8_t)eqf_amx_emu.t[s2][k][4 * n + i]);
+            memcpy(&out[m][4 * n], &acc, 4);
+        }
+    memcpy(eqf_amx_emu.t[d], out, sizeof out);
+}
+
 #define _tile_loadconfig(p) eqf_amx_emu_loadconfig(p)
 #define _tile_release() eqf_amx_emu_release()
 #define _tile_loadd(t, base, stride) eqf_amx_emu_loadd((t), (base), (long)(stride))
 #define _tile_stored(t, base, stride) eqf_amx_emu_stored((t), (base), (long)(stride))
 #define _tile_zero(t) eqf_amx_emu_zero(t)
 #define _tile_dpbf16ps(d, s1, s2) eqf_amx_emu_dpbf16ps((d), (s1), (s2))
+#define _tile_dpbusd(d, s1, s2) eqf_amx_emu_dpbusd((d), (s1), (s2))
 
 /* (EQF_AMX_EMULATE_REFUSED: as if the operating system refused the tile state, for the test of the error) */
 #if defined(EQF_AMX_EMULATE_REFUSED)

@@ -54,6 +54,14 @@
  * 1 = the exact fallback for any weights: u8 and s8 widened to int16 (the even and odd bytes of
  * each lane) and multiplied by vpmaddwd, whose two products per lane (at most 255 * 128 each) add
  * exactly in int32; 0 = the same sums in plain C (no AVX2).
+ * 5 = AMX-INT8 (a matmul, not a conv; MR = NR = 32): tdpbusd on 2 x 2 C tiles of 16 x 16 int32
+ * (ukernel_amx; common_amx.h: the tile configuration, the operating system's permission, and an
+ * emulation for CPUs without AMX). A tile is read by tileloadd in place, so A always goes through
+ * the kernel's A buffer, as u8 bytes (an s8 A's xor 0x80 applied when written there: quantized,
+ * or copied from the A argument), MPAD rows (M rounded up to whole tiles: the rows past M hold
+ * anything, their sums never stored) and 64 bytes of slack; the panels' K is padded by zeros to
+ * whole tiles of 16 K-groups (KGPP), so the bytes a tile reads past a row's K (the next row's, or
+ * the slack) meet weights 0.
  *
  * Threads: the NR-column panels are chunks of the claim-based pool (common_pool.h), each panel
  * computed over all rows in MR-row tiles; with few panels (MB {{MB}} < M), a chunk is a panel's
@@ -69,6 +77,10 @@
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+
+/* (the epilogue's f32 rows in 512-bit vectors where there are, common.h's EQF_WIDE_BEGIN: BERT-base's
+ * FFN up with its GELU 17% faster, `benchmarks/bench_models.py --quantized dynamic --model bert-base`) */
+EQF_WIDE_BEGIN
 
 #define {{NAME}}_M {{M}}L
 #define {{NAME}}_N {{N}}L
@@ -124,14 +136,22 @@
                                           : (((c) * {{NAME}}_HP + (u)) * {{NAME}}_WP + (v)))
 #define {{NAME}}_KG ({{NAME}}_KP / 4) /* whole K-groups of A; a last partial one is KT bytes */
 #define {{NAME}}_KT ({{NAME}}_KP % 4)
-#define {{NAME}}_KGP (({{NAME}}_KP + 3) / 4) /* K-groups in the panels */
+#define {{NAME}}_KGP (({{NAME}}_KP + 3) / 4) /* K-groups of A */
+#define {{NAME}}_AMX ({{NAME}}_PATH == 5) /* tdpbusd on tiles: A from the A buffer, K-groups in whole tiles */
+#define {{NAME}}_KGPP ({{NAME}}_AMX ? ({{NAME}}_KGP + 15) / 16 * 16 : {{NAME}}_KGP) /* K-groups in the panels */
+#define {{NAME}}_MPAD ({{NAME}}_AMX ? ({{NAME}}_M + {{NAME}}_MR - 1) / {{NAME}}_MR * {{NAME}}_MR : {{NAME}}_M) /* rows the micro-kernel computes */
+/* the xor an s8 A's bytes take on their way into the A buffer (AMX: the tiles read u8), and on
+ * their way out of it into the micro-kernel or a row sum (the others) */
+#define {{NAME}}_WXOR ({{NAME}}_A_S8 && {{NAME}}_AMX ? 0x80u : 0u)
+#define {{NAME}}_RXOR ({{NAME}}_A_S8 && !{{NAME}}_AMX ? 0x80u : 0u)
 /* A's row stride: a conv's im2col rows padded to whole K-groups (the pad bytes meet B's zero
  * padding), so that every group of four is one aligned-stride load with no partial last group */
 #define {{NAME}}_LDA ({{NAME}}_IM2COL ? {{NAME}}_KGP * 4 : {{NAME}}_K)
 /* the A buffer's bytes: the im2col, or the padded copy and the bytes the last virtual pixels'
  * fourth taps read past it (and DIRECT_X 2's last OWV - OW, VPAST more) */
 #define {{NAME}}_VPAST ({{NAME}}_DIRECT_X == 2 ? ({{NAME}}_OWV - {{NAME}}_OW) * {{NAME}}_SW * {{NAME}}_PXB : 0L)
-#define {{NAME}}_ABYTES ({{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_HP * {{NAME}}_WP + 64L + {{NAME}}_VPAST : {{NAME}}_M * {{NAME}}_LDA)
+#define {{NAME}}_ABYTES ({{NAME}}_DIRECT_X ? {{NAME}}_CG * {{NAME}}_HP * {{NAME}}_WP + 64L + {{NAME}}_VPAST \
+                        : {{NAME}}_MPAD * {{NAME}}_LDA + ({{NAME}}_AMX ? 64L : 0L))
 /* a conv whose x it quantizes: the image's group of channels in bytes, after the A buffer */
 #define {{NAME}}_XBYTES ({{NAME}}_QUANT_A && {{NAME}}_IM2COL ? {{NAME}}_CI / {{NAME}}_G * {{NAME}}_H * {{NAME}}_W : 0L)
 /* the A buffer (and quantized x) of each image (BY_IMAGE: one per image, 64-byte aligned) */
@@ -140,10 +160,18 @@
 #define {{NAME}}_PANELS ({{NAME}}_NPAD / {{NAME}}_NR)
 /* (the fallback's panels hold each K-group as two vectors of int16 pairs, 8 bytes a column) */
 #define {{NAME}}_GROUP_BYTES ({{NAME}}_PATH == 1 ? 8L : 4L)
-#define {{NAME}}_PANEL_BYTES ({{NAME}}_KGP * {{NAME}}_GROUP_BYTES * {{NAME}}_NR)
-#define {{NAME}}_AXOR ({{NAME}}_A_S8 ? 0x80808080u : 0u)
+#define {{NAME}}_PANEL_BYTES ({{NAME}}_KGPP * {{NAME}}_GROUP_BYTES * {{NAME}}_NR)
+#define {{NAME}}_AXOR ({{NAME}}_RXOR * 0x01010101u)
+/* (the A buffer: a quantized A, a conv's, or AMX's copy of the A argument) */
+#define {{NAME}}_ABUF ({{NAME}}_QUANT_A || {{NAME}}_IM2COL || {{NAME}}_AMX)
 #if {{NAME}}_NCORR && ({{NAME}}_PATH != 4 || !{{NAME}}_PREPACKED_B)
 #error "weight pairs are corrected only on the avx2_maddubs path, with the weights packed once"
+#endif
+#if {{NAME}}_AMX && ({{NAME}}_IM2COL || {{NAME}}_MR != 32 || {{NAME}}_NR != 32 || {{NAME}}_KC % 64)
+#error "the AMX-INT8 path is a matmul's, on 32 x 32 tiles, its K blocks whole tiles of 16 K-groups"
+#endif
+#if {{NAME}}_AMX && !defined(EQF_AMX_EMULATE) && !(defined(__AMX_TILE__) && defined(__AMX_INT8__))
+#error "the plan chose the AMX-INT8 path (tdpbusd) but the compiler does not target AMX-TILE and AMX-INT8"
 #endif
 #if {{NAME}}_PATH == 3 && !defined(__AVX512VNNI__)
 #error "the plan chose the AVX512_VNNI path (vpdpbusd) but the compiler does not target AVX512_VNNI"
@@ -342,6 +370,49 @@ static inline __attribute__((always_inline)) {{NAME}}_TARGET void {{NAME}}_ukern
 #endif
 }
 
+#if {{NAME}}_AMX
+/* out[MR][NR] (MR = NR = 32) = init (0 without init) + the sum over the K-groups [g0, g1) (whole
+ * tiles of 16) of A[r][k] * panel[k][j], by tdpbusd. An A tile is 16 rows x 64 bytes (16 K-groups)
+ * of the A buffer, at its row stride LDA; a B tile 16 K-groups x 16 columns of the panel
+ * ([KGPP][NR][4]: 64 bytes a row at a stride of NR x 4). Tiles: C 0-3 (rows 0-15 x columns 0-15,
+ * rows 0-15 x 16-31, rows 16-31 x 0-15, rows 16-31 x 16-31), A 4-5 (rows 0-15, 16-31), B 6-7
+ * (columns 0-15, 16-31). */
+static inline __attribute__((always_inline)) void {{NAME}}_ukernel_amx(const uint8_t* restrict a, const int8_t* restrict bp,
+                                                                    const long g0, const long g1, const int32_t* init,
+                                                                    int32_t* out)
+{
+    {{NAME}}_COUNT_CALL();
+    enum { CS = 4 * {{NAME}}_NR }; /* (bytes a row of the int32 tile buffers) */
+    EQF_AMX_FENCE(); /* (A, the panels and init are in memory before the first tile load) */
+    if (init) {
+        _tile_loadd(0, init, CS);
+        _tile_loadd(1, init + 16, CS);
+        _tile_loadd(2, init + 16 * {{NAME}}_NR, CS);
+        _tile_loadd(3, init + 16 * {{NAME}}_NR + 16, CS);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (long g = g0; g < g1; g += 16) {
+        _tile_loadd(4, a + 4 * g, {{NAME}}_LDA);
+        _tile_loadd(5, a + 16 * {{NAME}}_LDA + 4 * g, {{NAME}}_LDA);
+        _tile_loadd(6, bp + g * CS, CS);
+        _tile_loadd(7, bp + g * CS + 64, CS);
+        _tile_dpbusd(0, 4, 6);
+        _tile_dpbusd(1, 4, 7);
+        _tile_dpbusd(2, 5, 6);
+        _tile_dpbusd(3, 5, 7);
+    }
+    _tile_stored(0, out, CS);
+    _tile_stored(1, out + 16, CS);
+    _tile_stored(2, out + 16 * {{NAME}}_NR, CS);
+    _tile_stored(3, out + 16 * {{NAME}}_NR + 16, CS);
+    EQF_AMX_FENCE();
+}
+#endif
+
 #if {{NAME}}_NCORR
 /* PATH 4's pairs that vpmaddubsw could saturate on: after the column sums, where each panel's
  * list starts (PANELS + 1 int32), then the pairs in panel order: the packed K index of the
@@ -390,7 +461,7 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
         colsum[j] = 0;
     for (long p = 0; p < {{NAME}}_PANELS; p++) {
         int8_t* restrict q = P + p * {{NAME}}_PANEL_BYTES;
-        for (long k = 0; k < {{NAME}}_KGP * 4; k++) /* (B's rows in order: its bytes read once, in sequence) */
+        for (long k = 0; k < {{NAME}}_KGPP * 4; k++) /* (B's rows in order: its bytes read once, in sequence) */
             for (long jj = 0; jj < {{NAME}}_NR; jj++) {
                 const long j = p * {{NAME}}_NR + jj;
                 /* (a u8 B is read as s8 b - 128: its bits xor 0x80) */
@@ -417,6 +488,8 @@ static void {{NAME}}_pack(const {{B_T}}* restrict B, int8_t* restrict P)
 #endif
 }
 
+#define {{NAME}}_QROWS 16L /* rows per chunk of the quantization (and of AMX's copy of A) */
+
 #if {{NAME}}_QUANT_A
 /* The quantization of A (QUANT_A): rows [r0, r1) of `rows` rows of `len` f32 x into the u8
  * buffer (an s8 zero point's results stored as their bits, which the micro-kernel reads as
@@ -430,7 +503,6 @@ typedef struct {
     long rows, len;
 } {{NAME}}_qjob;
 
-#define {{NAME}}_QROWS 16L /* rows per chunk of the quantization */
 
 static void {{NAME}}_quantize(void* ctx, long c)
 {
@@ -443,13 +515,41 @@ static void {{NAME}}_quantize(void* ctx, long c)
         uint8_t* restrict a = q->A + i * len;
 #pragma omp simd
         for (long k = 0; k < len; k++)
-            a[k] = (uint8_t)(int)eqf_quantize(x[k], scale, zp, lo, hi);
+            a[k] = (uint8_t)((int)eqf_quantize(x[k], scale, zp, lo, hi) ^ {{NAME}}_WXOR);
         if (q->rowsum) {
             uint32_t s = 0;
             for (long k = 0; k < len; k++)
-                s += a[k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+                s += a[k] ^ {{NAME}}_RXOR;
             q->rowsum[i] = (int32_t)s;
         }
+    }
+}
+#endif
+
+#if {{NAME}}_AMX && !{{NAME}}_QUANT_A
+/* AMX's copy of the A argument (u8 bytes; an s8 A's xor 0x80) into the A buffer: rows [r0, r1)
+ * of a chunk of QROWS, and their row sums when rowsum is not NULL */
+typedef struct {
+    const uint8_t* X;
+    uint8_t* A;
+    int32_t* rowsum;
+} {{NAME}}_ajob;
+
+static void {{NAME}}_copy_a(void* ctx, long c)
+{
+    const {{NAME}}_ajob* q = ctx;
+    const long r0 = c * {{NAME}}_QROWS, r1 = r0 + {{NAME}}_QROWS < {{NAME}}_M ? r0 + {{NAME}}_QROWS : {{NAME}}_M;
+    for (long i = r0; i < r1; i++) {
+        const uint8_t* restrict x = q->X + i * {{NAME}}_K;
+        uint8_t* restrict a = q->A + i * {{NAME}}_K;
+        uint32_t s = 0;
+#pragma omp simd reduction(+ : s)
+        for (long k = 0; k < {{NAME}}_K; k++) {
+            a[k] = (uint8_t)(x[k] ^ {{NAME}}_WXOR);
+            s += a[k];
+        }
+        if (q->rowsum)
+            q->rowsum[i] = (int32_t)s;
     }
 }
 #endif
@@ -534,7 +634,7 @@ static void {{NAME}}_im2col(void* ctx, long ch)
                 const uint8_t* restrict a = q->A + p * {{NAME}}_LDA;
                 uint32_t s = 0;
                 for (long k = 0; k < {{NAME}}_K; k++)
-                    s += a[k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+                    s += a[k] ^ {{NAME}}_RXOR;
                 q->rowsum[p] = (int32_t)s;
             }
         p0 = pe;
@@ -570,7 +670,7 @@ static void {{NAME}}_im2col(void* ctx, long ch)
         if (q->rowsum) {
             uint32_t s = 0;
             for (long k = 0; k < {{NAME}}_K; k++)
-                s += a[k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+                s += a[k] ^ {{NAME}}_RXOR;
             q->rowsum[p] = (int32_t)s;
         }
     }
@@ -685,7 +785,7 @@ static void {{NAME}}_pad_x(const uint8_t* restrict X, uint8_t* restrict XP, int3
         for (long c = 0; c < {{NAME}}_CG; c++)
             for (long u = 0; u < {{NAME}}_KH; u++)
                 for (long v = 0; v < {{NAME}}_KW; v++)
-                    s += XP[{{NAME}}_XAT(c, u, v) + {{NAME}}_xofs(q)] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+                    s += XP[{{NAME}}_XAT(c, u, v) + {{NAME}}_xofs(q)] ^ {{NAME}}_RXOR;
         rowsum[q] = (int32_t)s;
     }
 }
@@ -836,27 +936,36 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
     const int32_t* restrict koff = {{NAME}}_koff;
 #else
     const int32_t* koff = NULL;
+    (void)koff;
 #endif
     int32_t tile[{{NAME}}_MR * {{NAME}}_NR] __attribute__((aligned(64)));
     /* the partial sums of all M rows between K blocks (none with one block) */
-    enum { ONE_BLOCK = {{NAME}}_KCG >= {{NAME}}_KGP };
-    int32_t* part = ONE_BLOCK ? NULL : (int32_t*)eqf_scratch(EQF_SCRATCH_GEMM_A, {{NAME}}_M * {{NAME}}_NR);
+    enum { ONE_BLOCK = {{NAME}}_KCG >= {{NAME}}_KGPP };
+    int32_t* part = ONE_BLOCK ? NULL : (int32_t*)eqf_scratch(EQF_SCRATCH_GEMM_A, {{NAME}}_MPAD * {{NAME}}_NR);
     if (!ONE_BLOCK && !part) {
         __atomic_store_n(jb->nomem, 1, __ATOMIC_RELAXED);
         return;
     }
-    for (long g0 = 0; g0 < {{NAME}}_KGP; g0 += {{NAME}}_KCG) {
-      const long g1 = g0 + {{NAME}}_KCG < {{NAME}}_KGP ? g0 + {{NAME}}_KCG : {{NAME}}_KGP;
-      const int last = g1 == {{NAME}}_KGP;
+#if {{NAME}}_AMX
+    eqf_amx_begin(); /* (per chunk: the tile configuration is a thread's) */
+#endif
+    for (long g0 = 0; g0 < {{NAME}}_KGPP; g0 += {{NAME}}_KCG) {
+      const long g1 = g0 + {{NAME}}_KCG < {{NAME}}_KGPP ? g0 + {{NAME}}_KCG : {{NAME}}_KGPP;
+      const int last = g1 == {{NAME}}_KGPP;
       for (long i0 = m0; i0 < m1; i0 += {{NAME}}_MR) {
         const int mr = m1 - i0 < {{NAME}}_MR ? (int)(m1 - i0) : {{NAME}}_MR;
         const int32_t* init = g0 ? part + i0 * {{NAME}}_NR : NULL;
         int32_t* dst = last ? tile : part + i0 * {{NAME}}_NR;
-        /* (the last M % MR rows: a kernel of that many rows, unrolled like the full one) */
+        /* (the last M % MR rows: a kernel of that many rows, unrolled like the full one; AMX: all
+         * MR rows, those past M from the A buffer's padding) */
+#if {{NAME}}_AMX
+        {{NAME}}_ukernel_amx(A + i0 * {{NAME}}_LDA, bp, g0, g1, init, dst);
+#else
         if (mr == {{NAME}}_MR)
             {{NAME}}_ukernel({{NAME}}_MR, A + {{NAME}}_arow0(i0), koff, bp, g0, g1, init, dst);
         else
             {{NAME}}_ukernel({{NAME}}_EDGE, A + {{NAME}}_arow0(i0), koff, bp, g0, g1, init, dst);
+#endif
         if (!last)
             continue;
 #if {{NAME}}_NCORR
@@ -943,6 +1052,9 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
         }
       }
     }
+#if {{NAME}}_AMX
+    _tile_release();
+#endif
 }
 
 /* What every call of the kernel shares: its arguments, the scratch, and the job of the panels
@@ -1001,6 +1113,10 @@ static void {{NAME}}_call(const {{NAME}}_call_t* cx, long b, int threads, int ow
     eqf_parallel_for(({{NAME}}_M + {{NAME}}_CROWS - 1) / {{NAME}}_CROWS, {{NAME}}_im2col, &cj, threads);
 #endif
     const uint8_t* A = qa;
+#elif {{NAME}}_AMX
+    {{NAME}}_ajob aj = {(const uint8_t*)(A0 + b * {{NAME}}_M * {{NAME}}_K), qa, rowsum};
+    eqf_parallel_for(({{NAME}}_M + {{NAME}}_QROWS - 1) / {{NAME}}_QROWS, {{NAME}}_copy_a, &aj, threads);
+    const uint8_t* A = qa;
 #else
     const uint8_t* A = (const uint8_t*)(A0 + b * {{NAME}}_M * {{NAME}}_K);
 #endif
@@ -1012,11 +1128,11 @@ static void {{NAME}}_call(const {{NAME}}_call_t* cx, long b, int threads, int ow
         {{NAME}}_pack(cx->B0 + (b % {{NBB}}) * {{NAME}}_K * {{NAME}}_N, cx->packed);
     const int8_t* P = cx->packed;
 #endif
-    if (rowsum && !{{NAME}}_QUANT_A && !{{NAME}}_IM2COL)
+    if (rowsum && !{{NAME}}_ABUF)
         for (long i = 0; i < {{NAME}}_M; i++) {
             uint32_t s = 0;
             for (long k = 0; k < {{NAME}}_K; k++)
-                s += A[i * {{NAME}}_K + k] ^ ({{NAME}}_A_S8 ? 0x80u : 0u);
+                s += A[i * {{NAME}}_K + k] ^ {{NAME}}_RXOR;
             rowsum[i] = (int32_t)s;
         }
     /* (a conv's call b: image b / G, its group's channels from jofs, their zero points) */
@@ -1040,6 +1156,12 @@ static void {{NAME}}_image(void* ctx, long b) { {{NAME}}_call(ctx, b, 1, 1); }
 void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const {{BZP_T}}* bzp, const float* a_scale,
               {{OUT_T}}* C0{{EXTRA_PARAMS}})
 {
+#if {{NAME}}_AMX
+    if (!eqf_amx_ready()) { /* the tile state refused (common_amx.h): no tile instruction runs */
+        eqf_fail_note(EQF_NO_AMX);
+        return;
+    }
+#endif
     /* the zero points as the u8 x s8 product sees them (an s8 A's moved by +128) */
     const uint32_t az = (uint32_t)((int32_t)azp[0] + ({{NAME}}_A_S8 ? 128 : 0));
     int bz_zero = 1;
@@ -1050,14 +1172,14 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
      * quantized A (QUANT_A) or a conv's A buffer; BY_IMAGE: row sums and A buffers per image */
     const long images = {{NAME}}_BY_IMAGE ? {{BATCH}} : 1;
     const long rfloats = bz_zero ? 0 : images * {{NAME}}_M, pfloats = {{NAME}}_PREPACKED_B ? 0 : (pbytes + 3) / 4;
-    const long qfloats = {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? (images * {{NAME}}_ASTRIDE + 3) / 4 : 0;
+    const long qfloats = {{NAME}}_ABUF ? (images * {{NAME}}_ASTRIDE + 3) / 4 : 0;
     float* scratch = rfloats + pfloats + qfloats == 0 ? NULL : eqf_scratch(EQF_SCRATCH_GEMM_B, rfloats + pfloats + qfloats);
     if (!scratch && rfloats + pfloats + qfloats) {
         eqf_nomem_note();
         return;
     }
     int nomem = 0;
-    {{NAME}}_call_t cx = {A0, B0, azp, a_scale, {{NAME}}_QUANT_A || {{NAME}}_IM2COL ? (uint8_t*)(scratch + rfloats + pfloats) : NULL,
+    {{NAME}}_call_t cx = {A0, B0, azp, a_scale, {{NAME}}_ABUF ? (uint8_t*)(scratch + rfloats + pfloats) : NULL,
                           bz_zero ? NULL : (int32_t*)scratch, {{NAME}}_PREPACKED_B ? NULL : (int8_t*)(scratch + rfloats),
                           {NULL, NULL, NULL, C0, 0, 0, az, bzp, &nomem{{EXTRA_INIT}}}};
     const int threads = {{NAME}}_PARALLEL ? eqf_pool_threads() : 1;
@@ -1097,3 +1219,5 @@ long {{NAME}}_prepack_floats(void)
 
 void {{NAME}}_prepack(const float* B, float* P) { {{NAME}}_pack((const {{B_T}}*)(const void*)B, (int8_t*)P); }
 #endif
+
+EQF_WIDE_END

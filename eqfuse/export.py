@@ -107,7 +107,7 @@ def target_machine(target: str):
     # make without it, the bf16 kernels stop the build with an #error rather than run f32
     return replace(m, simd_floats=simd, avx512_bf16=m.avx512_bf16 and target == "native" and simd >= 16,
                    amx_bf16=m.amx_bf16 and target == "native", avx512_vnni=m.avx512_vnni and target == "native",
-                   avx_vnni=m.avx_vnni and target == "native")
+                   avx_vnni=m.avx_vnni and target == "native", amx_int8=m.amx_int8 and target == "native")
 
 
 def prepare(model: str | os.PathLike, weights: Mapping[str, np.ndarray], lib: str, dims: Mapping[str, int],

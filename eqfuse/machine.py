@@ -57,6 +57,9 @@ class Machine:
     bf16_dot_ratio: float = 2.0
     avx512_vnni: bool = False
     avx_vnni: bool = False
+    # AMX-INT8 tiles (tdpbusd: u8 x s8 K-groups of four into int32), the integer GEMM's path
+    # qgemm.int8_path "amx_int8"
+    amx_int8: bool = False
     # Planner policy, not hardware: on a CPU without a bf16 multiply (the bf16 "fallback" path),
     # precision="bf16" keeps the compute-bound kernels in f32 (plan_gemm.bf16_pays); set, they
     # multiply in bf16 there too. Tests pin it to run the fallback's kernels on any CPU.
@@ -83,7 +86,7 @@ class Machine:
 # level (none of the levels has them): an artifact built for a level with one of them runs only on
 # a CPU that has it (eqfuse.runtime.artifact)
 EXTENSION_FLAGS: dict[str, tuple[str, ...]] = {"avx512_bf16": ("-mavx512bf16",), "amx_bf16": ("-mamx-tile", "-mamx-bf16"),
-                                               "avx512_vnni": ("-mavx512vnni",)}
+                                               "avx512_vnni": ("-mavx512vnni",), "amx_int8": ("-mamx-tile", "-mamx-int8")}
 
 
 # The machines eqfuse has run on (2 vCPUs each), for tests that pin what the planner sees.
@@ -91,7 +94,7 @@ MODELS: dict[str, Machine] = {
     "zen4": Machine(l1=32 << 10, l2=1 << 20, l3=32 << 20, simd_floats=16, cores=2, prefetch=False,
                     avx512_bf16=True, avx512_vnni=True),
     "xeon-spr": Machine(l1=48 << 10, l2=2 << 20, l3=105 << 20, simd_floats=16, cores=2,
-                        avx512_bf16=True, amx_bf16=True, avx512_vnni=True, bf16_dot_ratio=0.5),
+                        avx512_bf16=True, amx_bf16=True, avx512_vnni=True, amx_int8=True, bf16_dot_ratio=0.5),
     "avx2": Machine(l1=32 << 10, l2=512 << 10, l3=16 << 20, simd_floats=8, cores=2),
 }
 
@@ -186,11 +189,13 @@ def simd_width_floats() -> int:
 
 def host_isa() -> dict[str, bool]:
     """The Machine's ISA extension fields for this host (its /proc/cpuinfo flags). EQFUSE_AMX=0
-    turns the AMX-BF16 tiles off (a Linux kernel that refuses the tile state: docs/precision.md)."""
+    turns the AMX tiles off, BF16 and INT8 (a Linux kernel that refuses the tile state:
+    docs/precision.md)."""
     words = cpu_flags()
-    amx = "amx_bf16" in words and "amx_tile" in words and os.environ.get("EQFUSE_AMX") != "0"
-    return {"avx512_bf16": "avx512_bf16" in words, "amx_bf16": amx,
-            "avx512_vnni": "avx512_vnni" in words, "avx_vnni": "avx_vnni" in words}
+    tiles = "amx_tile" in words and os.environ.get("EQFUSE_AMX") != "0"
+    return {"avx512_bf16": "avx512_bf16" in words, "amx_bf16": tiles and "amx_bf16" in words,
+            "avx512_vnni": "avx512_vnni" in words, "avx_vnni": "avx_vnni" in words,
+            "amx_int8": tiles and "amx_int8" in words}
 
 
 # The multiply-adds per cycle of one core's bf16 instruction paths, against its f32 FMA peak
@@ -230,7 +235,7 @@ def bf16_dot_ratio(cpuinfo: str) -> float:
 
 # The ISA extensions that need AVX-512 kernels (zmm, EVEX): off in a model narrower than 16 floats.
 # AVX-VNNI is VEX-encoded on ymm and needs only AVX2 (8 floats).
-ISA_LANES = {"avx512_bf16": 16, "amx_bf16": 16, "avx512_vnni": 16, "avx_vnni": 8}
+ISA_LANES = {"avx512_bf16": 16, "amx_bf16": 16, "avx512_vnni": 16, "avx_vnni": 8, "amx_int8": 16}
 
 
 def stream_prefetch(cpuinfo: str) -> bool:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_quantized import int8_path  # noqa: F401 (the fixture)
+from test_quantized import amx_int8_path, int8_path  # noqa: F401 (the fixtures)
 
 import eqfuse
 from eqfuse.ir.ops import OPS
@@ -37,7 +37,8 @@ def check_path(mod, int8_path: str) -> None:
     run time, or 8-bit weights on the vpmaddubsw path; on the AVX2 fallback's machine, bound
     weights that all fit in 7 bits take vpmaddubsw), and the report says the same."""
     (p,) = [p for p in mod.default.last.plans if p.kind == "contraction"]
-    can = {int8_path, "fallback"} | ({"avx2_maddubs"} if int8_path == "fallback" else set())
+    can = {int8_path, "fallback"} | ({"avx2_maddubs"} if int8_path == "fallback" else set()) \
+        | ({"avx512_vnni"} if int8_path == "amx_int8" else set())  # (AMX: fewer than 32 rows take vpdpbusd)
     assert p.precision == "int8" and p.precision_path in can, (p.precision, p.precision_path)
     assert mod.report["precision"][p.name]["path"] == p.precision_path
 
@@ -74,6 +75,19 @@ def run_gemm(int8_path: str, c) -> None:
 @given(c=gemms())
 def test_random_integer_gemms_are_exact(int8_path, c):  # noqa: F811 (the fixture)
     run_gemm(int8_path, c)
+
+
+@FEW
+@given(c=gemms())
+def test_random_integer_gemms_on_amx_tiles_are_exact(amx_int8_path, c):  # noqa: F811 (the fixture)
+    run_gemm(amx_int8_path, c)
+
+
+@pytest.mark.extended
+@MANY
+@given(c=gemms())
+def test_many_random_integer_gemms_on_amx_tiles_are_exact(amx_int8_path, c):  # noqa: F811
+    run_gemm(amx_int8_path, c)
 
 
 @pytest.mark.extended

@@ -831,6 +831,21 @@ def int8_path(request):
         yield request.param
 
 
+@pytest.fixture(params=["amx_int8"])
+def amx_int8_path(request, monkeypatch):
+    """Plans for a machine with AMX-INT8 (the matmuls of 32 rows or more take tdpbusd): on its
+    tiles where this CPU has them, else on their C emulation (-DEQF_AMX_EMULATE: tests/test_qgemm_amx.py)."""
+    import dataclasses
+
+    from eqfuse import machine
+
+    real = machine.host_isa()["amx_int8"] and machine.host_simd_floats() >= 16
+    if not real:
+        monkeypatch.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
+    with machine.pinned(dataclasses.replace(machine.machine(), simd_floats=16, avx512_vnni=True, amx_int8=True), clamp=real):
+        yield request.param
+
+
 @pytest.mark.heavy  # (a few seconds: the whole suite runs it, the fast tier not)
 def test_the_integer_gemm_is_exact_on_every_path(int8_path):
     rng = np.random.default_rng(3)

@@ -42,7 +42,7 @@ from eqfuse.machine import Machine
 RANGE_CALL = re.compile(r"eqf_range_(scale|zero_point)\((\w+)\[0\], \2\[1\]\)")
 
 # The template's PATH for each instruction path (csrc_templates/gemm_u8s8.c)
-INT8_PATHS = {"avx512_vnni": 3, "avx_vnni": 2, "avx2_maddubs": 4, "fallback": 1, "fallback_scalar": 0}
+INT8_PATHS = {"amx_int8": 5, "avx512_vnni": 3, "avx_vnni": 2, "avx2_maddubs": 4, "fallback": 1, "fallback_scalar": 0}
 
 # vpmaddubsw sums the u8 x s8 products of two adjacent bytes (k even and k + 1 of a column) into
 # int16 with saturation: with A's bytes up to 255, a pair of weights of one sign whose magnitudes
@@ -58,14 +58,30 @@ PAIR_MAX = 128
 CORRECTED_PAIRS_MAX = 1 / 256
 
 
-def int8_path(m: Machine, weights_bound: bool = False) -> str:
-    """The instruction path of the integer GEMM on machine m: "avx512_vnni" (vpdpbusd on zmm)
+# A matmul of at least this many rows takes the AMX-INT8 tiles (amx_fits): one row tile is 32 rows,
+# computed whole however few of them exist
+AMX_INT8_MIN_ROWS = 32
+
+
+def amx_fits(conv: bool, rows: int) -> bool:
+    """Whether an integer GEMM can take the AMX-INT8 path: a matmul (a conv's A is read in place
+    from its padded copy of x, or its im2col, with no room for a tile's rows past the pixels) of at
+    least AMX_INT8_MIN_ROWS rows."""
+    return not conv and rows >= AMX_INT8_MIN_ROWS
+
+
+def int8_path(m: Machine, weights_bound: bool = False, amx: bool = False) -> str:
+    """The instruction path of the integer GEMM on machine m: "amx_int8" (tdpbusd on tiles) where
+    the CPU has AMX-INT8, the kernels are built for AVX-512 and the GEMM fits them (`amx`:
+    amx_fits); else "avx512_vnni" (vpdpbusd on zmm)
     where the CPU has AVX512_VNNI and the kernels are built for AVX-512; else "avx_vnni" (the VEX
     vpdpbusd on ymm) where it has AVX-VNNI; else on AVX2 "avx2_maddubs" when the weights are bound
     and their values known (`weights_bound`: vpmaddubsw + vpmaddwd by ones, exact with the pairs
     pair_corrections finds reduced and corrected), "fallback" for any weights (u8 and s8 widened
     to int16, vpmaddwd: exact, where vpmaddubsw would saturate), or "fallback_scalar" below AVX2
     (plain C). All compute the same exact int32 sums."""
+    if amx and m.amx_int8 and m.simd_floats >= 16:
+        return "amx_int8"
     if m.avx512_vnni and m.simd_floats >= 16:
         return "avx512_vnni"
     if m.avx_vnni and m.simd_floats >= 8:
@@ -121,7 +137,9 @@ def int8_tile(path: str, N: int) -> tuple[int, int]:
     that pads N less (N = 32 or 64: 4 x 16, none, where 3 x 24 computes 48 or 72 columns): small
     quantized ResNet-18, ViT and BERT exports ran faster so than with 3 x 24 for every N
     (`benchmarks/bench_models.py --quantized static`; benchmarks/RESULTS.md, "avx2_7bit tiles by
-    padding"). A narrower NR for few columns (less padding)."""
+    padding"). A narrower NR for few columns (less padding). AMX-INT8: 2 x 2 C tiles of 16 x 16."""
+    if path == "amx_int8":
+        return (32, 32)
     if path == "avx512_vnni":
         return (16, 16) if N <= 16 else (8, 32)
     if path == "avx_vnni":  # 4 x 2 + 2 + 1 = 11 of 16 ymm
@@ -176,6 +194,8 @@ def int8_kc(K: int, nr: int, m: Machine, path: str = "") -> int:
     it, streams from L2 fast enough should the A rows evict it."""
     groups = cdiv(K, 4)
     most = max(16, int(m.l1 * INT8_KC_L1) // (nr * group_bytes(path)))
+    if path == "amx_int8":  # (whole tiles of 16 K-groups, K padded to them)
+        return 64 * cdiv(cdiv(groups, 16), cdiv(groups, most))
     return 4 * cdiv(groups, cdiv(groups, most))
 
 
@@ -333,6 +353,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
         M, N, K, batches, nbb, geo = _conv_gemm(plan, a)
         fold, gM, calls = nbb == 1, M, batches
         direct, owv = direct_x(geo, int8_tile(int8_path(m, weights_bound), N)[0], channels_in_fours(geo.C // nbb))
+        amx = False
         if direct == 1:  # (the virtual pixels: each output row WP = W + 2 PW wide, the last OW)
             gM = (M // geo.OW - 1) * (geo.W + 2 * geo.padding[1]) + geo.OW
         elif direct == 2:  # (each output row OWV pixels)
@@ -344,13 +365,14 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
         fold = bt.rank == 2
         gM, calls = (batches * M, 1) if fold else (M, batches)
         direct, owv = 0, 0
-    path = int8_path(m, weights_bound)
+        amx = amx_fits(False, gM)
+    path = int8_path(m, weights_bound, amx)
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
     ch4 = bool(direct) and channels_in_fours(geo.C // nbb)
     # K in the panels (direct_x: whole K-groups per kernel row, unless they are channels in fours)
     kp = (K if ch4 else geo.C // nbb * geo.KH * cdiv(geo.KW, 4) * 4) if direct else K
-    kc = min(int8_kc(kp, nr, m, path), kp)
+    kc = int8_kc(kp, nr, m, path) if path == "amx_int8" else min(int8_kc(kp, nr, m, path), kp)
     par = calls * gM * N * K >= PARALLEL_MIN_FMAS
     # (a conv's A buffer per image: the padded planes or the im2col's rows of whole K-groups, and x quantized)
     abytes = ((geo.C // nbb * (geo.H + 2 * geo.padding[0]) * (geo.W + 2 * geo.padding[1]) + 64 if direct else gM * cdiv(K, 4) * 4)
@@ -382,7 +404,8 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
 
                     + " claimed one at a time by the threads of the claim-based pool (common_pool.h)" if par else
                     f"one thread ({calls * gM * N * K} multiply-adds < {PARALLEL_MIN_FMAS}, plan_gemm.PARALLEL_MIN_FMAS)")
-    op = {"avx512_vnni": "vpdpbusd zmm (u8 x s8 K-groups of 4, int32)",
+    op = {"amx_int8": "tdpbusd on 2 x 2 C tiles of 16 x 16 (u8 x s8 K-groups of 4, int32)",
+          "avx512_vnni": "vpdpbusd zmm (u8 x s8 K-groups of 4, int32)",
           "avx_vnni": "vpdpbusd ymm, VEX (u8 x s8 K-groups of 4, int32)",
           "avx2_maddubs": "vpmaddubsw + vpmaddwd by ones (u8 x s8 K-groups of 4, int32; exact: pairs of weights that "
                           "could saturate reduced, their remainders added after)",
@@ -392,6 +415,9 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
     tiles = cdiv(gM, mr)
     quant = [UOp(1, "Load", f"quantize A [{gM} x {K}] f32 -> {at.dtype} (x / scale, round half to even, + zp, saturate) "
                  "into the kernel's A buffer" + (", row blocks shared by the pool's threads" if par else ""), calls)]
+    if path == "amx_int8" and not qa:
+        quant = [UOp(1, "Load", f"copy A [{gM} x {K}] {at.dtype} into the kernel's A buffer as u8 (the tiles' operand)"
+                     + (", row blocks shared by the pool's threads" if par else ""), calls)]
     if conv:
         plane = f"the group's {geo.C // nbb} channels of x ({geo.H} x {geo.W})"
         quant = [UOp(1, "Load", f"quantize {plane} f32 -> {at.dtype} into the kernel's scratch", calls)][:qa] + \
@@ -402,12 +428,14 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
              [UOp(1, "Load", f"im2col of x into the kernel's A buffer [{gM} pixels x {K} taps], {at.dtype}, "
                   "padded with x's zero point" + (", row blocks shared by the pool's threads" if par else ""), calls)])
     plan.uops = [UOp(0, "Loop", f"{calls} GEMM(s) of {gM} x {N} x {K}, u8 x s8 -> int32"
-                     + (f" (images x {nbb} groups)" if conv and nbb > 1 else ""), calls), *(quant if qa or conv else []),
+                     + (f" (images x {nbb} groups)" if conv and nbb > 1 else ""), calls),
+                 *(quant if qa or conv or path == "amx_int8" else []),
                  UOp(1, "Load", f"pack B [{K} x {N}] into {kg} K-groups x {nr}-column panels"
                      + (" (each K-group as its even and odd int16 vectors)" if path == "fallback" else "") + " + column sums "
                      + ("(once, when bound: params=)" if fold else "(per call)"), calls),
                  UOp(1, "Loop", f"panels over N={N} step nr={nr}", calls * panels),
-                 UOp(2, "Loop", f"K blocks over K={K} step kc={kc}", calls * panels * blocks),
+                 UOp(2, "Loop", f"K blocks over K={K}" + (f" (padded to {cdiv(K, 64) * 64})" if path == "amx_int8" else "")
+                     + f" step kc={kc}", calls * panels * blocks),
                  UOp(3, "Loop", f"row tiles over M={gM} step mr={mr}", calls * panels * blocks * tiles),
                  UOp(4, "Exec", f"micro-kernel {mr} x {nr} x {kc} {op}", calls * panels * blocks * tiles),
                  UOp(4, "Store", f"C tile {mr} x {nr} on the last K block: - a_zp colsum(B) (- b_zp rowsum(A)), "
@@ -435,7 +463,7 @@ def mark_bound(plan: KernelPlan, bound: set[int], m: Machine, values: Mapping[in
     if b not in bound or not one or len([n for n in body.nodes if b in n.args]) != 1:
         return
     w = (values or {}).get(b)
-    if w is not None and int8_path(m, True) != plan.precision_path:
+    if w is not None and int8_path(m, True, plan.precision_path == "amx_int8") != plan.precision_path:
         plan_qgemm(plan, m, weights_bound=True)
         packed = packed_weights(w, plan.detail)
         n = pair_corrections(packed)
