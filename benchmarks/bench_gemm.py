@@ -652,20 +652,22 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
     from eqfuse.machine import machine
 
     m = machine()
-    path = qgemm.int8_path(m, weights_bound=True)  # (the weights are bound: the path they take)
     derived, derived_kc = qgemm.int8_tile, qgemm.int8_kc
-    cands = {"avx512_vnni": [(8, 32), (6, 32), (16, 16), (6, 64), (4, 64)],
-             "avx_vnni": [(4, 16), (6, 16), (8, 8)],
-             "avx2_maddubs": [(4, 16), (5, 16), (6, 16), (3, 24), (2, 32), (6, 8), (8, 8)]}.get(path, [(4, 16), (6, 16), (6, 8)])
     runs = []  # (shape, label, run, ops)
     with tempfile.TemporaryDirectory() as tmp:
         for M, N, K in INT8:
+            # (the weights are bound: the path they take)
+            path = qgemm.int8_path(m, weights_bound=True, amx=qgemm.amx_fits(False, M))
+            cands = {"amx_int8": [(32, 32)], "avx512_vnni": [(8, 32), (6, 32), (16, 16), (6, 64), (4, 64)],
+                     "avx_vnni": [(4, 16), (6, 16), (8, 8)],
+                     "avx2_maddubs": [(4, 16), (5, 16), (6, 16), (3, 24), (2, 32), (6, 8), (8, 8)]}.get(path, [(4, 16), (6, 16), (6, 8)])
             q = _quantized_linear(Path(tmp), M, N, K, reduce_range)
             x = np.random.default_rng(1).standard_normal((M, K)).astype(np.float32)
             tile0 = derived(path, N)
-            kc0 = min(derived_kc(K, tile0[1], m, path), K)
+            kc0 = derived_kc(K, tile0[1], m, path) if path == "amx_int8" else min(derived_kc(K, tile0[1], m, path), K)
             gb = qgemm.group_bytes(path)
-            blocks = [K, 4 * (m.l1 // 4 // (gb * tile0[1])), 4 * (m.l1 // 8 // (gb * tile0[1]))]
+            whole = 64 if path == "amx_int8" else 4  # (AMX: K blocks of whole tiles of 16 K-groups)
+            blocks = [-(-K // whole) * whole] + [whole * (m.l1 // d // (gb * tile0[1]) // (whole // 4)) for d in (4, 8)]
             variants = [(t, None) for t in cands] + [(tile0, kc) for kc in blocks if kc != kc0] if tiles else \
                 [(tile0, None)]
             for tile, kc in variants:
@@ -675,7 +677,7 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
                 fn = mod.default
                 qgemm.int8_tile, qgemm.int8_kc = derived, derived_kc
                 paths = sorted({v["path"] for v in mod.report["precision"].values() if v["precision"] == "int8"})
-                label = f"eqfuse {'+'.join(paths)} {tile[0]}x{tile[1]} kc={kc or min(derived_kc(K, tile[1], m, path), K)}" + \
+                label = f"eqfuse {'+'.join(paths)} {tile[0]}x{tile[1]} kc={kc or kc0}" + \
                     (" (derived)" if tile == tile0 and kc is None else "")
                 runs.append((f"{M}x{N}x{K}", label, fn, x, 2.0 * M * N * K))
             if not tiles:
