@@ -38,7 +38,7 @@ def check_path(mod, int8_path: str) -> None:
     weights that all fit in 7 bits take vpmaddubsw), and the report says the same."""
     (p,) = [p for p in mod.default.last.plans if p.kind == "contraction"]
     can = {int8_path, "fallback"} | ({"avx2_maddubs"} if int8_path == "fallback" else set()) \
-        | ({"avx512_vnni"} if int8_path == "amx_int8" else set())  # (AMX: fewer than 32 rows take vpdpbusd)
+        | ({"avx512_vnni"} if int8_path == "amx_int8" else set())  # (AMX: fewer than 16 rows take vpdpbusd)
     assert p.precision == "int8" and p.precision_path in can, (p.precision, p.precision_path)
     assert mod.report["precision"][p.name]["path"] == p.precision_path
 

@@ -57,13 +57,13 @@ def amx(request, monkeypatch):
 # - r: a batch of two s8 A over one s8 B, folded into 2 x 19 = 38 rows, K = 64 (one tile deep);
 # - s: A quantized from f32 in the kernel (quantize_linear), dequantized, bias and relu in the
 #   epilogue; t: an s8 A quantized so (its bytes xor 0x80 into the buffer);
-# - few: 31 rows, fewer than AMX_INT8_MIN_ROWS: the vpdpbusd path.
+# - few: 15 rows, fewer than AMX_INT8_MIN_ROWS: the vpdpbusd path.
 GRAPH = """
 graph g(a: i8[70, 301], b: u8[301, 200], az: i8, bz: u8[200],
         c: u8[33, 2203], d: i8[2203, 70], cz: u8, dz: i8,
         e: i8[2, 19, 64], f: i8[64, 33], ez: i8, fz: i8,
         x: f32[40, 37], qs: f32, xz: u8, w: i8[37, 53], wz: i8, sc: f32[53], bias: f32[53],
-        xs: f32[45, 37], sz: i8, few: u8[31, 100], fw: i8[100, 17]) {
+        xs: f32[45, 37], sz: i8, few: u8[15, 100], fw: i8[100, 17]) {
     p = kernel { matmul_integer(a, b, az, bz) }
     q = kernel { matmul_integer(c, d, cz, dz) }
     r = kernel { matmul_integer(e, f, ez, fz) }
@@ -85,7 +85,7 @@ def _arrays(seed: int) -> dict[str, np.ndarray]:
             "x": rng.uniform(-40, 40, (40, 37)).astype(np.float32), "qs": np.asarray(0.25, np.float32), "xz": np.asarray(131, np.uint8),
             "w": i8(37, 53), "wz": i8(), "sc": rng.uniform(1e-4, 1e-3, 53).astype(np.float32),
             "bias": rng.standard_normal(53).astype(np.float32),
-            "xs": rng.uniform(-40, 40, (45, 37)).astype(np.float32), "sz": np.asarray(-3, np.int8), "few": u8(31, 100), "fw": i8(100, 17)}
+            "xs": rng.uniform(-40, 40, (45, 37)).astype(np.float32), "sz": np.asarray(-3, np.int8), "few": u8(15, 100), "fw": i8(100, 17)}
 
 
 def _exact(p, q, pz, qz) -> np.ndarray:
@@ -126,8 +126,8 @@ def test_a_machine_with_amx_int8_plans_the_tiles_and_lower_prints_it(tmp_path, c
     """Matmuls of AMX_INT8_MIN_ROWS rows or more take the tiles; fewer rows, and convs, vpdpbusd.
     `eqfuse lower` prints the path and the tiles' micro-kernel."""
     m = machine.MODELS["xeon-spr"]
-    assert qgemm.int8_path(m, amx=qgemm.amx_fits(False, 32)) == "amx_int8"
-    assert qgemm.int8_path(m, amx=qgemm.amx_fits(False, 31)) == "avx512_vnni"
+    assert qgemm.int8_path(m, amx=qgemm.amx_fits(False, 16)) == "amx_int8"
+    assert qgemm.int8_path(m, amx=qgemm.amx_fits(False, 15)) == "avx512_vnni"
     assert qgemm.int8_path(m, amx=qgemm.amx_fits(True, 4096)) == "avx512_vnni"
     assert qgemm.int8_path(dataclasses.replace(m, amx_int8=False), amx=True) == "avx512_vnni"
     assert qgemm.int8_kc(2203, 32, m, "amx_int8") % 64 == 0

@@ -833,7 +833,7 @@ def int8_path(request):
 
 @pytest.fixture(params=["amx_int8"])
 def amx_int8_path(request, monkeypatch):
-    """Plans for a machine with AMX-INT8 (the matmuls of 32 rows or more take tdpbusd): on its
+    """Plans for a machine with AMX-INT8 (the matmuls of 16 rows or more take tdpbusd): on its
     tiles where this CPU has them, else on their C emulation (-DEQF_AMX_EMULATE: tests/test_qgemm_amx.py)."""
     import dataclasses
 

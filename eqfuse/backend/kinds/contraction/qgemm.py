@@ -58,9 +58,11 @@ PAIR_MAX = 128
 CORRECTED_PAIRS_MAX = 1 / 256
 
 
-# A matmul of at least this many rows takes the AMX-INT8 tiles (amx_fits): one row tile is 32 rows,
-# computed whole however few of them exist
-AMX_INT8_MIN_ROWS = 32
+# A matmul of at least this many rows takes the AMX-INT8 tiles (amx_fits). A row tile is 32 rows,
+# computed whole however few of them exist: at 16 rows the tiles were as fast as vpdpbusd on
+# BERT-base's FFN shapes and faster on 768 x 768, at 8 slower on the FFN shapes (each call's
+# dynamically quantized linear layer, both paths interleaved; benchmarks/RESULTS.md, 2026-12-04)
+AMX_INT8_MIN_ROWS = 16
 
 
 def amx_fits(conv: bool, rows: int) -> bool:
