@@ -657,7 +657,7 @@ def measure_int8(thread_counts: list[int], repeat: int, rounds: int, tiles: bool
     with tempfile.TemporaryDirectory() as tmp:
         for M, N, K in INT8:
             # (the weights are bound: the path they take)
-            path = qgemm.int8_path(m, weights_bound=True, amx=qgemm.amx_fits(False, M))
+            path = qgemm.int8_path(m, weights_bound=True, amx=qgemm.amx_fits(False, M, M * N * K))
             cands = {"amx_int8": [(32, 32)], "avx512_vnni": [(8, 32), (6, 32), (16, 16), (6, 64), (4, 64)],
                      "avx_vnni": [(4, 16), (6, 16), (8, 8)],
                      "avx2_maddubs": [(4, 16), (5, 16), (6, 16), (3, 24), (2, 32), (6, 8), (8, 8)]}.get(path, [(4, 16), (6, 16), (6, 8)])

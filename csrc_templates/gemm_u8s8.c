@@ -822,6 +822,7 @@ typedef struct {
     uint32_t az;
     const {{BZP_T}}* bzp;
     int* nomem; /* a thread's partial-sum buffer could not be allocated */
+    int tiles; /* AMX: the calling thread's tiles are configured for the whole call (one thread) */
     {{EXTRA_FIELDS}}
 } {{NAME}}_job;
 
@@ -965,7 +966,8 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
         return;
     }
 #if {{NAME}}_AMX
-    eqf_amx_begin(); /* (per chunk: the tile configuration is a thread's) */
+    if (!jb->tiles)
+        eqf_amx_begin(); /* (per chunk: the tile configuration is a thread's) */
 #endif
     for (long g0 = 0; g0 < {{NAME}}_KGPP; g0 += {{NAME}}_KCG) {
       const long g1 = g0 + {{NAME}}_KCG < {{NAME}}_KGPP ? g0 + {{NAME}}_KCG : {{NAME}}_KGPP;
@@ -1105,7 +1107,8 @@ static {{NAME}}_TARGET void {{NAME}}_panel(void* ctx, long chunk)
       }
     }
 #if {{NAME}}_AMX
-    _tile_release();
+    if (!jb->tiles)
+        _tile_release();
 #endif
 }
 
@@ -1233,7 +1236,7 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
     int nomem = 0;
     {{NAME}}_call_t cx = {A0, B0, azp, a_scale, {{NAME}}_ABUF ? (uint8_t*)(scratch + rfloats + pfloats) : NULL,
                           bz_zero ? NULL : (int32_t*)scratch, {{NAME}}_PREPACKED_B ? NULL : (int8_t*)(scratch + rfloats),
-                          {NULL, NULL, NULL, C0, 0, 0, az, bzp, &nomem{{EXTRA_INIT}}}};
+                          {NULL, NULL, NULL, C0, 0, 0, az, bzp, &nomem, 0{{EXTRA_INIT}}}};
     const int threads = {{NAME}}_PARALLEL ? eqf_pool_threads() : 1;
     /* (a call that ran this kernel on the pool with a worker: its workers linger after the call,
      * common_pool.h eqf_pool_linger, as after a call of eqf_region loops on the pool) */
@@ -1249,8 +1252,20 @@ void {{NAME}}(const {{A_T}}* A0, const {{B_T}}* B0, const {{AZP_T}}* azp, const 
         goto done;
     }
 #endif
+#if {{NAME}}_AMX
+    /* (on one thread the tiles configured once for every call and chunk: per chunk, the
+     * configuration and release were most of a small GEMM's time, a ViT's attention products
+     * under `benchmarks/bench_models.py --quantized static`) */
+    cx.base.tiles = threads == 1;
+    if (cx.base.tiles)
+        eqf_amx_begin();
+#endif
     for (long b = 0; b < {{BATCH}} && !__atomic_load_n(&nomem, __ATOMIC_RELAXED); b++)
         {{NAME}}_call(&cx, b, threads, 0);
+#if {{NAME}}_AMX
+    if (cx.base.tiles)
+        _tile_release();
+#endif
 #if {{NAME}}_BY_IMAGE
 done:
 #endif

@@ -43,7 +43,10 @@ def amx_model() -> machine.Machine:
 @pytest.fixture(params=["emulated", pytest.param("hardware", marks=pytest.mark.skipif(
     not host_has_amx_int8(), reason="this CPU has no AMX-INT8 (amx_int8/amx_tile not in /proc/cpuinfo)"))])
 def amx(request, monkeypatch):
-    """Plans for a machine with AMX-INT8: its tiles emulated in C, or the CPU's own."""
+    """Plans for a machine with AMX-INT8: its tiles emulated in C, or the CPU's own. The tests'
+    GEMMs are small (odd shapes, fast to emulate): AMX_INT8_MIN_MACS, a policy, is pinned to 0 so
+    that they take the tiles; AMX_INT8_MIN_ROWS stays."""
+    monkeypatch.setattr(qgemm, "AMX_INT8_MIN_MACS", 0)
     emulated = request.param == "emulated"
     if emulated:
         monkeypatch.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE")
@@ -122,17 +125,19 @@ def test_integer_gemms_on_amx_tiles_are_exact(amx):
     assert np.all(np.abs(got[3] - np.maximum(z, 0)) <= bound)
 
 
-def test_a_machine_with_amx_int8_plans_the_tiles_and_lower_prints_it(tmp_path, capsys):
-    """Matmuls of AMX_INT8_MIN_ROWS rows or more take the tiles; fewer rows, and convs, vpdpbusd.
-    `eqfuse lower` prints the path and the tiles' micro-kernel."""
-    m = machine.MODELS["xeon-spr"]
-    assert qgemm.int8_path(m, amx=qgemm.amx_fits(False, 16)) == "amx_int8"
-    assert qgemm.int8_path(m, amx=qgemm.amx_fits(False, 15)) == "avx512_vnni"
-    assert qgemm.int8_path(m, amx=qgemm.amx_fits(True, 4096)) == "avx512_vnni"
+def test_a_machine_with_amx_int8_plans_the_tiles_and_lower_prints_it(tmp_path, capsys, monkeypatch):
+    """Matmuls of AMX_INT8_MIN_ROWS rows and AMX_INT8_MIN_MACS multiply-adds or more take the
+    tiles; fewer, and convs, vpdpbusd. `eqfuse lower` prints the path and the tiles' micro-kernel."""
+    m, big = machine.MODELS["xeon-spr"], qgemm.AMX_INT8_MIN_MACS
+    assert qgemm.int8_path(m, amx=qgemm.amx_fits(False, 16, big)) == "amx_int8"
+    assert qgemm.int8_path(m, amx=qgemm.amx_fits(False, 15, big)) == "avx512_vnni"
+    assert qgemm.int8_path(m, amx=qgemm.amx_fits(False, 128, big - 1)) == "avx512_vnni"
+    assert qgemm.int8_path(m, amx=qgemm.amx_fits(True, 4096, big)) == "avx512_vnni"
     assert qgemm.int8_path(dataclasses.replace(m, amx_int8=False), amx=True) == "avx512_vnni"
     assert qgemm.int8_kc(2203, 32, m, "amx_int8") % 64 == 0
     g = tmp_path / "q.g"
     g.write_text(GRAPH)
+    monkeypatch.setattr(qgemm, "AMX_INT8_MIN_MACS", 0)  # (the graph's small GEMMs: see the fixture amx)
     with machine.pinned(amx_model(), clamp=False):
         assert main(["lower", str(g), "--uops"]) == 0
     text = capsys.readouterr().out
@@ -148,7 +153,8 @@ def test_the_real_amx_int8_kernel_compiles_for_a_cpu_with_amx(tmp_path):
     if not shutil.which(cc[0]):
         pytest.skip(f"no C compiler {cc[0]}")
     src = "graph g(a: u8[40, 1101], w: i8[1101, 96], az: u8, wz: i8) -> i32[40, 96] {\n  return matmul_integer(a, w, az, wz)\n}"
-    with machine.pinned(amx_model(), clamp=False):  # (K in several blocks, B bound: every part of the path)
+    with pytest.MonkeyPatch.context() as mp, machine.pinned(amx_model(), clamp=False):  # (K in several blocks, B bound)
+        mp.setattr(qgemm, "AMX_INT8_MIN_MACS", 0)
         _, _, plans = lower(load(src)[0], {}, params=frozenset({"w", "wz"}))
         code = "\n".join(emit_graph(plans).kernel_sources.values())
     assert "_tile_dpbusd" in code

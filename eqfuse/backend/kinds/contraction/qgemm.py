@@ -63,13 +63,20 @@ CORRECTED_PAIRS_MAX = 1 / 256
 # BERT-base's FFN shapes and faster on 768 x 768, at 8 slower on the FFN shapes (each call's
 # dynamically quantized linear layer, both paths interleaved; benchmarks/RESULTS.md, 2026-12-04)
 AMX_INT8_MIN_ROWS = 16
+# ... and at least this many multiply-adds a call: below it the tiles' fixed costs (A through the
+# buffer, K padded to whole tiles, and a tile unit that had been idle) outweighed their speed. At
+# 128 x 256 x 256 (2^23) the tiles were faster, at 64 x 256 x 256 and smaller slower, and a small
+# quantized ViT's attention products (17 x 17 x 16) four times slower (quantized linear layers
+# interleaved with the vpdpbusd path; `benchmarks/bench_models.py --quantized static --model vit`;
+# benchmarks/RESULTS.md, 2026-12-04)
+AMX_INT8_MIN_MACS = 1 << 23
 
 
-def amx_fits(conv: bool, rows: int) -> bool:
+def amx_fits(conv: bool, rows: int, macs: int) -> bool:
     """Whether an integer GEMM can take the AMX-INT8 path: a matmul (a conv's A is read in place
     from its padded copy of x, or its im2col, with no room for a tile's rows past the pixels) of at
-    least AMX_INT8_MIN_ROWS rows."""
-    return not conv and rows >= AMX_INT8_MIN_ROWS
+    least AMX_INT8_MIN_ROWS rows and AMX_INT8_MIN_MACS multiply-adds a call."""
+    return not conv and rows >= AMX_INT8_MIN_ROWS and macs >= AMX_INT8_MIN_MACS
 
 
 def int8_path(m: Machine, weights_bound: bool = False, amx: bool = False) -> str:
@@ -367,7 +374,7 @@ def plan_qgemm(plan: KernelPlan, m: Machine, weights_bound: bool = False) -> Non
         fold = bt.rank == 2
         gM, calls = (batches * M, 1) if fold else (M, batches)
         direct, owv = 0, 0
-        amx = amx_fits(False, gM)
+        amx = amx_fits(False, gM, gM * N * K)
     path = int8_path(m, weights_bound, amx)
     plan.precision, plan.precision_path, plan.precision_note = "int8", path, ""
     mr, nr = int8_tile(path, N)
