@@ -128,7 +128,9 @@ static inline float eqf_amx_emu_f32(int t, int r, int n)
     return x;
 }
 
-static inline void eqf_amx_emu_dpbf16ps(int d, int s1, int s2)
+/* the configuration of a tile product d += s1 . s2 (TDPBF16PS, TDPBUSD), its three tiles
+ * configured and their shapes matched as the instructions require */
+static inline const eqf_tilecfg* eqf_amx_emu_dp_cfg(int d, int s1, int s2)
 {
     (void)eqf_amx_emu_tile(d);
     (void)eqf_amx_emu_tile(s1);
@@ -136,9 +138,14 @@ static inline void eqf_amx_emu_dpbf16ps(int d, int s1, int s2)
     const eqf_tilecfg* c = &eqf_amx_emu.cfg;
     eqf_amx_emu_check(c->colsb[d] % 4 == 0 && c->colsb[s1] % 4 == 0 && c->colsb[s2] % 4 == 0
                       && c->colsb[d] == c->colsb[s2] && c->colsb[s1] / 4 == c->rows[s2] && c->rows[d] == c->rows[s1]);
+    return c;
+}
+
+static inline void eqf_amx_emu_dpbf16ps(int d, int s1, int s2)
+{
+    const eqf_tilecfg* c = eqf_amx_emu_dp_cfg(d, s1, s2);
     const int rows = c->rows[d], kpairs = c->colsb[s1] / 4, cols = c->colsb[d] / 4;
-    uint8_t out[16][64];
-    memset(out, 0, sizeof out);
+    uint8_t out[16][64] = {{0}};
     for (int m = 0; m < rows; m++) {
         float even[16] = {0}, odd[16] = {0}; /* temp1: the even and the odd products' sums */
         for (int k = 0; k < kpairs; k++)
@@ -160,15 +167,9 @@ static inline void eqf_amx_emu_dpbf16ps(int d, int s1, int s2)
  * int32 arithmetic that wraps */
 static inline void eqf_amx_emu_dpbusd(int d, int s1, int s2)
 {
-    (void)eqf_amx_emu_tile(d);
-    (void)eqf_amx_emu_tile(s1);
-    (void)eqf_amx_emu_tile(s2);
-    const eqf_tilecfg* c = &eqf_amx_emu.cfg;
-    eqf_amx_emu_check(c->colsb[d] % 4 == 0 && c->colsb[s1] % 4 == 0 && c->colsb[s2] % 4 == 0
-                      && c->colsb[d] == c->colsb[s2] && c->colsb[s1] / 4 == c->rows[s2] && c->rows[d] == c->rows[s1]);
+    const eqf_tilecfg* c = eqf_amx_emu_dp_cfg(d, s1, s2);
     const int rows = c->rows[d], kgroups = c->colsb[s1] / 4, cols = c->colsb[d] / 4;
-    uint8_t out[16][64];
-    memset(out, 0, sizeof out);
+    uint8_t out[16][64] = {{0}};
     for (int m = 0; m < rows; m++)
         for (int n = 0; n < cols; n++) {
             uint32_t acc;

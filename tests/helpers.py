@@ -222,3 +222,28 @@ def nearest_f32(text: str) -> np.float32:
     if v >= Fraction(2) ** 128:
         return np.float32(sign * math.inf)
     return np.float32(sign * float(v))  # v is an f32 value: exact in a double
+
+
+def assembly_for(code: str, tmp_path: Path, isa: Sequence[str]) -> str:
+    """The assembly of kernel C `code` (after eqfuse's header) built for x86-64-v4 and the extra
+    ISA flags `isa` (compiled only: this CPU may lack them); skips the test when there is no C
+    compiler or it does not know the flags."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from eqfuse.backend.cbuild import COMMON_C, compiler, header_c
+
+    cc = compiler().split()
+    if not shutil.which(cc[0]):
+        pytest.skip(f"no C compiler {cc[0]}")
+    src = tmp_path / "kernels.c"
+    src.write_text(header_c(code) + COMMON_C + code)
+    flags = ["-O1", "-fopenmp", "-std=gnu11", "-Wall", "-Werror", "-march=x86-64-v4", *isa, "-S", "-o",
+             str(tmp_path / "kernels.s"), str(src)]
+    out = subprocess.run(cc + flags, capture_output=True, text=True)
+    if out.returncode and "unrecognized" in out.stderr:
+        pytest.skip(f"{cc[0]} does not know {' '.join(isa)}: {out.stderr.strip()[:200]}")
+    assert out.returncode == 0, out.stderr[:4000]
+    return (tmp_path / "kernels.s").read_text()

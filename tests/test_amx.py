@@ -18,16 +18,15 @@ A CPU without AMX tests it three ways, and one with AMX a fourth:
 import contextlib
 import dataclasses
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
+from helpers import assembly_for
 from test_bf16 import EPS, GELU_F32, GELU_LIP, attention_bound, attention_graph, check_gemm, gelu
 
 import eqfuse
 from eqfuse import machine
-from eqfuse.backend.cbuild import COMMON_C, build, compiler, header_c
+from eqfuse.backend.cbuild import COMMON_C, build, header_c
 from eqfuse.backend.emit import emit_graph
 from eqfuse.backend.kinds.contraction.plan_gemm import SLOW_BF16_DOT, SLOW_DOT_F32, amx_kc_top, amx_tiles
 from eqfuse.cli.main import main
@@ -180,23 +179,12 @@ def test_a_machine_with_amx_plans_the_tiles_and_lower_prints_it(tmp_path, capsys
 def test_the_real_amx_kernels_compile_for_a_cpu_with_amx(tmp_path):
     """The C of the real path (no emulation), built for a CPU with AMX-TILE and AMX-BF16, holds
     the tile instructions (compiled only: this CPU may have no AMX)."""
-    cc = compiler().split()
-    if not shutil.which(cc[0]):
-        pytest.skip(f"no C compiler {cc[0]}")
     src = "graph g(x: f32[40, 1101], w: f32[1101, 96]) -> f32[40, 96] {\n  return kernel { x @ w }\n}"
     with machine.pinned(amx_model(), clamp=False):  # (K in several slices, B bound: every part of the path)
         _, _, plans = lower(load(src)[0], {}, fuse="manual", params=frozenset({"w"}), precision="bf16")
         code = "\n".join(emit_graph(plans).kernel_sources.values())
     assert "_tile_dpbf16ps" in code
-    src = tmp_path / "amx.c"
-    src.write_text(header_c(code) + COMMON_C + code)
-    flags = ["-O1", "-fopenmp", "-std=gnu11", "-Wall", "-Werror", "-march=x86-64-v4", "-mavx512bf16", "-mamx-tile",
-             "-mamx-bf16", "-S", "-o", str(tmp_path / "amx.s"), str(src)]
-    out = subprocess.run(cc + flags, capture_output=True, text=True)
-    if out.returncode and "amx" in out.stderr and "unrecognized" in out.stderr:
-        pytest.skip(f"{cc[0]} does not know AMX: {out.stderr.strip()[:200]}")
-    assert out.returncode == 0, out.stderr[:4000]
-    asm = (tmp_path / "amx.s").read_text()
+    asm = assembly_for(code, tmp_path, ["-mavx512bf16", "-mamx-tile", "-mamx-bf16"])
     for insn in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilezero", "tilerelease"):
         assert insn in asm, insn
     assert "syscall(SYS_arch_prctl, 0x1023, 18)" in header_c(code)  # (the permission, asked before the tiles)

@@ -14,15 +14,13 @@ int8_path fixture), and the plan's test checks which GEMMs take it and that `eqf
 """
 
 import dataclasses
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
+from helpers import assembly_for
 
 import eqfuse
 from eqfuse import machine
-from eqfuse.backend.cbuild import COMMON_C, compiler, header_c
 from eqfuse.backend.emit import emit_graph
 from eqfuse.backend.kinds.contraction import qgemm
 from eqfuse.cli.main import main
@@ -149,24 +147,13 @@ def test_a_machine_with_amx_int8_plans_the_tiles_and_lower_prints_it(tmp_path, c
 def test_the_real_amx_int8_kernel_compiles_for_a_cpu_with_amx(tmp_path):
     """The C of the real path (no emulation), built for a CPU with AMX-TILE and AMX-INT8, holds the
     tile instructions (compiled only: this CPU may have no AMX)."""
-    cc = compiler().split()
-    if not shutil.which(cc[0]):
-        pytest.skip(f"no C compiler {cc[0]}")
     src = "graph g(a: u8[40, 1101], w: i8[1101, 96], az: u8, wz: i8) -> i32[40, 96] {\n  return matmul_integer(a, w, az, wz)\n}"
     with pytest.MonkeyPatch.context() as mp, machine.pinned(amx_model(), clamp=False):  # (K in several blocks, B bound)
         mp.setattr(qgemm, "AMX_INT8_MIN_MACS", 0)
         _, _, plans = lower(load(src)[0], {}, params=frozenset({"w", "wz"}))
         code = "\n".join(emit_graph(plans).kernel_sources.values())
     assert "_tile_dpbusd" in code
-    path = tmp_path / "amx.c"
-    path.write_text(header_c(code) + COMMON_C + code)
-    flags = ["-O1", "-fopenmp", "-std=gnu11", "-Wall", "-Werror", "-march=x86-64-v4", "-mavx512vnni", "-mamx-tile",
-             "-mamx-int8", "-S", "-o", str(tmp_path / "amx.s"), str(path)]
-    out = subprocess.run(cc + flags, capture_output=True, text=True)
-    if out.returncode and "amx" in out.stderr and "unrecognized" in out.stderr:
-        pytest.skip(f"{cc[0]} does not know AMX: {out.stderr.strip()[:200]}")
-    assert out.returncode == 0, out.stderr[:4000]
-    asm = (tmp_path / "amx.s").read_text()
+    asm = assembly_for(code, tmp_path, ["-mavx512vnni", "-mamx-tile", "-mamx-int8"])
     for insn in ("ldtilecfg", "tileloadd", "tdpbusd", "tilestored", "tilezero", "tilerelease"):
         assert insn in asm, insn
 
