@@ -123,6 +123,21 @@ def test_integer_gemms_on_amx_tiles_are_exact(amx):
     assert np.all(np.abs(got[3] - np.maximum(z, 0)) <= bound)
 
 
+def test_a_refused_tile_state_stops_the_integer_gemm_with_an_error(monkeypatch):
+    """The operating system's refusal (emulated: eqf_amx_ready() says no) stops the integer GEMM
+    before any tile instruction, and the call raises an error naming the path and the way out."""
+    from eqfuse.errors import EqfuseError
+
+    monkeypatch.setenv("EQFUSE_CFLAGS", "-DEQF_AMX_EMULATE -DEQF_AMX_EMULATE_REFUSED -O0")  # (-O0: gcc's time only)
+    src = "graph g(a: u8[40, 64], w: i8[64, 60], az: u8, wz: i8) -> i32[40, 60] {\n  return matmul_integer(a, w, az, wz)\n}"
+    monkeypatch.setattr(qgemm, "AMX_INT8_MIN_MACS", 0)
+    with machine.pinned(amx_model(), clamp=False):
+        mod = eqfuse.compile(src)
+    assert {e["path"] for e in mod.report["precision"].values()} == {"amx_int8"}
+    with pytest.raises(EqfuseError, match="AMX-INT8 tiles.*refused this process the tile state.*EQFUSE_AMX=0.*vpdpbusd"):
+        mod(np.ones((40, 64), np.uint8), np.ones((64, 60), np.int8), np.asarray(0, np.uint8), np.asarray(0, np.int8))
+
+
 def test_a_machine_with_amx_int8_plans_the_tiles_and_lower_prints_it(tmp_path, capsys, monkeypatch):
     """Matmuls of AMX_INT8_MIN_ROWS rows and AMX_INT8_MIN_MACS multiply-adds or more take the
     tiles; fewer, and convs, vpdpbusd. `eqfuse lower` prints the path and the tiles' micro-kernel."""

@@ -864,11 +864,12 @@ class Runner:
             raise MemoryError(f"eqfuse: kernel {p.name} ({p.kind}) could not allocate its scratch buffer")
         if bad == NO_AMX:
             p = self.kernels[st["failed"][0]]
-            raise EqfuseError(f"eqfuse: kernel {p.name} multiplies on AMX-BF16 tiles, but the operating system "
-                              "refused this process the tile state (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM, "
-                              "XFEATURE_XTILEDATA) failed: it needs Linux 5.16 or later, and sigaltstacks large "
-                              "enough for the tile state); with EQFUSE_AMX=0 in the environment eqfuse plans "
-                              "vdpbf16ps instead")
+            int8 = p.precision_path == "amx_int8"
+            raise EqfuseError(f"eqfuse: kernel {p.name} multiplies on AMX-{'INT8' if int8 else 'BF16'} tiles, but the "
+                              "operating system refused this process the tile state (Linux: arch_prctl("
+                              "ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) failed: it needs Linux 5.16 or later, and "
+                              "sigaltstacks large enough for the tile state); with EQFUSE_AMX=0 in the environment "
+                              f"eqfuse plans {'vpdpbusd' if int8 else 'vdpbf16ps'} instead")
         if bad:  # an index kernel met indices outside the axis it reads
             p = self.kernels[st["failed"][0]]
             raise ArgumentError(f"{bad} index value(s) out of range in {p.detail.op} (kernel {p.name})")
