@@ -172,6 +172,8 @@ class GraphFunction:
     def named_arrays(self, arrays, keywords: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
         """The call's arrays (positional in parameter order, then by keyword) and the bound params, by name."""
         given = call_arrays(self.name, self.free, arrays, keywords or {}, bound=self.params)
+        # (a numpy scalar, np.uint8(3), is its rank-0 array, as the reference takes it)
+        given = {k: np.asarray(v) if isinstance(v, np.generic) else v for k, v in given.items()}
         return {**self.params, **given}
 
     def __call__(self, *arrays, **keywords):
