@@ -236,6 +236,8 @@ def assembly_for(code: str, tmp_path: Path, isa: Sequence[str]) -> str:
     from eqfuse.backend.cbuild import COMMON_C, compiler, header_c
 
     cc = compiler().split()
+    # (a machine without the compiler builds no kernel at all: the suite's other tests fail there,
+    # this one says why it cannot run)
     if not shutil.which(cc[0]):
         pytest.skip(f"no C compiler {cc[0]}")
     src = tmp_path / "kernels.c"
@@ -243,6 +245,8 @@ def assembly_for(code: str, tmp_path: Path, isa: Sequence[str]) -> str:
     flags = ["-O1", "-fopenmp", "-std=gnu11", "-Wall", "-Werror", "-march=x86-64-v4", *isa, "-S", "-o",
              str(tmp_path / "kernels.s"), str(src)]
     out = subprocess.run(cc + flags, capture_output=True, text=True)
+    # (a gcc older than the ISA flags, -mamx-int8 before gcc 11, cannot emit the instructions this
+    # check looks for; any other failure to compile fails the test below)
     if out.returncode and "unrecognized" in out.stderr:
         pytest.skip(f"{cc[0]} does not know {' '.join(isa)}: {out.stderr.strip()[:200]}")
     assert out.returncode == 0, out.stderr[:4000]
